@@ -1,0 +1,89 @@
+# shardsim build.  Layers are folders; every .c in a layer folder goes into
+# libshardsim.a, every tests/test_*.c is one cmocka binary, every bench/*.c
+# one benchmark, cli/*.c is the `shardsim` program.
+#
+#   make            build shardsim, tests and benchmarks
+#   make test       build and run every test binary (stops at the first failure)
+#   make bench      build and run the benchmarks
+#   make asan|ubsan run the tests under AddressSanitizer / UBSan
+#   make tsan       run the collective tests under ThreadSanitizer
+#   make demo       the README's main job
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS_BASE := -std=c11 $(OPT) -g -D_GNU_SOURCE -I. -pthread \
+  -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+  -Wno-unused-parameter -MMD -MP
+ifdef CI
+CFLAGS_BASE += -Werror
+endif
+CFLAGS  := $(CFLAGS_BASE) $(SAN) $(EXTRA_CFLAGS)
+LDFLAGS := $(SAN) -pthread
+LDLIBS  := -lopenblas -lhwloc -lyaml -lm
+
+LAYERS   := blas_kernels sim mesh models
+LIB_SRC  := $(foreach d,$(LAYERS),$(wildcard $(d)/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB      := $(BUILD)/libshardsim.a
+CLI_SRC  := $(wildcard cli/*.c)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+BIN      := $(BUILD)/shardsim
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_SUPPORT := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
+TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/%.o)
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+# Tests run under ThreadSanitizer (the ones with threads and collectives).
+TSAN_TESTS ?= test_sim_collectives test_sim_machine
+
+.PHONY: all test bench asan ubsan tsan clean demo
+
+all: $(BIN) $(TEST_BIN) $(BENCH_BIN)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN): $(CLI_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
+	@ln -sf $(BUILD)/shardsim shardsim 2>/dev/null || true
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) $< $(TEST_SUPPORT_OBJ) $(LIB) $(LDLIBS) -lcmocka -o $@
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
+	$(CC) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+test: $(BIN) $(TEST_BIN)
+	@set -e; pass=0; for t in $(TEST_BIN); do \
+	  echo "=== $$t"; $$t; pass=$$((pass+1)); done; \
+	echo "all $$pass test binaries passed"
+
+bench: $(BENCH_BIN)
+	@set -e; for b in $(BENCH_BIN); do echo "=== $$b"; $$b; done
+
+asan:
+	$(MAKE) BUILD=build/asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 test
+
+ubsan:
+	$(MAKE) BUILD=build/ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=undefined" OPT=-O1 test
+
+tsan:
+	$(MAKE) BUILD=build/tsan SAN="-fsanitize=thread" OPT=-O1 $(TSAN_TESTS:%=build/tsan/tests/%)
+	@set -e; for t in $(TSAN_TESTS); do echo "=== tsan $$t"; \
+	  TSAN_OPTIONS="halt_on_error=1" build/tsan/tests/$$t; done
+
+demo: $(BIN)
+	$(BIN) demo
+
+clean:
+	rm -rf build shardsim
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,8 @@
+/* cli.h — the `shardsim` commands; each takes the arguments after its name
+ * and returns the process exit code (0 ok, 1 a check failed, 2 bad usage). */
+#ifndef CLI_CLI_H
+#define CLI_CLI_H
+
+int cli_demo(int argc, char **argv);
+
+#endif

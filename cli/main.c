@@ -1,0 +1,27 @@
+/* main.c — `shardsim COMMAND [args]`: dispatches to the commands in cli/. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: shardsim COMMAND [file.yml ...] [key=value ...]\n"
+            "\n"
+            "commands:\n"
+            "  demo      run every collective on an 8-device mesh and show the counted bytes\n"
+            "  help      this text\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "demo")) return cli_demo(argc - 2, argv + 2);
+    fprintf(stderr, "shardsim: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,152 @@
+/* arena.c — per-device allocator with accounting.
+ *
+ * Each real block carries a 64-byte header (size, category, links) so that
+ * the arena can check releases and free whatever is left when it is torn
+ * down.  Blocks are linked in a doubly linked list; no search is ever needed
+ * because the header sits right before the pointer handed out. */
+#include "sim/arena.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { HDR = 64, ALIGN = 64 };
+#define ARENA_MAGIC 0x5348415244415245ull /* "SHARDARE" */
+
+typedef struct block {
+    uint64_t magic;
+    size_t bytes;
+    int cat;
+    struct block *prev, *next;
+} block;
+_Static_assert(sizeof(block) <= HDR, "block header must fit in HDR bytes");
+
+struct sim_arena {
+    char label[128];
+    bool dry;
+    sim_arena_stats st;
+    block head; /* sentinel of the live list */
+};
+
+sim_arena *sim_arena_new(const char *label, size_t capacity, bool dry_run)
+{
+    sim_arena *a = calloc(1, sizeof *a);
+    SIM_ASSERT(a);
+    snprintf(a->label, sizeof a->label, "%s", label ? label : "device");
+    a->dry = dry_run;
+    a->st.capacity = capacity;
+    a->head.prev = a->head.next = &a->head;
+    return a;
+}
+
+void sim_arena_free_all(sim_arena *a)
+{
+    if (!a) return;
+    block *b = a->head.next;
+    while (b != &a->head) {
+        block *n = b->next;
+        free(b);
+        b = n;
+    }
+    free(a);
+}
+
+const char *sim_fmt_bytes(double bytes, char *buf, size_t cap)
+{
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024.0 && u < 4) {
+        bytes /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, cap, "%.0f B", bytes);
+    else
+        snprintf(buf, cap, "%.2f %s", bytes, unit[u]);
+    return buf;
+}
+
+static sim_status arena_oom(const sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name)
+{
+    char b1[32], b2[32], b3[32];
+    sim_err(SIM_ERR_OOM,
+            "%s is out of memory: '%s' asks for %s (%s) with %s of %s in use; in use by category:",
+            a->label, name ? name : "?", sim_fmt_bytes((double)bytes, b1, sizeof b1),
+            sim_mem_cat_name(cat), sim_fmt_bytes((double)a->st.live, b2, sizeof b2),
+            sim_fmt_bytes((double)a->st.capacity, b3, sizeof b3));
+    for (int c = 0; c < SIM_NMEM; c++)
+        sim_err_append(" %s %s%s", sim_mem_cat_name((sim_mem_cat)c),
+                       sim_fmt_bytes((double)a->st.live_by[c], b1, sizeof b1), c + 1 < SIM_NMEM ? "," : "");
+    sim_err_append(". Raise hbm_limit_gb, shard the tensor over more devices, or use remat.");
+    return SIM_ERR_OOM;
+}
+
+static void account_add(sim_arena *a, size_t bytes, sim_mem_cat cat)
+{
+    sim_arena_stats *s = &a->st;
+    s->live += bytes;
+    s->live_by[cat] += bytes;
+    s->n_allocs++;
+    if (s->live_by[cat] > s->peak_by[cat]) s->peak_by[cat] = s->live_by[cat];
+    if (s->live > s->peak) {
+        s->peak = s->live;
+        memcpy(s->at_peak_by, s->live_by, sizeof s->at_peak_by);
+    }
+}
+
+sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero,
+                           void **out)
+{
+    SIM_ASSERT(a && out && cat >= 0 && cat < SIM_NMEM);
+    *out = NULL;
+    if (a->st.capacity && bytes > a->st.capacity - (a->st.live < a->st.capacity ? a->st.live : a->st.capacity))
+        return arena_oom(a, bytes, cat, name);
+    if (!a->dry) {
+        size_t total = HDR + ((bytes + ALIGN - 1) / ALIGN) * ALIGN;
+        block *b = aligned_alloc(ALIGN, total);
+        if (!b) {
+            char buf[32];
+            return sim_err(SIM_ERR_INTERNAL, "%s: the host could not allocate %s for '%s'", a->label,
+                           sim_fmt_bytes((double)bytes, buf, sizeof buf), name ? name : "?");
+        }
+        b->magic = ARENA_MAGIC;
+        b->bytes = bytes;
+        b->cat = cat;
+        b->next = a->head.next;
+        b->prev = &a->head;
+        a->head.next->prev = b;
+        a->head.next = b;
+        *out = (char *)b + HDR;
+        if (zero && bytes) memset(*out, 0, bytes);
+    }
+    account_add(a, bytes, cat);
+    return SIM_OK;
+}
+
+void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat)
+{
+    SIM_ASSERT(a && cat >= 0 && cat < SIM_NMEM);
+    if (!a->dry) {
+        SIM_ASSERT(p != NULL);
+        block *b = (block *)((char *)p - HDR);
+        SIM_ASSERT(b->magic == ARENA_MAGIC && b->bytes == bytes && b->cat == (int)cat);
+        b->magic = 0;
+        b->prev->next = b->next;
+        b->next->prev = b->prev;
+        free(b);
+    }
+    SIM_ASSERT(a->st.live >= bytes && a->st.live_by[cat] >= bytes);
+    a->st.live -= bytes;
+    a->st.live_by[cat] -= bytes;
+}
+
+void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out) { *out = a->st; }
+
+void sim_arena_reset_peak(sim_arena *a)
+{
+    a->st.peak = a->st.live;
+    memcpy(a->st.peak_by, a->st.live_by, sizeof a->st.peak_by);
+    memcpy(a->st.at_peak_by, a->st.live_by, sizeof a->st.at_peak_by);
+}
+
+bool sim_arena_dry(const sim_arena *a) { return a->dry; }

@@ -1,0 +1,51 @@
+/* arena.h — one device's memory: every tensor byte a device holds comes from
+ * its arena, which tracks live and peak bytes in total and per category and
+ * enforces an optional capacity (a simulated HBM size).  Going over capacity
+ * is a simulated OOM whose message names the device, the tensor, the request
+ * and the breakdown at that moment.  In dry-run mode the arena accounts the
+ * same bytes but allocates nothing (pointers come back NULL).
+ * An arena is used by its own device thread only: no locking. */
+#ifndef SIM_ARENA_H
+#define SIM_ARENA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "sim/status.h"
+#include "sim/types.h"
+
+typedef struct sim_arena sim_arena;
+
+typedef struct {
+    size_t live;                    /* bytes allocated now */
+    size_t peak;                    /* highest `live` so far */
+    size_t live_by[SIM_NMEM];       /* live bytes per category */
+    size_t peak_by[SIM_NMEM];       /* highest live bytes per category (each on its own) */
+    size_t at_peak_by[SIM_NMEM];    /* the per-category breakdown when `peak` was reached */
+    size_t capacity;                /* 0 = unlimited */
+    uint64_t n_allocs;              /* allocations so far */
+} sim_arena_stats;
+
+/* label names the device in messages ("device 3 (data=1, fsdp=1)"). */
+sim_arena *sim_arena_new(const char *label, size_t capacity, bool dry_run);
+/* Frees every block still live and the arena. */
+void sim_arena_free_all(sim_arena *a);
+
+/* Allocates `bytes` (64-byte aligned) in category `cat`; `name` names the
+ * tensor in an OOM message.  Zero bytes gives a valid unique pointer.  In dry
+ * run *out is NULL.  Contents are uninitialised unless `zero`. */
+sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero,
+                           void **out);
+/* Releases a block; bytes and cat must be those it was allocated with
+ * (checked in real mode).  p may be NULL only in dry run or when bytes==0. */
+void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat);
+
+void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out);
+/* Forget the peak: peak := live (e.g. after initialisation). */
+void sim_arena_reset_peak(sim_arena *a);
+bool sim_arena_dry(const sim_arena *a);
+
+/* "1.50 GiB", "12.0 KiB", "512 B" into buf. */
+const char *sim_fmt_bytes(double bytes, char *buf, size_t cap);
+
+#endif

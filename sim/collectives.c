@@ -1,0 +1,548 @@
+/* collectives.c — the collectives, each as: check arguments, post the call
+ * at the group's rendezvous (where the last arriver checks that everybody
+ * called the same thing), pull the data straight from the peers' buffers,
+ * meet again so nobody reuses a buffer a peer still reads, then record the
+ * bytes.
+ *
+ * Layouts, in elements (p[] of sim_call):
+ *   all-gather      p0 outer, p1 chunk:  send (outer, chunk)    -> recv (outer, k, chunk)
+ *   reduce-scatter  p0 outer, p1 chunk:  send (outer, k, chunk) -> recv (outer, chunk)
+ *   all-reduce      p0 n:   rank r owns [r*n/k, (r+1)*n/k): it sums that chunk over
+ *                           all ranks, then everybody copies the owners' chunks
+ *                           (reduce-scatter then all-gather, as on real fabrics)
+ *   all-to-all      p0 a, p1 b, p2 c, p3 e:  send (a, k, b) -> recv (c, k, e); the
+ *                           piece for rank q is send[:, q, :] read row-major and it
+ *                           lands in recv[:, sender, :] row-major (a*b == c*e)
+ *   ppermute        p0 n, perm[k]
+ *   ragged          per-peer counts and offsets (checked pairwise at the rendezvous) */
+#include "sim/machine_priv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *sim_op_name(sim_op op)
+{
+    static const char *names[] = {"all-gather", "reduce-scatter", "all-reduce",
+                                  "all-to-all", "ppermute",       "ragged-all-to-all"};
+    SIM_ASSERT(op >= 0 && op < SIM_NOP);
+    return names[op];
+}
+
+/* ------------------------------------------------------------ checks */
+
+static const char *tag_or_dash(const char *tag) { return tag && tag[0] ? tag : "-"; }
+
+static sim_status check_call(sim_device *d, const sim_call *c)
+{
+    const sim_mesh_desc *mesh = &d->m->mesh;
+    const char *op = sim_op_name(c->op);
+    if (c->dt < 0 || c->dt >= SIM_NDTYPE)
+        return sim_err(SIM_ERR_INPUT, "%s '%s': unknown dtype %d", op, tag_or_dash(c->tag), (int)c->dt);
+    if (c->axes.n < 0 || c->axes.n > mesh->naxes)
+        return sim_err(SIM_ERR_INPUT, "%s '%s': %d axes listed, the mesh has %d", op, tag_or_dash(c->tag),
+                       c->axes.n, mesh->naxes);
+    unsigned seen = 0;
+    for (int i = 0; i < c->axes.n; i++) {
+        int a = c->axes.axis[i];
+        if (a < 0 || a >= mesh->naxes)
+            return sim_err(SIM_ERR_INPUT, "%s '%s': mesh axis index %d is out of range 0..%d", op,
+                           tag_or_dash(c->tag), a, mesh->naxes - 1);
+        if (seen & (1u << a))
+            return sim_err(SIM_ERR_INPUT, "%s '%s': mesh axis '%s' is listed twice", op, tag_or_dash(c->tag),
+                           mesh->names[a]);
+        seen |= 1u << a;
+    }
+    return SIM_OK;
+}
+
+static bool same_axes(sim_axes a, sim_axes b)
+{
+    if (a.n != b.n) return false;
+    for (int i = 0; i < a.n; i++)
+        if (a.axis[i] != b.axis[i]) return false;
+    return true;
+}
+
+static size_t describe_call(const sim_machine *m, const sim_call *c, char *buf, size_t cap)
+{
+    char ax[96];
+    return (size_t)snprintf(buf, cap, "%s over %s, %s, sizes [%zu %zu %zu %zu], tag '%s'", sim_op_name(c->op),
+                            sim_axes_label(&m->mesh, c->axes, ax, sizeof ax), sim_dtype_name(c->dt), c->p[0],
+                            c->p[1], c->p[2], c->p[3], tag_or_dash(c->tag));
+}
+
+/* Rank of device `id` in the group over `axes`. */
+static int rank_of(const sim_machine *m, int id, sim_axes axes)
+{
+    return sim_device_group_rank(&m->dev[id], axes);
+}
+
+/* Runs in the last arriver, under the machine lock.  On disagreement the
+ * message lists every member's call (the first 16) so the odd one is plain. */
+static bool match_calls(sim_machine *m, sim_group *g, char *why, size_t cap)
+{
+    const sim_call *c0 = g->slot[0];
+    bool ok = true;
+    for (int j = 1; j < g->k && ok; j++) {
+        const sim_call *c = g->slot[j];
+        ok = c->op == c0->op && c->dt == c0->dt && same_axes(c->axes, c0->axes) &&
+             !memcmp(c->p, c0->p, sizeof c->p);
+        if (ok && c->op == SIM_OP_PPERMUTE)
+            for (int q = 0; q < g->k && ok; q++) ok = c->perm[q] == c0->perm[q];
+    }
+    if (ok && c0->op == SIM_OP_RAGGED_ALL_TO_ALL) {
+        for (int j = 0; j < g->k; j++) {
+            const sim_call *c = g->slot[j];
+            int rj = rank_of(m, c->device, c->axes);
+            for (int q = 0; q < g->k; q++) {
+                int peer = sim_device_group_member(&m->dev[c->device], c->axes, q);
+                const sim_call *cp = g->slot[sim_group_slot(g, &m->dev[peer])];
+                if (c->recv_cnt[q] != cp->send_cnt[rj]) {
+                    snprintf(why, cap,
+                             "ragged-all-to-all mismatch (tag '%s'): device %d expects %zu elements from device %d, "
+                             "which sends it %zu",
+                             tag_or_dash(c->tag), c->device, c->recv_cnt[q], peer, cp->send_cnt[rj]);
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+    if (ok) return true;
+    size_t n = (size_t)snprintf(why, cap, "collective mismatch: the %d devices of one group called different collectives:",
+                                g->k);
+    for (int j = 0; j < g->k && j < 16 && n + 1 < cap; j++) {
+        const sim_call *c = g->slot[j];
+        n += (size_t)snprintf(why + n, cap - n, "\n  %s calls ", m->dev[c->device].label);
+        if (n + 1 < cap) n += describe_call(m, c, why + n, cap - n);
+    }
+    if (n + 1 < cap)
+        snprintf(why + n, cap - n, "\nEvery device of a group must make the same collective calls in the same order.");
+    return false;
+}
+
+/* ------------------------------------------------------------ data movement */
+
+/* Sums `len` elements of k sources (in the given order) into dst; dst may
+ * alias any source because each block is finished in a temporary first. */
+static void sum_sources(sim_dtype dt, void *dst, const void *const *src, int k, size_t off, size_t len)
+{
+    enum { BLK = 2048 };
+    if (dt == SIM_F32) {
+        float tmp[BLK];
+        for (size_t s = 0; s < len; s += BLK) {
+            size_t m = len - s < BLK ? len - s : BLK;
+            const float *x0 = (const float *)src[0] + off + s;
+            for (size_t i = 0; i < m; i++) tmp[i] = x0[i];
+            for (int q = 1; q < k; q++) {
+                const float *x = (const float *)src[q] + off + s;
+                for (size_t i = 0; i < m; i++) tmp[i] += x[i];
+            }
+            memcpy((float *)dst + s, tmp, m * sizeof(float));
+        }
+    } else if (dt == SIM_I32) {
+        int32_t tmp[BLK];
+        for (size_t s = 0; s < len; s += BLK) {
+            size_t m = len - s < BLK ? len - s : BLK;
+            const int32_t *x0 = (const int32_t *)src[0] + off + s;
+            for (size_t i = 0; i < m; i++) tmp[i] = x0[i];
+            for (int q = 1; q < k; q++) {
+                const int32_t *x = (const int32_t *)src[q] + off + s;
+                for (size_t i = 0; i < m; i++) tmp[i] = (int32_t)((uint32_t)tmp[i] + (uint32_t)x[i]);
+            }
+            memcpy((int32_t *)dst + s, tmp, m * sizeof(int32_t));
+        }
+    } else {
+        SIM_ASSERT(!"reductions support float32 and int32 only");
+    }
+}
+
+/* Copies one all-to-all piece: element t of the piece is src[(t/b)*k*b + t%b]
+ * (src already offset to the piece's block) and goes to dst[(t/e)*k*e + t%e]. */
+static void copy_piece(char *dst, const char *src, size_t piece, size_t k, size_t b, size_t e, size_t es)
+{
+    if (b == e) {
+        for (size_t t = 0; t < piece; t += b) memcpy(dst + (t / e) * k * e * es, src + (t / b) * k * b * es, b * es);
+        return;
+    }
+    size_t t = 0;
+    while (t < piece) {
+        size_t rb = b - t % b, re = e - t % e;
+        size_t run = rb < re ? rb : re;
+        memcpy(dst + ((t / e) * k * e + t % e) * es, src + ((t / b) * k * b + t % b) * es, run * es);
+        t += run;
+    }
+}
+
+/* ------------------------------------------------------------ core */
+
+typedef struct {
+    uint64_t sent, recv, elements;
+} byte_count;
+
+static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, bool implicit, uint64_t t0)
+{
+    if (d->nrec == d->caprec) {
+        d->caprec = d->caprec ? 2 * d->caprec : 256;
+        d->rec = realloc(d->rec, d->caprec * sizeof *d->rec);
+        SIM_ASSERT(d->rec);
+    }
+    sim_record *r = &d->rec[d->nrec++];
+    memset(r, 0, sizeof *r);
+    r->step = d->step;
+    r->op = c->op;
+    r->phase = d->phase;
+    r->axes = c->axes;
+    r->group_size = k;
+    r->dtype = c->dt;
+    r->elements = bc.elements;
+    r->bytes_sent = bc.sent;
+    r->bytes_recv = bc.recv;
+    r->implicit = implicit;
+    snprintf(r->tag, sizeof r->tag, "%s", tag_or_dash(c->tag));
+    sim_op_totals *t = &d->totals[c->op];
+    t->calls++;
+    t->bytes_sent += bc.sent;
+    t->bytes_recv += bc.recv;
+    if (d->m->opts.trace) {
+        sim_span s = {0};
+        s.t0 = t0;
+        s.t1 = sim_now_ns();
+        s.lane = 1 + (int)sim_axes_mask(c->axes);
+        snprintf(s.name, sizeof s.name, "%s %s", sim_op_name(c->op), tag_or_dash(c->tag));
+        s.op = c->op;
+        s.bytes = bc.sent;
+        sim_arena_stats st;
+        sim_arena_get_stats(d->arena, &st);
+        s.live_bytes = st.live;
+        sim_trace_add(d, &s);
+    }
+}
+
+/* Bytes this device sends and receives, by the formulas in the header. */
+static byte_count count_bytes(const sim_device *d, const sim_call *c, int k, int r)
+{
+    size_t es = sim_dtype_size(c->dt);
+    byte_count bc = {0, 0, 0};
+    switch (c->op) {
+    case SIM_OP_ALL_GATHER:
+        bc.elements = c->p[0] * c->p[1];
+        bc.sent = bc.recv = (uint64_t)(k - 1) * bc.elements * es;
+        break;
+    case SIM_OP_REDUCE_SCATTER:
+        bc.elements = c->p[0] * (size_t)k * c->p[1];
+        bc.sent = bc.recv = (uint64_t)(k - 1) * c->p[0] * c->p[1] * es;
+        break;
+    case SIM_OP_ALL_REDUCE: {
+        size_t n = c->p[0], cr = (size_t)(r + 1) * n / (size_t)k - (size_t)r * n / (size_t)k;
+        bc.elements = n;
+        bc.sent = bc.recv = k > 1 ? (uint64_t)(n + (size_t)(k - 2) * cr) * es : 0;
+        break;
+    }
+    case SIM_OP_ALL_TO_ALL:
+        bc.elements = c->p[0] * (size_t)k * c->p[1];
+        bc.sent = bc.recv = (uint64_t)(k - 1) * c->p[0] * c->p[1] * es;
+        break;
+    case SIM_OP_PPERMUTE: {
+        bc.elements = c->p[0];
+        int dst = c->perm[r], src = -1;
+        for (int q = 0; q < k; q++)
+            if (c->perm[q] == r) src = q;
+        bc.sent = dst >= 0 && dst != r ? c->p[0] * es : 0;
+        bc.recv = src >= 0 && src != r ? c->p[0] * es : 0;
+        break;
+    }
+    case SIM_OP_RAGGED_ALL_TO_ALL:
+        for (int q = 0; q < k; q++) {
+            bc.elements += c->send_cnt[q];
+            if (q == r) continue;
+            bc.sent += c->send_cnt[q] * es;
+            bc.recv += c->recv_cnt[q] * es;
+        }
+        break;
+    default: SIM_ASSERT(!"bad op");
+    }
+    (void)d;
+    return bc;
+}
+
+/* Moves this device's share of the data.  peers[q] = call of rank q. */
+static void move_data(sim_device *d, const sim_call *c, sim_call *const *peers, int k, int r)
+{
+    size_t es = sim_dtype_size(c->dt);
+    char *recv = c->recv;
+    switch (c->op) {
+    case SIM_OP_ALL_GATHER: {
+        size_t outer = c->p[0], chunk = c->p[1];
+        for (int q = 0; q < k; q++) {
+            const char *src = peers[q]->send;
+            for (size_t o = 0; o < outer; o++)
+                memcpy(recv + (o * (size_t)k + (size_t)q) * chunk * es, src + o * chunk * es, chunk * es);
+        }
+        break;
+    }
+    case SIM_OP_REDUCE_SCATTER: {
+        size_t outer = c->p[0], chunk = c->p[1];
+        const void *src[SIM_MAX_DEVICES];
+        for (int q = 0; q < k; q++) src[q] = peers[q]->send;
+        for (size_t o = 0; o < outer; o++)
+            sum_sources(c->dt, recv + o * chunk * es, src, k, (o * (size_t)k + (size_t)r) * chunk, chunk);
+        break;
+    }
+    case SIM_OP_ALL_REDUCE: { /* phase 1 only: my chunk of the sum */
+        size_t n = c->p[0], lo = (size_t)r * n / (size_t)k, hi = (size_t)(r + 1) * n / (size_t)k;
+        const void *src[SIM_MAX_DEVICES];
+        for (int q = 0; q < k; q++) src[q] = peers[q]->send;
+        sum_sources(c->dt, recv + lo * es, src, k, lo, hi - lo);
+        break;
+    }
+    case SIM_OP_ALL_TO_ALL: {
+        size_t b = c->p[1], e = c->p[3], piece = c->p[0] * b;
+        for (int q = 0; q < k; q++) {
+            const char *src = (const char *)peers[q]->send + (size_t)r * b * es;
+            copy_piece(recv + (size_t)q * e * es, src, piece, (size_t)k, b, e, es);
+        }
+        break;
+    }
+    case SIM_OP_PPERMUTE: {
+        int src = -1;
+        for (int q = 0; q < k; q++)
+            if (c->perm[q] == r) src = q;
+        if (src >= 0)
+            memcpy(recv, peers[src]->send, c->p[0] * es);
+        else
+            memset(recv, 0, c->p[0] * es);
+        break;
+    }
+    case SIM_OP_RAGGED_ALL_TO_ALL:
+        for (int q = 0; q < k; q++) {
+            const sim_call *p = peers[q];
+            memcpy(recv + c->recv_off[q] * es, (const char *)p->send + p->send_off[r] * es, c->recv_cnt[q] * es);
+        }
+        break;
+    default: SIM_ASSERT(!"bad op");
+    }
+}
+
+static sim_status run_collective(sim_device *d, sim_call *c, bool implicit)
+{
+    SIM_TRY(check_call(d, c));
+    uint64_t t0 = sim_now_ns();
+    sim_machine *m = d->m;
+    int k = sim_mesh_group_size(&m->mesh, c->axes);
+    int r = sim_device_group_rank(d, c->axes);
+    c->device = d->id;
+    bool dry = m->opts.dry_run;
+    if (k == 1) {
+        sim_call *self[1] = {c};
+        if (!dry) move_data(d, c, self, 1, 0);
+        add_record(d, c, 1, count_bytes(d, c, 1, 0), implicit, t0);
+        return SIM_OK;
+    }
+    sim_group *g = sim_group_of(d, sim_axes_mask(c->axes));
+    SIM_TRY(sim_rendezvous(d, g, c, SIM_RV_ARRIVE, match_calls));
+    if (!dry) {
+        sim_call *peers[SIM_MAX_DEVICES];
+        for (int q = 0; q < k; q++)
+            peers[q] = g->slot[sim_group_slot(g, &m->dev[sim_device_group_member(d, c->axes, q)])];
+        move_data(d, c, peers, k, r);
+        SIM_TRY(sim_rendezvous(d, g, NULL, SIM_RV_DEPART, NULL));
+        if (c->op == SIM_OP_ALL_REDUCE) { /* phase 2: gather the owners' chunks */
+            size_t n = c->p[0], es = sim_dtype_size(c->dt);
+            for (int q = 0; q < k; q++) {
+                if (q == r) continue;
+                size_t lo = (size_t)q * n / (size_t)k, hi = (size_t)(q + 1) * n / (size_t)k;
+                memcpy((char *)c->recv + lo * es, (const char *)peers[q]->recv + lo * es, (hi - lo) * es);
+            }
+            SIM_TRY(sim_rendezvous(d, g, NULL, SIM_RV_DEPART, NULL));
+        }
+    }
+    add_record(d, c, k, count_bytes(d, c, k, r), implicit, t0);
+    return SIM_OK;
+}
+
+static sim_call call_init(sim_op op, const void *send, void *recv, sim_dtype dt, sim_axes axes, sim_meta meta)
+{
+    sim_call c;
+    memset(&c, 0, sizeof c);
+    c.op = op;
+    c.send = send;
+    c.recv = recv;
+    c.dt = dt;
+    c.axes = axes;
+    c.tag = meta.tag;
+    return c;
+}
+
+static sim_status need_buffers(const sim_device *d, const sim_call *c, size_t count)
+{
+    if (d->m->opts.dry_run || count == 0 || (c->send && c->recv)) return SIM_OK;
+    return sim_err(SIM_ERR_INPUT, "%s '%s' on %s: a NULL buffer for %zu elements (only dry runs may pass NULL)",
+                   sim_op_name(c->op), tag_or_dash(c->tag), d->label, count);
+}
+
+static sim_status indivisible(const sim_device *d, const sim_call *c, size_t n, int k, const char *what)
+{
+    char ax[96];
+    return sim_err(SIM_ERR_INPUT,
+                   "%s '%s' on %s: %s %zu is not divisible by the group size %d of axes %s; pad the array or "
+                   "shard it over axes whose sizes divide %zu",
+                   sim_op_name(c->op), tag_or_dash(c->tag), d->label, what, n, k,
+                   sim_axes_label(&d->m->mesh, c->axes, ax, sizeof ax), n);
+}
+
+/* ------------------------------------------------------------ public */
+
+sim_status sim_all_gather_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid, size_t inner,
+                              sim_dtype dt, sim_axes axes, sim_meta meta)
+{
+    sim_call c = call_init(SIM_OP_ALL_GATHER, send, recv, dt, axes, meta);
+    c.p[0] = outer;
+    c.p[1] = mid * inner;
+    SIM_TRY(need_buffers(d, &c, outer * mid * inner));
+    return run_collective(d, &c, meta.implicit);
+}
+
+sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
+                          sim_meta meta)
+{
+    return sim_all_gather_dim(d, send, recv, 1, count, 1, dt, axes, meta);
+}
+
+sim_status sim_reduce_scatter_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid,
+                                  size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta)
+{
+    sim_call c = call_init(SIM_OP_REDUCE_SCATTER, send, recv, dt, axes, meta);
+    SIM_TRY(check_call(d, &c));
+    if (dt != SIM_F32 && dt != SIM_I32)
+        return sim_err(SIM_ERR_INPUT, "reduce-scatter '%s': sums need float32 or int32, not %s",
+                       tag_or_dash(meta.tag), sim_dtype_name(dt));
+    int k = sim_mesh_group_size(&d->m->mesh, axes);
+    if (mid % (size_t)k) return indivisible(d, &c, mid, k, "the scattered dim of size");
+    c.p[0] = outer;
+    c.p[1] = mid / (size_t)k * inner;
+    SIM_TRY(need_buffers(d, &c, outer * mid * inner));
+    return run_collective(d, &c, meta.implicit);
+}
+
+sim_status sim_reduce_scatter(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
+                              sim_meta meta)
+{
+    return sim_reduce_scatter_dim(d, send, recv, 1, count, 1, dt, axes, meta);
+}
+
+sim_status sim_all_reduce(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
+                          sim_meta meta)
+{
+    sim_call c = call_init(SIM_OP_ALL_REDUCE, send, recv, dt, axes, meta);
+    if (dt != SIM_F32 && dt != SIM_I32)
+        return sim_err(SIM_ERR_INPUT, "all-reduce '%s': sums need float32 or int32, not %s", tag_or_dash(meta.tag),
+                       sim_dtype_name(dt));
+    c.p[0] = count;
+    SIM_TRY(need_buffers(d, &c, count));
+    return run_collective(d, &c, meta.implicit);
+}
+
+sim_status sim_all_to_all_dims(sim_device *d, const void *send, void *recv, int rank, const size_t *shape, int split,
+                               int concat, sim_dtype dt, sim_axes axes, sim_meta meta)
+{
+    sim_call c = call_init(SIM_OP_ALL_TO_ALL, send, recv, dt, axes, meta);
+    SIM_TRY(check_call(d, &c));
+    if (rank < 1 || rank > 16 || split < 0 || split >= rank || concat < 0 || concat >= rank)
+        return sim_err(SIM_ERR_INPUT, "all-to-all '%s': split dim %d / concat dim %d outside a rank-%d array",
+                       tag_or_dash(meta.tag), split, concat, rank);
+    size_t k = (size_t)sim_mesh_group_size(&d->m->mesh, axes);
+    if (shape[split] % k) return indivisible(d, &c, shape[split], (int)k, "the split dim of size");
+    size_t out[16], total = 1;
+    for (int i = 0; i < rank; i++) {
+        out[i] = shape[i];
+        total *= shape[i];
+    }
+    out[split] /= k;
+    out[concat] *= k;
+    size_t a = 1, b = shape[split] / k, cc = 1, e = out[concat] / k;
+    for (int i = 0; i < split; i++) a *= shape[i];
+    for (int i = split + 1; i < rank; i++) b *= shape[i];
+    for (int i = 0; i < concat; i++) cc *= out[i];
+    for (int i = concat + 1; i < rank; i++) e *= out[i];
+    SIM_ASSERT(a * b == cc * e && a * b * k == total);
+    c.p[0] = a;
+    c.p[1] = b;
+    c.p[2] = cc;
+    c.p[3] = e;
+    SIM_TRY(need_buffers(d, &c, total));
+    return run_collective(d, &c, meta.implicit);
+}
+
+sim_status sim_all_to_all(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
+                          sim_meta meta)
+{
+    size_t shape[1] = {count};
+    return sim_all_to_all_dims(d, send, recv, 1, shape, 0, 0, dt, axes, meta);
+}
+
+sim_status sim_ppermute(sim_device *d, const void *send, void *recv, size_t count, const int *perm, sim_dtype dt,
+                        sim_axes axes, sim_meta meta)
+{
+    sim_call c = call_init(SIM_OP_PPERMUTE, send, recv, dt, axes, meta);
+    SIM_TRY(check_call(d, &c));
+    int k = sim_mesh_group_size(&d->m->mesh, axes);
+    bool hit[SIM_MAX_DEVICES] = {false};
+    for (int q = 0; q < k; q++) {
+        if (perm[q] < -1 || perm[q] >= k)
+            return sim_err(SIM_ERR_INPUT, "ppermute '%s': rank %d sends to %d, outside -1..%d", tag_or_dash(meta.tag),
+                           q, perm[q], k - 1);
+        if (perm[q] >= 0 && hit[perm[q]])
+            return sim_err(SIM_ERR_INPUT, "ppermute '%s': rank %d is the destination of two sources",
+                           tag_or_dash(meta.tag), perm[q]);
+        if (perm[q] >= 0) hit[perm[q]] = true;
+    }
+    c.p[0] = count;
+    c.perm = perm;
+    SIM_TRY(need_buffers(d, &c, count));
+    return run_collective(d, &c, meta.implicit);
+}
+
+sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, size_t recv_cap, const size_t *send_off,
+                                 const size_t *send_cnt, const size_t *recv_off, const size_t *recv_cnt, sim_dtype dt,
+                                 sim_axes axes, sim_meta meta)
+{
+    sim_call c = call_init(SIM_OP_RAGGED_ALL_TO_ALL, send, recv, dt, axes, meta);
+    SIM_TRY(check_call(d, &c));
+    int k = sim_mesh_group_size(&d->m->mesh, axes);
+    size_t total = 0;
+    for (int q = 0; q < k; q++) {
+        if (recv_off[q] + recv_cnt[q] > recv_cap)
+            return sim_err(SIM_ERR_INPUT,
+                           "ragged-all-to-all '%s' on %s: %zu elements from rank %d at offset %zu overflow the "
+                           "receive buffer of %zu elements",
+                           tag_or_dash(meta.tag), d->label, recv_cnt[q], q, recv_off[q], recv_cap);
+        total += send_cnt[q] + recv_cnt[q];
+    }
+    c.send_off = send_off;
+    c.send_cnt = send_cnt;
+    c.recv_off = recv_off;
+    c.recv_cnt = recv_cnt;
+    c.recv_cap = recv_cap;
+    SIM_TRY(need_buffers(d, &c, total));
+    return run_collective(d, &c, meta.implicit);
+}
+
+const sim_record *sim_device_records(const sim_device *d, size_t *n)
+{
+    *n = d->nrec;
+    return d->rec;
+}
+
+void sim_device_clear_records(sim_device *d)
+{
+    d->nrec = 0;
+    memset(d->totals, 0, sizeof d->totals);
+}
+
+sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op)
+{
+    SIM_ASSERT(op >= 0 && op < SIM_NOP);
+    return d->totals[op];
+}

@@ -1,0 +1,121 @@
+/* collectives.h — collectives over any subset of mesh axes, counted byte by byte.
+ *
+ * The group of a call is the set of devices that agree on every mesh axis not
+ * listed; ranks follow the listed order (first axis most significant).  Each
+ * device pulls what it needs straight from its peers' buffers (data moves
+ * once), reductions sum in group-rank order (bitwise reproducible), and
+ * every call leaves one record with the bandwidth-optimal byte counts:
+ *
+ *   all-gather      s -> k*s      sent = received = (k-1)*s
+ *   reduce-scatter  n -> n/k      (k-1)*n/k
+ *   all-reduce      n -> n        2(k-1)*n/k  (exactly n + (k-2)*c_r with chunk c_r when k does not divide n)
+ *   all-to-all      n -> n        (k-1)*n/k
+ *   ppermute        n -> n        n if the peer is another device, else 0
+ *   ragged a2a      per peer      sum of sizes sent to / received from other devices
+ *
+ * Members that disagree on the call (op, axes, dtype, sizes, permutation)
+ * stop the machine with SIM_ERR_MISMATCH naming the devices, calls and tags.
+ * Send and receive buffers must not overlap except where a function says so.
+ * In dry run nothing moves (buffers may be NULL) but every record is kept. */
+#ifndef SIM_COLLECTIVES_H
+#define SIM_COLLECTIVES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sim/machine.h"
+
+typedef enum {
+    SIM_OP_ALL_GATHER = 0,
+    SIM_OP_REDUCE_SCATTER,
+    SIM_OP_ALL_REDUCE,
+    SIM_OP_ALL_TO_ALL,
+    SIM_OP_PPERMUTE,
+    SIM_OP_RAGGED_ALL_TO_ALL,
+    SIM_NOP
+} sim_op;
+const char *sim_op_name(sim_op op);
+
+/* Who asked for a collective: tag = "layer/op", implicit = inserted by the
+ * resharding planner rather than written by model code. */
+typedef struct {
+    const char *tag;
+    bool implicit;
+} sim_meta;
+static inline sim_meta sim_meta_tag(const char *tag) { sim_meta m = {tag, false}; return m; }
+static inline sim_meta sim_meta_implicit(const char *tag) { sim_meta m = {tag, true}; return m; }
+
+/* One collective call as seen by one device. */
+typedef struct {
+    int step;                 /* sim_device_step() at the call */
+    sim_op op;
+    sim_phase phase;
+    sim_axes axes;            /* mesh axes of the group, in rank order */
+    int group_size;           /* k */
+    sim_dtype dtype;
+    uint64_t elements;        /* local input elements */
+    uint64_t bytes_sent;      /* by this device to other devices */
+    uint64_t bytes_recv;      /* by this device from other devices */
+    bool implicit;            /* inserted by the planner */
+    char tag[SIM_TAG_MAX];    /* layer/op that caused it */
+} sim_record;
+
+/* Per-device totals of one op. */
+typedef struct {
+    uint64_t calls;
+    uint64_t bytes_sent;
+    uint64_t bytes_recv;
+} sim_op_totals;
+
+/* send (outer, mid, inner) -> recv (outer, k*mid, inner): gathers along the
+ * middle dim; block r of the result comes from rank r.  count = outer*mid*inner. */
+sim_status sim_all_gather_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid,
+                              size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta);
+/* send (count) -> recv (k*count). */
+sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
+                          sim_axes axes, sim_meta meta);
+
+/* send (outer, mid, inner) -> recv (outer, mid/k, inner): rank r keeps block r
+ * of the sum.  mid must be divisible by k. */
+sim_status sim_reduce_scatter_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid,
+                                  size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta);
+/* send (count) -> recv (count/k); count must be divisible by k. */
+sim_status sim_reduce_scatter(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
+                              sim_axes axes, sim_meta meta);
+
+/* send (count) -> recv (count), sum over the group; send == recv allowed. */
+sim_status sim_all_reduce(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
+                          sim_axes axes, sim_meta meta);
+
+/* Local array of `rank` dims `shape`: split dim `split` into k blocks, send
+ * block r to rank r, and concatenate the blocks received along dim `concat`
+ * (block q from rank q).  shape[split] must be divisible by k.  The output
+ * shape is shape with shape[split]/k and shape[concat]*k (split == concat
+ * exchanges blocks in place of the same dim). */
+sim_status sim_all_to_all_dims(sim_device *d, const void *send, void *recv, int rank, const size_t *shape,
+                               int split, int concat, sim_dtype dt, sim_axes axes, sim_meta meta);
+/* send (k, count/k) -> recv (k, count/k); count must be divisible by k. */
+sim_status sim_all_to_all(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
+                          sim_axes axes, sim_meta meta);
+
+/* perm[src_rank] = destination rank or -1; the same table on every member,
+ * a destination at most once.  A device no one sends to gets zeros. */
+sim_status sim_ppermute(sim_device *d, const void *send, void *recv, size_t count, const int *perm,
+                        sim_dtype dt, sim_axes axes, sim_meta meta);
+
+/* Per-peer sizes in elements, indexed by group rank: this device sends
+ * send[send_off[q] .. +send_cnt[q]) to rank q and receives recv_cnt[q]
+ * elements from rank q at recv[recv_off[q] ..].  recv_cnt[q] on this device
+ * must equal send_cnt[this] on rank q.  recv_cap bounds the receive buffer. */
+sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, size_t recv_cap,
+                                 const size_t *send_off, const size_t *send_cnt, const size_t *recv_off,
+                                 const size_t *recv_cnt, sim_dtype dt, sim_axes axes, sim_meta meta);
+
+/* Records of a device (valid until the next collective on it). */
+const sim_record *sim_device_records(const sim_device *d, size_t *n);
+void sim_device_clear_records(sim_device *d);
+/* Totals of one op on a device since the last clear. */
+sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op);
+
+#endif

@@ -1,0 +1,512 @@
+/* machine.c — devices as threads, groups, rendezvous, failure handling.
+ *
+ * Run: sim_machine_run() starts one thread per device (pinned round-robin
+ * when asked), each calls fn(dev, arg).  A device that fails marks the
+ * machine failed; every device blocked in a rendezvous wakes up and returns
+ * SIM_ERR_ABORTED, so the run always ends and reports the first failure.
+ *
+ * Rendezvous: a generation barrier per group under the machine lock (see
+ * machine_priv.h for why the deadlock test is exact). */
+#include "sim/machine_priv.h"
+#include "sim/topology.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- mesh */
+
+sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes, sim_mesh_desc *out)
+{
+    memset(out, 0, sizeof *out);
+    if (n < 1 || n > SIM_MAX_AXES)
+        return sim_err(SIM_ERR_INPUT, "a mesh needs 1 to %d axes, got %d", SIM_MAX_AXES, n);
+    long total = 1;
+    for (int i = 0; i < n; i++) {
+        if (!names[i] || !names[i][0] || strlen(names[i]) >= SIM_AXIS_NAME_MAX)
+            return sim_err(SIM_ERR_INPUT, "mesh axis %d needs a name of 1 to %d characters", i,
+                           SIM_AXIS_NAME_MAX - 1);
+        if (sizes[i] < 1)
+            return sim_err(SIM_ERR_INPUT, "mesh axis '%s' has size %d; sizes must be >= 1", names[i], sizes[i]);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(names[i], names[j]))
+                return sim_err(SIM_ERR_INPUT, "mesh axis '%s' appears twice", names[i]);
+        total *= sizes[i];
+        if (total > SIM_MAX_DEVICES)
+            return sim_err(SIM_ERR_INPUT, "the mesh has more than %d devices; shardsim simulates 1 to %d",
+                           SIM_MAX_DEVICES, SIM_MAX_DEVICES);
+        snprintf(out->names[i], SIM_AXIS_NAME_MAX, "%s", names[i]);
+        out->sizes[i] = sizes[i];
+    }
+    out->naxes = n;
+    return SIM_OK;
+}
+
+int sim_mesh_num_devices(const sim_mesh_desc *m)
+{
+    int n = 1;
+    for (int i = 0; i < m->naxes; i++) n *= m->sizes[i];
+    return n;
+}
+
+int sim_mesh_axis_index(const sim_mesh_desc *m, const char *name)
+{
+    for (int i = 0; i < m->naxes; i++)
+        if (!strcmp(m->names[i], name)) return i;
+    return -1;
+}
+
+void sim_mesh_coords(const sim_mesh_desc *m, int id, int *coords)
+{
+    for (int i = m->naxes - 1; i >= 0; i--) {
+        coords[i] = id % m->sizes[i];
+        id /= m->sizes[i];
+    }
+}
+
+int sim_mesh_device_id(const sim_mesh_desc *m, const int *coords)
+{
+    int id = 0;
+    for (int i = 0; i < m->naxes; i++) id = id * m->sizes[i] + coords[i];
+    return id;
+}
+
+int sim_mesh_group_size(const sim_mesh_desc *m, sim_axes axes)
+{
+    int k = 1;
+    for (int i = 0; i < axes.n; i++) k *= m->sizes[axes.axis[i]];
+    return k;
+}
+
+const char *sim_mesh_coord_label(const sim_mesh_desc *m, int id, char *buf, size_t cap)
+{
+    int c[SIM_MAX_AXES];
+    sim_mesh_coords(m, id, c);
+    size_t n = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < m->naxes && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s=%d", i ? ", " : "", m->names[i], c[i]);
+    if (n < cap) snprintf(buf + n, cap - n, ")");
+    return buf;
+}
+
+const char *sim_axes_label(const sim_mesh_desc *m, sim_axes axes, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < axes.n && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", m->names[axes.axis[i]]);
+    if (n < cap) snprintf(buf + n, cap - n, ")");
+    return buf;
+}
+
+unsigned sim_axes_mask(sim_axes axes)
+{
+    unsigned mask = 0;
+    for (int i = 0; i < axes.n; i++) mask |= 1u << axes.axis[i];
+    return mask;
+}
+
+/* ------------------------------------------------------------- machine */
+
+sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *opts, sim_machine **out)
+{
+    *out = NULL;
+    sim_mesh_desc check;
+    const char *names[SIM_MAX_AXES];
+    for (int i = 0; i < mesh->naxes && i < SIM_MAX_AXES; i++) names[i] = mesh->names[i];
+    SIM_TRY(sim_mesh_desc_make(mesh->naxes, names, mesh->sizes, &check));
+
+    sim_machine *m = calloc(1, sizeof *m);
+    SIM_ASSERT(m);
+    m->mesh = check;
+    if (opts) m->opts = *opts;
+    m->n = sim_mesh_num_devices(&m->mesh);
+    m->t_origin = sim_now_ns();
+    pthread_mutex_init(&m->lock, NULL);
+    m->by_mask = calloc((size_t)1 << m->mesh.naxes, sizeof *m->by_mask);
+    m->dev = calloc((size_t)m->n, sizeof *m->dev);
+    SIM_ASSERT(m->by_mask && m->dev);
+    for (int i = 0; i < m->n; i++) {
+        sim_device *d = &m->dev[i];
+        d->m = m;
+        d->id = i;
+        sim_mesh_coords(&m->mesh, i, d->coords);
+        char c[80];
+        snprintf(d->label, sizeof d->label, "device %d %s", i, sim_mesh_coord_label(&m->mesh, i, c, sizeof c));
+        d->arena = sim_arena_new(d->label, m->opts.capacity_bytes, m->opts.dry_run);
+        pthread_cond_init(&d->cv, NULL);
+    }
+    m->blas_threads = sim_topology_blas_threads(m->n);
+    openblas_set_num_threads(m->blas_threads);
+    *out = m;
+    return SIM_OK;
+}
+
+static void group_free(sim_group *g)
+{
+    if (!g) return;
+    free(g->members);
+    free(g->slot);
+    free(g);
+}
+
+void sim_machine_free(sim_machine *m)
+{
+    if (!m) return;
+    unsigned nmask = 1u << m->mesh.naxes;
+    for (unsigned mask = 0; mask < nmask; mask++) {
+        if (!m->by_mask[mask]) continue;
+        int k = 1;
+        for (int a = 0; a < m->mesh.naxes; a++)
+            if (mask & (1u << a)) k *= m->mesh.sizes[a];
+        for (int g = 0; g < m->n / k; g++) group_free(m->by_mask[mask][g]);
+        free(m->by_mask[mask]);
+    }
+    free(m->by_mask);
+    group_free(m->world);
+    for (int i = 0; i < m->n; i++) {
+        sim_device *d = &m->dev[i];
+        sim_arena_free_all(d->arena);
+        pthread_cond_destroy(&d->cv);
+        free(d->rec);
+        free(d->spans);
+    }
+    free(m->dev);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+int sim_machine_num_devices(const sim_machine *m) { return m->n; }
+const sim_mesh_desc *sim_machine_mesh(const sim_machine *m) { return &m->mesh; }
+const sim_machine_opts *sim_machine_options(const sim_machine *m) { return &m->opts; }
+int sim_machine_blas_threads(const sim_machine *m) { return m->blas_threads; }
+
+sim_device *sim_machine_device(sim_machine *m, int id)
+{
+    SIM_ASSERT(id >= 0 && id < m->n);
+    return &m->dev[id];
+}
+
+/* -------------------------------------------------------------- device */
+
+int sim_device_id(const sim_device *d) { return d->id; }
+int sim_device_coord(const sim_device *d, int axis) { return d->coords[axis]; }
+const int *sim_device_coords(const sim_device *d) { return d->coords; }
+const char *sim_device_label(const sim_device *d) { return d->label; }
+sim_arena *sim_device_arena(sim_device *d) { return d->arena; }
+sim_machine *sim_device_machine(sim_device *d) { return d->m; }
+bool sim_device_dry(const sim_device *d) { return d->m->opts.dry_run; }
+void sim_device_set_phase(sim_device *d, sim_phase p) { d->phase = p; }
+sim_phase sim_device_phase(const sim_device *d) { return d->phase; }
+void sim_device_set_step(sim_device *d, int step) { d->step = step; }
+int sim_device_step(const sim_device *d) { return d->step; }
+
+int sim_device_group_rank(const sim_device *d, sim_axes axes)
+{
+    int r = 0;
+    for (int i = 0; i < axes.n; i++) r = r * d->m->mesh.sizes[axes.axis[i]] + d->coords[axes.axis[i]];
+    return r;
+}
+
+int sim_device_group_member(const sim_device *d, sim_axes axes, int r)
+{
+    int c[SIM_MAX_AXES];
+    memcpy(c, d->coords, sizeof c);
+    for (int i = axes.n - 1; i >= 0; i--) {
+        int s = d->m->mesh.sizes[axes.axis[i]];
+        c[axes.axis[i]] = r % s;
+        r /= s;
+    }
+    return sim_mesh_device_id(&d->m->mesh, c);
+}
+
+/* -------------------------------------------------------------- groups */
+
+static sim_group *group_new(sim_machine *m, unsigned mask, const int *coords)
+{
+    sim_group *g = calloc(1, sizeof *g);
+    SIM_ASSERT(g);
+    g->mask = mask;
+    g->k = 1;
+    for (int a = 0; a < m->mesh.naxes; a++)
+        if (mask & (1u << a)) g->k *= m->mesh.sizes[a];
+    g->members = calloc((size_t)g->k, sizeof *g->members);
+    g->slot = calloc((size_t)g->k, sizeof *g->slot);
+    SIM_ASSERT(g->members && g->slot);
+    /* Canonical member order: mixed radix over the group's axes in mesh order. */
+    int c[SIM_MAX_AXES];
+    memcpy(c, coords, sizeof c);
+    for (int i = 0; i < g->k; i++) {
+        int r = i;
+        for (int a = m->mesh.naxes - 1; a >= 0; a--) {
+            if (!(mask & (1u << a))) continue;
+            c[a] = r % m->mesh.sizes[a];
+            r /= m->mesh.sizes[a];
+        }
+        g->members[i] = sim_mesh_device_id(&m->mesh, c);
+    }
+    return g;
+}
+
+sim_group *sim_group_of(sim_device *d, unsigned mask)
+{
+    sim_machine *m = d->m;
+    /* Group index: mixed radix of the coordinates on the axes outside the group. */
+    int gi = 0;
+    for (int a = 0; a < m->mesh.naxes; a++)
+        if (!(mask & (1u << a))) gi = gi * m->mesh.sizes[a] + d->coords[a];
+    pthread_mutex_lock(&m->lock);
+    if (!m->by_mask[mask]) {
+        int k = 1;
+        for (int a = 0; a < m->mesh.naxes; a++)
+            if (mask & (1u << a)) k *= m->mesh.sizes[a];
+        m->by_mask[mask] = calloc((size_t)(m->n / k), sizeof(sim_group *));
+        SIM_ASSERT(m->by_mask[mask]);
+    }
+    sim_group *g = m->by_mask[mask][gi];
+    if (!g) g = m->by_mask[mask][gi] = group_new(m, mask, d->coords);
+    pthread_mutex_unlock(&m->lock);
+    return g;
+}
+
+int sim_group_slot(const sim_group *g, const sim_device *d)
+{
+    /* Canonical index = mixed radix over the group's axes in mesh order. */
+    const sim_mesh_desc *mesh = &d->m->mesh;
+    int r = 0;
+    for (int a = 0; a < mesh->naxes; a++)
+        if (g->mask & (1u << a)) r = r * mesh->sizes[a] + d->coords[a];
+    return r;
+}
+
+/* --------------------------------------------------------------- failure */
+
+static void wake_all_locked(sim_machine *m)
+{
+    for (int i = 0; i < m->n; i++) pthread_cond_signal(&m->dev[i].cv);
+}
+
+static void fail_locked(sim_machine *m, sim_status st, const char *msg)
+{
+    if (m->failed) return;
+    m->failed = true;
+    m->fail_st = st;
+    snprintf(m->fail_msg, sizeof m->fail_msg, "%s", msg);
+    wake_all_locked(m);
+}
+
+void sim_machine_fail(sim_machine *m, sim_status st, const char *msg)
+{
+    pthread_mutex_lock(&m->lock);
+    fail_locked(m, st, msg);
+    pthread_mutex_unlock(&m->lock);
+}
+
+static const char *kind_name(sim_rv_kind k)
+{
+    return k == SIM_RV_ARRIVE ? "entering" : k == SIM_RV_DEPART ? "finishing" : "barrier of";
+}
+
+/* Every live device is blocked: say who waits where, and for whom. */
+static void deadlock_locked(sim_machine *m)
+{
+    char msg[8192], ax[96];
+    size_t n = (size_t)snprintf(msg, sizeof msg,
+                                "collective deadlock: every running device waits on a collective that cannot complete");
+    int shown = 0;
+    for (int i = 0; i < m->n && n < sizeof msg - 200; i++) {
+        const sim_device *d = &m->dev[i];
+        if (!d->waiting) continue;
+        if (shown++ == 16) {
+            n += (size_t)snprintf(msg + n, sizeof msg - n, "\n  ...");
+            break;
+        }
+        const sim_group *g = d->wait_group;
+        const sim_call *c = d->wait_call;
+        sim_axes axes = c ? c->axes : sim_axes_none();
+        n += (size_t)snprintf(msg + n, sizeof msg - n, "\n  %s waits %s %s over %s (tag '%s') for", d->label,
+                              kind_name(d->wait_kind), c ? sim_op_name(c->op) : "a barrier",
+                              c ? sim_axes_label(&m->mesh, axes, ax, sizeof ax) : "all devices",
+                              c && c->tag ? c->tag : "-");
+        int missing = 0;
+        for (int j = 0; j < g->k && n < sizeof msg - 200; j++) {
+            const sim_device *p = &m->dev[g->members[j]];
+            if (p == d) continue;
+            if (p->waiting && p->wait_group == g && p->wait_kind == d->wait_kind) continue;
+            missing++;
+            if (p->finished)
+                n += (size_t)snprintf(msg + n, sizeof msg - n, " device %d (finished)", p->id);
+            else if (p->waiting && p->wait_call)
+                n += (size_t)snprintf(msg + n, sizeof msg - n, " device %d (in %s over %s, tag '%s')", p->id,
+                                      sim_op_name(p->wait_call->op),
+                                      sim_axes_label(&m->mesh, p->wait_call->axes, ax, sizeof ax),
+                                      p->wait_call->tag ? p->wait_call->tag : "-");
+            else
+                n += (size_t)snprintf(msg + n, sizeof msg - n, " device %d (elsewhere)", p->id);
+            if (missing >= 4) break;
+        }
+    }
+    fail_locked(m, SIM_ERR_DEADLOCK, msg);
+}
+
+sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match)
+{
+    sim_machine *m = d->m;
+    pthread_mutex_lock(&m->lock);
+    if (m->failed) {
+        pthread_mutex_unlock(&m->lock);
+        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
+    }
+    if (kind == SIM_RV_ARRIVE) g->slot[sim_group_slot(g, d)] = call;
+    if (++g->arrived == g->k) {
+        if (kind == SIM_RV_ARRIVE && match) {
+            char why[6144];
+            if (!match(m, g, why, sizeof why)) {
+                fail_locked(m, SIM_ERR_MISMATCH, why);
+                pthread_mutex_unlock(&m->lock);
+                return sim_err(SIM_ERR_MISMATCH, "%s", why);
+            }
+        }
+        g->arrived = 0;
+        g->gen++;
+        for (int j = 0; j < g->k; j++) {
+            sim_device *p = &m->dev[g->members[j]];
+            if (p == d || !p->waiting) continue;
+            SIM_ASSERT(p->wait_group == g);
+            p->waiting = false;
+            m->n_blocked--;
+            pthread_cond_signal(&p->cv);
+        }
+        pthread_mutex_unlock(&m->lock);
+        return SIM_OK;
+    }
+    d->waiting = true;
+    d->wait_group = g;
+    d->wait_call = call ? call : g->slot[sim_group_slot(g, d)];
+    d->wait_kind = kind;
+    m->n_blocked++;
+    if (m->n_blocked == m->n_alive) deadlock_locked(m);
+    while (d->waiting && !m->failed) pthread_cond_wait(&d->cv, &m->lock);
+    if (d->waiting) { /* woken by a failure */
+        d->waiting = false;
+        m->n_blocked--;
+        sim_status st = m->fail_st;
+        pthread_mutex_unlock(&m->lock);
+        if (st == SIM_ERR_MISMATCH || st == SIM_ERR_DEADLOCK) return sim_err(st, "%s", m->fail_msg);
+        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return SIM_OK;
+}
+
+sim_status sim_device_barrier(sim_device *d)
+{
+    sim_machine *m = d->m;
+    pthread_mutex_lock(&m->lock);
+    if (!m->world) {
+        int c[SIM_MAX_AXES] = {0};
+        m->world = group_new(m, (1u << m->mesh.naxes) - 1, c);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return sim_rendezvous(d, m->world, NULL, SIM_RV_BARRIER, NULL);
+}
+
+/* ----------------------------------------------------------------- run */
+
+static void *device_main(void *arg)
+{
+    sim_device *d = arg;
+    sim_machine *m = d->m;
+    if (m->opts.pin_threads) {
+        if (sim_topology_pin_self(d->id) != SIM_OK && !m->opts.quiet && d->id == 0)
+            fprintf(stderr, "shardsim: warning: %s; device threads run unpinned\n", sim_errmsg());
+    }
+    sim_err_clear();
+    sim_status st = m->fn(d, m->arg);
+    d->st = st;
+    pthread_mutex_lock(&m->lock);
+    if (st != SIM_OK && st != SIM_ERR_ABORTED) fail_locked(m, st, sim_errmsg());
+    d->finished = true;
+    m->n_alive--;
+    if (m->n_alive > 0 && m->n_blocked == m->n_alive) deadlock_locked(m);
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
+{
+    m->fn = fn;
+    m->arg = arg;
+    m->failed = false;
+    m->fail_st = SIM_OK;
+    m->fail_msg[0] = '\0';
+    m->n_alive = m->n;
+    m->n_blocked = 0;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 8u << 20);
+    int started = 0;
+    for (int i = 0; i < m->n; i++) {
+        sim_device *d = &m->dev[i];
+        d->finished = false;
+        d->waiting = false;
+        d->st = SIM_OK;
+        if (pthread_create(&d->thread, &attr, device_main, d) != 0) {
+            pthread_mutex_lock(&m->lock);
+            m->n_alive -= m->n - i;
+            fail_locked(m, SIM_ERR_INTERNAL, "could not start a device thread");
+            pthread_mutex_unlock(&m->lock);
+            break;
+        }
+        started++;
+    }
+    pthread_attr_destroy(&attr);
+    for (int i = 0; i < started; i++) pthread_join(m->dev[i].thread, NULL);
+    /* groups restart clean after a failed run */
+    unsigned nmask = 1u << m->mesh.naxes;
+    for (unsigned mask = 0; mask < nmask; mask++) {
+        if (!m->by_mask[mask]) continue;
+        int k = 1;
+        for (int a = 0; a < m->mesh.naxes; a++)
+            if (mask & (1u << a)) k *= m->mesh.sizes[a];
+        for (int g = 0; g < m->n / k; g++)
+            if (m->by_mask[mask][g]) m->by_mask[mask][g]->arrived = 0;
+    }
+    if (m->world) m->world->arrived = 0;
+    if (m->failed) return sim_err(m->fail_st, "%s", m->fail_msg);
+    return SIM_OK;
+}
+
+/* --------------------------------------------------------------- trace */
+
+void sim_trace_add(sim_device *d, const sim_span *s)
+{
+    if (!d->m->opts.trace) return;
+    if (d->nspans == d->capspans) {
+        d->capspans = d->capspans ? 2 * d->capspans : 256;
+        d->spans = realloc(d->spans, d->capspans * sizeof *d->spans);
+        SIM_ASSERT(d->spans);
+    }
+    d->spans[d->nspans++] = *s;
+}
+
+int sim_span_begin(sim_device *d, const char *name)
+{
+    if (!d->m->opts.trace) return -1;
+    sim_span s = {0};
+    s.t0 = sim_now_ns();
+    s.lane = 0;
+    snprintf(s.name, sizeof s.name, "%s", name);
+    sim_trace_add(d, &s);
+    return (int)d->nspans - 1;
+}
+
+void sim_span_end(sim_device *d, int token)
+{
+    if (token < 0 || (size_t)token >= d->nspans) return;
+    sim_span *s = &d->spans[token];
+    s->t1 = sim_now_ns();
+    sim_arena_stats st;
+    sim_arena_get_stats(d->arena, &st);
+    s->live_bytes = st.live;
+}

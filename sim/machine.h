@@ -1,0 +1,91 @@
+/* machine.h — the simulated machine: N devices, one thread each, on an N-D
+ * mesh.  Device id = row-major index of the mesh coordinates, first axis most
+ * significant.  sim_machine_run() runs one SPMD function on every device and
+ * returns when all have returned; the first failure (a device's own error, a
+ * collective mismatch, a deadlock) stops every device and is returned with
+ * its message.  Arenas, collective records and trace spans belong to the
+ * machine and survive from one run to the next. */
+#ifndef SIM_MACHINE_H
+#define SIM_MACHINE_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "sim/arena.h"
+#include "sim/status.h"
+#include "sim/types.h"
+
+typedef struct sim_machine sim_machine;
+typedef struct sim_device sim_device;
+
+/* Mesh axes of the machine, in mesh order. */
+typedef struct {
+    int naxes;                                   /* 1..SIM_MAX_AXES */
+    char names[SIM_MAX_AXES][SIM_AXIS_NAME_MAX]; /* axis names ("data", "fsdp", ...) */
+    int sizes[SIM_MAX_AXES];                     /* devices along each axis, >= 1 */
+} sim_mesh_desc;
+
+typedef struct {
+    size_t capacity_bytes; /* arena capacity per device; 0 = unlimited */
+    bool dry_run;          /* arenas account without allocating; collectives move nothing */
+    bool trace;            /* record compute and collective spans */
+    bool pin_threads;      /* bind device threads to cores round-robin (best effort) */
+    bool quiet;            /* no warnings on stderr */
+} sim_machine_opts;
+
+/* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */
+sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes, sim_mesh_desc *out);
+int sim_mesh_num_devices(const sim_mesh_desc *m);
+/* Index of a named axis, or -1. */
+int sim_mesh_axis_index(const sim_mesh_desc *m, const char *name);
+void sim_mesh_coords(const sim_mesh_desc *m, int id, int *coords);
+int sim_mesh_device_id(const sim_mesh_desc *m, const int *coords);
+/* Product of the sizes of the listed axes (1 for none). */
+int sim_mesh_group_size(const sim_mesh_desc *m, sim_axes axes);
+/* "(data=1, fsdp=0)" */
+const char *sim_mesh_coord_label(const sim_mesh_desc *m, int id, char *buf, size_t cap);
+/* "(data, fsdp)" */
+const char *sim_axes_label(const sim_mesh_desc *m, sim_axes axes, char *buf, size_t cap);
+
+sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *opts, sim_machine **out);
+void sim_machine_free(sim_machine *m);
+
+typedef sim_status (*sim_device_fn)(sim_device *dev, void *arg);
+/* Runs fn(dev, arg) on every device thread; returns the first failure with
+ * its message in sim_errmsg() of the calling thread. */
+sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg);
+
+int sim_machine_num_devices(const sim_machine *m);
+const sim_mesh_desc *sim_machine_mesh(const sim_machine *m);
+const sim_machine_opts *sim_machine_options(const sim_machine *m);
+sim_device *sim_machine_device(sim_machine *m, int id);
+/* OpenBLAS threads per device chosen for this machine. */
+int sim_machine_blas_threads(const sim_machine *m);
+
+int sim_device_id(const sim_device *d);
+int sim_device_coord(const sim_device *d, int axis);
+const int *sim_device_coords(const sim_device *d);
+/* "device 3 (data=1, fsdp=1)" */
+const char *sim_device_label(const sim_device *d);
+sim_arena *sim_device_arena(sim_device *d);
+sim_machine *sim_device_machine(sim_device *d);
+bool sim_device_dry(const sim_device *d);
+/* This device's rank in the group over `axes` (mixed radix, first axis most significant). */
+int sim_device_group_rank(const sim_device *d, sim_axes axes);
+/* Device id of the member with rank r of this device's group over `axes`. */
+int sim_device_group_member(const sim_device *d, sim_axes axes, int r);
+
+/* Phase and step stamped on every collective record that follows. */
+void sim_device_set_phase(sim_device *d, sim_phase p);
+sim_phase sim_device_phase(const sim_device *d);
+void sim_device_set_step(sim_device *d, int step);
+int sim_device_step(const sim_device *d);
+
+/* Compute spans for the trace: begin returns a token for end. */
+int sim_span_begin(sim_device *d, const char *name);
+void sim_span_end(sim_device *d, int token);
+
+/* Blocks until every device of the machine has arrived (a full barrier). */
+sim_status sim_device_barrier(sim_device *d);
+
+#endif

@@ -1,0 +1,114 @@
+/* machine_priv.h — the machine's insides, shared by machine.c,
+ * collectives.c and trace.c only.  Not part of the public API.
+ *
+ * Synchronisation: one machine-wide mutex guards every group's rendezvous
+ * state and the alive/blocked counters; each device sleeps on its own
+ * condition variable.  A device that arrives last at a rendezvous releases
+ * the others itself (clearing their `waiting` flags under the lock), so
+ * `n_blocked == n_alive` can only hold when no device can ever move again:
+ * that is the deadlock test, exact and immediate. */
+#ifndef SIM_MACHINE_PRIV_H
+#define SIM_MACHINE_PRIV_H
+
+#include <pthread.h>
+
+#include "sim/collectives.h"
+#include "sim/machine.h"
+
+/* A collective call as posted at a rendezvous. */
+typedef struct sim_call {
+    sim_op op;
+    sim_dtype dt;
+    sim_axes axes;
+    const char *tag;
+    int device;
+    size_t p[4];      /* op-specific sizes (see collectives.c) */
+    const void *send;
+    void *recv;
+    const int *perm;  /* ppermute table, k entries */
+    const size_t *send_off, *send_cnt, *recv_off, *recv_cnt; /* ragged */
+    size_t recv_cap;
+} sim_call;
+
+typedef enum { SIM_RV_ARRIVE = 0, SIM_RV_DEPART, SIM_RV_BARRIER } sim_rv_kind;
+
+typedef struct sim_group {
+    int k;                /* members */
+    unsigned mask;        /* axes of the group (bit per mesh axis) */
+    int arrived;          /* members at the current rendezvous */
+    uint64_t gen;         /* completed rendezvous */
+    int *members;         /* device ids, canonical (mesh) order */
+    sim_call **slot;      /* posted call per canonical member */
+} sim_group;
+
+typedef struct {
+    uint64_t t0, t1;
+    int lane;             /* 0 = compute, 1 + axes mask for collectives */
+    char name[SIM_TAG_MAX];
+    sim_op op;            /* for collective spans */
+    uint64_t bytes;       /* bytes sent, collectives */
+    size_t live_bytes;    /* arena live bytes at the end of the span */
+} sim_span;
+
+struct sim_device {
+    sim_machine *m;
+    int id;
+    int coords[SIM_MAX_AXES];
+    char label[96];
+    sim_arena *arena;
+    sim_phase phase;
+    int step;
+    /* rendezvous state (guarded by m->lock) */
+    pthread_cond_t cv;
+    bool waiting;
+    bool finished;
+    sim_group *wait_group;
+    const sim_call *wait_call;
+    sim_rv_kind wait_kind;
+    /* records */
+    sim_record *rec;
+    size_t nrec, caprec;
+    sim_op_totals totals[SIM_NOP];
+    /* trace */
+    sim_span *spans;
+    size_t nspans, capspans;
+    /* run */
+    pthread_t thread;
+    sim_status st;
+};
+
+struct sim_machine {
+    sim_mesh_desc mesh;
+    sim_machine_opts opts;
+    int n;
+    int blas_threads;
+    uint64_t t_origin;
+    sim_device *dev;
+    pthread_mutex_t lock;
+    sim_group ***by_mask; /* [1 << naxes] -> array of groups by group index */
+    sim_group *world;     /* every device, for sim_device_barrier */
+    int n_alive, n_blocked;
+    bool failed;
+    sim_status fail_st;
+    char fail_msg[8192];
+    /* run */
+    sim_device_fn fn;
+    void *arg;
+};
+
+/* The group over `mask` that device d belongs to (created on first use). */
+sim_group *sim_group_of(sim_device *d, unsigned mask);
+/* Index of device d among g's canonical members. */
+int sim_group_slot(const sim_group *g, const sim_device *d);
+/* Waits until every member of g arrived at the same rendezvous.  At ARRIVE,
+ * `call` is posted in d's slot and the last arriver checks that all posted
+ * calls agree (`match`, returning a message on mismatch). */
+typedef bool (*sim_match_fn)(sim_machine *m, sim_group *g, char *why, size_t cap);
+sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match);
+/* Marks the machine failed (first failure wins) and wakes every device. */
+void sim_machine_fail(sim_machine *m, sim_status st, const char *msg);
+/* Appends a span to d's trace (when tracing). */
+void sim_trace_add(sim_device *d, const sim_span *s);
+unsigned sim_axes_mask(sim_axes axes);
+
+#endif

@@ -1,0 +1,81 @@
+/* trace.c — Chrome trace-event JSON from the devices' spans. */
+#include "sim/trace.h"
+#include "sim/machine_priv.h"
+
+void sim_json_write_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+size_t sim_trace_span_count(sim_machine *m, int id) { return sim_machine_device(m, id)->nspans; }
+
+static void lane_name(const sim_machine *m, int lane, char *buf, size_t cap)
+{
+    if (lane == 0) {
+        snprintf(buf, cap, "compute");
+        return;
+    }
+    unsigned mask = (unsigned)(lane - 1);
+    size_t n = (size_t)snprintf(buf, cap, "collectives ");
+    for (int a = 0, first = 1; a < m->mesh.naxes && n < cap; a++)
+        if (mask & (1u << a)) {
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", first ? "" : "+", m->mesh.names[a]);
+            first = 0;
+        }
+}
+
+sim_status sim_trace_write_chrome(sim_machine *m, FILE *f)
+{
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    bool first = true;
+#define SEP() (first ? (first = false, "") : ",\n")
+    for (int i = 0; i < m->n; i++) {
+        sim_device *d = &m->dev[i];
+        fprintf(f, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":", SEP(), i);
+        sim_json_write_string(f, d->label);
+        fprintf(f, "}}");
+        fprintf(f, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}}", i, i);
+        /* name each lane once */
+        unsigned char named[1 + (1u << SIM_MAX_AXES) / 8 + 1] = {0};
+        for (size_t s = 0; s < d->nspans; s++) {
+            int lane = d->spans[s].lane;
+            if (lane < 0 || (size_t)lane / 8 >= sizeof named || (named[lane / 8] & (1u << (lane % 8)))) continue;
+            named[lane / 8] |= (unsigned char)(1u << (lane % 8));
+            char ln[160];
+            lane_name(m, lane, ln, sizeof ln);
+            fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":", i, lane);
+            sim_json_write_string(f, ln);
+            fprintf(f, "}}");
+        }
+        for (size_t s = 0; s < d->nspans; s++) {
+            const sim_span *sp = &d->spans[s];
+            uint64_t t1 = sp->t1 ? sp->t1 : sp->t0;
+            double ts = (double)(sp->t0 - m->t_origin) / 1e3, dur = (double)(t1 - sp->t0) / 1e3;
+            fprintf(f, ",\n{\"name\":");
+            sim_json_write_string(f, sp->name);
+            fprintf(f, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", i, sp->lane, ts, dur);
+            if (sp->lane > 0)
+                fprintf(f, ",\"cat\":\"collective\",\"args\":{\"op\":\"%s\",\"bytes_sent\":%llu}", sim_op_name(sp->op),
+                        (unsigned long long)sp->bytes);
+            else
+                fprintf(f, ",\"cat\":\"compute\"");
+            fprintf(f, "}");
+            fprintf(f, ",\n{\"name\":\"arena live bytes\",\"ph\":\"C\",\"pid\":%d,\"ts\":%.3f,\"args\":{\"bytes\":%zu}}",
+                    i, ts + dur, sp->live_bytes);
+        }
+    }
+#undef SEP
+    fprintf(f, "\n]}\n");
+    if (ferror(f)) return sim_err(SIM_ERR_IO, "could not write the trace file");
+    return SIM_OK;
+}

@@ -1,0 +1,19 @@
+/* trace.h — writes the spans the devices recorded (sim_machine_opts.trace) as
+ * Chrome trace-event JSON: one process per device named by its mesh
+ * coordinates, a "compute" lane and one lane per group of mesh axes for
+ * collectives, and the arena's live bytes as a counter track.  Perfetto and
+ * chrome://tracing open the file. */
+#ifndef SIM_TRACE_H
+#define SIM_TRACE_H
+
+#include <stdio.h>
+
+#include "sim/machine.h"
+
+sim_status sim_trace_write_chrome(sim_machine *m, FILE *f);
+/* Number of spans device `id` recorded. */
+size_t sim_trace_span_count(sim_machine *m, int id);
+/* Writes s as a JSON string literal (with quotes). */
+void sim_json_write_string(FILE *f, const char *s);
+
+#endif

@@ -1,0 +1,555 @@
+/* test_sim_collectives.c — every collective on 1-D, 2-D and 3-D meshes, group
+ * sizes 1, 2, 3, 4, 6, 8 (and 12), counts 0, 1, odd and larger, checked
+ * element by element with exact integer-valued data and byte by byte against
+ * the formulas.  Expected values come from the definitions, computed here
+ * with the test's own coordinate arithmetic.  Device threads only write into
+ * per-device slots; all assertions run on the main thread. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sim/collectives.h"
+
+/* ------------------------------------------------------------ test mesh math */
+
+typedef struct {
+    int naxes;
+    int sizes[4];
+} tmesh;
+
+static int t_ndev(const tmesh *m)
+{
+    int n = 1;
+    for (int i = 0; i < m->naxes; i++) n *= m->sizes[i];
+    return n;
+}
+
+static void t_coords(const tmesh *m, int id, int *c)
+{
+    for (int i = m->naxes - 1; i >= 0; i--) {
+        c[i] = id % m->sizes[i];
+        id /= m->sizes[i];
+    }
+}
+
+static int t_id(const tmesh *m, const int *c)
+{
+    int id = 0;
+    for (int i = 0; i < m->naxes; i++) id = id * m->sizes[i] + c[i];
+    return id;
+}
+
+static int t_k(const tmesh *m, sim_axes ax)
+{
+    int k = 1;
+    for (int i = 0; i < ax.n; i++) k *= m->sizes[ax.axis[i]];
+    return k;
+}
+
+static int t_rank(const tmesh *m, int id, sim_axes ax)
+{
+    int c[4], r = 0;
+    t_coords(m, id, c);
+    for (int i = 0; i < ax.n; i++) r = r * m->sizes[ax.axis[i]] + c[ax.axis[i]];
+    return r;
+}
+
+static int t_member(const tmesh *m, int id, sim_axes ax, int q)
+{
+    int c[4];
+    t_coords(m, id, c);
+    for (int i = ax.n - 1; i >= 0; i--) {
+        c[ax.axis[i]] = q % m->sizes[ax.axis[i]];
+        q /= m->sizes[ax.axis[i]];
+    }
+    return t_id(m, c);
+}
+
+static float val(int dev, size_t i) { return (float)(dev * 1000 + (int)i + 1); }
+
+static sim_machine *make_machine(const tmesh *tm, bool dry)
+{
+    static const char *names[] = {"a0", "a1", "a2", "a3"};
+    sim_mesh_desc md;
+    assert_int_equal(sim_mesh_desc_make(tm->naxes, names, tm->sizes, &md), SIM_OK);
+    sim_machine_opts o = {0};
+    o.dry_run = dry;
+    o.quiet = true;
+    sim_machine *m = NULL;
+    assert_int_equal(sim_machine_new(&md, &o, &m), SIM_OK);
+    return m;
+}
+
+/* ------------------------------------------------------------ the six ops */
+
+enum { NOPS = 6, MAXDEV = 16 };
+
+typedef struct {
+    tmesh tm;
+    sim_axes ax;
+    size_t c;          /* per-peer / per-device count */
+    int perm_kind;     /* 0 cyclic shift, 1 partial (last rank sends nowhere) */
+    float *out[MAXDEV][NOPS];
+    size_t out_n[MAXDEV][NOPS];
+    size_t ragged_send_off[MAXDEV][MAXDEV], ragged_send_cnt[MAXDEV][MAXDEV];
+    size_t ragged_recv_off[MAXDEV][MAXDEV], ragged_recv_cnt[MAXDEV][MAXDEV];
+    sim_record rec[MAXDEV][NOPS];
+    sim_status st[MAXDEV];
+} sweep_case;
+
+static size_t ragged_cnt(int sender_rank, int dest_rank, size_t c) { return (size_t)(sender_rank + 2 * dest_rank + (int)c) % 4; }
+
+static sim_status sweep_device(sim_device *d, void *arg)
+{
+    sweep_case *sc = arg;
+    int id = sim_device_id(d);
+    int k = t_k(&sc->tm, sc->ax), r = t_rank(&sc->tm, id, sc->ax);
+    size_t c = sc->c;
+    /* inputs: enough for the largest op */
+    size_t nin = (size_t)k * c + 1;
+    float *in = malloc((nin + 1) * sizeof(float));
+    for (size_t i = 0; i < nin; i++) in[i] = val(id, i);
+    float **o = sc->out[id];
+    size_t *on = sc->out_n[id];
+    on[0] = (size_t)k * c;
+    on[1] = c;
+    on[2] = (size_t)k * c + 1; /* all-reduce on a count k does not divide (for k > 1) */
+    on[3] = (size_t)k * c;
+    on[4] = c;
+    for (int j = 0; j < 4; j++) o[j] = calloc(on[j] + 1, sizeof(float));
+    o[4] = calloc(c + 1, sizeof(float));
+    sim_status st = SIM_OK;
+    if (!st) st = sim_all_gather(d, in, o[0], c, SIM_F32, sc->ax, sim_meta_tag("t/ag"));
+    if (!st) st = sim_reduce_scatter(d, in, o[1], (size_t)k * c, SIM_F32, sc->ax, sim_meta_tag("t/rs"));
+    if (!st) st = sim_all_reduce(d, in, o[2], on[2], SIM_F32, sc->ax, sim_meta_tag("t/ar"));
+    if (!st) st = sim_all_to_all(d, in, o[3], (size_t)k * c, SIM_F32, sc->ax, sim_meta_implicit("t/a2a"));
+    int perm[MAXDEV];
+    for (int q = 0; q < k; q++) perm[q] = sc->perm_kind == 0 ? (q + 1) % k : (q + 1 < k ? q + 1 : -1);
+    if (!st) st = sim_ppermute(d, in, o[4], c, perm, SIM_F32, sc->ax, sim_meta_tag("t/pp"));
+    /* ragged: rank r sends ragged_cnt(r, q) elements to rank q */
+    size_t *so = sc->ragged_send_off[id], *sn = sc->ragged_send_cnt[id];
+    size_t *ro = sc->ragged_recv_off[id], *rn = sc->ragged_recv_cnt[id];
+    size_t stot = 0, rtot = 0;
+    for (int q = 0; q < k; q++) {
+        sn[q] = ragged_cnt(r, q, c);
+        so[q] = stot;
+        stot += sn[q];
+        rn[q] = ragged_cnt(q, r, c);
+        ro[q] = rtot;
+        rtot += rn[q];
+    }
+    float *rin = malloc((stot + 1) * sizeof(float));
+    for (size_t i = 0; i < stot; i++) rin[i] = val(id, i);
+    o[5] = calloc(rtot + 1, sizeof(float));
+    on[5] = rtot;
+    if (!st) st = sim_ragged_all_to_all(d, rin, o[5], rtot, so, sn, ro, rn, SIM_F32, sc->ax, sim_meta_tag("t/ragged"));
+    free(rin);
+    free(in);
+    size_t nrec;
+    const sim_record *rec = sim_device_records(d, &nrec);
+    for (size_t i = 0; i < nrec && i < NOPS; i++) sc->rec[id][i] = rec[i];
+    sc->st[id] = st;
+    return st;
+}
+
+static void check_sweep(sweep_case *sc)
+{
+    const tmesh *tm = &sc->tm;
+    int n = t_ndev(tm), k = t_k(tm, sc->ax);
+    size_t c = sc->c;
+    for (int id = 0; id < n; id++) {
+        int r = t_rank(tm, id, sc->ax);
+        assert_int_equal(sc->st[id], SIM_OK);
+        /* all-gather: block q from rank q */
+        for (int q = 0; q < k; q++)
+            for (size_t i = 0; i < c; i++)
+                assert_true(sc->out[id][0][(size_t)q * c + i] == val(t_member(tm, id, sc->ax, q), i));
+        /* reduce-scatter: block r of the sum */
+        for (size_t i = 0; i < c; i++) {
+            float s = 0;
+            for (int q = 0; q < k; q++) s += val(t_member(tm, id, sc->ax, q), (size_t)r * c + i);
+            assert_true(sc->out[id][1][i] == s);
+        }
+        /* all-reduce */
+        for (size_t i = 0; i < sc->out_n[id][2]; i++) {
+            float s = 0;
+            for (int q = 0; q < k; q++) s += val(t_member(tm, id, sc->ax, q), i);
+            assert_true(sc->out[id][2][i] == s);
+        }
+        /* all-to-all: block q = rank q's block r */
+        for (int q = 0; q < k; q++)
+            for (size_t i = 0; i < c; i++)
+                assert_true(sc->out[id][3][(size_t)q * c + i] == val(t_member(tm, id, sc->ax, q), (size_t)r * c + i));
+        /* ppermute */
+        int src = sc->perm_kind == 0 ? (r + k - 1) % k : r - 1;
+        for (size_t i = 0; i < c; i++)
+            assert_true(sc->out[id][4][i] == (src >= 0 ? val(t_member(tm, id, sc->ax, src), i) : 0.0f));
+        /* ragged: from rank q, the elements q addressed to me */
+        for (int q = 0; q < k; q++) {
+            int peer = t_member(tm, id, sc->ax, q);
+            size_t off = 0;
+            for (int p = 0; p < r; p++) off += ragged_cnt(q, p, c);
+            for (size_t i = 0; i < ragged_cnt(q, r, c); i++)
+                assert_true(sc->out[id][5][sc->ragged_recv_off[id][q] + i] == val(peer, off + i));
+        }
+        /* bytes */
+        const sim_record *rec = sc->rec[id];
+        uint64_t e = 4, kk = (uint64_t)k;
+        assert_int_equal(rec[0].op, SIM_OP_ALL_GATHER);
+        assert_int_equal(rec[0].bytes_sent, (kk - 1) * c * e);
+        assert_int_equal(rec[0].bytes_recv, (kk - 1) * c * e);
+        assert_int_equal(rec[1].bytes_sent, (kk - 1) * (kk * c) / kk * e);
+        assert_int_equal(rec[3].bytes_sent, (kk - 1) * (kk * c) / kk * e);
+        assert_int_equal(rec[3].implicit, true);
+        assert_int_equal(rec[0].implicit, false);
+        assert_int_equal(rec[4].bytes_sent, (k > 1 && !(sc->perm_kind == 1 && r == k - 1)) ? c * e : 0);
+        assert_int_equal(rec[4].bytes_recv, (k > 1 && src >= 0) ? c * e : 0);
+        uint64_t rs = 0, rr = 0;
+        for (int q = 0; q < k; q++)
+            if (q != r) {
+                rs += ragged_cnt(r, q, c) * e;
+                rr += ragged_cnt(q, r, c) * e;
+            }
+        assert_int_equal(rec[5].bytes_sent, rs);
+        assert_int_equal(rec[5].bytes_recv, rr);
+        for (int j = 0; j < NOPS; j++) {
+            assert_int_equal(rec[j].group_size, k);
+            assert_int_equal(rec[j].axes.n, sc->ax.n);
+        }
+        assert_string_equal(rec[0].tag, "t/ag");
+    }
+    /* all-reduce: the group's devices together send 2(k-1)n bytes (n not divisible by k) */
+    for (int id = 0; id < n; id++) {
+        if (t_rank(tm, id, sc->ax) != 0) continue;
+        uint64_t tot = 0, nn = sc->out_n[id][2];
+        for (int q = 0; q < k; q++) tot += sc->rec[t_member(tm, id, sc->ax, q)][2].bytes_sent;
+        assert_int_equal(tot, 2 * (uint64_t)(k - 1) * nn * 4);
+    }
+    for (int id = 0; id < n; id++)
+        for (int j = 0; j < NOPS; j++) free(sc->out[id][j]);
+}
+
+static void run_sweep(const tmesh *tm, sim_axes ax, size_t c, int perm_kind, int *cases)
+{
+    sweep_case *sc = calloc(1, sizeof *sc);
+    sc->tm = *tm;
+    sc->ax = ax;
+    sc->c = c;
+    sc->perm_kind = perm_kind;
+    sim_machine *m = make_machine(tm, false);
+    sim_status st = sim_machine_run(m, sweep_device, sc);
+    if (st != SIM_OK) fail_msg("run failed: %s", sim_errmsg());
+    check_sweep(sc);
+    sim_machine_free(m);
+    free(sc);
+    (*cases)++;
+}
+
+static void test_sweep_all_ops(void **state)
+{
+    (void)state;
+    static const tmesh meshes[] = {
+        {1, {1}}, {1, {2}}, {1, {3}}, {1, {4}}, {1, {6}}, {1, {8}},
+        {2, {2, 3}}, {2, {4, 2}}, {2, {3, 2}},
+        {3, {2, 2, 2}}, {3, {2, 3, 2}}, {3, {2, 1, 3}},
+    };
+    static const size_t counts[] = {0, 1, 5};
+    int cases = 0, seen_k[16] = {0};
+    for (size_t mi = 0; mi < sizeof meshes / sizeof meshes[0]; mi++) {
+        const tmesh *tm = &meshes[mi];
+        /* every non-empty subset in mesh order, and every subset reversed */
+        for (unsigned mask = 1; mask < (1u << tm->naxes); mask++) {
+            for (int rev = 0; rev < 2; rev++) {
+                sim_axes ax = sim_axes_none();
+                for (int a = 0; a < tm->naxes; a++)
+                    if (mask & (1u << a)) ax.axis[ax.n++] = (int8_t)a;
+                if (rev) {
+                    if (ax.n < 2) continue;
+                    for (int i = 0; i < ax.n / 2; i++) {
+                        int8_t t = ax.axis[i];
+                        ax.axis[i] = ax.axis[ax.n - 1 - i];
+                        ax.axis[ax.n - 1 - i] = t;
+                    }
+                }
+                seen_k[t_k(tm, ax)] = 1;
+                for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+                    run_sweep(tm, ax, counts[ci], (int)(ci % 2), &cases);
+            }
+        }
+    }
+    /* the group sizes all occurred */
+    int want[] = {1, 2, 3, 4, 6, 8};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) assert_true(seen_k[want[i]]);
+    assert_true(cases > 100);
+}
+
+/* ------------------------------------------------------------ strided layouts */
+
+typedef struct {
+    tmesh tm;
+    sim_axes ax;
+    float *ag[MAXDEV], *rs[MAXDEV], *a2a[3][MAXDEV];
+    size_t shapes[3][3];
+    int split[3], concat[3];
+    sim_status st[MAXDEV];
+} dims_case;
+
+enum { AO = 3, AM = 2, AI = 5 };
+
+static sim_status dims_device(sim_device *d, void *arg)
+{
+    dims_case *dc = arg;
+    int id = sim_device_id(d), k = t_k(&dc->tm, dc->ax);
+    size_t nag = AO * AM * AI, nrs = 2 * (size_t)(2 * k) * 3;
+    float in[4096];
+    for (size_t i = 0; i < 4096; i++) in[i] = val(id, i);
+    dc->ag[id] = calloc(nag * (size_t)k, sizeof(float));
+    dc->rs[id] = calloc(nrs / (size_t)k, sizeof(float));
+    sim_status st = sim_all_gather_dim(d, in, dc->ag[id], AO, AM, AI, SIM_F32, dc->ax, sim_meta_tag("ag_dim"));
+    if (!st) st = sim_reduce_scatter_dim(d, in, dc->rs[id], 2, (size_t)(2 * k), 3, SIM_F32, dc->ax, sim_meta_tag("rs_dim"));
+    for (int t = 0; t < 3 && !st; t++) {
+        size_t tot = dc->shapes[t][0] * dc->shapes[t][1] * dc->shapes[t][2];
+        dc->a2a[t][id] = calloc(tot, sizeof(float));
+        st = sim_all_to_all_dims(d, in, dc->a2a[t][id], 3, dc->shapes[t], dc->split[t], dc->concat[t], SIM_F32, dc->ax,
+                                 sim_meta_tag("a2a_dims"));
+    }
+    dc->st[id] = st;
+    return st;
+}
+
+static void test_strided_layouts(void **state)
+{
+    (void)state;
+    static const tmesh meshes[] = {{1, {2}}, {1, {3}}, {2, {2, 2}}, {2, {2, 3}}};
+    for (size_t mi = 0; mi < 4; mi++) {
+        dims_case *dc = calloc(1, sizeof *dc);
+        dc->tm = meshes[mi];
+        for (int a = dc->tm.naxes - 1; a >= 0; a--) dc->ax.axis[dc->ax.n++] = (int8_t)a; /* reversed order */
+        const tmesh *tm = &dc->tm;
+        int n = t_ndev(tm), k = t_k(tm, dc->ax);
+        size_t K = (size_t)k;
+        /* (4, 2k, 3) split 1 concat 0;  (2k, 3, 2) split 0 concat 2;  (2, 3k, 2) split 1 concat 1 */
+        size_t sh[3][3] = {{4, 2 * K, 3}, {2 * K, 3, 2}, {2, 3 * K, 2}};
+        int sp[3] = {1, 0, 1}, cc[3] = {0, 2, 1};
+        memcpy(dc->shapes, sh, sizeof sh);
+        memcpy(dc->split, sp, sizeof sp);
+        memcpy(dc->concat, cc, sizeof cc);
+        sim_machine *m = make_machine(tm, false);
+        if (sim_machine_run(m, dims_device, dc) != SIM_OK) fail_msg("%s", sim_errmsg());
+        for (int id = 0; id < n; id++) {
+            int r = t_rank(tm, id, dc->ax);
+            /* all-gather along the middle dim: out (AO, k*AM, AI) */
+            for (size_t o = 0; o < AO; o++)
+                for (size_t j = 0; j < K * AM; j++)
+                    for (size_t i = 0; i < AI; i++) {
+                        int q = (int)(j / AM);
+                        float want = val(t_member(tm, id, dc->ax, q), (o * AM + j % AM) * AI + i);
+                        assert_true(dc->ag[id][(o * K * AM + j) * AI + i] == want);
+                    }
+            /* reduce-scatter along the middle dim: in (2, 2k, 3) -> out (2, 2, 3) */
+            for (size_t o = 0; o < 2; o++)
+                for (size_t j = 0; j < 2; j++)
+                    for (size_t i = 0; i < 3; i++) {
+                        float s = 0;
+                        for (int q = 0; q < k; q++)
+                            s += val(t_member(tm, id, dc->ax, q), (o * 2 * K + (size_t)r * 2 + j) * 3 + i);
+                        assert_true(dc->rs[id][(o * 2 + j) * 3 + i] == s);
+                    }
+            /* all-to-all: out index -> (source rank, source index) from the definition */
+            for (int t = 0; t < 3; t++) {
+                size_t in_sh[3], out_sh[3];
+                memcpy(in_sh, dc->shapes[t], sizeof in_sh);
+                memcpy(out_sh, in_sh, sizeof out_sh);
+                out_sh[dc->split[t]] /= K;
+                out_sh[dc->concat[t]] *= K;
+                size_t blk = out_sh[dc->concat[t]] / K;
+                for (size_t x = 0; x < out_sh[0]; x++)
+                    for (size_t y = 0; y < out_sh[1]; y++)
+                        for (size_t z = 0; z < out_sh[2]; z++) {
+                            size_t idx[3] = {x, y, z};
+                            int q = (int)(idx[dc->concat[t]] / blk);
+                            size_t src[3] = {x, y, z};
+                            src[dc->concat[t]] = idx[dc->concat[t]] % blk;
+                            src[dc->split[t]] += (size_t)r * (in_sh[dc->split[t]] / K);
+                            size_t flat = (src[0] * in_sh[1] + src[1]) * in_sh[2] + src[2];
+                            float want = val(t_member(tm, id, dc->ax, q), flat);
+                            assert_true(dc->a2a[t][id][(x * out_sh[1] + y) * out_sh[2] + z] == want);
+                        }
+            }
+        }
+        for (int id = 0; id < n; id++) {
+            free(dc->ag[id]);
+            free(dc->rs[id]);
+            for (int t = 0; t < 3; t++) free(dc->a2a[t][id]);
+        }
+        sim_machine_free(m);
+        free(dc);
+    }
+}
+
+/* ------------------------------------------------------------ errors */
+
+typedef struct {
+    int mode;
+} err_case;
+
+static sim_status err_device(sim_device *d, void *arg)
+{
+    err_case *ec = arg;
+    int id = sim_device_id(d);
+    float buf[64] = {0}, out[64];
+    sim_axes ax = sim_axes_1(0);
+    switch (ec->mode) {
+    case 0: /* indivisible reduce-scatter */
+        return sim_reduce_scatter(d, buf, out, 7, SIM_F32, ax, sim_meta_tag("layer3/rs"));
+    case 1: /* different sizes */
+        return sim_all_gather(d, buf, out, id == 1 ? 5 : 4, SIM_F32, ax, sim_meta_tag(id == 1 ? "mlp/wi" : "mlp/wo"));
+    case 2: /* different ops */
+        if (id == 2) return sim_all_reduce(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("attn/out"));
+        return sim_all_gather(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("attn/q"));
+    case 3: /* one device leaves early: the rest wait forever */
+        if (id == 3) return SIM_OK;
+        return sim_all_gather(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("embed/ag"));
+    case 4: /* different axis order on a 2-D group */
+        return sim_all_gather(d, buf, out, 2, SIM_F32, id == 0 ? sim_axes_2(0, 1) : sim_axes_2(1, 0),
+                              sim_meta_tag("order"));
+    case 5: { /* ragged counts that disagree */
+        size_t so[4] = {0, 1, 2, 3}, sn[4] = {1, 1, 1, 1}, ro[4] = {0, 1, 2, 3}, rn[4] = {1, 1, 1, 1};
+        if (id == 0) rn[1] = 2;
+        return sim_ragged_all_to_all(d, buf, out, 8, so, sn, ro, rn, SIM_F32, ax, sim_meta_tag("moe/dispatch"));
+    }
+    case 6: /* a device's own failure stops the others */
+        if (id == 0) return sim_err(SIM_ERR_CHECK, "device 0 found a problem");
+        return sim_all_reduce(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("x"));
+    }
+    return SIM_OK;
+}
+
+static sim_status run_err(int mode, const tmesh *tm, double *secs)
+{
+    sim_machine *m = make_machine(tm, false);
+    err_case ec = {mode};
+    uint64_t t0 = sim_now_ns();
+    sim_status st = sim_machine_run(m, err_device, &ec);
+    *secs = (double)(sim_now_ns() - t0) / 1e9;
+    sim_machine_free(m);
+    return st;
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    tmesh m4 = {1, {4}}, m22 = {2, {2, 2}};
+    double secs;
+    assert_int_equal(run_err(0, &m4, &secs), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "not divisible"));
+    assert_non_null(strstr(sim_errmsg(), "layer3/rs"));
+
+    assert_int_equal(run_err(1, &m4, &secs), SIM_ERR_MISMATCH);
+    assert_true(secs < 5.0);
+    assert_non_null(strstr(sim_errmsg(), "device 1"));
+    assert_non_null(strstr(sim_errmsg(), "mlp/wi"));
+    assert_non_null(strstr(sim_errmsg(), "mlp/wo"));
+
+    assert_int_equal(run_err(2, &m4, &secs), SIM_ERR_MISMATCH);
+    assert_non_null(strstr(sim_errmsg(), "all-reduce"));
+    assert_non_null(strstr(sim_errmsg(), "attn/q"));
+
+    assert_int_equal(run_err(3, &m4, &secs), SIM_ERR_DEADLOCK);
+    assert_true(secs < 5.0);
+    assert_non_null(strstr(sim_errmsg(), "device 3 (finished)"));
+    assert_non_null(strstr(sim_errmsg(), "embed/ag"));
+
+    assert_int_equal(run_err(4, &m22, &secs), SIM_ERR_MISMATCH);
+    assert_non_null(strstr(sim_errmsg(), "(a0, a1)"));
+    assert_non_null(strstr(sim_errmsg(), "(a1, a0)"));
+
+    assert_int_equal(run_err(5, &m4, &secs), SIM_ERR_MISMATCH);
+    assert_non_null(strstr(sim_errmsg(), "moe/dispatch"));
+
+    assert_int_equal(run_err(6, &m4, &secs), SIM_ERR_CHECK);
+    assert_non_null(strstr(sim_errmsg(), "device 0 found a problem"));
+}
+
+/* ------------------------------------------------------------ determinism, dry run */
+
+typedef struct {
+    float *out[MAXDEV];
+    size_t n;
+    sim_record rec[MAXDEV];
+} det_case;
+
+static float noise(int dev, size_t i)
+{
+    uint64_t x = (uint64_t)dev * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 29;
+    return (float)((double)(x >> 11) / 9007199254740992.0 - 0.5) * 3.7f;
+}
+
+static sim_status det_device(sim_device *d, void *arg)
+{
+    det_case *dc = arg;
+    int id = sim_device_id(d);
+    float *x = NULL;
+    if (!sim_device_dry(d)) {
+        x = malloc(dc->n * sizeof(float));
+        dc->out[id] = malloc(dc->n * sizeof(float));
+        for (size_t i = 0; i < dc->n; i++) x[i] = noise(id, i);
+    }
+    sim_status st = sim_all_reduce(d, x, dc->out[id], dc->n, SIM_F32, sim_axes_1(0), sim_meta_tag("grad"));
+    size_t nr;
+    dc->rec[id] = sim_device_records(d, &nr)[0];
+    free(x);
+    return st;
+}
+
+static void test_all_reduce_deterministic_and_dry(void **state)
+{
+    (void)state;
+    tmesh tm = {1, {6}};
+    det_case a = {.n = 1003}, b = {.n = 1003}, dry = {.n = 1003};
+    for (int run = 0; run < 2; run++) {
+        sim_machine *m = make_machine(&tm, false);
+        assert_int_equal(sim_machine_run(m, det_device, run ? &b : &a), SIM_OK);
+        sim_machine_free(m);
+    }
+    /* the sum in rank order, computed here */
+    for (size_t i = 0; i < a.n; i++) {
+        float s = noise(0, i);
+        for (int q = 1; q < 6; q++) s += noise(q, i);
+        for (int id = 0; id < 6; id++) {
+            assert_memory_equal(&a.out[id][i], &s, sizeof s);
+            assert_memory_equal(&b.out[id][i], &s, sizeof s);
+        }
+    }
+    sim_machine *m = make_machine(&tm, true);
+    assert_int_equal(sim_machine_run(m, det_device, &dry), SIM_OK);
+    for (int id = 0; id < 6; id++) {
+        assert_int_equal(dry.rec[id].bytes_sent, a.rec[id].bytes_sent);
+        assert_int_equal(dry.rec[id].bytes_recv, a.rec[id].bytes_recv);
+        assert_int_equal(dry.rec[id].elements, a.rec[id].elements);
+        free(a.out[id]);
+        free(b.out[id]);
+    }
+    sim_machine_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sweep_all_ops),
+        cmocka_unit_test(test_strided_layouts),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_all_reduce_deterministic_and_dry),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
