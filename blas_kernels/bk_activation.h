@@ -1,0 +1,30 @@
+/* bk_activation.h — elementwise activations on contiguous buffers: SiLU and SwiGLU
+ * (out = silu(gate) * up, MaxText mlp_activations ["silu", "linear"]).
+ * silu(x) = x * sigmoid(x), sigmoid evaluated without overflow for any sign of x.
+ */
+#ifndef BK_ACTIVATION_H
+#define BK_ACTIVATION_H
+
+#include <stddef.h>
+
+void bk_silu_fwd(float *out,       // (n)
+                 const float *in,  // (n)
+                 size_t n);
+/* din += dout * silu'(in) */
+void bk_silu_bwd(float *din, const float *dout, const float *in, size_t n);  // all (n)
+
+void bk_swiglu_fwd(float *out,         // (n)
+                   const float *gate,  // (n)
+                   const float *up,    // (n)
+                   size_t n);
+/* dgate += dout * up * silu'(gate); dup += dout * silu(gate) */
+void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
+                   const float *up, size_t n);  // all (n)
+
+void bk_silu_fwd_ref(float *out, const float *in, size_t n);
+void bk_silu_bwd_ref(float *din, const float *dout, const float *in, size_t n);
+void bk_swiglu_fwd_ref(float *out, const float *gate, const float *up, size_t n);
+void bk_swiglu_bwd_ref(float *dgate, float *dup, const float *dout, const float *gate,
+                       const float *up, size_t n);
+
+#endif /* BK_ACTIVATION_H */

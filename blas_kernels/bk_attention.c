@@ -1,0 +1,307 @@
+/* bk_attention.c — blocked causal attention with positions.
+ *
+ * Forward, per (batch, query head, query tile): for each key tile that has a visible key,
+ * S = scale * Q K^T (sgemm straight from the strided (B, T, H, D) layout, no copies), mask
+ * k_pos > q_pos to -inf, then the online softmax: m' = max(m, rowmax S), P = exp(S - m'),
+ * l = l e^(m - m') + rowsum P, acc = acc e^(m - m') + P V (sgemm). At the end out = acc / l and
+ * lse = m + log l. Tiles whose keys are all later than every query of the tile are skipped.
+ *
+ * Backward (FlashAttention-2): with Dvec_i = sum(dO_i * O_i) - dlse_i, per visible tile recompute
+ * P = exp(S - lse), then dV += P^T dO, dP = dO V^T, dS = P (dP - Dvec), dQ += scale dS K,
+ * dK += scale dS^T Q. The loops run in a fixed order, so results do not depend on timing.
+ */
+#include "blas_kernels/bk_attention.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "blas_kernels/bk.h"
+#include "blas_kernels/bk_gemm.h"
+
+static void check_dims(const bk_attn_dims *d) {
+  BK_ASSERT(d != NULL);
+  BK_ASSERTF(d->B >= 0 && d->Tq >= 0 && d->Tk >= 0, "B=%d Tq=%d Tk=%d", d->B, d->Tq, d->Tk);
+  BK_ASSERTF(d->Hq > 0 && d->Hkv > 0 && d->Hq % d->Hkv == 0,
+             "Hq=%d must be a positive multiple of Hkv=%d", d->Hq, d->Hkv);
+  BK_ASSERTF(d->Dqk > 0 && d->Dv > 0, "Dqk=%d Dv=%d", d->Dqk, d->Dv);
+  BK_ASSERTF(d->block_q >= 0 && d->block_k >= 0, "block_q=%d block_k=%d", d->block_q, d->block_k);
+}
+
+static int block_q_of(const bk_attn_dims *d) { return d->block_q > 0 ? d->block_q : 128; }
+static int block_k_of(const bk_attn_dims *d) { return d->block_k > 0 ? d->block_k : 128; }
+
+/* min and max of pos[0..n) */
+static void pos_range(const int32_t *pos, int n, int32_t *lo, int32_t *hi) {
+  int32_t a = pos[0], b = pos[0];
+  for (int i = 1; i < n; i++) {
+    a = pos[i] < a ? pos[i] : a;
+    b = pos[i] > b ? pos[i] : b;
+  }
+  *lo = a, *hi = b;
+}
+
+/* Key-tile position ranges of one batch row: kmin/kmax per tile. */
+static void key_tile_ranges(const int32_t *kp, int Tk, int bk, int32_t *kmin, int32_t *kmax) {
+  for (int t = 0, j0 = 0; j0 < Tk; t++, j0 += bk)
+    pos_range(kp + j0, (Tk - j0 < bk ? Tk - j0 : bk), &kmin[t], &kmax[t]);
+}
+
+/* S (nq, nk) = scale * Q K^T, then -inf where key j is later than query i, unless the whole tile
+ * is visible. */
+static void score_tile(float *S, const float *Q, int ldq, const float *K, int ldk, int nq, int nk,
+                       int D, float scale, const int32_t *qp, const int32_t *kp, int full) {
+  bk_gemm(0, 1, nq, nk, D, scale, Q, ldq, K, ldk, 0.0f, S, nk);
+  if (full) return;
+  for (int i = 0; i < nq; i++)
+    for (int j = 0; j < nk; j++)
+      if (kp[j] > qp[i]) S[(size_t)i * nk + j] = -INFINITY;
+}
+
+void bk_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                      const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d) {
+  check_dims(d);
+  const int B = d->B, Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
+  const int bq = block_q_of(d), bk = block_k_of(d), rep = Hq / Hkv;
+  if (B == 0 || Tq == 0) return;
+  BK_ASSERT(out && lse && q && q_pos && (Tk == 0 || (k && v && k_pos)));
+  const int ldq = Hq * Dqk, ldk = Hkv * Dqk, ldv = Hkv * Dv, ldo = Hq * Dv;
+  const int nkt = (Tk + bk - 1) / bk;
+  float *S = bk_xmalloc((size_t)bq * bk * sizeof *S);
+  float *acc = bk_xmalloc((size_t)bq * Dv * sizeof *acc);
+  float *m = bk_xmalloc((size_t)bq * sizeof *m);
+  double *l = bk_xmalloc((size_t)bq * sizeof *l);
+  int32_t *kmin = bk_xmalloc((size_t)(nkt + 1) * sizeof *kmin);
+  int32_t *kmax = bk_xmalloc((size_t)(nkt + 1) * sizeof *kmax);
+
+  for (int b = 0; b < B; b++) {
+    const int32_t *qpb = q_pos + (size_t)b * Tq, *kpb = k_pos ? k_pos + (size_t)b * Tk : NULL;
+    if (Tk > 0) key_tile_ranges(kpb, Tk, bk, kmin, kmax);
+    for (int h = 0; h < Hq; h++) {
+      const int g = h / rep;
+      for (int i0 = 0; i0 < Tq; i0 += bq) {
+        const int nq = Tq - i0 < bq ? Tq - i0 : bq;
+        const int32_t *qp = qpb + i0;
+        const float *Q = q + ((size_t)b * Tq + i0) * ldq + (size_t)h * Dqk;
+        int32_t qlo, qhi;
+        pos_range(qp, nq, &qlo, &qhi);
+        memset(acc, 0, (size_t)nq * Dv * sizeof *acc);
+        for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0.0;
+        for (int t = 0, j0 = 0; j0 < Tk; t++, j0 += bk) {
+          if (kmin[t] > qhi) continue;  // no query of this tile sees any key of it
+          const int nk = Tk - j0 < bk ? Tk - j0 : bk;
+          const float *K = k + ((size_t)b * Tk + j0) * ldk + (size_t)g * Dqk;
+          const float *V = v + ((size_t)b * Tk + j0) * ldv + (size_t)g * Dv;
+          score_tile(S, Q, ldq, K, ldk, nq, nk, Dqk, d->scale, qp, kpb + j0, kmax[t] <= qlo);
+          for (int i = 0; i < nq; i++) {
+            float *s = S + (size_t)i * nk;
+            float mb = -INFINITY;
+            for (int j = 0; j < nk; j++) mb = s[j] > mb ? s[j] : mb;
+            float mn = mb > m[i] ? mb : m[i];
+            if (mn == -INFINITY) {  // nothing visible to this row yet: P row = 0
+              memset(s, 0, (size_t)nk * sizeof *s);
+              continue;
+            }
+            double rs = 0.0;
+            for (int j = 0; j < nk; j++) {
+              s[j] = expf(s[j] - mn);  // exp(-inf) = 0 for masked keys
+              rs += s[j];
+            }
+            if (mn != m[i]) {
+              float alpha = expf(m[i] - mn);  // 0 when m was -inf
+              float *a = acc + (size_t)i * Dv;
+              for (int c = 0; c < Dv; c++) a[c] *= alpha;
+              l[i] *= alpha;
+              m[i] = mn;
+            }
+            l[i] += rs;
+          }
+          bk_gemm(0, 0, nq, Dv, nk, 1.0f, S, nk, V, ldv, 1.0f, acc, Dv);
+        }
+        for (int i = 0; i < nq; i++) {
+          float *o = out + ((size_t)b * Tq + i0 + i) * ldo + (size_t)h * Dv;
+          float *L = lse + ((size_t)b * Hq + h) * Tq + i0 + i;
+          if (l[i] > 0.0) {
+            float inv = (float)(1.0 / l[i]);
+            for (int c = 0; c < Dv; c++) o[c] = acc[(size_t)i * Dv + c] * inv;
+            *L = (float)(m[i] + log(l[i]));
+          } else {  // fully masked row
+            memset(o, 0, (size_t)Dv * sizeof *o);
+            *L = -INFINITY;
+          }
+        }
+      }
+    }
+  }
+  free(S), free(acc), free(m), free(l), free(kmin), free(kmax);
+}
+
+void bk_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *dlse,
+                      const float *out, const float *lse, const float *q, const float *k,
+                      const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                      const bk_attn_dims *d) {
+  check_dims(d);
+  const int B = d->B, Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
+  const int bq = block_q_of(d), bk = block_k_of(d), rep = Hq / Hkv;
+  if (B == 0 || Tq == 0 || Tk == 0) return;
+  BK_ASSERT(dq && dk && dv && dout && out && lse && q && k && v && q_pos && k_pos);
+  const int ldq = Hq * Dqk, ldk = Hkv * Dqk, ldv = Hkv * Dv, ldo = Hq * Dv;
+  const int nkt = (Tk + bk - 1) / bk;
+  float *P = bk_xmalloc((size_t)bq * bk * sizeof *P);
+  float *dP = bk_xmalloc((size_t)bq * bk * sizeof *dP);
+  float *Dvec = bk_xmalloc((size_t)bq * sizeof *Dvec);
+  int32_t *kmin = bk_xmalloc((size_t)nkt * sizeof *kmin);
+  int32_t *kmax = bk_xmalloc((size_t)nkt * sizeof *kmax);
+
+  for (int b = 0; b < B; b++) {
+    const int32_t *qpb = q_pos + (size_t)b * Tq, *kpb = k_pos + (size_t)b * Tk;
+    key_tile_ranges(kpb, Tk, bk, kmin, kmax);
+    for (int h = 0; h < Hq; h++) {
+      const int g = h / rep;
+      for (int i0 = 0; i0 < Tq; i0 += bq) {
+        const int nq = Tq - i0 < bq ? Tq - i0 : bq;
+        const int32_t *qp = qpb + i0;
+        const size_t qrow = ((size_t)b * Tq + i0);
+        const float *Q = q + qrow * ldq + (size_t)h * Dqk;
+        float *dQ = dq + qrow * ldq + (size_t)h * Dqk;
+        const float *dO = dout + qrow * ldo + (size_t)h * Dv;
+        const float *L = lse + ((size_t)b * Hq + h) * Tq + i0;
+        int32_t qlo, qhi;
+        pos_range(qp, nq, &qlo, &qhi);
+        for (int i = 0; i < nq; i++) {
+          const float *o = out + (qrow + i) * ldo + (size_t)h * Dv, *go = dO + (size_t)i * ldo;
+          double s = 0.0;
+          for (int c = 0; c < Dv; c++) s += (double)go[c] * o[c];
+          if (dlse) s -= dlse[((size_t)b * Hq + h) * Tq + i0 + i];
+          Dvec[i] = (float)s;
+        }
+        for (int t = 0, j0 = 0; j0 < Tk; t++, j0 += bk) {
+          if (kmin[t] > qhi) continue;
+          const int nk = Tk - j0 < bk ? Tk - j0 : bk;
+          const size_t krow = (size_t)b * Tk + j0;
+          const float *K = k + krow * ldk + (size_t)g * Dqk;
+          const float *V = v + krow * ldv + (size_t)g * Dv;
+          float *dK = dk + krow * ldk + (size_t)g * Dqk;
+          float *dV = dv + krow * ldv + (size_t)g * Dv;
+          score_tile(P, Q, ldq, K, ldk, nq, nk, Dqk, d->scale, qp, kpb + j0, kmax[t] <= qlo);
+          for (int i = 0; i < nq; i++) {
+            float *p = P + (size_t)i * nk;
+            if (L[i] == -INFINITY) {  // fully masked row: no probability mass, no gradient
+              memset(p, 0, (size_t)nk * sizeof *p);
+              continue;
+            }
+            for (int j = 0; j < nk; j++) p[j] = expf(p[j] - L[i]);
+          }
+          bk_gemm(1, 0, nk, Dv, nq, 1.0f, P, nk, dO, ldo, 1.0f, dV, ldv);    // dV += P^T dO
+          bk_gemm(0, 1, nq, nk, Dv, 1.0f, dO, ldo, V, ldv, 0.0f, dP, nk);    // dP = dO V^T
+          for (int i = 0; i < nq; i++) {
+            float *ds = dP + (size_t)i * nk;
+            const float *p = P + (size_t)i * nk;
+            for (int j = 0; j < nk; j++) ds[j] = p[j] * (ds[j] - Dvec[i]);  // dS (scale applied below)
+          }
+          bk_gemm(0, 0, nq, Dqk, nk, d->scale, dP, nk, K, ldk, 1.0f, dQ, ldq);  // dQ += s dS K
+          bk_gemm(1, 0, nk, Dqk, nq, d->scale, dP, nk, Q, ldq, 1.0f, dK, ldk);  // dK += s dS^T Q
+        }
+      }
+    }
+  }
+  free(P), free(dP), free(Dvec), free(kmin), free(kmax);
+}
+
+/* ---- reference ---- */
+
+void bk_attention_fwd_ref(float *out, float *lse, const float *q, const float *k, const float *v,
+                          const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d) {
+  check_dims(d);
+  const int B = d->B, Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
+  double *s = bk_xmalloc((size_t)(Tk + 1) * sizeof *s);
+  double *o = bk_xmalloc((size_t)Dv * sizeof *o);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < Hq; h++)
+      for (int i = 0; i < Tq; i++) {
+        const int g = h / (Hq / Hkv);
+        const float *qi = q + (((size_t)b * Tq + i) * Hq + h) * Dqk;
+        double mx = -INFINITY;
+        for (int j = 0; j < Tk; j++) {
+          s[j] = -INFINITY;
+          if (k_pos[(size_t)b * Tk + j] > q_pos[(size_t)b * Tq + i]) continue;
+          const float *kj = k + (((size_t)b * Tk + j) * Hkv + g) * Dqk;
+          double dot = 0.0;
+          for (int c = 0; c < Dqk; c++) dot += (double)qi[c] * kj[c];
+          s[j] = dot * d->scale;
+          if (s[j] > mx) mx = s[j];
+        }
+        double z = 0.0;
+        for (int c = 0; c < Dv; c++) o[c] = 0.0;
+        if (mx > -INFINITY)
+          for (int j = 0; j < Tk; j++) {
+            if (s[j] == -INFINITY) continue;
+            double p = exp(s[j] - mx);
+            z += p;
+            const float *vj = v + (((size_t)b * Tk + j) * Hkv + g) * Dv;
+            for (int c = 0; c < Dv; c++) o[c] += p * vj[c];
+          }
+        float *oi = out + (((size_t)b * Tq + i) * Hq + h) * Dv;
+        for (int c = 0; c < Dv; c++) oi[c] = z > 0 ? (float)(o[c] / z) : 0.0f;
+        lse[((size_t)b * Hq + h) * Tq + i] = z > 0 ? (float)(mx + log(z)) : -INFINITY;
+      }
+  free(s), free(o);
+}
+
+/* Probabilities are recomputed in double from q and k (the saved out and lse are not used), so
+ * this twin also checks that the fast kernel's use of them is right. */
+void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, const float *dlse,
+                          const float *out, const float *lse, const float *q, const float *k,
+                          const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                          const bk_attn_dims *d) {
+  check_dims(d);
+  (void)out, (void)lse;
+  const int B = d->B, Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
+  const size_t nq = (size_t)B * Tq * Hq * Dqk, nk = (size_t)B * Tk * Hkv * Dqk, nv = (size_t)B * Tk * Hkv * Dv;
+  double *gq = calloc(nq + 1, sizeof *gq), *gk = calloc(nk + 1, sizeof *gk), *gv = calloc(nv + 1, sizeof *gv);
+  double *p = bk_xmalloc((size_t)(Tk + 1) * sizeof *p), *dp = bk_xmalloc((size_t)(Tk + 1) * sizeof *dp);
+  BK_ASSERT(gq && gk && gv);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < Hq; h++)
+      for (int i = 0; i < Tq; i++) {
+        const int g = h / (Hq / Hkv);
+        const size_t qi = (((size_t)b * Tq + i) * Hq + h);
+        double mx = -INFINITY, z = 0.0;
+        for (int j = 0; j < Tk; j++) {
+          p[j] = -INFINITY;
+          if (k_pos[(size_t)b * Tk + j] > q_pos[(size_t)b * Tq + i]) continue;
+          const size_t kj = ((size_t)b * Tk + j) * Hkv + g;
+          double dot = 0.0;
+          for (int c = 0; c < Dqk; c++) dot += (double)q[qi * Dqk + c] * k[kj * Dqk + c];
+          p[j] = dot * d->scale;
+          if (p[j] > mx) mx = p[j];
+        }
+        if (mx == -INFINITY) continue;  // fully masked: no gradient
+        for (int j = 0; j < Tk; j++) {
+          p[j] = p[j] == -INFINITY ? 0.0 : exp(p[j] - mx);
+          z += p[j];
+        }
+        double Dsum = 0.0;
+        for (int j = 0; j < Tk; j++) {
+          p[j] /= z;
+          const size_t kj = ((size_t)b * Tk + j) * Hkv + g;
+          dp[j] = 0.0;
+          for (int c = 0; c < Dv; c++) dp[j] += (double)dout[qi * Dv + c] * v[kj * Dv + c];
+          Dsum += p[j] * dp[j];
+        }
+        double gl = dlse ? dlse[((size_t)b * Hq + h) * Tq + i] : 0.0;
+        for (int j = 0; j < Tk; j++) {
+          if (p[j] == 0.0) continue;
+          const size_t kj = ((size_t)b * Tk + j) * Hkv + g;
+          double ds = p[j] * (dp[j] - Dsum + gl) * d->scale;  // d lse / d s_j = p_j
+          for (int c = 0; c < Dv; c++) gv[kj * Dv + c] += p[j] * dout[qi * Dv + c];
+          for (int c = 0; c < Dqk; c++) {
+            gq[qi * Dqk + c] += ds * k[kj * Dqk + c];
+            gk[kj * Dqk + c] += ds * q[qi * Dqk + c];
+          }
+        }
+      }
+  for (size_t i = 0; i < nq; i++) dq[i] += (float)gq[i];
+  for (size_t i = 0; i < nk; i++) dk[i] += (float)gk[i];
+  for (size_t i = 0; i < nv; i++) dv[i] += (float)gv[i];
+  free(gq), free(gk), free(gv), free(p), free(dp);
+}

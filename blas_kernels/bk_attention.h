@@ -1,0 +1,52 @@
+/* bk_attention.h — causal attention with explicit positions, blocked with an online softmax
+ * (flash-attention style): memory O(block_q * block_k), block products via sgemm.
+ * Key j is visible to query i iff k_pos[j] <= q_pos[i], so permuted (load-balanced context
+ * parallel) or chunked sequences mask correctly and Tq != Tk is fine. GQA: query head h reads kv
+ * head h / (Hq / Hkv). Dv may differ from Dqk (MLA: 192 vs 128). A query with no visible key gets
+ * out = 0, lse = -INFINITY and zero gradients.
+ */
+#ifndef BK_ATTENTION_H
+#define BK_ATTENTION_H
+
+#include <stdint.h>
+
+typedef struct {
+  int B;        // batch
+  int Tq, Tk;   // query and key lengths (independent)
+  int Hq, Hkv;  // query heads, kv heads; Hq % Hkv == 0
+  int Dqk, Dv;  // q/k head dim, v head dim
+  float scale;  // softmax scale multiplying q.k (MaxText MHA: 1, MLA: bk_mla_softmax_scale)
+  int block_q;  // query tile rows, 0 = default (128)
+  int block_k;  // key tile rows, 0 = default (128)
+} bk_attn_dims;
+
+void bk_attention_fwd(float *out,             // (B, Tq, Hq, Dv)
+                      float *lse,             // (B, Hq, Tq) saved: logsumexp of scaled scores
+                      const float *q,         // (B, Tq, Hq, Dqk)
+                      const float *k,         // (B, Tk, Hkv, Dqk)
+                      const float *v,         // (B, Tk, Hkv, Dv)
+                      const int32_t *q_pos,   // (B, Tq)
+                      const int32_t *k_pos,   // (B, Tk)
+                      const bk_attn_dims *d);
+/* Flash-attention backward: recomputes score tiles from q, k and lse; accumulates dq, dk, dv.
+ * dlse is an optional upstream gradient of lse (NULL = none), for callers that merge partial
+ * attentions by their logsumexp. */
+void bk_attention_bwd(float *dq,              // (B, Tq, Hq, Dqk)
+                      float *dk,              // (B, Tk, Hkv, Dqk)
+                      float *dv,              // (B, Tk, Hkv, Dv)
+                      const float *dout,      // (B, Tq, Hq, Dv)
+                      const float *dlse,      // (B, Hq, Tq) or NULL
+                      const float *out,       // (B, Tq, Hq, Dv) saved
+                      const float *lse,       // (B, Hq, Tq) saved
+                      const float *q, const float *k, const float *v,
+                      const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d);
+
+/* Naive twins: full score rows in double, no blocking (block sizes ignored). */
+void bk_attention_fwd_ref(float *out, float *lse, const float *q, const float *k, const float *v,
+                          const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d);
+void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, const float *dlse,
+                          const float *out, const float *lse, const float *q, const float *k,
+                          const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                          const bk_attn_dims *d);
+
+#endif /* BK_ATTENTION_H */

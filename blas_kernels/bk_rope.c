@@ -1,0 +1,241 @@
+/* bk_rope.c — RoPE forward/backward. Angles pos * freq are formed in double and their sin/cos
+ * computed once per token (shared by all heads); the rotation itself is a fused float loop.
+ * (MaxText forms angles in float32; double is closer to the exact value, the difference is
+ * ~1e-4 rad at pos 4096 and far below bf16 resolution.) */
+#include "blas_kernels/bk_rope.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "blas_kernels/bk.h"
+
+bk_rope_params bk_rope_params_default(int dim) {
+  bk_rope_params p;
+  memset(&p, 0, sizeof p);
+  p.kind = BK_ROPE_DEFAULT;
+  p.dim = dim;
+  p.min_timescale = 1.0;
+  p.max_timescale = 10000.0;
+  p.linear_scaling_factor = 1.0;
+  p.factor = 1.0;
+  return p;
+}
+
+bk_rope_params bk_rope_params_yarn(int dim) {
+  bk_rope_params p = bk_rope_params_default(dim);
+  p.kind = BK_ROPE_YARN;
+  p.factor = 40.0;
+  p.original_max_position_embeddings = 4096;
+  p.beta_fast = 32.0;
+  p.beta_slow = 1.0;
+  p.interleave = 1;
+  p.truncate = 1;
+  p.attention_scaling = 0;
+  return p;
+}
+
+static void check_params(const bk_rope_params *p) {
+  BK_ASSERT(p != NULL);
+  BK_ASSERTF(p->dim > 0 && p->dim % 2 == 0, "rope dim=%d must be even and positive", p->dim);
+  BK_ASSERTF(p->max_timescale > 0.0, "max_timescale=%g", p->max_timescale);
+  if (p->kind == BK_ROPE_DEFAULT) {
+    BK_ASSERTF(p->min_timescale > 0.0, "min_timescale=%g", p->min_timescale);
+    BK_ASSERTF(p->linear_scaling_factor > 0.0, "linear_scaling_factor=%g", p->linear_scaling_factor);
+  } else {
+    BK_ASSERTF(p->kind == BK_ROPE_YARN, "rope kind %d", (int)p->kind);
+    BK_ASSERTF(p->factor > 0.0 && p->original_max_position_embeddings > 0 && p->beta_fast > 0.0 &&
+                   p->beta_slow > 0.0,
+               "yarn factor=%g original_max_position_embeddings=%d beta_fast=%g beta_slow=%g",
+               p->factor, p->original_max_position_embeddings, p->beta_fast, p->beta_slow);
+  }
+}
+
+/* YaRN correction dim: the pair index whose wavelength makes num_rot turns over orig_max. */
+static double yarn_correction_dim(double num_rot, int d, double theta, int orig_max) {
+  return d * log(orig_max / (num_rot * 2.0 * M_PI)) / (2.0 * log(theta));
+}
+
+void bk_rope_freqs(double *freq, const bk_rope_params *p) {
+  check_params(p);
+  int d = p->dim, half = d / 2;
+  if (p->kind == BK_ROPE_DEFAULT) {
+    for (int i = 0; i < half; i++) {
+      double ts = p->min_timescale * pow(p->max_timescale / p->min_timescale, 2.0 * i / d);
+      freq[i] = 1.0 / (ts * p->linear_scaling_factor);
+    }
+    return;
+  }
+  double low = yarn_correction_dim(p->beta_fast, d, p->max_timescale, p->original_max_position_embeddings);
+  double high = yarn_correction_dim(p->beta_slow, d, p->max_timescale, p->original_max_position_embeddings);
+  if (p->truncate) low = floor(low), high = ceil(high);
+  low = fmax(low, 0.0);
+  high = fmin(high, (double)(d - 1));
+  if (low == high) high += 0.001;  // as MaxText: avoid a zero-width ramp
+  for (int i = 0; i < half; i++) {
+    double base = 1.0 / pow(p->max_timescale, 2.0 * i / d);
+    double ramp = fmin(fmax((i - low) / (high - low), 0.0), 1.0);
+    double smooth = 1.0 - ramp;
+    freq[i] = base / p->factor * (1.0 - smooth) + base * smooth;
+  }
+}
+
+double bk_yarn_mscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+}
+
+double bk_mla_softmax_scale(int qk_head_dim, long max_position_embeddings,
+                            long original_max_position_embeddings, double rope_factor,
+                            double mscale) {
+  BK_ASSERTF(qk_head_dim > 0, "qk_head_dim=%d", qk_head_dim);
+  double s = 1.0 / sqrt((double)qk_head_dim);
+  if (max_position_embeddings > original_max_position_embeddings) {
+    double m = 0.1 * mscale * log(rope_factor) + 1.0;  // no factor<=1 guard, as MaxText
+    s *= m * m;
+  }
+  return s;
+}
+
+static double output_scale(const bk_rope_params *p) {
+  if (p->kind == BK_ROPE_YARN && p->attention_scaling && p->factor > 1.0)
+    return 0.1 * log(p->factor) + 1.0;
+  return 1.0;
+}
+
+static void check_args(const void *out, const void *in, const int32_t *pos, int N, int H,
+                       int in_stride, int out_stride, const bk_rope_params *p) {
+  check_params(p);
+  BK_ASSERTF(N >= 0 && H > 0, "N=%d H=%d", N, H);
+  BK_ASSERTF(in_stride >= p->dim && out_stride >= p->dim,
+             "strides in=%d out=%d must be >= rope dim %d", in_stride, out_stride, p->dim);
+  BK_ASSERT(N == 0 || (out && in && pos));
+}
+
+/* Forward and backward share the per-token cos/sin table and the pair addressing:
+ * input pair i sits at (a_i, b_i) = (2i, 2i+1) if interleaved, else (i, i+half);
+ * output pair i always at (i, i+half). */
+static void rope_apply(float *out, const float *in, const int32_t *pos, int N, int H,
+                       int in_stride, int out_stride, const bk_rope_params *p, int backward) {
+  check_args(out, in, pos, N, H, in_stride, out_stride, p);
+  int half = p->dim / 2;
+  int il = p->kind == BK_ROPE_YARN && p->interleave;
+  double *freq = bk_xmalloc((size_t)half * sizeof *freq);
+  float *cs = bk_xmalloc((size_t)2 * half * sizeof *cs);  // cos[half], sin[half] of one token
+  float *tmp = bk_xmalloc((size_t)p->dim * sizeof *tmp);  // for in-place interleaved fwd
+  bk_rope_freqs(freq, p);
+  float scale = (float)output_scale(p);
+  for (int n = 0; n < N; n++) {
+    for (int i = 0; i < half; i++) {
+      double ang = (double)pos[n] * freq[i];
+      cs[i] = (float)(cos(ang) * scale);
+      cs[half + i] = (float)(sin(ang) * scale);
+    }
+    const float *c = cs, *s = cs + half;
+    for (int h = 0; h < H; h++) {
+      size_t row = (size_t)n * H + h;
+      if (!backward) {
+        const float *x = in + row * in_stride;
+        float *y = out + row * out_stride;
+        if (il && (const float *)y == x) {
+          memcpy(tmp, x, (size_t)p->dim * sizeof *tmp);
+          x = tmp;
+        }
+        for (int i = 0; i < half; i++) {
+          float x1 = il ? x[2 * i] : x[i], x2 = il ? x[2 * i + 1] : x[i + half];
+          y[i] = x1 * c[i] - x2 * s[i];
+          y[i + half] = x2 * c[i] + x1 * s[i];
+        }
+      } else {  // here `out` is din (input layout), `in` is dout (output layout)
+        const float *g = in + row * out_stride;
+        float *dx = out + row * in_stride;
+        for (int i = 0; i < half; i++) {
+          float g1 = g[i], g2 = g[i + half];
+          float d1 = g1 * c[i] + g2 * s[i], d2 = g2 * c[i] - g1 * s[i];
+          if (il) {
+            dx[2 * i] += d1;
+            dx[2 * i + 1] += d2;
+          } else {
+            dx[i] += d1;
+            dx[i + half] += d2;
+          }
+        }
+      }
+    }
+  }
+  free(freq), free(cs), free(tmp);
+}
+
+void bk_rope_fwd(float *out, const float *in, const int32_t *positions, int N, int H,
+                 int in_stride, int out_stride, const bk_rope_params *p) {
+  BK_ASSERTF(out != in || in_stride == out_stride, "in-place rope needs equal strides (%d, %d)",
+             in_stride, out_stride);
+  rope_apply(out, in, positions, N, H, in_stride, out_stride, p, 0);
+}
+
+void bk_rope_bwd(float *din, const float *dout, const int32_t *positions, int N, int H,
+                 int in_stride, int out_stride, const bk_rope_params *p) {
+  BK_ASSERT(din != dout || N == 0);  // accumulation cannot run in place
+  rope_apply(din, dout, positions, N, H, in_stride, out_stride, p, 1);
+}
+
+/* ---- reference: per element, frequencies re-derived from the formulas as written ---- */
+
+static double ref_freq(const bk_rope_params *p, int i) {
+  int d = p->dim;
+  if (p->kind == BK_ROPE_DEFAULT) {
+    double fraction = 2.0 * i / d;
+    double timescale = p->min_timescale * pow(p->max_timescale / p->min_timescale, fraction);
+    return 1.0 / (timescale * p->linear_scaling_factor);
+  }
+  double two_pi = 2.0 * acos(-1.0), orig = p->original_max_position_embeddings;
+  double low = d * log(orig / (p->beta_fast * two_pi)) / (2.0 * log(p->max_timescale));
+  double high = d * log(orig / (p->beta_slow * two_pi)) / (2.0 * log(p->max_timescale));
+  if (p->truncate) {
+    low = floor(low);
+    high = ceil(high);
+  }
+  if (low < 0) low = 0;
+  if (high > d - 1) high = d - 1;
+  if (low == high) high += 0.001;
+  double lin = (i - low) / (high - low);
+  double ramp = lin < 0 ? 0 : (lin > 1 ? 1 : lin);
+  double base = exp(-(2.0 * i / d) * log(p->max_timescale));
+  return base * (1.0 - ramp) + base / p->factor * ramp;
+}
+
+void bk_rope_fwd_ref(float *out, const float *in, const int32_t *positions, int N, int H,
+                     int in_stride, int out_stride, const bk_rope_params *p) {
+  check_args(out, in, positions, N, H, in_stride, out_stride, p);
+  BK_ASSERT(out != in);
+  int half = p->dim / 2, il = p->kind == BK_ROPE_YARN && p->interleave;
+  double sc = (p->kind == BK_ROPE_YARN && p->attention_scaling && p->factor > 1) ? 0.1 * log(p->factor) + 1 : 1;
+  for (int n = 0; n < N; n++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < half; i++) {
+        const float *x = in + ((size_t)n * H + h) * in_stride;
+        float *y = out + ((size_t)n * H + h) * out_stride;
+        double re = il ? x[2 * i] : x[i], im = il ? x[2 * i + 1] : x[i + half];
+        double a = positions[n] * ref_freq(p, i);
+        /* (re + i im) * e^{i a} */
+        y[i] = (float)(sc * (re * cos(a) - im * sin(a)));
+        y[i + half] = (float)(sc * (re * sin(a) + im * cos(a)));
+      }
+}
+
+void bk_rope_bwd_ref(float *din, const float *dout, const int32_t *positions, int N, int H,
+                     int in_stride, int out_stride, const bk_rope_params *p) {
+  check_args(din, dout, positions, N, H, in_stride, out_stride, p);
+  int half = p->dim / 2, il = p->kind == BK_ROPE_YARN && p->interleave;
+  double sc = (p->kind == BK_ROPE_YARN && p->attention_scaling && p->factor > 1) ? 0.1 * log(p->factor) + 1 : 1;
+  for (int n = 0; n < N; n++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < half; i++) {
+        const float *g = dout + ((size_t)n * H + h) * out_stride;
+        float *dx = din + ((size_t)n * H + h) * in_stride;
+        double a = positions[n] * ref_freq(p, i);
+        /* (g_re + i g_im) * e^{-i a} */
+        double dre = sc * (g[i] * cos(a) + g[i + half] * sin(a));
+        double dim_ = sc * (g[i + half] * cos(a) - g[i] * sin(a));
+        dx[il ? 2 * i : i] += (float)dre;
+        dx[il ? 2 * i + 1 : i + half] += (float)dim_;
+      }
+}

@@ -1,0 +1,116 @@
+/* bk_xent.c — cross-entropy with z-loss; the full kernel is the vocab-sharded composition run
+ * with one shard, so the two can never drift apart. */
+#include "blas_kernels/bk_xent.h"
+
+#include <math.h>
+
+#include "blas_kernels/bk.h"
+
+void bk_xent_row_max(float *m, const float *logits, int N, int V_local) {
+  BK_ASSERTF(N >= 0 && V_local >= 0, "N=%d V_local=%d", N, V_local);
+  for (int n = 0; n < N; n++) {
+    const float *x = logits + (size_t)n * V_local;
+    float mx = -INFINITY;  // an empty shard contributes -inf to the max all-reduce
+    for (int j = 0; j < V_local; j++) mx = x[j] > mx ? x[j] : mx;
+    m[n] = mx;
+  }
+}
+
+void bk_xent_row_sumexp(float *s, const float *logits, const float *m, int N, int V_local) {
+  BK_ASSERTF(N >= 0 && V_local >= 0, "N=%d V_local=%d", N, V_local);
+  for (int n = 0; n < N; n++) {
+    const float *x = logits + (size_t)n * V_local;
+    const float mn = m[n];
+    BK_ASSERTF(isfinite(mn) || V_local == 0, "row %d: max %g is not finite", n, (double)mn);
+    double acc = 0.0;
+    for (int j = 0; j < V_local; j++) acc += expf(x[j] - mn);
+    s[n] = (float)acc;
+  }
+}
+
+void bk_xent_pick_target(float *t, const float *logits, const int32_t *targets, int N, int V_local,
+                         int v_lo) {
+  BK_ASSERTF(N >= 0 && V_local >= 0, "N=%d V_local=%d", N, V_local);
+  for (int n = 0; n < N; n++) {
+    long long j = (long long)targets[n] - v_lo;
+    t[n] = (j >= 0 && j < V_local) ? logits[(size_t)n * V_local + j] : 0.0f;
+  }
+}
+
+void bk_xent_combine(float *loss, float *lse, const float *m, const float *s, const float *t, int N,
+                     float z_loss) {
+  for (int n = 0; n < N; n++) {
+    BK_ASSERTF(s[n] > 0.0f, "row %d: sum of exp %g must be positive", n, (double)s[n]);
+    double l = (double)m[n] + log((double)s[n]);
+    lse[n] = (float)l;
+    loss[n] = (float)(l - t[n] + (double)z_loss * l * l);
+  }
+}
+
+void bk_xent_bwd_local(float *dlogits, const float *dloss, const float *logits, const float *lse,
+                       const int32_t *targets, int N, int V_local, int v_lo, float z_loss) {
+  BK_ASSERTF(N >= 0 && V_local >= 0, "N=%d V_local=%d", N, V_local);
+  for (int n = 0; n < N; n++) {
+    const float *x = logits + (size_t)n * V_local;
+    float *dx = dlogits + (size_t)n * V_local;
+    const float L = lse[n], g = dloss[n];
+    const float gp = (float)(g * (1.0 + 2.0 * (double)z_loss * L));  // d loss / d lse, times dloss
+    for (int j = 0; j < V_local; j++) dx[j] += gp * expf(x[j] - L);
+    long long jt = (long long)targets[n] - v_lo;
+    if (jt >= 0 && jt < V_local) dx[jt] -= g;
+  }
+}
+
+void bk_xent_fwd(float *loss, float *lse, const float *logits, const int32_t *targets, int N, int V,
+                 float z_loss) {
+  BK_ASSERTF(N >= 0 && V > 0, "N=%d V=%d", N, V);
+  for (int n = 0; n < N; n++)
+    BK_ASSERTF(targets[n] >= 0 && targets[n] < V, "targets[%d]=%d outside [0, %d)", n,
+               (int)targets[n], V);
+  /* per row through the pieces, with the row's own m/s/t as one-element scratch */
+  for (int n = 0; n < N; n++) {
+    const float *x = logits + (size_t)n * V;
+    float m, s, t;
+    bk_xent_row_max(&m, x, 1, V);
+    bk_xent_row_sumexp(&s, x, &m, 1, V);
+    bk_xent_pick_target(&t, x, targets + n, 1, V, 0);
+    bk_xent_combine(loss + n, lse + n, &m, &s, &t, 1, z_loss);
+  }
+}
+
+void bk_xent_bwd(float *dlogits, const float *dloss, const float *logits, const float *lse,
+                 const int32_t *targets, int N, int V, float z_loss) {
+  BK_ASSERTF(N >= 0 && V > 0, "N=%d V=%d", N, V);
+  for (int n = 0; n < N; n++)
+    BK_ASSERTF(targets[n] >= 0 && targets[n] < V, "targets[%d]=%d outside [0, %d)", n,
+               (int)targets[n], V);
+  bk_xent_bwd_local(dlogits, dloss, logits, lse, targets, N, V, 0, z_loss);
+}
+
+void bk_xent_fwd_ref(float *loss, float *lse, const float *logits, const int32_t *targets, int N,
+                     int V, float z_loss) {
+  for (int n = 0; n < N; n++) {
+    double mx = -INFINITY, s = 0.0;
+    for (int j = 0; j < V; j++) mx = fmax(mx, logits[(size_t)n * V + j]);
+    for (int j = 0; j < V; j++) s += exp(logits[(size_t)n * V + j] - mx);
+    double l = mx + log(s);
+    lse[n] = (float)l;
+    loss[n] = (float)(l - logits[(size_t)n * V + targets[n]] + z_loss * l * l);
+  }
+}
+
+void bk_xent_bwd_ref(float *dlogits, const float *dloss, const float *logits, const float *lse,
+                     const int32_t *targets, int N, int V, float z_loss) {
+  (void)lse;  // recomputed in double
+  for (int n = 0; n < N; n++) {
+    double mx = -INFINITY, s = 0.0;
+    for (int j = 0; j < V; j++) mx = fmax(mx, logits[(size_t)n * V + j]);
+    for (int j = 0; j < V; j++) s += exp(logits[(size_t)n * V + j] - mx);
+    double l = mx + log(s);
+    for (int j = 0; j < V; j++) {
+      double p = exp(logits[(size_t)n * V + j] - l);
+      double g = p * (1.0 + 2.0 * z_loss * l) - (j == targets[n] ? 1.0 : 0.0);
+      dlogits[(size_t)n * V + j] += (float)(dloss[n] * g);
+    }
+  }
+}

@@ -1,0 +1,188 @@
+/* test_bk_rope.c — RoPE (MaxText default layout and YaRN) against the _ref twin, known values
+ * from reference/maxtext-facts.md §4.7 and §4.1, the relative-position property, and the
+ * backward (inverse rotation) against finite differences. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "blas_kernels/bk_check.h"
+#include "blas_kernels/bk_rope.h"
+
+/* Both twins form angles in double; the fast one rotates in float with float cos/sin: a few
+ * ulps per element, so 1e-6 norm-wise relative. */
+#define REF_RTOL 1e-6
+/* RoPE is linear in x: central differences are exact up to float rounding of the output
+ * (~6e-8 * sqrt(n) / eps): 1e-4 is tight yet far above the noise. */
+#define FD_EPS 1e-2
+#define FD_RTOL 1e-4
+
+static bk_rope_params variant(int v, int dim) {
+  bk_rope_params p = v == 0 ? bk_rope_params_default(dim) : bk_rope_params_yarn(dim);
+  if (v == 2) p.interleave = 0;
+  if (v == 3) p.attention_scaling = 1, p.truncate = 0;
+  if (v == 4) p.min_timescale = 2.0, p.max_timescale = 500000.0, p.linear_scaling_factor = 8.0;
+  return p;
+}
+#define NVARIANTS 5
+
+static void test_rope_vs_ref(void **state) {
+  (void)state;
+  bk_rng r = {41};
+  const int cfg[][4] = {{1, 1, 8, 0}, {5, 3, 64, 4}, {17, 4, 128, 0}, {5, 2, 2, 1}, {6, 1, 64, 512}};
+  for (int v = 0; v < NVARIANTS; v++)
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+      int N = cfg[c][0], H = cfg[c][1], d = cfg[c][2], pad = cfg[c][3];
+      bk_rope_params p = variant(v, d);
+      int is = d + pad, os = d + (pad ? 1 : 0);  // strided rows, different in and out strides
+      size_t ni = (size_t)N * H * is, no = (size_t)N * H * os;
+      float *x = malloc(ni * 4), *y = malloc(no * 4), *yr = malloc(no * 4);
+      float *dx = malloc(ni * 4), *dxr = malloc(ni * 4), *dy = malloc(no * 4);
+      int32_t *pos = malloc(N * sizeof *pos);
+      for (int n = 0; n < N; n++) pos[n] = bk_rng_int(&r, 200000);  // any order, large values
+      pos[0] = 0;
+      bk_rng_fill(&r, x, ni, -1, 1);
+      bk_rng_fill(&r, dy, no, -1, 1);
+      memset(y, 0, no * 4), memset(yr, 0, no * 4);
+      bk_rope_fwd(y, x, pos, N, H, is, os, &p);
+      bk_rope_fwd_ref(yr, x, pos, N, H, is, os, &p);
+      double e = bk_rel_err(y, yr, no);
+      if (e > REF_RTOL) print_error("variant %d N=%d H=%d d=%d: fwd rel err %g\n", v, N, H, d, e);
+      assert_true(e <= REF_RTOL);
+      for (size_t i = 0; i < ni; i++) dx[i] = dxr[i] = 0.0f;
+      bk_rope_bwd(dx, dy, pos, N, H, is, os, &p);
+      bk_rope_bwd_ref(dxr, dy, pos, N, H, is, os, &p);
+      assert_true(bk_rel_err(dx, dxr, ni) <= REF_RTOL);
+      /* padding columns of the input layout receive no gradient */
+      for (int row = 0; row < N * H; row++)
+        for (int j = d; j < is; j++) assert_true(dx[(size_t)row * is + j] == 0.0f);
+      free(x), free(y), free(yr), free(dx), free(dxr), free(dy), free(pos);
+    }
+}
+
+static void test_rope_known_values(void **state) {
+  (void)state;
+  /* default, d = 4: timescales 1 and 10000^(1/2) = 100; pos 1: angles 1 and 0.01 */
+  bk_rope_params p = bk_rope_params_default(4);
+  float x[4] = {1, 2, 3, 4}, y[4];
+  int32_t pos = 1;
+  bk_rope_fwd(y, x, &pos, 1, 1, 4, 4, &p);
+  double e[4] = {1 * cos(1.0) - 3 * sin(1.0), 2 * cos(0.01) - 4 * sin(0.01),
+                 3 * cos(1.0) + 1 * sin(1.0), 4 * cos(0.01) + 2 * sin(0.01)};
+  for (int i = 0; i < 4; i++) assert_true(fabs(y[i] - e[i]) < 1e-6);
+
+  /* YaRN with DeepSeek-V3 settings (d = 64, theta 1e4, orig 4096, factor 40, beta 32/1):
+   * correction range low = floor(10.47) = 10, high = ceil(22.5) = 23 */
+  bk_rope_params q = bk_rope_params_yarn(64);
+  double f[32];
+  bk_rope_freqs(f, &q);
+  for (int i = 0; i < 32; i++) {
+    double base = pow(10000.0, -2.0 * i / 64);
+    double ramp = i <= 10 ? 0.0 : (i >= 23 ? 1.0 : (i - 10) / 13.0);
+    double want = base * (1 - ramp) + base / 40 * ramp;
+    assert_true(fabs(f[i] - want) <= 1e-12 * base);
+  }
+  assert_true(f[0] == 1.0 && fabs(f[31] - pow(10000.0, -62.0 / 64) / 40) < 1e-15);
+
+  /* interleaved input pairs, concatenated output: x = (re0, im0, re1, im1) at pos 0 -> (re0, re1,
+   * im0, im1), with attention scaling 0.1 ln 40 + 1 */
+  bk_rope_params s = bk_rope_params_yarn(4);
+  s.attention_scaling = 1;
+  float xi[4] = {1, 2, 3, 4}, yi[4];
+  int32_t p0 = 0;
+  bk_rope_fwd(yi, xi, &p0, 1, 1, 4, 4, &s);
+  double m = 0.1 * log(40.0) + 1;
+  assert_true(fabs(yi[0] - 1 * m) < 1e-6 && fabs(yi[1] - 3 * m) < 1e-6);
+  assert_true(fabs(yi[2] - 2 * m) < 1e-6 && fabs(yi[3] - 4 * m) < 1e-6);
+
+  /* MLA softmax scale from the facts: deepseek3 192^-0.5 * 1.3688879^2 = 0.135233;
+   * deepseek2-16b mscale 0.707 gives the factor 1.5896; no adjustment when max <= orig */
+  assert_true(fabs(bk_mla_softmax_scale(192, 163840, 4096, 40, 1.0) - 0.135233) < 1e-6);
+  assert_true(fabs(bk_mla_softmax_scale(192, 163840, 4096, 40, 0.707) * sqrt(192.0) - 1.5896) < 1e-4);
+  assert_true(bk_mla_softmax_scale(192, 4096, 4096, 40, 1.0) == 1.0 / sqrt(192.0));
+  assert_true(fabs(bk_yarn_mscale(40, 1.0) - 1.3688879) < 1e-7 && bk_yarn_mscale(1.0, 1.0) == 1.0);
+}
+
+/* <rope(q, a), rope(k, b)> depends only on a - b (the reason RoPE exists), for every variant:
+ * both q and k go through the same (possibly un-interleaving) map. */
+static void test_rope_relative(void **state) {
+  (void)state;
+  bk_rng r = {42};
+  for (int v = 0; v < NVARIANTS; v++) {
+    int d = 64;
+    bk_rope_params p = variant(v, d);
+    float q[64], k[64], rq[64], rk[64];
+    bk_rng_fill(&r, q, d, -1, 1);
+    bk_rng_fill(&r, k, d, -1, 1);
+    double ref = 0.0;
+    for (int shift = 0; shift < 4; shift++) {
+      int32_t a = 7 + 1000 * shift, b = 3 + 1000 * shift;  // distance 4 throughout
+      bk_rope_fwd(rq, q, &a, 1, 1, d, d, &p);
+      bk_rope_fwd(rk, k, &b, 1, 1, d, d, &p);
+      double dot = bk_dot_d(rq, rk, d);
+      if (shift == 0) ref = dot;
+      /* angles up to ~3000 rad: float cos/sin of them differ from exact by ~1e-7 relative */
+      assert_true(fabs(dot - ref) < 1e-4);
+    }
+  }
+}
+
+typedef struct {
+  float *x, *y, *wy;
+  const int32_t *pos;
+  int N, H, d;
+  bk_rope_params p;
+} ctx_t;
+
+static double loss(void *q) {
+  ctx_t *c = q;
+  bk_rope_fwd_ref(c->y, c->x, c->pos, c->N, c->H, c->d, c->d, &c->p);
+  return bk_dot_d(c->wy, c->y, (size_t)c->N * c->H * c->d);
+}
+
+static void test_rope_bwd(void **state) {
+  (void)state;
+  bk_rng r = {43};
+  int N = 5, H = 3, d = 16;
+  size_t n = (size_t)N * H * d;
+  float x[5 * 3 * 16], y[5 * 3 * 16], dy[5 * 3 * 16], dx[5 * 3 * 16], back[5 * 3 * 16];
+  double g[5 * 3 * 16];
+  int32_t pos[5] = {4, 0, 17, 3, 9};  // non-contiguous, unordered
+  for (int v = 0; v < NVARIANTS; v++) {
+    bk_rope_params p = variant(v, d);
+    bk_rng_fill(&r, x, n, -1, 1);
+    bk_rng_fill(&r, dy, n, -1, 1);
+    memset(dx, 0, sizeof dx);
+    bk_rope_bwd(dx, dy, pos, N, H, d, d, &p);
+    ctx_t c = {x, y, dy, pos, N, H, d, p};
+    bk_fd_grad(loss, &c, x, n, FD_EPS, g);
+    double e = bk_rel_err_fd(dx, g, n);
+    if (e > FD_RTOL) print_error("variant %d: fd rel err %g\n", v, e);
+    assert_true(e <= FD_RTOL);
+    /* bwd is the inverse rotation: bwd(fwd(x)) = s^2 x (s = attention scaling, 1 if off) */
+    bk_rope_fwd(y, x, pos, N, H, d, d, &p);
+    memset(back, 0, sizeof back);
+    bk_rope_bwd(back, y, pos, N, H, d, d, &p);
+    double s = v == 3 ? 0.1 * log(40.0) + 1 : 1.0;
+    for (size_t i = 0; i < n; i++) back[i] = (float)(back[i] / (s * s));
+    assert_true(bk_rel_err(back, x, n) <= 1e-6);
+    /* in place equals out of place */
+    memcpy(back, x, sizeof back);
+    bk_rope_fwd(back, back, pos, N, H, d, d, &p);
+    assert_true(memcmp(back, y, sizeof back) == 0);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rope_vs_ref),
+      cmocka_unit_test(test_rope_known_values),
+      cmocka_unit_test(test_rope_relative),
+      cmocka_unit_test(test_rope_bwd),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
