@@ -28,6 +28,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libshardsim.a
 CLI_SRC  := $(wildcard cli/*.c)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+CLI_LIB_OBJ := $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
 BIN      := $(BUILD)/shardsim
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -55,8 +56,9 @@ $(BIN): $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
 	@ln -sf $(BUILD)/shardsim shardsim 2>/dev/null || true
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(LIB)
-	$(CC) $(LDFLAGS) $< $(TEST_SUPPORT_OBJ) $(LIB) $(LDLIBS) -lcmocka -o $@
+# Tests link the commands too (all of cli/ but main), so they can call them.
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) $< $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB) $(LDLIBS) -lcmocka -o $@
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@

@@ -3,6 +3,10 @@
 #ifndef CLI_CLI_H
 #define CLI_CLI_H
 
+#include <stdio.h>
+
 int cli_demo(int argc, char **argv);
+/* shardsim explain mesh=... shape=... from=... to=... */
+int cli_explain(int argc, char **argv, FILE *out, FILE *err);
 
 #endif

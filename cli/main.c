@@ -10,6 +10,9 @@ static void usage(FILE *f)
             "usage: shardsim COMMAND [file.yml ...] [key=value ...]\n"
             "\n"
             "commands:\n"
+            "  explain   the collectives that turn one sharding into another:\n"
+            "            shardsim explain mesh=data=2,fsdp=2,tensor=2 shape=8,16 \\\n"
+            "                from=\"P(('data','fsdp'),None)\" to=\"P(None,'tensor')\"\n"
             "  demo      run every collective on an 8-device mesh and show the counted bytes\n"
             "  help      this text\n");
 }
@@ -21,6 +24,7 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "demo")) return cli_demo(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "explain")) return cli_explain(argc - 2, argv + 2, stdout, stderr);
     fprintf(stderr, "shardsim: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

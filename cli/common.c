@@ -1,0 +1,137 @@
+/* common.c — shared command-line helpers. */
+#include "cli/common.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+const char *cli_configs_dir(void)
+{
+    static char dir[PATH_MAX];
+    if (dir[0]) return dir;
+    const char *env = getenv("SHARDSIM_CONFIGS");
+    if (env && *env) {
+        snprintf(dir, sizeof dir, "%s", env);
+        return dir;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        /* <root>/build[/variant]/shardsim -> <root>/configs */
+        for (int up = 0; up < 3; up++) {
+            char *slash = strrchr(exe, '/');
+            if (!slash) break;
+            *slash = '\0';
+            char cand[PATH_MAX + 16];
+            snprintf(cand, sizeof cand, "%s/configs", exe);
+            if (is_dir(cand) && strlen(cand) < sizeof dir) {
+                snprintf(dir, sizeof dir, "%s", cand);
+                return dir;
+            }
+        }
+    }
+    snprintf(dir, sizeof dir, "configs");
+    return dir;
+}
+
+const char *cli_base_config(void)
+{
+    static char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/base.yml", cli_configs_dir());
+    return path;
+}
+
+sim_status cli_split_args(int argc, char **argv, const char *const *own, int n_own, cli_args *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < argc; i++) {
+        const char *w = argv[i], *eq = strchr(w, '=');
+        int mine = 0;
+        for (int k = 0; eq && k < n_own; k++)
+            if ((size_t)(eq - w) == strlen(own[k]) && !strncmp(w, own[k], (size_t)(eq - w))) {
+                if (out->n_own == 32) return sim_err(SIM_ERR_INPUT, "too many arguments");
+                out->own_key[out->n_own] = own[k];
+                out->own_val[out->n_own++] = eq + 1;
+                mine = 1;
+            }
+        if (mine) continue;
+        if (out->n_cfg == 256) return sim_err(SIM_ERR_INPUT, "too many arguments (at most 256)");
+        out->cfg[out->n_cfg++] = w;
+    }
+    return SIM_OK;
+}
+
+const char *cli_arg(const cli_args *a, const char *key)
+{
+    const char *v = NULL;
+    for (int i = 0; i < a->n_own; i++)
+        if (!strcmp(a->own_key[i], key)) v = a->own_val[i]; /* the last one wins */
+    return v;
+}
+
+sim_status cli_parse_shape(const char *text, const char *what, int *rank, int64_t *shape)
+{
+    *rank = 0;
+    const char *p = text;
+    if (*p == '(' || *p == '[') p++;
+    while (*p && *p != ')' && *p != ']') {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v < 1)
+            return sim_err(SIM_ERR_INPUT, "%s='%s': expected positive sizes separated by commas, like %s=8,16", what,
+                           text, what);
+        if (*rank == MESH_SPEC_MAX_RANK)
+            return sim_err(SIM_ERR_INPUT, "%s='%s': at most %d dims", what, text, MESH_SPEC_MAX_RANK);
+        shape[(*rank)++] = v;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+        while (*p == ' ') p++;
+    }
+    if (*rank == 0) return sim_err(SIM_ERR_INPUT, "%s='%s': no sizes given; expected e.g. %s=8,16", what, text, what);
+    return SIM_OK;
+}
+
+sim_status cli_parse_mesh(const char *text, mesh_shape *m)
+{
+    char names[MESH_MAX_AXES][MESH_AXIS_NAME_MAX];
+    const char *np[MESH_MAX_AXES];
+    int sizes[MESH_MAX_AXES], n = 0;
+    const char *p = text;
+    while (*p) {
+        const char *eq = strchr(p, '='), *comma = strchr(p, ',');
+        if (!eq || (comma && comma < eq) || eq == p)
+            return sim_err(SIM_ERR_INPUT, "mesh='%s': expected axis=size pairs separated by commas, like mesh=data=2,fsdp=4",
+                           text);
+        if (n == MESH_MAX_AXES) return sim_err(SIM_ERR_INPUT, "mesh='%s': at most %d axes", text, MESH_MAX_AXES);
+        size_t len = (size_t)(eq - p);
+        if (len >= MESH_AXIS_NAME_MAX) return sim_err(SIM_ERR_INPUT, "mesh='%s': axis name too long", text);
+        memcpy(names[n], p, len);
+        names[n][len] = '\0';
+        char *end;
+        long v = strtol(eq + 1, &end, 10);
+        if (end == eq + 1 || v < 1 || (*end && *end != ','))
+            return sim_err(SIM_ERR_INPUT, "mesh='%s': axis '%s' needs a positive size", text, names[n]);
+        np[n] = names[n];
+        sizes[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) return sim_err(SIM_ERR_INPUT, "mesh='': expected axis=size pairs, like mesh=data=2,fsdp=4");
+    return mesh_shape_init(m, n, np, sizes);
+}
+
+int cli_fail(FILE *err, sim_status st)
+{
+    fprintf(err, "shardsim: %s\n", sim_errmsg());
+    if (getenv("SHARDSIM_DEBUG") && sim_err_trail()[0]) fprintf(err, "%s\n", sim_err_trail());
+    return sim_status_exit_code(st);
+}

@@ -1,0 +1,203 @@
+/* explain.c — `shardsim explain`: the collectives that turn one sharding of
+ * an array into another, step by step, with a device-grid picture of both
+ * shardings.  The plan is then run for real on the simulated mesh (dry when
+ * the array is large) to check that values survive and that the counted
+ * bytes equal the plan's.  Specs come as PartitionSpec text (from=, to=) or
+ * as logical axis names resolved with the config's rules (from_logical=,
+ * to_logical=); the mesh comes from mesh=axis=size,... or the config's
+ * ici_* and dcn_* flags. */
+#include "cli/cli.h"
+#include "cli/common.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mesh/config.h"
+#include "mesh/reshard.h"
+#include "mesh/rules.h"
+#include "mesh/visual.h"
+
+typedef struct {
+    const mesh_shape *m;
+    const mesh_plan *plan;
+    size_t es;
+    unsigned char *global, *out;
+    uint64_t sent[SIM_MAX_DEVICES];
+} verify_state;
+
+static sim_status verify_device(sim_device *d, void *arg)
+{
+    verify_state *vs = arg;
+    const mesh_plan *p = vs->plan;
+    mesh_array a;
+    SIM_TRY(mesh_array_new(d, vs->m, "explain", p->rank, p->shape, &p->from, p->dtype, SIM_MEM_ACTIVATIONS, &a));
+    if (vs->global) mesh_array_load_global(d, vs->m, &a, vs->global);
+    SIM_TRY(mesh_plan_run(d, vs->m, p, &a, sim_meta_tag("explain")));
+    size_t nr;
+    const sim_record *rec = sim_device_records(d, &nr);
+    for (size_t i = 0; i < nr; i++) vs->sent[sim_device_id(d)] += rec[i].bytes_sent;
+    if (vs->out && a.spec.partial) {
+        mesh_spec full = a.spec;
+        full.partial = 0;
+        SIM_TRY(mesh_reshard(d, vs->m, &a, &full, sim_meta_tag("explain/check")));
+    }
+    if (vs->out) SIM_TRY(mesh_array_store_global(d, vs->m, &a, vs->out));
+    mesh_array_free(d, &a);
+    return SIM_OK;
+}
+
+/* Runs the plan on the mesh; *ok and a one-line verdict in msg. */
+static sim_status verify(const mesh_shape *m, const mesh_plan *p, char *msg, size_t cap)
+{
+    sim_mesh_desc md;
+    SIM_TRY(mesh_shape_to_sim(m, &md));
+    int64_t n = 1;
+    for (int i = 0; i < p->rank; i++) n *= p->shape[i];
+    bool dry = n > (1 << 24);
+    sim_machine_opts o = {0};
+    o.dry_run = dry;
+    o.quiet = true;
+    sim_machine *mach;
+    SIM_TRY(sim_machine_new(&md, &o, &mach));
+    verify_state *vs = calloc(1, sizeof *vs);
+    vs->m = m;
+    vs->plan = p;
+    vs->es = sim_dtype_size(p->dtype);
+    if (!dry) {
+        vs->global = malloc((size_t)n * vs->es);
+        vs->out = calloc((size_t)n, vs->es);
+        for (int64_t i = 0; i < n; i++) {
+            if (p->dtype == SIM_F32) ((float *)vs->global)[i] = (float)(i % 65521);
+            else if (p->dtype == SIM_I32) ((int32_t *)vs->global)[i] = (int32_t)i;
+            else for (size_t b = 0; b < vs->es; b++) vs->global[(size_t)i * vs->es + b] = (unsigned char)(i * 7 + (int64_t)b);
+        }
+    }
+    sim_status st = sim_machine_run(mach, verify_device, vs);
+    if (st == SIM_OK) {
+        bool values = dry || !memcmp(vs->global, vs->out, (size_t)n * vs->es);
+        uint64_t tot = 0;
+        for (int d = 0; d < m->num_devices; d++) tot += vs->sent[d];
+        bool bytes = tot == p->total_bytes * (uint64_t)m->num_devices;
+        snprintf(msg, cap, "%s on %d simulated devices: %s, counted bytes %s the plan", dry ? "dry-run" : "run",
+                 m->num_devices, dry ? "no data moved (large array)" : values ? "values preserved" : "VALUES DIFFER",
+                 bytes ? "equal" : "DIFFER FROM");
+        if (!values || !bytes) st = sim_err(SIM_ERR_CHECK, "%s", msg);
+    }
+    free(vs->global);
+    free(vs->out);
+    free(vs);
+    sim_machine_free(mach);
+    return st;
+}
+
+static sim_status logical_spec(const mesh_cfg *cfg, const mesh_shape *m, const char *text, int rank, const char *what,
+                               mesh_spec *out)
+{
+    mesh_rules rules;
+    mesh_rules_init(&rules);
+    sim_status st = mesh_rules_from_config(cfg, &rules);
+    if (st) return st;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", text);
+    const char *names[MESH_SPEC_MAX_RANK];
+    int n = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        while (*tok == ' ' || *tok == '(' || *tok == '[' || *tok == '\'') tok++;
+        char *e = tok + strlen(tok);
+        while (e > tok && (e[-1] == ' ' || e[-1] == ')' || e[-1] == ']' || e[-1] == '\'')) *--e = '\0';
+        if (n == MESH_SPEC_MAX_RANK) {
+            mesh_rules_free(&rules);
+            return sim_err(SIM_ERR_INPUT, "%s='%s': more than %d names", what, text, MESH_SPEC_MAX_RANK);
+        }
+        names[n++] = (!strcmp(tok, "None") || !strcmp(tok, "null") || !*tok) ? NULL : tok;
+    }
+    if (n != rank) {
+        mesh_rules_free(&rules);
+        return sim_err(SIM_ERR_INPUT, "%s='%s' names %d dims but shape has %d", what, text, n, rank);
+    }
+    mesh_resolved r;
+    st = mesh_rules_resolve(&rules, m, what, rank, names, &r);
+    mesh_rules_free(&rules);
+    if (st) return st;
+    *out = r.spec;
+    return SIM_OK;
+}
+
+int cli_explain(int argc, char **argv, FILE *out, FILE *err)
+{
+    static const char *const own[] = {"mesh", "shape", "dtype", "from", "to", "from_logical", "to_logical", "verify"};
+    cli_args a;
+    sim_status st = cli_split_args(argc, argv, own, 8, &a);
+    if (st) return cli_fail(err, st);
+    const char *mesh_text = cli_arg(&a, "mesh"), *shape_text = cli_arg(&a, "shape"),
+               *dtype_text = cli_arg(&a, "dtype"), *from = cli_arg(&a, "from"), *to = cli_arg(&a, "to"),
+               *from_l = cli_arg(&a, "from_logical"), *to_l = cli_arg(&a, "to_logical"),
+               *verify_text = cli_arg(&a, "verify");
+    if (!shape_text || (!from && !from_l) || (!to && !to_l)) {
+        sim_err(SIM_ERR_INPUT,
+                "explain needs shape= and a from= (or from_logical=) and a to= (or to_logical=), e.g.\n"
+                "  shardsim explain mesh=data=2,fsdp=2,tensor=2 shape=8,16 from=\"P(('data','fsdp'),None)\" "
+                "to=\"P(None,'tensor')\"");
+        return cli_fail(err, SIM_ERR_INPUT);
+    }
+    sim_dtype dt = SIM_F32;
+    if (dtype_text) {
+        if (!strcmp(dtype_text, "float32")) dt = SIM_F32;
+        else if (!strcmp(dtype_text, "bfloat16")) dt = SIM_BF16;
+        else if (!strcmp(dtype_text, "int32")) dt = SIM_I32;
+        else {
+            sim_err(SIM_ERR_INPUT, "dtype='%s': expected float32, bfloat16 or int32", dtype_text);
+            return cli_fail(err, SIM_ERR_INPUT);
+        }
+    }
+    int rank;
+    int64_t shape[MESH_SPEC_MAX_RANK];
+    if ((st = cli_parse_shape(shape_text, "shape", &rank, shape))) return cli_fail(err, st);
+
+    mesh_cfg *cfg = NULL;
+    mesh_shape m;
+    int rc = 0;
+    if (from_l || to_l || !mesh_text || a.n_cfg) {
+        st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
+        if (st) return cli_fail(err, st);
+    }
+    st = mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m);
+    mesh_spec fs, ts;
+    if (!st) st = from ? mesh_spec_parse(from, &m, &fs) : logical_spec(cfg, &m, from_l, rank, "from_logical", &fs);
+    if (!st) st = to ? mesh_spec_parse(to, &m, &ts) : logical_spec(cfg, &m, to_l, rank, "to_logical", &ts);
+    mesh_plan plan;
+    if (!st) st = mesh_plan_make(&m, "the array", rank, shape, dt, &fs, &ts, &plan);
+    if (st) {
+        rc = cli_fail(err, st);
+        mesh_cfg_free(cfg);
+        return rc;
+    }
+    char mbuf[512];
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) n *= shape[i];
+    fprintf(out, "mesh: %s (%d devices)\narray: %s (", mesh_shape_format(&m, mbuf, sizeof mbuf), m.num_devices,
+            sim_dtype_name(dt));
+    for (int i = 0; i < rank; i++) fprintf(out, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    fprintf(out, "), %lld bytes\n\nfrom: ", (long long)(n * (int64_t)sim_dtype_size(dt)));
+    fs = plan.from;
+    ts = plan.to;
+    mesh_visualize(out, &m, &fs, rank, shape);
+    fprintf(out, "\nto:   ");
+    mesh_visualize(out, &m, &ts, rank, shape);
+    fprintf(out, "\n");
+    if (!verify_text || strcmp(verify_text, "false")) {
+        char msg[256];
+        st = verify(&m, &plan, msg, sizeof msg);
+        if (st) {
+            rc = cli_fail(err, st);
+            mesh_cfg_free(cfg);
+            return rc;
+        }
+        fprintf(out, "plan (%s):\n", msg);
+    } else {
+        fprintf(out, "plan:\n");
+    }
+    mesh_plan_print(&plan, &m, out);
+    mesh_cfg_free(cfg);
+    return 0;
+}

@@ -1,0 +1,147 @@
+/* array.c — allocation, host import/export and block copies of distributed arrays. */
+#include "mesh/array.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "sim/arena.h"
+
+sim_status mesh_shape_to_sim(const mesh_shape *m, sim_mesh_desc *out)
+{
+    const char *names[MESH_MAX_AXES];
+    for (int i = 0; i < m->n_axes; i++) names[i] = m->names[i];
+    return sim_mesh_desc_make(m->n_axes, names, m->sizes, out);
+}
+
+sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, mesh_spec *out)
+{
+    if (s->rank > rank)
+        return sim_err(SIM_ERR_INPUT, "'%s' has %d dims but its PartitionSpec has %d entries; give at most one per dim",
+                       name, rank, s->rank);
+    *out = *s;
+    for (int d = s->rank; d < rank; d++) out->n_axes[d] = 0;
+    out->rank = rank;
+    return SIM_OK;
+}
+
+sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                          const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
+{
+    memset(out, 0, sizeof *out);
+    if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
+        return sim_err(SIM_ERR_INPUT, "array '%s': rank %d is outside 0..%d", name, rank, MESH_SPEC_MAX_RANK);
+    mesh_spec fit;
+    SIM_TRY(mesh_spec_fit_rank(spec, rank, name, &fit));
+    spec = &fit;
+    SIM_TRY(mesh_spec_check(spec, m));
+    SIM_TRY(mesh_spec_check_shape(spec, m, rank, shape, name));
+    snprintf(out->name, sizeof out->name, "%s", name);
+    out->rank = rank;
+    memcpy(out->shape, shape, (size_t)rank * sizeof *shape);
+    out->spec = *spec;
+    out->dtype = dt;
+    out->cat = cat;
+    mesh_spec_local_shape(spec, m, shape, out->local);
+    out->nlocal = 1;
+    for (int i = 0; i < rank; i++) out->nlocal *= (size_t)out->local[i];
+    return sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, true, &out->data);
+}
+
+void mesh_array_free(sim_device *d, mesh_array *a)
+{
+    if (a->data || sim_device_dry(d)) sim_arena_release(sim_device_arena(d), a->data, a->nlocal * sim_dtype_size(a->dtype), a->cat);
+    a->data = NULL;
+    a->nlocal = 0;
+}
+
+void mesh_copy_block(void *dst, const void *src, int rank, const int64_t *in, const int64_t *out,
+                     const int64_t *start, size_t es)
+{
+    if (rank == 0) {
+        memcpy(dst, src, es);
+        return;
+    }
+    /* innermost dim contiguous; walk the others with an index vector */
+    int64_t idx[MESH_SPEC_MAX_RANK] = {0};
+    int64_t in_stride[MESH_SPEC_MAX_RANK];
+    in_stride[rank - 1] = 1;
+    for (int i = rank - 2; i >= 0; i--) in_stride[i] = in_stride[i + 1] * in[i + 1];
+    int64_t rows = 1;
+    for (int i = 0; i < rank - 1; i++) rows *= out[i];
+    size_t row_bytes = (size_t)out[rank - 1] * es;
+    char *o = dst;
+    if (row_bytes == 0) return;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t off = start[rank - 1];
+        for (int i = 0; i < rank - 1; i++) off += (start[i] + idx[i]) * in_stride[i];
+        memcpy(o, (const char *)src + (size_t)off * es, row_bytes);
+        o += row_bytes;
+        for (int i = rank - 2; i >= 0; i--) {
+            if (++idx[i] < out[i]) break;
+            idx[i] = 0;
+        }
+    }
+}
+
+/* Coordinates of device on all axes; true when its coordinate is 0 on every axis in mask. */
+static bool zero_on(const mesh_shape *m, int device, uint32_t mask)
+{
+    int c[MESH_MAX_AXES];
+    mesh_shape_coords(m, device, c);
+    for (int a = 0; a < m->n_axes; a++)
+        if ((mask & (1u << a)) && c[a] != 0) return false;
+    return true;
+}
+
+void mesh_array_load_global(sim_device *d, const mesh_shape *m, mesh_array *a, const void *global)
+{
+    if (!a->data) return;
+    size_t es = sim_dtype_size(a->dtype);
+    int dev = sim_device_id(d);
+    if (a->spec.partial && !zero_on(m, dev, a->spec.partial)) {
+        memset(a->data, 0, a->nlocal * es);
+        return;
+    }
+    mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+    mesh_spec_shard(&a->spec, m, a->shape, dev, sh);
+    int64_t start[MESH_SPEC_MAX_RANK];
+    for (int i = 0; i < a->rank; i++) start[i] = sh[i].offset;
+    mesh_copy_block(a->data, global, a->rank, a->shape, a->local, start, es);
+}
+
+sim_status mesh_array_store_global(sim_device *d, const mesh_shape *m, const mesh_array *a, void *global)
+{
+    if (a->spec.partial)
+        return sim_err(SIM_ERR_INTERNAL, "array '%s' still holds partial sums; reshard it before storing", a->name);
+    if (!a->data) return SIM_OK;
+    int dev = sim_device_id(d);
+    uint32_t unused = ((1u << m->n_axes) - 1) & ~mesh_spec_dim_axes(&a->spec);
+    if (!zero_on(m, dev, unused)) return SIM_OK;
+    size_t es = sim_dtype_size(a->dtype);
+    mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+    mesh_spec_shard(&a->spec, m, a->shape, dev, sh);
+    /* scatter rows of the shard into the global buffer */
+    int rank = a->rank;
+    if (rank == 0) {
+        memcpy(global, a->data, es);
+        return SIM_OK;
+    }
+    int64_t idx[MESH_SPEC_MAX_RANK] = {0}, stride[MESH_SPEC_MAX_RANK];
+    stride[rank - 1] = 1;
+    for (int i = rank - 2; i >= 0; i--) stride[i] = stride[i + 1] * a->shape[i + 1];
+    int64_t rows = 1;
+    for (int i = 0; i < rank - 1; i++) rows *= a->local[i];
+    size_t row_bytes = (size_t)a->local[rank - 1] * es;
+    const char *src = a->data;
+    for (int64_t r = 0; r < rows && row_bytes; r++) {
+        int64_t off = sh[rank - 1].offset;
+        for (int i = 0; i < rank - 1; i++) off += (sh[i].offset + idx[i]) * stride[i];
+        memcpy((char *)global + (size_t)off * es, src, row_bytes);
+        src += row_bytes;
+        for (int i = rank - 2; i >= 0; i--) {
+            if (++idx[i] < a->local[i]) break;
+            idx[i] = 0;
+        }
+    }
+    return SIM_OK;
+}

@@ -1,0 +1,54 @@
+/* array.h — the distributed array: a global shape, a PartitionSpec (with
+ * partial axes) on a mesh, and this device's shard in its arena.  Every
+ * device holds its own mesh_array value describing the same global array
+ * (SPMD); model code reasons in global shapes and specs, never local sizes.
+ * In dry run `data` is NULL and only the accounting happens. */
+#ifndef MESH_ARRAY_H
+#define MESH_ARRAY_H
+
+#include <stdbool.h>
+
+#include "mesh/spec.h"
+#include "sim/machine.h"
+
+enum { MESH_NAME_MAX = 128 };
+
+typedef struct {
+    char name[MESH_NAME_MAX];               /* MaxText path for parameters, layer/op for activations */
+    int rank;                               /* number of dims */
+    int64_t shape[MESH_SPEC_MAX_RANK];      /* global shape */
+    int64_t local[MESH_SPEC_MAX_RANK];      /* this device's shard shape */
+    mesh_spec spec;                         /* placement, with partial axes */
+    sim_dtype dtype;
+    sim_mem_cat cat;                        /* arena category of the shard */
+    size_t nlocal;                          /* elements of the shard */
+    void *data;                             /* the shard, row-major; NULL in dry run */
+} mesh_array;
+
+/* Converts a mesh shape to the simulator's mesh description (same axis order). */
+sim_status mesh_shape_to_sim(const mesh_shape *m, sim_mesh_desc *out);
+
+/* JAX pads a PartitionSpec shorter than the array with None: returns `s`
+ * widened to `rank` dims, or an error naming `name` when it is longer. */
+sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, mesh_spec *out);
+
+/* A zero-filled array with `spec`; checks divisibility (errors name `name`). */
+sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                          const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
+/* Releases the shard (the struct may be reused). */
+void mesh_array_free(sim_device *d, mesh_array *a);
+/* Fills this device's shard from a global row-major buffer (host memory all
+ * devices may read).  Partial axes: the value is kept where the device's
+ * coordinates on them are all 0, zero elsewhere, so the sum is the global. */
+void mesh_array_load_global(sim_device *d, const mesh_shape *m, mesh_array *a, const void *global);
+/* Writes this device's shard into a global row-major buffer.  Only one
+ * replica writes each block (the one with coordinate 0 on every axis the
+ * spec does not use); partial arrays are refused (reshard them first). */
+sim_status mesh_array_store_global(sim_device *d, const mesh_shape *m, const mesh_array *a, void *global);
+
+/* Copies the block of `src` (local shape `in`) selected along each dim into
+ * `dst`: dst has shape `out`, and dim i starts at `start[i]` of src. */
+void mesh_copy_block(void *dst, const void *src, int rank, const int64_t *in, const int64_t *out,
+                     const int64_t *start, size_t es);
+
+#endif

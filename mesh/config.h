@@ -1,0 +1,150 @@
+/* config.h — MaxText-style configuration: YAML files plus key=value overrides.
+ *
+ * A config is an ordered map key -> value.  A value is a scalar (kept as the
+ * text written, parsed as null/bool/int/float/string on demand), a list, or a
+ * map; lists nest (logical_axis_rules is a list of [name, axes] pairs).
+ * mesh_cfg_load applies MaxText's merge rules (pyconfig.py / types.py):
+ *
+ *   1. base file (default configs/base.yml), after its `base_config:` chain
+ *      (parent first; a child may add keys).  The keys of this merged base are
+ *      the KNOWN keys: nothing is compiled in.
+ *   2. the model file <configs>/models/<model_name>.yml (model_name as set by
+ *      the base, the extra files or the command line; "default" = no file).
+ *   3. extra YAML files, in order, then key=value overrides, in order.  A key
+ *      that the model file sets and a user layer (3) sets to a different value
+ *      is an error unless override_model_config=true (MaxText's rule).
+ *   logical_axis_rules are not replaced but MERGED by logical name at each of
+ *   2 and 3: every earlier rule whose name the new list mentions is dropped and
+ *   the new rules are appended (override_logical_axis_rules=true in that layer
+ *   replaces the list instead).
+ *   4. custom_mesh_and_rule=NAME: <configs>/custom_mesh_and_rule/NAME.yml
+ *      REPLACES mesh_axes, logical_axis_rules and data_sharding (whichever it
+ *      has); its other keys must be known but are not applied.  context_sharding
+ *      is then re-inferred as the first axis of the `activation_length` rule
+ *      that is `context` or `expert` (when there is one and no user layer set
+ *      context_sharding).
+ *
+ * Keys in model, custom, extra files and overrides must be known; an unknown
+ * key is an error naming the key, its source and the closest known key.  A
+ * value must have the type of the base value (int where the base has an int,
+ * a list where it has a list, ...; a string or null base accepts any scalar).
+ * Every entry records where its value came from ("file:line",
+ * "command line", ...). */
+#ifndef MESH_CONFIG_H
+#define MESH_CONFIG_H
+
+#include "sim/status.h"
+
+typedef enum {
+    MESH_CFG_SCALAR,
+    MESH_CFG_LIST,
+    MESH_CFG_MAP
+} mesh_cfg_kind;
+
+/* What a scalar's text parses as (YAML 1.1 style, plus MaxText's "None"). */
+typedef enum {
+    MESH_CFG_NULL,   /* unquoted "", ~, null, or None/none in any quoting */
+    MESH_CFG_BOOL,   /* unquoted true/false, yes/no, on/off (any case) */
+    MESH_CFG_INT,    /* [+-]digits, '_' separators allowed (10_000), 0x hex */
+    MESH_CFG_FLOAT,  /* a number with '.', an exponent, or .inf/.nan */
+    MESH_CFG_STRING  /* anything else, and every other quoted scalar */
+} mesh_cfg_type;
+
+typedef struct mesh_cfg_value mesh_cfg_value;
+struct mesh_cfg_value {
+    mesh_cfg_kind kind;
+    char *text;            /* SCALAR: the text without quotes */
+    int quoted;            /* SCALAR: written in quotes (so never a number/bool) */
+    int n;                 /* LIST/MAP: number of items */
+    mesh_cfg_value *items; /* LIST/MAP: items (MAP: the values) */
+    char **keys;           /* MAP: the keys */
+    const char *file;      /* where it was written: a path, or "command line" */
+    int line;              /* 1-based line in file (0 when not from a file) */
+};
+
+typedef struct {
+    char *key;
+    mesh_cfg_value value;
+    char *where;  /* source of the current value: "configs/base.yml:27",
+                     "command line", "inferred from custom_mesh_and_rule=..." */
+    int from_model; /* 1 when the model file set this key */
+    int from_user;  /* 1 when an extra file or the command line set this key */
+} mesh_cfg_entry;
+
+typedef struct {
+    int n;                    /* number of entries (= number of known keys) */
+    mesh_cfg_entry *entries;  /* in the base config's order */
+    char *base_file;          /* the base file as given */
+    char *configs_dir;        /* where models/ and custom_mesh_and_rule/ are looked up */
+    char *model_file;         /* the model file applied, NULL for model_name=default */
+    char *custom_file;        /* the custom_mesh_and_rule file applied, or NULL */
+    /* Strings that values point to (file names); owned by the config. */
+    int n_strings, cap_strings;
+    char **strings;
+} mesh_cfg;
+
+typedef struct {
+    const char *base_file;            /* NULL: "configs/base.yml" */
+    const char *configs_dir;          /* NULL: the base file's directory */
+    const char *const *files;         /* extra YAML files, applied in order */
+    int n_files;
+    const char *const *overrides;     /* "key=value" strings, applied in order */
+    int n_overrides;
+} mesh_cfg_args;
+
+/* Loads and merges a config as described above.  *out is heap-allocated; free
+ * it with mesh_cfg_free.  Override values: text starting with '[' or '{' is a
+ * YAML flow list/map (`logical_axis_rules=[['norm','fsdp']]`); text in single
+ * or double quotes is a string; anything else is a plain scalar taken verbatim
+ * (`dataset_path=/a b:c#d` is that string). */
+sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out);
+/* Command-line convenience: arguments ending in .yml/.yaml are extra files,
+ * arguments with '=' are overrides, anything else is an error naming it. */
+sim_status mesh_cfg_load_argv(const char *base_file, int argc, const char *const *argv,
+                              mesh_cfg **out);
+/* Loads one YAML file on its own (no merging, no key checks): for tools and
+ * tests that compare raw files. */
+sim_status mesh_cfg_load_file(const char *path, mesh_cfg **out);
+void mesh_cfg_free(mesh_cfg *cfg);
+
+/* ---- lookup ---------------------------------------------------------------- */
+const mesh_cfg_entry *mesh_cfg_find(const mesh_cfg *cfg, const char *key);
+/* The entry, or SIM_ERR_INPUT naming the key and the closest known key. */
+sim_status mesh_cfg_entry_get(const mesh_cfg *cfg, const char *key, const mesh_cfg_entry **out);
+/* The known key closest to `key` by edit distance (NULL for an empty config). */
+const char *mesh_cfg_closest_key(const mesh_cfg *cfg, const char *key);
+
+/* ---- typed getters: SIM_ERR_INPUT naming key, value, source and the expected
+ * type when the key is missing or its value does not parse. ------------------ */
+sim_status mesh_cfg_get_int(const mesh_cfg *cfg, const char *key, long long *out);
+sim_status mesh_cfg_get_double(const mesh_cfg *cfg, const char *key, double *out);
+sim_status mesh_cfg_get_bool(const mesh_cfg *cfg, const char *key, int *out);
+/* Scalar text; *out = NULL when the value is null/None. */
+sim_status mesh_cfg_get_str(const mesh_cfg *cfg, const char *key, const char **out);
+/* Index of the value in allowed[0..n_allowed) (exact match); error lists them. */
+sim_status mesh_cfg_get_enum(const mesh_cfg *cfg, const char *key, const char *const *allowed,
+                             int n_allowed, int *out);
+/* A list of scalars: *n items, (*items)[i] points into the config (do not free
+ * the strings; free(*items) only).  null gives 0 items. */
+sim_status mesh_cfg_get_str_list(const mesh_cfg *cfg, const char *key, const char ***items,
+                                 int *n);
+
+/* ---- values ---------------------------------------------------------------- */
+mesh_cfg_type mesh_cfg_scalar_type(const mesh_cfg_value *v);
+const char *mesh_cfg_type_name(mesh_cfg_type t);
+/* Value-level parsers; `what` names the value in messages ("key 'x'"). */
+sim_status mesh_cfg_value_int(const mesh_cfg_value *v, const char *what, long long *out);
+sim_status mesh_cfg_value_double(const mesh_cfg_value *v, const char *what, double *out);
+sim_status mesh_cfg_value_bool(const mesh_cfg_value *v, const char *what, int *out);
+/* Semantic equality: numbers by value (10_000 == 10000.0), lists item by item. */
+int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b);
+/* Flow text of a value, malloc'd: YAML flow (`['a', 1, null]`) when json is
+ * 0, JSON (`["a", 1, null]`) when json is 1. */
+char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json);
+/* "file:line" of a value (or "command line"), into buf. */
+const char *mesh_cfg_value_where(const mesh_cfg_value *v, char *buf, int cap);
+
+/* Levenshtein distance (for "did you mean" suggestions elsewhere too). */
+int mesh_edit_distance(const char *a, const char *b);
+
+#endif

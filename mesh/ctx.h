@@ -1,0 +1,28 @@
+/* ctx.h — what every sharded op needs to know about where it runs: the
+ * device, the mesh, the shard mode, how size-1 axes compare, and the layer
+ * path used in collective tags and error messages.  One per device thread. */
+#ifndef MESH_CTX_H
+#define MESH_CTX_H
+
+#include <stdbool.h>
+
+#include "mesh/mesh_shape.h"
+#include "sim/machine.h"
+
+typedef enum {
+    MESH_MODE_AUTO = 0,  /* constraints reshard; disagreements resolved by the cheapest reshard (implicit) */
+    MESH_MODE_EXPLICIT   /* JAX sharding-in-types: constraints assert, only reshard changes a sharding */
+} mesh_mode;
+
+struct mesh_tape; /* the autodiff tape (models layer); NULL when not recording */
+
+typedef struct {
+    sim_device *dev;            /* this device */
+    const mesh_shape *mesh;     /* the mesh (axis order = sim axis order) */
+    mesh_mode mode;             /* shard_mode */
+    bool drop_size_one;         /* remove_size_one_mesh_axis_from_type: compare specs without size-1 axes */
+    const char *layer;          /* current layer path ("decoder/layers/self_attention"), for tags and errors */
+    struct mesh_tape *tape;     /* where ops record themselves for backward, or NULL */
+} mesh_ctx;
+
+#endif

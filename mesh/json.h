@@ -1,0 +1,48 @@
+/* json.h — a small JSON reader (RFC 8259) into a tree of values.
+ *
+ * Used to read MaxText's sharding dumps (named_shardings.json,
+ * logical_shardings.json, input_shardings.json) and, later, our own dumps.
+ * Objects keep their keys in file order (the dumps are ordered).  Numbers keep
+ * their text and a double.  The whole tree is owned by its root: free it with
+ * mesh_json_free.  Strings are UTF-8; \uXXXX escapes (with surrogate pairs)
+ * are decoded. */
+#ifndef MESH_JSON_H
+#define MESH_JSON_H
+
+#include <stddef.h>
+
+#include "sim/status.h"
+
+typedef enum {
+    MESH_JSON_NULL,
+    MESH_JSON_BOOL,
+    MESH_JSON_NUMBER,
+    MESH_JSON_STRING,
+    MESH_JSON_ARRAY,
+    MESH_JSON_OBJECT
+} mesh_json_kind;
+
+typedef struct mesh_json mesh_json;
+struct mesh_json {
+    mesh_json_kind kind;
+    int boolean;      /* BOOL: 0 or 1 */
+    double number;    /* NUMBER: value */
+    char *str;        /* STRING: decoded text; NUMBER: the number's text */
+    int n;            /* ARRAY/OBJECT: number of items */
+    mesh_json *items; /* ARRAY/OBJECT: the items (OBJECT: the values) */
+    char **keys;      /* OBJECT: the keys, in file order */
+    int line;         /* 1-based line where the value starts (for messages) */
+};
+
+/* Parses text (len bytes).  `what` names the input in error messages
+ * (a file name).  On success *out is a heap root to free with mesh_json_free. */
+sim_status mesh_json_parse(const char *text, size_t len, const char *what, mesh_json **out);
+/* Reads and parses a file; SIM_ERR_IO when it cannot be read. */
+sim_status mesh_json_read_file(const char *path, mesh_json **out);
+void mesh_json_free(mesh_json *root);
+
+/* Object member by key (first match), NULL when absent or v is not an object. */
+const mesh_json *mesh_json_get(const mesh_json *v, const char *key);
+const char *mesh_json_kind_name(mesh_json_kind k);
+
+#endif

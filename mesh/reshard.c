@@ -1,0 +1,310 @@
+/* reshard.c — the resharding planner and its executor (see reshard.h). */
+#include "mesh/reshard.h"
+
+#include <string.h>
+
+#include "sim/arena.h"
+
+const char *mesh_step_name(mesh_step_kind k)
+{
+    static const char *names[] = {"slice", "all-gather", "reduce-scatter", "all-reduce", "all-to-all", "make-partial"};
+    return names[k];
+}
+
+/* ------------------------------------------------------------ spec helpers */
+
+/* C's axes on dim d are a prefix of T's. */
+static bool is_prefix(const mesh_spec *c, const mesh_spec *t, int d)
+{
+    if (c->n_axes[d] > t->n_axes[d]) return false;
+    for (int i = 0; i < c->n_axes[d]; i++)
+        if (c->axes[d][i] != t->axes[d][i]) return false;
+    return true;
+}
+
+static int common_prefix(const mesh_spec *c, const mesh_spec *t, int d)
+{
+    int n = 0;
+    while (n < c->n_axes[d] && n < t->n_axes[d] && c->axes[d][n] == t->axes[d][n]) n++;
+    return n;
+}
+
+static bool axis_used(const mesh_spec *s, int a)
+{
+    return (s->partial & (1u << a)) || mesh_spec_axis_dim(s, a) >= 0;
+}
+
+static int64_t prod(const int64_t *v, int lo, int hi)
+{
+    int64_t p = 1;
+    for (int i = lo; i < hi; i++) p *= v[i];
+    return p;
+}
+
+/* ------------------------------------------------------------ planning */
+
+typedef struct {
+    const mesh_shape *m;
+    mesh_plan *p;
+    mesh_spec cur;
+    int64_t local[MESH_SPEC_MAX_RANK];
+    size_t es;
+} planner;
+
+static sim_status add_step(planner *pl, mesh_step_kind kind, int dim, int dim_to, const int *axes, int n)
+{
+    mesh_plan *p = pl->p;
+    if (p->n == MESH_PLAN_MAX) return sim_err(SIM_ERR_INTERNAL, "resharding plan longer than %d steps", MESH_PLAN_MAX);
+    mesh_step *s = &p->step[p->n++];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->dim = dim;
+    s->dim_to = dim_to;
+    s->group = 1;
+    for (int i = 0; i < n; i++) {
+        s->axes.axis[s->axes.n++] = (int8_t)axes[i];
+        s->group *= pl->m->sizes[axes[i]];
+    }
+    memcpy(s->local_in, pl->local, sizeof s->local_in);
+    uint64_t k = (uint64_t)s->group, nb = (uint64_t)prod(pl->local, 0, p->rank) * pl->es;
+    mesh_spec *c = &pl->cur;
+    switch (kind) {
+    case MESH_STEP_SLICE:
+        for (int i = 0; i < n; i++) c->axes[dim][c->n_axes[dim]++] = (int8_t)axes[i];
+        pl->local[dim] /= s->group;
+        break;
+    case MESH_STEP_ALL_GATHER:
+        c->n_axes[dim] -= n;
+        pl->local[dim] *= s->group;
+        s->bytes_sent = (k - 1) * nb;
+        break;
+    case MESH_STEP_REDUCE_SCATTER:
+        for (int i = 0; i < n; i++) {
+            c->axes[dim][c->n_axes[dim]++] = (int8_t)axes[i];
+            c->partial &= ~(1u << axes[i]);
+        }
+        pl->local[dim] /= s->group;
+        s->bytes_sent = (k - 1) * nb / k;
+        break;
+    case MESH_STEP_ALL_REDUCE:
+        for (int i = 0; i < n; i++) c->partial &= ~(1u << axes[i]);
+        s->bytes_sent = 2 * (k - 1) * nb / k;
+        break;
+    case MESH_STEP_ALL_TO_ALL:
+        c->n_axes[dim] -= n;
+        for (int i = 0; i < n; i++) c->axes[dim_to][c->n_axes[dim_to]++] = (int8_t)axes[i];
+        pl->local[dim] *= s->group;
+        pl->local[dim_to] /= s->group;
+        s->bytes_sent = (k - 1) * nb / k;
+        break;
+    case MESH_STEP_MAKE_PARTIAL:
+        for (int i = 0; i < n; i++) c->partial |= 1u << axes[i];
+        break;
+    }
+    s->after = *c;
+    memcpy(s->local_out, pl->local, sizeof s->local_out);
+    p->total_bytes += s->bytes_sent;
+    return SIM_OK;
+}
+
+/* One step towards T; *done when the spec is T. */
+static sim_status plan_one(planner *pl, const mesh_spec *t, bool *done)
+{
+    mesh_spec *c = &pl->cur;
+    int rank = t->rank, list[MESH_MAX_AXES], n;
+    *done = mesh_spec_equal(c, t);
+    if (*done) return SIM_OK;
+    /* 1. free slices: T appends an axis the array does not use yet */
+    for (int d = 0; d < rank; d++) {
+        if (!is_prefix(c, t, d)) continue;
+        n = 0;
+        for (int p = c->n_axes[d]; p < t->n_axes[d] && !axis_used(c, t->axes[d][p]); p++) list[n++] = t->axes[d][p];
+        if (n) return add_step(pl, MESH_STEP_SLICE, d, -1, list, n);
+    }
+    uint32_t reduce = c->partial & ~t->partial;
+    /* 2. reduce-scatter where T appends a partial axis to a dim now */
+    for (int d = 0; d < rank; d++) {
+        if (!is_prefix(c, t, d)) continue;
+        n = 0;
+        for (int p = c->n_axes[d]; p < t->n_axes[d] && (reduce & (1u << t->axes[d][p])); p++) list[n++] = t->axes[d][p];
+        if (n) return add_step(pl, MESH_STEP_REDUCE_SCATTER, d, -1, list, n);
+    }
+    /* 3. every other partial axis T does not keep: one all-reduce (before any gather grows the array) */
+    if (reduce) {
+        n = 0;
+        for (int a = 0; a < pl->m->n_axes; a++)
+            if (reduce & (1u << a)) list[n++] = a;
+        return add_step(pl, MESH_STEP_ALL_REDUCE, -1, -1, list, n);
+    }
+    /* 4. all-to-all: the trailing axes of dim i are what T appends to dim j next */
+    for (int i = 0; i < rank; i++) {
+        if (is_prefix(c, t, i)) continue;
+        int ni = c->n_axes[i], last = c->axes[i][ni - 1], j = mesh_spec_axis_dim(t, last);
+        if (j < 0 || j == i || !is_prefix(c, t, j)) continue;
+        int p = c->n_axes[j], q = -1;
+        for (int x = p; x < t->n_axes[j]; x++)
+            if (t->axes[j][x] == last) q = x;
+        int mlen = q - p + 1;
+        if (q < 0 || mlen > ni - common_prefix(c, t, i)) continue;
+        bool ok = true;
+        for (int x = 0; x < mlen; x++) ok = ok && c->axes[i][ni - mlen + x] == t->axes[j][p + x];
+        if (!ok) continue;
+        for (int x = 0; x < mlen; x++) list[x] = c->axes[i][ni - mlen + x];
+        return add_step(pl, MESH_STEP_ALL_TO_ALL, i, j, list, mlen);
+    }
+    /* 5. all-gather: first trailing axes T does not place on any dim, then any trailing axis */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < rank; i++) {
+            if (is_prefix(c, t, i)) continue;
+            int ni = c->n_axes[i], cp = common_prefix(c, t, i), take = 0;
+            while (take < ni - cp && mesh_spec_axis_dim(t, c->axes[i][ni - 1 - take]) < 0) take++;
+            if (pass == 1 && take == 0) take = 1;
+            if (!take) continue;
+            for (int x = 0; x < take; x++) list[x] = c->axes[i][ni - take + x];
+            return add_step(pl, MESH_STEP_ALL_GATHER, i, -1, list, take);
+        }
+    }
+    /* 6. partial axes T introduces */
+    uint32_t make = t->partial & ~c->partial;
+    n = 0;
+    for (int a = 0; a < pl->m->n_axes; a++)
+        if ((make & (1u << a)) && mesh_spec_axis_dim(c, a) < 0) list[n++] = a;
+    if (n) return add_step(pl, MESH_STEP_MAKE_PARTIAL, -1, -1, list, n);
+    return sim_err(SIM_ERR_INTERNAL, "the resharding planner found no step towards the target spec");
+}
+
+sim_status mesh_plan_make(const mesh_shape *m, const char *name, int rank, const int64_t *shape, sim_dtype dt,
+                          const mesh_spec *from, const mesh_spec *to, mesh_plan *out)
+{
+    memset(out, 0, sizeof *out);
+    mesh_spec f, t;
+    SIM_TRY(mesh_spec_fit_rank(from, rank, name, &f));
+    SIM_TRY(mesh_spec_fit_rank(to, rank, name, &t));
+    from = &f;
+    to = &t;
+    SIM_TRY(mesh_spec_check(from, m));
+    SIM_TRY(mesh_spec_check(to, m));
+    SIM_TRY(mesh_spec_check_shape(from, m, rank, shape, name));
+    SIM_TRY(mesh_spec_check_shape(to, m, rank, shape, name));
+    out->rank = rank;
+    memcpy(out->shape, shape, (size_t)rank * sizeof *shape);
+    out->dtype = dt;
+    out->from = *from;
+    out->to = *to;
+    planner pl = {m, out, *from, {0}, sim_dtype_size(dt)};
+    mesh_spec_local_shape(from, m, shape, pl.local);
+    if ((from->partial & ~to->partial) && dt != SIM_F32 && dt != SIM_I32)
+        return sim_err(SIM_ERR_INPUT, "array '%s': partial sums need float32 or int32, not %s", name, sim_dtype_name(dt));
+    for (;;) {
+        bool done;
+        SIM_TRY(plan_one(&pl, to, &done));
+        if (done) break;
+    }
+    return SIM_OK;
+}
+
+static void format_shape(const int64_t *s, int rank, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < rank && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)s[i]);
+    if (n < cap) snprintf(buf + n, cap - n, ")");
+}
+
+void mesh_plan_print(const mesh_plan *p, const mesh_shape *m, FILE *f)
+{
+    char spec[256], ax[128], li[64], lo[64];
+    sim_mesh_desc md;
+    if (mesh_shape_to_sim(m, &md) != SIM_OK) return;
+    if (p->n == 0) fprintf(f, "no step: the array already has the target sharding\n");
+    for (int i = 0; i < p->n; i++) {
+        const mesh_step *s = &p->step[i];
+        mesh_spec_format(&s->after, m, spec, sizeof spec);
+        format_shape(s->local_in, p->rank, li, sizeof li);
+        format_shape(s->local_out, p->rank, lo, sizeof lo);
+        char where[32] = "";
+        if (s->kind == MESH_STEP_ALL_TO_ALL)
+            snprintf(where, sizeof where, "dim %d -> dim %d", s->dim, s->dim_to);
+        else if (s->dim >= 0)
+            snprintf(where, sizeof where, "dim %d", s->dim);
+        else
+            snprintf(where, sizeof where, "all dims");
+        fprintf(f, "step %d: %-14s %-16s over %-22s k=%-3d local %s -> %s  sent/device %llu B  now %s\n", i + 1,
+                mesh_step_name(s->kind), where, sim_axes_label(&md, s->axes, ax, sizeof ax), s->group, li, lo,
+                (unsigned long long)s->bytes_sent, spec);
+    }
+    fprintf(f, "total bytes sent per device: %llu\n", (unsigned long long)p->total_bytes);
+}
+
+/* ------------------------------------------------------------ execution */
+
+static int block_index(sim_device *d, sim_axes axes, const mesh_shape *m)
+{
+    int b = 0;
+    for (int i = 0; i < axes.n; i++) b = b * m->sizes[axes.axis[i]] + sim_device_coord(d, axes.axis[i]);
+    return b;
+}
+
+sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p, mesh_array *a, sim_meta meta)
+{
+    sim_arena *arena = sim_device_arena(d);
+    size_t es = sim_dtype_size(a->dtype);
+    for (int i = 0; i < p->n; i++) {
+        const mesh_step *s = &p->step[i];
+        int64_t outer = prod(s->local_in, 0, s->dim < 0 ? 0 : s->dim);
+        int64_t inner = s->dim < 0 ? 1 : prod(s->local_in, s->dim + 1, p->rank);
+        int64_t mid = s->dim < 0 ? prod(s->local_in, 0, p->rank) : s->local_in[s->dim];
+        size_t n_out = (size_t)prod(s->local_out, 0, p->rank);
+        void *out = a->data;
+        bool fresh = s->kind != MESH_STEP_ALL_REDUCE && s->kind != MESH_STEP_MAKE_PARTIAL;
+        if (fresh) SIM_TRY(sim_arena_alloc(arena, n_out * es, a->cat, a->name, false, &out));
+        sim_status st = SIM_OK;
+        switch (s->kind) {
+        case MESH_STEP_SLICE:
+            if (a->data) {
+                int64_t start[MESH_SPEC_MAX_RANK] = {0};
+                start[s->dim] = (int64_t)block_index(d, s->axes, m) * s->local_out[s->dim];
+                mesh_copy_block(out, a->data, p->rank, s->local_in, s->local_out, start, es);
+            }
+            break;
+        case MESH_STEP_ALL_GATHER:
+            st = sim_all_gather_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype, s->axes, meta);
+            break;
+        case MESH_STEP_REDUCE_SCATTER:
+            st = sim_reduce_scatter_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype, s->axes,
+                                        meta);
+            break;
+        case MESH_STEP_ALL_REDUCE:
+            st = sim_all_reduce(d, a->data, a->data, a->nlocal, a->dtype, s->axes, meta);
+            break;
+        case MESH_STEP_ALL_TO_ALL: {
+            size_t shape[MESH_SPEC_MAX_RANK];
+            for (int x = 0; x < p->rank; x++) shape[x] = (size_t)s->local_in[x];
+            st = sim_all_to_all_dims(d, a->data, out, p->rank, shape, s->dim_to, s->dim, a->dtype, s->axes, meta);
+            break;
+        }
+        case MESH_STEP_MAKE_PARTIAL:
+            if (a->data && block_index(d, s->axes, m) != 0) memset(a->data, 0, a->nlocal * es);
+            break;
+        }
+        if (fresh) {
+            if (st != SIM_OK) {
+                sim_arena_release(arena, out, n_out * es, a->cat);
+                return st;
+            }
+            sim_arena_release(arena, a->data, a->nlocal * es, a->cat);
+            a->data = out;
+        }
+        SIM_TRY(st);
+        a->nlocal = n_out;
+        memcpy(a->local, s->local_out, sizeof a->local);
+        a->spec = s->after;
+    }
+    return SIM_OK;
+}
+
+sim_status mesh_reshard(sim_device *d, const mesh_shape *m, mesh_array *a, const mesh_spec *to, sim_meta meta)
+{
+    mesh_plan p;
+    SIM_TRY(mesh_plan_make(m, a->name, a->rank, a->shape, a->dtype, &a->spec, to, &p));
+    return mesh_plan_run(d, m, &p, a, meta);
+}

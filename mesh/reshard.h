@@ -1,0 +1,75 @@
+/* reshard.h — the resharding planner: turns spec S into spec T with the
+ * fewest bytes, as a list of steps that every device computes identically
+ * from (mesh, global shape, S, T), then runs them through sim/ collectives.
+ *
+ *   change                                   step
+ *   axis drops off a dim                     all-gather along that dim
+ *   axis added to a dim                      local slice, no bytes
+ *   axis moves from dim i to dim j           all-to-all (split j, concat i)
+ *   partial axis, T shards a dim on it       reduce-scatter along that dim
+ *   partial axis, T replicates               all-reduce
+ *   replicated -> partial                    free (one contribution kept, the rest zero)
+ *
+ * Order: free slices first (they shrink what later steps move), then
+ * reductions (reduce-scatter where T can take the axis right away, else one
+ * all-reduce over every axis still partial), then all-to-all moves, then
+ * all-gathers (of axes T does not use elsewhere first), repeating until the
+ * spec is T.  Axes leave and join a dim at its least significant end, which
+ * is what keeps blocks contiguous; consecutive axes that travel together go
+ * in one collective over their ordered group. */
+#ifndef MESH_RESHARD_H
+#define MESH_RESHARD_H
+
+#include <stdio.h>
+
+#include "mesh/array.h"
+#include "sim/collectives.h"
+
+typedef enum {
+    MESH_STEP_SLICE = 0,      /* keep block (coords on axes) of dim `dim` */
+    MESH_STEP_ALL_GATHER,     /* gather dim `dim` over axes */
+    MESH_STEP_REDUCE_SCATTER, /* sum partial axes, scatter dim `dim` over them */
+    MESH_STEP_ALL_REDUCE,     /* sum partial axes */
+    MESH_STEP_ALL_TO_ALL,     /* axes leave dim `dim` and join dim `dim_to` */
+    MESH_STEP_MAKE_PARTIAL    /* zero the copies off coordinate 0 of axes */
+} mesh_step_kind;
+
+enum { MESH_PLAN_MAX = 48 };
+
+typedef struct {
+    mesh_step_kind kind;
+    int dim;                                  /* dim acted on (all-to-all: the dim the axes leave) */
+    int dim_to;                               /* all-to-all: the dim the axes join; else -1 */
+    sim_axes axes;                            /* mesh axes of the step, in significance order */
+    int group;                                /* product of their sizes */
+    mesh_spec after;                          /* spec once the step is done */
+    int64_t local_in[MESH_SPEC_MAX_RANK];     /* local shape before */
+    int64_t local_out[MESH_SPEC_MAX_RANK];    /* local shape after */
+    uint64_t bytes_sent;                      /* per device, by the formulas (all-reduce: 2(k-1)n/k rounded down) */
+} mesh_step;
+
+typedef struct {
+    int rank;
+    int64_t shape[MESH_SPEC_MAX_RANK];
+    sim_dtype dtype;
+    mesh_spec from, to;
+    int n;
+    mesh_step step[MESH_PLAN_MAX];
+    uint64_t total_bytes;                     /* sum of bytes_sent */
+} mesh_plan;
+
+const char *mesh_step_name(mesh_step_kind k);
+
+/* Plans S -> T.  Errors (bad spec, indivisible shape) name `name`. */
+sim_status mesh_plan_make(const mesh_shape *m, const char *name, int rank, const int64_t *shape, sim_dtype dt,
+                          const mesh_spec *from, const mesh_spec *to, mesh_plan *out);
+/* One line per step, then "total bytes sent per device: N". */
+void mesh_plan_print(const mesh_plan *p, const mesh_shape *m, FILE *f);
+
+/* Reshards `a` to `to` in place (new shard replaces the old one).  meta.tag
+ * names the layer/op; meta.implicit marks planner-inserted collectives. */
+sim_status mesh_reshard(sim_device *d, const mesh_shape *m, mesh_array *a, const mesh_spec *to, sim_meta meta);
+/* Runs a plan made for `a`. */
+sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p, mesh_array *a, sim_meta meta);
+
+#endif

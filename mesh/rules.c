@@ -1,0 +1,183 @@
+/* rules.c — rule tables from configs and flax/MaxText resolution (see rules.h). */
+#include "mesh/rules.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *dup_str(const char *s)
+{
+    char *d = strdup(s ? s : "");
+    SIM_ASSERT(d);
+    return d;
+}
+
+void mesh_rules_init(mesh_rules *r)
+{
+    memset(r, 0, sizeof *r);
+}
+
+void mesh_rules_free(mesh_rules *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        mesh_rule *x = &r->rules[i];
+        for (int j = 0; j < x->n_axes; j++) free(x->axes[j]);
+        free(x->axes);
+        free(x->name);
+        free(x->where);
+    }
+    free(r->rules);
+    memset(r, 0, sizeof *r);
+}
+
+static mesh_rule *rules_push(mesh_rules *r, const char *name, int n, const char *where)
+{
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 32;
+        r->rules = realloc(r->rules, (size_t)r->cap * sizeof *r->rules);
+        SIM_ASSERT(r->rules);
+    }
+    mesh_rule *x = &r->rules[r->n++];
+    x->name = dup_str(name);
+    x->n_axes = n;
+    x->axes = calloc(n > 0 ? (size_t)n : 1, sizeof *x->axes);
+    SIM_ASSERT(x->axes);
+    x->where = dup_str(where);
+    return x;
+}
+
+void mesh_rules_add(mesh_rules *r, const char *name, int n, const char *const *axes)
+{
+    mesh_rule *x = rules_push(r, name, n, "");
+    for (int j = 0; j < n; j++) x->axes[j] = dup_str(axes[j]);
+}
+
+static int scalar_is_null(const mesh_cfg_value *v)
+{
+    return v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL;
+}
+
+sim_status mesh_rules_from_value(const mesh_cfg_value *list, mesh_rules *out)
+{
+    mesh_rules_init(out);
+    if (scalar_is_null(list)) return SIM_OK;
+    char where[512];
+    if (list->kind != MESH_CFG_LIST)
+        return sim_err(SIM_ERR_INPUT, "%s: logical_axis_rules must be a list of [logical_name, mesh_axes] pairs",
+                       mesh_cfg_value_where(list, where, sizeof where));
+    for (int i = 0; i < list->n; i++) {
+        const mesh_cfg_value *it = &list->items[i];
+        mesh_cfg_value_where(it, where, sizeof where);
+        const mesh_cfg_value *ax = it->kind == MESH_CFG_LIST && it->n == 2 ? &it->items[1] : NULL;
+        int ok = ax && it->items[0].kind == MESH_CFG_SCALAR && !scalar_is_null(&it->items[0]);
+        if (ok && ax->kind == MESH_CFG_LIST)
+            for (int j = 0; j < ax->n; j++)
+                ok &= ax->items[j].kind == MESH_CFG_SCALAR && !scalar_is_null(&ax->items[j]);
+        if (ok && ax->kind == MESH_CFG_MAP) ok = 0;
+        if (!ok) {
+            char *t = mesh_cfg_value_to_text(it, 0);
+            sim_status st = sim_err(SIM_ERR_INPUT,
+                                    "%s: logical_axis_rules item %d is %s; expected [logical_name, "
+                                    "mesh_axes] with mesh_axes a name, a list of names, or []",
+                                    where, i, t);
+            free(t);
+            mesh_rules_free(out);
+            return st;
+        }
+        mesh_rule *x;
+        if (ax->kind == MESH_CFG_LIST) {
+            x = rules_push(out, it->items[0].text, ax->n, where);
+            for (int j = 0; j < ax->n; j++) {
+                for (int k = 0; k < j; k++)
+                    if (strcmp(x->axes[k], ax->items[j].text) == 0) {
+                        sim_status st = sim_err(SIM_ERR_INPUT,
+                                                "%s: logical_axis_rules rule '%s' lists mesh axis '%s' twice",
+                                                where, x->name, ax->items[j].text);
+                        x->n_axes = j;
+                        mesh_rules_free(out);
+                        return st;
+                    }
+                x->axes[j] = dup_str(ax->items[j].text);
+            }
+        } else if (scalar_is_null(ax)) {
+            rules_push(out, it->items[0].text, 0, where);
+        } else {
+            x = rules_push(out, it->items[0].text, 1, where);
+            x->axes[0] = dup_str(ax->text);
+        }
+    }
+    return SIM_OK;
+}
+
+sim_status mesh_rules_from_config(const mesh_cfg *cfg, mesh_rules *out)
+{
+    const mesh_cfg_entry *e;
+    mesh_rules_init(out);
+    SIM_TRY(mesh_cfg_entry_get(cfg, "logical_axis_rules", &e));
+    return mesh_rules_from_value(&e->value, out);
+}
+
+int mesh_rules_find(const mesh_rules *r, const char *name)
+{
+    for (int i = 0; i < r->n; i++)
+        if (strcmp(r->rules[i].name, name) == 0) return i;
+    return -1;
+}
+
+sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const char *tensor,
+                              int rank, const char *const *names, mesh_resolved *out)
+{
+    const char *what = tensor ? tensor : "(unnamed)";
+    if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
+        return sim_err(SIM_ERR_INPUT, "tensor '%s' has rank %d; shardsim supports rank 0 to %d", what,
+                       rank, MESH_SPEC_MAX_RANK);
+    for (int d = 0; d < rank; d++)
+        for (int e = 0; e < d && names[d]; e++)
+            if (names[e] && strcmp(names[d], names[e]) == 0)
+                return sim_err(SIM_ERR_INPUT,
+                               "tensor '%s': logical axis name '%s' names dims %d and %d; a logical "
+                               "name may name one dim only",
+                               what, names[d], e, d);
+    /* Step 2: scan the rules in table order.  `used` holds the axis names
+     * assigned so far (by name: sizes and mesh membership do not matter). */
+    const char *used[MESH_SPEC_MAX_RANK * 64];
+    int n_used = 0;
+    for (int d = 0; d < rank; d++) out->rule[d] = -1;
+    int assigned[MESH_SPEC_MAX_RANK] = {0};
+    for (int i = 0; i < r->n; i++) {
+        const mesh_rule *x = &r->rules[i];
+        int pos = -1;
+        for (int d = 0; d < rank && pos < 0; d++)
+            if (names[d] && strcmp(names[d], x->name) == 0) pos = d;
+        if (pos < 0 || assigned[pos]) continue;
+        int clash = 0;
+        for (int j = 0; j < x->n_axes && !clash; j++)
+            for (int k = 0; k < n_used && !clash; k++) clash = strcmp(x->axes[j], used[k]) == 0;
+        if (clash) continue;
+        assigned[pos] = 1;
+        out->rule[pos] = i;
+        for (int j = 0; j < x->n_axes && n_used < (int)(sizeof used / sizeof used[0]); j++)
+            used[n_used++] = x->axes[j];
+    }
+    /* Steps 3-4: map to mesh indices, drop absent axes, then size-1 axes. */
+    mesh_spec_init(&out->unpruned, rank);
+    for (int d = 0; d < rank; d++) {
+        if (out->rule[d] < 0) continue;
+        const mesh_rule *x = &r->rules[out->rule[d]];
+        int n = 0;
+        for (int j = 0; j < x->n_axes; j++) {
+            int a = mesh_shape_axis_index(m, x->axes[j]);
+            if (a >= 0) out->unpruned.axes[d][n++] = (int8_t)a;
+        }
+        out->unpruned.n_axes[d] = n;
+    }
+    /* The name check above keeps axes apart across dims; a rule that lists an
+     * axis twice (possible via mesh_rules_add) is caught here. */
+    if (mesh_spec_check(&out->unpruned, m) != SIM_OK) {
+        sim_err_append(" (resolving tensor '%s')", what);
+        return SIM_ERR_INPUT;
+    }
+    out->spec = out->unpruned;
+    mesh_spec_drop_size_one(&out->spec, m);
+    return SIM_OK;
+}

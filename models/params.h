@@ -1,0 +1,50 @@
+/* params.h — model parameters as MaxText names and shapes them, and how a
+ * device stores them.
+ *
+ * A parameter is described globally (model_param_def): its dotted MaxText
+ * path ("params.decoder.layers.mlp.wi_0.kernel"), its global shape as MaxText
+ * stores it — scanned layers stacked at dim `scan_dim` (1 in MaxText) — its
+ * logical axis names, and its init.  Each device stores a scanned parameter
+ * layer-major: one mesh_array per layer, whose global shape is the stacked
+ * shape without the scan dim and whose spec is the stacked spec without the
+ * scan dim (the scan dim maps to 'stage' or [] and is never split outside
+ * pipelining).  Checkpoints and dumps show the stacked form. */
+#ifndef MODELS_PARAMS_H
+#define MODELS_PARAMS_H
+
+#include "mesh/array.h"
+
+enum { MODEL_PATH_MAX = 128, MODEL_MAX_LAYERS = 1024 };
+
+typedef enum {
+    MODEL_INIT_NORMAL = 0,      /* normal(0, scale^2) */
+    MODEL_INIT_TRUNC_NORMAL,    /* normal(0, scale^2) truncated to [-2, 2] standard deviations */
+    MODEL_INIT_ONES,            /* norm scales */
+    MODEL_INIT_ZEROS
+} model_init_kind;
+
+typedef struct {
+    char path[MODEL_PATH_MAX];                   /* dotted MaxText path */
+    int rank;                                    /* dims of the stacked global shape */
+    int64_t shape[MESH_SPEC_MAX_RANK];           /* stacked global shape */
+    const char *logical[MESH_SPEC_MAX_RANK];     /* logical axis name per dim (NULL = None) */
+    int scan_dim;                                /* dim holding the layers, or -1 */
+    model_init_kind init;
+    double scale;                                /* standard deviation for normal inits */
+} model_param_def;
+
+typedef struct {
+    model_param_def def;
+    mesh_spec spec;          /* resolved spec of the stacked tensor (size-1 axes dropped) */
+    mesh_spec spec_unpruned; /* with size-1 axes, for named_shardings.json */
+    int n_layers;            /* shape[scan_dim], or 1 */
+    mesh_array *w;           /* [n_layers] values, layer-major (SIM_MEM_PARAMS) */
+    mesh_array *g;           /* [n_layers] gradients (SIM_MEM_GRADS), or NULL */
+    mesh_array *m, *v;       /* [n_layers] Adam moments (SIM_MEM_OPTIMIZER), or NULL */
+} model_param;
+
+/* The per-layer global shape/spec: the stacked ones without the scan dim. */
+void model_param_layer_shape(const model_param *p, int *rank, int64_t *shape);
+void model_param_layer_spec(const model_param *p, mesh_spec *spec);
+
+#endif
