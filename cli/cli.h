@@ -6,7 +6,16 @@
 #include <stdio.h>
 
 int cli_demo(int argc, char **argv);
+int cli_collectives_demo(int argc, char **argv);
 /* shardsim explain mesh=... shape=... from=... to=... */
 int cli_explain(int argc, char **argv, FILE *out, FILE *err);
+
+/* shardsim train [file.yml ...] [key=value ...] */
+int cli_train(int argc, char **argv, FILE *out, FILE *err);
+/* shardsim dump [file.yml ...] [key=value ...] output_dir=DIR */
+int cli_dump(int argc, char **argv, FILE *out, FILE *err);
+
+/* shardsim parity [file.yml ...] [key=value ...] configs="<overrides>;<overrides>;..." */
+int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err);
 
 #endif

@@ -34,7 +34,7 @@ const char *cli_configs_dir(void)
             char cand[PATH_MAX + 16];
             snprintf(cand, sizeof cand, "%s/configs", exe);
             if (is_dir(cand) && strlen(cand) < sizeof dir) {
-                snprintf(dir, sizeof dir, "%s", cand);
+                memcpy(dir, cand, strlen(cand) + 1);
                 return dir;
             }
         }

@@ -47,6 +47,14 @@ sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, 
     return sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, true, &out->data);
 }
 
+sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
+                            sim_mem_cat cat, mesh_array *out)
+{
+    SIM_TRY(mesh_array_new(d, m, name, src->rank, src->shape, &src->spec, src->dtype, cat, out));
+    if (out->data && src->data) memcpy(out->data, src->data, src->nlocal * sim_dtype_size(src->dtype));
+    return SIM_OK;
+}
+
 void mesh_array_free(sim_device *d, mesh_array *a)
 {
     if (a->data || sim_device_dry(d)) sim_arena_release(sim_device_arena(d), a->data, a->nlocal * sim_dtype_size(a->dtype), a->cat);

@@ -193,7 +193,10 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
     r->step = d->step;
     r->op = c->op;
     r->phase = d->phase;
-    r->axes = c->axes;
+    /* size-1 axes do not change the group: leave them out of the record */
+    r->axes.n = 0;
+    for (int i = 0; i < c->axes.n; i++)
+        if (d->m->mesh.sizes[c->axes.axis[i]] > 1) r->axes.axis[r->axes.n++] = c->axes.axis[i];
     r->group_size = k;
     r->dtype = c->dt;
     r->elements = bc.elements;
@@ -209,7 +212,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
         sim_span s = {0};
         s.t0 = t0;
         s.t1 = sim_now_ns();
-        s.lane = 1 + (int)sim_axes_mask(c->axes);
+        s.lane = 1 + (int)sim_axes_mask(r->axes);
         snprintf(s.name, sizeof s.name, "%s %s", sim_op_name(c->op), tag_or_dash(c->tag));
         s.op = c->op;
         s.bytes = bc.sent;

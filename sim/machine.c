@@ -11,11 +11,18 @@
 #include "sim/topology.h"
 
 #include <cblas.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- mesh */
+
+static void tune_host_malloc_once(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
 
 sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes, sim_mesh_desc *out)
 {
@@ -108,9 +115,20 @@ unsigned sim_axes_mask(sim_axes axes)
 
 /* ------------------------------------------------------------- machine */
 
+/* Device arenas allocate and free activation-sized blocks every layer.  By
+ * default glibc serves each large block with a fresh mmap, so every step
+ * pays page faults and zero-filling again; keeping freed memory in the heap
+ * (no mmap below 32 MiB, no trimming) lets blocks be reused instead. */
+static void tune_host_malloc(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, tune_host_malloc_once);
+}
+
 sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *opts, sim_machine **out)
 {
     *out = NULL;
+    tune_host_malloc();
     sim_mesh_desc check;
     const char *names[SIM_MAX_AXES];
     for (int i = 0; i < mesh->naxes && i < SIM_MAX_AXES; i++) names[i] = mesh->names[i];

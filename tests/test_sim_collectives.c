@@ -219,9 +219,12 @@ static void check_sweep(sweep_case *sc)
             }
         assert_int_equal(rec[5].bytes_sent, rs);
         assert_int_equal(rec[5].bytes_recv, rr);
+        /* records list the group's axes without the size-1 ones (the same group) */
+        int nbig = 0;
+        for (int i = 0; i < sc->ax.n; i++) nbig += tm->sizes[sc->ax.axis[i]] > 1;
         for (int j = 0; j < NOPS; j++) {
             assert_int_equal(rec[j].group_size, k);
-            assert_int_equal(rec[j].axes.n, sc->ax.n);
+            assert_int_equal(rec[j].axes.n, nbig);
         }
         assert_string_equal(rec[0].tag, "t/ag");
     }

@@ -1,0 +1,980 @@
+/* artifacts.c — the files of output_dir=DIR (see artifacts.h).
+ *
+ * JSON goes through one small streaming writer that lays out exactly as
+ * Python's json.dumps(obj, indent=2) does (one item per line, ": " after a
+ * key, "[]"/"{}" for empty containers, non-ASCII as \uXXXX, no final
+ * newline), so the MaxText sharding dump comes out byte for byte as
+ * sharding_dump.py writes it.  Containers may be opened "inline" (all on one
+ * line, ", " between items) for the long per-device lists of our own files.
+ * Files are written to DIR/.NAME.tmp.<pid>.<n> and renamed into place. */
+#include "cli/artifacts.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sim/trace.h"
+
+/* ======================================================================== */
+/* files                                                                    */
+/* ======================================================================== */
+
+sim_status cli_artifacts_mkdir(const char *dir)
+{
+    char path[PATH_MAX];
+    if (!dir || !*dir) return sim_err(SIM_ERR_IO, "output directory is empty; set output_dir=DIR");
+    if (strlen(dir) >= sizeof path) return sim_err(SIM_ERR_IO, "output directory '%s' is too long", dir);
+    snprintf(path, sizeof path, "%s", dir);
+    /* Create each prefix ending at a '/', then the whole path. */
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        char saved = *p;
+        *p = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+            int e = errno;
+            return sim_err(SIM_ERR_IO, "cannot create directory '%s' (for '%s'): %s", path, dir, strerror(e));
+        }
+        *p = saved;
+        if (!saved) break;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return sim_err(SIM_ERR_IO, "'%s' exists and is not a directory; choose another output_dir", dir);
+    return SIM_OK;
+}
+
+static atomic_uint tmp_counter;
+
+sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn, void *arg)
+{
+    char final[PATH_MAX], tmp[PATH_MAX];
+    int nf = snprintf(final, sizeof final, "%s/%s", dir, name);
+    int nt = snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld.%u", dir, name, (long)getpid(),
+                      atomic_fetch_add(&tmp_counter, 1u));
+    if (nf < 0 || nt < 0 || (size_t)nf >= sizeof final || (size_t)nt >= sizeof tmp)
+        return sim_err(SIM_ERR_IO, "path '%s/%s' is too long", dir, name);
+    SIM_TRY(cli_artifacts_mkdir(dir));
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        int e = errno;
+        return sim_err(SIM_ERR_IO, "cannot write '%s': %s", final, strerror(e));
+    }
+    sim_status st = fn(f, arg);
+    int werr = ferror(f);
+    int e = errno;
+    if (fclose(f) != 0 && !werr) {
+        werr = 1;
+        e = errno;
+    }
+    if (st == SIM_OK && werr) st = sim_err(SIM_ERR_IO, "writing '%s' failed: %s", final, strerror(e));
+    if (st == SIM_OK && rename(tmp, final) != 0) {
+        e = errno;
+        st = sim_err(SIM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
+    }
+    if (st != SIM_OK) {
+        unlink(tmp);
+        sim_err_trace(__FILE__, __LINE__);
+    }
+    return st;
+}
+
+/* ======================================================================== */
+/* JSON writer (Python json.dumps layout)                                   */
+/* ======================================================================== */
+
+enum { JW_MAX_DEPTH = 32 };
+
+typedef struct {
+    FILE *f;
+    int depth;                      /* open containers */
+    int count[JW_MAX_DEPTH];        /* items written in each open container */
+    char inl[JW_MAX_DEPTH];         /* container laid out on one line */
+    int after_key;                  /* the next value follows "key": */
+} jw;
+
+static void jw_init(jw *w, FILE *f)
+{
+    memset(w, 0, sizeof *w);
+    w->f = f;
+}
+
+static void jw_newline(jw *w)
+{
+    fputc('\n', w->f);
+    for (int i = 0; i < w->depth; i++) fputs("  ", w->f);
+}
+
+/* Separator and indentation before an item of the innermost container. */
+static void jw_item(jw *w)
+{
+    if (w->after_key) {
+        w->after_key = 0;
+        return;
+    }
+    if (w->depth == 0) return;
+    int d = w->depth - 1;
+    if (w->count[d]++) fputc(',', w->f);
+    if (w->inl[d]) {
+        if (w->count[d] > 1) fputc(' ', w->f);
+    } else {
+        jw_newline(w);
+    }
+}
+
+/* Python json ensure_ascii escaping. */
+static void jw_raw_string(FILE *f, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    fputc('"', f);
+    while (*p) {
+        unsigned c = *p;
+        if (c == '"') fputs("\\\"", f), p++;
+        else if (c == '\\') fputs("\\\\", f), p++;
+        else if (c == '\n') fputs("\\n", f), p++;
+        else if (c == '\r') fputs("\\r", f), p++;
+        else if (c == '\t') fputs("\\t", f), p++;
+        else if (c == '\b') fputs("\\b", f), p++;
+        else if (c == '\f') fputs("\\f", f), p++;
+        else if (c < 0x20) fprintf(f, "\\u%04x", c), p++;
+        else if (c < 0x80) fputc((int)c, f), p++;
+        else {
+            /* decode one UTF-8 sequence; a bad byte becomes U+FFFD */
+            unsigned cp = 0xFFFD;
+            int len = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+            int ok = len > 1;
+            for (int i = 1; ok && i < len; i++) ok = (p[i] & 0xC0) == 0x80;
+            if (ok) {
+                cp = c & (0x3F >> (len - 1));
+                for (int i = 1; i < len; i++) cp = (cp << 6) | (p[i] & 0x3F);
+            } else {
+                len = 1;
+            }
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                fprintf(f, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+            } else {
+                fprintf(f, "\\u%04x", cp);
+            }
+            p += len;
+        }
+    }
+    fputc('"', f);
+}
+
+static void jw_open(jw *w, char c, int inl)
+{
+    jw_item(w);
+    SIM_ASSERT(w->depth < JW_MAX_DEPTH);
+    fputc(c, w->f);
+    /* a container inside an inline one is inline too */
+    w->inl[w->depth] = (char)(inl || (w->depth > 0 && w->inl[w->depth - 1]));
+    w->count[w->depth] = 0;
+    w->depth++;
+}
+
+static void jw_close(jw *w, char c)
+{
+    SIM_ASSERT(w->depth > 0);
+    w->depth--;
+    if (w->count[w->depth] && !w->inl[w->depth]) jw_newline(w);
+    fputc(c, w->f);
+}
+
+static void jw_obj(jw *w) { jw_open(w, '{', 0); }
+static void jw_obj_inline(jw *w) { jw_open(w, '{', 1); }
+static void jw_obj_end(jw *w) { jw_close(w, '}'); }
+static void jw_arr(jw *w) { jw_open(w, '[', 0); }
+static void jw_arr_inline(jw *w) { jw_open(w, '[', 1); }
+static void jw_arr_end(jw *w) { jw_close(w, ']'); }
+
+static void jw_key(jw *w, const char *k)
+{
+    jw_item(w);
+    jw_raw_string(w->f, k);
+    fputs(": ", w->f);
+    w->after_key = 1;
+}
+
+static void jw_str(jw *w, const char *s)
+{
+    jw_item(w);
+    if (s) jw_raw_string(w->f, s);
+    else fputs("null", w->f);
+}
+
+static void jw_null(jw *w)
+{
+    jw_item(w);
+    fputs("null", w->f);
+}
+
+static void jw_bool(jw *w, int b)
+{
+    jw_item(w);
+    fputs(b ? "true" : "false", w->f);
+}
+
+static void jw_int(jw *w, long long v)
+{
+    jw_item(w);
+    fprintf(w->f, "%lld", v);
+}
+
+static void jw_u64(jw *w, uint64_t v)
+{
+    jw_item(w);
+    fprintf(w->f, "%llu", (unsigned long long)v);
+}
+
+/* Shortest text that reads back to the same double; null when not finite. */
+static void jw_double(jw *w, double d)
+{
+    jw_item(w);
+    if (!isfinite(d)) {
+        fputs("null", w->f);
+        return;
+    }
+    char tmp[40];
+    if (d == floor(d) && fabs(d) < 1e16) {
+        snprintf(tmp, sizeof tmp, "%.0f", d); /* 10, not 1e+01 */
+    } else {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(tmp, sizeof tmp, "%.*g", prec, d);
+            if (strtod(tmp, NULL) == d) break;
+        }
+    }
+    fputs(tmp, w->f);
+}
+
+/* Ends a document: JSON writers here leave no final newline (as Python). */
+static void jw_done(jw *w) { SIM_ASSERT(w->depth == 0); }
+
+/* ======================================================================== */
+/* CSV                                                                      */
+/* ======================================================================== */
+
+static void csv_field(FILE *f, const char *s)
+{
+    if (!strpbrk(s, ",\"\n\r")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+/* ======================================================================== */
+/* collectives.csv and traffic.csv                                          */
+/* ======================================================================== */
+
+typedef struct {
+    const cli_records *recs;
+    cli_step_range steps;
+} csv_args;
+
+static sim_status write_collectives(FILE *f, void *arg)
+{
+    const csv_args *a = arg;
+    const cli_records *r = a->recs;
+    char ax[256];
+    fputs("device,step,phase,tag,op,axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind\n", f);
+    for (int d = 0; d < r->n_devices; d++) {
+        for (size_t i = 0; i < r->n[d]; i++) {
+            const sim_record *x = &r->recs[d][i];
+            if (x->step < a->steps.first || x->step > a->steps.last) continue;
+            fprintf(f, "%d,%d,%s,", d, x->step, sim_phase_name(x->phase));
+            csv_field(f, x->tag[0] ? x->tag : "-");
+            fprintf(f, ",%s,", sim_op_name(x->op));
+            csv_field(f, cli_axes_text(&r->mesh, x->axes, ax, sizeof ax));
+            fprintf(f, ",%d,%s,%llu,%llu,%llu,%s\n", x->group_size, sim_dtype_name(x->dtype),
+                    (unsigned long long)x->elements, (unsigned long long)x->bytes_sent,
+                    (unsigned long long)x->bytes_recv, x->implicit ? "implicit" : "explicit");
+        }
+    }
+    return SIM_OK;
+}
+
+sim_status cli_write_collectives_csv(const char *dir, const cli_records *recs, cli_step_range steps)
+{
+    csv_args a = {recs, steps};
+    return cli_artifact_write(dir, "collectives.csv", write_collectives, &a);
+}
+
+static void traffic_csv_row(FILE *f, const char *op, const char *axes, const char *phase,
+                            const cli_traffic_row *r, int nd)
+{
+    csv_field(f, op);
+    fputc(',', f);
+    csv_field(f, axes);
+    fputc(',', f);
+    csv_field(f, phase);
+    fprintf(f, ",%llu,%.6g,%.17g,%llu,%llu,%.6f\n", (unsigned long long)r->calls,
+            nd ? (double)r->calls / nd : 0.0, r->bytes_mean, (unsigned long long)r->bytes_max,
+            (unsigned long long)r->bytes, r->share);
+}
+
+static sim_status write_traffic(FILE *f, void *arg)
+{
+    const cli_traffic *t = arg;
+    char ax[256];
+    fputs("op,axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,bytes_total,share\n", f);
+    for (int i = 0; i < t->n_rows; i++) {
+        const cli_traffic_row *r = &t->rows[i];
+        traffic_csv_row(f, sim_op_name(r->op), cli_axes_text(&t->mesh, r->axes, ax, sizeof ax),
+                        sim_phase_name(r->phase), r, t->n_devices);
+    }
+    traffic_csv_row(f, "total", "", "", &t->total, t->n_devices);
+    return SIM_OK;
+}
+
+sim_status cli_write_traffic_csv(const char *dir, const cli_traffic *t)
+{
+    return cli_artifact_write(dir, "traffic.csv", write_traffic, (void *)t);
+}
+
+/* ======================================================================== */
+/* metrics.json                                                             */
+/* ======================================================================== */
+
+typedef struct {
+    const cli_step_metrics *steps;
+    int n_steps;
+    const sim_arena_stats *stats;
+    int n_devices;
+} metrics_args;
+
+static sim_status write_metrics(FILE *f, void *arg)
+{
+    const metrics_args *a = arg;
+    jw w;
+    jw_init(&w, f);
+    jw_obj(&w);
+    jw_key(&w, "steps");
+    jw_arr(&w);
+    for (int i = 0; i < a->n_steps; i++) {
+        const cli_step_metrics *s = &a->steps[i];
+        jw_obj_inline(&w);
+        jw_key(&w, "step");
+        jw_int(&w, s->step);
+        jw_key(&w, "loss");
+        if (s->dry) jw_null(&w);
+        else jw_double(&w, s->loss);
+        jw_key(&w, "grad_norm");
+        if (s->dry) jw_null(&w);
+        else jw_double(&w, s->grad_norm);
+        jw_key(&w, "lr");
+        jw_double(&w, s->lr);
+        jw_key(&w, "time_s");
+        jw_double(&w, s->time_s);
+        jw_key(&w, "tokens_per_s");
+        jw_double(&w, s->tokens_per_s);
+        jw_key(&w, "peak_bytes");
+        jw_u64(&w, s->peak_bytes);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    jw_key(&w, "memory");
+    jw_obj(&w);
+    jw_key(&w, "per_device_peak_bytes");
+    jw_arr_inline(&w);
+    for (int d = 0; d < a->n_devices; d++) jw_u64(&w, a->stats[d].peak);
+    jw_arr_end(&w);
+    jw_key(&w, "capacity_bytes");
+    jw_arr_inline(&w);
+    for (int d = 0; d < a->n_devices; d++) jw_u64(&w, a->stats[d].capacity);
+    jw_arr_end(&w);
+    jw_key(&w, "by_category");
+    jw_obj(&w);
+    for (int c = 0; c < SIM_NMEM; c++) {
+        jw_key(&w, sim_mem_cat_name((sim_mem_cat)c));
+        jw_arr_inline(&w);
+        for (int d = 0; d < a->n_devices; d++) jw_u64(&w, a->stats[d].at_peak_by[c]);
+        jw_arr_end(&w);
+    }
+    jw_obj_end(&w);
+    jw_obj_end(&w);
+    jw_obj_end(&w);
+    jw_done(&w);
+    fputc('\n', f);
+    return SIM_OK;
+}
+
+sim_status cli_write_metrics_json(const char *dir, const cli_step_metrics *steps, int n_steps,
+                                  const sim_arena_stats *stats, int n_devices)
+{
+    metrics_args a = {steps, n_steps, stats, stats ? n_devices : 0};
+    return cli_artifact_write(dir, "metrics.json", write_metrics, &a);
+}
+
+/* ======================================================================== */
+/* run.json                                                                 */
+/* ======================================================================== */
+
+/* A config value as typed JSON (scalars by their YAML type). */
+static void jw_cfg_value(jw *w, const mesh_cfg_value *v)
+{
+    if (v->kind == MESH_CFG_LIST || v->kind == MESH_CFG_MAP) {
+        int map = v->kind == MESH_CFG_MAP;
+        jw_open(w, map ? '{' : '[', 1);
+        for (int i = 0; i < v->n; i++) {
+            if (map) jw_key(w, v->keys[i]);
+            jw_cfg_value(w, &v->items[i]);
+        }
+        jw_close(w, map ? '}' : ']');
+        return;
+    }
+    long long i;
+    double d;
+    int b;
+    switch (mesh_cfg_scalar_type(v)) {
+    case MESH_CFG_NULL: jw_null(w); return;
+    case MESH_CFG_BOOL:
+        if (mesh_cfg_value_bool(v, "", &b) == SIM_OK) {
+            jw_bool(w, b);
+            return;
+        }
+        break;
+    case MESH_CFG_INT:
+        if (mesh_cfg_value_int(v, "", &i) == SIM_OK) {
+            jw_int(w, i);
+            return;
+        }
+        break;
+    case MESH_CFG_FLOAT:
+        if (mesh_cfg_value_double(v, "", &d) == SIM_OK) {
+            jw_double(w, d);
+            return;
+        }
+        break;
+    case MESH_CFG_STRING: break;
+    }
+    sim_err_clear();
+    jw_str(w, v->text ? v->text : "");
+}
+
+static sim_status write_run(FILE *f, void *arg)
+{
+    const cli_run_info *in = arg;
+    jw w;
+    jw_init(&w, f);
+    jw_obj(&w);
+    jw_key(&w, "shardsim_version");
+    jw_str(&w, in->version ? in->version : CLI_SHARDSIM_VERSION);
+    time_t t = in->time ? in->time : time(NULL);
+    struct tm tm;
+    char ts[64] = "";
+    if (gmtime_r(&t, &tm)) strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    jw_key(&w, "time");
+    jw_str(&w, ts);
+    jw_key(&w, "command");
+    jw_str(&w, in->command);
+    jw_key(&w, "argv");
+    jw_arr_inline(&w);
+    for (int i = 0; i < in->argc; i++) jw_str(&w, in->argv[i]);
+    jw_arr_end(&w);
+    if (in->mesh) {
+        const mesh_shape *m = in->mesh;
+        jw_key(&w, "mesh");
+        jw_obj(&w);
+        jw_key(&w, "axis_names");
+        jw_arr_inline(&w);
+        for (int a = 0; a < m->n_axes; a++) jw_str(&w, m->names[a]);
+        jw_arr_end(&w);
+        const char *what[3] = {"shape", "ici", "dcn"};
+        const int *vals[3] = {m->sizes, m->ici, m->dcn};
+        for (int k = 0; k < 3; k++) {
+            jw_key(&w, what[k]);
+            jw_obj_inline(&w);
+            for (int a = 0; a < m->n_axes; a++) {
+                jw_key(&w, m->names[a]);
+                jw_int(&w, vals[k][a]);
+            }
+            jw_obj_end(&w);
+        }
+        jw_key(&w, "num_devices");
+        jw_int(&w, m->num_devices);
+        jw_key(&w, "num_slices");
+        jw_int(&w, m->num_slices);
+        jw_obj_end(&w);
+    }
+    if (in->rules) {
+        jw_key(&w, "logical_axis_rules");
+        jw_arr(&w);
+        for (int i = 0; i < in->rules->n; i++) {
+            const mesh_rule *r = &in->rules->rules[i];
+            jw_arr_inline(&w);
+            jw_str(&w, r->name);
+            jw_arr(&w);
+            for (int j = 0; j < r->n_axes; j++) jw_str(&w, r->axes[j]);
+            jw_arr_end(&w);
+            jw_arr_end(&w);
+        }
+        jw_arr_end(&w);
+    }
+    if (in->cfg) {
+        jw_key(&w, "config");
+        jw_obj(&w);
+        for (int i = 0; i < in->cfg->n; i++) {
+            const mesh_cfg_entry *e = &in->cfg->entries[i];
+            jw_key(&w, e->key);
+            jw_obj_inline(&w);
+            jw_key(&w, "value");
+            jw_cfg_value(&w, &e->value);
+            jw_key(&w, "source");
+            jw_str(&w, e->where ? e->where : "");
+            jw_obj_end(&w);
+        }
+        jw_obj_end(&w);
+    }
+    jw_obj_end(&w);
+    jw_done(&w);
+    fputc('\n', f);
+    return SIM_OK;
+}
+
+sim_status cli_write_run_json(const char *dir, const cli_run_info *info)
+{
+    return cli_artifact_write(dir, "run.json", write_run, (void *)info);
+}
+
+static sim_status write_trace(FILE *f, void *arg) { return sim_trace_write_chrome(arg, f); }
+
+sim_status cli_write_trace_json(const char *dir, sim_machine *m)
+{
+    return cli_artifact_write(dir, "trace.json", write_trace, m);
+}
+
+/* ======================================================================== */
+/* sharding dump                                                            */
+/* ======================================================================== */
+
+/* snprintf-style appender: *n counts what is needed, buf holds what fits. */
+static void put_text(char *buf, size_t cap, size_t *n, const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++, (*n)++)
+        if (*n + 1 < cap) buf[*n] = s[i];
+    if (cap) buf[*n + 1 < cap ? *n : cap - 1] = '\0';
+}
+
+int cli_dump_keystr(const char *path, char *buf, size_t cap)
+{
+    if (path[0] == '.') return snprintf(buf, cap, "%s", path);
+    size_t n = 0;
+    if (cap) buf[0] = '\0';
+    const char *prefix = ".params/['params']";
+    put_text(buf, cap, &n, prefix, strlen(prefix));
+    const char *s = path;
+    /* the leading "params" names the collection, which the prefix already says */
+    if (!strncmp(s, "params", 6) && (s[6] == '.' || s[6] == '/' || s[6] == '\0')) s += 6;
+    while (*s) {
+        while (*s == '.' || *s == '/') s++;
+        if (!*s) break;
+        size_t len = strcspn(s, "./");
+        put_text(buf, cap, &n, "/['", 3);
+        put_text(buf, cap, &n, s, len);
+        put_text(buf, cap, &n, "']", 2);
+        s += len;
+    }
+    return (int)n;
+}
+
+enum { KEY_CAP = 1024 };
+
+/* One leaf of the dump as written: key, entry (NULL for a scalar count/step). */
+typedef struct {
+    char key[KEY_CAP];
+    const cli_dump_param *p;  /* NULL: rank-0 leaf (.step, .count) */
+    int opt;                  /* an Adam moment: uses opt_spec when given */
+} leaf;
+
+/* Sort key of a parameter: its path components joined by '\x01', which sorts
+ * below every printable byte, so strcmp orders component by component as
+ * JAX flattens a dict (keys sorted). */
+typedef struct {
+    char sort[KEY_CAP];
+    char rel[KEY_CAP];  /* keystr after ".params/['params']" */
+    int index;
+} param_key;
+
+static int param_key_cmp(const void *a, const void *b)
+{
+    const param_key *x = a, *y = b;
+    int c = strcmp(x->sort, y->sort);
+    return c ? c : x->index - y->index;
+}
+
+static sim_status param_rel(const cli_dump_param *p, param_key *k)
+{
+    char key[KEY_CAP];
+    if (cli_dump_keystr(p->path, key, sizeof key) >= (int)sizeof key)
+        return sim_err(SIM_ERR_INPUT, "sharding dump: parameter path '%.200s...' is too long", p->path);
+    const char *prefix = ".params/['params']";
+    if (strncmp(key, prefix, strlen(prefix)))
+        return sim_err(SIM_ERR_INPUT,
+                       "sharding dump: '%s' is not a parameter; the train-state dump takes parameter paths "
+                       "(\"params.decoder...\" or \".params/['params']/...\")",
+                       p->path);
+    snprintf(k->rel, sizeof k->rel, "%s", key + strlen(prefix));
+    /* "/['a']/['b']" -> "a\x01b" */
+    size_t n = 0;
+    for (const char *s = k->rel; *s && n + 1 < sizeof k->sort;) {
+        if (!strncmp(s, "/['", 3)) {
+            if (n) k->sort[n++] = '\x01';
+            s += 3;
+        } else if (!strncmp(s, "']", 2)) {
+            s += 2;
+        } else {
+            k->sort[n++] = *s++;
+        }
+    }
+    k->sort[n] = '\0';
+    return SIM_OK;
+}
+
+/* The leaves in file order. */
+static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode, leaf **out, int *n_out)
+{
+    int cap = mode == CLI_DUMP_TRAIN_STATE ? 3 * n + 3 : n;
+    leaf *l = calloc((size_t)cap + 1, sizeof *l);
+    SIM_ASSERT(l);
+    int k = 0;
+    if (mode == CLI_DUMP_AS_GIVEN) {
+        for (int i = 0; i < n; i++) {
+            if (cli_dump_keystr(p[i].path, l[k].key, KEY_CAP) >= KEY_CAP) {
+                free(l);
+                return sim_err(SIM_ERR_INPUT, "sharding dump: path '%.200s...' is too long", p[i].path);
+            }
+            l[k++].p = &p[i];
+        }
+    } else {
+        param_key *pk = calloc((size_t)n + 1, sizeof *pk);
+        SIM_ASSERT(pk);
+        for (int i = 0; i < n; i++) {
+            sim_status st = param_rel(&p[i], &pk[i]);
+            if (st != SIM_OK) {
+                free(pk);
+                free(l);
+                return st;
+            }
+            pk[i].index = i;
+        }
+        qsort(pk, (size_t)n, sizeof *pk, param_key_cmp);
+        snprintf(l[k++].key, KEY_CAP, ".step");
+        static const char *const prefix[3] = {".params/['params']", ".opt_state/[0]/.mu/['params']",
+                                              ".opt_state/[0]/.nu/['params']"};
+        for (int part = 0; part < 3; part++) {
+            if (part == 1) snprintf(l[k++].key, KEY_CAP, ".opt_state/[0]/.count");
+            for (int i = 0; i < n; i++) {
+                snprintf(l[k].key, KEY_CAP, "%s%s", prefix[part], pk[i].rel);
+                l[k].p = &p[pk[i].index];
+                l[k].opt = part > 0;
+                k++;
+            }
+        }
+        snprintf(l[k++].key, KEY_CAP, ".opt_state/[2]/.count");
+        free(pk);
+    }
+    *out = l;
+    *n_out = k;
+    return SIM_OK;
+}
+
+static void jw_shape(jw *w, int rank, const int64_t *shape)
+{
+    jw_arr(w);
+    for (int d = 0; d < rank; d++) jw_int(w, (long long)shape[d]);
+    jw_arr_end(w);
+}
+
+static sim_status check_param(const leaf *l, const mesh_shape *m)
+{
+    const cli_dump_param *p = l->p;
+    const mesh_spec *s = l->opt && p->has_opt_spec ? &p->opt_spec : &p->spec;
+    if (p->rank < 0 || p->rank > MESH_SPEC_MAX_RANK)
+        return sim_err(SIM_ERR_INPUT, "sharding dump: '%s' has rank %d (at most %d)", l->key, p->rank,
+                       MESH_SPEC_MAX_RANK);
+    if (m && s->rank != p->rank)
+        return sim_err(SIM_ERR_INPUT, "sharding dump: '%s' has rank %d but its spec has %d dims", l->key,
+                       p->rank, s->rank);
+    if (m) {
+        sim_status st = mesh_spec_check(s, m);
+        if (st != SIM_OK) {
+            sim_err_append(" (sharding dump entry '%s')", l->key);
+            return st;
+        }
+    }
+    return SIM_OK;
+}
+
+static void jw_mesh(jw *w, const mesh_shape *m)
+{
+    jw_key(w, "mesh");
+    jw_obj(w);
+    jw_key(w, "axis_names");
+    jw_arr(w);
+    for (int a = 0; a < m->n_axes; a++) jw_str(w, m->names[a]);
+    jw_arr_end(w);
+    jw_key(w, "shape");
+    jw_obj(w);
+    for (int a = 0; a < m->n_axes; a++) {
+        jw_key(w, m->names[a]);
+        jw_int(w, m->sizes[a]);
+    }
+    jw_obj_end(w);
+    jw_obj_end(w);
+}
+
+/* named (m != NULL) or logical (m == NULL) shardings. */
+static sim_status dump_state(FILE *f, const mesh_shape *m, const cli_dump_param *p, int n, cli_dump_mode mode)
+{
+    leaf *l = NULL;
+    int nl = 0;
+    SIM_TRY(dump_leaves(p, n, mode, &l, &nl));
+    for (int i = 0; i < nl; i++) {
+        if (!l[i].p) continue;
+        sim_status st = check_param(&l[i], m);
+        if (st != SIM_OK) {
+            free(l);
+            return st;
+        }
+    }
+    jw w;
+    jw_init(&w, f);
+    jw_obj(&w);
+    for (int i = 0; i < nl; i++) {
+        const cli_dump_param *q = l[i].p;
+        int rank = q ? q->rank : 0;
+        jw_key(&w, l[i].key);
+        jw_obj(&w);
+        if (m) jw_mesh(&w, m);
+        jw_key(&w, "partition_spec");
+        jw_arr(&w);
+        if (m && q) {
+            const mesh_spec *s = l[i].opt && q->has_opt_spec ? &q->opt_spec : &q->spec;
+            for (int d = 0; d < rank; d++) {
+                if (s->n_axes[d] == 0) {
+                    jw_null(&w);
+                } else if (s->n_axes[d] == 1) {
+                    jw_str(&w, m->names[s->axes[d][0]]);
+                } else {
+                    jw_arr(&w);
+                    for (int j = 0; j < s->n_axes[d]; j++) jw_str(&w, m->names[s->axes[d][j]]);
+                    jw_arr_end(&w);
+                }
+            }
+        } else if (q) {
+            for (int d = 0; d < rank; d++) jw_str(&w, q->logical[d]);
+        }
+        jw_arr_end(&w);
+        jw_key(&w, "shape");
+        jw_shape(&w, rank, q ? q->shape : NULL);
+        jw_obj_end(&w);
+    }
+    jw_obj_end(&w);
+    jw_done(&w);
+    free(l);
+    return SIM_OK;
+}
+
+sim_status cli_dump_named(FILE *f, const mesh_shape *m, const cli_dump_param *p, int n, cli_dump_mode mode)
+{
+    SIM_ASSERT(m);
+    return dump_state(f, m, p, n, mode);
+}
+
+sim_status cli_dump_logical(FILE *f, const cli_dump_param *p, int n, cli_dump_mode mode)
+{
+    return dump_state(f, NULL, p, n, mode);
+}
+
+/* "deepseek/inputs: bfloat16[192,2048,2048]" */
+static void activation_key(const cli_dump_activation *a, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "%s: %s[", a->name, a->dtype);
+    for (int d = 0; d < a->rank && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? "," : "", (long long)a->shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Python repr of a tuple of str/None: ('a', None), ('a',), (). */
+static void logical_repr(const cli_dump_activation *a, char *buf, size_t cap)
+{
+    if (!a->logical_known) {
+        snprintf(buf, cap, "Unknown");
+        return;
+    }
+    size_t n = (size_t)snprintf(buf, cap, "(");
+    for (int d = 0; d < a->rank && n < cap; d++) {
+        if (a->logical[d]) n += (size_t)snprintf(buf + n, cap - n, "%s'%s'", d ? ", " : "", a->logical[d]);
+        else n += (size_t)snprintf(buf + n, cap - n, "%sNone", d ? ", " : "");
+    }
+    if (n < cap) snprintf(buf + n, cap - n, "%s)", a->rank == 1 ? "," : "");
+}
+
+sim_status cli_dump_inputs(FILE *f, const mesh_shape *m, const cli_dump_activation *a, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (a[i].rank < 0 || a[i].rank > MESH_SPEC_MAX_RANK)
+            return sim_err(SIM_ERR_INPUT, "sharding dump: activation '%s' has rank %d (at most %d)",
+                           a[i].name, a[i].rank, MESH_SPEC_MAX_RANK);
+        sim_status st = mesh_spec_check(&a[i].spec, m);
+        if (st != SIM_OK) {
+            sim_err_append(" (sharding dump activation '%s')", a[i].name);
+            return st;
+        }
+    }
+    char (*keys)[KEY_CAP] = calloc((size_t)n + 1, sizeof *keys);
+    SIM_ASSERT(keys);
+    jw w;
+    jw_init(&w, f);
+    jw_obj(&w);
+    jw_key(&w, "Activation Sharding Dump");
+    jw_arr(&w);
+    for (int i = 0; i < n; i++) {
+        activation_key(&a[i], keys[i], KEY_CAP);
+        int dup = 0;
+        for (int j = 0; j < i && !dup; j++) dup = !strcmp(keys[i], keys[j]);
+        if (dup) continue;
+        char logic[KEY_CAP], spec[KEY_CAP];
+        logical_repr(&a[i], logic, sizeof logic);
+        mesh_spec_format(&a[i].spec, m, spec, (int)sizeof spec);
+        jw_obj(&w);
+        jw_key(&w, keys[i]);
+        jw_obj(&w);
+        jw_key(&w, "logic_axes");
+        jw_str(&w, logic);
+        jw_key(&w, "PartitionSpec");
+        jw_str(&w, spec);
+        jw_obj_end(&w);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    jw_obj_end(&w);
+    jw_done(&w);
+    free(keys);
+    return SIM_OK;
+}
+
+typedef struct {
+    const mesh_shape *m;
+    const cli_dump_param *p;
+    int n;
+    cli_dump_mode mode;
+    const cli_dump_activation *a;
+    int na;
+} dump_args;
+
+static sim_status write_named(FILE *f, void *arg)
+{
+    const dump_args *d = arg;
+    return cli_dump_named(f, d->m, d->p, d->n, d->mode);
+}
+
+static sim_status write_logical(FILE *f, void *arg)
+{
+    const dump_args *d = arg;
+    return cli_dump_logical(f, d->p, d->n, d->mode);
+}
+
+static sim_status write_inputs(FILE *f, void *arg)
+{
+    const dump_args *d = arg;
+    return cli_dump_inputs(f, d->m, d->a, d->na);
+}
+
+sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const cli_dump_param *params,
+                                   int n_params, cli_dump_mode mode, const cli_dump_activation *acts,
+                                   int n_act)
+{
+    dump_args d = {m, params, n_params, mode, acts, n_act};
+    SIM_TRY(cli_artifact_write(dir, "named_shardings.json", write_named, &d));
+    SIM_TRY(cli_artifact_write(dir, "logical_shardings.json", write_logical, &d));
+    if (n_act >= 0) SIM_TRY(cli_artifact_write(dir, "input_shardings.json", write_inputs, &d));
+    return SIM_OK;
+}
+
+/* ======================================================================== */
+/* parity.json                                                              */
+/* ======================================================================== */
+
+static sim_status write_parity(FILE *f, void *arg)
+{
+    const cli_parity *p = arg;
+    jw w;
+    jw_init(&w, f);
+    jw_obj(&w);
+    jw_key(&w, "rtol");
+    jw_double(&w, p->rtol);
+    jw_key(&w, "reference");
+    jw_str(&w, p->n_configs ? p->configs[0].label : NULL);
+    jw_key(&w, "configs");
+    jw_arr(&w);
+    for (int c = 0; c < p->n_configs; c++) {
+        jw_obj_inline(&w);
+        jw_key(&w, "label");
+        jw_str(&w, p->configs[c].label);
+        jw_key(&w, "overrides");
+        jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    jw_key(&w, "steps");
+    jw_arr(&w);
+    double mx = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        int worst;
+        double r = cli_parity_step_diff(p, i, &worst);
+        if (r > mx) mx = r;
+        jw_obj_inline(&w);
+        jw_key(&w, "step");
+        jw_int(&w, p->first_step + i);
+        jw_key(&w, "losses");
+        jw_arr(&w);
+        for (int c = 0; c < p->n_configs; c++) jw_double(&w, p->configs[c].losses[i]);
+        jw_arr_end(&w);
+        jw_key(&w, "max_rel_diff");
+        jw_double(&w, r);
+        jw_key(&w, "worst_config");
+        jw_str(&w, p->n_configs > 1 && r > 0 ? p->configs[worst].label : NULL);
+        jw_key(&w, "pass");
+        jw_bool(&w, r <= p->rtol);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    int fail = cli_parity_first_failure(p);
+    int failed = fail >= 0 || p->diverge_step >= 0 || p->diverge_param;
+    jw_key(&w, "max_rel_diff");
+    jw_double(&w, mx);
+    jw_key(&w, "pass");
+    jw_bool(&w, !failed);
+    jw_key(&w, "first_diverging_step");
+    if (p->diverge_step >= 0) jw_int(&w, p->diverge_step);
+    else if (fail >= 0) jw_int(&w, p->first_step + fail);
+    else jw_null(&w);
+    jw_key(&w, "first_diverging_config");
+    int worst = 0;
+    if (fail >= 0) cli_parity_step_diff(p, fail, &worst);
+    if (p->diverge_config) jw_str(&w, p->diverge_config);
+    else if (fail >= 0 && worst > 0) jw_str(&w, p->configs[worst].label);
+    else jw_null(&w);
+    jw_key(&w, "first_diverging_param");
+    jw_str(&w, p->diverge_param);
+    jw_obj_end(&w);
+    jw_done(&w);
+    fputc('\n', f);
+    return SIM_OK;
+}
+
+sim_status cli_write_parity_json(const char *dir, const cli_parity *p)
+{
+    return cli_artifact_write(dir, "parity.json", write_parity, (void *)p);
+}

@@ -1,0 +1,227 @@
+/* parity.c — `shardsim parity`: one model, one data stream, several
+ * configurations (mesh, rules, shard mode, ...).  Each configuration trains
+ * the same steps; the losses of every step and every parameter gradient of
+ * every step are compared with the first configuration's.  The table of
+ * losses, the largest relative differences, and the verdict are printed; the
+ * exit code is 1 when any difference exceeds parity_rtol, naming the first
+ * step and the first parameter whose gradient diverged.
+ *
+ * When a configuration changes the device count and does not set
+ * per_device_batch_size itself, that value is scaled so the global batch
+ * stays the reference's (otherwise the runs would not see the same tokens). */
+#include "cli/cli.h"
+#include "cli/artifacts.h"
+#include "cli/common.h"
+#include "cli/report.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/train.h"
+
+enum { MAX_CONFIGS = 32, MAX_WORDS = 64 };
+
+typedef struct {
+    char label[320];
+    char text[1024];          /* the overrides as given */
+    char *words[MAX_WORDS];   /* split */
+    int n;
+} parity_cfg;
+
+static void split_configs(const char *spec, parity_cfg *c, int *n)
+{
+    *n = 0;
+    const char *p = spec;
+    while (*p && *n < MAX_CONFIGS) {
+        const char *semi = strchr(p, ';');
+        size_t len = semi ? (size_t)(semi - p) : strlen(p);
+        parity_cfg *pc = &c[(*n)++];
+        memset(pc, 0, sizeof *pc);
+        snprintf(pc->text, sizeof pc->text, "%.*s", (int)len, p);
+        char *save = NULL;
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", pc->text);
+        for (char *w = strtok_r(buf, " \t", &save); w && pc->n < MAX_WORDS; w = strtok_r(NULL, " \t", &save))
+            pc->words[pc->n++] = strdup(w);
+        snprintf(pc->label, sizeof pc->label, "%s", pc->n ? pc->text : "(base)");
+        p = semi ? semi + 1 : p + len;
+    }
+}
+
+static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const char *extra, mesh_cfg **cfg,
+                           model_def **def)
+{
+    const char *w[400];
+    int n = 0;
+    for (int i = 0; i < argc; i++) w[n++] = argv[i];
+    for (int i = 0; i < pc->n; i++) w[n++] = pc->words[i];
+    if (extra) w[n++] = extra;
+    SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, w, cfg));
+    *def = calloc(1, sizeof **def);
+    sim_status st = model_def_from_config(*cfg, *def);
+    if (st) {
+        free(*def);
+        *def = NULL;
+    }
+    return st;
+}
+
+static bool sets_pdbs(const parity_cfg *pc)
+{
+    for (int i = 0; i < pc->n; i++)
+        if (!strncmp(pc->words[i], "per_device_batch_size=", 22)) return true;
+    return false;
+}
+
+static double rel_norm(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num) / (sqrt(den) + 1e-30);
+}
+
+int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
+{
+    static const char *const own[] = {"configs"};
+    cli_args a;
+    sim_status st = cli_split_args(argc, argv, own, 1, &a);
+    if (st) return cli_fail(err, st);
+    const char *spec = cli_arg(&a, "configs");
+    if (!spec || !*spec) {
+        sim_err(SIM_ERR_INPUT, "parity needs configs=\"<overrides>;<overrides>;...\", e.g.\n"
+                               "  shardsim parity configs=\"ici_fsdp_parallelism=1;ici_fsdp_parallelism=8\"");
+        return cli_fail(err, SIM_ERR_INPUT);
+    }
+    parity_cfg *cfgs = calloc(MAX_CONFIGS, sizeof *cfgs);
+    int nc;
+    split_configs(spec, cfgs, &nc);
+    int rc = 0;
+    double **losses = calloc((size_t)nc, sizeof *losses);
+    cli_parity_config *pcs = calloc((size_t)nc, sizeof *pcs);
+    model_grads *ref = NULL;
+    long long steps = 0;
+    double rtol = 1e-4, worst_grad = 0;
+    int64_t ref_batch = 0;
+    int diverge_step = -1;
+    char diverge_param[MODEL_PATH_MAX] = "", diverge_cfg[320] = "", outdir[1024] = "";
+    for (int c = 0; c < nc && st == SIM_OK; c++) {
+        mesh_cfg *cfg = NULL;
+        model_def *def = NULL;
+        char pdbs[64];
+        st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], NULL, &cfg, &def);
+        if (st == SIM_OK && c > 0 && def->d.batch != ref_batch && !sets_pdbs(&cfgs[c])) {
+            snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%.17g", (double)ref_batch / def->mesh.num_devices);
+            model_def_free(def);
+            free(def);
+            mesh_cfg_free(cfg);
+            st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], pdbs, &cfg, &def);
+        }
+        model_data data;
+        memset(&data, 0, sizeof data);
+        data.fd = -1;
+        model_train_job job;
+        memset(&job, 0, sizeof job);
+        if (st == SIM_OK && c == 0) {
+            ref_batch = def->d.batch;
+            st = mesh_cfg_get_int(cfg, "steps", &steps);
+            if (!st) st = mesh_cfg_get_double(cfg, "parity_rtol", &rtol);
+            const char *od = NULL;
+            if (!st) st = mesh_cfg_get_str(cfg, "output_dir", &od);
+            if (od) snprintf(outdir, sizeof outdir, "%s", od);
+            if (!st) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
+                             steps, rtol);
+        }
+        if (st == SIM_OK && def->d.batch != ref_batch)
+            st = sim_err(SIM_ERR_INPUT, "configuration '%s' trains %lld rows per step, the reference %lld; set "
+                                        "per_device_batch_size so that the global batches agree",
+                         cfgs[c].label, (long long)def->d.batch, (long long)ref_batch);
+        if (st == SIM_OK && def->d.dry_run) st = sim_err(SIM_ERR_INPUT, "parity needs real numbers: drop dry_run=true");
+        if (st == SIM_OK) st = model_optim_from_config(cfg, &job.opt);
+        if (st == SIM_OK) st = model_data_from_config(cfg, &data);
+        sim_machine *m = NULL;
+        if (st == SIM_OK) st = model_machine_new(def, 0, false, &m);
+        if (st == SIM_OK) {
+            /* label: the mesh and the mode, which is what tells the runs apart */
+            char mesh[256];
+            cli_mesh_summary(&def->mesh, mesh, sizeof mesh);
+            char *paren = strstr(mesh, " (");
+            if (paren) *paren = '\0';
+            snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s %s", mesh,
+                     def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
+            fprintf(out, "[%d/%d] %-32s <- %s\n", c + 1, nc, cfgs[c].label, cfgs[c].n ? cfgs[c].text : "(no overrides)");
+            job.def = def;
+            job.data = &data;
+            job.steps = steps;
+            job.stats = calloc((size_t)steps, sizeof *job.stats);
+            job.step_grads = calloc((size_t)steps, sizeof *job.step_grads);
+            st = model_train(&job, m);
+            losses[c] = calloc((size_t)steps, sizeof **losses);
+            for (long long s = 0; s < steps; s++) losses[c][s] = job.stats[s].loss;
+            if (st == SIM_OK && c == 0) {
+                ref = job.step_grads;
+                job.step_grads = NULL;
+            } else if (st == SIM_OK) {
+                for (long long s = 0; s < steps; s++)
+                    for (int i = 0; i < def->nparams; i++) {
+                        double e = rel_norm(job.step_grads[s].g[i], ref[s].g[i],
+                                            ref[s].layer_elems[i] * ref[s].n_layers[i]);
+                        if (e > worst_grad) worst_grad = e;
+                        if (e > rtol && (diverge_step < 0 || s < diverge_step)) {
+                            diverge_step = (int)s;
+                            snprintf(diverge_param, sizeof diverge_param, "%s", def->defs[i].path);
+                            snprintf(diverge_cfg, sizeof diverge_cfg, "%s", cfgs[c].label);
+                        }
+                    }
+            }
+            if (job.step_grads)
+                for (long long s = 0; s < steps; s++) model_grads_free(&job.step_grads[s]);
+            free(job.step_grads);
+            free(job.stats);
+        }
+        pcs[c].label = cfgs[c].label;
+        pcs[c].overrides = cfgs[c].text;
+        pcs[c].losses = losses[c];
+        sim_machine_free(m);
+        model_data_close(&data);
+        if (def) {
+            model_def_free(def);
+            free(def);
+        }
+        mesh_cfg_free(cfg);
+    }
+    if (st) {
+        rc = cli_fail(err, st);
+    } else {
+        cli_parity p = {nc, pcs, (int)steps, 0, rtol, diverge_step, diverge_step >= 0 ? diverge_param : NULL,
+                        diverge_step >= 0 ? diverge_cfg : NULL};
+        fprintf(out, "\n");
+        cli_report_parity(out, &p);
+        fprintf(out, "largest relative gradient difference (norm per parameter, any step): %.3g\n", worst_grad);
+        bool fail = cli_parity_first_failure(&p) >= 0 || diverge_step >= 0;
+        if (diverge_step >= 0)
+            fprintf(out, "first diverging gradient: step %d, %s, in configuration '%s'\n", diverge_step, diverge_param,
+                    diverge_cfg);
+        if (*outdir) {
+            st = cli_write_parity_json(outdir, &p);
+            if (st) rc = cli_fail(err, st);
+        }
+        if (!rc) rc = fail ? 1 : 0;
+    }
+    if (ref) {
+        for (long long s = 0; s < steps; s++) model_grads_free(&ref[s]);
+        free(ref);
+    }
+    for (int c = 0; c < nc; c++) {
+        free(losses[c]);
+        for (int i = 0; i < cfgs[c].n; i++) free(cfgs[c].words[i]);
+    }
+    free(losses);
+    free(pcs);
+    free(cfgs);
+    return rc;
+}

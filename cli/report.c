@@ -1,0 +1,566 @@
+/* report.c — console output of a run: config box, step lines, progress bar,
+ * traffic table, memory table, parity table.
+ *
+ * The traffic pivot is built once from the records of every device (one pass,
+ * a short list of cells with per-device counters, the last cell hit cached
+ * because a device's consecutive records usually share a cell) and then both
+ * printed here and written to traffic.csv by artifacts.c.  Tables choose one
+ * unit per table (the one that keeps the largest value under 1024) so the
+ * columns line up and the unit can sit in the header. */
+#include "cli/report.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ======================================================================== */
+/* units                                                                    */
+/* ======================================================================== */
+
+typedef struct {
+    double div;
+    const char *name;
+} unit;
+
+/* The binary unit that puts `max` in [1, 1024) (bytes below 1 KiB stay B). */
+static unit unit_for(double max)
+{
+    static const char *names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    unit u = {1.0, names[0]};
+    for (int i = 1; i < 6 && max >= 1024.0 * u.div; i++) {
+        u.div *= 1024.0;
+        u.name = names[i];
+    }
+    return u;
+}
+
+static void put_repeat(FILE *f, char c, int n)
+{
+    for (int i = 0; i < n; i++) fputc(c, f);
+}
+
+/* ======================================================================== */
+/* config box                                                               */
+/* ======================================================================== */
+
+enum { BOX_VALUE_MAX = 72 };
+
+/* Length of the next wrapped piece of s (at most w bytes, broken after a
+ * space or comma when there is one in the second half). */
+static int wrap_piece(const char *s, int w)
+{
+    int len = (int)strlen(s);
+    if (len <= w) return len;
+    for (int i = w; i > w / 2; i--)
+        if (s[i - 1] == ' ' || s[i - 1] == ',') return i;
+    return w;
+}
+
+void cli_report_config_box(FILE *f, const char *title, const cli_kv *rows, int n)
+{
+    int kw = 0, vw = 1;
+    for (int i = 0; i < n; i++) {
+        int k = rows[i].key ? (int)strlen(rows[i].key) : 0;
+        int v = rows[i].value ? (int)strlen(rows[i].value) : 0;
+        if (k > kw) kw = k;
+        if (v > vw) vw = v;
+    }
+    if (vw > BOX_VALUE_MAX) vw = BOX_VALUE_MAX;
+    int inner = kw + vw + 3; /* "key | value" between the outer "| " and " |" */
+    int tl = title ? (int)strlen(title) : 0;
+    if (tl > inner) {
+        vw += tl - inner;
+        inner = tl;
+    }
+    fputc('+', f);
+    put_repeat(f, '-', inner + 2);
+    fputs("+\n", f);
+    if (title) {
+        fprintf(f, "| %-*s |\n", inner, title);
+        fputc('+', f);
+        put_repeat(f, '-', kw + 2);
+        fputc('+', f);
+        put_repeat(f, '-', vw + 2);
+        fputs("+\n", f);
+    }
+    for (int i = 0; i < n; i++) {
+        const char *k = rows[i].key ? rows[i].key : "";
+        const char *v = rows[i].value ? rows[i].value : "";
+        int first = 1;
+        do {
+            int p = wrap_piece(v, vw);
+            fprintf(f, "| %-*s | %-*.*s |\n", kw, first ? k : "", vw, p, v);
+            v += p;
+            while (*v == ' ') v++;
+            first = 0;
+        } while (*v);
+    }
+    fputc('+', f);
+    put_repeat(f, '-', kw + 2);
+    fputc('+', f);
+    put_repeat(f, '-', vw + 2);
+    fputs("+\n", f);
+}
+
+const char *cli_mesh_summary(const mesh_shape *m, char *buf, size_t cap)
+{
+    size_t n = 0;
+    if (cap) buf[0] = '\0';
+    for (int a = 0; a < m->n_axes; a++) {
+        if (m->sizes[a] <= 1 || n >= cap) continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s=%d", n ? " " : "", m->names[a], m->sizes[a]);
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, "%s%s%d device%s%s", n ? " " : "", n ? "(" : "", m->num_devices,
+                 m->num_devices == 1 ? "" : "s", n ? ")" : "");
+    return buf;
+}
+
+/* ======================================================================== */
+/* step lines                                                               */
+/* ======================================================================== */
+
+void cli_report_step_header(FILE *f)
+{
+    fprintf(f, "%6s %11s %11s %10s %9s %12s %12s\n", "step", "loss", "grad norm", "lr", "time (s)",
+            "tokens/s", "peak (MiB)");
+}
+
+void cli_report_step_line(FILE *f, const cli_step_metrics *s)
+{
+    char loss[32], gn[32];
+    if (s->dry) {
+        snprintf(loss, sizeof loss, "-");
+        snprintf(gn, sizeof gn, "-");
+    } else {
+        snprintf(loss, sizeof loss, "%.5f", s->loss);
+        snprintf(gn, sizeof gn, "%.4e", s->grad_norm);
+    }
+    fprintf(f, "%6d %11s %11s %10.3e %9.3f %12.0f %12.1f\n", s->step, loss, gn, s->lr, s->time_s,
+            s->tokens_per_s, (double)s->peak_bytes / (1024.0 * 1024.0));
+}
+
+/* ======================================================================== */
+/* progress                                                                 */
+/* ======================================================================== */
+
+enum { BAR_WIDTH = 30 };
+
+const char *cli_progress_format(double frac, const char *label, char *buf, size_t cap)
+{
+    if (!(frac >= 0)) frac = 0; /* NaN too */
+    if (frac > 1) frac = 1;
+    int fill = (int)(frac * BAR_WIDTH + 1e-9);
+    char bar[BAR_WIDTH + 1];
+    for (int i = 0; i < BAR_WIDTH; i++) bar[i] = i < fill ? '=' : ' ';
+    if (fill < BAR_WIDTH) bar[fill] = '>';
+    bar[BAR_WIDTH] = '\0';
+    snprintf(buf, cap, "[%s] %3d%%%s%s", bar, (int)(frac * 100 + 1e-9), label ? " " : "", label ? label : "");
+    return buf;
+}
+
+void cli_progress(FILE *f, double frac, const char *label)
+{
+    if (!f || !isatty(fileno(f))) return;
+    char buf[256];
+    /* \033[K clears what a longer previous label left on the line. */
+    fprintf(f, "\r%s\033[K", cli_progress_format(frac, label, buf, sizeof buf));
+    fflush(f);
+}
+
+void cli_progress_done(FILE *f)
+{
+    if (!f || !isatty(fileno(f))) return;
+    fputs("\r\033[K", f);
+    fflush(f);
+}
+
+/* ======================================================================== */
+/* records and the traffic pivot                                            */
+/* ======================================================================== */
+
+void cli_records_from_machine(sim_machine *m, cli_records *out)
+{
+    memset(out, 0, sizeof *out);
+    out->mesh = *sim_machine_mesh(m);
+    out->n_devices = sim_machine_num_devices(m);
+    for (int d = 0; d < out->n_devices; d++)
+        out->recs[d] = sim_device_records(sim_machine_device(m, d), &out->n[d]);
+}
+
+const char *cli_axes_text(const sim_mesh_desc *mesh, sim_axes axes, char *buf, size_t cap)
+{
+    size_t n = 0;
+    if (cap) buf[0] = '\0';
+    if (axes.n == 0) {
+        snprintf(buf, cap, "-");
+        return buf;
+    }
+    for (int i = 0; i < axes.n && n < cap; i++) {
+        int a = axes.axis[i];
+        const char *name = a >= 0 && a < mesh->naxes ? mesh->names[a] : "?";
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "+" : "", name);
+    }
+    return buf;
+}
+
+static int axes_cmp(sim_axes a, sim_axes b)
+{
+    if (a.n != b.n) return a.n < b.n ? -1 : 1;
+    for (int i = 0; i < a.n; i++)
+        if (a.axis[i] != b.axis[i]) return a.axis[i] < b.axis[i] ? -1 : 1;
+    return 0;
+}
+
+static int row_cmp(const void *pa, const void *pb)
+{
+    const cli_traffic_row *a = pa, *b = pb;
+    if (a->bytes != b->bytes) return a->bytes > b->bytes ? -1 : 1;
+    if (a->calls != b->calls) return a->calls > b->calls ? -1 : 1;
+    if (a->op != b->op) return a->op < b->op ? -1 : 1;
+    int c = axes_cmp(a->axes, b->axes);
+    if (c) return c;
+    if (a->phase != b->phase) return a->phase < b->phase ? -1 : 1;
+    return 0;
+}
+
+/* Per-device counters of one cell while building. */
+typedef struct {
+    cli_traffic_row row;
+    uint64_t *calls;  /* [n_devices] */
+    uint64_t *bytes;  /* [n_devices] */
+} cell;
+
+static void finish_row(cli_traffic_row *r, const uint64_t *calls, const uint64_t *bytes, int nd)
+{
+    r->calls_max = 0;
+    r->bytes_max = 0;
+    r->bytes_min = nd ? UINT64_MAX : 0;
+    for (int d = 0; d < nd; d++) {
+        if (calls[d] > r->calls_max) r->calls_max = calls[d];
+        if (bytes[d] > r->bytes_max) r->bytes_max = bytes[d];
+        if (bytes[d] < r->bytes_min) r->bytes_min = bytes[d];
+    }
+    r->bytes_mean = nd ? (double)r->bytes / nd : 0;
+}
+
+sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_traffic *out)
+{
+    memset(out, 0, sizeof *out);
+    out->mesh = recs->mesh;
+    out->n_devices = recs->n_devices;
+    out->steps = steps;
+    int nd = recs->n_devices, ncell = 0, cap = 0, last = -1;
+    cell *cells = NULL;
+    uint64_t *tot_calls = calloc((size_t)nd + 1, sizeof *tot_calls);
+    uint64_t *tot_bytes = calloc((size_t)nd + 1, sizeof *tot_bytes);
+    SIM_ASSERT(tot_calls && tot_bytes);
+    for (int d = 0; d < nd; d++) {
+        for (size_t i = 0; i < recs->n[d]; i++) {
+            const sim_record *r = &recs->recs[d][i];
+            if (r->step < steps.first || r->step > steps.last) continue;
+            int c = last;
+            if (c < 0 || cells[c].row.op != r->op || cells[c].row.phase != r->phase ||
+                axes_cmp(cells[c].row.axes, r->axes)) {
+                for (c = 0; c < ncell; c++)
+                    if (cells[c].row.op == r->op && cells[c].row.phase == r->phase &&
+                        !axes_cmp(cells[c].row.axes, r->axes))
+                        break;
+                if (c == ncell) {
+                    if (ncell == cap) {
+                        cap = cap ? 2 * cap : 16;
+                        cells = realloc(cells, (size_t)cap * sizeof *cells);
+                        SIM_ASSERT(cells);
+                    }
+                    memset(&cells[c], 0, sizeof cells[c]);
+                    cells[c].row.op = r->op;
+                    cells[c].row.phase = r->phase;
+                    cells[c].row.axes = r->axes;
+                    cells[c].calls = calloc((size_t)nd, sizeof(uint64_t));
+                    cells[c].bytes = calloc((size_t)nd, sizeof(uint64_t));
+                    SIM_ASSERT(cells[c].calls && cells[c].bytes);
+                    ncell++;
+                }
+                last = c;
+            }
+            cell *ce = &cells[c];
+            ce->row.calls++;
+            ce->row.bytes += r->bytes_sent;
+            ce->row.bytes_recv += r->bytes_recv;
+            ce->calls[d]++;
+            ce->bytes[d] += r->bytes_sent;
+            tot_calls[d]++;
+            tot_bytes[d] += r->bytes_sent;
+        }
+    }
+    out->n_rows = ncell;
+    out->rows = calloc((size_t)ncell + 1, sizeof *out->rows);
+    SIM_ASSERT(out->rows);
+    cli_traffic_row *t = &out->total;
+    for (int c = 0; c < ncell; c++) {
+        finish_row(&cells[c].row, cells[c].calls, cells[c].bytes, nd);
+        out->rows[c] = cells[c].row;
+        t->calls += cells[c].row.calls;
+        t->bytes += cells[c].row.bytes;
+        t->bytes_recv += cells[c].row.bytes_recv;
+        free(cells[c].calls);
+        free(cells[c].bytes);
+    }
+    free(cells);
+    finish_row(t, tot_calls, tot_bytes, nd);
+    t->share = t->bytes ? 1.0 : 0.0;
+    for (int c = 0; c < ncell; c++)
+        out->rows[c].share = t->bytes ? (double)out->rows[c].bytes / (double)t->bytes : 0.0;
+    qsort(out->rows, (size_t)ncell, sizeof *out->rows, row_cmp);
+    free(tot_calls);
+    free(tot_bytes);
+    return SIM_OK;
+}
+
+void cli_traffic_free(cli_traffic *t)
+{
+    free(t->rows);
+    t->rows = NULL;
+    t->n_rows = 0;
+}
+
+static const char *steps_text(cli_step_range s, char *buf, size_t cap)
+{
+    if (s.first == INT_MIN && s.last == INT_MAX) snprintf(buf, cap, "all steps");
+    else if (s.first == s.last) snprintf(buf, cap, "step %d", s.first);
+    else if (s.first == INT_MIN) snprintf(buf, cap, "steps <= %d", s.last);
+    else if (s.last == INT_MAX) snprintf(buf, cap, "steps >= %d", s.first);
+    else snprintf(buf, cap, "steps %d-%d", s.first, s.last);
+    return buf;
+}
+
+/* calls per device: an integer when every device made the same number. */
+static const char *per_dev_text(uint64_t total, int nd, char *buf, size_t cap)
+{
+    if (nd <= 0) snprintf(buf, cap, "0");
+    else if (total % (uint64_t)nd == 0) snprintf(buf, cap, "%llu", (unsigned long long)(total / (uint64_t)nd));
+    else snprintf(buf, cap, "%.2f", (double)total / nd);
+    return buf;
+}
+
+static void traffic_line(FILE *f, int aw, const char *op, const char *axes, const char *phase,
+                         const cli_traffic_row *r, int nd, unit u)
+{
+    char calls[32], max[32];
+    per_dev_text(r->calls, nd, calls, sizeof calls);
+    /* max only where devices differ */
+    if (r->bytes_max != r->bytes_min) snprintf(max, sizeof max, "%.3f", (double)r->bytes_max / u.div);
+    else snprintf(max, sizeof max, "-");
+    fprintf(f, "%-17s  %-*s  %-9s %10s %14.3f %14s %7.1f%%\n", op, aw, axes, phase, calls,
+            r->bytes_mean / u.div, max, 100.0 * r->share);
+}
+
+void cli_report_traffic(FILE *f, const cli_traffic *t)
+{
+    char sbuf[64], ax[256];
+    int aw = 4;
+    for (int i = 0; i < t->n_rows; i++) {
+        int l = (int)strlen(cli_axes_text(&t->mesh, t->rows[i].axes, ax, sizeof ax));
+        if (l > aw) aw = l;
+    }
+    double mx = t->total.bytes_max > 0 ? (double)t->total.bytes_max : 0;
+    unit u = unit_for(mx);
+    fprintf(f, "collective traffic, %s, %d device%s (bytes sent per device)\n",
+            steps_text(t->steps, sbuf, sizeof sbuf), t->n_devices, t->n_devices == 1 ? "" : "s");
+    char mean_h[32], max_h[32];
+    snprintf(mean_h, sizeof mean_h, "mean (%s)", u.name);
+    snprintf(max_h, sizeof max_h, "max (%s)", u.name);
+    fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s %8s\n", "op", aw, "axes", "phase", "calls/dev", mean_h,
+            max_h, "share");
+    put_repeat(f, '-', 17 + 2 + aw + 2 + 9 + 1 + 10 + 1 + 14 + 1 + 14 + 1 + 8);
+    fputc('\n', f);
+    for (int i = 0; i < t->n_rows; i++) {
+        const cli_traffic_row *r = &t->rows[i];
+        traffic_line(f, aw, sim_op_name(r->op), cli_axes_text(&t->mesh, r->axes, ax, sizeof ax),
+                     sim_phase_name(r->phase), r, t->n_devices, u);
+    }
+    put_repeat(f, '-', 17 + 2 + aw + 2 + 9 + 1 + 10 + 1 + 14 + 1 + 14 + 1 + 8);
+    fputc('\n', f);
+    traffic_line(f, aw, "total", "", "", &t->total, t->n_devices, u);
+}
+
+/* ======================================================================== */
+/* memory                                                                   */
+/* ======================================================================== */
+
+void cli_memory_collect(sim_machine *m, sim_arena_stats *stats)
+{
+    int nd = sim_machine_num_devices(m);
+    for (int d = 0; d < nd; d++) sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &stats[d]);
+}
+
+size_t cli_memory_max_peak(sim_machine *m)
+{
+    size_t mx = 0;
+    int nd = sim_machine_num_devices(m);
+    for (int d = 0; d < nd; d++) {
+        sim_arena_stats st;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &st);
+        if (st.peak > mx) mx = st.peak;
+    }
+    return mx;
+}
+
+static int same_memory_row(const sim_arena_stats *a, const sim_arena_stats *b)
+{
+    if (a->peak != b->peak || a->capacity != b->capacity) return 0;
+    for (int c = 0; c < SIM_NMEM; c++)
+        if (a->at_peak_by[c] != b->at_peak_by[c]) return 0;
+    return 1;
+}
+
+/* "0-3,8-11" from sorted ids. */
+static void ranges_text(const int *ids, int n, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && len < cap;) {
+        int j = i;
+        while (j + 1 < n && ids[j + 1] == ids[j] + 1) j++;
+        if (j == i) len += (size_t)snprintf(buf + len, cap - len, "%s%d", len ? "," : "", ids[i]);
+        else len += (size_t)snprintf(buf + len, cap - len, "%s%d-%d", len ? "," : "", ids[i], ids[j]);
+        i = j + 1;
+    }
+}
+
+void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices)
+{
+    enum { LABEL_CAP = 512 };
+    int *group = malloc(((size_t)n_devices + 1) * sizeof *group); /* group of each device */
+    int *ids = malloc(((size_t)n_devices + 1) * sizeof *ids);
+    char (*labels)[LABEL_CAP] = calloc((size_t)n_devices + 1, sizeof *labels);
+    int *lead = malloc(((size_t)n_devices + 1) * sizeof *lead); /* first device of each group */
+    SIM_ASSERT(group && ids && labels && lead);
+    int ng = 0;
+    double mx = 0;
+    int any_cap = 0;
+    for (int d = 0; d < n_devices; d++) {
+        group[d] = -1;
+        for (int g = 0; g < ng; g++)
+            if (same_memory_row(&stats[lead[g]], &stats[d])) {
+                group[d] = g;
+                break;
+            }
+        if (group[d] < 0) {
+            lead[ng] = d;
+            group[d] = ng++;
+        }
+        if ((double)stats[d].peak > mx) mx = (double)stats[d].peak;
+        if (stats[d].capacity > (size_t)mx) mx = (double)stats[d].capacity;
+        if (stats[d].capacity) any_cap = 1;
+    }
+    int lw = 7;
+    for (int g = 0; g < ng; g++) {
+        int n = 0;
+        for (int d = 0; d < n_devices; d++)
+            if (group[d] == g) ids[n++] = d;
+        ranges_text(ids, n, labels[g], LABEL_CAP);
+        if ((int)strlen(labels[g]) > lw) lw = (int)strlen(labels[g]);
+    }
+    unit u = unit_for(mx);
+    fprintf(f, "memory per device at its peak (%s)\n", u.name);
+    fprintf(f, "%-*s", lw, "devices");
+    for (int c = 0; c < SIM_NMEM; c++) fprintf(f, " %12s", sim_mem_cat_name((sim_mem_cat)c));
+    fprintf(f, " %12s", "peak");
+    if (any_cap) fprintf(f, " %12s", "capacity");
+    fputc('\n', f);
+    int width = lw + 13 * (SIM_NMEM + 1 + any_cap);
+    put_repeat(f, '-', width);
+    fputc('\n', f);
+    for (int g = 0; g < ng; g++) {
+        const sim_arena_stats *s = &stats[lead[g]];
+        fprintf(f, "%-*s", lw, labels[g]);
+        for (int c = 0; c < SIM_NMEM; c++) fprintf(f, " %12.3f", (double)s->at_peak_by[c] / u.div);
+        fprintf(f, " %12.3f", (double)s->peak / u.div);
+        if (any_cap) {
+            if (s->capacity) fprintf(f, " %12.3f", (double)s->capacity / u.div);
+            else fprintf(f, " %12s", "-");
+        }
+        fputc('\n', f);
+    }
+    free(group);
+    free(ids);
+    free(labels);
+    free(lead);
+}
+
+/* ======================================================================== */
+/* parity                                                                   */
+/* ======================================================================== */
+
+double cli_rel_diff(double loss, double ref)
+{
+    if (loss == ref) return 0.0;
+    if (!isfinite(loss) || !isfinite(ref)) return INFINITY;
+    if (ref == 0.0) return fabs(loss);
+    return fabs(loss - ref) / fabs(ref);
+}
+
+double cli_parity_step_diff(const cli_parity *p, int i, int *worst)
+{
+    double mx = 0.0;
+    int w = p->n_configs > 1 ? 1 : 0;
+    for (int c = 1; c < p->n_configs; c++) {
+        double r = cli_rel_diff(p->configs[c].losses[i], p->configs[0].losses[i]);
+        if (r > mx) {
+            mx = r;
+            w = c;
+        }
+    }
+    if (worst) *worst = w;
+    return mx;
+}
+
+int cli_parity_first_failure(const cli_parity *p)
+{
+    for (int i = 0; i < p->n_steps; i++)
+        if (cli_parity_step_diff(p, i, NULL) > p->rtol) return i;
+    return -1;
+}
+
+void cli_report_parity(FILE *f, const cli_parity *p)
+{
+    int cw = 12;
+    for (int c = 0; c < p->n_configs; c++) {
+        int l = p->configs[c].label ? (int)strlen(p->configs[c].label) : 0;
+        if (l > cw) cw = l;
+    }
+    fprintf(f, "parity: %d configuration%s, %d step%s, rtol %.1e, relative to '%s'\n", p->n_configs,
+            p->n_configs == 1 ? "" : "s", p->n_steps, p->n_steps == 1 ? "" : "s", p->rtol,
+            p->n_configs ? p->configs[0].label : "");
+    for (int c = 0; c < p->n_configs; c++)
+        fprintf(f, "  [%d] %s: %s\n", c, p->configs[c].label ? p->configs[c].label : "",
+                p->configs[c].overrides && *p->configs[c].overrides ? p->configs[c].overrides : "(defaults)");
+    fprintf(f, "%6s", "step");
+    for (int c = 0; c < p->n_configs; c++) fprintf(f, " %*s", cw, p->configs[c].label ? p->configs[c].label : "");
+    fprintf(f, " %13s\n", "max rel diff");
+    double mx = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        fprintf(f, "%6d", p->first_step + i);
+        for (int c = 0; c < p->n_configs; c++) fprintf(f, " %*.7f", cw, p->configs[c].losses[i]);
+        double r = cli_parity_step_diff(p, i, NULL);
+        if (r > mx) mx = r;
+        fprintf(f, " %13.2e%s\n", r, r > p->rtol ? " *" : "");
+    }
+    int fail = cli_parity_first_failure(p);
+    if (fail < 0 && p->diverge_step < 0 && !p->diverge_param) {
+        fprintf(f, "PASS: largest relative difference %.2e <= rtol %.1e\n", mx, p->rtol);
+        return;
+    }
+    int worst = 0;
+    int step = p->diverge_step >= 0 ? p->diverge_step : p->first_step + (fail >= 0 ? fail : 0);
+    double r = fail >= 0 ? cli_parity_step_diff(p, fail, &worst) : 0;
+    const char *cfg = p->diverge_config ? p->diverge_config
+                      : (worst > 0 && worst < p->n_configs ? p->configs[worst].label : NULL);
+    fprintf(f, "FAIL: first diverging step %d", step);
+    if (cfg) fprintf(f, " (config '%s')", cfg);
+    if (fail >= 0) fprintf(f, ", loss differs by %.2e > rtol %.1e", r, p->rtol);
+    if (p->diverge_param) fprintf(f, "; first diverging parameter: %s", p->diverge_param);
+    fputc('\n', f);
+}

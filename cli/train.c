@@ -1,0 +1,292 @@
+/* train.c — `shardsim train` and `shardsim dump`.
+ *
+ * train: load the config, define the model on its mesh, print the config
+ * box, train (one line per step), then the traffic table (op x mesh axes x
+ * phase) and the memory table (per device x category), and with output_dir
+ * the artifacts: run.json, metrics.json, collectives.csv, traffic.csv,
+ * trace.json and the MaxText sharding dump.  dump: the sharding dump alone,
+ * from a dry forward pass (shapes only). */
+#include "cli/cli.h"
+#include "cli/artifacts.h"
+#include "cli/common.h"
+#include "cli/report.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/train.h"
+
+typedef struct {
+    mesh_cfg *cfg;
+    model_def *def;
+} cli_model;
+
+static void model_close(cli_model *cm)
+{
+    if (cm->def) {
+        model_def_free(cm->def);
+        free(cm->def);
+    }
+    mesh_cfg_free(cm->cfg);
+    memset(cm, 0, sizeof *cm);
+}
+
+static sim_status model_open(int argc, char **argv, const char *const *extra, int n_extra, cli_model *cm)
+{
+    memset(cm, 0, sizeof *cm);
+    const char *words[300];
+    int n = 0;
+    for (int i = 0; i < argc && n < 280; i++) words[n++] = argv[i];
+    for (int i = 0; i < n_extra; i++) words[n++] = extra[i];
+    SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
+    cm->def = calloc(1, sizeof *cm->def);
+    sim_status st = model_def_from_config(cm->cfg, cm->def);
+    if (st) {
+        free(cm->def);
+        cm->def = NULL;
+    }
+    return st;
+}
+
+static const char *cfg_str(const mesh_cfg *c, const char *key)
+{
+    const char *s = NULL;
+    if (mesh_cfg_get_str(c, key, &s) != SIM_OK || !s) return "";
+    return s;
+}
+
+/* ------------------------------------------------------------ dump entries */
+
+static void dump_entries(const model_def *def, cli_dump_param *p, cli_dump_activation *a, int *na)
+{
+    for (int i = 0; i < def->nparams; i++) {
+        memset(&p[i], 0, sizeof p[i]);
+        p[i].path = def->defs[i].path;
+        p[i].rank = def->defs[i].rank;
+        for (int d = 0; d < p[i].rank; d++) {
+            p[i].shape[d] = def->defs[i].shape[d];
+            p[i].logical[d] = def->defs[i].logical[d];
+        }
+        p[i].spec = def->unpruned[i];
+    }
+    *na = def->nacts;
+    for (int i = 0; i < def->nacts; i++) {
+        const model_act *act = &def->acts[i];
+        memset(&a[i], 0, sizeof a[i]);
+        a[i].name = act->name;
+        a[i].dtype = "float32";
+        a[i].rank = act->rank;
+        a[i].logical_known = true;
+        for (int d = 0; d < act->rank; d++) {
+            a[i].shape[d] = act->shape[d];
+            a[i].logical[d] = act->logical[d][0] ? act->logical[d] : NULL;
+        }
+        a[i].spec = act->spec;
+    }
+}
+
+static sim_status write_dump(const char *dir, const model_def *def)
+{
+    cli_dump_param p[MODEL_MAX_PARAMS];
+    cli_dump_activation a[MODEL_MAX_ACTS];
+    int na;
+    dump_entries(def, p, a, &na);
+    return cli_write_sharding_dump(dir, &def->mesh, p, def->nparams, CLI_DUMP_TRAIN_STATE, a, na);
+}
+
+/* ------------------------------------------------------------ train */
+
+typedef struct {
+    FILE *out;
+    const model_def *def;
+    cli_step_metrics *metrics;
+} step_printer;
+
+static void print_step(const model_step_stats *s, void *arg)
+{
+    step_printer *sp = arg;
+    cli_step_metrics *m = &sp->metrics[s->step];
+    m->step = (int)s->step;
+    m->loss = s->loss;
+    m->grad_norm = s->grad_norm;
+    m->lr = s->lr;
+    m->time_s = s->time_s;
+    m->tokens_per_s = s->time_s > 0 ? (double)(sp->def->d.batch * sp->def->d.seq) / s->time_s : 0;
+    m->peak_bytes = s->peak_bytes;
+    m->dry = sp->def->d.dry_run;
+    cli_report_step_line(sp->out, m);
+    fflush(sp->out);
+}
+
+static void config_box(FILE *out, const cli_model *cm, long long steps)
+{
+    const model_def *def = cm->def;
+    const model_dims *d = &def->d;
+    char mesh[256], dims[256], batch[128], params[64], st[32];
+    cli_mesh_summary(&def->mesh, mesh, sizeof mesh);
+    snprintf(dims, sizeof dims, "emb %lld, heads %lld (kv %lld) x %lld, mlp %lld, layers %lld, vocab %lld",
+             (long long)d->emb, (long long)d->q_heads, (long long)d->kv_heads, (long long)d->head_dim, (long long)d->mlp,
+             (long long)d->layers, (long long)d->vocab);
+    snprintf(batch, sizeof batch, "%lld rows x %lld tokens (%lld loaded)", (long long)d->batch, (long long)d->seq,
+             (long long)d->rows_loaded);
+    snprintf(params, sizeof params, "%.2f M (%.1f MiB float32)", (double)model_param_bytes(def) / 4e6,
+             (double)model_param_bytes(def) / 1048576.0);
+    snprintf(st, sizeof st, "%lld", steps);
+    const char *custom = cfg_str(cm->cfg, "custom_mesh_and_rule");
+    cli_kv rows[] = {
+        {"model", d->model_name},
+        {"decoder", d->kind == MODEL_LLAMA2 ? "llama2" : "deepseek"},
+        {"mesh", mesh},
+        {"shard_mode", d->mode == MESH_MODE_EXPLICIT ? "explicit" : "auto"},
+        {"rules", *custom ? custom : "base"},
+        {"dims", dims},
+        {"parameters", params},
+        {"batch", batch},
+        {"steps", st},
+        {"remat_policy", d->remat_full ? "full" : "none"},
+        {"dataset", cfg_str(cm->cfg, "dataset_type")},
+        {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
+    };
+    cli_report_config_box(out, "shardsim train", rows, (int)(sizeof rows / sizeof rows[0]));
+}
+
+int cli_train(int argc, char **argv, FILE *out, FILE *err)
+{
+    cli_model cm;
+    sim_status st = model_open(argc, argv, NULL, 0, &cm);
+    if (st) {
+        int rc = cli_fail(err, st);
+        model_close(&cm);
+        return rc;
+    }
+    const model_def *def = cm.def;
+    long long steps, ckpt_period;
+    double hbm;
+    model_data data;
+    memset(&data, 0, sizeof data);
+    data.fd = -1;
+    model_train_job job;
+    memset(&job, 0, sizeof job);
+    if (!st) st = mesh_cfg_get_int(cm.cfg, "steps", &steps);
+    if (!st) st = mesh_cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm);
+    if (!st) st = mesh_cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period);
+    if (!st && steps < 1) st = sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps);
+    if (!st) st = model_optim_from_config(cm.cfg, &job.opt);
+    if (!st) st = model_data_from_config(cm.cfg, &data);
+    const char *outdir = cfg_str(cm.cfg, "output_dir");
+    if (!st && *outdir) st = cli_artifacts_mkdir(outdir);
+    if (st) {
+        int rc = cli_fail(err, st);
+        model_data_close(&data);
+        model_close(&cm);
+        return rc;
+    }
+    if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
+    config_box(out, &cm, steps);
+    sim_machine *m;
+    st = model_machine_new(def, hbm, *outdir != '\0', &m);
+    if (st) {
+        int rc = cli_fail(err, st);
+        model_data_close(&data);
+        model_close(&cm);
+        return rc;
+    }
+    cli_step_metrics *metrics = calloc((size_t)steps, sizeof *metrics);
+    step_printer sp = {out, def, metrics};
+    job.def = def;
+    job.data = &data;
+    job.steps = steps;
+    job.checkpoint_dir = cfg_str(cm.cfg, "checkpoint_dir");
+    job.checkpoint_period = ckpt_period;
+    job.load_path = cfg_str(cm.cfg, "load_parameters_path");
+    job.on_step = print_step;
+    job.cb_arg = &sp;
+    job.stats = calloc((size_t)steps, sizeof *job.stats);
+    fprintf(out, "\n");
+    cli_report_step_header(out);
+    st = model_train(&job, m);
+    int rc = 0;
+    if (st) {
+        rc = cli_fail(err, st);
+    } else {
+        cli_records recs;
+        cli_records_from_machine(m, &recs);
+        cli_traffic traffic;
+        memset(&traffic, 0, sizeof traffic);
+        st = cli_traffic_build(&recs, cli_steps_all(), &traffic);
+        int nd = sim_machine_num_devices(m);
+        sim_arena_stats *mem = calloc((size_t)nd, sizeof *mem);
+        cli_memory_collect(m, mem);
+        if (!st) {
+            fprintf(out, "\ntraffic over %lld step%s:\n", steps, steps > 1 ? "s" : "");
+            cli_report_traffic(out, &traffic);
+            fprintf(out, "\nmemory at peak:\n");
+            cli_report_memory(out, mem, nd);
+        }
+        if (!st && *outdir) {
+            cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0};
+            st = cli_write_run_json(outdir, &info);
+            if (!st) st = cli_write_metrics_json(outdir, metrics, (int)steps, mem, nd);
+            if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all());
+            if (!st) st = cli_write_traffic_csv(outdir, &traffic);
+            if (!st) st = cli_write_trace_json(outdir, m);
+            if (!st) st = write_dump(outdir, def);
+            if (!st) fprintf(out, "\nartifacts written to %s\n", outdir);
+        }
+        if (st) rc = cli_fail(err, st);
+        cli_traffic_free(&traffic);
+        free(mem);
+    }
+    free(job.stats);
+    free(metrics);
+    sim_machine_free(m);
+    model_data_close(&data);
+    model_close(&cm);
+    return rc;
+}
+
+/* ------------------------------------------------------------ dump */
+
+typedef struct {
+    const model_def *def;
+} dump_job;
+
+static sim_status dump_device(sim_device *dev, void *arg)
+{
+    dump_job *job = arg;
+    model_dev md;
+    SIM_TRY(model_dev_init(&md, job->def, dev, false, false));
+    model_batch b;
+    sim_status st = model_batch_load(&md, NULL, NULL, NULL, &b);
+    mesh_tape *t = mesh_tape_new(&md.ctx, false);
+    mesh_var *loss;
+    if (st == SIM_OK) st = model_loss(&md, t, &b, &loss);
+    mesh_tape_free(t);
+    if (b.tokens.rank) model_batch_free(&md, &b);
+    model_dev_free(&md);
+    return st;
+}
+
+int cli_dump(int argc, char **argv, FILE *out, FILE *err)
+{
+    const char *extra[] = {"dry_run=true"};
+    cli_model cm;
+    sim_status st = model_open(argc, argv, extra, 1, &cm);
+    const char *outdir = st ? "" : cfg_str(cm.cfg, "output_dir");
+    if (!st && !*outdir) st = sim_err(SIM_ERR_INPUT, "dump needs output_dir=DIR to write the sharding files into");
+    sim_machine *m = NULL;
+    if (!st) st = model_machine_new(cm.def, 0, false, &m);
+    dump_job job = {cm.def};
+    if (!st) st = sim_machine_run(m, dump_device, &job);
+    if (!st) st = write_dump(outdir, cm.def);
+    int rc = 0;
+    if (st)
+        rc = cli_fail(err, st);
+    else
+        fprintf(out, "wrote named_shardings.json, logical_shardings.json and input_shardings.json (%d parameters, %d "
+                     "activations) to %s\n",
+                cm.def->nparams, cm.def->nacts, outdir);
+    sim_machine_free(m);
+    model_close(&cm);
+    return rc;
+}

@@ -1,0 +1,148 @@
+/* ad.c — einsum, add and the constraint primitives on the tape (see ad.h). */
+#include "mesh/ad.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "mesh/ops.h"
+
+static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
+{
+    const char *layer = mesh_tape_ctx(t)->layer;
+    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
+    return buf;
+}
+
+/* ------------------------------------------------------------ einsum */
+
+/* "ab,bc->ac" -> the three index strings. */
+static sim_status split_sub(const char *sub, char *l, char *r, char *o)
+{
+    const char *comma = strchr(sub, ','), *arrow = strstr(sub, "->");
+    if (!comma || !arrow || arrow < comma || comma - sub > 15 || arrow - comma - 1 > 15 || strlen(arrow + 2) > 15)
+        return sim_err(SIM_ERR_INTERNAL, "einsum '%s': expected 'lhs,rhs->out'", sub);
+    snprintf(l, 16, "%.*s", (int)(comma - sub), sub);
+    snprintf(r, 16, "%.*s", (int)(arrow - comma - 1), comma + 1);
+    snprintf(o, 16, "%s", arrow + 2);
+    return SIM_OK;
+}
+
+static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *a = e->in[0], *b = e->in[1], *y = e->out[0];
+    char l[16], r[16], o[16], sub[64], tag[SIM_TAG_MAX];
+    SIM_TRY(split_sub(e->sub, l, r, o));
+    for (const char *p = l; *p; p++)
+        if (!strchr(o, *p) && !strchr(r, *p))
+            return sim_err(SIM_ERR_INTERNAL, "einsum '%s': no VJP for an index summed in one operand only", e->sub);
+    for (const char *p = r; *p; p++)
+        if (!strchr(o, *p) && !strchr(l, *p))
+            return sim_err(SIM_ERR_INTERNAL, "einsum '%s': no VJP for an index summed in one operand only", e->sub);
+    const char *layer = c->layer;
+    c->layer = e->tag;
+    sim_status st = SIM_OK;
+    if (a->needs_grad) {
+        mesh_array da;
+        snprintf(sub, sizeof sub, "%s,%s->%s", o, r, l);
+        st = mesh_einsum(c, sub, &y->grad, &b->val, NULL, "bwd_lhs", SIM_MEM_TEMP, &da, NULL);
+        if (st == SIM_OK) st = mesh_tape_accumulate(t, a, &da, tagof(t, "bwd_lhs", tag, sizeof tag));
+    }
+    if (st == SIM_OK && b->needs_grad) {
+        mesh_array db;
+        snprintf(sub, sizeof sub, "%s,%s->%s", l, o, r);
+        st = mesh_einsum(c, sub, &a->val, &y->grad, NULL, "bwd_rhs", SIM_MEM_TEMP, &db, NULL);
+        if (st == SIM_OK) st = mesh_tape_accumulate(t, b, &db, tagof(t, "bwd_rhs", tag, sizeof tag));
+    }
+    c->layer = layer;
+    return st;
+}
+
+sim_status mesh_ad_einsum(mesh_tape *t, const char *sub, mesh_var *a, mesh_var *b, const mesh_spec *out_sharding,
+                          const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *y = mesh_tape_var(t);
+    SIM_TRY(mesh_einsum(c, sub, &a->val, &b->val, out_sharding, name, SIM_MEM_ACTIVATIONS, &y->val, NULL));
+    char tag[SIM_TAG_MAX];
+    mesh_var *in[2] = {a, b};
+    mesh_entry *e = mesh_tape_record(t, einsum_vjp, tagof(t, name, tag, sizeof tag), 2, in, 1, &y);
+    if (e) snprintf(e->sub, sizeof e->sub, "%s", sub);
+    *out = y;
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ add */
+
+static sim_status add_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *a = e->in[0], *b = e->in[1], *y = e->out[0];
+    mesh_array da;
+    if (a->needs_grad) {
+        SIM_TRY(mesh_array_clone(c->dev, c->mesh, &y->grad, y->grad.name, SIM_MEM_TEMP, &da));
+        SIM_TRY(mesh_tape_accumulate(t, a, &da, e->tag));
+    }
+    mesh_array db = y->grad;
+    y->has_grad = false; /* moved */
+    return mesh_tape_accumulate(t, b, &db, e->tag);
+}
+
+sim_status mesh_ad_add(mesh_tape *t, mesh_var *a, mesh_var *b, const char *name, mesh_var **out)
+{
+    mesh_var *y = mesh_tape_var(t);
+    SIM_TRY(mesh_add(mesh_tape_ctx(t), &a->val, &b->val, name, &y->val));
+    char tag[SIM_TAG_MAX];
+    mesh_var *in[2] = {a, b};
+    mesh_tape_record(t, add_vjp, tagof(t, name, tag, sizeof tag), 2, in, 1, &y);
+    *out = y;
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ constraints */
+
+/* The cotangent goes back to the input unchanged (accumulate reshards it). */
+static sim_status identity_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array g = y->grad;
+    y->has_grad = false;
+    return mesh_tape_accumulate(t, x, &g, e->tag);
+}
+
+typedef sim_status (*inplace_fn)(mesh_ctx *, mesh_array *, const mesh_spec *, const char *);
+
+static sim_status resharded(mesh_tape *t, mesh_var *x, const mesh_spec *spec, const char *name, inplace_fn fn,
+                            mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_spec want;
+    SIM_TRY(mesh_spec_fit_rank(spec, x->val.rank, name, &want));
+    if (mesh_spec_equal(&x->val.spec, &want)) {
+        *out = x;
+        return SIM_OK;
+    }
+    mesh_var *y = mesh_tape_var(t);
+    SIM_TRY(mesh_array_clone(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
+    SIM_TRY(fn(c, &y->val, &want, name));
+    char tag[SIM_TAG_MAX];
+    mesh_tape_record(t, identity_vjp, tagof(t, name, tag, sizeof tag), 1, &x, 1, &y);
+    *out = y;
+    return SIM_OK;
+}
+
+sim_status mesh_ad_shard_as(mesh_tape *t, mesh_var *x, const mesh_spec *spec, const char *name, mesh_var **out)
+{
+    return resharded(t, x, spec, name, mesh_shard_as, out);
+}
+
+sim_status mesh_ad_constraint(mesh_tape *t, mesh_var *x, const mesh_spec *spec, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    if (c->mode == MESH_MODE_EXPLICIT) { /* an assert: nothing moves */
+        SIM_TRY(mesh_with_sharding_constraint(c, &x->val, spec, name));
+        *out = x;
+        return SIM_OK;
+    }
+    return resharded(t, x, spec, name, mesh_with_sharding_constraint, out);
+}

@@ -1,0 +1,589 @@
+/* nn.c — fused neural-network ops with sharding rules and VJPs (see nn.h).
+ *
+ * Conventions: `operand` copies an input into the sharding the kernel needs
+ * (never touching the tape's value); every op saves what its VJP needs with
+ * mesh_entry_save; cotangents arrive in the output's dims plus partial axes
+ * P, and since every VJP here is linear in the cotangent, the input
+ * cotangents simply carry P too (plus the axes the math adds). */
+#include "mesh/nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas_kernels/bk_activation.h"
+#include "blas_kernels/bk_attention.h"
+#include "blas_kernels/bk_embedding.h"
+#include "blas_kernels/bk_xent.h"
+#include "mesh/reshard.h"
+
+/* ------------------------------------------------------------ helpers */
+
+static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
+{
+    const char *layer = mesh_tape_ctx(t)->layer;
+    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
+    return buf;
+}
+
+sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec *spec, const char *tag,
+                           mesh_array *out, bool *owned)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    if (mesh_spec_equal(&src->spec, spec)) {
+        *out = *src;
+        *owned = false;
+        return SIM_OK;
+    }
+    SIM_TRY(mesh_array_clone(c->dev, c->mesh, src, src->name, SIM_MEM_ACTIVATIONS, out));
+    *owned = true;
+    sim_meta meta = {tag, c->mode == MESH_MODE_AUTO};
+    sim_status st = mesh_reshard(c->dev, c->mesh, out, spec, meta);
+    if (st) mesh_array_free(c->dev, out);
+    return st;
+}
+
+static void drop(mesh_tape *t, mesh_array *a, bool owned)
+{
+    if (owned) mesh_array_free(mesh_tape_ctx(t)->dev, a);
+}
+
+/* Saves a into e, or frees it now when nothing was recorded. */
+static void keep(mesh_tape *t, mesh_entry *e, const mesh_array *a, bool owned)
+{
+    if (e)
+        mesh_entry_save(e, a, owned);
+    else if (owned) {
+        mesh_array tmp = *a;
+        mesh_array_free(mesh_tape_ctx(t)->dev, &tmp);
+    }
+}
+
+static sim_axes dim_axes(const mesh_spec *s, int d)
+{
+    sim_axes a = sim_axes_none();
+    for (int i = 0; i < s->n_axes[d]; i++) a.axis[a.n++] = s->axes[d][i];
+    return a;
+}
+
+static void set_dim(mesh_spec *s, int d, const mesh_spec *from, int fd)
+{
+    s->n_axes[d] = from->n_axes[fd];
+    memcpy(s->axes[d], from->axes[fd], sizeof s->axes[d]);
+}
+
+static uint32_t axes_mask(sim_axes a)
+{
+    uint32_t m = 0;
+    for (int i = 0; i < a.n; i++) m |= 1u << a.axis[i];
+    return m;
+}
+
+static sim_status new_out(mesh_tape *t, const char *name, int rank, const int64_t *shape, const mesh_spec *spec,
+                          mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    *out = mesh_tape_var(t);
+    return mesh_array_new(c->dev, c->mesh, name, rank, shape, spec, SIM_F32, SIM_MEM_ACTIVATIONS, &(*out)->val);
+}
+
+/* A cotangent array (zeroed) in the temporaries category. */
+static sim_status new_cot(mesh_tape *t, const char *name, int rank, const int64_t *shape, const mesh_spec *spec,
+                          mesh_array *out)
+{
+    return mesh_tape_zeros(t, name, rank, shape, spec, SIM_MEM_TEMP, out);
+}
+
+static int64_t local_rows(const mesh_array *a) { return a->rank ? (int64_t)a->nlocal / a->local[a->rank - 1] : 1; }
+
+/* ------------------------------------------------------------ RMSNorm */
+
+static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *x = e->in[0], *scale = e->in[1], *y = e->out[0];
+    const mesh_array *xa = &e->saved[0], *sa = &e->saved[1], *rstd = &e->saved[2];
+    mesh_array *dy = &y->grad;
+    int r = xa->rank;
+    double E = e->f[0];
+    mesh_spec xs = xa->spec;
+    sim_axes xe = dim_axes(&xs, r - 1);
+    mesh_spec dxs = dy->spec; /* x dims + partial P */
+    mesh_array dx, dscale, dot;
+    SIM_TRY(new_cot(t, "rmsnorm/dx", r, xa->shape, &dxs, &dx));
+    mesh_spec ss;
+    mesh_spec_init(&ss, 1);
+    set_dim(&ss, 0, &xs, r - 1);
+    ss.partial = dy->spec.partial | (mesh_spec_dim_axes(&xs) & ~axes_mask(xe));
+    SIM_TRY(new_cot(t, "rmsnorm/dscale", 1, sa->shape, &ss, &dscale));
+    SIM_TRY(mesh_array_clone(c->dev, c->mesh, rstd, "rmsnorm/dot", SIM_MEM_TEMP, &dot));
+    int64_t N = local_rows(xa), C = xa->local[r - 1];
+    if (dy->data) {
+        const float *g = dy->data, *xv = xa->data, *sc = sa->data;
+        float *d = dot.data;
+        for (int64_t n = 0; n < N; n++) {
+            double acc = 0;
+            for (int64_t j = 0; j < C; j++) acc += (double)g[n * C + j] * sc[j] * xv[n * C + j];
+            d[n] = (float)acc;
+        }
+    }
+    char tag[SIM_TAG_MAX];
+    if (xe.n) SIM_TRY(sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe, sim_meta_tag(tagof(t, "rmsnorm/bwd_sum", tag, sizeof tag))));
+    if (dy->data) {
+        const float *g = dy->data, *xv = xa->data, *sc = sa->data, *rs = rstd->data, *d = dot.data;
+        float *o = dx.data;
+        double *acc = calloc((size_t)C, sizeof *acc);
+        for (int64_t n = 0; n < N; n++) {
+            double rr = rs[n], k = rr * rr * rr * d[n] / E;
+            for (int64_t j = 0; j < C; j++) {
+                o[n * C + j] = (float)(rr * g[n * C + j] * sc[j] - k * xv[n * C + j]);
+                acc[j] += (double)g[n * C + j] * xv[n * C + j] * rr;
+            }
+        }
+        float *ds = dscale.data;
+        for (int64_t j = 0; j < C; j++) ds[j] = (float)acc[j];
+        free(acc);
+    }
+    mesh_array_free(c->dev, &dot);
+    SIM_TRY(mesh_tape_accumulate(t, x, &dx, tagof(t, "rmsnorm/dx", tag, sizeof tag)));
+    return mesh_tape_accumulate(t, scale, &dscale, tagof(t, "rmsnorm/dscale", tag, sizeof tag));
+}
+
+sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double eps, const char *name, mesh_var **y)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    mesh_spec xs = x->val.spec;
+    xs.partial = 0;
+    mesh_array xa, sa, rstd;
+    bool xo, so;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &xs, tag, &xa, &xo));
+    int r = xa.rank;
+    int64_t E = xa.shape[r - 1];
+    mesh_spec ss;
+    mesh_spec_init(&ss, 1);
+    set_dim(&ss, 0, &xs, r - 1);
+    SIM_TRY(mesh_nn_operand(t, &scale->val, &ss, tag, &sa, &so));
+    SIM_TRY(new_out(t, name, r, xa.shape, &xs, y));
+    mesh_spec rs;
+    mesh_spec_init(&rs, r - 1);
+    for (int d = 0; d < r - 1; d++) set_dim(&rs, d, &xs, d);
+    SIM_TRY(mesh_array_new(c->dev, c->mesh, "rmsnorm/rstd", r - 1, xa.shape, &rs, SIM_F32, SIM_MEM_ACTIVATIONS, &rstd));
+    int64_t N = local_rows(&xa), C = xa.local[r - 1];
+    float *rv = rstd.data;
+    if (xa.data)
+        for (int64_t n = 0; n < N; n++) {
+            const float *row = (const float *)xa.data + n * C;
+            double acc = 0;
+            for (int64_t j = 0; j < C; j++) acc += (double)row[j] * row[j];
+            rv[n] = (float)acc;
+        }
+    sim_axes xe = dim_axes(&xs, r - 1);
+    if (xe.n) SIM_TRY(sim_all_reduce(c->dev, rstd.data, rstd.data, rstd.nlocal, SIM_F32, xe, sim_meta_tag(tag)));
+    if (xa.data) {
+        const float *sc = sa.data;
+        float *o = (*y)->val.data;
+        for (int64_t n = 0; n < N; n++) {
+            double rr = 1.0 / sqrt((double)rv[n] / (double)E + eps);
+            rv[n] = (float)rr;
+            const float *row = (const float *)xa.data + n * C;
+            for (int64_t j = 0; j < C; j++) o[n * C + j] = (float)(row[j] * rr) * sc[j];
+        }
+    }
+    mesh_var *in[2] = {x, scale};
+    mesh_entry *e = mesh_tape_record(t, rmsnorm_vjp, tag, 2, in, 1, y);
+    if (e) e->f[0] = (double)E;
+    keep(t, e, &xa, xo);
+    keep(t, e, &sa, so);
+    keep(t, e, &rstd, true);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ RoPE */
+
+typedef struct {
+    bk_rope_params p;
+} rope_payload;
+
+static sim_status rope_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    const mesh_array *pos = &e->saved[0];
+    const rope_payload *rp = e->payload;
+    mesh_array *dy = &y->grad, dx;
+    SIM_TRY(new_cot(t, "rope/dx", dy->rank, dy->shape, &dy->spec, &dx));
+    if (dy->data)
+        bk_rope_bwd(dx.data, dy->data, pos->data, (int)(dy->local[0] * dy->local[1]), (int)dy->local[2],
+                    (int)dy->local[3], (int)dy->local[3], &rp->p);
+    char tag[SIM_TAG_MAX];
+    return mesh_tape_accumulate(t, x, &dx, tagof(t, "rope/dx", tag, sizeof tag));
+}
+
+sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, const bk_rope_params *p,
+                        const char *name, mesh_var **y)
+{
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    mesh_spec xs = x->val.spec;
+    xs.n_axes[3] = 0; /* the rotated dim must be whole */
+    mesh_spec ps;
+    mesh_spec_init(&ps, 2);
+    set_dim(&ps, 0, &xs, 0);
+    set_dim(&ps, 1, &xs, 1);
+    mesh_array xa, pa;
+    bool xo, po;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &xs, tag, &xa, &xo));
+    SIM_TRY(mesh_nn_operand(t, positions, &ps, tag, &pa, &po));
+    SIM_TRY(new_out(t, name, 4, xa.shape, &xa.spec, y));
+    if (xa.data)
+        bk_rope_fwd((*y)->val.data, xa.data, pa.data, (int)(xa.local[0] * xa.local[1]), (int)xa.local[2],
+                    (int)xa.local[3], (int)xa.local[3], p);
+    drop(t, &xa, xo);
+    mesh_entry *e = mesh_tape_record(t, rope_vjp, tag, 1, &x, 1, y);
+    if (e) {
+        rope_payload *rp = malloc(sizeof *rp);
+        rp->p = *p;
+        e->payload = rp;
+        e->free_payload = free;
+    }
+    keep(t, e, &pa, po);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ attention */
+
+static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale)
+{
+    bk_attn_dims d;
+    memset(&d, 0, sizeof d);
+    d.B = (int)q->local[0];
+    d.Tq = (int)q->local[1];
+    d.Tk = (int)k->local[1];
+    d.Hq = (int)q->local[2];
+    d.Hkv = (int)k->local[2];
+    d.Dqk = (int)q->local[3];
+    d.Dv = (int)v->local[3];
+    d.scale = (float)scale;
+    return d;
+}
+
+static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *q = e->in[0], *k = e->in[1], *v = e->in[2], *y = e->out[0];
+    const mesh_array *qa = &e->saved[0], *ka = &e->saved[1], *va = &e->saved[2], *lse = &e->saved[3],
+                     *qp = &e->saved[4], *kp = &e->saved[5];
+    mesh_array *dy = &y->grad, dq, dk, dv;
+    uint32_t P = dy->spec.partial;
+    mesh_spec qs = qa->spec, ks = ka->spec, vs = va->spec;
+    qs.partial = P;
+    /* the key/value cotangents are partial over the axes that shard the queries' sequence */
+    uint32_t tmask = 0;
+    for (int i = 0; i < qa->spec.n_axes[1]; i++) tmask |= 1u << qa->spec.axes[1][i];
+    ks.partial = vs.partial = P | tmask;
+    SIM_TRY(new_cot(t, "attention/dq", 4, qa->shape, &qs, &dq));
+    SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
+    SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
+    if (dy->data) {
+        bk_attn_dims d = attn_dims(qa, ka, va, e->f[0]);
+        bk_attention_bwd(dq.data, dk.data, dv.data, dy->data, NULL, y->val.data, lse->data, qa->data, ka->data,
+                         va->data, qp->data, kp->data, &d);
+    }
+    char tag[SIM_TAG_MAX];
+    SIM_TRY(mesh_tape_accumulate(t, q, &dq, tagof(t, "attention/dq", tag, sizeof tag)));
+    SIM_TRY(mesh_tape_accumulate(t, k, &dk, tagof(t, "attention/dk", tag, sizeof tag)));
+    return mesh_tape_accumulate(t, v, &dv, tagof(t, "attention/dv", tag, sizeof tag));
+}
+
+sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
+                             double scale, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    mesh_spec qs = q->val.spec;
+    qs.partial = 0;
+    qs.n_axes[3] = 0;
+    int64_t hk = mesh_spec_dim_shards(&qs, c->mesh, 2), Hq = q->val.shape[2], Hkv = k->val.shape[2];
+    if (Hq % Hkv)
+        return sim_err(SIM_ERR_INPUT, "%s: %lld query heads are not a multiple of %lld kv heads", tag, (long long)Hq,
+                       (long long)Hkv);
+    if (Hkv % hk) {
+        char sp[128];
+        mesh_spec_format(&qs, c->mesh, sp, sizeof sp);
+        return sim_err(SIM_ERR_INPUT,
+                       "%s: the query heads are split %lld ways (%s) but there are only %lld kv heads; grouped-query "
+                       "attention needs the kv heads to split the same way. Use a mesh whose head-sharding axes "
+                       "(tensor) divide base_num_kv_heads=%lld, or more kv heads",
+                       tag, (long long)hk, sp, (long long)Hkv, (long long)Hkv);
+    }
+    mesh_spec ks;
+    mesh_spec_init(&ks, 4);
+    set_dim(&ks, 0, &qs, 0);
+    set_dim(&ks, 2, &qs, 2);
+    mesh_spec qps, kps;
+    mesh_spec_init(&qps, 2);
+    set_dim(&qps, 0, &qs, 0);
+    set_dim(&qps, 1, &qs, 1);
+    mesh_spec_init(&kps, 2);
+    set_dim(&kps, 0, &qs, 0);
+    mesh_array qa, ka, va, qp, kp, lse;
+    bool qo, ko, vo, qpo, kpo;
+    SIM_TRY(mesh_nn_operand(t, &q->val, &qs, tag, &qa, &qo));
+    SIM_TRY(mesh_nn_operand(t, &k->val, &ks, tag, &ka, &ko));
+    SIM_TRY(mesh_nn_operand(t, &v->val, &ks, tag, &va, &vo));
+    SIM_TRY(mesh_nn_operand(t, q_pos, &qps, tag, &qp, &qpo));
+    SIM_TRY(mesh_nn_operand(t, q_pos, &kps, tag, &kp, &kpo));
+    int64_t oshape[4] = {qa.shape[0], qa.shape[1], qa.shape[2], va.shape[3]};
+    SIM_TRY(new_out(t, name, 4, oshape, &qs, out));
+    int64_t lshape[3] = {qa.shape[0], qa.shape[2], qa.shape[1]};
+    mesh_spec ls;
+    mesh_spec_init(&ls, 3);
+    set_dim(&ls, 0, &qs, 0);
+    set_dim(&ls, 1, &qs, 2);
+    set_dim(&ls, 2, &qs, 1);
+    SIM_TRY(mesh_array_new(c->dev, c->mesh, "attention/lse", 3, lshape, &ls, SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
+    if (qa.data) {
+        bk_attn_dims d = attn_dims(&qa, &ka, &va, scale);
+        bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
+    }
+    mesh_var *in[3] = {q, k, v};
+    mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
+    if (e) e->f[0] = scale;
+    keep(t, e, &qa, qo);
+    keep(t, e, &ka, ko);
+    keep(t, e, &va, vo);
+    keep(t, e, &lse, true);
+    keep(t, e, &qp, qpo);
+    keep(t, e, &kp, kpo);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ embedding */
+
+static sim_status embed_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *table = e->in[0], *y = e->out[0];
+    const mesh_array *ta = &e->saved[0], *tok = &e->saved[1];
+    mesh_array *dy = &y->grad;
+    char tag[SIM_TAG_MAX];
+    tagof(t, "embed/dtable", tag, sizeof tag);
+    /* each vocab shard needs the whole cotangent of its rows: sum it over the vocab axes first */
+    uint32_t xv = 0;
+    for (int i = 0; i < ta->spec.n_axes[0]; i++) xv |= 1u << ta->spec.axes[0][i];
+    if (dy->spec.partial & xv) {
+        mesh_spec to = dy->spec;
+        to.partial &= ~xv;
+        SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &to, sim_meta_tag(tag)));
+    }
+    mesh_spec ds = ta->spec;
+    ds.partial = dy->spec.partial | mesh_spec_dim_axes(&tok->spec);
+    mesh_array dt;
+    SIM_TRY(new_cot(t, "embed/dtable", 2, ta->shape, &ds, &dt));
+    if (dy->data) {
+        mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+        mesh_spec_shard(&ta->spec, c->mesh, ta->shape, sim_device_id(c->dev), sh);
+        bk_embedding_bwd(dt.data, dy->data, tok->data, (int)tok->nlocal, (int)ta->local[1], (int)sh[0].offset,
+                         (int)ta->local[0]);
+    }
+    return mesh_tape_accumulate(t, table, &dt, tag);
+}
+
+sim_status mesh_nn_embed(mesh_tape *t, mesh_var *table, const mesh_array *tokens, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    /* axes that shard the tokens cannot also split the table: gather them out */
+    uint32_t used = mesh_spec_dim_axes(&tokens->spec);
+    mesh_spec ts = table->val.spec;
+    ts.partial = 0;
+    for (int d = 0; d < 2; d++) {
+        int n = 0;
+        for (int i = 0; i < ts.n_axes[d]; i++)
+            if (!(used & (1u << ts.axes[d][i]))) ts.axes[d][n++] = ts.axes[d][i];
+            else break; /* keep a prefix so blocks stay contiguous */
+        ts.n_axes[d] = n;
+    }
+    mesh_array ta;
+    bool to;
+    SIM_TRY(mesh_nn_operand(t, &table->val, &ts, tag, &ta, &to));
+    mesh_spec os;
+    mesh_spec_init(&os, 3);
+    set_dim(&os, 0, &tokens->spec, 0);
+    set_dim(&os, 1, &tokens->spec, 1);
+    set_dim(&os, 2, &ts, 1);
+    for (int i = 0; i < ts.n_axes[0]; i++) os.partial |= 1u << ts.axes[0][i];
+    int64_t shape[3] = {tokens->shape[0], tokens->shape[1], ta.shape[1]};
+    SIM_TRY(new_out(t, name, 3, shape, &os, out));
+    if (ta.data) {
+        mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+        mesh_spec_shard(&ts, c->mesh, ta.shape, sim_device_id(c->dev), sh);
+        bk_embedding_fwd((*out)->val.data, tokens->data, ta.data, (int)tokens->nlocal, (int)ta.local[1],
+                         (int)sh[0].offset, (int)ta.local[0]);
+    }
+    mesh_entry *e = mesh_tape_record(t, embed_vjp, tag, 1, &table, 1, out);
+    keep(t, e, &ta, to);
+    keep(t, e, tokens, false);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ cross-entropy */
+
+static sim_status xent_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *logits = e->in[0], *y = e->out[0];
+    const mesh_array *la = &e->saved[0], *tg = &e->saved[1], *lse = &e->saved[2];
+    mesh_array *dy = &y->grad, dl;
+    mesh_spec ds = la->spec;
+    ds.partial = dy->spec.partial;
+    SIM_TRY(new_cot(t, "xent/dlogits", 3, la->shape, &ds, &dl));
+    if (dy->data) {
+        mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+        mesh_spec_shard(&la->spec, c->mesh, la->shape, sim_device_id(c->dev), sh);
+        bk_xent_bwd_local(dl.data, dy->data, la->data, lse->data, tg->data, (int)tg->nlocal, (int)la->local[2],
+                          (int)sh[2].offset, (float)e->f[0]);
+    }
+    char tag[SIM_TAG_MAX];
+    return mesh_tape_accumulate(t, logits, &dl, tagof(t, "xent/dlogits", tag, sizeof tag));
+}
+
+sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *targets, double z_loss, const char *name,
+                        mesh_var **loss)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    mesh_spec ls = logits->val.spec;
+    ls.partial = 0;
+    mesh_spec ts;
+    mesh_spec_init(&ts, 2);
+    set_dim(&ts, 0, &ls, 0);
+    set_dim(&ts, 1, &ls, 1);
+    mesh_array la, tg, lse;
+    bool lo, tgo;
+    SIM_TRY(mesh_nn_operand(t, &logits->val, &ls, tag, &la, &lo));
+    SIM_TRY(mesh_nn_operand(t, targets, &ts, tag, &tg, &tgo));
+    SIM_TRY(new_out(t, name, 2, targets->shape, &ts, loss));
+    SIM_TRY(mesh_array_new(c->dev, c->mesh, "xent/lse", 2, targets->shape, &ts, SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
+    sim_axes xv = dim_axes(&ls, 2);
+    int k = sim_mesh_group_size(sim_machine_mesh(sim_device_machine(c->dev)), xv);
+    int64_t N = (int64_t)tg.nlocal, V = la.local[2];
+    /* scratch: k gathered row maxima, then [sum of exp, target logit] per row */
+    size_t scratch = (size_t)(k + 2) * (size_t)N * sizeof(float);
+    float *m = NULL;
+    SIM_TRY(sim_arena_alloc(sim_device_arena(c->dev), scratch, SIM_MEM_TEMP, "xent/scratch", false, (void **)&m));
+    float *st = m ? m + N * k : NULL;
+    mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+    mesh_spec_shard(&ls, c->mesh, la.shape, sim_device_id(c->dev), sh);
+    float *mloc = NULL;
+    if (la.data) {
+        mloc = malloc((size_t)N * sizeof *mloc);
+        bk_xent_row_max(mloc, la.data, (int)N, (int)V);
+    }
+    if (xv.n) {
+        /* global row max: gather every shard's maxima (k floats per row) and take the largest */
+        SIM_TRY(sim_all_gather(c->dev, mloc, m, (size_t)N, SIM_F32, xv, sim_meta_tag(tag)));
+        if (la.data)
+            for (int64_t n = 0; n < N; n++) {
+                float best = m[n];
+                for (int q = 1; q < k; q++) best = fmaxf(best, m[(int64_t)q * N + n]);
+                mloc[n] = best;
+            }
+    }
+    if (la.data) {
+        bk_xent_row_sumexp(st, la.data, mloc, (int)N, (int)V);
+        bk_xent_pick_target(st + N, la.data, tg.data, (int)N, (int)V, (int)sh[2].offset);
+    }
+    if (xv.n) SIM_TRY(sim_all_reduce(c->dev, st, st, 2 * (size_t)N, SIM_F32, xv, sim_meta_tag(tag)));
+    if (la.data) bk_xent_combine((*loss)->val.data, lse.data, mloc, st, st + N, (int)N, (float)z_loss);
+    free(mloc);
+    sim_arena_release(sim_device_arena(c->dev), m, scratch, SIM_MEM_TEMP);
+    mesh_entry *e = mesh_tape_record(t, xent_vjp, tag, 1, &logits, 1, loss);
+    if (e) e->f[0] = z_loss;
+    keep(t, e, &la, lo);
+    keep(t, e, &tg, tgo);
+    keep(t, e, &lse, true);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ SwiGLU */
+
+static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *gate = e->in[0], *up = e->in[1], *y = e->out[0];
+    const mesh_array *ga = &e->saved[0], *ua = &e->saved[1];
+    mesh_array *dy = &y->grad, dg, du;
+    SIM_TRY(new_cot(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
+    SIM_TRY(new_cot(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
+    if (dy->data) bk_swiglu_bwd(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+    char tag[SIM_TAG_MAX];
+    SIM_TRY(mesh_tape_accumulate(t, gate, &dg, tagof(t, "swiglu/dgate", tag, sizeof tag)));
+    return mesh_tape_accumulate(t, up, &du, tagof(t, "swiglu/dup", tag, sizeof tag));
+}
+
+sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out)
+{
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    mesh_spec s = gate->val.spec;
+    s.partial = 0;
+    mesh_array ga, ua;
+    bool go, uo;
+    SIM_TRY(mesh_nn_operand(t, &gate->val, &s, tag, &ga, &go));
+    SIM_TRY(mesh_nn_operand(t, &up->val, &s, tag, &ua, &uo));
+    SIM_TRY(new_out(t, name, ga.rank, ga.shape, &s, out));
+    if (ga.data) bk_swiglu_fwd((*out)->val.data, ga.data, ua.data, ga.nlocal);
+    mesh_var *in[2] = {gate, up};
+    mesh_entry *e = mesh_tape_record(t, swiglu_vjp, tag, 2, in, 1, out);
+    keep(t, e, &ga, go);
+    keep(t, e, &ua, uo);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ mean */
+
+static sim_status mean_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad, dx;
+    mesh_spec s = x->val.spec;
+    s.partial = dy->spec.partial & ~mesh_spec_dim_axes(&s);
+    SIM_TRY(new_cot(t, "mean/dx", x->val.rank, x->val.shape, &s, &dx));
+    if (dx.data) {
+        float g = (float)(((const float *)dy->data)[0] / e->f[0]);
+        float *o = dx.data;
+        for (size_t i = 0; i < dx.nlocal; i++) o[i] = g;
+    }
+    char tag[SIM_TAG_MAX];
+    return mesh_tape_accumulate(t, x, &dx, tagof(t, "mean/dx", tag, sizeof tag));
+}
+
+sim_status mesh_nn_mean(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    double count = 1;
+    for (int d = 0; d < x->val.rank; d++) count *= (double)x->val.shape[d];
+    mesh_spec s;
+    mesh_spec_init(&s, 0);
+    /* the local sum is one addend per block: partial over the axes that split x (and x's own partial axes) */
+    s.partial = mesh_spec_dim_axes(&x->val.spec) | x->val.spec.partial;
+    SIM_TRY(new_out(t, name, 0, NULL, &s, out));
+    if (x->val.data) {
+        double acc = 0;
+        const float *v = x->val.data;
+        for (size_t i = 0; i < x->val.nlocal; i++) acc += v[i];
+        ((float *)(*out)->val.data)[0] = (float)(acc / count);
+    }
+    mesh_spec full;
+    mesh_spec_init(&full, 0);
+    SIM_TRY(mesh_reshard(c->dev, c->mesh, &(*out)->val, &full, sim_meta_tag(tag)));
+    mesh_entry *e = mesh_tape_record(t, mean_vjp, tag, 1, &x, 1, out);
+    if (e) e->f[0] = count;
+    return SIM_OK;
+}

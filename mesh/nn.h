@@ -1,0 +1,56 @@
+/* nn.h — the fused neural-network ops of the models, as sharded ops with
+ * their VJPs on the tape: RMSNorm, RoPE, attention, embedding lookup,
+ * cross-entropy, SwiGLU and the token mean of the loss.
+ *
+ * Each op states which shardings its local kernel needs, reshards its
+ * operands to them (collectives tagged ctx->layer/op; implicit in auto mode
+ * where the operand came in another sharding), runs the blas_kernels kernel
+ * on the local shards with whatever cross-device sums the math needs, and
+ * records a VJP whose cotangents carry partial axes where the math leaves
+ * them partial.  Arrays without data (dry run) skip the kernels but move and
+ * count the same bytes. */
+#ifndef MESH_NN_H
+#define MESH_NN_H
+
+#include "blas_kernels/bk_rope.h"
+#include "mesh/tape.h"
+
+/* y = x * rsqrt(mean(x^2, last dim) + eps) * scale.  The last dim may be
+ * sharded (the sum of squares is then all-reduced over its axes). */
+sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double eps, const char *name, mesh_var **y);
+
+/* Rotary embedding of x (B, T, H, D) at positions (B, T) int32; D is
+ * gathered if sharded, positions follow x's (B, T) sharding. */
+sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, const bk_rope_params *p,
+                        const char *name, mesh_var **y);
+
+/* Causal GQA attention: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv),
+ * mask k_pos <= q_pos.  q keeps its (B, T, H) sharding; k and v are brought
+ * to q's batch and head sharding with the sequence gathered (context
+ * parallelism: K/V all-gathered over the axes that shard T).  Kv heads must
+ * be divisible by the number of head shards (else a clear error). */
+sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
+                             double scale, const char *name, mesh_var **out);
+
+/* out (B, T, E) = table[tokens]: table (V, E) may be sharded on V (the
+ * lookup is then partial over those axes) and E; axes that also shard the
+ * tokens are gathered out of the table first. */
+sim_status mesh_nn_embed(mesh_tape *t, mesh_var *table, const mesh_array *tokens, const char *name, mesh_var **out);
+
+/* Per-token loss (B, T) = logsumexp - logit[target] + z * logsumexp^2 for
+ * logits (B, T, V), V possibly sharded (no full-vocab gather). */
+sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *targets, double z_loss, const char *name,
+                        mesh_var **loss);
+
+/* out = silu(gate) * up (same sharding; up follows gate). */
+sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out);
+
+/* Scalar mean over every element of x (all axes reduced; result replicated). */
+sim_status mesh_nn_mean(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out);
+
+/* Brings an array to `spec` as a new array (a copy, never touching src);
+ * *owned tells whether the caller must free it. */
+sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec *spec, const char *tag,
+                           mesh_array *out, bool *owned);
+
+#endif

@@ -1,0 +1,230 @@
+/* tape.c — the autodiff tape (see tape.h). */
+#include "mesh/tape.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mesh/reshard.h"
+
+struct mesh_tape {
+    mesh_ctx *ctx;
+    bool recording;
+    mesh_var **vars;
+    int nvars, capvars;
+    mesh_entry **entries;
+    int nentries, capentries;
+};
+
+mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording)
+{
+    mesh_tape *t = calloc(1, sizeof *t);
+    SIM_ASSERT(t);
+    t->ctx = ctx;
+    t->recording = recording;
+    return t;
+}
+
+mesh_ctx *mesh_tape_ctx(mesh_tape *t) { return t->ctx; }
+bool mesh_tape_recording(const mesh_tape *t) { return t->recording; }
+
+static void free_grad(mesh_tape *t, mesh_var *v)
+{
+    if (v->has_grad) mesh_array_free(t->ctx->dev, &v->grad);
+    v->has_grad = false;
+}
+
+static void free_entry(mesh_tape *t, mesh_entry *e)
+{
+    for (int i = 0; i < e->nsaved; i++)
+        if (e->saved_owned[i]) mesh_array_free(t->ctx->dev, &e->saved[i]);
+    if (e->payload && e->free_payload) e->free_payload(e->payload);
+    free(e);
+}
+
+void mesh_tape_free(mesh_tape *t)
+{
+    if (!t) return;
+    for (int i = t->nentries - 1; i >= 0; i--) free_entry(t, t->entries[i]);
+    for (int i = t->nvars - 1; i >= 0; i--) {
+        mesh_var *v = t->vars[i];
+        free_grad(t, v);
+        if (v->owned) mesh_array_free(t->ctx->dev, &v->val);
+        free(v);
+    }
+    free(t->entries);
+    free(t->vars);
+    free(t);
+}
+
+static mesh_var *add_var(mesh_tape *t)
+{
+    if (t->nvars == t->capvars) {
+        t->capvars = t->capvars ? 2 * t->capvars : 64;
+        t->vars = realloc(t->vars, (size_t)t->capvars * sizeof *t->vars);
+        SIM_ASSERT(t->vars);
+    }
+    mesh_var *v = calloc(1, sizeof *v);
+    SIM_ASSERT(v);
+    v->id = t->nvars;
+    t->vars[t->nvars++] = v;
+    return v;
+}
+
+mesh_var *mesh_tape_input(mesh_tape *t, const mesh_array *val, bool needs_grad)
+{
+    mesh_var *v = add_var(t);
+    v->val = *val;
+    v->needs_grad = needs_grad;
+    return v;
+}
+
+mesh_var *mesh_tape_param(mesh_tape *t, const mesh_array *val, mesh_array *sink)
+{
+    mesh_var *v = mesh_tape_input(t, val, sink != NULL);
+    v->sink = sink;
+    return v;
+}
+
+mesh_var *mesh_tape_var(mesh_tape *t)
+{
+    mesh_var *v = add_var(t);
+    v->owned = true;
+    return v;
+}
+
+mesh_array mesh_tape_take(mesh_tape *t, mesh_var *v)
+{
+    (void)t;
+    mesh_array a = v->val;
+    v->owned = false;
+    memset(&v->val, 0, sizeof v->val);
+    return a;
+}
+
+mesh_entry *mesh_tape_record(mesh_tape *t, mesh_vjp_fn vjp, const char *tag, int nin, mesh_var *const *in, int nout,
+                             mesh_var *const *out)
+{
+    SIM_ASSERT(nin <= MESH_ENTRY_MAX_IN && nout <= 2);
+    bool need = false;
+    for (int i = 0; i < nin; i++) need |= in[i] && in[i]->needs_grad;
+    if (!t->recording || !need) return NULL;
+    for (int i = 0; i < nout; i++) out[i]->needs_grad = true;
+    if (t->nentries == t->capentries) {
+        t->capentries = t->capentries ? 2 * t->capentries : 64;
+        t->entries = realloc(t->entries, (size_t)t->capentries * sizeof *t->entries);
+        SIM_ASSERT(t->entries);
+    }
+    mesh_entry *e = calloc(1, sizeof *e);
+    SIM_ASSERT(e);
+    e->vjp = vjp;
+    snprintf(e->tag, sizeof e->tag, "%s", tag);
+    e->nin = nin;
+    e->nout = nout;
+    for (int i = 0; i < nin; i++) e->in[i] = in[i];
+    for (int i = 0; i < nout; i++) e->out[i] = out[i];
+    t->entries[t->nentries++] = e;
+    return e;
+}
+
+void mesh_entry_save(mesh_entry *e, const mesh_array *a, bool owned)
+{
+    SIM_ASSERT(e->nsaved < MESH_ENTRY_MAX_SAVED);
+    e->saved[e->nsaved] = *a;
+    e->saved_owned[e->nsaved++] = owned;
+}
+
+sim_status mesh_tape_zeros(mesh_tape *t, const char *name, int rank, const int64_t *shape, const mesh_spec *spec,
+                           sim_mem_cat cat, mesh_array *out)
+{
+    return mesh_array_new(t->ctx->dev, t->ctx->mesh, name, rank, shape, spec, SIM_F32, cat, out);
+}
+
+void mesh_local_add(mesh_array *y, const mesh_array *x)
+{
+    SIM_ASSERT(y->nlocal == x->nlocal);
+    if (!y->data || !x->data) return;
+    float *a = y->data;
+    const float *b = x->data;
+    for (size_t i = 0; i < y->nlocal; i++) a[i] += b[i];
+}
+
+/* g resharded to spec `to` (dims and partial set). */
+static sim_status reshard_to(mesh_tape *t, mesh_array *g, const mesh_spec *to, const char *tag)
+{
+    if (mesh_spec_equal(&g->spec, to)) return SIM_OK;
+    return mesh_reshard(t->ctx->dev, t->ctx->mesh, g, to, sim_meta_tag(tag));
+}
+
+sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const char *tag)
+{
+    if (!v->needs_grad) {
+        mesh_array_free(t->ctx->dev, g);
+        return SIM_OK;
+    }
+    /* a parameter's gradient reduction is reported under the parameter */
+    char leaf_tag[SIM_TAG_MAX];
+    if (v->sink) {
+        snprintf(leaf_tag, sizeof leaf_tag, "grad/%.80s", v->sink->name);
+        tag = leaf_tag;
+    }
+    /* the gradient keeps the value's dims; partial axes the value does not shard stay partial */
+    mesh_spec to = v->val.spec;
+    uint32_t dims = mesh_spec_dim_axes(&v->val.spec);
+    to.partial = (g->spec.partial & ~dims) | (v->has_grad ? v->grad.spec.partial : 0);
+    sim_status st = reshard_to(t, g, &to, tag);
+    if (st == SIM_OK && v->has_grad) st = reshard_to(t, &v->grad, &to, tag); /* widening: free make-partial */
+    if (st != SIM_OK) {
+        mesh_array_free(t->ctx->dev, g);
+        return st;
+    }
+    if (!v->has_grad) {
+        v->grad = *g;
+        v->has_grad = true;
+        return SIM_OK;
+    }
+    mesh_local_add(&v->grad, g);
+    mesh_array_free(t->ctx->dev, g);
+    return SIM_OK;
+}
+
+static sim_status flush_leaves(mesh_tape *t)
+{
+    for (int i = 0; i < t->nvars; i++) {
+        mesh_var *v = t->vars[i];
+        if (!v->sink || !v->has_grad) continue;
+        char tag[SIM_TAG_MAX];
+        snprintf(tag, sizeof tag, "grad/%.80s", v->sink->name);
+        SIM_TRY(reshard_to(t, &v->grad, &v->sink->spec, tag));
+        mesh_local_add(v->sink, &v->grad);
+        free_grad(t, v);
+    }
+    return SIM_OK;
+}
+
+sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
+{
+    mesh_mode saved = t->ctx->mode;
+    t->ctx->mode = MESH_MODE_AUTO;
+    sim_status st = mesh_tape_accumulate(t, out, cot, "backward/seed");
+    for (int i = t->nentries - 1; i >= 0 && st == SIM_OK; i--) {
+        mesh_entry *e = t->entries[i];
+        bool any = false;
+        for (int o = 0; o < e->nout; o++) any |= e->out[o]->has_grad;
+        if (!any) continue;
+        st = e->vjp(t, e);
+        for (int o = 0; o < e->nout; o++) free_grad(t, e->out[o]);
+    }
+    if (st == SIM_OK) st = flush_leaves(t);
+    t->ctx->mode = saved;
+    return st;
+}
+
+sim_status mesh_tape_backward(mesh_tape *t, mesh_var *loss)
+{
+    mesh_array one;
+    mesh_spec s;
+    mesh_spec_init(&s, 0);
+    SIM_TRY(mesh_tape_zeros(t, "loss/grad", 0, NULL, &s, SIM_MEM_TEMP, &one));
+    if (one.data) ((float *)one.data)[0] = 1.0f;
+    return mesh_tape_backward_from(t, loss, &one);
+}

@@ -1,0 +1,527 @@
+/* checkpoint.c — safetensors save/load by shard (see checkpoint.h).
+ *
+ * Geometry: a tensor's stacked shape G has the layers at scan_dim; a device
+ * holds the block SO..SO+SL of it (its per-layer shard, and along the scan
+ * dim the layers it stores).  Let k be the innermost dim where SL != G: the
+ * block is prod(SL[0..k)) runs, each contiguous in the file.  Runs are moved
+ * in chunks of whole rows (rows = the last dim) through one bounce buffer:
+ * gather rows from the per-layer arrays, one pwrite per chunk (or one pread,
+ * then scatter).  The buffer (at most 4 MiB) is host memory, not the
+ * device's arena: checkpoint I/O stands for a device-to-host copy. */
+#include "models/checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mesh/json.h"
+#include "models/optim.h"
+
+enum { CK_NAME_MAX = MODEL_PATH_MAX + 32, CK_CHUNK = 1 << 20, CK_HEADER_MAX = 100 << 20 };
+
+static const char *const which_prefix[3] = {"", "opt_state.mu.", "opt_state.nu."};
+
+typedef struct {
+    char name[CK_NAME_MAX];
+    model_param *p;
+    int which;        /* 0 params, 1 mu, 2 nu */
+    int64_t nel;      /* elements of the stacked tensor */
+    uint64_t begin;   /* data_offsets[0], from the start of the data section */
+} ck_tensor;
+
+static mesh_array *ck_arrays(const ck_tensor *t)
+{
+    return t->which == 0 ? t->p->w : t->which == 1 ? t->p->m : t->p->v;
+}
+
+static int64_t numel(const model_param_def *def)
+{
+    int64_t n = 1;
+    for (int i = 0; i < def->rank; i++) n *= def->shape[i];
+    return n;
+}
+
+/* ---------------------------------------------------------------- header text */
+
+typedef struct {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->oom = true;
+            return;
+        }
+        if (b->s && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
+        char *s = realloc(b->s, cap);
+        if (!s) {
+            b->oom = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+static void sb_json_string(sbuf *b, const char *s)
+{
+    sb_printf(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            sb_printf(b, "\\%c", c);
+        else if (c < 0x20)
+            sb_printf(b, "\\u%04x", c);
+        else
+            sb_printf(b, "%c", c);
+    }
+    sb_printf(b, "\"");
+}
+
+/* The tensor list of a model (params, then mu and nu when with_opt). */
+static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tensor **out, int *nt)
+{
+    ck_tensor *t = calloc((size_t)(3 * n + 1), sizeof *t);
+    if (!t) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
+    int k = 0;
+    uint64_t off = 0;
+    for (int which = 0; which < (with_opt ? 3 : 1); which++)
+        for (int i = 0; i < n; i++) {
+            snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], params[i].def.path);
+            t[k].p = &params[i];
+            t[k].which = which;
+            t[k].nel = numel(&params[i].def);
+            t[k].begin = off;
+            off += (uint64_t)t[k].nel * 4;
+            k++;
+        }
+    *out = t;
+    *nt = k;
+    return SIM_OK;
+}
+
+/* The padded header; *data_bytes = size of the data section. */
+static sim_status ck_header(const ck_tensor *t, int nt, long long step, sbuf *b, uint64_t *data_bytes)
+{
+    memset(b, 0, sizeof *b);
+    sb_printf(b, "{\"__metadata__\":{\"format\":\"shardsim\",\"step\":\"%lld\"}", step);
+    uint64_t end = 0;
+    for (int i = 0; i < nt; i++) {
+        const model_param_def *def = &t[i].p->def;
+        sb_printf(b, ",");
+        sb_json_string(b, t[i].name);
+        sb_printf(b, ":{\"dtype\":\"F32\",\"shape\":[");
+        for (int d = 0; d < def->rank; d++) sb_printf(b, "%s%lld", d ? "," : "", (long long)def->shape[d]);
+        end = t[i].begin + (uint64_t)t[i].nel * 4;
+        sb_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t[i].begin, (unsigned long long)end);
+    }
+    sb_printf(b, "}");
+    while (!b->oom && b->n % 8) sb_printf(b, " ");
+    if (b->oom) {
+        free(b->s);
+        return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for the header");
+    }
+    *data_bytes = end;
+    return SIM_OK;
+}
+
+/* ---------------------------------------------------------------- shard I/O */
+
+static sim_status io_all(int fd, void *buf, size_t len, uint64_t off, bool write, const char *file)
+{
+    char *p = buf;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t k = write ? pwrite(fd, p + done, len - done, (off_t)(off + done))
+                          : pread(fd, p + done, len - done, (off_t)(off + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return sim_err(SIM_ERR_IO, "checkpoint %s: %s of %zu bytes at offset %llu failed (%s)", file,
+                           write ? "writing" : "reading", len - done, (unsigned long long)(off + done),
+                           k < 0 ? strerror(errno) : "the file is shorter than its header says");
+        done += (size_t)k;
+    }
+    return SIM_OK;
+}
+
+/* Moves this device's block of tensor t between its per-layer arrays and
+ * the file (data of t starting at file offset base). */
+static sim_status ck_tensor_io(sim_device *d, const mesh_shape *m, const ck_tensor *t, int fd, uint64_t base,
+                               bool write, const char *file)
+{
+    model_param *p = t->p;
+    mesh_array *a = ck_arrays(t);
+    const model_param_def *def = &p->def;
+    int L = p->n_layers, sd = def->scan_dim, dev = sim_device_id(d);
+    if (!a) return sim_err(SIM_ERR_INTERNAL, "checkpoint: '%s' has no storage", t->name);
+    if (!a[0].data) return SIM_OK; /* dry run */
+    /* per-layer geometry, identical for all layers */
+    int lrank;
+    int64_t lshape[MESH_SPEC_MAX_RANK];
+    model_param_layer_shape(p, &lrank, lshape);
+    for (int l = 0; l < L; l++) {
+        if (a[l].dtype != SIM_F32 || a[l].rank != lrank || memcmp(a[l].shape, lshape, (size_t)lrank * sizeof *lshape) ||
+            !mesh_spec_equal(&a[l].spec, &a[0].spec))
+            return sim_err(SIM_ERR_INTERNAL,
+                           "checkpoint: '%s' layer %d is not a float32 array of the per-layer shape and spec of layer 0",
+                           t->name, l);
+    }
+    mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+    mesh_spec_shard(&a[0].spec, m, a[0].shape, dev, sh);
+    /* the stacked block: per-layer dims plus the scan dim's held layers */
+    int r = def->rank;
+    int64_t G[MESH_SPEC_MAX_RANK] = {0}, SO[MESH_SPEC_MAX_RANK] = {0}, SL[MESH_SPEC_MAX_RANK] = {0};
+    int64_t lfirst = 0, lcount = L;
+    if (sd >= 0 && p->spec.rank > sd && p->spec.n_axes[sd] > 0) {
+        int64_t block = 0, nb = 1;
+        for (int i = 0; i < p->spec.n_axes[sd]; i++) {
+            int ax = p->spec.axes[sd][i];
+            block = block * m->sizes[ax] + sim_device_coord(d, ax);
+            nb *= m->sizes[ax];
+        }
+        lcount = L / nb;
+        lfirst = block * lcount;
+    }
+    for (int i = 0, li = 0; i < r; i++) {
+        G[i] = def->shape[i];
+        if (i == sd) {
+            SO[i] = lfirst;
+            SL[i] = lcount;
+        } else {
+            SO[i] = sh[li].offset;
+            SL[i] = a[0].local[li];
+            li++;
+        }
+    }
+    if (r == 0) { /* a scalar: one row of one element */
+        r = 1;
+        G[0] = SL[0] = 1;
+        SO[0] = 0;
+    }
+    if (write) {
+        bool primary;
+        SIM_TRY(model_layer_primary(m, p, &a[lfirst], (int)lfirst, dev, &primary));
+        if (!primary) return SIM_OK;
+    }
+    int64_t W = SL[r - 1], total = 1;
+    for (int i = 0; i < r; i++) total *= SL[i];
+    if (total == 0) return SIM_OK;
+    int k = 0; /* innermost dim that is split */
+    for (int i = r - 1; i >= 0; i--)
+        if (SL[i] != G[i]) {
+            k = i;
+            break;
+        }
+    int64_t run = 1;
+    for (int i = k; i < r; i++) run *= SL[i];
+    int64_t rows_per_run = run / W, rows_total = total / W;
+    int64_t rows_per_chunk = CK_CHUNK / W > 0 ? CK_CHUNK / W : 1;
+    if (rows_per_chunk > rows_per_run) rows_per_chunk = rows_per_run;
+    float *buf = malloc((size_t)(rows_per_chunk * W) * sizeof *buf);
+    if (!buf) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for a %lld-element buffer",
+                             (long long)(rows_per_chunk * W));
+    /* strides: global stacked, and per-layer local */
+    int64_t gstride[MESH_SPEC_MAX_RANK], lstride[MESH_SPEC_MAX_RANK];
+    gstride[r - 1] = 1;
+    for (int i = r - 2; i >= 0; i--) gstride[i] = gstride[i + 1] * G[i + 1];
+    if (lrank > 0) {
+        lstride[lrank - 1] = 1;
+        for (int i = lrank - 2; i >= 0; i--) lstride[i] = lstride[i + 1] * a[0].local[i + 1];
+    }
+    int64_t idx[MESH_SPEC_MAX_RANK] = {0}; /* row index over dims 0..r-2 of the block */
+    sim_status st = SIM_OK;
+    for (int64_t row0 = 0; row0 < rows_total && st == SIM_OK;) {
+        int64_t nrows = rows_per_run - row0 % rows_per_run;
+        if (nrows > rows_per_chunk) nrows = rows_per_chunk;
+        uint64_t foff = (uint64_t)SO[r - 1];
+        for (int i = 0; i < r - 1; i++) foff += (uint64_t)((SO[i] + idx[i]) * gstride[i]);
+        foff = base + foff * 4;
+        size_t bytes = (size_t)(nrows * W) * sizeof *buf;
+        if (!write) st = io_all(fd, buf, bytes, foff, false, file);
+        for (int64_t q = 0; q < nrows && st == SIM_OK; q++) {
+            float *row = buf + q * W;
+            /* per-layer local offset of this row's first element, and its layer */
+            int64_t loff = 0, layer = 0;
+            for (int i = 0, li = 0; i < r - 1; i++) {
+                if (i == sd) {
+                    layer = idx[i];
+                    continue;
+                }
+                loff += idx[i] * lstride[li++];
+            }
+            if (sd == r - 1) { /* layers along the row: one element from each */
+                for (int64_t e = 0; e < W; e++) {
+                    float *x = (float *)a[lfirst + e].data + loff;
+                    if (write) row[e] = *x;
+                    else *x = row[e];
+                }
+            } else {
+                float *x = (float *)a[lfirst + layer].data + loff;
+                if (write) memcpy(row, x, (size_t)W * sizeof *x);
+                else memcpy(x, row, (size_t)W * sizeof *x);
+            }
+            for (int i = r - 2; i >= 0; i--) {
+                if (++idx[i] < SL[i]) break;
+                idx[i] = 0;
+            }
+        }
+        if (write && st == SIM_OK) st = io_all(fd, buf, bytes, foff, true, file);
+        row0 += nrows;
+    }
+    free(buf);
+    return st;
+}
+
+/* ---------------------------------------------------------------- save */
+
+sim_status model_checkpoint_path(const char *dir, long long step, char *buf, size_t cap)
+{
+    int k = snprintf(buf, cap, "%s/step_%lld.safetensors", dir, step);
+    if (k < 0 || (size_t)k >= cap)
+        return sim_err(SIM_ERR_INPUT, "checkpoint_dir=%s is too long (a path of at most %zu characters)", dir, cap - 1);
+    return SIM_OK;
+}
+
+static bool little_endian(void)
+{
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+/* Device 0: create DIR if missing, write the length and header into tmp, size the file. */
+static sim_status ck_create(const char *dir, const char *tmp, const sbuf *h, uint64_t data_bytes)
+{
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return sim_err(SIM_ERR_IO, "checkpoint_dir=%s: cannot create it (%s)", dir, strerror(errno));
+    int fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot create it (%s)", tmp, strerror(errno));
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)h->n >> (8 * i));
+    sim_status st = io_all(fd, len, 8, 0, true, tmp);
+    if (st == SIM_OK) st = io_all(fd, h->s, h->n, 8, true, tmp);
+    if (st == SIM_OK && ftruncate(fd, (off_t)(8 + h->n + data_bytes)) != 0)
+        st = sim_err(SIM_ERR_IO, "checkpoint %s: cannot size it to %llu bytes (%s)", tmp,
+                     (unsigned long long)(8 + h->n + data_bytes), strerror(errno));
+    if (close(fd) != 0 && st == SIM_OK) st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
+    return st;
+}
+
+sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char *dir, long long step,
+                                 model_param *params, int n)
+{
+    if (sim_device_dry(d)) return SIM_OK;
+    SIM_ASSERT(little_endian());
+    char path[4096], tmp[4096 + 8];
+    SIM_TRY(model_checkpoint_path(dir, step, path, sizeof path));
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    bool with_opt = n > 0 && params[0].m && params[0].v;
+    ck_tensor *t;
+    int nt;
+    SIM_TRY(ck_tensors(params, n, with_opt, &t, &nt));
+    sbuf h;
+    uint64_t data_bytes = 0;
+    sim_status st = ck_header(t, nt, step, &h, &data_bytes);
+    if (st != SIM_OK) {
+        free(t);
+        return st;
+    }
+    bool lead = sim_device_id(d) == 0, created = false;
+    if (lead) {
+        st = ck_create(dir, tmp, &h, data_bytes);
+        created = st == SIM_OK;
+    }
+    if (st == SIM_OK) st = sim_device_barrier(d);
+    if (st == SIM_OK) {
+        int fd = open(tmp, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+            st = sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it for writing (%s)", tmp, strerror(errno));
+        for (int i = 0; i < nt && st == SIM_OK; i++) st = ck_tensor_io(d, m, &t[i], fd, 8 + h.n + t[i].begin, true, tmp);
+        if (fd >= 0 && close(fd) != 0 && st == SIM_OK)
+            st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
+    }
+    if (st == SIM_OK) st = sim_device_barrier(d);
+    if (st == SIM_OK && lead && rename(tmp, path) != 0)
+        st = sim_err(SIM_ERR_IO, "checkpoint: cannot rename %s to %s (%s)", tmp, path, strerror(errno));
+    if (st == SIM_OK) created = false;
+    if (st == SIM_OK) st = sim_device_barrier(d); /* nobody returns before the file is in place */
+    if (created) unlink(tmp); /* this save failed somewhere: leave nothing half-written */
+    free(h.s);
+    free(t);
+    return st;
+}
+
+/* ---------------------------------------------------------------- load */
+
+static sim_status shape_text(const mesh_json *v, char *buf, size_t cap)
+{
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; v && v->kind == MESH_JSON_ARRAY && i < v->n && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? ", " : "", v->items[i].str ? v->items[i].str : "?");
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+    return SIM_OK;
+}
+
+static void def_shape_text(const model_param_def *def, char *buf, size_t cap)
+{
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < def->rank && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)def->shape[i]);
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+static bool json_uint(const mesh_json *v, uint64_t *out)
+{
+    if (!v || v->kind != MESH_JSON_NUMBER || v->number < 0 || v->number > 9007199254740992.0 ||
+        v->number != (double)(uint64_t)v->number)
+        return false;
+    *out = (uint64_t)v->number;
+    return true;
+}
+
+/* Checks tensor t against the header entry e; *begin = its data_offsets[0]. */
+static sim_status ck_check_entry(const char *file, const ck_tensor *t, const mesh_json *e, uint64_t data_bytes,
+                                 uint64_t *begin)
+{
+    const model_param_def *def = &t->p->def;
+    char want[256], got[256];
+    if (!e)
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s has no tensor '%s', which the model needs; it was saved from "
+                       "another model config%s",
+                       file, t->name, t->which ? " or without optimizer state (use load_parameters_path)" : "");
+    if (e->kind != MESH_JSON_OBJECT)
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' is a JSON %s, expected an object with dtype, shape "
+                       "and data_offsets", file, t->name, mesh_json_kind_name(e->kind));
+    const mesh_json *dt = mesh_json_get(e, "dtype"), *sh = mesh_json_get(e, "shape"),
+                    *off = mesh_json_get(e, "data_offsets");
+    if (!dt || dt->kind != MESH_JSON_STRING || strcmp(dt->str, "F32"))
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has dtype %s; shardsim reads F32 only", file,
+                       t->name, dt && dt->kind == MESH_JSON_STRING ? dt->str : "(missing)");
+    def_shape_text(def, want, sizeof want);
+    bool ok = sh && sh->kind == MESH_JSON_ARRAY && sh->n == def->rank;
+    for (int i = 0; ok && i < def->rank; i++) {
+        uint64_t x;
+        ok = json_uint(&sh->items[i], &x) && x == (uint64_t)def->shape[i];
+    }
+    if (!ok) {
+        shape_text(sh, got, sizeof got);
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has shape %s but the model's is %s; the checkpoint "
+                       "was saved from another model config",
+                       file, t->name, got, want);
+    }
+    uint64_t b, en;
+    if (!off || off->kind != MESH_JSON_ARRAY || off->n != 2 || !json_uint(&off->items[0], &b) ||
+        !json_uint(&off->items[1], &en) || en < b || en - b != (uint64_t)t->nel * 4 || en > data_bytes)
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has bad data_offsets (expected [b, b + %lld] "
+                       "inside the %llu data bytes); the file is corrupt or truncated",
+                       file, t->name, (long long)t->nel * 4, (unsigned long long)data_bytes);
+    *begin = b;
+    return SIM_OK;
+}
+
+/* Reads and parses the header of file (fd open). */
+static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uint64_t *hlen, uint64_t *data_bytes)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot stat it (%s)", file, strerror(errno));
+    uint64_t size = (uint64_t)sb.st_size;
+    unsigned char len[8];
+    if (size < 8) return sim_err(SIM_ERR_INPUT, "checkpoint %s has %llu bytes: too short for a safetensors file", file,
+                                 (unsigned long long)size);
+    SIM_TRY(io_all(fd, len, 8, 0, false, file));
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | len[i];
+    if (n < 2 || n > CK_HEADER_MAX || n > size - 8)
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s: header length %llu does not fit the %llu-byte file; it is not "
+                       "a safetensors file or it is truncated", file, (unsigned long long)n, (unsigned long long)size);
+    char *text = malloc((size_t)n);
+    if (!text) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for a %llu-byte header",
+                              (unsigned long long)n);
+    sim_status st = io_all(fd, text, (size_t)n, 8, false, file);
+    if (st == SIM_OK) st = mesh_json_parse(text, (size_t)n, file, root);
+    free(text);
+    SIM_TRY(st);
+    if ((*root)->kind != MESH_JSON_OBJECT) {
+        mesh_json_free(*root);
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s: the header is a JSON %s, expected an object", file,
+                       mesh_json_kind_name((*root)->kind));
+    }
+    *hlen = n;
+    *data_bytes = size - 8 - n;
+    return SIM_OK;
+}
+
+static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char *path, int fd, model_param *params,
+                                  int n, bool opt_state, long long *step)
+{
+    mesh_json *root;
+    uint64_t hlen = 0, data_bytes = 0;
+    SIM_TRY(ck_read_header(fd, path, &root, &hlen, &data_bytes));
+    ck_tensor *t = NULL;
+    int nt = 0;
+    sim_status st = ck_tensors(params, n, opt_state, &t, &nt);
+    /* every params.* tensor in the file must be one of the model's */
+    for (int i = 0; st == SIM_OK && i < root->n; i++) {
+        const char *key = root->keys[i];
+        if (strncmp(key, "params.", 7)) continue;
+        bool known = false;
+        for (int j = 0; j < n && !known; j++) known = !strcmp(key, params[j].def.path);
+        if (!known)
+            st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds tensor '%s', which the model does not have; it was saved "
+                         "from another model config", path, key);
+    }
+    for (int i = 0; st == SIM_OK && i < nt; i++) {
+        uint64_t b;
+        st = ck_check_entry(path, &t[i], mesh_json_get(root, t[i].name), data_bytes, &b);
+        t[i].begin = b;
+    }
+    if (st == SIM_OK && step) {
+        *step = -1;
+        const mesh_json *md = mesh_json_get(root, "__metadata__"), *sv = md ? mesh_json_get(md, "step") : NULL;
+        if (sv && sv->kind == MESH_JSON_STRING) {
+            char *end;
+            long long v = strtoll(sv->str, &end, 10);
+            if (end != sv->str && !*end) *step = v;
+        }
+        if (opt_state && *step < 0)
+            st = sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ has no step (\"step\": \"<n>\"); it cannot resume "
+                         "the full state", path);
+    }
+    for (int i = 0; st == SIM_OK && i < nt; i++) st = ck_tensor_io(d, m, &t[i], fd, 8 + hlen + t[i].begin, false, path);
+    free(t);
+    mesh_json_free(root);
+    return st;
+}
+
+sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params,
+                                 int n, bool opt_state, long long *step)
+{
+    SIM_ASSERT(little_endian());
+    if (opt_state)
+        for (int i = 0; i < n; i++)
+            if (!params[i].m || !params[i].v)
+                return sim_err(SIM_ERR_INTERNAL, "checkpoint load: '%s' has no optimizer storage", params[i].def.path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
+    sim_status st = ck_load_checked(d, m, path, fd, params, n, opt_state, step);
+    close(fd);
+    return st;
+}

@@ -1,0 +1,48 @@
+/* checkpoint.h — safetensors checkpoints of global tensors, written and read
+ * shard by shard.
+ *
+ * File DIR/step_<n>.safetensors: 8-byte little-endian header length, a JSON
+ * header (padded with spaces to a multiple of 8 bytes, as the safetensors
+ * library does), then the raw float32 data, row-major, no gaps, in header
+ * order.  Header:
+ *   {"__metadata__": {"format": "shardsim", "step": "<n>"},
+ *    "<path>": {"dtype": "F32", "shape": [stacked shape], "data_offsets": [b, e]}, ...}
+ * Tensors: every parameter under its MaxText path with the STACKED shape
+ * (scanned layers at scan_dim), then, when the parameters carry Adam moments,
+ * "opt_state.mu.<path>" and "opt_state.nu.<path>" for each, same shapes.
+ *
+ * Saving is SPMD: every device computes the same header; device 0 writes it
+ * to DIR/step_<n>.safetensors.tmp (creating DIR if needed); after a barrier
+ * each device pwrite()s its shards at their offsets in the stacked layout —
+ * only the primary replica of each block (optim.h model_layer_primary), in
+ * runs of whole contiguous rows; after a second barrier device 0 renames the
+ * file into place, so a failed save leaves no half-written checkpoint (device
+ * 0 removes the temporary file on any failure it sees).
+ * Loading: every device parses the header, checks names, dtypes, shapes and
+ * offsets against the model's defs (errors name the file and the tensor) and
+ * pread()s exactly its own shards — a checkpoint saved under one mesh
+ * restores under any other.  In dry run nothing is read or written. */
+#ifndef MODELS_CHECKPOINT_H
+#define MODELS_CHECKPOINT_H
+
+#include <stdbool.h>
+
+#include "models/params.h"
+
+/* "DIR/step_<n>.safetensors" into buf. */
+sim_status model_checkpoint_path(const char *dir, long long step, char *buf, size_t cap);
+
+/* Saves the parameters (and the Adam moments m, v when params[0].m is set)
+ * as DIR/step_<step>.safetensors.  Collective: every device calls it. */
+sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char *dir, long long step,
+                                 model_param *params, int n);
+
+/* Loads the parameters (load_parameters_path) — and with opt_state, the Adam
+ * moments and *step (load_full_state_path; step may be NULL) — from a file
+ * written by model_checkpoint_save under any mesh.  Tensors the file holds
+ * under "params." that the model does not have are an error; opt_state
+ * tensors are ignored unless asked for. */
+sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params,
+                                 int n, bool opt_state, long long *step);
+
+#endif

@@ -1,0 +1,216 @@
+/* llama.c — the Llama2 decoder (MaxText's llama2 decoder_block) on the tape.
+ *
+ * Every activation is constrained where MaxText constrains it, with the same
+ * logical names (reference/maxtext-facts.md §5.1-5.3, 5.5, 5.8); in explicit
+ * mode the projections get MaxText's out_shardings.  With remat_policy=full
+ * each decoder layer is one tape entry: forward runs the layer on a scratch
+ * tape that records nothing and keeps only the output; the entry's VJP runs
+ * the layer again on a recording tape (its FSDP all-gathers included) and
+ * back-propagates through it, so only layer inputs stay alive between the
+ * passes, as on real hardware. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas_kernels/bk_rope.h"
+#include "mesh/ad.h"
+#include "mesh/nn.h"
+#include "models/model.h"
+
+/* Logical names of the residual stream (layer "A" of facts §5.2) and friends. */
+static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
+static const char *const ATTN_IN[3] = {"activation_batch_attn", "activation_input_length_attn", "activation_embed_attn"};
+static const char *const KV4[4] = {"activation_kv_batch", "activation_length_attn", "activation_kv_heads",
+                                   "activation_kv_head_dim"};
+static const char *const ATTN_OUT[4] = {"activation_batch_attn", "activation_length_attn", "activation_heads",
+                                        "activation_kv"};
+static const char *const MLP_MID[3] = {"activation_batch", "activation_length", "activation_mlp"};
+static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
+static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
+static const char *const LOGITS[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
+static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
+
+typedef struct {
+    int q, k, v, o, ln1, ln2, wi0, wi1, wo, embed, norm, logits;
+} llama_ix;
+
+static llama_ix indices(const model_def *m)
+{
+    llama_ix x;
+    x.q = model_param_index(m, "self_attention.query.kernel");
+    x.k = model_param_index(m, "self_attention.key.kernel");
+    x.v = model_param_index(m, "self_attention.value.kernel");
+    x.o = model_param_index(m, "self_attention.out.kernel");
+    x.ln1 = model_param_index(m, "pre_self_attention_layer_norm.scale");
+    x.ln2 = model_param_index(m, "post_self_attention_layer_norm.scale");
+    x.wi0 = model_param_index(m, "mlp.wi_0.kernel");
+    x.wi1 = model_param_index(m, "mlp.wi_1.kernel");
+    x.wo = model_param_index(m, "mlp.wo.kernel");
+    x.embed = model_param_index(m, "token_embedder.embedding");
+    x.norm = model_param_index(m, "decoder_norm.scale");
+    x.logits = model_param_index(m, "logits_dense.kernel");
+    return x;
+}
+
+/* A parameter of layer l as a tape leaf (its gradient sinks into p->g[l] when recording). */
+static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l)
+{
+    model_param *p = &md->p[i];
+    bool grad = mesh_tape_recording(t) && p->g;
+    return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
+}
+
+static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
+                        int rank, const char *const *out_names, mesh_var **y)
+{
+    mesh_spec os;
+    const mesh_spec *out;
+    SIM_TRY(model_out_sharding(md, name, rank, out_names, &os, &out));
+    return mesh_ad_einsum(t, sub, x, w, out, name, y);
+}
+
+/* One decoder layer: facts §5.2 (layer), §5.3 (attention), §5.5 (MLP). */
+static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y)
+{
+    const model_def *m = md->def;
+    const model_dims *d = &m->d;
+    llama_ix ix = indices(m);
+    char layer[64], attn_layer[96], mlp_layer[96];
+    const char *saved_layer = md->ctx.layer;
+    snprintf(layer, sizeof layer, "decoder/layers_%d", l);
+    snprintf(attn_layer, sizeof attn_layer, "%s/self_attention", layer);
+    snprintf(mlp_layer, sizeof mlp_layer, "%s/mlp", layer);
+    md->ctx.layer = layer;
+
+    mesh_var *h, *lnx, *a;
+    SIM_TRY(model_shard_as(md, t, x, "llama2/inputs", 3, A, &h));
+    SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
+    SIM_TRY(model_shard_as(md, t, lnx, "llama2/lnx", 3, A, &lnx));
+
+    /* attention */
+    md->ctx.layer = attn_layer;
+    mesh_var *xq, *q, *k, *v, *o;
+    SIM_TRY(model_shard_as(md, t, lnx, "attention/inputs_q", 3, ATTN_IN, &xq));
+    SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.q, l), "query", 4, KV4, &q));
+    SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.k, l), "key", 4, KV4, &k));
+    SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.v, l), "value", 4, KV4, &v));
+    bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
+    rp.min_timescale = d->rope_min;
+    rp.max_timescale = d->rope_theta;
+    SIM_TRY(mesh_nn_rope(t, q, &b->positions, &rp, "query_rope", &q));
+    SIM_TRY(mesh_nn_rope(t, k, &b->positions, &rp, "key_rope", &k));
+    SIM_TRY(model_shard_as(md, t, q, "attention/query", 4, KV4, &q));
+    SIM_TRY(model_shard_as(md, t, k, "attention/key", 4, KV4, &k));
+    SIM_TRY(model_shard_as(md, t, v, "attention/value", 4, KV4, &v));
+    /* MaxText folds 1/sqrt(head_dim) into the query init: the score scale is 1 */
+    SIM_TRY(mesh_nn_attention(t, q, k, v, &b->positions, 1.0, "attention_op", &o));
+    SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
+    SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
+    md->ctx.layer = layer;
+    SIM_TRY(model_shard_as(md, t, a, "llama2/attention_lnx", 3, A, &a));
+    SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h));
+
+    /* MLP */
+    mesh_var *ln2, *g, *u, *act, *mlp;
+    SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &ln2));
+    SIM_TRY(model_shard_as(md, t, ln2, "llama2/hidden_states", 3, A, &ln2));
+    md->ctx.layer = mlp_layer;
+    SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3, MLP_MID, &g));
+    SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3, MLP_MID, &u));
+    SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
+    SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_MID, &act));
+    SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp));
+    md->ctx.layer = layer;
+    SIM_TRY(model_shard_as(md, t, mlp, "llama2/mlp_lnx", 3, A, &mlp));
+    SIM_TRY(mesh_ad_add(t, h, mlp, "residual_mlp", &h));
+    SIM_TRY(model_shard_as(md, t, h, "llama2/layer_output", 3, A, y));
+    md->ctx.layer = saved_layer;
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ remat */
+
+typedef struct {
+    model_dev *md;
+    const model_batch *b;
+    int layer;
+} remat_payload;
+
+static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
+{
+    remat_payload *rp = e->payload;
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_tape *inner = mesh_tape_new(mesh_tape_ctx(t), true);
+    mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin;
+    sim_status st = llama_layer(rp->md, inner, rp->b, rp->layer, xin, &yin);
+    if (st == SIM_OK) {
+        mesh_array cot = y->grad;
+        y->has_grad = false; /* moved into the inner tape */
+        st = mesh_tape_backward_from(inner, yin, &cot);
+    }
+    if (st == SIM_OK && xin->has_grad) {
+        mesh_array g = xin->grad;
+        xin->has_grad = false;
+        st = mesh_tape_accumulate(t, x, &g, e->tag);
+    }
+    mesh_tape_free(inner);
+    return st;
+}
+
+static sim_status remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y)
+{
+    mesh_tape *scratch = mesh_tape_new(mesh_tape_ctx(t), false);
+    mesh_var *xin = mesh_tape_input(scratch, &x->val, false), *yin;
+    sim_status st = llama_layer(md, scratch, b, l, xin, &yin);
+    if (st == SIM_OK) {
+        *y = mesh_tape_var(t);
+        (*y)->val = mesh_tape_take(scratch, yin);
+        if (!(*y)->val.data && !sim_device_dry(md->ctx.dev) && (*y)->val.nlocal) {
+            /* the layer output aliased its input (cannot happen with the residual adds) */
+            st = sim_err(SIM_ERR_INTERNAL, "remat layer %d produced no output", l);
+        }
+    }
+    mesh_tape_free(scratch);
+    SIM_TRY(st);
+    char tag[64];
+    snprintf(tag, sizeof tag, "decoder/layers_%d/remat", l);
+    mesh_entry *e = mesh_tape_record(t, remat_vjp, tag, 1, &x, 1, y);
+    if (e) {
+        remat_payload *p = malloc(sizeof *p);
+        p->md = md;
+        p->b = b;
+        p->layer = l;
+        e->payload = p;
+        e->free_payload = free;
+    }
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ the whole model */
+
+sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
+{
+    const model_def *m = md->def;
+    llama_ix ix = indices(m);
+    md->ctx.layer = "decoder";
+    mesh_var *x, *logits, *tok_loss;
+    SIM_TRY(mesh_nn_embed(t, param(md, t, ix.embed, 0), &b->tokens, "token_embedder", &x));
+    if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
+        SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
+    for (int l = 0; l < m->d.layers; l++) {
+        if (m->d.remat_full)
+            SIM_TRY(remat_layer(md, t, b, l, x, &x));
+        else
+            SIM_TRY(llama_layer(md, t, b, l, x, &x));
+    }
+    md->ctx.layer = "decoder";
+    SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, ix.norm, 0), m->d.eps, "decoder_norm", &x));
+    if (md->ctx.mode == MESH_MODE_EXPLICIT) SIM_TRY(model_shard_as(md, t, x, "decoder/norm_out", 3, FINAL, &x));
+    SIM_TRY(dense(md, t, "bte,ev->btv", x, param(md, t, ix.logits, 0), "logits_dense", 3, LOGITS, &logits));
+    SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
+    /* MaxText's loss function uses the raw with_sharding_constraint: an assert in explicit mode */
+    SIM_TRY(model_constraint(md, t, tok_loss, "loss/xent", 2, LOSS, &tok_loss));
+    md->ctx.layer = "loss";
+    return mesh_nn_mean(t, tok_loss, "mean", loss);
+}

@@ -1,0 +1,339 @@
+/* model.c — model definition from the config, per-device parameters and
+ * batches, and the logical-name helpers the forward pass uses. */
+#include "models/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mesh/ad.h"
+#include "mesh/reshard.h"
+#include "models/init.h"
+
+/* ------------------------------------------------------------ definition */
+
+static sim_status get_i(const mesh_cfg *c, const char *k, int64_t *v)
+{
+    long long x;
+    SIM_TRY(mesh_cfg_get_int(c, k, &x));
+    *v = x;
+    return SIM_OK;
+}
+
+static sim_status positive(const char *key, int64_t v)
+{
+    if (v < 1) return sim_err(SIM_ERR_INPUT, "%s=%lld: must be at least 1", key, (long long)v);
+    return SIM_OK;
+}
+
+static void add_param(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
+                      int scan_dim, model_init_kind init, double scale)
+{
+    SIM_ASSERT(m->nparams < MODEL_MAX_PARAMS);
+    model_param_def *d = &m->defs[m->nparams++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->path, sizeof d->path, "%s", path);
+    d->rank = rank;
+    for (int i = 0; i < rank; i++) {
+        d->shape[i] = shape[i];
+        d->logical[i] = logical[i];
+    }
+    d->scan_dim = scan_dim;
+    d->init = init;
+    d->scale = scale;
+}
+
+static void define_llama(model_def *m)
+{
+    const model_dims *d = &m->d;
+    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, F = d->mlp, L = d->layers;
+    double fe = 1.0 / sqrt((double)E);
+    add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
+              -1, MODEL_INIT_NORMAL, fe);
+    add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
+              (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
+    /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
+    add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
+              (const char *[]){"embed", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe / sqrt((double)D));
+    add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
+              (const char *[]){"embed", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+    add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
+              (const char *[]){"embed", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+    add_param(m, "params.decoder.layers.self_attention.out.kernel", 4, (int64_t[]){H, L, D, E},
+              (const char *[]){"heads", "layers", "kv", "embed"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
+    add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
+              (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
+    add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F}, (const char *[]){"embed", "layers", "mlp"},
+              1, MODEL_INIT_TRUNC_NORMAL, fe);
+    add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F}, (const char *[]){"embed", "layers", "mlp"},
+              1, MODEL_INIT_TRUNC_NORMAL, fe);
+    add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E}, (const char *[]){"mlp", "layers", "embed"},
+              1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
+    add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
+    add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"}, -1,
+              MODEL_INIT_TRUNC_NORMAL, fe);
+}
+
+sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
+{
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->act_lock, NULL);
+    model_dims *d = &m->d;
+    const char *s;
+    SIM_TRY(mesh_cfg_get_str(cfg, "model_name", &s));
+    snprintf(d->model_name, sizeof d->model_name, "%s", s ? s : "default");
+    static const char *const blocks[] = {"llama2", "deepseek"};
+    int blk;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "decoder_block", blocks, 2, &blk));
+    d->kind = (model_kind)blk;
+    if (d->kind != MODEL_LLAMA2)
+        return sim_err(SIM_ERR_INPUT, "decoder_block=deepseek is not available yet in this build; use decoder_block=llama2");
+    SIM_TRY(get_i(cfg, "vocab_size", &d->vocab));
+    SIM_TRY(get_i(cfg, "base_emb_dim", &d->emb));
+    SIM_TRY(get_i(cfg, "base_num_query_heads", &d->q_heads));
+    SIM_TRY(get_i(cfg, "base_num_kv_heads", &d->kv_heads));
+    SIM_TRY(get_i(cfg, "head_dim", &d->head_dim));
+    SIM_TRY(get_i(cfg, "base_mlp_dim", &d->mlp));
+    SIM_TRY(get_i(cfg, "base_num_decoder_layers", &d->layers));
+    SIM_TRY(get_i(cfg, "max_target_length", &d->seq));
+    static const char *const pk[] = {"vocab_size", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
+                                     "head_dim", "base_mlp_dim", "base_num_decoder_layers", "max_target_length"};
+    int64_t pv[] = {d->vocab, d->emb, d->q_heads, d->kv_heads, d->head_dim, d->mlp, d->layers, d->seq};
+    for (int i = 0; i < 8; i++) SIM_TRY(positive(pk[i], pv[i]));
+    if (d->q_heads % d->kv_heads)
+        return sim_err(SIM_ERR_INPUT, "base_num_query_heads=%lld is not a multiple of base_num_kv_heads=%lld",
+                       (long long)d->q_heads, (long long)d->kv_heads);
+    if (d->head_dim % 2) return sim_err(SIM_ERR_INPUT, "head_dim=%lld: RoPE needs an even head_dim", (long long)d->head_dim);
+    SIM_TRY(mesh_cfg_get_double(cfg, "normalization_layer_epsilon", &d->eps));
+    SIM_TRY(mesh_cfg_get_double(cfg, "z_loss_multiplier", &d->z_loss));
+    SIM_TRY(mesh_cfg_get_double(cfg, "rope_max_timescale", &d->rope_theta));
+    SIM_TRY(mesh_cfg_get_double(cfg, "rope_min_timescale", &d->rope_min));
+    static const char *const remat[] = {"full", "none"};
+    int r;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "remat_policy", remat, 2, &r));
+    d->remat_full = r == 0;
+    static const char *const modes[] = {"auto", "explicit"};
+    int md;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "shard_mode", modes, 2, &md));
+    d->mode = md ? MESH_MODE_EXPLICIT : MESH_MODE_AUTO;
+    int b;
+    d->drop_size_one = true;
+    if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type")) {
+        SIM_TRY(mesh_cfg_get_bool(cfg, "remove_size_one_mesh_axis_from_type", &b));
+        d->drop_size_one = b;
+    }
+    SIM_TRY(mesh_cfg_get_bool(cfg, "dry_run", &b));
+    d->dry_run = b;
+    SIM_TRY(mesh_cfg_get_bool(cfg, "context_parallel_load_balance", &b));
+    d->cp_load_balance = b;
+    long long seed;
+    SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
+    d->seed = (uint64_t)seed;
+
+    SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
+    SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
+    double pdbs;
+    SIM_TRY(mesh_cfg_get_double(cfg, "per_device_batch_size", &pdbs));
+    d->batch = (int64_t)((double)m->mesh.num_devices * pdbs + 1e-9);
+    if (pdbs <= 0 || d->batch < 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "per_device_batch_size=%g on %d devices trains %lld rows per step; it needs at least one row "
+                       "(per_device_batch_size >= %g)",
+                       pdbs, m->mesh.num_devices, (long long)d->batch, 1.0 / m->mesh.num_devices);
+    d->rows_loaded = pdbs < 1 ? m->mesh.num_devices : d->batch;
+    const char *cs;
+    SIM_TRY(mesh_cfg_get_str(cfg, "context_sharding", &cs));
+    d->cp_axis = cs ? mesh_shape_axis_index(&m->mesh, cs) : -1;
+    d->cp = d->cp_axis >= 0 ? m->mesh.sizes[d->cp_axis] : 1;
+    if (d->cp > 1 && d->cp_load_balance && d->seq % (2 * d->cp))
+        return sim_err(SIM_ERR_INPUT,
+                       "max_target_length=%lld must be divisible by 2 x the context-parallel size %d for "
+                       "load-balanced context parallelism (or set context_parallel_load_balance=false)",
+                       (long long)d->seq, d->cp);
+
+    define_llama(m);
+    for (int i = 0; i < m->nparams; i++) {
+        mesh_resolved res;
+        const model_param_def *pd = &m->defs[i];
+        SIM_TRY(mesh_rules_resolve(&m->rules, &m->mesh, pd->path, pd->rank, pd->logical, &res));
+        m->spec[i] = res.spec;
+        m->unpruned[i] = res.unpruned;
+        SIM_TRY(mesh_spec_check_shape(&res.spec, &m->mesh, pd->rank, pd->shape, pd->path));
+    }
+    return SIM_OK;
+}
+
+void model_def_free(model_def *m)
+{
+    mesh_rules_free(&m->rules);
+    pthread_mutex_destroy(&m->act_lock);
+}
+
+sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, const char *const *names,
+                              mesh_spec *out)
+{
+    mesh_resolved res;
+    SIM_TRY(mesh_rules_resolve(&m->rules, &m->mesh, tensor, rank, names, &res));
+    *out = res.spec;
+    return SIM_OK;
+}
+
+int model_param_index(const model_def *m, const char *suffix)
+{
+    size_t ls = strlen(suffix);
+    for (int i = 0; i < m->nparams; i++) {
+        size_t lp = strlen(m->defs[i].path);
+        if (lp >= ls && !strcmp(m->defs[i].path + lp - ls, suffix)) return i;
+    }
+    return -1;
+}
+
+uint64_t model_param_bytes(const model_def *m)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        uint64_t e = 4;
+        for (int d = 0; d < m->defs[i].rank; d++) e *= (uint64_t)m->defs[i].shape[d];
+        n += e;
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------ per device */
+
+sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, bool with_grads, bool with_opt)
+{
+    memset(md, 0, sizeof *md);
+    md->def = def;
+    md->ctx.dev = dev;
+    md->ctx.mesh = &def->mesh;
+    md->ctx.mode = def->d.mode;
+    md->ctx.drop_size_one = def->d.drop_size_one;
+    md->ctx.layer = "";
+    for (int i = 0; i < def->nparams; i++) {
+        model_param *p = &md->p[i];
+        p->def = def->defs[i];
+        p->spec = def->spec[i];
+        p->spec_unpruned = def->unpruned[i];
+        p->n_layers = p->def.scan_dim >= 0 ? (int)p->def.shape[p->def.scan_dim] : 1;
+        int rank;
+        int64_t shape[MESH_SPEC_MAX_RANK];
+        mesh_spec ls;
+        model_param_layer_shape(p, &rank, shape);
+        model_param_layer_spec(p, &ls);
+        mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt ? &p->m : NULL, with_opt ? &p->v : NULL};
+        sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
+        for (int b = 0; b < 4; b++) {
+            if (!bufs[b]) continue;
+            *bufs[b] = calloc((size_t)p->n_layers, sizeof(mesh_array));
+            for (int l = 0; l < p->n_layers; l++) {
+                char name[MESH_NAME_MAX];
+                snprintf(name, sizeof name, "%s%s", p->def.path, b == 1 ? " (grad)" : b >= 2 ? " (adam)" : "");
+                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &ls, SIM_F32, cats[b], &(*bufs[b])[l]));
+            }
+        }
+    }
+    return model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed);
+}
+
+void model_dev_free(model_dev *md)
+{
+    for (int i = 0; i < md->def->nparams; i++) {
+        model_param *p = &md->p[i];
+        mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
+        for (int b = 0; b < 4; b++) {
+            if (!bufs[b]) continue;
+            for (int l = 0; l < p->n_layers; l++) mesh_array_free(md->ctx.dev, &bufs[b][l]);
+            free(bufs[b]);
+        }
+        p->w = p->g = p->m = p->v = NULL;
+    }
+}
+
+void model_dev_zero_grads(model_dev *md)
+{
+    for (int i = 0; i < md->def->nparams; i++) {
+        model_param *p = &md->p[i];
+        if (!p->g) continue;
+        for (int l = 0; l < p->n_layers; l++)
+            if (p->g[l].data) memset(p->g[l].data, 0, p->g[l].nlocal * sizeof(float));
+    }
+}
+
+/* ------------------------------------------------------------ batches */
+
+static const char *const INPUT_NAMES[2] = {"activation_embed_and_logits_batch", "activation_length"};
+
+sim_status model_batch_load(model_dev *md, const int32_t *inputs, const int32_t *targets, const int32_t *positions,
+                            model_batch *b)
+{
+    const model_def *m = md->def;
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(m, "inputs", 2, INPUT_NAMES, &s));
+    int64_t shape[2] = {m->d.batch, m->d.seq};
+    const int32_t *src[3] = {inputs, targets, positions};
+    mesh_array *dst[3] = {&b->tokens, &b->targets, &b->positions};
+    static const char *const names[3] = {"inputs", "targets", "positions"};
+    for (int i = 0; i < 3; i++) {
+        SIM_TRY(mesh_array_new(md->ctx.dev, &m->mesh, names[i], 2, shape, &s, SIM_I32, SIM_MEM_ACTIVATIONS, dst[i]));
+        if (src[i]) mesh_array_load_global(md->ctx.dev, &m->mesh, dst[i], src[i]);
+    }
+    return SIM_OK;
+}
+
+void model_batch_free(model_dev *md, model_batch *b)
+{
+    mesh_array_free(md->ctx.dev, &b->tokens);
+    mesh_array_free(md->ctx.dev, &b->targets);
+    mesh_array_free(md->ctx.dev, &b->positions);
+}
+
+/* ------------------------------------------------------------ logical helpers */
+
+static void note_activation(model_def *m, const char *name, const mesh_array *a, int rank, const char *const *names,
+                            const mesh_spec *spec)
+{
+    pthread_mutex_lock(&m->act_lock);
+    bool seen = false;
+    for (int i = 0; i < m->nacts && !seen; i++) seen = !strcmp(m->acts[i].name, name);
+    if (!seen && m->nacts < MODEL_MAX_ACTS) {
+        model_act *act = &m->acts[m->nacts++];
+        snprintf(act->name, sizeof act->name, "%s", name);
+        act->rank = rank;
+        for (int d = 0; d < rank; d++) {
+            act->shape[d] = a->shape[d];
+            snprintf(act->logical[d], sizeof act->logical[d], "%s", names[d] ? names[d] : "");
+        }
+        act->spec = *spec;
+    }
+    pthread_mutex_unlock(&m->act_lock);
+}
+
+sim_status model_shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
+                          const char *const *names, mesh_var **out)
+{
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(md->def, dump_name, rank, names, &s));
+    if (sim_device_id(md->ctx.dev) == 0) note_activation((model_def *)md->def, dump_name, &x->val, rank, names, &s);
+    return mesh_ad_shard_as(t, x, &s, dump_name, out);
+}
+
+sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
+                            const char *const *names, mesh_var **out)
+{
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(md->def, dump_name, rank, names, &s));
+    if (sim_device_id(md->ctx.dev) == 0) note_activation((model_def *)md->def, dump_name, &x->val, rank, names, &s);
+    return mesh_ad_constraint(t, x, &s, dump_name, out);
+}
+
+sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names,
+                              mesh_spec *spec, const mesh_spec **out)
+{
+    *out = NULL;
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    SIM_TRY(model_logical_spec(md->def, tensor, rank, names, spec));
+    *out = spec;
+    return SIM_OK;
+}

@@ -1,0 +1,113 @@
+/* model.h — a model as MaxText defines it, on a mesh: its dimensions read
+ * from the config, its parameters (MaxText paths, stacked shapes, logical
+ * axes, specs resolved with the config's rules), and each device's share of
+ * them.  The forward pass (llama.c) is written against global shapes and
+ * logical names; this module turns names into specs and keeps the list of
+ * activations it constrained for the input_shardings.json dump. */
+#ifndef MODELS_MODEL_H
+#define MODELS_MODEL_H
+
+#include <stdbool.h>
+#include <pthread.h>
+
+#include "mesh/config.h"
+#include "mesh/ctx.h"
+#include "mesh/rules.h"
+#include "mesh/tape.h"
+#include "models/params.h"
+
+enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
+
+typedef enum { MODEL_LLAMA2 = 0, MODEL_DEEPSEEK } model_kind;
+
+typedef struct {
+    char model_name[64];
+    model_kind kind;
+    int64_t vocab, emb, q_heads, kv_heads, head_dim, mlp, layers;
+    double eps, z_loss, rope_theta, rope_min, rope_linear;
+    bool remat_full;          /* remat_policy=full */
+    mesh_mode mode;           /* shard_mode */
+    bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
+    bool dry_run;
+    int64_t batch;            /* global rows trained per step */
+    int64_t rows_loaded;      /* rows loaded per step (>= batch; fractional per_device_batch_size) */
+    int64_t seq;              /* max_target_length */
+    uint64_t seed;            /* init_weights_seed */
+    int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
+    int cp;                   /* its size */
+    bool cp_load_balance;     /* context_parallel_load_balance */
+} model_dims;
+
+/* One activation the forward pass constrained (for input_shardings.json). */
+typedef struct {
+    char name[96];            /* "llama2/inputs" */
+    int rank;
+    int64_t shape[MESH_SPEC_MAX_RANK];
+    char logical[MESH_SPEC_MAX_RANK][48];
+    mesh_spec spec;
+} model_act;
+
+typedef struct {
+    model_dims d;
+    mesh_shape mesh;
+    mesh_rules rules;
+    int nparams;
+    model_param_def defs[MODEL_MAX_PARAMS];
+    mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
+    mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
+    /* activations seen by the forward pass, first time each, in trace order */
+    pthread_mutex_t act_lock;
+    int nacts;
+    model_act acts[MODEL_MAX_ACTS];
+} model_def;
+
+/* Reads the dims, builds the mesh and the rules and defines the parameters. */
+sim_status model_def_from_config(const mesh_cfg *cfg, model_def *out);
+void model_def_free(model_def *m);
+/* Spec of a tensor with these logical dim names (NULL = None). */
+sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, const char *const *names,
+                              mesh_spec *out);
+/* Index of a parameter by its dotted path suffix ("self_attention.query.kernel"), or -1. */
+int model_param_index(const model_def *m, const char *suffix);
+/* Bytes of all parameters (global). */
+uint64_t model_param_bytes(const model_def *m);
+
+/* One device's share of the model. */
+typedef struct {
+    const model_def *def;
+    mesh_ctx ctx;
+    model_param p[MODEL_MAX_PARAMS];
+} model_dev;
+
+/* Allocates (and initialises, unless load happens later) this device's
+ * parameters; with_grads/with_opt add gradient and Adam buffers. */
+sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, bool with_grads, bool with_opt);
+void model_dev_free(model_dev *md);
+/* Zeroes every gradient buffer. */
+void model_dev_zero_grads(model_dev *md);
+
+/* One step's batch on one device: int32 (B, T) arrays sharded like the
+ * model's inputs (batch and sequence axes from the rules). */
+typedef struct {
+    mesh_array tokens, targets, positions;
+} model_batch;
+
+/* Loads this device's shards of the global host arrays (rows_loaded x seq;
+ * only the first `batch` rows are trained on). */
+sim_status model_batch_load(model_dev *md, const int32_t *inputs, const int32_t *targets, const int32_t *positions,
+                            model_batch *b);
+void model_batch_free(model_dev *md, model_batch *b);
+
+/* The scalar loss of the batch on the tape (forward pass). */
+sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
+
+/* shard_as / constraint by logical names, recording the activation for the dump. */
+sim_status model_shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
+                          const char *const *names, mesh_var **out);
+sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
+                            const char *const *names, mesh_var **out);
+/* An explicit-mode out_sharding by logical names (NULL in auto mode, as MaxText). */
+sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names,
+                              mesh_spec *spec, const mesh_spec **out);
+
+#endif

@@ -1,0 +1,71 @@
+/* train.h — running the model on a simulated machine: one forward/backward
+ * pass with the gradients brought back as global tensors (tests, parity),
+ * and the training loop (steps of data, forward, backward, clipping, AdamW,
+ * checkpoints) with its per-step metrics. */
+#ifndef MODELS_TRAIN_H
+#define MODELS_TRAIN_H
+
+#include "models/data.h"
+#include "models/model.h"
+#include "models/optim.h"
+#include "sim/machine.h"
+
+/* Global host copies of every parameter's gradient (layer-major: layer l of
+ * parameter i at grads[i] + l * per-layer elements). */
+typedef struct {
+    int n;
+    float *g[MODEL_MAX_PARAMS];
+    int64_t layer_elems[MODEL_MAX_PARAMS];
+    int n_layers[MODEL_MAX_PARAMS];
+} model_grads;
+
+void model_grads_free(model_grads *g);
+
+/* One forward and backward pass of a batch (host arrays of def->d.batch x
+ * seq int32) on machine m: the loss and, if grads != NULL, every gradient
+ * as a global tensor.  The machine's mesh must be def->mesh. */
+sim_status model_loss_and_grads(const model_def *def, sim_machine *m, const int32_t *inputs, const int32_t *targets,
+                                const int32_t *positions, double *loss, model_grads *grads);
+/* The same, starting from the global parameter values in params_in (same
+ * layout as model_grads; NULL: the seeded init), and copying the parameters
+ * used into params_out (NULL: not wanted). */
+sim_status model_loss_and_grads_from(const model_def *def, sim_machine *m, const int32_t *inputs,
+                                     const int32_t *targets, const int32_t *positions, const model_grads *params_in,
+                                     model_grads *params_out, double *loss, model_grads *grads);
+/* Allocates g with the layout of the model's parameters (zeroed). */
+void model_grads_alloc(const model_def *def, model_grads *g);
+
+/* A machine for the model's mesh (capacity from hbm_limit_gb, dry run, trace). */
+sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool trace, sim_machine **out);
+
+/* One training step's figures (device 0's view; the loss is replicated). */
+typedef struct {
+    int64_t step;
+    double loss;          /* mean token loss before the update */
+    double grad_norm;     /* global gradient norm before clipping */
+    double lr;            /* learning rate of the update */
+    double time_s;        /* wall time of the step (all devices) */
+    size_t peak_bytes;    /* highest arena peak over devices so far */
+} model_step_stats;
+
+typedef void (*model_step_cb)(const model_step_stats *s, void *arg);
+
+typedef struct {
+    const model_def *def;
+    const model_data *data;        /* opened by the caller */
+    model_optim_cfg opt;
+    long long steps;
+    const char *checkpoint_dir;    /* "" or NULL: none */
+    long long checkpoint_period;
+    const char *load_path;         /* "" or NULL: start from the seeded init */
+    model_step_cb on_step;         /* called by device 0 after every step */
+    void *cb_arg;
+    model_step_stats *stats;       /* [steps], filled */
+    model_grads *step_grads;       /* [steps] or NULL: every step's gradients (before clipping) */
+    int32_t *inputs, *targets, *positions; /* host scratch, rows_loaded x seq (allocated by model_train) */
+} model_train_job;
+
+/* Trains job->steps steps on machine m. */
+sim_status model_train(model_train_job *job, sim_machine *m);
+
+#endif

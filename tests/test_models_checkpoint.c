@@ -1,0 +1,453 @@
+/* test_models_checkpoint.c — safetensors checkpoints move between meshes.
+ *
+ * A small model (an unscanned embedding and norm, a scanned kernel, a scanned
+ * norm whose layers are the LAST stacked dim) is initialised under one mesh,
+ * saved, and loaded under others: every device's shards must equal the
+ * mesh-independent init, and files saved under different meshes must be
+ * byte-identical.  The file is read back as plain safetensors (header JSON,
+ * offsets, stacked row-major data).  Corrupt and mismatched files give errors
+ * naming the file and the tensor. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mesh/json.h"
+#include "models/checkpoint.h"
+#include "models/init.h"
+
+enum { NP = 4, MAXL = 4 };
+
+static char g_dir[64];
+
+typedef struct {
+    const char *path;
+    int rank;
+    int64_t shape[3];
+    int scan_dim;
+    model_init_kind init;
+} pdesc;
+
+/* V=16 E=8 L=4 */
+static const pdesc model_a[NP] = {
+    {"params.token_embedder.embedding", 2, {16, 8}, -1, MODEL_INIT_NORMAL},
+    {"params.decoder.layers.mlp.wi_0.kernel", 3, {8, 4, 12}, 1, MODEL_INIT_TRUNC_NORMAL},
+    {"params.decoder.layers.pre_self_attention_layer_norm.scale", 2, {8, 4}, 1, MODEL_INIT_NORMAL},
+    {"params.decoder.decoder_norm.scale", 1, {8}, -1, MODEL_INIT_NORMAL},
+};
+
+typedef struct {
+    int naxes;
+    const char *names[3];
+    int sizes[3];
+    const char *specs[NP]; /* stacked specs */
+} mesh_desc;
+
+static const mesh_desc mesh_fsdp4 = {1, {"fsdp"}, {4}, {"P(None, 'fsdp')", "P('fsdp', None, None)", "P('fsdp', None)", "P()"}};
+static const mesh_desc mesh_dt = {2, {"data", "tensor"}, {2, 2},
+                                  {"P('tensor', None)", "P('data', None, 'tensor')", "P('tensor', None)", "P('data')"}};
+static const mesh_desc mesh_one = {1, {"data"}, {1}, {"P()", "P()", "P()", "P()"}};
+static const mesh_desc mesh_stage = {2, {"stage", "fsdp"}, {2, 2},
+                                     {"P('fsdp', None)", "P('fsdp', 'stage', None)", "P(None, 'stage')", "P()"}};
+
+typedef enum { DO_SAVE, DO_LOAD, DO_LOAD_PARAMS } action;
+
+typedef struct {
+    const mesh_shape *m;
+    const pdesc *model;
+    const char *specs[NP];
+    action act;
+    const char *file;      /* load */
+    long long step;        /* save: the step; load: the step read */
+    int64_t bad[SIM_MAX_DEVICES];
+    int64_t checked[SIM_MAX_DEVICES];
+} ck_case;
+
+static const uint64_t SEED = 42;
+
+/* The per-layer global values of parameter p layer l, kind 0 = w, 1 = mu, 2 = nu. */
+static void expected_layer(const pdesc *pd, int l, int which, float *out, int64_t nel)
+{
+    char name[256], base[200];
+    snprintf(base, sizeof base, "%s%s", which == 0 ? "" : which == 1 ? "mu:" : "nu:", pd->path);
+    model_init_layer_name(base, pd->scan_dim >= 0 ? l : -1, name, sizeof name);
+    model_init_global(out, nel, name, which ? MODEL_INIT_NORMAL : pd->init, 0.5, SEED);
+}
+
+static int64_t layer_elems(const pdesc *pd)
+{
+    int64_t n = 1;
+    for (int i = 0; i < pd->rank; i++)
+        if (i != pd->scan_dim) n *= pd->shape[i];
+    return n;
+}
+
+static bool holds_layer(sim_device *d, const model_param *p, int l, const mesh_shape *m)
+{
+    int sd = p->def.scan_dim;
+    if (sd < 0 || p->spec.n_axes[sd] == 0) return true;
+    int ax = p->spec.axes[sd][0];
+    return l / (p->n_layers / m->sizes[ax]) == sim_device_coord(d, ax);
+}
+
+static sim_status ck_device(sim_device *d, void *arg)
+{
+    ck_case *c = arg;
+    model_param p[NP];
+    mesh_array store[NP][3][MAXL];
+    memset(p, 0, sizeof p);
+    for (int i = 0; i < NP; i++) {
+        const pdesc *pd = &c->model[i];
+        snprintf(p[i].def.path, sizeof p[i].def.path, "%s", pd->path);
+        p[i].def.rank = pd->rank;
+        memcpy(p[i].def.shape, pd->shape, sizeof pd->shape);
+        p[i].def.scan_dim = pd->scan_dim;
+        p[i].def.init = pd->init;
+        p[i].def.scale = 0.5;
+        p[i].n_layers = pd->scan_dim >= 0 ? (int)pd->shape[pd->scan_dim] : 1;
+        SIM_TRY(mesh_spec_parse(c->specs[i], c->m, &p[i].spec));
+        int rank;
+        int64_t shape[MESH_SPEC_MAX_RANK];
+        mesh_spec spec;
+        model_param_layer_shape(&p[i], &rank, shape);
+        model_param_layer_spec(&p[i], &spec);
+        mesh_array *arr[3] = {store[i][0], store[i][1], store[i][2]};
+        p[i].w = arr[0];
+        p[i].m = arr[1];
+        p[i].v = arr[2];
+        for (int w = 0; w < 3; w++)
+            for (int l = 0; l < p[i].n_layers; l++) {
+                SIM_TRY(mesh_array_new(d, c->m, pd->path, rank, shape, &spec, SIM_F32, SIM_MEM_PARAMS, &arr[w][l]));
+                if (c->act == DO_SAVE) {
+                    char name[256], base[200];
+                    snprintf(base, sizeof base, "%s%s", w == 0 ? "" : w == 1 ? "mu:" : "nu:", pd->path);
+                    model_init_layer_name(base, pd->scan_dim >= 0 ? l : -1, name, sizeof name);
+                    /* layers a device does not hold (stage split) get junk that must not reach the file */
+                    if (holds_layer(d, &p[i], l, c->m))
+                        SIM_TRY(model_init_fill(d, c->m, &arr[w][l], name, w ? MODEL_INIT_NORMAL : pd->init, 0.5, SEED));
+                    else
+                        SIM_TRY(model_init_fill(d, c->m, &arr[w][l], "junk", MODEL_INIT_NORMAL, 1e3, 1));
+                }
+            }
+    }
+    if (c->act == DO_SAVE) {
+        SIM_TRY(model_checkpoint_save(d, c->m, g_dir, c->step, p, NP));
+    } else {
+        long long step = -5;
+        SIM_TRY(model_checkpoint_load(d, c->m, c->file, p, NP, c->act == DO_LOAD, &step));
+        if (sim_device_id(d) == 0) c->step = step;
+        /* every shard of every held layer equals the init */
+        int dev = sim_device_id(d);
+        for (int i = 0; i < NP; i++) {
+            int64_t nel = layer_elems(&c->model[i]);
+            float *g = malloc((size_t)nel * sizeof *g), *want = malloc((size_t)nel * sizeof *want);
+            for (int w = 0; w < (c->act == DO_LOAD ? 3 : 1); w++)
+                for (int l = 0; l < p[i].n_layers; l++) {
+                    if (!holds_layer(d, &p[i], l, c->m)) continue;
+                    mesh_array *a = w == 0 ? &p[i].w[l] : w == 1 ? &p[i].m[l] : &p[i].v[l];
+                    expected_layer(&c->model[i], l, w, g, nel);
+                    mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+                    mesh_spec_shard(&a->spec, c->m, a->shape, dev, sh);
+                    int64_t start[MESH_SPEC_MAX_RANK];
+                    for (int k = 0; k < a->rank; k++) start[k] = sh[k].offset;
+                    mesh_copy_block(want, g, a->rank, a->shape, a->local, start, sizeof(float));
+                    if (memcmp(want, a->data, a->nlocal * sizeof(float))) c->bad[dev]++;
+                    c->checked[dev]++;
+                }
+            free(g);
+            free(want);
+        }
+    }
+    for (int i = 0; i < NP; i++)
+        for (int l = 0; l < p[i].n_layers; l++) {
+            mesh_array_free(d, &p[i].w[l]);
+            mesh_array_free(d, &p[i].m[l]);
+            mesh_array_free(d, &p[i].v[l]);
+        }
+    return SIM_OK;
+}
+
+/* Runs one action on a mesh; returns the status (message in sim_errmsg()). */
+static sim_status run(const mesh_desc *md, const pdesc *model, action act, const char *file, long long *step,
+                      int64_t *checked)
+{
+    mesh_shape m;
+    assert_int_equal(mesh_shape_init(&m, md->naxes, md->names, md->sizes), SIM_OK);
+    sim_mesh_desc sd;
+    assert_int_equal(mesh_shape_to_sim(&m, &sd), SIM_OK);
+    sim_machine *mach;
+    sim_machine_opts o = {0};
+    assert_int_equal(sim_machine_new(&sd, &o, &mach), SIM_OK);
+    ck_case *c = calloc(1, sizeof *c);
+    c->m = &m;
+    c->model = model;
+    memcpy(c->specs, md->specs, sizeof c->specs);
+    c->act = act;
+    c->file = file;
+    c->step = step ? *step : 0;
+    sim_status st = sim_machine_run(mach, ck_device, c);
+    if (st == SIM_OK && act != DO_SAVE) {
+        int64_t total = 0;
+        for (int dv = 0; dv < m.num_devices; dv++) {
+            if (c->bad[dv]) fail_msg("device %d: %lld of %lld shards differ from the init", dv, (long long)c->bad[dv],
+                                     (long long)c->checked[dv]);
+            total += c->checked[dv];
+        }
+        if (checked) *checked = total;
+        if (step) *step = c->step;
+    }
+    free(c);
+    sim_machine_free(mach);
+    return st;
+}
+
+static char *read_all(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long k = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)k + 1);
+    *n = fread(b, 1, (size_t)k, f);
+    fclose(f);
+    return b;
+}
+
+static void write_all(const char *path, const char *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+static void assert_contains(const char *s, const char *sub)
+{
+    if (!strstr(s, sub)) fail_msg("expected \"%s\" in: %s", sub, s);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/shardsim_ckpt_XXXXXX");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void test_save_load_across_meshes(void **state)
+{
+    (void)state;
+    long long step = 7;
+    if (run(&mesh_fsdp4, model_a, DO_SAVE, NULL, &step, NULL) != SIM_OK) fail_msg("save: %s", sim_errmsg());
+    char file[256], tmp[300];
+    assert_int_equal(model_checkpoint_path(g_dir, 7, file, sizeof file), SIM_OK);
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    assert_int_equal(access(file, R_OK), 0);
+    assert_true(access(tmp, F_OK) != 0); /* the temporary is gone */
+
+    const mesh_desc *targets[] = {&mesh_dt, &mesh_one, &mesh_stage, &mesh_fsdp4};
+    for (int k = 0; k < 4; k++) {
+        long long got = -1;
+        int64_t checked = 0;
+        if (run(targets[k], model_a, DO_LOAD, file, &got, &checked) != SIM_OK) fail_msg("load %d: %s", k, sim_errmsg());
+        assert_int_equal(got, 7);
+        assert_true(checked > 0);
+        if (run(targets[k], model_a, DO_LOAD_PARAMS, file, &got, &checked) != SIM_OK)
+            fail_msg("load params %d: %s", k, sim_errmsg());
+    }
+
+    /* a save under every other mesh writes the very same bytes */
+    size_t n0, n1;
+    char *ref = read_all(file, &n0);
+    const mesh_desc *savers[] = {&mesh_dt, &mesh_one, &mesh_stage};
+    for (int k = 0; k < 3; k++) {
+        step = 7;
+        if (run(savers[k], model_a, DO_SAVE, NULL, &step, NULL) != SIM_OK) fail_msg("save %d: %s", k, sim_errmsg());
+        char *b = read_all(file, &n1);
+        assert_int_equal(n0, n1);
+        if (memcmp(ref, b, n0)) fail_msg("the file saved under mesh %d differs from the fsdp=4 one", k);
+        free(b);
+    }
+    free(ref);
+}
+
+static void test_file_is_safetensors(void **state)
+{
+    (void)state;
+    long long step = 3;
+    if (run(&mesh_dt, model_a, DO_SAVE, NULL, &step, NULL) != SIM_OK) fail_msg("save: %s", sim_errmsg());
+    char file[256];
+    assert_int_equal(model_checkpoint_path(g_dir, 3, file, sizeof file), SIM_OK);
+    size_t n;
+    unsigned char *b = (unsigned char *)read_all(file, &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | b[i];
+    assert_int_equal(hl % 8, 0);
+    assert_true(b[8] == '{');
+    mesh_json *root;
+    if (mesh_json_parse((const char *)b + 8, hl, file, &root) != SIM_OK) fail_msg("%s", sim_errmsg());
+    assert_int_equal(root->kind, MESH_JSON_OBJECT);
+    const mesh_json *md = mesh_json_get(root, "__metadata__");
+    assert_non_null(md);
+    assert_string_equal(mesh_json_get(md, "step")->str, "3");
+    assert_int_equal(root->n, 1 + 3 * NP);
+    /* names in order, shapes stacked, offsets contiguous from 0 to the end of the file */
+    uint64_t off = 0;
+    for (int w = 0; w < 3; w++)
+        for (int i = 0; i < NP; i++) {
+            char name[256];
+            snprintf(name, sizeof name, "%s%s", w == 0 ? "" : w == 1 ? "opt_state.mu." : "opt_state.nu.", model_a[i].path);
+            const mesh_json *e = mesh_json_get(root, name);
+            if (!e) fail_msg("no tensor %s", name);
+            assert_string_equal(root->keys[1 + w * NP + i], name);
+            assert_string_equal(mesh_json_get(e, "dtype")->str, "F32");
+            const mesh_json *sh = mesh_json_get(e, "shape"), *of = mesh_json_get(e, "data_offsets");
+            assert_int_equal(sh->n, model_a[i].rank);
+            int64_t nel = 1;
+            for (int k = 0; k < model_a[i].rank; k++) {
+                assert_int_equal((int64_t)sh->items[k].number, model_a[i].shape[k]);
+                nel *= model_a[i].shape[k];
+            }
+            assert_int_equal((uint64_t)of->items[0].number, off);
+            assert_int_equal((uint64_t)of->items[1].number, off + (uint64_t)nel * 4);
+            /* the data: stacked row-major, element (.., l, ..) from layer l of the init */
+            if (w < 2) {
+                const pdesc *pd = &model_a[i];
+                int64_t lel = layer_elems(pd);
+                float *g = malloc((size_t)lel * sizeof *g);
+                int L = pd->scan_dim >= 0 ? (int)pd->shape[pd->scan_dim] : 1;
+                int64_t inner = 1;
+                for (int k = pd->scan_dim + 1; k < pd->rank && pd->scan_dim >= 0; k++) inner *= pd->shape[k];
+                const float *data = (const float *)(b + 8 + hl + off);
+                for (int l = 0; l < L; l++) {
+                    expected_layer(pd, l, w, g, lel);
+                    for (int64_t e2 = 0; e2 < lel; e2++) {
+                        int64_t o = e2, s = 0;
+                        if (pd->scan_dim >= 0) /* outer part, layer, inner part */
+                            s = (o / inner) * (L * inner) + (int64_t)l * inner + o % inner;
+                        else
+                            s = o;
+                        if (memcmp(&data[s], &g[e2], 4)) fail_msg("%s layer %d element %lld misplaced", name, l, (long long)e2);
+                    }
+                }
+                free(g);
+            }
+            off += (uint64_t)nel * 4;
+        }
+    assert_int_equal(8 + hl + off, n);
+    mesh_json_free(root);
+    free(b);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    long long step = 5;
+    if (run(&mesh_fsdp4, model_a, DO_SAVE, NULL, &step, NULL) != SIM_OK) fail_msg("save: %s", sim_errmsg());
+    char file[256], bad[300];
+    assert_int_equal(model_checkpoint_path(g_dir, 5, file, sizeof file), SIM_OK);
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", g_dir);
+    size_t n;
+    char *b = read_all(file, &n);
+
+    /* a model with another shape: names the file, the tensor and both shapes */
+    pdesc other[NP];
+    memcpy(other, model_a, sizeof other);
+    other[0].shape[0] = 32;
+    const mesh_desc one = mesh_one;
+    assert_int_equal(run(&one, other, DO_LOAD_PARAMS, file, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), file);
+    assert_contains(sim_errmsg(), "params.token_embedder.embedding");
+    assert_contains(sim_errmsg(), "[16, 8]");
+    assert_contains(sim_errmsg(), "[32, 8]");
+
+    /* a model that lacks a tensor of the file, and one with a tensor the file lacks */
+    memcpy(other, model_a, sizeof other);
+    other[3].path = "params.decoder.final_norm.scale";
+    assert_int_equal(run(&one, other, DO_LOAD_PARAMS, file, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "params.decoder.decoder_norm.scale"); /* the file's extra tensor */
+
+    /* a file without one optimizer tensor: the full state fails naming it, parameters alone load */
+    char *c = malloc(n);
+    memcpy(c, b, n);
+    char *mu = strstr(c + 8, "\"opt_state.mu.params.decoder.decoder_norm.scale\"");
+    assert_non_null(mu);
+    memcpy(mu + 1, "opt_state.mx", 12);
+    write_all(bad, c, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), bad);
+    assert_contains(sim_errmsg(), "has no tensor 'opt_state.mu.params.decoder.decoder_norm.scale'");
+    if (run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL) != SIM_OK) fail_msg("%s", sim_errmsg());
+
+    /* header length beyond the file */
+    memcpy(c, b, n);
+    c[5] = 0x7f;
+    write_all(bad, c, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), bad);
+    assert_contains(sim_errmsg(), "header length");
+
+    /* truncated data */
+    write_all(bad, b, n - 100);
+    assert_int_equal(run(&one, model_a, DO_LOAD, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), bad);
+    assert_contains(sim_errmsg(), "data_offsets");
+
+    /* broken JSON */
+    memcpy(c, b, n);
+    c[8] = '#';
+    write_all(bad, c, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), bad);
+
+    /* another dtype */
+    memcpy(c, b, n);
+    char *dt = strstr(c + 8, "\"F32\"");
+    assert_non_null(dt);
+    memcpy(dt, "\"F16\"", 5);
+    write_all(bad, c, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "dtype F16");
+    assert_contains(sim_errmsg(), "params.token_embedder.embedding");
+
+    free(c);
+    free(b);
+    assert_int_equal(run(&one, model_a, DO_LOAD, "/nonexistent/step_1.safetensors", NULL, NULL), SIM_ERR_IO);
+    assert_contains(sim_errmsg(), "/nonexistent/step_1.safetensors");
+
+    /* a save that cannot create its directory fails cleanly */
+    char dir2[sizeof g_dir];
+    snprintf(dir2, sizeof dir2, "%s", g_dir);
+    snprintf(g_dir, sizeof g_dir, "/nonexistent/dir");
+    step = 1;
+    assert_int_equal(run(&mesh_dt, model_a, DO_SAVE, NULL, &step, NULL), SIM_ERR_IO);
+    assert_contains(sim_errmsg(), "/nonexistent/dir");
+    snprintf(g_dir, sizeof g_dir, "%s", dir2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_save_load_across_meshes),
+        cmocka_unit_test(test_file_is_safetensors),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

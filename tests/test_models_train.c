@@ -1,0 +1,338 @@
+/* test_models_train.c — the training loop on small shapes:
+ *   - parity over 5 steps (losses and every gradient of every step) with the
+ *     1-device run on the meshes of issue 4, in auto and explicit mode;
+ *   - traffic: pure FSDP reduce-scatters (k-1)/k of the fsdp-sharded
+ *     parameter bytes per step; pure data parallelism all-reduces
+ *     2(k-1)/k of all parameter bytes per step;
+ *   - dry run: the same traffic and peak memory as a real run;
+ *   - the synthetic loss falls;
+ *   - an explicit-mode constraint that does not hold is an error naming the
+ *     layer and both specs, and auto mode reshards it (implicit). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mesh/ad.h"
+#include "models/train.h"
+
+static const char *const TINY[] = {
+    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
+    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",          "max_target_length=16",
+    "init_weights_seed=3", "learning_rate=1e-2",      "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",
+};
+enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8 };
+
+typedef struct {
+    mesh_cfg *cfg;
+    model_def *def;
+    model_data data;
+    model_train_job job;
+    sim_machine *m;
+} run_t;
+
+static void open_run(run_t *r, const char *const *extra, int n_extra, int devices, long long steps)
+{
+    memset(r, 0, sizeof *r);
+    const char *argv[64];
+    int argc = 0;
+    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
+    char pdbs[64], st[32];
+    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
+    snprintf(st, sizeof st, "steps=%lld", steps);
+    argv[argc++] = pdbs;
+    argv[argc++] = st;
+    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
+    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &r->cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    r->def = calloc(1, sizeof *r->def);
+    if (model_def_from_config(r->cfg, r->def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
+    assert_int_equal(r->def->mesh.num_devices, devices);
+    if (model_data_from_config(r->cfg, &r->data) != SIM_OK) fail_msg("data: %s", sim_errmsg());
+    if (model_optim_from_config(r->cfg, &r->job.opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
+    r->job.def = r->def;
+    r->job.data = &r->data;
+    r->job.steps = steps;
+    r->job.stats = calloc((size_t)steps, sizeof *r->job.stats);
+    assert_int_equal(model_machine_new(r->def, 0, false, &r->m), SIM_OK);
+}
+
+static void train(run_t *r, bool grads)
+{
+    if (grads) r->job.step_grads = calloc((size_t)r->job.steps, sizeof *r->job.step_grads);
+    if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
+}
+
+static void close_run(run_t *r)
+{
+    if (r->job.step_grads) {
+        for (long long s = 0; s < r->job.steps; s++) model_grads_free(&r->job.step_grads[s]);
+        free(r->job.step_grads);
+    }
+    free(r->job.stats);
+    sim_machine_free(r->m);
+    model_data_close(&r->data);
+    model_def_free(r->def);
+    free(r->def);
+    mesh_cfg_free(r->cfg);
+}
+
+/* ------------------------------------------------------------ parity over 5 steps */
+
+typedef struct {
+    const char *label;
+    const char *flags[4];
+} mesh_case;
+
+static const mesh_case MESHES[] = {
+    {"data=8", {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"}},
+    {"fsdp=8", {"ici_fsdp_parallelism=8"}},
+    {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}},
+    {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
+    {"fsdp=2 context=2 tensor=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}},
+    {"tensor_sequence=2 fsdp=4", {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"}},
+    {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}},
+};
+
+static double rel_norm(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num) / (sqrt(den) + 1e-30);
+}
+
+static void test_parity_five_steps(void **state)
+{
+    (void)state;
+    enum { STEPS = 5 };
+    run_t ref;
+    open_run(&ref, NULL, 0, 1, STEPS);
+    train(&ref, true);
+    /* the loss moves: parity over steps that compare nothing would be empty */
+    assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.05);
+    for (size_t mi = 0; mi < sizeof MESHES / sizeof MESHES[0]; mi++)
+        for (int mode = 0; mode < 2; mode++) {
+            const char *extra[6];
+            int n = 0;
+            for (int f = 0; f < 4 && MESHES[mi].flags[f]; f++) extra[n++] = MESHES[mi].flags[f];
+            extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            run_t r;
+            open_run(&r, extra, n, 8, STEPS);
+            train(&r, true);
+            for (int s = 0; s < STEPS; s++) {
+                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+                if (fabs(l - lr) > 1e-4 * fabs(lr))
+                    fail_msg("%s %s step %d: loss %.7f vs %.7f", MESHES[mi].label, extra[n - 1], s, l, lr);
+                for (int i = 0; i < r.def->nparams; i++) {
+                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                    double e = rel_norm(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                    if (e > 1e-4)
+                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", MESHES[mi].label, extra[n - 1], s,
+                                 r.def->defs[i].path, e);
+                }
+            }
+            close_run(&r);
+        }
+    close_run(&ref);
+}
+
+/* ------------------------------------------------------------ traffic formulas */
+
+typedef struct {
+    uint64_t bytes;
+    uint64_t calls;
+} sum_t;
+
+/* Sum over device d's records of one op and phase (tag prefix optional). */
+static sum_t sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const char *prefix)
+{
+    size_t n;
+    const sim_record *r = sim_device_records(sim_machine_device(m, d), &n);
+    sum_t s = {0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (r[i].op == op && r[i].phase == ph && (!prefix || !strncmp(r[i].tag, prefix, strlen(prefix)))) {
+            s.bytes += r[i].bytes_sent;
+            s.calls++;
+        }
+    return s;
+}
+
+static uint64_t param_bytes(const model_def *def, int i)
+{
+    uint64_t b = 4;
+    for (int d = 0; d < def->defs[i].rank; d++) b *= (uint64_t)def->defs[i].shape[d];
+    return b;
+}
+
+static void test_traffic_pure_fsdp(void **state)
+{
+    (void)state;
+    const char *extra[] = {"ici_fsdp_parallelism=8"};
+    run_t r;
+    open_run(&r, extra, 1, 8, 1);
+    train(&r, false);
+    int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
+    uint64_t sharded = 0;
+    for (int i = 0; i < r.def->nparams; i++)
+        if (mesh_spec_dim_axes(&r.def->spec[i]) & (1u << fsdp)) sharded += param_bytes(r.def, i);
+    assert_true(sharded > 0);
+    for (int d = 0; d < 8; d++) {
+        /* every backward reduce-scatter is a gradient landing on its fsdp-sharded parameter */
+        sum_t rs = sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, NULL);
+        sum_t grad = sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "grad/");
+        assert_int_equal(rs.bytes, grad.bytes);
+        assert_int_equal(rs.bytes, sharded * 7 / 8);
+    }
+    close_run(&r);
+}
+
+static void test_traffic_pure_data(void **state)
+{
+    (void)state;
+    const char *extra[] = {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"};
+    run_t r;
+    open_run(&r, extra, 2, 8, 1);
+    train(&r, false);
+    uint64_t all = model_param_bytes(r.def);
+    for (int d = 0; d < 8; d++) {
+        sum_t ar = sum_records(r.m, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL);
+        /* 2(k-1)/k of every parameter byte, k = 8 (each gradient's size divides by 8 here) */
+        assert_int_equal(ar.bytes, all * 2 * 7 / 8);
+        /* and nothing else moves in backward */
+        assert_int_equal(sum_records(r.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
+        assert_int_equal(sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
+    }
+    close_run(&r);
+}
+
+/* ------------------------------------------------------------ dry run */
+
+static void test_dry_run_matches_real(void **state)
+{
+    (void)state;
+    const char *real[] = {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"};
+    const char *dry[] = {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2",
+                         "dry_run=true"};
+    run_t a, b;
+    open_run(&a, real, 3, 8, 1);
+    open_run(&b, dry, 4, 8, 1);
+    train(&a, false);
+    train(&b, false);
+    for (int d = 0; d < 8; d++) {
+        size_t na, nb;
+        const sim_record *ra = sim_device_records(sim_machine_device(a.m, d), &na);
+        const sim_record *rb = sim_device_records(sim_machine_device(b.m, d), &nb);
+        assert_int_equal(na, nb);
+        for (size_t i = 0; i < na; i++) {
+            assert_int_equal(ra[i].op, rb[i].op);
+            assert_int_equal(ra[i].phase, rb[i].phase);
+            assert_int_equal(ra[i].bytes_sent, rb[i].bytes_sent);
+            assert_int_equal(ra[i].bytes_recv, rb[i].bytes_recv);
+            assert_string_equal(ra[i].tag, rb[i].tag);
+        }
+        sim_arena_stats sa, sb;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &sa);
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &sb);
+        assert_int_equal(sa.peak, sb.peak);
+        for (int c = 0; c < SIM_NMEM; c++) assert_int_equal(sa.at_peak_by[c], sb.at_peak_by[c]);
+    }
+    close_run(&a);
+    close_run(&b);
+}
+
+/* ------------------------------------------------------------ learning */
+
+static void test_loss_falls(void **state)
+{
+    (void)state;
+    const char *extra[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"};
+    run_t r;
+    open_run(&r, extra, 2, 4, 25);
+    train(&r, false);
+    double first = r.job.stats[0].loss, last = r.job.stats[24].loss;
+    if (!(last < 0.6 * first)) fail_msg("loss %.4f -> %.4f did not fall", first, last);
+    close_run(&r);
+}
+
+/* ------------------------------------------------------------ constraints */
+
+typedef struct {
+    mesh_shape mesh;
+    mesh_mode mode;
+    sim_status st;
+    char msg[1024];
+    uint64_t implicit_bytes;
+} cons_job;
+
+static sim_status cons_device(sim_device *dev, void *arg)
+{
+    cons_job *j = arg;
+    mesh_ctx ctx = {dev, &j->mesh, j->mode, true, "decoder/layers_0/mlp", NULL};
+    mesh_tape *t = mesh_tape_new(&ctx, false);
+    mesh_spec have, want;
+    SIM_TRY(mesh_spec_parse("P('fsdp', None)", &j->mesh, &have));
+    SIM_TRY(mesh_spec_parse("P(None, 'fsdp')", &j->mesh, &want));
+    mesh_var *x = mesh_tape_var(t), *y;
+    int64_t shape[2] = {8, 8};
+    SIM_TRY(mesh_array_new(dev, &j->mesh, "x", 2, shape, &have, SIM_F32, SIM_MEM_ACTIVATIONS, &x->val));
+    sim_status st = mesh_ad_constraint(t, x, &want, "wo_input", &y);
+    if (sim_device_id(dev) == 0) {
+        j->st = st;
+        snprintf(j->msg, sizeof j->msg, "%s", st ? sim_errmsg() : "");
+        size_t n;
+        const sim_record *r = sim_device_records(dev, &n);
+        for (size_t i = 0; i < n; i++)
+            if (r[i].implicit) j->implicit_bytes += r[i].bytes_sent;
+    }
+    mesh_tape_free(t);
+    return SIM_OK;
+}
+
+static void test_constraint_mismatch(void **state)
+{
+    (void)state;
+    const char *names[] = {"fsdp"};
+    int sizes[] = {4};
+    for (int mode = 0; mode < 2; mode++) {
+        cons_job j;
+        memset(&j, 0, sizeof j);
+        assert_int_equal(mesh_shape_init(&j.mesh, 1, names, sizes), SIM_OK);
+        j.mode = mode ? MESH_MODE_EXPLICIT : MESH_MODE_AUTO;
+        sim_mesh_desc md;
+        assert_int_equal(mesh_shape_to_sim(&j.mesh, &md), SIM_OK);
+        sim_machine *m;
+        sim_machine_opts o = {0};
+        assert_int_equal(sim_machine_new(&md, &o, &m), SIM_OK);
+        assert_int_equal(sim_machine_run(m, cons_device, &j), SIM_OK);
+        if (mode) {
+            assert_int_equal(j.st, SIM_ERR_SHARDING);
+            assert_non_null(strstr(j.msg, "decoder/layers_0/mlp"));
+            assert_non_null(strstr(j.msg, "P('fsdp', None)"));
+            assert_non_null(strstr(j.msg, "P(None, 'fsdp')"));
+            assert_int_equal(j.implicit_bytes, 0);
+        } else {
+            assert_int_equal(j.st, SIM_OK);
+            /* the all-to-all that moves fsdp from dim 0 to dim 1: (k-1)/k of a 2x8 float32 block */
+            assert_int_equal(j.implicit_bytes, 3 * (2 * 8 * 4) / 4);
+        }
+        sim_machine_free(m);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parity_five_steps),   cmocka_unit_test(test_traffic_pure_fsdp),
+        cmocka_unit_test(test_traffic_pure_data),   cmocka_unit_test(test_dry_run_matches_real),
+        cmocka_unit_test(test_loss_falls),          cmocka_unit_test(test_constraint_mismatch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
