@@ -1,0 +1,112 @@
+/* step.c — training step time of the issue-4 benchmark model, as ratios from
+ * one run:
+ *   1 device:  model FLOPs per step / (step time x the all-core sgemm peak
+ *              measured in this run)            target >= 0.6
+ *   8 devices: step time / the 1-device step time  target <= 1.25
+ * for fsdp=8, fsdp=4 tensor=2 and data=2 fsdp=2 tensor=2.
+ *
+ * Model: llama2-7b with emb 512, 8 heads of 64, mlp 1536, 4 layers, vocab
+ * 4096, 256 tokens, a global batch of 8 sequences.  Model FLOPs count the
+ * matmuls (6 x matmul parameters x tokens, forward and backward) and causal
+ * attention (2 B T^2 H D forward, x3 with backward), not the remat
+ * recompute, as MaxText's MFU does.  Each configuration trains a few steps;
+ * the fastest step after the first is reported. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas_kernels/bk_roofline.h"
+#include "models/train.h"
+
+static const char *const MODEL[] = {
+    "model_name=llama2-7b", "override_model_config=true", "base_emb_dim=512", "base_num_query_heads=8",
+    "base_num_kv_heads=8", "head_dim=64", "base_mlp_dim=1536", "base_num_decoder_layers=4", "vocab_size=4096",
+    "max_target_length=256",
+};
+enum { NMODEL = sizeof MODEL / sizeof MODEL[0], ROWS = 8 };
+
+typedef struct {
+    const char *label;
+    const char *flags[4];
+    int devices;
+} config;
+
+static double run(const config *c, int steps, double *flops)
+{
+    const char *argv[32];
+    int argc = 0;
+    for (int i = 0; i < NMODEL; i++) argv[argc++] = MODEL[i];
+    for (int i = 0; i < 4 && c->flags[i]; i++) argv[argc++] = c->flags[i];
+    char pdbs[64], st[32];
+    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / c->devices);
+    snprintf(st, sizeof st, "steps=%d", steps);
+    argv[argc++] = pdbs;
+    argv[argc++] = st;
+    argv[argc++] = "learning_rate=1e-4";
+    mesh_cfg *cfg;
+    model_def def;
+    model_data data;
+    model_train_job job;
+    memset(&job, 0, sizeof job);
+    sim_machine *m;
+    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) || model_def_from_config(cfg, &def) ||
+        model_data_from_config(cfg, &data) || model_optim_from_config(cfg, &job.opt) ||
+        model_machine_new(&def, 0, false, &m)) {
+        fprintf(stderr, "bench/step: %s\n", sim_errmsg());
+        exit(2);
+    }
+    const model_dims *d = &def.d;
+    double mm = 0; /* matmul parameters: all but the embedding table and the norms */
+    for (int i = 0; i < def.nparams; i++) {
+        if (strstr(def.defs[i].path, "embedding") || strstr(def.defs[i].path, "scale")) continue;
+        double e = 1;
+        for (int k = 0; k < def.defs[i].rank; k++) e *= (double)def.defs[i].shape[k];
+        mm += e;
+    }
+    double tokens = (double)d->batch * (double)d->seq;
+    *flops = 6 * mm * tokens + 3 * 2.0 * (double)d->batch * (double)d->seq * (double)d->seq *
+                                   (double)d->q_heads * (double)d->head_dim * (double)d->layers;
+    job.def = &def;
+    job.data = &data;
+    job.steps = steps;
+    job.stats = calloc((size_t)steps, sizeof *job.stats);
+    if (model_train(&job, m) != SIM_OK) {
+        fprintf(stderr, "bench/step: %s\n", sim_errmsg());
+        exit(1);
+    }
+    double best = 1e30;
+    for (int s = 1; s < steps; s++)
+        if (job.stats[s].time_s < best) best = job.stats[s].time_s;
+    free(job.stats);
+    sim_machine_free(m);
+    model_data_close(&data);
+    model_def_free(&def);
+    mesh_cfg_free(cfg);
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    int steps = argc > 1 ? atoi(argv[1]) : 4;
+    if (steps < 2) steps = 2;
+    int cores = bk_num_cores();
+    double peak = bk_sgemm_peak_gflops(cores);
+    printf("sgemm peak, %d cores, measured now: %.1f GFLOP/s\n\n", cores, peak);
+    static const config configs[] = {
+        {"1 device", {"ici_fsdp_parallelism=1"}, 1},
+        {"fsdp=8", {"ici_fsdp_parallelism=8"}, 8},
+        {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}, 8},
+        {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 8},
+    };
+    printf("%-26s %12s %14s %12s %14s\n", "mesh", "step (s)", "GFLOP/step", "/peak", "/1-device");
+    double t1 = 0;
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        double flops, t = run(&configs[i], steps, &flops);
+        if (i == 0) t1 = t;
+        double ach = flops / t / 1e9;
+        printf("%-26s %12.3f %14.1f %12.2f %14.2f\n", configs[i].label, t, flops / 1e9, ach / peak, t / t1);
+        fflush(stdout);
+    }
+    printf("\ntargets: 1 device >= 0.60 of the sgemm peak; 8 devices <= 1.25 x the 1-device step time\n");
+    return 0;
+}
