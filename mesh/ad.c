@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "mesh/ops.h"
+#include "mesh/reshard.h"
 
 static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
 {
@@ -27,6 +28,18 @@ static sim_status split_sub(const char *sub, char *l, char *r, char *o)
     return SIM_OK;
 }
 
+/* mesh_einsum with the tape's reshard cache installed on the context. */
+static sim_status einsum_cached(mesh_tape *t, const char *sub, const mesh_array *a, const mesh_array *b,
+                                const mesh_spec *out_sharding, const char *name, sim_mem_cat cat, mesh_array *out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    struct mesh_reshard_cache *saved = c->cache;
+    c->cache = mesh_tape_cache(t);
+    sim_status st = mesh_einsum(c, sub, a, b, out_sharding, name, cat, out, NULL);
+    c->cache = saved;
+    return st;
+}
+
 static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
@@ -45,13 +58,13 @@ static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
     if (a->needs_grad) {
         mesh_array da;
         snprintf(sub, sizeof sub, "%s,%s->%s", o, r, l);
-        st = mesh_einsum(c, sub, &y->grad, &b->val, NULL, "bwd_lhs", SIM_MEM_TEMP, &da, NULL);
+        st = einsum_cached(t, sub, &y->grad, &b->val, NULL, "bwd_lhs", SIM_MEM_TEMP, &da);
         if (st == SIM_OK) st = mesh_tape_accumulate(t, a, &da, tagof(t, "bwd_lhs", tag, sizeof tag));
     }
     if (st == SIM_OK && b->needs_grad) {
         mesh_array db;
         snprintf(sub, sizeof sub, "%s,%s->%s", l, o, r);
-        st = mesh_einsum(c, sub, &a->val, &y->grad, NULL, "bwd_rhs", SIM_MEM_TEMP, &db, NULL);
+        st = einsum_cached(t, sub, &a->val, &y->grad, NULL, "bwd_rhs", SIM_MEM_TEMP, &db);
         if (st == SIM_OK) st = mesh_tape_accumulate(t, b, &db, tagof(t, "bwd_rhs", tag, sizeof tag));
     }
     c->layer = layer;
@@ -61,9 +74,8 @@ static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
 sim_status mesh_ad_einsum(mesh_tape *t, const char *sub, mesh_var *a, mesh_var *b, const mesh_spec *out_sharding,
                           const char *name, mesh_var **out)
 {
-    mesh_ctx *c = mesh_tape_ctx(t);
     mesh_var *y = mesh_tape_var(t);
-    SIM_TRY(mesh_einsum(c, sub, &a->val, &b->val, out_sharding, name, SIM_MEM_ACTIVATIONS, &y->val, NULL));
+    SIM_TRY(einsum_cached(t, sub, &a->val, &b->val, out_sharding, name, SIM_MEM_ACTIVATIONS, &y->val));
     char tag[SIM_TAG_MAX];
     mesh_var *in[2] = {a, b};
     mesh_entry *e = mesh_tape_record(t, einsum_vjp, tagof(t, name, tag, sizeof tag), 2, in, 1, &y);

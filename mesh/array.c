@@ -44,6 +44,8 @@ sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, 
     mesh_spec_local_shape(spec, m, shape, out->local);
     out->nlocal = 1;
     for (int i = 0; i < rank; i++) out->nlocal *= (size_t)out->local[i];
+    static _Thread_local uint64_t next_uid; /* arrays are made on their device's thread */
+    out->uid = ++next_uid;
     return sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, true, &out->data);
 }
 

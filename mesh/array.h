@@ -23,6 +23,7 @@ typedef struct {
     sim_mem_cat cat;                        /* arena category of the shard */
     size_t nlocal;                          /* elements of the shard */
     void *data;                             /* the shard, row-major; NULL in dry run */
+    uint64_t uid;                           /* identity of this shard on its device (new per allocation) */
 } mesh_array;
 
 /* Converts a mesh shape to the simulator's mesh description (same axis order). */

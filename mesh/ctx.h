@@ -14,7 +14,8 @@ typedef enum {
     MESH_MODE_EXPLICIT   /* JAX sharding-in-types: constraints assert, only reshard changes a sharding */
 } mesh_mode;
 
-struct mesh_tape; /* the autodiff tape (models layer); NULL when not recording */
+struct mesh_tape;           /* the autodiff tape; NULL when not recording */
+struct mesh_reshard_cache;  /* resharded operand copies to reuse (mesh/reshard.h) */
 
 typedef struct {
     sim_device *dev;            /* this device */
@@ -23,6 +24,7 @@ typedef struct {
     bool drop_size_one;         /* remove_size_one_mesh_axis_from_type: compare specs without size-1 axes */
     const char *layer;          /* current layer path ("decoder/layers/self_attention"), for tags and errors */
     struct mesh_tape *tape;     /* where ops record themselves for backward, or NULL */
+    struct mesh_reshard_cache *cache; /* operand reshards already made and still valid, or NULL */
 } mesh_ctx;
 
 #endif

@@ -31,17 +31,23 @@ sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec 
                            mesh_array *out, bool *owned)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
+    *owned = false;
     if (mesh_spec_equal(&src->spec, spec)) {
         *out = *src;
-        *owned = false;
         return SIM_OK;
     }
+    /* made before on this tape (e.g. the K/V gather of a recomputed layer): reuse it */
+    mesh_reshard_cache *cache = mesh_tape_cache(t);
+    if (mesh_reshard_cache_get(cache, src, &src->spec, spec, out)) return SIM_OK;
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, src, src->name, SIM_MEM_ACTIVATIONS, out));
-    *owned = true;
     sim_meta meta = {tag, c->mode == MESH_MODE_AUTO};
     sim_status st = mesh_reshard(c->dev, c->mesh, out, spec, meta);
-    if (st) mesh_array_free(c->dev, out);
-    return st;
+    if (st) {
+        mesh_array_free(c->dev, out);
+        return st;
+    }
+    mesh_reshard_cache_put(cache, src, &src->spec, out); /* the tape's cache owns it now */
+    return SIM_OK;
 }
 
 static void drop(mesh_tape *t, mesh_array *a, bool owned)

@@ -1,6 +1,7 @@
 /* reshard.c — the resharding planner and its executor (see reshard.h). */
 #include "mesh/reshard.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "sim/arena.h"
@@ -307,4 +308,61 @@ sim_status mesh_reshard(sim_device *d, const mesh_shape *m, mesh_array *a, const
     mesh_plan p;
     SIM_TRY(mesh_plan_make(m, a->name, a->rank, a->shape, a->dtype, &a->spec, to, &p));
     return mesh_plan_run(d, m, &p, a, meta);
+}
+
+/* ------------------------------------------------------------ reshard cache */
+
+typedef struct {
+    uint64_t uid;
+    mesh_spec from, to;
+    mesh_array copy;
+} cache_entry;
+
+struct mesh_reshard_cache {
+    sim_device *dev;
+    cache_entry *e;
+    int n, cap;
+};
+
+mesh_reshard_cache *mesh_reshard_cache_new(sim_device *d)
+{
+    mesh_reshard_cache *c = calloc(1, sizeof *c);
+    SIM_ASSERT(c);
+    c->dev = d;
+    return c;
+}
+
+void mesh_reshard_cache_free(mesh_reshard_cache *c)
+{
+    if (!c) return;
+    for (int i = c->n - 1; i >= 0; i--) mesh_array_free(c->dev, &c->e[i].copy);
+    free(c->e);
+    free(c);
+}
+
+bool mesh_reshard_cache_get(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_spec *to,
+                            mesh_array *out)
+{
+    for (int i = 0; c && i < c->n; i++) {
+        const cache_entry *e = &c->e[i];
+        if (e->uid == src->uid && mesh_spec_equal(&e->from, from) && mesh_spec_equal(&e->to, to)) {
+            *out = e->copy;
+            return true;
+        }
+    }
+    return false;
+}
+
+void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_array *copy)
+{
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 16;
+        c->e = realloc(c->e, (size_t)c->cap * sizeof *c->e);
+        SIM_ASSERT(c->e);
+    }
+    cache_entry *e = &c->e[c->n++];
+    e->uid = src->uid;
+    e->from = *from;
+    e->to = copy->spec;
+    e->copy = *copy;
 }

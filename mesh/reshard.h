@@ -72,4 +72,21 @@ sim_status mesh_reshard(sim_device *d, const mesh_shape *m, mesh_array *a, const
 /* Runs a plan made for `a`. */
 sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p, mesh_array *a, sim_meta meta);
 
+/* ---- reuse of operand reshards ----------------------------------------------
+ * An op that needs an operand in another sharding asks the cache first: the
+ * same array (uid) in the same spec resharded to the same target is made
+ * once per cache lifetime, as a compiler would do one all-gather of an
+ * activation feeding several matmuls, or keep an FSDP-gathered weight for
+ * the backward pass of its layer.  The autodiff tape owns one cache; its
+ * values are immutable while it lives. */
+typedef struct mesh_reshard_cache mesh_reshard_cache;
+
+mesh_reshard_cache *mesh_reshard_cache_new(sim_device *d);
+void mesh_reshard_cache_free(mesh_reshard_cache *c);
+/* A copy of src (whose spec is `from`) in spec `to`, if made before (borrowed). */
+bool mesh_reshard_cache_get(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_spec *to,
+                            mesh_array *out);
+/* Keeps `copy` (src resharded from `from`); the cache now owns it. */
+void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_array *copy);
+
 #endif

@@ -9,6 +9,7 @@
 struct mesh_tape {
     mesh_ctx *ctx;
     bool recording;
+    mesh_reshard_cache *cache;
     mesh_var **vars;
     int nvars, capvars;
     mesh_entry **entries;
@@ -21,10 +22,12 @@ mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording)
     SIM_ASSERT(t);
     t->ctx = ctx;
     t->recording = recording;
+    t->cache = mesh_reshard_cache_new(ctx->dev);
     return t;
 }
 
 mesh_ctx *mesh_tape_ctx(mesh_tape *t) { return t->ctx; }
+mesh_reshard_cache *mesh_tape_cache(mesh_tape *t) { return t->cache; }
 bool mesh_tape_recording(const mesh_tape *t) { return t->recording; }
 
 static void free_grad(mesh_tape *t, mesh_var *v)
@@ -51,6 +54,7 @@ void mesh_tape_free(mesh_tape *t)
         if (v->owned) mesh_array_free(t->ctx->dev, &v->val);
         free(v);
     }
+    mesh_reshard_cache_free(t->cache);
     free(t->entries);
     free(t->vars);
     free(t);
