@@ -44,7 +44,7 @@ static void split_configs(const char *spec, parity_cfg *c, int *n)
         snprintf(buf, sizeof buf, "%s", pc->text);
         for (char *w = strtok_r(buf, " \t", &save); w && pc->n < MAX_WORDS; w = strtok_r(NULL, " \t", &save))
             pc->words[pc->n++] = strdup(w);
-        snprintf(pc->label, sizeof pc->label, "%s", pc->n ? pc->text : "(base)");
+        snprintf(pc->label, sizeof pc->label, "%.300s", pc->n ? pc->text : "(base)");
         p = semi ? semi + 1 : p + len;
     }
 }

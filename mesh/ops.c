@@ -261,6 +261,8 @@ typedef struct {
     bool owned;
 } staged;
 
+/* With ctx->cache (the tape's), a reshard of the same array (uid) from the same spec to the same
+ * target is made once and borrowed afterwards, as a compiler reuses one all-gather. */
 static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *work, const mesh_spec *to, sim_meta meta,
                         staged *out)
 {
@@ -268,6 +270,7 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     out->arr.spec = *work; /* differs from x->spec by size-1 axes at most: same shard */
     out->owned = false;
     if (mesh_spec_equal(work, to)) return SIM_OK;
+    if (ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
     size_t bytes = x->nlocal * sim_dtype_size(x->dtype);
     void *data = NULL;
     SIM_TRY(sim_arena_alloc(sim_device_arena(ctx->dev), bytes, SIM_MEM_TEMP, x->name, false, &data));
@@ -279,6 +282,9 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     if (st != SIM_OK) {
         mesh_array_free(ctx->dev, &out->arr);
         out->owned = false;
+    } else if (ctx->cache) {
+        mesh_reshard_cache_put(ctx->cache, x, work, &out->arr);
+        out->owned = false; /* the cache owns it now */
     }
     return st;
 }
@@ -608,9 +614,37 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
                 sb_entries(&s, m, &p->from[0], nct, cl);
                 sb_put(&s, " and rhs_contracting_spec=");
                 sb_entries(&s, m, &p->from[1], nct, cr);
-                return rule_error(&e, SIM_ERR_SHARDING, buf,
-                                  "pass out_sharding: replicated on the contraction axes (all-reduce), sharded "
-                                  "on them (reduce-scatter) or unreduced={...} (no communication)");
+                /* concrete suggestions: the inferred output, summed (all-reduce) or left unreduced */
+                bool alike = true;
+                uint32_t cax = 0;
+                for (int j = 0; j < nct; j++) {
+                    tup x = tup_of(&p->from[0], cl[j]), y = tup_of(&p->from[1], cr[j]);
+                    alike = alike && tup_eq(&x, &y);
+                    cax |= tup_mask(&x) | tup_mask(&y);
+                }
+                mesh_spec base;
+                mesh_spec_init(&base, d->ro);
+                for (int j = 0; j < d->ro; j++) {
+                    int c = d->lo[j] - 'a';
+                    tup t = d->role[c] == BK_EIN_RHS_FREE ? tup_of(&p->from[1], letter_dim(d->lb, d->rb, d->lo[j]))
+                                                          : tup_of(&p->from[0], letter_dim(d->la, d->ra, d->lo[j]));
+                    if (!(tup_mask(&t) & cax)) set_dim(&base, j, &t);
+                }
+                char fix[768];
+                sbuf f = {fix, sizeof fix, 0};
+                if (alike) {
+                    sb_put(&f, "pass out_sharding=");
+                    sb_spec(&f, m, &base);
+                    sb_put(&f, " (all-reduce over the contraction axes), out_sharding=");
+                    base.partial = cax;
+                    sb_spec(&f, m, &base);
+                    sb_put(&f, " (no communication, the sum is deferred), or an out_sharding that shards an "
+                               "output dim on those axes (reduce-scatter)");
+                } else {
+                    sb_put(&f, "reshard one operand so that only one side shards each contraction dim (the "
+                               "other is then all-gathered), or so both shard it alike and pass out_sharding");
+                }
+                return rule_error(&e, SIM_ERR_SHARDING, buf, fix);
             }
     }
     if (expl && out_sharding && out_sharding->partial) {
@@ -745,6 +779,18 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     staged ua = {.owned = false}, ub = {.owned = false}, sa = {.owned = false}, sb = {.owned = false};
     placement *p = calloc(1, sizeof *p);
     if (!p) return sim_err(SIM_ERR_INTERNAL, "%s: out of host memory", tag);
+
+    /* explicit-mode rules first, on the operands as given: an op never fails after it started a
+     * collective (the indices summed away below take no part in the dot_general rule) */
+    if (ctx->mode == MESH_MODE_EXPLICIT) {
+        p->m = ctx->mesh;
+        p->nops = 2;
+        p->from[0] = work_spec(ctx, &a->spec);
+        p->from[1] = work_spec(ctx, &b->spec);
+        st = einsum_rules(ctx, tag, opdesc, &d, a, b, out_sharding, p);
+        if (st != SIM_OK) goto done;
+        memset(p, 0, sizeof *p);
+    }
 
     /* indices in one operand only are summed first (reduce_sum's rule: all-reduce if sharded) */
     char la[BK_EINSUM_MAX_RANK], lb[BK_EINSUM_MAX_RANK], sub[64];
@@ -1498,10 +1544,16 @@ sim_status mesh_with_sharding_constraint(mesh_ctx *ctx, mesh_array *a, const mes
     sb_spec(&s, ctx->mesh, &want);
     sb_put(&s, ". Please use `jax.sharding.reshard` to shard your input to the sharding you want.");
     err_ctx e = {ctx, tag, "with_sharding_constraint", 1, {a, NULL}, {&have, NULL}};
+    mesh_spec h1 = have, w1 = want;
+    mesh_spec_drop_size_one(&h1, ctx->mesh);
+    mesh_spec_drop_size_one(&w1, ctx->mesh);
     return rule_error(&e, SIM_ERR_SHARDING, buf,
-                      ctx->drop_size_one ? "reshard (mesh_reshard_op / shard_as) where the sharding changes"
-                                         : "reshard (mesh_reshard_op / shard_as) where the sharding changes; specs "
-                                           "are compared with their size-1 axes (drop_size_one is off)");
+                      mesh_spec_equal(&h1, &w1)
+                          ? "the specs differ only in size-1 mesh axes: they compare equal with drop_size_one "
+                            "(MaxText's remove_size_one_mesh_axis_from_type) on; or reshard (mesh_reshard_op / "
+                            "shard_as) to the spec with the size-1 axes where the sharding changes"
+                          : "reshard (mesh_reshard_op / shard_as) where the sharding changes, or constrain to the "
+                            "array's actual sharding");
 }
 
 sim_status mesh_shard_as(mesh_ctx *ctx, mesh_array *a, const mesh_spec *spec, const char *name)

@@ -14,7 +14,10 @@
  *             one whose reshards cost the fewest bytes (mesh_plan_make) and records those
  *             collectives as implicit.  Partial ("unreduced") values flow through linear ops.
  * All collectives are tagged "<layer>/<name>".  In explicit mode, with ctx->drop_size_one, specs
- * are compared with their size-1 axes removed (MaxText's remove_size_one_mesh_axis_from_type). */
+ * are compared with their size-1 axes removed (MaxText's remove_size_one_mesh_axis_from_type).
+ * An op never fails after it has started a collective (every rule check comes first).  Operands
+ * are resharded as copies in the temporaries category; with ctx->cache such a copy is made once
+ * per (array, spec, target) and borrowed afterwards (mesh/reshard.h). */
 #ifndef MESH_OPS_H
 #define MESH_OPS_H
 

@@ -370,8 +370,12 @@ static void deadlock_locked(sim_machine *m)
 sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match)
 {
     sim_machine *m = d->m;
+    /* Every member that passed ARRIVE only copies memory before DEPART, so a
+     * DEPART always completes; leaving it early on another device's failure
+     * would let this device free buffers its peers are still reading. */
+    bool must_finish = kind == SIM_RV_DEPART;
     pthread_mutex_lock(&m->lock);
-    if (m->failed) {
+    if (m->failed && !must_finish) {
         pthread_mutex_unlock(&m->lock);
         return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
     }
@@ -404,7 +408,7 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
     d->wait_kind = kind;
     m->n_blocked++;
     if (m->n_blocked == m->n_alive) deadlock_locked(m);
-    while (d->waiting && !m->failed) pthread_cond_wait(&d->cv, &m->lock);
+    while (d->waiting && (must_finish || !m->failed)) pthread_cond_wait(&d->cv, &m->lock);
     if (d->waiting) { /* woken by a failure */
         d->waiting = false;
         m->n_blocked--;

@@ -8,7 +8,8 @@
  * afterwards (no leaked temporaries).
  *
  * Byte counts follow the collective formulas (sim/collectives.h) on the local buffer of the step:
- *   all-gather (k-1)*s, reduce-scatter (k-1)*n/k, all-reduce 2(k-1)*n/k, all-to-all (k-1)*n/k. */
+ *   all-gather (k-1)*s, reduce-scatter (k-1)*n/k, all-reduce 2(k-1)*n/k, all-to-all (k-1)*n/k.
+ * OPS_DEBUG=1 prints each case before it runs (to find the one a sweep failed on). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -192,19 +193,21 @@ static sim_status run_device(sim_device *d, void *arg)
 {
     run_t *r = arg;
     int id = sim_device_id(d);
-    mesh_ctx ctx = {d, r->m, r->mode, !r->keep_size_one, "layer0", NULL};
+    mesh_ctx ctx = {d, r->m, r->mode, !r->keep_size_one, "layer0", NULL, NULL};
     mesh_array in[2], out;
     memset(&out, 0, sizeof out);
+    /* no cmocka assertion on a device thread: failures come back as statuses */
     for (int i = 0; i < r->nin; i++) {
-        mesh_spec s = parse(r->m, r->spec[i]);
+        mesh_spec s;
+        SIM_TRY(mesh_spec_parse(r->spec[i], r->m, &s));
         char nm[16];
         snprintf(nm, sizeof nm, "in%d", i);
         SIM_TRY(mesh_array_new(d, r->m, nm, r->rank[i], r->shape[i], &s, SIM_F32, SIM_MEM_ACTIVATIONS, &in[i]));
         mesh_array_load_global(d, r->m, &in[i], r->global[i]);
     }
     mesh_spec osh, tgt;
-    if (r->out_sharding) osh = parse(r->m, r->out_sharding);
-    if (r->target) tgt = parse(r->m, r->target);
+    if (r->out_sharding) SIM_TRY(mesh_spec_parse(r->out_sharding, r->m, &osh));
+    if (r->target) SIM_TRY(mesh_spec_parse(r->target, r->m, &tgt));
     const mesh_spec *os = r->out_sharding ? &osh : NULL;
     sim_device_clear_records(d);
     sim_status st = SIM_OK;
@@ -263,6 +266,9 @@ static void run_case(sim_machine *mach, run_t *r)
         }
     }
     host_expect(r);
+    if (getenv("OPS_DEBUG"))
+        fprintf(stderr, "case op %d mode %d %s %s %s -> %s\n", (int)r->op, (int)r->mode, r->sub ? r->sub : "",
+                r->spec[0], r->nin > 1 ? r->spec[1] : "-", r->out_sharding ? r->out_sharding : (r->target ? r->target : "-"));
     r->got = calloc((size_t)r->out_n + 1, sizeof(float));
     r->st = sim_machine_run(mach, run_device, r);
     snprintf(r->msg, sizeof r->msg, "%s", r->st == SIM_OK ? "" : sim_errmsg());
@@ -1024,6 +1030,64 @@ static void test_size_one_axes(void **state)
     sim_machine_free(mach);
 }
 
+/* ------------------------------------------------------------ reshard cache */
+
+typedef struct {
+    const mesh_shape *m;
+    uint64_t sent_first[MAXDEV], sent_second[MAXDEV];
+    size_t live_with_cache[MAXDEV], live_after[MAXDEV];
+} cache_run;
+
+/* With ctx->cache, the FSDP all-gather of a weight feeding two einsums runs once. */
+static sim_status cache_device(sim_device *d, void *arg)
+{
+    cache_run *cr = arg;
+    int id = sim_device_id(d);
+    mesh_ctx ctx = {d, cr->m, MESH_MODE_EXPLICIT, true, "layer0", NULL, NULL};
+    ctx.cache = mesh_reshard_cache_new(d);
+    int64_t xs[] = {4, 8}, ws[] = {8, 4};
+    mesh_spec px, pw;
+    SIM_TRY(mesh_spec_parse("P('x', None)", cr->m, &px));
+    SIM_TRY(mesh_spec_parse("P('y', None)", cr->m, &pw));
+    mesh_array x, w, y1, y2;
+    SIM_TRY(mesh_array_new(d, cr->m, "x", 2, xs, &px, SIM_F32, SIM_MEM_ACTIVATIONS, &x));
+    SIM_TRY(mesh_array_new(d, cr->m, "w", 2, ws, &pw, SIM_F32, SIM_MEM_PARAMS, &w));
+    sim_device_clear_records(d);
+    SIM_TRY(mesh_einsum(&ctx, "bd,dh->bh", &x, &w, NULL, "first", SIM_MEM_ACTIVATIONS, &y1, NULL));
+    cr->sent_first[id] = sim_device_op_totals(d, SIM_OP_ALL_GATHER).bytes_sent;
+    SIM_TRY(mesh_einsum(&ctx, "bd,dh->bh", &x, &w, NULL, "second", SIM_MEM_ACTIVATIONS, &y2, NULL));
+    cr->sent_second[id] = sim_device_op_totals(d, SIM_OP_ALL_GATHER).bytes_sent - cr->sent_first[id];
+    mesh_array_free(d, &y1);
+    mesh_array_free(d, &y2);
+    mesh_array_free(d, &x);
+    mesh_array_free(d, &w);
+    sim_arena_stats st;
+    sim_arena_get_stats(sim_device_arena(d), &st);
+    cr->live_with_cache[id] = st.live; /* the gathered weight, owned by the cache */
+    mesh_reshard_cache_free(ctx.cache);
+    sim_arena_get_stats(sim_device_arena(d), &st);
+    cr->live_after[id] = st.live;
+    return SIM_OK;
+}
+
+static void test_reshard_cache(void **state)
+{
+    (void)state;
+    mesh_shape m = make_mesh(2, XY, S22);
+    sim_machine *mach = new_machine(&m);
+    cache_run cr;
+    memset(&cr, 0, sizeof cr);
+    cr.m = &m;
+    assert_int_equal(sim_machine_run(mach, cache_device, &cr), SIM_OK);
+    for (int dv = 0; dv < 4; dv++) {
+        assert_int_equal(cr.sent_first[dv], 64); /* w local (4, 4) = 64 B gathered over y: (k-1)s */
+        assert_int_equal(cr.sent_second[dv], 0);
+        assert_int_equal(cr.live_with_cache[dv], 8 * 4 * 4);
+        assert_int_equal(cr.live_after[dv], 0);
+    }
+    sim_machine_free(mach);
+}
+
 /* ------------------------------------------------------------ bad input */
 
 typedef struct {
@@ -1034,7 +1098,7 @@ typedef struct {
 static sim_status bad_device(sim_device *d, void *arg)
 {
     bad_arg *ba = arg;
-    mesh_ctx ctx = {d, ba->m, MESH_MODE_AUTO, true, "layer0", NULL};
+    mesh_ctx ctx = {d, ba->m, MESH_MODE_AUTO, true, "layer0", NULL, NULL};
     int64_t s48[] = {4, 8}, s38[] = {3, 8};
     mesh_spec rep;
     mesh_spec_init(&rep, 2);
@@ -1279,6 +1343,7 @@ int main(void)
         cmocka_unit_test(test_reshape),
         cmocka_unit_test(test_reshard_and_constraints),
         cmocka_unit_test(test_size_one_axes),
+        cmocka_unit_test(test_reshard_cache),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_random_sweep),
         cmocka_unit_test(test_dry_run_counts),
