@@ -329,6 +329,7 @@ typedef struct {
     int out_map[MESH_SPEC_MAX_RANK];
     bool union_partial;                 /* add/sub: one partial set for operands and output */
     const mesh_spec *out_target;        /* out_sharding, or NULL */
+    mesh_reshard_cache *cache;          /* reshards already made: free for the search */
     /* result */
     mesh_spec to[2], out;
     uint64_t bytes_in, bytes_out;
@@ -411,7 +412,11 @@ static sim_status place(placement *p, const char *tag)
             uint64_t in = 0, b, ob = 0;
             bool ok = true;
             for (int k = 0; k < p->nops && ok; k++) {
-                ok = plan_bytes(p->m, plan, p->x[k]->name, p->x[k]->rank, p->x[k]->shape, &p->from[k], &to[k], &b);
+                mesh_array cached;
+                if (p->cache && mesh_reshard_cache_get(p->cache, p->x[k], &p->from[k], &to[k], &cached))
+                    b = 0; /* made before (e.g. the forward's gather, reused by the backward): free */
+                else
+                    ok = plan_bytes(p->m, plan, p->x[k]->name, p->x[k]->rank, p->x[k]->shape, &p->from[k], &to[k], &b);
                 in += b;
             }
             if (ok && p->out_target)
@@ -784,6 +789,7 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
      * collective (the indices summed away below take no part in the dot_general rule) */
     if (ctx->mode == MESH_MODE_EXPLICIT) {
         p->m = ctx->mesh;
+    p->cache = ctx->cache;
         p->nops = 2;
         p->from[0] = work_spec(ctx, &a->spec);
         p->from[1] = work_spec(ctx, &b->spec);
@@ -805,6 +811,7 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     }
 
     p->m = ctx->mesh;
+    p->cache = ctx->cache;
     p->nops = 2;
     p->x[0] = &ua.arr;
     p->x[1] = &ub.arr;
@@ -1057,6 +1064,7 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
     sim_status st = SIM_OK;
     staged sa = {.owned = false}, sb = {.owned = false};
     p->m = ctx->mesh;
+    p->cache = ctx->cache;
     p->nops = 2;
     p->x[0] = a;
     p->x[1] = b;

@@ -159,22 +159,40 @@ static sim_status reshard_to(mesh_tape *t, mesh_array *g, const mesh_spec *to, c
     return mesh_reshard(t->ctx->dev, t->ctx->mesh, g, to, sim_meta_tag(tag));
 }
 
+/* The spec a cotangent of v is brought to before use: v's dims, plus the
+ * partial axes of the cotangent that v does not shard. */
+static mesh_spec canonical(const mesh_var *v, uint32_t partial)
+{
+    mesh_spec to = v->val.spec;
+    to.partial = partial & ~mesh_spec_dim_axes(&v->val.spec);
+    return to;
+}
+
 sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const char *tag)
 {
     if (!v->needs_grad) {
         mesh_array_free(t->ctx->dev, g);
         return SIM_OK;
     }
-    /* a parameter's gradient reduction is reported under the parameter */
     char leaf_tag[SIM_TAG_MAX];
+    mesh_spec to;
     if (v->sink) {
+        /* a parameter: reduce at once (as a compiler reduce-scatters a weight
+         * gradient as soon as it is made) and report it under the parameter */
         snprintf(leaf_tag, sizeof leaf_tag, "grad/%.80s", v->sink->name);
         tag = leaf_tag;
+        to = canonical(v, g->spec.partial | (v->has_grad ? v->grad.spec.partial : 0));
+    } else if (!v->has_grad) {
+        /* an activation: keep the contribution as it comes; several partial
+         * contributions are added locally and reduced once, when the VJP of
+         * v's producer reads the sum (mesh_tape_backward_from) */
+        v->grad = *g;
+        v->has_grad = true;
+        return SIM_OK;
+    } else {
+        to = v->grad.spec;
+        to.partial |= g->spec.partial & ~mesh_spec_dim_axes(&to);
     }
-    /* the gradient keeps the value's dims; partial axes the value does not shard stay partial */
-    mesh_spec to = v->val.spec;
-    uint32_t dims = mesh_spec_dim_axes(&v->val.spec);
-    to.partial = (g->spec.partial & ~dims) | (v->has_grad ? v->grad.spec.partial : 0);
     sim_status st = reshard_to(t, g, &to, tag);
     if (st == SIM_OK && v->has_grad) st = reshard_to(t, &v->grad, &to, tag); /* widening: free make-partial */
     if (st != SIM_OK) {
@@ -215,7 +233,14 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
         bool any = false;
         for (int o = 0; o < e->nout; o++) any |= e->out[o]->has_grad;
         if (!any) continue;
-        st = e->vjp(t, e);
+        /* bring each output cotangent to its value's sharding (one reduction for all its contributions) */
+        for (int o = 0; o < e->nout && st == SIM_OK; o++) {
+            mesh_var *y = e->out[o];
+            if (!y->has_grad) continue;
+            mesh_spec to = canonical(y, y->grad.spec.partial);
+            st = reshard_to(t, &y->grad, &to, e->tag);
+        }
+        if (st == SIM_OK) st = e->vjp(t, e);
         for (int o = 0; o < e->nout; o++) free_grad(t, e->out[o]);
     }
     if (st == SIM_OK) st = flush_leaves(t);
