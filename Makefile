@@ -38,7 +38,7 @@ BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 # Tests run under ThreadSanitizer (the ones with threads and collectives).
-TSAN_TESTS ?= test_sim_collectives test_sim_machine
+TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel
 
 .PHONY: all test bench asan ubsan tsan clean demo
 

@@ -5,6 +5,9 @@
 #include <math.h>
 
 #include "blas_kernels/bk.h"
+#include "blas_kernels/bk_parallel.h"
+
+enum { GRAIN = 1 << 14 }; /* elements per parallel chunk */
 
 /* 1/(1+e^-x) written so that expf never overflows: for x<0 use e^x/(1+e^x). */
 static inline float sigmoidf_stable(float x) {
@@ -19,32 +22,62 @@ static inline double sigmoid_d(double x) {
   return e / (1.0 + e);
 }
 
+/* Operands of one elementwise call, shared by its parallel chunks. */
+typedef struct {
+  float *o0, *o1;
+  const float *i0, *i1, *i2;
+} ew_args;
+
+static void silu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
+  ew_args *a = arg;
+  for (int64_t i = lo; i < hi; i++) a->o0[i] = a->i0[i] * sigmoidf_stable(a->i0[i]);
+}
+
+static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
+  ew_args *a = arg;
+  for (int64_t i = lo; i < hi; i++) {
+    float x = a->i1[i], s = sigmoidf_stable(x);
+    a->o0[i] += a->i0[i] * (s + x * s * (1.0f - s));
+  }
+}
+
+static void swiglu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
+  ew_args *a = arg;
+  for (int64_t i = lo; i < hi; i++) a->o0[i] = a->i0[i] * sigmoidf_stable(a->i0[i]) * a->i1[i];
+}
+
+static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
+  ew_args *a = arg; /* i0 dout, i1 gate, i2 up */
+  for (int64_t i = lo; i < hi; i++) {
+    float g = a->i1[i], s = sigmoidf_stable(g), d = a->i0[i];
+    a->o0[i] += d * a->i2[i] * (s + g * s * (1.0f - s));
+    a->o1[i] += d * g * s;
+  }
+}
+
 void bk_silu_fwd(float *out, const float *in, size_t n) {
   BK_ASSERT(n == 0 || (out && in));
-  for (size_t i = 0; i < n; i++) out[i] = in[i] * sigmoidf_stable(in[i]);
+  ew_args a = {out, NULL, in, NULL, NULL};
+  bk_parallel_for((int64_t)n, GRAIN, silu_fwd_chunk, &a);
 }
 
 void bk_silu_bwd(float *din, const float *dout, const float *in, size_t n) {
   BK_ASSERT(n == 0 || (din && dout && in));
-  for (size_t i = 0; i < n; i++) {
-    float x = in[i], s = sigmoidf_stable(x);
-    din[i] += dout[i] * (s + x * s * (1.0f - s));
-  }
+  ew_args a = {din, NULL, dout, in, NULL};
+  bk_parallel_for((int64_t)n, GRAIN, silu_bwd_chunk, &a);
 }
 
 void bk_swiglu_fwd(float *out, const float *gate, const float *up, size_t n) {
   BK_ASSERT(n == 0 || (out && gate && up));
-  for (size_t i = 0; i < n; i++) out[i] = gate[i] * sigmoidf_stable(gate[i]) * up[i];
+  ew_args a = {out, NULL, gate, up, NULL};
+  bk_parallel_for((int64_t)n, GRAIN, swiglu_fwd_chunk, &a);
 }
 
 void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
                    const float *up, size_t n) {
   BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
-  for (size_t i = 0; i < n; i++) {
-    float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
-    dgate[i] += d * up[i] * (s + g * s * (1.0f - s));
-    dup[i] += d * g * s;
-  }
+  ew_args a = {dgate, dup, dout, gate, up};
+  bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_chunk, &a);
 }
 
 void bk_silu_fwd_ref(float *out, const float *in, size_t n) {

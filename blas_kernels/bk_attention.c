@@ -16,6 +16,9 @@
 #include <string.h>
 
 #include "blas_kernels/bk.h"
+#include "blas_kernels/bk_parallel.h"
+
+#include <cblas.h>
 #include "blas_kernels/bk_gemm.h"
 
 static void check_dims(const bk_attn_dims *d) {
@@ -57,13 +60,37 @@ static void score_tile(float *S, const float *Q, int ldq, const float *K, int ld
       if (kp[j] > qp[i]) S[(size_t)i * nk + j] = -INFINITY;
 }
 
-void bk_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                      const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d) {
-  check_dims(d);
-  const int B = d->B, Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
+/* The operands of one attention call, shared by its per-batch-row chunks. */
+typedef struct {
+  float *out, *lse, *dq, *dk, *dv;
+  const float *q, *k, *v, *dout, *dlse, *o;
+  const int32_t *q_pos, *k_pos;
+  const bk_attn_dims *d;
+} attn_job;
+
+/* Runs the batch rows on the kernel pool.  The tile products are small: when
+ * the rows run in parallel, each runs its sgemms on one OpenBLAS thread
+ * (OpenBLAS's own threads would fight the pool's over the same cores). */
+static void run_rows(int B, bk_range_fn fn, void *job) {
+  if (bk_parallel_threads() > 1 && B > 1) {
+    int saved = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    bk_parallel_for(B, 1, fn, job);
+    openblas_set_num_threads(saved);
+  } else {
+    bk_parallel_for(B, 1, fn, job);
+  }
+}
+
+/* Batch rows [b_lo, b_hi) of the forward pass. */
+static void attention_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+  const attn_job *J = arg;
+  const bk_attn_dims *d = J->d;
+  float *out = J->out, *lse = J->lse;
+  const float *q = J->q, *k = J->k, *v = J->v;
+  const int32_t *q_pos = J->q_pos, *k_pos = J->k_pos;
+  const int Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
   const int bq = block_q_of(d), bk = block_k_of(d), rep = Hq / Hkv;
-  if (B == 0 || Tq == 0) return;
-  BK_ASSERT(out && lse && q && q_pos && (Tk == 0 || (k && v && k_pos)));
   const int ldq = Hq * Dqk, ldk = Hkv * Dqk, ldv = Hkv * Dv, ldo = Hq * Dv;
   const int nkt = (Tk + bk - 1) / bk;
   float *S = bk_xmalloc((size_t)bq * bk * sizeof *S);
@@ -73,7 +100,7 @@ void bk_attention_fwd(float *out, float *lse, const float *q, const float *k, co
   int32_t *kmin = bk_xmalloc((size_t)(nkt + 1) * sizeof *kmin);
   int32_t *kmax = bk_xmalloc((size_t)(nkt + 1) * sizeof *kmax);
 
-  for (int b = 0; b < B; b++) {
+  for (int b = (int)b_lo; b < (int)b_hi; b++) {
     const int32_t *qpb = q_pos + (size_t)b * Tq, *kpb = k_pos ? k_pos + (size_t)b * Tk : NULL;
     if (Tk > 0) key_tile_ranges(kpb, Tk, bk, kmin, kmax);
     for (int h = 0; h < Hq; h++) {
@@ -135,15 +162,24 @@ void bk_attention_fwd(float *out, float *lse, const float *q, const float *k, co
   free(S), free(acc), free(m), free(l), free(kmin), free(kmax);
 }
 
-void bk_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *dlse,
-                      const float *out, const float *lse, const float *q, const float *k,
-                      const float *v, const int32_t *q_pos, const int32_t *k_pos,
-                      const bk_attn_dims *d) {
+void bk_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                      const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d) {
   check_dims(d);
-  const int B = d->B, Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
+  if (d->B == 0 || d->Tq == 0) return;
+  BK_ASSERT(out && lse && q && q_pos && (d->Tk == 0 || (k && v && k_pos)));
+  attn_job J = {out, lse, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, q_pos, k_pos, d};
+  run_rows(d->B, attention_fwd_rows, &J); /* batch rows are independent */
+}
+
+/* Batch rows [b_lo, b_hi) of the backward pass (each row's dk/dv are its own). */
+static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+  const attn_job *J = arg;
+  const bk_attn_dims *d = J->d;
+  float *dq = J->dq, *dk = J->dk, *dv = J->dv;
+  const float *dout = J->dout, *dlse = J->dlse, *out = J->o, *lse = J->lse, *q = J->q, *k = J->k, *v = J->v;
+  const int32_t *q_pos = J->q_pos, *k_pos = J->k_pos;
+  const int Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
   const int bq = block_q_of(d), bk = block_k_of(d), rep = Hq / Hkv;
-  if (B == 0 || Tq == 0 || Tk == 0) return;
-  BK_ASSERT(dq && dk && dv && dout && out && lse && q && k && v && q_pos && k_pos);
   const int ldq = Hq * Dqk, ldk = Hkv * Dqk, ldv = Hkv * Dv, ldo = Hq * Dv;
   const int nkt = (Tk + bk - 1) / bk;
   float *P = bk_xmalloc((size_t)bq * bk * sizeof *P);
@@ -152,7 +188,7 @@ void bk_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
   int32_t *kmin = bk_xmalloc((size_t)nkt * sizeof *kmin);
   int32_t *kmax = bk_xmalloc((size_t)nkt * sizeof *kmax);
 
-  for (int b = 0; b < B; b++) {
+  for (int b = (int)b_lo; b < (int)b_hi; b++) {
     const int32_t *qpb = q_pos + (size_t)b * Tq, *kpb = k_pos + (size_t)b * Tk;
     key_tile_ranges(kpb, Tk, bk, kmin, kmax);
     for (int h = 0; h < Hq; h++) {
@@ -205,6 +241,17 @@ void bk_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
     }
   }
   free(P), free(dP), free(Dvec), free(kmin), free(kmax);
+}
+
+void bk_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *dlse,
+                      const float *out, const float *lse, const float *q, const float *k,
+                      const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                      const bk_attn_dims *d) {
+  check_dims(d);
+  if (d->B == 0 || d->Tq == 0 || d->Tk == 0) return;
+  BK_ASSERT(dq && dk && dv && dout && out && lse && q && k && v && q_pos && k_pos);
+  attn_job J = {NULL, (float *)lse, dq, dk, dv, q, k, v, dout, dlse, out, q_pos, k_pos, d};
+  run_rows(d->B, attention_bwd_rows, &J);
 }
 
 /* ---- reference ---- */

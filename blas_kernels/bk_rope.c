@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk.h"
+#include "blas_kernels/bk_parallel.h"
 
 bk_rope_params bk_rope_params_default(int dim) {
   bk_rope_params p;
@@ -113,28 +114,36 @@ static void check_args(const void *out, const void *in, const int32_t *pos, int 
 /* Forward and backward share the per-token cos/sin table and the pair addressing:
  * input pair i sits at (a_i, b_i) = (2i, 2i+1) if interleaved, else (i, i+half);
  * output pair i always at (i, i+half). */
-static void rope_apply(float *out, const float *in, const int32_t *pos, int N, int H,
-                       int in_stride, int out_stride, const bk_rope_params *p, int backward) {
-  check_args(out, in, pos, N, H, in_stride, out_stride, p);
-  int half = p->dim / 2;
+/* The operands of one rope call, shared by its token chunks. */
+typedef struct {
+  float *out;
+  const float *in;
+  const int32_t *pos;
+  int H, in_stride, out_stride, backward;
+  const bk_rope_params *p;
+  const double *freq;
+} rope_job;
+
+static void rope_tokens(int64_t n_lo, int64_t n_hi, void *arg) {
+  const rope_job *J = arg;
+  const bk_rope_params *p = J->p;
+  int half = p->dim / 2, H = J->H;
   int il = p->kind == BK_ROPE_YARN && p->interleave;
-  double *freq = bk_xmalloc((size_t)half * sizeof *freq);
   float *cs = bk_xmalloc((size_t)2 * half * sizeof *cs);  // cos[half], sin[half] of one token
   float *tmp = bk_xmalloc((size_t)p->dim * sizeof *tmp);  // for in-place interleaved fwd
-  bk_rope_freqs(freq, p);
   float scale = (float)output_scale(p);
-  for (int n = 0; n < N; n++) {
+  for (int64_t n = n_lo; n < n_hi; n++) {
     for (int i = 0; i < half; i++) {
-      double ang = (double)pos[n] * freq[i];
+      double ang = (double)J->pos[n] * J->freq[i];
       cs[i] = (float)(cos(ang) * scale);
       cs[half + i] = (float)(sin(ang) * scale);
     }
     const float *c = cs, *s = cs + half;
     for (int h = 0; h < H; h++) {
       size_t row = (size_t)n * H + h;
-      if (!backward) {
-        const float *x = in + row * in_stride;
-        float *y = out + row * out_stride;
+      if (!J->backward) {
+        const float *x = J->in + row * J->in_stride;
+        float *y = J->out + row * J->out_stride;
         if (il && (const float *)y == x) {
           memcpy(tmp, x, (size_t)p->dim * sizeof *tmp);
           x = tmp;
@@ -145,8 +154,8 @@ static void rope_apply(float *out, const float *in, const int32_t *pos, int N, i
           y[i + half] = x2 * c[i] + x1 * s[i];
         }
       } else {  // here `out` is din (input layout), `in` is dout (output layout)
-        const float *g = in + row * out_stride;
-        float *dx = out + row * in_stride;
+        const float *g = J->in + row * J->out_stride;
+        float *dx = J->out + row * J->in_stride;
         for (int i = 0; i < half; i++) {
           float g1 = g[i], g2 = g[i + half];
           float d1 = g1 * c[i] + g2 * s[i], d2 = g2 * c[i] - g1 * s[i];
@@ -161,7 +170,17 @@ static void rope_apply(float *out, const float *in, const int32_t *pos, int N, i
       }
     }
   }
-  free(freq), free(cs), free(tmp);
+  free(cs), free(tmp);
+}
+
+static void rope_apply(float *out, const float *in, const int32_t *pos, int N, int H,
+                       int in_stride, int out_stride, const bk_rope_params *p, int backward) {
+  check_args(out, in, pos, N, H, in_stride, out_stride, p);
+  double *freq = bk_xmalloc((size_t)(p->dim / 2) * sizeof *freq);
+  bk_rope_freqs(freq, p);
+  rope_job J = {out, in, pos, H, in_stride, out_stride, backward, p, freq};
+  bk_parallel_for(N, 256, rope_tokens, &J);  /* tokens are independent */
+  free(freq);
 }
 
 void bk_rope_fwd(float *out, const float *in, const int32_t *positions, int N, int H,

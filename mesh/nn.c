@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk_activation.h"
+#include "blas_kernels/bk_parallel.h"
 #include "blas_kernels/bk_attention.h"
 #include "blas_kernels/bk_embedding.h"
 #include "blas_kernels/bk_xent.h"
@@ -105,6 +106,66 @@ static int64_t local_rows(const mesh_array *a) { return a->rank ? (int64_t)a->nl
 
 /* ------------------------------------------------------------ RMSNorm */
 
+enum { NORM_GRAIN = 64 }; /* rows per parallel chunk */
+
+/* Row loops of RMSNorm, cut into chunks for the kernel pool. */
+typedef struct {
+    const float *x, *dy, *scale;
+    float *dot, *rstd, *out;
+    double *partial; /* backward: dscale partial sums, [chunk][C] */
+    void *unused;
+    int64_t C;
+    double E, eps;
+    int64_t grain;
+} norm_job;
+
+static void norm_sumsq_rows(int64_t lo, int64_t hi, void *arg)
+{
+    const norm_job *J = arg;
+    for (int64_t n = lo; n < hi; n++) {
+        const float *row = J->x + n * J->C;
+        double acc = 0;
+        for (int64_t j = 0; j < J->C; j++) acc += (double)row[j] * row[j];
+        J->rstd[n] = (float)acc;
+    }
+}
+
+static void norm_apply_rows(int64_t lo, int64_t hi, void *arg)
+{
+    const norm_job *J = arg;
+    for (int64_t n = lo; n < hi; n++) {
+        double rr = 1.0 / sqrt((double)J->rstd[n] / J->E + J->eps);
+        J->rstd[n] = (float)rr;
+        const float *row = J->x + n * J->C;
+        float *o = J->out + n * J->C;
+        for (int64_t j = 0; j < J->C; j++) o[j] = (float)(row[j] * rr) * J->scale[j];
+    }
+}
+
+static void norm_dot_rows(int64_t lo, int64_t hi, void *arg)
+{
+    const norm_job *J = arg;
+    for (int64_t n = lo; n < hi; n++) {
+        double acc = 0;
+        for (int64_t j = 0; j < J->C; j++) acc += (double)J->dy[n * J->C + j] * J->scale[j] * J->x[n * J->C + j];
+        J->dot[n] = (float)acc;
+    }
+}
+
+static void norm_dx_rows(int64_t lo, int64_t hi, void *arg)
+{
+    const norm_job *J = arg;
+    double *acc = J->partial + (lo / J->grain) * J->C;
+    for (int64_t n = lo; n < hi; n++) {
+        double rr = J->rstd[n], k = rr * rr * rr * J->dot[n] / J->E;
+        for (int64_t j = 0; j < J->C; j++) {
+            int64_t i = n * J->C + j;
+            J->out[i] = (float)(rr * J->dy[i] * J->scale[j] - k * J->x[i]);
+            acc[j] += (double)J->dy[i] * J->x[i] * rr;
+        }
+    }
+}
+
 static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
@@ -125,31 +186,23 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "rmsnorm/dscale", 1, sa->shape, &ss, &dscale));
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, rstd, "rmsnorm/dot", SIM_MEM_TEMP, &dot));
     int64_t N = local_rows(xa), C = xa->local[r - 1];
-    if (dy->data) {
-        const float *g = dy->data, *xv = xa->data, *sc = sa->data;
-        float *d = dot.data;
-        for (int64_t n = 0; n < N; n++) {
-            double acc = 0;
-            for (int64_t j = 0; j < C; j++) acc += (double)g[n * C + j] * sc[j] * xv[n * C + j];
-            d[n] = (float)acc;
-        }
-    }
+    int64_t nchunks = (N + NORM_GRAIN - 1) / NORM_GRAIN;
+    norm_job J = {xa->data, dy->data, sa->data, dot.data, rstd->data, dx.data, NULL, NULL, C, E, 0, NORM_GRAIN};
+    if (dy->data) bk_parallel_for(N, NORM_GRAIN, norm_dot_rows, &J);
     char tag[SIM_TAG_MAX];
     if (xe.n) SIM_TRY(sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe, sim_meta_tag(tagof(t, "rmsnorm/bwd_sum", tag, sizeof tag))));
     if (dy->data) {
-        const float *g = dy->data, *xv = xa->data, *sc = sa->data, *rs = rstd->data, *d = dot.data;
-        float *o = dx.data;
-        double *acc = calloc((size_t)C, sizeof *acc);
-        for (int64_t n = 0; n < N; n++) {
-            double rr = rs[n], k = rr * rr * rr * d[n] / E;
-            for (int64_t j = 0; j < C; j++) {
-                o[n * C + j] = (float)(rr * g[n * C + j] * sc[j] - k * xv[n * C + j]);
-                acc[j] += (double)g[n * C + j] * xv[n * C + j] * rr;
-            }
-        }
+        /* dscale sums over rows: per-chunk partial sums added in chunk order, so the
+         * result does not depend on how many threads ran the chunks */
+        J.partial = calloc((size_t)(nchunks * C), sizeof *J.partial);
+        bk_parallel_for(N, NORM_GRAIN, norm_dx_rows, &J);
         float *ds = dscale.data;
-        for (int64_t j = 0; j < C; j++) ds[j] = (float)acc[j];
-        free(acc);
+        for (int64_t j = 0; j < C; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < nchunks; k++) acc += J.partial[k * C + j];
+            ds[j] = (float)acc;
+        }
+        free(J.partial);
     }
     mesh_array_free(c->dev, &dot);
     SIM_TRY(mesh_tape_accumulate(t, x, &dx, tagof(t, "rmsnorm/dx", tag, sizeof tag)));
@@ -178,26 +231,11 @@ sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double ep
     for (int d = 0; d < r - 1; d++) set_dim(&rs, d, &xs, d);
     SIM_TRY(mesh_array_new(c->dev, c->mesh, "rmsnorm/rstd", r - 1, xa.shape, &rs, SIM_F32, SIM_MEM_ACTIVATIONS, &rstd));
     int64_t N = local_rows(&xa), C = xa.local[r - 1];
-    float *rv = rstd.data;
-    if (xa.data)
-        for (int64_t n = 0; n < N; n++) {
-            const float *row = (const float *)xa.data + n * C;
-            double acc = 0;
-            for (int64_t j = 0; j < C; j++) acc += (double)row[j] * row[j];
-            rv[n] = (float)acc;
-        }
+    norm_job J = {xa.data, NULL, sa.data, NULL, rstd.data, (*y)->val.data, NULL, NULL, C, (double)E, eps, 0};
+    if (xa.data) bk_parallel_for(N, NORM_GRAIN, norm_sumsq_rows, &J);
     sim_axes xe = dim_axes(&xs, r - 1);
     if (xe.n) SIM_TRY(sim_all_reduce(c->dev, rstd.data, rstd.data, rstd.nlocal, SIM_F32, xe, sim_meta_tag(tag)));
-    if (xa.data) {
-        const float *sc = sa.data;
-        float *o = (*y)->val.data;
-        for (int64_t n = 0; n < N; n++) {
-            double rr = 1.0 / sqrt((double)rv[n] / (double)E + eps);
-            rv[n] = (float)rr;
-            const float *row = (const float *)xa.data + n * C;
-            for (int64_t j = 0; j < C; j++) o[n * C + j] = (float)(row[j] * rr) * sc[j];
-        }
-    }
+    if (xa.data) bk_parallel_for(N, NORM_GRAIN, norm_apply_rows, &J);
     mesh_var *in[2] = {x, scale};
     mesh_entry *e = mesh_tape_record(t, rmsnorm_vjp, tag, 2, in, 1, y);
     if (e) e->f[0] = (double)E;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk_parallel.h"
 #include "mesh/reshard.h"
 
 struct mesh_tape {
@@ -143,13 +144,23 @@ sim_status mesh_tape_zeros(mesh_tape *t, const char *name, int rank, const int64
     return mesh_array_new(t->ctx->dev, t->ctx->mesh, name, rank, shape, spec, SIM_F32, cat, out);
 }
 
+typedef struct {
+    float *y;
+    const float *x;
+} add_job;
+
+static void add_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    add_job *j = arg;
+    for (int64_t i = lo; i < hi; i++) j->y[i] += j->x[i];
+}
+
 void mesh_local_add(mesh_array *y, const mesh_array *x)
 {
     SIM_ASSERT(y->nlocal == x->nlocal);
     if (!y->data || !x->data) return;
-    float *a = y->data;
-    const float *b = x->data;
-    for (size_t i = 0; i < y->nlocal; i++) a[i] += b[i];
+    add_job j = {y->data, x->data};
+    bk_parallel_for((int64_t)y->nlocal, 1 << 16, add_chunk, &j);
 }
 
 /* g resharded to spec `to` (dims and partial set). */

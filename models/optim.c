@@ -6,6 +6,8 @@
  * of operations, so a shard's values do not depend on the mesh. */
 #include "models/optim.h"
 
+#include "blas_kernels/bk_parallel.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -167,6 +169,29 @@ static sim_status check_same(const model_param *p, int l, const mesh_array *w, c
     return SIM_OK;
 }
 
+/* One parameter shard's AdamW update, cut into chunks for the kernel pool. */
+typedef struct {
+    float *x, *mu, *nu;
+    const float *g;
+    bool clip;
+    float gnorm, thr, neg_lr, b1, b2, omb1, omb2, bc1, bc2, eps, eps_root, wd;
+} adam_job;
+
+static void adam_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const adam_job *J = arg;
+    for (int64_t i = lo; i < hi; i++) {
+        float gi = J->clip ? (J->g[i] / J->gnorm) * J->thr : J->g[i];
+        float mi = J->omb1 * gi + J->b1 * J->mu[i];
+        float vi = J->omb2 * (gi * gi) + J->b2 * J->nu[i];
+        J->mu[i] = mi;
+        J->nu[i] = vi;
+        float u = (mi / J->bc1) / (sqrtf(vi / J->bc2 + J->eps_root) + J->eps);
+        u = u + J->wd * J->x[i];
+        J->x[i] = J->x[i] + J->neg_lr * u;
+    }
+}
+
 sim_status model_adamw_update(sim_device *d, const model_optim_cfg *o, model_param *params, int n, long long s,
                               double grad_norm)
 {
@@ -197,17 +222,9 @@ sim_status model_adamw_update(sim_device *d, const model_optim_cfg *o, model_par
             }
             SIM_TRY(check_same(pp, l, w, pp->m ? &pp->m[l] : NULL, "first moment (mu)"));
             SIM_TRY(check_same(pp, l, w, pp->v ? &pp->v[l] : NULL, "second moment (nu)"));
-            float *mu = pp->m[l].data, *nu = pp->v[l].data;
-            for (size_t i = 0; i < nl; i++) {
-                float gi = clip ? (g[i] / gnorm) * thr : g[i];
-                float mi = omb1 * gi + b1 * mu[i];
-                float vi = omb2 * (gi * gi) + b2 * nu[i];
-                mu[i] = mi;
-                nu[i] = vi;
-                float u = (mi / bc1) / (sqrtf(vi / bc2 + eps_root) + eps);
-                u = u + wd * x[i];
-                x[i] = x[i] + neg_lr * u;
-            }
+            adam_job J = {x, pp->m[l].data, pp->v[l].data, g, clip, gnorm, thr, neg_lr, b1, b2, omb1, omb2, bc1, bc2,
+                          eps, eps_root, wd};
+            bk_parallel_for((int64_t)nl, 1 << 15, adam_chunk, &J); /* elementwise: chunks are independent */
         }
     }
     return SIM_OK;

@@ -1,6 +1,7 @@
 /* train.c — running the model on the simulated machine. */
 #include "models/train.h"
 
+#include "blas_kernels/bk_parallel.h"
 #include "models/checkpoint.h"
 
 #include <stdlib.h>
@@ -21,7 +22,10 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.dry_run = def->d.dry_run;
     o.trace = trace;
     o.pin_threads = true;
-    return sim_machine_new(&md, &o, out);
+    SIM_TRY(sim_machine_new(&md, &o, out));
+    /* a device that owns several cores uses them for the non-sgemm kernels too */
+    bk_parallel_set_threads(sim_machine_blas_threads(*out));
+    return SIM_OK;
 }
 
 typedef struct {
