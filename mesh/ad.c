@@ -7,12 +7,6 @@
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
 
-static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
-{
-    const char *layer = mesh_tape_ctx(t)->layer;
-    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
-    return buf;
-}
 
 /* ------------------------------------------------------------ einsum */
 
@@ -59,13 +53,13 @@ static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
         mesh_array da;
         snprintf(sub, sizeof sub, "%s,%s->%s", o, r, l);
         st = einsum_cached(t, sub, &y->grad, &b->val, NULL, "bwd_lhs", SIM_MEM_TEMP, &da);
-        if (st == SIM_OK) st = mesh_tape_accumulate(t, a, &da, tagof(t, "bwd_lhs", tag, sizeof tag));
+        if (st == SIM_OK) st = mesh_tape_accumulate(t, a, &da, mesh_tape_tag(t, "bwd_lhs", tag, sizeof tag));
     }
     if (st == SIM_OK && b->needs_grad) {
         mesh_array db;
         snprintf(sub, sizeof sub, "%s,%s->%s", l, o, r);
         st = einsum_cached(t, sub, &a->val, &y->grad, NULL, "bwd_rhs", SIM_MEM_TEMP, &db);
-        if (st == SIM_OK) st = mesh_tape_accumulate(t, b, &db, tagof(t, "bwd_rhs", tag, sizeof tag));
+        if (st == SIM_OK) st = mesh_tape_accumulate(t, b, &db, mesh_tape_tag(t, "bwd_rhs", tag, sizeof tag));
     }
     c->layer = layer;
     return st;
@@ -78,7 +72,7 @@ sim_status mesh_ad_einsum(mesh_tape *t, const char *sub, mesh_var *a, mesh_var *
     SIM_TRY(einsum_cached(t, sub, &a->val, &b->val, out_sharding, name, SIM_MEM_ACTIVATIONS, &y->val));
     char tag[SIM_TAG_MAX];
     mesh_var *in[2] = {a, b};
-    mesh_entry *e = mesh_tape_record(t, einsum_vjp, tagof(t, name, tag, sizeof tag), 2, in, 1, &y);
+    mesh_entry *e = mesh_tape_record(t, einsum_vjp, mesh_tape_tag(t, name, tag, sizeof tag), 2, in, 1, &y);
     if (e) snprintf(e->sub, sizeof e->sub, "%s", sub);
     *out = y;
     return SIM_OK;
@@ -106,7 +100,7 @@ sim_status mesh_ad_add(mesh_tape *t, mesh_var *a, mesh_var *b, const char *name,
     SIM_TRY(mesh_add(mesh_tape_ctx(t), &a->val, &b->val, name, &y->val));
     char tag[SIM_TAG_MAX];
     mesh_var *in[2] = {a, b};
-    mesh_tape_record(t, add_vjp, tagof(t, name, tag, sizeof tag), 2, in, 1, &y);
+    mesh_tape_record(t, add_vjp, mesh_tape_tag(t, name, tag, sizeof tag), 2, in, 1, &y);
     *out = y;
     return SIM_OK;
 }
@@ -138,7 +132,7 @@ static sim_status resharded(mesh_tape *t, mesh_var *x, const mesh_spec *spec, co
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
     SIM_TRY(fn(c, &y->val, &want, name));
     char tag[SIM_TAG_MAX];
-    mesh_tape_record(t, identity_vjp, tagof(t, name, tag, sizeof tag), 1, &x, 1, &y);
+    mesh_tape_record(t, identity_vjp, mesh_tape_tag(t, name, tag, sizeof tag), 1, &x, 1, &y);
     *out = y;
     return SIM_OK;
 }

@@ -21,12 +21,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
-{
-    const char *layer = mesh_tape_ctx(t)->layer;
-    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
-    return buf;
-}
 
 sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec *spec, const char *tag,
                            mesh_array *out, bool *owned)
@@ -190,7 +184,7 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
     norm_job J = {xa->data, dy->data, sa->data, dot.data, rstd->data, dx.data, NULL, NULL, C, E, 0, NORM_GRAIN};
     if (dy->data) bk_parallel_for(N, NORM_GRAIN, norm_dot_rows, &J);
     char tag[SIM_TAG_MAX];
-    if (xe.n) SIM_TRY(sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe, sim_meta_tag(tagof(t, "rmsnorm/bwd_sum", tag, sizeof tag))));
+    if (xe.n) SIM_TRY(sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe, sim_meta_tag(mesh_tape_tag(t, "rmsnorm/bwd_sum", tag, sizeof tag))));
     if (dy->data) {
         /* dscale sums over rows: per-chunk partial sums added in chunk order, so the
          * result does not depend on how many threads ran the chunks */
@@ -205,15 +199,15 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
         free(J.partial);
     }
     mesh_array_free(c->dev, &dot);
-    SIM_TRY(mesh_tape_accumulate(t, x, &dx, tagof(t, "rmsnorm/dx", tag, sizeof tag)));
-    return mesh_tape_accumulate(t, scale, &dscale, tagof(t, "rmsnorm/dscale", tag, sizeof tag));
+    SIM_TRY(mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "rmsnorm/dx", tag, sizeof tag)));
+    return mesh_tape_accumulate(t, scale, &dscale, mesh_tape_tag(t, "rmsnorm/dscale", tag, sizeof tag));
 }
 
 sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double eps, const char *name, mesh_var **y)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
-    tagof(t, name, tag, sizeof tag);
+    mesh_tape_tag(t, name, tag, sizeof tag);
     mesh_spec xs = x->val.spec;
     xs.partial = 0;
     mesh_array xa, sa, rstd;
@@ -262,14 +256,14 @@ static sim_status rope_vjp(mesh_tape *t, mesh_entry *e)
         bk_rope_bwd(dx.data, dy->data, pos->data, (int)(dy->local[0] * dy->local[1]), (int)dy->local[2],
                     (int)dy->local[3], (int)dy->local[3], &rp->p);
     char tag[SIM_TAG_MAX];
-    return mesh_tape_accumulate(t, x, &dx, tagof(t, "rope/dx", tag, sizeof tag));
+    return mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "rope/dx", tag, sizeof tag));
 }
 
 sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, const bk_rope_params *p,
                         const char *name, mesh_var **y)
 {
     char tag[SIM_TAG_MAX];
-    tagof(t, name, tag, sizeof tag);
+    mesh_tape_tag(t, name, tag, sizeof tag);
     mesh_spec xs = x->val.spec;
     xs.n_axes[3] = 0; /* the rotated dim must be whole */
     mesh_spec ps;
@@ -335,9 +329,9 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
                          va->data, qp->data, kp->data, &d);
     }
     char tag[SIM_TAG_MAX];
-    SIM_TRY(mesh_tape_accumulate(t, q, &dq, tagof(t, "attention/dq", tag, sizeof tag)));
-    SIM_TRY(mesh_tape_accumulate(t, k, &dk, tagof(t, "attention/dk", tag, sizeof tag)));
-    return mesh_tape_accumulate(t, v, &dv, tagof(t, "attention/dv", tag, sizeof tag));
+    SIM_TRY(mesh_tape_accumulate(t, q, &dq, mesh_tape_tag(t, "attention/dq", tag, sizeof tag)));
+    SIM_TRY(mesh_tape_accumulate(t, k, &dk, mesh_tape_tag(t, "attention/dk", tag, sizeof tag)));
+    return mesh_tape_accumulate(t, v, &dv, mesh_tape_tag(t, "attention/dv", tag, sizeof tag));
 }
 
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
@@ -345,7 +339,7 @@ sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
-    tagof(t, name, tag, sizeof tag);
+    mesh_tape_tag(t, name, tag, sizeof tag);
     mesh_spec qs = q->val.spec;
     qs.partial = 0;
     qs.n_axes[3] = 0;
@@ -413,7 +407,7 @@ static sim_status embed_vjp(mesh_tape *t, mesh_entry *e)
     const mesh_array *ta = &e->saved[0], *tok = &e->saved[1];
     mesh_array *dy = &y->grad;
     char tag[SIM_TAG_MAX];
-    tagof(t, "embed/dtable", tag, sizeof tag);
+    mesh_tape_tag(t, "embed/dtable", tag, sizeof tag);
     /* each vocab shard needs the whole cotangent of its rows: sum it over the vocab axes first */
     uint32_t xv = 0;
     for (int i = 0; i < ta->spec.n_axes[0]; i++) xv |= 1u << ta->spec.axes[0][i];
@@ -439,7 +433,7 @@ sim_status mesh_nn_embed(mesh_tape *t, mesh_var *table, const mesh_array *tokens
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
-    tagof(t, name, tag, sizeof tag);
+    mesh_tape_tag(t, name, tag, sizeof tag);
     /* axes that shard the tokens cannot also split the table: gather them out */
     uint32_t used = mesh_spec_dim_axes(&tokens->spec);
     mesh_spec ts = table->val.spec;
@@ -492,7 +486,7 @@ static sim_status xent_vjp(mesh_tape *t, mesh_entry *e)
                           (int)sh[2].offset, (float)e->f[0]);
     }
     char tag[SIM_TAG_MAX];
-    return mesh_tape_accumulate(t, logits, &dl, tagof(t, "xent/dlogits", tag, sizeof tag));
+    return mesh_tape_accumulate(t, logits, &dl, mesh_tape_tag(t, "xent/dlogits", tag, sizeof tag));
 }
 
 sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *targets, double z_loss, const char *name,
@@ -500,7 +494,7 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
-    tagof(t, name, tag, sizeof tag);
+    mesh_tape_tag(t, name, tag, sizeof tag);
     mesh_spec ls = logits->val.spec;
     ls.partial = 0;
     mesh_spec ts;
@@ -565,14 +559,14 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
     if (dy->data) bk_swiglu_bwd(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
     char tag[SIM_TAG_MAX];
-    SIM_TRY(mesh_tape_accumulate(t, gate, &dg, tagof(t, "swiglu/dgate", tag, sizeof tag)));
-    return mesh_tape_accumulate(t, up, &du, tagof(t, "swiglu/dup", tag, sizeof tag));
+    SIM_TRY(mesh_tape_accumulate(t, gate, &dg, mesh_tape_tag(t, "swiglu/dgate", tag, sizeof tag)));
+    return mesh_tape_accumulate(t, up, &du, mesh_tape_tag(t, "swiglu/dup", tag, sizeof tag));
 }
 
 sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out)
 {
     char tag[SIM_TAG_MAX];
-    tagof(t, name, tag, sizeof tag);
+    mesh_tape_tag(t, name, tag, sizeof tag);
     mesh_spec s = gate->val.spec;
     s.partial = 0;
     mesh_array ga, ua;
@@ -603,14 +597,14 @@ static sim_status mean_vjp(mesh_tape *t, mesh_entry *e)
         for (size_t i = 0; i < dx.nlocal; i++) o[i] = g;
     }
     char tag[SIM_TAG_MAX];
-    return mesh_tape_accumulate(t, x, &dx, tagof(t, "mean/dx", tag, sizeof tag));
+    return mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "mean/dx", tag, sizeof tag));
 }
 
 sim_status mesh_nn_mean(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
-    tagof(t, name, tag, sizeof tag);
+    mesh_tape_tag(t, name, tag, sizeof tag);
     double count = 1;
     for (int d = 0; d < x->val.rank; d++) count *= (double)x->val.shape[d];
     mesh_spec s;

@@ -1,6 +1,7 @@
 /* tape.c — the autodiff tape (see tape.h). */
 #include "mesh/tape.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,13 @@ mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording)
 
 mesh_ctx *mesh_tape_ctx(mesh_tape *t) { return t->ctx; }
 mesh_reshard_cache *mesh_tape_cache(mesh_tape *t) { return t->cache; }
+
+const char *mesh_tape_tag(mesh_tape *t, const char *name, char *buf, size_t cap)
+{
+    const char *layer = t->ctx->layer;
+    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
+    return buf;
+}
 bool mesh_tape_recording(const mesh_tape *t) { return t->recording; }
 
 static void free_grad(mesh_tape *t, mesh_var *v)

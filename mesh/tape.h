@@ -64,6 +64,8 @@ mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording);
 /* Frees every owned value, gradient and saved array. */
 void mesh_tape_free(mesh_tape *t);
 mesh_ctx *mesh_tape_ctx(mesh_tape *t);
+/* "<ctx->layer>/<name>" into buf: the tag of an op's collectives. */
+const char *mesh_tape_tag(mesh_tape *t, const char *name, char *buf, size_t cap);
 /* Operand reshards made on this tape, reused until the tape is freed. */
 struct mesh_reshard_cache *mesh_tape_cache(mesh_tape *t);
 bool mesh_tape_recording(const mesh_tape *t);
