@@ -98,6 +98,8 @@ static const mesh_case MESHES[] = {
     {"fsdp=2 context=2 tensor=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}},
     {"tensor_sequence=2 fsdp=4", {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"}},
     {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}},
+    /* remat_policy=none keeps every activation instead of recomputing layers: same numbers */
+    {"fsdp=4 tensor=2 remat none", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "remat_policy=none"}},
 };
 
 static double rel_norm(const float *a, const float *b, int64_t n)
@@ -367,13 +369,35 @@ static void test_checkpoint_across_meshes(void **state)
     rmdir(dir);
 }
 
+/* dataset_type=text: a byte-tokenised file trains, and the loss falls. */
+static void test_text_dataset(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/shardsim_text_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 7);
+    fclose(f);
+    char ds[300];
+    snprintf(ds, sizeof ds, "dataset_path=%s", path);
+    const char *extra[] = {"ici_fsdp_parallelism=2", "dataset_type=text", ds, "vocab_size=256"};
+    run_t r;
+    open_run(&r, extra, 4, 2, 20);
+    train(&r, false);
+    double first = r.job.stats[0].loss, last = r.job.stats[19].loss;
+    if (!(last < 0.7 * first)) fail_msg("text loss %.4f -> %.4f did not fall", first, last);
+    close_run(&r);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_five_steps),   cmocka_unit_test(test_traffic_pure_fsdp),
         cmocka_unit_test(test_traffic_pure_data),   cmocka_unit_test(test_dry_run_matches_real),
         cmocka_unit_test(test_loss_falls),          cmocka_unit_test(test_constraint_mismatch),
-        cmocka_unit_test(test_checkpoint_across_meshes),
+        cmocka_unit_test(test_checkpoint_across_meshes), cmocka_unit_test(test_text_dataset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
