@@ -189,7 +189,7 @@ static sim_status remat_layer(model_dev *md, mesh_tape *t, const model_batch *b,
 
 /* ------------------------------------------------------------ the whole model */
 
-sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
+sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
 {
     const model_def *m = md->def;
     llama_ix ix = indices(m);

@@ -87,8 +87,6 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     int blk;
     SIM_TRY(mesh_cfg_get_enum(cfg, "decoder_block", blocks, 2, &blk));
     d->kind = (model_kind)blk;
-    if (d->kind != MODEL_LLAMA2)
-        return sim_err(SIM_ERR_INPUT, "decoder_block=deepseek is not available yet in this build; use decoder_block=llama2");
     SIM_TRY(get_i(cfg, "vocab_size", &d->vocab));
     SIM_TRY(get_i(cfg, "base_emb_dim", &d->emb));
     SIM_TRY(get_i(cfg, "base_num_query_heads", &d->q_heads));
@@ -152,7 +150,10 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        "load-balanced context parallelism (or set context_parallel_load_balance=false)",
                        (long long)d->seq, d->cp);
 
-    define_llama(m);
+    if (d->kind == MODEL_DEEPSEEK)
+        SIM_TRY(deepseek_define(m, cfg));
+    else
+        define_llama(m);
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
         const model_param_def *pd = &m->defs[i];
@@ -287,6 +288,14 @@ void model_batch_free(model_dev *md, model_batch *b)
     mesh_array_free(md->ctx.dev, &b->tokens);
     mesh_array_free(md->ctx.dev, &b->targets);
     mesh_array_free(md->ctx.dev, &b->positions);
+}
+
+/* ------------------------------------------------------------ forward */
+
+sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
+{
+    if (md->def->d.kind == MODEL_DEEPSEEK) return deepseek_loss(md, t, b, loss);
+    return llama_loss(md, t, b, loss);
 }
 
 /* ------------------------------------------------------------ logical helpers */

@@ -36,6 +36,23 @@ typedef struct {
     int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
     int cp;                   /* its size */
     bool cp_load_balance;     /* context_parallel_load_balance */
+    /* DeepSeek (decoder_block=deepseek; read by deepseek.c) */
+    int64_t dense_layers;     /* first_num_dense_layers (the rest are MoE layers) */
+    int64_t moe_mlp;          /* base_moe_mlp_dim: hidden width of one routed expert */
+    int64_t experts, top_k;   /* num_experts, num_experts_per_tok */
+    int64_t shared_experts;   /* shared_experts (shared MLP width = shared_experts x moe_mlp) */
+    double routed_scale;      /* routed_scaling_factor */
+    bool routed_sigmoid;      /* routed_score_func sigmoid (else softmax) */
+    bool routed_bias;         /* gate bias */
+    bool bias_selects_only;   /* model_name deepseek3.. or deepseek4..: the bias picks experts, pre-bias scores weigh them */
+    double lb_weight;         /* load_balance_loss_weight */
+    double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
+    bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
+    int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
+    int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
+    double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
+    int64_t max_pos, orig_max_pos;    /* max_position_embeddings, original_max_position_embeddings */
+    bool yarn, rope_interleave, rope_truncate, rope_attn_scaling;
 } model_dims;
 
 /* One activation the forward pass constrained (for input_shardings.json). */
@@ -100,6 +117,11 @@ void model_batch_free(model_dev *md, model_batch *b);
 
 /* The scalar loss of the batch on the tape (forward pass). */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
+/* The decoders behind model_loss: llama.c and deepseek.c. */
+sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
+sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
+/* DeepSeek's dims from the config and its parameter definitions (deepseek.c). */
+sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
 
 /* shard_as / constraint by logical names, recording the activation for the dump. */
 sim_status model_shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,

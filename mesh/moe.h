@@ -1,0 +1,78 @@
+/* moe.h — the routed mixture-of-experts ops of DeepSeek (MaxText layers/moe.py,
+ * reference/maxtext-facts.md §6) on the autodiff tape:
+ *
+ *   scores    router scores: sigmoid or softmax of the gate logits;
+ *   route     top-k of (scores + bias) with ties to the lowest expert index,
+ *             the weights (pre-bias scores for DeepSeek-V3, else the biased
+ *             values), renormalised for sigmoid, times routed_scaling_factor;
+ *   lb_loss   the sequence-wise load-balance loss;
+ *   experts   the expert computation as one manual region with its own VJP,
+ *             in MaxText's two forms:
+ *     sparse (dropless, default): each device sorts its tokens' assignments by
+ *       expert, exchanges them with a ragged all-to-all over the expert-parallel
+ *       axes, runs one grouped matmul per local expert (SwiGLU), reduce-scatters
+ *       the hidden-sharded product over the tensor axes, sends the rows back
+ *       with the reverse ragged all-to-all and sums them with the routing
+ *       weights;
+ *     dense (capacity_factor > 0): every sequence gives each expert
+ *       int(max(ceil(S k / E) cf, cf)) slots, filled in token order then top-k
+ *       order; assignments past capacity are dropped; fixed-size buffers go
+ *       through an all-to-all over the expert axes.
+ *
+ * Routing never depends on the mesh: the top-k runs on whole score rows.
+ * Arrays without data (dry run) skip the math; the sparse exchange then
+ * assumes every expert gets an equal share of the assignments (the real
+ * counts are data), while the dense path's sizes are exact.  Every buffer of
+ * the sparse region is accounted at MaxText's static size (the dropless worst
+ * case), so the memory figures of a dry run equal those of a real run. */
+#ifndef MESH_MOE_H
+#define MESH_MOE_H
+
+#include <stdbool.h>
+
+#include "mesh/tape.h"
+
+/* scores (B, S, E) = sigmoid(logits) or softmax(logits) over E. */
+sim_status mesh_moe_scores(mesh_tape *t, mesh_var *logits, bool sigmoid, const char *name, mesh_var **scores);
+
+typedef struct {
+    int k;                  /* num_experts_per_tok */
+    bool sigmoid;           /* routed_score_func sigmoid: weights divided by their sum (+1e-20) */
+    double scaling;         /* routed_scaling_factor */
+    bool bias_selects_only; /* DeepSeek-V3 routing: bias only ranks, weights are the pre-bias scores */
+} mesh_moe_route_cfg;
+
+/* Top-k routing of scores (B, S, E) with an optional bias (E) (NULL: none):
+ * weights (B, S, k) on the tape and indices (B, S, k) int32 (a tape value
+ * without gradient).  Both take the scores' (B, S) sharding. */
+sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const mesh_moe_route_cfg *c,
+                          const char *name, mesh_var **weights, mesh_var **indices);
+
+/* Load-balance loss (facts §6.4): probs = softmax(scores + bias) over E,
+ * density = per-sequence fraction of assignments to each expert, and
+ * loss = mean_{B,E}(density * mean_S probs) * E^2 * weight, over the whole
+ * batch (a replicated scalar). */
+sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
+                            const char *name, mesh_var **loss);
+
+typedef struct {
+    sim_axes ep;            /* expert-parallel axes: they shard the experts dim of the weights, in order */
+    sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
+    int64_t capacity;       /* dense path: slots per expert per sequence (mesh_moe_capacity); 0: sparse */
+    mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */
+} mesh_moe_cfg;
+
+/* out (B, S, M) = sum_j weights[.., j] * FFN_{indices[.., j]}(x) with
+ * FFN_e(x) = (silu(x w0[e]) * (x w1[e])) wo[e]; x (B, S, M), w0/w1 (E, M, H),
+ * wo (E, H, M).  The tokens keep x's (B, S) sharding; the weights are brought
+ * to (ep, None, h) / (ep, h, None) (the FSDP all-gather).  Gradients reach x,
+ * weights, w0, w1 and wo; the weight gradients are partial over the
+ * token-sharding axes that are not expert axes.  Errors name the dims and
+ * the fix when the experts or the hidden dim do not divide. */
+sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
+                            mesh_var *w1, mesh_var *wo, const mesh_moe_cfg *c, const char *name, mesh_var **out);
+
+/* The dense path's per-sequence capacity for S tokens, k of E experts. */
+int64_t mesh_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor);
+
+#endif

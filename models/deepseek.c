@@ -1,0 +1,923 @@
+/* deepseek.c — the DeepSeek decoder (MaxText decoder_block: deepseek) on the tape.
+ *
+ * Parameters (reference/maxtext-facts.md §5.4-5.7): the first
+ * first_num_dense_layers layers are stacked under params.decoder.dense_layers,
+ * the rest under params.decoder.moe_layers (scan dim 1, logical 'dense_layers'
+ * / 'moe_layers'); each has MLA self-attention (plain `query` when
+ * q_lora_rank = 0, else wq_a / q_norm / wq_b; wkv_a, kv_norm, wkv_b, out) and
+ * either a SwiGLU `mlp` or the DeepSeekMoeBlock_0 (MoeBlock_0: gate, wi_0,
+ * wi_1, wo; shared_experts: an MLP of width shared_experts x moe_mlp_dim).
+ *
+ * Layer (facts §5.6), every constraint with MaxText's logical names and dump
+ * names:  h = x + MLA(norm1(x));  out = h + (MLP or routed MoE + shared)(norm2(h)).
+ * MLA (§4.7, §5.4): q = x wq (or wq_b(q_norm(x wq_a))) split into q_nope and
+ * q_pe; kv_a = x wkv_a split into the latent (kv_norm, then wkv_b -> k_nope,
+ * value) and ONE rope key head shared by all heads; YaRN rotates q_pe and the
+ * key head; query = [q_nope, rope(q_pe)], key = [k_nope, rope(k_rope)
+ * broadcast]; softmax scale qk_head_dim^-0.5 times the YaRN mscale factor.
+ * MoE (§6): gate logits -> sigmoid/softmax scores -> top-k (bias for selection
+ * only on DeepSeek-V3) -> the expert region of mesh/moe.h (sparse ragged
+ * all-to-all path, or the dense capacity path when capacity_factor > 0);
+ * the load-balance loss of every MoE layer (weight / number of MoE layers)
+ * is added to the loss.
+ *
+ * With remat_policy=full each layer is one tape entry (output and, for MoE
+ * layers with a load-balance loss, that loss): backward runs the layer again
+ * on a recording tape, so only the layer inputs live between the passes.
+ *
+ * The tape ops MLA needs beyond mesh/nn.h (split and concatenation of the
+ * last dim, broadcast of the shared rope key to every head) live here. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas_kernels/bk_rope.h"
+#include "mesh/ad.h"
+#include "mesh/moe.h"
+#include "mesh/nn.h"
+#include "mesh/reshard.h"
+#include "models/model.h"
+
+/* ------------------------------------------------------------ logical names */
+
+static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
+static const char *const MLA_IN[3] = {"activation_batch_attn", "activation_length", "activation_embed"};
+static const char *const KV4[4] = {"activation_kv_batch", "activation_length", "activation_kv_heads",
+                                   "activation_kv_head_dim"};
+static const char *const Q_LORA[3] = {"activation_kv_batch", "activation_length", "q_lora_up_proj"};
+static const char *const KV_LORA[3] = {"activation_kv_batch", "activation_length", "kv_lora_up_proj"};
+static const char *const MLA_OUT[4] = {"activation_batch_attn", "activation_length", "activation_heads",
+                                       "activation_kv"};
+static const char *const MLP_WI[3] = {"activation_batch", "activation_norm_length", "activation_mlp"};
+static const char *const MLP_X[3] = {"activation_batch", "activation_length", "activation_mlp"};
+static const char *const MOE_IN[3] = {"activation_batch", "activation_norm_length", NULL};
+static const char *const GATE_OUT[3] = {"activation_batch", "activation_length", NULL};
+static const char *const DENSE_MOE_IN[3] = {"activation_batch", "activation_length", "activation_embed"};
+static const char *const MOE_W_IN[3] = {"exp", NULL, "mlp_no_fsdp"};
+static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
+static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
+static const char *const LOGITS[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
+static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
+
+/* ------------------------------------------------------------ config */
+
+static sim_status get_i(const mesh_cfg *c, const char *k, int64_t *v)
+{
+    long long x;
+    SIM_TRY(mesh_cfg_get_int(c, k, &x));
+    *v = x;
+    return SIM_OK;
+}
+
+static sim_status get_b(const mesh_cfg *c, const char *k, bool *v)
+{
+    int x;
+    SIM_TRY(mesh_cfg_get_bool(c, k, &x));
+    *v = x != 0;
+    return SIM_OK;
+}
+
+static sim_status unsupported(const mesh_cfg *cfg, const char *key, const char *why)
+{
+    const mesh_cfg_entry *en = mesh_cfg_find(cfg, key);
+    return sim_err(SIM_ERR_INPUT, "%s=%s (%s): %s", key, en && en->value.text ? en->value.text : "?",
+                   en ? en->where : "", why);
+}
+
+static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
+{
+    SIM_TRY(get_i(cfg, "first_num_dense_layers", &d->dense_layers));
+    SIM_TRY(get_i(cfg, "base_moe_mlp_dim", &d->moe_mlp));
+    SIM_TRY(get_i(cfg, "num_experts", &d->experts));
+    SIM_TRY(get_i(cfg, "num_experts_per_tok", &d->top_k));
+    SIM_TRY(get_i(cfg, "shared_experts", &d->shared_experts));
+    SIM_TRY(mesh_cfg_get_double(cfg, "routed_scaling_factor", &d->routed_scale));
+    const char *sf;
+    SIM_TRY(mesh_cfg_get_str(cfg, "routed_score_func", &sf));
+    if (sf && *sf && strcmp(sf, "sigmoid") && strcmp(sf, "softmax"))
+        return sim_err(SIM_ERR_INPUT, "routed_score_func='%s': use \"sigmoid\" or \"softmax\"", sf);
+    d->routed_sigmoid = sf && !strcmp(sf, "sigmoid");
+    SIM_TRY(get_b(cfg, "routed_bias", &d->routed_bias));
+    d->bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9);
+    SIM_TRY(mesh_cfg_get_double(cfg, "load_balance_loss_weight", &d->lb_weight));
+    SIM_TRY(mesh_cfg_get_double(cfg, "capacity_factor", &d->capacity_factor));
+    bool sparse;
+    SIM_TRY(get_b(cfg, "sparse_matmul", &sparse));
+    if (!sparse && d->capacity_factor <= 0) d->capacity_factor = 0; /* dense dropless: capacity = sequence */
+    if (sparse && d->capacity_factor <= 0) d->capacity_factor = -1;
+    SIM_TRY(get_b(cfg, "shard_exp_on_fsdp", &d->shard_exp_on_fsdp));
+    SIM_TRY(get_i(cfg, "q_lora_rank", &d->q_lora));
+    SIM_TRY(get_i(cfg, "kv_lora_rank", &d->kv_lora));
+    SIM_TRY(get_i(cfg, "qk_nope_head_dim", &d->qk_nope));
+    SIM_TRY(get_i(cfg, "qk_rope_head_dim", &d->qk_rope));
+    SIM_TRY(get_i(cfg, "v_head_dim", &d->v_head));
+    static const char *const rope_types[] = {"default", "yarn"};
+    int rt;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "rope_type", rope_types, 2, &rt));
+    d->yarn = rt == 1;
+    SIM_TRY(mesh_cfg_get_double(cfg, "rope_factor", &d->rope_factor));
+    SIM_TRY(mesh_cfg_get_double(cfg, "beta_fast", &d->beta_fast));
+    SIM_TRY(mesh_cfg_get_double(cfg, "beta_slow", &d->beta_slow));
+    SIM_TRY(mesh_cfg_get_double(cfg, "mscale", &d->mscale));
+    SIM_TRY(get_i(cfg, "max_position_embeddings", &d->max_pos));
+    SIM_TRY(get_i(cfg, "original_max_position_embeddings", &d->orig_max_pos));
+    SIM_TRY(get_b(cfg, "rope_interleave", &d->rope_interleave));
+    SIM_TRY(get_b(cfg, "rope_truncate", &d->rope_truncate));
+    SIM_TRY(get_b(cfg, "rope_attention_scaling", &d->rope_attn_scaling));
+
+    /* what this simulator does not model yet: refuse rather than run something else */
+    static const char *const att[] = {"global", "mla"};
+    int at;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "attention_type", att, 2, &at));
+    if (at != 1) return unsupported(cfg, "attention_type", "decoder_block=deepseek uses multi-head latent attention; set attention_type=mla");
+    const char **acts;
+    int nacts;
+    SIM_TRY(mesh_cfg_get_str_list(cfg, "mlp_activations", &acts, &nacts));
+    bool swiglu = nacts == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
+    free(acts);
+    if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
+    bool b;
+    SIM_TRY(get_b(cfg, "use_ring_of_experts", &b));
+    if (b) return unsupported(cfg, "use_ring_of_experts", "the ring-of-experts MoE is not simulated; drop it to use the ragged all-to-all path");
+    double f;
+    SIM_TRY(mesh_cfg_get_double(cfg, "ragged_buffer_factor", &f));
+    if (f > 0) return unsupported(cfg, "ragged_buffer_factor", "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 (dropless) or capacity_factor > 0 for the dense dropping path");
+    long long groups;
+    SIM_TRY(mesh_cfg_get_int(cfg, "n_routing_groups", &groups));
+    if (groups != -1) return unsupported(cfg, "n_routing_groups", "group-limited routing is not simulated; use -1");
+    SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &f));
+    if (f != 0) return unsupported(cfg, "routed_bias_update_rate", "the loss-free bias update is not simulated; use 0");
+
+    /* sizes */
+    if (d->dense_layers < 0 || d->dense_layers > d->layers)
+        return sim_err(SIM_ERR_INPUT, "first_num_dense_layers=%lld must be between 0 and base_num_decoder_layers=%lld",
+                       (long long)d->dense_layers, (long long)d->layers);
+    static const char *const pk[] = {"kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"};
+    int64_t pv[] = {d->kv_lora, d->qk_nope, d->qk_rope, d->v_head};
+    for (int i = 0; i < 4; i++)
+        if (pv[i] < 1) return sim_err(SIM_ERR_INPUT, "%s=%lld: must be at least 1", pk[i], (long long)pv[i]);
+    if (d->q_lora < 0) return sim_err(SIM_ERR_INPUT, "q_lora_rank=%lld: use 0 (plain query projection) or a rank", (long long)d->q_lora);
+    if (d->qk_rope % 2) return sim_err(SIM_ERR_INPUT, "qk_rope_head_dim=%lld: RoPE needs an even dim", (long long)d->qk_rope);
+    if (d->layers > d->dense_layers) {
+        if (d->experts < 1 || d->top_k < 1 || d->top_k > d->experts || d->top_k > 64)
+            return sim_err(SIM_ERR_INPUT,
+                           "num_experts_per_tok=%lld with num_experts=%lld: a MoE layer routes each token to 1..min(64, "
+                           "num_experts) experts",
+                           (long long)d->top_k, (long long)d->experts);
+        if (d->moe_mlp < 1)
+            return sim_err(SIM_ERR_INPUT, "base_moe_mlp_dim=%lld: the MoE layers need the routed experts' width",
+                           (long long)d->moe_mlp);
+        if (d->shared_experts < 0)
+            return sim_err(SIM_ERR_INPUT, "shared_experts=%lld: must be 0 or more", (long long)d->shared_experts);
+    }
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ parameters */
+
+static void add(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
+                model_init_kind init, double scale)
+{
+    SIM_ASSERT(m->nparams < MODEL_MAX_PARAMS);
+    model_param_def *d = &m->defs[m->nparams++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->path, sizeof d->path, "%s", path);
+    d->rank = rank;
+    for (int i = 0; i < rank; i++) {
+        d->shape[i] = shape[i];
+        d->logical[i] = logical[i];
+    }
+    d->scan_dim = rank > 1 && logical[1] && (!strcmp(logical[1], "dense_layers") || !strcmp(logical[1], "moe_layers"))
+                      ? 1
+                      : -1;
+    d->init = init;
+    d->scale = scale;
+}
+
+static double fan_in(int64_t n) { return 1.0 / sqrt((double)n); }
+
+/* One stack of layers ("dense_layers" or "moe_layers", n of them). */
+static void define_stack(model_def *m, const char *stack, int64_t n, bool moe)
+{
+    const model_dims *d = &m->d;
+    int64_t E = d->emb, H = d->q_heads, Dqk = d->qk_nope + d->qk_rope;
+    char p[MODEL_PATH_MAX];
+#define PATH(fmt) (snprintf(p, sizeof p, "params.decoder.%s." fmt, stack), p)
+    add(m, PATH("pre_self_attention_layer_norm.scale"), 2, (int64_t[]){E, n}, (const char *[]){"norm", stack},
+        MODEL_INIT_ONES, 0);
+    if (d->q_lora == 0) {
+        add(m, PATH("self_attention.query.kernel"), 4, (int64_t[]){E, n, H, Dqk},
+            (const char *[]){"embed", stack, "q_heads", "kv"}, MODEL_INIT_NORMAL, fan_in(E));
+    } else {
+        add(m, PATH("self_attention.wq_a.kernel"), 3, (int64_t[]){E, n, d->q_lora},
+            (const char *[]){"embed", stack, "q_lora_up_proj"}, MODEL_INIT_NORMAL, fan_in(E));
+        add(m, PATH("self_attention.q_norm.scale"), 2, (int64_t[]){d->q_lora, n}, (const char *[]){"norm", stack},
+            MODEL_INIT_ONES, 0);
+        add(m, PATH("self_attention.wq_b.kernel"), 4, (int64_t[]){d->q_lora, n, H, Dqk},
+            (const char *[]){"q_lora", stack, "q_heads", "kv"}, MODEL_INIT_NORMAL, fan_in(d->q_lora));
+    }
+    add(m, PATH("self_attention.wkv_a.kernel"), 3, (int64_t[]){E, n, d->kv_lora + d->qk_rope},
+        (const char *[]){"embed", stack, "kv_lora_up_proj"}, MODEL_INIT_NORMAL, fan_in(E));
+    add(m, PATH("self_attention.kv_norm.scale"), 2, (int64_t[]){d->kv_lora, n}, (const char *[]){"norm", stack},
+        MODEL_INIT_ONES, 0);
+    add(m, PATH("self_attention.wkv_b.kernel"), 4, (int64_t[]){d->kv_lora, n, H, d->qk_nope + d->v_head},
+        (const char *[]){"kv_lora", stack, "kv_heads", "kv_head_dim"}, MODEL_INIT_NORMAL, fan_in(d->kv_lora));
+    add(m, PATH("self_attention.out.kernel"), 4, (int64_t[]){H, n, d->v_head, E},
+        (const char *[]){"heads", stack, "kv", "embed"}, MODEL_INIT_NORMAL, fan_in(H * d->v_head));
+    add(m, PATH("post_self_attention_layer_norm.scale"), 2, (int64_t[]){E, n}, (const char *[]){"norm", stack},
+        MODEL_INIT_ONES, 0);
+    if (!moe) {
+        int64_t F = d->mlp;
+        add(m, PATH("mlp.wi_0.kernel"), 3, (int64_t[]){E, n, F}, (const char *[]){"embed", stack, "mlp"},
+            MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+        add(m, PATH("mlp.wi_1.kernel"), 3, (int64_t[]){E, n, F}, (const char *[]){"embed", stack, "mlp"},
+            MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+        add(m, PATH("mlp.wo.kernel"), 3, (int64_t[]){F, n, E}, (const char *[]){"mlp", stack, "embed"},
+            MODEL_INIT_TRUNC_NORMAL, fan_in(F));
+        return;
+    }
+    int64_t X = d->experts, Hm = d->moe_mlp, Fs = d->shared_experts * d->moe_mlp;
+    add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel"), 3, (int64_t[]){E, n, X},
+        (const char *[]){"embed_moe", stack, NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+    if (d->routed_bias)
+        add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){X, n}, (const char *[]){NULL, stack},
+            MODEL_INIT_ZEROS, 0);
+    /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
+    const char *const *wi = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, NULL, "mlp_moe"}
+                                                : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
+    const char *const *wo = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, "mlp_moe", NULL}
+                                                : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
+    add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_0"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
+        fan_in(E));
+    add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_1"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
+        fan_in(E));
+    add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wo"), 4, (int64_t[]){X, n, Hm, E}, wo, MODEL_INIT_TRUNC_NORMAL,
+        fan_in(Hm));
+    if (Fs > 0) {
+        add(m, PATH("DeepSeekMoeBlock_0.shared_experts.wi_0.kernel"), 3, (int64_t[]){E, n, Fs},
+            (const char *[]){"embed", stack, "mlp"}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+        add(m, PATH("DeepSeekMoeBlock_0.shared_experts.wi_1.kernel"), 3, (int64_t[]){E, n, Fs},
+            (const char *[]){"embed", stack, "mlp"}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+        add(m, PATH("DeepSeekMoeBlock_0.shared_experts.wo.kernel"), 3, (int64_t[]){Fs, n, E},
+            (const char *[]){"mlp", stack, "embed"}, MODEL_INIT_TRUNC_NORMAL, fan_in(Fs));
+    }
+#undef PATH
+}
+
+/* Expert-parallel and expert-hidden axes of the MoE region: the weights enter
+ * it as ('exp', None, 'mlp_no_fsdp') with fsdp peeled off (facts §6.3). */
+static sim_status moe_axes(const model_def *m, sim_axes *ep, sim_axes *h)
+{
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(m, "moe/w0_kernel", 3, MOE_W_IN, &s));
+    int fsdp = mesh_shape_axis_index(&m->mesh, "fsdp");
+    *ep = sim_axes_none();
+    *h = sim_axes_none();
+    for (int i = 0; i < s.n_axes[0]; i++)
+        if (s.axes[0][i] != fsdp) ep->axis[ep->n++] = s.axes[0][i];
+    for (int i = 0; i < s.n_axes[2]; i++)
+        if (s.axes[2][i] != fsdp) h->axis[h->n++] = s.axes[2][i];
+    return SIM_OK;
+}
+
+sim_status deepseek_define(model_def *m, const mesh_cfg *cfg)
+{
+    model_dims *d = &m->d;
+    SIM_TRY(read_dims(cfg, d));
+    int64_t V = d->vocab, E = d->emb, nd = d->dense_layers, nm = d->layers - d->dense_layers;
+    add(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
+        MODEL_INIT_NORMAL, fan_in(E));
+    if (nd > 0) define_stack(m, "dense_layers", nd, false);
+    if (nm > 0) define_stack(m, "moe_layers", nm, true);
+    add(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, MODEL_INIT_ONES, 0);
+    add(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
+        MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+    if (nm > 0) {
+        sim_axes ep, h;
+        SIM_TRY(moe_axes(m, &ep, &h));
+        int eps = 1;
+        char ax[128] = "";
+        size_t o = 0;
+        for (int i = 0; i < ep.n; i++) {
+            eps *= m->mesh.sizes[ep.axis[i]];
+            o += (size_t)snprintf(ax + o, sizeof ax - o, "%s%s=%d", i ? " x " : "", m->mesh.names[ep.axis[i]],
+                                  m->mesh.sizes[ep.axis[i]]);
+        }
+        if (d->experts % eps)
+            return sim_err(SIM_ERR_INPUT,
+                           "num_experts=%lld is not divisible by the expert-parallel size %d (%s): every device must "
+                           "hold the same number of experts; choose ici_expert_parallelism (and, for cp-as-ep, "
+                           "ici_context_parallelism) so their product divides num_experts",
+                           (long long)d->experts, eps, ax);
+    }
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ parameter lookup */
+
+typedef struct {
+    int ln1, ln2, q, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, out; /* attention and norms */
+    int wi0, wi1, wo;                                                 /* dense MLP or shared experts */
+    int gate, gate_bias, ew0, ew1, ewo;                               /* routed experts */
+} ds_stack;
+
+static int find(const model_def *m, const char *stack, const char *suffix)
+{
+    char p[MODEL_PATH_MAX];
+    snprintf(p, sizeof p, "params.decoder.%s.%s", stack, suffix);
+    for (int i = 0; i < m->nparams; i++)
+        if (!strcmp(m->defs[i].path, p)) return i;
+    return -1;
+}
+
+static ds_stack stack_ix(const model_def *m, bool moe)
+{
+    const char *s = moe ? "moe_layers" : "dense_layers";
+    ds_stack x;
+    x.ln1 = find(m, s, "pre_self_attention_layer_norm.scale");
+    x.ln2 = find(m, s, "post_self_attention_layer_norm.scale");
+    x.q = find(m, s, "self_attention.query.kernel");
+    x.wq_a = find(m, s, "self_attention.wq_a.kernel");
+    x.q_norm = find(m, s, "self_attention.q_norm.scale");
+    x.wq_b = find(m, s, "self_attention.wq_b.kernel");
+    x.wkv_a = find(m, s, "self_attention.wkv_a.kernel");
+    x.kv_norm = find(m, s, "self_attention.kv_norm.scale");
+    x.wkv_b = find(m, s, "self_attention.wkv_b.kernel");
+    x.out = find(m, s, "self_attention.out.kernel");
+    x.wi0 = find(m, s, moe ? "DeepSeekMoeBlock_0.shared_experts.wi_0.kernel" : "mlp.wi_0.kernel");
+    x.wi1 = find(m, s, moe ? "DeepSeekMoeBlock_0.shared_experts.wi_1.kernel" : "mlp.wi_1.kernel");
+    x.wo = find(m, s, moe ? "DeepSeekMoeBlock_0.shared_experts.wo.kernel" : "mlp.wo.kernel");
+    x.gate = find(m, s, "DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel");
+    x.gate_bias = find(m, s, "DeepSeekMoeBlock_0.MoeBlock_0.gate.bias");
+    x.ew0 = find(m, s, "DeepSeekMoeBlock_0.MoeBlock_0.wi_0");
+    x.ew1 = find(m, s, "DeepSeekMoeBlock_0.MoeBlock_0.wi_1");
+    x.ewo = find(m, s, "DeepSeekMoeBlock_0.MoeBlock_0.wo");
+    return x;
+}
+
+static int global_ix(const model_def *m, const char *path)
+{
+    for (int i = 0; i < m->nparams; i++)
+        if (!strcmp(m->defs[i].path, path)) return i;
+    return -1;
+}
+
+/* A parameter of layer l as a tape leaf (its gradient sinks into p->g[l] when recording). */
+static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l)
+{
+    model_param *p = &md->p[i];
+    bool grad = mesh_tape_recording(t) && p->g;
+    return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
+}
+
+/* ------------------------------------------------------------ activations for the dump */
+
+/* Logs an activation for input_shardings.json once per (name, shape), as
+ * MaxText's debug_sharding keys entries by "name: dtype[shape]". */
+static void note(const model_def *cm, const char *name, const mesh_array *a, int rank, const char *const *names,
+                 const mesh_spec *spec)
+{
+    model_def *m = (model_def *)cm;
+    pthread_mutex_lock(&m->act_lock);
+    bool seen = false;
+    for (int i = 0; i < m->nacts && !seen; i++) {
+        const model_act *x = &m->acts[i];
+        seen = !strcmp(x->name, name) && x->rank == rank && !memcmp(x->shape, a->shape, (size_t)rank * sizeof a->shape[0]);
+    }
+    if (!seen && m->nacts < MODEL_MAX_ACTS) {
+        model_act *act = &m->acts[m->nacts++];
+        memset(act, 0, sizeof *act);
+        snprintf(act->name, sizeof act->name, "%s", name);
+        act->rank = rank;
+        for (int d = 0; d < rank; d++) {
+            act->shape[d] = a->shape[d];
+            snprintf(act->logical[d], sizeof act->logical[d], "%s", names && names[d] ? names[d] : "");
+        }
+        act->spec = *spec;
+    }
+    pthread_mutex_unlock(&m->act_lock);
+}
+
+/* MaxText's maybe_shard_with_logical, logged for the dump. */
+static sim_status shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
+                           const char *const *names, mesh_var **out)
+{
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(md->def, dump_name, rank, names, &s));
+    if (sim_device_id(md->ctx.dev) == 0) note(md->def, dump_name, &x->val, rank, names, &s);
+    return mesh_ad_shard_as(t, x, &s, dump_name, out);
+}
+
+static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
+                        int rank, const char *const *out_names, mesh_var **y)
+{
+    mesh_spec os;
+    const mesh_spec *out;
+    SIM_TRY(model_out_sharding(md, name, rank, out_names, &os, &out));
+    return mesh_ad_einsum(t, sub, x, w, out, name, y);
+}
+
+/* ------------------------------------------------------------ MLA tape ops */
+
+static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
+{
+    const char *layer = mesh_tape_ctx(t)->layer;
+    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
+    return buf;
+}
+
+static sim_status new_var(mesh_tape *t, const char *name, int rank, const int64_t *shape, const mesh_spec *spec,
+                          mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    *out = mesh_tape_var(t);
+    return mesh_array_new(c->dev, c->mesh, name, rank, shape, spec, SIM_F32, SIM_MEM_ACTIVATIONS, &(*out)->val);
+}
+
+/* Copies columns: dst (rows, dw) [.., doff .. doff+n) <- src (rows, sw) [.., soff ..). */
+static void copy_cols(float *dst, int64_t dw, int64_t doff, const float *src, int64_t sw, int64_t soff, int64_t n,
+                      int64_t rows)
+{
+    if (!dst || !src) return;
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * dw + doff, src + r * sw + soff, (size_t)n * sizeof(float));
+}
+
+static sim_status split_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *x = e->in[0], *y1 = e->out[0], *y2 = e->out[1];
+    const mesh_array *xa = &e->saved[0];
+    uint32_t P = (y1->has_grad ? y1->grad.spec.partial : 0) | (y2->has_grad ? y2->grad.spec.partial : 0);
+    char tag[SIM_TAG_MAX];
+    tagof(t, "split/dx", tag, sizeof tag);
+    mesh_spec ds = xa->spec;
+    ds.partial = P;
+    mesh_array dx;
+    SIM_TRY(mesh_tape_zeros(t, "split/dx", xa->rank, xa->shape, &ds, SIM_MEM_TEMP, &dx));
+    int64_t W = xa->local[xa->rank - 1], rows = (int64_t)xa->nlocal / W, D1 = e->i[0];
+    mesh_var *ys[2] = {y1, y2};
+    for (int i = 0; i < 2; i++) {
+        if (!ys[i]->has_grad) continue;
+        mesh_spec want = ys[i]->val.spec;
+        want.partial = P; /* widening to more partial axes is free */
+        if (!mesh_spec_equal(&ys[i]->grad.spec, &want))
+            SIM_TRY(mesh_reshard(c->dev, c->mesh, &ys[i]->grad, &want, sim_meta_tag(tag)));
+        int64_t n = i ? W - D1 : D1;
+        copy_cols(dx.data, W, i ? D1 : 0, ys[i]->grad.data, n, 0, n, rows);
+    }
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+/* y1 = x[..., :d1], y2 = x[..., d1:] (expand: y2 gets a size-1 dim before its last). */
+static sim_status split_last(mesh_tape *t, mesh_var *x, int64_t d1, bool expand, const char *name, mesh_var **y1,
+                             mesh_var **y2)
+{
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0;
+    s.n_axes[s.rank - 1] = 0;
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    int r = xa.rank;
+    int64_t W = xa.shape[r - 1], shape[MESH_SPEC_MAX_RANK];
+    memcpy(shape, xa.shape, sizeof shape);
+    shape[r - 1] = d1;
+    SIM_TRY(new_var(t, name, r, shape, &s, y1));
+    mesh_spec s2 = s;
+    int r2 = r;
+    shape[r - 1] = W - d1;
+    if (expand) {
+        shape[r] = W - d1;
+        shape[r - 1] = 1;
+        r2 = r + 1;
+        mesh_spec_init(&s2, r2);
+        for (int d = 0; d < r - 1; d++) {
+            s2.n_axes[d] = s.n_axes[d];
+            memcpy(s2.axes[d], s.axes[d], sizeof s2.axes[d]);
+        }
+    }
+    SIM_TRY(new_var(t, name, r2, shape, &s2, y2));
+    int64_t rows = xa.data ? (int64_t)xa.nlocal / W : 0;
+    copy_cols((*y1)->val.data, d1, 0, xa.data, W, 0, d1, rows);
+    copy_cols((*y2)->val.data, W - d1, 0, xa.data, W, d1, W - d1, rows);
+    mesh_var *outs[2] = {*y1, *y2};
+    mesh_entry *e = mesh_tape_record(t, split_vjp, tag, 1, &x, 2, outs);
+    if (e) {
+        e->i[0] = d1;
+        mesh_entry_save(e, &xa, xo);
+    } else if (xo) {
+        mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    }
+    return SIM_OK;
+}
+
+static sim_status concat_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *a = e->in[0], *b = e->in[1], *y = e->out[0];
+    mesh_array *dy = &y->grad;
+    int r = dy->rank;
+    int64_t W = dy->local[r - 1], rows = (int64_t)dy->nlocal / W, D1 = e->i[0];
+    char tag[SIM_TAG_MAX];
+    tagof(t, "concat/d", tag, sizeof tag);
+    int64_t shape[MESH_SPEC_MAX_RANK];
+    memcpy(shape, dy->shape, sizeof shape);
+    mesh_array da, db;
+    shape[r - 1] = D1;
+    SIM_TRY(mesh_tape_zeros(t, "concat/da", r, shape, &dy->spec, SIM_MEM_TEMP, &da));
+    shape[r - 1] = W - D1;
+    SIM_TRY(mesh_tape_zeros(t, "concat/db", r, shape, &dy->spec, SIM_MEM_TEMP, &db));
+    copy_cols(da.data, D1, 0, dy->data, W, 0, D1, dy->data ? rows : 0);
+    copy_cols(db.data, W - D1, 0, dy->data, W, D1, W - D1, dy->data ? rows : 0);
+    SIM_TRY(mesh_tape_accumulate(t, a, &da, tag));
+    return mesh_tape_accumulate(t, b, &db, tag);
+}
+
+/* y = [a, b] along the last dim; b follows a's sharding, the last dim whole. */
+static sim_status concat_last(mesh_tape *t, mesh_var *a, mesh_var *b, const char *name, mesh_var **y)
+{
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    mesh_spec s = a->val.spec;
+    s.partial = 0;
+    s.n_axes[s.rank - 1] = 0;
+    mesh_array aa, ba;
+    bool ao, bo;
+    SIM_TRY(mesh_nn_operand(t, &a->val, &s, tag, &aa, &ao));
+    SIM_TRY(mesh_nn_operand(t, &b->val, &s, tag, &ba, &bo));
+    int r = aa.rank;
+    int64_t D1 = aa.shape[r - 1], D2 = ba.shape[r - 1], shape[MESH_SPEC_MAX_RANK];
+    memcpy(shape, aa.shape, sizeof shape);
+    shape[r - 1] = D1 + D2;
+    SIM_TRY(new_var(t, name, r, shape, &s, y));
+    int64_t rows = aa.data ? (int64_t)aa.nlocal / D1 : 0;
+    copy_cols((*y)->val.data, D1 + D2, 0, aa.data, D1, 0, D1, rows);
+    copy_cols((*y)->val.data, D1 + D2, D1, ba.data, D2, 0, D2, rows);
+    mesh_ctx *c = mesh_tape_ctx(t);
+    if (ao) mesh_array_free(c->dev, &aa);
+    if (bo) mesh_array_free(c->dev, &ba);
+    mesh_var *in[2] = {a, b};
+    mesh_entry *e = mesh_tape_record(t, concat_vjp, tag, 2, in, 1, y);
+    if (e) e->i[0] = D1;
+    return SIM_OK;
+}
+
+static sim_status bcast_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad;
+    char tag[SIM_TAG_MAX];
+    tagof(t, "broadcast_heads/dx", tag, sizeof tag);
+    /* the sum over the local heads is partial over the axes that split the heads */
+    mesh_spec ds;
+    mesh_spec_init(&ds, 4);
+    for (int d = 0; d < 2; d++) {
+        ds.n_axes[d] = dy->spec.n_axes[d];
+        memcpy(ds.axes[d], dy->spec.axes[d], sizeof ds.axes[d]);
+    }
+    ds.partial = dy->spec.partial;
+    for (int i = 0; i < dy->spec.n_axes[2]; i++) ds.partial |= 1u << dy->spec.axes[2][i];
+    int64_t shape[4] = {dy->shape[0], dy->shape[1], 1, dy->shape[3]};
+    mesh_array dx;
+    SIM_TRY(mesh_tape_zeros(t, "broadcast_heads/dx", 4, shape, &ds, SIM_MEM_TEMP, &dx));
+    if (dy->data) {
+        int64_t rows = dy->local[0] * dy->local[1], Hl = dy->local[2], R = dy->local[3];
+        const float *g = dy->data;
+        float *o = dx.data;
+        for (int64_t n = 0; n < rows; n++)
+            for (int64_t h = 0; h < Hl; h++)
+                for (int64_t j = 0; j < R; j++) o[n * R + j] += g[(n * Hl + h) * R + j];
+    }
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+/* y (B, T, H, R) = x (B, T, 1, R) repeated over H heads, made directly in
+ * `spec` (its heads dim may be sharded: each device writes its heads only). */
+static sim_status broadcast_heads(mesh_tape *t, mesh_var *x, int64_t H, const mesh_spec *spec, const char *name,
+                                  mesh_var **y)
+{
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    mesh_spec xs;
+    mesh_spec_init(&xs, 4);
+    for (int d = 0; d < 2; d++) {
+        xs.n_axes[d] = spec->n_axes[d];
+        memcpy(xs.axes[d], spec->axes[d], sizeof xs.axes[d]);
+    }
+    mesh_spec ys = xs;
+    ys.n_axes[2] = spec->n_axes[2];
+    memcpy(ys.axes[2], spec->axes[2], sizeof ys.axes[2]);
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &xs, tag, &xa, &xo));
+    int64_t shape[4] = {xa.shape[0], xa.shape[1], H, xa.shape[3]};
+    SIM_TRY(new_var(t, name, 4, shape, &ys, y));
+    if (xa.data) {
+        mesh_array *ya = &(*y)->val;
+        int64_t rows = ya->local[0] * ya->local[1], Hl = ya->local[2], R = ya->local[3];
+        const float *src = xa.data;
+        float *o = ya->data;
+        for (int64_t n = 0; n < rows; n++)
+            for (int64_t h = 0; h < Hl; h++) memcpy(o + (n * Hl + h) * R, src + n * R, (size_t)R * sizeof(float));
+    }
+    if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    mesh_tape_record(t, bcast_vjp, tag, 1, &x, 1, y);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ layers */
+
+static bk_rope_params rope_params(const model_dims *d)
+{
+    int dim = (int)d->qk_rope;
+    bk_rope_params p = d->yarn ? bk_rope_params_yarn(dim) : bk_rope_params_default(dim);
+    p.max_timescale = d->rope_theta;
+    if (!d->yarn) {
+        p.min_timescale = d->rope_min;
+        return p;
+    }
+    p.factor = d->rope_factor;
+    p.original_max_position_embeddings = (int)d->orig_max_pos;
+    p.beta_fast = d->beta_fast;
+    p.beta_slow = d->beta_slow;
+    p.interleave = d->rope_interleave;
+    p.truncate = d->rope_truncate;
+    p.attention_scaling = d->rope_attn_scaling;
+    return p;
+}
+
+/* Multi-head latent attention (facts §5.4): x (B, T, E) -> (B, T, E). */
+static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const ds_stack *s, int l, mesh_var *x,
+                      mesh_var **y)
+{
+    const model_dims *d = &md->def->d;
+    int64_t H = d->q_heads;
+    mesh_var *xq, *xkv, *q, *q_nope, *q_pe, *query, *low, *kv_latent, *k_rope, *kv, *k_nope, *value, *key_rope, *key,
+        *o;
+    SIM_TRY(shard_as(md, t, x, "attention_mla/inputs_q", 3, MLA_IN, &xq));
+    SIM_TRY(shard_as(md, t, x, "attention_mla/inputs_kv", 3, MLA_IN, &xkv));
+    /* queries */
+    if (d->q_lora == 0) {
+        SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, s->q, l), "query", 4, KV4, &q));
+    } else {
+        mesh_var *lq;
+        SIM_TRY(dense(md, t, "bte,eq->btq", xq, param(md, t, s->wq_a, l), "wq_a", 3, Q_LORA, &lq));
+        SIM_TRY(mesh_nn_rmsnorm(t, lq, param(md, t, s->q_norm, l), d->eps, "q_norm", &lq));
+        SIM_TRY(dense(md, t, "btq,qhd->bthd", lq, param(md, t, s->wq_b, l), "wq_b", 4, KV4, &q));
+    }
+    SIM_TRY(split_last(t, q, d->qk_nope, false, "query_split", &q_nope, &q_pe));
+    SIM_TRY(shard_as(md, t, q_nope, "attention_mla/q_nope", 4, KV4, &q_nope));
+    SIM_TRY(shard_as(md, t, q_pe, "attention_mla/q_pe", 4, KV4, &q_pe));
+    bk_rope_params rp = rope_params(d);
+    SIM_TRY(mesh_nn_rope(t, q_pe, &b->positions, &rp, "query_rope", &q_pe));
+    SIM_TRY(concat_last(t, q_nope, q_pe, "query_concat", &query));
+    SIM_TRY(shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
+    /* keys and values from the latent; one rope key head for all heads */
+    SIM_TRY(dense(md, t, "bte,ek->btk", xkv, param(md, t, s->wkv_a, l), "wkv_a", 3, KV_LORA, &low));
+    SIM_TRY(split_last(t, low, d->kv_lora, true, "kv_split", &kv_latent, &k_rope));
+    SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, param(md, t, s->kv_norm, l), d->eps, "kv_norm", &kv_latent));
+    SIM_TRY(dense(md, t, "btk,khd->bthd", kv_latent, param(md, t, s->wkv_b, l), "wkv_b", 4, KV4, &kv));
+    SIM_TRY(split_last(t, kv, d->qk_nope, false, "kv_split_heads", &k_nope, &value));
+    SIM_TRY(shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
+    SIM_TRY(mesh_nn_rope(t, k_rope, &b->positions, &rp, "key_rope", &k_rope));
+    mesh_spec kv4;
+    SIM_TRY(model_logical_spec(md->def, "attention_mla/key_rope", 4, KV4, &kv4));
+    SIM_TRY(broadcast_heads(t, k_rope, H, &kv4, "key_rope_broadcast", &key_rope));
+    SIM_TRY(shard_as(md, t, key_rope, "attention_mla/key_rope", 4, KV4, &key_rope));
+    SIM_TRY(concat_last(t, k_nope, key_rope, "key_concat", &key));
+    SIM_TRY(shard_as(md, t, key, "attention_mla/key", 4, KV4, &key));
+    SIM_TRY(shard_as(md, t, value, "attention_mla/value", 4, KV4, &value));
+    double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
+                                        d->rope_factor, d->mscale);
+    SIM_TRY(mesh_nn_attention(t, query, key, value, &b->positions, scale, "attention_op", &o));
+    SIM_TRY(shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
+    return dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
+}
+
+/* SwiGLU MLP (facts §5.5): dense layers and the shared experts. */
+static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int l, mesh_var *x, mesh_var **y)
+{
+    mesh_var *g, *u, *act;
+    SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi0, l), "wi_0", 3, MLP_WI, &g));
+    SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi1, l), "wi_1", 3, MLP_WI, &u));
+    SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
+    SIM_TRY(shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
+    return dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y);
+}
+
+/* Routed experts plus shared experts (facts §5.6-5.7, §6): (B, T, E) -> (B, T, E),
+ * and the layer's load-balance loss when load_balance_loss_weight > 0. */
+static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mesh_var *x, const char *block,
+                      mesh_var **y, mesh_var **lb)
+{
+    const model_def *m = md->def;
+    const model_dims *d = &m->d;
+    bool dense_path = d->capacity_factor >= 0;
+    char routed[128], shared[128];
+    snprintf(routed, sizeof routed, "%s/MoeBlock_0", block);
+    snprintf(shared, sizeof shared, "%s/shared_experts", block);
+    md->ctx.layer = routed;
+    mesh_var *xin, *logits, *scores, *weights, *indices, *out;
+    SIM_TRY(shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
+    SIM_TRY(dense(md, t, "bte,ex->btx", xin, param(md, t, s->gate, l), "gate", 3, GATE_OUT, &logits));
+    SIM_TRY(shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
+    SIM_TRY(mesh_moe_scores(t, logits, d->routed_sigmoid, "scores", &scores));
+    mesh_var *bias = s->gate_bias >= 0 ? param(md, t, s->gate_bias, l) : NULL;
+    mesh_moe_route_cfg rc = {(int)d->top_k, d->routed_sigmoid, d->routed_scale, d->bias_selects_only};
+    SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
+    *lb = NULL;
+    if (d->lb_weight > 0) {
+        double per_layer = d->lb_weight / (double)(d->layers - d->dense_layers); /* MaxText: mean over layers */
+        SIM_TRY(mesh_moe_lb_loss(t, scores, bias, indices, per_layer, "load_balance_loss", lb));
+    }
+    mesh_moe_cfg mc;
+    memset(&mc, 0, sizeof mc);
+    SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
+    if (d->capacity_factor > 0)
+        mc.capacity = mesh_moe_capacity(d->seq, (int)d->top_k, d->experts, d->capacity_factor);
+    else if (d->capacity_factor == 0)
+        mc.capacity = d->seq; /* dense dropless: every token fits in its expert's queue */
+    SIM_TRY(model_logical_spec(m, "moe/out", 3, A, &mc.out));
+    mesh_var *w0 = param(md, t, s->ew0, l), *w1 = param(md, t, s->ew1, l), *wo = param(md, t, s->ewo, l);
+    if (sim_device_id(md->ctx.dev) == 0) {
+        /* MaxText logs the expert weights entering its shard_map without logical names */
+        mesh_spec wis, wos;
+        mesh_spec_init(&wis, 3);
+        mesh_spec_init(&wos, 3);
+        for (int i = 0; i < mc.ep.n; i++) wis.axes[0][i] = wos.axes[0][i] = mc.ep.axis[i];
+        wis.n_axes[0] = wos.n_axes[0] = mc.ep.n;
+        for (int i = 0; i < mc.h.n; i++) wis.axes[2][i] = wos.axes[1][i] = mc.h.axis[i];
+        wis.n_axes[2] = wos.n_axes[1] = mc.h.n;
+        note(m, "moe/w0_kernel", &w0->val, 3, NULL, &wis);
+        note(m, "moe/w1_kernel", &w1->val, 3, NULL, &wis);
+        note(m, "moe/wo_kernel", &wo->val, 3, NULL, &wos);
+    }
+    SIM_TRY(mesh_moe_experts(t, xin, weights, indices, w0, w1, wo, &mc, "moe", &out));
+    if (s->wi0 >= 0) {
+        md->ctx.layer = shared;
+        mesh_var *sh;
+        SIM_TRY(mlp(md, t, s->wi0, s->wi1, s->wo, l, x, &sh));
+        SIM_TRY(mesh_ad_add(t, out, sh, "routed_plus_shared", &out));
+    }
+    *y = out;
+    return SIM_OK;
+}
+
+/* One decoder layer (global index gl): facts §5.6. */
+static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
+                           mesh_var **lb)
+{
+    const model_def *m = md->def;
+    const model_dims *d = &m->d;
+    bool is_moe = gl >= d->dense_layers;
+    int l = is_moe ? gl - (int)d->dense_layers : gl;
+    ds_stack s = stack_ix(m, is_moe);
+    char layer[64], attn[96], ffn[96];
+    const char *saved = md->ctx.layer;
+    snprintf(layer, sizeof layer, "decoder/%s_%d", is_moe ? "moe_layers" : "dense_layers", l);
+    snprintf(attn, sizeof attn, "%s/self_attention", layer);
+    snprintf(ffn, sizeof ffn, "%s/%s", layer, is_moe ? "DeepSeekMoeBlock_0" : "mlp");
+    md->ctx.layer = layer;
+    *lb = NULL;
+    mesh_var *h, *lnx, *a, *hs, *f;
+    SIM_TRY(shard_as(md, t, x, "deepseek/inputs", 3, A, &h));
+    SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, s.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
+    SIM_TRY(shard_as(md, t, lnx, "deepseek/pre_attention_norm", 3, A, &lnx));
+    md->ctx.layer = attn;
+    SIM_TRY(mla(md, t, b, &s, l, lnx, &a));
+    md->ctx.layer = layer;
+    SIM_TRY(shard_as(md, t, a, "deepseek/attention_result", 3, A, &a));
+    SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h));
+    SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, s.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
+    SIM_TRY(shard_as(md, t, hs, "deepseek/post_attention_norm", 3, A, &hs));
+    if (is_moe) {
+        SIM_TRY(moe(md, t, &s, l, hs, ffn, &f, lb));
+        md->ctx.layer = layer;
+        SIM_TRY(shard_as(md, t, f, "deepseek/mlp_lnx", 3, A, &f));
+    } else {
+        md->ctx.layer = ffn;
+        SIM_TRY(mlp(md, t, s.wi0, s.wi1, s.wo, l, hs, &f));
+        md->ctx.layer = layer;
+        SIM_TRY(shard_as(md, t, f, "deepseek/mlp", 3, A, &f));
+    }
+    SIM_TRY(mesh_ad_add(t, f, h, "residual_mlp", &h));
+    SIM_TRY(shard_as(md, t, h, "deepseek/x", 3, A, y));
+    md->ctx.layer = saved;
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ remat */
+
+typedef struct {
+    model_dev *md;
+    const model_batch *b;
+    int layer;
+} remat_payload;
+
+static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
+{
+    remat_payload *rp = e->payload;
+    mesh_var *x = e->in[0], *y = e->out[0], *lb = e->nout > 1 ? e->out[1] : NULL;
+    mesh_tape *inner = mesh_tape_new(mesh_tape_ctx(t), true);
+    mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin, *lbin;
+    sim_status st = ds_layer(rp->md, inner, rp->b, rp->layer, xin, &yin, &lbin);
+    if (st == SIM_OK && lb && lb->has_grad && lbin) {
+        mesh_array cot = lb->grad;
+        lb->has_grad = false; /* moved into the inner tape */
+        st = y->has_grad ? mesh_tape_accumulate(inner, lbin, &cot, e->tag) : mesh_tape_backward_from(inner, lbin, &cot);
+    }
+    if (st == SIM_OK && y->has_grad) {
+        mesh_array cot = y->grad;
+        y->has_grad = false;
+        st = mesh_tape_backward_from(inner, yin, &cot);
+    }
+    if (st == SIM_OK && xin->has_grad) {
+        mesh_array g = xin->grad;
+        xin->has_grad = false;
+        st = mesh_tape_accumulate(t, x, &g, e->tag);
+    }
+    mesh_tape_free(inner);
+    return st;
+}
+
+static sim_status remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
+                              mesh_var **lb)
+{
+    mesh_tape *scratch = mesh_tape_new(mesh_tape_ctx(t), false);
+    mesh_var *xin = mesh_tape_input(scratch, &x->val, false), *yin, *lbin;
+    sim_status st = ds_layer(md, scratch, b, gl, xin, &yin, &lbin);
+    *lb = NULL;
+    if (st == SIM_OK) {
+        *y = mesh_tape_var(t);
+        (*y)->val = mesh_tape_take(scratch, yin);
+        if (lbin) {
+            *lb = mesh_tape_var(t);
+            (*lb)->val = mesh_tape_take(scratch, lbin);
+        }
+    }
+    mesh_tape_free(scratch);
+    SIM_TRY(st);
+    char tag[64];
+    snprintf(tag, sizeof tag, "decoder/layers_%d/remat", gl);
+    mesh_var *outs[2] = {*y, *lb};
+    mesh_entry *e = mesh_tape_record(t, remat_vjp, tag, 1, &x, *lb ? 2 : 1, outs);
+    if (e) {
+        remat_payload *p = malloc(sizeof *p);
+        p->md = md;
+        p->b = b;
+        p->layer = gl;
+        e->payload = p;
+        e->free_payload = free;
+    }
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ the whole model */
+
+sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
+{
+    const model_def *m = md->def;
+    int embed = global_ix(m, "params.token_embedder.embedding"), norm = global_ix(m, "params.decoder.decoder_norm.scale"),
+        logits_ix = global_ix(m, "params.decoder.logits_dense.kernel");
+    md->ctx.layer = "decoder";
+    mesh_var *x, *logits, *tok_loss, *lb_sum = NULL;
+    SIM_TRY(mesh_nn_embed(t, param(md, t, embed, 0), &b->tokens, "token_embedder", &x));
+    if (md->ctx.mode == MESH_MODE_EXPLICIT) { /* Embed's out_sharding */
+        mesh_spec es;
+        SIM_TRY(model_logical_spec(m, "embed/out", 3, EMB_OUT, &es));
+        SIM_TRY(mesh_ad_shard_as(t, x, &es, "embed/out", &x));
+    }
+    for (int l = 0; l < m->d.layers; l++) {
+        mesh_var *lb;
+        if (m->d.remat_full)
+            SIM_TRY(remat_layer(md, t, b, l, x, &x, &lb));
+        else
+            SIM_TRY(ds_layer(md, t, b, l, x, &x, &lb));
+        if (lb) {
+            md->ctx.layer = "loss";
+            if (lb_sum)
+                SIM_TRY(mesh_ad_add(t, lb_sum, lb, "moe_lb_loss", &lb_sum));
+            else
+                lb_sum = lb;
+        }
+    }
+    md->ctx.layer = "decoder";
+    SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, norm, 0), m->d.eps, "decoder_norm", &x));
+    if (md->ctx.mode == MESH_MODE_EXPLICIT) {
+        mesh_spec fs;
+        SIM_TRY(model_logical_spec(m, "decoder/norm_out", 3, FINAL, &fs));
+        SIM_TRY(mesh_ad_shard_as(t, x, &fs, "decoder/norm_out", &x));
+    }
+    SIM_TRY(dense(md, t, "bte,ev->btv", x, param(md, t, logits_ix, 0), "logits_dense", 3, LOGITS, &logits));
+    SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
+    /* MaxText's loss function uses the raw with_sharding_constraint (an assert in explicit mode) */
+    mesh_spec ls;
+    SIM_TRY(model_logical_spec(m, "loss/xent", 2, LOSS, &ls));
+    SIM_TRY(mesh_ad_constraint(t, tok_loss, &ls, "loss/xent", &tok_loss));
+    md->ctx.layer = "loss";
+    SIM_TRY(mesh_nn_mean(t, tok_loss, "mean", loss));
+    if (lb_sum) SIM_TRY(mesh_ad_add(t, *loss, lb_sum, "plus_moe_lb_loss", loss));
+    return SIM_OK;
+}

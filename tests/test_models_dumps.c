@@ -1,0 +1,235 @@
+/* test_models_dumps.c — `shardsim dump` of deepseek2-16b against MaxText's
+ * golden sharding dumps (reference/maxtext/goldens/deepseek2-16b, the four
+ * configurations stored there; facts §10).
+ *
+ * For each configuration the dump runs through cli_dump (a dry forward pass
+ * of the whole model on the golden's device count, batch = the base
+ * per_device_batch_size of 12 x devices, as MaxText's dump) into a temporary
+ * directory, and:
+ *   - named_shardings.json: the same keys; per key the same mesh (axis names
+ *     and sizes), partition_spec and shape;
+ *   - logical_shardings.json: the same keys, partition_spec and shape;
+ *   - input_shardings.json: every activation the golden logs with known
+ *     logical axes is logged by our forward pass under the same name and
+ *     shape, with the same logic_axes text and PartitionSpec; every
+ *     activation we log is in the golden (matched by name and shape).
+ *     Golden entries whose logic_axes is "Unknown" are MaxText internals
+ *     without logical names: attention_op/arr (mask and segment helpers) and
+ *     attention_op/query|key|value (the flash kernel's (B, H, S, D) layout)
+ *     have no counterpart in our attention and are skipped; moe/w*_kernel
+ *     (the expert weights entering the MoE region) are logged by us and their
+ *     PartitionSpec is compared.  The golden's dtype is bfloat16, ours float32:
+ *     dtypes are not compared.
+ * The reference directory is $SHARDSIM_REFERENCE (default ../shared/reference
+ * relative to the repository root); a missing golden is a failure. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "mesh/json.h"
+
+typedef struct {
+    const char *dir;       /* under goldens/deepseek2-16b */
+    const char *flags[6];  /* dump overrides */
+} golden_case;
+
+static const golden_case CASES[] = {
+    {"tpu7x-16/slice_1/rule_default", {"num_devices=16"}},
+    {"tpu7x-16/slice_1/rule_pure-fsdp", {"num_devices=16", "custom_mesh_and_rule=pure-fsdp"}},
+    {"tpu7x-8/slice_1/rule_ep-as-cp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
+     {"num_devices=8", "custom_mesh_and_rule=ep-as-cp", "ici_fsdp_parallelism=-1", "ici_expert_parallelism=2"}},
+    {"tpu7x-8/slice_1/rule_shard-exp-on-fsdp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
+     {"num_devices=8", "custom_mesh_and_rule=shard-exp-on-fsdp", "ici_fsdp_parallelism=-1",
+      "ici_expert_parallelism=2"}},
+};
+enum { NCASES = sizeof CASES / sizeof CASES[0] };
+
+static char golden_root[1024];
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *env = getenv("SHARDSIM_REFERENCE");
+    snprintf(golden_root, sizeof golden_root, "%s/maxtext/goldens/deepseek2-16b",
+             env && *env ? env : "../shared/reference");
+    return 0;
+}
+
+static mesh_json *read_json(const char *path)
+{
+    mesh_json *j = NULL;
+    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
+    return j;
+}
+
+/* Structural equality of two JSON values (objects compared by key). */
+static int json_equal(const mesh_json *a, const mesh_json *b)
+{
+    if (a->kind != b->kind) return 0;
+    switch (a->kind) {
+    case MESH_JSON_NULL: return 1;
+    case MESH_JSON_BOOL: return a->boolean == b->boolean;
+    case MESH_JSON_NUMBER: return a->number == b->number;
+    case MESH_JSON_STRING: return !strcmp(a->str, b->str);
+    case MESH_JSON_ARRAY:
+        if (a->n != b->n) return 0;
+        for (int i = 0; i < a->n; i++)
+            if (!json_equal(&a->items[i], &b->items[i])) return 0;
+        return 1;
+    case MESH_JSON_OBJECT:
+        if (a->n != b->n) return 0;
+        for (int i = 0; i < a->n; i++) {
+            const mesh_json *o = mesh_json_get(b, a->keys[i]);
+            if (!o || !json_equal(&a->items[i], o)) return 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* named / logical: same keys; per key the listed fields equal. Returns the entries compared. */
+static int compare_state(const char *what, const mesh_json *ours, const mesh_json *gold, const char *const *fields,
+                         int nf)
+{
+    assert_int_equal(gold->kind, MESH_JSON_OBJECT);
+    assert_int_equal(ours->kind, MESH_JSON_OBJECT);
+    for (int i = 0; i < ours->n; i++)
+        if (!mesh_json_get(gold, ours->keys[i])) fail_msg("%s: we write %s, the golden has no such key", what, ours->keys[i]);
+    for (int i = 0; i < gold->n; i++) {
+        const mesh_json *o = mesh_json_get(ours, gold->keys[i]);
+        if (!o) fail_msg("%s: the golden has %s, we do not write it", what, gold->keys[i]);
+        for (int f = 0; f < nf; f++) {
+            const mesh_json *gv = mesh_json_get(&gold->items[i], fields[f]), *ov = mesh_json_get(o, fields[f]);
+            if (!gv || !ov || !json_equal(gv, ov)) fail_msg("%s: %s differs in '%s'", what, gold->keys[i], fields[f]);
+        }
+    }
+    return gold->n;
+}
+
+/* "moe/inputs: bfloat16[192,2048,2048]" -> "moe/inputs" and "[192,2048,2048]". */
+static void split_key(const char *key, char *name, size_t ncap, char *shape, size_t scap)
+{
+    const char *colon = strstr(key, ": "), *br = strchr(key, '[');
+    assert_non_null(colon);
+    assert_non_null(br);
+    snprintf(name, ncap, "%.*s", (int)(colon - key), key);
+    snprintf(shape, scap, "%s", br);
+}
+
+typedef struct {
+    int known, unknown_compared, unknown_skipped;
+} input_counts;
+
+static const mesh_json *find_act(const mesh_json *list, const char *name, const char *shape)
+{
+    for (int i = 0; i < list->n; i++) {
+        const mesh_json *e = &list->items[i];
+        char n[256], s[256];
+        split_key(e->keys[0], n, sizeof n, s, sizeof s);
+        if (!strcmp(n, name) && !strcmp(s, shape)) return &e->items[0];
+    }
+    return NULL;
+}
+
+static input_counts compare_inputs(const char *what, const mesh_json *ours_root, const mesh_json *gold_root)
+{
+    const mesh_json *ours = mesh_json_get(ours_root, "Activation Sharding Dump"),
+                    *gold = mesh_json_get(gold_root, "Activation Sharding Dump");
+    assert_non_null(ours);
+    assert_non_null(gold);
+    input_counts c = {0, 0, 0};
+    for (int i = 0; i < gold->n; i++) {
+        const mesh_json *ge = &gold->items[i];
+        char n[256], s[256];
+        split_key(ge->keys[0], n, sizeof n, s, sizeof s);
+        const mesh_json *gv = &ge->items[0], *ov = find_act(ours, n, s);
+        const char *glogic = mesh_json_get(gv, "logic_axes")->str, *gspec = mesh_json_get(gv, "PartitionSpec")->str;
+        bool unknown = !strcmp(glogic, "Unknown");
+        if (!ov) {
+            if (unknown) {
+                c.unknown_skipped++; /* attention_op internals: see the file header */
+                continue;
+            }
+            fail_msg("%s: the golden logs %s, our forward pass does not", what, ge->keys[0]);
+        }
+        const char *ospec = mesh_json_get(ov, "PartitionSpec")->str, *ologic = mesh_json_get(ov, "logic_axes")->str;
+        if (strcmp(gspec, ospec)) fail_msg("%s: %s: PartitionSpec %s, golden %s", what, ge->keys[0], ospec, gspec);
+        if (unknown) {
+            c.unknown_compared++;
+            continue;
+        }
+        if (strcmp(glogic, ologic)) fail_msg("%s: %s: logic_axes %s, golden %s", what, ge->keys[0], ologic, glogic);
+        c.known++;
+    }
+    for (int i = 0; i < ours->n; i++) {
+        char n[256], s[256];
+        split_key(ours->items[i].keys[0], n, sizeof n, s, sizeof s);
+        if (!find_act(gold, n, s)) fail_msg("%s: we log %s, the golden does not", what, ours->items[i].keys[0]);
+    }
+    return c;
+}
+
+static void test_goldens(void **state)
+{
+    (void)state;
+    for (int ci = 0; ci < NCASES; ci++) {
+        const golden_case *gc = &CASES[ci];
+        char gdir[1400], tmpl[] = "/tmp/shardsim_dump_XXXXXX";
+        snprintf(gdir, sizeof gdir, "%s/%s", golden_root, gc->dir);
+        struct stat st;
+        if (stat(gdir, &st) || !S_ISDIR(st.st_mode))
+            fail_msg("golden directory %s not found (set SHARDSIM_REFERENCE to the folder holding maxtext/goldens)", gdir);
+        char *tmp = mkdtemp(tmpl);
+        assert_non_null(tmp);
+        char outdir[256];
+        snprintf(outdir, sizeof outdir, "output_dir=%s", tmp);
+        char *argv[10];
+        int argc = 0;
+        argv[argc++] = "model_name=deepseek2-16b";
+        for (int f = 0; f < 6 && gc->flags[f]; f++) argv[argc++] = (char *)gc->flags[f];
+        argv[argc++] = outdir;
+        FILE *devnull = fopen("/dev/null", "w");
+        int rc = cli_dump(argc, argv, devnull, stderr);
+        fclose(devnull);
+        if (rc) fail_msg("%s: shardsim dump failed (exit %d)", gc->dir, rc);
+        static const char *const files[3] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
+        mesh_json *ours[3], *gold[3];
+        for (int f = 0; f < 3; f++) {
+            char p[1600];
+            snprintf(p, sizeof p, "%s/%s", tmp, files[f]);
+            ours[f] = read_json(p);
+            unlink(p);
+            snprintf(p, sizeof p, "%s/%s", gdir, files[f]);
+            gold[f] = read_json(p);
+        }
+        rmdir(tmp);
+        static const char *const named_fields[] = {"mesh", "partition_spec", "shape"};
+        static const char *const logical_fields[] = {"partition_spec", "shape"};
+        int nn = compare_state("named_shardings.json", ours[0], gold[0], named_fields, 3);
+        int nl = compare_state("logical_shardings.json", ours[1], gold[1], logical_fields, 2);
+        input_counts ic = compare_inputs(gc->dir, ours[2], gold[2]);
+        printf("  %-84s named %d, logical %d, activations %d (+%d unnamed compared, %d unnamed skipped)\n", gc->dir,
+               nn, nl, ic.known, ic.unknown_compared, ic.unknown_skipped);
+        assert_true(nn > 80 && nl == nn && ic.known >= 20);
+        for (int f = 0; f < 3; f++) {
+            mesh_json_free(ours[f]);
+            mesh_json_free(gold[f]);
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_goldens)};
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
