@@ -24,8 +24,8 @@ sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, me
     return SIM_OK;
 }
 
-sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
-                          const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
+static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                            const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, bool zero, mesh_array *out)
 {
     memset(out, 0, sizeof *out);
     if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
@@ -46,13 +46,25 @@ sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, 
     for (int i = 0; i < rank; i++) out->nlocal *= (size_t)out->local[i];
     static _Thread_local uint64_t next_uid; /* arrays are made on their device's thread */
     out->uid = ++next_uid;
-    return sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, true, &out->data);
+    return sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, zero, &out->data);
+}
+
+sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                          const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
+{
+    return array_new(d, m, name, rank, shape, spec, dt, cat, true, out);
+}
+
+sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                              const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
+{
+    return array_new(d, m, name, rank, shape, spec, dt, cat, false, out);
 }
 
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
                             sim_mem_cat cat, mesh_array *out)
 {
-    SIM_TRY(mesh_array_new(d, m, name, src->rank, src->shape, &src->spec, src->dtype, cat, out));
+    SIM_TRY(mesh_array_new_raw(d, m, name, src->rank, src->shape, &src->spec, src->dtype, cat, out));
     if (out->data && src->data) memcpy(out->data, src->data, src->nlocal * sim_dtype_size(src->dtype));
     return SIM_OK;
 }

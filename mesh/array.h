@@ -36,6 +36,9 @@ sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, me
 /* A zero-filled array with `spec`; checks divisibility (errors name `name`). */
 sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                           const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
+/* The same without zero-filling: for outputs the caller overwrites entirely. */
+sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                              const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
 /* A copy of `src` (same spec and shard) under a new name and category. */
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
                             sim_mem_cat cat, mesh_array *out);

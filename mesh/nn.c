@@ -86,7 +86,8 @@ static sim_status new_out(mesh_tape *t, const char *name, int rank, const int64_
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     *out = mesh_tape_var(t);
-    return mesh_array_new(c->dev, c->mesh, name, rank, shape, spec, SIM_F32, SIM_MEM_ACTIVATIONS, &(*out)->val);
+    /* every op below writes all of its output */
+    return mesh_array_new_raw(c->dev, c->mesh, name, rank, shape, spec, SIM_F32, SIM_MEM_ACTIVATIONS, &(*out)->val);
 }
 
 /* A cotangent array (zeroed) in the temporaries category. */

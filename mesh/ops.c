@@ -825,7 +825,7 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     st = stage(ctx, &ua.arr, &p->from[0], &p->to[0], meta, &sa);
     if (st == SIM_OK) st = stage(ctx, &ub.arr, &p->from[1], &p->to[1], meta, &sb);
     if (st != SIM_OK) goto done;
-    st = mesh_array_new(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
+    st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
     if (st != SIM_OK) goto done;
     if (out->data && sa.arr.data && sb.arr.data)
         bk_einsum(sub, out->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 0.0f);
