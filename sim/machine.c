@@ -88,11 +88,15 @@ int sim_mesh_group_size(const sim_mesh_desc *m, sim_axes axes)
 
 const char *sim_mesh_coord_label(const sim_mesh_desc *m, int id, char *buf, size_t cap)
 {
-    int c[SIM_MAX_AXES];
+    /* axes of size 1 say nothing about where a device is: leave them out */
+    int c[SIM_MAX_AXES], shown = 0;
     sim_mesh_coords(m, id, c);
     size_t n = (size_t)snprintf(buf, cap, "(");
-    for (int i = 0; i < m->naxes && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%s=%d", i ? ", " : "", m->names[i], c[i]);
+    for (int i = 0; i < m->naxes && n < cap; i++) {
+        if (m->sizes[i] == 1) continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s=%d", shown++ ? ", " : "", m->names[i], c[i]);
+    }
+    if (!shown && n < cap) n += (size_t)snprintf(buf + n, cap - n, "single device");
     if (n < cap) snprintf(buf + n, cap - n, ")");
     return buf;
 }
@@ -149,7 +153,7 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
         d->m = m;
         d->id = i;
         sim_mesh_coords(&m->mesh, i, d->coords);
-        char c[80];
+        char c[160];
         snprintf(d->label, sizeof d->label, "device %d %s", i, sim_mesh_coord_label(&m->mesh, i, c, sizeof c));
         d->arena = sim_arena_new(d->label, m->opts.capacity_bytes, m->opts.dry_run);
         pthread_cond_init(&d->cv, NULL);

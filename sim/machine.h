@@ -42,7 +42,7 @@ void sim_mesh_coords(const sim_mesh_desc *m, int id, int *coords);
 int sim_mesh_device_id(const sim_mesh_desc *m, const int *coords);
 /* Product of the sizes of the listed axes (1 for none). */
 int sim_mesh_group_size(const sim_mesh_desc *m, sim_axes axes);
-/* "(data=1, fsdp=0)" */
+/* "(data=1, fsdp=0)": the axes of size > 1 ("(single device)" when none) */
 const char *sim_mesh_coord_label(const sim_mesh_desc *m, int id, char *buf, size_t cap);
 /* "(data, fsdp)" */
 const char *sim_axes_label(const sim_mesh_desc *m, sim_axes axes, char *buf, size_t cap);

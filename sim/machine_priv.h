@@ -54,7 +54,7 @@ struct sim_device {
     sim_machine *m;
     int id;
     int coords[SIM_MAX_AXES];
-    char label[96];
+    char label[192];
     sim_arena *arena;
     sim_phase phase;
     int step;
