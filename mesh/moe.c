@@ -644,16 +644,19 @@ static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q,
     }
     free(gs);
     buf_free(g->arena, &act);
+    /* the hidden-sharded product is summed over the whole static buffer, as
+     * XLA does with MaxText's fixed-size (worst-case) gmm output */
+    if (g->live && g->hk > 1) memset((float *)y.p + N * M, 0, (size_t)((cap - N) * M) * 4);
     const float *src = y.p;
     sim_status st = SIM_OK;
     if (g->rs) {
         st = buf_alloc(d, &yr, (size_t)(cap * g->Mo) * 4, SIM_MEM_TEMP, "moe/y_rs");
         if (st == SIM_OK)
-            st = sim_reduce_scatter_dim(d, y.p, yr.p, (size_t)N, (size_t)M, 1, SIM_F32, g->h,
+            st = sim_reduce_scatter_dim(d, y.p, yr.p, (size_t)cap, (size_t)M, 1, SIM_F32, g->h,
                                         sim_meta_tag(gtag(g, "wo_reduce_scatter", tag, sizeof tag)));
         src = yr.p;
     } else if (g->hk > 1) {
-        st = sim_all_reduce(d, y.p, y.p, (size_t)(N * M), SIM_F32, g->h,
+        st = sim_all_reduce(d, y.p, y.p, (size_t)(cap * M), SIM_F32, g->h,
                             sim_meta_tag(gtag(g, "wo_all_reduce", tag, sizeof tag)));
     }
     if (st == SIM_OK) permute_rows(g, g->cnt_recv, out_q, src, g->Mo, false);
@@ -673,11 +676,12 @@ static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_
     moe_buf dyr, dy, act, da, dh0, dh1, dxr;
     SIM_TRY(buf_alloc(d, &dyr, (size_t)(cap * g->Mo) * 4, SIM_MEM_TEMP, "moe/dy"));
     permute_rows(g, g->cnt_recv, dyr.p, dout_q, g->Mo, true);
+    if (g->live && g->rs) memset((float *)dyr.p + N * g->Mo, 0, (size_t)((cap - N) * g->Mo) * 4);
     dy = dyr;
     sim_status st = SIM_OK;
     if (g->rs) {
         SIM_TRY(buf_alloc(d, &dy, (size_t)(cap * M) * 4, SIM_MEM_TEMP, "moe/dy_full"));
-        st = sim_all_gather_dim(d, dyr.p, dy.p, (size_t)N, (size_t)g->Mo, 1, SIM_F32, g->h,
+        st = sim_all_gather_dim(d, dyr.p, dy.p, (size_t)cap, (size_t)g->Mo, 1, SIM_F32, g->h,
                                 sim_meta_tag(gtag(g, "wo_reduce_scatter_bwd", tag, sizeof tag)));
     }
     SIM_TRY(buf_alloc(d, &act, (size_t)(cap * Hl) * 4, SIM_MEM_TEMP, "moe/act"));
