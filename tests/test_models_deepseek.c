@@ -12,7 +12,8 @@
  *     (capacity large enough to drop nothing); ep-as-cp against
  *     fsdp=2 context=2 under the base rules and shard-exp-on-fsdp against the
  *     base rules on fsdp=4 expert=2 (MaxText's checks for those rule sets);
- *     the other custom rule sets against the 1-device run;
+ *     the other custom rule sets against the 1-device run; a fractional
+ *     per_device_batch_size (0.5 on 8 devices) against 4 rows on 1 device;
  *   - the MoE region alone against a host reference with routing computed
  *     independently from the global scores, and its ragged all-to-all bytes
  *     equal to the routed rows that cross devices x the row bytes;
@@ -318,6 +319,31 @@ static void parity_path(bool dense)
             compare_runs(what, &r, &ref);
             close_run(&r);
         }
+    /* fractional per_device_batch_size (facts §9.2): 8 rows loaded, the first 4 trained on,
+     * against 4 rows on 1 device */
+    run_t ref4;
+    const char *r4[] = {path, "per_device_batch_size=4"};
+    train_run(&ref4, r4, 2, 1);
+    static const char *const frac[2][5] = {
+        {"per_device_batch_size=0.5", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_expert_parallelism=2"},
+        {"per_device_batch_size=0.5", "custom_mesh_and_rule=pipeline-large-moe", "ici_fsdp_parallelism=2",
+         "ici_context_parallelism=2", "ici_expert_parallelism=2"}};
+    for (int fi = 0; fi < 2; fi++)
+        for (int mode = 0; mode < 2; mode++) {
+            const char *extra[8];
+            int n = 0;
+            extra[n++] = path;
+            for (int f = 0; f < 5 && frac[fi][f]; f++) extra[n++] = frac[fi][f];
+            extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            run_t r;
+            train_run(&r, extra, n, 8);
+            char what[200];
+            snprintf(what, sizeof what, "%s fractional batch %s %s", dense ? "dense" : "sparse", frac[fi][1],
+                     extra[n - 1]);
+            compare_runs(what, &r, &ref4);
+            close_run(&r);
+        }
+    close_run(&ref4);
     /* MaxText's checks of two rule sets against the base rules */
     for (int mode = 0; mode < 2; mode++) {
         const char *md = mode ? "shard_mode=explicit" : "shard_mode=auto";

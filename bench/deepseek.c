@@ -1,0 +1,216 @@
+/* deepseek.c — DeepSeek benchmark, in one run:
+ *
+ *   1. MaxText's explicit-sharding table for deepseek3-test: FSDP=4 and
+ *      FSDP=2 TP=2 under the base rules, FSDP=2 TP_transpose=2 under the
+ *      legacy rule set (custom_mesh_and_rule=legacy: the only one with the
+ *      tensor_transpose axis), each in auto and explicit shard mode.  Per
+ *      configuration: the peak memory per device of a real run at 2 layers
+ *      (base_num_decoder_layers=2 first_num_dense_layers=1) and of a dry run
+ *      at full depth (61 layers), and the bytes each device sends per step by
+ *      collective and mesh axes, for both runs.  The batch is
+ *      per_device_batch_size=1 of max_target_length=256 (4 sequences).
+ *   2. The deepseek3-tiny step time (full depth, 8 sequences of 256 tokens)
+ *      on 8 devices (fsdp=4 expert=2) over the step time on 1 device:
+ *      target <= 1.3.  Each side trains 3 steps; the fastest after the first
+ *      counts.
+ *
+ * Benchmark, not a test: it prints the table and the ratio and exits 0
+ * unless a run fails. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/train.h"
+
+enum { SEQ = 256, MAX_ROWS = 64 };
+
+typedef struct {
+    const char *label;
+    const char *flags[4];
+} mesh_case;
+
+static const mesh_case CASES[] = {
+    {"FSDP=4", {"ici_fsdp_parallelism=4"}},
+    {"FSDP=2 TP=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
+    {"FSDP=2 TP_transpose=2 (legacy)",
+     {"custom_mesh_and_rule=legacy", "ici_fsdp_parallelism=2", "ici_tensor_transpose_parallelism=2"}},
+};
+enum { NCASES = sizeof CASES / sizeof CASES[0] };
+
+/* Bytes sent per device per step, by collective and axes. */
+typedef struct {
+    sim_op op;
+    char axes[64];
+    double bytes;
+} traffic_row;
+
+typedef struct {
+    double peak_gib;     /* highest arena peak over devices */
+    double step_s;       /* fastest step after the first (or the only one) */
+    int nrows;
+    traffic_row rows[MAX_ROWS];
+} run_result;
+
+static void fail(const char *what)
+{
+    fprintf(stderr, "bench/deepseek: %s: %s\n", what, sim_errmsg());
+    exit(1);
+}
+
+static void add_traffic(run_result *r, sim_op op, const char *axes, double bytes)
+{
+    for (int i = 0; i < r->nrows; i++)
+        if (r->rows[i].op == op && !strcmp(r->rows[i].axes, axes)) {
+            r->rows[i].bytes += bytes;
+            return;
+        }
+    if (r->nrows == MAX_ROWS) return;
+    traffic_row *t = &r->rows[r->nrows++];
+    t->op = op;
+    snprintf(t->axes, sizeof t->axes, "%s", axes);
+    t->bytes = bytes;
+}
+
+static run_result run(const char *const *words, int nwords, int steps)
+{
+    run_result res;
+    memset(&res, 0, sizeof res);
+    mesh_cfg *cfg;
+    model_def *def = calloc(1, sizeof *def);
+    model_data data;
+    model_train_job job;
+    memset(&job, 0, sizeof job);
+    sim_machine *m;
+    if (mesh_cfg_load_argv("configs/base.yml", nwords, words, &cfg)) fail("config");
+    if (model_def_from_config(cfg, def)) fail("model");
+    if (model_data_from_config(cfg, &data) || model_optim_from_config(cfg, &job.opt)) fail("data/optimizer");
+    if (model_machine_new(def, 0, false, &m)) fail("machine");
+    job.def = def;
+    job.data = &data;
+    job.steps = steps;
+    job.stats = calloc((size_t)steps, sizeof *job.stats);
+    if (model_train(&job, m) != SIM_OK) fail("train");
+    res.step_s = job.stats[0].time_s;
+    for (int s = 1; s < steps; s++)
+        if (s == 1 || job.stats[s].time_s < res.step_s) res.step_s = job.stats[s].time_s;
+    int nd = sim_machine_num_devices(m);
+    const sim_mesh_desc *md = sim_machine_mesh(m);
+    size_t peak = 0;
+    for (int d = 0; d < nd; d++) {
+        sim_device *dev = sim_machine_device(m, d);
+        sim_arena_stats as;
+        sim_arena_get_stats(sim_device_arena(dev), &as);
+        if (as.peak > peak) peak = as.peak;
+        size_t n;
+        const sim_record *r = sim_device_records(dev, &n);
+        for (size_t i = 0; i < n; i++) {
+            if (r[i].step != steps - 1) continue; /* the last step */
+            char ax[64];
+            sim_axes_label(md, r[i].axes, ax, sizeof ax);
+            add_traffic(&res, r[i].op, ax, (double)r[i].bytes_sent / nd);
+        }
+    }
+    res.peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
+    free(job.stats);
+    sim_machine_free(m);
+    model_data_close(&data);
+    model_def_free(def);
+    free(def);
+    mesh_cfg_free(cfg);
+    return res;
+}
+
+static const char *fmt_bytes(double b, char *buf, size_t cap)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
+    return buf;
+}
+
+static const traffic_row *find_row(const run_result *r, sim_op op, const char *axes)
+{
+    for (int i = 0; i < r->nrows; i++)
+        if (r->rows[i].op == op && !strcmp(r->rows[i].axes, axes)) return &r->rows[i];
+    return NULL;
+}
+
+static void explicit_sharding_table(void)
+{
+    printf("deepseek3-test, per_device_batch_size=1, max_target_length=%d, 4 devices\n", SEQ);
+    printf("real: 2 layers (1 dense + 1 MoE), 1 step; dry: full depth (3 dense + 58 MoE), dry_run=true\n\n");
+    printf("%-32s %-9s %12s %12s  %-15s %-22s %14s %14s\n", "mesh", "mode", "peak/dev", "peak/dev", "collective",
+           "axes", "bytes/dev/step", "bytes/dev/step");
+    printf("%-32s %-9s %12s %12s  %-15s %-22s %14s %14s\n", "", "", "real 2L", "dry 61L", "", "", "real 2L", "dry 61L");
+    for (int i = 0; i < 160; i++) putchar('-');
+    putchar('\n');
+    for (int c = 0; c < NCASES; c++)
+        for (int mode = 0; mode < 2; mode++) {
+            const char *words[24];
+            int n = 0;
+            words[n++] = "model_name=deepseek3-test";
+            words[n++] = "per_device_batch_size=1";
+            words[n++] = "max_target_length=256";
+            words[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            for (int f = 0; f < 4 && CASES[c].flags[f]; f++) words[n++] = CASES[c].flags[f];
+            int base = n;
+            words[n++] = "override_model_config=true";
+            words[n++] = "base_num_decoder_layers=2";
+            words[n++] = "first_num_dense_layers=1";
+            words[n++] = "steps=1";
+            run_result real = run(words, n, 1);
+            n = base;
+            words[n++] = "dry_run=true";
+            words[n++] = "steps=1";
+            run_result dry = run(words, n, 1);
+            /* rows: the union of both runs' (collective, axes), dry order first */
+            run_result all = dry;
+            for (int i = 0; i < real.nrows; i++)
+                if (!find_row(&all, real.rows[i].op, real.rows[i].axes)) add_traffic(&all, real.rows[i].op, real.rows[i].axes, 0);
+            char p1[32], p2[32];
+            snprintf(p1, sizeof p1, "%.3f GiB", real.peak_gib);
+            snprintf(p2, sizeof p2, "%.3f GiB", dry.peak_gib);
+            for (int i = 0; i < all.nrows; i++) {
+                const traffic_row *a = find_row(&real, all.rows[i].op, all.rows[i].axes),
+                                  *b = find_row(&dry, all.rows[i].op, all.rows[i].axes);
+                char b1[32], b2[32];
+                printf("%-32s %-9s %12s %12s  %-15s %-22s %14s %14s\n", i ? "" : CASES[c].label,
+                       i ? "" : (mode ? "explicit" : "auto"), i ? "" : p1, i ? "" : p2, sim_op_name(all.rows[i].op),
+                       all.rows[i].axes, fmt_bytes(a ? a->bytes : 0, b1, sizeof b1),
+                       fmt_bytes(b ? b->bytes : 0, b2, sizeof b2));
+            }
+            if (!all.nrows) printf("%-32s %-9s %12s %12s\n", CASES[c].label, mode ? "explicit" : "auto", p1, p2);
+            fflush(stdout);
+        }
+    printf("\n");
+}
+
+static void step_ratio(void)
+{
+    const char *one[] = {"model_name=deepseek3-tiny", "per_device_batch_size=8", "max_target_length=256", "steps=3",
+                         "learning_rate=1e-4"};
+    const char *eight[] = {"model_name=deepseek3-tiny", "per_device_batch_size=1", "max_target_length=256", "steps=3",
+                           "learning_rate=1e-4", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"};
+    run_result a = run(one, 5, 3);
+    run_result b = run(eight, 7, 3);
+    printf("deepseek3-tiny (61 layers, 8 x %d tokens) step time\n", SEQ);
+    printf("%-26s %10s\n", "mesh", "step (s)");
+    printf("%-26s %10.3f\n", "1 device", a.step_s);
+    printf("%-26s %10.3f\n", "8 devices fsdp=4 expert=2", b.step_s);
+    printf("ratio 8 devices / 1 device: %.3f (target <= 1.3)\n", b.step_s / a.step_s);
+}
+
+int main(int argc, char **argv)
+{
+    bool table = true, ratio = true;
+    if (argc > 1 && !strcmp(argv[1], "table")) ratio = false;
+    if (argc > 1 && !strcmp(argv[1], "ratio")) table = false;
+    if (table) explicit_sharding_table();
+    if (ratio) step_ratio();
+    return 0;
+}
