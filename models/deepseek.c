@@ -735,8 +735,15 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     mesh_moe_cfg mc;
     memset(&mc, 0, sizeof mc);
     SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
-    if (d->capacity_factor > 0)
+    if (d->capacity_factor > 0) {
         mc.capacity = mesh_moe_capacity(d->seq, (int)d->top_k, d->experts, d->capacity_factor);
+        if (mc.capacity < 1)
+            return sim_err(SIM_ERR_INPUT,
+                           "capacity_factor=%g gives every expert 0 slots per sequence (max_target_length=%lld, "
+                           "num_experts_per_tok=%lld, num_experts=%lld): every token would be dropped; use a larger "
+                           "capacity_factor",
+                           d->capacity_factor, (long long)d->seq, (long long)d->top_k, (long long)d->experts);
+    }
     else if (d->capacity_factor == 0)
         mc.capacity = d->seq; /* dense dropless: every token fits in its expert's queue */
     SIM_TRY(model_logical_spec(m, "moe/out", 3, A, &mc.out));
@@ -860,7 +867,9 @@ static sim_status remat_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     mesh_tape_free(scratch);
     SIM_TRY(st);
     char tag[64];
-    snprintf(tag, sizeof tag, "decoder/layers_%d/remat", gl);
+    bool is_moe = gl >= md->def->d.dense_layers;
+    snprintf(tag, sizeof tag, "decoder/%s_%d/remat", is_moe ? "moe_layers" : "dense_layers",
+             is_moe ? gl - (int)md->def->d.dense_layers : gl);
     mesh_var *outs[2] = {*y, *lb};
     mesh_entry *e = mesh_tape_record(t, remat_vjp, tag, 1, &x, *lb ? 2 : 1, outs);
     if (e) {

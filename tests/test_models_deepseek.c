@@ -20,6 +20,7 @@
  *   - dry run: the dense path's traffic equals a real run's byte for byte,
  *     the sparse path's everywhere but the ragged exchanges, and peak memory
  *     is the same;
+ *   - full-size deepseek3-test and deepseek3-671b train one dry step;
  *   - experts that do not divide over the expert axis are refused with a
  *     message naming the key and the fix. */
 #include <setjmp.h>
@@ -588,6 +589,43 @@ static void test_dry_run(void **state)
     dry_vs_real(false);
 }
 
+/* Full-size models size on a laptop: one dry step of deepseek3-test (61 layers) and
+ * deepseek3-671b on 8 devices, shapes and traffic only. */
+static void test_full_size_dry_runs(void **state)
+{
+    (void)state;
+    static const char *const models[2] = {"model_name=deepseek3-test", "model_name=deepseek3-671b"};
+    for (int i = 0; i < 2; i++) {
+        const char *argv[] = {models[i], "ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "dry_run=true",
+                              "steps=1", "per_device_batch_size=1", "max_target_length=512"};
+        mesh_cfg *cfg;
+        assert_int_equal(mesh_cfg_load_argv("configs/base.yml", 7, argv, &cfg), SIM_OK);
+        model_def *def = calloc(1, sizeof *def);
+        if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("%s: %s", models[i], sim_errmsg());
+        model_data data;
+        model_train_job job;
+        memset(&job, 0, sizeof job);
+        if (model_data_from_config(cfg, &data) || model_optim_from_config(cfg, &job.opt)) fail_msg("%s", sim_errmsg());
+        sim_machine *m;
+        assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
+        job.def = def;
+        job.data = &data;
+        job.steps = 1;
+        job.stats = calloc(1, sizeof *job.stats);
+        if (model_train(&job, m) != SIM_OK) fail_msg("%s: %s", models[i], sim_errmsg());
+        /* every device holds at least its eighth of the parameters, gradients and both Adam moments */
+        double state_bytes = 4.0 * (double)model_param_bytes(def) / 8;
+        printf("  %s dry run on 8 devices: peak %.1f GiB per device (parameters %.2f B)\n", models[i] + 11,
+               (double)job.stats[0].peak_bytes / (1 << 30), (double)model_param_bytes(def) / 4e9);
+        assert_true((double)job.stats[0].peak_bytes > state_bytes);
+        free(job.stats);
+        sim_machine_free(m);
+        model_data_close(&data);
+        unload(def);
+        mesh_cfg_free(cfg);
+    }
+}
+
 /* ------------------------------------------------------------ errors */
 
 static void test_experts_refused(void **state)
@@ -617,7 +655,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradient_mla_dense), cmocka_unit_test(test_gradient_moe),
         cmocka_unit_test(test_region_routing_and_bytes), cmocka_unit_test(test_parity_sparse),
-        cmocka_unit_test(test_parity_dense), cmocka_unit_test(test_dry_run),
+        cmocka_unit_test(test_parity_dense), cmocka_unit_test(test_dry_run), cmocka_unit_test(test_full_size_dry_runs),
         cmocka_unit_test(test_experts_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
