@@ -48,6 +48,11 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# The kernels' elementwise loops vectorise only when comparisons may be
+# evaluated speculatively (no FP traps are used anywhere; IEEE results are
+# unchanged) and loops of unknown length may get a vector body plus epilogue.
+$(BUILD)/blas_kernels/%.o: CFLAGS += -fno-trapping-math -fvect-cost-model=dynamic
+
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk.h"
+#include "blas_kernels/bk_math.h"
 #include "blas_kernels/bk_parallel.h"
 
 #include <cblas.h>
@@ -128,11 +129,10 @@ static void attention_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
               memset(s, 0, (size_t)nk * sizeof *s);
               continue;
             }
+            for (int j = 0; j < nk; j++)  // masked keys (-inf) get exactly 0
+              s[j] = s[j] == -INFINITY ? 0.0f : bk_expf(s[j] - mn);
             double rs = 0.0;
-            for (int j = 0; j < nk; j++) {
-              s[j] = expf(s[j] - mn);  // exp(-inf) = 0 for masked keys
-              rs += s[j];
-            }
+            for (int j = 0; j < nk; j++) rs += s[j];
             if (mn != m[i]) {
               float alpha = expf(m[i] - mn);  // 0 when m was -inf
               float *a = acc + (size_t)i * Dv;
@@ -225,7 +225,8 @@ static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
               memset(p, 0, (size_t)nk * sizeof *p);
               continue;
             }
-            for (int j = 0; j < nk; j++) p[j] = expf(p[j] - L[i]);
+            const float Li = L[i];
+            for (int j = 0; j < nk; j++) p[j] = p[j] == -INFINITY ? 0.0f : bk_expf(p[j] - Li);
           }
           bk_gemm(1, 0, nk, Dv, nq, 1.0f, P, nk, dO, ldo, 1.0f, dV, ldv);    // dV += P^T dO
           bk_gemm(0, 1, nq, nk, Dv, 1.0f, dO, ldo, V, ldv, 0.0f, dP, nk);    // dP = dO V^T
