@@ -76,7 +76,7 @@ static void dump_entries(const model_def *def, cli_dump_param *p, cli_dump_activ
         a[i].name = act->name;
         a[i].dtype = "float32";
         a[i].rank = act->rank;
-        a[i].logical_known = true;
+        a[i].logical_known = act->logical_known;
         for (int d = 0; d < act->rank; d++) {
             a[i].shape[d] = act->shape[d];
             a[i].logical[d] = act->logical[d][0] ? act->logical[d] : NULL;

@@ -373,42 +373,6 @@ static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l)
 
 /* ------------------------------------------------------------ activations for the dump */
 
-/* Logs an activation for input_shardings.json once per (name, shape), as
- * MaxText's debug_sharding keys entries by "name: dtype[shape]". */
-static void note(const model_def *cm, const char *name, const mesh_array *a, int rank, const char *const *names,
-                 const mesh_spec *spec)
-{
-    model_def *m = (model_def *)cm;
-    pthread_mutex_lock(&m->act_lock);
-    bool seen = false;
-    for (int i = 0; i < m->nacts && !seen; i++) {
-        const model_act *x = &m->acts[i];
-        seen = !strcmp(x->name, name) && x->rank == rank && !memcmp(x->shape, a->shape, (size_t)rank * sizeof a->shape[0]);
-    }
-    if (!seen && m->nacts < MODEL_MAX_ACTS) {
-        model_act *act = &m->acts[m->nacts++];
-        memset(act, 0, sizeof *act);
-        snprintf(act->name, sizeof act->name, "%s", name);
-        act->rank = rank;
-        for (int d = 0; d < rank; d++) {
-            act->shape[d] = a->shape[d];
-            snprintf(act->logical[d], sizeof act->logical[d], "%s", names && names[d] ? names[d] : "");
-        }
-        act->spec = *spec;
-    }
-    pthread_mutex_unlock(&m->act_lock);
-}
-
-/* MaxText's maybe_shard_with_logical, logged for the dump. */
-static sim_status shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
-                           const char *const *names, mesh_var **out)
-{
-    mesh_spec s;
-    SIM_TRY(model_logical_spec(md->def, dump_name, rank, names, &s));
-    if (sim_device_id(md->ctx.dev) == 0) note(md->def, dump_name, &x->val, rank, names, &s);
-    return mesh_ad_shard_as(t, x, &s, dump_name, out);
-}
-
 static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
                         int rank, const char *const *out_names, mesh_var **y)
 {
@@ -656,8 +620,8 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     int64_t H = d->q_heads;
     mesh_var *xq, *xkv, *q, *q_nope, *q_pe, *query, *low, *kv_latent, *k_rope, *kv, *k_nope, *value, *key_rope, *key,
         *o;
-    SIM_TRY(shard_as(md, t, x, "attention_mla/inputs_q", 3, MLA_IN, &xq));
-    SIM_TRY(shard_as(md, t, x, "attention_mla/inputs_kv", 3, MLA_IN, &xkv));
+    SIM_TRY(model_shard_as(md, t, x, "attention_mla/inputs_q", 3, MLA_IN, &xq));
+    SIM_TRY(model_shard_as(md, t, x, "attention_mla/inputs_kv", 3, MLA_IN, &xkv));
     /* queries */
     if (d->q_lora == 0) {
         SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, s->q, l), "query", 4, KV4, &q));
@@ -668,31 +632,31 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
         SIM_TRY(dense(md, t, "btq,qhd->bthd", lq, param(md, t, s->wq_b, l), "wq_b", 4, KV4, &q));
     }
     SIM_TRY(split_last(t, q, d->qk_nope, false, "query_split", &q_nope, &q_pe));
-    SIM_TRY(shard_as(md, t, q_nope, "attention_mla/q_nope", 4, KV4, &q_nope));
-    SIM_TRY(shard_as(md, t, q_pe, "attention_mla/q_pe", 4, KV4, &q_pe));
+    SIM_TRY(model_shard_as(md, t, q_nope, "attention_mla/q_nope", 4, KV4, &q_nope));
+    SIM_TRY(model_shard_as(md, t, q_pe, "attention_mla/q_pe", 4, KV4, &q_pe));
     bk_rope_params rp = rope_params(d);
     SIM_TRY(mesh_nn_rope(t, q_pe, &b->positions, &rp, "query_rope", &q_pe));
     SIM_TRY(concat_last(t, q_nope, q_pe, "query_concat", &query));
-    SIM_TRY(shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
+    SIM_TRY(model_shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
     /* keys and values from the latent; one rope key head for all heads */
     SIM_TRY(dense(md, t, "bte,ek->btk", xkv, param(md, t, s->wkv_a, l), "wkv_a", 3, KV_LORA, &low));
     SIM_TRY(split_last(t, low, d->kv_lora, true, "kv_split", &kv_latent, &k_rope));
     SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, param(md, t, s->kv_norm, l), d->eps, "kv_norm", &kv_latent));
     SIM_TRY(dense(md, t, "btk,khd->bthd", kv_latent, param(md, t, s->wkv_b, l), "wkv_b", 4, KV4, &kv));
     SIM_TRY(split_last(t, kv, d->qk_nope, false, "kv_split_heads", &k_nope, &value));
-    SIM_TRY(shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
+    SIM_TRY(model_shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
     SIM_TRY(mesh_nn_rope(t, k_rope, &b->positions, &rp, "key_rope", &k_rope));
     mesh_spec kv4;
     SIM_TRY(model_logical_spec(md->def, "attention_mla/key_rope", 4, KV4, &kv4));
     SIM_TRY(broadcast_heads(t, k_rope, H, &kv4, "key_rope_broadcast", &key_rope));
-    SIM_TRY(shard_as(md, t, key_rope, "attention_mla/key_rope", 4, KV4, &key_rope));
+    SIM_TRY(model_shard_as(md, t, key_rope, "attention_mla/key_rope", 4, KV4, &key_rope));
     SIM_TRY(concat_last(t, k_nope, key_rope, "key_concat", &key));
-    SIM_TRY(shard_as(md, t, key, "attention_mla/key", 4, KV4, &key));
-    SIM_TRY(shard_as(md, t, value, "attention_mla/value", 4, KV4, &value));
+    SIM_TRY(model_shard_as(md, t, key, "attention_mla/key", 4, KV4, &key));
+    SIM_TRY(model_shard_as(md, t, value, "attention_mla/value", 4, KV4, &value));
     double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
                                         d->rope_factor, d->mscale);
     SIM_TRY(mesh_nn_attention(t, query, key, value, &b->positions, scale, "attention_op", &o));
-    SIM_TRY(shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
+    SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     return dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
 }
 
@@ -703,7 +667,7 @@ static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int
     SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi0, l), "wi_0", 3, MLP_WI, &g));
     SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi1, l), "wi_1", 3, MLP_WI, &u));
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
-    SIM_TRY(shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
+    SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
     return dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y);
 }
 
@@ -720,9 +684,9 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     snprintf(shared, sizeof shared, "%s/shared_experts", block);
     md->ctx.layer = routed;
     mesh_var *xin, *logits, *scores, *weights, *indices, *out;
-    SIM_TRY(shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
+    SIM_TRY(model_shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
     SIM_TRY(dense(md, t, "bte,ex->btx", xin, param(md, t, s->gate, l), "gate", 3, GATE_OUT, &logits));
-    SIM_TRY(shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
+    SIM_TRY(model_shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
     SIM_TRY(mesh_moe_scores(t, logits, d->routed_sigmoid, "scores", &scores));
     mesh_var *bias = s->gate_bias >= 0 ? param(md, t, s->gate_bias, l) : NULL;
     mesh_moe_route_cfg rc = {(int)d->top_k, d->routed_sigmoid, d->routed_scale, d->bias_selects_only};
@@ -757,9 +721,9 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         wis.n_axes[0] = wos.n_axes[0] = mc.ep.n;
         for (int i = 0; i < mc.h.n; i++) wis.axes[2][i] = wos.axes[1][i] = mc.h.axis[i];
         wis.n_axes[2] = wos.n_axes[1] = mc.h.n;
-        note(m, "moe/w0_kernel", &w0->val, 3, NULL, &wis);
-        note(m, "moe/w1_kernel", &w1->val, 3, NULL, &wis);
-        note(m, "moe/wo_kernel", &wo->val, 3, NULL, &wos);
+        model_note_activation(md, "moe/w0_kernel", &w0->val, 3, NULL, &wis);
+        model_note_activation(md, "moe/w1_kernel", &w1->val, 3, NULL, &wis);
+        model_note_activation(md, "moe/wo_kernel", &wo->val, 3, NULL, &wos);
     }
     SIM_TRY(mesh_moe_experts(t, xin, weights, indices, w0, w1, wo, &mc, "moe", &out));
     if (s->wi0 >= 0) {
@@ -789,28 +753,28 @@ static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, in
     md->ctx.layer = layer;
     *lb = NULL;
     mesh_var *h, *lnx, *a, *hs, *f;
-    SIM_TRY(shard_as(md, t, x, "deepseek/inputs", 3, A, &h));
+    SIM_TRY(model_shard_as(md, t, x, "deepseek/inputs", 3, A, &h));
     SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, s.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
-    SIM_TRY(shard_as(md, t, lnx, "deepseek/pre_attention_norm", 3, A, &lnx));
+    SIM_TRY(model_shard_as(md, t, lnx, "deepseek/pre_attention_norm", 3, A, &lnx));
     md->ctx.layer = attn;
     SIM_TRY(mla(md, t, b, &s, l, lnx, &a));
     md->ctx.layer = layer;
-    SIM_TRY(shard_as(md, t, a, "deepseek/attention_result", 3, A, &a));
+    SIM_TRY(model_shard_as(md, t, a, "deepseek/attention_result", 3, A, &a));
     SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h));
     SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, s.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
-    SIM_TRY(shard_as(md, t, hs, "deepseek/post_attention_norm", 3, A, &hs));
+    SIM_TRY(model_shard_as(md, t, hs, "deepseek/post_attention_norm", 3, A, &hs));
     if (is_moe) {
         SIM_TRY(moe(md, t, &s, l, hs, ffn, &f, lb));
         md->ctx.layer = layer;
-        SIM_TRY(shard_as(md, t, f, "deepseek/mlp_lnx", 3, A, &f));
+        SIM_TRY(model_shard_as(md, t, f, "deepseek/mlp_lnx", 3, A, &f));
     } else {
         md->ctx.layer = ffn;
         SIM_TRY(mlp(md, t, s.wi0, s.wi1, s.wo, l, hs, &f));
         md->ctx.layer = layer;
-        SIM_TRY(shard_as(md, t, f, "deepseek/mlp", 3, A, &f));
+        SIM_TRY(model_shard_as(md, t, f, "deepseek/mlp", 3, A, &f));
     }
     SIM_TRY(mesh_ad_add(t, f, h, "residual_mlp", &h));
-    SIM_TRY(shard_as(md, t, h, "deepseek/x", 3, A, y));
+    SIM_TRY(model_shard_as(md, t, h, "deepseek/x", 3, A, y));
     md->ctx.layer = saved;
     return SIM_OK;
 }

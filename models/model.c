@@ -300,19 +300,26 @@ sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
 
 /* ------------------------------------------------------------ logical helpers */
 
-static void note_activation(model_def *m, const char *name, const mesh_array *a, int rank, const char *const *names,
-                            const mesh_spec *spec)
+void model_note_activation(const model_dev *md, const char *name, const mesh_array *a, int rank,
+                           const char *const *names, const mesh_spec *spec)
 {
+    if (sim_device_id(md->ctx.dev) != 0) return;
+    model_def *m = (model_def *)md->def; /* the activation log is the one mutable part of a definition */
     pthread_mutex_lock(&m->act_lock);
     bool seen = false;
-    for (int i = 0; i < m->nacts && !seen; i++) seen = !strcmp(m->acts[i].name, name);
+    for (int i = 0; i < m->nacts && !seen; i++) {
+        const model_act *x = &m->acts[i];
+        seen = !strcmp(x->name, name) && x->rank == rank && !memcmp(x->shape, a->shape, (size_t)rank * sizeof a->shape[0]);
+    }
     if (!seen && m->nacts < MODEL_MAX_ACTS) {
         model_act *act = &m->acts[m->nacts++];
+        memset(act, 0, sizeof *act);
         snprintf(act->name, sizeof act->name, "%s", name);
         act->rank = rank;
+        act->logical_known = names != NULL;
         for (int d = 0; d < rank; d++) {
             act->shape[d] = a->shape[d];
-            snprintf(act->logical[d], sizeof act->logical[d], "%s", names[d] ? names[d] : "");
+            snprintf(act->logical[d], sizeof act->logical[d], "%s", names && names[d] ? names[d] : "");
         }
         act->spec = *spec;
     }
@@ -324,7 +331,7 @@ sim_status model_shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *
 {
     mesh_spec s;
     SIM_TRY(model_logical_spec(md->def, dump_name, rank, names, &s));
-    if (sim_device_id(md->ctx.dev) == 0) note_activation((model_def *)md->def, dump_name, &x->val, rank, names, &s);
+    model_note_activation(md, dump_name, &x->val, rank, names, &s);
     return mesh_ad_shard_as(t, x, &s, dump_name, out);
 }
 
@@ -333,7 +340,7 @@ sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char
 {
     mesh_spec s;
     SIM_TRY(model_logical_spec(md->def, dump_name, rank, names, &s));
-    if (sim_device_id(md->ctx.dev) == 0) note_activation((model_def *)md->def, dump_name, &x->val, rank, names, &s);
+    model_note_activation(md, dump_name, &x->val, rank, names, &s);
     return mesh_ad_constraint(t, x, &s, dump_name, out);
 }
 

@@ -61,6 +61,7 @@ typedef struct {
     int rank;
     int64_t shape[MESH_SPEC_MAX_RANK];
     char logical[MESH_SPEC_MAX_RANK][48];
+    bool logical_known;       /* false: MaxText logs "Unknown" (e.g. MoE kernels inside shard_map) */
     mesh_spec spec;
 } model_act;
 
@@ -123,6 +124,11 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
 /* DeepSeek's dims from the config and its parameter definitions (deepseek.c). */
 sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
 
+/* Logs an activation for input_shardings.json once per (name, shape), as
+ * MaxText keys its entries by "name: dtype[shape]"; names == NULL logs its
+ * logical axes as unknown.  Only device 0 logs (the others return at once). */
+void model_note_activation(const model_dev *md, const char *name, const mesh_array *a, int rank,
+                           const char *const *names, const mesh_spec *spec);
 /* shard_as / constraint by logical names, recording the activation for the dump. */
 sim_status model_shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
                           const char *const *names, mesh_var **out);
