@@ -57,7 +57,7 @@ static const char *cfg_str(const mesh_cfg *c, const char *key)
 
 /* ------------------------------------------------------------ dump entries */
 
-static void dump_entries(const model_def *def, cli_dump_param *p, cli_dump_activation *a, int *na)
+static void dump_entries(const model_def *def, const char *dtype, cli_dump_param *p, cli_dump_activation *a, int *na)
 {
     for (int i = 0; i < def->nparams; i++) {
         memset(&p[i], 0, sizeof p[i]);
@@ -74,7 +74,7 @@ static void dump_entries(const model_def *def, cli_dump_param *p, cli_dump_activ
         const model_act *act = &def->acts[i];
         memset(&a[i], 0, sizeof a[i]);
         a[i].name = act->name;
-        a[i].dtype = "float32";
+        a[i].dtype = dtype; /* the config's activation dtype, as MaxText logs it */
         a[i].rank = act->rank;
         a[i].logical_known = act->logical_known;
         for (int d = 0; d < act->rank; d++) {
@@ -85,12 +85,13 @@ static void dump_entries(const model_def *def, cli_dump_param *p, cli_dump_activ
     }
 }
 
-static sim_status write_dump(const char *dir, const model_def *def)
+static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_def *def)
 {
     cli_dump_param p[MODEL_MAX_PARAMS];
     cli_dump_activation a[MODEL_MAX_ACTS];
     int na;
-    dump_entries(def, p, a, &na);
+    const char *dtype = cfg_str(cfg, "dtype");
+    dump_entries(def, *dtype ? dtype : "float32", p, a, &na);
     return cli_write_sharding_dump(dir, &def->mesh, p, def->nparams, CLI_DUMP_TRAIN_STATE, a, na);
 }
 
@@ -230,7 +231,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all());
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
             if (!st) st = cli_write_trace_json(outdir, m);
-            if (!st) st = write_dump(outdir, def);
+            if (!st) st = write_dump(outdir, cm.cfg, def);
             if (!st) fprintf(out, "\nartifacts written to %s\n", outdir);
         }
         if (st) rc = cli_fail(err, st);
@@ -278,7 +279,7 @@ int cli_dump(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = model_machine_new(cm.def, 0, false, &m);
     dump_job job = {cm.def};
     if (!st) st = sim_machine_run(m, dump_device, &job);
-    if (!st) st = write_dump(outdir, cm.def);
+    if (!st) st = write_dump(outdir, cm.cfg, cm.def);
     int rc = 0;
     if (st)
         rc = cli_fail(err, st);

@@ -373,6 +373,31 @@ static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l)
 
 /* ------------------------------------------------------------ activations for the dump */
 
+/* MaxText's attention kernel logs its operands in (batch, heads, sequence,
+ * dim) layout without logical names: the query keeps its sequence sharding,
+ * keys and values arrive with the sequence gathered (what mesh_nn_attention
+ * does).  The kernel's block-mask arrays (attention_op/arr) are TPU kernel
+ * details with no counterpart here and are not logged. */
+static void log_attention_op(const model_dev *md, const mesh_var *q, const mesh_var *k, const mesh_var *v)
+{
+    const mesh_var *xs[3] = {q, k, v};
+    static const char *const names[3] = {"attention_op/query", "attention_op/key", "attention_op/value"};
+    for (int i = 0; i < 3; i++) {
+        const mesh_array *a = &xs[i]->val;
+        mesh_array bhsd = *a; /* shape only: (B, T, H, D) -> (B, H, T, D) */
+        bhsd.shape[1] = a->shape[2];
+        bhsd.shape[2] = a->shape[1];
+        mesh_spec s;
+        mesh_spec_init(&s, 4);
+        int from[3] = {0, 2, 1}; /* batch, heads, then the sequence (the query's only) */
+        for (int dd = 0; dd < (i == 0 ? 3 : 2); dd++) {
+            s.n_axes[dd] = q->val.spec.n_axes[from[dd]];
+            memcpy(s.axes[dd], q->val.spec.axes[from[dd]], sizeof s.axes[dd]);
+        }
+        model_note_activation(md, names[i], &bhsd, 4, NULL, &s);
+    }
+}
+
 static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
                         int rank, const char *const *out_names, mesh_var **y)
 {
@@ -655,6 +680,7 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     SIM_TRY(model_shard_as(md, t, value, "attention_mla/value", 4, KV4, &value));
     double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
                                         d->rope_factor, d->mscale);
+    log_attention_op(md, query, key, value);
     SIM_TRY(mesh_nn_attention(t, query, key, value, &b->positions, scale, "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     return dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
