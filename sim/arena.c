@@ -3,7 +3,15 @@
  * Each real block carries a 64-byte header (size, category, links) so that
  * the arena can check releases and free whatever is left when it is torn
  * down.  Blocks are linked in a doubly linked list; no search is ever needed
- * because the header sits right before the pointer handed out. */
+ * because the header sits right before the pointer handed out.
+ *
+ * Large blocks (>= 1 MiB) come from fresh mmaps in glibc, so every layer of
+ * every step would pay page faults and kernel zero-filling again.  Released
+ * large blocks are therefore kept in a small cache and handed out again to
+ * a request of exactly the same size (the sizes repeat layer after layer);
+ * the cache holds at most 1/8 of the arena's peak (and 1 GiB), oldest
+ * evicted first.  It is invisible to the accounting: simulated bytes are
+ * counted at alloc and release as before. */
 #include "sim/arena.h"
 
 #include <stdio.h>
@@ -11,7 +19,10 @@
 #include <string.h>
 
 enum { HDR = 64, ALIGN = 64 };
-#define ARENA_MAGIC 0x5348415244415245ull /* "SHARDARE" */
+#define CACHE_MIN ((size_t)1 << 20)  /* blocks at least this large are reused */
+#define CACHE_MAX ((size_t)1 << 30)  /* and never more than this many bytes kept */
+#define ARENA_MAGIC 0x5348415244415245ull /* "SHARDARE": a live block */
+#define CACHED_MAGIC 0x534841524443414eull /* a released block kept for reuse */
 
 typedef struct block {
     uint64_t magic;
@@ -25,7 +36,9 @@ struct sim_arena {
     char label[128];
     bool dry;
     sim_arena_stats st;
-    block head; /* sentinel of the live list */
+    block head;    /* sentinel of the live list */
+    block cache;   /* sentinel of the released large blocks, newest first */
+    size_t cached; /* bytes in the cache */
 };
 
 sim_arena *sim_arena_new(const char *label, size_t capacity, bool dry_run)
@@ -36,18 +49,39 @@ sim_arena *sim_arena_new(const char *label, size_t capacity, bool dry_run)
     a->dry = dry_run;
     a->st.capacity = capacity;
     a->head.prev = a->head.next = &a->head;
+    a->cache.prev = a->cache.next = &a->cache;
     return a;
+}
+
+static void unlink_block(block *b)
+{
+    b->prev->next = b->next;
+    b->next->prev = b->prev;
+}
+
+static void push_front(block *list, block *b)
+{
+    b->next = list->next;
+    b->prev = list;
+    list->next->prev = b;
+    list->next = b;
+}
+
+static void free_list(block *list)
+{
+    block *b = list->next;
+    while (b != list) {
+        block *n = b->next;
+        free(b);
+        b = n;
+    }
 }
 
 void sim_arena_free_all(sim_arena *a)
 {
     if (!a) return;
-    block *b = a->head.next;
-    while (b != &a->head) {
-        block *n = b->next;
-        free(b);
-        b = n;
-    }
+    free_list(&a->head);
+    free_list(&a->cache);
     free(a);
 }
 
@@ -102,8 +136,23 @@ sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const ch
     if (a->st.capacity && bytes > a->st.capacity - (a->st.live < a->st.capacity ? a->st.live : a->st.capacity))
         return arena_oom(a, bytes, cat, name);
     if (!a->dry) {
+        block *b = NULL;
+        if (bytes >= CACHE_MIN) /* a released block of the same size: no fresh pages to fault in */
+            for (block *c = a->cache.next; c != &a->cache && !b; c = c->next)
+                if (c->bytes == bytes) b = c;
+        if (b) {
+            unlink_block(b);
+            a->cached -= bytes;
+            b->magic = ARENA_MAGIC;
+            b->cat = cat;
+            push_front(&a->head, b);
+            *out = (char *)b + HDR;
+            if (zero) memset(*out, 0, bytes);
+            account_add(a, bytes, cat);
+            return SIM_OK;
+        }
         size_t total = HDR + ((bytes + ALIGN - 1) / ALIGN) * ALIGN;
-        block *b = aligned_alloc(ALIGN, total);
+        b = aligned_alloc(ALIGN, total);
         if (!b) {
             char buf[32];
             return sim_err(SIM_ERR_INTERNAL, "%s: the host could not allocate %s for '%s'", a->label,
@@ -130,10 +179,23 @@ void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat)
         SIM_ASSERT(p != NULL);
         block *b = (block *)((char *)p - HDR);
         SIM_ASSERT(b->magic == ARENA_MAGIC && b->bytes == bytes && b->cat == (int)cat);
-        b->magic = 0;
-        b->prev->next = b->next;
-        b->next->prev = b->prev;
-        free(b);
+        unlink_block(b);
+        size_t cap = a->st.peak / 8 < CACHE_MAX ? a->st.peak / 8 : CACHE_MAX;
+        if (bytes >= CACHE_MIN && bytes <= cap) {
+            b->magic = CACHED_MAGIC; /* a second release of it fails the check above */
+            push_front(&a->cache, b);
+            a->cached += bytes;
+            while (a->cached > cap) { /* evict the oldest */
+                block *old = a->cache.prev;
+                unlink_block(old);
+                a->cached -= old->bytes;
+                old->magic = 0;
+                free(old);
+            }
+        } else {
+            b->magic = 0;
+            free(b);
+        }
     }
     SIM_ASSERT(a->st.live >= bytes && a->st.live_by[cat] >= bytes);
     a->st.live -= bytes;

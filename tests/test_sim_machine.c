@@ -161,6 +161,33 @@ static void test_arena_accounting(void **state)
     sim_arena_free_all(dry);
 }
 
+/* Released large blocks are reused by a request of the same size (no fresh
+ * pages); the accounting does not see the cache, and zeroed requests are
+ * zeroed even when the block is reused. */
+static void test_arena_reuses_large_blocks(void **state)
+{
+    (void)state;
+    sim_arena *a = sim_arena_new("device 0", 0, false);
+    size_t big = (size_t)32 << 20, mid = (size_t)2 << 20;
+    void *p, *q, *r;
+    assert_int_equal(sim_arena_alloc(a, big, SIM_MEM_TEMP, "big", false, &p), SIM_OK); /* peak 32 MiB: cache cap 4 MiB */
+    sim_arena_release(a, p, big, SIM_MEM_TEMP);
+    assert_int_equal(sim_arena_alloc(a, mid, SIM_MEM_ACTIVATIONS, "x", false, &q), SIM_OK);
+    memset(q, 0x5a, mid);
+    sim_arena_release(a, q, mid, SIM_MEM_ACTIVATIONS);
+    sim_arena_stats st;
+    sim_arena_get_stats(a, &st);
+    assert_int_equal(st.live, 0);
+    assert_int_equal(sim_arena_alloc(a, mid, SIM_MEM_GRADS, "y", true, &r), SIM_OK);
+    assert_ptr_equal(r, q); /* the same block came back */
+    for (size_t i = 0; i < mid; i += 4093) assert_int_equal(((unsigned char *)r)[i], 0);
+    sim_arena_get_stats(a, &st);
+    assert_int_equal(st.live, mid);
+    assert_int_equal(st.live_by[SIM_MEM_GRADS], mid);
+    sim_arena_release(a, r, mid, SIM_MEM_GRADS);
+    sim_arena_free_all(a); /* frees the cached block too (ASan checks) */
+}
+
 static sim_status oom_device(sim_device *d, void *arg)
 {
     (void)arg;
@@ -381,6 +408,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_ids_and_errors),  cmocka_unit_test(test_run_512_devices),
         cmocka_unit_test(test_arena_accounting),     cmocka_unit_test(test_oom_stops_machine),
+        cmocka_unit_test(test_arena_reuses_large_blocks),
         cmocka_unit_test(test_waiting_blocks),       cmocka_unit_test(test_topology),
         cmocka_unit_test(test_trace_json),           cmocka_unit_test(test_records_across_runs),
         cmocka_unit_test(test_failure_does_not_cut_other_groups_short),
