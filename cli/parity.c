@@ -151,8 +151,10 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             cli_mesh_summary(&def->mesh, mesh, sizeof mesh);
             char *paren = strstr(mesh, " (");
             if (paren) *paren = '\0';
-            snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s %s", mesh,
-                     def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
+            const char *rules = NULL;
+            if (mesh_cfg_get_str(cfg, "custom_mesh_and_rule", &rules) != SIM_OK) rules = NULL;
+            snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s%s%s %s", mesh, rules && *rules ? " " : "",
+                     rules && *rules ? rules : "", def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
             fprintf(out, "[%d/%d] %-32s <- %s\n", c + 1, nc, cfgs[c].label, cfgs[c].n ? cfgs[c].text : "(no overrides)");
             job.def = def;
             job.data = &data;
