@@ -805,74 +805,6 @@ static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, in
     return SIM_OK;
 }
 
-/* ------------------------------------------------------------ remat */
-
-typedef struct {
-    model_dev *md;
-    const model_batch *b;
-    int layer;
-} remat_payload;
-
-static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
-{
-    remat_payload *rp = e->payload;
-    mesh_var *x = e->in[0], *y = e->out[0], *lb = e->nout > 1 ? e->out[1] : NULL;
-    mesh_tape *inner = mesh_tape_new(mesh_tape_ctx(t), true);
-    mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin, *lbin;
-    sim_status st = ds_layer(rp->md, inner, rp->b, rp->layer, xin, &yin, &lbin);
-    if (st == SIM_OK && lb && lb->has_grad && lbin) {
-        mesh_array cot = lb->grad;
-        lb->has_grad = false; /* moved into the inner tape */
-        st = y->has_grad ? mesh_tape_accumulate(inner, lbin, &cot, e->tag) : mesh_tape_backward_from(inner, lbin, &cot);
-    }
-    if (st == SIM_OK && y->has_grad) {
-        mesh_array cot = y->grad;
-        y->has_grad = false;
-        st = mesh_tape_backward_from(inner, yin, &cot);
-    }
-    if (st == SIM_OK && xin->has_grad) {
-        mesh_array g = xin->grad;
-        xin->has_grad = false;
-        st = mesh_tape_accumulate(t, x, &g, e->tag);
-    }
-    mesh_tape_free(inner);
-    return st;
-}
-
-static sim_status remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
-                              mesh_var **lb)
-{
-    mesh_tape *scratch = mesh_tape_new(mesh_tape_ctx(t), false);
-    mesh_var *xin = mesh_tape_input(scratch, &x->val, false), *yin, *lbin;
-    sim_status st = ds_layer(md, scratch, b, gl, xin, &yin, &lbin);
-    *lb = NULL;
-    if (st == SIM_OK) {
-        *y = mesh_tape_var(t);
-        (*y)->val = mesh_tape_take(scratch, yin);
-        if (lbin) {
-            *lb = mesh_tape_var(t);
-            (*lb)->val = mesh_tape_take(scratch, lbin);
-        }
-    }
-    mesh_tape_free(scratch);
-    SIM_TRY(st);
-    char tag[64];
-    bool is_moe = gl >= md->def->d.dense_layers;
-    snprintf(tag, sizeof tag, "decoder/%s_%d/remat", is_moe ? "moe_layers" : "dense_layers",
-             is_moe ? gl - (int)md->def->d.dense_layers : gl);
-    mesh_var *outs[2] = {*y, *lb};
-    mesh_entry *e = mesh_tape_record(t, remat_vjp, tag, 1, &x, *lb ? 2 : 1, outs);
-    if (e) {
-        remat_payload *p = malloc(sizeof *p);
-        p->md = md;
-        p->b = b;
-        p->layer = gl;
-        e->payload = p;
-        e->free_payload = free;
-    }
-    return SIM_OK;
-}
-
 /* ------------------------------------------------------------ the whole model */
 
 sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
@@ -890,10 +822,15 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     }
     for (int l = 0; l < m->d.layers; l++) {
         mesh_var *lb;
-        if (m->d.remat_full)
-            SIM_TRY(remat_layer(md, t, b, l, x, &x, &lb));
-        else
+        if (m->d.remat_full) {
+            char tag[64];
+            bool is_moe = l >= (int)md->def->d.dense_layers;
+            snprintf(tag, sizeof tag, "decoder/%s_%d/remat", is_moe ? "moe_layers" : "dense_layers",
+                     is_moe ? l - (int)md->def->d.dense_layers : l);
+            SIM_TRY(model_remat_layer(md, t, b, l, x, ds_layer, tag, &x, &lb));
+        } else {
             SIM_TRY(ds_layer(md, t, b, l, x, &x, &lb));
+        }
         if (lb) {
             md->ctx.layer = "loss";
             if (lb_sum)

@@ -129,62 +129,12 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     return SIM_OK;
 }
 
-/* ------------------------------------------------------------ remat */
-
-typedef struct {
-    model_dev *md;
-    const model_batch *b;
-    int layer;
-} remat_payload;
-
-static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
+/* The layer as model_remat_layer wants it (Llama layers have no second output). */
+static sim_status llama_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
+                                 mesh_var **aux)
 {
-    remat_payload *rp = e->payload;
-    mesh_var *x = e->in[0], *y = e->out[0];
-    mesh_tape *inner = mesh_tape_new(mesh_tape_ctx(t), true);
-    mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin;
-    sim_status st = llama_layer(rp->md, inner, rp->b, rp->layer, xin, &yin);
-    if (st == SIM_OK) {
-        mesh_array cot = y->grad;
-        y->has_grad = false; /* moved into the inner tape */
-        st = mesh_tape_backward_from(inner, yin, &cot);
-    }
-    if (st == SIM_OK && xin->has_grad) {
-        mesh_array g = xin->grad;
-        xin->has_grad = false;
-        st = mesh_tape_accumulate(t, x, &g, e->tag);
-    }
-    mesh_tape_free(inner);
-    return st;
-}
-
-static sim_status remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y)
-{
-    mesh_tape *scratch = mesh_tape_new(mesh_tape_ctx(t), false);
-    mesh_var *xin = mesh_tape_input(scratch, &x->val, false), *yin;
-    sim_status st = llama_layer(md, scratch, b, l, xin, &yin);
-    if (st == SIM_OK) {
-        *y = mesh_tape_var(t);
-        (*y)->val = mesh_tape_take(scratch, yin);
-        if (!(*y)->val.data && !sim_device_dry(md->ctx.dev) && (*y)->val.nlocal) {
-            /* the layer output aliased its input (cannot happen with the residual adds) */
-            st = sim_err(SIM_ERR_INTERNAL, "remat layer %d produced no output", l);
-        }
-    }
-    mesh_tape_free(scratch);
-    SIM_TRY(st);
-    char tag[64];
-    snprintf(tag, sizeof tag, "decoder/layers_%d/remat", l);
-    mesh_entry *e = mesh_tape_record(t, remat_vjp, tag, 1, &x, 1, y);
-    if (e) {
-        remat_payload *p = malloc(sizeof *p);
-        p->md = md;
-        p->b = b;
-        p->layer = l;
-        e->payload = p;
-        e->free_payload = free;
-    }
-    return SIM_OK;
+    *aux = NULL;
+    return llama_layer(md, t, b, l, x, y);
 }
 
 /* ------------------------------------------------------------ the whole model */
@@ -199,9 +149,11 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
         SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
     for (int l = 0; l < m->d.layers; l++) {
-        if (m->d.remat_full)
-            SIM_TRY(remat_layer(md, t, b, l, x, &x));
-        else
+        if (m->d.remat_full) {
+            char tag[64];
+            snprintf(tag, sizeof tag, "decoder/layers_%d/remat", l);
+            SIM_TRY(model_remat_layer(md, t, b, l, x, llama_layer_fn, tag, &x, NULL));
+        } else
             SIM_TRY(llama_layer(md, t, b, l, x, &x));
     }
     md->ctx.layer = "decoder";

@@ -353,3 +353,71 @@ sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const
     *out = spec;
     return SIM_OK;
 }
+
+/* ------------------------------------------------------------ remat */
+
+typedef struct {
+    model_dev *md;
+    const model_batch *b;
+    int layer;
+    model_layer_fn fn;
+} remat_payload;
+
+static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
+{
+    remat_payload *rp = e->payload;
+    mesh_var *x = e->in[0], *y = e->out[0], *aux = e->nout > 1 ? e->out[1] : NULL;
+    mesh_tape *inner = mesh_tape_new(mesh_tape_ctx(t), true);
+    mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin, *auxin = NULL;
+    sim_status st = rp->fn(rp->md, inner, rp->b, rp->layer, xin, &yin, &auxin);
+    /* the outputs' cotangents move into the recomputed layer; one backward pass covers both */
+    if (st == SIM_OK && aux && aux->has_grad && auxin) {
+        mesh_array cot = aux->grad;
+        aux->has_grad = false;
+        st = y->has_grad ? mesh_tape_accumulate(inner, auxin, &cot, e->tag) : mesh_tape_backward_from(inner, auxin, &cot);
+    }
+    if (st == SIM_OK && y->has_grad) {
+        mesh_array cot = y->grad;
+        y->has_grad = false;
+        st = mesh_tape_backward_from(inner, yin, &cot);
+    }
+    if (st == SIM_OK && xin->has_grad) {
+        mesh_array g = xin->grad;
+        xin->has_grad = false;
+        st = mesh_tape_accumulate(t, x, &g, e->tag);
+    }
+    mesh_tape_free(inner);
+    return st;
+}
+
+sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
+                             model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux)
+{
+    mesh_tape *scratch = mesh_tape_new(mesh_tape_ctx(t), false);
+    mesh_var *xin = mesh_tape_input(scratch, &x->val, false), *yin, *auxin = NULL;
+    sim_status st = fn(md, scratch, b, layer, xin, &yin, &auxin);
+    if (aux) *aux = NULL;
+    if (st == SIM_OK) {
+        *y = mesh_tape_var(t);
+        (*y)->val = mesh_tape_take(scratch, yin);
+        if (auxin && aux) {
+            *aux = mesh_tape_var(t);
+            (*aux)->val = mesh_tape_take(scratch, auxin);
+        }
+    }
+    mesh_tape_free(scratch);
+    SIM_TRY(st);
+    mesh_var *outs[2] = {*y, aux ? *aux : NULL};
+    mesh_entry *e = mesh_tape_record(t, remat_vjp, tag, 1, &x, outs[1] ? 2 : 1, outs);
+    if (e) {
+        remat_payload *p = malloc(sizeof *p);
+        SIM_ASSERT(p);
+        p->md = md;
+        p->b = b;
+        p->layer = layer;
+        p->fn = fn;
+        e->payload = p;
+        e->free_payload = free;
+    }
+    return SIM_OK;
+}

@@ -116,6 +116,17 @@ sim_status model_batch_load(model_dev *md, const int32_t *inputs, const int32_t 
                             model_batch *b);
 void model_batch_free(model_dev *md, model_batch *b);
 
+/* One decoder layer: x -> y, and optionally a second output (DeepSeek's
+ * load-balance loss term; NULL when the layer has none). */
+typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
+                                     mesh_var **y, mesh_var **aux);
+/* remat_policy=full: runs fn on a scratch tape that keeps only the outputs,
+ * and records one entry whose VJP runs fn again on a recording tape (its
+ * all-gathers included) and back-propagates through it.  `tag` names the
+ * entry (e.g. "decoder/layers_3/remat"). */
+sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
+                             model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux);
+
 /* The scalar loss of the batch on the tape (forward pass). */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
 /* The decoders behind model_loss: llama.c and deepseek.c. */
