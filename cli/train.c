@@ -103,9 +103,21 @@ typedef struct {
     cli_step_metrics *metrics;
 } step_printer;
 
+/* "step 3: backward 12/32" on a terminal while a step runs (remat layers). */
+static void print_layer(void *arg, int64_t step, int layer, bool backward)
+{
+    step_printer *sp = arg;
+    int L = (int)sp->def->d.layers, done = backward ? L + (L - layer) : layer + 1;
+    char label[96];
+    snprintf(label, sizeof label, "step %lld: %s %d/%d", (long long)step, backward ? "backward" : "forward",
+             backward ? L - layer : layer + 1, L);
+    cli_progress(stderr, (double)done / (2.0 * L), label);
+}
+
 static void print_step(const model_step_stats *s, void *arg)
 {
     step_printer *sp = arg;
+    cli_progress_done(stderr);
     cli_step_metrics *m = &sp->metrics[s->step];
     m->step = (int)s->step;
     m->loss = s->loss;
@@ -201,6 +213,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     job.checkpoint_period = ckpt_period;
     job.load_path = cfg_str(cm.cfg, "load_parameters_path");
     job.on_step = print_step;
+    job.on_layer = print_layer;
     job.cb_arg = &sp;
     job.stats = calloc((size_t)steps, sizeof *job.stats);
     fprintf(out, "\n");

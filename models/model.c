@@ -387,6 +387,7 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
         st = mesh_tape_accumulate(t, x, &g, e->tag);
     }
     mesh_tape_free(inner);
+    if (st == SIM_OK && rp->md->on_layer) rp->md->on_layer(rp->md->on_layer_arg, rp->layer, true);
     return st;
 }
 
@@ -407,6 +408,7 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
     }
     mesh_tape_free(scratch);
     SIM_TRY(st);
+    if (md->on_layer) md->on_layer(md->on_layer_arg, layer, false);
     mesh_var *outs[2] = {*y, aux ? *aux : NULL};
     mesh_entry *e = mesh_tape_record(t, remat_vjp, tag, 1, &x, outs[1] ? 2 : 1, outs);
     if (e) {

@@ -95,6 +95,9 @@ typedef struct {
     const model_def *def;
     mesh_ctx ctx;
     model_param p[MODEL_MAX_PARAMS];
+    /* optional: told after each remat layer's forward and backward (progress display) */
+    void (*on_layer)(void *arg, int layer, bool backward);
+    void *on_layer_arg;
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's

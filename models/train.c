@@ -185,18 +185,29 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     return sim_device_barrier(dev); /* others wait while device 0 reads their arenas */
 }
 
+static void layer_done(void *arg, int layer, bool backward)
+{
+    model_train_job *job = arg;
+    job->on_layer(job->cb_arg, job->step, layer, backward);
+}
+
 static sim_status train_device(sim_device *dev, void *arg)
 {
     model_train_job *job = arg;
     model_dev md;
     const model_def *def = job->def;
     sim_status st = model_dev_init(&md, def, dev, true, true);
+    if (sim_device_id(dev) == 0 && job->on_layer) {
+        md.on_layer = layer_done;
+        md.on_layer_arg = job;
+    }
     long long loaded_step = 0;
     if (st == SIM_OK && job->load_path && *job->load_path)
         st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.p, def->nparams, false, &loaded_step);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;
     if (st == SIM_OK && ckpt) st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, md.p, def->nparams);
     for (int64_t s = 0; st == SIM_OK && s < job->steps; s++) {
+        if (sim_device_id(dev) == 0) job->step = s;
         st = train_step(job, &md, s);
         if (st == SIM_OK && ckpt && (s + 1) % job->checkpoint_period == 0)
             st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s + 1, md.p, def->nparams);

@@ -60,6 +60,9 @@ typedef struct {
     const char *load_path;         /* "" or NULL: start from the seeded init */
     model_step_cb on_step;         /* called by device 0 after every step */
     void *cb_arg;
+    /* optional: called by device 0 after each layer's forward or backward (remat_policy=full) */
+    void (*on_layer)(void *arg, int64_t step, int layer, bool backward);
+    int64_t step;                  /* the step running (for on_layer) */
     model_step_stats *stats;       /* [steps], filled */
     model_grads *step_grads;       /* [steps] or NULL: every step's gradients (before clipping) */
     int32_t *inputs, *targets, *positions; /* host scratch, rows_loaded x seq (allocated by model_train) */
