@@ -188,7 +188,7 @@ sim_status mesh_plan_make(const mesh_shape *m, const char *name, int rank, const
     SIM_TRY(mesh_spec_check_shape(from, m, rank, shape, name));
     SIM_TRY(mesh_spec_check_shape(to, m, rank, shape, name));
     out->rank = rank;
-    memcpy(out->shape, shape, (size_t)rank * sizeof *shape);
+    if (rank) memcpy(out->shape, shape, (size_t)rank * sizeof *shape);
     out->dtype = dt;
     out->from = *from;
     out->to = *to;
