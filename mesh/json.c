@@ -352,3 +352,27 @@ const char *mesh_json_kind_name(mesh_json_kind k)
     }
     return "?";
 }
+
+int mesh_json_equal(const mesh_json *a, const mesh_json *b)
+{
+    if (a->kind != b->kind) return 0;
+    switch (a->kind) {
+    case MESH_JSON_NULL: return 1;
+    case MESH_JSON_BOOL: return a->boolean == b->boolean;
+    case MESH_JSON_NUMBER: return a->number == b->number;
+    case MESH_JSON_STRING: return !strcmp(a->str, b->str);
+    case MESH_JSON_ARRAY:
+        if (a->n != b->n) return 0;
+        for (int i = 0; i < a->n; i++)
+            if (!mesh_json_equal(&a->items[i], &b->items[i])) return 0;
+        return 1;
+    case MESH_JSON_OBJECT:
+        if (a->n != b->n) return 0;
+        for (int i = 0; i < a->n; i++) {
+            const mesh_json *y = mesh_json_get(b, a->keys[i]);
+            if (!y || !mesh_json_equal(&a->items[i], y)) return 0;
+        }
+        return 1;
+    }
+    return 0;
+}

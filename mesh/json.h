@@ -45,4 +45,8 @@ void mesh_json_free(mesh_json *root);
 const mesh_json *mesh_json_get(const mesh_json *v, const char *key);
 const char *mesh_json_kind_name(mesh_json_kind k);
 
+/* Semantic equality: numbers by value, arrays item by item, objects key by
+ * key in any order. */
+int mesh_json_equal(const mesh_json *a, const mesh_json *b);
+
 #endif

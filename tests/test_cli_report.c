@@ -117,30 +117,6 @@ static const mesh_json *get(const mesh_json *v, const char *key)
     return x;
 }
 
-/* Semantic equality: objects compared key by key (in any order). */
-static int json_equal(const mesh_json *a, const mesh_json *b)
-{
-    if (a->kind != b->kind) return 0;
-    switch (a->kind) {
-    case MESH_JSON_NULL: return 1;
-    case MESH_JSON_BOOL: return a->boolean == b->boolean;
-    case MESH_JSON_NUMBER: return a->number == b->number;
-    case MESH_JSON_STRING: return !strcmp(a->str, b->str);
-    case MESH_JSON_ARRAY:
-        if (a->n != b->n) return 0;
-        for (int i = 0; i < a->n; i++)
-            if (!json_equal(&a->items[i], &b->items[i])) return 0;
-        return 1;
-    case MESH_JSON_OBJECT:
-        if (a->n != b->n) return 0;
-        for (int i = 0; i < a->n; i++) {
-            const mesh_json *y = mesh_json_get(b, a->keys[i]);
-            if (!y || !json_equal(&a->items[i], y)) return 0;
-        }
-        return 1;
-    }
-    return 0;
-}
 
 /* The reference directory: $SHARDSIM_REFERENCE, else ../shared/reference
  * beside the repo root (the parent of configs/), else from the cwd. */
@@ -872,7 +848,7 @@ static void same_file(const char *golden_dir, const char *dir, const char *name)
     snprintf(a, sizeof a, "%s/%s", golden_dir, name);
     snprintf(b, sizeof b, "%s/%s", dir, name);
     mesh_json *ja = parse_file(golden_dir, name), *jb = parse_file(dir, name);
-    if (!json_equal(ja, jb)) fail_msg("%s differs from %s as JSON", b, a);
+    if (!mesh_json_equal(ja, jb)) fail_msg("%s differs from %s as JSON", b, a);
     /* same key order too */
     assert_int_equal(ja->n, jb->n);
     for (int i = 0; i < ja->n && ja->kind == MESH_JSON_OBJECT; i++) assert_string_equal(ja->keys[i], jb->keys[i]);

@@ -72,30 +72,6 @@ static mesh_json *read_json(const char *path)
     return j;
 }
 
-/* Structural equality of two JSON values (objects compared by key). */
-static int json_equal(const mesh_json *a, const mesh_json *b)
-{
-    if (a->kind != b->kind) return 0;
-    switch (a->kind) {
-    case MESH_JSON_NULL: return 1;
-    case MESH_JSON_BOOL: return a->boolean == b->boolean;
-    case MESH_JSON_NUMBER: return a->number == b->number;
-    case MESH_JSON_STRING: return !strcmp(a->str, b->str);
-    case MESH_JSON_ARRAY:
-        if (a->n != b->n) return 0;
-        for (int i = 0; i < a->n; i++)
-            if (!json_equal(&a->items[i], &b->items[i])) return 0;
-        return 1;
-    case MESH_JSON_OBJECT:
-        if (a->n != b->n) return 0;
-        for (int i = 0; i < a->n; i++) {
-            const mesh_json *o = mesh_json_get(b, a->keys[i]);
-            if (!o || !json_equal(&a->items[i], o)) return 0;
-        }
-        return 1;
-    }
-    return 0;
-}
 
 /* named / logical: same keys; per key the listed fields equal. Returns the entries compared. */
 static int compare_state(const char *what, const mesh_json *ours, const mesh_json *gold, const char *const *fields,
@@ -110,7 +86,7 @@ static int compare_state(const char *what, const mesh_json *ours, const mesh_jso
         if (!o) fail_msg("%s: the golden has %s, we do not write it", what, gold->keys[i]);
         for (int f = 0; f < nf; f++) {
             const mesh_json *gv = mesh_json_get(&gold->items[i], fields[f]), *ov = mesh_json_get(o, fields[f]);
-            if (!gv || !ov || !json_equal(gv, ov)) fail_msg("%s: %s differs in '%s'", what, gold->keys[i], fields[f]);
+            if (!gv || !ov || !mesh_json_equal(gv, ov)) fail_msg("%s: %s differs in '%s'", what, gold->keys[i], fields[f]);
         }
     }
     return gold->n;
