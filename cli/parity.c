@@ -74,17 +74,6 @@ static bool sets_pdbs(const parity_cfg *pc)
     return false;
 }
 
-static double rel_norm(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num) / (sqrt(den) + 1e-30);
-}
-
 int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
 {
     static const char *const own[] = {"configs"};
@@ -170,7 +159,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             } else if (st == SIM_OK) {
                 for (long long s = 0; s < steps; s++)
                     for (int i = 0; i < def->nparams; i++) {
-                        double e = rel_norm(job.step_grads[s].g[i], ref[s].g[i],
+                        double e = model_rel_norm_diff(job.step_grads[s].g[i], ref[s].g[i],
                                             ref[s].layer_elems[i] * ref[s].n_layers[i]);
                         if (e > worst_grad) worst_grad = e;
                         if (e > rtol && (diverge_step < 0 || s < diverge_step)) {

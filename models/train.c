@@ -4,8 +4,20 @@
 #include "blas_kernels/bk_parallel.h"
 #include "models/checkpoint.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+double model_rel_norm_diff(const float *a, const float *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num) / (sqrt(den) + 1e-30);
+}
 
 void model_grads_free(model_grads *g)
 {

@@ -20,6 +20,8 @@ typedef struct {
 } model_grads;
 
 void model_grads_free(model_grads *g);
+/* ||a - ref|| / ||ref|| over n values (in double): how parity compares gradients. */
+double model_rel_norm_diff(const float *a, const float *ref, int64_t n);
 
 /* One forward and backward pass of a batch (host arrays of def->d.batch x
  * seq int32) on machine m: the loss and, if grads != NULL, every gradient

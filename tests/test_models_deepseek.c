@@ -81,16 +81,6 @@ static void unload(model_def *def)
     free(def);
 }
 
-static double rel_norm(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num) / (sqrt(den) + 1e-30);
-}
-
 /* ------------------------------------------------------------ gradient check */
 
 typedef struct {
@@ -260,7 +250,7 @@ static void compare_runs(const char *what, const run_t *a, const run_t *b)
         if (dl > 1e-4) fail_msg("%s step %d: loss %.7f vs %.7f", what, s, l, lr);
         for (int i = 0; i < a->def->nparams; i++) {
             const model_grads *g = &a->job.step_grads[s], *gr = &b->job.step_grads[s];
-            double e = rel_norm(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+            double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
             if (e > worst_step[s]) worst_step[s] = e;
             if (e > worst_grad) {
                 worst_grad = e;

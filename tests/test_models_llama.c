@@ -154,16 +154,6 @@ static const mesh_case MESHES[] = {
     {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}, 8, 1},
 };
 
-static double rel_norm(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num) / (sqrt(den) + 1e-30);
-}
-
 static void test_parity_meshes(void **state)
 {
     (void)state;
@@ -187,7 +177,7 @@ static void test_parity_meshes(void **state)
             double dl = fabs(loss - ref_loss) / fabs(ref_loss);
             if (dl > 1e-4) fail_msg("%s %s: loss %.7f vs %.7f", mc->label, extra[n - 1], loss, ref_loss);
             for (int i = 0; i < def->nparams; i++) {
-                double e = rel_norm(g.g[i], ref.g[i], g.layer_elems[i] * g.n_layers[i]);
+                double e = model_rel_norm_diff(g.g[i], ref.g[i], g.layer_elems[i] * g.n_layers[i]);
                 if (e > 1e-4) fail_msg("%s %s: gradient of %s differs by %.3g", mc->label, extra[n - 1], def->defs[i].path, e);
             }
             model_grads_free(&g);

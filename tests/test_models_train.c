@@ -102,16 +102,6 @@ static const mesh_case MESHES[] = {
     {"fsdp=4 tensor=2 remat none", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "remat_policy=none"}},
 };
 
-static double rel_norm(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num) / (sqrt(den) + 1e-30);
-}
-
 static void test_parity_five_steps(void **state)
 {
     (void)state;
@@ -136,7 +126,7 @@ static void test_parity_five_steps(void **state)
                     fail_msg("%s %s step %d: loss %.7f vs %.7f", MESHES[mi].label, extra[n - 1], s, l, lr);
                 for (int i = 0; i < r.def->nparams; i++) {
                     const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
-                    double e = rel_norm(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
                     if (e > 1e-4)
                         fail_msg("%s %s step %d: gradient of %s differs by %.3g", MESHES[mi].label, extra[n - 1], s,
                                  r.def->defs[i].path, e);
