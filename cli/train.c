@@ -85,6 +85,29 @@ static void dump_entries(const model_def *def, const char *dtype, cli_dump_param
     }
 }
 
+typedef struct {
+    const model_def *def;
+    const cli_dump_param *p;
+    const cli_dump_activation *a;
+    int na;
+} dump_all;
+
+/* shardings.json: the three MaxText dumps in one document. */
+static sim_status write_combined(FILE *f, void *arg)
+{
+    const dump_all *d = arg;
+    fprintf(f, "{\n\"named_shardings\": ");
+    SIM_TRY(cli_dump_named(f, &d->def->mesh, d->p, d->def->nparams, CLI_DUMP_TRAIN_STATE));
+    fprintf(f, ",\n\"logical_shardings\": ");
+    SIM_TRY(cli_dump_logical(f, d->p, d->def->nparams, CLI_DUMP_TRAIN_STATE));
+    fprintf(f, ",\n\"input_shardings\": ");
+    SIM_TRY(cli_dump_inputs(f, &d->def->mesh, d->a, d->na));
+    fprintf(f, "\n}\n");
+    return SIM_OK;
+}
+
+/* MaxText's three files (named_shardings.json, logical_shardings.json,
+ * input_shardings.json), and shardings.json holding all three. */
 static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_def *def)
 {
     cli_dump_param p[MODEL_MAX_PARAMS];
@@ -92,6 +115,8 @@ static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_d
     int na;
     const char *dtype = cfg_str(cfg, "dtype");
     dump_entries(def, *dtype ? dtype : "float32", p, a, &na);
+    dump_all all = {def, p, a, na};
+    SIM_TRY(cli_artifact_write(dir, "shardings.json", write_combined, &all));
     return cli_write_sharding_dump(dir, &def->mesh, p, def->nparams, CLI_DUMP_TRAIN_STATE, a, na);
 }
 
@@ -297,8 +322,8 @@ int cli_dump(int argc, char **argv, FILE *out, FILE *err)
     if (st)
         rc = cli_fail(err, st);
     else
-        fprintf(out, "wrote named_shardings.json, logical_shardings.json and input_shardings.json (%d parameters, %d "
-                     "activations) to %s\n",
+        fprintf(out, "wrote named_shardings.json, logical_shardings.json, input_shardings.json and shardings.json (%d "
+                     "parameters, %d activations) to %s\n",
                 cm.def->nparams, cm.def->nacts, outdir);
     sim_machine_free(m);
     model_close(&cm);

@@ -1,0 +1,154 @@
+/* test_cli_train.c — the train and parity commands end to end: every
+ * artifact of output_dir is written and parses, bad input exits 2 naming
+ * it, and parity exits 1 naming the first diverging step and parameter when
+ * the tolerance is exceeded (0 when it holds). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "mesh/json.h"
+
+#define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
+              "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16"
+
+typedef struct {
+    int rc;
+    char *out, *err;
+} result;
+
+static result run(int (*cmd)(int, char **, FILE *, FILE *), int argc, const char **argv)
+{
+    result r;
+    size_t no, ne;
+    FILE *o = open_memstream(&r.out, &no), *e = open_memstream(&r.err, &ne);
+    r.rc = cmd(argc, (char **)argv, o, e);
+    fclose(o);
+    fclose(e);
+    return r;
+}
+
+static void done(result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+static mesh_json *read_json(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    mesh_json *j = NULL;
+    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("%s: %s", path, sim_errmsg());
+    return j;
+}
+
+static void test_train_artifacts(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_train_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
+                          "steps=2", od};
+    result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "traffic over 2 steps"));
+    assert_non_null(strstr(r.out, "memory at peak"));
+    /* metrics.json: steps with the five fields, memory per device and by category */
+    mesh_json *m = read_json(dir, "metrics.json");
+    const mesh_json *steps = mesh_json_get(m, "steps"), *mem = mesh_json_get(m, "memory");
+    assert_non_null(steps);
+    assert_int_equal(steps->n, 2);
+    const char *fields[] = {"step", "loss", "grad_norm", "lr", "time_s"};
+    for (int i = 0; i < 5; i++) assert_non_null(mesh_json_get(&steps->items[1], fields[i]));
+    assert_non_null(mem);
+    assert_int_equal(mesh_json_get(mem, "per_device_peak_bytes")->n, 4);
+    assert_non_null(mesh_json_get(mesh_json_get(mem, "by_category"), "params"));
+    mesh_json_free(m);
+    /* the other JSON artifacts parse and hold what they should */
+    mesh_json *run_json = read_json(dir, "run.json");
+    assert_non_null(mesh_json_get(mesh_json_get(run_json, "config"), "base_emb_dim"));
+    mesh_json_free(run_json);
+    mesh_json *trace = read_json(dir, "trace.json");
+    assert_true(mesh_json_get(trace, "traceEvents")->n > 10);
+    mesh_json_free(trace);
+    mesh_json *sh = read_json(dir, "shardings.json");
+    assert_non_null(mesh_json_get(sh, "named_shardings"));
+    assert_non_null(mesh_json_get(sh, "input_shardings"));
+    mesh_json_free(sh);
+    const char *files[] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
+    for (int i = 0; i < 3; i++) mesh_json_free(read_json(dir, files[i]));
+    /* the CSVs: a header and rows */
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/collectives.csv", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f));
+    assert_non_null(strstr(line, "bytes_sent"));
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) rows++;
+    fclose(f);
+    assert_true(rows > 20);
+    done(&r);
+    const char *all[] = {"metrics.json", "run.json", "trace.json", "shardings.json", "named_shardings.json",
+                         "logical_shardings.json", "input_shardings.json", "collectives.csv", "traffic.csv"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, all[i]);
+        assert_int_equal(unlink(path), 0);
+    }
+    assert_int_equal(rmdir(dir), 0); /* nothing else was left behind (no temp files) */
+}
+
+static void test_train_bad_input(void **state)
+{
+    (void)state;
+    const char *a1[] = {SMALL, "ici_fsdp_paralelism=2"};
+    result r = run(cli_train, (int)(sizeof a1 / sizeof a1[0]), a1);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "ici_fsdp_parallelism"));
+    assert_string_equal(r.out, "");
+    done(&r);
+    const char *a2[] = {SMALL, "shard_mode=explicitly"};
+    r = run(cli_train, (int)(sizeof a2 / sizeof a2[0]), a2);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "shard_mode"));
+    done(&r);
+}
+
+static void test_parity_exit_codes(void **state)
+{
+    (void)state;
+    const char *ok[] = {SMALL, "per_device_batch_size=4", "steps=2",
+                        "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 ici_tensor_parallelism=2"};
+    result r = run(cli_cmd_parity, (int)(sizeof ok / sizeof ok[0]), ok);
+    if (r.rc) fail_msg("parity failed: %s%s", r.out, r.err);
+    assert_non_null(strstr(r.out, "PASS"));
+    done(&r);
+    /* a tolerance no float32 run can meet: exit 1, naming where it diverged */
+    const char *bad[] = {SMALL, "per_device_batch_size=4", "steps=2", "parity_rtol=1e-12",
+                         "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 ici_tensor_parallelism=2"};
+    r = run(cli_cmd_parity, (int)(sizeof bad / sizeof bad[0]), bad);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.out, "first diverging gradient: step 0"));
+    assert_non_null(strstr(r.out, "params."));
+    done(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_train_artifacts),
+        cmocka_unit_test(test_train_bad_input),
+        cmocka_unit_test(test_parity_exit_codes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
