@@ -29,7 +29,10 @@ static sim_status einsum_cached(mesh_tape *t, const char *sub, const mesh_array 
     mesh_ctx *c = mesh_tape_ctx(t);
     struct mesh_reshard_cache *saved = c->cache;
     c->cache = mesh_tape_cache(t);
+    char tag[SIM_TAG_MAX];
+    int span = sim_span_begin(c->dev, mesh_tape_tag(t, name, tag, sizeof tag)); /* a compute span in the trace */
     sim_status st = mesh_einsum(c, sub, a, b, out_sharding, name, cat, out, NULL);
+    sim_span_end(c->dev, span);
     c->cache = saved;
     return st;
 }

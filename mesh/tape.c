@@ -259,7 +259,13 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
             mesh_spec to = canonical(y, y->grad.spec.partial);
             st = reshard_to(t, &y->grad, &to, e->tag);
         }
-        if (st == SIM_OK) st = e->vjp(t, e);
+        if (st == SIM_OK) {
+            char name[SIM_TAG_MAX];
+            snprintf(name, sizeof name, "backward %.80s", e->tag);
+            int span = sim_span_begin(t->ctx->dev, name);
+            st = e->vjp(t, e);
+            sim_span_end(t->ctx->dev, span);
+        }
         for (int o = 0; o < e->nout; o++) free_grad(t, e->out[o]);
     }
     if (st == SIM_OK) st = flush_leaves(t);

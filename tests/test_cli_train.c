@@ -79,7 +79,15 @@ static void test_train_artifacts(void **state)
     assert_non_null(mesh_json_get(mesh_json_get(run_json, "config"), "base_emb_dim"));
     mesh_json_free(run_json);
     mesh_json *trace = read_json(dir, "trace.json");
-    assert_true(mesh_json_get(trace, "traceEvents")->n > 10);
+    const mesh_json *ev = mesh_json_get(trace, "traceEvents");
+    assert_true(ev->n > 10);
+    int compute = 0, collective = 0; /* both lanes have spans */
+    for (int i = 0; i < ev->n; i++) {
+        const mesh_json *cat = mesh_json_get(&ev->items[i], "cat");
+        if (cat && !strcmp(cat->str, "compute")) compute++;
+        if (cat && !strcmp(cat->str, "collective")) collective++;
+    }
+    assert_true(compute > 10 && collective > 10);
     mesh_json_free(trace);
     mesh_json *sh = read_json(dir, "shardings.json");
     assert_non_null(mesh_json_get(sh, "named_shardings"));
