@@ -11,8 +11,10 @@
 #include "cli/common.h"
 #include "cli/report.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "models/train.h"
 
@@ -211,7 +213,14 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st && steps < 1) st = sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps);
     if (!st) st = model_optim_from_config(cm.cfg, &job.opt);
     if (!st) st = model_data_from_config(cm.cfg, &data);
+    const char *load = cfg_str(cm.cfg, "load_parameters_path");
+    if (!st && *load && access(load, R_OK) != 0)
+        st = sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written by "
+                                    "checkpoint_dir=..., e.g. DIR/step_0.safetensors",
+                     load, strerror(errno));
     const char *outdir = cfg_str(cm.cfg, "output_dir");
+    /* made now so a bad path fails before training; removed again if the run fails before writing into it */
+    bool made_outdir = !st && *outdir && access(outdir, F_OK) != 0;
     if (!st && *outdir) st = cli_artifacts_mkdir(outdir);
     if (st) {
         int rc = cli_fail(err, st);
@@ -276,6 +285,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         cli_traffic_free(&traffic);
         free(mem);
     }
+    if (rc && made_outdir) rmdir(outdir); /* only succeeds while it is still empty */
     free(job.stats);
     free(metrics);
     sim_machine_free(m);

@@ -125,6 +125,15 @@ static void test_train_bad_input(void **state)
     assert_non_null(strstr(r.err, "ici_fsdp_parallelism"));
     assert_string_equal(r.out, "");
     done(&r);
+    /* a missing checkpoint is refused before anything is printed or created */
+    const char *a3[] = {SMALL, "load_parameters_path=/nonexistent/ckpt.safetensors",
+                        "output_dir=/tmp/shardsim_never_made_dir"};
+    r = run(cli_train, (int)(sizeof a3 / sizeof a3[0]), a3);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "load_parameters_path=/nonexistent/ckpt.safetensors"));
+    assert_string_equal(r.out, "");
+    assert_int_equal(access("/tmp/shardsim_never_made_dir", F_OK), -1);
+    done(&r);
     const char *a2[] = {SMALL, "shard_mode=explicitly"};
     r = run(cli_train, (int)(sizeof a2 / sizeof a2[0]), a2);
     assert_int_equal(r.rc, 2);
