@@ -62,22 +62,6 @@ static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activa
 
 /* ------------------------------------------------------------ config */
 
-static sim_status get_i(const mesh_cfg *c, const char *k, int64_t *v)
-{
-    long long x;
-    SIM_TRY(mesh_cfg_get_int(c, k, &x));
-    *v = x;
-    return SIM_OK;
-}
-
-static sim_status get_b(const mesh_cfg *c, const char *k, bool *v)
-{
-    int x;
-    SIM_TRY(mesh_cfg_get_bool(c, k, &x));
-    *v = x != 0;
-    return SIM_OK;
-}
-
 static sim_status unsupported(const mesh_cfg *cfg, const char *key, const char *why)
 {
     const mesh_cfg_entry *en = mesh_cfg_find(cfg, key);
@@ -87,31 +71,31 @@ static sim_status unsupported(const mesh_cfg *cfg, const char *key, const char *
 
 static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
 {
-    SIM_TRY(get_i(cfg, "first_num_dense_layers", &d->dense_layers));
-    SIM_TRY(get_i(cfg, "base_moe_mlp_dim", &d->moe_mlp));
-    SIM_TRY(get_i(cfg, "num_experts", &d->experts));
-    SIM_TRY(get_i(cfg, "num_experts_per_tok", &d->top_k));
-    SIM_TRY(get_i(cfg, "shared_experts", &d->shared_experts));
+    SIM_TRY(model_cfg_i64(cfg, "first_num_dense_layers", &d->dense_layers));
+    SIM_TRY(model_cfg_i64(cfg, "base_moe_mlp_dim", &d->moe_mlp));
+    SIM_TRY(model_cfg_i64(cfg, "num_experts", &d->experts));
+    SIM_TRY(model_cfg_i64(cfg, "num_experts_per_tok", &d->top_k));
+    SIM_TRY(model_cfg_i64(cfg, "shared_experts", &d->shared_experts));
     SIM_TRY(mesh_cfg_get_double(cfg, "routed_scaling_factor", &d->routed_scale));
     const char *sf;
     SIM_TRY(mesh_cfg_get_str(cfg, "routed_score_func", &sf));
     if (sf && *sf && strcmp(sf, "sigmoid") && strcmp(sf, "softmax"))
         return sim_err(SIM_ERR_INPUT, "routed_score_func='%s': use \"sigmoid\" or \"softmax\"", sf);
     d->routed_sigmoid = sf && !strcmp(sf, "sigmoid");
-    SIM_TRY(get_b(cfg, "routed_bias", &d->routed_bias));
+    SIM_TRY(model_cfg_bool(cfg, "routed_bias", &d->routed_bias));
     d->bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9);
     SIM_TRY(mesh_cfg_get_double(cfg, "load_balance_loss_weight", &d->lb_weight));
     SIM_TRY(mesh_cfg_get_double(cfg, "capacity_factor", &d->capacity_factor));
     bool sparse;
-    SIM_TRY(get_b(cfg, "sparse_matmul", &sparse));
+    SIM_TRY(model_cfg_bool(cfg, "sparse_matmul", &sparse));
     if (!sparse && d->capacity_factor <= 0) d->capacity_factor = 0; /* dense dropless: capacity = sequence */
     if (sparse && d->capacity_factor <= 0) d->capacity_factor = -1;
-    SIM_TRY(get_b(cfg, "shard_exp_on_fsdp", &d->shard_exp_on_fsdp));
-    SIM_TRY(get_i(cfg, "q_lora_rank", &d->q_lora));
-    SIM_TRY(get_i(cfg, "kv_lora_rank", &d->kv_lora));
-    SIM_TRY(get_i(cfg, "qk_nope_head_dim", &d->qk_nope));
-    SIM_TRY(get_i(cfg, "qk_rope_head_dim", &d->qk_rope));
-    SIM_TRY(get_i(cfg, "v_head_dim", &d->v_head));
+    SIM_TRY(model_cfg_bool(cfg, "shard_exp_on_fsdp", &d->shard_exp_on_fsdp));
+    SIM_TRY(model_cfg_i64(cfg, "q_lora_rank", &d->q_lora));
+    SIM_TRY(model_cfg_i64(cfg, "kv_lora_rank", &d->kv_lora));
+    SIM_TRY(model_cfg_i64(cfg, "qk_nope_head_dim", &d->qk_nope));
+    SIM_TRY(model_cfg_i64(cfg, "qk_rope_head_dim", &d->qk_rope));
+    SIM_TRY(model_cfg_i64(cfg, "v_head_dim", &d->v_head));
     static const char *const rope_types[] = {"default", "yarn"};
     int rt;
     SIM_TRY(mesh_cfg_get_enum(cfg, "rope_type", rope_types, 2, &rt));
@@ -120,11 +104,11 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     SIM_TRY(mesh_cfg_get_double(cfg, "beta_fast", &d->beta_fast));
     SIM_TRY(mesh_cfg_get_double(cfg, "beta_slow", &d->beta_slow));
     SIM_TRY(mesh_cfg_get_double(cfg, "mscale", &d->mscale));
-    SIM_TRY(get_i(cfg, "max_position_embeddings", &d->max_pos));
-    SIM_TRY(get_i(cfg, "original_max_position_embeddings", &d->orig_max_pos));
-    SIM_TRY(get_b(cfg, "rope_interleave", &d->rope_interleave));
-    SIM_TRY(get_b(cfg, "rope_truncate", &d->rope_truncate));
-    SIM_TRY(get_b(cfg, "rope_attention_scaling", &d->rope_attn_scaling));
+    SIM_TRY(model_cfg_i64(cfg, "max_position_embeddings", &d->max_pos));
+    SIM_TRY(model_cfg_i64(cfg, "original_max_position_embeddings", &d->orig_max_pos));
+    SIM_TRY(model_cfg_bool(cfg, "rope_interleave", &d->rope_interleave));
+    SIM_TRY(model_cfg_bool(cfg, "rope_truncate", &d->rope_truncate));
+    SIM_TRY(model_cfg_bool(cfg, "rope_attention_scaling", &d->rope_attn_scaling));
 
     /* what this simulator does not model yet: refuse rather than run something else */
     static const char *const att[] = {"global", "mla"};
@@ -138,7 +122,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     free(acts);
     if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
     bool b;
-    SIM_TRY(get_b(cfg, "use_ring_of_experts", &b));
+    SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
     if (b) return unsupported(cfg, "use_ring_of_experts", "the ring-of-experts MoE is not simulated; drop it to use the ragged all-to-all path");
     double f;
     SIM_TRY(mesh_cfg_get_double(cfg, "ragged_buffer_factor", &f));

@@ -13,11 +13,19 @@
 
 /* ------------------------------------------------------------ definition */
 
-static sim_status get_i(const mesh_cfg *c, const char *k, int64_t *v)
+sim_status model_cfg_i64(const mesh_cfg *cfg, const char *key, int64_t *out)
 {
     long long x;
-    SIM_TRY(mesh_cfg_get_int(c, k, &x));
-    *v = x;
+    SIM_TRY(mesh_cfg_get_int(cfg, key, &x));
+    *out = x;
+    return SIM_OK;
+}
+
+sim_status model_cfg_bool(const mesh_cfg *cfg, const char *key, bool *out)
+{
+    int x;
+    SIM_TRY(mesh_cfg_get_bool(cfg, key, &x));
+    *out = x != 0;
     return SIM_OK;
 }
 
@@ -87,14 +95,14 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     int blk;
     SIM_TRY(mesh_cfg_get_enum(cfg, "decoder_block", blocks, 2, &blk));
     d->kind = (model_kind)blk;
-    SIM_TRY(get_i(cfg, "vocab_size", &d->vocab));
-    SIM_TRY(get_i(cfg, "base_emb_dim", &d->emb));
-    SIM_TRY(get_i(cfg, "base_num_query_heads", &d->q_heads));
-    SIM_TRY(get_i(cfg, "base_num_kv_heads", &d->kv_heads));
-    SIM_TRY(get_i(cfg, "head_dim", &d->head_dim));
-    SIM_TRY(get_i(cfg, "base_mlp_dim", &d->mlp));
-    SIM_TRY(get_i(cfg, "base_num_decoder_layers", &d->layers));
-    SIM_TRY(get_i(cfg, "max_target_length", &d->seq));
+    SIM_TRY(model_cfg_i64(cfg, "vocab_size", &d->vocab));
+    SIM_TRY(model_cfg_i64(cfg, "base_emb_dim", &d->emb));
+    SIM_TRY(model_cfg_i64(cfg, "base_num_query_heads", &d->q_heads));
+    SIM_TRY(model_cfg_i64(cfg, "base_num_kv_heads", &d->kv_heads));
+    SIM_TRY(model_cfg_i64(cfg, "head_dim", &d->head_dim));
+    SIM_TRY(model_cfg_i64(cfg, "base_mlp_dim", &d->mlp));
+    SIM_TRY(model_cfg_i64(cfg, "base_num_decoder_layers", &d->layers));
+    SIM_TRY(model_cfg_i64(cfg, "max_target_length", &d->seq));
     static const char *const pk[] = {"vocab_size", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
                                      "head_dim", "base_mlp_dim", "base_num_decoder_layers", "max_target_length"};
     int64_t pv[] = {d->vocab, d->emb, d->q_heads, d->kv_heads, d->head_dim, d->mlp, d->layers, d->seq};
@@ -115,16 +123,11 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     int md;
     SIM_TRY(mesh_cfg_get_enum(cfg, "shard_mode", modes, 2, &md));
     d->mode = md ? MESH_MODE_EXPLICIT : MESH_MODE_AUTO;
-    int b;
     d->drop_size_one = true;
-    if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type")) {
-        SIM_TRY(mesh_cfg_get_bool(cfg, "remove_size_one_mesh_axis_from_type", &b));
-        d->drop_size_one = b;
-    }
-    SIM_TRY(mesh_cfg_get_bool(cfg, "dry_run", &b));
-    d->dry_run = b;
-    SIM_TRY(mesh_cfg_get_bool(cfg, "context_parallel_load_balance", &b));
-    d->cp_load_balance = b;
+    if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
+        SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
+    SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    SIM_TRY(model_cfg_bool(cfg, "context_parallel_load_balance", &d->cp_load_balance));
     long long seed;
     SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
     d->seed = (uint64_t)seed;

@@ -79,6 +79,10 @@ typedef struct {
     model_act acts[MODEL_MAX_ACTS];
 } model_def;
 
+/* Config getters into the model's field types (errors as mesh_cfg_get_*). */
+sim_status model_cfg_i64(const mesh_cfg *cfg, const char *key, int64_t *out);
+sim_status model_cfg_bool(const mesh_cfg *cfg, const char *key, bool *out);
+
 /* Reads the dims, builds the mesh and the rules and defines the parameters. */
 sim_status model_def_from_config(const mesh_cfg *cfg, model_def *out);
 void model_def_free(model_def *m);
