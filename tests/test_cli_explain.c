@@ -12,28 +12,12 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "tests/cli_capture.h"
 
-typedef struct {
-    int rc;
-    char *out, *err;
-} result;
+typedef cli_capture result;
 
-static result run(int argc, const char **argv)
-{
-    result r;
-    size_t no, ne;
-    FILE *o = open_memstream(&r.out, &no), *e = open_memstream(&r.err, &ne);
-    r.rc = cli_explain(argc, (char **)argv, o, e);
-    fclose(o);
-    fclose(e);
-    return r;
-}
-
-static void done(result *r)
-{
-    free(r->out);
-    free(r->err);
-}
+static result run(int argc, const char **argv) { return cli_capture_run(cli_explain, argc, argv); }
+static void done(result *r) { cli_capture_free(r); }
 
 /* The last non-empty line of s. */
 static const char *last_line(const char *s, char *buf, size_t cap)

@@ -14,32 +14,16 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "tests/cli_capture.h"
 #include "mesh/json.h"
 
 #define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
               "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16"
 
-typedef struct {
-    int rc;
-    char *out, *err;
-} result;
+typedef cli_capture result;
 
-static result run(int (*cmd)(int, char **, FILE *, FILE *), int argc, const char **argv)
-{
-    result r;
-    size_t no, ne;
-    FILE *o = open_memstream(&r.out, &no), *e = open_memstream(&r.err, &ne);
-    r.rc = cmd(argc, (char **)argv, o, e);
-    fclose(o);
-    fclose(e);
-    return r;
-}
-
-static void done(result *r)
-{
-    free(r->out);
-    free(r->err);
-}
+static result run(cli_command cmd, int argc, const char **argv) { return cli_capture_run(cmd, argc, argv); }
+static void done(result *r) { cli_capture_free(r); }
 
 static mesh_json *read_json(const char *dir, const char *name)
 {
