@@ -42,6 +42,10 @@ TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel
 
 .PHONY: all test bench asan ubsan tsan clean demo
 
+# Objects are kept (not deleted as intermediates), so `make test` rebuilds
+# only what changed.
+.SECONDARY:
+
 all: $(BIN) $(TEST_BIN) $(BENCH_BIN)
 
 $(BUILD)/%.o: %.c

@@ -7,7 +7,7 @@
  * MaxText dump writer is fed the entries of MaxText's own golden dumps and
  * must reproduce them byte for byte (and as parsed JSON) — as given, and as
  * a whole train state rebuilt from the parameters alone.  The reference
- * directory is $SHARDSIM_REFERENCE, else ../shared/reference beside the repo;
+ * directory is $SHARDSIM_REFERENCE, else tests/data in the repo;
  * a missing one fails the test. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -118,8 +118,8 @@ static const mesh_json *get(const mesh_json *v, const char *key)
 }
 
 
-/* The reference directory: $SHARDSIM_REFERENCE, else ../shared/reference
- * beside the repo root (the parent of configs/), else from the cwd. */
+/* The reference directory: $SHARDSIM_REFERENCE, else tests/data in the
+ * repository (the parent of configs/), else from the cwd. */
 static const char *reference_dir(void)
 {
     static char dir[PATH_CAP];
@@ -133,8 +133,8 @@ static const char *reference_dir(void)
         char *slash = strrchr(root, '/');
         if (slash) *slash = '\0';
         else snprintf(root, sizeof root, ".");
-        snprintf(dir, sizeof dir, "%s/../shared/reference", root);
-        if (stat(dir, &st) != 0) snprintf(dir, sizeof dir, "../shared/reference");
+        snprintf(dir, sizeof dir, "%s/tests/data", root);
+        if (stat(dir, &st) != 0) snprintf(dir, sizeof dir, "tests/data");
     }
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         fail_msg("reference directory '%s' not found (set SHARDSIM_REFERENCE to the directory holding "

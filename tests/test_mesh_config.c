@@ -26,7 +26,7 @@ enum { N_MODELS = 5, N_CUSTOMS = 6 };
 static const char *reference_dir(void)
 {
     const char *env = getenv("SHARDSIM_REFERENCE");
-    const char *dir = env && *env ? env : "../shared/reference";
+    const char *dir = env && *env ? env : "tests/data";
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         fail_msg("MaxText reference data not found at '%s' (set SHARDSIM_REFERENCE to the "

@@ -84,7 +84,7 @@ static int setup(void **state)
 {
     (void)state;
     const char *env = getenv("SHARDSIM_REFERENCE");
-    const char *ref = env && *env ? env : "../shared/reference";
+    const char *ref = env && *env ? env : "tests/data";
     snprintf(goldens_root, sizeof goldens_root, "%s/maxtext/goldens", ref);
     if (!is_dir(goldens_root)) {
         fprintf(stderr, "MaxText goldens not found at '%s' (set SHARDSIM_REFERENCE to the directory "

@@ -20,7 +20,7 @@
  *     (the expert weights entering the MoE region) are logged by us and their
  *     PartitionSpec is compared.  The golden's dtype is bfloat16, ours float32:
  *     dtypes are not compared.
- * The reference directory is $SHARDSIM_REFERENCE (default ../shared/reference
+ * The reference directory is $SHARDSIM_REFERENCE (default tests/data
  * relative to the repository root); a missing golden is a failure. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -61,7 +61,7 @@ static int setup(void **state)
     (void)state;
     const char *env = getenv("SHARDSIM_REFERENCE");
     snprintf(golden_root, sizeof golden_root, "%s/maxtext/goldens/deepseek2-16b",
-             env && *env ? env : "../shared/reference");
+             env && *env ? env : "tests/data");
     return 0;
 }
 
