@@ -40,7 +40,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # Tests run under ThreadSanitizer (the ones with threads and collectives).
 TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel
 
-.PHONY: all test bench asan ubsan tsan clean demo
+.PHONY: all test bench asan ubsan tsan clean demo install
 
 # Objects are kept (not deleted as intermediates), so `make test` rebuilds
 # only what changed.
@@ -93,6 +93,16 @@ tsan:
 
 demo: $(BIN)
 	$(BIN) demo
+
+# make install PREFIX=/usr/local: the program in $(PREFIX)/bin, its data
+# (configs/) in $(PREFIX)/share/shardsim/configs, where the program looks
+# for it beside its own directory (SHARDSIM_CONFIGS overrides).
+PREFIX ?= /usr/local
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/shardsim
+	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/shardsim
+	rm -rf $(DESTDIR)$(PREFIX)/share/shardsim/configs
+	cp -R configs $(DESTDIR)$(PREFIX)/share/shardsim/configs
 
 clean:
 	rm -rf build shardsim

@@ -57,6 +57,7 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     for (int i = 0; i < argc; i++) w[n++] = argv[i];
     for (int i = 0; i < pc->n; i++) w[n++] = pc->words[i];
     if (extra) w[n++] = extra;
+    SIM_TRY(cli_configs_check());
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, w, cfg));
     *def = calloc(1, sizeof **def);
     sim_status st = model_def_from_config(*cfg, *def);

@@ -40,6 +40,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     int n = 0;
     for (int i = 0; i < argc && n < 280; i++) words[n++] = argv[i];
     for (int i = 0; i < n_extra; i++) words[n++] = extra[i];
+    SIM_TRY(cli_configs_check());
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
