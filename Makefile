@@ -57,6 +57,10 @@ $(BUILD)/%.o: %.c
 # unchanged) and loops of unknown length may get a vector body plus epilogue.
 $(BUILD)/blas_kernels/%.o: CFLAGS += -fno-trapping-math -fvect-cost-model=dynamic
 
+# report.html's template is compiled in with the assembler's .incbin, which
+# -MMD does not see.
+$(BUILD)/cli/report_html.o: cli/report_template.html
+
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^

@@ -13,6 +13,7 @@
 #include "cli/artifacts.h"
 #include "cli/common.h"
 #include "cli/report.h"
+#include "cli/report_html.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -200,6 +201,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                     diverge_cfg);
         if (*outdir) {
             st = cli_write_parity_json(outdir, &p);
+            if (!st) st = cli_write_report_html(outdir);
             if (st) rc = cli_fail(err, st);
         }
         if (!rc) rc = fail ? 1 : 0;

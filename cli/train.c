@@ -10,6 +10,7 @@
 #include "cli/artifacts.h"
 #include "cli/common.h"
 #include "cli/report.h"
+#include "cli/report_html.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -280,7 +281,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
             if (!st) st = cli_write_trace_json(outdir, m);
             if (!st) st = write_dump(outdir, cm.cfg, def);
-            if (!st) fprintf(out, "\nartifacts written to %s\n", outdir);
+            if (!st) st = cli_write_report_html(outdir);
+            if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
         }
         if (st) rc = cli_fail(err, st);
         cli_traffic_free(&traffic);
