@@ -158,7 +158,8 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     mesh_shape m;
     int rc = 0;
     if (from_l || to_l || !mesh_text || a.n_cfg) {
-        st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
+        st = cli_configs_check();
+        if (!st) st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
         if (st) return cli_fail(err, st);
     }
     st = mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m);

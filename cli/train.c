@@ -11,6 +11,7 @@
 #include "cli/artifacts.h"
 #include "cli/common.h"
 #include "cli/report.h"
+#include "cli/report_html.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -41,6 +42,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     int n = 0;
     for (int i = 0; i < argc && n < 280; i++) words[n++] = argv[i];
     for (int i = 0; i < n_extra; i++) words[n++] = extra[i];
+    SIM_TRY(cli_configs_check());
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
@@ -281,7 +283,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
             if (!st) st = cli_write_trace_json(outdir, m);
             if (!st) st = write_dump(outdir, cm.cfg, def);
-            if (!st) fprintf(out, "\nartifacts written to %s\n", outdir);
+            if (!st) st = cli_write_report_html(outdir);
+            if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
         }
         if (st) rc = cli_fail(err, st);
         cli_traffic_free(&traffic);
