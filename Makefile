@@ -20,6 +20,9 @@ CFLAGS_BASE += -Werror
 endif
 CFLAGS  := $(CFLAGS_BASE) $(SAN) $(EXTRA_CFLAGS)
 LDFLAGS := $(SAN) -pthread
+# Every binary links the OpenBLAS kernel selector (blas_kernels/bk_coretype.c): its constructor
+# picks and checks the kernels before main, so pull it from the archive even where nothing calls it.
+LDFLAGS += -Wl,--undefined=bk_coretype_current
 LDLIBS  := -lopenblas -lhwloc -lyaml -lm
 
 LAYERS   := blas_kernels sim mesh models

@@ -6,6 +6,7 @@
  * the artifacts: run.json, metrics.json, collectives.csv, traffic.csv,
  * trace.json and the MaxText sharding dump.  dump: the sharding dump alone,
  * from a dry forward pass (shapes only). */
+#include "blas_kernels/bk_coretype.h"
 #include "cli/cli.h"
 #include "cli/artifacts.h"
 #include "cli/common.h"
@@ -188,6 +189,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"remat_policy", d->remat_full ? "full" : "none"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
+        {"blas kernels", bk_coretype_current()->summary},
     };
     cli_report_config_box(out, "shardsim train", rows, (int)(sizeof rows / sizeof rows[0]));
 }
