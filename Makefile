@@ -20,7 +20,7 @@ CFLAGS_BASE += -Werror
 endif
 CFLAGS  := $(CFLAGS_BASE) $(SAN) $(EXTRA_CFLAGS)
 LDFLAGS := $(SAN) -pthread
-LDLIBS  := -lopenblas -lhwloc -lyaml -lm
+LDLIBS  := -lopenblas -lhwloc -lyaml -ljansson -lm
 
 LAYERS   := blas_kernels sim mesh models
 LIB_SRC  := $(foreach d,$(LAYERS),$(wildcard $(d)/*.c))
