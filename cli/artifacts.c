@@ -6,6 +6,7 @@
  * newline), so the MaxText sharding dump comes out byte for byte as
  * sharding_dump.py writes it.
  * Files are written to DIR/.NAME.tmp.<pid>.<n> and renamed into place. */
+#include "blas_kernels/bk_coretype.h"
 #include "cli/artifacts.h"
 
 #include <errno.h>
@@ -428,6 +429,22 @@ static sim_status write_run(FILE *f, void *arg)
     jw_arr_inline(&w);
     for (int i = 0; i < in->argc; i++) jw_str(&w, in->argv[i]);
     jw_arr_end(&w);
+    {   /* the OpenBLAS kernels that ran: results are bitwise reproducible per machine and kernel */
+        const bk_coretype_info *k = bk_coretype_current();
+        jw_key(&w, "blas_kernels");
+        jw_obj_inline(&w);
+        jw_key(&w, "core");
+        jw_str(&w, k->core);
+        jw_key(&w, "openblas_detected");
+        jw_str(&w, k->detected);
+        jw_key(&w, "failed_check");
+        jw_str(&w, k->failed);
+        jw_key(&w, "checked");
+        jw_bool(&w, k->checked);
+        jw_key(&w, "summary");
+        jw_str(&w, k->summary);
+        jw_obj_end(&w);
+    }
     if (in->mesh) {
         const mesh_shape *m = in->mesh;
         jw_key(&w, "mesh");
