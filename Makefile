@@ -23,7 +23,7 @@ LDFLAGS := $(SAN) -pthread
 # Every binary links the OpenBLAS kernel selector (blas_kernels/bk_coretype.c): its constructor
 # picks and checks the kernels before main, so pull it from the archive even where nothing calls it.
 LDFLAGS += -Wl,--undefined=bk_coretype_current
-LDLIBS  := -lopenblas -lhwloc -lyaml -lm
+LDLIBS  := -lopenblas -lhwloc -lyaml -ljansson -lm
 
 LAYERS   := blas_kernels sim mesh models
 LIB_SRC  := $(foreach d,$(LAYERS),$(wildcard $(d)/*.c))
