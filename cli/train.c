@@ -197,6 +197,18 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
 int cli_train(int argc, char **argv, FILE *out, FILE *err)
 {
     cli_model cm;
+    /* With no arguments at all: the built-in small model (MaxText's defaults
+     * in base.yml are a 1 B-parameter model that needs ~29 GiB). */
+    char small[4096 + 16];
+    char *small_argv[1] = {small};
+    if (argc == 0) {
+        snprintf(small, sizeof small, "%s/small.yml", cli_configs_dir());
+        fprintf(out, "no arguments: training the built-in small Llama (%s); give keys or YAML files to choose "
+                     "another (shardsim help train)\n\n",
+                small);
+        argc = 1;
+        argv = small_argv;
+    }
     sim_status st = model_open(argc, argv, NULL, 0, &cm);
     if (st) {
         int rc = cli_fail(err, st);
