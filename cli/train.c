@@ -70,6 +70,9 @@ static void dump_entries(const model_def *def, const char *dtype, cli_dump_param
             p[i].logical[d] = def->defs[i].logical[d];
         }
         p[i].spec = def->unpruned[i];
+        /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them */
+        p[i].has_opt_spec = def->d.zero1;
+        p[i].opt_spec = def->opt_unpruned[i];
     }
     *na = def->nacts;
     for (int i = 0; i < def->nacts; i++) {
