@@ -226,17 +226,19 @@ static sim_status store_step_grads(model_train_job *job, model_dev *md, model_gr
 
 /* ---- one step */
 
-/* Device 0: microbatch g of the step's rows into the host microbatch arrays
- * (MaxText's strided split: row j of microbatch g is row j * ga + g). */
+void model_microbatch_rows(const int32_t *step, int64_t rows, int64_t seq, int64_t ga, int64_t g, int32_t *out)
+{
+    for (int64_t j = 0; j < rows; j++) memcpy(out + j * seq, step + (j * ga + g) * seq, (size_t)seq * sizeof(int32_t));
+}
+
+/* Device 0: microbatch g of the step's rows into the host microbatch arrays. */
 static sim_status fill_microbatch(model_train_job *job, const model_def *def, int64_t g)
 {
     int64_t G = def->d.ga, T = def->d.seq, rows = def->d.rows_loaded;
     int32_t *src[3] = {job->inputs, job->targets, job->positions};
     int32_t *dst[3] = {job->mb_inputs, job->mb_targets, job->mb_positions};
     for (int a = 0; a < 3; a++) {
-        if (G > 1)
-            for (int64_t j = 0; j < rows; j++)
-                memcpy(dst[a] + j * T, src[a] + (j * G + g) * T, (size_t)T * sizeof(int32_t));
+        if (G > 1) model_microbatch_rows(src[a], rows, T, G, g, dst[a]);
         if (def->d.cp > 1 && def->d.cp_load_balance)
             SIM_TRY(model_reorder_load_balanced(dst[a], def->d.batch, T, def->d.cp));
     }
