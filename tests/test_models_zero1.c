@@ -543,9 +543,6 @@ static void test_refusals(void **state)
     const char *sgd[] = {"ici_data_parallelism=2", NOFSDP, ZERO1, "opt_type=sgd"};
     const char *sgd_w[] = {"shard_optimizer_over_data", "opt_type=sgd", "adamw"};
     refused(sgd, 4, 2, sgd_w, 3);
-    const char *stage[] = {"ici_data_parallelism=2", "ici_pipeline_parallelism=2", NOFSDP, ZERO1};
-    const char *stage_w[] = {"shard_optimizer_over_data", "ici_pipeline_parallelism=1"};
-    refused(stage, 4, 4, stage_w, 2);
     const char *ga[] = {NOFSDP, "gradient_accumulation_steps=0"};
     const char *ga_w[] = {"gradient_accumulation_steps=0", "positive"};
     refused(ga, 2, 1, ga_w, 2);
