@@ -477,7 +477,7 @@ typedef struct {
 /* FNV-1a of a key, for the duplicate-key check of large maps. */
 static uint64_t key_hash(const char *k)
 {
-    uint64_t h = 1469598103934665603ULL;
+    uint64_t h = 14695981039346656037ULL;
     for (; *k; k++) h = (h ^ (unsigned char)*k) * 1099511628211ULL;
     return h;
 }
