@@ -24,6 +24,15 @@ static void tune_host_malloc_once(void)
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+int sim_mesh_slice(const sim_mesh_desc *m, int id)
+{
+    int coords[SIM_MAX_AXES], slice = 0;
+    sim_mesh_coords(m, id, coords);
+    for (int a = 0; a < m->naxes; a++)
+        if (m->dcn[a] > 1) slice = slice * m->dcn[a] + coords[a] / (m->sizes[a] / m->dcn[a]);
+    return slice;
+}
+
 sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes, sim_mesh_desc *out)
 {
     memset(out, 0, sizeof *out);
@@ -137,6 +146,12 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     const char *names[SIM_MAX_AXES];
     for (int i = 0; i < mesh->naxes && i < SIM_MAX_AXES; i++) names[i] = mesh->names[i];
     SIM_TRY(sim_mesh_desc_make(mesh->naxes, names, mesh->sizes, &check));
+    for (int i = 0; i < mesh->naxes; i++) {
+        if (mesh->dcn[i] > 1 && mesh->sizes[i] % mesh->dcn[i])
+            return sim_err(SIM_ERR_INPUT, "mesh axis '%s': %d slices do not divide its %d devices", mesh->names[i],
+                           mesh->dcn[i], mesh->sizes[i]);
+        check.dcn[i] = mesh->dcn[i];
+    }
 
     sim_machine *m = calloc(1, sizeof *m);
     SIM_ASSERT(m);
