@@ -1612,7 +1612,7 @@ static sim_status apply_topology(mesh_cfg *cfg, const char *configs_dir)
                 v != atoll(vals[k]))
                 st = sim_err(SIM_ERR_INPUT, "%s=%lld (%s) disagrees with %s (%s devices in %s slices); drop %s",
                              keys[k], v, e->where, where, nd, ns, keys[k]);
-            sim_err_clear();
+            if (st == SIM_OK) sim_err_clear(); /* a non-integer value was not an error here */
             if (st == SIM_OK && e) {
                 set_derived(cfg, keys[k], vals[k], where);
                 cfg_find_mut(cfg, keys[k])->value.quoted = 0; /* a number, not a string */
