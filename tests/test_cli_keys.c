@@ -572,6 +572,38 @@ static void test_keys_command(void **state)
     mesh_cfg_free(old);
 }
 
+/* MaxText's combination checks (types.py), with its conditions. */
+static void test_maxtext_combination_rules(void **state)
+{
+    (void)state;
+    struct {
+        const char *words[4];
+        int n;
+        const char *needle; /* NULL: accepted */
+    } cases[] = {
+        {{"num_experts=4"}, 1, "base_moe_mlp_dim > 0"},
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=32"}, 4,
+         "fully MoE"},
+        /* with a dense layer first, the widths may differ */
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=1", "base_mlp_dim=32"}, 4, NULL},
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=64"}, 4, NULL},
+        {{"context_sharding=tensor"}, 1, "context_sharding=tensor"},
+        {{"context_sharding=expert"}, 1, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mesh_cfg *cfg = NULL;
+        sim_status st = mesh_cfg_load_argv(cli_base_config(), cases[i].n, cases[i].words, &cfg);
+        if (!cases[i].needle) {
+            if (st) fail_msg("case %zu rejected: %s", i, sim_errmsg());
+        } else {
+            assert_int_equal(st, SIM_ERR_INPUT);
+            if (!strstr(sim_errmsg(), cases[i].needle)) fail_msg("case %zu: '%s' not in: %s", i, cases[i].needle, sim_errmsg());
+            sim_err_clear();
+        }
+        mesh_cfg_free(cfg);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -582,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_compile_topology),
         cmocka_unit_test(test_maxtext_files_as_arguments),
         cmocka_unit_test(test_keys_command),
+        cmocka_unit_test(test_maxtext_combination_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
