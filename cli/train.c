@@ -12,6 +12,7 @@
 #include "cli/common.h"
 #include "cli/report.h"
 #include "cli/report_html.h"
+#include "sim/trace.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -74,6 +75,9 @@ static void dump_entries(const model_def *def, const char *dtype, cli_dump_param
             p[i].logical[d] = def->defs[i].logical[d];
         }
         p[i].spec = def->unpruned[i];
+        /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them */
+        p[i].has_opt_spec = def->d.zero1;
+        p[i].opt_spec = def->opt_unpruned[i];
     }
     *na = def->nacts;
     for (int i = 0; i < def->nacts; i++) {
@@ -169,7 +173,7 @@ static void print_step(const model_step_stats *s, void *arg)
     m->grad_norm = s->grad_norm;
     m->lr = s->lr;
     m->time_s = s->time_s;
-    m->tokens_per_s = s->time_s > 0 ? (double)(sp->def->d.batch * sp->def->d.seq) / s->time_s : 0;
+    m->tokens_per_s = s->time_s > 0 ? (double)(sp->def->d.batch * sp->def->d.ga * sp->def->d.seq) / s->time_s : 0;
     m->peak_bytes = s->peak_bytes;
     m->dry = sp->def->d.dry_run;
     cli_report_step_line(sp->out, m);
@@ -233,8 +237,13 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     snprintf(dims, sizeof dims, "emb %lld, heads %lld (kv %lld) x %lld, mlp %lld, layers %lld, vocab %lld",
              (long long)d->emb, (long long)d->q_heads, (long long)d->kv_heads, (long long)d->head_dim, (long long)d->mlp,
              (long long)d->layers, (long long)d->vocab);
-    snprintf(batch, sizeof batch, "%lld rows x %lld tokens (%lld loaded)", (long long)d->batch, (long long)d->seq,
-             (long long)d->rows_loaded);
+    if (d->ga > 1)
+        snprintf(batch, sizeof batch, "%lld rows x %lld tokens: %lld microbatches of %lld rows (%lld loaded)",
+                 (long long)(d->batch * d->ga), (long long)d->seq, (long long)d->ga, (long long)d->batch,
+                 (long long)d->rows_loaded);
+    else
+        snprintf(batch, sizeof batch, "%lld rows x %lld tokens (%lld loaded)", (long long)d->batch, (long long)d->seq,
+                 (long long)d->rows_loaded);
     snprintf(params, sizeof params, "%.2f M (%.1f MiB float32)", (double)model_param_bytes(def) / 4e6,
              (double)model_param_bytes(def) / 1048576.0);
     snprintf(st, sizeof st, "%lld", steps);
@@ -250,6 +259,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"batch", batch},
         {"steps", st},
         {"remat_policy", d->remat_full ? "full" : "none"},
+        {"optimizer state", d->zero1 ? "ZeRO-1: sharded over data (shard_optimizer_over_data)" : "as the parameters"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
         {"blas kernels", bk_coretype_current()->summary},
@@ -372,9 +382,18 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0};
             st = cli_write_run_json(outdir, &info);
             if (!st) st = cli_write_metrics_json(outdir, metrics, (int)steps, mem, nd);
-            if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all());
+            long long max_rows = 0, max_events = 0;
+            if (!st) st = mesh_cfg_get_int(cm.cfg, "collectives_csv_max_rows", &max_rows);
+            if (!st) st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &max_events);
+            if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all(), (size_t)max_rows);
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
-            if (!st) st = cli_write_trace_json(outdir, m);
+            if (!st) st = cli_write_trace_json(outdir, m, (size_t)max_events);
+            int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
+            size_t trace_dev = sim_trace_devices_within(m, (size_t)max_events);
+            if (!st && (csv_dev < nd || (int)trace_dev < nd))
+                fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
+                             "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
+                        csv_dev - 1, trace_dev - 1, nd, max_rows, max_events);
             if (!st) st = write_dump(outdir, cm.cfg, def);
             if (!st) st = cli_write_report_html(outdir);
             if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
