@@ -333,6 +333,10 @@ void model_dev_free(model_dev *md)
             mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
             for (int b = 0; b < 4; b++) {
                 if (!bufs[b]) continue;
+                if (!z && b < 2 && md->zero1_released) { /* their shards are already released */
+                    free(bufs[b]);
+                    continue;
+                }
                 for (int l = 0; l < p->n_layers; l++) mesh_array_free(md->ctx.dev, &bufs[b][l]);
                 free(bufs[b]);
             }
