@@ -324,6 +324,10 @@ static void test_parity_llama(void **state)
         {"data=2 G=4", {"ici_data_parallelism=2", NOFSDP}, 2, 4},
         {"fsdp=2 tensor=2 G=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 4, 2},
         {"data=2 tensor=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 2},
+        /* per_device_batch_size 0.5: each microbatch loads 8 rows and trains its first 4, rows
+         * {g, 2+g, 4+g, 6+g} of the step: the same 8 rows; load-balanced context parallelism */
+        {"fsdp=2 context=2 tensor=2 G=2",
+         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2},
     };
     parity(false, cases, (int)(sizeof cases / sizeof *cases));
 }
@@ -581,6 +585,17 @@ static void test_checkpoint_from_zero1_layout(void **state)
     assert_true(model_rel_norm_diff(y, x, nf) < 1e-5);
     free(a);
     free(b);
+    /* and a ZeRO-1 run starts from it (load_parameters_path) as a 1-device run does */
+    double loss[2];
+    for (int k = 0; k < 2; k++) {
+        run_t r;
+        open_run(&r, false, zero1, k ? 3 : 0, k ? 4 : 1, 1, 2);
+        r.job.load_path = p0;
+        train(&r, false);
+        loss[k] = r.job.stats[1].loss;
+        close_run(&r);
+    }
+    assert_true(fabs(loss[1] - loss[0]) <= 1e-5 * fabs(loss[0]));
     for (int k = 0; k < 2; k++) {
         char f[160];
         for (int s = 0; s <= 2; s += 2) {
