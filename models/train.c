@@ -1,4 +1,13 @@
-/* train.c — running the model on the simulated machine. */
+/* train.c — running the model on the simulated machine.
+ *
+ * A training step: the step's rows from the data stream; with ZeRO-1 the
+ * parameters all-gathered over 'data' from the optimizer layout; one forward
+ * and backward pass per microbatch (gradient_accumulation_steps), each adding
+ * its gradient with weight 1/ga into the same float32 sinks, which reduce over
+ * the batch axes as each pass ends (as XLA leaves MaxText's reduction inside
+ * its accumulation loop) -- except 'data' under ZeRO-1 without accumulation,
+ * left pending for one reduce-scatter into the optimizer layout; the global
+ * norm and the update; the metrics. */
 #include "models/train.h"
 
 #include "blas_kernels/bk_parallel.h"
