@@ -196,10 +196,21 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        "load-balanced context parallelism (or set context_parallel_load_balance=false)",
                        (long long)d->seq, d->cp);
 
-    if (d->kind == MODEL_DEEPSEEK)
+    if (d->kind == MODEL_DEEPSEEK) {
         SIM_TRY(deepseek_define(m, cfg));
-    else
+    } else {
+        /* MaxText's llama2 decoder would honour these; the simulated one has
+         * global attention and default RoPE only, so other values are refused */
+        const char *at, *rt;
+        SIM_TRY(mesh_cfg_get_str(cfg, "attention_type", &at));
+        SIM_TRY(mesh_cfg_get_str(cfg, "rope_type", &rt));
+        if (at && strcmp(at, "global"))
+            return sim_err(SIM_ERR_INPUT, "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
+                                          "(mla needs decoder_block=deepseek)", at);
+        if (rt && strcmp(rt, "default"))
+            return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
         define_llama(m);
+    }
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
         const model_param_def *pd = &m->defs[i];
