@@ -49,9 +49,15 @@ sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes,
             if (!strcmp(names[i], names[j]))
                 return sim_err(SIM_ERR_INPUT, "mesh axis '%s' appears twice", names[i]);
         total *= sizes[i];
-        if (total > SIM_MAX_DEVICES)
-            return sim_err(SIM_ERR_INPUT, "the mesh has more than %d devices; shardsim simulates 1 to %d",
-                           SIM_MAX_DEVICES, SIM_MAX_DEVICES);
+        if (total > SIM_MAX_DEVICES) {
+            /* name the axes and sizes, so the user sees which flag to lower */
+            char what[512];
+            size_t k = 0;
+            for (int j = 0; j <= i && k < sizeof what; j++)
+                k += (size_t)snprintf(what + k, sizeof what - k, "%s%s=%d", j ? " x " : "", names[j], sizes[j]);
+            return sim_err(SIM_ERR_INPUT, "the mesh %s has more than %d devices; shardsim simulates 1 to %d: lower "
+                           "the parallelism flags of these axes", what, SIM_MAX_DEVICES, SIM_MAX_DEVICES);
+        }
         snprintf(out->names[i], SIM_AXIS_NAME_MAX, "%s", names[i]);
         out->sizes[i] = sizes[i];
     }
