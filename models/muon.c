@@ -124,7 +124,13 @@ void model_muon_classify(const model_param_def *def, bool include_routers, model
     snprintf(buf, sizeof buf, "%s", def->path);
     const char *segs[32];
     int n = 0;
-    for (char *t = strtok(buf, "."); t && n < 32; t = strtok(NULL, ".")) segs[n++] = t;
+    /* split on '.' by hand: every device thread classifies at once (no strtok) */
+    for (char *t = buf; t && n < 32;) {
+        segs[n++] = t;
+        char *dot = strchr(t, '.');
+        if (dot) *dot++ = '\0';
+        t = dot;
+    }
     for (int i = 0; i < n; i++) {
         size_t len = strlen(segs[i]);
         if (!strcmp(segs[i], "bias")) return;
