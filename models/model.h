@@ -29,6 +29,8 @@ typedef struct {
     mesh_mode mode;           /* shard_mode */
     bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
+    bool muon;                /* opt_type=muon: Muon leaves keep one moment (no nu) */
+    bool muon_routers;        /* muon_include_routers */
     int64_t batch;            /* global rows trained per step */
     int64_t rows_loaded;      /* rows loaded per step (>= batch; fractional per_device_batch_size) */
     int64_t seq;              /* max_target_length */

@@ -367,11 +367,12 @@ static void apply_chunk(int64_t lo, int64_t hi, void *arg)
     }
 }
 
-static sim_status check_layer(const model_param *p, int l)
+static sim_status check_layer(const model_param *p, int l, bool need_nu)
 {
     const mesh_array *w = &p->w[l];
-    if (!p->g || !p->m || !p->v) return sim_err(SIM_ERR_INTERNAL, "muon: '%s' lacks gradient or state", p->def.path);
-    const mesh_array *o[3] = {&p->g[l], &p->m[l], &p->v[l]};
+    if (!p->g || !p->m || (need_nu && !p->v))
+        return sim_err(SIM_ERR_INTERNAL, "muon: '%s' lacks gradient or optimizer state", p->def.path);
+    const mesh_array *o[3] = {&p->g[l], &p->m[l], need_nu ? &p->v[l] : &p->m[l]};
     for (int i = 0; i < 3; i++)
         if (o[i]->nlocal != w->nlocal || !mesh_spec_equal(&o[i]->spec, &w->spec))
             return sim_err(SIM_ERR_INTERNAL, "muon: '%s' layer %d: state and parameter shards differ", p->def.path, l);
@@ -394,7 +395,7 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, model_para
         model_param *pp = &params[p];
         model_muon_dims dims;
         model_muon_classify(&pp->def, o->muon.include_routers, &dims);
-        for (int l = 0; l < pp->n_layers; l++) SIM_TRY(check_layer(pp, l));
+        for (int l = 0; l < pp->n_layers; l++) SIM_TRY(check_layer(pp, l, !dims.muon));
         nadam_job J = base;
         if (!dims.muon) { /* the AdamW branch: optax.adamw(nesterov=True) */
             J.b1 = (float)o->b1, J.b2 = (float)o->b2, J.omb1 = (float)(1.0 - o->b1), J.omb2 = (float)(1.0 - o->b2);
