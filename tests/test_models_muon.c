@@ -96,10 +96,22 @@ static void test_keys(void **state)
         {"muon_beta=1.0", "muon_beta"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        const char *c[] = {"opt_type=muon", bad[i][0]};
-        cfg = load_cfg(2, c);
+        /* set the value behind the loader's back: the key contract may refuse pipelining and ZeRO-1 on
+         * their own today, and Muon must still refuse them once they are simulated */
+        cfg = load_cfg(1, a);
+        char key[64];
+        snprintf(key, sizeof key, "%s", bad[i][0]);
+        char *eq = strchr(key, '=');
+        *eq = '\0';
+        mesh_cfg_entry *en = NULL;
+        for (int k = 0; k < cfg->n; k++)
+            if (!strcmp(cfg->entries[k].key, key)) en = &cfg->entries[k];
+        assert_non_null(en);
+        free(en->value.text);
+        en->value.text = strdup(eq + 1);
         assert_int_equal(model_optim_from_config(cfg, &o), SIM_ERR_INPUT);
-        if (!strstr(sim_errmsg(), bad[i][1])) fail_msg("%s: message '%s' lacks '%s'", bad[i][0], sim_errmsg(), bad[i][1]);
+        if (!strstr(sim_errmsg(), bad[i][1]) || !strstr(sim_errmsg(), "muon"))
+            fail_msg("%s: message '%s' lacks '%s'", bad[i][0], sim_errmsg(), bad[i][1]);
         mesh_cfg_free(cfg);
     }
     /* the same keys are fine with AdamW (they only matter to Muon) */
