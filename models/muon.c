@@ -186,6 +186,44 @@ static sim_status scaled(mesh_ctx *c, const mesh_array *a, float k, const char *
     return mesh_map(c, a, scale_fn, &k, name, out);
 }
 
+typedef struct {
+    const float *x;
+    float *y;
+    float alpha, beta;
+} axpby_job;
+
+static void axpby_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const axpby_job *J = arg;
+    for (int64_t i = lo; i < hi; i++) J->y[i] = J->alpha * J->x[i] + J->beta * J->y[i];
+}
+
+/* out = alpha x + beta y, consuming y (it becomes out or is freed).  Equal
+ * shardings (the usual case) run as one local pass into y's buffer, as XLA
+ * fuses the elementwise tail: one temporary less at the peak.  Otherwise the
+ * sharded elementwise ops place it. */
+static sim_status axpby(mesh_ctx *c, float alpha, const mesh_array *x, float beta, mesh_array *y, const char *name,
+                        mesh_array *out)
+{
+    if (!x->spec.partial && !y->spec.partial && mesh_spec_equal(&x->spec, &y->spec)) {
+        if (x->data && y->data) {
+            axpby_job J = {x->data, y->data, alpha, beta};
+            bk_parallel_for((int64_t)y->nlocal, 1 << 15, axpby_chunk, &J);
+        }
+        *out = *y;
+        memset(y, 0, sizeof *y);
+        return SIM_OK;
+    }
+    mesh_array ax = {0}, by = {0};
+    sim_status st = scaled(c, x, alpha, name, &ax);
+    if (st == SIM_OK) st = beta == 1.0f ? SIM_OK : scaled(c, y, beta, name, &by);
+    if (st == SIM_OK) st = mesh_add(c, &ax, beta == 1.0f ? y : &by, name, out);
+    mesh_array_free(c->dev, &ax);
+    mesh_array_free(c->dev, &by);
+    mesh_array_free(c->dev, y);
+    return st;
+}
+
 /* x / (norm + eps) per matrix, locally: nrm holds the Frobenius norms of x's
  * local batch block (dims flagged in `batch`, same order, same sharding). */
 static void divide_by_norm(mesh_array *x, const mesh_array *nrm, const bool *batch, float eps)
@@ -259,7 +297,7 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
 
     mesh_spec keep = x->spec;
     sim_status st = SIM_OK;
-    mesh_array sq = {0}, nrm = {0}, a = {0}, aa = {0}, ba = {0}, caa = {0}, bm = {0}, bx = {0}, ax = {0}, nx = {0};
+    mesh_array sq = {0}, nrm = {0}, a = {0}, aa = {0}, bm = {0}, bx = {0}, nx = {0};
     /* Frobenius normalisation: the sum over the matrix dims all-reduces what they shard */
     st = mesh_mul(&c, x, x, "ns_sq", &sq);
     if (st == SIM_OK) st = mesh_reduce_sum(&c, &sq, nmat, mat, NULL, "ns_norm", &nrm);
@@ -278,19 +316,11 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
             st = mesh_with_sharding_constraint(&c, &a, &full, "ns_gram");
         }
         if (st == SIM_OK) st = mesh_einsum(&c, s_sq, &a, &a, NULL, "ns_gram_sq", SIM_MEM_TEMP, &aa, NULL);
-        if (st == SIM_OK) st = scaled(&c, &a, (float)NS_B, "ns_b", &ba);
-        if (st == SIM_OK) st = scaled(&c, &aa, (float)NS_C, "ns_c", &caa);
-        if (st == SIM_OK) st = mesh_add(&c, &ba, &caa, "ns_poly", &bm);
+        if (st == SIM_OK) st = axpby(&c, (float)NS_B, &a, (float)NS_C, &aa, "ns_poly", &bm); /* b A + c A A */
         mesh_array_free(c.dev, &a);
-        mesh_array_free(c.dev, &aa);
-        mesh_array_free(c.dev, &ba);
-        mesh_array_free(c.dev, &caa);
         if (st == SIM_OK) st = mesh_einsum(&c, s_bx, &bm, x, NULL, "ns_bx", SIM_MEM_TEMP, &bx, NULL);
         mesh_array_free(c.dev, &bm);
-        if (st == SIM_OK) st = scaled(&c, x, (float)NS_A, "ns_a", &ax);
-        if (st == SIM_OK) st = mesh_add(&c, &ax, &bx, "ns_step", &nx);
-        mesh_array_free(c.dev, &ax);
-        mesh_array_free(c.dev, &bx);
+        if (st == SIM_OK) st = axpby(&c, (float)NS_A, x, 1.0f, &bx, "ns_step", &nx); /* a X + B X */
         if (st == SIM_OK) {
             mesh_array_free(c.dev, x);
             *x = nx;
