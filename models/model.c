@@ -128,12 +128,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
-    {   /* opt_type=muon keeps no second moment for its Muon leaves (models/muon.h) */
-        const char *ot;
-        SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
-        d->muon = ot && !strcmp(ot, "muon");
-        SIM_TRY(model_cfg_bool(cfg, "muon_include_routers", &d->muon_routers));
-    }
+
     SIM_TRY(model_cfg_bool(cfg, "context_parallel_load_balance", &d->cp_load_balance));
     long long seed;
     SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
@@ -171,6 +166,14 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         m->spec[i] = res.spec;
         m->unpruned[i] = res.unpruned;
         SIM_TRY(mesh_spec_check_shape(&res.spec, &m->mesh, pd->rank, pd->shape, pd->path));
+    }
+    const char *ot;
+    SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
+    m->muon = ot && !strcmp(ot, "muon");
+    if (m->muon) { /* which parameters Muon orthogonalizes, once (configs/muon.yml) */
+        model_muon_cfg mc;
+        SIM_TRY(model_muon_from_config(cfg, &mc));
+        for (int i = 0; i < m->nparams; i++) model_muon_classify(&mc, &m->defs[i], &m->muon_dims[i]);
     }
     return SIM_OK;
 }
@@ -233,10 +236,9 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         mesh_spec ls;
         model_param_layer_shape(p, &rank, shape);
         model_param_layer_spec(p, &ls);
-        model_muon_dims md_dims = {0};
-        if (def->d.muon) model_muon_classify(&p->def, def->d.muon_routers, &md_dims);
+        /* opt_type=muon: a Muon leaf keeps one moment (no nu) */
         mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt ? &p->m : NULL,
-                                with_opt && !md_dims.muon ? &p->v : NULL};
+                                with_opt && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
         for (int b = 0; b < 4; b++) {
             if (!bufs[b]) continue;

@@ -14,6 +14,7 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
+#include "models/muon.h"
 #include "models/params.h"
 
 enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
@@ -29,8 +30,6 @@ typedef struct {
     mesh_mode mode;           /* shard_mode */
     bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
-    bool muon;                /* opt_type=muon: Muon leaves keep one moment (no nu) */
-    bool muon_routers;        /* muon_include_routers */
     int64_t batch;            /* global rows trained per step */
     int64_t rows_loaded;      /* rows loaded per step (>= batch; fractional per_device_batch_size) */
     int64_t seq;              /* max_target_length */
@@ -75,6 +74,8 @@ typedef struct {
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
+    bool muon;                                 /* opt_type=muon */
+    model_muon_dims muon_dims[MODEL_MAX_PARAMS]; /* opt_type=muon: each parameter's Muon/AdamW class (muon.yml) */
     /* activations seen by the forward pass, first time each, in trace order */
     pthread_mutex_t act_lock;
     int nacts;

@@ -61,6 +61,7 @@ sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *c)
     }
     SIM_TRY(mesh_cfg_get_bool(cfg, "muon_include_routers", &b));
     c->include_routers = b;
+    SIM_TRY(model_muon_rules_load(cfg->configs_dir, &c->rules));
     long long ici_pp, dcn_pp;
     SIM_TRY(mesh_cfg_get_int(cfg, "ici_pipeline_parallelism", &ici_pp));
     SIM_TRY(mesh_cfg_get_int(cfg, "dcn_pipeline_parallelism", &dcn_pp));
@@ -80,43 +81,119 @@ sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *c)
     return SIM_OK;
 }
 
+/* ---------------------------------------------------------------- rules (configs/muon.yml) */
+
+static const char *const LIST_KEYS[MODEL_MUON_NLISTS] = {
+    "adamw_segment_contains", "adamw_segment_equals", "adamw_segment_suffixes", "adamw_suffix_exceptions",
+    "moe_blocks",             "shared_experts",       "expert_weights",         "routers",
+    "grouped_linear",         "attention_blocks",     "attention_qkv",          "attention_out",
+    "attention_out_blocks"};
+static const char *const DIMS_KEYS[MODEL_MUON_NDIMS] = {"expert_dims", "router_dims", "grouped_dims",
+                                                        "qkv_dims",    "out_dims",    "standard_dims"};
+
+/* [[reduction dims], [output dims]] */
+static sim_status read_dims(const mesh_cfg *f, const char *path, const char *key, int *nr, int *red, int *no, int *out)
+{
+    const mesh_cfg_entry *e = mesh_cfg_find(f, key);
+    const mesh_cfg_value *v = e ? &e->value : NULL;
+    if (!v || v->kind != MESH_CFG_LIST || v->n != 2)
+        return sim_err(SIM_ERR_INPUT, "%s: '%s' must be [[reduction dims], [output dims]], e.g. [[0], [-1]]", path, key);
+    for (int g = 0; g < 2; g++) {
+        const mesh_cfg_value *l = &v->items[g];
+        if (l->kind != MESH_CFG_LIST || l->n < 1 || l->n > 4)
+            return sim_err(SIM_ERR_INPUT, "%s: '%s' item %d must be a list of 1 to 4 dims", path, key, g);
+        for (int i = 0; i < l->n; i++) {
+            long long d;
+            SIM_TRY(mesh_cfg_value_int(&l->items[i], key, &d));
+            if (d < -4 || d > 3) return sim_err(SIM_ERR_INPUT, "%s: '%s' dim %lld: use -4..3", path, key, d);
+            (g ? out : red)[i] = (int)d;
+        }
+        *(g ? no : nr) = l->n;
+    }
+    return SIM_OK;
+}
+
+sim_status model_muon_rules_load(const char *configs_dir, model_muon_rules *r)
+{
+    memset(r, 0, sizeof *r);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/muon.yml", configs_dir && *configs_dir ? configs_dir : "configs");
+    mesh_cfg *f;
+    sim_status st = mesh_cfg_load_file(path, &f);
+    if (st != SIM_OK) {
+        sim_err_append(" (opt_type=muon reads MaxText's Muon classification rules from configs/muon.yml)");
+        return st;
+    }
+    for (int k = 0; st == SIM_OK && k < MODEL_MUON_NLISTS; k++) {
+        const char **items;
+        int n;
+        if (!mesh_cfg_find(f, LIST_KEYS[k])) {
+            st = sim_err(SIM_ERR_INPUT, "%s: the list '%s' is missing", path, LIST_KEYS[k]);
+            break;
+        }
+        st = mesh_cfg_get_str_list(f, LIST_KEYS[k], &items, &n);
+        if (st != SIM_OK) break;
+        if (n > MODEL_MUON_LIST_MAX)
+            st = sim_err(SIM_ERR_INPUT, "%s: '%s' has %d names (at most %d)", path, LIST_KEYS[k], n, MODEL_MUON_LIST_MAX);
+        for (int i = 0; st == SIM_OK && i < n; i++) {
+            if (strlen(items[i]) >= MODEL_MUON_NAME_MAX)
+                st = sim_err(SIM_ERR_INPUT, "%s: '%s' name '%s' is longer than %d characters", path, LIST_KEYS[k],
+                             items[i], MODEL_MUON_NAME_MAX - 1);
+            else
+                snprintf(r->name[k][i], MODEL_MUON_NAME_MAX, "%s", items[i]);
+        }
+        r->n[k] = n;
+        free(items);
+    }
+    for (int k = 0; st == SIM_OK && k < MODEL_MUON_NDIMS; k++)
+        st = read_dims(f, path, DIMS_KEYS[k], &r->n_red[k], r->red[k], &r->n_out[k], r->out[k]);
+    mesh_cfg_free(f);
+    return st;
+}
+
 /* ---------------------------------------------------------------- classification */
 
-static bool seg_has(const char *const *segs, int n, const char *name)
+static bool seg_in(const model_muon_rules *r, model_muon_list k, const char *seg)
+{
+    for (int i = 0; i < r->n[k]; i++)
+        if (!strcmp(seg, r->name[k][i])) return true;
+    return false;
+}
+
+/* Some segment of the path is one of list k's names (MaxText: `x in path` on the tuple). */
+static bool path_has(const model_muon_rules *r, model_muon_list k, const char *const *segs, int n)
 {
     for (int i = 0; i < n; i++)
-        if (!strcmp(segs[i], name)) return true;
+        if (seg_in(r, k, segs[i])) return true;
     return false;
 }
 
-static bool seg_any(const char *const *segs, int n, const char *const *names, int nn)
+static bool adamw_segment(const model_muon_rules *r, const char *seg)
 {
-    for (int k = 0; k < nn; k++)
-        if (seg_has(segs, n, names[k])) return true;
+    if (seg_in(r, MODEL_MUON_ADAMW_EQUALS, seg)) return true;
+    size_t len = strlen(seg);
+    for (int i = 0; i < r->n[MODEL_MUON_ADAMW_SUFFIXES]; i++) {
+        const char *suf = r->name[MODEL_MUON_ADAMW_SUFFIXES][i];
+        size_t ls = strlen(suf);
+        if (len >= ls && !strcmp(seg + len - ls, suf) && !seg_in(r, MODEL_MUON_ADAMW_SUFFIX_EXCEPT, seg)) return true;
+    }
+    for (int i = 0; i < r->n[MODEL_MUON_ADAMW_CONTAINS]; i++)
+        if (strstr(seg, r->name[MODEL_MUON_ADAMW_CONTAINS][i])) return true;
     return false;
 }
 
-static void set_dims(model_muon_dims *d, int rank, int nr, const int *r, int no, const int *o)
+static void set_dims(model_muon_dims *d, const model_muon_rules *r, model_muon_rule_dims k, int rank)
 {
     d->muon = true;
-    d->n_red = nr;
-    d->n_out = no;
-    for (int i = 0; i < nr; i++) d->red[i] = r[i] < 0 ? r[i] + rank : r[i];
-    for (int i = 0; i < no; i++) d->out[i] = o[i] < 0 ? o[i] + rank : o[i];
+    d->n_red = r->n_red[k];
+    d->n_out = r->n_out[k];
+    for (int i = 0; i < d->n_red; i++) d->red[i] = r->red[k][i] < 0 ? r->red[k][i] + rank : r->red[k][i];
+    for (int i = 0; i < d->n_out; i++) d->out[i] = r->out[k][i] < 0 ? r->out[k][i] + rank : r->out[k][i];
 }
 
-void model_muon_classify(const model_param_def *def, bool include_routers, model_muon_dims *d)
+void model_muon_classify(const model_muon_cfg *c, const model_param_def *def, model_muon_dims *d)
 {
-    static const char *const excluded[] = {"scale",   "embedding", "logits_dense", "post_beta", "pre_beta",
-                                           "res_beta", "hc_base",  "sinks",        "tid2eid",   "A_log",
-                                           "dt_bias", "conv1d",    "shared_expert_gate"};
-    static const char *const moe_blocks[] = {"MoeBlock_0", "moe_block", "routed_experts", "GptOssMlp", "routed_moe"};
-    static const char *const shared[] = {"shared_experts", "shared_expert"};
-    static const char *const expert_w[] = {"wi", "wi_0", "wi_1", "wo", "gate_up_proj"};
-    static const char *const routers[] = {"gate", "router"};
-    static const char *const attn[] = {"self_attention", "full_attention", "attention", "self_attn",
-                                       "attn",           "attention_mla",  "GptOssAttention"};
-    static const char *const qkv[] = {"query", "key", "value", "wq_b", "wkv_b", "wkv"};
+    const model_muon_rules *r = &c->rules;
     memset(d, 0, sizeof *d);
     int rank = def->rank;
     if (rank < 2) return;
@@ -124,36 +201,30 @@ void model_muon_classify(const model_param_def *def, bool include_routers, model
     snprintf(buf, sizeof buf, "%s", def->path);
     const char *segs[32];
     int n = 0;
-    /* split on '.' by hand: every device thread classifies at once (no strtok) */
+    /* split on '.' by hand: every device thread may classify at once (no strtok) */
     for (char *t = buf; t && n < 32;) {
         segs[n++] = t;
         char *dot = strchr(t, '.');
         if (dot) *dot++ = '\0';
         t = dot;
     }
-    for (int i = 0; i < n; i++) {
-        size_t len = strlen(segs[i]);
-        if (!strcmp(segs[i], "bias")) return;
-        if (len >= 4 && !strcmp(segs[i] + len - 4, "bias") && strcmp(segs[i], "position_bias")) return;
-        for (size_t k = 0; k < sizeof excluded / sizeof *excluded; k++)
-            if (strstr(segs[i], excluded[k])) return;
+    for (int i = 0; i < n; i++)
+        if (adamw_segment(r, segs[i])) return;
+    model_muon_rule_dims k = MODEL_MUON_DIMS_STANDARD;
+    if (path_has(r, MODEL_MUON_MOE_BLOCKS, segs, n) && !path_has(r, MODEL_MUON_SHARED_EXPERTS, segs, n) &&
+        (path_has(r, MODEL_MUON_EXPERT_WEIGHTS, segs, n) || path_has(r, MODEL_MUON_ROUTERS, segs, n))) {
+        if (path_has(r, MODEL_MUON_EXPERT_WEIGHTS, segs, n)) k = MODEL_MUON_DIMS_EXPERT;
+        else if (!c->include_routers) return;
+        else k = MODEL_MUON_DIMS_ROUTER;
+    } else if (path_has(r, MODEL_MUON_GROUPED, segs, n)) {
+        k = MODEL_MUON_DIMS_GROUPED;
+    } else if (path_has(r, MODEL_MUON_ATTN_BLOCKS, segs, n) && rank > 2) {
+        if (path_has(r, MODEL_MUON_ATTN_QKV, segs, n)) k = MODEL_MUON_DIMS_QKV;
+        else if (path_has(r, MODEL_MUON_ATTN_OUT, segs, n) &&
+                 (path_has(r, MODEL_MUON_ATTN_OUT_BLOCKS, segs, n) || rank == 4))
+            k = MODEL_MUON_DIMS_OUT;
     }
-    static const int m2[] = {-2}, m1[] = {-1}, z[] = {0}, m21[] = {-2, -1}, z2[] = {0, -2};
-    if (seg_any(segs, n, moe_blocks, 5) && !seg_any(segs, n, shared, 2)) {
-        if (seg_any(segs, n, expert_w, 5)) { set_dims(d, rank, 1, m2, 1, m1); return; }
-        if (seg_any(segs, n, routers, 2)) {
-            if (include_routers) set_dims(d, rank, 1, z, 1, m1);
-            return;
-        }
-    }
-    if (seg_has(segs, n, "o_a_proj")) { set_dims(d, rank, 1, m2, 1, m1); return; }
-    if (seg_any(segs, n, attn, 7) && rank > 2) {
-        if (seg_any(segs, n, qkv, 6)) { set_dims(d, rank, 1, z, 2, m21); return; }
-        if (seg_has(segs, n, "out") &&
-            (seg_has(segs, n, "self_attention") || seg_has(segs, n, "GptOssAttention") || rank == 4))
-            { set_dims(d, rank, 2, z2, 1, m1); return; }
-    }
-    set_dims(d, rank, 1, z, 1, m1); /* standard: (0), (-1) */
+    set_dims(d, r, k, rank);
 }
 
 static int64_t group_size(const model_param_def *def, int n, const int *dims)
@@ -409,8 +480,8 @@ static sim_status check_layer(const model_param *p, int l, bool need_nu)
     return SIM_OK;
 }
 
-sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, model_param *params, int n, long long s,
-                             double grad_norm)
+sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_muon_dims *all_dims,
+                             model_param *params, int n, long long s, double grad_norm)
 {
     if (s < 0) return sim_err(SIM_ERR_INTERNAL, "optimizer step %lld: counts from 0", s);
     sim_device *dev = ctx->dev;
@@ -423,8 +494,7 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, model_para
     base.neg_lr = (float)-model_lr_at(o, s);
     for (int p = 0; p < n; p++) {
         model_param *pp = &params[p];
-        model_muon_dims dims;
-        model_muon_classify(&pp->def, o->muon.include_routers, &dims);
+        const model_muon_dims dims = all_dims[p];
         for (int l = 0; l < pp->n_layers; l++) SIM_TRY(check_layer(pp, l, !dims.muon));
         nadam_job J = base;
         if (!dims.muon) { /* the AdamW branch: optax.adamw(nesterov=True) */

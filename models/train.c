@@ -175,8 +175,11 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     sim_device_set_phase(dev, SIM_PHASE_OPTIMIZER);
     double norm;
     SIM_TRY(model_grad_global_norm(dev, &def->mesh, md->p, def->nparams, &norm));
-    if (job->opt.type == MODEL_OPT_MUON)
-        SIM_TRY(model_muon_update(&md->ctx, &job->opt, md->p, def->nparams, s, norm));
+    if (job->opt.type == MODEL_OPT_MUON) {
+        if (!def->muon)
+            return sim_err(SIM_ERR_INTERNAL, "opt_type=muon: the model was defined from a config without it");
+        SIM_TRY(model_muon_update(&md->ctx, &job->opt, def->muon_dims, md->p, def->nparams, s, norm));
+    }
     else
         SIM_TRY(model_adamw_update(dev, &job->opt, md->p, def->nparams, s, norm));
     SIM_TRY(sim_device_barrier(dev));

@@ -65,6 +65,17 @@ static float rnd(void)
     return (float)((double)(lcg >> 11) / 9007199254740992.0 - 0.5);
 }
 
+/* The muon settings (and configs/muon.yml rules) of the base config with opt_type=muon. */
+static model_muon_cfg muon_cfg(void)
+{
+    const char *a[] = {"opt_type=muon"};
+    mesh_cfg *cfg = load_cfg(1, a);
+    model_optim_cfg o;
+    if (model_optim_from_config(cfg, &o) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
+    mesh_cfg_free(cfg);
+    return o.muon;
+}
+
 /* ------------------------------------------------------------ keys */
 
 static void test_keys(void **state)
@@ -114,6 +125,13 @@ static void test_keys(void **state)
             fail_msg("%s: message '%s' lacks '%s'", bad[i][0], sim_errmsg(), bad[i][1]);
         mesh_cfg_free(cfg);
     }
+    /* the classification rules are data: a configs directory without muon.yml is an error that says so */
+    model_muon_rules rules;
+    assert_int_equal(model_muon_rules_load("/nonexistent-shardsim-configs", &rules) == SIM_OK, 0);
+    assert_non_null(strstr(sim_errmsg(), "muon.yml"));
+    assert_int_equal(model_muon_rules_load("configs", &rules), SIM_OK);
+    assert_int_equal(rules.n[MODEL_MUON_MOE_BLOCKS], 5);
+    assert_int_equal(rules.n_red[MODEL_MUON_DIMS_OUT], 2);
     /* the same keys are fine with AdamW (they only matter to Muon) */
     const char *d[] = {"muon_type=maxtext_muon"};
     cfg = load_cfg(1, d);
@@ -129,11 +147,13 @@ typedef struct {
     int red[2], out[2]; /* as MaxText writes them (negative allowed) */
 } want_dims;
 
-static void check_model_dims(const char *const *ovr, int n, const want_dims *w, int nw, bool routers)
+static void check_model_dims(const char *model, bool routers, const want_dims *w, int nw)
 {
-    mesh_cfg *cfg = load_cfg(n, ovr);
+    const char *ovr[] = {model, "opt_type=muon", routers ? "muon_include_routers=true" : "muon_include_routers=false"};
+    mesh_cfg *cfg = load_cfg(3, ovr);
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
+    assert_true(def->muon);
     int seen = 0;
     for (int i = 0; i < def->nparams; i++) {
         const model_param_def *pd = &def->defs[i];
@@ -144,17 +164,16 @@ static void check_model_dims(const char *const *ovr, int n, const want_dims *w, 
         }
         if (!hit) fail_msg("no expectation for %s", pd->path);
         seen++;
-        model_muon_dims d;
-        model_muon_classify(pd, routers, &d);
+        const model_muon_dims *d = &def->muon_dims[i];
         if (hit->nr < 0) {
-            if (d.muon) fail_msg("%s: expected AdamW", pd->path);
+            if (d->muon) fail_msg("%s: expected AdamW", pd->path);
             continue;
         }
-        if (!d.muon) fail_msg("%s: expected Muon", pd->path);
-        assert_int_equal(d.n_red, hit->nr);
-        assert_int_equal(d.n_out, hit->no);
-        for (int k = 0; k < hit->nr; k++) assert_int_equal(d.red[k], (hit->red[k] + pd->rank) % pd->rank);
-        for (int k = 0; k < hit->no; k++) assert_int_equal(d.out[k], (hit->out[k] + pd->rank) % pd->rank);
+        if (!d->muon) fail_msg("%s: expected Muon", pd->path);
+        assert_int_equal(d->n_red, hit->nr);
+        assert_int_equal(d->n_out, hit->no);
+        for (int k = 0; k < hit->nr; k++) assert_int_equal(d->red[k], (hit->red[k] + pd->rank) % pd->rank);
+        for (int k = 0; k < hit->no; k++) assert_int_equal(d->out[k], (hit->out[k] + pd->rank) % pd->rank);
     }
     assert_int_equal(seen, def->nparams);
     model_def_free(def);
@@ -180,8 +199,7 @@ static void test_classify(void **state)
         {"mlp.wi_1.kernel", 1, 1, {0}, {-1}},
         {"mlp.wo.kernel", 1, 1, {0}, {-1}},
     };
-    const char *l[] = {"model_name=llama2-7b"};
-    check_model_dims(l, 1, llama, sizeof llama / sizeof llama[0], true);
+    check_model_dims("model_name=llama2-7b", true, llama, sizeof llama / sizeof llama[0]);
     /* the DeepSeek-V3 table of §A.2 (MLA, dense and MoE layers) */
     static const want_dims ds[] = {
         {"token_embedder.embedding", -1, -1, {0}, {0}},
@@ -204,23 +222,22 @@ static void test_classify(void **state)
         {"shared_experts.wi_1.kernel", 1, 1, {0}, {-1}},
         {"shared_experts.wo.kernel", 1, 1, {0}, {-1}},
     };
-    const char *d[] = {"model_name=deepseek3-671b"};
-    check_model_dims(d, 1, ds, sizeof ds / sizeof ds[0], true);
+    check_model_dims("model_name=deepseek3-671b", true, ds, sizeof ds / sizeof ds[0]);
     /* muon_include_routers=false puts the router on AdamW */
     want_dims noroute[sizeof ds / sizeof ds[0]];
     memcpy(noroute, ds, sizeof ds);
     noroute[12].nr = noroute[12].no = -1;
-    check_model_dims(d, 1, noroute, sizeof ds / sizeof ds[0], false);
+    check_model_dims("model_name=deepseek3-671b", false, noroute, sizeof ds / sizeof ds[0]);
     /* scale: sqrt(max(1, O/R)); the §A.2 column: wq_b 1536 x 24576 -> 4, routed wo 2048 x 7168 -> 1.871 */
-    model_muon_cfg c = {0};
+    model_muon_cfg c = muon_cfg();
     model_param_def wqb = {.path = "params.decoder.moe_layers.self_attention.wq_b.kernel", .rank = 4,
                            .shape = {1536, 58, 128, 192}, .scan_dim = 1};
     model_muon_dims dd;
-    model_muon_classify(&wqb, true, &dd);
+    model_muon_classify(&c, &wqb, &dd);
     assert_true(fabsf(model_muon_scale(&c, &wqb, &dd) - 4.0f) == 0.0f);
     model_param_def rwo = {.path = "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.wo", .rank = 4,
                            .shape = {256, 58, 2048, 7168}, .scan_dim = 1};
-    model_muon_classify(&rwo, true, &dd);
+    model_muon_classify(&c, &rwo, &dd);
     assert_true(fabs(model_muon_scale(&c, &rwo, &dd) - sqrt(7168.0 / 2048.0)) < 1e-6);
     c.consistent_rms_on = true;
     c.consistent_rms = 0.2;
@@ -271,7 +288,8 @@ static void leaf_def(leaf_job *j, const char *path, int rank, const int64_t *sha
     j->def.rank = rank;
     memcpy(j->def.shape, shape, (size_t)rank * sizeof *shape);
     j->def.scan_dim = rank > 2 ? 1 : -1;
-    model_muon_classify(&j->def, true, &j->dims);
+    model_muon_cfg c = muon_cfg();
+    model_muon_classify(&c, &j->def, &j->dims);
     assert_true(j->dims.muon);
 }
 
@@ -477,6 +495,7 @@ typedef struct {
     int np;
     model_param_def defs[3];
     const char *specs[3];
+    model_muon_dims dims[3];
     float *w[3], *g[2][3]; /* global, layer-major (scan dim moved out, as the device stores it) */
 } upd_job;
 
@@ -513,7 +532,7 @@ static sim_status upd_device(sim_device *dev, void *arg)
             for (int l = 0; l < p[i].n_layers; l++)
                 mesh_array_load_global(dev, j->mesh, &p[i].g[l], j->g[s][i] + l * le);
         }
-        SIM_TRY(model_muon_update(&c, &j->opt, p, j->np, s, 0.5));
+        SIM_TRY(model_muon_update(&c, &j->opt, j->dims, p, j->np, s, 0.5));
     }
     for (int i = 0; i < j->np; i++) {
         int64_t le = (int64_t)p[i].w[0].shape[0];
@@ -574,6 +593,8 @@ static void test_update_float64(void **state)
     j.specs[0] = "P('fsdp', None, 'expert')";
     j.specs[1] = "P('expert', None, 'fsdp', None)";
     j.specs[2] = "P('fsdp', None)";
+    for (int i = 0; i < 3; i++) model_muon_classify(&j.opt.muon, &j.defs[i], &j.dims[i]);
+    assert_true(j.dims[0].muon && j.dims[1].muon && !j.dims[2].muon);
     int64_t n[3];
     double *w64[3], *w0[3], *g64[2][3];
     for (int i = 0; i < 3; i++) {
