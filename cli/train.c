@@ -73,6 +73,7 @@ static void dump_entries(const model_def *def, const char *dtype, cli_dump_param
             p[i].logical[d] = def->defs[i].logical[d];
         }
         p[i].spec = def->unpruned[i];
+        if (def->muon) p[i].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
     }
     *na = def->nacts;
     for (int i = 0; i < def->nacts; i++) {

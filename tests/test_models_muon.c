@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/artifacts.h"
 #include "models/muon.h"
 #include "models/train.h"
 #include "sim/collectives.h"
@@ -871,6 +872,71 @@ static void test_parity_deepseek(void **state)
     close_run(&ref);
 }
 
+/* ------------------------------------------------------------ the sharding dump's optimizer state */
+
+/* MaxText 0.2.5's train state with opt_type=muon (its NNX dump of a small Llama on 8 devices,
+ * peers/maxtext/dump.sh, written in the Linen key style of the goldens): optax's partition
+ * state, AdamW leaves under ['adam'] (count, mu, nu, the schedule's count at [2]), Muon leaves
+ * under ['muon'] (count, mu, ns_coeffs of shape [3], the schedule's count at [3]). */
+static void test_dump_layout(void **state)
+{
+    (void)state;
+    const char *ovr[] = {"opt_type=muon", "base_num_decoder_layers=2", "ici_fsdp_parallelism=8", "base_emb_dim=64",
+                         "base_mlp_dim=128", "vocab_size=128"};
+    mesh_cfg *cfg = load_cfg(6, ovr);
+    model_def *def = calloc(1, sizeof *def);
+    if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
+    cli_dump_param p[MODEL_MAX_PARAMS];
+    memset(p, 0, sizeof p);
+    int nadam = 0, nmuon = 0;
+    for (int i = 0; i < def->nparams; i++) {
+        p[i].path = def->defs[i].path;
+        p[i].rank = def->defs[i].rank;
+        memcpy(p[i].shape, def->defs[i].shape, sizeof p[i].shape);
+        for (int d = 0; d < p[i].rank; d++) p[i].logical[d] = def->defs[i].logical[d];
+        p[i].spec = def->unpruned[i];
+        p[i].muon = def->muon_dims[i].muon ? 1 : -1;
+        if (def->muon_dims[i].muon) nmuon++;
+        else nadam++;
+    }
+    assert_int_equal(nadam, 5); /* embedding, logits, decoder norm, two layer norms */
+    assert_int_equal(nmuon, 7); /* query, key, value, out, wi_0, wi_1, wo */
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    assert_int_equal(cli_dump_named(f, &def->mesh, p, def->nparams, CLI_DUMP_TRAIN_STATE), SIM_OK);
+    fclose(f);
+    static const char *const want[] = {
+        "\".opt_state/.inner_states/['adam']/.inner_state/[0]/.count\"",
+        "\".opt_state/.inner_states/['adam']/.inner_state/[0]/.mu/['params']/['token_embedder']/['embedding']\"",
+        "\".opt_state/.inner_states/['adam']/.inner_state/[0]/.nu/['params']/['decoder']/['decoder_norm']/['scale']\"",
+        "\".opt_state/.inner_states/['adam']/.inner_state/[2]/.count\"",
+        "\".opt_state/.inner_states/['muon']/.inner_state/[0]/.count\"",
+        "\".opt_state/.inner_states/['muon']/.inner_state/[0]/.mu/['params']/['decoder']/['layers']/['mlp']/['wo']/['kernel']\"",
+        "\".opt_state/.inner_states/['muon']/.inner_state/[0]/.ns_coeffs\"",
+        "\".opt_state/.inner_states/['muon']/.inner_state/[3]/.count\"",
+    };
+    const char *at = out;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) { /* present, in JAX tree order */
+        const char *hit = strstr(at, want[i]);
+        if (!hit) fail_msg("dump lacks %s (or it is out of order)", want[i]);
+        at = hit;
+    }
+    /* Muon leaves have no nu, AdamW leaves no Muon momentum, nothing of AdamW's own layout */
+    assert_null(strstr(out, "['muon']/.inner_state/[0]/.nu"));
+    assert_null(strstr(out, "['muon']/.inner_state/[0]/.mu/['params']/['token_embedder']"));
+    assert_null(strstr(out, "\".opt_state/[0]/.mu"));
+    int entries = 0;
+    for (const char *q = out; (q = strstr(q, "\"partition_spec\"")); q++) entries++;
+    assert_int_equal(entries, 1 + 12 + (1 + 2 * nadam + 1) + (1 + nmuon + 1 + 1));
+    const char *ns = strstr(out, ".ns_coeffs\"");
+    assert_non_null(strstr(ns, "\"shape\": [\n      3\n    ]"));
+    free(out);
+    model_def_free(def);
+    free(def);
+    mesh_cfg_free(cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -879,6 +945,7 @@ int main(void)
         cmocka_unit_test(test_ns_collectives_table),
         cmocka_unit_test(test_ns_float64),
         cmocka_unit_test(test_update_float64),
+        cmocka_unit_test(test_dump_layout),
         cmocka_unit_test(test_parity_llama),
         cmocka_unit_test(test_parity_deepseek),
     };
