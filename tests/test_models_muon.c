@@ -277,7 +277,7 @@ static sim_status leaf_device(sim_device *dev, void *arg)
         size_t n;
         const sim_record *r = sim_device_records(dev, &n);
         j->nrec = n < 64 ? n : 64;
-        memcpy(j->recs, r, j->nrec * sizeof *r);
+        if (j->nrec) memcpy(j->recs, r, j->nrec * sizeof *r); /* no records: r may be NULL */
     }
     return SIM_OK;
 }
