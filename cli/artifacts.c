@@ -341,7 +341,8 @@ static sim_status write_metrics(FILE *f, void *arg)
         jw_key(&w, "time_s");
         jw_double(&w, s->time_s);
         jw_key(&w, "tokens_per_s");
-        jw_double(&w, s->tokens_per_s);
+        if (s->dry) jw_null(&w); /* a dry run computes nothing */
+        else jw_double(&w, s->tokens_per_s);
         jw_key(&w, "peak_bytes");
         jw_u64(&w, s->peak_bytes);
         jw_obj_end(&w);

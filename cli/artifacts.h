@@ -58,7 +58,7 @@ sim_status cli_write_traffic_csv(const char *dir, const cli_traffic *t);
  *               "by_category": {"params": [per device], "grads": ..., "optimizer": ...,
  *                               "activations": ..., "temporaries": ..., "comm": ...}}}
  * by_category is each device's breakdown at its peak; a non-finite or dry-run
- * loss/grad norm is null.  stats may be NULL (n_devices 0): memory is empty. */
+ * loss/grad norm is null, and so is a dry run's tokens_per_s.  stats may be NULL (n_devices 0): memory is empty. */
 sim_status cli_write_metrics_json(const char *dir, const cli_step_metrics *steps, int n_steps,
                                   const sim_arena_stats *stats, int n_devices);
 
