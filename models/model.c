@@ -339,7 +339,8 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
             /* ZeRO-1 without accumulation: the gradient sinks keep the sum over 'data'
              * pending, so one reduce-scatter brings it to the optimizer layout */
             mesh_spec bs = ls;
-            if (b == 1 && md->zero1 && def->d.ga == 1) bs.partial |= 1u << data;
+            if (b == 1 && md->zero1 && def->d.ga == 1 && !(mesh_spec_dim_axes(&ls) & (1u << data)))
+                bs.partial |= 1u << data;
             *bufs[b] = calloc((size_t)p->n_layers, sizeof(mesh_array));
             for (int l = 0; l < p->n_layers; l++) {
                 char name[MESH_NAME_MAX];
