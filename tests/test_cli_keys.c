@@ -63,7 +63,11 @@ typedef struct {
 static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
 {
     model_def def;
-    SIM_TRY(model_def_from_config(cfg, &def));
+    sim_status st0 = model_def_from_config(cfg, &def);
+    if (st0) {
+        model_def_free(&def); /* what it built before failing (the rules) */
+        return st0;
+    }
     model_data data;
     memset(&data, 0, sizeof data);
     data.fd = -1;
