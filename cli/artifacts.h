@@ -97,6 +97,8 @@ typedef struct {
     mesh_spec spec;                             /* resolved, size-1 axes KEPT (mesh_resolved.unpruned) */
     bool has_opt_spec;                          /* Adam moments sharded differently (ZeRO-1) */
     mesh_spec opt_spec;                         /* their spec when has_opt_spec */
+    int muon;                                   /* opt_type=muon: 1 a Muon leaf, -1 an AdamW-fallback leaf;
+                                                   0 (every entry): opt_type=adamw's state */
 } cli_dump_param;
 
 /* An activation as MaxText's debug_sharding logs it. */
@@ -115,7 +117,10 @@ typedef enum {
     CLI_DUMP_TRAIN_STATE    /* the entries are the parameters: write MaxText's whole train
                                state — .step, .params/..., .opt_state/[0]/.count, .mu/...,
                                .nu/..., .opt_state/[2]/.count — in JAX tree order (dict
-                               keys sorted) */
+                               keys sorted); with opt_type=muon (muon != 0) optax's
+                               partition state: .opt_state/.inner_states/['adam']/...
+                               (the AdamW leaves' count, mu, nu, schedule count) and
+                               ['muon']/... (count, mu, ns_coeffs, schedule count) */
 } cli_dump_mode;
 
 /* "params.decoder.mlp.wi_0.kernel" -> ".params/['params']/['decoder']/['mlp']/['wi_0']/['kernel']";
