@@ -49,6 +49,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
     if (st) {
+        model_def_free(cm->def); /* what it built before failing (the rules) */
         free(cm->def);
         cm->def = NULL;
     }
