@@ -14,7 +14,9 @@
  *     expert=2 under the base rules and shard-exp-on-fsdp, auto and explicit;
  *   - a small DeepSeek's optimizer-phase bytes: none for the routed expert
  *     weights under shard-exp-on-fsdp with fsdp=4 expert=2, some under the
- *     base rules; the dense MLP weights' per-step counts as in §A.4. */
+ *     base rules; the dense MLP weights' per-step counts as in §A.4;
+ *   - the sharding dump's optimizer state in MaxText 0.2.5's Muon layout;
+ *   - dry run: the optimizer's collectives equal a real run's, call for call. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -937,6 +939,70 @@ static void test_dump_layout(void **state)
     mesh_cfg_free(cfg);
 }
 
+/* Dry run: the optimizer's collectives (every Newton-Schulz op) equal a real run's, call for call. */
+static void test_dry_equals_real(void **state)
+{
+    (void)state;
+    enum { ND = sizeof DEEPSEEK / sizeof DEEPSEEK[0] };
+    const char *x[2][3] = {{"ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "dry_run=false"},
+                           {"ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "dry_run=true"}};
+    mesh_cfg *cfgs[2];
+    model_def *defs[2];
+    sim_machine *ms[2];
+    model_data data[2];
+    model_train_job jobs[2];
+    for (int k = 0; k < 2; k++) {
+        const char *argv[64];
+        int n = 0;
+        for (int i = 0; i < ND; i++) argv[n++] = DEEPSEEK[i];
+        argv[n++] = "steps=1";
+        argv[n++] = "per_device_batch_size=1";
+        for (int i = 0; i < 3; i++) argv[n++] = x[k][i];
+        cfgs[k] = load_cfg(n, argv);
+        defs[k] = calloc(1, sizeof *defs[k]);
+        if (model_def_from_config(cfgs[k], defs[k]) != SIM_OK) fail_msg("model: %s", sim_errmsg());
+        memset(&jobs[k], 0, sizeof jobs[k]);
+        if (model_data_from_config(cfgs[k], &data[k]) != SIM_OK) fail_msg("data: %s", sim_errmsg());
+        if (model_optim_from_config(cfgs[k], &jobs[k].opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
+        jobs[k].def = defs[k];
+        jobs[k].data = &data[k];
+        jobs[k].steps = 1;
+        jobs[k].stats = calloc(1, sizeof *jobs[k].stats);
+        assert_int_equal(model_machine_new(defs[k], 0, false, &ms[k]), SIM_OK);
+        if (model_train(&jobs[k], ms[k]) != SIM_OK) fail_msg("train: %s", sim_errmsg());
+    }
+    for (int d = 0; d < sim_machine_num_devices(ms[0]); d++) {
+        size_t n[2];
+        const sim_record *r[2];
+        int nopt[2] = {0, 0};
+        for (int k = 0; k < 2; k++) r[k] = sim_device_records(sim_machine_device(ms[k], d), &n[k]);
+        size_t i = 0, j = 0;
+        for (;;) { /* walk the optimizer-phase records of both in order */
+            while (i < n[0] && r[0][i].phase != SIM_PHASE_OPTIMIZER) i++;
+            while (j < n[1] && r[1][j].phase != SIM_PHASE_OPTIMIZER) j++;
+            if (i == n[0] || j == n[1]) break;
+            if (r[0][i].op != r[1][j].op || r[0][i].elements != r[1][j].elements ||
+                r[0][i].bytes_sent != r[1][j].bytes_sent || strcmp(r[0][i].tag, r[1][j].tag))
+                fail_msg("device %d: real %s %s %llu B vs dry %s %s %llu B", d, sim_op_name(r[0][i].op), r[0][i].tag,
+                         (unsigned long long)r[0][i].bytes_sent, sim_op_name(r[1][j].op), r[1][j].tag,
+                         (unsigned long long)r[1][j].bytes_sent);
+            nopt[0]++, nopt[1]++, i++, j++;
+        }
+        assert_true(i == n[0] || j == n[1]);
+        while (i < n[0]) assert_true(r[0][i++].phase != SIM_PHASE_OPTIMIZER);
+        while (j < n[1]) assert_true(r[1][j++].phase != SIM_PHASE_OPTIMIZER);
+        assert_true(nopt[0] > 50); /* the Newton-Schulz collectives are there */
+    }
+    for (int k = 0; k < 2; k++) {
+        free(jobs[k].stats);
+        sim_machine_free(ms[k]);
+        model_data_close(&data[k]);
+        model_def_free(defs[k]);
+        free(defs[k]);
+        mesh_cfg_free(cfgs[k]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -948,6 +1014,7 @@ int main(void)
         cmocka_unit_test(test_dump_layout),
         cmocka_unit_test(test_parity_llama),
         cmocka_unit_test(test_parity_deepseek),
+        cmocka_unit_test(test_dry_equals_real),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
