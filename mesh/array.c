@@ -10,7 +10,9 @@ sim_status mesh_shape_to_sim(const mesh_shape *m, sim_mesh_desc *out)
 {
     const char *names[MESH_MAX_AXES];
     for (int i = 0; i < m->n_axes; i++) names[i] = m->names[i];
-    return sim_mesh_desc_make(m->n_axes, names, m->sizes, out);
+    SIM_TRY(sim_mesh_desc_make(m->n_axes, names, m->sizes, out));
+    for (int i = 0; i < m->n_axes; i++) out->dcn[i] = m->dcn[i]; /* which devices share a slice */
+    return SIM_OK;
 }
 
 sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, mesh_spec *out)
@@ -46,7 +48,12 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
     for (int i = 0; i < rank; i++) out->nlocal *= (size_t)out->local[i];
     static _Thread_local uint64_t next_uid; /* arrays are made on their device's thread */
     out->uid = ++next_uid;
-    return sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, zero, &out->data);
+    sim_status st = sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, zero, &out->data);
+    /* a failed allocation (a simulated OOM) holds nothing: freeing it later
+     * must not release bytes that were never accounted (dry runs have no
+     * pointer to tell) */
+    if (st != SIM_OK) out->nlocal = 0;
+    return st;
 }
 
 sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,

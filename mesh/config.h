@@ -12,7 +12,12 @@
  *      the base, the extra files or the command line; "default" = no file).
  *   3. extra YAML files, in order, then key=value overrides, in order.  A key
  *      that the model file sets and a user layer (3) sets to a different value
- *      is an error unless override_model_config=true (MaxText's rule).
+ *      is an error unless override_model_config=true (MaxText's rule).  A
+ *      MaxText config file among the files (named base.yml, or with a
+ *      base_config key) is MaxText's argv[1] instead: it applies below the
+ *      model file (which overrides it without conflict), its rules merge as
+ *      base rules, and its directory is searched first for models/ and
+ *      custom_mesh_and_rule/.
  *   logical_axis_rules are not replaced but MERGED by logical name at each of
  *   2 and 3: every earlier rule whose name the new list mentions is dropped and
  *   the new rules are appended (override_logical_axis_rules=true in that layer
@@ -29,7 +34,19 @@
  * value must have the type of the base value (int where the base has an int,
  * a list where it has a list, ...; a string or null base accepts any scalar).
  * Every entry records where its value came from ("file:line",
- * "command line", ...). */
+ * "command line", ...).
+ *
+ * The key contract: when the configs directory holds keys.yml (configs/keys.yml
+ * lists every key of MaxText's base.yml and of shardsim, one line each), the
+ * known keys are its keys (a key of the base file without a line there is an
+ * error), keys the base file lacks take the keys.yml default, values are typed
+ * by its `type`, and after merging every key whose value differs from its
+ * default is checked against its class: refused (or a value outside
+ * `simulated`, or outside MaxText's `choices`) is an error naming the key, the
+ * feature and the fix; inert keys are marked for run.json.  Then MaxText's
+ * combination checks (types.py) that concern simulated features, and
+ * compile_topology=NAME (<configs>/topologies.yml) sets num_devices,
+ * num_slices and dry_run. */
 #ifndef MESH_CONFIG_H
 #define MESH_CONFIG_H
 
@@ -62,6 +79,14 @@ struct mesh_cfg_value {
     int line;              /* 1-based line in file (0 when not from a file) */
 };
 
+/* A key's class in configs/keys.yml. */
+typedef enum {
+    MESH_KEY_UNCLASSIFIED = 0, /* no keys.yml for this config */
+    MESH_KEY_HONOURED,         /* read by the simulator with MaxText's meaning */
+    MESH_KEY_INERT,            /* cannot change losses, shardings, memory or traffic */
+    MESH_KEY_REFUSED           /* a feature not simulated: only the default is accepted */
+} mesh_key_class;
+
 typedef struct {
     char *key;
     mesh_cfg_value value;
@@ -69,6 +94,10 @@ typedef struct {
                      "command line", "inferred from custom_mesh_and_rule=..." */
     int from_model; /* 1 when the model file set this key */
     int from_user;  /* 1 when an extra file or the command line set this key */
+    mesh_key_class cls;         /* from keys.yml (UNCLASSIFIED without one) */
+    const char *why;            /* keys.yml's one-line reason, or NULL */
+    const mesh_cfg_value *spec; /* the key's keys.yml line (a map), or NULL */
+    int changed;                /* 1 when the value differs from the default */
 } mesh_cfg_entry;
 
 typedef struct {
@@ -78,6 +107,10 @@ typedef struct {
     char *configs_dir;        /* where models/ and custom_mesh_and_rule/ are looked up */
     char *model_file;         /* the model file applied, NULL for model_name=default */
     char *custom_file;        /* the custom_mesh_and_rule file applied, or NULL */
+    char *keys_file;          /* the keys.yml applied, or NULL */
+    const mesh_cfg_value *registry; /* keys.yml's `keys` map, parsed once per process
+                                       (entries' spec/why point into it), or NULL */
+    int *index, index_cap, index_n; /* hash index of the entries (position + 1) */
     /* Strings that values point to (file names); owned by the config. */
     int n_strings, cap_strings;
     char **strings;
@@ -113,6 +146,13 @@ const mesh_cfg_entry *mesh_cfg_find(const mesh_cfg *cfg, const char *key);
 sim_status mesh_cfg_entry_get(const mesh_cfg *cfg, const char *key, const mesh_cfg_entry **out);
 /* The known key closest to `key` by edit distance (NULL for an empty config). */
 const char *mesh_cfg_closest_key(const mesh_cfg *cfg, const char *key);
+
+/* ---- the key contract ------------------------------------------------------ */
+/* "honoured", "inert", "refused" or "unclassified". */
+const char *mesh_key_class_name(mesh_key_class c);
+/* A field of the key's keys.yml line ("type", "default", "simulated", ...), or
+ * NULL when the line has no such field or the config has no keys.yml. */
+const mesh_cfg_value *mesh_cfg_entry_field(const mesh_cfg_entry *e, const char *field);
 
 /* ---- typed getters: SIM_ERR_INPUT naming key, value, source and the expected
  * type when the key is missing or its value does not parse. ------------------ */

@@ -24,6 +24,15 @@ static void tune_host_malloc_once(void)
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+int sim_mesh_slice(const sim_mesh_desc *m, int id)
+{
+    int coords[SIM_MAX_AXES], slice = 0;
+    sim_mesh_coords(m, id, coords);
+    for (int a = 0; a < m->naxes; a++)
+        if (m->dcn[a] > 1) slice = slice * m->dcn[a] + coords[a] / (m->sizes[a] / m->dcn[a]);
+    return slice;
+}
+
 sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes, sim_mesh_desc *out)
 {
     memset(out, 0, sizeof *out);
@@ -40,9 +49,15 @@ sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes,
             if (!strcmp(names[i], names[j]))
                 return sim_err(SIM_ERR_INPUT, "mesh axis '%s' appears twice", names[i]);
         total *= sizes[i];
-        if (total > SIM_MAX_DEVICES)
-            return sim_err(SIM_ERR_INPUT, "the mesh has more than %d devices; shardsim simulates 1 to %d",
-                           SIM_MAX_DEVICES, SIM_MAX_DEVICES);
+        if (total > SIM_MAX_DEVICES) {
+            /* name the axes and sizes, so the user sees which flag to lower */
+            char what[512];
+            size_t k = 0;
+            for (int j = 0; j <= i && k < sizeof what; j++)
+                k += (size_t)snprintf(what + k, sizeof what - k, "%s%s=%d", j ? " x " : "", names[j], sizes[j]);
+            return sim_err(SIM_ERR_INPUT, "the mesh %s has more than %d devices; shardsim simulates 1 to %d: lower "
+                           "the parallelism flags of these axes", what, SIM_MAX_DEVICES, SIM_MAX_DEVICES);
+        }
         snprintf(out->names[i], SIM_AXIS_NAME_MAX, "%s", names[i]);
         out->sizes[i] = sizes[i];
     }
@@ -137,6 +152,12 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     const char *names[SIM_MAX_AXES];
     for (int i = 0; i < mesh->naxes && i < SIM_MAX_AXES; i++) names[i] = mesh->names[i];
     SIM_TRY(sim_mesh_desc_make(mesh->naxes, names, mesh->sizes, &check));
+    for (int i = 0; i < mesh->naxes; i++) {
+        if (mesh->dcn[i] > 1 && mesh->sizes[i] % mesh->dcn[i])
+            return sim_err(SIM_ERR_INPUT, "mesh axis '%s': %d slices do not divide its %d devices", mesh->names[i],
+                           mesh->dcn[i], mesh->sizes[i]);
+        check.dcn[i] = mesh->dcn[i];
+    }
 
     sim_machine *m = calloc(1, sizeof *m);
     SIM_ASSERT(m);
@@ -228,7 +249,18 @@ sim_machine *sim_device_machine(sim_device *d) { return d->m; }
 bool sim_device_dry(const sim_device *d) { return d->m->opts.dry_run; }
 void sim_device_set_phase(sim_device *d, sim_phase p) { d->phase = p; }
 sim_phase sim_device_phase(const sim_device *d) { return d->phase; }
-void sim_device_set_step(sim_device *d, int step) { d->step = step; }
+void sim_device_set_step(sim_device *d, int step)
+{
+    if (d->m->opts.trace) { /* a marker where each step starts */
+        sim_span s = {0};
+        s.t0 = s.t1 = sim_now_ns();
+        s.lane = -1;
+        s.rec = -1;
+        snprintf(s.name, sizeof s.name, "step %d", step);
+        sim_trace_add(d, &s);
+    }
+    d->step = step;
+}
 int sim_device_step(const sim_device *d) { return d->step; }
 
 int sim_device_group_rank(const sim_device *d, sim_axes axes)
@@ -715,6 +747,7 @@ int sim_span_begin(sim_device *d, const char *name)
     sim_span s = {0};
     s.t0 = sim_now_ns();
     s.lane = 0;
+    s.rec = -1;
     snprintf(s.name, sizeof s.name, "%s", name);
     sim_trace_add(d, &s);
     return (int)d->nspans - 1;

@@ -101,6 +101,99 @@ static void test_train_artifacts(void **state)
     assert_int_equal(rmdir(dir), 0); /* nothing else was left behind (no temp files) */
 }
 
+/* trace.json and collectives.csv keep whole devices from device 0 within
+ * their limits; every collective event carries its record, every step starts
+ * with a marker. */
+static void test_artifact_limits(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_limits_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    /* each device makes the same calls: a limit of one row/event keeps device 0 only */
+    const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
+                          "steps=3", "trace_max_events=1", "collectives_csv_max_rows=1", od};
+    result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "limited artifacts: collectives.csv holds devices 0-0 and trace.json devices 0-0 of 4"));
+    mesh_json *t = read_json(dir, "trace.json");
+    assert_int_equal(mesh_json_get(mesh_json_get(t, "otherData"), "devices_traced")->number, 1);
+    const mesh_json *ev = mesh_json_get(t, "traceEvents");
+    int markers = 0, collectives = 0;
+    for (int i = 0; i < ev->n; i++) {
+        const mesh_json *e = &ev->items[i], *cat = mesh_json_get(e, "cat");
+        assert_int_equal(mesh_json_get(e, "pid")->number, 0); /* device 0 only */
+        if (cat && !strcmp(cat->str, "step")) markers++;
+        if (cat && !strcmp(cat->str, "collective")) {
+            const mesh_json *a = mesh_json_get(e, "args");
+            const char *fields[] = {"op", "mesh_axes", "group_size", "dtype", "elements", "bytes_sent", "bytes_recv",
+                                    "phase", "step", "kind", "tag"};
+            for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+                if (!mesh_json_get(a, fields[f])) fail_msg("collective event without '%s'", fields[f]);
+            collectives++;
+        }
+    }
+    assert_int_equal(markers, 3); /* one per step */
+    assert_true(collectives > 10);
+    mesh_json_free(t);
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/collectives.csv", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f)); /* header */
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        assert_true(!strncmp(line, "0,", 2)); /* device 0's rows only */
+        rows++;
+    }
+    fclose(f);
+    assert_true(rows > 10);
+    done(&r);
+    snprintf(path, sizeof path, "rm -rf %s", dir);
+    assert_int_equal(system(path), 0);
+}
+
+/* On two slices (data across them, fsdp within), the traffic table splits
+ * off what crosses slices: all of data's all-reduce, none of fsdp's gathers. */
+static void test_dcn_traffic(void **state)
+{
+    (void)state;
+    const char *argv[] = {SMALL, "per_device_batch_size=1", "dcn_data_parallelism=2", "num_slices=2",
+                          "ici_fsdp_parallelism=2", "steps=1"};
+    result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "dcn/device"));
+    const char *ar = strstr(r.out, "\nall-reduce         data       backward"), *ag = strstr(r.out, "\nall-gather         fsdp       forward");
+    assert_non_null(ar);
+    assert_non_null(ag);
+    /* columns: op axes phase calls mean max dcn share; compare mean and dcn as printed */
+    char op[32], axes[32], phase[32], mean[16], mean_u[8], max[16], dcn[16], dcn_u[8];
+    int calls;
+    assert_int_equal(sscanf(ar + 1, "%31s %31s %31s %d %15s %7s %15s %15s %7s", op, axes, phase, &calls, mean, mean_u,
+                            max, dcn, dcn_u), 9);
+    assert_string_equal(mean, dcn); /* every byte of the data all-reduce crosses slices */
+    assert_string_equal(mean_u, dcn_u);
+    assert_int_equal(sscanf(ag + 1, "%31s %31s %31s %d %15s %7s %15s %15s %7s", op, axes, phase, &calls, mean, mean_u,
+                            max, dcn, dcn_u), 9);
+    assert_string_equal(dcn, "0"); /* fsdp stays within a slice */
+    assert_string_equal(dcn_u, "B");
+    done(&r);
+}
+
+/* With no arguments, train runs the built-in small model (configs/small.yml:
+ * emb 128, 2 layers, vocab 256, 20 steps) instead of MaxText's 1 B default. */
+static void test_train_without_arguments(void **state)
+{
+    (void)state;
+    result r = run(cli_train, 0, NULL);
+    if (r.rc) fail_msg("%s", r.err);
+    assert_non_null(strstr(r.out, "no arguments: training the built-in small Llama"));
+    assert_non_null(strstr(r.out, "emb 128, heads 8 (kv 4) x 16, mlp 384, layers 2, vocab 256"));
+    assert_non_null(strstr(r.out, "\n    19 ")); /* steps 0..19 */
+    done(&r);
+}
+
 static void test_train_bad_input(void **state)
 {
     (void)state;
@@ -149,6 +242,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_artifacts),
+        cmocka_unit_test(test_artifact_limits),
+        cmocka_unit_test(test_dcn_traffic),
+        cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
         cmocka_unit_test(test_parity_exit_codes),
     };
