@@ -13,6 +13,7 @@
 #include "cli/artifacts.h"
 #include "cli/common.h"
 #include "cli/report.h"
+#include "cli/report_html.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     for (int i = 0; i < argc; i++) w[n++] = argv[i];
     for (int i = 0; i < pc->n; i++) w[n++] = pc->words[i];
     if (extra) w[n++] = extra;
+    SIM_TRY(cli_configs_check());
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, w, cfg));
     *def = calloc(1, sizeof **def);
     sim_status st = model_def_from_config(*cfg, *def);
@@ -103,8 +105,9 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         model_def *def = NULL;
         char pdbs[64];
         st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], NULL, &cfg, &def);
-        if (st == SIM_OK && c > 0 && def->d.batch != ref_batch && !sets_pdbs(&cfgs[c])) {
-            snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%.17g", (double)ref_batch / def->mesh.num_devices);
+        if (st == SIM_OK && c > 0 && def->d.batch * def->d.ga != ref_batch && !sets_pdbs(&cfgs[c])) {
+            snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%.17g",
+                     (double)ref_batch / (double)(def->mesh.num_devices * def->d.ga));
             model_def_free(def);
             free(def);
             mesh_cfg_free(cfg);
@@ -116,7 +119,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         model_train_job job;
         memset(&job, 0, sizeof job);
         if (st == SIM_OK && c == 0) {
-            ref_batch = def->d.batch;
+            ref_batch = def->d.batch * def->d.ga; /* rows per step, over all microbatches */
             st = mesh_cfg_get_int(cfg, "steps", &steps);
             if (!st) st = mesh_cfg_get_double(cfg, "parity_rtol", &rtol);
             const char *od = NULL;
@@ -125,10 +128,10 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             if (!st) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
                              steps, rtol);
         }
-        if (st == SIM_OK && def->d.batch != ref_batch)
+        if (st == SIM_OK && def->d.batch * def->d.ga != ref_batch)
             st = sim_err(SIM_ERR_INPUT, "configuration '%s' trains %lld rows per step, the reference %lld; set "
                                         "per_device_batch_size so that the global batches agree",
-                         cfgs[c].label, (long long)def->d.batch, (long long)ref_batch);
+                         cfgs[c].label, (long long)(def->d.batch * def->d.ga), (long long)ref_batch);
         if (st == SIM_OK && def->d.dry_run) st = sim_err(SIM_ERR_INPUT, "parity needs real numbers: drop dry_run=true");
         if (st == SIM_OK) st = model_optim_from_config(cfg, &job.opt);
         if (st == SIM_OK) st = model_data_from_config(cfg, &data);
@@ -199,6 +202,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                     diverge_cfg);
         if (*outdir) {
             st = cli_write_parity_json(outdir, &p);
+            if (!st) st = cli_write_report_html(outdir);
             if (st) rc = cli_fail(err, st);
         }
         if (!rc) rc = fail ? 1 : 0;

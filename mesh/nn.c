@@ -340,7 +340,7 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
 }
 
 /* MaxText's qk_product in explicit mode: einsum('btkgd,bskd->bkgts', query reshaped to
- * (b, t, kv_heads, groups, d), key), which JAX's einsum hands to dot_general as (key, query).  With
+ * (b, t, kv_heads, groups, d), key), which jnp.einsum hands to dot_general as (key, query).  With
  * the sequence sharded the result would carry that axis on both lengths: JAX refuses it. */
 static sim_status qk_product_check(mesh_ctx *c, const mesh_var *q, const mesh_var *k, const char *name)
 {
@@ -357,7 +357,7 @@ static sim_status qk_product_check(mesh_ctx *c, const mesh_var *q, const mesh_va
     mesh_array qv = mesh_array_view(qa, 5, qshape, &qs);
     char tag[SIM_TAG_MAX];
     snprintf(tag, sizeof tag, "%s/qk_product", name);
-    return mesh_einsum_check(c, "bskd,btkgd->bkstg", ka, &qv, tag, "layers/attention_op.py:qk_product",
+    return mesh_einsum_check(c, "btkgd,bskd->bkgts", &qv, ka, tag, "layers/attention_op.py:qk_product",
                              "dot-product attention cannot shard the sequence in explicit mode: use attention=flash "
                              "on hardware=tpu (or autoselected with max_target_length >= 128 there), a mesh without "
                              "the axes that shard the attention length, or shard_mode=auto");

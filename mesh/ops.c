@@ -1598,9 +1598,32 @@ sim_status mesh_einsum_check(mesh_ctx *ctx, const char *subscripts, const mesh_a
                              const char *name, const char *where, const char *fix)
 {
     if (ctx->mode != MESH_MODE_EXPLICIT) return SIM_OK;
-    char tag[SIM_TAG_MAX], opdesc[96], err[256];
+    char tag[SIM_TAG_MAX], opdesc[96], err[256], sub[64];
     make_tag(ctx, name, tag, sizeof tag);
     snprintf(opdesc, sizeof opdesc, "einsum '%s'", subscripts);
+    /* jnp.einsum's operand order for dot_general: (first, second) when batch ++ first's free ++
+     * second's free is already the output order, else (second, first) */
+    const char *comma = strchr(subscripts, ','), *arrow = strstr(subscripts, "->");
+    if (!comma || !arrow || arrow < comma)
+        return sim_err(SIM_ERR_INTERNAL, "%s: einsum '%s' needs two operands and an output", tag, subscripts);
+    int na = (int)(comma - subscripts), nb = (int)(arrow - comma - 1);
+    const char *sa = subscripts, *sb = comma + 1, *so = arrow + 2;
+    char order[32];
+    int no = 0;
+    for (const char *c = so; *c && no < 30; c++)
+        if (memchr(sa, *c, (size_t)na) && memchr(sb, *c, (size_t)nb)) order[no++] = *c; /* batch */
+    for (int i = 0; i < na && no < 30; i++)
+        if (!memchr(sb, sa[i], (size_t)nb) && strchr(so, sa[i])) order[no++] = sa[i];
+    for (int i = 0; i < nb && no < 30; i++)
+        if (!memchr(sa, sb[i], (size_t)na) && strchr(so, sb[i])) order[no++] = sb[i];
+    order[no] = '\0';
+    if (strcmp(order, so)) { /* JAX calls dot_general(second, first) */
+        const mesh_array *t = a;
+        a = b;
+        b = t;
+        snprintf(sub, sizeof sub, "%.*s,%.*s->%s", nb, sb, na, sa, so);
+        subscripts = sub;
+    }
     bk_einsum_dims d;
     if (bk_einsum_parse(subscripts, a->rank, a->shape, b->rank, b->shape, &d, err, sizeof err))
         return sim_err(SIM_ERR_INTERNAL, "%s: %s (operands '%s' and '%s')", tag, err, a->name, b->name);

@@ -117,8 +117,8 @@ int mesh_type_format(const mesh_shape *m, sim_dtype dt, int rank, const int64_t 
 /* A data-less copy of x's header with another shape and spec: the type an op of MaxText's layer
  * code would see (e.g. the query reshaped to (b, t, kv_heads, groups, d)). */
 mesh_array mesh_array_view(const mesh_array *x, int rank, const int64_t *shape, const mesh_spec *spec);
-/* JAX's dot_general rule for einsum `subscripts` on the types of a and b (operand order as JAX's
- * einsum hands them to dot_general).  `where` names MaxText's op ("file:function") in the error,
+/* JAX's dot_general rule for jnp.einsum(subscripts, a, b) on the types of a and b: as jnp.einsum,
+ * dot_general gets (a, b) when batch ++ a's free ++ b's free is the output order, else (b, a).  `where` names MaxText's op ("file:function") in the error,
  * `fix` (NULL = the rule's generic advice) says what the user can change. */
 sim_status mesh_einsum_check(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
                              const char *name, const char *where, const char *fix);

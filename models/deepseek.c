@@ -624,14 +624,14 @@ static bk_rope_params rope_params(const model_dims *d)
 
 /* MaxText 0.2.5 builds MLA's q_norm and kv_norm without the shard mode, so in explicit mode their
  * scale (logical 'norm': tensor) is not resharded to the activation's last dim before RMSNorm's
- * einsum('...k,k->...k'), which JAX hands to dot_general as (scale, y) with k a batch dim: a
+ * einsum('...k,k->...k'), which jnp.einsum hands to dot_general as (scale, y), k a batch dim: a
  * sharded scale against an unsharded activation dim is refused.  The other norms align the scale. */
 static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const mesh_var *scale, const char *name)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
     char sub[32];
-    snprintf(sub, sizeof sub, "k,%.*sk->%.*sk", x->val.rank - 1, "abcdefgh", x->val.rank - 1, "abcdefgh");
-    return mesh_einsum_check(&md->ctx, sub, &scale->val, &x->val, name, "layers/normalizations.py:__call__",
+    snprintf(sub, sizeof sub, "%.*sk,k->%.*sk", x->val.rank - 1, "abcdefgh", x->val.rank - 1, "abcdefgh");
+    return mesh_einsum_check(&md->ctx, sub, &x->val, &scale->val, name, "layers/normalizations.py:__call__",
                              "MaxText's MLA norms ignore shard_mode: use tensor=1 (and tensor_sequence=1) with MLA in "
                              "explicit mode, or shard_mode=auto");
 }
@@ -726,10 +726,10 @@ static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int
 
 /* MaxText 0.2.5's dense dropless MoE (sparse_matmul=false, capacity_factor <= 0: moe.dense_matmul)
  * is three plain einsums over all experts, 'BSM,EMH->BSEH' (wi_0, wi_1) and 'BSEH,EHM->BSEM' (wo),
- * with the tokens as moe/inputs shards them and the kernels as stored.  In explicit mode JAX's
- * dot_general rule sees them as (kernel, activations): a mesh axis on both the tokens' batch and a
- * kernel dim that stays in the output (fsdp on the kernels' embed dim, expert on their expert dim)
- * is refused there, so the same configuration fails here, with JAX's words. */
+ * with the tokens as moe/inputs shards them and the kernels as stored.  In explicit mode a mesh axis
+ * on both the tokens' batch and a kernel dim that stays in an output (expert on the experts' dim in
+ * wi_0's, fsdp on the embed dim in wo's) is refused by JAX's dot_general rule, so the same
+ * configuration fails here, with JAX's words. */
 static sim_status dense_moe_check(model_dev *md, const mesh_var *xin, const mesh_var *w0, const mesh_var *wo)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
@@ -742,7 +742,7 @@ static sim_status dense_moe_check(model_dev *md, const mesh_var *xin, const mesh
     static const char *const where = "layers/moe.py:dense_matmul";
     static const char *const fix = "use the sparse path (sparse_matmul=true), a mesh whose only batch axis is data, "
                                    "or shard_mode=auto";
-    SIM_TRY(mesh_einsum_check(&md->ctx, "emh,bsm->bseh", k0, &xv, "wi_0", where, fix));
+    SIM_TRY(mesh_einsum_check(&md->ctx, "bsm,emh->bseh", &xv, k0, "wi_0", where, fix));
     /* its output, as dot_general leaves it: B, S from the tokens, E, H from the kernel */
     int64_t hshape[4] = {x->shape[0], x->shape[1], k0->shape[0], k0->shape[2]};
     mesh_spec hs;
@@ -756,7 +756,7 @@ static sim_status dense_moe_check(model_dev *md, const mesh_var *xin, const mesh
     hs.n_axes[3] = k0->spec.n_axes[2];
     memcpy(hs.axes[3], k0->spec.axes[2], sizeof hs.axes[3]);
     mesh_array hv = mesh_array_view(x, 4, hshape, &hs);
-    return mesh_einsum_check(&md->ctx, "ehm,bseh->bsem", ko, &hv, "wo", where, fix);
+    return mesh_einsum_check(&md->ctx, "bseh,ehm->bsem", &hv, ko, "wo", where, fix);
 }
 
 /* Routed experts plus shared experts (facts §5.6-5.7, §6): (B, T, E) -> (B, T, E),

@@ -121,7 +121,6 @@ static int build_argv(const row *r, const char *mode, char *store, size_t cap, c
     argc++;
     argv[argc++] = mode;
     argv[argc++] = "hardware=cpu";
-    argv[argc++] = "sharding_tolerance=0.3";
     argv[argc++] = "dry_run=true";
     argv[argc++] = "steps=1";
     return argc;
