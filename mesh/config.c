@@ -10,11 +10,13 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <pthread.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -459,15 +461,43 @@ char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json)
 /* YAML reading                                                              */
 /* ======================================================================== */
 
-static sim_status node_to_value(mesh_cfg *cfg, yaml_document_t *doc, yaml_node_t *node,
-                                const char *file, int depth, mesh_cfg_value *out)
+/* Bounds of one YAML input.  Aliases make a document a graph: `*a` refers
+ * to the node `&a` names, and copying it into values expands every reference,
+ * so a few lines of nested aliases ("billion laughs") would expand to 10^9
+ * values.  The copy counts the values it makes and stops at YAML_MAX_VALUES;
+ * files above YAML_MAX_BYTES are refused before they are parsed. */
+enum { YAML_MAX_VALUES = 1 << 20, YAML_MAX_BYTES = 16 << 20 };
+
+typedef struct {
+    mesh_cfg *cfg;
+    yaml_document_t *doc;
+    const char *file;
+    long values; /* values made so far */
+} yaml_ctx;
+
+/* FNV-1a of a key: the duplicate-key check of large maps and the hash
+ * indexes of entries and keys.yml use it. */
+static uint64_t key_hash(const char *k)
 {
+    uint64_t h = 14695981039346656037ULL;
+    for (; *k; k++) h = (h ^ (unsigned char)*k) * 1099511628211ULL;
+    return h;
+}
+
+static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, mesh_cfg_value *out)
+{
+    const char *file = c->file;
     memset(out, 0, sizeof *out);
     out->file = file;
     out->line = file == CLI_SOURCE ? 0 : (int)node->start_mark.line + 1;
     if (depth > YAML_MAX_DEPTH)
         return sim_err(SIM_ERR_INPUT, "%s:%d: YAML nested deeper than %d levels", file, out->line,
                        YAML_MAX_DEPTH);
+    if (++c->values > YAML_MAX_VALUES)
+        return sim_err(SIM_ERR_INPUT,
+                       "%s:%d: the YAML expands to more than %d values (aliases referring to aliases?); "
+                       "a config needs far fewer: remove the repeated aliases",
+                       file, out->line, YAML_MAX_VALUES);
     switch (node->type) {
     case YAML_SCALAR_NODE:
         out->kind = MESH_CFG_SCALAR;
@@ -476,52 +506,69 @@ static sim_status node_to_value(mesh_cfg *cfg, yaml_document_t *doc, yaml_node_t
         out->quoted = node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE &&
                       node->data.scalar.style != YAML_ANY_SCALAR_STYLE;
         return SIM_OK;
-    case YAML_SEQUENCE_NODE:
+    case YAML_SEQUENCE_NODE: {
         out->kind = MESH_CFG_LIST;
-        for (yaml_node_item_t *it = node->data.sequence.items.start;
-             it < node->data.sequence.items.top; it++) {
-            mesh_cfg_value *slot = value_push(out, NULL);
-            sim_status st = node_to_value(cfg, doc, yaml_document_get_node(doc, *it), file,
-                                          depth + 1, slot);
+        /* sized up front: appending one by one would copy the list each time */
+        size_t n = (size_t)(node->data.sequence.items.top - node->data.sequence.items.start);
+        if (n) {
+            out->items = calloc(n, sizeof *out->items);
+            SIM_ASSERT(out->items);
+        }
+        for (size_t i = 0; i < n; i++) {
+            out->n = (int)i + 1;
+            sim_status st = node_to_value(c, yaml_document_get_node(c->doc, node->data.sequence.items.start[i]),
+                                          depth + 1, &out->items[i]);
             if (st != SIM_OK) {
                 value_free(out);
                 return st;
             }
         }
         return SIM_OK;
-    case YAML_MAPPING_NODE:
+    }
+    case YAML_MAPPING_NODE: {
         out->kind = MESH_CFG_MAP;
-        for (yaml_node_pair_t *pr = node->data.mapping.pairs.start;
-             pr < node->data.mapping.pairs.top; pr++) {
-            yaml_node_t *k = yaml_document_get_node(doc, pr->key);
+        size_t n = (size_t)(node->data.mapping.pairs.top - node->data.mapping.pairs.start);
+        /* duplicate keys are found through a hash table of the indices seen,
+         * so a map of 40k keys loads in linear time */
+        size_t hcap = 16;
+        while (hcap < 2 * n) hcap *= 2;
+        int *slots = NULL;
+        if (n) {
+            out->items = calloc(n, sizeof *out->items);
+            out->keys = calloc(n, sizeof *out->keys);
+            slots = malloc(hcap * sizeof *slots);
+            SIM_ASSERT(out->items && out->keys && slots);
+            memset(slots, 0xff, hcap * sizeof *slots);
+        }
+        sim_status st = SIM_OK;
+        for (size_t i = 0; i < n && st == SIM_OK; i++) {
+            yaml_node_pair_t *pr = &node->data.mapping.pairs.start[i];
+            yaml_node_t *k = yaml_document_get_node(c->doc, pr->key);
             int kline = (int)k->start_mark.line + 1;
             if (k->type != YAML_SCALAR_NODE) {
-                value_free(out);
-                return sim_err(SIM_ERR_INPUT, "%s:%d: a map key must be a plain name", file, kline);
+                st = sim_err(SIM_ERR_INPUT, "%s:%d: a map key must be a plain name", file, kline);
+                break;
             }
             char *key = strndup((const char *)k->data.scalar.value, k->data.scalar.length);
             SIM_ASSERT(key);
-            if (map_index(out, key) >= 0) {
-                int first = out->items[map_index(out, key)].line;
-                sim_status st = sim_err(SIM_ERR_INPUT,
-                                        "%s:%d: key '%s' appears twice (first at line %d); "
-                                        "remove one of them",
-                                        file, kline, key, first);
+            size_t h = (size_t)key_hash(key) & (hcap - 1);
+            while (slots[h] >= 0 && strcmp(out->keys[slots[h]], key) != 0) h = (h + 1) & (hcap - 1);
+            if (slots[h] >= 0) {
+                st = sim_err(SIM_ERR_INPUT, "%s:%d: key '%s' appears twice (first at line %d); remove one of them",
+                             file, kline, key, out->items[slots[h]].line);
                 free(key);
-                value_free(out);
-                return st;
+                break;
             }
-            mesh_cfg_value *slot = value_push(out, key);
-            free(key);
-            sim_status st = node_to_value(cfg, doc, yaml_document_get_node(doc, pr->value), file,
-                                          depth + 1, slot);
-            if (st == SIM_OK && file != CLI_SOURCE) slot->line = kline; /* key's line reads best */
-            if (st != SIM_OK) {
-                value_free(out);
-                return st;
-            }
+            slots[h] = (int)i;
+            out->keys[i] = key;
+            out->n = (int)i + 1;
+            st = node_to_value(c, yaml_document_get_node(c->doc, pr->value), depth + 1, &out->items[i]);
+            if (st == SIM_OK && file != CLI_SOURCE) out->items[i].line = kline; /* key's line reads best */
         }
-        return SIM_OK;
+        free(slots);
+        if (st != SIM_OK) value_free(out);
+        return st;
+    }
     default:
         return sim_err(SIM_ERR_INPUT, "%s:%d: empty YAML node", file, out->line);
     }
@@ -538,6 +585,19 @@ static sim_status yaml_read(mesh_cfg *cfg, const char *path, const char *text, m
     if (!text) {
         f = fopen(path, "rb");
         if (!f) return sim_err(SIM_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
+        struct stat sb;
+        if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            fclose(f);
+            return sim_err(SIM_ERR_INPUT, "config file %s is not a regular file; give a YAML file", path);
+        }
+        if (sb.st_size > YAML_MAX_BYTES) {
+            fclose(f);
+            return sim_err(SIM_ERR_INPUT, "config file %s has %lld bytes; a config file has at most %d MiB", path,
+                           (long long)sb.st_size, YAML_MAX_BYTES >> 20);
+        }
+    } else if (strlen(text) > YAML_MAX_BYTES) {
+        return sim_err(SIM_ERR_INPUT, "a command-line value of %zu bytes is too long (at most %d MiB)", strlen(text),
+                       YAML_MAX_BYTES >> 20);
     }
     SIM_ASSERT(yaml_parser_initialize(&parser));
     if (f) yaml_parser_set_input_file(&parser, f);
@@ -565,7 +625,8 @@ static sim_status yaml_read(mesh_cfg *cfg, const char *path, const char *text, m
         if (text) out->text = xstrdup("");
         out->file = file;
     } else {
-        st = node_to_value(cfg, &doc, root, file, 0, out);
+        yaml_ctx c = {cfg, &doc, file, 0};
+        st = node_to_value(&c, root, 0, out);
         if (st == SIM_OK && !text && out->kind != MESH_CFG_MAP) {
             value_free(out);
             st = sim_err(SIM_ERR_INPUT,
@@ -574,6 +635,27 @@ static sim_status yaml_read(mesh_cfg *cfg, const char *path, const char *text, m
         }
     }
     yaml_document_delete(&doc);
+    /* a second document ("---" then more) would be silently dropped: refuse it */
+    if (st == SIM_OK && root) {
+        yaml_document_t doc2;
+        int more = 0;
+        if (!yaml_parser_load(&parser, &doc2)) {
+            more = -1;
+        } else {
+            more = yaml_document_get_root_node(&doc2) != NULL;
+            yaml_document_delete(&doc2);
+        }
+        if (more) {
+            value_free(out);
+            if (text)
+                st = sim_err(SIM_ERR_INPUT, "command-line value \"%s\": %s after the first YAML document; give one value",
+                             text, more < 0 ? "invalid YAML" : "a second document");
+            else
+                st = sim_err(SIM_ERR_INPUT, "%s:%zu: %s after the first YAML document; shardsim reads one document per "
+                             "file: merge the documents or split them into separate files",
+                             path, parser.mark.line + 1, more < 0 ? "invalid YAML" : "a second document");
+        }
+    }
     yaml_parser_delete(&parser);
     if (f) fclose(f);
     return st;
@@ -633,13 +715,6 @@ static void cfg_take_map(mesh_cfg *cfg, mesh_cfg_value *map)
     memset(map, 0, sizeof *map);
 }
 
-static unsigned key_hash(const char *s)
-{
-    unsigned h = 2166136261u; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
-    return h;
-}
-
 /* (Re)builds the hash index of the entries (after entries are added). */
 static void cfg_index(mesh_cfg *cfg)
 {
@@ -649,7 +724,7 @@ static void cfg_index(mesh_cfg *cfg)
     cfg->index = calloc((size_t)cfg->index_cap, sizeof *cfg->index);
     SIM_ASSERT(cfg->index);
     for (int i = 0; i < cfg->n; i++) {
-        unsigned h = key_hash(cfg->entries[i].key) & (unsigned)(cfg->index_cap - 1);
+        unsigned h = (unsigned)key_hash(cfg->entries[i].key) & (unsigned)(cfg->index_cap - 1);
         while (cfg->index[h]) h = (h + 1) & (unsigned)(cfg->index_cap - 1);
         cfg->index[h] = i + 1;
     }
@@ -660,7 +735,7 @@ const mesh_cfg_entry *mesh_cfg_find(const mesh_cfg *cfg, const char *key)
 {
     if (cfg->index && cfg->index_n == cfg->n) {
         unsigned mask = (unsigned)(cfg->index_cap - 1);
-        for (unsigned h = key_hash(key) & mask; cfg->index[h]; h = (h + 1) & mask)
+        for (unsigned h = (unsigned)key_hash(key) & mask; cfg->index[h]; h = (h + 1) & mask)
             if (!strcmp(cfg->entries[cfg->index[h] - 1].key, key)) return &cfg->entries[cfg->index[h] - 1];
         return NULL;
     }
@@ -978,7 +1053,7 @@ static void name_index_build(name_index *ix, int n, const char *(*names)(const v
     ix->slot = calloc((size_t)ix->cap, sizeof *ix->slot);
     SIM_ASSERT(ix->slot);
     for (int i = 0; i < n; i++) {
-        unsigned h = key_hash(names(arg, i)) & (unsigned)(ix->cap - 1);
+        unsigned h = (unsigned)key_hash(names(arg, i)) & (unsigned)(ix->cap - 1);
         while (ix->slot[h]) h = (h + 1) & (unsigned)(ix->cap - 1);
         ix->slot[h] = i + 1;
     }
@@ -988,7 +1063,8 @@ static int name_index_get(const name_index *ix, const char *key, const char *(*n
                           const void *arg)
 {
     if (!ix->slot) return -1;
-    for (unsigned h = key_hash(key) & (unsigned)(ix->cap - 1); ix->slot[h]; h = (h + 1) & (unsigned)(ix->cap - 1))
+    for (unsigned h = (unsigned)key_hash(key) & (unsigned)(ix->cap - 1); ix->slot[h];
+         h = (h + 1) & (unsigned)(ix->cap - 1))
         if (!strcmp(names(arg, ix->slot[h] - 1), key)) return ix->slot[h] - 1;
     return -1;
 }
@@ -1654,6 +1730,105 @@ static void normalize_data_sharding(mesh_cfg *cfg)
     *value_push(&e->value, NULL) = inner;
 }
 
+/* ======================================================================== */
+/* value ranges (configs/ranges.yml)                                         */
+/* ======================================================================== */
+
+/* One bound of a range entry: *has = 0 when the entry does not set it. */
+static sim_status range_bound(const mesh_cfg_value *r, const char *name, const char *key, int *has, double *out)
+{
+    int i = map_index(r, name);
+    *has = i >= 0;
+    if (i < 0) return SIM_OK;
+    SIM_TRY(mesh_cfg_value_double(&r->items[i], name, out));
+    return SIM_OK;
+}
+
+static void put_num(sbuf *b, double d)
+{
+    if (d == floor(d) && fabs(d) < 1e15) sb_putf(b, "%.0f", d);
+    else sb_putf(b, "%g", d);
+}
+
+/* Checks key=v against range entry r ({gt|ge, lt|le, or: [...]}). */
+static sim_status range_check(const mesh_cfg_entry *e, const mesh_cfg_value *r, const char *rfile)
+{
+    if (r->kind != MESH_CFG_MAP)
+        return sim_err(SIM_ERR_INPUT, "%s: the range of '%s' is not a map like {ge: 0, le: 1}", rfile, e->key);
+    const mesh_cfg_value *v = &e->value;
+    if (v->kind != MESH_CFG_SCALAR || mesh_cfg_scalar_type(v) == MESH_CFG_NULL) return SIM_OK; /* typed elsewhere */
+    mesh_cfg_type t = mesh_cfg_scalar_type(v);
+    if (t != MESH_CFG_INT && t != MESH_CFG_FLOAT) return SIM_OK; /* check_type refuses non-numbers */
+    double x;
+    SIM_TRY(mesh_cfg_value_double(v, e->key, &x));
+    int has_gt, has_ge, has_lt, has_le;
+    double gt, ge, lt, le;
+    SIM_TRY(range_bound(r, "gt", e->key, &has_gt, &gt));
+    SIM_TRY(range_bound(r, "ge", e->key, &has_ge, &ge));
+    SIM_TRY(range_bound(r, "lt", e->key, &has_lt, &lt));
+    SIM_TRY(range_bound(r, "le", e->key, &has_le, &le));
+    int ok = isfinite(x);
+    if (has_gt) ok = ok && x > gt;
+    if (has_ge) ok = ok && x >= ge;
+    if (has_lt) ok = ok && x < lt;
+    if (has_le) ok = ok && x <= le;
+    int oi = map_index(r, "or");
+    for (int k = 0; !ok && oi >= 0 && k < r->items[oi].n; k++) {
+        double y;
+        SIM_TRY(mesh_cfg_value_double(&r->items[oi].items[k], "or", &y));
+        ok = x == y;
+    }
+    if (ok) return SIM_OK;
+    sbuf b = {0};
+    if (has_gt || has_ge) {
+        put_num(&b, has_gt ? gt : ge);
+        sb_putf(&b, " %s ", has_gt ? "<" : "<=");
+    }
+    sb_putf(&b, "%s", e->key);
+    if (has_lt || has_le) {
+        sb_putf(&b, " %s ", has_lt ? "<" : "<=");
+        put_num(&b, has_lt ? lt : le);
+    }
+    for (int k = 0; oi >= 0 && k < r->items[oi].n; k++)
+        sb_putf(&b, ", or %s", r->items[oi].items[k].text ? r->items[oi].items[k].text : "?");
+    sim_status st = sim_err(SIM_ERR_INPUT,
+                            "%s=%s (%s): out of range%s; the valid range is %s (%s); set a value in that range",
+                            e->key, v->text, e->where, isfinite(x) ? "" : " (not a finite number)",
+                            b.s ? b.s : "?", rfile);
+    free(b.s);
+    return st;
+}
+
+/* Checks every numeric key that has an entry in ranges.yml (found beside
+ * the base config or its chain's last file; no file, no checks — a test's
+ * own base config has none). */
+static sim_status check_ranges(mesh_cfg *cfg, char *const *dirs, int n_dirs)
+{
+    char *path = NULL;
+    for (int i = 0; i < n_dirs && !path; i++) {
+        char *p = join_path(dirs[i], "ranges.yml");
+        if (file_exists(p)) path = p;
+        else free(p);
+    }
+    if (!path) return SIM_OK;
+    mesh_cfg_value map = {0};
+    sim_status st = yaml_read(cfg, path, NULL, &map);
+    for (int i = 0; st == SIM_OK && i < map.n; i++) {
+        const char *pat = map.keys[i];
+        if (strchr(pat, '*')) {
+            for (int k = 0; st == SIM_OK && k < cfg->n; k++)
+                if (fnmatch(pat, cfg->entries[k].key, 0) == 0)
+                    st = range_check(&cfg->entries[k], &map.items[i], path);
+        } else {
+            const mesh_cfg_entry *e = mesh_cfg_find(cfg, pat);
+            if (e) st = range_check(e, &map.items[i], path);
+        }
+    }
+    value_free(&map);
+    free(path);
+    return st;
+}
+
 sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
 {
     *out = NULL;
@@ -1745,6 +1920,18 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     for (int i = 0; i < n_user; i++)
         if (layer_value(&user[i], "model_name")) mn = layer_value(&user[i], "model_name");
     if (mn && mn->kind == MESH_CFG_SCALAR && !is_null(mn) && strcmp(mn->text, "default") != 0) {
+        /* a model name is a file name in models/, never a path out of it */
+        if (strchr(mn->text, '/') || strchr(mn->text, '\\') || mn->text[0] == '.' || !mn->text[0]) {
+            char where[512];
+            char *sub = xasprintf("%s/models", dirs[0]);
+            char *avail = list_yml(sub);
+            st = sim_err(SIM_ERR_INPUT, "%s: model_name=%s is not a model name (no '/', '\\' or leading '.'); "
+                         "available: %s",
+                         mesh_cfg_value_where(mn, where, sizeof where), mn->text, avail);
+            free(sub);
+            free(avail);
+            goto done;
+        }
         char *path = find_named_file(dirs, n_dirs, "models", mn->text);
         if (!path) {
             char where[512];
@@ -1872,6 +2059,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     if ((st = apply_topology(cfg, cfg->configs_dir)) != SIM_OK) goto done;
     st = check_final(cfg);
     if (st == SIM_OK) st = registry_check(cfg, base_vals, n_base);
+    if (st == SIM_OK) st = check_ranges(cfg, dirs, n_dirs);
 
 done:
     for (int i = 0; i < n_chain; i++) free(chain[i]);

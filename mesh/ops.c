@@ -1702,3 +1702,19 @@ sim_status mesh_broadcast_to_check(mesh_ctx *ctx, const char *dtype_label, int r
     if (fix) sb_put(&b, "\n  fix: %s", fix);
     return sim_err(SIM_ERR_SHARDING, "%s", buf);
 }
+
+sim_status mesh_mul_check(mesh_ctx *ctx, const mesh_array *a, const mesh_array *b, const char *name, const char *where,
+                          const char *fix)
+{
+    if (ctx->mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    char tag[SIM_TAG_MAX];
+    make_tag(ctx, name, tag, sizeof tag);
+    if (a->rank != b->rank) return sim_err(SIM_ERR_INTERNAL, "%s: mul check needs equal ranks", tag);
+    int64_t osh[MESH_SPEC_MAX_RANK];
+    for (int d = 0; d < a->rank; d++) osh[d] = a->shape[d] > b->shape[d] ? a->shape[d] : b->shape[d];
+    const mesh_array *x[2] = {a, b};
+    mesh_spec w[2] = {work_spec(ctx, &a->spec), work_spec(ctx, &b->spec)};
+    err_ctx e = {ctx, tag, "mul", 2, {a, b}, {&w[0], &w[1]}, where, fix};
+    tup res[MESH_SPEC_MAX_RANK];
+    return broadcast_rule(&e, "mul", a->rank, osh, x, w, res);
+}

@@ -133,4 +133,8 @@ sim_status mesh_broadcast_to_check(mesh_ctx *ctx, const char *dtype_label, int r
                                    const mesh_spec *in_spec, const int64_t *out_shape, const mesh_spec *out_spec,
                                    const char *name, const char *where, const char *fix);
 
+/* JAX's broadcasting rule of an elementwise mul on the types of a and b (equal ranks). */
+sim_status mesh_mul_check(mesh_ctx *ctx, const mesh_array *a, const mesh_array *b, const char *name, const char *where,
+                          const char *fix);
+
 #endif

@@ -659,6 +659,29 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
                                    "shard_mode=auto");
 }
 
+/* MaxText 0.2.5's default rotary embedding (RotaryEmbedding.apply_rotary) multiplies the input
+ * (B, T, H, D) by sin/cos built from the positions (B, T, 1, D): they carry the positions' sharding
+ * (the input data's, input_data_sharding_logical_axes: batch, and the length on
+ * activation_norm_length's axes).  In explicit mode JAX's
+ * broadcasting rule then puts an axis on two dims when the heads are sharded by an axis that also
+ * shards the positions' length (tensor_sequence): refused. */
+static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_array *positions)
+{
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const mesh_array *a = &x->val;
+    int64_t shape[4] = {a->shape[0], a->shape[1], 1, a->shape[3]};
+    /* the positions as MaxText's input pipeline shards them (input_data_sharding_logical_axes) */
+    static const char *const pnames[4] = {"activation_embed_and_logits_batch", "activation_norm_length", NULL, NULL};
+    mesh_spec ps;
+    SIM_TRY(model_logical_spec(md->def, "inputs/positions", 4, pnames, &ps));
+    mesh_array sv = mesh_array_view(positions, 4, shape, &ps);
+    sv.dtype = SIM_F32; /* sin/cos of the positions, in the input's dtype */
+    snprintf(sv.name, sizeof sv.name, "sin");
+    return mesh_mul_check(&md->ctx, a, &sv, "query_rope", "layers/embeddings.py:apply_rotary",
+                          "MaxText's rotary embedding keeps the positions' sequence sharding: use "
+                          "tensor_sequence=1 with MLA in explicit mode, or shard_mode=auto");
+}
+
 /* Multi-head latent attention (facts §5.4): x (B, T, E) -> (B, T, E). */
 static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const ds_stack *s, int l, mesh_var *x,
                       mesh_var **y)
@@ -685,6 +708,7 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     SIM_TRY(model_shard_as(md, t, q_pe, "attention_mla/q_pe", 4, KV4, &q_pe));
     bk_rope_params rp = rope_params(d);
     if (d->yarn) SIM_TRY(yarn_check(md, q_pe));
+    else SIM_TRY(rope_mul_check(md, q_pe, &b->positions));
     SIM_TRY(mesh_nn_rope(t, q_pe, &b->positions, &rp, "query_rope", &q_pe));
     SIM_TRY(concat_last(t, q_nope, q_pe, "query_concat", &query));
     SIM_TRY(model_shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
