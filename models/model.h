@@ -39,6 +39,8 @@ typedef struct {
     int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
     int cp;                   /* its size */
     bool cp_load_balance;     /* context_parallel_load_balance */
+    bool attn_dot;            /* attention kernel: dot-product (score matrix materialised), else flash (blocked) */
+    bool scan_layers;         /* scan_layers: the layers run as one jax.lax.scan in MaxText (carry type checked) */
     /* DeepSeek (decoder_block=deepseek; read by deepseek.c) */
     int64_t dense_layers;     /* first_num_dense_layers (the rest are MoE layers) */
     int64_t moe_mlp;          /* base_moe_mlp_dim: hidden width of one routed expert */

@@ -272,7 +272,12 @@ typedef struct {
     const char *label;
     const char *flags[5];
     int devices, ga;
+    const char *explicit_err; /* MaxText 0.2.5 cannot trace it in explicit mode: its failing op */
 } zcase;
+
+/* dot-product attention (T < 128) with the sequence sharded: MaxText 0.2.5's explicit-mode trace
+ * fails (tests/data/maxtext-0.2.5/verdicts); its parity is checked in auto mode */
+#define QK_ERR "MaxText 0.2.5 fails here too: layers/attention_op.py:qk_product"
 
 static void compare(const char *what, const run_t *a, const run_t *ref)
 {
@@ -304,6 +309,14 @@ static void parity(bool deepseek, const zcase *cases, int n)
             snprintf(what, sizeof what, "%s %s", cases[c].label, extra[k - 1]);
             run_t r;
             open_run(&r, deepseek, extra, k, cases[c].devices, cases[c].ga, STEPS);
+            if (mode && cases[c].explicit_err) {
+                sim_status st = model_train(&r.job, r.m);
+                if (st != SIM_ERR_SHARDING || !strstr(sim_errmsg(), cases[c].explicit_err))
+                    fail_msg("%s: expected a sharding error naming '%s', got status %d", what, cases[c].explicit_err,
+                             (int)st);
+                close_run(&r);
+                continue;
+            }
             train(&r, true);
             compare(what, &r, &ref);
             close_run(&r);
@@ -318,16 +331,16 @@ static void test_parity_llama(void **state)
 {
     (void)state;
     static const zcase cases[] = {
-        {"data=4 ZeRO-1", {"ici_data_parallelism=4", NOFSDP, ZERO1}, 4, 1},
-        {"data=2 tensor=2 ZeRO-1", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 1},
-        {"1 device G=4", {NOFSDP}, 1, 4},
-        {"data=2 G=4", {"ici_data_parallelism=2", NOFSDP}, 2, 4},
-        {"fsdp=2 tensor=2 G=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 4, 2},
-        {"data=2 tensor=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 2},
+        {"data=4 ZeRO-1", {"ici_data_parallelism=4", NOFSDP, ZERO1}, 4, 1, NULL},
+        {"data=2 tensor=2 ZeRO-1", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 1, NULL},
+        {"1 device G=4", {NOFSDP}, 1, 4, NULL},
+        {"data=2 G=4", {"ici_data_parallelism=2", NOFSDP}, 2, 4, NULL},
+        {"fsdp=2 tensor=2 G=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 4, 2, NULL},
+        {"data=2 tensor=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 2, NULL},
         /* per_device_batch_size 0.5: each microbatch loads 8 rows and trains its first 4, rows
          * {g, 2+g, 4+g, 6+g} of the step: the same 8 rows; load-balanced context parallelism */
         {"fsdp=2 context=2 tensor=2 G=2",
-         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2},
+         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2, QK_ERR},
     };
     parity(false, cases, (int)(sizeof cases / sizeof *cases));
 }
@@ -336,9 +349,9 @@ static void test_parity_deepseek(void **state)
 {
     (void)state;
     static const zcase cases[] = {
-        {"data=2 expert=2 ZeRO-1", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 1},
-        {"data=2 expert=2 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP}, 4, 2},
-        {"data=2 expert=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 2},
+        {"data=2 expert=2 ZeRO-1", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 1, NULL},
+        {"data=2 expert=2 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP}, 4, 2, NULL},
+        {"data=2 expert=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 2, NULL},
     };
     parity(true, cases, (int)(sizeof cases / sizeof *cases));
 }
