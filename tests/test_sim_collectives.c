@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "sim/collectives.h"
@@ -428,6 +429,15 @@ static sim_status err_device(sim_device *d, void *arg)
         if (id == 0) rn[1] = 2;
         return sim_ragged_all_to_all(d, buf, out, 8, so, sn, ro, rn, SIM_F32, ax, sim_meta_tag("moe/dispatch"));
     }
+    case 7: /* one odd device among many */
+        if (id == 437) return sim_all_reduce(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("odd/one"));
+        return sim_all_gather(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("attn/q"));
+    case 8: /* device 2 is stuck elsewhere: the watchdog names who waits, on what, for whom */
+        if (id == 2) {
+            usleep(1500 * 1000);
+            return SIM_OK;
+        }
+        return sim_all_gather(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("stuck/ag"));
     case 6: /* a device's own failure stops the others */
         if (id == 0) return sim_err(SIM_ERR_CHECK, "device 0 found a problem");
         return sim_all_reduce(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("x"));
@@ -438,6 +448,7 @@ static sim_status err_device(sim_device *d, void *arg)
 static sim_status run_err(int mode, const tmesh *tm, double *secs)
 {
     sim_machine *m = make_machine(tm, false);
+    if (mode == 8) sim_machine_set_collective_timeout(m, 0.3);
     err_case ec = {mode};
     uint64_t t0 = sim_now_ns();
     sim_status st = sim_machine_run(m, err_device, &ec);
@@ -476,6 +487,22 @@ static void test_errors(void **state)
 
     assert_int_equal(run_err(5, &m4, &secs), SIM_ERR_MISMATCH);
     assert_non_null(strstr(sim_errmsg(), "moe/dispatch"));
+
+    /* 512 devices, one odd one out: named, the other 511 summarised */
+    tmesh m512 = {1, {512}};
+    assert_int_equal(run_err(7, &m512, &secs), SIM_ERR_MISMATCH);
+    assert_non_null(strstr(sim_errmsg(), "2 different collectives"));
+    assert_non_null(strstr(sim_errmsg(), "1 device (device 437"));
+    assert_non_null(strstr(sim_errmsg(), "odd/one"));
+    assert_non_null(strstr(sim_errmsg(), "511 devices (device 0"));
+    assert_non_null(strstr(sim_errmsg(), "503 more"));
+
+    /* the watchdog: ends the wait after 0.3 s (before device 2 finishes at 1.5 s) */
+    assert_int_equal(run_err(8, &m4, &secs), SIM_ERR_DEADLOCK);
+    assert_non_null(strstr(sim_errmsg(), "collective watchdog"));
+    assert_non_null(strstr(sim_errmsg(), "all-gather"));
+    assert_non_null(strstr(sim_errmsg(), "stuck/ag"));
+    assert_non_null(strstr(sim_errmsg(), "device 2 (elsewhere)"));
 
     assert_int_equal(run_err(6, &m4, &secs), SIM_ERR_CHECK);
     assert_non_null(strstr(sim_errmsg(), "device 0 found a problem"));
