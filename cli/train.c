@@ -75,6 +75,7 @@ static void dump_entries(const model_def *def, const char *dtype, cli_dump_param
             p[i].logical[d] = def->defs[i].logical[d];
         }
         p[i].spec = def->unpruned[i];
+        if (def->muon) p[i].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
         /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them */
         p[i].has_opt_spec = def->d.zero1;
         p[i].opt_spec = def->opt_unpruned[i];
