@@ -331,6 +331,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     config_box(out, &cm, steps);
     sim_machine *m;
     st = model_machine_new(def, hbm, *outdir != '\0', &m);
+    double watchdog_s = 0;
+    if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
+    if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
     if (st) {
         int rc = cli_fail(err, st);
         model_data_close(&data);

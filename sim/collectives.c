@@ -78,19 +78,23 @@ static int rank_of(const sim_machine *m, int id, sim_axes axes)
     return sim_device_group_rank(&m->dev[id], axes);
 }
 
+static bool same_call(const sim_call *a, const sim_call *b, int k)
+{
+    bool ok = a->op == b->op && a->dt == b->dt && same_axes(a->axes, b->axes) && !memcmp(a->p, b->p, sizeof a->p);
+    if (ok && a->op == SIM_OP_PPERMUTE)
+        for (int q = 0; q < k && ok; q++) ok = a->perm[q] == b->perm[q];
+    return ok;
+}
+
 /* Runs in the last arriver, under the machine lock.  On disagreement the
- * message lists every member's call (the first 16) so the odd one is plain. */
+ * members are grouped by the call they made and the groups listed smallest
+ * first, each with its devices (the first 8, then a count), so the odd
+ * device out is named even in a group of 512. */
 static bool match_calls(sim_machine *m, sim_group *g, char *why, size_t cap)
 {
     const sim_call *c0 = g->slot[0];
     bool ok = true;
-    for (int j = 1; j < g->k && ok; j++) {
-        const sim_call *c = g->slot[j];
-        ok = c->op == c0->op && c->dt == c0->dt && same_axes(c->axes, c0->axes) &&
-             !memcmp(c->p, c0->p, sizeof c->p);
-        if (ok && c->op == SIM_OP_PPERMUTE)
-            for (int q = 0; q < g->k && ok; q++) ok = c->perm[q] == c0->perm[q];
-    }
+    for (int j = 1; j < g->k && ok; j++) ok = same_call(g->slot[j], c0, g->k);
     if (ok && c0->op == SIM_OP_RAGGED_ALL_TO_ALL) {
         for (int j = 0; j < g->k; j++) {
             const sim_call *c = g->slot[j];
@@ -110,13 +114,43 @@ static bool match_calls(sim_machine *m, sim_group *g, char *why, size_t cap)
         return true;
     }
     if (ok) return true;
-    size_t n = (size_t)snprintf(why, cap, "collective mismatch: the %d devices of one group called different collectives:",
-                                g->k);
-    for (int j = 0; j < g->k && j < 16 && n + 1 < cap; j++) {
-        const sim_call *c = g->slot[j];
-        n += (size_t)snprintf(why + n, cap - n, "\n  %s calls ", m->dev[c->device].label);
-        if (n + 1 < cap) n += describe_call(m, c, why + n, cap - n);
+    /* classes of equal calls: cls[j] = the first slot with slot j's call */
+    int cls[SIM_MAX_DEVICES], count[SIM_MAX_DEVICES] = {0}, order[SIM_MAX_DEVICES], nc = 0;
+    for (int j = 0; j < g->k; j++) {
+        cls[j] = j;
+        for (int i = 0; i < j; i++)
+            if (cls[i] == i && same_call(g->slot[i], g->slot[j], g->k)) {
+                cls[j] = i;
+                break;
+            }
+        if (cls[j] == j) order[nc++] = j;
+        count[cls[j]]++;
     }
+    /* smallest class first (insertion sort: few classes) */
+    for (int a = 1; a < nc; a++)
+        for (int b = a; b > 0 && count[order[b]] < count[order[b - 1]]; b--) {
+            int t = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = t;
+        }
+    size_t n = (size_t)snprintf(why, cap, "collective mismatch: the %d devices of one group called %d different "
+                                "collectives:", g->k, nc);
+    for (int a = 0; a < nc && a < 8 && n + 1 < cap; a++) {
+        int head = order[a], shown = 0;
+        n += (size_t)snprintf(why + n, cap - n, "\n  %d device%s (", count[head], count[head] == 1 ? "" : "s");
+        for (int j = 0; j < g->k && n + 1 < cap; j++) {
+            if (cls[j] != head) continue;
+            if (shown == 8) {
+                n += (size_t)snprintf(why + n, cap - n, ", ... %d more", count[head] - 8);
+                break;
+            }
+            n += (size_t)snprintf(why + n, cap - n, "%s%s", shown ? ", " : "", m->dev[g->slot[j]->device].label);
+            shown++;
+        }
+        if (n + 1 < cap) n += (size_t)snprintf(why + n, cap - n, ") call%s ", count[head] == 1 ? "s" : "");
+        if (n + 1 < cap) n += describe_call(m, g->slot[head], why + n, cap - n);
+    }
+    if (nc > 8 && n + 1 < cap) n += (size_t)snprintf(why + n, cap - n, "\n  ... and %d more kinds of call", nc - 8);
     if (n + 1 < cap)
         snprintf(why + n, cap - n, "\nEvery device of a group must make the same collective calls in the same order.");
     return false;

@@ -11,10 +11,12 @@
 #include "sim/topology.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---------------------------------------------------------------- mesh */
 
@@ -230,6 +232,7 @@ void sim_machine_free(sim_machine *m)
 int sim_machine_num_devices(const sim_machine *m) { return m->n; }
 const sim_mesh_desc *sim_machine_mesh(const sim_machine *m) { return &m->mesh; }
 const sim_machine_opts *sim_machine_options(const sim_machine *m) { return &m->opts; }
+void sim_machine_set_collective_timeout(sim_machine *m, double seconds) { m->opts.collective_timeout_s = seconds; }
 int sim_machine_blas_threads(const sim_machine *m) { return m->blas_threads; }
 
 sim_device *sim_machine_device(sim_machine *m, int id)
@@ -369,10 +372,41 @@ static const char *kind_name(sim_rv_kind k)
     return k == SIM_RV_ARRIVE ? "entering" : k == SIM_RV_DEPART ? "finishing" : "barrier of";
 }
 
+/* "<device> waits entering <op> over <axes> (tag 't') for <peers>" into msg. */
+static size_t describe_wait_locked(const sim_machine *m, const sim_device *d, char *msg, size_t cap)
+{
+    char ax[96];
+    const sim_group *g = d->wait_group;
+    const sim_call *c = d->wait_call;
+    sim_axes axes = c ? c->axes : sim_axes_none();
+    size_t n = (size_t)snprintf(msg, cap, "\n  %s waits %s %s over %s (tag '%s') for", d->label,
+                                kind_name(d->wait_kind), c ? sim_op_name(c->op) : "a barrier",
+                                c ? sim_axes_label(&m->mesh, axes, ax, sizeof ax) : "all devices",
+                                c && c->tag ? c->tag : "-");
+    int missing = 0;
+    for (int j = 0; j < g->k && n + 200 < cap; j++) {
+        const sim_device *p = &m->dev[g->members[j]];
+        if (p == d) continue;
+        if (p->waiting && p->wait_group == g && p->wait_kind == d->wait_kind) continue;
+        missing++;
+        if (p->finished)
+            n += (size_t)snprintf(msg + n, cap - n, " device %d (finished)", p->id);
+        else if (p->waiting && p->wait_call)
+            n += (size_t)snprintf(msg + n, cap - n, " device %d (in %s over %s, tag '%s')", p->id,
+                                  sim_op_name(p->wait_call->op),
+                                  sim_axes_label(&m->mesh, p->wait_call->axes, ax, sizeof ax),
+                                  p->wait_call->tag ? p->wait_call->tag : "-");
+        else
+            n += (size_t)snprintf(msg + n, cap - n, " device %d (elsewhere)", p->id);
+        if (missing >= 4) break;
+    }
+    return n < cap ? n : cap - 1;
+}
+
 /* Every live device is blocked: say who waits where, and for whom. */
 static void deadlock_locked(sim_machine *m)
 {
-    char msg[8192], ax[96];
+    char msg[8192];
     size_t n = (size_t)snprintf(msg, sizeof msg,
                                 "collective deadlock: every running device waits on a collective that cannot complete");
     int shown = 0;
@@ -383,31 +417,20 @@ static void deadlock_locked(sim_machine *m)
             n += (size_t)snprintf(msg + n, sizeof msg - n, "\n  ...");
             break;
         }
-        const sim_group *g = d->wait_group;
-        const sim_call *c = d->wait_call;
-        sim_axes axes = c ? c->axes : sim_axes_none();
-        n += (size_t)snprintf(msg + n, sizeof msg - n, "\n  %s waits %s %s over %s (tag '%s') for", d->label,
-                              kind_name(d->wait_kind), c ? sim_op_name(c->op) : "a barrier",
-                              c ? sim_axes_label(&m->mesh, axes, ax, sizeof ax) : "all devices",
-                              c && c->tag ? c->tag : "-");
-        int missing = 0;
-        for (int j = 0; j < g->k && n < sizeof msg - 200; j++) {
-            const sim_device *p = &m->dev[g->members[j]];
-            if (p == d) continue;
-            if (p->waiting && p->wait_group == g && p->wait_kind == d->wait_kind) continue;
-            missing++;
-            if (p->finished)
-                n += (size_t)snprintf(msg + n, sizeof msg - n, " device %d (finished)", p->id);
-            else if (p->waiting && p->wait_call)
-                n += (size_t)snprintf(msg + n, sizeof msg - n, " device %d (in %s over %s, tag '%s')", p->id,
-                                      sim_op_name(p->wait_call->op),
-                                      sim_axes_label(&m->mesh, p->wait_call->axes, ax, sizeof ax),
-                                      p->wait_call->tag ? p->wait_call->tag : "-");
-            else
-                n += (size_t)snprintf(msg + n, sizeof msg - n, " device %d (elsewhere)", p->id);
-            if (missing >= 4) break;
-        }
+        n += describe_wait_locked(m, d, msg + n, sizeof msg - n);
     }
+    fail_locked(m, SIM_ERR_DEADLOCK, msg);
+}
+
+/* The watchdog fired for d: it waited longer than collective_timeout_s. */
+static void watchdog_locked(sim_machine *m, const sim_device *d)
+{
+    char msg[4096];
+    size_t n = (size_t)snprintf(msg, sizeof msg,
+                                "collective watchdog: %s waited more than %g s on one collective (collective_timeout_s)",
+                                d->label, m->opts.collective_timeout_s);
+    n += describe_wait_locked(m, d, msg + n, sizeof msg - n);
+    snprintf(msg + n, sizeof msg - n, "\nA peer is stuck or far slower; raise collective_timeout_s if it is only slow.");
     fail_locked(m, SIM_ERR_DEADLOCK, msg);
 }
 
@@ -417,8 +440,36 @@ static sim_status block_locked(sim_machine *m, sim_device *d, bool must_finish)
 {
     bool failed = m->failed && !must_finish;
     pthread_mutex_unlock(&m->lock);
+    /* The watchdog is a timed wait on the semaphore: the thread sleeps until
+     * posted or until the deadline, never spins.  DEPART always completes
+     * (see sim_rendezvous), so it is never timed. */
+    bool timed = m->opts.collective_timeout_s > 0 && !must_finish;
+    struct timespec deadline = {0};
+    if (timed) {
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        double t = (double)deadline.tv_sec + deadline.tv_nsec * 1e-9 + m->opts.collective_timeout_s;
+        deadline.tv_sec = (time_t)t;
+        deadline.tv_nsec = (long)((t - (double)deadline.tv_sec) * 1e9);
+    }
     while (!failed) {
-        while (sem_wait(&d->wake) != 0) continue; /* EINTR */
+        if (timed) {
+            int r;
+            while ((r = sem_timedwait(&d->wake, &deadline)) != 0 && errno == EINTR) continue;
+            if (r != 0) { /* the deadline passed: end the run, unless released meanwhile */
+                pthread_mutex_lock(&m->lock);
+                if (d->waiting && !m->failed) watchdog_locked(m, d);
+                bool released = !d->waiting;
+                failed = d->waiting && m->failed;
+                pthread_mutex_unlock(&m->lock);
+                if (released) {
+                    while (!atomic_exchange(&d->released, false)) sched_yield();
+                    return SIM_OK;
+                }
+                continue;
+            }
+        } else {
+            while (sem_wait(&d->wake) != 0) continue; /* EINTR */
+        }
         if (atomic_exchange(&d->released, false)) return SIM_OK;
         /* a failure's post, or a stale post from an earlier wake-up */
         pthread_mutex_lock(&m->lock);

@@ -33,6 +33,9 @@ typedef struct {
     bool trace;            /* record compute and collective spans */
     bool pin_threads;      /* bind device threads to cores round-robin (best effort) */
     bool quiet;            /* no warnings on stderr */
+    double collective_timeout_s; /* watchdog: a device that waits longer than this on one
+                                    collective ends the run naming it, the op and the peers
+                                    it waits for (a blocking timed wait, no spinning); 0 = off */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */
@@ -63,6 +66,8 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg);
 int sim_machine_num_devices(const sim_machine *m);
 const sim_mesh_desc *sim_machine_mesh(const sim_machine *m);
 const sim_machine_opts *sim_machine_options(const sim_machine *m);
+/* Sets the collective watchdog (opts.collective_timeout_s) before a run. */
+void sim_machine_set_collective_timeout(sim_machine *m, double seconds);
 sim_device *sim_machine_device(sim_machine *m, int id);
 /* OpenBLAS threads per device chosen for this machine. */
 int sim_machine_blas_threads(const sim_machine *m);

@@ -429,13 +429,22 @@ static sim_status err_device(sim_device *d, void *arg)
         if (id == 0) rn[1] = 2;
         return sim_ragged_all_to_all(d, buf, out, 8, so, sn, ro, rn, SIM_F32, ax, sim_meta_tag("moe/dispatch"));
     }
+    case 7: /* one odd device among many */
+        if (id == 437) return sim_all_reduce(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("odd/one"));
+        return sim_all_gather(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("attn/q"));
+    case 8: /* device 2 is stuck elsewhere: the watchdog names who waits, on what, for whom */
+        if (id == 2) {
+            usleep(1500 * 1000);
+            return SIM_OK;
+        }
+        return sim_all_gather(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("stuck/ag"));
     case 6: /* a device's own failure stops the others */
         if (id == 0) return sim_err(SIM_ERR_CHECK, "device 0 found a problem");
         return sim_all_reduce(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("x"));
-    case 7: /* dry runs: device 0 runs far ahead of the others, then they catch up */
-    case 8: /* ... and device 2 stops half way */
+    case 9:  /* dry runs: device 0 runs far ahead of the others, then they catch up */
+    case 10: /* ... and device 2 stops half way */
         if (id != 0) usleep(20000);
-        for (int i = 0; i < (ec->mode == 8 && id == 2 ? 150 : 300); i++)
+        for (int i = 0; i < (ec->mode == 10 && id == 2 ? 150 : 300); i++)
             SIM_TRY(sim_all_gather(d, NULL, NULL, 4, SIM_F32, ax, sim_meta_tag("loop/ag")));
         return SIM_OK;
     }
@@ -445,11 +454,12 @@ static sim_status err_device(sim_device *d, void *arg)
 static sim_status run_err_in(int mode, const tmesh *tm, double *secs, bool dry)
 {
     sim_machine *m = make_machine(tm, dry);
+    if (mode == 8) sim_machine_set_collective_timeout(m, 0.3);
     err_case ec = {mode};
     uint64_t t0 = sim_now_ns();
     sim_status st = sim_machine_run(m, err_device, &ec);
     *secs = (double)(sim_now_ns() - t0) / 1e9;
-    if (st == SIM_OK && (mode == 7 || mode == 8))
+    if (st == SIM_OK && (mode == 9 || mode == 10))
         for (int id = 0; id < sim_machine_num_devices(m); id++) {
             size_t nrec;
             sim_device_records(sim_machine_device(m, id), &nrec);
@@ -478,8 +488,8 @@ static void test_errors_dry(void **state)
     assert_int_equal(run_err_in(3, &m4, &secs, true), SIM_ERR_DEADLOCK);
     assert_non_null(strstr(sim_errmsg(), "device 3 made 0 collective calls"));
     assert_non_null(strstr(sim_errmsg(), "embed/ag"));
-    assert_int_equal(run_err_in(7, &m4, &secs, true), SIM_OK);
-    assert_int_equal(run_err_in(8, &m4, &secs, true), SIM_ERR_DEADLOCK);
+    assert_int_equal(run_err_in(9, &m4, &secs, true), SIM_OK);
+    assert_int_equal(run_err_in(10, &m4, &secs, true), SIM_ERR_DEADLOCK);
     assert_true(secs < 5.0);
     assert_non_null(strstr(sim_errmsg(), "device 2 (finished)"));
     assert_non_null(strstr(sim_errmsg(), "loop/ag"));
@@ -515,6 +525,22 @@ static void test_errors(void **state)
 
     assert_int_equal(run_err(5, &m4, &secs), SIM_ERR_MISMATCH);
     assert_non_null(strstr(sim_errmsg(), "moe/dispatch"));
+
+    /* 512 devices, one odd one out: named, the other 511 summarised */
+    tmesh m512 = {1, {512}};
+    assert_int_equal(run_err(7, &m512, &secs), SIM_ERR_MISMATCH);
+    assert_non_null(strstr(sim_errmsg(), "2 different collectives"));
+    assert_non_null(strstr(sim_errmsg(), "1 device (device 437"));
+    assert_non_null(strstr(sim_errmsg(), "odd/one"));
+    assert_non_null(strstr(sim_errmsg(), "511 devices (device 0"));
+    assert_non_null(strstr(sim_errmsg(), "503 more"));
+
+    /* the watchdog: ends the wait after 0.3 s (before device 2 finishes at 1.5 s) */
+    assert_int_equal(run_err(8, &m4, &secs), SIM_ERR_DEADLOCK);
+    assert_non_null(strstr(sim_errmsg(), "collective watchdog"));
+    assert_non_null(strstr(sim_errmsg(), "all-gather"));
+    assert_non_null(strstr(sim_errmsg(), "stuck/ag"));
+    assert_non_null(strstr(sim_errmsg(), "device 2 (elsewhere)"));
 
     assert_int_equal(run_err(6, &m4, &secs), SIM_ERR_CHECK);
     assert_non_null(strstr(sim_errmsg(), "device 0 found a problem"));
