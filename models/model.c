@@ -83,6 +83,43 @@ static void define_llama(model_def *m)
               MODEL_INIT_TRUNC_NORMAL, fe);
 }
 
+/* Pipeline keys (pipeline.c) and the combinations not implemented with a pipeline yet. */
+static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
+{
+    model_dims *d = &m->d;
+    SIM_TRY(model_pipe_from_config(cfg, &m->mesh, d->layers, d->batch, &d->pipe));
+    if (!d->pipe.on) return SIM_OK;
+    if (d->kind == MODEL_DEEPSEEK)
+        return sim_err(SIM_ERR_INPUT,
+                       "ici/dcn_pipeline_parallelism=%lld with decoder_block=deepseek: the DeepSeek pipeline (dense "
+                       "layers before it, MoE stages) is not implemented yet; set ici_pipeline_parallelism=1 and "
+                       "dcn_pipeline_parallelism=1",
+                       (long long)d->pipe.stages);
+    if (d->cp > 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "context parallelism (%d devices on '%s') with pipeline parallelism is not implemented yet; "
+                       "set the context axis to 1 or ici_pipeline_parallelism=1",
+                       d->cp, m->mesh.names[d->cp_axis]);
+    /* inside the pipeline every collective must stay within a stage: only the
+     * stage buffers, the layer stack and the embedding/logits batch may use 'stage' */
+    static const char *const may_use_stage[] = {"activation_stage", "layers", "activation_embed_and_logits_batch",
+                                                "activation_embed_and_logits_batch_sequence"};
+    for (int r = 0; r < m->rules.n; r++) {
+        const mesh_rule *ru = &m->rules.rules[r];
+        bool allowed = false;
+        for (int k = 0; k < 4; k++) allowed |= !strcmp(ru->name, may_use_stage[k]);
+        for (int a = 0; a < ru->n_axes && !allowed; a++)
+            if (!strcmp(ru->axes[a], "stage"))
+                return sim_err(SIM_ERR_INPUT,
+                               "logical_axis_rules: the rule for '%s'%s%s maps to 'stage', which the pipeline owns "
+                               "(ici_pipeline_parallelism=%lld); only activation_stage, layers and the embedding/logits "
+                               "batch may use it — drop 'stage' from that rule",
+                               ru->name, ru->where && *ru->where ? " at " : "", ru->where ? ru->where : "",
+                               (long long)d->pipe.stages);
+    }
+    return SIM_OK;
+}
+
 sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 {
     memset(m, 0, sizeof *m);
@@ -157,13 +194,19 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         SIM_TRY(deepseek_define(m, cfg));
     else
         define_llama(m);
+    SIM_TRY(pipeline_setup(m, cfg));
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
         const model_param_def *pd = &m->defs[i];
         SIM_TRY(mesh_rules_resolve(&m->rules, &m->mesh, pd->path, pd->rank, pd->logical, &res));
         m->spec[i] = res.spec;
         m->unpruned[i] = res.unpruned;
-        SIM_TRY(mesh_spec_check_shape(&res.spec, &m->mesh, pd->rank, pd->shape, pd->path));
+        if (d->pipe.on && pd->scan_dim >= 0) { /* MaxText's stage vmap puts the layer stack on 'stage' */
+            int ax = d->pipe.stage_axis;
+            SIM_TRY(mesh_spec_set_dim(&m->spec[i], &m->mesh, pd->scan_dim, 1, &ax));
+            SIM_TRY(mesh_spec_set_dim(&m->unpruned[i], &m->mesh, pd->scan_dim, 1, &ax));
+        }
+        SIM_TRY(mesh_spec_check_shape(&m->spec[i], &m->mesh, pd->rank, pd->shape, pd->path));
     }
     return SIM_OK;
 }
@@ -228,17 +271,48 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         model_param_layer_spec(p, &ls);
         mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt ? &p->m : NULL, with_opt ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
+        bool stacked = p->def.scan_dim >= 0 && def->d.pipe.on;
+        if (stacked) p->stage_span = def->d.pipe.layers_per_stage;
         for (int b = 0; b < 4; b++) {
             if (!bufs[b]) continue;
             *bufs[b] = calloc((size_t)p->n_layers, sizeof(mesh_array));
             for (int l = 0; l < p->n_layers; l++) {
                 char name[MESH_NAME_MAX];
                 snprintf(name, sizeof name, "%s%s", p->def.path, b == 1 ? " (grad)" : b >= 2 ? " (adam)" : "");
-                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &ls, SIM_F32, cats[b], &(*bufs[b])[l]));
+                mesh_array *a = &(*bufs[b])[l];
+                if (stacked && !model_holds_layer(def, sim_device_id(dev), l)) {
+                    /* another stage's layer: described, never stored here (no data, no bytes) */
+                    memset(a, 0, sizeof *a);
+                    snprintf(a->name, sizeof a->name, "%s", name);
+                    a->rank = rank;
+                    memcpy(a->shape, shape, sizeof(int64_t) * (size_t)rank);
+                    a->spec = ls;
+                    a->dtype = SIM_F32;
+                    a->cat = cats[b];
+                    continue;
+                }
+                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &ls, SIM_F32, cats[b], a));
             }
         }
     }
     return model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed);
+}
+
+bool model_holds_layer(const model_def *m, int device, int64_t l)
+{
+    const model_pipe *pp = &m->d.pipe;
+    if (!pp->on) return true;
+    int c[MESH_MAX_AXES];
+    mesh_shape_coords(&m->mesh, device, c);
+    return model_pipe_layer_stage(pp, l) == c[pp->stage_axis];
+}
+
+sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_array *a, int64_t l, void *global)
+{
+    const model_def *m = md->def;
+    if (!m->d.pipe.on || p->def.scan_dim < 0) return mesh_array_store_global(md->ctx.dev, &m->mesh, a, global);
+    if (!model_holds_layer(m, sim_device_id(md->ctx.dev), l)) return SIM_OK;
+    return mesh_array_store_global_except(md->ctx.dev, &m->mesh, a, global, 1u << m->d.pipe.stage_axis);
 }
 
 void model_dev_free(model_dev *md)

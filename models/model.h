@@ -15,6 +15,7 @@
 #include "mesh/rules.h"
 #include "mesh/tape.h"
 #include "models/params.h"
+#include "models/pipeline.h"
 
 enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
 
@@ -53,6 +54,7 @@ typedef struct {
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
     int64_t max_pos, orig_max_pos;    /* max_position_embeddings, original_max_position_embeddings */
     bool yarn, rope_interleave, rope_truncate, rope_attn_scaling;
+    model_pipe pipe;          /* pipeline parallelism (pipeline.h); pipe.on when the stage axis has size > 1 */
 } model_dims;
 
 /* One activation the forward pass constrained (for input_shardings.json). */
@@ -133,6 +135,17 @@ typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_ba
  * entry (e.g. "decoder/layers_3/remat"). */
 sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                              model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux);
+
+/* The pipelined decoder stack (pipeline.c): x (B, T, E) -> y (B, T, E),
+ * flat layer (r*S + s)*L + l of fn run by stage s in repeat r. */
+sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, model_layer_fn fn,
+                              mesh_var **y);
+/* Whether device `device` holds layer l of scanned parameters (always true
+ * without a pipeline; with one, only its stage's layers). */
+bool model_holds_layer(const model_def *m, int device, int64_t l);
+/* Stores layer l of parameter p (weights or grads) into a global buffer
+ * from whichever device holds it. */
+sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_array *a, int64_t l, void *global);
 
 /* The scalar loss of the batch on the tape (forward pass). */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
