@@ -274,6 +274,18 @@ static void test_spec_json(void **state)
     txt = "{\n\"a\": [1, 2,]\n}";
     assert_int_equal(mesh_json_parse(txt, strlen(txt), "bad.json", &j), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "bad.json:2:");
+    /* duplicate keys are refused (a header must not say two things about one name) */
+    txt = "{\"a\": 1, \"a\": 2}";
+    assert_int_equal(mesh_json_parse(txt, strlen(txt), "dup.json", &j), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "dup.json:");
+    assert_contains(sim_errmsg(), "duplicate");
+    /* integers keep their exact value beyond 2^53 */
+    txt = "[9007199254740993, 1.5]";
+    assert_int_equal(mesh_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
+    assert_true(j->items[0].is_integer);
+    assert_true(j->items[0].integer == 9007199254740993LL);
+    assert_false(j->items[1].is_integer);
+    mesh_json_free(j);
 }
 
 /* ---- geometry ----------------------------------------------------------- */
