@@ -254,9 +254,25 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     job.on_layer = print_layer;
     job.cb_arg = &sp;
     job.stats = calloc((size_t)steps, sizeof *job.stats);
+    if (def->d.pipe.on) {
+        char line[512];
+        model_pipe_describe(&def->d.pipe, line, sizeof line);
+        fprintf(out, "\n%s\n", line);
+    }
     fprintf(out, "\n");
     cli_report_step_header(out);
     st = model_train(&job, m);
+    if (!st && def->d.pipe.on) {
+        const model_pipe *pp = &def->d.pipe;
+        fprintf(out, "\npipeline bubbles: %lld of %lld iterations per stage (%.1f%% of stage compute, bubbles computed "
+                     "and discarded)",
+                (long long)(pp->delay * (pp->stages - 1)), (long long)model_pipe_iterations(pp),
+                100.0 * model_pipe_bubble_fraction(pp));
+        if (!def->d.dry_run && def->pipe_layer_ns)
+            fprintf(out, "; measured on device 0: %.1f%% of its layer time",
+                    100.0 * (double)def->pipe_bubble_ns / (double)def->pipe_layer_ns);
+        fprintf(out, "\n");
+    }
     int rc = 0;
     if (st) {
         rc = cli_fail(err, st);

@@ -100,6 +100,21 @@ static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
                        "context parallelism (%d devices on '%s') with pipeline parallelism is not implemented yet; "
                        "set the context axis to 1 or ici_pipeline_parallelism=1",
                        d->cp, m->mesh.names[d->cp_axis]);
+    /* the microbatch must split over the axes that shard activation_batch inside a stage */
+    static const char *const shift_names[4] = {"activation_stage", "activation_batch", "activation_length",
+                                               "activation_embed"};
+    mesh_spec ss;
+    SIM_TRY(model_logical_spec(m, "pipeline/shift", 4, shift_names, &ss));
+    int64_t shp[4] = {d->pipe.stages, d->pipe.micro_rows, d->seq, d->emb};
+    if (mesh_spec_check_shape(&ss, &m->mesh, 4, shp, "pipeline shift buffer") != SIM_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", sim_errmsg());
+        return sim_err(SIM_ERR_INPUT,
+                       "num_pipeline_microbatches=%lld leaves %lld rows per microbatch (%lld rows per step), which "
+                       "the pipeline buffers cannot shard: %s; use fewer microbatches or a larger "
+                       "per_device_batch_size",
+                       (long long)d->pipe.microbatches, (long long)d->pipe.micro_rows, (long long)d->batch, why);
+    }
     /* inside the pipeline every collective must stay within a stage: only the
      * stage buffers, the layer stack and the embedding/logits batch may use 'stage' */
     static const char *const may_use_stage[] = {"activation_stage", "layers", "activation_embed_and_logits_batch",

@@ -79,6 +79,8 @@ typedef struct {
     pthread_mutex_t act_lock;
     int nacts;
     model_act acts[MODEL_MAX_ACTS];
+    /* pipeline: device 0's wall time in its stage's layers (forward and backward), all and in bubbles */
+    uint64_t pipe_layer_ns, pipe_bubble_ns;
 } model_def;
 
 /* Config getters into the model's field types (errors as mesh_cfg_get_*). */

@@ -389,6 +389,7 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
         if (p->def.scan_dim < 0) continue;
         for (int l = 0; l < p->n_layers; l++) {
             if (!model_holds_layer(m, sim_device_id(md->ctx.dev), l)) continue;
+            if (!(mesh_spec_dim_axes(&p->w[l].spec) & gone)) continue; /* nothing to gather */
             pipe_ag *a = &pr->ag[pr->nag++];
             a->param = i;
             a->layer = l;
@@ -478,6 +479,16 @@ static sim_status microbatch_positions(pipe_run *pr, const model_batch *b)
 
 /* ---- the loop (forward) and its transpose (backward) */
 
+/* Device 0 adds the layer time of iteration i (bubble or not) to the model's counters. */
+static void count_time(pipe_run *pr, int64_t i, uint64_t t0)
+{
+    if (sim_device_id(dev_of(pr)) != 0) return;
+    uint64_t dt = sim_now_ns() - t0;
+    model_def *m = (model_def *)pr->md->def; /* like the activation log: device 0 writes, the caller reads after the run */
+    m->pipe_layer_ns += dt;
+    if (model_pipe_is_bubble(pr->p, i, pr->stage)) m->pipe_bubble_ns += dt;
+}
+
 static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
 {
     pipe_run *pr = e->payload;
@@ -544,8 +555,10 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
             st = ppermute(pr, gc, tmp.data, +1, "pipeline/state_io");
             copy_n(gc, tmp.data, n);
         }
+        uint64_t t0 = sim_now_ns();
         if (st == SIM_OK) st = stage_backward(pr, i, &g_out, &g_in);
         else mesh_array_free(d, &g_out);
+        count_time(pr, i, t0);
         if (st == SIM_OK) {
             float *dst = g_shift.data;
             if (s == 0 && i < M) dst = col(&g_io, i % MS, n);
@@ -614,7 +627,9 @@ static sim_status loop_forward(pipe_run *pr, const mesh_array *io_in, mesh_array
         if (st == SIM_OK) copy_n(pr->saved[i * L].data, in, n);
         mesh_array o;
         memset(&o, 0, sizeof o);
+        uint64_t t0 = sim_now_ns();
         if (st == SIM_OK) st = stage_forward(pr, i, &o);
+        count_time(pr, i, t0);
         /* get_new_loop_state */
         if (st == SIM_OK) {
             st = ppermute(pr, o.data, shift2.data, +1, "pipeline/shift");
