@@ -149,7 +149,7 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
         SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
     if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline.c) */
-        SIM_TRY(model_pipeline_run(md, t, b, x, llama_layer_fn, &x));
+        SIM_TRY(model_pipeline_run(md, t, b, x, llama_layer_fn, 0, &x));
     for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
         if (m->d.remat_full) {
             char tag[64];

@@ -87,14 +87,35 @@ static void define_llama(model_def *m)
 static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
 {
     model_dims *d = &m->d;
-    SIM_TRY(model_pipe_from_config(cfg, &m->mesh, d->layers, d->batch, &d->pipe));
+    /* DeepSeek pipelines its MoE layers; its dense layers run before the pipeline */
+    int64_t stack = d->kind == MODEL_DEEPSEEK ? d->layers - d->dense_layers : d->layers;
+    SIM_TRY(model_pipe_from_config(cfg, &m->mesh, stack, d->batch, &d->pipe));
     if (!d->pipe.on) return SIM_OK;
-    if (d->kind == MODEL_DEEPSEEK)
+    if (d->kind == MODEL_DEEPSEEK && stack < 1)
         return sim_err(SIM_ERR_INPUT,
-                       "ici/dcn_pipeline_parallelism=%lld with decoder_block=deepseek: the DeepSeek pipeline (dense "
-                       "layers before it, MoE stages) is not implemented yet; set ici_pipeline_parallelism=1 and "
-                       "dcn_pipeline_parallelism=1",
-                       (long long)d->pipe.stages);
+                       "ici_pipeline_parallelism=%lld with first_num_dense_layers=%lld = base_num_decoder_layers: "
+                       "DeepSeek pipelines its MoE layers and there are none; add MoE layers or set "
+                       "ici_pipeline_parallelism=1",
+                       (long long)d->pipe.stages, (long long)d->dense_layers);
+    if (d->kind == MODEL_DEEPSEEK && d->lb_weight > 0)
+        return sim_err(SIM_ERR_INPUT,
+                       "load_balance_loss_weight=%g with pipeline parallelism: collecting the MoE load-balance loss "
+                       "from the pipeline iterations is not implemented yet; set load_balance_loss_weight=0",
+                       d->lb_weight);
+    if (d->kind == MODEL_DEEPSEEK && d->dense_layers > 0) { /* logical_axis_rules_pp_act_as_dp */
+        mesh_rules_init(&m->rules_pp_dp);
+        for (int r = 0; r < m->rules.n; r++) {
+            const mesh_rule *ru = &m->rules.rules[r];
+            const char *axes[MESH_MAX_AXES + 1];
+            int n = 0;
+            for (int a = 0; a < ru->n_axes && n < MESH_MAX_AXES; a++) {
+                if (!strcmp(ru->axes[a], "stage")) continue;
+                if (!strcmp(ru->axes[a], "data")) axes[n++] = "stage";
+                axes[n++] = ru->axes[a];
+            }
+            mesh_rules_add(&m->rules_pp_dp, ru->name, n, axes);
+        }
+    }
     if (d->cp > 1)
         return sim_err(SIM_ERR_INPUT,
                        "context parallelism (%d devices on '%s') with pipeline parallelism is not implemented yet; "
@@ -216,7 +237,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         SIM_TRY(mesh_rules_resolve(&m->rules, &m->mesh, pd->path, pd->rank, pd->logical, &res));
         m->spec[i] = res.spec;
         m->unpruned[i] = res.unpruned;
-        if (d->pipe.on && pd->scan_dim >= 0) { /* MaxText's stage vmap puts the layer stack on 'stage' */
+        if (d->pipe.on && model_param_pipelined(m, i)) { /* MaxText's stage vmap puts the layer stack on 'stage' */
             int ax = d->pipe.stage_axis;
             SIM_TRY(mesh_spec_set_dim(&m->spec[i], &m->mesh, pd->scan_dim, 1, &ax));
             SIM_TRY(mesh_spec_set_dim(&m->unpruned[i], &m->mesh, pd->scan_dim, 1, &ax));
@@ -229,14 +250,20 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 void model_def_free(model_def *m)
 {
     mesh_rules_free(&m->rules);
+    if (m->rules_pp_dp.n) mesh_rules_free(&m->rules_pp_dp);
     pthread_mutex_destroy(&m->act_lock);
 }
+
+/* A layer running before the pipeline resolves its names under rules_pp_dp (per device thread). */
+static _Thread_local const mesh_rules *thread_rules;
+
+void model_set_thread_rules(const mesh_rules *r) { thread_rules = r; }
 
 sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, const char *const *names,
                               mesh_spec *out)
 {
     mesh_resolved res;
-    SIM_TRY(mesh_rules_resolve(&m->rules, &m->mesh, tensor, rank, names, &res));
+    SIM_TRY(mesh_rules_resolve(thread_rules ? thread_rules : &m->rules, &m->mesh, tensor, rank, names, &res));
     *out = res.spec;
     return SIM_OK;
 }
@@ -286,7 +313,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         model_param_layer_spec(p, &ls);
         mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt ? &p->m : NULL, with_opt ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
-        bool stacked = p->def.scan_dim >= 0 && def->d.pipe.on;
+        bool stacked = model_param_pipelined(def, i);
         if (stacked) p->stage_span = def->d.pipe.layers_per_stage;
         for (int b = 0; b < 4; b++) {
             if (!bufs[b]) continue;
@@ -313,6 +340,22 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
     return model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed);
 }
 
+bool model_param_pipelined(const model_def *m, int i)
+{
+    if (!m->d.pipe.on || m->defs[i].scan_dim < 0) return false;
+    return m->d.kind == MODEL_LLAMA2 || strstr(m->defs[i].path, ".moe_layers.") != NULL;
+}
+
+sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
+                                model_layer_fn fn, mesh_var **y, mesh_var **aux)
+{
+    const mesh_rules *saved = thread_rules;
+    thread_rules = md->def->rules_pp_dp.n ? &md->def->rules_pp_dp : NULL;
+    sim_status st = fn(md, t, b, layer, x, y, aux);
+    thread_rules = saved;
+    return st;
+}
+
 bool model_holds_layer(const model_def *m, int device, int64_t l)
 {
     const model_pipe *pp = &m->d.pipe;
@@ -325,7 +368,8 @@ bool model_holds_layer(const model_def *m, int device, int64_t l)
 sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_array *a, int64_t l, void *global)
 {
     const model_def *m = md->def;
-    if (!m->d.pipe.on || p->def.scan_dim < 0) return mesh_array_store_global(md->ctx.dev, &m->mesh, a, global);
+    if (!m->d.pipe.on || p->def.scan_dim < 0 || (m->d.kind == MODEL_DEEPSEEK && !strstr(p->def.path, ".moe_layers.")))
+        return mesh_array_store_global(md->ctx.dev, &m->mesh, a, global);
     if (!model_holds_layer(m, sim_device_id(md->ctx.dev), l)) return SIM_OK;
     return mesh_array_store_global_except(md->ctx.dev, &m->mesh, a, global, 1u << m->d.pipe.stage_axis);
 }

@@ -79,6 +79,10 @@ typedef struct {
     pthread_mutex_t act_lock;
     int nacts;
     model_act acts[MODEL_MAX_ACTS];
+    /* pipeline: the rules under which layers before the pipeline run (MaxText's
+     * logical_axis_rules_pp_act_as_dp: 'stage' removed from every rule and put before
+     * 'data' wherever 'data' appears); n == 0 when unused */
+    mesh_rules rules_pp_dp;
     /* pipeline: device 0's wall time in its stage's layers (forward and backward), all and in bubbles */
     uint64_t pipe_layer_ns, pipe_bubble_ns;
 } model_def;
@@ -139,9 +143,16 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
                              model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux);
 
 /* The pipelined decoder stack (pipeline.c): x (B, T, E) -> y (B, T, E),
- * flat layer (r*S + s)*L + l of fn run by stage s in repeat r. */
+ * flat layer first_layer + (r*S + s)*L + l of fn run by stage s in repeat r. */
 sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, model_layer_fn fn,
-                              mesh_var **y);
+                              int64_t first_layer, mesh_var **y);
+/* Whether parameter i is part of the pipelined layer stack (stage-held). */
+bool model_param_pipelined(const model_def *m, int i);
+/* Runs fn (a layer before the pipeline) under rules_pp_dp on this thread. */
+sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
+                                model_layer_fn fn, mesh_var **y, mesh_var **aux);
+/* The rules logical names resolve with on this device thread (NULL: the model's). */
+void model_set_thread_rules(const mesh_rules *r);
 /* Whether device `device` holds layer l of scanned parameters (always true
  * without a pipeline; with one, only its stage's layers). */
 bool model_holds_layer(const model_def *m, int device, int64_t l);

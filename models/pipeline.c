@@ -219,6 +219,7 @@ typedef struct {
     model_dev *md;
     const model_pipe *p;
     model_layer_fn fn;
+    int64_t first_layer;         /* model layer index of the stack's layer 0 (DeepSeek: the dense layers come first) */
     int64_t iters, stage, n;     /* n: local elements of one [mb, seq, emb] slot */
     int64_t slot_shape[3];       /* [mb, seq, emb] */
     mesh_spec inner;             /* a slot as its stage sees it: the shift spec without the stage dim */
@@ -275,7 +276,7 @@ static int64_t layer_of(const pipe_run *pr, int64_t i, int64_t l, int64_t *micro
     int64_t rep;
     model_pipe_ids(p, i, pr->stage, micro, &rep);
     if (rep >= p->repeats) rep = p->repeats - 1; /* cool-down bubbles: JAX clamps the repeat index */
-    return (rep * p->stages + pr->stage) * p->layers_per_stage + l;
+    return pr->first_layer + (rep * p->stages + pr->stage) * p->layers_per_stage + l;
 }
 
 /* Brings a layer output (or input cotangent) to the slot's spec: the shard_map's in_specs. */
@@ -381,12 +382,12 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
     }
     int count = 0;
     for (int i = 0; i < m->nparams; i++)
-        if (md->p[i].def.scan_dim >= 0) count += md->p[i].n_layers;
+        if (model_param_pipelined(m, i)) count += md->p[i].n_layers;
     pr->ag = calloc((size_t)count, sizeof *pr->ag);
     SIM_ASSERT(pr->ag);
     for (int i = 0; i < m->nparams; i++) {
         model_param *p = &md->p[i];
-        if (p->def.scan_dim < 0) continue;
+        if (!model_param_pipelined(m, i)) continue;
         for (int l = 0; l < p->n_layers; l++) {
             if (!model_holds_layer(m, sim_device_id(md->ctx.dev), l)) continue;
             if (!(mesh_spec_dim_axes(&p->w[l].spec) & gone)) continue; /* nothing to gather */
@@ -700,7 +701,7 @@ static sim_status reshape(model_dev *md, mesh_tape *t, mesh_var *x, int rank, co
 /* ---- the entry point */
 
 sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, model_layer_fn fn,
-                              mesh_var **y)
+                              int64_t first_layer, mesh_var **y)
 {
     const model_def *m = md->def;
     const model_pipe *p = &m->d.pipe;
@@ -712,6 +713,7 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
     pr->md = md;
     pr->p = p;
     pr->fn = fn;
+    pr->first_layer = first_layer;
     pr->iters = model_pipe_iterations(p);
     pr->stage = sim_device_coord(md->ctx.dev, p->stage_axis);
     int64_t io_shape[5] = {S, M / S, mb, T, E}, shift_shape[4] = {S, mb, T, E}, in4[4] = {M, mb, T, E};

@@ -11,7 +11,12 @@
  *     bytes, forward and backward; with pipeline_fsdp_ag_once the decoder
  *     weights are all-gathered over fsdp once per step (and their gradients
  *     reduce-scattered once), while the default gathers them every iteration;
- *   - memory: a device stores only its stage's layers. */
+ *   - memory: a device stores only its stage's layers;
+ *   - DeepSeek: parity over 5 steps of a model with a dense layer before the
+ *     pipelined MoE layers (stage acting as data for it: its weight
+ *     gradients are summed over 'stage'), under the base rules and under
+ *     pipeline-large-moe with stage=2 expert=2, auto and explicit; the
+ *     load-balance loss with a pipeline is refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -279,6 +284,86 @@ static void test_parity_five_steps(void **state)
     close_run(&ref);
 }
 
+/* DeepSeek (deepseek3-tiny variant: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora): the MoE
+ * layers are the pipeline, the dense layer runs before it with 'stage' acting as data */
+static const char *const DS[] = {
+    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
+    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
+    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
+    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
+    "load_balance_loss_weight=0",
+};
+enum { NDS = sizeof DS / sizeof DS[0] };
+
+static void test_parity_deepseek(void **state)
+{
+    (void)state;
+    enum { STEPS = 5 };
+    static const pipe_case DCASES[] = {
+        {"deepseek stage=2 (dense layer before the pipeline)", {"ici_pipeline_parallelism=2"}, 2},
+        {"deepseek pipeline-large-moe stage=2 expert=2",
+         {"custom_mesh_and_rule=pipeline-large-moe", "ici_pipeline_parallelism=2", "ici_expert_parallelism=2",
+          "num_pipeline_microbatches=4"},
+         4},
+    };
+    const char *base[NDS + 8];
+    for (int i = 0; i < NDS; i++) base[i] = DS[i];
+    run_t ref;
+    open_run(&ref, base, NDS, 1, STEPS);
+    train(&ref, true);
+    assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.02);
+    for (size_t ci = 0; ci < sizeof DCASES / sizeof DCASES[0]; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            int n = NDS;
+            for (int f = 0; f < 5 && DCASES[ci].flags[f]; f++) base[n++] = DCASES[ci].flags[f];
+            base[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            run_t r;
+            open_run(&r, base, n, DCASES[ci].devices, STEPS);
+            assert_true(r.def->d.pipe.on);
+            assert_int_equal(r.def->d.pipe.layers, 2); /* the MoE layers */
+            train(&r, true);
+            for (int s = 0; s < STEPS; s++) {
+                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+                if (fabs(l - lr) > 1e-4 * fabs(lr))
+                    fail_msg("%s %s step %d: loss %.7f vs %.7f", DCASES[ci].label, base[n - 1], s, l, lr);
+                for (int i = 0; i < r.def->nparams; i++) {
+                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                    if (e > 1e-4)
+                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", DCASES[ci].label, base[n - 1], s,
+                                 r.def->defs[i].path, e);
+                }
+            }
+            /* the dense layer's weight gradients are summed over 'stage' (stage acts as data there) */
+            int stage = mesh_shape_axis_index(&r.def->mesh, "stage");
+            size_t nr;
+            const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
+            bool dense_over_stage = false;
+            for (size_t i = 0; i < nr; i++)
+                if (strstr(rec[i].tag, "dense_layers.mlp.wi_0") && rec[i].phase == SIM_PHASE_BACKWARD)
+                    for (int a = 0; a < rec[i].axes.n; a++) dense_over_stage |= rec[i].axes.axis[a] == stage;
+            assert_true(dense_over_stage);
+            close_run(&r);
+        }
+    close_run(&ref);
+    /* the load-balance loss inside a pipeline is refused, naming the key and the fix */
+    const char *lb[NDS + 1];
+    for (int i = 0; i < NDS; i++) lb[i] = DS[i];
+    lb[NDS - 1] = "load_balance_loss_weight=0.01";
+    lb[NDS] = "ici_pipeline_parallelism=2";
+    model_def *def;
+    const char *argv[NDS + 2];
+    memcpy(argv, lb, sizeof lb);
+    argv[NDS + 1] = "per_device_batch_size=4";
+    mesh_cfg *cfg;
+    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", NDS + 2, argv, &cfg), SIM_OK);
+    def = calloc(1, sizeof *def);
+    assert_int_equal(model_def_from_config(cfg, def), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "load_balance_loss_weight=0"));
+    free(def);
+    mesh_cfg_free(cfg);
+}
+
 /* ------------------------------------------------------------ traffic and memory */
 
 typedef struct {
@@ -415,7 +500,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_derivation), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_parity_five_steps), cmocka_unit_test(test_traffic_ppermute),
-        cmocka_unit_test(test_ag_once_and_memory),
+        cmocka_unit_test(test_ag_once_and_memory), cmocka_unit_test(test_parity_deepseek),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
