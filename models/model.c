@@ -83,6 +83,41 @@ static void define_llama(model_def *m)
               MODEL_INIT_TRUNC_NORMAL, fe);
 }
 
+/* What MaxText's config does when it pipelines (types.py): 'stage' moves before 'data' in the
+ * mesh axes, and the embedding/logits batch rule becomes [stage, data, fsdp, fsdp_transpose, expert]. */
+static void pipeline_mesh_and_rules(model_def *m)
+{
+    mesh_shape *ms = &m->mesh;
+    int st = mesh_shape_axis_index(ms, "stage"), da = mesh_shape_axis_index(ms, "data");
+    if (st < 0 || ms->sizes[st] <= 1) return;
+    if (da >= 0 && st > da) {
+        char name[MESH_AXIS_NAME_MAX];
+        memcpy(name, ms->names[st], sizeof name);
+        memcpy(ms->names[st], ms->names[da], sizeof name);
+        memcpy(ms->names[da], name, sizeof name);
+        int t = ms->sizes[st];
+        ms->sizes[st] = ms->sizes[da];
+        ms->sizes[da] = t;
+        t = ms->dcn[st];
+        ms->dcn[st] = ms->dcn[da];
+        ms->dcn[da] = t;
+        t = ms->ici[st];
+        ms->ici[st] = ms->ici[da];
+        ms->ici[da] = t;
+    }
+    int r = mesh_rules_find(&m->rules, "activation_embed_and_logits_batch");
+    if (r >= 0) {
+        static const char *const axes[] = {"stage", "data", "fsdp", "fsdp_transpose", "expert"};
+        mesh_rule *ru = &m->rules.rules[r];
+        for (int a = 0; a < ru->n_axes; a++) free(ru->axes[a]);
+        free(ru->axes);
+        ru->n_axes = 5;
+        ru->axes = calloc(5, sizeof *ru->axes);
+        SIM_ASSERT(ru->axes);
+        for (int a = 0; a < 5; a++) ru->axes[a] = strdup(axes[a]);
+    }
+}
+
 /* Pipeline keys (pipeline.c) and the combinations not implemented with a pipeline yet. */
 static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
 {
@@ -207,6 +242,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
+    pipeline_mesh_and_rules(m);
     double pdbs;
     SIM_TRY(mesh_cfg_get_double(cfg, "per_device_batch_size", &pdbs));
     d->batch = (int64_t)((double)m->mesh.num_devices * pdbs + 1e-9);

@@ -5,7 +5,8 @@
  *     layer -> stage) against hand-derived values from pipeline.py's formulas;
  *   - parity over 5 training steps (losses and every gradient of every step)
  *     with the 1-device run: stage=2 with M = 2, 4, 8; stage=4 circular R=2
- *     (with and without circ_storage); stage=2 fsdp=2 tensor=2; stage=2 fsdp=2
+ *     (with and without circ_storage); stage=2 fsdp=2 tensor=2; stage=2 data=2
+ *     with two layers per stage; stage=2 fsdp=2
  *     with pipeline_fsdp_ag_once; each in auto and explicit mode;
  *   - traffic: ppermute bytes per step = iterations x buffers moved x slot
  *     bytes, forward and backward; with pipeline_fsdp_ag_once the decoder
@@ -119,6 +120,14 @@ static void test_config_derivation(void **state)
     assert_int_equal(rep, 1);
     assert_false(model_pipe_is_bubble(p, 18, 3)); /* k = 15: the last microbatch of the last repeat */
     assert_true(model_pipe_is_bubble(p, 18, 2));  /* k = 16: cool-down */
+    /* MaxText's pipelined config: 'stage' before 'data' in the mesh, and the embedding/logits batch
+     * rule [stage, data, fsdp, fsdp_transpose, expert] */
+    assert_true(mesh_shape_axis_index(&def->mesh, "stage") < mesh_shape_axis_index(&def->mesh, "data"));
+    int eb = mesh_rules_find(&def->rules, "activation_embed_and_logits_batch");
+    assert_true(eb >= 0);
+    assert_int_equal(def->rules.rules[eb].n_axes, 5);
+    assert_string_equal(def->rules.rules[eb].axes[0], "stage");
+    assert_string_equal(def->rules.rules[eb].axes[1], "data");
     /* the stacked parameters carry the stage on their layer dim */
     int q = model_param_index(def, "mlp.wi_0.kernel");
     int stage = mesh_shape_axis_index(&def->mesh, "stage");
@@ -242,6 +251,7 @@ static const pipe_case CASES[] = {
     {"stage=2 fsdp=2 tensor=2 M=4",
      {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "num_pipeline_microbatches=4"},
      8},
+    {"stage=2 data=2 L=2", {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "num_layers_per_pipeline_stage=2"}, 4},
     {"stage=2 fsdp=2 ag_once M=4",
      {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
       "num_pipeline_microbatches=4"},
