@@ -148,6 +148,12 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
                               int64_t first_layer, mesh_var **y);
 /* Whether parameter i is part of the pipelined layer stack (stage-held). */
 bool model_param_pipelined(const model_def *m, int i);
+/* Layer l of each stage of a pipelined parameter as MaxText's sharding dump
+ * shows it: path decoder.pipeline_module.layers[.layers_<l> when L > 1].<rest>,
+ * shape [(R,) S, per-layer dims] (R only when circular), logical names
+ * (circular_repeats,) layers, ..., spec with 'stage' on the S dim (size-1 axes kept). */
+sim_status model_pipe_dump_layout(const model_def *m, int i, int64_t l, char *path, size_t cap, int *rank,
+                                  int64_t *shape, const char **logical, mesh_spec *spec);
 /* Runs fn (a layer before the pipeline) under rules_pp_dp on this thread. */
 sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                                 model_layer_fn fn, mesh_var **y, mesh_var **aux);

@@ -748,6 +748,26 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
         pr->saved = calloc((size_t)(pr->iters * p->layers_per_stage), sizeof *pr->saved);
         SIM_ASSERT(pr->saved);
     }
+    if (st == SIM_OK) { /* the buffers as MaxText's activation dump logs them */
+        mesh_array probe;
+        memset(&probe, 0, sizeof probe);
+        probe.rank = 2;
+        probe.shape[0] = m->d.batch;
+        probe.shape[1] = T;
+        mesh_spec rep;
+        mesh_spec_init(&rep, 2);
+        model_note_activation(md, "pipeline/inputs", &probe, 2, NULL, &rep);
+        probe.rank = 4;
+        memcpy(probe.shape, shift_shape, sizeof shift_shape);
+        model_note_activation(md, "pipeline/shift", &probe, 4, STAGES_IN, &pr->s_shift);
+        probe.rank = 5;
+        memcpy(probe.shape, io_shape, sizeof io_shape);
+        model_note_activation(md, "pipeline/state_io", &probe, 5, STATE_IO, &pr->s_io);
+        probe.rank = 4;
+        memcpy(probe.shape, shift_shape, sizeof shift_shape);
+        model_note_activation(md, "pipeline/first_stage_in", &probe, 4, STAGES_IN, &pr->s_shift);
+        model_note_activation(md, "pipeline/stages_in", &probe, 4, STAGES_IN, &pr->s_shift);
+    }
     const char *saved_layer = md->ctx.layer;
     md->ctx.layer = "decoder/pipeline";
     mesh_var *in4v = NULL, *io = NULL, *outv = NULL;
@@ -775,4 +795,48 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
     if (st == SIM_OK) st = reshape(md, t, outv, 3, (int64_t[]){m->d.batch, T, E}, &s_out, "output", y);
     md->ctx.layer = saved_layer;
     return st;
+}
+
+/* ------------------------------------------------------------ sharding dump layout */
+
+sim_status model_pipe_dump_layout(const model_def *m, int i, int64_t l, char *path, size_t cap, int *rank,
+                                  int64_t *shape, const char **logical, mesh_spec *spec)
+{
+    const model_param_def *pd = &m->defs[i];
+    const model_pipe *p = &m->d.pipe;
+    if (!model_param_pipelined(m, i)) return sim_err(SIM_ERR_INTERNAL, "'%s' is not pipelined", pd->path);
+    /* params.decoder.<stack>.rest -> params.decoder.pipeline_module.layers[.layers_<l>].rest */
+    const char *rest = strstr(pd->path, ".layers.");
+    size_t skip = rest ? strlen(".layers.") : 0;
+    if (!rest) {
+        rest = strstr(pd->path, ".moe_layers.");
+        skip = strlen(".moe_layers.");
+    }
+    if (!rest) return sim_err(SIM_ERR_INTERNAL, "'%s': no layer stack in the path", pd->path);
+    char sub[32] = "";
+    if (p->layers_per_stage > 1) snprintf(sub, sizeof sub, "layers_%lld.", (long long)l);
+    snprintf(path, cap, "%.*s.pipeline_module.layers.%s%s", (int)(rest - pd->path), pd->path, sub, rest + skip);
+    /* the stage vmap (and, circular, the repeat vmap) stack each layer of a stage */
+    const mesh_spec *full = &m->unpruned[i];
+    int r = 0;
+    mesh_spec_init(spec, 0);
+    if (p->repeats > 1) {
+        shape[r] = p->repeats;
+        logical[r++] = "circular_repeats";
+    }
+    spec->n_axes[r] = 1;
+    spec->axes[r][0] = (int8_t)p->stage_axis;
+    shape[r] = p->stages;
+    logical[r++] = "layers";
+    for (int d = 0; d < pd->rank; d++)
+        if (d != pd->scan_dim) {
+            shape[r] = pd->shape[d];
+            logical[r] = pd->logical[d];
+            spec->n_axes[r] = full->n_axes[d];
+            memcpy(spec->axes[r], full->axes[d], sizeof spec->axes[r]);
+            r++;
+        }
+    *rank = r;
+    spec->rank = r;
+    return SIM_OK;
 }

@@ -1,6 +1,8 @@
 /* test_models_pipeline.c — pipeline parallelism (models/pipeline.c):
  *   - the config rules (defaults, derived repeats, every violated rule and
  *     every feature not implemented yet is an input error naming the keys);
+ *   - the sharding dump's layout of pipelined weights (MaxText's, checked
+ *     against a MaxText 0.2.5 dump of the same configurations);
  *   - the schedule (iterations, microbatch and repeat per stage, bubbles,
  *     layer -> stage) against hand-derived values from pipeline.py's formulas;
  *   - parity over 5 training steps (losses and every gradient of every step)
@@ -96,6 +98,20 @@ static void test_config_derivation(void **state)
     assert_true(fabs(model_pipe_bubble_fraction(p) - 3.0 / 11.0) < 1e-12);
     /* layers 0,1 on stage 0 ... 6,7 on stage 3 */
     for (int l = 0; l < 8; l++) assert_int_equal(model_pipe_layer_stage(p, l), l / 2);
+    { /* not circular, 2 layers per stage: layers_0 and layers_1, each [S, per-layer dims] */
+        char path[256];
+        int rank;
+        int64_t shape[MESH_SPEC_MAX_RANK];
+        const char *logical[MESH_SPEC_MAX_RANK];
+        mesh_spec sp;
+        int w = model_param_index(def, "self_attention.out.kernel");
+        assert_int_equal(model_pipe_dump_layout(def, w, 1, path, sizeof path, &rank, shape, logical, &sp), SIM_OK);
+        assert_string_equal(path, "params.decoder.pipeline_module.layers.layers_1.self_attention.out.kernel");
+        assert_int_equal(rank, 4);
+        assert_int_equal(shape[0], 4);
+        assert_string_equal(logical[0], "layers");
+        assert_string_equal(logical[1], "heads");
+    }
     free_def(def);
 
     /* S=4, R=2, M=8 > S: circ_storage; the facts' example layout: stage s holds layers s and s+4 */
@@ -128,6 +144,27 @@ static void test_config_derivation(void **state)
     assert_int_equal(def->rules.rules[eb].n_axes, 5);
     assert_string_equal(def->rules.rules[eb].axes[0], "stage");
     assert_string_equal(def->rules.rules[eb].axes[1], "data");
+    /* the dump shows MaxText's layout: circular -> [R, S, per-layer dims] under pipeline_module.layers */
+    {
+        char path[256];
+        int rank;
+        int64_t shape[MESH_SPEC_MAX_RANK];
+        const char *logical[MESH_SPEC_MAX_RANK];
+        mesh_spec sp;
+        int w = model_param_index(def, "mlp.wi_0.kernel");
+        assert_int_equal(model_pipe_dump_layout(def, w, 0, path, sizeof path, &rank, shape, logical, &sp), SIM_OK);
+        assert_string_equal(path, "params.decoder.pipeline_module.layers.mlp.wi_0.kernel");
+        assert_int_equal(rank, 4);
+        assert_int_equal(shape[0], 2); /* R */
+        assert_int_equal(shape[1], 4); /* S */
+        assert_int_equal(shape[2], 16);
+        assert_int_equal(shape[3], 24);
+        assert_string_equal(logical[0], "circular_repeats");
+        assert_string_equal(logical[1], "layers");
+        assert_int_equal(sp.n_axes[0], 0);
+        assert_int_equal(sp.n_axes[1], 1);
+        assert_int_equal(sp.axes[1][0], mesh_shape_axis_index(&def->mesh, "stage"));
+    }
     /* the stacked parameters carry the stage on their layer dim */
     int q = model_param_index(def, "mlp.wi_0.kernel");
     int stage = mesh_shape_axis_index(&def->mesh, "stage");
