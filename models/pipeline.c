@@ -118,9 +118,11 @@ sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, i
     p->micro_rows = batch / M;
     p->circ_storage = R > 1 && M > S * p->delay;
     /* features of MaxText's pipeline that are not implemented: refused, never approximated */
-    if (delay)
+    if (delay && M < 2 * S)
         return sim_err(SIM_ERR_INPUT,
-                       "pipeline_delay_activation_forwarding=true is not implemented yet; set it to false");
+                       "pipeline_delay_activation_forwarding=true needs num_pipeline_microbatches >= 2 x stages = "
+                       "%lld (got %lld); raise num_pipeline_microbatches or set the delay to false",
+                       (long long)(2 * S), (long long)M);
     if (p->ag_per_repeat)
         return sim_err(SIM_ERR_INPUT,
                        "pipeline_fsdp_ag_per_repeat=true (the circular pipeline's weight prefetch) is not implemented "
@@ -502,9 +504,11 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
     const char *saved_layer = pr->md->ctx.layer;
     pr->md->ctx.layer = "decoder/pipeline";
     SIM_TRY(mesh_reshard(d, mesh_of(pr), &y->grad, &pr->s_io, sim_meta_implicit("pipeline/output_grad")));
-    mesh_array g_io, g_shift, g_circ, g_mover, tmp;
+    mesh_array g_io, g_shift, g_circ, g_mover, tmp, g_prev;
     memset(&g_circ, 0, sizeof g_circ);
     memset(&g_mover, 0, sizeof g_mover);
+    memset(&g_prev, 0, sizeof g_prev);
+    if (p->delay == 2) SIM_TRY(slot_new(pr, "pipeline/prev_outputs (grad)", SIM_MEM_TEMP, &g_prev));
     SIM_TRY(mesh_array_new(d, mesh_of(pr), "pipeline/state_io (grad)", 5, pr->io_shape, &pr->s_io, SIM_F32,
                            SIM_MEM_TEMP, &g_io));
     for (int64_t j = 0; j < MS; j++) copy_n(col(&g_io, (j + idx0) % MS, n), col(&y->grad, j, n), n);
@@ -534,7 +538,11 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
         if (st == SIM_OK) {
             if (zero_first && s == 0) zero_n(g_shift.data, n);
             st = ppermute(pr, g_shift.data, tmp.data, -1, "pipeline/shift");
-            add_n(g_out.data, tmp.data, n);
+            if (p->delay == 2) { /* the shift carried prev_outputs; prev_outputs became this output */
+                add_n(g_out.data, g_prev.data, n);
+                copy_n(g_prev.data, tmp.data, n);
+            } else
+                add_n(g_out.data, tmp.data, n);
             zero_n(g_shift.data, n);
         }
         /* circ_storage: column c was overwritten by the rotated previous output */
@@ -578,6 +586,7 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
     mesh_array_free(d, &g_shift);
     mesh_array_free(d, &g_circ);
     mesh_array_free(d, &g_mover);
+    mesh_array_free(d, &g_prev);
     pr->md->ctx.layer = saved_layer;
     if (st != SIM_OK) {
         mesh_array_free(d, &g_io);
@@ -592,9 +601,11 @@ static sim_status loop_forward(pipe_run *pr, const mesh_array *io_in, mesh_array
     sim_device *d = dev_of(pr);
     const int64_t S = p->stages, M = p->microbatches, MS = M / S, n = pr->n, s = pr->stage, L = p->layers_per_stage;
     const bool zero_first = p->repeats == 1 || p->circ_storage;
-    mesh_array io, shift, shift2, circ, mover, tmp;
+    mesh_array io, shift, shift2, circ, mover, tmp, prev;
     memset(&circ, 0, sizeof circ);
     memset(&mover, 0, sizeof mover);
+    memset(&prev, 0, sizeof prev);
+    if (p->delay == 2) SIM_TRY(slot_new(pr, "pipeline/prev_outputs", SIM_MEM_TEMP, &prev));
     SIM_TRY(mesh_array_clone(d, mesh_of(pr), io_in, "pipeline/state_io", SIM_MEM_TEMP, &io));
     SIM_TRY(mesh_array_new(d, mesh_of(pr), "pipeline/shift", 4, pr->shift_shape, &pr->s_shift, SIM_F32, SIM_MEM_TEMP,
                            &shift));
@@ -633,7 +644,9 @@ static sim_status loop_forward(pipe_run *pr, const mesh_array *io_in, mesh_array
         count_time(pr, i, t0);
         /* get_new_loop_state */
         if (st == SIM_OK) {
-            st = ppermute(pr, o.data, shift2.data, +1, "pipeline/shift");
+            /* with pipeline_delay_activation_forwarding the previous iteration's output moves on */
+            st = ppermute(pr, p->delay == 2 ? prev.data : o.data, shift2.data, +1, "pipeline/shift");
+            if (p->delay == 2) copy_n(prev.data, o.data, n);
             if (zero_first && s == 0) zero_n(shift2.data, n);
             mesh_array sw = shift;
             shift = shift2;
@@ -666,6 +679,7 @@ static sim_status loop_forward(pipe_run *pr, const mesh_array *io_in, mesh_array
     mesh_array_free(d, &circ);
     mesh_array_free(d, &mover);
     mesh_array_free(d, &tmp);
+    mesh_array_free(d, &prev);
     return st;
 }
 

@@ -7,7 +7,8 @@
  *     layer -> stage) against hand-derived values from pipeline.py's formulas;
  *   - parity over 5 training steps (losses and every gradient of every step)
  *     with the 1-device run: stage=2 with M = 2, 4, 8; stage=4 circular R=2
- *     (with and without circ_storage); stage=2 fsdp=2 tensor=2; stage=2 data=2
+ *     (with and without circ_storage); with pipeline_delay_activation_forwarding
+ *     (stage=2 L=4; stage=2 L=2 R=2 M=8, with circ_storage); stage=2 fsdp=2 tensor=2; stage=2 data=2
  *     with two layers per stage; stage=2 fsdp=2
  *     with pipeline_fsdp_ag_once; each in auto and explicit mode;
  *   - traffic: ppermute bytes per step = iterations x buffers moved x slot
@@ -172,6 +173,17 @@ static void test_config_derivation(void **state)
     assert_int_equal(def->spec[q].axes[1][0], stage);
     free_def(def);
 
+    /* forwarding delay d = 2: M defaults to 2S, 2(S-1) bubble iterations */
+    const char *dl[] = {"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true"};
+    assert_int_equal(try_def(dl, 2, 4, &def), SIM_OK);
+    p = &def->d.pipe;
+    assert_int_equal(p->delay, 2);
+    assert_int_equal(p->microbatches, 4);
+    assert_int_equal(model_pipe_iterations(p), 4 * 4 + 2);
+    assert_true(model_pipe_is_bubble(p, 1, 1));
+    assert_false(model_pipe_is_bubble(p, 2, 1));
+    free_def(def);
+
     /* without a stage axis nothing is pipelined, whatever the keys say (MaxText reads them only for S > 1) */
     const char *d[] = {"num_pipeline_microbatches=4"};
     assert_int_equal(try_def(d, 1, 8, &def), SIM_OK);
@@ -193,8 +205,8 @@ static const bad_case BAD[] = {
     {{"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=3"}, 4,
      {"num_layers_per_pipeline_stage=3", "not divisible"}},
     {{"ici_pipeline_parallelism=2", "pipeline_parallel_layers=6"}, 4, {"pipeline_parallel_layers=6", "=-1"}},
-    {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true"}, 4,
-     {"pipeline_delay_activation_forwarding", "false"}},
+    {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true", "num_pipeline_microbatches=2"}, 4,
+     {"pipeline_delay_activation_forwarding", "num_pipeline_microbatches >= 2 x stages = 4"}},
     {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true"}, 4,
      {"pipeline_fsdp_ag_per_repeat", "pipeline_fsdp_ag_once"}},
     {{"ici_pipeline_parallelism=2", "checkpoint_dir=/tmp/x"}, 4, {"checkpoint_dir", "not implemented"}},
@@ -289,6 +301,10 @@ static const pipe_case CASES[] = {
      {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "num_pipeline_microbatches=4"},
      8},
     {"stage=2 data=2 L=2", {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "num_layers_per_pipeline_stage=2"}, 4},
+    {"stage=2 delay L=4", {"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=4",
+                           "pipeline_delay_activation_forwarding=true"}, 2},
+    {"stage=2 L=2 R=2 M=8 delay (circ_storage)", {"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=2",
+                                                 "num_pipeline_microbatches=8", "pipeline_delay_activation_forwarding=true"}, 2},
     {"stage=2 fsdp=2 ag_once M=4",
      {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
       "num_pipeline_microbatches=4"},
@@ -437,11 +453,14 @@ static void test_traffic_ppermute(void **state)
     /* {flags, devices, S, M, R, buffers moved per iteration, batch shards inside a stage} */
     static const struct {
         const char *flags[4];
-        int devices, S, M, R, moves, shards;
+        int devices, S, M, R, d, moves, shards;
     } T[] = {
-        {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=4", "num_layers_per_pipeline_stage=4"}, 2, 2, 4, 1, 2, 1},
-        {{"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"}, 4, 4, 8, 2, 3, 1},
-        {{"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=2"}, 4, 2, 2, 4, 2, 2},
+        {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=4", "num_layers_per_pipeline_stage=4"}, 2, 2, 4, 1, 1, 2, 1},
+        {{"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"}, 4, 4, 8, 2, 1, 3, 1},
+        {{"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=2"}, 4, 2, 2, 4, 1, 2, 2},
+        /* delay: M = 2S = 4, R = 2 -> M = S*d, no circ_storage; 2(S-1) bubble iterations */
+        {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true", "num_layers_per_pipeline_stage=4"},
+         2, 2, 4, 1, 2, 2, 1},
     };
     for (size_t k = 0; k < sizeof T / sizeof T[0]; k++) {
         int n = 0;
@@ -451,7 +470,7 @@ static void test_traffic_ppermute(void **state)
         assert_int_equal(r.def->d.pipe.repeats, T[k].R);
         train(&r, false);
         /* every iteration moves `moves` slots of (rows/M/shards) x seq x emb float32, each to another device */
-        uint64_t iters = (uint64_t)(T[k].M * T[k].R + T[k].S - 1);
+        uint64_t iters = (uint64_t)(T[k].M * T[k].R + T[k].d * (T[k].S - 1));
         uint64_t slot = (uint64_t)(ROWS / T[k].M / T[k].shards) * SEQ * EMB * 4;
         for (int d = 0; d < T[k].devices; d++) {
             sum_t f = sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_FORWARD, NULL);
