@@ -134,15 +134,8 @@ sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, i
                            "%s with pipeline parallelism (stages=%lld): checkpoints of stage-held layers are not "
                            "implemented yet; unset %s or set ici_pipeline_parallelism=1",
                            unset_strs[i], (long long)S, unset_strs[i]);
-    if (mesh_cfg_find(cfg, "gradient_accumulation_steps")) {
-        int64_t ga;
-        SIM_TRY(get_i64(cfg, "gradient_accumulation_steps", &ga));
-        if (ga != 1)
-            return sim_err(SIM_ERR_INPUT,
-                           "gradient_accumulation_steps=%lld with pipeline parallelism is not implemented yet; set "
-                           "gradient_accumulation_steps=1 (or raise num_pipeline_microbatches)",
-                           (long long)ga);
-    }
+    /* gradient_accumulation_steps: each accumulation microbatch runs a whole pipeline schedule (its own
+     * bubbles, and with pipeline_fsdp_ag_once its own gather), as MaxText's GA scan wraps the step */
     if (mesh_cfg_find(cfg, "shard_optimizer_over_data")) {
         bool z;
         SIM_TRY(get_flag(cfg, "shard_optimizer_over_data", &z));

@@ -16,6 +16,9 @@
  *     weights are all-gathered over fsdp once per step (and their gradients
  *     reduce-scattered once), while the default gathers them every iteration;
  *   - memory: a device stores only its stage's layers;
+ *   - gradient accumulation: 5-step parity of stage=2 (and stage=2 fsdp=2
+ *     with ag_once) at gradient_accumulation_steps=2 against 1 device at 2;
+ *     ag_once gathers once per accumulation microbatch;
  *   - DeepSeek: parity over 5 steps of a model with a dense layer before the
  *     pipelined MoE layers (stage acting as data for it: its weight
  *     gradients are summed over 'stage'), under the base rules and under
@@ -350,6 +353,61 @@ static void test_parity_five_steps(void **state)
     close_run(&ref);
 }
 
+/* gradient accumulation: every accumulation microbatch runs a whole schedule (with ag_once, its own gather) */
+static void test_parity_gradient_accumulation(void **state)
+{
+    (void)state;
+    enum { STEPS = 5 };
+    const char *ga1[] = {"gradient_accumulation_steps=2"};
+    run_t ref;
+    open_run(&ref, ga1, 1, 1, STEPS);
+    train(&ref, true);
+    static const pipe_case GCASES[] = {
+        {"stage=2 M=2 GA=2", {"ici_pipeline_parallelism=2", "gradient_accumulation_steps=2"}, 2},
+        {"stage=2 fsdp=2 ag_once M=2 GA=2",
+         {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
+          "gradient_accumulation_steps=2"},
+         4},
+    };
+    for (size_t ci = 0; ci < sizeof GCASES / sizeof GCASES[0]; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            const char *extra[8];
+            int n = 0;
+            for (int f = 0; f < 5 && GCASES[ci].flags[f]; f++) extra[n++] = GCASES[ci].flags[f];
+            extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            run_t r;
+            open_run(&r, extra, n, GCASES[ci].devices, STEPS);
+            train(&r, true);
+            for (int s = 0; s < STEPS; s++) {
+                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+                if (fabs(l - lr) > 1e-4 * fabs(lr))
+                    fail_msg("%s %s step %d: loss %.7f vs %.7f", GCASES[ci].label, extra[n - 1], s, l, lr);
+                for (int i = 0; i < r.def->nparams; i++) {
+                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                    if (e > 1e-4)
+                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", GCASES[ci].label, extra[n - 1], s,
+                                 r.def->defs[i].path, e);
+                }
+            }
+            if (ci == 1) { /* two pipeline calls per step: two gathers of each held, fsdp-sharded layer weight */
+                size_t nr;
+                const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
+                uint64_t gathers = 0;
+                for (size_t i = 0; i < nr; i++)
+                    gathers += rec[i].op == SIM_OP_ALL_GATHER && rec[i].step == STEPS - 1 &&
+                               !strcmp(rec[i].tag, "pipeline/fsdp_ag_once");
+                int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
+                uint64_t n_sharded = 0;
+                for (int i = 0; i < r.def->nparams; i++)
+                    n_sharded += r.def->defs[i].scan_dim >= 0 && (mesh_spec_dim_axes(&r.def->spec[i]) & (1u << fsdp));
+                assert_int_equal(gathers, 2 * 4 * n_sharded); /* 2 microbatches x 4 held layers */
+            }
+            close_run(&r);
+        }
+    close_run(&ref);
+}
+
 /* DeepSeek (deepseek3-tiny variant: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora): the MoE
  * layers are the pipeline, the dense layer runs before it with 'stage' acting as data */
 static const char *const DS[] = {
@@ -570,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_config_derivation), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_parity_five_steps), cmocka_unit_test(test_traffic_ppermute),
         cmocka_unit_test(test_ag_once_and_memory), cmocka_unit_test(test_parity_deepseek),
+        cmocka_unit_test(test_parity_gradient_accumulation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
