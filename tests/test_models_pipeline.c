@@ -16,6 +16,7 @@
  *     weights are all-gathered over fsdp once per step (and their gradients
  *     reduce-scattered once), while the default gathers them every iteration;
  *   - memory: a device stores only its stage's layers;
+ *   - trace: each device's iterations are named spans, bubbles as such;
  *   - gradient accumulation: 5-step parity of stage=2 (and stage=2 fsdp=2
  *     with ag_once) at gradient_accumulation_steps=2 against 1 device at 2;
  *     ag_once gathers once per accumulation microbatch;
@@ -36,6 +37,7 @@
 #include <string.h>
 
 #include "models/train.h"
+#include "sim/trace.h"
 
 static const char *const TINY[] = {
     "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
@@ -353,6 +355,38 @@ static void test_parity_five_steps(void **state)
     close_run(&ref);
 }
 
+/* trace.json: every iteration of every device is a named span, bubbles named as such */
+static void test_trace_names_iterations(void **state)
+{
+    (void)state;
+    const char *flags[] = {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"};
+    run_t r;
+    open_run(&r, flags, 2, 2, 1);
+    sim_machine_free(r.m);
+    assert_int_equal(model_machine_new(r.def, 0, true, &r.m), SIM_OK);
+    train(&r, false);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(sim_trace_write_chrome(r.m, f, 0), SIM_OK);
+    fclose(f);
+    /* S=2, M=2, R=4: 9 iterations; stage 1 idles at i=0 (warm-up), stage 0 at i=8 (cool-down) */
+    assert_non_null(strstr(buf, "\"pipeline iteration 0: microbatch 0 repeat 0\""));
+    assert_non_null(strstr(buf, "\"pipeline iteration 8: microbatch 1 repeat 3\""));
+    int bubbles = 0, iterations = 0;
+    for (const char *q = buf; (q = strstr(q, "\"pipeline iteration ")); q++) {
+        iterations++;
+        const char *end = strchr(q + 1, '"');
+        if (end && end - q > 7 && !strncmp(end - 6, "bubble", 6)) bubbles++;
+    }
+    assert_int_equal(iterations, 2 * 9);
+    assert_int_equal(bubbles, 2);
+    assert_non_null(strstr(buf, "\"pipeline iteration 0: bubble\""));
+    assert_non_null(strstr(buf, "\"pipeline iteration 8: bubble\""));
+    free(buf);
+    close_run(&r);
+}
+
 /* gradient accumulation: every accumulation microbatch runs a whole schedule (with ag_once, its own gather) */
 static void test_parity_gradient_accumulation(void **state)
 {
@@ -628,7 +662,7 @@ int main(void)
         cmocka_unit_test(test_config_derivation), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_parity_five_steps), cmocka_unit_test(test_traffic_ppermute),
         cmocka_unit_test(test_ag_once_and_memory), cmocka_unit_test(test_parity_deepseek),
-        cmocka_unit_test(test_parity_gradient_accumulation),
+        cmocka_unit_test(test_parity_gradient_accumulation), cmocka_unit_test(test_trace_names_iterations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
