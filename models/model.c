@@ -320,7 +320,14 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
             return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
         define_llama(m);
     }
-    SIM_TRY(pipeline_setup(m, cfg));
+    sim_status pst = pipeline_setup(m, cfg);
+    if (pst != SIM_OK) { /* a refusal leaves nothing allocated */
+        mesh_rules_free(&m->rules);
+        mesh_rules_free(&m->rules_pp_dp);
+        memset(&m->rules, 0, sizeof m->rules);
+        memset(&m->rules_pp_dp, 0, sizeof m->rules_pp_dp);
+        return pst;
+    }
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
         const model_param_def *pd = &m->defs[i];
