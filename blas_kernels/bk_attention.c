@@ -353,3 +353,104 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
   for (size_t i = 0; i < nv; i++) dv[i] += (float)gv[i];
   free(gq), free(gk), free(gv), free(p), free(dp);
 }
+
+/* ------------------------------------------------------------------------------------------------
+ * Dot-product attention (MaxText's apply_attention_dot): per (batch, query head) the whole score
+ * matrix S = scale Q K^T (Tq x Tk, one sgemm), masked, softmaxed in place into P, saved; out = P V.
+ * Backward from the saved P: dV += P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)), dQ = scale dS K,
+ * dK += scale dS^T Q.  Parallel over batch rows (a row's dk/dv are its own), fixed loop order.
+ * ---------------------------------------------------------------------------------------------- */
+
+static void attention_dot_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+  const attn_job *J = arg;
+  const bk_attn_dims *d = J->d;
+  const int Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv, rep = Hq / Hkv;
+  const int ldq = Hq * Dqk, ldk = Hkv * Dqk, ldv = Hkv * Dv, ldo = Hq * Dv;
+  for (int b = (int)b_lo; b < (int)b_hi; b++) {
+    const int32_t *qp = J->q_pos + (size_t)b * Tq, *kp = J->k_pos + (size_t)b * Tk;
+    for (int h = 0; h < Hq; h++) {
+      const int g = h / rep;
+      float *P = J->lse + ((size_t)b * Hq + h) * Tq * Tk; /* the probabilities buffer */
+      const float *Q = J->q + (size_t)b * Tq * ldq + (size_t)h * Dqk;
+      const float *K = J->k + (size_t)b * Tk * ldk + (size_t)g * Dqk;
+      const float *V = J->v + (size_t)b * Tk * ldv + (size_t)g * Dv;
+      float *O = J->out + (size_t)b * Tq * ldo + (size_t)h * Dv;
+      score_tile(P, Q, ldq, K, ldk, Tq, Tk, Dqk, d->scale, qp, kp, 0);
+      for (int i = 0; i < Tq; i++) {
+        float *s = P + (size_t)i * Tk, m = -INFINITY;
+        for (int j = 0; j < Tk; j++) m = s[j] > m ? s[j] : m;
+        if (m == -INFINITY) {  // no visible key: a zero row, as the blocked kernel
+          memset(s, 0, (size_t)Tk * sizeof *s);
+          continue;
+        }
+        double l = 0.0;
+        for (int j = 0; j < Tk; j++) {
+          s[j] = s[j] == -INFINITY ? 0.0f : bk_expf(s[j] - m);
+          l += s[j];
+        }
+        float inv = (float)(1.0 / l);
+        for (int j = 0; j < Tk; j++) s[j] *= inv;
+      }
+      bk_gemm(0, 0, Tq, Dv, Tk, 1.0f, P, Tk, V, ldv, 0.0f, O, ldo);
+    }
+  }
+}
+
+void bk_attention_dot_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
+                          const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d) {
+  check_dims(d);
+  if (d->B == 0 || d->Tq == 0) return;
+  BK_ASSERT(out && probs && q && q_pos && (d->Tk == 0 || (k && v && k_pos)));
+  if (d->Tk == 0) {
+    memset(out, 0, (size_t)d->B * d->Tq * d->Hq * d->Dv * sizeof *out);
+    return;
+  }
+  attn_job J = {out, probs, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, q_pos, k_pos, d};
+  run_rows(d->B, attention_dot_fwd_rows, &J);
+}
+
+static void attention_dot_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+  const attn_job *J = arg;
+  const bk_attn_dims *d = J->d;
+  const int Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv, rep = Hq / Hkv;
+  const int ldq = Hq * Dqk, ldk = Hkv * Dqk, ldv = Hkv * Dv, ldo = Hq * Dv;
+  float *dS = bk_xmalloc((size_t)Tq * Tk * sizeof *dS);
+  for (int b = (int)b_lo; b < (int)b_hi; b++) {
+    for (int h = 0; h < Hq; h++) {
+      const int g = h / rep;
+      const float *P = J->o + ((size_t)b * Hq + h) * Tq * Tk;
+      const float *Q = J->q + (size_t)b * Tq * ldq + (size_t)h * Dqk;
+      const float *K = J->k + (size_t)b * Tk * ldk + (size_t)g * Dqk;
+      const float *V = J->v + (size_t)b * Tk * ldv + (size_t)g * Dv;
+      const float *dO = J->dout + (size_t)b * Tq * ldo + (size_t)h * Dv;
+      float *dQ = J->dq + (size_t)b * Tq * ldq + (size_t)h * Dqk;
+      float *dK = J->dk + (size_t)b * Tk * ldk + (size_t)g * Dqk;
+      float *dV = J->dv + (size_t)b * Tk * ldv + (size_t)g * Dv;
+      bk_gemm(1, 0, Tk, Dv, Tq, 1.0f, P, Tk, dO, ldo, 1.0f, dV, ldv);
+      bk_gemm(0, 1, Tq, Tk, Dv, 1.0f, dO, ldo, V, ldv, 0.0f, dS, Tk);
+      for (int i = 0; i < Tq; i++) {
+        const float *p = P + (size_t)i * Tk;
+        float *s = dS + (size_t)i * Tk;
+        double dot = 0.0;
+        for (int j = 0; j < Tk; j++) dot += (double)s[j] * p[j];
+        for (int j = 0; j < Tk; j++) s[j] = p[j] * (s[j] - (float)dot);
+      }
+      bk_gemm(0, 0, Tq, Dqk, Tk, d->scale, dS, Tk, K, ldk, 0.0f, dQ, ldq);
+      bk_gemm(1, 0, Tk, Dqk, Tq, d->scale, dS, Tk, Q, ldq, 1.0f, dK, ldk);
+    }
+  }
+  free(dS);
+}
+
+void bk_attention_dot_bwd(float *dq, float *dk, float *dv, const float *dout, const float *probs, const float *q,
+                          const float *k, const float *v, const bk_attn_dims *d) {
+  check_dims(d);
+  if (d->B == 0 || d->Tq == 0) return;
+  BK_ASSERT(dq && dout && probs && q && (d->Tk == 0 || (dk && dv && k && v)));
+  memset(dq, 0, (size_t)d->B * d->Tq * d->Hq * d->Dqk * sizeof *dq);
+  if (d->Tk == 0) return;
+  memset(dk, 0, (size_t)d->B * d->Tk * d->Hkv * d->Dqk * sizeof *dk);
+  memset(dv, 0, (size_t)d->B * d->Tk * d->Hkv * d->Dv * sizeof *dv);
+  attn_job J = {NULL, NULL, dq, dk, dv, q, k, v, dout, NULL, probs, NULL, NULL, d};
+  run_rows(d->B, attention_dot_bwd_rows, &J);
+}

@@ -41,6 +41,17 @@ void bk_attention_bwd(float *dq,              // (B, Tq, Hq, Dqk)
                       const float *q, const float *k, const float *v,
                       const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d);
 
+/* Dot-product attention (MaxText's attention=dot_product): the same math with the whole score
+ * matrix materialised.  probs (B, Hq, Tq, Tk) receives the softmax probabilities (masked keys 0; a
+ * query with no visible key: a zero row and out = 0); the backward reads them instead of
+ * recomputing.  Block sizes are ignored.  dq, dk, dv are overwritten. */
+void bk_attention_dot_fwd(float *out,           // (B, Tq, Hq, Dv)
+                          float *probs,         // (B, Hq, Tq, Tk) saved
+                          const float *q, const float *k, const float *v,
+                          const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d);
+void bk_attention_dot_bwd(float *dq, float *dk, float *dv, const float *dout, const float *probs,
+                          const float *q, const float *k, const float *v, const bk_attn_dims *d);
+
 /* Naive twins: full score rows in double, no blocking (block sizes ignored). */
 void bk_attention_fwd_ref(float *out, float *lse, const float *q, const float *k, const float *v,
                           const int32_t *q_pos, const int32_t *k_pos, const bk_attn_dims *d);

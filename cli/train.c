@@ -49,6 +49,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
     if (st) {
+        model_def_free(cm->def); /* what it built before failing (the rules) */
         free(cm->def);
         cm->def = NULL;
     }
@@ -87,6 +88,7 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             p[np].logical[d] = def->defs[i].logical[d];
         }
         p[np].spec = def->unpruned[i];
+        if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
         /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them */
         p[np].has_opt_spec = def->d.zero1;
         p[np++].opt_spec = def->opt_unpruned[i];

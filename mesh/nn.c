@@ -17,6 +17,7 @@
 #include "blas_kernels/bk_attention.h"
 #include "blas_kernels/bk_embedding.h"
 #include "blas_kernels/bk_xent.h"
+#include "mesh/ops.h"
 #include "mesh/reshard.h"
 
 /* ------------------------------------------------------------ helpers */
@@ -326,8 +327,11 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
     if (dy->data) {
         bk_attn_dims d = attn_dims(qa, ka, va, e->f[0]);
-        bk_attention_bwd(dq.data, dk.data, dv.data, dy->data, NULL, y->val.data, lse->data, qa->data, ka->data,
-                         va->data, qp->data, kp->data, &d);
+        if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
+            bk_attention_dot_bwd(dq.data, dk.data, dv.data, dy->data, lse->data, qa->data, ka->data, va->data, &d);
+        else
+            bk_attention_bwd(dq.data, dk.data, dv.data, dy->data, NULL, y->val.data, lse->data, qa->data,
+                             ka->data, va->data, qp->data, kp->data, &d);
     }
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, q, &dq, mesh_tape_tag(t, "attention/dq", tag, sizeof tag)));
@@ -335,12 +339,43 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     return mesh_tape_accumulate(t, v, &dv, mesh_tape_tag(t, "attention/dv", tag, sizeof tag));
 }
 
+/* MaxText's qk_product in explicit mode: einsum('btkgd,bskd->bkgts', query reshaped to
+ * (b, t, kv_heads, groups, d), key), which jnp.einsum hands to dot_general as (key, query).  With
+ * the sequence sharded the result would carry that axis on both lengths: JAX refuses it. */
+static sim_status qk_product_check(mesh_ctx *c, const mesh_var *q, const mesh_var *k, const char *name)
+{
+    const mesh_array *qa = &q->val, *ka = &k->val;
+    int64_t Hq = qa->shape[2], Hkv = ka->shape[2];
+    int64_t qshape[5] = {qa->shape[0], qa->shape[1], Hkv, Hq / Hkv, qa->shape[3]};
+    mesh_spec qs;
+    mesh_spec_init(&qs, 5);
+    qs.partial = qa->spec.partial;
+    set_dim(&qs, 0, &qa->spec, 0);
+    set_dim(&qs, 1, &qa->spec, 1);
+    set_dim(&qs, 2, &qa->spec, 2); /* the heads' axes go to the kv-head dim (major) of the split */
+    set_dim(&qs, 4, &qa->spec, 3);
+    mesh_array qv = mesh_array_view(qa, 5, qshape, &qs);
+    char tag[SIM_TAG_MAX];
+    snprintf(tag, sizeof tag, "%s/qk_product", name);
+    return mesh_einsum_check(c, "btkgd,bskd->bkgts", &qv, ka, tag, "layers/attention_op.py:qk_product",
+                             "dot-product attention cannot shard the sequence in explicit mode: use attention=flash "
+                             "on hardware=tpu (or autoselected with max_target_length >= 128 there), a mesh without "
+                             "the axes that shard the attention length, or shard_mode=auto");
+}
+
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
                              double scale, const char *name, mesh_var **out)
+{
+    return mesh_nn_attention_kernel(t, q, k, v, q_pos, scale, false, name, out);
+}
+
+sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
+                                    double scale, bool dot, const char *name, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, name, tag, sizeof tag);
+    if (dot) SIM_TRY(qk_product_check(c, q, k, name));
     mesh_spec qs = q->val.spec;
     qs.partial = 0;
     qs.n_axes[3] = 0;
@@ -376,20 +411,26 @@ sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v
     SIM_TRY(mesh_nn_operand(t, q_pos, &kps, tag, &kp, &kpo));
     int64_t oshape[4] = {qa.shape[0], qa.shape[1], qa.shape[2], va.shape[3]};
     SIM_TRY(new_out(t, name, 4, oshape, &qs, out));
-    int64_t lshape[3] = {qa.shape[0], qa.shape[2], qa.shape[1]};
+    /* flash keeps the logsumexp (B, H, T); dot-product keeps its probabilities (B, H, T, S), the
+     * score matrix MaxText's dot-product path materialises (and autodiff saves for the backward) */
+    int64_t lshape[4] = {qa.shape[0], qa.shape[2], qa.shape[1], ka.shape[1]};
     mesh_spec ls;
-    mesh_spec_init(&ls, 3);
+    mesh_spec_init(&ls, dot ? 4 : 3);
     set_dim(&ls, 0, &qs, 0);
     set_dim(&ls, 1, &qs, 2);
     set_dim(&ls, 2, &qs, 1);
-    SIM_TRY(mesh_array_new(c->dev, c->mesh, "attention/lse", 3, lshape, &ls, SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
+    SIM_TRY(mesh_array_new(c->dev, c->mesh, dot ? "attention/probs" : "attention/lse", dot ? 4 : 3, lshape, &ls,
+                           SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
     if (qa.data) {
         bk_attn_dims d = attn_dims(&qa, &ka, &va, scale);
-        bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
+        if (dot)
+            bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
+        else
+            bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
     mesh_var *in[3] = {q, k, v};
     mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
-    if (e) e->f[0] = scale;
+    if (e) e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0;
     keep(t, e, &qa, qo);
     keep(t, e, &ka, ko);
     keep(t, e, &va, vo);

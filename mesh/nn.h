@@ -31,6 +31,12 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
  * be divisible by the number of head shards (else a clear error). */
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
                              double scale, const char *name, mesh_var **out);
+/* The same with MaxText's kernel choice: dot = the dot-product path (the whole score matrix, its
+ * probabilities (B, Hq, T, S) kept for the backward; in explicit mode first JAX's rule for
+ * MaxText's qk_product einsum, which refuses a sharded sequence), else flash (blocked, the
+ * logsumexp kept).  Same placements and traffic. */
+sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
+                                    double scale, bool dot, const char *name, mesh_var **out);
 
 /* out (B, T, E) = table[tokens]: table (V, E) may be sharded on V (the
  * lookup is then partial over those axes) and E; axes that also shard the

@@ -175,6 +175,8 @@ typedef struct {
     int n;
     const mesh_array *x[2];    /* operands as passed */
     const mesh_spec *s[2];     /* the specs the rule saw */
+    const char *where;         /* the MaxText 0.2.5 op that raises it ("file:function"), NULL = none named */
+    const char *fix;           /* the caller's advice, replacing the rule's generic one; NULL = the rule's */
 } err_ctx;
 
 static sim_status rule_error(const err_ctx *e, sim_status st, const char *jax_text, const char *fix)
@@ -182,7 +184,10 @@ static sim_status rule_error(const err_ctx *e, sim_status st, const char *jax_te
     const mesh_shape *m = e->ctx->mesh;
     char buf[3072];
     sbuf b = {buf, sizeof buf, 0};
-    sb_put(&b, "%s (%s): %s", e->tag, e->op, jax_text);
+    /* JAX raises ShardingTypeError from its sharding rules, AssertionError from an explicit-mode
+     * with_sharding_constraint; the class leads the JAX text, as in a Python traceback */
+    const char *cls = strcmp(e->op, "with_sharding_constraint") ? "ShardingTypeError" : "AssertionError";
+    sb_put(&b, "%s (%s): %s: %s", e->tag, e->op, cls, jax_text);
     static const char *role[2] = {"lhs", "rhs"};
     for (int i = 0; i < e->n; i++) {
         sb_put(&b, "\n  %s '%s': ", e->n == 1 ? "operand" : role[i], e->x[i]->name);
@@ -190,6 +195,8 @@ static sim_status rule_error(const err_ctx *e, sim_status st, const char *jax_te
         sb_put(&b, "  ");
         sb_spec(&b, m, e->s[i]);
     }
+    if (e->where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", e->where);
+    if (e->fix) fix = e->fix;
     if (fix) sb_put(&b, "\n  fix: %s", fix);
     return sim_err(st, "%s", buf);
 }
@@ -517,7 +524,7 @@ static sim_status reduce_sum_impl(mesh_ctx *ctx, const mesh_array *a, int ndims,
             sb_put(&b, " that do not shard the reduced dims (those are ");
             sb_axis_set(&b, ctx->mesh, red_axes);
             sb_put(&b, ")");
-            err_ctx e = {ctx, tag, "reduce_sum", 1, {a, NULL}, {&w, NULL}};
+            err_ctx e = {ctx, tag, "reduce_sum", 1, {a, NULL}, {&w, NULL}, NULL, NULL};
             return rule_error(&e, SIM_ERR_SHARDING, buf,
                               "declare as unreduced only axes that shard a reduced dim, or reshard afterwards");
         }
@@ -575,11 +582,11 @@ static sim_status sum_unique(mesh_ctx *ctx, const bk_einsum_dims *d, const mesh_
 
 static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdesc, const bk_einsum_dims *d,
                                const mesh_array *a, const mesh_array *b, const mesh_spec *out_sharding,
-                               placement *p)
+                               placement *p, const char *where, const char *advice)
 {
     const mesh_shape *m = ctx->mesh;
     bool expl = ctx->mode == MESH_MODE_EXPLICIT;
-    err_ctx e = {ctx, tag, opdesc, 2, {a, b}, {&p->from[0], &p->from[1]}};
+    err_ctx e = {ctx, tag, opdesc, 2, {a, b}, {&p->from[0], &p->from[1]}, where, advice};
     /* batch and contraction letters in lhs order: the dims JAX's dot_general compares */
     int bl[MESH_SPEC_MAX_RANK], br[MESH_SPEC_MAX_RANK], cl[MESH_SPEC_MAX_RANK], cr[MESH_SPEC_MAX_RANK], nbt = 0, nct = 0;
     for (int i = 0; i < d->ra; i++) {
@@ -793,7 +800,7 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
         p->nops = 2;
         p->from[0] = work_spec(ctx, &a->spec);
         p->from[1] = work_spec(ctx, &b->spec);
-        st = einsum_rules(ctx, tag, opdesc, &d, a, b, out_sharding, p);
+        st = einsum_rules(ctx, tag, opdesc, &d, a, b, out_sharding, p, NULL, NULL);
         if (st != SIM_OK) goto done;
         memset(p, 0, sizeof *p);
     }
@@ -818,7 +825,7 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     p->from[0] = work_spec(ctx, &ua.arr.spec);
     p->from[1] = work_spec(ctx, &ub.arr.spec);
     p->out_target = out_sharding;
-    st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p);
+    st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL);
     if (st == SIM_OK) st = place(p, tag);
     if (st != SIM_OK) goto done;
 
@@ -1058,7 +1065,7 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
         osh[d] = sa > sb ? sa : sb;
     }
     mesh_spec w[2] = {work_spec(ctx, &a->spec), work_spec(ctx, &b->spec)};
-    err_ctx e = {ctx, tag, prim, 2, {a, b}, {&w[0], &w[1]}};
+    err_ctx e = {ctx, tag, prim, 2, {a, b}, {&w[0], &w[1]}, NULL, NULL};
     placement *p = calloc(1, sizeof *p);
     if (!p) return sim_err(SIM_ERR_INTERNAL, "%s: out of host memory", tag);
     sim_status st = SIM_OK;
@@ -1146,7 +1153,7 @@ sim_status mesh_map(mesh_ctx *ctx, const mesh_array *a, mesh_map_fn fn, void *ar
                    "unreduced axes ",
                name ? name : "map");
         sb_axis_set(&s, ctx->mesh, w.partial);
-        err_ctx e = {ctx, tag, name ? name : "map", 1, {a, NULL}, {&w, NULL}};
+        err_ctx e = {ctx, tag, name ? name : "map", 1, {a, NULL}, {&w, NULL}, NULL, NULL};
         return rule_error(&e, SIM_ERR_SHARDING, buf,
                           "reshard the input to a spec without unreduced axes first (or pass out_sharding to the op "
                           "that produced it)");
@@ -1439,7 +1446,7 @@ sim_status mesh_reshape(mesh_ctx *ctx, const mesh_array *a, int rank, const int6
             sb_axis_set(&s, m, osh.partial);
             sb_put(&s, " but the operand has ");
             sb_axis_set(&s, m, w.partial);
-            err_ctx e = {ctx, tag, "reshape", 1, {a, NULL}, {&w, NULL}};
+            err_ctx e = {ctx, tag, "reshape", 1, {a, NULL}, {&w, NULL}, NULL, NULL};
             return rule_error(&e, SIM_ERR_SHARDING, buf, "give out_sharding the operand's unreduced axes");
         }
         target = osh;
@@ -1452,7 +1459,7 @@ sim_status mesh_reshape(mesh_ctx *ctx, const mesh_array *a, int rank, const int6
                        "`out_sharding` argument of jax.lax.reshape. Got operand type: %s, new sizes: ",
                    t);
             sb_shape(&s, rank, shape);
-            err_ctx e = {ctx, tag, "reshape", 1, {a, NULL}, {&w, NULL}};
+            err_ctx e = {ctx, tag, "reshape", 1, {a, NULL}, {&w, NULL}, NULL, NULL};
             return rule_error(&e, SIM_ERR_SHARDING, buf,
                               "pass out_sharding, or reshard the operand so the split/merged dims are sharded "
                               "only on their leading dim");
@@ -1551,7 +1558,7 @@ sim_status mesh_with_sharding_constraint(mesh_ctx *ctx, mesh_array *a, const mes
     sb_put(&s, " did not match the sharding provided: ");
     sb_spec(&s, ctx->mesh, &want);
     sb_put(&s, ". Please use `jax.sharding.reshard` to shard your input to the sharding you want.");
-    err_ctx e = {ctx, tag, "with_sharding_constraint", 1, {a, NULL}, {&have, NULL}};
+    err_ctx e = {ctx, tag, "with_sharding_constraint", 1, {a, NULL}, {&have, NULL}, NULL, NULL};
     mesh_spec h1 = have, w1 = want;
     mesh_spec_drop_size_one(&h1, ctx->mesh);
     mesh_spec_drop_size_one(&w1, ctx->mesh);
@@ -1567,4 +1574,147 @@ sim_status mesh_with_sharding_constraint(mesh_ctx *ctx, mesh_array *a, const mes
 sim_status mesh_shard_as(mesh_ctx *ctx, mesh_array *a, const mesh_spec *spec, const char *name)
 {
     return reshard_as(ctx, a, spec, name, ctx->mode == MESH_MODE_AUTO);
+}
+
+/* ======================================================================== */
+/* explicit-mode checks on types only                                        */
+/* ======================================================================== */
+
+/* Where a fused op of the simulator stands for several JAX ops of MaxText's layer code, the
+ * layer calls these with the types MaxText's op would see, so explicit mode fails exactly where
+ * MaxText's trace fails, with JAX's words (nothing is computed or moved). */
+
+mesh_array mesh_array_view(const mesh_array *x, int rank, const int64_t *shape, const mesh_spec *spec)
+{
+    mesh_array v = *x;
+    v.data = NULL;
+    v.rank = rank;
+    memcpy(v.shape, shape, (size_t)rank * sizeof *shape);
+    v.spec = *spec;
+    return v;
+}
+
+sim_status mesh_einsum_check(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
+                             const char *name, const char *where, const char *fix)
+{
+    if (ctx->mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    char tag[SIM_TAG_MAX], opdesc[96], err[256], sub[64];
+    make_tag(ctx, name, tag, sizeof tag);
+    snprintf(opdesc, sizeof opdesc, "einsum '%s'", subscripts);
+    /* jnp.einsum's operand order for dot_general: (first, second) when batch ++ first's free ++
+     * second's free is already the output order, else (second, first) */
+    const char *comma = strchr(subscripts, ','), *arrow = strstr(subscripts, "->");
+    if (!comma || !arrow || arrow < comma)
+        return sim_err(SIM_ERR_INTERNAL, "%s: einsum '%s' needs two operands and an output", tag, subscripts);
+    int na = (int)(comma - subscripts), nb = (int)(arrow - comma - 1);
+    const char *sa = subscripts, *sb = comma + 1, *so = arrow + 2;
+    char order[32];
+    int no = 0;
+    for (const char *c = so; *c && no < 30; c++)
+        if (memchr(sa, *c, (size_t)na) && memchr(sb, *c, (size_t)nb)) order[no++] = *c; /* batch */
+    for (int i = 0; i < na && no < 30; i++)
+        if (!memchr(sb, sa[i], (size_t)nb) && strchr(so, sa[i])) order[no++] = sa[i];
+    for (int i = 0; i < nb && no < 30; i++)
+        if (!memchr(sa, sb[i], (size_t)na) && strchr(so, sb[i])) order[no++] = sb[i];
+    order[no] = '\0';
+    if (strcmp(order, so)) { /* JAX calls dot_general(second, first) */
+        const mesh_array *t = a;
+        a = b;
+        b = t;
+        snprintf(sub, sizeof sub, "%.*s,%.*s->%s", nb, sb, na, sa, so);
+        subscripts = sub;
+    }
+    bk_einsum_dims d;
+    if (bk_einsum_parse(subscripts, a->rank, a->shape, b->rank, b->shape, &d, err, sizeof err))
+        return sim_err(SIM_ERR_INTERNAL, "%s: %s (operands '%s' and '%s')", tag, err, a->name, b->name);
+    placement *p = calloc(1, sizeof *p);
+    if (!p) return sim_err(SIM_ERR_INTERNAL, "%s: out of host memory", tag);
+    p->m = ctx->mesh;
+    p->nops = 2;
+    p->from[0] = work_spec(ctx, &a->spec);
+    p->from[1] = work_spec(ctx, &b->spec);
+    sim_status st = einsum_rules(ctx, tag, opdesc, &d, a, b, NULL, p, where, fix);
+    free(p);
+    return st;
+}
+
+/* jax.typeof's long dtype names, used by the scan's carry message */
+static const char *dtype_long(sim_dtype dt)
+{
+    switch (dt) {
+    case SIM_F32: return "float32";
+    case SIM_I32: return "int32";
+    case SIM_BF16: return "bfloat16";
+    case SIM_U8: return "uint8";
+    default: return "?";
+    }
+}
+
+sim_status mesh_scan_carry_check(mesh_ctx *ctx, const mesh_array *in, const mesh_array *out, const char *name,
+                                 const char *where)
+{
+    if (ctx->mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    mesh_spec si = work_spec(ctx, &in->spec), so = work_spec(ctx, &out->spec);
+    if (mesh_spec_equal(&si, &so)) return SIM_OK;
+    char tag[SIM_TAG_MAX], ti[256], to[256], buf[2048];
+    make_tag(ctx, name, tag, sizeof tag);
+    /* JAX prints the carry types as jax.typeof does: float32[4@fsdp,128,256] */
+    mesh_type_format(ctx->mesh, in->dtype, in->rank, in->shape, &si, ti, sizeof ti);
+    mesh_type_format(ctx->mesh, out->dtype, out->rank, out->shape, &so, to, sizeof to);
+    const char *ds = dtype_short(in->dtype), *dl = dtype_long(in->dtype);
+    size_t ns = strlen(ds);
+    sbuf b = {buf, sizeof buf, 0};
+    sb_put(&b, "%s (scan): TypeError: scan body function carry input and carry output must have equal types, but "
+               "they differ:\n  The input carry carry has type %s%s but the corresponding output carry component "
+               "has type %s%s. Revise the function so that all output types match the corresponding input types.",
+           tag, dl, ti + ns, dl, to + ns);
+    if (where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", where);
+    sb_put(&b, "\n  fix: make the layer's output sharding equal its input's (the logical rules of the residual "
+               "stream's length dim), or run in shard_mode=auto");
+    return sim_err(SIM_ERR_SHARDING, "%s", buf);
+}
+
+sim_status mesh_broadcast_to_check(mesh_ctx *ctx, const char *dtype_label, int rank, const int64_t *in_shape,
+                                   const mesh_spec *in_spec, const int64_t *out_shape, const mesh_spec *out_spec,
+                                   const char *name, const char *where, const char *fix)
+{
+    if (ctx->mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    mesh_spec si = work_spec(ctx, in_spec), so = work_spec(ctx, out_spec);
+    bool ok = true;
+    /* jnp.broadcast_to(x, shape, out_sharding): a dim that is not broadcast keeps its sharding, so it
+     * must already be the requested one; a broadcast (size-1) dim is unsharded */
+    for (int d = 0; d < rank; d++) {
+        if (in_shape[d] != out_shape[d]) continue;
+        tup a = tup_of(&si, d), b = tup_of(&so, d);
+        ok = ok && tup_eq(&a, &b);
+    }
+    if (ok) return SIM_OK;
+    char tag[SIM_TAG_MAX], ti[256], to[256], buf[1536];
+    make_tag(ctx, name, tag, sizeof tag);
+    mesh_type_format(ctx->mesh, SIM_F32, rank, in_shape, &si, ti, sizeof ti);
+    mesh_type_format(ctx->mesh, SIM_F32, rank, out_shape, &so, to, sizeof to);
+    sbuf b = {buf, sizeof buf, 0};
+    /* the types as JAX prints them: dtype name, then the dims ("f32" replaced by the label) */
+    sb_put(&b, "%s (broadcast_to): ValueError: Incompatible types for broadcasting: input type=%s%s and requested "
+               "type=%s%s",
+           tag, dtype_label, ti + 3, dtype_label, to + 3);
+    if (where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", where);
+    if (fix) sb_put(&b, "\n  fix: %s", fix);
+    return sim_err(SIM_ERR_SHARDING, "%s", buf);
+}
+
+sim_status mesh_mul_check(mesh_ctx *ctx, const mesh_array *a, const mesh_array *b, const char *name, const char *where,
+                          const char *fix)
+{
+    if (ctx->mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    char tag[SIM_TAG_MAX];
+    make_tag(ctx, name, tag, sizeof tag);
+    if (a->rank != b->rank) return sim_err(SIM_ERR_INTERNAL, "%s: mul check needs equal ranks", tag);
+    int64_t osh[MESH_SPEC_MAX_RANK];
+    for (int d = 0; d < a->rank; d++) osh[d] = a->shape[d] > b->shape[d] ? a->shape[d] : b->shape[d];
+    const mesh_array *x[2] = {a, b};
+    mesh_spec w[2] = {work_spec(ctx, &a->spec), work_spec(ctx, &b->spec)};
+    err_ctx e = {ctx, tag, "mul", 2, {a, b}, {&w[0], &w[1]}, where, fix};
+    tup res[MESH_SPEC_MAX_RANK];
+    return broadcast_rule(&e, "mul", a->rank, osh, x, w, res);
 }

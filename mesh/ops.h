@@ -112,4 +112,29 @@ sim_status mesh_shard_as(mesh_ctx *ctx, mesh_array *a, const mesh_spec *spec, co
 int mesh_type_format(const mesh_shape *m, sim_dtype dt, int rank, const int64_t *shape, const mesh_spec *s,
                      char *buf, int cap);
 
+/* ---- explicit-mode checks on types only (nothing computed or moved; SIM_OK in auto mode) ------ */
+
+/* A data-less copy of x's header with another shape and spec: the type an op of MaxText's layer
+ * code would see (e.g. the query reshaped to (b, t, kv_heads, groups, d)). */
+mesh_array mesh_array_view(const mesh_array *x, int rank, const int64_t *shape, const mesh_spec *spec);
+/* JAX's dot_general rule for jnp.einsum(subscripts, a, b) on the types of a and b: as jnp.einsum,
+ * dot_general gets (a, b) when batch ++ a's free ++ b's free is the output order, else (b, a).  `where` names MaxText's op ("file:function") in the error,
+ * `fix` (NULL = the rule's generic advice) says what the user can change. */
+sim_status mesh_einsum_check(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
+                             const char *name, const char *where, const char *fix);
+/* jax.lax.scan's rule: the carry's output type must equal its input type (TypeError in JAX). */
+sim_status mesh_scan_carry_check(mesh_ctx *ctx, const mesh_array *in, const mesh_array *out, const char *name,
+                                 const char *where);
+
+/* jnp.broadcast_to(x, out_shape, out_sharding=out_spec) on a type (same rank): a dim that is not
+ * broadcast must already carry the requested sharding (ValueError in JAX).  dtype_label is the
+ * dtype as JAX prints it ("complex64"). */
+sim_status mesh_broadcast_to_check(mesh_ctx *ctx, const char *dtype_label, int rank, const int64_t *in_shape,
+                                   const mesh_spec *in_spec, const int64_t *out_shape, const mesh_spec *out_spec,
+                                   const char *name, const char *where, const char *fix);
+
+/* JAX's broadcasting rule of an elementwise mul on the types of a and b (equal ranks). */
+sim_status mesh_mul_check(mesh_ctx *ctx, const mesh_array *a, const mesh_array *b, const char *name, const char *where,
+                          const char *fix);
+
 #endif

@@ -65,6 +65,7 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
     uint64_t off = 0;
     for (int which = 0; which < (with_opt ? 3 : 1); which++)
         for (int i = 0; i < n; i++) {
+            if (which == 2 && !params[i].v) continue; /* opt_type=muon: a Muon leaf has no nu */
             snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], params[i].def.path);
             t[k].p = &params[i];
             t[k].which = which;
@@ -395,7 +396,7 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
     char path[4096], tmp[4096 + 8];
     SIM_TRY(model_checkpoint_path(dir, step, path, sizeof path));
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    bool with_opt = n > 0 && params[0].m && params[0].v;
+    bool with_opt = n > 0 && params[0].m;
     ck_tensor *t;
     int nt;
     SIM_TRY(ck_tensors(params, n, with_opt, &t, &nt));
@@ -690,7 +691,7 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
     SIM_ASSERT(little_endian());
     if (opt_state)
         for (int i = 0; i < n; i++)
-            if (!params[i].m || !params[i].v)
+            if (!params[i].m)
                 return sim_err(SIM_ERR_INTERNAL, "checkpoint load: '%s' has no optimizer storage", params[i].def.path);
     size_t plen = strlen(path);
     if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))

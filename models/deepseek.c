@@ -36,6 +36,7 @@
 #include "mesh/ad.h"
 #include "mesh/moe.h"
 #include "mesh/nn.h"
+#include "mesh/ops.h"
 #include "mesh/reshard.h"
 #include "models/model.h"
 
@@ -192,23 +193,23 @@ static void define_stack(model_def *m, const char *stack, int64_t n, bool moe)
         MODEL_INIT_ONES, 0);
     if (d->q_lora == 0) {
         add(m, PATH("self_attention.query.kernel"), 4, (int64_t[]){E, n, H, Dqk},
-            (const char *[]){"embed", stack, "q_heads", "kv"}, MODEL_INIT_NORMAL, fan_in(E));
+            (const char *[]){"embed_attn", stack, "q_heads", "kv"}, MODEL_INIT_NORMAL, fan_in(E));
     } else {
         add(m, PATH("self_attention.wq_a.kernel"), 3, (int64_t[]){E, n, d->q_lora},
-            (const char *[]){"embed", stack, "q_lora_up_proj"}, MODEL_INIT_NORMAL, fan_in(E));
+            (const char *[]){"embed_attn", stack, "q_lora_up_proj"}, MODEL_INIT_NORMAL, fan_in(E));
         add(m, PATH("self_attention.q_norm.scale"), 2, (int64_t[]){d->q_lora, n}, (const char *[]){"norm", stack},
             MODEL_INIT_ONES, 0);
         add(m, PATH("self_attention.wq_b.kernel"), 4, (int64_t[]){d->q_lora, n, H, Dqk},
             (const char *[]){"q_lora", stack, "q_heads", "kv"}, MODEL_INIT_NORMAL, fan_in(d->q_lora));
     }
     add(m, PATH("self_attention.wkv_a.kernel"), 3, (int64_t[]){E, n, d->kv_lora + d->qk_rope},
-        (const char *[]){"embed", stack, "kv_lora_up_proj"}, MODEL_INIT_NORMAL, fan_in(E));
+        (const char *[]){"embed_attn", stack, "kv_lora_up_proj"}, MODEL_INIT_NORMAL, fan_in(E));
     add(m, PATH("self_attention.kv_norm.scale"), 2, (int64_t[]){d->kv_lora, n}, (const char *[]){"norm", stack},
         MODEL_INIT_ONES, 0);
     add(m, PATH("self_attention.wkv_b.kernel"), 4, (int64_t[]){d->kv_lora, n, H, d->qk_nope + d->v_head},
         (const char *[]){"kv_lora", stack, "kv_heads", "kv_head_dim"}, MODEL_INIT_NORMAL, fan_in(d->kv_lora));
     add(m, PATH("self_attention.out.kernel"), 4, (int64_t[]){H, n, d->v_head, E},
-        (const char *[]){"heads", stack, "kv", "embed"}, MODEL_INIT_NORMAL, fan_in(H * d->v_head));
+        (const char *[]){"heads", stack, "kv", "embed_attn"}, MODEL_INIT_NORMAL, fan_in(H * d->v_head));
     add(m, PATH("post_self_attention_layer_norm.scale"), 2, (int64_t[]){E, n}, (const char *[]){"norm", stack},
         MODEL_INIT_ONES, 0);
     if (!moe) {
@@ -223,7 +224,7 @@ static void define_stack(model_def *m, const char *stack, int64_t n, bool moe)
     }
     int64_t X = d->experts, Hm = d->moe_mlp, Fs = d->shared_experts * d->moe_mlp;
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel"), 3, (int64_t[]){E, n, X},
-        (const char *[]){"embed_moe", stack, NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+        (const char *[]){"embed_router", stack, NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
     if (d->routed_bias)
         add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){X, n}, (const char *[]){NULL, stack},
             MODEL_INIT_ZEROS, 0);
@@ -621,6 +622,66 @@ static bk_rope_params rope_params(const model_dims *d)
     return p;
 }
 
+/* MaxText 0.2.5 builds MLA's q_norm and kv_norm without the shard mode, so in explicit mode their
+ * scale (logical 'norm': tensor) is not resharded to the activation's last dim before RMSNorm's
+ * einsum('...k,k->...k'), which jnp.einsum hands to dot_general as (scale, y), k a batch dim: a
+ * sharded scale against an unsharded activation dim is refused.  The other norms align the scale. */
+static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const mesh_var *scale, const char *name)
+{
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    char sub[32];
+    snprintf(sub, sizeof sub, "%.*sk,k->%.*sk", x->val.rank - 1, "abcdefgh", x->val.rank - 1, "abcdefgh");
+    return mesh_einsum_check(&md->ctx, sub, &x->val, &scale->val, name, "layers/normalizations.py:__call__",
+                             "MaxText's MLA norms ignore shard_mode: use tensor=1 (and tensor_sequence=1) with MLA in "
+                             "explicit mode, or shard_mode=auto");
+}
+
+/* MaxText 0.2.5's YaRN rotary embedding in explicit mode: the complex frequencies looked up by
+ * position come out sharded (activation_batch, activation_length, q_heads) over (B, T, rope/2); a
+ * new head axis makes them (B, T, 1, rope/2), then broadcast_to the rotated input's (B, T, H, rope/2)
+ * with out_sharding (activation_batch, activation_length, None, None): the q_heads axes (tensor,
+ * tensor_sequence) on the frequency dim cannot be dropped by a broadcast, and JAX refuses it. */
+static sim_status yarn_check(model_dev *md, const mesh_var *x)
+{
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    static const char *const fnames[4] = {"activation_batch", "activation_length", NULL, "q_heads"};
+    static const char *const onames[4] = {"activation_batch", "activation_length", NULL, NULL};
+    const mesh_array *a = &x->val;
+    int64_t half = a->shape[3] / 2;
+    int64_t in_shape[4] = {a->shape[0], a->shape[1], 1, half}, out_shape[4] = {a->shape[0], a->shape[1], a->shape[2], half};
+    mesh_spec fs, os;
+    SIM_TRY(model_logical_spec(md->def, "rope/freqs", 4, fnames, &fs));
+    SIM_TRY(model_logical_spec(md->def, "rope/rotated", 4, onames, &os));
+    return mesh_broadcast_to_check(&md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope",
+                                   "layers/embeddings.py:__call__",
+                                   "MaxText's YaRN frequencies keep the q_heads sharding: use tensor=1 and "
+                                   "tensor_sequence=1 with rope_type=yarn in explicit mode, rope_type=default, or "
+                                   "shard_mode=auto");
+}
+
+/* MaxText 0.2.5's default rotary embedding (RotaryEmbedding.apply_rotary) multiplies the input
+ * (B, T, H, D) by sin/cos built from the positions (B, T, 1, D): they carry the positions' sharding
+ * (the input data's, input_data_sharding_logical_axes: batch, and the length on
+ * activation_norm_length's axes).  In explicit mode JAX's
+ * broadcasting rule then puts an axis on two dims when the heads are sharded by an axis that also
+ * shards the positions' length (tensor_sequence): refused. */
+static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_array *positions)
+{
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const mesh_array *a = &x->val;
+    int64_t shape[4] = {a->shape[0], a->shape[1], 1, a->shape[3]};
+    /* the positions as MaxText's input pipeline shards them (input_data_sharding_logical_axes) */
+    static const char *const pnames[4] = {"activation_embed_and_logits_batch", "activation_norm_length", NULL, NULL};
+    mesh_spec ps;
+    SIM_TRY(model_logical_spec(md->def, "inputs/positions", 4, pnames, &ps));
+    mesh_array sv = mesh_array_view(positions, 4, shape, &ps);
+    sv.dtype = SIM_F32; /* sin/cos of the positions, in the input's dtype */
+    snprintf(sv.name, sizeof sv.name, "sin");
+    return mesh_mul_check(&md->ctx, a, &sv, "query_rope", "layers/embeddings.py:apply_rotary",
+                          "MaxText's rotary embedding keeps the positions' sequence sharding: use "
+                          "tensor_sequence=1 with MLA in explicit mode, or shard_mode=auto");
+}
+
 /* Multi-head latent attention (facts §5.4): x (B, T, E) -> (B, T, E). */
 static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const ds_stack *s, int l, mesh_var *x,
                       mesh_var **y)
@@ -637,20 +698,26 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     } else {
         mesh_var *lq;
         SIM_TRY(dense(md, t, "bte,eq->btq", xq, param(md, t, s->wq_a, l), "wq_a", 3, Q_LORA, &lq));
-        SIM_TRY(mesh_nn_rmsnorm(t, lq, param(md, t, s->q_norm, l), d->eps, "q_norm", &lq));
+        mesh_var *qn = param(md, t, s->q_norm, l);
+        SIM_TRY(unaligned_norm_check(md, lq, qn, "q_norm"));
+        SIM_TRY(mesh_nn_rmsnorm(t, lq, qn, d->eps, "q_norm", &lq));
         SIM_TRY(dense(md, t, "btq,qhd->bthd", lq, param(md, t, s->wq_b, l), "wq_b", 4, KV4, &q));
     }
     SIM_TRY(split_last(t, q, d->qk_nope, false, "query_split", &q_nope, &q_pe));
     SIM_TRY(model_shard_as(md, t, q_nope, "attention_mla/q_nope", 4, KV4, &q_nope));
     SIM_TRY(model_shard_as(md, t, q_pe, "attention_mla/q_pe", 4, KV4, &q_pe));
     bk_rope_params rp = rope_params(d);
+    if (d->yarn) SIM_TRY(yarn_check(md, q_pe));
+    else SIM_TRY(rope_mul_check(md, q_pe, &b->positions));
     SIM_TRY(mesh_nn_rope(t, q_pe, &b->positions, &rp, "query_rope", &q_pe));
     SIM_TRY(concat_last(t, q_nope, q_pe, "query_concat", &query));
     SIM_TRY(model_shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
     /* keys and values from the latent; one rope key head for all heads */
     SIM_TRY(dense(md, t, "bte,ek->btk", xkv, param(md, t, s->wkv_a, l), "wkv_a", 3, KV_LORA, &low));
     SIM_TRY(split_last(t, low, d->kv_lora, true, "kv_split", &kv_latent, &k_rope));
-    SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, param(md, t, s->kv_norm, l), d->eps, "kv_norm", &kv_latent));
+    mesh_var *kvn = param(md, t, s->kv_norm, l);
+    SIM_TRY(unaligned_norm_check(md, kv_latent, kvn, "kv_norm"));
+    SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, kvn, d->eps, "kv_norm", &kv_latent));
     SIM_TRY(dense(md, t, "btk,khd->bthd", kv_latent, param(md, t, s->wkv_b, l), "wkv_b", 4, KV4, &kv));
     SIM_TRY(split_last(t, kv, d->qk_nope, false, "kv_split_heads", &k_nope, &value));
     SIM_TRY(model_shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
@@ -665,7 +732,7 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
                                         d->rope_factor, d->mscale);
     log_attention_op(md, query, key, value);
-    SIM_TRY(mesh_nn_attention(t, query, key, value, &b->positions, scale, "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_dot, "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     return dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
 }
@@ -679,6 +746,41 @@ static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
     return dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y);
+}
+
+/* MaxText 0.2.5's dense dropless MoE (sparse_matmul=false, capacity_factor <= 0: moe.dense_matmul)
+ * is three plain einsums over all experts, 'BSM,EMH->BSEH' (wi_0, wi_1) and 'BSEH,EHM->BSEM' (wo),
+ * with the tokens as moe/inputs shards them and the kernels as stored.  In explicit mode a mesh axis
+ * on both the tokens' batch and a kernel dim that stays in an output (expert on the experts' dim in
+ * wi_0's, fsdp on the embed dim in wo's) is refused by JAX's dot_general rule, so the same
+ * configuration fails here, with JAX's words. */
+static sim_status dense_moe_check(model_dev *md, const mesh_var *xin, const mesh_var *w0, const mesh_var *wo)
+{
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    static const char *const in_names[3] = {"activation_batch_moe", "activation_norm_length_moe",
+                                            "activation_embed_moe"};
+    const mesh_array *x = &xin->val, *k0 = &w0->val, *ko = &wo->val;
+    mesh_spec xs;
+    SIM_TRY(model_logical_spec(md->def, "moe/dense_inputs", 3, in_names, &xs));
+    mesh_array xv = mesh_array_view(x, 3, x->shape, &xs);
+    static const char *const where = "layers/moe.py:dense_matmul";
+    static const char *const fix = "use the sparse path (sparse_matmul=true), a mesh whose only batch axis is data, "
+                                   "or shard_mode=auto";
+    SIM_TRY(mesh_einsum_check(&md->ctx, "bsm,emh->bseh", &xv, k0, "wi_0", where, fix));
+    /* its output, as dot_general leaves it: B, S from the tokens, E, H from the kernel */
+    int64_t hshape[4] = {x->shape[0], x->shape[1], k0->shape[0], k0->shape[2]};
+    mesh_spec hs;
+    mesh_spec_init(&hs, 4);
+    for (int i = 0; i < 2; i++) {
+        hs.n_axes[i] = xs.n_axes[i];
+        memcpy(hs.axes[i], xs.axes[i], sizeof hs.axes[i]);
+    }
+    hs.n_axes[2] = k0->spec.n_axes[0];
+    memcpy(hs.axes[2], k0->spec.axes[0], sizeof hs.axes[2]);
+    hs.n_axes[3] = k0->spec.n_axes[2];
+    memcpy(hs.axes[3], k0->spec.axes[2], sizeof hs.axes[3]);
+    mesh_array hv = mesh_array_view(x, 4, hshape, &hs);
+    return mesh_einsum_check(&md->ctx, "bseh,ehm->bsem", &hv, ko, "wo", where, fix);
 }
 
 /* Routed experts plus shared experts (facts §5.6-5.7, §6): (B, T, E) -> (B, T, E),
@@ -735,6 +837,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         model_note_activation(md, "moe/w1_kernel", &w1->val, 3, NULL, &wis);
         model_note_activation(md, "moe/wo_kernel", &wo->val, 3, NULL, &wos);
     }
+    if (d->capacity_factor == 0) SIM_TRY(dense_moe_check(md, xin, w0, wo));
     SIM_TRY(mesh_moe_experts(t, xin, weights, indices, w0, w1, wo, &mc, "moe", &out));
     if (s->wi0 >= 0) {
         md->ctx.layer = shared;

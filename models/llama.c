@@ -16,6 +16,7 @@
 #include "blas_kernels/bk_rope.h"
 #include "mesh/ad.h"
 #include "mesh/nn.h"
+#include "mesh/ops.h"
 #include "models/model.h"
 
 /* Logical names of the residual stream (layer "A" of facts §5.2) and friends. */
@@ -104,7 +105,7 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_shard_as(md, t, k, "attention/key", 4, KV4, &k));
     SIM_TRY(model_shard_as(md, t, v, "attention/value", 4, KV4, &v));
     /* MaxText folds 1/sqrt(head_dim) into the query init: the score scale is 1 */
-    SIM_TRY(mesh_nn_attention(t, q, k, v, &b->positions, 1.0, "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, 1.0, d->attn_dot, "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
     SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
     md->ctx.layer = layer;
@@ -151,12 +152,17 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline.c) */
         SIM_TRY(model_pipeline_run(md, t, b, x, llama_layer_fn, 0, &x));
     for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
+        mesh_var *in = x;
         if (m->d.remat_full) {
             char tag[64];
             snprintf(tag, sizeof tag, "decoder/layers_%d/remat", l);
             SIM_TRY(model_remat_layer(md, t, b, l, x, llama_layer_fn, tag, &x, NULL));
         } else
             SIM_TRY(llama_layer(md, t, b, l, x, &x));
+        /* MaxText scans the layers (scan_layers): the carry's type may not change across a layer */
+        if (l == 0 && m->d.scan_layers)
+            SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
+                                          "layers/nnx_decoders.py:_apply_layers_sequentially"));
     }
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, ix.norm, 0), m->d.eps, "decoder_norm", &x));

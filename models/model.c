@@ -1,6 +1,7 @@
 /* model.c — model definition from the config, per-device parameters and
  * batches, and the logical-name helpers the forward pass uses. */
 #include "models/model.h"
+#include "models/muon.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +36,37 @@ static sim_status positive(const char *key, int64_t v)
     return SIM_OK;
 }
 
+/* MaxText 0.2.5's kernel choice (AttentionOp.apply_attention, training): dot_product, or autoselected
+ * when the sequence is shorter than 128 tokens or the hardware is a CPU, takes the dot-product path
+ * (the whole score matrix); flash and the remaining autoselected cases take the flash kernel, which
+ * the simulator's blocked online-softmax kernel stands for.  MaxText runs flash on TPU (splash) and
+ * GPU (Pallas Triton); on CPU its flash path is the GPU kernel and fails, so it is refused here. */
+static sim_status attention_kernel(const mesh_cfg *cfg, model_dims *d)
+{
+    static const char *const hw[] = {"tpu", "gpu", "gpu_multiprocess", "cpu"};
+    static const char *const kernels[] = {"autoselected", "dot_product", "flash"};
+    int h, k;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "hardware", hw, 4, &h));
+    const char *a;
+    SIM_TRY(mesh_cfg_get_str(cfg, "attention", &a));
+    k = -1;
+    for (int i = 0; a && i < 3; i++)
+        if (!strcmp(a, kernels[i])) k = i;
+    if (k < 0)
+        return sim_err(SIM_ERR_INPUT,
+                       "attention='%s': the simulator models MaxText's autoselected, dot_product and flash "
+                       "kernels only (cudnn_flash_te, paged, vllm_rpa ... are GPU/inference kernels); use "
+                       "attention=autoselected, dot_product or flash",
+                       a ? a : "");
+    if (k == 2 && h == 3)
+        return sim_err(SIM_ERR_INPUT,
+                       "attention=flash with hardware=cpu: MaxText 0.2.5 has no flash kernel for CPU (its non-TPU "
+                       "flash path is the GPU Pallas Triton kernel, which does not run there); use "
+                       "attention=dot_product (or autoselected) on hardware=cpu, or hardware=tpu for flash");
+    d->attn_dot = k == 1 || (k == 0 && (d->seq < 128 || h == 3));
+    return SIM_OK;
+}
+
 /* gradient_accumulation_steps and shard_optimizer_over_data, with the
  * combinations MaxText's config validation (configs/types.py) refuses, and
  * the one this simulator does not combine yet (ZeRO-1 with pipeline stages). */
@@ -65,9 +97,14 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
                        "simulated yet; set ici_pipeline_parallelism=1 (and dcn_pipeline_parallelism=1) or "
                        "shard_optimizer_over_data=false",
                        m->mesh.sizes[st]);
-    static const char *const types[] = {"adamw", "sgd"};
+    static const char *const types[] = {"adamw", "sgd", "muon"};
     int type;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 2, &type));
+    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
+    if (type == 2)
+        return sim_err(SIM_ERR_INPUT,
+                       "shard_optimizer_over_data=true (ZeRO-1) with opt_type=muon: ZeRO-1 with Muon is broken at "
+                       "MaxText's head (Linen raises NotImplementedError; NNX shards only the AdamW branch's state); "
+                       "set shard_optimizer_over_data=false or use opt_type=adamw");
     if (type != 0)
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true (ZeRO-1) shards the Adam moments, but opt_type=%s keeps none "
@@ -105,13 +142,13 @@ static void define_llama(model_def *m)
               (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
     /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
     add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
-              (const char *[]){"embed", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe / sqrt((double)D));
+              (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe / sqrt((double)D));
     add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
-              (const char *[]){"embed", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+              (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
     add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
-              (const char *[]){"embed", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+              (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
     add_param(m, "params.decoder.layers.self_attention.out.kernel", 4, (int64_t[]){H, L, D, E},
-              (const char *[]){"heads", "layers", "kv", "embed"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
+              (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
     add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
               (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
     add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F}, (const char *[]){"embed", "layers", "mlp"},
@@ -269,6 +306,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     int r;
     SIM_TRY(mesh_cfg_get_enum(cfg, "remat_policy", remat, 2, &r));
     d->remat_full = r == 0;
+    SIM_TRY(attention_kernel(cfg, d));
     static const char *const modes[] = {"auto", "explicit"};
     int md;
     SIM_TRY(mesh_cfg_get_enum(cfg, "shard_mode", modes, 2, &md));
@@ -277,6 +315,8 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    SIM_TRY(model_cfg_bool(cfg, "scan_layers", &d->scan_layers));
+
     SIM_TRY(model_cfg_bool(cfg, "context_parallel_load_balance", &d->cp_load_balance));
     long long seed;
     SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
@@ -347,6 +387,14 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
             m->opt_spec[i] = m->opt_unpruned[i];
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
+    }
+    const char *ot;
+    SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
+    m->muon = ot && !strcmp(ot, "muon");
+    if (m->muon) { /* which parameters Muon orthogonalizes, once (configs/muon.yml) */
+        model_muon_cfg mc;
+        SIM_TRY(model_muon_from_config(cfg, &mc));
+        for (int i = 0; i < m->nparams; i++) model_muon_classify(&mc, &m->defs[i], &m->muon_dims[i]);
     }
     return SIM_OK;
 }
@@ -443,8 +491,9 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         mesh_spec ls;
         model_param_layer_shape(p, &rank, shape);
         model_param_layer_spec(p, &ls);
+        /* ZeRO-1 keeps the moments elsewhere; opt_type=muon: a Muon leaf keeps one moment (no nu) */
         mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt && !md->zero1 ? &p->m : NULL,
-                                with_opt && !md->zero1 ? &p->v : NULL};
+                                with_opt && !md->zero1 && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
         bool stacked = model_param_pipelined(def, i);
         if (stacked) p->stage_span = def->d.pipe.layers_per_stage;
@@ -453,7 +502,8 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
             /* ZeRO-1 without accumulation: the gradient sinks keep the sum over 'data'
              * pending, so one reduce-scatter brings it to the optimizer layout */
             mesh_spec bs = ls;
-            if (b == 1 && md->zero1 && def->d.ga == 1) bs.partial |= 1u << data;
+            if (b == 1 && md->zero1 && def->d.ga == 1 && !(mesh_spec_dim_axes(&ls) & (1u << data)))
+                bs.partial |= 1u << data;
             *bufs[b] = calloc((size_t)p->n_layers, sizeof(mesh_array));
             for (int l = 0; l < p->n_layers; l++) {
                 char name[MESH_NAME_MAX];

@@ -14,6 +14,7 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
+#include "models/muon.h"
 #include "models/params.h"
 #include "models/pipeline.h"
 
@@ -39,6 +40,8 @@ typedef struct {
     int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
     int cp;                   /* its size */
     bool cp_load_balance;     /* context_parallel_load_balance */
+    bool attn_dot;            /* attention kernel: dot-product (score matrix materialised), else flash (blocked) */
+    bool scan_layers;         /* scan_layers: the layers run as one jax.lax.scan in MaxText (carry type checked) */
     /* DeepSeek (decoder_block=deepseek; read by deepseek.c) */
     int64_t dense_layers;     /* first_num_dense_layers (the rest are MoE layers) */
     int64_t moe_mlp;          /* base_moe_mlp_dim: hidden width of one routed expert */
@@ -77,6 +80,8 @@ typedef struct {
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
+    bool muon;                                 /* opt_type=muon */
+    model_muon_dims muon_dims[MODEL_MAX_PARAMS]; /* opt_type=muon: each parameter's Muon/AdamW class (muon.yml) */
     /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
     mesh_spec opt_spec[MODEL_MAX_PARAMS];
     mesh_spec opt_unpruned[MODEL_MAX_PARAMS];

@@ -134,6 +134,15 @@ sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, i
                            "%s with pipeline parallelism (stages=%lld): checkpoints of stage-held layers are not "
                            "implemented yet; unset %s or set ici_pipeline_parallelism=1",
                            unset_strs[i], (long long)S, unset_strs[i]);
+    if (mesh_cfg_find(cfg, "opt_type")) {
+        const char *ot = NULL;
+        SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
+        if (ot && !strcmp(ot, "muon"))
+            return sim_err(SIM_ERR_INPUT,
+                           "opt_type=muon with pipeline parallelism (stages=%lld) is not simulated yet; use "
+                           "opt_type=adamw or ici_pipeline_parallelism=1",
+                           (long long)S);
+    }
     /* gradient_accumulation_steps: each accumulation microbatch runs a whole pipeline schedule (its own
      * bubbles, and with pipeline_fsdp_ag_once its own gather), as MaxText's GA scan wraps the step */
     if (mesh_cfg_find(cfg, "shard_optimizer_over_data")) {

@@ -386,6 +386,11 @@ static sim_status run_collective(sim_device *d, sim_call *c, bool implicit)
         return SIM_OK;
     }
     sim_group *g = sim_group_of(d, sim_axes_mask(c->axes));
+    if (dry) { /* nothing moves: post the call and go on (sim_post) */
+        SIM_TRY(sim_post(d, g, c, match_calls));
+        add_record(d, c, k, count_bytes(d, c, k, r), implicit, t0);
+        return SIM_OK;
+    }
     SIM_TRY(sim_rendezvous(d, g, c, SIM_RV_ARRIVE, match_calls));
     if (!dry) {
         sim_call *peers[SIM_MAX_DEVICES];

@@ -189,6 +189,13 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
 static void group_free(sim_group *g)
 {
     if (!g) return;
+    for (int i = 0; i < g->cap * g->k; i++) {
+        free(g->posted[i].cnt);
+        free(g->posted[i].perm);
+    }
+    free(g->posted);
+    free(g->npost);
+    free(g->seq);
     free(g->members);
     free(g->slot);
     free(g);
@@ -404,6 +411,41 @@ static void deadlock_locked(sim_machine *m)
     fail_locked(m, SIM_ERR_DEADLOCK, msg);
 }
 
+/* Sleeps until released (or, unless must_finish, until the machine fails).
+ * Called with the lock held and d->waiting set; returns with it released. */
+static sim_status block_locked(sim_machine *m, sim_device *d, bool must_finish)
+{
+    bool failed = m->failed && !must_finish;
+    pthread_mutex_unlock(&m->lock);
+    while (!failed) {
+        while (sem_wait(&d->wake) != 0) continue; /* EINTR */
+        if (atomic_exchange(&d->released, false)) return SIM_OK;
+        /* a failure's post, or a stale post from an earlier wake-up */
+        pthread_mutex_lock(&m->lock);
+        bool released = !d->waiting;
+        failed = d->waiting && m->failed && !must_finish;
+        pthread_mutex_unlock(&m->lock);
+        if (released) {
+            /* released, and its flag already seen or about to be: consume it */
+            while (!atomic_exchange(&d->released, false)) sched_yield();
+            return SIM_OK;
+        }
+    }
+    pthread_mutex_lock(&m->lock);
+    if (d->waiting) { /* woken by a failure */
+        d->waiting = false;
+        m->n_blocked--;
+        sim_status st = m->fail_st;
+        pthread_mutex_unlock(&m->lock);
+        if (st == SIM_ERR_MISMATCH || st == SIM_ERR_DEADLOCK) return sim_err(st, "%s", m->fail_msg);
+        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
+    }
+    pthread_mutex_unlock(&m->lock);
+    /* released between the failure check and the lock: a normal return */
+    while (!atomic_exchange(&d->released, false)) sched_yield();
+    return SIM_OK;
+}
+
 sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match)
 {
     sim_machine *m = d->m;
@@ -449,35 +491,160 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
     d->wait_kind = kind;
     m->n_blocked++;
     if (m->n_blocked == m->n_alive) deadlock_locked(m);
-    bool failed = m->failed && !must_finish;
-    pthread_mutex_unlock(&m->lock);
-    while (!failed) {
-        while (sem_wait(&d->wake) != 0) continue; /* EINTR */
-        if (atomic_exchange(&d->released, false)) return SIM_OK;
-        /* a failure's post, or a stale post from an earlier wake-up */
-        pthread_mutex_lock(&m->lock);
-        bool released = !d->waiting;
-        failed = d->waiting && m->failed && !must_finish;
+    return block_locked(m, d, must_finish);
+}
+
+/* Generations a dry-run device may post ahead of the slowest member of its group. */
+enum { POST_AHEAD = 64 };
+
+/* Makes room in g's ring for generation `gen` (under the lock). */
+static void post_ring_fit(sim_group *g, uint64_t gen)
+{
+    if (gen - g->base < (uint64_t)g->cap) return;
+    int cap = g->cap ? 2 * g->cap : 8;
+    while (gen - g->base >= (uint64_t)cap) cap *= 2;
+    sim_posted *posted = calloc((size_t)cap * (size_t)g->k, sizeof *posted);
+    int *npost = calloc((size_t)cap, sizeof *npost);
+    SIM_ASSERT(posted && npost);
+    for (int i = 0; i < g->cap; i++) { /* move the live generations to their new places */
+        uint64_t gi = g->base + (uint64_t)i;
+        memcpy(&posted[(gi % (uint64_t)cap) * (uint64_t)g->k], &g->posted[(gi % (uint64_t)g->cap) * (uint64_t)g->k],
+               (size_t)g->k * sizeof *posted);
+        npost[gi % (uint64_t)cap] = g->npost[gi % (uint64_t)g->cap];
+    }
+    for (int i = 0; i < cap * g->k; i++) { /* re-point the copies' arrays (moved entries keep theirs) */
+        sim_posted *p = &posted[i];
+        p->call.tag = p->tag;
+        p->call.perm = p->perm;
+        p->call.send_cnt = p->cnt;
+        p->call.recv_cnt = p->cnt ? p->cnt + g->k : NULL;
+    }
+    free(g->posted);
+    free(g->npost);
+    g->posted = posted;
+    g->npost = npost;
+    g->cap = cap;
+}
+
+sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match_fn match)
+{
+    sim_machine *m = d->m;
+    pthread_mutex_lock(&m->lock);
+    if (m->failed) {
         pthread_mutex_unlock(&m->lock);
-        if (released) {
-            /* released, and its flag already seen or about to be: consume it */
-            while (!atomic_exchange(&d->released, false)) sched_yield();
+        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
+    }
+    if (!g->seq) {
+        g->seq = calloc((size_t)g->k, sizeof *g->seq);
+        SIM_ASSERT(g->seq);
+    }
+    int s = sim_group_slot(g, d), k = g->k;
+    /* a device far ahead of a member of its group sleeps until that member
+     * catches up half way: the ring (memory) stays bounded, and the sleeps
+     * are few */
+    while (g->seq[s] - g->base >= POST_AHEAD) {
+        if (!g->nahead || g->seq[s] < g->ahead_gen) g->ahead_gen = g->seq[s];
+        g->nahead++;
+        d->waiting = true;
+        d->wait_group = g;
+        d->wait_call = call;
+        d->wait_kind = SIM_RV_ARRIVE;
+        m->n_blocked++;
+        if (m->n_blocked == m->n_alive) deadlock_locked(m);
+        SIM_TRY(block_locked(m, d, false));
+        pthread_mutex_lock(&m->lock);
+        if (m->failed) {
+            pthread_mutex_unlock(&m->lock);
+            return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
+        }
+    }
+    uint64_t gen = g->seq[s]++;
+    post_ring_fit(g, gen);
+    sim_posted *p = &g->posted[(gen % (uint64_t)g->cap) * (uint64_t)k + (uint64_t)s];
+    size_t *cnt = p->cnt;
+    int *perm = p->perm;
+    p->call = *call;
+    snprintf(p->tag, sizeof p->tag, "%s", call->tag ? call->tag : "");
+    p->call.tag = call->tag ? p->tag : NULL;
+    p->call.send = NULL;
+    p->call.recv = NULL;
+    p->call.send_off = p->call.recv_off = NULL;
+    p->call.send_cnt = p->call.recv_cnt = NULL;
+    p->call.perm = NULL;
+    if (call->send_cnt && call->recv_cnt) {
+        if (!cnt) cnt = malloc(2 * (size_t)k * sizeof *cnt);
+        SIM_ASSERT(cnt);
+        memcpy(cnt, call->send_cnt, (size_t)k * sizeof *cnt);
+        memcpy(cnt + k, call->recv_cnt, (size_t)k * sizeof *cnt);
+        p->call.send_cnt = cnt;
+        p->call.recv_cnt = cnt + k;
+    }
+    if (call->perm) {
+        if (!perm) perm = malloc((size_t)k * sizeof *perm);
+        SIM_ASSERT(perm);
+        memcpy(perm, call->perm, (size_t)k * sizeof *perm);
+        p->call.perm = perm;
+    }
+    p->cnt = cnt;
+    p->perm = perm;
+    uint64_t b = g->base % (uint64_t)g->cap;
+    if (++g->npost[gen % (uint64_t)g->cap] == k && gen == g->base) {
+        for (int j = 0; j < k; j++) g->slot[j] = &g->posted[b * (uint64_t)k + (uint64_t)j].call;
+        char why[6144];
+        bool ok = match(m, g, why, sizeof why);
+        g->npost[b] = 0;
+        g->base++;
+        if (!ok) {
+            fail_locked(m, SIM_ERR_MISMATCH, why);
+            pthread_mutex_unlock(&m->lock);
+            return sim_err(SIM_ERR_MISMATCH, "%s", why);
+        }
+        if (g->nahead && g->ahead_gen - g->base <= POST_AHEAD / 2) { /* wake the devices waiting ahead */
+            int nrel = 0, rel[SIM_MAX_DEVICES];
+            for (int j = 0; j < k; j++) {
+                sim_device *q = &m->dev[g->members[j]];
+                if (!q->waiting || q->wait_group != g) continue;
+                q->waiting = false;
+                m->n_blocked--;
+                atomic_store(&q->released, true);
+                rel[nrel++] = g->members[j];
+            }
+            g->nahead = 0;
+            pthread_mutex_unlock(&m->lock);
+            for (int j = 0; j < nrel; j++) sem_post(&m->dev[rel[j]].wake);
             return SIM_OK;
         }
     }
-    pthread_mutex_lock(&m->lock);
-    if (d->waiting) { /* woken by a failure */
-        d->waiting = false;
-        m->n_blocked--;
-        sim_status st = m->fail_st;
-        pthread_mutex_unlock(&m->lock);
-        if (st == SIM_ERR_MISMATCH || st == SIM_ERR_DEADLOCK) return sim_err(st, "%s", m->fail_msg);
-        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
-    }
     pthread_mutex_unlock(&m->lock);
-    /* released between the failure check and the lock: a normal return */
-    while (!atomic_exchange(&d->released, false)) sched_yield();
     return SIM_OK;
+}
+
+/* After a run: a dry run's calls that some member never matched (a
+ * blocking run would have deadlocked there); then the rings restart. */
+static void post_check_locked(sim_machine *m, sim_group *g)
+{
+    if (!g || !g->seq) return;
+    int lo = 0, hi = 0;
+    for (int j = 1; j < g->k; j++) {
+        if (g->seq[j] < g->seq[lo]) lo = j;
+        if (g->seq[j] > g->seq[hi]) hi = j;
+    }
+    if (g->seq[lo] != g->seq[hi] && !m->failed) {
+        char msg[1024], ax[96];
+        const sim_posted *p = &g->posted[(g->seq[lo] % (uint64_t)g->cap) * (uint64_t)g->k + (uint64_t)hi];
+        snprintf(msg, sizeof msg,
+                 "collective deadlock: device %d made %llu collective calls over %s but device %d made %llu (its "
+                 "call %llu, %s tag '%s', has no partner); every device of a group must make the same collective "
+                 "calls in the same order",
+                 g->members[lo], (unsigned long long)g->seq[lo],
+                 sim_axes_label(&m->mesh, p->call.axes, ax, sizeof ax), g->members[hi],
+                 (unsigned long long)g->seq[hi], (unsigned long long)g->seq[lo] + 1, sim_op_name(p->call.op),
+                 p->call.tag ? p->call.tag : "-");
+        fail_locked(m, SIM_ERR_DEADLOCK, msg);
+    }
+    memset(g->seq, 0, (size_t)g->k * sizeof *g->seq);
+    if (g->npost) memset(g->npost, 0, (size_t)g->cap * sizeof *g->npost);
+    g->base = 0;
 }
 
 sim_status sim_device_barrier(sim_device *d)
@@ -551,7 +718,10 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
         for (int a = 0; a < m->mesh.naxes; a++)
             if (mask & (1u << a)) k *= m->mesh.sizes[a];
         for (int g = 0; g < m->n / k; g++)
-            if (m->by_mask[mask][g]) m->by_mask[mask][g]->arrived = 0;
+            if (m->by_mask[mask][g]) {
+                m->by_mask[mask][g]->arrived = 0;
+                post_check_locked(m, m->by_mask[mask][g]);
+            }
     }
     if (m->world) m->world->arrived = 0;
     if (m->failed) return sim_err(m->fail_st, "%s", m->fail_msg);

@@ -40,6 +40,14 @@ typedef struct sim_call {
 
 typedef enum { SIM_RV_ARRIVE = 0, SIM_RV_DEPART, SIM_RV_BARRIER } sim_rv_kind;
 
+/* A call posted in a dry run, with copies of what the match reads. */
+typedef struct {
+    sim_call call;
+    char tag[SIM_TAG_MAX];
+    size_t *cnt;          /* ragged: send_cnt then recv_cnt (k each) */
+    int *perm;            /* ppermute: k entries */
+} sim_posted;
+
 typedef struct sim_group {
     int k;                /* members */
     unsigned mask;        /* axes of the group (bit per mesh axis) */
@@ -47,6 +55,15 @@ typedef struct sim_group {
     uint64_t gen;         /* completed rendezvous */
     int *members;         /* device ids, canonical (mesh) order */
     sim_call **slot;      /* posted call per canonical member */
+    /* dry runs (sim_post): calls posted without waiting, matched when the
+     * last member posts; a ring of `cap` generations from `base` */
+    sim_posted *posted;   /* [cap][k] */
+    int *npost;           /* [cap]: members that posted that generation */
+    uint64_t *seq;        /* [k]: calls each member posted */
+    uint64_t base;        /* oldest generation not complete */
+    int cap;
+    int nahead;           /* members sleeping because they are too far ahead */
+    uint64_t ahead_gen;   /* the lowest generation one of them wants to post */
 } sim_group;
 
 typedef struct {
@@ -115,6 +132,13 @@ int sim_group_slot(const sim_group *g, const sim_device *d);
  * calls agree (`match`, returning a message on mismatch). */
 typedef bool (*sim_match_fn)(sim_machine *m, sim_group *g, char *why, size_t cap);
 sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match);
+/* Dry runs move no data, so a device need not wait for its peers: it posts
+ * a copy of its call and goes on; the member that completes a generation
+ * checks that all its calls agree (`match`).  Calls left unmatched when the
+ * run ends are reported by sim_machine_run as a deadlock would be.  With
+ * hundreds of device threads on a few cores this removes a sleep and a
+ * wake-up per device per collective. */
+sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match_fn match);
 /* Marks the machine failed (first failure wins) and wakes every device. */
 void sim_machine_fail(sim_machine *m, sim_status st, const char *msg);
 /* Appends a span to d's trace (when tracing). */

@@ -24,8 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli/artifacts.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/report.h"
@@ -63,7 +65,11 @@ typedef struct {
 static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
 {
     model_def def;
-    SIM_TRY(model_def_from_config(cfg, &def));
+    sim_status st0 = model_def_from_config(cfg, &def);
+    if (st0) {
+        model_def_free(&def); /* what it built before failing (the rules) */
+        return st0;
+    }
     model_data data;
     memset(&data, 0, sizeof data);
     data.fd = -1;
@@ -604,6 +610,44 @@ static void test_maxtext_combination_rules(void **state)
     }
 }
 
+/* The program itself (main.c): --version, help COMMAND, COMMAND --help. */
+static int run_program(const char *args, char *out, size_t cap)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) fail_msg("cannot find the test binary");
+    exe[n] = '\0';
+    *strrchr(exe, '/') = '\0'; /* build/tests */
+    *strrchr(exe, '/') = '\0'; /* build */
+    char cmd[4600];
+    snprintf(cmd, sizeof cmd, "'%s/shardsim' %s 2>&1", exe, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) fail_msg("cannot run %s", cmd);
+    size_t got = fread(out, 1, cap - 1, p);
+    out[got] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_help_and_version(void **state)
+{
+    (void)state;
+    static char out[65536];
+    assert_int_equal(run_program("--version", out, sizeof out), 0);
+    assert_non_null(strstr(out, CLI_SHARDSIM_VERSION));
+    assert_int_equal(run_program("help train", out, sizeof out), 0);
+    assert_non_null(strstr(out, "usage: shardsim train"));
+    assert_non_null(strstr(out, "compile_topology"));
+    assert_int_equal(run_program("keys --help", out, sizeof out), 0);
+    assert_non_null(strstr(out, "usage: shardsim keys [pattern]"));
+    assert_int_equal(run_program("parity -h", out, sizeof out), 0);
+    assert_non_null(strstr(out, "usage: shardsim parity"));
+    assert_int_equal(run_program("help nosuchcommand", out, sizeof out), 2);
+    assert_non_null(strstr(out, "unknown command 'nosuchcommand'"));
+    assert_int_equal(run_program("help", out, sizeof out), 0);
+    assert_non_null(strstr(out, "keys "));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -615,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_maxtext_files_as_arguments),
         cmocka_unit_test(test_keys_command),
         cmocka_unit_test(test_maxtext_combination_rules),
+        cmocka_unit_test(test_help_and_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -213,10 +213,10 @@ static void test_facts_examples(void **state)
     assert_int_equal(mesh_cfg_load(&args, &cfg), SIM_OK);
     mesh_rules r;
     assert_int_equal(mesh_rules_from_config(cfg, &r), SIM_OK);
-    assert_int_equal(r.n, 76);
-    assert_int_equal(mesh_rules_find(&r, "embed"), 49);
-    assert_int_equal(r.rules[37].n_axes, 1); /* ['exp', 'expert'] */
-    assert_string_equal(r.rules[37].axes[0], "expert");
+    assert_int_equal(r.n, 80);
+    assert_int_equal(mesh_rules_find(&r, "embed"), 53);
+    assert_int_equal(r.rules[38].n_axes, 1); /* ['exp', 'expert'] */
+    assert_string_equal(r.rules[38].axes[0], "expert");
     assert_int_equal(r.rules[0].n_axes, 0); /* circular_repeats -> [] */
     assert_contains(r.rules[0].where, "configs/base.yml:");
     mesh_cfg_free(cfg);

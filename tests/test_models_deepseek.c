@@ -225,6 +225,38 @@ static void train_run(run_t *r, const char *const *extra, int n_extra, int devic
     train_run_opt(r, extra, n_extra, devices, true);
 }
 
+/* A configuration MaxText 0.2.5 cannot trace in explicit mode: training stops with a sharding
+ * error naming `err` (MaxText's failing op), before any step. */
+static void train_expect_error(const char *const *extra, int n_extra, int devices, const char *err, const char *what)
+{
+    mesh_cfg *cfg;
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = "steps=1";
+    for (int i = 0; i < n_extra; i++) argv[n++] = extra[i];
+    model_def *def = load(argv, n, devices, &cfg);
+    model_data data;
+    model_train_job job;
+    memset(&job, 0, sizeof job);
+    if (model_data_from_config(cfg, &data) != SIM_OK) fail_msg("data: %s", sim_errmsg());
+    if (model_optim_from_config(cfg, &job.opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
+    job.def = def;
+    job.data = &data;
+    job.steps = 1;
+    job.stats = calloc(1, sizeof *job.stats);
+    sim_machine *m;
+    assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
+    sim_status st = model_train(&job, m);
+    if (st != SIM_ERR_SHARDING || !strstr(sim_errmsg(), err))
+        fail_msg("%s: expected a sharding error naming '%s', got status %d: %s", what, err, (int)st,
+                 st ? sim_errmsg() : "(trained)");
+    free(job.stats);
+    sim_machine_free(m);
+    model_data_close(&data);
+    unload(def);
+    mesh_cfg_free(cfg);
+}
+
 static void close_run(run_t *r)
 {
     if (r->job.step_grads)
@@ -266,26 +298,36 @@ typedef struct {
     const char *flags[5];
     int devices;
     bool explicit_too;
+    const char *explicit_err; /* MaxText 0.2.5 cannot trace it in explicit mode: its failing op */
 } mesh_case;
 
+/* MaxText 0.2.5's explicit-mode failures (tests/data/maxtext-0.2.5/verdicts): dot-product attention
+ * (T = 16 < 128) with the sequence sharded; MLA's q_norm (q_lora_rank > 0) with tensor > 1.  Their
+ * parity is checked in auto mode. */
+#define QK_ERR "MaxText 0.2.5 fails here too: layers/attention_op.py:qk_product"
+#define TENSOR_ERR "MaxText 0.2.5 fails here too: layers/normalizations.py:__call__"
+
 static const mesh_case MESHES[] = {
-    {"fsdp=8", {"ici_fsdp_parallelism=8"}, 8, true},
-    {"fsdp=4 expert=2", {"ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 8, true},
-    {"fsdp=2 expert=4", {"ici_fsdp_parallelism=2", "ici_expert_parallelism=4"}, 8, true},
-    {"data=2 fsdp=2 expert=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}, 8, true},
-    {"fsdp=2 tensor=2 expert=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_expert_parallelism=2"}, 8, true},
-    {"fsdp=2 context=2 expert=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_expert_parallelism=2"}, 8, true},
+    {"fsdp=8", {"ici_fsdp_parallelism=8"}, 8, true, NULL},
+    {"fsdp=4 expert=2", {"ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 8, true, NULL},
+    {"fsdp=2 expert=4", {"ici_fsdp_parallelism=2", "ici_expert_parallelism=4"}, 8, true, NULL},
+    {"data=2 fsdp=2 expert=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}, 8, true,
+     NULL},
+    {"fsdp=2 tensor=2 expert=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_expert_parallelism=2"}, 8, true,
+     TENSOR_ERR},
+    {"fsdp=2 context=2 expert=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_expert_parallelism=2"}, 8, true,
+     QK_ERR},
     /* the other custom rule sets, against the 1-device run */
     {"cp-as-ep fsdp=2 context=2 expert=2",
      {"custom_mesh_and_rule=cp-as-ep", "ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_expert_parallelism=2"},
-     8, false},
+     8, false, NULL},
     {"ep-as-dp fsdp=4 expert=2", {"custom_mesh_and_rule=ep-as-dp", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"},
-     8, false},
-    {"pure-fsdp fsdp=8", {"custom_mesh_and_rule=pure-fsdp", "ici_fsdp_parallelism=8"}, 8, false},
+     8, false, NULL},
+    {"pure-fsdp fsdp=8", {"custom_mesh_and_rule=pure-fsdp", "ici_fsdp_parallelism=8"}, 8, false, NULL},
     {"pipeline-large-moe fsdp=2 tensor=2 expert=2",
      {"custom_mesh_and_rule=pipeline-large-moe", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
       "ici_expert_parallelism=2"},
-     8, false},
+     8, false, NULL},
 };
 enum { NMESH = sizeof MESHES / sizeof MESHES[0] };
 
@@ -305,6 +347,10 @@ static void parity_path(bool dense)
             extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
             char what[160];
             snprintf(what, sizeof what, "%s %s %s", dense ? "dense" : "sparse", MESHES[mi].label, extra[n - 1]);
+            if (mode && MESHES[mi].explicit_err) {
+                train_expect_error(extra, n, MESHES[mi].devices, MESHES[mi].explicit_err, what);
+                continue;
+            }
             run_t r;
             train_run(&r, extra, n, MESHES[mi].devices);
             compare_runs(what, &r, &ref);
@@ -326,11 +372,15 @@ static void parity_path(bool dense)
             extra[n++] = path;
             for (int f = 0; f < 5 && frac[fi][f]; f++) extra[n++] = frac[fi][f];
             extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
-            run_t r;
-            train_run(&r, extra, n, 8);
             char what[200];
             snprintf(what, sizeof what, "%s fractional batch %s %s", dense ? "dense" : "sparse", frac[fi][1],
                      extra[n - 1]);
+            if (mode) { /* tensor=2 (q_norm) and context=2 (dot-product attention): MaxText fails */
+                train_expect_error(extra, n, 8, fi == 0 ? TENSOR_ERR : QK_ERR, what);
+                continue;
+            }
+            run_t r;
+            train_run(&r, extra, n, 8);
             compare_runs(what, &r, &ref4);
             close_run(&r);
         }
@@ -342,14 +392,19 @@ static void parity_path(bool dense)
         const char *ep_cp[] = {path, "custom_mesh_and_rule=ep-as-cp", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
                                md};
         run_t a, b;
-        train_run(&a, base_cp, 4, 4);
-        train_run(&b, ep_cp, 5, 4);
         char what[160];
         snprintf(what, sizeof what, "%s ep-as-cp fsdp=2 expert=2 vs base fsdp=2 context=2 %s", dense ? "dense" : "sparse", md);
-        compare_runs(what, &b, &a);
-        compare_runs(what, &b, &ref);
-        close_run(&a);
-        close_run(&b);
+        if (mode) { /* both shard the sequence: dot-product attention fails in MaxText */
+            train_expect_error(base_cp, 4, 4, QK_ERR, what);
+            train_expect_error(ep_cp, 5, 4, QK_ERR, what);
+        } else {
+            train_run(&a, base_cp, 4, 4);
+            train_run(&b, ep_cp, 5, 4);
+            compare_runs(what, &b, &a);
+            compare_runs(what, &b, &ref);
+            close_run(&a);
+            close_run(&b);
+        }
         const char *base_ep[] = {path, "ici_fsdp_parallelism=4", "ici_expert_parallelism=2", md};
         const char *sef[] = {path, "custom_mesh_and_rule=shard-exp-on-fsdp", "ici_fsdp_parallelism=4",
                              "ici_expert_parallelism=2", md};

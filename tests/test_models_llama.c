@@ -142,16 +142,26 @@ typedef struct {
     const char *flags[6];
     int devices;
     int cp;
+    const char *explicit_err; /* MaxText 0.2.5 cannot trace it in explicit mode: the error expected */
 } mesh_case;
 
+/* The two explicit-mode failures are MaxText 0.2.5's (tests/data/maxtext-0.2.5/verdicts rows L09-L14):
+ * dot-product attention (T = 16 < 128) with the sequence sharded, and the layer scan's carry with
+ * tensor_sequence; their parity is checked in auto mode. */
 static const mesh_case MESHES[] = {
-    {"data=8", {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"}, 8, 1},
-    {"fsdp=8", {"ici_fsdp_parallelism=8"}, 8, 1},
-    {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}, 8, 1},
-    {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 8, 1},
-    {"fsdp=2 context=2 tensor=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2},
-    {"tensor_sequence=2 fsdp=4", {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"}, 8, 1},
-    {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}, 8, 1},
+    {"data=8", {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"}, 8, 1, NULL},
+    {"fsdp=8", {"ici_fsdp_parallelism=8"}, 8, 1, NULL},
+    {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}, 8, 1, NULL},
+    {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 8, 1,
+     NULL},
+    {"fsdp=2 context=2 tensor=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2,
+     /* key (B=8, S, Hkv=2, D=8), query as (B, T, Hkv, groups=2, D): batch b,k ++ key's s ++ query's t,g */
+     "ShardingTypeError: dot_general operation with inputs: f32[8@fsdp,16@context,2@tensor,8], "
+     "f32[8@fsdp,16@context,2@tensor,2,8] produces an illegally sharded result: "
+     "f32[8@fsdp,2@tensor,16@context,16@context,2]"},
+    {"tensor_sequence=2 fsdp=4", {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"}, 8, 1,
+     "TypeError: scan body function carry input and carry output must have equal types"},
+    {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}, 8, 1, NULL},
 };
 
 static void test_parity_meshes(void **state)
@@ -173,6 +183,19 @@ static void test_parity_meshes(void **state)
             batch bb;
             make_batch(&bb, 16, 64, mc->cp);
             model_grads g;
+            if (mode && mc->explicit_err) {
+                sim_machine *m;
+                assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
+                double l;
+                sim_status st = model_loss_and_grads_from(def, m, bb.in, bb.tg, bb.pos, NULL, NULL, &l, &g);
+                sim_machine_free(m);
+                assert_int_equal(st, SIM_ERR_SHARDING);
+                if (!strstr(sim_errmsg(), mc->explicit_err))
+                    fail_msg("%s explicit: expected '%s', got: %s", mc->label, mc->explicit_err, sim_errmsg());
+                model_def_free(def);
+                free(def);
+                continue;
+            }
             double loss = run(def, &bb, NULL, NULL, &g);
             double dl = fabs(loss - ref_loss) / fabs(ref_loss);
             if (dl > 1e-4) fail_msg("%s %s: loss %.7f vs %.7f", mc->label, extra[n - 1], loss, ref_loss);

@@ -88,18 +88,26 @@ static void close_run(run_t *r)
 typedef struct {
     const char *label;
     const char *flags[4];
+    const char *explicit_err; /* MaxText 0.2.5 cannot trace it in explicit mode: the error expected */
 } mesh_case;
 
+/* The explicit-mode failures are MaxText 0.2.5's (tests/data/maxtext-0.2.5/verdicts): dot-product
+ * attention (T = 16 < 128) with the sequence sharded, and the layer scan's carry with
+ * tensor_sequence; their parity is checked in auto mode. */
+#define QK_ERR "MaxText 0.2.5 fails here too: layers/attention_op.py:qk_product"
+#define CARRY_ERR "MaxText 0.2.5 fails here too: layers/nnx_decoders.py:_apply_layers_sequentially"
+
 static const mesh_case MESHES[] = {
-    {"data=8", {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"}},
-    {"fsdp=8", {"ici_fsdp_parallelism=8"}},
-    {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}},
-    {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
-    {"fsdp=2 context=2 tensor=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}},
-    {"tensor_sequence=2 fsdp=4", {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"}},
-    {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}},
+    {"data=8", {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"}, NULL},
+    {"fsdp=8", {"ici_fsdp_parallelism=8"}, NULL},
+    {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}, NULL},
+    {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, NULL},
+    {"fsdp=2 context=2 tensor=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"},
+     QK_ERR},
+    {"tensor_sequence=2 fsdp=4", {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"}, CARRY_ERR},
+    {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}, NULL},
     /* remat_policy=none keeps every activation instead of recomputing layers: same numbers */
-    {"fsdp=4 tensor=2 remat none", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "remat_policy=none"}},
+    {"fsdp=4 tensor=2 remat none", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "remat_policy=none"}, NULL},
 };
 
 static void test_parity_five_steps(void **state)
@@ -119,6 +127,14 @@ static void test_parity_five_steps(void **state)
             extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
             run_t r;
             open_run(&r, extra, n, 8, STEPS);
+            if (mode && MESHES[mi].explicit_err) {
+                assert_int_equal(model_train(&r.job, r.m), SIM_ERR_SHARDING);
+                if (!strstr(sim_errmsg(), MESHES[mi].explicit_err))
+                    fail_msg("%s explicit: expected '%s', got: %s", MESHES[mi].label, MESHES[mi].explicit_err,
+                             sim_errmsg());
+                close_run(&r);
+                continue;
+            }
             train(&r, true);
             for (int s = 0; s < STEPS; s++) {
                 double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;

@@ -272,7 +272,12 @@ typedef struct {
     const char *label;
     const char *flags[5];
     int devices, ga;
+    const char *explicit_err; /* MaxText 0.2.5 cannot trace it in explicit mode: its failing op */
 } zcase;
+
+/* dot-product attention (T < 128) with the sequence sharded: MaxText 0.2.5's explicit-mode trace
+ * fails (tests/data/maxtext-0.2.5/verdicts); its parity is checked in auto mode */
+#define QK_ERR "MaxText 0.2.5 fails here too: layers/attention_op.py:qk_product"
 
 static void compare(const char *what, const run_t *a, const run_t *ref)
 {
@@ -304,6 +309,14 @@ static void parity(bool deepseek, const zcase *cases, int n)
             snprintf(what, sizeof what, "%s %s", cases[c].label, extra[k - 1]);
             run_t r;
             open_run(&r, deepseek, extra, k, cases[c].devices, cases[c].ga, STEPS);
+            if (mode && cases[c].explicit_err) {
+                sim_status st = model_train(&r.job, r.m);
+                if (st != SIM_ERR_SHARDING || !strstr(sim_errmsg(), cases[c].explicit_err))
+                    fail_msg("%s: expected a sharding error naming '%s', got status %d", what, cases[c].explicit_err,
+                             (int)st);
+                close_run(&r);
+                continue;
+            }
             train(&r, true);
             compare(what, &r, &ref);
             close_run(&r);
@@ -318,16 +331,16 @@ static void test_parity_llama(void **state)
 {
     (void)state;
     static const zcase cases[] = {
-        {"data=4 ZeRO-1", {"ici_data_parallelism=4", NOFSDP, ZERO1}, 4, 1},
-        {"data=2 tensor=2 ZeRO-1", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 1},
-        {"1 device G=4", {NOFSDP}, 1, 4},
-        {"data=2 G=4", {"ici_data_parallelism=2", NOFSDP}, 2, 4},
-        {"fsdp=2 tensor=2 G=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 4, 2},
-        {"data=2 tensor=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 2},
+        {"data=4 ZeRO-1", {"ici_data_parallelism=4", NOFSDP, ZERO1}, 4, 1, NULL},
+        {"data=2 tensor=2 ZeRO-1", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 1, NULL},
+        {"1 device G=4", {NOFSDP}, 1, 4, NULL},
+        {"data=2 G=4", {"ici_data_parallelism=2", NOFSDP}, 2, 4, NULL},
+        {"fsdp=2 tensor=2 G=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 4, 2, NULL},
+        {"data=2 tensor=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 2, NULL},
         /* per_device_batch_size 0.5: each microbatch loads 8 rows and trains its first 4, rows
          * {g, 2+g, 4+g, 6+g} of the step: the same 8 rows; load-balanced context parallelism */
         {"fsdp=2 context=2 tensor=2 G=2",
-         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2},
+         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2, QK_ERR},
     };
     parity(false, cases, (int)(sizeof cases / sizeof *cases));
 }
@@ -336,9 +349,9 @@ static void test_parity_deepseek(void **state)
 {
     (void)state;
     static const zcase cases[] = {
-        {"data=2 expert=2 ZeRO-1", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 1},
-        {"data=2 expert=2 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP}, 4, 2},
-        {"data=2 expert=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 2},
+        {"data=2 expert=2 ZeRO-1", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 1, NULL},
+        {"data=2 expert=2 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP}, 4, 2, NULL},
+        {"data=2 expert=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 2, NULL},
     };
     parity(true, cases, (int)(sizeof cases / sizeof *cases));
 }
@@ -427,6 +440,39 @@ static void test_traffic_zero1_tensor(void **state)
         assert_int_equal(data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "zero1/params/").bytes, want);
         assert_int_equal(data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "zero1/grads/").bytes, want);
         assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes, kept);
+    }
+    close_run(&r);
+}
+
+/* DeepSeek data=2 expert=2: MaxText prepends 'data' to dims already on 'expert'
+ * (('data', 'expert'), layouts checked against MaxText above); the data-axis
+ * traffic is still one all-gather and one reduce-scatter of (K-1)/K of each
+ * such parameter's local bytes, the blocks changing hands in a ppermute. */
+static void test_traffic_zero1_expert(void **state)
+{
+    (void)state;
+    enum { K = 2 };
+    const char *extra[] = {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1};
+    run_t r;
+    open_run(&r, true, extra, 4, 4, 1, 1);
+    train(&r, false);
+    int data = mesh_shape_axis_index(&r.def->mesh, "data");
+    uint64_t want = 0;
+    int on_expert = 0;
+    for (int i = 0; i < r.def->nparams; i++) {
+        if (!(mesh_spec_dim_axes(&r.def->opt_spec[i]) & (1u << data))) continue;
+        uint64_t shards = 1;
+        uint32_t ax = mesh_spec_dim_axes(&r.def->spec[i]);
+        for (int a = 0; a < r.def->mesh.n_axes; a++)
+            if (ax & (1u << a)) shards *= (uint64_t)r.def->mesh.sizes[a];
+        on_expert += shards > 1;
+        want += param_bytes(r.def, i) / shards * (K - 1) / K;
+    }
+    assert_true(on_expert > 0);
+    for (int d = 0; d < 4; d++) {
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "zero1/params/").bytes, want);
+        assert_int_equal(data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "zero1/grads/").bytes, want);
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes, 0);
     }
     close_run(&r);
 }
@@ -654,7 +700,8 @@ int main(void)
         cmocka_unit_test(test_microbatch_rows_strided),
         cmocka_unit_test(test_parity_llama),
         cmocka_unit_test(test_parity_deepseek),       cmocka_unit_test(test_traffic_zero1_data),
-        cmocka_unit_test(test_traffic_zero1_tensor),  cmocka_unit_test(test_traffic_accumulation),
+        cmocka_unit_test(test_traffic_zero1_tensor),  cmocka_unit_test(test_traffic_zero1_expert),
+        cmocka_unit_test(test_traffic_accumulation),
         cmocka_unit_test(test_memory_zero1),          cmocka_unit_test(test_dry_run_matches_real),
         cmocka_unit_test(test_checkpoint_from_zero1_layout), cmocka_unit_test(test_refusals),
     };

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "sim/collectives.h"
@@ -431,19 +432,57 @@ static sim_status err_device(sim_device *d, void *arg)
     case 6: /* a device's own failure stops the others */
         if (id == 0) return sim_err(SIM_ERR_CHECK, "device 0 found a problem");
         return sim_all_reduce(d, buf, out, 4, SIM_F32, ax, sim_meta_tag("x"));
+    case 7: /* dry runs: device 0 runs far ahead of the others, then they catch up */
+    case 8: /* ... and device 2 stops half way */
+        if (id != 0) usleep(20000);
+        for (int i = 0; i < (ec->mode == 8 && id == 2 ? 150 : 300); i++)
+            SIM_TRY(sim_all_gather(d, NULL, NULL, 4, SIM_F32, ax, sim_meta_tag("loop/ag")));
+        return SIM_OK;
     }
     return SIM_OK;
 }
 
-static sim_status run_err(int mode, const tmesh *tm, double *secs)
+static sim_status run_err_in(int mode, const tmesh *tm, double *secs, bool dry)
 {
-    sim_machine *m = make_machine(tm, false);
+    sim_machine *m = make_machine(tm, dry);
     err_case ec = {mode};
     uint64_t t0 = sim_now_ns();
     sim_status st = sim_machine_run(m, err_device, &ec);
     *secs = (double)(sim_now_ns() - t0) / 1e9;
+    if (st == SIM_OK && (mode == 7 || mode == 8))
+        for (int id = 0; id < sim_machine_num_devices(m); id++) {
+            size_t nrec;
+            sim_device_records(sim_machine_device(m, id), &nrec);
+            assert_int_equal(nrec, 300);
+        }
     sim_machine_free(m);
     return st;
+}
+
+static sim_status run_err(int mode, const tmesh *tm, double *secs) { return run_err_in(mode, tm, secs, false); }
+
+/* Dry runs post calls without waiting (sim_post): the same mismatches are found, calls without
+ * partners are a deadlock, and a device far ahead waits (bounded memory) without changing results. */
+static void test_errors_dry(void **state)
+{
+    (void)state;
+    tmesh m4 = {1, {4}};
+    double secs;
+    assert_int_equal(run_err_in(1, &m4, &secs, true), SIM_ERR_MISMATCH);
+    assert_non_null(strstr(sim_errmsg(), "mlp/wi"));
+    assert_non_null(strstr(sim_errmsg(), "mlp/wo"));
+    assert_int_equal(run_err_in(2, &m4, &secs, true), SIM_ERR_MISMATCH);
+    assert_non_null(strstr(sim_errmsg(), "all-reduce"));
+    assert_int_equal(run_err_in(5, &m4, &secs, true), SIM_ERR_MISMATCH);
+    assert_non_null(strstr(sim_errmsg(), "moe/dispatch"));
+    assert_int_equal(run_err_in(3, &m4, &secs, true), SIM_ERR_DEADLOCK);
+    assert_non_null(strstr(sim_errmsg(), "device 3 made 0 collective calls"));
+    assert_non_null(strstr(sim_errmsg(), "embed/ag"));
+    assert_int_equal(run_err_in(7, &m4, &secs, true), SIM_OK);
+    assert_int_equal(run_err_in(8, &m4, &secs, true), SIM_ERR_DEADLOCK);
+    assert_true(secs < 5.0);
+    assert_non_null(strstr(sim_errmsg(), "device 2 (finished)"));
+    assert_non_null(strstr(sim_errmsg(), "loop/ag"));
 }
 
 static void test_errors(void **state)
@@ -616,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_sweep_all_ops),
         cmocka_unit_test(test_strided_layouts),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_errors_dry),
         cmocka_unit_test(test_all_reduce_deterministic_and_dry),
         cmocka_unit_test(test_dcn_bytes),
     };
