@@ -65,22 +65,39 @@ static const char *cfg_str(const mesh_cfg *c, const char *key)
 
 /* ------------------------------------------------------------ dump entries */
 
-static void dump_entries(const model_def *def, const char *dtype, cli_dump_param *p, cli_dump_activation *a, int *na)
+/* Entries of the parameters (a pipelined one: one per layer of a stage, MaxText's layout). */
+static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MODEL_PATH_MAX + 32])
 {
+    int np = 0;
     for (int i = 0; i < def->nparams; i++) {
-        memset(&p[i], 0, sizeof p[i]);
-        p[i].path = def->defs[i].path;
-        p[i].rank = def->defs[i].rank;
-        for (int d = 0; d < p[i].rank; d++) {
-            p[i].shape[d] = def->defs[i].shape[d];
-            p[i].logical[d] = def->defs[i].logical[d];
+        int64_t per = model_param_pipelined(def, i) ? def->d.pipe.layers_per_stage : 0;
+        for (int64_t l = 0; l < per; l++) {
+            cli_dump_param *q = &p[np];
+            memset(q, 0, sizeof *q);
+            if (model_pipe_dump_layout(def, i, l, paths[np], sizeof paths[np], &q->rank, q->shape, q->logical,
+                                       &q->spec) != SIM_OK)
+                continue;
+            q->path = paths[np++];
         }
-        p[i].spec = def->unpruned[i];
-        if (def->muon) p[i].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
+        if (per) continue;
+        memset(&p[np], 0, sizeof p[np]);
+        p[np].path = def->defs[i].path;
+        p[np].rank = def->defs[i].rank;
+        for (int d = 0; d < p[np].rank; d++) {
+            p[np].shape[d] = def->defs[i].shape[d];
+            p[np].logical[d] = def->defs[i].logical[d];
+        }
+        p[np].spec = def->unpruned[i];
+        if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
         /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them */
-        p[i].has_opt_spec = def->d.zero1;
-        p[i].opt_spec = def->opt_unpruned[i];
+        p[np].has_opt_spec = def->d.zero1;
+        p[np++].opt_spec = def->opt_unpruned[i];
     }
+    return np;
+}
+
+static void dump_activations(const model_def *def, const char *dtype, cli_dump_activation *a, int *na)
+{
     *na = def->nacts;
     for (int i = 0; i < def->nacts; i++) {
         const model_act *act = &def->acts[i];
@@ -100,6 +117,7 @@ static void dump_entries(const model_def *def, const char *dtype, cli_dump_param
 typedef struct {
     const model_def *def;
     const cli_dump_param *p;
+    int np;
     const cli_dump_activation *a;
     int na;
 } dump_all;
@@ -109,9 +127,9 @@ static sim_status write_combined(FILE *f, void *arg)
 {
     const dump_all *d = arg;
     fprintf(f, "{\n\"named_shardings\": ");
-    SIM_TRY(cli_dump_named(f, &d->def->mesh, d->p, d->def->nparams, CLI_DUMP_TRAIN_STATE));
+    SIM_TRY(cli_dump_named(f, &d->def->mesh, d->p, d->np, CLI_DUMP_TRAIN_STATE));
     fprintf(f, ",\n\"logical_shardings\": ");
-    SIM_TRY(cli_dump_logical(f, d->p, d->def->nparams, CLI_DUMP_TRAIN_STATE));
+    SIM_TRY(cli_dump_logical(f, d->p, d->np, CLI_DUMP_TRAIN_STATE));
     fprintf(f, ",\n\"input_shardings\": ");
     SIM_TRY(cli_dump_inputs(f, &d->def->mesh, d->a, d->na));
     fprintf(f, "\n}\n");
@@ -122,14 +140,21 @@ static sim_status write_combined(FILE *f, void *arg)
  * input_shardings.json), and shardings.json holding all three. */
 static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_def *def)
 {
-    cli_dump_param p[MODEL_MAX_PARAMS];
     cli_dump_activation a[MODEL_MAX_ACTS];
     int na;
     const char *dtype = cfg_str(cfg, "dtype");
-    dump_entries(def, *dtype ? dtype : "float32", p, a, &na);
-    dump_all all = {def, p, a, na};
-    SIM_TRY(cli_artifact_write(dir, "shardings.json", write_combined, &all));
-    return cli_write_sharding_dump(dir, &def->mesh, p, def->nparams, CLI_DUMP_TRAIN_STATE, a, na);
+    size_t cap = (size_t)def->nparams * (size_t)(def->d.pipe.on ? def->d.pipe.layers_per_stage : 1);
+    cli_dump_param *p = calloc(cap, sizeof *p);
+    char (*paths)[MODEL_PATH_MAX + 32] = calloc(cap, sizeof *paths);
+    SIM_ASSERT(p && paths);
+    dump_activations(def, *dtype ? dtype : "float32", a, &na);
+    int np = dump_params(def, p, paths);
+    dump_all all = {def, p, np, a, na};
+    sim_status st = cli_artifact_write(dir, "shardings.json", write_combined, &all);
+    if (st == SIM_OK) st = cli_write_sharding_dump(dir, &def->mesh, p, np, CLI_DUMP_TRAIN_STATE, a, na);
+    free(p);
+    free(paths);
+    return st;
 }
 
 /* ------------------------------------------------------------ train */
@@ -362,9 +387,25 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     job.on_layer = print_layer;
     job.cb_arg = &sp;
     job.stats = calloc((size_t)steps, sizeof *job.stats);
+    if (def->d.pipe.on) {
+        char line[512];
+        model_pipe_describe(&def->d.pipe, line, sizeof line);
+        fprintf(out, "\n%s\n", line);
+    }
     fprintf(out, "\n");
     cli_report_step_header(out);
     st = model_train(&job, m);
+    if (!st && def->d.pipe.on) {
+        const model_pipe *pp = &def->d.pipe;
+        fprintf(out, "\npipeline bubbles: %lld of %lld iterations per stage (%.1f%% of stage compute, bubbles computed "
+                     "and discarded)",
+                (long long)(pp->delay * (pp->stages - 1)), (long long)model_pipe_iterations(pp),
+                100.0 * model_pipe_bubble_fraction(pp));
+        if (!def->d.dry_run && def->pipe_layer_ns)
+            fprintf(out, "; measured on device 0: %.1f%% of its layer time",
+                    100.0 * (double)def->pipe_bubble_ns / (double)def->pipe_layer_ns);
+        fprintf(out, "\n");
+    }
     int rc = 0;
     if (st) {
         rc = cli_fail(err, st);

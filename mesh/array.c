@@ -140,11 +140,17 @@ void mesh_array_load_global(sim_device *d, const mesh_shape *m, mesh_array *a, c
 
 sim_status mesh_array_store_global(sim_device *d, const mesh_shape *m, const mesh_array *a, void *global)
 {
+    return mesh_array_store_global_except(d, m, a, global, 0);
+}
+
+sim_status mesh_array_store_global_except(sim_device *d, const mesh_shape *m, const mesh_array *a, void *global,
+                                          uint32_t held_apart)
+{
     if (a->spec.partial)
         return sim_err(SIM_ERR_INTERNAL, "array '%s' still holds partial sums; reshard it before storing", a->name);
     if (!a->data) return SIM_OK;
     int dev = sim_device_id(d);
-    uint32_t unused = ((1u << m->n_axes) - 1) & ~mesh_spec_dim_axes(&a->spec);
+    uint32_t unused = ((1u << m->n_axes) - 1) & ~mesh_spec_dim_axes(&a->spec) & ~held_apart;
     if (!zero_on(m, dev, unused)) return SIM_OK;
     size_t es = sim_dtype_size(a->dtype);
     mesh_dim_shard sh[MESH_SPEC_MAX_RANK];

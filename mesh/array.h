@@ -52,6 +52,12 @@ void mesh_array_load_global(sim_device *d, const mesh_shape *m, mesh_array *a, c
  * replica writes each block (the one with coordinate 0 on every axis the
  * spec does not use); partial arrays are refused (reshard them first). */
 sim_status mesh_array_store_global(sim_device *d, const mesh_shape *m, const mesh_array *a, void *global);
+/* The same for an array whose replicas along the axes `held_apart` hold
+ * different parts of a larger whole (a pipeline stage's layers): the
+ * replica with coordinate 0 on the other unused axes writes, whatever its
+ * coordinates on held_apart. */
+sim_status mesh_array_store_global_except(sim_device *d, const mesh_shape *m, const mesh_array *a, void *global,
+                                          uint32_t held_apart);
 
 /* Copies the block of `src` (local shape `in`) selected along each dim into
  * `dst`: dst has shape `out`, and dim i starts at `start[i]` of src. */

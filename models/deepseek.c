@@ -892,6 +892,13 @@ static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, in
     return SIM_OK;
 }
 
+/* A dense layer before the pipeline: MaxText runs it under logical_axis_rules_pp_act_as_dp. */
+static sim_status ds_dense_pp_fn(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
+                                 mesh_var **lb)
+{
+    return model_layer_pp_as_dp(md, t, b, gl, x, ds_layer, y, lb);
+}
+
 /* ------------------------------------------------------------ the whole model */
 
 sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
@@ -907,9 +914,18 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
         SIM_TRY(model_logical_spec(m, "embed/out", 3, EMB_OUT, &es));
         SIM_TRY(mesh_ad_shard_as(t, x, &es, "embed/out", &x));
     }
-    for (int l = 0; l < m->d.layers; l++) {
+    /* with a pipeline: the dense layers run first with 'stage' acting as data, the MoE layers as the pipeline */
+    const bool pp = m->d.pipe.on;
+    const int n_before = pp ? (int)m->d.dense_layers : m->d.layers;
+    for (int l = 0; l < n_before; l++) {
         mesh_var *lb;
-        if (m->d.remat_full) {
+        if (pp && m->d.remat_full) {
+            char tag[64];
+            snprintf(tag, sizeof tag, "decoder/dense_layers_%d/remat", l);
+            SIM_TRY(model_remat_layer(md, t, b, l, x, ds_dense_pp_fn, tag, &x, &lb));
+        } else if (pp) {
+            SIM_TRY(ds_dense_pp_fn(md, t, b, l, x, &x, &lb));
+        } else if (m->d.remat_full) {
             char tag[64];
             bool is_moe = l >= (int)md->def->d.dense_layers;
             snprintf(tag, sizeof tag, "decoder/%s_%d/remat", is_moe ? "moe_layers" : "dense_layers",
@@ -926,6 +942,7 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
                 lb_sum = lb;
         }
     }
+    if (pp) SIM_TRY(model_pipeline_run(md, t, b, x, ds_layer, m->d.dense_layers, &x));
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, norm, 0), m->d.eps, "decoder_norm", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) {

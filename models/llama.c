@@ -149,7 +149,9 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     SIM_TRY(mesh_nn_embed(t, param(md, t, ix.embed, 0), &b->tokens, "token_embedder", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
         SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
-    for (int l = 0; l < m->d.layers; l++) {
+    if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline.c) */
+        SIM_TRY(model_pipeline_run(md, t, b, x, llama_layer_fn, 0, &x));
+    for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
         mesh_var *in = x;
         if (m->d.remat_full) {
             char tag[64];

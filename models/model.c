@@ -162,6 +162,114 @@ static void define_llama(model_def *m)
               MODEL_INIT_TRUNC_NORMAL, fe);
 }
 
+/* What MaxText's config does when it pipelines (types.py): 'stage' moves before 'data' in the
+ * mesh axes, and the embedding/logits batch rule becomes [stage, data, fsdp, fsdp_transpose, expert]. */
+static void pipeline_mesh_and_rules(model_def *m)
+{
+    mesh_shape *ms = &m->mesh;
+    int st = mesh_shape_axis_index(ms, "stage"), da = mesh_shape_axis_index(ms, "data");
+    if (st < 0 || ms->sizes[st] <= 1) return;
+    if (da >= 0 && st > da) {
+        char name[MESH_AXIS_NAME_MAX];
+        memcpy(name, ms->names[st], sizeof name);
+        memcpy(ms->names[st], ms->names[da], sizeof name);
+        memcpy(ms->names[da], name, sizeof name);
+        int t = ms->sizes[st];
+        ms->sizes[st] = ms->sizes[da];
+        ms->sizes[da] = t;
+        t = ms->dcn[st];
+        ms->dcn[st] = ms->dcn[da];
+        ms->dcn[da] = t;
+        t = ms->ici[st];
+        ms->ici[st] = ms->ici[da];
+        ms->ici[da] = t;
+    }
+    int r = mesh_rules_find(&m->rules, "activation_embed_and_logits_batch");
+    if (r >= 0) {
+        static const char *const axes[] = {"stage", "data", "fsdp", "fsdp_transpose", "expert"};
+        mesh_rule *ru = &m->rules.rules[r];
+        for (int a = 0; a < ru->n_axes; a++) free(ru->axes[a]);
+        free(ru->axes);
+        ru->n_axes = 5;
+        ru->axes = calloc(5, sizeof *ru->axes);
+        SIM_ASSERT(ru->axes);
+        for (int a = 0; a < 5; a++) ru->axes[a] = strdup(axes[a]);
+    }
+}
+
+/* Pipeline keys (pipeline.c) and the combinations not implemented with a pipeline yet. */
+static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
+{
+    model_dims *d = &m->d;
+    /* DeepSeek pipelines its MoE layers; its dense layers run before the pipeline */
+    int64_t stack = d->kind == MODEL_DEEPSEEK ? d->layers - d->dense_layers : d->layers;
+    SIM_TRY(model_pipe_from_config(cfg, &m->mesh, stack, d->batch, &d->pipe));
+    if (!d->pipe.on) return SIM_OK;
+    if (d->kind == MODEL_DEEPSEEK && stack < 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "ici_pipeline_parallelism=%lld with first_num_dense_layers=%lld = base_num_decoder_layers: "
+                       "DeepSeek pipelines its MoE layers and there are none; add MoE layers or set "
+                       "ici_pipeline_parallelism=1",
+                       (long long)d->pipe.stages, (long long)d->dense_layers);
+    if (d->kind == MODEL_DEEPSEEK && d->lb_weight > 0)
+        return sim_err(SIM_ERR_INPUT,
+                       "load_balance_loss_weight=%g with pipeline parallelism: collecting the MoE load-balance loss "
+                       "from the pipeline iterations is not implemented yet; set load_balance_loss_weight=0",
+                       d->lb_weight);
+    if (d->kind == MODEL_DEEPSEEK && d->dense_layers > 0) { /* logical_axis_rules_pp_act_as_dp */
+        mesh_rules_init(&m->rules_pp_dp);
+        for (int r = 0; r < m->rules.n; r++) {
+            const mesh_rule *ru = &m->rules.rules[r];
+            const char *axes[MESH_MAX_AXES + 1];
+            int n = 0;
+            for (int a = 0; a < ru->n_axes && n < MESH_MAX_AXES; a++) {
+                if (!strcmp(ru->axes[a], "stage")) continue;
+                if (!strcmp(ru->axes[a], "data")) axes[n++] = "stage";
+                axes[n++] = ru->axes[a];
+            }
+            mesh_rules_add(&m->rules_pp_dp, ru->name, n, axes);
+        }
+    }
+    if (d->cp > 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "context parallelism (%d devices on '%s') with pipeline parallelism is not implemented yet; "
+                       "set the context axis to 1 or ici_pipeline_parallelism=1",
+                       d->cp, m->mesh.names[d->cp_axis]);
+    /* the microbatch must split over the axes that shard activation_batch inside a stage */
+    static const char *const shift_names[4] = {"activation_stage", "activation_batch", "activation_length",
+                                               "activation_embed"};
+    mesh_spec ss;
+    SIM_TRY(model_logical_spec(m, "pipeline/shift", 4, shift_names, &ss));
+    int64_t shp[4] = {d->pipe.stages, d->pipe.micro_rows, d->seq, d->emb};
+    if (mesh_spec_check_shape(&ss, &m->mesh, 4, shp, "pipeline shift buffer") != SIM_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", sim_errmsg());
+        return sim_err(SIM_ERR_INPUT,
+                       "num_pipeline_microbatches=%lld leaves %lld rows per microbatch (%lld rows per step), which "
+                       "the pipeline buffers cannot shard: %s; use fewer microbatches or a larger "
+                       "per_device_batch_size",
+                       (long long)d->pipe.microbatches, (long long)d->pipe.micro_rows, (long long)d->batch, why);
+    }
+    /* inside the pipeline every collective must stay within a stage: only the
+     * stage buffers, the layer stack and the embedding/logits batch may use 'stage' */
+    static const char *const may_use_stage[] = {"activation_stage", "layers", "activation_embed_and_logits_batch",
+                                                "activation_embed_and_logits_batch_sequence"};
+    for (int r = 0; r < m->rules.n; r++) {
+        const mesh_rule *ru = &m->rules.rules[r];
+        bool allowed = false;
+        for (int k = 0; k < 4; k++) allowed |= !strcmp(ru->name, may_use_stage[k]);
+        for (int a = 0; a < ru->n_axes && !allowed; a++)
+            if (!strcmp(ru->axes[a], "stage"))
+                return sim_err(SIM_ERR_INPUT,
+                               "logical_axis_rules: the rule for '%s'%s%s maps to 'stage', which the pipeline owns "
+                               "(ici_pipeline_parallelism=%lld); only activation_stage, layers and the embedding/logits "
+                               "batch may use it — drop 'stage' from that rule",
+                               ru->name, ru->where && *ru->where ? " at " : "", ru->where ? ru->where : "",
+                               (long long)d->pipe.stages);
+    }
+    return SIM_OK;
+}
+
 sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 {
     memset(m, 0, sizeof *m);
@@ -217,6 +325,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
     SIM_TRY(zero1_and_ga_from_config(cfg, m)); /* before the rules, which an error would leak */
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
+    pipeline_mesh_and_rules(m);
     double pdbs;
     SIM_TRY(mesh_cfg_get_double(cfg, "per_device_batch_size", &pdbs));
     d->batch = (int64_t)((double)m->mesh.num_devices * pdbs + 1e-9);
@@ -251,17 +360,30 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
             return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
         define_llama(m);
     }
+    sim_status pst = pipeline_setup(m, cfg);
+    if (pst != SIM_OK) { /* a refusal leaves nothing allocated */
+        mesh_rules_free(&m->rules);
+        mesh_rules_free(&m->rules_pp_dp);
+        memset(&m->rules, 0, sizeof m->rules);
+        memset(&m->rules_pp_dp, 0, sizeof m->rules_pp_dp);
+        return pst;
+    }
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
         const model_param_def *pd = &m->defs[i];
         SIM_TRY(mesh_rules_resolve(&m->rules, &m->mesh, pd->path, pd->rank, pd->logical, &res));
         m->spec[i] = res.spec;
         m->unpruned[i] = res.unpruned;
-        SIM_TRY(mesh_spec_check_shape(&res.spec, &m->mesh, pd->rank, pd->shape, pd->path));
-        m->opt_spec[i] = res.spec;
-        m->opt_unpruned[i] = res.unpruned;
+        if (d->pipe.on && model_param_pipelined(m, i)) { /* MaxText's stage vmap puts the layer stack on 'stage' */
+            int ax = d->pipe.stage_axis;
+            SIM_TRY(mesh_spec_set_dim(&m->spec[i], &m->mesh, pd->scan_dim, 1, &ax));
+            SIM_TRY(mesh_spec_set_dim(&m->unpruned[i], &m->mesh, pd->scan_dim, 1, &ax));
+        }
+        SIM_TRY(mesh_spec_check_shape(&m->spec[i], &m->mesh, pd->rank, pd->shape, pd->path));
+        m->opt_spec[i] = m->spec[i];
+        m->opt_unpruned[i] = m->unpruned[i];
         if (d->zero1) {
-            model_zero1_spec(&m->mesh, pd->rank, pd->shape, &res.unpruned, &m->opt_unpruned[i]);
+            model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
             m->opt_spec[i] = m->opt_unpruned[i];
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
@@ -280,14 +402,20 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 void model_def_free(model_def *m)
 {
     mesh_rules_free(&m->rules);
+    if (m->rules_pp_dp.n) mesh_rules_free(&m->rules_pp_dp);
     pthread_mutex_destroy(&m->act_lock);
 }
+
+/* A layer running before the pipeline resolves its names under rules_pp_dp (per device thread). */
+static _Thread_local const mesh_rules *thread_rules;
+
+void model_set_thread_rules(const mesh_rules *r) { thread_rules = r; }
 
 sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, const char *const *names,
                               mesh_spec *out)
 {
     mesh_resolved res;
-    SIM_TRY(mesh_rules_resolve(&m->rules, &m->mesh, tensor, rank, names, &res));
+    SIM_TRY(mesh_rules_resolve(thread_rules ? thread_rules : &m->rules, &m->mesh, tensor, rank, names, &res));
     *out = res.spec;
     return SIM_OK;
 }
@@ -367,6 +495,8 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt && !md->zero1 ? &p->m : NULL,
                                 with_opt && !md->zero1 && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
+        bool stacked = model_param_pipelined(def, i);
+        if (stacked) p->stage_span = def->d.pipe.layers_per_stage;
         for (int b = 0; b < 4; b++) {
             if (!bufs[b]) continue;
             /* ZeRO-1 without accumulation: the gradient sinks keep the sum over 'data'
@@ -378,12 +508,58 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
             for (int l = 0; l < p->n_layers; l++) {
                 char name[MESH_NAME_MAX];
                 snprintf(name, sizeof name, "%s%s", p->def.path, b == 1 ? " (grad)" : b >= 2 ? " (adam)" : "");
-                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], &(*bufs[b])[l]));
+                mesh_array *a = &(*bufs[b])[l];
+                if (stacked && !model_holds_layer(def, sim_device_id(dev), l)) {
+                    /* another stage's layer: described, never stored here (no data, no bytes) */
+                    memset(a, 0, sizeof *a);
+                    snprintf(a->name, sizeof a->name, "%s", name);
+                    a->rank = rank;
+                    memcpy(a->shape, shape, sizeof(int64_t) * (size_t)rank);
+                    a->spec = bs;
+                    a->dtype = SIM_F32;
+                    a->cat = cats[b];
+                    continue;
+                }
+                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], a));
             }
         }
         if (md->zero1) SIM_TRY(zero1_state_new(md, i));
     }
     return model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed);
+}
+
+bool model_param_pipelined(const model_def *m, int i)
+{
+    if (!m->d.pipe.on || m->defs[i].scan_dim < 0) return false;
+    return m->d.kind == MODEL_LLAMA2 || strstr(m->defs[i].path, ".moe_layers.") != NULL;
+}
+
+sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
+                                model_layer_fn fn, mesh_var **y, mesh_var **aux)
+{
+    const mesh_rules *saved = thread_rules;
+    thread_rules = md->def->rules_pp_dp.n ? &md->def->rules_pp_dp : NULL;
+    sim_status st = fn(md, t, b, layer, x, y, aux);
+    thread_rules = saved;
+    return st;
+}
+
+bool model_holds_layer(const model_def *m, int device, int64_t l)
+{
+    const model_pipe *pp = &m->d.pipe;
+    if (!pp->on) return true;
+    int c[MESH_MAX_AXES];
+    mesh_shape_coords(&m->mesh, device, c);
+    return model_pipe_layer_stage(pp, l) == c[pp->stage_axis];
+}
+
+sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_array *a, int64_t l, void *global)
+{
+    const model_def *m = md->def;
+    if (!m->d.pipe.on || p->def.scan_dim < 0 || (m->d.kind == MODEL_DEEPSEEK && !strstr(p->def.path, ".moe_layers.")))
+        return mesh_array_store_global(md->ctx.dev, &m->mesh, a, global);
+    if (!model_holds_layer(m, sim_device_id(md->ctx.dev), l)) return SIM_OK;
+    return mesh_array_store_global_except(md->ctx.dev, &m->mesh, a, global, 1u << m->d.pipe.stage_axis);
 }
 
 void model_dev_free(model_dev *md)

@@ -16,6 +16,7 @@
 #include "mesh/tape.h"
 #include "models/muon.h"
 #include "models/params.h"
+#include "models/pipeline.h"
 
 enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
 
@@ -58,6 +59,7 @@ typedef struct {
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
     int64_t max_pos, orig_max_pos;    /* max_position_embeddings, original_max_position_embeddings */
     bool yarn, rope_interleave, rope_truncate, rope_attn_scaling;
+    model_pipe pipe;          /* pipeline parallelism (pipeline.h); pipe.on when the stage axis has size > 1 */
 } model_dims;
 
 /* One activation the forward pass constrained (for input_shardings.json). */
@@ -87,6 +89,12 @@ typedef struct {
     pthread_mutex_t act_lock;
     int nacts;
     model_act acts[MODEL_MAX_ACTS];
+    /* pipeline: the rules under which layers before the pipeline run (MaxText's
+     * logical_axis_rules_pp_act_as_dp: 'stage' removed from every rule and put before
+     * 'data' wherever 'data' appears); n == 0 when unused */
+    mesh_rules rules_pp_dp;
+    /* pipeline: device 0's wall time in its stage's layers (forward and backward), all and in bubbles */
+    uint64_t pipe_layer_ns, pipe_bubble_ns;
 } model_def;
 
 /* Config getters into the model's field types (errors as mesh_cfg_get_*). */
@@ -152,6 +160,30 @@ typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_ba
  * entry (e.g. "decoder/layers_3/remat"). */
 sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                              model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux);
+
+/* The pipelined decoder stack (pipeline.c): x (B, T, E) -> y (B, T, E),
+ * flat layer first_layer + (r*S + s)*L + l of fn run by stage s in repeat r. */
+sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, model_layer_fn fn,
+                              int64_t first_layer, mesh_var **y);
+/* Whether parameter i is part of the pipelined layer stack (stage-held). */
+bool model_param_pipelined(const model_def *m, int i);
+/* Layer l of each stage of a pipelined parameter as MaxText's sharding dump
+ * shows it: path decoder.pipeline_module.layers[.layers_<l> when L > 1].<rest>,
+ * shape [(R,) S, per-layer dims] (R only when circular), logical names
+ * (circular_repeats,) layers, ..., spec with 'stage' on the S dim (size-1 axes kept). */
+sim_status model_pipe_dump_layout(const model_def *m, int i, int64_t l, char *path, size_t cap, int *rank,
+                                  int64_t *shape, const char **logical, mesh_spec *spec);
+/* Runs fn (a layer before the pipeline) under rules_pp_dp on this thread. */
+sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
+                                model_layer_fn fn, mesh_var **y, mesh_var **aux);
+/* The rules logical names resolve with on this device thread (NULL: the model's). */
+void model_set_thread_rules(const mesh_rules *r);
+/* Whether device `device` holds layer l of scanned parameters (always true
+ * without a pipeline; with one, only its stage's layers). */
+bool model_holds_layer(const model_def *m, int device, int64_t l);
+/* Stores layer l of parameter p (weights or grads) into a global buffer
+ * from whichever device holds it. */
+sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_array *a, int64_t l, void *global);
 
 /* The scalar loss of the batch on the tape (forward pass). */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);

@@ -120,8 +120,8 @@ sim_status model_layer_primary(const mesh_shape *m, const model_param *p, const 
             nblocks *= m->sizes[ax];
             used |= 1u << ax;
         }
-        int64_t per = p->n_layers / nblocks;
-        if (per < 1 || layer / per != block) return SIM_OK;
+        int64_t per = p->stage_span > 0 ? p->stage_span : p->n_layers / nblocks;
+        if (per < 1 || (layer / per) % nblocks != block) return SIM_OK;
     }
     for (int ax = 0; ax < m->n_axes; ax++)
         if (!(used & (1u << ax)) && c[ax] != 0) return SIM_OK;

@@ -38,6 +38,8 @@ typedef struct {
     mesh_spec spec;          /* resolved spec of the stacked tensor (size-1 axes dropped) */
     mesh_spec spec_unpruned; /* with size-1 axes, for named_shardings.json */
     int n_layers;            /* shape[scan_dim], or 1 */
+    int64_t stage_span;      /* pipeline: layers per stage per repeat (the scan dim's 'stage' blocks repeat
+                              * every span*stages layers); 0: one contiguous block per stage */
     mesh_array *w;           /* [n_layers] values, layer-major (SIM_MEM_PARAMS) */
     mesh_array *g;           /* [n_layers] gradients (SIM_MEM_GRADS), or NULL */
     mesh_array *m, *v;       /* [n_layers] Adam moments (SIM_MEM_OPTIMIZER), or NULL */

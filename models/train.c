@@ -70,8 +70,7 @@ static sim_status params_global(model_dev *md, model_grads *dst, const model_gra
             if (src)
                 mesh_array_load_global(md->ctx.dev, &def->mesh, a, src->g[i] + (size_t)l * (size_t)src->layer_elems[i]);
             else
-                SIM_TRY(mesh_array_store_global(md->ctx.dev, &def->mesh, a,
-                                                dst->g[i] + (size_t)l * (size_t)dst->layer_elems[i]));
+                SIM_TRY(model_store_layer(md, p, a, l, dst->g[i] + (size_t)l * (size_t)dst->layer_elems[i]));
         }
     }
     return SIM_OK;
@@ -269,8 +268,8 @@ static sim_status store_step_grads(model_train_job *job, model_dev *md, model_gr
     for (int i = 0; i < def->nparams; i++) {
         if (!md->zero1) {
             for (int l = 0; l < md->p[i].n_layers; l++)
-                SIM_TRY(mesh_array_store_global(dev, &def->mesh, &md->p[i].g[l],
-                                                g->g[i] + (size_t)l * (size_t)g->layer_elems[i]));
+                SIM_TRY(model_store_layer(md, &md->p[i], &md->p[i].g[l], l,
+                                          g->g[i] + (size_t)l * (size_t)g->layer_elems[i]));
             continue;
         }
         /* ZeRO-1: the stacked gradient, then device 0 reorders it layer-major */

@@ -1,0 +1,668 @@
+/* test_models_pipeline.c — pipeline parallelism (models/pipeline.c):
+ *   - the config rules (defaults, derived repeats, every violated rule and
+ *     every feature not implemented yet is an input error naming the keys);
+ *   - the sharding dump's layout of pipelined weights (MaxText's, checked
+ *     against a MaxText 0.2.5 dump of the same configurations);
+ *   - the schedule (iterations, microbatch and repeat per stage, bubbles,
+ *     layer -> stage) against hand-derived values from pipeline.py's formulas;
+ *   - parity over 5 training steps (losses and every gradient of every step)
+ *     with the 1-device run: stage=2 with M = 2, 4, 8; stage=4 circular R=2
+ *     (with and without circ_storage); with pipeline_delay_activation_forwarding
+ *     (stage=2 L=4; stage=2 L=2 R=2 M=8, with circ_storage); stage=2 fsdp=2 tensor=2; stage=2 data=2
+ *     with two layers per stage; stage=2 fsdp=2
+ *     with pipeline_fsdp_ag_once; each in auto and explicit mode;
+ *   - traffic: ppermute bytes per step = iterations x buffers moved x slot
+ *     bytes, forward and backward; with pipeline_fsdp_ag_once the decoder
+ *     weights are all-gathered over fsdp once per step (and their gradients
+ *     reduce-scattered once), while the default gathers them every iteration;
+ *   - memory: a device stores only its stage's layers;
+ *   - trace: each device's iterations are named spans, bubbles as such;
+ *   - gradient accumulation: 5-step parity of stage=2 (and stage=2 fsdp=2
+ *     with ag_once) at gradient_accumulation_steps=2 against 1 device at 2;
+ *     ag_once gathers once per accumulation microbatch;
+ *   - DeepSeek: parity over 5 steps of a model with a dense layer before the
+ *     pipelined MoE layers (stage acting as data for it: its weight
+ *     gradients are summed over 'stage'), under the base rules and under
+ *     pipeline-large-moe with stage=2 expert=2, auto and explicit; the
+ *     load-balance loss with a pipeline is refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/train.h"
+#include "sim/trace.h"
+
+static const char *const TINY[] = {
+    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
+    "base_mlp_dim=24",     "base_num_decoder_layers=8", "vocab_size=64",          "max_target_length=16",
+    "init_weights_seed=5", "learning_rate=1e-2",      "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",
+};
+enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, EMB = 16 };
+
+/* ------------------------------------------------------------ config */
+
+static sim_status try_def(const char *const *extra, int n_extra, double pdbs, model_def **out)
+{
+    const char *argv[64];
+    int argc = 0;
+    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
+    char pb[64];
+    snprintf(pb, sizeof pb, "per_device_batch_size=%g", pdbs);
+    argv[argc++] = pb;
+    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
+    mesh_cfg *cfg;
+    sim_status st = mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg);
+    if (st != SIM_OK) { /* a key refused by the config contract (configs/keys.yml) */
+        *out = NULL;
+        return st;
+    }
+    model_def *def = calloc(1, sizeof *def);
+    st = model_def_from_config(cfg, def);
+    mesh_cfg_free(cfg);
+    if (st != SIM_OK) {
+        free(def);
+        def = NULL;
+    }
+    *out = def;
+    return st;
+}
+
+static void free_def(model_def *def)
+{
+    model_def_free(def);
+    free(def);
+}
+
+static void test_config_derivation(void **state)
+{
+    (void)state;
+    model_def *def;
+    /* 8 layers on 2 stages, one layer per stage: R = 8 / (2 x 1) = 4 (circular), M defaults to S */
+    const char *a[] = {"ici_pipeline_parallelism=2"};
+    assert_int_equal(try_def(a, 1, 4, &def), SIM_OK);
+    const model_pipe *p = &def->d.pipe;
+    assert_true(p->on);
+    assert_int_equal(p->stages, 2);
+    assert_int_equal(p->repeats, 4);
+    assert_int_equal(p->microbatches, 2);
+    assert_int_equal(p->micro_rows, 4);
+    assert_false(p->circ_storage); /* M = S: the last stage feeds the first directly */
+    assert_int_equal(model_pipe_iterations(p), 2 * 4 + 1);
+    free_def(def);
+
+    /* S=4, L=2 -> R=1 (GPipe), M=8 of one row each */
+    const char *b[] = {"ici_pipeline_parallelism=4", "num_layers_per_pipeline_stage=2", "num_pipeline_microbatches=8"};
+    assert_int_equal(try_def(b, 3, 2, &def), SIM_OK);
+    p = &def->d.pipe;
+    assert_int_equal(p->repeats, 1);
+    assert_int_equal(p->micro_rows, 1);
+    assert_int_equal(model_pipe_iterations(p), 8 + 3);
+    assert_true(fabs(model_pipe_bubble_fraction(p) - 3.0 / 11.0) < 1e-12);
+    /* layers 0,1 on stage 0 ... 6,7 on stage 3 */
+    for (int l = 0; l < 8; l++) assert_int_equal(model_pipe_layer_stage(p, l), l / 2);
+    { /* not circular, 2 layers per stage: layers_0 and layers_1, each [S, per-layer dims] */
+        char path[256];
+        int rank;
+        int64_t shape[MESH_SPEC_MAX_RANK];
+        const char *logical[MESH_SPEC_MAX_RANK];
+        mesh_spec sp;
+        int w = model_param_index(def, "self_attention.out.kernel");
+        assert_int_equal(model_pipe_dump_layout(def, w, 1, path, sizeof path, &rank, shape, logical, &sp), SIM_OK);
+        assert_string_equal(path, "params.decoder.pipeline_module.layers.layers_1.self_attention.out.kernel");
+        assert_int_equal(rank, 4);
+        assert_int_equal(shape[0], 4);
+        assert_string_equal(logical[0], "layers");
+        assert_string_equal(logical[1], "heads");
+    }
+    free_def(def);
+
+    /* S=4, R=2, M=8 > S: circ_storage; the facts' example layout: stage s holds layers s and s+4 */
+    const char *c[] = {"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"};
+    assert_int_equal(try_def(c, 3, 2, &def), SIM_OK);
+    p = &def->d.pipe;
+    assert_true(p->circ_storage);
+    assert_int_equal(model_pipe_ppermutes_per_iteration(p), 3);
+    assert_int_equal(model_pipe_iterations(p), 8 * 2 + 3);
+    for (int l = 0; l < 8; l++) assert_int_equal(model_pipe_layer_stage(p, l), l % 4);
+    /* k = max(i - s, 0): microbatch k % 8, repeat k / 8 */
+    int64_t mi, rep;
+    model_pipe_ids(p, 1, 2, &mi, &rep); /* warm-up: clamped to microbatch 0 */
+    assert_int_equal(mi, 0);
+    assert_int_equal(rep, 0);
+    assert_true(model_pipe_is_bubble(p, 1, 2));
+    model_pipe_ids(p, 2, 2, &mi, &rep);
+    assert_false(model_pipe_is_bubble(p, 2, 2));
+    assert_int_equal(mi, 0);
+    model_pipe_ids(p, 11, 2, &mi, &rep);
+    assert_int_equal(mi, 1);
+    assert_int_equal(rep, 1);
+    assert_false(model_pipe_is_bubble(p, 18, 3)); /* k = 15: the last microbatch of the last repeat */
+    assert_true(model_pipe_is_bubble(p, 18, 2));  /* k = 16: cool-down */
+    /* MaxText's pipelined config: 'stage' before 'data' in the mesh, and the embedding/logits batch
+     * rule [stage, data, fsdp, fsdp_transpose, expert] */
+    assert_true(mesh_shape_axis_index(&def->mesh, "stage") < mesh_shape_axis_index(&def->mesh, "data"));
+    int eb = mesh_rules_find(&def->rules, "activation_embed_and_logits_batch");
+    assert_true(eb >= 0);
+    assert_int_equal(def->rules.rules[eb].n_axes, 5);
+    assert_string_equal(def->rules.rules[eb].axes[0], "stage");
+    assert_string_equal(def->rules.rules[eb].axes[1], "data");
+    /* the dump shows MaxText's layout: circular -> [R, S, per-layer dims] under pipeline_module.layers */
+    {
+        char path[256];
+        int rank;
+        int64_t shape[MESH_SPEC_MAX_RANK];
+        const char *logical[MESH_SPEC_MAX_RANK];
+        mesh_spec sp;
+        int w = model_param_index(def, "mlp.wi_0.kernel");
+        assert_int_equal(model_pipe_dump_layout(def, w, 0, path, sizeof path, &rank, shape, logical, &sp), SIM_OK);
+        assert_string_equal(path, "params.decoder.pipeline_module.layers.mlp.wi_0.kernel");
+        assert_int_equal(rank, 4);
+        assert_int_equal(shape[0], 2); /* R */
+        assert_int_equal(shape[1], 4); /* S */
+        assert_int_equal(shape[2], 16);
+        assert_int_equal(shape[3], 24);
+        assert_string_equal(logical[0], "circular_repeats");
+        assert_string_equal(logical[1], "layers");
+        assert_int_equal(sp.n_axes[0], 0);
+        assert_int_equal(sp.n_axes[1], 1);
+        assert_int_equal(sp.axes[1][0], mesh_shape_axis_index(&def->mesh, "stage"));
+    }
+    /* the stacked parameters carry the stage on their layer dim */
+    int q = model_param_index(def, "mlp.wi_0.kernel");
+    int stage = mesh_shape_axis_index(&def->mesh, "stage");
+    assert_int_equal(def->spec[q].n_axes[1], 1);
+    assert_int_equal(def->spec[q].axes[1][0], stage);
+    free_def(def);
+
+    /* forwarding delay d = 2: M defaults to 2S, 2(S-1) bubble iterations */
+    const char *dl[] = {"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true"};
+    assert_int_equal(try_def(dl, 2, 4, &def), SIM_OK);
+    p = &def->d.pipe;
+    assert_int_equal(p->delay, 2);
+    assert_int_equal(p->microbatches, 4);
+    assert_int_equal(model_pipe_iterations(p), 4 * 4 + 2);
+    assert_true(model_pipe_is_bubble(p, 1, 1));
+    assert_false(model_pipe_is_bubble(p, 2, 1));
+    free_def(def);
+
+    /* without a stage axis nothing is pipelined, whatever the keys say (MaxText reads them only for S > 1) */
+    const char *d[] = {"num_pipeline_microbatches=4"};
+    assert_int_equal(try_def(d, 1, 8, &def), SIM_OK);
+    assert_false(def->d.pipe.on);
+    free_def(def);
+}
+
+typedef struct {
+    const char *flags[4];
+    double pdbs;
+    const char *must[3]; /* substrings of the message */
+} bad_case;
+
+static const bad_case BAD[] = {
+    {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=3"}, 4, {"num_pipeline_microbatches=3", "multiple"}},
+    {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=16"}, 4, {"num_pipeline_microbatches=16", "8 rows"}},
+    {{"ici_pipeline_parallelism=2", "num_pipeline_repeats=3"}, 4,
+     {"num_pipeline_repeats=3", "pipeline_parallel_layers=8", "num_pipeline_repeats=-1"}},
+    {{"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=3"}, 4,
+     {"num_layers_per_pipeline_stage=3", "not divisible"}},
+    {{"ici_pipeline_parallelism=2", "pipeline_parallel_layers=6"}, 4, {"pipeline_parallel_layers=6", "=-1"}},
+    {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true", "num_pipeline_microbatches=2"}, 4,
+     {"pipeline_delay_activation_forwarding", "num_pipeline_microbatches >= 2 x stages = 4"}},
+    {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true"}, 4,
+     {"pipeline_fsdp_ag_per_repeat", "not simulated"}},
+    {{"ici_pipeline_parallelism=2", "checkpoint_dir=/tmp/x"}, 4, {"checkpoint_dir", "not implemented"}},
+    {{"ici_pipeline_parallelism=2", "ici_context_parallelism=2"}, 2, {"context", "ici_pipeline_parallelism=1"}},
+};
+
+static void test_config_errors(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof BAD / sizeof BAD[0]; k++) {
+        int n = 0;
+        while (n < 4 && BAD[k].flags[n]) n++;
+        model_def *def;
+        assert_int_equal(try_def(BAD[k].flags, n, BAD[k].pdbs, &def), SIM_ERR_INPUT);
+        for (int m = 0; m < 3 && BAD[k].must[m]; m++)
+            if (!strstr(sim_errmsg(), BAD[k].must[m]))
+                fail_msg("case %zu: '%s' does not mention '%s'", k, sim_errmsg(), BAD[k].must[m]);
+    }
+}
+
+/* ------------------------------------------------------------ training runs */
+
+typedef struct {
+    mesh_cfg *cfg;
+    model_def *def;
+    model_data data;
+    model_train_job job;
+    sim_machine *m;
+} run_t;
+
+static void open_run(run_t *r, const char *const *extra, int n_extra, int devices, long long steps)
+{
+    memset(r, 0, sizeof *r);
+    const char *argv[64];
+    int argc = 0;
+    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
+    char pdbs[64], st[32];
+    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
+    snprintf(st, sizeof st, "steps=%lld", steps);
+    argv[argc++] = pdbs;
+    argv[argc++] = st;
+    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
+    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &r->cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    r->def = calloc(1, sizeof *r->def);
+    if (model_def_from_config(r->cfg, r->def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
+    assert_int_equal(r->def->mesh.num_devices, devices);
+    if (model_data_from_config(r->cfg, &r->data) != SIM_OK) fail_msg("data: %s", sim_errmsg());
+    if (model_optim_from_config(r->cfg, &r->job.opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
+    r->job.def = r->def;
+    r->job.data = &r->data;
+    r->job.steps = steps;
+    r->job.stats = calloc((size_t)steps, sizeof *r->job.stats);
+    assert_int_equal(model_machine_new(r->def, 0, false, &r->m), SIM_OK);
+}
+
+static void train(run_t *r, bool grads)
+{
+    if (grads) r->job.step_grads = calloc((size_t)r->job.steps, sizeof *r->job.step_grads);
+    if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
+}
+
+static void close_run(run_t *r)
+{
+    if (r->job.step_grads) {
+        for (long long s = 0; s < r->job.steps; s++) model_grads_free(&r->job.step_grads[s]);
+        free(r->job.step_grads);
+    }
+    free(r->job.stats);
+    sim_machine_free(r->m);
+    model_data_close(&r->data);
+    model_def_free(r->def);
+    free(r->def);
+    mesh_cfg_free(r->cfg);
+}
+
+/* ------------------------------------------------------------ parity over 5 steps */
+
+typedef struct {
+    const char *label;
+    const char *flags[5];
+    int devices;
+} pipe_case;
+
+static const pipe_case CASES[] = {
+    {"stage=2 M=2", {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"}, 2},
+    {"stage=2 M=4", {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=4"}, 2},
+    {"stage=2 M=8", {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=8"}, 2},
+    {"stage=4 R=2 M=4", {"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=4"}, 4},
+    {"stage=4 R=2 M=8 (circ_storage)",
+     {"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"}, 4},
+    {"stage=2 fsdp=2 tensor=2 M=4",
+     {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "num_pipeline_microbatches=4"},
+     8},
+    {"stage=2 data=2 L=2", {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "num_layers_per_pipeline_stage=2"}, 4},
+    {"stage=2 delay L=4", {"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=4",
+                           "pipeline_delay_activation_forwarding=true"}, 2},
+    {"stage=2 L=2 R=2 M=8 delay (circ_storage)", {"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=2",
+                                                 "num_pipeline_microbatches=8", "pipeline_delay_activation_forwarding=true"}, 2},
+    {"stage=2 fsdp=2 ag_once M=4",
+     {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
+      "num_pipeline_microbatches=4"},
+     4},
+};
+
+static void test_parity_five_steps(void **state)
+{
+    (void)state;
+    enum { STEPS = 5 };
+    run_t ref;
+    open_run(&ref, NULL, 0, 1, STEPS);
+    train(&ref, true);
+    assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.05);
+    for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            const pipe_case *pc = &CASES[ci];
+            const char *extra[8];
+            int n = 0;
+            for (int f = 0; f < 5 && pc->flags[f]; f++) extra[n++] = pc->flags[f];
+            extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            run_t r;
+            open_run(&r, extra, n, pc->devices, STEPS);
+            assert_true(r.def->d.pipe.on);
+            train(&r, true);
+            for (int s = 0; s < STEPS; s++) {
+                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+                if (fabs(l - lr) > 1e-4 * fabs(lr))
+                    fail_msg("%s %s step %d: loss %.7f vs %.7f", pc->label, extra[n - 1], s, l, lr);
+                for (int i = 0; i < r.def->nparams; i++) {
+                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                    if (e > 1e-4)
+                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", pc->label, extra[n - 1], s,
+                                 r.def->defs[i].path, e);
+                }
+            }
+            close_run(&r);
+        }
+    close_run(&ref);
+}
+
+/* trace.json: every iteration of every device is a named span, bubbles named as such */
+static void test_trace_names_iterations(void **state)
+{
+    (void)state;
+    const char *flags[] = {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"};
+    run_t r;
+    open_run(&r, flags, 2, 2, 1);
+    sim_machine_free(r.m);
+    assert_int_equal(model_machine_new(r.def, 0, true, &r.m), SIM_OK);
+    train(&r, false);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(sim_trace_write_chrome(r.m, f, 0), SIM_OK);
+    fclose(f);
+    /* S=2, M=2, R=4: 9 iterations; stage 1 idles at i=0 (warm-up), stage 0 at i=8 (cool-down) */
+    assert_non_null(strstr(buf, "\"pipeline iteration 0: microbatch 0 repeat 0\""));
+    assert_non_null(strstr(buf, "\"pipeline iteration 8: microbatch 1 repeat 3\""));
+    int bubbles = 0, iterations = 0;
+    for (const char *q = buf; (q = strstr(q, "\"pipeline iteration ")); q++) {
+        iterations++;
+        const char *end = strchr(q + 1, '"');
+        if (end && end - q > 7 && !strncmp(end - 6, "bubble", 6)) bubbles++;
+    }
+    assert_int_equal(iterations, 2 * 9);
+    assert_int_equal(bubbles, 2);
+    assert_non_null(strstr(buf, "\"pipeline iteration 0: bubble\""));
+    assert_non_null(strstr(buf, "\"pipeline iteration 8: bubble\""));
+    free(buf);
+    close_run(&r);
+}
+
+/* gradient accumulation: every accumulation microbatch runs a whole schedule (with ag_once, its own gather) */
+static void test_parity_gradient_accumulation(void **state)
+{
+    (void)state;
+    enum { STEPS = 5 };
+    const char *ga1[] = {"gradient_accumulation_steps=2"};
+    run_t ref;
+    open_run(&ref, ga1, 1, 1, STEPS);
+    train(&ref, true);
+    static const pipe_case GCASES[] = {
+        {"stage=2 M=2 GA=2", {"ici_pipeline_parallelism=2", "gradient_accumulation_steps=2"}, 2},
+        {"stage=2 fsdp=2 ag_once M=2 GA=2",
+         {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
+          "gradient_accumulation_steps=2"},
+         4},
+    };
+    for (size_t ci = 0; ci < sizeof GCASES / sizeof GCASES[0]; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            const char *extra[8];
+            int n = 0;
+            for (int f = 0; f < 5 && GCASES[ci].flags[f]; f++) extra[n++] = GCASES[ci].flags[f];
+            extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            run_t r;
+            open_run(&r, extra, n, GCASES[ci].devices, STEPS);
+            train(&r, true);
+            for (int s = 0; s < STEPS; s++) {
+                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+                if (fabs(l - lr) > 1e-4 * fabs(lr))
+                    fail_msg("%s %s step %d: loss %.7f vs %.7f", GCASES[ci].label, extra[n - 1], s, l, lr);
+                for (int i = 0; i < r.def->nparams; i++) {
+                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                    if (e > 1e-4)
+                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", GCASES[ci].label, extra[n - 1], s,
+                                 r.def->defs[i].path, e);
+                }
+            }
+            if (ci == 1) { /* two pipeline calls per step: two gathers of each held, fsdp-sharded layer weight */
+                size_t nr;
+                const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
+                uint64_t gathers = 0;
+                for (size_t i = 0; i < nr; i++)
+                    gathers += rec[i].op == SIM_OP_ALL_GATHER && rec[i].step == STEPS - 1 &&
+                               !strcmp(rec[i].tag, "pipeline/fsdp_ag_once");
+                int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
+                uint64_t n_sharded = 0;
+                for (int i = 0; i < r.def->nparams; i++)
+                    n_sharded += r.def->defs[i].scan_dim >= 0 && (mesh_spec_dim_axes(&r.def->spec[i]) & (1u << fsdp));
+                assert_int_equal(gathers, 2 * 4 * n_sharded); /* 2 microbatches x 4 held layers */
+            }
+            close_run(&r);
+        }
+    close_run(&ref);
+}
+
+/* DeepSeek (deepseek3-tiny variant: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora): the MoE
+ * layers are the pipeline, the dense layer runs before it with 'stage' acting as data */
+static const char *const DS[] = {
+    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
+    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
+    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
+    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
+    "load_balance_loss_weight=0",
+};
+enum { NDS = sizeof DS / sizeof DS[0] };
+
+static void test_parity_deepseek(void **state)
+{
+    (void)state;
+    enum { STEPS = 5 };
+    static const pipe_case DCASES[] = {
+        {"deepseek stage=2 (dense layer before the pipeline)", {"ici_pipeline_parallelism=2"}, 2},
+        {"deepseek pipeline-large-moe stage=2 expert=2",
+         {"custom_mesh_and_rule=pipeline-large-moe", "ici_pipeline_parallelism=2", "ici_expert_parallelism=2",
+          "num_pipeline_microbatches=4"},
+         4},
+    };
+    const char *base[NDS + 8];
+    for (int i = 0; i < NDS; i++) base[i] = DS[i];
+    run_t ref;
+    open_run(&ref, base, NDS, 1, STEPS);
+    train(&ref, true);
+    assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.02);
+    for (size_t ci = 0; ci < sizeof DCASES / sizeof DCASES[0]; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            int n = NDS;
+            for (int f = 0; f < 5 && DCASES[ci].flags[f]; f++) base[n++] = DCASES[ci].flags[f];
+            base[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            run_t r;
+            open_run(&r, base, n, DCASES[ci].devices, STEPS);
+            assert_true(r.def->d.pipe.on);
+            assert_int_equal(r.def->d.pipe.layers, 2); /* the MoE layers */
+            train(&r, true);
+            for (int s = 0; s < STEPS; s++) {
+                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+                if (fabs(l - lr) > 1e-4 * fabs(lr))
+                    fail_msg("%s %s step %d: loss %.7f vs %.7f", DCASES[ci].label, base[n - 1], s, l, lr);
+                for (int i = 0; i < r.def->nparams; i++) {
+                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                    if (e > 1e-4)
+                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", DCASES[ci].label, base[n - 1], s,
+                                 r.def->defs[i].path, e);
+                }
+            }
+            /* the dense layer's weight gradients are summed over 'stage' (stage acts as data there) */
+            int stage = mesh_shape_axis_index(&r.def->mesh, "stage");
+            size_t nr;
+            const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
+            bool dense_over_stage = false;
+            for (size_t i = 0; i < nr; i++)
+                if (strstr(rec[i].tag, "dense_layers.mlp.wi_0") && rec[i].phase == SIM_PHASE_BACKWARD)
+                    for (int a = 0; a < rec[i].axes.n; a++) dense_over_stage |= rec[i].axes.axis[a] == stage;
+            assert_true(dense_over_stage);
+            close_run(&r);
+        }
+    close_run(&ref);
+    /* the load-balance loss inside a pipeline is refused, naming the key and the fix */
+    const char *lb[NDS + 1];
+    for (int i = 0; i < NDS; i++) lb[i] = DS[i];
+    lb[NDS - 1] = "load_balance_loss_weight=0.01";
+    lb[NDS] = "ici_pipeline_parallelism=2";
+    model_def *def;
+    const char *argv[NDS + 2];
+    memcpy(argv, lb, sizeof lb);
+    argv[NDS + 1] = "per_device_batch_size=4";
+    mesh_cfg *cfg;
+    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", NDS + 2, argv, &cfg), SIM_OK);
+    def = calloc(1, sizeof *def);
+    assert_int_equal(model_def_from_config(cfg, def), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "load_balance_loss_weight=0"));
+    free(def);
+    mesh_cfg_free(cfg);
+}
+
+/* ------------------------------------------------------------ traffic and memory */
+
+typedef struct {
+    uint64_t bytes;
+    uint64_t calls;
+} sum_t;
+
+static sum_t sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const char *prefix)
+{
+    size_t n;
+    const sim_record *r = sim_device_records(sim_machine_device(m, d), &n);
+    sum_t s = {0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (r[i].op == op && r[i].phase == ph && (!prefix || !strncmp(r[i].tag, prefix, strlen(prefix)))) {
+            s.bytes += r[i].bytes_sent;
+            s.calls++;
+        }
+    return s;
+}
+
+static void test_traffic_ppermute(void **state)
+{
+    (void)state;
+    /* {flags, devices, S, M, R, buffers moved per iteration, batch shards inside a stage} */
+    static const struct {
+        const char *flags[4];
+        int devices, S, M, R, d, moves, shards;
+    } T[] = {
+        {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=4", "num_layers_per_pipeline_stage=4"}, 2, 2, 4, 1, 1, 2, 1},
+        {{"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"}, 4, 4, 8, 2, 1, 3, 1},
+        {{"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=2"}, 4, 2, 2, 4, 1, 2, 2},
+        /* delay: M = 2S = 4, R = 2 -> M = S*d, no circ_storage; 2(S-1) bubble iterations */
+        {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true", "num_layers_per_pipeline_stage=4"},
+         2, 2, 4, 1, 2, 2, 1},
+    };
+    for (size_t k = 0; k < sizeof T / sizeof T[0]; k++) {
+        int n = 0;
+        while (n < 4 && T[k].flags[n]) n++;
+        run_t r;
+        open_run(&r, T[k].flags, n, T[k].devices, 1);
+        assert_int_equal(r.def->d.pipe.repeats, T[k].R);
+        train(&r, false);
+        /* every iteration moves `moves` slots of (rows/M/shards) x seq x emb float32, each to another device */
+        uint64_t iters = (uint64_t)(T[k].M * T[k].R + T[k].d * (T[k].S - 1));
+        uint64_t slot = (uint64_t)(ROWS / T[k].M / T[k].shards) * SEQ * EMB * 4;
+        for (int d = 0; d < T[k].devices; d++) {
+            sum_t f = sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_FORWARD, NULL);
+            sum_t b = sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_BACKWARD, NULL);
+            assert_int_equal(f.calls, iters * (uint64_t)T[k].moves);
+            assert_int_equal(f.bytes, iters * (uint64_t)T[k].moves * slot);
+            assert_int_equal(b.calls, f.calls); /* the transposes: inverse permutations */
+            assert_int_equal(b.bytes, f.bytes);
+        }
+        close_run(&r);
+    }
+}
+
+/* all-gathers over fsdp alone in the forward pass whose tag is in a decoder layer, and their bytes */
+static sum_t layer_weight_gathers(sim_machine *m, int d, int fsdp)
+{
+    size_t n;
+    const sim_record *r = sim_device_records(sim_machine_device(m, d), &n);
+    sum_t s = {0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (r[i].op == SIM_OP_ALL_GATHER && r[i].phase == SIM_PHASE_FORWARD && r[i].axes.n == 1 &&
+            r[i].axes.axis[0] == fsdp && strstr(r[i].tag, "decoder/layers_")) {
+            s.bytes += r[i].bytes_sent;
+            s.calls++;
+        }
+    return s;
+}
+
+static void test_ag_once_and_memory(void **state)
+{
+    (void)state;
+    /* stage=2 fsdp=2, M=4, one layer per stage: R=4, 4 of the 8 layers held per device */
+    const char *dflt[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4"};
+    const char *once[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4",
+                          "pipeline_fsdp_ag_once=true"};
+    run_t a, b;
+    open_run(&a, dflt, 3, 4, 1);
+    open_run(&b, once, 4, 4, 1);
+    train(&a, false);
+    train(&b, false);
+    const model_def *def = a.def;
+    int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
+    /* fsdp-sharded per-layer weight bytes (the gathered part: (k-1)/k of each, k = 2) */
+    uint64_t layer_sharded = 0;
+    int n_sharded = 0;
+    for (int i = 0; i < def->nparams; i++) {
+        const model_param_def *pd = &def->defs[i];
+        if (pd->scan_dim < 0 || !(mesh_spec_dim_axes(&def->spec[i]) & (1u << fsdp))) continue;
+        uint64_t e = 4;
+        for (int q = 0; q < pd->rank; q++)
+            if (q != pd->scan_dim) e *= (uint64_t)pd->shape[q];
+        layer_sharded += e;
+        n_sharded++;
+    }
+    assert_true(n_sharded > 0);
+    const uint64_t held = 4, iters = 4 * 4 + 1;
+    for (int d = 0; d < 4; d++) {
+        /* default: every iteration gathers the layer it runs (bubbles included) */
+        sum_t ga = layer_weight_gathers(a.m, d, fsdp);
+        assert_int_equal(ga.calls, iters * (uint64_t)n_sharded);
+        assert_int_equal(ga.bytes, iters * layer_sharded / 2);
+        /* ag_once: none inside the layers; one gather per held layer before the loop */
+        sum_t gb = layer_weight_gathers(b.m, d, fsdp);
+        assert_int_equal(gb.calls, 0);
+        sum_t once_f = sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "pipeline/fsdp_ag_once");
+        assert_int_equal(once_f.calls, held * (uint64_t)n_sharded);
+        assert_int_equal(once_f.bytes, held * layer_sharded / 2);
+        sum_t once_b = sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_once");
+        assert_int_equal(once_b.calls, held * (uint64_t)n_sharded);
+        assert_int_equal(once_b.bytes, held * layer_sharded / 2);
+    }
+    /* memory: a device stores 4 of the 8 layers, fsdp-halved, plus its half of the embedding and logits */
+    uint64_t expect = 0;
+    for (int i = 0; i < def->nparams; i++) {
+        const model_param_def *pd = &def->defs[i];
+        uint64_t e = 4;
+        for (int q = 0; q < pd->rank; q++) e *= (uint64_t)pd->shape[q];
+        if (pd->scan_dim >= 0) e /= 2; /* the stage's layers */
+        if (mesh_spec_dim_axes(&def->spec[i]) & (1u << fsdp)) e /= 2;
+        expect += e;
+    }
+    for (int d = 0; d < 4; d++) {
+        sim_arena_stats st;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &st);
+        assert_int_equal(st.peak_by[SIM_MEM_PARAMS], expect);
+    }
+    close_run(&a);
+    close_run(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_derivation), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_parity_five_steps), cmocka_unit_test(test_traffic_ppermute),
+        cmocka_unit_test(test_ag_once_and_memory), cmocka_unit_test(test_parity_deepseek),
+        cmocka_unit_test(test_parity_gradient_accumulation), cmocka_unit_test(test_trace_names_iterations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
