@@ -16,6 +16,7 @@
 #include "blas_kernels/bk_parallel.h"
 #include "blas_kernels/bk_attention.h"
 #include "blas_kernels/bk_embedding.h"
+#include "blas_kernels/bk_softcap.h"
 #include "blas_kernels/bk_xent.h"
 #include "mesh/reshard.h"
 
@@ -293,7 +294,8 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
 
 /* ------------------------------------------------------------ attention */
 
-static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale)
+static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale,
+                              double soft_cap)
 {
     bk_attn_dims d;
     memset(&d, 0, sizeof d);
@@ -305,6 +307,7 @@ static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const me
     d.Dqk = (int)q->local[3];
     d.Dv = (int)v->local[3];
     d.scale = (float)scale;
+    d.soft_cap = (float)soft_cap;
     return d;
 }
 
@@ -325,7 +328,7 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
     if (dy->data) {
-        bk_attn_dims d = attn_dims(qa, ka, va, e->f[0]);
+        bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[1]);
         bk_attention_bwd(dq.data, dk.data, dv.data, dy->data, NULL, y->val.data, lse->data, qa->data, ka->data,
                          va->data, qp->data, kp->data, &d);
     }
@@ -337,6 +340,12 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
 
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
                              double scale, const char *name, mesh_var **out)
+{
+    return mesh_nn_attention_capped(t, q, k, v, q_pos, scale, 0.0, name, out);
+}
+
+sim_status mesh_nn_attention_capped(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
+                                    double scale, double soft_cap, const char *name, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -384,12 +393,12 @@ sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v
     set_dim(&ls, 2, &qs, 1);
     SIM_TRY(mesh_array_new(c->dev, c->mesh, "attention/lse", 3, lshape, &ls, SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
     if (qa.data) {
-        bk_attn_dims d = attn_dims(&qa, &ka, &va, scale);
+        bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap);
         bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
     mesh_var *in[3] = {q, k, v};
     mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
-    if (e) e->f[0] = scale;
+    if (e) e->f[0] = scale, e->f[1] = soft_cap;
     keep(t, e, &qa, qo);
     keep(t, e, &ka, ko);
     keep(t, e, &va, vo);
@@ -580,6 +589,35 @@ sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char
     mesh_entry *e = mesh_tape_record(t, swiglu_vjp, tag, 2, in, 1, out);
     keep(t, e, &ga, go);
     keep(t, e, &ua, uo);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ soft cap */
+
+static sim_status softcap_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad, dx;
+    SIM_TRY(new_cot(t, "softcap/dx", dy->rank, dy->shape, &dy->spec, &dx));
+    if (dy->data) bk_softcap_bwd(dx.data, dy->data, y->val.data, dy->nlocal, (float)e->f[0], (float)e->f[1]);
+    char tag[SIM_TAG_MAX];
+    return mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "softcap/dx", tag, sizeof tag));
+}
+
+sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, const char *name, mesh_var **out)
+{
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0; /* tanh needs the summed value */
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    SIM_TRY(new_out(t, name, xa.rank, xa.shape, &s, out));
+    if (xa.data) bk_softcap_fwd((*out)->val.data, xa.data, xa.nlocal, (float)a, (float)cap);
+    if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    mesh_entry *e = mesh_tape_record(t, softcap_vjp, tag, 1, &x, 1, out);
+    if (e) e->f[0] = a, e->f[1] = cap;
     return SIM_OK;
 }
 

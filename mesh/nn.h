@@ -32,6 +32,10 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
                              double scale, const char *name, mesh_var **out);
 
+/* The same with MaxText's attn_logits_soft_cap (scores -> cap tanh(score / cap); 0 = off). */
+sim_status mesh_nn_attention_capped(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
+                                    double scale, double soft_cap, const char *name, mesh_var **out);
+
 /* out (B, T, E) = table[tokens]: table (V, E) may be sharded on V (the
  * lookup is then partial over those axes) and E; axes that also shard the
  * tokens are gathered out of the table first. */
@@ -44,6 +48,10 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
 
 /* out = silu(gate) * up (same sharding; up follows gate). */
 sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out);
+
+/* y = cap tanh(a x / cap), or a x when cap = 0 (final_logits_soft_cap, normalize_embedding_logits);
+ * same sharding as x (partial axes summed first). */
+sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, const char *name, mesh_var **out);
 
 /* Scalar mean over every element of x (all axes reduced; result replicated). */
 sim_status mesh_nn_mean(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out);

@@ -57,7 +57,6 @@ static const char *const DENSE_MOE_IN[3] = {"activation_batch", "activation_leng
 static const char *const MOE_W_IN[3] = {"exp", NULL, "mlp_no_fsdp"};
 static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
 static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
-static const char *const LOGITS[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
 static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
 
 /* ------------------------------------------------------------ config */
@@ -73,6 +72,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
 {
     SIM_TRY(model_cfg_i64(cfg, "first_num_dense_layers", &d->dense_layers));
     SIM_TRY(model_cfg_i64(cfg, "base_moe_mlp_dim", &d->moe_mlp));
+    d->moe_mlp *= d->param_scale_mlp; /* global_parameter_scale, as MaxText's moe_mlp_dim */
     SIM_TRY(model_cfg_i64(cfg, "num_experts", &d->experts));
     SIM_TRY(model_cfg_i64(cfg, "num_experts_per_tok", &d->top_k));
     SIM_TRY(model_cfg_i64(cfg, "shared_experts", &d->shared_experts));
@@ -275,8 +275,9 @@ sim_status deepseek_define(model_def *m, const mesh_cfg *cfg)
     if (nd > 0) define_stack(m, "dense_layers", nd, false);
     if (nm > 0) define_stack(m, "moe_layers", nm, true);
     add(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, MODEL_INIT_ONES, 0);
-    add(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
-        MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+    if (!d->tied_logits)
+        add(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
+            MODEL_INIT_TRUNC_NORMAL, fan_in(E));
     if (nm > 0) {
         sim_axes ep, h;
         SIM_TRY(moe_axes(m, &ep, &h));
@@ -609,6 +610,7 @@ static bk_rope_params rope_params(const model_dims *d)
     p.max_timescale = d->rope_theta;
     if (!d->yarn) {
         p.min_timescale = d->rope_min;
+        p.linear_scaling_factor = d->rope_linear;
         return p;
     }
     p.factor = d->rope_factor;
@@ -665,7 +667,7 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
                                         d->rope_factor, d->mscale);
     log_attention_op(md, query, key, value);
-    SIM_TRY(mesh_nn_attention(t, query, key, value, &b->positions, scale, "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_capped(t, query, key, value, &b->positions, scale, d->attn_soft_cap, "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     return dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
 }
@@ -797,8 +799,8 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     int embed = global_ix(m, "params.token_embedder.embedding"), norm = global_ix(m, "params.decoder.decoder_norm.scale"),
         logits_ix = global_ix(m, "params.decoder.logits_dense.kernel");
     md->ctx.layer = "decoder";
-    mesh_var *x, *logits, *tok_loss, *lb_sum = NULL;
-    SIM_TRY(mesh_nn_embed(t, param(md, t, embed, 0), &b->tokens, "token_embedder", &x));
+    mesh_var *x, *logits, *tok_loss, *lb_sum = NULL, *table = param(md, t, embed, 0);
+    SIM_TRY(mesh_nn_embed(t, table, &b->tokens, "token_embedder", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) { /* Embed's out_sharding */
         mesh_spec es;
         SIM_TRY(model_logical_spec(m, "embed/out", 3, EMB_OUT, &es));
@@ -830,7 +832,7 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
         SIM_TRY(model_logical_spec(m, "decoder/norm_out", 3, FINAL, &fs));
         SIM_TRY(mesh_ad_shard_as(t, x, &fs, "decoder/norm_out", &x));
     }
-    SIM_TRY(dense(md, t, "bte,ev->btv", x, param(md, t, logits_ix, 0), "logits_dense", 3, LOGITS, &logits));
+    SIM_TRY(model_logits(md, t, x, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
     /* MaxText's loss function uses the raw with_sharding_constraint (an assert in explicit mode) */
     mesh_spec ls;

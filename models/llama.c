@@ -28,7 +28,6 @@ static const char *const ATTN_OUT[4] = {"activation_batch_attn", "activation_len
 static const char *const MLP_MID[3] = {"activation_batch", "activation_length", "activation_mlp"};
 static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
 static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
-static const char *const LOGITS[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
 static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
 
 typedef struct {
@@ -98,13 +97,14 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
     rp.min_timescale = d->rope_min;
     rp.max_timescale = d->rope_theta;
+    rp.linear_scaling_factor = d->rope_linear;
     SIM_TRY(mesh_nn_rope(t, q, &b->positions, &rp, "query_rope", &q));
     SIM_TRY(mesh_nn_rope(t, k, &b->positions, &rp, "key_rope", &k));
     SIM_TRY(model_shard_as(md, t, q, "attention/query", 4, KV4, &q));
     SIM_TRY(model_shard_as(md, t, k, "attention/key", 4, KV4, &k));
     SIM_TRY(model_shard_as(md, t, v, "attention/value", 4, KV4, &v));
     /* MaxText folds 1/sqrt(head_dim) into the query init: the score scale is 1 */
-    SIM_TRY(mesh_nn_attention(t, q, k, v, &b->positions, 1.0, "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_capped(t, q, k, v, &b->positions, 1.0, d->attn_soft_cap, "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
     SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
     md->ctx.layer = layer;
@@ -144,8 +144,8 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     const model_def *m = md->def;
     llama_ix ix = indices(m);
     md->ctx.layer = "decoder";
-    mesh_var *x, *logits, *tok_loss;
-    SIM_TRY(mesh_nn_embed(t, param(md, t, ix.embed, 0), &b->tokens, "token_embedder", &x));
+    mesh_var *x, *logits, *tok_loss, *table = param(md, t, ix.embed, 0);
+    SIM_TRY(mesh_nn_embed(t, table, &b->tokens, "token_embedder", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
         SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
     for (int l = 0; l < m->d.layers; l++) {
@@ -159,7 +159,7 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, ix.norm, 0), m->d.eps, "decoder_norm", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) SIM_TRY(model_shard_as(md, t, x, "decoder/norm_out", 3, FINAL, &x));
-    SIM_TRY(dense(md, t, "bte,ev->btv", x, param(md, t, ix.logits, 0), "logits_dense", 3, LOGITS, &logits));
+    SIM_TRY(model_logits(md, t, x, table, ix.logits >= 0 ? param(md, t, ix.logits, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
     /* MaxText's loss function uses the raw with_sharding_constraint: an assert in explicit mode */
     SIM_TRY(model_constraint(md, t, tok_loss, "loss/xent", 2, LOSS, &tok_loss));

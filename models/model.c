@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "mesh/ad.h"
+#include "mesh/nn.h"
 #include "mesh/reshard.h"
 #include "models/init.h"
 
@@ -57,13 +58,17 @@ static void define_llama(model_def *m)
     const model_dims *d = &m->d;
     int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, F = d->mlp, L = d->layers;
     double fe = 1.0 / sqrt((double)E);
+    /* MaxText's Attention.init_query_w drops the depth scaling whenever the config's use_qk_norm is
+     * set, although the llama2 decoder never passes use_qk_norm to its Attention (no query/key norm
+     * runs): the only effect of the key on Llama is an unscaled query init. */
+    double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)D);
     add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
               -1, MODEL_INIT_NORMAL, fe);
     add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
               (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
     /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
     add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
-              (const char *[]){"embed", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe / sqrt((double)D));
+              (const char *[]){"embed", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
     add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
               (const char *[]){"embed", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
     add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
@@ -79,8 +84,35 @@ static void define_llama(model_def *m)
     add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E}, (const char *[]){"mlp", "layers", "embed"},
               1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
     add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
-    add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"}, -1,
-              MODEL_INIT_TRUNC_NORMAL, fe);
+    if (!d->tied_logits)
+        add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
+                  -1, MODEL_INIT_TRUNC_NORMAL, fe);
+}
+
+/* MaxText's get_individual_scales: global_parameter_scale = 2^k multiplies heads and MLP widths by
+ * 2^(k/3 + (k%3 > 0)), the embedding by 2^(k/3 + (k%3 > 1)) and the layers by 2^(k/3). */
+static sim_status parameter_scale(const mesh_cfg *cfg, model_dims *d)
+{
+    long long s;
+    SIM_TRY(mesh_cfg_get_int(cfg, "global_parameter_scale", &s));
+    if (s < 1 || (s & (s - 1)))
+        return sim_err(SIM_ERR_INPUT,
+                       "global_parameter_scale=%lld: must be a power of two (1, 2, 4, ...); for finer control set "
+                       "base_emb_dim, base_num_query_heads, base_num_kv_heads, base_mlp_dim and "
+                       "base_num_decoder_layers directly",
+                       s);
+    int k = 0;
+    while ((1LL << k) < s) k++;
+    int base = k / 3, rem = k % 3;
+    int head = base + (rem > 0), emb = base + (rem > 1);
+    if (k > 30) return sim_err(SIM_ERR_INPUT, "global_parameter_scale=%lld is too large", s);
+    d->q_heads <<= head;
+    d->kv_heads <<= head;
+    d->mlp <<= head;
+    d->emb <<= emb;
+    d->layers <<= base;
+    d->param_scale_mlp = 1LL << head;
+    return SIM_OK;
 }
 
 sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
@@ -103,6 +135,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(model_cfg_i64(cfg, "base_mlp_dim", &d->mlp));
     SIM_TRY(model_cfg_i64(cfg, "base_num_decoder_layers", &d->layers));
     SIM_TRY(model_cfg_i64(cfg, "max_target_length", &d->seq));
+    SIM_TRY(parameter_scale(cfg, d));
     static const char *const pk[] = {"vocab_size", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
                                      "head_dim", "base_mlp_dim", "base_num_decoder_layers", "max_target_length"};
     int64_t pv[] = {d->vocab, d->emb, d->q_heads, d->kv_heads, d->head_dim, d->mlp, d->layers, d->seq};
@@ -115,6 +148,18 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_double(cfg, "z_loss_multiplier", &d->z_loss));
     SIM_TRY(mesh_cfg_get_double(cfg, "rope_max_timescale", &d->rope_theta));
     SIM_TRY(mesh_cfg_get_double(cfg, "rope_min_timescale", &d->rope_min));
+    SIM_TRY(mesh_cfg_get_double(cfg, "rope_linear_scaling_factor", &d->rope_linear));
+    if (!(d->rope_linear > 0))
+        return sim_err(SIM_ERR_INPUT, "rope_linear_scaling_factor=%g: must be positive (1 = no scaling)", d->rope_linear);
+    SIM_TRY(model_cfg_bool(cfg, "logits_via_embedding", &d->tied_logits));
+    SIM_TRY(model_cfg_bool(cfg, "normalize_embedding_logits", &d->normalize_tied));
+    SIM_TRY(mesh_cfg_get_double(cfg, "final_logits_soft_cap", &d->final_soft_cap));
+    SIM_TRY(mesh_cfg_get_double(cfg, "attn_logits_soft_cap", &d->attn_soft_cap));
+    if (d->final_soft_cap < 0 || d->attn_soft_cap < 0)
+        return sim_err(SIM_ERR_INPUT,
+                       "final_logits_soft_cap=%g, attn_logits_soft_cap=%g: a soft cap is a positive bound, or 0 for none",
+                       d->final_soft_cap, d->attn_soft_cap);
+    SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
     static const char *const remat[] = {"full", "none"};
     int r;
     SIM_TRY(mesh_cfg_get_enum(cfg, "remat_policy", remat, 2, &r));
@@ -299,6 +344,28 @@ sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
 {
     if (md->def->d.kind == MODEL_DEEPSEEK) return deepseek_loss(md, t, b, loss);
     return llama_loss(md, t, b, loss);
+}
+
+/* ------------------------------------------------------------ output head */
+
+static const char *const LOGITS3[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
+
+sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embed, mesh_var *dense_w,
+                        mesh_var **logits)
+{
+    const model_dims *d = &md->def->d;
+    mesh_spec os;
+    const mesh_spec *out;
+    SIM_TRY(model_out_sharding(md, "logits_dense", 3, LOGITS3, &os, &out));
+    if (!d->tied_logits) /* MaxText applies final_logits_soft_cap on the tied path only */
+        return mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits);
+    /* attend_on_embedding: y . table^T with the decoder's out_sharding; MaxText casts the table to
+     * bfloat16 there, the simulator computes it in float32 like every other product */
+    SIM_TRY(mesh_ad_einsum(t, "bte,ve->btv", y, embed, out, "logits_via_embedding", logits));
+    double a = d->normalize_tied ? 1.0 / sqrt((double)y->val.shape[2]) : 1.0;
+    if (a != 1.0 || d->final_soft_cap > 0)
+        SIM_TRY(mesh_nn_softcap(t, *logits, a, d->final_soft_cap, "logits_soft_cap", logits));
+    return SIM_OK;
 }
 
 /* ------------------------------------------------------------ logical helpers */

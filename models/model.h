@@ -53,6 +53,13 @@ typedef struct {
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
     int64_t max_pos, orig_max_pos;    /* max_position_embeddings, original_max_position_embeddings */
     bool yarn, rope_interleave, rope_truncate, rope_attn_scaling;
+    /* output head and attention numerics (MaxText keys of the same names) */
+    bool tied_logits;         /* logits_via_embedding: logits = y . embedding^T, no logits_dense */
+    bool normalize_tied;      /* normalize_embedding_logits: tied logits / sqrt(emb) */
+    double final_soft_cap;    /* final_logits_soft_cap (0 = off; MaxText applies it to tied logits only) */
+    double attn_soft_cap;     /* attn_logits_soft_cap (0 = off) */
+    bool qk_norm_key;         /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
+    int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
 } model_dims;
 
 /* One activation the forward pass constrained (for input_shardings.json). */
@@ -133,6 +140,12 @@ typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_ba
  * entry (e.g. "decoder/layers_3/remat"). */
 sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                              model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux);
+
+/* The output head after the final norm: logits_dense, or with logits_via_embedding the
+ * transposed embedding table (normalised and soft-capped as MaxText does).  `embed` is the
+ * embedding table's tape leaf, `dense_w` logits_dense's (NULL when tied). */
+sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embed, mesh_var *dense_w,
+                        mesh_var **logits);
 
 /* The scalar loss of the batch on the tape (forward pass). */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);

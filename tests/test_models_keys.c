@@ -1,0 +1,344 @@
+/* test_models_keys.c — the model keys of issue 11 that change numerics, on a tiny Llama (and one
+ * DeepSeek case), each against an expectation derived without the program:
+ *   - every key changes the loss (it is read) and keeps parity: loss and every gradient of two
+ *     8-device meshes, auto and explicit, within 1e-4 of the 1-device run;
+ *   - logits_via_embedding drops logits_dense (parameter bytes fall by emb x vocab x 4) and its
+ *     gradients match finite differences (with normalize_embedding_logits and the final soft cap);
+ *   - final_logits_soft_cap without tied logits is what MaxText makes of it: nothing;
+ *   - rope_linear_scaling_factor f equals multiplying both RoPE timescales by f (timescale_i =
+ *     min (max/min)^(2i/d) f);
+ *   - use_qk_norm makes the Llama query init exactly sqrt(head_dim) times larger (same stream);
+ *   - global_parameter_scale follows MaxText's get_individual_scales; 3 is refused;
+ *   - logits_dot_in_fp32 changes nothing in a float32 simulation (bitwise). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/train.h"
+
+static const char *const TINY[] = {
+    "base_emb_dim=16",     "base_num_query_heads=4",    "base_num_kv_heads=2", "head_dim=8",
+    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",       "max_target_length=16",
+    "init_weights_seed=7", "z_loss_multiplier=0.001",
+};
+static const char *const DS_TINY[] = {
+    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",     "base_num_query_heads=4",
+    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16", "base_num_decoder_layers=2",
+    "first_num_dense_layers=1",  "num_experts=4",              "num_experts_per_tok=2", "q_lora_rank=16",
+    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",  "v_head_dim=8",
+    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",
+};
+enum { ROWS = 8, SEQ = 16, VOCAB = 64 };
+
+static model_def *load_base(const char *const *base, int nbase, const char *const *extra, int n_extra, int devices,
+                            sim_status *st_out)
+{
+    const char *argv[64];
+    int argc = 0;
+    for (int i = 0; i < nbase; i++) argv[argc++] = base[i];
+    char pdbs[64];
+    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
+    argv[argc++] = pdbs;
+    for (int i = 0; i < n_extra && extra[i]; i++) argv[argc++] = extra[i];
+    mesh_cfg *cfg;
+    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    model_def *def = calloc(1, sizeof *def);
+    sim_status st = model_def_from_config(cfg, def);
+    mesh_cfg_free(cfg);
+    if (st_out) {
+        *st_out = st;
+        return def;
+    }
+    if (st != SIM_OK) fail_msg("model: %s", sim_errmsg());
+    assert_int_equal(def->mesh.num_devices, devices);
+    return def;
+}
+
+static model_def *load(const char *const *extra, int n, int devices)
+{
+    return load_base(TINY, sizeof TINY / sizeof TINY[0], extra, n, devices, NULL);
+}
+
+static void free_def(model_def *d)
+{
+    model_def_free(d);
+    free(d);
+}
+
+typedef struct {
+    int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
+} batch;
+
+static void make_batch(batch *b)
+{
+    for (int r = 0; r < ROWS; r++)
+        for (int t = 0; t < SEQ; t++) {
+            b->in[r * SEQ + t] = (r * 5 + t * 3 + (t * t) % 7) % VOCAB;
+            b->tg[r * SEQ + t] = (r * 5 + (t + 1) * 3 + ((t + 1) * (t + 1)) % 7) % VOCAB;
+            b->pos[r * SEQ + t] = t;
+        }
+}
+
+static double run(const model_def *def, const model_grads *pin, model_grads *pout, model_grads *g)
+{
+    batch b;
+    make_batch(&b);
+    sim_machine *m;
+    assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
+    double loss;
+    sim_status st = model_loss_and_grads_from(def, m, b.in, b.tg, b.pos, pin, pout, &loss, g);
+    sim_machine_free(m);
+    if (st != SIM_OK) fail_msg("run: %s", sim_errmsg());
+    return loss;
+}
+
+/* Parity of loss and every gradient: 1 device vs two 8-device meshes, auto and explicit. */
+static void parity(const char *const *base, int nbase, const char *const *keys, int nkeys, const char *const *meshes,
+                   int nmeshes, double *loss_out)
+{
+    const char *extra[16];
+    int n = 0;
+    for (int i = 0; i < nkeys; i++) extra[n++] = keys[i];
+    model_def *ref_def = load_base(base, nbase, extra, n, 1, NULL);
+    model_grads ref;
+    double ref_loss = run(ref_def, NULL, NULL, &ref);
+    for (int mi = 0; mi < nmeshes; mi++)
+        for (int mode = 0; mode < 2; mode++) {
+            int k = n;
+            char buf[2][64];
+            const char *mesh = meshes[mi];
+            /* "a=1 b=2" -> two flags */
+            const char *sp = strchr(mesh, ' ');
+            if (sp) {
+                snprintf(buf[0], sizeof buf[0], "%.*s", (int)(sp - mesh), mesh);
+                snprintf(buf[1], sizeof buf[1], "%s", sp + 1);
+                extra[k++] = buf[0];
+                extra[k++] = buf[1];
+            } else
+                extra[k++] = mesh;
+            extra[k++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            model_def *def = load_base(base, nbase, extra, k, 8, NULL);
+            model_grads g;
+            double loss = run(def, NULL, NULL, &g);
+            if (fabs(loss - ref_loss) > 1e-4 * fabs(ref_loss))
+                fail_msg("%s %s %s: loss %.7f vs %.7f", keys[0], mesh, extra[k - 1], loss, ref_loss);
+            for (int i = 0; i < def->nparams; i++) {
+                double e = model_rel_norm_diff(g.g[i], ref.g[i], g.layer_elems[i] * g.n_layers[i]);
+                if (e > 1e-4)
+                    fail_msg("%s %s %s: gradient of %s differs by %.3g", keys[0], mesh, extra[k - 1], def->defs[i].path, e);
+            }
+            model_grads_free(&g);
+            free_def(def);
+        }
+    model_grads_free(&ref);
+    free_def(ref_def);
+    if (loss_out) *loss_out = ref_loss;
+}
+
+static const char *const MESHES[] = {"ici_fsdp_parallelism=4 ici_tensor_parallelism=2",
+                                     "ici_data_parallelism=2 ici_fsdp_parallelism=4"};
+
+static double base_loss(void)
+{
+    model_def *d = load(NULL, 0, 1);
+    double l = run(d, NULL, NULL, NULL);
+    free_def(d);
+    return l;
+}
+
+/* Central differences on the largest-gradient elements of every parameter (1 device). */
+static void finite_differences(const char *const *keys, int nkeys)
+{
+    model_def *def = load(keys, nkeys, 1);
+    model_grads params, grads;
+    run(def, NULL, &params, &grads);
+    for (int i = 0; i < def->nparams; i++) {
+        int64_t n = params.layer_elems[i] * params.n_layers[i], best = 0;
+        for (int64_t j = 1; j < n; j++)
+            if (fabsf(grads.g[i][j]) > fabsf(grads.g[i][best])) best = j;
+        float g = grads.g[i][best];
+        if (fabsf(g) < 1e-4f) continue;
+        float saved = params.g[i][best];
+        double h = 1e-2;
+        params.g[i][best] = saved + (float)h;
+        double lp = run(def, &params, NULL, NULL);
+        params.g[i][best] = saved - (float)h;
+        double lm = run(def, &params, NULL, NULL);
+        params.g[i][best] = saved;
+        double fd = (lp - lm) / (2 * h);
+        if (fabs(fd - g) > 0.02 * fabs(g) + 2e-5)
+            fail_msg("%s: %s element %lld: backward %.6g, finite differences %.6g", keys[0], def->defs[i].path,
+                     (long long)best, g, fd);
+    }
+    model_grads_free(&params);
+    model_grads_free(&grads);
+    free_def(def);
+}
+
+/* ------------------------------------------------------------ tied logits, soft caps */
+
+static void test_logits_via_embedding(void **state)
+{
+    (void)state;
+    double l0 = base_loss();
+    model_def *untied = load(NULL, 0, 1);
+    const char *tied_keys[] = {"logits_via_embedding=true"};
+    model_def *tied = load(tied_keys, 1, 1);
+    assert_int_equal(tied->nparams, untied->nparams - 1);
+    assert_int_equal(model_param_index(tied, "logits_dense.kernel"), -1);
+    assert_int_equal(model_param_bytes(untied) - model_param_bytes(tied), 16 * 64 * 4);
+    free_def(untied);
+    free_def(tied);
+
+    double lt, ln, lc;
+    const char *norm[] = {"logits_via_embedding=true"};
+    parity(TINY, 10, norm, 1, MESHES, 2, &lt);
+    const char *raw[] = {"logits_via_embedding=true", "normalize_embedding_logits=false"};
+    model_def *d = load(raw, 2, 1);
+    ln = run(d, NULL, NULL, NULL);
+    free_def(d);
+    const char *capped[] = {"logits_via_embedding=true", "final_logits_soft_cap=0.05"};
+    parity(TINY, 10, capped, 2, MESHES, 2, &lc);
+    assert_true(fabs(lt - l0) > 1e-4 && fabs(ln - lt) > 1e-4 && fabs(lc - lt) > 1e-4);
+    /* a cap of 0.05 squeezes every logit into (-0.05, 0.05): the loss is within 0.1 of ln(64) */
+    assert_true(fabs(lc - log(64.0)) < 0.1 + 0.001 * 20);
+    finite_differences(capped, 2);
+}
+
+static void test_final_soft_cap_untied_is_nothing(void **state)
+{
+    (void)state;
+    /* MaxText applies final_logits_soft_cap inside the logits_via_embedding branch only */
+    const char *k[] = {"final_logits_soft_cap=0.05"};
+    model_def *d = load(k, 1, 1);
+    double l = run(d, NULL, NULL, NULL);
+    free_def(d);
+    assert_true(l == base_loss());
+}
+
+static void test_attn_logits_soft_cap(void **state)
+{
+    (void)state;
+    double l0 = base_loss(), l;
+    /* scores are O(0.1) at init: a cap of 0.1 bends them (and keeps finite differences at h = 1e-2 exact enough) */
+    const char *k[] = {"attn_logits_soft_cap=0.1"};
+    parity(TINY, 10, k, 1, MESHES, 2, &l);
+    assert_true(fabs(l - l0) > 1e-5);
+    finite_differences(k, 1);
+    /* DeepSeek (MLA) with the cap and tied logits */
+    const char *ds[] = {"attn_logits_soft_cap=0.5", "logits_via_embedding=true"};
+    const char *ds_meshes[] = {"ici_fsdp_parallelism=4 ici_tensor_parallelism=2",
+                               "ici_fsdp_parallelism=4 ici_expert_parallelism=2"};
+    double lds;
+    parity(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 2, ds_meshes, 2, &lds);
+    model_def *plain = load_base(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], NULL, 0, 1, NULL);
+    double lp = run(plain, NULL, NULL, NULL);
+    free_def(plain);
+    assert_true(fabs(lds - lp) > 1e-5);
+}
+
+/* ------------------------------------------------------------ RoPE, query init, scale */
+
+static void test_rope_linear_scaling(void **state)
+{
+    (void)state;
+    const char *k[] = {"rope_linear_scaling_factor=4"};
+    double l;
+    parity(TINY, 10, k, 1, MESHES, 1, &l);
+    assert_true(fabs(l - base_loss()) > 1e-6);
+    const char *same[] = {"rope_min_timescale=4", "rope_max_timescale=40000"};
+    model_def *d = load(same, 2, 1);
+    double ls = run(d, NULL, NULL, NULL);
+    free_def(d);
+    assert_true(fabs(ls - l) <= 1e-6 * fabs(l));
+}
+
+static void test_use_qk_norm_query_init(void **state)
+{
+    (void)state;
+    model_def *a = load(NULL, 0, 1);
+    const char *k[] = {"use_qk_norm=true"};
+    model_def *b = load(k, 1, 1);
+    model_grads pa, pb;
+    run(a, NULL, &pa, NULL);
+    double lb = run(b, NULL, &pb, NULL);
+    assert_true(fabs(lb - base_loss()) > 1e-6);
+    int q = model_param_index(a, "self_attention.query.kernel");
+    for (int i = 0; i < a->nparams; i++) {
+        int64_t n = pa.layer_elems[i] * pa.n_layers[i];
+        for (int64_t j = 0; j < n; j++) {
+            double want = i == q ? pa.g[i][j] * sqrt(8.0) : pa.g[i][j];
+            assert_true(fabs(pb.g[i][j] - want) <= 1e-6 * fabs(want) + 1e-12);
+        }
+    }
+    model_grads_free(&pa);
+    model_grads_free(&pb);
+    free_def(a);
+    free_def(b);
+}
+
+static void test_global_parameter_scale(void **state)
+{
+    (void)state;
+    /* MaxText: log2(s) = 3 base + rem; heads, mlp x 2^(base + (rem > 0)); emb x 2^(base + (rem > 1));
+     * layers x 2^base */
+    const struct {
+        const char *key;
+        int64_t emb, heads, kv, mlp, layers;
+    } want[] = {
+        {"global_parameter_scale=1", 16, 4, 2, 24, 2},
+        {"global_parameter_scale=2", 16, 8, 4, 48, 2},
+        {"global_parameter_scale=4", 32, 8, 4, 48, 2},
+        {"global_parameter_scale=8", 32, 8, 4, 48, 4},
+    };
+    for (int i = 0; i < 4; i++) {
+        model_def *d = load(&want[i].key, 1, 1);
+        assert_int_equal(d->d.emb, want[i].emb);
+        assert_int_equal(d->d.q_heads, want[i].heads);
+        assert_int_equal(d->d.kv_heads, want[i].kv);
+        assert_int_equal(d->d.mlp, want[i].mlp);
+        assert_int_equal(d->d.layers, want[i].layers);
+        free_def(d);
+    }
+    const char *bad[] = {"global_parameter_scale=3"};
+    sim_status st;
+    model_def *d = load_base(TINY, 10, bad, 1, 1, &st);
+    assert_int_equal(st, SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "global_parameter_scale=3"));
+    assert_non_null(strstr(sim_errmsg(), "power of two"));
+    free_def(d);
+    const char *two[] = {"global_parameter_scale=2"};
+    double l;
+    parity(TINY, 10, two, 1, MESHES, 1, &l);
+}
+
+static void test_logits_dot_in_fp32_is_float32_already(void **state)
+{
+    (void)state;
+    const char *k[] = {"logits_dot_in_fp32=true"};
+    model_def *d = load(k, 1, 1);
+    double l = run(d, NULL, NULL, NULL);
+    free_def(d);
+    assert_true(l == base_loss());
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logits_via_embedding),
+        cmocka_unit_test(test_final_soft_cap_untied_is_nothing),
+        cmocka_unit_test(test_attn_logits_soft_cap),
+        cmocka_unit_test(test_rope_linear_scaling),
+        cmocka_unit_test(test_use_qk_norm_query_init),
+        cmocka_unit_test(test_global_parameter_scale),
+        cmocka_unit_test(test_logits_dot_in_fp32_is_float32_already),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
