@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "models/checks.h"
 #include "models/train.h"
 
 typedef struct {
@@ -213,6 +214,11 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st && steps < 1) st = sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps);
     if (!st) st = model_optim_from_config(cm.cfg, &job.opt);
     if (!st) st = model_data_from_config(cm.cfg, &data);
+    double tolerance;
+    int debug_sharding = 0;
+    if (!st) st = mesh_cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance);
+    if (!st) st = model_check_sharding_tolerance(def, tolerance); /* MaxText checks when it sets up the state */
+    if (!st) st = mesh_cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding);
     const char *load = cfg_str(cm.cfg, "load_parameters_path");
     if (!st && *load && access(load, R_OK) != 0)
         st = sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written by "
@@ -265,6 +271,11 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         int nd = sim_machine_num_devices(m);
         sim_arena_stats *mem = calloc((size_t)nd, sizeof *mem);
         cli_memory_collect(m, mem);
+        if (!st && debug_sharding) { /* the activations are known once a forward pass has run */
+            const char *dt = cfg_str(cm.cfg, "dtype");
+            fprintf(out, "\ndebug_sharding:\n");
+            model_print_shardings(def, *dt ? dt : "float32", out);
+        }
         if (!st) {
             fprintf(out, "\ntraffic over %lld step%s:\n", steps, steps > 1 ? "s" : "");
             cli_report_traffic(out, &traffic);

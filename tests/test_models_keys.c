@@ -9,7 +9,10 @@
  *     min (max/min)^(2i/d) f);
  *   - use_qk_norm makes the Llama query init exactly sqrt(head_dim) times larger (same stream);
  *   - global_parameter_scale follows MaxText's get_individual_scales; 3 is refused;
- *   - logits_dot_in_fp32 changes nothing in a float32 simulation (bitwise). */
+ *   - logits_dot_in_fp32 changes nothing in a float32 simulation (bitwise);
+ *   - sharding_tolerance: MaxText's share (unsharded elements over total bytes) on meshes where
+ *     it is known by hand, the error text, and no check without a sharding axis;
+ *   - debug_sharding prints parameter and activation shardings in MaxText's wording. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/checks.h"
 #include "models/train.h"
 
 static const char *const TINY[] = {
@@ -329,6 +333,62 @@ static void test_logits_dot_in_fp32_is_float32_already(void **state)
     assert_true(l == base_loss());
 }
 
+/* ------------------------------------------------------------ checks */
+
+static void test_sharding_tolerance(void **state)
+{
+    (void)state;
+    /* data only: no axis of the check has more than one device, MaxText skips it */
+    const char *data8[] = {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"};
+    model_def *d = load(data8, 2, 8);
+    assert_true(model_unsharded_share(d) == -1.0);
+    assert_int_equal(model_check_sharding_tolerance(d, 0.0), SIM_OK);
+    free_def(d);
+    /* no rule shards a parameter on context_autoregressive: every element is "unsharded", and
+     * MaxText divides elements by float32 bytes: 1/4 */
+    const char *car[] = {"ici_fsdp_parallelism=4", "ici_context_autoregressive_parallelism=2"};
+    d = load(car, 2, 8);
+    assert_true(model_unsharded_share(d) == 0.25);
+    assert_int_equal(model_check_sharding_tolerance(d, 0.3), SIM_OK);
+    assert_int_equal(model_check_sharding_tolerance(d, 0.02), SIM_ERR_CHECK);
+    assert_non_null(strstr(sim_errmsg(), "Unsharded parameter percentage (25.00%)exceeds tolerance (2.00%)."));
+    assert_non_null(strstr(sim_errmsg(), "is unsharded on axis: ['context_autoregressive']"));
+    assert_non_null(strstr(sim_errmsg(), "raise sharding_tolerance"));
+    free_def(d);
+    /* fsdp=8: only the norm scales (logical 'norm') stay unsharded on fsdp: 2 x (16 x 2) + 16 = 80
+     * elements of 64*16*2 (embedding, logits) + 16*2*4*8*2 (query, out) + 16*2*2*8*2 (key, value)
+     * + 16*2*24*3 (mlp) + 80 = 7504 */
+    const char *f8[] = {"ici_fsdp_parallelism=8"};
+    d = load(f8, 1, 8);
+    double share = model_unsharded_share(d);
+    free_def(d);
+    if (fabs(share - 80.0 / (4.0 * 7504.0)) > 1e-12) fail_msg("fsdp=8: share %.8g, want %.8g", share, 80.0 / (4.0 * 7504.0));
+}
+
+static void test_debug_sharding(void **state)
+{
+    (void)state;
+    const char *k[] = {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"};
+    model_def *d = load(k, 2, 8);
+    run(d, NULL, NULL, NULL); /* the forward pass logs the activations */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    model_print_shardings(d, "bfloat16", f);
+    fclose(f);
+    free_def(d);
+    /* base rules: embed -> fsdp, q_heads -> tensor; activation_batch -> fsdp, activation_embed -> tensor */
+    assert_non_null(strstr(buf, "fsdp: 4\ntensor: 2\n"));
+    assert_non_null(strstr(buf, " params/decoder/layers/self_attention/query/kernel\n    Shape:     float32[16,2,4,8]\n"
+                                "    Physical:  ('fsdp', None, 'tensor', None)\n"));
+    char want[256];
+    snprintf(want, sizeof want, "llama2/inputs Physical: bfloat16[8,16,16]%.*s ('fsdp', None, 'tensor').\n", 60 - 17,
+             "............................................................");
+    assert_non_null(strstr(buf, want));
+    assert_non_null(strstr(buf, "('activation_batch', 'activation_norm_length', 'activation_embed').\n"));
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -339,6 +399,8 @@ int main(void)
         cmocka_unit_test(test_use_qk_norm_query_init),
         cmocka_unit_test(test_global_parameter_scale),
         cmocka_unit_test(test_logits_dot_in_fp32_is_float32_already),
+        cmocka_unit_test(test_sharding_tolerance),
+        cmocka_unit_test(test_debug_sharding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
