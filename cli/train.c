@@ -184,7 +184,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"parameters", params},
         {"batch", batch},
         {"steps", st},
-        {"remat_policy", d->remat_full ? "full" : "none"},
+        {"remat_policy", d->remat_policy},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
     };

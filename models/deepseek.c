@@ -21,7 +21,7 @@
  * the load-balance loss of every MoE layer (weight / number of MoE layers)
  * is added to the loss.
  *
- * With remat_policy=full each layer is one tape entry (output and, for MoE
+ * With remat (every remat_policy but none) each layer is one tape entry (output and, for MoE
  * layers with a load-balance loss, that loss): backward runs the layer again
  * on a recording tape, so only the layer inputs live between the passes.
  *
@@ -132,6 +132,21 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     if (groups != -1) return unsupported(cfg, "n_routing_groups", "group-limited routing is not simulated; use -1");
     SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &f));
     if (f != 0) return unsupported(cfg, "routed_bias_update_rate", "the loss-free bias update is not simulated; use 0");
+
+    /* remat policies: the routed experts run in one manual region (mesh_moe_experts) that does not
+     * keep MaxText's MoE checkpoint tags (moe.py tags mlpwi_0/mlpwo/moe_* inside it) */
+    static const model_ckpt_name moe_tags[] = {MODEL_CKPT_MLPWI,       MODEL_CKPT_MLPWI_0,     MODEL_CKPT_MLPWI_1,
+                                               MODEL_CKPT_MLPWO,       MODEL_CKPT_MOE_MLPWI_0, MODEL_CKPT_MOE_MLPWI_1,
+                                               MODEL_CKPT_MOE_MLPWO,   MODEL_CKPT_MOE_X_SORTED,
+                                               MODEL_CKPT_MOE_ROUTING_MAPS};
+    for (size_t i = 0; i < sizeof moe_tags / sizeof moe_tags[0] && d->layers > d->dense_layers; i++)
+        if (d->ckpt[moe_tags[i]] != MODEL_CKPT_REMAT)
+            return sim_err(SIM_ERR_INPUT,
+                           "remat_policy=%s keeps '%s', which MaxText also tags inside the routed experts (moe.py); "
+                           "the simulated MoE layers do not keep those tensors yet. With MoE layers use full, none, "
+                           "save_qkv_proj, save_out_proj, save_dot_except_mlp, save_dot_with_context_except_mlp, "
+                           "qkv_proj_offloaded, or custom without the MLP/MoE tags",
+                           d->remat_policy, model_ckpt_name_str(moe_tags[i]));
 
     /* sizes */
     if (d->dense_layers < 0 || d->dense_layers > d->layers)
@@ -639,7 +654,9 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     } else {
         mesh_var *lq;
         SIM_TRY(dense(md, t, "bte,eq->btq", xq, param(md, t, s->wq_a, l), "wq_a", 3, Q_LORA, &lq));
+        SIM_TRY(model_checkpoint_name(md, lq, MODEL_CKPT_QUERY_WA_PROJ));
         SIM_TRY(mesh_nn_rmsnorm(t, lq, param(md, t, s->q_norm, l), d->eps, "q_norm", &lq));
+        SIM_TRY(model_checkpoint_name(md, lq, MODEL_CKPT_MLA_Q));
         SIM_TRY(dense(md, t, "btq,qhd->bthd", lq, param(md, t, s->wq_b, l), "wq_b", 4, KV4, &q));
     }
     SIM_TRY(split_last(t, q, d->qk_nope, false, "query_split", &q_nope, &q_pe));
@@ -651,8 +668,10 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     SIM_TRY(model_shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
     /* keys and values from the latent; one rope key head for all heads */
     SIM_TRY(dense(md, t, "bte,ek->btk", xkv, param(md, t, s->wkv_a, l), "wkv_a", 3, KV_LORA, &low));
+    SIM_TRY(model_checkpoint_name(md, low, MODEL_CKPT_KV_WA_PROJ));
     SIM_TRY(split_last(t, low, d->kv_lora, true, "kv_split", &kv_latent, &k_rope));
     SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, param(md, t, s->kv_norm, l), d->eps, "kv_norm", &kv_latent));
+    SIM_TRY(model_checkpoint_name(md, kv_latent, MODEL_CKPT_MLA_KV));
     SIM_TRY(dense(md, t, "btk,khd->bthd", kv_latent, param(md, t, s->wkv_b, l), "wkv_b", 4, KV4, &kv));
     SIM_TRY(split_last(t, kv, d->qk_nope, false, "kv_split_heads", &k_nope, &value));
     SIM_TRY(model_shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
@@ -664,12 +683,18 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     SIM_TRY(concat_last(t, k_nope, key_rope, "key_concat", &key));
     SIM_TRY(model_shard_as(md, t, key, "attention_mla/key", 4, KV4, &key));
     SIM_TRY(model_shard_as(md, t, value, "attention_mla/value", 4, KV4, &value));
+    /* the tensors remat policies save (MaxText's checkpoint_name tags, attention_mla.py) */
+    SIM_TRY(model_checkpoint_name(md, query, MODEL_CKPT_QUERY_PROJ));
+    SIM_TRY(model_checkpoint_name(md, key, MODEL_CKPT_KEY_PROJ));
+    SIM_TRY(model_checkpoint_name(md, value, MODEL_CKPT_VALUE_PROJ));
     double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
                                         d->rope_factor, d->mscale);
     log_attention_op(md, query, key, value);
     SIM_TRY(mesh_nn_attention_capped(t, query, key, value, &b->positions, scale, d->attn_soft_cap, "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
-    return dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
+    SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
+    SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y));
+    return model_checkpoint_name(md, *y, MODEL_CKPT_OUT_PROJ);
 }
 
 /* SwiGLU MLP (facts §5.5): dense layers and the shared experts. */
@@ -677,10 +702,13 @@ static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int
 {
     mesh_var *g, *u, *act;
     SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi0, l), "wi_0", 3, MLP_WI, &g));
+    SIM_TRY(model_checkpoint_name(md, g, MODEL_CKPT_MLPWI_0));
     SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi1, l), "wi_1", 3, MLP_WI, &u));
+    SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
-    return dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y);
+    SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y));
+    return model_checkpoint_name(md, *y, MODEL_CKPT_MLPWO);
 }
 
 /* Routed experts plus shared experts (facts §5.6-5.7, §6): (B, T, E) -> (B, T, E),

@@ -2,12 +2,13 @@
  *
  * Every activation is constrained where MaxText constrains it, with the same
  * logical names (reference/maxtext-facts.md §5.1-5.3, 5.5, 5.8); in explicit
- * mode the projections get MaxText's out_shardings.  With remat_policy=full
- * each decoder layer is one tape entry: forward runs the layer on a scratch
+ * mode the projections get MaxText's out_shardings.  With remat (every
+ * remat_policy but none) each decoder layer is one tape entry: forward runs the layer on a scratch
  * tape that records nothing and keeps only the output; the entry's VJP runs
  * the layer again on a recording tape (its FSDP all-gathers included) and
- * back-propagates through it, so only layer inputs stay alive between the
- * passes, as on real hardware. */
+ * back-propagates through it, so only layer inputs (and the tensors the
+ * policy saves, tagged where MaxText calls checkpoint_name) stay alive
+ * between the passes, as on real hardware. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,10 +104,16 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_shard_as(md, t, q, "attention/query", 4, KV4, &q));
     SIM_TRY(model_shard_as(md, t, k, "attention/key", 4, KV4, &k));
     SIM_TRY(model_shard_as(md, t, v, "attention/value", 4, KV4, &v));
+    /* the tensors remat policies save (MaxText's checkpoint_name tags, attentions.py) */
+    SIM_TRY(model_checkpoint_name(md, q, MODEL_CKPT_QUERY_PROJ));
+    SIM_TRY(model_checkpoint_name(md, k, MODEL_CKPT_KEY_PROJ));
+    SIM_TRY(model_checkpoint_name(md, v, MODEL_CKPT_VALUE_PROJ));
     /* MaxText folds 1/sqrt(head_dim) into the query init: the score scale is 1 */
     SIM_TRY(mesh_nn_attention_capped(t, q, k, v, &b->positions, 1.0, d->attn_soft_cap, "attention_op", &o));
+    SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
     SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
+    SIM_TRY(model_checkpoint_name(md, a, MODEL_CKPT_OUT_PROJ));
     md->ctx.layer = layer;
     SIM_TRY(model_shard_as(md, t, a, "llama2/attention_lnx", 3, A, &a));
     SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h));
@@ -117,10 +124,13 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_shard_as(md, t, ln2, "llama2/hidden_states", 3, A, &ln2));
     md->ctx.layer = mlp_layer;
     SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3, MLP_MID, &g));
+    SIM_TRY(model_checkpoint_name(md, g, MODEL_CKPT_MLPWI_0));
     SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3, MLP_MID, &u));
+    SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_MID, &act));
     SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp));
+    SIM_TRY(model_checkpoint_name(md, mlp, MODEL_CKPT_MLPWO));
     md->ctx.layer = layer;
     SIM_TRY(model_shard_as(md, t, mlp, "llama2/mlp_lnx", 3, A, &mlp));
     SIM_TRY(mesh_ad_add(t, h, mlp, "residual_mlp", &h));

@@ -115,6 +115,88 @@ static sim_status parameter_scale(const mesh_cfg *cfg, model_dims *d)
     return SIM_OK;
 }
 
+/* ------------------------------------------------------------ remat policies */
+
+static const char *const CKPT_NAMES[MODEL_CKPT_N] = {
+    "query_proj", "key_proj",   "value_proj",    "kv_proj",     "qkv_proj",           "out_proj",
+    "mlpwi",      "mlpwi_0",    "mlpwi_1",       "mlpwo",       "context",            "attention_out",
+    "query_wa_proj", "kv_wa_proj", "mla_q",      "mla_kv",      "decoder_layer_input", "moe_mlpwi_0",
+    "moe_mlpwi_1", "moe_mlpwo", "moe_x_sorted",  "moe_routing_maps", "indexer_cutoff_threshold", "engram",
+};
+
+const char *model_ckpt_name_str(model_ckpt_name n) { return n >= 0 && n < MODEL_CKPT_N ? CKPT_NAMES[n] : "?"; }
+
+/* MaxText's policies (layers/nnx_decoders.py get_remat_policy and minimal_policy): the names each
+ * saves on the device (save_only_these_names) or offloads to host (save_and_offload_only_these_
+ * names).  "quantization" (the *_with_quantization variants) tags nothing without quantization. */
+#define B(n) (1u << MODEL_CKPT_##n)
+#define QKV (B(QUERY_PROJ) | B(VALUE_PROJ) | B(KEY_PROJ) | B(KV_PROJ) | B(QKV_PROJ))
+#define MINIMAL (QKV | B(OUT_PROJ) | B(MLPWI_0) | B(MLPWI_1) | B(MLPWI) | B(MLPWO))
+static const struct {
+    const char *name;
+    uint32_t device, offload;
+} POLICIES[] = {
+    {"full", 0, 0},
+    {"minimal", MINIMAL, 0},
+    {"minimal_with_quantization", MINIMAL, 0},
+    {"minimal_with_context", MINIMAL | B(CONTEXT), 0},
+    {"minimal_flash", MINIMAL | B(CONTEXT), 0},
+    {"minimal_with_context_and_quantization", MINIMAL | B(CONTEXT), 0},
+    {"save_dot_with_context_except_mlp", QKV | B(CONTEXT) | B(OUT_PROJ), 0},
+    {"save_dot_except_mlpwi", QKV | B(OUT_PROJ) | B(MLPWO), 0},
+    {"save_dot_except_mlp", QKV | B(OUT_PROJ), 0},
+    {"save_qkv_proj", QKV, 0},
+    {"qkv_proj_offloaded", 0, B(QUERY_PROJ) | B(VALUE_PROJ) | B(KEY_PROJ) | B(KV_PROJ)},
+    {"minimal_offloaded", 0, MINIMAL},
+    {"save_out_proj", B(OUT_PROJ), 0},
+};
+#undef QKV
+#undef MINIMAL
+#undef B
+
+static sim_status remat_policy_from_config(const mesh_cfg *cfg, model_dims *d)
+{
+    const char *p;
+    SIM_TRY(mesh_cfg_get_str(cfg, "remat_policy", &p));
+    /* the YAML reader takes "none" for a null: read the text as written */
+    const mesh_cfg_entry *en = mesh_cfg_find(cfg, "remat_policy");
+    if (!p && en && en->value.kind == MESH_CFG_SCALAR && en->value.text) p = en->value.text;
+    if (!p) return sim_err(SIM_ERR_INPUT, "remat_policy is empty: use full, none or one of MaxText's policies");
+    snprintf(d->remat_policy, sizeof d->remat_policy, "%s", p);
+    memset(d->ckpt, 0, sizeof d->ckpt);
+    d->remat_full = strcmp(p, "none") != 0;
+    if (!d->remat_full) return SIM_OK;
+    if (!strcmp(p, "custom")) {
+        /* the per-tensor keys (base.yml: remat | device | offload) */
+        static const char *const acts[] = {"remat", "device", "offload"};
+        for (int n = 0; n < MODEL_CKPT_N; n++) {
+            int a;
+            SIM_TRY(mesh_cfg_get_enum(cfg, CKPT_NAMES[n], acts, 3, &a));
+            d->ckpt[n] = (uint8_t)a;
+        }
+        if (d->ckpt[MODEL_CKPT_DECODER_LAYER_INPUT] == MODEL_CKPT_OFFLOAD)
+            return sim_err(SIM_ERR_INPUT,
+                           "decoder_layer_input=offload (remat_policy=custom): offloading the decoder layers' inputs "
+                           "to host is not simulated; keep it 'device' (every layer input stays on the device, as "
+                           "with the other policies)");
+        return SIM_OK;
+    }
+    for (size_t i = 0; i < sizeof POLICIES / sizeof POLICIES[0]; i++)
+        if (!strcmp(p, POLICIES[i].name)) {
+            for (int n = 0; n < MODEL_CKPT_N; n++)
+                d->ckpt[n] = POLICIES[i].device >> n & 1 ? MODEL_CKPT_DEVICE
+                             : POLICIES[i].offload >> n & 1 ? MODEL_CKPT_OFFLOAD
+                                                             : MODEL_CKPT_REMAT;
+            return SIM_OK;
+        }
+    char list[1024];
+    size_t o = 0;
+    for (size_t i = 0; i < sizeof POLICIES / sizeof POLICIES[0]; i++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s, ", POLICIES[i].name);
+    return sim_err(SIM_ERR_INPUT, "remat_policy='%s': MaxText's policies are %scustom (with the per-tensor keys) and none",
+                   p, list);
+}
+
 sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 {
     memset(m, 0, sizeof *m);
@@ -160,10 +242,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        "final_logits_soft_cap=%g, attn_logits_soft_cap=%g: a soft cap is a positive bound, or 0 for none",
                        d->final_soft_cap, d->attn_soft_cap);
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
-    static const char *const remat[] = {"full", "none"};
-    int r;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "remat_policy", remat, 2, &r));
-    d->remat_full = r == 0;
+    SIM_TRY(remat_policy_from_config(cfg, d));
     static const char *const modes[] = {"auto", "explicit"};
     int md;
     SIM_TRY(mesh_cfg_get_enum(cfg, "shard_mode", modes, 2, &md));
@@ -426,12 +505,101 @@ sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const
 
 /* ------------------------------------------------------------ remat */
 
+/* The tensors one remat layer saved in its forward, in the order it saved them. */
+typedef struct {
+    model_ckpt_name name;
+    mesh_array a;      /* on the device (arena), or shape/spec only when offloaded */
+    float *host;       /* offloaded copy (NULL in a dry run) */
+    bool offloaded;
+} remat_saved;
+
+typedef struct model_remat_store {
+    remat_saved *v;
+    int n, cap;
+    int next;          /* recompute: the next entry to hand back */
+    bool recompute;
+} model_remat_store;
+
+static void store_free(sim_device *dev, model_remat_store *s)
+{
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) {
+        if (!s->v[i].offloaded) mesh_array_free(dev, &s->v[i].a); /* no-op once handed back (nlocal 0) */
+        free(s->v[i].host);
+    }
+    free(s->v);
+    free(s);
+}
+
+sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name)
+{
+    model_remat_store *s = md->remat;
+    model_ckpt_action act = (model_ckpt_action)md->def->d.ckpt[name];
+    if (!s || act == MODEL_CKPT_REMAT) return SIM_OK;
+    sim_device *dev = md->ctx.dev;
+    if (s->recompute) {
+        /* the same checkpoints come in the same order as in the forward pass */
+        SIM_ASSERT(s->next < s->n && s->v[s->next].name == name);
+        remat_saved *r = &s->v[s->next++];
+        if (r->offloaded) { /* brought back: the recomputed twin stands for it on the device */
+            free(r->host);
+            r->host = NULL;
+        } else if (x->owned) { /* the saved tensor replaces its recomputed twin (same values) */
+            mesh_array_free(dev, &x->val);
+            x->val = r->a;
+            memset(&r->a, 0, sizeof r->a);
+        } else {
+            mesh_array_free(dev, &r->a);
+        }
+        return SIM_OK;
+    }
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 16;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
+        SIM_ASSERT(s->v);
+    }
+    remat_saved *r = &s->v[s->n++];
+    memset(r, 0, sizeof *r);
+    r->name = name;
+    if (act == MODEL_CKPT_OFFLOAD) {
+        r->offloaded = true;
+        r->a = x->val;
+        r->a.data = NULL;
+        if (x->val.data) {
+            size_t bytes = x->val.nlocal * sim_dtype_size(x->val.dtype);
+            r->host = malloc(bytes + 1);
+            SIM_ASSERT(r->host);
+            memcpy(r->host, x->val.data, bytes);
+        }
+        return SIM_OK;
+    }
+    if (x->owned) { /* kept alive past the scratch tape: the store owns it now */
+        r->a = x->val;
+        x->owned = false;
+        return SIM_OK;
+    }
+    char nm[MESH_NAME_MAX];
+    snprintf(nm, sizeof nm, "%s (saved)", CKPT_NAMES[name]);
+    SIM_TRY(mesh_array_new(dev, md->ctx.mesh, nm, x->val.rank, x->val.shape, &x->val.spec, x->val.dtype,
+                           SIM_MEM_ACTIVATIONS, &r->a));
+    if (x->val.data) memcpy(r->a.data, x->val.data, x->val.nlocal * sim_dtype_size(x->val.dtype));
+    return SIM_OK;
+}
+
 typedef struct {
     model_dev *md;
     const model_batch *b;
     int layer;
     model_layer_fn fn;
+    model_remat_store *store; /* what the forward saved (NULL: nothing) */
 } remat_payload;
+
+static void remat_payload_free(void *p)
+{
+    remat_payload *rp = p;
+    store_free(rp->md->ctx.dev, rp->store);
+    free(rp);
+}
 
 static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
 {
@@ -439,7 +607,10 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *x = e->in[0], *y = e->out[0], *aux = e->nout > 1 ? e->out[1] : NULL;
     mesh_tape *inner = mesh_tape_new(mesh_tape_ctx(t), true);
     mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin, *auxin = NULL;
+    if (rp->store) rp->store->recompute = true, rp->store->next = 0;
+    rp->md->remat = rp->store;
     sim_status st = rp->fn(rp->md, inner, rp->b, rp->layer, xin, &yin, &auxin);
+    rp->md->remat = NULL;
     /* the outputs' cotangents move into the recomputed layer; one backward pass covers both */
     if (st == SIM_OK && aux && aux->has_grad && auxin) {
         mesh_array cot = aux->grad;
@@ -466,7 +637,15 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
 {
     mesh_tape *scratch = mesh_tape_new(mesh_tape_ctx(t), false);
     mesh_var *xin = mesh_tape_input(scratch, &x->val, false), *yin, *auxin = NULL;
+    /* tensors the policy saves are kept only when a backward pass will use them */
+    model_remat_store *store = NULL;
+    if (mesh_tape_recording(t)) {
+        for (int n = 0; n < MODEL_CKPT_N && !store; n++)
+            if (md->def->d.ckpt[n] != MODEL_CKPT_REMAT) store = calloc(1, sizeof *store);
+    }
+    md->remat = store;
     sim_status st = fn(md, scratch, b, layer, xin, &yin, &auxin);
+    md->remat = NULL;
     if (aux) *aux = NULL;
     if (st == SIM_OK) {
         *y = mesh_tape_var(t);
@@ -477,6 +656,7 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         }
     }
     mesh_tape_free(scratch);
+    if (st != SIM_OK) store_free(md->ctx.dev, store);
     SIM_TRY(st);
     if (md->on_layer) md->on_layer(md->on_layer_arg, layer, false);
     mesh_var *outs[2] = {*y, aux ? *aux : NULL};
@@ -488,8 +668,10 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         p->b = b;
         p->layer = layer;
         p->fn = fn;
+        p->store = store;
         e->payload = p;
-        e->free_payload = free;
-    }
+        e->free_payload = remat_payload_free;
+    } else
+        store_free(md->ctx.dev, store);
     return SIM_OK;
 }

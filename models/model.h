@@ -18,6 +18,22 @@
 
 enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
 
+/* The tensors MaxText's layer code tags with checkpoint_name (the names remat policies save). */
+typedef enum {
+    MODEL_CKPT_QUERY_PROJ = 0, MODEL_CKPT_KEY_PROJ, MODEL_CKPT_VALUE_PROJ, MODEL_CKPT_KV_PROJ, MODEL_CKPT_QKV_PROJ,
+    MODEL_CKPT_OUT_PROJ, MODEL_CKPT_MLPWI, MODEL_CKPT_MLPWI_0, MODEL_CKPT_MLPWI_1, MODEL_CKPT_MLPWO,
+    MODEL_CKPT_CONTEXT, MODEL_CKPT_ATTENTION_OUT, MODEL_CKPT_QUERY_WA_PROJ, MODEL_CKPT_KV_WA_PROJ, MODEL_CKPT_MLA_Q,
+    MODEL_CKPT_MLA_KV, MODEL_CKPT_DECODER_LAYER_INPUT, MODEL_CKPT_MOE_MLPWI_0, MODEL_CKPT_MOE_MLPWI_1,
+    MODEL_CKPT_MOE_MLPWO, MODEL_CKPT_MOE_X_SORTED, MODEL_CKPT_MOE_ROUTING_MAPS, MODEL_CKPT_INDEXER_CUTOFF,
+    MODEL_CKPT_ENGRAM, MODEL_CKPT_N
+} model_ckpt_name;
+
+/* What a remat policy does with a tagged tensor. */
+typedef enum { MODEL_CKPT_REMAT = 0, MODEL_CKPT_DEVICE, MODEL_CKPT_OFFLOAD } model_ckpt_action;
+
+/* MaxText's name of a tag ("query_proj"). */
+const char *model_ckpt_name_str(model_ckpt_name n);
+
 typedef enum { MODEL_LLAMA2 = 0, MODEL_DEEPSEEK } model_kind;
 
 typedef struct {
@@ -25,7 +41,9 @@ typedef struct {
     model_kind kind;
     int64_t vocab, emb, q_heads, kv_heads, head_dim, mlp, layers;
     double eps, z_loss, rope_theta, rope_min, rope_linear;
-    bool remat_full;          /* remat_policy=full */
+    bool remat_full;          /* each decoder layer is rematerialised (every remat_policy but none) */
+    char remat_policy[48];    /* remat_policy as given */
+    uint8_t ckpt[MODEL_CKPT_N]; /* model_ckpt_action per tag: what the policy saves, offloads or recomputes */
     mesh_mode mode;           /* shard_mode */
     bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
@@ -106,6 +124,8 @@ typedef struct {
     const model_def *def;
     mesh_ctx ctx;
     model_param p[MODEL_MAX_PARAMS];
+    /* the saved tensors of the remat layer running (NULL outside remat or with nothing to save) */
+    struct model_remat_store *remat;
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);
     void *on_layer_arg;
@@ -134,7 +154,8 @@ void model_batch_free(model_dev *md, model_batch *b);
  * load-balance loss term; NULL when the layer has none). */
 typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                                      mesh_var **y, mesh_var **aux);
-/* remat_policy=full: runs fn on a scratch tape that keeps only the outputs,
+/* Remat (every remat_policy but none): runs fn on a scratch tape that keeps
+ * only the outputs and the tensors the policy saves (model_checkpoint_name),
  * and records one entry whose VJP runs fn again on a recording tape (its
  * all-gathers included) and back-propagates through it.  `tag` names the
  * entry (e.g. "decoder/layers_3/remat"). */
@@ -146,6 +167,16 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
  * embedding table's tape leaf, `dense_w` logits_dense's (NULL when tied). */
 sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embed, mesh_var *dense_w,
                         mesh_var **logits);
+
+/* MaxText's checkpoint_name(x, name), called where MaxText's layer code calls it.  Inside a
+ * remat layer's forward, a tensor the policy saves on the device stays alive (in the device's
+ * arena, as activations) until that layer's backward, where it stands in for its recomputed twin;
+ * an offloaded one is copied to host memory (outside the device arena: offloaded bytes do not
+ * count toward device memory) and brought back when the backward recomputes the layer.  Outside
+ * remat (remat_policy=none, a forward-only pass) it does nothing.  The recomputation still runs
+ * every op of the layer (values are identical), so executed FLOPs and compute time do not shrink
+ * with the policy; memory does. */
+sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name);
 
 /* The scalar loss of the batch on the tape (forward pass). */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);

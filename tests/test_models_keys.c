@@ -12,7 +12,11 @@
  *   - logits_dot_in_fp32 changes nothing in a float32 simulation (bitwise);
  *   - sharding_tolerance: MaxText's share (unsharded elements over total bytes) on meshes where
  *     it is known by hand, the error text, and no check without a sharding axis;
- *   - debug_sharding prints parameter and activation shardings in MaxText's wording. */
+ *   - debug_sharding prints parameter and activation shardings in MaxText's wording;
+ *   - remat policies: gradients bitwise equal to remat_policy=full, and peak device memory grows
+ *     by exactly the tensors MaxText's policy saves (hand-counted bytes of query/key/value/out/
+ *     mlp projections) for the layers whose backward has not run at the peak; offloaded tensors
+ *     cost no device memory; a dry run accounts the same bytes; MoE tags are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -389,6 +393,98 @@ static void test_debug_sharding(void **state)
     free(buf);
 }
 
+/* ------------------------------------------------------------ remat policies */
+
+/* Device 0's peak bytes and the gradients of one step (1 device, or 8 with fsdp=8). */
+static size_t peak_of(const char *const *keys, int nkeys, int devices, bool dry, model_grads *g)
+{
+    const char *extra[16];
+    int n = 0;
+    for (int i = 0; i < nkeys; i++) extra[n++] = keys[i];
+    extra[n++] = "base_num_decoder_layers=3";
+    if (devices == 8) extra[n++] = "ici_fsdp_parallelism=8";
+    if (dry) extra[n++] = "dry_run=true";
+    model_def *def = load(extra, n, devices);
+    batch b;
+    make_batch(&b);
+    sim_machine *m;
+    assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
+    double loss;
+    sim_status st = model_loss_and_grads(def, m, b.in, b.tg, b.pos, &loss, g);
+    if (st != SIM_OK) fail_msg("%s: %s", keys[0], sim_errmsg());
+    sim_arena_stats sa;
+    sim_arena_get_stats(sim_device_arena(sim_machine_device(m, 0)), &sa);
+    sim_machine_free(m);
+    free_def(def);
+    return sa.peak;
+}
+
+static void test_remat_policies(void **state)
+{
+    (void)state;
+    /* per layer, per device (8 rows x 16 tokens / devices), float32: q 4 heads x 8, k and v 2 x 8,
+     * out_proj 16, mlpwi_0/1 24, mlpwo 16 */
+    const struct {
+        const char *policy[3];
+        int floats_per_token; /* saved per token and layer */
+    } cases[] = {
+        {{"remat_policy=save_qkv_proj"}, 32 + 16 + 16},
+        {{"remat_policy=save_out_proj"}, 16},
+        {{"remat_policy=save_dot_except_mlp"}, 32 + 16 + 16 + 16},
+        {{"remat_policy=save_dot_with_context_except_mlp"}, 32 + 16 + 16 + 16}, /* no context tag with dot_product */
+        {{"remat_policy=save_dot_except_mlpwi"}, 32 + 16 + 16 + 16 + 16},
+        {{"remat_policy=minimal"}, 32 + 16 + 16 + 16 + 24 + 24 + 16},
+        {{"remat_policy=minimal_with_context"}, 32 + 16 + 16 + 16 + 24 + 24 + 16},
+        {{"remat_policy=qkv_proj_offloaded"}, 0},
+        {{"remat_policy=minimal_offloaded"}, 0},
+        {{"remat_policy=custom", "query_proj=device", "mlpwo=offload"}, 32},
+        {{"remat_policy=custom", "mlpwi_0=device", "attention_out=device"}, 24 + 32},
+    };
+    for (int devices = 1; devices <= 8; devices += 7) {
+        model_grads gf;
+        const char *full[] = {"remat_policy=full"};
+        size_t pf = peak_of(full, 1, devices, false, &gf);
+        int64_t tokens = ROWS * SEQ / devices;
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            int nk = 0;
+            while (nk < 3 && cases[c].policy[nk]) nk++;
+            model_grads g;
+            size_t p = peak_of(cases[c].policy, nk, devices, false, &g);
+            for (int i = 0; i < g.n; i++)
+                if (memcmp(g.g[i], gf.g[i], (size_t)(g.layer_elems[i] * g.n_layers[i]) * sizeof(float)))
+                    fail_msg("%s: gradient %d differs from remat_policy=full", cases[c].policy[0], i);
+            model_grads_free(&g);
+            /* at the peak (the last layer's backward) the two other layers' saved tensors are alive */
+            size_t want = pf + (size_t)(2 * tokens * cases[c].floats_per_token * 4);
+            if (p != want)
+                fail_msg("%d devices, %s %s: peak %zu bytes, want %zu (full %zu + 2 layers x %d floats x %lld tokens)",
+                         devices, cases[c].policy[0], nk > 1 ? cases[c].policy[1] : "", p, want, pf,
+                         cases[c].floats_per_token, (long long)tokens);
+            if (devices == 8 && c == 5) assert_true(peak_of(cases[c].policy, nk, devices, true, NULL) == p);
+        }
+        model_grads_free(&gf);
+    }
+    /* none keeps more than any policy */
+    const char *none[] = {"remat_policy=none"}, *minimal[] = {"remat_policy=minimal"};
+    assert_true(peak_of(none, 1, 1, false, NULL) > peak_of(minimal, 1, 1, false, NULL));
+    /* unknown policies and MoE tags on DeepSeek are refused */
+    const char *bad[] = {"remat_policy=save_everything"};
+    sim_status st;
+    model_def *d = load_base(TINY, 10, bad, 1, 1, &st);
+    assert_int_equal(st, SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "save_everything"));
+    free_def(d);
+    const char *dsmin[] = {"remat_policy=minimal"};
+    d = load_base(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], dsmin, 1, 1, &st);
+    assert_int_equal(st, SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "routed experts"));
+    free_def(d);
+    const char *off[] = {"remat_policy=custom", "decoder_layer_input=offload"};
+    d = load_base(TINY, 10, off, 2, 1, &st);
+    assert_int_equal(st, SIM_ERR_INPUT);
+    free_def(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -401,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_logits_dot_in_fp32_is_float32_already),
         cmocka_unit_test(test_sharding_tolerance),
         cmocka_unit_test(test_debug_sharding),
+        cmocka_unit_test(test_remat_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
