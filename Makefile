@@ -20,7 +20,10 @@ CFLAGS_BASE += -Werror
 endif
 CFLAGS  := $(CFLAGS_BASE) $(SAN) $(EXTRA_CFLAGS)
 LDFLAGS := $(SAN) -pthread
-LDLIBS  := -lopenblas -lhwloc -lyaml -lm
+# Every binary links the OpenBLAS kernel selector (blas_kernels/bk_coretype.c): its constructor
+# picks and checks the kernels before main, so pull it from the archive even where nothing calls it.
+LDFLAGS += -Wl,--undefined=bk_coretype_current
+LDLIBS  := -lopenblas -lhwloc -lyaml -ljansson -lm
 
 LAYERS   := blas_kernels sim mesh models
 LIB_SRC  := $(foreach d,$(LAYERS),$(wildcard $(d)/*.c))
@@ -40,7 +43,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # Tests run under ThreadSanitizer (the ones with threads and collectives).
 TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel
 
-.PHONY: all test bench asan ubsan tsan clean demo
+.PHONY: all test bench asan ubsan tsan clean demo install
 
 # Objects are kept (not deleted as intermediates), so `make test` rebuilds
 # only what changed.
@@ -56,6 +59,10 @@ $(BUILD)/%.o: %.c
 # evaluated speculatively (no FP traps are used anywhere; IEEE results are
 # unchanged) and loops of unknown length may get a vector body plus epilogue.
 $(BUILD)/blas_kernels/%.o: CFLAGS += -fno-trapping-math -fvect-cost-model=dynamic
+
+# report.html's template is compiled in with the assembler's .incbin, which
+# -MMD does not see.
+$(BUILD)/cli/report_html.o: cli/report_template.html
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -93,6 +100,16 @@ tsan:
 
 demo: $(BIN)
 	$(BIN) demo
+
+# make install PREFIX=/usr/local: the program in $(PREFIX)/bin, its data
+# (configs/) in $(PREFIX)/share/shardsim/configs, where the program looks
+# for it beside its own directory (SHARDSIM_CONFIGS overrides).
+PREFIX ?= /usr/local
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/shardsim
+	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/shardsim
+	rm -rf $(DESTDIR)$(PREFIX)/share/shardsim/configs
+	cp -R configs $(DESTDIR)$(PREFIX)/share/shardsim/configs
 
 clean:
 	rm -rf build shardsim

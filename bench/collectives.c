@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk_coretype.h"
 #include "sim/collectives.h"
 #include "sim/topology.h"
 
@@ -149,6 +150,7 @@ static double memcpy_bw(int threads, size_t bytes, int reps)
 
 int main(int argc, char **argv)
 {
+    printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int cores = sim_topology_cores();
     memcpy_bw(cores, 64u << 20, 1); /* warm up */

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk_coretype.h"
 #include "models/train.h"
 
 enum { SEQ = 256, MAX_ROWS = 64 };
@@ -207,6 +208,7 @@ static void step_ratio(void)
 
 int main(int argc, char **argv)
 {
+    printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
     bool table = true, ratio = true;
     if (argc > 1 && !strcmp(argv[1], "table")) ratio = false;
     if (argc > 1 && !strcmp(argv[1], "ratio")) table = false;

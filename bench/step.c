@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk_coretype.h"
 #include "blas_kernels/bk_roofline.h"
 #include "models/train.h"
 
@@ -94,6 +95,7 @@ static double run(const config *c, int steps, double *flops, double *executed)
 
 int main(int argc, char **argv)
 {
+    printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
     int steps = argc > 1 ? atoi(argv[1]) : 4;
     if (steps < 2) steps = 2;
     int cores = bk_num_cores();

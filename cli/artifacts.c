@@ -1,15 +1,16 @@
 /* artifacts.c — the files of output_dir=DIR (see artifacts.h).
  *
- * JSON goes through one small streaming writer that lays out exactly as
- * Python's json.dumps(obj, indent=2) does (one item per line, ": " after a
+ * JSON is built as a libjansson tree and dumped by jansson with the layout
+ * of Python's json.dumps(obj, indent=2) (one item per line, ": " after a
  * key, "[]"/"{}" for empty containers, non-ASCII as \uXXXX, no final
  * newline), so the MaxText sharding dump comes out byte for byte as
- * sharding_dump.py writes it.  Containers may be opened "inline" (all on one
- * line, ", " between items) for the long per-device lists of our own files.
+ * sharding_dump.py writes it.
  * Files are written to DIR/.NAME.tmp.<pid>.<n> and renamed into place. */
+#include "blas_kernels/bk_coretype.h"
 #include "cli/artifacts.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -84,17 +85,23 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
 }
 
 /* ======================================================================== */
-/* JSON writer (Python json.dumps layout)                                   */
+/* JSON writer: a jansson tree built in call order, dumped at the end       */
 /* ======================================================================== */
 
+/* The writers below call jw_obj/jw_key/jw_int... in document order; each call
+ * adds a value to the innermost open container of a jansson tree, and
+ * jw_done dumps the tree with jansson in Python's json.dumps(indent=2)
+ * layout (ensure_ascii, no final newline).  "Inline" containers are plain
+ * containers: jansson has one layout per document. */
 enum { JW_MAX_DEPTH = 32 };
 
 typedef struct {
     FILE *f;
+    json_t *root;                   /* the document (NULL until the first value) */
     int depth;                      /* open containers */
-    int count[JW_MAX_DEPTH];        /* items written in each open container */
-    char inl[JW_MAX_DEPTH];         /* container laid out on one line */
-    int after_key;                  /* the next value follows "key": */
+    json_t *open[JW_MAX_DEPTH];     /* the open containers, outermost first */
+    char key[1024];                 /* the pending object key */
+    int after_key;                  /* the next value goes under key */
 } jw;
 
 static void jw_init(jw *w, FILE *f)
@@ -103,156 +110,97 @@ static void jw_init(jw *w, FILE *f)
     w->f = f;
 }
 
-static void jw_newline(jw *w)
+/* Adds v (a new reference) to the innermost container, or makes it the root. */
+static void jw_add(jw *w, json_t *v)
 {
-    fputc('\n', w->f);
-    for (int i = 0; i < w->depth; i++) fputs("  ", w->f);
-}
-
-/* Separator and indentation before an item of the innermost container. */
-static void jw_item(jw *w)
-{
-    if (w->after_key) {
-        w->after_key = 0;
+    SIM_ASSERT(v);
+    if (w->depth == 0) {
+        SIM_ASSERT(!w->root);
+        w->root = v;
         return;
     }
-    if (w->depth == 0) return;
-    int d = w->depth - 1;
-    if (w->count[d]++) fputc(',', w->f);
-    if (w->inl[d]) {
-        if (w->count[d] > 1) fputc(' ', w->f);
+    json_t *c = w->open[w->depth - 1];
+    if (json_is_object(c)) {
+        SIM_ASSERT(w->after_key);
+        w->after_key = 0;
+        SIM_ASSERT(json_object_set_new(c, w->key, v) == 0);
     } else {
-        jw_newline(w);
+        SIM_ASSERT(!w->after_key);
+        SIM_ASSERT(json_array_append_new(c, v) == 0);
     }
 }
 
-/* Python json ensure_ascii escaping. */
-static void jw_raw_string(FILE *f, const char *s)
+static void jw_open(jw *w, json_t *c)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    fputc('"', f);
-    while (*p) {
-        unsigned c = *p;
-        if (c == '"') fputs("\\\"", f), p++;
-        else if (c == '\\') fputs("\\\\", f), p++;
-        else if (c == '\n') fputs("\\n", f), p++;
-        else if (c == '\r') fputs("\\r", f), p++;
-        else if (c == '\t') fputs("\\t", f), p++;
-        else if (c == '\b') fputs("\\b", f), p++;
-        else if (c == '\f') fputs("\\f", f), p++;
-        else if (c < 0x20) fprintf(f, "\\u%04x", c), p++;
-        else if (c < 0x80) fputc((int)c, f), p++;
-        else {
-            /* decode one UTF-8 sequence; a bad byte becomes U+FFFD */
-            unsigned cp = 0xFFFD;
-            int len = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-            int ok = len > 1;
-            for (int i = 1; ok && i < len; i++) ok = (p[i] & 0xC0) == 0x80;
-            if (ok) {
-                cp = c & (0x3F >> (len - 1));
-                for (int i = 1; i < len; i++) cp = (cp << 6) | (p[i] & 0x3F);
-            } else {
-                len = 1;
-            }
-            if (cp >= 0x10000) {
-                cp -= 0x10000;
-                fprintf(f, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
-            } else {
-                fprintf(f, "\\u%04x", cp);
-            }
-            p += len;
-        }
-    }
-    fputc('"', f);
-}
-
-static void jw_open(jw *w, char c, int inl)
-{
-    jw_item(w);
     SIM_ASSERT(w->depth < JW_MAX_DEPTH);
-    fputc(c, w->f);
-    /* a container inside an inline one is inline too */
-    w->inl[w->depth] = (char)(inl || (w->depth > 0 && w->inl[w->depth - 1]));
-    w->count[w->depth] = 0;
-    w->depth++;
+    jw_add(w, c);
+    w->open[w->depth++] = c; /* borrowed: the parent (or root) owns it */
 }
 
-static void jw_close(jw *w, char c)
+static void jw_close(jw *w)
 {
-    SIM_ASSERT(w->depth > 0);
+    SIM_ASSERT(w->depth > 0 && !w->after_key);
     w->depth--;
-    if (w->count[w->depth] && !w->inl[w->depth]) jw_newline(w);
-    fputc(c, w->f);
 }
 
-static void jw_obj(jw *w) { jw_open(w, '{', 0); }
-static void jw_obj_inline(jw *w) { jw_open(w, '{', 1); }
-static void jw_obj_end(jw *w) { jw_close(w, '}'); }
-static void jw_arr(jw *w) { jw_open(w, '[', 0); }
-static void jw_arr_inline(jw *w) { jw_open(w, '[', 1); }
-static void jw_arr_end(jw *w) { jw_close(w, ']'); }
+static void jw_obj(jw *w) { jw_open(w, json_object()); }
+static void jw_obj_inline(jw *w) { jw_open(w, json_object()); }
+static void jw_obj_end(jw *w) { jw_close(w); }
+static void jw_arr(jw *w) { jw_open(w, json_array()); }
+static void jw_arr_inline(jw *w) { jw_open(w, json_array()); }
+static void jw_arr_end(jw *w) { jw_close(w); }
 
 static void jw_key(jw *w, const char *k)
 {
-    jw_item(w);
-    jw_raw_string(w->f, k);
-    fputs(": ", w->f);
+    SIM_ASSERT(w->depth > 0 && json_is_object(w->open[w->depth - 1]) && !w->after_key);
+    SIM_ASSERT(strlen(k) < sizeof w->key);
+    strcpy(w->key, k);
     w->after_key = 1;
 }
 
 static void jw_str(jw *w, const char *s)
 {
-    jw_item(w);
-    if (s) jw_raw_string(w->f, s);
-    else fputs("null", w->f);
+    /* jansson refuses invalid UTF-8; such text (from a user's argv) is kept
+     * readable with its bad bytes replaced by '?' */
+    json_t *v = s ? json_string(s) : json_null();
+    if (!v) {
+        char *t = strdup(s);
+        SIM_ASSERT(t);
+        for (char *p = t; *p; p++)
+            if ((unsigned char)*p >= 0x80) *p = '?';
+        v = json_string(t);
+        free(t);
+    }
+    jw_add(w, v);
 }
 
-static void jw_null(jw *w)
-{
-    jw_item(w);
-    fputs("null", w->f);
-}
-
-static void jw_bool(jw *w, int b)
-{
-    jw_item(w);
-    fputs(b ? "true" : "false", w->f);
-}
-
-static void jw_int(jw *w, long long v)
-{
-    jw_item(w);
-    fprintf(w->f, "%lld", v);
-}
+static void jw_null(jw *w) { jw_add(w, json_null()); }
+static void jw_bool(jw *w, int b) { jw_add(w, json_boolean(b)); }
+static void jw_int(jw *w, long long v) { jw_add(w, json_integer((json_int_t)v)); }
 
 static void jw_u64(jw *w, uint64_t v)
 {
-    jw_item(w);
-    fprintf(w->f, "%llu", (unsigned long long)v);
+    /* byte counts stay below 2^63; a larger one would be a broken counter */
+    SIM_ASSERT(v <= (uint64_t)INT64_MAX);
+    jw_add(w, json_integer((json_int_t)v));
 }
 
-/* Shortest text that reads back to the same double; null when not finite. */
+/* A double (jansson writes 17 significant digits, enough to read back the
+ * same value); null when not finite. */
 static void jw_double(jw *w, double d)
 {
-    jw_item(w);
-    if (!isfinite(d)) {
-        fputs("null", w->f);
-        return;
-    }
-    char tmp[40];
-    if (d == floor(d) && fabs(d) < 1e16) {
-        snprintf(tmp, sizeof tmp, "%.0f", d); /* 10, not 1e+01 */
-    } else {
-        for (int prec = 1; prec <= 17; prec++) {
-            snprintf(tmp, sizeof tmp, "%.*g", prec, d);
-            if (strtod(tmp, NULL) == d) break;
-        }
-    }
-    fputs(tmp, w->f);
+    jw_add(w, isfinite(d) ? json_real(d) : json_null());
 }
 
-/* Ends a document: JSON writers here leave no final newline (as Python). */
-static void jw_done(jw *w) { SIM_ASSERT(w->depth == 0); }
+/* Ends a document: dumps it (no final newline, as Python). */
+static void jw_done(jw *w)
+{
+    SIM_ASSERT(w->depth == 0 && w->root);
+    /* a write error shows in ferror(f), which cli_artifact_write checks */
+    (void)json_dumpf(w->root, w->f, JSON_INDENT(2) | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(17));
+    json_decref(w->root);
+    w->root = NULL;
+}
 
 /* ======================================================================== */
 /* CSV                                                                      */
@@ -286,7 +234,7 @@ static sim_status write_collectives(FILE *f, void *arg)
     const csv_args *a = arg;
     const cli_records *r = a->recs;
     char ax[256];
-    fputs("device,step,phase,tag,op,axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind\n", f);
+    fputs("device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind\n", f);
     for (int d = 0; d < r->n_devices; d++) {
         for (size_t i = 0; i < r->n[d]; i++) {
             const sim_record *x = &r->recs[d][i];
@@ -326,14 +274,14 @@ static sim_status write_traffic(FILE *f, void *arg)
 {
     const cli_traffic *t = arg;
     char ax[256];
-    fputs("op,axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,bytes_total,share\n", f);
+    fputs("op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,bytes_total,share\n",
+          f);
     for (int i = 0; i < t->n_rows; i++) {
         const cli_traffic_row *r = &t->rows[i];
         traffic_csv_row(f, sim_op_name(r->op), cli_axes_text(&t->mesh, r->axes, ax, sizeof ax),
                         sim_phase_name(r->phase), r, t->n_devices);
     }
-    traffic_csv_row(f, "total", "", "", &t->total, t->n_devices);
-    return SIM_OK;
+    return SIM_OK; /* no total row: a sum over the rows is one line of any tool */
 }
 
 sim_status cli_write_traffic_csv(const char *dir, const cli_traffic *t)
@@ -424,12 +372,12 @@ static void jw_cfg_value(jw *w, const mesh_cfg_value *v)
 {
     if (v->kind == MESH_CFG_LIST || v->kind == MESH_CFG_MAP) {
         int map = v->kind == MESH_CFG_MAP;
-        jw_open(w, map ? '{' : '[', 1);
+        jw_open(w, map ? json_object() : json_array());
         for (int i = 0; i < v->n; i++) {
             if (map) jw_key(w, v->keys[i]);
             jw_cfg_value(w, &v->items[i]);
         }
-        jw_close(w, map ? '}' : ']');
+        jw_close(w);
         return;
     }
     long long i;
@@ -481,6 +429,22 @@ static sim_status write_run(FILE *f, void *arg)
     jw_arr_inline(&w);
     for (int i = 0; i < in->argc; i++) jw_str(&w, in->argv[i]);
     jw_arr_end(&w);
+    {   /* the OpenBLAS kernels that ran: results are bitwise reproducible per machine and kernel */
+        const bk_coretype_info *k = bk_coretype_current();
+        jw_key(&w, "blas_kernels");
+        jw_obj_inline(&w);
+        jw_key(&w, "core");
+        jw_str(&w, k->core);
+        jw_key(&w, "openblas_detected");
+        jw_str(&w, k->detected);
+        jw_key(&w, "failed_check");
+        jw_str(&w, k->failed);
+        jw_key(&w, "checked");
+        jw_bool(&w, k->checked);
+        jw_key(&w, "summary");
+        jw_str(&w, k->summary);
+        jw_obj_end(&w);
+    }
     if (in->mesh) {
         const mesh_shape *m = in->mesh;
         jw_key(&w, "mesh");

@@ -41,11 +41,11 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
 
 /* ---- run artifacts ------------------------------------------------------------- */
 
-/* collectives.csv: device,step,phase,tag,op,axes,group_size,dtype,elements,
+/* collectives.csv: device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,
  * bytes_sent,bytes_recv,kind — records in `steps`, device by device, in call order. */
 sim_status cli_write_collectives_csv(const char *dir, const cli_records *recs, cli_step_range steps);
-/* traffic.csv: op,axes,phase,calls,calls_per_device,bytes_per_device_mean,
- * bytes_per_device_max,bytes_total,share — the rows of t in its order, then a total row. */
+/* traffic.csv: op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,
+ * bytes_per_device_max,bytes_total,share — the rows of t in its order (no total row). */
 sim_status cli_write_traffic_csv(const char *dir, const cli_traffic *t);
 /* metrics.json:
  *   {"steps": [{"step", "loss", "grad_norm", "lr", "time_s", "tokens_per_s", "peak_bytes"}...],

@@ -26,21 +26,42 @@ const char *cli_configs_dir(void)
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = '\0';
-        /* <root>/build[/variant]/shardsim -> <root>/configs */
+        /* <root>/build[/variant]/shardsim -> <root>/configs (a build tree);
+         * <prefix>/bin/shardsim -> <prefix>/share/shardsim/configs (make install) */
+        static const char *const below[] = {"configs", "share/shardsim/configs"};
         for (int up = 0; up < 3; up++) {
             char *slash = strrchr(exe, '/');
             if (!slash) break;
             *slash = '\0';
-            char cand[PATH_MAX + 16];
-            snprintf(cand, sizeof cand, "%s/configs", exe);
-            if (is_dir(cand) && strlen(cand) < sizeof dir) {
-                memcpy(dir, cand, strlen(cand) + 1);
-                return dir;
+            for (size_t b = 0; b < sizeof below / sizeof below[0]; b++) {
+                char cand[PATH_MAX + 32];
+                snprintf(cand, sizeof cand, "%s/%s", exe, below[b]);
+                if (is_dir(cand) && strlen(cand) < sizeof dir) {
+                    memcpy(dir, cand, strlen(cand) + 1);
+                    return dir;
+                }
             }
         }
     }
     snprintf(dir, sizeof dir, "configs");
     return dir;
+}
+
+sim_status cli_configs_check(void)
+{
+    const char *dir = cli_configs_dir();
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/base.yml", dir);
+    if (access(path, R_OK) == 0) return SIM_OK;
+    const char *env = getenv("SHARDSIM_CONFIGS");
+    if (env && *env)
+        return sim_err(SIM_ERR_INPUT, "SHARDSIM_CONFIGS=%s: no readable base.yml there (it must name shardsim's "
+                                      "configs/ directory, the one holding base.yml, models/ and custom_mesh_and_rule/)",
+                       env);
+    return sim_err(SIM_ERR_INPUT, "shardsim's data directory (configs/ with base.yml) was not found: looked beside "
+                                  "the program (configs/ or share/shardsim/configs/ up to three levels above it) "
+                                  "and in the current directory; set SHARDSIM_CONFIGS=/path/to/shardsim/configs, "
+                                  "or install with `make install PREFIX=...`");
 }
 
 const char *cli_base_config(void)

@@ -13,6 +13,9 @@
 /* The configs/ folder: $SHARDSIM_CONFIGS, else beside the executable's
  * build/ folder, else ./configs. */
 const char *cli_configs_dir(void);
+/* SIM_OK when cli_configs_dir() holds base.yml; else an error saying where
+ * it looked and how to point shardsim at its data (SHARDSIM_CONFIGS). */
+sim_status cli_configs_check(void);
 /* "configs/base.yml" under cli_configs_dir(). */
 const char *cli_base_config(void);
 

@@ -110,6 +110,28 @@ static sim_status logical_spec(const mesh_cfg *cfg, const mesh_shape *m, const c
             return sim_err(SIM_ERR_INPUT, "%s='%s': more than %d names", what, text, MESH_SPEC_MAX_RANK);
         }
         names[n++] = (!strcmp(tok, "None") || !strcmp(tok, "null") || !*tok) ? NULL : tok;
+        /* A name no rule mentions would resolve to None (replicated) without a
+         * word; for a question about one array that is a typo, not a choice. */
+        if (names[n - 1] && mesh_rules_find(&rules, names[n - 1]) < 0) {
+            char known[2048];
+            size_t len = 0;
+            const char *near = NULL;
+            int best = 4; /* suggest only a close name */
+            known[0] = '\0';
+            for (int i = 0; i < rules.n; i++) {
+                if (mesh_rules_find(&rules, rules.rules[i].name) != i) continue;
+                int dist = mesh_edit_distance(names[n - 1], rules.rules[i].name);
+                if (dist < best) best = dist, near = rules.rules[i].name;
+                if (len < sizeof known - 64)
+                    len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", rules.rules[i].name);
+            }
+            st = sim_err(SIM_ERR_INPUT,
+                         "%s: '%s' is not a logical axis name of the rules in effect (logical_axis_rules)%s%s%s; "
+                         "write None for a replicated dim, or one of: %s",
+                         what, names[n - 1], near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "", known);
+            mesh_rules_free(&rules);
+            return st;
+        }
     }
     if (n != rank) {
         mesh_rules_free(&rules);
@@ -158,7 +180,8 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     mesh_shape m;
     int rc = 0;
     if (from_l || to_l || !mesh_text || a.n_cfg) {
-        st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
+        st = cli_configs_check();
+        if (!st) st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
         if (st) return cli_fail(err, st);
     }
     st = mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m);
@@ -175,7 +198,8 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     char mbuf[512];
     int64_t n = 1;
     for (int i = 0; i < rank; i++) n *= shape[i];
-    fprintf(out, "mesh: %s (%d devices)\narray: %s (", mesh_shape_format(&m, mbuf, sizeof mbuf), m.num_devices,
+    fprintf(out, "mesh: %s (%d devices)%s\narray: %s (", mesh_shape_format(&m, mbuf, sizeof mbuf), m.num_devices,
+            mesh_text ? "" : ", from the config's ici_*/dcn_* flags (mesh=axis=size,... chooses another)",
             sim_dtype_name(dt));
     for (int i = 0; i < rank; i++) fprintf(out, "%s%lld", i ? ", " : "", (long long)shape[i]);
     fprintf(out, "), %lld bytes\n\nfrom: ", (long long)(n * (int64_t)sim_dtype_size(dt)));

@@ -13,6 +13,7 @@
 #include "cli/artifacts.h"
 #include "cli/common.h"
 #include "cli/report.h"
+#include "cli/report_html.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -58,6 +59,7 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     for (int i = 0; i < argc; i++) w[n++] = argv[i];
     for (int i = 0; i < pc->n; i++) w[n++] = pc->words[i];
     if (extra) w[n++] = extra;
+    SIM_TRY(cli_configs_check());
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, w, cfg));
     *def = calloc(1, sizeof **def);
     sim_status st = model_def_from_config(*cfg, *def);
@@ -203,6 +205,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                     diverge_cfg);
         if (*outdir) {
             st = cli_write_parity_json(outdir, &p);
+            if (!st) st = cli_write_report_html(outdir);
             if (st) rc = cli_fail(err, st);
         }
         if (!rc) rc = fail ? 1 : 0;

@@ -4,9 +4,10 @@
  * The traffic pivot is built once from the records of every device (one pass,
  * a short list of cells with per-device counters, the last cell hit cached
  * because a device's consecutive records usually share a cell) and then both
- * printed here and written to traffic.csv by artifacts.c.  Tables choose one
- * unit per table (the one that keeps the largest value under 1024) so the
- * columns line up and the unit can sit in the header. */
+ * printed here and written to traffic.csv by artifacts.c.  Every byte figure
+ * is printed in the binary unit that fits it (B, KiB, MiB, GiB, TiB: 48 B,
+ * 336.0 KiB, 1.59 MiB), right-aligned, so small and large rows both read
+ * at a glance; each table ends with a legend for the columns that need one. */
 #include "cli/report.h"
 
 #include <math.h>
@@ -18,21 +19,18 @@
 /* units                                                                    */
 /* ======================================================================== */
 
-typedef struct {
-    double div;
-    const char *name;
-} unit;
-
-/* The binary unit that puts `max` in [1, 1024) (bytes below 1 KiB stay B). */
-static unit unit_for(double max)
+const char *cli_bytes_text(double bytes, char *buf, size_t cap)
 {
-    static const char *names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    unit u = {1.0, names[0]};
-    for (int i = 1; i < 6 && max >= 1024.0 * u.div; i++) {
-        u.div *= 1024.0;
-        u.name = names[i];
+    static const char *names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int i = 0;
+    double v = bytes;
+    while (i < 6 && fabs(v) >= 1024.0) {
+        v /= 1024.0;
+        i++;
     }
-    return u;
+    if (i == 0) snprintf(buf, cap, "%.0f B", v);
+    else snprintf(buf, cap, "%.*f %s", fabs(v) < 10 ? 2 : fabs(v) < 100 ? 1 : 0, v, names[i]);
+    return buf;
 }
 
 static void put_repeat(FILE *f, char c, int n)
@@ -124,7 +122,7 @@ const char *cli_mesh_summary(const mesh_shape *m, char *buf, size_t cap)
 void cli_report_step_header(FILE *f)
 {
     fprintf(f, "%6s %11s %11s %10s %9s %12s %12s\n", "step", "loss", "grad norm", "lr", "time (s)",
-            "tokens/s", "peak (MiB)");
+            "tokens/s", "peak/device");
 }
 
 void cli_report_step_line(FILE *f, const cli_step_metrics *s)
@@ -137,8 +135,11 @@ void cli_report_step_line(FILE *f, const cli_step_metrics *s)
         snprintf(loss, sizeof loss, "%.5f", s->loss);
         snprintf(gn, sizeof gn, "%.4e", s->grad_norm);
     }
-    fprintf(f, "%6d %11s %11s %10.3e %9.3f %12.0f %12.1f\n", s->step, loss, gn, s->lr, s->time_s,
-            s->tokens_per_s, (double)s->peak_bytes / (1024.0 * 1024.0));
+    char tps[32], peak[32];
+    if (s->dry) snprintf(tps, sizeof tps, "-"); /* a dry run computes nothing: no throughput */
+    else snprintf(tps, sizeof tps, "%.0f", s->tokens_per_s);
+    fprintf(f, "%6d %11s %11s %10.3e %9.3f %12s %12s\n", s->step, loss, gn, s->lr, s->time_s, tps,
+            cli_bytes_text((double)s->peak_bytes, peak, sizeof peak));
 }
 
 /* ======================================================================== */
@@ -345,15 +346,15 @@ static const char *per_dev_text(uint64_t total, int nd, char *buf, size_t cap)
 }
 
 static void traffic_line(FILE *f, int aw, const char *op, const char *axes, const char *phase,
-                         const cli_traffic_row *r, int nd, unit u)
+                         const cli_traffic_row *r, int nd)
 {
-    char calls[32], max[32];
+    char calls[32], mean[32], max[32];
     per_dev_text(r->calls, nd, calls, sizeof calls);
     /* max only where devices differ */
-    if (r->bytes_max != r->bytes_min) snprintf(max, sizeof max, "%.3f", (double)r->bytes_max / u.div);
+    if (r->bytes_max != r->bytes_min) cli_bytes_text((double)r->bytes_max, max, sizeof max);
     else snprintf(max, sizeof max, "-");
-    fprintf(f, "%-17s  %-*s  %-9s %10s %14.3f %14s %7.1f%%\n", op, aw, axes, phase, calls,
-            r->bytes_mean / u.div, max, 100.0 * r->share);
+    fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s %7.1f%%\n", op, aw, axes, phase, calls,
+            cli_bytes_text(r->bytes_mean, mean, sizeof mean), max, 100.0 * r->share);
 }
 
 void cli_report_traffic(FILE *f, const cli_traffic *t)
@@ -364,25 +365,23 @@ void cli_report_traffic(FILE *f, const cli_traffic *t)
         int l = (int)strlen(cli_axes_text(&t->mesh, t->rows[i].axes, ax, sizeof ax));
         if (l > aw) aw = l;
     }
-    double mx = t->total.bytes_max > 0 ? (double)t->total.bytes_max : 0;
-    unit u = unit_for(mx);
     fprintf(f, "collective traffic, %s, %d device%s (bytes sent per device)\n",
             steps_text(t->steps, sbuf, sizeof sbuf), t->n_devices, t->n_devices == 1 ? "" : "s");
-    char mean_h[32], max_h[32];
-    snprintf(mean_h, sizeof mean_h, "mean (%s)", u.name);
-    snprintf(max_h, sizeof max_h, "max (%s)", u.name);
-    fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s %8s\n", "op", aw, "axes", "phase", "calls/dev", mean_h,
-            max_h, "share");
+    fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s %8s\n", "op", aw, "axes", "phase", "calls/dev", "mean/device",
+            "max/device", "share");
     put_repeat(f, '-', 17 + 2 + aw + 2 + 9 + 1 + 10 + 1 + 14 + 1 + 14 + 1 + 8);
     fputc('\n', f);
     for (int i = 0; i < t->n_rows; i++) {
         const cli_traffic_row *r = &t->rows[i];
         traffic_line(f, aw, sim_op_name(r->op), cli_axes_text(&t->mesh, r->axes, ax, sizeof ax),
-                     sim_phase_name(r->phase), r, t->n_devices, u);
+                     sim_phase_name(r->phase), r, t->n_devices);
     }
     put_repeat(f, '-', 17 + 2 + aw + 2 + 9 + 1 + 10 + 1 + 14 + 1 + 14 + 1 + 8);
     fputc('\n', f);
-    traffic_line(f, aw, "total", "", "", &t->total, t->n_devices, u);
+    traffic_line(f, aw, "total", "", "", &t->total, t->n_devices);
+    fprintf(f, "axes: the mesh axes the collective's group spans; calls/dev: calls per device; mean/device: bytes\n"
+               "sent per device, averaged over devices; max/device: the busiest device, shown only where devices\n"
+               "differ; share: of all bytes sent.\n");
 }
 
 /* ======================================================================== */
@@ -438,7 +437,6 @@ void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices)
     int *lead = malloc(((size_t)n_devices + 1) * sizeof *lead); /* first device of each group */
     SIM_ASSERT(group && ids && labels && lead);
     int ng = 0;
-    double mx = 0;
     int any_cap = 0;
     for (int d = 0; d < n_devices; d++) {
         group[d] = -1;
@@ -451,8 +449,6 @@ void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices)
             lead[ng] = d;
             group[d] = ng++;
         }
-        if ((double)stats[d].peak > mx) mx = (double)stats[d].peak;
-        if (stats[d].capacity > (size_t)mx) mx = (double)stats[d].capacity;
         if (stats[d].capacity) any_cap = 1;
     }
     int lw = 7;
@@ -463,8 +459,7 @@ void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices)
         ranges_text(ids, n, labels[g], LABEL_CAP);
         if ((int)strlen(labels[g]) > lw) lw = (int)strlen(labels[g]);
     }
-    unit u = unit_for(mx);
-    fprintf(f, "memory per device at its peak (%s)\n", u.name);
+    fprintf(f, "memory per device at its peak\n");
     fprintf(f, "%-*s", lw, "devices");
     for (int c = 0; c < SIM_NMEM; c++) fprintf(f, " %12s", sim_mem_cat_name((sim_mem_cat)c));
     fprintf(f, " %12s", "peak");
@@ -476,14 +471,18 @@ void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices)
     for (int g = 0; g < ng; g++) {
         const sim_arena_stats *s = &stats[lead[g]];
         fprintf(f, "%-*s", lw, labels[g]);
-        for (int c = 0; c < SIM_NMEM; c++) fprintf(f, " %12.3f", (double)s->at_peak_by[c] / u.div);
-        fprintf(f, " %12.3f", (double)s->peak / u.div);
+        char b[32];
+        for (int c = 0; c < SIM_NMEM; c++) fprintf(f, " %12s", cli_bytes_text((double)s->at_peak_by[c], b, sizeof b));
+        fprintf(f, " %12s", cli_bytes_text((double)s->peak, b, sizeof b));
         if (any_cap) {
-            if (s->capacity) fprintf(f, " %12.3f", (double)s->capacity / u.div);
+            if (s->capacity) fprintf(f, " %12s", cli_bytes_text((double)s->capacity, b, sizeof b));
             else fprintf(f, " %12s", "-");
         }
         fputc('\n', f);
     }
+    fprintf(f, "devices: devices with identical figures share a row; each category is what it held when the\n"
+               "device's total peaked (temporaries: short-lived buffers of an op; comm: collective buffers)%s.\n",
+            any_cap ? "; capacity: hbm_limit_gb" : "");
     free(group);
     free(ids);
     free(labels);
@@ -531,12 +530,9 @@ void cli_report_parity(FILE *f, const cli_parity *p)
         int l = p->configs[c].label ? (int)strlen(p->configs[c].label) : 0;
         if (l > cw) cw = l;
     }
-    fprintf(f, "parity: %d configuration%s, %d step%s, rtol %.1e, relative to '%s'\n", p->n_configs,
-            p->n_configs == 1 ? "" : "s", p->n_steps, p->n_steps == 1 ? "" : "s", p->rtol,
-            p->n_configs ? p->configs[0].label : "");
-    for (int c = 0; c < p->n_configs; c++)
-        fprintf(f, "  [%d] %s: %s\n", c, p->configs[c].label ? p->configs[c].label : "",
-                p->configs[c].overrides && *p->configs[c].overrides ? p->configs[c].overrides : "(defaults)");
+    /* the configurations were listed as they ran: here only the table */
+    fprintf(f, "loss per step; max rel diff: largest |loss - loss of '%s'| / |loss of '%s'| over the configurations\n",
+            p->n_configs ? p->configs[0].label : "", p->n_configs ? p->configs[0].label : "");
     fprintf(f, "%6s", "step");
     for (int c = 0; c < p->n_configs; c++) fprintf(f, " %*s", cw, p->configs[c].label ? p->configs[c].label : "");
     fprintf(f, " %13s\n", "max rel diff");

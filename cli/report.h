@@ -37,6 +37,10 @@ void cli_report_config_box(FILE *f, const char *title, const cli_kv *rows, int n
  * device count ("1 device" for a single device).  Returns buf. */
 const char *cli_mesh_summary(const mesh_shape *m, char *buf, size_t cap);
 
+/* "48 B", "336.0 KiB", "1.59 MiB": bytes in the binary unit that fits them
+ * (three significant digits from KiB up).  Returns buf. */
+const char *cli_bytes_text(double bytes, char *buf, size_t cap);
+
 /* ---- step lines ------------------------------------------------------------- */
 
 typedef struct {

@@ -6,10 +6,12 @@
  * the artifacts: run.json, metrics.json, collectives.csv, traffic.csv,
  * trace.json and the MaxText sharding dump.  dump: the sharding dump alone,
  * from a dry forward pass (shapes only). */
+#include "blas_kernels/bk_coretype.h"
 #include "cli/cli.h"
 #include "cli/artifacts.h"
 #include "cli/common.h"
 #include "cli/report.h"
+#include "cli/report_html.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -41,6 +43,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     int n = 0;
     for (int i = 0; i < argc && n < 280; i++) words[n++] = argv[i];
     for (int i = 0; i < n_extra; i++) words[n++] = extra[i];
+    SIM_TRY(cli_configs_check());
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
@@ -187,6 +190,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"remat_policy", d->remat_policy},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
+        {"blas kernels", bk_coretype_current()->summary},
     };
     cli_report_config_box(out, "shardsim train", rows, (int)(sizeof rows / sizeof rows[0]));
 }
@@ -290,7 +294,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
             if (!st) st = cli_write_trace_json(outdir, m);
             if (!st) st = write_dump(outdir, cm.cfg, def);
-            if (!st) fprintf(out, "\nartifacts written to %s\n", outdir);
+            if (!st) st = cli_write_report_html(outdir);
+            if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
         }
         if (st) rc = cli_fail(err, st);
         cli_traffic_free(&traffic);

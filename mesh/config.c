@@ -604,6 +604,8 @@ void mesh_cfg_free(mesh_cfg *cfg)
     free(cfg->configs_dir);
     free(cfg->model_file);
     free(cfg->custom_file);
+    free(cfg->keys_file);
+    value_free(&cfg->registry);
     free(cfg);
 }
 
@@ -879,6 +881,170 @@ static sim_status load_chain(mesh_cfg *cfg, const char *path, char **chain, int 
 }
 
 /* ======================================================================== */
+/* the key contract (configs/keys.yml)                                      */
+/* ======================================================================== */
+
+static const char *const KEY_CLASS_NAMES[] = {"unclassified", "honoured", "inert", "refused"};
+static const char *const KEY_TYPES[] = {"bool", "int", "float", "str", "list", "map", "any"};
+
+const char *mesh_key_class_name(mesh_key_class c)
+{
+    return (unsigned)c < 4 ? KEY_CLASS_NAMES[c] : "?";
+}
+
+static const mesh_cfg_value *map_get(const mesh_cfg_value *map, const char *key)
+{
+    if (!map || map->kind != MESH_CFG_MAP) return NULL;
+    int i = map_index(map, key);
+    return i >= 0 ? &map->items[i] : NULL;
+}
+
+const mesh_cfg_value *mesh_cfg_entry_field(const mesh_cfg_entry *e, const char *field)
+{
+    return e->spec ? map_get(e->spec, field) : NULL;
+}
+
+static const char *field_text(const mesh_cfg_value *spec, const char *field)
+{
+    const mesh_cfg_value *v = map_get(spec, field);
+    return v && v->kind == MESH_CFG_SCALAR ? v->text : NULL;
+}
+
+/* Checks one keys.yml line: a map with a known class and type. */
+static sim_status registry_check_line(const char *key, const mesh_cfg_value *spec)
+{
+    char where[512];
+    mesh_cfg_value_where(spec, where, sizeof where);
+    if (spec->kind != MESH_CFG_MAP)
+        return sim_err(SIM_ERR_INPUT, "%s: key '%s' must be a map like {class: inert, type: int, default: 0, why: ...}",
+                       where, key);
+    const char *c = field_text(spec, "class");
+    int ok = 0;
+    for (int k = 1; c && k < 4; k++) ok |= !strcmp(c, KEY_CLASS_NAMES[k]);
+    if (!ok)
+        return sim_err(SIM_ERR_INPUT, "%s: key '%s' has class '%s'; expected honoured, inert or refused", where, key,
+                       c ? c : "(none)");
+    const char *t = field_text(spec, "type");
+    ok = 0;
+    for (size_t k = 0; t && k < sizeof KEY_TYPES / sizeof *KEY_TYPES; k++) ok |= !strcmp(t, KEY_TYPES[k]);
+    if (!ok)
+        return sim_err(SIM_ERR_INPUT, "%s: key '%s' has type '%s'; expected bool, int, float, str, list, map or any",
+                       where, key, t ? t : "(none)");
+    return SIM_OK;
+}
+
+/* Reads <configs_dir>/keys.yml when it exists: classes every entry, adds the
+ * keys the base file lacks with their keys.yml default. */
+static sim_status registry_apply(mesh_cfg *cfg, const char *configs_dir)
+{
+    char *path = join_path(configs_dir, "keys.yml");
+    if (!file_exists(path)) {
+        free(path);
+        return SIM_OK;
+    }
+    mesh_cfg_value doc = {0};
+    sim_status st = yaml_read(cfg, path, NULL, &doc);
+    if (st != SIM_OK) {
+        free(path);
+        return st;
+    }
+    int ki = doc.kind == MESH_CFG_MAP ? map_index(&doc, "keys") : -1;
+    if (ki < 0 || doc.items[ki].kind != MESH_CFG_MAP) {
+        value_free(&doc);
+        st = sim_err(SIM_ERR_INPUT, "%s: expected a top-level map `keys:` of key -> {class, type, default, why}", path);
+        free(path);
+        return st;
+    }
+    cfg->registry = doc.items[ki];
+    memset(&doc.items[ki], 0, sizeof doc.items[ki]);
+    value_free(&doc);
+    cfg->keys_file = path;
+    const mesh_cfg_value *reg = &cfg->registry;
+    for (int i = 0; i < reg->n; i++) SIM_TRY(registry_check_line(reg->keys[i], &reg->items[i]));
+    /* every key of the base file needs a class */
+    for (int i = 0; i < cfg->n; i++)
+        if (map_index(reg, cfg->entries[i].key) < 0)
+            return sim_err(SIM_ERR_INPUT,
+                           "%s: key '%s' has no line in %s; every key needs a class: add `%s: {class: honoured|inert|"
+                           "refused, type: ..., why: ...}` there",
+                           cfg->entries[i].where, cfg->entries[i].key, path, cfg->entries[i].key);
+    /* keys the base file lacks: the keys.yml default */
+    int n_new = 0;
+    for (int i = 0; i < reg->n; i++) n_new += mesh_cfg_find(cfg, reg->keys[i]) == NULL;
+    cfg->entries = realloc(cfg->entries, (size_t)(cfg->n + n_new + 1) * sizeof *cfg->entries);
+    SIM_ASSERT(cfg->entries);
+    for (int i = 0; i < reg->n; i++) {
+        if (mesh_cfg_find(cfg, reg->keys[i])) continue;
+        const mesh_cfg_value *def = map_get(&reg->items[i], "default");
+        if (!def) {
+            char where[512];
+            return sim_err(SIM_ERR_INPUT, "%s: key '%s' has no default and the base config %s does not set it; add "
+                                          "`default: ...` to its line",
+                           mesh_cfg_value_where(&reg->items[i], where, sizeof where), reg->keys[i], cfg->base_file);
+        }
+        mesh_cfg_entry *e = &cfg->entries[cfg->n++];
+        memset(e, 0, sizeof *e);
+        e->key = xstrdup(reg->keys[i]);
+        value_copy(&e->value, def);
+        e->where = where_of(def);
+    }
+    for (int i = 0; i < cfg->n; i++) {
+        mesh_cfg_entry *e = &cfg->entries[i];
+        e->spec = &reg->items[map_index(reg, e->key)];
+        const char *c = field_text(e->spec, "class");
+        for (int k = 1; k < 4; k++)
+            if (!strcmp(c, KEY_CLASS_NAMES[k])) e->cls = (mesh_key_class)k;
+        e->why = field_text(e->spec, "why");
+    }
+    return SIM_OK;
+}
+
+static int value_in_list(const mesh_cfg_value *v, const mesh_cfg_value *list)
+{
+    if (!list || list->kind != MESH_CFG_LIST) return 0;
+    for (int i = 0; i < list->n; i++)
+        if (mesh_cfg_value_equal(v, &list->items[i])) return 1;
+    return 0;
+}
+
+/* After merging: marks changed keys, refuses what is not simulated. */
+static sim_status registry_check(mesh_cfg *cfg, const mesh_cfg_value *base_vals, int n_base)
+{
+    if (!cfg->keys_file) return SIM_OK;
+    for (int i = 0; i < cfg->n && i < n_base; i++) {
+        mesh_cfg_entry *e = &cfg->entries[i];
+        e->changed = !mesh_cfg_value_equal(&e->value, &base_vals[i]);
+        if (!e->changed) continue;
+        char *text = mesh_cfg_value_to_text(&e->value, 0);
+        char *dtext = mesh_cfg_value_to_text(&base_vals[i], 0);
+        const mesh_cfg_value *choices = mesh_cfg_entry_field(e, "choices");
+        const mesh_cfg_value *sim = mesh_cfg_entry_field(e, "simulated");
+        sim_status st = SIM_OK;
+        if (choices && !value_in_list(&e->value, choices)) {
+            char *ctext = mesh_cfg_value_to_text(choices, 0);
+            st = sim_err(SIM_ERR_INPUT, "%s: %s=%s is not a value MaxText accepts; use one of %s (default %s)", e->where,
+                         e->key, text, ctext, dtext);
+            free(ctext);
+        } else if (e->cls == MESH_KEY_REFUSED) {
+            st = sim_err(SIM_ERR_INPUT,
+                         "%s: %s=%s is refused: %s. shardsim does not simulate this feature and will not answer "
+                         "for a configuration it did not simulate; remove the key (default %s) or use MaxText itself",
+                         e->where, e->key, text, e->why ? e->why : "not simulated", dtext);
+        } else if (sim && !value_in_list(&e->value, sim)) {
+            char *stext = mesh_cfg_value_to_text(sim, 0);
+            st = sim_err(SIM_ERR_INPUT, "%s: %s=%s is refused: shardsim simulates only %s in %s%s%s%s; choose one of those",
+                         e->where, e->key, text, e->key, stext, e->why ? " (" : "", e->why ? e->why : "",
+                         e->why ? ")" : "");
+            free(stext);
+        }
+        free(text);
+        free(dtext);
+        if (st != SIM_OK) return st;
+    }
+    return SIM_OK;
+}
+
+/* ======================================================================== */
 /* loading: checks                                                           */
 /* ======================================================================== */
 
@@ -887,6 +1053,12 @@ static sim_status unknown_key(const mesh_cfg *cfg, const char *key, const mesh_c
 {
     char where[512];
     const char *near = mesh_cfg_closest_key(cfg, key);
+    if (cfg->keys_file)
+        return sim_err(SIM_ERR_INPUT,
+                       "%s: unknown key '%s' in %s: neither MaxText nor shardsim has such a key (%s lists every "
+                       "key)%s%s%s; check the spelling (`shardsim keys PATTERN` searches the keys)",
+                       mesh_cfg_value_where(v, where, sizeof where), key, layer, cfg->keys_file,
+                       near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
     return sim_err(SIM_ERR_INPUT,
                    "%s: unknown key '%s' in %s: the base config %s has no such key%s%s%s; "
                    "check the spelling, or add the key to the base config",
@@ -902,7 +1074,25 @@ static sim_status check_type(const mesh_cfg_entry *e, const mesh_cfg_value *base
     snprintf(what, sizeof what, "key '%s'", e->key);
     int v_null = v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL;
     const char *expected = NULL;
-    if (base->kind == MESH_CFG_LIST) {
+    const char *rtype = e->spec ? field_text(e->spec, "type") : NULL;
+    int null_ok = base->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(base) == MESH_CFG_NULL;
+    if (rtype) {
+        /* keys.yml types the value (MaxText's type); null only where the default is null */
+        mesh_cfg_type vt = mesh_cfg_scalar_type(v);
+        long long i;
+        if (!strcmp(rtype, "any") || (v_null && null_ok)) expected = NULL;
+        else if (!strcmp(rtype, "list")) expected = v->kind == MESH_CFG_LIST || v_null ? NULL : "a list";
+        else if (!strcmp(rtype, "map")) expected = v->kind == MESH_CFG_MAP || v_null ? NULL : "a map";
+        else if (v->kind != MESH_CFG_SCALAR) expected = !strcmp(rtype, "str") ? "a string" : "a scalar";
+        else if (!strcmp(rtype, "bool")) expected = vt == MESH_CFG_BOOL ? NULL : mesh_cfg_type_name(MESH_CFG_BOOL);
+        else if (!strcmp(rtype, "int"))
+            expected = vt == MESH_CFG_INT || (vt == MESH_CFG_FLOAT && mesh_cfg_value_int(v, what, &i) == SIM_OK)
+                           ? NULL
+                           : mesh_cfg_type_name(MESH_CFG_INT);
+        else if (!strcmp(rtype, "float"))
+            expected = vt == MESH_CFG_INT || vt == MESH_CFG_FLOAT ? NULL : mesh_cfg_type_name(MESH_CFG_FLOAT);
+        sim_err_clear();
+    } else if (base->kind == MESH_CFG_LIST) {
         if (v->kind != MESH_CFG_LIST && !v_null) expected = "a list";
     } else if (base->kind == MESH_CFG_MAP) {
         if (v->kind != MESH_CFG_MAP && !v_null) expected = "a map";
@@ -1282,6 +1472,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     layer model = {{0}, "the model file"};
     mesh_cfg_value base_map = {0}, rules = {0}, user_rules = {0};
     mesh_cfg_value *base_vals = NULL;
+    int n_base = 0;
     char *dirs[2] = {NULL, NULL};
     int n_dirs = 0;
     SIM_ASSERT(user);
@@ -1291,10 +1482,6 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     st = load_chain(cfg, base_file, chain, &n_chain, &base_map);
     if (st != SIM_OK) goto done;
     cfg_take_map(cfg, &base_map);
-    base_vals = calloc(cfg->n > 0 ? (size_t)cfg->n : 1, sizeof *base_vals);
-    SIM_ASSERT(base_vals);
-    for (int i = 0; i < cfg->n; i++) value_copy(&base_vals[i], &cfg->entries[i].value);
-    if ((st = check_final(cfg)) != SIM_OK) goto done;
     dirs[n_dirs++] = xstrdup(args && args->configs_dir ? args->configs_dir : "");
     if (!*dirs[0]) {
         free(dirs[0]);
@@ -1302,6 +1489,12 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     }
     if (n_chain > 1) dirs[n_dirs++] = dir_of(chain[n_chain - 1]);
     cfg->configs_dir = xstrdup(dirs[0]);
+    if ((st = registry_apply(cfg, dirs[0])) != SIM_OK) goto done;
+    n_base = cfg->n;
+    base_vals = calloc(cfg->n > 0 ? (size_t)cfg->n : 1, sizeof *base_vals);
+    SIM_ASSERT(base_vals);
+    for (int i = 0; i < cfg->n; i++) value_copy(&base_vals[i], &cfg->entries[i].value);
+    if ((st = check_final(cfg)) != SIM_OK) goto done;
 
     /* user layers: read and check now so that their mistakes surface first */
     for (int i = 0; args && i < args->n_files; i++) {
@@ -1456,6 +1649,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     }
     normalize_data_sharding(cfg);
     st = check_final(cfg);
+    if (st == SIM_OK) st = registry_check(cfg, base_vals, n_base);
 
 done:
     for (int i = 0; i < n_chain; i++) free(chain[i]);
@@ -1466,7 +1660,7 @@ done:
     value_free(&rules);
     value_free(&user_rules);
     if (base_vals)
-        for (int i = 0; i < cfg->n; i++) value_free(&base_vals[i]);
+        for (int i = 0; i < n_base; i++) value_free(&base_vals[i]);
     free(base_vals);
     for (int i = 0; i < n_dirs; i++) free(dirs[i]);
     if (st != SIM_OK) {

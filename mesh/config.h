@@ -29,7 +29,16 @@
  * value must have the type of the base value (int where the base has an int,
  * a list where it has a list, ...; a string or null base accepts any scalar).
  * Every entry records where its value came from ("file:line",
- * "command line", ...). */
+ * "command line", ...).
+ *
+ * The key contract: when the configs directory holds keys.yml (configs/keys.yml
+ * lists every key of MaxText's base.yml and of shardsim, one line each), the
+ * known keys are its keys (a key of the base file without a line there is an
+ * error), keys the base file lacks take the keys.yml default, values are typed
+ * by its `type`, and after merging every key whose value differs from its
+ * default is checked against its class: refused (or a value outside
+ * `simulated`, or outside MaxText's `choices`) is an error naming the key, the
+ * feature and the fix; inert keys are marked for run.json. */
 #ifndef MESH_CONFIG_H
 #define MESH_CONFIG_H
 
@@ -62,6 +71,14 @@ struct mesh_cfg_value {
     int line;              /* 1-based line in file (0 when not from a file) */
 };
 
+/* A key's class in configs/keys.yml. */
+typedef enum {
+    MESH_KEY_UNCLASSIFIED = 0, /* no keys.yml for this config */
+    MESH_KEY_HONOURED,         /* read by the simulator with MaxText's meaning */
+    MESH_KEY_INERT,            /* cannot change losses, shardings, memory or traffic */
+    MESH_KEY_REFUSED           /* a feature not simulated: only the default is accepted */
+} mesh_key_class;
+
 typedef struct {
     char *key;
     mesh_cfg_value value;
@@ -69,6 +86,10 @@ typedef struct {
                      "command line", "inferred from custom_mesh_and_rule=..." */
     int from_model; /* 1 when the model file set this key */
     int from_user;  /* 1 when an extra file or the command line set this key */
+    mesh_key_class cls;         /* from keys.yml (UNCLASSIFIED without one) */
+    const char *why;            /* keys.yml's one-line reason, or NULL */
+    const mesh_cfg_value *spec; /* the key's keys.yml line (a map), or NULL */
+    int changed;                /* 1 when the value differs from the default */
 } mesh_cfg_entry;
 
 typedef struct {
@@ -78,6 +99,8 @@ typedef struct {
     char *configs_dir;        /* where models/ and custom_mesh_and_rule/ are looked up */
     char *model_file;         /* the model file applied, NULL for model_name=default */
     char *custom_file;        /* the custom_mesh_and_rule file applied, or NULL */
+    char *keys_file;          /* the keys.yml applied, or NULL */
+    mesh_cfg_value registry;  /* keys.yml's `keys` map (entries' spec/why point into it) */
     /* Strings that values point to (file names); owned by the config. */
     int n_strings, cap_strings;
     char **strings;
@@ -113,6 +136,13 @@ const mesh_cfg_entry *mesh_cfg_find(const mesh_cfg *cfg, const char *key);
 sim_status mesh_cfg_entry_get(const mesh_cfg *cfg, const char *key, const mesh_cfg_entry **out);
 /* The known key closest to `key` by edit distance (NULL for an empty config). */
 const char *mesh_cfg_closest_key(const mesh_cfg *cfg, const char *key);
+
+/* ---- the key contract ------------------------------------------------------ */
+/* "honoured", "inert", "refused" or "unclassified". */
+const char *mesh_key_class_name(mesh_key_class c);
+/* A field of the key's keys.yml line ("type", "default", "simulated", ...), or
+ * NULL when the line has no such field or the config has no keys.yml. */
+const mesh_cfg_value *mesh_cfg_entry_field(const mesh_cfg_entry *e, const char *field);
 
 /* ---- typed getters: SIM_ERR_INPUT naming key, value, source and the expected
  * type when the key is missing or its value does not parse. ------------------ */

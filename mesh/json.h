@@ -1,11 +1,14 @@
-/* json.h — a small JSON reader (RFC 8259) into a tree of values.
+/* json.h — JSON (RFC 8259) read through Debian's libjansson into a plain
+ * tree of values.
  *
  * Used to read MaxText's sharding dumps (named_shardings.json,
- * logical_shardings.json, input_shardings.json) and, later, our own dumps.
- * Objects keep their keys in file order (the dumps are ordered).  Numbers keep
- * their text and a double.  The whole tree is owned by its root: free it with
- * mesh_json_free.  Strings are UTF-8; \uXXXX escapes (with surrogate pairs)
- * are decoded. */
+ * logical_shardings.json, input_shardings.json), our own artifacts and
+ * safetensors headers.  Jansson does the parsing (strict RFC 8259, UTF-8
+ * checked, nesting depth capped, duplicate keys refused); this module copies
+ * its result into open structs so callers index items directly.  Objects keep
+ * their keys in file order.  Numbers keep a double, their integer value when
+ * they are integers, and a text.  The whole tree is owned by its root: free
+ * it with mesh_json_free. */
 #ifndef MESH_JSON_H
 #define MESH_JSON_H
 
@@ -27,15 +30,18 @@ struct mesh_json {
     mesh_json_kind kind;
     int boolean;      /* BOOL: 0 or 1 */
     double number;    /* NUMBER: value */
-    char *str;        /* STRING: decoded text; NUMBER: the number's text */
+    int is_integer;   /* NUMBER: written without fraction or exponent (fits int64) */
+    long long integer;/* NUMBER: the value when is_integer */
+    char *str;        /* STRING: decoded text; NUMBER: the number's text (integers exact,
+                         others %.17g) */
     int n;            /* ARRAY/OBJECT: number of items */
     mesh_json *items; /* ARRAY/OBJECT: the items (OBJECT: the values) */
     char **keys;      /* OBJECT: the keys, in file order */
-    int line;         /* 1-based line where the value starts (for messages) */
 };
 
 /* Parses text (len bytes).  `what` names the input in error messages
- * (a file name).  On success *out is a heap root to free with mesh_json_free. */
+ * (a file name; errors read "what:line:column: invalid JSON: reason").
+ * On success *out is a heap root to free with mesh_json_free. */
 sim_status mesh_json_parse(const char *text, size_t len, const char *what, mesh_json **out);
 /* Reads and parses a file; SIM_ERR_IO when it cannot be read. */
 sim_status mesh_json_read_file(const char *path, mesh_json **out);

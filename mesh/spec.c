@@ -345,24 +345,24 @@ int mesh_spec_format_json(const mesh_spec *s, const mesh_shape *m, char *buf, in
 static sim_status json_axis(const mesh_json *v, const mesh_shape *m, const char *what, int *axis)
 {
     if (v->kind != MESH_JSON_STRING)
-        return sim_err(SIM_ERR_INPUT, "%s (line %d): partition_spec entry is a %s, expected a mesh axis name",
-                       what, v->line, mesh_json_kind_name(v->kind));
+        return sim_err(SIM_ERR_INPUT, "%s: partition_spec entry is a %s, expected a mesh axis name",
+                       what, mesh_json_kind_name(v->kind));
     *axis = mesh_shape_axis_index(m, v->str);
     if (*axis >= 0) return SIM_OK;
     char axes[MESH_MAX_AXES * MESH_AXIS_NAME_MAX];
     axes_list(m, axes, sizeof axes);
-    return sim_err(SIM_ERR_INPUT, "%s (line %d): '%s' is not a mesh axis; the mesh axes are: %s", what,
-                   v->line, v->str, axes);
+    return sim_err(SIM_ERR_INPUT, "%s: '%s' is not a mesh axis; the mesh axes are: %s", what,
+                   v->str, axes);
 }
 
 sim_status mesh_spec_from_json(const mesh_json *v, const mesh_shape *m, const char *what, mesh_spec *out)
 {
     if (v->kind != MESH_JSON_ARRAY)
-        return sim_err(SIM_ERR_INPUT, "%s (line %d): partition_spec is a %s, expected a list", what,
-                       v->line, mesh_json_kind_name(v->kind));
+        return sim_err(SIM_ERR_INPUT, "%s: partition_spec is a %s, expected a list", what,
+                       mesh_json_kind_name(v->kind));
     if (v->n > MESH_SPEC_MAX_RANK)
-        return sim_err(SIM_ERR_INPUT, "%s (line %d): partition_spec has %d dims; shardsim supports %d",
-                       what, v->line, v->n, MESH_SPEC_MAX_RANK);
+        return sim_err(SIM_ERR_INPUT, "%s: partition_spec has %d dims; shardsim supports %d",
+                       what, v->n, MESH_SPEC_MAX_RANK);
     mesh_spec s;
     mesh_spec_init(&s, v->n);
     for (int d = 0; d < v->n; d++) {
@@ -370,7 +370,7 @@ sim_status mesh_spec_from_json(const mesh_json *v, const mesh_shape *m, const ch
         if (it->kind == MESH_JSON_NULL) continue;
         if (it->kind == MESH_JSON_ARRAY) {
             if (it->n > MESH_MAX_AXES)
-                return sim_err(SIM_ERR_INPUT, "%s (line %d): too many axes on one dim", what, it->line);
+                return sim_err(SIM_ERR_INPUT, "%s: too many axes on one dim", what);
             for (int j = 0; j < it->n; j++) {
                 int a = -1;
                 SIM_TRY(json_axis(&it->items[j], m, what, &a));
@@ -385,7 +385,7 @@ sim_status mesh_spec_from_json(const mesh_json *v, const mesh_shape *m, const ch
         }
     }
     if (mesh_spec_check(&s, m) != SIM_OK) {
-        sim_err_append(" (in %s, line %d)", what, v->line);
+        sim_err_append(" (in %s)", what);
         return SIM_ERR_INPUT;
     }
     *out = s;

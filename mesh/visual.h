@@ -1,4 +1,4 @@
-/* visual.h — a picture of how a 1-D or 2-D array is laid out over the
+/* visual.h — a picture of how an array of any rank is laid out over the
  * devices, like jax.debug.visualize_array_sharding: one cell per block, each
  * naming the devices that hold it (a range "0-3" where they are consecutive).
  * Partial axes are noted under the grid. */
@@ -9,7 +9,8 @@
 
 #include "mesh/spec.h"
 
-/* Writes the grid; arrays of rank 0 or > 2 get a one-line summary instead. */
+/* Writes the grid, to scale, over the array's two dims (rank >= 3: its sharded
+ * dims), or with more than two sharded dims the list of blocks. */
 void mesh_visualize(FILE *f, const mesh_shape *m, const mesh_spec *s, int rank, const int64_t *shape);
 
 #endif

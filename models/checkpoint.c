@@ -12,7 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,54 +48,11 @@ static int64_t numel(const model_param_def *def)
 
 /* ---------------------------------------------------------------- header text */
 
+/* The header text (jansson, compact) padded with spaces to a multiple of 8. */
 typedef struct {
     char *s;
-    size_t n, cap;
-    bool oom;
+    size_t n;
 } sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->s && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
-        char *s = realloc(b->s, cap);
-        if (!s) {
-            b->oom = true;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-}
-
-static void sb_json_string(sbuf *b, const char *s)
-{
-    sb_printf(b, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            sb_printf(b, "\\%c", c);
-        else if (c < 0x20)
-            sb_printf(b, "\\u%04x", c);
-        else
-            sb_printf(b, "%c", c);
-    }
-    sb_printf(b, "\"");
-}
 
 /* The tensor list of a model (params, then mu and nu when with_opt). */
 static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tensor **out, int *nt)
@@ -123,23 +80,34 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
 static sim_status ck_header(const ck_tensor *t, int nt, long long step, sbuf *b, uint64_t *data_bytes)
 {
     memset(b, 0, sizeof *b);
-    sb_printf(b, "{\"__metadata__\":{\"format\":\"shardsim\",\"step\":\"%lld\"}", step);
+    json_t *root = json_object(), *md = json_object();
+    char num[32];
+    snprintf(num, sizeof num, "%lld", step);
+    bool ok = root && md && !json_object_set_new(md, "format", json_string("shardsim")) &&
+              !json_object_set_new(md, "step", json_string(num)) && !json_object_set_new(root, "__metadata__", md);
     uint64_t end = 0;
-    for (int i = 0; i < nt; i++) {
+    for (int i = 0; ok && i < nt; i++) {
         const model_param_def *def = &t[i].p->def;
-        sb_printf(b, ",");
-        sb_json_string(b, t[i].name);
-        sb_printf(b, ":{\"dtype\":\"F32\",\"shape\":[");
-        for (int d = 0; d < def->rank; d++) sb_printf(b, "%s%lld", d ? "," : "", (long long)def->shape[d]);
+        json_t *e = json_object(), *shape = json_array(), *off = json_array();
+        for (int d = 0; shape && d < def->rank; d++) ok = ok && !json_array_append_new(shape, json_integer(def->shape[d]));
         end = t[i].begin + (uint64_t)t[i].nel * 4;
-        sb_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t[i].begin, (unsigned long long)end);
+        ok = ok && e && shape && off && !json_array_append_new(off, json_integer((json_int_t)t[i].begin)) &&
+             !json_array_append_new(off, json_integer((json_int_t)end)) &&
+             !json_object_set_new(e, "dtype", json_string("F32")) && !json_object_set_new(e, "shape", shape) &&
+             !json_object_set_new(e, "data_offsets", off) && !json_object_set_new(root, t[i].name, e);
     }
-    sb_printf(b, "}");
-    while (!b->oom && b->n % 8) sb_printf(b, " ");
-    if (b->oom) {
-        free(b->s);
+    char *text = ok ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (!text) return sim_err(SIM_ERR_INTERNAL, "checkpoint: cannot build the header (out of host memory)");
+    size_t n = strlen(text), padded = (n + 7) / 8 * 8;
+    b->s = realloc(text, padded + 1);
+    if (!b->s) {
+        free(text);
         return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for the header");
     }
+    memset(b->s + n, ' ', padded - n);
+    b->s[padded] = 0;
+    b->n = padded;
     *data_bytes = end;
     return SIM_OK;
 }
@@ -460,9 +428,12 @@ static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uin
     free(text);
     SIM_TRY(st);
     if ((*root)->kind != MESH_JSON_OBJECT) {
+        /* the message needs the kind: read it before the tree is freed */
+        mesh_json_kind kind = (*root)->kind;
         mesh_json_free(*root);
+        *root = NULL;
         return sim_err(SIM_ERR_INPUT, "checkpoint %s: the header is a JSON %s, expected an object", file,
-                       mesh_json_kind_name((*root)->kind));
+                       mesh_json_kind_name(kind));
     }
     *hlen = n;
     *data_bytes = size - 8 - n;

@@ -299,10 +299,12 @@ static void test_traffic_pivot(void **state)
     fclose(f);
     assert_contains(out, "all steps, 8 devices");
     assert_contains(out, "calls/dev");
-    assert_contains(out, "mean (B)"); /* under 1 KiB per device in all */
+    assert_contains(out, "mean/device");
+    assert_contains(out, " B "); /* under 1 KiB per device in all: printed in bytes */
     assert_contains(out, "data+fsdp");
     assert_contains(out, "\ntotal ");
-    assert_int_equal(count_lines(out), 1 + 1 + 1 + t.n_rows + 1 + 1);
+    assert_contains(out, "\naxes: the mesh axes"); /* the legend */
+    assert_int_equal(count_lines(out), 1 + 1 + 1 + t.n_rows + 1 + 1 + 3);
     /* the largest row comes first */
     char first[64];
     snprintf(first, sizeof first, "\n%s", sim_op_name(t.rows[0].op));
@@ -347,7 +349,7 @@ static void test_csv_files(void **state)
     snprintf(p, sizeof p, "%s/collectives.csv", sub);
     char *csv = read_all(p, NULL);
     assert_int_equal(count_lines(csv), 1 + NDEV * RECS_PER_DEV);
-    const char *hdr = "device,step,phase,tag,op,axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind\n";
+    const char *hdr = "device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind\n";
     assert_true(!strncmp(csv, hdr, strlen(hdr)));
     /* device 0's first call: all-gather of 16 floats over fsdp (k=4): 3*64 bytes */
     assert_contains(csv, "\n0,1,forward,layer_0/mlp/wi_0,all-gather,fsdp,4,float32,16,192,192,explicit\n");
@@ -366,22 +368,19 @@ static void test_csv_files(void **state)
     assert_int_equal(cli_write_traffic_csv(sub, &t), SIM_OK);
     snprintf(p, sizeof p, "%s/traffic.csv", sub);
     csv = read_all(p, NULL);
-    assert_int_equal(count_lines(csv), 1 + t.n_rows + 1);
-    assert_contains(csv, "op,axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,bytes_total,share\n");
-    assert_contains(csv, "\ntotal,,,64,8,");
-    /* every row's bytes_total column sums to the total's */
-    uint64_t sum = 0, total = 0;
+    assert_int_equal(count_lines(csv), 1 + t.n_rows); /* a header and the rows: no total row */
+    assert_contains(csv, "op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,bytes_total,share\n");
+    assert_null(strstr(csv, "\ntotal,"));
+    /* the rows' bytes_total column sums to every byte recorded */
+    uint64_t sum = 0;
     const char *line = strchr(csv, '\n') + 1;
-    for (int k = 0; k <= t.n_rows; k++) {
+    for (int k = 0; k < t.n_rows; k++) {
         const char *c = line;
         for (int field = 0; field < 7; field++) c = strchr(c, ',') + 1;
-        uint64_t v = strtoull(c, NULL, 10);
-        if (k < t.n_rows) sum += v;
-        else total = v;
+        sum += strtoull(c, NULL, 10);
         line = strchr(line, '\n') + 1;
     }
-    assert_int_equal(sum, total);
-    assert_int_equal(total, t.total.bytes);
+    assert_int_equal(sum, t.total.bytes);
     free(csv);
     /* only the two files, no temporaries left */
     assert_int_equal(count_entries(sub), 2);
@@ -453,12 +452,13 @@ static void test_metrics_and_memory(void **state)
     FILE *f = open_memstream(&out, &len);
     cli_report_memory(f, st, NDEV);
     fclose(f);
-    assert_contains(out, "(MiB)");
+    assert_contains(out, " MiB"); /* each figure in the unit that fits it */
     assert_contains(out, "\n0-3 ");
     assert_contains(out, "\n4-7 ");
     assert_contains(out, "activations");
     assert_contains(out, "temporaries");
-    assert_int_equal(count_lines(out), 3 + 2);
+    assert_contains(out, "\ndevices: devices with identical figures share a row"); /* the legend */
+    assert_int_equal(count_lines(out), 3 + 2 + 2);
     free(out);
 
     /* all equal: one row "0-7"; scattered: "0,2,4,6" */
@@ -468,7 +468,7 @@ static void test_metrics_and_memory(void **state)
     cli_report_memory(f, same, NDEV);
     fclose(f);
     assert_contains(out, "\n0-7 ");
-    assert_int_equal(count_lines(out), 3 + 1);
+    assert_int_equal(count_lines(out), 3 + 1 + 2); /* title, header, rule; one row; the legend */
     free(out);
     for (int d = 1; d < NDEV; d += 2) same[d] = st[7];
     f = open_memstream(&out, &len);
@@ -528,12 +528,24 @@ static void test_console(void **state)
     char *l1 = strchr(out, '\n') + 1, *l2 = strchr(l1, '\n') + 1;
     assert_int_equal(l1 - out, l2 - l1);
     assert_int_equal(strlen(l2), (size_t)(l1 - out));
-    assert_contains(out, "peak (MiB)");
+    assert_contains(out, "peak/device");
     assert_contains(out, "tokens/s");
     assert_contains(l1, "2.34568");
-    assert_contains(l1, " 1.5\n");
+    assert_contains(l1, " 32768 ");    /* tokens/s of a real step */
+    assert_contains(l1, " 1.50 MiB\n");
     assert_contains(l2, " - ");
+    assert_null(strstr(l2, "32768")); /* a dry run has no throughput */
     free(out);
+
+    /* bytes in the unit that fits them */
+    char bb[32];
+    assert_string_equal(cli_bytes_text(48, bb, sizeof bb), "48 B");
+    assert_string_equal(cli_bytes_text(1023, bb, sizeof bb), "1023 B");
+    assert_string_equal(cli_bytes_text(1024, bb, sizeof bb), "1.00 KiB");
+    assert_string_equal(cli_bytes_text(336.0 * 1024, bb, sizeof bb), "336 KiB");
+    assert_string_equal(cli_bytes_text(1.5 * 1024 * 1024, bb, sizeof bb), "1.50 MiB");
+    assert_string_equal(cli_bytes_text(25.5 * 1024 * 1024 * 1024, bb, sizeof bb), "25.5 GiB");
+    assert_string_equal(cli_bytes_text(3.0 * 1024 * 1024 * 1024 * 1024, bb, sizeof bb), "3.00 TiB");
 
     char buf[256];
     assert_string_equal(cli_progress_format(0.42, "compiling", buf, sizeof buf),
@@ -711,7 +723,8 @@ static void test_parity(void **state)
     fclose(f);
     assert_contains(out, "FAIL: first diverging step 3 (config 'tp=2')");
     assert_contains(out, "params.decoder.layers.mlp.wo.kernel");
-    assert_contains(out, "ici_tensor_parallelism=2");
+    assert_contains(out, " tp=2"); /* configurations by label; their overrides were listed as they ran */
+    assert_null(strstr(out, "parity: "));
     free(out);
 
     /* a passing run */

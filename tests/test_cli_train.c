@@ -92,7 +92,8 @@ static void test_train_artifacts(void **state)
     assert_true(rows > 20);
     done(&r);
     const char *all[] = {"metrics.json", "run.json", "trace.json", "shardings.json", "named_shardings.json",
-                         "logical_shardings.json", "input_shardings.json", "collectives.csv", "traffic.csv"};
+                         "logical_shardings.json", "input_shardings.json", "collectives.csv", "traffic.csv",
+                         "report.html"};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, all[i]);
         assert_int_equal(unlink(path), 0);

@@ -20,15 +20,21 @@
         if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
     } while (0)
 
-static sim_status mesh_from_overrides(int n, const char *const *ovr, mesh_shape *m)
+/* configs_dir NULL: configs/ with its key contract (configs/keys.yml). */
+static sim_status mesh_from_overrides_in(const char *configs_dir, int n, const char *const *ovr, mesh_shape *m)
 {
-    mesh_cfg_args a = {NULL, NULL, NULL, 0, ovr, n};
+    mesh_cfg_args a = {NULL, configs_dir, NULL, 0, ovr, n};
     mesh_cfg *cfg = NULL;
     sim_status st = mesh_cfg_load(&a, &cfg);
     if (st != SIM_OK) fail_msg("config: %s", sim_errmsg());
     st = mesh_shape_from_config(cfg, m);
     mesh_cfg_free(cfg);
     return st;
+}
+
+static sim_status mesh_from_overrides(int n, const char *const *ovr, mesh_shape *m)
+{
+    return mesh_from_overrides_in(NULL, n, ovr, m);
 }
 
 static int size_of(const mesh_shape *m, const char *axis)
@@ -62,9 +68,11 @@ static void test_mesh_from_config(void **state)
     assert_int_equal(mesh_from_overrides(2, o3, &m), SIM_OK);
     assert_int_equal(m.num_devices, 6);
     assert_int_equal(size_of(&m, "fsdp"), 1);
-    /* the stage axis reads ici_pipeline_parallelism */
+    /* the stage axis reads ici_pipeline_parallelism (the key contract refuses
+     * it until pipeline parallelism is simulated, so load without keys.yml:
+     * tests/ has none) */
     const char *o4[] = {"ici_pipeline_parallelism=2", "num_devices=4"};
-    assert_int_equal(mesh_from_overrides(2, o4, &m), SIM_OK);
+    assert_int_equal(mesh_from_overrides_in("tests", 2, o4, &m), SIM_OK);
     assert_int_equal(size_of(&m, "stage"), 2);
     assert_int_equal(size_of(&m, "fsdp"), 2);
     /* custom mesh axes */
@@ -274,6 +282,18 @@ static void test_spec_json(void **state)
     txt = "{\n\"a\": [1, 2,]\n}";
     assert_int_equal(mesh_json_parse(txt, strlen(txt), "bad.json", &j), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "bad.json:2:");
+    /* duplicate keys are refused (a header must not say two things about one name) */
+    txt = "{\"a\": 1, \"a\": 2}";
+    assert_int_equal(mesh_json_parse(txt, strlen(txt), "dup.json", &j), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "dup.json:");
+    assert_contains(sim_errmsg(), "duplicate");
+    /* integers keep their exact value beyond 2^53 */
+    txt = "[9007199254740993, 1.5]";
+    assert_int_equal(mesh_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
+    assert_true(j->items[0].is_integer);
+    assert_true(j->items[0].integer == 9007199254740993LL);
+    assert_false(j->items[1].is_integer);
+    mesh_json_free(j);
 }
 
 /* ---- geometry ----------------------------------------------------------- */

@@ -427,6 +427,23 @@ static void test_errors(void **state)
     assert_contains(sim_errmsg(), "dtype F16");
     assert_contains(sim_errmsg(), "params.token_embedder.embedding");
 
+    /* a header that is valid JSON but not an object (once a use-after-free):
+     * an array, a string and a number, each padded to the header length */
+    const char *not_obj[] = {"[1, 2, 3]", "\"params\"", "42"};
+    for (int k = 0; k < 3; k++) {
+        char h[16 + 8];
+        memset(h, 0, sizeof h);
+        size_t hl = 16;
+        for (int i = 0; i < 8; i++) h[i] = (char)((hl >> (8 * i)) & 0xff);
+        memset(h + 8, ' ', hl);
+        memcpy(h + 8, not_obj[k], strlen(not_obj[k]));
+        write_all(bad, h, sizeof h);
+        assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+        assert_contains(sim_errmsg(), bad);
+        assert_contains(sim_errmsg(), "expected an object");
+        assert_contains(sim_errmsg(), k == 0 ? "JSON array" : k == 1 ? "JSON string" : "JSON number");
+    }
+
     free(c);
     free(b);
     assert_int_equal(run(&one, model_a, DO_LOAD, "/nonexistent/step_1.safetensors", NULL, NULL), SIM_ERR_IO);

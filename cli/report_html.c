@@ -1,0 +1,250 @@
+/* report_html.c — report.html: one self-contained page that draws a run.
+ *
+ * The page is a template compiled into the program (report_template.html,
+ * pulled in with the assembler's .incbin, so a copied binary still writes
+ * it) with one JSON block put in its place holder.  That block is assembled
+ * from the artifacts already written to the output directory, so train and
+ * parity share one path and the page shows exactly what the files hold:
+ *
+ *   {"run": <run.json>, "metrics": <metrics.json>, "parity": <parity.json>,
+ *    "traffic": [{"op", "axes", "phase", "bytes"}...]      from traffic.csv,
+ *    "layers":  [{"layer", "bytes"}...]                     from collectives.csv}
+ *
+ * Missing files leave their member out (parity writes no metrics).  Bytes are
+ * per device: traffic.csv's mean column, and the collectives' bytes sent
+ * summed per layer over all devices and divided by the device count.  "</"
+ * is written as "<\/" (the same JSON string) so no text can close the
+ * script element early. */
+#include "cli/report_html.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/artifacts.h"
+
+/* The template, NUL-terminated (see the top of this file). */
+extern const char cli_report_template[];
+__asm__(".section .rodata\n"
+        ".global cli_report_template\n"
+        ".type cli_report_template, @object\n"
+        "cli_report_template:\n"
+        ".incbin \"cli/report_template.html\"\n"
+        ".byte 0\n"
+        ".previous\n");
+
+/* dir/name read whole into a NUL-terminated buffer; NULL if it does not exist. */
+static char *read_whole(const char *dir, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (n + 1 == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) { free(buf); buf = NULL; }
+            else buf = nb;
+        }
+    }
+    fclose(f);
+    if (buf) buf[n] = '\0';
+    return buf;
+}
+
+/* Splits a CSV line in place on commas (fields here never hold commas or
+ * quotes: ops, axis names joined by '+', phases, numbers, tags). */
+static int split_csv(char *line, char **field, int cap)
+{
+    int n = 0;
+    for (char *p = line; n < cap;) {
+        field[n++] = p;
+        char *c = strchr(p, ',');
+        if (!c) break;
+        *c = '\0';
+        p = c + 1;
+    }
+    return n;
+}
+
+static int column(char **head, int n, const char *a, const char *b)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(head[i], a) || (b && !strcmp(head[i], b))) return i;
+    return -1;
+}
+
+/* A JSON string of plain text (names, axes): quotes and backslashes escaped. */
+static void put_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        if ((unsigned char)*s >= 0x20 && *s != '<') fputc(*s, f);
+        else if (*s == '<') fputs("\\u003c", f);
+    }
+    fputc('"', f);
+}
+
+/* Writes an embedded file's JSON text with "</" made "<\/". */
+static void put_json(FILE *f, const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        if (p[0] == '<' && p[1] == '/') {
+            fputs("<\\/", f);
+            p++;
+        } else {
+            fputc(*p, f);
+        }
+    }
+}
+
+static sim_status put_traffic(FILE *f, char *csv)
+{
+    char *save = NULL, *line = strtok_r(csv, "\n", &save);
+    if (!line) return SIM_OK;
+    char *head[32];
+    int nh = split_csv(line, head, 32);
+    int c_op = column(head, nh, "op", NULL), c_axes = column(head, nh, "axes", "mesh_axes");
+    int c_phase = column(head, nh, "phase", NULL), c_bytes = column(head, nh, "bytes_per_device_mean", NULL);
+    if (c_op < 0 || c_axes < 0 || c_phase < 0 || c_bytes < 0)
+        return sim_err(SIM_ERR_INTERNAL, "report.html: traffic.csv lacks the op/axes/phase/bytes_per_device_mean columns");
+    fputs(",\n\"traffic\": [", f);
+    int first = 1;
+    while ((line = strtok_r(NULL, "\n", &save))) {
+        char *fl[32];
+        int n = split_csv(line, fl, 32);
+        if (n < nh || !strcmp(fl[c_op], "total")) continue;
+        fprintf(f, "%s{\"op\": ", first ? "" : ", ");
+        put_str(f, fl[c_op]);
+        fputs(", \"axes\": ", f);
+        put_str(f, fl[c_axes]);
+        fputs(", \"phase\": ", f);
+        put_str(f, fl[c_phase]);
+        fprintf(f, ", \"bytes\": %.17g}", strtod(fl[c_bytes], NULL));
+        first = 0;
+    }
+    fputs("]", f);
+    return SIM_OK;
+}
+
+/* The layer a collective's tag belongs to: the tag up to its "layers_N"
+ * component ("decoder/layers_3/mlp/wi" -> "decoder/layers_3"; also
+ * dense_layers_N, moe_layers_N), else its first two components; the
+ * weight-gradient reductions ("grad/<parameter>") are one row, since a
+ * stacked parameter's gradient is reduced once for all its layers. */
+static void layer_of(const char *tag, char *out, size_t cap)
+{
+    if (!strncmp(tag, "grad/", 5)) { /* one per (stacked) parameter, not per layer */
+        snprintf(out, cap, "weight-gradient reductions");
+        return;
+    }
+    const char *p = tag, *end = NULL;
+    for (int comp = 0; !end; comp++) {
+        const char *slash = strchr(p, '/');
+        const char *stop = slash ? slash : p + strlen(p);
+        const char *hit = strstr(p, "layers_");
+        if ((hit && hit < stop && hit[7] >= '0' && hit[7] <= '9') || comp == 1 || !slash) end = stop;
+        else p = slash + 1;
+    }
+    size_t n = (size_t)(end - tag);
+    if (n >= cap) n = cap - 1;
+    memcpy(out, tag, n);
+    out[n] = '\0';
+}
+
+typedef struct {
+    char name[160];
+    double bytes;
+} layer_sum;
+
+static sim_status put_layers(FILE *f, char *csv)
+{
+    char *save = NULL, *line = strtok_r(csv, "\n", &save);
+    if (!line) return SIM_OK;
+    char *head[32];
+    int nh = split_csv(line, head, 32);
+    int c_dev = column(head, nh, "device", NULL), c_tag = column(head, nh, "tag", NULL);
+    int c_sent = column(head, nh, "bytes_sent", NULL);
+    if (c_dev < 0 || c_tag < 0 || c_sent < 0)
+        return sim_err(SIM_ERR_INTERNAL, "report.html: collectives.csv lacks the device/tag/bytes_sent columns");
+    int cap = 64, n = 0;
+    long max_dev = -1;
+    layer_sum *ls = malloc((size_t)cap * sizeof *ls);
+    if (!ls) return sim_err(SIM_ERR_OOM, "report.html: out of host memory");
+    while ((line = strtok_r(NULL, "\n", &save))) {
+        char *fl[32];
+        if (split_csv(line, fl, 32) < nh) continue;
+        long dev = strtol(fl[c_dev], NULL, 10);
+        if (dev > max_dev) max_dev = dev;
+        char name[160];
+        layer_of(fl[c_tag], name, sizeof name);
+        int k = n - 1; /* records of one layer come together: look at the last first */
+        if (k < 0 || strcmp(ls[k].name, name))
+            for (k = 0; k < n && strcmp(ls[k].name, name); k++) {}
+        if (k == n) {
+            if (n == cap) {
+                layer_sum *nl = realloc(ls, (size_t)(cap *= 2) * sizeof *ls);
+                if (!nl) { free(ls); return sim_err(SIM_ERR_OOM, "report.html: out of host memory"); }
+                ls = nl;
+            }
+            snprintf(ls[n].name, sizeof ls[n].name, "%s", name);
+            ls[n++].bytes = 0;
+        }
+        ls[k].bytes += strtod(fl[c_sent], NULL);
+    }
+    fputs(",\n\"layers\": [", f);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "%s{\"layer\": ", i ? ", " : "");
+        put_str(f, ls[i].name);
+        fprintf(f, ", \"bytes\": %.17g}", ls[i].bytes / (double)(max_dev + 1));
+    }
+    fputs("]", f);
+    free(ls);
+    return SIM_OK;
+}
+
+typedef struct {
+    const char *dir;
+} report_arg;
+
+static sim_status write_report(FILE *f, void *argp)
+{
+    const report_arg *a = argp;
+    const char *tpl = cli_report_template, *mark = strstr(tpl, "@DATA@");
+    SIM_ASSERT(mark);
+    fwrite(tpl, 1, (size_t)(mark - tpl), f);
+
+    sim_status st = SIM_OK;
+    fputs("{\"format\": 1", f);
+    static const char *const json_files[][2] = {
+        {"run", "run.json"}, {"metrics", "metrics.json"}, {"parity", "parity.json"}};
+    for (size_t i = 0; i < sizeof json_files / sizeof json_files[0]; i++) {
+        char *text = read_whole(a->dir, json_files[i][1]);
+        if (!text) continue;
+        fprintf(f, ",\n\"%s\": ", json_files[i][0]);
+        put_json(f, text);
+        free(text);
+    }
+    char *traffic = read_whole(a->dir, "traffic.csv");
+    if (traffic) st = put_traffic(f, traffic);
+    free(traffic);
+    char *coll = st ? NULL : read_whole(a->dir, "collectives.csv");
+    if (coll) st = put_layers(f, coll);
+    free(coll);
+    fputs("}", f);
+    if (st) return st;
+    fputs(mark + strlen("@DATA@"), f);
+    return SIM_OK;
+}
+
+sim_status cli_write_report_html(const char *dir)
+{
+    report_arg a = {dir};
+    return cli_artifact_write(dir, "report.html", write_report, &a);
+}
