@@ -15,6 +15,7 @@
 #include "blas_kernels/bk_activation.h"
 #include "blas_kernels/bk_parallel.h"
 #include "blas_kernels/bk_attention.h"
+#include "blas_kernels/bk_dropout.h"
 #include "blas_kernels/bk_embedding.h"
 #include "blas_kernels/bk_softcap.h"
 #include "blas_kernels/bk_xent.h"
@@ -618,6 +619,60 @@ sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, cons
     if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
     mesh_entry *e = mesh_tape_record(t, softcap_vjp, tag, 1, &x, 1, out);
     if (e) e->f[0] = a, e->f[1] = cap;
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ dropout */
+
+/* The global offsets of this device's block of a (shape, spec) array. */
+static void block_offsets(mesh_tape *t, const mesh_array *a, int64_t *off)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+    mesh_spec_shard(&a->spec, c->mesh, a->shape, sim_device_id(c->dev), sh);
+    for (int d = 0; d < a->rank; d++) off[d] = sh[d].offset;
+}
+
+static sim_status dropout_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad, dx;
+    /* the mask lives on y's blocks: bring the cotangent there, keeping its partial axes */
+    mesh_spec s = y->val.spec;
+    s.partial |= dy->spec.partial;
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "dropout/dx", tag, sizeof tag);
+    if (!mesh_spec_equal(&dy->spec, &s)) SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &s, sim_meta_tag(tag)));
+    SIM_TRY(new_cot(t, "dropout/dx", dy->rank, dy->shape, &dy->spec, &dx));
+    if (dy->data) {
+        int64_t off[MESH_SPEC_MAX_RANK];
+        block_offsets(t, dy, off);
+        bk_dropout_bwd(dx.data, dy->data, dy->rank, dy->local, off, dy->shape, (int)e->i[0], (uint64_t)e->i[1],
+                       e->f[0]);
+    }
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+sim_status mesh_nn_dropout(mesh_tape *t, mesh_var *x, double rate, uint64_t key, int bcast, const char *name,
+                           mesh_var **out)
+{
+    if (rate <= 0.0) {
+        *out = x;
+        return SIM_OK;
+    }
+    SIM_ASSERT(bcast >= 0 && bcast < x->val.rank);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    /* the mask does not depend on the values: partial sums are masked as they are */
+    SIM_TRY(new_out(t, name, x->val.rank, x->val.shape, &x->val.spec, out));
+    if (x->val.data) {
+        int64_t off[MESH_SPEC_MAX_RANK];
+        block_offsets(t, &x->val, off);
+        bk_dropout_fwd((*out)->val.data, x->val.data, x->val.rank, x->val.local, off, x->val.shape, bcast, key, rate);
+    }
+    mesh_entry *e = mesh_tape_record(t, dropout_vjp, tag, 1, &x, 1, out);
+    if (e) e->f[0] = rate, e->i[0] = bcast, e->i[1] = (int64_t)key;
     return SIM_OK;
 }
 

@@ -53,6 +53,11 @@ sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char
  * same sharding as x (partial axes summed first). */
 sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, const char *name, mesh_var **out);
 
+/* Dropout (flax semantics) with a mesh-independent mask: one draw per global index of x without
+ * dim `bcast` (bk_dropout.h), from `key`; rate 0 returns x itself.  Same sharding as x. */
+sim_status mesh_nn_dropout(mesh_tape *t, mesh_var *x, double rate, uint64_t key, int bcast, const char *name,
+                           mesh_var **out);
+
 /* Scalar mean over every element of x (all axes reduced; result replicated). */
 sim_status mesh_nn_mean(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out);
 

@@ -706,6 +706,7 @@ static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int
     SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi1, l), "wi_1", 3, MLP_WI, &u));
     SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
+    SIM_TRY(model_dropout(md, t, act, md->ctx.layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
     SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y));
     return model_checkpoint_name(md, *y, MODEL_CKPT_MLPWO);
@@ -814,6 +815,7 @@ static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, in
         SIM_TRY(model_shard_as(md, t, f, "deepseek/mlp", 3, A, &f));
     }
     SIM_TRY(mesh_ad_add(t, f, h, "residual_mlp", &h));
+    SIM_TRY(model_dropout(md, t, h, layer, &h)); /* dropout_op */
     SIM_TRY(model_shard_as(md, t, h, "deepseek/x", 3, A, y));
     md->ctx.layer = saved;
     return SIM_OK;
@@ -834,6 +836,7 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
         SIM_TRY(model_logical_spec(m, "embed/out", 3, EMB_OUT, &es));
         SIM_TRY(mesh_ad_shard_as(t, x, &es, "embed/out", &x));
     }
+    SIM_TRY(model_dropout(md, t, x, "decoder/embedding", &x));
     for (int l = 0; l < m->d.layers; l++) {
         mesh_var *lb;
         if (m->d.remat_full) {
@@ -860,6 +863,7 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
         SIM_TRY(model_logical_spec(m, "decoder/norm_out", 3, FINAL, &fs));
         SIM_TRY(mesh_ad_shard_as(t, x, &fs, "decoder/norm_out", &x));
     }
+    SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
     SIM_TRY(model_logits(md, t, x, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
     /* MaxText's loss function uses the raw with_sharding_constraint (an assert in explicit mode) */

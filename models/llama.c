@@ -128,12 +128,14 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3, MLP_MID, &u));
     SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
+    SIM_TRY(model_dropout(md, t, act, mlp_layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_MID, &act));
     SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp));
     SIM_TRY(model_checkpoint_name(md, mlp, MODEL_CKPT_MLPWO));
     md->ctx.layer = layer;
     SIM_TRY(model_shard_as(md, t, mlp, "llama2/mlp_lnx", 3, A, &mlp));
     SIM_TRY(mesh_ad_add(t, h, mlp, "residual_mlp", &h));
+    SIM_TRY(model_dropout(md, t, h, layer, &h));
     SIM_TRY(model_shard_as(md, t, h, "llama2/layer_output", 3, A, y));
     md->ctx.layer = saved_layer;
     return SIM_OK;
@@ -158,6 +160,7 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     SIM_TRY(mesh_nn_embed(t, table, &b->tokens, "token_embedder", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
         SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
+    SIM_TRY(model_dropout(md, t, x, "decoder/embedding", &x));
     for (int l = 0; l < m->d.layers; l++) {
         if (m->d.remat_full) {
             char tag[64];
@@ -169,6 +172,7 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, ix.norm, 0), m->d.eps, "decoder_norm", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) SIM_TRY(model_shard_as(md, t, x, "decoder/norm_out", 3, FINAL, &x));
+    SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
     SIM_TRY(model_logits(md, t, x, table, ix.logits >= 0 ? param(md, t, ix.logits, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
     /* MaxText's loss function uses the raw with_sharding_constraint: an assert in explicit mode */

@@ -242,6 +242,12 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        "final_logits_soft_cap=%g, attn_logits_soft_cap=%g: a soft cap is a positive bound, or 0 for none",
                        d->final_soft_cap, d->attn_soft_cap);
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
+    bool dropout_on;
+    SIM_TRY(model_cfg_bool(cfg, "enable_dropout", &dropout_on));
+    SIM_TRY(mesh_cfg_get_double(cfg, "dropout_rate", &d->dropout));
+    if (!(d->dropout >= 0 && d->dropout <= 1))
+        return sim_err(SIM_ERR_INPUT, "dropout_rate=%g: a probability between 0 and 1", d->dropout);
+    if (!dropout_on) d->dropout = 0; /* MaxText trains with deterministic = not enable_dropout */
     SIM_TRY(remat_policy_from_config(cfg, d));
     static const char *const modes[] = {"auto", "explicit"};
     int md;
@@ -423,6 +429,22 @@ sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
 {
     if (md->def->d.kind == MODEL_DEEPSEEK) return deepseek_loss(md, t, b, loss);
     return llama_loss(md, t, b, loss);
+}
+
+/* ------------------------------------------------------------ dropout */
+
+sim_status model_dropout(model_dev *md, mesh_tape *t, mesh_var *x, const char *site, mesh_var **y)
+{
+    const model_dims *d = &md->def->d;
+    if (d->dropout <= 0) {
+        *y = x;
+        return SIM_OK;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "dropout/%s", site);
+    uint64_t step = (uint64_t)sim_device_step(md->ctx.dev);
+    uint64_t key = model_init_key(d->seed + step * 0x9E3779B97F4A7C15ull, name);
+    return mesh_nn_dropout(t, x, d->dropout, key, x->val.rank - 2, "dropout", y);
 }
 
 /* ------------------------------------------------------------ output head */

@@ -77,6 +77,7 @@ typedef struct {
     double final_soft_cap;    /* final_logits_soft_cap (0 = off; MaxText applies it to tied logits only) */
     double attn_soft_cap;     /* attn_logits_soft_cap (0 = off) */
     bool qk_norm_key;         /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
+    double dropout;           /* dropout_rate when enable_dropout (0 = off) */
     int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
 } model_dims;
 
@@ -177,6 +178,12 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
  * every op of the layer (values are identical), so executed FLOPs and compute time do not shrink
  * with the policy; memory does. */
 sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name);
+
+/* MaxText's Dropout(rate=dropout_rate, broadcast_dims=(-2,)) at one site (`site` names it, e.g.
+ * "decoder/layers_3/mlp"): the mask depends on (init_weights_seed, the step, the site) and the
+ * global (batch, feature) index only, so every mesh, and a remat recomputation, drops the same
+ * elements.  Returns x itself when dropout is off. */
+sim_status model_dropout(model_dev *md, mesh_tape *t, mesh_var *x, const char *site, mesh_var **y);
 
 /* The scalar loss of the batch on the tape (forward pass). */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);

@@ -9,6 +9,8 @@
  *     min (max/min)^(2i/d) f);
  *   - use_qk_norm makes the Llama query init exactly sqrt(head_dim) times larger (same stream);
  *   - global_parameter_scale follows MaxText's get_individual_scales; 3 is refused;
+ *   - dropout_rate (with enable_dropout): parity across meshes, finite differences, remat and
+ *     no remat agree, enable_dropout=false is bitwise no dropout;
  *   - logits_dot_in_fp32 changes nothing in a float32 simulation (bitwise);
  *   - sharding_tolerance: MaxText's share (unsharded elements over total bytes) on meshes where
  *     it is known by hand, the error text, and no check without a sharding axis;
@@ -353,6 +355,41 @@ static void test_logits_dot_in_fp32_is_float32_already(void **state)
     assert_true(l == base_loss());
 }
 
+/* ------------------------------------------------------------ dropout */
+
+static void test_dropout(void **state)
+{
+    (void)state;
+    double l0 = base_loss(), l;
+    const char *k[] = {"dropout_rate=0.3"};
+    const char *meshes[] = {"ici_fsdp_parallelism=4 ici_tensor_parallelism=2",
+                            "ici_data_parallelism=4 ici_tensor_parallelism=2"};
+    parity(TINY, 10, k, 1, meshes, 2, &l);
+    assert_true(fabs(l - l0) > 1e-3);
+    finite_differences(k, 1); /* the mask is fixed for a step: the loss is smooth in the parameters */
+    /* enable_dropout=false trains without dropout, as MaxText's deterministic=True */
+    const char *off[] = {"dropout_rate=0.3", "enable_dropout=false"};
+    model_def *d = load(off, 2, 1);
+    assert_true(run(d, NULL, NULL, NULL) == l0);
+    free_def(d);
+    /* remat recomputes the same mask: remat_policy=none gives the same loss and gradients */
+    const char *full[] = {"dropout_rate=0.3"}, *none[] = {"dropout_rate=0.3", "remat_policy=none"};
+    model_def *a = load(full, 1, 1), *b = load(none, 2, 1);
+    model_grads ga, gb;
+    double la = run(a, NULL, NULL, &ga), lb = run(b, NULL, NULL, &gb);
+    assert_true(fabs(la - lb) <= 1e-6 * fabs(la));
+    for (int i = 0; i < ga.n; i++)
+        assert_true(model_rel_norm_diff(ga.g[i], gb.g[i], ga.layer_elems[i] * ga.n_layers[i]) < 1e-6);
+    model_grads_free(&ga);
+    model_grads_free(&gb);
+    free_def(a);
+    free_def(b);
+    /* DeepSeek: parity with dropout (dense MLP, shared experts and layer outputs) */
+    const char *ds[] = {"dropout_rate=0.2"};
+    const char *ds_meshes[] = {"ici_fsdp_parallelism=4 ici_expert_parallelism=2"};
+    parity(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 1, ds_meshes, 1, NULL);
+}
+
 /* ------------------------------------------------------------ checks */
 
 static void test_sharding_tolerance(void **state)
@@ -505,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_use_qk_norm_query_init),
         cmocka_unit_test(test_global_parameter_scale),
         cmocka_unit_test(test_logits_dot_in_fp32_is_float32_already),
+        cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_sharding_tolerance),
         cmocka_unit_test(test_debug_sharding),
         cmocka_unit_test(test_remat_policies),
