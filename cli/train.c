@@ -63,18 +63,25 @@ static const char *cfg_str(const mesh_cfg *c, const char *key)
 
 /* ------------------------------------------------------------ dump entries */
 
-static void dump_entries(const model_def *def, const char *dtype, cli_dump_param *p, cli_dump_activation *a, int *na)
+/* The parameters as MaxText lists them (scan_layers=false: one entry per layer; the defs
+ * array keeps the tensors' paths alive) and the activations. */
+static int dump_entries(const model_def *def, const char *dtype, cli_dump_param *p, model_param_def *defs,
+                        cli_dump_activation *a, int *na)
 {
-    for (int i = 0; i < def->nparams; i++) {
-        memset(&p[i], 0, sizeof p[i]);
-        p[i].path = def->defs[i].path;
-        p[i].rank = def->defs[i].rank;
-        for (int d = 0; d < p[i].rank; d++) {
-            p[i].shape[d] = def->defs[i].shape[d];
-            p[i].logical[d] = def->defs[i].logical[d];
+    int np = 0;
+    for (int i = 0; i < def->nparams; i++)
+        for (int k = 0; k < model_param_def_tensors(&def->defs[i]); k++, np++) {
+            memset(&p[np], 0, sizeof p[np]);
+            mesh_spec spec;
+            model_param_def_tensor(&def->defs[i], &def->unpruned[i], k, &defs[np], &spec);
+            p[np].path = defs[np].path;
+            p[np].rank = defs[np].rank;
+            for (int d = 0; d < p[np].rank; d++) {
+                p[np].shape[d] = defs[np].shape[d];
+                p[np].logical[d] = defs[np].logical[d];
+            }
+            p[np].spec = spec;
         }
-        p[i].spec = def->unpruned[i];
-    }
     *na = def->nacts;
     for (int i = 0; i < def->nacts; i++) {
         const model_act *act = &def->acts[i];
@@ -89,11 +96,13 @@ static void dump_entries(const model_def *def, const char *dtype, cli_dump_param
         }
         a[i].spec = act->spec;
     }
+    return np;
 }
 
 typedef struct {
     const model_def *def;
     const cli_dump_param *p;
+    int np;
     const cli_dump_activation *a;
     int na;
 } dump_all;
@@ -103,9 +112,9 @@ static sim_status write_combined(FILE *f, void *arg)
 {
     const dump_all *d = arg;
     fprintf(f, "{\n\"named_shardings\": ");
-    SIM_TRY(cli_dump_named(f, &d->def->mesh, d->p, d->def->nparams, CLI_DUMP_TRAIN_STATE));
+    SIM_TRY(cli_dump_named(f, &d->def->mesh, d->p, d->np, CLI_DUMP_TRAIN_STATE));
     fprintf(f, ",\n\"logical_shardings\": ");
-    SIM_TRY(cli_dump_logical(f, d->p, d->def->nparams, CLI_DUMP_TRAIN_STATE));
+    SIM_TRY(cli_dump_logical(f, d->p, d->np, CLI_DUMP_TRAIN_STATE));
     fprintf(f, ",\n\"input_shardings\": ");
     SIM_TRY(cli_dump_inputs(f, &d->def->mesh, d->a, d->na));
     fprintf(f, "\n}\n");
@@ -116,14 +125,25 @@ static sim_status write_combined(FILE *f, void *arg)
  * input_shardings.json), and shardings.json holding all three. */
 static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_def *def)
 {
-    cli_dump_param p[MODEL_MAX_PARAMS];
+    int cap = 0;
+    for (int i = 0; i < def->nparams; i++) cap += model_param_def_tensors(&def->defs[i]);
+    cli_dump_param *p = calloc((size_t)cap + 1, sizeof *p);
+    model_param_def *defs = calloc((size_t)cap + 1, sizeof *defs);
     cli_dump_activation a[MODEL_MAX_ACTS];
     int na;
     const char *dtype = cfg_str(cfg, "dtype");
-    dump_entries(def, *dtype ? dtype : "float32", p, a, &na);
-    dump_all all = {def, p, a, na};
-    SIM_TRY(cli_artifact_write(dir, "shardings.json", write_combined, &all));
-    return cli_write_sharding_dump(dir, &def->mesh, p, def->nparams, CLI_DUMP_TRAIN_STATE, a, na);
+    if (!p || !defs) {
+        free(p);
+        free(defs);
+        return sim_err(SIM_ERR_INTERNAL, "dump: out of host memory");
+    }
+    int np = dump_entries(def, *dtype ? dtype : "float32", p, defs, a, &na);
+    dump_all all = {def, p, np, a, na};
+    sim_status st = cli_artifact_write(dir, "shardings.json", write_combined, &all);
+    if (!st) st = cli_write_sharding_dump(dir, &def->mesh, p, np, CLI_DUMP_TRAIN_STATE, a, na);
+    free(p);
+    free(defs);
+    return st;
 }
 
 /* ------------------------------------------------------------ train */

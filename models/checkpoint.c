@@ -32,6 +32,7 @@ typedef struct {
     int which;        /* 0 params, 1 mu, 2 nu */
     int64_t nel;      /* elements of the stacked tensor */
     uint64_t begin;   /* data_offsets[0], from the start of the data section */
+    model_param view; /* what p points to: the parameter, or one layer of it (scan_layers=false) */
 } ck_tensor;
 
 static mesh_array *ck_arrays(const ck_tensor *t)
@@ -57,20 +58,24 @@ typedef struct {
 /* The tensor list of a model (params, then mu and nu when with_opt). */
 static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tensor **out, int *nt)
 {
-    ck_tensor *t = calloc((size_t)(3 * n + 1), sizeof *t);
+    int per = 0; /* MaxText's tensors: an unscanned stack is one tensor per layer */
+    for (int i = 0; i < n; i++) per += model_param_def_tensors(&params[i].def);
+    ck_tensor *t = calloc((size_t)(3 * per + 1), sizeof *t);
     if (!t) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
     int k = 0;
     uint64_t off = 0;
     for (int which = 0; which < (with_opt ? 3 : 1); which++)
-        for (int i = 0; i < n; i++) {
-            snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], params[i].def.path);
-            t[k].p = &params[i];
-            t[k].which = which;
-            t[k].nel = numel(&params[i].def);
-            t[k].begin = off;
-            off += (uint64_t)t[k].nel * 4;
-            k++;
-        }
+        for (int i = 0; i < n; i++)
+            for (int l = 0; l < model_param_def_tensors(&params[i].def); l++) {
+                model_param_tensor_view(&params[i], l, &t[k].view);
+                snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], t[k].view.def.path);
+                t[k].p = &t[k].view;
+                t[k].which = which;
+                t[k].nel = numel(&t[k].view.def);
+                t[k].begin = off;
+                off += (uint64_t)t[k].nel * 4;
+                k++;
+            }
     *out = t;
     *nt = k;
     return SIM_OK;
@@ -454,7 +459,7 @@ static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char
         const char *key = root->keys[i];
         if (strncmp(key, "params.", 7)) continue;
         bool known = false;
-        for (int j = 0; j < n && !known; j++) known = !strcmp(key, params[j].def.path);
+        for (int j = 0; j < nt && !known; j++) known = t[j].which == 0 && !strcmp(key, t[j].view.def.path);
         if (!known)
             st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds tensor '%s', which the model does not have; it was saved "
                          "from another model config", path, key);

@@ -145,16 +145,19 @@ void model_print_shardings(const model_def *m, const char *dtype, FILE *f)
     for (int a = 0; a < m->mesh.n_axes; a++)
         if (m->mesh.sizes[a] > 1) fprintf(f, "%s: %d\n", m->mesh.names[a], m->mesh.sizes[a]);
     char shape[160], spec[320];
-    for (int i = 0; i < m->nparams; i++) {
-        const model_param_def *d = &m->defs[i];
-        char path[MODEL_PATH_MAX];
-        snprintf(path, sizeof path, "%s", d->path);
-        for (char *c = path; *c; c++)
-            if (*c == '.') *c = '/';
-        shape_text("float32", d->rank, d->shape, shape, sizeof shape);
-        spec_tuple(&m->spec[i], &m->mesh, spec, sizeof spec);
-        fprintf(f, " %s\n    Shape:     %s\n    Physical:  %s\n", path, shape, spec);
-    }
+    for (int i = 0; i < m->nparams; i++)
+        for (int k = 0; k < model_param_def_tensors(&m->defs[i]); k++) { /* scan_layers=false: per layer */
+            model_param_def d;
+            mesh_spec ps;
+            model_param_def_tensor(&m->defs[i], &m->spec[i], k, &d, &ps);
+            char path[MODEL_PATH_MAX];
+            snprintf(path, sizeof path, "%s", d.path);
+            for (char *c = path; *c; c++)
+                if (*c == '.') *c = '/';
+            shape_text("float32", d.rank, d.shape, shape, sizeof shape);
+            spec_tuple(&ps, &m->mesh, spec, sizeof spec);
+            fprintf(f, " %s\n    Shape:     %s\n    Physical:  %s\n", path, shape, spec);
+        }
     fprintf(f, "\n");
     for (int i = 0; i < m->nacts; i++) {
         const model_act *act = &m->acts[i];

@@ -197,6 +197,33 @@ static sim_status remat_policy_from_config(const mesh_cfg *cfg, model_dims *d)
                    p, list);
 }
 
+/* param_scan_axis: MaxText's scan stacks every layer weight along this axis (the definitions
+ * above write the layers at dim 1, MaxText's default).  Only where the layers sit in the stacked
+ * shape (dumps, checkpoints) changes; each device stores a weight layer by layer either way. */
+static sim_status scan_axis_from_config(const mesh_cfg *cfg, model_def *m)
+{
+    long long a;
+    SIM_TRY(mesh_cfg_get_int(cfg, "param_scan_axis", &a));
+    for (int i = 0; i < m->nparams; i++) {
+        model_param_def *d = &m->defs[i];
+        if (d->scan_dim < 0 || d->scan_dim == a) continue;
+        if (a < 0 || a >= d->rank)
+            return sim_err(SIM_ERR_INPUT,
+                           "param_scan_axis=%lld: %s has %d dims per layer, so the stacked layer dim can go at 0..%d; "
+                           "use param_scan_axis=0 or 1 (MaxText's default)",
+                           a, d->path, d->rank - 1, d->rank - 1);
+        int64_t n = d->shape[d->scan_dim];
+        const char *name = d->logical[d->scan_dim];
+        int s = d->scan_dim;
+        while (s < a) d->shape[s] = d->shape[s + 1], d->logical[s] = d->logical[s + 1], s++;
+        while (s > a) d->shape[s] = d->shape[s - 1], d->logical[s] = d->logical[s - 1], s--;
+        d->shape[a] = n;
+        d->logical[a] = name;
+        d->scan_dim = (int)a;
+    }
+    return SIM_OK;
+}
+
 sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 {
     memset(m, 0, sizeof *m);
@@ -287,6 +314,10 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         SIM_TRY(deepseek_define(m, cfg));
     else
         define_llama(m);
+    SIM_TRY(scan_axis_from_config(cfg, m));
+    bool scan;
+    SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
+    for (int i = 0; i < m->nparams && !scan; i++) m->defs[i].unscanned = m->defs[i].scan_dim >= 0;
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
         const model_param_def *pd = &m->defs[i];

@@ -11,6 +11,9 @@
  *   - global_parameter_scale follows MaxText's get_individual_scales; 3 is refused;
  *   - dropout_rate (with enable_dropout): parity across meshes, finite differences, remat and
  *     no remat agree, enable_dropout=false is bitwise no dropout;
+ *   - scan_layers=false and param_scan_axis: the checkpoints hold the same values as the default
+ *     layout, unstacked under layers_<l> or with the layer dim moved (an index permutation
+ *     checked element by element); an unscanned checkpoint loads into an unscanned model;
  *   - logits_dot_in_fp32 changes nothing in a float32 simulation (bitwise);
  *   - sharding_tolerance: MaxText's share (unsharded elements over total bytes) on meshes where
  *     it is known by hand, the error text, and no check without a sharding axis;
@@ -30,7 +33,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
 #include "models/checks.h"
+#include "tests/cli_capture.h"
 #include "models/train.h"
 
 static const char *const TINY[] = {
@@ -390,6 +398,120 @@ static void test_dropout(void **state)
     parity(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 1, ds_meshes, 1, NULL);
 }
 
+/* ------------------------------------------------------------ layer layout */
+
+/* A tensor of a safetensors file: its shape and float32 data (malloc'd), or NULL if absent. */
+static float *st_tensor(const char *file, const char *name, int *rank, int64_t *shape)
+{
+    FILE *f = fopen(file, "rb");
+    assert_non_null(f);
+    uint64_t n;
+    assert_int_equal(fread(&n, 8, 1, f), 1);
+    char *h = malloc(n + 1);
+    assert_int_equal(fread(h, 1, n, f), n);
+    h[n] = 0;
+    json_t *root = json_loads(h, 0, NULL);
+    assert_non_null(root);
+    json_t *e = json_object_get(root, name);
+    float *data = NULL;
+    if (e) {
+        json_t *sh = json_object_get(e, "shape"), *off = json_object_get(e, "data_offsets");
+        *rank = (int)json_array_size(sh);
+        for (int i = 0; i < *rank; i++) shape[i] = json_integer_value(json_array_get(sh, (size_t)i));
+        int64_t b = json_integer_value(json_array_get(off, 0)), end = json_integer_value(json_array_get(off, 1));
+        data = malloc((size_t)(end - b));
+        fseek(f, (long)(8 + n + (uint64_t)b), SEEK_SET);
+        assert_int_equal(fread(data, 1, (size_t)(end - b), f), (size_t)(end - b));
+    }
+    json_decref(root);
+    free(h);
+    fclose(f);
+    return data;
+}
+
+static int train_cli(const char *dir, const char *const *extra, int n)
+{
+    const char *argv[40];
+    int argc = 0;
+    for (int i = 0; i < 10; i++) argv[argc++] = TINY[i];
+    argv[argc++] = "per_device_batch_size=1";
+    argv[argc++] = "ici_fsdp_parallelism=4";
+    argv[argc++] = "ici_tensor_parallelism=2";
+    argv[argc++] = "steps=1";
+    char ck[256];
+    snprintf(ck, sizeof ck, "checkpoint_dir=%s", dir);
+    argv[argc++] = ck;
+    argv[argc++] = "checkpoint_period=1";
+    for (int i = 0; i < n; i++) argv[argc++] = extra[i];
+    cli_capture r = cli_capture_run(cli_train, argc, argv);
+    int rc = r.rc;
+    if (rc) print_message("%s\n", r.err);
+    cli_capture_free(&r);
+    return rc;
+}
+
+static void test_layer_layout(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/shardsim-keys-XXXXXX";
+    assert_non_null(mkdtemp(base));
+    char d0[300], d1[300], d2[300], d3[300], f0[340], f1[340], f2[340];
+    snprintf(d0, sizeof d0, "%s/scanned", base);
+    snprintf(d1, sizeof d1, "%s/axis0", base);
+    snprintf(d2, sizeof d2, "%s/unscanned", base);
+    snprintf(d3, sizeof d3, "%s/reload", base);
+    const char *axis0[] = {"param_scan_axis=0"}, *unscanned[] = {"scan_layers=false"};
+    assert_int_equal(train_cli(d0, NULL, 0), 0);
+    assert_int_equal(train_cli(d1, axis0, 1), 0);
+    assert_int_equal(train_cli(d2, unscanned, 1), 0);
+    /* after one step (the same training in every layout) */
+    snprintf(f0, sizeof f0, "%s/step_1.safetensors", d0);
+    snprintf(f1, sizeof f1, "%s/step_1.safetensors", d1);
+    snprintf(f2, sizeof f2, "%s/step_1.safetensors", d2);
+    int r0, r1, r2;
+    int64_t s0[8], s1[8], s2[8];
+    const char *q = "params.decoder.layers.self_attention.query.kernel";
+    float *a = st_tensor(f0, q, &r0, s0), *b = st_tensor(f1, q, &r1, s1);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_null(st_tensor(f2, q, &r2, s2)); /* unscanned: no stacked tensor */
+    /* default (E, L, H, D) = (16, 2, 4, 8); axis 0: (L, E, H, D) */
+    assert_int_equal(r0, 4);
+    assert_true(s0[0] == 16 && s0[1] == 2 && s0[2] == 4 && s0[3] == 8);
+    assert_true(r1 == 4 && s1[0] == 2 && s1[1] == 16 && s1[2] == 4 && s1[3] == 8);
+    for (int l = 0; l < 2; l++) {
+        char name[128];
+        snprintf(name, sizeof name, "params.decoder.layers_%d.self_attention.query.kernel", l);
+        float *c = st_tensor(f2, name, &r2, s2);
+        assert_non_null(c);
+        assert_true(r2 == 3 && s2[0] == 16 && s2[1] == 4 && s2[2] == 8);
+        for (int e = 0; e < 16; e++)
+            for (int hd = 0; hd < 32; hd++) {
+                float want = a[(e * 2 + l) * 32 + hd];
+                assert_true(b[(l * 16 + e) * 32 + hd] == want);
+                assert_true(c[e * 32 + hd] == want);
+            }
+        free(c);
+        /* and the Adam moments under the same names */
+        snprintf(name, sizeof name, "opt_state.mu.params.decoder.layers_%d.mlp.wo.kernel", l);
+        c = st_tensor(f2, name, &r2, s2);
+        assert_non_null(c);
+        free(c);
+    }
+    free(a);
+    free(b);
+    /* an unscanned checkpoint loads into an unscanned model; the stacked one does not */
+    char lp[400];
+    snprintf(lp, sizeof lp, "load_parameters_path=%s", f2);
+    const char *reload[] = {"scan_layers=false", lp};
+    assert_int_equal(train_cli(d3, reload, 2), 0);
+    snprintf(lp, sizeof lp, "load_parameters_path=%s", f0);
+    assert_int_equal(train_cli(d3, reload, 2), 2);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", base);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ------------------------------------------------------------ checks */
 
 static void test_sharding_tolerance(void **state)
@@ -543,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_global_parameter_scale),
         cmocka_unit_test(test_logits_dot_in_fp32_is_float32_already),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_layer_layout),
         cmocka_unit_test(test_sharding_tolerance),
         cmocka_unit_test(test_debug_sharding),
         cmocka_unit_test(test_remat_policies),
