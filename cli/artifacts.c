@@ -484,6 +484,26 @@ static sim_status write_run(FILE *f, void *arg)
         }
         jw_arr_end(&w);
     }
+    if (in->cfg && in->cfg->keys_file) {
+        /* the key contract: inert keys that were set (accepted, no effect on
+         * the simulation), with the reason */
+        jw_key(&w, "inert_keys_set");
+        jw_obj(&w);
+        for (int i = 0; i < in->cfg->n; i++) {
+            const mesh_cfg_entry *e = &in->cfg->entries[i];
+            if (e->cls != MESH_KEY_INERT || !e->changed) continue;
+            jw_key(&w, e->key);
+            jw_obj_inline(&w);
+            jw_key(&w, "value");
+            jw_cfg_value(&w, &e->value);
+            jw_key(&w, "source");
+            jw_str(&w, e->where ? e->where : "");
+            jw_key(&w, "why");
+            jw_str(&w, e->why ? e->why : "");
+            jw_obj_end(&w);
+        }
+        jw_obj_end(&w);
+    }
     if (in->cfg) {
         jw_key(&w, "config");
         jw_obj(&w);

@@ -18,4 +18,7 @@ int cli_dump(int argc, char **argv, FILE *out, FILE *err);
 /* shardsim parity [file.yml ...] [key=value ...] configs="<overrides>;<overrides>;..." */
 int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err);
 
+/* shardsim keys [pattern]: the key contract as a table */
+int cli_keys(int argc, char **argv, FILE *out, FILE *err);
+
 #endif

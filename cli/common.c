@@ -1,11 +1,14 @@
 /* common.c — shared command-line helpers. */
 #include "cli/common.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "sim/types.h"
 
 static int is_dir(const char *p)
 {
@@ -103,13 +106,22 @@ sim_status cli_parse_shape(const char *text, const char *what, int *rank, int64_
 {
     *rank = 0;
     const char *p = text;
+    /* the element count is bounded so that byte counts (x8) and every
+     * product of sizes stays far inside 64 bits */
+    const long long max_elems = 1LL << 48;
+    long long elems = 1;
     if (*p == '(' || *p == '[') p++;
     while (*p && *p != ')' && *p != ']') {
         char *end;
+        errno = 0;
         long long v = strtoll(p, &end, 10);
-        if (end == p || v < 1)
+        if (end == p || v < 1 || (*end && *end != ',' && *end != ' ' && *end != ')' && *end != ']'))
             return sim_err(SIM_ERR_INPUT, "%s='%s': expected positive sizes separated by commas, like %s=8,16", what,
                            text, what);
+        if (errno == ERANGE || v > max_elems / elems)
+            return sim_err(SIM_ERR_INPUT, "%s='%s': the array would have more than 2^48 elements; give a smaller shape",
+                           what, text);
+        elems *= v;
         if (*rank == MESH_SPEC_MAX_RANK)
             return sim_err(SIM_ERR_INPUT, "%s='%s': at most %d dims", what, text, MESH_SPEC_MAX_RANK);
         shape[(*rank)++] = v;
@@ -139,9 +151,13 @@ sim_status cli_parse_mesh(const char *text, mesh_shape *m)
         memcpy(names[n], p, len);
         names[n][len] = '\0';
         char *end;
+        errno = 0;
         long v = strtol(eq + 1, &end, 10);
         if (end == eq + 1 || v < 1 || (*end && *end != ','))
             return sim_err(SIM_ERR_INPUT, "mesh='%s': axis '%s' needs a positive size", text, names[n]);
+        if (errno == ERANGE || v > SIM_MAX_DEVICES)
+            return sim_err(SIM_ERR_INPUT, "mesh='%s': axis '%s' has size %s; a mesh has at most %d devices", text,
+                           names[n], eq + 1, SIM_MAX_DEVICES);
         np[n] = names[n];
         sizes[n++] = (int)v;
         p = *end ? end + 1 : end;

@@ -7,6 +7,7 @@
  * data, checks each result against its definition, and prints what each
  * device sent next to the formula. */
 #include "cli/cli.h"
+#include "cli/common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,20 +130,21 @@ int cli_collectives_demo(int argc, char **argv)
     return bad ? 1 : 0;
 }
 
-static const char *const DEMO_MODEL[] = {
-    "base_emb_dim=128", "base_num_query_heads=8", "base_num_kv_heads=4", "head_dim=16",
-    "base_mlp_dim=384",  "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=64",
-    "learning_rate=3e-3", "warmup_steps_fraction=0.1",
-};
+/* The demo's model is configs/small.yml (data, not code). */
+static const char *small_yml(void)
+{
+    static char path[4096 + 16];
+    snprintf(path, sizeof path, "%s/small.yml", cli_configs_dir());
+    return path;
+}
 
 int cli_demo(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    enum { NM = sizeof DEMO_MODEL / sizeof DEMO_MODEL[0] };
-    const char *train[NM + 8];
+    const char *train[8];
     int n = 0;
-    for (int i = 0; i < NM; i++) train[n++] = DEMO_MODEL[i];
+    train[n++] = small_yml();
     train[n++] = "ici_data_parallelism=2";
     train[n++] = "ici_fsdp_parallelism=2";
     train[n++] = "ici_tensor_parallelism=2";
@@ -152,9 +154,9 @@ int cli_demo(int argc, char **argv)
     fflush(stdout);
     int rc = cli_train(n, (char **)train, stdout, stderr);
     if (rc) return rc;
-    const char *par[NM + 4];
+    const char *par[4];
     n = 0;
-    for (int i = 0; i < NM; i++) par[n++] = DEMO_MODEL[i];
+    par[n++] = small_yml();
     par[n++] = "per_device_batch_size=16";
     par[n++] = "steps=3";
     par[n++] = "configs=ici_fsdp_parallelism=1;ici_data_parallelism=2 ici_fsdp_parallelism=2 ici_tensor_parallelism=2;"

@@ -1,40 +1,127 @@
-/* main.c — `shardsim COMMAND [args]`: dispatches to the commands in cli/. */
+/* main.c — `shardsim COMMAND [args]`: dispatches to the commands in cli/;
+ * `shardsim help COMMAND` and `COMMAND --help` print one command's usage. */
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/artifacts.h"
 #include "cli/cli.h"
+
+typedef struct {
+    const char *name;
+    const char *summary; /* one line for the command list */
+    const char *usage;   /* the command's full usage */
+} command_help;
+
+static const command_help COMMANDS[] = {
+    {"train", "train a model (or size it: dry_run=true, compile_topology=...)",
+     "usage: shardsim train [file.yml ...] [key=value ...]\n"
+     "\n"
+     "Trains the configured model on simulated devices: a config box, one line per step, then the\n"
+     "traffic table and the memory table.  YAML files (MaxText's base.yml, model files, your own)\n"
+     "apply on top of configs/base.yml in order, then key=value overrides.  Every MaxText key is\n"
+     "known: `shardsim keys` lists them with their class (honoured, inert or refused).\n"
+     "\n"
+     "  output_dir=DIR                 write run.json, metrics.json, collectives.csv, traffic.csv,\n"
+     "                                 trace.json and the sharding dump into DIR\n"
+     "  base_output_directory=B run_name=R   as MaxText: outputs go to B/R (checkpoints in\n"
+     "                                 B/R/checkpoints when enable_checkpointing=true)\n"
+     "  dry_run=true                   shapes, shardings, traffic and memory only\n"
+     "  compile_topology=v5p-8         size for that topology (devices and slices), implies dry_run\n"
+     "  metrics_file=FILE              one JSON line of metrics per step (MaxText's format)\n"
+     "\n"
+     "Exit codes: 0 success, 1 a check failed (simulated OOM, explicit-mode sharding error),\n"
+     "2 bad usage or input (including a refused key).\n"},
+    {"parity", "compare losses and gradients across configurations",
+     "usage: shardsim parity [file.yml ...] [key=value ...] configs=\"<overrides>;<overrides>;...\"\n"
+     "\n"
+     "Runs the same model on the same data under every listed configuration and compares each\n"
+     "step's loss and every gradient with the first configuration; exits 1 when a difference\n"
+     "exceeds parity_rtol (default 1e-4).\n"},
+    {"dump", "write MaxText's sharding dump files",
+     "usage: shardsim dump [file.yml ...] [key=value ...] output_dir=DIR\n"
+     "\n"
+     "Writes named_shardings.json, logical_shardings.json, input_shardings.json (MaxText's\n"
+     "format) and shardings.json (all three) from a dry forward pass.\n"},
+    {"explain", "the collectives that turn one sharding into another",
+     "usage: shardsim explain mesh=data=2,fsdp=2,tensor=2 shape=8,16 from=SPEC to=SPEC\n"
+     "       shardsim explain shape=8,16 from_logical=a,b to_logical=c,d [key=value ...]\n"
+     "\n"
+     "Plans the resharding from one PartitionSpec (or logical axes) to another, prints the\n"
+     "collectives and bytes per device, and pictures both shardings.\n"},
+    {"keys", "list the config keys with class, default and reason",
+     "usage: shardsim keys [pattern]\n"
+     "\n"
+     "Lists every key shardsim knows (all of MaxText's base.yml and shardsim's own) with its\n"
+     "class, default and a one-line description or reason.  pattern: a substring of the key\n"
+     "name, a glob (ici_*), or class=honoured|inert|refused.\n"
+     "\n"
+     "  honoured  read by the simulator with MaxText's meaning\n"
+     "  inert     cannot change losses, shardings, memory or traffic; accepted and listed in\n"
+     "            run.json under inert_keys_set when set\n"
+     "  refused   a feature not simulated: a non-default value exits 2 naming the key\n"},
+    {"demo", "train a small Llama on 8 simulated devices, then check parity with 1 device",
+     "usage: shardsim demo\n"},
+    {"collectives", "run every collective on an 8-device mesh and show the counted bytes",
+     "usage: shardsim collectives\n"},
+    {"help", "this text, or one command's usage", "usage: shardsim help [command]\n"},
+};
+enum { N_COMMANDS = (int)(sizeof COMMANDS / sizeof COMMANDS[0]) };
+
+static const command_help *find_command(const char *name)
+{
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(COMMANDS[i].name, name)) return &COMMANDS[i];
+    return NULL;
+}
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: shardsim COMMAND [file.yml ...] [key=value ...]\n"
-            "\n"
-            "commands:\n"
-            "  train     train a model: shardsim train [file.yml ...] [key=value ...]\n"
-            "  parity    compare losses and gradients across configurations:\n"
-            "            shardsim parity ... configs=\"<overrides>;<overrides>;...\"\n"
-            "  dump      write MaxText's sharding dump files: shardsim dump ... output_dir=DIR\n"
-            "  explain   the collectives that turn one sharding into another:\n"
-            "            shardsim explain mesh=data=2,fsdp=2,tensor=2 shape=8,16 \\\n"
-            "                from=\"P(('data','fsdp'),None)\" to=\"P(None,'tensor')\"\n"
-            "  demo      train a small Llama on 8 simulated devices, then check parity with 1 device\n"
-            "  collectives  run every collective on an 8-device mesh and show the counted bytes\n"
-            "  help      this text\n");
+    fprintf(f, "usage: shardsim COMMAND [file.yml ...] [key=value ...]\n\ncommands:\n");
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-12s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    fprintf(f, "\n`shardsim help COMMAND` or `shardsim COMMAND --help` shows a command's usage;\n"
+               "`shardsim --version` the version.\n");
 }
+
+static int is_help_flag(const char *s) { return !strcmp(s, "--help") || !strcmp(s, "-h"); }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
-    if (!strcmp(argv[1], "demo")) return cli_demo(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "collectives")) return cli_collectives_demo(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "train")) return cli_train(argc - 2, argv + 2, stdout, stderr);
-    if (!strcmp(argv[1], "parity")) return cli_cmd_parity(argc - 2, argv + 2, stdout, stderr);
-    if (!strcmp(argv[1], "dump")) return cli_dump(argc - 2, argv + 2, stdout, stderr);
-    if (!strcmp(argv[1], "explain")) return cli_explain(argc - 2, argv + 2, stdout, stderr);
-    fprintf(stderr, "shardsim: unknown command '%s'\n", argv[1]);
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("%s\n", CLI_SHARDSIM_VERSION);
+        return 0;
+    }
+    if (is_help_flag(cmd) || (!strcmp(cmd, "help") && argc == 2)) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "help")) {
+        const command_help *c = find_command(argv[2]);
+        if (!c || argc > 3) {
+            fprintf(stderr, "shardsim help: unknown command '%s'\n", argv[2]);
+            usage(stderr);
+            return 2;
+        }
+        fputs(c->usage, stdout);
+        return 0;
+    }
+    const command_help *c = find_command(cmd);
+    if (c && argc >= 3 && is_help_flag(argv[2])) {
+        fputs(c->usage, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "demo")) return cli_demo(argc - 2, argv + 2);
+    if (!strcmp(cmd, "collectives")) return cli_collectives_demo(argc - 2, argv + 2);
+    if (!strcmp(cmd, "train")) return cli_train(argc - 2, argv + 2, stdout, stderr);
+    if (!strcmp(cmd, "parity")) return cli_cmd_parity(argc - 2, argv + 2, stdout, stderr);
+    if (!strcmp(cmd, "dump")) return cli_dump(argc - 2, argv + 2, stdout, stderr);
+    if (!strcmp(cmd, "explain")) return cli_explain(argc - 2, argv + 2, stdout, stderr);
+    if (!strcmp(cmd, "keys")) return cli_keys(argc - 2, argv + 2, stdout, stderr);
+    fprintf(stderr, "shardsim: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
 }

@@ -109,8 +109,9 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         model_def *def = NULL;
         char pdbs[64];
         st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], NULL, &cfg, &def);
-        if (st == SIM_OK && c > 0 && def->d.batch != ref_batch && !sets_pdbs(&cfgs[c])) {
-            snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%.17g", (double)ref_batch / def->mesh.num_devices);
+        if (st == SIM_OK && c > 0 && def->d.batch * def->d.ga != ref_batch && !sets_pdbs(&cfgs[c])) {
+            snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%.17g",
+                     (double)ref_batch / (double)(def->mesh.num_devices * def->d.ga));
             model_def_free(def);
             free(def);
             mesh_cfg_free(cfg);
@@ -122,7 +123,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         model_train_job job;
         memset(&job, 0, sizeof job);
         if (st == SIM_OK && c == 0) {
-            ref_batch = def->d.batch;
+            ref_batch = def->d.batch * def->d.ga; /* rows per step, over all microbatches */
             st = mesh_cfg_get_int(cfg, "steps", &steps);
             if (!st) st = mesh_cfg_get_double(cfg, "parity_rtol", &rtol);
             const char *od = NULL;
@@ -131,10 +132,10 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             if (!st) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
                              steps, rtol);
         }
-        if (st == SIM_OK && def->d.batch != ref_batch)
+        if (st == SIM_OK && def->d.batch * def->d.ga != ref_batch)
             st = sim_err(SIM_ERR_INPUT, "configuration '%s' trains %lld rows per step, the reference %lld; set "
                                         "per_device_batch_size so that the global batches agree",
-                         cfgs[c].label, (long long)def->d.batch, (long long)ref_batch);
+                         cfgs[c].label, (long long)(def->d.batch * def->d.ga), (long long)ref_batch);
         if (st == SIM_OK && def->d.dry_run) st = sim_err(SIM_ERR_INPUT, "parity needs real numbers: drop dry_run=true");
         if (st == SIM_OK) st = model_optim_from_config(cfg, &job.opt);
         if (st == SIM_OK) st = model_data_from_config(cfg, &data);

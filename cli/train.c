@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "models/checks.h"
@@ -81,6 +82,10 @@ static int dump_entries(const model_def *def, const char *dtype, cli_dump_param 
                 p[np].logical[d] = defs[np].logical[d];
             }
             p[np].spec = spec;
+            /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
+             * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
+            p[np].has_opt_spec = def->d.zero1;
+            p[np].opt_spec = def->opt_unpruned[i];
         }
     *na = def->nacts;
     for (int i = 0; i < def->nacts; i++) {
@@ -152,6 +157,8 @@ typedef struct {
     FILE *out;
     const model_def *def;
     cli_step_metrics *metrics;
+    FILE *metrics_file;    /* metrics_file=...: one JSON line per step, or NULL */
+    const char *run_name;
 } step_printer;
 
 /* "step 3: backward 12/32" on a terminal while a step runs (remat layers). */
@@ -165,6 +172,18 @@ static void print_layer(void *arg, int64_t step, int layer, bool backward)
     cli_progress(stderr, (double)done / (2.0 * L), label);
 }
 
+static void put_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
 static void print_step(const model_step_stats *s, void *arg)
 {
     step_printer *sp = arg;
@@ -175,11 +194,59 @@ static void print_step(const model_step_stats *s, void *arg)
     m->grad_norm = s->grad_norm;
     m->lr = s->lr;
     m->time_s = s->time_s;
-    m->tokens_per_s = s->time_s > 0 ? (double)(sp->def->d.batch * sp->def->d.seq) / s->time_s : 0;
+    m->tokens_per_s = s->time_s > 0 ? (double)(sp->def->d.batch * sp->def->d.ga * sp->def->d.seq) / s->time_s : 0;
     m->peak_bytes = s->peak_bytes;
     m->dry = sp->def->d.dry_run;
     cli_report_step_line(sp->out, m);
     fflush(sp->out);
+    if (sp->metrics_file) {
+        /* MaxText's metrics_file line: its scalar names, step as a float, run_name */
+        fprintf(sp->metrics_file,
+                "{\"learning/loss\": %.9g, \"learning/grad_norm\": %.9g, \"learning/current_learning_rate\": %.9g, "
+                "\"perf/step_time_seconds\": %.6g, \"perf/per_device_tokens_per_sec\": %.6g, \"step\": %.1f, "
+                "\"run_name\": ",
+                m->loss, m->grad_norm, m->lr, m->time_s, m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
+        put_json_str(sp->metrics_file, sp->run_name);
+        fprintf(sp->metrics_file, "}\n");
+        fflush(sp->metrics_file);
+    }
+}
+
+/* MaxText's output layout: base_output_directory/run_name (run_name empty:
+ * <model_name>_<YYYY-MM-DD-HH-MM>, as MaxText names it), checkpoints in
+ * .../checkpoints when enable_checkpointing=true.  output_dir (shardsim's key)
+ * wins when set; a checkpoint_dir given with enable_checkpointing=false is a
+ * contradiction, not a silent choice. */
+static sim_status resolve_outputs(const mesh_cfg *cfg, char *outdir, size_t cap_out, char *ckdir, size_t cap_ck,
+                                  char *run_name, size_t cap_run)
+{
+    const char *base = cfg_str(cfg, "base_output_directory"), *run = cfg_str(cfg, "run_name");
+    const char *out = cfg_str(cfg, "output_dir"), *ck = cfg_str(cfg, "checkpoint_dir");
+    int enable;
+    SIM_TRY(mesh_cfg_get_bool(cfg, "enable_checkpointing", &enable));
+    if (strstr(base, "://"))
+        return sim_err(SIM_ERR_INPUT, "base_output_directory=%s: shardsim writes local files only; give a local directory",
+                       base);
+    if (*run) {
+        snprintf(run_name, cap_run, "%s", run);
+    } else {
+        time_t t = time(NULL);
+        struct tm tm;
+        char ts[32] = "";
+        if (gmtime_r(&t, &tm)) strftime(ts, sizeof ts, "%Y-%m-%d-%H-%M", &tm);
+        snprintf(run_name, cap_run, "%s_%s", cfg_str(cfg, "model_name"), ts);
+    }
+    if (*out) snprintf(outdir, cap_out, "%s", out);
+    else if (*base) snprintf(outdir, cap_out, "%s/%s", base, run_name);
+    else outdir[0] = '\0';
+    if (*ck && !enable)
+        return sim_err(SIM_ERR_INPUT, "checkpoint_dir=%s with enable_checkpointing=false: drop checkpoint_dir, or set "
+                                      "enable_checkpointing=true",
+                       ck);
+    if (*ck) snprintf(ckdir, cap_ck, "%s", ck);
+    else if (*base && enable) snprintf(ckdir, cap_ck, "%s/%s/checkpoints", base, run_name);
+    else ckdir[0] = '\0';
+    return SIM_OK;
 }
 
 static void config_box(FILE *out, const cli_model *cm, long long steps)
@@ -191,8 +258,13 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     snprintf(dims, sizeof dims, "emb %lld, heads %lld (kv %lld) x %lld, mlp %lld, layers %lld, vocab %lld",
              (long long)d->emb, (long long)d->q_heads, (long long)d->kv_heads, (long long)d->head_dim, (long long)d->mlp,
              (long long)d->layers, (long long)d->vocab);
-    snprintf(batch, sizeof batch, "%lld rows x %lld tokens (%lld loaded)", (long long)d->batch, (long long)d->seq,
-             (long long)d->rows_loaded);
+    if (d->ga > 1)
+        snprintf(batch, sizeof batch, "%lld rows x %lld tokens: %lld microbatches of %lld rows (%lld loaded)",
+                 (long long)(d->batch * d->ga), (long long)d->seq, (long long)d->ga, (long long)d->batch,
+                 (long long)d->rows_loaded);
+    else
+        snprintf(batch, sizeof batch, "%lld rows x %lld tokens (%lld loaded)", (long long)d->batch, (long long)d->seq,
+                 (long long)d->rows_loaded);
     snprintf(params, sizeof params, "%.2f M (%.1f MiB float32)", (double)model_param_bytes(def) / 4e6,
              (double)model_param_bytes(def) / 1048576.0);
     snprintf(st, sizeof st, "%lld", steps);
@@ -208,6 +280,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"batch", batch},
         {"steps", st},
         {"remat_policy", d->remat_policy},
+        {"optimizer state", d->zero1 ? "ZeRO-1: sharded over data (shard_optimizer_over_data)" : "as the parameters"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
         {"blas kernels", bk_coretype_current()->summary},
@@ -218,6 +291,18 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
 int cli_train(int argc, char **argv, FILE *out, FILE *err)
 {
     cli_model cm;
+    /* With no arguments at all: the built-in small model (MaxText's defaults
+     * in base.yml are a 1 B-parameter model that needs ~29 GiB). */
+    char small[4096 + 16];
+    char *small_argv[1] = {small};
+    if (argc == 0) {
+        snprintf(small, sizeof small, "%s/small.yml", cli_configs_dir());
+        fprintf(out, "no arguments: training the built-in small Llama (%s); give keys or YAML files to choose "
+                     "another (shardsim help train)\n\n",
+                small);
+        argc = 1;
+        argv = small_argv;
+    }
     sim_status st = model_open(argc, argv, NULL, 0, &cm);
     if (st) {
         int rc = cli_fail(err, st);
@@ -248,10 +333,18 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         st = sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written by "
                                     "checkpoint_dir=..., e.g. DIR/step_0.safetensors",
                      load, strerror(errno));
-    const char *outdir = cfg_str(cm.cfg, "output_dir");
+    char outbuf[4096], ckbuf[4096], run_name[1024];
+    if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
+    const char *outdir = st ? "" : outbuf;
+    const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
+    if (!st && *metrics_path && def->d.dry_run)
+        st = sim_err(SIM_ERR_INPUT, "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no losses to "
+                                    "write; drop metrics_file or run for real",
+                     metrics_path);
     /* made now so a bad path fails before training; removed again if the run fails before writing into it */
     bool made_outdir = !st && *outdir && access(outdir, F_OK) != 0;
     if (!st && *outdir) st = cli_artifacts_mkdir(outdir);
+    if (!st && *ckbuf) st = cli_artifacts_mkdir(ckbuf);
     if (st) {
         int rc = cli_fail(err, st);
         model_data_close(&data);
@@ -269,11 +362,21 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         return rc;
     }
     cli_step_metrics *metrics = calloc((size_t)steps, sizeof *metrics);
-    step_printer sp = {out, def, metrics};
+    step_printer sp = {out, def, metrics, NULL, run_name};
+    if (*metrics_path && !(sp.metrics_file = fopen(metrics_path, "w"))) {
+        int e = errno;
+        st = sim_err(SIM_ERR_IO, "metrics_file=%s: cannot write it: %s", metrics_path, strerror(e));
+        int rc = cli_fail(err, st);
+        free(metrics);
+        sim_machine_free(m);
+        model_data_close(&data);
+        model_close(&cm);
+        return rc;
+    }
     job.def = def;
     job.data = &data;
     job.steps = steps;
-    job.checkpoint_dir = cfg_str(cm.cfg, "checkpoint_dir");
+    job.checkpoint_dir = ckbuf;
     job.checkpoint_period = ckpt_period;
     job.load_path = cfg_str(cm.cfg, "load_parameters_path");
     job.on_step = print_step;
@@ -322,6 +425,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         free(mem);
     }
     if (rc && made_outdir) rmdir(outdir); /* only succeeds while it is still empty */
+    if (sp.metrics_file) fclose(sp.metrics_file);
     free(job.stats);
     free(metrics);
     sim_machine_free(m);

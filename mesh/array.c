@@ -46,7 +46,12 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
     for (int i = 0; i < rank; i++) out->nlocal *= (size_t)out->local[i];
     static _Thread_local uint64_t next_uid; /* arrays are made on their device's thread */
     out->uid = ++next_uid;
-    return sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, zero, &out->data);
+    sim_status st = sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, zero, &out->data);
+    /* a failed allocation (a simulated OOM) holds nothing: freeing it later
+     * must not release bytes that were never accounted (dry runs have no
+     * pointer to tell) */
+    if (st != SIM_OK) out->nlocal = 0;
+    return st;
 }
 
 sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,

@@ -10,10 +10,13 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
+#include <pthread.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -458,15 +461,43 @@ char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json)
 /* YAML reading                                                              */
 /* ======================================================================== */
 
-static sim_status node_to_value(mesh_cfg *cfg, yaml_document_t *doc, yaml_node_t *node,
-                                const char *file, int depth, mesh_cfg_value *out)
+/* Bounds of one YAML input.  Aliases make a document a graph: `*a` refers
+ * to the node `&a` names, and copying it into values expands every reference,
+ * so a few lines of nested aliases ("billion laughs") would expand to 10^9
+ * values.  The copy counts the values it makes and stops at YAML_MAX_VALUES;
+ * files above YAML_MAX_BYTES are refused before they are parsed. */
+enum { YAML_MAX_VALUES = 1 << 20, YAML_MAX_BYTES = 16 << 20 };
+
+typedef struct {
+    mesh_cfg *cfg;
+    yaml_document_t *doc;
+    const char *file;
+    long values; /* values made so far */
+} yaml_ctx;
+
+/* FNV-1a of a key: the duplicate-key check of large maps and the hash
+ * indexes of entries and keys.yml use it. */
+static uint64_t key_hash(const char *k)
 {
+    uint64_t h = 14695981039346656037ULL;
+    for (; *k; k++) h = (h ^ (unsigned char)*k) * 1099511628211ULL;
+    return h;
+}
+
+static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, mesh_cfg_value *out)
+{
+    const char *file = c->file;
     memset(out, 0, sizeof *out);
     out->file = file;
     out->line = file == CLI_SOURCE ? 0 : (int)node->start_mark.line + 1;
     if (depth > YAML_MAX_DEPTH)
         return sim_err(SIM_ERR_INPUT, "%s:%d: YAML nested deeper than %d levels", file, out->line,
                        YAML_MAX_DEPTH);
+    if (++c->values > YAML_MAX_VALUES)
+        return sim_err(SIM_ERR_INPUT,
+                       "%s:%d: the YAML expands to more than %d values (aliases referring to aliases?); "
+                       "a config needs far fewer: remove the repeated aliases",
+                       file, out->line, YAML_MAX_VALUES);
     switch (node->type) {
     case YAML_SCALAR_NODE:
         out->kind = MESH_CFG_SCALAR;
@@ -475,52 +506,69 @@ static sim_status node_to_value(mesh_cfg *cfg, yaml_document_t *doc, yaml_node_t
         out->quoted = node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE &&
                       node->data.scalar.style != YAML_ANY_SCALAR_STYLE;
         return SIM_OK;
-    case YAML_SEQUENCE_NODE:
+    case YAML_SEQUENCE_NODE: {
         out->kind = MESH_CFG_LIST;
-        for (yaml_node_item_t *it = node->data.sequence.items.start;
-             it < node->data.sequence.items.top; it++) {
-            mesh_cfg_value *slot = value_push(out, NULL);
-            sim_status st = node_to_value(cfg, doc, yaml_document_get_node(doc, *it), file,
-                                          depth + 1, slot);
+        /* sized up front: appending one by one would copy the list each time */
+        size_t n = (size_t)(node->data.sequence.items.top - node->data.sequence.items.start);
+        if (n) {
+            out->items = calloc(n, sizeof *out->items);
+            SIM_ASSERT(out->items);
+        }
+        for (size_t i = 0; i < n; i++) {
+            out->n = (int)i + 1;
+            sim_status st = node_to_value(c, yaml_document_get_node(c->doc, node->data.sequence.items.start[i]),
+                                          depth + 1, &out->items[i]);
             if (st != SIM_OK) {
                 value_free(out);
                 return st;
             }
         }
         return SIM_OK;
-    case YAML_MAPPING_NODE:
+    }
+    case YAML_MAPPING_NODE: {
         out->kind = MESH_CFG_MAP;
-        for (yaml_node_pair_t *pr = node->data.mapping.pairs.start;
-             pr < node->data.mapping.pairs.top; pr++) {
-            yaml_node_t *k = yaml_document_get_node(doc, pr->key);
+        size_t n = (size_t)(node->data.mapping.pairs.top - node->data.mapping.pairs.start);
+        /* duplicate keys are found through a hash table of the indices seen,
+         * so a map of 40k keys loads in linear time */
+        size_t hcap = 16;
+        while (hcap < 2 * n) hcap *= 2;
+        int *slots = NULL;
+        if (n) {
+            out->items = calloc(n, sizeof *out->items);
+            out->keys = calloc(n, sizeof *out->keys);
+            slots = malloc(hcap * sizeof *slots);
+            SIM_ASSERT(out->items && out->keys && slots);
+            memset(slots, 0xff, hcap * sizeof *slots);
+        }
+        sim_status st = SIM_OK;
+        for (size_t i = 0; i < n && st == SIM_OK; i++) {
+            yaml_node_pair_t *pr = &node->data.mapping.pairs.start[i];
+            yaml_node_t *k = yaml_document_get_node(c->doc, pr->key);
             int kline = (int)k->start_mark.line + 1;
             if (k->type != YAML_SCALAR_NODE) {
-                value_free(out);
-                return sim_err(SIM_ERR_INPUT, "%s:%d: a map key must be a plain name", file, kline);
+                st = sim_err(SIM_ERR_INPUT, "%s:%d: a map key must be a plain name", file, kline);
+                break;
             }
             char *key = strndup((const char *)k->data.scalar.value, k->data.scalar.length);
             SIM_ASSERT(key);
-            if (map_index(out, key) >= 0) {
-                int first = out->items[map_index(out, key)].line;
-                sim_status st = sim_err(SIM_ERR_INPUT,
-                                        "%s:%d: key '%s' appears twice (first at line %d); "
-                                        "remove one of them",
-                                        file, kline, key, first);
+            size_t h = (size_t)key_hash(key) & (hcap - 1);
+            while (slots[h] >= 0 && strcmp(out->keys[slots[h]], key) != 0) h = (h + 1) & (hcap - 1);
+            if (slots[h] >= 0) {
+                st = sim_err(SIM_ERR_INPUT, "%s:%d: key '%s' appears twice (first at line %d); remove one of them",
+                             file, kline, key, out->items[slots[h]].line);
                 free(key);
-                value_free(out);
-                return st;
+                break;
             }
-            mesh_cfg_value *slot = value_push(out, key);
-            free(key);
-            sim_status st = node_to_value(cfg, doc, yaml_document_get_node(doc, pr->value), file,
-                                          depth + 1, slot);
-            if (st == SIM_OK && file != CLI_SOURCE) slot->line = kline; /* key's line reads best */
-            if (st != SIM_OK) {
-                value_free(out);
-                return st;
-            }
+            slots[h] = (int)i;
+            out->keys[i] = key;
+            out->n = (int)i + 1;
+            st = node_to_value(c, yaml_document_get_node(c->doc, pr->value), depth + 1, &out->items[i]);
+            if (st == SIM_OK && file != CLI_SOURCE) out->items[i].line = kline; /* key's line reads best */
         }
-        return SIM_OK;
+        free(slots);
+        if (st != SIM_OK) value_free(out);
+        return st;
+    }
     default:
         return sim_err(SIM_ERR_INPUT, "%s:%d: empty YAML node", file, out->line);
     }
@@ -537,6 +585,19 @@ static sim_status yaml_read(mesh_cfg *cfg, const char *path, const char *text, m
     if (!text) {
         f = fopen(path, "rb");
         if (!f) return sim_err(SIM_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
+        struct stat sb;
+        if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            fclose(f);
+            return sim_err(SIM_ERR_INPUT, "config file %s is not a regular file; give a YAML file", path);
+        }
+        if (sb.st_size > YAML_MAX_BYTES) {
+            fclose(f);
+            return sim_err(SIM_ERR_INPUT, "config file %s has %lld bytes; a config file has at most %d MiB", path,
+                           (long long)sb.st_size, YAML_MAX_BYTES >> 20);
+        }
+    } else if (strlen(text) > YAML_MAX_BYTES) {
+        return sim_err(SIM_ERR_INPUT, "a command-line value of %zu bytes is too long (at most %d MiB)", strlen(text),
+                       YAML_MAX_BYTES >> 20);
     }
     SIM_ASSERT(yaml_parser_initialize(&parser));
     if (f) yaml_parser_set_input_file(&parser, f);
@@ -564,7 +625,8 @@ static sim_status yaml_read(mesh_cfg *cfg, const char *path, const char *text, m
         if (text) out->text = xstrdup("");
         out->file = file;
     } else {
-        st = node_to_value(cfg, &doc, root, file, 0, out);
+        yaml_ctx c = {cfg, &doc, file, 0};
+        st = node_to_value(&c, root, 0, out);
         if (st == SIM_OK && !text && out->kind != MESH_CFG_MAP) {
             value_free(out);
             st = sim_err(SIM_ERR_INPUT,
@@ -573,6 +635,27 @@ static sim_status yaml_read(mesh_cfg *cfg, const char *path, const char *text, m
         }
     }
     yaml_document_delete(&doc);
+    /* a second document ("---" then more) would be silently dropped: refuse it */
+    if (st == SIM_OK && root) {
+        yaml_document_t doc2;
+        int more = 0;
+        if (!yaml_parser_load(&parser, &doc2)) {
+            more = -1;
+        } else {
+            more = yaml_document_get_root_node(&doc2) != NULL;
+            yaml_document_delete(&doc2);
+        }
+        if (more) {
+            value_free(out);
+            if (text)
+                st = sim_err(SIM_ERR_INPUT, "command-line value \"%s\": %s after the first YAML document; give one value",
+                             text, more < 0 ? "invalid YAML" : "a second document");
+            else
+                st = sim_err(SIM_ERR_INPUT, "%s:%zu: %s after the first YAML document; shardsim reads one document per "
+                             "file: merge the documents or split them into separate files",
+                             path, parser.mark.line + 1, more < 0 ? "invalid YAML" : "a second document");
+        }
+    }
     yaml_parser_delete(&parser);
     if (f) fclose(f);
     return st;
@@ -605,7 +688,7 @@ void mesh_cfg_free(mesh_cfg *cfg)
     free(cfg->model_file);
     free(cfg->custom_file);
     free(cfg->keys_file);
-    value_free(&cfg->registry);
+    free(cfg->index);
     free(cfg);
 }
 
@@ -632,8 +715,30 @@ static void cfg_take_map(mesh_cfg *cfg, mesh_cfg_value *map)
     memset(map, 0, sizeof *map);
 }
 
+/* (Re)builds the hash index of the entries (after entries are added). */
+static void cfg_index(mesh_cfg *cfg)
+{
+    free(cfg->index);
+    cfg->index_cap = 16;
+    while (cfg->index_cap < 2 * cfg->n + 2) cfg->index_cap *= 2;
+    cfg->index = calloc((size_t)cfg->index_cap, sizeof *cfg->index);
+    SIM_ASSERT(cfg->index);
+    for (int i = 0; i < cfg->n; i++) {
+        unsigned h = (unsigned)key_hash(cfg->entries[i].key) & (unsigned)(cfg->index_cap - 1);
+        while (cfg->index[h]) h = (h + 1) & (unsigned)(cfg->index_cap - 1);
+        cfg->index[h] = i + 1;
+    }
+    cfg->index_n = cfg->n;
+}
+
 const mesh_cfg_entry *mesh_cfg_find(const mesh_cfg *cfg, const char *key)
 {
+    if (cfg->index && cfg->index_n == cfg->n) {
+        unsigned mask = (unsigned)(cfg->index_cap - 1);
+        for (unsigned h = (unsigned)key_hash(key) & mask; cfg->index[h]; h = (h + 1) & mask)
+            if (!strcmp(cfg->entries[cfg->index[h] - 1].key, key)) return &cfg->entries[cfg->index[h] - 1];
+        return NULL;
+    }
     for (int i = 0; i < cfg->n; i++)
         if (strcmp(cfg->entries[i].key, key) == 0) return &cfg->entries[i];
     return NULL;
@@ -933,6 +1038,107 @@ static sim_status registry_check_line(const char *key, const mesh_cfg_value *spe
     return SIM_OK;
 }
 
+/* ---- a small hash index of names (open addressing) ---- */
+
+typedef struct {
+    int cap;   /* power of two, > 2 x count */
+    int *slot; /* position + 1, 0 = empty */
+} name_index;
+
+/* names(arg, i) gives the i-th name. */
+static void name_index_build(name_index *ix, int n, const char *(*names)(const void *, int), const void *arg)
+{
+    ix->cap = 16;
+    while (ix->cap < 2 * n + 2) ix->cap *= 2;
+    ix->slot = calloc((size_t)ix->cap, sizeof *ix->slot);
+    SIM_ASSERT(ix->slot);
+    for (int i = 0; i < n; i++) {
+        unsigned h = (unsigned)key_hash(names(arg, i)) & (unsigned)(ix->cap - 1);
+        while (ix->slot[h]) h = (h + 1) & (unsigned)(ix->cap - 1);
+        ix->slot[h] = i + 1;
+    }
+}
+
+static int name_index_get(const name_index *ix, const char *key, const char *(*names)(const void *, int),
+                          const void *arg)
+{
+    if (!ix->slot) return -1;
+    for (unsigned h = (unsigned)key_hash(key) & (unsigned)(ix->cap - 1); ix->slot[h];
+         h = (h + 1) & (unsigned)(ix->cap - 1))
+        if (!strcmp(names(arg, ix->slot[h] - 1), key)) return ix->slot[h] - 1;
+    return -1;
+}
+
+static const char *map_key_at(const void *map, int i) { return ((const mesh_cfg_value *)map)->keys[i]; }
+static const char *entry_key_at(const void *cfg, int i) { return ((const mesh_cfg *)cfg)->entries[i].key; }
+
+/* ---- keys.yml, parsed once per process ---- */
+
+/* Loading a config is frequent (parity loads one per configuration, the key
+ * test hundreds) and keys.yml is ~800 lines, so its parse is kept for the
+ * process, keyed by path and modification time; configs point into it. */
+typedef struct {
+    char *path;
+    struct timespec mtime;
+    mesh_cfg *holder; /* owns the parsed file (strings, values) */
+    mesh_cfg_value keys;
+    name_index ix;
+} registry_cache;
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static registry_cache registry_cached[4];
+
+static sim_status registry_get(const char *path, const registry_cache **out)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) return sim_err(SIM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    pthread_mutex_lock(&registry_lock);
+    registry_cache *c = NULL;
+    for (int i = 0; i < 4 && !c; i++)
+        if (registry_cached[i].path && !strcmp(registry_cached[i].path, path) &&
+            registry_cached[i].mtime.tv_sec == sb.st_mtim.tv_sec && registry_cached[i].mtime.tv_nsec == sb.st_mtim.tv_nsec)
+            c = &registry_cached[i];
+    sim_status st = SIM_OK;
+    if (!c) {
+        mesh_cfg *holder = cfg_new();
+        mesh_cfg_value doc = {0};
+        st = yaml_read(holder, path, NULL, &doc);
+        int ki = st == SIM_OK && doc.kind == MESH_CFG_MAP ? map_index(&doc, "keys") : -1;
+        if (st == SIM_OK && (ki < 0 || doc.items[ki].kind != MESH_CFG_MAP))
+            st = sim_err(SIM_ERR_INPUT, "%s: expected a top-level map `keys:` of key -> {class, type, default, why}",
+                         path);
+        for (int i = 0; st == SIM_OK && i < doc.items[ki].n; i++)
+            st = registry_check_line(doc.items[ki].keys[i], &doc.items[ki].items[i]);
+        if (st == SIM_OK) {
+            /* the oldest slot makes room (a process rarely sees more than one keys.yml) */
+            c = &registry_cached[0];
+            for (int i = 0; i < 4; i++)
+                if (!registry_cached[i].path) {
+                    c = &registry_cached[i];
+                    break;
+                }
+            if (c->path) {
+                free(c->path);
+                value_free(&c->keys);
+                mesh_cfg_free(c->holder);
+                free(c->ix.slot);
+            }
+            c->path = xstrdup(path);
+            c->mtime = sb.st_mtim;
+            c->holder = holder;
+            c->keys = doc.items[ki];
+            memset(&doc.items[ki], 0, sizeof doc.items[ki]);
+            name_index_build(&c->ix, c->keys.n, map_key_at, &c->keys);
+            holder = NULL;
+        }
+        value_free(&doc);
+        mesh_cfg_free(holder);
+    }
+    pthread_mutex_unlock(&registry_lock);
+    *out = c;
+    return st;
+}
+
 /* Reads <configs_dir>/keys.yml when it exists: classes every entry, adds the
  * keys the base file lacks with their keys.yml default. */
 static sim_status registry_apply(mesh_cfg *cfg, const char *configs_dir)
@@ -942,45 +1148,38 @@ static sim_status registry_apply(mesh_cfg *cfg, const char *configs_dir)
         free(path);
         return SIM_OK;
     }
-    mesh_cfg_value doc = {0};
-    sim_status st = yaml_read(cfg, path, NULL, &doc);
+    const registry_cache *rc = NULL;
+    sim_status st = registry_get(path, &rc);
     if (st != SIM_OK) {
         free(path);
         return st;
     }
-    int ki = doc.kind == MESH_CFG_MAP ? map_index(&doc, "keys") : -1;
-    if (ki < 0 || doc.items[ki].kind != MESH_CFG_MAP) {
-        value_free(&doc);
-        st = sim_err(SIM_ERR_INPUT, "%s: expected a top-level map `keys:` of key -> {class, type, default, why}", path);
-        free(path);
-        return st;
-    }
-    cfg->registry = doc.items[ki];
-    memset(&doc.items[ki], 0, sizeof doc.items[ki]);
-    value_free(&doc);
     cfg->keys_file = path;
-    const mesh_cfg_value *reg = &cfg->registry;
-    for (int i = 0; i < reg->n; i++) SIM_TRY(registry_check_line(reg->keys[i], &reg->items[i]));
+    cfg->registry = &rc->keys;
+    const mesh_cfg_value *reg = cfg->registry;
     /* every key of the base file needs a class */
     for (int i = 0; i < cfg->n; i++)
-        if (map_index(reg, cfg->entries[i].key) < 0)
+        if (name_index_get(&rc->ix, cfg->entries[i].key, map_key_at, reg) < 0)
             return sim_err(SIM_ERR_INPUT,
                            "%s: key '%s' has no line in %s; every key needs a class: add `%s: {class: honoured|inert|"
                            "refused, type: ..., why: ...}` there",
                            cfg->entries[i].where, cfg->entries[i].key, path, cfg->entries[i].key);
     /* keys the base file lacks: the keys.yml default */
-    int n_new = 0;
-    for (int i = 0; i < reg->n; i++) n_new += mesh_cfg_find(cfg, reg->keys[i]) == NULL;
-    cfg->entries = realloc(cfg->entries, (size_t)(cfg->n + n_new + 1) * sizeof *cfg->entries);
+    name_index base_ix;
+    name_index_build(&base_ix, cfg->n, entry_key_at, cfg);
+    int n_base = cfg->n;
+    cfg->entries = realloc(cfg->entries, (size_t)(cfg->n + reg->n + 1) * sizeof *cfg->entries);
     SIM_ASSERT(cfg->entries);
-    for (int i = 0; i < reg->n; i++) {
-        if (mesh_cfg_find(cfg, reg->keys[i])) continue;
+    for (int i = 0; i < reg->n && st == SIM_OK; i++) {
+        int at = name_index_get(&base_ix, reg->keys[i], entry_key_at, cfg);
+        if (at >= 0 && at < n_base) continue;
         const mesh_cfg_value *def = map_get(&reg->items[i], "default");
         if (!def) {
             char where[512];
-            return sim_err(SIM_ERR_INPUT, "%s: key '%s' has no default and the base config %s does not set it; add "
-                                          "`default: ...` to its line",
-                           mesh_cfg_value_where(&reg->items[i], where, sizeof where), reg->keys[i], cfg->base_file);
+            st = sim_err(SIM_ERR_INPUT, "%s: key '%s' has no default and the base config %s does not set it; add "
+                                        "`default: ...` to its line",
+                         mesh_cfg_value_where(&reg->items[i], where, sizeof where), reg->keys[i], cfg->base_file);
+            break;
         }
         mesh_cfg_entry *e = &cfg->entries[cfg->n++];
         memset(e, 0, sizeof *e);
@@ -988,15 +1187,17 @@ static sim_status registry_apply(mesh_cfg *cfg, const char *configs_dir)
         value_copy(&e->value, def);
         e->where = where_of(def);
     }
-    for (int i = 0; i < cfg->n; i++) {
+    free(base_ix.slot);
+    for (int i = 0; i < cfg->n && st == SIM_OK; i++) {
         mesh_cfg_entry *e = &cfg->entries[i];
-        e->spec = &reg->items[map_index(reg, e->key)];
+        e->spec = &reg->items[name_index_get(&rc->ix, e->key, map_key_at, reg)];
         const char *c = field_text(e->spec, "class");
         for (int k = 1; k < 4; k++)
             if (!strcmp(c, KEY_CLASS_NAMES[k])) e->cls = (mesh_key_class)k;
         e->why = field_text(e->spec, "why");
     }
-    return SIM_OK;
+    cfg_index(cfg);
+    return st;
 }
 
 static int value_in_list(const mesh_cfg_value *v, const mesh_cfg_value *list)
@@ -1074,6 +1275,8 @@ static sim_status check_type(const mesh_cfg_entry *e, const mesh_cfg_value *base
     snprintf(what, sizeof what, "key '%s'", e->key);
     int v_null = v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL;
     const char *expected = NULL;
+    /* the default itself always passes (MaxText writes '' for some list keys) */
+    if (mesh_cfg_value_equal(v, base)) return SIM_OK;
     const char *rtype = e->spec ? field_text(e->spec, "type") : NULL;
     int null_ok = base->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(base) == MESH_CFG_NULL;
     if (rtype) {
@@ -1226,6 +1429,8 @@ static sim_status check_name_list(const mesh_cfg_value *v, const char *key, int 
 typedef struct {
     mesh_cfg_value map;   /* MAP of the layer's keys */
     const char *name;     /* "model file x", "file y", "the command line" */
+    int config_file;      /* a MaxText config file (base.yml, or a file with base_config):
+                             it sits below the model file, as MaxText's argv[1] does */
 } layer;
 
 static sim_status parse_override(mesh_cfg *cfg, const char *arg, mesh_cfg_value *map)
@@ -1302,8 +1507,8 @@ static void apply_layer(mesh_cfg *cfg, const layer *l, int is_model)
         value_copy(&e->value, &l->map.items[i]);
         free(e->where);
         e->where = where_of(&e->value);
-        if (is_model) e->from_model = 1;
-        else e->from_user = 1;
+        if (is_model > 0) e->from_model = 1;
+        else if (is_model == 0) e->from_user = 1;
     }
 }
 
@@ -1383,7 +1588,7 @@ static sim_status apply_custom(mesh_cfg *cfg, const mesh_cfg_value *base_vals, c
         free(avail);
         return st;
     }
-    layer l = {{0}, "a custom_mesh_and_rule file"};
+    layer l = {{0}, "a custom_mesh_and_rule file", 0};
     sim_status st = yaml_read(cfg, path, NULL, &l.map);
     if (st == SIM_OK) st = check_layer(cfg, base_vals, &l, 0);
     static const char *const replaced[] = {"mesh_axes", "logical_axis_rules", "data_sharding"};
@@ -1433,6 +1638,72 @@ static sim_status apply_custom(mesh_cfg *cfg, const mesh_cfg_value *base_vals, c
     return st;
 }
 
+/* compile_topology=NAME (MaxText's ahead-of-time target): the devices and
+ * slices of that topology, from <configs>/topologies.yml, and a dry run (there
+ * is nothing to train on).  As in MaxText's train_compile, the slice count is
+ * compile_topology_num_slices and must be positive. */
+static sim_status apply_topology(mesh_cfg *cfg, const char *configs_dir)
+{
+    const mesh_cfg_entry *t = mesh_cfg_find(cfg, "compile_topology");
+    if (!t || t->value.kind != MESH_CFG_SCALAR || is_null(&t->value) || !*t->value.text) return SIM_OK;
+    const char *name = t->value.text;
+    long long slices;
+    SIM_TRY(mesh_cfg_get_int(cfg, "compile_topology_num_slices", &slices));
+    if (slices < 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "compile_topology=%s (%s) needs compile_topology_num_slices >= 1 (it is %lld); MaxText's "
+                       "train_compile requires it too: add compile_topology_num_slices=1",
+                       name, t->where, slices);
+    char *path = join_path(configs_dir, "topologies.yml");
+    mesh_cfg_value doc = {0};
+    sim_status st = file_exists(path) ? yaml_read(cfg, path, NULL, &doc)
+                                      : sim_err(SIM_ERR_INPUT, "compile_topology=%s: no topology table %s", name, path);
+    const mesh_cfg_value *table = st == SIM_OK ? map_get(&doc, "topologies") : NULL;
+    const mesh_cfg_value *dps = map_get(table, name);
+    long long per_slice = 0;
+    if (st == SIM_OK && !dps) {
+        const char *near = NULL;
+        int best = INT_MAX;
+        for (int i = 0; table && i < table->n; i++) {
+            int d = mesh_edit_distance(name, table->keys[i]);
+            if (d < best) best = d, near = table->keys[i];
+        }
+        st = sim_err(SIM_ERR_INPUT, "compile_topology=%s (%s): not a topology in %s%s%s%s; use a MaxText name like v5p-8",
+                     name, t->where, path, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
+    }
+    if (st == SIM_OK) st = mesh_cfg_value_int(dps, "a topology size", &per_slice);
+    if (st == SIM_OK) {
+        long long devices = per_slice * slices;
+        char nd[32], ns[32], where[600];
+        snprintf(nd, sizeof nd, "%lld", devices);
+        snprintf(ns, sizeof ns, "%lld", slices);
+        snprintf(where, sizeof where, "compile_topology=%s x compile_topology_num_slices=%lld", name, slices);
+        /* a device or slice count the user gave must agree with the topology */
+        static const char *const keys[] = {"num_devices", "num_slices"};
+        const char *vals[] = {nd, ns};
+        for (int k = 0; k < 2 && st == SIM_OK; k++) {
+            const mesh_cfg_entry *e = mesh_cfg_find(cfg, keys[k]);
+            long long v;
+            if (e && e->from_user && mesh_cfg_value_int(&e->value, keys[k], &v) == SIM_OK && v != -1 &&
+                v != atoll(vals[k]))
+                st = sim_err(SIM_ERR_INPUT, "%s=%lld (%s) disagrees with %s (%s devices in %s slices); drop %s",
+                             keys[k], v, e->where, where, nd, ns, keys[k]);
+            sim_err_clear();
+            if (st == SIM_OK && e) {
+                set_derived(cfg, keys[k], vals[k], where);
+                cfg_find_mut(cfg, keys[k])->value.quoted = 0; /* a number, not a string */
+            }
+        }
+        if (st == SIM_OK && mesh_cfg_find(cfg, "dry_run")) {
+            set_derived(cfg, "dry_run", "true", where);
+            cfg_find_mut(cfg, "dry_run")->value.quoted = 0;
+        }
+    }
+    value_free(&doc);
+    free(path);
+    return st;
+}
+
 static sim_status check_final(const mesh_cfg *cfg)
 {
     const mesh_cfg_entry *e = mesh_cfg_find(cfg, "mesh_axes");
@@ -1459,6 +1730,105 @@ static void normalize_data_sharding(mesh_cfg *cfg)
     *value_push(&e->value, NULL) = inner;
 }
 
+/* ======================================================================== */
+/* value ranges (configs/ranges.yml)                                         */
+/* ======================================================================== */
+
+/* One bound of a range entry: *has = 0 when the entry does not set it. */
+static sim_status range_bound(const mesh_cfg_value *r, const char *name, const char *key, int *has, double *out)
+{
+    int i = map_index(r, name);
+    *has = i >= 0;
+    if (i < 0) return SIM_OK;
+    SIM_TRY(mesh_cfg_value_double(&r->items[i], name, out));
+    return SIM_OK;
+}
+
+static void put_num(sbuf *b, double d)
+{
+    if (d == floor(d) && fabs(d) < 1e15) sb_putf(b, "%.0f", d);
+    else sb_putf(b, "%g", d);
+}
+
+/* Checks key=v against range entry r ({gt|ge, lt|le, or: [...]}). */
+static sim_status range_check(const mesh_cfg_entry *e, const mesh_cfg_value *r, const char *rfile)
+{
+    if (r->kind != MESH_CFG_MAP)
+        return sim_err(SIM_ERR_INPUT, "%s: the range of '%s' is not a map like {ge: 0, le: 1}", rfile, e->key);
+    const mesh_cfg_value *v = &e->value;
+    if (v->kind != MESH_CFG_SCALAR || mesh_cfg_scalar_type(v) == MESH_CFG_NULL) return SIM_OK; /* typed elsewhere */
+    mesh_cfg_type t = mesh_cfg_scalar_type(v);
+    if (t != MESH_CFG_INT && t != MESH_CFG_FLOAT) return SIM_OK; /* check_type refuses non-numbers */
+    double x;
+    SIM_TRY(mesh_cfg_value_double(v, e->key, &x));
+    int has_gt, has_ge, has_lt, has_le;
+    double gt, ge, lt, le;
+    SIM_TRY(range_bound(r, "gt", e->key, &has_gt, &gt));
+    SIM_TRY(range_bound(r, "ge", e->key, &has_ge, &ge));
+    SIM_TRY(range_bound(r, "lt", e->key, &has_lt, &lt));
+    SIM_TRY(range_bound(r, "le", e->key, &has_le, &le));
+    int ok = isfinite(x);
+    if (has_gt) ok = ok && x > gt;
+    if (has_ge) ok = ok && x >= ge;
+    if (has_lt) ok = ok && x < lt;
+    if (has_le) ok = ok && x <= le;
+    int oi = map_index(r, "or");
+    for (int k = 0; !ok && oi >= 0 && k < r->items[oi].n; k++) {
+        double y;
+        SIM_TRY(mesh_cfg_value_double(&r->items[oi].items[k], "or", &y));
+        ok = x == y;
+    }
+    if (ok) return SIM_OK;
+    sbuf b = {0};
+    if (has_gt || has_ge) {
+        put_num(&b, has_gt ? gt : ge);
+        sb_putf(&b, " %s ", has_gt ? "<" : "<=");
+    }
+    sb_putf(&b, "%s", e->key);
+    if (has_lt || has_le) {
+        sb_putf(&b, " %s ", has_lt ? "<" : "<=");
+        put_num(&b, has_lt ? lt : le);
+    }
+    for (int k = 0; oi >= 0 && k < r->items[oi].n; k++)
+        sb_putf(&b, ", or %s", r->items[oi].items[k].text ? r->items[oi].items[k].text : "?");
+    sim_status st = sim_err(SIM_ERR_INPUT,
+                            "%s=%s (%s): out of range%s; the valid range is %s (%s); set a value in that range",
+                            e->key, v->text, e->where, isfinite(x) ? "" : " (not a finite number)",
+                            b.s ? b.s : "?", rfile);
+    free(b.s);
+    return st;
+}
+
+/* Checks every numeric key that has an entry in ranges.yml (found beside
+ * the base config or its chain's last file; no file, no checks — a test's
+ * own base config has none). */
+static sim_status check_ranges(mesh_cfg *cfg, char *const *dirs, int n_dirs)
+{
+    char *path = NULL;
+    for (int i = 0; i < n_dirs && !path; i++) {
+        char *p = join_path(dirs[i], "ranges.yml");
+        if (file_exists(p)) path = p;
+        else free(p);
+    }
+    if (!path) return SIM_OK;
+    mesh_cfg_value map = {0};
+    sim_status st = yaml_read(cfg, path, NULL, &map);
+    for (int i = 0; st == SIM_OK && i < map.n; i++) {
+        const char *pat = map.keys[i];
+        if (strchr(pat, '*')) {
+            for (int k = 0; st == SIM_OK && k < cfg->n; k++)
+                if (fnmatch(pat, cfg->entries[k].key, 0) == 0)
+                    st = range_check(&cfg->entries[k], &map.items[i], path);
+        } else {
+            const mesh_cfg_entry *e = mesh_cfg_find(cfg, pat);
+            if (e) st = range_check(e, &map.items[i], path);
+        }
+    }
+    value_free(&map);
+    free(path);
+    return st;
+}
+
 sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
 {
     *out = NULL;
@@ -1469,11 +1839,11 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     int n_chain = 0;
     int n_user = (args ? args->n_files : 0) + 1;
     layer *user = calloc((size_t)n_user, sizeof *user);
-    layer model = {{0}, "the model file"};
+    layer model = {{0}, "the model file", 0};
     mesh_cfg_value base_map = {0}, rules = {0}, user_rules = {0};
     mesh_cfg_value *base_vals = NULL;
     int n_base = 0;
-    char *dirs[2] = {NULL, NULL};
+    char *dirs[3] = {NULL, NULL, NULL};
     int n_dirs = 0;
     SIM_ASSERT(user);
     sim_status st = SIM_OK;
@@ -1502,6 +1872,10 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
         l->name = cfg_intern(cfg, args->files[i]);
         if ((st = yaml_read(cfg, args->files[i], NULL, &l->map)) != SIM_OK) goto done;
         const mesh_cfg_value *bc = layer_value(l, "base_config");
+        {
+            const char *slash = strrchr(args->files[i], '/');
+            l->config_file = bc != NULL || !strcmp(slash ? slash + 1 : args->files[i], "base.yml");
+        }
         if (bc) {
             /* A user file may name the base it was written against (MaxText
              * style); it must be a file of the loaded base chain. */
@@ -1524,6 +1898,12 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
             }
         }
         if ((st = check_layer(cfg, base_vals, l, 1)) != SIM_OK) goto done;
+        /* as MaxText: model and custom mesh-and-rule files beside the config file come first */
+        if (l->config_file && n_dirs < 3) {
+            memmove(dirs + 1, dirs, (size_t)n_dirs * sizeof *dirs);
+            dirs[0] = dir_of(args->files[i]);
+            n_dirs++;
+        }
     }
     layer *cli = &user[n_user - 1];
     cli->name = "the command line";
@@ -1540,6 +1920,18 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     for (int i = 0; i < n_user; i++)
         if (layer_value(&user[i], "model_name")) mn = layer_value(&user[i], "model_name");
     if (mn && mn->kind == MESH_CFG_SCALAR && !is_null(mn) && strcmp(mn->text, "default") != 0) {
+        /* a model name is a file name in models/, never a path out of it */
+        if (strchr(mn->text, '/') || strchr(mn->text, '\\') || mn->text[0] == '.' || !mn->text[0]) {
+            char where[512];
+            char *sub = xasprintf("%s/models", dirs[0]);
+            char *avail = list_yml(sub);
+            st = sim_err(SIM_ERR_INPUT, "%s: model_name=%s is not a model name (no '/', '\\' or leading '.'); "
+                         "available: %s",
+                         mesh_cfg_value_where(mn, where, sizeof where), mn->text, avail);
+            free(sub);
+            free(avail);
+            goto done;
+        }
         char *path = find_named_file(dirs, n_dirs, "models", mn->text);
         if (!path) {
             char where[512];
@@ -1557,8 +1949,11 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     }
 
     /* values: base <- model <- files <- command line */
+    for (int i = 0; i < n_user; i++)
+        if (user[i].config_file) apply_layer(cfg, &user[i], -1);
     if (model.map.n) apply_layer(cfg, &model, 1);
-    for (int i = 0; i < n_user; i++) apply_layer(cfg, &user[i], 0);
+    for (int i = 0; i < n_user; i++)
+        if (!user[i].config_file) apply_layer(cfg, &user[i], 0);
 
     /* A key set by the model file and, differently, by the user needs
      * override_model_config=true (pyconfig validate_no_keys_overridden_twice). */
@@ -1570,6 +1965,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
         /* Rules are merged by name, not overridden, so they never conflict. */
         if (strcmp(key, RULES_KEY) == 0) continue;
         for (int u = n_user - 1; u >= 0; u--) {
+            if (user[u].config_file) continue; /* the model file overrides a config file */
             const mesh_cfg_value *uv = layer_value(&user[u], key);
             if (!uv) continue;
             if (!mesh_cfg_value_equal(uv, &model.map.items[i])) {
@@ -1596,6 +1992,17 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
         char *where = xstrdup(re ? re->where : "");
         if (re) value_copy(&rules, &re->value);
         else rules.kind = MESH_CFG_LIST;
+        /* a MaxText config file's rules are the base rules, merged by name */
+        for (int i = 0; i < n_user; i++) {
+            const mesh_cfg_value *cr = user[i].config_file ? layer_value(&user[i], RULES_KEY) : NULL;
+            if (!cr || is_null(cr) || cr->n == 0) continue;
+            rules_merge(&rules, cr);
+            char *w = where_of(cr);
+            char *nw = xasprintf("%s, merged with %s", where, w);
+            free(w);
+            free(where);
+            where = nw;
+        }
         const mesh_cfg_value *mr = layer_value(&model, RULES_KEY);
         if (mr && !is_null(mr) && mr->n > 0) {
             if (layer_flag(&model, "override_logical_axis_rules")) {
@@ -1613,6 +2020,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
         user_rules.kind = MESH_CFG_LIST;
         int user_replace = 0, any_user_rules = 0;
         for (int i = 0; i < n_user; i++) {
+            if (user[i].config_file) continue;
             const mesh_cfg_value *ur = layer_value(&user[i], RULES_KEY);
             if (layer_value(&user[i], "override_logical_axis_rules"))
                 user_replace = layer_flag(&user[i], "override_logical_axis_rules");
@@ -1648,8 +2056,10 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
         }
     }
     normalize_data_sharding(cfg);
+    if ((st = apply_topology(cfg, cfg->configs_dir)) != SIM_OK) goto done;
     st = check_final(cfg);
     if (st == SIM_OK) st = registry_check(cfg, base_vals, n_base);
+    if (st == SIM_OK) st = check_ranges(cfg, dirs, n_dirs);
 
 done:
     for (int i = 0; i < n_chain; i++) free(chain[i]);

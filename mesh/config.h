@@ -100,7 +100,9 @@ typedef struct {
     char *model_file;         /* the model file applied, NULL for model_name=default */
     char *custom_file;        /* the custom_mesh_and_rule file applied, or NULL */
     char *keys_file;          /* the keys.yml applied, or NULL */
-    mesh_cfg_value registry;  /* keys.yml's `keys` map (entries' spec/why point into it) */
+    const mesh_cfg_value *registry; /* keys.yml's `keys` map, parsed once per process
+                                       (entries' spec/why point into it), or NULL */
+    int *index, index_cap, index_n; /* hash index of the entries (position + 1) */
     /* Strings that values point to (file names); owned by the config. */
     int n_strings, cap_strings;
     char **strings;

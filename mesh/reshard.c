@@ -8,7 +8,8 @@
 
 const char *mesh_step_name(mesh_step_kind k)
 {
-    static const char *names[] = {"slice", "all-gather", "reduce-scatter", "all-reduce", "all-to-all", "make-partial"};
+    static const char *names[] = {"slice",      "all-gather",   "reduce-scatter", "all-reduce",
+                                  "all-to-all", "make-partial", "ppermute"};
     return names[k];
 }
 
@@ -51,6 +52,35 @@ typedef struct {
     int64_t local[MESH_SPEC_MAX_RANK];
     size_t es;
 } planner;
+
+/* Mixed-radix index of coordinates `coord` (indexed by mesh axis) over axes,
+ * the first most significant. */
+static int radix_index(const mesh_shape *m, const int *coord, const int8_t *axes, int n)
+{
+    int b = 0;
+    for (int i = 0; i < n; i++) b = b * m->sizes[axes[i]] + coord[axes[i]];
+    return b;
+}
+
+/* Permute over group axes g (current order) to order h: for the group member
+ * of rank r (coordinates decoded from r over g), the rank whose block it
+ * must receive is its index over h.  perm[src] = dst, as sim_ppermute takes it. */
+static int permute_table(const mesh_shape *m, const sim_axes *g, const sim_axes *h, int *perm)
+{
+    int k = 1, movers = 0;
+    for (int i = 0; i < g->n; i++) k *= m->sizes[g->axis[i]];
+    for (int r = 0; r < k; r++) {
+        int coord[MESH_MAX_AXES] = {0}, rem = r;
+        for (int i = g->n - 1; i >= 0; i--) {
+            coord[g->axis[i]] = rem % m->sizes[g->axis[i]];
+            rem /= m->sizes[g->axis[i]];
+        }
+        int want = radix_index(m, coord, h->axis, h->n); /* the block r holds afterwards */
+        perm[want] = r;
+        movers += want != r;
+    }
+    return movers;
+}
 
 static sim_status add_step(planner *pl, mesh_step_kind kind, int dim, int dim_to, const int *axes, int n)
 {
@@ -101,6 +131,20 @@ static sim_status add_step(planner *pl, mesh_step_kind kind, int dim, int dim_to
     case MESH_STEP_MAKE_PARTIAL:
         for (int i = 0; i < n; i++) c->partial |= 1u << axes[i];
         break;
+    case MESH_STEP_PERMUTE: {
+        /* axes[0..n) = the new order of the last n axes of dim */
+        int cp = c->n_axes[dim] - n;
+        s->axes.n = 0;
+        for (int i = 0; i < n; i++) {
+            s->axes.axis[s->axes.n++] = c->axes[dim][cp + i];
+            s->to_axes.axis[s->to_axes.n++] = (int8_t)axes[i];
+            c->axes[dim][cp + i] = (int8_t)axes[i];
+        }
+        int perm[SIM_MAX_DEVICES];
+        s->movers = permute_table(pl->m, &s->axes, &s->to_axes, perm);
+        s->bytes_sent = s->movers ? nb : 0;
+        break;
+    }
     }
     s->after = *c;
     memcpy(s->local_out, pl->local, sizeof s->local_out);
@@ -137,7 +181,17 @@ static sim_status plan_one(planner *pl, const mesh_spec *t, bool *done)
             if (reduce & (1u << a)) list[n++] = a;
         return add_step(pl, MESH_STEP_ALL_REDUCE, -1, -1, list, n);
     }
-    /* 4. all-to-all: the trailing axes of dim i are what T appends to dim j next */
+    /* 4. a dim whose remaining axes are T's in another order: one ppermute */
+    for (int d = 0; d < rank; d++) {
+        int cp = common_prefix(c, t, d), nc = c->n_axes[d] - cp;
+        if (nc < 2 || nc != t->n_axes[d] - cp) continue;
+        bool same_set = true;
+        for (int x = cp; x < t->n_axes[d] && same_set; x++) same_set = mesh_spec_axis_dim(c, t->axes[d][x]) == d;
+        if (!same_set) continue;
+        for (int x = 0; x < nc; x++) list[x] = t->axes[d][cp + x];
+        return add_step(pl, MESH_STEP_PERMUTE, d, -1, list, nc);
+    }
+    /* 5. all-to-all: the trailing axes of dim i are what T appends to dim j next */
     for (int i = 0; i < rank; i++) {
         if (is_prefix(c, t, i)) continue;
         int ni = c->n_axes[i], last = c->axes[i][ni - 1], j = mesh_spec_axis_dim(t, last);
@@ -153,7 +207,7 @@ static sim_status plan_one(planner *pl, const mesh_spec *t, bool *done)
         for (int x = 0; x < mlen; x++) list[x] = c->axes[i][ni - mlen + x];
         return add_step(pl, MESH_STEP_ALL_TO_ALL, i, j, list, mlen);
     }
-    /* 5. all-gather: first trailing axes T does not place on any dim, then any trailing axis */
+    /* 6. all-gather: first trailing axes T does not place on any dim, then any trailing axis */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < rank; i++) {
             if (is_prefix(c, t, i)) continue;
@@ -165,7 +219,7 @@ static sim_status plan_one(planner *pl, const mesh_spec *t, bool *done)
             return add_step(pl, MESH_STEP_ALL_GATHER, i, -1, list, take);
         }
     }
-    /* 6. partial axes T introduces */
+    /* 7. partial axes T introduces */
     uint32_t make = t->partial & ~c->partial;
     n = 0;
     for (int a = 0; a < pl->m->n_axes; a++)
@@ -211,6 +265,23 @@ static void format_shape(const int64_t *s, int rank, char *buf, size_t cap)
     if (n < cap) snprintf(buf + n, cap - n, ")");
 }
 
+uint64_t mesh_plan_device_bytes(const mesh_plan *p, const mesh_shape *m, int device)
+{
+    int coord[MESH_MAX_AXES] = {0}, rem = device;
+    for (int a = m->n_axes - 1; a >= 0; a--) {
+        coord[a] = rem % m->sizes[a];
+        rem /= m->sizes[a];
+    }
+    uint64_t b = 0;
+    for (int i = 0; i < p->n; i++) {
+        const mesh_step *s = &p->step[i];
+        if (s->kind != MESH_STEP_PERMUTE) b += s->bytes_sent;
+        else if (radix_index(m, coord, s->axes.axis, s->axes.n) != radix_index(m, coord, s->to_axes.axis, s->to_axes.n))
+            b += s->bytes_sent; /* its block is needed elsewhere (a permutation moves blocks in cycles) */
+    }
+    return b;
+}
+
 void mesh_plan_print(const mesh_plan *p, const mesh_shape *m, FILE *f)
 {
     char spec[256], ax[128], li[64], lo[64];
@@ -233,6 +304,10 @@ void mesh_plan_print(const mesh_plan *p, const mesh_shape *m, FILE *f)
                 mesh_step_name(s->kind), where, sim_axes_label(&md, s->axes, ax, sizeof ax), s->group, li, lo,
                 (unsigned long long)s->bytes_sent, spec);
     }
+    bool uneven = false;
+    for (int i = 0; i < p->n; i++) uneven |= p->step[i].kind == MESH_STEP_PERMUTE && p->step[i].movers < p->step[i].group;
+    if (uneven)
+        fprintf(f, "(ppermute: a device whose block keeps its place sends nothing; figures are for one that moves)\n");
     fprintf(f, "total bytes sent per device: %llu\n", (unsigned long long)p->total_bytes);
 }
 
@@ -286,6 +361,12 @@ sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p,
         case MESH_STEP_MAKE_PARTIAL:
             if (a->data && block_index(d, s->axes, m) != 0) memset(a->data, 0, a->nlocal * es);
             break;
+        case MESH_STEP_PERMUTE: {
+            int perm[SIM_MAX_DEVICES];
+            permute_table(m, &s->axes, &s->to_axes, perm);
+            st = sim_ppermute(d, a->data, out, a->nlocal, perm, a->dtype, s->axes, meta);
+            break;
+        }
         }
         if (fresh) {
             if (st != SIM_OK) {

@@ -9,10 +9,14 @@
  *   partial axis, T shards a dim on it       reduce-scatter along that dim
  *   partial axis, T replicates               all-reduce
  *   replicated -> partial                    free (one contribution kept, the rest zero)
+ *   a dim's trailing axes reorder            ppermute over them (('a','b') -> ('b','a')):
+ *                                            each block goes straight to its new owner
  *
  * Order: free slices first (they shrink what later steps move), then
  * reductions (reduce-scatter where T can take the axis right away, else one
- * all-reduce over every axis still partial), then all-to-all moves, then
+ * all-reduce over every axis still partial), then reorders within a dim
+ * (a ppermute: devices whose block keeps its place send nothing, the others
+ * send their block once), then all-to-all moves, then
  * all-gathers (of axes T does not use elsewhere first), repeating until the
  * spec is T.  Axes leave and join a dim at its least significant end, which
  * is what keeps blocks contiguous; consecutive axes that travel together go
@@ -31,8 +35,11 @@ typedef enum {
     MESH_STEP_REDUCE_SCATTER, /* sum partial axes, scatter dim `dim` over them */
     MESH_STEP_ALL_REDUCE,     /* sum partial axes */
     MESH_STEP_ALL_TO_ALL,     /* axes leave dim `dim` and join dim `dim_to` */
-    MESH_STEP_MAKE_PARTIAL    /* zero the copies off coordinate 0 of axes */
+    MESH_STEP_MAKE_PARTIAL,   /* zero the copies off coordinate 0 of axes */
+    MESH_STEP_PERMUTE         /* dim `dim`'s trailing axes reorder to `to_axes`: ppermute over axes */
 } mesh_step_kind;
+
+enum { MESH_STEP_KINDS = MESH_STEP_PERMUTE + 1 };
 
 enum { MESH_PLAN_MAX = 48 };
 
@@ -41,11 +48,14 @@ typedef struct {
     int dim;                                  /* dim acted on (all-to-all: the dim the axes leave) */
     int dim_to;                               /* all-to-all: the dim the axes join; else -1 */
     sim_axes axes;                            /* mesh axes of the step, in significance order */
+    sim_axes to_axes;                         /* permute: the same axes in their new order */
+    int movers;                               /* permute: devices of a group whose block moves */
     int group;                                /* product of their sizes */
     mesh_spec after;                          /* spec once the step is done */
     int64_t local_in[MESH_SPEC_MAX_RANK];     /* local shape before */
     int64_t local_out[MESH_SPEC_MAX_RANK];    /* local shape after */
-    uint64_t bytes_sent;                      /* per device, by the formulas (all-reduce: 2(k-1)n/k rounded down) */
+    uint64_t bytes_sent;                      /* per device, by the formulas (all-reduce: 2(k-1)n/k rounded
+                                                 down; permute: a device whose block moves, others send 0) */
 } mesh_step;
 
 typedef struct {
@@ -55,8 +65,12 @@ typedef struct {
     mesh_spec from, to;
     int n;
     mesh_step step[MESH_PLAN_MAX];
-    uint64_t total_bytes;                     /* sum of bytes_sent */
+    uint64_t total_bytes;                     /* sum of bytes_sent: the busiest device's bytes */
 } mesh_plan;
+
+/* Bytes device `device` sends running the plan (differs from total_bytes
+ * only where a permute leaves some devices' blocks in place). */
+uint64_t mesh_plan_device_bytes(const mesh_plan *p, const mesh_shape *m, int device);
 
 const char *mesh_step_name(mesh_step_kind k);
 

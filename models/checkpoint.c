@@ -10,7 +10,9 @@
  * device's arena: checkpoint I/O stands for a device-to-host copy. */
 #include "models/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -81,8 +83,25 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
     return SIM_OK;
 }
 
-/* The padded header; *data_bytes = size of the data section. */
-static sim_status ck_header(const ck_tensor *t, int nt, long long step, sbuf *b, uint64_t *data_bytes)
+/* The __metadata__ key of tensor name's checksum, and its value:
+ * "fnv1a64:" and 16 hex digits (fixed width, so the header keeps its length
+ * when the placeholder is replaced by the real sum). */
+static void ck_sum_key(const char *name, char *buf, size_t cap) { snprintf(buf, cap, "checksum.%s", name); }
+static void ck_sum_text(uint64_t sum, char *buf, size_t cap) { snprintf(buf, cap, "fnv1a64:%016llx", (unsigned long long)sum); }
+
+/* FNV-1a 64 over a buffer, continuing from h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+#define FNV_START 14695981039346656037ULL
+
+/* The padded header; *data_bytes = size of the data section.  sums: the
+ * checksum of each tensor (NULL: placeholders of the same width). */
+static sim_status ck_header(const ck_tensor *t, int nt, long long step, const uint64_t *sums, sbuf *b,
+                            uint64_t *data_bytes)
 {
     memset(b, 0, sizeof *b);
     json_t *root = json_object(), *md = json_object();
@@ -90,6 +109,12 @@ static sim_status ck_header(const ck_tensor *t, int nt, long long step, sbuf *b,
     snprintf(num, sizeof num, "%lld", step);
     bool ok = root && md && !json_object_set_new(md, "format", json_string("shardsim")) &&
               !json_object_set_new(md, "step", json_string(num)) && !json_object_set_new(root, "__metadata__", md);
+    for (int i = 0; ok && i < nt; i++) {
+        char key[CK_NAME_MAX + 16], val[32];
+        ck_sum_key(t[i].name, key, sizeof key);
+        ck_sum_text(sums ? sums[i] : 0, val, sizeof val);
+        ok = !json_object_set_new(md, key, json_string(val));
+    }
     uint64_t end = 0;
     for (int i = 0; ok && i < nt; i++) {
         const model_param_def *def = &t[i].p->def;
@@ -283,8 +308,7 @@ static bool little_endian(void)
 /* Device 0: create DIR if missing, write the length and header into tmp, size the file. */
 static sim_status ck_create(const char *dir, const char *tmp, const sbuf *h, uint64_t data_bytes)
 {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return sim_err(SIM_ERR_IO, "checkpoint_dir=%s: cannot create it (%s)", dir, strerror(errno));
+    (void)dir;
     int fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot create it (%s)", tmp, strerror(errno));
     unsigned char len[8];
@@ -295,6 +319,76 @@ static sim_status ck_create(const char *dir, const char *tmp, const sbuf *h, uin
         st = sim_err(SIM_ERR_IO, "checkpoint %s: cannot size it to %llu bytes (%s)", tmp,
                      (unsigned long long)(8 + h->n + data_bytes), strerror(errno));
     if (close(fd) != 0 && st == SIM_OK) st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
+    return st;
+}
+
+/* Removes DIR/ *.safetensors.tmp left by a killed save (they are never
+ * loaded: the loader refuses a .tmp path and a file whose checksums are
+ * placeholders).  Returns how many were removed. */
+static int ck_remove_stale(const char *dir)
+{
+    DIR *dh = opendir(dir);
+    if (!dh) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dh))) {
+        size_t len = strlen(e->d_name);
+        static const char suf[] = ".safetensors.tmp";
+        if (len <= sizeof suf - 1 || strcmp(e->d_name + len - (sizeof suf - 1), suf)) continue;
+        char p[4096];
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p && unlink(p) == 0) n++;
+    }
+    closedir(dh);
+    return n;
+}
+
+/* Device 0, after every device wrote its shards into tmp: reads the data
+ * back tensor by tensor, writes the header with the real checksums (same
+ * length), fsyncs the file, renames it into place and fsyncs the directory,
+ * so that after a crash the file is either whole or absent. */
+static sim_status ck_finish(const char *dir, const char *tmp, const char *path, const ck_tensor *t, int nt,
+                            long long step, uint64_t hlen)
+{
+    uint64_t *sums = calloc((size_t)nt + 1, sizeof *sums);
+    char *buf = malloc(CK_CHUNK);
+    if (!sums || !buf) {
+        free(sums);
+        free(buf);
+        return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
+    }
+    int fd = open(tmp, O_RDWR | O_CLOEXEC);
+    sim_status st = fd < 0 ? sim_err(SIM_ERR_IO, "checkpoint %s: cannot reopen it (%s)", tmp, strerror(errno)) : SIM_OK;
+    for (int i = 0; st == SIM_OK && i < nt; i++) {
+        uint64_t h = FNV_START, left = (uint64_t)t[i].nel * 4, off = 8 + hlen + t[i].begin;
+        while (st == SIM_OK && left) {
+            size_t k = left < CK_CHUNK ? (size_t)left : CK_CHUNK;
+            st = io_all(fd, buf, k, off, false, tmp);
+            h = fnv1a(h, buf, k);
+            off += k;
+            left -= k;
+        }
+        sums[i] = h;
+    }
+    sbuf hd = {0};
+    uint64_t data_bytes;
+    if (st == SIM_OK) st = ck_header(t, nt, step, sums, &hd, &data_bytes);
+    if (st == SIM_OK && hd.n != hlen)
+        st = sim_err(SIM_ERR_INTERNAL, "checkpoint %s: the header changed length with its checksums", tmp);
+    if (st == SIM_OK) st = io_all(fd, hd.s, hd.n, 8, true, tmp);
+    if (st == SIM_OK && fsync(fd) != 0) st = sim_err(SIM_ERR_IO, "checkpoint %s: fsync failed (%s)", tmp, strerror(errno));
+    if (fd >= 0 && close(fd) != 0 && st == SIM_OK)
+        st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
+    if (st == SIM_OK && rename(tmp, path) != 0)
+        st = sim_err(SIM_ERR_IO, "checkpoint: cannot rename %s to %s (%s)", tmp, path, strerror(errno));
+    if (st == SIM_OK) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) != 0)
+            st = sim_err(SIM_ERR_IO, "checkpoint_dir=%s: fsync of the directory failed (%s)", dir, strerror(errno));
+        if (dfd >= 0) close(dfd);
+    }
+    free(hd.s);
+    free(sums);
+    free(buf);
     return st;
 }
 
@@ -312,14 +406,17 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
     SIM_TRY(ck_tensors(params, n, with_opt, &t, &nt));
     sbuf h;
     uint64_t data_bytes = 0;
-    sim_status st = ck_header(t, nt, step, &h, &data_bytes);
+    sim_status st = ck_header(t, nt, step, NULL, &h, &data_bytes);
     if (st != SIM_OK) {
         free(t);
         return st;
     }
     bool lead = sim_device_id(d) == 0, created = false;
     if (lead) {
-        st = ck_create(dir, tmp, &h, data_bytes);
+        if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+            st = sim_err(SIM_ERR_IO, "checkpoint_dir=%s: cannot create it (%s)", dir, strerror(errno));
+        if (st == SIM_OK) ck_remove_stale(dir);
+        if (st == SIM_OK) st = ck_create(dir, tmp, &h, data_bytes);
         created = st == SIM_OK;
     }
     if (st == SIM_OK) st = sim_device_barrier(d);
@@ -332,8 +429,7 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
             st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
     }
     if (st == SIM_OK) st = sim_device_barrier(d);
-    if (st == SIM_OK && lead && rename(tmp, path) != 0)
-        st = sim_err(SIM_ERR_IO, "checkpoint: cannot rename %s to %s (%s)", tmp, path, strerror(errno));
+    if (st == SIM_OK && lead) st = ck_finish(dir, tmp, path, t, nt, step, h.n);
     if (st == SIM_OK) created = false;
     if (st == SIM_OK) st = sim_device_barrier(d); /* nobody returns before the file is in place */
     if (created) unlink(tmp); /* this save failed somewhere: leave nothing half-written */
@@ -445,25 +541,124 @@ static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uin
     return SIM_OK;
 }
 
+typedef struct {
+    uint64_t b, e;
+    const char *name;
+} ck_span;
+
+static int span_cmp(const void *x, const void *y)
+{
+    const ck_span *a = x, *b = y;
+    return a->b < b->b ? -1 : a->b > b->b;
+}
+
+/* Checks the whole header against the model: every key is one of the
+ * model's tensors (parameters or Adam moments) or __metadata__, every entry
+ * is well formed, and the entries tile the data section exactly (sorted by
+ * offset: the first starts at 0, each starts where the previous ends, the
+ * last ends at the end of the file) — so no two tensors alias and no byte is
+ * unaccounted for.  Fills all[i].begin for the entries present. */
+static sim_status ck_check_layout(const char *file, const mesh_json *root, ck_tensor *all, int nall,
+                                  uint64_t data_bytes)
+{
+    ck_span *sp = calloc((size_t)root->n + 1, sizeof *sp);
+    if (!sp) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
+    int ns = 0;
+    sim_status st = SIM_OK;
+    for (int i = 0; st == SIM_OK && i < root->n; i++) {
+        const char *key = root->keys[i];
+        if (!strcmp(key, "__metadata__")) {
+            if (root->items[i].kind != MESH_JSON_OBJECT)
+                st = sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ is a JSON %s, expected an object of strings",
+                             file, mesh_json_kind_name(root->items[i].kind));
+            continue;
+        }
+        int j = 0;
+        while (j < nall && strcmp(all[j].name, key)) j++;
+        if (j == nall) {
+            st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds tensor '%s', which the model does not have; it was saved "
+                         "from another model config", file, key);
+            break;
+        }
+        uint64_t begin = 0;
+        st = ck_check_entry(file, &all[j], &root->items[i], data_bytes, &begin);
+        all[j].begin = begin;
+        sp[ns++] = (ck_span){begin, begin + (uint64_t)all[j].nel * 4, all[j].name};
+    }
+    if (st == SIM_OK) {
+        qsort(sp, (size_t)ns, sizeof *sp, span_cmp);
+        uint64_t at = 0;
+        for (int i = 0; st == SIM_OK && i < ns; i++) {
+            if (sp[i].b != at)
+                st = sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' starts at data offset %llu, but %s ends at %llu: "
+                             "tensors %s; the file is corrupt",
+                             file, sp[i].name, (unsigned long long)sp[i].b, i ? sp[i - 1].name : "the data section start",
+                             (unsigned long long)at, sp[i].b < at ? "overlap" : "leave a gap");
+            at = sp[i].e;
+        }
+        if (st == SIM_OK && at != data_bytes)
+            st = sim_err(SIM_ERR_INPUT, "checkpoint %s: the tensors end at data offset %llu but the data section has %llu "
+                         "bytes; the file is corrupt or has trailing bytes",
+                         file, (unsigned long long)at, (unsigned long long)data_bytes);
+    }
+    free(sp);
+    return st;
+}
+
+/* Device 0: every tensor's checksum from __metadata__ against the data, and
+ * the tensors to load (load[0..nl)) finite. */
+static sim_status ck_verify_data(int fd, const char *file, const mesh_json *root, const ck_tensor *all, int nall,
+                                 uint64_t hlen)
+{
+    const mesh_json *md = mesh_json_get(root, "__metadata__");
+    char *buf = malloc(CK_CHUNK);
+    if (!buf) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
+    sim_status st = SIM_OK;
+    for (int i = 0; st == SIM_OK && i < nall; i++) {
+        if (!mesh_json_get(root, all[i].name)) continue; /* absent: not needed, or refused already */
+        char key[CK_NAME_MAX + 16], want[32];
+        ck_sum_key(all[i].name, key, sizeof key);
+        const mesh_json *sv = md ? mesh_json_get(md, key) : NULL;
+        if (!sv || sv->kind != MESH_JSON_STRING) {
+            st = sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ has no checksum for tensor '%s' (\"%s\"); the file "
+                         "was not written by a complete shardsim save: save it again", file, all[i].name, key);
+            break;
+        }
+        uint64_t h = FNV_START, left = (uint64_t)all[i].nel * 4, off = 8 + hlen + all[i].begin, el = 0;
+        while (st == SIM_OK && left) {
+            size_t k = left < CK_CHUNK ? (size_t)left : CK_CHUNK;
+            st = io_all(fd, buf, k, off, false, file);
+            h = fnv1a(h, buf, k);
+            const float *f = (const float *)buf;
+            for (size_t q = 0; st == SIM_OK && q < k / 4; q++, el++)
+                if (!isfinite(f[q]))
+                    st = sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' holds %s at element %llu; the run that "
+                                 "saved it diverged: load an earlier checkpoint", file, all[i].name,
+                                 isnan(f[q]) ? "NaN" : "an infinity", (unsigned long long)el);
+            off += k;
+            left -= k;
+        }
+        ck_sum_text(h, want, sizeof want);
+        if (st == SIM_OK && strcmp(sv->str, want))
+            st = sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has checksum %s but its data hashes to %s; the file "
+                         "is corrupt: load another checkpoint", file, all[i].name, sv->str, want);
+    }
+    free(buf);
+    return st;
+}
+
 static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char *path, int fd, model_param *params,
                                   int n, bool opt_state, long long *step)
 {
     mesh_json *root;
     uint64_t hlen = 0, data_bytes = 0;
     SIM_TRY(ck_read_header(fd, path, &root, &hlen, &data_bytes));
-    ck_tensor *t = NULL;
-    int nt = 0;
+    ck_tensor *t = NULL, *all = NULL;
+    int nt = 0, nall = 0;
     sim_status st = ck_tensors(params, n, opt_state, &t, &nt);
-    /* every params.* tensor in the file must be one of the model's */
-    for (int i = 0; st == SIM_OK && i < root->n; i++) {
-        const char *key = root->keys[i];
-        if (strncmp(key, "params.", 7)) continue;
-        bool known = false;
-        for (int j = 0; j < nt && !known; j++) known = t[j].which == 0 && !strcmp(key, t[j].view.def.path);
-        if (!known)
-            st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds tensor '%s', which the model does not have; it was saved "
-                         "from another model config", path, key);
-    }
+    if (st == SIM_OK) st = ck_tensors(params, n, true, &all, &nall); /* every name the model knows */
+    if (st == SIM_OK) st = ck_check_layout(path, root, all, nall, data_bytes);
+    /* the tensors to load must all be there */
     for (int i = 0; st == SIM_OK && i < nt; i++) {
         uint64_t b;
         st = ck_check_entry(path, &t[i], mesh_json_get(root, t[i].name), data_bytes, &b);
@@ -474,15 +669,22 @@ static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char
         const mesh_json *md = mesh_json_get(root, "__metadata__"), *sv = md ? mesh_json_get(md, "step") : NULL;
         if (sv && sv->kind == MESH_JSON_STRING) {
             char *end;
+            errno = 0;
             long long v = strtoll(sv->str, &end, 10);
-            if (end != sv->str && !*end) *step = v;
+            if (end != sv->str && !*end && errno == 0 && v >= 0) *step = v;
         }
         if (opt_state && *step < 0)
             st = sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ has no step (\"step\": \"<n>\"); it cannot resume "
                          "the full state", path);
     }
+    /* the data: device 0 checks every checksum (and that the values are
+     * finite) while the others wait, so nobody reads a corrupt file */
+    bool dry = t && nt > 0 && ck_arrays(&t[0]) && !ck_arrays(&t[0])[0].data;
+    if (st == SIM_OK && !dry && sim_device_id(d) == 0) st = ck_verify_data(fd, path, root, all, nall, hlen);
+    if (st == SIM_OK && !dry) st = sim_device_barrier(d);
     for (int i = 0; st == SIM_OK && i < nt; i++) st = ck_tensor_io(d, m, &t[i], fd, 8 + hlen + t[i].begin, false, path);
     free(t);
+    free(all);
     mesh_json_free(root);
     return st;
 }
@@ -495,6 +697,10 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
         for (int i = 0; i < n; i++)
             if (!params[i].m || !params[i].v)
                 return sim_err(SIM_ERR_INTERNAL, "checkpoint load: '%s' has no optimizer storage", params[i].def.path);
+    size_t plen = strlen(path);
+    if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s is the temporary file of a save that did not finish; it is never "
+                       "loaded: give the step_<n>.safetensors file", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
     sim_status st = ck_load_checked(d, m, path, fd, params, n, opt_state, step);

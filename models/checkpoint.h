@@ -5,23 +5,33 @@
  * header (padded with spaces to a multiple of 8 bytes, as the safetensors
  * library does), then the raw float32 data, row-major, no gaps, in header
  * order.  Header:
- *   {"__metadata__": {"format": "shardsim", "step": "<n>"},
+ *   {"__metadata__": {"format": "shardsim", "step": "<n>",
+ *                     "checksum.<path>": "fnv1a64:<16 hex digits>", ...},
  *    "<path>": {"dtype": "F32", "shape": [stacked shape], "data_offsets": [b, e]}, ...}
  * Tensors: every parameter under its MaxText path with the STACKED shape
  * (scanned layers at scan_dim), then, when the parameters carry Adam moments,
  * "opt_state.mu.<path>" and "opt_state.nu.<path>" for each, same shapes.
+ * The checksums live in __metadata__ (a string map), so readers that ignore
+ * metadata still read the file.
  *
- * Saving is SPMD: every device computes the same header; device 0 writes it
- * to DIR/step_<n>.safetensors.tmp (creating DIR if needed); after a barrier
+ * Saving is SPMD: every device computes the same header; device 0 removes
+ * stale DIR/ *.safetensors.tmp files of killed saves and writes the header
+ * (placeholder checksums) to DIR/step_<n>.safetensors.tmp; after a barrier
  * each device pwrite()s its shards at their offsets in the stacked layout —
  * only the primary replica of each block (optim.h model_layer_primary), in
- * runs of whole contiguous rows; after a second barrier device 0 renames the
- * file into place, so a failed save leaves no half-written checkpoint (device
- * 0 removes the temporary file on any failure it sees).
- * Loading: every device parses the header, checks names, dtypes, shapes and
- * offsets against the model's defs (errors name the file and the tensor) and
- * pread()s exactly its own shards — a checkpoint saved under one mesh
- * restores under any other.  In dry run nothing is read or written. */
+ * runs of whole contiguous rows; after a second barrier device 0 reads the
+ * data back, writes the real checksums (same header length), fsyncs the
+ * file, renames it into place and fsyncs the directory: a save killed at any
+ * point leaves either the whole file or none (device 0 also removes the
+ * temporary file on any failure it sees).
+ * Loading: a .tmp path is refused; every device parses the header and checks
+ * it against the model's defs — every name is one of the model's tensors,
+ * dtypes and shapes match, offsets lie in the file and the tensors tile the
+ * data section exactly (no overlap, no gap, no trailing bytes); device 0
+ * verifies every checksum and that the loaded values are finite while the
+ * others wait at a barrier; then each device pread()s exactly its own shards
+ * — a checkpoint saved under one mesh restores under any other.  Errors name
+ * the file and the tensor.  In dry run nothing is read or written. */
 #ifndef MODELS_CHECKPOINT_H
 #define MODELS_CHECKPOINT_H
 

@@ -224,3 +224,43 @@ sim_status model_params_init(sim_device *d, const mesh_shape *m, model_param *pa
     }
     return SIM_OK;
 }
+
+sim_status model_init_fill_stacked(sim_device *d, const mesh_shape *m, const model_param *p, mesh_array *a,
+                                   uint64_t seed)
+{
+    const model_param_def *def = &p->def;
+    int sd = def->scan_dim, rank = a->rank;
+    if (sd < 0 || a->spec.partial) return model_init_fill(d, m, a, def->path, def->init, def->scale, seed);
+    if (!a->data) return SIM_OK; /* dry run */
+    /* global stride of each stacked dim inside one layer (the scan dim has none) */
+    int64_t stride[MESH_SPEC_MAX_RANK], s = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        stride[i] = i == sd ? 0 : s;
+        if (i != sd) s *= a->shape[i];
+    }
+    mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+    mesh_spec_shard(&a->spec, m, a->shape, sim_device_id(d), sh);
+    int64_t idx[MESH_SPEC_MAX_RANK] = {0}, n = (int64_t)a->nlocal;
+    /* a run along the last dim stays in one layer unless the last dim is the scan dim */
+    int64_t run = sd == rank - 1 ? 1 : a->local[rank - 1];
+    char name[MODEL_PATH_MAX + 32];
+    float *x = a->data;
+    for (int64_t e = 0; e < n; e += run) {
+        int64_t g = 0, layer = 0;
+        for (int i = 0; i < rank; i++) {
+            int64_t gi = sh[i].offset + idx[i];
+            if (i == sd)
+                layer = gi;
+            else
+                g += gi * stride[i];
+        }
+        model_init_layer_name(def->path, (int)layer, name, sizeof name);
+        model_init_range(x + e, g, run, name, def->init, def->scale, seed);
+        /* advance the multi-index by `run` elements */
+        for (int i = run == 1 ? rank - 1 : rank - 2; i >= 0; i--) {
+            if (++idx[i] < a->local[i]) break;
+            idx[i] = 0;
+        }
+    }
+    return SIM_OK;
+}

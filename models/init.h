@@ -56,4 +56,11 @@ sim_status model_init_fill(sim_device *d, const mesh_shape *m, mesh_array *a, co
  * scanned parameter under model_init_layer_name(path, l). */
 sim_status model_params_init(sim_device *d, const mesh_shape *m, model_param *params, int n, uint64_t seed);
 
+/* Fills this device's shard of `a`, an array of p's STACKED global shape
+ * (any spec, no partial axes), with the values model_params_init gives the
+ * per-layer arrays (ZeRO-1's stored parameters: made in place, as MaxText's
+ * sharded init makes them, with no communication). */
+sim_status model_init_fill_stacked(sim_device *d, const mesh_shape *m, const model_param *p, mesh_array *a,
+                                   uint64_t seed);
+
 #endif

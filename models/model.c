@@ -36,6 +36,48 @@ static sim_status positive(const char *key, int64_t v)
     return SIM_OK;
 }
 
+/* gradient_accumulation_steps and shard_optimizer_over_data, with the
+ * combinations MaxText's config validation (configs/types.py) refuses, and
+ * the one this simulator does not combine yet (ZeRO-1 with pipeline stages). */
+static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
+{
+    model_dims *d = &m->d;
+    SIM_TRY(model_cfg_i64(cfg, "gradient_accumulation_steps", &d->ga));
+    if (d->ga < 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "gradient_accumulation_steps=%lld: it must be a positive number of microbatches per step "
+                       "(1 = no accumulation)",
+                       (long long)d->ga);
+    SIM_TRY(model_cfg_bool(cfg, "shard_optimizer_over_data", &d->zero1));
+    if (!d->zero1) return SIM_OK;
+    int f = mesh_shape_axis_index(&m->mesh, "fsdp"), ft = mesh_shape_axis_index(&m->mesh, "fsdp_transpose");
+    int fsdp = (f >= 0 ? m->mesh.sizes[f] : 1) * (ft >= 0 ? m->mesh.sizes[ft] : 1);
+    if (fsdp > 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "shard_optimizer_over_data=true (ZeRO-1) cannot be combined with FSDP: the fsdp and "
+                       "fsdp_transpose mesh axes have a combined size of %d (MaxText refuses this too). Set "
+                       "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
+                       "or set shard_optimizer_over_data=false",
+                       fsdp);
+    int st = mesh_shape_axis_index(&m->mesh, "stage");
+    if (st >= 0 && m->mesh.sizes[st] > 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "shard_optimizer_over_data=true (ZeRO-1) with pipeline stages (stage axis of size %d) is not "
+                       "simulated yet; set ici_pipeline_parallelism=1 (and dcn_pipeline_parallelism=1) or "
+                       "shard_optimizer_over_data=false",
+                       m->mesh.sizes[st]);
+    static const char *const types[] = {"adamw", "sgd"};
+    int type;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 2, &type));
+    if (type != 0)
+        return sim_err(SIM_ERR_INPUT,
+                       "shard_optimizer_over_data=true (ZeRO-1) shards the Adam moments, but opt_type=%s keeps none "
+                       "(MaxText raises 'Could not find Adam/Muon optimizer state'); use opt_type=adamw or set "
+                       "shard_optimizer_over_data=false",
+                       types[type]);
+    return SIM_OK;
+}
+
 static void add_param(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
                       int scan_dim, model_init_kind init, double scale)
 {
@@ -300,6 +342,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        "(per_device_batch_size >= %g)",
                        pdbs, m->mesh.num_devices, (long long)d->batch, 1.0 / m->mesh.num_devices);
     d->rows_loaded = pdbs < 1 ? m->mesh.num_devices : d->batch;
+    SIM_TRY(zero1_and_ga_from_config(cfg, m));
     const char *cs;
     SIM_TRY(mesh_cfg_get_str(cfg, "context_sharding", &cs));
     d->cp_axis = cs ? mesh_shape_axis_index(&m->mesh, cs) : -1;
@@ -310,14 +353,30 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        "load-balanced context parallelism (or set context_parallel_load_balance=false)",
                        (long long)d->seq, d->cp);
 
-    if (d->kind == MODEL_DEEPSEEK)
+    if (d->kind == MODEL_DEEPSEEK) {
         SIM_TRY(deepseek_define(m, cfg));
-    else
+    } else {
+        /* MaxText's llama2 decoder would honour these; the simulated one has
+         * global attention and default RoPE only, so other values are refused */
+        const char *at, *rt;
+        SIM_TRY(mesh_cfg_get_str(cfg, "attention_type", &at));
+        SIM_TRY(mesh_cfg_get_str(cfg, "rope_type", &rt));
+        if (at && strcmp(at, "global"))
+            return sim_err(SIM_ERR_INPUT, "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
+                                          "(mla needs decoder_block=deepseek)", at);
+        if (rt && strcmp(rt, "default"))
+            return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
         define_llama(m);
+    }
     SIM_TRY(scan_axis_from_config(cfg, m));
     bool scan;
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
     for (int i = 0; i < m->nparams && !scan; i++) m->defs[i].unscanned = m->defs[i].scan_dim >= 0;
+    if (d->zero1 && (!scan || (m->nparams && m->defs[1].scan_dim >= 0 && m->defs[1].scan_dim != 1)))
+        return sim_err(SIM_ERR_INPUT,
+                       "shard_optimizer_over_data=true with %s: ZeRO-1 is simulated for MaxText's default layer "
+                       "layout only; drop one of the two",
+                       !scan ? "scan_layers=false" : "param_scan_axis other than 1");
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
         const model_param_def *pd = &m->defs[i];
@@ -325,6 +384,13 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         m->spec[i] = res.spec;
         m->unpruned[i] = res.unpruned;
         SIM_TRY(mesh_spec_check_shape(&res.spec, &m->mesh, pd->rank, pd->shape, pd->path));
+        m->opt_spec[i] = res.spec;
+        m->opt_unpruned[i] = res.unpruned;
+        if (d->zero1) {
+            model_zero1_spec(&m->mesh, pd->rank, pd->shape, &res.unpruned, &m->opt_unpruned[i]);
+            m->opt_spec[i] = m->opt_unpruned[i];
+            mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
+        }
     }
     return SIM_OK;
 }
@@ -367,6 +433,32 @@ uint64_t model_param_bytes(const model_def *m)
 
 /* ------------------------------------------------------------ per device */
 
+/* ZeRO-1's stored state of parameter i: one stacked array each for the
+ * parameters (initialised in place) and the two moments, in the optimizer
+ * layout; the gradient there is made each step (train.c). */
+static sim_status zero1_state_new(model_dev *md, int i)
+{
+    const model_def *def = md->def;
+    model_param *z = &md->z[i];
+    z->def = def->defs[i];
+    z->def.scan_dim = -1; /* one stacked tensor: the optimizer is elementwise */
+    z->spec = def->opt_spec[i];
+    z->spec_unpruned = def->opt_unpruned[i];
+    z->n_layers = 1;
+    mesh_array **bufs[3] = {&z->w, &z->m, &z->v};
+    static const char *const sfx[3] = {" (zero1)", " (adam)", " (adam)"};
+    sim_mem_cat cats[3] = {SIM_MEM_PARAMS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
+    for (int b = 0; b < 3; b++) {
+        char name[MESH_NAME_MAX];
+        snprintf(name, sizeof name, "%s%s", z->def.path, sfx[b]);
+        *bufs[b] = calloc(1, sizeof(mesh_array));
+        SIM_TRY(mesh_array_new(md->ctx.dev, &def->mesh, name, z->def.rank, z->def.shape, &z->spec, SIM_F32, cats[b],
+                               *bufs[b]));
+    }
+    model_param p = md->p[i]; /* the per-layer init names */
+    return model_init_fill_stacked(md->ctx.dev, &def->mesh, &p, z->w, def->d.seed);
+}
+
 sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, bool with_grads, bool with_opt)
 {
     memset(md, 0, sizeof *md);
@@ -376,6 +468,8 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
     md->ctx.mode = def->d.mode;
     md->ctx.drop_size_one = def->d.drop_size_one;
     md->ctx.layer = "";
+    int data = mesh_shape_axis_index(&def->mesh, "data");
+    md->zero1 = with_opt && with_grads && def->d.zero1 && data >= 0 && def->mesh.sizes[data] > 1;
     for (int i = 0; i < def->nparams; i++) {
         model_param *p = &md->p[i];
         p->def = def->defs[i];
@@ -387,33 +481,40 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         mesh_spec ls;
         model_param_layer_shape(p, &rank, shape);
         model_param_layer_spec(p, &ls);
-        mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt ? &p->m : NULL, with_opt ? &p->v : NULL};
+        mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt && !md->zero1 ? &p->m : NULL,
+                                with_opt && !md->zero1 ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
         for (int b = 0; b < 4; b++) {
             if (!bufs[b]) continue;
+            /* ZeRO-1 without accumulation: the gradient sinks keep the sum over 'data'
+             * pending, so one reduce-scatter brings it to the optimizer layout */
+            mesh_spec bs = ls;
+            if (b == 1 && md->zero1 && def->d.ga == 1) bs.partial |= 1u << data;
             *bufs[b] = calloc((size_t)p->n_layers, sizeof(mesh_array));
             for (int l = 0; l < p->n_layers; l++) {
                 char name[MESH_NAME_MAX];
                 snprintf(name, sizeof name, "%s%s", p->def.path, b == 1 ? " (grad)" : b >= 2 ? " (adam)" : "");
-                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &ls, SIM_F32, cats[b], &(*bufs[b])[l]));
+                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], &(*bufs[b])[l]));
             }
         }
+        if (md->zero1) SIM_TRY(zero1_state_new(md, i));
     }
     return model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed);
 }
 
 void model_dev_free(model_dev *md)
 {
-    for (int i = 0; i < md->def->nparams; i++) {
-        model_param *p = &md->p[i];
-        mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
-        for (int b = 0; b < 4; b++) {
-            if (!bufs[b]) continue;
-            for (int l = 0; l < p->n_layers; l++) mesh_array_free(md->ctx.dev, &bufs[b][l]);
-            free(bufs[b]);
+    for (int i = 0; i < md->def->nparams; i++)
+        for (int z = 0; z < 2; z++) {
+            model_param *p = z ? &md->z[i] : &md->p[i];
+            mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
+            for (int b = 0; b < 4; b++) {
+                if (!bufs[b]) continue;
+                for (int l = 0; l < p->n_layers; l++) mesh_array_free(md->ctx.dev, &bufs[b][l]);
+                free(bufs[b]);
+            }
+            p->w = p->g = p->m = p->v = NULL;
         }
-        p->w = p->g = p->m = p->v = NULL;
-    }
 }
 
 void model_dev_zero_grads(model_dev *md)

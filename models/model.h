@@ -47,8 +47,10 @@ typedef struct {
     mesh_mode mode;           /* shard_mode */
     bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
-    int64_t batch;            /* global rows trained per step */
-    int64_t rows_loaded;      /* rows loaded per step (>= batch; fractional per_device_batch_size) */
+    int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
+    int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
+    int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
+    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see optim.h) */
     int64_t seq;              /* max_target_length */
     uint64_t seed;            /* init_weights_seed */
     int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
@@ -99,6 +101,9 @@ typedef struct {
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
+    /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
+    mesh_spec opt_spec[MODEL_MAX_PARAMS];
+    mesh_spec opt_unpruned[MODEL_MAX_PARAMS];
     /* activations seen by the forward pass, first time each, in trace order */
     pthread_mutex_t act_lock;
     int nacts;
@@ -127,6 +132,14 @@ typedef struct {
     model_param p[MODEL_MAX_PARAMS];
     /* the saved tensors of the remat layer running (NULL outside remat or with nothing to save) */
     struct model_remat_store *remat;
+    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
+     * stored state of each parameter as ONE stacked array in the optimizer
+     * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
+     * the step's reduce-scattered gradient (scan_dim -1, n_layers 1).  p[i].w
+     * is then the all-gathered working copy the forward pass reads, p[i].g
+     * the gradient sinks, and p[i].m/v are NULL. */
+    bool zero1;
+    model_param z[MODEL_MAX_PARAMS];
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);
     void *on_layer_arg;

@@ -2,6 +2,7 @@
 #include "models/params.h"
 
 #include <stdio.h>
+#include <stdbool.h>
 #include <string.h>
 
 void model_param_layer_shape(const model_param *p, int *rank, int64_t *shape)
@@ -88,4 +89,88 @@ void model_param_tensor_view(const model_param *p, int k, model_param *view)
     view->g = p->g ? &p->g[k] : NULL;
     view->m = p->m ? &p->m[k] : NULL;
     view->v = p->v ? &p->v[k] : NULL;
+}
+
+void model_zero1_spec(const mesh_shape *m, int rank, const int64_t *shape, const mesh_spec *unpruned, mesh_spec *out)
+{
+    *out = *unpruned;
+    int data = mesh_shape_axis_index(m, "data"), tensor = mesh_shape_axis_index(m, "tensor");
+    if (data < 0 || (mesh_spec_dim_axes(unpruned) & (1u << data))) return;
+    for (int d = 0; d < rank; d++) {
+        int64_t shard = shape[d];
+        bool has_tensor = false;
+        for (int i = 0; i < unpruned->n_axes[d]; i++) {
+            shard /= m->sizes[unpruned->axes[d][i]];
+            has_tensor |= unpruned->axes[d][i] == tensor;
+        }
+        if (has_tensor || shard % m->sizes[data]) continue;
+        /* ('data', *old): data becomes the most significant part of the block index */
+        memmove(&out->axes[d][1], &out->axes[d][0], (size_t)out->n_axes[d] * sizeof out->axes[d][0]);
+        out->axes[d][0] = (int8_t)data;
+        out->n_axes[d]++;
+        return;
+    }
+}
+
+void model_param_stacked_spec(const model_param *p, const mesh_spec *layer, mesh_spec *out)
+{
+    int sd = p->def.scan_dim;
+    if (sd < 0) {
+        *out = *layer;
+        return;
+    }
+    mesh_spec_init(out, layer->rank + 1);
+    for (int d = 0, r = 0; d < out->rank; d++) {
+        if (d == sd) continue;
+        out->n_axes[d] = layer->n_axes[r];
+        memcpy(out->axes[d], layer->axes[r], sizeof out->axes[d]);
+        r++;
+    }
+    out->partial = layer->partial;
+}
+
+/* Local geometry of a stacked array over per-layer shards: stacked[o][l][i]
+ * is element o * inner + i of layer l's shard (o < outer, i < inner). */
+static void stack_geometry(const model_param *p, const mesh_array *layer0, int64_t *outer, int64_t *inner)
+{
+    int sd = p->def.scan_dim < 0 ? 0 : p->def.scan_dim;
+    *outer = 1;
+    *inner = 1;
+    for (int d = 0; d < layer0->rank; d++) *(d < sd ? outer : inner) *= layer0->local[d];
+}
+
+static void stack_copy(const model_param *p, float *stacked, float *const *layers, int64_t outer, int64_t inner,
+                       bool to_stacked)
+{
+    int L = p->n_layers;
+    for (int64_t o = 0; o < outer; o++)
+        for (int l = 0; l < L; l++) {
+            float *s = stacked + (o * L + l) * inner, *x = layers[l] + o * inner;
+            memcpy(to_stacked ? s : x, to_stacked ? x : s, (size_t)inner * sizeof(float));
+        }
+}
+
+sim_status model_param_stack(sim_device *d, const mesh_shape *m, const model_param *p, const mesh_array *layers,
+                             const char *name, sim_mem_cat cat, mesh_array *out)
+{
+    mesh_spec s;
+    model_param_stacked_spec(p, &layers[0].spec, &s);
+    SIM_TRY(mesh_array_new_raw(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, cat, out));
+    if (!out->data) return SIM_OK; /* dry run */
+    int64_t outer, inner;
+    stack_geometry(p, &layers[0], &outer, &inner);
+    float *src[MODEL_MAX_LAYERS];
+    for (int l = 0; l < p->n_layers; l++) src[l] = layers[l].data;
+    stack_copy(p, out->data, src, outer, inner, true);
+    return SIM_OK;
+}
+
+void model_param_unstack(const model_param *p, const mesh_array *stacked, mesh_array *layers)
+{
+    if (!stacked->data) return;
+    int64_t outer, inner;
+    stack_geometry(p, &layers[0], &outer, &inner);
+    float *dst[MODEL_MAX_LAYERS];
+    for (int l = 0; l < p->n_layers; l++) dst[l] = layers[l].data;
+    stack_copy(p, stacked->data, dst, outer, inner, false);
 }

@@ -61,4 +61,23 @@ void model_param_def_tensor(const model_param_def *d, const mesh_spec *spec, int
 /* The same for a device's parameter: a view whose arrays are layer k's (not owned). */
 void model_param_tensor_view(const model_param *p, int k, model_param *view);
 
+/* The spec of the stacked tensor whose per-layer slices have spec `layer`:
+ * an unsplit dim inserted at the scan dim (the layers of a device's
+ * per-layer arrays side by side); p->spec's dims when there is no scan dim. */
+void model_param_stacked_spec(const model_param *p, const mesh_spec *layer, mesh_spec *out);
+/* A stacked array (global shape p->def.shape, model_param_stacked_spec of the
+ * layers' spec, category `cat`) holding a copy of the per-layer arrays. */
+sim_status model_param_stack(sim_device *d, const mesh_shape *m, const model_param *p, const mesh_array *layers,
+                             const char *name, sim_mem_cat cat, mesh_array *out);
+/* Copies the layers of such a stacked array back into the per-layer arrays. */
+void model_param_unstack(const model_param *p, const mesh_array *stacked, mesh_array *layers);
+
+/* ZeRO-1's optimizer-state spec of a stacked parameter (MaxText's
+ * sharding.add_data_to_sharding), from its spec WITH size-1 axes: unchanged
+ * when 'data' is absent from the mesh or already used; otherwise 'data' is
+ * prepended to the first dim whose per-shard size is divisible by the data
+ * size and whose axes do not include 'tensor' (by name, even of size 1), or
+ * nothing changes when no dim qualifies. */
+void model_zero1_spec(const mesh_shape *m, int rank, const int64_t *shape, const mesh_spec *unpruned, mesh_spec *out);
+
 #endif

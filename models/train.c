@@ -2,6 +2,7 @@
 #include "models/train.h"
 
 #include "blas_kernels/bk_parallel.h"
+#include "mesh/reshard.h"
 #include "models/checkpoint.h"
 
 #include <math.h>
@@ -135,6 +136,149 @@ typedef struct {
     model_train_job *job;
 } train_ctx;
 
+/* ---- ZeRO-1 (shard_optimizer_over_data; see optim.h) */
+
+/* Before the step: every parameter all-gathered over 'data' from its stored
+ * optimizer-layout copy (md->z) into the working copy the forward pass reads. */
+static sim_status zero1_gather_params(model_dev *md)
+{
+    const model_def *def = md->def;
+    sim_device *dev = md->ctx.dev;
+    for (int i = 0; i < def->nparams; i++) {
+        model_param *p = &md->p[i];
+        mesh_spec to;
+        model_param_stacked_spec(p, &p->w[0].spec, &to);
+        char tag[SIM_TAG_MAX];
+        snprintf(tag, sizeof tag, "zero1/params/%.80s", p->def.path);
+        mesh_array a;
+        SIM_TRY(mesh_array_clone(dev, &def->mesh, md->z[i].w, tag, SIM_MEM_COMM, &a));
+        sim_status st = mesh_reshard(dev, &def->mesh, &a, &to, sim_meta_tag(tag));
+        if (st == SIM_OK) model_param_unstack(p, &a, p->w);
+        mesh_array_free(dev, &a);
+        SIM_TRY(st);
+    }
+    return SIM_OK;
+}
+
+/* After the backward pass(es): each gradient brought to the optimizer layout
+ * in md->z[i].g: a reduce-scatter over 'data' of the sum the sinks kept
+ * pending (without accumulation), or a local slice of the already reduced
+ * sum (with accumulation, whose carry MaxText keeps in the parameters' layout). */
+static sim_status zero1_reduce_grads(model_dev *md)
+{
+    const model_def *def = md->def;
+    sim_device *dev = md->ctx.dev;
+    for (int i = 0; i < def->nparams; i++) {
+        model_param *p = &md->p[i], *z = &md->z[i];
+        char tag[SIM_TAG_MAX];
+        snprintf(tag, sizeof tag, "zero1/grads/%.80s", p->def.path);
+        z->g = calloc(1, sizeof(mesh_array));
+        SIM_ASSERT(z->g);
+        SIM_TRY(model_param_stack(dev, &def->mesh, p, p->g, tag, SIM_MEM_GRADS, z->g));
+        SIM_TRY(mesh_reshard(dev, &def->mesh, z->g, &z->spec, sim_meta_tag(tag)));
+    }
+    return SIM_OK;
+}
+
+static void zero1_free_grads(model_dev *md)
+{
+    for (int i = 0; i < md->def->nparams; i++) {
+        model_param *z = &md->z[i];
+        if (!z->g) continue;
+        mesh_array_free(md->ctx.dev, z->g);
+        free(z->g);
+        z->g = NULL;
+    }
+}
+
+/* Global layer-major copies of every gradient (job->step_grads[s]). */
+static sim_status store_step_grads(model_train_job *job, model_dev *md, model_grads *g)
+{
+    const model_def *def = md->def;
+    sim_device *dev = md->ctx.dev;
+    for (int i = 0; i < def->nparams; i++) {
+        if (!md->zero1) {
+            for (int l = 0; l < md->p[i].n_layers; l++)
+                SIM_TRY(mesh_array_store_global(dev, &def->mesh, &md->p[i].g[l],
+                                                g->g[i] + (size_t)l * (size_t)g->layer_elems[i]));
+            continue;
+        }
+        /* ZeRO-1: the stacked gradient, then device 0 reorders it layer-major */
+        SIM_TRY(mesh_array_store_global(dev, &def->mesh, md->z[i].g, job->scratch));
+        SIM_TRY(sim_device_barrier(dev));
+        if (sim_device_id(dev) == 0) {
+            const model_param_def *pd = &def->defs[i];
+            int64_t outer = 1, inner = 1, L = g->n_layers[i];
+            for (int d = 0; d < pd->rank; d++)
+                if (pd->scan_dim >= 0 && d < pd->scan_dim)
+                    outer *= pd->shape[d];
+                else if (d != pd->scan_dim)
+                    inner *= pd->shape[d];
+            for (int64_t o = 0; o < outer; o++)
+                for (int64_t l = 0; l < L; l++)
+                    memcpy(g->g[i] + (size_t)(l * g->layer_elems[i] + o * inner), job->scratch + (o * L + l) * inner,
+                           (size_t)inner * sizeof(float));
+        }
+        SIM_TRY(sim_device_barrier(dev));
+    }
+    return SIM_OK;
+}
+
+/* ---- one step */
+
+void model_microbatch_rows(const int32_t *step, int64_t rows, int64_t seq, int64_t ga, int64_t g, int32_t *out)
+{
+    for (int64_t j = 0; j < rows; j++) memcpy(out + j * seq, step + (j * ga + g) * seq, (size_t)seq * sizeof(int32_t));
+}
+
+/* Device 0: microbatch g of the step's rows into the host microbatch arrays. */
+static sim_status fill_microbatch(model_train_job *job, const model_def *def, int64_t g)
+{
+    int64_t G = def->d.ga, T = def->d.seq, rows = def->d.rows_loaded;
+    int32_t *src[3] = {job->inputs, job->targets, job->positions};
+    int32_t *dst[3] = {job->mb_inputs, job->mb_targets, job->mb_positions};
+    for (int a = 0; a < 3; a++) {
+        if (G > 1) model_microbatch_rows(src[a], rows, T, G, g, dst[a]);
+        if (def->d.cp > 1 && def->d.cp_load_balance)
+            SIM_TRY(model_reorder_load_balanced(dst[a], def->d.batch, T, def->d.cp));
+    }
+    return SIM_OK;
+}
+
+/* Forward and backward of one microbatch; its gradient is added to the sinks
+ * with weight 1/ga (MaxText differentiates the token sum and divides the
+ * accumulated gradient by the step's token count: with equal microbatches
+ * that is each microbatch's mean loss weighted 1/ga). */
+static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g, double *loss_value)
+{
+    const model_def *def = md->def;
+    sim_device *dev = md->ctx.dev;
+    sim_device_set_phase(dev, SIM_PHASE_OTHER);
+    if (sim_device_id(dev) == 0) SIM_TRY(fill_microbatch(job, def, g));
+    SIM_TRY(sim_device_barrier(dev));
+    model_batch b;
+    SIM_TRY(model_batch_load(md, job->mb_inputs, job->mb_targets, job->mb_positions, &b));
+    SIM_TRY(sim_device_barrier(dev)); /* device 0 may refill the host microbatch after this */
+    mesh_tape *t = mesh_tape_new(&md->ctx, true);
+    mesh_var *loss;
+    sim_device_set_phase(dev, SIM_PHASE_FORWARD);
+    sim_status st = model_loss(md, t, &b, &loss);
+    *loss_value = st == SIM_OK && loss->val.data ? ((float *)loss->val.data)[0] : 0;
+    sim_device_set_phase(dev, SIM_PHASE_BACKWARD);
+    if (st == SIM_OK && def->d.ga == 1) st = mesh_tape_backward(t, loss);
+    if (st == SIM_OK && def->d.ga > 1) {
+        mesh_spec s;
+        mesh_spec_init(&s, 0);
+        mesh_array cot;
+        st = mesh_tape_zeros(t, "loss/grad", 0, NULL, &s, SIM_MEM_TEMP, &cot);
+        if (st == SIM_OK && cot.data) ((float *)cot.data)[0] = (float)(1.0 / (double)def->d.ga);
+        if (st == SIM_OK) st = mesh_tape_backward_from(t, loss, &cot);
+    }
+    mesh_tape_free(t);
+    model_batch_free(md, &b);
+    return st;
+}
+
 static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
 {
     const model_def *def = md->def;
@@ -142,40 +286,36 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     int id = sim_device_id(dev);
     sim_device_set_step(dev, (int)s);
     sim_device_set_phase(dev, SIM_PHASE_OTHER);
-    if (id == 0) {
-        SIM_TRY(model_batch_global(job->data, s, def->d.rows_loaded, job->inputs, job->targets, job->positions));
-        if (def->d.cp > 1 && def->d.cp_load_balance) {
-            int32_t *arrs[3] = {job->inputs, job->targets, job->positions};
-            for (int a = 0; a < 3; a++) SIM_TRY(model_reorder_load_balanced(arrs[a], def->d.batch, def->d.seq, def->d.cp));
-        }
-    }
+    if (id == 0)
+        SIM_TRY(model_batch_global(job->data, s, def->d.rows_loaded * def->d.ga, job->inputs, job->targets,
+                                   job->positions));
     SIM_TRY(sim_device_barrier(dev));
     uint64_t t0 = sim_now_ns();
-    model_batch b;
-    SIM_TRY(model_batch_load(md, job->inputs, job->targets, job->positions, &b));
-    SIM_TRY(sim_device_barrier(dev)); /* device 0 may refill the host batch after this */
-    model_dev_zero_grads(md);
-    mesh_tape *t = mesh_tape_new(&md->ctx, true);
-    mesh_var *loss;
-    sim_device_set_phase(dev, SIM_PHASE_FORWARD);
-    sim_status st = model_loss(md, t, &b, &loss);
-    double loss_value = st == SIM_OK && loss->val.data ? ((float *)loss->val.data)[0] : 0;
-    sim_device_set_phase(dev, SIM_PHASE_BACKWARD);
-    if (st == SIM_OK) st = mesh_tape_backward(t, loss);
-    mesh_tape_free(t);
-    model_batch_free(md, &b);
-    SIM_TRY(st);
-    if (job->step_grads) {
-        model_grads *g = &job->step_grads[s];
-        for (int i = 0; i < def->nparams; i++)
-            for (int l = 0; l < md->p[i].n_layers; l++)
-                SIM_TRY(mesh_array_store_global(dev, &def->mesh, &md->p[i].g[l],
-                                                g->g[i] + (size_t)l * (size_t)g->layer_elems[i]));
+    if (md->zero1) {
+        sim_device_set_phase(dev, SIM_PHASE_FORWARD);
+        SIM_TRY(zero1_gather_params(md));
     }
+    model_dev_zero_grads(md);
+    double loss_sum = 0;
+    for (int64_t g = 0; g < def->d.ga; g++) {
+        double lg;
+        SIM_TRY(microbatch_pass(job, md, g, &lg));
+        loss_sum += lg;
+    }
+    /* MaxText: sum of token losses / all tokens + mean of the auxiliary losses (equal microbatches) */
+    double loss_value = def->d.ga == 1 ? loss_sum : loss_sum / (double)def->d.ga;
+    model_param *opt = md->p;
+    if (md->zero1) {
+        sim_device_set_phase(dev, SIM_PHASE_BACKWARD);
+        SIM_TRY(zero1_reduce_grads(md));
+        opt = md->z;
+    }
+    if (job->step_grads) SIM_TRY(store_step_grads(job, md, &job->step_grads[s]));
     sim_device_set_phase(dev, SIM_PHASE_OPTIMIZER);
     double norm;
-    SIM_TRY(model_grad_global_norm(dev, &def->mesh, md->p, def->nparams, &norm));
-    SIM_TRY(model_adamw_update(dev, &job->opt, md->p, def->nparams, s, norm));
+    SIM_TRY(model_grad_global_norm(dev, &def->mesh, opt, def->nparams, &norm));
+    SIM_TRY(model_adamw_update(dev, &job->opt, opt, def->nparams, s, norm));
+    zero1_free_grads(md);
     SIM_TRY(sim_device_barrier(dev));
     if (id == 0) {
         model_step_stats *ss = &job->stats[s];
@@ -215,14 +355,17 @@ static sim_status train_device(sim_device *dev, void *arg)
     }
     long long loaded_step = 0;
     if (st == SIM_OK && job->load_path && *job->load_path)
-        st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.p, def->nparams, false, &loaded_step);
+        st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams, false,
+                                   &loaded_step);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;
-    if (st == SIM_OK && ckpt) st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, md.p, def->nparams);
+    /* ZeRO-1 saves (and loads) its stored state: the same tensors, written from the optimizer layout */
+    model_param *state = md.zero1 ? md.z : md.p;
+    if (st == SIM_OK && ckpt) st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, state, def->nparams);
     for (int64_t s = 0; st == SIM_OK && s < job->steps; s++) {
         if (sim_device_id(dev) == 0) job->step = s;
         st = train_step(job, &md, s);
         if (st == SIM_OK && ckpt && (s + 1) % job->checkpoint_period == 0)
-            st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s + 1, md.p, def->nparams);
+            st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s + 1, state, def->nparams);
     }
     model_dev_free(&md);
     return st;
@@ -231,16 +374,36 @@ static sim_status train_device(sim_device *dev, void *arg)
 sim_status model_train(model_train_job *job, sim_machine *m)
 {
     const model_def *def = job->def;
-    size_t n = (size_t)(def->d.rows_loaded * def->d.seq);
+    size_t n = (size_t)(def->d.rows_loaded * def->d.ga * def->d.seq), nmb = (size_t)(def->d.rows_loaded * def->d.seq);
     job->inputs = calloc(n, sizeof(int32_t));
     job->targets = calloc(n, sizeof(int32_t));
     job->positions = calloc(n, sizeof(int32_t));
+    /* one microbatch: its own arrays when accumulating, else the step's */
+    bool own = def->d.ga > 1;
+    job->mb_inputs = own ? calloc(nmb, sizeof(int32_t)) : job->inputs;
+    job->mb_targets = own ? calloc(nmb, sizeof(int32_t)) : job->targets;
+    job->mb_positions = own ? calloc(nmb, sizeof(int32_t)) : job->positions;
+    size_t biggest = 0;
+    for (int i = 0; i < def->nparams; i++) {
+        size_t e = 1;
+        for (int d = 0; d < def->defs[i].rank; d++) e *= (size_t)def->defs[i].shape[d];
+        if (e > biggest) biggest = e;
+    }
+    job->scratch = job->step_grads && def->d.zero1 ? calloc(biggest, sizeof(float)) : NULL;
     if (job->step_grads)
         for (long long s = 0; s < job->steps; s++) model_grads_alloc(def, &job->step_grads[s]);
     sim_status st = sim_machine_run(m, train_device, job);
+    if (own) {
+        free(job->mb_inputs);
+        free(job->mb_targets);
+        free(job->mb_positions);
+    }
     free(job->inputs);
     free(job->targets);
     free(job->positions);
+    free(job->scratch);
     job->inputs = job->targets = job->positions = NULL;
+    job->mb_inputs = job->mb_targets = job->mb_positions = NULL;
+    job->scratch = NULL;
     return st;
 }

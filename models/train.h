@@ -67,10 +67,22 @@ typedef struct {
     int64_t step;                  /* the step running (for on_layer) */
     model_step_stats *stats;       /* [steps], filled */
     model_grads *step_grads;       /* [steps] or NULL: every step's gradients (before clipping) */
-    int32_t *inputs, *targets, *positions; /* host scratch, rows_loaded x seq (allocated by model_train) */
+    int32_t *inputs, *targets, *positions; /* host scratch: the step's rows (ga x rows_loaded) x seq (model_train) */
+    int32_t *mb_inputs, *mb_targets, *mb_positions; /* one microbatch, rows_loaded x seq (the above when ga = 1) */
+    float *scratch;                /* one stacked parameter (ZeRO-1 step_grads), or NULL */
 } model_train_job;
 
-/* Trains job->steps steps on machine m. */
+/* Microbatch g of a step's host rows (ga x rows, seq each) into out (rows x
+ * seq), as MaxText splits them (reshape [rows, ga] then swap): row j of
+ * microbatch g is row j * ga + g of the step. */
+void model_microbatch_rows(const int32_t *step, int64_t rows, int64_t seq, int64_t ga, int64_t g, int32_t *out);
+
+/* Trains job->steps steps on machine m.  A step (gradient_accumulation_steps
+ * = ga) runs ga forward/backward passes over its microbatches, adding each
+ * one's gradient with weight 1/ga into the same float32 gradients; the loss
+ * is the mean of the microbatch losses.  With ZeRO-1 the parameters are
+ * all-gathered over 'data' once before the passes and the gradients brought
+ * to the optimizer layout once after them (optim.h). */
 sim_status model_train(model_train_job *job, sim_machine *m);
 
 #endif

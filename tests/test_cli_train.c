@@ -101,6 +101,19 @@ static void test_train_artifacts(void **state)
     assert_int_equal(rmdir(dir), 0); /* nothing else was left behind (no temp files) */
 }
 
+/* With no arguments, train runs the built-in small model (configs/small.yml:
+ * emb 128, 2 layers, vocab 256, 20 steps) instead of MaxText's 1 B default. */
+static void test_train_without_arguments(void **state)
+{
+    (void)state;
+    result r = run(cli_train, 0, NULL);
+    if (r.rc) fail_msg("%s", r.err);
+    assert_non_null(strstr(r.out, "no arguments: training the built-in small Llama"));
+    assert_non_null(strstr(r.out, "emb 128, heads 8 (kv 4) x 16, mlp 384, layers 2, vocab 256"));
+    assert_non_null(strstr(r.out, "\n    19 ")); /* steps 0..19 */
+    done(&r);
+}
+
 static void test_train_bad_input(void **state)
 {
     (void)state;
@@ -149,6 +162,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_artifacts),
+        cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
         cmocka_unit_test(test_parity_exit_codes),
     };

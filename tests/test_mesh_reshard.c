@@ -81,8 +81,9 @@ static void test_hand_derived_plans(void **state)
     const hand_case c2[] = {
         /* the tuple moves as one all-to-all over the 4-device group: 3/4 * 128 B */
         {"P(('a', 'b'), None)", "P(None, ('a', 'b'))", 1, {MESH_STEP_ALL_TO_ALL}, 96},
-        /* order change on one dim: gather b (1*128), gather a (1*256), slice: 384 = N - n bytes */
-        {"P(('a', 'b'), None)", "P(('b', 'a'), None)", 3, {MESH_STEP_ALL_GATHER, MESH_STEP_ALL_GATHER, MESH_STEP_SLICE}, 384},
+        /* order change on one dim: one ppermute; device (a, b) holds block 2a+b and needs block 2b+a,
+         * so (0,1) and (1,0) swap their 128 B blocks and (0,0), (1,1) keep theirs */
+        {"P(('a', 'b'), None)", "P(('b', 'a'), None)", 1, {MESH_STEP_PERMUTE}, 128},
         /* swap: local (4, 8) = 128 B; gather a on dim 0: 1*128 B -> local (8, 8) = 256 B;
          * move b dim1 -> dim0: 1/2 * 256 B; slice a on dim 1: free */
         {"P('a', 'b')", "P('b', 'a')", 3, {MESH_STEP_ALL_GATHER, MESH_STEP_ALL_TO_ALL, MESH_STEP_SLICE}, 128 + 128},
@@ -92,6 +93,34 @@ static void test_hand_derived_plans(void **state)
         {"P(None, None, unreduced={'a', 'b'})", "P(None, None)", 1, {MESH_STEP_ALL_REDUCE}, 768},
     };
     for (size_t i = 0; i < sizeof c2 / sizeof c2[0]; i++) check_hand(&m2, 2, sh, &c2[i]);
+    {
+        mesh_spec f = parse(&m2, "P(('a', 'b'), None)"), t = parse(&m2, "P(('b', 'a'), None)");
+        mesh_plan p;
+        assert_int_equal(mesh_plan_make(&m2, "x", 2, sh, SIM_F32, &f, &t, &p), SIM_OK);
+        const uint64_t per_device[4] = {0, 128, 128, 0}; /* devices 1 = (0,1) and 2 = (1,0) swap */
+        for (int d = 0; d < 4; d++) assert_int_equal(mesh_plan_device_bytes(&p, &m2, d), per_device[d]);
+    }
+    {
+        /* a cycle of three axes: device (a,b,c) holds block 4a+2b+c and needs 4c+2a+b; equal only
+         * where 2a+b = 3c, i.e. (0,0,0) and (1,1,1): six of the eight devices send their 64 B block */
+        const char *n3c[] = {"a", "b", "c"};
+        int s3c[] = {2, 2, 2};
+        mesh_shape m3c = make_mesh(3, n3c, s3c);
+        mesh_spec f = parse(&m3c, "P(('a', 'b', 'c'), None)"), t = parse(&m3c, "P(('c', 'a', 'b'), None)");
+        mesh_plan p;
+        assert_int_equal(mesh_plan_make(&m3c, "x", 2, sh, SIM_F32, &f, &t, &p), SIM_OK);
+        assert_int_equal(p.n, 1);
+        assert_int_equal(p.step[0].kind, MESH_STEP_PERMUTE);
+        int senders = 0;
+        for (int d = 0; d < 8; d++) {
+            uint64_t b = mesh_plan_device_bytes(&p, &m3c, d);
+            assert_true(b == 0 || b == 64);
+            senders += b == 64;
+        }
+        assert_int_equal(senders, 6);
+        assert_int_equal(mesh_plan_device_bytes(&p, &m3c, 0), 0);
+        assert_int_equal(mesh_plan_device_bytes(&p, &m3c, 7), 0);
+    }
 
     /* the issue's example: data=2 fsdp=2 tensor=2, (8, 16) from P(('data','fsdp'), None) to P(None, 'tensor'):
      * slice tensor on dim 1 (local 2x8), then one all-gather over (data, fsdp): 3 * 2*8*4 = 192 B */
@@ -199,7 +228,7 @@ static void test_random_reshards(void **state)
     static const int naxes[] = {1, 1, 2, 3, 3};
     uint64_t rng = 12345;
     int runs = 0, moved = 0;
-    int kinds_seen[6] = {0};
+    int kinds_seen[MESH_STEP_KINDS] = {0};
     for (int mi = 0; mi < 5; mi++) {
         mesh_shape m = make_mesh(naxes[mi], names, sizes[mi]);
         sim_mesh_desc md;
@@ -232,7 +261,8 @@ static void test_random_reshards(void **state)
                 }
             /* the simulator's counts equal the plan's, on every device */
             for (int dv = 0; dv < m.num_devices; dv++) {
-                uint64_t want = sw->plan.total_bytes;
+                uint64_t want = mesh_plan_device_bytes(&sw->plan, &m, dv);
+                assert_true(want <= sw->plan.total_bytes);
                 bool has_ar = false;
                 for (int s = 0; s < sw->plan.n; s++) has_ar |= sw->plan.step[s].kind == MESH_STEP_ALL_REDUCE;
                 if (!has_ar) assert_int_equal(sw->sent[dv], want);
@@ -258,7 +288,7 @@ static void test_random_reshards(void **state)
     }
     assert_int_equal(runs, 600);
     assert_true(moved > 500);
-    for (int k = 0; k < 6; k++) assert_true(kinds_seen[k]); /* every step kind was exercised */
+    for (int k = 0; k < MESH_STEP_KINDS; k++) assert_true(kinds_seen[k]); /* every step kind was exercised */
 }
 
 int main(void)

@@ -16,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "mesh/json.h"
@@ -391,10 +394,13 @@ static void test_errors(void **state)
     assert_non_null(mu);
     memcpy(mu + 1, "opt_state.mx", 12);
     write_all(bad, c, n);
+    /* (a name the model does not know is refused whatever is loaded: no
+     * tensor of a file goes unchecked) */
     assert_int_equal(run(&one, model_a, DO_LOAD, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), bad);
-    assert_contains(sim_errmsg(), "has no tensor 'opt_state.mu.params.decoder.decoder_norm.scale'");
-    if (run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL) != SIM_OK) fail_msg("%s", sim_errmsg());
+    assert_contains(sim_errmsg(), "holds tensor 'opt_state.mx.params.decoder.decoder_norm.scale'");
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "opt_state.mx.params.decoder.decoder_norm.scale");
 
     /* header length beyond the file */
     memcpy(c, b, n);
@@ -446,17 +452,200 @@ static void test_errors(void **state)
 
     free(c);
     free(b);
-    assert_int_equal(run(&one, model_a, DO_LOAD, "/nonexistent/step_1.safetensors", NULL, NULL), SIM_ERR_IO);
-    assert_contains(sim_errmsg(), "/nonexistent/step_1.safetensors");
+    assert_int_equal(run(&one, model_a, DO_LOAD, "/dev/null/step_1.safetensors", NULL, NULL), SIM_ERR_IO);
+    assert_contains(sim_errmsg(), "/dev/null/step_1.safetensors");
 
-    /* a save that cannot create its directory fails cleanly */
+    /* a save that cannot create its directory fails cleanly (under a regular file: not even root
+     * can make it, whatever exists on the machine) */
     char dir2[sizeof g_dir];
     snprintf(dir2, sizeof dir2, "%s", g_dir);
-    snprintf(g_dir, sizeof g_dir, "/nonexistent/dir");
+    snprintf(g_dir, sizeof g_dir, "/dev/null/dir");
     step = 1;
     assert_int_equal(run(&mesh_dt, model_a, DO_SAVE, NULL, &step, NULL), SIM_ERR_IO);
-    assert_contains(sim_errmsg(), "/nonexistent/dir");
+    assert_contains(sim_errmsg(), "/dev/null/dir");
     snprintf(g_dir, sizeof g_dir, "%s", dir2);
+}
+
+/* FNV-1a 64, written out here from its definition (offset basis
+ * 14695981039346656037, prime 1099511628211), to patch checksums. */
+static uint64_t fnv(const unsigned char *p, size_t n)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Header length, and where tensor name's data_offsets begin in the data section. */
+static uint64_t header_len(const char *b)
+{
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (unsigned char)b[i];
+    return hl;
+}
+
+static uint64_t data_begin(const char *b, const char *name, uint64_t *end)
+{
+    mesh_json *root;
+    uint64_t hl = header_len(b);
+    if (mesh_json_parse(b + 8, hl, "t", &root) != SIM_OK) fail_msg("%s", sim_errmsg());
+    const mesh_json *of = mesh_json_get(mesh_json_get(root, name), "data_offsets");
+    assert_non_null(of);
+    uint64_t x = (uint64_t)of->items[0].integer;
+    *end = (uint64_t)of->items[1].integer;
+    mesh_json_free(root);
+    return x;
+}
+
+/* Replaces the text of `from` (first occurrence after the length) with `to` (same length). */
+static void patch(char *b, const char *from, const char *to)
+{
+    assert_int_equal(strlen(from), strlen(to));
+    char *p = strstr(b + 8, from);
+    if (!p) fail_msg("'%s' not in the header", from);
+    memcpy(p, to, strlen(to));
+}
+
+static void test_corrupt_files(void **state)
+{
+    (void)state;
+    long long step = 6;
+    if (run(&mesh_fsdp4, model_a, DO_SAVE, NULL, &step, NULL) != SIM_OK) fail_msg("save: %s", sim_errmsg());
+    char file[256], bad[300];
+    assert_int_equal(model_checkpoint_path(g_dir, 6, file, sizeof file), SIM_OK);
+    snprintf(bad, sizeof bad, "%s/corrupt.safetensors", g_dir);
+    size_t n;
+    char *b = read_all(file, &n), *c = malloc(n);
+    const mesh_desc one = mesh_one;
+    uint64_t hl = header_len(b);
+    const char *emb = "params.token_embedder.embedding", *fin = "params.decoder.decoder_norm.scale";
+    uint64_t e_end, f_end, e_b = data_begin(b, emb, &e_end), f_b = data_begin(b, fin, &f_end);
+
+    /* every tensor carries a checksum equal to FNV-1a of its bytes */
+    char key[300], val[64];
+    snprintf(key, sizeof key, "\"checksum.%s\":\"fnv1a64:%016llx\"", emb,
+             (unsigned long long)fnv((const unsigned char *)b + 8 + hl + e_b, e_end - e_b));
+    assert_non_null(strstr(b + 8, key));
+
+    /* one flipped data bit: refused naming the tensor */
+    memcpy(c, b, n);
+    c[8 + hl + e_b + 5] ^= 0x10;
+    write_all(bad, c, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), bad);
+    assert_contains(sim_errmsg(), emb);
+    assert_contains(sim_errmsg(), "checksum");
+
+    /* aliased offsets: the norm scale (8 floats) pointed at the embedding's first bytes */
+    char from[64], to[64];
+    snprintf(from, sizeof from, "[%llu,%llu]", (unsigned long long)f_b, (unsigned long long)f_end);
+    snprintf(to, sizeof to, "[%llu,%llu]", (unsigned long long)e_b, (unsigned long long)(e_b + 32));
+    /* pad to the same text length with leading zeros is not JSON: use spaces */
+    while (strlen(to) < strlen(from)) memmove(to + 1, to, strlen(to) + 1), to[0] = ' ';
+    memcpy(c, b, n);
+    patch(c, from, to);
+    write_all(bad, c, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), bad);
+    assert_contains(sim_errmsg(), "overlap");
+
+    /* trailing bytes after the last tensor */
+    memcpy(c, b, n);
+    char *longer = malloc(n + 8);
+    memcpy(longer, b, n);
+    memset(longer + n, 0, 8);
+    write_all(bad, longer, n + 8);
+    free(longer);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "trailing bytes");
+
+    /* NaN in the data, with a checksum that matches it: refused as NaN */
+    memcpy(c, b, n);
+    const float qnan = NAN;
+    memcpy(c + 8 + hl + f_b + 4 * 3, &qnan, 4);
+    snprintf(from, sizeof from, "fnv1a64:%016llx", (unsigned long long)fnv((const unsigned char *)b + 8 + hl + f_b, f_end - f_b));
+    snprintf(val, sizeof val, "fnv1a64:%016llx", (unsigned long long)fnv((const unsigned char *)c + 8 + hl + f_b, f_end - f_b));
+    patch(c, from, val);
+    write_all(bad, c, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), fin);
+    assert_contains(sim_errmsg(), "NaN at element 3");
+
+    /* a checksum missing from the metadata */
+    memcpy(c, b, n);
+    snprintf(from, sizeof from, "\"checksum.%s\"", fin);
+    snprintf(to, sizeof to, "\"chexksum.%s\"", fin);
+    patch(c, from, to);
+    write_all(bad, c, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "no checksum for tensor");
+
+    /* a .tmp file is never loaded */
+    char tmp[320];
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    write_all(tmp, b, n);
+    assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, tmp, NULL, NULL), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "temporary file");
+    /* and the next save removes it */
+    step = 9;
+    if (run(&mesh_dt, model_a, DO_SAVE, NULL, &step, NULL) != SIM_OK) fail_msg("save: %s", sim_errmsg());
+    assert_int_equal(access(tmp, F_OK), -1);
+    free(b);
+    free(c);
+}
+
+/* SIGKILL at random points of a save, many times: every step file present
+ * is byte-identical to an uninterrupted save's (so it loads bitwise equal),
+ * a leftover .tmp file is refused, and the next save cleans up. */
+static void test_killed_saves(void **state)
+{
+    (void)state;
+    long long step = 4;
+    if (run(&mesh_dt, model_a, DO_SAVE, NULL, &step, NULL) != SIM_OK) fail_msg("save: %s", sim_errmsg());
+    char ref_path[256], file[256], tmp[300];
+    assert_int_equal(model_checkpoint_path(g_dir, 4, ref_path, sizeof ref_path), SIM_OK);
+    size_t rn;
+    char *ref = read_all(ref_path, &rn);
+    char top[sizeof g_dir];
+    snprintf(top, sizeof top, "%s", g_dir);
+    assert_true(strlen(top) + 3 <= sizeof g_dir);
+    strcat(g_dir, "/k");
+    assert_int_equal(model_checkpoint_path(g_dir, 4, file, sizeof file), SIM_OK);
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    uint64_t rng = 12345; /* fixed seed: the same kill points every run */
+    int whole = 0, absent = 0, tmp_left = 0;
+    for (int rep = 0; rep < 60; rep++) {
+        unlink(file);
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        useconds_t delay = (useconds_t)((rng >> 33) % 40000); /* 0..40 ms: a forked save takes about 10-20 */
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            long long s2 = 4;
+            _exit(run(&mesh_dt, model_a, DO_SAVE, NULL, &s2, NULL) == SIM_OK ? 0 : 3);
+        }
+        usleep(delay);
+        kill(pid, SIGKILL);
+        int ws;
+        waitpid(pid, &ws, 0);
+        size_t fn;
+        char *got = read_all(file, &fn);
+        if (got) {
+            if (fn != rn || memcmp(got, ref, rn)) fail_msg("kill after %u us: %s is not the whole checkpoint", delay, file);
+            whole++;
+            free(got);
+            if (run(&mesh_one, model_a, DO_LOAD, file, NULL, NULL) != SIM_OK) fail_msg("%s", sim_errmsg());
+        } else {
+            absent++;
+        }
+        if (access(tmp, F_OK) == 0) {
+            tmp_left++;
+            assert_int_equal(run(&mesh_one, model_a, DO_LOAD_PARAMS, tmp, NULL, NULL), SIM_ERR_INPUT);
+        }
+    }
+    print_message("  killed saves: %d whole, %d absent, %d left a .tmp (refused)\n", whole, absent, tmp_left);
+    assert_int_equal(whole + absent, 60);
+    snprintf(g_dir, sizeof g_dir, "%s", top);
+    free(ref);
 }
 
 int main(void)
@@ -465,6 +654,8 @@ int main(void)
         cmocka_unit_test(test_save_load_across_meshes),
         cmocka_unit_test(test_file_is_safetensors),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_corrupt_files),
+        cmocka_unit_test(test_killed_saves),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

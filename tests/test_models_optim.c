@@ -59,11 +59,14 @@ static void test_base_keys(void **state)
     assert_close(o.warmup_fraction, 0.1, 0);
     assert_close(o.final_fraction, 0.1, 0);
     assert_int_equal(o.schedule_steps, o.steps); /* -1 resolved */
+    /* refused when the config is loaded (configs/ranges.yml), naming key, value and range */
     const char *bad[] = {"learning_rate_schedule_steps=0"};
-    mesh_cfg *cfg = load_cfg(1, bad);
-    assert_int_equal(model_optim_from_config(cfg, &o), SIM_ERR_INPUT);
+    mesh_cfg_args a = {NULL, NULL, NULL, 0, bad, 1};
+    mesh_cfg *cfg = NULL;
+    assert_int_equal(mesh_cfg_load(&a, &cfg), SIM_ERR_INPUT);
+    assert_null(cfg);
     assert_non_null(strstr(sim_errmsg(), "learning_rate_schedule_steps=0"));
-    mesh_cfg_free(cfg);
+    assert_non_null(strstr(sim_errmsg(), "1 <= learning_rate_schedule_steps"));
 }
 
 static void test_schedule(void **state)

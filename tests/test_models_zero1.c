@@ -1,0 +1,576 @@
+/* test_models_zero1.c — ZeRO-1 (shard_optimizer_over_data) and gradient
+ * accumulation (gradient_accumulation_steps) on small shapes:
+ *   - MaxText's optimizer-state spec rule (sharding.add_data_to_sharding) on
+ *     hand-made specs;
+ *   - parity over 5 steps (loss and every gradient of every step, rtol 1e-4)
+ *     with the 1-device run of the same rows per step, auto and explicit:
+ *     Llama data=4 and data=2 tensor=2 with ZeRO-1, G=4 microbatches against
+ *     one batch of four times the rows, the combinations; DeepSeek with
+ *     expert parallelism, ZeRO-1 and accumulation;
+ *   - traffic: ZeRO-1 all-gathers (k-1)/k of the parameter bytes over 'data'
+ *     before the step and reduce-scatters as much of the gradients after it
+ *     (no all-reduce left); accumulation all-reduces the gradients over
+ *     'data' once per microbatch (where XLA leaves MaxText's reduction),
+ *     and ZeRO-1 + accumulation gathers the parameters once per step;
+ *   - memory: the optimizer bytes per device fall by the data factor;
+ *   - dry run: the same traffic and memory as a real run;
+ *   - checkpoints written from the ZeRO-1 layout hold the 1-device values;
+ *   - the combinations MaxText refuses are refused, naming the keys. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mesh/json.h"
+#include "models/train.h"
+
+static const char *const LLAMA[] = {
+    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
+    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",          "max_target_length=16",
+    "init_weights_seed=3", "learning_rate=1e-2",      "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",
+};
+
+/* deepseek3-tiny shrunk: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora */
+static const char *const DEEPSEEK[] = {
+    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
+    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
+    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
+    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
+    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",   "learning_rate=3e-3",
+    "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",    "load_balance_loss_weight=0.01",
+};
+enum { ROWS = 8, STEPS = 5 };
+
+typedef struct {
+    mesh_cfg *cfg;
+    model_def *def;
+    model_data data;
+    model_train_job job;
+    sim_machine *m;
+} run_t;
+
+static sim_status load_model(bool deepseek, const char *const *extra, int n_extra, int devices, int ga, long long steps,
+                             mesh_cfg **cfg, model_def **def)
+{
+    const char *argv[80];
+    int argc = 0;
+    const char *const *base = deepseek ? DEEPSEEK : LLAMA;
+    int nb = deepseek ? (int)(sizeof DEEPSEEK / sizeof *DEEPSEEK) : (int)(sizeof LLAMA / sizeof *LLAMA);
+    for (int i = 0; i < nb; i++) argv[argc++] = base[i];
+    /* ROWS rows per step whatever the mesh and the microbatches */
+    char pdbs[64], st[32], g[48];
+    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / (devices * ga));
+    snprintf(st, sizeof st, "steps=%lld", steps);
+    snprintf(g, sizeof g, "gradient_accumulation_steps=%d", ga);
+    argv[argc++] = pdbs;
+    argv[argc++] = st;
+    argv[argc++] = g;
+    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
+    SIM_TRY(mesh_cfg_load_argv("configs/base.yml", argc, argv, cfg));
+    *def = calloc(1, sizeof **def);
+    sim_status s = model_def_from_config(*cfg, *def);
+    if (s != SIM_OK) {
+        free(*def);
+        *def = NULL;
+    }
+    return s;
+}
+
+static void open_run(run_t *r, bool deepseek, const char *const *extra, int n_extra, int devices, int ga,
+                     long long steps)
+{
+    memset(r, 0, sizeof *r);
+    if (load_model(deepseek, extra, n_extra, devices, ga, steps, &r->cfg, &r->def) != SIM_OK)
+        fail_msg("model: %s", sim_errmsg());
+    assert_int_equal(r->def->mesh.num_devices, devices);
+    assert_int_equal(r->def->d.batch * r->def->d.ga, ROWS);
+    if (model_data_from_config(r->cfg, &r->data) != SIM_OK) fail_msg("data: %s", sim_errmsg());
+    if (model_optim_from_config(r->cfg, &r->job.opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
+    r->job.def = r->def;
+    r->job.data = &r->data;
+    r->job.steps = steps;
+    r->job.stats = calloc((size_t)steps, sizeof *r->job.stats);
+    assert_int_equal(model_machine_new(r->def, 0, false, &r->m), SIM_OK);
+}
+
+static void train(run_t *r, bool grads)
+{
+    if (grads) r->job.step_grads = calloc((size_t)r->job.steps, sizeof *r->job.step_grads);
+    if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
+}
+
+static void close_run(run_t *r)
+{
+    if (r->job.step_grads) {
+        for (long long s = 0; s < r->job.steps; s++) model_grads_free(&r->job.step_grads[s]);
+        free(r->job.step_grads);
+    }
+    free(r->job.stats);
+    sim_machine_free(r->m);
+    model_data_close(&r->data);
+    model_def_free(r->def);
+    free(r->def);
+    mesh_cfg_free(r->cfg);
+}
+
+static uint64_t param_bytes(const model_def *def, int i)
+{
+    uint64_t b = 4;
+    for (int d = 0; d < def->defs[i].rank; d++) b *= (uint64_t)def->defs[i].shape[d];
+    return b;
+}
+
+/* Whether ZeRO-1 shards parameter i of the tiny Llama, derived by hand from
+ * MaxText's rule and the base rules: every kernel and the embedding has a dim
+ * free of 'tensor' whose size divides by 2 and by 4; a norm scale's only
+ * other dim than 'norm' (mapped to 'tensor') is the layers dim (2 layers),
+ * which takes 'data' of size 2 but not of size 4; decoder_norm has none. */
+static bool zero1_sharded(const model_def *def, int i, int data)
+{
+    const char *path = def->defs[i].path;
+    size_t n = strlen(path);
+    if (n < 6 || strcmp(path + n - 6, ".scale")) return true;
+    return !strstr(path, "decoder_norm") && data == 2;
+}
+
+/* ------------------------------------------------------------ the spec rule */
+
+static void test_zero1_spec_rule(void **state)
+{
+    (void)state;
+    const char *argv[] = {"ici_data_parallelism=4", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2"};
+    mesh_cfg *cfg;
+    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", 3, argv, &cfg), SIM_OK);
+    mesh_shape m;
+    assert_int_equal(mesh_shape_from_config(cfg, &m), SIM_OK);
+    mesh_cfg_free(cfg);
+    mesh_spec in, out, want;
+    int64_t shape[3] = {8, 6, 16};
+    /* dim 0 carries 'tensor' (skipped), dim 1: 6 % 4 != 0 (skipped), dim 2: ('data', 'expert') */
+    assert_int_equal(mesh_spec_parse("P(('tensor', 'autoregressive'), None, 'expert')", &m, &in), SIM_OK);
+    model_zero1_spec(&m, 3, shape, &in, &out);
+    assert_int_equal(mesh_spec_parse("P(('tensor', 'autoregressive'), None, ('data', 'expert'))", &m, &want), SIM_OK);
+    assert_true(mesh_spec_equal(&out, &want));
+    /* 'tensor' counts by name even where the per-shard size divides: dim 0 of (8 / 2 = 4) is still skipped */
+    int64_t shape2[2] = {8, 12};
+    assert_int_equal(mesh_spec_parse("P('tensor', None)", &m, &in), SIM_OK);
+    model_zero1_spec(&m, 2, shape2, &in, &out);
+    assert_int_equal(mesh_spec_parse("P('tensor', 'data')", &m, &want), SIM_OK);
+    assert_true(mesh_spec_equal(&out, &want));
+    /* the per-shard size decides: 8 over ('stage') of size 1 is 8, divisible by 4 */
+    assert_int_equal(mesh_spec_parse("P('stage', None)", &m, &in), SIM_OK);
+    model_zero1_spec(&m, 2, shape2, &in, &out);
+    assert_int_equal(mesh_spec_parse("P(('data', 'stage'), None)", &m, &want), SIM_OK);
+    assert_true(mesh_spec_equal(&out, &want));
+    /* 'data' already used: unchanged */
+    assert_int_equal(mesh_spec_parse("P(None, 'data')", &m, &in), SIM_OK);
+    model_zero1_spec(&m, 2, shape2, &in, &out);
+    assert_true(mesh_spec_equal(&out, &in));
+    /* no dim qualifies (2 and 6 do not divide by 4): unchanged */
+    int64_t shape3[2] = {2, 6};
+    assert_int_equal(mesh_spec_parse("P(None, None)", &m, &in), SIM_OK);
+    model_zero1_spec(&m, 2, shape3, &in, &out);
+    assert_true(mesh_spec_equal(&out, &in));
+}
+
+/* ------------------------------------------------------------ microbatches */
+
+static void test_microbatch_rows_strided(void **state)
+{
+    (void)state;
+    enum { G = 3, R = 4, T = 2 };
+    int32_t step[G * R * T], mb[R * T];
+    for (int i = 0; i < G * R * T; i++) step[i] = i;
+    for (int g = 0; g < G; g++) {
+        model_microbatch_rows(step, R, T, G, g, mb);
+        /* MaxText: reshape [R*G] -> [R, G], swap: microbatch g, row j = step row j*G + g */
+        for (int j = 0; j < R; j++)
+            for (int t = 0; t < T; t++) assert_int_equal(mb[j * T + t], (j * G + g) * T + t);
+    }
+}
+
+/* ------------------------------------------------------------ parity over 5 steps */
+
+typedef struct {
+    const char *label;
+    const char *flags[5];
+    int devices, ga;
+} zcase;
+
+static void compare(const char *what, const run_t *a, const run_t *ref)
+{
+    for (int s = 0; s < STEPS; s++) {
+        double l = a->job.stats[s].loss, lr = ref->job.stats[s].loss;
+        if (fabs(l - lr) > 1e-4 * fabs(lr)) fail_msg("%s step %d: loss %.7f vs %.7f", what, s, l, lr);
+        for (int i = 0; i < a->def->nparams; i++) {
+            const model_grads *g = &a->job.step_grads[s], *gr = &ref->job.step_grads[s];
+            double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+            if (!(e <= 1e-4)) fail_msg("%s step %d: gradient of %s differs by %.3g", what, s, a->def->defs[i].path, e);
+        }
+    }
+}
+
+static void parity(bool deepseek, const zcase *cases, int n)
+{
+    run_t ref;
+    open_run(&ref, deepseek, NULL, 0, 1, 1, STEPS);
+    train(&ref, true);
+    /* the loss moves: parity over steps that compare nothing would be empty */
+    assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.02);
+    for (int c = 0; c < n; c++)
+        for (int mode = 0; mode < 2; mode++) {
+            const char *extra[8];
+            int k = 0;
+            for (int f = 0; f < 5 && cases[c].flags[f]; f++) extra[k++] = cases[c].flags[f];
+            extra[k++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
+            char what[160];
+            snprintf(what, sizeof what, "%s %s", cases[c].label, extra[k - 1]);
+            run_t r;
+            open_run(&r, deepseek, extra, k, cases[c].devices, cases[c].ga, STEPS);
+            train(&r, true);
+            compare(what, &r, &ref);
+            close_run(&r);
+        }
+    close_run(&ref);
+}
+
+#define ZERO1 "shard_optimizer_over_data=true"
+#define NOFSDP "ici_fsdp_parallelism=1"
+
+static void test_parity_llama(void **state)
+{
+    (void)state;
+    static const zcase cases[] = {
+        {"data=4 ZeRO-1", {"ici_data_parallelism=4", NOFSDP, ZERO1}, 4, 1},
+        {"data=2 tensor=2 ZeRO-1", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 1},
+        {"1 device G=4", {NOFSDP}, 1, 4},
+        {"data=2 G=4", {"ici_data_parallelism=2", NOFSDP}, 2, 4},
+        {"fsdp=2 tensor=2 G=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 4, 2},
+        {"data=2 tensor=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 2},
+    };
+    parity(false, cases, (int)(sizeof cases / sizeof *cases));
+}
+
+static void test_parity_deepseek(void **state)
+{
+    (void)state;
+    static const zcase cases[] = {
+        {"data=2 expert=2 ZeRO-1", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 1},
+        {"data=2 expert=2 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP}, 4, 2},
+        {"data=2 expert=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 2},
+    };
+    parity(true, cases, (int)(sizeof cases / sizeof *cases));
+}
+
+/* ------------------------------------------------------------ traffic */
+
+typedef struct {
+    uint64_t bytes, calls;
+} sum_t;
+
+/* Device d's records of one op over exactly the 'data' axis, one phase, a tag prefix (or any). */
+static sum_t data_records(const run_t *r, int d, sim_op op, sim_phase ph, const char *prefix)
+{
+    int data = mesh_shape_axis_index(&r->def->mesh, "data");
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r->m, d), &n);
+    sum_t s = {0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (rec[i].op == op && rec[i].phase == ph && rec[i].axes.n == 1 && rec[i].axes.axis[0] == data &&
+            (!prefix || !strncmp(rec[i].tag, prefix, strlen(prefix)))) {
+            s.bytes += rec[i].bytes_sent;
+            s.calls++;
+        }
+    return s;
+}
+
+static void test_traffic_zero1_data(void **state)
+{
+    (void)state;
+    enum { K = 4, NSTEPS = 2 };
+    const char *extra[] = {"ici_data_parallelism=4", NOFSDP, ZERO1};
+    run_t r;
+    open_run(&r, false, extra, 3, K, 1, NSTEPS);
+    train(&r, false);
+    /* pure data parallelism: every parameter is whole on a device; the step gathers
+     * (K-1)/K of each sharded one and reduce-scatters (K-1)/K of its gradient; the
+     * unsharded ones (the norm scales) keep data parallelism's all-reduce, 2(K-1)/K */
+    uint64_t sharded = 0, kept = 0;
+    int nsharded = 0;
+    for (int i = 0; i < r.def->nparams; i++) {
+        if (zero1_sharded(r.def, i, K))
+            sharded += param_bytes(r.def, i), nsharded++;
+        else
+            kept += param_bytes(r.def, i);
+    }
+    assert_int_equal(nsharded, r.def->nparams - 3);
+    for (int d = 0; d < K; d++) {
+        sum_t ag = data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "zero1/params/");
+        sum_t rs = data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "zero1/grads/");
+        assert_int_equal(ag.bytes, NSTEPS * sharded * (K - 1) / K);
+        assert_int_equal(rs.bytes, NSTEPS * sharded * (K - 1) / K);
+        /* one reshard per stacked parameter per step (its per-layer arrays travel together) */
+        assert_int_equal(ag.calls, NSTEPS * nsharded);
+        assert_int_equal(rs.calls, NSTEPS * nsharded);
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes,
+                         NSTEPS * kept * 2 * (K - 1) / K);
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, "zero1/grads/").bytes,
+                         NSTEPS * kept * 2 * (K - 1) / K);
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
+    }
+    close_run(&r);
+}
+
+static void test_traffic_zero1_tensor(void **state)
+{
+    (void)state;
+    enum { K = 2 };
+    const char *extra[] = {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1};
+    run_t r;
+    open_run(&r, false, extra, 4, 4, 1, 1);
+    train(&r, false);
+    /* a parameter of n bytes split over s devices by its own spec ('tensor' here) holds
+     * n/s per device; ZeRO-1 gathers and reduce-scatters (K-1)/K of that over 'data' */
+    uint64_t want = 0, kept = 0;
+    for (int i = 0; i < r.def->nparams; i++) {
+        uint64_t shards = 1;
+        uint32_t ax = mesh_spec_dim_axes(&r.def->spec[i]);
+        for (int a = 0; a < r.def->mesh.n_axes; a++)
+            if (ax & (1u << a)) shards *= (uint64_t)r.def->mesh.sizes[a];
+        if (zero1_sharded(r.def, i, K))
+            want += param_bytes(r.def, i) / shards * (K - 1) / K;
+        else
+            kept += param_bytes(r.def, i) / shards * 2 * (K - 1) / K;
+    }
+    for (int d = 0; d < 4; d++) {
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "zero1/params/").bytes, want);
+        assert_int_equal(data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "zero1/grads/").bytes, want);
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes, kept);
+    }
+    close_run(&r);
+}
+
+static void test_traffic_accumulation(void **state)
+{
+    (void)state;
+    enum { K = 2, G = 4 };
+    /* without ZeRO-1: every microbatch all-reduces its gradients over data, 2(K-1)/K of all bytes */
+    const char *plain[] = {"ici_data_parallelism=2", NOFSDP};
+    run_t r;
+    open_run(&r, false, plain, 2, K, G, 1);
+    train(&r, false);
+    uint64_t all = model_param_bytes(r.def);
+    for (int d = 0; d < K; d++) {
+        sum_t ar = data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, "grad/");
+        assert_int_equal(ar.bytes, G * all * 2 * (K - 1) / K);
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes, ar.bytes);
+    }
+    close_run(&r);
+    /* with ZeRO-1: the parameters are gathered once per step, not per microbatch; the
+     * gradients are all-reduced per microbatch into MaxText's carry (the parameters'
+     * layout), then sliced into the optimizer layout without traffic */
+    const char *zero1[] = {"ici_data_parallelism=2", NOFSDP, ZERO1};
+    open_run(&r, false, zero1, 3, K, G, 1);
+    train(&r, false);
+    uint64_t sharded = 0;
+    int nsharded = 0;
+    for (int i = 0; i < r.def->nparams; i++)
+        if (zero1_sharded(r.def, i, K)) sharded += param_bytes(r.def, i), nsharded++;
+    for (int d = 0; d < K; d++) {
+        sum_t ag = data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "zero1/params/");
+        assert_int_equal(ag.bytes, sharded * (K - 1) / K);
+        assert_int_equal(ag.calls, nsharded);
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, "grad/").bytes,
+                         G * all * 2 * (K - 1) / K);
+        assert_int_equal(data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
+    }
+    close_run(&r);
+}
+
+/* ------------------------------------------------------------ memory */
+
+static void optimizer_bytes(bool zero1, uint64_t *opt, uint64_t *params, uint64_t *total, uint64_t *kept)
+{
+    const char *extra[] = {"ici_data_parallelism=4", NOFSDP, zero1 ? ZERO1 : "shard_optimizer_over_data=false"};
+    run_t r;
+    open_run(&r, false, extra, 3, 4, 1, 1);
+    train(&r, false);
+    *total = model_param_bytes(r.def);
+    *kept = 0;
+    for (int i = 0; i < r.def->nparams; i++)
+        if (!zero1_sharded(r.def, i, 4)) *kept += param_bytes(r.def, i);
+    for (int d = 0; d < 4; d++) {
+        sim_arena_stats s;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, d)), &s);
+        if (d > 0) {
+            assert_int_equal(s.at_peak_by[SIM_MEM_OPTIMIZER], *opt);
+            assert_int_equal(s.at_peak_by[SIM_MEM_PARAMS], *params);
+        }
+        *opt = s.at_peak_by[SIM_MEM_OPTIMIZER];
+        *params = s.at_peak_by[SIM_MEM_PARAMS];
+    }
+    close_run(&r);
+}
+
+static void test_memory_zero1(void **state)
+{
+    (void)state;
+    uint64_t opt0, par0, opt1, par1, total, kept;
+    optimizer_bytes(false, &opt0, &par0, &total, &kept);
+    optimizer_bytes(true, &opt1, &par1, &total, &kept);
+    assert_true(kept > 0 && kept < total / 10);
+    /* Adam's two moments: 2 x every parameter byte, then a quarter of the sharded ones on data=4 */
+    assert_int_equal(opt0, 2 * total);
+    assert_int_equal(opt1, 2 * ((total - kept) / 4 + kept));
+    /* the stored parameters (a quarter of the sharded ones) join the gathered working copy */
+    assert_int_equal(par0, total);
+    assert_int_equal(par1, total + (total - kept) / 4 + kept);
+}
+
+/* ------------------------------------------------------------ dry run */
+
+static void test_dry_run_matches_real(void **state)
+{
+    (void)state;
+    const char *real[] = {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1};
+    const char *dry[] = {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1, "dry_run=true"};
+    run_t a, b;
+    open_run(&a, false, real, 4, 4, 2, 1);
+    open_run(&b, false, dry, 5, 4, 2, 1);
+    train(&a, false);
+    train(&b, false);
+    for (int d = 0; d < 4; d++) {
+        size_t na, nb;
+        const sim_record *ra = sim_device_records(sim_machine_device(a.m, d), &na);
+        const sim_record *rb = sim_device_records(sim_machine_device(b.m, d), &nb);
+        assert_int_equal(na, nb);
+        for (size_t i = 0; i < na; i++) {
+            assert_int_equal(ra[i].op, rb[i].op);
+            assert_int_equal(ra[i].bytes_sent, rb[i].bytes_sent);
+            assert_string_equal(ra[i].tag, rb[i].tag);
+        }
+        sim_arena_stats sa, sb;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &sa);
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &sb);
+        assert_int_equal(sa.peak, sb.peak);
+        for (int c = 0; c < SIM_NMEM; c++) assert_int_equal(sa.at_peak_by[c], sb.at_peak_by[c]);
+    }
+    close_run(&a);
+    close_run(&b);
+}
+
+/* ------------------------------------------------------------ checkpoints */
+
+static float *read_file(const char *path, long *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    float *b = malloc((size_t)*n + 4);
+    assert_int_equal(fread(b, 1, (size_t)*n, f), (size_t)*n);
+    fclose(f);
+    return b;
+}
+
+static void test_checkpoint_from_zero1_layout(void **state)
+{
+    (void)state;
+    char dir[2][64];
+    const char *zero1[] = {"ici_data_parallelism=4", NOFSDP, ZERO1};
+    for (int k = 0; k < 2; k++) {
+        snprintf(dir[k], sizeof dir[k], "/tmp/shardsim_zero1_ck_%d_%d", (int)getpid(), k);
+        run_t r;
+        open_run(&r, false, zero1, k ? 3 : 0, k ? 4 : 1, 1, 2);
+        r.job.checkpoint_dir = dir[k];
+        r.job.checkpoint_period = 2;
+        train(&r, false);
+        close_run(&r);
+    }
+    /* the same header (names, dtypes, shapes, offsets: every entry but __metadata__, whose
+     * checksums follow the values) and the same values, parameters and moments */
+    char p0[128], p1[128];
+    snprintf(p0, sizeof p0, "%s/step_2.safetensors", dir[0]);
+    snprintf(p1, sizeof p1, "%s/step_2.safetensors", dir[1]);
+    long n0, n1;
+    float *a = read_file(p0, &n0), *b = read_file(p1, &n1);
+    assert_int_equal(n0, n1);
+    uint64_t hl;
+    memcpy(&hl, a, 8);
+    uint64_t hl1;
+    memcpy(&hl1, b, 8);
+    assert_int_equal(hl, hl1);
+    mesh_json *ha = NULL, *hb = NULL;
+    assert_int_equal(mesh_json_parse((const char *)a + 8, hl, p0, &ha), SIM_OK);
+    assert_int_equal(mesh_json_parse((const char *)b + 8, hl, p1, &hb), SIM_OK);
+    assert_int_equal(ha->n, hb->n);
+    for (int i = 0; i < ha->n; i++) {
+        assert_string_equal(ha->keys[i], hb->keys[i]);
+        if (strcmp(ha->keys[i], "__metadata__")) assert_true(mesh_json_equal(&ha->items[i], &hb->items[i]));
+    }
+    mesh_json_free(ha);
+    mesh_json_free(hb);
+    const float *x = (const float *)((const char *)a + 8 + hl), *y = (const float *)((const char *)b + 8 + hl);
+    int64_t nf = (n0 - 8 - (long)hl) / 4;
+    assert_true(nf > 0);
+    assert_true(model_rel_norm_diff(y, x, nf) < 1e-5);
+    free(a);
+    free(b);
+    for (int k = 0; k < 2; k++) {
+        char f[160];
+        for (int s = 0; s <= 2; s += 2) {
+            snprintf(f, sizeof f, "%s/step_%d.safetensors", dir[k], s);
+            unlink(f);
+        }
+        rmdir(dir[k]);
+    }
+}
+
+/* ------------------------------------------------------------ refusals */
+
+static void refused(const char *const *extra, int n, int devices, const char *const *words, int nw)
+{
+    mesh_cfg *cfg = NULL;
+    model_def *def = NULL;
+    sim_status s = load_model(false, extra, n, devices, 1, 1, &cfg, &def);
+    assert_int_equal(s, SIM_ERR_INPUT);
+    for (int i = 0; i < nw; i++)
+        if (!strstr(sim_errmsg(), words[i])) fail_msg("'%s' missing from: %s", words[i], sim_errmsg());
+    assert_null(def);
+    mesh_cfg_free(cfg);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    const char *fsdp[] = {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", ZERO1};
+    const char *fsdp_w[] = {"shard_optimizer_over_data", "FSDP", "ici_fsdp_parallelism", "size of 2"};
+    refused(fsdp, 3, 4, fsdp_w, 4);
+    const char *sgd[] = {"ici_data_parallelism=2", NOFSDP, ZERO1, "opt_type=sgd"};
+    const char *sgd_w[] = {"shard_optimizer_over_data", "opt_type=sgd", "adamw"};
+    refused(sgd, 4, 2, sgd_w, 3);
+    const char *ga[] = {NOFSDP, "gradient_accumulation_steps=0"};
+    const char *ga_w[] = {"gradient_accumulation_steps=0", "positive"};
+    refused(ga, 2, 1, ga_w, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zero1_spec_rule),       cmocka_unit_test(test_microbatch_rows_strided),
+        cmocka_unit_test(test_parity_llama),
+        cmocka_unit_test(test_parity_deepseek),       cmocka_unit_test(test_traffic_zero1_data),
+        cmocka_unit_test(test_traffic_zero1_tensor),  cmocka_unit_test(test_traffic_accumulation),
+        cmocka_unit_test(test_memory_zero1),          cmocka_unit_test(test_dry_run_matches_real),
+        cmocka_unit_test(test_checkpoint_from_zero1_layout), cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
