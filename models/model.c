@@ -372,7 +372,9 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     bool scan;
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
     for (int i = 0; i < m->nparams && !scan; i++) m->defs[i].unscanned = m->defs[i].scan_dim >= 0;
-    if (d->zero1 && (!scan || (m->nparams && m->defs[1].scan_dim >= 0 && m->defs[1].scan_dim != 1)))
+    bool moved = false;
+    for (int i = 0; i < m->nparams; i++) moved |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1;
+    if (d->zero1 && (!scan || moved))
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true with %s: ZeRO-1 is simulated for MaxText's default layer "
                        "layout only; drop one of the two",

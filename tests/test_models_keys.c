@@ -507,6 +507,10 @@ static void test_layer_layout(void **state)
     assert_int_equal(train_cli(d3, reload, 2), 0);
     snprintf(lp, sizeof lp, "load_parameters_path=%s", f0);
     assert_int_equal(train_cli(d3, reload, 2), 2);
+    /* ZeRO-1 is simulated for the default layout only */
+    const char *z1[] = {"scan_layers=false", "shard_optimizer_over_data=true", "ici_data_parallelism=2"};
+    assert_int_equal(refusal(TINY, 10, z1, 3), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "scan_layers=false"));
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
     assert_int_equal(system(cmd), 0);
