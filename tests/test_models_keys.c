@@ -643,6 +643,34 @@ static void test_remat_policies(void **state)
         }
         model_grads_free(&gf);
     }
+    /* DeepSeek (one dense and one MoE layer, 1 device): save_dot_except_mlp keeps MLA's query and key
+     * (4 heads x (8 nope + 4 rope)), value (4 x 8) and out_proj (32) of the first layer while the
+     * second runs its backward */
+    {
+        const char *dfull[] = {"remat_policy=full"}, *dsave[] = {"remat_policy=save_dot_except_mlp"};
+        size_t peaks[2];
+        model_grads gd[2];
+        for (int v = 0; v < 2; v++) {
+            model_def *def = load_base(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], v ? dsave : dfull, 1, 1, NULL);
+            batch b;
+            make_batch(&b);
+            sim_machine *m;
+            assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
+            double loss;
+            assert_int_equal(model_loss_and_grads(def, m, b.in, b.tg, b.pos, &loss, &gd[v]), SIM_OK);
+            sim_arena_stats sa;
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, 0)), &sa);
+            peaks[v] = sa.peak;
+            sim_machine_free(m);
+            free_def(def);
+        }
+        for (int i = 0; i < gd[0].n; i++)
+            assert_memory_equal(gd[0].g[i], gd[1].g[i], (size_t)(gd[0].layer_elems[i] * gd[0].n_layers[i]) * sizeof(float));
+        size_t want = peaks[0] + (size_t)ROWS * SEQ * (48 + 48 + 32 + 32) * 4;
+        if (peaks[1] != want) fail_msg("deepseek save_dot_except_mlp: peak %zu, want %zu (full %zu)", peaks[1], want, peaks[0]);
+        model_grads_free(&gd[0]);
+        model_grads_free(&gd[1]);
+    }
     /* none keeps more than any policy */
     const char *none[] = {"remat_policy=none"}, *minimal[] = {"remat_policy=minimal"};
     assert_true(peak_of(none, 1, 1, false, NULL) > peak_of(minimal, 1, 1, false, NULL));
