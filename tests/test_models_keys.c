@@ -548,6 +548,36 @@ static void test_sharding_tolerance(void **state)
     if (fabs(share - 80.0 / (4.0 * 7504.0)) > 1e-12) fail_msg("fsdp=8: share %.8g, want %.8g", share, 80.0 / (4.0 * 7504.0));
 }
 
+/* The commands: train and parity stop with exit 1 above the tolerance; train prints the shardings. */
+static void test_checks_in_commands(void **state)
+{
+    (void)state;
+    const char *argv[24];
+    int argc = 0;
+    for (int i = 0; i < 10; i++) argv[argc++] = TINY[i];
+    argv[argc++] = "per_device_batch_size=1";
+    argv[argc++] = "steps=1";
+    argv[argc++] = "ici_fsdp_parallelism=4";
+    argv[argc++] = "ici_context_autoregressive_parallelism=2";
+    cli_capture r = cli_capture_run(cli_train, argc, argv);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "Unsharded parameter percentage (25.00%)exceeds tolerance (2.00%)."));
+    assert_null(strstr(r.out, "step")); /* stopped before training */
+    cli_capture_free(&r);
+    argv[argc] = "configs=sharding_tolerance=0.3;sharding_tolerance=0.02";
+    r = cli_capture_run(cli_cmd_parity, argc + 1, argv);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "exceeds tolerance (2.00%)"));
+    cli_capture_free(&r);
+    argv[argc - 1] = "ici_tensor_parallelism=2";
+    argv[argc] = "debug_sharding=true";
+    r = cli_capture_run(cli_train, argc + 1, argv);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "debug_sharding:\nfsdp: 4\ntensor: 2\n"));
+    assert_non_null(strstr(r.out, " params/decoder/logits_dense/kernel\n    Shape:     float32[16,64]\n"));
+    cli_capture_free(&r);
+}
+
 static void test_debug_sharding(void **state)
 {
     (void)state;
@@ -700,6 +730,7 @@ int main(void)
         cmocka_unit_test(test_layer_layout),
         cmocka_unit_test(test_sharding_tolerance),
         cmocka_unit_test(test_debug_sharding),
+        cmocka_unit_test(test_checks_in_commands),
         cmocka_unit_test(test_remat_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
