@@ -622,6 +622,100 @@ sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, cons
     return SIM_OK;
 }
 
+/* ------------------------------------------------------------ unstack */
+
+/* Copies between x's local block (outer, 2, inner) and the two (outer, inner) halves. */
+static void unstack_copy(float *x, float *a, float *b, int64_t outer, int64_t inner, bool to_halves, bool acc)
+{
+    for (int64_t o = 0; o < outer; o++) {
+        float *x0 = x + (size_t)(2 * o) * (size_t)inner, *x1 = x0 + inner;
+        float *h0 = a + (size_t)o * (size_t)inner, *h1 = b + (size_t)o * (size_t)inner;
+        if (to_halves) {
+            memcpy(h0, x0, (size_t)inner * sizeof *x);
+            memcpy(h1, x1, (size_t)inner * sizeof *x);
+        } else if (acc) {
+            for (int64_t i = 0; i < inner; i++) x0[i] += h0[i], x1[i] += h1[i];
+        }
+    }
+}
+
+static sim_status unstack_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y0 = e->out[0], *y1 = e->out[1];
+    int dim = (int)e->i[0];
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "unstack/dx", tag, sizeof tag);
+    /* both cotangents in the halves' sharding (keeping partial axes), then interleaved into dx */
+    mesh_spec hs = e->saved[0].spec;
+    uint32_t P = (y0->has_grad ? y0->grad.spec.partial : 0) | (y1->has_grad ? y1->grad.spec.partial : 0);
+    hs.partial = P;
+    mesh_array g[2];
+    mesh_var *ys[2] = {y0, y1};
+    for (int k = 0; k < 2; k++) {
+        if (ys[k]->has_grad) {
+            g[k] = ys[k]->grad;
+            ys[k]->has_grad = false;
+            if (!mesh_spec_equal(&g[k].spec, &hs)) SIM_TRY(mesh_reshard(c->dev, c->mesh, &g[k], &hs, sim_meta_tag(tag)));
+        } else
+            SIM_TRY(new_cot(t, "unstack/zero", e->saved[0].rank, e->saved[0].shape, &hs, &g[k]));
+    }
+    mesh_spec xs = x->val.spec;
+    xs.partial = P;
+    mesh_array dx;
+    SIM_TRY(new_cot(t, "unstack/dx", x->val.rank, x->val.shape, &xs, &dx));
+    if (dx.data) {
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < dim; d++) outer *= dx.local[d];
+        for (int d = dim + 1; d < dx.rank; d++) inner *= dx.local[d];
+        unstack_copy(dx.data, g[0].data, g[1].data, outer, inner, false, true);
+    }
+    mesh_array_free(c->dev, &g[0]);
+    mesh_array_free(c->dev, &g[1]);
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+sim_status mesh_nn_unstack2(mesh_tape *t, mesh_var *x, int dim, const char *name, mesh_var **y0, mesh_var **y1)
+{
+    SIM_ASSERT(dim >= 0 && dim < x->val.rank && x->val.shape[dim] == 2);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0;
+    s.n_axes[dim] = 0; /* the stacked dim whole on every device */
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    int64_t shape[MESH_SPEC_MAX_RANK];
+    mesh_spec hs;
+    mesh_spec_init(&hs, xa.rank - 1);
+    for (int d = 0, r = 0; d < xa.rank; d++) {
+        if (d == dim) continue;
+        shape[r] = xa.shape[d];
+        set_dim(&hs, r, &s, d);
+        r++;
+    }
+    SIM_TRY(new_out(t, name, xa.rank - 1, shape, &hs, y0));
+    SIM_TRY(new_out(t, name, xa.rank - 1, shape, &hs, y1));
+    if (xa.data) {
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < dim; d++) outer *= xa.local[d];
+        for (int d = dim + 1; d < xa.rank; d++) inner *= xa.local[d];
+        unstack_copy(xa.data, (*y0)->val.data, (*y1)->val.data, outer, inner, true, false);
+    }
+    mesh_var *outs[2] = {*y0, *y1};
+    mesh_entry *e = mesh_tape_record(t, unstack_vjp, tag, 1, &x, 2, outs);
+    if (e) {
+        e->i[0] = dim;
+        mesh_array shape_only = (*y0)->val; /* the halves' global shape and spec, for the VJP */
+        shape_only.data = NULL;
+        shape_only.nlocal = 0;
+        mesh_entry_save(e, &shape_only, false);
+    }
+    if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    return SIM_OK;
+}
+
 /* ------------------------------------------------------------ dropout */
 
 /* The global offsets of this device's block of a (shape, spec) array. */

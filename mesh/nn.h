@@ -53,6 +53,10 @@ sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char
  * same sharding as x (partial axes summed first). */
 sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, const char *name, mesh_var **out);
 
+/* x with a dim of size 2 at `dim` -> its two slices x[..., 0, ...] and x[..., 1, ...] (the dim is
+ * gathered if sharded; the slices keep x's other shardings): fused_mlp's wi output. */
+sim_status mesh_nn_unstack2(mesh_tape *t, mesh_var *x, int dim, const char *name, mesh_var **y0, mesh_var **y1);
+
 /* Dropout (flax semantics) with a mesh-independent mask: one draw per global index of x without
  * dim `bcast` (bk_dropout.h), from `key`; rate 0 returns x itself.  Same sharding as x. */
 sim_status mesh_nn_dropout(mesh_tape *t, mesh_var *x, double rate, uint64_t key, int bcast, const char *name,

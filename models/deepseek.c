@@ -121,6 +121,9 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     bool swiglu = nacts == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
     free(acts);
     if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
+    if (d->fused_mlp)
+        return unsupported(cfg, "fused_mlp", "the fused wi kernel is simulated for decoder_block=llama2 only; use "
+                                             "fused_mlp=false with DeepSeek");
     bool b;
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
     if (b) return unsupported(cfg, "use_ring_of_experts", "the ring-of-experts MoE is not simulated; drop it to use the ragged all-to-all path");

@@ -27,12 +27,14 @@ static const char *const KV4[4] = {"activation_kv_batch", "activation_length_att
 static const char *const ATTN_OUT[4] = {"activation_batch_attn", "activation_length_attn", "activation_heads",
                                         "activation_kv"};
 static const char *const MLP_MID[3] = {"activation_batch", "activation_length", "activation_mlp"};
+/* fused_mlp: the activations must not shard the num_activations dim */
+static const char *const MLP_FUSED[4] = {"activation_batch", "activation_length", NULL, "activation_mlp"};
 static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
 static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
 static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
 
 typedef struct {
-    int q, k, v, o, ln1, ln2, wi0, wi1, wo, embed, norm, logits;
+    int q, k, v, o, ln1, ln2, wi0, wi1, wi, wo, embed, norm, logits;
 } llama_ix;
 
 static llama_ix indices(const model_def *m)
@@ -46,6 +48,7 @@ static llama_ix indices(const model_def *m)
     x.ln2 = model_param_index(m, "post_self_attention_layer_norm.scale");
     x.wi0 = model_param_index(m, "mlp.wi_0.kernel");
     x.wi1 = model_param_index(m, "mlp.wi_1.kernel");
+    x.wi = model_param_index(m, "mlp.wi.kernel");
     x.wo = model_param_index(m, "mlp.wo.kernel");
     x.embed = model_param_index(m, "token_embedder.embedding");
     x.norm = model_param_index(m, "decoder_norm.scale");
@@ -123,10 +126,18 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &ln2));
     SIM_TRY(model_shard_as(md, t, ln2, "llama2/hidden_states", 3, A, &ln2));
     md->ctx.layer = mlp_layer;
-    SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3, MLP_MID, &g));
-    SIM_TRY(model_checkpoint_name(md, g, MODEL_CKPT_MLPWI_0));
-    SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3, MLP_MID, &u));
-    SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
+    if (d->fused_mlp) { /* linears.MlpBlock, fused: one product, then x[:, :, 0] and x[:, :, 1] */
+        mesh_var *wi;
+        SIM_TRY(dense(md, t, "bte,eaf->btaf", ln2, param(md, t, ix.wi, l), "wi", 4, MLP_FUSED, &wi));
+        SIM_TRY(model_shard_as(md, t, wi, "linears/fused_x", 4, MLP_FUSED, &wi));
+        SIM_TRY(model_checkpoint_name(md, wi, MODEL_CKPT_MLPWI));
+        SIM_TRY(mesh_nn_unstack2(t, wi, 2, "wi_split", &g, &u));
+    } else {
+        SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3, MLP_MID, &g));
+        SIM_TRY(model_checkpoint_name(md, g, MODEL_CKPT_MLPWI_0));
+        SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3, MLP_MID, &u));
+        SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
+    }
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
     SIM_TRY(model_dropout(md, t, act, mlp_layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_MID, &act));

@@ -119,10 +119,15 @@ static void define_llama(model_def *m)
               (const char *[]){"heads", "layers", "kv", "embed"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
     add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
               (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
-    add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F}, (const char *[]){"embed", "layers", "mlp"},
-              1, MODEL_INIT_TRUNC_NORMAL, fe);
-    add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F}, (const char *[]){"embed", "layers", "mlp"},
-              1, MODEL_INIT_TRUNC_NORMAL, fe);
+    if (d->fused_mlp) /* MlpBlock with fused_mlp: one kernel for both activations */
+        add_param(m, "params.decoder.layers.mlp.wi.kernel", 4, (int64_t[]){E, L, 2, F},
+                  (const char *[]){"embed", "layers", "num_activations", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+    else {
+        add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F},
+                  (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+        add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F},
+                  (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+    }
     add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E}, (const char *[]){"mlp", "layers", "embed"},
               1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
     add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
@@ -311,6 +316,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        "final_logits_soft_cap=%g, attn_logits_soft_cap=%g: a soft cap is a positive bound, or 0 for none",
                        d->final_soft_cap, d->attn_soft_cap);
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
+    SIM_TRY(model_cfg_bool(cfg, "fused_mlp", &d->fused_mlp));
     bool dropout_on;
     SIM_TRY(model_cfg_bool(cfg, "enable_dropout", &dropout_on));
     SIM_TRY(mesh_cfg_get_double(cfg, "dropout_rate", &d->dropout));

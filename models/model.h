@@ -80,6 +80,7 @@ typedef struct {
     double attn_soft_cap;     /* attn_logits_soft_cap (0 = off) */
     bool qk_norm_key;         /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
     double dropout;           /* dropout_rate when enable_dropout (0 = off) */
+    bool fused_mlp;           /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
     int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
 } model_dims;
 

@@ -363,6 +363,38 @@ static void test_logits_dot_in_fp32_is_float32_already(void **state)
     assert_true(l == base_loss());
 }
 
+static size_t peak_of(const char *const *keys, int nkeys, int devices, bool dry, model_grads *g);
+
+/* ------------------------------------------------------------ fused_mlp */
+
+static void test_fused_mlp(void **state)
+{
+    (void)state;
+    const char *k[] = {"fused_mlp=true"};
+    model_def *a = load(NULL, 0, 1), *b = load(k, 1, 1);
+    int wi = model_param_index(b, "mlp.wi.kernel");
+    assert_true(wi >= 0 && model_param_index(b, "mlp.wi_0.kernel") < 0);
+    /* (embed, layers, num_activations, mlp) = (16, 2, 2, 24): the bytes of wi_0 and wi_1 together */
+    assert_int_equal(b->defs[wi].rank, 4);
+    assert_true(b->defs[wi].shape[0] == 16 && b->defs[wi].shape[1] == 2 && b->defs[wi].shape[2] == 2 &&
+                b->defs[wi].shape[3] == 24);
+    assert_int_equal(model_param_bytes(a), model_param_bytes(b));
+    free_def(a);
+    free_def(b);
+    double l;
+    parity(TINY, 10, k, 1, MESHES, 2, &l);
+    assert_true(fabs(l - base_loss()) > 1e-6); /* another kernel, another init */
+    finite_differences(k, 1);
+    /* remat_policy=custom mlpwi=device keeps the fused product (2 x 24 floats per token) of the other layer */
+    const char *full[] = {"fused_mlp=true", "remat_policy=full"},
+               *keep[] = {"fused_mlp=true", "remat_policy=custom", "mlpwi=device"};
+    size_t pf = peak_of(full, 2, 1, false, NULL), pk = peak_of(keep, 3, 1, false, NULL);
+    if (pk != pf + (size_t)2 * ROWS * SEQ * 48 * 4) fail_msg("mlpwi=device: peak %zu, full %zu", pk, pf);
+    const char *ds[] = {"fused_mlp=true"};
+    assert_int_equal(refusal(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 1), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "fused_mlp"));
+}
+
 /* ------------------------------------------------------------ dropout */
 
 static void test_dropout(void **state)
@@ -726,6 +758,7 @@ int main(void)
         cmocka_unit_test(test_use_qk_norm_query_init),
         cmocka_unit_test(test_global_parameter_scale),
         cmocka_unit_test(test_logits_dot_in_fp32_is_float32_already),
+        cmocka_unit_test(test_fused_mlp),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_layer_layout),
         cmocka_unit_test(test_sharding_tolerance),
