@@ -227,6 +227,7 @@ static void csv_field(FILE *f, const char *s)
 typedef struct {
     const cli_records *recs;
     cli_step_range steps;
+    int n_devices; /* devices written (whole devices, from device 0) */
 } csv_args;
 
 static sim_status write_collectives(FILE *f, void *arg)
@@ -235,7 +236,7 @@ static sim_status write_collectives(FILE *f, void *arg)
     const cli_records *r = a->recs;
     char ax[256];
     fputs("device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind\n", f);
-    for (int d = 0; d < r->n_devices; d++) {
+    for (int d = 0; d < a->n_devices; d++) {
         for (size_t i = 0; i < r->n[d]; i++) {
             const sim_record *x = &r->recs[d][i];
             if (x->step < a->steps.first || x->step > a->steps.last) continue;
@@ -251,9 +252,23 @@ static sim_status write_collectives(FILE *f, void *arg)
     return SIM_OK;
 }
 
-sim_status cli_write_collectives_csv(const char *dir, const cli_records *recs, cli_step_range steps)
+int cli_collectives_csv_devices(const cli_records *recs, cli_step_range steps, size_t max_rows)
 {
-    csv_args a = {recs, steps};
+    if (!max_rows) return recs->n_devices;
+    size_t rows = 0;
+    int n = 0;
+    for (int d = 0; d < recs->n_devices; d++) {
+        for (size_t i = 0; i < recs->n[d]; i++)
+            rows += recs->recs[d][i].step >= steps.first && recs->recs[d][i].step <= steps.last;
+        if (d > 0 && rows > max_rows) break;
+        n++;
+    }
+    return n;
+}
+
+sim_status cli_write_collectives_csv(const char *dir, const cli_records *recs, cli_step_range steps, size_t max_rows)
+{
+    csv_args a = {recs, steps, cli_collectives_csv_devices(recs, steps, max_rows)};
     return cli_artifact_write(dir, "collectives.csv", write_collectives, &a);
 }
 
@@ -530,11 +545,21 @@ sim_status cli_write_run_json(const char *dir, const cli_run_info *info)
     return cli_artifact_write(dir, "run.json", write_run, (void *)info);
 }
 
-static sim_status write_trace(FILE *f, void *arg) { return sim_trace_write_chrome(arg, f); }
+typedef struct {
+    sim_machine *m;
+    size_t max_events;
+} trace_args;
 
-sim_status cli_write_trace_json(const char *dir, sim_machine *m)
+static sim_status write_trace(FILE *f, void *arg)
 {
-    return cli_artifact_write(dir, "trace.json", write_trace, m);
+    const trace_args *a = arg;
+    return sim_trace_write_chrome(a->m, f, a->max_events);
+}
+
+sim_status cli_write_trace_json(const char *dir, sim_machine *m, size_t max_events)
+{
+    trace_args a = {m, max_events};
+    return cli_artifact_write(dir, "trace.json", write_trace, &a);
 }
 
 /* ======================================================================== */

@@ -42,8 +42,12 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
 /* ---- run artifacts ------------------------------------------------------------- */
 
 /* collectives.csv: device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,
- * bytes_sent,bytes_recv,kind — records in `steps`, device by device, in call order. */
-sim_status cli_write_collectives_csv(const char *dir, const cli_records *recs, cli_step_range steps);
+ * bytes_sent,bytes_recv,kind — records in `steps`, device by device, in call
+ * order; with max_rows > 0 only whole devices from device 0 while their rows
+ * fit in max_rows (device 0 always: collectives_csv_max_rows). */
+sim_status cli_write_collectives_csv(const char *dir, const cli_records *recs, cli_step_range steps, size_t max_rows);
+/* How many devices (from device 0) collectives.csv holds under max_rows (0: all). */
+int cli_collectives_csv_devices(const cli_records *recs, cli_step_range steps, size_t max_rows);
 /* traffic.csv: op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,
  * bytes_per_device_max,bytes_total,share — the rows of t in its order (no total row). */
 sim_status cli_write_traffic_csv(const char *dir, const cli_traffic *t);
@@ -75,8 +79,9 @@ typedef struct {
  *    "logical_axis_rules": [["name", ["axis", ...]], ...],
  *    "config": {"key": {"value": <JSON value>, "source": "configs/base.yml:27"}, ...}} */
 sim_status cli_write_run_json(const char *dir, const cli_run_info *info);
-/* trace.json (sim_trace_write_chrome). */
-sim_status cli_write_trace_json(const char *dir, sim_machine *m);
+/* trace.json (sim_trace_write_chrome): whole devices from device 0 while
+ * their events fit in max_events (0: every device; trace_max_events). */
+sim_status cli_write_trace_json(const char *dir, sim_machine *m, size_t max_events);
 
 /* ---- sharding dump (MaxText format) ---------------------------------------------- */
 

@@ -204,7 +204,7 @@ static sim_status put_layers(FILE *f, char *csv)
         put_str(f, ls[i].name);
         fprintf(f, ", \"bytes\": %.17g}", ls[i].bytes / (double)(max_dev + 1));
     }
-    fputs("]", f);
+    fprintf(f, "],\n\"layers_devices\": %ld", max_dev + 1);
     free(ls);
     return SIM_OK;
 }

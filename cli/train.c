@@ -12,6 +12,7 @@
 #include "cli/common.h"
 #include "cli/report.h"
 #include "cli/report_html.h"
+#include "sim/trace.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -413,9 +414,18 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0};
             st = cli_write_run_json(outdir, &info);
             if (!st) st = cli_write_metrics_json(outdir, metrics, (int)steps, mem, nd);
-            if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all());
+            long long max_rows = 0, max_events = 0;
+            if (!st) st = mesh_cfg_get_int(cm.cfg, "collectives_csv_max_rows", &max_rows);
+            if (!st) st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &max_events);
+            if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all(), (size_t)max_rows);
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
-            if (!st) st = cli_write_trace_json(outdir, m);
+            if (!st) st = cli_write_trace_json(outdir, m, (size_t)max_events);
+            int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
+            size_t trace_dev = sim_trace_devices_within(m, (size_t)max_events);
+            if (!st && (csv_dev < nd || (int)trace_dev < nd))
+                fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
+                             "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
+                        csv_dev - 1, trace_dev - 1, nd, max_rows, max_events);
             if (!st) st = write_dump(outdir, cm.cfg, def);
             if (!st) st = cli_write_report_html(outdir);
             if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);

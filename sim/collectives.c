@@ -216,6 +216,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
         snprintf(s.name, sizeof s.name, "%s %s", sim_op_name(c->op), tag_or_dash(c->tag));
         s.op = c->op;
         s.bytes = bc.sent;
+        s.rec = (int64_t)(r - d->rec); /* the record just filled: axes, group, dtype, elements, bytes */
         sim_arena_stats st;
         sim_arena_get_stats(d->arena, &st);
         s.live_bytes = st.live;

@@ -220,7 +220,18 @@ sim_machine *sim_device_machine(sim_device *d) { return d->m; }
 bool sim_device_dry(const sim_device *d) { return d->m->opts.dry_run; }
 void sim_device_set_phase(sim_device *d, sim_phase p) { d->phase = p; }
 sim_phase sim_device_phase(const sim_device *d) { return d->phase; }
-void sim_device_set_step(sim_device *d, int step) { d->step = step; }
+void sim_device_set_step(sim_device *d, int step)
+{
+    if (d->m->opts.trace) { /* a marker where each step starts */
+        sim_span s = {0};
+        s.t0 = s.t1 = sim_now_ns();
+        s.lane = -1;
+        s.rec = -1;
+        snprintf(s.name, sizeof s.name, "step %d", step);
+        sim_trace_add(d, &s);
+    }
+    d->step = step;
+}
 int sim_device_step(const sim_device *d) { return d->step; }
 
 int sim_device_group_rank(const sim_device *d, sim_axes axes)
@@ -522,6 +533,7 @@ int sim_span_begin(sim_device *d, const char *name)
     sim_span s = {0};
     s.t0 = sim_now_ns();
     s.lane = 0;
+    s.rec = -1;
     snprintf(s.name, sizeof s.name, "%s", name);
     sim_trace_add(d, &s);
     return (int)d->nspans - 1;

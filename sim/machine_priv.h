@@ -43,11 +43,12 @@ typedef struct sim_group {
 
 typedef struct {
     uint64_t t0, t1;
-    int lane;             /* 0 = compute, 1 + axes mask for collectives */
+    int lane;             /* 0 = compute, 1 + axes mask for collectives; -1 = a step marker */
     char name[SIM_TAG_MAX];
     sim_op op;            /* for collective spans */
     uint64_t bytes;       /* bytes sent, collectives */
     size_t live_bytes;    /* arena live bytes at the end of the span */
+    int64_t rec;          /* collectives: index of its sim_record on the device, else -1 */
 } sim_span;
 
 struct sim_device {

@@ -34,17 +34,32 @@ static void lane_name(const sim_machine *m, int lane, char *buf, size_t cap)
         }
 }
 
-sim_status sim_trace_write_chrome(sim_machine *m, FILE *f)
+size_t sim_trace_devices_within(sim_machine *m, size_t max_events)
 {
-    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    if (!max_events) return (size_t)m->n;
+    size_t total = 0, n = 0;
+    for (int i = 0; i < m->n; i++) {
+        total += m->dev[i].nspans;
+        if (i > 0 && total > max_events) break;
+        n++;
+    }
+    return n;
+}
+
+sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events)
+{
+    size_t ndev = sim_trace_devices_within(m, max_events);
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"devices_traced\":%zu,\"devices\":%d,"
+               "\"trace_max_events\":%zu},\"traceEvents\":[\n",
+            ndev, m->n, max_events);
     bool first = true;
 #define SEP() (first ? (first = false, "") : ",\n")
-    for (int i = 0; i < m->n; i++) {
+    for (size_t i = 0; i < ndev; i++) {
         sim_device *d = &m->dev[i];
-        fprintf(f, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":", SEP(), i);
+        fprintf(f, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%zu,\"args\":{\"name\":", SEP(), i);
         sim_json_write_string(f, d->label);
         fprintf(f, "}}");
-        fprintf(f, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}}", i, i);
+        fprintf(f, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%zu,\"args\":{\"sort_index\":%zu}}", i, i);
         /* name each lane once */
         unsigned char named[1 + (1u << SIM_MAX_AXES) / 8 + 1] = {0};
         for (size_t s = 0; s < d->nspans; s++) {
@@ -53,7 +68,7 @@ sim_status sim_trace_write_chrome(sim_machine *m, FILE *f)
             named[lane / 8] |= (unsigned char)(1u << (lane % 8));
             char ln[160];
             lane_name(m, lane, ln, sizeof ln);
-            fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":", i, lane);
+            fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,\"args\":{\"name\":", i, lane);
             sim_json_write_string(f, ln);
             fprintf(f, "}}");
         }
@@ -61,16 +76,36 @@ sim_status sim_trace_write_chrome(sim_machine *m, FILE *f)
             const sim_span *sp = &d->spans[s];
             uint64_t t1 = sp->t1 ? sp->t1 : sp->t0;
             double ts = (double)(sp->t0 - m->t_origin) / 1e3, dur = (double)(t1 - sp->t0) / 1e3;
+            if (sp->lane < 0) { /* a step marker: an instant event across the device's lanes */
+                fprintf(f, ",\n{\"name\":");
+                sim_json_write_string(f, sp->name);
+                fprintf(f, ",\"ph\":\"i\",\"s\":\"p\",\"pid\":%zu,\"tid\":0,\"ts\":%.3f,\"cat\":\"step\"}", i, ts);
+                continue;
+            }
             fprintf(f, ",\n{\"name\":");
             sim_json_write_string(f, sp->name);
-            fprintf(f, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", i, sp->lane, ts, dur);
-            if (sp->lane > 0)
+            fprintf(f, ",\"ph\":\"X\",\"pid\":%zu,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", i, sp->lane, ts, dur);
+            if (sp->lane > 0 && sp->rec >= 0 && (size_t)sp->rec < d->nrec) {
+                const sim_record *r = &d->rec[sp->rec];
+                char ax[160];
+                sim_axes_label(&m->mesh, r->axes, ax, sizeof ax);
+                fprintf(f, ",\"cat\":\"collective\",\"args\":{\"op\":\"%s\",\"mesh_axes\":", sim_op_name(r->op));
+                sim_json_write_string(f, ax);
+                fprintf(f, ",\"group_size\":%d,\"dtype\":\"%s\",\"elements\":%llu,\"bytes_sent\":%llu,"
+                           "\"bytes_recv\":%llu,\"phase\":\"%s\",\"step\":%d,\"kind\":\"%s\",\"tag\":",
+                        r->group_size, sim_dtype_name(r->dtype), (unsigned long long)r->elements,
+                        (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_recv, sim_phase_name(r->phase),
+                        r->step, r->implicit ? "implicit" : "explicit");
+                sim_json_write_string(f, r->tag);
+                fprintf(f, "}");
+            } else if (sp->lane > 0) {
                 fprintf(f, ",\"cat\":\"collective\",\"args\":{\"op\":\"%s\",\"bytes_sent\":%llu}", sim_op_name(sp->op),
                         (unsigned long long)sp->bytes);
-            else
+            } else {
                 fprintf(f, ",\"cat\":\"compute\"");
+            }
             fprintf(f, "}");
-            fprintf(f, ",\n{\"name\":\"arena live bytes\",\"ph\":\"C\",\"pid\":%d,\"ts\":%.3f,\"args\":{\"bytes\":%zu}}",
+            fprintf(f, ",\n{\"name\":\"arena live bytes\",\"ph\":\"C\",\"pid\":%zu,\"ts\":%.3f,\"args\":{\"bytes\":%zu}}",
                     i, ts + dur, sp->live_bytes);
         }
     }

@@ -10,7 +10,14 @@
 
 #include "sim/machine.h"
 
-sim_status sim_trace_write_chrome(sim_machine *m, FILE *f);
+/* Writes the trace; with max_events > 0 only whole devices, in id order,
+ * while their spans fit in max_events (device 0 always), so a large run
+ * gives a readable summary of its first devices.  Each collective event
+ * carries its record (op, mesh axes, group size, dtype, elements, bytes,
+ * phase, step, kind, tag); each step starts with an instant marker. */
+sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events);
+/* How many devices (from device 0) the trace holds under max_events (0: all). */
+size_t sim_trace_devices_within(sim_machine *m, size_t max_events);
 /* Number of spans device `id` recorded. */
 size_t sim_trace_span_count(sim_machine *m, int id);
 /* Writes s as a JSON string literal (with quotes). */

@@ -345,7 +345,7 @@ static void test_csv_files(void **state)
     char sub[PATH_CAP / 2], p[PATH_CAP];
     snprintf(sub, sizeof sub, "%s/out/run1", dir); /* missing parents are created */
 
-    assert_int_equal(cli_write_collectives_csv(sub, &r, cli_steps_all()), SIM_OK);
+    assert_int_equal(cli_write_collectives_csv(sub, &r, cli_steps_all(), 0), SIM_OK);
     snprintf(p, sizeof p, "%s/collectives.csv", sub);
     char *csv = read_all(p, NULL);
     assert_int_equal(count_lines(csv), 1 + NDEV * RECS_PER_DEV);
@@ -358,7 +358,7 @@ static void test_csv_files(void **state)
     assert_contains(csv, ",\"pipeline/shift,\"\"odd\"\"\",ppermute,");
     free(csv);
 
-    assert_int_equal(cli_write_collectives_csv(sub, &r, cli_steps(3, 3)), SIM_OK);
+    assert_int_equal(cli_write_collectives_csv(sub, &r, cli_steps(3, 3), 0), SIM_OK);
     csv = read_all(p, NULL);
     assert_int_equal(count_lines(csv), 1 + NDEV);
     free(csv);
@@ -624,7 +624,7 @@ static void test_run_and_trace(void **state)
 
     /* trace.json is the machine's Chrome trace */
     sim_machine *m = run_machine(true);
-    assert_int_equal(cli_write_trace_json(dir, m), SIM_OK);
+    assert_int_equal(cli_write_trace_json(dir, m, 0), SIM_OK);
     j = parse_file(dir, "trace.json");
     assert_true(j->kind == MESH_JSON_OBJECT || j->kind == MESH_JSON_ARRAY);
     mesh_json_free(j);

@@ -101,6 +101,59 @@ static void test_train_artifacts(void **state)
     assert_int_equal(rmdir(dir), 0); /* nothing else was left behind (no temp files) */
 }
 
+/* trace.json and collectives.csv keep whole devices from device 0 within
+ * their limits; every collective event carries its record, every step starts
+ * with a marker. */
+static void test_artifact_limits(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_limits_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    /* each device makes the same calls: a limit of one row/event keeps device 0 only */
+    const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
+                          "steps=3", "trace_max_events=1", "collectives_csv_max_rows=1", od};
+    result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "limited artifacts: collectives.csv holds devices 0-0 and trace.json devices 0-0 of 4"));
+    mesh_json *t = read_json(dir, "trace.json");
+    assert_int_equal(mesh_json_get(mesh_json_get(t, "otherData"), "devices_traced")->number, 1);
+    const mesh_json *ev = mesh_json_get(t, "traceEvents");
+    int markers = 0, collectives = 0;
+    for (int i = 0; i < ev->n; i++) {
+        const mesh_json *e = &ev->items[i], *cat = mesh_json_get(e, "cat");
+        assert_int_equal(mesh_json_get(e, "pid")->number, 0); /* device 0 only */
+        if (cat && !strcmp(cat->str, "step")) markers++;
+        if (cat && !strcmp(cat->str, "collective")) {
+            const mesh_json *a = mesh_json_get(e, "args");
+            const char *fields[] = {"op", "mesh_axes", "group_size", "dtype", "elements", "bytes_sent", "bytes_recv",
+                                    "phase", "step", "kind", "tag"};
+            for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+                if (!mesh_json_get(a, fields[f])) fail_msg("collective event without '%s'", fields[f]);
+            collectives++;
+        }
+    }
+    assert_int_equal(markers, 3); /* one per step */
+    assert_true(collectives > 10);
+    mesh_json_free(t);
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/collectives.csv", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f)); /* header */
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        assert_true(!strncmp(line, "0,", 2)); /* device 0's rows only */
+        rows++;
+    }
+    fclose(f);
+    assert_true(rows > 10);
+    done(&r);
+    snprintf(path, sizeof path, "rm -rf %s", dir);
+    assert_int_equal(system(path), 0);
+}
+
 /* With no arguments, train runs the built-in small model (configs/small.yml:
  * emb 128, 2 layers, vocab 256, 20 steps) instead of MaxText's 1 B default. */
 static void test_train_without_arguments(void **state)
@@ -162,6 +215,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_artifacts),
+        cmocka_unit_test(test_artifact_limits),
         cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
         cmocka_unit_test(test_parity_exit_codes),

@@ -294,7 +294,7 @@ static void test_trace_json(void **state)
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    assert_int_equal(sim_trace_write_chrome(m, f), SIM_OK);
+    assert_int_equal(sim_trace_write_chrome(m, f, 0), SIM_OK);
     fclose(f);
     assert_non_null(strstr(buf, "\"device 1 (tensor=1)\"")); /* size-1 axes are left out */
     assert_non_null(strstr(buf, "\"collectives tensor\""));
