@@ -87,11 +87,12 @@ test: $(BIN) $(TEST_BIN)
 bench: $(BENCH_BIN)
 	@set -e; for b in $(BENCH_BIN); do echo "=== $$b"; $$b; done
 
+# The sanitizer builds run every 8th case of the bad-input corpus (tests/test_cli_badinput.c).
 asan:
-	$(MAKE) BUILD=build/asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 test
+	SHARDSIM_CORPUS_SHARE=8 $(MAKE) BUILD=build/asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 test
 
 ubsan:
-	$(MAKE) BUILD=build/ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=undefined" OPT=-O1 test
+	SHARDSIM_CORPUS_SHARE=8 $(MAKE) BUILD=build/ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=undefined" OPT=-O1 test
 
 tsan:
 	$(MAKE) BUILD=build/tsan SAN="-fsanitize=thread" OPT=-O1 $(TSAN_TESTS:%=build/tsan/tests/%)

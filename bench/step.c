@@ -1,9 +1,12 @@
 /* step.c — training step time of the issue-4 benchmark model, as ratios from
- * one run:
- *   1 device:  model FLOPs per step / (step time x the all-core sgemm peak
- *              measured in this run)            target >= 0.6
- *   8 devices: step time / the 1-device step time  target <= 1.25
- * for fsdp=8, fsdp=4 tensor=2 and data=2 fsdp=2 tensor=2.
+ * one run (the peak is the all-core sgemm of the OpenBLAS kernels that run,
+ * measured in this run; the header names the kernels):
+ *   1 device, default remat: executed FLOPs / (step time x peak)  target >= 0.85
+ *   1 device, remat_policy=none: model FLOPs / (step time x peak) target >= 0.8
+ *   8 devices: step time / the 1-device step time                 target <= 1.05
+ *     for fsdp=8, fsdp=4 tensor=2 and data=2 fsdp=2 tensor=2
+ *   64 devices (fsdp=8 tensor=8, the same global batch of 8 sequences):
+ *     step time / the 1-device step time                          target <= 1.2
  *
  * Model: llama2-7b with emb 512, 8 heads of 64, mlp 1536, 4 layers, vocab
  * 4096, 256 tokens, a global batch of 8 sequences.  Model FLOPs count the
@@ -107,6 +110,7 @@ int main(int argc, char **argv)
         {"fsdp=8", {"ici_fsdp_parallelism=8"}, 8},
         {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}, 8},
         {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 8},
+        {"fsdp=8 tensor=8", {"ici_fsdp_parallelism=8", "ici_tensor_parallelism=8"}, 64},
     };
     printf("%-26s %10s %12s %12s %14s %12s\n", "mesh", "step (s)", "model GFLOP", "model/peak", "executed/peak",
            "/1-device");
@@ -118,7 +122,7 @@ int main(int argc, char **argv)
                executed / t / 1e9 / peak, t / t1);
         fflush(stdout);
     }
-    printf("\ntargets: 1 device >= 0.60 of the sgemm peak (model FLOPs); 8 devices <= 1.25 x the 1-device step time\n"
-           "(the 8-device rows use the default remat_policy=full, as the first row)\n");
+    printf("\ntargets: 1 device executed/peak >= 0.85; remat none model/peak >= 0.80; 8 devices <= 1.05 and\n"
+           "64 devices <= 1.20 x the 1-device step time (the multi-device rows use the default remat_policy=full)\n");
     return 0;
 }

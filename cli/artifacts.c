@@ -235,7 +235,7 @@ static sim_status write_collectives(FILE *f, void *arg)
     const csv_args *a = arg;
     const cli_records *r = a->recs;
     char ax[256];
-    fputs("device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind\n", f);
+    fputs("device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind,bytes_sent_dcn\n", f);
     for (int d = 0; d < a->n_devices; d++) {
         for (size_t i = 0; i < r->n[d]; i++) {
             const sim_record *x = &r->recs[d][i];
@@ -244,9 +244,10 @@ static sim_status write_collectives(FILE *f, void *arg)
             csv_field(f, x->tag[0] ? x->tag : "-");
             fprintf(f, ",%s,", sim_op_name(x->op));
             csv_field(f, cli_axes_text(&r->mesh, x->axes, ax, sizeof ax));
-            fprintf(f, ",%d,%s,%llu,%llu,%llu,%s\n", x->group_size, sim_dtype_name(x->dtype),
+            fprintf(f, ",%d,%s,%llu,%llu,%llu,%s,%llu\n", x->group_size, sim_dtype_name(x->dtype),
                     (unsigned long long)x->elements, (unsigned long long)x->bytes_sent,
-                    (unsigned long long)x->bytes_recv, x->implicit ? "implicit" : "explicit");
+                    (unsigned long long)x->bytes_recv, x->implicit ? "implicit" : "explicit",
+                    (unsigned long long)x->bytes_sent_dcn);
         }
     }
     return SIM_OK;
@@ -280,16 +281,17 @@ static void traffic_csv_row(FILE *f, const char *op, const char *axes, const cha
     csv_field(f, axes);
     fputc(',', f);
     csv_field(f, phase);
-    fprintf(f, ",%llu,%.6g,%.17g,%llu,%llu,%.6f\n", (unsigned long long)r->calls,
+    fprintf(f, ",%llu,%.6g,%.17g,%llu,%llu,%.6f,%.17g\n", (unsigned long long)r->calls,
             nd ? (double)r->calls / nd : 0.0, r->bytes_mean, (unsigned long long)r->bytes_max,
-            (unsigned long long)r->bytes, r->share);
+            (unsigned long long)r->bytes, r->share, nd ? (double)r->bytes_dcn / nd : 0.0);
 }
 
 static sim_status write_traffic(FILE *f, void *arg)
 {
     const cli_traffic *t = arg;
     char ax[256];
-    fputs("op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,bytes_total,share\n",
+    fputs("op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,bytes_total,share,"
+          "bytes_per_device_dcn_mean\n",
           f);
     for (int i = 0; i < t->n_rows; i++) {
         const cli_traffic_row *r = &t->rows[i];

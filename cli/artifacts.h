@@ -42,14 +42,15 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
 /* ---- run artifacts ------------------------------------------------------------- */
 
 /* collectives.csv: device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,
- * bytes_sent,bytes_recv,kind — records in `steps`, device by device, in call
+ * bytes_sent,bytes_recv,kind,bytes_sent_dcn (the part of bytes_sent to other slices) — records in `steps`, device by device, in call
  * order; with max_rows > 0 only whole devices from device 0 while their rows
  * fit in max_rows (device 0 always: collectives_csv_max_rows). */
 sim_status cli_write_collectives_csv(const char *dir, const cli_records *recs, cli_step_range steps, size_t max_rows);
 /* How many devices (from device 0) collectives.csv holds under max_rows (0: all). */
 int cli_collectives_csv_devices(const cli_records *recs, cli_step_range steps, size_t max_rows);
 /* traffic.csv: op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,
- * bytes_per_device_max,bytes_total,share — the rows of t in its order (no total row). */
+ * bytes_per_device_max,bytes_total,share,bytes_per_device_dcn_mean (the part of the mean
+ * sent to other slices) — the rows of t in its order (no total row). */
 sim_status cli_write_traffic_csv(const char *dir, const cli_traffic *t);
 /* metrics.json:
  *   {"steps": [{"step", "loss", "grad_norm", "lr", "time_s", "tokens_per_s", "peak_bytes"}...],

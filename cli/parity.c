@@ -149,8 +149,11 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             if (paren) *paren = '\0';
             const char *rules = NULL;
             if (mesh_cfg_get_str(cfg, "custom_mesh_and_rule", &rules) != SIM_OK) rules = NULL;
-            snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s%s%s %s", mesh, rules && *rules ? " " : "",
-                     rules && *rules ? rules : "", def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
+            char extra[48] = "";
+            if (def->d.ga > 1) snprintf(extra, sizeof extra, " G=%lld", (long long)def->d.ga);
+            if (def->d.zero1) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " ZeRO-1");
+            snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s%s%s%s %s", mesh, rules && *rules ? " " : "",
+                     rules && *rules ? rules : "", extra, def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
             fprintf(out, "[%d/%d] %-32s <- %s\n", c + 1, nc, cfgs[c].label, cfgs[c].n ? cfgs[c].text : "(no overrides)");
             job.def = def;
             job.data = &data;

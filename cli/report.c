@@ -288,6 +288,7 @@ sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_
             cell *ce = &cells[c];
             ce->row.calls++;
             ce->row.bytes += r->bytes_sent;
+            ce->row.bytes_dcn += r->bytes_sent_dcn;
             ce->row.bytes_recv += r->bytes_recv;
             ce->calls[d]++;
             ce->bytes[d] += r->bytes_sent;
@@ -304,6 +305,7 @@ sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_
         out->rows[c] = cells[c].row;
         t->calls += cells[c].row.calls;
         t->bytes += cells[c].row.bytes;
+        t->bytes_dcn += cells[c].row.bytes_dcn;
         t->bytes_recv += cells[c].row.bytes_recv;
         free(cells[c].calls);
         free(cells[c].bytes);
@@ -346,15 +348,25 @@ static const char *per_dev_text(uint64_t total, int nd, char *buf, size_t cap)
 }
 
 static void traffic_line(FILE *f, int aw, const char *op, const char *axes, const char *phase,
-                         const cli_traffic_row *r, int nd)
+                         const cli_traffic_row *r, int nd, bool dcn)
 {
-    char calls[32], mean[32], max[32];
+    char calls[32], mean[32], max[32], cross[32];
     per_dev_text(r->calls, nd, calls, sizeof calls);
     /* max only where devices differ */
     if (r->bytes_max != r->bytes_min) cli_bytes_text((double)r->bytes_max, max, sizeof max);
     else snprintf(max, sizeof max, "-");
-    fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s %7.1f%%\n", op, aw, axes, phase, calls,
-            cli_bytes_text(r->bytes_mean, mean, sizeof mean), max, 100.0 * r->share);
+    fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s", op, aw, axes, phase, calls,
+            cli_bytes_text(r->bytes_mean, mean, sizeof mean), max);
+    if (dcn) fprintf(f, " %14s", cli_bytes_text(nd ? (double)r->bytes_dcn / nd : 0.0, cross, sizeof cross));
+    fprintf(f, " %7.1f%%\n", 100.0 * r->share);
+}
+
+/* Whether the mesh spans several slices (some axis has a dcn factor). */
+static bool multi_slice(const sim_mesh_desc *m)
+{
+    for (int a = 0; a < m->naxes; a++)
+        if (m->dcn[a] > 1) return true;
+    return false;
 }
 
 void cli_report_traffic(FILE *f, const cli_traffic *t)
@@ -367,21 +379,27 @@ void cli_report_traffic(FILE *f, const cli_traffic *t)
     }
     fprintf(f, "collective traffic, %s, %d device%s (bytes sent per device)\n",
             steps_text(t->steps, sbuf, sizeof sbuf), t->n_devices, t->n_devices == 1 ? "" : "s");
-    fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s %8s\n", "op", aw, "axes", "phase", "calls/dev", "mean/device",
-            "max/device", "share");
-    put_repeat(f, '-', 17 + 2 + aw + 2 + 9 + 1 + 10 + 1 + 14 + 1 + 14 + 1 + 8);
+    bool dcn = multi_slice(&t->mesh);
+    fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s", "op", aw, "axes", "phase", "calls/dev", "mean/device", "max/device");
+    if (dcn) fprintf(f, " %14s", "dcn/device");
+    fprintf(f, " %8s\n", "share");
+    int width = 17 + 2 + aw + 2 + 9 + 1 + 10 + 1 + 14 + 1 + 14 + 1 + 8 + (dcn ? 15 : 0);
+    put_repeat(f, '-', width);
     fputc('\n', f);
     for (int i = 0; i < t->n_rows; i++) {
         const cli_traffic_row *r = &t->rows[i];
         traffic_line(f, aw, sim_op_name(r->op), cli_axes_text(&t->mesh, r->axes, ax, sizeof ax),
-                     sim_phase_name(r->phase), r, t->n_devices);
+                     sim_phase_name(r->phase), r, t->n_devices, dcn);
     }
-    put_repeat(f, '-', 17 + 2 + aw + 2 + 9 + 1 + 10 + 1 + 14 + 1 + 14 + 1 + 8);
+    put_repeat(f, '-', width);
     fputc('\n', f);
-    traffic_line(f, aw, "total", "", "", &t->total, t->n_devices);
+    traffic_line(f, aw, "total", "", "", &t->total, t->n_devices, dcn);
     fprintf(f, "axes: the mesh axes the collective's group spans; calls/dev: calls per device; mean/device: bytes\n"
                "sent per device, averaged over devices; max/device: the busiest device, shown only where devices\n"
-               "differ; share: of all bytes sent.\n");
+               "differ; %sshare: of all bytes sent.\n",
+            dcn ? "dcn/device: the part of mean/device sent to other slices (the rest stays within a slice, on "
+                  "ICI);\n"
+                : "");
 }
 
 /* ======================================================================== */

@@ -101,6 +101,7 @@ typedef struct {
     uint64_t calls;         /* calls summed over devices */
     uint64_t calls_max;     /* most calls made by one device */
     uint64_t bytes;         /* bytes sent, summed over devices */
+    uint64_t bytes_dcn;     /* of bytes, sent to devices in other slices (DCN), summed over devices */
     uint64_t bytes_recv;    /* bytes received, summed over devices */
     uint64_t bytes_max;     /* most bytes sent by one device */
     uint64_t bytes_min;     /* fewest bytes sent by one device */
@@ -121,7 +122,9 @@ typedef struct {
 sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_traffic *out);
 void cli_traffic_free(cli_traffic *t);
 /* The traffic table with a total row.  Calls are per device; bytes per
- * device in one unit for the whole table; max shown only where devices differ. */
+ * device, each in the unit that fits it; max shown only where devices
+ * differ; on a mesh of several slices a "dcn/device" column gives the part
+ * of the mean that crosses slices (the rest stays on the slices' ICI). */
 void cli_report_traffic(FILE *f, const cli_traffic *t);
 
 /* ---- memory ----------------------------------------------------------------- */

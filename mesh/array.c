@@ -10,7 +10,9 @@ sim_status mesh_shape_to_sim(const mesh_shape *m, sim_mesh_desc *out)
 {
     const char *names[MESH_MAX_AXES];
     for (int i = 0; i < m->n_axes; i++) names[i] = m->names[i];
-    return sim_mesh_desc_make(m->n_axes, names, m->sizes, out);
+    SIM_TRY(sim_mesh_desc_make(m->n_axes, names, m->sizes, out));
+    for (int i = 0; i < m->n_axes; i++) out->dcn[i] = m->dcn[i]; /* which devices share a slice */
+    return SIM_OK;
 }
 
 sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, mesh_spec *out)

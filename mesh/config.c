@@ -1688,7 +1688,7 @@ static sim_status apply_topology(mesh_cfg *cfg, const char *configs_dir)
                 v != atoll(vals[k]))
                 st = sim_err(SIM_ERR_INPUT, "%s=%lld (%s) disagrees with %s (%s devices in %s slices); drop %s",
                              keys[k], v, e->where, where, nd, ns, keys[k]);
-            sim_err_clear();
+            if (st == SIM_OK) sim_err_clear(); /* a non-integer value was not an error here */
             if (st == SIM_OK && e) {
                 set_derived(cfg, keys[k], vals[k], where);
                 cfg_find_mut(cfg, keys[k])->value.quoted = 0; /* a number, not a string */
@@ -1702,6 +1702,53 @@ static sim_status apply_topology(mesh_cfg *cfg, const char *configs_dir)
     value_free(&doc);
     free(path);
     return st;
+}
+
+/* MaxText's combination checks (configs/types.py, 0.2.5) that concern what is
+ * simulated, with MaxText's conditions; run after merging, when the config has
+ * the full key set (keys.yml).  Each message names the keys and the fix. */
+static sim_status maxtext_combination_rules(const mesh_cfg *cfg)
+{
+    long long experts, dense, interleave = 1, inhomog = 1;
+    double mlp, moe_mlp, update_rate;
+    int routed_bias;
+    const char *decoder, *cs, *lp, *lfs;
+    SIM_TRY(mesh_cfg_get_int(cfg, "num_experts", &experts));
+    SIM_TRY(mesh_cfg_get_int(cfg, "first_num_dense_layers", &dense));
+    SIM_TRY(mesh_cfg_get_double(cfg, "base_mlp_dim", &mlp));
+    SIM_TRY(mesh_cfg_get_double(cfg, "base_moe_mlp_dim", &moe_mlp));
+    SIM_TRY(mesh_cfg_get_str(cfg, "decoder_block", &decoder));
+    if (mesh_cfg_find(cfg, "interleave_moe_layer_step")) SIM_TRY(mesh_cfg_get_int(cfg, "interleave_moe_layer_step", &interleave));
+    if (mesh_cfg_find(cfg, "inhomogeneous_layer_cycle_interval"))
+        SIM_TRY(mesh_cfg_get_int(cfg, "inhomogeneous_layer_cycle_interval", &inhomog));
+    if (experts > 1) {
+        if (moe_mlp <= 0)
+            return sim_err(SIM_ERR_INPUT, "num_experts=%lld needs base_moe_mlp_dim > 0 (it is %g): MaxText requires a "
+                                          "positive expert width for MoE models; set base_moe_mlp_dim",
+                           experts, moe_mlp);
+        /* a model whose every layer is MoE has one MLP width */
+        if (interleave == 1 && dense == 0 && inhomog == 1 && mlp != moe_mlp)
+            return sim_err(SIM_ERR_INPUT,
+                           "num_experts=%lld with first_num_dense_layers=0 is a fully MoE model: MaxText requires "
+                           "base_mlp_dim (%g) to equal base_moe_mlp_dim (%g); make them equal or keep dense layers",
+                           experts, mlp, moe_mlp);
+        SIM_TRY(mesh_cfg_get_bool(cfg, "routed_bias", &routed_bias));
+        SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &update_rate));
+        if (routed_bias && update_rate > 0 && decoder && strcmp(decoder, "deepseek"))
+            return sim_err(SIM_ERR_INPUT, "routed_bias_update_rate=%g with decoder_block=%s: MaxText supports loss-free "
+                                          "load balancing only for the DeepSeek decoder",
+                           update_rate, decoder);
+    }
+    SIM_TRY(mesh_cfg_get_str(cfg, "context_sharding", &cs));
+    if (!cs || (strcmp(cs, "context") && strcmp(cs, "expert")))
+        return sim_err(SIM_ERR_INPUT, "context_sharding=%s: MaxText supports only 'context' or 'expert'",
+                       cs ? cs : "None");
+    SIM_TRY(mesh_cfg_get_str(cfg, "load_parameters_path", &lp));
+    SIM_TRY(mesh_cfg_get_str(cfg, "load_full_state_path", &lfs));
+    if (lp && *lp && lfs && *lfs)
+        return sim_err(SIM_ERR_INPUT, "load_parameters_path and load_full_state_path are both set: MaxText allows at most "
+                                      "one; keep one of them");
+    return SIM_OK;
 }
 
 static sim_status check_final(const mesh_cfg *cfg)
@@ -2060,6 +2107,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     st = check_final(cfg);
     if (st == SIM_OK) st = registry_check(cfg, base_vals, n_base);
     if (st == SIM_OK) st = check_ranges(cfg, dirs, n_dirs);
+    if (st == SIM_OK && cfg->keys_file) st = maxtext_combination_rules(cfg);
 
 done:
     for (int i = 0; i < n_chain; i++) free(chain[i]);

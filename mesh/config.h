@@ -12,7 +12,12 @@
  *      the base, the extra files or the command line; "default" = no file).
  *   3. extra YAML files, in order, then key=value overrides, in order.  A key
  *      that the model file sets and a user layer (3) sets to a different value
- *      is an error unless override_model_config=true (MaxText's rule).
+ *      is an error unless override_model_config=true (MaxText's rule).  A
+ *      MaxText config file among the files (named base.yml, or with a
+ *      base_config key) is MaxText's argv[1] instead: it applies below the
+ *      model file (which overrides it without conflict), its rules merge as
+ *      base rules, and its directory is searched first for models/ and
+ *      custom_mesh_and_rule/.
  *   logical_axis_rules are not replaced but MERGED by logical name at each of
  *   2 and 3: every earlier rule whose name the new list mentions is dropped and
  *   the new rules are appended (override_logical_axis_rules=true in that layer
@@ -38,7 +43,10 @@
  * by its `type`, and after merging every key whose value differs from its
  * default is checked against its class: refused (or a value outside
  * `simulated`, or outside MaxText's `choices`) is an error naming the key, the
- * feature and the fix; inert keys are marked for run.json. */
+ * feature and the fix; inert keys are marked for run.json.  Then MaxText's
+ * combination checks (types.py) that concern simulated features, and
+ * compile_topology=NAME (<configs>/topologies.yml) sets num_devices,
+ * num_slices and dry_run. */
 #ifndef MESH_CONFIG_H
 #define MESH_CONFIG_H
 

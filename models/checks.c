@@ -130,11 +130,18 @@ sim_status model_check_sharding_tolerance(const model_def *m, double tolerance)
                               "could be sharded on: %s",
                               m->defs[i].path, (long long)elems(&m->defs[i]), shape, spec, miss, avail);
     }
+    char axes[256] = "";
+    size_t ao = 0;
+    for (int a = 0; a < m->mesh.n_axes && ao < sizeof axes; a++)
+        if (t >> a & 1)
+            ao += (size_t)snprintf(axes + ao, sizeof axes - ao, "%s%s=%d", ao ? " " : "", m->mesh.names[a],
+                                   m->mesh.sizes[a]);
     if (o < cap)
         snprintf(msg + o, cap - o,
-                 "\n(sharding_tolerance=%g, MaxText's check of the state's parameters: raise sharding_tolerance, or "
-                 "shard these parameters on the listed axes with the mesh or the logical_axis_rules)",
-                 tolerance);
+                 "\n(sharding_tolerance=%g on the mesh axes %s, MaxText's check of the state's parameters: raise "
+                 "sharding_tolerance, or shard these parameters on the listed axes with the mesh or the "
+                 "logical_axis_rules)",
+                 tolerance, axes);
     sim_status st = sim_err(SIM_ERR_CHECK, "%s", msg);
     free(msg);
     return st;

@@ -338,6 +338,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     d->seed = (uint64_t)seed;
 
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
+    SIM_TRY(zero1_and_ga_from_config(cfg, m)); /* before the rules, which an error would leak */
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
     double pdbs;
     SIM_TRY(mesh_cfg_get_double(cfg, "per_device_batch_size", &pdbs));
@@ -348,7 +349,6 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        "(per_device_batch_size >= %g)",
                        pdbs, m->mesh.num_devices, (long long)d->batch, 1.0 / m->mesh.num_devices);
     d->rows_loaded = pdbs < 1 ? m->mesh.num_devices : d->batch;
-    SIM_TRY(zero1_and_ga_from_config(cfg, m));
     const char *cs;
     SIM_TRY(mesh_cfg_get_str(cfg, "context_sharding", &cs));
     d->cp_axis = cs ? mesh_shape_axis_index(&m->mesh, cs) : -1;
@@ -518,6 +518,10 @@ void model_dev_free(model_dev *md)
             mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
             for (int b = 0; b < 4; b++) {
                 if (!bufs[b]) continue;
+                if (!z && b < 2 && md->zero1_released) { /* their shards are already released */
+                    free(bufs[b]);
+                    continue;
+                }
                 for (int l = 0; l < p->n_layers; l++) mesh_array_free(md->ctx.dev, &bufs[b][l]);
                 free(bufs[b]);
             }

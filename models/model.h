@@ -140,6 +140,7 @@ typedef struct {
      * is then the all-gathered working copy the forward pass reads, p[i].g
      * the gradient sinks, and p[i].m/v are NULL. */
     bool zero1;
+    bool zero1_released;     /* p[i].w and p[i].g are released between a step's backward and the next gather */
     model_param z[MODEL_MAX_PARAMS];
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);

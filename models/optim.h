@@ -22,7 +22,15 @@
  *   p <- p - lr(s) * u
  * in float32 per element like optax on float32 parameters (no weight-decay
  * mask: MaxText's adamw_mask is unset by default).  opt_type=sgd is plain
- * p <- p - lr(s) * g (after clipping). */
+ * p <- p - lr(s) * g (after clipping).
+ *
+ * ZeRO-1 (shard_optimizer_over_data, MaxText's layout rule in params.h
+ * model_zero1_spec): the functions below run unchanged on the device's
+ * stacked optimizer-layout views (model_dev.z: parameters, gradient and both
+ * moments as one array each, sharded over 'data' too), so each device
+ * updates only its shard; train.c all-gathers the parameters over 'data'
+ * before the next forward pass and reduce-scatters the gradients into that
+ * layout after the backward pass. */
 #ifndef MODELS_OPTIM_H
 #define MODELS_OPTIM_H
 

@@ -101,7 +101,8 @@ void model_zero1_spec(const mesh_shape *m, int rank, const int64_t *shape, const
         bool has_tensor = false;
         for (int i = 0; i < unpruned->n_axes[d]; i++) {
             shard /= m->sizes[unpruned->axes[d][i]];
-            has_tensor |= unpruned->axes[d][i] == tensor;
+            /* MaxText 0.2.5's NNX state carries specs without size-1 axes: a 'tensor' of size 1 is not there */
+            has_tensor |= unpruned->axes[d][i] == tensor && m->sizes[tensor] > 1;
         }
         if (has_tensor || shard % m->sizes[data]) continue;
         /* ('data', *old): data becomes the most significant part of the block index */

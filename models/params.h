@@ -73,11 +73,13 @@ sim_status model_param_stack(sim_device *d, const mesh_shape *m, const model_par
 void model_param_unstack(const model_param *p, const mesh_array *stacked, mesh_array *layers);
 
 /* ZeRO-1's optimizer-state spec of a stacked parameter (MaxText's
- * sharding.add_data_to_sharding), from its spec WITH size-1 axes: unchanged
- * when 'data' is absent from the mesh or already used; otherwise 'data' is
- * prepended to the first dim whose per-shard size is divisible by the data
- * size and whose axes do not include 'tensor' (by name, even of size 1), or
- * nothing changes when no dim qualifies. */
+ * sharding.add_data_to_sharding), from its spec WITH size-1 axes (and giving
+ * it with them, for the dumps): unchanged when 'data' is absent from the mesh
+ * or already used; otherwise 'data' is prepended to the first dim whose
+ * per-shard size is divisible by the data size and whose axes do not include
+ * 'tensor' of size > 1 (MaxText 0.2.5 applies the rule to its NNX state's
+ * specs, from which size-1 axes are removed), or nothing changes when no dim
+ * qualifies. */
 void model_zero1_spec(const mesh_shape *m, int rank, const int64_t *shape, const mesh_spec *unpruned, mesh_spec *out);
 
 #endif

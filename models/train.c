@@ -1,4 +1,13 @@
-/* train.c — running the model on the simulated machine. */
+/* train.c — running the model on the simulated machine.
+ *
+ * A training step: the step's rows from the data stream; with ZeRO-1 the
+ * parameters all-gathered over 'data' from the optimizer layout; one forward
+ * and backward pass per microbatch (gradient_accumulation_steps), each adding
+ * its gradient with weight 1/ga into the same float32 sinks, which reduce over
+ * the batch axes as each pass ends (as XLA leaves MaxText's reduction inside
+ * its accumulation loop) -- except 'data' under ZeRO-1 without accumulation,
+ * left pending for one reduce-scatter into the optimizer layout; the global
+ * norm and the update; the metrics. */
 #include "models/train.h"
 
 #include "blas_kernels/bk_parallel.h"
@@ -138,8 +147,17 @@ typedef struct {
 
 /* ---- ZeRO-1 (shard_optimizer_over_data; see optim.h) */
 
+/* Re-makes per-layer array a (released: name, shape and spec kept) in category cat, zeroed. */
+static sim_status remake(model_dev *md, mesh_array *a, sim_mem_cat cat)
+{
+    mesh_array old = *a; /* mesh_array_new clears its output before reading the shape */
+    return mesh_array_new(md->ctx.dev, &md->def->mesh, old.name, old.rank, old.shape, &old.spec, SIM_F32, cat, a);
+}
+
 /* Before the step: every parameter all-gathered over 'data' from its stored
- * optimizer-layout copy (md->z) into the working copy the forward pass reads. */
+ * optimizer-layout copy (md->z) into the working copy the forward pass reads,
+ * and the gradient sinks made again (both were released after the last
+ * backward pass, as a compiler frees buffers no longer read). */
 static sim_status zero1_gather_params(model_dev *md)
 {
     const model_def *def = md->def;
@@ -153,21 +171,42 @@ static sim_status zero1_gather_params(model_dev *md)
         mesh_array a;
         SIM_TRY(mesh_array_clone(dev, &def->mesh, md->z[i].w, tag, SIM_MEM_COMM, &a));
         sim_status st = mesh_reshard(dev, &def->mesh, &a, &to, sim_meta_tag(tag));
+        /* the gathered stacked tensor into the per-layer arrays (a copy: one parameter's size at a time) */
+        for (int l = 0; st == SIM_OK && md->zero1_released && l < p->n_layers; l++)
+            st = remake(md, &p->w[l], SIM_MEM_PARAMS);
         if (st == SIM_OK) model_param_unstack(p, &a, p->w);
         mesh_array_free(dev, &a);
         SIM_TRY(st);
     }
+    if (md->zero1_released)
+        for (int i = 0; i < def->nparams; i++)
+            for (int l = 0; l < md->p[i].n_layers; l++) SIM_TRY(remake(md, &md->p[i].g[l], SIM_MEM_GRADS));
+    md->zero1_released = false;
     return SIM_OK;
 }
 
 /* After the backward pass(es): each gradient brought to the optimizer layout
  * in md->z[i].g: a reduce-scatter over 'data' of the sum the sinks kept
  * pending (without accumulation), or a local slice of the already reduced
- * sum (with accumulation, whose carry MaxText keeps in the parameters' layout). */
+ * sum (with accumulation, whose carry MaxText keeps in the parameters'
+ * layout).  The working parameters and the per-layer sums are dead from here
+ * to the next step and are released. */
+/* Releases the working parameters (and the gradient sinks: with_grads). */
+static void zero1_release(model_dev *md, bool with_grads)
+{
+    for (int i = 0; i < md->def->nparams; i++)
+        for (int l = 0; l < md->p[i].n_layers; l++) {
+            mesh_array_free(md->ctx.dev, &md->p[i].w[l]);
+            if (with_grads) mesh_array_free(md->ctx.dev, &md->p[i].g[l]);
+        }
+    md->zero1_released = true;
+}
+
 static sim_status zero1_reduce_grads(model_dev *md)
 {
     const model_def *def = md->def;
     sim_device *dev = md->ctx.dev;
+    zero1_release(md, false);
     for (int i = 0; i < def->nparams; i++) {
         model_param *p = &md->p[i], *z = &md->z[i];
         char tag[SIM_TAG_MAX];
@@ -175,11 +214,13 @@ static sim_status zero1_reduce_grads(model_dev *md)
         z->g = calloc(1, sizeof(mesh_array));
         SIM_ASSERT(z->g);
         SIM_TRY(model_param_stack(dev, &def->mesh, p, p->g, tag, SIM_MEM_GRADS, z->g));
+        for (int l = 0; l < p->n_layers; l++) mesh_array_free(dev, &p->g[l]);
         SIM_TRY(mesh_reshard(dev, &def->mesh, z->g, &z->spec, sim_meta_tag(tag)));
     }
     return SIM_OK;
 }
 
+/* After the update: the optimizer-layout gradients go. */
 static void zero1_free_grads(model_dev *md)
 {
     for (int i = 0; i < md->def->nparams; i++) {
@@ -315,7 +356,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     double norm;
     SIM_TRY(model_grad_global_norm(dev, &def->mesh, opt, def->nparams, &norm));
     SIM_TRY(model_adamw_update(dev, &job->opt, opt, def->nparams, s, norm));
-    zero1_free_grads(md);
+    if (md->zero1) zero1_free_grads(md);
     SIM_TRY(sim_device_barrier(dev));
     if (id == 0) {
         model_step_stats *ss = &job->stats[s];
@@ -357,6 +398,8 @@ static sim_status train_device(sim_device *dev, void *arg)
     if (st == SIM_OK && job->load_path && *job->load_path)
         st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams, false,
                                    &loaded_step);
+    /* ZeRO-1 holds only the optimizer-layout state between steps (the first step gathers too) */
+    if (st == SIM_OK && md.zero1) zero1_release(&md, true);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;
     /* ZeRO-1 saves (and loads) its stored state: the same tensors, written from the optimizer layout */
     model_param *state = md.zero1 ? md.z : md.p;

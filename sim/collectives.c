@@ -179,6 +179,7 @@ static void copy_piece(char *dst, const char *src, size_t piece, size_t k, size_
 
 typedef struct {
     uint64_t sent, recv, elements;
+    uint64_t sent_dcn; /* of sent, to other slices */
 } byte_count;
 
 static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, bool implicit, uint64_t t0)
@@ -201,6 +202,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
     r->dtype = c->dt;
     r->elements = bc.elements;
     r->bytes_sent = bc.sent;
+    r->bytes_sent_dcn = bc.sent_dcn;
     r->bytes_recv = bc.recv;
     r->implicit = implicit;
     snprintf(r->tag, sizeof r->tag, "%s", tag_or_dash(c->tag));
@@ -224,11 +226,50 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
     }
 }
 
+/* Whether group member q lies in another slice than this device. */
+static bool cross_slice(const sim_device *d, sim_axes axes, int q)
+{
+    const sim_mesh_desc *m = &d->m->mesh;
+    return sim_mesh_slice(m, sim_device_group_member(d, axes, q)) != sim_mesh_slice(m, d->id);
+}
+
+/* Of the bytes this device sends, those to other slices: each op sends a
+ * known amount to each peer (all-gather: its block; reduce-scatter and
+ * all-to-all: the peer's block; all-reduce: the peer's chunk, then its own
+ * reduced chunk; ppermute: all to one peer; ragged: per-peer counts). */
+static uint64_t count_dcn_bytes(const sim_device *d, const sim_call *c, int k, int r)
+{
+    bool multi = false;
+    for (int a = 0; a < d->m->mesh.naxes; a++) multi |= d->m->mesh.dcn[a] > 1;
+    if (!multi) return 0;
+    size_t es = sim_dtype_size(c->dt);
+    uint64_t b = 0;
+    for (int q = 0; q < k; q++) {
+        if (q == r || !cross_slice(d, c->axes, q)) continue;
+        switch (c->op) {
+        case SIM_OP_ALL_GATHER: b += (uint64_t)c->p[0] * c->p[1] * es; break;
+        case SIM_OP_REDUCE_SCATTER:
+        case SIM_OP_ALL_TO_ALL: b += (uint64_t)c->p[0] * c->p[1] * es; break;
+        case SIM_OP_ALL_REDUCE: {
+            size_t n = c->p[0];
+            size_t cq = (size_t)(q + 1) * n / (size_t)k - (size_t)q * n / (size_t)k;
+            size_t cr = (size_t)(r + 1) * n / (size_t)k - (size_t)r * n / (size_t)k;
+            b += (uint64_t)(cq + cr) * es;
+            break;
+        }
+        case SIM_OP_PPERMUTE: b += c->perm[r] == q ? (uint64_t)c->p[0] * es : 0; break;
+        case SIM_OP_RAGGED_ALL_TO_ALL: b += (uint64_t)c->send_cnt[q] * es; break;
+        default: SIM_ASSERT(!"bad op");
+        }
+    }
+    return b;
+}
+
 /* Bytes this device sends and receives, by the formulas in the header. */
 static byte_count count_bytes(const sim_device *d, const sim_call *c, int k, int r)
 {
     size_t es = sim_dtype_size(c->dt);
-    byte_count bc = {0, 0, 0};
+    byte_count bc = {0, 0, 0, 0};
     switch (c->op) {
     case SIM_OP_ALL_GATHER:
         bc.elements = c->p[0] * c->p[1];
@@ -267,7 +308,7 @@ static byte_count count_bytes(const sim_device *d, const sim_call *c, int k, int
         break;
     default: SIM_ASSERT(!"bad op");
     }
-    (void)d;
+    bc.sent_dcn = count_dcn_bytes(d, c, k, r);
     return bc;
 }
 

@@ -56,6 +56,7 @@ typedef struct {
     sim_dtype dtype;
     uint64_t elements;        /* local input elements */
     uint64_t bytes_sent;      /* by this device to other devices */
+    uint64_t bytes_sent_dcn;  /* of bytes_sent, to devices in other slices (DCN; the rest is ICI) */
     uint64_t bytes_recv;      /* by this device from other devices */
     bool implicit;            /* inserted by the planner */
     char tag[SIM_TAG_MAX];    /* layer/op that caused it */

@@ -24,6 +24,15 @@ static void tune_host_malloc_once(void)
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+int sim_mesh_slice(const sim_mesh_desc *m, int id)
+{
+    int coords[SIM_MAX_AXES], slice = 0;
+    sim_mesh_coords(m, id, coords);
+    for (int a = 0; a < m->naxes; a++)
+        if (m->dcn[a] > 1) slice = slice * m->dcn[a] + coords[a] / (m->sizes[a] / m->dcn[a]);
+    return slice;
+}
+
 sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes, sim_mesh_desc *out)
 {
     memset(out, 0, sizeof *out);
@@ -40,9 +49,15 @@ sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes,
             if (!strcmp(names[i], names[j]))
                 return sim_err(SIM_ERR_INPUT, "mesh axis '%s' appears twice", names[i]);
         total *= sizes[i];
-        if (total > SIM_MAX_DEVICES)
-            return sim_err(SIM_ERR_INPUT, "the mesh has more than %d devices; shardsim simulates 1 to %d",
-                           SIM_MAX_DEVICES, SIM_MAX_DEVICES);
+        if (total > SIM_MAX_DEVICES) {
+            /* name the axes and sizes, so the user sees which flag to lower */
+            char what[512];
+            size_t k = 0;
+            for (int j = 0; j <= i && k < sizeof what; j++)
+                k += (size_t)snprintf(what + k, sizeof what - k, "%s%s=%d", j ? " x " : "", names[j], sizes[j]);
+            return sim_err(SIM_ERR_INPUT, "the mesh %s has more than %d devices; shardsim simulates 1 to %d: lower "
+                           "the parallelism flags of these axes", what, SIM_MAX_DEVICES, SIM_MAX_DEVICES);
+        }
         snprintf(out->names[i], SIM_AXIS_NAME_MAX, "%s", names[i]);
         out->sizes[i] = sizes[i];
     }
@@ -137,6 +152,12 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     const char *names[SIM_MAX_AXES];
     for (int i = 0; i < mesh->naxes && i < SIM_MAX_AXES; i++) names[i] = mesh->names[i];
     SIM_TRY(sim_mesh_desc_make(mesh->naxes, names, mesh->sizes, &check));
+    for (int i = 0; i < mesh->naxes; i++) {
+        if (mesh->dcn[i] > 1 && mesh->sizes[i] % mesh->dcn[i])
+            return sim_err(SIM_ERR_INPUT, "mesh axis '%s': %d slices do not divide its %d devices", mesh->names[i],
+                           mesh->dcn[i], mesh->sizes[i]);
+        check.dcn[i] = mesh->dcn[i];
+    }
 
     sim_machine *m = calloc(1, sizeof *m);
     SIM_ASSERT(m);
@@ -156,7 +177,8 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
         char c[160];
         snprintf(d->label, sizeof d->label, "device %d %s", i, sim_mesh_coord_label(&m->mesh, i, c, sizeof c));
         d->arena = sim_arena_new(d->label, m->opts.capacity_bytes, m->opts.dry_run);
-        pthread_cond_init(&d->cv, NULL);
+        sem_init(&d->wake, 0, 0);
+        atomic_init(&d->released, false);
     }
     m->blas_threads = sim_topology_blas_threads(m->n);
     openblas_set_num_threads(m->blas_threads);
@@ -189,7 +211,7 @@ void sim_machine_free(sim_machine *m)
     for (int i = 0; i < m->n; i++) {
         sim_device *d = &m->dev[i];
         sim_arena_free_all(d->arena);
-        pthread_cond_destroy(&d->cv);
+        sem_destroy(&d->wake);
         free(d->rec);
         free(d->spans);
     }
@@ -316,7 +338,7 @@ int sim_group_slot(const sim_group *g, const sim_device *d)
 
 static void wake_all_locked(sim_machine *m)
 {
-    for (int i = 0; i < m->n; i++) pthread_cond_signal(&m->dev[i].cv);
+    for (int i = 0; i < m->n; i++) sem_post(&m->dev[i].wake);
 }
 
 static void fail_locked(sim_machine *m, sim_status st, const char *msg)
@@ -406,15 +428,19 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
         }
         g->arrived = 0;
         g->gen++;
+        int nrel = 0, rel[SIM_MAX_DEVICES];
         for (int j = 0; j < g->k; j++) {
             sim_device *p = &m->dev[g->members[j]];
             if (p == d || !p->waiting) continue;
             SIM_ASSERT(p->wait_group == g);
             p->waiting = false;
             m->n_blocked--;
-            pthread_cond_signal(&p->cv);
+            atomic_store(&p->released, true);
+            rel[nrel++] = g->members[j];
         }
         pthread_mutex_unlock(&m->lock);
+        /* posted after unlocking: the woken devices never wait for this lock */
+        for (int j = 0; j < nrel; j++) sem_post(&m->dev[rel[j]].wake);
         return SIM_OK;
     }
     d->waiting = true;
@@ -423,7 +449,23 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
     d->wait_kind = kind;
     m->n_blocked++;
     if (m->n_blocked == m->n_alive) deadlock_locked(m);
-    while (d->waiting && (must_finish || !m->failed)) pthread_cond_wait(&d->cv, &m->lock);
+    bool failed = m->failed && !must_finish;
+    pthread_mutex_unlock(&m->lock);
+    while (!failed) {
+        while (sem_wait(&d->wake) != 0) continue; /* EINTR */
+        if (atomic_exchange(&d->released, false)) return SIM_OK;
+        /* a failure's post, or a stale post from an earlier wake-up */
+        pthread_mutex_lock(&m->lock);
+        bool released = !d->waiting;
+        failed = d->waiting && m->failed && !must_finish;
+        pthread_mutex_unlock(&m->lock);
+        if (released) {
+            /* released, and its flag already seen or about to be: consume it */
+            while (!atomic_exchange(&d->released, false)) sched_yield();
+            return SIM_OK;
+        }
+    }
+    pthread_mutex_lock(&m->lock);
     if (d->waiting) { /* woken by a failure */
         d->waiting = false;
         m->n_blocked--;
@@ -433,6 +475,8 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
         return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
     }
     pthread_mutex_unlock(&m->lock);
+    /* released between the failure check and the lock: a normal return */
+    while (!atomic_exchange(&d->released, false)) sched_yield();
     return SIM_OK;
 }
 

@@ -23,6 +23,8 @@ typedef struct {
     int naxes;                                   /* 1..SIM_MAX_AXES */
     char names[SIM_MAX_AXES][SIM_AXIS_NAME_MAX]; /* axis names ("data", "fsdp", ...) */
     int sizes[SIM_MAX_AXES];                     /* devices along each axis, >= 1 */
+    int dcn[SIM_MAX_AXES];                       /* slice factor of each axis (the outer part of a
+                                                    coordinate, MaxText's dcn_*); 0 or 1: one slice */
 } sim_mesh_desc;
 
 typedef struct {
@@ -42,6 +44,9 @@ void sim_mesh_coords(const sim_mesh_desc *m, int id, int *coords);
 int sim_mesh_device_id(const sim_mesh_desc *m, const int *coords);
 /* Product of the sizes of the listed axes (1 for none). */
 int sim_mesh_group_size(const sim_mesh_desc *m, sim_axes axes);
+/* The slice a device lies in (mixed radix of the outer, dcn part of its
+ * coordinates); 0 for every device of a single-slice mesh. */
+int sim_mesh_slice(const sim_mesh_desc *m, int id);
 /* "(data=1, fsdp=0)": the axes of size > 1 ("(single device)" when none) */
 const char *sim_mesh_coord_label(const sim_mesh_desc *m, int id, char *buf, size_t cap);
 /* "(data, fsdp)" */

@@ -3,14 +3,22 @@
  *
  * Synchronisation: one machine-wide mutex guards every group's rendezvous
  * state and the alive/blocked counters; each device sleeps on its own
- * condition variable.  A device that arrives last at a rendezvous releases
- * the others itself (clearing their `waiting` flags under the lock), so
+ * semaphore, outside the lock.  A device that arrives last at a rendezvous
+ * releases the others itself (clearing their `waiting` flags under the lock,
+ * setting their `released` flags, then posting their semaphores after
+ * unlocking), so a released device resumes without taking the lock again:
+ * with hundreds of device threads on a few cores, re-taking one mutex on
+ * every wake-up was most of a dry run's time.  A failure posts every
+ * device's semaphore without `released`; a woken device that finds its flag
+ * unset looks at the machine under the lock (failure or spurious post).  So
  * `n_blocked == n_alive` can only hold when no device can ever move again:
  * that is the deadlock test, exact and immediate. */
 #ifndef SIM_MACHINE_PRIV_H
 #define SIM_MACHINE_PRIV_H
 
 #include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
 
 #include "sim/collectives.h"
 #include "sim/machine.h"
@@ -60,7 +68,8 @@ struct sim_device {
     sim_phase phase;
     int step;
     /* rendezvous state (guarded by m->lock) */
-    pthread_cond_t cv;
+    sem_t wake;            /* posted to wake the device (not guarded: see above) */
+    atomic_bool released;  /* set with the post of a normal release */
     bool waiting;
     bool finished;
     sim_group *wait_group;

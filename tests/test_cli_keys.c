@@ -305,10 +305,316 @@ static void test_every_key_passes_its_class_check(void **state)
     if (failures) fail_msg("%d keys fail their class check (listed above)", failures);
 }
 
+
+/* ---- run.json, messages, MaxText habits ------------------------------------ */
+
+#define TINY "base_num_decoder_layers=1", "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", \
+             "head_dim=8", "base_mlp_dim=32", "vocab_size=64", "max_target_length=16", "per_device_batch_size=1"
+
+static mesh_json *read_json(const char *dir, const char *name)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    mesh_json *j = NULL;
+    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("%s: %s", path, sim_errmsg());
+    return j;
+}
+
+static void rm_tree(const char *dir)
+{
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) print_message("could not remove %s\n", dir);
+}
+
+static void test_run_json_lists_inert_keys_set(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_keys_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    /* two inert keys set, one inert key given at its default (not listed) */
+    const char *argv[] = {TINY, "steps=1", "profiler=xplane", "enable_goodput_recording=true", "jax_cache_dir=~/jax_cache",
+                          od};
+    cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    cli_capture_free(&r);
+    mesh_json *run = read_json(dir, "run.json");
+    const mesh_json *inert = mesh_json_get(run, "inert_keys_set");
+    assert_non_null(inert);
+    assert_int_equal(inert->n, 2);
+    const mesh_json *p = mesh_json_get(inert, "profiler");
+    assert_non_null(p);
+    assert_string_equal(mesh_json_get(p, "value")->str, "xplane");
+    assert_string_equal(mesh_json_get(p, "source")->str, "command line");
+    assert_non_null(strstr(mesh_json_get(p, "why")->str, "profiler"));
+    assert_non_null(mesh_json_get(inert, "enable_goodput_recording"));
+    assert_null(mesh_json_get(inert, "jax_cache_dir"));
+    mesh_json_free(run);
+    rm_tree(dir);
+}
+
+static void test_unknown_and_refused_keys(void **state)
+{
+    (void)state;
+    /* a typo: the suggestion comes from all keys, MaxText's included */
+    const char *a1[] = {TINY, "profiler_step=3"};
+    cli_capture r = cli_capture_run(cli_train, 10, a1);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "unknown key 'profiler_step'"));
+    assert_non_null(strstr(r.err, "did you mean 'profiler_steps'?"));
+    cli_capture_free(&r);
+    /* a MaxText key shardsim refuses: it says so, with no neighbour suggested */
+    const char *a2[] = {TINY, "use_dpo=true"};
+    r = cli_capture_run(cli_train, 10, a2);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "use_dpo=true is refused"));
+    assert_non_null(strstr(r.err, "DPO"));
+    assert_null(strstr(r.err, "did you mean"));
+    cli_capture_free(&r);
+    /* a value MaxText itself does not accept */
+    const char *a3[] = {TINY, "profiler=perfetto"};
+    r = cli_capture_run(cli_train, 10, a3);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "profiler=perfetto is not a value MaxText accepts"));
+    cli_capture_free(&r);
+    /* a value of an honoured key outside what is simulated */
+    const char *a4[] = {TINY, "opt_type=adam_pax"};
+    r = cli_capture_run(cli_train, 10, a4);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "opt_type=adam_pax is refused"));
+    cli_capture_free(&r);
+    /* MaxText's type: an int key given a fraction */
+    const char *a5[] = {TINY, "steps=1.5"};
+    r = cli_capture_run(cli_train, 10, a5);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "steps"));
+    cli_capture_free(&r);
+}
+
+static void test_maxtext_outputs(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_keys_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char bo[300], mf[300];
+    snprintf(bo, sizeof bo, "base_output_directory=%s", dir);
+    snprintf(mf, sizeof mf, "metrics_file=%s/m.jsonl", dir);
+    const char *argv[] = {TINY, "steps=3", bo, "run_name=r7", mf, "checkpoint_period=2"};
+    cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    cli_capture_free(&r);
+    /* MaxText's layout: base_output_directory/run_name, checkpoints/ under it
+     * (enable_checkpointing defaults to true) */
+    char p[700];
+    snprintf(p, sizeof p, "%s/r7/run.json", dir);
+    assert_int_equal(access(p, R_OK), 0);
+    snprintf(p, sizeof p, "%s/r7/checkpoints/step_2.safetensors", dir);
+    assert_int_equal(access(p, R_OK), 0);
+    /* metrics_file: one JSON object per step with MaxText's names */
+    snprintf(p, sizeof p, "%s/m.jsonl", dir);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        mesh_json *j = NULL;
+        if (mesh_json_parse(line, strlen(line), "metrics_file", &j) != SIM_OK) fail_msg("metrics line %d: %s", n, sim_errmsg());
+        assert_true(mesh_json_get(j, "step")->number == (double)n);
+        assert_string_equal(mesh_json_get(j, "run_name")->str, "r7");
+        double loss = mesh_json_get(j, "learning/loss")->number;
+        assert_true(loss > 0 && isfinite(loss));
+        assert_non_null(mesh_json_get(j, "learning/grad_norm"));
+        mesh_json_free(j);
+        n++;
+    }
+    fclose(f);
+    assert_int_equal(n, 3);
+    rm_tree(dir);
+    /* enable_checkpointing=false writes none; with checkpoint_dir it is a contradiction */
+    assert_non_null(mkdtemp(strcpy(dir, "/tmp/shardsim_keys_XXXXXX")));
+    snprintf(bo, sizeof bo, "base_output_directory=%s", dir);
+    const char *a2[] = {TINY, "steps=2", bo, "run_name=r8", "checkpoint_period=1", "enable_checkpointing=false"};
+    r = cli_capture_run(cli_train, (int)(sizeof a2 / sizeof a2[0]), a2);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    cli_capture_free(&r);
+    snprintf(p, sizeof p, "%s/r8/checkpoints", dir);
+    assert_int_not_equal(access(p, F_OK), 0);
+    const char *a3[] = {TINY, "steps=1", "checkpoint_dir=/tmp/x", "enable_checkpointing=false"};
+    r = cli_capture_run(cli_train, (int)(sizeof a3 / sizeof a3[0]), a3);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "enable_checkpointing=false"));
+    cli_capture_free(&r);
+    /* metrics_file on a dry run: no losses to write, said so */
+    const char *a4[] = {TINY, "dry_run=true", "metrics_file=/tmp/never.jsonl"};
+    r = cli_capture_run(cli_train, (int)(sizeof a4 / sizeof a4[0]), a4);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "metrics_file"));
+    cli_capture_free(&r);
+    rm_tree(dir);
+}
+
+static void test_compile_topology(void **state)
+{
+    (void)state;
+    /* v5p-8 has 4 devices per slice (MaxText's table): 2 slices -> 8 devices, a dry run */
+    const char *w1[] = {TINY, "compile_topology=v5p-8", "compile_topology_num_slices=2"};
+    mesh_cfg *cfg = NULL;
+    if (mesh_cfg_load_argv(cli_base_config(), 11, w1, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    long long nd = 0, ns = 0;
+    int dry = 0;
+    assert_int_equal(mesh_cfg_get_int(cfg, "num_devices", &nd), SIM_OK);
+    assert_int_equal(mesh_cfg_get_int(cfg, "num_slices", &ns), SIM_OK);
+    assert_int_equal(mesh_cfg_get_bool(cfg, "dry_run", &dry), SIM_OK);
+    assert_int_equal(nd, 8);
+    assert_int_equal(ns, 2);
+    assert_true(dry);
+    mesh_cfg_free(cfg);
+    /* a train_compile command line sizes the model */
+    const char *w2[] = {TINY, "compile_topology=v5e-16", "compile_topology_num_slices=1", "ici_tensor_parallelism=2"};
+    cli_capture r = cli_capture_run(cli_train, 12, w2);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "fsdp=8 tensor=2"));
+    cli_capture_free(&r);
+    /* as MaxText's train_compile: the slice count must be given */
+    const char *w3[] = {TINY, "compile_topology=v5p-8"};
+    r = cli_capture_run(cli_train, 10, w3);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "compile_topology_num_slices"));
+    cli_capture_free(&r);
+    const char *w4[] = {TINY, "compile_topology=v5p-9", "compile_topology_num_slices=1"};
+    r = cli_capture_run(cli_train, 11, w4);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "did you mean 'v5p-8'"));
+    cli_capture_free(&r);
+    const char *w5[] = {TINY, "compile_topology=v5p-8", "compile_topology_num_slices=1", "num_devices=8"};
+    r = cli_capture_run(cli_train, 12, w5);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "num_devices=8"));
+    cli_capture_free(&r);
+}
+
+/* MaxText's own files, unmodified, as arguments (copies in tests/data). */
+static void test_maxtext_files_as_arguments(void **state)
+{
+    (void)state;
+    char base[4200], model[4300], custom[4300], old[4200];
+    snprintf(base, sizeof base, "%s/../tests/data/maxtext-0.2.5/configs/base.yml", cli_configs_dir());
+    snprintf(model, sizeof model, "%s/../tests/data/maxtext-0.2.5/configs/models/llama2-7b.yml", cli_configs_dir());
+    snprintf(custom, sizeof custom, "custom_mesh_and_rule=%s/../tests/data/maxtext-0.2.5/configs/custom_mesh_and_rule/ep-as-cp.yml",
+             cli_configs_dir());
+    snprintf(old, sizeof old, "%s/../tests/data/maxtext/configs/base.yml", cli_configs_dir());
+    /* base.yml is MaxText's config file: the model file (found beside it) overrides it */
+    const char *w1[] = {base, "run_name=x", "model_name=llama2-7b", "dry_run=true", "ici_fsdp_parallelism=8",
+                        "per_device_batch_size=1"};
+    cli_capture r = cli_capture_run(cli_train, 6, w1);
+    if (r.rc) fail_msg("MaxText base.yml + model_name: %s", r.err);
+    assert_non_null(strstr(r.out, "emb 4096, heads 32 (kv 32) x 128, mlp 11008, layers 32, vocab 32000"));
+    cli_capture_free(&r);
+    /* a model file and a custom mesh-and-rule file as arguments */
+    const char *w2[] = {base, model, custom, "run_name=x", "dry_run=true", "num_devices=8", "ici_expert_parallelism=2",
+                        "per_device_batch_size=1"};
+    r = cli_capture_run(cli_train, 8, w2);
+    if (r.rc) fail_msg("MaxText model + custom file: %s", r.err);
+    assert_non_null(strstr(r.out, "expert=2"));
+    cli_capture_free(&r);
+    /* the older reference base.yml (e591f30c) uses dataset_type=tfds: refused, named */
+    const char *w3[] = {old, "run_name=x", "dry_run=true"};
+    r = cli_capture_run(cli_train, 3, w3);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "dataset_type=tfds is refused"));
+    cli_capture_free(&r);
+    const char *w4[] = {old, "run_name=x", "dry_run=true", "dataset_type=synthetic"};
+    r = cli_capture_run(cli_train, 4, w4);
+    if (r.rc) fail_msg("e591f30c base.yml: %s", r.err);
+    cli_capture_free(&r);
+}
+
+static void test_keys_command(void **state)
+{
+    (void)state;
+    const char *a1[] = {"ici_fsdp_parallelism"};
+    cli_capture r = cli_capture_run(cli_keys, 1, a1);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "ici_fsdp_parallelism"));
+    assert_non_null(strstr(r.out, "honoured"));
+    assert_non_null(strstr(r.out, "1 key: 1 honoured, 0 inert, 0 refused"));
+    cli_capture_free(&r);
+    const char *a2[] = {"class=refused"};
+    r = cli_capture_run(cli_keys, 1, a2);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "use_dpo"));
+    assert_null(strstr(r.out, " inert "));
+    cli_capture_free(&r);
+    const char *a3[] = {"no_such_key_anywhere"};
+    r = cli_capture_run(cli_keys, 1, a3);
+    assert_int_equal(r.rc, 2);
+    cli_capture_free(&r);
+    /* every MaxText key of both base.yml files is known (the union: 789) */
+    mesh_cfg *cfg = NULL, *mt = NULL, *old = NULL;
+    char p1[4200], p2[4200];
+    snprintf(p1, sizeof p1, "%s/../tests/data/maxtext-0.2.5/configs/base.yml", cli_configs_dir());
+    snprintf(p2, sizeof p2, "%s/../tests/data/maxtext/configs/base.yml", cli_configs_dir());
+    if (mesh_cfg_load_argv(cli_base_config(), 0, NULL, &cfg) || mesh_cfg_load_file(p1, &mt) || mesh_cfg_load_file(p2, &old))
+        fail_msg("%s", sim_errmsg());
+    int union_n = mt->n;
+    for (int i = 0; i < mt->n; i++) assert_non_null(mesh_cfg_find(cfg, mt->entries[i].key));
+    for (int i = 0; i < old->n; i++) {
+        assert_non_null(mesh_cfg_find(cfg, old->entries[i].key));
+        union_n += mesh_cfg_find(mt, old->entries[i].key) == NULL;
+    }
+    assert_int_equal(mt->n, 786);
+    assert_int_equal(old->n, 696);
+    assert_int_equal(union_n, 789);
+    mesh_cfg_free(cfg);
+    mesh_cfg_free(mt);
+    mesh_cfg_free(old);
+}
+
+/* MaxText's combination checks (types.py), with its conditions. */
+static void test_maxtext_combination_rules(void **state)
+{
+    (void)state;
+    struct {
+        const char *words[4];
+        int n;
+        const char *needle; /* NULL: accepted */
+    } cases[] = {
+        {{"num_experts=4"}, 1, "base_moe_mlp_dim > 0"},
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=32"}, 4,
+         "fully MoE"},
+        /* with a dense layer first, the widths may differ */
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=1", "base_mlp_dim=32"}, 4, NULL},
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=64"}, 4, NULL},
+        {{"context_sharding=tensor"}, 1, "context_sharding=tensor"},
+        {{"context_sharding=expert"}, 1, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mesh_cfg *cfg = NULL;
+        sim_status st = mesh_cfg_load_argv(cli_base_config(), cases[i].n, cases[i].words, &cfg);
+        if (!cases[i].needle) {
+            if (st) fail_msg("case %zu rejected: %s", i, sim_errmsg());
+        } else {
+            assert_int_equal(st, SIM_ERR_INPUT);
+            if (!strstr(sim_errmsg(), cases[i].needle)) fail_msg("case %zu: '%s' not in: %s", i, cases[i].needle, sim_errmsg());
+            sim_err_clear();
+        }
+        mesh_cfg_free(cfg);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_key_passes_its_class_check),
+        cmocka_unit_test(test_run_json_lists_inert_keys_set),
+        cmocka_unit_test(test_unknown_and_refused_keys),
+        cmocka_unit_test(test_maxtext_outputs),
+        cmocka_unit_test(test_compile_topology),
+        cmocka_unit_test(test_maxtext_files_as_arguments),
+        cmocka_unit_test(test_keys_command),
+        cmocka_unit_test(test_maxtext_combination_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -349,12 +349,13 @@ static void test_csv_files(void **state)
     snprintf(p, sizeof p, "%s/collectives.csv", sub);
     char *csv = read_all(p, NULL);
     assert_int_equal(count_lines(csv), 1 + NDEV * RECS_PER_DEV);
-    const char *hdr = "device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind\n";
+    const char *hdr =
+        "device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind,bytes_sent_dcn\n";
     assert_true(!strncmp(csv, hdr, strlen(hdr)));
     /* device 0's first call: all-gather of 16 floats over fsdp (k=4): 3*64 bytes */
-    assert_contains(csv, "\n0,1,forward,layer_0/mlp/wi_0,all-gather,fsdp,4,float32,16,192,192,explicit\n");
+    assert_contains(csv, "\n0,1,forward,layer_0/mlp/wi_0,all-gather,fsdp,4,float32,16,192,192,explicit,0\n");
     assert_contains(csv, ",all-reduce,data+fsdp,8,float32,32,");
-    assert_contains(csv, "moe/dispatch,all-to-all,fsdp,4,float32,32,96,96,implicit\n");
+    assert_contains(csv, "moe/dispatch,all-to-all,fsdp,4,float32,32,96,96,implicit,0\n");
     assert_contains(csv, ",\"pipeline/shift,\"\"odd\"\"\",ppermute,");
     free(csv);
 
@@ -369,7 +370,8 @@ static void test_csv_files(void **state)
     snprintf(p, sizeof p, "%s/traffic.csv", sub);
     csv = read_all(p, NULL);
     assert_int_equal(count_lines(csv), 1 + t.n_rows); /* a header and the rows: no total row */
-    assert_contains(csv, "op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,bytes_total,share\n");
+    assert_contains(csv, "op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,"
+                         "bytes_total,share,bytes_per_device_dcn_mean\n");
     assert_null(strstr(csv, "\ntotal,"));
     /* the rows' bytes_total column sums to every byte recorded */
     uint64_t sum = 0;

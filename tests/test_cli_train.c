@@ -154,6 +154,33 @@ static void test_artifact_limits(void **state)
     assert_int_equal(system(path), 0);
 }
 
+/* On two slices (data across them, fsdp within), the traffic table splits
+ * off what crosses slices: all of data's all-reduce, none of fsdp's gathers. */
+static void test_dcn_traffic(void **state)
+{
+    (void)state;
+    const char *argv[] = {SMALL, "per_device_batch_size=1", "dcn_data_parallelism=2", "num_slices=2",
+                          "ici_fsdp_parallelism=2", "steps=1"};
+    result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "dcn/device"));
+    const char *ar = strstr(r.out, "\nall-reduce         data       backward"), *ag = strstr(r.out, "\nall-gather         fsdp       forward");
+    assert_non_null(ar);
+    assert_non_null(ag);
+    /* columns: op axes phase calls mean max dcn share; compare mean and dcn as printed */
+    char op[32], axes[32], phase[32], mean[16], mean_u[8], max[16], dcn[16], dcn_u[8];
+    int calls;
+    assert_int_equal(sscanf(ar + 1, "%31s %31s %31s %d %15s %7s %15s %15s %7s", op, axes, phase, &calls, mean, mean_u,
+                            max, dcn, dcn_u), 9);
+    assert_string_equal(mean, dcn); /* every byte of the data all-reduce crosses slices */
+    assert_string_equal(mean_u, dcn_u);
+    assert_int_equal(sscanf(ag + 1, "%31s %31s %31s %d %15s %7s %15s %15s %7s", op, axes, phase, &calls, mean, mean_u,
+                            max, dcn, dcn_u), 9);
+    assert_string_equal(dcn, "0"); /* fsdp stays within a slice */
+    assert_string_equal(dcn_u, "B");
+    done(&r);
+}
+
 /* With no arguments, train runs the built-in small model (configs/small.yml:
  * emb 128, 2 layers, vocab 256, 20 steps) instead of MaxText's 1 B default. */
 static void test_train_without_arguments(void **state)
@@ -216,6 +243,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_artifacts),
         cmocka_unit_test(test_artifact_limits),
+        cmocka_unit_test(test_dcn_traffic),
         cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
         cmocka_unit_test(test_parity_exit_codes),

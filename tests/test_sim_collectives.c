@@ -546,6 +546,70 @@ static void test_all_reduce_deterministic_and_dry(void **state)
     sim_machine_free(m);
 }
 
+/* ------------------------------------------------------------ slices */
+
+/* Mesh (x=4, y=2) on two slices: x = dcn 2 x ici 2, so devices with x in
+ * {0,1} form slice 0 and x in {2,3} slice 1; y stays inside a slice. */
+typedef struct {
+    sim_record rec[8][5];
+} dcn_case;
+
+static sim_status dcn_device(sim_device *d, void *arg)
+{
+    dcn_case *dc = arg;
+    int id = sim_device_id(d);
+    float x[32] = {0}, y[256];
+    sim_axes both = sim_axes_2(0, 1), xs = sim_axes_1(0), ys = sim_axes_1(1);
+    int perm[4] = {2, 3, 0, 1}; /* x -> x+2 mod 4: every pair crosses slices */
+    SIM_TRY(sim_all_gather(d, x, y, 8, SIM_F32, both, sim_meta_tag("ag")));
+    SIM_TRY(sim_all_reduce(d, x, y, 32, SIM_F32, xs, sim_meta_tag("ar")));
+    SIM_TRY(sim_reduce_scatter(d, x, y, 16, SIM_F32, ys, sim_meta_tag("rs")));
+    SIM_TRY(sim_ppermute(d, x, y, 8, perm, SIM_F32, xs, sim_meta_tag("pp")));
+    SIM_TRY(sim_all_to_all(d, x, y, 32, SIM_F32, xs, sim_meta_tag("a2a")));
+    size_t nr;
+    const sim_record *r = sim_device_records(d, &nr);
+    for (size_t i = 0; i < 5 && i < nr; i++) dc->rec[id][i] = r[i];
+    return SIM_OK;
+}
+
+static void test_dcn_bytes(void **state)
+{
+    (void)state;
+    static const char *names[] = {"x", "y"};
+    int sizes[] = {4, 2};
+    sim_mesh_desc md;
+    assert_int_equal(sim_mesh_desc_make(2, names, sizes, &md), SIM_OK);
+    md.dcn[0] = 2;
+    for (int id = 0; id < 8; id++) assert_int_equal(sim_mesh_slice(&md, id), id / 4); /* x = id / 2 */
+    sim_machine_opts o = {0};
+    o.quiet = true;
+    sim_machine *m = NULL;
+    assert_int_equal(sim_machine_new(&md, &o, &m), SIM_OK);
+    dcn_case *dc = calloc(1, sizeof *dc);
+    assert_int_equal(sim_machine_run(m, dcn_device, dc), SIM_OK);
+    for (int id = 0; id < 8; id++) {
+        const sim_record *r = dc->rec[id];
+        /* all-gather over (x, y), 8 peers: 7 blocks of 32 B sent, 4 of them to the other slice */
+        assert_int_equal(r[0].bytes_sent, 7 * 32);
+        assert_int_equal(r[0].bytes_sent_dcn, 4 * 32);
+        /* all-reduce over x (k=4, 32 floats, chunks of 8): to each peer its chunk and my reduced chunk,
+         * 2 x 32 B; 2 of the 3 peers are in the other slice */
+        assert_int_equal(r[1].bytes_sent, 3 * 64);
+        assert_int_equal(r[1].bytes_sent_dcn, 2 * 64);
+        /* reduce-scatter over y: within a slice */
+        assert_int_equal(r[2].bytes_sent, 32);
+        assert_int_equal(r[2].bytes_sent_dcn, 0);
+        /* ppermute x -> x+2: all of it crosses */
+        assert_int_equal(r[3].bytes_sent, 32);
+        assert_int_equal(r[3].bytes_sent_dcn, 32);
+        /* all-to-all over x, 32 floats: 8 floats to each of 3 peers, 2 across */
+        assert_int_equal(r[4].bytes_sent, 3 * 32);
+        assert_int_equal(r[4].bytes_sent_dcn, 2 * 32);
+    }
+    free(dc);
+    sim_machine_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +617,7 @@ int main(void)
         cmocka_unit_test(test_strided_layouts),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_all_reduce_deterministic_and_dry),
+        cmocka_unit_test(test_dcn_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
