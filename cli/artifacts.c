@@ -341,7 +341,8 @@ static sim_status write_metrics(FILE *f, void *arg)
         jw_key(&w, "time_s");
         jw_double(&w, s->time_s);
         jw_key(&w, "tokens_per_s");
-        jw_double(&w, s->tokens_per_s);
+        if (s->dry) jw_null(&w); /* a dry run computes nothing */
+        else jw_double(&w, s->tokens_per_s);
         jw_key(&w, "peak_bytes");
         jw_u64(&w, s->peak_bytes);
         jw_obj_end(&w);
@@ -605,6 +606,7 @@ typedef struct {
     char key[KEY_CAP];
     const cli_dump_param *p;  /* NULL: rank-0 leaf (.step, .count) */
     int opt;                  /* an Adam moment: uses opt_spec when given */
+    int64_t len;              /* p == NULL: 0 for a scalar, else a replicated vector of len (ns_coeffs) */
 } leaf;
 
 /* Sort key of a parameter: its path components joined by '\x01', which sorts
@@ -654,7 +656,7 @@ static sim_status param_rel(const cli_dump_param *p, param_key *k)
 /* The leaves in file order. */
 static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode, leaf **out, int *n_out)
 {
-    int cap = mode == CLI_DUMP_TRAIN_STATE ? 3 * n + 3 : n;
+    int cap = mode == CLI_DUMP_TRAIN_STATE ? 3 * n + 8 : n;
     leaf *l = calloc((size_t)cap + 1, sizeof *l);
     SIM_ASSERT(l);
     int k = 0;
@@ -680,6 +682,38 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
         }
         qsort(pk, (size_t)n, sizeof *pk, param_key_cmp);
         snprintf(l[k++].key, KEY_CAP, ".step");
+        bool muon = n > 0 && p[0].muon != 0;
+        if (muon) { /* optax.contrib.muon: a partition state, branches in key order */
+            for (int i = 0; i < n; i++) {
+                snprintf(l[k].key, KEY_CAP, ".params/['params']%s", pk[i].rel);
+                l[k++].p = &p[pk[i].index];
+            }
+            static const char *const br[2] = {".opt_state/.inner_states/['adam']/.inner_state",
+                                              ".opt_state/.inner_states/['muon']/.inner_state"};
+            for (int b = 0; b < 2; b++) {
+                int want = b ? 1 : -1;
+                snprintf(l[k++].key, KEY_CAP, "%s/[0]/.count", br[b]);
+                for (int part = 0; part < (b ? 1 : 2); part++)
+                    for (int i = 0; i < n; i++) {
+                        if (p[pk[i].index].muon != want) continue;
+                        snprintf(l[k].key, KEY_CAP, "%s/[0]/.%s/['params']%s", br[b], part ? "nu" : "mu", pk[i].rel);
+                        l[k].p = &p[pk[i].index];
+                        l[k].opt = 1;
+                        k++;
+                    }
+                if (b) {
+                    snprintf(l[k].key, KEY_CAP, "%s/[0]/.ns_coeffs", br[b]);
+                    l[k++].len = 3; /* (a, b, c) */
+                }
+                /* adamw = chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate); muon's chain has
+                 * scale_by_shape too: the schedule's count sits at [2] and [3] */
+                snprintf(l[k++].key, KEY_CAP, "%s/[%d]/.count", br[b], b ? 3 : 2);
+            }
+            free(pk);
+            *out = l;
+            *n_out = k;
+            return SIM_OK;
+        }
         static const char *const prefix[3] = {".params/['params']", ".opt_state/[0]/.mu/['params']",
                                               ".opt_state/[0]/.nu/['params']"};
         for (int part = 0; part < 3; part++) {
@@ -787,7 +821,11 @@ static sim_status dump_state(FILE *f, const mesh_shape *m, const cli_dump_param 
         }
         jw_arr_end(&w);
         jw_key(&w, "shape");
-        jw_shape(&w, rank, q ? q->shape : NULL);
+        if (!q && l[i].len) {
+            jw_shape(&w, 1, &l[i].len);
+        } else {
+            jw_shape(&w, rank, q ? q->shape : NULL);
+        }
         jw_obj_end(&w);
     }
     jw_obj_end(&w);

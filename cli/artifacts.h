@@ -58,7 +58,7 @@ sim_status cli_write_traffic_csv(const char *dir, const cli_traffic *t);
  *               "by_category": {"params": [per device], "grads": ..., "optimizer": ...,
  *                               "activations": ..., "temporaries": ..., "comm": ...}}}
  * by_category is each device's breakdown at its peak; a non-finite or dry-run
- * loss/grad norm is null.  stats may be NULL (n_devices 0): memory is empty. */
+ * loss/grad norm is null, and so is a dry run's tokens_per_s.  stats may be NULL (n_devices 0): memory is empty. */
 sim_status cli_write_metrics_json(const char *dir, const cli_step_metrics *steps, int n_steps,
                                   const sim_arena_stats *stats, int n_devices);
 
@@ -97,6 +97,8 @@ typedef struct {
     mesh_spec spec;                             /* resolved, size-1 axes KEPT (mesh_resolved.unpruned) */
     bool has_opt_spec;                          /* Adam moments sharded differently (ZeRO-1) */
     mesh_spec opt_spec;                         /* their spec when has_opt_spec */
+    int muon;                                   /* opt_type=muon: 1 a Muon leaf, -1 an AdamW-fallback leaf;
+                                                   0 (every entry): opt_type=adamw's state */
 } cli_dump_param;
 
 /* An activation as MaxText's debug_sharding logs it. */
@@ -115,7 +117,10 @@ typedef enum {
     CLI_DUMP_TRAIN_STATE    /* the entries are the parameters: write MaxText's whole train
                                state — .step, .params/..., .opt_state/[0]/.count, .mu/...,
                                .nu/..., .opt_state/[2]/.count — in JAX tree order (dict
-                               keys sorted) */
+                               keys sorted); with opt_type=muon (muon != 0) optax's
+                               partition state: .opt_state/.inner_states/['adam']/...
+                               (the AdamW leaves' count, mu, nu, schedule count) and
+                               ['muon']/... (count, mu, ns_coeffs, schedule count) */
 } cli_dump_mode;
 
 /* "params.decoder.mlp.wi_0.kernel" -> ".params/['params']/['decoder']/['mlp']/['wi_0']/['kernel']";

@@ -83,6 +83,7 @@ static int dump_entries(const model_def *def, const char *dtype, cli_dump_param 
                 p[np].logical[d] = defs[np].logical[d];
             }
             p[np].spec = spec;
+            if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
             /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
              * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
             p[np].has_opt_spec = def->d.zero1;

@@ -67,7 +67,8 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
     int k = 0;
     uint64_t off = 0;
     for (int which = 0; which < (with_opt ? 3 : 1); which++)
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            if (which == 2 && !params[i].v) continue; /* opt_type=muon: a Muon leaf has no nu */
             for (int l = 0; l < model_param_def_tensors(&params[i].def); l++) {
                 model_param_tensor_view(&params[i], l, &t[k].view);
                 snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], t[k].view.def.path);
@@ -78,6 +79,7 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
                 off += (uint64_t)t[k].nel * 4;
                 k++;
             }
+        }
     *out = t;
     *nt = k;
     return SIM_OK;
@@ -400,7 +402,7 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
     char path[4096], tmp[4096 + 8];
     SIM_TRY(model_checkpoint_path(dir, step, path, sizeof path));
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    bool with_opt = n > 0 && params[0].m && params[0].v;
+    bool with_opt = n > 0 && params[0].m;
     ck_tensor *t;
     int nt;
     SIM_TRY(ck_tensors(params, n, with_opt, &t, &nt));
@@ -695,7 +697,7 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
     SIM_ASSERT(little_endian());
     if (opt_state)
         for (int i = 0; i < n; i++)
-            if (!params[i].m || !params[i].v)
+            if (!params[i].m)
                 return sim_err(SIM_ERR_INTERNAL, "checkpoint load: '%s' has no optimizer storage", params[i].def.path);
     size_t plen = strlen(path);
     if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))

@@ -1,6 +1,7 @@
 /* model.c — model definition from the config, per-device parameters and
  * batches, and the logical-name helpers the forward pass uses. */
 #include "models/model.h"
+#include "models/muon.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -66,9 +67,14 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
                        "simulated yet; set ici_pipeline_parallelism=1 (and dcn_pipeline_parallelism=1) or "
                        "shard_optimizer_over_data=false",
                        m->mesh.sizes[st]);
-    static const char *const types[] = {"adamw", "sgd"};
+    static const char *const types[] = {"adamw", "sgd", "muon"};
     int type;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 2, &type));
+    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
+    if (type == 2)
+        return sim_err(SIM_ERR_INPUT,
+                       "shard_optimizer_over_data=true (ZeRO-1) with opt_type=muon: ZeRO-1 with Muon is broken at "
+                       "MaxText's head (Linen raises NotImplementedError; NNX shards only the AdamW branch's state); "
+                       "set shard_optimizer_over_data=false or use opt_type=adamw");
     if (type != 0)
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true (ZeRO-1) shards the Adam moments, but opt_type=%s keeps none "
@@ -332,6 +338,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+
     SIM_TRY(model_cfg_bool(cfg, "context_parallel_load_balance", &d->cp_load_balance));
     long long seed;
     SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
@@ -399,6 +406,19 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
             m->opt_spec[i] = m->opt_unpruned[i];
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
+    }
+    const char *ot;
+    SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
+    m->muon = ot && !strcmp(ot, "muon");
+    for (int i = 0; i < m->nparams && m->muon; i++)
+        if (m->defs[i].unscanned || (m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1))
+            return sim_err(SIM_ERR_INPUT,
+                           "opt_type=muon with scan_layers=false or param_scan_axis other than 1: Muon is simulated "
+                           "for MaxText's default layer layout only; drop one of the two");
+    if (m->muon) { /* which parameters Muon orthogonalizes, once (configs/muon.yml) */
+        model_muon_cfg mc;
+        SIM_TRY(model_muon_from_config(cfg, &mc));
+        for (int i = 0; i < m->nparams; i++) model_muon_classify(&mc, &m->defs[i], &m->muon_dims[i]);
     }
     return SIM_OK;
 }
@@ -489,15 +509,17 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         mesh_spec ls;
         model_param_layer_shape(p, &rank, shape);
         model_param_layer_spec(p, &ls);
+        /* ZeRO-1 keeps the moments elsewhere; opt_type=muon: a Muon leaf keeps one moment (no nu) */
         mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt && !md->zero1 ? &p->m : NULL,
-                                with_opt && !md->zero1 ? &p->v : NULL};
+                                with_opt && !md->zero1 && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
         for (int b = 0; b < 4; b++) {
             if (!bufs[b]) continue;
             /* ZeRO-1 without accumulation: the gradient sinks keep the sum over 'data'
              * pending, so one reduce-scatter brings it to the optimizer layout */
             mesh_spec bs = ls;
-            if (b == 1 && md->zero1 && def->d.ga == 1) bs.partial |= 1u << data;
+            if (b == 1 && md->zero1 && def->d.ga == 1 && !(mesh_spec_dim_axes(&ls) & (1u << data)))
+                bs.partial |= 1u << data;
             *bufs[b] = calloc((size_t)p->n_layers, sizeof(mesh_array));
             for (int l = 0; l < p->n_layers; l++) {
                 char name[MESH_NAME_MAX];

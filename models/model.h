@@ -14,6 +14,7 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
+#include "models/muon.h"
 #include "models/params.h"
 
 enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
@@ -102,6 +103,8 @@ typedef struct {
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
+    bool muon;                                 /* opt_type=muon */
+    model_muon_dims muon_dims[MODEL_MAX_PARAMS]; /* opt_type=muon: each parameter's Muon/AdamW class (muon.yml) */
     /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
     mesh_spec opt_spec[MODEL_MAX_PARAMS];
     mesh_spec opt_unpruned[MODEL_MAX_PARAMS];

@@ -17,11 +17,11 @@
 
 sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
 {
-    static const char *const types[] = {"adamw", "sgd"};
+    static const char *const types[] = {"adamw", "sgd", "muon"};
     static const char *const schedules[] = {"cosine"};
     memset(o, 0, sizeof *o);
     int type, sched;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 2, &type));
+    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
     SIM_TRY(mesh_cfg_get_enum(cfg, "lr_schedule_type", schedules, 1, &sched));
     o->type = (model_opt_type)type;
     SIM_TRY(mesh_cfg_get_double(cfg, "learning_rate", &o->lr));
@@ -35,6 +35,7 @@ sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
     SIM_TRY(mesh_cfg_get_double(cfg, "adam_eps_root", &o->eps_root));
     SIM_TRY(mesh_cfg_get_double(cfg, "adam_weight_decay", &o->weight_decay));
     SIM_TRY(mesh_cfg_get_double(cfg, "gradient_clipping_threshold", &o->clip));
+    if (o->type == MODEL_OPT_MUON) SIM_TRY(model_muon_from_config(cfg, &o->muon));
     if (o->schedule_steps == -1) o->schedule_steps = o->steps;
     if (o->schedule_steps < 1)
         return sim_err(SIM_ERR_INPUT, "learning_rate_schedule_steps=%lld: use a positive number of steps or -1 (= steps)",

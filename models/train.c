@@ -154,6 +154,31 @@ static sim_status remake(model_dev *md, mesh_array *a, sim_mem_cat cat)
     return mesh_array_new(md->ctx.dev, &md->def->mesh, old.name, old.rank, old.shape, &old.spec, SIM_F32, cat, a);
 }
 
+/* The optimizer layout with 'data' moved from the front to the back of its
+ * dim ('data', 'expert') -> ('expert', 'data'): the layout one all-gather
+ * (or reduce-scatter) over 'data' alone connects to the parameters' layout.
+ * MaxText prepends 'data', so where the dim was already sharded the blocks
+ * also change hands between devices: one ppermute between the two layouts. */
+static void zero1_mid_spec(const model_def *def, const mesh_spec *z, mesh_spec *mid)
+{
+    int data = mesh_shape_axis_index(&def->mesh, "data");
+    *mid = *z;
+    for (int d = 0; d < mid->rank; d++) {
+        int n = mid->n_axes[d];
+        if (n < 2 || mid->axes[d][0] != data) continue;
+        memmove(&mid->axes[d][0], &mid->axes[d][1], (size_t)(n - 1) * sizeof mid->axes[d][0]);
+        mid->axes[d][n - 1] = (int8_t)data;
+    }
+}
+
+/* a resharded in two moves, through mid when it differs from both ends. */
+static sim_status reshard_via(model_dev *md, mesh_array *a, const mesh_spec *mid, const mesh_spec *to, const char *tag)
+{
+    if (!mesh_spec_equal(&a->spec, mid) && !mesh_spec_equal(mid, to))
+        SIM_TRY(mesh_reshard(md->ctx.dev, &md->def->mesh, a, mid, sim_meta_tag(tag)));
+    return mesh_reshard(md->ctx.dev, &md->def->mesh, a, to, sim_meta_tag(tag));
+}
+
 /* Before the step: every parameter all-gathered over 'data' from its stored
  * optimizer-layout copy (md->z) into the working copy the forward pass reads,
  * and the gradient sinks made again (both were released after the last
@@ -170,7 +195,9 @@ static sim_status zero1_gather_params(model_dev *md)
         snprintf(tag, sizeof tag, "zero1/params/%.80s", p->def.path);
         mesh_array a;
         SIM_TRY(mesh_array_clone(dev, &def->mesh, md->z[i].w, tag, SIM_MEM_COMM, &a));
-        sim_status st = mesh_reshard(dev, &def->mesh, &a, &to, sim_meta_tag(tag));
+        mesh_spec mid;
+        zero1_mid_spec(def, &md->z[i].spec, &mid);
+        sim_status st = reshard_via(md, &a, &mid, &to, tag);
         /* the gathered stacked tensor into the per-layer arrays (a copy: one parameter's size at a time) */
         for (int l = 0; st == SIM_OK && md->zero1_released && l < p->n_layers; l++)
             st = remake(md, &p->w[l], SIM_MEM_PARAMS);
@@ -215,7 +242,9 @@ static sim_status zero1_reduce_grads(model_dev *md)
         SIM_ASSERT(z->g);
         SIM_TRY(model_param_stack(dev, &def->mesh, p, p->g, tag, SIM_MEM_GRADS, z->g));
         for (int l = 0; l < p->n_layers; l++) mesh_array_free(dev, &p->g[l]);
-        SIM_TRY(mesh_reshard(dev, &def->mesh, z->g, &z->spec, sim_meta_tag(tag)));
+        mesh_spec mid;
+        zero1_mid_spec(def, &z->spec, &mid);
+        SIM_TRY(reshard_via(md, z->g, &mid, &z->spec, tag));
     }
     return SIM_OK;
 }
@@ -355,7 +384,13 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     sim_device_set_phase(dev, SIM_PHASE_OPTIMIZER);
     double norm;
     SIM_TRY(model_grad_global_norm(dev, &def->mesh, opt, def->nparams, &norm));
-    SIM_TRY(model_adamw_update(dev, &job->opt, opt, def->nparams, s, norm));
+    if (job->opt.type == MODEL_OPT_MUON) {
+        if (!def->muon || md->zero1)
+            return sim_err(SIM_ERR_INTERNAL, "opt_type=muon: the model was defined without it, or with ZeRO-1");
+        SIM_TRY(model_muon_update(&md->ctx, &job->opt, def->muon_dims, opt, def->nparams, s, norm));
+    } else {
+        SIM_TRY(model_adamw_update(dev, &job->opt, opt, def->nparams, s, norm));
+    }
     if (md->zero1) zero1_free_grads(md);
     SIM_TRY(sim_device_barrier(dev));
     if (id == 0) {

@@ -427,6 +427,8 @@ static void test_metrics_and_memory(void **state)
     assert_true(get(&s->items[1], "time_s")->number == 0.25);
     assert_int_equal(get(&s->items[2], "step")->number, 3);
     assert_int_equal(get(&s->items[2], "loss")->kind, MESH_JSON_NULL);
+    assert_int_equal(get(&s->items[2], "tokens_per_s")->kind, MESH_JSON_NULL); /* a dry step */
+    assert_true(get(&s->items[1], "tokens_per_s")->number > 0);
     const mesh_json *mem = get(j, "memory");
     const mesh_json *peak = get(mem, "per_device_peak_bytes");
     assert_int_equal(peak->n, NDEV);

@@ -431,6 +431,39 @@ static void test_traffic_zero1_tensor(void **state)
     close_run(&r);
 }
 
+/* DeepSeek data=2 expert=2: MaxText prepends 'data' to dims already on 'expert'
+ * (('data', 'expert'), layouts checked against MaxText above); the data-axis
+ * traffic is still one all-gather and one reduce-scatter of (K-1)/K of each
+ * such parameter's local bytes, the blocks changing hands in a ppermute. */
+static void test_traffic_zero1_expert(void **state)
+{
+    (void)state;
+    enum { K = 2 };
+    const char *extra[] = {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1};
+    run_t r;
+    open_run(&r, true, extra, 4, 4, 1, 1);
+    train(&r, false);
+    int data = mesh_shape_axis_index(&r.def->mesh, "data");
+    uint64_t want = 0;
+    int on_expert = 0;
+    for (int i = 0; i < r.def->nparams; i++) {
+        if (!(mesh_spec_dim_axes(&r.def->opt_spec[i]) & (1u << data))) continue;
+        uint64_t shards = 1;
+        uint32_t ax = mesh_spec_dim_axes(&r.def->spec[i]);
+        for (int a = 0; a < r.def->mesh.n_axes; a++)
+            if (ax & (1u << a)) shards *= (uint64_t)r.def->mesh.sizes[a];
+        on_expert += shards > 1;
+        want += param_bytes(r.def, i) / shards * (K - 1) / K;
+    }
+    assert_true(on_expert > 0);
+    for (int d = 0; d < 4; d++) {
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "zero1/params/").bytes, want);
+        assert_int_equal(data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "zero1/grads/").bytes, want);
+        assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes, 0);
+    }
+    close_run(&r);
+}
+
 static void test_traffic_accumulation(void **state)
 {
     (void)state;
@@ -654,7 +687,8 @@ int main(void)
         cmocka_unit_test(test_microbatch_rows_strided),
         cmocka_unit_test(test_parity_llama),
         cmocka_unit_test(test_parity_deepseek),       cmocka_unit_test(test_traffic_zero1_data),
-        cmocka_unit_test(test_traffic_zero1_tensor),  cmocka_unit_test(test_traffic_accumulation),
+        cmocka_unit_test(test_traffic_zero1_tensor),  cmocka_unit_test(test_traffic_zero1_expert),
+        cmocka_unit_test(test_traffic_accumulation),
         cmocka_unit_test(test_memory_zero1),          cmocka_unit_test(test_dry_run_matches_real),
         cmocka_unit_test(test_checkpoint_from_zero1_layout), cmocka_unit_test(test_refusals),
     };
