@@ -9,6 +9,10 @@
  * Backward (FlashAttention-2): with Dvec_i = sum(dO_i * O_i) - dlse_i, per visible tile recompute
  * P = exp(S - lse), then dV += P^T dO, dP = dO V^T, dS = P (dP - Dvec), dQ += scale dS K,
  * dK += scale dS^T Q. The loops run in a fixed order, so results do not depend on timing.
+ *
+ * Soft cap (MaxText attn_logits_soft_cap, applied to the scaled scores before the mask): the
+ * forward replaces S by cap tanh(S / cap); the backward recomputes the same capped scores and
+ * multiplies dS by 1 - tanh^2 before the dQ/dK products.
  */
 #include "blas_kernels/bk_attention.h"
 
@@ -50,11 +54,20 @@ static void key_tile_ranges(const int32_t *kp, int Tk, int bk, int32_t *kmin, in
     pos_range(kp + j0, (Tk - j0 < bk ? Tk - j0 : bk), &kmin[t], &kmax[t]);
 }
 
-/* S (nq, nk) = scale * Q K^T, then -inf where key j is later than query i, unless the whole tile
- * is visible. */
+/* S (nq, nk) = scale * Q K^T, soft-capped when cap > 0 (th, if not NULL, receives
+ * tanh(S / cap)), then -inf where key j is later than query i, unless the whole tile is visible. */
 static void score_tile(float *S, const float *Q, int ldq, const float *K, int ldk, int nq, int nk,
-                       int D, float scale, const int32_t *qp, const int32_t *kp, int full) {
+                       int D, float scale, float cap, float *th, const int32_t *qp, const int32_t *kp,
+                       int full) {
   bk_gemm(0, 1, nq, nk, D, scale, Q, ldq, K, ldk, 0.0f, S, nk);
+  if (cap > 0.0f) {
+    const float inv = 1.0f / cap;
+    for (size_t i = 0; i < (size_t)nq * nk; i++) {
+      const float tv = tanhf(S[i] * inv);
+      if (th) th[i] = tv;
+      S[i] = cap * tv;
+    }
+  }
   if (full) return;
   for (int i = 0; i < nq; i++)
     for (int j = 0; j < nk; j++)
@@ -119,7 +132,8 @@ static void attention_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
           const int nk = Tk - j0 < bk ? Tk - j0 : bk;
           const float *K = k + ((size_t)b * Tk + j0) * ldk + (size_t)g * Dqk;
           const float *V = v + ((size_t)b * Tk + j0) * ldv + (size_t)g * Dv;
-          score_tile(S, Q, ldq, K, ldk, nq, nk, Dqk, d->scale, qp, kpb + j0, kmax[t] <= qlo);
+          score_tile(S, Q, ldq, K, ldk, nq, nk, Dqk, d->scale, d->soft_cap, NULL, qp, kpb + j0,
+                     kmax[t] <= qlo);
           for (int i = 0; i < nq; i++) {
             float *s = S + (size_t)i * nk;
             float mb = -INFINITY;
@@ -185,6 +199,7 @@ static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
   float *P = bk_xmalloc((size_t)bq * bk * sizeof *P);
   float *dP = bk_xmalloc((size_t)bq * bk * sizeof *dP);
   float *Dvec = bk_xmalloc((size_t)bq * sizeof *Dvec);
+  float *Th = d->soft_cap > 0.0f ? bk_xmalloc((size_t)bq * bk * sizeof *Th) : NULL;
   int32_t *kmin = bk_xmalloc((size_t)nkt * sizeof *kmin);
   int32_t *kmax = bk_xmalloc((size_t)nkt * sizeof *kmax);
 
@@ -218,7 +233,8 @@ static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
           const float *V = v + krow * ldv + (size_t)g * Dv;
           float *dK = dk + krow * ldk + (size_t)g * Dqk;
           float *dV = dv + krow * ldv + (size_t)g * Dv;
-          score_tile(P, Q, ldq, K, ldk, nq, nk, Dqk, d->scale, qp, kpb + j0, kmax[t] <= qlo);
+          score_tile(P, Q, ldq, K, ldk, nq, nk, Dqk, d->scale, d->soft_cap, Th, qp, kpb + j0,
+                     kmax[t] <= qlo);
           for (int i = 0; i < nq; i++) {
             float *p = P + (size_t)i * nk;
             if (L[i] == -INFINITY) {  // fully masked row: no probability mass, no gradient
@@ -234,6 +250,10 @@ static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
             float *ds = dP + (size_t)i * nk;
             const float *p = P + (size_t)i * nk;
             for (int j = 0; j < nk; j++) ds[j] = p[j] * (ds[j] - Dvec[i]);  // dS (scale applied below)
+            if (Th) {  // through the soft cap: d(cap tanh(s / cap))/ds = 1 - tanh^2
+              const float *th = Th + (size_t)i * nk;
+              for (int j = 0; j < nk; j++) ds[j] *= 1.0f - th[j] * th[j];
+            }
           }
           bk_gemm(0, 0, nq, Dqk, nk, d->scale, dP, nk, K, ldk, 1.0f, dQ, ldq);  // dQ += s dS K
           bk_gemm(1, 0, nk, Dqk, nq, d->scale, dP, nk, Q, ldq, 1.0f, dK, ldk);  // dK += s dS^T Q
@@ -241,7 +261,7 @@ static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
       }
     }
   }
-  free(P), free(dP), free(Dvec), free(kmin), free(kmax);
+  free(P), free(dP), free(Dvec), free(Th), free(kmin), free(kmax);
 }
 
 void bk_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *dlse,
@@ -276,6 +296,7 @@ void bk_attention_fwd_ref(float *out, float *lse, const float *q, const float *k
           double dot = 0.0;
           for (int c = 0; c < Dqk; c++) dot += (double)qi[c] * kj[c];
           s[j] = dot * d->scale;
+          if (d->soft_cap > 0.0f) s[j] = d->soft_cap * tanh(s[j] / d->soft_cap);
           if (s[j] > mx) mx = s[j];
         }
         double z = 0.0;
@@ -307,6 +328,7 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
   const size_t nq = (size_t)B * Tq * Hq * Dqk, nk = (size_t)B * Tk * Hkv * Dqk, nv = (size_t)B * Tk * Hkv * Dv;
   double *gq = calloc(nq + 1, sizeof *gq), *gk = calloc(nk + 1, sizeof *gk), *gv = calloc(nv + 1, sizeof *gv);
   double *p = bk_xmalloc((size_t)(Tk + 1) * sizeof *p), *dp = bk_xmalloc((size_t)(Tk + 1) * sizeof *dp);
+  double *dcap = bk_xmalloc((size_t)(Tk + 1) * sizeof *dcap);  // d capped score / d raw score
   BK_ASSERT(gq && gk && gv);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < Hq; h++)
@@ -321,6 +343,12 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
           double dot = 0.0;
           for (int c = 0; c < Dqk; c++) dot += (double)q[qi * Dqk + c] * k[kj * Dqk + c];
           p[j] = dot * d->scale;
+          dcap[j] = 1.0;
+          if (d->soft_cap > 0.0f) {
+            double c = cosh(p[j] / d->soft_cap);
+            dcap[j] = 1.0 / (c * c);
+            p[j] = d->soft_cap * tanh(p[j] / d->soft_cap);
+          }
           if (p[j] > mx) mx = p[j];
         }
         if (mx == -INFINITY) continue;  // fully masked: no gradient
@@ -340,7 +368,7 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
         for (int j = 0; j < Tk; j++) {
           if (p[j] == 0.0) continue;
           const size_t kj = ((size_t)b * Tk + j) * Hkv + g;
-          double ds = p[j] * (dp[j] - Dsum + gl) * d->scale;  // d lse / d s_j = p_j
+          double ds = p[j] * (dp[j] - Dsum + gl) * dcap[j] * d->scale;  // d lse / d s_j = p_j
           for (int c = 0; c < Dv; c++) gv[kj * Dv + c] += p[j] * dout[qi * Dv + c];
           for (int c = 0; c < Dqk; c++) {
             gq[qi * Dqk + c] += ds * k[kj * Dqk + c];
@@ -351,7 +379,7 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
   for (size_t i = 0; i < nq; i++) dq[i] += (float)gq[i];
   for (size_t i = 0; i < nk; i++) dk[i] += (float)gk[i];
   for (size_t i = 0; i < nv; i++) dv[i] += (float)gv[i];
-  free(gq), free(gk), free(gv), free(p), free(dp);
+  free(gq), free(gk), free(gv), free(p), free(dp), free(dcap);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -375,7 +403,7 @@ static void attention_dot_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
       const float *K = J->k + (size_t)b * Tk * ldk + (size_t)g * Dqk;
       const float *V = J->v + (size_t)b * Tk * ldv + (size_t)g * Dv;
       float *O = J->out + (size_t)b * Tq * ldo + (size_t)h * Dv;
-      score_tile(P, Q, ldq, K, ldk, Tq, Tk, Dqk, d->scale, qp, kp, 0);
+      score_tile(P, Q, ldq, K, ldk, Tq, Tk, Dqk, d->scale, 0.0f, NULL, qp, kp, 0); /* no soft cap: refused with this kernel */
       for (int i = 0; i < Tq; i++) {
         float *s = P + (size_t)i * Tk, m = -INFINITY;
         for (int j = 0; j < Tk; j++) m = s[j] > m ? s[j] : m;

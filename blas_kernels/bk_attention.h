@@ -18,6 +18,7 @@ typedef struct {
   float scale;  // softmax scale multiplying q.k (MaxText MHA: 1, MLA: bk_mla_softmax_scale)
   int block_q;  // query tile rows, 0 = default (128)
   int block_k;  // key tile rows, 0 = default (128)
+  float soft_cap;  // attn_logits_soft_cap: scores s -> cap * tanh(s / cap) after the scale; 0 = off
 } bk_attn_dims;
 
 void bk_attention_fwd(float *out,             // (B, Tq, Hq, Dv)

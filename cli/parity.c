@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/checks.h"
 #include "models/train.h"
 
 enum { MAX_CONFIGS = 32, MAX_WORDS = 64 };
@@ -62,6 +63,9 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, w, cfg));
     *def = calloc(1, sizeof **def);
     sim_status st = model_def_from_config(*cfg, *def);
+    double tolerance;
+    if (!st) st = mesh_cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
+    if (!st && (st = model_check_sharding_tolerance(*def, tolerance))) model_def_free(*def);
     if (st) {
         free(*def);
         *def = NULL;

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "models/checks.h"
 #include "models/train.h"
 
 typedef struct {
@@ -65,8 +66,10 @@ static const char *cfg_str(const mesh_cfg *c, const char *key)
 
 /* ------------------------------------------------------------ dump entries */
 
-/* Entries of the parameters (a pipelined one: one per layer of a stage, MaxText's layout). */
-static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MODEL_PATH_MAX + 32])
+/* Entries of the parameters as MaxText lists them: a pipelined one gives one entry per layer of a
+ * stage (MaxText's layout), scan_layers=false one per layer (defs keeps those tensors' paths alive). */
+static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MODEL_PATH_MAX + 32],
+                       model_param_def *defs)
 {
     int np = 0;
     for (int i = 0; i < def->nparams; i++) {
@@ -80,18 +83,23 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             q->path = paths[np++];
         }
         if (per) continue;
-        memset(&p[np], 0, sizeof p[np]);
-        p[np].path = def->defs[i].path;
-        p[np].rank = def->defs[i].rank;
-        for (int d = 0; d < p[np].rank; d++) {
-            p[np].shape[d] = def->defs[i].shape[d];
-            p[np].logical[d] = def->defs[i].logical[d];
+        for (int k = 0; k < model_param_def_tensors(&def->defs[i]); k++, np++) {
+            memset(&p[np], 0, sizeof p[np]);
+            mesh_spec spec;
+            model_param_def_tensor(&def->defs[i], &def->unpruned[i], k, &defs[np], &spec);
+            p[np].path = defs[np].path;
+            p[np].rank = defs[np].rank;
+            for (int d = 0; d < p[np].rank; d++) {
+                p[np].shape[d] = defs[np].shape[d];
+                p[np].logical[d] = defs[np].logical[d];
+            }
+            p[np].spec = spec;
+            if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
+            /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
+             * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
+            p[np].has_opt_spec = def->d.zero1;
+            p[np].opt_spec = def->opt_unpruned[i];
         }
-        p[np].spec = def->unpruned[i];
-        if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
-        /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them */
-        p[np].has_opt_spec = def->d.zero1;
-        p[np++].opt_spec = def->opt_unpruned[i];
     }
     return np;
 }
@@ -140,20 +148,30 @@ static sim_status write_combined(FILE *f, void *arg)
  * input_shardings.json), and shardings.json holding all three. */
 static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_def *def)
 {
+    int cap = 0;
+    for (int i = 0; i < def->nparams; i++)
+        cap += model_param_def_tensors(&def->defs[i]) +
+               (model_param_pipelined(def, i) ? (int)def->d.pipe.layers_per_stage : 0);
+    cli_dump_param *p = calloc((size_t)cap + 1, sizeof *p);
+    char (*paths)[MODEL_PATH_MAX + 32] = calloc((size_t)cap + 1, sizeof *paths);
+    model_param_def *defs = calloc((size_t)cap + 1, sizeof *defs);
     cli_dump_activation a[MODEL_MAX_ACTS];
     int na;
     const char *dtype = cfg_str(cfg, "dtype");
-    size_t cap = (size_t)def->nparams * (size_t)(def->d.pipe.on ? def->d.pipe.layers_per_stage : 1);
-    cli_dump_param *p = calloc(cap, sizeof *p);
-    char (*paths)[MODEL_PATH_MAX + 32] = calloc(cap, sizeof *paths);
-    SIM_ASSERT(p && paths);
+    if (!p || !paths || !defs) {
+        free(p);
+        free(paths);
+        free(defs);
+        return sim_err(SIM_ERR_INTERNAL, "dump: out of host memory");
+    }
     dump_activations(def, *dtype ? dtype : "float32", a, &na);
-    int np = dump_params(def, p, paths);
+    int np = dump_params(def, p, paths, defs);
     dump_all all = {def, p, np, a, na};
     sim_status st = cli_artifact_write(dir, "shardings.json", write_combined, &all);
-    if (st == SIM_OK) st = cli_write_sharding_dump(dir, &def->mesh, p, np, CLI_DUMP_TRAIN_STATE, a, na);
+    if (!st) st = cli_write_sharding_dump(dir, &def->mesh, p, np, CLI_DUMP_TRAIN_STATE, a, na);
     free(p);
     free(paths);
+    free(defs);
     return st;
 }
 
@@ -285,7 +303,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"parameters", params},
         {"batch", batch},
         {"steps", st},
-        {"remat_policy", d->remat_full ? "full" : "none"},
+        {"remat_policy", d->remat_policy},
         {"optimizer state", d->zero1 ? "ZeRO-1: sharded over data (shard_optimizer_over_data)" : "as the parameters"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
@@ -329,6 +347,11 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st && steps < 1) st = sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps);
     if (!st) st = model_optim_from_config(cm.cfg, &job.opt);
     if (!st) st = model_data_from_config(cm.cfg, &data);
+    double tolerance;
+    int debug_sharding = 0;
+    if (!st) st = mesh_cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance);
+    if (!st) st = model_check_sharding_tolerance(def, tolerance); /* MaxText checks when it sets up the state */
+    if (!st) st = mesh_cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding);
     const char *load = cfg_str(cm.cfg, "load_parameters_path");
     if (!st && *load && access(load, R_OK) != 0)
         st = sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written by "
@@ -418,6 +441,11 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         int nd = sim_machine_num_devices(m);
         sim_arena_stats *mem = calloc((size_t)nd, sizeof *mem);
         cli_memory_collect(m, mem);
+        if (!st && debug_sharding) { /* the activations are known once a forward pass has run */
+            const char *dt = cfg_str(cm.cfg, "dtype");
+            fprintf(out, "\ndebug_sharding:\n");
+            model_print_shardings(def, *dt ? dt : "float32", out);
+        }
         if (!st) {
             fprintf(out, "\ntraffic over %lld step%s:\n", steps, steps > 1 ? "s" : "");
             cli_report_traffic(out, &traffic);

@@ -15,7 +15,9 @@
 #include "blas_kernels/bk_activation.h"
 #include "blas_kernels/bk_parallel.h"
 #include "blas_kernels/bk_attention.h"
+#include "blas_kernels/bk_dropout.h"
 #include "blas_kernels/bk_embedding.h"
+#include "blas_kernels/bk_softcap.h"
 #include "blas_kernels/bk_xent.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
@@ -294,7 +296,8 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
 
 /* ------------------------------------------------------------ attention */
 
-static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale)
+static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale,
+                              double soft_cap)
 {
     bk_attn_dims d;
     memset(&d, 0, sizeof d);
@@ -306,6 +309,7 @@ static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const me
     d.Dqk = (int)q->local[3];
     d.Dv = (int)v->local[3];
     d.scale = (float)scale;
+    d.soft_cap = (float)soft_cap;
     return d;
 }
 
@@ -326,7 +330,7 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
     if (dy->data) {
-        bk_attn_dims d = attn_dims(qa, ka, va, e->f[0]);
+        bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2]);
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
             bk_attention_dot_bwd(dq.data, dk.data, dv.data, dy->data, lse->data, qa->data, ka->data, va->data, &d);
         else
@@ -366,11 +370,11 @@ static sim_status qk_product_check(mesh_ctx *c, const mesh_var *q, const mesh_va
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
                              double scale, const char *name, mesh_var **out)
 {
-    return mesh_nn_attention_kernel(t, q, k, v, q_pos, scale, false, name, out);
+    return mesh_nn_attention_kernel(t, q, k, v, q_pos, scale, 0.0, false, name, out);
 }
 
 sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
-                                    double scale, bool dot, const char *name, mesh_var **out)
+                                    double scale, double soft_cap, bool dot, const char *name, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -422,7 +426,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     SIM_TRY(mesh_array_new(c->dev, c->mesh, dot ? "attention/probs" : "attention/lse", dot ? 4 : 3, lshape, &ls,
                            SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
     if (qa.data) {
-        bk_attn_dims d = attn_dims(&qa, &ka, &va, scale);
+        bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap);
         if (dot)
             bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
         else
@@ -430,7 +434,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     }
     mesh_var *in[3] = {q, k, v};
     mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
-    if (e) e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0;
+    if (e) e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap;
     keep(t, e, &qa, qo);
     keep(t, e, &ka, ko);
     keep(t, e, &va, vo);
@@ -621,6 +625,183 @@ sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char
     mesh_entry *e = mesh_tape_record(t, swiglu_vjp, tag, 2, in, 1, out);
     keep(t, e, &ga, go);
     keep(t, e, &ua, uo);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ soft cap */
+
+static sim_status softcap_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad, dx;
+    SIM_TRY(new_cot(t, "softcap/dx", dy->rank, dy->shape, &dy->spec, &dx));
+    if (dy->data) bk_softcap_bwd(dx.data, dy->data, y->val.data, dy->nlocal, (float)e->f[0], (float)e->f[1]);
+    char tag[SIM_TAG_MAX];
+    return mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "softcap/dx", tag, sizeof tag));
+}
+
+sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, const char *name, mesh_var **out)
+{
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0; /* tanh needs the summed value */
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    SIM_TRY(new_out(t, name, xa.rank, xa.shape, &s, out));
+    if (xa.data) bk_softcap_fwd((*out)->val.data, xa.data, xa.nlocal, (float)a, (float)cap);
+    if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    mesh_entry *e = mesh_tape_record(t, softcap_vjp, tag, 1, &x, 1, out);
+    if (e) e->f[0] = a, e->f[1] = cap;
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ unstack */
+
+/* Copies between x's local block (outer, 2, inner) and the two (outer, inner) halves. */
+static void unstack_copy(float *x, float *a, float *b, int64_t outer, int64_t inner, bool to_halves, bool acc)
+{
+    for (int64_t o = 0; o < outer; o++) {
+        float *x0 = x + (size_t)(2 * o) * (size_t)inner, *x1 = x0 + inner;
+        float *h0 = a + (size_t)o * (size_t)inner, *h1 = b + (size_t)o * (size_t)inner;
+        if (to_halves) {
+            memcpy(h0, x0, (size_t)inner * sizeof *x);
+            memcpy(h1, x1, (size_t)inner * sizeof *x);
+        } else if (acc) {
+            for (int64_t i = 0; i < inner; i++) x0[i] += h0[i], x1[i] += h1[i];
+        }
+    }
+}
+
+static sim_status unstack_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y0 = e->out[0], *y1 = e->out[1];
+    int dim = (int)e->i[0];
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "unstack/dx", tag, sizeof tag);
+    /* both cotangents in the halves' sharding (keeping partial axes), then interleaved into dx */
+    mesh_spec hs = e->saved[0].spec;
+    uint32_t P = (y0->has_grad ? y0->grad.spec.partial : 0) | (y1->has_grad ? y1->grad.spec.partial : 0);
+    hs.partial = P;
+    mesh_array g[2];
+    mesh_var *ys[2] = {y0, y1};
+    for (int k = 0; k < 2; k++) {
+        if (ys[k]->has_grad) {
+            g[k] = ys[k]->grad;
+            ys[k]->has_grad = false;
+            if (!mesh_spec_equal(&g[k].spec, &hs)) SIM_TRY(mesh_reshard(c->dev, c->mesh, &g[k], &hs, sim_meta_tag(tag)));
+        } else
+            SIM_TRY(new_cot(t, "unstack/zero", e->saved[0].rank, e->saved[0].shape, &hs, &g[k]));
+    }
+    mesh_spec xs = x->val.spec;
+    xs.partial = P;
+    mesh_array dx;
+    SIM_TRY(new_cot(t, "unstack/dx", x->val.rank, x->val.shape, &xs, &dx));
+    if (dx.data) {
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < dim; d++) outer *= dx.local[d];
+        for (int d = dim + 1; d < dx.rank; d++) inner *= dx.local[d];
+        unstack_copy(dx.data, g[0].data, g[1].data, outer, inner, false, true);
+    }
+    mesh_array_free(c->dev, &g[0]);
+    mesh_array_free(c->dev, &g[1]);
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+sim_status mesh_nn_unstack2(mesh_tape *t, mesh_var *x, int dim, const char *name, mesh_var **y0, mesh_var **y1)
+{
+    SIM_ASSERT(dim >= 0 && dim < x->val.rank && x->val.shape[dim] == 2);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0;
+    s.n_axes[dim] = 0; /* the stacked dim whole on every device */
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    int64_t shape[MESH_SPEC_MAX_RANK];
+    mesh_spec hs;
+    mesh_spec_init(&hs, xa.rank - 1);
+    for (int d = 0, r = 0; d < xa.rank; d++) {
+        if (d == dim) continue;
+        shape[r] = xa.shape[d];
+        set_dim(&hs, r, &s, d);
+        r++;
+    }
+    SIM_TRY(new_out(t, name, xa.rank - 1, shape, &hs, y0));
+    SIM_TRY(new_out(t, name, xa.rank - 1, shape, &hs, y1));
+    if (xa.data) {
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < dim; d++) outer *= xa.local[d];
+        for (int d = dim + 1; d < xa.rank; d++) inner *= xa.local[d];
+        unstack_copy(xa.data, (*y0)->val.data, (*y1)->val.data, outer, inner, true, false);
+    }
+    mesh_var *outs[2] = {*y0, *y1};
+    mesh_entry *e = mesh_tape_record(t, unstack_vjp, tag, 1, &x, 2, outs);
+    if (e) {
+        e->i[0] = dim;
+        mesh_array shape_only = (*y0)->val; /* the halves' global shape and spec, for the VJP */
+        shape_only.data = NULL;
+        shape_only.nlocal = 0;
+        mesh_entry_save(e, &shape_only, false);
+    }
+    if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ dropout */
+
+/* The global offsets of this device's block of a (shape, spec) array. */
+static void block_offsets(mesh_tape *t, const mesh_array *a, int64_t *off)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+    mesh_spec_shard(&a->spec, c->mesh, a->shape, sim_device_id(c->dev), sh);
+    for (int d = 0; d < a->rank; d++) off[d] = sh[d].offset;
+}
+
+static sim_status dropout_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad, dx;
+    /* the mask lives on y's blocks: bring the cotangent there, keeping its partial axes */
+    mesh_spec s = y->val.spec;
+    s.partial |= dy->spec.partial;
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "dropout/dx", tag, sizeof tag);
+    if (!mesh_spec_equal(&dy->spec, &s)) SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &s, sim_meta_tag(tag)));
+    SIM_TRY(new_cot(t, "dropout/dx", dy->rank, dy->shape, &dy->spec, &dx));
+    if (dy->data) {
+        int64_t off[MESH_SPEC_MAX_RANK];
+        block_offsets(t, dy, off);
+        bk_dropout_bwd(dx.data, dy->data, dy->rank, dy->local, off, dy->shape, (int)e->i[0], (uint64_t)e->i[1],
+                       e->f[0]);
+    }
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+sim_status mesh_nn_dropout(mesh_tape *t, mesh_var *x, double rate, uint64_t key, int bcast, const char *name,
+                           mesh_var **out)
+{
+    if (rate <= 0.0) {
+        *out = x;
+        return SIM_OK;
+    }
+    SIM_ASSERT(bcast >= 0 && bcast < x->val.rank);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    /* the mask does not depend on the values: partial sums are masked as they are */
+    SIM_TRY(new_out(t, name, x->val.rank, x->val.shape, &x->val.spec, out));
+    if (x->val.data) {
+        int64_t off[MESH_SPEC_MAX_RANK];
+        block_offsets(t, &x->val, off);
+        bk_dropout_fwd((*out)->val.data, x->val.data, x->val.rank, x->val.local, off, x->val.shape, bcast, key, rate);
+    }
+    mesh_entry *e = mesh_tape_record(t, dropout_vjp, tag, 1, &x, 1, out);
+    if (e) e->f[0] = rate, e->i[0] = bcast, e->i[1] = (int64_t)key;
     return SIM_OK;
 }
 

@@ -31,12 +31,13 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
  * be divisible by the number of head shards (else a clear error). */
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
                              double scale, const char *name, mesh_var **out);
-/* The same with MaxText's kernel choice: dot = the dot-product path (the whole score matrix, its
- * probabilities (B, Hq, T, S) kept for the backward; in explicit mode first JAX's rule for
- * MaxText's qk_product einsum, which refuses a sharded sequence), else flash (blocked, the
- * logsumexp kept).  Same placements and traffic. */
+/* The same with MaxText's kernel choice and attn_logits_soft_cap: dot = the dot-product path (the
+ * whole score matrix, its probabilities (B, Hq, T, S) kept for the backward; in explicit mode first
+ * JAX's rule for MaxText's qk_product einsum, which refuses a sharded sequence), else flash (blocked,
+ * the logsumexp kept).  Same placements and traffic.  soft_cap > 0 (flash only; the model refuses
+ * it with dot): scores -> cap tanh(score / cap). */
 sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
-                                    double scale, bool dot, const char *name, mesh_var **out);
+                                    double scale, double soft_cap, bool dot, const char *name, mesh_var **out);
 
 /* out (B, T, E) = table[tokens]: table (V, E) may be sharded on V (the
  * lookup is then partial over those axes) and E; axes that also shard the
@@ -50,6 +51,19 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
 
 /* out = silu(gate) * up (same sharding; up follows gate). */
 sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out);
+
+/* y = cap tanh(a x / cap), or a x when cap = 0 (final_logits_soft_cap, normalize_embedding_logits);
+ * same sharding as x (partial axes summed first). */
+sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, const char *name, mesh_var **out);
+
+/* x with a dim of size 2 at `dim` -> its two slices x[..., 0, ...] and x[..., 1, ...] (the dim is
+ * gathered if sharded; the slices keep x's other shardings): fused_mlp's wi output. */
+sim_status mesh_nn_unstack2(mesh_tape *t, mesh_var *x, int dim, const char *name, mesh_var **y0, mesh_var **y1);
+
+/* Dropout (flax semantics) with a mesh-independent mask: one draw per global index of x without
+ * dim `bcast` (bk_dropout.h), from `key`; rate 0 returns x itself.  Same sharding as x. */
+sim_status mesh_nn_dropout(mesh_tape *t, mesh_var *x, double rate, uint64_t key, int bcast, const char *name,
+                           mesh_var **out);
 
 /* Scalar mean over every element of x (all axes reduced; result replicated). */
 sim_status mesh_nn_mean(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out);

@@ -34,6 +34,7 @@ typedef struct {
     int which;        /* 0 params, 1 mu, 2 nu */
     int64_t nel;      /* elements of the stacked tensor */
     uint64_t begin;   /* data_offsets[0], from the start of the data section */
+    model_param view; /* what p points to: the parameter, or one layer of it (scan_layers=false) */
 } ck_tensor;
 
 static mesh_array *ck_arrays(const ck_tensor *t)
@@ -59,20 +60,25 @@ typedef struct {
 /* The tensor list of a model (params, then mu and nu when with_opt). */
 static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tensor **out, int *nt)
 {
-    ck_tensor *t = calloc((size_t)(3 * n + 1), sizeof *t);
+    int per = 0; /* MaxText's tensors: an unscanned stack is one tensor per layer */
+    for (int i = 0; i < n; i++) per += model_param_def_tensors(&params[i].def);
+    ck_tensor *t = calloc((size_t)(3 * per + 1), sizeof *t);
     if (!t) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
     int k = 0;
     uint64_t off = 0;
     for (int which = 0; which < (with_opt ? 3 : 1); which++)
         for (int i = 0; i < n; i++) {
             if (which == 2 && !params[i].v) continue; /* opt_type=muon: a Muon leaf has no nu */
-            snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], params[i].def.path);
-            t[k].p = &params[i];
-            t[k].which = which;
-            t[k].nel = numel(&params[i].def);
-            t[k].begin = off;
-            off += (uint64_t)t[k].nel * 4;
-            k++;
+            for (int l = 0; l < model_param_def_tensors(&params[i].def); l++) {
+                model_param_tensor_view(&params[i], l, &t[k].view);
+                snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], t[k].view.def.path);
+                t[k].p = &t[k].view;
+                t[k].which = which;
+                t[k].nel = numel(&t[k].view.def);
+                t[k].begin = off;
+                off += (uint64_t)t[k].nel * 4;
+                k++;
+            }
         }
     *out = t;
     *nt = k;

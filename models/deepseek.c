@@ -21,7 +21,7 @@
  * the load-balance loss of every MoE layer (weight / number of MoE layers)
  * is added to the loss.
  *
- * With remat_policy=full each layer is one tape entry (output and, for MoE
+ * With remat (every remat_policy but none) each layer is one tape entry (output and, for MoE
  * layers with a load-balance loss, that loss): backward runs the layer again
  * on a recording tape, so only the layer inputs live between the passes.
  *
@@ -58,7 +58,6 @@ static const char *const DENSE_MOE_IN[3] = {"activation_batch", "activation_leng
 static const char *const MOE_W_IN[3] = {"exp", NULL, "mlp_no_fsdp"};
 static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
 static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
-static const char *const LOGITS[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
 static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
 
 /* ------------------------------------------------------------ config */
@@ -74,6 +73,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
 {
     SIM_TRY(model_cfg_i64(cfg, "first_num_dense_layers", &d->dense_layers));
     SIM_TRY(model_cfg_i64(cfg, "base_moe_mlp_dim", &d->moe_mlp));
+    d->moe_mlp *= d->param_scale_mlp; /* global_parameter_scale, as MaxText's moe_mlp_dim */
     SIM_TRY(model_cfg_i64(cfg, "num_experts", &d->experts));
     SIM_TRY(model_cfg_i64(cfg, "num_experts_per_tok", &d->top_k));
     SIM_TRY(model_cfg_i64(cfg, "shared_experts", &d->shared_experts));
@@ -122,6 +122,9 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     bool swiglu = nacts == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
     free(acts);
     if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
+    if (d->fused_mlp)
+        return unsupported(cfg, "fused_mlp", "the fused wi kernel is simulated for decoder_block=llama2 only; use "
+                                             "fused_mlp=false with DeepSeek");
     bool b;
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
     if (b) return unsupported(cfg, "use_ring_of_experts", "the ring-of-experts MoE is not simulated; drop it to use the ragged all-to-all path");
@@ -133,6 +136,21 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     if (groups != -1) return unsupported(cfg, "n_routing_groups", "group-limited routing is not simulated; use -1");
     SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &f));
     if (f != 0) return unsupported(cfg, "routed_bias_update_rate", "the loss-free bias update is not simulated; use 0");
+
+    /* remat policies: the routed experts run in one manual region (mesh_moe_experts) that does not
+     * keep MaxText's MoE checkpoint tags (moe.py tags mlpwi_0/mlpwo/moe_* inside it) */
+    static const model_ckpt_name moe_tags[] = {MODEL_CKPT_MLPWI,       MODEL_CKPT_MLPWI_0,     MODEL_CKPT_MLPWI_1,
+                                               MODEL_CKPT_MLPWO,       MODEL_CKPT_MOE_MLPWI_0, MODEL_CKPT_MOE_MLPWI_1,
+                                               MODEL_CKPT_MOE_MLPWO,   MODEL_CKPT_MOE_X_SORTED,
+                                               MODEL_CKPT_MOE_ROUTING_MAPS};
+    for (size_t i = 0; i < sizeof moe_tags / sizeof moe_tags[0] && d->layers > d->dense_layers; i++)
+        if (d->ckpt[moe_tags[i]] != MODEL_CKPT_REMAT)
+            return sim_err(SIM_ERR_INPUT,
+                           "remat_policy=%s keeps '%s', which MaxText also tags inside the routed experts (moe.py); "
+                           "the simulated MoE layers do not keep those tensors yet. With MoE layers use full, none, "
+                           "save_qkv_proj, save_out_proj, save_dot_except_mlp, save_dot_with_context_except_mlp, "
+                           "qkv_proj_offloaded, or custom without the MLP/MoE tags",
+                           d->remat_policy, model_ckpt_name_str(moe_tags[i]));
 
     /* sizes */
     if (d->dense_layers < 0 || d->dense_layers > d->layers)
@@ -276,8 +294,9 @@ sim_status deepseek_define(model_def *m, const mesh_cfg *cfg)
     if (nd > 0) define_stack(m, "dense_layers", nd, false);
     if (nm > 0) define_stack(m, "moe_layers", nm, true);
     add(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, MODEL_INIT_ONES, 0);
-    add(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
-        MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+    if (!d->tied_logits)
+        add(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
+            MODEL_INIT_TRUNC_NORMAL, fan_in(E));
     if (nm > 0) {
         sim_axes ep, h;
         SIM_TRY(moe_axes(m, &ep, &h));
@@ -610,6 +629,7 @@ static bk_rope_params rope_params(const model_dims *d)
     p.max_timescale = d->rope_theta;
     if (!d->yarn) {
         p.min_timescale = d->rope_min;
+        p.linear_scaling_factor = d->rope_linear;
         return p;
     }
     p.factor = d->rope_factor;
@@ -698,9 +718,11 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     } else {
         mesh_var *lq;
         SIM_TRY(dense(md, t, "bte,eq->btq", xq, param(md, t, s->wq_a, l), "wq_a", 3, Q_LORA, &lq));
+        SIM_TRY(model_checkpoint_name(md, lq, MODEL_CKPT_QUERY_WA_PROJ));
         mesh_var *qn = param(md, t, s->q_norm, l);
         SIM_TRY(unaligned_norm_check(md, lq, qn, "q_norm"));
         SIM_TRY(mesh_nn_rmsnorm(t, lq, qn, d->eps, "q_norm", &lq));
+        SIM_TRY(model_checkpoint_name(md, lq, MODEL_CKPT_MLA_Q));
         SIM_TRY(dense(md, t, "btq,qhd->bthd", lq, param(md, t, s->wq_b, l), "wq_b", 4, KV4, &q));
     }
     SIM_TRY(split_last(t, q, d->qk_nope, false, "query_split", &q_nope, &q_pe));
@@ -714,10 +736,12 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     SIM_TRY(model_shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
     /* keys and values from the latent; one rope key head for all heads */
     SIM_TRY(dense(md, t, "bte,ek->btk", xkv, param(md, t, s->wkv_a, l), "wkv_a", 3, KV_LORA, &low));
+    SIM_TRY(model_checkpoint_name(md, low, MODEL_CKPT_KV_WA_PROJ));
     SIM_TRY(split_last(t, low, d->kv_lora, true, "kv_split", &kv_latent, &k_rope));
     mesh_var *kvn = param(md, t, s->kv_norm, l);
     SIM_TRY(unaligned_norm_check(md, kv_latent, kvn, "kv_norm"));
     SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, kvn, d->eps, "kv_norm", &kv_latent));
+    SIM_TRY(model_checkpoint_name(md, kv_latent, MODEL_CKPT_MLA_KV));
     SIM_TRY(dense(md, t, "btk,khd->bthd", kv_latent, param(md, t, s->wkv_b, l), "wkv_b", 4, KV4, &kv));
     SIM_TRY(split_last(t, kv, d->qk_nope, false, "kv_split_heads", &k_nope, &value));
     SIM_TRY(model_shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
@@ -729,12 +753,19 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     SIM_TRY(concat_last(t, k_nope, key_rope, "key_concat", &key));
     SIM_TRY(model_shard_as(md, t, key, "attention_mla/key", 4, KV4, &key));
     SIM_TRY(model_shard_as(md, t, value, "attention_mla/value", 4, KV4, &value));
+    /* the tensors remat policies save (MaxText's checkpoint_name tags, attention_mla.py) */
+    SIM_TRY(model_checkpoint_name(md, query, MODEL_CKPT_QUERY_PROJ));
+    SIM_TRY(model_checkpoint_name(md, key, MODEL_CKPT_KEY_PROJ));
+    SIM_TRY(model_checkpoint_name(md, value, MODEL_CKPT_VALUE_PROJ));
     double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
                                         d->rope_factor, d->mscale);
     log_attention_op(md, query, key, value);
-    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_dot, "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, d->attn_dot,
+                                     "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
-    return dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
+    SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
+    SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y));
+    return model_checkpoint_name(md, *y, MODEL_CKPT_OUT_PROJ);
 }
 
 /* SwiGLU MLP (facts §5.5): dense layers and the shared experts. */
@@ -742,10 +773,14 @@ static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int
 {
     mesh_var *g, *u, *act;
     SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi0, l), "wi_0", 3, MLP_WI, &g));
+    SIM_TRY(model_checkpoint_name(md, g, MODEL_CKPT_MLPWI_0));
     SIM_TRY(dense(md, t, "bte,ef->btf", x, param(md, t, wi1, l), "wi_1", 3, MLP_WI, &u));
+    SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
+    SIM_TRY(model_dropout(md, t, act, md->ctx.layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
-    return dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y);
+    SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y));
+    return model_checkpoint_name(md, *y, MODEL_CKPT_MLPWO);
 }
 
 /* MaxText 0.2.5's dense dropless MoE (sparse_matmul=false, capacity_factor <= 0: moe.dense_matmul)
@@ -887,6 +922,7 @@ static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, in
         SIM_TRY(model_shard_as(md, t, f, "deepseek/mlp", 3, A, &f));
     }
     SIM_TRY(mesh_ad_add(t, f, h, "residual_mlp", &h));
+    SIM_TRY(model_dropout(md, t, h, layer, &h)); /* dropout_op */
     SIM_TRY(model_shard_as(md, t, h, "deepseek/x", 3, A, y));
     md->ctx.layer = saved;
     return SIM_OK;
@@ -907,13 +943,14 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     int embed = global_ix(m, "params.token_embedder.embedding"), norm = global_ix(m, "params.decoder.decoder_norm.scale"),
         logits_ix = global_ix(m, "params.decoder.logits_dense.kernel");
     md->ctx.layer = "decoder";
-    mesh_var *x, *logits, *tok_loss, *lb_sum = NULL;
-    SIM_TRY(mesh_nn_embed(t, param(md, t, embed, 0), &b->tokens, "token_embedder", &x));
+    mesh_var *x, *logits, *tok_loss, *lb_sum = NULL, *table = param(md, t, embed, 0);
+    SIM_TRY(mesh_nn_embed(t, table, &b->tokens, "token_embedder", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) { /* Embed's out_sharding */
         mesh_spec es;
         SIM_TRY(model_logical_spec(m, "embed/out", 3, EMB_OUT, &es));
         SIM_TRY(mesh_ad_shard_as(t, x, &es, "embed/out", &x));
     }
+    SIM_TRY(model_dropout(md, t, x, "decoder/embedding", &x)); /* no dropout with a pipeline (refused) */
     /* with a pipeline: the dense layers run first with 'stage' acting as data, the MoE layers as the pipeline */
     const bool pp = m->d.pipe.on;
     const int n_before = pp ? (int)m->d.dense_layers : m->d.layers;
@@ -950,7 +987,8 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
         SIM_TRY(model_logical_spec(m, "decoder/norm_out", 3, FINAL, &fs));
         SIM_TRY(mesh_ad_shard_as(t, x, &fs, "decoder/norm_out", &x));
     }
-    SIM_TRY(dense(md, t, "bte,ev->btv", x, param(md, t, logits_ix, 0), "logits_dense", 3, LOGITS, &logits));
+    SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
+    SIM_TRY(model_logits(md, t, x, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
     /* MaxText's loss function uses the raw with_sharding_constraint (an assert in explicit mode) */
     mesh_spec ls;

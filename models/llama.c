@@ -2,12 +2,13 @@
  *
  * Every activation is constrained where MaxText constrains it, with the same
  * logical names (reference/maxtext-facts.md §5.1-5.3, 5.5, 5.8); in explicit
- * mode the projections get MaxText's out_shardings.  With remat_policy=full
- * each decoder layer is one tape entry: forward runs the layer on a scratch
+ * mode the projections get MaxText's out_shardings.  With remat (every
+ * remat_policy but none) each decoder layer is one tape entry: forward runs the layer on a scratch
  * tape that records nothing and keeps only the output; the entry's VJP runs
  * the layer again on a recording tape (its FSDP all-gathers included) and
- * back-propagates through it, so only layer inputs stay alive between the
- * passes, as on real hardware. */
+ * back-propagates through it, so only layer inputs (and the tensors the
+ * policy saves, tagged where MaxText calls checkpoint_name) stay alive
+ * between the passes, as on real hardware. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,13 +28,14 @@ static const char *const KV4[4] = {"activation_kv_batch", "activation_length_att
 static const char *const ATTN_OUT[4] = {"activation_batch_attn", "activation_length_attn", "activation_heads",
                                         "activation_kv"};
 static const char *const MLP_MID[3] = {"activation_batch", "activation_length", "activation_mlp"};
+/* fused_mlp: the activations must not shard the num_activations dim */
+static const char *const MLP_FUSED[4] = {"activation_batch", "activation_length", NULL, "activation_mlp"};
 static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
 static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
-static const char *const LOGITS[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
 static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
 
 typedef struct {
-    int q, k, v, o, ln1, ln2, wi0, wi1, wo, embed, norm, logits;
+    int q, k, v, o, ln1, ln2, wi0, wi1, wi, wo, embed, norm, logits;
 } llama_ix;
 
 static llama_ix indices(const model_def *m)
@@ -47,6 +49,7 @@ static llama_ix indices(const model_def *m)
     x.ln2 = model_param_index(m, "post_self_attention_layer_norm.scale");
     x.wi0 = model_param_index(m, "mlp.wi_0.kernel");
     x.wi1 = model_param_index(m, "mlp.wi_1.kernel");
+    x.wi = model_param_index(m, "mlp.wi.kernel");
     x.wo = model_param_index(m, "mlp.wo.kernel");
     x.embed = model_param_index(m, "token_embedder.embedding");
     x.norm = model_param_index(m, "decoder_norm.scale");
@@ -99,15 +102,22 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
     rp.min_timescale = d->rope_min;
     rp.max_timescale = d->rope_theta;
+    rp.linear_scaling_factor = d->rope_linear;
     SIM_TRY(mesh_nn_rope(t, q, &b->positions, &rp, "query_rope", &q));
     SIM_TRY(mesh_nn_rope(t, k, &b->positions, &rp, "key_rope", &k));
     SIM_TRY(model_shard_as(md, t, q, "attention/query", 4, KV4, &q));
     SIM_TRY(model_shard_as(md, t, k, "attention/key", 4, KV4, &k));
     SIM_TRY(model_shard_as(md, t, v, "attention/value", 4, KV4, &v));
+    /* the tensors remat policies save (MaxText's checkpoint_name tags, attentions.py) */
+    SIM_TRY(model_checkpoint_name(md, q, MODEL_CKPT_QUERY_PROJ));
+    SIM_TRY(model_checkpoint_name(md, k, MODEL_CKPT_KEY_PROJ));
+    SIM_TRY(model_checkpoint_name(md, v, MODEL_CKPT_VALUE_PROJ));
     /* MaxText folds 1/sqrt(head_dim) into the query init: the score scale is 1 */
-    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, 1.0, d->attn_dot, "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, 1.0, d->attn_soft_cap, d->attn_dot, "attention_op", &o));
+    SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
     SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
+    SIM_TRY(model_checkpoint_name(md, a, MODEL_CKPT_OUT_PROJ));
     md->ctx.layer = layer;
     SIM_TRY(model_shard_as(md, t, a, "llama2/attention_lnx", 3, A, &a));
     SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h));
@@ -117,14 +127,27 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &ln2));
     SIM_TRY(model_shard_as(md, t, ln2, "llama2/hidden_states", 3, A, &ln2));
     md->ctx.layer = mlp_layer;
-    SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3, MLP_MID, &g));
-    SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3, MLP_MID, &u));
+    if (d->fused_mlp) { /* linears.MlpBlock, fused: one product, then x[:, :, 0] and x[:, :, 1] */
+        mesh_var *wi;
+        SIM_TRY(dense(md, t, "bte,eaf->btaf", ln2, param(md, t, ix.wi, l), "wi", 4, MLP_FUSED, &wi));
+        SIM_TRY(model_shard_as(md, t, wi, "linears/fused_x", 4, MLP_FUSED, &wi));
+        SIM_TRY(model_checkpoint_name(md, wi, MODEL_CKPT_MLPWI));
+        SIM_TRY(mesh_nn_unstack2(t, wi, 2, "wi_split", &g, &u));
+    } else {
+        SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3, MLP_MID, &g));
+        SIM_TRY(model_checkpoint_name(md, g, MODEL_CKPT_MLPWI_0));
+        SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3, MLP_MID, &u));
+        SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
+    }
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
+    SIM_TRY(model_dropout(md, t, act, mlp_layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_MID, &act));
     SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp));
+    SIM_TRY(model_checkpoint_name(md, mlp, MODEL_CKPT_MLPWO));
     md->ctx.layer = layer;
     SIM_TRY(model_shard_as(md, t, mlp, "llama2/mlp_lnx", 3, A, &mlp));
     SIM_TRY(mesh_ad_add(t, h, mlp, "residual_mlp", &h));
+    SIM_TRY(model_dropout(md, t, h, layer, &h));
     SIM_TRY(model_shard_as(md, t, h, "llama2/layer_output", 3, A, y));
     md->ctx.layer = saved_layer;
     return SIM_OK;
@@ -145,10 +168,11 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     const model_def *m = md->def;
     llama_ix ix = indices(m);
     md->ctx.layer = "decoder";
-    mesh_var *x, *logits, *tok_loss;
-    SIM_TRY(mesh_nn_embed(t, param(md, t, ix.embed, 0), &b->tokens, "token_embedder", &x));
+    mesh_var *x, *logits, *tok_loss, *table = param(md, t, ix.embed, 0);
+    SIM_TRY(mesh_nn_embed(t, table, &b->tokens, "token_embedder", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
         SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
+    SIM_TRY(model_dropout(md, t, x, "decoder/embedding", &x)); /* no dropout with a pipeline (refused) */
     if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline.c) */
         SIM_TRY(model_pipeline_run(md, t, b, x, llama_layer_fn, 0, &x));
     for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
@@ -167,7 +191,8 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, ix.norm, 0), m->d.eps, "decoder_norm", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) SIM_TRY(model_shard_as(md, t, x, "decoder/norm_out", 3, FINAL, &x));
-    SIM_TRY(dense(md, t, "bte,ev->btv", x, param(md, t, ix.logits, 0), "logits_dense", 3, LOGITS, &logits));
+    SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
+    SIM_TRY(model_logits(md, t, x, table, ix.logits >= 0 ? param(md, t, ix.logits, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
     /* MaxText's loss function uses the raw with_sharding_constraint: an assert in explicit mode */
     SIM_TRY(model_constraint(md, t, tok_loss, "loss/xent", 2, LOSS, &tok_loss));

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "mesh/ad.h"
+#include "mesh/nn.h"
 #include "mesh/reshard.h"
 #include "models/init.h"
 
@@ -136,13 +137,17 @@ static void define_llama(model_def *m)
     const model_dims *d = &m->d;
     int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, F = d->mlp, L = d->layers;
     double fe = 1.0 / sqrt((double)E);
+    /* MaxText's Attention.init_query_w drops the depth scaling whenever the config's use_qk_norm is
+     * set, although the llama2 decoder never passes use_qk_norm to its Attention (no query/key norm
+     * runs): the only effect of the key on Llama is an unscaled query init. */
+    double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)D);
     add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
               -1, MODEL_INIT_NORMAL, fe);
     add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
               (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
     /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
     add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
-              (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe / sqrt((double)D));
+              (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
     add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
               (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
     add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
@@ -151,15 +156,156 @@ static void define_llama(model_def *m)
               (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
     add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
               (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
-    add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F}, (const char *[]){"embed", "layers", "mlp"},
-              1, MODEL_INIT_TRUNC_NORMAL, fe);
-    add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F}, (const char *[]){"embed", "layers", "mlp"},
-              1, MODEL_INIT_TRUNC_NORMAL, fe);
+    if (d->fused_mlp) /* MlpBlock with fused_mlp: one kernel for both activations */
+        add_param(m, "params.decoder.layers.mlp.wi.kernel", 4, (int64_t[]){E, L, 2, F},
+                  (const char *[]){"embed", "layers", "num_activations", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+    else {
+        add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F},
+                  (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+        add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F},
+                  (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+    }
     add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E}, (const char *[]){"mlp", "layers", "embed"},
               1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
     add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
-    add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"}, -1,
-              MODEL_INIT_TRUNC_NORMAL, fe);
+    if (!d->tied_logits)
+        add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
+                  -1, MODEL_INIT_TRUNC_NORMAL, fe);
+}
+
+/* MaxText's get_individual_scales: global_parameter_scale = 2^k multiplies heads and MLP widths by
+ * 2^(k/3 + (k%3 > 0)), the embedding by 2^(k/3 + (k%3 > 1)) and the layers by 2^(k/3). */
+static sim_status parameter_scale(const mesh_cfg *cfg, model_dims *d)
+{
+    long long s;
+    SIM_TRY(mesh_cfg_get_int(cfg, "global_parameter_scale", &s));
+    if (s < 1 || (s & (s - 1)))
+        return sim_err(SIM_ERR_INPUT,
+                       "global_parameter_scale=%lld: must be a power of two (1, 2, 4, ...); for finer control set "
+                       "base_emb_dim, base_num_query_heads, base_num_kv_heads, base_mlp_dim and "
+                       "base_num_decoder_layers directly",
+                       s);
+    int k = 0;
+    while ((1LL << k) < s) k++;
+    int base = k / 3, rem = k % 3;
+    int head = base + (rem > 0), emb = base + (rem > 1);
+    if (k > 30) return sim_err(SIM_ERR_INPUT, "global_parameter_scale=%lld is too large", s);
+    d->q_heads <<= head;
+    d->kv_heads <<= head;
+    d->mlp <<= head;
+    d->emb <<= emb;
+    d->layers <<= base;
+    d->param_scale_mlp = 1LL << head;
+    return SIM_OK;
+}
+
+/* ------------------------------------------------------------ remat policies */
+
+static const char *const CKPT_NAMES[MODEL_CKPT_N] = {
+    "query_proj", "key_proj",   "value_proj",    "kv_proj",     "qkv_proj",           "out_proj",
+    "mlpwi",      "mlpwi_0",    "mlpwi_1",       "mlpwo",       "context",            "attention_out",
+    "query_wa_proj", "kv_wa_proj", "mla_q",      "mla_kv",      "decoder_layer_input", "moe_mlpwi_0",
+    "moe_mlpwi_1", "moe_mlpwo", "moe_x_sorted",  "moe_routing_maps", "indexer_cutoff_threshold", "engram",
+};
+
+const char *model_ckpt_name_str(model_ckpt_name n) { return n >= 0 && n < MODEL_CKPT_N ? CKPT_NAMES[n] : "?"; }
+
+/* MaxText's policies (layers/nnx_decoders.py get_remat_policy and minimal_policy): the names each
+ * saves on the device (save_only_these_names) or offloads to host (save_and_offload_only_these_
+ * names).  "quantization" (the *_with_quantization variants) tags nothing without quantization. */
+#define B(n) (1u << MODEL_CKPT_##n)
+#define QKV (B(QUERY_PROJ) | B(VALUE_PROJ) | B(KEY_PROJ) | B(KV_PROJ) | B(QKV_PROJ))
+#define MINIMAL (QKV | B(OUT_PROJ) | B(MLPWI_0) | B(MLPWI_1) | B(MLPWI) | B(MLPWO))
+static const struct {
+    const char *name;
+    uint32_t device, offload;
+} POLICIES[] = {
+    {"full", 0, 0},
+    {"minimal", MINIMAL, 0},
+    {"minimal_with_quantization", MINIMAL, 0},
+    {"minimal_with_context", MINIMAL | B(CONTEXT), 0},
+    {"minimal_flash", MINIMAL | B(CONTEXT), 0},
+    {"minimal_with_context_and_quantization", MINIMAL | B(CONTEXT), 0},
+    {"save_dot_with_context_except_mlp", QKV | B(CONTEXT) | B(OUT_PROJ), 0},
+    {"save_dot_except_mlpwi", QKV | B(OUT_PROJ) | B(MLPWO), 0},
+    {"save_dot_except_mlp", QKV | B(OUT_PROJ), 0},
+    {"save_qkv_proj", QKV, 0},
+    {"qkv_proj_offloaded", 0, B(QUERY_PROJ) | B(VALUE_PROJ) | B(KEY_PROJ) | B(KV_PROJ)},
+    {"minimal_offloaded", 0, MINIMAL},
+    {"save_out_proj", B(OUT_PROJ), 0},
+};
+#undef QKV
+#undef MINIMAL
+#undef B
+
+static sim_status remat_policy_from_config(const mesh_cfg *cfg, model_dims *d)
+{
+    const char *p;
+    SIM_TRY(mesh_cfg_get_str(cfg, "remat_policy", &p));
+    /* the YAML reader takes "none" for a null: read the text as written */
+    const mesh_cfg_entry *en = mesh_cfg_find(cfg, "remat_policy");
+    if (!p && en && en->value.kind == MESH_CFG_SCALAR && en->value.text) p = en->value.text;
+    if (!p) return sim_err(SIM_ERR_INPUT, "remat_policy is empty: use full, none or one of MaxText's policies");
+    snprintf(d->remat_policy, sizeof d->remat_policy, "%s", p);
+    memset(d->ckpt, 0, sizeof d->ckpt);
+    d->remat_full = strcmp(p, "none") != 0;
+    if (!d->remat_full) return SIM_OK;
+    if (!strcmp(p, "custom")) {
+        /* the per-tensor keys (base.yml: remat | device | offload) */
+        static const char *const acts[] = {"remat", "device", "offload"};
+        for (int n = 0; n < MODEL_CKPT_N; n++) {
+            int a;
+            SIM_TRY(mesh_cfg_get_enum(cfg, CKPT_NAMES[n], acts, 3, &a));
+            d->ckpt[n] = (uint8_t)a;
+        }
+        if (d->ckpt[MODEL_CKPT_DECODER_LAYER_INPUT] == MODEL_CKPT_OFFLOAD)
+            return sim_err(SIM_ERR_INPUT,
+                           "decoder_layer_input=offload (remat_policy=custom): offloading the decoder layers' inputs "
+                           "to host is not simulated; keep it 'device' (every layer input stays on the device, as "
+                           "with the other policies)");
+        return SIM_OK;
+    }
+    for (size_t i = 0; i < sizeof POLICIES / sizeof POLICIES[0]; i++)
+        if (!strcmp(p, POLICIES[i].name)) {
+            for (int n = 0; n < MODEL_CKPT_N; n++)
+                d->ckpt[n] = POLICIES[i].device >> n & 1 ? MODEL_CKPT_DEVICE
+                             : POLICIES[i].offload >> n & 1 ? MODEL_CKPT_OFFLOAD
+                                                             : MODEL_CKPT_REMAT;
+            return SIM_OK;
+        }
+    char list[1024];
+    size_t o = 0;
+    for (size_t i = 0; i < sizeof POLICIES / sizeof POLICIES[0]; i++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s, ", POLICIES[i].name);
+    return sim_err(SIM_ERR_INPUT, "remat_policy='%s': MaxText's policies are %scustom (with the per-tensor keys) and none",
+                   p, list);
+}
+
+/* param_scan_axis: MaxText's scan stacks every layer weight along this axis (the definitions
+ * above write the layers at dim 1, MaxText's default).  Only where the layers sit in the stacked
+ * shape (dumps, checkpoints) changes; each device stores a weight layer by layer either way. */
+static sim_status scan_axis_from_config(const mesh_cfg *cfg, model_def *m)
+{
+    long long a;
+    SIM_TRY(mesh_cfg_get_int(cfg, "param_scan_axis", &a));
+    for (int i = 0; i < m->nparams; i++) {
+        model_param_def *d = &m->defs[i];
+        if (d->scan_dim < 0 || d->scan_dim == a) continue;
+        if (a < 0 || a >= d->rank)
+            return sim_err(SIM_ERR_INPUT,
+                           "param_scan_axis=%lld: %s has %d dims per layer, so the stacked layer dim can go at 0..%d; "
+                           "use param_scan_axis=0 or 1 (MaxText's default)",
+                           a, d->path, d->rank - 1, d->rank - 1);
+        int64_t n = d->shape[d->scan_dim];
+        const char *name = d->logical[d->scan_dim];
+        int s = d->scan_dim;
+        while (s < a) d->shape[s] = d->shape[s + 1], d->logical[s] = d->logical[s + 1], s++;
+        while (s > a) d->shape[s] = d->shape[s - 1], d->logical[s] = d->logical[s - 1], s--;
+        d->shape[a] = n;
+        d->logical[a] = name;
+        d->scan_dim = (int)a;
+    }
+    return SIM_OK;
 }
 
 /* What MaxText's config does when it pipelines (types.py): 'stage' moves before 'data' in the
@@ -290,6 +436,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(model_cfg_i64(cfg, "base_mlp_dim", &d->mlp));
     SIM_TRY(model_cfg_i64(cfg, "base_num_decoder_layers", &d->layers));
     SIM_TRY(model_cfg_i64(cfg, "max_target_length", &d->seq));
+    SIM_TRY(parameter_scale(cfg, d));
     static const char *const pk[] = {"vocab_size", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
                                      "head_dim", "base_mlp_dim", "base_num_decoder_layers", "max_target_length"};
     int64_t pv[] = {d->vocab, d->emb, d->q_heads, d->kv_heads, d->head_dim, d->mlp, d->layers, d->seq};
@@ -302,11 +449,31 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_double(cfg, "z_loss_multiplier", &d->z_loss));
     SIM_TRY(mesh_cfg_get_double(cfg, "rope_max_timescale", &d->rope_theta));
     SIM_TRY(mesh_cfg_get_double(cfg, "rope_min_timescale", &d->rope_min));
-    static const char *const remat[] = {"full", "none"};
-    int r;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "remat_policy", remat, 2, &r));
-    d->remat_full = r == 0;
+    SIM_TRY(mesh_cfg_get_double(cfg, "rope_linear_scaling_factor", &d->rope_linear));
+    if (!(d->rope_linear > 0))
+        return sim_err(SIM_ERR_INPUT, "rope_linear_scaling_factor=%g: must be positive (1 = no scaling)", d->rope_linear);
+    SIM_TRY(model_cfg_bool(cfg, "logits_via_embedding", &d->tied_logits));
+    SIM_TRY(model_cfg_bool(cfg, "normalize_embedding_logits", &d->normalize_tied));
+    SIM_TRY(mesh_cfg_get_double(cfg, "final_logits_soft_cap", &d->final_soft_cap));
+    SIM_TRY(mesh_cfg_get_double(cfg, "attn_logits_soft_cap", &d->attn_soft_cap));
+    if (d->final_soft_cap < 0 || d->attn_soft_cap < 0)
+        return sim_err(SIM_ERR_INPUT,
+                       "final_logits_soft_cap=%g, attn_logits_soft_cap=%g: a soft cap is a positive bound, or 0 for none",
+                       d->final_soft_cap, d->attn_soft_cap);
+    SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
+    SIM_TRY(model_cfg_bool(cfg, "fused_mlp", &d->fused_mlp));
+    bool dropout_on;
+    SIM_TRY(model_cfg_bool(cfg, "enable_dropout", &dropout_on));
+    SIM_TRY(mesh_cfg_get_double(cfg, "dropout_rate", &d->dropout));
+    if (!(d->dropout >= 0 && d->dropout <= 1))
+        return sim_err(SIM_ERR_INPUT, "dropout_rate=%g: a probability between 0 and 1", d->dropout);
+    if (!dropout_on) d->dropout = 0; /* MaxText trains with deterministic = not enable_dropout */
+    SIM_TRY(remat_policy_from_config(cfg, d));
     SIM_TRY(attention_kernel(cfg, d));
+    if (d->attn_soft_cap > 0 && d->attn_dot)
+        return sim_err(SIM_ERR_INPUT, "attn_logits_soft_cap=%g with the dot-product attention kernel is not simulated "
+                                      "(attention=%s selects it here); use attention=flash",
+                       d->attn_soft_cap, "dot_product or autoselected");
     static const char *const modes[] = {"auto", "explicit"};
     int md;
     SIM_TRY(mesh_cfg_get_enum(cfg, "shard_mode", modes, 2, &md));
@@ -368,6 +535,40 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         memset(&m->rules_pp_dp, 0, sizeof m->rules_pp_dp);
         return pst;
     }
+    SIM_TRY(scan_axis_from_config(cfg, m));
+    bool scan;
+    SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
+    for (int i = 0; i < m->nparams && !scan; i++) m->defs[i].unscanned = m->defs[i].scan_dim >= 0;
+    bool moved = false;
+    for (int i = 0; i < m->nparams; i++) moved |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1;
+    if (d->zero1 && (!scan || moved))
+        return sim_err(SIM_ERR_INPUT,
+                       "shard_optimizer_over_data=true with %s: ZeRO-1 is simulated for MaxText's default layer "
+                       "layout only; drop one of the two",
+                       !scan ? "scan_layers=false" : "param_scan_axis other than 1");
+    if (m->d.pipe.on) { /* combinations of the pipeline not simulated yet */
+        bool unscanned = false, moved_axis = false;
+        for (int i = 0; i < m->nparams; i++) {
+            unscanned |= m->defs[i].unscanned;
+            moved_axis |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1;
+        }
+        const char *what = d->dropout > 0                                      ? "enable_dropout with dropout_rate > 0"
+                           : d->fused_mlp                                      ? "fused_mlp=true"
+                           : unscanned                                         ? "scan_layers=false"
+                           : moved_axis                                        ? "param_scan_axis other than 1"
+                           : strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none") ? "this remat_policy"
+                                                                                                : NULL;
+        if (what) {
+            mesh_rules_free(&m->rules);
+            mesh_rules_free(&m->rules_pp_dp);
+            memset(&m->rules, 0, sizeof m->rules);
+            memset(&m->rules_pp_dp, 0, sizeof m->rules_pp_dp);
+            return sim_err(SIM_ERR_INPUT,
+                           "%s with pipeline parallelism (ici/dcn_pipeline_parallelism > 1) is not simulated yet; "
+                           "drop one of the two (remat_policy: full or none with a pipeline)",
+                           what);
+        }
+    }
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
         const model_param_def *pd = &m->defs[i];
@@ -391,6 +592,11 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     const char *ot;
     SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
     m->muon = ot && !strcmp(ot, "muon");
+    for (int i = 0; i < m->nparams && m->muon; i++)
+        if (m->defs[i].unscanned || (m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1))
+            return sim_err(SIM_ERR_INPUT,
+                           "opt_type=muon with scan_layers=false or param_scan_axis other than 1: Muon is simulated "
+                           "for MaxText's default layer layout only; drop one of the two");
     if (m->muon) { /* which parameters Muon orthogonalizes, once (configs/muon.yml) */
         model_muon_cfg mc;
         SIM_TRY(model_muon_from_config(cfg, &mc));
@@ -627,6 +833,44 @@ sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     return llama_loss(md, t, b, loss);
 }
 
+/* ------------------------------------------------------------ dropout */
+
+sim_status model_dropout(model_dev *md, mesh_tape *t, mesh_var *x, const char *site, mesh_var **y)
+{
+    const model_dims *d = &md->def->d;
+    if (d->dropout <= 0) {
+        *y = x;
+        return SIM_OK;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "dropout/%s", site);
+    uint64_t step = (uint64_t)sim_device_step(md->ctx.dev);
+    uint64_t key = model_init_key(d->seed + step * 0x9E3779B97F4A7C15ull, name);
+    return mesh_nn_dropout(t, x, d->dropout, key, x->val.rank - 2, "dropout", y);
+}
+
+/* ------------------------------------------------------------ output head */
+
+static const char *const LOGITS3[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
+
+sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embed, mesh_var *dense_w,
+                        mesh_var **logits)
+{
+    const model_dims *d = &md->def->d;
+    mesh_spec os;
+    const mesh_spec *out;
+    SIM_TRY(model_out_sharding(md, "logits_dense", 3, LOGITS3, &os, &out));
+    if (!d->tied_logits) /* MaxText applies final_logits_soft_cap on the tied path only */
+        return mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits);
+    /* attend_on_embedding: y . table^T with the decoder's out_sharding; MaxText casts the table to
+     * bfloat16 there, the simulator computes it in float32 like every other product */
+    SIM_TRY(mesh_ad_einsum(t, "bte,ve->btv", y, embed, out, "logits_via_embedding", logits));
+    double a = d->normalize_tied ? 1.0 / sqrt((double)y->val.shape[2]) : 1.0;
+    if (a != 1.0 || d->final_soft_cap > 0)
+        SIM_TRY(mesh_nn_softcap(t, *logits, a, d->final_soft_cap, "logits_soft_cap", logits));
+    return SIM_OK;
+}
+
 /* ------------------------------------------------------------ logical helpers */
 
 void model_note_activation(const model_dev *md, const char *name, const mesh_array *a, int rank,
@@ -685,12 +929,101 @@ sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const
 
 /* ------------------------------------------------------------ remat */
 
+/* The tensors one remat layer saved in its forward, in the order it saved them. */
+typedef struct {
+    model_ckpt_name name;
+    mesh_array a;      /* on the device (arena), or shape/spec only when offloaded */
+    float *host;       /* offloaded copy (NULL in a dry run) */
+    bool offloaded;
+} remat_saved;
+
+typedef struct model_remat_store {
+    remat_saved *v;
+    int n, cap;
+    int next;          /* recompute: the next entry to hand back */
+    bool recompute;
+} model_remat_store;
+
+static void store_free(sim_device *dev, model_remat_store *s)
+{
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) {
+        if (!s->v[i].offloaded) mesh_array_free(dev, &s->v[i].a); /* no-op once handed back (nlocal 0) */
+        free(s->v[i].host);
+    }
+    free(s->v);
+    free(s);
+}
+
+sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name)
+{
+    model_remat_store *s = md->remat;
+    model_ckpt_action act = (model_ckpt_action)md->def->d.ckpt[name];
+    if (!s || act == MODEL_CKPT_REMAT) return SIM_OK;
+    sim_device *dev = md->ctx.dev;
+    if (s->recompute) {
+        /* the same checkpoints come in the same order as in the forward pass */
+        SIM_ASSERT(s->next < s->n && s->v[s->next].name == name);
+        remat_saved *r = &s->v[s->next++];
+        if (r->offloaded) { /* brought back: the recomputed twin stands for it on the device */
+            free(r->host);
+            r->host = NULL;
+        } else if (x->owned) { /* the saved tensor replaces its recomputed twin (same values) */
+            mesh_array_free(dev, &x->val);
+            x->val = r->a;
+            memset(&r->a, 0, sizeof r->a);
+        } else {
+            mesh_array_free(dev, &r->a);
+        }
+        return SIM_OK;
+    }
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 16;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
+        SIM_ASSERT(s->v);
+    }
+    remat_saved *r = &s->v[s->n++];
+    memset(r, 0, sizeof *r);
+    r->name = name;
+    if (act == MODEL_CKPT_OFFLOAD) {
+        r->offloaded = true;
+        r->a = x->val;
+        r->a.data = NULL;
+        if (x->val.data) {
+            size_t bytes = x->val.nlocal * sim_dtype_size(x->val.dtype);
+            r->host = malloc(bytes + 1);
+            SIM_ASSERT(r->host);
+            memcpy(r->host, x->val.data, bytes);
+        }
+        return SIM_OK;
+    }
+    if (x->owned) { /* kept alive past the scratch tape: the store owns it now */
+        r->a = x->val;
+        x->owned = false;
+        return SIM_OK;
+    }
+    char nm[MESH_NAME_MAX];
+    snprintf(nm, sizeof nm, "%s (saved)", CKPT_NAMES[name]);
+    SIM_TRY(mesh_array_new(dev, md->ctx.mesh, nm, x->val.rank, x->val.shape, &x->val.spec, x->val.dtype,
+                           SIM_MEM_ACTIVATIONS, &r->a));
+    if (x->val.data) memcpy(r->a.data, x->val.data, x->val.nlocal * sim_dtype_size(x->val.dtype));
+    return SIM_OK;
+}
+
 typedef struct {
     model_dev *md;
     const model_batch *b;
     int layer;
     model_layer_fn fn;
+    model_remat_store *store; /* what the forward saved (NULL: nothing) */
 } remat_payload;
+
+static void remat_payload_free(void *p)
+{
+    remat_payload *rp = p;
+    store_free(rp->md->ctx.dev, rp->store);
+    free(rp);
+}
 
 static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
 {
@@ -698,7 +1031,10 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *x = e->in[0], *y = e->out[0], *aux = e->nout > 1 ? e->out[1] : NULL;
     mesh_tape *inner = mesh_tape_new(mesh_tape_ctx(t), true);
     mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin, *auxin = NULL;
+    if (rp->store) rp->store->recompute = true, rp->store->next = 0;
+    rp->md->remat = rp->store;
     sim_status st = rp->fn(rp->md, inner, rp->b, rp->layer, xin, &yin, &auxin);
+    rp->md->remat = NULL;
     /* the outputs' cotangents move into the recomputed layer; one backward pass covers both */
     if (st == SIM_OK && aux && aux->has_grad && auxin) {
         mesh_array cot = aux->grad;
@@ -725,7 +1061,15 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
 {
     mesh_tape *scratch = mesh_tape_new(mesh_tape_ctx(t), false);
     mesh_var *xin = mesh_tape_input(scratch, &x->val, false), *yin, *auxin = NULL;
+    /* tensors the policy saves are kept only when a backward pass will use them */
+    model_remat_store *store = NULL;
+    if (mesh_tape_recording(t)) {
+        for (int n = 0; n < MODEL_CKPT_N && !store; n++)
+            if (md->def->d.ckpt[n] != MODEL_CKPT_REMAT) store = calloc(1, sizeof *store);
+    }
+    md->remat = store;
     sim_status st = fn(md, scratch, b, layer, xin, &yin, &auxin);
+    md->remat = NULL;
     if (aux) *aux = NULL;
     if (st == SIM_OK) {
         *y = mesh_tape_var(t);
@@ -736,6 +1080,7 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         }
     }
     mesh_tape_free(scratch);
+    if (st != SIM_OK) store_free(md->ctx.dev, store);
     SIM_TRY(st);
     if (md->on_layer) md->on_layer(md->on_layer_arg, layer, false);
     mesh_var *outs[2] = {*y, aux ? *aux : NULL};
@@ -747,8 +1092,10 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         p->b = b;
         p->layer = layer;
         p->fn = fn;
+        p->store = store;
         e->payload = p;
-        e->free_payload = free;
-    }
+        e->free_payload = remat_payload_free;
+    } else
+        store_free(md->ctx.dev, store);
     return SIM_OK;
 }

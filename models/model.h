@@ -20,6 +20,22 @@
 
 enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
 
+/* The tensors MaxText's layer code tags with checkpoint_name (the names remat policies save). */
+typedef enum {
+    MODEL_CKPT_QUERY_PROJ = 0, MODEL_CKPT_KEY_PROJ, MODEL_CKPT_VALUE_PROJ, MODEL_CKPT_KV_PROJ, MODEL_CKPT_QKV_PROJ,
+    MODEL_CKPT_OUT_PROJ, MODEL_CKPT_MLPWI, MODEL_CKPT_MLPWI_0, MODEL_CKPT_MLPWI_1, MODEL_CKPT_MLPWO,
+    MODEL_CKPT_CONTEXT, MODEL_CKPT_ATTENTION_OUT, MODEL_CKPT_QUERY_WA_PROJ, MODEL_CKPT_KV_WA_PROJ, MODEL_CKPT_MLA_Q,
+    MODEL_CKPT_MLA_KV, MODEL_CKPT_DECODER_LAYER_INPUT, MODEL_CKPT_MOE_MLPWI_0, MODEL_CKPT_MOE_MLPWI_1,
+    MODEL_CKPT_MOE_MLPWO, MODEL_CKPT_MOE_X_SORTED, MODEL_CKPT_MOE_ROUTING_MAPS, MODEL_CKPT_INDEXER_CUTOFF,
+    MODEL_CKPT_ENGRAM, MODEL_CKPT_N
+} model_ckpt_name;
+
+/* What a remat policy does with a tagged tensor. */
+typedef enum { MODEL_CKPT_REMAT = 0, MODEL_CKPT_DEVICE, MODEL_CKPT_OFFLOAD } model_ckpt_action;
+
+/* MaxText's name of a tag ("query_proj"). */
+const char *model_ckpt_name_str(model_ckpt_name n);
+
 typedef enum { MODEL_LLAMA2 = 0, MODEL_DEEPSEEK } model_kind;
 
 typedef struct {
@@ -27,7 +43,9 @@ typedef struct {
     model_kind kind;
     int64_t vocab, emb, q_heads, kv_heads, head_dim, mlp, layers;
     double eps, z_loss, rope_theta, rope_min, rope_linear;
-    bool remat_full;          /* remat_policy=full */
+    bool remat_full;          /* each decoder layer is rematerialised (every remat_policy but none) */
+    char remat_policy[48];    /* remat_policy as given */
+    uint8_t ckpt[MODEL_CKPT_N]; /* model_ckpt_action per tag: what the policy saves, offloads or recomputes */
     mesh_mode mode;           /* shard_mode */
     bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
@@ -60,6 +78,15 @@ typedef struct {
     int64_t max_pos, orig_max_pos;    /* max_position_embeddings, original_max_position_embeddings */
     bool yarn, rope_interleave, rope_truncate, rope_attn_scaling;
     model_pipe pipe;          /* pipeline parallelism (pipeline.h); pipe.on when the stage axis has size > 1 */
+    /* output head and attention numerics (MaxText keys of the same names) */
+    bool tied_logits;         /* logits_via_embedding: logits = y . embedding^T, no logits_dense */
+    bool normalize_tied;      /* normalize_embedding_logits: tied logits / sqrt(emb) */
+    double final_soft_cap;    /* final_logits_soft_cap (0 = off; MaxText applies it to tied logits only) */
+    double attn_soft_cap;     /* attn_logits_soft_cap (0 = off) */
+    bool qk_norm_key;         /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
+    double dropout;           /* dropout_rate when enable_dropout (0 = off) */
+    bool fused_mlp;           /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
+    int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
 } model_dims;
 
 /* One activation the forward pass constrained (for input_shardings.json). */
@@ -117,6 +144,8 @@ typedef struct {
     const model_def *def;
     mesh_ctx ctx;
     model_param p[MODEL_MAX_PARAMS];
+    /* the saved tensors of the remat layer running (NULL outside remat or with nothing to save) */
+    struct model_remat_store *remat;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
      * stored state of each parameter as ONE stacked array in the optimizer
      * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
@@ -154,7 +183,8 @@ void model_batch_free(model_dev *md, model_batch *b);
  * load-balance loss term; NULL when the layer has none). */
 typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                                      mesh_var **y, mesh_var **aux);
-/* remat_policy=full: runs fn on a scratch tape that keeps only the outputs,
+/* Remat (every remat_policy but none): runs fn on a scratch tape that keeps
+ * only the outputs and the tensors the policy saves (model_checkpoint_name),
  * and records one entry whose VJP runs fn again on a recording tape (its
  * all-gathers included) and back-propagates through it.  `tag` names the
  * entry (e.g. "decoder/layers_3/remat"). */
@@ -184,6 +214,27 @@ bool model_holds_layer(const model_def *m, int device, int64_t l);
 /* Stores layer l of parameter p (weights or grads) into a global buffer
  * from whichever device holds it. */
 sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_array *a, int64_t l, void *global);
+/* The output head after the final norm: logits_dense, or with logits_via_embedding the
+ * transposed embedding table (normalised and soft-capped as MaxText does).  `embed` is the
+ * embedding table's tape leaf, `dense_w` logits_dense's (NULL when tied). */
+sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embed, mesh_var *dense_w,
+                        mesh_var **logits);
+
+/* MaxText's checkpoint_name(x, name), called where MaxText's layer code calls it.  Inside a
+ * remat layer's forward, a tensor the policy saves on the device stays alive (in the device's
+ * arena, as activations) until that layer's backward, where it stands in for its recomputed twin;
+ * an offloaded one is copied to host memory (outside the device arena: offloaded bytes do not
+ * count toward device memory) and brought back when the backward recomputes the layer.  Outside
+ * remat (remat_policy=none, a forward-only pass) it does nothing.  The recomputation still runs
+ * every op of the layer (values are identical), so executed FLOPs and compute time do not shrink
+ * with the policy; memory does. */
+sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name);
+
+/* MaxText's Dropout(rate=dropout_rate, broadcast_dims=(-2,)) at one site (`site` names it, e.g.
+ * "decoder/layers_3/mlp"): the mask depends on (init_weights_seed, the step, the site) and the
+ * global (batch, feature) index only, so every mesh, and a remat recomputation, drops the same
+ * elements.  Returns x itself when dropout is off. */
+sim_status model_dropout(model_dev *md, mesh_tape *t, mesh_var *x, const char *site, mesh_var **y);
 
 /* The scalar loss of the batch on the tape (forward pass). */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);

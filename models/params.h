@@ -31,6 +31,9 @@ typedef struct {
     int scan_dim;                                /* dim holding the layers, or -1 */
     model_init_kind init;
     double scale;                                /* standard deviation for normal inits */
+    bool unscanned;                              /* scan_layers=false: MaxText names layer l of the
+                                                    stack S "S_l" and stores it unstacked (dumps,
+                                                    checkpoints); storage here is the same */
 } model_param_def;
 
 typedef struct {
@@ -48,6 +51,17 @@ typedef struct {
 /* The per-layer global shape/spec: the stacked ones without the scan dim. */
 void model_param_layer_shape(const model_param *p, int *rank, int64_t *shape);
 void model_param_layer_spec(const model_param *p, mesh_spec *spec);
+
+/* The tensors MaxText has for a parameter: 1 when stacked (or not a layer weight), its layer
+ * count when unscanned. */
+int model_param_def_tensors(const model_param_def *d);
+/* Tensor k of that list: the definition itself, or layer k as MaxText names and shapes it
+ * unscanned ("params.decoder.layers.mlp.wo.kernel" -> "params.decoder.layers_3.mlp.wo.kernel",
+ * the scan dim dropped from shape, logical names and `spec`; spec may be NULL). */
+void model_param_def_tensor(const model_param_def *d, const mesh_spec *spec, int k, model_param_def *out,
+                            mesh_spec *out_spec);
+/* The same for a device's parameter: a view whose arrays are layer k's (not owned). */
+void model_param_tensor_view(const model_param *p, int k, model_param *view);
 
 /* The spec of the stacked tensor whose per-layer slices have spec `layer`:
  * an unsplit dim inserted at the scan dim (the layers of a device's

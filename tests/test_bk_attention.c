@@ -112,7 +112,7 @@ static void test_attention_vs_ref(void **state) {
   };
   for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
     const int *x = cfg[c];
-    bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.0f, x[7], x[8]};
+    bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.0f, x[7], x[8], 0.0f};
     d.scale = (float)(1.0 / sqrt((double)d.Dqk)) * (c % 2 ? 3.0f : 1.0f);  // peaky and flat softmaxes
     prob_t p = prob_new(&r, d);
     check_vs_ref(&p, &r, "contiguous");
@@ -136,10 +136,9 @@ static double fd_loss(void *c_) {
   return s;
 }
 
-static void test_attention_fd(void **state) {
-  (void)state;
+static void fd_check(float soft_cap, float scale) {
   bk_rng r = {52};
-  bk_attn_dims d = {2, 5, 7, 4, 2, 6, 4, 0.5f, 2, 3};
+  bk_attn_dims d = {2, 5, 7, 4, 2, 6, 4, scale, 2, 3, soft_cap};
   prob_t p = prob_new(&r, d);
   /* batch 1 gets shuffled key positions and one query that sees nothing (position -1) */
   const int32_t kp1[7] = {6, 0, 3, 5, 1, 2, 4}, qp1[5] = {2, -1, 6, 4, 3};
@@ -158,10 +157,50 @@ static void test_attention_fd(void **state) {
   double ek = bk_rel_err_fd(dk, g, p.nk);
   bk_fd_grad(fd_loss, &c, p.v, p.nv, FD_EPS, g);
   double ev = bk_rel_err_fd(dv, g, p.nv);
-  print_message("attention fd rel err: dq %.2e dk %.2e dv %.2e\n", eq, ek, ev);
+  print_message("attention fd rel err (soft cap %g): dq %.2e dk %.2e dv %.2e\n", soft_cap, eq, ek, ev);
   assert_true(eq <= FD_RTOL && ek <= FD_RTOL && ev <= FD_RTOL);
   free(wo), free(wl), free(o), free(l), free(dq), free(dk), free(dv), free(g);
   prob_free(&p);
+}
+
+static void test_attention_fd(void **state) {
+  (void)state;
+  fd_check(0.0f, 0.5f);
+}
+
+/* attn_logits_soft_cap: scores s -> cap tanh(s / cap).  Scaled scores of size ~3 under a cap of
+ * 1.5 put most of them on the curved part of tanh.  The fast kernel matches the double twin
+ * (which differentiates through the cap with sech^2 instead of 1 - tanh^2), the backward matches
+ * finite differences of the twin, and the cap changes the result (it is not a no-op). */
+static void test_attention_soft_cap(void **state) {
+  (void)state;
+  bk_rng r = {57};
+  const int cfg[][9] = {
+      {2, 5, 5, 2, 1, 16, 16, 2, 3},
+      {1, 17, 17, 4, 2, 12, 8, 4, 5},
+      {1, 5, 13, 2, 2, 8, 8, 2, 4},
+  };
+  for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+    const int *x = cfg[c];
+    bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 3.0f / sqrtf((float)x[5]), x[7], x[8], 1.5f};
+    prob_t p = prob_new(&r, d);
+    check_vs_ref(&p, &r, "soft cap");
+    float *o0 = zeros(p.no), *l0 = zeros(p.nl);
+    bk_attn_dims u = d;
+    u.soft_cap = 0.0f;
+    bk_attention_fwd(o0, l0, p.q, p.k, p.v, p.qp, p.kp, &u);
+    bk_attention_fwd(p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &d);
+    assert_true(bk_rel_err(p.out, o0, p.no) > 1e-2);
+    /* every visible capped score is below the cap, so lse <= cap + log(#visible keys) */
+    for (int h = 0; h < d.Hq; h++)
+      for (int i = 0; i < d.Tq; i++) {
+        int vis = d.Tk - d.Tq + i + 1;
+        assert_true(p.lse[h * d.Tq + i] <= 1.5f + logf((float)vis) + 1e-5f);
+      }
+    free(o0), free(l0);
+    prob_free(&p);
+  }
+  fd_check(1.5f, 3.0f);
 }
 
 /* ---- positions: permuted order and chunks ---- */
@@ -172,7 +211,7 @@ static void test_attention_fd(void **state) {
 static void test_attention_permuted(void **state) {
   (void)state;
   bk_rng r = {53};
-  bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5};
+  bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5, 0.0f};
   prob_t a = prob_new(&r, d), b = prob_new(&r, d);
   /* MaxText load-balanced order for 4 chunks of 4 over 2 shards: chunks 0,3 | 1,2 */
   int perm[16];
@@ -220,7 +259,7 @@ static void test_attention_permuted(void **state) {
 static void test_attention_chunk(void **state) {
   (void)state;
   bk_rng r = {54};
-  bk_attn_dims full = {1, 17, 17, 2, 1, 8, 8, 0.35f, 4, 4};
+  bk_attn_dims full = {1, 17, 17, 2, 1, 8, 8, 0.35f, 4, 4, 0.0f};
   prob_t f = prob_new(&r, full);
   bk_attention_fwd(f.out, f.lse, f.q, f.k, f.v, f.qp, f.kp, &full);
   bk_attn_dims cd = full;
@@ -241,7 +280,7 @@ static void test_attention_chunk(void **state) {
 static void test_attention_fully_masked(void **state) {
   (void)state;
   bk_rng r = {55};
-  bk_attn_dims d = {2, 6, 5, 2, 1, 4, 3, 0.5f, 2, 2};
+  bk_attn_dims d = {2, 6, 5, 2, 1, 4, 3, 0.5f, 2, 2, 0.0f};
   prob_t p = prob_new(&r, d);
   /* keys at positions 10..14; queries 8, 12, 9, 14, 3, 11: rows 0, 2, 4 see nothing */
   const int32_t qp[6] = {8, 12, 9, 14, 3, 11};
@@ -283,7 +322,7 @@ static void test_attention_fully_masked(void **state) {
 static void test_attention_tile_invariance(void **state) {
   (void)state;
   bk_rng r = {56};
-  bk_attn_dims d = {1, 33, 33, 2, 2, 8, 8, 0.35f, 1, 1};
+  bk_attn_dims d = {1, 33, 33, 2, 2, 8, 8, 0.35f, 1, 1, 0.0f};
   prob_t p = prob_new(&r, d);
   float *o1 = zeros(p.no), *l1 = zeros(p.nl);
   bk_attention_fwd(o1, l1, p.q, p.k, p.v, p.qp, p.kp, &d);
@@ -349,6 +388,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention_vs_ref),
       cmocka_unit_test(test_attention_fd),
+      cmocka_unit_test(test_attention_soft_cap),
       cmocka_unit_test(test_attention_permuted),
       cmocka_unit_test(test_attention_chunk),
       cmocka_unit_test(test_attention_fully_masked),
