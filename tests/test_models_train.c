@@ -22,6 +22,7 @@
 
 #include "mesh/ad.h"
 #include "models/train.h"
+#include "tests/model_run.h"
 
 static const char *const TINY[] = {
     "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
@@ -30,58 +31,15 @@ static const char *const TINY[] = {
 };
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8 };
 
-typedef struct {
-    mesh_cfg *cfg;
-    model_def *def;
-    model_data data;
-    model_train_job job;
-    sim_machine *m;
-} run_t;
+typedef model_run run_t;
 
 static void open_run(run_t *r, const char *const *extra, int n_extra, int devices, long long steps)
 {
-    memset(r, 0, sizeof *r);
-    const char *argv[64];
-    int argc = 0;
-    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
-    char pdbs[64], st[32];
-    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
-    snprintf(st, sizeof st, "steps=%lld", steps);
-    argv[argc++] = pdbs;
-    argv[argc++] = st;
-    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &r->cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
-    r->def = calloc(1, sizeof *r->def);
-    if (model_def_from_config(r->cfg, r->def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    assert_int_equal(r->def->mesh.num_devices, devices);
-    if (model_data_from_config(r->cfg, &r->data) != SIM_OK) fail_msg("data: %s", sim_errmsg());
-    if (model_optim_from_config(r->cfg, &r->job.opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
-    r->job.def = r->def;
-    r->job.data = &r->data;
-    r->job.steps = steps;
-    r->job.stats = calloc((size_t)steps, sizeof *r->job.stats);
-    assert_int_equal(model_machine_new(r->def, 0, false, &r->m), SIM_OK);
+    model_run_open(r, TINY, NTINY, ROWS, extra, n_extra, devices, steps);
 }
 
-static void train(run_t *r, bool grads)
-{
-    if (grads) r->job.step_grads = calloc((size_t)r->job.steps, sizeof *r->job.step_grads);
-    if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
-}
-
-static void close_run(run_t *r)
-{
-    if (r->job.step_grads) {
-        for (long long s = 0; s < r->job.steps; s++) model_grads_free(&r->job.step_grads[s]);
-        free(r->job.step_grads);
-    }
-    free(r->job.stats);
-    sim_machine_free(r->m);
-    model_data_close(&r->data);
-    model_def_free(r->def);
-    free(r->def);
-    mesh_cfg_free(r->cfg);
-}
+static void train(run_t *r, bool grads) { model_run_train(r, grads); }
+static void close_run(run_t *r) { model_run_close(r); }
 
 /* ------------------------------------------------------------ parity over 5 steps */
 

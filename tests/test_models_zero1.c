@@ -30,6 +30,7 @@
 
 #include "mesh/json.h"
 #include "models/train.h"
+#include "tests/model_run.h"
 
 static const char *const LLAMA[] = {
     "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
@@ -48,13 +49,7 @@ static const char *const DEEPSEEK[] = {
 };
 enum { ROWS = 8, STEPS = 5 };
 
-typedef struct {
-    mesh_cfg *cfg;
-    model_def *def;
-    model_data data;
-    model_train_job job;
-    sim_machine *m;
-} run_t;
+typedef model_run run_t;
 
 static sim_status load_model(bool deepseek, const char *const *extra, int n_extra, int devices, int ga, long long steps,
                              mesh_cfg **cfg, model_def **def)
@@ -86,39 +81,17 @@ static sim_status load_model(bool deepseek, const char *const *extra, int n_extr
 static void open_run(run_t *r, bool deepseek, const char *const *extra, int n_extra, int devices, int ga,
                      long long steps)
 {
-    memset(r, 0, sizeof *r);
-    if (load_model(deepseek, extra, n_extra, devices, ga, steps, &r->cfg, &r->def) != SIM_OK)
+    mesh_cfg *cfg = NULL;
+    model_def *def = NULL;
+    if (load_model(deepseek, extra, n_extra, devices, ga, steps, &cfg, &def) != SIM_OK)
         fail_msg("model: %s", sim_errmsg());
-    assert_int_equal(r->def->mesh.num_devices, devices);
-    assert_int_equal(r->def->d.batch * r->def->d.ga, ROWS);
-    if (model_data_from_config(r->cfg, &r->data) != SIM_OK) fail_msg("data: %s", sim_errmsg());
-    if (model_optim_from_config(r->cfg, &r->job.opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
-    r->job.def = r->def;
-    r->job.data = &r->data;
-    r->job.steps = steps;
-    r->job.stats = calloc((size_t)steps, sizeof *r->job.stats);
-    assert_int_equal(model_machine_new(r->def, 0, false, &r->m), SIM_OK);
+    assert_int_equal(def->mesh.num_devices, devices);
+    assert_int_equal(def->d.batch * def->d.ga, ROWS);
+    model_run_start(r, cfg, def, steps);
 }
 
-static void train(run_t *r, bool grads)
-{
-    if (grads) r->job.step_grads = calloc((size_t)r->job.steps, sizeof *r->job.step_grads);
-    if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
-}
-
-static void close_run(run_t *r)
-{
-    if (r->job.step_grads) {
-        for (long long s = 0; s < r->job.steps; s++) model_grads_free(&r->job.step_grads[s]);
-        free(r->job.step_grads);
-    }
-    free(r->job.stats);
-    sim_machine_free(r->m);
-    model_data_close(&r->data);
-    model_def_free(r->def);
-    free(r->def);
-    mesh_cfg_free(r->cfg);
-}
+static void train(run_t *r, bool grads) { model_run_train(r, grads); }
+static void close_run(run_t *r) { model_run_close(r); }
 
 static uint64_t param_bytes(const model_def *def, int i)
 {

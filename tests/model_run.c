@@ -1,0 +1,67 @@
+/* model_run.c — test support: one training run (see model_run.h). */
+#include "tests/model_run.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void model_run_start(model_run *r, mesh_cfg *cfg, model_def *def, long long steps)
+{
+    memset(r, 0, sizeof *r);
+    r->cfg = cfg;
+    r->def = def;
+    if (model_data_from_config(r->cfg, &r->data) != SIM_OK) fail_msg("data: %s", sim_errmsg());
+    if (model_optim_from_config(r->cfg, &r->job.opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
+    r->job.def = r->def;
+    r->job.data = &r->data;
+    r->job.steps = steps;
+    r->job.stats = calloc((size_t)steps, sizeof *r->job.stats);
+    assert_int_equal(model_machine_new(r->def, 0, false, &r->m), SIM_OK);
+}
+
+void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra,
+                    int n_extra, int devices, long long steps)
+{
+    const char *argv[64];
+    int argc = 0;
+    assert_true(nbase + n_extra + 2 <= 64);
+    for (int i = 0; i < nbase; i++) argv[argc++] = base[i];
+    char pdbs[64], st[32];
+    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)rows / devices);
+    snprintf(st, sizeof st, "steps=%lld", steps);
+    argv[argc++] = pdbs;
+    argv[argc++] = st;
+    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
+    mesh_cfg *cfg = NULL;
+    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    model_def *def = calloc(1, sizeof *def);
+    if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
+    assert_int_equal(def->mesh.num_devices, devices);
+    model_run_start(r, cfg, def, steps);
+}
+
+void model_run_train(model_run *r, bool grads)
+{
+    if (grads) r->job.step_grads = calloc((size_t)r->job.steps, sizeof *r->job.step_grads);
+    if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
+}
+
+void model_run_close(model_run *r)
+{
+    if (r->job.step_grads) {
+        for (long long s = 0; s < r->job.steps; s++) model_grads_free(&r->job.step_grads[s]);
+        free(r->job.step_grads);
+    }
+    free(r->job.stats);
+    sim_machine_free(r->m);
+    model_data_close(&r->data);
+    model_def_free(r->def);
+    free(r->def);
+    mesh_cfg_free(r->cfg);
+}

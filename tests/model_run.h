@@ -1,0 +1,31 @@
+/* model_run.h — test support: one training run of a model from config words
+ * (config, model definition, data, optimizer, job, simulated machine), as the
+ * model tests open, train and close it.  Failures end the test (cmocka). */
+#ifndef TESTS_MODEL_RUN_H
+#define TESTS_MODEL_RUN_H
+
+#include <stdbool.h>
+
+#include "models/train.h"
+
+typedef struct {
+    mesh_cfg *cfg;
+    model_def *def;
+    model_data data;
+    model_train_job job;
+    sim_machine *m;
+} model_run;
+
+/* Starts a run on a loaded config and model (the run owns both from here):
+ * data, optimizer, a job of `steps` steps and its machine. */
+void model_run_start(model_run *r, mesh_cfg *cfg, model_def *def, long long steps);
+/* Loads configs/base.yml with the words base[0..nbase), per_device_batch_size
+ * = rows / devices, steps=steps and extra[0..n_extra), checks the mesh has
+ * `devices` devices, and starts the run. */
+void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra,
+                    int n_extra, int devices, long long steps);
+/* Trains every step; with grads, keeps each step's gradients in job.step_grads. */
+void model_run_train(model_run *r, bool grads);
+void model_run_close(model_run *r);
+
+#endif
