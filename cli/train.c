@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "models/checks.h"
+#include "models/checkpoint.h"
 #include "models/train.h"
 
 typedef struct {
@@ -273,6 +274,62 @@ static sim_status resolve_outputs(const mesh_cfg *cfg, char *outdir, size_t cap_
     return SIM_OK;
 }
 
+/* Where the run starts, as MaxText's load_state_if_possible decides: the
+ * latest checkpoint of this run's checkpoint_dir first (a run in progress
+ * resumes; load_parameters_path and load_full_state_path are then not
+ * read), else load_full_state_path (parameters, optimizer state, step), else
+ * load_parameters_path (parameters only, step 0).  A dry run computes no
+ * values: it starts at step 0 and only checks the file it is given. */
+typedef struct {
+    char path[4096];
+    bool full;
+    long long start;
+} resume_plan;
+
+static sim_status resolve_resume(const mesh_cfg *cfg, const char *ckdir, bool dry, long long steps, FILE *out,
+                                 resume_plan *r)
+{
+    const char *lp = cfg_str(cfg, "load_parameters_path"), *lfs = cfg_str(cfg, "load_full_state_path");
+    memset(r, 0, sizeof *r);
+    if (*ckdir && !dry) {
+        int stale = 0;
+        long long latest;
+        SIM_TRY(model_checkpoint_latest(ckdir, r->path, sizeof r->path, &latest, &stale));
+        if (stale)
+            fprintf(out, "checkpoint_dir %s holds %d temporary file%s of a save that did not finish: never loaded, "
+                         "removed by the next save\n", ckdir, stale, stale > 1 ? "s" : "");
+        if (latest >= 0) {
+            r->full = true;
+            r->start = latest;
+            fprintf(out, "resuming from this run's checkpoint %s (step %lld)%s%s%s\n", r->path, latest,
+                    *lp || *lfs ? "; as MaxText does, " : "", *lp ? "load_parameters_path" : *lfs ? "load_full_state_path" : "",
+                    *lp || *lfs ? " is not read while checkpoint_dir holds a checkpoint" : "");
+        }
+    }
+    if (!r->full && *lfs) {
+        snprintf(r->path, sizeof r->path, "%s", lfs);
+        long long held;
+        sim_status st = model_checkpoint_step(lfs, &held);
+        if (st) {
+            sim_err_append(" (load_full_state_path=%s)", lfs);
+            return st;
+        }
+        r->full = true;
+        r->start = dry ? 0 : held;
+        if (!dry) fprintf(out, "resuming from load_full_state_path=%s (step %lld)\n", lfs, held);
+    } else if (!r->full && *lp) {
+        snprintf(r->path, sizeof r->path, "%s", lp);
+    }
+    if (r->full && r->start >= steps)
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s holds step %lld (%lld steps done) and steps=%lld: nothing is left "
+                                      "to train; set steps above %lld to continue, or %s",
+                       r->path, r->start, r->start, steps, r->start,
+                       *lfs && strcmp(r->path, lfs) == 0 ? "drop load_full_state_path"
+                                                         : "set enable_checkpointing=false or another checkpoint_dir "
+                                                           "(or run_name) to start over");
+    return SIM_OK;
+}
+
 static void config_box(FILE *out, const cli_model *cm, long long steps)
 {
     const model_def *def = cm->def;
@@ -359,6 +416,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                      load, strerror(errno));
     char outbuf[4096], ckbuf[4096], run_name[1024];
     if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
+    resume_plan resume;
+    memset(&resume, 0, sizeof resume);
+    if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     if (!st && *metrics_path && def->d.dry_run)
@@ -405,7 +465,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     job.steps = steps;
     job.checkpoint_dir = ckbuf;
     job.checkpoint_period = ckpt_period;
-    job.load_path = cfg_str(cm.cfg, "load_parameters_path");
+    job.load_path = resume.path;
+    job.load_full_state = resume.full;
+    job.start_step = resume.start;
     job.on_step = print_step;
     job.on_layer = print_layer;
     job.cb_arg = &sp;
@@ -447,7 +509,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             model_print_shardings(def, *dt ? dt : "float32", out);
         }
         if (!st) {
-            fprintf(out, "\ntraffic over %lld step%s:\n", steps, steps > 1 ? "s" : "");
+            long long ran = steps - resume.start;
+            fprintf(out, "\ntraffic over %lld step%s:\n", ran, ran > 1 ? "s" : "");
             cli_report_traffic(out, &traffic);
             fprintf(out, "\nmemory at peak:\n");
             cli_report_memory(out, mem, nd);
@@ -455,7 +518,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         if (!st && *outdir) {
             cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0};
             st = cli_write_run_json(outdir, &info);
-            if (!st) st = cli_write_metrics_json(outdir, metrics, (int)steps, mem, nd);
+            if (!st) st = cli_write_metrics_json(outdir, metrics + resume.start, (int)(steps - resume.start), mem, nd);
             long long max_rows = 0, max_events = 0;
             if (!st) st = mesh_cfg_get_int(cm.cfg, "collectives_csv_max_rows", &max_rows);
             if (!st) st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &max_events);
