@@ -72,6 +72,7 @@ typedef struct {
     double lb_weight;         /* load_balance_loss_weight */
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
+    bool ring_of_experts;     /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
     int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
     int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
