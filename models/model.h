@@ -66,9 +66,14 @@ typedef struct {
     int64_t experts, top_k;   /* num_experts, num_experts_per_tok */
     int64_t shared_experts;   /* shared_experts (shared MLP width = shared_experts x moe_mlp) */
     double routed_scale;      /* routed_scaling_factor */
-    bool routed_sigmoid;      /* routed_score_func sigmoid (else softmax) */
+    int routed_score;         /* routed_score_func: mesh_moe_score (none, sigmoid, softmax) */
+    bool routed_sigmoid;      /* routed_score_func sigmoid: the top-k weights are renormalised */
     bool routed_bias;         /* gate bias */
     bool bias_selects_only;   /* model_name deepseek3.. or deepseek4..: the bias picks experts, pre-bias scores weigh them */
+    int routing_groups;       /* n_routing_groups with DeepSeek-V3 routing (0: off, and for other model names) */
+    int topk_groups;          /* topk_routing_group: groups kept per token */
+    bool random_routing;      /* use_random_routing */
+    double bias_update_rate;  /* routed_bias_update_rate: loss-free balancing of the MoEBiasVar gate bias */
     double lb_weight;         /* load_balance_loss_weight */
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
