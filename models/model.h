@@ -207,6 +207,12 @@ bool model_param_pipelined(const model_def *m, int i);
  * (circular_repeats,) layers, ..., spec with 'stage' on the S dim (size-1 axes kept). */
 sim_status model_pipe_dump_layout(const model_def *m, int i, int64_t l, char *path, size_t cap, int *rank,
                                   int64_t *shape, const char **logical, mesh_spec *spec);
+/* ZeRO-1's optimizer-state spec (size-1 axes kept) of pipelined parameter i
+ * in the stacked layout (stage-major, model_param_stack_layer): MaxText's
+ * add_data_to_sharding applied to the [(R,) S, ...] tensors it stacks, so
+ * 'data' lands on the repeat dim when R divides by it (here: after 'stage'
+ * on the scan dim) or else on the first eligible per-layer dim. */
+sim_status model_pipe_zero1_spec(const model_def *m, int i, mesh_spec *out);
 /* Runs fn (a layer before the pipeline) under rules_pp_dp on this thread. */
 sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                                 model_layer_fn fn, mesh_var **y, mesh_var **aux);
