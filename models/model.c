@@ -517,6 +517,12 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                                           "(mla needs decoder_block=deepseek)", at);
         if (rt && strcmp(rt, "default"))
             return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
+        int64_t mtp;
+        SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+        if (mtp != 0)
+            return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
+                                          "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
+                           (long long)mtp);
         define_llama(m);
     }
     sim_status pst = pipeline_setup(m, cfg);
@@ -891,6 +897,16 @@ void model_note_activation(const model_dev *md, const char *name, const mesh_arr
         }
         act->spec = *spec;
     }
+    pthread_mutex_unlock(&m->act_lock);
+}
+
+void model_note_activation_f32(const model_dev *md, const char *name)
+{
+    if (sim_device_id(md->ctx.dev) != 0) return;
+    model_def *m = (model_def *)md->def; /* the activation log is the one mutable part of a definition */
+    pthread_mutex_lock(&m->act_lock);
+    for (int i = 0; i < m->nacts; i++)
+        if (!strcmp(m->acts[i].name, name)) m->acts[i].float32 = true;
     pthread_mutex_unlock(&m->act_lock);
 }
 

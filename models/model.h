@@ -18,7 +18,7 @@
 #include "models/params.h"
 #include "models/pipeline.h"
 
-enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
+enum { MODEL_MAX_PARAMS = 96, MODEL_MAX_ACTS = 96 };
 
 /* The tensors MaxText's layer code tags with checkpoint_name (the names remat policies save). */
 typedef enum {
@@ -78,6 +78,8 @@ typedef struct {
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
     bool ring_of_experts;     /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
+    int64_t mtp_layers;       /* mtp_num_layers: DeepSeek-V3's multi-token prediction depth (0: none) */
+    double mtp_scale;         /* mtp_loss_scaling_factor */
     int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
     int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
@@ -102,6 +104,7 @@ typedef struct {
     int64_t shape[MESH_SPEC_MAX_RANK];
     char logical[MESH_SPEC_MAX_RANK][48];
     bool logical_known;       /* false: MaxText logs "Unknown" (e.g. MoE kernels inside shard_map) */
+    bool float32;             /* logged as float32 whatever dtype says (MaxText casts logits to float32) */
     mesh_spec spec;
 } model_act;
 
@@ -262,6 +265,8 @@ sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
 void model_note_activation(const model_dev *md, const char *name, const mesh_array *a, int rank,
                            const char *const *names, const mesh_spec *spec);
 /* shard_as / constraint by logical names, recording the activation for the dump. */
+/* Marks the logged activation `name` as float32 in the dump (device 0; no-op elsewhere). */
+void model_note_activation_f32(const model_dev *md, const char *name);
 sim_status model_shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
                           const char *const *names, mesh_var **out);
 sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
