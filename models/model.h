@@ -49,6 +49,11 @@ typedef struct {
     mesh_mode mode;           /* shard_mode */
     bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
+    /* counted dtypes (the simulator computes in float32; bytes follow MaxText's dtypes) */
+    sim_dtype act_dtype;      /* dtype: activations, saved residuals, gathered weights, every collective */
+    sim_dtype weight_dtype;   /* weight_dtype: parameters, gradients, optimizer state */
+    bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
+    bool logits_cast_fp32;    /* cast_logits_to_fp32: logits cast to float32 before the loss */
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
     int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
     int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */

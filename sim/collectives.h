@@ -13,6 +13,9 @@
  *   ppermute        n -> n        n if the peer is another device, else 0
  *   ragged a2a      per peer      sum of sizes sent to / received from other devices
  *
+ * with sizes in bytes of the counted dtype (see sim_meta): float32 data moved
+ * for a bfloat16 program counts 2 bytes an element.
+ *
  * Members that disagree on the call (op, axes, dtype, sizes, permutation)
  * stop the machine with SIM_ERR_MISMATCH naming the devices, calls and tags.
  * Send and receive buffers must not overlap except where a function says so.
@@ -38,13 +41,32 @@ typedef enum {
 const char *sim_op_name(sim_op op);
 
 /* Who asked for a collective: tag = "layer/op", implicit = inserted by the
- * resharding planner rather than written by model code. */
+ * resharding planner rather than written by model code.  A float32 call is
+ * counted in `counted` when counted_set (the dtype the modelled program moves
+ * it in), else in the machine's opts.counted_wire; other dtypes count as they
+ * are. */
 typedef struct {
     const char *tag;
     bool implicit;
+    bool counted_set;
+    sim_dtype counted;
 } sim_meta;
-static inline sim_meta sim_meta_tag(const char *tag) { sim_meta m = {tag, false}; return m; }
-static inline sim_meta sim_meta_implicit(const char *tag) { sim_meta m = {tag, true}; return m; }
+static inline sim_meta sim_meta_tag(const char *tag)
+{
+    sim_meta m = {tag, false, false, SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_implicit(const char *tag)
+{
+    sim_meta m = {tag, true, false, SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_counted(sim_meta m, sim_dtype dt)
+{
+    m.counted_set = true;
+    m.counted = dt;
+    return m;
+}
 
 /* One collective call as seen by one device. */
 typedef struct {
@@ -53,7 +75,7 @@ typedef struct {
     sim_phase phase;
     sim_axes axes;            /* mesh axes of the group, in rank order */
     int group_size;           /* k */
-    sim_dtype dtype;
+    sim_dtype dtype;          /* the counted dtype (sim_meta), which sets the bytes */
     uint64_t elements;        /* local input elements */
     uint64_t bytes_sent;      /* by this device to other devices */
     uint64_t bytes_sent_dcn;  /* of bytes_sent, to devices in other slices (DCN; the rest is ICI) */
