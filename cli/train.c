@@ -603,12 +603,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         memset(&tm, 0, sizeof tm);
         char *tm_json = NULL;
         if (!st && have_hw) {
-            double opt_bytes = 0; /* AdamW: read P, G, mu, nu; write P, mu, nu (the busiest device) */
-            for (int i = 0; i < nd; i++) {
-                const size_t *c = mem[i].at_peak_by;
-                double b = 2.0 * (double)c[SIM_MEM_PARAMS] + (double)c[SIM_MEM_GRADS] + 2.0 * (double)c[SIM_MEM_OPTIMIZER];
-                if (b > opt_bytes) opt_bytes = b;
-            }
+            double opt_bytes = model_tm_optimizer_bytes(m);
             double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
             const char *dt = cfg_str(cm.cfg, "dtype");
             st = model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, def->d.dry_run && *outdir, &tm);

@@ -394,6 +394,19 @@ sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const 
     return SIM_OK;
 }
 
+double model_tm_optimizer_bytes(sim_machine *m)
+{
+    double worst = 0;
+    for (int i = 0; i < sim_machine_num_devices(m); i++) {
+        sim_arena_stats s;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(m, i)), &s);
+        const size_t *c = s.at_peak_by;
+        double b = 2.0 * (double)c[SIM_MEM_PARAMS] + (double)c[SIM_MEM_GRADS] + 2.0 * (double)c[SIM_MEM_OPTIMIZER];
+        if (b > worst) worst = b;
+    }
+    return worst;
+}
+
 /* ------------------------------------------------------------ output */
 
 static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)

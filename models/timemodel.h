@@ -110,6 +110,11 @@ sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const 
                              int step, double bubble_fraction, double optimizer_bytes, bool want_spans,
                              model_tm_result *out);
 
+/* Bytes the optimizer update reads and writes on the busiest device: AdamW reads parameters,
+ * gradients and both moments and writes parameters and moments (2 P + G + 2 O, each category
+ * as held at the device's peak). */
+double model_tm_optimizer_bytes(sim_machine *m);
+
 /* Console summary (device 0 style): step time, MFU, breakdown, slowest collectives. */
 void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
 /* The same as a JSON object (no trailing newline). */
