@@ -822,6 +822,19 @@ static void group_sizes(const moe_geom *g, const int64_t *cnt, int32_t *gs)
     }
 }
 
+/* The grouped FFN's cost for the step-time model: three products of the N received rows with
+ * their experts' (M, Hl) weights, every local expert's weights read once, the rows' inputs,
+ * hidden activations and outputs read or written once.  Backward makes the input and weight
+ * gradients (twice the products) and writes the weight gradients. */
+static void ffn_cost(const moe_geom *g, bool backward)
+{
+    double N = (double)g->n_recv, M = (double)g->M, H = (double)g->Hl, W = 3.0 * (double)g->XL * M * H;
+    double flops = 3.0 * 2.0 * N * M * H, el = W + N * (2.0 * M + 3.0 * H);
+    if (backward) flops *= 2.0, el = 2.0 * W + 2.0 * N * (2.0 * M + 3.0 * H);
+    char tag[SIM_TAG_MAX];
+    sim_device_add_cost(g->dev, flops, el, W, gtag(g, backward ? "ffn_bwd" : "ffn", tag, sizeof tag));
+}
+
 /* in_q (n_recv, M) [q][e] -> out_q (n_recv, Mo) [q][e]; keeps xr, h0, h1 in pl. */
 static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q, float *out_q)
 {
@@ -846,6 +859,7 @@ static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q,
         bk_grouped_gemm_fwd(y.p, act.p, op->wo, gs, (int)g->XL, (int)N, (int)Hl, (int)M);
     }
     free(gs);
+    ffn_cost(g, false);
     buf_free(g->arena, &act);
     /* the hidden-sharded product is summed over the whole static buffer, as
      * XLA does with MaxText's fixed-size (worst-case) gmm output */
@@ -907,6 +921,7 @@ static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_
         bk_grouped_gemm_bwd(dxr.p, dw1, dh1.p, pl->xr.p, op->w1, gs, (int)g->XL, (int)N, (int)M, (int)Hl);
         free(gs);
     }
+    if (st == SIM_OK) ffn_cost(g, true);
     if (st == SIM_OK) permute_rows(g, g->cnt_recv, din_q, dxr.p, M, false);
     buf_free(g->arena, &dxr);
     buf_free(g->arena, &dh1);

@@ -39,6 +39,7 @@ sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec 
     if (mesh_reshard_cache_get(cache, src, &src->spec, spec, out)) return SIM_OK;
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, src, src->name, SIM_MEM_ACTIVATIONS, out));
     sim_meta meta = c->mode == MESH_MODE_AUTO ? sim_meta_implicit(tag) : sim_meta_tag(tag);
+    meta.weight = src->cat == SIM_MEM_PARAMS;
     sim_status st = mesh_reshard(c->dev, c->mesh, out, spec, meta);
     if (st) {
         mesh_array_free(c->dev, out);
@@ -317,6 +318,20 @@ static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const me
     return d;
 }
 
+/* Attention's cost for the step-time model: QK^T and PV over the causal half of the score
+ * matrix (a flash kernel skips the masked blocks), and q, k, v and the output read or written
+ * once.  Backward recomputes the scores and makes dV, dP, dQ, dK: 2.5 times the forward's
+ * products, and twice its elements (the cotangents). */
+static void attention_cost(sim_device *dev, const mesh_array *q, const mesh_array *k, const mesh_array *v,
+                           bool backward, const char *tag)
+{
+    double B = (double)q->local[0], Tq = (double)q->local[1], Tk = (double)k->local[1], H = (double)q->local[2];
+    double flops = 2.0 * B * H * Tq * Tk * (double)(q->local[3] + v->local[3]) * 0.5;
+    double el = (double)q->nlocal + (double)k->nlocal + (double)v->nlocal + B * Tq * H * (double)v->local[3];
+    if (backward) flops *= 2.5, el *= 2.0;
+    sim_device_add_cost(dev, flops, el, 0.0, tag);
+}
+
 static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_var *q = e->in[0], *k = e->in[1], *v = e->in[2], *y = e->out[0];
@@ -333,6 +348,7 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dq", 4, qa->shape, &qs, &dq));
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
+    attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, true, e->tag);
     if (dy->data) {
         bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2]);
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
@@ -436,6 +452,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
         else
             bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
+    attention_cost(c->dev, &qa, &ka, &va, false, tag);
     mesh_var *in[3] = {q, k, v};
     mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
     if (e) e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap;
