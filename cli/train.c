@@ -82,6 +82,9 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             if (model_pipe_dump_layout(def, i, l, paths[np], sizeof paths[np], &q->rank, q->shape, q->logical,
                                        &q->spec) != SIM_OK)
                 continue;
+            /* ZeRO-1: MaxText's add_data_to_sharding on this [(R,) S, ...] tensor (the repeat dim when R allows) */
+            q->has_opt_spec = def->d.zero1;
+            if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
             q->path = paths[np++];
         }
         if (per) continue;

@@ -199,14 +199,17 @@ static sim_status zero1_gather_params(model_dev *md)
         sim_status st = reshard_via(md, &a, &mid, &to, tag);
         /* the gathered stacked tensor into the per-layer arrays (a copy: one parameter's size at a time) */
         for (int l = 0; st == SIM_OK && md->zero1_released && l < p->n_layers; l++)
-            st = remake(md, &p->w[l], SIM_MEM_PARAMS);
-        if (st == SIM_OK) model_param_unstack(p, &a, p->w);
+            if (model_param_holds_layer(&def->mesh, p, sim_device_id(dev), l)) /* a pipeline: its stage's only */
+                st = remake(md, &p->w[l], SIM_MEM_PARAMS);
+        if (st == SIM_OK) model_param_unstack(dev, &def->mesh, p, &a, p->w);
         mesh_array_free(dev, &a);
         SIM_TRY(st);
     }
     if (md->zero1_released)
         for (int i = 0; i < def->nparams; i++)
-            for (int l = 0; l < md->p[i].n_layers; l++) SIM_TRY(remake(md, &md->p[i].g[l], SIM_MEM_GRADS));
+            for (int l = 0; l < md->p[i].n_layers; l++)
+                if (model_param_holds_layer(&def->mesh, &md->p[i], sim_device_id(dev), l))
+                    SIM_TRY(remake(md, &md->p[i].g[l], SIM_MEM_GRADS));
     md->zero1_released = false;
     return SIM_OK;
 }
@@ -284,9 +287,11 @@ static sim_status store_step_grads(model_train_job *job, model_dev *md, model_gr
                 else if (d != pd->scan_dim)
                     inner *= pd->shape[d];
             for (int64_t o = 0; o < outer; o++)
-                for (int64_t l = 0; l < L; l++)
-                    memcpy(g->g[i] + (size_t)(l * g->layer_elems[i] + o * inner), job->scratch + (o * L + l) * inner,
+                for (int64_t q = 0; q < L; q++) { /* stacked position q holds layer l (stage-major when pipelined) */
+                    int64_t l = pd->scan_dim >= 0 ? model_param_stack_layer(&def->mesh, &md->p[i], q) : q;
+                    memcpy(g->g[i] + (size_t)(l * g->layer_elems[i] + o * inner), job->scratch + (o * L + q) * inner,
                            (size_t)inner * sizeof(float));
+                }
         }
         SIM_TRY(sim_device_barrier(dev));
     }
