@@ -138,6 +138,10 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     bool swiglu = nacts == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
     free(acts);
     if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
+    if (d->fused_qkv) /* attention_mla.py: assert not config.fused_qkv */
+        return sim_err(SIM_ERR_INPUT, "fused_qkv=true with decoder_block=deepseek: MaxText 0.2.5 asserts \"Fused QKV is "
+                                      "not supported for MLA\" (multi-head latent attention has no q/k/v kernels to "
+                                      "fuse); set fused_qkv=false");
     if (d->fused_mlp)
         return unsupported(cfg, "fused_mlp", "the fused wi kernel is simulated for decoder_block=llama2 only; use "
                                              "fused_mlp=false with DeepSeek");
