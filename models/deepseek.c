@@ -1016,7 +1016,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
                              .random = d->random_routing};
     if (d->random_routing) { /* MaxText draws from its params RNG stream; here a key per (seed, step, layer) */
         uint64_t step = (uint64_t)sim_device_step(md->ctx.dev);
-        char site[160];
+        char site[256];
         snprintf(site, sizeof site, "random_routing/%s", routed);
         rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
     }
