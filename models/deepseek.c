@@ -150,11 +150,6 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
      * path ignores it */
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
     d->ring_of_experts = b && sparse;
-    if (d->ring_of_experts && d->capacity_factor > 0)
-        return unsupported(cfg, "use_ring_of_experts",
-                           "MaxText runs the ring on its dropless sparse path whatever capacity_factor says, while "
-                           "shardsim's capacity_factor > 0 with sparse_matmul=true still selects the dense dropping "
-                           "path; use capacity_factor=-1 with the ring");
     if (d->ring_of_experts) {
         bool vma;
         SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
