@@ -77,6 +77,7 @@ typedef struct {
     double lb_weight;         /* load_balance_loss_weight */
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
+    bool ring_of_experts;     /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
     int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
     int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
@@ -163,6 +164,10 @@ typedef struct {
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);
     void *on_layer_arg;
+    /* routed_bias_update_rate (model_bias_active): the global expert counts of each MoE layer in this
+     * forward pass [moe layers x experts] (a remat recompute writes the same values), and their sum
+     * over the step's microbatches, from which the step's bias update is taken */
+    float *bias_counts, *bias_counts_step;
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's
@@ -208,6 +213,12 @@ bool model_param_pipelined(const model_def *m, int i);
  * (circular_repeats,) layers, ..., spec with 'stage' on the S dim (size-1 axes kept). */
 sim_status model_pipe_dump_layout(const model_def *m, int i, int64_t l, char *path, size_t cap, int *rank,
                                   int64_t *shape, const char **logical, mesh_spec *spec);
+/* ZeRO-1's optimizer-state spec (size-1 axes kept) of pipelined parameter i
+ * in the stacked layout (stage-major, model_param_stack_layer): MaxText's
+ * add_data_to_sharding applied to the [(R,) S, ...] tensors it stacks, so
+ * 'data' lands on the repeat dim when R divides by it (here: after 'stage'
+ * on the scan dim) or else on the first eligible per-layer dim. */
+sim_status model_pipe_zero1_spec(const model_def *m, int i, mesh_spec *out);
 /* Runs fn (a layer before the pipeline) under rules_pp_dp on this thread. */
 sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                                 model_layer_fn fn, mesh_var **y, mesh_var **aux);
@@ -248,6 +259,11 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
 sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
 /* DeepSeek's dims from the config and its parameter definitions (deepseek.c). */
 sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
+/* Whether the model updates its MoEBiasVar gate bias after each step (routed_bias_update_rate > 0). */
+bool model_bias_active(const model_def *m);
+/* The loss-free balancing update of the gate bias after a step (MaxText's train_step does it after
+ * apply_gradients), from md->bias_counts_step; every device updates its replica alike. */
+void deepseek_bias_update(model_dev *md);
 
 /* Logs an activation for input_shardings.json once per (name, shape), as
  * MaxText keys its entries by "name: dtype[shape]"; names == NULL logs its
