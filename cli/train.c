@@ -85,6 +85,7 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
                 continue;
             /* ZeRO-1: MaxText's add_data_to_sharding on this [(R,) S, ...] tensor (the repeat dim when R allows) */
             q->has_opt_spec = def->d.zero1;
+            q->no_opt = def->defs[i].state_var;
             if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
             q->path = paths[np++];
         }
@@ -100,6 +101,7 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
                 p[np].logical[d] = defs[np].logical[d];
             }
             p[np].spec = spec;
+            p[np].no_opt = def->defs[i].state_var;
             if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
             /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
              * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
