@@ -938,6 +938,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
     bool ring = d->ring_of_experts && !dense_path;
     mc.ring = ring;
+    mc.output_dead = ring && md->recomputing;
     if (ring) {
         /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
          * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3
