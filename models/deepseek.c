@@ -44,6 +44,7 @@
 #include "mesh/nn.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
+#include "models/init.h"
 #include "models/model.h"
 
 /* ------------------------------------------------------------ logical names */
@@ -90,16 +91,28 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     const char *sf;
     SIM_TRY(mesh_cfg_get_str(cfg, "routed_score_func", &sf));
     if (sf && *sf && strcmp(sf, "sigmoid") && strcmp(sf, "softmax"))
-        return sim_err(SIM_ERR_INPUT, "routed_score_func='%s': use \"sigmoid\" or \"softmax\"", sf);
-    d->routed_sigmoid = sf && !strcmp(sf, "sigmoid");
+        return sim_err(SIM_ERR_INPUT,
+                       "routed_score_func='%s': simulated are \"sigmoid\", \"softmax\" and \"\" (no score "
+                       "function: the raw gate logits)",
+                       sf);
+    /* MaxText's GateLogit applies the score function only when one is named: "" keeps the raw logits */
+    d->routed_score = !sf || !*sf ? MESH_MOE_SCORE_NONE : !strcmp(sf, "sigmoid") ? MESH_MOE_SCORE_SIGMOID
+                                                                                  : MESH_MOE_SCORE_SOFTMAX;
+    d->routed_sigmoid = d->routed_score == MESH_MOE_SCORE_SIGMOID;
     SIM_TRY(model_cfg_bool(cfg, "routed_bias", &d->routed_bias));
-    d->bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9);
+    /* moe.py keys DeepSeek-V3 routing (and the gate bias as a MoEBiasVar) on these model-name prefixes */
+    d->bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9) ||
+                           !strncmp(d->model_name, "kimi-k2", 7);
     SIM_TRY(mesh_cfg_get_double(cfg, "load_balance_loss_weight", &d->lb_weight));
     SIM_TRY(mesh_cfg_get_double(cfg, "capacity_factor", &d->capacity_factor));
     bool sparse;
     SIM_TRY(model_cfg_bool(cfg, "sparse_matmul", &sparse));
-    if (!sparse && d->capacity_factor <= 0) d->capacity_factor = 0; /* dense dropless: capacity = sequence */
-    if (sparse && d->capacity_factor <= 0) d->capacity_factor = -1;
+    /* MaxText 0.2.5 (RoutedMoE.__call__): sparse_matmul=true runs the dropless sparse path whatever
+     * capacity_factor says; capacity_factor > 0 drops tokens only on the dense path */
+    if (sparse)
+        d->capacity_factor = -1;
+    else if (d->capacity_factor <= 0)
+        d->capacity_factor = 0; /* dense dropless: capacity = sequence */
     SIM_TRY(model_cfg_bool(cfg, "shard_exp_on_fsdp", &d->shard_exp_on_fsdp));
     SIM_TRY(model_cfg_i64(cfg, "q_lora_rank", &d->q_lora));
     SIM_TRY(model_cfg_i64(cfg, "kv_lora_rank", &d->kv_lora));
@@ -131,6 +144,10 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     bool swiglu = nacts == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
     free(acts);
     if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
+    if (d->fused_qkv) /* attention_mla.py: assert not config.fused_qkv */
+        return sim_err(SIM_ERR_INPUT, "fused_qkv=true with decoder_block=deepseek: MaxText 0.2.5 asserts \"Fused QKV is "
+                                      "not supported for MLA\" (multi-head latent attention has no q/k/v kernels to "
+                                      "fuse); set fused_qkv=false");
     if (d->fused_mlp)
         return unsupported(cfg, "fused_mlp", "the fused wi kernel is simulated for decoder_block=llama2 only; use "
                                              "fused_mlp=false with DeepSeek");
@@ -139,11 +156,6 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
      * path ignores it */
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
     d->ring_of_experts = b && sparse;
-    if (d->ring_of_experts && d->capacity_factor > 0)
-        return unsupported(cfg, "use_ring_of_experts",
-                           "MaxText runs the ring on its dropless sparse path whatever capacity_factor says, while "
-                           "shardsim's capacity_factor > 0 with sparse_matmul=true still selects the dense dropping "
-                           "path; use capacity_factor=-1 with the ring");
     if (d->ring_of_experts) {
         bool vma;
         SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
@@ -155,9 +167,31 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     double f;
     SIM_TRY(mesh_cfg_get_double(cfg, "ragged_buffer_factor", &f));
     if (f > 0) return unsupported(cfg, "ragged_buffer_factor", "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 (dropless) or capacity_factor > 0 for the dense dropping path");
-    long long groups;
+    /* group-limited routing: moe.py reads the groups in deepseek_routing only (DeepSeek-V3 names) */
+    long long groups, keep;
     SIM_TRY(mesh_cfg_get_int(cfg, "n_routing_groups", &groups));
-    if (groups != -1) return unsupported(cfg, "n_routing_groups", "group-limited routing is not simulated; use -1");
+    SIM_TRY(mesh_cfg_get_int(cfg, "topk_routing_group", &keep));
+    if (groups != -1 && d->bias_selects_only && d->layers > d->dense_layers) {
+        int64_t per = groups > 0 ? d->experts / groups : 0;
+        if (groups < 1 || groups > 256 || d->experts % groups || per < 2)
+            return sim_err(SIM_ERR_INPUT,
+                           "n_routing_groups=%lld with num_experts=%lld: the groups must split the experts evenly "
+                           "into groups of at least 2 (MaxText reshapes the scores to (groups, experts/groups) and "
+                           "sums each group's top 2; at most 256 groups here); use a divisor of num_experts up to "
+                           "num_experts/2, or -1 (off)",
+                           groups, (long long)d->experts);
+        if (keep < 1 || keep > groups || keep * per < d->top_k)
+            return sim_err(SIM_ERR_INPUT,
+                           "topk_routing_group=%lld with n_routing_groups=%lld (%lld experts each) and "
+                           "num_experts_per_tok=%lld: the kept groups must number 1..n_routing_groups and hold at "
+                           "least num_experts_per_tok experts (MaxText's top-k over the group scores needs k >= 1, "
+                           "and fewer experts would route tokens to masked ones); choose topk_routing_group >= %lld",
+                           keep, groups, (long long)per, (long long)d->top_k,
+                           (long long)((d->top_k + per - 1) / per));
+        d->routing_groups = (int)groups;
+        d->topk_groups = (int)keep;
+    }
+    SIM_TRY(model_cfg_bool(cfg, "use_random_routing", &d->random_routing));
     SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &f));
     if (f != 0) return unsupported(cfg, "routed_bias_update_rate", "the loss-free bias update is not simulated; use 0");
 
@@ -406,6 +440,21 @@ sim_status deepseek_define(model_def *m, const mesh_cfg *cfg)
             o += (size_t)snprintf(ax + o, sizeof ax - o, "%s%s=%d", i ? " x " : "", m->mesh.names[ep.axis[i]],
                                   m->mesh.sizes[ep.axis[i]]);
         }
+        /* MaxText's config check (types.py, unless override_logical_axis_rules): with the expert-parallel
+         * rank 1 (the mesh axes of the 'exp' rule) random routing must stay off */
+        bool ovr;
+        SIM_TRY(model_cfg_bool(cfg, "override_logical_axis_rules", &ovr));
+        int xr = mesh_rules_find(&m->rules, "exp");
+        int ep_rank = 1;
+        for (int i = 0; xr >= 0 && i < m->rules.rules[xr].n_axes; i++) {
+            int a = mesh_shape_axis_index(&m->mesh, m->rules.rules[xr].axes[i]);
+            if (a >= 0) ep_rank *= m->mesh.sizes[a];
+        }
+        if (d->random_routing && !ovr && ep_rank == 1)
+            return sim_err(SIM_ERR_INPUT,
+                           "use_random_routing=true: When EP rank is 1, use_random_routing must be False (was True) "
+                           "(MaxText's config check; the 'exp' rule's mesh axes have size 1). Use an expert axis "
+                           "(e.g. ici_expert_parallelism=2) or override_logical_axis_rules=true");
         if (d->experts % eps)
             return sim_err(SIM_ERR_INPUT,
                            "num_experts=%lld is not divisible by the expert-parallel size %d (%s): every device must "
@@ -937,7 +986,10 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(model_shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
     SIM_TRY(dense(md, t, "bte,ex->btx", xin, param(md, t, s->gate, l), "gate", 3, GATE_OUT, &logits));
     SIM_TRY(model_shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
-    SIM_TRY(mesh_moe_scores(t, logits, d->routed_sigmoid, "scores", &scores));
+    if (d->routed_score == MESH_MOE_SCORE_NONE)
+        scores = logits;
+    else
+        SIM_TRY(mesh_moe_scores(t, logits, d->routed_sigmoid, "scores", &scores));
     mesh_var *bias = s->gate_bias >= 0 ? param(md, t, s->gate_bias, l) : NULL;
     mesh_moe_cfg mc;
     memset(&mc, 0, sizeof mc);
@@ -957,13 +1009,28 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
                                                                   : "ring_all_gather_logits",
                                      &scores));
     }
-    mesh_moe_route_cfg rc = {(int)d->top_k, d->routed_sigmoid, d->routed_scale, d->bias_selects_only};
+    mesh_moe_route_cfg rc = {.k = (int)d->top_k,
+                             .sigmoid = d->routed_sigmoid,
+                             .scaling = d->routed_scale,
+                             .bias_selects_only = d->bias_selects_only,
+                             .groups = d->routing_groups,
+                             .topk_groups = d->topk_groups,
+                             .random = d->random_routing};
+    if (d->random_routing) { /* MaxText draws from its params RNG stream; here a key per (seed, step, layer) */
+        uint64_t step = (uint64_t)sim_device_step(md->ctx.dev);
+        char site[256];
+        snprintf(site, sizeof site, "random_routing/%s", routed);
+        rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
+    }
     SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
     *lb = NULL;
     if (d->lb_weight > 0) {
         /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
         double per_layer = d->lb_weight / (double)(d->layers - d->dense_layers + d->mtp_layers);
-        SIM_TRY(mesh_moe_lb_loss(t, scores, bias, indices, per_layer, "load_balance_loss", lb));
+        /* 0.2.5's probabilities: the sparse path takes the softmax of the pre-bias scores where the
+         * model has them (DeepSeek-V3 names), the dense path always that of the biased gate logits */
+        mesh_var *lb_bias = !dense_path && d->bias_selects_only ? NULL : bias;
+        SIM_TRY(mesh_moe_lb_loss(t, scores, lb_bias, indices, per_layer, "load_balance_loss", lb));
     }
     if (d->capacity_factor > 0) {
         mc.capacity = mesh_moe_capacity(d->seq, (int)d->top_k, d->experts, d->capacity_factor);

@@ -49,6 +49,11 @@ typedef struct {
     mesh_mode mode;           /* shard_mode */
     bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
+    /* counted dtypes (the simulator computes in float32; bytes follow MaxText's dtypes) */
+    sim_dtype act_dtype;      /* dtype: activations, saved residuals, gathered weights, every collective */
+    sim_dtype weight_dtype;   /* weight_dtype: parameters, gradients, optimizer state */
+    bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
+    bool logits_cast_fp32;    /* cast_logits_to_fp32: logits cast to float32 before the loss */
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
     int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
     int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
@@ -66,9 +71,14 @@ typedef struct {
     int64_t experts, top_k;   /* num_experts, num_experts_per_tok */
     int64_t shared_experts;   /* shared_experts (shared MLP width = shared_experts x moe_mlp) */
     double routed_scale;      /* routed_scaling_factor */
-    bool routed_sigmoid;      /* routed_score_func sigmoid (else softmax) */
+    int routed_score;         /* routed_score_func: mesh_moe_score (none, sigmoid, softmax) */
+    bool routed_sigmoid;      /* routed_score_func sigmoid: the top-k weights are renormalised */
     bool routed_bias;         /* gate bias */
     bool bias_selects_only;   /* model_name deepseek3.. or deepseek4..: the bias picks experts, pre-bias scores weigh them */
+    int routing_groups;       /* n_routing_groups with DeepSeek-V3 routing (0: off, and for other model names) */
+    int topk_groups;          /* topk_routing_group: groups kept per token */
+    bool random_routing;      /* use_random_routing */
+    double bias_update_rate;  /* routed_bias_update_rate: loss-free balancing of the MoEBiasVar gate bias */
     double lb_weight;         /* load_balance_loss_weight */
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
@@ -89,6 +99,7 @@ typedef struct {
     bool qk_norm_key;         /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
     double dropout;           /* dropout_rate when enable_dropout (0 = off) */
     bool fused_mlp;           /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
+    bool fused_qkv;           /* fused_qkv: one qkv_proj kernel (embed, heads + 2 kv_heads, kv) split per shard (Llama) */
     int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
 } model_dims;
 
