@@ -1586,7 +1586,17 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
         return st;
     }
     /* MaxText's out_specs: the output leaves the region in the caller's sharding */
-    if (!mesh_spec_equal(&pl->ros, &c->out)) {
+    if (c->ring && c->output_dead && !mesh_spec_equal(&pl->ros, &c->out)) {
+        mesh_array z;
+        st = mesh_array_new(dev, m, (*out)->val.name, 3, oshape, &c->out, SIM_F32, SIM_MEM_ACTIVATIONS, &z);
+        if (st) {
+            payload_free(pl);
+            return st;
+        }
+        if (z.data) memset(z.data, 0, z.nlocal * sizeof(float));
+        mesh_array_free(dev, &(*out)->val);
+        (*out)->val = z;
+    } else if (!mesh_spec_equal(&pl->ros, &c->out)) {
         /* the ring's combine is MaxText's psum_scatter over the expert axes: asked for, not planned */
         const char *otag = gtag(g, c->ring ? "ring_reduce_scatter" : "out", ax, sizeof ax);
         sim_meta meta = ctx->mode == MESH_MODE_AUTO && !c->ring ? sim_meta_implicit(otag) : sim_meta_tag(otag);

@@ -19,7 +19,13 @@
  * only on DeepSeek-V3) -> the expert region of mesh/moe.h (sparse ragged
  * all-to-all path, or the dense capacity path when capacity_factor > 0);
  * the load-balance loss of every MoE layer (weight / number of MoE layers)
- * is added to the loss.
+ * is added to the loss.  use_ring_of_experts gathers the tokens and router
+ * logits over the expert axes before the top-k and reduce-scatters the
+ * region's output instead (mesh_moe_ring_gather, MaxText's roe_ag_and_route).
+ * mtp_num_layers adds MaxText's MultiTokenPredictionBlock after the decoder
+ * (mtp_loss): its parameters live under params.mtp_block, its transformer
+ * layer is the decoder's last layer type, unscanned, and its loss (and its
+ * MoE load-balance loss) join the training loss.
  *
  * With remat (every remat_policy but none) each layer is one tape entry (output and, for MoE
  * layers with a load-balance loss, that loss): backward runs the layer again
@@ -1004,6 +1010,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
     bool ring = d->ring_of_experts && !dense_path;
     mc.ring = ring;
+    mc.output_dead = ring && md->recomputing;
     if (ring) {
         /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
          * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3

@@ -1103,7 +1103,9 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin, *auxin = NULL;
     if (rp->store) rp->store->recompute = true, rp->store->next = 0;
     rp->md->remat = rp->store;
+    rp->md->recomputing = true;
     sim_status st = rp->fn(rp->md, inner, rp->b, rp->layer, xin, &yin, &auxin);
+    rp->md->recomputing = false;
     rp->md->remat = NULL;
     /* the outputs' cotangents move into the recomputed layer; one backward pass covers both */
     if (st == SIM_OK && aux && aux->has_grad && auxin) {

@@ -161,6 +161,9 @@ typedef struct {
     model_param p[MODEL_MAX_PARAMS];
     /* the saved tensors of the remat layer running (NULL outside remat or with nothing to save) */
     struct model_remat_store *remat;
+    /* a remat layer running again in backward: values only its backward reads matter (XLA drops
+     * the rest of the recomputation, e.g. the ring of experts' final reduce-scatter) */
+    bool recomputing;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
      * stored state of each parameter as ONE stacked array in the optimizer
      * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
