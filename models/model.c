@@ -69,8 +69,7 @@ static sim_status attention_kernel(const mesh_cfg *cfg, model_dims *d)
 }
 
 /* gradient_accumulation_steps and shard_optimizer_over_data, with the
- * combinations MaxText's config validation (configs/types.py) refuses, and
- * the one this simulator does not combine yet (ZeRO-1 with pipeline stages). */
+ * combinations MaxText's config validation (configs/types.py) refuses. */
 static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
 {
     model_dims *d = &m->d;
@@ -91,13 +90,6 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
                        "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
                        "or set shard_optimizer_over_data=false",
                        fsdp);
-    int st = mesh_shape_axis_index(&m->mesh, "stage");
-    if (st >= 0 && m->mesh.sizes[st] > 1)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) with pipeline stages (stage axis of size %d) is not "
-                       "simulated yet; set ici_pipeline_parallelism=1 (and dcn_pipeline_parallelism=1) or "
-                       "shard_optimizer_over_data=false",
-                       m->mesh.sizes[st]);
     static const char *const types[] = {"adamw", "sgd", "muon"};
     int type;
     SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
@@ -145,13 +137,18 @@ static void define_llama(model_def *m)
               -1, MODEL_INIT_NORMAL, fe);
     add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
               (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
-    /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
-    add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
-              (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
-    add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
-              (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
-    add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
-              (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+    if (d->fused_qkv) /* Attention.init_qkv_w: the plain kernel_init, no depth scaling of the query part */
+        add_param(m, "params.decoder.layers.self_attention.qkv_proj.kernel", 4, (int64_t[]){E, L, H + 2 * K, D},
+                  (const char *[]){"embed_attn", "layers", "heads", "kv"}, 1, MODEL_INIT_NORMAL, fe);
+    else {
+        /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
+        add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
+                  (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
+        add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
+                  (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+        add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
+                  (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+    }
     add_param(m, "params.decoder.layers.self_attention.out.kernel", 4, (int64_t[]){H, L, D, E},
               (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
     add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
@@ -484,6 +481,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        d->final_soft_cap, d->attn_soft_cap);
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
     SIM_TRY(model_cfg_bool(cfg, "fused_mlp", &d->fused_mlp));
+    SIM_TRY(model_cfg_bool(cfg, "fused_qkv", &d->fused_qkv));
     bool dropout_on;
     SIM_TRY(model_cfg_bool(cfg, "enable_dropout", &dropout_on));
     SIM_TRY(mesh_cfg_get_double(cfg, "dropout_rate", &d->dropout));
@@ -548,6 +546,12 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                                           "(mla needs decoder_block=deepseek)", at);
         if (rt && strcmp(rt, "default"))
             return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
+        int64_t mtp;
+        SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+        if (mtp != 0)
+            return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
+                                          "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
+                           (long long)mtp);
         define_llama(m);
     }
     sim_status pst = pipeline_setup(m, cfg);
@@ -607,7 +611,10 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         m->opt_spec[i] = m->spec[i];
         m->opt_unpruned[i] = m->unpruned[i];
         if (d->zero1) {
-            model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
+            if (d->pipe.on && model_param_pipelined(m, i))
+                SIM_TRY(model_pipe_zero1_spec(m, i, &m->opt_unpruned[i]));
+            else
+                model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
             m->opt_spec[i] = m->opt_unpruned[i];
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
@@ -938,6 +945,16 @@ void model_note_activation(const model_dev *md, const char *name, const mesh_arr
         }
         act->spec = *spec;
     }
+    pthread_mutex_unlock(&m->act_lock);
+}
+
+void model_note_activation_f32(const model_dev *md, const char *name)
+{
+    if (sim_device_id(md->ctx.dev) != 0) return;
+    model_def *m = (model_def *)md->def; /* the activation log is the one mutable part of a definition */
+    pthread_mutex_lock(&m->act_lock);
+    for (int i = 0; i < m->nacts; i++)
+        if (!strcmp(m->acts[i].name, name)) m->acts[i].float32 = true;
     pthread_mutex_unlock(&m->act_lock);
 }
 

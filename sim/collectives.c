@@ -218,7 +218,7 @@ typedef struct {
     uint64_t sent_dcn; /* of sent, to other slices */
 } byte_count;
 
-static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, bool implicit, uint64_t t0)
+static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, sim_meta meta, uint64_t t0)
 {
     if (d->nrec == d->caprec) {
         d->caprec = d->caprec ? 2 * d->caprec : 256;
@@ -240,7 +240,8 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
     r->bytes_sent = bc.sent;
     r->bytes_sent_dcn = bc.sent_dcn;
     r->bytes_recv = bc.recv;
-    r->implicit = implicit;
+    r->implicit = meta.implicit;
+    r->weight = meta.weight;
     snprintf(r->tag, sizeof r->tag, "%s", tag_or_dash(c->tag));
     sim_op_totals *t = &d->totals[c->op];
     t->calls++;
@@ -406,7 +407,7 @@ static void move_data(sim_device *d, const sim_call *c, sim_call *const *peers, 
     }
 }
 
-static sim_status run_collective(sim_device *d, sim_call *c, bool implicit)
+static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
 {
     SIM_TRY(check_call(d, c));
     if (c->dt != SIM_F32) c->counted = c->dt;
@@ -420,13 +421,13 @@ static sim_status run_collective(sim_device *d, sim_call *c, bool implicit)
     if (k == 1) {
         sim_call *self[1] = {c};
         if (!dry) move_data(d, c, self, 1, 0);
-        add_record(d, c, 1, count_bytes(d, c, 1, 0), implicit, t0);
+        add_record(d, c, 1, count_bytes(d, c, 1, 0), meta, t0);
         return SIM_OK;
     }
     sim_group *g = sim_group_of(d, sim_axes_mask(c->axes));
     if (dry) { /* nothing moves: post the call and go on (sim_post) */
         SIM_TRY(sim_post(d, g, c, match_calls));
-        add_record(d, c, k, count_bytes(d, c, k, r), implicit, t0);
+        add_record(d, c, k, count_bytes(d, c, k, r), meta, t0);
         return SIM_OK;
     }
     SIM_TRY(sim_rendezvous(d, g, c, SIM_RV_ARRIVE, match_calls));
@@ -446,7 +447,7 @@ static sim_status run_collective(sim_device *d, sim_call *c, bool implicit)
             SIM_TRY(sim_rendezvous(d, g, NULL, SIM_RV_DEPART, NULL));
         }
     }
-    add_record(d, c, k, count_bytes(d, c, k, r), implicit, t0);
+    add_record(d, c, k, count_bytes(d, c, k, r), meta, t0);
     return SIM_OK;
 }
 
@@ -491,7 +492,7 @@ sim_status sim_all_gather_dim(sim_device *d, const void *send, void *recv, size_
     c.p[0] = outer;
     c.p[1] = mid * inner;
     SIM_TRY(need_buffers(d, &c, outer * mid * inner));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
@@ -513,7 +514,7 @@ sim_status sim_reduce_scatter_dim(sim_device *d, const void *send, void *recv, s
     c.p[0] = outer;
     c.p[1] = mid / (size_t)k * inner;
     SIM_TRY(need_buffers(d, &c, outer * mid * inner));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_reduce_scatter(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
@@ -531,7 +532,7 @@ sim_status sim_all_reduce(sim_device *d, const void *send, void *recv, size_t co
                        sim_dtype_name(dt));
     c.p[0] = count;
     SIM_TRY(need_buffers(d, &c, count));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_all_to_all_dims(sim_device *d, const void *send, void *recv, int rank, const size_t *shape, int split,
@@ -562,7 +563,7 @@ sim_status sim_all_to_all_dims(sim_device *d, const void *send, void *recv, int 
     c.p[2] = cc;
     c.p[3] = e;
     SIM_TRY(need_buffers(d, &c, total));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_all_to_all(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
@@ -591,7 +592,7 @@ sim_status sim_ppermute(sim_device *d, const void *send, void *recv, size_t coun
     c.p[0] = count;
     c.perm = perm;
     SIM_TRY(need_buffers(d, &c, count));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, size_t recv_cap, const size_t *send_off,
@@ -616,7 +617,7 @@ sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, si
     c.recv_cnt = recv_cnt;
     c.recv_cap = recv_cap;
     SIM_TRY(need_buffers(d, &c, total));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 const sim_record *sim_device_records(const sim_device *d, size_t *n)
@@ -628,6 +629,7 @@ const sim_record *sim_device_records(const sim_device *d, size_t *n)
 void sim_device_clear_records(sim_device *d)
 {
     d->nrec = 0;
+    d->ncost = 0;
     memset(d->totals, 0, sizeof d->totals);
 }
 
@@ -635,4 +637,27 @@ sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op)
 {
     SIM_ASSERT(op >= 0 && op < SIM_NOP);
     return d->totals[op];
+}
+
+void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag)
+{
+    if (d->ncost == d->capcost) {
+        d->capcost = d->capcost ? 2 * d->capcost : 256;
+        d->cost = realloc(d->cost, d->capcost * sizeof *d->cost);
+        SIM_ASSERT(d->cost);
+    }
+    sim_cost *c = &d->cost[d->ncost++];
+    c->step = d->step;
+    c->phase = d->phase;
+    c->flops = flops;
+    c->elements = elements;
+    c->weight_elements = weight_elements;
+    c->nrec_before = d->nrec;
+    snprintf(c->tag, sizeof c->tag, "%s", tag ? tag : "-");
+}
+
+const sim_cost *sim_device_costs(const sim_device *d, size_t *n)
+{
+    *n = d->ncost;
+    return d->cost;
 }

@@ -41,24 +41,32 @@ typedef enum {
 const char *sim_op_name(sim_op op);
 
 /* Who asked for a collective: tag = "layer/op", implicit = inserted by the
- * resharding planner rather than written by model code.  A float32 call is
- * counted in `counted` when counted_set (the dtype the modelled program moves
- * it in), else in the machine's opts.counted_wire; other dtypes count as they
- * are. */
+ * resharding planner rather than written by model code, weight = it moves a
+ * parameter or a parameter's gradient (the step-time model lets these run
+ * asynchronously, as XLA prefetches FSDP weights and defers gradient
+ * reductions).  A float32 call is counted in `counted` when counted_set (the
+ * dtype the modelled program moves it in), else in the machine's
+ * opts.counted_wire; other dtypes count as they are. */
 typedef struct {
     const char *tag;
     bool implicit;
+    bool weight;
     bool counted_set;
     sim_dtype counted;
 } sim_meta;
 static inline sim_meta sim_meta_tag(const char *tag)
 {
-    sim_meta m = {tag, false, false, SIM_F32};
+    sim_meta m = {.tag = tag, .counted = SIM_F32};
     return m;
 }
 static inline sim_meta sim_meta_implicit(const char *tag)
 {
-    sim_meta m = {tag, true, false, SIM_F32};
+    sim_meta m = {.tag = tag, .implicit = true, .counted = SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_weight(const char *tag)
+{
+    sim_meta m = {.tag = tag, .weight = true, .counted = SIM_F32};
     return m;
 }
 static inline sim_meta sim_meta_counted(sim_meta m, sim_dtype dt)
@@ -81,8 +89,24 @@ typedef struct {
     uint64_t bytes_sent_dcn;  /* of bytes_sent, to devices in other slices (DCN; the rest is ICI) */
     uint64_t bytes_recv;      /* by this device from other devices */
     bool implicit;            /* inserted by the planner */
+    bool weight;              /* moves a parameter or a parameter's gradient (sim_meta.weight) */
     char tag[SIM_TAG_MAX];    /* layer/op that caused it */
 } sim_record;
+
+/* The work of one local kernel, for the step-time model: FLOPs, the elements
+ * it reads and writes in HBM (counted in the model's dtype by the reader),
+ * of which weight_elements are parameters (read in weight_dtype-cast form).
+ * Kept in call order beside the collective records: nrec_before collective
+ * records of the device precede it. */
+typedef struct {
+    int step;
+    sim_phase phase;
+    double flops;
+    double elements;
+    double weight_elements;
+    size_t nrec_before;
+    char tag[SIM_TAG_MAX];
+} sim_cost;
 
 /* Per-device totals of one op. */
 typedef struct {
@@ -134,6 +158,11 @@ sim_status sim_ppermute(sim_device *d, const void *send, void *recv, size_t coun
 sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, size_t recv_cap,
                                  const size_t *send_off, const size_t *send_cnt, const size_t *recv_off,
                                  const size_t *recv_cnt, sim_dtype dt, sim_axes axes, sim_meta meta);
+
+/* Records the cost of one local kernel (see sim_cost); cleared with the records. */
+void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag);
+/* Cost events of a device, in call order (valid until the next add). */
+const sim_cost *sim_device_costs(const sim_device *d, size_t *n);
 
 /* Records of a device (valid until the next collective on it). */
 const sim_record *sim_device_records(const sim_device *d, size_t *n);

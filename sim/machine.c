@@ -222,6 +222,7 @@ void sim_machine_free(sim_machine *m)
         sim_arena_free_all(d->arena);
         sem_destroy(&d->wake);
         free(d->rec);
+        free(d->cost);
         free(d->spans);
     }
     free(m->dev);

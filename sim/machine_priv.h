@@ -97,6 +97,8 @@ struct sim_device {
     /* records */
     sim_record *rec;
     size_t nrec, caprec;
+    sim_cost *cost;       /* kernel costs for the step-time model (sim_device_add_cost) */
+    size_t ncost, capcost;
     sim_op_totals totals[SIM_NOP];
     /* trace */
     sim_span *spans;
