@@ -150,11 +150,6 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
      * path ignores it */
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
     d->ring_of_experts = b && sparse;
-    if (d->ring_of_experts && d->capacity_factor > 0)
-        return unsupported(cfg, "use_ring_of_experts",
-                           "MaxText runs the ring on its dropless sparse path whatever capacity_factor says, while "
-                           "shardsim's capacity_factor > 0 with sparse_matmul=true still selects the dense dropping "
-                           "path; use capacity_factor=-1 with the ring");
     if (d->ring_of_experts) {
         bool vma;
         SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
@@ -1016,7 +1011,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
                              .random = d->random_routing};
     if (d->random_routing) { /* MaxText draws from its params RNG stream; here a key per (seed, step, layer) */
         uint64_t step = (uint64_t)sim_device_step(md->ctx.dev);
-        char site[160];
+        char site[256];
         snprintf(site, sizeof site, "random_routing/%s", routed);
         rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
     }

@@ -230,8 +230,6 @@ static void test_refused(void **state)
     (void)state;
     const char *vma[] = {FSDP2, EXP4, RING, "check_vma=true"};
     expect_refused(vma, 4, 8, "check_vma", "ring of experts");
-    const char *cf[] = {FSDP2, EXP4, RING, "capacity_factor=2"};
-    expect_refused(cf, 4, 8, "use_ring_of_experts", "capacity_factor=-1");
     const char *cp[] = {"custom_mesh_and_rule=cp-as-ep", FSDP2, "ici_context_parallelism=2", "ici_expert_parallelism=2",
                         RING};
     expect_refused(cp, 5, 8, "use_ring_of_experts", "activation_batch");
