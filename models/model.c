@@ -760,7 +760,14 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                     a->cat = cats[b];
                     continue;
                 }
-                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], a));
+                /* ZeRO-1 with accumulation: MaxText casts the parameters to dtype before the
+                 * all-gather and the accumulation loop, so the working copy, the per-microbatch
+                 * gradients and their accumulator are in dtype (facts-2 §D) */
+                if (md->zero1 && def->d.ga > 1 && b <= 1)
+                    SIM_TRY(mesh_array_new_as(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, def->d.act_dtype,
+                                              cats[b], true, a));
+                else
+                    SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], a));
             }
         }
         if (md->zero1 && !sv) SIM_TRY(zero1_state_new(md, i));

@@ -154,6 +154,9 @@ typedef struct {
 static sim_status remake(model_dev *md, mesh_array *a, sim_mem_cat cat)
 {
     mesh_array old = *a; /* mesh_array_new clears its output before reading the shape */
+    if (old.counted_fixed) /* ZeRO-1 with accumulation: dtype */
+        return mesh_array_new_as(md->ctx.dev, &md->def->mesh, old.name, old.rank, old.shape, &old.spec, SIM_F32,
+                                 old.counted, cat, true, a);
     return mesh_array_new(md->ctx.dev, &md->def->mesh, old.name, old.rank, old.shape, &old.spec, SIM_F32, cat, a);
 }
 
@@ -248,6 +251,7 @@ static sim_status zero1_reduce_grads(model_dev *md)
         snprintf(tag, sizeof tag, "zero1/grads/%.80s", p->def.path);
         z->g = calloc(1, sizeof(mesh_array));
         SIM_ASSERT(z->g);
+        /* with accumulation the gradients stay in dtype into the optimizer (facts-2 §D) */
         SIM_TRY(model_param_stack(dev, &def->mesh, p, p->g, tag, SIM_MEM_GRADS, z->g));
         for (int l = 0; l < p->n_layers; l++) mesh_array_free(dev, &p->g[l]);
         mesh_spec mid;
