@@ -117,7 +117,7 @@ static void dump_activations(const model_def *def, const char *dtype, cli_dump_a
         const model_act *act = &def->acts[i];
         memset(&a[i], 0, sizeof a[i]);
         a[i].name = act->name;
-        a[i].dtype = dtype; /* the config's activation dtype, as MaxText logs it */
+        a[i].dtype = act->float32 ? "float32" : dtype; /* the config's activation dtype, as MaxText logs it */
         a[i].rank = act->rank;
         a[i].logical_known = act->logical_known;
         for (int d = 0; d < act->rank; d++) {

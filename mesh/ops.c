@@ -247,8 +247,7 @@ static mesh_spec work_spec(const mesh_ctx *ctx, const mesh_spec *s)
 
 static sim_meta op_meta(const mesh_ctx *ctx, const char *tag)
 {
-    sim_meta m = {tag, ctx->mode == MESH_MODE_AUTO, false};
-    return m;
+    return ctx->mode == MESH_MODE_AUTO ? sim_meta_implicit(tag) : sim_meta_tag(tag);
 }
 
 static sim_status check_f32(const char *tag, const char *op, const mesh_array *x)
@@ -279,10 +278,17 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     if (mesh_spec_equal(work, to)) return SIM_OK;
     if (ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
     size_t bytes = x->nlocal * sim_dtype_size(x->dtype);
+    /* the copy is the operand as the kernel reads it: a weight counted in
+     * weight_dtype is copied in the activation dtype, as MaxText's
+     * DenseGeneral casts the kernel to `dtype` before the dot (layers/linears.py),
+     * so the gather that follows moves dtype bytes */
+    sim_dtype counted = x->counted_fixed ? x->counted : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
     void *data = NULL;
-    SIM_TRY(sim_arena_alloc(sim_device_arena(ctx->dev), bytes, SIM_MEM_TEMP, x->name, false, &data));
+    SIM_TRY(sim_arena_alloc_counted(sim_device_arena(ctx->dev), bytes, x->nlocal * sim_dtype_size(counted),
+                                    SIM_MEM_TEMP, x->name, false, &data));
     if (data && x->data) memcpy(data, x->data, bytes);
     out->arr.data = data;
+    out->arr.counted = counted;
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
     meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */
@@ -1550,7 +1556,8 @@ static sim_status reshard_as(mesh_ctx *ctx, mesh_array *a, const mesh_spec *spec
     mesh_spec t;
     SIM_TRY(mesh_spec_fit_rank(spec, a->rank, a->name, &t));
     SIM_TRY(mesh_spec_check(&t, ctx->mesh));
-    sim_meta meta = {tag, implicit, a->cat == SIM_MEM_PARAMS};
+    sim_meta meta = implicit ? sim_meta_implicit(tag) : sim_meta_tag(tag);
+    meta.weight = a->cat == SIM_MEM_PARAMS;
     return mesh_reshard(ctx->dev, ctx->mesh, a, &t, meta);
 }
 

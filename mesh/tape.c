@@ -195,6 +195,10 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
         mesh_array_free(t->ctx->dev, g);
         return SIM_OK;
     }
+    /* a cotangent has its primal's dtype: a value counted in a fixed dtype
+     * (float32 logits, say) has a gradient counted in it too */
+    if (v->val.counted_fixed && (g->counted != v->val.counted || !g->counted_fixed))
+        mesh_array_recount(t->ctx->dev, g, v->val.counted);
     char leaf_tag[SIM_TAG_MAX];
     mesh_spec to;
     if (v->sink) {

@@ -42,6 +42,10 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     sim_machine_opts o = {0};
     o.capacity_bytes = (size_t)(hbm_limit_gb * 1e9);
     o.dry_run = def->d.dry_run;
+    /* bytes in MaxText's dtypes (model_dims: act_dtype, weight_dtype) */
+    for (int c = 0; c < SIM_NMEM; c++) o.counted[c] = def->d.act_dtype;
+    o.counted[SIM_MEM_PARAMS] = o.counted[SIM_MEM_GRADS] = o.counted[SIM_MEM_OPTIMIZER] = def->d.weight_dtype;
+    o.counted_wire = def->d.act_dtype;
     o.trace = trace;
     o.pin_threads = true;
     SIM_TRY(sim_machine_new(&md, &o, out));

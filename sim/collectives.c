@@ -39,6 +39,8 @@ static sim_status check_call(sim_device *d, const sim_call *c)
     const char *op = sim_op_name(c->op);
     if (c->dt < 0 || c->dt >= SIM_NDTYPE)
         return sim_err(SIM_ERR_INPUT, "%s '%s': unknown dtype %d", op, tag_or_dash(c->tag), (int)c->dt);
+    if (c->counted_set && (c->counted < 0 || c->counted >= SIM_NDTYPE))
+        return sim_err(SIM_ERR_INPUT, "%s '%s': unknown counted dtype %d", op, tag_or_dash(c->tag), (int)c->counted);
     if (c->axes.n < 0 || c->axes.n > mesh->naxes)
         return sim_err(SIM_ERR_INPUT, "%s '%s': %d axes listed, the mesh has %d", op, tag_or_dash(c->tag),
                        c->axes.n, mesh->naxes);
@@ -233,7 +235,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
     for (int i = 0; i < c->axes.n; i++)
         if (d->m->mesh.sizes[c->axes.axis[i]] > 1) r->axes.axis[r->axes.n++] = c->axes.axis[i];
     r->group_size = k;
-    r->dtype = c->dt;
+    r->dtype = c->counted;
     r->elements = bc.elements;
     r->bytes_sent = bc.sent;
     r->bytes_sent_dcn = bc.sent_dcn;
@@ -277,7 +279,7 @@ static uint64_t count_dcn_bytes(const sim_device *d, const sim_call *c, int k, i
     bool multi = false;
     for (int a = 0; a < d->m->mesh.naxes; a++) multi |= d->m->mesh.dcn[a] > 1;
     if (!multi) return 0;
-    size_t es = sim_dtype_size(c->dt);
+    size_t es = sim_dtype_size(c->counted);
     uint64_t b = 0;
     for (int q = 0; q < k; q++) {
         if (q == r || !cross_slice(d, c->axes, q)) continue;
@@ -303,7 +305,7 @@ static uint64_t count_dcn_bytes(const sim_device *d, const sim_call *c, int k, i
 /* Bytes this device sends and receives, by the formulas in the header. */
 static byte_count count_bytes(const sim_device *d, const sim_call *c, int k, int r)
 {
-    size_t es = sim_dtype_size(c->dt);
+    size_t es = sim_dtype_size(c->counted);
     byte_count bc = {0, 0, 0, 0};
     switch (c->op) {
     case SIM_OP_ALL_GATHER:
@@ -408,6 +410,8 @@ static void move_data(sim_device *d, const sim_call *c, sim_call *const *peers, 
 static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
 {
     SIM_TRY(check_call(d, c));
+    if (c->dt != SIM_F32) c->counted = c->dt;
+    else if (!c->counted_set) c->counted = d->m->opts.counted_wire;
     uint64_t t0 = sim_now_ns();
     sim_machine *m = d->m;
     int k = sim_mesh_group_size(&m->mesh, c->axes);
@@ -455,6 +459,8 @@ static sim_call call_init(sim_op op, const void *send, void *recv, sim_dtype dt,
     c.send = send;
     c.recv = recv;
     c.dt = dt;
+    c.counted_set = meta.counted_set;
+    c.counted = meta.counted;
     c.axes = axes;
     c.tag = meta.tag;
     return c;

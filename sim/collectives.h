@@ -13,6 +13,9 @@
  *   ppermute        n -> n        n if the peer is another device, else 0
  *   ragged a2a      per peer      sum of sizes sent to / received from other devices
  *
+ * with sizes in bytes of the counted dtype (see sim_meta): float32 data moved
+ * for a bfloat16 program counts 2 bytes an element.
+ *
  * Members that disagree on the call (op, axes, dtype, sizes, permutation)
  * stop the machine with SIM_ERR_MISMATCH naming the devices, calls and tags.
  * Send and receive buffers must not overlap except where a function says so.
@@ -41,15 +44,37 @@ const char *sim_op_name(sim_op op);
  * resharding planner rather than written by model code, weight = it moves a
  * parameter or a parameter's gradient (the step-time model lets these run
  * asynchronously, as XLA prefetches FSDP weights and defers gradient
- * reductions). */
+ * reductions).  A float32 call is counted in `counted` when counted_set (the
+ * dtype the modelled program moves it in), else in the machine's
+ * opts.counted_wire; other dtypes count as they are. */
 typedef struct {
     const char *tag;
     bool implicit;
     bool weight;
+    bool counted_set;
+    sim_dtype counted;
 } sim_meta;
-static inline sim_meta sim_meta_tag(const char *tag) { sim_meta m = {tag, false, false}; return m; }
-static inline sim_meta sim_meta_implicit(const char *tag) { sim_meta m = {tag, true, false}; return m; }
-static inline sim_meta sim_meta_weight(const char *tag) { sim_meta m = {tag, false, true}; return m; }
+static inline sim_meta sim_meta_tag(const char *tag)
+{
+    sim_meta m = {.tag = tag, .counted = SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_implicit(const char *tag)
+{
+    sim_meta m = {.tag = tag, .implicit = true, .counted = SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_weight(const char *tag)
+{
+    sim_meta m = {.tag = tag, .weight = true, .counted = SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_counted(sim_meta m, sim_dtype dt)
+{
+    m.counted_set = true;
+    m.counted = dt;
+    return m;
+}
 
 /* One collective call as seen by one device. */
 typedef struct {
@@ -58,7 +83,7 @@ typedef struct {
     sim_phase phase;
     sim_axes axes;            /* mesh axes of the group, in rank order */
     int group_size;           /* k */
-    sim_dtype dtype;
+    sim_dtype dtype;          /* the counted dtype (sim_meta), which sets the bytes */
     uint64_t elements;        /* local input elements */
     uint64_t bytes_sent;      /* by this device to other devices */
     uint64_t bytes_sent_dcn;  /* of bytes_sent, to devices in other slices (DCN; the rest is ICI) */

@@ -27,6 +27,8 @@
 typedef struct sim_call {
     sim_op op;
     sim_dtype dt;
+    sim_dtype counted; /* the dtype the bytes are counted in (run_collective resolves it) */
+    bool counted_set;  /* sim_meta named it */
     sim_axes axes;
     const char *tag;
     int device;

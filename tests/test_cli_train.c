@@ -238,6 +238,34 @@ static void test_parity_exit_codes(void **state)
     done(&r);
 }
 
+/* parity under hbm_limit_gb: a configuration that does not fit is reported as
+ * out of memory as it runs, the others still run and are compared, and the
+ * exit code is 1; a reference that does not fit stops parity (exit 1). */
+static void test_parity_hbm_limit(void **state)
+{
+    (void)state;
+    const char *a[] = {SMALL, "per_device_batch_size=2", "steps=2",
+                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 hbm_limit_gb=0.0002;ici_fsdp_parallelism=2"};
+    result r = run(cli_cmd_parity, (int)(sizeof a / sizeof a[0]), a);
+    assert_int_equal(r.rc, 1);
+    const char *oom = strstr(r.out, "out of simulated memory (hbm_limit_gb=0.0002)");
+    assert_non_null(oom);
+    const char *third = strstr(r.out, "[3/3]");
+    assert_non_null(third);
+    assert_true(oom < third);
+    assert_non_null(strstr(third, "2 steps in"));
+    assert_non_null(strstr(r.out, "INCOMPLETE: 1 configuration"));
+    done(&r);
+    const char *b[] = {SMALL, "per_device_batch_size=2", "steps=2", "hbm_limit_gb=0.0002",
+                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2"};
+    r = run(cli_cmd_parity, (int)(sizeof b / sizeof b[0]), b);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "reference configuration"));
+    assert_non_null(strstr(r.err, "hbm_limit_gb=0.0002"));
+    assert_null(strstr(r.out, "[2/2]"));
+    done(&r);
+}
+
 /* The loss printed on step s's line ("" when there is no such line). */
 static void step_loss(const char *out, int s, char *buf, size_t cap)
 {
@@ -344,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_train_bad_input),
         cmocka_unit_test(test_parity_exit_codes),
         cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_parity_hbm_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
