@@ -645,7 +645,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                 st = cli_write_trace_json(outdir, m, (size_t)max_events);
             }
             int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
-            size_t trace_dev = sim_trace_devices_within(m, (size_t)max_events);
+            size_t trace_dev = tm.spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
+            if (!st && tm.spans)
+                fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm.device, hw.name);
             if (!st && (csv_dev < nd || (int)trace_dev < nd))
                 fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
                              "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
