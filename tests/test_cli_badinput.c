@@ -346,7 +346,7 @@ static void gen_checkpoints(corpus *c)
                     ck);
     assert_int_equal(system(cmd), 0);
     free(cmd);
-    char *src = fmt("%s/step_1.safetensors", ck);
+    char *src = fmt("%s/step_0.safetensors", ck); /* after the one step (MaxText numbers it 0) */
     FILE *f = fopen(src, "rb");
     assert_non_null(f);
     fseek(f, 0, SEEK_END);
