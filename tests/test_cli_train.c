@@ -375,6 +375,14 @@ static void test_resume(void **state)
     assert_int_equal(access(p0, F_OK), -1);
     assert_int_equal(access(p2, F_OK), 0);
     assert_int_equal(access(p3, F_OK), -1);
+    /* a pipeline's checkpoints are not simulated: the directory base_output_directory implies is refused too */
+    char bo[340];
+    snprintf(bo, sizeof bo, "base_output_directory=%s", dir);
+    const char *pp[] = {SMALL, "per_device_batch_size=2", "steps=1", "ici_pipeline_parallelism=2", bo, "run_name=pp"};
+    r = run(cli_train, (int)(sizeof pp / sizeof pp[0]), pp);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "enable_checkpointing=true with base_output_directory and pipeline parallelism"));
+    done(&r);
     unlink(p0);
     unlink(p2);
     unlink(p3);
