@@ -235,6 +235,28 @@ static const struct {
 #undef MINIMAL
 #undef B
 
+/* The dtypes bytes are counted in (numerics stay float32).  MaxText 0.2.5:
+ * parameters are created in weight_dtype and DenseGeneral casts each kernel
+ * to `dtype` before its dot (layers/linears.py), so weight gathers and the
+ * gradient reductions at the dot move `dtype`; the gradients themselves
+ * come back in the parameters' dtype (value_and_grad of float32 params);
+ * optax's Adam moments take the parameters' dtype (mu_dtype "" = weight_dtype). */
+static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
+{
+    static const char *const names[] = {"float32", "bfloat16"};
+    static const sim_dtype dts[] = {SIM_F32, SIM_BF16};
+    const char *keys[2] = {"dtype", "weight_dtype"};
+    sim_dtype *out[2] = {&d->act_dtype, &d->weight_dtype};
+    for (int k = 0; k < 2; k++) {
+        int ix;
+        SIM_TRY(mesh_cfg_get_enum(cfg, keys[k], names, 2, &ix));
+        *out[k] = dts[ix];
+    }
+    SIM_TRY(model_cfg_bool(cfg, "logits_dot_in_fp32", &d->logits_dot_fp32));
+    SIM_TRY(model_cfg_bool(cfg, "cast_logits_to_fp32", &d->logits_cast_fp32));
+    return SIM_OK;
+}
+
 static sim_status remat_policy_from_config(const mesh_cfg *cfg, model_dims *d)
 {
     const char *p;
@@ -480,6 +502,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    SIM_TRY(counted_dtypes_from_config(cfg, d));
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &d->scan_layers));
 
     SIM_TRY(model_cfg_bool(cfg, "context_parallel_load_balance", &d->cp_load_balance));
@@ -523,6 +546,12 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                                           "(mla needs decoder_block=deepseek)", at);
         if (rt && strcmp(rt, "default"))
             return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
+        int64_t mtp;
+        SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+        if (mtp != 0)
+            return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
+                                          "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
+                           (long long)mtp);
         define_llama(m);
     }
     sim_status pst = pipeline_setup(m, cfg);
@@ -723,7 +752,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                     a->rank = rank;
                     memcpy(a->shape, shape, sizeof(int64_t) * (size_t)rank);
                     a->spec = bs;
-                    a->dtype = SIM_F32;
+                    a->dtype = a->counted = SIM_F32;
                     a->cat = cats[b];
                     continue;
                 }
@@ -861,14 +890,26 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
     mesh_spec os;
     const mesh_spec *out;
     SIM_TRY(model_out_sharding(md, "logits_dense", 3, LOGITS3, &os, &out));
-    if (!d->tied_logits) /* MaxText applies final_logits_soft_cap on the tied path only */
-        return mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits);
-    /* attend_on_embedding: y . table^T with the decoder's out_sharding; MaxText casts the table to
-     * bfloat16 there, the simulator computes it in float32 like every other product */
-    SIM_TRY(mesh_ad_einsum(t, "bte,ve->btv", y, embed, out, "logits_via_embedding", logits));
-    double a = d->normalize_tied ? 1.0 / sqrt((double)y->val.shape[2]) : 1.0;
-    if (a != 1.0 || d->final_soft_cap > 0)
-        SIM_TRY(mesh_nn_softcap(t, *logits, a, d->final_soft_cap, "logits_soft_cap", logits));
+    /* logits_dot_in_fp32: the head's DenseGeneral (or attend_on_embedding) runs in float32, so
+     * its kernel is cast to float32 and gathered as such (layers/nnx_decoders.py); the var is
+     * the step's view of the parameter, so counting it otherwise leaves the parameter alone */
+    mesh_var *w = d->tied_logits ? embed : dense_w;
+    if (d->logits_dot_fp32) {
+        w->val.counted = SIM_F32;
+        w->val.counted_fixed = true;
+    }
+    if (!d->tied_logits) { /* MaxText applies final_logits_soft_cap on the tied path only */
+        SIM_TRY(mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits));
+    } else {
+        /* attend_on_embedding: y . table^T with the decoder's out_sharding, in attend_dtype */
+        SIM_TRY(mesh_ad_einsum(t, "bte,ve->btv", y, embed, out, "logits_via_embedding", logits));
+        double a = d->normalize_tied ? 1.0 / sqrt((double)y->val.shape[2]) : 1.0;
+        if (a != 1.0 || d->final_soft_cap > 0)
+            SIM_TRY(mesh_nn_softcap(t, *logits, a, d->final_soft_cap, "logits_soft_cap", logits));
+    }
+    /* float32 logits (a float32 product, or cast_logits_to_fp32 after it) are what the loss keeps;
+     * XLA fuses the cast into the product, so no bfloat16 copy is counted beside them */
+    if (d->logits_dot_fp32 || d->logits_cast_fp32) mesh_array_recount(md->ctx.dev, &(*logits)->val, SIM_F32);
     return SIM_OK;
 }
 
@@ -897,6 +938,16 @@ void model_note_activation(const model_dev *md, const char *name, const mesh_arr
         }
         act->spec = *spec;
     }
+    pthread_mutex_unlock(&m->act_lock);
+}
+
+void model_note_activation_f32(const model_dev *md, const char *name)
+{
+    if (sim_device_id(md->ctx.dev) != 0) return;
+    model_def *m = (model_def *)md->def; /* the activation log is the one mutable part of a definition */
+    pthread_mutex_lock(&m->act_lock);
+    for (int i = 0; i < m->nacts; i++)
+        if (!strcmp(m->acts[i].name, name)) m->acts[i].float32 = true;
     pthread_mutex_unlock(&m->act_lock);
 }
 

@@ -42,6 +42,10 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     sim_machine_opts o = {0};
     o.capacity_bytes = (size_t)(hbm_limit_gb * 1e9);
     o.dry_run = def->d.dry_run;
+    /* bytes in MaxText's dtypes (model_dims: act_dtype, weight_dtype) */
+    for (int c = 0; c < SIM_NMEM; c++) o.counted[c] = def->d.act_dtype;
+    o.counted[SIM_MEM_PARAMS] = o.counted[SIM_MEM_GRADS] = o.counted[SIM_MEM_OPTIMIZER] = def->d.weight_dtype;
+    o.counted_wire = def->d.act_dtype;
     o.trace = trace;
     o.pin_threads = true;
     SIM_TRY(sim_machine_new(&md, &o, out));
@@ -435,15 +439,19 @@ static sim_status train_device(sim_device *dev, void *arg)
     }
     long long loaded_step = 0;
     if (st == SIM_OK && job->load_path && *job->load_path)
-        st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams, false,
-                                   &loaded_step);
+        st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams,
+                                   job->load_full_state, &loaded_step);
+    if (st == SIM_OK && job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step)
+        st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds step %lld, not the step %lld read from it before the run; it "
+                     "changed while the run started: run again", job->load_path, loaded_step, job->start_step);
     /* ZeRO-1 holds only the optimizer-layout state between steps (the first step gathers too) */
     if (st == SIM_OK && md.zero1) zero1_release(&md, true);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;
     /* ZeRO-1 saves (and loads) its stored state: the same tensors, written from the optimizer layout */
     model_param *state = md.zero1 ? md.z : md.p;
-    if (st == SIM_OK && ckpt) st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, state, def->nparams);
-    for (int64_t s = 0; st == SIM_OK && s < job->steps; s++) {
+    if (st == SIM_OK && ckpt && !job->load_full_state)
+        st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, state, def->nparams);
+    for (int64_t s = job->load_full_state ? job->start_step : 0; st == SIM_OK && s < job->steps; s++) {
         if (sim_device_id(dev) == 0) job->step = s;
         st = train_step(job, &md, s);
         if (st == SIM_OK && ckpt && (s + 1) % job->checkpoint_period == 0)
