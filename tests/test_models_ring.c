@@ -13,7 +13,7 @@
  *     (the peer's HLO count) for the same configuration;
  *   - MaxText's dense path ignores the key: same losses and traffic as without it;
  *   - refusals naming the key: check_vma with the ring (MaxText refuses it),
- *     capacity_factor > 0 on the sparse path, and a token layout the ring's
+ *     and a token layout the ring's
  *     tiled all-gather does not cover (cp-as-ep: the expert axes shard the
  *     sequence). */
 #include <setjmp.h>
