@@ -702,7 +702,7 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
                 snprintf(l[k++].key, KEY_CAP, "%s/[0]/.count", br[b]);
                 for (int part = 0; part < (b ? 1 : 2); part++)
                     for (int i = 0; i < n; i++) {
-                        if (p[pk[i].index].muon != want) continue;
+                        if (p[pk[i].index].muon != want || p[pk[i].index].no_opt) continue;
                         snprintf(l[k].key, KEY_CAP, "%s/[0]/.%s/['params']%s", br[b], part ? "nu" : "mu", pk[i].rel);
                         l[k].p = &p[pk[i].index];
                         l[k].opt = 1;
@@ -726,6 +726,7 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
         for (int part = 0; part < 3; part++) {
             if (part == 1) snprintf(l[k++].key, KEY_CAP, ".opt_state/[0]/.count");
             for (int i = 0; i < n; i++) {
+                if (part && p[pk[i].index].no_opt) continue;
                 snprintf(l[k].key, KEY_CAP, "%s%s", prefix[part], pk[i].rel);
                 l[k].p = &p[pk[i].index];
                 l[k].opt = part > 0;

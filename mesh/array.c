@@ -27,7 +27,8 @@ sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, me
 }
 
 static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
-                            const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, bool zero, mesh_array *out)
+                            const mesh_spec *spec, sim_dtype dt, int counted, sim_mem_cat cat, bool zero,
+                            mesh_array *out)
 {
     memset(out, 0, sizeof *out);
     if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
@@ -42,7 +43,8 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
     if (rank) memcpy(out->shape, shape, (size_t)rank * sizeof *shape); /* a scalar may come with shape == NULL */
     out->spec = *spec;
     out->dtype = dt;
-    out->counted = sim_device_counted_dtype(d, dt, cat);
+    out->counted = counted >= 0 ? (sim_dtype)counted : sim_device_counted_dtype(d, dt, cat);
+    out->counted_fixed = counted >= 0;
     out->cat = cat;
     mesh_spec_local_shape(spec, m, shape, out->local);
     out->nlocal = 1;
@@ -61,13 +63,20 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
 sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                           const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, cat, true, out);
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, true, out);
+}
+
+sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                             const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,
+                             mesh_array *out)
+{
+    return array_new(d, m, name, rank, shape, spec, dt, (int)counted, cat, zero, out);
 }
 
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, cat, false, out);
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, out);
 }
 
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,

@@ -43,6 +43,10 @@ sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, 
 /* The same without zero-filling: for outputs the caller overwrites entirely. */
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
+/* Either of the two, counted in `counted` whatever the category (fixed: see mesh_array_recount). */
+sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                             const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,
+                             mesh_array *out);
 /* A copy of `src` (same spec and shard) under a new name and category. */
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
                             sim_mem_cat cat, mesh_array *out);

@@ -19,7 +19,13 @@
  * only on DeepSeek-V3) -> the expert region of mesh/moe.h (sparse ragged
  * all-to-all path, or the dense capacity path when capacity_factor > 0);
  * the load-balance loss of every MoE layer (weight / number of MoE layers)
- * is added to the loss.
+ * is added to the loss.  use_ring_of_experts gathers the tokens and router
+ * logits over the expert axes before the top-k and reduce-scatters the
+ * region's output instead (mesh_moe_ring_gather, MaxText's roe_ag_and_route).
+ * mtp_num_layers adds MaxText's MultiTokenPredictionBlock after the decoder
+ * (mtp_loss): its parameters live under params.mtp_block, its transformer
+ * layer is the decoder's last layer type, unscanned, and its loss (and its
+ * MoE load-balance loss) join the training loss.
  *
  * With remat (every remat_policy but none) each layer is one tape entry (output and, for MoE
  * layers with a load-balance loss, that loss): backward runs the layer again
@@ -149,7 +155,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     /* MaxText reads use_ring_of_experts on the sparse path only (moe.py sparse_matmul); the dense
      * path ignores it */
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
-    d->ring_of_experts = b && sparse;
+    d->ring_of_experts = b && sparse; /* dropless whatever capacity_factor says, as the sparse path */
     if (d->ring_of_experts) {
         bool vma;
         SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
@@ -186,8 +192,14 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
         d->topk_groups = (int)keep;
     }
     SIM_TRY(model_cfg_bool(cfg, "use_random_routing", &d->random_routing));
-    SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &f));
-    if (f != 0) return unsupported(cfg, "routed_bias_update_rate", "the loss-free bias update is not simulated; use 0");
+    /* loss-free balancing (moe.py should_update_load_balance: routed_bias and a rate > 0) */
+    SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &d->bias_update_rate));
+    if (d->bias_update_rate > 0 && d->routed_bias && !d->bias_selects_only)
+        return unsupported(cfg, "routed_bias_update_rate",
+                           "MaxText 0.2.5 adds the (layers, experts) update to a gate bias it stores as an nnx.Param "
+                           "(experts, layers) for this model_name, which fails unless the two sizes agree; the "
+                           "update is simulated for the MoEBiasVar bias of deepseek3*, deepseek4* and kimi-k2* "
+                           "names; use one of those or 0");
 
     /* multi-token prediction (layers/multi_token_prediction.py) */
     SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &d->mtp_layers));
@@ -343,9 +355,17 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     int64_t X = d->experts, Hm = d->moe_mlp, Fs = d->shared_experts * d->moe_mlp;
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel"), 3, (int64_t[]){E, n, X},
         (const char *[]){"embed_router", stack, NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
-    if (d->routed_bias)
+    if (d->routed_bias && d->bias_selects_only) {
+        /* MaxText 0.2.5's GateLogit keeps the DeepSeek-V3 bias as a MoEBiasVar: not trained (no gradient,
+         * no optimizer state; routed_bias_update_rate changes it), its layers stacked first */
+        add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){n, X}, (const char *[]){stack, NULL},
+            MODEL_INIT_ZEROS, 0);
+        m->defs[m->nparams - 1].scan_dim = 0;
+        m->defs[m->nparams - 1].state_var = true;
+    } else if (d->routed_bias) { /* other model names: an nnx.Param, stacked like the kernels */
         add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){X, n}, (const char *[]){NULL, stack},
             MODEL_INIT_ZEROS, 0);
+    }
     /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
     const char *const *wi = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, NULL, "mlp_moe"}
                                                 : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
@@ -990,6 +1010,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
     bool ring = d->ring_of_experts && !dense_path;
     mc.ring = ring;
+    mc.output_dead = ring && md->recomputing;
     if (ring) {
         /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
          * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3
@@ -1016,6 +1037,8 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
     }
     SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
+    if (md->bias_counts) /* this layer's statistic for the step's bias update */
+        SIM_TRY(mesh_moe_expert_counts(t, indices, d->experts, "expert_counts", md->bias_counts + l * d->experts));
     *lb = NULL;
     if (d->lb_weight > 0) {
         /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
@@ -1375,4 +1398,26 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     }
     if (lb_sum) SIM_TRY(mesh_ad_add(t, *loss, lb_sum, "plus_moe_lb_loss", loss));
     return SIM_OK;
+}
+
+/* ------------------------------------------------------------ loss-free balancing */
+
+bool model_bias_active(const model_def *m)
+{
+    const model_dims *d = &m->d;
+    return d->kind == MODEL_DEEPSEEK && d->routed_bias && d->bias_selects_only && d->bias_update_rate > 0 &&
+           d->layers > d->dense_layers;
+}
+
+void deepseek_bias_update(model_dev *md)
+{
+    const model_def *m = md->def;
+    if (!md->bias_counts_step) return;
+    int i = global_ix(m, "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias");
+    SIM_ASSERT(i >= 0);
+    model_param *p = &md->p[i];
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->w[l].data) /* replicated: every device holds the whole [E] of layer l (none in a dry run) */
+            mesh_moe_bias_update(p->w[l].data, md->bias_counts_step + (int64_t)l * m->d.experts, m->d.experts,
+                                 m->d.bias_update_rate);
 }

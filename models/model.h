@@ -161,6 +161,9 @@ typedef struct {
     model_param p[MODEL_MAX_PARAMS];
     /* the saved tensors of the remat layer running (NULL outside remat or with nothing to save) */
     struct model_remat_store *remat;
+    /* a remat layer running again in backward: values only its backward reads matter (XLA drops
+     * the rest of the recomputation, e.g. the ring of experts' final reduce-scatter) */
+    bool recomputing;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
      * stored state of each parameter as ONE stacked array in the optimizer
      * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
@@ -173,6 +176,10 @@ typedef struct {
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);
     void *on_layer_arg;
+    /* routed_bias_update_rate (model_bias_active): the global expert counts of each MoE layer in this
+     * forward pass [moe layers x experts] (a remat recompute writes the same values), and their sum
+     * over the step's microbatches, from which the step's bias update is taken */
+    float *bias_counts, *bias_counts_step;
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's
@@ -264,6 +271,11 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
 sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
 /* DeepSeek's dims from the config and its parameter definitions (deepseek.c). */
 sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
+/* Whether the model updates its MoEBiasVar gate bias after each step (routed_bias_update_rate > 0). */
+bool model_bias_active(const model_def *m);
+/* The loss-free balancing update of the gate bias after a step (MaxText's train_step does it after
+ * apply_gradients), from md->bias_counts_step; every device updates its replica alike. */
+void deepseek_bias_update(model_dev *md);
 
 /* Logs an activation for input_shardings.json once per (name, shape), as
  * MaxText keys its entries by "name: dtype[shape]"; names == NULL logs its

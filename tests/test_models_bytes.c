@@ -11,7 +11,9 @@
  *   - every record's bytes follow the header formulas at its counted dtype,
  *     which is `dtype` except where MaxText computes in float32 (RMSNorm
  *     statistics, float32 logits' cross-entropy sums, the loss, the global norm);
- *   - logits_dot_in_fp32 gathers the logits kernel in float32.
+ *   - logits_dot_in_fp32 gathers the logits kernel in float32;
+ *   - ZeRO-1 with accumulation holds its gradients in dtype (MaxText casts
+ *     the parameters before the accumulation loop).
  * The losses do not depend on the dtypes (the simulator computes in float32). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,16 +31,18 @@
 static const char *const TINY[] = {
     "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=8",
     "base_mlp_dim=32", "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=16",
-    "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
 };
-enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 4, NDEV = 4 };
+enum { NTINY = sizeof TINY / sizeof TINY[0], NDEV = 4 };
+static const char *const FSDP_TENSOR[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"};
+static const char *const ZERO1_GA[] = {"ici_data_parallelism=2", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2",
+                                       "shard_optimizer_over_data=true", "gradient_accumulation_steps=2"};
 
-/* Elements of parameter i on one device: its elements over the sizes of the mesh axes its spec uses. */
-static uint64_t local_elems(const model_def *def, int i, int *fsdp_k)
+/* Elements of parameter i on one device under `spec`: its elements over the sizes of the mesh axes the spec uses. */
+static uint64_t local_elems(const model_def *def, int i, const mesh_spec *spec, int *fsdp_k)
 {
     uint64_t e = 1;
     for (int d = 0; d < def->defs[i].rank; d++) e *= (uint64_t)def->defs[i].shape[d];
-    uint32_t axes = mesh_spec_dim_axes(&def->spec[i]);
+    uint32_t axes = mesh_spec_dim_axes(spec);
     int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
     *fsdp_k = (axes >> fsdp) & 1u ? def->mesh.sizes[fsdp] : 1;
     for (int a = 0; a < def->mesh.n_axes; a++)
@@ -79,18 +83,24 @@ typedef struct {
     uint64_t fwd_fsdp_ag, bwd_grad_rs;    /* record bytes (device 0) */
     uint64_t logits_ag_es;                /* bytes per element of the logits kernel's fsdp gather */
     uint64_t want_params, want_fsdp_ag;   /* the formulas at 1 byte an element */
+    uint64_t want_opt;                    /* elements of one optimizer moment on a device */
     int bad_records;                      /* records whose bytes or dtype break the formula */
     uint64_t leftover;                    /* activation, temporary and comm bytes live after the step */
+    int ndata;                            /* size of the data axis */
 } figures;
 
-static void run(const char *dtype, const char *weight_dtype, const char *extra, uint64_t act_es, figures *f)
+static void run_on(const char *const *mesh, int nmesh, int rows, const char *dtype, const char *weight_dtype,
+                   const char *extra, uint64_t act_es, figures *f)
 {
     char dt[64], wdt[64];
     snprintf(dt, sizeof dt, "dtype=%s", dtype);
     snprintf(wdt, sizeof wdt, "weight_dtype=%s", weight_dtype);
-    const char *words[3] = {dt, wdt, extra};
+    const char *words[8] = {dt, wdt};
+    int nw = 2;
+    for (int i = 0; i < nmesh; i++) words[nw++] = mesh[i];
+    if (extra) words[nw++] = extra;
     model_run r;
-    model_run_open(&r, TINY, NTINY, ROWS, words, extra ? 3 : 2, NDEV, 1);
+    model_run_open(&r, TINY, NTINY, rows, words, nw, NDEV, 1);
     model_run_train(&r, false);
     memset(f, 0, sizeof *f);
     f->loss = r.job.stats[0].loss;
@@ -103,13 +113,16 @@ static void run(const char *dtype, const char *weight_dtype, const char *extra, 
     f->leftover = st.live_by[SIM_MEM_ACTIVATIONS] + st.live_by[SIM_MEM_TEMP] + st.live_by[SIM_MEM_COMM];
     for (int i = 0; i < r.def->nparams; i++) {
         int k;
-        uint64_t e = local_elems(r.def, i, &k);
+        uint64_t e = local_elems(r.def, i, &r.def->spec[i], &k);
+        int kz;
+        f->want_opt += local_elems(r.def, i, &r.def->opt_spec[i], &kz); /* ZeRO-1 adds 'data' */
         f->want_params += e;
         f->want_fsdp_ag += (uint64_t)(k - 1) * e;
     }
     int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
     size_t n;
     const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    f->ndata = mesh_shape_axis_index(&r.def->mesh, "data") >= 0 ? r.def->mesh.sizes[mesh_shape_axis_index(&r.def->mesh, "data")] : 1;
     bool logits_f32 = extra && !strcmp(extra, "logits_dot_in_fp32=true");
     for (size_t i = 0; i < n; i++) {
         const sim_record *x = &rec[i];
@@ -133,6 +146,11 @@ static void run(const char *dtype, const char *weight_dtype, const char *extra, 
     model_run_close(&r);
 }
 
+static void run(const char *dtype, const char *weight_dtype, const char *extra, uint64_t act_es, figures *f)
+{
+    run_on(FSDP_TENSOR, 2, 4, dtype, weight_dtype, extra, act_es, f);
+}
+
 static void test_bf16_vs_f32(void **state)
 {
     (void)state;
@@ -145,6 +163,7 @@ static void test_bf16_vs_f32(void **state)
     assert_int_equal(b.params, 4 * b.want_params);
     assert_int_equal(b.grads, 4 * b.want_params);
     assert_int_equal(b.opt, 2 * 4 * b.want_params);
+    assert_int_equal(b.want_opt, b.want_params);
     assert_int_equal(s.params, 4 * s.want_params);
     assert_int_equal(w.params, 2 * w.want_params);
     assert_int_equal(w.grads, 2 * w.want_params);
@@ -181,9 +200,30 @@ static void test_logits_fp32(void **state)
     assert_true(l.loss == b.loss);
 }
 
+static void test_zero1_accumulation(void **state)
+{
+    (void)state;
+    /* ZeRO-1 with accumulation casts the parameters to dtype before the loop, so every gradient
+     * buffer (the sinks, the stacked optimizer-layout gradients) holds dtype: half the bytes of the
+     * float32 run; the Adam moments, sharded over data (k = 2), stay in weight_dtype in both */
+    figures z, f;
+    run_on(ZERO1_GA, 5, 8, "bfloat16", "float32", NULL, 2, &z);
+    run_on(ZERO1_GA, 5, 8, "float32", "float32", NULL, 4, &f);
+    assert_int_equal(z.ndata, 2);
+    assert_true(z.grads > 0);
+    assert_int_equal(2 * z.grads, f.grads);
+    assert_true(z.want_opt < z.want_params);
+    assert_int_equal(z.opt, 2 * 4 * z.want_opt);
+    assert_int_equal(f.opt, z.opt);
+    assert_int_equal(z.bad_records + f.bad_records, 0);
+    assert_int_equal(z.leftover + f.leftover, 0);
+    assert_true(z.loss == f.loss);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zero1_accumulation),
         cmocka_unit_test(test_bf16_vs_f32),
         cmocka_unit_test(test_logits_fp32),
     };
