@@ -358,9 +358,14 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     if (d->routed_bias && d->bias_selects_only) {
         /* MaxText 0.2.5's GateLogit keeps the DeepSeek-V3 bias as a MoEBiasVar: not trained (no gradient,
          * no optimizer state; routed_bias_update_rate changes it), its layers stacked first */
-        add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){n, X}, (const char *[]){stack, NULL},
-            MODEL_INIT_ZEROS, 0);
-        m->defs[m->nparams - 1].scan_dim = 0;
+        if (un) /* the unscanned MTP layer: [experts] (add_layer drops dim 1, which here is the experts) */
+            add_layer(m, false, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 1, (int64_t[]){X},
+                      (const char *[]){NULL}, MODEL_INIT_ZEROS, 0);
+        else {
+            add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){n, X}, (const char *[]){stack, NULL},
+                MODEL_INIT_ZEROS, 0);
+            m->defs[m->nparams - 1].scan_dim = 0;
+        }
         m->defs[m->nparams - 1].state_var = true;
     } else if (d->routed_bias) { /* other model names: an nnx.Param, stacked like the kernels */
         add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){X, n}, (const char *[]){NULL, stack},
