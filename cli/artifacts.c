@@ -522,6 +522,13 @@ static sim_status write_run(FILE *f, void *arg)
         }
         jw_obj_end(&w);
     }
+    if (in->step_time_json) {
+        json_error_t jerr;
+        json_t *v = json_loads(in->step_time_json, 0, &jerr);
+        SIM_ASSERT(v); /* written by model_tm_write_json */
+        jw_key(&w, "step_time_model");
+        jw_add(&w, v);
+    }
     if (in->cfg) {
         jw_key(&w, "config");
         jw_obj(&w);

@@ -72,6 +72,8 @@ typedef struct {
     const mesh_rules *rules;     /* logical axis rules in effect (may be NULL) */
     const char *version;         /* NULL: CLI_SHARDSIM_VERSION */
     time_t time;                 /* 0: now */
+    const char *step_time_json;  /* the step-time model's estimate as a JSON object (run.json's
+                                    "step_time_model"), or NULL */
 } cli_run_info;
 
 /* run.json:

@@ -151,20 +151,29 @@ static int64_t local_rows(const mesh_array *a) { return a->rank ? (int64_t)a->nl
 typedef struct {
     void *p;
     size_t bytes;
+    size_t counted;   /* the bytes the arena counts (the activation dtype for float32 blocks) */
     sim_mem_cat cat;
 } moe_buf;
 
-static sim_status buf_alloc(sim_device *d, moe_buf *b, size_t bytes, sim_mem_cat cat, const char *name)
+/* A block of bytes/4 elements of dt (float32 tokens, or int32 indices). */
+static sim_status buf_alloc_dt(sim_device *d, moe_buf *b, size_t bytes, sim_dtype dt, sim_mem_cat cat,
+                               const char *name)
 {
     b->bytes = bytes;
+    b->counted = bytes / sim_dtype_size(dt) * sim_dtype_size(sim_device_counted_dtype(d, dt, cat));
     b->cat = cat;
     b->p = NULL;
-    return sim_arena_alloc(sim_device_arena(d), bytes, cat, name, false, &b->p);
+    return sim_arena_alloc_counted(sim_device_arena(d), bytes, b->counted, cat, name, false, &b->p);
+}
+
+static sim_status buf_alloc(sim_device *d, moe_buf *b, size_t bytes, sim_mem_cat cat, const char *name)
+{
+    return buf_alloc_dt(d, b, bytes, SIM_F32, cat, name);
 }
 
 static void buf_free(sim_arena *a, moe_buf *b)
 {
-    if (b->bytes || b->p) sim_arena_release(a, b->p, b->bytes, b->cat);
+    if (b->bytes || b->p) sim_arena_release_counted(a, b->p, b->bytes, b->counted, b->cat);
     memset(b, 0, sizeof *b);
 }
 
@@ -558,7 +567,8 @@ sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh
         free(probs);
     }
     sim_axes seq = dim_axes(&ss, 1), bat = dim_axes(&ss, 0);
-    if (seq.n) SIM_TRY(sim_all_reduce(c->dev, acc, acc, nsum, SIM_F32, seq, sim_meta_tag(tag)));
+    /* the load-balance sums stay float32 (counted as stored): a few floats per row */
+    if (seq.n) SIM_TRY(sim_all_reduce(c->dev, acc, acc, nsum, SIM_F32, seq, sim_meta_counted(sim_meta_tag(tag), SIM_F32)));
     mesh_spec os;
     mesh_spec_init(&os, 0);
     SIM_TRY(new_out(t, name, 0, NULL, &os, SIM_F32, loss));
@@ -574,7 +584,7 @@ sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh
     }
     sim_arena_release(sim_device_arena(c->dev), acc, nsum * sizeof(float), SIM_MEM_TEMP);
     if (bat.n) SIM_TRY(sim_all_reduce(c->dev, sa.data ? &part : NULL, sa.data ? &part : NULL, 1, SIM_F32, bat,
-                                      sim_meta_tag(tag)));
+                                      sim_meta_counted(sim_meta_tag(tag), SIM_F32)));
     if ((*loss)->val.data) ((float *)(*loss)->val.data)[0] = part;
     if (io) mesh_array_free(c->dev, &ia);
     mesh_var *in[2] = {scores, bias};
@@ -850,6 +860,19 @@ static void group_sizes(const moe_geom *g, const int64_t *cnt, int32_t *gs)
     }
 }
 
+/* The grouped FFN's cost for the step-time model: three products of the N received rows with
+ * their experts' (M, Hl) weights, every local expert's weights read once, the rows' inputs,
+ * hidden activations and outputs read or written once.  Backward makes the input and weight
+ * gradients (twice the products) and writes the weight gradients. */
+static void ffn_cost(const moe_geom *g, bool backward)
+{
+    double N = (double)g->n_recv, M = (double)g->M, H = (double)g->Hl, W = 3.0 * (double)g->XL * M * H;
+    double flops = 3.0 * 2.0 * N * M * H, el = W + N * (2.0 * M + 3.0 * H);
+    if (backward) flops *= 2.0, el = 2.0 * W + 2.0 * N * (2.0 * M + 3.0 * H);
+    char tag[SIM_TAG_MAX];
+    sim_device_add_cost(g->dev, flops, el, W, gtag(g, backward ? "ffn_bwd" : "ffn", tag, sizeof tag));
+}
+
 /* in_q (n_recv, M) [q][e] -> out_q (n_recv, Mo) [q][e]; keeps xr, h0, h1 in pl. */
 static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q, float *out_q)
 {
@@ -874,6 +897,7 @@ static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q,
         bk_grouped_gemm_fwd(y.p, act.p, op->wo, gs, (int)g->XL, (int)N, (int)Hl, (int)M);
     }
     free(gs);
+    ffn_cost(g, false);
     buf_free(g->arena, &act);
     /* the hidden-sharded product is summed over the whole static buffer, as
      * XLA does with MaxText's fixed-size (worst-case) gmm output */
@@ -935,6 +959,7 @@ static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_
         bk_grouped_gemm_bwd(dxr.p, dw1, dh1.p, pl->xr.p, op->w1, gs, (int)g->XL, (int)N, (int)M, (int)Hl);
         free(gs);
     }
+    if (st == SIM_OK) ffn_cost(g, true);
     if (st == SIM_OK) permute_rows(g, g->cnt_recv, din_q, dxr.p, M, false);
     buf_free(g->arena, &dxr);
     buf_free(g->arena, &dh1);
@@ -988,7 +1013,7 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
     /* 1. count and sort the assignments by (owner rank, local expert) */
     g->cnt_send = calloc((size_t)GX, sizeof *g->cnt_send);
     g->cnt_recv = calloc((size_t)GX, sizeof *g->cnt_recv);
-    SIM_TRY(buf_alloc(d, &pl->slot, (size_t)A * 4, SIM_MEM_ACTIVATIONS, "moe/sorted_rows"));
+    SIM_TRY(buf_alloc_dt(d, &pl->slot, (size_t)A * 4, SIM_I32, SIM_MEM_ACTIVATIONS, "moe/sorted_rows"));
     if (g->live) {
         for (int64_t a = 0; a < A; a++) {
             int32_t e = op->idx[a];
@@ -1156,13 +1181,13 @@ static sim_status dense_slots(moe_payload *pl, const moe_ops *op)
 {
     moe_geom *g = &pl->g;
     int64_t k = g->k, S = g->S;
-    SIM_TRY(buf_alloc(g->dev, &pl->slot, (size_t)g->A * 4, SIM_MEM_ACTIVATIONS, "moe/slots"));
+    SIM_TRY(buf_alloc_dt(g->dev, &pl->slot, (size_t)g->A * 4, SIM_I32, SIM_MEM_ACTIVATIONS, "moe/slots"));
     moe_buf full;
     memset(&full, 0, sizeof full);
     const int32_t *idx = op->idx;
     char tag[SIM_TAG_MAX];
     if (g->seq.n) {
-        SIM_TRY(buf_alloc(g->dev, &full, (size_t)(g->Bl * S * k) * 4, SIM_MEM_TEMP, "moe/indices_gathered"));
+        SIM_TRY(buf_alloc_dt(g->dev, &full, (size_t)(g->Bl * S * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/indices_gathered"));
         sim_status st = sim_all_gather_dim(g->dev, op->idx, full.p, (size_t)g->Bl, (size_t)(g->Sl * k), 1, SIM_I32,
                                            g->seq, sim_meta_tag(gtag(g, "capacity_positions", tag, sizeof tag)));
         if (st) {
@@ -1561,10 +1586,20 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
         return st;
     }
     /* MaxText's out_specs: the output leaves the region in the caller's sharding */
-    if (!mesh_spec_equal(&pl->ros, &c->out)) {
+    if (c->ring && c->output_dead && !mesh_spec_equal(&pl->ros, &c->out)) {
+        mesh_array z;
+        st = mesh_array_new(dev, m, (*out)->val.name, 3, oshape, &c->out, SIM_F32, SIM_MEM_ACTIVATIONS, &z);
+        if (st) {
+            payload_free(pl);
+            return st;
+        }
+        if (z.data) memset(z.data, 0, z.nlocal * sizeof(float));
+        mesh_array_free(dev, &(*out)->val);
+        (*out)->val = z;
+    } else if (!mesh_spec_equal(&pl->ros, &c->out)) {
         /* the ring's combine is MaxText's psum_scatter over the expert axes: asked for, not planned */
-        sim_meta meta = {gtag(g, c->ring ? "ring_reduce_scatter" : "out", ax, sizeof ax),
-                         ctx->mode == MESH_MODE_AUTO && !c->ring};
+        const char *otag = gtag(g, c->ring ? "ring_reduce_scatter" : "out", ax, sizeof ax);
+        sim_meta meta = ctx->mode == MESH_MODE_AUTO && !c->ring ? sim_meta_implicit(otag) : sim_meta_tag(otag);
         SIM_TRY(mesh_reshard(dev, m, &(*out)->val, &c->out, meta));
     }
     mesh_var *in[5] = {x, weights, w0, w1, wo};

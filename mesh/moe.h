@@ -87,6 +87,9 @@ typedef struct {
     bool ring;              /* use_ring_of_experts: x, weights and indices come gathered over ep
                              * (mesh_moe_ring_gather); each device runs its own experts on every
                              * row and the output is reduce-scattered over ep onto `out` */
+    bool output_dead;       /* ring, remat's recomputation in backward: nothing reads the output's
+                             * value (only its cotangent flows), so XLA drops the reduce-scatter;
+                             * the output is zeros in `out`'s sharding and nothing moves */
     sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
     int64_t capacity;       /* dense path: slots per expert per sequence (mesh_moe_capacity); 0: sparse */
     mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */

@@ -544,8 +544,8 @@ static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uin
     return SIM_OK;
 }
 
-/* The "step" of the header's __metadata__: the updates applied to the saved
- * state (-1 when absent or not a decimal count). */
+/* The "step" of the header's __metadata__: the training step the state was
+ * saved after (-1 when absent or not a decimal count). */
 static long long ck_meta_step(const mesh_json *root)
 {
     const mesh_json *md = mesh_json_get(root, "__metadata__"), *sv = md ? mesh_json_get(md, "step") : NULL;

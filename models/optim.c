@@ -153,7 +153,7 @@ sim_status model_grad_global_norm(sim_device *d, const mesh_shape *m, model_para
     float f = (float)sum;
     sim_axes all = sim_axes_none();
     for (int ax = 0; ax < m->n_axes; ax++) all.axis[all.n++] = (int8_t)ax;
-    SIM_TRY(sim_all_reduce(d, &f, &f, 1, SIM_F32, all, sim_meta_tag("optimizer/grad_norm")));
+    SIM_TRY(sim_all_reduce(d, &f, &f, 1, SIM_F32, all, sim_meta_counted(sim_meta_tag("optimizer/grad_norm"), SIM_F32)));
     *norm = sqrt((double)f);
     return SIM_OK;
 }

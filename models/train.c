@@ -42,6 +42,10 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     sim_machine_opts o = {0};
     o.capacity_bytes = (size_t)(hbm_limit_gb * 1e9);
     o.dry_run = def->d.dry_run;
+    /* bytes in MaxText's dtypes (model_dims: act_dtype, weight_dtype) */
+    for (int c = 0; c < SIM_NMEM; c++) o.counted[c] = def->d.act_dtype;
+    o.counted[SIM_MEM_PARAMS] = o.counted[SIM_MEM_GRADS] = o.counted[SIM_MEM_OPTIMIZER] = def->d.weight_dtype;
+    o.counted_wire = def->d.act_dtype;
     o.trace = trace;
     o.pin_threads = true;
     SIM_TRY(sim_machine_new(&md, &o, out));
@@ -150,6 +154,9 @@ typedef struct {
 static sim_status remake(model_dev *md, mesh_array *a, sim_mem_cat cat)
 {
     mesh_array old = *a; /* mesh_array_new clears its output before reading the shape */
+    if (old.counted_fixed) /* ZeRO-1 with accumulation: dtype */
+        return mesh_array_new_as(md->ctx.dev, &md->def->mesh, old.name, old.rank, old.shape, &old.spec, SIM_F32,
+                                 old.counted, cat, true, a);
     return mesh_array_new(md->ctx.dev, &md->def->mesh, old.name, old.rank, old.shape, &old.spec, SIM_F32, cat, a);
 }
 
@@ -244,6 +251,7 @@ static sim_status zero1_reduce_grads(model_dev *md)
         snprintf(tag, sizeof tag, "zero1/grads/%.80s", p->def.path);
         z->g = calloc(1, sizeof(mesh_array));
         SIM_ASSERT(z->g);
+        /* with accumulation the gradients stay in dtype into the optimizer (facts-2 §D) */
         SIM_TRY(model_param_stack(dev, &def->mesh, p, p->g, tag, SIM_MEM_GRADS, z->g));
         for (int l = 0; l < p->n_layers; l++) mesh_array_free(dev, &p->g[l]);
         mesh_spec mid;
@@ -445,21 +453,25 @@ static sim_status train_device(sim_device *dev, void *arg)
     if (st == SIM_OK && job->load_path && *job->load_path)
         st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams,
                                    job->load_full_state, &loaded_step);
-    if (st == SIM_OK && job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step)
-        st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds step %lld, not the step %lld read from it before the run; it "
-                     "changed while the run started: run again", job->load_path, loaded_step, job->start_step);
+    if (st == SIM_OK && job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step - 1)
+        st = sim_err(SIM_ERR_INPUT, "checkpoint %s was saved after step %lld, not after step %lld as read from it "
+                     "before the run; it changed while the run started: run again", job->load_path, loaded_step,
+                     job->start_step - 1);
     /* ZeRO-1 holds only the optimizer-layout state between steps (the first step gathers too) */
     if (st == SIM_OK && md.zero1) zero1_release(&md, true);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;
     /* ZeRO-1 saves (and loads) its stored state: the same tensors, written from the optimizer layout */
     model_param *state = md.zero1 ? md.z : md.p;
-    if (st == SIM_OK && ckpt && !job->load_full_state)
-        st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, state, def->nparams);
     for (int64_t s = job->load_full_state ? job->start_step : 0; st == SIM_OK && s < job->steps; s++) {
         if (sim_device_id(dev) == 0) job->step = s;
         st = train_step(job, &md, s);
-        if (st == SIM_OK && ckpt && (s + 1) % job->checkpoint_period == 0)
-            st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s + 1, state, def->nparams);
+        /* MaxText's schedule (checkpointing.maybe_save_checkpoint): after step s when
+         * s % checkpoint_period == 0, step 0 only with save_checkpoint_on_start; and after
+         * the last step with save_checkpoint_on_completion when the period did not save it */
+        bool periodic = ckpt && s % job->checkpoint_period == 0 && (s != 0 || !job->skip_save_on_start);
+        bool final = ckpt && s == job->steps - 1 && !job->skip_save_on_completion && s % job->checkpoint_period != 0;
+        if (st == SIM_OK && (periodic || final))
+            st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s, state, def->nparams);
     }
     if (st == SIM_OK && job->final_params) { /* ZeRO-1 first gathers its stored state into the parameters */
         if (md.zero1) st = zero1_gather_params(&md);
