@@ -223,6 +223,8 @@ static void print_step(const model_step_stats *s, void *arg)
     cli_step_metrics *m = &sp->metrics[s->step];
     m->step = (int)s->step;
     m->loss = s->loss;
+    m->mtp_loss = s->mtp_loss;
+    m->has_mtp = sp->def->d.mtp_layers > 0;
     m->grad_norm = s->grad_norm;
     m->lr = s->lr;
     m->time_s = s->time_s;
@@ -239,6 +241,7 @@ static void print_step(const model_step_stats *s, void *arg)
                 "\"run_name\": ",
                 m->loss, m->grad_norm, m->lr, m->time_s, m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
         put_json_str(sp->metrics_file, sp->run_name);
+        if (m->has_mtp) fprintf(sp->metrics_file, ", \"learning/mtp_loss\": %.9g", m->mtp_loss);
         fprintf(sp->metrics_file, "}\n");
         fflush(sp->metrics_file);
     }

@@ -1412,6 +1412,7 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     if (m->d.mtp_layers > 0) { /* train.py: the MTP loss joins the loss before the load-balance loss */
         mesh_var *mtp, *mtp_lb;
         SIM_TRY(mtp_loss(md, t, b, hidden, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &mtp, &mtp_lb));
+        if (mtp->val.data) md->mtp_loss = ((const float *)mtp->val.data)[0]; /* learning/mtp_loss */
         md->ctx.layer = "loss";
         SIM_TRY(mesh_ad_add(t, *loss, mtp, "plus_mtp_loss", loss));
         if (mtp_lb) {
