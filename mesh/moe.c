@@ -1325,7 +1325,7 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     }
     /* MaxText's out_specs: the output leaves the region in the caller's sharding */
     if (!mesh_spec_equal(&pl->ros, &c->out)) {
-        sim_meta meta = {gtag(g, "out", ax, sizeof ax), ctx->mode == MESH_MODE_AUTO};
+        sim_meta meta = {gtag(g, "out", ax, sizeof ax), ctx->mode == MESH_MODE_AUTO, 0};
         SIM_TRY(mesh_reshard(dev, m, &(*out)->val, &c->out, meta));
     }
     mesh_var *in[5] = {x, weights, w0, w1, wo};

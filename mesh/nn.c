@@ -38,7 +38,7 @@ sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec 
     mesh_reshard_cache *cache = mesh_tape_cache(t);
     if (mesh_reshard_cache_get(cache, src, &src->spec, spec, out)) return SIM_OK;
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, src, src->name, SIM_MEM_ACTIVATIONS, out));
-    sim_meta meta = {tag, c->mode == MESH_MODE_AUTO};
+    sim_meta meta = {tag, c->mode == MESH_MODE_AUTO, 0};
     sim_status st = mesh_reshard(c->dev, c->mesh, out, spec, meta);
     if (st) {
         mesh_array_free(c->dev, out);

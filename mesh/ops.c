@@ -247,7 +247,7 @@ static mesh_spec work_spec(const mesh_ctx *ctx, const mesh_spec *s)
 
 static sim_meta op_meta(const mesh_ctx *ctx, const char *tag)
 {
-    sim_meta m = {tag, ctx->mode == MESH_MODE_AUTO};
+    sim_meta m = {tag, ctx->mode == MESH_MODE_AUTO, 0};
     return m;
 }
 
@@ -1531,7 +1531,7 @@ static sim_status reshard_as(mesh_ctx *ctx, mesh_array *a, const mesh_spec *spec
     mesh_spec t;
     SIM_TRY(mesh_spec_fit_rank(spec, a->rank, a->name, &t));
     SIM_TRY(mesh_spec_check(&t, ctx->mesh));
-    sim_meta meta = {tag, implicit};
+    sim_meta meta = {tag, implicit, 0};
     return mesh_reshard(ctx->dev, ctx->mesh, a, &t, meta);
 }
 

@@ -87,6 +87,12 @@ typedef struct {
     double dropout;           /* dropout_rate when enable_dropout (0 = off) */
     bool fused_mlp;           /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
     int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
+    /* DeepSeek batch-split schedule (batchsplit.h) */
+    bool batch_split;         /* use_batch_split_schedule: the MoE layers run models/batchsplit.c's schedule */
+    int64_t split_factor;     /* batch_split_factor (2 when batch_split) */
+    int64_t n_groups, topk_groups; /* n_routing_groups, topk_routing_group (group-limited routing) */
+    sim_dtype wire;           /* dtype: what the schedule casts weights and tokens to before its collectives */
+    bool loss_assert;         /* loss_constraint=assert: the loss constraint as before MaxText PR #4208 */
 } model_dims;
 
 /* One activation the forward pass constrained (for input_shardings.json). */
@@ -158,6 +164,9 @@ typedef struct {
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);
     void *on_layer_arg;
+    /* batch-split schedule: the running layer's gathered weights, standing in for the stored
+     * parameters (NULL: the parameter itself) */
+    mesh_var *wover[MODEL_MAX_PARAMS];
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's
@@ -243,6 +252,16 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
 sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
 /* DeepSeek's dims from the config and its parameter definitions (deepseek.c). */
 sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
+/* Pieces of a DeepSeek MoE layer (global index gl) the batch-split schedule runs per microbatch
+ * (deepseek.c): MLA(pre_self_attention_layer_norm(x)), and the shared experts' MLP. */
+sim_status deepseek_attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x,
+                                    mesh_var **y);
+sim_status deepseek_shared_experts(model_dev *md, mesh_tape *t, int gl, mesh_var *x, mesh_var **y);
+/* The constraint MaxText's loss_fn puts on the per-token loss (B, T), by loss_constraint:
+ * reshard (MaxText 0.2.5, after PR #4208: maybe_shard_with_logical, size-1 axes dropped, a reshard in
+ * explicit mode) or assert (before it: flax's with_logical_constraint, size-1 axes kept, an assert
+ * in explicit mode).  Auto mode reshards either way.  note: log it for input_shardings.json. */
+sim_status model_loss_constraint(model_dev *md, mesh_tape *t, mesh_var *x, bool note, mesh_var **out);
 
 /* Logs an activation for input_shardings.json once per (name, shape), as
  * MaxText keys its entries by "name: dtype[shape]"; names == NULL logs its

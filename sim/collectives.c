@@ -233,7 +233,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
     for (int i = 0; i < c->axes.n; i++)
         if (d->m->mesh.sizes[c->axes.axis[i]] > 1) r->axes.axis[r->axes.n++] = c->axes.axis[i];
     r->group_size = k;
-    r->dtype = c->dt;
+    r->dtype = c->wire;
     r->elements = bc.elements;
     r->bytes_sent = bc.sent;
     r->bytes_sent_dcn = bc.sent_dcn;
@@ -276,7 +276,7 @@ static uint64_t count_dcn_bytes(const sim_device *d, const sim_call *c, int k, i
     bool multi = false;
     for (int a = 0; a < d->m->mesh.naxes; a++) multi |= d->m->mesh.dcn[a] > 1;
     if (!multi) return 0;
-    size_t es = sim_dtype_size(c->dt);
+    size_t es = sim_dtype_size(c->wire);
     uint64_t b = 0;
     for (int q = 0; q < k; q++) {
         if (q == r || !cross_slice(d, c->axes, q)) continue;
@@ -302,7 +302,7 @@ static uint64_t count_dcn_bytes(const sim_device *d, const sim_call *c, int k, i
 /* Bytes this device sends and receives, by the formulas in the header. */
 static byte_count count_bytes(const sim_device *d, const sim_call *c, int k, int r)
 {
-    size_t es = sim_dtype_size(c->dt);
+    size_t es = sim_dtype_size(c->wire);
     byte_count bc = {0, 0, 0, 0};
     switch (c->op) {
     case SIM_OP_ALL_GATHER:
@@ -456,6 +456,7 @@ static sim_call call_init(sim_op op, const void *send, void *recv, sim_dtype dt,
     c.dt = dt;
     c.axes = axes;
     c.tag = meta.tag;
+    c.wire = meta.wire ? (sim_dtype)(meta.wire - 1) : dt;
     return c;
 }
 

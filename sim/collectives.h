@@ -42,9 +42,13 @@ const char *sim_op_name(sim_op op);
 typedef struct {
     const char *tag;
     bool implicit;
+    int wire;      /* 0: bytes counted in the data's dtype; else 1 + the sim_dtype they are counted in (model
+                    * code that casts before a collective, e.g. to bfloat16, while the simulator moves float32) */
 } sim_meta;
-static inline sim_meta sim_meta_tag(const char *tag) { sim_meta m = {tag, false}; return m; }
-static inline sim_meta sim_meta_implicit(const char *tag) { sim_meta m = {tag, true}; return m; }
+static inline sim_meta sim_meta_tag(const char *tag) { sim_meta m = {tag, false, 0}; return m; }
+static inline sim_meta sim_meta_implicit(const char *tag) { sim_meta m = {tag, true, 0}; return m; }
+/* Explicit, with the bytes counted as if the elements were `wire` (the data still moves as it is). */
+static inline sim_meta sim_meta_wire(const char *tag, sim_dtype wire) { sim_meta m = {tag, false, 1 + (int)wire}; return m; }
 
 /* One collective call as seen by one device. */
 typedef struct {

@@ -27,6 +27,7 @@
 typedef struct sim_call {
     sim_op op;
     sim_dtype dt;
+    sim_dtype wire;   /* dtype the bytes are counted in (sim_meta.wire; = dt by default) */
     sim_axes axes;
     const char *tag;
     int device;
