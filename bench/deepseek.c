@@ -17,9 +17,15 @@
  *      256 tokens with --full) on 8 devices (fsdp=4 expert=2) over the step
  *      time on 1 device: target <= 1.3.  Each side trains 3 steps; the
  *      fastest after the first counts.
+ *   3. Ring of experts (use_ring_of_experts=true) against the ragged
+ *      all-to-all on fsdp=2 expert=4: a 4-layer deepseek3-tiny (1 dense + 3
+ *      MoE) with a 2048-entry vocabulary, 8 sequences of 64 tokens, real steps; bytes each device sends
+ *      in the last step by collective and mesh axes, and the step time
+ *      (fastest of steps 2-3).
  *
  * Benchmark, not a test: it prints the table and the ratio and exits 0
- * unless a run fails.  Usage: deepseek [table|ratio] [--real] [--full]. */
+ * unless a run fails.  Usage: deepseek [table|ratio|ring]... [--real] [--full]
+ * (no selection: all three). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,22 +239,62 @@ static void step_ratio(bool full)
     printf("ratio 8 devices / 1 device: %.3f (target <= 1.3)\n", b.step_s / a.step_s);
 }
 
+static void ring_vs_ragged(void)
+{
+    const char *words[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=4",
+                           "first_num_dense_layers=1", "vocab_size=2048", "per_device_batch_size=1", "max_target_length=64", "steps=3",
+                           "learning_rate=1e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=4",
+                           "use_ring_of_experts=false"};
+    enum { NW = sizeof words / sizeof words[0] };
+    run_result a = run(words, NW, 3);
+    words[NW - 1] = "use_ring_of_experts=true";
+    run_result b = run(words, NW, 3);
+    printf("deepseek3-tiny, 4 layers (1 dense + 3 MoE), vocab 2048, 8 x 64 tokens, fsdp=2 expert=4: ring of experts vs ragged "
+           "all-to-all\n");
+    printf("%-15s %-22s %16s %16s\n", "collective", "axes", "ragged a2a", "ring");
+    printf("%-15s %-22s %16s %16s\n", "", "", "bytes/dev/step", "bytes/dev/step");
+    for (int i = 0; i < 72; i++) putchar('-');
+    putchar('\n');
+    run_result all = a;
+    for (int i = 0; i < b.nrows; i++)
+        if (!find_row(&all, b.rows[i].op, b.rows[i].axes)) add_traffic(&all, b.rows[i].op, b.rows[i].axes, 0);
+    double ta = 0, tb = 0;
+    for (int i = 0; i < all.nrows; i++) {
+        const traffic_row *x = find_row(&a, all.rows[i].op, all.rows[i].axes),
+                          *y = find_row(&b, all.rows[i].op, all.rows[i].axes);
+        char b1[32], b2[32];
+        ta += x ? x->bytes : 0;
+        tb += y ? y->bytes : 0;
+        printf("%-15s %-22s %16s %16s\n", sim_op_name(all.rows[i].op), all.rows[i].axes,
+               fmt_bytes(x ? x->bytes : 0, b1, sizeof b1), fmt_bytes(y ? y->bytes : 0, b2, sizeof b2));
+    }
+    char b1[32], b2[32];
+    printf("%-15s %-22s %16s %16s\n", "total", "", fmt_bytes(ta, b1, sizeof b1), fmt_bytes(tb, b2, sizeof b2));
+    printf("step time: ragged a2a %.3f s, ring %.3f s (ratio ring / ragged %.2f; wall clock on a shared machine)\n",
+           a.step_s, b.step_s, b.step_s / a.step_s);
+    printf("peak memory per device: ragged a2a %.2f MiB, ring %.2f MiB\n\n", a.peak_gib * 1024, b.peak_gib * 1024);
+}
+
 int main(int argc, char **argv)
 {
     printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
-    bool table = true, ratio = true, real_runs = false, full = false;
+    bool table = false, ratio = false, ring = false, real_runs = false, full = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "table")) ratio = false;
-        else if (!strcmp(argv[i], "ratio")) table = false;
+        if (!strcmp(argv[i], "table")) table = true;
+        else if (!strcmp(argv[i], "ratio")) ratio = true;
+        else if (!strcmp(argv[i], "ring")) ring = true;
         else if (!strcmp(argv[i], "--real")) real_runs = true;
         else if (!strcmp(argv[i], "--full")) full = true;
         else {
-            fprintf(stderr, "bench/deepseek: unknown argument '%s'; usage: deepseek [table|ratio] [--real] [--full]\n",
+            fprintf(stderr, "bench/deepseek: unknown argument '%s'; usage: deepseek [table|ratio|ring]... [--real] "
+                    "[--full]\n",
                     argv[i]);
             return 2;
         }
     }
+    if (!table && !ratio && !ring) table = ratio = ring = true;
     if (table) explicit_sharding_table(real_runs);
     if (ratio) step_ratio(full);
+    if (ring) ring_vs_ragged();
     return 0;
 }

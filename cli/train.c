@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "cli/artifacts.h"
 #include "cli/common.h"
+#include "cli/hostmem.h"
 #include "cli/report.h"
 #include "cli/report_html.h"
 #include "sim/trace.h"
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "models/checks.h"
+#include "models/checkpoint.h"
 #include "models/train.h"
 
 typedef struct {
@@ -80,6 +82,9 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             if (model_pipe_dump_layout(def, i, l, paths[np], sizeof paths[np], &q->rank, q->shape, q->logical,
                                        &q->spec) != SIM_OK)
                 continue;
+            /* ZeRO-1: MaxText's add_data_to_sharding on this [(R,) S, ...] tensor (the repeat dim when R allows) */
+            q->has_opt_spec = def->d.zero1;
+            if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
             q->path = paths[np++];
         }
         if (per) continue;
@@ -273,6 +278,111 @@ static sim_status resolve_outputs(const mesh_cfg *cfg, char *outdir, size_t cap_
     return SIM_OK;
 }
 
+/* Where the run starts, as MaxText's load_state_if_possible decides: the
+ * latest checkpoint of this run's checkpoint_dir first (a run in progress
+ * resumes; load_parameters_path and load_full_state_path are then not
+ * read), else load_full_state_path (parameters, optimizer state, step), else
+ * load_parameters_path (parameters only, step 0).  A dry run computes no
+ * values: it starts at step 0 and only checks the file it is given. */
+typedef struct {
+    char path[4096];
+    bool full;
+    long long start;
+} resume_plan;
+
+static sim_status resolve_resume(const mesh_cfg *cfg, const char *ckdir, bool dry, long long steps, FILE *out,
+                                 resume_plan *r)
+{
+    const char *lp = cfg_str(cfg, "load_parameters_path"), *lfs = cfg_str(cfg, "load_full_state_path");
+    memset(r, 0, sizeof *r);
+    if (*ckdir && !dry) {
+        int stale = 0;
+        long long latest;
+        SIM_TRY(model_checkpoint_latest(ckdir, r->path, sizeof r->path, &latest, &stale));
+        if (stale)
+            fprintf(out, "checkpoint_dir %s holds %d temporary file%s of a save that did not finish: never loaded, "
+                         "removed by the next save\n", ckdir, stale, stale > 1 ? "s" : "");
+        if (latest >= 0) {
+            r->full = true;
+            r->start = latest;
+            fprintf(out, "resuming from this run's checkpoint %s (step %lld)%s%s%s\n", r->path, latest,
+                    *lp || *lfs ? "; as MaxText does, " : "", *lp ? "load_parameters_path" : *lfs ? "load_full_state_path" : "",
+                    *lp || *lfs ? " is not read while checkpoint_dir holds a checkpoint" : "");
+        }
+    }
+    if (!r->full && *lfs) {
+        snprintf(r->path, sizeof r->path, "%s", lfs);
+        long long held;
+        sim_status st = model_checkpoint_step(lfs, &held);
+        if (st) {
+            sim_err_append(" (load_full_state_path=%s)", lfs);
+            return st;
+        }
+        r->full = true;
+        r->start = dry ? 0 : held;
+        if (!dry) fprintf(out, "resuming from load_full_state_path=%s (step %lld)\n", lfs, held);
+    } else if (!r->full && *lp) {
+        snprintf(r->path, sizeof r->path, "%s", lp);
+    }
+    if (r->full && r->start >= steps)
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s holds step %lld (%lld steps done) and steps=%lld: nothing is left "
+                                      "to train; set steps above %lld to continue, or %s",
+                       r->path, r->start, r->start, steps, r->start,
+                       *lfs && strcmp(r->path, lfs) == 0 ? "drop load_full_state_path"
+                                                         : "set enable_checkpointing=false or another checkpoint_dir "
+                                                           "(or run_name) to start over");
+    return SIM_OK;
+}
+
+/* Before a real run: one dry step of the same model, optimizer and data
+ * (the accounting a dry run does: every device's arena peak) plus the host
+ * buffers around it, against the memory available (cli/hostmem.h).  The
+ * arena's reuse cache keeps at most 1/8 of a device's peak (and 1 GiB);
+ * checkpoint I/O moves data through one bounce buffer of about 4 MiB per
+ * device.  A dry step that runs out of simulated memory (hbm_limit_gb) is
+ * the real run's OOM too, and is returned as such. */
+static sim_status check_host_memory(const model_def *def, const model_train_job *job, double hbm, bool ckpt_io)
+{
+    uint64_t avail;
+    char source[128];
+    int known;
+    SIM_TRY(cli_host_memory_available(&avail, source, sizeof source, &known));
+    if (!known) return SIM_OK; /* no Linux /proc: nothing to compare with */
+    model_def *dry = malloc(sizeof *dry);
+    if (!dry) return sim_err(SIM_ERR_INTERNAL, "train: out of host memory");
+    *dry = *def; /* a shallow copy: the dry step reads the same tables */
+    dry->d.dry_run = true;
+    sim_machine *m = NULL;
+    model_step_stats one;
+    model_train_job j;
+    memset(&j, 0, sizeof j);
+    j.def = dry;
+    j.data = job->data;
+    j.opt = job->opt;
+    j.steps = 1;
+    j.stats = &one;
+    sim_status st = model_machine_new(dry, hbm, false, &m);
+    if (st == SIM_OK) st = model_train(&j, m);
+    cli_host_need need = {0};
+    if (st == SIM_OK) {
+        need.devices = sim_machine_num_devices(m);
+        for (int d = 0; d < need.devices; d++) {
+            sim_arena_stats as;
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
+            need.device_peaks += as.peak;
+            if (as.peak > need.max_peak) need.max_peak = as.peak;
+            need.reuse_cache += as.peak / 8 < (1ull << 30) ? as.peak / 8 : (1ull << 30);
+        }
+        uint64_t tokens = (uint64_t)(def->d.rows_loaded * def->d.ga * def->d.seq);
+        need.host_buffers = 3 * tokens * sizeof(int32_t) * (def->d.ga > 1 ? 2 : 1) +
+                            (ckpt_io ? (uint64_t)need.devices * (4u << 20) : 0);
+    }
+    sim_machine_free(m);
+    free(dry);
+    SIM_TRY(st);
+    return cli_host_memory_check(&need, avail, source);
+}
+
 static void config_box(FILE *out, const cli_model *cm, long long steps)
 {
     const model_def *def = cm->def;
@@ -359,6 +469,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                      load, strerror(errno));
     char outbuf[4096], ckbuf[4096], run_name[1024];
     if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
+    resume_plan resume;
+    memset(&resume, 0, sizeof resume);
+    if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     if (!st && *metrics_path && def->d.dry_run)
@@ -377,6 +490,18 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     }
     if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
     config_box(out, &cm, steps);
+    if (!def->d.dry_run) {
+        model_train_job probe = {0};
+        probe.data = &data;
+        st = model_optim_from_config(cm.cfg, &probe.opt);
+        if (!st) st = check_host_memory(def, &probe, hbm, *ckbuf || *resume.path);
+        if (st) {
+            int rc = cli_fail(err, st);
+            model_data_close(&data);
+            model_close(&cm);
+            return rc;
+        }
+    }
     sim_machine *m;
     st = model_machine_new(def, hbm, *outdir != '\0', &m);
     double watchdog_s = 0;
@@ -405,7 +530,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     job.steps = steps;
     job.checkpoint_dir = ckbuf;
     job.checkpoint_period = ckpt_period;
-    job.load_path = cfg_str(cm.cfg, "load_parameters_path");
+    job.load_path = resume.path;
+    job.load_full_state = resume.full;
+    job.start_step = resume.start;
     job.on_step = print_step;
     job.on_layer = print_layer;
     job.cb_arg = &sp;
@@ -447,7 +574,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             model_print_shardings(def, *dt ? dt : "float32", out);
         }
         if (!st) {
-            fprintf(out, "\ntraffic over %lld step%s:\n", steps, steps > 1 ? "s" : "");
+            long long ran = steps - resume.start;
+            fprintf(out, "\ntraffic over %lld step%s:\n", ran, ran > 1 ? "s" : "");
             cli_report_traffic(out, &traffic);
             fprintf(out, "\nmemory at peak:\n");
             cli_report_memory(out, mem, nd);
@@ -455,7 +583,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         if (!st && *outdir) {
             cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0};
             st = cli_write_run_json(outdir, &info);
-            if (!st) st = cli_write_metrics_json(outdir, metrics, (int)steps, mem, nd);
+            if (!st) st = cli_write_metrics_json(outdir, metrics + resume.start, (int)(steps - resume.start), mem, nd);
             long long max_rows = 0, max_events = 0;
             if (!st) st = mesh_cfg_get_int(cm.cfg, "collectives_csv_max_rows", &max_rows);
             if (!st) st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &max_events);

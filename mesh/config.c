@@ -1748,6 +1748,12 @@ static sim_status maxtext_combination_rules(const mesh_cfg *cfg)
     if (lp && *lp && lfs && *lfs)
         return sim_err(SIM_ERR_INPUT, "load_parameters_path and load_full_state_path are both set: MaxText allows at most "
                                       "one; keep one of them");
+    int ckpt_on = 1;
+    if (lfs && *lfs) SIM_TRY(mesh_cfg_get_bool(cfg, "enable_checkpointing", &ckpt_on));
+    if (!ckpt_on) /* types.py: a full-state resume goes through the checkpoint manager */
+        return sim_err(SIM_ERR_INPUT, "load_full_state_path=%s with enable_checkpointing=false: MaxText resumes the full "
+                                      "state only with checkpointing on; set enable_checkpointing=true, or use "
+                                      "load_parameters_path to start from the parameters alone", lfs);
     return SIM_OK;
 }
 

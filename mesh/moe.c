@@ -22,6 +22,11 @@
  *   h       axes sharding the experts' hidden dim: the wo product is partial
  *           over them (reduce-scattered on the embedding dim, as MaxText's
  *           psum_scatter over 'tensor').
+ * Ring of experts (mesh_moe_cfg.ring): the caller gathers x and the router
+ * scores over the expert axes first (mesh_moe_ring_gather), so every expert
+ * axis is an ep_rep axis; the region leaves its output partial over them and
+ * MaxText's psum_scatter is the resharding onto the caller's sharding (a
+ * reduce-scatter on the batch dim; its VJP all-gathers the cotangent).
  * The dense path splits the tokens' axes differently: only batch axes take
  * part in the all-to-all (the capacity slots are per sequence), sequence axes
  * sum the dispatch buffer (all-reduce), and ep_rep are the expert axes that do
@@ -461,6 +466,111 @@ sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh
     return SIM_OK;
 }
 
+/* ------------------------------------------------------------ ring of experts: the gathers */
+
+/* Why x's layout cannot be gathered as MaxText's tiled all-gather over ep, or NULL when it can:
+ * the batch dim must end with the ep axes (in order) and no other dim may use them. */
+static const char *ring_layout(const mesh_spec *s, sim_axes ep)
+{
+    if (!ep.n) return NULL;
+    int n0 = s->n_axes[0];
+    if (n0 < ep.n) return "the tokens' batch dim is not sharded by every expert-parallel axis";
+    for (int i = 0; i < ep.n; i++)
+        if (s->axes[0][n0 - ep.n + i] != ep.axis[i])
+            return "the expert-parallel axes are not the last axes of the tokens' batch dim";
+    uint32_t epm = axes_mask(ep);
+    for (int d = 1; d < s->rank; d++)
+        if (axes_mask(dim_axes(s, d)) & epm) return "an expert-parallel axis also shards another dim of the tokens";
+    return NULL;
+}
+
+static sim_status ring_gather_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array g = y->grad;
+    y->has_grad = false;
+    /* the transpose of the all-gather: the cotangent, partial over ep (each device summed the
+     * contributions of its own experts), is reduce-scattered onto x's batch dim */
+    mesh_spec want = x->val.spec;
+    want.partial = g.spec.partial & ~(uint32_t)e->i[0];
+    char tag[SIM_TAG_MAX];
+    snprintf(tag, sizeof tag, "%.*s_bwd", (int)sizeof tag - 5, e->tag);
+    if (!mesh_spec_equal(&g.spec, &want)) {
+        sim_status st = mesh_reshard(c->dev, c->mesh, &g, &want, sim_meta_tag(tag));
+        if (st) {
+            mesh_array_free(c->dev, &g);
+            return st;
+        }
+    }
+    return mesh_tape_accumulate(t, x, &g, tag);
+}
+
+sim_status mesh_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    if (!ep.n) {
+        *out = x;
+        return SIM_OK;
+    }
+    mesh_spec s = x->val.spec;
+    const char *why = ring_layout(&s, ep);
+    if (s.partial) why = "the tokens are a partial sum";
+    if (why) {
+        char sp[256], ax[128];
+        mesh_spec_format(&s, c->mesh, sp, sizeof sp);
+        return sim_err(SIM_ERR_INPUT,
+                       "%s: use_ring_of_experts=true with tokens sharded %s and expert-parallel axes (%s): %s, so "
+                       "MaxText's tiled all-gather over the expert axes does not bring whole sequences together "
+                       "as shardsim's ring does; use rules whose activation_batch ends with the expert axis (the "
+                       "base rules do), or use_ring_of_experts=false (ragged all-to-all)",
+                       tag, sp, axes_text(c->mesh, ep, ax, sizeof ax), why);
+    }
+    s.n_axes[0] -= ep.n;
+    mesh_var *y = mesh_tape_var(t);
+    SIM_TRY(mesh_array_clone(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
+    SIM_TRY(mesh_reshard(c->dev, c->mesh, &y->val, &s, sim_meta_tag(tag)));
+    mesh_entry *e = mesh_tape_record(t, ring_gather_vjp, tag, 1, &x, 1, &y);
+    if (e) e->i[0] = axes_mask(ep);
+    *out = y;
+    return SIM_OK;
+}
+
+sim_status mesh_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    if (!ep.n) return SIM_OK;
+    mesh_spec ss = rows_spec(&scores->val.spec), bs;
+    mesh_spec_init(&bs, 1);
+    mesh_array sa, ba;
+    bool so, bo;
+    SIM_TRY(mesh_nn_operand(t, &scores->val, &ss, tag, &sa, &so));
+    SIM_TRY(mesh_nn_operand(t, &bias->val, &bs, tag, &ba, &bo));
+    int64_t E = sa.shape[sa.rank - 1], N = local_rows(&sa);
+    int k = group_of(c->mesh, ep);
+    moe_buf mine, all;
+    memset(&all, 0, sizeof all);
+    sim_status st = buf_alloc(c->dev, &mine, (size_t)(N * E) * 4, SIM_MEM_TEMP, "moe/ring_logits");
+    if (st == SIM_OK) st = buf_alloc(c->dev, &all, (size_t)(k * N * E) * 4, SIM_MEM_TEMP, "moe/ring_logits_gathered");
+    if (st == SIM_OK && sa.data) {
+        const float *sv = sa.data, *bv = ba.data;
+        float *o = mine.p;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t j = 0; j < E; j++) o[n * E + j] = sv[n * E + j] + bv[j];
+    }
+    if (st == SIM_OK) st = sim_all_gather(c->dev, mine.p, all.p, (size_t)(N * E), SIM_F32, ep, sim_meta_tag(tag));
+    sim_arena *a = sim_device_arena(c->dev);
+    buf_free(a, &all);
+    buf_free(a, &mine);
+    if (so) mesh_array_free(c->dev, &sa);
+    if (bo) mesh_array_free(c->dev, &ba);
+    return st;
+}
+
 /* ------------------------------------------------------------ the expert region */
 
 int64_t mesh_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor)
@@ -585,6 +695,7 @@ typedef struct {
     uint32_t touched;          /* axes the region shards or communicates over */
     uint32_t p_dx, p_dw, p_dW; /* partial axes the math adds to the cotangents */
     mesh_spec ros;             /* the region's own output spec */
+    bool ring;                 /* ring of experts: ros is partial over the expert axes */
 } moe_payload;
 
 static void payload_free(void *p)
@@ -1182,7 +1293,7 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
     uint32_t P = want.partial;
     char tag[SIM_TAG_MAX];
     if (!mesh_spec_equal(&dy->spec, &want))
-        SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &want, sim_meta_tag(gtag(g, "out_bwd", tag, sizeof tag))));
+        SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &want, sim_meta_tag(gtag(g, pl->ring ? "ring_reduce_scatter_bwd" : "out_bwd", tag, sizeof tag))));
     mesh_spec xs = pl->ros, ws = wa->spec, w0s = w0a->spec, w1s = w1a->spec, wos = woa->spec;
     xs.n_axes[2] = 0;
     xs.partial = P | pl->p_dx;
@@ -1244,6 +1355,9 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
                        "experts' hidden dim; use a base_moe_mlp_dim divisible by it or a smaller ici_tensor_parallelism",
                        tag, (long long)H, hk, axes_text(m, h, ax, sizeof ax));
     bool dense = c->capacity > 0;
+    if (c->ring && (dense || (tok & epm)))
+        return sim_err(SIM_ERR_INTERNAL, "%s: the ring of experts runs on the sparse path with tokens gathered over "
+                       "the expert axes (mesh_moe_ring_gather)", tag);
     uint32_t tokset = dense ? batch : tok;
     mesh_spec wis, wos;
     mesh_spec_init(&wis, 3);
@@ -1296,6 +1410,7 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     if (dense) g->C = c->capacity;
     int64_t per = k < g->XL ? k : g->XL;
     g->cap = (int64_t)g->G * g->T * per; /* dropless worst case, as MaxText sizes its receive buffer */
+    if (c->ring) g->cap = g->A; /* the ring sorts every assignment of the gathered rows (moe.py permute) */
     geom_owners(g, m, c->ep);
     pl->touched = tok | epm | axes_mask(h);
     uint32_t hmask = axes_mask(h), rep = axes_mask(g->ep_rep);
@@ -1310,12 +1425,14 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     }
     pl->ros = xs;
     if (g->rs) set_axes(&pl->ros, 2, h);
+    pl->ring = c->ring;
+    if (c->ring) pl->ros.partial = rep; /* each device's sum over its own experts: reduce-scattered below */
 
     int64_t oshape[3] = {B, S, M};
     sim_status st = new_out(t, name, 3, oshape, &pl->ros, SIM_F32, out);
     moe_ops op = {xa.data, wa.data, ia.data, w0a.data, w1a.data, woa.data};
     if (st == SIM_OK) st = dense ? dense_fwd(pl, &op, (*out)->val.data) : sparse_fwd(pl, &op, (*out)->val.data);
-    if (st == SIM_OK && g->ep_rep.n && !dense)
+    if (st == SIM_OK && g->ep_rep.n && !dense && !c->ring)
         st = sim_all_reduce(dev, (*out)->val.data, (*out)->val.data, (*out)->val.nlocal, SIM_F32, g->ep_rep,
                             sim_meta_tag(gtag(g, "expert_sum", ax, sizeof ax)));
     if (xo) mesh_array_free(dev, &xa);
@@ -1325,7 +1442,9 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     }
     /* MaxText's out_specs: the output leaves the region in the caller's sharding */
     if (!mesh_spec_equal(&pl->ros, &c->out)) {
-        sim_meta meta = {gtag(g, "out", ax, sizeof ax), ctx->mode == MESH_MODE_AUTO, 0};
+        /* the ring's combine is MaxText's psum_scatter over the expert axes: asked for, not planned */
+        sim_meta meta = {gtag(g, c->ring ? "ring_reduce_scatter" : "out", ax, sizeof ax),
+                         ctx->mode == MESH_MODE_AUTO && !c->ring, 0};
         SIM_TRY(mesh_reshard(dev, m, &(*out)->val, &c->out, meta));
     }
     mesh_var *in[5] = {x, weights, w0, w1, wo};

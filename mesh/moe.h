@@ -57,6 +57,9 @@ sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh
 
 typedef struct {
     sim_axes ep;            /* expert-parallel axes: they shard the experts dim of the weights, in order */
+    bool ring;              /* use_ring_of_experts: x, weights and indices come gathered over ep
+                             * (mesh_moe_ring_gather); each device runs its own experts on every
+                             * row and the output is reduce-scattered over ep onto `out` */
     sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
     int64_t capacity;       /* dense path: slots per expert per sequence (mesh_moe_capacity); 0: sparse */
     mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */
@@ -71,6 +74,25 @@ typedef struct {
  * the fix when the experts or the hidden dim do not divide. */
 sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
                             mesh_var *w1, mesh_var *wo, const mesh_moe_cfg *c, const char *name, mesh_var **out);
+
+/* Ring of experts (MaxText's use_ring_of_experts, moe.py roe_ag_and_route):
+ * out (B, S, W) = x all-gathered over the expert-parallel axes ep on the
+ * batch dim (tiled, group rank order), as jax.lax.all_gather(tiled=True)
+ * inside MaxText's shard_map; its VJP reduce-scatters the cotangent back
+ * (the all-gather's transpose).  x's batch dim must end with the ep axes, in
+ * order, and no other dim may use them (then the gather is exactly the
+ * resharding that drops them); otherwise an error names
+ * use_ring_of_experts and the layout. */
+sim_status mesh_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out);
+
+/* MaxText's ring also all-gathers the biased router logits next to the
+ * pre-bias ones (DeepSeek-V3 routing ranks experts by scores + bias): this
+ * computes scores + bias (E) on the local rows and all-gathers them over ep,
+ * a real collective with its bytes counted.  The gathered values are not kept:
+ * mesh_moe_route adds the same bias to the gathered scores, which gives the
+ * same floats.  Nothing is recorded on the tape (the selection has no
+ * gradient, so MaxText's backward has no reduce-scatter for it either). */
+sim_status mesh_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name);
 
 /* The dense path's per-sequence capacity for S tokens, k of E experts. */
 int64_t mesh_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor);

@@ -55,4 +55,18 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
 sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params,
                                  int n, bool opt_state, long long *step);
 
+/* The step (updates applied to the saved state) a checkpoint's header
+ * names; an error when the file is no checkpoint or has no step.  Reads the
+ * header only: the data are checked when the file is loaded. */
+sim_status model_checkpoint_step(const char *path, long long *step);
+
+/* Resume, as MaxText's checkpoint manager finds a run's latest step: the
+ * highest n of the DIR/step_<n>.safetensors files (names exactly so; other
+ * files are ignored), into path, with *step = n; *step = -1 when DIR is
+ * missing or holds none.  *.safetensors.tmp files of a killed save are
+ * never candidates; *stale counts them.  The latest file must carry step n
+ * in its header: a renamed or foreign file is an error naming it, not a
+ * reason to fall back to an older one. */
+sim_status model_checkpoint_latest(const char *dir, char *path, size_t cap, long long *step, int *stale);
+
 #endif

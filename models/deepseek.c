@@ -126,8 +126,23 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
         return unsupported(cfg, "fused_mlp", "the fused wi kernel is simulated for decoder_block=llama2 only; use "
                                              "fused_mlp=false with DeepSeek");
     bool b;
+    /* MaxText reads use_ring_of_experts on the sparse path only (moe.py sparse_matmul); the dense
+     * path ignores it */
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
-    if (b) return unsupported(cfg, "use_ring_of_experts", "the ring-of-experts MoE is not simulated; drop it to use the ragged all-to-all path");
+    d->ring_of_experts = b && sparse;
+    if (d->ring_of_experts && d->capacity_factor > 0)
+        return unsupported(cfg, "use_ring_of_experts",
+                           "MaxText runs the ring on its dropless sparse path whatever capacity_factor says, while "
+                           "shardsim's capacity_factor > 0 with sparse_matmul=true still selects the dense dropping "
+                           "path; use capacity_factor=-1 with the ring");
+    if (d->ring_of_experts) {
+        bool vma;
+        SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
+        if (vma)
+            return unsupported(cfg, "check_vma",
+                               "MaxText refuses check_vma with use_ring_of_experts=true (\"check_vma is not yet "
+                               "supported with ring of experts\", configs/types.py); set check_vma=false");
+    }
     double f;
     SIM_TRY(mesh_cfg_get_double(cfg, "ragged_buffer_factor", &f));
     if (f > 0) return unsupported(cfg, "ragged_buffer_factor", "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 (dropless) or capacity_factor > 0 for the dense dropping path");
@@ -843,6 +858,23 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(model_shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
     SIM_TRY(mesh_moe_scores(t, logits, d->routed_sigmoid, "scores", &scores));
     mesh_var *bias = s->gate_bias >= 0 ? param(md, t, s->gate_bias, l) : NULL;
+    mesh_moe_cfg mc;
+    memset(&mc, 0, sizeof mc);
+    SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
+    bool ring = d->ring_of_experts && !dense_path;
+    mc.ring = ring;
+    if (ring) {
+        /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
+         * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3
+         * without a bias has one logits array.  The top-k then runs on the gathered rows. */
+        SIM_TRY(mesh_moe_ring_gather(t, xin, mc.ep, "ring_all_gather_inputs", &xin));
+        if (bias && d->bias_selects_only)
+            SIM_TRY(mesh_moe_ring_gather_biased(t, scores, bias, mc.ep, "ring_all_gather_logits"));
+        SIM_TRY(mesh_moe_ring_gather(t, scores, mc.ep,
+                                     bias && d->bias_selects_only ? "ring_all_gather_pre_bias_logits"
+                                                                  : "ring_all_gather_logits",
+                                     &scores));
+    }
     mesh_moe_route_cfg rc = {(int)d->top_k, d->routed_sigmoid, d->routed_scale, d->bias_selects_only};
     SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
     *lb = NULL;
@@ -850,9 +882,6 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         double per_layer = d->lb_weight / (double)(d->layers - d->dense_layers); /* MaxText: mean over layers */
         SIM_TRY(mesh_moe_lb_loss(t, scores, bias, indices, per_layer, "load_balance_loss", lb));
     }
-    mesh_moe_cfg mc;
-    memset(&mc, 0, sizeof mc);
-    SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
     if (d->capacity_factor > 0) {
         mc.capacity = mesh_moe_capacity(d->seq, (int)d->top_k, d->experts, d->capacity_factor);
         if (mc.capacity < 1)

@@ -70,8 +70,7 @@ static sim_status attention_kernel(const mesh_cfg *cfg, model_dims *d)
 }
 
 /* gradient_accumulation_steps and shard_optimizer_over_data, with the
- * combinations MaxText's config validation (configs/types.py) refuses, and
- * the one this simulator does not combine yet (ZeRO-1 with pipeline stages). */
+ * combinations MaxText's config validation (configs/types.py) refuses. */
 static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
 {
     model_dims *d = &m->d;
@@ -92,13 +91,6 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
                        "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
                        "or set shard_optimizer_over_data=false",
                        fsdp);
-    int st = mesh_shape_axis_index(&m->mesh, "stage");
-    if (st >= 0 && m->mesh.sizes[st] > 1)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) with pipeline stages (stage axis of size %d) is not "
-                       "simulated yet; set ici_pipeline_parallelism=1 (and dcn_pipeline_parallelism=1) or "
-                       "shard_optimizer_over_data=false",
-                       m->mesh.sizes[st]);
     static const char *const types[] = {"adamw", "sgd", "muon"};
     int type;
     SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
@@ -589,7 +581,10 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         m->opt_spec[i] = m->spec[i];
         m->opt_unpruned[i] = m->unpruned[i];
         if (d->zero1) {
-            model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
+            if (d->pipe.on && model_param_pipelined(m, i))
+                SIM_TRY(model_pipe_zero1_spec(m, i, &m->opt_unpruned[i]));
+            else
+                model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
             m->opt_spec[i] = m->opt_unpruned[i];
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }

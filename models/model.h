@@ -72,6 +72,7 @@ typedef struct {
     double lb_weight;         /* load_balance_loss_weight */
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
+    bool ring_of_experts;     /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
     int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
     int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
@@ -212,6 +213,12 @@ bool model_param_pipelined(const model_def *m, int i);
  * (circular_repeats,) layers, ..., spec with 'stage' on the S dim (size-1 axes kept). */
 sim_status model_pipe_dump_layout(const model_def *m, int i, int64_t l, char *path, size_t cap, int *rank,
                                   int64_t *shape, const char **logical, mesh_spec *spec);
+/* ZeRO-1's optimizer-state spec (size-1 axes kept) of pipelined parameter i
+ * in the stacked layout (stage-major, model_param_stack_layer): MaxText's
+ * add_data_to_sharding applied to the [(R,) S, ...] tensors it stacks, so
+ * 'data' lands on the repeat dim when R divides by it (here: after 'stage'
+ * on the scan dim) or else on the first eligible per-layer dim. */
+sim_status model_pipe_zero1_spec(const model_def *m, int i, mesh_spec *out);
 /* Runs fn (a layer before the pipeline) under rules_pp_dp on this thread. */
 sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                                 model_layer_fn fn, mesh_var **y, mesh_var **aux);

@@ -199,14 +199,17 @@ static sim_status zero1_gather_params(model_dev *md)
         sim_status st = reshard_via(md, &a, &mid, &to, tag);
         /* the gathered stacked tensor into the per-layer arrays (a copy: one parameter's size at a time) */
         for (int l = 0; st == SIM_OK && md->zero1_released && l < p->n_layers; l++)
-            st = remake(md, &p->w[l], SIM_MEM_PARAMS);
-        if (st == SIM_OK) model_param_unstack(p, &a, p->w);
+            if (model_param_holds_layer(&def->mesh, p, sim_device_id(dev), l)) /* a pipeline: its stage's only */
+                st = remake(md, &p->w[l], SIM_MEM_PARAMS);
+        if (st == SIM_OK) model_param_unstack(dev, &def->mesh, p, &a, p->w);
         mesh_array_free(dev, &a);
         SIM_TRY(st);
     }
     if (md->zero1_released)
         for (int i = 0; i < def->nparams; i++)
-            for (int l = 0; l < md->p[i].n_layers; l++) SIM_TRY(remake(md, &md->p[i].g[l], SIM_MEM_GRADS));
+            for (int l = 0; l < md->p[i].n_layers; l++)
+                if (model_param_holds_layer(&def->mesh, &md->p[i], sim_device_id(dev), l))
+                    SIM_TRY(remake(md, &md->p[i].g[l], SIM_MEM_GRADS));
     md->zero1_released = false;
     return SIM_OK;
 }
@@ -284,9 +287,11 @@ static sim_status store_step_grads(model_train_job *job, model_dev *md, model_gr
                 else if (d != pd->scan_dim)
                     inner *= pd->shape[d];
             for (int64_t o = 0; o < outer; o++)
-                for (int64_t l = 0; l < L; l++)
-                    memcpy(g->g[i] + (size_t)(l * g->layer_elems[i] + o * inner), job->scratch + (o * L + l) * inner,
+                for (int64_t q = 0; q < L; q++) { /* stacked position q holds layer l (stage-major when pipelined) */
+                    int64_t l = pd->scan_dim >= 0 ? model_param_stack_layer(&def->mesh, &md->p[i], q) : q;
+                    memcpy(g->g[i] + (size_t)(l * g->layer_elems[i] + o * inner), job->scratch + (o * L + q) * inner,
                            (size_t)inner * sizeof(float));
+                }
         }
         SIM_TRY(sim_device_barrier(dev));
     }
@@ -430,15 +435,19 @@ static sim_status train_device(sim_device *dev, void *arg)
     }
     long long loaded_step = 0;
     if (st == SIM_OK && job->load_path && *job->load_path)
-        st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams, false,
-                                   &loaded_step);
+        st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams,
+                                   job->load_full_state, &loaded_step);
+    if (st == SIM_OK && job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step)
+        st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds step %lld, not the step %lld read from it before the run; it "
+                     "changed while the run started: run again", job->load_path, loaded_step, job->start_step);
     /* ZeRO-1 holds only the optimizer-layout state between steps (the first step gathers too) */
     if (st == SIM_OK && md.zero1) zero1_release(&md, true);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;
     /* ZeRO-1 saves (and loads) its stored state: the same tensors, written from the optimizer layout */
     model_param *state = md.zero1 ? md.z : md.p;
-    if (st == SIM_OK && ckpt) st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, state, def->nparams);
-    for (int64_t s = 0; st == SIM_OK && s < job->steps; s++) {
+    if (st == SIM_OK && ckpt && !job->load_full_state)
+        st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, state, def->nparams);
+    for (int64_t s = job->load_full_state ? job->start_step : 0; st == SIM_OK && s < job->steps; s++) {
         if (sim_device_id(dev) == 0) job->step = s;
         st = train_step(job, &md, s);
         if (st == SIM_OK && ckpt && (s + 1) % job->checkpoint_period == 0)

@@ -60,12 +60,22 @@ typedef struct {
     const char *checkpoint_dir;    /* "" or NULL: none */
     long long checkpoint_period;
     const char *load_path;         /* "" or NULL: start from the seeded init */
+    /* load_path holds the full state (load_full_state_path, or the latest
+     * checkpoint of checkpoint_dir): the parameters, the optimizer moments
+     * and the step, which must equal start_step (model_checkpoint_step).
+     * Training then runs steps start_step..steps-1: the schedule, the update
+     * count, the dropout masks and the data are functions of the step, so
+     * they continue where the saving run stopped.  No checkpoint is saved
+     * for start_step (the state is already one).  false: load_path holds the
+     * parameters to start from at step 0 (load_parameters_path). */
+    bool load_full_state;
+    long long start_step;
     model_step_cb on_step;         /* called by device 0 after every step */
     void *cb_arg;
     /* optional: called by device 0 after each layer's forward or backward (remat_policy=full) */
     void (*on_layer)(void *arg, int64_t step, int layer, bool backward);
     int64_t step;                  /* the step running (for on_layer) */
-    model_step_stats *stats;       /* [steps], filled */
+    model_step_stats *stats;       /* [steps], filled from start_step on */
     model_grads *step_grads;       /* [steps] or NULL: every step's gradients (before clipping) */
     int32_t *inputs, *targets, *positions; /* host scratch: the step's rows (ga x rows_loaded) x seq (model_train) */
     int32_t *mb_inputs, *mb_targets, *mb_positions; /* one microbatch, rows_loaded x seq (the above when ga = 1) */

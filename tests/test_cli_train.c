@@ -238,6 +238,102 @@ static void test_parity_exit_codes(void **state)
     done(&r);
 }
 
+/* The loss printed on step s's line ("" when there is no such line). */
+static void step_loss(const char *out, int s, char *buf, size_t cap)
+{
+    char head[32];
+    snprintf(head, sizeof head, "\n%6d ", s);
+    const char *p = strstr(out, head);
+    buf[0] = '\0';
+    if (p) sscanf(p + strlen(head), "%31s", buf);
+    (void)cap;
+}
+
+/* Resume through the CLI, as MaxText decides it: this run's checkpoint_dir
+ * first (latest step; load_parameters_path then not read; temporary files
+ * never candidates), then load_full_state_path; a run whose steps are all
+ * done, a damaged latest checkpoint and load_full_state_path without
+ * checkpointing are refused (exit 2) naming the file or the keys. */
+static void test_resume(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_resume_cli_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char ck[300], p0[300], p2[300], p4[300], tmp6[300], bad8[300], lp[340], lfs[340];
+    snprintf(ck, sizeof ck, "checkpoint_dir=%s", dir);
+    snprintf(p0, sizeof p0, "%s/step_0.safetensors", dir);
+    snprintf(p2, sizeof p2, "%s/step_2.safetensors", dir);
+    snprintf(p4, sizeof p4, "%s/step_4.safetensors", dir);
+    snprintf(tmp6, sizeof tmp6, "%s/step_6.safetensors.tmp", dir);
+    snprintf(bad8, sizeof bad8, "%s/step_8.safetensors", dir);
+    const char *a[] = {SMALL, "per_device_batch_size=2", "steps=4", "checkpoint_period=2", "learning_rate=3e-4", ck};
+    int na = (int)(sizeof a / sizeof a[0]);
+    result r = run(cli_train, na, a);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    char ref3[32], got[32];
+    step_loss(r.out, 3, ref3, sizeof ref3);
+    assert_true(ref3[0]);
+    done(&r);
+    /* every step done: nothing left to train */
+    r = run(cli_train, na, a);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, p4));
+    assert_non_null(strstr(r.err, "steps above 4"));
+    done(&r);
+    /* interrupted after step 2 (step 4 never written, a killed save's temporary file left) */
+    assert_int_equal(unlink(p4), 0);
+    FILE *f = fopen(tmp6, "w");
+    fputs("half a file", f);
+    fclose(f);
+    snprintf(lp, sizeof lp, "load_parameters_path=%s", p0);
+    const char *b[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "steps=4", "checkpoint_period=2",
+                       "learning_rate=3e-4", ck, lp};
+    r = run(cli_train, (int)(sizeof b / sizeof b[0]), b);
+    if (r.rc) fail_msg("resume failed: %s", r.err);
+    assert_non_null(strstr(r.out, "resuming from this run's checkpoint"));
+    assert_non_null(strstr(r.out, p2));
+    assert_non_null(strstr(r.out, "load_parameters_path is not read"));
+    assert_non_null(strstr(r.out, "1 temporary file"));
+    step_loss(r.out, 1, got, sizeof got);
+    assert_string_equal(got, ""); /* steps 0 and 1 are not trained again */
+    step_loss(r.out, 3, got, sizeof got);
+    assert_string_equal(got, ref3); /* another mesh: the same loss to the printed digits */
+    assert_non_null(strstr(r.out, "traffic over 2 steps"));
+    assert_int_equal(access(tmp6, F_OK), -1); /* the next save removed it */
+    assert_int_equal(access(p4, F_OK), 0);
+    done(&r);
+    /* load_full_state_path, outside any checkpoint_dir */
+    snprintf(lfs, sizeof lfs, "load_full_state_path=%s", p2);
+    const char *c[] = {SMALL, "per_device_batch_size=2", "steps=4", "learning_rate=3e-4", lfs};
+    r = run(cli_train, (int)(sizeof c / sizeof c[0]), c);
+    if (r.rc) fail_msg("load_full_state_path failed: %s", r.err);
+    assert_non_null(strstr(r.out, "resuming from load_full_state_path"));
+    step_loss(r.out, 3, got, sizeof got);
+    assert_string_equal(got, ref3);
+    done(&r);
+    const char *d[] = {SMALL, "steps=4", "enable_checkpointing=false", lfs};
+    r = run(cli_train, (int)(sizeof d / sizeof d[0]), d);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "load_full_state_path"));
+    assert_non_null(strstr(r.err, "enable_checkpointing=false"));
+    done(&r);
+    /* a damaged latest checkpoint is never resumed from, nor silently passed over */
+    f = fopen(bad8, "w");
+    fputs("not a safetensors file", f);
+    fclose(f);
+    const char *e[] = {SMALL, "per_device_batch_size=2", "steps=10", "checkpoint_period=2", ck};
+    r = run(cli_train, (int)(sizeof e / sizeof e[0]), e);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, bad8));
+    assert_null(strstr(r.out, "resuming"));
+    done(&r);
+    unlink(bad8);
+    unlink(p0);
+    unlink(p2);
+    unlink(p4);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -247,6 +343,7 @@ int main(void)
         cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
         cmocka_unit_test(test_parity_exit_codes),
+        cmocka_unit_test(test_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
