@@ -164,6 +164,10 @@ sim_status batchsplit_setup(model_def *m, const mesh_cfg *cfg)
                       "the schedule computes no load-balance loss (MaxText ignores the key there); set 0");
     if (d->dropout > 0)
         return refuse("enable_dropout", "the schedule has no dropout (MaxText ignores it there); set false");
+    int64_t mtp;
+    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+    if (mtp > 0) /* MaxText runs them through the schedule's own per-layer variant (batch_split_layer) */
+        return refuse("mtp_num_layers", "the multi-token-prediction layers of the schedule are not simulated; set 0");
     if (d->shard_exp_on_fsdp)
         return refuse("shard_exp_on_fsdp=true",
                       "the schedule's gather_weights expects the routed experts on ('expert', 'fsdp', None); set false");
@@ -912,7 +916,7 @@ sim_status batchsplit_layer(model_dev *md, mesh_tape *t, const model_batch *b, i
     for (int i = 0; i < 2 && st == SIM_OK; i++) {
         snprintf(mbl[i], sizeof mbl[i], "%s/mb%d", layer, i);
         md->ctx.layer = mbl[i];
-        span = sim_span_begin(md->ctx.dev, tagof(t, "attention", tag, sizeof tag));
+        span = sim_span_begin_mb(md->ctx.dev, tagof(t, "attention", tag, sizeof tag), i);
         mesh_var *a = NULL;
         st = deepseek_attention_block(md, t, &mbb[i], gl, mb[i], &a);
         if (st == SIM_OK) st = mesh_ad_shard_as(t, a, &mb[i]->val.spec, "mla_out", &a);
@@ -921,7 +925,7 @@ sim_status batchsplit_layer(model_dev *md, mesh_tape *t, const model_batch *b, i
     }
     for (int i = 0; i < 2 && st == SIM_OK; i++) {
         md->ctx.layer = mbl[i];
-        span = sim_span_begin(md->ctx.dev, tagof(t, "moe", tag, sizeof tag));
+        span = sim_span_begin_mb(md->ctx.dev, tagof(t, "moe", tag, sizeof tag), i);
         st = moe_block(md, t, gl, h[i], gw, &out[i]);
         sim_span_end(md->ctx.dev, span);
     }

@@ -6,6 +6,7 @@
  *     expert=2 in explicit mode;
  *   - against the plain schedule with the same routing (one routing group: the group limit
  *     keeps every expert), equal losses;
+ *   - the trace: each microbatch's attention and MoE on a lane of its own (compute mb0 / mb1);
  *   - the dispatch traffic: token all-gathers and combine reduce-scatters over expert, and the
  *     per-layer weight all-gathers over fsdp, equal to their formulas in bfloat16 bytes;
  *   - seed 003: the per-token loss constrained as before MaxText PR #4208 (size-1 context kept,
@@ -26,6 +27,7 @@
 #include <time.h>
 
 #include "models/train.h"
+#include "sim/trace.h"
 #include "tests/model_run.h"
 
 /* Dims of the test-sized model: emb 64, 4 heads, MoE width 32, 8 experts top 2, 4 groups keep 2. */
@@ -221,6 +223,35 @@ static void test_traffic(void **state)
     model_run_close(&r);
 }
 
+/* The trace puts each layer's two microbatches on lanes of their own, side by side with the
+ * compute lane: "compute mb0" and "compute mb1", holding that microbatch's attention and MoE. */
+static void test_trace_lanes(void **state)
+{
+    (void)state;
+    model_run r;
+    open_run(&r, MESH8, 3, 8, 1);
+    sim_machine_free(r.m);
+    assert_int_equal(model_machine_new(r.def, 0, true, &r.m), SIM_OK);
+    model_run_train(&r, false);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(sim_trace_write_chrome(r.m, f, 0), SIM_OK);
+    fclose(f);
+    assert_non_null(strstr(buf, "\"name\":\"compute mb0\""));
+    assert_non_null(strstr(buf, "\"name\":\"compute mb1\""));
+    for (int l = 0; l < 4; l++)
+        for (int mb = 0; mb < 2; mb++)
+            for (int w = 0; w < 2; w++) {
+                char want[96];
+                snprintf(want, sizeof want, "\"decoder/moe_layers_%d/mb%d/%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d", l, mb,
+                         w ? "moe" : "attention", SIM_LANE_MB0 + mb);
+                if (!strstr(buf, want)) fail_msg("no span %s", want);
+            }
+    free(buf);
+    model_run_close(&r);
+}
+
 /* ------------------------------------------------------------ seed 003 */
 
 static void test_seed003(void **state)
@@ -314,7 +345,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_keys),          cmocka_unit_test(test_parity),  cmocka_unit_test(test_plain_schedule),
-        cmocka_unit_test(test_traffic),       cmocka_unit_test(test_seed003), cmocka_unit_test(test_dry_run),
+        cmocka_unit_test(test_traffic),       cmocka_unit_test(test_trace_lanes),       cmocka_unit_test(test_seed003), cmocka_unit_test(test_dry_run),
         cmocka_unit_test(test_full_size_dry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
