@@ -5,10 +5,12 @@
  *     when it has size 1; here size-1 axes are dropped, which moves the same
  *     bytes) and each device splits its local rows into two
  *     microbatches, rows i, i+2, i+4, ... (no collectives); merge undoes it;
- *   - per layer, gather_weights all-gathers every large weight over fsdp (cast to
- *     cfg.dtype first); its transpose is a reduce-scatter over fsdp, then a psum
- *     over expert for the weights not sharded on it (reduce_scatter_ws_grad), then
- *     a psum over data in its own step (all_reduce_ws_grad_dcn);
+ *   - gather_weights all-gathers every large weight over fsdp (cast to cfg.dtype
+ *     first) one layer ahead: the forward of layer l gathers layer l+1's, the
+ *     backward of layer l gathers layer l-1's (held in md->bs_prefetch); the
+ *     transpose is a reduce-scatter over fsdp, then a psum over expert for the
+ *     weights not sharded on it (reduce_scatter_ws_grad), then a psum over data
+ *     in its own step (all_reduce_ws_grad_dcn);
  *   - attention (norm, MLA, residual) runs for mb0 then mb1, then the MoE for mb0
  *     then mb1: post-attention norm, shared expert, router, all-gather of the
  *     tokens (and their routing) over expert, the local experts' grouped matmuls,
@@ -61,12 +63,14 @@ static const bs_weight WEIGHTS[] = {
 };
 enum { NW = sizeof WEIGHTS / sizeof WEIGHTS[0], W_GATE = 5, W_WI0 = 6, W_WI1 = 7, W_WO = 8 };
 
-static const char *short_name(const char *suffix)
+/* "self_attention.wq_a", "wi_0", "shared_experts.wo": the weight's name in tags. */
+static void short_name(const char *suffix, char *buf, size_t cap)
 {
-    const char *s = strstr(suffix, "shared_experts.");
-    if (s) return s;
-    s = strrchr(suffix, '.');
-    return !strcmp(s, ".kernel") ? suffix + strlen("moe_layers.") : s + 1;
+    const char *s = strstr(suffix, "shared_experts."), *dot = strrchr(suffix, '.');
+    if (!s) s = strcmp(dot, ".kernel") ? dot + 1 : suffix + strlen("moe_layers.");
+    size_t n = strlen(s);
+    if (n > 7 && !strcmp(s + n - 7, ".kernel")) n -= 7;
+    snprintf(buf, cap, "%.*s", (int)n, s);
 }
 
 /* Mesh axis index by name, or -1 when absent or of size 1. */
@@ -434,56 +438,92 @@ static sim_status gather_vjp(mesh_tape *t, mesh_entry *e)
         size_t outer = 1, inner = 1;
         for (int k = 0; k < dim; k++) outer *= (size_t)g->local[k];
         for (int k = dim + 1; k < g->rank; k++) inner *= (size_t)g->local[k];
-        snprintf(tag, sizeof tag, "%.64s/reduce_scatter_ws_grad", base);
+        snprintf(tag, sizeof tag, "%.70s/reduce_scatter_ws_grad", base);
         SIM_TRY(sim_reduce_scatter_dim(c->dev, g->data, dw.data, outer, (size_t)g->local[dim], inner, SIM_F32,
                                        sim_axes_1(f), sim_meta_wire(tag, wire)));
     } else if (g->data) {
         memcpy(dw.data, g->data, g->nlocal * sizeof(float));
     }
     if (!routed && ex >= 0) {
-        snprintf(tag, sizeof tag, "%.60s/ws_grad_psum_expert", base);
+        snprintf(tag, sizeof tag, "%.70s/ws_grad_psum_expert", base);
         SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(ex), sim_meta_wire(tag, wire)));
     }
     if (da >= 0) { /* all_reduce_ws_grad_dcn: a separate step, meant for DCN */
-        snprintf(tag, sizeof tag, "%.64s/all_reduce_ws_grad_dcn", base);
+        snprintf(tag, sizeof tag, "%.70s/all_reduce_ws_grad_dcn", base);
         SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(da), sim_meta_wire(tag, wire)));
     }
     dw.spec.partial = 0;
     return mesh_tape_accumulate(t, w, &dw, base);
 }
 
-/* The layer's weight w (spec as gather_weights' in_specs) all-gathered over fsdp along dim. */
-static sim_status gather_weight(model_dev *md, mesh_tape *t, mesh_var *w, const bs_weight *bw, const char *name,
-                                mesh_var **y)
+/* Layer l's weight w (p->w[l], spec as gather_weights' in_specs) all-gathered over fsdp along its
+ * fsdp dim into a new array (the collective, tagged with the weight's layer). */
+static sim_status gather_now(model_dev *md, int l, int w, mesh_array *out)
 {
-    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_ctx *c = &md->ctx;
     const mesh_shape *m = c->mesh;
-    int f = axis_of(m, "fsdp"), ex = axis_of(m, "expert"), da = axis_of(m, "data");
-    const mesh_array *wa = &w->val;
+    const bs_weight *bw = &WEIGHTS[w];
+    const mesh_array *wa = &md->p[model_param_index(md->def, bw->suffix)].w[l];
+    int f = axis_of(m, "fsdp");
     mesh_spec s = wa->spec;
     s.n_axes[bw->fsdp_dim] = 0;
-    char tag[SIM_TAG_MAX];
-    tagof(t, name, tag, sizeof tag);
-    SIM_TRY(mesh_array_new_raw(c->dev, m, tag, wa->rank, wa->shape, &s, SIM_F32, SIM_MEM_TEMP, &(*y = mesh_tape_var(t))->val));
+    char tag[SIM_TAG_MAX], name[48];
+    short_name(bw->suffix, name, sizeof name);
+    snprintf(tag, sizeof tag, "decoder/moe_layers_%d/gather_weights/%s", l, name);
+    SIM_TRY(mesh_array_new_raw(c->dev, m, tag, wa->rank, wa->shape, &s, SIM_F32, SIM_MEM_TEMP, out));
     if (f >= 0) {
         size_t outer = 1, inner = 1;
         for (int k = 0; k < bw->fsdp_dim; k++) outer *= (size_t)wa->local[k];
         for (int k = bw->fsdp_dim + 1; k < wa->rank; k++) inner *= (size_t)wa->local[k];
-        SIM_TRY(sim_all_gather_dim(c->dev, wa->data, (*y)->val.data, outer, (size_t)wa->local[bw->fsdp_dim], inner,
-                                   SIM_F32, sim_axes_1(f), sim_meta_wire(tag, md->def->d.wire)));
-    } else if (wa->data) {
-        memcpy((*y)->val.data, wa->data, wa->nlocal * sizeof(float));
+        return sim_all_gather_dim(c->dev, wa->data, out->data, outer, (size_t)wa->local[bw->fsdp_dim], inner,
+                                  SIM_F32, sim_axes_1(f), sim_meta_wire(tag, md->def->d.wire));
     }
+    if (wa->data) memcpy(out->data, wa->data, wa->nlocal * sizeof(float));
+    return SIM_OK;
+}
+
+/* The gathered copy g of the parameter leaf w on the tape (the tape takes g): the value is g,
+ * the VJP is the gather's transpose into w's gradient. */
+static sim_status use_gathered(model_dev *md, mesh_tape *t, mesh_var *w, mesh_array *g, const bs_weight *bw,
+                               mesh_var **y)
+{
+    const mesh_shape *m = mesh_tape_ctx(t)->mesh;
+    *y = mesh_tape_var(t);
+    (*y)->val = *g;
+    memset(g, 0, sizeof *g);
+    char tag[SIM_TAG_MAX];
+    snprintf(tag, sizeof tag, "%.70s", (*y)->val.name);
     mesh_entry *e = mesh_tape_record(t, gather_vjp, tag, 1, &w, 1, y);
     if (e) {
-        e->i[0] = f;
-        e->i[1] = ex;
-        e->i[2] = da;
+        e->i[0] = axis_of(m, "fsdp");
+        e->i[1] = axis_of(m, "expert");
+        e->i[2] = axis_of(m, "data");
         e->i[3] = bw->fsdp_dim;
         e->f[0] = bw->routed;
         e->f[1] = (double)md->def->d.wire;
     }
     return SIM_OK;
+}
+
+/* The weights one device gathered ahead for MoE layer `layer` (-1: none). */
+struct batchsplit_prefetch {
+    int layer;
+    mesh_array w[NW];
+};
+
+static void prefetch_drop(model_dev *md)
+{
+    struct batchsplit_prefetch *pf = md->bs_prefetch;
+    if (!pf || pf->layer < 0) return;
+    for (int w = 0; w < NW; w++) mesh_array_free(md->ctx.dev, &pf->w[w]);
+    pf->layer = -1;
+}
+
+void batchsplit_dev_free(model_dev *md)
+{
+    prefetch_drop(md);
+    free(md->bs_prefetch);
+    md->bs_prefetch = NULL;
 }
 
 /* ------------------------------------------------------------ routing (expert_selection) */
@@ -895,17 +935,35 @@ sim_status batchsplit_layer(model_dev *md, mesh_tape *t, const model_batch *b, i
     mesh_var *xs, *mb[2], *h[2], *out[2];
     SIM_TRY(mesh_ad_shard_as(t, x, &as, "batch_split/inputs", &xs));
     SIM_TRY(split(t, xs, &mb[0], &mb[1]));
-    /* gather_weights: this layer's large weights over fsdp, cast first */
+    /* gather_weights: this layer's large weights over fsdp, cast first; gathered ahead by the
+     * previous layer (forward: l-1, backward: l+1) unless this is the first one to run */
+    if (!md->bs_prefetch) {
+        md->bs_prefetch = calloc(1, sizeof *md->bs_prefetch);
+        md->bs_prefetch->layer = -1;
+    }
+    struct batchsplit_prefetch *pf = md->bs_prefetch;
+    if (pf->layer != l) prefetch_drop(md); /* none, or left over by a pass that stopped */
     mesh_var *gw[NW];
     int span = sim_span_begin(md->ctx.dev, tagof(t, "gather_weights", tag, sizeof tag));
     for (int w = 0; w < NW; w++) {
         int i = model_param_index(m, WEIGHTS[w].suffix);
         model_param *p = &md->p[i];
         mesh_var *leaf = mesh_tape_param(t, &p->w[l], mesh_tape_recording(t) && p->g ? &p->g[l] : NULL);
-        char name[96];
-        snprintf(name, sizeof name, "gather_weights/%s", short_name(WEIGHTS[w].suffix));
-        SIM_TRY(gather_weight(md, t, leaf, &WEIGHTS[w], name, &gw[w]));
+        mesh_array g;
+        if (pf->layer == l)
+            g = pf->w[w];
+        else
+            SIM_TRY(gather_now(md, l, w, &g));
+        memset(&pf->w[w], 0, sizeof pf->w[w]);
+        SIM_TRY(use_gathered(md, t, leaf, &g, &WEIGHTS[w], &gw[w]));
         md->wover[i] = gw[w];
+    }
+    pf->layer = -1;
+    /* the next layer's, ahead: l+1 in the forward pass, l-1 in backward (its recomputation runs now) */
+    int next = mesh_tape_recording(t) ? l - 1 : l + 1, n_moe = (int)(m->d.layers - m->d.dense_layers);
+    if (next >= 0 && next < n_moe) {
+        for (int w = 0; w < NW; w++) SIM_TRY(gather_now(md, next, w, &pf->w[w]));
+        pf->layer = next;
     }
     sim_span_end(md->ctx.dev, span);
     model_batch mbb[2];

@@ -20,8 +20,14 @@
 sim_status batchsplit_setup(model_def *m, const mesh_cfg *cfg);
 
 /* One MoE layer (global index gl) under the schedule, rematerialised as a whole
- * in backward (weights gathered again, as MaxText's backward does). */
+ * in backward (weights gathered again, as MaxText's backward does).  As in
+ * MaxText the weights are gathered one layer ahead: the forward of layer l
+ * gathers layer l+1's (the first layer gathers its own), the backward of layer l
+ * gathers layer l-1's, so two layers' gathered weights are alive at the peak. */
 sim_status batchsplit_layer(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
                             mesh_var **aux);
+
+/* Releases the weights a device gathered ahead and has not used (model_dev_free calls it). */
+void batchsplit_dev_free(model_dev *md);
 
 #endif

@@ -771,6 +771,7 @@ sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_arr
 
 void model_dev_free(model_dev *md)
 {
+    batchsplit_dev_free(md);
     for (int i = 0; i < md->def->nparams; i++)
         for (int z = 0; z < 2; z++) {
             model_param *p = z ? &md->z[i] : &md->p[i];

@@ -168,6 +168,7 @@ typedef struct {
     /* batch-split schedule: the running layer's gathered weights, standing in for the stored
      * parameters (NULL: the parameter itself) */
     mesh_var *wover[MODEL_MAX_PARAMS];
+    struct batchsplit_prefetch *bs_prefetch; /* batch split: the next layer's weights, gathered ahead */
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's

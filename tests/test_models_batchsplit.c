@@ -209,6 +209,23 @@ static void test_traffic(void **state)
             printf("  per device per layer and microbatch: tokens gathered %llu B, combined %llu B; wq_a %llu B\n",
                    (unsigned long long)gather, (unsigned long long)scatter, (unsigned long long)wq_a);
     }
+    /* the weights are gathered one layer ahead: layer 1's during layer 0 (before its attention), and
+     * in backward layer 2's during layer 3's */
+    {
+        size_t n;
+        const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+        long g1 = -1, a0 = -1, g2b = -1, a3b = -1;
+        for (size_t i = 0; i < n; i++) {
+            bool fw = rec[i].phase == SIM_PHASE_FORWARD, bw = rec[i].phase == SIM_PHASE_BACKWARD;
+            if (fw && g1 < 0 && strstr(rec[i].tag, "decoder/moe_layers_1/gather_weights/")) g1 = (long)i;
+            if (fw && a0 < 0 && strstr(rec[i].tag, "decoder/moe_layers_0/mb0/")) a0 = (long)i;
+            if (bw && g2b < 0 && strstr(rec[i].tag, "decoder/moe_layers_2/gather_weights/wi_0")) g2b = (long)i;
+            if (bw && a3b < 0 && strstr(rec[i].tag, "decoder/moe_layers_3/mb0/")) a3b = (long)i;
+        }
+        assert_true(g1 >= 0 && a0 >= 0 && g2b >= 0 && a3b >= 0);
+        assert_true(g1 < a0);
+        assert_true(g2b < a3b);
+    }
     /* both microbatches of every layer are named in the tags (and so in the trace) */
     size_t n;
     const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
