@@ -26,11 +26,9 @@
  *   4. The batch-split schedule: deepseek3-671b against
  *      deepseek3-671b-batchsplit (batch_split_factor=2), one dry step each on
  *      256 devices (fsdp=32 expert=8), 2 sequences of 1024 tokens per device,
- *      dtype=bfloat16: bytes each device sends per step by collective and
- *      mesh axes, and the peak memory per device.  The schedule's weight,
- *      token and weight-gradient collectives count bfloat16 bytes (MaxText
- *      casts before them); the plain path's count float32, as everywhere
- *      else in the simulator.
+ *      dtype=bfloat16 (every collective counted in it): bytes each device
+ *      sends per step by collective and mesh axes, and the peak memory per
+ *      device.
  *
  * Benchmark, not a test: it prints the table and the ratio and exits 0
  * unless a run fails.  Usage: deepseek [table|ratio|ring|batchsplit]... [--real]
@@ -322,8 +320,7 @@ static void batchsplit_vs_plain(void)
     printf("deepseek3-671b (61 layers, 256 experts), 256 devices fsdp=32 expert=8, 2 x 1024 tokens per device, dry: "
            "plain schedule vs batch split\n");
     print_compare(&a, &b, "deepseek3-671b", "...-batchsplit");
-    printf("(batch split: weights, tokens and weight gradients counted in bfloat16, as MaxText casts them; "
-           "the plain path in float32)\n\n");
+    printf("(bytes counted in dtype=bfloat16 on both sides)\n\n");
 }
 
 int main(int argc, char **argv)

@@ -175,29 +175,16 @@ sim_status batchsplit_setup(model_def *m, const mesh_cfg *cfg)
     if (d->shard_exp_on_fsdp)
         return refuse("shard_exp_on_fsdp=true",
                       "the schedule's gather_weights expects the routed experts on ('expert', 'fsdp', None); set false");
-    /* group-limited routing, top 2 experts per group (hard-coded top_k_in_group=2) */
-    SIM_TRY(model_cfg_i64(cfg, "n_routing_groups", &d->n_groups));
-    SIM_TRY(model_cfg_i64(cfg, "topk_routing_group", &d->topk_groups));
-    if (d->n_groups < 1 || d->experts % d->n_groups || d->experts / d->n_groups < 2) {
-        snprintf(buf, sizeof buf,
-                 "n_routing_groups=%lld: the schedule always routes by groups, scoring each by its top 2 experts; "
-                 "use a group count that divides num_experts=%lld into groups of at least 2",
-                 (long long)d->n_groups, (long long)d->experts);
-        return refuse("n_routing_groups", buf);
-    }
-    if (d->topk_groups < 1 || d->topk_groups > d->n_groups ||
-        d->top_k > d->topk_groups * (d->experts / d->n_groups)) {
-        snprintf(buf, sizeof buf,
-                 "topk_routing_group=%lld: between 1 and n_routing_groups=%lld, and its groups must hold the "
-                 "num_experts_per_tok=%lld experts chosen",
-                 (long long)d->topk_groups, (long long)d->n_groups, (long long)d->top_k);
-        return refuse("topk_routing_group", buf);
-    }
-    /* the dtype weights and tokens are cast to before their collectives */
-    static const char *const dts[] = {"bfloat16", "float32"};
-    int dt;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "dtype", dts, 2, &dt));
-    d->wire = dt ? SIM_F32 : SIM_BF16;
+    /* group-limited routing, top 2 experts per group (hard-coded top_k_in_group=2); deepseek.c read
+     * and checked the groups (routing_groups = 0: off) */
+    if (d->routing_groups < 1)
+        return refuse("n_routing_groups",
+                      "the schedule always routes by expert groups (deepseek_batchsplit.py reshapes the scores by "
+                      "n_routing_groups); set n_routing_groups and topk_routing_group (the model file's 8 and 4), "
+                      "with a DeepSeek-V3 model_name");
+    if (d->bias_update_rate > 0)
+        return refuse("routed_bias_update_rate",
+                      "the schedule's router records no expert counts for the loss-free bias update; set 0");
     /* only data, fsdp and expert may shard */
     for (int a = 0; a < m->mesh.n_axes; a++) {
         const char *n = m->mesh.names[a];
@@ -248,21 +235,28 @@ static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
 /* An arena block (NULL data in a dry run). */
 typedef struct {
     void *p;
-    size_t bytes;
+    size_t bytes, counted; /* stored; as the modelled program holds it (dtype) */
     sim_mem_cat cat;
 } bs_buf;
 
-static sim_status buf_alloc(sim_device *d, bs_buf *b, size_t bytes, sim_mem_cat cat, const char *name, bool zero)
+static sim_status buf_alloc_dt(sim_device *d, bs_buf *b, size_t bytes, sim_dtype dt, sim_mem_cat cat, const char *name,
+                               bool zero)
 {
     b->bytes = bytes;
+    b->counted = bytes / sim_dtype_size(dt) * sim_dtype_size(sim_device_counted_dtype(d, dt, cat));
     b->cat = cat;
     b->p = NULL;
-    return sim_arena_alloc(sim_device_arena(d), bytes, cat, name, zero, &b->p);
+    return sim_arena_alloc_counted(sim_device_arena(d), bytes, b->counted, cat, name, zero, &b->p);
+}
+
+static sim_status buf_alloc(sim_device *d, bs_buf *b, size_t bytes, sim_mem_cat cat, const char *name, bool zero)
+{
+    return buf_alloc_dt(d, b, bytes, SIM_F32, cat, name, zero);
 }
 
 static void buf_free(sim_device *d, bs_buf *b)
 {
-    if (b->bytes || b->p) sim_arena_release(sim_device_arena(d), b->p, b->bytes, b->cat);
+    if (b->bytes || b->p) sim_arena_release_counted(sim_device_arena(d), b->p, b->bytes, b->counted, b->cat);
     memset(b, 0, sizeof *b);
 }
 
@@ -440,17 +434,17 @@ static sim_status gather_vjp(mesh_tape *t, mesh_entry *e)
         for (int k = dim + 1; k < g->rank; k++) inner *= (size_t)g->local[k];
         snprintf(tag, sizeof tag, "%.70s/reduce_scatter_ws_grad", base);
         SIM_TRY(sim_reduce_scatter_dim(c->dev, g->data, dw.data, outer, (size_t)g->local[dim], inner, SIM_F32,
-                                       sim_axes_1(f), sim_meta_wire(tag, wire)));
+                                       sim_axes_1(f), sim_meta_counted(sim_meta_weight(tag), wire)));
     } else if (g->data) {
         memcpy(dw.data, g->data, g->nlocal * sizeof(float));
     }
     if (!routed && ex >= 0) {
         snprintf(tag, sizeof tag, "%.70s/ws_grad_psum_expert", base);
-        SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(ex), sim_meta_wire(tag, wire)));
+        SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(ex), sim_meta_counted(sim_meta_weight(tag), wire)));
     }
     if (da >= 0) { /* all_reduce_ws_grad_dcn: a separate step, meant for DCN */
         snprintf(tag, sizeof tag, "%.70s/all_reduce_ws_grad_dcn", base);
-        SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(da), sim_meta_wire(tag, wire)));
+        SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(da), sim_meta_counted(sim_meta_weight(tag), wire)));
     }
     dw.spec.partial = 0;
     return mesh_tape_accumulate(t, w, &dw, base);
@@ -476,7 +470,7 @@ static sim_status gather_now(model_dev *md, int l, int w, mesh_array *out)
         for (int k = 0; k < bw->fsdp_dim; k++) outer *= (size_t)wa->local[k];
         for (int k = bw->fsdp_dim + 1; k < wa->rank; k++) inner *= (size_t)wa->local[k];
         return sim_all_gather_dim(c->dev, wa->data, out->data, outer, (size_t)wa->local[bw->fsdp_dim], inner,
-                                  SIM_F32, sim_axes_1(f), sim_meta_wire(tag, md->def->d.wire));
+                                  SIM_F32, sim_axes_1(f), sim_meta_counted(sim_meta_weight(tag), md->def->d.act_dtype));
     }
     if (wa->data) memcpy(out->data, wa->data, wa->nlocal * sizeof(float));
     return SIM_OK;
@@ -500,7 +494,7 @@ static sim_status use_gathered(model_dev *md, mesh_tape *t, mesh_var *w, mesh_ar
         e->i[2] = axis_of(m, "data");
         e->i[3] = bw->fsdp_dim;
         e->f[0] = bw->routed;
-        e->f[1] = (double)md->def->d.wire;
+        e->f[1] = (double)md->def->d.act_dtype;
     }
     return SIM_OK;
 }
@@ -611,7 +605,7 @@ static sim_status route(model_dev *md, mesh_tape *t, mesh_var *scores, const mes
         int64_t N = (int64_t)sa.nlocal / E;
         float *sel = malloc((size_t)E * sizeof *sel);
         for (int64_t n = 0; n < N; n++)
-            route_token((const float *)sa.data + n * E, ba.data, E, d->n_groups, d->topk_groups, k, d->routed_scale,
+            route_token((const float *)sa.data + n * E, ba.data, E, d->routing_groups, d->topk_groups, k, d->routed_scale,
                         sel, (int32_t *)(*indices)->val.data + n * k, (float *)(*weights)->val.data + n * k);
         free(sel);
     }
@@ -672,7 +666,9 @@ static sim_status gather_tokens(const bs_moe *s, const void *src, void *dst, siz
         if (src && dst) memcpy(dst, src, count * sim_dtype_size(dt));
         return SIM_OK;
     }
-    return sim_all_gather(s->dev, src, dst, count, dt, sim_axes_1(s->ax), sim_meta_wire(stag(s, what, tag, sizeof tag), wire));
+    sim_meta meta = sim_meta_tag(stag(s, what, tag, sizeof tag));
+    if (dt == SIM_F32) meta = sim_meta_counted(meta, wire); /* other dtypes count as they are */
+    return sim_all_gather(s->dev, src, dst, count, dt, sim_axes_1(s->ax), meta);
 }
 
 static sim_status scatter_tokens(const bs_moe *s, const void *src, void *dst, size_t count, const char *what)
@@ -683,7 +679,7 @@ static sim_status scatter_tokens(const bs_moe *s, const void *src, void *dst, si
         return SIM_OK;
     }
     return sim_reduce_scatter(s->dev, src, dst, count, SIM_F32, sim_axes_1(s->ax),
-                              sim_meta_wire(stag(s, what, tag, sizeof tag), s->wire));
+                              sim_meta_counted(sim_meta_tag(stag(s, what, tag, sizeof tag)), s->wire));
 }
 
 static sim_status moe_vjp(mesh_tape *t, mesh_entry *e)
@@ -791,7 +787,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     s->k = d->top_k;
     s->XL = d->experts / s->EP;
     s->lo = (s->ax >= 0 ? sim_device_coord(dev, s->ax) : 0) * s->XL;
-    s->wire = d->wire;
+    s->wire = d->act_dtype;
     mesh_spec as = act_spec(c->mesh, 3);
     mesh_array xa, ra, ia;
     bool xo, ro, io;
@@ -807,8 +803,8 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     /* route: the tokens, their routing and the group sizes over expert */
     SIM_TRY(buf_alloc(dev, &xg, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/x_gathered", false));
     SIM_TRY(buf_alloc(dev, &rwg, (size_t)(EP * Tl * k) * 4, SIM_MEM_TEMP, "moe/weights_gathered", false));
-    SIM_TRY(buf_alloc(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_MEM_TEMP, "moe/experts_gathered", false));
-    SIM_TRY(buf_alloc(dev, &gsum, (size_t)d->experts * 4, SIM_MEM_TEMP, "moe/group_sizes", true));
+    SIM_TRY(buf_alloc_dt(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/experts_gathered", false));
+    SIM_TRY(buf_alloc_dt(dev, &gsum, (size_t)d->experts * 4, SIM_I32, SIM_MEM_TEMP, "moe/group_sizes", true));
     SIM_TRY(gather_tokens(s, ra.data, rwg.p, (size_t)(Tl * k), SIM_F32, s->wire, "route_all_gather_weights"));
     SIM_TRY(gather_tokens(s, ia.data, ig.p, (size_t)(Tl * k), SIM_I32, SIM_I32, "route_all_gather_experts"));
     if (ia.data)
