@@ -23,9 +23,16 @@
  *      in the last step by collective and mesh axes, and the step time
  *      (fastest of steps 2-3).
  *
+ *   4. The batch-split schedule: deepseek3-671b against
+ *      deepseek3-671b-batchsplit (batch_split_factor=2), one dry step each on
+ *      256 devices (fsdp=32 expert=8), 2 sequences of 1024 tokens per device,
+ *      dtype=bfloat16 (every collective counted in it): bytes each device
+ *      sends per step by collective and mesh axes, and the peak memory per
+ *      device.
+ *
  * Benchmark, not a test: it prints the table and the ratio and exits 0
- * unless a run fails.  Usage: deepseek [table|ratio|ring]... [--real] [--full]
- * (no selection: all three). */
+ * unless a run fails.  Usage: deepseek [table|ratio|ring|batchsplit]... [--real]
+ * [--full] (no selection: all four). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,26 +282,69 @@ static void ring_vs_ragged(void)
     printf("peak memory per device: ragged a2a %.2f MiB, ring %.2f MiB\n\n", a.peak_gib * 1024, b.peak_gib * 1024);
 }
 
+/* Two runs' bytes per device per step side by side, by collective and mesh axes. */
+static void print_compare(const run_result *a, const run_result *b, const char *la, const char *lb)
+{
+    printf("%-15s %-22s %20s %20s\n", "collective", "axes", la, lb);
+    printf("%-15s %-22s %20s %20s\n", "", "", "bytes/dev/step", "bytes/dev/step");
+    for (int i = 0; i < 80; i++) putchar('-');
+    putchar('\n');
+    run_result all = *a;
+    for (int i = 0; i < b->nrows; i++)
+        if (!find_row(&all, b->rows[i].op, b->rows[i].axes)) add_traffic(&all, b->rows[i].op, b->rows[i].axes, 0);
+    double ta = 0, tb = 0;
+    char b1[32], b2[32];
+    for (int i = 0; i < all.nrows; i++) {
+        const traffic_row *x = find_row(a, all.rows[i].op, all.rows[i].axes),
+                          *y = find_row(b, all.rows[i].op, all.rows[i].axes);
+        if ((!x || x->bytes == 0) && (!y || y->bytes == 0)) continue;
+        ta += x ? x->bytes : 0;
+        tb += y ? y->bytes : 0;
+        printf("%-15s %-22s %20s %20s\n", sim_op_name(all.rows[i].op), all.rows[i].axes,
+               fmt_bytes(x ? x->bytes : 0, b1, sizeof b1), fmt_bytes(y ? y->bytes : 0, b2, sizeof b2));
+    }
+    printf("%-15s %-22s %20s %20s\n", "total", "", fmt_bytes(ta, b1, sizeof b1), fmt_bytes(tb, b2, sizeof b2));
+    printf("%-15s %-22s %17.2f GiB %17.2f GiB\n", "peak memory/dev", "", a->peak_gib, b->peak_gib);
+}
+
+static void batchsplit_vs_plain(void)
+{
+    const char *words[] = {"model_name=deepseek3-671b", "dry_run=true", "ici_fsdp_parallelism=32",
+                           "ici_expert_parallelism=8", "per_device_batch_size=2", "max_target_length=1024",
+                           "dtype=bfloat16", "sharding_tolerance=1", "steps=1", "batch_split_factor=1"};
+    enum { NW = sizeof words / sizeof words[0] };
+    run_result a = run(words, NW, 1);
+    words[0] = "model_name=deepseek3-671b-batchsplit";
+    words[NW - 1] = "batch_split_factor=2";
+    run_result b = run(words, NW, 1);
+    printf("deepseek3-671b (61 layers, 256 experts), 256 devices fsdp=32 expert=8, 2 x 1024 tokens per device, dry: "
+           "plain schedule vs batch split\n");
+    print_compare(&a, &b, "deepseek3-671b", "...-batchsplit");
+    printf("(bytes counted in dtype=bfloat16 on both sides)\n\n");
+}
+
 int main(int argc, char **argv)
 {
     printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
-    bool table = false, ratio = false, ring = false, real_runs = false, full = false;
+    bool table = false, ratio = false, ring = false, split = false, real_runs = false, full = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "table")) table = true;
         else if (!strcmp(argv[i], "ratio")) ratio = true;
         else if (!strcmp(argv[i], "ring")) ring = true;
+        else if (!strcmp(argv[i], "batchsplit")) split = true;
         else if (!strcmp(argv[i], "--real")) real_runs = true;
         else if (!strcmp(argv[i], "--full")) full = true;
         else {
-            fprintf(stderr, "bench/deepseek: unknown argument '%s'; usage: deepseek [table|ratio|ring]... [--real] "
+            fprintf(stderr, "bench/deepseek: unknown argument '%s'; usage: deepseek [table|ratio|ring|batchsplit]... [--real] "
                     "[--full]\n",
                     argv[i]);
             return 2;
         }
     }
-    if (!table && !ratio && !ring) table = ratio = ring = true;
+    if (!table && !ratio && !ring && !split) table = ratio = ring = split = true;
     if (table) explicit_sharding_table(real_runs);
     if (ratio) step_ratio(full);
     if (ring) ring_vs_ragged();
+    if (split) batchsplit_vs_plain();
     return 0;
 }

@@ -48,6 +48,7 @@
 #include "mesh/nn.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
+#include "models/batchsplit.h"
 #include "models/init.h"
 #include "models/model.h"
 
@@ -174,6 +175,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     /* group-limited routing: moe.py reads the groups in deepseek_routing only (DeepSeek-V3 names) */
     long long groups, keep;
     SIM_TRY(mesh_cfg_get_int(cfg, "n_routing_groups", &groups));
+    SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &d->batch_split));
     SIM_TRY(mesh_cfg_get_int(cfg, "topk_routing_group", &keep));
     if (groups != -1 && d->bias_selects_only && d->layers > d->dense_layers) {
         int64_t per = groups > 0 ? d->experts / groups : 0;
@@ -388,9 +390,12 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     }
     /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
     const char *const *wi = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, NULL, "mlp_moe"}
-                                                : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
+                            : d->batch_split     ? (const char *[]){"expert_only", stack, "embed_moe", NULL}
+                                                 : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
     const char *const *wo = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, "mlp_moe", NULL}
-                                                : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
+                            : d->batch_split     ? (const char *[]){"expert_only", stack, NULL, "embed_moe"}
+                                                 : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
+    /* (with batch split, moe.py's get_batchsplit_init_kernel_axes; shard_exp_on_fsdp takes precedence there too) */
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_0"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
         fan_in(E));
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_1"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
@@ -556,6 +561,7 @@ static int global_ix(const model_def *m, const char *path)
 /* A parameter of layer l as a tape leaf (its gradient sinks into p->g[l] when recording). */
 static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l)
 {
+    if (md->wover[i]) return md->wover[i]; /* batch split: the layer's gathered weight */
     model_param *p = &md->p[i];
     bool grad = mesh_tape_recording(t) && p->g;
     return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
@@ -1150,6 +1156,29 @@ static sim_status ds_layer_at(model_dev *md, mesh_tape *t, const model_batch *b,
     return SIM_OK;
 }
 
+sim_status deepseek_attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x,
+                                    mesh_var **y)
+{
+    const model_def *m = md->def;
+    int l = gl - (int)m->d.dense_layers;
+    ds_stack s = stack_ix(m, true);
+    const char *saved = md->ctx.layer;
+    char attn[128];
+    snprintf(attn, sizeof attn, "%s/self_attention", saved ? saved : "");
+    mesh_var *lnx;
+    SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, s.ln1, l), m->d.eps, "pre_self_attention_layer_norm", &lnx));
+    md->ctx.layer = attn;
+    SIM_TRY(mla(md, t, b, &s, l, lnx, y));
+    md->ctx.layer = saved;
+    return SIM_OK;
+}
+
+sim_status deepseek_shared_experts(model_dev *md, mesh_tape *t, int gl, mesh_var *x, mesh_var **y)
+{
+    ds_stack s = stack_ix(md->def, true);
+    return mlp(md, t, s.wi0, s.wi1, s.wo, gl - (int)md->def->d.dense_layers, x, y);
+}
+
 /* One decoder layer (global index gl). */
 static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
                            mesh_var **lb)
@@ -1374,6 +1403,12 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
             SIM_TRY(model_remat_layer(md, t, b, l, x, ds_dense_pp_fn, tag, &x, &lb));
         } else if (pp) {
             SIM_TRY(ds_dense_pp_fn(md, t, b, l, x, &x, &lb));
+        } else if (m->d.batch_split && l >= (int)m->d.dense_layers) {
+            /* the MoE layers' own schedule (batchsplit.c); like MaxText's custom VJP it recomputes the
+             * layer in backward whatever remat_policy says */
+            char tag[64];
+            snprintf(tag, sizeof tag, "decoder/moe_layers_%d/remat", l - (int)m->d.dense_layers);
+            SIM_TRY(model_remat_layer(md, t, b, l, x, batchsplit_layer, tag, &x, &lb));
         } else if (m->d.remat_full) {
             char tag[64];
             bool is_moe = l >= (int)md->def->d.dense_layers;
@@ -1403,10 +1438,8 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
     SIM_TRY(model_logits(md, t, x, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
-    /* MaxText's loss function uses the raw with_sharding_constraint (an assert in explicit mode) */
-    mesh_spec ls;
-    SIM_TRY(model_logical_spec(m, "loss/xent", 2, LOSS, &ls));
-    SIM_TRY(mesh_ad_constraint(t, tok_loss, &ls, "loss/xent", &tok_loss));
+    /* MaxText 0.2.5 reshards the per-token loss; loss_constraint=assert gives the raw constraint it used before PR #4208 */
+    SIM_TRY(model_loss_constraint(md, t, tok_loss, false, &tok_loss));
     md->ctx.layer = "loss";
     SIM_TRY(mesh_nn_mean(t, tok_loss, "mean", loss));
     if (m->d.mtp_layers > 0) { /* train.py: the MTP loss joins the loss before the load-balance loss */
