@@ -406,10 +406,14 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     else
         snprintf(batch, sizeof batch, "%lld rows x %lld tokens (%lld loaded)", (long long)d->batch, (long long)d->seq,
                  (long long)d->rows_loaded);
-    snprintf(params, sizeof params, "%.2f M (%.1f MiB float32)", (double)model_param_bytes(def) / 4e6,
-             (double)model_param_bytes(def) / 1048576.0);
+    double nparam = (double)model_param_bytes(def) / 4.0; /* model_param_bytes counts float32 */
+    snprintf(params, sizeof params, "%.2f M (%.1f MiB %s)", nparam / 1e6,
+             nparam * (double)sim_dtype_size(d->weight_dtype) / 1048576.0, sim_dtype_name(d->weight_dtype));
     snprintf(st, sizeof st, "%lld", steps);
     const char *custom = cfg_str(cm->cfg, "custom_mesh_and_rule");
+    char dtypes[128];
+    snprintf(dtypes, sizeof dtypes, "bytes of activations %s, weights %s (values computed in float32)",
+             sim_dtype_name(d->act_dtype), sim_dtype_name(d->weight_dtype));
     cli_kv rows[] = {
         {"model", d->model_name},
         {"decoder", d->kind == MODEL_LLAMA2 ? "llama2" : "deepseek"},
@@ -421,6 +425,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"batch", batch},
         {"steps", st},
         {"remat_policy", d->remat_policy},
+        {"dtypes", dtypes},
         {"optimizer state", d->zero1 ? "ZeRO-1: sharded over data (shard_optimizer_over_data)" : "as the parameters"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
