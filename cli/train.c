@@ -23,6 +23,7 @@
 
 #include "models/checks.h"
 #include "models/checkpoint.h"
+#include "models/timemodel.h"
 #include "models/train.h"
 
 typedef struct {
@@ -84,6 +85,7 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
                 continue;
             /* ZeRO-1: MaxText's add_data_to_sharding on this [(R,) S, ...] tensor (the repeat dim when R allows) */
             q->has_opt_spec = def->d.zero1;
+            q->no_opt = def->defs[i].state_var;
             if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
             q->path = paths[np++];
         }
@@ -99,6 +101,7 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
                 p[np].logical[d] = defs[np].logical[d];
             }
             p[np].spec = spec;
+            p[np].no_opt = def->defs[i].state_var;
             if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
             /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
              * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
@@ -116,7 +119,7 @@ static void dump_activations(const model_def *def, const char *dtype, cli_dump_a
         const model_act *act = &def->acts[i];
         memset(&a[i], 0, sizeof a[i]);
         a[i].name = act->name;
-        a[i].dtype = dtype; /* the config's activation dtype, as MaxText logs it */
+        a[i].dtype = act->float32 ? "float32" : dtype; /* the config's activation dtype, as MaxText logs it */
         a[i].rank = act->rank;
         a[i].logical_known = act->logical_known;
         for (int d = 0; d < act->rank; d++) {
@@ -450,6 +453,23 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         model_close(&cm);
         return rc;
     }
+    /* the hardware profile (hardware_profile or compile_topology's family): the step-time
+     * estimate, and the HBM capacity when hbm_limit_gb is left at its default */
+    model_hw hw;
+    model_tm_eff eff;
+    bool have_hw = false;
+    int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
+    if (!st) st = model_hw_from_config(cm.cfg, cli_configs_dir(), per_slice, &hw, &have_hw);
+    if (!st && have_hw) st = model_tm_eff_load(cli_configs_dir(), &eff);
+    const mesh_cfg_entry *hbm_e = mesh_cfg_find(cm.cfg, "hbm_limit_gb");
+    if (!st && have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
+    if (st) {
+        int rc = cli_fail(err, st);
+        if (made_outdir) rmdir(outdir);
+        model_data_close(&data);
+        model_close(&cm);
+        return rc;
+    }
     if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
     config_box(out, &cm, steps);
     if (!def->d.dry_run) {
@@ -544,8 +564,36 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             fprintf(out, "\nmemory at peak:\n");
             cli_report_memory(out, mem, nd);
         }
+        /* the step-time model, on the last step (every step moves the same bytes) */
+        model_tm_result tm;
+        memset(&tm, 0, sizeof tm);
+        char *tm_json = NULL;
+        if (!st && have_hw) {
+            double opt_bytes = model_tm_optimizer_bytes(m);
+            double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
+            const char *dt = cfg_str(cm.cfg, "dtype");
+            st = model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, def->d.dry_run && *outdir, &tm);
+            const char *note = NULL;
+            model_hw_peak(&hw, dt, &note);
+            if (!st) {
+                fprintf(out, "\n");
+                model_tm_print(out, &hw, sim_machine_mesh(m), &tm);
+                if (note) fprintf(out, "  note: dtype=%s: %s\n", dt, note);
+                size_t len = 0;
+                FILE *js = open_memstream(&tm_json, &len);
+                if (js) {
+                    model_tm_write_json(js, &hw, sim_machine_mesh(m), &tm);
+                    fclose(js);
+                }
+            } else { /* a figure the profile does not publish: say so, the run itself succeeded */
+                fprintf(out, "\nstep time not estimated: %s\n", sim_errmsg());
+                sim_err_clear();
+                st = SIM_OK;
+            }
+        }
         if (!st && *outdir) {
-            cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0};
+            cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0,
+                                 tm_json};
             st = cli_write_run_json(outdir, &info);
             if (!st) st = cli_write_metrics_json(outdir, metrics + resume.start, (int)(steps - resume.start), mem, nd);
             long long max_rows = 0, max_events = 0;
@@ -553,9 +601,17 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &max_events);
             if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all(), (size_t)max_rows);
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
-            if (!st) st = cli_write_trace_json(outdir, m, (size_t)max_events);
+            if (!st && tm.spans) { /* a dry run with a profile: trace.json in modelled time */
+                char tpath[4200];
+                snprintf(tpath, sizeof tpath, "%s/trace.json", outdir);
+                st = model_tm_write_trace(tpath, &hw, &tm);
+            } else if (!st) {
+                st = cli_write_trace_json(outdir, m, (size_t)max_events);
+            }
             int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
-            size_t trace_dev = sim_trace_devices_within(m, (size_t)max_events);
+            size_t trace_dev = tm.spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
+            if (!st && tm.spans)
+                fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm.device, hw.name);
             if (!st && (csv_dev < nd || (int)trace_dev < nd))
                 fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
                              "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
@@ -565,6 +621,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
         }
         if (st) rc = cli_fail(err, st);
+        free(tm.spans);
+        free(tm_json);
         cli_traffic_free(&traffic);
         free(mem);
     }

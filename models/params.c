@@ -197,7 +197,11 @@ sim_status model_param_stack(sim_device *d, const mesh_shape *m, const model_par
 {
     mesh_spec s;
     model_param_stacked_spec(p, &layers[0].spec, &s);
-    SIM_TRY(mesh_array_new_raw(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, cat, out));
+    if (layers[0].counted_fixed) /* the layers' dtype where it was fixed (ZeRO-1 with accumulation) */
+        SIM_TRY(mesh_array_new_as(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, layers[0].counted, cat, false,
+                                  out));
+    else
+        SIM_TRY(mesh_array_new_raw(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, cat, out));
     if (!out->data) return SIM_OK; /* dry run */
     float *src[MODEL_MAX_LAYERS];
     int n = 0, first = -1;

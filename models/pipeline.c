@@ -400,7 +400,7 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
             }
             SIM_TRY(mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_once", SIM_MEM_ACTIVATIONS,
                                      &a->w));
-            SIM_TRY(mesh_reshard(md->ctx.dev, &m->mesh, &a->w, &to, sim_meta_tag("pipeline/fsdp_ag_once")));
+            SIM_TRY(mesh_reshard(md->ctx.dev, &m->mesh, &a->w, &to, sim_meta_weight("pipeline/fsdp_ag_once")));
             if (with_grads && p->g) {
                 /* partial over the gathered axes: one reduce-scatter after the loop */
                 to.partial = mesh_spec_dim_axes(&p->w[l].spec) & gone;
@@ -422,7 +422,7 @@ static sim_status ag_release(pipe_run *pr)
         model_param *p = &md->p[a->param];
         if (st == SIM_OK && a->g.rank > 0 && p->g) {
             st = mesh_reshard(md->ctx.dev, &md->def->mesh, &a->g, &p->g[a->layer].spec,
-                              sim_meta_tag("pipeline/fsdp_ag_once (grad)"));
+                              sim_meta_weight("pipeline/fsdp_ag_once (grad)"));
             if (st == SIM_OK) mesh_local_add(&p->g[a->layer], &a->g);
         }
         mesh_array_free(md->ctx.dev, &a->g);

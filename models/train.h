@@ -82,6 +82,7 @@ typedef struct {
     int64_t step;                  /* the step running (for on_layer) */
     model_step_stats *stats;       /* [steps], filled from start_step on */
     model_grads *step_grads;       /* [steps] or NULL: every step's gradients (before clipping) */
+    model_grads *final_params;     /* NULL or: every parameter after the last step (allocated by model_train) */
     int32_t *inputs, *targets, *positions; /* host scratch: the step's rows (ga x rows_loaded) x seq (model_train) */
     int32_t *mb_inputs, *mb_targets, *mb_positions; /* one microbatch, rows_loaded x seq (the above when ga = 1) */
     float *scratch;                /* one stacked parameter (ZeRO-1 step_grads), or NULL */
