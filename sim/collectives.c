@@ -239,7 +239,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
     r->bytes_sent_dcn = bc.sent_dcn;
     r->bytes_recv = bc.recv;
     r->implicit = implicit;
-    snprintf(r->tag, sizeof r->tag, "%s", tag_or_dash(c->tag));
+    sim_str_put(r->tag, sizeof r->tag, 0, tag_or_dash(c->tag), SIZE_MAX);
     sim_op_totals *t = &d->totals[c->op];
     t->calls++;
     t->bytes_sent += bc.sent;
