@@ -23,6 +23,10 @@
  *      to 6 layers (3 dense + 3 MoE: every layer kind and the 129280-entry
  *      vocabulary stay, so the ratio measures the same work per layer); with
  *      --long the full 61 layers and 256 tokens (tens of minutes).
+ *   3. Ring of experts (use_ring_of_experts=true) against the ragged
+ *      all-to-all on fsdp=2 expert=4: a 4-layer deepseek3-tiny (1 dense + 3
+ *      MoE) with a 2048-entry vocabulary, 8 sequences of 64 tokens, real
+ *      steps (the fastest of steps 2-3); the ring's time over the ragged one.
  *
  * To add a row, append to ROWS (keep it dry or small: `make bench` runs the
  * default rows in a few minutes; long rows take ROW_LONG).
@@ -65,6 +69,10 @@ typedef struct {
 #define TINY_SHORT "max_target_length=64", "override_model_config=true", "base_num_decoder_layers=6"
 #define TINY_TABLE "deepseek3-tiny step time, 8 x 64 tokens, 6 layers (3 dense + 3 MoE); target 8 devices / 1 <= 1.3"
 #define TINY_LONG_TABLE "deepseek3-tiny step time, 8 x 256 tokens, 61 layers (--long); target 8 devices / 1 <= 1.3"
+#define RING "model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=4", \
+    "first_num_dense_layers=1", "vocab_size=2048", "per_device_batch_size=1", "max_target_length=64", \
+    "learning_rate=1e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=4"
+#define RING_TABLE "deepseek3-tiny 4 layers (1 dense + 3 MoE), vocab 2048, 8 x 64 tokens, fsdp=2 expert=4: ring of experts vs ragged all-to-all"
 
 static const bench_row ROWS[] = {
     {EXPLICIT_TABLE, "FSDP=4 auto 2L", {DS_TEST, FSDP4, "shard_mode=auto", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
@@ -80,6 +88,8 @@ static const bench_row ROWS[] = {
     {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) explicit 61L", {DS_TEST, FSDP2_TPT2, "shard_mode=explicit", "dry_run=true"}, 1, NULL, 0},
     {TINY_TABLE, "tiny 1 device", {TINY, TINY_SHORT, "per_device_batch_size=8"}, 3, NULL, 0},
     {TINY_TABLE, "tiny fsdp=4 expert=2", {TINY, TINY_SHORT, "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, "tiny 1 device", 0},
+    {RING_TABLE, "ragged all-to-all", {RING, "use_ring_of_experts=false"}, 3, NULL, 0},
+    {RING_TABLE, "ring of experts", {RING, "use_ring_of_experts=true"}, 3, "ragged all-to-all", 0},
     {TINY_LONG_TABLE, "tiny 61L 1 device", {TINY, "max_target_length=256", "per_device_batch_size=8"}, 3, NULL, ROW_LONG},
     {TINY_LONG_TABLE, "tiny 61L fsdp=4 expert=2", {TINY, "max_target_length=256", "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, "tiny 61L 1 device", ROW_LONG},
 };
@@ -258,6 +268,12 @@ static void print_result(const bench_row *row, const run_result *r, const run_re
         if (r->nrows) fmt_bytes(r->rows[i].bytes, b, sizeof b);
         printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", i ? "" : row->label, i ? "" : peak, i ? "" : step,
                i ? "" : ratio, r->nrows ? sim_op_name(r->rows[i].op) : "", r->nrows ? r->rows[i].axes : "", b);
+    }
+    if (r->nrows > 1) {
+        double total = 0;
+        char b[32];
+        for (int i = 0; i < r->nrows; i++) total += r->rows[i].bytes;
+        printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", "", "", "", "", "total", "", fmt_bytes(total, b, sizeof b));
     }
 }
 

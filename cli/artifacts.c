@@ -522,6 +522,13 @@ static sim_status write_run(FILE *f, void *arg)
         }
         jw_obj_end(&w);
     }
+    if (in->step_time_json) {
+        json_error_t jerr;
+        json_t *v = json_loads(in->step_time_json, 0, &jerr);
+        SIM_ASSERT(v); /* written by model_tm_write_json */
+        jw_key(&w, "step_time_model");
+        jw_add(&w, v);
+    }
     if (in->cfg) {
         jw_key(&w, "config");
         jw_obj(&w);
@@ -695,7 +702,7 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
                 snprintf(l[k++].key, KEY_CAP, "%s/[0]/.count", br[b]);
                 for (int part = 0; part < (b ? 1 : 2); part++)
                     for (int i = 0; i < n; i++) {
-                        if (p[pk[i].index].muon != want) continue;
+                        if (p[pk[i].index].muon != want || p[pk[i].index].no_opt) continue;
                         snprintf(l[k].key, KEY_CAP, "%s/[0]/.%s/['params']%s", br[b], part ? "nu" : "mu", pk[i].rel);
                         l[k].p = &p[pk[i].index];
                         l[k].opt = 1;
@@ -719,6 +726,7 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
         for (int part = 0; part < 3; part++) {
             if (part == 1) snprintf(l[k++].key, KEY_CAP, ".opt_state/[0]/.count");
             for (int i = 0; i < n; i++) {
+                if (part && p[pk[i].index].no_opt) continue;
                 snprintf(l[k].key, KEY_CAP, "%s%s", prefix[part], pk[i].rel);
                 l[k].p = &p[pk[i].index];
                 l[k].opt = part > 0;

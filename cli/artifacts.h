@@ -72,6 +72,8 @@ typedef struct {
     const mesh_rules *rules;     /* logical axis rules in effect (may be NULL) */
     const char *version;         /* NULL: CLI_SHARDSIM_VERSION */
     time_t time;                 /* 0: now */
+    const char *step_time_json;  /* the step-time model's estimate as a JSON object (run.json's
+                                    "step_time_model"), or NULL */
 } cli_run_info;
 
 /* run.json:
@@ -99,6 +101,8 @@ typedef struct {
     mesh_spec opt_spec;                         /* their spec when has_opt_spec */
     int muon;                                   /* opt_type=muon: 1 a Muon leaf, -1 an AdamW-fallback leaf;
                                                    0 (every entry): opt_type=adamw's state */
+    bool no_opt;                                /* a non-trainable variable (MaxText's MoEBiasVar):
+                                                   listed with the parameters, no optimizer state */
 } cli_dump_param;
 
 /* An activation as MaxText's debug_sharding logs it. */

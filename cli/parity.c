@@ -8,7 +8,15 @@
  *
  * When a configuration changes the device count and does not set
  * per_device_batch_size itself, that value is scaled so the global batch
- * stays the reference's (otherwise the runs would not see the same tokens). */
+ * stays the reference's (otherwise the runs would not see the same tokens).
+ *
+ * Each configuration runs under its own hbm_limit_gb.  One that runs out of
+ * simulated memory is reported as it happens and the others still run; the
+ * table compares those that finished, and the exit code is 1 (0 needs every
+ * configuration to run and agree).  When the reference itself does not fit
+ * nothing can be compared: parity stops there (exit 1).  Progress: a line as
+ * each configuration starts and one as it ends, flushed at once; on a
+ * terminal a step bar on stderr. */
 #include "cli/cli.h"
 #include "cli/artifacts.h"
 #include "cli/common.h"
@@ -73,6 +81,20 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     return st;
 }
 
+typedef struct {
+    int c, nc;
+    long long steps;
+} parity_progress;
+
+static void parity_step(const model_step_stats *ss, void *arg)
+{
+    const parity_progress *pp = arg;
+    char label[64];
+    snprintf(label, sizeof label, "configuration %d/%d: step %lld/%lld", pp->c + 1, pp->nc, (long long)ss->step + 1,
+             pp->steps);
+    cli_progress(stderr, (double)(ss->step + 1) / (double)pp->steps, label);
+}
+
 static bool sets_pdbs(const parity_cfg *pc)
 {
     for (int i = 0; i < pc->n; i++)
@@ -104,6 +126,8 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     int64_t ref_batch = 0;
     int diverge_step = -1;
     char diverge_param[MODEL_PATH_MAX] = "", diverge_cfg[320] = "", outdir[1024] = "";
+    bool *oom = calloc((size_t)nc, sizeof *oom);
+    int n_oom = 0;
     for (int c = 0; c < nc && st == SIM_OK; c++) {
         mesh_cfg *cfg = NULL;
         model_def *def = NULL;
@@ -140,7 +164,9 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         if (st == SIM_OK) st = model_optim_from_config(cfg, &job.opt);
         if (st == SIM_OK) st = model_data_from_config(cfg, &data);
         sim_machine *m = NULL;
-        if (st == SIM_OK) st = model_machine_new(def, 0, false, &m);
+        double hbm = 0;
+        if (st == SIM_OK) st = mesh_cfg_get_double(cfg, "hbm_limit_gb", &hbm);
+        if (st == SIM_OK) st = model_machine_new(def, hbm, false, &m);
         if (st == SIM_OK) {
             /* label: the mesh and the mode, which is what tells the runs apart */
             char mesh[256];
@@ -155,15 +181,39 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s%s%s%s %s", mesh, rules && *rules ? " " : "",
                      rules && *rules ? rules : "", extra, def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
             fprintf(out, "[%d/%d] %-32s <- %s\n", c + 1, nc, cfgs[c].label, cfgs[c].n ? cfgs[c].text : "(no overrides)");
+            fflush(out);
+            parity_progress pp = {c, nc, steps};
             job.def = def;
             job.data = &data;
             job.steps = steps;
             job.stats = calloc((size_t)steps, sizeof *job.stats);
             job.step_grads = calloc((size_t)steps, sizeof *job.step_grads);
+            job.on_step = parity_step;
+            job.cb_arg = &pp;
+            uint64_t t0 = sim_now_ns();
             st = model_train(&job, m);
+            cli_progress_done(stderr);
             losses[c] = calloc((size_t)steps, sizeof **losses);
             for (long long s = 0; s < steps; s++) losses[c][s] = job.stats[s].loss;
-            if (st == SIM_OK && c == 0) {
+            if (st == SIM_OK)
+                fprintf(out, "      %lld step%s in %.1f s, last loss %.7f\n", steps, steps > 1 ? "s" : "",
+                        (double)(sim_now_ns() - t0) / 1e9, losses[c][steps - 1]);
+            if (st == SIM_ERR_OOM) {
+                /* reported as such; the other configurations still run (not the reference's absence) */
+                fprintf(out, "      out of simulated memory (hbm_limit_gb=%g): %s\n", hbm, sim_errmsg());
+                oom[c] = true;
+                n_oom++;
+                if (c == 0)
+                    sim_err(SIM_ERR_OOM, "the reference configuration '%s' does not fit in hbm_limit_gb=%g: nothing to "
+                                         "compare with; raise hbm_limit_gb (0 = unlimited) or shard it further",
+                            cfgs[c].label, hbm);
+                else
+                    st = SIM_OK;
+            }
+            fflush(out);
+            if (st == SIM_OK && oom[c]) {
+                /* no gradients to compare */
+            } else if (st == SIM_OK && c == 0) {
                 ref = job.step_grads;
                 job.step_grads = NULL;
             } else if (st == SIM_OK) {
@@ -184,9 +234,12 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             free(job.step_grads);
             free(job.stats);
         }
-        pcs[c].label = cfgs[c].label;
-        pcs[c].overrides = cfgs[c].text;
-        pcs[c].losses = losses[c];
+        if (!oom[c]) { /* the table holds the configurations that ran */
+            int k = c - n_oom;
+            pcs[k].label = cfgs[c].label;
+            pcs[k].overrides = cfgs[c].text;
+            pcs[k].losses = losses[c];
+        }
         sim_machine_free(m);
         model_data_close(&data);
         if (def) {
@@ -198,7 +251,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     if (st) {
         rc = cli_fail(err, st);
     } else {
-        cli_parity p = {nc, pcs, (int)steps, 0, rtol, diverge_step, diverge_step >= 0 ? diverge_param : NULL,
+        cli_parity p = {nc - n_oom, pcs, (int)steps, 0, rtol, diverge_step, diverge_step >= 0 ? diverge_param : NULL,
                         diverge_step >= 0 ? diverge_cfg : NULL};
         fprintf(out, "\n");
         cli_report_parity(out, &p);
@@ -207,6 +260,14 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         if (diverge_step >= 0)
             fprintf(out, "first diverging gradient: step %d, %s, in configuration '%s'\n", diverge_step, diverge_param,
                     diverge_cfg);
+        if (n_oom) {
+            fprintf(out, "INCOMPLETE: %d configuration%s ran out of simulated memory, not compared:", n_oom,
+                    n_oom > 1 ? "s" : "");
+            for (int c = 0; c < nc; c++)
+                if (oom[c]) fprintf(out, " '%s'", cfgs[c].label);
+            fprintf(out, " (raise hbm_limit_gb, 0 = unlimited, or shard them further)\n");
+            fail = true;
+        }
         if (*outdir) {
             st = cli_write_parity_json(outdir, &p);
             if (!st) st = cli_write_report_html(outdir);
@@ -223,6 +284,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         for (int i = 0; i < cfgs[c].n; i++) free(cfgs[c].words[i]);
     }
     free(losses);
+    free(oom);
     free(pcs);
     free(cfgs);
     return rc;

@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "cli/artifacts.h"
 #include "cli/common.h"
+#include "cli/hostmem.h"
 #include "cli/report.h"
 #include "cli/report_html.h"
 #include "sim/trace.h"
@@ -21,6 +22,8 @@
 #include <unistd.h>
 
 #include "models/checks.h"
+#include "models/checkpoint.h"
+#include "models/timemodel.h"
 #include "models/train.h"
 
 typedef struct {
@@ -80,6 +83,10 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             if (model_pipe_dump_layout(def, i, l, paths[np], sizeof paths[np], &q->rank, q->shape, q->logical,
                                        &q->spec) != SIM_OK)
                 continue;
+            /* ZeRO-1: MaxText's add_data_to_sharding on this [(R,) S, ...] tensor (the repeat dim when R allows) */
+            q->has_opt_spec = def->d.zero1;
+            q->no_opt = def->defs[i].state_var;
+            if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
             q->path = paths[np++];
         }
         if (per) continue;
@@ -94,6 +101,7 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
                 p[np].logical[d] = defs[np].logical[d];
             }
             p[np].spec = spec;
+            p[np].no_opt = def->defs[i].state_var;
             if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
             /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
              * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
@@ -111,7 +119,7 @@ static void dump_activations(const model_def *def, const char *dtype, cli_dump_a
         const model_act *act = &def->acts[i];
         memset(&a[i], 0, sizeof a[i]);
         a[i].name = act->name;
-        a[i].dtype = dtype; /* the config's activation dtype, as MaxText logs it */
+        a[i].dtype = act->float32 ? "float32" : dtype; /* the config's activation dtype, as MaxText logs it */
         a[i].rank = act->rank;
         a[i].logical_known = act->logical_known;
         for (int d = 0; d < act->rank; d++) {
@@ -273,6 +281,112 @@ static sim_status resolve_outputs(const mesh_cfg *cfg, char *outdir, size_t cap_
     return SIM_OK;
 }
 
+/* Where the run starts, as MaxText's load_state_if_possible decides: the
+ * latest checkpoint of this run's checkpoint_dir first (a run in progress
+ * resumes; load_parameters_path and load_full_state_path are then not
+ * read), else load_full_state_path (parameters, optimizer state, step), else
+ * load_parameters_path (parameters only, step 0).  A checkpoint saved after
+ * step n resumes at step n + 1 (MaxText's start_step = the optimizer count).  A dry run computes no
+ * values: it starts at step 0 and only checks the file it is given. */
+typedef struct {
+    char path[4096];
+    bool full;
+    long long start;
+} resume_plan;
+
+static sim_status resolve_resume(const mesh_cfg *cfg, const char *ckdir, bool dry, long long steps, FILE *out,
+                                 resume_plan *r)
+{
+    const char *lp = cfg_str(cfg, "load_parameters_path"), *lfs = cfg_str(cfg, "load_full_state_path");
+    memset(r, 0, sizeof *r);
+    if (*ckdir && !dry) {
+        int stale = 0;
+        long long latest;
+        SIM_TRY(model_checkpoint_latest(ckdir, r->path, sizeof r->path, &latest, &stale));
+        if (stale)
+            fprintf(out, "checkpoint_dir %s holds %d temporary file%s of a save that did not finish: never loaded, "
+                         "removed by the next save\n", ckdir, stale, stale > 1 ? "s" : "");
+        if (latest >= 0) {
+            r->full = true;
+            r->start = latest + 1;
+            fprintf(out, "resuming from this run's checkpoint %s (saved after step %lld)%s%s%s\n", r->path, latest,
+                    *lp || *lfs ? "; as MaxText does, " : "", *lp ? "load_parameters_path" : *lfs ? "load_full_state_path" : "",
+                    *lp || *lfs ? " is not read while checkpoint_dir holds a checkpoint" : "");
+        }
+    }
+    if (!r->full && *lfs) {
+        snprintf(r->path, sizeof r->path, "%s", lfs);
+        long long held;
+        sim_status st = model_checkpoint_step(lfs, &held);
+        if (st) {
+            sim_err_append(" (load_full_state_path=%s)", lfs);
+            return st;
+        }
+        r->full = true;
+        r->start = dry ? 0 : held + 1;
+        if (!dry) fprintf(out, "resuming from load_full_state_path=%s (saved after step %lld)\n", lfs, held);
+    } else if (!r->full && *lp) {
+        snprintf(r->path, sizeof r->path, "%s", lp);
+    }
+    if (r->full && r->start >= steps)
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s was saved after step %lld (%lld steps done) and steps=%lld: "
+                                      "nothing is left to train; set steps above %lld to continue, or %s",
+                       r->path, r->start - 1, r->start, steps, r->start,
+                       *lfs && strcmp(r->path, lfs) == 0 ? "drop load_full_state_path"
+                                                         : "set enable_checkpointing=false or another checkpoint_dir "
+                                                           "(or run_name) to start over");
+    return SIM_OK;
+}
+
+/* Before a real run: one dry step of the same model, optimizer and data
+ * (the accounting a dry run does: every device's arena peak) plus the host
+ * buffers around it, against the memory available (cli/hostmem.h).  The
+ * arena's reuse cache keeps at most 1/8 of a device's peak (and 1 GiB);
+ * checkpoint I/O moves data through one bounce buffer of about 4 MiB per
+ * device.  A dry step that runs out of simulated memory (hbm_limit_gb) is
+ * the real run's OOM too, and is returned as such. */
+static sim_status check_host_memory(const model_def *def, const model_train_job *job, double hbm, bool ckpt_io)
+{
+    uint64_t avail;
+    char source[128];
+    int known;
+    SIM_TRY(cli_host_memory_available(&avail, source, sizeof source, &known));
+    if (!known) return SIM_OK; /* no Linux /proc: nothing to compare with */
+    model_def *dry = malloc(sizeof *dry);
+    if (!dry) return sim_err(SIM_ERR_INTERNAL, "train: out of host memory");
+    *dry = *def; /* a shallow copy: the dry step reads the same tables */
+    dry->d.dry_run = true;
+    sim_machine *m = NULL;
+    model_step_stats one;
+    model_train_job j;
+    memset(&j, 0, sizeof j);
+    j.def = dry;
+    j.data = job->data;
+    j.opt = job->opt;
+    j.steps = 1;
+    j.stats = &one;
+    sim_status st = model_machine_new(dry, hbm, false, &m);
+    if (st == SIM_OK) st = model_train(&j, m);
+    cli_host_need need = {0};
+    if (st == SIM_OK) {
+        need.devices = sim_machine_num_devices(m);
+        for (int d = 0; d < need.devices; d++) {
+            sim_arena_stats as;
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
+            need.device_peaks += as.peak;
+            if (as.peak > need.max_peak) need.max_peak = as.peak;
+            need.reuse_cache += as.peak / 8 < (1ull << 30) ? as.peak / 8 : (1ull << 30);
+        }
+        uint64_t tokens = (uint64_t)(def->d.rows_loaded * def->d.ga * def->d.seq);
+        need.host_buffers = 3 * tokens * sizeof(int32_t) * (def->d.ga > 1 ? 2 : 1) +
+                            (ckpt_io ? (uint64_t)need.devices * (4u << 20) : 0);
+    }
+    sim_machine_free(m);
+    free(dry);
+    SIM_TRY(st);
+    return cli_host_memory_check(&need, avail, source);
+}
+
 static void config_box(FILE *out, const cli_model *cm, long long steps)
 {
     const model_def *def = cm->def;
@@ -344,6 +458,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = mesh_cfg_get_int(cm.cfg, "steps", &steps);
     if (!st) st = mesh_cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm);
     if (!st) st = mesh_cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period);
+    int on_start = 1, on_completion = 1;
+    if (!st) st = mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_start", &on_start);
+    if (!st) st = mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_completion", &on_completion);
     if (!st && steps < 1) st = sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps);
     if (!st) st = model_optim_from_config(cm.cfg, &job.opt);
     if (!st) st = model_data_from_config(cm.cfg, &data);
@@ -359,6 +476,16 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                      load, strerror(errno));
     char outbuf[4096], ckbuf[4096], run_name[1024];
     if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
+    resume_plan resume;
+    memset(&resume, 0, sizeof resume);
+    /* the pipeline refuses checkpoint_dir itself (models/pipeline.c); the directory MaxText derives
+     * from base_output_directory with enable_checkpointing (its default) is the same feature */
+    if (!st && *ckbuf && def->d.pipe.on)
+        st = sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline parallelism "
+                                    "(stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
+                                    "enable_checkpointing=false or ici_pipeline_parallelism=1",
+                     (long long)def->d.pipe.stages);
+    if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     if (!st && *metrics_path && def->d.dry_run)
@@ -375,8 +502,37 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         model_close(&cm);
         return rc;
     }
+    /* the hardware profile (hardware_profile or compile_topology's family): the step-time
+     * estimate, and the HBM capacity when hbm_limit_gb is left at its default */
+    model_hw hw;
+    model_tm_eff eff;
+    bool have_hw = false;
+    int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
+    if (!st) st = model_hw_from_config(cm.cfg, cli_configs_dir(), per_slice, &hw, &have_hw);
+    if (!st && have_hw) st = model_tm_eff_load(cli_configs_dir(), &eff);
+    const mesh_cfg_entry *hbm_e = mesh_cfg_find(cm.cfg, "hbm_limit_gb");
+    if (!st && have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
+    if (st) {
+        int rc = cli_fail(err, st);
+        if (made_outdir) rmdir(outdir);
+        model_data_close(&data);
+        model_close(&cm);
+        return rc;
+    }
     if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
     config_box(out, &cm, steps);
+    if (!def->d.dry_run) {
+        model_train_job probe = {0};
+        probe.data = &data;
+        st = model_optim_from_config(cm.cfg, &probe.opt);
+        if (!st) st = check_host_memory(def, &probe, hbm, *ckbuf || *resume.path);
+        if (st) {
+            int rc = cli_fail(err, st);
+            model_data_close(&data);
+            model_close(&cm);
+            return rc;
+        }
+    }
     sim_machine *m;
     st = model_machine_new(def, hbm, *outdir != '\0', &m);
     double watchdog_s = 0;
@@ -405,7 +561,11 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     job.steps = steps;
     job.checkpoint_dir = ckbuf;
     job.checkpoint_period = ckpt_period;
-    job.load_path = cfg_str(cm.cfg, "load_parameters_path");
+    job.load_path = resume.path;
+    job.load_full_state = resume.full;
+    job.start_step = resume.start;
+    job.skip_save_on_start = !on_start;
+    job.skip_save_on_completion = !on_completion;
     job.on_step = print_step;
     job.on_layer = print_layer;
     job.cb_arg = &sp;
@@ -447,23 +607,60 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             model_print_shardings(def, *dt ? dt : "float32", out);
         }
         if (!st) {
-            fprintf(out, "\ntraffic over %lld step%s:\n", steps, steps > 1 ? "s" : "");
+            long long ran = steps - resume.start;
+            fprintf(out, "\ntraffic over %lld step%s:\n", ran, ran > 1 ? "s" : "");
             cli_report_traffic(out, &traffic);
             fprintf(out, "\nmemory at peak:\n");
             cli_report_memory(out, mem, nd);
         }
+        /* the step-time model, on the last step (every step moves the same bytes) */
+        model_tm_result tm;
+        memset(&tm, 0, sizeof tm);
+        char *tm_json = NULL;
+        if (!st && have_hw) {
+            double opt_bytes = model_tm_optimizer_bytes(m);
+            double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
+            const char *dt = cfg_str(cm.cfg, "dtype");
+            st = model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, def->d.dry_run && *outdir, &tm);
+            const char *note = NULL;
+            model_hw_peak(&hw, dt, &note);
+            if (!st) {
+                fprintf(out, "\n");
+                model_tm_print(out, &hw, sim_machine_mesh(m), &tm);
+                if (note) fprintf(out, "  note: dtype=%s: %s\n", dt, note);
+                size_t len = 0;
+                FILE *js = open_memstream(&tm_json, &len);
+                if (js) {
+                    model_tm_write_json(js, &hw, sim_machine_mesh(m), &tm);
+                    fclose(js);
+                }
+            } else { /* a figure the profile does not publish: say so, the run itself succeeded */
+                fprintf(out, "\nstep time not estimated: %s\n", sim_errmsg());
+                sim_err_clear();
+                st = SIM_OK;
+            }
+        }
         if (!st && *outdir) {
-            cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0};
+            cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0,
+                                 tm_json};
             st = cli_write_run_json(outdir, &info);
-            if (!st) st = cli_write_metrics_json(outdir, metrics, (int)steps, mem, nd);
+            if (!st) st = cli_write_metrics_json(outdir, metrics + resume.start, (int)(steps - resume.start), mem, nd);
             long long max_rows = 0, max_events = 0;
             if (!st) st = mesh_cfg_get_int(cm.cfg, "collectives_csv_max_rows", &max_rows);
             if (!st) st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &max_events);
             if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all(), (size_t)max_rows);
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
-            if (!st) st = cli_write_trace_json(outdir, m, (size_t)max_events);
+            if (!st && tm.spans) { /* a dry run with a profile: trace.json in modelled time */
+                char tpath[4200];
+                snprintf(tpath, sizeof tpath, "%s/trace.json", outdir);
+                st = model_tm_write_trace(tpath, &hw, &tm);
+            } else if (!st) {
+                st = cli_write_trace_json(outdir, m, (size_t)max_events);
+            }
             int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
-            size_t trace_dev = sim_trace_devices_within(m, (size_t)max_events);
+            size_t trace_dev = tm.spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
+            if (!st && tm.spans)
+                fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm.device, hw.name);
             if (!st && (csv_dev < nd || (int)trace_dev < nd))
                 fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
                              "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
@@ -473,6 +670,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
         }
         if (st) rc = cli_fail(err, st);
+        free(tm.spans);
+        free(tm_json);
         cli_traffic_free(&traffic);
         free(mem);
     }

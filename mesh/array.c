@@ -27,7 +27,8 @@ sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, me
 }
 
 static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
-                            const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, bool zero, mesh_array *out)
+                            const mesh_spec *spec, sim_dtype dt, int counted, sim_mem_cat cat, bool zero,
+                            mesh_array *out)
 {
     memset(out, 0, sizeof *out);
     if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
@@ -42,13 +43,16 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
     if (rank) memcpy(out->shape, shape, (size_t)rank * sizeof *shape); /* a scalar may come with shape == NULL */
     out->spec = *spec;
     out->dtype = dt;
+    out->counted = counted >= 0 ? (sim_dtype)counted : sim_device_counted_dtype(d, dt, cat);
+    out->counted_fixed = counted >= 0;
     out->cat = cat;
     mesh_spec_local_shape(spec, m, shape, out->local);
     out->nlocal = 1;
     for (int i = 0; i < rank; i++) out->nlocal *= (size_t)out->local[i];
     static _Thread_local uint64_t next_uid; /* arrays are made on their device's thread */
     out->uid = ++next_uid;
-    sim_status st = sim_arena_alloc(sim_device_arena(d), out->nlocal * sim_dtype_size(dt), cat, name, zero, &out->data);
+    sim_status st = sim_arena_alloc_counted(sim_device_arena(d), out->nlocal * sim_dtype_size(dt),
+                                            out->nlocal * sim_dtype_size(out->counted), cat, name, zero, &out->data);
     /* a failed allocation (a simulated OOM) holds nothing: freeing it later
      * must not release bytes that were never accounted (dry runs have no
      * pointer to tell) */
@@ -59,13 +63,20 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
 sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                           const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, cat, true, out);
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, true, out);
+}
+
+sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                             const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,
+                             mesh_array *out)
+{
+    return array_new(d, m, name, rank, shape, spec, dt, (int)counted, cat, zero, out);
 }
 
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, cat, false, out);
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, out);
 }
 
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
@@ -73,14 +84,31 @@ sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array
 {
     SIM_TRY(mesh_array_new_raw(d, m, name, src->rank, src->shape, &src->spec, src->dtype, cat, out));
     if (out->data && src->data) memcpy(out->data, src->data, src->nlocal * sim_dtype_size(src->dtype));
+    if (src->counted_fixed) mesh_array_recount(d, out, src->counted);
     return SIM_OK;
 }
 
 void mesh_array_free(sim_device *d, mesh_array *a)
 {
-    if (a->data || sim_device_dry(d)) sim_arena_release(sim_device_arena(d), a->data, a->nlocal * sim_dtype_size(a->dtype), a->cat);
+    if (a->data || sim_device_dry(d))
+        sim_arena_release_counted(sim_device_arena(d), a->data, a->nlocal * sim_dtype_size(a->dtype),
+                                  a->nlocal * sim_dtype_size(a->counted), a->cat);
     a->data = NULL;
     a->nlocal = 0;
+}
+
+void mesh_array_recount(sim_device *d, mesh_array *a, sim_dtype dt)
+{
+    if (a->data || sim_device_dry(d))
+        sim_arena_recount(sim_device_arena(d), a->nlocal * sim_dtype_size(a->counted), a->nlocal * sim_dtype_size(dt),
+                          a->cat);
+    a->counted = dt;
+    a->counted_fixed = true;
+}
+
+sim_meta mesh_array_meta(const mesh_array *a, sim_meta meta)
+{
+    return a->counted_fixed && !meta.counted_set ? sim_meta_counted(meta, a->counted) : meta;
 }
 
 void mesh_copy_block(void *dst, const void *src, int rank, const int64_t *in, const int64_t *out,

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 
 #include "mesh/spec.h"
+#include "sim/collectives.h"
 #include "sim/machine.h"
 
 enum { MESH_NAME_MAX = 128 };
@@ -19,7 +20,10 @@ typedef struct {
     int64_t shape[MESH_SPEC_MAX_RANK];      /* global shape */
     int64_t local[MESH_SPEC_MAX_RANK];      /* this device's shard shape */
     mesh_spec spec;                         /* placement, with partial axes */
-    sim_dtype dtype;
+    sim_dtype dtype;                        /* as stored (float32 for every computed value) */
+    sim_dtype counted;                      /* as counted in the arena: the dtype the modelled program
+                                               holds it in (sim_device_counted_dtype, or mesh_array_recount) */
+    bool counted_fixed;                     /* `counted` set by mesh_array_recount: clones keep it */
     sim_mem_cat cat;                        /* arena category of the shard */
     size_t nlocal;                          /* elements of the shard */
     void *data;                             /* the shard, row-major; NULL in dry run */
@@ -39,11 +43,21 @@ sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, 
 /* The same without zero-filling: for outputs the caller overwrites entirely. */
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
+/* Either of the two, counted in `counted` whatever the category (fixed: see mesh_array_recount). */
+sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                             const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,
+                             mesh_array *out);
 /* A copy of `src` (same spec and shard) under a new name and category. */
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
                             sim_mem_cat cat, mesh_array *out);
 /* Releases the shard (the struct may be reused). */
 void mesh_array_free(sim_device *d, mesh_array *a);
+/* Counts `a` in dtype `dt` from now on (where the modelled program casts:
+ * float32 logits, say); the arena's live bytes change by the difference. */
+void mesh_array_recount(sim_device *d, mesh_array *a, sim_dtype dt);
+/* The meta of a collective on `a`: counted in a->counted when that was
+ * fixed by mesh_array_recount, else as the device counts float32 wires. */
+sim_meta mesh_array_meta(const mesh_array *a, sim_meta meta);
 /* Fills this device's shard from a global row-major buffer (host memory all
  * devices may read).  Partial axes: the value is kept where the device's
  * coordinates on them are all 0, zero elsewhere, so the sum is the global. */

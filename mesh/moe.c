@@ -22,6 +22,11 @@
  *   h       axes sharding the experts' hidden dim: the wo product is partial
  *           over them (reduce-scattered on the embedding dim, as MaxText's
  *           psum_scatter over 'tensor').
+ * Ring of experts (mesh_moe_cfg.ring): the caller gathers x and the router
+ * scores over the expert axes first (mesh_moe_ring_gather), so every expert
+ * axis is an ep_rep axis; the region leaves its output partial over them and
+ * MaxText's psum_scatter is the resharding onto the caller's sharding (a
+ * reduce-scatter on the batch dim; its VJP all-gathers the cotangent).
  * The dense path splits the tokens' axes differently: only batch axes take
  * part in the all-to-all (the capacity slots are per sequence), sequence axes
  * sum the dispatch buffer (all-reduce), and ep_rep are the expert axes that do
@@ -146,20 +151,29 @@ static int64_t local_rows(const mesh_array *a) { return a->rank ? (int64_t)a->nl
 typedef struct {
     void *p;
     size_t bytes;
+    size_t counted;   /* the bytes the arena counts (the activation dtype for float32 blocks) */
     sim_mem_cat cat;
 } moe_buf;
 
-static sim_status buf_alloc(sim_device *d, moe_buf *b, size_t bytes, sim_mem_cat cat, const char *name)
+/* A block of bytes/4 elements of dt (float32 tokens, or int32 indices). */
+static sim_status buf_alloc_dt(sim_device *d, moe_buf *b, size_t bytes, sim_dtype dt, sim_mem_cat cat,
+                               const char *name)
 {
     b->bytes = bytes;
+    b->counted = bytes / sim_dtype_size(dt) * sim_dtype_size(sim_device_counted_dtype(d, dt, cat));
     b->cat = cat;
     b->p = NULL;
-    return sim_arena_alloc(sim_device_arena(d), bytes, cat, name, false, &b->p);
+    return sim_arena_alloc_counted(sim_device_arena(d), bytes, b->counted, cat, name, false, &b->p);
+}
+
+static sim_status buf_alloc(sim_device *d, moe_buf *b, size_t bytes, sim_mem_cat cat, const char *name)
+{
+    return buf_alloc_dt(d, b, bytes, SIM_F32, cat, name);
 }
 
 static void buf_free(sim_arena *a, moe_buf *b)
 {
-    if (b->bytes || b->p) sim_arena_release(a, b->p, b->bytes, b->cat);
+    if (b->bytes || b->p) sim_arena_release_counted(a, b->p, b->bytes, b->counted, b->cat);
     memset(b, 0, sizeof *b);
 }
 
@@ -226,40 +240,101 @@ sim_status mesh_moe_scores(mesh_tape *t, mesh_var *logits, bool sigmoid, const c
 
 /* ------------------------------------------------------------ routing */
 
-/* Per token: the k experts (ties to the lowest index) and the raw weights. */
-static void route_token(const float *s, const float *bias, int64_t E, int k, bool bias_selects_only, float *sel,
-                        float *vals, int32_t *idx, float *raw)
+/* A counter-based draw (splitmix64 finaliser): the same bits for the same counter on every mesh. */
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* DeepSeek-V3's group mask (moe.py expert_group_mask): the E experts form
+ * `groups` groups of E/groups; a group's score is the float32 sum of its two
+ * largest biased scores; the `keep` best groups (ties to the lowest group)
+ * stay, the others' experts are set to -inf before the top-k. */
+static void group_mask(float *sel, int64_t E, int groups, int keep)
+{
+    int64_t per = E / groups;
+    float gs[256];
+    bool kept[256];
+    for (int g = 0; g < groups; g++) {
+        const float *r = sel + g * per;
+        int64_t a = 0;
+        for (int64_t e = 1; e < per; e++)
+            if (r[e] > r[a]) a = e; /* argmax: the lowest index among ties, as jnp.argmax */
+        float b = -INFINITY;
+        for (int64_t e = 0; e < per; e++)
+            if (e != a && r[e] > b) b = r[e];
+        gs[g] = r[a] + b;
+        kept[g] = false;
+    }
+    for (int n = 0; n < keep; n++) { /* top-k of the group scores, ties to the lowest index */
+        int best = -1;
+        for (int g = 0; g < groups; g++)
+            if (!kept[g] && (best < 0 || gs[g] > gs[best])) best = g;
+        kept[best] = true;
+    }
+    for (int g = 0; g < groups; g++)
+        if (!kept[g])
+            for (int64_t e = 0; e < per; e++) sel[g * per + e] = -INFINITY;
+}
+
+/* Per token (global index `token`): the k experts (ties to the lowest index)
+ * and the raw weights, before renormalisation and scaling. */
+static void route_token(const float *s, const float *bias, int64_t E, const mesh_moe_route_cfg *c, uint64_t token,
+                        float *sel, float *vals, int32_t *idx, float *raw)
 {
     for (int64_t e = 0; e < E; e++) sel[e] = s[e] + (bias ? bias[e] : 0.0f);
-    bk_topk_fwd(vals, idx, sel, 1, (int)E, k);
-    for (int j = 0; j < k; j++) raw[j] = bias_selects_only ? s[idx[j]] : vals[j];
+    if (c->random) { /* moe.py random_routing: k ids drawn uniformly (repeats allowed), weights = gate logits */
+        for (int j = 0; j < c->k; j++) {
+            idx[j] = (int32_t)(mix64(c->random_key ^ mix64(token * (uint64_t)c->k + (uint64_t)j)) % (uint64_t)E);
+            raw[j] = sel[idx[j]];
+        }
+        return;
+    }
+    if (c->groups > 0) group_mask(sel, E, c->groups, c->topk_groups);
+    bk_topk_fwd(vals, idx, sel, 1, (int)E, c->k);
+    for (int j = 0; j < c->k; j++) raw[j] = c->bias_selects_only ? s[idx[j]] : vals[j];
+}
+
+/* What the VJP needs to repeat the routing: the config and where the local rows start. */
+typedef struct {
+    mesh_moe_route_cfg c;
+    int64_t b0, s0, S; /* global batch row and position of the first local token; global sequence length */
+} route_saved;
+
+static uint64_t token_of(const route_saved *r, int64_t n, int64_t Sl)
+{
+    return (uint64_t)((r->b0 + n / Sl) * r->S + r->s0 + n % Sl);
 }
 
 static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_var *scores = e->in[0], *bias = e->nin > 1 ? e->in[1] : NULL, *y = e->out[0];
     const mesh_array *sa = &e->saved[0], *ba = e->nsaved > 2 ? &e->saved[2] : NULL;
+    const route_saved *rs = e->payload;
+    const mesh_moe_route_cfg *c = &rs->c;
     mesh_array *dy = &y->grad, ds, db;
-    int k = (int)e->i[0];
-    bool sig = e->i[1], sel_only = e->i[2];
-    double scaling = e->f[0];
+    int k = c->k;
     mesh_spec dss = sa->spec;
     dss.partial = dy->spec.partial;
     SIM_TRY(new_cot(t, "moe/dscores", sa->rank, sa->shape, &dss, &ds));
-    bool want_bias = bias && !sel_only && bias->needs_grad;
+    /* the weights read the biased values unless DeepSeek-V3 routing (not random) weighs by the pre-bias scores */
+    bool want_bias = bias && (c->random || !c->bias_selects_only) && bias->needs_grad;
     mesh_spec dbs;
     mesh_spec_init(&dbs, 1);
     dbs.partial = dy->spec.partial | mesh_spec_dim_axes(&sa->spec);
     if (want_bias) SIM_TRY(new_cot(t, "moe/dbias", 1, ba->shape, &dbs, &db));
     if (dy->data) {
-        int64_t E = sa->local[sa->rank - 1], N = local_rows(sa);
+        int64_t E = sa->local[sa->rank - 1], N = local_rows(sa), Sl = sa->local[1];
         float *sel = malloc((size_t)E * sizeof *sel), vals[64], raw[64];
         int32_t idx[64];
         SIM_ASSERT(k <= 64);
         const float *sv = sa->data, *g = dy->data, *bv = ba ? ba->data : NULL;
         float *o = ds.data, *bo = want_bias ? db.data : NULL;
         for (int64_t n = 0; n < N; n++) {
-            route_token(sv + n * E, bv, E, k, sel_only, sel, vals, idx, raw); /* the saved choice, recomputed */
+            route_token(sv + n * E, bv, E, c, token_of(rs, n, Sl), sel, vals, idx, raw); /* the saved choice, recomputed */
             const float *gr = g + n * k;
             double sum = 1e-20, dot = 0;
             for (int j = 0; j < k; j++) {
@@ -267,7 +342,9 @@ static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
                 dot += (double)gr[j] * raw[j];
             }
             for (int j = 0; j < k; j++) {
-                double d = sig ? scaling * ((double)gr[j] / sum - dot / (sum * sum)) : scaling * gr[j];
+                double d = c->random    ? gr[j]
+                           : c->sigmoid ? c->scaling * ((double)gr[j] / sum - dot / (sum * sum))
+                                        : c->scaling * gr[j];
                 o[n * E + idx[j]] += (float)d;
                 if (bo) bo[idx[j]] += (float)d;
             }
@@ -283,12 +360,21 @@ static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
 sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const mesh_moe_route_cfg *c,
                           const char *name, mesh_var **weights, mesh_var **indices)
 {
+    mesh_ctx *ctx = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
     tagof(t, name, tag, sizeof tag);
     int64_t E = scores->val.shape[scores->val.rank - 1];
     if (c->k < 1 || c->k > E || c->k > 64)
         return sim_err(SIM_ERR_INPUT, "%s: num_experts_per_tok=%d must be between 1 and num_experts=%lld (at most 64)",
                        tag, c->k, (long long)E);
+    if (c->groups > 0 && (c->groups > 256 || E % c->groups || E / c->groups < 2 || c->topk_groups < 1 ||
+                          c->topk_groups > c->groups || (int64_t)c->topk_groups * (E / c->groups) < c->k))
+        return sim_err(SIM_ERR_INPUT,
+                       "%s: n_routing_groups=%d, topk_routing_group=%d with num_experts=%lld and "
+                       "num_experts_per_tok=%d: group-limited routing needs n_routing_groups (at most 256) dividing "
+                       "num_experts into groups of at least 2 experts, 1 <= topk_routing_group <= n_routing_groups, "
+                       "and the kept groups holding at least num_experts_per_tok experts",
+                       tag, c->groups, c->topk_groups, (long long)E, c->k);
     mesh_spec ss = rows_spec(&scores->val.spec);
     mesh_array sa, ba;
     bool so, bo = false;
@@ -305,33 +391,80 @@ sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const 
     snprintf(iname, sizeof iname, "%s_indices", name);
     SIM_TRY(new_out(t, name, 3, shape, &os, SIM_F32, weights));
     SIM_TRY(new_out(t, iname, 3, shape, &os, SIM_I32, indices));
+    route_saved *rs = malloc(sizeof *rs);
+    SIM_ASSERT(rs);
+    rs->c = *c;
+    mesh_dim_shard sh[3];
+    mesh_spec_shard(&ss, ctx->mesh, sa.shape, sim_device_id(ctx->dev), sh);
+    rs->b0 = sh[0].offset;
+    rs->s0 = sh[1].offset;
+    rs->S = sa.shape[1];
     if (sa.data) {
-        int64_t N = local_rows(&sa);
+        int64_t N = local_rows(&sa), Sl = sa.local[1];
         float *sel = malloc((size_t)E * sizeof *sel), vals[64], raw[64];
         const float *sv = sa.data, *bv = bias ? ba.data : NULL;
         float *w = (*weights)->val.data;
         int32_t *iv = (*indices)->val.data;
         for (int64_t n = 0; n < N; n++) {
-            route_token(sv + n * E, bv, E, c->k, c->bias_selects_only, sel, vals, iv + n * c->k, raw);
+            route_token(sv + n * E, bv, E, c, token_of(rs, n, Sl), sel, vals, iv + n * c->k, raw);
             double sum = 1e-20;
             for (int j = 0; j < c->k; j++) sum += raw[j];
+            /* deepseek_scale_weights; random routing returns before it (moe.py get_topk) */
             for (int j = 0; j < c->k; j++)
-                w[n * c->k + j] = (float)((c->sigmoid ? raw[j] / sum : raw[j]) * c->scaling);
+                w[n * c->k + j] = c->random ? raw[j] : (float)((c->sigmoid ? raw[j] / sum : raw[j]) * c->scaling);
         }
         free(sel);
     }
     mesh_var *in[2] = {scores, bias};
     mesh_entry *e = mesh_tape_record(t, route_vjp, tag, bias ? 2 : 1, in, 1, weights);
     if (e) {
-        e->i[0] = c->k;
-        e->i[1] = c->sigmoid;
-        e->i[2] = c->bias_selects_only;
-        e->f[0] = c->scaling;
+        e->payload = rs;
+        e->free_payload = free;
+    } else {
+        free(rs);
     }
     keep(t, e, &sa, so);
     keep(t, e, &(*indices)->val, false);
     if (bias) keep(t, e, &ba, bo);
     return SIM_OK;
+}
+
+/* ------------------------------------------------------------ loss-free balancing */
+
+sim_status mesh_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    const mesh_array *ia = &indices->val;
+    sim_axes tok = dim_axes(&ia->spec, 0);
+    sim_axes seq = dim_axes(&ia->spec, 1);
+    for (int i = 0; i < seq.n; i++) tok.axis[tok.n++] = seq.axis[i];
+    float *acc = NULL; /* float32 counts: exact below 2^24 assignments per layer, the bytes of MaxText's int32 */
+    SIM_TRY(sim_arena_alloc(sim_device_arena(c->dev), (size_t)E * sizeof(float), SIM_MEM_TEMP, "moe/expert_counts",
+                            true, (void **)&acc));
+    if (ia->data) {
+        const int32_t *iv = ia->data;
+        for (size_t i = 0; i < ia->nlocal; i++) acc[iv[i]] += 1.0f;
+    }
+    sim_status st = SIM_OK;
+    if (tok.n) st = sim_all_reduce(c->dev, ia->data ? acc : NULL, ia->data ? acc : NULL, (size_t)E, SIM_F32, tok,
+                                   sim_meta_tag(tag));
+    if (st == SIM_OK && ia->data) memcpy(out, acc, (size_t)E * sizeof(float));
+    sim_arena_release(sim_device_arena(c->dev), acc, (size_t)E * sizeof(float), SIM_MEM_TEMP);
+    return st;
+}
+
+void mesh_moe_bias_update(float *bias, const float *counts, int64_t E, double rate)
+{
+    double total = 0;
+    for (int64_t e = 0; e < E; e++) total += counts[e];
+    const float mean = (float)(total / (double)E), r = (float)rate;
+    for (int64_t e = 0; e < E; e++) {
+        float diff = mean - counts[e];
+        float dir = diff > 0 ? 1.0f : diff < 0 ? -1.0f : 0.0f;
+        bias[e] = bias[e] + dir * r;
+    }
 }
 
 /* ------------------------------------------------------------ load-balance loss */
@@ -434,12 +567,14 @@ sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh
         free(probs);
     }
     sim_axes seq = dim_axes(&ss, 1), bat = dim_axes(&ss, 0);
-    if (seq.n) SIM_TRY(sim_all_reduce(c->dev, acc, acc, nsum, SIM_F32, seq, sim_meta_tag(tag)));
+    /* the load-balance sums stay float32 (counted as stored): a few floats per row */
+    if (seq.n) SIM_TRY(sim_all_reduce(c->dev, acc, acc, nsum, SIM_F32, seq, sim_meta_counted(sim_meta_tag(tag), SIM_F32)));
     mesh_spec os;
     mesh_spec_init(&os, 0);
     SIM_TRY(new_out(t, name, 0, NULL, &os, SIM_F32, loss));
-    /* loss = w E^2 / (B E) sum_{b,e} (cnt/S)(psum/S) */
-    double scale = weight * (double)E / ((double)B * (double)S * (double)S);
+    /* loss = w E^2 / (B E) sum_{b,e} (cnt/(S k))(psum/S): MaxText 0.2.5 divides the density by
+     * num_experts_per_tok so that it sums to 1 over the experts */
+    double scale = weight * (double)E / ((double)B * (double)S * (double)S * (double)k);
     float part = 0;
     if (sa.data) {
         double v = 0;
@@ -449,7 +584,7 @@ sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh
     }
     sim_arena_release(sim_device_arena(c->dev), acc, nsum * sizeof(float), SIM_MEM_TEMP);
     if (bat.n) SIM_TRY(sim_all_reduce(c->dev, sa.data ? &part : NULL, sa.data ? &part : NULL, 1, SIM_F32, bat,
-                                      sim_meta_tag(tag)));
+                                      sim_meta_counted(sim_meta_tag(tag), SIM_F32)));
     if ((*loss)->val.data) ((float *)(*loss)->val.data)[0] = part;
     if (io) mesh_array_free(c->dev, &ia);
     mesh_var *in[2] = {scores, bias};
@@ -459,6 +594,111 @@ sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh
     keep(t, e, &cnt, true);
     if (bias) keep(t, e, &ba, bo);
     return SIM_OK;
+}
+
+/* ------------------------------------------------------------ ring of experts: the gathers */
+
+/* Why x's layout cannot be gathered as MaxText's tiled all-gather over ep, or NULL when it can:
+ * the batch dim must end with the ep axes (in order) and no other dim may use them. */
+static const char *ring_layout(const mesh_spec *s, sim_axes ep)
+{
+    if (!ep.n) return NULL;
+    int n0 = s->n_axes[0];
+    if (n0 < ep.n) return "the tokens' batch dim is not sharded by every expert-parallel axis";
+    for (int i = 0; i < ep.n; i++)
+        if (s->axes[0][n0 - ep.n + i] != ep.axis[i])
+            return "the expert-parallel axes are not the last axes of the tokens' batch dim";
+    uint32_t epm = axes_mask(ep);
+    for (int d = 1; d < s->rank; d++)
+        if (axes_mask(dim_axes(s, d)) & epm) return "an expert-parallel axis also shards another dim of the tokens";
+    return NULL;
+}
+
+static sim_status ring_gather_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array g = y->grad;
+    y->has_grad = false;
+    /* the transpose of the all-gather: the cotangent, partial over ep (each device summed the
+     * contributions of its own experts), is reduce-scattered onto x's batch dim */
+    mesh_spec want = x->val.spec;
+    want.partial = g.spec.partial & ~(uint32_t)e->i[0];
+    char tag[SIM_TAG_MAX];
+    snprintf(tag, sizeof tag, "%.*s_bwd", (int)sizeof tag - 5, e->tag);
+    if (!mesh_spec_equal(&g.spec, &want)) {
+        sim_status st = mesh_reshard(c->dev, c->mesh, &g, &want, sim_meta_tag(tag));
+        if (st) {
+            mesh_array_free(c->dev, &g);
+            return st;
+        }
+    }
+    return mesh_tape_accumulate(t, x, &g, tag);
+}
+
+sim_status mesh_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    if (!ep.n) {
+        *out = x;
+        return SIM_OK;
+    }
+    mesh_spec s = x->val.spec;
+    const char *why = ring_layout(&s, ep);
+    if (s.partial) why = "the tokens are a partial sum";
+    if (why) {
+        char sp[256], ax[128];
+        mesh_spec_format(&s, c->mesh, sp, sizeof sp);
+        return sim_err(SIM_ERR_INPUT,
+                       "%s: use_ring_of_experts=true with tokens sharded %s and expert-parallel axes (%s): %s, so "
+                       "MaxText's tiled all-gather over the expert axes does not bring whole sequences together "
+                       "as shardsim's ring does; use rules whose activation_batch ends with the expert axis (the "
+                       "base rules do), or use_ring_of_experts=false (ragged all-to-all)",
+                       tag, sp, axes_text(c->mesh, ep, ax, sizeof ax), why);
+    }
+    s.n_axes[0] -= ep.n;
+    mesh_var *y = mesh_tape_var(t);
+    SIM_TRY(mesh_array_clone(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
+    SIM_TRY(mesh_reshard(c->dev, c->mesh, &y->val, &s, sim_meta_tag(tag)));
+    mesh_entry *e = mesh_tape_record(t, ring_gather_vjp, tag, 1, &x, 1, &y);
+    if (e) e->i[0] = axes_mask(ep);
+    *out = y;
+    return SIM_OK;
+}
+
+sim_status mesh_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    if (!ep.n) return SIM_OK;
+    mesh_spec ss = rows_spec(&scores->val.spec), bs;
+    mesh_spec_init(&bs, 1);
+    mesh_array sa, ba;
+    bool so, bo;
+    SIM_TRY(mesh_nn_operand(t, &scores->val, &ss, tag, &sa, &so));
+    SIM_TRY(mesh_nn_operand(t, &bias->val, &bs, tag, &ba, &bo));
+    int64_t E = sa.shape[sa.rank - 1], N = local_rows(&sa);
+    int k = group_of(c->mesh, ep);
+    moe_buf mine, all;
+    memset(&all, 0, sizeof all);
+    sim_status st = buf_alloc(c->dev, &mine, (size_t)(N * E) * 4, SIM_MEM_TEMP, "moe/ring_logits");
+    if (st == SIM_OK) st = buf_alloc(c->dev, &all, (size_t)(k * N * E) * 4, SIM_MEM_TEMP, "moe/ring_logits_gathered");
+    if (st == SIM_OK && sa.data) {
+        const float *sv = sa.data, *bv = ba.data;
+        float *o = mine.p;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t j = 0; j < E; j++) o[n * E + j] = sv[n * E + j] + bv[j];
+    }
+    if (st == SIM_OK) st = sim_all_gather(c->dev, mine.p, all.p, (size_t)(N * E), SIM_F32, ep, sim_meta_tag(tag));
+    sim_arena *a = sim_device_arena(c->dev);
+    buf_free(a, &all);
+    buf_free(a, &mine);
+    if (so) mesh_array_free(c->dev, &sa);
+    if (bo) mesh_array_free(c->dev, &ba);
+    return st;
 }
 
 /* ------------------------------------------------------------ the expert region */
@@ -585,6 +825,7 @@ typedef struct {
     uint32_t touched;          /* axes the region shards or communicates over */
     uint32_t p_dx, p_dw, p_dW; /* partial axes the math adds to the cotangents */
     mesh_spec ros;             /* the region's own output spec */
+    bool ring;                 /* ring of experts: ros is partial over the expert axes */
 } moe_payload;
 
 static void payload_free(void *p)
@@ -619,6 +860,19 @@ static void group_sizes(const moe_geom *g, const int64_t *cnt, int32_t *gs)
     }
 }
 
+/* The grouped FFN's cost for the step-time model: three products of the N received rows with
+ * their experts' (M, Hl) weights, every local expert's weights read once, the rows' inputs,
+ * hidden activations and outputs read or written once.  Backward makes the input and weight
+ * gradients (twice the products) and writes the weight gradients. */
+static void ffn_cost(const moe_geom *g, bool backward)
+{
+    double N = (double)g->n_recv, M = (double)g->M, H = (double)g->Hl, W = 3.0 * (double)g->XL * M * H;
+    double flops = 3.0 * 2.0 * N * M * H, el = W + N * (2.0 * M + 3.0 * H);
+    if (backward) flops *= 2.0, el = 2.0 * W + 2.0 * N * (2.0 * M + 3.0 * H);
+    char tag[SIM_TAG_MAX];
+    sim_device_add_cost(g->dev, flops, el, W, gtag(g, backward ? "ffn_bwd" : "ffn", tag, sizeof tag));
+}
+
 /* in_q (n_recv, M) [q][e] -> out_q (n_recv, Mo) [q][e]; keeps xr, h0, h1 in pl. */
 static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q, float *out_q)
 {
@@ -643,6 +897,7 @@ static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q,
         bk_grouped_gemm_fwd(y.p, act.p, op->wo, gs, (int)g->XL, (int)N, (int)Hl, (int)M);
     }
     free(gs);
+    ffn_cost(g, false);
     buf_free(g->arena, &act);
     /* the hidden-sharded product is summed over the whole static buffer, as
      * XLA does with MaxText's fixed-size (worst-case) gmm output */
@@ -704,6 +959,7 @@ static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_
         bk_grouped_gemm_bwd(dxr.p, dw1, dh1.p, pl->xr.p, op->w1, gs, (int)g->XL, (int)N, (int)M, (int)Hl);
         free(gs);
     }
+    if (st == SIM_OK) ffn_cost(g, true);
     if (st == SIM_OK) permute_rows(g, g->cnt_recv, din_q, dxr.p, M, false);
     buf_free(g->arena, &dxr);
     buf_free(g->arena, &dh1);
@@ -757,7 +1013,7 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
     /* 1. count and sort the assignments by (owner rank, local expert) */
     g->cnt_send = calloc((size_t)GX, sizeof *g->cnt_send);
     g->cnt_recv = calloc((size_t)GX, sizeof *g->cnt_recv);
-    SIM_TRY(buf_alloc(d, &pl->slot, (size_t)A * 4, SIM_MEM_ACTIVATIONS, "moe/sorted_rows"));
+    SIM_TRY(buf_alloc_dt(d, &pl->slot, (size_t)A * 4, SIM_I32, SIM_MEM_ACTIVATIONS, "moe/sorted_rows"));
     if (g->live) {
         for (int64_t a = 0; a < A; a++) {
             int32_t e = op->idx[a];
@@ -925,13 +1181,13 @@ static sim_status dense_slots(moe_payload *pl, const moe_ops *op)
 {
     moe_geom *g = &pl->g;
     int64_t k = g->k, S = g->S;
-    SIM_TRY(buf_alloc(g->dev, &pl->slot, (size_t)g->A * 4, SIM_MEM_ACTIVATIONS, "moe/slots"));
+    SIM_TRY(buf_alloc_dt(g->dev, &pl->slot, (size_t)g->A * 4, SIM_I32, SIM_MEM_ACTIVATIONS, "moe/slots"));
     moe_buf full;
     memset(&full, 0, sizeof full);
     const int32_t *idx = op->idx;
     char tag[SIM_TAG_MAX];
     if (g->seq.n) {
-        SIM_TRY(buf_alloc(g->dev, &full, (size_t)(g->Bl * S * k) * 4, SIM_MEM_TEMP, "moe/indices_gathered"));
+        SIM_TRY(buf_alloc_dt(g->dev, &full, (size_t)(g->Bl * S * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/indices_gathered"));
         sim_status st = sim_all_gather_dim(g->dev, op->idx, full.p, (size_t)g->Bl, (size_t)(g->Sl * k), 1, SIM_I32,
                                            g->seq, sim_meta_tag(gtag(g, "capacity_positions", tag, sizeof tag)));
         if (st) {
@@ -1182,7 +1438,7 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
     uint32_t P = want.partial;
     char tag[SIM_TAG_MAX];
     if (!mesh_spec_equal(&dy->spec, &want))
-        SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &want, sim_meta_tag(gtag(g, "out_bwd", tag, sizeof tag))));
+        SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &want, sim_meta_tag(gtag(g, pl->ring ? "ring_reduce_scatter_bwd" : "out_bwd", tag, sizeof tag))));
     mesh_spec xs = pl->ros, ws = wa->spec, w0s = w0a->spec, w1s = w1a->spec, wos = woa->spec;
     xs.n_axes[2] = 0;
     xs.partial = P | pl->p_dx;
@@ -1244,6 +1500,9 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
                        "experts' hidden dim; use a base_moe_mlp_dim divisible by it or a smaller ici_tensor_parallelism",
                        tag, (long long)H, hk, axes_text(m, h, ax, sizeof ax));
     bool dense = c->capacity > 0;
+    if (c->ring && (dense || (tok & epm)))
+        return sim_err(SIM_ERR_INTERNAL, "%s: the ring of experts runs on the sparse path with tokens gathered over "
+                       "the expert axes (mesh_moe_ring_gather)", tag);
     uint32_t tokset = dense ? batch : tok;
     mesh_spec wis, wos;
     mesh_spec_init(&wis, 3);
@@ -1296,6 +1555,7 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     if (dense) g->C = c->capacity;
     int64_t per = k < g->XL ? k : g->XL;
     g->cap = (int64_t)g->G * g->T * per; /* dropless worst case, as MaxText sizes its receive buffer */
+    if (c->ring) g->cap = g->A; /* the ring sorts every assignment of the gathered rows (moe.py permute) */
     geom_owners(g, m, c->ep);
     pl->touched = tok | epm | axes_mask(h);
     uint32_t hmask = axes_mask(h), rep = axes_mask(g->ep_rep);
@@ -1310,12 +1570,14 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     }
     pl->ros = xs;
     if (g->rs) set_axes(&pl->ros, 2, h);
+    pl->ring = c->ring;
+    if (c->ring) pl->ros.partial = rep; /* each device's sum over its own experts: reduce-scattered below */
 
     int64_t oshape[3] = {B, S, M};
     sim_status st = new_out(t, name, 3, oshape, &pl->ros, SIM_F32, out);
     moe_ops op = {xa.data, wa.data, ia.data, w0a.data, w1a.data, woa.data};
     if (st == SIM_OK) st = dense ? dense_fwd(pl, &op, (*out)->val.data) : sparse_fwd(pl, &op, (*out)->val.data);
-    if (st == SIM_OK && g->ep_rep.n && !dense)
+    if (st == SIM_OK && g->ep_rep.n && !dense && !c->ring)
         st = sim_all_reduce(dev, (*out)->val.data, (*out)->val.data, (*out)->val.nlocal, SIM_F32, g->ep_rep,
                             sim_meta_tag(gtag(g, "expert_sum", ax, sizeof ax)));
     if (xo) mesh_array_free(dev, &xa);
@@ -1324,8 +1586,20 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
         return st;
     }
     /* MaxText's out_specs: the output leaves the region in the caller's sharding */
-    if (!mesh_spec_equal(&pl->ros, &c->out)) {
-        sim_meta meta = {gtag(g, "out", ax, sizeof ax), ctx->mode == MESH_MODE_AUTO};
+    if (c->ring && c->output_dead && !mesh_spec_equal(&pl->ros, &c->out)) {
+        mesh_array z;
+        st = mesh_array_new(dev, m, (*out)->val.name, 3, oshape, &c->out, SIM_F32, SIM_MEM_ACTIVATIONS, &z);
+        if (st) {
+            payload_free(pl);
+            return st;
+        }
+        if (z.data) memset(z.data, 0, z.nlocal * sizeof(float));
+        mesh_array_free(dev, &(*out)->val);
+        (*out)->val = z;
+    } else if (!mesh_spec_equal(&pl->ros, &c->out)) {
+        /* the ring's combine is MaxText's psum_scatter over the expert axes: asked for, not planned */
+        const char *otag = gtag(g, c->ring ? "ring_reduce_scatter" : "out", ax, sizeof ax);
+        sim_meta meta = ctx->mode == MESH_MODE_AUTO && !c->ring ? sim_meta_implicit(otag) : sim_meta_tag(otag);
         SIM_TRY(mesh_reshard(dev, m, &(*out)->val, &c->out, meta));
     }
     mesh_var *in[5] = {x, weights, w0, w1, wo};

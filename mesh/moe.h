@@ -32,6 +32,9 @@
 
 #include "mesh/tape.h"
 
+/* routed_score_func: "" (the raw gate logits), "sigmoid", "softmax". */
+typedef enum { MESH_MOE_SCORE_NONE = 0, MESH_MOE_SCORE_SIGMOID, MESH_MOE_SCORE_SOFTMAX } mesh_moe_score;
+
 /* scores (B, S, E) = sigmoid(logits) or softmax(logits) over E. */
 sim_status mesh_moe_scores(mesh_tape *t, mesh_var *logits, bool sigmoid, const char *name, mesh_var **scores);
 
@@ -40,23 +43,51 @@ typedef struct {
     bool sigmoid;           /* routed_score_func sigmoid: weights divided by their sum (+1e-20) */
     double scaling;         /* routed_scaling_factor */
     bool bias_selects_only; /* DeepSeek-V3 routing: bias only ranks, weights are the pre-bias scores */
+    int groups;             /* n_routing_groups: > 0 limits the top-k to the best topk_groups groups; 0 = off */
+    int topk_groups;        /* topk_routing_group */
+    bool random;            /* use_random_routing: k experts drawn uniformly per token, weights = biased scores */
+    uint64_t random_key;    /* its draws: a function of (key, global token index, slot) only */
 } mesh_moe_route_cfg;
 
 /* Top-k routing of scores (B, S, E) with an optional bias (E) (NULL: none):
  * weights (B, S, k) on the tape and indices (B, S, k) int32 (a tape value
- * without gradient).  Both take the scores' (B, S) sharding. */
+ * without gradient).  Both take the scores' (B, S) sharding.  With groups,
+ * the experts outside the topk_groups groups of best top-2 sum (of the biased
+ * scores) are masked first (DeepSeek-V3, moe.py expert_group_mask).  Random
+ * routing returns the biased scores at the drawn experts, neither
+ * renormalised nor scaled (moe.py get_topk returns before
+ * deepseek_scale_weights). */
 sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const mesh_moe_route_cfg *c,
                           const char *name, mesh_var **weights, mesh_var **indices);
 
-/* Load-balance loss (facts §6.4): probs = softmax(scores + bias) over E,
- * density = per-sequence fraction of assignments to each expert, and
- * loss = mean_{B,E}(density * mean_S probs) * E^2 * weight, over the whole
- * batch (a replicated scalar). */
+/* Load-balance loss as MaxText 0.2.5 computes it (moe.py load_balance_loss):
+ * probs = softmax(scores + bias) over E (bias NULL: of the scores alone, the
+ * sparse path's pre-bias scores), density = per-sequence count of assignments
+ * to each expert / (S k) (0.2.5 divides by num_experts_per_tok; e591f30c did
+ * not), and loss = mean_{B,E}(density * mean_S probs) * E^2 * weight, over
+ * the whole batch (a replicated scalar). */
 sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
                             const char *name, mesh_var **loss);
 
+/* Loss-free balancing's statistic (moe.py calculate_expert_counts): how many
+ * of the batch's assignments in indices (B, S, k) went to each of E experts,
+ * summed over the token axes (an all-reduce of E int32-sized counts, as
+ * MaxText's psum over the batch axes); out (E) on every device (untouched in
+ * a dry run). */
+sim_status mesh_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out);
+
+/* The bias update of one layer (moe.py load_balance_updates_from_counts),
+ * in float32 as MaxText: bias[e] += rate * sign(sum(counts) / E - counts[e]). */
+void mesh_moe_bias_update(float *bias, const float *counts, int64_t E, double rate);
+
 typedef struct {
     sim_axes ep;            /* expert-parallel axes: they shard the experts dim of the weights, in order */
+    bool ring;              /* use_ring_of_experts: x, weights and indices come gathered over ep
+                             * (mesh_moe_ring_gather); each device runs its own experts on every
+                             * row and the output is reduce-scattered over ep onto `out` */
+    bool output_dead;       /* ring, remat's recomputation in backward: nothing reads the output's
+                             * value (only its cotangent flows), so XLA drops the reduce-scatter;
+                             * the output is zeros in `out`'s sharding and nothing moves */
     sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
     int64_t capacity;       /* dense path: slots per expert per sequence (mesh_moe_capacity); 0: sparse */
     mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */
@@ -71,6 +102,25 @@ typedef struct {
  * the fix when the experts or the hidden dim do not divide. */
 sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
                             mesh_var *w1, mesh_var *wo, const mesh_moe_cfg *c, const char *name, mesh_var **out);
+
+/* Ring of experts (MaxText's use_ring_of_experts, moe.py roe_ag_and_route):
+ * out (B, S, W) = x all-gathered over the expert-parallel axes ep on the
+ * batch dim (tiled, group rank order), as jax.lax.all_gather(tiled=True)
+ * inside MaxText's shard_map; its VJP reduce-scatters the cotangent back
+ * (the all-gather's transpose).  x's batch dim must end with the ep axes, in
+ * order, and no other dim may use them (then the gather is exactly the
+ * resharding that drops them); otherwise an error names
+ * use_ring_of_experts and the layout. */
+sim_status mesh_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out);
+
+/* MaxText's ring also all-gathers the biased router logits next to the
+ * pre-bias ones (DeepSeek-V3 routing ranks experts by scores + bias): this
+ * computes scores + bias (E) on the local rows and all-gathers them over ep,
+ * a real collective with its bytes counted.  The gathered values are not kept:
+ * mesh_moe_route adds the same bias to the gathered scores, which gives the
+ * same floats.  Nothing is recorded on the tape (the selection has no
+ * gradient, so MaxText's backward has no reduce-scatter for it either). */
+sim_status mesh_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name);
 
 /* The dense path's per-sequence capacity for S tokens, k of E experts. */
 int64_t mesh_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor);

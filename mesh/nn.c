@@ -38,7 +38,8 @@ sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec 
     mesh_reshard_cache *cache = mesh_tape_cache(t);
     if (mesh_reshard_cache_get(cache, src, &src->spec, spec, out)) return SIM_OK;
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, src, src->name, SIM_MEM_ACTIVATIONS, out));
-    sim_meta meta = {tag, c->mode == MESH_MODE_AUTO};
+    sim_meta meta = c->mode == MESH_MODE_AUTO ? sim_meta_implicit(tag) : sim_meta_tag(tag);
+    meta.weight = src->cat == SIM_MEM_PARAMS;
     sim_status st = mesh_reshard(c->dev, c->mesh, out, spec, meta);
     if (st) {
         mesh_array_free(c->dev, out);
@@ -188,7 +189,9 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
     norm_job J = {xa->data, dy->data, sa->data, dot.data, rstd->data, dx.data, NULL, NULL, C, E, 0, NORM_GRAIN};
     if (dy->data) bk_parallel_for(N, NORM_GRAIN, norm_dot_rows, &J);
     char tag[SIM_TAG_MAX];
-    if (xe.n) SIM_TRY(sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe, sim_meta_tag(mesh_tape_tag(t, "rmsnorm/bwd_sum", tag, sizeof tag))));
+    if (xe.n)
+        SIM_TRY(sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe,
+                               mesh_array_meta(&dot, sim_meta_tag(mesh_tape_tag(t, "rmsnorm/bwd_sum", tag, sizeof tag)))));
     if (dy->data) {
         /* dscale sums over rows: per-chunk partial sums added in chunk order, so the
          * result does not depend on how many threads ran the chunks */
@@ -228,11 +231,13 @@ sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double ep
     mesh_spec_init(&rs, r - 1);
     for (int d = 0; d < r - 1; d++) set_dim(&rs, d, &xs, d);
     SIM_TRY(mesh_array_new(c->dev, c->mesh, "rmsnorm/rstd", r - 1, xa.shape, &rs, SIM_F32, SIM_MEM_ACTIVATIONS, &rstd));
+    /* MaxText's RMSNorm casts x to float32 for the mean of squares (layers/normalizations.py) */
+    mesh_array_recount(c->dev, &rstd, SIM_F32);
     int64_t N = local_rows(&xa), C = xa.local[r - 1];
     norm_job J = {xa.data, NULL, sa.data, NULL, rstd.data, (*y)->val.data, NULL, NULL, C, (double)E, eps, 0};
     if (xa.data) bk_parallel_for(N, NORM_GRAIN, norm_sumsq_rows, &J);
     sim_axes xe = dim_axes(&xs, r - 1);
-    if (xe.n) SIM_TRY(sim_all_reduce(c->dev, rstd.data, rstd.data, rstd.nlocal, SIM_F32, xe, sim_meta_tag(tag)));
+    if (xe.n) SIM_TRY(sim_all_reduce(c->dev, rstd.data, rstd.data, rstd.nlocal, SIM_F32, xe, mesh_array_meta(&rstd, sim_meta_tag(tag))));
     if (xa.data) bk_parallel_for(N, NORM_GRAIN, norm_apply_rows, &J);
     mesh_var *in[2] = {x, scale};
     mesh_entry *e = mesh_tape_record(t, rmsnorm_vjp, tag, 2, in, 1, y);
@@ -313,6 +318,20 @@ static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const me
     return d;
 }
 
+/* Attention's cost for the step-time model: QK^T and PV over the causal half of the score
+ * matrix (a flash kernel skips the masked blocks), and q, k, v and the output read or written
+ * once.  Backward recomputes the scores and makes dV, dP, dQ, dK: 2.5 times the forward's
+ * products, and twice its elements (the cotangents). */
+static void attention_cost(sim_device *dev, const mesh_array *q, const mesh_array *k, const mesh_array *v,
+                           bool backward, const char *tag)
+{
+    double B = (double)q->local[0], Tq = (double)q->local[1], Tk = (double)k->local[1], H = (double)q->local[2];
+    double flops = 2.0 * B * H * Tq * Tk * (double)(q->local[3] + v->local[3]) * 0.5;
+    double el = (double)q->nlocal + (double)k->nlocal + (double)v->nlocal + B * Tq * H * (double)v->local[3];
+    if (backward) flops *= 2.5, el *= 2.0;
+    sim_device_add_cost(dev, flops, el, 0.0, tag);
+}
+
 static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_var *q = e->in[0], *k = e->in[1], *v = e->in[2], *y = e->out[0];
@@ -329,6 +348,7 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dq", 4, qa->shape, &qs, &dq));
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
+    attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, true, e->tag);
     if (dy->data) {
         bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2]);
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
@@ -432,6 +452,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
         else
             bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
+    attention_cost(c->dev, &qa, &ka, &va, false, tag);
     mesh_var *in[3] = {q, k, v};
     mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
     if (e) e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap;
@@ -553,6 +574,13 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
     SIM_TRY(mesh_nn_operand(t, targets, &ts, tag, &tg, &tgo));
     SIM_TRY(new_out(t, name, 2, targets->shape, &ts, loss));
     SIM_TRY(mesh_array_new(c->dev, c->mesh, "xent/lse", 2, targets->shape, &ts, SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
+    /* the loss, its row sums and their collectives have the logits' dtype (float32 after
+     * cast_logits_to_fp32, MaxText's default) */
+    if (logits->val.counted_fixed) {
+        mesh_array_recount(c->dev, &(*loss)->val, logits->val.counted);
+        mesh_array_recount(c->dev, &lse, logits->val.counted);
+    }
+    sim_meta rows_meta = mesh_array_meta(&logits->val, sim_meta_tag(tag));
     sim_axes xv = dim_axes(&ls, 2);
     int k = sim_mesh_group_size(sim_machine_mesh(sim_device_machine(c->dev)), xv);
     int64_t N = (int64_t)tg.nlocal, V = la.local[2];
@@ -570,7 +598,7 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
     }
     if (xv.n) {
         /* global row max: gather every shard's maxima (k floats per row) and take the largest */
-        SIM_TRY(sim_all_gather(c->dev, mloc, m, (size_t)N, SIM_F32, xv, sim_meta_tag(tag)));
+        SIM_TRY(sim_all_gather(c->dev, mloc, m, (size_t)N, SIM_F32, xv, rows_meta));
         if (la.data)
             for (int64_t n = 0; n < N; n++) {
                 float best = m[n];
@@ -582,7 +610,8 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
         bk_xent_row_sumexp(st, la.data, mloc, (int)N, (int)V);
         bk_xent_pick_target(st + N, la.data, tg.data, (int)N, (int)V, (int)sh[2].offset);
     }
-    if (xv.n) SIM_TRY(sim_all_reduce(c->dev, st, st, 2 * (size_t)N, SIM_F32, xv, sim_meta_tag(tag)));
+    if (xv.n)
+        SIM_TRY(sim_all_reduce(c->dev, st, st, 2 * (size_t)N, SIM_F32, xv, rows_meta));
     if (la.data) bk_xent_combine((*loss)->val.data, lse.data, mloc, st, st + N, (int)N, (float)z_loss);
     free(mloc);
     sim_arena_release(sim_device_arena(c->dev), m, scratch, SIM_MEM_TEMP);
@@ -751,6 +780,113 @@ sim_status mesh_nn_unstack2(mesh_tape *t, mesh_var *x, int dim, const char *name
     return SIM_OK;
 }
 
+/* ------------------------------------------------------------ split inside each shard */
+
+enum { SPLIT_MAX = 2 }; /* a tape entry has at most two outputs */
+
+/* Copies between x's local block (outer, sum of w[j], inner) and the parts (outer, w[j], inner). */
+static void split_copy(float *x, float *const *parts, int n, const int64_t *w, int64_t outer, int64_t inner,
+                       bool to_parts)
+{
+    int64_t total = 0;
+    for (int j = 0; j < n; j++) total += w[j];
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t at = 0;
+        for (int j = 0; j < n; j++) {
+            float *xs = x + (size_t)(o * total + at) * (size_t)inner, *ps = parts[j] + (size_t)(o * w[j]) * (size_t)inner;
+            size_t len = (size_t)(w[j] * inner);
+            if (to_parts)
+                memcpy(ps, xs, len * sizeof *x);
+            else
+                for (size_t i = 0; i < len; i++) xs[i] += ps[i];
+            at += w[j];
+        }
+    }
+}
+
+static sim_status split_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0];
+    int dim = (int)e->i[0], n = e->nout;
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "split/dx", tag, sizeof tag);
+    uint32_t P = 0;
+    for (int j = 0; j < n; j++)
+        if (e->out[j]->has_grad) P |= e->out[j]->grad.spec.partial;
+    mesh_spec ps = x->val.spec;
+    ps.partial = P;
+    mesh_array g[SPLIT_MAX];
+    float *gd[SPLIT_MAX];
+    int64_t w[SPLIT_MAX];
+    for (int j = 0; j < n; j++) {
+        mesh_var *y = e->out[j];
+        if (y->has_grad) {
+            g[j] = y->grad;
+            y->has_grad = false;
+            if (!mesh_spec_equal(&g[j].spec, &ps)) SIM_TRY(mesh_reshard(c->dev, c->mesh, &g[j], &ps, sim_meta_tag(tag)));
+        } else
+            SIM_TRY(new_cot(t, "split/zero", y->val.rank, y->val.shape, &ps, &g[j]));
+        gd[j] = g[j].data;
+        w[j] = g[j].local[dim];
+    }
+    mesh_array dx;
+    SIM_TRY(new_cot(t, "split/dx", x->val.rank, x->val.shape, &ps, &dx));
+    if (dx.data) {
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < dim; d++) outer *= dx.local[d];
+        for (int d = dim + 1; d < dx.rank; d++) inner *= dx.local[d];
+        split_copy(dx.data, gd, n, w, outer, inner, false);
+    }
+    for (int j = 0; j < n; j++) mesh_array_free(c->dev, &g[j]);
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+sim_status mesh_nn_split_local(mesh_tape *t, mesh_var *x, int dim, int n, const int64_t *sizes, const char *name,
+                               mesh_var **ys)
+{
+    SIM_ASSERT(dim >= 0 && dim < x->val.rank && n >= 1 && n <= SPLIT_MAX);
+    mesh_ctx *c = mesh_tape_ctx(t);
+    int64_t shards = 1, total = 0;
+    for (int i = 0; i < x->val.spec.n_axes[dim]; i++) shards *= c->mesh->sizes[x->val.spec.axes[dim][i]];
+    for (int j = 0; j < n; j++) {
+        if (sizes[j] % shards)
+            return sim_err(SIM_ERR_INPUT,
+                           "%s: part %d of dim %d has %lld entries, which %lld shards of that dim cannot split evenly "
+                           "(each shard splits its own block); change the mesh or the sizes",
+                           name, j, dim, (long long)sizes[j], (long long)shards);
+        total += sizes[j];
+    }
+    SIM_ASSERT(total == x->val.shape[dim]);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0;
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    float *pd[SPLIT_MAX];
+    int64_t w[SPLIT_MAX];
+    for (int j = 0; j < n; j++) {
+        int64_t shape[MESH_SPEC_MAX_RANK];
+        memcpy(shape, xa.shape, sizeof(int64_t) * (size_t)xa.rank);
+        shape[dim] = sizes[j];
+        SIM_TRY(new_out(t, name, xa.rank, shape, &s, &ys[j]));
+        pd[j] = ys[j]->val.data;
+        w[j] = sizes[j] / shards;
+    }
+    if (xa.data) {
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < dim; d++) outer *= xa.local[d];
+        for (int d = dim + 1; d < xa.rank; d++) inner *= xa.local[d];
+        split_copy(xa.data, pd, n, w, outer, inner, true);
+    }
+    mesh_entry *e = mesh_tape_record(t, split_vjp, tag, 1, &x, n, ys);
+    if (e) e->i[0] = dim;
+    if (xo) mesh_array_free(c->dev, &xa);
+    return SIM_OK;
+}
+
 /* ------------------------------------------------------------ dropout */
 
 /* The global offsets of this device's block of a (shape, spec) array. */
@@ -835,6 +971,7 @@ sim_status mesh_nn_mean(mesh_tape *t, mesh_var *x, const char *name, mesh_var **
     /* the local sum is one addend per block: partial over the axes that split x (and x's own partial axes) */
     s.partial = mesh_spec_dim_axes(&x->val.spec) | x->val.spec.partial;
     SIM_TRY(new_out(t, name, 0, NULL, &s, out));
+    if (x->val.counted_fixed) mesh_array_recount(c->dev, &(*out)->val, x->val.counted); /* the input's dtype */
     if (x->val.data) {
         double acc = 0;
         const float *v = x->val.data;

@@ -60,6 +60,14 @@ sim_status mesh_nn_softcap(mesh_tape *t, mesh_var *x, double a, double cap, cons
  * gathered if sharded; the slices keep x's other shardings): fused_mlp's wi output. */
 sim_status mesh_nn_unstack2(mesh_tape *t, mesh_var *x, int dim, const char *name, mesh_var **y0, mesh_var **y1);
 
+/* x split along `dim` into n parts inside each shard, as a shard_map body splits its local block
+ * (fused_qkv's split_qkv): with k shards on that dim, part j takes sizes[j]/k consecutive
+ * entries of every local block, so globally part j is the concatenation over shards of their
+ * j-th pieces.  Each part keeps x's spec (partial axes summed first); sizes[j] must divide by k
+ * and add up to the dim.  n is 1 or 2 (a tape entry's outputs): split three ways in two steps. */
+sim_status mesh_nn_split_local(mesh_tape *t, mesh_var *x, int dim, int n, const int64_t *sizes, const char *name,
+                               mesh_var **ys);
+
 /* Dropout (flax semantics) with a mesh-independent mask: one draw per global index of x without
  * dim `bcast` (bk_dropout.h), from `key`; rate 0 returns x itself.  Same sharding as x. */
 sim_status mesh_nn_dropout(mesh_tape *t, mesh_var *x, double rate, uint64_t key, int bcast, const char *name,

@@ -248,8 +248,7 @@ static mesh_spec work_spec(const mesh_ctx *ctx, const mesh_spec *s)
 
 static sim_meta op_meta(const mesh_ctx *ctx, const char *tag)
 {
-    sim_meta m = {tag, ctx->mode == MESH_MODE_AUTO};
-    return m;
+    return ctx->mode == MESH_MODE_AUTO ? sim_meta_implicit(tag) : sim_meta_tag(tag);
 }
 
 static sim_status check_f32(const char *tag, const char *op, const mesh_array *x)
@@ -280,12 +279,20 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     if (mesh_spec_equal(work, to)) return SIM_OK;
     if (ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
     size_t bytes = x->nlocal * sim_dtype_size(x->dtype);
+    /* the copy is the operand as the kernel reads it: a weight counted in
+     * weight_dtype is copied in the activation dtype, as MaxText's
+     * DenseGeneral casts the kernel to `dtype` before the dot (layers/linears.py),
+     * so the gather that follows moves dtype bytes */
+    sim_dtype counted = x->counted_fixed ? x->counted : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
     void *data = NULL;
-    SIM_TRY(sim_arena_alloc(sim_device_arena(ctx->dev), bytes, SIM_MEM_TEMP, x->name, false, &data));
+    SIM_TRY(sim_arena_alloc_counted(sim_device_arena(ctx->dev), bytes, x->nlocal * sim_dtype_size(counted),
+                                    SIM_MEM_TEMP, x->name, false, &data));
     if (data && x->data) memcpy(data, x->data, bytes);
     out->arr.data = data;
+    out->arr.counted = counted;
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
+    meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */
     sim_status st = mesh_reshard(ctx->dev, ctx->mesh, &out->arr, to, meta);
     if (st != SIM_OK) {
         mesh_array_free(ctx->dev, &out->arr);
@@ -767,6 +774,23 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
     return SIM_OK;
 }
 
+/* The local product's cost for the step-time model: 2 FLOPs per multiply-add over every index
+ * (local sizes), and the elements read and written (operands and output). */
+static void einsum_cost(mesh_ctx *ctx, const char *sub, const mesh_array *a, const mesh_array *b,
+                        const mesh_array *out, bool a_weight, bool b_weight, const char *tag)
+{
+    int64_t size[128] = {0};
+    const char *comma = strchr(sub, ',');
+    for (int i = 0; i < a->rank && sub[i] != ','; i++) size[(unsigned char)sub[i] & 127] = (int64_t)a->local[i];
+    for (int i = 0; comma && i < b->rank && comma[1 + i] && comma[1 + i] != '-'; i++)
+        size[(unsigned char)comma[1 + i] & 127] = (int64_t)b->local[i];
+    double flops = 2.0;
+    for (int c = 0; c < 128; c++)
+        if (size[c] > 0) flops *= (double)size[c];
+    double wel = (a_weight ? (double)a->nlocal : 0.0) + (b_weight ? (double)b->nlocal : 0.0);
+    sim_device_add_cost(ctx->dev, flops, (double)a->nlocal + (double)b->nlocal + (double)out->nlocal, wel, tag);
+}
+
 sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
                        const mesh_spec *out_sharding, const char *name, sim_mem_cat out_cat, mesh_array *out,
                        mesh_einsum_info *info)
@@ -837,6 +861,7 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     if (st != SIM_OK) goto done;
     if (out->data && sa.arr.data && sb.arr.data)
         bk_einsum(sub, out->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 0.0f);
+    einsum_cost(ctx, sub, &sa.arr, &sb.arr, out, a->cat == SIM_MEM_PARAMS, b->cat == SIM_MEM_PARAMS, tag);
     if (info) {
         memset(info, 0, sizeof *info);
         snprintf(info->subscripts, sizeof info->subscripts, "%s", sub);
@@ -1532,7 +1557,8 @@ static sim_status reshard_as(mesh_ctx *ctx, mesh_array *a, const mesh_spec *spec
     mesh_spec t;
     SIM_TRY(mesh_spec_fit_rank(spec, a->rank, a->name, &t));
     SIM_TRY(mesh_spec_check(&t, ctx->mesh));
-    sim_meta meta = {tag, implicit};
+    sim_meta meta = implicit ? sim_meta_implicit(tag) : sim_meta_tag(tag);
+    meta.weight = a->cat == SIM_MEM_PARAMS;
     return mesh_reshard(ctx->dev, ctx->mesh, a, &t, meta);
 }
 

@@ -328,7 +328,8 @@ static int block_index(sim_device *d, sim_axes axes, const mesh_shape *m)
 sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p, mesh_array *a, sim_meta meta)
 {
     sim_arena *arena = sim_device_arena(d);
-    size_t es = sim_dtype_size(a->dtype);
+    size_t es = sim_dtype_size(a->dtype), cs = sim_dtype_size(a->counted);
+    meta = mesh_array_meta(a, meta);
     for (int i = 0; i < p->n; i++) {
         const mesh_step *s = &p->step[i];
         int64_t outer = prod(s->local_in, 0, s->dim < 0 ? 0 : s->dim);
@@ -337,7 +338,7 @@ sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p,
         size_t n_out = (size_t)prod(s->local_out, 0, p->rank);
         void *out = a->data;
         bool fresh = s->kind != MESH_STEP_ALL_REDUCE && s->kind != MESH_STEP_MAKE_PARTIAL;
-        if (fresh) SIM_TRY(sim_arena_alloc(arena, n_out * es, a->cat, a->name, false, &out));
+        if (fresh) SIM_TRY(sim_arena_alloc_counted(arena, n_out * es, n_out * cs, a->cat, a->name, false, &out));
         sim_status st = SIM_OK;
         switch (s->kind) {
         case MESH_STEP_SLICE:
@@ -375,10 +376,10 @@ sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p,
         }
         if (fresh) {
             if (st != SIM_OK) {
-                sim_arena_release(arena, out, n_out * es, a->cat);
+                sim_arena_release_counted(arena, out, n_out * es, n_out * cs, a->cat);
                 return st;
             }
-            sim_arena_release(arena, a->data, a->nlocal * es, a->cat);
+            sim_arena_release_counted(arena, a->data, a->nlocal * es, a->nlocal * cs, a->cat);
             a->data = out;
         }
         SIM_TRY(st);

@@ -175,10 +175,12 @@ void mesh_local_add(mesh_array *y, const mesh_array *x)
 }
 
 /* g resharded to spec `to` (dims and partial set). */
-static sim_status reshard_to(mesh_tape *t, mesh_array *g, const mesh_spec *to, const char *tag)
+static sim_status reshard_to(mesh_tape *t, mesh_array *g, const mesh_spec *to, const char *tag, bool weight)
 {
     if (mesh_spec_equal(&g->spec, to)) return SIM_OK;
-    return mesh_reshard(t->ctx->dev, t->ctx->mesh, g, to, sim_meta_tag(tag));
+    sim_meta meta = sim_meta_tag(tag);
+    meta.weight = weight; /* a weight gradient's reduction: deferred by XLA, off the critical path */
+    return mesh_reshard(t->ctx->dev, t->ctx->mesh, g, to, meta);
 }
 
 /* The spec a cotangent of v is brought to before use: v's dims, plus the
@@ -196,6 +198,10 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
         mesh_array_free(t->ctx->dev, g);
         return SIM_OK;
     }
+    /* a cotangent has its primal's dtype: a value counted in a fixed dtype
+     * (float32 logits, say) has a gradient counted in it too */
+    if (v->val.counted_fixed && (g->counted != v->val.counted || !g->counted_fixed))
+        mesh_array_recount(t->ctx->dev, g, v->val.counted);
     char leaf_tag[SIM_TAG_MAX];
     mesh_spec to;
     if (v->sink) {
@@ -215,8 +221,9 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
         to = v->grad.spec;
         to.partial |= g->spec.partial & ~mesh_spec_dim_axes(&to);
     }
-    sim_status st = reshard_to(t, g, &to, tag);
-    if (st == SIM_OK && v->has_grad) st = reshard_to(t, &v->grad, &to, tag); /* widening: free make-partial */
+    bool weight = v->sink != NULL;
+    sim_status st = reshard_to(t, g, &to, tag, weight);
+    if (st == SIM_OK && v->has_grad) st = reshard_to(t, &v->grad, &to, tag, weight); /* widening: free make-partial */
     if (st != SIM_OK) {
         mesh_array_free(t->ctx->dev, g);
         return st;
@@ -238,7 +245,7 @@ static sim_status flush_leaves(mesh_tape *t)
         if (!v->sink || !v->has_grad) continue;
         char tag[SIM_TAG_MAX];
         sim_str_put(tag, sizeof tag, sim_str_put(tag, sizeof tag, 0, "grad/", 5), v->sink->name, 80);
-        SIM_TRY(reshard_to(t, &v->grad, &v->sink->spec, tag));
+        SIM_TRY(reshard_to(t, &v->grad, &v->sink->spec, tag, true));
         mesh_local_add(v->sink, &v->grad);
         free_grad(t, v);
     }
@@ -260,7 +267,7 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
             mesh_var *y = e->out[o];
             if (!y->has_grad) continue;
             mesh_spec to = canonical(y, y->grad.spec.partial);
-            st = reshard_to(t, &y->grad, &to, e->tag);
+            st = reshard_to(t, &y->grad, &to, e->tag, false);
         }
         if (st == SIM_OK) {
             char name[SIM_TAG_MAX];

@@ -69,6 +69,7 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
     for (int which = 0; which < (with_opt ? 3 : 1); which++)
         for (int i = 0; i < n; i++) {
             if (which == 2 && !params[i].v) continue; /* opt_type=muon: a Muon leaf has no nu */
+            if (which && params[i].def.state_var) continue; /* MoEBiasVar: no optimizer state */
             for (int l = 0; l < model_param_def_tensors(&params[i].def); l++) {
                 model_param_tensor_view(&params[i], l, &t[k].view);
                 snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], t[k].view.def.path);
@@ -543,6 +544,26 @@ static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uin
     return SIM_OK;
 }
 
+/* The "step" of the header's __metadata__: the training step the state was
+ * saved after (-1 when absent or not a decimal count). */
+static long long ck_meta_step(const mesh_json *root)
+{
+    const mesh_json *md = mesh_json_get(root, "__metadata__"), *sv = md ? mesh_json_get(md, "step") : NULL;
+    if (!sv || sv->kind != MESH_JSON_STRING || !*sv->str) return -1;
+    for (const char *c = sv->str; *c; c++)
+        if (*c < '0' || *c > '9') return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(sv->str, &end, 10);
+    return errno == 0 && !*end ? v : -1;
+}
+
+static sim_status ck_no_step(const char *path)
+{
+    return sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ has no step (\"step\": \"<n>\"), so it cannot resume the "
+                   "full state; give it as load_parameters_path to start from its parameters at step 0", path);
+}
+
 typedef struct {
     uint64_t b, e;
     const char *name;
@@ -667,17 +688,8 @@ static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char
         t[i].begin = b;
     }
     if (st == SIM_OK && step) {
-        *step = -1;
-        const mesh_json *md = mesh_json_get(root, "__metadata__"), *sv = md ? mesh_json_get(md, "step") : NULL;
-        if (sv && sv->kind == MESH_JSON_STRING) {
-            char *end;
-            errno = 0;
-            long long v = strtoll(sv->str, &end, 10);
-            if (end != sv->str && !*end && errno == 0 && v >= 0) *step = v;
-        }
-        if (opt_state && *step < 0)
-            st = sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ has no step (\"step\": \"<n>\"); it cannot resume "
-                         "the full state", path);
+        *step = ck_meta_step(root);
+        if (opt_state && *step < 0) st = ck_no_step(path);
     }
     /* the data: device 0 checks every checksum (and that the values are
      * finite) while the others wait, so nobody reads a corrupt file */
@@ -708,4 +720,72 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
     sim_status st = ck_load_checked(d, m, path, fd, params, n, opt_state, step);
     close(fd);
     return st;
+}
+
+/* ---------------------------------------------------------------- resume */
+
+sim_status model_checkpoint_step(const char *path, long long *step)
+{
+    size_t plen = strlen(path);
+    if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s is the temporary file of a save that did not finish; it is never "
+                       "loaded: give the step_<n>.safetensors file", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
+    mesh_json *root = NULL;
+    uint64_t hlen, data_bytes;
+    sim_status st = ck_read_header(fd, path, &root, &hlen, &data_bytes);
+    close(fd);
+    SIM_TRY(st);
+    *step = ck_meta_step(root);
+    mesh_json_free(root);
+    return *step < 0 ? ck_no_step(path) : SIM_OK;
+}
+
+/* n when name is exactly "step_<n>.safetensors" (decimal, no sign, at most
+ * 18 digits), else -1. */
+static long long ck_name_step(const char *name)
+{
+    static const char pre[] = "step_", suf[] = ".safetensors";
+    if (strncmp(name, pre, sizeof pre - 1)) return -1;
+    const char *d = name + sizeof pre - 1, *e = d;
+    long long v = 0;
+    while (*e >= '0' && *e <= '9' && e - d < 18) v = v * 10 + (*e++ - '0');
+    return e > d && !strcmp(e, suf) ? v : -1;
+}
+
+sim_status model_checkpoint_latest(const char *dir, char *path, size_t cap, long long *step, int *stale)
+{
+    *step = -1;
+    *stale = 0;
+    if (cap) path[0] = '\0';
+    DIR *dh = opendir(dir);
+    if (!dh) {
+        if (errno == ENOENT) return SIM_OK; /* a new run: nothing to resume */
+        return sim_err(SIM_ERR_IO, "checkpoint_dir=%s: cannot list it (%s)", dir, strerror(errno));
+    }
+    long long best = -1;
+    struct dirent *e;
+    while ((e = readdir(dh))) {
+        size_t len = strlen(e->d_name);
+        static const char tmp[] = ".safetensors.tmp";
+        if (len > sizeof tmp - 1 && !strcmp(e->d_name + len - (sizeof tmp - 1), tmp)) (*stale)++;
+        long long n = ck_name_step(e->d_name);
+        if (n > best) best = n;
+    }
+    closedir(dh);
+    if (best < 0) return SIM_OK;
+    SIM_TRY(model_checkpoint_path(dir, best, path, cap));
+    long long held;
+    sim_status st = model_checkpoint_step(path, &held);
+    if (st == SIM_OK && held != best)
+        st = sim_err(SIM_ERR_INPUT, "checkpoint %s is named step %lld but its __metadata__ says step %lld; it was "
+                     "renamed or not written by shardsim: move it out of checkpoint_dir", path, best, held);
+    if (st != SIM_OK) {
+        sim_err_append("; it is the latest checkpoint of checkpoint_dir=%s, which this run would resume from (set "
+                       "enable_checkpointing=false or another checkpoint_dir to start over)", dir);
+        return st;
+    }
+    *step = best;
+    return SIM_OK;
 }

@@ -1,7 +1,8 @@
 /* checkpoint.h — safetensors checkpoints of global tensors, written and read
  * shard by shard.
  *
- * File DIR/step_<n>.safetensors: 8-byte little-endian header length, a JSON
+ * File DIR/step_<n>.safetensors (the state after training step n, i.e.
+ * after n + 1 updates, as MaxText numbers its checkpoints): 8-byte little-endian header length, a JSON
  * header (padded with spaces to a multiple of 8 bytes, as the safetensors
  * library does), then the raw float32 data, row-major, no gaps, in header
  * order.  Header:
@@ -54,5 +55,20 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
  * tensors are ignored unless asked for. */
 sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params,
                                  int n, bool opt_state, long long *step);
+
+/* The step a checkpoint was saved after (its header's "step"; a resume
+ * trains from the next one); an error when the file is no checkpoint or has
+ * no step.  Reads the
+ * header only: the data are checked when the file is loaded. */
+sim_status model_checkpoint_step(const char *path, long long *step);
+
+/* Resume, as MaxText's checkpoint manager finds a run's latest step: the
+ * highest n of the DIR/step_<n>.safetensors files (names exactly so; other
+ * files are ignored), into path, with *step = n; *step = -1 when DIR is
+ * missing or holds none.  *.safetensors.tmp files of a killed save are
+ * never candidates; *stale counts them.  The latest file must carry step n
+ * in its header: a renamed or foreign file is an error naming it, not a
+ * reason to fall back to an older one. */
+sim_status model_checkpoint_latest(const char *dir, char *path, size_t cap, long long *step, int *stale);
 
 #endif

@@ -19,7 +19,13 @@
  * only on DeepSeek-V3) -> the expert region of mesh/moe.h (sparse ragged
  * all-to-all path, or the dense capacity path when capacity_factor > 0);
  * the load-balance loss of every MoE layer (weight / number of MoE layers)
- * is added to the loss.
+ * is added to the loss.  use_ring_of_experts gathers the tokens and router
+ * logits over the expert axes before the top-k and reduce-scatters the
+ * region's output instead (mesh_moe_ring_gather, MaxText's roe_ag_and_route).
+ * mtp_num_layers adds MaxText's MultiTokenPredictionBlock after the decoder
+ * (mtp_loss): its parameters live under params.mtp_block, its transformer
+ * layer is the decoder's last layer type, unscanned, and its loss (and its
+ * MoE load-balance loss) join the training loss.
  *
  * With remat (every remat_policy but none) each layer is one tape entry (output and, for MoE
  * layers with a load-balance loss, that loss): backward runs the layer again
@@ -38,6 +44,7 @@
 #include "mesh/nn.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
+#include "models/init.h"
 #include "models/model.h"
 
 /* ------------------------------------------------------------ logical names */
@@ -59,6 +66,9 @@ static const char *const MOE_W_IN[3] = {"exp", NULL, "mlp_no_fsdp"};
 static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
 static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
 static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
+static const char *const LOGITS[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
+
+enum { MTP_MAX = 2 }; /* parameters per MTP layer: 20 at most, MODEL_MAX_PARAMS bounds the total */
 
 /* ------------------------------------------------------------ config */
 
@@ -81,16 +91,28 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     const char *sf;
     SIM_TRY(mesh_cfg_get_str(cfg, "routed_score_func", &sf));
     if (sf && *sf && strcmp(sf, "sigmoid") && strcmp(sf, "softmax"))
-        return sim_err(SIM_ERR_INPUT, "routed_score_func='%s': use \"sigmoid\" or \"softmax\"", sf);
-    d->routed_sigmoid = sf && !strcmp(sf, "sigmoid");
+        return sim_err(SIM_ERR_INPUT,
+                       "routed_score_func='%s': simulated are \"sigmoid\", \"softmax\" and \"\" (no score "
+                       "function: the raw gate logits)",
+                       sf);
+    /* MaxText's GateLogit applies the score function only when one is named: "" keeps the raw logits */
+    d->routed_score = !sf || !*sf ? MESH_MOE_SCORE_NONE : !strcmp(sf, "sigmoid") ? MESH_MOE_SCORE_SIGMOID
+                                                                                  : MESH_MOE_SCORE_SOFTMAX;
+    d->routed_sigmoid = d->routed_score == MESH_MOE_SCORE_SIGMOID;
     SIM_TRY(model_cfg_bool(cfg, "routed_bias", &d->routed_bias));
-    d->bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9);
+    /* moe.py keys DeepSeek-V3 routing (and the gate bias as a MoEBiasVar) on these model-name prefixes */
+    d->bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9) ||
+                           !strncmp(d->model_name, "kimi-k2", 7);
     SIM_TRY(mesh_cfg_get_double(cfg, "load_balance_loss_weight", &d->lb_weight));
     SIM_TRY(mesh_cfg_get_double(cfg, "capacity_factor", &d->capacity_factor));
     bool sparse;
     SIM_TRY(model_cfg_bool(cfg, "sparse_matmul", &sparse));
-    if (!sparse && d->capacity_factor <= 0) d->capacity_factor = 0; /* dense dropless: capacity = sequence */
-    if (sparse && d->capacity_factor <= 0) d->capacity_factor = -1;
+    /* MaxText 0.2.5 (RoutedMoE.__call__): sparse_matmul=true runs the dropless sparse path whatever
+     * capacity_factor says; capacity_factor > 0 drops tokens only on the dense path */
+    if (sparse)
+        d->capacity_factor = -1;
+    else if (d->capacity_factor <= 0)
+        d->capacity_factor = 0; /* dense dropless: capacity = sequence */
     SIM_TRY(model_cfg_bool(cfg, "shard_exp_on_fsdp", &d->shard_exp_on_fsdp));
     SIM_TRY(model_cfg_i64(cfg, "q_lora_rank", &d->q_lora));
     SIM_TRY(model_cfg_i64(cfg, "kv_lora_rank", &d->kv_lora));
@@ -122,20 +144,87 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     bool swiglu = nacts == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
     free(acts);
     if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
+    if (d->fused_qkv) /* attention_mla.py: assert not config.fused_qkv */
+        return sim_err(SIM_ERR_INPUT, "fused_qkv=true with decoder_block=deepseek: MaxText 0.2.5 asserts \"Fused QKV is "
+                                      "not supported for MLA\" (multi-head latent attention has no q/k/v kernels to "
+                                      "fuse); set fused_qkv=false");
     if (d->fused_mlp)
         return unsupported(cfg, "fused_mlp", "the fused wi kernel is simulated for decoder_block=llama2 only; use "
                                              "fused_mlp=false with DeepSeek");
     bool b;
+    /* MaxText reads use_ring_of_experts on the sparse path only (moe.py sparse_matmul); the dense
+     * path ignores it */
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
-    if (b) return unsupported(cfg, "use_ring_of_experts", "the ring-of-experts MoE is not simulated; drop it to use the ragged all-to-all path");
+    d->ring_of_experts = b && sparse; /* dropless whatever capacity_factor says, as the sparse path */
+    if (d->ring_of_experts) {
+        bool vma;
+        SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
+        if (vma)
+            return unsupported(cfg, "check_vma",
+                               "MaxText refuses check_vma with use_ring_of_experts=true (\"check_vma is not yet "
+                               "supported with ring of experts\", configs/types.py); set check_vma=false");
+    }
     double f;
     SIM_TRY(mesh_cfg_get_double(cfg, "ragged_buffer_factor", &f));
     if (f > 0) return unsupported(cfg, "ragged_buffer_factor", "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 (dropless) or capacity_factor > 0 for the dense dropping path");
-    long long groups;
+    /* group-limited routing: moe.py reads the groups in deepseek_routing only (DeepSeek-V3 names) */
+    long long groups, keep;
     SIM_TRY(mesh_cfg_get_int(cfg, "n_routing_groups", &groups));
-    if (groups != -1) return unsupported(cfg, "n_routing_groups", "group-limited routing is not simulated; use -1");
-    SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &f));
-    if (f != 0) return unsupported(cfg, "routed_bias_update_rate", "the loss-free bias update is not simulated; use 0");
+    SIM_TRY(mesh_cfg_get_int(cfg, "topk_routing_group", &keep));
+    if (groups != -1 && d->bias_selects_only && d->layers > d->dense_layers) {
+        int64_t per = groups > 0 ? d->experts / groups : 0;
+        if (groups < 1 || groups > 256 || d->experts % groups || per < 2)
+            return sim_err(SIM_ERR_INPUT,
+                           "n_routing_groups=%lld with num_experts=%lld: the groups must split the experts evenly "
+                           "into groups of at least 2 (MaxText reshapes the scores to (groups, experts/groups) and "
+                           "sums each group's top 2; at most 256 groups here); use a divisor of num_experts up to "
+                           "num_experts/2, or -1 (off)",
+                           groups, (long long)d->experts);
+        if (keep < 1 || keep > groups || keep * per < d->top_k)
+            return sim_err(SIM_ERR_INPUT,
+                           "topk_routing_group=%lld with n_routing_groups=%lld (%lld experts each) and "
+                           "num_experts_per_tok=%lld: the kept groups must number 1..n_routing_groups and hold at "
+                           "least num_experts_per_tok experts (MaxText's top-k over the group scores needs k >= 1, "
+                           "and fewer experts would route tokens to masked ones); choose topk_routing_group >= %lld",
+                           keep, groups, (long long)per, (long long)d->top_k,
+                           (long long)((d->top_k + per - 1) / per));
+        d->routing_groups = (int)groups;
+        d->topk_groups = (int)keep;
+    }
+    SIM_TRY(model_cfg_bool(cfg, "use_random_routing", &d->random_routing));
+    /* loss-free balancing (moe.py should_update_load_balance: routed_bias and a rate > 0) */
+    SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &d->bias_update_rate));
+    if (d->bias_update_rate > 0 && d->routed_bias && !d->bias_selects_only)
+        return unsupported(cfg, "routed_bias_update_rate",
+                           "MaxText 0.2.5 adds the (layers, experts) update to a gate bias it stores as an nnx.Param "
+                           "(experts, layers) for this model_name, which fails unless the two sizes agree; the "
+                           "update is simulated for the MoEBiasVar bias of deepseek3*, deepseek4* and kimi-k2* "
+                           "names; use one of those or 0");
+
+    /* multi-token prediction (layers/multi_token_prediction.py) */
+    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &d->mtp_layers));
+    SIM_TRY(mesh_cfg_get_double(cfg, "mtp_loss_scaling_factor", &d->mtp_scale));
+    if (d->mtp_layers < 0 || d->mtp_layers > MTP_MAX)
+        return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld: shardsim simulates 0 to %d multi-token prediction layers "
+                       "(DeepSeek-V3 uses 1)", (long long)d->mtp_layers, MTP_MAX);
+    if (d->mtp_layers > 0) {
+        SIM_TRY(model_cfg_bool(cfg, "mtp_reuse_input_embedding", &b));
+        if (b)
+            return unsupported(cfg, "mtp_reuse_input_embedding",
+                               "shifting the main decoder's token embeddings into the MTP layers is not simulated; "
+                               "use mtp_reuse_input_embedding=false (each MTP layer looks its tokens up, same values)");
+        int64_t pp[2];
+        SIM_TRY(model_cfg_i64(cfg, "ici_pipeline_parallelism", &pp[0]));
+        SIM_TRY(model_cfg_i64(cfg, "dcn_pipeline_parallelism", &pp[1]));
+        if (pp[0] > 1 || pp[1] > 1)
+            return unsupported(cfg, "mtp_num_layers", "multi-token prediction with pipeline parallelism is not "
+                                                      "simulated; use ici/dcn_pipeline_parallelism=1 or mtp_num_layers=0");
+        if (d->ga > 1)
+            return unsupported(cfg, "mtp_num_layers",
+                               "multi-token prediction with gradient_accumulation_steps > 1 (MaxText then weights the "
+                               "MTP loss by each microbatch's token count) is not simulated; use "
+                               "gradient_accumulation_steps=1 or mtp_num_layers=0");
+    }
 
     /* remat policies: the routed experts run in one manual region (mesh_moe_experts) that does not
      * keep MaxText's MoE checkpoint tags (moe.py tags mlpwi_0/mlpwo/moe_* inside it) */
@@ -200,13 +289,36 @@ static void add(model_def *m, const char *path, int rank, const int64_t *shape, 
 
 static double fan_in(int64_t n) { return 1.0 / sqrt((double)n); }
 
-/* One stack of layers ("dense_layers" or "moe_layers", n of them). */
-static void define_stack(model_def *m, const char *stack, int64_t n, bool moe)
+/* A parameter of a layer: shape and logical names with the stack dim at 1; an unscanned layer
+ * (the MTP transformer layer) drops it. */
+static void add_layer(model_def *m, bool unscanned, const char *path, int rank, const int64_t *shape,
+                      const char *const *logical, model_init_kind init, double scale)
+{
+    if (!unscanned) {
+        add(m, path, rank, shape, logical, init, scale);
+        return;
+    }
+    int64_t sh[MESH_SPEC_MAX_RANK];
+    const char *lg[MESH_SPEC_MAX_RANK];
+    for (int i = 0, j = 0; i < rank; i++)
+        if (i != 1) {
+            sh[j] = shape[i];
+            lg[j++] = logical[i];
+        }
+    add(m, path, rank - 1, sh, lg, init, scale);
+}
+
+/* One stack of layers ("dense_layers" or "moe_layers", n of them) under params.decoder, or
+ * (prefix given) one unscanned layer under `prefix` (MaxText's MTP transformer layer). */
+static void define_layers(model_def *m, const char *prefix, const char *stack, int64_t n, bool moe)
 {
     const model_dims *d = &m->d;
     int64_t E = d->emb, H = d->q_heads, Dqk = d->qk_nope + d->qk_rope;
     char p[MODEL_PATH_MAX];
-#define PATH(fmt) (snprintf(p, sizeof p, "params.decoder.%s." fmt, stack), p)
+    const bool un = prefix != NULL;
+    if (un) stack = "layers"; /* a placeholder name for the stack dim add_layer drops */
+#define PATH(fmt) (un ? snprintf(p, sizeof p, "%s." fmt, prefix) : snprintf(p, sizeof p, "params.decoder.%s." fmt, stack), p)
+#define add(m, ...) add_layer(m, un, __VA_ARGS__)
     add(m, PATH("pre_self_attention_layer_norm.scale"), 2, (int64_t[]){E, n}, (const char *[]){"norm", stack},
         MODEL_INIT_ONES, 0);
     if (d->q_lora == 0) {
@@ -243,9 +355,17 @@ static void define_stack(model_def *m, const char *stack, int64_t n, bool moe)
     int64_t X = d->experts, Hm = d->moe_mlp, Fs = d->shared_experts * d->moe_mlp;
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel"), 3, (int64_t[]){E, n, X},
         (const char *[]){"embed_router", stack, NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
-    if (d->routed_bias)
+    if (d->routed_bias && d->bias_selects_only) {
+        /* MaxText 0.2.5's GateLogit keeps the DeepSeek-V3 bias as a MoEBiasVar: not trained (no gradient,
+         * no optimizer state; routed_bias_update_rate changes it), its layers stacked first */
+        add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){n, X}, (const char *[]){stack, NULL},
+            MODEL_INIT_ZEROS, 0);
+        m->defs[m->nparams - 1].scan_dim = 0;
+        m->defs[m->nparams - 1].state_var = true;
+    } else if (d->routed_bias) { /* other model names: an nnx.Param, stacked like the kernels */
         add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){X, n}, (const char *[]){NULL, stack},
             MODEL_INIT_ZEROS, 0);
+    }
     /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
     const char *const *wi = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, NULL, "mlp_moe"}
                                                 : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
@@ -265,7 +385,32 @@ static void define_stack(model_def *m, const char *stack, int64_t n, bool moe)
         add(m, PATH("DeepSeekMoeBlock_0.shared_experts.wo.kernel"), 3, (int64_t[]){Fs, n, E},
             (const char *[]){"mlp", stack, "embed"}, MODEL_INIT_TRUNC_NORMAL, fan_in(Fs));
     }
+#undef add
 #undef PATH
+}
+
+static void define_stack(model_def *m, const char *stack, int64_t n, bool moe) { define_layers(m, NULL, stack, n, moe); }
+
+/* MaxText's MultiTokenPredictionBlock: mtp_block.mtp_layer_<k> holds mtp_<k>_embedding_norm,
+ * mtp_<k>_hidden_state_norm, mtp_<k>_projection (2 emb -> emb, ('embed', None)), the transformer
+ * layer (the decoder's last layer type, unscanned) and mtp_<k>_final_norm. */
+static void define_mtp(model_def *m)
+{
+    const model_dims *d = &m->d;
+    int64_t E = d->emb;
+    for (int k = 1; k <= d->mtp_layers; k++) {
+        char p[MODEL_PATH_MAX], tl[MODEL_PATH_MAX];
+        snprintf(p, sizeof p, "params.mtp_block.mtp_layer_%d.mtp_%d_embedding_norm.scale", k, k);
+        add(m, p, 1, (int64_t[]){E}, (const char *[]){"norm"}, MODEL_INIT_ONES, 0);
+        snprintf(p, sizeof p, "params.mtp_block.mtp_layer_%d.mtp_%d_hidden_state_norm.scale", k, k);
+        add(m, p, 1, (int64_t[]){E}, (const char *[]){"norm"}, MODEL_INIT_ONES, 0);
+        snprintf(p, sizeof p, "params.mtp_block.mtp_layer_%d.mtp_%d_projection.kernel", k, k);
+        add(m, p, 2, (int64_t[]){2 * E, E}, (const char *[]){"embed", NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(2 * E));
+        snprintf(tl, sizeof tl, "params.mtp_block.mtp_layer_%d.mtp_%d_transformer_layer", k, k);
+        define_layers(m, tl, NULL, 1, d->layers > d->dense_layers);
+        snprintf(p, sizeof p, "params.mtp_block.mtp_layer_%d.mtp_%d_final_norm.scale", k, k);
+        add(m, p, 1, (int64_t[]){E}, (const char *[]){"norm"}, MODEL_INIT_ONES, 0);
+    }
 }
 
 /* Expert-parallel and expert-hidden axes of the MoE region: the weights enter
@@ -297,6 +442,7 @@ sim_status deepseek_define(model_def *m, const mesh_cfg *cfg)
     if (!d->tied_logits)
         add(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
             MODEL_INIT_TRUNC_NORMAL, fan_in(E));
+    define_mtp(m);
     if (nm > 0) {
         sim_axes ep, h;
         SIM_TRY(moe_axes(m, &ep, &h));
@@ -308,6 +454,21 @@ sim_status deepseek_define(model_def *m, const mesh_cfg *cfg)
             o += (size_t)snprintf(ax + o, sizeof ax - o, "%s%s=%d", i ? " x " : "", m->mesh.names[ep.axis[i]],
                                   m->mesh.sizes[ep.axis[i]]);
         }
+        /* MaxText's config check (types.py, unless override_logical_axis_rules): with the expert-parallel
+         * rank 1 (the mesh axes of the 'exp' rule) random routing must stay off */
+        bool ovr;
+        SIM_TRY(model_cfg_bool(cfg, "override_logical_axis_rules", &ovr));
+        int xr = mesh_rules_find(&m->rules, "exp");
+        int ep_rank = 1;
+        for (int i = 0; xr >= 0 && i < m->rules.rules[xr].n_axes; i++) {
+            int a = mesh_shape_axis_index(&m->mesh, m->rules.rules[xr].axes[i]);
+            if (a >= 0) ep_rank *= m->mesh.sizes[a];
+        }
+        if (d->random_routing && !ovr && ep_rank == 1)
+            return sim_err(SIM_ERR_INPUT,
+                           "use_random_routing=true: When EP rank is 1, use_random_routing must be False (was True) "
+                           "(MaxText's config check; the 'exp' rule's mesh axes have size 1). Use an expert axis "
+                           "(e.g. ici_expert_parallelism=2) or override_logical_axis_rules=true");
         if (d->experts % eps)
             return sim_err(SIM_ERR_INPUT,
                            "num_experts=%lld is not divisible by the expert-parallel size %d (%s): every device must "
@@ -326,18 +487,18 @@ typedef struct {
     int gate, gate_bias, ew0, ew1, ewo;                               /* routed experts */
 } ds_stack;
 
-static int find(const model_def *m, const char *stack, const char *suffix)
+static int find(const model_def *m, const char *prefix, const char *suffix)
 {
     char p[MODEL_PATH_MAX];
-    snprintf(p, sizeof p, "params.decoder.%s.%s", stack, suffix);
+    snprintf(p, sizeof p, "%s.%s", prefix, suffix);
     for (int i = 0; i < m->nparams; i++)
         if (!strcmp(m->defs[i].path, p)) return i;
     return -1;
 }
 
-static ds_stack stack_ix(const model_def *m, bool moe)
+/* The parameters of the layers under `s` (params.decoder.<stack> or an MTP transformer layer). */
+static ds_stack stack_ix_at(const model_def *m, const char *s, bool moe)
 {
-    const char *s = moe ? "moe_layers" : "dense_layers";
     ds_stack x;
     x.ln1 = find(m, s, "pre_self_attention_layer_norm.scale");
     x.ln2 = find(m, s, "post_self_attention_layer_norm.scale");
@@ -358,6 +519,11 @@ static ds_stack stack_ix(const model_def *m, bool moe)
     x.ew1 = find(m, s, "DeepSeekMoeBlock_0.MoeBlock_0.wi_1");
     x.ewo = find(m, s, "DeepSeekMoeBlock_0.MoeBlock_0.wo");
     return x;
+}
+
+static ds_stack stack_ix(const model_def *m, bool moe)
+{
+    return stack_ix_at(m, moe ? "params.decoder.moe_layers" : "params.decoder.dense_layers", moe);
 }
 
 static int global_ix(const model_def *m, const char *path)
@@ -826,7 +992,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     const model_def *m = md->def;
     const model_dims *d = &m->d;
     bool dense_path = d->capacity_factor >= 0;
-    char routed[128], shared[128];
+    char routed[192], shared[192];
     snprintf(routed, sizeof routed, "%s/MoeBlock_0", block);
     snprintf(shared, sizeof shared, "%s/shared_experts", block);
     md->ctx.layer = routed;
@@ -834,18 +1000,54 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(model_shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
     SIM_TRY(dense(md, t, "bte,ex->btx", xin, param(md, t, s->gate, l), "gate", 3, GATE_OUT, &logits));
     SIM_TRY(model_shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
-    SIM_TRY(mesh_moe_scores(t, logits, d->routed_sigmoid, "scores", &scores));
+    if (d->routed_score == MESH_MOE_SCORE_NONE)
+        scores = logits;
+    else
+        SIM_TRY(mesh_moe_scores(t, logits, d->routed_sigmoid, "scores", &scores));
     mesh_var *bias = s->gate_bias >= 0 ? param(md, t, s->gate_bias, l) : NULL;
-    mesh_moe_route_cfg rc = {(int)d->top_k, d->routed_sigmoid, d->routed_scale, d->bias_selects_only};
-    SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
-    *lb = NULL;
-    if (d->lb_weight > 0) {
-        double per_layer = d->lb_weight / (double)(d->layers - d->dense_layers); /* MaxText: mean over layers */
-        SIM_TRY(mesh_moe_lb_loss(t, scores, bias, indices, per_layer, "load_balance_loss", lb));
-    }
     mesh_moe_cfg mc;
     memset(&mc, 0, sizeof mc);
     SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
+    bool ring = d->ring_of_experts && !dense_path;
+    mc.ring = ring;
+    mc.output_dead = ring && md->recomputing;
+    if (ring) {
+        /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
+         * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3
+         * without a bias has one logits array.  The top-k then runs on the gathered rows. */
+        SIM_TRY(mesh_moe_ring_gather(t, xin, mc.ep, "ring_all_gather_inputs", &xin));
+        if (bias && d->bias_selects_only)
+            SIM_TRY(mesh_moe_ring_gather_biased(t, scores, bias, mc.ep, "ring_all_gather_logits"));
+        SIM_TRY(mesh_moe_ring_gather(t, scores, mc.ep,
+                                     bias && d->bias_selects_only ? "ring_all_gather_pre_bias_logits"
+                                                                  : "ring_all_gather_logits",
+                                     &scores));
+    }
+    mesh_moe_route_cfg rc = {.k = (int)d->top_k,
+                             .sigmoid = d->routed_sigmoid,
+                             .scaling = d->routed_scale,
+                             .bias_selects_only = d->bias_selects_only,
+                             .groups = d->routing_groups,
+                             .topk_groups = d->topk_groups,
+                             .random = d->random_routing};
+    if (d->random_routing) { /* MaxText draws from its params RNG stream; here a key per (seed, step, layer) */
+        uint64_t step = (uint64_t)sim_device_step(md->ctx.dev);
+        char site[256];
+        snprintf(site, sizeof site, "random_routing/%s", routed);
+        rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
+    }
+    SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
+    if (md->bias_counts) /* this layer's statistic for the step's bias update */
+        SIM_TRY(mesh_moe_expert_counts(t, indices, d->experts, "expert_counts", md->bias_counts + l * d->experts));
+    *lb = NULL;
+    if (d->lb_weight > 0) {
+        /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
+        double per_layer = d->lb_weight / (double)(d->layers - d->dense_layers + d->mtp_layers);
+        /* 0.2.5's probabilities: the sparse path takes the softmax of the pre-bias scores where the
+         * model has them (DeepSeek-V3 names), the dense path always that of the biased gate logits */
+        mesh_var *lb_bias = !dense_path && d->bias_selects_only ? NULL : bias;
+        SIM_TRY(mesh_moe_lb_loss(t, scores, lb_bias, indices, per_layer, "load_balance_loss", lb));
+    }
     if (d->capacity_factor > 0) {
         mc.capacity = mesh_moe_capacity(d->seq, (int)d->top_k, d->experts, d->capacity_factor);
         if (mc.capacity < 1)
@@ -884,18 +1086,15 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     return SIM_OK;
 }
 
-/* One decoder layer (global index gl): facts §5.6. */
-static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
-                           mesh_var **lb)
+/* One decoder layer (facts §5.6) with the parameters s (index l of their stack), named `layer`. */
+static sim_status ds_layer_at(model_dev *md, mesh_tape *t, const model_batch *b, const ds_stack *sp, int l,
+                              bool is_moe, const char *layer, mesh_var *x, mesh_var **y, mesh_var **lb)
 {
     const model_def *m = md->def;
     const model_dims *d = &m->d;
-    bool is_moe = gl >= d->dense_layers;
-    int l = is_moe ? gl - (int)d->dense_layers : gl;
-    ds_stack s = stack_ix(m, is_moe);
-    char layer[64], attn[96], ffn[96];
+    const ds_stack s = *sp;
+    char attn[160], ffn[160];
     const char *saved = md->ctx.layer;
-    snprintf(layer, sizeof layer, "decoder/%s_%d", is_moe ? "moe_layers" : "dense_layers", l);
     snprintf(attn, sizeof attn, "%s/self_attention", layer);
     snprintf(ffn, sizeof ffn, "%s/%s", layer, is_moe ? "DeepSeekMoeBlock_0" : "mlp");
     md->ctx.layer = layer;
@@ -928,11 +1127,201 @@ static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, in
     return SIM_OK;
 }
 
+/* One decoder layer (global index gl). */
+static sim_status ds_layer(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
+                           mesh_var **lb)
+{
+    const model_dims *d = &md->def->d;
+    bool is_moe = gl >= d->dense_layers;
+    int l = is_moe ? gl - (int)d->dense_layers : gl;
+    ds_stack s = stack_ix(md->def, is_moe);
+    char layer[64];
+    snprintf(layer, sizeof layer, "decoder/%s_%d", is_moe ? "moe_layers" : "dense_layers", l);
+    return ds_layer_at(md, t, b, &s, l, is_moe, layer, x, y, lb);
+}
+
 /* A dense layer before the pipeline: MaxText runs it under logical_axis_rules_pp_act_as_dp. */
 static sim_status ds_dense_pp_fn(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x, mesh_var **y,
                                  mesh_var **lb)
 {
     return model_layer_pp_as_dp(md, t, b, gl, x, ds_layer, y, lb);
+}
+
+/* ------------------------------------------------------------ multi-token prediction */
+
+/* MaxText's roll_and_mask applied k times to token ids (B, T): shifted left by k along the
+ * sequence, 0 in the last k positions.  The sequence must be whole on every device (MaxText's
+ * context-parallel shift, a ppermute, is not simulated).  The result is a tape value (freed with
+ * the tape: the embedding and the loss keep views of it for backward). */
+static sim_status roll_tokens(model_dev *md, mesh_tape *t, const mesh_array *src, int64_t k, const char *name,
+                              const mesh_array **out)
+{
+    if (src->spec.n_axes[1]) {
+        char sp[160];
+        mesh_spec_format(&src->spec, md->ctx.mesh, sp, sizeof sp);
+        return sim_err(SIM_ERR_INPUT,
+                       "mtp_num_layers=%lld with the input tokens sharded %s: shifting the tokens across a sharded "
+                       "sequence (MaxText's context-parallel ppermute) is not simulated; use meshes and rules that "
+                       "keep the sequence whole (no context parallelism) with multi-token prediction",
+                       (long long)md->def->d.mtp_layers, sp);
+    }
+    mesh_var *v = mesh_tape_var(t);
+    SIM_TRY(mesh_array_new(md->ctx.dev, md->ctx.mesh, name, 2, src->shape, &src->spec, SIM_I32, SIM_MEM_ACTIVATIONS,
+                           &v->val));
+    if (src->data) {
+        const int32_t *in = src->data;
+        int32_t *o = v->val.data;
+        int64_t rows = src->local[0], T = src->local[1];
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < T; i++) o[r * T + i] = i + k < T ? in[r * T + i + k] : 0;
+    }
+    *out = &v->val;
+    return SIM_OK;
+}
+
+static sim_status masked_sum_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad, dx;
+    mesh_spec s = x->val.spec;
+    s.partial = dy->spec.partial & ~mesh_spec_dim_axes(&s);
+    SIM_TRY(mesh_tape_zeros(t, "mtp_loss/dx", 2, x->val.shape, &s, SIM_MEM_TEMP, &dx));
+    if (dx.data) {
+        mesh_dim_shard sh[2];
+        mesh_spec_shard(&x->val.spec, mesh_tape_ctx(t)->mesh, x->val.shape, sim_device_id(mesh_tape_ctx(t)->dev), sh);
+        float g = (float)(((const float *)dy->data)[0] * e->f[0]);
+        int64_t rows = dx.local[0], T = dx.local[1], valid = x->val.shape[1] - e->i[0];
+        float *o = dx.data;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < T; i++) o[r * T + i] = sh[1].offset + i < valid ? g : 0.0f;
+    }
+    char tag[SIM_TAG_MAX];
+    return mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "mtp_loss/dx", tag, sizeof tag));
+}
+
+/* scale * sum of x (B, T) over the positions t < T - k (MaxText's xent * rolled target mask,
+ * summed), a replicated scalar. */
+static sim_status masked_sum(mesh_tape *t, mesh_var *x, int64_t k, double scale, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s;
+    mesh_spec_init(&s, 0);
+    s.partial = mesh_spec_dim_axes(&x->val.spec) | x->val.spec.partial; /* one addend per block */
+    *out = mesh_tape_var(t);
+    SIM_TRY(mesh_array_new(c->dev, c->mesh, name, 0, NULL, &s, SIM_F32, SIM_MEM_ACTIVATIONS, &(*out)->val));
+    if (x->val.data) {
+        mesh_dim_shard sh[2];
+        mesh_spec_shard(&x->val.spec, c->mesh, x->val.shape, sim_device_id(c->dev), sh);
+        int64_t rows = x->val.local[0], T = x->val.local[1], valid = x->val.shape[1] - k;
+        const float *v = x->val.data;
+        double acc = 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < T; i++)
+                if (sh[1].offset + i < valid) acc += v[r * T + i];
+        ((float *)(*out)->val.data)[0] = (float)(acc * scale);
+    }
+    mesh_spec full;
+    mesh_spec_init(&full, 0);
+    SIM_TRY(mesh_reshard(c->dev, c->mesh, &(*out)->val, &full, sim_meta_tag(tag)));
+    mesh_entry *e = mesh_tape_record(t, masked_sum_vjp, tag, 1, &x, 1, out);
+    if (e) {
+        e->i[0] = k;
+        e->f[0] = scale;
+    }
+    return SIM_OK;
+}
+
+/* maybe_shard_with_logical without debug_sharding: MaxText does not log these in its dump. */
+static sim_status shard_unlogged(model_dev *md, mesh_tape *t, mesh_var *x, const char *name, int rank,
+                                 const char *const *names, mesh_var **out)
+{
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(md->def, name, rank, names, &s));
+    return mesh_ad_shard_as(t, x, &s, name, out);
+}
+
+/* params.mtp_block.mtp_layer_<k>.mtp_<k>_<what> as a tape leaf. */
+static mesh_var *mtp_param(model_dev *md, mesh_tape *t, int k, const char *what)
+{
+    char name[MODEL_PATH_MAX];
+    snprintf(name, sizeof name, "params.mtp_block.mtp_layer_%d.mtp_%d_%s", k, k, what);
+    int ix = global_ix(md->def, name);
+    SIM_ASSERT(ix >= 0);
+    return param(md, t, ix, 0);
+}
+
+/* MaxText's MultiTokenPredictionBlock (layers/multi_token_prediction.py) on the main decoder's
+ * last hidden state h (B, T, E), before decoder_norm.  For k = 1..K:
+ *   e_k = embed(tokens shifted by k);  h_k = layer_k(W_k [norm(e_k) ; norm(h_{k-1})]);
+ *   xent_k = cross-entropy of logits(final_norm_k(h_k)) on the targets shifted by k (no z-loss),
+ *   counted where t < T - k.
+ * loss = scale * sum_k sum xent_k / (sum_k B (T - k) + 1e-8), MaxText's calculate_mtp_loss; the
+ * MTP layers' load-balance losses join the decoder's (lb). */
+static sim_status mtp_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *h, mesh_var *table,
+                           mesh_var *logits_w, mesh_var **loss, mesh_var **lb)
+{
+    const model_def *m = md->def;
+    const model_dims *d = &m->d;
+    const int K = (int)d->mtp_layers;
+    const bool moe_layer = d->layers > d->dense_layers;
+    double weights = 0;
+    for (int k = 1; k <= K; k++) weights += (double)b->tokens.shape[0] * (double)(b->tokens.shape[1] - k);
+    const double scale = d->mtp_scale / (weights + 1e-8);
+    *loss = NULL;
+    *lb = NULL;
+    const mesh_array *tokens = &b->tokens, *targets = &b->targets;
+    for (int k = 1; k <= K; k++) {
+        char block[64], layer[128], name[MODEL_PATH_MAX];
+        snprintf(block, sizeof block, "mtp_block/mtp_layer_%d", k);
+        md->ctx.layer = block;
+        SIM_TRY(roll_tokens(md, t, tokens, 1, "mtp/rolled_input_ids", &tokens));
+        SIM_TRY(roll_tokens(md, t, targets, 1, "mtp/rolled_target_ids", &targets));
+        /* the decoder's _apply_embedding on the shifted tokens */
+        mesh_var *e, *en, *hn, *cat, *proj, *y, *ylb, *logits, *xent, *lk;
+        SIM_TRY(mesh_nn_embed(t, table, tokens, "token_embedder", &e));
+        if (md->ctx.mode == MESH_MODE_EXPLICIT) {
+            mesh_spec es;
+            SIM_TRY(model_logical_spec(m, "embed/out", 3, EMB_OUT, &es));
+            SIM_TRY(mesh_ad_shard_as(t, e, &es, "embed/out", &e));
+        }
+        SIM_TRY(model_dropout(md, t, e, block, &e));
+        SIM_TRY(shard_unlogged(md, t, e, "multi_token_prediction/target_token_embedding", 3, FINAL, &e));
+#define MTP_PARAM(what) mtp_param(md, t, k, what)
+        SIM_TRY(mesh_nn_rmsnorm(t, e, MTP_PARAM("embedding_norm.scale"), d->eps, "embedding_norm", &en));
+        SIM_TRY(mesh_nn_rmsnorm(t, h, MTP_PARAM("hidden_state_norm.scale"), d->eps, "hidden_state_norm", &hn));
+        if (md->ctx.mode == MESH_MODE_EXPLICIT) /* the embedding norm takes the hidden norm's sharding */
+            SIM_TRY(mesh_ad_shard_as(t, en, &hn->val.spec, "multi_token_prediction/embedding_norm", &en));
+        SIM_TRY(concat_last(t, en, hn, "concatenate", &cat));
+        SIM_TRY(mesh_ad_einsum(t, "btf,fe->bte", cat, MTP_PARAM("projection.kernel"), NULL, "projection", &proj));
+        /* the transformer layer: the decoder's last layer type, unscanned, without remat */
+        snprintf(name, sizeof name, "params.mtp_block.mtp_layer_%d.mtp_%d_transformer_layer", k, k);
+        ds_stack st = stack_ix_at(m, name, moe_layer);
+        snprintf(layer, sizeof layer, "%s/mtp_%d_transformer_layer", block, k);
+        SIM_TRY(ds_layer_at(md, t, b, &st, 0, moe_layer, layer, proj, &y, &ylb));
+        md->ctx.layer = block;
+        if (ylb) {
+            if (*lb) SIM_TRY(mesh_ad_add(t, *lb, ylb, "moe_lb_loss", lb));
+            else *lb = ylb;
+        }
+        h = y;
+        /* the dedicated final norm, then the shared output head without decoder_norm */
+        SIM_TRY(mesh_nn_rmsnorm(t, y, MTP_PARAM("final_norm.scale"), d->eps, "final_norm", &y));
+#undef MTP_PARAM
+        SIM_TRY(shard_unlogged(md, t, y, "multi_token_prediction/normed_mtp_hidden_state", 3, FINAL, &y));
+        SIM_TRY(model_dropout(md, t, y, "mtp/output_head", &y));
+        SIM_TRY(model_logits(md, t, y, table, logits_w, &logits));
+        SIM_TRY(model_shard_as(md, t, logits, "multi_token_prediction/mtp_logits", 3, LOGITS, &logits));
+        model_note_activation_f32(md, "multi_token_prediction/mtp_logits"); /* cast_logits_to_fp32 */
+        SIM_TRY(mesh_nn_xent(t, logits, targets, 0.0, "cross_entropy", &xent));
+        SIM_TRY(model_shard_as(md, t, xent, "multi_token_prediction/mtp_xent", 2, LOSS, &xent));
+        model_note_activation_f32(md, "multi_token_prediction/mtp_xent");
+        SIM_TRY(masked_sum(t, xent, k, scale, "mtp_loss", &lk));
+        if (*loss) SIM_TRY(mesh_ad_add(t, *loss, lk, "mtp_loss_sum", loss));
+        else *loss = lk;
+    }
+    return SIM_OK;
 }
 
 /* ------------------------------------------------------------ the whole model */
@@ -980,6 +1369,7 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
         }
     }
     if (pp) SIM_TRY(model_pipeline_run(md, t, b, x, ds_layer, m->d.dense_layers, &x));
+    mesh_var *hidden = x; /* the last layer's output, before decoder_norm: MTP's first input */
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, norm, 0), m->d.eps, "decoder_norm", &x));
     if (md->ctx.mode == MESH_MODE_EXPLICIT) {
@@ -996,6 +1386,38 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     SIM_TRY(mesh_ad_constraint(t, tok_loss, &ls, "loss/xent", &tok_loss));
     md->ctx.layer = "loss";
     SIM_TRY(mesh_nn_mean(t, tok_loss, "mean", loss));
+    if (m->d.mtp_layers > 0) { /* train.py: the MTP loss joins the loss before the load-balance loss */
+        mesh_var *mtp, *mtp_lb;
+        SIM_TRY(mtp_loss(md, t, b, hidden, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &mtp, &mtp_lb));
+        md->ctx.layer = "loss";
+        SIM_TRY(mesh_ad_add(t, *loss, mtp, "plus_mtp_loss", loss));
+        if (mtp_lb) {
+            if (lb_sum) SIM_TRY(mesh_ad_add(t, lb_sum, mtp_lb, "moe_lb_loss", &lb_sum));
+            else lb_sum = mtp_lb;
+        }
+    }
     if (lb_sum) SIM_TRY(mesh_ad_add(t, *loss, lb_sum, "plus_moe_lb_loss", loss));
     return SIM_OK;
+}
+
+/* ------------------------------------------------------------ loss-free balancing */
+
+bool model_bias_active(const model_def *m)
+{
+    const model_dims *d = &m->d;
+    return d->kind == MODEL_DEEPSEEK && d->routed_bias && d->bias_selects_only && d->bias_update_rate > 0 &&
+           d->layers > d->dense_layers;
+}
+
+void deepseek_bias_update(model_dev *md)
+{
+    const model_def *m = md->def;
+    if (!md->bias_counts_step) return;
+    int i = global_ix(m, "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias");
+    SIM_ASSERT(i >= 0);
+    model_param *p = &md->p[i];
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->w[l].data) /* replicated: every device holds the whole [E] of layer l (none in a dry run) */
+            mesh_moe_bias_update(p->w[l].data, md->bias_counts_step + (int64_t)l * m->d.experts, m->d.experts,
+                                 m->d.bias_update_rate);
 }

@@ -250,7 +250,7 @@ sim_status model_init_fill_stacked(sim_device *d, const mesh_shape *m, const mod
         for (int i = 0; i < rank; i++) {
             int64_t gi = sh[i].offset + idx[i];
             if (i == sd)
-                layer = gi;
+                layer = model_param_stack_layer(m, p, gi); /* stage-major when pipelined */
             else
                 g += gi * stride[i];
         }

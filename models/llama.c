@@ -35,7 +35,7 @@ static const char *const FINAL[3] = {"activation_batch", "activation_length", "a
 static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
 
 typedef struct {
-    int q, k, v, o, ln1, ln2, wi0, wi1, wi, wo, embed, norm, logits;
+    int q, k, v, qkv, o, ln1, ln2, wi0, wi1, wi, wo, embed, norm, logits;
 } llama_ix;
 
 static llama_ix indices(const model_def *m)
@@ -44,6 +44,7 @@ static llama_ix indices(const model_def *m)
     x.q = model_param_index(m, "self_attention.query.kernel");
     x.k = model_param_index(m, "self_attention.key.kernel");
     x.v = model_param_index(m, "self_attention.value.kernel");
+    x.qkv = model_param_index(m, "self_attention.qkv_proj.kernel");
     x.o = model_param_index(m, "self_attention.out.kernel");
     x.ln1 = model_param_index(m, "pre_self_attention_layer_norm.scale");
     x.ln2 = model_param_index(m, "post_self_attention_layer_norm.scale");
@@ -74,6 +75,42 @@ static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *
     return mesh_ad_einsum(t, sub, x, w, out, name, y);
 }
 
+/* fused_qkv (Attention.qkv_projection): one product with the [embed, heads + 2 kv_heads, kv]
+ * kernel (no out_sharding), tagged qkv_proj, then a shard_map whose in_specs are the query's
+ * logical sharding splits each device's block of heads into its query, key and value heads
+ * (local counts in the global ratio).  So with k shards on the heads dim, query head t*H/k + i
+ * comes from fused head t*(H+2K)/k + i: the split depends on the mesh, as in MaxText.  Auto mode
+ * reshards to the in_specs; explicit mode requires the product to have them already (JAX's
+ * shard_map raises otherwise). */
+static sim_status fused_qkv(model_dev *md, mesh_tape *t, mesh_var *xq, mesh_var *w, mesh_var **q, mesh_var **k,
+                            mesh_var **v)
+{
+    const model_dims *d = &md->def->d;
+    mesh_var *qkv, *parts[2];
+    SIM_TRY(mesh_ad_einsum(t, "bte,ehd->bthd", xq, w, NULL, "qkv_proj", &qkv));
+    SIM_TRY(model_checkpoint_name(md, qkv, MODEL_CKPT_QKV_PROJ));
+    mesh_spec in;
+    SIM_TRY(model_logical_spec(md->def, "attention/split_qkv", 4, KV4, &in));
+    if (md->ctx.mode == MESH_MODE_EXPLICIT && !mesh_spec_equal(&qkv->val.spec, &in)) {
+        char want[256], have[256];
+        mesh_spec_format(&in, md->ctx.mesh, want, sizeof want);
+        mesh_spec_format(&qkv->val.spec, md->ctx.mesh, have, sizeof have);
+        return sim_err(SIM_ERR_INPUT,
+                       "fused_qkv=true with shard_mode=explicit: the qkv_proj product has sharding %s but split_qkv's "
+                       "shard_map wants in_specs %s (the query's logical axes), and JAX raises \"in_specs passed to "
+                       "shard_map ... does not match the specs of the input\" as MaxText 0.2.5 runs it; use "
+                       "shard_mode=auto, fused_qkv=false, or a mesh where the two agree",
+                       have, want);
+    }
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) SIM_TRY(mesh_ad_shard_as(t, qkv, &in, "attention/split_qkv", &qkv));
+    SIM_TRY(mesh_nn_split_local(t, qkv, 2, 2, (int64_t[]){d->q_heads, 2 * d->kv_heads}, "split_qkv", parts));
+    *q = parts[0];
+    SIM_TRY(mesh_nn_split_local(t, parts[1], 2, 2, (int64_t[]){d->kv_heads, d->kv_heads}, "split_qkv", parts));
+    *k = parts[0];
+    *v = parts[1];
+    return SIM_OK;
+}
+
 /* One decoder layer: facts §5.2 (layer), §5.3 (attention), §5.5 (MLP). */
 static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y)
 {
@@ -96,9 +133,13 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     md->ctx.layer = attn_layer;
     mesh_var *xq, *q, *k, *v, *o;
     SIM_TRY(model_shard_as(md, t, lnx, "attention/inputs_q", 3, ATTN_IN, &xq));
-    SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.q, l), "query", 4, KV4, &q));
-    SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.k, l), "key", 4, KV4, &k));
-    SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.v, l), "value", 4, KV4, &v));
+    if (d->fused_qkv)
+        SIM_TRY(fused_qkv(md, t, xq, param(md, t, ix.qkv, l), &q, &k, &v));
+    else {
+        SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.q, l), "query", 4, KV4, &q));
+        SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.k, l), "key", 4, KV4, &k));
+        SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.v, l), "value", 4, KV4, &v));
+    }
     bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
     rp.min_timescale = d->rope_min;
     rp.max_timescale = d->rope_theta;

@@ -69,8 +69,7 @@ static sim_status attention_kernel(const mesh_cfg *cfg, model_dims *d)
 }
 
 /* gradient_accumulation_steps and shard_optimizer_over_data, with the
- * combinations MaxText's config validation (configs/types.py) refuses, and
- * the one this simulator does not combine yet (ZeRO-1 with pipeline stages). */
+ * combinations MaxText's config validation (configs/types.py) refuses. */
 static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
 {
     model_dims *d = &m->d;
@@ -91,13 +90,6 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
                        "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
                        "or set shard_optimizer_over_data=false",
                        fsdp);
-    int st = mesh_shape_axis_index(&m->mesh, "stage");
-    if (st >= 0 && m->mesh.sizes[st] > 1)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) with pipeline stages (stage axis of size %d) is not "
-                       "simulated yet; set ici_pipeline_parallelism=1 (and dcn_pipeline_parallelism=1) or "
-                       "shard_optimizer_over_data=false",
-                       m->mesh.sizes[st]);
     static const char *const types[] = {"adamw", "sgd", "muon"};
     int type;
     SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
@@ -145,13 +137,18 @@ static void define_llama(model_def *m)
               -1, MODEL_INIT_NORMAL, fe);
     add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
               (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
-    /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
-    add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
-              (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
-    add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
-              (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
-    add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
-              (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+    if (d->fused_qkv) /* Attention.init_qkv_w: the plain kernel_init, no depth scaling of the query part */
+        add_param(m, "params.decoder.layers.self_attention.qkv_proj.kernel", 4, (int64_t[]){E, L, H + 2 * K, D},
+                  (const char *[]){"embed_attn", "layers", "heads", "kv"}, 1, MODEL_INIT_NORMAL, fe);
+    else {
+        /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
+        add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
+                  (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
+        add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
+                  (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+        add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
+                  (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+    }
     add_param(m, "params.decoder.layers.self_attention.out.kernel", 4, (int64_t[]){H, L, D, E},
               (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
     add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
@@ -238,6 +235,28 @@ static const struct {
 #undef MINIMAL
 #undef B
 
+/* The dtypes bytes are counted in (numerics stay float32).  MaxText 0.2.5:
+ * parameters are created in weight_dtype and DenseGeneral casts each kernel
+ * to `dtype` before its dot (layers/linears.py), so weight gathers and the
+ * gradient reductions at the dot move `dtype`; the gradients themselves
+ * come back in the parameters' dtype (value_and_grad of float32 params);
+ * optax's Adam moments take the parameters' dtype (mu_dtype "" = weight_dtype). */
+static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
+{
+    static const char *const names[] = {"float32", "bfloat16"};
+    static const sim_dtype dts[] = {SIM_F32, SIM_BF16};
+    const char *keys[2] = {"dtype", "weight_dtype"};
+    sim_dtype *out[2] = {&d->act_dtype, &d->weight_dtype};
+    for (int k = 0; k < 2; k++) {
+        int ix;
+        SIM_TRY(mesh_cfg_get_enum(cfg, keys[k], names, 2, &ix));
+        *out[k] = dts[ix];
+    }
+    SIM_TRY(model_cfg_bool(cfg, "logits_dot_in_fp32", &d->logits_dot_fp32));
+    SIM_TRY(model_cfg_bool(cfg, "cast_logits_to_fp32", &d->logits_cast_fp32));
+    return SIM_OK;
+}
+
 static sim_status remat_policy_from_config(const mesh_cfg *cfg, model_dims *d)
 {
     const char *p;
@@ -290,7 +309,7 @@ static sim_status scan_axis_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_int(cfg, "param_scan_axis", &a));
     for (int i = 0; i < m->nparams; i++) {
         model_param_def *d = &m->defs[i];
-        if (d->scan_dim < 0 || d->scan_dim == a) continue;
+        if (d->scan_dim < 0 || d->scan_dim == a || d->state_var) continue; /* MoEBiasVar: layers first always */
         if (a < 0 || a >= d->rank)
             return sim_err(SIM_ERR_INPUT,
                            "param_scan_axis=%lld: %s has %d dims per layer, so the stacked layer dim can go at 0..%d; "
@@ -462,6 +481,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                        d->final_soft_cap, d->attn_soft_cap);
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
     SIM_TRY(model_cfg_bool(cfg, "fused_mlp", &d->fused_mlp));
+    SIM_TRY(model_cfg_bool(cfg, "fused_qkv", &d->fused_qkv));
     bool dropout_on;
     SIM_TRY(model_cfg_bool(cfg, "enable_dropout", &dropout_on));
     SIM_TRY(mesh_cfg_get_double(cfg, "dropout_rate", &d->dropout));
@@ -482,6 +502,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    SIM_TRY(counted_dtypes_from_config(cfg, d));
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &d->scan_layers));
 
     SIM_TRY(model_cfg_bool(cfg, "context_parallel_load_balance", &d->cp_load_balance));
@@ -525,6 +546,12 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                                           "(mla needs decoder_block=deepseek)", at);
         if (rt && strcmp(rt, "default"))
             return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
+        int64_t mtp;
+        SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+        if (mtp != 0)
+            return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
+                                          "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
+                           (long long)mtp);
         define_llama(m);
     }
     sim_status pst = pipeline_setup(m, cfg);
@@ -540,7 +567,8 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
     for (int i = 0; i < m->nparams && !scan; i++) m->defs[i].unscanned = m->defs[i].scan_dim >= 0;
     bool moved = false;
-    for (int i = 0; i < m->nparams; i++) moved |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1;
+    for (int i = 0; i < m->nparams; i++)
+        moved |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var;
     if (d->zero1 && (!scan || moved))
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true with %s: ZeRO-1 is simulated for MaxText's default layer "
@@ -550,12 +578,13 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         bool unscanned = false, moved_axis = false;
         for (int i = 0; i < m->nparams; i++) {
             unscanned |= m->defs[i].unscanned;
-            moved_axis |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1;
+            moved_axis |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var;
         }
         const char *what = d->dropout > 0                                      ? "enable_dropout with dropout_rate > 0"
                            : d->fused_mlp                                      ? "fused_mlp=true"
                            : unscanned                                         ? "scan_layers=false"
                            : moved_axis                                        ? "param_scan_axis other than 1"
+                           : model_bias_active(m)                              ? "routed_bias_update_rate > 0"
                            : strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none") ? "this remat_policy"
                                                                                                 : NULL;
         if (what) {
@@ -583,8 +612,11 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         SIM_TRY(mesh_spec_check_shape(&m->spec[i], &m->mesh, pd->rank, pd->shape, pd->path));
         m->opt_spec[i] = m->spec[i];
         m->opt_unpruned[i] = m->unpruned[i];
-        if (d->zero1) {
-            model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
+        if (d->zero1 && !pd->state_var) { /* a state variable has no optimizer state to shard */
+            if (d->pipe.on && model_param_pipelined(m, i))
+                SIM_TRY(model_pipe_zero1_spec(m, i, &m->opt_unpruned[i]));
+            else
+                model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
             m->opt_spec[i] = m->opt_unpruned[i];
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
@@ -593,7 +625,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
     m->muon = ot && !strcmp(ot, "muon");
     for (int i = 0; i < m->nparams && m->muon; i++)
-        if (m->defs[i].unscanned || (m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1))
+        if (m->defs[i].unscanned || (m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var))
             return sim_err(SIM_ERR_INPUT,
                            "opt_type=muon with scan_layers=false or param_scan_axis other than 1: Muon is simulated "
                            "for MaxText's default layer layout only; drop one of the two");
@@ -698,8 +730,10 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         model_param_layer_shape(p, &rank, shape);
         model_param_layer_spec(p, &ls);
         /* ZeRO-1 keeps the moments elsewhere; opt_type=muon: a Muon leaf keeps one moment (no nu) */
-        mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt && !md->zero1 ? &p->m : NULL,
-                                with_opt && !md->zero1 && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
+        /* a state variable (MoEBiasVar) has neither gradient nor optimizer state */
+        bool sv = p->def.state_var;
+        mesh_array **bufs[4] = {&p->w, with_grads && !sv ? &p->g : NULL, with_opt && !md->zero1 && !sv ? &p->m : NULL,
+                                with_opt && !md->zero1 && !sv && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
         bool stacked = model_param_pipelined(def, i);
         if (stacked) p->stage_span = def->d.pipe.layers_per_stage;
@@ -722,16 +756,33 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                     a->rank = rank;
                     memcpy(a->shape, shape, sizeof(int64_t) * (size_t)rank);
                     a->spec = bs;
-                    a->dtype = SIM_F32;
+                    a->dtype = a->counted = SIM_F32;
                     a->cat = cats[b];
                     continue;
                 }
-                SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], a));
+                /* ZeRO-1 with accumulation: MaxText casts the parameters to dtype before the
+                 * all-gather and the accumulation loop, so the working copy, the per-microbatch
+                 * gradients and their accumulator are in dtype (facts-2 §D) */
+                if (md->zero1 && def->d.ga > 1 && b <= 1)
+                    SIM_TRY(mesh_array_new_as(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, def->d.act_dtype,
+                                              cats[b], true, a));
+                else
+                    SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], a));
             }
         }
-        if (md->zero1) SIM_TRY(zero1_state_new(md, i));
+        if (md->zero1 && !sv) SIM_TRY(zero1_state_new(md, i));
     }
-    return model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed);
+    SIM_TRY(model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed));
+    if (with_grads && model_bias_active(def)) { /* host figures: E counts per MoE layer (MaxText: int32) */
+        size_t n = (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts);
+        md->bias_counts = calloc(n, sizeof(float));
+        md->bias_counts_step = calloc(n, sizeof(float));
+        SIM_ASSERT(md->bias_counts && md->bias_counts_step);
+    }
+    /* ZeRO-1 keeps a state variable where it is: its stored state is the parameter itself (a view) */
+    for (int i = 0; i < def->nparams && md->zero1; i++)
+        if (md->p[i].def.state_var) md->z[i] = md->p[i];
+    return SIM_OK;
 }
 
 bool model_param_pipelined(const model_def *m, int i)
@@ -770,9 +821,13 @@ sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_arr
 
 void model_dev_free(model_dev *md)
 {
+    free(md->bias_counts);
+    free(md->bias_counts_step);
+    md->bias_counts = md->bias_counts_step = NULL;
     for (int i = 0; i < md->def->nparams; i++)
         for (int z = 0; z < 2; z++) {
             model_param *p = z ? &md->z[i] : &md->p[i];
+            if (z && md->p[i].def.state_var) continue; /* a view of p[i] */
             mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
             for (int b = 0; b < 4; b++) {
                 if (!bufs[b]) continue;
@@ -860,14 +915,26 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
     mesh_spec os;
     const mesh_spec *out;
     SIM_TRY(model_out_sharding(md, "logits_dense", 3, LOGITS3, &os, &out));
-    if (!d->tied_logits) /* MaxText applies final_logits_soft_cap on the tied path only */
-        return mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits);
-    /* attend_on_embedding: y . table^T with the decoder's out_sharding; MaxText casts the table to
-     * bfloat16 there, the simulator computes it in float32 like every other product */
-    SIM_TRY(mesh_ad_einsum(t, "bte,ve->btv", y, embed, out, "logits_via_embedding", logits));
-    double a = d->normalize_tied ? 1.0 / sqrt((double)y->val.shape[2]) : 1.0;
-    if (a != 1.0 || d->final_soft_cap > 0)
-        SIM_TRY(mesh_nn_softcap(t, *logits, a, d->final_soft_cap, "logits_soft_cap", logits));
+    /* logits_dot_in_fp32: the head's DenseGeneral (or attend_on_embedding) runs in float32, so
+     * its kernel is cast to float32 and gathered as such (layers/nnx_decoders.py); the var is
+     * the step's view of the parameter, so counting it otherwise leaves the parameter alone */
+    mesh_var *w = d->tied_logits ? embed : dense_w;
+    if (d->logits_dot_fp32) {
+        w->val.counted = SIM_F32;
+        w->val.counted_fixed = true;
+    }
+    if (!d->tied_logits) { /* MaxText applies final_logits_soft_cap on the tied path only */
+        SIM_TRY(mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits));
+    } else {
+        /* attend_on_embedding: y . table^T with the decoder's out_sharding, in attend_dtype */
+        SIM_TRY(mesh_ad_einsum(t, "bte,ve->btv", y, embed, out, "logits_via_embedding", logits));
+        double a = d->normalize_tied ? 1.0 / sqrt((double)y->val.shape[2]) : 1.0;
+        if (a != 1.0 || d->final_soft_cap > 0)
+            SIM_TRY(mesh_nn_softcap(t, *logits, a, d->final_soft_cap, "logits_soft_cap", logits));
+    }
+    /* float32 logits (a float32 product, or cast_logits_to_fp32 after it) are what the loss keeps;
+     * XLA fuses the cast into the product, so no bfloat16 copy is counted beside them */
+    if (d->logits_dot_fp32 || d->logits_cast_fp32) mesh_array_recount(md->ctx.dev, &(*logits)->val, SIM_F32);
     return SIM_OK;
 }
 
@@ -896,6 +963,16 @@ void model_note_activation(const model_dev *md, const char *name, const mesh_arr
         }
         act->spec = *spec;
     }
+    pthread_mutex_unlock(&m->act_lock);
+}
+
+void model_note_activation_f32(const model_dev *md, const char *name)
+{
+    if (sim_device_id(md->ctx.dev) != 0) return;
+    model_def *m = (model_def *)md->def; /* the activation log is the one mutable part of a definition */
+    pthread_mutex_lock(&m->act_lock);
+    for (int i = 0; i < m->nacts; i++)
+        if (!strcmp(m->acts[i].name, name)) m->acts[i].float32 = true;
     pthread_mutex_unlock(&m->act_lock);
 }
 
@@ -1033,7 +1110,9 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin, *auxin = NULL;
     if (rp->store) rp->store->recompute = true, rp->store->next = 0;
     rp->md->remat = rp->store;
+    rp->md->recomputing = true;
     sim_status st = rp->fn(rp->md, inner, rp->b, rp->layer, xin, &yin, &auxin);
+    rp->md->recomputing = false;
     rp->md->remat = NULL;
     /* the outputs' cotangents move into the recomputed layer; one backward pass covers both */
     if (st == SIM_OK && aux && aux->has_grad && auxin) {

@@ -18,7 +18,7 @@
 #include "models/params.h"
 #include "models/pipeline.h"
 
-enum { MODEL_MAX_PARAMS = 48, MODEL_MAX_ACTS = 96 };
+enum { MODEL_MAX_PARAMS = 96, MODEL_MAX_ACTS = 96 };
 
 /* The tensors MaxText's layer code tags with checkpoint_name (the names remat policies save). */
 typedef enum {
@@ -49,6 +49,11 @@ typedef struct {
     mesh_mode mode;           /* shard_mode */
     bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
+    /* counted dtypes (the simulator computes in float32; bytes follow MaxText's dtypes) */
+    sim_dtype act_dtype;      /* dtype: activations, saved residuals, gathered weights, every collective */
+    sim_dtype weight_dtype;   /* weight_dtype: parameters, gradients, optimizer state */
+    bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
+    bool logits_cast_fp32;    /* cast_logits_to_fp32: logits cast to float32 before the loss */
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
     int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
     int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
@@ -66,12 +71,20 @@ typedef struct {
     int64_t experts, top_k;   /* num_experts, num_experts_per_tok */
     int64_t shared_experts;   /* shared_experts (shared MLP width = shared_experts x moe_mlp) */
     double routed_scale;      /* routed_scaling_factor */
-    bool routed_sigmoid;      /* routed_score_func sigmoid (else softmax) */
+    int routed_score;         /* routed_score_func: mesh_moe_score (none, sigmoid, softmax) */
+    bool routed_sigmoid;      /* routed_score_func sigmoid: the top-k weights are renormalised */
     bool routed_bias;         /* gate bias */
     bool bias_selects_only;   /* model_name deepseek3.. or deepseek4..: the bias picks experts, pre-bias scores weigh them */
+    int routing_groups;       /* n_routing_groups with DeepSeek-V3 routing (0: off, and for other model names) */
+    int topk_groups;          /* topk_routing_group: groups kept per token */
+    bool random_routing;      /* use_random_routing */
+    double bias_update_rate;  /* routed_bias_update_rate: loss-free balancing of the MoEBiasVar gate bias */
     double lb_weight;         /* load_balance_loss_weight */
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
+    bool ring_of_experts;     /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
+    int64_t mtp_layers;       /* mtp_num_layers: DeepSeek-V3's multi-token prediction depth (0: none) */
+    double mtp_scale;         /* mtp_loss_scaling_factor */
     int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
     int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
@@ -86,6 +99,7 @@ typedef struct {
     bool qk_norm_key;         /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
     double dropout;           /* dropout_rate when enable_dropout (0 = off) */
     bool fused_mlp;           /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
+    bool fused_qkv;           /* fused_qkv: one qkv_proj kernel (embed, heads + 2 kv_heads, kv) split per shard (Llama) */
     int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
 } model_dims;
 
@@ -96,6 +110,7 @@ typedef struct {
     int64_t shape[MESH_SPEC_MAX_RANK];
     char logical[MESH_SPEC_MAX_RANK][48];
     bool logical_known;       /* false: MaxText logs "Unknown" (e.g. MoE kernels inside shard_map) */
+    bool float32;             /* logged as float32 whatever dtype says (MaxText casts logits to float32) */
     mesh_spec spec;
 } model_act;
 
@@ -146,6 +161,9 @@ typedef struct {
     model_param p[MODEL_MAX_PARAMS];
     /* the saved tensors of the remat layer running (NULL outside remat or with nothing to save) */
     struct model_remat_store *remat;
+    /* a remat layer running again in backward: values only its backward reads matter (XLA drops
+     * the rest of the recomputation, e.g. the ring of experts' final reduce-scatter) */
+    bool recomputing;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
      * stored state of each parameter as ONE stacked array in the optimizer
      * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
@@ -158,6 +176,10 @@ typedef struct {
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);
     void *on_layer_arg;
+    /* routed_bias_update_rate (model_bias_active): the global expert counts of each MoE layer in this
+     * forward pass [moe layers x experts] (a remat recompute writes the same values), and their sum
+     * over the step's microbatches, from which the step's bias update is taken */
+    float *bias_counts, *bias_counts_step;
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's
@@ -203,6 +225,12 @@ bool model_param_pipelined(const model_def *m, int i);
  * (circular_repeats,) layers, ..., spec with 'stage' on the S dim (size-1 axes kept). */
 sim_status model_pipe_dump_layout(const model_def *m, int i, int64_t l, char *path, size_t cap, int *rank,
                                   int64_t *shape, const char **logical, mesh_spec *spec);
+/* ZeRO-1's optimizer-state spec (size-1 axes kept) of pipelined parameter i
+ * in the stacked layout (stage-major, model_param_stack_layer): MaxText's
+ * add_data_to_sharding applied to the [(R,) S, ...] tensors it stacks, so
+ * 'data' lands on the repeat dim when R divides by it (here: after 'stage'
+ * on the scan dim) or else on the first eligible per-layer dim. */
+sim_status model_pipe_zero1_spec(const model_def *m, int i, mesh_spec *out);
 /* Runs fn (a layer before the pipeline) under rules_pp_dp on this thread. */
 sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                                 model_layer_fn fn, mesh_var **y, mesh_var **aux);
@@ -243,6 +271,11 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
 sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
 /* DeepSeek's dims from the config and its parameter definitions (deepseek.c). */
 sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
+/* Whether the model updates its MoEBiasVar gate bias after each step (routed_bias_update_rate > 0). */
+bool model_bias_active(const model_def *m);
+/* The loss-free balancing update of the gate bias after a step (MaxText's train_step does it after
+ * apply_gradients), from md->bias_counts_step; every device updates its replica alike. */
+void deepseek_bias_update(model_dev *md);
 
 /* Logs an activation for input_shardings.json once per (name, shape), as
  * MaxText keys its entries by "name: dtype[shape]"; names == NULL logs its
@@ -250,6 +283,8 @@ sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
 void model_note_activation(const model_dev *md, const char *name, const mesh_array *a, int rank,
                            const char *const *names, const mesh_spec *spec);
 /* shard_as / constraint by logical names, recording the activation for the dump. */
+/* Marks the logged activation `name` as float32 in the dump (device 0; no-op elsewhere). */
+void model_note_activation_f32(const model_dev *md, const char *name);
 sim_status model_shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
                           const char *const *names, mesh_var **out);
 sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,

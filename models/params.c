@@ -5,6 +5,9 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "mesh/mesh_shape.h"
+#include "sim/machine.h"
+
 void model_param_layer_shape(const model_param *p, int *rank, int64_t *shape)
 {
     int r = 0;
@@ -127,7 +130,45 @@ void model_param_stacked_spec(const model_param *p, const mesh_spec *layer, mesh
         memcpy(out->axes[d], layer->axes[r], sizeof out->axes[d]);
         r++;
     }
+    if (p->stage_span > 0 && sd < p->spec.rank) { /* pipelined: each stage stores its own block */
+        out->n_axes[sd] = p->spec.n_axes[sd];
+        memcpy(out->axes[sd], p->spec.axes[sd], sizeof out->axes[sd]);
+    }
     out->partial = layer->partial;
+}
+
+/* Stages of a pipelined parameter (the product of its scan dim's axes), 1 otherwise. */
+static int64_t stack_stages(const mesh_shape *m, const model_param *p)
+{
+    int sd = p->def.scan_dim;
+    if (p->stage_span <= 0 || sd < 0 || sd >= p->spec.rank) return 1;
+    int64_t s = 1;
+    for (int i = 0; i < p->spec.n_axes[sd]; i++) s *= m->sizes[p->spec.axes[sd][i]];
+    return s;
+}
+
+int64_t model_param_stack_layer(const mesh_shape *m, const model_param *p, int64_t q)
+{
+    int64_t S = stack_stages(m, p);
+    if (S == 1) return q;
+    int64_t L = p->stage_span, RL = p->n_layers / S;
+    int64_t s = q / RL, r = (q % RL) / L, j = q % L;
+    return (r * S + s) * L + j;
+}
+
+bool model_param_holds_layer(const mesh_shape *m, const model_param *p, int device, int64_t l)
+{
+    int64_t S = stack_stages(m, p);
+    if (S == 1) return true;
+    int c[MESH_MAX_AXES];
+    mesh_shape_coords(m, device, c);
+    int sd = p->def.scan_dim;
+    int64_t block = 0;
+    for (int i = 0; i < p->spec.n_axes[sd]; i++) {
+        int ax = p->spec.axes[sd][i];
+        block = block * m->sizes[ax] + c[ax];
+    }
+    return (l / p->stage_span) % S == block;
 }
 
 /* Local geometry of a stacked array over per-layer shards: stacked[o][l][i]
@@ -140,10 +181,10 @@ static void stack_geometry(const model_param *p, const mesh_array *layer0, int64
     for (int d = 0; d < layer0->rank; d++) *(d < sd ? outer : inner) *= layer0->local[d];
 }
 
-static void stack_copy(const model_param *p, float *stacked, float *const *layers, int64_t outer, int64_t inner,
-                       bool to_stacked)
+/* layers[l] for the n layers held (in increasing order: a pipelined stage's
+ * local block in stage-major order, model_param_stack_layer) */
+static void stack_copy(float *stacked, float *const *layers, int L, int64_t outer, int64_t inner, bool to_stacked)
 {
-    int L = p->n_layers;
     for (int64_t o = 0; o < outer; o++)
         for (int l = 0; l < L; l++) {
             float *s = stacked + (o * L + l) * inner, *x = layers[l] + o * inner;
@@ -156,22 +197,39 @@ sim_status model_param_stack(sim_device *d, const mesh_shape *m, const model_par
 {
     mesh_spec s;
     model_param_stacked_spec(p, &layers[0].spec, &s);
-    SIM_TRY(mesh_array_new_raw(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, cat, out));
+    if (layers[0].counted_fixed) /* the layers' dtype where it was fixed (ZeRO-1 with accumulation) */
+        SIM_TRY(mesh_array_new_as(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, layers[0].counted, cat, false,
+                                  out));
+    else
+        SIM_TRY(mesh_array_new_raw(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, cat, out));
     if (!out->data) return SIM_OK; /* dry run */
-    int64_t outer, inner;
-    stack_geometry(p, &layers[0], &outer, &inner);
     float *src[MODEL_MAX_LAYERS];
-    for (int l = 0; l < p->n_layers; l++) src[l] = layers[l].data;
-    stack_copy(p, out->data, src, outer, inner, true);
+    int n = 0, first = -1;
+    for (int l = 0; l < p->n_layers; l++)
+        if (model_param_holds_layer(m, p, sim_device_id(d), l)) {
+            if (first < 0) first = l;
+            src[n++] = layers[l].data;
+        }
+    if (!n) return SIM_OK;
+    int64_t outer, inner;
+    stack_geometry(p, &layers[first], &outer, &inner);
+    stack_copy(out->data, src, n, outer, inner, true);
     return SIM_OK;
 }
 
-void model_param_unstack(const model_param *p, const mesh_array *stacked, mesh_array *layers)
+void model_param_unstack(sim_device *d, const mesh_shape *m, const model_param *p, const mesh_array *stacked,
+                         mesh_array *layers)
 {
     if (!stacked->data) return;
-    int64_t outer, inner;
-    stack_geometry(p, &layers[0], &outer, &inner);
     float *dst[MODEL_MAX_LAYERS];
-    for (int l = 0; l < p->n_layers; l++) dst[l] = layers[l].data;
-    stack_copy(p, stacked->data, dst, outer, inner, false);
+    int n = 0, first = -1;
+    for (int l = 0; l < p->n_layers; l++)
+        if (model_param_holds_layer(m, p, sim_device_id(d), l)) {
+            if (first < 0) first = l;
+            dst[n++] = layers[l].data;
+        }
+    if (!n) return;
+    int64_t outer, inner;
+    stack_geometry(p, &layers[first], &outer, &inner);
+    stack_copy(stacked->data, dst, n, outer, inner, false);
 }

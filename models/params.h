@@ -31,6 +31,10 @@ typedef struct {
     int scan_dim;                                /* dim holding the layers, or -1 */
     model_init_kind init;
     double scale;                                /* standard deviation for normal inits */
+    bool state_var;                              /* a non-trainable variable (MaxText's MoEBiasVar gate
+                                                    bias, an nnx.Variable, not an nnx.Param): no
+                                                    gradient, no optimizer state; its layers are
+                                                    stacked first whatever param_scan_axis says */
     bool unscanned;                              /* scan_layers=false: MaxText names layer l of the
                                                     stack S "S_l" and stores it unstacked (dumps,
                                                     checkpoints); storage here is the same */
@@ -65,14 +69,29 @@ void model_param_tensor_view(const model_param *p, int k, model_param *view);
 
 /* The spec of the stacked tensor whose per-layer slices have spec `layer`:
  * an unsplit dim inserted at the scan dim (the layers of a device's
- * per-layer arrays side by side); p->spec's dims when there is no scan dim. */
+ * per-layer arrays side by side); p->spec's dims when there is no scan dim.
+ * A pipelined parameter (stage_span > 0) keeps its 'stage' split on the scan
+ * dim, and its stacked layers are in stage-major order (model_param_stack_layer),
+ * so each stage's layers are one contiguous block. */
 void model_param_stacked_spec(const model_param *p, const mesh_spec *layer, mesh_spec *out);
 /* A stacked array (global shape p->def.shape, model_param_stacked_spec of the
  * layers' spec, category `cat`) holding a copy of the per-layer arrays. */
 sim_status model_param_stack(sim_device *d, const mesh_shape *m, const model_param *p, const mesh_array *layers,
                              const char *name, sim_mem_cat cat, mesh_array *out);
-/* Copies the layers of such a stacked array back into the per-layer arrays. */
-void model_param_unstack(const model_param *p, const mesh_array *stacked, mesh_array *layers);
+/* Copies the layers of such a stacked array back into the per-layer arrays
+ * (a pipelined parameter: only the layers device d's stage holds). */
+void model_param_unstack(sim_device *d, const mesh_shape *m, const model_param *p, const mesh_array *stacked,
+                         mesh_array *layers);
+/* The layer at position q of the stacked scan dim: q itself, or for a
+ * pipelined parameter (S stages, L = stage_span layers per stage and repeat,
+ * R repeats) the stage-major order q = (s*R + r)*L + j of the flat layer
+ * (r*S + s)*L + j.  MaxText stacks the same layers [R, S, ...] per layer of a
+ * stage; the stage-major order puts each stage's block (and, inside it, each
+ * repeat's) contiguous, so 'stage' (and ZeRO-1's 'data' on MaxText's repeat
+ * dim) are plain block splits of this dim. */
+int64_t model_param_stack_layer(const mesh_shape *m, const model_param *p, int64_t q);
+/* Whether device `device` holds layer l of p (always, unless pipelined). */
+bool model_param_holds_layer(const mesh_shape *m, const model_param *p, int device, int64_t l);
 
 /* ZeRO-1's optimizer-state spec of a stacked parameter (MaxText's
  * sharding.add_data_to_sharding), from its spec WITH size-1 axes (and giving

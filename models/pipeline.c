@@ -144,15 +144,8 @@ sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, i
                            (long long)S);
     }
     /* gradient_accumulation_steps: each accumulation microbatch runs a whole pipeline schedule (its own
-     * bubbles, and with pipeline_fsdp_ag_once its own gather), as MaxText's GA scan wraps the step */
-    if (mesh_cfg_find(cfg, "shard_optimizer_over_data")) {
-        bool z;
-        SIM_TRY(get_flag(cfg, "shard_optimizer_over_data", &z));
-        if (z)
-            return sim_err(SIM_ERR_INPUT,
-                           "shard_optimizer_over_data=true with pipeline parallelism is not implemented yet; set "
-                           "shard_optimizer_over_data=false");
-    }
+     * bubbles, and with pipeline_fsdp_ag_once its own gather), as MaxText's GA scan wraps the step.
+     * shard_optimizer_over_data: nothing pipeline-specific in MaxText (model_pipe_zero1_spec) */
     return SIM_OK;
 }
 
@@ -407,7 +400,7 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
             }
             SIM_TRY(mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_once", SIM_MEM_ACTIVATIONS,
                                      &a->w));
-            SIM_TRY(mesh_reshard(md->ctx.dev, &m->mesh, &a->w, &to, sim_meta_tag("pipeline/fsdp_ag_once")));
+            SIM_TRY(mesh_reshard(md->ctx.dev, &m->mesh, &a->w, &to, sim_meta_weight("pipeline/fsdp_ag_once")));
             if (with_grads && p->g) {
                 /* partial over the gathered axes: one reduce-scatter after the loop */
                 to.partial = mesh_spec_dim_axes(&p->w[l].spec) & gone;
@@ -429,7 +422,7 @@ static sim_status ag_release(pipe_run *pr)
         model_param *p = &md->p[a->param];
         if (st == SIM_OK && a->g.rank > 0 && p->g) {
             st = mesh_reshard(md->ctx.dev, &md->def->mesh, &a->g, &p->g[a->layer].spec,
-                              sim_meta_tag("pipeline/fsdp_ag_once (grad)"));
+                              sim_meta_weight("pipeline/fsdp_ag_once (grad)"));
             if (st == SIM_OK) mesh_local_add(&p->g[a->layer], &a->g);
         }
         mesh_array_free(md->ctx.dev, &a->g);
@@ -856,3 +849,31 @@ sim_status model_pipe_dump_layout(const model_def *m, int i, int64_t l, char *pa
     spec->rank = r;
     return SIM_OK;
 }
+
+sim_status model_pipe_zero1_spec(const model_def *m, int i, mesh_spec *out)
+{
+    const model_param_def *pd = &m->defs[i];
+    const model_pipe *p = &m->d.pipe;
+    char path[MODEL_PATH_MAX + 32];
+    int rank;
+    int64_t shape[MESH_SPEC_MAX_RANK];
+    const char *logical[MESH_SPEC_MAX_RANK];
+    mesh_spec dump, z;
+    SIM_TRY(model_pipe_dump_layout(m, i, 0, path, sizeof path, &rank, shape, logical, &dump));
+    model_zero1_spec(&m->mesh, rank, shape, &dump, &z); /* MaxText's rule on MaxText's [(R,) S, ...] */
+    *out = m->unpruned[i];
+    int lead = p->repeats > 1 ? 1 : 0; /* the stage dim's index in the dump layout */
+    for (int d = 0; d < rank; d++) {
+        if (z.n_axes[d] == dump.n_axes[d]) continue;
+        int sd = pd->scan_dim;
+        if (d <= lead) { /* the repeat dim (or a size-1 data on the stage dim): after 'stage' on the scan dim */
+            out->axes[sd][out->n_axes[sd]++] = z.axes[d][0];
+            continue;
+        }
+        int k = d - lead - 1, id = k < sd ? k : k + 1; /* the per-layer dim in the stacked shape */
+        out->n_axes[id] = z.n_axes[d];
+        memcpy(out->axes[id], z.axes[d], sizeof out->axes[id]);
+    }
+    return SIM_OK;
+}
+

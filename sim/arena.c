@@ -131,10 +131,16 @@ static void account_add(sim_arena *a, size_t bytes, sim_mem_cat cat)
 sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero,
                            void **out)
 {
+    return sim_arena_alloc_counted(a, bytes, bytes, cat, name, zero, out);
+}
+
+sim_status sim_arena_alloc_counted(sim_arena *a, size_t bytes, size_t counted, sim_mem_cat cat, const char *name,
+                                   bool zero, void **out)
+{
     SIM_ASSERT(a && out && cat >= 0 && cat < SIM_NMEM);
     *out = NULL;
-    if (a->st.capacity && bytes > a->st.capacity - (a->st.live < a->st.capacity ? a->st.live : a->st.capacity))
-        return arena_oom(a, bytes, cat, name);
+    if (a->st.capacity && counted > a->st.capacity - (a->st.live < a->st.capacity ? a->st.live : a->st.capacity))
+        return arena_oom(a, counted, cat, name);
     if (!a->dry) {
         block *b = NULL;
         if (bytes >= CACHE_MIN) /* a released block of the same size: no fresh pages to fault in */
@@ -148,7 +154,7 @@ sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const ch
             push_front(&a->head, b);
             *out = (char *)b + HDR;
             if (zero) memset(*out, 0, bytes);
-            account_add(a, bytes, cat);
+            account_add(a, counted, cat);
             return SIM_OK;
         }
         size_t total = HDR + ((bytes + ALIGN - 1) / ALIGN) * ALIGN;
@@ -168,11 +174,16 @@ sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const ch
         *out = (char *)b + HDR;
         if (zero && bytes) memset(*out, 0, bytes);
     }
-    account_add(a, bytes, cat);
+    account_add(a, counted, cat);
     return SIM_OK;
 }
 
 void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat)
+{
+    sim_arena_release_counted(a, p, bytes, bytes, cat);
+}
+
+void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t counted, sim_mem_cat cat)
 {
     SIM_ASSERT(a && cat >= 0 && cat < SIM_NMEM);
     if (!a->dry) {
@@ -197,9 +208,18 @@ void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat)
             free(b);
         }
     }
-    SIM_ASSERT(a->st.live >= bytes && a->st.live_by[cat] >= bytes);
-    a->st.live -= bytes;
-    a->st.live_by[cat] -= bytes;
+    SIM_ASSERT(a->st.live >= counted && a->st.live_by[cat] >= counted);
+    a->st.live -= counted;
+    a->st.live_by[cat] -= counted;
+}
+
+void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat)
+{
+    SIM_ASSERT(cat >= 0 && cat < SIM_NMEM && a->st.live >= from && a->st.live_by[cat] >= from);
+    a->st.live -= from;
+    a->st.live_by[cat] -= from;
+    account_add(a, to, cat);
+    a->st.n_allocs--; /* the same block */
 }
 
 void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out) { *out = a->st; }

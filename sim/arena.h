@@ -39,6 +39,16 @@ sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const ch
 /* Releases a block; bytes and cat must be those it was allocated with
  * (checked in real mode).  p may be NULL only in dry run or when bytes==0. */
 void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat);
+/* The same for a block whose accounted size differs from its storage: the
+ * simulator stores float32 while the modelled program holds `counted` bytes
+ * (bfloat16 activations, say).  Live, peak, category and capacity figures
+ * use `counted`; the host allocation uses `bytes`.  Release with both. */
+sim_status sim_arena_alloc_counted(sim_arena *a, size_t bytes, size_t counted, sim_mem_cat cat, const char *name,
+                                   bool zero, void **out);
+void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t counted, sim_mem_cat cat);
+/* A live block of category cat counted `from` bytes is counted `to` bytes
+ * from now on (a cast in the modelled program); may raise the peak. */
+void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat);
 
 void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out);
 /* Forget the peak: peak := live (e.g. after initialisation). */

@@ -39,6 +39,8 @@ static sim_status check_call(sim_device *d, const sim_call *c)
     const char *op = sim_op_name(c->op);
     if (c->dt < 0 || c->dt >= SIM_NDTYPE)
         return sim_err(SIM_ERR_INPUT, "%s '%s': unknown dtype %d", op, tag_or_dash(c->tag), (int)c->dt);
+    if (c->counted_set && (c->counted < 0 || c->counted >= SIM_NDTYPE))
+        return sim_err(SIM_ERR_INPUT, "%s '%s': unknown counted dtype %d", op, tag_or_dash(c->tag), (int)c->counted);
     if (c->axes.n < 0 || c->axes.n > mesh->naxes)
         return sim_err(SIM_ERR_INPUT, "%s '%s': %d axes listed, the mesh has %d", op, tag_or_dash(c->tag),
                        c->axes.n, mesh->naxes);
@@ -216,7 +218,7 @@ typedef struct {
     uint64_t sent_dcn; /* of sent, to other slices */
 } byte_count;
 
-static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, bool implicit, uint64_t t0)
+static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, sim_meta meta, uint64_t t0)
 {
     if (d->nrec == d->caprec) {
         d->caprec = d->caprec ? 2 * d->caprec : 256;
@@ -233,12 +235,13 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, b
     for (int i = 0; i < c->axes.n; i++)
         if (d->m->mesh.sizes[c->axes.axis[i]] > 1) r->axes.axis[r->axes.n++] = c->axes.axis[i];
     r->group_size = k;
-    r->dtype = c->dt;
+    r->dtype = c->counted;
     r->elements = bc.elements;
     r->bytes_sent = bc.sent;
     r->bytes_sent_dcn = bc.sent_dcn;
     r->bytes_recv = bc.recv;
-    r->implicit = implicit;
+    r->implicit = meta.implicit;
+    r->weight = meta.weight;
     sim_str_put(r->tag, sizeof r->tag, 0, tag_or_dash(c->tag), SIZE_MAX);
     sim_op_totals *t = &d->totals[c->op];
     t->calls++;
@@ -276,7 +279,7 @@ static uint64_t count_dcn_bytes(const sim_device *d, const sim_call *c, int k, i
     bool multi = false;
     for (int a = 0; a < d->m->mesh.naxes; a++) multi |= d->m->mesh.dcn[a] > 1;
     if (!multi) return 0;
-    size_t es = sim_dtype_size(c->dt);
+    size_t es = sim_dtype_size(c->counted);
     uint64_t b = 0;
     for (int q = 0; q < k; q++) {
         if (q == r || !cross_slice(d, c->axes, q)) continue;
@@ -302,7 +305,7 @@ static uint64_t count_dcn_bytes(const sim_device *d, const sim_call *c, int k, i
 /* Bytes this device sends and receives, by the formulas in the header. */
 static byte_count count_bytes(const sim_device *d, const sim_call *c, int k, int r)
 {
-    size_t es = sim_dtype_size(c->dt);
+    size_t es = sim_dtype_size(c->counted);
     byte_count bc = {0, 0, 0, 0};
     switch (c->op) {
     case SIM_OP_ALL_GATHER:
@@ -404,9 +407,11 @@ static void move_data(sim_device *d, const sim_call *c, sim_call *const *peers, 
     }
 }
 
-static sim_status run_collective(sim_device *d, sim_call *c, bool implicit)
+static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
 {
     SIM_TRY(check_call(d, c));
+    if (c->dt != SIM_F32) c->counted = c->dt;
+    else if (!c->counted_set) c->counted = d->m->opts.counted_wire;
     uint64_t t0 = sim_now_ns();
     sim_machine *m = d->m;
     int k = sim_mesh_group_size(&m->mesh, c->axes);
@@ -416,13 +421,13 @@ static sim_status run_collective(sim_device *d, sim_call *c, bool implicit)
     if (k == 1) {
         sim_call *self[1] = {c};
         if (!dry) move_data(d, c, self, 1, 0);
-        add_record(d, c, 1, count_bytes(d, c, 1, 0), implicit, t0);
+        add_record(d, c, 1, count_bytes(d, c, 1, 0), meta, t0);
         return SIM_OK;
     }
     sim_group *g = sim_group_of(d, sim_axes_mask(c->axes));
     if (dry) { /* nothing moves: post the call and go on (sim_post) */
         SIM_TRY(sim_post(d, g, c, match_calls));
-        add_record(d, c, k, count_bytes(d, c, k, r), implicit, t0);
+        add_record(d, c, k, count_bytes(d, c, k, r), meta, t0);
         return SIM_OK;
     }
     SIM_TRY(sim_rendezvous(d, g, c, SIM_RV_ARRIVE, match_calls));
@@ -442,7 +447,7 @@ static sim_status run_collective(sim_device *d, sim_call *c, bool implicit)
             SIM_TRY(sim_rendezvous(d, g, NULL, SIM_RV_DEPART, NULL));
         }
     }
-    add_record(d, c, k, count_bytes(d, c, k, r), implicit, t0);
+    add_record(d, c, k, count_bytes(d, c, k, r), meta, t0);
     return SIM_OK;
 }
 
@@ -454,6 +459,8 @@ static sim_call call_init(sim_op op, const void *send, void *recv, sim_dtype dt,
     c.send = send;
     c.recv = recv;
     c.dt = dt;
+    c.counted_set = meta.counted_set;
+    c.counted = meta.counted;
     c.axes = axes;
     c.tag = meta.tag;
     return c;
@@ -485,7 +492,7 @@ sim_status sim_all_gather_dim(sim_device *d, const void *send, void *recv, size_
     c.p[0] = outer;
     c.p[1] = mid * inner;
     SIM_TRY(need_buffers(d, &c, outer * mid * inner));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
@@ -507,7 +514,7 @@ sim_status sim_reduce_scatter_dim(sim_device *d, const void *send, void *recv, s
     c.p[0] = outer;
     c.p[1] = mid / (size_t)k * inner;
     SIM_TRY(need_buffers(d, &c, outer * mid * inner));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_reduce_scatter(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
@@ -525,7 +532,7 @@ sim_status sim_all_reduce(sim_device *d, const void *send, void *recv, size_t co
                        sim_dtype_name(dt));
     c.p[0] = count;
     SIM_TRY(need_buffers(d, &c, count));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_all_to_all_dims(sim_device *d, const void *send, void *recv, int rank, const size_t *shape, int split,
@@ -556,7 +563,7 @@ sim_status sim_all_to_all_dims(sim_device *d, const void *send, void *recv, int 
     c.p[2] = cc;
     c.p[3] = e;
     SIM_TRY(need_buffers(d, &c, total));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_all_to_all(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
@@ -585,7 +592,7 @@ sim_status sim_ppermute(sim_device *d, const void *send, void *recv, size_t coun
     c.p[0] = count;
     c.perm = perm;
     SIM_TRY(need_buffers(d, &c, count));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, size_t recv_cap, const size_t *send_off,
@@ -610,7 +617,7 @@ sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, si
     c.recv_cnt = recv_cnt;
     c.recv_cap = recv_cap;
     SIM_TRY(need_buffers(d, &c, total));
-    return run_collective(d, &c, meta.implicit);
+    return run_collective(d, &c, meta);
 }
 
 const sim_record *sim_device_records(const sim_device *d, size_t *n)
@@ -622,6 +629,7 @@ const sim_record *sim_device_records(const sim_device *d, size_t *n)
 void sim_device_clear_records(sim_device *d)
 {
     d->nrec = 0;
+    d->ncost = 0;
     memset(d->totals, 0, sizeof d->totals);
 }
 
@@ -629,4 +637,27 @@ sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op)
 {
     SIM_ASSERT(op >= 0 && op < SIM_NOP);
     return d->totals[op];
+}
+
+void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag)
+{
+    if (d->ncost == d->capcost) {
+        d->capcost = d->capcost ? 2 * d->capcost : 256;
+        d->cost = realloc(d->cost, d->capcost * sizeof *d->cost);
+        SIM_ASSERT(d->cost);
+    }
+    sim_cost *c = &d->cost[d->ncost++];
+    c->step = d->step;
+    c->phase = d->phase;
+    c->flops = flops;
+    c->elements = elements;
+    c->weight_elements = weight_elements;
+    c->nrec_before = d->nrec;
+    snprintf(c->tag, sizeof c->tag, "%s", tag ? tag : "-");
+}
+
+const sim_cost *sim_device_costs(const sim_device *d, size_t *n)
+{
+    *n = d->ncost;
+    return d->cost;
 }

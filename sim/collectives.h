@@ -13,6 +13,9 @@
  *   ppermute        n -> n        n if the peer is another device, else 0
  *   ragged a2a      per peer      sum of sizes sent to / received from other devices
  *
+ * with sizes in bytes of the counted dtype (see sim_meta): float32 data moved
+ * for a bfloat16 program counts 2 bytes an element.
+ *
  * Members that disagree on the call (op, axes, dtype, sizes, permutation)
  * stop the machine with SIM_ERR_MISMATCH naming the devices, calls and tags.
  * Send and receive buffers must not overlap except where a function says so.
@@ -38,13 +41,40 @@ typedef enum {
 const char *sim_op_name(sim_op op);
 
 /* Who asked for a collective: tag = "layer/op", implicit = inserted by the
- * resharding planner rather than written by model code. */
+ * resharding planner rather than written by model code, weight = it moves a
+ * parameter or a parameter's gradient (the step-time model lets these run
+ * asynchronously, as XLA prefetches FSDP weights and defers gradient
+ * reductions).  A float32 call is counted in `counted` when counted_set (the
+ * dtype the modelled program moves it in), else in the machine's
+ * opts.counted_wire; other dtypes count as they are. */
 typedef struct {
     const char *tag;
     bool implicit;
+    bool weight;
+    bool counted_set;
+    sim_dtype counted;
 } sim_meta;
-static inline sim_meta sim_meta_tag(const char *tag) { sim_meta m = {tag, false}; return m; }
-static inline sim_meta sim_meta_implicit(const char *tag) { sim_meta m = {tag, true}; return m; }
+static inline sim_meta sim_meta_tag(const char *tag)
+{
+    sim_meta m = {.tag = tag, .counted = SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_implicit(const char *tag)
+{
+    sim_meta m = {.tag = tag, .implicit = true, .counted = SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_weight(const char *tag)
+{
+    sim_meta m = {.tag = tag, .weight = true, .counted = SIM_F32};
+    return m;
+}
+static inline sim_meta sim_meta_counted(sim_meta m, sim_dtype dt)
+{
+    m.counted_set = true;
+    m.counted = dt;
+    return m;
+}
 
 /* One collective call as seen by one device. */
 typedef struct {
@@ -53,14 +83,30 @@ typedef struct {
     sim_phase phase;
     sim_axes axes;            /* mesh axes of the group, in rank order */
     int group_size;           /* k */
-    sim_dtype dtype;
+    sim_dtype dtype;          /* the counted dtype (sim_meta), which sets the bytes */
     uint64_t elements;        /* local input elements */
     uint64_t bytes_sent;      /* by this device to other devices */
     uint64_t bytes_sent_dcn;  /* of bytes_sent, to devices in other slices (DCN; the rest is ICI) */
     uint64_t bytes_recv;      /* by this device from other devices */
     bool implicit;            /* inserted by the planner */
+    bool weight;              /* moves a parameter or a parameter's gradient (sim_meta.weight) */
     char tag[SIM_TAG_MAX];    /* layer/op that caused it */
 } sim_record;
+
+/* The work of one local kernel, for the step-time model: FLOPs, the elements
+ * it reads and writes in HBM (counted in the model's dtype by the reader),
+ * of which weight_elements are parameters (read in weight_dtype-cast form).
+ * Kept in call order beside the collective records: nrec_before collective
+ * records of the device precede it. */
+typedef struct {
+    int step;
+    sim_phase phase;
+    double flops;
+    double elements;
+    double weight_elements;
+    size_t nrec_before;
+    char tag[SIM_TAG_MAX];
+} sim_cost;
 
 /* Per-device totals of one op. */
 typedef struct {
@@ -112,6 +158,11 @@ sim_status sim_ppermute(sim_device *d, const void *send, void *recv, size_t coun
 sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, size_t recv_cap,
                                  const size_t *send_off, const size_t *send_cnt, const size_t *recv_off,
                                  const size_t *recv_cnt, sim_dtype dt, sim_axes axes, sim_meta meta);
+
+/* Records the cost of one local kernel (see sim_cost); cleared with the records. */
+void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag);
+/* Cost events of a device, in call order (valid until the next add). */
+const sim_cost *sim_device_costs(const sim_device *d, size_t *n);
 
 /* Records of a device (valid until the next collective on it). */
 const sim_record *sim_device_records(const sim_device *d, size_t *n);

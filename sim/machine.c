@@ -225,6 +225,7 @@ void sim_machine_free(sim_machine *m)
         sim_arena_free_all(d->arena);
         sem_destroy(&d->wake);
         free(d->rec);
+        free(d->cost);
         free(d->spans);
     }
     free(m->dev);
@@ -253,6 +254,12 @@ const char *sim_device_label(const sim_device *d) { return d->label; }
 sim_arena *sim_device_arena(sim_device *d) { return d->arena; }
 sim_machine *sim_device_machine(sim_device *d) { return d->m; }
 bool sim_device_dry(const sim_device *d) { return d->m->opts.dry_run; }
+
+sim_dtype sim_device_counted_dtype(const sim_device *d, sim_dtype dt, sim_mem_cat cat)
+{
+    SIM_ASSERT(cat >= 0 && cat < SIM_NMEM);
+    return dt == SIM_F32 ? d->m->opts.counted[cat] : dt;
+}
 void sim_device_set_phase(sim_device *d, sim_phase p) { d->phase = p; }
 sim_phase sim_device_phase(const sim_device *d) { return d->phase; }
 void sim_device_set_step(sim_device *d, int step)

@@ -36,6 +36,12 @@ typedef struct {
     double collective_timeout_s; /* watchdog: a device that waits longer than this on one
                                     collective ends the run naming it, the op and the peers
                                     it waits for (a blocking timed wait, no spinning); 0 = off */
+    /* Counted dtypes: the simulator computes in float32, but a float32 buffer
+     * is counted (arena bytes, collective records) in the dtype the modelled
+     * program would hold it in -- MaxText's weight_dtype for parameters,
+     * dtype for activations.  SIM_F32 (the zero value) counts as stored. */
+    sim_dtype counted[SIM_NMEM]; /* per arena category, for float32 buffers */
+    sim_dtype counted_wire;      /* float32 collectives, unless their sim_meta names a dtype */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */
@@ -80,6 +86,9 @@ const char *sim_device_label(const sim_device *d);
 sim_arena *sim_device_arena(sim_device *d);
 sim_machine *sim_device_machine(sim_device *d);
 bool sim_device_dry(const sim_device *d);
+/* The dtype a buffer of dtype dt in category cat is counted in on this
+ * device: opts.counted[cat] for float32 buffers, dt for any other. */
+sim_dtype sim_device_counted_dtype(const sim_device *d, sim_dtype dt, sim_mem_cat cat);
 /* This device's rank in the group over `axes` (mixed radix, first axis most significant). */
 int sim_device_group_rank(const sim_device *d, sim_axes axes);
 /* Device id of the member with rank r of this device's group over `axes`. */

@@ -27,6 +27,8 @@
 typedef struct sim_call {
     sim_op op;
     sim_dtype dt;
+    sim_dtype counted; /* the dtype the bytes are counted in (run_collective resolves it) */
+    bool counted_set;  /* sim_meta named it */
     sim_axes axes;
     const char *tag;
     int device;
@@ -95,6 +97,8 @@ struct sim_device {
     /* records */
     sim_record *rec;
     size_t nrec, caprec;
+    sim_cost *cost;       /* kernel costs for the step-time model (sim_device_add_cost) */
+    size_t ncost, capcost;
     sim_op_totals totals[SIM_NOP];
     /* trace */
     sim_span *spans;

@@ -238,6 +238,157 @@ static void test_parity_exit_codes(void **state)
     done(&r);
 }
 
+/* parity under hbm_limit_gb: a configuration that does not fit is reported as
+ * out of memory as it runs, the others still run and are compared, and the
+ * exit code is 1; a reference that does not fit stops parity (exit 1). */
+static void test_parity_hbm_limit(void **state)
+{
+    (void)state;
+    const char *a[] = {SMALL, "per_device_batch_size=2", "steps=2",
+                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 hbm_limit_gb=0.0002;ici_fsdp_parallelism=2"};
+    result r = run(cli_cmd_parity, (int)(sizeof a / sizeof a[0]), a);
+    assert_int_equal(r.rc, 1);
+    const char *oom = strstr(r.out, "out of simulated memory (hbm_limit_gb=0.0002)");
+    assert_non_null(oom);
+    const char *third = strstr(r.out, "[3/3]");
+    assert_non_null(third);
+    assert_true(oom < third);
+    assert_non_null(strstr(third, "2 steps in"));
+    assert_non_null(strstr(r.out, "INCOMPLETE: 1 configuration"));
+    done(&r);
+    const char *b[] = {SMALL, "per_device_batch_size=2", "steps=2", "hbm_limit_gb=0.0002",
+                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2"};
+    r = run(cli_cmd_parity, (int)(sizeof b / sizeof b[0]), b);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "reference configuration"));
+    assert_non_null(strstr(r.err, "hbm_limit_gb=0.0002"));
+    assert_null(strstr(r.out, "[2/2]"));
+    done(&r);
+}
+
+/* The loss printed on step s's line ("" when there is no such line). */
+static void step_loss(const char *out, int s, char *buf, size_t cap)
+{
+    char head[32];
+    snprintf(head, sizeof head, "\n%6d ", s);
+    const char *p = strstr(out, head);
+    buf[0] = '\0';
+    if (p) sscanf(p + strlen(head), "%31s", buf);
+    (void)cap;
+}
+
+/* Resume through the CLI, as MaxText decides it: this run's checkpoint_dir
+ * first (latest step; load_parameters_path then not read; temporary files
+ * never candidates), then load_full_state_path; a run whose steps are all
+ * done, a damaged latest checkpoint and load_full_state_path without
+ * checkpointing are refused (exit 2) naming the file or the keys. */
+static void test_resume(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_resume_cli_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char ck[300], p0[300], p2[300], p3[300], tmp6[300], bad8[300], lp[340], lfs[340];
+    snprintf(ck, sizeof ck, "checkpoint_dir=%s", dir);
+    snprintf(p0, sizeof p0, "%s/step_0.safetensors", dir);
+    snprintf(p2, sizeof p2, "%s/step_2.safetensors", dir);
+    snprintf(p3, sizeof p3, "%s/step_3.safetensors", dir);
+    snprintf(tmp6, sizeof tmp6, "%s/step_6.safetensors.tmp", dir);
+    snprintf(bad8, sizeof bad8, "%s/step_8.safetensors", dir);
+    const char *a[] = {SMALL, "per_device_batch_size=2", "steps=4", "checkpoint_period=2", "learning_rate=3e-4", ck};
+    int na = (int)(sizeof a / sizeof a[0]);
+    result r = run(cli_train, na, a);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    char ref3[32], got[32];
+    step_loss(r.out, 3, ref3, sizeof ref3);
+    assert_true(ref3[0]);
+    done(&r);
+    /* MaxText's schedule: after steps 0 and 2 (period 2) and after the last one */
+    assert_int_equal(access(p0, F_OK), 0);
+    assert_int_equal(access(p2, F_OK), 0);
+    assert_int_equal(access(p3, F_OK), 0);
+    snprintf(lp, sizeof lp, "%s/step_1.safetensors", dir);
+    assert_int_equal(access(lp, F_OK), -1);
+    /* every step done: nothing left to train */
+    r = run(cli_train, na, a);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, p3));
+    assert_non_null(strstr(r.err, "steps above 4"));
+    done(&r);
+    /* interrupted after step 2 (step 3's checkpoint never written, a killed save's temporary file left) */
+    assert_int_equal(unlink(p3), 0);
+    FILE *f = fopen(tmp6, "w");
+    fputs("half a file", f);
+    fclose(f);
+    snprintf(lp, sizeof lp, "load_parameters_path=%s", p0);
+    const char *b[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "steps=4", "checkpoint_period=2",
+                       "learning_rate=3e-4", ck, lp};
+    r = run(cli_train, (int)(sizeof b / sizeof b[0]), b);
+    if (r.rc) fail_msg("resume failed: %s", r.err);
+    assert_non_null(strstr(r.out, "resuming from this run's checkpoint"));
+    assert_non_null(strstr(r.out, p2));
+    assert_non_null(strstr(r.out, "load_parameters_path is not read"));
+    assert_non_null(strstr(r.out, "1 temporary file"));
+    step_loss(r.out, 2, got, sizeof got);
+    assert_string_equal(got, ""); /* steps 0 to 2 are not trained again */
+    step_loss(r.out, 3, got, sizeof got);
+    assert_string_equal(got, ref3); /* another mesh: the same loss to the printed digits */
+    assert_non_null(strstr(r.out, "traffic over 1 step:"));
+    assert_int_equal(access(tmp6, F_OK), -1); /* the next save removed it */
+    assert_int_equal(access(p3, F_OK), 0);
+    done(&r);
+    /* load_full_state_path, outside any checkpoint_dir */
+    snprintf(lfs, sizeof lfs, "load_full_state_path=%s", p2);
+    const char *c[] = {SMALL, "per_device_batch_size=2", "steps=4", "learning_rate=3e-4", lfs};
+    r = run(cli_train, (int)(sizeof c / sizeof c[0]), c);
+    if (r.rc) fail_msg("load_full_state_path failed: %s", r.err);
+    assert_non_null(strstr(r.out, "resuming from load_full_state_path"));
+    step_loss(r.out, 3, got, sizeof got);
+    assert_string_equal(got, ref3);
+    done(&r);
+    const char *d[] = {SMALL, "steps=4", "enable_checkpointing=false", lfs};
+    r = run(cli_train, (int)(sizeof d / sizeof d[0]), d);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "load_full_state_path"));
+    assert_non_null(strstr(r.err, "enable_checkpointing=false"));
+    done(&r);
+    /* a damaged latest checkpoint is never resumed from, nor silently passed over */
+    f = fopen(bad8, "w");
+    fputs("not a safetensors file", f);
+    fclose(f);
+    const char *e[] = {SMALL, "per_device_batch_size=2", "steps=10", "checkpoint_period=2", ck};
+    r = run(cli_train, (int)(sizeof e / sizeof e[0]), e);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, bad8));
+    assert_null(strstr(r.out, "resuming"));
+    done(&r);
+    unlink(bad8);
+    /* save_checkpoint_on_start=false: none after step 0; save_checkpoint_on_completion=false: none after
+     * the last step (3) off the period (2) */
+    unlink(p0);
+    unlink(p2);
+    unlink(p3);
+    const char *g[] = {SMALL, "per_device_batch_size=2", "steps=4", "checkpoint_period=2", ck,
+                       "save_checkpoint_on_start=false", "save_checkpoint_on_completion=false"};
+    r = run(cli_train, (int)(sizeof g / sizeof g[0]), g);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    done(&r);
+    assert_int_equal(access(p0, F_OK), -1);
+    assert_int_equal(access(p2, F_OK), 0);
+    assert_int_equal(access(p3, F_OK), -1);
+    /* a pipeline's checkpoints are not simulated: the directory base_output_directory implies is refused too */
+    char bo[340];
+    snprintf(bo, sizeof bo, "base_output_directory=%s", dir);
+    const char *pp[] = {SMALL, "per_device_batch_size=2", "steps=1", "ici_pipeline_parallelism=2", bo, "run_name=pp"};
+    r = run(cli_train, (int)(sizeof pp / sizeof pp[0]), pp);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "enable_checkpointing=true with base_output_directory and pipeline parallelism"));
+    done(&r);
+    unlink(p0);
+    unlink(p2);
+    unlink(p3);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -247,6 +398,8 @@ int main(void)
         cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
         cmocka_unit_test(test_parity_exit_codes),
+        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_parity_hbm_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -51,8 +51,9 @@ static const char *const TINY[] = {
 };
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, VOCAB = 64, STEPS = 5 };
 
-/* capacity ceil(16*2/8) * 4 = 16 = the sequence: the dense path drops nothing */
-static const char *const DENSE_PATH = "capacity_factor=4";
+/* capacity ceil(16*2/8) * 4 = 16 = the sequence: the dense path drops nothing (sparse_matmul=false
+ * capacity_factor=4: with sparse_matmul=true MaxText ignores capacity_factor) */
+static const char *const DENSE_PATH = "tests/data/moe_dense_path.yml";
 
 static model_def *load(const char *const *extra, int n_extra, int devices, mesh_cfg **cfg_out)
 {
@@ -476,7 +477,7 @@ static sim_status region_device(sim_device *dev, void *arg)
     mesh_var *x = mesh_tape_input(t, &xa, true), *s = mesh_tape_input(t, &sa, true),
              *w0 = mesh_tape_input(t, &w0a, true), *w1 = mesh_tape_input(t, &w1a, true),
              *wo = mesh_tape_input(t, &woa, true), *weights, *indices, *out, *loss;
-    mesh_moe_route_cfg rc = {RK, true, 2.5, true};
+    mesh_moe_route_cfg rc = {.k = RK, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true};
     SIM_TRY(mesh_moe_route(t, s, NULL, &rc, "routing", &weights, &indices));
     mesh_moe_cfg mc;
     memset(&mc, 0, sizeof mc);

@@ -396,6 +396,134 @@ static void test_fused_mlp(void **state)
     assert_non_null(strstr(sim_errmsg(), "fused_mlp"));
 }
 
+/* ------------------------------------------------------------ fused_qkv */
+
+/* TINY's attention: H = 4 query heads, K = 2 kv heads, head_dim 8, emb 16, 2 layers. */
+enum { QH = 4, KH = 2, HD = 8, EMB = 16, FH = QH + 2 * KH };
+
+/* The fused head that MaxText's split_qkv turns into query (part 0), key (1) or value (2) head j
+ * when k shards hold the fused heads dim: shard t keeps fused heads [t FH/k, (t+1) FH/k) and
+ * splits them in the global ratio, H/k query heads, then K/k key heads, then K/k value heads. */
+static int fused_head(int part, int j, int k)
+{
+    int n = part == 0 ? QH : KH, per = n / k, t = j / per, i = j % per;
+    int at = part == 0 ? 0 : part == 1 ? QH / k : QH / k + KH / k;
+    return t * (FH / k) + at + i;
+}
+
+/* Unfused parameters (layout of model_grads) from fused ones: q/k/v kernels taken from the fused
+ * kernel's heads as k shards split them; every other parameter copied by path. */
+static void unfuse(const model_def *fd, const model_grads *f, const model_def *ud, model_grads *u, int k)
+{
+    model_grads_alloc(ud, u);
+    int fq = model_param_index(fd, "self_attention.qkv_proj.kernel");
+    for (int i = 0; i < ud->nparams; i++) {
+        const char *path = ud->defs[i].path;
+        int part = strstr(path, "self_attention.query.") ? 0 : strstr(path, "self_attention.key.") ? 1
+                   : strstr(path, "self_attention.value.")                                   ? 2
+                                                                                              : -1;
+        if (part < 0) {
+            int j = model_param_index(fd, path);
+            assert_true(j >= 0);
+            memcpy(u->g[i], f->g[j], sizeof(float) * (size_t)(u->layer_elems[i] * u->n_layers[i]));
+            continue;
+        }
+        int n = part == 0 ? QH : KH;
+        for (int l = 0; l < u->n_layers[i]; l++)
+            for (int e = 0; e < EMB; e++)
+                for (int h = 0; h < n; h++)
+                    memcpy(u->g[i] + l * u->layer_elems[i] + ((int64_t)e * n + h) * HD,
+                           f->g[fq] + l * f->layer_elems[fq] + ((int64_t)e * FH + fused_head(part, h, k)) * HD,
+                           sizeof(float) * HD);
+    }
+}
+
+static void expect_same(const model_def *def, double la, const model_grads *a, double lb, const model_grads *b,
+                        double tol, const char *what)
+{
+    if (fabs(la - lb) > tol * fabs(lb)) fail_msg("%s: loss %.7f vs %.7f", what, la, lb);
+    for (int i = 0; i < def->nparams; i++) {
+        double e = model_rel_norm_diff(a->g[i], b->g[i], a->layer_elems[i] * a->n_layers[i]);
+        if (e > tol) fail_msg("%s: gradient of %s differs by %.3g", what, def->defs[i].path, e);
+    }
+}
+
+static void test_fused_qkv(void **state)
+{
+    (void)state;
+    const char *k[] = {"fused_qkv=true"};
+    model_def *u = load(NULL, 0, 1), *f = load(k, 1, 1);
+    int qkv = model_param_index(f, "self_attention.qkv_proj.kernel");
+    assert_true(qkv >= 0 && model_param_index(f, "self_attention.query.kernel") < 0 &&
+                model_param_index(f, "self_attention.key.kernel") < 0);
+    /* (embed_attn, layers, heads, kv) = (16, 2, 4 + 2 x 2, 8): the bytes of query, key and value together */
+    assert_int_equal(f->defs[qkv].rank, 4);
+    assert_true(f->defs[qkv].shape[0] == EMB && f->defs[qkv].shape[1] == 2 && f->defs[qkv].shape[2] == FH &&
+                f->defs[qkv].shape[3] == HD);
+    assert_string_equal(f->defs[qkv].logical[2], "heads");
+    assert_int_equal(model_param_bytes(u), model_param_bytes(f));
+    /* the same weights unfused give the same loss and gradients (one shard on the heads dim) */
+    model_grads pf, gf, pu, gu;
+    double lf = run(f, NULL, &pf, &gf);
+    unfuse(f, &pf, u, &pu, 1);
+    double lu = run(u, &pu, NULL, &gu);
+    model_grads gfu;
+    unfuse(f, &gf, u, &gfu, 1);
+    expect_same(u, lu, &gu, lf, &gfu, 1e-5, "fused vs unfused, tensor=1");
+    model_grads_free(&gu);
+    model_grads_free(&gfu);
+    /* tensor=2: each shard splits its own 4 fused heads (2 query, 1 key, 1 value): the same
+     * weights now mean another unfused model, derived by hand in fused_head */
+    const char *t2[] = {"fused_qkv=true", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2"};
+    model_def *f2 = load(t2, 3, 2);
+    model_grads g2, pu2;
+    double l2 = run(f2, &pf, NULL, &g2);
+    unfuse(f, &pf, u, &pu2, 2);
+    lu = run(u, &pu2, NULL, &gu);
+    unfuse(f, &g2, u, &gfu, 2);
+    expect_same(u, lu, &gu, l2, &gfu, 1e-5, "fused tensor=2 vs unfused with the per-shard split");
+    assert_true(fabs(l2 - lf) > 1e-4); /* the split depends on the mesh, as in MaxText */
+    /* parity among meshes with the same heads sharding, auto and explicit */
+    const char *m8[][5] = {
+        {"fused_qkv=true", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "shard_mode=auto"},
+        {"fused_qkv=true", "ici_data_parallelism=4", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2",
+         "shard_mode=explicit"},
+        {"fused_qkv=true", "ici_data_parallelism=2", "ici_fsdp_parallelism=4", "shard_mode=explicit"},
+    };
+    for (int c = 0; c < 3; c++) {
+        model_def *d8 = load(m8[c], c == 0 ? 4 : 5, 8);
+        model_grads g8;
+        double l8 = run(d8, &pf, NULL, &g8);
+        if (c < 2)
+            expect_same(f, l8, &g8, l2, &g2, 1e-4, m8[c][2]);
+        else
+            expect_same(f, l8, &g8, lf, &gf, 1e-4, m8[c][2]);
+        model_grads_free(&g8);
+        free_def(d8);
+    }
+    parity(TINY, 10, k, 1, (const char *const[]){"ici_data_parallelism=2 ici_fsdp_parallelism=4"}, 1, NULL);
+    finite_differences(k, 1);
+    model_grads_free(&gu);
+    model_grads_free(&gfu);
+    model_grads_free(&g2);
+    model_grads_free(&pu2);
+    model_grads_free(&pf);
+    model_grads_free(&gf);
+    model_grads_free(&pu);
+    free_def(f2);
+    free_def(u);
+    free_def(f);
+    /* remat_policy=custom qkv_proj=device keeps the fused product (8 x 8 floats per token) of the other layer */
+    const char *full[] = {"fused_qkv=true", "remat_policy=full"},
+               *keep[] = {"fused_qkv=true", "remat_policy=custom", "qkv_proj=device"};
+    size_t pfull = peak_of(full, 2, 1, false, NULL), pk = peak_of(keep, 3, 1, false, NULL);
+    if (pk != pfull + (size_t)2 * ROWS * SEQ * FH * HD * 4) fail_msg("qkv_proj=device: peak %zu, full %zu", pk, pfull);
+    const char *ds[] = {"fused_qkv=true"};
+    assert_int_equal(refusal(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 1), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "fused_qkv"));
+    assert_non_null(strstr(sim_errmsg(), "MLA"));
+}
+
 /* ------------------------------------------------------------ dropout */
 
 static void test_dropout(void **state)
@@ -488,19 +616,20 @@ static void test_layer_layout(void **state)
     (void)state;
     char base[] = "/tmp/shardsim-keys-XXXXXX";
     assert_non_null(mkdtemp(base));
-    char d0[300], d1[300], d2[300], d3[300], f0[340], f1[340], f2[340];
+    char d0[300], d1[300], d2[300], d3[300], d4[300], f0[340], f1[340], f2[340];
     snprintf(d0, sizeof d0, "%s/scanned", base);
     snprintf(d1, sizeof d1, "%s/axis0", base);
     snprintf(d2, sizeof d2, "%s/unscanned", base);
     snprintf(d3, sizeof d3, "%s/reload", base);
+    snprintf(d4, sizeof d4, "%s/reload-stacked", base); /* d3 holds a checkpoint now: it would resume */
     const char *axis0[] = {"param_scan_axis=0"}, *unscanned[] = {"scan_layers=false"};
     assert_int_equal(train_cli(d0, NULL, 0), 0);
     assert_int_equal(train_cli(d1, axis0, 1), 0);
     assert_int_equal(train_cli(d2, unscanned, 1), 0);
-    /* after one step (the same training in every layout) */
-    snprintf(f0, sizeof f0, "%s/step_1.safetensors", d0);
-    snprintf(f1, sizeof f1, "%s/step_1.safetensors", d1);
-    snprintf(f2, sizeof f2, "%s/step_1.safetensors", d2);
+    /* after one step (the same training in every layout; MaxText names it step 0) */
+    snprintf(f0, sizeof f0, "%s/step_0.safetensors", d0);
+    snprintf(f1, sizeof f1, "%s/step_0.safetensors", d1);
+    snprintf(f2, sizeof f2, "%s/step_0.safetensors", d2);
     int r0, r1, r2;
     int64_t s0[8], s1[8], s2[8];
     const char *q = "params.decoder.layers.self_attention.query.kernel";
@@ -539,7 +668,7 @@ static void test_layer_layout(void **state)
     const char *reload[] = {"scan_layers=false", lp};
     assert_int_equal(train_cli(d3, reload, 2), 0);
     snprintf(lp, sizeof lp, "load_parameters_path=%s", f0);
-    assert_int_equal(train_cli(d3, reload, 2), 2);
+    assert_int_equal(train_cli(d4, reload, 2), 2);
     /* ZeRO-1 is simulated for the default layout only */
     const char *z1[] = {"scan_layers=false", "shard_optimizer_over_data=true", "ici_data_parallelism=2"};
     assert_int_equal(refusal(TINY, 10, z1, 3), SIM_ERR_INPUT);
@@ -760,6 +889,7 @@ int main(void)
         cmocka_unit_test(test_global_parameter_scale),
         cmocka_unit_test(test_logits_dot_in_fp32_is_float32_already),
         cmocka_unit_test(test_fused_mlp),
+        cmocka_unit_test(test_fused_qkv),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_layer_layout),
         cmocka_unit_test(test_sharding_tolerance),

@@ -10,7 +10,11 @@
  *     (with and without circ_storage); with pipeline_delay_activation_forwarding
  *     (stage=2 L=4; stage=2 L=2 R=2 M=8, with circ_storage); stage=2 fsdp=2 tensor=2; stage=2 data=2
  *     with two layers per stage; stage=2 fsdp=2
- *     with pipeline_fsdp_ag_once; each in auto and explicit mode;
+ *     with pipeline_fsdp_ag_once; stage=2 data=2 with ZeRO-1 ('data' on the
+ *     repeat dim, and on a per-layer dim); each in auto and explicit mode;
+ *   - ZeRO-1 with a pipeline: data-axis bytes per step (all-gather and
+ *     reduce-scatter of (k-1)/k of the stage's parameters) and the optimizer
+ *     bytes per device (1/data of the stage's moments);
  *   - traffic: ppermute bytes per step = iterations x buffers moved x slot
  *     bytes, forward and backward; with pipeline_fsdp_ag_once the decoder
  *     weights are all-gathered over fsdp once per step (and their gradients
@@ -18,7 +22,8 @@
  *   - memory: a device stores only its stage's layers;
  *   - trace: each device's iterations are named spans, bubbles as such;
  *   - gradient accumulation: 5-step parity of stage=2 (and stage=2 fsdp=2
- *     with ag_once) at gradient_accumulation_steps=2 against 1 device at 2;
+ *     with ag_once, and stage=2 data=2 with ZeRO-1) at
+ *     gradient_accumulation_steps=2 against 1 device at 2;
  *     ag_once gathers once per accumulation microbatch;
  *   - DeepSeek: parity over 5 steps of a model with a dense layer before the
  *     pipelined MoE layers (stage acting as data for it: its weight
@@ -275,6 +280,14 @@ static const pipe_case CASES[] = {
      {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
       "num_pipeline_microbatches=4"},
      4},
+    /* ZeRO-1: 'data' on MaxText's repeat dim (R = 4), and on a per-layer dim (L = 4, R = 1) */
+    {"stage=2 data=2 ZeRO-1 R=4",
+     {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1", "shard_optimizer_over_data=true"},
+     4},
+    {"stage=2 data=2 ZeRO-1 L=4",
+     {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1", "shard_optimizer_over_data=true",
+      "num_layers_per_pipeline_stage=4"},
+     4},
 };
 
 static void test_parity_five_steps(void **state)
@@ -359,6 +372,10 @@ static void test_parity_gradient_accumulation(void **state)
         {"stage=2 fsdp=2 ag_once M=2 GA=2",
          {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
           "gradient_accumulation_steps=2"},
+         4},
+        {"stage=2 data=2 ZeRO-1 M=2 GA=2",
+         {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
+          "shard_optimizer_over_data=true", "gradient_accumulation_steps=2"},
          4},
     };
     for (size_t ci = 0; ci < sizeof GCASES / sizeof GCASES[0]; ci++)
@@ -614,6 +631,77 @@ static void test_ag_once_and_memory(void **state)
     close_run(&b);
 }
 
+/* ZeRO-1 with a pipeline (stage=2 data=2, 8 layers): MaxText adds 'data' to
+ * the [(R,) S, ...] stage tensors by its usual rule, so each device keeps
+ * 1/data of its stage's optimizer state.  Per step, each device all-gathers
+ * over 'data' (k-1)/k of what it works on (its stage's half of every layer
+ * weight, all of the others) and reduce-scatters as much of the gradients;
+ * no gradient all-reduce over 'data' is left.  Both placements of 'data'
+ * (repeat dim at R = 4; first per-layer dim at L = 4, R = 1) move the same
+ * bytes. */
+static void test_zero1_traffic_and_memory(void **state)
+{
+    (void)state;
+    enum { K = 2, S = 2, NSTEPS = 2 };
+    const char *flags[2][5] = {
+        {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1", "shard_optimizer_over_data=true"},
+        {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1", "shard_optimizer_over_data=true",
+         "num_layers_per_pipeline_stage=4"},
+    };
+    for (int c = 0; c < 2; c++) {
+        run_t r;
+        open_run(&r, flags[c], c ? 5 : 4, 4, NSTEPS);
+        assert_int_equal(r.def->d.pipe.repeats, c ? 1 : 4);
+        train(&r, false);
+        const model_def *def = r.def;
+        int data = mesh_shape_axis_index(&def->mesh, "data");
+        uint64_t worked = 0; /* bytes of parameters a device computes with */
+        int nparams = def->nparams;
+        for (int i = 0; i < nparams; i++) {
+            uint64_t e = 4;
+            for (int q = 0; q < def->defs[i].rank; q++) e *= (uint64_t)def->defs[i].shape[q];
+            worked += model_param_pipelined(def, i) ? e / S : e;
+            /* every optimizer-state spec carries 'data' (the tiny shapes all have an eligible dim); on a
+             * stage tensor, MaxText's first eligible dim is the repeat dim when R = 4 divides by data (here
+             * the scan dim: 'stage' then 'data'), and a per-layer dim when R = 1 */
+            assert_true(mesh_spec_dim_axes(&def->opt_spec[i]) & (1u << data));
+            if (model_param_pipelined(def, i)) {
+                const mesh_spec *z = &def->opt_spec[i];
+                int sd = def->defs[i].scan_dim;
+                assert_int_equal(z->n_axes[sd], c ? 1 : 2);
+                assert_int_equal(z->axes[sd][0], def->d.pipe.stage_axis);
+                if (!c) assert_int_equal(z->axes[sd][1], data);
+            }
+        }
+        for (int d = 0; d < 4; d++) {
+            sum_t ag = {0, 0}, rs = {0, 0}, ar = {0, 0};
+            size_t n;
+            const sim_record *rec = sim_device_records(sim_machine_device(r.m, d), &n);
+            for (size_t i = 0; i < n; i++) {
+                if (rec[i].axes.n != 1 || rec[i].axes.axis[0] != data) continue;
+                sum_t *t = rec[i].op == SIM_OP_ALL_GATHER && !strncmp(rec[i].tag, "zero1/params/", 13)
+                               ? &ag
+                           : rec[i].op == SIM_OP_REDUCE_SCATTER && !strncmp(rec[i].tag, "zero1/grads/", 12) ? &rs
+                           : rec[i].op == SIM_OP_ALL_REDUCE && rec[i].phase == SIM_PHASE_BACKWARD            ? &ar
+                                                                                                              : NULL;
+                if (!t) continue;
+                t->bytes += rec[i].bytes_sent;
+                t->calls++;
+            }
+            assert_int_equal(ag.bytes, NSTEPS * worked * (K - 1) / K);
+            assert_int_equal(rs.bytes, NSTEPS * worked * (K - 1) / K);
+            assert_int_equal(ag.calls, NSTEPS * nparams); /* one reshard per stacked parameter per step */
+            assert_int_equal(rs.calls, NSTEPS * nparams);
+            assert_int_equal(ar.bytes, 0);
+            /* Adam's two moments: a 1/data share of the stage's state; the stored params add as much */
+            sim_arena_stats st;
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, d)), &st);
+            assert_int_equal(st.peak_by[SIM_MEM_OPTIMIZER], 2 * worked / K);
+        }
+        close_run(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -621,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_parity_five_steps), cmocka_unit_test(test_traffic_ppermute),
         cmocka_unit_test(test_ag_once_and_memory), cmocka_unit_test(test_parity_deepseek),
         cmocka_unit_test(test_parity_gradient_accumulation), cmocka_unit_test(test_trace_names_iterations),
+        cmocka_unit_test(test_zero1_traffic_and_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,38 @@
+/* hostmem.h — will a real run fit in this machine's memory?  Every
+ * simulated device's arena is real host memory in a real run, so before one
+ * starts, train sizes it with the accounting a dry run does (one dry step:
+ * each device's peak) plus the host buffers around the devices, and
+ * compares that with the memory the process may still take (MemAvailable,
+ * or the cgroup's room when that is smaller).  A run that cannot fit is
+ * refused with the figures instead of meeting the kernel's OOM killer. */
+#ifndef CLI_HOSTMEM_H
+#define CLI_HOSTMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sim/status.h"
+
+/* What a real run needs, in bytes. */
+typedef struct {
+    int devices;
+    uint64_t device_peaks;  /* sum over devices of the dry step's arena peak */
+    uint64_t max_peak;      /* the largest of them */
+    uint64_t reuse_cache;   /* released large blocks the arenas keep for reuse: up to 1/8 of each peak (1 GiB) */
+    uint64_t host_buffers;  /* the step's token arrays, checkpoint bounce buffers */
+} cli_host_need;
+
+uint64_t cli_host_need_total(const cli_host_need *n);
+
+/* Memory the process may still take, in bytes, and where the figure came
+ * from ("MemAvailable in /proc/meminfo", "the cgroup limit ...").  The
+ * environment variable SHARDSIM_HOST_MEMORY_BYTES (a decimal byte count)
+ * replaces the measurement (tests; a machine whose /proc is not Linux's).
+ * *known = false when nothing could be read: the check is skipped. */
+sim_status cli_host_memory_available(uint64_t *bytes, char *source, size_t cap, int *known);
+
+/* SIM_OK when need fits in avail; else an error (exit 2) with the figures
+ * and what to change. */
+sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, const char *source);
+
+#endif

@@ -1,0 +1,495 @@
+/* timemodel.c — hardware profiles and the step-time model (see timemodel.h).
+ *
+ * Replay: one device's kernels and collectives of one step, in the order the
+ * device made them, on three lanes: compute, blocking network (activation
+ * collectives: the compute that follows waits for them) and asynchronous
+ * network (weight collectives).  A weight all-gather may start once the
+ * network is free and compute has reached the point where the gather
+ * `prefetch` weight collectives earlier was asked for (XLA's latency-hiding
+ * scheduler prefetches about one layer of FSDP weights); the next kernel
+ * waits for it.  A weight-gradient reduction starts when its gradient exists
+ * and nothing waits for it but the end of the step.  The two network lanes do
+ * not share bandwidth (a simplification: on hardware they would). */
+#include "models/timemodel.h"
+
+#include "sim/trace.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ profiles */
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+const char *model_hw_names(const char *configs_dir, char *buf, size_t cap)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/hardware", configs_dir);
+    buf[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) return buf;
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        size_t l = strlen(e->d_name);
+        if (l > 4 && !strcmp(e->d_name + l - 4, ".yml")) names[n++] = strndup(e->d_name, l - 4);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], cmp_str);
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        if (used < cap) used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", names[i]);
+        free(names[i]);
+    }
+    return buf;
+}
+
+static const mesh_cfg_value *map_field(const mesh_cfg_value *map, const char *key)
+{
+    if (!map || map->kind != MESH_CFG_MAP) return NULL;
+    for (int i = 0; i < map->n; i++)
+        if (!strcmp(map->keys[i], key)) return &map->items[i];
+    return NULL;
+}
+
+/* A number of the profile, or 0 for null/absent (a figure not published). */
+static sim_status num_field(const mesh_cfg_value *v, const char *file, const char *key, double *out)
+{
+    *out = 0;
+    if (!v || (v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL)) return SIM_OK;
+    char what[600];
+    snprintf(what, sizeof what, "%s: '%s'", file, key);
+    SIM_TRY(mesh_cfg_value_double(v, what, out));
+    if (*out < 0) return sim_err(SIM_ERR_INPUT, "%s = %g: expected a figure >= 0 (or null when not published)", what, *out);
+    return SIM_OK;
+}
+
+sim_status model_hw_load(const char *configs_dir, const char *name, int devices_per_slice, model_hw *out)
+{
+    memset(out, 0, sizeof *out);
+    char path[4300], names[1024];
+    bool bad = !*name || strlen(name) >= sizeof out->name || strpbrk(name, "/.");
+    snprintf(path, sizeof path, "%s/hardware/%s.yml", configs_dir, name);
+    FILE *f = bad ? NULL : fopen(path, "r");
+    if (!f)
+        return sim_err(SIM_ERR_INPUT, "hardware profile '%s': not one of %s/hardware (%s); use one of those names",
+                       name, configs_dir, model_hw_names(configs_dir, names, sizeof names));
+    fclose(f);
+    mesh_cfg *cfg;
+    SIM_TRY(mesh_cfg_load_file(path, &cfg));
+    snprintf(out->name, sizeof out->name, "%s", name);
+    const mesh_cfg_entry *kind = mesh_cfg_find(cfg, "kind");
+    out->gpu = kind && kind->value.text && !strcmp(kind->value.text, "gpu");
+    double dpc = 1, v;
+    sim_status st = SIM_OK;
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "devices_per_chip");
+    if (e) st = num_field(&e->value, path, "devices_per_chip", &dpc);
+    if (!st && dpc < 1) st = sim_err(SIM_ERR_INPUT, "%s: devices_per_chip must be >= 1", path);
+    out->devices_per_chip = (int)dpc;
+    const mesh_cfg_entry *pk = mesh_cfg_find(cfg, "peak_tflops");
+    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "bfloat16"), path, "peak_tflops.bfloat16", &v);
+    out->peak_bf16 = v * 1e12 / dpc;
+    if (!st && out->peak_bf16 <= 0) st = sim_err(SIM_ERR_INPUT, "%s: peak_tflops.bfloat16 is required", path);
+    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "float8"), path, "peak_tflops.float8", &v);
+    out->peak_fp8 = v * 1e12 / dpc;
+    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "float32"), path, "peak_tflops.float32", &v);
+    out->peak_f32 = v * 1e12 / dpc;
+    static const char *const keys[] = {"hbm_gib", "hbm_gbps", "ici_gbps_bidirectional", "ici_ports",
+                                       "nvlink_gbps_bidirectional", "dcn_gbits"};
+    double val[6] = {0};
+    for (int i = 0; i < 6 && !st; i++) {
+        e = mesh_cfg_find(cfg, keys[i]);
+        if (e) st = num_field(&e->value, path, keys[i], &val[i]);
+    }
+    out->hbm_bytes = val[0] * 1073741824.0 / dpc;
+    out->hbm_bw = val[1] * 1e9 / dpc;
+    if (!st && (out->hbm_bytes <= 0 || out->hbm_bw <= 0))
+        st = sim_err(SIM_ERR_INPUT, "%s: hbm_gib and hbm_gbps are required", path);
+    if (out->gpu)
+        out->link_bw = val[4] * 1e9 / 2.0; /* NVLink switch: a GPU injects half its bidirectional figure each way */
+    else if (val[2] > 0 && val[3] > 0)
+        out->link_bw = val[2] * 1e9 / val[3] / 2.0; /* one port, one direction */
+    out->link_bw /= dpc;
+    out->dcn_bw = val[5] * 1e9 / 8.0 / dpc;
+    const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
+    int chips = devices_per_slice / (int)dpc;
+    if (!st && tor && chips > 0) {
+        char key[32];
+        snprintf(key, sizeof key, "%d", chips);
+        const mesh_cfg_value *shape = map_field(&tor->value, key);
+        for (int i = 0; shape && shape->kind == MESH_CFG_LIST && i < shape->n && i < 3 && !st; i++) {
+            long long x;
+            st = mesh_cfg_value_int(&shape->items[i], "a torus dimension", &x);
+            out->torus[out->torus_n++] = (int)x;
+        }
+    }
+    mesh_cfg_free(cfg);
+    return st;
+}
+
+sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
+                                model_hw *out, bool *found)
+{
+    *found = false;
+    const char *name = NULL, *topo = NULL;
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "hardware_profile");
+    if (e && e->value.text && *e->value.text) name = e->value.text;
+    e = mesh_cfg_find(cfg, "compile_topology");
+    if (e && e->value.text && *e->value.text) topo = e->value.text;
+    char fam[64];
+    if (!name && topo) { /* "v5p-8" -> "v5p" */
+        snprintf(fam, sizeof fam, "%s", topo);
+        char *dash = strrchr(fam, '-');
+        if (dash) *dash = '\0';
+        name = fam;
+    }
+    if (!name) return SIM_OK;
+    sim_status st = model_hw_load(configs_dir, name, devices_per_slice, out);
+    if (st && topo && name == fam)
+        sim_err_append(" (the family of compile_topology=%s; set hardware_profile=NAME to choose one)", topo);
+    else if (st)
+        sim_err_append(" (hardware_profile=%s)", name);
+    *found = st == SIM_OK;
+    return st;
+}
+
+sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
+{
+    char path[4300];
+    snprintf(path, sizeof path, "%s/timemodel.yml", configs_dir);
+    mesh_cfg *cfg;
+    SIM_TRY(mesh_cfg_load_file(path, &cfg));
+    static const char *const keys[] = {"mxu_efficiency", "hbm_efficiency", "ici_efficiency", "dcn_efficiency",
+                                       "hop_latency_us", "prefetch_weight_collectives"};
+    double v[6];
+    sim_status st = SIM_OK;
+    for (int i = 0; i < 6 && !st; i++) {
+        const mesh_cfg_entry *e = mesh_cfg_find(cfg, keys[i]);
+        if (!e) st = sim_err(SIM_ERR_INPUT, "%s: '%s' is missing", path, keys[i]);
+        else st = num_field(&e->value, path, keys[i], &v[i]);
+        if (!st && i < 4 && (v[i] <= 0 || v[i] > 1))
+            st = sim_err(SIM_ERR_INPUT, "%s: %s = %g: expected a fraction in (0, 1]", path, keys[i], v[i]);
+    }
+    mesh_cfg_free(cfg);
+    if (st) return st;
+    out->mxu = v[0], out->hbm = v[1], out->ici = v[2], out->dcn = v[3];
+    out->hop_latency_s = v[4] * 1e-6;
+    out->prefetch = (int)v[5];
+    return SIM_OK;
+}
+
+double model_hw_peak(const model_hw *hw, const char *dtype, const char **note)
+{
+    if (note) *note = NULL;
+    if (dtype && !strcmp(dtype, "float32")) {
+        if (hw->peak_f32 > 0) return hw->peak_f32;
+        if (note) *note = "no float32 peak is published for this accelerator: the bfloat16 peak stands in";
+    }
+    return hw->peak_bf16;
+}
+
+/* ------------------------------------------------------------ collectives */
+
+double model_tm_collective(const model_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links, double *bw)
+{
+    int k = r->group_size;
+    *links = 0;
+    *bw = 0;
+    if (k <= 1 || r->bytes_sent == 0) return 0.0;
+    double ici = (double)(r->bytes_sent - r->bytes_sent_dcn), dcn = (double)r->bytes_sent_dcn;
+    bool a2a = r->op == SIM_OP_ALL_TO_ALL || r->op == SIM_OP_RAGGED_ALL_TO_ALL;
+    if (hw->gpu) {
+        *links = 1; /* through the switch: the GPU's whole NVLink injection */
+    } else {
+        /* a ring over the group: both directions of the ring (two links) from 3 devices on; a pair
+         * or a ppermute to one neighbour has one link */
+        *links = (k == 2 || r->op == SIM_OP_PPERMUTE) ? 1 : 2;
+        if (a2a) { /* on a bidirectional ring a byte to rank +d travels min(d, k-d) links */
+            double hops = 0;
+            for (int d = 1; d < k; d++) hops += d < k - d ? d : k - d;
+            ici *= hops / (double)(k - 1);
+        }
+    }
+    *bw = (double)*links * hw->link_bw * eff->ici;
+    double steps = a2a || r->op == SIM_OP_PPERMUTE ? 1.0 : (double)(k - 1);
+    if (r->op == SIM_OP_ALL_REDUCE) steps *= 2.0;
+    double t = eff->hop_latency_s * steps;
+    if (ici > 0) t += *bw > 0 ? ici / *bw : INFINITY;
+    if (dcn > 0) t += hw->dcn_bw > 0 ? dcn / (hw->dcn_bw * eff->dcn) : INFINITY;
+    return t;
+}
+
+/* ------------------------------------------------------------ replay */
+
+static int axes_slot(model_tm_result *out, sim_axes a)
+{
+    for (int i = 0; i < out->naxes; i++)
+        if (out->axes[i].n == a.n && !memcmp(out->axes[i].axis, a.axis, sizeof a.axis[0] * (size_t)a.n)) return i;
+    if (out->naxes == MODEL_TM_MAX_AXES) return MODEL_TM_MAX_AXES - 1;
+    out->axes[out->naxes] = a;
+    return out->naxes++;
+}
+
+static void top_add(model_tm_result *out, const model_tm_coll *c)
+{
+    int n = out->ntop;
+    if (n == MODEL_TM_TOP && c->time_s <= out->top[n - 1].time_s) return;
+    int i = n < MODEL_TM_TOP ? n++ : n - 1;
+    while (i > 0 && out->top[i - 1].time_s < c->time_s) {
+        out->top[i] = out->top[i - 1];
+        i--;
+    }
+    out->top[i] = *c;
+    out->ntop = n;
+}
+
+typedef struct {
+    model_tm_result *out;
+    bool want;
+    size_t cap;
+} span_sink;
+
+static void span_add(span_sink *s, double t0, double t1, int lane, const char *name)
+{
+    if (!s->want || t1 <= t0) return;
+    model_tm_result *o = s->out;
+    if (o->nspans == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 1024;
+        o->spans = realloc(o->spans, s->cap * sizeof *o->spans);
+        SIM_ASSERT(o->spans);
+    }
+    model_tm_span *sp = &o->spans[o->nspans++];
+    sp->t0 = t0, sp->t1 = t1, sp->lane = lane;
+    snprintf(sp->name, sizeof sp->name, "%s", name);
+}
+
+sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+                           const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
+                           bool want_spans, model_tm_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->peak = peak;
+    span_sink sink = {out, want_spans, 0};
+    int depth = eff->prefetch > 0 ? eff->prefetch : 1;
+    double *issued = calloc((size_t)depth, sizeof *issued); /* compute clock when recent weight gathers were asked */
+    if (!issued) return sim_err(SIM_ERR_INTERNAL, "step-time model: out of host memory");
+    size_t nweight = 0;
+    double t = 0, sync_free = 0, async_free = 0, gather_ready = 0, fwd_flops = 0;
+    int gather_slot = -1;
+    size_t ri = 0;
+    for (size_t ci = 0; ci <= ncost; ci++) {
+        size_t upto = ci < ncost ? costs[ci].nrec_before : nrec;
+        for (; ri < upto && ri < nrec; ri++) {
+            const sim_record *r = &recs[ri];
+            if (r->step != step) continue;
+            model_tm_coll c = {*r, 0, 0, 0, false};
+            c.time_s = model_tm_collective(hw, eff, r, &c.links, &c.bw);
+            if (c.time_s == 0) continue;
+            if (!isfinite(c.time_s)) {
+                free(issued);
+                return sim_err(SIM_ERR_INPUT,
+                               "hardware profile %s publishes no %s bandwidth: the %s of %s cannot be timed; add the "
+                               "sourced figure to configs/hardware/%s.yml or choose another hardware_profile",
+                               hw->name, r->bytes_sent_dcn ? "DCN" : "ICI", sim_op_name(r->op), r->tag, hw->name);
+            }
+            int slot = axes_slot(out, r->axes);
+            c.async = r->weight && r->phase != SIM_PHASE_OPTIMIZER;
+            double start;
+            if (c.async && r->op == SIM_OP_ALL_GATHER) {
+                double earliest = nweight >= (size_t)depth ? issued[nweight % (size_t)depth] : 0.0;
+                start = async_free > earliest ? async_free : earliest;
+                gather_ready = start + c.time_s;
+                gather_slot = slot;
+            } else if (c.async) {
+                start = async_free > t ? async_free : t;
+            } else {
+                start = sync_free > t ? sync_free : t;
+                out->exposed_axes_s[slot] += start + c.time_s - t;
+                out->exposed_s += start + c.time_s - t;
+                t = start + c.time_s;
+                sync_free = t;
+            }
+            if (c.async) {
+                issued[nweight % (size_t)depth] = t;
+                nweight++;
+                async_free = start + c.time_s;
+            }
+            span_add(&sink, start, start + c.time_s, c.async ? 2 : 1, r->tag);
+            top_add(out, &c);
+        }
+        if (ci == ncost) break;
+        const sim_cost *k = &costs[ci];
+        if (k->step != step) continue;
+        if (gather_ready > t) { /* the weight this kernel uses is still on its way */
+            out->exposed_axes_s[gather_slot] += gather_ready - t;
+            out->exposed_s += gather_ready - t;
+            t = gather_ready;
+        }
+        double tc = k->flops / (peak * eff->mxu), tm = k->elements * act_bytes / (hw->hbm_bw * eff->hbm);
+        double dur = tc > tm ? tc : tm;
+        span_add(&sink, t, t + dur, 0, k->tag);
+        t += dur;
+        out->compute_s += dur;
+        if (k->phase == SIM_PHASE_FORWARD) fwd_flops += k->flops;
+    }
+    if (async_free > t) { /* gradient reductions still running when compute ends */
+        out->exposed_s += async_free - t;
+        if (out->naxes) {
+            /* attribute the drain to the axes of the last asynchronous collective */
+            for (size_t i = nrec; i-- > 0;)
+                if (recs[i].step == step && recs[i].weight && recs[i].phase != SIM_PHASE_OPTIMIZER) {
+                    out->exposed_axes_s[axes_slot(out, recs[i].axes)] += async_free - t;
+                    break;
+                }
+        }
+        t = async_free;
+    }
+    out->step_s = t;
+    out->model_flops = 3.0 * fwd_flops;
+    free(issued);
+    return SIM_OK;
+}
+
+sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
+                             int step, double bubble_fraction, double optimizer_bytes, bool want_spans,
+                             model_tm_result *out)
+{
+    memset(out, 0, sizeof *out);
+    double act_bytes = dtype && !strcmp(dtype, "float32") ? 4.0 : 2.0; /* bfloat16/float16: 2 */
+    double peak = model_hw_peak(hw, dtype, NULL);
+    int n = sim_machine_num_devices(m);
+    double worst = -1;
+    for (int id = 0; id < n; id++) {
+        sim_device *d = sim_machine_device(m, id);
+        size_t nrec, ncost;
+        const sim_record *recs = sim_device_records(d, &nrec);
+        const sim_cost *costs = sim_device_costs(d, &ncost);
+        model_tm_result r;
+        SIM_TRY(model_tm_device(hw, eff, peak, act_bytes, recs, nrec, costs, ncost, step, false, &r));
+        if (r.step_s > worst) {
+            worst = r.step_s;
+            *out = r;
+            out->device = id;
+        }
+    }
+    if (want_spans) { /* the slowest device again, with its timeline */
+        sim_device *d = sim_machine_device(m, out->device);
+        size_t nrec, ncost;
+        const sim_record *recs = sim_device_records(d, &nrec);
+        const sim_cost *costs = sim_device_costs(d, &ncost);
+        int dev = out->device;
+        SIM_TRY(model_tm_device(hw, eff, peak, act_bytes, recs, nrec, costs, ncost, step, true, out));
+        out->device = dev;
+    }
+    /* AdamW reads parameters, gradients and both moments and writes parameters and moments:
+     * memory-bound, after the gradients are reduced */
+    out->optimizer_s = optimizer_bytes / (hw->hbm_bw * eff->hbm);
+    out->step_s += out->optimizer_s;
+    out->bubble_s = out->compute_s * bubble_fraction;
+    out->model_flops *= 1.0 - bubble_fraction;
+    out->mfu = out->step_s > 0 ? out->model_flops / (out->step_s * peak) : 0;
+    return SIM_OK;
+}
+
+double model_tm_optimizer_bytes(sim_machine *m)
+{
+    double worst = 0;
+    for (int i = 0; i < sim_machine_num_devices(m); i++) {
+        sim_arena_stats s;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(m, i)), &s);
+        const size_t *c = s.at_peak_by;
+        double b = 2.0 * (double)c[SIM_MEM_PARAMS] + (double)c[SIM_MEM_GRADS] + 2.0 * (double)c[SIM_MEM_OPTIMIZER];
+        if (b > worst) worst = b;
+    }
+    return worst;
+}
+
+/* ------------------------------------------------------------ output */
+
+static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
+{
+    if (!hw->torus_n) return "";
+    size_t u = (size_t)snprintf(buf, cap, ", slice ");
+    for (int i = 0; i < hw->torus_n && u < cap; i++) u += (size_t)snprintf(buf + u, cap - u, "%s%d", i ? "x" : "", hw->torus[i]);
+    return buf;
+}
+
+void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+{
+    char shape[64], ax[128];
+    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Step-time model\"):\n", hw->name,
+            hw_shape(hw, shape, sizeof shape));
+    fprintf(f, "  step %10.1f ms   MFU %5.1f%%   (slowest device %d; peak %.0f TFLOP/s per device)\n",
+            r->step_s * 1e3, 100.0 * r->mfu, r->device, r->peak / 1e12);
+    fprintf(f, "  compute %7.1f ms (of which pipeline bubbles %.1f ms)   optimizer %.1f ms   exposed "
+               "communication %.1f ms\n",
+            r->compute_s * 1e3, r->bubble_s * 1e3, r->optimizer_s * 1e3, r->exposed_s * 1e3);
+    for (int i = 0; i < r->naxes; i++)
+        if (r->exposed_axes_s[i] > 0)
+            fprintf(f, "    exposed over %-24s %10.1f ms\n", sim_axes_label(mesh, r->axes[i], ax, sizeof ax),
+                    r->exposed_axes_s[i] * 1e3);
+    if (!r->ntop) return;
+    fprintf(f, "  slowest collectives (device %d):\n", r->device);
+    fprintf(f, "    %-15s %-16s %-8s %12s %6s %12s %10s  %s\n", "op", "axes", "phase", "bytes sent", "links", "GB/s",
+            "time (ms)", "tag");
+    for (int i = 0; i < r->ntop; i++) {
+        const model_tm_coll *c = &r->top[i];
+        fprintf(f, "    %-15s %-16s %-8s %12llu %6d %12.1f %10.3f  %s%s\n", sim_op_name(c->rec.op),
+                sim_axes_label(mesh, c->rec.axes, ax, sizeof ax), sim_phase_name(c->rec.phase),
+                (unsigned long long)c->rec.bytes_sent, c->links, c->bw / 1e9, c->time_s * 1e3, c->rec.tag,
+                c->async ? " (async)" : "");
+    }
+}
+
+void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+{
+    char ax[128];
+    fprintf(f, "{\"hardware_profile\": \"%s\", \"step_s\": %.17g, \"mfu\": %.6g, \"compute_s\": %.17g, "
+               "\"bubble_s\": %.17g, \"optimizer_s\": %.17g, \"exposed_communication_s\": %.17g, "
+               "\"peak_flops_per_device\": %.6g, \"model_flops_per_device\": %.6g, \"slowest_device\": %d, "
+               "\"exposed_by_axes\": {",
+            hw->name, r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,
+            r->model_flops, r->device);
+    for (int i = 0; i < r->naxes; i++) {
+        fprintf(f, "%s", i ? ", " : "");
+        sim_json_write_string(f, sim_axes_label(mesh, r->axes[i], ax, sizeof ax));
+        fprintf(f, ": %.6g", r->exposed_axes_s[i]);
+    }
+    fprintf(f, "}, \"slowest_collectives\": [");
+    for (int i = 0; i < r->ntop; i++) {
+        const model_tm_coll *c = &r->top[i];
+        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
+        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        fprintf(f, ", \"tag\": ");
+        sim_json_write_string(f, c->rec.tag);
+        fprintf(f, ", \"bytes_sent\": %llu, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g, \"async\": %s}",
+                (unsigned long long)c->rec.bytes_sent, c->links, c->bw, c->time_s, c->async ? "true" : "false");
+    }
+    fprintf(f, "]}");
+}
+
+sim_status model_tm_write_trace(const char *path, const model_hw *hw, const model_tm_result *r)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return sim_err(SIM_ERR_IO, "%s: cannot write the modelled trace", path);
+    static const char *const lanes[] = {"compute", "collectives (blocking)", "collectives (async: weights)"};
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    fprintf(f, "{\"ph\": \"M\", \"pid\": 0, \"name\": \"process_name\", \"args\": {\"name\": \"device %d, modelled on %s\"}}",
+            r->device, hw->name);
+    for (int l = 0; l < 3; l++)
+        fprintf(f, ",\n{\"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"name\": \"thread_name\", \"args\": {\"name\": \"%s\"}}", l,
+                lanes[l]);
+    for (size_t i = 0; i < r->nspans; i++) {
+        const model_tm_span *s = &r->spans[i];
+        fprintf(f, ",\n{\"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, \"name\": ", s->lane,
+                s->t0 * 1e6, (s->t1 - s->t0) * 1e6);
+        sim_json_write_string(f, s->name);
+        fprintf(f, "}");
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f)) return sim_err(SIM_ERR_IO, "%s: write failed", path);
+    return SIM_OK;
+}

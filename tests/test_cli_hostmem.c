@@ -1,0 +1,101 @@
+/* test_cli_hostmem.c — the host-memory check before a real run
+ * (cli/hostmem.h), with the available figure injected through
+ * SHARDSIM_HOST_MEMORY_BYTES:
+ *   - the comparison: a need fits exactly at its total, not one byte below;
+ *   - train refuses (exit 2, nothing trained) a run below a hand-derived lower
+ *     bound of its need — one device holds the parameters, their gradients
+ *     and both Adam moments: 16 bytes per parameter — with the figures and
+ *     what to change; runs with room; a dry run is never refused;
+ *   - a malformed override is an error naming it;
+ *   - without the override the machine's figure is read (Linux). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/hostmem.h"
+#include "tests/cli_capture.h"
+
+/* emb 32, 4 heads of 8 (kv 4), mlp 64, 2 layers, vocab 256 */
+#define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
+              "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=2", "steps=2"
+
+/* Parameters of SMALL: embedding 256x32, per layer q,k,v,o 4 x (32x4x8), wi_0, wi_1, wo 3 x (32x64), two
+ * norms of 32; final norm 32; logits 32x256. */
+static const uint64_t SMALL_PARAMS = 256 * 32 + 2 * (4 * 32 * 4 * 8 + 3 * 32 * 64 + 2 * 32) + 32 + 32 * 256;
+
+static void test_compare(void **state)
+{
+    (void)state;
+    cli_host_need n = {2, 3000, 2000, 375, 100};
+    assert_int_equal(cli_host_need_total(&n), 3475);
+    assert_int_equal(cli_host_memory_check(&n, 3475, "test"), SIM_OK);
+    assert_int_equal(cli_host_memory_check(&n, 3474, "test"), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "(test)"));
+    assert_non_null(strstr(sim_errmsg(), "2 devices"));
+    assert_non_null(strstr(sim_errmsg(), "dry_run=true"));
+}
+
+static cli_capture train_with(const char *avail, const char *extra)
+{
+    setenv("SHARDSIM_HOST_MEMORY_BYTES", avail, 1);
+    const char *a[] = {SMALL, extra};
+    cli_capture r = cli_capture_run(cli_train, (int)(sizeof a / sizeof a[0]), a);
+    unsetenv("SHARDSIM_HOST_MEMORY_BYTES");
+    return r;
+}
+
+static void test_train_refused(void **state)
+{
+    (void)state;
+    char below[32];
+    snprintf(below, sizeof below, "%llu", (unsigned long long)(16 * SMALL_PARAMS - 1));
+    cli_capture r = train_with(below, "shard_mode=auto");
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "host memory"));
+    assert_non_null(strstr(r.err, "SHARDSIM_HOST_MEMORY_BYTES"));
+    assert_non_null(strstr(r.err, "1 device holding"));
+    assert_non_null(strstr(r.err, "dry_run=true"));
+    assert_null(strstr(r.out, "\n     0 ")); /* no step ran */
+    cli_capture_free(&r);
+    r = train_with("100000000000", "shard_mode=auto");
+    if (r.rc) fail_msg("with room: %s", r.err);
+    assert_non_null(strstr(r.out, "\n     1 "));
+    cli_capture_free(&r);
+    r = train_with("1", "dry_run=true");
+    if (r.rc) fail_msg("dry run: %s", r.err);
+    cli_capture_free(&r);
+    r = train_with("12GB", "shard_mode=auto");
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "SHARDSIM_HOST_MEMORY_BYTES=12GB"));
+    cli_capture_free(&r);
+}
+
+static void test_machine_figure(void **state)
+{
+    (void)state;
+    unsetenv("SHARDSIM_HOST_MEMORY_BYTES");
+    uint64_t b = 0;
+    char src[128];
+    int known = 0;
+    assert_int_equal(cli_host_memory_available(&b, src, sizeof src, &known), SIM_OK);
+    assert_true(known);
+    assert_true(b > 0);
+    assert_non_null(strstr(src, "/"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_compare),
+        cmocka_unit_test(test_train_refused),
+        cmocka_unit_test(test_machine_figure),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,288 @@
+/* test_models_timemodel.c — the hardware profiles and the step-time model on
+ * hand-computable cases: one matmul on the roofline (compute- and
+ * memory-bound), one ring all-gather over 4 devices, the overlap rule (an
+ * asynchronous weight gather hides behind compute, a blocking one does not),
+ * and the profile loader (figures, torus shape, a bad name's message).  The
+ * expected values are derived here from the formulas, not from the model. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "mesh/json.h"
+#include "models/timemodel.h"
+#include "tests/cli_capture.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+/* A made-up accelerator with round figures. */
+static model_hw toy_hw(void)
+{
+    model_hw hw;
+    memset(&hw, 0, sizeof hw);
+    snprintf(hw.name, sizeof hw.name, "toy");
+    hw.devices_per_chip = 1;
+    hw.peak_bf16 = 100e12;
+    hw.hbm_bytes = 16e9;
+    hw.hbm_bw = 1e12;
+    hw.link_bw = 50e9;
+    hw.dcn_bw = 5e9;
+    return hw;
+}
+
+static model_tm_eff toy_eff(double mxu, double latency_s)
+{
+    model_tm_eff e = {mxu, 1.0, 1.0, 1.0, latency_s, 4};
+    return e;
+}
+
+static sim_cost cost(double flops, double elements, size_t nrec_before)
+{
+    sim_cost c;
+    memset(&c, 0, sizeof c);
+    c.phase = SIM_PHASE_FORWARD;
+    c.flops = flops;
+    c.elements = elements;
+    c.nrec_before = nrec_before;
+    snprintf(c.tag, sizeof c.tag, "matmul");
+    return c;
+}
+
+static sim_record gather(int k, uint64_t shard_bytes, bool weight)
+{
+    sim_record r;
+    memset(&r, 0, sizeof r);
+    r.op = SIM_OP_ALL_GATHER;
+    r.phase = SIM_PHASE_FORWARD;
+    r.axes.n = 1;
+    r.axes.axis[0] = 0;
+    r.group_size = k;
+    r.dtype = SIM_BF16;
+    r.elements = shard_bytes / 2;
+    r.bytes_sent = (uint64_t)(k - 1) * shard_bytes; /* the all-gather's (k-1) s */
+    r.bytes_recv = r.bytes_sent;
+    r.weight = weight;
+    snprintf(r.tag, sizeof r.tag, "w");
+    return r;
+}
+
+static void test_matmul_roofline(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(0.5, 0);
+    model_tm_result r;
+    /* (1024 x 1024) x (1024 x 1024) in bf16: 2 M N K FLOPs at half of 100 TFLOP/s = 42.95 us;
+     * its 3 M^2 bf16 elements at 1 TB/s take 6.3 us: compute-bound */
+    double n = 1024;
+    sim_cost c = cost(2 * n * n * n, 3 * n * n, 0);
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, &c, 1, 0, false, &r), SIM_OK);
+    double expect = 2 * n * n * n / (100e12 * 0.5);
+    assert_true(fabs(r.step_s - expect) < 1e-12);
+    assert_true(fabs(r.compute_s - expect) < 1e-12);
+    assert_true(fabs(r.model_flops - 3 * 2 * n * n * n) < 1);
+    /* a matrix-vector product (1 x 4096) x (4096 x 4096): 33.6 MB at 1 TB/s = 33.6 us, while its
+     * FLOPs would take 0.67 us: memory-bound */
+    double k = 4096;
+    c = cost(2 * k * k, k * k + 2 * k, 0);
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, &c, 1, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - (k * k + 2 * k) * 2.0 / 1e12) < 1e-12);
+}
+
+static void test_ring_all_gather(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(1.0, 1e-6);
+    /* 4 devices gather 1 MB shards: each sends 3 MB; a bidirectional ring drives two links of
+     * 50 GB/s, so 3e6 / 100e9 = 30 us, plus 3 ring steps of 1 us */
+    sim_record g = gather(4, 1000000, false);
+    int links;
+    double bw;
+    double t = model_tm_collective(&hw, &eff, &g, &links, &bw);
+    assert_int_equal(links, 2);
+    assert_true(fabs(bw - 100e9) < 1);
+    assert_true(fabs(t - (3 * 1e-6 + 3e6 / (2 * 50e9))) < 1e-12);
+    /* a pair has one link: 1 MB over 50 GB/s = 20 us, plus one step */
+    g = gather(2, 1000000, false);
+    t = model_tm_collective(&hw, &eff, &g, &links, &bw);
+    assert_int_equal(links, 1);
+    assert_true(fabs(t - (1e-6 + 1e6 / 50e9)) < 1e-12);
+    /* an all-to-all over 4: 3/4 of n sent; on a bidirectional ring a block to rank +d travels
+     * min(d, 4-d) links: (1 + 2 + 1) / 3 hops on average */
+    sim_record a = g;
+    a.op = SIM_OP_ALL_TO_ALL;
+    a.group_size = 4;
+    a.bytes_sent = 750000;
+    t = model_tm_collective(&hw, &eff, &a, &links, &bw);
+    assert_true(fabs(t - (1e-6 + 750000.0 * (4.0 / 3.0) / 100e9)) < 1e-12);
+    /* across slices: the DCN bytes at the DCN bandwidth (5 GB/s) */
+    g = gather(2, 1000000, false);
+    g.bytes_sent_dcn = g.bytes_sent;
+    t = model_tm_collective(&hw, &eff, &g, &links, &bw);
+    assert_true(fabs(t - (1e-6 + 1e6 / 5e9)) < 1e-12);
+}
+
+static void test_overlap_rule(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(1.0, 0);
+    model_tm_result r;
+    /* compute A (10 us), a gather of the next weight (1 MB shard over 2 devices: 20 us on one
+     * link), compute B (10 us) that uses it */
+    double f10 = 10e-6 * 100e12; /* FLOPs of 10 us */
+    sim_cost c[2] = {cost(f10, 0, 0), cost(f10, 0, 1)};
+    /* asynchronous (a weight): it starts with A and B waits for it until 20 us -> 30 us, 10 us exposed */
+    sim_record g = gather(2, 1000000, true);
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &g, 1, c, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - 30e-6) < 1e-12);
+    assert_true(fabs(r.exposed_s - 10e-6) < 1e-12);
+    assert_true(fabs(r.compute_s - 20e-6) < 1e-12);
+    /* a 0.25 MB shard (5 us) hides completely behind A: 20 us, nothing exposed */
+    g = gather(2, 250000, true);
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &g, 1, c, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - 20e-6) < 1e-12);
+    assert_true(r.exposed_s < 1e-15);
+    /* the same gather of an activation blocks: 10 + 5 + 10 us, 5 us exposed on its axes */
+    g = gather(2, 250000, false);
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &g, 1, c, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - 25e-6) < 1e-12);
+    assert_true(fabs(r.exposed_s - 5e-6) < 1e-12);
+    assert_int_equal(r.naxes, 1);
+    assert_true(fabs(r.exposed_axes_s[0] - 5e-6) < 1e-12);
+    /* a weight-gradient reduce-scatter after the last kernel: nothing waits for it but the
+     * step end: 20 us of compute + its (2-1)/2 of 1 MB = 0.5 MB over one link (10 us) */
+    sim_record rs = gather(2, 1000000, true);
+    rs.op = SIM_OP_REDUCE_SCATTER;
+    rs.phase = SIM_PHASE_BACKWARD;
+    rs.bytes_sent = 500000;
+    sim_cost both[2] = {cost(f10, 0, 0), cost(f10, 0, 0)}; /* the record comes after both kernels */
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &rs, 1, both, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - 30e-6) < 1e-12);
+    /* records of another step are not this step's */
+    rs.step = 1;
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &rs, 1, both, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - 20e-6) < 1e-12);
+}
+
+static void test_profiles(void **state)
+{
+    (void)state;
+    model_hw hw;
+    /* v5p: 459 TFLOP/s, 95 GiB, 2765 GB/s, 1200 GB/s bidirectional ICI over 6 ports ->
+     * 100 GB/s per link and direction; 4 chips are a 2x2x1 slice */
+    assert_int_equal(model_hw_load("configs", "v5p", 4, &hw), SIM_OK);
+    assert_false(hw.gpu);
+    assert_true(fabs(hw.peak_bf16 - 459e12) < 1);
+    assert_true(fabs(hw.hbm_bytes - 95.0 * 1073741824.0) < 1);
+    assert_true(fabs(hw.hbm_bw - 2765e9) < 1);
+    assert_true(fabs(hw.link_bw - 1200e9 / 6 / 2) < 1);
+    assert_true(fabs(hw.dcn_bw - 50e9 / 8) < 1);
+    assert_int_equal(hw.torus_n, 3);
+    assert_int_equal(hw.torus[0] * hw.torus[1] * hw.torus[2], 4);
+    /* tpu7x: two devices per chip share its figures */
+    assert_int_equal(model_hw_load("configs", "tpu7x", 8, &hw), SIM_OK);
+    assert_true(fabs(hw.peak_bf16 - 2307e12 / 2) < 1);
+    assert_true(fabs(hw.hbm_bytes - 96.0 * 1073741824.0) < 1);
+    /* h100: NVLink 900 GB/s bidirectional -> 450 GB/s each way */
+    assert_int_equal(model_hw_load("configs", "h100", 8, &hw), SIM_OK);
+    assert_true(hw.gpu);
+    assert_true(fabs(hw.link_bw - 450e9) < 1);
+    /* a float32 run without a published float32 peak says so */
+    const char *note = NULL;
+    assert_int_equal(model_hw_load("configs", "v5p", 4, &hw), SIM_OK);
+    assert_true(model_hw_peak(&hw, "float32", &note) == hw.peak_bf16);
+    assert_non_null(note);
+    assert_true(model_hw_peak(&hw, "bfloat16", &note) == hw.peak_bf16);
+    assert_null(note);
+    /* a bad name lists the valid ones */
+    assert_int_equal(model_hw_load("configs", "v9z", 4, &hw), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "v9z"));
+    assert_non_null(strstr(sim_errmsg(), "v5p"));
+    assert_non_null(strstr(sim_errmsg(), "h100"));
+    sim_err_clear();
+    assert_int_equal(model_hw_load("configs", "../base", 4, &hw), SIM_ERR_INPUT);
+    sim_err_clear();
+    /* v4 publishes no per-chip ICI bandwidth: a collective cannot be timed, and the model says so */
+    assert_int_equal(model_hw_load("configs", "v4", 4, &hw), SIM_OK);
+    model_tm_eff eff;
+    assert_int_equal(model_tm_eff_load("configs", &eff), SIM_OK);
+    sim_record g = gather(4, 1000, false);
+    model_tm_result r;
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &g, 1, NULL, 0, 0, false, &r), SIM_ERR_INPUT);
+    assert_non_null(strstr(sim_errmsg(), "ICI"));
+    sim_err_clear();
+}
+
+#define TINY "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
+             "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
+
+/* train with a profile: the console estimate, run.json's step_time_model (its parts add up to
+ * the step), the dry run's trace in modelled time, the profile's HBM as the capacity */
+static void test_train_estimate(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_tm_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    const char *argv[] = {TINY, "compile_topology=v5p-8", "compile_topology_num_slices=1", "ici_fsdp_parallelism=2",
+                          "ici_tensor_parallelism=2", od};
+    cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "estimated step time on v5p, slice 2x2x1"));
+    assert_non_null(strstr(r.out, "95.0 GiB")); /* the capacity column: hbm_limit_gb from the profile */
+    assert_non_null(strstr(r.out, "slowest collectives"));
+    cli_capture_free(&r);
+    char path[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    mesh_json *j = NULL;
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *tm = mesh_json_get(j, "step_time_model");
+    assert_non_null(tm);
+    double step = mesh_json_get(tm, "step_s")->number, comp = mesh_json_get(tm, "compute_s")->number,
+           exp = mesh_json_get(tm, "exposed_communication_s")->number, opt = mesh_json_get(tm, "optimizer_s")->number;
+    assert_true(step > 0 && comp > 0 && exp > 0); /* tensor=2 all-reduces activations: exposed */
+    assert_true(fabs(step - (comp + exp + opt)) <= 1e-9 * step);
+    assert_string_equal(mesh_json_get(tm, "hardware_profile")->str, "v5p");
+    mesh_json_free(j);
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *ev = mesh_json_get(j, "traceEvents");
+    double end = 0;
+    for (int i = 0; i < ev->n; i++) {
+        const mesh_json *ts = mesh_json_get(&ev->items[i], "ts"), *dur = mesh_json_get(&ev->items[i], "dur");
+        if (ts && dur && ts->number + dur->number > end) end = ts->number + dur->number;
+    }
+    /* the modelled timeline ends where the step ends, less the optimizer update (in microseconds) */
+    assert_true(fabs(end - (step - opt) * 1e6) < 1e-3 * step * 1e6);
+    mesh_json_free(j);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    /* a bad profile name exits 2 naming it and the valid ones */
+    const char *bad[] = {TINY, "hardware_profile=v9", "steps=1"};
+    r = cli_capture_run(cli_train, 10, bad);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "'v9'"));
+    assert_non_null(strstr(r.err, "tpu7x"));
+    cli_capture_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_roofline),
+        cmocka_unit_test(test_ring_all_gather),
+        cmocka_unit_test(test_overlap_rule),
+        cmocka_unit_test(test_profiles),
+        cmocka_unit_test(test_train_estimate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
