@@ -224,6 +224,11 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
                                "multi-token prediction with gradient_accumulation_steps > 1 (MaxText then weights the "
                                "MTP loss by each microbatch's token count) is not simulated; use "
                                "gradient_accumulation_steps=1 or mtp_num_layers=0");
+        if (d->bias_update_rate > 0 && d->routed_bias)
+            return unsupported(cfg, "routed_bias_update_rate",
+                               "loss-free balancing with multi-token prediction (MaxText also moves the MTP "
+                               "layers' gate bias, from their own expert counts) is not simulated; use "
+                               "routed_bias_update_rate=0 or mtp_num_layers=0");
     }
 
     /* remat policies: the routed experts run in one manual region (mesh_moe_experts) that does not
@@ -358,9 +363,14 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     if (d->routed_bias && d->bias_selects_only) {
         /* MaxText 0.2.5's GateLogit keeps the DeepSeek-V3 bias as a MoEBiasVar: not trained (no gradient,
          * no optimizer state; routed_bias_update_rate changes it), its layers stacked first */
-        add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){n, X}, (const char *[]){stack, NULL},
-            MODEL_INIT_ZEROS, 0);
-        m->defs[m->nparams - 1].scan_dim = 0;
+        if (un) /* one layer (MTP): a plain [experts] vector */
+            add_layer(m, false, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 1, (int64_t[]){X},
+                      (const char *[]){NULL}, MODEL_INIT_ZEROS, 0);
+        else {
+            add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){n, X}, (const char *[]){stack, NULL},
+                MODEL_INIT_ZEROS, 0);
+            m->defs[m->nparams - 1].scan_dim = 0;
+        }
         m->defs[m->nparams - 1].state_var = true;
     } else if (d->routed_bias) { /* other model names: an nnx.Param, stacked like the kernels */
         add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){X, n}, (const char *[]){NULL, stack},
