@@ -231,11 +231,6 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
         if (pp[0] > 1 || pp[1] > 1)
             return unsupported(cfg, "mtp_num_layers", "multi-token prediction with pipeline parallelism is not "
                                                       "simulated; use ici/dcn_pipeline_parallelism=1 or mtp_num_layers=0");
-        if (d->bias_update_rate > 0)
-            return unsupported(cfg, "routed_bias_update_rate",
-                               "the loss-free bias update of the MTP layers' gate bias (MaxText's mtp_moe_bias_updates) "
-                               "is not simulated; use routed_bias_update_rate=0 with mtp_num_layers > 0, or "
-                               "mtp_num_layers=0");
         if (d->ga > 1)
             return unsupported(cfg, "mtp_num_layers",
                                "multi-token prediction with gradient_accumulation_steps > 1 (MaxText then weights the "
@@ -377,11 +372,7 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     int64_t X = d->experts, Hm = d->moe_mlp, Fs = d->shared_experts * d->moe_mlp;
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel"), 3, (int64_t[]){E, n, X},
         (const char *[]){"embed_router", stack, NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
-    if (d->routed_bias && d->bias_selects_only && un) { /* the MTP layer's MoEBiasVar: (experts,) */
-        add_layer(m, false, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 1, (int64_t[]){X}, (const char *[]){NULL},
-                  MODEL_INIT_ZEROS, 0);
-        m->defs[m->nparams - 1].state_var = true;
-    } else if (d->routed_bias && d->bias_selects_only) {
+    if (d->routed_bias && d->bias_selects_only) {
         /* MaxText 0.2.5's GateLogit keeps the DeepSeek-V3 bias as a MoEBiasVar: not trained (no gradient,
          * no optimizer state; routed_bias_update_rate changes it), its layers stacked first */
         if (un) /* one layer (MTP): a plain [experts] vector */

@@ -395,7 +395,7 @@ static void test_refused(void **state)
     const char *reuse[] = {"mtp_num_layers=1", "mtp_reuse_input_embedding=true"};
     expect_refused(reuse, 2, 1, "mtp_reuse_input_embedding", "mtp_reuse_input_embedding=false");
     const char *rate[] = {"mtp_num_layers=1", "routed_bias_update_rate=0.001"};
-    expect_refused(rate, 2, 1, "routed_bias_update_rate", "mtp_moe_bias_updates");
+    expect_refused(rate, 2, 1, "routed_bias_update_rate", "multi-token prediction");
     const char *big[] = {"mtp_num_layers=3"};
     expect_refused(big, 1, 1, "mtp_num_layers=3", "0 to 2");
     const char *cp[] = {"mtp_num_layers=1", "ici_context_parallelism=2", "ici_fsdp_parallelism=2"};
