@@ -176,7 +176,7 @@ static void test_traffic(void **state)
  * ici_fsdp_parallelism=2 ici_expert_parallelism=4 sparse_matmul=true megablox=true
  * use_ring_of_experts=true): per device and step, its collectives over the 4 expert devices send
  * all-gather 98304 B and reduce-scatter 55296 B.  The same configuration here (a dry run) sends the
- * same bytes. */
+ * same bytes (the peer compiles with dtype=float32, so this run counts in it too). */
 static void test_maxtext_hlo_bytes(void **state)
 {
     (void)state;
