@@ -15,11 +15,15 @@
  * value) and ONE rope key head shared by all heads; YaRN rotates q_pe and the
  * key head; query = [q_nope, rope(q_pe)], key = [k_nope, rope(k_rope)
  * broadcast]; softmax scale qk_head_dim^-0.5 times the YaRN mscale factor.
- * MoE (§6): gate logits -> sigmoid/softmax scores -> top-k (bias for selection
- * only on DeepSeek-V3) -> the expert region of mesh/moe.h (sparse ragged
- * all-to-all path, or the dense capacity path when capacity_factor > 0);
+ * MoE (§6): gate logits -> sigmoid/softmax/no scores -> top-k (bias for
+ * selection only on DeepSeek-V3, optionally group-limited) -> the expert
+ * region of mesh/moe.h (sparse ragged all-to-all path, or with
+ * sparse_matmul=false the dense path, dropping past capacity_factor > 0);
  * the load-balance loss of every MoE layer (weight / number of MoE layers)
- * is added to the loss.  use_ring_of_experts gathers the tokens and router
+ * is added to the loss.  The DeepSeek-V3 gate bias is MaxText 0.2.5's
+ * MoEBiasVar: not trained; with routed_bias_update_rate each layer's expert
+ * counts feed deepseek_bias_update after the step.
+ * use_ring_of_experts gathers the tokens and router
  * logits over the expert axes before the top-k and reduce-scatters the
  * region's output instead (mesh_moe_ring_gather, MaxText's roe_ag_and_route).
  * mtp_num_layers adds MaxText's MultiTokenPredictionBlock after the decoder
@@ -194,6 +198,12 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
         d->topk_groups = (int)keep;
     }
     SIM_TRY(model_cfg_bool(cfg, "use_random_routing", &d->random_routing));
+    if (d->random_routing && !sparse)
+        return unsupported(cfg, "use_random_routing",
+                           "random draws may pick an expert twice for a token; MaxText's dense path "
+                           "(sparse_matmul=false) scatters the k weights into a (batch, sequence, experts) tensor "
+                           "where such repeats overwrite each other, which is not simulated; use the sparse path "
+                           "(sparse_matmul=true) with random routing");
     /* loss-free balancing (moe.py should_update_load_balance: routed_bias and a rate > 0) */
     SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &d->bias_update_rate));
     if (d->bias_update_rate > 0 && d->routed_bias && !d->bias_selects_only)
@@ -1053,7 +1063,10 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
     }
     SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
-    if (md->bias_counts) /* this layer's statistic for the step's bias update */
+    /* this layer's statistic for the step's bias update, once per forward pass: a remat recompute in
+     * the backward would give the same counts, and MaxText's compiled step does not recompute them
+     * (the counts leave the layer as an output; no gradient reads them) */
+    if (md->bias_counts && sim_device_phase(md->ctx.dev) != SIM_PHASE_BACKWARD)
         SIM_TRY(mesh_moe_expert_counts(t, indices, d->experts, "expert_counts", md->bias_counts + l * d->experts));
     *lb = NULL;
     if (d->lb_weight > 0) {
@@ -1432,6 +1445,7 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     if (m->d.mtp_layers > 0) { /* train.py: the MTP loss joins the loss before the load-balance loss */
         mesh_var *mtp, *mtp_lb;
         SIM_TRY(mtp_loss(md, t, b, hidden, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &mtp, &mtp_lb));
+        if (mtp->val.data) md->mtp_loss = ((const float *)mtp->val.data)[0]; /* learning/mtp_loss */
         md->ctx.layer = "loss";
         SIM_TRY(mesh_ad_add(t, *loss, mtp, "plus_mtp_loss", loss));
         if (mtp_lb) {

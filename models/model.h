@@ -168,6 +168,8 @@ typedef struct {
     /* a remat layer running again in backward: values only its backward reads matter (XLA drops
      * the rest of the recomputation, e.g. the ring of experts' final reduce-scatter) */
     bool recomputing;
+    /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
+    double mtp_loss;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
      * stored state of each parameter as ONE stacked array in the optimizer
      * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g

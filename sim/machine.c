@@ -182,8 +182,11 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
         sem_init(&d->wake, 0, 0);
         atomic_init(&d->released, false);
     }
+    /* a device's share of the cores goes to the kernel pool (bk_parallel, which also splits
+     * large sgemms: blas_kernels/bk_gemm.c); OpenBLAS itself runs single-threaded, so its
+     * yield-spinning workers never compete with the pool */
     m->blas_threads = sim_topology_blas_threads(m->n);
-    openblas_set_num_threads(m->blas_threads);
+    openblas_set_num_threads(1);
     *out = m;
     return SIM_OK;
 }

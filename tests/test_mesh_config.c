@@ -128,7 +128,7 @@ static void test_base_loads(void **state)
     assert_int_equal(ds->items[0].n, 11);
     const char *s;
     assert_int_equal(mesh_cfg_get_str(cfg, "dtype", &s), SIM_OK);
-    assert_string_equal(s, "float32");
+    assert_string_equal(s, "bfloat16");
     assert_int_equal(mesh_cfg_get_str(cfg, "shard_mode", &s), SIM_OK);
     assert_string_equal(s, "auto");
     long long v;
