@@ -223,6 +223,8 @@ static void print_step(const model_step_stats *s, void *arg)
     cli_step_metrics *m = &sp->metrics[s->step];
     m->step = (int)s->step;
     m->loss = s->loss;
+    m->mtp_loss = s->mtp_loss;
+    m->has_mtp = sp->def->d.mtp_layers > 0;
     m->grad_norm = s->grad_norm;
     m->lr = s->lr;
     m->time_s = s->time_s;
@@ -239,6 +241,7 @@ static void print_step(const model_step_stats *s, void *arg)
                 "\"run_name\": ",
                 m->loss, m->grad_norm, m->lr, m->time_s, m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
         put_json_str(sp->metrics_file, sp->run_name);
+        if (m->has_mtp) fprintf(sp->metrics_file, ", \"learning/mtp_loss\": %.9g", m->mtp_loss);
         fprintf(sp->metrics_file, "}\n");
         fflush(sp->metrics_file);
     }
@@ -354,10 +357,14 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     else
         snprintf(batch, sizeof batch, "%lld rows x %lld tokens (%lld loaded)", (long long)d->batch, (long long)d->seq,
                  (long long)d->rows_loaded);
-    snprintf(params, sizeof params, "%.2f M (%.1f MiB float32)", (double)model_param_bytes(def) / 4e6,
-             (double)model_param_bytes(def) / 1048576.0);
+    double nparam = (double)model_param_bytes(def) / 4.0; /* model_param_bytes counts float32 */
+    snprintf(params, sizeof params, "%.2f M (%.1f MiB %s)", nparam / 1e6,
+             nparam * (double)sim_dtype_size(d->weight_dtype) / 1048576.0, sim_dtype_name(d->weight_dtype));
     snprintf(st, sizeof st, "%lld", steps);
     const char *custom = cfg_str(cm->cfg, "custom_mesh_and_rule");
+    char dtypes[128];
+    snprintf(dtypes, sizeof dtypes, "bytes of activations %s, weights %s (values computed in float32)",
+             sim_dtype_name(d->act_dtype), sim_dtype_name(d->weight_dtype));
     cli_kv rows[] = {
         {"model", d->model_name},
         {"decoder", d->kind == MODEL_LLAMA2 ? "llama2" : "deepseek"},
@@ -369,6 +376,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"batch", batch},
         {"steps", st},
         {"remat_policy", d->remat_policy},
+        {"dtypes", dtypes},
         {"optimizer state", d->zero1 ? "ZeRO-1: sharded over data (shard_optimizer_over_data)" : "as the parameters"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},

@@ -162,8 +162,9 @@ static void sb_shape(sbuf *b, int rank, const int64_t *shape)
 static void make_tag(const mesh_ctx *ctx, const char *name, char *buf, size_t cap)
 {
     if (!name || !name[0]) name = "op";
-    if (ctx->layer && ctx->layer[0]) snprintf(buf, cap, "%s/%s", ctx->layer, name);
-    else snprintf(buf, cap, "%s", name);
+    size_t n = 0;
+    if (ctx->layer && ctx->layer[0]) n = sim_str_put(buf, cap, sim_str_put(buf, cap, 0, ctx->layer, SIZE_MAX), "/", 1);
+    sim_str_put(buf, cap, n, name, SIZE_MAX);
 }
 
 /* The error every explicit-mode rule raises: "<tag> (<op>): <JAX text>", then the operands with
