@@ -72,6 +72,9 @@ typedef struct {
 #define RING "model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=4", \
     "first_num_dense_layers=1", "vocab_size=2048", "per_device_batch_size=1", "max_target_length=64", \
     "learning_rate=1e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=4"
+#define BSPLIT "dry_run=true", "ici_fsdp_parallelism=32", "ici_expert_parallelism=8", "per_device_batch_size=2", \
+    "max_target_length=1024", "dtype=bfloat16", "sharding_tolerance=1", "steps=1"
+#define BSPLIT_TABLE "deepseek3-671b (61 layers, 256 experts), 256 devices fsdp=32 expert=8, 2 x 1024 tokens per device, dry, dtype=bfloat16: plain schedule vs batch split"
 #define RING_TABLE "deepseek3-tiny 4 layers (1 dense + 3 MoE), vocab 2048, 8 x 64 tokens, fsdp=2 expert=4: ring of experts vs ragged all-to-all"
 
 static const bench_row ROWS[] = {
@@ -90,6 +93,8 @@ static const bench_row ROWS[] = {
     {TINY_TABLE, "tiny fsdp=4 expert=2", {TINY, TINY_SHORT, "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, "tiny 1 device", 0},
     {RING_TABLE, "ragged all-to-all", {RING, "use_ring_of_experts=false"}, 3, NULL, 0},
     {RING_TABLE, "ring of experts", {RING, "use_ring_of_experts=true"}, 3, "ragged all-to-all", 0},
+    {BSPLIT_TABLE, "deepseek3-671b", {"model_name=deepseek3-671b", BSPLIT, "batch_split_factor=1"}, 1, NULL, 0},
+    {BSPLIT_TABLE, "deepseek3-671b-batchsplit", {"model_name=deepseek3-671b-batchsplit", BSPLIT, "batch_split_factor=2"}, 1, NULL, 0},
     {TINY_LONG_TABLE, "tiny 61L 1 device", {TINY, "max_target_length=256", "per_device_batch_size=8"}, 3, NULL, ROW_LONG},
     {TINY_LONG_TABLE, "tiny 61L fsdp=4 expert=2", {TINY, "max_target_length=256", "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, "tiny 61L 1 device", ROW_LONG},
 };

@@ -11,6 +11,7 @@
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
+#include "models/batchsplit.h"
 #include "models/init.h"
 
 /* ------------------------------------------------------------ definition */
@@ -502,6 +503,10 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    static const char *const loss_modes[] = {"reshard", "assert"};
+    int lm;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "loss_constraint", loss_modes, 2, &lm));
+    d->loss_assert = lm == 1;
     SIM_TRY(counted_dtypes_from_config(cfg, d));
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &d->scan_layers));
 
@@ -621,6 +626,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
     }
+    SIM_TRY(batchsplit_setup(m, cfg)); /* after the specs: it checks the weights' */
     const char *ot;
     SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
     m->muon = ot && !strcmp(ot, "muon");
@@ -821,6 +827,7 @@ sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_arr
 
 void model_dev_free(model_dev *md)
 {
+    batchsplit_dev_free(md);
     free(md->bias_counts);
     free(md->bias_counts_step);
     md->bias_counts = md->bias_counts_step = NULL;
@@ -992,6 +999,20 @@ sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char
     SIM_TRY(model_logical_spec(md->def, dump_name, rank, names, &s));
     model_note_activation(md, dump_name, &x->val, rank, names, &s);
     return mesh_ad_constraint(t, x, &s, dump_name, out);
+}
+
+sim_status model_loss_constraint(model_dev *md, mesh_tape *t, mesh_var *x, bool note, mesh_var **out)
+{
+    static const char *const names[2] = {"activation_embed_and_logits_batch", "activation_length"};
+    const model_def *m = md->def;
+    mesh_resolved res;
+    SIM_TRY(mesh_rules_resolve(thread_rules ? thread_rules : &m->rules, &m->mesh, "loss/xent", 2, names, &res));
+    if (note) model_note_activation(md, "loss/xent", &x->val, 2, names, &res.spec);
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return mesh_ad_constraint(t, x, &res.spec, "loss/xent", out);
+    /* before PR #4208 flax resolved the names without dropping size-1 axes, and the raw
+     * with_sharding_constraint asserts; MaxText 0.2.5 drops them and reshards */
+    if (m->d.loss_assert) return mesh_ad_constraint(t, x, &res.unpruned, "loss/xent", out);
+    return mesh_ad_shard_as(t, x, &res.spec, "loss/xent", out);
 }
 
 sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names,

@@ -417,6 +417,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         model_step_stats *ss = &job->stats[s];
         ss->step = s;
         ss->loss = loss_value;
+        ss->mtp_loss = md->mtp_loss; /* MTP refuses gradient accumulation: one pass per step */
         ss->grad_norm = norm;
         ss->lr = model_lr_at(&job->opt, s);
         ss->time_s = (double)(sim_now_ns() - t0) / 1e9;

@@ -814,6 +814,13 @@ int sim_span_begin(sim_device *d, const char *name)
     return (int)d->nspans - 1;
 }
 
+int sim_span_begin_mb(sim_device *d, const char *name, int mb)
+{
+    int token = sim_span_begin(d, name);
+    if (token >= 0) d->spans[token].lane = SIM_LANE_MB0 + (mb < 0 ? 0 : mb > 15 ? 15 : mb);
+    return token;
+}
+
 void sim_span_end(sim_device *d, int token)
 {
     if (token < 0 || (size_t)token >= d->nspans) return;

@@ -138,8 +138,9 @@ static void test_traffic(void **state)
     extra[3] = "dry_run=true";
     open_run(&dry, extra, 4, 8, 1);
     model_run_train(&dry, false);
-    /* per device: one sequence of SEQ tokens (8 rows on 8 devices), EP = 4 */
-    const uint64_t ep = 4, tokens = ROWS / 8 * SEQ, x_row = EMB * 4, logit_row = EXPERTS * 4;
+    /* per device: one sequence of SEQ tokens (8 rows on 8 devices), EP = 4; tokens and router logits
+     * travel in dtype (bfloat16 by default, 2 bytes; float32_gate_logits=false) */
+    const uint64_t ep = 4, tokens = ROWS / 8 * SEQ, x_row = EMB * 2, logit_row = EXPERTS * 2;
     const uint64_t gather_x = (ep - 1) * tokens * x_row;          /* all-gather: (k-1) x local rows x row bytes */
     const uint64_t gather_logits = (ep - 1) * tokens * logit_row; /* biased and pre-bias logits: one each */
     const uint64_t combine = (ep - 1) * (ep * tokens) * x_row / ep; /* reduce-scatter of the EP*T combined rows */
