@@ -839,7 +839,16 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     st = sum_unique(ctx, &d, a, d.la, d.ra, BK_EIN_LHS_SUM, name, &ua, la, &na);
     if (st == SIM_OK) st = sum_unique(ctx, &d, b, d.lb, d.rb, BK_EIN_RHS_SUM, name, &ub, lb, &nb);
     if (st != SIM_OK) goto done;
-    snprintf(sub, sizeof sub, "%.*s,%.*s->%.*s", na, la, nb, lb, d.ro, d.lo);
+    { /* "la,lb->lo" without printf (every einsum of every device); at most 3 x 8 letters + 3 < 64 */
+        int k = 0;
+        for (int i = 0; i < na; i++) sub[k++] = la[i];
+        sub[k++] = ',';
+        for (int i = 0; i < nb; i++) sub[k++] = lb[i];
+        sub[k++] = '-';
+        sub[k++] = '>';
+        for (int i = 0; i < d.ro; i++) sub[k++] = d.lo[i];
+        sub[k] = '\0';
+    }
     if (bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err)) {
         st = sim_err(SIM_ERR_INTERNAL, "%s: %s", tag, err);
         goto done;
