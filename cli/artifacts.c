@@ -333,6 +333,11 @@ static sim_status write_metrics(FILE *f, void *arg)
         jw_key(&w, "loss");
         if (s->dry) jw_null(&w);
         else jw_double(&w, s->loss);
+        if (s->has_mtp) { /* the multi-token prediction part of loss (MaxText's learning/mtp_loss) */
+            jw_key(&w, "mtp_loss");
+            if (s->dry) jw_null(&w);
+            else jw_double(&w, s->mtp_loss);
+        }
         jw_key(&w, "grad_norm");
         if (s->dry) jw_null(&w);
         else jw_double(&w, s->grad_norm);

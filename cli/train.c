@@ -223,6 +223,8 @@ static void print_step(const model_step_stats *s, void *arg)
     cli_step_metrics *m = &sp->metrics[s->step];
     m->step = (int)s->step;
     m->loss = s->loss;
+    m->mtp_loss = s->mtp_loss;
+    m->has_mtp = sp->def->d.mtp_layers > 0;
     m->grad_norm = s->grad_norm;
     m->lr = s->lr;
     m->time_s = s->time_s;
@@ -239,6 +241,7 @@ static void print_step(const model_step_stats *s, void *arg)
                 "\"run_name\": ",
                 m->loss, m->grad_norm, m->lr, m->time_s, m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
         put_json_str(sp->metrics_file, sp->run_name);
+        if (m->has_mtp) fprintf(sp->metrics_file, ", \"learning/mtp_loss\": %.9g", m->mtp_loss);
         fprintf(sp->metrics_file, "}\n");
         fflush(sp->metrics_file);
     }
@@ -338,55 +341,6 @@ static sim_status resolve_resume(const mesh_cfg *cfg, const char *ckdir, bool dr
     return SIM_OK;
 }
 
-/* Before a real run: one dry step of the same model, optimizer and data
- * (the accounting a dry run does: every device's arena peak) plus the host
- * buffers around it, against the memory available (cli/hostmem.h).  The
- * arena's reuse cache keeps at most 1/8 of a device's peak (and 1 GiB);
- * checkpoint I/O moves data through one bounce buffer of about 4 MiB per
- * device.  A dry step that runs out of simulated memory (hbm_limit_gb) is
- * the real run's OOM too, and is returned as such. */
-static sim_status check_host_memory(const model_def *def, const model_train_job *job, double hbm, bool ckpt_io)
-{
-    uint64_t avail;
-    char source[128];
-    int known;
-    SIM_TRY(cli_host_memory_available(&avail, source, sizeof source, &known));
-    if (!known) return SIM_OK; /* no Linux /proc: nothing to compare with */
-    model_def *dry = malloc(sizeof *dry);
-    if (!dry) return sim_err(SIM_ERR_INTERNAL, "train: out of host memory");
-    *dry = *def; /* a shallow copy: the dry step reads the same tables */
-    dry->d.dry_run = true;
-    sim_machine *m = NULL;
-    model_step_stats one;
-    model_train_job j;
-    memset(&j, 0, sizeof j);
-    j.def = dry;
-    j.data = job->data;
-    j.opt = job->opt;
-    j.steps = 1;
-    j.stats = &one;
-    sim_status st = model_machine_new(dry, hbm, false, &m);
-    if (st == SIM_OK) st = model_train(&j, m);
-    cli_host_need need = {0};
-    if (st == SIM_OK) {
-        need.devices = sim_machine_num_devices(m);
-        for (int d = 0; d < need.devices; d++) {
-            sim_arena_stats as;
-            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
-            need.device_peaks += as.peak;
-            if (as.peak > need.max_peak) need.max_peak = as.peak;
-            need.reuse_cache += as.peak / 8 < (1ull << 30) ? as.peak / 8 : (1ull << 30);
-        }
-        uint64_t tokens = (uint64_t)(def->d.rows_loaded * def->d.ga * def->d.seq);
-        need.host_buffers = 3 * tokens * sizeof(int32_t) * (def->d.ga > 1 ? 2 : 1) +
-                            (ckpt_io ? (uint64_t)need.devices * (4u << 20) : 0);
-    }
-    sim_machine_free(m);
-    free(dry);
-    SIM_TRY(st);
-    return cli_host_memory_check(&need, avail, source);
-}
-
 static void config_box(FILE *out, const cli_model *cm, long long steps)
 {
     const model_def *def = cm->def;
@@ -403,10 +357,14 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     else
         snprintf(batch, sizeof batch, "%lld rows x %lld tokens (%lld loaded)", (long long)d->batch, (long long)d->seq,
                  (long long)d->rows_loaded);
-    snprintf(params, sizeof params, "%.2f M (%.1f MiB float32)", (double)model_param_bytes(def) / 4e6,
-             (double)model_param_bytes(def) / 1048576.0);
+    double nparam = (double)model_param_bytes(def) / 4.0; /* model_param_bytes counts float32 */
+    snprintf(params, sizeof params, "%.2f M (%.1f MiB %s)", nparam / 1e6,
+             nparam * (double)sim_dtype_size(d->weight_dtype) / 1048576.0, sim_dtype_name(d->weight_dtype));
     snprintf(st, sizeof st, "%lld", steps);
     const char *custom = cfg_str(cm->cfg, "custom_mesh_and_rule");
+    char dtypes[128];
+    snprintf(dtypes, sizeof dtypes, "bytes of activations %s, weights %s (values computed in float32)",
+             sim_dtype_name(d->act_dtype), sim_dtype_name(d->weight_dtype));
     cli_kv rows[] = {
         {"model", d->model_name},
         {"decoder", d->kind == MODEL_LLAMA2 ? "llama2" : "deepseek"},
@@ -418,6 +376,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"batch", batch},
         {"steps", st},
         {"remat_policy", d->remat_policy},
+        {"dtypes", dtypes},
         {"optimizer state", d->zero1 ? "ZeRO-1: sharded over data (shard_optimizer_over_data)" : "as the parameters"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
@@ -525,7 +484,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         model_train_job probe = {0};
         probe.data = &data;
         st = model_optim_from_config(cm.cfg, &probe.opt);
-        if (!st) st = check_host_memory(def, &probe, hbm, *ckbuf || *resume.path);
+        if (!st) st = cli_host_memory_fits(def, &probe, hbm, *ckbuf || *resume.path, 0);
         if (st) {
             int rc = cli_fail(err, st);
             model_data_close(&data);

@@ -2,10 +2,12 @@
  * reference/maxtext-facts.md §6) on the autodiff tape:
  *
  *   scores    router scores: sigmoid or softmax of the gate logits;
- *   route     top-k of (scores + bias) with ties to the lowest expert index,
- *             the weights (pre-bias scores for DeepSeek-V3, else the biased
+ *   route     top-k of (scores + bias) with ties to the lowest expert index
+ *             (optionally within the best groups, or random draws), the
+ *             weights (pre-bias scores for DeepSeek-V3, else the biased
  *             values), renormalised for sigmoid, times routed_scaling_factor;
  *   lb_loss   the sequence-wise load-balance loss;
+ *   counts    the expert counts and bias update of loss-free balancing;
  *   experts   the expert computation as one manual region with its own VJP,
  *             in MaxText's two forms:
  *     sparse (dropless, default): each device sorts its tokens' assignments by
@@ -14,7 +16,7 @@
  *       the hidden-sharded product over the tensor axes, sends the rows back
  *       with the reverse ragged all-to-all and sums them with the routing
  *       weights;
- *     dense (capacity_factor > 0): every sequence gives each expert
+ *     dense (sparse_matmul=false, capacity_factor > 0): every sequence gives each expert
  *       int(max(ceil(S k / E) cf, cf)) slots, filled in token order then top-k
  *       order; assignments past capacity are dropped; fixed-size buffers go
  *       through an all-to-all over the expert axes.

@@ -15,11 +15,15 @@
  * value) and ONE rope key head shared by all heads; YaRN rotates q_pe and the
  * key head; query = [q_nope, rope(q_pe)], key = [k_nope, rope(k_rope)
  * broadcast]; softmax scale qk_head_dim^-0.5 times the YaRN mscale factor.
- * MoE (§6): gate logits -> sigmoid/softmax scores -> top-k (bias for selection
- * only on DeepSeek-V3) -> the expert region of mesh/moe.h (sparse ragged
- * all-to-all path, or the dense capacity path when capacity_factor > 0);
+ * MoE (§6): gate logits -> sigmoid/softmax/no scores -> top-k (bias for
+ * selection only on DeepSeek-V3, optionally group-limited) -> the expert
+ * region of mesh/moe.h (sparse ragged all-to-all path, or with
+ * sparse_matmul=false the dense path, dropping past capacity_factor > 0);
  * the load-balance loss of every MoE layer (weight / number of MoE layers)
- * is added to the loss.  use_ring_of_experts gathers the tokens and router
+ * is added to the loss.  The DeepSeek-V3 gate bias is MaxText 0.2.5's
+ * MoEBiasVar: not trained; with routed_bias_update_rate each layer's expert
+ * counts feed deepseek_bias_update after the step.
+ * use_ring_of_experts gathers the tokens and router
  * logits over the expert axes before the top-k and reduce-scatters the
  * region's output instead (mesh_moe_ring_gather, MaxText's roe_ag_and_route).
  * mtp_num_layers adds MaxText's MultiTokenPredictionBlock after the decoder
@@ -44,6 +48,7 @@
 #include "mesh/nn.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
+#include "models/batchsplit.h"
 #include "models/init.h"
 #include "models/model.h"
 
@@ -170,6 +175,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     /* group-limited routing: moe.py reads the groups in deepseek_routing only (DeepSeek-V3 names) */
     long long groups, keep;
     SIM_TRY(mesh_cfg_get_int(cfg, "n_routing_groups", &groups));
+    SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &d->batch_split));
     SIM_TRY(mesh_cfg_get_int(cfg, "topk_routing_group", &keep));
     if (groups != -1 && d->bias_selects_only && d->layers > d->dense_layers) {
         int64_t per = groups > 0 ? d->experts / groups : 0;
@@ -192,6 +198,12 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
         d->topk_groups = (int)keep;
     }
     SIM_TRY(model_cfg_bool(cfg, "use_random_routing", &d->random_routing));
+    if (d->random_routing && !sparse)
+        return unsupported(cfg, "use_random_routing",
+                           "random draws may pick an expert twice for a token; MaxText's dense path "
+                           "(sparse_matmul=false) scatters the k weights into a (batch, sequence, experts) tensor "
+                           "where such repeats overwrite each other, which is not simulated; use the sparse path "
+                           "(sparse_matmul=true) with random routing");
     /* loss-free balancing (moe.py should_update_load_balance: routed_bias and a rate > 0) */
     SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &d->bias_update_rate));
     if (d->bias_update_rate > 0 && d->routed_bias && !d->bias_selects_only)
@@ -378,9 +390,12 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     }
     /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
     const char *const *wi = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, NULL, "mlp_moe"}
-                                                : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
+                            : d->batch_split     ? (const char *[]){"expert_only", stack, "embed_moe", NULL}
+                                                 : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
     const char *const *wo = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, "mlp_moe", NULL}
-                                                : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
+                            : d->batch_split     ? (const char *[]){"expert_only", stack, NULL, "embed_moe"}
+                                                 : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
+    /* (with batch split, moe.py's get_batchsplit_init_kernel_axes; shard_exp_on_fsdp takes precedence there too) */
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_0"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
         fan_in(E));
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_1"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
@@ -546,6 +561,7 @@ static int global_ix(const model_def *m, const char *path)
 /* A parameter of layer l as a tape leaf (its gradient sinks into p->g[l] when recording). */
 static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l)
 {
+    if (md->wover[i]) return md->wover[i]; /* batch split: the layer's gathered weight */
     model_param *p = &md->p[i];
     bool grad = mesh_tape_recording(t) && p->g;
     return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
@@ -1047,7 +1063,10 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
     }
     SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
-    if (md->bias_counts) /* this layer's statistic for the step's bias update */
+    /* this layer's statistic for the step's bias update, once per forward pass: a remat recompute in
+     * the backward would give the same counts, and MaxText's compiled step does not recompute them
+     * (the counts leave the layer as an output; no gradient reads them) */
+    if (md->bias_counts && sim_device_phase(md->ctx.dev) != SIM_PHASE_BACKWARD)
         SIM_TRY(mesh_moe_expert_counts(t, indices, d->experts, "expert_counts", md->bias_counts + l * d->experts));
     *lb = NULL;
     if (d->lb_weight > 0) {
@@ -1135,6 +1154,29 @@ static sim_status ds_layer_at(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_shard_as(md, t, h, "deepseek/x", 3, A, y));
     md->ctx.layer = saved;
     return SIM_OK;
+}
+
+sim_status deepseek_attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x,
+                                    mesh_var **y)
+{
+    const model_def *m = md->def;
+    int l = gl - (int)m->d.dense_layers;
+    ds_stack s = stack_ix(m, true);
+    const char *saved = md->ctx.layer;
+    char attn[128];
+    snprintf(attn, sizeof attn, "%s/self_attention", saved ? saved : "");
+    mesh_var *lnx;
+    SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, s.ln1, l), m->d.eps, "pre_self_attention_layer_norm", &lnx));
+    md->ctx.layer = attn;
+    SIM_TRY(mla(md, t, b, &s, l, lnx, y));
+    md->ctx.layer = saved;
+    return SIM_OK;
+}
+
+sim_status deepseek_shared_experts(model_dev *md, mesh_tape *t, int gl, mesh_var *x, mesh_var **y)
+{
+    ds_stack s = stack_ix(md->def, true);
+    return mlp(md, t, s.wi0, s.wi1, s.wo, gl - (int)md->def->d.dense_layers, x, y);
 }
 
 /* One decoder layer (global index gl). */
@@ -1361,6 +1403,12 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
             SIM_TRY(model_remat_layer(md, t, b, l, x, ds_dense_pp_fn, tag, &x, &lb));
         } else if (pp) {
             SIM_TRY(ds_dense_pp_fn(md, t, b, l, x, &x, &lb));
+        } else if (m->d.batch_split && l >= (int)m->d.dense_layers) {
+            /* the MoE layers' own schedule (batchsplit.c); like MaxText's custom VJP it recomputes the
+             * layer in backward whatever remat_policy says */
+            char tag[64];
+            snprintf(tag, sizeof tag, "decoder/moe_layers_%d/remat", l - (int)m->d.dense_layers);
+            SIM_TRY(model_remat_layer(md, t, b, l, x, batchsplit_layer, tag, &x, &lb));
         } else if (m->d.remat_full) {
             char tag[64];
             bool is_moe = l >= (int)md->def->d.dense_layers;
@@ -1390,15 +1438,14 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
     SIM_TRY(model_logits(md, t, x, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
-    /* MaxText's loss function uses the raw with_sharding_constraint (an assert in explicit mode) */
-    mesh_spec ls;
-    SIM_TRY(model_logical_spec(m, "loss/xent", 2, LOSS, &ls));
-    SIM_TRY(mesh_ad_constraint(t, tok_loss, &ls, "loss/xent", &tok_loss));
+    /* MaxText 0.2.5 reshards the per-token loss; loss_constraint=assert gives the raw constraint it used before PR #4208 */
+    SIM_TRY(model_loss_constraint(md, t, tok_loss, false, &tok_loss));
     md->ctx.layer = "loss";
     SIM_TRY(mesh_nn_mean(t, tok_loss, "mean", loss));
     if (m->d.mtp_layers > 0) { /* train.py: the MTP loss joins the loss before the load-balance loss */
         mesh_var *mtp, *mtp_lb;
         SIM_TRY(mtp_loss(md, t, b, hidden, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &mtp, &mtp_lb));
+        if (mtp->val.data) md->mtp_loss = ((const float *)mtp->val.data)[0]; /* learning/mtp_loss */
         md->ctx.layer = "loss";
         SIM_TRY(mesh_ad_add(t, *loss, mtp, "plus_mtp_loss", loss));
         if (mtp_lb) {

@@ -11,6 +11,7 @@
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
+#include "models/batchsplit.h"
 #include "models/init.h"
 
 /* ------------------------------------------------------------ definition */
@@ -237,10 +238,12 @@ static const struct {
 
 /* The dtypes bytes are counted in (numerics stay float32).  MaxText 0.2.5:
  * parameters are created in weight_dtype and DenseGeneral casts each kernel
- * to `dtype` before its dot (layers/linears.py), so weight gathers and the
- * gradient reductions at the dot move `dtype`; the gradients themselves
- * come back in the parameters' dtype (value_and_grad of float32 params);
- * optax's Adam moments take the parameters' dtype (mu_dtype "" = weight_dtype). */
+ * to `dtype` right before its dot (layers/linears.py); XLA's SPMD partitioner
+ * reshards the cast's operand, so weight gathers and gradient reductions move
+ * weight_dtype (its compiled step with dtype=bfloat16 on fsdp=4 gathers f32 at
+ * convert_element_type and all-reduces the f32 gradients); activations and
+ * their collectives are in `dtype`; optax's Adam moments take the parameters'
+ * dtype (mu_dtype "" = weight_dtype). */
 static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
 {
     static const char *const names[] = {"float32", "bfloat16"};
@@ -502,6 +505,10 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    static const char *const loss_modes[] = {"reshard", "assert"};
+    int lm;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "loss_constraint", loss_modes, 2, &lm));
+    d->loss_assert = lm == 1;
     SIM_TRY(counted_dtypes_from_config(cfg, d));
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &d->scan_layers));
 
@@ -621,6 +628,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
     }
+    SIM_TRY(batchsplit_setup(m, cfg)); /* after the specs: it checks the weights' */
     const char *ot;
     SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
     m->muon = ot && !strcmp(ot, "muon");
@@ -821,6 +829,7 @@ sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_arr
 
 void model_dev_free(model_dev *md)
 {
+    batchsplit_dev_free(md);
     free(md->bias_counts);
     free(md->bias_counts_step);
     md->bias_counts = md->bias_counts_step = NULL;
@@ -915,14 +924,9 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
     mesh_spec os;
     const mesh_spec *out;
     SIM_TRY(model_out_sharding(md, "logits_dense", 3, LOGITS3, &os, &out));
-    /* logits_dot_in_fp32: the head's DenseGeneral (or attend_on_embedding) runs in float32, so
-     * its kernel is cast to float32 and gathered as such (layers/nnx_decoders.py); the var is
-     * the step's view of the parameter, so counting it otherwise leaves the parameter alone */
-    mesh_var *w = d->tied_logits ? embed : dense_w;
-    if (d->logits_dot_fp32) {
-        w->val.counted = SIM_F32;
-        w->val.counted_fixed = true;
-    }
+    /* logits_dot_in_fp32: the head's DenseGeneral (or attend_on_embedding) runs in float32
+     * (layers/nnx_decoders.py); its kernel still moves in weight_dtype, as every weight's
+     * gather comes before the cast (see mesh/ops.c stage) */
     if (!d->tied_logits) { /* MaxText applies final_logits_soft_cap on the tied path only */
         SIM_TRY(mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits));
     } else {
@@ -992,6 +996,20 @@ sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char
     SIM_TRY(model_logical_spec(md->def, dump_name, rank, names, &s));
     model_note_activation(md, dump_name, &x->val, rank, names, &s);
     return mesh_ad_constraint(t, x, &s, dump_name, out);
+}
+
+sim_status model_loss_constraint(model_dev *md, mesh_tape *t, mesh_var *x, bool note, mesh_var **out)
+{
+    static const char *const names[2] = {"activation_embed_and_logits_batch", "activation_length"};
+    const model_def *m = md->def;
+    mesh_resolved res;
+    SIM_TRY(mesh_rules_resolve(thread_rules ? thread_rules : &m->rules, &m->mesh, "loss/xent", 2, names, &res));
+    if (note) model_note_activation(md, "loss/xent", &x->val, 2, names, &res.spec);
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return mesh_ad_constraint(t, x, &res.spec, "loss/xent", out);
+    /* before PR #4208 flax resolved the names without dropping size-1 axes, and the raw
+     * with_sharding_constraint asserts; MaxText 0.2.5 drops them and reshards */
+    if (m->d.loss_assert) return mesh_ad_constraint(t, x, &res.unpruned, "loss/xent", out);
+    return mesh_ad_shard_as(t, x, &res.spec, "loss/xent", out);
 }
 
 sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names,

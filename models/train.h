@@ -44,6 +44,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
 typedef struct {
     int64_t step;
     double loss;          /* mean token loss before the update */
+    double mtp_loss;      /* of which the multi-token prediction loss (MaxText's learning/mtp_loss; 0 without) */
     double grad_norm;     /* global gradient norm before clipping */
     double lr;            /* learning rate of the update */
     double time_s;        /* wall time of the step (all devices) */

@@ -242,7 +242,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
     r->bytes_recv = bc.recv;
     r->implicit = meta.implicit;
     r->weight = meta.weight;
-    snprintf(r->tag, sizeof r->tag, "%s", tag_or_dash(c->tag));
+    sim_str_put(r->tag, sizeof r->tag, 0, tag_or_dash(c->tag), SIZE_MAX);
     sim_op_totals *t = &d->totals[c->op];
     t->calls++;
     t->bytes_sent += bc.sent;
@@ -411,7 +411,8 @@ static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
 {
     SIM_TRY(check_call(d, c));
     if (c->dt != SIM_F32) c->counted = c->dt;
-    else if (!c->counted_set) c->counted = d->m->opts.counted_wire;
+    else if (!c->counted_set)
+        c->counted = d->phase == SIM_PHASE_OPTIMIZER ? d->m->opts.counted_optimizer : d->m->opts.counted_wire;
     uint64_t t0 = sim_now_ns();
     sim_machine *m = d->m;
     int k = sim_mesh_group_size(&m->mesh, c->axes);

@@ -182,8 +182,11 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
         sem_init(&d->wake, 0, 0);
         atomic_init(&d->released, false);
     }
+    /* a device's share of the cores goes to the kernel pool (bk_parallel, which also splits
+     * large sgemms: blas_kernels/bk_gemm.c); OpenBLAS itself runs single-threaded, so its
+     * yield-spinning workers never compete with the pool */
     m->blas_threads = sim_topology_blas_threads(m->n);
-    openblas_set_num_threads(m->blas_threads);
+    openblas_set_num_threads(1);
     *out = m;
     return SIM_OK;
 }
@@ -255,7 +258,9 @@ bool sim_device_dry(const sim_device *d) { return d->m->opts.dry_run; }
 sim_dtype sim_device_counted_dtype(const sim_device *d, sim_dtype dt, sim_mem_cat cat)
 {
     SIM_ASSERT(cat >= 0 && cat < SIM_NMEM);
-    return dt == SIM_F32 ? d->m->opts.counted[cat] : dt;
+    if (dt != SIM_F32) return dt;
+    bool state = cat == SIM_MEM_PARAMS || cat == SIM_MEM_GRADS || cat == SIM_MEM_OPTIMIZER;
+    return d->phase == SIM_PHASE_OPTIMIZER && !state ? d->m->opts.counted_optimizer : d->m->opts.counted[cat];
 }
 void sim_device_set_phase(sim_device *d, sim_phase p) { d->phase = p; }
 sim_phase sim_device_phase(const sim_device *d) { return d->phase; }
@@ -809,6 +814,13 @@ int sim_span_begin(sim_device *d, const char *name)
     snprintf(s.name, sizeof s.name, "%s", name);
     sim_trace_add(d, &s);
     return (int)d->nspans - 1;
+}
+
+int sim_span_begin_mb(sim_device *d, const char *name, int mb)
+{
+    int token = sim_span_begin(d, name);
+    if (token >= 0) d->spans[token].lane = SIM_LANE_MB0 + (mb < 0 ? 0 : mb > 15 ? 15 : mb);
+    return token;
 }
 
 void sim_span_end(sim_device *d, int token)

@@ -17,10 +17,10 @@
 #include "mesh/config.h"
 
 static const char *const MODELS[] = {"llama2-7b", "deepseek3-test", "deepseek3-tiny",
-                                     "deepseek3-671b", "deepseek2-16b"};
+                                     "deepseek3-671b", "deepseek2-16b", "deepseek3-671b-batchsplit"};
 static const char *const CUSTOMS[] = {"pure-fsdp", "ep-as-cp", "cp-as-ep",
                                       "ep-as-dp", "shard-exp-on-fsdp", "pipeline-large-moe"};
-enum { N_MODELS = 5, N_CUSTOMS = 6 };
+enum { N_MODELS = 6, N_CUSTOMS = 6 };
 
 /* MaxText's reference data (configs and goldens); a missing directory fails. */
 static const char *reference_dir(void)
@@ -128,7 +128,7 @@ static void test_base_loads(void **state)
     assert_int_equal(ds->items[0].n, 11);
     const char *s;
     assert_int_equal(mesh_cfg_get_str(cfg, "dtype", &s), SIM_OK);
-    assert_string_equal(s, "float32");
+    assert_string_equal(s, "bfloat16");
     assert_int_equal(mesh_cfg_get_str(cfg, "shard_mode", &s), SIM_OK);
     assert_string_equal(s, "auto");
     long long v;

@@ -14,7 +14,8 @@
  *   - scan_layers=false and param_scan_axis: the checkpoints hold the same values as the default
  *     layout, unstacked under layers_<l> or with the layer dim moved (an index permutation
  *     checked element by element); an unscanned checkpoint loads into an unscanned model;
- *   - logits_dot_in_fp32 changes nothing in a float32 simulation (bitwise);
+ *   - logits_dot_in_fp32 leaves the loss bitwise unchanged (the simulator computes in float32; its
+ *     bytes are test_models_bytes's);
  *   - sharding_tolerance: MaxText's share (unsharded elements over total bytes) on meshes where
  *     it is known by hand, the error text, and no check without a sharding axis;
  *   - debug_sharding prints parameter and activation shardings in MaxText's wording;
@@ -54,6 +55,8 @@ static const char *const DS_TINY[] = {
     "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",
 };
 enum { ROWS = 8, SEQ = 16, VOCAB = 64 };
+/* bytes of one saved activation element: dtype's default, bfloat16 (configs/base.yml) */
+enum { ACT = 2 };
 
 static model_def *load_base(const char *const *base, int nbase, const char *const *extra, int n_extra, int devices,
                             sim_status *st_out)
@@ -390,7 +393,7 @@ static void test_fused_mlp(void **state)
     const char *full[] = {"fused_mlp=true", "remat_policy=full"},
                *keep[] = {"fused_mlp=true", "remat_policy=custom", "mlpwi=device"};
     size_t pf = peak_of(full, 2, 1, false, NULL), pk = peak_of(keep, 3, 1, false, NULL);
-    if (pk != pf + (size_t)2 * ROWS * SEQ * 48 * 4) fail_msg("mlpwi=device: peak %zu, full %zu", pk, pf);
+    if (pk != pf + (size_t)2 * ROWS * SEQ * 48 * ACT) fail_msg("mlpwi=device: peak %zu, full %zu", pk, pf);
     const char *ds[] = {"fused_mlp=true"};
     assert_int_equal(refusal(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 1), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "fused_mlp"));
@@ -517,7 +520,7 @@ static void test_fused_qkv(void **state)
     const char *full[] = {"fused_qkv=true", "remat_policy=full"},
                *keep[] = {"fused_qkv=true", "remat_policy=custom", "qkv_proj=device"};
     size_t pfull = peak_of(full, 2, 1, false, NULL), pk = peak_of(keep, 3, 1, false, NULL);
-    if (pk != pfull + (size_t)2 * ROWS * SEQ * FH * HD * 4) fail_msg("qkv_proj=device: peak %zu, full %zu", pk, pfull);
+    if (pk != pfull + (size_t)2 * ROWS * SEQ * FH * HD * ACT) fail_msg("qkv_proj=device: peak %zu, full %zu", pk, pfull);
     const char *ds[] = {"fused_qkv=true"};
     assert_int_equal(refusal(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 1), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "fused_qkv"));
@@ -826,9 +829,9 @@ static void test_remat_policies(void **state)
                     fail_msg("%s: gradient %d differs from remat_policy=full", cases[c].policy[0], i);
             model_grads_free(&g);
             /* at the peak (the last layer's backward) the two other layers' saved tensors are alive */
-            size_t want = pf + (size_t)(2 * tokens * cases[c].floats_per_token * 4);
+            size_t want = pf + (size_t)(2 * tokens * cases[c].floats_per_token * ACT);
             if (p != want)
-                fail_msg("%d devices, %s %s: peak %zu bytes, want %zu (full %zu + 2 layers x %d floats x %lld tokens)",
+                fail_msg("%d devices, %s %s: peak %zu bytes, want %zu (full %zu + 2 layers x %d elements x %lld tokens)",
                          devices, cases[c].policy[0], nk > 1 ? cases[c].policy[1] : "", p, want, pf,
                          cases[c].floats_per_token, (long long)tokens);
             if (devices == 8 && c == 5) assert_true(peak_of(cases[c].policy, nk, devices, true, NULL) == p);
@@ -858,7 +861,7 @@ static void test_remat_policies(void **state)
         }
         for (int i = 0; i < gd[0].n; i++)
             assert_memory_equal(gd[0].g[i], gd[1].g[i], (size_t)(gd[0].layer_elems[i] * gd[0].n_layers[i]) * sizeof(float));
-        size_t want = peaks[0] + (size_t)ROWS * SEQ * (48 + 48 + 32 + 32) * 4;
+        size_t want = peaks[0] + (size_t)ROWS * SEQ * (48 + 48 + 32 + 32) * ACT;
         if (peaks[1] != want) fail_msg("deepseek save_dot_except_mlp: peak %zu, want %zu (full %zu)", peaks[1], want, peaks[0]);
         model_grads_free(&gd[0]);
         model_grads_free(&gd[1]);

@@ -539,9 +539,10 @@ static void test_traffic_ppermute(void **state)
         open_run(&r, T[k].flags, n, T[k].devices, 1);
         assert_int_equal(r.def->d.pipe.repeats, T[k].R);
         train(&r, false);
-        /* every iteration moves `moves` slots of (rows/M/shards) x seq x emb float32, each to another device */
+        /* every iteration moves `moves` slots of (rows/M/shards) x seq x emb activations (dtype, bfloat16
+         * by default: 2 bytes), each to another device */
         uint64_t iters = (uint64_t)(T[k].M * T[k].R + T[k].d * (T[k].S - 1));
-        uint64_t slot = (uint64_t)(ROWS / T[k].M / T[k].shards) * SEQ * EMB * 4;
+        uint64_t slot = (uint64_t)(ROWS / T[k].M / T[k].shards) * SEQ * EMB * 2;
         for (int d = 0; d < T[k].devices; d++) {
             sum_t f = sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_FORWARD, NULL);
             sum_t b = sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_BACKWARD, NULL);
@@ -583,7 +584,8 @@ static void test_ag_once_and_memory(void **state)
     train(&b, false);
     const model_def *def = a.def;
     int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
-    /* fsdp-sharded per-layer weight bytes (the gathered part: (k-1)/k of each, k = 2) */
+    /* fsdp-sharded per-layer weight bytes (the gathered part: (k-1)/k of each, k = 2), gathered in
+     * weight_dtype (float32) */
     uint64_t layer_sharded = 0;
     int n_sharded = 0;
     for (int i = 0; i < def->nparams; i++) {
@@ -612,7 +614,8 @@ static void test_ag_once_and_memory(void **state)
         assert_int_equal(once_b.calls, held * (uint64_t)n_sharded);
         assert_int_equal(once_b.bytes, held * layer_sharded / 2);
     }
-    /* memory: a device stores 4 of the 8 layers, fsdp-halved, plus its half of the embedding and logits */
+    /* memory: a device stores 4 of the 8 layers, fsdp-halved, plus its half of the embedding and logits,
+     * in weight_dtype (float32) */
     uint64_t expect = 0;
     for (int i = 0; i < def->nparams; i++) {
         const model_param_def *pd = &def->defs[i];

@@ -15,6 +15,9 @@
  *     gradient parity; with the rate 0 the bias stays 0;
  *   - the gate bias holds no gradient and no Adam moments: a device's
  *     gradient and optimizer bytes equal those of the other parameters;
+ *   - a checkpoint holds the updated bias as [layers, experts] and no
+ *     optimizer state for it; the counts cost one all-reduce of E values
+ *     over the token axes per MoE layer and step, in the forward pass only;
  *   - refusals naming the key (bad groups, random routing without an expert
  *     axis, the update of an nnx.Param bias). */
 #include <setjmp.h>
@@ -30,6 +33,9 @@
 #include <string.h>
 
 #include "model_run.h"
+#include "mesh/json.h"
+#include "models/checkpoint.h"
+#include <unistd.h>
 
 static const char *const TINY[] = {
     "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
@@ -197,6 +203,75 @@ static void test_bias_update_parity(void **state)
     model_run_close(&ref);
 }
 
+static void test_bias_in_checkpoint(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_routing_ckpt_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const char *extra[] = {"routed_bias_update_rate=0.01", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"};
+    model_run r;
+    model_grads fin;
+    model_run_open(&r, TINY, NTINY, ROWS, extra, 3, 4, STEPS);
+    r.job.checkpoint_dir = dir;
+    r.job.checkpoint_period = STEPS;
+    r.job.final_params = &fin;
+    model_run_train(&r, false);
+    int bi = bias_index(r.def);
+    for (int d = 0; d < 4; d++) {
+        size_t n;
+        const sim_record *rec = sim_device_records(sim_machine_device(r.m, d), &n);
+        int calls = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!strstr(rec[i].tag, "expert_counts")) continue;
+            assert_int_equal(rec[i].op, SIM_OP_ALL_REDUCE);
+            assert_int_equal(rec[i].phase, SIM_PHASE_FORWARD);
+            assert_int_equal(rec[i].elements, BIAS_E);
+            assert_int_equal(rec[i].group_size, 4); /* the tokens are on fsdp and expert */
+            calls++;
+        }
+        assert_int_equal(calls, STEPS * BIAS_L);
+    }
+    char path[256];
+    /* MaxText's schedule: the last checkpoint is named by the last step run (STEPS - 1) */
+    assert_int_equal(model_checkpoint_path(dir, STEPS - 1, path, sizeof path), SIM_OK);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    uint64_t hl = 0;
+    assert_int_equal(fread(&hl, 8, 1, f), 1);
+    char *h = calloc(hl + 1, 1);
+    assert_int_equal(fread(h, 1, hl, f), hl);
+    mesh_json *j = NULL;
+    if (mesh_json_parse(h, hl, "checkpoint header", &j) != SIM_OK) fail_msg("header: %s", sim_errmsg());
+    const char *name = "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias";
+    const mesh_json *t = mesh_json_get(j, name), *shape = t ? mesh_json_get(t, "shape") : NULL;
+    assert_non_null(shape);
+    assert_int_equal(shape->n, 2);
+    assert_true(shape->items[0].number == BIAS_L && shape->items[1].number == BIAS_E);
+    char mu[160];
+    snprintf(mu, sizeof mu, "opt_state.mu.%s", name);
+    assert_null(mesh_json_get(j, mu)); /* no moments for a MoEBiasVar */
+    snprintf(mu, sizeof mu, "opt_state.mu.%s", "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel");
+    assert_non_null(mesh_json_get(j, mu)); /* while the gate kernel has them */
+    const mesh_json *off = mesh_json_get(t, "data_offsets");
+    float vals[BIAS_L * BIAS_E];
+    assert_int_equal(fseek(f, (long)(8 + hl + (uint64_t)off->items[0].number), SEEK_SET), 0);
+    assert_int_equal(fread(vals, sizeof vals, 1, f), 1);
+    assert_memory_equal(vals, fin.g[bi], sizeof vals); /* the bias after the last update */
+    int moved = 0;
+    for (int i = 0; i < BIAS_L * BIAS_E; i++) moved += vals[i] != 0;
+    assert_true(moved > 0);
+    fclose(f);
+    free(h);
+    mesh_json_free(j);
+    unlink(path);
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s/step_0.safetensors", dir);
+    unlink(tmp);
+    rmdir(dir);
+    model_grads_free(&fin);
+    model_run_close(&r);
+}
+
 static size_t by_cat[SIM_NMEM];
 
 static sim_status init_device(sim_device *dev, void *arg)
@@ -270,6 +345,8 @@ static void test_refusals(void **state)
     expect_refused(k0, 2, "topk_routing_group=-1");
     const char *rr[] = {"use_random_routing=true"};
     expect_refused(rr, 1, "When EP rank is 1, use_random_routing must be False");
+    const char *rr_dense[] = {"use_random_routing=true", "sparse_matmul=false", "ici_expert_parallelism=2"};
+    expect_refused(rr_dense, 3, "use_random_routing");
     const char *param_bias[] = {"model_name=deepseek2-16b", "routed_bias=true", "routed_bias_update_rate=0.01"};
     expect_refused(param_bias, 3, "routed_bias_update_rate");
 }
@@ -281,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_group_limited_parity),
         cmocka_unit_test(test_bias_update_parity),
         cmocka_unit_test(test_bias_state_memory),
+        cmocka_unit_test(test_bias_in_checkpoint),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

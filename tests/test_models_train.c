@@ -132,6 +132,8 @@ static sum_t sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const c
     return s;
 }
 
+/* A parameter's bytes in weight_dtype (float32): its gradient is reduced in it (MaxText's compiled
+ * step casts the bfloat16 product's gradient back before the reduction). */
 static uint64_t param_bytes(const model_def *def, int i)
 {
     uint64_t b = 4;
