@@ -420,7 +420,7 @@ static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
 void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char shape[64], ax[128];
-    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Step-time model\"):\n", hw->name,
+    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Hardware profiles and the step-time model\"):\n", hw->name,
             hw_shape(hw, shape, sizeof shape));
     fprintf(f, "  step %10.1f ms   MFU %5.1f%%   (slowest device %d; peak %.0f TFLOP/s per device)\n",
             r->step_s * 1e3, 100.0 * r->mfu, r->device, r->peak / 1e12);

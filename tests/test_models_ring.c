@@ -176,15 +176,16 @@ static void test_traffic(void **state)
  * ici_fsdp_parallelism=2 ici_expert_parallelism=4 sparse_matmul=true megablox=true
  * use_ring_of_experts=true): per device and step, its collectives over the 4 expert devices send
  * all-gather 98304 B and reduce-scatter 55296 B.  The same configuration here (a dry run) sends the
- * same bytes. */
+ * same bytes (the peer compiles with dtype=float32, so this run counts in it too). */
 static void test_maxtext_hlo_bytes(void **state)
 {
     (void)state;
     const char *words[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=3",
                            "first_num_dense_layers=1", "vocab_size=512", "max_target_length=16", "steps=1",
-                           "ici_fsdp_parallelism=2", "ici_expert_parallelism=4", RING, "dry_run=true"};
+                           "ici_fsdp_parallelism=2", "ici_expert_parallelism=4", RING, "dry_run=true",
+                           "dtype=float32"}; /* the peer's hlo_bytes compiles in float32 */
     model_run r;
-    model_run_open(&r, words, 11, 8, NULL, 0, 8, 1);
+    model_run_open(&r, words, 12, 8, NULL, 0, 8, 1);
     model_run_train(&r, false);
     for (int d = 0; d < 8; d++) {
         uint64_t ag = 0, rs = 0;
