@@ -227,7 +227,7 @@ void model_pipe_describe(const model_pipe *p, char *buf, size_t cap)
              (long long)p->microbatches, (long long)p->micro_rows, (long long)p->layers_per_stage,
              (long long)model_pipe_iterations(p), model_pipe_bubble_fraction(p),
              p->ag_once         ? "once per step (pipeline_fsdp_ag_once)"
-             : p->ag_per_repeat ? "once per repeat, next repeat prefetched (pipeline_fsdp_ag_per_repeat)"
+             : p->ag_per_repeat ? "once per repeat, two repeats kept (pipeline_fsdp_ag_per_repeat)"
                                 : "per iteration");
 }
 
@@ -528,6 +528,7 @@ static sim_status rep_gather(pipe_run *pr, int64_t r, bool with_grads)
         memset(&g, 0, sizeof g);
         sim_status st = mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_per_repeat",
                                          SIM_MEM_ACTIVATIONS, &w);
+        if (st == SIM_OK) mesh_array_recount(md->ctx.dev, &w, p->w[l].counted); /* gathered in weight_dtype */
         if (st == SIM_OK)
             st = mesh_reshard(md->ctx.dev, &m->mesh, &w, &to, sim_meta_weight("pipeline/fsdp_ag_per_repeat"));
         if (st == SIM_OK && with_grads && p->g) {

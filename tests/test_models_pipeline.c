@@ -772,8 +772,8 @@ static void test_ag_per_repeat(void **state)
     train(&b, false);
     const model_def *def = b.def;
     int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
-    /* one layer's fsdp-sharded weights: gathered bytes (k-1)/k in dtype (bfloat16: 2 bytes), and the
-     * gathered gradient's float32 bytes */
+    /* one layer's fsdp-sharded weights: gathered bytes (k-1)/k in weight_dtype (float32: 4 bytes), and
+     * the gathered gradient's float32 bytes */
     uint64_t layer_sharded = 0, layer_grad_f32 = 0;
     int n_sharded = 0;
     for (int i = 0; i < def->nparams; i++) {
@@ -782,7 +782,7 @@ static void test_ag_per_repeat(void **state)
         uint64_t e = 1;
         for (int q = 0; q < pd->rank; q++)
             if (q != pd->scan_dim) e *= (uint64_t)pd->shape[q];
-        layer_sharded += 2 * e;
+        layer_sharded += 4 * e;
         uint64_t other = 1; /* the gathered gradient stays sharded on the axes other than fsdp */
         for (int q = 0; q < pd->rank; q++)
             if (q != pd->scan_dim)
