@@ -1,31 +1,40 @@
-/* deepseek.c — DeepSeek benchmark, in one run:
+/* deepseek.c — DeepSeek benchmark: one table of rows, each row one training
+ * run (dry or real) given as key=value words on top of configs/base.yml.
+ * Per row: the peak memory per device (the highest arena peak), the step
+ * time for real rows (the fastest step after the first), that time over an
+ * earlier row's (`vs`), and the bytes each device sends per step by
+ * collective and mesh axes (the last step).  A run shardsim refuses prints
+ * the first line of its message (and whether MaxText fails there too)
+ * instead of figures: refusals are part of the table's meaning.
  *
- *   1. MaxText's explicit-sharding table for deepseek3-test: FSDP=4 and
- *      FSDP=2 TP=2 under the base rules, FSDP=2 TP_transpose=2 under the
- *      legacy rule set (custom_mesh_and_rule=legacy: the only one with the
- *      tensor_transpose axis), each in auto and explicit shard mode.  Per
- *      configuration: the peak memory per device at 2 layers
- *      (base_num_decoder_layers=2 first_num_dense_layers=1) and at full depth
- *      (61 layers), and the bytes each device sends per step by collective
- *      and mesh axes, for both.  The batch is per_device_batch_size=1 of
- *      max_target_length=256 (4 sequences).  Both columns come from dry runs
- *      (which account memory and traffic exactly as a real run does); with
- *      --real the 2-layer column is a real training step instead (about
- *      4.5 GiB per device, 18 GiB in all, minutes per configuration) and the
- *      table says whether it equals the dry figures.
- *   2. The deepseek3-tiny step time (full depth, 8 sequences of 64 tokens;
- *      256 tokens with --full) on 8 devices (fsdp=4 expert=2) over the step
- *      time on 1 device: target <= 1.3.  Each side trains 3 steps; the
- *      fastest after the first counts.
+ * Rows today:
+ *   1. MaxText's explicit-sharding table for deepseek3-test (4 devices,
+ *      per_device_batch_size=1 of 256 tokens): FSDP=4 and FSDP=2 TP=2 under
+ *      the base rules, FSDP=2 TP_transpose=2 under the legacy rule set (the
+ *      only one with the tensor_transpose axis), each in auto and explicit
+ *      shard mode, at 2 layers (1 dense + 1 MoE) and at full depth (61),
+ *      all dry runs (which account memory and traffic exactly as a real run
+ *      does).  With --real the 2-layer rows also run a real step (about
+ *      4.5 GiB per device, minutes each) and say whether it equals the dry
+ *      figures.  MLA in explicit mode with tensor>1 fails in MaxText 0.2.5
+ *      (the q_norm einsum's ShardingTypeError), and so here.
+ *   2. deepseek3-tiny step time, 8 devices (fsdp=4 expert=2) over 1 device,
+ *      8 sequences of 64 tokens: target <= 1.3.  By default the model is cut
+ *      to 6 layers (3 dense + 3 MoE: every layer kind and the 129280-entry
+ *      vocabulary stay, so the ratio measures the same work per layer); with
+ *      --long the full 61 layers and 256 tokens (tens of minutes).
  *   3. Ring of experts (use_ring_of_experts=true) against the ragged
  *      all-to-all on fsdp=2 expert=4: a 4-layer deepseek3-tiny (1 dense + 3
- *      MoE) with a 2048-entry vocabulary, 8 sequences of 64 tokens, real steps; bytes each device sends
- *      in the last step by collective and mesh axes, and the step time
- *      (fastest of steps 2-3).
+ *      MoE) with a 2048-entry vocabulary, 8 sequences of 64 tokens, real
+ *      steps (the fastest of steps 2-3); the ring's time over the ragged one.
  *
- * Benchmark, not a test: it prints the table and the ratio and exits 0
- * unless a run fails.  Usage: deepseek [table|ratio|ring]... [--real] [--full]
- * (no selection: all three). */
+ * To add a row, append to ROWS (keep it dry or small: `make bench` runs the
+ * default rows in a few minutes; long rows take ROW_LONG).
+ *
+ * Benchmark, not a test: it prints the table and exits 0 unless a run fails
+ * for a reason other than a refusal of its configuration.
+ * Usage: deepseek [--real] [--long] [MATCH] — MATCH keeps the rows whose
+ * group or label contains it. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,20 +43,62 @@
 #include "blas_kernels/bk_coretype.h"
 #include "models/train.h"
 
-enum { SEQ = 256, MAX_ROWS = 64 };
+enum { MAX_WORDS = 24, MAX_TRAFFIC = 64 };
+
+enum {
+    ROW_LONG = 1, /* only with --long */
+    ROW_REAL = 2, /* a dry row that --real also runs as a real step, compared with the dry figures */
+};
 
 typedef struct {
-    const char *label;
-    const char *flags[4];
-} mesh_case;
+    const char *group;            /* section heading, printed when it changes */
+    const char *label;            /* unique among the rows (`vs` names it) */
+    const char *words[MAX_WORDS]; /* key=value words over configs/base.yml, NULL-terminated */
+    int steps;                    /* training steps (timed rows: >= 2, the fastest after the first counts) */
+    const char *vs;               /* label of an earlier row: print step time / that row's, or NULL */
+    unsigned flags;               /* ROW_* */
+} bench_row;
 
-static const mesh_case CASES[] = {
-    {"FSDP=4", {"ici_fsdp_parallelism=4"}},
-    {"FSDP=2 TP=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
-    {"FSDP=2 TP_transpose=2 (legacy)",
-     {"custom_mesh_and_rule=legacy", "ici_fsdp_parallelism=2", "ici_tensor_transpose_parallelism=2"}},
+#define DS_TEST "model_name=deepseek3-test", "per_device_batch_size=1", "max_target_length=256"
+#define TWO_LAYERS "override_model_config=true", "base_num_decoder_layers=2", "first_num_dense_layers=1"
+#define FSDP4 "ici_fsdp_parallelism=4"
+#define FSDP2_TP2 "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"
+#define FSDP2_TPT2 "custom_mesh_and_rule=legacy", "ici_fsdp_parallelism=2", "ici_tensor_transpose_parallelism=2"
+#define EXPLICIT_TABLE "deepseek3-test, 4 devices, per_device_batch_size=1 x 256 tokens, dry runs (MaxText's explicit-sharding table)"
+#define TINY "model_name=deepseek3-tiny", "learning_rate=1e-4", "steps=3"
+#define TINY_SHORT "max_target_length=64", "override_model_config=true", "base_num_decoder_layers=6"
+#define TINY_TABLE "deepseek3-tiny step time, 8 x 64 tokens, 6 layers (3 dense + 3 MoE); target 8 devices / 1 <= 1.3"
+#define TINY_LONG_TABLE "deepseek3-tiny step time, 8 x 256 tokens, 61 layers (--long); target 8 devices / 1 <= 1.3"
+#define RING "model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=4", \
+    "first_num_dense_layers=1", "vocab_size=2048", "per_device_batch_size=1", "max_target_length=64", \
+    "learning_rate=1e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=4"
+#define BSPLIT "dry_run=true", "ici_fsdp_parallelism=32", "ici_expert_parallelism=8", "per_device_batch_size=2", \
+    "max_target_length=1024", "dtype=bfloat16", "sharding_tolerance=1", "steps=1"
+#define BSPLIT_TABLE "deepseek3-671b (61 layers, 256 experts), 256 devices fsdp=32 expert=8, 2 x 1024 tokens per device, dry, dtype=bfloat16: plain schedule vs batch split"
+#define RING_TABLE "deepseek3-tiny 4 layers (1 dense + 3 MoE), vocab 2048, 8 x 64 tokens, fsdp=2 expert=4: ring of experts vs ragged all-to-all"
+
+static const bench_row ROWS[] = {
+    {EXPLICIT_TABLE, "FSDP=4 auto 2L", {DS_TEST, FSDP4, "shard_mode=auto", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
+    {EXPLICIT_TABLE, "FSDP=4 auto 61L", {DS_TEST, FSDP4, "shard_mode=auto", "dry_run=true"}, 1, NULL, 0},
+    {EXPLICIT_TABLE, "FSDP=4 explicit 2L", {DS_TEST, FSDP4, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
+    {EXPLICIT_TABLE, "FSDP=4 explicit 61L", {DS_TEST, FSDP4, "shard_mode=explicit", "dry_run=true"}, 1, NULL, 0},
+    {EXPLICIT_TABLE, "FSDP=2 TP=2 auto 2L", {DS_TEST, FSDP2_TP2, "shard_mode=auto", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
+    {EXPLICIT_TABLE, "FSDP=2 TP=2 auto 61L", {DS_TEST, FSDP2_TP2, "shard_mode=auto", "dry_run=true"}, 1, NULL, 0},
+    {EXPLICIT_TABLE, "FSDP=2 TP=2 explicit 2L", {DS_TEST, FSDP2_TP2, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"}, 1, NULL, 0},
+    {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) auto 2L", {DS_TEST, FSDP2_TPT2, "shard_mode=auto", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
+    {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) auto 61L", {DS_TEST, FSDP2_TPT2, "shard_mode=auto", "dry_run=true"}, 1, NULL, 0},
+    {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) explicit 2L", {DS_TEST, FSDP2_TPT2, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
+    {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) explicit 61L", {DS_TEST, FSDP2_TPT2, "shard_mode=explicit", "dry_run=true"}, 1, NULL, 0},
+    {TINY_TABLE, "tiny 1 device", {TINY, TINY_SHORT, "per_device_batch_size=8"}, 3, NULL, 0},
+    {TINY_TABLE, "tiny fsdp=4 expert=2", {TINY, TINY_SHORT, "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, "tiny 1 device", 0},
+    {RING_TABLE, "ragged all-to-all", {RING, "use_ring_of_experts=false"}, 3, NULL, 0},
+    {RING_TABLE, "ring of experts", {RING, "use_ring_of_experts=true"}, 3, "ragged all-to-all", 0},
+    {BSPLIT_TABLE, "deepseek3-671b", {"model_name=deepseek3-671b", BSPLIT, "batch_split_factor=1"}, 1, NULL, 0},
+    {BSPLIT_TABLE, "deepseek3-671b-batchsplit", {"model_name=deepseek3-671b-batchsplit", BSPLIT, "batch_split_factor=2"}, 1, NULL, 0},
+    {TINY_LONG_TABLE, "tiny 61L 1 device", {TINY, "max_target_length=256", "per_device_batch_size=8"}, 3, NULL, ROW_LONG},
+    {TINY_LONG_TABLE, "tiny 61L fsdp=4 expert=2", {TINY, "max_target_length=256", "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, "tiny 61L 1 device", ROW_LONG},
 };
-enum { NCASES = sizeof CASES / sizeof CASES[0] };
+enum { NROWS = sizeof ROWS / sizeof ROWS[0] };
 
 /* Bytes sent per device per step, by collective and axes. */
 typedef struct {
@@ -57,17 +108,14 @@ typedef struct {
 } traffic_row;
 
 typedef struct {
-    double peak_gib;     /* highest arena peak over devices */
-    double step_s;       /* fastest step after the first (or the only one) */
+    bool ran;              /* false: not run (filtered out or not yet) */
+    bool refused;          /* the configuration was refused: why holds the message */
+    char why[1024];
+    double peak_gib;       /* highest arena peak over devices */
+    double step_s;         /* fastest step after the first (or the only one) */
     int nrows;
-    traffic_row rows[MAX_ROWS];
+    traffic_row rows[MAX_TRAFFIC];
 } run_result;
-
-static void fail(const char *what)
-{
-    fprintf(stderr, "bench/deepseek: %s: %s\n", what, sim_errmsg());
-    exit(1);
-}
 
 static void add_traffic(run_result *r, sim_op op, const char *axes, double bytes)
 {
@@ -76,60 +124,92 @@ static void add_traffic(run_result *r, sim_op op, const char *axes, double bytes
             r->rows[i].bytes += bytes;
             return;
         }
-    if (r->nrows == MAX_ROWS) return;
+    if (r->nrows == MAX_TRAFFIC) return;
     traffic_row *t = &r->rows[r->nrows++];
     t->op = op;
     snprintf(t->axes, sizeof t->axes, "%s", axes);
     t->bytes = bytes;
 }
 
-static run_result run(const char *const *words, int nwords, int steps)
+/* Runs the words (without dry_run=true when real); a refusal (bad or
+ * unsupported configuration) is returned in the result, any other failure
+ * exits. */
+static void run(const bench_row *row, bool real, run_result *res)
 {
-    run_result res;
-    memset(&res, 0, sizeof res);
-    mesh_cfg *cfg;
+    memset(res, 0, sizeof *res);
+    res->ran = true;
+    const char *words[MAX_WORDS + 1];
+    int n = 0;
+    bool dry = false;
+    for (int i = 0; i < MAX_WORDS && row->words[i]; i++) {
+        if (!strcmp(row->words[i], "dry_run=true")) {
+            dry = true;
+            if (real) continue;
+        }
+        words[n++] = row->words[i];
+    }
+    char st[32];
+    snprintf(st, sizeof st, "steps=%d", row->steps);
+    words[n++] = st;
+    mesh_cfg *cfg = NULL;
     model_def *def = calloc(1, sizeof *def);
     model_data data;
+    memset(&data, 0, sizeof data);
     model_train_job job;
     memset(&job, 0, sizeof job);
-    sim_machine *m;
-    if (mesh_cfg_load_argv("configs/base.yml", nwords, words, &cfg)) fail("config");
-    if (model_def_from_config(cfg, def)) fail("model");
-    if (model_data_from_config(cfg, &data) || model_optim_from_config(cfg, &job.opt)) fail("data/optimizer");
-    if (model_machine_new(def, 0, false, &m)) fail("machine");
-    job.def = def;
-    job.data = &data;
-    job.steps = steps;
-    job.stats = calloc((size_t)steps, sizeof *job.stats);
-    if (model_train(&job, m) != SIM_OK) fail("train");
-    res.step_s = job.stats[0].time_s;
-    for (int s = 1; s < steps; s++)
-        if (s == 1 || job.stats[s].time_s < res.step_s) res.step_s = job.stats[s].time_s;
-    int nd = sim_machine_num_devices(m);
-    const sim_mesh_desc *md = sim_machine_mesh(m);
-    size_t peak = 0;
-    for (int d = 0; d < nd; d++) {
-        sim_device *dev = sim_machine_device(m, d);
-        sim_arena_stats as;
-        sim_arena_get_stats(sim_device_arena(dev), &as);
-        if (as.peak > peak) peak = as.peak;
-        size_t n;
-        const sim_record *r = sim_device_records(dev, &n);
-        for (size_t i = 0; i < n; i++) {
-            if (r[i].step != steps - 1) continue; /* the last step */
-            char ax[64];
-            sim_axes_label(md, r[i].axes, ax, sizeof ax);
-            add_traffic(&res, r[i].op, ax, (double)r[i].bytes_sent / nd);
-        }
+    sim_machine *m = NULL;
+    bool have_def = false, have_data = false;
+    sim_status st_ = mesh_cfg_load_argv("configs/base.yml", n, words, &cfg);
+    if (!st_) st_ = model_def_from_config(cfg, def);
+    have_def = !st_;
+    if (!st_) st_ = model_data_from_config(cfg, &data);
+    have_data = !st_;
+    if (!st_) st_ = model_optim_from_config(cfg, &job.opt);
+    if (!st_) st_ = model_machine_new(def, 0, false, &m);
+    if (!st_) {
+        job.def = def;
+        job.data = &data;
+        job.steps = row->steps;
+        job.stats = calloc((size_t)row->steps, sizeof *job.stats);
+        st_ = model_train(&job, m);
     }
-    res.peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
+    if (st_ && st_ != SIM_ERR_INPUT && st_ != SIM_ERR_SHARDING) {
+        fprintf(stderr, "bench/deepseek: %s: %s\n", row->label, sim_errmsg());
+        exit(1);
+    }
+    if (st_) {
+        res->refused = true;
+        snprintf(res->why, sizeof res->why, "%s", sim_errmsg());
+    } else {
+        res->step_s = job.stats[0].time_s;
+        for (int s = 1; s < row->steps; s++)
+            if (s == 1 || job.stats[s].time_s < res->step_s) res->step_s = job.stats[s].time_s;
+        if (dry && !real) res->step_s = 0;
+        int nd = sim_machine_num_devices(m);
+        const sim_mesh_desc *md = sim_machine_mesh(m);
+        size_t peak = 0;
+        for (int d = 0; d < nd; d++) {
+            sim_device *dev = sim_machine_device(m, d);
+            sim_arena_stats as;
+            sim_arena_get_stats(sim_device_arena(dev), &as);
+            if (as.peak > peak) peak = as.peak;
+            size_t nrec;
+            const sim_record *r = sim_device_records(dev, &nrec);
+            for (size_t i = 0; i < nrec; i++) {
+                if (r[i].step != row->steps - 1) continue; /* the last step */
+                char ax[64];
+                sim_axes_label(md, r[i].axes, ax, sizeof ax);
+                add_traffic(res, r[i].op, ax, (double)r[i].bytes_sent / nd);
+            }
+        }
+        res->peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
+    }
     free(job.stats);
-    sim_machine_free(m);
-    model_data_close(&data);
-    model_def_free(def);
+    if (m) sim_machine_free(m);
+    if (have_data) model_data_close(&data);
+    if (have_def) model_def_free(def);
     free(def);
     mesh_cfg_free(cfg);
-    return res;
 }
 
 static const char *fmt_bytes(double b, char *buf, size_t cap)
@@ -144,7 +224,7 @@ static const char *fmt_bytes(double b, char *buf, size_t cap)
     return buf;
 }
 
-static const traffic_row *find_row(const run_result *r, sim_op op, const char *axes)
+static const traffic_row *find_traffic(const run_result *r, sim_op op, const char *axes)
 {
     for (int i = 0; i < r->nrows; i++)
         if (r->rows[i].op == op && !strcmp(r->rows[i].axes, axes)) return &r->rows[i];
@@ -156,145 +236,98 @@ static bool same_figures(const run_result *a, const run_result *b)
 {
     if (a->peak_gib != b->peak_gib || a->nrows != b->nrows) return false;
     for (int i = 0; i < a->nrows; i++) {
-        const traffic_row *r = find_row(b, a->rows[i].op, a->rows[i].axes);
+        const traffic_row *r = find_traffic(b, a->rows[i].op, a->rows[i].axes);
         if (!r || r->bytes != a->rows[i].bytes) return false;
     }
     return true;
 }
 
-static void explicit_sharding_table(bool real_runs)
+static int find_row(const char *label)
 {
-    printf("deepseek3-test, per_device_batch_size=1, max_target_length=%d, 4 devices\n", SEQ);
-    printf("2L: 2 layers (1 dense + 1 MoE), 1 step, %s; 61L: full depth (3 dense + 58 MoE), dry_run=true\n\n",
-           real_runs ? "a real step (--real)" : "dry_run=true (--real: a real step)");
-    printf("%-32s %-9s %12s %12s  %-15s %-22s %14s %14s\n", "mesh", "mode", "peak/dev", "peak/dev", "collective",
-           "axes", "bytes/dev/step", "bytes/dev/step");
-    printf("%-32s %-9s %12s %12s  %-15s %-22s %14s %14s\n", "", "", "2L", "61L", "", "", "2L", "61L");
-    for (int i = 0; i < 160; i++) putchar('-');
-    putchar('\n');
-    for (int c = 0; c < NCASES; c++)
-        for (int mode = 0; mode < 2; mode++) {
-            const char *words[24];
-            int n = 0;
-            words[n++] = "model_name=deepseek3-test";
-            words[n++] = "per_device_batch_size=1";
-            words[n++] = "max_target_length=256";
-            words[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
-            for (int f = 0; f < 4 && CASES[c].flags[f]; f++) words[n++] = CASES[c].flags[f];
-            int base = n;
-            words[n++] = "override_model_config=true";
-            words[n++] = "base_num_decoder_layers=2";
-            words[n++] = "first_num_dense_layers=1";
-            words[n++] = "steps=1";
-            if (!real_runs) words[n++] = "dry_run=true";
-            run_result real = run(words, n, 1);
-            if (real_runs) { /* the dry run must account exactly what the real step did */
-                words[n++] = "dry_run=true";
-                run_result dry2 = run(words, n, 1);
-                printf("%s %s: 2-layer dry run %s the real step\n", CASES[c].label, mode ? "explicit" : "auto",
-                       same_figures(&real, &dry2) ? "equals" : "DIFFERS FROM");
-            }
-            n = base;
-            words[n++] = "dry_run=true";
-            words[n++] = "steps=1";
-            run_result dry = run(words, n, 1);
-            /* rows: the union of both runs' (collective, axes), dry order first */
-            run_result all = dry;
-            for (int i = 0; i < real.nrows; i++)
-                if (!find_row(&all, real.rows[i].op, real.rows[i].axes)) add_traffic(&all, real.rows[i].op, real.rows[i].axes, 0);
-            char p1[32], p2[32];
-            snprintf(p1, sizeof p1, "%.3f GiB", real.peak_gib);
-            snprintf(p2, sizeof p2, "%.3f GiB", dry.peak_gib);
-            for (int i = 0; i < all.nrows; i++) {
-                const traffic_row *a = find_row(&real, all.rows[i].op, all.rows[i].axes),
-                                  *b = find_row(&dry, all.rows[i].op, all.rows[i].axes);
-                char b1[32], b2[32];
-                printf("%-32s %-9s %12s %12s  %-15s %-22s %14s %14s\n", i ? "" : CASES[c].label,
-                       i ? "" : (mode ? "explicit" : "auto"), i ? "" : p1, i ? "" : p2, sim_op_name(all.rows[i].op),
-                       all.rows[i].axes, fmt_bytes(a ? a->bytes : 0, b1, sizeof b1),
-                       fmt_bytes(b ? b->bytes : 0, b2, sizeof b2));
-            }
-            if (!all.nrows) printf("%-32s %-9s %12s %12s\n", CASES[c].label, mode ? "explicit" : "auto", p1, p2);
-            fflush(stdout);
+    for (int i = 0; i < NROWS; i++)
+        if (!strcmp(ROWS[i].label, label)) return i;
+    return -1;
+}
+
+static void print_result(const bench_row *row, const run_result *r, const run_result *ref)
+{
+    if (r->refused) {
+        /* the first line of the message, and MaxText's verdict when the message gives it */
+        const char *nl = strchr(r->why, '\n');
+        int len = nl ? (int)(nl - r->why) : (int)strlen(r->why);
+        printf("%-44s refused: %.*s\n", row->label, len > 150 ? 150 : len, r->why);
+        const char *mt = strstr(r->why, "MaxText 0.2.5 fails");
+        if (mt) {
+            nl = strchr(mt, '\n');
+            printf("%-44s   (%.*s)\n", "", nl ? (int)(nl - mt) : (int)strlen(mt), mt);
         }
-    printf("\n");
-}
-
-static void step_ratio(bool full)
-{
-    /* 64 tokens by default: the 129280-entry vocabulary makes 256-token steps take many seconds */
-    int seq = full ? SEQ : 64;
-    char len[48];
-    snprintf(len, sizeof len, "max_target_length=%d", seq);
-    const char *one[] = {"model_name=deepseek3-tiny", "per_device_batch_size=8", len, "steps=3",
-                         "learning_rate=1e-4"};
-    const char *eight[] = {"model_name=deepseek3-tiny", "per_device_batch_size=1", len, "steps=3",
-                           "learning_rate=1e-4", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"};
-    run_result a = run(one, 5, 3);
-    run_result b = run(eight, 7, 3);
-    printf("deepseek3-tiny (61 layers, 8 x %d tokens) step time\n", seq);
-    printf("%-26s %10s\n", "mesh", "step (s)");
-    printf("%-26s %10.3f\n", "1 device", a.step_s);
-    printf("%-26s %10.3f\n", "8 devices fsdp=4 expert=2", b.step_s);
-    printf("ratio 8 devices / 1 device: %.3f (target <= 1.3)\n", b.step_s / a.step_s);
-}
-
-static void ring_vs_ragged(void)
-{
-    const char *words[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=4",
-                           "first_num_dense_layers=1", "vocab_size=2048", "per_device_batch_size=1", "max_target_length=64", "steps=3",
-                           "learning_rate=1e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=4",
-                           "use_ring_of_experts=false"};
-    enum { NW = sizeof words / sizeof words[0] };
-    run_result a = run(words, NW, 3);
-    words[NW - 1] = "use_ring_of_experts=true";
-    run_result b = run(words, NW, 3);
-    printf("deepseek3-tiny, 4 layers (1 dense + 3 MoE), vocab 2048, 8 x 64 tokens, fsdp=2 expert=4: ring of experts vs ragged "
-           "all-to-all\n");
-    printf("%-15s %-22s %16s %16s\n", "collective", "axes", "ragged a2a", "ring");
-    printf("%-15s %-22s %16s %16s\n", "", "", "bytes/dev/step", "bytes/dev/step");
-    for (int i = 0; i < 72; i++) putchar('-');
-    putchar('\n');
-    run_result all = a;
-    for (int i = 0; i < b.nrows; i++)
-        if (!find_row(&all, b.rows[i].op, b.rows[i].axes)) add_traffic(&all, b.rows[i].op, b.rows[i].axes, 0);
-    double ta = 0, tb = 0;
-    for (int i = 0; i < all.nrows; i++) {
-        const traffic_row *x = find_row(&a, all.rows[i].op, all.rows[i].axes),
-                          *y = find_row(&b, all.rows[i].op, all.rows[i].axes);
-        char b1[32], b2[32];
-        ta += x ? x->bytes : 0;
-        tb += y ? y->bytes : 0;
-        printf("%-15s %-22s %16s %16s\n", sim_op_name(all.rows[i].op), all.rows[i].axes,
-               fmt_bytes(x ? x->bytes : 0, b1, sizeof b1), fmt_bytes(y ? y->bytes : 0, b2, sizeof b2));
+        return;
     }
-    char b1[32], b2[32];
-    printf("%-15s %-22s %16s %16s\n", "total", "", fmt_bytes(ta, b1, sizeof b1), fmt_bytes(tb, b2, sizeof b2));
-    printf("step time: ragged a2a %.3f s, ring %.3f s (ratio ring / ragged %.2f; wall clock on a shared machine)\n",
-           a.step_s, b.step_s, b.step_s / a.step_s);
-    printf("peak memory per device: ragged a2a %.2f MiB, ring %.2f MiB\n\n", a.peak_gib * 1024, b.peak_gib * 1024);
+    char peak[32], step[32] = "dry", ratio[32] = "";
+    snprintf(peak, sizeof peak, "%.3f GiB", r->peak_gib);
+    if (r->step_s > 0) snprintf(step, sizeof step, "%.3f", r->step_s);
+    if (ref && ref->ran && !ref->refused && ref->step_s > 0 && r->step_s > 0)
+        snprintf(ratio, sizeof ratio, "%.3f", r->step_s / ref->step_s);
+    for (int i = 0; i < (r->nrows ? r->nrows : 1); i++) {
+        char b[32] = "";
+        if (r->nrows) fmt_bytes(r->rows[i].bytes, b, sizeof b);
+        printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", i ? "" : row->label, i ? "" : peak, i ? "" : step,
+               i ? "" : ratio, r->nrows ? sim_op_name(r->rows[i].op) : "", r->nrows ? r->rows[i].axes : "", b);
+    }
+    if (r->nrows > 1) {
+        double total = 0;
+        char b[32];
+        for (int i = 0; i < r->nrows; i++) total += r->rows[i].bytes;
+        printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", "", "", "", "", "total", "", fmt_bytes(total, b, sizeof b));
+    }
 }
 
 int main(int argc, char **argv)
 {
-    printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
-    bool table = false, ratio = false, ring = false, real_runs = false, full = false;
+    bool real = false, lng = false;
+    const char *match = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "table")) table = true;
-        else if (!strcmp(argv[i], "ratio")) ratio = true;
-        else if (!strcmp(argv[i], "ring")) ring = true;
-        else if (!strcmp(argv[i], "--real")) real_runs = true;
-        else if (!strcmp(argv[i], "--full")) full = true;
+        if (!strcmp(argv[i], "--real")) real = true;
+        else if (!strcmp(argv[i], "--long")) lng = true;
+        else if (argv[i][0] != '-' && !match) match = argv[i];
         else {
-            fprintf(stderr, "bench/deepseek: unknown argument '%s'; usage: deepseek [table|ratio|ring]... [--real] "
-                    "[--full]\n",
+            fprintf(stderr, "bench/deepseek: unknown argument '%s'; usage: deepseek [--real] [--long] [MATCH]\n",
                     argv[i]);
             return 2;
         }
     }
-    if (!table && !ratio && !ring) table = ratio = ring = true;
-    if (table) explicit_sharding_table(real_runs);
-    if (ratio) step_ratio(full);
-    if (ring) ring_vs_ragged();
+    for (int i = 0; i < NROWS; i++) /* a `vs` must name an earlier row */
+        if (ROWS[i].vs && (find_row(ROWS[i].vs) < 0 || find_row(ROWS[i].vs) >= i)) {
+            fprintf(stderr, "bench/deepseek: row '%s' compares with '%s', which is not an earlier row\n",
+                    ROWS[i].label, ROWS[i].vs);
+            return 2;
+        }
+    printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
+    static run_result results[NROWS];
+    const char *group = NULL;
+    for (int i = 0; i < NROWS; i++) {
+        const bench_row *row = &ROWS[i];
+        if ((row->flags & ROW_LONG) && !lng) continue;
+        if (match && !strstr(row->label, match) && !strstr(row->group, match)) continue;
+        if (!group || strcmp(group, row->group)) {
+            group = row->group;
+            printf("\n%s\n", group);
+            printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", "run", "peak/dev", "step (s)", "/vs", "collective",
+                   "axes", "bytes/dev/step");
+            for (int k = 0; k < 137; k++) putchar('-');
+            putchar('\n');
+        }
+        run(row, false, &results[i]);
+        print_result(row, &results[i], row->vs ? &results[find_row(row->vs)] : NULL);
+        if (real && (row->flags & ROW_REAL) && !results[i].refused) {
+            run_result *r = malloc(sizeof *r);
+            run(row, true, r);
+            printf("%-44s   a real step %s these dry figures\n", "", r->refused ? "was refused; unlike"
+                                                                 : same_figures(r, &results[i]) ? "equals"
+                                                                                                : "DIFFERS FROM");
+            free(r);
+        }
+        fflush(stdout);
+    }
     return 0;
 }

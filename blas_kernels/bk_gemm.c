@@ -1,11 +1,56 @@
 /* bk_gemm.c — sgemm wrappers (row-major), strided batched and grouped products.
  * Leading dimensions are checked here so a wrong one fails with the numbers instead of
- * OpenBLAS's terse xerbla message. */
+ * OpenBLAS's terse xerbla message.
+ *
+ * Threads: a large product is cut into GEMM_CHUNKS blocks of its larger output dim and the
+ * blocks run on the kernel pool (bk_parallel), each one single-threaded sgemm; OpenBLAS's own
+ * threads stay at 1 while a machine runs (sim_machine_new).  One pool for every kernel: OpenBLAS's
+ * workers spin in sched_yield for a while after each call, and on a device with two cores that
+ * spinning took a sixth of a step's CPU and slowed the pool's elementwise kernels beside it.
+ * Each output element is one dot product over the whole K in sgemm's order whichever block
+ * holds it, and the blocks do not depend on the thread count, so results are the same bits as
+ * one unsplit sgemm (tests/test_bk_gemm checks it). */
 #include "blas_kernels/bk_gemm.h"
 
 #include <cblas.h>
 
 #include "blas_kernels/bk.h"
+#include "blas_kernels/bk_parallel.h"
+
+/* A product is split when it has at least GEMM_SPLIT_MNK multiply-adds (below that the pool's
+ * wake-up costs more than the second core gains) and its larger output dim holds two blocks. */
+enum { GEMM_CHUNKS = 4, GEMM_ALIGN = 64, GEMM_SPLIT_MNK = 1 << 22 };
+
+typedef struct {
+  int trans_a, trans_b, M, N, K;
+  float alpha, beta;
+  const float *A, *B;
+  int lda, ldb, ldc;
+  float *C;
+  int split_rows;  // blocks of rows of C (else of columns)
+  int64_t block;   // rows or columns per block
+} gemm_job;
+
+static void sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+              alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void gemm_blocks(int64_t lo, int64_t hi, void *arg) {
+  const gemm_job *j = arg;
+  for (int64_t b = lo; b < hi; b++) {
+    int64_t r0 = b * j->block, dim = j->split_rows ? j->M : j->N;
+    int n = (int)(r0 + j->block < dim ? j->block : dim - r0);
+    if (n <= 0) continue;
+    if (j->split_rows)  // rows r0.. of op(A) and C
+      sgemm(j->trans_a, j->trans_b, n, j->N, j->K, j->alpha, j->trans_a ? j->A + r0 : j->A + r0 * j->lda, j->lda,
+            j->B, j->ldb, j->beta, j->C + r0 * j->ldc, j->ldc);
+    else  // columns r0.. of op(B) and C
+      sgemm(j->trans_a, j->trans_b, j->M, n, j->K, j->alpha, j->A, j->lda, j->trans_b ? j->B + r0 * j->ldb : j->B + r0,
+            j->ldb, j->beta, j->C + r0, j->ldc);
+  }
+}
 
 static void check_dims(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                        const float *B, int ldb, const float *C, int ldc) {
@@ -27,8 +72,14 @@ void bk_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const f
       for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  int dim = M >= N ? M : N;
+  int64_t block = ((dim + GEMM_CHUNKS - 1) / GEMM_CHUNKS + GEMM_ALIGN - 1) / GEMM_ALIGN * GEMM_ALIGN;
+  if (bk_parallel_threads() < 2 || (double)M * N * K < GEMM_SPLIT_MNK || dim < 2 * block) {
+    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  gemm_job j = {trans_a, trans_b, M, N, K, alpha, beta, A, B, lda, ldb, ldc, C, M >= N, block};
+  bk_parallel_for((dim + block - 1) / block, 1, gemm_blocks, &j);
 }
 
 void bk_gemm_ref(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,

@@ -333,6 +333,11 @@ static sim_status write_metrics(FILE *f, void *arg)
         jw_key(&w, "loss");
         if (s->dry) jw_null(&w);
         else jw_double(&w, s->loss);
+        if (s->has_mtp) { /* the multi-token prediction part of loss (MaxText's learning/mtp_loss) */
+            jw_key(&w, "mtp_loss");
+            if (s->dry) jw_null(&w);
+            else jw_double(&w, s->mtp_loss);
+        }
         jw_key(&w, "grad_norm");
         if (s->dry) jw_null(&w);
         else jw_double(&w, s->grad_norm);
@@ -702,7 +707,7 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
                 snprintf(l[k++].key, KEY_CAP, "%s/[0]/.count", br[b]);
                 for (int part = 0; part < (b ? 1 : 2); part++)
                     for (int i = 0; i < n; i++) {
-                        if (p[pk[i].index].muon != want) continue;
+                        if (p[pk[i].index].muon != want || p[pk[i].index].no_opt) continue;
                         snprintf(l[k].key, KEY_CAP, "%s/[0]/.%s/['params']%s", br[b], part ? "nu" : "mu", pk[i].rel);
                         l[k].p = &p[pk[i].index];
                         l[k].opt = 1;
@@ -726,6 +731,7 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
         for (int part = 0; part < 3; part++) {
             if (part == 1) snprintf(l[k++].key, KEY_CAP, ".opt_state/[0]/.count");
             for (int i = 0; i < n; i++) {
+                if (part && p[pk[i].index].no_opt) continue;
                 snprintf(l[k].key, KEY_CAP, "%s%s", prefix[part], pk[i].rel);
                 l[k].p = &p[pk[i].index];
                 l[k].opt = part > 0;

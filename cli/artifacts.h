@@ -101,6 +101,8 @@ typedef struct {
     mesh_spec opt_spec;                         /* their spec when has_opt_spec */
     int muon;                                   /* opt_type=muon: 1 a Muon leaf, -1 an AdamW-fallback leaf;
                                                    0 (every entry): opt_type=adamw's state */
+    bool no_opt;                                /* a non-trainable variable (MaxText's MoEBiasVar):
+                                                   listed with the parameters, no optimizer state */
 } cli_dump_param;
 
 /* An activation as MaxText's debug_sharding logs it. */

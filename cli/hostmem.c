@@ -104,3 +104,53 @@ sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, cons
                    human(need->max_peak, mx, sizeof mx), human(need->reuse_cache, rc, sizeof rc),
                    human(need->host_buffers, hb, sizeof hb));
 }
+
+/* Before a real run: one dry step of the same model, optimizer and data
+ * (the accounting a dry run does: every device's arena peak) plus the host
+ * buffers around it, against the memory available (cli/hostmem.h).  The
+ * arena's reuse cache keeps at most 1/8 of a device's peak (and 1 GiB);
+ * checkpoint I/O moves data through one bounce buffer of about 4 MiB per
+ * device.  A dry step that runs out of simulated memory (hbm_limit_gb) is
+ * the real run's OOM too, and is returned as such.  See hostmem.h. */
+sim_status cli_host_memory_fits(const model_def *def, const model_train_job *job, double hbm, bool ckpt_io,
+                                uint64_t extra_host)
+{
+    uint64_t avail;
+    char source[128];
+    int known;
+    SIM_TRY(cli_host_memory_available(&avail, source, sizeof source, &known));
+    if (!known) return SIM_OK; /* no Linux /proc: nothing to compare with */
+    model_def *dry = malloc(sizeof *dry);
+    if (!dry) return sim_err(SIM_ERR_INTERNAL, "train: out of host memory");
+    *dry = *def; /* a shallow copy: the dry step reads the same tables */
+    dry->d.dry_run = true;
+    sim_machine *m = NULL;
+    model_step_stats one;
+    model_train_job j;
+    memset(&j, 0, sizeof j);
+    j.def = dry;
+    j.data = job->data;
+    j.opt = job->opt;
+    j.steps = 1;
+    j.stats = &one;
+    sim_status st = model_machine_new(dry, hbm, false, &m);
+    if (st == SIM_OK) st = model_train(&j, m);
+    cli_host_need need = {0};
+    if (st == SIM_OK) {
+        need.devices = sim_machine_num_devices(m);
+        for (int d = 0; d < need.devices; d++) {
+            sim_arena_stats as;
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
+            need.device_peaks += as.peak;
+            if (as.peak > need.max_peak) need.max_peak = as.peak;
+            need.reuse_cache += as.peak / 8 < (1ull << 30) ? as.peak / 8 : (1ull << 30);
+        }
+        uint64_t tokens = (uint64_t)(def->d.rows_loaded * def->d.ga * def->d.seq);
+        need.host_buffers = 3 * tokens * sizeof(int32_t) * (def->d.ga > 1 ? 2 : 1) +
+                            (ckpt_io ? (uint64_t)need.devices * (4u << 20) : 0) + extra_host;
+    }
+    sim_machine_free(m);
+    free(dry);
+    SIM_TRY(st);
+    return cli_host_memory_check(&need, avail, source);
+}

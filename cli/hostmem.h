@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "models/train.h"
 #include "sim/status.h"
 
 /* What a real run needs, in bytes. */
@@ -34,5 +35,15 @@ sim_status cli_host_memory_available(uint64_t *bytes, char *source, size_t cap, 
 /* SIM_OK when need fits in avail; else an error (exit 2) with the figures
  * and what to change. */
 sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, const char *source);
+
+/* The whole check before a real run of def: one dry step of the same model,
+ * optimizer and data (job's opt and data; the rest of job is not used) on a
+ * dry machine of capacity hbm_limit_gb = hbm gives every device's peak; the
+ * host buffers are the step's token arrays, a checkpoint bounce buffer per
+ * device when ckpt_io (about 4 MiB each), and extra_host bytes the caller
+ * keeps (parity's gradient copies).  SIM_OK when it fits or when the
+ * machine's figure is unknown; the dry step's OOM as the real run's. */
+sim_status cli_host_memory_fits(const model_def *def, const model_train_job *job, double hbm, bool ckpt_io,
+                                uint64_t extra_host);
 
 #endif

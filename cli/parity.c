@@ -14,12 +14,15 @@
  * simulated memory is reported as it happens and the others still run; the
  * table compares those that finished, and the exit code is 1 (0 needs every
  * configuration to run and agree).  When the reference itself does not fit
- * nothing can be compared: parity stops there (exit 1).  Progress: a line as
+ * nothing can be compared: parity stops there (exit 1).  A configuration
+ * whose run would not fit in host memory (cli/hostmem.h, with the gradient
+ * copies parity keeps) stops parity before it runs (exit 2).  Progress: a line as
  * each configuration starts and one as it ends, flushed at once; on a
  * terminal a step bar on stderr. */
 #include "cli/cli.h"
 #include "cli/artifacts.h"
 #include "cli/common.h"
+#include "cli/hostmem.h"
 #include "cli/report.h"
 #include "cli/report_html.h"
 
@@ -191,7 +194,11 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             job.on_step = parity_step;
             job.cb_arg = &pp;
             uint64_t t0 = sim_now_ns();
-            st = model_train(&job, m);
+            /* host memory: the run, plus every step's gradients kept here (the reference's too) */
+            uint64_t kept = (uint64_t)steps * (uint64_t)model_param_bytes(def) * (c > 0 ? 2u : 1u);
+            st = cli_host_memory_fits(def, &job, hbm, false, kept);
+            if (st == SIM_ERR_INPUT) sim_err_append(" (parity configuration '%s')", cfgs[c].label);
+            if (st == SIM_OK) st = model_train(&job, m);
             cli_progress_done(stderr);
             losses[c] = calloc((size_t)steps, sizeof **losses);
             for (long long s = 0; s < steps; s++) losses[c][s] = job.stats[s].loss;

@@ -52,6 +52,8 @@ typedef struct {
     double tokens_per_s; /* global tokens / time_s */
     size_t peak_bytes;   /* highest arena peak over the devices, bytes */
     bool dry;            /* dry run: no loss or grad norm ("-" is printed, null written) */
+    double mtp_loss;     /* of loss, the multi-token prediction loss (when has_mtp) */
+    bool has_mtp;        /* mtp_num_layers > 0: mtp_loss is reported (MaxText's learning/mtp_loss) */
 } cli_step_metrics;
 
 /* Header line matching cli_report_step_line (units in the header). */

@@ -85,6 +85,7 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
                 continue;
             /* ZeRO-1: MaxText's add_data_to_sharding on this [(R,) S, ...] tensor (the repeat dim when R allows) */
             q->has_opt_spec = def->d.zero1;
+            q->no_opt = def->defs[i].state_var;
             if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
             q->path = paths[np++];
         }
@@ -100,6 +101,7 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
                 p[np].logical[d] = defs[np].logical[d];
             }
             p[np].spec = spec;
+            p[np].no_opt = def->defs[i].state_var;
             if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
             /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
              * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
@@ -221,6 +223,8 @@ static void print_step(const model_step_stats *s, void *arg)
     cli_step_metrics *m = &sp->metrics[s->step];
     m->step = (int)s->step;
     m->loss = s->loss;
+    m->mtp_loss = s->mtp_loss;
+    m->has_mtp = sp->def->d.mtp_layers > 0;
     m->grad_norm = s->grad_norm;
     m->lr = s->lr;
     m->time_s = s->time_s;
@@ -237,6 +241,7 @@ static void print_step(const model_step_stats *s, void *arg)
                 "\"run_name\": ",
                 m->loss, m->grad_norm, m->lr, m->time_s, m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
         put_json_str(sp->metrics_file, sp->run_name);
+        if (m->has_mtp) fprintf(sp->metrics_file, ", \"learning/mtp_loss\": %.9g", m->mtp_loss);
         fprintf(sp->metrics_file, "}\n");
         fflush(sp->metrics_file);
     }
@@ -283,7 +288,8 @@ static sim_status resolve_outputs(const mesh_cfg *cfg, char *outdir, size_t cap_
  * latest checkpoint of this run's checkpoint_dir first (a run in progress
  * resumes; load_parameters_path and load_full_state_path are then not
  * read), else load_full_state_path (parameters, optimizer state, step), else
- * load_parameters_path (parameters only, step 0).  A dry run computes no
+ * load_parameters_path (parameters only, step 0).  A checkpoint saved after
+ * step n resumes at step n + 1 (MaxText's start_step = the optimizer count).  A dry run computes no
  * values: it starts at step 0 and only checks the file it is given. */
 typedef struct {
     char path[4096];
@@ -305,8 +311,8 @@ static sim_status resolve_resume(const mesh_cfg *cfg, const char *ckdir, bool dr
                          "removed by the next save\n", ckdir, stale, stale > 1 ? "s" : "");
         if (latest >= 0) {
             r->full = true;
-            r->start = latest;
-            fprintf(out, "resuming from this run's checkpoint %s (step %lld)%s%s%s\n", r->path, latest,
+            r->start = latest + 1;
+            fprintf(out, "resuming from this run's checkpoint %s (saved after step %lld)%s%s%s\n", r->path, latest,
                     *lp || *lfs ? "; as MaxText does, " : "", *lp ? "load_parameters_path" : *lfs ? "load_full_state_path" : "",
                     *lp || *lfs ? " is not read while checkpoint_dir holds a checkpoint" : "");
         }
@@ -320,68 +326,19 @@ static sim_status resolve_resume(const mesh_cfg *cfg, const char *ckdir, bool dr
             return st;
         }
         r->full = true;
-        r->start = dry ? 0 : held;
-        if (!dry) fprintf(out, "resuming from load_full_state_path=%s (step %lld)\n", lfs, held);
+        r->start = dry ? 0 : held + 1;
+        if (!dry) fprintf(out, "resuming from load_full_state_path=%s (saved after step %lld)\n", lfs, held);
     } else if (!r->full && *lp) {
         snprintf(r->path, sizeof r->path, "%s", lp);
     }
     if (r->full && r->start >= steps)
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s holds step %lld (%lld steps done) and steps=%lld: nothing is left "
-                                      "to train; set steps above %lld to continue, or %s",
-                       r->path, r->start, r->start, steps, r->start,
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s was saved after step %lld (%lld steps done) and steps=%lld: "
+                                      "nothing is left to train; set steps above %lld to continue, or %s",
+                       r->path, r->start - 1, r->start, steps, r->start,
                        *lfs && strcmp(r->path, lfs) == 0 ? "drop load_full_state_path"
                                                          : "set enable_checkpointing=false or another checkpoint_dir "
                                                            "(or run_name) to start over");
     return SIM_OK;
-}
-
-/* Before a real run: one dry step of the same model, optimizer and data
- * (the accounting a dry run does: every device's arena peak) plus the host
- * buffers around it, against the memory available (cli/hostmem.h).  The
- * arena's reuse cache keeps at most 1/8 of a device's peak (and 1 GiB);
- * checkpoint I/O moves data through one bounce buffer of about 4 MiB per
- * device.  A dry step that runs out of simulated memory (hbm_limit_gb) is
- * the real run's OOM too, and is returned as such. */
-static sim_status check_host_memory(const model_def *def, const model_train_job *job, double hbm, bool ckpt_io)
-{
-    uint64_t avail;
-    char source[128];
-    int known;
-    SIM_TRY(cli_host_memory_available(&avail, source, sizeof source, &known));
-    if (!known) return SIM_OK; /* no Linux /proc: nothing to compare with */
-    model_def *dry = malloc(sizeof *dry);
-    if (!dry) return sim_err(SIM_ERR_INTERNAL, "train: out of host memory");
-    *dry = *def; /* a shallow copy: the dry step reads the same tables */
-    dry->d.dry_run = true;
-    sim_machine *m = NULL;
-    model_step_stats one;
-    model_train_job j;
-    memset(&j, 0, sizeof j);
-    j.def = dry;
-    j.data = job->data;
-    j.opt = job->opt;
-    j.steps = 1;
-    j.stats = &one;
-    sim_status st = model_machine_new(dry, hbm, false, &m);
-    if (st == SIM_OK) st = model_train(&j, m);
-    cli_host_need need = {0};
-    if (st == SIM_OK) {
-        need.devices = sim_machine_num_devices(m);
-        for (int d = 0; d < need.devices; d++) {
-            sim_arena_stats as;
-            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
-            need.device_peaks += as.peak;
-            if (as.peak > need.max_peak) need.max_peak = as.peak;
-            need.reuse_cache += as.peak / 8 < (1ull << 30) ? as.peak / 8 : (1ull << 30);
-        }
-        uint64_t tokens = (uint64_t)(def->d.rows_loaded * def->d.ga * def->d.seq);
-        need.host_buffers = 3 * tokens * sizeof(int32_t) * (def->d.ga > 1 ? 2 : 1) +
-                            (ckpt_io ? (uint64_t)need.devices * (4u << 20) : 0);
-    }
-    sim_machine_free(m);
-    free(dry);
-    SIM_TRY(st);
-    return cli_host_memory_check(&need, avail, source);
 }
 
 static void config_box(FILE *out, const cli_model *cm, long long steps)
@@ -460,6 +417,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = mesh_cfg_get_int(cm.cfg, "steps", &steps);
     if (!st) st = mesh_cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm);
     if (!st) st = mesh_cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period);
+    int on_start = 1, on_completion = 1;
+    if (!st) st = mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_start", &on_start);
+    if (!st) st = mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_completion", &on_completion);
     if (!st && steps < 1) st = sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps);
     if (!st) st = model_optim_from_config(cm.cfg, &job.opt);
     if (!st) st = model_data_from_config(cm.cfg, &data);
@@ -477,6 +437,13 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
     resume_plan resume;
     memset(&resume, 0, sizeof resume);
+    /* the pipeline refuses checkpoint_dir itself (models/pipeline.c); the directory MaxText derives
+     * from base_output_directory with enable_checkpointing (its default) is the same feature */
+    if (!st && *ckbuf && def->d.pipe.on)
+        st = sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline parallelism "
+                                    "(stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
+                                    "enable_checkpointing=false or ici_pipeline_parallelism=1",
+                     (long long)def->d.pipe.stages);
     if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
@@ -517,7 +484,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         model_train_job probe = {0};
         probe.data = &data;
         st = model_optim_from_config(cm.cfg, &probe.opt);
-        if (!st) st = check_host_memory(def, &probe, hbm, *ckbuf || *resume.path);
+        if (!st) st = cli_host_memory_fits(def, &probe, hbm, *ckbuf || *resume.path, 0);
         if (st) {
             int rc = cli_fail(err, st);
             model_data_close(&data);
@@ -556,6 +523,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     job.load_path = resume.path;
     job.load_full_state = resume.full;
     job.start_step = resume.start;
+    job.skip_save_on_start = !on_start;
+    job.skip_save_on_completion = !on_completion;
     job.on_step = print_step;
     job.on_layer = print_layer;
     job.cb_arg = &sp;
@@ -648,7 +617,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                 st = cli_write_trace_json(outdir, m, (size_t)max_events);
             }
             int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
-            size_t trace_dev = sim_trace_devices_within(m, (size_t)max_events);
+            size_t trace_dev = tm.spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
+            if (!st && tm.spans)
+                fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm.device, hw.name);
             if (!st && (csv_dev < nd || (int)trace_dev < nd))
                 fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
                              "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",

@@ -16,10 +16,20 @@ static sim_status split_sub(const char *sub, char *l, char *r, char *o)
     const char *comma = strchr(sub, ','), *arrow = strstr(sub, "->");
     if (!comma || !arrow || arrow < comma || comma - sub > 15 || arrow - comma - 1 > 15 || strlen(arrow + 2) > 15)
         return sim_err(SIM_ERR_INTERNAL, "einsum '%s': expected 'lhs,rhs->out'", sub);
-    snprintf(l, 16, "%.*s", (int)(comma - sub), sub);
-    snprintf(r, 16, "%.*s", (int)(arrow - comma - 1), comma + 1);
-    snprintf(o, 16, "%s", arrow + 2);
+    sim_str_put(l, 16, 0, sub, (size_t)(comma - sub));
+    sim_str_put(r, 16, 0, comma + 1, (size_t)(arrow - comma - 1));
+    sim_str_put(o, 16, 0, arrow + 2, SIZE_MAX);
     return SIM_OK;
+}
+
+/* "x,y->z" */
+static void join_sub(char *sub, size_t cap, const char *x, const char *y, const char *z)
+{
+    size_t n = sim_str_put(sub, cap, 0, x, SIZE_MAX);
+    n = sim_str_put(sub, cap, n, ",", 1);
+    n = sim_str_put(sub, cap, n, y, SIZE_MAX);
+    n = sim_str_put(sub, cap, n, "->", 2);
+    sim_str_put(sub, cap, n, z, SIZE_MAX);
 }
 
 /* mesh_einsum with the tape's reshard cache installed on the context. */
@@ -54,13 +64,13 @@ static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
     sim_status st = SIM_OK;
     if (a->needs_grad) {
         mesh_array da;
-        snprintf(sub, sizeof sub, "%s,%s->%s", o, r, l);
+        join_sub(sub, sizeof sub, o, r, l);
         st = einsum_cached(t, sub, &y->grad, &b->val, NULL, "bwd_lhs", SIM_MEM_TEMP, &da);
         if (st == SIM_OK) st = mesh_tape_accumulate(t, a, &da, mesh_tape_tag(t, "bwd_lhs", tag, sizeof tag));
     }
     if (st == SIM_OK && b->needs_grad) {
         mesh_array db;
-        snprintf(sub, sizeof sub, "%s,%s->%s", l, o, r);
+        join_sub(sub, sizeof sub, l, o, r);
         st = einsum_cached(t, sub, &a->val, &y->grad, NULL, "bwd_rhs", SIM_MEM_TEMP, &db);
         if (st == SIM_OK) st = mesh_tape_accumulate(t, b, &db, mesh_tape_tag(t, "bwd_rhs", tag, sizeof tag));
     }
@@ -76,7 +86,7 @@ sim_status mesh_ad_einsum(mesh_tape *t, const char *sub, mesh_var *a, mesh_var *
     char tag[SIM_TAG_MAX];
     mesh_var *in[2] = {a, b};
     mesh_entry *e = mesh_tape_record(t, einsum_vjp, mesh_tape_tag(t, name, tag, sizeof tag), 2, in, 1, &y);
-    if (e) snprintf(e->sub, sizeof e->sub, "%s", sub);
+    if (e) sim_str_put(e->sub, sizeof e->sub, 0, sub, SIZE_MAX);
     *out = y;
     return SIM_OK;
 }

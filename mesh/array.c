@@ -38,7 +38,7 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
     spec = &fit;
     SIM_TRY(mesh_spec_check(spec, m));
     SIM_TRY(mesh_spec_check_shape(spec, m, rank, shape, name));
-    snprintf(out->name, sizeof out->name, "%s", name);
+    sim_str_put(out->name, sizeof out->name, 0, name, SIZE_MAX);
     out->rank = rank;
     if (rank) memcpy(out->shape, shape, (size_t)rank * sizeof *shape); /* a scalar may come with shape == NULL */
     out->spec = *spec;

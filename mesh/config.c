@@ -1757,6 +1757,129 @@ static sim_status maxtext_combination_rules(const mesh_cfg *cfg)
     return SIM_OK;
 }
 
+/* ======================================================================== */
+/* combinations MaxText rejects (configs/combinations.yml)                   */
+/* ======================================================================== */
+
+/* A scalar's number, when it is one. */
+static int scalar_number(const mesh_cfg_value *v, double *out)
+{
+    if (v->kind != MESH_CFG_SCALAR) return 0;
+    mesh_cfg_type t = mesh_cfg_scalar_type(v);
+    if (t != MESH_CFG_INT && t != MESH_CFG_FLOAT) return 0;
+    if (mesh_cfg_value_double(v, "", out) != SIM_OK) {
+        sim_err_clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether config value v equals rule value r: numbers and booleans by value, null with null,
+ * text without case. */
+static int combo_equal(const mesh_cfg_value *v, const mesh_cfg_value *r)
+{
+    if (v->kind != MESH_CFG_SCALAR || r->kind != MESH_CFG_SCALAR) return 0;
+    if (is_null(v) || is_null(r)) return is_null(v) && is_null(r);
+    double a, b;
+    if (scalar_number(v, &a) && scalar_number(r, &b)) return a == b;
+    int x, y;
+    if (mesh_cfg_scalar_type(v) == MESH_CFG_BOOL && mesh_cfg_scalar_type(r) == MESH_CFG_BOOL)
+        return bool_word(v->text, &x) && bool_word(r->text, &y) && x == y;
+    return v->text && r->text && !strcasecmp(v->text, r->text);
+}
+
+static int combo_in(const mesh_cfg_value *v, const mesh_cfg_value *list)
+{
+    for (int i = 0; list->kind == MESH_CFG_LIST && i < list->n; i++)
+        if (combo_equal(v, &list->items[i])) return 1;
+    return 0;
+}
+
+/* Whether condition c (a scalar, or a one-entry map {op: value}) holds for value v. */
+static sim_status combo_holds(const mesh_cfg_value *v, const mesh_cfg_value *c, const char *file, int *holds)
+{
+    *holds = 0;
+    if (c->kind != MESH_CFG_MAP) {
+        *holds = combo_equal(v, c);
+        return SIM_OK;
+    }
+    if (c->n != 1)
+        return sim_err(SIM_ERR_INPUT, "%s:%d: a condition is one {op: value} (ne, gt, ge, lt, le, in, not_in, empty)",
+                       file, c->line);
+    const char *op = c->keys[0];
+    const mesh_cfg_value *r = &c->items[0];
+    if (!strcmp(op, "empty")) {
+        int want;
+        SIM_TRY(mesh_cfg_value_bool(r, "empty", &want));
+        int empty = v->kind == MESH_CFG_LIST   ? v->n == 0
+                    : v->kind == MESH_CFG_MAP  ? v->n == 0
+                                               : is_null(v) || !v->text || !*v->text;
+        *holds = empty == want;
+        return SIM_OK;
+    }
+    if (v->kind == MESH_CFG_SCALAR && is_null(v)) return SIM_OK; /* None compares with nothing */
+    if (!strcmp(op, "ne")) *holds = !combo_equal(v, r);
+    else if (!strcmp(op, "in")) *holds = combo_in(v, r);
+    else if (!strcmp(op, "not_in")) *holds = !combo_in(v, r);
+    else if (!strcmp(op, "gt") || !strcmp(op, "ge") || !strcmp(op, "lt") || !strcmp(op, "le")) {
+        double a, b;
+        if (!scalar_number(v, &a) || !scalar_number(r, &b)) return SIM_OK;
+        *holds = op[0] == 'g' ? (op[1] == 't' ? a > b : a >= b) : (op[1] == 't' ? a < b : a <= b);
+    } else
+        return sim_err(SIM_ERR_INPUT, "%s:%d: unknown condition '%s' (ne, gt, ge, lt, le, in, not_in, empty)", file,
+                       c->line, op);
+    return SIM_OK;
+}
+
+/* Applies every rule of combinations.yml (found beside ranges.yml; none, no checks). */
+static sim_status check_combinations(mesh_cfg *cfg, char *const *dirs, int n_dirs)
+{
+    char *path = NULL;
+    for (int i = 0; i < n_dirs && !path; i++) {
+        char *p = join_path(dirs[i], "combinations.yml");
+        if (file_exists(p)) path = p;
+        else free(p);
+    }
+    if (!path) return SIM_OK;
+    mesh_cfg_value doc = {0};
+    sim_status st = yaml_read(cfg, path, NULL, &doc);
+    const mesh_cfg_value *rules = st == SIM_OK ? map_get(&doc, "rules") : NULL;
+    if (st == SIM_OK && (!rules || rules->kind != MESH_CFG_LIST))
+        st = sim_err(SIM_ERR_INPUT, "%s: expected a list under 'rules'", path);
+    for (int k = 0; st == SIM_OK && k < rules->n; k++) {
+        const mesh_cfg_value *r = &rules->items[k], *when = map_get(r, "when"), *says = map_get(r, "says"),
+                             *fix = map_get(r, "fix"), *where = map_get(r, "where");
+        if (!when || when->kind != MESH_CFG_MAP || !says || !fix || !where) {
+            st = sim_err(SIM_ERR_INPUT, "%s:%d: a rule needs where, when (a map of key conditions), says and fix", path,
+                         r->line);
+            break;
+        }
+        int all = 1;
+        for (int c = 0; st == SIM_OK && all && c < when->n; c++) {
+            const mesh_cfg_entry *e = mesh_cfg_find(cfg, when->keys[c]);
+            if (!e) {
+                all = 0; /* a key this config does not have: the rule does not apply */
+                break;
+            }
+            st = combo_holds(&e->value, &when->items[c], path, &all);
+        }
+        if (st != SIM_OK || !all) continue;
+        sbuf b = {0};
+        for (int c = 0; c < when->n; c++) {
+            const mesh_cfg_entry *e = mesh_cfg_find(cfg, when->keys[c]);
+            char *t = mesh_cfg_value_to_text(&e->value, 0);
+            sb_putf(&b, "%s%s=%s", c ? ", " : "", e->key, t);
+            free(t);
+        }
+        st = sim_err(SIM_ERR_INPUT, "%s: MaxText 0.2.5 rejects this combination (%s): %s; %s", b.s ? b.s : "",
+                     where->text ? where->text : "?", says->text ? says->text : "?", fix->text ? fix->text : "?");
+        free(b.s);
+    }
+    value_free(&doc);
+    free(path);
+    return st;
+}
+
 static sim_status check_final(const mesh_cfg *cfg)
 {
     const mesh_cfg_entry *e = mesh_cfg_find(cfg, "mesh_axes");
@@ -2114,6 +2237,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     if (st == SIM_OK) st = registry_check(cfg, base_vals, n_base);
     if (st == SIM_OK) st = check_ranges(cfg, dirs, n_dirs);
     if (st == SIM_OK && cfg->keys_file) st = maxtext_combination_rules(cfg);
+    if (st == SIM_OK && cfg->keys_file) st = check_combinations(cfg, dirs, n_dirs);
 
 done:
     for (int i = 0; i < n_chain; i++) free(chain[i]);

@@ -429,6 +429,44 @@ sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const 
     return SIM_OK;
 }
 
+/* ------------------------------------------------------------ loss-free balancing */
+
+sim_status mesh_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    tagof(t, name, tag, sizeof tag);
+    const mesh_array *ia = &indices->val;
+    sim_axes tok = dim_axes(&ia->spec, 0);
+    sim_axes seq = dim_axes(&ia->spec, 1);
+    for (int i = 0; i < seq.n; i++) tok.axis[tok.n++] = seq.axis[i];
+    float *acc = NULL; /* float32 counts: exact below 2^24 assignments per layer, the bytes of MaxText's int32 */
+    SIM_TRY(sim_arena_alloc(sim_device_arena(c->dev), (size_t)E * sizeof(float), SIM_MEM_TEMP, "moe/expert_counts",
+                            true, (void **)&acc));
+    if (ia->data) {
+        const int32_t *iv = ia->data;
+        for (size_t i = 0; i < ia->nlocal; i++) acc[iv[i]] += 1.0f;
+    }
+    sim_status st = SIM_OK;
+    if (tok.n) st = sim_all_reduce(c->dev, ia->data ? acc : NULL, ia->data ? acc : NULL, (size_t)E, SIM_F32, tok,
+                                   sim_meta_tag(tag));
+    if (st == SIM_OK && ia->data) memcpy(out, acc, (size_t)E * sizeof(float));
+    sim_arena_release(sim_device_arena(c->dev), acc, (size_t)E * sizeof(float), SIM_MEM_TEMP);
+    return st;
+}
+
+void mesh_moe_bias_update(float *bias, const float *counts, int64_t E, double rate)
+{
+    double total = 0;
+    for (int64_t e = 0; e < E; e++) total += counts[e];
+    const float mean = (float)(total / (double)E), r = (float)rate;
+    for (int64_t e = 0; e < E; e++) {
+        float diff = mean - counts[e];
+        float dir = diff > 0 ? 1.0f : diff < 0 ? -1.0f : 0.0f;
+        bias[e] = bias[e] + dir * r;
+    }
+}
+
 /* ------------------------------------------------------------ load-balance loss */
 
 /* probs (N, E) = softmax(scores + bias) per row. */
@@ -1548,7 +1586,17 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
         return st;
     }
     /* MaxText's out_specs: the output leaves the region in the caller's sharding */
-    if (!mesh_spec_equal(&pl->ros, &c->out)) {
+    if (c->ring && c->output_dead && !mesh_spec_equal(&pl->ros, &c->out)) {
+        mesh_array z;
+        st = mesh_array_new(dev, m, (*out)->val.name, 3, oshape, &c->out, SIM_F32, SIM_MEM_ACTIVATIONS, &z);
+        if (st) {
+            payload_free(pl);
+            return st;
+        }
+        if (z.data) memset(z.data, 0, z.nlocal * sizeof(float));
+        mesh_array_free(dev, &(*out)->val);
+        (*out)->val = z;
+    } else if (!mesh_spec_equal(&pl->ros, &c->out)) {
         /* the ring's combine is MaxText's psum_scatter over the expert axes: asked for, not planned */
         const char *otag = gtag(g, c->ring ? "ring_reduce_scatter" : "out", ax, sizeof ax);
         sim_meta meta = ctx->mode == MESH_MODE_AUTO && !c->ring ? sim_meta_implicit(otag) : sim_meta_tag(otag);

@@ -2,10 +2,12 @@
  * reference/maxtext-facts.md §6) on the autodiff tape:
  *
  *   scores    router scores: sigmoid or softmax of the gate logits;
- *   route     top-k of (scores + bias) with ties to the lowest expert index,
- *             the weights (pre-bias scores for DeepSeek-V3, else the biased
+ *   route     top-k of (scores + bias) with ties to the lowest expert index
+ *             (optionally within the best groups, or random draws), the
+ *             weights (pre-bias scores for DeepSeek-V3, else the biased
  *             values), renormalised for sigmoid, times routed_scaling_factor;
  *   lb_loss   the sequence-wise load-balance loss;
+ *   counts    the expert counts and bias update of loss-free balancing;
  *   experts   the expert computation as one manual region with its own VJP,
  *             in MaxText's two forms:
  *     sparse (dropless, default): each device sorts its tokens' assignments by
@@ -14,7 +16,7 @@
  *       the hidden-sharded product over the tensor axes, sends the rows back
  *       with the reverse ragged all-to-all and sums them with the routing
  *       weights;
- *     dense (capacity_factor > 0): every sequence gives each expert
+ *     dense (sparse_matmul=false, capacity_factor > 0): every sequence gives each expert
  *       int(max(ceil(S k / E) cf, cf)) slots, filled in token order then top-k
  *       order; assignments past capacity are dropped; fixed-size buffers go
  *       through an all-to-all over the expert axes.
@@ -69,11 +71,25 @@ sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const 
 sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
                             const char *name, mesh_var **loss);
 
+/* Loss-free balancing's statistic (moe.py calculate_expert_counts): how many
+ * of the batch's assignments in indices (B, S, k) went to each of E experts,
+ * summed over the token axes (an all-reduce of E int32-sized counts, as
+ * MaxText's psum over the batch axes); out (E) on every device (untouched in
+ * a dry run). */
+sim_status mesh_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out);
+
+/* The bias update of one layer (moe.py load_balance_updates_from_counts),
+ * in float32 as MaxText: bias[e] += rate * sign(sum(counts) / E - counts[e]). */
+void mesh_moe_bias_update(float *bias, const float *counts, int64_t E, double rate);
+
 typedef struct {
     sim_axes ep;            /* expert-parallel axes: they shard the experts dim of the weights, in order */
     bool ring;              /* use_ring_of_experts: x, weights and indices come gathered over ep
                              * (mesh_moe_ring_gather); each device runs its own experts on every
                              * row and the output is reduce-scattered over ep onto `out` */
+    bool output_dead;       /* ring, remat's recomputation in backward: nothing reads the output's
+                             * value (only its cotangent flows), so XLA drops the reduce-scatter;
+                             * the output is zeros in `out`'s sharding and nothing moves */
     sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
     int64_t capacity;       /* dense path: slots per expert per sequence (mesh_moe_capacity); 0: sparse */
     mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */

@@ -162,8 +162,9 @@ static void sb_shape(sbuf *b, int rank, const int64_t *shape)
 static void make_tag(const mesh_ctx *ctx, const char *name, char *buf, size_t cap)
 {
     if (!name || !name[0]) name = "op";
-    if (ctx->layer && ctx->layer[0]) snprintf(buf, cap, "%s/%s", ctx->layer, name);
-    else snprintf(buf, cap, "%s", name);
+    size_t n = 0;
+    if (ctx->layer && ctx->layer[0]) n = sim_str_put(buf, cap, sim_str_put(buf, cap, 0, ctx->layer, SIZE_MAX), "/", 1);
+    sim_str_put(buf, cap, n, name, SIZE_MAX);
 }
 
 /* The error every explicit-mode rule raises: "<tag> (<op>): <JAX text>", then the operands with
@@ -838,7 +839,16 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     st = sum_unique(ctx, &d, a, d.la, d.ra, BK_EIN_LHS_SUM, name, &ua, la, &na);
     if (st == SIM_OK) st = sum_unique(ctx, &d, b, d.lb, d.rb, BK_EIN_RHS_SUM, name, &ub, lb, &nb);
     if (st != SIM_OK) goto done;
-    snprintf(sub, sizeof sub, "%.*s,%.*s->%.*s", na, la, nb, lb, d.ro, d.lo);
+    { /* "la,lb->lo" without printf (every einsum of every device); at most 3 x 8 letters + 3 < 64 */
+        int k = 0;
+        for (int i = 0; i < na; i++) sub[k++] = la[i];
+        sub[k++] = ',';
+        for (int i = 0; i < nb; i++) sub[k++] = lb[i];
+        sub[k++] = '-';
+        sub[k++] = '>';
+        for (int i = 0; i < d.ro; i++) sub[k++] = d.lo[i];
+        sub[k] = '\0';
+    }
     if (bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err)) {
         st = sim_err(SIM_ERR_INTERNAL, "%s: %s", tag, err);
         goto done;

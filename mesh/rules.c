@@ -1,9 +1,73 @@
 /* rules.c — rule tables from configs and flax/MaxText resolution (see rules.h). */
 #include "mesh/rules.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- resolution memo --------------------------------------------------------
+ * A training step resolves the same few dozen logical-name tuples once per
+ * layer, pass and device (a 256-device dry run of a 61-layer model: millions
+ * of resolutions, each a scan of the rule table with string compares).  Each
+ * thread keeps the results it made, keyed by the rule table and the names;
+ * any change to any rule table (init, add, free, load) bumps a global epoch
+ * that empties every thread's memo, and a different mesh empties it too.
+ * Failed resolutions are never kept (they are recomputed for their message). */
+
+enum { MEMO_SLOTS = 64, MEMO_KEY = 160 };
+
+typedef struct {
+    unsigned long gen;    /* valid while equal to memo_gen */
+    const mesh_rules *r;
+    int rank;
+    uint64_t hash;
+    char key[MEMO_KEY];   /* the names, each NUL-terminated ("\1" for None) */
+    int key_len;
+    mesh_resolved res;
+} memo_slot;
+
+static unsigned long rules_epoch = 1; /* atomically bumped on every rule-table change */
+static _Thread_local unsigned long memo_epoch, memo_gen;
+static _Thread_local mesh_shape memo_mesh;
+static _Thread_local memo_slot memo[MEMO_SLOTS];
+
+static void rules_changed(void)
+{
+    __atomic_add_fetch(&rules_epoch, 1, __ATOMIC_RELEASE);
+}
+
+/* Packs the names into key; -1 when they do not fit (then no memo). */
+static int memo_key(int rank, const char *const *names, char *key, uint64_t *hash)
+{
+    int n = 0;
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)rank;
+    for (int d = 0; d < rank; d++) {
+        const char *s = names[d] ? names[d] : "\1";
+        size_t l = strlen(s) + 1;
+        if (n + (int)l > MEMO_KEY) return -1;
+        memcpy(key + n, s, l);
+        for (size_t i = 0; i < l; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+        n += (int)l;
+    }
+    *hash = h;
+    return n;
+}
+
+static memo_slot *memo_find(const mesh_rules *r, const mesh_shape *m, int rank, const char *key, int key_len,
+                            uint64_t hash, bool *hit)
+{
+    unsigned long epoch = __atomic_load_n(&rules_epoch, __ATOMIC_ACQUIRE);
+    if (epoch != memo_epoch || memcmp(&memo_mesh, m, sizeof *m)) {
+        memo_gen++; /* empties every slot without touching them (256 device threads: memory stays unpaged) */
+        memo_mesh = *m;
+        memo_epoch = epoch;
+    }
+    memo_slot *s = &memo[(hash ^ (uintptr_t)r) % MEMO_SLOTS];
+    *hit = s->gen == memo_gen && s->r == r && s->rank == rank && s->hash == hash && s->key_len == key_len && !memcmp(s->key, key, (size_t)key_len);
+    return s;
+}
 
 static char *dup_str(const char *s)
 {
@@ -14,11 +78,13 @@ static char *dup_str(const char *s)
 
 void mesh_rules_init(mesh_rules *r)
 {
+    rules_changed();
     memset(r, 0, sizeof *r);
 }
 
 void mesh_rules_free(mesh_rules *r)
 {
+    rules_changed();
     for (int i = 0; i < r->n; i++) {
         mesh_rule *x = &r->rules[i];
         for (int j = 0; j < x->n_axes; j++) free(x->axes[j]);
@@ -32,6 +98,7 @@ void mesh_rules_free(mesh_rules *r)
 
 static mesh_rule *rules_push(mesh_rules *r, const char *name, int n, const char *where)
 {
+    rules_changed();
     if (r->n == r->cap) {
         r->cap = r->cap ? 2 * r->cap : 32;
         r->rules = realloc(r->rules, (size_t)r->cap * sizeof *r->rules);
@@ -50,6 +117,7 @@ void mesh_rules_add(mesh_rules *r, const char *name, int n, const char *const *a
 {
     mesh_rule *x = rules_push(r, name, n, "");
     for (int j = 0; j < n; j++) x->axes[j] = dup_str(axes[j]);
+    rules_changed();
 }
 
 static int scalar_is_null(const mesh_cfg_value *v)
@@ -124,8 +192,8 @@ int mesh_rules_find(const mesh_rules *r, const char *name)
     return -1;
 }
 
-sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const char *tensor,
-                              int rank, const char *const *names, mesh_resolved *out)
+static sim_status resolve(const mesh_rules *r, const mesh_shape *m, const char *tensor, int rank,
+                          const char *const *names, mesh_resolved *out)
 {
     const char *what = tensor ? tensor : "(unnamed)";
     if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
@@ -179,5 +247,29 @@ sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const ch
     }
     out->spec = out->unpruned;
     mesh_spec_drop_size_one(&out->spec, m);
+    return SIM_OK;
+}
+
+sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const char *tensor,
+                              int rank, const char *const *names, mesh_resolved *out)
+{
+    char key[MEMO_KEY];
+    uint64_t hash;
+    int key_len = rank >= 0 && rank <= MESH_SPEC_MAX_RANK ? memo_key(rank, names, key, &hash) : -1;
+    if (key_len < 0) return resolve(r, m, tensor, rank, names, out);
+    bool hit;
+    memo_slot *s = memo_find(r, m, rank, key, key_len, hash, &hit);
+    if (hit) {
+        *out = s->res;
+        return SIM_OK;
+    }
+    SIM_TRY(resolve(r, m, tensor, rank, names, out));
+    s->gen = memo_gen;
+    s->r = r;
+    s->rank = rank;
+    s->hash = hash;
+    s->key_len = key_len;
+    memcpy(s->key, key, (size_t)key_len);
+    s->res = *out;
     return SIM_OK;
 }

@@ -34,7 +34,10 @@ mesh_reshard_cache *mesh_tape_cache(mesh_tape *t) { return t->cache; }
 const char *mesh_tape_tag(mesh_tape *t, const char *name, char *buf, size_t cap)
 {
     const char *layer = t->ctx->layer;
-    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
+    size_t n = 0;
+    if (cap) buf[0] = '\0';
+    if (layer && *layer) n = sim_str_put(buf, cap, sim_str_put(buf, cap, 0, layer, SIZE_MAX), "/", 1);
+    sim_str_put(buf, cap, n, name, SIZE_MAX);
     return buf;
 }
 bool mesh_tape_recording(const mesh_tape *t) { return t->recording; }
@@ -130,7 +133,7 @@ mesh_entry *mesh_tape_record(mesh_tape *t, mesh_vjp_fn vjp, const char *tag, int
     mesh_entry *e = calloc(1, sizeof *e);
     SIM_ASSERT(e);
     e->vjp = vjp;
-    snprintf(e->tag, sizeof e->tag, "%s", tag);
+    sim_str_put(e->tag, sizeof e->tag, 0, tag, SIZE_MAX);
     e->nin = nin;
     e->nout = nout;
     for (int i = 0; i < nin; i++) e->in[i] = in[i];
@@ -208,7 +211,7 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
     if (v->sink) {
         /* a parameter: reduce at once (as a compiler reduce-scatters a weight
          * gradient as soon as it is made) and report it under the parameter */
-        snprintf(leaf_tag, sizeof leaf_tag, "grad/%.80s", v->sink->name);
+        sim_str_put(leaf_tag, sizeof leaf_tag, sim_str_put(leaf_tag, sizeof leaf_tag, 0, "grad/", 5), v->sink->name, 80);
         tag = leaf_tag;
         to = canonical(v, g->spec.partial | (v->has_grad ? v->grad.spec.partial : 0));
     } else if (!v->has_grad) {
@@ -245,7 +248,7 @@ static sim_status flush_leaves(mesh_tape *t)
         mesh_var *v = t->vars[i];
         if (!v->sink || !v->has_grad) continue;
         char tag[SIM_TAG_MAX];
-        snprintf(tag, sizeof tag, "grad/%.80s", v->sink->name);
+        sim_str_put(tag, sizeof tag, sim_str_put(tag, sizeof tag, 0, "grad/", 5), v->sink->name, 80);
         SIM_TRY(reshard_to(t, &v->grad, &v->sink->spec, tag, true));
         mesh_local_add(v->sink, &v->grad);
         free_grad(t, v);
@@ -272,7 +275,7 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
         }
         if (st == SIM_OK) {
             char name[SIM_TAG_MAX];
-            snprintf(name, sizeof name, "backward %.80s", e->tag);
+            sim_str_put(name, sizeof name, sim_str_put(name, sizeof name, 0, "backward ", 9), e->tag, 80);
             int span = sim_span_begin(t->ctx->dev, name);
             st = e->vjp(t, e);
             sim_span_end(t->ctx->dev, span);

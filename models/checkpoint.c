@@ -69,6 +69,7 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
     for (int which = 0; which < (with_opt ? 3 : 1); which++)
         for (int i = 0; i < n; i++) {
             if (which == 2 && !params[i].v) continue; /* opt_type=muon: a Muon leaf has no nu */
+            if (which && params[i].def.state_var) continue; /* MoEBiasVar: no optimizer state */
             for (int l = 0; l < model_param_def_tensors(&params[i].def); l++) {
                 model_param_tensor_view(&params[i], l, &t[k].view);
                 snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], t[k].view.def.path);
@@ -543,8 +544,8 @@ static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uin
     return SIM_OK;
 }
 
-/* The "step" of the header's __metadata__: the updates applied to the saved
- * state (-1 when absent or not a decimal count). */
+/* The "step" of the header's __metadata__: the training step the state was
+ * saved after (-1 when absent or not a decimal count). */
 static long long ck_meta_step(const mesh_json *root)
 {
     const mesh_json *md = mesh_json_get(root, "__metadata__"), *sv = md ? mesh_json_get(md, "step") : NULL;

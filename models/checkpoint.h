@@ -1,7 +1,8 @@
 /* checkpoint.h — safetensors checkpoints of global tensors, written and read
  * shard by shard.
  *
- * File DIR/step_<n>.safetensors: 8-byte little-endian header length, a JSON
+ * File DIR/step_<n>.safetensors (the state after training step n, i.e.
+ * after n + 1 updates, as MaxText numbers its checkpoints): 8-byte little-endian header length, a JSON
  * header (padded with spaces to a multiple of 8 bytes, as the safetensors
  * library does), then the raw float32 data, row-major, no gaps, in header
  * order.  Header:
@@ -55,8 +56,9 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
 sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params,
                                  int n, bool opt_state, long long *step);
 
-/* The step (updates applied to the saved state) a checkpoint's header
- * names; an error when the file is no checkpoint or has no step.  Reads the
+/* The step a checkpoint was saved after (its header's "step"; a resume
+ * trains from the next one); an error when the file is no checkpoint or has
+ * no step.  Reads the
  * header only: the data are checked when the file is loaded. */
 sim_status model_checkpoint_step(const char *path, long long *step);
 

@@ -15,11 +15,21 @@
  * value) and ONE rope key head shared by all heads; YaRN rotates q_pe and the
  * key head; query = [q_nope, rope(q_pe)], key = [k_nope, rope(k_rope)
  * broadcast]; softmax scale qk_head_dim^-0.5 times the YaRN mscale factor.
- * MoE (§6): gate logits -> sigmoid/softmax scores -> top-k (bias for selection
- * only on DeepSeek-V3) -> the expert region of mesh/moe.h (sparse ragged
- * all-to-all path, or the dense capacity path when capacity_factor > 0);
+ * MoE (§6): gate logits -> sigmoid/softmax/no scores -> top-k (bias for
+ * selection only on DeepSeek-V3, optionally group-limited) -> the expert
+ * region of mesh/moe.h (sparse ragged all-to-all path, or with
+ * sparse_matmul=false the dense path, dropping past capacity_factor > 0);
  * the load-balance loss of every MoE layer (weight / number of MoE layers)
- * is added to the loss.
+ * is added to the loss.  The DeepSeek-V3 gate bias is MaxText 0.2.5's
+ * MoEBiasVar: not trained; with routed_bias_update_rate each layer's expert
+ * counts feed deepseek_bias_update after the step.
+ * use_ring_of_experts gathers the tokens and router
+ * logits over the expert axes before the top-k and reduce-scatters the
+ * region's output instead (mesh_moe_ring_gather, MaxText's roe_ag_and_route).
+ * mtp_num_layers adds MaxText's MultiTokenPredictionBlock after the decoder
+ * (mtp_loss): its parameters live under params.mtp_block, its transformer
+ * layer is the decoder's last layer type, unscanned, and its loss (and its
+ * MoE load-balance loss) join the training loss.
  *
  * With remat (every remat_policy but none) each layer is one tape entry (output and, for MoE
  * layers with a load-balance loss, that loss): backward runs the layer again
@@ -38,6 +48,7 @@
 #include "mesh/nn.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
+#include "models/batchsplit.h"
 #include "models/init.h"
 #include "models/model.h"
 
@@ -149,7 +160,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     /* MaxText reads use_ring_of_experts on the sparse path only (moe.py sparse_matmul); the dense
      * path ignores it */
     SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
-    d->ring_of_experts = b && sparse;
+    d->ring_of_experts = b && sparse; /* dropless whatever capacity_factor says, as the sparse path */
     if (d->ring_of_experts) {
         bool vma;
         SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
@@ -164,6 +175,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     /* group-limited routing: moe.py reads the groups in deepseek_routing only (DeepSeek-V3 names) */
     long long groups, keep;
     SIM_TRY(mesh_cfg_get_int(cfg, "n_routing_groups", &groups));
+    SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &d->batch_split));
     SIM_TRY(mesh_cfg_get_int(cfg, "topk_routing_group", &keep));
     if (groups != -1 && d->bias_selects_only && d->layers > d->dense_layers) {
         int64_t per = groups > 0 ? d->experts / groups : 0;
@@ -186,8 +198,20 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
         d->topk_groups = (int)keep;
     }
     SIM_TRY(model_cfg_bool(cfg, "use_random_routing", &d->random_routing));
-    SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &f));
-    if (f != 0) return unsupported(cfg, "routed_bias_update_rate", "the loss-free bias update is not simulated; use 0");
+    if (d->random_routing && !sparse)
+        return unsupported(cfg, "use_random_routing",
+                           "random draws may pick an expert twice for a token; MaxText's dense path "
+                           "(sparse_matmul=false) scatters the k weights into a (batch, sequence, experts) tensor "
+                           "where such repeats overwrite each other, which is not simulated; use the sparse path "
+                           "(sparse_matmul=true) with random routing");
+    /* loss-free balancing (moe.py should_update_load_balance: routed_bias and a rate > 0) */
+    SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &d->bias_update_rate));
+    if (d->bias_update_rate > 0 && d->routed_bias && !d->bias_selects_only)
+        return unsupported(cfg, "routed_bias_update_rate",
+                           "MaxText 0.2.5 adds the (layers, experts) update to a gate bias it stores as an nnx.Param "
+                           "(experts, layers) for this model_name, which fails unless the two sizes agree; the "
+                           "update is simulated for the MoEBiasVar bias of deepseek3*, deepseek4* and kimi-k2* "
+                           "names; use one of those or 0");
 
     /* multi-token prediction (layers/multi_token_prediction.py) */
     SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &d->mtp_layers));
@@ -212,6 +236,11 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
                                "multi-token prediction with gradient_accumulation_steps > 1 (MaxText then weights the "
                                "MTP loss by each microbatch's token count) is not simulated; use "
                                "gradient_accumulation_steps=1 or mtp_num_layers=0");
+        if (d->bias_update_rate > 0 && d->routed_bias)
+            return unsupported(cfg, "routed_bias_update_rate",
+                               "loss-free balancing with multi-token prediction (MaxText also moves the MTP "
+                               "layers' gate bias, from their own expert counts) is not simulated; use "
+                               "routed_bias_update_rate=0 or mtp_num_layers=0");
     }
 
     /* remat policies: the routed experts run in one manual region (mesh_moe_experts) that does not
@@ -343,14 +372,30 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     int64_t X = d->experts, Hm = d->moe_mlp, Fs = d->shared_experts * d->moe_mlp;
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel"), 3, (int64_t[]){E, n, X},
         (const char *[]){"embed_router", stack, NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
-    if (d->routed_bias)
+    if (d->routed_bias && d->bias_selects_only) {
+        /* MaxText 0.2.5's GateLogit keeps the DeepSeek-V3 bias as a MoEBiasVar: not trained (no gradient,
+         * no optimizer state; routed_bias_update_rate changes it), its layers stacked first */
+        if (un) /* one layer (MTP): a plain [experts] vector */
+            add_layer(m, false, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 1, (int64_t[]){X},
+                      (const char *[]){NULL}, MODEL_INIT_ZEROS, 0);
+        else {
+            add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){n, X}, (const char *[]){stack, NULL},
+                MODEL_INIT_ZEROS, 0);
+            m->defs[m->nparams - 1].scan_dim = 0;
+        }
+        m->defs[m->nparams - 1].state_var = true;
+    } else if (d->routed_bias) { /* other model names: an nnx.Param, stacked like the kernels */
         add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){X, n}, (const char *[]){NULL, stack},
             MODEL_INIT_ZEROS, 0);
+    }
     /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
     const char *const *wi = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, NULL, "mlp_moe"}
-                                                : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
+                            : d->batch_split     ? (const char *[]){"expert_only", stack, "embed_moe", NULL}
+                                                 : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
     const char *const *wo = d->shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, "mlp_moe", NULL}
-                                                : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
+                            : d->batch_split     ? (const char *[]){"expert_only", stack, NULL, "embed_moe"}
+                                                 : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
+    /* (with batch split, moe.py's get_batchsplit_init_kernel_axes; shard_exp_on_fsdp takes precedence there too) */
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_0"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
         fan_in(E));
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_1"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
@@ -516,6 +561,7 @@ static int global_ix(const model_def *m, const char *path)
 /* A parameter of layer l as a tape leaf (its gradient sinks into p->g[l] when recording). */
 static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l)
 {
+    if (md->wover[i]) return md->wover[i]; /* batch split: the layer's gathered weight */
     model_param *p = &md->p[i];
     bool grad = mesh_tape_recording(t) && p->g;
     return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
@@ -990,6 +1036,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(moe_axes(m, &mc.ep, &mc.h));
     bool ring = d->ring_of_experts && !dense_path;
     mc.ring = ring;
+    mc.output_dead = ring && md->recomputing;
     if (ring) {
         /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
          * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3
@@ -1016,6 +1063,11 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
     }
     SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
+    /* this layer's statistic for the step's bias update, once per forward pass: a remat recompute in
+     * the backward would give the same counts, and MaxText's compiled step does not recompute them
+     * (the counts leave the layer as an output; no gradient reads them) */
+    if (md->bias_counts && sim_device_phase(md->ctx.dev) != SIM_PHASE_BACKWARD)
+        SIM_TRY(mesh_moe_expert_counts(t, indices, d->experts, "expert_counts", md->bias_counts + l * d->experts));
     *lb = NULL;
     if (d->lb_weight > 0) {
         /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
@@ -1102,6 +1154,29 @@ static sim_status ds_layer_at(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_shard_as(md, t, h, "deepseek/x", 3, A, y));
     md->ctx.layer = saved;
     return SIM_OK;
+}
+
+sim_status deepseek_attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x,
+                                    mesh_var **y)
+{
+    const model_def *m = md->def;
+    int l = gl - (int)m->d.dense_layers;
+    ds_stack s = stack_ix(m, true);
+    const char *saved = md->ctx.layer;
+    char attn[128];
+    snprintf(attn, sizeof attn, "%s/self_attention", saved ? saved : "");
+    mesh_var *lnx;
+    SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, s.ln1, l), m->d.eps, "pre_self_attention_layer_norm", &lnx));
+    md->ctx.layer = attn;
+    SIM_TRY(mla(md, t, b, &s, l, lnx, y));
+    md->ctx.layer = saved;
+    return SIM_OK;
+}
+
+sim_status deepseek_shared_experts(model_dev *md, mesh_tape *t, int gl, mesh_var *x, mesh_var **y)
+{
+    ds_stack s = stack_ix(md->def, true);
+    return mlp(md, t, s.wi0, s.wi1, s.wo, gl - (int)md->def->d.dense_layers, x, y);
 }
 
 /* One decoder layer (global index gl). */
@@ -1328,6 +1403,12 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
             SIM_TRY(model_remat_layer(md, t, b, l, x, ds_dense_pp_fn, tag, &x, &lb));
         } else if (pp) {
             SIM_TRY(ds_dense_pp_fn(md, t, b, l, x, &x, &lb));
+        } else if (m->d.batch_split && l >= (int)m->d.dense_layers) {
+            /* the MoE layers' own schedule (batchsplit.c); like MaxText's custom VJP it recomputes the
+             * layer in backward whatever remat_policy says */
+            char tag[64];
+            snprintf(tag, sizeof tag, "decoder/moe_layers_%d/remat", l - (int)m->d.dense_layers);
+            SIM_TRY(model_remat_layer(md, t, b, l, x, batchsplit_layer, tag, &x, &lb));
         } else if (m->d.remat_full) {
             char tag[64];
             bool is_moe = l >= (int)md->def->d.dense_layers;
@@ -1357,15 +1438,14 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
     SIM_TRY(model_logits(md, t, x, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
-    /* MaxText's loss function uses the raw with_sharding_constraint (an assert in explicit mode) */
-    mesh_spec ls;
-    SIM_TRY(model_logical_spec(m, "loss/xent", 2, LOSS, &ls));
-    SIM_TRY(mesh_ad_constraint(t, tok_loss, &ls, "loss/xent", &tok_loss));
+    /* MaxText 0.2.5 reshards the per-token loss; loss_constraint=assert gives the raw constraint it used before PR #4208 */
+    SIM_TRY(model_loss_constraint(md, t, tok_loss, false, &tok_loss));
     md->ctx.layer = "loss";
     SIM_TRY(mesh_nn_mean(t, tok_loss, "mean", loss));
     if (m->d.mtp_layers > 0) { /* train.py: the MTP loss joins the loss before the load-balance loss */
         mesh_var *mtp, *mtp_lb;
         SIM_TRY(mtp_loss(md, t, b, hidden, table, logits_ix >= 0 ? param(md, t, logits_ix, 0) : NULL, &mtp, &mtp_lb));
+        if (mtp->val.data) md->mtp_loss = ((const float *)mtp->val.data)[0]; /* learning/mtp_loss */
         md->ctx.layer = "loss";
         SIM_TRY(mesh_ad_add(t, *loss, mtp, "plus_mtp_loss", loss));
         if (mtp_lb) {
@@ -1375,4 +1455,26 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     }
     if (lb_sum) SIM_TRY(mesh_ad_add(t, *loss, lb_sum, "plus_moe_lb_loss", loss));
     return SIM_OK;
+}
+
+/* ------------------------------------------------------------ loss-free balancing */
+
+bool model_bias_active(const model_def *m)
+{
+    const model_dims *d = &m->d;
+    return d->kind == MODEL_DEEPSEEK && d->routed_bias && d->bias_selects_only && d->bias_update_rate > 0 &&
+           d->layers > d->dense_layers;
+}
+
+void deepseek_bias_update(model_dev *md)
+{
+    const model_def *m = md->def;
+    if (!md->bias_counts_step) return;
+    int i = global_ix(m, "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias");
+    SIM_ASSERT(i >= 0);
+    model_param *p = &md->p[i];
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->w[l].data) /* replicated: every device holds the whole [E] of layer l (none in a dry run) */
+            mesh_moe_bias_update(p->w[l].data, md->bias_counts_step + (int64_t)l * m->d.experts, m->d.experts,
+                                 m->d.bias_update_rate);
 }

@@ -32,7 +32,6 @@ static const char *const MLP_MID[3] = {"activation_batch", "activation_length", 
 static const char *const MLP_FUSED[4] = {"activation_batch", "activation_length", NULL, "activation_mlp"};
 static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
 static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
-static const char *const LOSS[2] = {"activation_embed_and_logits_batch", "activation_length"};
 
 typedef struct {
     int q, k, v, qkv, o, ln1, ln2, wi0, wi1, wi, wo, embed, norm, logits;
@@ -235,8 +234,8 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
     SIM_TRY(model_logits(md, t, x, table, ix.logits >= 0 ? param(md, t, ix.logits, 0) : NULL, &logits));
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
-    /* MaxText's loss function uses the raw with_sharding_constraint: an assert in explicit mode */
-    SIM_TRY(model_constraint(md, t, tok_loss, "loss/xent", 2, LOSS, &tok_loss));
+    /* MaxText 0.2.5 reshards the per-token loss (loss_constraint=assert: the assert of before PR #4208) */
+    SIM_TRY(model_loss_constraint(md, t, tok_loss, true, &tok_loss));
     md->ctx.layer = "loss";
     return mesh_nn_mean(t, tok_loss, "mean", loss);
 }

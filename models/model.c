@@ -11,6 +11,7 @@
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
+#include "models/batchsplit.h"
 #include "models/init.h"
 
 /* ------------------------------------------------------------ definition */
@@ -311,7 +312,7 @@ static sim_status scan_axis_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_int(cfg, "param_scan_axis", &a));
     for (int i = 0; i < m->nparams; i++) {
         model_param_def *d = &m->defs[i];
-        if (d->scan_dim < 0 || d->scan_dim == a) continue;
+        if (d->scan_dim < 0 || d->scan_dim == a || d->state_var) continue; /* MoEBiasVar: layers first always */
         if (a < 0 || a >= d->rank)
             return sim_err(SIM_ERR_INPUT,
                            "param_scan_axis=%lld: %s has %d dims per layer, so the stacked layer dim can go at 0..%d; "
@@ -504,6 +505,10 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    static const char *const loss_modes[] = {"reshard", "assert"};
+    int lm;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "loss_constraint", loss_modes, 2, &lm));
+    d->loss_assert = lm == 1;
     SIM_TRY(counted_dtypes_from_config(cfg, d));
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &d->scan_layers));
 
@@ -569,7 +574,8 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
     for (int i = 0; i < m->nparams && !scan; i++) m->defs[i].unscanned = m->defs[i].scan_dim >= 0;
     bool moved = false;
-    for (int i = 0; i < m->nparams; i++) moved |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1;
+    for (int i = 0; i < m->nparams; i++)
+        moved |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var;
     if (d->zero1 && (!scan || moved))
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true with %s: ZeRO-1 is simulated for MaxText's default layer "
@@ -579,12 +585,13 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         bool unscanned = false, moved_axis = false;
         for (int i = 0; i < m->nparams; i++) {
             unscanned |= m->defs[i].unscanned;
-            moved_axis |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1;
+            moved_axis |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var;
         }
         const char *what = d->dropout > 0                                      ? "enable_dropout with dropout_rate > 0"
                            : d->fused_mlp                                      ? "fused_mlp=true"
                            : unscanned                                         ? "scan_layers=false"
                            : moved_axis                                        ? "param_scan_axis other than 1"
+                           : model_bias_active(m)                              ? "routed_bias_update_rate > 0"
                            : strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none") ? "this remat_policy"
                                                                                                 : NULL;
         if (what) {
@@ -612,7 +619,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
         SIM_TRY(mesh_spec_check_shape(&m->spec[i], &m->mesh, pd->rank, pd->shape, pd->path));
         m->opt_spec[i] = m->spec[i];
         m->opt_unpruned[i] = m->unpruned[i];
-        if (d->zero1) {
+        if (d->zero1 && !pd->state_var) { /* a state variable has no optimizer state to shard */
             if (d->pipe.on && model_param_pipelined(m, i))
                 SIM_TRY(model_pipe_zero1_spec(m, i, &m->opt_unpruned[i]));
             else
@@ -621,11 +628,12 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
     }
+    SIM_TRY(batchsplit_setup(m, cfg)); /* after the specs: it checks the weights' */
     const char *ot;
     SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
     m->muon = ot && !strcmp(ot, "muon");
     for (int i = 0; i < m->nparams && m->muon; i++)
-        if (m->defs[i].unscanned || (m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1))
+        if (m->defs[i].unscanned || (m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var))
             return sim_err(SIM_ERR_INPUT,
                            "opt_type=muon with scan_layers=false or param_scan_axis other than 1: Muon is simulated "
                            "for MaxText's default layer layout only; drop one of the two");
@@ -730,8 +738,10 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         model_param_layer_shape(p, &rank, shape);
         model_param_layer_spec(p, &ls);
         /* ZeRO-1 keeps the moments elsewhere; opt_type=muon: a Muon leaf keeps one moment (no nu) */
-        mesh_array **bufs[4] = {&p->w, with_grads ? &p->g : NULL, with_opt && !md->zero1 ? &p->m : NULL,
-                                with_opt && !md->zero1 && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
+        /* a state variable (MoEBiasVar) has neither gradient nor optimizer state */
+        bool sv = p->def.state_var;
+        mesh_array **bufs[4] = {&p->w, with_grads && !sv ? &p->g : NULL, with_opt && !md->zero1 && !sv ? &p->m : NULL,
+                                with_opt && !md->zero1 && !sv && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
         sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
         bool stacked = model_param_pipelined(def, i);
         if (stacked) p->stage_span = def->d.pipe.layers_per_stage;
@@ -768,9 +778,19 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                     SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], a));
             }
         }
-        if (md->zero1) SIM_TRY(zero1_state_new(md, i));
+        if (md->zero1 && !sv) SIM_TRY(zero1_state_new(md, i));
     }
-    return model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed);
+    SIM_TRY(model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed));
+    if (with_grads && model_bias_active(def)) { /* host figures: E counts per MoE layer (MaxText: int32) */
+        size_t n = (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts);
+        md->bias_counts = calloc(n, sizeof(float));
+        md->bias_counts_step = calloc(n, sizeof(float));
+        SIM_ASSERT(md->bias_counts && md->bias_counts_step);
+    }
+    /* ZeRO-1 keeps a state variable where it is: its stored state is the parameter itself (a view) */
+    for (int i = 0; i < def->nparams && md->zero1; i++)
+        if (md->p[i].def.state_var) md->z[i] = md->p[i];
+    return SIM_OK;
 }
 
 bool model_param_pipelined(const model_def *m, int i)
@@ -809,9 +829,14 @@ sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_arr
 
 void model_dev_free(model_dev *md)
 {
+    batchsplit_dev_free(md);
+    free(md->bias_counts);
+    free(md->bias_counts_step);
+    md->bias_counts = md->bias_counts_step = NULL;
     for (int i = 0; i < md->def->nparams; i++)
         for (int z = 0; z < 2; z++) {
             model_param *p = z ? &md->z[i] : &md->p[i];
+            if (z && md->p[i].def.state_var) continue; /* a view of p[i] */
             mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
             for (int b = 0; b < 4; b++) {
                 if (!bufs[b]) continue;
@@ -973,6 +998,20 @@ sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char
     return mesh_ad_constraint(t, x, &s, dump_name, out);
 }
 
+sim_status model_loss_constraint(model_dev *md, mesh_tape *t, mesh_var *x, bool note, mesh_var **out)
+{
+    static const char *const names[2] = {"activation_embed_and_logits_batch", "activation_length"};
+    const model_def *m = md->def;
+    mesh_resolved res;
+    SIM_TRY(mesh_rules_resolve(thread_rules ? thread_rules : &m->rules, &m->mesh, "loss/xent", 2, names, &res));
+    if (note) model_note_activation(md, "loss/xent", &x->val, 2, names, &res.spec);
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return mesh_ad_constraint(t, x, &res.spec, "loss/xent", out);
+    /* before PR #4208 flax resolved the names without dropping size-1 axes, and the raw
+     * with_sharding_constraint asserts; MaxText 0.2.5 drops them and reshards */
+    if (m->d.loss_assert) return mesh_ad_constraint(t, x, &res.unpruned, "loss/xent", out);
+    return mesh_ad_shard_as(t, x, &res.spec, "loss/xent", out);
+}
+
 sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names,
                               mesh_spec *spec, const mesh_spec **out)
 {
@@ -1089,7 +1128,9 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *xin = mesh_tape_input(inner, &x->val, true), *yin, *auxin = NULL;
     if (rp->store) rp->store->recompute = true, rp->store->next = 0;
     rp->md->remat = rp->store;
+    rp->md->recomputing = true;
     sim_status st = rp->fn(rp->md, inner, rp->b, rp->layer, xin, &yin, &auxin);
+    rp->md->recomputing = false;
     rp->md->remat = NULL;
     /* the outputs' cotangents move into the recomputed layer; one backward pass covers both */
     if (st == SIM_OK && aux && aux->has_grad && auxin) {

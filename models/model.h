@@ -101,6 +101,10 @@ typedef struct {
     bool fused_mlp;           /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
     bool fused_qkv;           /* fused_qkv: one qkv_proj kernel (embed, heads + 2 kv_heads, kv) split per shard (Llama) */
     int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
+    /* DeepSeek batch-split schedule (batchsplit.h) */
+    bool batch_split;         /* use_batch_split_schedule: the MoE layers run models/batchsplit.c's schedule */
+    int64_t split_factor;     /* batch_split_factor (2 when batch_split) */
+    bool loss_assert;         /* loss_constraint=assert: the loss constraint as before MaxText PR #4208 */
 } model_dims;
 
 /* One activation the forward pass constrained (for input_shardings.json). */
@@ -161,6 +165,11 @@ typedef struct {
     model_param p[MODEL_MAX_PARAMS];
     /* the saved tensors of the remat layer running (NULL outside remat or with nothing to save) */
     struct model_remat_store *remat;
+    /* a remat layer running again in backward: values only its backward reads matter (XLA drops
+     * the rest of the recomputation, e.g. the ring of experts' final reduce-scatter) */
+    bool recomputing;
+    /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
+    double mtp_loss;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
      * stored state of each parameter as ONE stacked array in the optimizer
      * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
@@ -173,6 +182,14 @@ typedef struct {
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);
     void *on_layer_arg;
+    /* batch-split schedule: the running layer's gathered weights, standing in for the stored
+     * parameters (NULL: the parameter itself) */
+    mesh_var *wover[MODEL_MAX_PARAMS];
+    struct batchsplit_prefetch *bs_prefetch; /* batch split: the next layer's weights, gathered ahead */
+    /* routed_bias_update_rate (model_bias_active): the global expert counts of each MoE layer in this
+     * forward pass [moe layers x experts] (a remat recompute writes the same values), and their sum
+     * over the step's microbatches, from which the step's bias update is taken */
+    float *bias_counts, *bias_counts_step;
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's
@@ -264,6 +281,21 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
 sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
 /* DeepSeek's dims from the config and its parameter definitions (deepseek.c). */
 sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
+/* Pieces of a DeepSeek MoE layer (global index gl) the batch-split schedule runs per microbatch
+ * (deepseek.c): MLA(pre_self_attention_layer_norm(x)), and the shared experts' MLP. */
+sim_status deepseek_attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x,
+                                    mesh_var **y);
+sim_status deepseek_shared_experts(model_dev *md, mesh_tape *t, int gl, mesh_var *x, mesh_var **y);
+/* The constraint MaxText's loss_fn puts on the per-token loss (B, T), by loss_constraint:
+ * reshard (MaxText 0.2.5, after PR #4208: maybe_shard_with_logical, size-1 axes dropped, a reshard in
+ * explicit mode) or assert (before it: flax's with_logical_constraint, size-1 axes kept, an assert
+ * in explicit mode).  Auto mode reshards either way.  note: log it for input_shardings.json. */
+sim_status model_loss_constraint(model_dev *md, mesh_tape *t, mesh_var *x, bool note, mesh_var **out);
+/* Whether the model updates its MoEBiasVar gate bias after each step (routed_bias_update_rate > 0). */
+bool model_bias_active(const model_def *m);
+/* The loss-free balancing update of the gate bias after a step (MaxText's train_step does it after
+ * apply_gradients), from md->bias_counts_step; every device updates its replica alike. */
+void deepseek_bias_update(model_dev *md);
 
 /* Logs an activation for input_shardings.json once per (name, shape), as
  * MaxText keys its entries by "name: dtype[shape]"; names == NULL logs its

@@ -495,6 +495,7 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
     for (int p = 0; p < n; p++) {
         model_param *pp = &params[p];
         const model_muon_dims dims = all_dims[p];
+        if (pp->def.state_var) continue; /* not trained (MaxText's MoEBiasVar is no optax leaf) */
         for (int l = 0; l < pp->n_layers; l++) SIM_TRY(check_layer(pp, l, !dims.muon));
         nadam_job J = base;
         if (!dims.muon) { /* the AdamW branch: optax.adamw(nesterov=True) */

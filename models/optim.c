@@ -137,6 +137,7 @@ sim_status model_grad_global_norm(sim_device *d, const mesh_shape *m, model_para
     int dev = sim_device_id(d);
     for (int p = 0; p < n; p++) {
         const model_param *pp = &params[p];
+        if (pp->def.state_var) continue; /* not trained (MaxText's MoEBiasVar) */
         if (!pp->g) return sim_err(SIM_ERR_INTERNAL, "grad norm: '%s' has no gradient storage", pp->def.path);
         for (int l = 0; l < pp->n_layers; l++) {
             const mesh_array *g = &pp->g[l];
@@ -207,6 +208,7 @@ sim_status model_adamw_update(sim_device *d, const model_optim_cfg *o, model_par
     const float eps = (float)o->eps, eps_root = (float)o->eps_root, wd = (float)o->weight_decay;
     for (int p = 0; p < n; p++) {
         model_param *pp = &params[p];
+        if (pp->def.state_var) continue; /* not trained: no gradient, no moments */
         for (int l = 0; l < pp->n_layers; l++) {
             mesh_array *w = &pp->w[l];
             SIM_TRY(check_same(pp, l, w, pp->g ? &pp->g[l] : NULL, "gradient"));

@@ -31,6 +31,10 @@ typedef struct {
     int scan_dim;                                /* dim holding the layers, or -1 */
     model_init_kind init;
     double scale;                                /* standard deviation for normal inits */
+    bool state_var;                              /* a non-trainable variable (MaxText's MoEBiasVar gate
+                                                    bias, an nnx.Variable, not an nnx.Param): no
+                                                    gradient, no optimizer state; its layers are
+                                                    stacked first whatever param_scan_axis says */
     bool unscanned;                              /* scan_layers=false: MaxText names layer l of the
                                                     stack S "S_l" and stores it unstacked (dumps,
                                                     checkpoints); storage here is the same */

@@ -420,7 +420,7 @@ static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
 void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char shape[64], ax[128];
-    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Step-time model\"):\n", hw->name,
+    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Hardware profiles and the step-time model\"):\n", hw->name,
             hw_shape(hw, shape, sizeof shape));
     fprintf(f, "  step %10.1f ms   MFU %5.1f%%   (slowest device %d; peak %.0f TFLOP/s per device)\n",
             r->step_s * 1e3, 100.0 * r->mfu, r->device, r->peak / 1e12);
@@ -447,8 +447,8 @@ void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, cons
 void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char ax[128];
-    fprintf(f, "{\"hardware_profile\": \"%s\", \"step_s\": %.6g, \"mfu\": %.6g, \"compute_s\": %.6g, "
-               "\"bubble_s\": %.6g, \"optimizer_s\": %.6g, \"exposed_communication_s\": %.6g, "
+    fprintf(f, "{\"hardware_profile\": \"%s\", \"step_s\": %.17g, \"mfu\": %.6g, \"compute_s\": %.17g, "
+               "\"bubble_s\": %.17g, \"optimizer_s\": %.17g, \"exposed_communication_s\": %.17g, "
                "\"peak_flops_per_device\": %.6g, \"model_flops_per_device\": %.6g, \"slowest_device\": %d, "
                "\"exposed_by_axes\": {",
             hw->name, r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,

@@ -70,7 +70,7 @@ static sim_status params_global(model_dev *md, model_grads *dst, const model_gra
     const model_def *def = md->def;
     for (int i = 0; i < def->nparams; i++) {
         model_param *p = &md->p[i];
-        for (int l = 0; l < p->n_layers; l++) {
+        for (int l = 0; l < p->n_layers && (!grads || p->g); l++) {
             mesh_array *a = grads ? &p->g[l] : &p->w[l];
             if (src)
                 mesh_array_load_global(md->ctx.dev, &def->mesh, a, src->g[i] + (size_t)l * (size_t)src->layer_elems[i]);
@@ -196,6 +196,7 @@ static sim_status zero1_gather_params(model_dev *md)
     sim_device *dev = md->ctx.dev;
     for (int i = 0; i < def->nparams; i++) {
         model_param *p = &md->p[i];
+        if (p->def.state_var) continue; /* kept in place (not released, no optimizer layout) */
         mesh_spec to;
         model_param_stacked_spec(p, &p->w[0].spec, &to);
         char tag[SIM_TAG_MAX];
@@ -218,7 +219,7 @@ static sim_status zero1_gather_params(model_dev *md)
     }
     if (md->zero1_released)
         for (int i = 0; i < def->nparams; i++)
-            for (int l = 0; l < md->p[i].n_layers; l++)
+            for (int l = 0; md->p[i].g && l < md->p[i].n_layers; l++)
                 if (model_param_holds_layer(&def->mesh, &md->p[i], sim_device_id(dev), l))
                     SIM_TRY(remake(md, &md->p[i].g[l], SIM_MEM_GRADS));
     md->zero1_released = false;
@@ -235,7 +236,7 @@ static sim_status zero1_gather_params(model_dev *md)
 static void zero1_release(model_dev *md, bool with_grads)
 {
     for (int i = 0; i < md->def->nparams; i++)
-        for (int l = 0; l < md->p[i].n_layers; l++) {
+        for (int l = 0; !md->p[i].def.state_var && l < md->p[i].n_layers; l++) { /* a state variable stays */
             mesh_array_free(md->ctx.dev, &md->p[i].w[l]);
             if (with_grads) mesh_array_free(md->ctx.dev, &md->p[i].g[l]);
         }
@@ -249,6 +250,7 @@ static sim_status zero1_reduce_grads(model_dev *md)
     zero1_release(md, false);
     for (int i = 0; i < def->nparams; i++) {
         model_param *p = &md->p[i], *z = &md->z[i];
+        if (!p->g) continue; /* a state variable: no gradient */
         char tag[SIM_TAG_MAX];
         snprintf(tag, sizeof tag, "zero1/grads/%.80s", p->def.path);
         z->g = calloc(1, sizeof(mesh_array));
@@ -268,7 +270,7 @@ static void zero1_free_grads(model_dev *md)
 {
     for (int i = 0; i < md->def->nparams; i++) {
         model_param *z = &md->z[i];
-        if (!z->g) continue;
+        if (!z->g || z->def.state_var) continue;
         mesh_array_free(md->ctx.dev, z->g);
         free(z->g);
         z->g = NULL;
@@ -281,6 +283,7 @@ static sim_status store_step_grads(model_train_job *job, model_dev *md, model_gr
     const model_def *def = md->def;
     sim_device *dev = md->ctx.dev;
     for (int i = 0; i < def->nparams; i++) {
+        if (!md->p[i].g) continue; /* a state variable: its step gradient stays zero */
         if (!md->zero1) {
             for (int l = 0; l < md->p[i].n_layers; l++)
                 SIM_TRY(model_store_layer(md, &md->p[i], &md->p[i].g[l], l,
@@ -382,11 +385,15 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         SIM_TRY(zero1_gather_params(md));
     }
     model_dev_zero_grads(md);
+    size_t nbc = md->bias_counts ? (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts) : 0;
+    if (nbc) memset(md->bias_counts_step, 0, nbc * sizeof(float));
     double loss_sum = 0;
     for (int64_t g = 0; g < def->d.ga; g++) {
         double lg;
         SIM_TRY(microbatch_pass(job, md, g, &lg));
         loss_sum += lg;
+        /* the gate bias update takes one sign over the whole step's counts (MaxText sums them over microbatches) */
+        for (size_t i = 0; i < nbc; i++) md->bias_counts_step[i] += md->bias_counts[i];
     }
     /* MaxText: sum of token losses / all tokens + mean of the auxiliary losses (equal microbatches) */
     double loss_value = def->d.ga == 1 ? loss_sum : loss_sum / (double)def->d.ga;
@@ -408,11 +415,13 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         SIM_TRY(model_adamw_update(dev, &job->opt, opt, def->nparams, s, norm));
     }
     if (md->zero1) zero1_free_grads(md);
+    deepseek_bias_update(md); /* after the optimizer, as MaxText's train_step (no-op without the update) */
     SIM_TRY(sim_device_barrier(dev));
     if (id == 0) {
         model_step_stats *ss = &job->stats[s];
         ss->step = s;
         ss->loss = loss_value;
+        ss->mtp_loss = md->mtp_loss; /* MTP refuses gradient accumulation: one pass per step */
         ss->grad_norm = norm;
         ss->lr = model_lr_at(&job->opt, s);
         ss->time_s = (double)(sim_now_ns() - t0) / 1e9;
@@ -449,21 +458,29 @@ static sim_status train_device(sim_device *dev, void *arg)
     if (st == SIM_OK && job->load_path && *job->load_path)
         st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams,
                                    job->load_full_state, &loaded_step);
-    if (st == SIM_OK && job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step)
-        st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds step %lld, not the step %lld read from it before the run; it "
-                     "changed while the run started: run again", job->load_path, loaded_step, job->start_step);
+    if (st == SIM_OK && job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step - 1)
+        st = sim_err(SIM_ERR_INPUT, "checkpoint %s was saved after step %lld, not after step %lld as read from it "
+                     "before the run; it changed while the run started: run again", job->load_path, loaded_step,
+                     job->start_step - 1);
     /* ZeRO-1 holds only the optimizer-layout state between steps (the first step gathers too) */
     if (st == SIM_OK && md.zero1) zero1_release(&md, true);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;
     /* ZeRO-1 saves (and loads) its stored state: the same tensors, written from the optimizer layout */
     model_param *state = md.zero1 ? md.z : md.p;
-    if (st == SIM_OK && ckpt && !job->load_full_state)
-        st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, 0, state, def->nparams);
     for (int64_t s = job->load_full_state ? job->start_step : 0; st == SIM_OK && s < job->steps; s++) {
         if (sim_device_id(dev) == 0) job->step = s;
         st = train_step(job, &md, s);
-        if (st == SIM_OK && ckpt && (s + 1) % job->checkpoint_period == 0)
-            st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s + 1, state, def->nparams);
+        /* MaxText's schedule (checkpointing.maybe_save_checkpoint): after step s when
+         * s % checkpoint_period == 0, step 0 only with save_checkpoint_on_start; and after
+         * the last step with save_checkpoint_on_completion when the period did not save it */
+        bool periodic = ckpt && s % job->checkpoint_period == 0 && (s != 0 || !job->skip_save_on_start);
+        bool final = ckpt && s == job->steps - 1 && !job->skip_save_on_completion && s % job->checkpoint_period != 0;
+        if (st == SIM_OK && (periodic || final))
+            st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s, state, def->nparams);
+    }
+    if (st == SIM_OK && job->final_params) { /* ZeRO-1 first gathers its stored state into the parameters */
+        if (md.zero1) st = zero1_gather_params(&md);
+        if (st == SIM_OK) st = params_global(&md, job->final_params, NULL, false);
     }
     model_dev_free(&md);
     return st;
@@ -490,6 +507,7 @@ sim_status model_train(model_train_job *job, sim_machine *m)
     job->scratch = job->step_grads && def->d.zero1 ? calloc(biggest, sizeof(float)) : NULL;
     if (job->step_grads)
         for (long long s = 0; s < job->steps; s++) model_grads_alloc(def, &job->step_grads[s]);
+    if (job->final_params) model_grads_alloc(def, job->final_params);
     sim_status st = sim_machine_run(m, train_device, job);
     if (own) {
         free(job->mb_inputs);

@@ -44,6 +44,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
 typedef struct {
     int64_t step;
     double loss;          /* mean token loss before the update */
+    double mtp_loss;      /* of which the multi-token prediction loss (MaxText's learning/mtp_loss; 0 without) */
     double grad_norm;     /* global gradient norm before clipping */
     double lr;            /* learning rate of the update */
     double time_s;        /* wall time of the step (all devices) */
@@ -57,19 +58,24 @@ typedef struct {
     const model_data *data;        /* opened by the caller */
     model_optim_cfg opt;
     long long steps;
-    const char *checkpoint_dir;    /* "" or NULL: none */
+    const char *checkpoint_dir;    /* "" or NULL: none; else DIR/step_<s>.safetensors after step s (see below) */
     long long checkpoint_period;
     const char *load_path;         /* "" or NULL: start from the seeded init */
     /* load_path holds the full state (load_full_state_path, or the latest
      * checkpoint of checkpoint_dir): the parameters, the optimizer moments
-     * and the step, which must equal start_step (model_checkpoint_step).
-     * Training then runs steps start_step..steps-1: the schedule, the update
-     * count, the dropout masks and the data are functions of the step, so
-     * they continue where the saving run stopped.  No checkpoint is saved
-     * for start_step (the state is already one).  false: load_path holds the
-     * parameters to start from at step 0 (load_parameters_path). */
+     * and the step it was saved after, which must be start_step - 1
+     * (model_checkpoint_step).  Training then runs steps start_step..steps-1:
+     * the schedule, the update count, the dropout masks and the data are
+     * functions of the step, so they continue where the saving run stopped.
+     * false: load_path holds the parameters to start from at step 0
+     * (load_parameters_path).  Checkpoints are saved as MaxText saves them:
+     * after step s when s % checkpoint_period == 0 (step 0 unless
+     * skip_save_on_start), and after the last step (unless
+     * skip_save_on_completion). */
     bool load_full_state;
     long long start_step;
+    bool skip_save_on_start;       /* save_checkpoint_on_start=false: no checkpoint after step 0 */
+    bool skip_save_on_completion;  /* save_checkpoint_on_completion=false: none after the last step off the period */
     model_step_cb on_step;         /* called by device 0 after every step */
     void *cb_arg;
     /* optional: called by device 0 after each layer's forward or backward (remat_policy=full) */
@@ -77,6 +83,7 @@ typedef struct {
     int64_t step;                  /* the step running (for on_layer) */
     model_step_stats *stats;       /* [steps], filled from start_step on */
     model_grads *step_grads;       /* [steps] or NULL: every step's gradients (before clipping) */
+    model_grads *final_params;     /* NULL or: every parameter after the last step (allocated by model_train) */
     int32_t *inputs, *targets, *positions; /* host scratch: the step's rows (ga x rows_loaded) x seq (model_train) */
     int32_t *mb_inputs, *mb_targets, *mb_positions; /* one microbatch, rows_loaded x seq (the above when ga = 1) */
     float *scratch;                /* one stacked parameter (ZeRO-1 step_grads), or NULL */

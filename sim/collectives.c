@@ -242,7 +242,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
     r->bytes_recv = bc.recv;
     r->implicit = meta.implicit;
     r->weight = meta.weight;
-    snprintf(r->tag, sizeof r->tag, "%s", tag_or_dash(c->tag));
+    sim_str_put(r->tag, sizeof r->tag, 0, tag_or_dash(c->tag), SIZE_MAX);
     sim_op_totals *t = &d->totals[c->op];
     t->calls++;
     t->bytes_sent += bc.sent;

@@ -182,8 +182,11 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
         sem_init(&d->wake, 0, 0);
         atomic_init(&d->released, false);
     }
+    /* a device's share of the cores goes to the kernel pool (bk_parallel, which also splits
+     * large sgemms: blas_kernels/bk_gemm.c); OpenBLAS itself runs single-threaded, so its
+     * yield-spinning workers never compete with the pool */
     m->blas_threads = sim_topology_blas_threads(m->n);
-    openblas_set_num_threads(m->blas_threads);
+    openblas_set_num_threads(1);
     *out = m;
     return SIM_OK;
 }
@@ -811,6 +814,13 @@ int sim_span_begin(sim_device *d, const char *name)
     snprintf(s.name, sizeof s.name, "%s", name);
     sim_trace_add(d, &s);
     return (int)d->nspans - 1;
+}
+
+int sim_span_begin_mb(sim_device *d, const char *name, int mb)
+{
+    int token = sim_span_begin(d, name);
+    if (token >= 0) d->spans[token].lane = SIM_LANE_MB0 + (mb < 0 ? 0 : mb > 15 ? 15 : mb);
+    return token;
 }
 
 void sim_span_end(sim_device *d, int token)

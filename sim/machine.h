@@ -105,6 +105,10 @@ int sim_device_step(const sim_device *d);
 
 /* Compute spans for the trace: begin returns a token for end. */
 int sim_span_begin(sim_device *d, const char *name);
+/* A compute span on microbatch lane `mb` (0..15: "compute mb<mb>" in the trace), beside the
+ * compute lane, for schedules that interleave microbatches; ended by sim_span_end. */
+int sim_span_begin_mb(sim_device *d, const char *name, int mb);
+enum { SIM_LANE_MB0 = 1 + (1 << SIM_MAX_AXES) }; /* first microbatch lane: after every collective lane (1 + axes mask) */
 void sim_span_end(sim_device *d, int token);
 
 /* Blocks until every device of the machine has arrived (a full barrier). */

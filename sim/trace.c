@@ -25,6 +25,10 @@ static void lane_name(const sim_machine *m, int lane, char *buf, size_t cap)
         snprintf(buf, cap, "compute");
         return;
     }
+    if (lane >= SIM_LANE_MB0) {
+        snprintf(buf, cap, "compute mb%d", lane - SIM_LANE_MB0);
+        return;
+    }
     unsigned mask = (unsigned)(lane - 1);
     size_t n = (size_t)snprintf(buf, cap, "collectives ");
     for (int a = 0, first = 1; a < m->mesh.naxes && n < cap; a++)
@@ -61,7 +65,7 @@ sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events)
         fprintf(f, "}}");
         fprintf(f, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%zu,\"args\":{\"sort_index\":%zu}}", i, i);
         /* name each lane once */
-        unsigned char named[1 + (1u << SIM_MAX_AXES) / 8 + 1] = {0};
+        unsigned char named[(SIM_LANE_MB0 + 16) / 8 + 1] = {0}; /* every lane: compute, collectives, microbatches */
         for (size_t s = 0; s < d->nspans; s++) {
             int lane = d->spans[s].lane;
             if (lane < 0 || (size_t)lane / 8 >= sizeof named || (named[lane / 8] & (1u << (lane % 8)))) continue;
@@ -85,7 +89,8 @@ sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events)
             fprintf(f, ",\n{\"name\":");
             sim_json_write_string(f, sp->name);
             fprintf(f, ",\"ph\":\"X\",\"pid\":%zu,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", i, sp->lane, ts, dur);
-            if (sp->lane > 0 && sp->rec >= 0 && (size_t)sp->rec < d->nrec) {
+            bool coll = sp->lane > 0 && sp->lane < SIM_LANE_MB0; /* else compute (the main or a microbatch lane) */
+            if (coll && sp->rec >= 0 && (size_t)sp->rec < d->nrec) {
                 const sim_record *r = &d->rec[sp->rec];
                 char ax[160];
                 sim_axes_label(&m->mesh, r->axes, ax, sizeof ax);
@@ -98,7 +103,7 @@ sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events)
                         r->step, r->implicit ? "implicit" : "explicit");
                 sim_json_write_string(f, r->tag);
                 fprintf(f, "}");
-            } else if (sp->lane > 0) {
+            } else if (coll) {
                 fprintf(f, ",\"cat\":\"collective\",\"args\":{\"op\":\"%s\",\"bytes_sent\":%llu}", sim_op_name(sp->op),
                         (unsigned long long)sp->bytes);
             } else {

@@ -10,6 +10,21 @@ enum { SIM_MAX_AXES = 16, SIM_MAX_DEVICES = 512, SIM_TAG_MAX = 96, SIM_AXIS_NAME
 
 typedef enum { SIM_F32 = 0, SIM_I32, SIM_BF16, SIM_U8, SIM_NDTYPE } sim_dtype;
 
+/* Appends at most `max` bytes of s to dst (whose length is `at`, capacity
+ * cap), truncating at cap - 1, and returns the new length: snprintf's "%s"
+ * and "%.80s" without the format parsing, for names built on every op of
+ * every device (SIZE_MAX: no limit but cap). */
+static inline size_t sim_str_put(char *dst, size_t cap, size_t at, const char *s, size_t max)
+{
+    if (!cap) return 0;
+    if (at >= cap) at = cap - 1;
+    size_t n = 0;
+    while (n < max && s[n] && at + n + 1 < cap) n++;
+    for (size_t i = 0; i < n; i++) dst[at + i] = s[i];
+    dst[at + n] = '\0';
+    return at + n;
+}
+
 /* Bytes per element of a dtype. */
 size_t sim_dtype_size(sim_dtype dt);
 const char *sim_dtype_name(sim_dtype dt);

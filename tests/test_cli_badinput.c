@@ -101,9 +101,10 @@ static void write_file(const char *path, const void *b, size_t n)
 }
 
 /* A tiny Llama: every case that gets past its bad input runs this small. */
-#define TINY "model_name=llama2-7b\noverride_model_config=true\nbase_num_decoder_layers=1\nbase_emb_dim=32" \
-             "\nbase_num_query_heads=2\nbase_num_kv_heads=2\nhead_dim=16\nbase_mlp_dim=64\nvocab_size=64"  \
-             "\nmax_target_length=16\nper_device_batch_size=1\nsteps=1"
+#define TINY_MODEL "model_name=llama2-7b\noverride_model_config=true\nbase_num_decoder_layers=1\nbase_emb_dim=32" \
+                   "\nbase_num_query_heads=2\nbase_num_kv_heads=2\nhead_dim=16\nbase_mlp_dim=64\nvocab_size=64"  \
+                   "\nmax_target_length=16\nper_device_batch_size=1"
+#define TINY TINY_MODEL "\nsteps=1"
 
 /* ---- the generator ----------------------------------------------------------- */
 
@@ -346,7 +347,7 @@ static void gen_checkpoints(corpus *c)
                     ck);
     assert_int_equal(system(cmd), 0);
     free(cmd);
-    char *src = fmt("%s/step_1.safetensors", ck);
+    char *src = fmt("%s/step_0.safetensors", ck); /* after the one step (MaxText numbers it 0) */
     FILE *f = fopen(src, "rb");
     assert_non_null(f);
     fseek(f, 0, SEEK_END);
@@ -396,13 +397,42 @@ static void gen_checkpoints(corpus *c)
         char *w = fmt("train\n" TINY "\nload_parameters_path=%s", path);
         add(c, "checkpoint files", path, w);
         free(w);
+        /* the same file resumed from: as load_full_state_path, and as the latest step of a
+         * checkpoint_dir (steps=3: a file that passes its checks trains steps 1 and 2) */
+        if (i % 2 == 0) {
+            w = fmt("train\n" TINY_MODEL "\nsteps=3\nload_full_state_path=%s", path);
+            add(c, "resume", path, w);
+            free(w);
+        }
+        if (i % 3 == 0) {
+            char *dir = fmt("%s/r%d", g_dir, i), *latest = fmt("%s/r%d/step_0.safetensors", g_dir, i);
+            assert_int_equal(mkdir(dir, 0755), 0);
+            write_file(latest, m, (size_t)len);
+            w = fmt("train\n" TINY_MODEL "\nsteps=3\ncheckpoint_dir=%s", dir);
+            add(c, "resume", latest, w);
+            free(w);
+            free(dir);
+            free(latest);
+        }
         free(path);
+    }
+    /* a whole checkpoint, resumed by a run that has nothing left to train or that sets a
+     * contradiction */
+    static const char *const resume_words[] = {"steps=1", "steps=3\nenable_checkpointing=false",
+                                               "steps=3\nload_parameters_path=/nonexistent"};
+    for (int i = 0; i < 3; i++) {
+        char *w = fmt("train\n" TINY_MODEL "\n%s\nload_full_state_path=%s", resume_words[i], src);
+        add(c, "resume", i == 0 ? src : i == 1 ? "enable_checkpointing" : "load_parameters_path", w);
+        free(w);
     }
     /* things that are not checkpoints */
     static const char *const notck[] = {"/dev/null", "/", "/proc/nonexistent.safetensors", "/etc/hostname"};
     for (int i = 0; i < 4; i++) {
         char *w = fmt("train\n" TINY "\nload_parameters_path=%s", notck[i]);
         add(c, "checkpoint files", notck[i], w);
+        free(w);
+        w = fmt("train\n" TINY_MODEL "\nsteps=3\nload_full_state_path=%s", notck[i]);
+        add(c, "resume", notck[i], w);
         free(w);
     }
     char *tmp = fmt("%s.tmp", src);
@@ -515,8 +545,8 @@ static void test_corpus(void **state)
     print_message("  corpus: %d cases (running every %d-th, %d at a time)\n", c.n, share, jobs);
     assert_true(c.n >= 2000);
 
-    const char *classes[8] = {0};
-    int ncls = 0, counts[8][4] = {{0}}; /* exit 0, 1, 2, other */
+    const char *classes[12] = {0};
+    int ncls = 0, counts[12][4] = {{0}}; /* exit 0, 1, 2, other */
     int failures = 0;
     slot run[64];
     int active = 0, next = 0;

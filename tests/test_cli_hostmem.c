@@ -6,6 +6,7 @@
  *     bound of its need — one device holds the parameters, their gradients
  *     and both Adam moments: 16 bytes per parameter — with the figures and
  *     what to change; runs with room; a dry run is never refused;
+ *   - parity refuses a configuration that cannot fit before running it;
  *   - a malformed override is an error naming it;
  *   - without the override the machine's figure is read (Linux). */
 #include <setjmp.h>
@@ -77,6 +78,21 @@ static void test_train_refused(void **state)
     cli_capture_free(&r);
 }
 
+/* parity checks each configuration before running it (with the gradient copies it keeps) */
+static void test_parity_refused(void **state)
+{
+    (void)state;
+    setenv("SHARDSIM_HOST_MEMORY_BYTES", "1000", 1);
+    const char *a[] = {SMALL, "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2"};
+    cli_capture r = cli_capture_run(cli_cmd_parity, (int)(sizeof a / sizeof a[0]), a);
+    unsetenv("SHARDSIM_HOST_MEMORY_BYTES");
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "host memory"));
+    assert_non_null(strstr(r.err, "(parity configuration '1 device auto')"));
+    assert_null(strstr(r.out, "[2/2]"));
+    cli_capture_free(&r);
+}
+
 static void test_machine_figure(void **state)
 {
     (void)state;
@@ -95,6 +111,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compare),
         cmocka_unit_test(test_train_refused),
+        cmocka_unit_test(test_parity_refused),
         cmocka_unit_test(test_machine_figure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

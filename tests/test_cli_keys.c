@@ -284,6 +284,14 @@ static void test_every_key_passes_its_class_check(void **state)
             else if (!strstr(fp.err, e->key)) fail = "refusal does not name the key";
             break;
         case MESH_KEY_INERT:
+            /* `combination`: MaxText rejects every other value with the simulated decoders
+             * (configs/combinations.yml): exit 2 naming the key and MaxText's rule */
+            if (line_field(line, "combination")) {
+                if (fp.rc != 2) fail = "MaxText's combination rule not applied";
+                else if (!strstr(fp.err, e->key) || !strstr(fp.err, "MaxText 0.2.5 rejects this combination"))
+                    fail = "the combination refusal does not name the key and MaxText's rule";
+                break;
+            }
             if (fp.rc) fail = "inert key rejected";
             else if (!ge || !ge->changed) fail = "inert key not marked as set (run.json would not list it)";
             else if (!same_results(&fp, base)) fail = "inert key changed the results";
@@ -583,7 +591,7 @@ static void test_maxtext_combination_rules(void **state)
 {
     (void)state;
     struct {
-        const char *words[4];
+        const char *words[5];
         int n;
         const char *needle; /* NULL: accepted */
     } cases[] = {
@@ -595,6 +603,60 @@ static void test_maxtext_combination_rules(void **state)
         {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=64"}, 4, NULL},
         {{"context_sharding=tensor"}, 1, "context_sharding=tensor"},
         {{"context_sharding=expert"}, 1, NULL},
+        /* configs/combinations.yml, one line per rule (and an accepted neighbour where the condition is subtle) */
+        {{"check_vma=true", "shard_mode=explicit"}, 2, "check_vma requires shard_mode='auto'"},
+        {{"check_vma=true", "use_tokamax_gmm=true"}, 2, "check_vma is not yet supported with tokamax gmm kernel"},
+        {{"check_vma=true", "ici_data_parallelism=2"}, 2, "check_vma=True only supports"},
+        {{"check_vma=true", "ici_pipeline_parallelism=2"}, 2, "ici_pipeline_parallelism=2"},
+        {{"check_vma=true", "ici_tensor_parallelism=2"}, 2, "ici_tensor_parallelism=2"},
+        {{"check_vma=true", "ici_context_parallelism=2"}, 2, "ici_context_parallelism=2"},
+        {{"check_vma=true", "ici_fsdp_transpose_parallelism=2"}, 2, "ici_fsdp_transpose_parallelism=2"},
+        {{"check_vma=true", "ici_sequence_parallelism=2"}, 2, "ici_sequence_parallelism=2"},
+        {{"check_vma=true", "ici_tensor_transpose_parallelism=2"}, 2, "ici_tensor_transpose_parallelism=2"},
+        {{"check_vma=true", "ici_tensor_sequence_parallelism=2"}, 2, "ici_tensor_sequence_parallelism=2"},
+        {{"check_vma=true", "ici_context_usp_ulysses_parallelism=2"}, 2, "ici_context_usp_ulysses_parallelism=2"},
+        {{"check_vma=true", "ici_context_autoregressive_parallelism=2"}, 2, "ici_context_autoregressive_parallelism=2"},
+        {{"check_vma=true", "ici_autoregressive_parallelism=2"}, 2, "ici_autoregressive_parallelism=2"},
+        {{"check_vma=true", "ici_diloco_parallelism=2"}, 2, "ici_diloco_parallelism=2"},
+        {{"check_vma=true", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, NULL},
+        {{"deepstack_visual_indexes_for_vit=[3]"}, 1, "Deepstack visual embedding injection requires scan_layers=False"},
+        {{"deepstack_visual_indexes_for_vit=[3]", "scan_layers=false"}, 2, NULL},
+        {{"distill_beta=0.5", "scan_layers=false"}, 2, "distill_beta > 0.0 requires scan_layers = True"},
+        {{"distill_alpha_end=-0.5"}, 1, "distill_alpha_end must be in [0, 1]"},
+        {{"distill_alpha_end=1.5"}, 1, "distill_alpha_end must be in [0, 1]"},
+        {{"distill_alpha_end=1.0"}, 1, NULL},
+        {{"distill_temperature_end=0"}, 1, "distill_temperature_end must be > 0"},
+        {{"distill_beta_end=-1"}, 1, "distill_beta_end must be >= 0"},
+        {{"distill_beta_end=0.5"}, 1, "distill_beta_end > 0 needs distill_beta > 0"},
+        {{"internal_compile=true"}, 1, "Set internal_compile_num_devices to a positive integer"},
+        {{"elastic_enabled=true"}, 1, "Elastic training is only supported with Pathways"},
+        {{"elastic_backup_kind=tape"}, 1, "elastic_backup_kind must be one of"},
+        {{"colocated_python_data_input=true"}, 1, "colocated_python_data_input is only supported with Pathways"},
+        {{"grain_use_elastic_iterator=true", "packing=false", "grain_file_type=parquet"}, 3,
+         "grain_use_elastic_iterator=True requires grain_file_type='arrayrecord'"},
+        {{"grain_use_elastic_iterator=true"}, 1, "grain_use_elastic_iterator=True requires packing=False"},
+        {{"grain_use_elastic_iterator=true", "packing=false", "use_truncation=false"}, 3,
+         "grain_use_elastic_iterator=True requires use_truncation=True"},
+        {{"enable_multi_tier_checkpointing=true"}, 1, "local_checkpoint_directory must be set for multi-tier"},
+        {{"enable_multi_tier_checkpointing=true", "local_checkpoint_directory=/tmp/x"}, 2,
+         "local_checkpoint_period must be > 0 for multi-tier"},
+        {{"enable_multi_tier_checkpointing=true", "local_checkpoint_directory=/tmp/x", "local_checkpoint_period=5"}, 3,
+         "Exactly one of multi_tier_checkpointing_backup_interval_minutes"},
+        {{"enable_multi_tier_checkpointing=true", "local_checkpoint_directory=/tmp/x", "local_checkpoint_period=5",
+          "multi_tier_checkpointing_backup_interval_minutes=3", "multi_tier_checkpointing_backup_interval_steps=3"},
+         5, "Exactly one of multi_tier_checkpointing_backup_interval_minutes"},
+        {{"colocated_python_checkpointing=true"}, 1, "colocated_python_checkpointing is only supported"},
+        {{"enable_emergency_checkpoint=true"}, 1, "local_checkpoint_directory must be set for emergency"},
+        {{"enable_emergency_checkpoint=true", "local_checkpoint_directory=/tmp/x"}, 2,
+         "local_checkpoint_period must be > 0 for emergency"},
+        {{"quantize_kvcache=true", "kv_quant_axis="}, 2, "kv_quant_axis cannot be empty when quantize_kvcache is True"},
+        {{"quantize_logits_proj=true", "logits_via_embedding=true"}, 2, "quantize_logits_proj cannot be enabled"},
+        {{"force_q_layout=true"}, 1, "force_q_layout can only be true if use_jax_splash is also true"},
+        {{"use_gmm_v2=true"}, 1, "GMM v2 requires use_tokamax_gmm=True"},
+        {{"use_gmm_v2_heuristic_tiling=true"}, 1, "use_gmm_v2_heuristic_tiling=True requires use_gmm_v2=True"},
+        {{"partial_rotary_factor=0.5"}, 1, "partial_rotary_factor is only effective"},
+        {{"experimental_sa_quant_q_fp8=true"}, 1, "Q quantization is currently only supported with attention_type='mla'"},
+        {{"experimental_sa_quant_k_fp8=true"}, 1, "K quantization is currently only supported with attention_type='mla'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mesh_cfg *cfg = NULL;
@@ -604,10 +666,43 @@ static void test_maxtext_combination_rules(void **state)
         } else {
             assert_int_equal(st, SIM_ERR_INPUT);
             if (!strstr(sim_errmsg(), cases[i].needle)) fail_msg("case %zu: '%s' not in: %s", i, cases[i].needle, sim_errmsg());
+            /* the message names every key the case set */
+            for (int w = 0; w < cases[i].n; w++) {
+                char key[96];
+                snprintf(key, sizeof key, "%.*s", (int)strcspn(cases[i].words[w], "="), cases[i].words[w]);
+                if (!strstr(sim_errmsg(), key) && strncmp(key, "model_name", 10) && strncmp(key, "override", 8) &&
+                    strncmp(key, "first_num", 9) && strncmp(key, "base_mlp", 8) && strncmp(key, "num_experts", 11) &&
+                    !strstr(key, "_parallelism") && strcmp(key, "packing") && strcmp(key, "local_checkpoint_directory") &&
+                    strcmp(key, "local_checkpoint_period"))
+                    fail_msg("case %zu: the message does not name %s: %s", i, key, sim_errmsg());
+            }
             sim_err_clear();
         }
         mesh_cfg_free(cfg);
     }
+    /* every rule of configs/combinations.yml has a case above: its `says` text appears in a needle */
+    char path[4096];
+    snprintf(path, sizeof path, "%s", cli_base_config());
+    char *slash = strrchr(path, '/');
+    assert_non_null(slash);
+    snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "combinations.yml");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[1024];
+    int rules = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *q = strstr(line, "says: \"");
+        if (!q) continue;
+        q += 7;
+        q[strcspn(q, "\"")] = '\0';
+        rules++;
+        bool hit = false;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !hit; i++)
+            hit = cases[i].needle && (strstr(q, cases[i].needle) || strstr(cases[i].needle, q));
+        if (!hit) fail_msg("combinations.yml rule '%s' has no case in test_maxtext_combination_rules", q);
+    }
+    fclose(f);
+    assert_true(rules >= 40);
 }
 
 /* The program itself (main.c): --version, help COMMAND, COMMAND --help. */

@@ -287,11 +287,11 @@ static void test_resume(void **state)
     (void)state;
     char dir[] = "/tmp/shardsim_resume_cli_XXXXXX";
     assert_non_null(mkdtemp(dir));
-    char ck[300], p0[300], p2[300], p4[300], tmp6[300], bad8[300], lp[340], lfs[340];
+    char ck[300], p0[300], p2[300], p3[300], tmp6[300], bad8[300], lp[340], lfs[340];
     snprintf(ck, sizeof ck, "checkpoint_dir=%s", dir);
     snprintf(p0, sizeof p0, "%s/step_0.safetensors", dir);
     snprintf(p2, sizeof p2, "%s/step_2.safetensors", dir);
-    snprintf(p4, sizeof p4, "%s/step_4.safetensors", dir);
+    snprintf(p3, sizeof p3, "%s/step_3.safetensors", dir);
     snprintf(tmp6, sizeof tmp6, "%s/step_6.safetensors.tmp", dir);
     snprintf(bad8, sizeof bad8, "%s/step_8.safetensors", dir);
     const char *a[] = {SMALL, "per_device_batch_size=2", "steps=4", "checkpoint_period=2", "learning_rate=3e-4", ck};
@@ -302,14 +302,20 @@ static void test_resume(void **state)
     step_loss(r.out, 3, ref3, sizeof ref3);
     assert_true(ref3[0]);
     done(&r);
+    /* MaxText's schedule: after steps 0 and 2 (period 2) and after the last one */
+    assert_int_equal(access(p0, F_OK), 0);
+    assert_int_equal(access(p2, F_OK), 0);
+    assert_int_equal(access(p3, F_OK), 0);
+    snprintf(lp, sizeof lp, "%s/step_1.safetensors", dir);
+    assert_int_equal(access(lp, F_OK), -1);
     /* every step done: nothing left to train */
     r = run(cli_train, na, a);
     assert_int_equal(r.rc, 2);
-    assert_non_null(strstr(r.err, p4));
+    assert_non_null(strstr(r.err, p3));
     assert_non_null(strstr(r.err, "steps above 4"));
     done(&r);
-    /* interrupted after step 2 (step 4 never written, a killed save's temporary file left) */
-    assert_int_equal(unlink(p4), 0);
+    /* interrupted after step 2 (step 3's checkpoint never written, a killed save's temporary file left) */
+    assert_int_equal(unlink(p3), 0);
     FILE *f = fopen(tmp6, "w");
     fputs("half a file", f);
     fclose(f);
@@ -322,13 +328,13 @@ static void test_resume(void **state)
     assert_non_null(strstr(r.out, p2));
     assert_non_null(strstr(r.out, "load_parameters_path is not read"));
     assert_non_null(strstr(r.out, "1 temporary file"));
-    step_loss(r.out, 1, got, sizeof got);
-    assert_string_equal(got, ""); /* steps 0 and 1 are not trained again */
+    step_loss(r.out, 2, got, sizeof got);
+    assert_string_equal(got, ""); /* steps 0 to 2 are not trained again */
     step_loss(r.out, 3, got, sizeof got);
     assert_string_equal(got, ref3); /* another mesh: the same loss to the printed digits */
-    assert_non_null(strstr(r.out, "traffic over 2 steps"));
+    assert_non_null(strstr(r.out, "traffic over 1 step:"));
     assert_int_equal(access(tmp6, F_OK), -1); /* the next save removed it */
-    assert_int_equal(access(p4, F_OK), 0);
+    assert_int_equal(access(p3, F_OK), 0);
     done(&r);
     /* load_full_state_path, outside any checkpoint_dir */
     snprintf(lfs, sizeof lfs, "load_full_state_path=%s", p2);
@@ -356,9 +362,30 @@ static void test_resume(void **state)
     assert_null(strstr(r.out, "resuming"));
     done(&r);
     unlink(bad8);
+    /* save_checkpoint_on_start=false: none after step 0; save_checkpoint_on_completion=false: none after
+     * the last step (3) off the period (2) */
     unlink(p0);
     unlink(p2);
-    unlink(p4);
+    unlink(p3);
+    const char *g[] = {SMALL, "per_device_batch_size=2", "steps=4", "checkpoint_period=2", ck,
+                       "save_checkpoint_on_start=false", "save_checkpoint_on_completion=false"};
+    r = run(cli_train, (int)(sizeof g / sizeof g[0]), g);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    done(&r);
+    assert_int_equal(access(p0, F_OK), -1);
+    assert_int_equal(access(p2, F_OK), 0);
+    assert_int_equal(access(p3, F_OK), -1);
+    /* a pipeline's checkpoints are not simulated: the directory base_output_directory implies is refused too */
+    char bo[340];
+    snprintf(bo, sizeof bo, "base_output_directory=%s", dir);
+    const char *pp[] = {SMALL, "per_device_batch_size=2", "steps=1", "ici_pipeline_parallelism=2", bo, "run_name=pp"};
+    r = run(cli_train, (int)(sizeof pp / sizeof pp[0]), pp);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "enable_checkpointing=true with base_output_directory and pipeline parallelism"));
+    done(&r);
+    unlink(p0);
+    unlink(p2);
+    unlink(p3);
     rmdir(dir);
 }
 

@@ -17,10 +17,10 @@
 #include "mesh/config.h"
 
 static const char *const MODELS[] = {"llama2-7b", "deepseek3-test", "deepseek3-tiny",
-                                     "deepseek3-671b", "deepseek2-16b"};
+                                     "deepseek3-671b", "deepseek2-16b", "deepseek3-671b-batchsplit"};
 static const char *const CUSTOMS[] = {"pure-fsdp", "ep-as-cp", "cp-as-ep",
                                       "ep-as-dp", "shard-exp-on-fsdp", "pipeline-large-moe"};
-enum { N_MODELS = 5, N_CUSTOMS = 6 };
+enum { N_MODELS = 6, N_CUSTOMS = 6 };
 
 /* MaxText's reference data (configs and goldens); a missing directory fails. */
 static const char *reference_dir(void)

@@ -10,6 +10,8 @@
  *   - the load-balance loss: density divided by num_experts_per_tok, the
  *     softmax of the pre-bias scores, and its gradient;
  *   - random routing: draws equal on every mesh, weights the biased scores;
+ *   - loss-free balancing: the expert counts summed over the token axes, and
+ *     bias += rate * sign(mean - count);
  *   - a bad group configuration is an input error naming the keys. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -36,7 +38,7 @@ typedef struct {
     double lb_weight;
     float scores[N * E], bias[E];
     /* results, gathered */
-    float weights[N * K], dscores[N * E], lb_loss;
+    float weights[N * K], dscores[N * E], lb_loss, counts[4][E];
     int32_t idx[N * K];
 } router_job;
 
@@ -61,6 +63,7 @@ static sim_status router_device(sim_device *dev, void *arg)
     SIM_TRY(mesh_moe_route(t, s, b, &j->rc, "routing", &w, &ix));
     SIM_TRY(mesh_array_store_global(dev, &j->mesh, &w->val, j->weights));
     SIM_TRY(mesh_array_store_global(dev, &j->mesh, &ix->val, j->idx));
+    SIM_TRY(mesh_moe_expert_counts(t, ix, E, "counts", j->counts[sim_device_id(dev)]));
     if (j->lb) {
         /* the sparse path of a DeepSeek-V3 name: probabilities from the pre-bias scores */
         SIM_TRY(mesh_moe_lb_loss(t, s, NULL, ix, j->lb_weight, "lb", &loss));
@@ -310,6 +313,28 @@ static void test_random_routing(void **state)
     assert_true(topk_same < N / 2);
 }
 
+static void test_counts_and_bias_update(void **state)
+{
+    (void)state;
+    static router_job j;
+    for (int layout = 0; layout < 3; layout++) {
+        memset(&j, 0, sizeof j);
+        fill_inputs(&j);
+        j.with_bias = true;
+        j.rc = (mesh_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true};
+        if (run_router(&j, layout) != SIM_OK) fail_msg("router: %s", sim_errmsg());
+        double want[E] = {0};
+        for (int n = 0; n < N * K; n++) want[j.idx[n]] += 1;
+        for (int d = 0; d < (layout ? 4 : 1); d++)
+            for (int e = 0; e < E; e++) assert_true(j.counts[d][e] == want[e]); /* every device, the whole batch */
+    }
+    /* mean load 4: below -> +rate, above -> -rate, equal -> unchanged */
+    float bias[E] = {0.5f, 0.5f, 0.5f, 0.5f, 0, 0, 0, 0}, counts[E] = {0, 4, 8, 3, 5, 4, 6, 2};
+    mesh_moe_bias_update(bias, counts, E, 0.25);
+    const float want[E] = {0.75f, 0.5f, 0.25f, 0.75f, -0.25f, 0.0f, -0.25f, 0.25f};
+    for (int e = 0; e < E; e++) assert_true(bias[e] == want[e]);
+}
+
 static void test_bad_groups(void **state)
 {
     (void)state;
@@ -327,7 +352,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_score_function), cmocka_unit_test(test_group_limited),
         cmocka_unit_test(test_load_balance_loss), cmocka_unit_test(test_random_routing),
-        cmocka_unit_test(test_bad_groups),
+        cmocka_unit_test(test_counts_and_bias_update), cmocka_unit_test(test_bad_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -110,6 +110,28 @@ static void test_skip_rule_whose_axis_is_used(void **state)
     mesh_rules_free(&r);
 }
 
+/* Resolutions are memoised per thread: a repeat gives the same answer, and
+ * a changed table (same address), an added rule or another mesh is seen. */
+static void test_memo_sees_changes(void **state)
+{
+    (void)state;
+    mesh_shape m = mesh_of("x=2 y=2");
+    mesh_rules r;
+    table(&r, "a:x;b:y");
+    expect(&r, &m, "a,b", "P('x', 'y')");
+    expect(&r, &m, "a,b", "P('x', 'y')");
+    const char *y[] = {"y"};
+    mesh_rules_free(&r);
+    table(&r, "b:x");
+    expect(&r, &m, "a,b", "P(None, 'x')"); /* same address, new table */
+    mesh_rules_add(&r, "a", 1, y);
+    expect(&r, &m, "a,b", "P('y', 'x')"); /* a rule added after a resolution */
+    mesh_shape m2 = mesh_of("x=1 y=2");
+    expect(&r, &m2, "a,b", "P('y', None)"); /* another mesh: x has size 1 */
+    expect(&r, &m, "a,b", "P('y', 'x')");
+    mesh_rules_free(&r);
+}
+
 static void test_empty_rule_claims_dim(void **state)
 {
     (void)state;
@@ -269,6 +291,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_skip_rule_whose_axis_is_used),
         cmocka_unit_test(test_empty_rule_claims_dim),
+        cmocka_unit_test(test_memo_sees_changes),
         cmocka_unit_test(test_size_one_and_absent_axes),
         cmocka_unit_test(test_multi_axis_order),
         cmocka_unit_test(test_resolve_errors),

@@ -291,30 +291,41 @@ static void spec_text(const mesh_json *spec, const mesh_json *mesh_shape, char *
     for (int i = 0; i < n; i++) o += (size_t)snprintf(out + o, cap - o, "%s(%s)", i ? " " : "", ent[i]);
 }
 
-static const char *const DIRS_025[NCASES] = {
-    "cpu-16/rule_default",
-    "cpu-16/rule_pure-fsdp",
-    "cpu-8/rule_ep-as-cp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
-    "cpu-8/rule_shard-exp-on-fsdp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
+/* The deepseek2-16b cases above, and a deepseek3-tiny whose MoE layers carry the gate bias (0.2.5's
+ * MoEBiasVar: [layers, experts], no Adam moments) */
+enum { NCASES_025 = NCASES + 2 };
+static const char *const DIRS_025[NCASES_025] = {
+    "deepseek2-16b/cpu-16/rule_default",
+    "deepseek2-16b/cpu-16/rule_pure-fsdp",
+    "deepseek2-16b/cpu-8/rule_ep-as-cp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
+    "deepseek2-16b/cpu-8/rule_shard-exp-on-fsdp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
+    "deepseek3-tiny/cpu-8/layers_3_ici_fsdp_parallelism=4_ici_expert_parallelism=2",
+    /* the same with one multi-token prediction layer: params.mtp_block */
+    "deepseek3-tiny/cpu-8/layers_3_mtp_1_ici_fsdp_parallelism=4_ici_expert_parallelism=2",
 };
+static const golden_case DS3_TINY = {
+    NULL,
+    {"model_name=deepseek3-tiny", "num_devices=8", "override_model_config=true", "base_num_decoder_layers=3",
+     "first_num_dense_layers=1", "ici_fsdp_parallelism=4"}};
 
 static void test_goldens_0_2_5(void **state)
 {
     (void)state;
     const char *env = getenv("SHARDSIM_REFERENCE");
-    for (int ci = 0; ci < NCASES; ci++) {
-        const golden_case *gc = &CASES[ci];
+    for (int ci = 0; ci < NCASES_025; ci++) {
+        const golden_case *gc = ci < NCASES ? &CASES[ci] : &DS3_TINY;
         char gdir[1400], tmpl[] = "/tmp/shardsim_dump_XXXXXX";
-        snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/deepseek2-16b/%s", env && *env ? env : "tests/data",
-                 DIRS_025[ci]);
+        snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/%s", env && *env ? env : "tests/data", DIRS_025[ci]);
         char *tmp = mkdtemp(tmpl);
         assert_non_null(tmp);
         char outdir[256];
         snprintf(outdir, sizeof outdir, "output_dir=%s", tmp);
-        char *argv[10];
+        char *argv[12];
         int argc = 0;
-        argv[argc++] = "model_name=deepseek2-16b";
+        if (ci < NCASES) argv[argc++] = "model_name=deepseek2-16b";
         for (int f = 0; f < 6 && gc->flags[f]; f++) argv[argc++] = (char *)gc->flags[f];
+        if (ci >= NCASES) argv[argc++] = "ici_expert_parallelism=2";
+        if (ci == NCASES + 1) argv[argc++] = "mtp_num_layers=1";
         argv[argc++] = outdir;
         FILE *devnull = fopen("/dev/null", "w");
         int rc = cli_dump(argc, argv, devnull, stderr);

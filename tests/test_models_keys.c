@@ -619,19 +619,20 @@ static void test_layer_layout(void **state)
     (void)state;
     char base[] = "/tmp/shardsim-keys-XXXXXX";
     assert_non_null(mkdtemp(base));
-    char d0[300], d1[300], d2[300], d3[300], f0[340], f1[340], f2[340];
+    char d0[300], d1[300], d2[300], d3[300], d4[300], f0[340], f1[340], f2[340];
     snprintf(d0, sizeof d0, "%s/scanned", base);
     snprintf(d1, sizeof d1, "%s/axis0", base);
     snprintf(d2, sizeof d2, "%s/unscanned", base);
     snprintf(d3, sizeof d3, "%s/reload", base);
+    snprintf(d4, sizeof d4, "%s/reload-stacked", base); /* d3 holds a checkpoint now: it would resume */
     const char *axis0[] = {"param_scan_axis=0"}, *unscanned[] = {"scan_layers=false"};
     assert_int_equal(train_cli(d0, NULL, 0), 0);
     assert_int_equal(train_cli(d1, axis0, 1), 0);
     assert_int_equal(train_cli(d2, unscanned, 1), 0);
-    /* after one step (the same training in every layout) */
-    snprintf(f0, sizeof f0, "%s/step_1.safetensors", d0);
-    snprintf(f1, sizeof f1, "%s/step_1.safetensors", d1);
-    snprintf(f2, sizeof f2, "%s/step_1.safetensors", d2);
+    /* after one step (the same training in every layout; MaxText names it step 0) */
+    snprintf(f0, sizeof f0, "%s/step_0.safetensors", d0);
+    snprintf(f1, sizeof f1, "%s/step_0.safetensors", d1);
+    snprintf(f2, sizeof f2, "%s/step_0.safetensors", d2);
     int r0, r1, r2;
     int64_t s0[8], s1[8], s2[8];
     const char *q = "params.decoder.layers.self_attention.query.kernel";
@@ -670,7 +671,7 @@ static void test_layer_layout(void **state)
     const char *reload[] = {"scan_layers=false", lp};
     assert_int_equal(train_cli(d3, reload, 2), 0);
     snprintf(lp, sizeof lp, "load_parameters_path=%s", f0);
-    assert_int_equal(train_cli(d3, reload, 2), 2);
+    assert_int_equal(train_cli(d4, reload, 2), 2);
     /* ZeRO-1 is simulated for the default layout only */
     const char *z1[] = {"scan_layers=false", "shard_optimizer_over_data=true", "ici_data_parallelism=2"};
     assert_int_equal(refusal(TINY, 10, z1, 3), SIM_ERR_INPUT);

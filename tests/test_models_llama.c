@@ -189,6 +189,7 @@ static void test_parity_meshes(void **state)
                 double l;
                 sim_status st = model_loss_and_grads_from(def, m, bb.in, bb.tg, bb.pos, NULL, NULL, &l, &g);
                 sim_machine_free(m);
+                model_grads_free(&g); /* allocated before the pass failed */
                 assert_int_equal(st, SIM_ERR_SHARDING);
                 if (!strstr(sim_errmsg(), mc->explicit_err))
                     fail_msg("%s explicit: expected '%s', got: %s", mc->label, mc->explicit_err, sim_errmsg());

@@ -8,12 +8,15 @@
  *     ln(vocab) exactly and the loss must be the main loss (the same
  *     parameters without MTP) + mtp_loss_scaling_factor x ln(vocab), for 1 and
  *     2 MTP layers (the pooled average over layers and positions);
+ *   - the reported MTP part of the loss (learning/mtp_loss): loss minus it
+ *     is the loss without MTP;
  *   - the MTP parameters' gradients against central finite differences;
  *   - parity over 5 training steps (loss and every gradient, rtol 1e-4) with
  *     the 1-device run on fsdp=4 expert=2, in auto and explicit mode, and with
  *     2 MTP layers in auto mode;
  *   - refusals naming the key: llama2, pipeline, gradient accumulation,
- *     mtp_reuse_input_embedding, a sharded sequence (context parallelism). */
+ *     mtp_reuse_input_embedding, the MTP gate bias update
+ *     (routed_bias_update_rate), a sharded sequence (context parallelism). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -98,6 +101,9 @@ static void test_parameters(void **state)
          {"exp", "embed_moe", "mlp_moe"}},
         {"params.mtp_block.mtp_layer_2.mtp_2_transformer_layer.post_self_attention_layer_norm.scale", 1, {EMB},
          {"norm"}},
+        /* DeepSeek-V3's gate bias: a MoEBiasVar of (experts,) with (None,), as MaxText's dump shows */
+        {"params.mtp_block.mtp_layer_1.mtp_1_transformer_layer.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias", 1, {8},
+         {NULL}},
     };
     for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
         int i = param_ix(def, want[w].path);
@@ -199,6 +205,27 @@ static void test_loss_composition(void **state)
         unload(def);
     }
     unload(plain);
+}
+
+/* The training loop reports the MTP part of the loss (MaxText's learning/mtp_loss): the step-0
+ * loss minus it is the loss of the same model without MTP. */
+static void test_reported(void **state)
+{
+    (void)state;
+    const char *with[] = {"load_balance_loss_weight=0", "mtp_num_layers=1", "mtp_loss_scaling_factor=0.3"};
+    const char *without[] = {"load_balance_loss_weight=0"};
+    model_run a, b;
+    model_run_open(&a, TINY, NTINY, ROWS, with, 3, 1, 1);
+    model_run_train(&a, false);
+    model_run_open(&b, TINY, NTINY, ROWS, without, 1, 1, 1);
+    model_run_train(&b, false);
+    double l = a.job.stats[0].loss, m = a.job.stats[0].mtp_loss, main_loss = b.job.stats[0].loss;
+    printf("  step 0: loss %.7f, of which MTP %.7f; without MTP %.7f\n", l, m, main_loss);
+    assert_true(fabs((l - m) - main_loss) < 2e-6 * main_loss);
+    assert_true(m > 0 && m / 0.3 < 2 * log((double)VOCAB)); /* a cross-entropy near ln(vocab) at init */
+    assert_true(b.job.stats[0].mtp_loss == 0);
+    model_run_close(&a);
+    model_run_close(&b);
 }
 
 /* ------------------------------------------------------------ gradients */
@@ -367,6 +394,8 @@ static void test_refused(void **state)
     expect_refused(ga, 2, 1, "mtp_num_layers", "gradient_accumulation_steps");
     const char *reuse[] = {"mtp_num_layers=1", "mtp_reuse_input_embedding=true"};
     expect_refused(reuse, 2, 1, "mtp_reuse_input_embedding", "mtp_reuse_input_embedding=false");
+    const char *rate[] = {"mtp_num_layers=1", "routed_bias_update_rate=0.001"};
+    expect_refused(rate, 2, 1, "routed_bias_update_rate", "multi-token prediction");
     const char *big[] = {"mtp_num_layers=3"};
     expect_refused(big, 1, 1, "mtp_num_layers=3", "0 to 2");
     const char *cp[] = {"mtp_num_layers=1", "ici_context_parallelism=2", "ici_fsdp_parallelism=2"};
@@ -376,7 +405,7 @@ static void test_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parameters), cmocka_unit_test(test_loss_composition),
+        cmocka_unit_test(test_parameters), cmocka_unit_test(test_loss_composition), cmocka_unit_test(test_reported),
         cmocka_unit_test(test_gradients),  cmocka_unit_test(test_parity),
         cmocka_unit_test(test_refused),
     };

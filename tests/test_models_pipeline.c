@@ -22,7 +22,8 @@
  *   - memory: a device stores only its stage's layers;
  *   - trace: each device's iterations are named spans, bubbles as such;
  *   - gradient accumulation: 5-step parity of stage=2 (and stage=2 fsdp=2
- *     with ag_once) at gradient_accumulation_steps=2 against 1 device at 2;
+ *     with ag_once, and stage=2 data=2 with ZeRO-1) at
+ *     gradient_accumulation_steps=2 against 1 device at 2;
  *     ag_once gathers once per accumulation microbatch;
  *   - DeepSeek: parity over 5 steps of a model with a dense layer before the
  *     pipelined MoE layers (stage acting as data for it: its weight
@@ -371,6 +372,10 @@ static void test_parity_gradient_accumulation(void **state)
         {"stage=2 fsdp=2 ag_once M=2 GA=2",
          {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
           "gradient_accumulation_steps=2"},
+         4},
+        {"stage=2 data=2 ZeRO-1 M=2 GA=2",
+         {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
+          "shard_optimizer_over_data=true", "gradient_accumulation_steps=2"},
          4},
     };
     for (size_t ci = 0; ci < sizeof GCASES / sizeof GCASES[0]; ci++)

@@ -1,18 +1,19 @@
 /* test_models_resume.c — resuming a run from a full-state checkpoint
  * (load_full_state_path, or checkpoint_dir's latest step):
- *   - a run of 4 steps saves steps 0, 2 and 4; resumed from step 2 on the
- *     same mesh it trains steps 2 and 3 with bitwise the same losses and
- *     saves a step-4 file bitwise equal to the uninterrupted run's (so the
- *     parameters, the moments, the schedule, the update count and the data
- *     all continued where they stopped);
+ *   - a run of 5 steps saves after steps 0, 2 and 4 (MaxText's schedule);
+ *     resumed from the checkpoint of step 2 on the same mesh it trains steps
+ *     3 and 4 with bitwise the same losses and saves a step-4 file bitwise
+ *     equal to the uninterrupted run's (so the parameters, the moments, the
+ *     schedule, the update count and the data all continued where they
+ *     stopped);
  *   - resumed on another mesh (ZeRO-1 on data=2 tensor=2 for AdamW), the
- *     losses of steps 2 and 3 agree with the uninterrupted run's within the
+ *     losses of steps 3 and 4 agree with the uninterrupted run's within the
  *     parity tolerance;
  *   - both for AdamW and for Muon (whose AdamW leaves keep two moments and
  *     whose Muon leaves keep one).  The schedule warms up over step 0, so
  *     a resume that restarted the schedule, the count or the moments (the
- *     step-2 update would differ) or the data (step 2's batch) could not
- *     give the same step-2 and step-3 losses.
+ *     step-3 update would differ) or the data (step 3's batch) could not
+ *     give the same step-3 and step-4 losses.
  * The expected values are the uninterrupted run's own losses and files:
  * resuming must reproduce them, whatever they are. */
 #include <setjmp.h>
@@ -37,7 +38,7 @@ static const char *const TINY[] = {
     "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",          "max_target_length=16",
     "init_weights_seed=3", "learning_rate=1e-2",      "warmup_steps_fraction=0.3", "z_loss_multiplier=0.001",
 };
-enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 4, PERIOD = 2, RESUME = 2 };
+enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 5, PERIOD = 2, SAVED = 2, LAST = STEPS - 1 };
 
 static char *slurp(const char *path, size_t *n)
 {
@@ -90,12 +91,12 @@ static void resumed_run(const char *opt, const char *const *mesh, int nmesh, int
 {
     long long step = -1;
     if (model_checkpoint_step(ckpt, &step) != SIM_OK) fail_msg("step: %s", sim_errmsg());
-    assert_int_equal(step, RESUME);
+    assert_int_equal(step, SAVED);
     model_run b;
     open_run(&b, opt, mesh, nmesh, devices);
     b.job.load_path = ckpt;
     b.job.load_full_state = true;
-    b.job.start_step = step;
+    b.job.start_step = step + 1;
     b.job.checkpoint_dir = dir;
     b.job.checkpoint_period = PERIOD;
     model_run_train(&b, false);
@@ -112,18 +113,19 @@ static void check_resume(const char *opt, const char *const *other, int nother)
     double ref[STEPS], same[STEPS], moved[STEPS];
     full_run(opt, mesh, 2, 4, dir, ref);
     char ck2[256], ck4[256], again4[256];
-    snprintf(ck2, sizeof ck2, "%s/step_%d.safetensors", dir, RESUME);
-    snprintf(ck4, sizeof ck4, "%s/step_%d.safetensors", dir, STEPS);
-    snprintf(again4, sizeof again4, "%s/step_%d.safetensors", dir2, STEPS);
+    snprintf(ck2, sizeof ck2, "%s/step_%d.safetensors", dir, SAVED);
+    snprintf(ck4, sizeof ck4, "%s/step_%d.safetensors", dir, LAST);
+    snprintf(again4, sizeof again4, "%s/step_%d.safetensors", dir2, LAST);
+    assert_int_equal(access(ck4, F_OK), 0);
 
     /* same mesh: bitwise */
     resumed_run(opt, mesh, 2, 4, ck2, dir2, same);
-    for (int s = RESUME; s < STEPS; s++)
+    for (int s = SAVED + 1; s < STEPS; s++)
         if (memcmp(&same[s], &ref[s], sizeof ref[s]))
             fail_msg("%s: resumed step %d loss %.9g, uninterrupted %.9g", opt, s, same[s], ref[s]);
-    char p0[256];
-    snprintf(p0, sizeof p0, "%s/step_0.safetensors", dir2);
-    assert_int_equal(access(p0, F_OK), -1); /* the resumed run does not save its start */
+    char p2[256];
+    snprintf(p2, sizeof p2, "%s/step_%d.safetensors", dir2, SAVED);
+    assert_int_equal(access(p2, F_OK), -1); /* the resumed run trains (and saves) from step 3 on */
     size_t na, nb;
     char *a = slurp(ck4, &na), *b = slurp(again4, &nb);
     assert_int_equal(na, nb);
@@ -133,7 +135,7 @@ static void check_resume(const char *opt, const char *const *other, int nother)
 
     /* another mesh: within the parity tolerance */
     resumed_run(opt, other, nother, 4, ck2, NULL, moved);
-    for (int s = RESUME; s < STEPS; s++)
+    for (int s = SAVED + 1; s < STEPS; s++)
         if (fabs(moved[s] - ref[s]) > 1e-4 * fabs(ref[s]))
             fail_msg("%s on another mesh: resumed step %d loss %.9g, uninterrupted %.9g", opt, s, moved[s], ref[s]);
     rm_dir(dir);

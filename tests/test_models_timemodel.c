@@ -12,7 +12,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "cli/cli.h"
+#include "mesh/json.h"
 #include "models/timemodel.h"
+#include "tests/cli_capture.h"
+
+#include <stdlib.h>
+#include <unistd.h>
 
 /* A made-up accelerator with round figures. */
 static model_hw toy_hw(void)
@@ -214,6 +220,61 @@ static void test_profiles(void **state)
     sim_err_clear();
 }
 
+#define TINY "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
+             "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
+
+/* train with a profile: the console estimate, run.json's step_time_model (its parts add up to
+ * the step), the dry run's trace in modelled time, the profile's HBM as the capacity */
+static void test_train_estimate(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_tm_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    const char *argv[] = {TINY, "compile_topology=v5p-8", "compile_topology_num_slices=1", "ici_fsdp_parallelism=2",
+                          "ici_tensor_parallelism=2", od};
+    cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "estimated step time on v5p, slice 2x2x1"));
+    assert_non_null(strstr(r.out, "95.0 GiB")); /* the capacity column: hbm_limit_gb from the profile */
+    assert_non_null(strstr(r.out, "slowest collectives"));
+    cli_capture_free(&r);
+    char path[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    mesh_json *j = NULL;
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *tm = mesh_json_get(j, "step_time_model");
+    assert_non_null(tm);
+    double step = mesh_json_get(tm, "step_s")->number, comp = mesh_json_get(tm, "compute_s")->number,
+           exp = mesh_json_get(tm, "exposed_communication_s")->number, opt = mesh_json_get(tm, "optimizer_s")->number;
+    assert_true(step > 0 && comp > 0 && exp > 0); /* tensor=2 all-reduces activations: exposed */
+    assert_true(fabs(step - (comp + exp + opt)) <= 1e-9 * step);
+    assert_string_equal(mesh_json_get(tm, "hardware_profile")->str, "v5p");
+    mesh_json_free(j);
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *ev = mesh_json_get(j, "traceEvents");
+    double end = 0;
+    for (int i = 0; i < ev->n; i++) {
+        const mesh_json *ts = mesh_json_get(&ev->items[i], "ts"), *dur = mesh_json_get(&ev->items[i], "dur");
+        if (ts && dur && ts->number + dur->number > end) end = ts->number + dur->number;
+    }
+    /* the modelled timeline ends where the step ends, less the optimizer update (in microseconds) */
+    assert_true(fabs(end - (step - opt) * 1e6) < 1e-3 * step * 1e6);
+    mesh_json_free(j);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    /* a bad profile name exits 2 naming it and the valid ones */
+    const char *bad[] = {TINY, "hardware_profile=v9", "steps=1"};
+    r = cli_capture_run(cli_train, 10, bad);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "'v9'"));
+    assert_non_null(strstr(r.err, "tpu7x"));
+    cli_capture_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -221,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_ring_all_gather),
         cmocka_unit_test(test_overlap_rule),
         cmocka_unit_test(test_profiles),
+        cmocka_unit_test(test_train_estimate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

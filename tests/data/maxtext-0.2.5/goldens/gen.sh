@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Regenerates MaxText 0.2.5's sharding dumps of deepseek2-16b for the four configurations of the older
-# goldens (tests/data/maxtext/goldens, MaxText e591f30c on TPU topologies), on forced CPU devices with
-# the peer's dump.sh (abstract: get_shaped_inputs, no compile).  Sequential, ~10-60 s each.
+# goldens (tests/data/maxtext/goldens, MaxText e591f30c on TPU topologies), and of a 3-layer
+# deepseek3-tiny (the MoEBiasVar gate bias: layers first, no optimizer state, which deepseek2-16b,
+# without a routing bias, does not show), on forced CPU devices with the peer's dump.sh (abstract:
+# get_shaped_inputs, no compile).  Sequential, ~10-60 s each.
 #   MAXTEXT_VENV (default /opt/maxtext-venv), PEER (default ../shared/peers/maxtext from the repo root)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PEER="${PEER:-$HERE/../../../../../shared/peers/maxtext}"
-D="$HERE/deepseek2-16b"
-run() { # <dir> <num_devices> keys...
-  local dir="$1" n="$2"; shift 2
-  rm -rf "${D:?}/$dir"; mkdir -p "$D/$dir"
-  "$PEER/dump.sh" "num_devices=$n" "output_dir=$D/$dir" model_name=deepseek2-16b "$@" </dev/null >/dev/null 2>&1
-  ls "$D/$dir"
+run() { # <dir> <num_devices> keys...   (MODEL: model_name, default deepseek2-16b)
+  local dir="$1" n="$2" model="${MODEL:-deepseek2-16b}"; shift 2
+  local out="$HERE/$model/$dir"
+  rm -rf "${out:?}"; mkdir -p "$out"
+  "$PEER/dump.sh" "num_devices=$n" "output_dir=$out" "model_name=$model" "$@" </dev/null >/dev/null 2>&1
+  ls "$out"
 }
 run cpu-16/rule_default 16
 run cpu-16/rule_pure-fsdp 16 custom_mesh_and_rule=pure-fsdp
 run cpu-8/rule_ep-as-cp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2 8 custom_mesh_and_rule=ep-as-cp ici_fsdp_parallelism=-1 ici_expert_parallelism=2
 run cpu-8/rule_shard-exp-on-fsdp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2 8 custom_mesh_and_rule=shard-exp-on-fsdp ici_fsdp_parallelism=-1 ici_expert_parallelism=2
+MODEL=deepseek3-tiny run cpu-8/layers_3_ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 override_model_config=true base_num_decoder_layers=3 first_num_dense_layers=1 ici_fsdp_parallelism=4 ici_expert_parallelism=2
+MODEL=deepseek3-tiny run cpu-8/layers_3_mtp_1_ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 override_model_config=true base_num_decoder_layers=3 first_num_dense_layers=1 ici_fsdp_parallelism=4 ici_expert_parallelism=2 mtp_num_layers=1
