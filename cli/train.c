@@ -497,6 +497,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     double watchdog_s = 0;
     if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
     if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
+    if (!st) sim_machine_set_record_costs(m, have_hw);
     if (st) {
         int rc = cli_fail(err, st);
         model_data_close(&data);

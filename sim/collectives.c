@@ -642,6 +642,7 @@ sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op)
 
 void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag)
 {
+    if (d->m->opts.no_costs) return;
     if (d->ncost && d->cost[d->ncost - 1].step != d->step) d->ncost = 0; /* the current step's only: bounded */
     if (d->ncost == d->capcost) {
         d->capcost = d->capcost ? 2 * d->capcost : 256;

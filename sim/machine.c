@@ -237,6 +237,7 @@ int sim_machine_num_devices(const sim_machine *m) { return m->n; }
 const sim_mesh_desc *sim_machine_mesh(const sim_machine *m) { return &m->mesh; }
 const sim_machine_opts *sim_machine_options(const sim_machine *m) { return &m->opts; }
 void sim_machine_set_collective_timeout(sim_machine *m, double seconds) { m->opts.collective_timeout_s = seconds; }
+void sim_machine_set_record_costs(sim_machine *m, bool on) { m->opts.no_costs = !on; }
 int sim_machine_blas_threads(const sim_machine *m) { return m->blas_threads; }
 
 sim_device *sim_machine_device(sim_machine *m, int id)

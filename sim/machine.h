@@ -33,6 +33,7 @@ typedef struct {
     bool trace;            /* record compute and collective spans */
     bool pin_threads;      /* bind device threads to cores round-robin (best effort) */
     bool quiet;            /* no warnings on stderr */
+    bool no_costs;         /* skip kernel costs (sim_device_add_cost): no step-time model reads them */
     double collective_timeout_s; /* watchdog: a device that waits longer than this on one
                                     collective ends the run naming it, the op and the peers
                                     it waits for (a blocking timed wait, no spinning); 0 = off */
@@ -76,6 +77,10 @@ const sim_mesh_desc *sim_machine_mesh(const sim_machine *m);
 const sim_machine_opts *sim_machine_options(const sim_machine *m);
 /* Sets the collective watchdog (opts.collective_timeout_s) before a run. */
 void sim_machine_set_collective_timeout(sim_machine *m, double seconds);
+/* Turns kernel-cost recording (sim_device_add_cost) off or on (on by default): a run without a
+ * hardware profile has no step-time model to read them, and a 256-device dry run of a deep model
+ * would hold hundreds of MB of them. */
+void sim_machine_set_record_costs(sim_machine *m, bool on);
 sim_device *sim_machine_device(sim_machine *m, int id);
 /* OpenBLAS threads per device chosen for this machine. */
 int sim_machine_blas_threads(const sim_machine *m);
