@@ -16,10 +16,14 @@
  * layers' forward runs twice, so the table also gives the executed FLOPs
  * (recompute included) over the peak, and a 1-device row with
  * remat_policy=none.  Each configuration trains a few steps; the fastest
- * step after the first is reported. */
+ * step after the first is reported, with the process's CPU time (user +
+ * sys) per step over all its steps and the load average at the start: on a
+ * shared machine the wall-clock ratios are only as good as the load lets
+ * them be, and CPU time / step time shows how many cores the run got. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "blas_kernels/bk_coretype.h"
 #include "blas_kernels/bk_roofline.h"
@@ -38,7 +42,15 @@ typedef struct {
     int devices;
 } config;
 
-static double run(const config *c, int steps, double *flops, double *executed)
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+static double run(const config *c, int steps, double *flops, double *executed, double *cpu_per_step)
 {
     const char *argv[32];
     int argc = 0;
@@ -81,7 +93,10 @@ static double run(const config *c, int steps, double *flops, double *executed)
     job.data = &data;
     job.steps = steps;
     job.stats = calloc((size_t)steps, sizeof *job.stats);
-    if (model_train(&job, m) != SIM_OK) {
+    double cpu0 = cpu_seconds();
+    sim_status train_st = model_train(&job, m);
+    *cpu_per_step = (cpu_seconds() - cpu0) / steps;
+    if (train_st != SIM_OK) {
         fprintf(stderr, "bench/step: %s\n", sim_errmsg());
         exit(1);
     }
@@ -103,7 +118,10 @@ int main(int argc, char **argv)
     if (steps < 2) steps = 2;
     int cores = bk_num_cores();
     double peak = bk_sgemm_peak_gflops(cores);
-    printf("sgemm peak, %d cores, measured now: %.1f GFLOP/s\n\n", cores, peak);
+    printf("sgemm peak, %d cores, measured now: %.1f GFLOP/s\n", cores, peak);
+    double load[3] = {0, 0, 0};
+    if (getloadavg(load, 3) == 3) printf("load average at the start: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
+    printf("\n");
     static const config configs[] = {
         {"1 device", {"ici_fsdp_parallelism=1"}, 1},
         {"1 device, remat none", {"ici_fsdp_parallelism=1", "remat_policy=none"}, 1},
@@ -112,14 +130,14 @@ int main(int argc, char **argv)
         {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 8},
         {"fsdp=8 tensor=8", {"ici_fsdp_parallelism=8", "ici_tensor_parallelism=8"}, 64},
     };
-    printf("%-26s %10s %12s %12s %14s %12s\n", "mesh", "step (s)", "model GFLOP", "model/peak", "executed/peak",
-           "/1-device");
+    printf("%-26s %10s %12s %12s %14s %12s %12s\n", "mesh", "step (s)", "model GFLOP", "model/peak", "executed/peak",
+           "/1-device", "cpu/step (s)");
     double t1 = 0;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
-        double flops, executed, t = run(&configs[i], steps, &flops, &executed);
+        double flops, executed, cpu, t = run(&configs[i], steps, &flops, &executed, &cpu);
         if (i == 0) t1 = t;
-        printf("%-26s %10.3f %12.1f %12.2f %14.2f %12.2f\n", configs[i].label, t, flops / 1e9, flops / t / 1e9 / peak,
-               executed / t / 1e9 / peak, t / t1);
+        printf("%-26s %10.3f %12.1f %12.2f %14.2f %12.2f %12.2f\n", configs[i].label, t, flops / 1e9,
+               flops / t / 1e9 / peak, executed / t / 1e9 / peak, t / t1, cpu);
         fflush(stdout);
     }
     printf("\ntargets: 1 device executed/peak >= 0.85; remat none model/peak >= 0.80; 8 devices <= 1.05 and\n"

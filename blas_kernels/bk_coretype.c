@@ -263,7 +263,7 @@ static void select_core(char **argv) {
             env, running);
     exit(2);
   }
-  char more[128];
+  char more[sizeof failed + 64]; /* the failed list and the running core's name (OpenBLAS names are short) */
   snprintf(more, sizeof more, "%s%s%s", failed, *failed ? "," : "", running);
   const char *next = bk_coretype_choose(&f, detected, more);
   if (!next) {

@@ -363,7 +363,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     snprintf(st, sizeof st, "%lld", steps);
     const char *custom = cfg_str(cm->cfg, "custom_mesh_and_rule");
     char dtypes[128];
-    snprintf(dtypes, sizeof dtypes, "bytes of activations %s, weights %s (values computed in float32)",
+    snprintf(dtypes, sizeof dtypes, "activations %s, weights %s (bytes; math in float32)",
              sim_dtype_name(d->act_dtype), sim_dtype_name(d->weight_dtype));
     cli_kv rows[] = {
         {"model", d->model_name},

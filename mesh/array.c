@@ -108,7 +108,8 @@ void mesh_array_recount(sim_device *d, mesh_array *a, sim_dtype dt)
 
 sim_meta mesh_array_meta(const mesh_array *a, sim_meta meta)
 {
-    return a->counted_fixed && !meta.counted_set ? sim_meta_counted(meta, a->counted) : meta;
+    bool state = a->cat == SIM_MEM_PARAMS || a->cat == SIM_MEM_GRADS || a->cat == SIM_MEM_OPTIMIZER;
+    return (a->counted_fixed || state) && !meta.counted_set ? sim_meta_counted(meta, a->counted) : meta;
 }
 
 void mesh_copy_block(void *dst, const void *src, int rank, const int64_t *in, const int64_t *out,

@@ -56,7 +56,8 @@ void mesh_array_free(sim_device *d, mesh_array *a);
  * float32 logits, say); the arena's live bytes change by the difference. */
 void mesh_array_recount(sim_device *d, mesh_array *a, sim_dtype dt);
 /* The meta of a collective on `a`: counted in a->counted when that was
- * fixed by mesh_array_recount, else as the device counts float32 wires. */
+ * fixed (mesh_array_recount) or `a` is a parameter, gradient or optimizer
+ * state (which move in their own dtype), else as the device counts wires. */
 sim_meta mesh_array_meta(const mesh_array *a, sim_meta meta);
 /* Fills this device's shard from a global row-major buffer (host memory all
  * devices may read).  Partial axes: the value is kept where the device's

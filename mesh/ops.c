@@ -279,17 +279,20 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     if (mesh_spec_equal(work, to)) return SIM_OK;
     if (ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
     size_t bytes = x->nlocal * sim_dtype_size(x->dtype);
-    /* the copy is the operand as the kernel reads it: a weight counted in
-     * weight_dtype is copied in the activation dtype, as MaxText's
-     * DenseGeneral casts the kernel to `dtype` before the dot (layers/linears.py),
-     * so the gather that follows moves dtype bytes */
-    sim_dtype counted = x->counted_fixed ? x->counted : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
+    /* a weight's copy keeps the weight's dtype: MaxText's DenseGeneral casts the kernel
+     * to `dtype` right before the dot (layers/linears.py), but XLA's SPMD partitioner
+     * reshards the cast's operand, so the gather moves weight_dtype (MaxText 0.2.5's
+     * compiled step, dtype=bfloat16, fsdp=4: f32 all-gathers at convert_element_type) */
+    bool state = x->cat == SIM_MEM_PARAMS || x->cat == SIM_MEM_GRADS || x->cat == SIM_MEM_OPTIMIZER;
+    sim_dtype counted = x->counted_fixed || state ? x->counted
+                                                  : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
     void *data = NULL;
     SIM_TRY(sim_arena_alloc_counted(sim_device_arena(ctx->dev), bytes, x->nlocal * sim_dtype_size(counted),
                                     SIM_MEM_TEMP, x->name, false, &data));
     if (data && x->data) memcpy(data, x->data, bytes);
     out->arr.data = data;
     out->arr.counted = counted;
+    out->arr.counted_fixed = x->counted_fixed || state;
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
     meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */
@@ -836,7 +839,16 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     st = sum_unique(ctx, &d, a, d.la, d.ra, BK_EIN_LHS_SUM, name, &ua, la, &na);
     if (st == SIM_OK) st = sum_unique(ctx, &d, b, d.lb, d.rb, BK_EIN_RHS_SUM, name, &ub, lb, &nb);
     if (st != SIM_OK) goto done;
-    snprintf(sub, sizeof sub, "%.*s,%.*s->%.*s", na, la, nb, lb, d.ro, d.lo);
+    { /* "la,lb->lo" without printf (every einsum of every device); at most 3 x 8 letters + 3 < 64 */
+        int k = 0;
+        for (int i = 0; i < na; i++) sub[k++] = la[i];
+        sub[k++] = ',';
+        for (int i = 0; i < nb; i++) sub[k++] = lb[i];
+        sub[k++] = '-';
+        sub[k++] = '>';
+        for (int i = 0; i < d.ro; i++) sub[k++] = d.lo[i];
+        sub[k] = '\0';
+    }
     if (bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err)) {
         st = sim_err(SIM_ERR_INTERNAL, "%s: %s", tag, err);
         goto done;

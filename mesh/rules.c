@@ -16,10 +16,11 @@
  * that empties every thread's memo, and a different mesh empties it too.
  * Failed resolutions are never kept (they are recomputed for their message). */
 
-enum { MEMO_SLOTS = 128, MEMO_KEY = 200 };
+enum { MEMO_SLOTS = 64, MEMO_KEY = 160 };
 
 typedef struct {
-    const mesh_rules *r;  /* NULL: empty slot */
+    unsigned long gen;    /* valid while equal to memo_gen */
+    const mesh_rules *r;
     int rank;
     uint64_t hash;
     char key[MEMO_KEY];   /* the names, each NUL-terminated ("\1" for None) */
@@ -28,7 +29,7 @@ typedef struct {
 } memo_slot;
 
 static unsigned long rules_epoch = 1; /* atomically bumped on every rule-table change */
-static _Thread_local unsigned long memo_epoch;
+static _Thread_local unsigned long memo_epoch, memo_gen;
 static _Thread_local mesh_shape memo_mesh;
 static _Thread_local memo_slot memo[MEMO_SLOTS];
 
@@ -59,12 +60,12 @@ static memo_slot *memo_find(const mesh_rules *r, const mesh_shape *m, int rank, 
 {
     unsigned long epoch = __atomic_load_n(&rules_epoch, __ATOMIC_ACQUIRE);
     if (epoch != memo_epoch || memcmp(&memo_mesh, m, sizeof *m)) {
-        memset(memo, 0, sizeof memo);
+        memo_gen++; /* empties every slot without touching them (256 device threads: memory stays unpaged) */
         memo_mesh = *m;
         memo_epoch = epoch;
     }
     memo_slot *s = &memo[(hash ^ (uintptr_t)r) % MEMO_SLOTS];
-    *hit = s->r == r && s->rank == rank && s->hash == hash && s->key_len == key_len && !memcmp(s->key, key, (size_t)key_len);
+    *hit = s->gen == memo_gen && s->r == r && s->rank == rank && s->hash == hash && s->key_len == key_len && !memcmp(s->key, key, (size_t)key_len);
     return s;
 }
 
@@ -263,6 +264,7 @@ sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const ch
         return SIM_OK;
     }
     SIM_TRY(resolve(r, m, tensor, rank, names, out));
+    s->gen = memo_gen;
     s->r = r;
     s->rank = rank;
     s->hash = hash;

@@ -202,6 +202,10 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
      * (float32 logits, say) has a gradient counted in it too */
     if (v->val.counted_fixed && (g->counted != v->val.counted || !g->counted_fixed))
         mesh_array_recount(t->ctx->dev, g, v->val.counted);
+    /* a parameter's gradient is reduced in the sink's dtype: in MaxText's compiled step
+     * the cast back to weight_dtype comes before the reduction (f32 all-reduces) */
+    else if (v->sink && (g->counted != v->sink->counted || !g->counted_fixed))
+        mesh_array_recount(t->ctx->dev, g, v->sink->counted);
     char leaf_tag[SIM_TAG_MAX];
     mesh_spec to;
     if (v->sink) {

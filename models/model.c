@@ -238,10 +238,12 @@ static const struct {
 
 /* The dtypes bytes are counted in (numerics stay float32).  MaxText 0.2.5:
  * parameters are created in weight_dtype and DenseGeneral casts each kernel
- * to `dtype` before its dot (layers/linears.py), so weight gathers and the
- * gradient reductions at the dot move `dtype`; the gradients themselves
- * come back in the parameters' dtype (value_and_grad of float32 params);
- * optax's Adam moments take the parameters' dtype (mu_dtype "" = weight_dtype). */
+ * to `dtype` right before its dot (layers/linears.py); XLA's SPMD partitioner
+ * reshards the cast's operand, so weight gathers and gradient reductions move
+ * weight_dtype (its compiled step with dtype=bfloat16 on fsdp=4 gathers f32 at
+ * convert_element_type and all-reduces the f32 gradients); activations and
+ * their collectives are in `dtype`; optax's Adam moments take the parameters'
+ * dtype (mu_dtype "" = weight_dtype). */
 static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
 {
     static const char *const names[] = {"float32", "bfloat16"};
@@ -922,14 +924,9 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
     mesh_spec os;
     const mesh_spec *out;
     SIM_TRY(model_out_sharding(md, "logits_dense", 3, LOGITS3, &os, &out));
-    /* logits_dot_in_fp32: the head's DenseGeneral (or attend_on_embedding) runs in float32, so
-     * its kernel is cast to float32 and gathered as such (layers/nnx_decoders.py); the var is
-     * the step's view of the parameter, so counting it otherwise leaves the parameter alone */
-    mesh_var *w = d->tied_logits ? embed : dense_w;
-    if (d->logits_dot_fp32) {
-        w->val.counted = SIM_F32;
-        w->val.counted_fixed = true;
-    }
+    /* logits_dot_in_fp32: the head's DenseGeneral (or attend_on_embedding) runs in float32
+     * (layers/nnx_decoders.py); its kernel still moves in weight_dtype, as every weight's
+     * gather comes before the cast (see mesh/ops.c stage) */
     if (!d->tied_logits) { /* MaxText applies final_logits_soft_cap on the tied path only */
         SIM_TRY(mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits));
     } else {

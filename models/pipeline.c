@@ -400,6 +400,7 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
             }
             SIM_TRY(mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_once", SIM_MEM_ACTIVATIONS,
                                      &a->w));
+            mesh_array_recount(md->ctx.dev, &a->w, p->w[l].counted); /* gathered in weight_dtype */
             SIM_TRY(mesh_reshard(md->ctx.dev, &m->mesh, &a->w, &to, sim_meta_weight("pipeline/fsdp_ag_once")));
             if (with_grads && p->g) {
                 /* partial over the gathered axes: one reduce-scatter after the loop */

@@ -420,16 +420,16 @@ static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
 void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char shape[64], ax[128];
-    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Step-time model\"):\n", hw->name,
+    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Hardware profiles and the step-time model\"):\n", hw->name,
             hw_shape(hw, shape, sizeof shape));
-    fprintf(f, "  step %10.1f ms   MFU %5.1f%%   (slowest device %d; peak %.0f TFLOP/s per device)\n",
+    fprintf(f, "  step %10.3f ms   MFU %5.1f%%   (slowest device %d; peak %.0f TFLOP/s per device)\n",
             r->step_s * 1e3, 100.0 * r->mfu, r->device, r->peak / 1e12);
-    fprintf(f, "  compute %7.1f ms (of which pipeline bubbles %.1f ms)   optimizer %.1f ms   exposed "
-               "communication %.1f ms\n",
+    fprintf(f, "  compute %7.3f ms (of which pipeline bubbles %.3f ms)   optimizer %.3f ms   exposed "
+               "communication %.3f ms\n",
             r->compute_s * 1e3, r->bubble_s * 1e3, r->optimizer_s * 1e3, r->exposed_s * 1e3);
     for (int i = 0; i < r->naxes; i++)
         if (r->exposed_axes_s[i] > 0)
-            fprintf(f, "    exposed over %-24s %10.1f ms\n", sim_axes_label(mesh, r->axes[i], ax, sizeof ax),
+            fprintf(f, "    exposed over %-24s %10.3f ms\n", sim_axes_label(mesh, r->axes[i], ax, sizeof ax),
                     r->exposed_axes_s[i] * 1e3);
     if (!r->ntop) return;
     fprintf(f, "  slowest collectives (device %d):\n", r->device);

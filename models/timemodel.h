@@ -5,7 +5,7 @@
  * DCN across), replayed in call order with one overlap rule: collectives that
  * move weights (FSDP gathers, weight-gradient reductions) run asynchronously
  * on the network, everything else waits.  The efficiency constants are data
- * (configs/timemodel.yml); the README's "Step-time model" states the rules. */
+ * (configs/timemodel.yml); the README's "Hardware profiles and the step-time model" states the rules. */
 #ifndef MODELS_TIMEMODEL_H
 #define MODELS_TIMEMODEL_H
 

@@ -46,6 +46,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     for (int c = 0; c < SIM_NMEM; c++) o.counted[c] = def->d.act_dtype;
     o.counted[SIM_MEM_PARAMS] = o.counted[SIM_MEM_GRADS] = o.counted[SIM_MEM_OPTIMIZER] = def->d.weight_dtype;
     o.counted_wire = def->d.act_dtype;
+    o.counted_optimizer = def->d.weight_dtype; /* optax updates float32 parameters with float32 gradients */
     o.trace = trace;
     o.pin_threads = true;
     SIM_TRY(sim_machine_new(&md, &o, out));
@@ -202,6 +203,9 @@ static sim_status zero1_gather_params(model_dev *md)
         snprintf(tag, sizeof tag, "zero1/params/%.80s", p->def.path);
         mesh_array a;
         SIM_TRY(mesh_array_clone(dev, &def->mesh, md->z[i].w, tag, SIM_MEM_COMM, &a));
+        /* gathered in weight_dtype (the cast to dtype comes at each dot), except with accumulation,
+         * where MaxText casts to dtype before the gather (p->w counted in dtype, fixed) */
+        mesh_array_recount(dev, &a, p->w[0].counted_fixed ? p->w[0].counted : md->z[i].w->counted);
         mesh_spec mid;
         zero1_mid_spec(def, &md->z[i].spec, &mid);
         sim_status st = reshard_via(md, &a, &mid, &to, tag);

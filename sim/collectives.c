@@ -411,7 +411,8 @@ static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
 {
     SIM_TRY(check_call(d, c));
     if (c->dt != SIM_F32) c->counted = c->dt;
-    else if (!c->counted_set) c->counted = d->m->opts.counted_wire;
+    else if (!c->counted_set)
+        c->counted = d->phase == SIM_PHASE_OPTIMIZER ? d->m->opts.counted_optimizer : d->m->opts.counted_wire;
     uint64_t t0 = sim_now_ns();
     sim_machine *m = d->m;
     int k = sim_mesh_group_size(&m->mesh, c->axes);
@@ -641,6 +642,7 @@ sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op)
 
 void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag)
 {
+    if (d->ncost && d->cost[d->ncost - 1].step != d->step) d->ncost = 0; /* the current step's only: bounded */
     if (d->ncost == d->capcost) {
         d->capcost = d->capcost ? 2 * d->capcost : 256;
         d->cost = realloc(d->cost, d->capcost * sizeof *d->cost);

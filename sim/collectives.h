@@ -159,7 +159,8 @@ sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, si
                                  const size_t *send_off, const size_t *send_cnt, const size_t *recv_off,
                                  const size_t *recv_cnt, sim_dtype dt, sim_axes axes, sim_meta meta);
 
-/* Records the cost of one local kernel (see sim_cost); cleared with the records. */
+/* Records the cost of one local kernel (see sim_cost); the device keeps the costs of its
+ * current step only (a new step starts a new list), and clearing the records clears them. */
 void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag);
 /* Cost events of a device, in call order (valid until the next add). */
 const sim_cost *sim_device_costs(const sim_device *d, size_t *n);

@@ -258,7 +258,9 @@ bool sim_device_dry(const sim_device *d) { return d->m->opts.dry_run; }
 sim_dtype sim_device_counted_dtype(const sim_device *d, sim_dtype dt, sim_mem_cat cat)
 {
     SIM_ASSERT(cat >= 0 && cat < SIM_NMEM);
-    return dt == SIM_F32 ? d->m->opts.counted[cat] : dt;
+    if (dt != SIM_F32) return dt;
+    bool state = cat == SIM_MEM_PARAMS || cat == SIM_MEM_GRADS || cat == SIM_MEM_OPTIMIZER;
+    return d->phase == SIM_PHASE_OPTIMIZER && !state ? d->m->opts.counted_optimizer : d->m->opts.counted[cat];
 }
 void sim_device_set_phase(sim_device *d, sim_phase p) { d->phase = p; }
 sim_phase sim_device_phase(const sim_device *d) { return d->phase; }

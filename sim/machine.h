@@ -42,6 +42,8 @@ typedef struct {
      * dtype for activations.  SIM_F32 (the zero value) counts as stored. */
     sim_dtype counted[SIM_NMEM]; /* per arena category, for float32 buffers */
     sim_dtype counted_wire;      /* float32 collectives, unless their sim_meta names a dtype */
+    sim_dtype counted_optimizer; /* in the optimizer phase, float32 temporaries, activations, comm
+                                    buffers and collectives (the update works in weight_dtype) */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */
@@ -87,7 +89,8 @@ sim_arena *sim_device_arena(sim_device *d);
 sim_machine *sim_device_machine(sim_device *d);
 bool sim_device_dry(const sim_device *d);
 /* The dtype a buffer of dtype dt in category cat is counted in on this
- * device: opts.counted[cat] for float32 buffers, dt for any other. */
+ * device: opts.counted[cat] for float32 buffers (opts.counted_optimizer for
+ * the short-lived categories in the optimizer phase), dt for any other. */
 sim_dtype sim_device_counted_dtype(const sim_device *d, sim_dtype dt, sim_mem_cat cat);
 /* This device's rank in the group over `axes` (mixed radix, first axis most significant). */
 int sim_device_group_rank(const sim_device *d, sim_axes axes);

@@ -5,15 +5,21 @@
  * derived here from the parameter shapes and shardings:
  *   - parameters, gradients and the two Adam moments hold
  *     local elements x sizeof(weight_dtype) each;
- *   - the forward all-gathers over fsdp are the fsdp-sharded weights, cast to
- *     `dtype` before the gather: (k-1) x local elements x sizeof(dtype);
- *   - the gradient reduce-scatters over fsdp move the same bytes in `dtype`;
- *   - every record's bytes follow the header formulas at its counted dtype,
- *     which is `dtype` except where MaxText computes in float32 (RMSNorm
- *     statistics, float32 logits' cross-entropy sums, the loss, the global norm);
- *   - logits_dot_in_fp32 gathers the logits kernel in float32;
+ *   - the forward all-gathers over fsdp are the fsdp-sharded weights, moved
+ *     in weight_dtype: (k-1) x local elements x sizeof(weight_dtype) (XLA
+ *     gathers the operand of DenseGeneral's cast: MaxText 0.2.5's compiled
+ *     step shows f32 all-gathers under dtype=bfloat16);
+ *   - the gradient reduce-scatters over fsdp move the same bytes;
+ *   - every record's bytes follow the header formulas at its counted dtype:
+ *     weight_dtype for weights and their gradients and in the optimizer,
+ *     float32 where MaxText computes in float32 (RMSNorm statistics, the
+ *     float32 logits' loss sums, the loss, the global norm), `dtype` for the
+ *     rest (activations);
+ *   - cast_logits_to_fp32=false leaves the loss sums in dtype, and
+ *     logits_dot_in_fp32 makes them float32 again;
  *   - ZeRO-1 with accumulation holds its gradients in dtype (MaxText casts
- *     the parameters before the accumulation loop).
+ *     the parameters before the accumulation loop);
+ *   - Muon's Newton-Schulz collectives move weight_dtype.
  * The losses do not depend on the dtypes (the simulator computes in float32). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -64,17 +70,15 @@ static uint64_t formula(const sim_record *r, uint64_t es)
 }
 
 /* Collectives MaxText computes in float32: RMSNorm's sums of squares (an all-reduce in a norm layer,
- * forward or recomputed, and its backward sum; the norm's output, the scale's gradient and the input's
- * gradient are in dtype), the float32 logits' loss sums, the loss mean and the global norm. */
-static bool float32_record(const sim_record *r)
+ * forward or recomputed, and its backward sum; the norm's output and the input's gradient are in
+ * dtype), the global norm, and with float32 logits the loss sums and the loss mean. */
+static bool float32_record(const sim_record *r, bool logits_f32)
 {
     if (r->op == SIM_OP_ALL_REDUCE && strstr(r->tag, "norm") && strncmp(r->tag, "grad/", 5) &&
         strncmp(r->tag, "optimizer/", 10))
         return true;
-    static const char *const f32[] = {"cross_entropy", "loss/mean", "optimizer/grad_norm"};
-    for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
-        if (strstr(r->tag, f32[i])) return true;
-    return false;
+    if (strstr(r->tag, "optimizer/grad_norm")) return true;
+    return logits_f32 && (strstr(r->tag, "cross_entropy") || strstr(r->tag, "loss/mean"));
 }
 
 typedef struct {
@@ -87,6 +91,8 @@ typedef struct {
     int bad_records;                      /* records whose bytes or dtype break the formula */
     uint64_t leftover;                    /* activation, temporary and comm bytes live after the step */
     int ndata;                            /* size of the data axis */
+    int optimizer_records;                /* collectives of the optimizer phase */
+    uint64_t act, peak;                   /* saved activations at their peak; the total peak */
 } figures;
 
 static void run_on(const char *const *mesh, int nmesh, int rows, const char *dtype, const char *weight_dtype,
@@ -95,10 +101,14 @@ static void run_on(const char *const *mesh, int nmesh, int rows, const char *dty
     char dt[64], wdt[64];
     snprintf(dt, sizeof dt, "dtype=%s", dtype);
     snprintf(wdt, sizeof wdt, "weight_dtype=%s", weight_dtype);
-    const char *words[8] = {dt, wdt};
+    const char *words[10] = {dt, wdt};
     int nw = 2;
     for (int i = 0; i < nmesh; i++) words[nw++] = mesh[i];
-    if (extra) words[nw++] = extra;
+    char ex[2][64];
+    if (extra) { /* one or two words */
+        int k = sscanf(extra, "%63s %63s", ex[0], ex[1]);
+        for (int i = 0; i < k; i++) words[nw++] = ex[i];
+    }
     model_run r;
     model_run_open(&r, TINY, NTINY, rows, words, nw, NDEV, 1);
     model_run_train(&r, false);
@@ -109,6 +119,8 @@ static void run_on(const char *const *mesh, int nmesh, int rows, const char *dty
     f->params = st.peak_by[SIM_MEM_PARAMS];
     f->grads = st.peak_by[SIM_MEM_GRADS];
     f->opt = st.peak_by[SIM_MEM_OPTIMIZER];
+    f->act = st.peak_by[SIM_MEM_ACTIVATIONS];
+    f->peak = st.peak;
     /* every counted allocation was released with the bytes it was counted with */
     f->leftover = st.live_by[SIM_MEM_ACTIVATIONS] + st.live_by[SIM_MEM_TEMP] + st.live_by[SIM_MEM_COMM];
     for (int i = 0; i < r.def->nparams; i++) {
@@ -123,19 +135,29 @@ static void run_on(const char *const *mesh, int nmesh, int rows, const char *dty
     size_t n;
     const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
     f->ndata = mesh_shape_axis_index(&r.def->mesh, "data") >= 0 ? r.def->mesh.sizes[mesh_shape_axis_index(&r.def->mesh, "data")] : 1;
-    bool logits_f32 = extra && !strcmp(extra, "logits_dot_in_fp32=true");
+    /* float32 logits: cast_logits_to_fp32 (the default) or logits_dot_in_fp32 */
+    bool logits_f32 = !(extra && strstr(extra, "cast_logits_to_fp32=false")) ||
+                      (extra && strstr(extra, "logits_dot_in_fp32=true"));
+    sim_dtype wdtype = strcmp(weight_dtype, "float32") ? SIM_BF16 : SIM_F32;
+    bool zero1_ga = mesh == ZERO1_GA;
     for (size_t i = 0; i < n; i++) {
         const sim_record *x = &rec[i];
         bool on_fsdp = x->axes.n == 1 && x->axes.axis[0] == fsdp;
-        /* logits_dot_in_fp32: the head's kernel is cast to float32, so its gather and its gradient's
-         * reduce-scatter (both over fsdp) move float32 */
-        bool f32 = float32_record(x) || (logits_f32 && on_fsdp && strstr(x->tag, "logits_dense"));
         uint64_t es = sim_dtype_size(x->dtype);
-        if (x->dtype != (f32 || act_es == 4 ? SIM_F32 : SIM_BF16)) {
+        sim_dtype want = act_es == 4 ? SIM_F32 : SIM_BF16;
+        /* weights (every fsdp all-gather here), their gradients and the optimizer: weight_dtype */
+        if ((x->op == SIM_OP_ALL_GATHER && on_fsdp) || !strncmp(x->tag, "grad/", 5) || x->phase == SIM_PHASE_OPTIMIZER)
+            want = wdtype;
+        /* ZeRO-1 with accumulation: parameters cast to dtype before their gather, gradients in dtype */
+        if (zero1_ga && (!strncmp(x->tag, "grad/", 5) || !strncmp(x->tag, "zero1/", 6)))
+            want = act_es == 4 ? SIM_F32 : SIM_BF16;
+        if (float32_record(x, logits_f32)) want = SIM_F32;
+        if (x->dtype != want) {
             print_message("record %s %s: %s\n", sim_op_name(x->op), x->tag, sim_dtype_name(x->dtype));
             f->bad_records++;
         }
         if (x->bytes_sent != formula(x, es)) f->bad_records++;
+        f->optimizer_records += x->phase == SIM_PHASE_OPTIMIZER;
         if (x->op == SIM_OP_ALL_GATHER && x->phase == SIM_PHASE_FORWARD && on_fsdp) {
             f->fwd_fsdp_ag += x->bytes_sent;
             if (strstr(x->tag, "logits_dense")) f->logits_ag_es = es;
@@ -168,17 +190,20 @@ static void test_bf16_vs_f32(void **state)
     assert_int_equal(w.params, 2 * w.want_params);
     assert_int_equal(w.grads, 2 * w.want_params);
     assert_int_equal(w.opt, 2 * 2 * w.want_params);
-    /* dtype: weights gathered after the cast, gradients reduce-scattered before it */
-    assert_int_equal(b.fwd_fsdp_ag, 2 * b.want_fsdp_ag);
+    /* weight_dtype on the wire too: gathered before the cast, gradients reduced after the cast back */
+    assert_int_equal(b.fwd_fsdp_ag, 4 * b.want_fsdp_ag);
     assert_int_equal(s.fwd_fsdp_ag, 4 * s.want_fsdp_ag);
     assert_int_equal(w.fwd_fsdp_ag, 2 * w.want_fsdp_ag);
-    assert_int_equal(b.bwd_grad_rs, 2 * b.want_fsdp_ag);
+    assert_int_equal(b.bwd_grad_rs, 4 * b.want_fsdp_ag);
     assert_int_equal(s.bwd_grad_rs, 4 * s.want_fsdp_ag);
-    assert_int_equal(b.logits_ag_es, 2);
+    assert_int_equal(w.bwd_grad_rs, 2 * w.want_fsdp_ag);
+    assert_int_equal(b.logits_ag_es, 4);
     assert_int_equal(b.bad_records, 0);
     assert_int_equal(s.bad_records, 0);
     assert_int_equal(w.bad_records, 0);
     assert_int_equal(b.leftover + s.leftover + w.leftover, 0);
+    /* activations: dtype halves them (a few float32 statistics and the float32 logits aside) */
+    assert_true(b.act < s.act && 2 * b.act > s.act);
     /* numerics stay float32 */
     assert_true(b.loss == s.loss && b.loss == w.loss);
 }
@@ -186,18 +211,30 @@ static void test_bf16_vs_f32(void **state)
 static void test_logits_fp32(void **state)
 {
     (void)state;
-    figures b, l;
+    /* without cast_logits_to_fp32 the logits and the loss sums stay in dtype, and the peak falls by
+     * the logits' two bytes an element at least; logits_dot_in_fp32 brings float32 back (the
+     * record rules of run_on check each collective's dtype) */
+    figures b, c, l;
     run("bfloat16", "float32", NULL, 2, &b);
-    run("bfloat16", "float32", "logits_dot_in_fp32=true", 2, &l);
-    /* the logits kernel is gathered in float32, the other weights in bfloat16: the forward
-     * fsdp gathers grow by the kernel's (k-1) x local elements x 2 bytes (vocab 64 x emb 16 over
-     * fsdp x tensor = 256 elements a device, k = 2) */
-    assert_int_equal(l.logits_ag_es, 4);
-    assert_int_equal(l.fwd_fsdp_ag, b.fwd_fsdp_ag + 256 * 2);
-    assert_int_equal(l.bwd_grad_rs, b.bwd_grad_rs + 256 * 2);
-    assert_int_equal(l.bad_records, 0);
-    assert_int_equal(l.leftover, 0);
-    assert_true(l.loss == b.loss);
+    run("bfloat16", "float32", "cast_logits_to_fp32=false", 2, &c);
+    run("bfloat16", "float32", "cast_logits_to_fp32=false logits_dot_in_fp32=true", 2, &l);
+    assert_int_equal(b.bad_records + c.bad_records + l.bad_records, 0);
+    assert_int_equal(c.leftover + l.leftover, 0);
+    assert_true(c.peak < b.peak);
+    assert_int_equal(l.peak, b.peak);
+    assert_true(l.loss == b.loss && c.loss == b.loss);
+}
+
+static void test_muon_optimizer_phase(void **state)
+{
+    (void)state;
+    /* Muon's Newton-Schulz collectives (phase optimizer) follow the weights' sharding and move
+     * weight_dtype (float32) under dtype=bfloat16; the run's other records keep their rules */
+    figures m;
+    run("bfloat16", "float32", "opt_type=muon", 2, &m);
+    assert_true(m.optimizer_records > 1);
+    assert_int_equal(m.bad_records, 0);
+    assert_int_equal(m.leftover, 0);
 }
 
 static void test_zero1_accumulation(void **state)
@@ -224,6 +261,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zero1_accumulation),
+        cmocka_unit_test(test_muon_optimizer_phase),
         cmocka_unit_test(test_bf16_vs_f32),
         cmocka_unit_test(test_logits_fp32),
     };

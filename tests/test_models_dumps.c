@@ -293,13 +293,15 @@ static void spec_text(const mesh_json *spec, const mesh_json *mesh_shape, char *
 
 /* The deepseek2-16b cases above, and a deepseek3-tiny whose MoE layers carry the gate bias (0.2.5's
  * MoEBiasVar: [layers, experts], no Adam moments) */
-enum { NCASES_025 = NCASES + 1 };
+enum { NCASES_025 = NCASES + 2 };
 static const char *const DIRS_025[NCASES_025] = {
     "deepseek2-16b/cpu-16/rule_default",
     "deepseek2-16b/cpu-16/rule_pure-fsdp",
     "deepseek2-16b/cpu-8/rule_ep-as-cp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
     "deepseek2-16b/cpu-8/rule_shard-exp-on-fsdp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
     "deepseek3-tiny/cpu-8/layers_3_ici_fsdp_parallelism=4_ici_expert_parallelism=2",
+    /* the same with one multi-token prediction layer: params.mtp_block */
+    "deepseek3-tiny/cpu-8/layers_3_mtp_1_ici_fsdp_parallelism=4_ici_expert_parallelism=2",
 };
 static const golden_case DS3_TINY = {
     NULL,
@@ -322,7 +324,8 @@ static void test_goldens_0_2_5(void **state)
         int argc = 0;
         if (ci < NCASES) argv[argc++] = "model_name=deepseek2-16b";
         for (int f = 0; f < 6 && gc->flags[f]; f++) argv[argc++] = (char *)gc->flags[f];
-        if (ci == NCASES) argv[argc++] = "ici_expert_parallelism=2";
+        if (ci >= NCASES) argv[argc++] = "ici_expert_parallelism=2";
+        if (ci == NCASES + 1) argv[argc++] = "mtp_num_layers=1";
         argv[argc++] = outdir;
         FILE *devnull = fopen("/dev/null", "w");
         int rc = cli_dump(argc, argv, devnull, stderr);

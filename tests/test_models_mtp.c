@@ -15,7 +15,8 @@
  *     the 1-device run on fsdp=4 expert=2, in auto and explicit mode, and with
  *     2 MTP layers in auto mode;
  *   - refusals naming the key: llama2, pipeline, gradient accumulation,
- *     mtp_reuse_input_embedding, a sharded sequence (context parallelism). */
+ *     mtp_reuse_input_embedding, the MTP gate bias update
+ *     (routed_bias_update_rate), a sharded sequence (context parallelism). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -100,6 +101,9 @@ static void test_parameters(void **state)
          {"exp", "embed_moe", "mlp_moe"}},
         {"params.mtp_block.mtp_layer_2.mtp_2_transformer_layer.post_self_attention_layer_norm.scale", 1, {EMB},
          {"norm"}},
+        /* DeepSeek-V3's gate bias: a MoEBiasVar of (experts,) with (None,), as MaxText's dump shows */
+        {"params.mtp_block.mtp_layer_1.mtp_1_transformer_layer.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias", 1, {8},
+         {NULL}},
     };
     for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
         int i = param_ix(def, want[w].path);
@@ -390,6 +394,8 @@ static void test_refused(void **state)
     expect_refused(ga, 2, 1, "mtp_num_layers", "gradient_accumulation_steps");
     const char *reuse[] = {"mtp_num_layers=1", "mtp_reuse_input_embedding=true"};
     expect_refused(reuse, 2, 1, "mtp_reuse_input_embedding", "mtp_reuse_input_embedding=false");
+    const char *rate[] = {"mtp_num_layers=1", "routed_bias_update_rate=0.001"};
+    expect_refused(rate, 2, 1, "routed_bias_update_rate", "multi-token prediction");
     const char *big[] = {"mtp_num_layers=3"};
     expect_refused(big, 1, 1, "mtp_num_layers=3", "0 to 2");
     const char *cp[] = {"mtp_num_layers=1", "ici_context_parallelism=2", "ici_fsdp_parallelism=2"};

@@ -585,13 +585,13 @@ static void test_ag_once_and_memory(void **state)
     const model_def *def = a.def;
     int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
     /* fsdp-sharded per-layer weight bytes (the gathered part: (k-1)/k of each, k = 2), gathered in
-     * dtype (bfloat16 by default: 2 bytes) after MaxText's cast */
+     * weight_dtype (float32) */
     uint64_t layer_sharded = 0;
     int n_sharded = 0;
     for (int i = 0; i < def->nparams; i++) {
         const model_param_def *pd = &def->defs[i];
         if (pd->scan_dim < 0 || !(mesh_spec_dim_axes(&def->spec[i]) & (1u << fsdp))) continue;
-        uint64_t e = 2;
+        uint64_t e = 4;
         for (int q = 0; q < pd->rank; q++)
             if (q != pd->scan_dim) e *= (uint64_t)pd->shape[q];
         layer_sharded += e;
@@ -691,9 +691,8 @@ static void test_zero1_traffic_and_memory(void **state)
                 t->bytes += rec[i].bytes_sent;
                 t->calls++;
             }
-            /* the collectives move dtype (bfloat16: 2 of the 4 bytes `worked` counts per element) */
-            assert_int_equal(ag.bytes, NSTEPS * worked / 2 * (K - 1) / K);
-            assert_int_equal(rs.bytes, NSTEPS * worked / 2 * (K - 1) / K);
+            assert_int_equal(ag.bytes, NSTEPS * worked * (K - 1) / K);
+            assert_int_equal(rs.bytes, NSTEPS * worked * (K - 1) / K);
             assert_int_equal(ag.calls, NSTEPS * nparams); /* one reshard per stacked parameter per step */
             assert_int_equal(rs.calls, NSTEPS * nparams);
             assert_int_equal(ar.bytes, 0);

@@ -183,7 +183,7 @@ static void test_maxtext_hlo_bytes(void **state)
     const char *words[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=3",
                            "first_num_dense_layers=1", "vocab_size=512", "max_target_length=16", "steps=1",
                            "ici_fsdp_parallelism=2", "ici_expert_parallelism=4", RING, "dry_run=true",
-                           "dtype=float32"};
+                           "dtype=float32"}; /* the peer's hlo_bytes compiles in float32 */
     model_run r;
     model_run_open(&r, words, 12, 8, NULL, 0, 8, 1);
     model_run_train(&r, false);

@@ -132,13 +132,11 @@ static sum_t sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const c
     return s;
 }
 
-/* Collectives move dtype (default bfloat16: 2 bytes an element), gradients included: MaxText's
- * dense layers cast each kernel to dtype before the dot, so its gradient is reduced in dtype. */
-enum { WIRE = 2 };
-
+/* A parameter's bytes in weight_dtype (float32): its gradient is reduced in it (MaxText's compiled
+ * step casts the bfloat16 product's gradient back before the reduction). */
 static uint64_t param_bytes(const model_def *def, int i)
 {
-    uint64_t b = WIRE;
+    uint64_t b = 4;
     for (int d = 0; d < def->defs[i].rank; d++) b *= (uint64_t)def->defs[i].shape[d];
     return b;
 }
@@ -172,7 +170,7 @@ static void test_traffic_pure_data(void **state)
     run_t r;
     open_run(&r, extra, 2, 8, 1);
     train(&r, false);
-    uint64_t all = model_param_bytes(r.def) / 4 * WIRE; /* model_param_bytes counts float32 */
+    uint64_t all = model_param_bytes(r.def);
     for (int d = 0; d < 8; d++) {
         sum_t ar = sum_records(r.m, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL);
         /* 2(k-1)/k of every parameter byte, k = 8 (each gradient's size divides by 8 here) */

@@ -20,3 +20,4 @@ run cpu-16/rule_pure-fsdp 16 custom_mesh_and_rule=pure-fsdp
 run cpu-8/rule_ep-as-cp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2 8 custom_mesh_and_rule=ep-as-cp ici_fsdp_parallelism=-1 ici_expert_parallelism=2
 run cpu-8/rule_shard-exp-on-fsdp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2 8 custom_mesh_and_rule=shard-exp-on-fsdp ici_fsdp_parallelism=-1 ici_expert_parallelism=2
 MODEL=deepseek3-tiny run cpu-8/layers_3_ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 override_model_config=true base_num_decoder_layers=3 first_num_dense_layers=1 ici_fsdp_parallelism=4 ici_expert_parallelism=2
+MODEL=deepseek3-tiny run cpu-8/layers_3_mtp_1_ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 override_model_config=true base_num_decoder_layers=3 first_num_dense_layers=1 ici_fsdp_parallelism=4 ici_expert_parallelism=2 mtp_num_layers=1
