@@ -38,11 +38,11 @@ enum { EMB = 32, MLP = 48, MOE_MLP = 16, SHARED = 1 * MOE_MLP, EXPERTS = 8, TOPK
 /* bytes of one saved activation element: dtype's default, bfloat16 (configs/base.yml) */
 enum { ACT = 2 };
 
-/* Device 0's peak bytes of one forward and backward pass on 1 device, and its gradients. */
-static size_t peak_of(const char *const *extra, int n, model_grads *g)
+/* Device 0's peak bytes of one forward and backward pass on `devices` devices, and the gradients. */
+static size_t peak_on(const char *const *extra, int n, int devices, model_grads *g)
 {
     model_run r;
-    model_run_open(&r, TINY, NTINY, ROWS, extra, n, 1, 1);
+    model_run_open(&r, TINY, NTINY, ROWS, extra, n, devices, 1);
     int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
     for (int i = 0; i < ROWS * SEQ; i++) {
         in[i] = (int32_t)((i * 7 + 3) % 64);
@@ -56,6 +56,8 @@ static size_t peak_of(const char *const *extra, int n, model_grads *g)
     model_run_close(&r);
     return sa.peak;
 }
+
+static size_t peak_of(const char *const *extra, int n, model_grads *g) { return peak_on(extra, n, 1, g); }
 
 static void test_saved_bytes(void **state)
 {
@@ -124,6 +126,16 @@ static void test_saved_bytes(void **state)
                      (long long)cases[c].moe);
     }
     model_grads_free(&gf);
+    /* fsdp=2 x expert=2: each device holds 128 / 4 = 32 tokens and 8 / 2 = 4 experts; MaxText's
+     * receive buffer has ep x tokens x min(top_k, local experts) = 2 x 32 x 2 rows */
+    {
+        const char *f4[] = {"remat_policy=full", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
+                   *k4[] = {"remat_policy=custom", "moe_mlpwi_0=device", "ici_fsdp_parallelism=2",
+                            "ici_expert_parallelism=2"};
+        size_t p4f = peak_on(f4, 3, 4, NULL), p4 = peak_on(k4, 4, 4, NULL);
+        printf("  fsdp=2 expert=2 moe_mlpwi_0=device: peak %zu = full %zu + %zu\n", p4, p4f, p4 - p4f);
+        assert_true(p4 == p4f + (size_t)(2 * (tokens / 4) * TOPK * MOE_MLP * ACT));
+    }
     /* a dry run accounts the same bytes */
     const char *wet[] = {"remat_policy=minimal"}, *dry[] = {"remat_policy=minimal", "dry_run=true"};
     assert_true(peak_of(dry, 2, NULL) == peak_of(wet, 1, NULL));
