@@ -10,7 +10,8 @@
  *     (with and without circ_storage); with pipeline_delay_activation_forwarding
  *     (stage=2 L=4; stage=2 L=2 R=2 M=8, with circ_storage); stage=2 fsdp=2 tensor=2; stage=2 data=2
  *     with two layers per stage; stage=2 fsdp=2
- *     with pipeline_fsdp_ag_once; stage=2 data=2 with ZeRO-1 ('data' on the
+ *     with pipeline_fsdp_ag_once; stage=2 fsdp=2 R=2 with pipeline_fsdp_ag_per_repeat
+ *     (M = 2, and M = 4 with circ_storage); stage=2 data=2 with ZeRO-1 ('data' on the
  *     repeat dim, and on a per-layer dim); each in auto and explicit mode;
  *   - ZeRO-1 with a pipeline: data-axis bytes per step (all-gather and
  *     reduce-scatter of (k-1)/k of the stage's parameters) and the optimizer
@@ -19,6 +20,8 @@
  *     bytes, forward and backward; with pipeline_fsdp_ag_once the decoder
  *     weights are all-gathered over fsdp once per step (and their gradients
  *     reduce-scattered once), while the default gathers them every iteration;
+ *     with pipeline_fsdp_ag_per_repeat once per repeat forward, again in
+ *     backward (remat), one reduce-scatter per repeat, two gathered layers live;
  *   - memory: a device stores only its stage's layers;
  *   - trace: each device's iterations are named spans, bubbles as such;
  *   - gradient accumulation: 5-step parity of stage=2 (and stage=2 fsdp=2
@@ -221,8 +224,16 @@ static const bad_case BAD[] = {
     {{"ici_pipeline_parallelism=2", "pipeline_parallel_layers=6"}, 4, {"pipeline_parallel_layers=6", "=-1"}},
     {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true", "num_pipeline_microbatches=2"}, 4,
      {"pipeline_delay_activation_forwarding", "num_pipeline_microbatches >= 2 x stages = 4"}},
-    {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true"}, 4,
-     {"pipeline_fsdp_ag_per_repeat", "not simulated"}},
+    /* pipeline_fsdp_ag_per_repeat: types.py's conditions (MaxText's messages), and S >= 3 (MaxText's prefetch
+     * index gives stages >= 2 the previous repeat's weights) */
+    {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "num_pipeline_repeats=1",
+      "num_layers_per_pipeline_stage=4"}, 4, {"pipeline_fsdp_ag_per_repeat", "only supports circular pipeline"}},
+    {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "num_layers_per_pipeline_stage=2"}, 4,
+     {"num_layers_per_pipeline_stage=2", "only supports one layer per pipeline stage"}},
+    {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "pipeline_delay_activation_forwarding=true"},
+     4, {"does not support pipeline delay", "pipeline_delay_activation_forwarding=false"}},
+    {{"ici_pipeline_parallelism=4", "pipeline_fsdp_ag_per_repeat=true", "num_pipeline_microbatches=4"}, 2,
+     {"pipeline_fsdp_ag_per_repeat", "4 pipeline stages", "use 2 stages"}},
     {{"ici_pipeline_parallelism=2", "checkpoint_dir=/tmp/x"}, 4, {"checkpoint_dir", "not implemented"}},
     {{"ici_pipeline_parallelism=2", "ici_context_parallelism=2"}, 2, {"context", "ici_pipeline_parallelism=1"}},
 };
@@ -705,6 +716,105 @@ static void test_zero1_traffic_and_memory(void **state)
     }
 }
 
+/* pipeline_fsdp_ag_per_repeat (MaxText's NNXCircularPipeline): 4 layers, stage=2 fsdp=2, one layer per
+ * stage, so R = 2 repeats.  Parity over 5 steps with 1 device (auto and explicit; M = 2, and M = 4 with
+ * circ_storage); then, with 8 layers (R = 4), one step's fsdp traffic: no gather inside the layers, one
+ * all-gather of the stage's layer per repeat forward, the same again in backward (the remat of each
+ * repeat), one reduce-scatter of each gathered gradient; and at most two repeats' gathered gradients live
+ * at once (ag_once: all four). */
+static void test_ag_per_repeat(void **state)
+{
+    (void)state;
+    enum { STEPS = 5, R = 2 };
+    const char *four[] = {"base_num_decoder_layers=4"};
+    run_t ref;
+    open_run(&ref, four, 1, 1, STEPS);
+    train(&ref, true);
+    assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.05);
+    static const char *const micro[2] = {"num_pipeline_microbatches=2", "num_pipeline_microbatches=4"};
+    for (int mi = 0; mi < 2; mi++)
+        for (int mode = 0; mode < 2; mode++) {
+            const char *extra[] = {"base_num_decoder_layers=4", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2",
+                                   "pipeline_fsdp_ag_per_repeat=true", micro[mi],
+                                   mode ? "shard_mode=explicit" : "shard_mode=auto"};
+            run_t r;
+            open_run(&r, extra, 6, 4, STEPS);
+            assert_true(r.def->d.pipe.on && r.def->d.pipe.ag_per_repeat);
+            assert_int_equal(r.def->d.pipe.repeats, R);
+            assert_int_equal(r.def->d.pipe.circ_storage, mi == 1);
+            train(&r, true);
+            for (int st = 0; st < STEPS; st++) {
+                double l = r.job.stats[st].loss, lr = ref.job.stats[st].loss;
+                if (fabs(l - lr) > 1e-4 * fabs(lr))
+                    fail_msg("ag_per_repeat %s %s step %d: loss %.7f vs %.7f", micro[mi], extra[5], st, l, lr);
+                for (int i = 0; i < r.def->nparams; i++) {
+                    const model_grads *g = &r.job.step_grads[st], *gr = &ref.job.step_grads[st];
+                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                    if (e > 1e-4)
+                        fail_msg("ag_per_repeat %s %s step %d: gradient of %s differs by %.3g", micro[mi], extra[5],
+                                 st, r.def->defs[i].path, e);
+                }
+            }
+            close_run(&r);
+        }
+    close_run(&ref);
+
+    /* traffic and memory of one step of 8 layers (R = 4), against the same step with pipeline_fsdp_ag_once */
+    enum { R8 = 4 };
+    const char *once[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=2",
+                          "pipeline_fsdp_ag_once=true"};
+    const char *prep[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=2",
+                          "pipeline_fsdp_ag_per_repeat=true"};
+    run_t a, b;
+    open_run(&a, once, 4, 4, 1);
+    open_run(&b, prep, 4, 4, 1);
+    train(&a, false);
+    train(&b, false);
+    const model_def *def = b.def;
+    int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
+    /* one layer's fsdp-sharded weights: gathered bytes (k-1)/k in weight_dtype (float32: 4 bytes), and
+     * the gathered gradient's float32 bytes */
+    uint64_t layer_sharded = 0, layer_grad_f32 = 0;
+    int n_sharded = 0;
+    for (int i = 0; i < def->nparams; i++) {
+        const model_param_def *pd = &def->defs[i];
+        if (pd->scan_dim < 0 || !(mesh_spec_dim_axes(&def->spec[i]) & (1u << fsdp))) continue;
+        uint64_t e = 1;
+        for (int q = 0; q < pd->rank; q++)
+            if (q != pd->scan_dim) e *= (uint64_t)pd->shape[q];
+        layer_sharded += 4 * e;
+        uint64_t other = 1; /* the gathered gradient stays sharded on the axes other than fsdp */
+        for (int q = 0; q < pd->rank; q++)
+            if (q != pd->scan_dim)
+                for (int k = 0; k < def->spec[i].n_axes[q]; k++)
+                    if (def->spec[i].axes[q][k] != fsdp) other *= (uint64_t)def->mesh.sizes[def->spec[i].axes[q][k]];
+        layer_grad_f32 += 4 * e / other;
+        n_sharded++;
+    }
+    assert_true(n_sharded > 0);
+    assert_int_equal(b.def->d.pipe.repeats, R8);
+    for (int d = 0; d < 4; d++) {
+        assert_int_equal(layer_weight_gathers(b.m, d, fsdp).calls, 0);
+        sum_t f = sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "pipeline/fsdp_ag_per_repeat");
+        assert_int_equal(f.calls, R8 * (uint64_t)n_sharded);
+        assert_int_equal(f.bytes, R8 * layer_sharded / 2);
+        sum_t bg = sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
+        assert_int_equal(bg.calls, R8 * (uint64_t)n_sharded);
+        assert_int_equal(bg.bytes, R8 * layer_sharded / 2);
+        sum_t rs = sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
+        assert_int_equal(rs.calls, R8 * (uint64_t)n_sharded);
+        assert_int_equal(rs.bytes, R8 * layer_sharded / 2);
+        /* gradients: ag_once keeps all four held layers' gathered gradients through the backward pass, the
+         * sliding window at most two (the rest, stored gradients and layer temporaries, is the same) */
+        sim_arena_stats sa, sb;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &sa);
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &sb);
+        assert_int_equal(sa.peak_by[SIM_MEM_GRADS] - sb.peak_by[SIM_MEM_GRADS], (R8 - 2) * layer_grad_f32);
+    }
+    close_run(&a);
+    close_run(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -712,7 +822,7 @@ int main(void)
         cmocka_unit_test(test_parity_five_steps), cmocka_unit_test(test_traffic_ppermute),
         cmocka_unit_test(test_ag_once_and_memory), cmocka_unit_test(test_parity_deepseek),
         cmocka_unit_test(test_parity_gradient_accumulation), cmocka_unit_test(test_trace_names_iterations),
-        cmocka_unit_test(test_zero1_traffic_and_memory),
+        cmocka_unit_test(test_zero1_traffic_and_memory), cmocka_unit_test(test_ag_per_repeat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
