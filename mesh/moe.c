@@ -826,7 +826,23 @@ typedef struct {
     uint32_t p_dx, p_dw, p_dW; /* partial axes the math adds to the cotangents */
     mesh_spec ros;             /* the region's own output spec */
     bool ring;                 /* ring of experts: ros is partial over the expert axes */
+    unsigned keep;             /* MESH_MOE_KEEP_* to hand to the caller (remat's first pass) */
+    moe_buf wo_kept;           /* the wo product before the return, kept for MESH_MOE_KEEP_WO */
 } moe_payload;
+
+/* What remat's first pass keeps (moe.h): buffers of the region, still accounted. */
+struct mesh_moe_saved {
+    sim_arena *arena;
+    moe_buf b[5];
+};
+
+void mesh_moe_saved_free(void *p)
+{
+    struct mesh_moe_saved *s = p;
+    if (!s) return;
+    for (int i = 0; i < 5; i++) buf_free(s->arena, &s->b[i]);
+    free(s);
+}
 
 static void payload_free(void *p)
 {
@@ -837,6 +853,7 @@ static void payload_free(void *p)
     buf_free(a, &pl->h0);
     buf_free(a, &pl->h1);
     buf_free(a, &pl->yb);
+    buf_free(a, &pl->wo_kept);
     geom_free(&pl->g);
     free(pl);
 }
@@ -971,6 +988,18 @@ static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_
     return st;
 }
 
+/* The wo product (MaxText's mlpwo / moe_mlpwo tag) after its last use: kept when the policy saves it. */
+static void keep_or_free(moe_payload *pl, moe_buf *yq)
+{
+    if (pl->keep & MESH_MOE_KEEP_WO) {
+        buf_free(pl->g.arena, &pl->wo_kept);
+        pl->wo_kept = *yq;
+        memset(yq, 0, sizeof *yq);
+    } else {
+        buf_free(pl->g.arena, yq);
+    }
+}
+
 /* ---- ragged exchange (sparse) ---- */
 
 /* Rows per peer -> element offsets and counts. */
@@ -1087,7 +1116,7 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
         else if (g->live)
             memcpy(pl->yb.p, yq.p, (size_t)(g->n_send * g->Mo) * 4);
     }
-    buf_free(g->arena, &yq);
+    keep_or_free(pl, &yq);
     SIM_TRY(st);
     /* 4. weighted combine, in top-k order per token */
     if (g->live) {
@@ -1303,7 +1332,7 @@ static sim_status dense_fwd(moe_payload *pl, const moe_ops *op, float *out)
         }
     }
     buf_free(g->arena, &yb);
-    buf_free(g->arena, &yq);
+    keep_or_free(pl, &yq);
     if (st == SIM_OK && g->ep_rep.n)
         st = sim_all_reduce(d, pl->yb.p, pl->yb.p, (size_t)(rowsX * Mo), SIM_F32, g->ep_rep,
                             sim_meta_tag(gtag(g, "return_expert_sum", tag, sizeof tag)));
@@ -1474,6 +1503,11 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     sim_device *dev = ctx->dev;
     char tag[SIM_TAG_MAX], ax[128];
     tagof(t, name, tag, sizeof tag);
+    bool recording = mesh_tape_recording(t);
+    if (recording && c->saved && *c->saved) { /* remat's recomputation: the saved tensors stand for their twins */
+        mesh_moe_saved_free(*c->saved);
+        *c->saved = NULL;
+    }
     int64_t B = x->val.shape[0], S = x->val.shape[1], M = x->val.shape[2];
     int64_t X = w0->val.shape[0], H = w0->val.shape[2], k = indices->val.shape[2];
     if (w0->val.shape[1] != M || wo->val.shape[0] != X || wo->val.shape[1] != H || wo->val.shape[2] != M)
@@ -1571,6 +1605,7 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     pl->ros = xs;
     if (g->rs) set_axes(&pl->ros, 2, h);
     pl->ring = c->ring;
+    pl->keep = !recording && c->saved ? c->keep : 0;
     if (c->ring) pl->ros.partial = rep; /* each device's sum over its own experts: reduce-scattered below */
 
     int64_t oshape[3] = {B, S, M};
@@ -1601,6 +1636,22 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
         const char *otag = gtag(g, c->ring ? "ring_reduce_scatter" : "out", ax, sizeof ax);
         sim_meta meta = ctx->mode == MESH_MODE_AUTO && !c->ring ? sim_meta_implicit(otag) : sim_meta_tag(otag);
         SIM_TRY(mesh_reshard(dev, m, &(*out)->val, &c->out, meta));
+    }
+    if (pl->keep) {
+        /* remat's first pass: the kept residuals leave with the caller, the rest goes with pl */
+        struct mesh_moe_saved *sv = calloc(1, sizeof *sv);
+        SIM_ASSERT(sv);
+        sv->arena = g->arena;
+        static const unsigned bits[5] = {MESH_MOE_KEEP_WI0, MESH_MOE_KEEP_WI1, MESH_MOE_KEEP_WO, MESH_MOE_KEEP_X,
+                                         MESH_MOE_KEEP_MAPS};
+        moe_buf *from[5] = {&pl->h0, &pl->h1, &pl->wo_kept, &pl->xr, &pl->slot};
+        for (int i = 0; i < 5; i++)
+            if (pl->keep & bits[i]) {
+                sv->b[i] = *from[i];
+                memset(from[i], 0, sizeof *from[i]);
+            }
+        mesh_moe_saved_free(*c->saved);
+        *c->saved = sv;
     }
     mesh_var *in[5] = {x, weights, w0, w1, wo};
     mesh_entry *e = mesh_tape_record(t, experts_vjp, tag, 5, in, 1, out);

@@ -93,7 +93,30 @@ typedef struct {
     sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
     int64_t capacity;       /* dense path: slots per expert per sequence (mesh_moe_capacity); 0: sparse */
     mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */
+    unsigned keep;          /* remat: MESH_MOE_KEEP_* residuals the policy saves (MaxText's moe.py tags) */
+    struct mesh_moe_saved **saved; /* remat: where they wait between the passes (NULL: nothing kept) */
 } mesh_moe_cfg;
+
+/* The region's residuals a remat policy saves, by MaxText's checkpoint_name
+ * tags in moe.py: the grouped matmul's wi_0 and wi_1 products (mlpwi_0 /
+ * moe_mlpwi_0, moe_mlpwi_1; the dense path also tags wi_1 mlpwi_1), its wo
+ * product before the return (mlpwo / moe_mlpwo), the expert-sorted input rows
+ * (moe_x_sorted) and the routing maps (moe_routing_maps: the sort's row of
+ * each assignment).  In remat's first pass (a tape that records nothing) the
+ * region leaves the kept buffers in *saved, accounted as activations; when the
+ * layer is recomputed for its backward (a recording tape) the region releases
+ * them before it allocates its own again: the saved tensors stand for their
+ * recomputed twins, so at no time are both on the device.  Numerics are those
+ * of full remat (the recomputation gives the same bits). */
+enum {
+    MESH_MOE_KEEP_WI0 = 1u << 0,
+    MESH_MOE_KEEP_WI1 = 1u << 1,
+    MESH_MOE_KEEP_WO = 1u << 2,
+    MESH_MOE_KEEP_X = 1u << 3,
+    MESH_MOE_KEEP_MAPS = 1u << 4,
+};
+typedef struct mesh_moe_saved mesh_moe_saved;
+void mesh_moe_saved_free(void *saved);
 
 /* out (B, S, M) = sum_j weights[.., j] * FFN_{indices[.., j]}(x) with
  * FFN_e(x) = (silu(x w0[e]) * (x w1[e])) wo[e]; x (B, S, M), w0/w1 (E, M, H),

@@ -33,7 +33,9 @@
  *
  * With remat (every remat_policy but none) each layer is one tape entry (output and, for MoE
  * layers with a load-balance loss, that loss): backward runs the layer again
- * on a recording tape, so only the layer inputs live between the passes.
+ * on a recording tape, so only the layer inputs live between the passes, plus the tensors the
+ * policy saves (MaxText's checkpoint_name tags: MLA's, the MLPs', and inside the routed experts
+ * the grouped matmul's products, which mesh_moe_experts keeps in its own buffers).
  *
  * The tape ops MLA needs beyond mesh/nn.h (split and concatenation of the
  * last dim, broadcast of the shared rope key to every head) live here. */
@@ -243,20 +245,31 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
                                "routed_bias_update_rate=0 or mtp_num_layers=0");
     }
 
-    /* remat policies: the routed experts run in one manual region (mesh_moe_experts) that does not
-     * keep MaxText's MoE checkpoint tags (moe.py tags mlpwi_0/mlpwo/moe_* inside it) */
+    /* remat policies: the routed experts keep MaxText's moe.py tags of the grouped matmul (mlpwi_0,
+     * moe_mlpwi_0/1, mlpwo, moe_mlpwo: mesh_moe_cfg.keep); the sorted inputs and the routing maps
+     * (custom-only keys) and the batch-split schedule (its own MoE region) do not keep theirs */
     static const model_ckpt_name moe_tags[] = {MODEL_CKPT_MLPWI,       MODEL_CKPT_MLPWI_0,     MODEL_CKPT_MLPWI_1,
                                                MODEL_CKPT_MLPWO,       MODEL_CKPT_MOE_MLPWI_0, MODEL_CKPT_MOE_MLPWI_1,
                                                MODEL_CKPT_MOE_MLPWO,   MODEL_CKPT_MOE_X_SORTED,
                                                MODEL_CKPT_MOE_ROUTING_MAPS};
-    for (size_t i = 0; i < sizeof moe_tags / sizeof moe_tags[0] && d->layers > d->dense_layers; i++)
-        if (d->ckpt[moe_tags[i]] != MODEL_CKPT_REMAT)
+    for (size_t i = 0; i < sizeof moe_tags / sizeof moe_tags[0] && d->layers > d->dense_layers; i++) {
+        model_ckpt_name n = moe_tags[i];
+        if (d->ckpt[n] == MODEL_CKPT_REMAT) continue;
+        if (n == MODEL_CKPT_MOE_X_SORTED || n == MODEL_CKPT_MOE_ROUTING_MAPS)
             return sim_err(SIM_ERR_INPUT,
-                           "remat_policy=%s keeps '%s', which MaxText also tags inside the routed experts (moe.py); "
-                           "the simulated MoE layers do not keep those tensors yet. With MoE layers use full, none, "
-                           "save_qkv_proj, save_out_proj, save_dot_except_mlp, save_dot_with_context_except_mlp, "
-                           "qkv_proj_offloaded, or custom without the MLP/MoE tags",
-                           d->remat_policy, model_ckpt_name_str(moe_tags[i]));
+                           "%s=%s (remat_policy=custom): saving the routed experts' %s across remat is not "
+                           "simulated; keep %s=remat (the other MoE tags, moe_mlpwi_0/moe_mlpwi_1/moe_mlpwo, are)",
+                           model_ckpt_name_str(n), d->ckpt[n] == MODEL_CKPT_DEVICE ? "device" : "offload",
+                           n == MODEL_CKPT_MOE_X_SORTED ? "expert-sorted inputs" : "routing maps",
+                           model_ckpt_name_str(n));
+        if (d->batch_split)
+            return sim_err(SIM_ERR_INPUT,
+                           "remat_policy=%s keeps '%s' with use_batch_split_schedule=true: the batch-split MoE "
+                           "layers (deepseek_batchsplit.py) are not simulated with saved MLP/MoE tensors; use "
+                           "full, none, save_qkv_proj, save_out_proj, save_dot_except_mlp, "
+                           "save_dot_with_context_except_mlp, qkv_proj_offloaded, or custom without the MLP/MoE tags",
+                           d->remat_policy, model_ckpt_name_str(n));
+    }
 
     /* sizes */
     if (d->dense_layers < 0 || d->dense_layers > d->layers)
@@ -1104,6 +1117,18 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         model_note_activation(md, "moe/wo_kernel", &wo->val, 3, NULL, &wos);
     }
     if (d->capacity_factor == 0) SIM_TRY(dense_moe_check(md, xin, w0, wo));
+    /* MaxText's tags inside the experts (moe.py): wi_0's product is mlpwi_0 and moe_mlpwi_0, wi_1's
+     * moe_mlpwi_1 (and mlpwi_1 on the dense path only), wo's mlpwo and moe_mlpwo; a tensor two tags
+     * name is saved once.  Offloaded ones leave the device (no device bytes), as model_checkpoint_name. */
+#define KEEPS(n) (d->ckpt[MODEL_CKPT_##n] == MODEL_CKPT_DEVICE)
+    unsigned keep = (KEEPS(MLPWI_0) || KEEPS(MOE_MLPWI_0) ? MESH_MOE_KEEP_WI0 : 0u) |
+                    (KEEPS(MOE_MLPWI_1) || (dense_path && KEEPS(MLPWI_1)) ? MESH_MOE_KEEP_WI1 : 0u) |
+                    (KEEPS(MLPWO) || KEEPS(MOE_MLPWO) ? MESH_MOE_KEEP_WO : 0u);
+#undef KEEPS
+    if (keep) {
+        mc.saved = (mesh_moe_saved **)model_checkpoint_region(md, mesh_moe_saved_free);
+        mc.keep = mc.saved ? keep : 0;
+    }
     SIM_TRY(mesh_moe_experts(t, xin, weights, indices, w0, w1, wo, &mc, "moe", &out));
     if (s->wi0 >= 0) {
         md->ctx.layer = shared;

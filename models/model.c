@@ -1030,6 +1030,9 @@ typedef struct {
     mesh_array a;      /* on the device (arena), or shape/spec only when offloaded */
     float *host;       /* offloaded copy (NULL in a dry run) */
     bool offloaded;
+    bool region;       /* a region's own residuals (model_checkpoint_region): blob, freed by blob_free */
+    void *blob;
+    void (*blob_free)(void *);
 } remat_saved;
 
 typedef struct model_remat_store {
@@ -1043,6 +1046,10 @@ static void store_free(sim_device *dev, model_remat_store *s)
 {
     if (!s) return;
     for (int i = 0; i < s->n; i++) {
+        if (s->v[i].region) {
+            if (s->v[i].blob) s->v[i].blob_free(s->v[i].blob);
+            continue;
+        }
         if (!s->v[i].offloaded) mesh_array_free(dev, &s->v[i].a); /* no-op once handed back (nlocal 0) */
         free(s->v[i].host);
     }
@@ -1058,7 +1065,7 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
     sim_device *dev = md->ctx.dev;
     if (s->recompute) {
         /* the same checkpoints come in the same order as in the forward pass */
-        SIM_ASSERT(s->next < s->n && s->v[s->next].name == name);
+        SIM_ASSERT(s->next < s->n && !s->v[s->next].region && s->v[s->next].name == name);
         remat_saved *r = &s->v[s->next++];
         if (r->offloaded) { /* brought back: the recomputed twin stands for it on the device */
             free(r->host);
@@ -1103,6 +1110,26 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
                            SIM_MEM_ACTIVATIONS, &r->a));
     if (x->val.data) memcpy(r->a.data, x->val.data, x->val.nlocal * sim_dtype_size(x->val.dtype));
     return SIM_OK;
+}
+
+void **model_checkpoint_region(model_dev *md, void (*blob_free)(void *))
+{
+    model_remat_store *s = md->remat;
+    if (!s) return NULL;
+    if (s->recompute) {
+        SIM_ASSERT(s->next < s->n && s->v[s->next].region);
+        return &s->v[s->next++].blob;
+    }
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 16;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
+        SIM_ASSERT(s->v);
+    }
+    remat_saved *r = &s->v[s->n++];
+    memset(r, 0, sizeof *r);
+    r->region = true;
+    r->blob_free = blob_free;
+    return &r->blob;
 }
 
 typedef struct {

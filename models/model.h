@@ -267,6 +267,11 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
  * every op of the layer (values are identical), so executed FLOPs and compute time do not shrink
  * with the policy; memory does. */
 sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name);
+/* A region that keeps its own residuals (the routed experts, mesh_moe_cfg.saved): under a remat
+ * layer whose policy saves something, the slot where its first pass leaves them and its
+ * recomputation finds them again (called in the same order in both passes); blob_free releases
+ * what is left when the layer goes.  NULL outside remat or when the policy saves nothing. */
+void **model_checkpoint_region(model_dev *md, void (*blob_free)(void *));
 
 /* MaxText's Dropout(rate=dropout_rate, broadcast_dims=(-2,)) at one site (`site` names it, e.g.
  * "decoder/layers_3/mlp"): the mask depends on (init_weights_seed, the step, the site) and the
