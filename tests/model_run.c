@@ -65,3 +65,25 @@ void model_run_close(model_run *r)
     free(r->def);
     mesh_cfg_free(r->cfg);
 }
+
+void model_run_pattern(int rows, int seq, int vocab, int32_t *in, int32_t *tg, int32_t *pos)
+{
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < seq; t++) {
+            in[r * seq + t] = (r * 5 + t * 3 + (t * t) % 7) % vocab;
+            tg[r * seq + t] = (r * 5 + (t + 1) * 3 + ((t + 1) * (t + 1)) % 7) % vocab;
+            pos[r * seq + t] = t;
+        }
+}
+
+double model_run_loss_grads(const model_def *def, const int32_t *in, const int32_t *tg, const int32_t *pos,
+                            const model_grads *pin, model_grads *pout, model_grads *g)
+{
+    sim_machine *m;
+    assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
+    double loss;
+    sim_status st = model_loss_and_grads_from(def, m, in, tg, pos, pin, pout, &loss, g);
+    sim_machine_free(m);
+    if (st != SIM_OK) fail_msg("run: %s", sim_errmsg());
+    return loss;
+}

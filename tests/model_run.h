@@ -5,6 +5,7 @@
 #define TESTS_MODEL_RUN_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "models/train.h"
 
@@ -27,5 +28,13 @@ void model_run_open(model_run *r, const char *const *base, int nbase, int rows, 
 /* Trains every step; with grads, keeps each step's gradients in job.step_grads. */
 void model_run_train(model_run *r, bool grads);
 void model_run_close(model_run *r);
+
+/* A fixed token pattern for gradient checks: rows x seq ids below vocab, the
+ * targets the same pattern one position on, positions 0..seq-1. */
+void model_run_pattern(int rows, int seq, int vocab, int32_t *in, int32_t *tg, int32_t *pos);
+/* One loss-and-gradient evaluation of def on a fresh machine (parameters from
+ * pin when given; pout and g as model_loss_and_grads_from fills them). */
+double model_run_loss_grads(const model_def *def, const int32_t *in, const int32_t *tg, const int32_t *pos,
+                            const model_grads *pin, model_grads *pout, model_grads *g);
 
 #endif

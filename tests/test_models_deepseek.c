@@ -38,6 +38,7 @@
 #include "mesh/moe.h"
 #include "mesh/nn.h"
 #include "models/train.h"
+#include "tests/model_run.h"
 
 /* A deepseek3-tiny variant: 1 dense + 2 MoE layers, 8 experts top-2,
  * MLA with q_lora, sigmoid routing with bias (DeepSeek-V3 routing). */
@@ -88,25 +89,11 @@ typedef struct {
     int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
 } batch;
 
-static void make_batch(batch *b)
-{
-    for (int r = 0; r < ROWS; r++)
-        for (int t = 0; t < SEQ; t++) {
-            b->in[r * SEQ + t] = (r * 5 + t * 3 + (t * t) % 7) % VOCAB;
-            b->tg[r * SEQ + t] = (r * 5 + (t + 1) * 3 + ((t + 1) * (t + 1)) % 7) % VOCAB;
-            b->pos[r * SEQ + t] = t;
-        }
-}
+static void make_batch(batch *b) { model_run_pattern(ROWS, SEQ, VOCAB, b->in, b->tg, b->pos); }
 
 static double run_once(model_def *def, const batch *b, const model_grads *pin, model_grads *pout, model_grads *g)
 {
-    sim_machine *m;
-    assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
-    double loss;
-    sim_status st = model_loss_and_grads_from(def, m, b->in, b->tg, b->pos, pin, pout, &loss, g);
-    sim_machine_free(m);
-    if (st != SIM_OK) fail_msg("run: %s", sim_errmsg());
-    return loss;
+    return model_run_loss_grads(def, b->in, b->tg, b->pos, pin, pout, g);
 }
 
 static void gradient_check(const char *const *extra, int n_extra, int *checked_out, int *skipped_out)

@@ -42,6 +42,7 @@
 #include "models/checks.h"
 #include "tests/cli_capture.h"
 #include "models/train.h"
+#include "tests/model_run.h"
 
 static const char *const TINY[] = {
     "base_emb_dim=16",     "base_num_query_heads=4",    "base_num_kv_heads=2", "head_dim=8",
@@ -117,15 +118,7 @@ typedef struct {
     int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
 } batch;
 
-static void make_batch(batch *b)
-{
-    for (int r = 0; r < ROWS; r++)
-        for (int t = 0; t < SEQ; t++) {
-            b->in[r * SEQ + t] = (r * 5 + t * 3 + (t * t) % 7) % VOCAB;
-            b->tg[r * SEQ + t] = (r * 5 + (t + 1) * 3 + ((t + 1) * (t + 1)) % 7) % VOCAB;
-            b->pos[r * SEQ + t] = t;
-        }
-}
+static void make_batch(batch *b) { model_run_pattern(ROWS, SEQ, VOCAB, b->in, b->tg, b->pos); }
 
 static double run(const model_def *def, const model_grads *pin, model_grads *pout, model_grads *g)
 {
