@@ -697,7 +697,7 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
         bool muon = n > 0 && p[0].muon != 0;
         if (muon) { /* optax.contrib.muon: a partition state, branches in key order */
             for (int i = 0; i < n; i++) {
-                snprintf(l[k].key, KEY_CAP, ".params/['params']%s", pk[i].rel);
+                snprintf(l[k].key, KEY_CAP, ".params/['params']%.900s", pk[i].rel);
                 l[k++].p = &p[pk[i].index];
             }
             static const char *const br[2] = {".opt_state/.inner_states/['adam']/.inner_state",
@@ -708,7 +708,7 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
                 for (int part = 0; part < (b ? 1 : 2); part++)
                     for (int i = 0; i < n; i++) {
                         if (p[pk[i].index].muon != want || p[pk[i].index].no_opt) continue;
-                        snprintf(l[k].key, KEY_CAP, "%s/[0]/.%s/['params']%s", br[b], part ? "nu" : "mu", pk[i].rel);
+                        snprintf(l[k].key, KEY_CAP, "%s/[0]/.%s/['params']%.900s", br[b], part ? "nu" : "mu", pk[i].rel);
                         l[k].p = &p[pk[i].index];
                         l[k].opt = 1;
                         k++;
