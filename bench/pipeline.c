@@ -133,7 +133,7 @@ static void seed002_table(void)
         {"ZeRO-1+PP", {"ici_fsdp_parallelism=-1", "ici_data_parallelism=2", "shard_optimizer_over_data=true"}},
     };
     printf("llama2-7b, 4 devices, stage=2, num_pipeline_microbatches=8, pipeline_fsdp_ag_once=true, "
-           "per_device_batch_size=12, max_target_length=2048, dry run (float32 throughout)\n");
+           "per_device_batch_size=12, max_target_length=2048, dry run (MaxText's default dtypes: bfloat16 activations, float32 weights)\n");
     printf("MaxText on v5p-8 (seed 002, bf16 activations): FSDP+PP auto 48219 MB explicit 50913 MB; "
            "ZeRO-1+PP auto 48315 MB explicit 47997 MB\n\n");
     printf("%-10s %-9s | %8s %8s %8s %8s %8s %8s %8s | %-15s %-14s %12s\n", "config", "mode", "params", "grads", "optim",
