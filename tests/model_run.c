@@ -87,3 +87,35 @@ double model_run_loss_grads(const model_def *def, const int32_t *in, const int32
     if (st != SIM_OK) fail_msg("run: %s", sim_errmsg());
     return loss;
 }
+
+void model_run_expect_refused(const char *const *base, int nbase, int rows, const char *const *extra, int n,
+                              int devices, const char *key, const char *also)
+{
+    const char *argv[64];
+    int argc = 0;
+    assert_true(nbase + n + 2 <= 64);
+    for (int i = 0; i < nbase; i++) argv[argc++] = base[i];
+    char pdbs[48];
+    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)rows / devices);
+    argv[argc++] = pdbs;
+    argv[argc++] = "steps=1";
+    for (int i = 0; i < n; i++) argv[argc++] = extra[i];
+    mesh_cfg *cfg;
+    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
+    model_def *def = calloc(1, sizeof *def);
+    sim_status st = model_def_from_config(cfg, def);
+    if (st == SIM_OK) { /* a layout refusal comes from the first step */
+        model_run r;
+        model_run_start(&r, cfg, def, 1);
+        st = model_train(&r.job, r.m);
+        assert_int_equal(st, SIM_ERR_INPUT);
+        if (!strstr(sim_errmsg(), key) || !strstr(sim_errmsg(), also)) fail_msg("message: %s", sim_errmsg());
+        model_run_close(&r);
+        return;
+    }
+    assert_int_equal(st, SIM_ERR_INPUT);
+    if (!strstr(sim_errmsg(), key) || !strstr(sim_errmsg(), also)) fail_msg("message: %s", sim_errmsg());
+    model_def_free(def);
+    free(def);
+    mesh_cfg_free(cfg);
+}

@@ -29,6 +29,12 @@ void model_run_open(model_run *r, const char *const *base, int nbase, int rows, 
 void model_run_train(model_run *r, bool grads);
 void model_run_close(model_run *r);
 
+/* Requires a refusal: the config words base[0..nbase), per_device_batch_size
+ * = rows / devices, steps=1 and extra[0..n) fail with SIM_ERR_INPUT, either
+ * when the model is defined or (a layout refusal) at the first step, with a
+ * message naming both `key` and `also`. */
+void model_run_expect_refused(const char *const *base, int nbase, int rows, const char *const *extra, int n,
+                              int devices, const char *key, const char *also);
 /* A fixed token pattern for gradient checks: rows x seq ids below vocab, the
  * targets the same pattern one position on, positions 0..seq-1. */
 void model_run_pattern(int rows, int seq, int vocab, int32_t *in, int32_t *tg, int32_t *pos);

@@ -230,33 +230,7 @@ static void test_dense_path_ignores(void **state)
 
 static void expect_refused(const char *const *extra, int n, int devices, const char *key, const char *also)
 {
-    const char *argv[64];
-    int argc = 0;
-    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
-    char pdbs[48];
-    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
-    argv[argc++] = pdbs;
-    argv[argc++] = "steps=1";
-    for (int i = 0; i < n; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
-    model_def *def = calloc(1, sizeof *def);
-    sim_status st = model_def_from_config(cfg, def);
-    if (st == SIM_OK) { /* a layout refusal comes from the first MoE layer */
-        model_run r;
-        model_run_start(&r, cfg, def, 1);
-        st = model_train(&r.job, r.m);
-        assert_int_equal(st, SIM_ERR_INPUT);
-        if (!strstr(sim_errmsg(), key) || !strstr(sim_errmsg(), also)) fail_msg("message: %s", sim_errmsg());
-        r.job.step_grads = NULL;
-        model_run_close(&r);
-        return;
-    }
-    assert_int_equal(st, SIM_ERR_INPUT);
-    if (!strstr(sim_errmsg(), key) || !strstr(sim_errmsg(), also)) fail_msg("message: %s", sim_errmsg());
-    model_def_free(def);
-    free(def);
-    mesh_cfg_free(cfg);
+    model_run_expect_refused(TINY, NTINY, ROWS, extra, n, devices, key, also);
 }
 
 static void test_refused(void **state)
