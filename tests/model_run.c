@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,4 +119,25 @@ void model_run_expect_refused(const char *const *base, int nbase, int rows, cons
     model_def_free(def);
     free(def);
     mesh_cfg_free(cfg);
+}
+
+void model_run_compare(const char *what, const model_run *a, const model_run *ref, int steps)
+{
+    double worst = 0;
+    for (int s = 0; s < steps; s++) {
+        double l = a->job.stats[s].loss, lr = ref->job.stats[s].loss;
+        if (fabs(l - lr) > 1e-4 * fabs(lr)) fail_msg("%s step %d: loss %.7f vs %.7f", what, s, l, lr);
+        for (int i = 0; i < a->def->nparams; i++) {
+            const model_grads *g = &a->job.step_grads[s], *gr = &ref->job.step_grads[s];
+            if (!g->g[i] || !gr->g[i]) { /* not trained (the MoEBiasVar gate bias): in neither run */
+                if (g->g[i] || gr->g[i]) fail_msg("%s step %d: %s has a gradient in one run only", what, s,
+                                                  a->def->defs[i].path);
+                continue;
+            }
+            double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+            worst = fmax(worst, e);
+            if (e > 1e-4) fail_msg("%s step %d: gradient of %s differs by %.3g", what, s, a->def->defs[i].path, e);
+        }
+    }
+    printf("  %s: parity over %d steps, worst gradient difference %.2e\n", what, steps, worst);
 }

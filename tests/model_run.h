@@ -29,6 +29,11 @@ void model_run_open(model_run *r, const char *const *base, int nbase, int rows, 
 void model_run_train(model_run *r, bool grads);
 void model_run_close(model_run *r);
 
+/* Requires parity over the first `steps` steps (both runs trained with
+ * gradients): each loss and every gradient within rtol 1e-4 of ref's; a
+ * parameter without gradients (a non-trained variable) must have none in
+ * both.  Prints the worst gradient difference. */
+void model_run_compare(const char *what, const model_run *a, const model_run *ref, int steps);
 /* Requires a refusal: the config words base[0..nbase), per_device_batch_size
  * = rows / devices, steps=1 and extra[0..n) fail with SIM_ERR_INPUT, either
  * when the model is defined or (a layout refusal) at the first step, with a

@@ -144,19 +144,7 @@ static void test_saved_bytes(void **state)
 /* Loss and every gradient of every step within rtol 1e-4 of the reference. */
 static void compare(const char *what, const model_run *a, const model_run *ref)
 {
-    double worst = 0;
-    for (int s = 0; s < STEPS; s++) {
-        double l = a->job.stats[s].loss, lr = ref->job.stats[s].loss;
-        if (fabs(l - lr) > 1e-4 * fabs(lr)) fail_msg("%s step %d: loss %.7f vs %.7f", what, s, l, lr);
-        for (int i = 0; i < a->def->nparams; i++) {
-            const model_grads *g = &a->job.step_grads[s], *gr = &ref->job.step_grads[s];
-            if (!g->g[i]) continue; /* not trained (the MoEBiasVar gate bias) */
-            double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
-            worst = fmax(worst, e);
-            if (e > 1e-4) fail_msg("%s step %d: gradient of %s differs by %.3g", what, s, a->def->defs[i].path, e);
-        }
-    }
-    printf("  %s: parity over %d steps, worst gradient difference %.2e\n", what, STEPS, worst);
+    model_run_compare(what, a, ref, STEPS);
 }
 
 static void test_parity(void **state)
