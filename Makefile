@@ -39,6 +39,7 @@ TEST_SUPPORT := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/%.o)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+BENCH_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard bench/lib/*.c))
 
 # Tests run under ThreadSanitizer (the ones with threads and collectives).
 TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel
@@ -76,8 +77,8 @@ $(BIN): $(CLI_OBJ) $(LIB)
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $< $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB) $(LDLIBS) -lcmocka -o $@
 
-$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
-	$(CC) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BENCH_SUPPORT_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) $< $(BENCH_SUPPORT_OBJ) $(LIB) $(LDLIBS) -o $@
 
 test: $(BIN) $(TEST_BIN)
 	@set -e; pass=0; for t in $(TEST_BIN); do \

@@ -41,9 +41,10 @@
 #include <string.h>
 
 #include "blas_kernels/bk_coretype.h"
+#include "bench/lib/bench_run.h"
 #include "models/train.h"
 
-enum { MAX_WORDS = 24, MAX_TRAFFIC = 64 };
+enum { MAX_WORDS = 24 };
 
 enum {
     ROW_LONG = 1, /* only with --long */
@@ -100,36 +101,10 @@ static const bench_row ROWS[] = {
 };
 enum { NROWS = sizeof ROWS / sizeof ROWS[0] };
 
-/* Bytes sent per device per step, by collective and axes. */
 typedef struct {
-    sim_op op;
-    char axes[64];
-    double bytes;
-} traffic_row;
-
-typedef struct {
-    bool ran;              /* false: not run (filtered out or not yet) */
-    bool refused;          /* the configuration was refused: why holds the message */
-    char why[1024];
-    double peak_gib;       /* highest arena peak over devices */
-    double step_s;         /* fastest step after the first (or the only one) */
-    int nrows;
-    traffic_row rows[MAX_TRAFFIC];
+    bool ran;       /* false: not run (filtered out or not yet) */
+    bench_result b; /* refusal, peak, fastest step after the first, the last step's traffic */
 } run_result;
-
-static void add_traffic(run_result *r, sim_op op, const char *axes, double bytes)
-{
-    for (int i = 0; i < r->nrows; i++)
-        if (r->rows[i].op == op && !strcmp(r->rows[i].axes, axes)) {
-            r->rows[i].bytes += bytes;
-            return;
-        }
-    if (r->nrows == MAX_TRAFFIC) return;
-    traffic_row *t = &r->rows[r->nrows++];
-    t->op = op;
-    snprintf(t->axes, sizeof t->axes, "%s", axes);
-    t->bytes = bytes;
-}
 
 /* Runs the words (without dry_run=true when real); a refusal (bad or
  * unsupported configuration) is returned in the result, any other failure
@@ -151,65 +126,10 @@ static void run(const bench_row *row, bool real, run_result *res)
     char st[32];
     snprintf(st, sizeof st, "steps=%d", row->steps);
     words[n++] = st;
-    mesh_cfg *cfg = NULL;
-    model_def *def = calloc(1, sizeof *def);
-    model_data data;
-    memset(&data, 0, sizeof data);
-    model_train_job job;
-    memset(&job, 0, sizeof job);
-    sim_machine *m = NULL;
-    bool have_def = false, have_data = false;
-    sim_status st_ = mesh_cfg_load_argv("configs/base.yml", n, words, &cfg);
-    if (!st_) st_ = model_def_from_config(cfg, def);
-    have_def = !st_;
-    if (!st_) st_ = model_data_from_config(cfg, &data);
-    have_data = !st_;
-    if (!st_) st_ = model_optim_from_config(cfg, &job.opt);
-    if (!st_) st_ = model_machine_new(def, 0, false, &m);
-    if (!st_) {
-        job.def = def;
-        job.data = &data;
-        job.steps = row->steps;
-        job.stats = calloc((size_t)row->steps, sizeof *job.stats);
-        st_ = model_train(&job, m);
-    }
-    if (st_ && st_ != SIM_ERR_INPUT && st_ != SIM_ERR_SHARDING) {
-        fprintf(stderr, "bench/deepseek: %s: %s\n", row->label, sim_errmsg());
-        exit(1);
-    }
-    if (st_) {
-        res->refused = true;
-        snprintf(res->why, sizeof res->why, "%s", sim_errmsg());
-    } else {
-        res->step_s = job.stats[0].time_s;
-        for (int s = 1; s < row->steps; s++)
-            if (s == 1 || job.stats[s].time_s < res->step_s) res->step_s = job.stats[s].time_s;
-        if (dry && !real) res->step_s = 0;
-        int nd = sim_machine_num_devices(m);
-        const sim_mesh_desc *md = sim_machine_mesh(m);
-        size_t peak = 0;
-        for (int d = 0; d < nd; d++) {
-            sim_device *dev = sim_machine_device(m, d);
-            sim_arena_stats as;
-            sim_arena_get_stats(sim_device_arena(dev), &as);
-            if (as.peak > peak) peak = as.peak;
-            size_t nrec;
-            const sim_record *r = sim_device_records(dev, &nrec);
-            for (size_t i = 0; i < nrec; i++) {
-                if (r[i].step != row->steps - 1) continue; /* the last step */
-                char ax[64];
-                sim_axes_label(md, r[i].axes, ax, sizeof ax);
-                add_traffic(res, r[i].op, ax, (double)r[i].bytes_sent / nd);
-            }
-        }
-        res->peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
-    }
-    free(job.stats);
-    if (m) sim_machine_free(m);
-    if (have_data) model_data_close(&data);
-    if (have_def) model_def_free(def);
-    free(def);
-    mesh_cfg_free(cfg);
+    char who[160];
+    snprintf(who, sizeof who, "bench/deepseek: %s", row->label);
+    bench_run(who, words, n, row->steps, &res->b);
+    if (dry && !real) res->b.step_s = 0;
 }
 
 static const char *fmt_bytes(double b, char *buf, size_t cap)
@@ -224,20 +144,13 @@ static const char *fmt_bytes(double b, char *buf, size_t cap)
     return buf;
 }
 
-static const traffic_row *find_traffic(const run_result *r, sim_op op, const char *axes)
-{
-    for (int i = 0; i < r->nrows; i++)
-        if (r->rows[i].op == op && !strcmp(r->rows[i].axes, axes)) return &r->rows[i];
-    return NULL;
-}
-
 /* Same peak and the same bytes for every (collective, axes). */
 static bool same_figures(const run_result *a, const run_result *b)
 {
-    if (a->peak_gib != b->peak_gib || a->nrows != b->nrows) return false;
-    for (int i = 0; i < a->nrows; i++) {
-        const traffic_row *r = find_traffic(b, a->rows[i].op, a->rows[i].axes);
-        if (!r || r->bytes != a->rows[i].bytes) return false;
+    if (a->b.peak != b->b.peak || a->b.nrows != b->b.nrows) return false;
+    for (int i = 0; i < a->b.nrows; i++) {
+        const bench_traffic *r = bench_find_traffic(&b->b, a->b.rows[i].op, a->b.rows[i].axes);
+        if (!r || r->bytes != a->b.rows[i].bytes) return false;
     }
     return true;
 }
@@ -251,12 +164,12 @@ static int find_row(const char *label)
 
 static void print_result(const bench_row *row, const run_result *r, const run_result *ref)
 {
-    if (r->refused) {
+    if (r->b.refused) {
         /* the first line of the message, and MaxText's verdict when the message gives it */
-        const char *nl = strchr(r->why, '\n');
-        int len = nl ? (int)(nl - r->why) : (int)strlen(r->why);
-        printf("%-44s refused: %.*s\n", row->label, len > 150 ? 150 : len, r->why);
-        const char *mt = strstr(r->why, "MaxText 0.2.5 fails");
+        const char *nl = strchr(r->b.why, '\n');
+        int len = nl ? (int)(nl - r->b.why) : (int)strlen(r->b.why);
+        printf("%-44s refused: %.*s\n", row->label, len > 150 ? 150 : len, r->b.why);
+        const char *mt = strstr(r->b.why, "MaxText 0.2.5 fails");
         if (mt) {
             nl = strchr(mt, '\n');
             printf("%-44s   (%.*s)\n", "", nl ? (int)(nl - mt) : (int)strlen(mt), mt);
@@ -264,20 +177,20 @@ static void print_result(const bench_row *row, const run_result *r, const run_re
         return;
     }
     char peak[32], step[32] = "dry", ratio[32] = "";
-    snprintf(peak, sizeof peak, "%.3f GiB", r->peak_gib);
-    if (r->step_s > 0) snprintf(step, sizeof step, "%.3f", r->step_s);
-    if (ref && ref->ran && !ref->refused && ref->step_s > 0 && r->step_s > 0)
-        snprintf(ratio, sizeof ratio, "%.3f", r->step_s / ref->step_s);
-    for (int i = 0; i < (r->nrows ? r->nrows : 1); i++) {
+    snprintf(peak, sizeof peak, "%.3f GiB", (double)r->b.peak / (1024.0 * 1024.0 * 1024.0));
+    if (r->b.step_s > 0) snprintf(step, sizeof step, "%.3f", r->b.step_s);
+    if (ref && ref->ran && !ref->b.refused && ref->b.step_s > 0 && r->b.step_s > 0)
+        snprintf(ratio, sizeof ratio, "%.3f", r->b.step_s / ref->b.step_s);
+    for (int i = 0; i < (r->b.nrows ? r->b.nrows : 1); i++) {
         char b[32] = "";
-        if (r->nrows) fmt_bytes(r->rows[i].bytes, b, sizeof b);
+        if (r->b.nrows) fmt_bytes(r->b.rows[i].bytes, b, sizeof b);
         printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", i ? "" : row->label, i ? "" : peak, i ? "" : step,
-               i ? "" : ratio, r->nrows ? sim_op_name(r->rows[i].op) : "", r->nrows ? r->rows[i].axes : "", b);
+               i ? "" : ratio, r->b.nrows ? sim_op_name(r->b.rows[i].op) : "", r->b.nrows ? r->b.rows[i].axes : "", b);
     }
-    if (r->nrows > 1) {
+    if (r->b.nrows > 1) {
         double total = 0;
         char b[32];
-        for (int i = 0; i < r->nrows; i++) total += r->rows[i].bytes;
+        for (int i = 0; i < r->b.nrows; i++) total += r->b.rows[i].bytes;
         printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", "", "", "", "", "total", "", fmt_bytes(total, b, sizeof b));
     }
 }
@@ -319,10 +232,10 @@ int main(int argc, char **argv)
         }
         run(row, false, &results[i]);
         print_result(row, &results[i], row->vs ? &results[find_row(row->vs)] : NULL);
-        if (real && (row->flags & ROW_REAL) && !results[i].refused) {
+        if (real && (row->flags & ROW_REAL) && !results[i].b.refused) {
             run_result *r = malloc(sizeof *r);
             run(row, true, r);
-            printf("%-44s   a real step %s these dry figures\n", "", r->refused ? "was refused; unlike"
+            printf("%-44s   a real step %s these dry figures\n", "", r->b.refused ? "was refused; unlike"
                                                                  : same_figures(r, &results[i]) ? "equals"
                                                                                                 : "DIFFERS FROM");
             free(r);

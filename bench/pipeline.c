@@ -19,101 +19,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/lib/bench_run.h"
 #include "models/train.h"
 
-enum { MAX_ROWS = 64 };
-
-typedef struct {
-    sim_op op;
-    char axes[64];
-    double bytes;
-} traffic_row;
-
-typedef struct {
-    bool refused;
-    char why[512];
-    size_t peak, at_peak[SIM_NMEM]; /* the device with the highest peak */
-    double step_s;
-    int nrows;
-    traffic_row rows[MAX_ROWS];
-} run_result;
-
-static void add_traffic(run_result *r, sim_op op, const char *axes, double bytes)
-{
-    for (int i = 0; i < r->nrows; i++)
-        if (r->rows[i].op == op && !strcmp(r->rows[i].axes, axes)) {
-            r->rows[i].bytes += bytes;
-            return;
-        }
-    if (r->nrows == MAX_ROWS) return;
-    traffic_row *t = &r->rows[r->nrows++];
-    t->op = op;
-    snprintf(t->axes, sizeof t->axes, "%s", axes);
-    t->bytes = bytes;
-}
+/* The rows: bench_run's result; a refusal prints its message. */
+typedef bench_result run_result;
 
 static run_result run(const char *const *words, int nwords, int steps)
 {
     run_result res;
-    memset(&res, 0, sizeof res);
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", nwords, words, &cfg)) {
-        fprintf(stderr, "bench/pipeline: config: %s\n", sim_errmsg());
-        exit(1);
-    }
-    model_def *def = calloc(1, sizeof *def);
-    if (model_def_from_config(cfg, def)) { /* a refusal is a result */
-        res.refused = true;
-        snprintf(res.why, sizeof res.why, "%s", sim_errmsg());
-        free(def);
-        mesh_cfg_free(cfg);
-        return res;
-    }
-    model_data data;
-    model_train_job job;
-    memset(&job, 0, sizeof job);
-    sim_machine *m;
-    if (model_data_from_config(cfg, &data) || model_optim_from_config(cfg, &job.opt) ||
-        model_machine_new(def, 0, false, &m)) {
-        fprintf(stderr, "bench/pipeline: setup: %s\n", sim_errmsg());
-        exit(1);
-    }
-    job.def = def;
-    job.data = &data;
-    job.steps = steps;
-    job.stats = calloc((size_t)steps, sizeof *job.stats);
-    if (model_train(&job, m) != SIM_OK) {
-        fprintf(stderr, "bench/pipeline: train: %s\n", sim_errmsg());
-        exit(1);
-    }
-    res.step_s = job.stats[0].time_s;
-    for (int s = 1; s < steps; s++)
-        if (s == 1 || job.stats[s].time_s < res.step_s) res.step_s = job.stats[s].time_s;
-    int nd = sim_machine_num_devices(m);
-    const sim_mesh_desc *md = sim_machine_mesh(m);
-    for (int d = 0; d < nd; d++) {
-        sim_device *dev = sim_machine_device(m, d);
-        sim_arena_stats as;
-        sim_arena_get_stats(sim_device_arena(dev), &as);
-        if (as.peak > res.peak) {
-            res.peak = as.peak;
-            memcpy(res.at_peak, as.at_peak_by, sizeof res.at_peak);
-        }
-        size_t n;
-        const sim_record *r = sim_device_records(dev, &n);
-        for (size_t i = 0; i < n; i++) {
-            if (r[i].step != steps - 1) continue;
-            char ax[64];
-            sim_axes_label(md, r[i].axes, ax, sizeof ax);
-            add_traffic(&res, r[i].op, ax, (double)r[i].bytes_sent / nd);
-        }
-    }
-    free(job.stats);
-    sim_machine_free(m);
-    model_data_close(&data);
-    model_def_free(def);
-    free(def);
-    mesh_cfg_free(cfg);
+    bench_run("bench/pipeline", words, nwords, steps, &res);
     return res;
 }
 
