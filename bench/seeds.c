@@ -50,7 +50,7 @@ typedef struct {
     "XLA:TPU keeps less than the compiled step: on XLA:CPU (auto) it needs 69344 MiB per device (shardsim 0.97 " \
     "of it); both keep the stage's 16 layers gathered over fsdp in float32 (12353 MiB; the cast to bfloat16 is " \
     "inside the loop), their float32 gradient accumulators (12353 MiB) and the 129 saved bfloat16 iteration "    \
-    "inputs (6192 MiB) alive together with 20029 MiB of parameters and Adam state: 50925 MiB, above TPU's auto " \
+    "inputs (6192 MiB) alive together with 20029 MiB of parameters and Adam state: 50926 MiB, above TPU's auto " \
     "figure and equal to its explicit one, so XLA:TPU holds the gathered weights or the accumulators narrower "  \
     "(e.g. a bfloat16 gather); explicit: MaxText 0.2.5 does not compile the pipeline on CPU (ShardingTypeError " \
     "in the positions gather), and shardsim's explicit peak adds 9 GiB (the logits' gradient all-gathered over " \
