@@ -26,14 +26,14 @@ typedef struct {
 } ew_args;
 
 /* Pointers are copied into restrict locals so the loops vectorise. */
-static void silu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
+BK_CLONES static void silu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
   const ew_args *a = arg;
   float *restrict out = a->o0;
   const float *restrict in = a->i0;
   for (int64_t i = lo; i < hi; i++) out[i] = in[i] * sigmoidf_stable(in[i]);
 }
 
-static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
+BK_CLONES static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
   const ew_args *a = arg;
   float *restrict din = a->o0;
   const float *restrict dout = a->i0, *restrict in = a->i1;
@@ -43,14 +43,14 @@ static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
   }
 }
 
-static void swiglu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
+BK_CLONES static void swiglu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
   const ew_args *a = arg;
   float *restrict out = a->o0;
   const float *restrict gate = a->i0, *restrict up = a->i1;
   for (int64_t i = lo; i < hi; i++) out[i] = gate[i] * sigmoidf_stable(gate[i]) * up[i];
 }
 
-static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
+BK_CLONES static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
   const ew_args *a = arg;
   float *restrict dgate = a->o0, *restrict dup = a->o1;
   const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
