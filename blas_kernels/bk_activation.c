@@ -61,6 +61,17 @@ BK_CLONES static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
   }
 }
 
+BK_CLONES static void swiglu_bwd_into_chunk(int64_t lo, int64_t hi, void *arg) {
+  const ew_args *a = arg;
+  float *restrict dgate = a->o0, *restrict dup = a->o1;
+  const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
+  for (int64_t i = lo; i < hi; i++) {
+    float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
+    dgate[i] = d * up[i] * (s + g * s * (1.0f - s));
+    dup[i] = d * g * s;
+  }
+}
+
 void bk_silu_fwd(float *out, const float *in, size_t n) {
   BK_ASSERT(n == 0 || (out && in));
   ew_args a = {out, NULL, in, NULL, NULL};
@@ -84,6 +95,13 @@ void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gat
   BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
   ew_args a = {dgate, dup, dout, gate, up};
   bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_chunk, &a);
+}
+
+void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate,
+                        const float *up, size_t n) {
+  BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
+  ew_args a = {dgate, dup, dout, gate, up};
+  bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_into_chunk, &a);
 }
 
 void bk_silu_fwd_ref(float *out, const float *in, size_t n) {

@@ -645,9 +645,15 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *gate = e->in[0], *up = e->in[1], *y = e->out[0];
     const mesh_array *ga = &e->saved[0], *ua = &e->saved[1];
     mesh_array *dy = &y->grad, dg, du;
-    SIM_TRY(new_cot(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
-    SIM_TRY(new_cot(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
-    if (dy->data) bk_swiglu_bwd(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+    /* the kernel writes every element: no zeroing */
+    SIM_TRY(new_cot_raw(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
+    SIM_TRY(new_cot_raw(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
+    if (dy->data) {
+        bk_swiglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+    } else if (dg.data) {
+        memset(dg.data, 0, dg.nlocal * sizeof(float));
+        memset(du.data, 0, du.nlocal * sizeof(float));
+    }
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, gate, &dg, mesh_tape_tag(t, "swiglu/dgate", tag, sizeof tag)));
     return mesh_tape_accumulate(t, up, &du, mesh_tape_tag(t, "swiglu/dup", tag, sizeof tag));
