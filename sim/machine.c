@@ -641,14 +641,22 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
     g->ntask = ntask;
     atomic_store(&g->task_next, 0);
     /* the other members stay asleep until the data has moved (no failure may
-     * wake them: peers write into their buffers), except as many helpers as
-     * there are other cores when the exchange is large enough to share */
+     * wake them: peers write into their buffers), except, when the exchange
+     * is large enough to share, a helper for each other core: device threads
+     * are pinned round-robin (core = id % cores), and a helper pinned to a
+     * core that already works would only take turns with that worker */
     int helpers = split ? m->cores - 1 : 0, nrel = 0, rel[SIM_MAX_DEVICES];
     for (int j = 0; j < g->k; j++) {
         sim_device *p = &m->dev[g->members[j]];
         if (p == d) continue;
         SIM_ASSERT(p->waiting && p->wait_group == g);
-        if (nrel < helpers) {
+        bool help = nrel < helpers;
+        if (help && m->opts.pin_threads) {
+            int core = p->id % m->cores;
+            help = core != d->id % m->cores;
+            for (int i = 0; i < nrel && help; i++) help = core != rel[i] % m->cores;
+        }
+        if (help) {
             p->waiting = false;
             p->helper = true;
             m->n_blocked--;
