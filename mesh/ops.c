@@ -813,8 +813,9 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     sim_meta meta = op_meta(ctx, tag);
     sim_status st = SIM_OK;
     staged ua = {.owned = false}, ub = {.owned = false}, sa = {.owned = false}, sb = {.owned = false};
-    placement *p = calloc(1, sizeof *p);
-    if (!p) return sim_err(SIM_ERR_INTERNAL, "%s: out of host memory", tag);
+    placement p_room; /* on the stack: a heap block per einsum of every device was malloc's slow path */
+    memset(&p_room, 0, sizeof p_room);
+    placement *p = &p_room;
 
     /* explicit-mode rules first, on the operands as given: an op never fails after it started a
      * collective (the indices summed away below take no part in the dot_general rule) */
@@ -891,7 +892,6 @@ done:
     unstage(ctx, &sb);
     unstage(ctx, &ua);
     unstage(ctx, &ub);
-    free(p);
     return st;
 }
 
