@@ -263,12 +263,18 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
     t->calls++;
     t->bytes_sent += bc.sent;
     t->bytes_recv += bc.recv;
-    if (d->m->opts.trace) {
+    if (d->m->opts.trace && !sim_trace_keeps(d)) { /* counted only */
+        sim_span s = {0};
+        sim_trace_add(d, &s);
+    } else if (d->m->opts.trace) {
         sim_span s = {0};
         s.t0 = t0;
         s.t1 = sim_now_ns();
         s.lane = 1 + (int)sim_axes_mask(r->axes);
-        snprintf(s.name, sizeof s.name, "%s %s", sim_op_name(c->op), tag_or_dash(c->tag));
+        sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, 0,
+                                                                                            sim_op_name(c->op), SIZE_MAX),
+                                                       " ", 1),
+                    tag_or_dash(c->tag), SIZE_MAX); /* "%s %s" */
         s.op = c->op;
         s.bytes = bc.sent;
         s.rec = (int64_t)(r - d->rec); /* the record just filled: axes, group, dtype, elements, bytes */
