@@ -83,6 +83,8 @@ typedef struct {
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
     bool ring_of_experts;     /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
+    int64_t gmm_tiles[2][3][3]; /* sparse path with megablox (not tokamax): the wi_/wo_tile_{fwd,dlhs,drhs}_
+                                 * {batch_seq,embed_dim,mlp_dim} triples for the step-time model; 0: untiled */
     int64_t mtp_layers;       /* mtp_num_layers: DeepSeek-V3's multi-token prediction depth (0: none) */
     double mtp_scale;         /* mtp_loss_scaling_factor */
     int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */

@@ -40,6 +40,7 @@ typedef struct {
     double dcn;               /* fraction of DCN bandwidth */
     double hop_latency_s;     /* alpha: per step of a ring / per collective hop */
     int prefetch;             /* weight collectives that may run ahead of compute */
+    bool overlap_weights;     /* weight collectives run asynchronously beside compute (else they serialise) */
 } model_tm_eff;
 
 /* Profile names in <configs>/hardware (sorted, comma separated) into buf. */
@@ -72,6 +73,17 @@ typedef struct {
     bool async;
 } model_tm_coll;
 
+/* The kernels of one kind (their tags with the layer numbers left out) as the model timed them. */
+typedef struct {
+    char name[SIM_TAG_MAX];   /* tag with every digit run replaced by '*' */
+    int calls;
+    double flops;             /* useful FLOPs */
+    double mxu_flops;         /* the matrix unit's work (padded tiles included) */
+    double bytes;             /* HBM bytes read and written */
+    double time_s;
+    int compute_bound;        /* calls whose FLOPs (not bytes) set the time */
+} model_tm_kernel;
+
 /* A span of the modelled timeline (for trace.json). */
 typedef struct {
     double t0, t1;            /* seconds from the step start */
@@ -94,6 +106,8 @@ typedef struct {
     int device;               /* the slowest device */
     int ntop;                 /* the slowest collectives of that device */
     model_tm_coll top[MODEL_TM_TOP];
+    int nkernels;             /* the slowest kinds of kernel of that device, slowest first */
+    model_tm_kernel kernels[MODEL_TM_TOP];
     model_tm_span *spans;     /* the slowest device's timeline when asked for (free with free()) */
     size_t nspans;
 } model_tm_result;
