@@ -58,8 +58,9 @@ $(BUILD)/%.o: %.c
 
 # The kernels' elementwise loops vectorise only when comparisons may be
 # evaluated speculatively (no FP traps are used anywhere; IEEE results are
-# unchanged) and loops of unknown length may get a vector body plus epilogue.
-$(BUILD)/blas_kernels/%.o: CFLAGS += -fno-trapping-math -fvect-cost-model=dynamic
+# unchanged), sqrtf need not set errno (one instruction; same results) and
+# loops of unknown length may get a vector body plus epilogue.
+$(BUILD)/blas_kernels/%.o: CFLAGS += -fno-trapping-math -fno-math-errno -fvect-cost-model=dynamic
 
 # report.html's template is compiled in with the assembler's .incbin, which
 # -MMD does not see.

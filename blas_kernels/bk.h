@@ -31,6 +31,19 @@
     }                                                                                    \
   } while (0)
 
+/* BK_CLONES before a hot elementwise function compiles it three times, for AVX-512, AVX2 and the
+ * baseline x86-64, and lets the loader pick the widest the CPU has (GCC's target_clones): the
+ * build stays portable and this machine's wide vectors are used.  Every clone runs the same float
+ * operations in the same order (no reassociation, and -std=c11 keeps a*b+c as two roundings, never
+ * a fused FMA), so the results are the same bits whichever clone runs.  Reductions stay in scalar
+ * order or in explicit lanes written out in the source.  BK_NO_CLONES (e.g. for sanitizer builds)
+ * keeps only the baseline. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BK_NO_CLONES)
+#define BK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BK_CLONES
+#endif
+
 /* malloc that never returns NULL (kernel scratch is small: O(block^2) or O(row)). */
 static inline void *bk_xmalloc(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);

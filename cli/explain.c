@@ -5,7 +5,10 @@
  * bytes equal the plan's.  Specs come as PartitionSpec text (from=, to=) or
  * as logical axis names resolved with the config's rules (from_logical=,
  * to_logical=); the mesh comes from mesh=axis=size,... or the config's
- * ici_* and dcn_* flags. */
+ * ici_* and dcn_* flags.  Bytes are counted in the dtype train would count
+ * the array in: the config's weight_dtype for a parameter (tensor=weight, or
+ * logical names that are all axes of the config's model's parameters), its
+ * dtype for anything else; dtype= overrides both. */
 #include "cli/cli.h"
 #include "cli/common.h"
 
@@ -13,6 +16,7 @@
 #include <string.h>
 
 #include "mesh/config.h"
+#include "models/model.h"
 #include "mesh/reshard.h"
 #include "mesh/rules.h"
 #include "mesh/visual.h"
@@ -144,16 +148,113 @@ static sim_status logical_spec(const mesh_cfg *cfg, const mesh_shape *m, const c
     return SIM_OK;
 }
 
+/* The logical names in `text` (comma separated, brackets and quotes
+ * stripped, None dropped) into names[0..*n). */
+static void logical_names(const char *text, char (*names)[64], int *n)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", text);
+    *n = 0;
+    for (char *tok = strtok(buf, ","); tok && *n < MESH_SPEC_MAX_RANK; tok = strtok(NULL, ",")) {
+        while (*tok == ' ' || *tok == '(' || *tok == '[' || *tok == '\'') tok++;
+        char *e = tok + strlen(tok);
+        while (e > tok && (e[-1] == ' ' || e[-1] == ')' || e[-1] == ']' || e[-1] == '\'')) *--e = '\0';
+        if (*tok && strcmp(tok, "None") && strcmp(tok, "null")) snprintf(names[(*n)++], 64, "%s", tok);
+    }
+}
+
+/* Whether some parameter of `def` has a dim with logical name `name`. */
+static bool parameter_axis(const model_def *def, const char *name)
+{
+    for (int i = 0; i < def->nparams; i++)
+        for (int d = 0; d < def->defs[i].rank; d++)
+            if (def->defs[i].logical[d] && !strcmp(def->defs[i].logical[d], name)) return true;
+    return false;
+}
+
+/* The dtype bytes are counted in, as train counts them (models/model.c's
+ * counted dtypes): weight_dtype for a parameter, dtype for an activation,
+ * or `override` (dtype=, already checked) when given; `why` says which and
+ * why.  A parameter is tensor=weight, or (without tensor=) an array whose
+ * logical names, on every side given as logical names, are all logical axes
+ * of the config's model's parameters -- the question is then about a weight
+ * as the model shards it.  With an override the model only adds a note, so
+ * a model that cannot be defined is no error then. */
+static sim_status counted_dtype(const mesh_cfg *cfg, const char *tensor, const char *from_l, const char *to_l,
+                                const char *override, sim_dtype *dt, char *why, size_t cap)
+{
+    static const char *const names[] = {"float32", "bfloat16"};
+    static const sim_dtype dts[] = {SIM_F32, SIM_BF16};
+    int act, wgt;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "dtype", names, 2, &act));
+    SIM_TRY(mesh_cfg_get_enum(cfg, "weight_dtype", names, 2, &wgt));
+    bool weight = false;
+    char reason[512] = "";
+    if (tensor) {
+        if (strcmp(tensor, "weight") && strcmp(tensor, "activation"))
+            return sim_err(SIM_ERR_INPUT,
+                           "tensor='%s': expected weight (counted in weight_dtype) or activation (counted in dtype)",
+                           tensor);
+        weight = !strcmp(tensor, "weight");
+        snprintf(reason, sizeof reason, "tensor=%.16s", tensor);
+    } else if (from_l || to_l) {
+        char nm[2 * MESH_SPEC_MAX_RANK][64];
+        int n = 0, k;
+        if (from_l) logical_names(from_l, nm, &n);
+        if (to_l) logical_names(to_l, nm + n, &k), n += k;
+        model_def *def = calloc(1, sizeof *def);
+        if (!def) return sim_err(SIM_ERR_INTERNAL, "explain: out of host memory");
+        sim_status st = model_def_from_config(cfg, def);
+        const char *other = NULL;
+        for (int i = 0; !st && i < n && !other; i++)
+            if (!parameter_axis(def, nm[i])) other = nm[i];
+        model_def_free(def);
+        free(def);
+        if (st && override) {
+            sim_err_clear();
+            snprintf(why, cap, "%.16s (dtype=)", override);
+            return SIM_OK;
+        }
+        if (st) {
+            sim_err_append("\n(explain tells a weight from an activation by the logical axes of the config's model's "
+                           "parameters, and that model could not be defined; give tensor=weight or "
+                           "tensor=activation, or dtype=, to count the array without it)");
+            return st;
+        }
+        weight = n > 0 && !other;
+        if (weight)
+            snprintf(reason, sizeof reason, "its logical names are all parameter axes of the config's model");
+        else if (other)
+            snprintf(reason, sizeof reason, "'%.64s' is not a parameter axis of the config's model", other);
+        else
+            snprintf(reason, sizeof reason, "no logical name given");
+    } else {
+        snprintf(reason, sizeof reason, "no tensor= or logical names given");
+    }
+    sim_dtype counted = weight ? dts[wgt] : dts[act];
+    if (override) {
+        snprintf(why, cap, "%.16s (dtype=; train counts this %s in the config's %s, %s)", override,
+                 weight ? "weight" : "activation", weight ? "weight_dtype" : "dtype", sim_dtype_name(counted));
+        return SIM_OK;
+    }
+    *dt = counted;
+    snprintf(why, cap, "%s, the config's %s (%s: %s; tensor=%s counts it in %s, %s, and dtype= in any)",
+             sim_dtype_name(*dt), weight ? "weight_dtype" : "dtype", weight ? "a weight" : "an activation", reason,
+             weight ? "activation" : "weight", weight ? "dtype" : "weight_dtype", names[weight ? act : wgt]);
+    return SIM_OK;
+}
+
 int cli_explain(int argc, char **argv, FILE *out, FILE *err)
 {
-    static const char *const own[] = {"mesh", "shape", "dtype", "from", "to", "from_logical", "to_logical", "verify"};
+    static const char *const own[] = {"mesh",         "shape",      "dtype",  "from",  "to",
+                                      "from_logical", "to_logical", "verify", "tensor"};
     cli_args a;
-    sim_status st = cli_split_args(argc, argv, own, 8, &a);
+    sim_status st = cli_split_args(argc, argv, own, 9, &a);
     if (st) return cli_fail(err, st);
     const char *mesh_text = cli_arg(&a, "mesh"), *shape_text = cli_arg(&a, "shape"),
                *dtype_text = cli_arg(&a, "dtype"), *from = cli_arg(&a, "from"), *to = cli_arg(&a, "to"),
                *from_l = cli_arg(&a, "from_logical"), *to_l = cli_arg(&a, "to_logical"),
-               *verify_text = cli_arg(&a, "verify");
+               *verify_text = cli_arg(&a, "verify"), *tensor = cli_arg(&a, "tensor");
     if (!shape_text || (!from && !from_l) || (!to && !to_l)) {
         sim_err(SIM_ERR_INPUT,
                 "explain needs shape= and a from= (or from_logical=) and a to= (or to_logical=), e.g.\n"
@@ -162,6 +263,7 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
         return cli_fail(err, SIM_ERR_INPUT);
     }
     sim_dtype dt = SIM_F32;
+    char dt_why[768] = "";
     if (dtype_text) {
         if (!strcmp(dtype_text, "float32")) dt = SIM_F32;
         else if (!strcmp(dtype_text, "bfloat16")) dt = SIM_BF16;
@@ -178,10 +280,13 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     mesh_cfg *cfg = NULL;
     mesh_shape m;
     int rc = 0;
-    if (from_l || to_l || !mesh_text || a.n_cfg) {
-        st = cli_configs_check();
-        if (!st) st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
-        if (st) return cli_fail(err, st);
+    /* the config always: it gives the dtypes (and the rules and the mesh when asked) */
+    st = cli_configs_check();
+    if (!st) st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
+    if (!st) st = counted_dtype(cfg, tensor, from_l, to_l, dtype_text, &dt, dt_why, sizeof dt_why);
+    if (st) {
+        mesh_cfg_free(cfg);
+        return cli_fail(err, st);
     }
     st = mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m);
     mesh_spec fs, ts;
@@ -201,7 +306,7 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
             mesh_text ? "" : ", from the config's ici_*/dcn_* flags (mesh=axis=size,... chooses another)",
             sim_dtype_name(dt));
     for (int i = 0; i < rank; i++) fprintf(out, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    fprintf(out, "), %lld bytes\n\nfrom: ", (long long)(n * (int64_t)sim_dtype_size(dt)));
+    fprintf(out, "), %lld bytes\ndtype: %s\n\nfrom: ", (long long)(n * (int64_t)sim_dtype_size(dt)), dt_why);
     fs = plan.from;
     ts = plan.to;
     mesh_visualize(out, &m, &fs, rank, shape);

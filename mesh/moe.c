@@ -55,7 +55,9 @@
 static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
 {
     const char *layer = mesh_tape_ctx(t)->layer;
-    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
+    size_t n = layer && *layer ? sim_str_put(buf, cap, sim_str_put(buf, cap, 0, layer, SIZE_MAX), "/", 1)
+                               : sim_str_put(buf, cap, 0, "", 0);
+    sim_str_put(buf, cap, n, name, SIZE_MAX); /* "%s/%s" without printf: on every op of every device */
     return buf;
 }
 
@@ -746,7 +748,7 @@ static void geom_free(moe_geom *g)
 
 static const char *gtag(const moe_geom *g, const char *what, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%.64s/%.30s", g->tag, what);
+    sim_str_put(buf, cap, sim_str_put(buf, cap, sim_str_put(buf, cap, 0, g->tag, 64), "/", 1), what, 30); /* "%.64s/%.30s" */
     return buf;
 }
 

@@ -800,7 +800,9 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
 {
     char tag[SIM_TAG_MAX], opdesc[96], err[256];
     make_tag(ctx, name, tag, sizeof tag);
-    snprintf(opdesc, sizeof opdesc, "einsum '%s'", subscripts ? subscripts : "");
+    sim_str_put(opdesc, sizeof opdesc, sim_str_put(opdesc, sizeof opdesc, sim_str_put(opdesc, sizeof opdesc, 0, "einsum '", 8),
+                                                   subscripts ? subscripts : "", SIZE_MAX),
+                "'", 1); /* snprintf's "einsum '%s'", on every einsum of every device */
     memset(out, 0, sizeof *out);
     SIM_TRY(check_f32(tag, opdesc, a));
     SIM_TRY(check_f32(tag, opdesc, b));

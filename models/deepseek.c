@@ -543,10 +543,12 @@ typedef struct {
 
 static int find(const model_def *m, const char *prefix, const char *suffix)
 {
-    char p[MODEL_PATH_MAX];
-    snprintf(p, sizeof p, "%s.%s", prefix, suffix);
-    for (int i = 0; i < m->nparams; i++)
-        if (!strcmp(m->defs[i].path, p)) return i;
+    /* path == prefix "." suffix, compared in place (this runs for every layer of every device) */
+    size_t lp = strlen(prefix);
+    for (int i = 0; i < m->nparams; i++) {
+        const char *path = m->defs[i].path;
+        if (!strncmp(path, prefix, lp) && path[lp] == '.' && !strcmp(path + lp + 1, suffix)) return i;
+    }
     return -1;
 }
 
@@ -637,7 +639,9 @@ static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *
 static const char *tagof(mesh_tape *t, const char *name, char *buf, size_t cap)
 {
     const char *layer = mesh_tape_ctx(t)->layer;
-    snprintf(buf, cap, "%s%s%s", layer ? layer : "", layer && *layer ? "/" : "", name);
+    size_t n = layer && *layer ? sim_str_put(buf, cap, sim_str_put(buf, cap, 0, layer, SIZE_MAX), "/", 1)
+                               : sim_str_put(buf, cap, 0, "", 0);
+    sim_str_put(buf, cap, n, name, SIZE_MAX); /* "%s/%s" without printf: on every op of every device */
     return buf;
 }
 

@@ -30,10 +30,16 @@ uint64_t model_init_key(uint64_t seed, const char *name)
 
 const char *model_init_layer_name(const char *path, int layer, char *buf, size_t cap)
 {
-    if (layer < 0)
-        snprintf(buf, cap, "%s", path);
-    else
-        snprintf(buf, cap, "%s/layer_%d", path, layer);
+    /* "%s" or "%s/layer_%d" without printf: this names every layer of every parameter on every device */
+    size_t n = sim_str_put(buf, cap, 0, path, SIZE_MAX);
+    if (layer >= 0) {
+        char digits[16];
+        int k = (int)sizeof digits - 1;
+        digits[k] = '\0';
+        unsigned v = (unsigned)layer;
+        do digits[--k] = (char)('0' + v % 10); while ((v /= 10) && k > 0);
+        sim_str_put(buf, cap, sim_str_put(buf, cap, n, "/layer_", 7), digits + k, SIZE_MAX);
+    }
     return buf;
 }
 

@@ -755,12 +755,13 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
             *bufs[b] = calloc((size_t)p->n_layers, sizeof(mesh_array));
             for (int l = 0; l < p->n_layers; l++) {
                 char name[MESH_NAME_MAX];
-                snprintf(name, sizeof name, "%s%s", p->def.path, b == 1 ? " (grad)" : b >= 2 ? " (adam)" : "");
+                sim_str_put(name, sizeof name, sim_str_put(name, sizeof name, 0, p->def.path, SIZE_MAX),
+                            b == 1 ? " (grad)" : b >= 2 ? " (adam)" : "", SIZE_MAX);
                 mesh_array *a = &(*bufs[b])[l];
                 if (stacked && !model_holds_layer(def, sim_device_id(dev), l)) {
                     /* another stage's layer: described, never stored here (no data, no bytes) */
                     memset(a, 0, sizeof *a);
-                    snprintf(a->name, sizeof a->name, "%s", name);
+                    sim_str_put(a->name, sizeof a->name, 0, name, SIZE_MAX);
                     a->rank = rank;
                     memcpy(a->shape, shape, sizeof(int64_t) * (size_t)rank);
                     a->spec = bs;

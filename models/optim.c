@@ -6,7 +6,7 @@
  * of operations, so a shard's values do not depend on the mesh. */
 #include "models/optim.h"
 
-#include "blas_kernels/bk_parallel.h"
+#include "blas_kernels/bk_optim.h"
 
 #include <math.h>
 #include <string.h>
@@ -144,10 +144,7 @@ sim_status model_grad_global_norm(sim_device *d, const mesh_shape *m, model_para
             bool mine;
             SIM_TRY(model_layer_primary(m, pp, g, l, dev, &mine));
             if (!mine || !g->data) continue;
-            const float *x = g->data;
-            double s = 0.0;
-            for (size_t i = 0; i < g->nlocal; i++) s += (double)x[i] * x[i];
-            sum += s;
+            sum += bk_sumsq(g->data, g->nlocal); /* a fixed order: the same bits on any thread count */
         }
     }
     float f = (float)sum;
@@ -171,41 +168,27 @@ static sim_status check_same(const model_param *p, int l, const mesh_array *w, c
     return SIM_OK;
 }
 
-/* One parameter shard's AdamW update, cut into chunks for the kernel pool. */
-typedef struct {
-    float *x, *mu, *nu;
-    const float *g;
-    bool clip;
-    float gnorm, thr, neg_lr, b1, b2, omb1, omb2, bc1, bc2, eps, eps_root, wd;
-} adam_job;
-
-static void adam_chunk(int64_t lo, int64_t hi, void *arg)
-{
-    const adam_job *J = arg;
-    for (int64_t i = lo; i < hi; i++) {
-        float gi = J->clip ? (J->g[i] / J->gnorm) * J->thr : J->g[i];
-        float mi = J->omb1 * gi + J->b1 * J->mu[i];
-        float vi = J->omb2 * (gi * gi) + J->b2 * J->nu[i];
-        J->mu[i] = mi;
-        J->nu[i] = vi;
-        float u = (mi / J->bc1) / (sqrtf(vi / J->bc2 + J->eps_root) + J->eps);
-        u = u + J->wd * J->x[i];
-        J->x[i] = J->x[i] + J->neg_lr * u;
-    }
-}
-
 sim_status model_adamw_update(sim_device *d, const model_optim_cfg *o, model_param *params, int n, long long s,
                               double grad_norm)
 {
     (void)d;
     if (s < 0) return sim_err(SIM_ERR_INTERNAL, "optimizer step %lld: counts from 0", s);
-    const bool clip = o->clip > 0 && !(grad_norm < o->clip);
-    const float gnorm = (float)grad_norm, thr = (float)o->clip;
-    const float neg_lr = (float)-model_lr_at(o, s);
     const double t = (double)(s + 1); /* optax's count after the increment */
-    const float b1 = (float)o->b1, b2 = (float)o->b2, omb1 = (float)(1.0 - o->b1), omb2 = (float)(1.0 - o->b2);
-    const float bc1 = (float)(1.0 - pow(o->b1, t)), bc2 = (float)(1.0 - pow(o->b2, t));
-    const float eps = (float)o->eps, eps_root = (float)o->eps_root, wd = (float)o->weight_decay;
+    const bk_adamw_hp hp = {
+        .clip = o->clip > 0 && !(grad_norm < o->clip),
+        .gnorm = (float)grad_norm,
+        .thr = (float)o->clip,
+        .neg_lr = (float)-model_lr_at(o, s),
+        .b1 = (float)o->b1,
+        .b2 = (float)o->b2,
+        .omb1 = (float)(1.0 - o->b1),
+        .omb2 = (float)(1.0 - o->b2),
+        .bc1 = (float)(1.0 - pow(o->b1, t)),
+        .bc2 = (float)(1.0 - pow(o->b2, t)),
+        .eps = (float)o->eps,
+        .eps_root = (float)o->eps_root,
+        .wd = (float)o->weight_decay,
+    };
     for (int p = 0; p < n; p++) {
         model_param *pp = &params[p];
         if (pp->def.state_var) continue; /* not trained: no gradient, no moments */
@@ -217,17 +200,12 @@ sim_status model_adamw_update(sim_device *d, const model_optim_cfg *o, model_par
             if (!x) continue; /* dry run */
             size_t nl = w->nlocal;
             if (o->type == MODEL_OPT_SGD) {
-                for (size_t i = 0; i < nl; i++) {
-                    float gi = clip ? (g[i] / gnorm) * thr : g[i];
-                    x[i] = x[i] + neg_lr * gi;
-                }
+                bk_sgd_update(x, g, nl, &hp);
                 continue;
             }
             SIM_TRY(check_same(pp, l, w, pp->m ? &pp->m[l] : NULL, "first moment (mu)"));
             SIM_TRY(check_same(pp, l, w, pp->v ? &pp->v[l] : NULL, "second moment (nu)"));
-            adam_job J = {x, pp->m[l].data, pp->v[l].data, g, clip, gnorm, thr, neg_lr, b1, b2, omb1, omb2, bc1, bc2,
-                          eps, eps_root, wd};
-            bk_parallel_for((int64_t)nl, 1 << 15, adam_chunk, &J); /* elementwise: chunks are independent */
+            bk_adamw_update(x, pp->m[l].data, pp->v[l].data, g, nl, &hp); /* one fused pass */
         }
     }
     return SIM_OK;

@@ -246,6 +246,7 @@ typedef struct {
     int param, layer;
     mesh_array w, g;      /* gathered weight, and its gradient (partial over the gathered axes) */
     mesh_array w_keep, g_keep; /* the stored shard and gradient while swapped out */
+    bool g_born_after;    /* the stored gradient is released while the loop runs and born at the reduce-scatter */
 } pipe_ag;
 
 typedef struct {
@@ -444,6 +445,17 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
                 to.partial = mesh_spec_dim_axes(&p->w[l].spec) & gone;
                 SIM_TRY(mesh_array_new(md->ctx.dev, &m->mesh, "pipeline/fsdp_ag_once (grad)", a->w.rank, a->w.shape,
                                        &to, SIM_F32, SIM_MEM_GRADS, &a->g));
+                /* The layer's sharded gradient does not exist while the loop runs: in MaxText's compiled
+                 * step (peers/maxtext/hlo_bytes.sh, llama2-7b 4 layers, stage=2 fsdp=2, ag_once, dtype
+                 * bfloat16) the backward while loop carries the gradient as a float32 accumulator in the
+                 * gathered shape (f32[R,1,emb,mlp], zeros as its initial carry), and the fsdp-sharded
+                 * gradient is first written by the reduction after that loop.  So it is released here and
+                 * born in ag_release.  Not with gradient accumulation, where it carries the sum of the
+                 * earlier microbatches. */
+                if (md->def->d.ga == 1) {
+                    mesh_array_free(md->ctx.dev, &p->g[l]);
+                    a->g_born_after = true;
+                }
             }
         }
     }
@@ -459,9 +471,25 @@ static sim_status ag_release(pipe_run *pr)
         pipe_ag *a = &pr->ag[k];
         model_param *p = &md->p[a->param];
         if (st == SIM_OK && a->g.rank > 0 && p->g) {
-            st = mesh_reshard(md->ctx.dev, &md->def->mesh, &a->g, &p->g[a->layer].spec,
+            mesh_array *own = &p->g[a->layer];
+            st = mesh_reshard(md->ctx.dev, &md->def->mesh, &a->g, &own->spec,
                               sim_meta_weight("pipeline/fsdp_ag_once (grad)"));
-            if (st == SIM_OK) mesh_local_add(&p->g[a->layer], &a->g);
+            if (st == SIM_OK && a->g_born_after) { /* the reduce-scatter's result is the gradient */
+                char name[sizeof own->name];
+                memcpy(name, own->name, sizeof name);
+                *own = a->g;
+                memcpy(own->name, name, sizeof name);
+                memset(&a->g, 0, sizeof a->g);
+                a->g_born_after = false;
+            } else if (st == SIM_OK)
+                mesh_local_add(own, &a->g);
+        }
+        if (a->g_born_after) { /* an error on the way: the stored gradient exists again (zero) */
+            mesh_array *own = &p->g[a->layer];
+            mesh_array old = *own;
+            sim_status st2 = mesh_array_new(md->ctx.dev, &md->def->mesh, old.name, old.rank, old.shape, &old.spec,
+                                            SIM_F32, SIM_MEM_GRADS, own);
+            if (st == SIM_OK) st = st2;
         }
         mesh_array_free(md->ctx.dev, &a->g);
         mesh_array_free(md->ctx.dev, &a->w);

@@ -329,6 +329,8 @@ static sim_group *group_new(sim_machine *m, unsigned mask, const int *coords)
 sim_group *sim_group_of(sim_device *d, unsigned mask)
 {
     sim_machine *m = d->m;
+    for (unsigned i = 0; i < d->ngcache && i < 8; i++)
+        if (d->gcache_mask[i] == mask) return d->gcache[i];
     /* Group index: mixed radix of the coordinates on the axes outside the group. */
     int gi = 0;
     for (int a = 0; a < m->mesh.naxes; a++)
@@ -344,6 +346,9 @@ sim_group *sim_group_of(sim_device *d, unsigned mask)
     sim_group *g = m->by_mask[mask][gi];
     if (!g) g = m->by_mask[mask][gi] = group_new(m, mask, d->coords);
     pthread_mutex_unlock(&m->lock);
+    unsigned slot = d->ngcache++ % 8; /* only this device's thread touches its cache */
+    d->gcache_mask[slot] = mask;
+    d->gcache[slot] = g;
     return g;
 }
 
@@ -628,7 +633,7 @@ sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match
     size_t *cnt = p->cnt;
     int *perm = p->perm;
     p->call = *call;
-    snprintf(p->tag, sizeof p->tag, "%s", call->tag ? call->tag : "");
+    sim_str_put(p->tag, sizeof p->tag, 0, call->tag ? call->tag : "", SIZE_MAX);
     p->call.tag = call->tag ? p->tag : NULL;
     p->call.send = NULL;
     p->call.recv = NULL;

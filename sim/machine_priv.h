@@ -94,6 +94,11 @@ struct sim_device {
     sim_group *wait_group;
     const sim_call *wait_call;
     sim_rv_kind wait_kind;
+    /* the groups this device used last, by axes mask: found without the machine lock
+     * (a group never moves once made; every collective looks its group up) */
+    unsigned gcache_mask[8];
+    sim_group *gcache[8];
+    unsigned ngcache;
     /* records */
     sim_record *rec;
     size_t nrec, caprec;

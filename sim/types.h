@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum { SIM_MAX_AXES = 16, SIM_MAX_DEVICES = 512, SIM_TAG_MAX = 96, SIM_AXIS_NAME_MAX = 32 };
 
@@ -18,9 +19,9 @@ static inline size_t sim_str_put(char *dst, size_t cap, size_t at, const char *s
 {
     if (!cap) return 0;
     if (at >= cap) at = cap - 1;
-    size_t n = 0;
-    while (n < max && s[n] && at + n + 1 < cap) n++;
-    for (size_t i = 0; i < n; i++) dst[at + i] = s[i];
+    size_t room = cap - 1 - at; /* strnlen and memcpy: libc's vector loops (a byte loop was 6% of a dry run) */
+    size_t n = strnlen(s, max < room ? max : room);
+    memcpy(dst + at, s, n);
     dst[at + n] = '\0';
     return at + n;
 }

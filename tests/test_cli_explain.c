@@ -1,6 +1,8 @@
 /* test_cli_explain.c — `shardsim explain` end to end: output shape (steps,
  * the closing total line, the grids), logical specs through the config's
- * rules, and bad input exiting 2 with a message that names it. */
+ * rules, bad input exiting 2 with a message that names it, and bytes in the
+ * dtype train counts: a weight's and an activation's reshard cost what a
+ * tiny training run records for the same reshard, in both dtypes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "tests/cli_capture.h"
+#include "tests/model_run.h"
 
 typedef cli_capture result;
 
@@ -192,6 +195,114 @@ static void test_bad_input(void **state)
     done(&r);
 }
 
+/* ---- explain's bytes against train's ---- */
+
+static const char *const TINY[] = {
+    "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=8",  "base_mlp_dim=32",
+    "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=16", "ici_fsdp_parallelism=2",
+    "ici_tensor_parallelism=2",
+};
+enum { NTINY = sizeof TINY / sizeof TINY[0] };
+
+/* Device 0's bytes sent by the forward record of op over `axis` tagged `tag` in step 0 of a 4-device,
+ * 4-row run of TINY with the words dt[0..2); 0 when absent. */
+static uint64_t train_bytes(const char *const *dt, sim_op op, const char *axis, const char *tag)
+{
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 4, dt, 2, 4, 1);
+    model_run_train(&r, false);
+    int ax = mesh_shape_axis_index(&r.def->mesh, axis);
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    uint64_t b = 0;
+    for (size_t i = 0; i < n && !b; i++)
+        if (rec[i].op == op && rec[i].phase == SIM_PHASE_FORWARD && !strcmp(rec[i].tag, tag) && rec[i].axes.n == 1 &&
+            rec[i].axes.axis[0] == ax)
+            b = rec[i].bytes_sent;
+    model_run_close(&r);
+    return b;
+}
+
+/* explain's total bytes per device for TINY with dt[0..2) and the words w[0..nw).  The dtypes come in a
+ * YAML file: on explain's command line dtype= is its own override of the array's dtype. */
+static uint64_t explain_bytes(const char *const *dt, const char *const *w, int nw, const char *want_dtype_line)
+{
+    char yml[] = "/tmp/shardsim-explain-XXXXXX.yml";
+    int fd = mkstemps(yml, 4);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    for (int i = 0; i < 2; i++) fprintf(f, "%.*s: %s\n", (int)(strchr(dt[i], '=') - dt[i]), dt[i], strchr(dt[i], '=') + 1);
+    fclose(f);
+    const char *argv[NTINY + 8];
+    int argc = 0;
+    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
+    argv[argc++] = yml;
+    for (int i = 0; i < nw; i++) argv[argc++] = w[i];
+    result r = run(argc, argv);
+    remove(yml);
+    if (r.rc) fail_msg("%s", r.err);
+    if (!strstr(r.out, want_dtype_line)) fail_msg("no '%s' in:\n%s", want_dtype_line, r.out);
+    char buf[256];
+    unsigned long long b = 0;
+    if (sscanf(last_line(r.out, buf, sizeof buf), "total bytes sent per device: %llu", &b) != 1)
+        fail_msg("no total line in:\n%s", r.out);
+    done(&r);
+    return b;
+}
+
+static void test_bytes_equal_train(void **state)
+{
+    (void)state;
+    static const char *const dts[3][2] = {{"dtype=bfloat16", "weight_dtype=float32"},
+                                          {"dtype=float32", "weight_dtype=float32"},
+                                          {"dtype=bfloat16", "weight_dtype=bfloat16"}};
+    /* mlp/wi_0's kernel of one layer (embed 16, mlp 32), sharded P('fsdp', 'tensor'), gathered over fsdp
+     * for its dot: (k-1) x 8 x 16 elements in weight_dtype */
+    const char *weight[] = {"shape=16,32", "from_logical=embed,mlp", "to=P(None,'tensor')"};
+    /* the attention's input (batch 4, length 16, embed 16), embed on tensor, gathered over tensor before
+     * the query projection: (k-1) x 2 x 16 x 8 elements in dtype */
+    const char *act[] = {"shape=4,16,16", "from_logical=activation_batch,activation_length,activation_embed",
+                         "to_logical=activation_batch,activation_length,None"};
+    for (int i = 0; i < 3; i++) {
+        uint64_t wes = strstr(dts[i][1], "float32") ? 4 : 2, aes = strstr(dts[i][0], "float32") ? 4 : 2;
+        uint64_t tw = train_bytes(dts[i], SIM_OP_ALL_GATHER, "fsdp", "decoder/layers_0/mlp/wi_0");
+        uint64_t ta = train_bytes(dts[i], SIM_OP_ALL_GATHER, "tensor", "decoder/layers_0/self_attention/query");
+        assert_int_equal(tw, 1 * 8 * 16 * wes);
+        assert_int_equal(ta, 1 * 2 * 16 * 8 * aes);
+        char wl[64], al[64];
+        snprintf(wl, sizeof wl, "dtype: %s, the config's weight_dtype", wes == 4 ? "float32" : "bfloat16");
+        snprintf(al, sizeof al, "dtype: %s, the config's dtype", aes == 4 ? "float32" : "bfloat16");
+        assert_int_equal(explain_bytes(dts[i], weight, 3, wl), tw);
+        assert_int_equal(explain_bytes(dts[i], act, 3, al), ta);
+        /* tensor= says which it is; dtype= overrides both */
+        const char *wt[] = {weight[0], weight[1], weight[2], "tensor=activation"};
+        assert_int_equal(explain_bytes(dts[i], wt, 4, "tensor=activation"), 8 * 16 * aes);
+        const char *at[] = {act[0], act[1], act[2], "tensor=weight"};
+        assert_int_equal(explain_bytes(dts[i], at, 4, "tensor=weight"), 2 * 16 * 8 * wes);
+        const char *ad[] = {act[0], act[1], act[2], "dtype=int32"};
+        assert_int_equal(explain_bytes(dts[i], ad, 4, "dtype: int32 (dtype=; train counts this activation"),
+                         2 * 16 * 8 * 4);
+    }
+}
+
+/* Without tensor= or logical names the array is an activation; tensor= takes only weight or activation. */
+static void test_dtype_choice(void **state)
+{
+    (void)state;
+    const char *a1[] = {"mesh=fsdp=4", "shape=8,16", "from=P('fsdp',None)", "to=P()"};
+    result r = run(4, a1);
+    if (r.rc) fail_msg("%s", r.err);
+    assert_non_null(strstr(r.out, "array: bfloat16 (8, 16), 256 bytes\n"));
+    assert_non_null(strstr(r.out, "an activation: no tensor= or logical names given"));
+    done(&r);
+    const char *a2[] = {"mesh=fsdp=4", "shape=8,16", "from=P('fsdp',None)", "to=P()", "tensor=weights"};
+    r = run(5, a2);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "tensor='weights': expected weight"));
+    assert_string_equal(r.out, "");
+    done(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -201,6 +312,8 @@ int main(void)
         cmocka_unit_test(test_grid_to_scale),
         cmocka_unit_test(test_mesh_source_and_unknown_logical_name),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_bytes_equal_train),
+        cmocka_unit_test(test_dtype_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,7 +22,9 @@
  *     reduce-scattered once), while the default gathers them every iteration;
  *     with pipeline_fsdp_ag_per_repeat once per repeat forward, again in
  *     backward (remat), one reduce-scatter per repeat, two gathered layers live;
- *   - memory: a device stores only its stage's layers;
+ *   - memory: a device stores only its stage's layers; with ag_once its
+ *     gradients peak at the others' stored ones plus its layers' gathered
+ *     float32 accumulators (the layers' sharded gradients born after the loop);
  *   - trace: each device's iterations are named spans, bubbles as such;
  *   - gradient accumulation: 5-step parity of stage=2 (and stage=2 fsdp=2
  *     with ag_once, and stage=2 data=2 with ZeRO-1) at
@@ -636,10 +638,43 @@ static void test_ag_once_and_memory(void **state)
         if (mesh_spec_dim_axes(&def->spec[i]) & (1u << fsdp)) e /= 2;
         expect += e;
     }
+    /* gradients (float32, weight_dtype): without ag_once each device's most is its stored gradients, laid
+     * out as its parameters (expect).  With ag_once a held layer's fsdp-sharded weight has one gradient
+     * while the loop runs: the float32 accumulator in the gathered shape (MaxText's compiled step carries
+     * it through the backward while loop; the sharded gradient is the reduction's result after the
+     * loop), so the most is the others' stored gradients plus the stage's layers unsharded over fsdp. */
+    uint64_t expect_once = 0;
+    for (int i = 0; i < def->nparams; i++) {
+        const model_param_def *pd = &def->defs[i];
+        uint64_t e = 4;
+        for (int q = 0; q < pd->rank; q++) e *= (uint64_t)pd->shape[q];
+        bool on_fsdp = mesh_spec_dim_axes(&def->spec[i]) & (1u << fsdp);
+        if (pd->scan_dim >= 0) expect_once += e / 2;       /* the stage's layers, gathered or unsharded */
+        else expect_once += on_fsdp ? e / 2 : e;           /* the embedding and logits: stored, fsdp-halved */
+    }
+    assert_true(expect_once > expect - expect / 4); /* the figure is not the stored gradients' by accident */
+    /* after the loop each held layer's gradient is reduce-scattered in turn (parameter order, then layer):
+     * while one is, its gathered input and its fsdp-half output are both alive */
+    uint64_t live = expect_once, most = expect_once;
+    for (int i = 0; i < def->nparams; i++) {
+        const model_param_def *pd = &def->defs[i];
+        if (pd->scan_dim < 0 || !(mesh_spec_dim_axes(&def->spec[i]) & (1u << fsdp))) continue;
+        uint64_t layer = 4;
+        for (int q = 0; q < pd->rank; q++)
+            if (q != pd->scan_dim) layer *= (uint64_t)pd->shape[q];
+        for (int l = 0; l < 4; l++) { /* the 4 held layers */
+            if (live + layer / 2 > most) most = live + layer / 2;
+            live -= layer / 2;
+        }
+    }
+    expect_once = most;
     for (int d = 0; d < 4; d++) {
-        sim_arena_stats st;
+        sim_arena_stats st, so;
         sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &st);
         assert_int_equal(st.peak_by[SIM_MEM_PARAMS], expect);
+        assert_int_equal(st.peak_by[SIM_MEM_GRADS], expect);
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &so);
+        assert_int_equal(so.peak_by[SIM_MEM_GRADS], expect_once);
     }
     close_run(&a);
     close_run(&b);
@@ -804,12 +839,15 @@ static void test_ag_per_repeat(void **state)
         sum_t rs = sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
         assert_int_equal(rs.calls, R8 * (uint64_t)n_sharded);
         assert_int_equal(rs.bytes, R8 * layer_sharded / 2);
-        /* gradients: ag_once keeps all four held layers' gathered gradients through the backward pass, the
-         * sliding window at most two (the rest, stored gradients and layer temporaries, is the same) */
+        /* gradients: ag_once keeps all four held layers' gathered gradients through the backward pass and
+         * none of their fsdp-sharded stored ones (born at the reduction after the loop); the sliding window
+         * at most two gathered ones beside the four stored ones (the rest is the same) */
         sim_arena_stats sa, sb;
         sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &sa);
         sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &sb);
-        assert_int_equal(sa.peak_by[SIM_MEM_GRADS] - sb.peak_by[SIM_MEM_GRADS], (R8 - 2) * layer_grad_f32);
+        int64_t k = def->mesh.sizes[fsdp];
+        assert_int_equal((int64_t)sa.peak_by[SIM_MEM_GRADS] - (int64_t)sb.peak_by[SIM_MEM_GRADS],
+                         (int64_t)(R8 * layer_grad_f32) - (int64_t)(R8 * layer_grad_f32 / k + 2 * layer_grad_f32));
     }
     close_run(&a);
     close_run(&b);
