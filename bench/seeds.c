@@ -54,7 +54,7 @@ static const row ROWS[] = {
     {"000", "FSDP2+TPT2", "explicit", {DS, TPT, "shard_mode=explicit"}, 69373, 2714, NULL, NULL},
     {"002", "FSDP+PP", "auto", {LL}, 48219, 4567, NULL, NULL},
     {"002", "FSDP+PP", "explicit", {LL, "shard_mode=explicit"}, 50913, 6822, NULL,
-     "MaxText's explicit step is 1.49x its auto one (6822 vs 4567 ms); shardsim's explicit run moves 9.35 GiB more per "
+     "at the edge of the band: MaxText's explicit step is 1.49x its auto one (6822 vs 4567 ms); shardsim's explicit run moves 9.35 GiB more per "
      "step (a (stage, fsdp) all-gather), which costs tens of ms on v5p ICI even serialised with compute: the measured "
      "+2.26 s is not in the bytes or kernels shardsim counts (not resolved)"},
     {"002", "ZeRO-1+PP", "auto", {LL, Z1}, 48315, 4636, NULL, NULL},

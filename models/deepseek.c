@@ -985,7 +985,7 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
                                         d->rope_factor, d->mscale);
     log_attention_op(md, query, key, value);
-    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, d->attn_dot,
+    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, d->attn_dot, &d->splash,
                                      "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));

@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include "mesh/config.h"
+#include "mesh/nn.h"
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
@@ -64,6 +65,7 @@ typedef struct {
     int cp;                   /* its size */
     bool cp_load_balance;     /* context_parallel_load_balance */
     bool attn_dot;            /* attention kernel: dot-product (score matrix materialised), else flash (blocked) */
+    mesh_nn_splash splash;    /* flash on TPU: the splash kernel's blocks (sa_block_*), for the step-time model */
     bool scan_layers;         /* scan_layers: the layers run as one jax.lax.scan in MaxText (carry type checked) */
     /* DeepSeek (decoder_block=deepseek; read by deepseek.c) */
     int64_t dense_layers;     /* first_num_dense_layers (the rest are MoE layers) */

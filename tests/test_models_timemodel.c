@@ -4,7 +4,8 @@
  * asynchronous weight gather hides behind compute, a blocking one does not),
  * serial weight collectives (configs/timemodel.yml overlap_weight_collectives:
  * false), a tiled kernel's padded work (timed) against its useful FLOPs (MFU),
- * the megablox gmm tiles of a DeepSeek run, and the profile loader (figures,
+ * the megablox gmm tiles of a DeepSeek run, splash attention's visited
+ * blocks and backward kernels, and the profile loader (figures,
  * torus shape, a bad name's message).  The expected values are derived here
  * from the formulas, not from the model. */
 #include <stdarg.h>
@@ -289,6 +290,66 @@ static void test_gmm_tiles(void **state)
     cli_capture_free(&r);
 }
 
+/* The attention_op kind's useful FLOPs and kernel work of a tiny run (T = 16, 4 heads of 8, one
+ * device, 2 layers; full remat: per layer the forward twice and the backward once). */
+#define TINY "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
+             "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
+
+static void attention_kind(const char *extra1, const char *extra2, double *flops, double *mxu, double *calls)
+{
+    char dir[] = "/tmp/shardsim_tm_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    const char *argv[] = {TINY, "steps=1", "dry_run=true", "hardware_profile=v5p", "sa_block_q=4", "sa_block_kv=8",
+                          "sa_block_q_dkv=8", "sa_block_kv_dkv=4", "sa_block_kv_dq=2", extra1, extra2, od};
+    cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    cli_capture_free(&r);
+    char path[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    mesh_json *j = NULL;
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *ks = mesh_json_get(mesh_json_get(j, "step_time_model"), "slowest_kernels");
+    *calls = 0;
+    for (int i = 0; ks && i < ks->n; i++) {
+        const char *name = mesh_json_get(&ks->items[i], "kernel")->str;
+        if (!strstr(name, "attention_op")) continue;
+        *flops = mesh_json_get(&ks->items[i], "flops")->number;
+        *mxu = mesh_json_get(&ks->items[i], "mxu_flops")->number;
+        *calls = mesh_json_get(&ks->items[i], "calls")->number;
+    }
+    mesh_json_free(j);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Splash blocks over T = 16 (causal): forward (4 x 8) blocks: q rows 0-3 and 4-7 see kv block 0,
+ * rows 8-11 and 12-15 kv blocks 0-1: 6 blocks of 32 scores; dkv (8 x 4): 2 + 4 = 6 blocks of 32;
+ * dq (sa_block_q_dq 512 clipped to 16, x 2): 8 blocks of 32.  Per score and head, forward QK^T + PV
+ * = 2 (8 + 8) FLOPs, dq 2 (2*8 + 8), dkv 2 (2*8 + 2*8); the fused backward is the dkv grid alone
+ * with 2 (3*8 + 2*8).  The useful FLOPs: forward 2*4*16*16*16/2 = 16384, backward 2.5x. */
+static void test_splash_blocks(void **state)
+{
+    (void)state;
+    double flops, mxu, calls;
+    double BH = 4, fwd = 2 * BH * 192 * 16, bwd = 2 * BH * (256.0 * 24 + 192.0 * 32), F = 16384;
+    attention_kind("attention=flash", "sa_use_fused_bwd_kernel=false", &flops, &mxu, &calls);
+    assert_true(calls == 6); /* 2 layers x (forward, recomputation, backward) */
+    assert_true(fabs(mxu - 2 * (2 * fwd + bwd)) < 1e-6 * mxu);
+    assert_true(fabs(flops - 2 * 4.5 * F) < 1e-6 * flops);
+    attention_kind("attention=flash", "sa_use_fused_bwd_kernel=true", &flops, &mxu, &calls);
+    double fused = 2 * BH * 192 * 40;
+    assert_true(fabs(mxu - 2 * (2 * fwd + fused)) < 1e-6 * mxu);
+    /* tokamax's splash has the fused backward only */
+    attention_kind("attention=flash", "use_tokamax_splash=true", &flops, &mxu, &calls);
+    assert_true(fabs(mxu - 2 * (2 * fwd + fused)) < 1e-6 * mxu);
+    /* the dot-product path (the whole score matrix): no blocks, its FLOPs stand */
+    attention_kind("attention=dot_product", "sa_use_fused_bwd_kernel=false", &flops, &mxu, &calls);
+    assert_true(fabs(mxu - flops) < 1e-6 * flops);
+}
+
 static void test_profiles(void **state)
 {
     (void)state;
@@ -337,9 +398,6 @@ static void test_profiles(void **state)
     assert_non_null(strstr(sim_errmsg(), "ICI"));
     sim_err_clear();
 }
-
-#define TINY "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
-             "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
 
 /* train with a profile: the console estimate, run.json's step_time_model (its parts add up to
  * the step), the dry run's trace in modelled time, the profile's HBM as the capacity */
@@ -402,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_serial_weight_collectives),
         cmocka_unit_test(test_tiled_kernel),
         cmocka_unit_test(test_gmm_tiles),
+        cmocka_unit_test(test_splash_blocks),
         cmocka_unit_test(test_profiles),
         cmocka_unit_test(test_train_estimate),
     };
