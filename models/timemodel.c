@@ -258,11 +258,10 @@ typedef struct {
     size_t n, cap;
 } kernel_sink;
 
-static void kernel_add(kernel_sink *s, const sim_cost *c, double bytes, double dur, bool compute_bound)
+static void kind_name(const char *tag, char *name, size_t cap)
 {
-    char name[SIM_TAG_MAX];
     size_t o = 0;
-    for (const char *p = c->tag; *p && o + 1 < sizeof name; p++) {
+    for (const char *p = tag; *p && o + 1 < cap; p++) {
         if (*p >= '0' && *p <= '9') {
             if (!o || name[o - 1] != '*') name[o++] = '*';
         } else {
@@ -270,6 +269,53 @@ static void kernel_add(kernel_sink *s, const sim_cost *c, double bytes, double d
         }
     }
     name[o] = '\0';
+}
+
+typedef struct {
+    model_tm_coll_kind *k;
+    size_t n, cap;
+} coll_sink;
+
+static void coll_add(coll_sink *s, const model_tm_coll *c)
+{
+    char name[SIM_TAG_MAX];
+    kind_name(c->rec.tag, name, sizeof name);
+    size_t i = 0;
+    for (; i < s->n; i++) {
+        const sim_record *r = &s->k[i].rec;
+        if (r->op == c->rec.op && r->phase == c->rec.phase && r->axes.n == c->rec.axes.n &&
+            !memcmp(r->axes.axis, c->rec.axes.axis, sizeof r->axes.axis[0] * (size_t)r->axes.n) &&
+            !strcmp(r->tag, name))
+            break;
+    }
+    if (i == s->n) {
+        if (s->n == s->cap) {
+            s->cap = s->cap ? 2 * s->cap : 64;
+            s->k = realloc(s->k, s->cap * sizeof *s->k);
+            SIM_ASSERT(s->k);
+        }
+        memset(&s->k[i], 0, sizeof s->k[0]);
+        s->k[i].rec = c->rec;
+        snprintf(s->k[i].rec.tag, sizeof s->k[i].rec.tag, "%s", name);
+        s->k[i].links = c->links;
+        s->k[i].bw = c->bw;
+        s->n++;
+    }
+    s->k[i].calls++;
+    s->k[i].bytes += (double)c->rec.bytes_sent;
+    s->k[i].time_s += c->time_s;
+}
+
+static int cmp_coll_time(const void *a, const void *b)
+{
+    double x = ((const model_tm_coll_kind *)a)->time_s, y = ((const model_tm_coll_kind *)b)->time_s;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void kernel_add(kernel_sink *s, const sim_cost *c, double bytes, double dur, bool compute_bound)
+{
+    char name[SIM_TAG_MAX];
+    kind_name(c->tag, name, sizeof name);
     size_t i = 0;
     while (i < s->n && strcmp(s->k[i].name, name)) i++;
     if (i == s->n) {
@@ -325,6 +371,7 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
     out->peak = peak;
     span_sink sink = {out, want_spans, 0};
     kernel_sink kinds = {NULL, 0, 0};
+    coll_sink ckinds = {NULL, 0, 0};
     int depth = eff->prefetch > 0 ? eff->prefetch : 1;
     double *issued = calloc((size_t)depth, sizeof *issued); /* compute clock when recent weight gathers were asked */
     if (!issued) return sim_err(SIM_ERR_INTERNAL, "step-time model: out of host memory");
@@ -343,6 +390,7 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
             if (!isfinite(c.time_s)) {
                 free(issued);
                 free(kinds.k);
+                free(ckinds.k);
                 return sim_err(SIM_ERR_INPUT,
                                "hardware profile %s publishes no %s bandwidth: the %s of %s cannot be timed; add the "
                                "sourced figure to configs/hardware/%s.yml or choose another hardware_profile",
@@ -372,6 +420,7 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
             }
             span_add(&sink, start, start + c.time_s, c.async ? 2 : 1, r->tag);
             top_add(out, &c);
+            coll_add(&ckinds, &c);
         }
         if (ci == ncost) break;
         const sim_cost *k = &costs[ci];
@@ -409,6 +458,9 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
     if (kinds.n) qsort(kinds.k, kinds.n, sizeof kinds.k[0], cmp_kernel_time);
     for (size_t i = 0; i < kinds.n && i < MODEL_TM_TOP; i++) out->kernels[out->nkernels++] = kinds.k[i];
     free(kinds.k);
+    if (ckinds.n) qsort(ckinds.k, ckinds.n, sizeof ckinds.k[0], cmp_coll_time);
+    for (size_t i = 0; i < ckinds.n && i < MODEL_TM_TOP; i++) out->colls[out->ncolls++] = ckinds.k[i];
+    free(ckinds.k);
     return SIM_OK;
 }
 
@@ -502,6 +554,19 @@ void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, cons
                     k->bytes / 1e9, 2 * k->compute_bound >= k->calls ? "FLOPs" : "bytes", k->time_s * 1e3, k->name);
         }
     }
+    if (r->ncolls) {
+        fprintf(f, "  slowest kinds of collective (device %d; all calls of a kind; a kind: op, axes, phase and the tag\n"
+                   "  without its layer numbers):\n",
+                r->device);
+        fprintf(f, "    %-15s %-16s %-8s %6s %12s %6s %8s %10s  %s\n", "op", "axes", "phase", "calls", "GB sent", "links",
+                "GB/s", "time (ms)", "tag");
+        for (int i = 0; i < r->ncolls; i++) {
+            const model_tm_coll_kind *c = &r->colls[i];
+            fprintf(f, "    %-15s %-16s %-8s %6d %12.3f %6d %8.1f %10.3f  %s\n", sim_op_name(c->rec.op),
+                    sim_axes_label(mesh, c->rec.axes, ax, sizeof ax), sim_phase_name(c->rec.phase), c->calls,
+                    c->bytes / 1e9, c->links, c->bw / 1e9, c->time_s * 1e3, c->rec.tag);
+        }
+    }
     if (!r->ntop) return;
     fprintf(f, "  slowest collectives (device %d):\n", r->device);
     fprintf(f, "    %-15s %-16s %-8s %12s %6s %12s %10s  %s\n", "op", "axes", "phase", "bytes sent", "links", "GB/s",
@@ -538,6 +603,16 @@ void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh,
         sim_json_write_string(f, c->rec.tag);
         fprintf(f, ", \"bytes_sent\": %llu, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g, \"async\": %s}",
                 (unsigned long long)c->rec.bytes_sent, c->links, c->bw, c->time_s, c->async ? "true" : "false");
+    }
+    fprintf(f, "], \"slowest_collective_kinds\": [");
+    for (int i = 0; i < r->ncolls; i++) {
+        const model_tm_coll_kind *c = &r->colls[i];
+        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
+        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        fprintf(f, ", \"phase\": \"%s\", \"tag\": ", sim_phase_name(c->rec.phase));
+        sim_json_write_string(f, c->rec.tag);
+        fprintf(f, ", \"calls\": %d, \"bytes_sent\": %.17g, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g}",
+                c->calls, c->bytes, c->links, c->bw, c->time_s);
     }
     fprintf(f, "], \"slowest_kernels\": [");
     for (int i = 0; i < r->nkernels; i++) {

@@ -84,6 +84,16 @@ typedef struct {
     int compute_bound;        /* calls whose FLOPs (not bytes) set the time */
 } model_tm_kernel;
 
+/* The collectives of one kind (op, axes, phase and tag without its layer numbers) as timed. */
+typedef struct {
+    sim_record rec;           /* the first one (its tag with digit runs as '*') */
+    int calls;
+    double bytes;             /* bytes sent, all calls */
+    int links;
+    double bw;
+    double time_s;            /* all calls */
+} model_tm_coll_kind;
+
 /* A span of the modelled timeline (for trace.json). */
 typedef struct {
     double t0, t1;            /* seconds from the step start */
@@ -106,6 +116,8 @@ typedef struct {
     int device;               /* the slowest device */
     int ntop;                 /* the slowest collectives of that device */
     model_tm_coll top[MODEL_TM_TOP];
+    int ncolls;               /* the slowest kinds of collective of that device, slowest first */
+    model_tm_coll_kind colls[MODEL_TM_TOP];
     int nkernels;             /* the slowest kinds of kernel of that device, slowest first */
     model_tm_kernel kernels[MODEL_TM_TOP];
     model_tm_span *spans;     /* the slowest device's timeline when asked for (free with free()) */

@@ -350,6 +350,28 @@ static void test_splash_blocks(void **state)
     assert_true(fabs(mxu - flops) < 1e-6 * flops);
 }
 
+/* collectives of one kind in different layers are listed as one: calls, bytes and time summed
+ * (two 1 MB-shard gathers over a pair, 20 us each on one link of 50 GB/s) */
+static void test_collective_kinds(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(1.0, 0);
+    model_tm_result r;
+    sim_record g[3] = {gather(2, 1000000, false), gather(2, 1000000, false), gather(2, 1000, false)};
+    snprintf(g[0].tag, sizeof g[0].tag, "decoder/layers_1/mlp/wi");
+    snprintf(g[1].tag, sizeof g[1].tag, "decoder/layers_22/mlp/wi");
+    snprintf(g[2].tag, sizeof g[2].tag, "decoder/norm");
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, g, 3, NULL, 0, 0, false, &r), SIM_OK);
+    assert_int_equal(r.ncolls, 2);
+    assert_string_equal(r.colls[0].rec.tag, "decoder/layers_*/mlp/wi");
+    assert_int_equal(r.colls[0].calls, 2);
+    assert_true(fabs(r.colls[0].bytes - 2e6) < 1);
+    assert_true(fabs(r.colls[0].time_s - 2 * 1e6 / 50e9) < 1e-12);
+    assert_int_equal(r.colls[0].links, 1);
+    assert_string_equal(r.colls[1].rec.tag, "decoder/norm");
+}
+
 static void test_profiles(void **state)
 {
     (void)state;
@@ -415,6 +437,8 @@ static void test_train_estimate(void **state)
     assert_non_null(strstr(r.out, "estimated step time on v5p, slice 2x2x1"));
     assert_non_null(strstr(r.out, "95.0 GiB")); /* the capacity column: hbm_limit_gb from the profile */
     assert_non_null(strstr(r.out, "slowest collectives"));
+    assert_non_null(strstr(r.out, "slowest kinds of collective"));
+    assert_non_null(strstr(r.out, "slowest kernels"));
     cli_capture_free(&r);
     char path[512];
     snprintf(path, sizeof path, "%s/run.json", dir);
@@ -461,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_tiled_kernel),
         cmocka_unit_test(test_gmm_tiles),
         cmocka_unit_test(test_splash_blocks),
+        cmocka_unit_test(test_collective_kinds),
         cmocka_unit_test(test_profiles),
         cmocka_unit_test(test_train_estimate),
     };
