@@ -285,7 +285,8 @@ static void test_bytes_equal_train(void **state)
     }
 }
 
-/* Without tensor= or logical names the array is an activation; tensor= takes only weight or activation. */
+/* Without tensor= or logical names the array is an activation; tensor= takes only weight or activation;
+ * the config's model is needed only to classify logical names. */
 static void test_dtype_choice(void **state)
 {
     (void)state;
@@ -300,6 +301,25 @@ static void test_dtype_choice(void **state)
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "tensor='weights': expected weight"));
     assert_string_equal(r.out, "");
+    done(&r);
+    /* logical names are classified by the config's model: a model that cannot be defined is an error
+     * naming it and the way around it; tensor= or dtype= need no model */
+    const char *a3[] = {"mesh=x=2", "shape=4,4", "from_logical=embed,mlp", "to=P()", "base_num_kv_heads=3"};
+    r = run(5, a3);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "base_num_kv_heads=3"));
+    assert_non_null(strstr(r.err, "give tensor=weight or tensor=activation, or dtype="));
+    assert_string_equal(r.out, "");
+    done(&r);
+    const char *a4[] = {"mesh=x=2", "shape=4,4", "from_logical=embed,mlp", "to=P()", "base_num_kv_heads=3", "tensor=weight"};
+    r = run(6, a4);
+    if (r.rc) fail_msg("%s", r.err);
+    assert_non_null(strstr(r.out, "array: float32 (4, 4), 64 bytes\n"));
+    done(&r);
+    const char *a5[] = {"mesh=x=2", "shape=4,4", "from_logical=embed,mlp", "to=P()", "base_num_kv_heads=3", "dtype=bfloat16"};
+    r = run(6, a5);
+    if (r.rc) fail_msg("%s", r.err);
+    assert_non_null(strstr(r.out, "array: bfloat16 (4, 4), 32 bytes\ndtype: bfloat16 (dtype=)\n"));
     done(&r);
 }
 
