@@ -2,8 +2,9 @@
  *
  * Replay: one device's kernels and collectives of one step, in the order the
  * device made them, on three lanes: compute, blocking network (activation
- * collectives: the compute that follows waits for them) and asynchronous
- * network (weight collectives).  A weight all-gather may start once the
+ * collectives, and weight collectives unless overlap_weight_collectives: the
+ * compute that follows waits for them) and asynchronous network (weight
+ * collectives when overlapped).  A weight all-gather may start once the
  * network is free and compute has reached the point where the gather
  * `prefetch` weight collectives earlier was asked for (XLA's latency-hiding
  * scheduler prefetches about one layer of FSDP weights); the next kernel

@@ -2,10 +2,14 @@
  * model over what a run recorded: each kernel's cost (sim_cost: FLOPs and
  * HBM elements) on the roofline of the profile, each collective (sim_record)
  * by an alpha-beta model over the links its group uses (ICI within a slice,
- * DCN across), replayed in call order with one overlap rule: collectives that
+ * DCN across), replayed in call order.  Overlap is data: by default every
+ * collective serialises with compute (MaxText gets FSDP overlap from libtpu
+ * flags, not by default); with overlap_weight_collectives, collectives that
  * move weights (FSDP gathers, weight-gradient reductions) run asynchronously
- * on the network, everything else waits.  The efficiency constants are data
- * (configs/timemodel.yml); the README's "Hardware profiles and the step-time model" states the rules. */
+ * on the network and everything else waits.  A kernel's time is that of the
+ * matrix unit's real work (sim_cost.mxu_flops: padded megablox tiles, visited
+ * splash blocks).  The constants are data (configs/timemodel.yml); the
+ * README's "Hardware profiles and the step-time model" states the rules. */
 #ifndef MODELS_TIMEMODEL_H
 #define MODELS_TIMEMODEL_H
 
