@@ -559,22 +559,22 @@ void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, cons
         fprintf(f, "  slowest kinds of collective (device %d; all calls of a kind; a kind: op, axes, phase and the tag\n"
                    "  without its layer numbers):\n",
                 r->device);
-        fprintf(f, "    %-15s %-16s %-8s %6s %12s %6s %8s %10s  %s\n", "op", "axes", "phase", "calls", "GB sent", "links",
+        fprintf(f, "    %-17s %-16s %-8s %6s %12s %6s %8s %10s  %s\n", "op", "axes", "phase", "calls", "GB sent", "links",
                 "GB/s", "time (ms)", "tag");
         for (int i = 0; i < r->ncolls; i++) {
             const model_tm_coll_kind *c = &r->colls[i];
-            fprintf(f, "    %-15s %-16s %-8s %6d %12.3f %6d %8.1f %10.3f  %s\n", sim_op_name(c->rec.op),
+            fprintf(f, "    %-17s %-16s %-8s %6d %12.3f %6d %8.1f %10.3f  %s\n", sim_op_name(c->rec.op),
                     sim_axes_label(mesh, c->rec.axes, ax, sizeof ax), sim_phase_name(c->rec.phase), c->calls,
                     c->bytes / 1e9, c->links, c->bw / 1e9, c->time_s * 1e3, c->rec.tag);
         }
     }
     if (!r->ntop) return;
     fprintf(f, "  slowest collectives (device %d):\n", r->device);
-    fprintf(f, "    %-15s %-16s %-8s %12s %6s %12s %10s  %s\n", "op", "axes", "phase", "bytes sent", "links", "GB/s",
+    fprintf(f, "    %-17s %-16s %-8s %12s %6s %12s %10s  %s\n", "op", "axes", "phase", "bytes sent", "links", "GB/s",
             "time (ms)", "tag");
     for (int i = 0; i < r->ntop; i++) {
         const model_tm_coll *c = &r->top[i];
-        fprintf(f, "    %-15s %-16s %-8s %12llu %6d %12.1f %10.3f  %s%s\n", sim_op_name(c->rec.op),
+        fprintf(f, "    %-17s %-16s %-8s %12llu %6d %12.1f %10.3f  %s%s\n", sim_op_name(c->rec.op),
                 sim_axes_label(mesh, c->rec.axes, ax, sizeof ax), sim_phase_name(c->rec.phase),
                 (unsigned long long)c->rec.bytes_sent, c->links, c->bw / 1e9, c->time_s * 1e3, c->rec.tag,
                 c->async ? " (async)" : "");
