@@ -184,7 +184,7 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
                 snprintf(key, sizeof key, "%s_tile_%s_%s", tw[w], tp[p], td[i]);
                 SIM_TRY(model_cfg_i64(cfg, key, &d->gmm_tiles[w][p][i]));
                 if (d->gmm_tiles[w][p][i] <= 0)
-                    return sim_err(SIM_ERR_INPUT, "%s=%lld: expected a tile size > 0 (MaxText's default is %d)", key,
+                    return sim_err(SIM_ERR_INPUT, "%s=%lld: expected a tile size > 0; set a positive size (MaxText's default is %d)", key,
                                    (long long)d->gmm_tiles[w][p][i], i ? 1024 : 512);
             }
     double f;

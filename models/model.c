@@ -77,7 +77,7 @@ static sim_status attention_kernel(const mesh_cfg *cfg, model_dims *d)
         for (int i = 0; i < 6; i++) {
             SIM_TRY(model_cfg_i64(cfg, keys[i], dst[i]));
             if (*dst[i] <= 0)
-                return sim_err(SIM_ERR_INPUT, "%s=%lld: expected a block size > 0 (MaxText's default is 512)", keys[i],
+                return sim_err(SIM_ERR_INPUT, "%s=%lld: expected a block size > 0; set a positive size (MaxText's default is 512)", keys[i],
                                (long long)*dst[i]);
         }
         bool fused, tokamax;
