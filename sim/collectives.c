@@ -686,6 +686,12 @@ sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op)
 
 void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag)
 {
+    sim_device_add_cost_tiled(d, flops, flops, elements, weight_elements, tag);
+}
+
+void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements,
+                               double weight_elements, const char *tag)
+{
     if (d->m->opts.no_costs) return;
     if (d->ncost && d->cost[d->ncost - 1].step != d->step) d->ncost = 0; /* the current step's only: bounded */
     if (d->ncost == d->capcost) {
@@ -697,6 +703,7 @@ void sim_device_add_cost(sim_device *d, double flops, double elements, double we
     c->step = d->step;
     c->phase = d->phase;
     c->flops = flops;
+    c->mxu_flops = mxu_flops > flops ? mxu_flops : flops;
     c->elements = elements;
     c->weight_elements = weight_elements;
     c->nrec_before = d->nrec;
