@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk.h"
 #include "blas_kernels/bk_activation.h"
 #include "blas_kernels/bk_parallel.h"
 #include "blas_kernels/bk_attention.h"
@@ -104,6 +105,14 @@ static sim_status new_cot(mesh_tape *t, const char *name, int rank, const int64_
     return mesh_tape_zeros(t, name, rank, shape, spec, SIM_MEM_TEMP, out);
 }
 
+/* The same, not zeroed: for a VJP that writes every element of it. */
+static sim_status new_cot_raw(mesh_tape *t, const char *name, int rank, const int64_t *shape, const mesh_spec *spec,
+                              mesh_array *out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    return mesh_array_new_raw(c->dev, c->mesh, name, rank, shape, spec, SIM_F32, SIM_MEM_TEMP, out);
+}
+
 static int64_t local_rows(const mesh_array *a) { return a->rank ? (int64_t)a->nlocal / a->local[a->rank - 1] : 1; }
 
 /* ------------------------------------------------------------ RMSNorm */
@@ -121,7 +130,7 @@ typedef struct {
     int64_t grain;
 } norm_job;
 
-static void norm_sumsq_rows(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void norm_sumsq_rows(int64_t lo, int64_t hi, void *arg)
 {
     const norm_job *J = arg;
     for (int64_t n = lo; n < hi; n++) {
@@ -132,7 +141,7 @@ static void norm_sumsq_rows(int64_t lo, int64_t hi, void *arg)
     }
 }
 
-static void norm_apply_rows(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void norm_apply_rows(int64_t lo, int64_t hi, void *arg)
 {
     const norm_job *J = arg;
     for (int64_t n = lo; n < hi; n++) {
@@ -144,7 +153,7 @@ static void norm_apply_rows(int64_t lo, int64_t hi, void *arg)
     }
 }
 
-static void norm_dot_rows(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void norm_dot_rows(int64_t lo, int64_t hi, void *arg)
 {
     const norm_job *J = arg;
     for (int64_t n = lo; n < hi; n++) {
@@ -154,7 +163,7 @@ static void norm_dot_rows(int64_t lo, int64_t hi, void *arg)
     }
 }
 
-static void norm_dx_rows(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void norm_dx_rows(int64_t lo, int64_t hi, void *arg)
 {
     const norm_job *J = arg;
     double *acc = J->partial + (lo / J->grain) * J->C;
@@ -180,12 +189,12 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
     sim_axes xe = dim_axes(&xs, r - 1);
     mesh_spec dxs = dy->spec; /* x dims + partial P */
     mesh_array dx, dscale, dot;
-    SIM_TRY(new_cot(t, "rmsnorm/dx", r, xa->shape, &dxs, &dx));
+    SIM_TRY(new_cot_raw(t, "rmsnorm/dx", r, xa->shape, &dxs, &dx)); /* norm_dx_rows writes every element */
     mesh_spec ss;
     mesh_spec_init(&ss, 1);
     set_dim(&ss, 0, &xs, r - 1);
     ss.partial = dy->spec.partial | (mesh_spec_dim_axes(&xs) & ~axes_mask(xe));
-    SIM_TRY(new_cot(t, "rmsnorm/dscale", 1, sa->shape, &ss, &dscale));
+    SIM_TRY(new_cot_raw(t, "rmsnorm/dscale", 1, sa->shape, &ss, &dscale)); /* written below */
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, rstd, "rmsnorm/dot", SIM_MEM_TEMP, &dot));
     int64_t N = local_rows(xa), C = xa->local[r - 1];
     int64_t nchunks = (N + NORM_GRAIN - 1) / NORM_GRAIN;
@@ -586,12 +595,15 @@ static sim_status xent_vjp(mesh_tape *t, mesh_entry *e)
     mesh_array *dy = &y->grad, dl;
     mesh_spec ds = la->spec;
     ds.partial = dy->spec.partial;
-    SIM_TRY(new_cot(t, "xent/dlogits", 3, la->shape, &ds, &dl));
+    /* the kernel writes every element: no zeroing (the logits' size, the largest cotangent) */
+    SIM_TRY(new_cot_raw(t, "xent/dlogits", 3, la->shape, &ds, &dl));
     if (dy->data) {
         mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
         mesh_spec_shard(&la->spec, c->mesh, la->shape, sim_device_id(c->dev), sh);
-        bk_xent_bwd_local(dl.data, dy->data, la->data, lse->data, tg->data, (int)tg->nlocal, (int)la->local[2],
+        bk_xent_bwd_local_into(dl.data, dy->data, la->data, lse->data, tg->data, (int)tg->nlocal, (int)la->local[2],
                           (int)sh[2].offset, (float)e->f[0]);
+    } else if (dl.data) {
+        memset(dl.data, 0, dl.nlocal * sizeof(float));
     }
     char tag[SIM_TAG_MAX];
     return mesh_tape_accumulate(t, logits, &dl, mesh_tape_tag(t, "xent/dlogits", tag, sizeof tag));
@@ -671,9 +683,15 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *gate = e->in[0], *up = e->in[1], *y = e->out[0];
     const mesh_array *ga = &e->saved[0], *ua = &e->saved[1];
     mesh_array *dy = &y->grad, dg, du;
-    SIM_TRY(new_cot(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
-    SIM_TRY(new_cot(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
-    if (dy->data) bk_swiglu_bwd(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+    /* the kernel writes every element: no zeroing */
+    SIM_TRY(new_cot_raw(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
+    SIM_TRY(new_cot_raw(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
+    if (dy->data) {
+        bk_swiglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+    } else if (dg.data) {
+        memset(dg.data, 0, dg.nlocal * sizeof(float));
+        memset(du.data, 0, du.nlocal * sizeof(float));
+    }
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, gate, &dg, mesh_tape_tag(t, "swiglu/dgate", tag, sizeof tag)));
     return mesh_tape_accumulate(t, up, &du, mesh_tape_tag(t, "swiglu/dup", tag, sizeof tag));
