@@ -536,12 +536,13 @@ static sim_status embed_vjp(mesh_tape *t, mesh_entry *e)
     mesh_spec ds = ta->spec;
     ds.partial = dy->spec.partial | mesh_spec_dim_axes(&tok->spec);
     mesh_array dt;
-    SIM_TRY(new_cot(t, "embed/dtable", 2, ta->shape, &ds, &dt));
+    /* with a cotangent the kernel zero-fills the table itself, on the pool */
+    SIM_TRY((dy->data ? new_cot_raw : new_cot)(t, "embed/dtable", 2, ta->shape, &ds, &dt));
     if (dy->data) {
         mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
         mesh_spec_shard(&ta->spec, c->mesh, ta->shape, sim_device_id(c->dev), sh);
-        bk_embedding_bwd(dt.data, dy->data, tok->data, (int)tok->nlocal, (int)ta->local[1], (int)sh[0].offset,
-                         (int)ta->local[0]);
+        bk_embedding_bwd_zero(dt.data, dy->data, tok->data, (int)tok->nlocal, (int)ta->local[1], (int)sh[0].offset,
+                              (int)ta->local[0]);
     }
     return mesh_tape_accumulate(t, table, &dt, tag);
 }

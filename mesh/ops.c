@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk_einsum.h"
+#include "blas_kernels/bk_parallel.h"
 #include "mesh/planmemo.h"
 #include "sim/arena.h"
 
@@ -904,30 +905,36 @@ typedef enum { EW_ADD = 0, EW_SUB, EW_MUL } ew_kind;
 static const char *ew_name(ew_kind k) { return k == EW_ADD ? "add" : k == EW_SUB ? "sub" : "mul"; }
 
 /* out = a (op) b over the local shards; a size-1 local dim of an operand broadcasts. */
-static void local_binary(ew_kind k, float *out, int rank, const int64_t *lo, const float *a, int ra,
-                         const int64_t *la, const float *b, int rb, const int64_t *lb)
+/* One elementwise binary op over the local blocks: the output's rows (all dims but the last) are
+ * independent, so they are cut into chunks of about BINARY_GRAIN elements on the kernel pool; each
+ * element is computed by the same single operation whichever thread runs it. */
+enum { BINARY_GRAIN = 1 << 15 };
+
+typedef struct {
+    ew_kind k;
+    float *out;
+    int rank;
+    const int64_t *lo;
+    const float *a, *b;
+    int64_t sa[MESH_SPEC_MAX_RANK], sb[MESH_SPEC_MAX_RANK], inner, ia, ib;
+} binary_job;
+
+static void binary_rows(int64_t r0, int64_t r1, void *arg)
 {
-    int64_t sa[MESH_SPEC_MAX_RANK], sb[MESH_SPEC_MAX_RANK], s;
-    s = 1;
-    for (int d = rank - 1; d >= 0; d--) {
-        sa[d] = ra == 0 || (la[d] == 1 && lo[d] != 1) ? 0 : s;
-        if (ra) s *= la[d];
-    }
-    s = 1;
-    for (int d = rank - 1; d >= 0; d--) {
-        sb[d] = rb == 0 || (lb[d] == 1 && lo[d] != 1) ? 0 : s;
-        if (rb) s *= lb[d];
-    }
-    int64_t inner = rank ? lo[rank - 1] : 1, rows = 1;
-    for (int d = 0; d < rank - 1; d++) rows *= lo[d];
-    int64_t ia = rank ? sa[rank - 1] : 0, ib = rank ? sb[rank - 1] : 0;
+    const binary_job *J = arg;
+    const int rank = J->rank;
+    const int64_t inner = J->inner, ia = J->ia, ib = J->ib;
     int64_t idx[MESH_SPEC_MAX_RANK] = {0};
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t d = rank - 2, r = r0; d >= 0; d--) { /* the row's coordinates */
+        idx[d] = r % J->lo[d];
+        r /= J->lo[d];
+    }
+    for (int64_t r = r0; r < r1; r++) {
         int64_t oa = 0, ob = 0;
-        for (int d = 0; d < rank - 1; d++) oa += idx[d] * sa[d], ob += idx[d] * sb[d];
-        const float *pa = a + oa, *pb = b + ob;
-        float *o = out + r * inner;
-        switch (k) {
+        for (int d = 0; d < rank - 1; d++) oa += idx[d] * J->sa[d], ob += idx[d] * J->sb[d];
+        const float *pa = J->a + oa, *pb = J->b + ob;
+        float *o = J->out + r * inner;
+        switch (J->k) {
         case EW_ADD:
             for (int64_t j = 0; j < inner; j++) o[j] = pa[j * ia] + pb[j * ib];
             break;
@@ -939,10 +946,33 @@ static void local_binary(ew_kind k, float *out, int rank, const int64_t *lo, con
             break;
         }
         for (int d = rank - 2; d >= 0; d--) {
-            if (++idx[d] < lo[d]) break;
+            if (++idx[d] < J->lo[d]) break;
             idx[d] = 0;
         }
     }
+}
+
+static void local_binary(ew_kind k, float *out, int rank, const int64_t *lo, const float *a, int ra,
+                         const int64_t *la, const float *b, int rb, const int64_t *lb)
+{
+    binary_job J = {.k = k, .out = out, .rank = rank, .lo = lo, .a = a, .b = b};
+    int64_t s = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        J.sa[d] = ra == 0 || (la[d] == 1 && lo[d] != 1) ? 0 : s;
+        if (ra) s *= la[d];
+    }
+    s = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        J.sb[d] = rb == 0 || (lb[d] == 1 && lo[d] != 1) ? 0 : s;
+        if (rb) s *= lb[d];
+    }
+    int64_t rows = 1;
+    J.inner = rank ? lo[rank - 1] : 1;
+    for (int d = 0; d < rank - 1; d++) rows *= lo[d];
+    J.ia = rank ? J.sa[rank - 1] : 0;
+    J.ib = rank ? J.sb[rank - 1] : 0;
+    int64_t grain = J.inner > 0 ? (BINARY_GRAIN + J.inner - 1) / J.inner : rows;
+    bk_parallel_for(rows, grain, binary_rows, &J);
 }
 
 /* JAX's broadcasting_sharding_rule on the working specs; fills the chosen tuple per dim. */
@@ -1141,7 +1171,11 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
     sim_meta meta = op_meta(ctx, tag);
     st = stage(ctx, a, &w[0], &p->to[0], meta, &sa);
     if (st == SIM_OK) st = stage(ctx, b, &w[1], &p->to[1], meta, &sb);
-    if (st == SIM_OK) st = mesh_array_new(ctx->dev, ctx->mesh, tag, rank, osh, &p->out, SIM_F32, a->cat, out);
+    /* local_binary writes every element when both operands hold data: no zero-filling then (a
+     * serial memset, and the page faults of a fresh block, on the device thread) */
+    if (st == SIM_OK)
+        st = (sa.arr.data && sb.arr.data ? mesh_array_new_raw : mesh_array_new)(ctx->dev, ctx->mesh, tag, rank, osh,
+                                                                              &p->out, SIM_F32, a->cat, out);
     if (st != SIM_OK) goto done;
     if (out->data && sa.arr.data && sb.arr.data)
         local_binary(k, out->data, rank, out->local, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data,

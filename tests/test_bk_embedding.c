@@ -10,6 +10,7 @@
 
 #include "blas_kernels/bk_check.h"
 #include "blas_kernels/bk_embedding.h"
+#include "blas_kernels/bk_parallel.h"
 
 enum { V = 23, C = 5, N = 41 };
 
@@ -84,10 +85,44 @@ static void test_embedding_bwd(void **state) {
   assert_true(memcmp(ds, dt2 + lo * C, sizeof ds) == 0);
 }
 
+/* Tables and batches big enough to be cut into several pool chunks (64K floats each), on 2 pool
+ * threads: the lookup is an exact copy, and the scatter-add into a table it zero-fills itself
+ * (bk_embedding_bwd_zero, on garbage) equals the plain token-order float loop bit for bit. */
+static void test_embedding_pool_chunks(void **state) {
+  (void)state;
+  enum { BV = 3000, BC = 64, BN = 5000 };
+  bk_parallel_set_threads(2);
+  bk_rng r = {73};
+  float *table = malloc(sizeof(float) * BV * BC), *out = malloc(sizeof(float) * BN * BC);
+  float *dout = malloc(sizeof(float) * BN * BC), *dt = malloc(sizeof(float) * BV * BC);
+  float *want = calloc((size_t)BV * BC, sizeof(float));
+  int32_t *ids = malloc(sizeof(int32_t) * BN);
+  assert_non_null(table), assert_non_null(out), assert_non_null(dout), assert_non_null(dt);
+  assert_non_null(want), assert_non_null(ids);
+  bk_rng_fill(&r, table, BV * BC, -1, 1);
+  bk_rng_fill(&r, dout, BN * BC, -1, 1);
+  for (int n = 0; n < BN; n++) ids[n] = n % 3 ? bk_rng_int(&r, BV) : bk_rng_int(&r, 40);  // many repeats
+  ids[1] = BV + 5;  // outside the table: a zero row, nothing scattered
+  bk_embedding_fwd(out, ids, table, BN, BC, 0, BV);
+  for (int n = 0; n < BN; n++) {
+    const float *want_row = ids[n] < BV ? table + (size_t)ids[n] * BC : NULL;
+    for (int c = 0; c < BC; c++) assert_true(out[(size_t)n * BC + c] == (want_row ? want_row[c] : 0.0f));
+  }
+  for (int n = 0; n < BN; n++)
+    if (ids[n] < BV)
+      for (int c = 0; c < BC; c++) want[(size_t)ids[n] * BC + c] += dout[(size_t)n * BC + c];
+  for (int i = 0; i < BV * BC; i++) dt[i] = 1e30f;  // garbage the kernel must clear
+  bk_embedding_bwd_zero(dt, dout, ids, BN, BC, 0, BV);
+  assert_true(memcmp(dt, want, sizeof(float) * BV * BC) == 0);
+  bk_parallel_set_threads(1);
+  free(table), free(out), free(dout), free(dt), free(want), free(ids);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_embedding_fwd_sharded),
       cmocka_unit_test(test_embedding_bwd),
+      cmocka_unit_test(test_embedding_pool_chunks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
