@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "blas_kernels/bk.h"
 
@@ -129,4 +130,14 @@ void bk_parallel_for(int64_t n, int64_t grain, bk_range_fn fn, void *arg)
     while (P.finished < nchunks || P.active > 0) pthread_cond_wait(&P.done, &P.mu);
     P.busy = false;
     pthread_mutex_unlock(&P.mu);
+}
+
+enum { ZERO_GRAIN = 1 << 18 }; /* bytes per chunk: a memset this long outweighs a wake-up */
+
+static void zero_chunk(int64_t lo, int64_t hi, void *arg) { memset((char *)arg + lo, 0, (size_t)(hi - lo)); }
+
+void bk_parallel_zero(void *p, size_t bytes)
+{
+    if (!p || !bytes) return;
+    bk_parallel_for((int64_t)bytes, ZERO_GRAIN, zero_chunk, p);
 }

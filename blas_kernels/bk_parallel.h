@@ -10,6 +10,7 @@
 #ifndef BK_PARALLEL_H
 #define BK_PARALLEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Threads to use, the caller included (1 = inline).  Call from one thread
@@ -22,5 +23,9 @@ int bk_parallel_threads(void);
  * `grain` long; returns when all are done. */
 typedef void (*bk_range_fn)(int64_t lo, int64_t hi, void *arg);
 void bk_parallel_for(int64_t n, int64_t grain, bk_range_fn fn, void *arg);
+
+/* memset(p, 0, bytes) in chunks on the pool (inline below two chunks): zeroing a big cotangent or
+ * gradient buffer, and taking its first-touch page faults, on all the device's cores. */
+void bk_parallel_zero(void *p, size_t bytes);
 
 #endif

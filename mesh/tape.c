@@ -153,7 +153,10 @@ void mesh_entry_save(mesh_entry *e, const mesh_array *a, bool owned)
 sim_status mesh_tape_zeros(mesh_tape *t, const char *name, int rank, const int64_t *shape, const mesh_spec *spec,
                            sim_mem_cat cat, mesh_array *out)
 {
-    return mesh_array_new(t->ctx->dev, t->ctx->mesh, name, rank, shape, spec, SIM_F32, cat, out);
+    /* zero-filled on the kernel pool: cotangents (attention dq/dk/dv, RoPE dx, ...) are large */
+    SIM_TRY(mesh_array_new_raw(t->ctx->dev, t->ctx->mesh, name, rank, shape, spec, SIM_F32, cat, out));
+    bk_parallel_zero(out->data, out->nlocal * sizeof(float));
+    return SIM_OK;
 }
 
 typedef struct {

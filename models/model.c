@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk_parallel.h"
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
@@ -877,7 +878,7 @@ void model_dev_zero_grads(model_dev *md)
         model_param *p = &md->p[i];
         if (!p->g) continue;
         for (int l = 0; l < p->n_layers; l++)
-            if (p->g[l].data) memset(p->g[l].data, 0, p->g[l].nlocal * sizeof(float));
+            bk_parallel_zero(p->g[l].data, p->g[l].nlocal * sizeof(float)); /* on the kernel pool */
     }
 }
 

@@ -111,6 +111,26 @@ static void test_back_to_back_jobs(void **state)
     bk_parallel_set_threads(1);
 }
 
+/* bk_parallel_zero clears exactly [p, p + bytes), on several chunks (and an odd tail) with 2
+ * threads and inline with 1, and leaves the bytes around it alone. */
+static void test_zero_exact_range(void **state)
+{
+    (void)state;
+    const size_t bytes = (3u << 20) + 4100; /* a dozen 256 KiB chunks and a partial one */
+    unsigned char *buf = malloc(bytes + 64);
+    assert_non_null(buf);
+    for (int threads = 1; threads <= 2; threads++) {
+        bk_parallel_set_threads(threads);
+        memset(buf, 0xA5, bytes + 64);
+        bk_parallel_zero(buf + 32, bytes);
+        for (size_t i = 0; i < bytes + 64; i++)
+            assert_int_equal(buf[i], i < 32 || i >= bytes + 32 ? 0xA5 : 0);
+        bk_parallel_zero(NULL, 10); /* no buffer (a dry run's array): nothing */
+    }
+    free(buf);
+    bk_parallel_set_threads(1);
+}
+
 static void *caller(void *arg)
 {
     int *hits = arg;
@@ -147,6 +167,7 @@ int main(void)
         cmocka_unit_test(test_bitwise_independent_of_threads),
         cmocka_unit_test(test_back_to_back_jobs),
         cmocka_unit_test(test_two_callers),
+        cmocka_unit_test(test_zero_exact_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
