@@ -869,7 +869,8 @@ static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const m
  * position come out sharded (activation_batch, activation_length, q_heads) over (B, T, rope/2); a
  * new head axis makes them (B, T, 1, rope/2), then broadcast_to the rotated input's (B, T, H, rope/2)
  * with out_sharding (activation_batch, activation_length, None, None): the q_heads axes (tensor,
- * tensor_sequence) on the frequency dim cannot be dropped by a broadcast, and JAX refuses it. */
+ * tensor_sequence) on the frequency dim cannot be dropped by a broadcast, and JAX refuses it; so it
+ * does when the two batch shardings differ (a dense layer before a pipeline, below). */
 static sim_status yarn_check(model_dev *md, const mesh_var *x)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
@@ -879,13 +880,23 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
     int64_t half = a->shape[3] / 2;
     int64_t in_shape[4] = {a->shape[0], a->shape[1], 1, half}, out_shape[4] = {a->shape[0], a->shape[1], a->shape[2], half};
     mesh_spec fs, os;
-    SIM_TRY(model_logical_spec(md->def, "rope/freqs", 4, fnames, &fs));
+    /* freqs_sharding is built when the module is, under the config's rules; the rotated sharding when
+     * it runs: in a dense layer before a pipeline that is under logical_axis_rules_pp_act_as_dp, whose
+     * activation_batch adds 'stage' (then the batch dim differs too) */
+    mesh_resolved fr;
+    SIM_TRY(mesh_rules_resolve(&md->def->rules, &md->def->mesh, "rope/freqs", 4, fnames, &fr));
+    fs = fr.spec;
     SIM_TRY(model_logical_spec(md->def, "rope/rotated", 4, onames, &os));
+    bool batch_differs = fs.n_axes[0] != os.n_axes[0] || memcmp(fs.axes[0], os.axes[0], (size_t)fs.n_axes[0]) != 0;
     return mesh_broadcast_to_check(&md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope",
                                    "layers/embeddings.py:__call__",
-                                   "MaxText's YaRN frequencies keep the q_heads sharding: use tensor=1 and "
-                                   "tensor_sequence=1 with rope_type=yarn in explicit mode, rope_type=default, or "
-                                   "shard_mode=auto");
+                                   batch_differs
+                                       ? "MaxText's YaRN frequencies keep the config rules' batch sharding in the dense "
+                                         "layers before a pipeline (which run with 'stage' added to activation_batch): "
+                                         "run pipelines in shard_mode=auto"
+                                       : "MaxText's YaRN frequencies keep the q_heads sharding: use tensor=1 and "
+                                         "tensor_sequence=1 with rope_type=yarn in explicit mode, rope_type=default, or "
+                                         "shard_mode=auto");
 }
 
 /* MaxText 0.2.5's default rotary embedding (RotaryEmbedding.apply_rotary) multiplies the input
