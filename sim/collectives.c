@@ -1,8 +1,9 @@
 /* collectives.c — the collectives, each as: check arguments, post the call
- * at the group's rendezvous (where the last arriver checks that everybody
- * called the same thing), pull the data straight from the peers' buffers,
- * meet again so nobody reuses a buffer a peer still reads, then record the
- * bytes.
+ * at the group's exchange (sim_exchange: the last arriver checks that
+ * everybody called the same thing, then it and a helper per other core move
+ * the data straight from the senders' buffers into the receivers', one task
+ * per receiving rank, while the other members sleep until it is done), then
+ * record the bytes.
  *
  * Layouts, in elements (p[] of sim_call):
  *   all-gather      p0 outer, p1 chunk:  send (outer, chunk)    -> recv (outer, k, chunk)
@@ -262,12 +263,18 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
     t->calls++;
     t->bytes_sent += bc.sent;
     t->bytes_recv += bc.recv;
-    if (d->m->opts.trace) {
+    if (d->m->opts.trace && !sim_trace_keeps(d)) { /* counted only */
+        sim_span s = {0};
+        sim_trace_add(d, &s);
+    } else if (d->m->opts.trace) {
         sim_span s = {0};
         s.t0 = t0;
         s.t1 = sim_now_ns();
         s.lane = 1 + (int)sim_axes_mask(r->axes);
-        snprintf(s.name, sizeof s.name, "%s %s", sim_op_name(c->op), tag_or_dash(c->tag));
+        sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, 0,
+                                                                                            sim_op_name(c->op), SIZE_MAX),
+                                                       " ", 1),
+                    tag_or_dash(c->tag), SIZE_MAX); /* "%s %s" */
         s.op = c->op;
         s.bytes = bc.sent;
         s.rec = (int64_t)(r - d->rec); /* the record just filled: axes, group, dtype, elements, bytes */
@@ -422,6 +429,44 @@ static void move_data(sim_device *d, const sim_call *c, sim_call *const *peers, 
     }
 }
 
+/* Task t of a collective's data movement (sim_exchange): what rank t
+ * receives.  An all-reduce's task t also hands chunk t, which rank t owns
+ * and has just summed, to every other rank: each task writes only its own
+ * chunk of each buffer, so the tasks are independent even in place. */
+static void move_task(sim_machine *m, sim_group *g, int t)
+{
+    sim_call *c = g->byrank[t];
+    int k = g->k;
+    move_data(&m->dev[c->device], c, g->byrank, k, t);
+    if (c->op == SIM_OP_ALL_REDUCE) {
+        size_t n = c->p[0], es = sim_dtype_size(c->dt);
+        size_t lo = (size_t)t * n / (size_t)k, hi = (size_t)(t + 1) * n / (size_t)k;
+        for (int q = 0; q < k; q++)
+            if (q != t) memcpy((char *)g->byrank[q]->recv + lo * es, (const char *)c->recv + lo * es, (hi - lo) * es);
+    }
+}
+
+/* Bytes a collective's data movement reads and writes over the whole group,
+ * roughly: below SPLIT_BYTES waking a second thread costs more than it saves. */
+enum { SPLIT_BYTES = 512 << 10 };
+
+static size_t exchange_bytes(const sim_call *c, int k)
+{
+    size_t es = sim_dtype_size(c->dt), n = 0;
+    switch (c->op) {
+    case SIM_OP_ALL_GATHER:
+    case SIM_OP_REDUCE_SCATTER:
+    case SIM_OP_ALL_TO_ALL: n = c->p[0] * c->p[1] * (size_t)k; break;
+    case SIM_OP_ALL_REDUCE:
+    case SIM_OP_PPERMUTE: n = c->p[0]; break;
+    case SIM_OP_RAGGED_ALL_TO_ALL:
+        for (int q = 0; q < k; q++) n += c->send_cnt[q];
+        break;
+    default: SIM_ASSERT(!"bad op");
+    }
+    return 2 * n * (size_t)k * es;
+}
+
 static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
 {
     SIM_TRY(check_call(d, c));
@@ -446,23 +491,7 @@ static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
         add_record(d, c, k, count_bytes(d, c, k, r), meta, t0);
         return SIM_OK;
     }
-    SIM_TRY(sim_rendezvous(d, g, c, SIM_RV_ARRIVE, match_calls));
-    if (!dry) {
-        sim_call *peers[SIM_MAX_DEVICES];
-        for (int q = 0; q < k; q++)
-            peers[q] = g->slot[sim_group_slot(g, &m->dev[sim_device_group_member(d, c->axes, q)])];
-        move_data(d, c, peers, k, r);
-        SIM_TRY(sim_rendezvous(d, g, NULL, SIM_RV_DEPART, NULL));
-        if (c->op == SIM_OP_ALL_REDUCE) { /* phase 2: gather the owners' chunks */
-            size_t n = c->p[0], es = sim_dtype_size(c->dt);
-            for (int q = 0; q < k; q++) {
-                if (q == r) continue;
-                size_t lo = (size_t)q * n / (size_t)k, hi = (size_t)(q + 1) * n / (size_t)k;
-                memcpy((char *)c->recv + lo * es, (const char *)peers[q]->recv + lo * es, (hi - lo) * es);
-            }
-            SIM_TRY(sim_rendezvous(d, g, NULL, SIM_RV_DEPART, NULL));
-        }
-    }
+    SIM_TRY(sim_exchange(d, g, c, match_calls, move_task, k, exchange_bytes(c, k) >= SPLIT_BYTES));
     add_record(d, c, k, count_bytes(d, c, k, r), meta, t0);
     return SIM_OK;
 }
@@ -657,6 +686,12 @@ sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op)
 
 void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag)
 {
+    sim_device_add_cost_tiled(d, flops, flops, elements, weight_elements, tag);
+}
+
+void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements,
+                               double weight_elements, const char *tag)
+{
     if (d->m->opts.no_costs) return;
     if (d->ncost && d->cost[d->ncost - 1].step != d->step) d->ncost = 0; /* the current step's only: bounded */
     if (d->ncost == d->capcost) {
@@ -668,6 +703,7 @@ void sim_device_add_cost(sim_device *d, double flops, double elements, double we
     c->step = d->step;
     c->phase = d->phase;
     c->flops = flops;
+    c->mxu_flops = mxu_flops > flops ? mxu_flops : flops;
     c->elements = elements;
     c->weight_elements = weight_elements;
     c->nrec_before = d->nrec;

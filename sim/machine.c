@@ -6,7 +6,8 @@
  * SIM_ERR_ABORTED, so the run always ends and reports the first failure.
  *
  * Rendezvous: a generation barrier per group under the machine lock (see
- * machine_priv.h for why the deadlock test is exact). */
+ * machine_priv.h for why the deadlock test is exact).  Collectives meet
+ * once (sim_exchange): the last arriver moves the data, with helpers. */
 #include "sim/machine_priv.h"
 #include "sim/topology.h"
 
@@ -24,6 +25,11 @@ static void tune_host_malloc_once(void)
 {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    /* one malloc arena for all threads: glibc gives each device thread its own arena made of
+     * 64 MiB heaps that it unmaps and maps again as activations come and go, so blocks below
+     * the mmap threshold faulted in afresh every step (62k page faults per step of the bench/step
+     * model at 1 device); the main arena keeps freed memory, and steady-state steps fault none */
+    mallopt(M_ARENA_MAX, 1);
 }
 
 int sim_mesh_slice(const sim_mesh_desc *m, int id)
@@ -186,6 +192,7 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
      * large sgemms: blas_kernels/bk_gemm.c); OpenBLAS itself runs single-threaded, so its
      * yield-spinning workers never compete with the pool */
     m->blas_threads = sim_topology_blas_threads(m->n);
+    m->cores = sim_topology_cores();
     openblas_set_num_threads(1);
     *out = m;
     return SIM_OK;
@@ -203,6 +210,7 @@ static void group_free(sim_group *g)
     free(g->seq);
     free(g->members);
     free(g->slot);
+    free(g->byrank);
     free(g);
 }
 
@@ -272,7 +280,7 @@ void sim_device_set_step(sim_device *d, int step)
         s.t0 = s.t1 = sim_now_ns();
         s.lane = -1;
         s.rec = -1;
-        snprintf(s.name, sizeof s.name, "step %d", step);
+        if (sim_trace_keeps(d)) snprintf(s.name, sizeof s.name, "step %d", step);
         sim_trace_add(d, &s);
     }
     d->step = step;
@@ -310,7 +318,8 @@ static sim_group *group_new(sim_machine *m, unsigned mask, const int *coords)
         if (mask & (1u << a)) g->k *= m->mesh.sizes[a];
     g->members = calloc((size_t)g->k, sizeof *g->members);
     g->slot = calloc((size_t)g->k, sizeof *g->slot);
-    SIM_ASSERT(g->members && g->slot);
+    g->byrank = calloc((size_t)g->k, sizeof *g->byrank);
+    SIM_ASSERT(g->members && g->slot && g->byrank);
     /* Canonical member order: mixed radix over the group's axes in mesh order. */
     int c[SIM_MAX_AXES];
     memcpy(c, coords, sizeof c);
@@ -452,10 +461,14 @@ static void watchdog_locked(sim_machine *m, const sim_device *d)
     fail_locked(m, SIM_ERR_DEADLOCK, msg);
 }
 
-/* Sleeps until released (or, unless must_finish, until the machine fails).
- * Called with the lock held and d->waiting set; returns with it released. */
-static sim_status block_locked(sim_machine *m, sim_device *d, bool must_finish)
+/* Sleeps until released (or, unless it waits for a DEPART, until the
+ * machine fails).  Called with the lock held and d->waiting set; returns
+ * with it released.  The kind is read under the lock at every wake-up: an
+ * exchange turns its members' ARRIVE waits into DEPART waits while they
+ * sleep (sim_exchange), and from then on they must stay until released. */
+static sim_status block_locked(sim_machine *m, sim_device *d)
 {
+    bool must_finish = d->wait_kind == SIM_RV_DEPART;
     bool failed = m->failed && !must_finish;
     pthread_mutex_unlock(&m->lock);
     /* The watchdog is a timed wait on the semaphore: the thread sleeps until
@@ -473,11 +486,13 @@ static sim_status block_locked(sim_machine *m, sim_device *d, bool must_finish)
         if (timed) {
             int r;
             while ((r = sem_timedwait(&d->wake, &deadline)) != 0 && errno == EINTR) continue;
-            if (r != 0) { /* the deadline passed: end the run, unless released meanwhile */
+            if (r != 0) { /* the deadline passed: end the run, unless released or turned into a DEPART meanwhile */
                 pthread_mutex_lock(&m->lock);
-                if (d->waiting && !m->failed) watchdog_locked(m, d);
+                must_finish = d->wait_kind == SIM_RV_DEPART;
+                if (d->waiting && !m->failed && !must_finish) watchdog_locked(m, d);
                 bool released = !d->waiting;
-                failed = d->waiting && m->failed;
+                failed = d->waiting && m->failed && !must_finish;
+                timed = !must_finish;
                 pthread_mutex_unlock(&m->lock);
                 if (released) {
                     while (!atomic_exchange(&d->released, false)) sched_yield();
@@ -492,7 +507,7 @@ static sim_status block_locked(sim_machine *m, sim_device *d, bool must_finish)
         /* a failure's post, or a stale post from an earlier wake-up */
         pthread_mutex_lock(&m->lock);
         bool released = !d->waiting;
-        failed = d->waiting && m->failed && !must_finish;
+        failed = d->waiting && m->failed && d->wait_kind != SIM_RV_DEPART;
         pthread_mutex_unlock(&m->lock);
         if (released) {
             /* released, and its flag already seen or about to be: consume it */
@@ -513,6 +528,24 @@ static sim_status block_locked(sim_machine *m, sim_device *d, bool must_finish)
     /* released between the failure check and the lock: a normal return */
     while (!atomic_exchange(&d->released, false)) sched_yield();
     return SIM_OK;
+}
+
+/* Releases every member of g that waits on it, except d (under the lock,
+ * which it drops); their semaphores are posted after unlocking, so the
+ * woken devices never wait for the lock. */
+static void release_group_unlock(sim_machine *m, sim_group *g, const sim_device *d)
+{
+    int nrel = 0, rel[SIM_MAX_DEVICES];
+    for (int j = 0; j < g->k; j++) {
+        sim_device *p = &m->dev[g->members[j]];
+        if (p == d || !p->waiting || p->wait_group != g) continue;
+        p->waiting = false;
+        m->n_blocked--;
+        atomic_store(&p->released, true);
+        rel[nrel++] = g->members[j];
+    }
+    pthread_mutex_unlock(&m->lock);
+    for (int j = 0; j < nrel; j++) sem_post(&m->dev[rel[j]].wake);
 }
 
 sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match)
@@ -539,19 +572,7 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
         }
         g->arrived = 0;
         g->gen++;
-        int nrel = 0, rel[SIM_MAX_DEVICES];
-        for (int j = 0; j < g->k; j++) {
-            sim_device *p = &m->dev[g->members[j]];
-            if (p == d || !p->waiting) continue;
-            SIM_ASSERT(p->wait_group == g);
-            p->waiting = false;
-            m->n_blocked--;
-            atomic_store(&p->released, true);
-            rel[nrel++] = g->members[j];
-        }
-        pthread_mutex_unlock(&m->lock);
-        /* posted after unlocking: the woken devices never wait for this lock */
-        for (int j = 0; j < nrel; j++) sem_post(&m->dev[rel[j]].wake);
+        release_group_unlock(m, g, d);
         return SIM_OK;
     }
     d->waiting = true;
@@ -560,7 +581,101 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
     d->wait_kind = kind;
     m->n_blocked++;
     if (m->n_blocked == m->n_alive) deadlock_locked(m);
-    return block_locked(m, d, must_finish);
+    return block_locked(m, d);
+}
+
+/* Runs tasks of g's exchange until none is left; the last worker to stop
+ * releases the members, the others wait for it (their tasks are done, but
+ * a task still running may write into their buffers or read from them). */
+static void exchange_work(sim_machine *m, sim_device *d, sim_group *g, sim_call *call)
+{
+    for (;;) {
+        int t = atomic_fetch_add(&g->task_next, 1);
+        if (t >= g->ntask) break;
+        g->task_fn(m, g, t);
+    }
+    pthread_mutex_lock(&m->lock);
+    if (--g->workers == 0) {
+        release_group_unlock(m, g, d);
+        return;
+    }
+    d->waiting = true;
+    d->wait_group = g;
+    d->wait_call = call;
+    d->wait_kind = SIM_RV_DEPART;
+    m->n_blocked++;
+    if (m->n_blocked == m->n_alive) deadlock_locked(m);
+    (void)block_locked(m, d); /* a DEPART wait: it ends released */
+}
+
+sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
+                        int ntask, bool split)
+{
+    sim_machine *m = d->m;
+    pthread_mutex_lock(&m->lock);
+    if (m->failed) {
+        pthread_mutex_unlock(&m->lock);
+        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
+    }
+    g->slot[sim_group_slot(g, d)] = call;
+    if (++g->arrived < g->k) {
+        d->waiting = true;
+        d->wait_group = g;
+        d->wait_call = call;
+        d->wait_kind = SIM_RV_ARRIVE;
+        d->helper = false;
+        m->n_blocked++;
+        if (m->n_blocked == m->n_alive) deadlock_locked(m);
+        SIM_TRY(block_locked(m, d));
+        if (d->helper) exchange_work(m, d, g, call); /* asked to move data; else the exchange is over */
+        return SIM_OK;
+    }
+    char why[6144];
+    if (!match(m, g, why, sizeof why)) {
+        fail_locked(m, SIM_ERR_MISMATCH, why);
+        pthread_mutex_unlock(&m->lock);
+        return sim_err(SIM_ERR_MISMATCH, "%s", why);
+    }
+    g->arrived = 0;
+    g->gen++;
+    for (int j = 0; j < g->k; j++) { /* the calls agree on their axes: rank them by those */
+        sim_call *c = g->slot[j];
+        g->byrank[sim_device_group_rank(&m->dev[c->device], c->axes)] = c;
+    }
+    g->task_fn = task;
+    g->ntask = ntask;
+    atomic_store(&g->task_next, 0);
+    /* the other members stay asleep until the data has moved (no failure may
+     * wake them: peers write into their buffers), except, when the exchange
+     * is large enough to share, a helper for each other core: device threads
+     * are pinned round-robin (core = id % cores), and a helper pinned to a
+     * core that already works would only take turns with that worker */
+    int helpers = split ? m->cores - 1 : 0, nrel = 0, rel[SIM_MAX_DEVICES];
+    for (int j = 0; j < g->k; j++) {
+        sim_device *p = &m->dev[g->members[j]];
+        if (p == d) continue;
+        SIM_ASSERT(p->waiting && p->wait_group == g);
+        bool help = nrel < helpers;
+        if (help && m->opts.pin_threads) {
+            int core = p->id % m->cores;
+            help = core != d->id % m->cores;
+            for (int i = 0; i < nrel && help; i++) help = core != rel[i] % m->cores;
+        }
+        if (help) {
+            p->waiting = false;
+            p->helper = true;
+            m->n_blocked--;
+            atomic_store(&p->released, true);
+            rel[nrel++] = g->members[j];
+        } else {
+            p->wait_kind = SIM_RV_DEPART;
+        }
+    }
+    g->workers = 1 + nrel;
+    pthread_mutex_unlock(&m->lock);
+    for (int j = 0; j < nrel; j++) sem_post(&m->dev[rel[j]].wake);
+    exchange_work(m, d, g, call);
+    return SIM_OK;
 }
 
 /* Generations a dry-run device may post ahead of the slowest member of its group. */
@@ -620,7 +735,7 @@ sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match
         d->wait_kind = SIM_RV_ARRIVE;
         m->n_blocked++;
         if (m->n_blocked == m->n_alive) deadlock_locked(m);
-        SIM_TRY(block_locked(m, d, false));
+        SIM_TRY(block_locked(m, d));
         pthread_mutex_lock(&m->lock);
         if (m->failed) {
             pthread_mutex_unlock(&m->lock);
@@ -802,24 +917,31 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
 void sim_trace_add(sim_device *d, const sim_span *s)
 {
     if (!d->m->opts.trace) return;
-    if (d->nspans == d->capspans) {
-        d->capspans = d->capspans ? 2 * d->capspans : 256;
-        d->spans = realloc(d->spans, d->capspans * sizeof *d->spans);
-        SIM_ASSERT(d->spans);
+    if (sim_trace_keeps(d)) {
+        if (d->nspans == d->capspans) {
+            d->capspans = d->capspans ? 2 * d->capspans : 256;
+            d->spans = realloc(d->spans, d->capspans * sizeof *d->spans);
+            SIM_ASSERT(d->spans);
+        }
+        d->spans[d->nspans] = *s;
     }
-    d->spans[d->nspans++] = *s;
+    __atomic_store_n(&d->nspans, d->nspans + 1, __ATOMIC_RELAXED); /* read by later devices' sim_trace_keeps */
 }
 
 int sim_span_begin(sim_device *d, const char *name)
 {
     if (!d->m->opts.trace) return -1;
     sim_span s = {0};
+    if (!sim_trace_keeps(d)) { /* counted only: no name to copy */
+        sim_trace_add(d, &s);
+        return -1;
+    }
     s.t0 = sim_now_ns();
     s.lane = 0;
     s.rec = -1;
-    snprintf(s.name, sizeof s.name, "%s", name);
+    sim_str_put(s.name, sizeof s.name, 0, name, SIZE_MAX);
     sim_trace_add(d, &s);
-    return (int)d->nspans - 1;
+    return d->spans ? (int)d->nspans - 1 : -1;
 }
 
 int sim_span_begin_mb(sim_device *d, const char *name, int mb)
@@ -831,7 +953,7 @@ int sim_span_begin_mb(sim_device *d, const char *name, int mb)
 
 void sim_span_end(sim_device *d, int token)
 {
-    if (token < 0 || (size_t)token >= d->nspans) return;
+    if (token < 0 || (size_t)token >= d->nspans || !d->spans) return; /* no spans once dropped */
     sim_span *s = &d->spans[token];
     s->t1 = sim_now_ns();
     sim_arena_stats st;

@@ -42,6 +42,10 @@ typedef struct sim_call {
 
 typedef enum { SIM_RV_ARRIVE = 0, SIM_RV_DEPART, SIM_RV_BARRIER } sim_rv_kind;
 
+typedef struct sim_group sim_group;
+/* Task `task` of an exchange's data movement over g (see sim_exchange). */
+typedef void (*sim_task_fn)(sim_machine *m, sim_group *g, int task);
+
 /* A call posted in a dry run, with copies of what the match reads. */
 typedef struct {
     sim_call call;
@@ -50,7 +54,7 @@ typedef struct {
     int *perm;            /* ppermute: k entries */
 } sim_posted;
 
-typedef struct sim_group {
+struct sim_group {
     int k;                /* members */
     unsigned mask;        /* axes of the group (bit per mesh axis) */
     int arrived;          /* members at the current rendezvous */
@@ -66,7 +70,13 @@ typedef struct sim_group {
     int cap;
     int nahead;           /* members sleeping because they are too far ahead */
     uint64_t ahead_gen;   /* the lowest generation one of them wants to post */
-} sim_group;
+    /* the data movement of the exchange in progress (sim_exchange) */
+    sim_task_fn task_fn;
+    int ntask;
+    atomic_int task_next; /* the next task to claim */
+    int workers;          /* threads still claiming tasks (under the lock) */
+    sim_call **byrank;    /* [k]: the posted calls by rank in the calls' axes order */
+};
 
 typedef struct {
     uint64_t t0, t1;
@@ -91,6 +101,7 @@ struct sim_device {
     atomic_bool released;  /* set with the post of a normal release */
     bool waiting;
     bool finished;
+    bool helper;           /* released from an exchange's ARRIVE to move data (sim_exchange) */
     sim_group *wait_group;
     const sim_call *wait_call;
     sim_rv_kind wait_kind;
@@ -106,8 +117,9 @@ struct sim_device {
     size_t ncost, capcost;
     sim_op_totals totals[SIM_NOP];
     /* trace */
-    sim_span *spans;
-    size_t nspans, capspans;
+    sim_span *spans;       /* NULL once dropped */
+    size_t nspans, capspans; /* nspans counts every span, kept or not (other devices read it: atomics) */
+    bool spans_dropped;    /* this device cannot be in the trace (sim_trace_keeps): spans counted, not kept */
     /* run */
     pthread_t thread;
     sim_status st;
@@ -118,6 +130,7 @@ struct sim_machine {
     sim_machine_opts opts;
     int n;
     int blas_threads;
+    int cores;            /* of the host: the threads an exchange's data movement is shared by */
     uint64_t t_origin;
     sim_device *dev;
     pthread_mutex_t lock;
@@ -130,6 +143,7 @@ struct sim_machine {
     /* run */
     sim_device_fn fn;
     void *arg;
+    size_t trace_limit;   /* sim_trace_set_limit: the trace's max_events (0 = every device) */
 };
 
 /* The group over `mask` that device d belongs to (created on first use). */
@@ -141,6 +155,17 @@ int sim_group_slot(const sim_group *g, const sim_device *d);
  * calls agree (`match`, returning a message on mismatch). */
 typedef bool (*sim_match_fn)(sim_machine *m, sim_group *g, char *why, size_t cap);
 sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match);
+/* A collective in one meeting: every member of g posts its call and sleeps;
+ * the last to arrive checks the calls (`match`) and runs the data movement,
+ * `ntask` independent tasks (`task`, each moving what one member receives),
+ * with as many sleeping members woken to help as the host has other cores
+ * when `split` (a large exchange); the last worker to finish releases the
+ * rest.  So a member sleeps once per collective, not at an ARRIVE and again
+ * at a DEPART: with 64 device threads on 2 cores the hand-offs were a large
+ * part of the step.  Once the movement has started no failure wakes a
+ * member (its buffers are in use); it always completes. */
+sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
+                        int ntask, bool split);
 /* Dry runs move no data, so a device need not wait for its peers: it posts
  * a copy of its call and goes on; the member that completes a generation
  * checks that all its calls agree (`match`).  Calls left unmatched when the
@@ -150,8 +175,12 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
 sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match_fn match);
 /* Marks the machine failed (first failure wins) and wakes every device. */
 void sim_machine_fail(sim_machine *m, sim_status st, const char *msg);
-/* Appends a span to d's trace (when tracing). */
+/* Appends a span to d's trace (when tracing); a device that keeps no spans only counts it. */
 void sim_trace_add(sim_device *d, const sim_span *s);
+/* Whether d still keeps its spans (trace.c): false once devices 0..d already hold more
+ * spans than the trace limit, so d can never be written (sim_trace_devices_within); its
+ * spans are then freed and only counted.  Callers skip building a span that is not kept. */
+bool sim_trace_keeps(sim_device *d);
 unsigned sim_axes_mask(sim_axes axes);
 
 #endif

@@ -611,6 +611,75 @@ static void test_all_reduce_deterministic_and_dry(void **state)
     sim_machine_free(m);
 }
 
+/* ------------------------------------------------------------ large exchanges */
+
+/* Collectives large enough that the last member to arrive shares the data
+ * movement with helper threads (sim_exchange), several in a row on the same
+ * groups: an in-place all-reduce over y (k = 4, chunks of unequal size) and
+ * a reduce-scatter over (x, y) (k = 8).  The sums, in rank order, are
+ * computed here; they must match bit for bit on every device and round. */
+enum { BIG_AR = 100003, BIG_RS = 40000, BIG_ROUNDS = 3 };
+
+typedef struct {
+    float *ar[8], *rs[8];
+} big_case;
+
+static sim_status big_device(sim_device *d, void *arg)
+{
+    big_case *bc = arg;
+    int id = sim_device_id(d);
+    float *x = malloc((size_t)8 * BIG_RS * sizeof *x);
+    float *ar = bc->ar[id], *rs = bc->rs[id];
+    sim_status st = SIM_OK;
+    for (int round = 0; round < BIG_ROUNDS && st == SIM_OK; round++) {
+        for (size_t i = 0; i < BIG_AR; i++) ar[(size_t)round * BIG_AR + i] = noise(id + 8 * round, i);
+        st = sim_all_reduce(d, ar + (size_t)round * BIG_AR, ar + (size_t)round * BIG_AR, BIG_AR, SIM_F32,
+                            sim_axes_1(1), sim_meta_tag("big/ar"));
+        for (size_t i = 0; i < (size_t)8 * BIG_RS; i++) x[i] = noise(100 + id + 8 * round, i);
+        if (st == SIM_OK)
+            st = sim_reduce_scatter(d, x, rs + (size_t)round * BIG_RS, (size_t)8 * BIG_RS, SIM_F32, sim_axes_2(0, 1),
+                                    sim_meta_tag("big/rs"));
+    }
+    free(x);
+    return st;
+}
+
+static void test_large_exchanges(void **state)
+{
+    (void)state;
+    tmesh tm = {2, {2, 4}};
+    big_case *bc = calloc(1, sizeof *bc);
+    for (int id = 0; id < 8; id++) {
+        bc->ar[id] = malloc((size_t)BIG_ROUNDS * BIG_AR * sizeof(float));
+        bc->rs[id] = malloc((size_t)BIG_ROUNDS * BIG_RS * sizeof(float));
+    }
+    sim_machine *m = make_machine(&tm, false);
+    assert_int_equal(sim_machine_run(m, big_device, bc), SIM_OK);
+    int bad = 0;
+    for (int round = 0; round < BIG_ROUNDS; round++)
+        for (int id = 0; id < 8; id++) {
+            int x = id / 4;
+            for (size_t i = 0; i < BIG_AR; i++) { /* over y: the devices 4x .. 4x+3, in y order */
+                float s = noise(4 * x + 8 * round, i);
+                for (int y = 1; y < 4; y++) s += noise(4 * x + y + 8 * round, i);
+                bad += memcmp(&bc->ar[id][(size_t)round * BIG_AR + i], &s, sizeof s) != 0;
+            }
+            for (size_t i = 0; i < BIG_RS; i++) { /* over (x, y): rank = device id; this device's block */
+                size_t at = (size_t)id * BIG_RS + i;
+                float s = noise(100 + 8 * round, at);
+                for (int q = 1; q < 8; q++) s += noise(100 + q + 8 * round, at);
+                bad += memcmp(&bc->rs[id][(size_t)round * BIG_RS + i], &s, sizeof s) != 0;
+            }
+        }
+    assert_int_equal(bad, 0);
+    for (int id = 0; id < 8; id++) {
+        free(bc->ar[id]);
+        free(bc->rs[id]);
+    }
+    free(bc);
+    sim_machine_free(m);
+}
+
 /* ------------------------------------------------------------ slices */
 
 /* Mesh (x=4, y=2) on two slices: x = dcn 2 x ici 2, so devices with x in
@@ -683,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_errors_dry),
         cmocka_unit_test(test_all_reduce_deterministic_and_dry),
+        cmocka_unit_test(test_large_exchanges),
         cmocka_unit_test(test_dcn_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
