@@ -313,31 +313,30 @@ static void test_parity_five_steps(void **state)
     open_run(&ref, NULL, 0, 1, STEPS);
     train(&ref, true);
     assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.05);
+    /* auto mode only: MaxText 0.2.5 traces no explicit-mode pipeline (test_explicit_refused) */
     for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
-        { /* auto mode only: MaxText 0.2.5 refuses every explicit-mode pipeline (test_explicit_refused) */
-            const pipe_case *pc = &CASES[ci];
-            const char *extra[8];
-            int n = 0;
-            for (int f = 0; f < 5 && pc->flags[f]; f++) extra[n++] = pc->flags[f];
-            extra[n++] = "shard_mode=auto";
-            run_t r;
-            open_run(&r, extra, n, pc->devices, STEPS);
-            assert_true(r.def->d.pipe.on);
-            train(&r, true);
-            for (int s = 0; s < STEPS; s++) {
-                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
-                if (fabs(l - lr) > 1e-4 * fabs(lr))
-                    fail_msg("%s %s step %d: loss %.7f vs %.7f", pc->label, extra[n - 1], s, l, lr);
-                for (int i = 0; i < r.def->nparams; i++) {
-                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
-                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
-                    if (e > 1e-4)
-                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", pc->label, extra[n - 1], s,
-                                 r.def->defs[i].path, e);
-                }
+        const pipe_case *pc = &CASES[ci];
+        const char *extra[8];
+        int n = 0;
+        for (int f = 0; f < 5 && pc->flags[f]; f++) extra[n++] = pc->flags[f];
+        extra[n++] = "shard_mode=auto";
+        run_t r;
+        open_run(&r, extra, n, pc->devices, STEPS);
+        assert_true(r.def->d.pipe.on);
+        train(&r, true);
+        for (int s = 0; s < STEPS; s++) {
+            double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+            if (fabs(l - lr) > 1e-4 * fabs(lr))
+                fail_msg("%s %s step %d: loss %.7f vs %.7f", pc->label, extra[n - 1], s, l, lr);
+            for (int i = 0; i < r.def->nparams; i++) {
+                const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                if (e > 1e-4)
+                    fail_msg("%s %s step %d: gradient of %s differs by %.3g", pc->label, extra[n - 1], s,
+                             r.def->defs[i].path, e);
             }
-            close_run(&r);
         }
+        close_run(&r);
     }
     close_run(&ref);
 }
@@ -394,42 +393,41 @@ static void test_parity_gradient_accumulation(void **state)
           "shard_optimizer_over_data=true", "gradient_accumulation_steps=2"},
          4},
     };
+    /* auto mode only (explicit: test_explicit_refused) */
     for (size_t ci = 0; ci < sizeof GCASES / sizeof GCASES[0]; ci++) {
-        { /* auto mode only (explicit: test_explicit_refused) */
-            const char *extra[8];
-            int n = 0;
-            for (int f = 0; f < 5 && GCASES[ci].flags[f]; f++) extra[n++] = GCASES[ci].flags[f];
-            extra[n++] = "shard_mode=auto";
-            run_t r;
-            open_run(&r, extra, n, GCASES[ci].devices, STEPS);
-            train(&r, true);
-            for (int s = 0; s < STEPS; s++) {
-                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
-                if (fabs(l - lr) > 1e-4 * fabs(lr))
-                    fail_msg("%s %s step %d: loss %.7f vs %.7f", GCASES[ci].label, extra[n - 1], s, l, lr);
-                for (int i = 0; i < r.def->nparams; i++) {
-                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
-                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
-                    if (e > 1e-4)
-                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", GCASES[ci].label, extra[n - 1], s,
-                                 r.def->defs[i].path, e);
-                }
+        const char *extra[8];
+        int n = 0;
+        for (int f = 0; f < 5 && GCASES[ci].flags[f]; f++) extra[n++] = GCASES[ci].flags[f];
+        extra[n++] = "shard_mode=auto";
+        run_t r;
+        open_run(&r, extra, n, GCASES[ci].devices, STEPS);
+        train(&r, true);
+        for (int s = 0; s < STEPS; s++) {
+            double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+            if (fabs(l - lr) > 1e-4 * fabs(lr))
+                fail_msg("%s %s step %d: loss %.7f vs %.7f", GCASES[ci].label, extra[n - 1], s, l, lr);
+            for (int i = 0; i < r.def->nparams; i++) {
+                const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                if (e > 1e-4)
+                    fail_msg("%s %s step %d: gradient of %s differs by %.3g", GCASES[ci].label, extra[n - 1], s,
+                             r.def->defs[i].path, e);
             }
-            if (ci == 1) { /* two pipeline calls per step: two gathers of each held, fsdp-sharded layer weight */
-                size_t nr;
-                const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
-                uint64_t gathers = 0;
-                for (size_t i = 0; i < nr; i++)
-                    gathers += rec[i].op == SIM_OP_ALL_GATHER && rec[i].step == STEPS - 1 &&
-                               !strcmp(rec[i].tag, "pipeline/fsdp_ag_once");
-                int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
-                uint64_t n_sharded = 0;
-                for (int i = 0; i < r.def->nparams; i++)
-                    n_sharded += r.def->defs[i].scan_dim >= 0 && (mesh_spec_dim_axes(&r.def->spec[i]) & (1u << fsdp));
-                assert_int_equal(gathers, 2 * 4 * n_sharded); /* 2 microbatches x 4 held layers */
-            }
-            close_run(&r);
         }
+        if (ci == 1) { /* two pipeline calls per step: two gathers of each held, fsdp-sharded layer weight */
+            size_t nr;
+            const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
+            uint64_t gathers = 0;
+            for (size_t i = 0; i < nr; i++)
+                gathers += rec[i].op == SIM_OP_ALL_GATHER && rec[i].step == STEPS - 1 &&
+                           !strcmp(rec[i].tag, "pipeline/fsdp_ag_once");
+            int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
+            uint64_t n_sharded = 0;
+            for (int i = 0; i < r.def->nparams; i++)
+                n_sharded += r.def->defs[i].scan_dim >= 0 && (mesh_spec_dim_axes(&r.def->spec[i]) & (1u << fsdp));
+            assert_int_equal(gathers, 2 * 4 * n_sharded); /* 2 microbatches x 4 held layers */
+        }
+        close_run(&r);
     }
     close_run(&ref);
 }
@@ -462,39 +460,38 @@ static void test_parity_deepseek(void **state)
     open_run(&ref, base, NDS, 1, STEPS);
     train(&ref, true);
     assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.02);
+    /* auto mode only (explicit: test_explicit_refused) */
     for (size_t ci = 0; ci < sizeof DCASES / sizeof DCASES[0]; ci++) {
-        { /* auto mode only (explicit: test_explicit_refused) */
-            int n = NDS;
-            for (int f = 0; f < 5 && DCASES[ci].flags[f]; f++) base[n++] = DCASES[ci].flags[f];
-            base[n++] = "shard_mode=auto";
-            run_t r;
-            open_run(&r, base, n, DCASES[ci].devices, STEPS);
-            assert_true(r.def->d.pipe.on);
-            assert_int_equal(r.def->d.pipe.layers, 2); /* the MoE layers */
-            train(&r, true);
-            for (int s = 0; s < STEPS; s++) {
-                double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
-                if (fabs(l - lr) > 1e-4 * fabs(lr))
-                    fail_msg("%s %s step %d: loss %.7f vs %.7f", DCASES[ci].label, base[n - 1], s, l, lr);
-                for (int i = 0; i < r.def->nparams; i++) {
-                    const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
-                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
-                    if (e > 1e-4)
-                        fail_msg("%s %s step %d: gradient of %s differs by %.3g", DCASES[ci].label, base[n - 1], s,
-                                 r.def->defs[i].path, e);
-                }
+        int n = NDS;
+        for (int f = 0; f < 5 && DCASES[ci].flags[f]; f++) base[n++] = DCASES[ci].flags[f];
+        base[n++] = "shard_mode=auto";
+        run_t r;
+        open_run(&r, base, n, DCASES[ci].devices, STEPS);
+        assert_true(r.def->d.pipe.on);
+        assert_int_equal(r.def->d.pipe.layers, 2); /* the MoE layers */
+        train(&r, true);
+        for (int s = 0; s < STEPS; s++) {
+            double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
+            if (fabs(l - lr) > 1e-4 * fabs(lr))
+                fail_msg("%s %s step %d: loss %.7f vs %.7f", DCASES[ci].label, base[n - 1], s, l, lr);
+            for (int i = 0; i < r.def->nparams; i++) {
+                const model_grads *g = &r.job.step_grads[s], *gr = &ref.job.step_grads[s];
+                double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                if (e > 1e-4)
+                    fail_msg("%s %s step %d: gradient of %s differs by %.3g", DCASES[ci].label, base[n - 1], s,
+                             r.def->defs[i].path, e);
             }
-            /* the dense layer's weight gradients are summed over 'stage' (stage acts as data there) */
-            int stage = mesh_shape_axis_index(&r.def->mesh, "stage");
-            size_t nr;
-            const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
-            bool dense_over_stage = false;
-            for (size_t i = 0; i < nr; i++)
-                if (strstr(rec[i].tag, "dense_layers.mlp.wi_0") && rec[i].phase == SIM_PHASE_BACKWARD)
-                    for (int a = 0; a < rec[i].axes.n; a++) dense_over_stage |= rec[i].axes.axis[a] == stage;
-            assert_true(dense_over_stage);
-            close_run(&r);
         }
+        /* the dense layer's weight gradients are summed over 'stage' (stage acts as data there) */
+        int stage = mesh_shape_axis_index(&r.def->mesh, "stage");
+        size_t nr;
+        const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
+        bool dense_over_stage = false;
+        for (size_t i = 0; i < nr; i++)
+            if (strstr(rec[i].tag, "dense_layers.mlp.wi_0") && rec[i].phase == SIM_PHASE_BACKWARD)
+                for (int a = 0; a < rec[i].axes.n; a++) dense_over_stage |= rec[i].axes.axis[a] == stage;
+        assert_true(dense_over_stage);
+        close_run(&r);
     }
     close_run(&ref);
     /* the load-balance loss inside a pipeline is refused, naming the key and the fix */
@@ -877,30 +874,29 @@ static void test_ag_per_repeat(void **state)
     train(&ref, true);
     assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.05);
     static const char *const micro[2] = {"num_pipeline_microbatches=2", "num_pipeline_microbatches=4"};
+    /* auto mode only (explicit: test_explicit_refused) */
     for (int mi = 0; mi < 2; mi++) {
-        { /* auto mode only (explicit: test_explicit_refused) */
-            const char *extra[] = {"base_num_decoder_layers=4", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2",
-                                   "pipeline_fsdp_ag_per_repeat=true", micro[mi], "shard_mode=auto"};
-            run_t r;
-            open_run(&r, extra, 6, 4, STEPS);
-            assert_true(r.def->d.pipe.on && r.def->d.pipe.ag_per_repeat);
-            assert_int_equal(r.def->d.pipe.repeats, R);
-            assert_int_equal(r.def->d.pipe.circ_storage, mi == 1);
-            train(&r, true);
-            for (int st = 0; st < STEPS; st++) {
-                double l = r.job.stats[st].loss, lr = ref.job.stats[st].loss;
-                if (fabs(l - lr) > 1e-4 * fabs(lr))
-                    fail_msg("ag_per_repeat %s %s step %d: loss %.7f vs %.7f", micro[mi], extra[5], st, l, lr);
-                for (int i = 0; i < r.def->nparams; i++) {
-                    const model_grads *g = &r.job.step_grads[st], *gr = &ref.job.step_grads[st];
-                    double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
-                    if (e > 1e-4)
-                        fail_msg("ag_per_repeat %s %s step %d: gradient of %s differs by %.3g", micro[mi], extra[5],
-                                 st, r.def->defs[i].path, e);
-                }
+        const char *extra[] = {"base_num_decoder_layers=4", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2",
+                               "pipeline_fsdp_ag_per_repeat=true", micro[mi], "shard_mode=auto"};
+        run_t r;
+        open_run(&r, extra, 6, 4, STEPS);
+        assert_true(r.def->d.pipe.on && r.def->d.pipe.ag_per_repeat);
+        assert_int_equal(r.def->d.pipe.repeats, R);
+        assert_int_equal(r.def->d.pipe.circ_storage, mi == 1);
+        train(&r, true);
+        for (int st = 0; st < STEPS; st++) {
+            double l = r.job.stats[st].loss, lr = ref.job.stats[st].loss;
+            if (fabs(l - lr) > 1e-4 * fabs(lr))
+                fail_msg("ag_per_repeat %s %s step %d: loss %.7f vs %.7f", micro[mi], extra[5], st, l, lr);
+            for (int i = 0; i < r.def->nparams; i++) {
+                const model_grads *g = &r.job.step_grads[st], *gr = &ref.job.step_grads[st];
+                double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
+                if (e > 1e-4)
+                    fail_msg("ag_per_repeat %s %s step %d: gradient of %s differs by %.3g", micro[mi], extra[5],
+                             st, r.def->defs[i].path, e);
             }
-            close_run(&r);
         }
+        close_run(&r);
     }
     close_run(&ref);
 
