@@ -479,6 +479,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         return rc;
     }
     if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
+    if (def->d.dry_run) sim_host_malloc_many_arenas(); /* this process makes dry runs only */
     config_box(out, &cm, steps);
     if (!def->d.dry_run) {
         model_train_job probe = {0};

@@ -21,6 +21,10 @@
 
 /* ---------------------------------------------------------------- mesh */
 
+static bool host_one_arena = true; /* sim_host_malloc_many_arenas */
+
+void sim_host_malloc_many_arenas(void) { host_one_arena = false; }
+
 static void tune_host_malloc_once(void)
 {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
@@ -29,7 +33,7 @@ static void tune_host_malloc_once(void)
      * 64 MiB heaps that it unmaps and maps again as activations come and go, so blocks below
      * the mmap threshold faulted in afresh every step (62k page faults per step of the bench/step
      * model at 1 device); the main arena keeps freed memory, and steady-state steps fault none */
-    mallopt(M_ARENA_MAX, 1);
+    if (host_one_arena) mallopt(M_ARENA_MAX, 1);
 }
 
 int sim_mesh_slice(const sim_mesh_desc *m, int id)
