@@ -184,11 +184,20 @@ static void test_verdicts_agree(void **state)
     if (agree != nrows) fail_msg("%d rows disagree:%s", nrows - agree, report);
 }
 
-/* MaxText's auto mode runs what explicit mode refuses; so does shardsim's (a dry run each). */
+/* MaxText's auto mode runs what explicit mode refuses; so does shardsim's (a dry run each).  Except a
+ * deepseek3 pipeline with its default MoEBiasVar gate bias (rows P13, P14): MaxText 0.2.5 stops it in auto
+ * mode too (the catch-all assert of layers/pipeline.py, seen with the peer's verdict.py shard_mode=auto),
+ * and shardsim refuses it at the config. */
+static bool auto_mode_fails_too(const row *r)
+{
+    return strstr(r->keys, "model_name=deepseek3") && strstr(r->keys, "pipeline_parallelism=") &&
+           !strstr(r->keys, "routed_bias=false");
+}
+
 static void test_auto_mode_runs_them(void **state)
 {
     (void)state;
-    int tried = 0;
+    int tried = 0, refused = 0;
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
         if (strcmp(r->verdict, "fail") || flash_on_cpu(r)) continue;
@@ -196,11 +205,20 @@ static void test_auto_mode_runs_them(void **state)
         const char *argv[MAX_ARGS];
         int argc = build_argv(r, "shard_mode=auto", store, sizeof store, argv);
         cli_capture c = cli_capture_run(cli_train, argc, argv);
+        if (auto_mode_fails_too(r)) {
+            if (c.rc != 2 || !strstr(c.err, "Non-RngState"))
+                fail_msg("%s in auto mode: MaxText's catch-all assert expected (exit 2): rc=%d: %.800s", r->id, c.rc,
+                         c.err);
+            refused++;
+            cli_capture_free(&c);
+            continue;
+        }
         if (c.rc != 0) fail_msg("%s in auto mode: rc=%d: %.800s", r->id, c.rc, c.err);
         cli_capture_free(&c);
         tried++;
     }
     assert_true(tried >= 10);
+    assert_int_equal(refused, 2); /* P13, P14 */
 }
 
 int main(void)
