@@ -16,7 +16,8 @@
  * weight_dtype float32, remat_policy full).  Measured "MB" are read as MiB,
  * the profiler's unit (the PRs do not say).  Targets: memory within 10%,
  * step time within 25%, except seed 000's FSDP2+TPT2 auto row, whose
- * measurement comes from a partitioner choice shardsim does not make.
+ * measurement comes from a partitioner choice shardsim does not make.  A
+ * miss the model cannot close for a named reason carries a note.
  * Benchmark, not a test: prints the table and exits 0 unless a run fails. */
 #include <math.h>
 #include <stdbool.h>
@@ -32,6 +33,7 @@ typedef struct {
     const char *words[12];
     double mem_mb, step_ms; /* measured on v5p-8 */
     const char *exempt;     /* why the targets do not apply, or NULL */
+    const char *note;       /* what is known about a miss that is not exempt, or NULL */
 } row;
 
 #define DS "model_name=deepseek3-test", "per_device_batch_size=1"
@@ -70,19 +72,22 @@ static const char *mem_exempt(const char *seed, const char *config)
 }
 
 static const row ROWS[] = {
-    {"000", "FSDP4", "auto", {DS}, 68748, 2238, NULL},
-    {"000", "FSDP4", "explicit", {DS, "shard_mode=explicit"}, 68961, 2284, NULL},
-    {"000", "FSDP2+TP2", "auto", {DS, "ici_tensor_parallelism=2"}, 69448, 2014, NULL},
-    {"000", "FSDP2+TP2", "explicit", {DS, "ici_tensor_parallelism=2", "shard_mode=explicit"}, 69617, 2378, NULL},
+    {"000", "FSDP4", "auto", {DS}, 68748, 2238, NULL, NULL},
+    {"000", "FSDP4", "explicit", {DS, "shard_mode=explicit"}, 68961, 2284, NULL, NULL},
+    {"000", "FSDP2+TP2", "auto", {DS, "ici_tensor_parallelism=2"}, 69448, 2014, NULL, NULL},
+    {"000", "FSDP2+TP2", "explicit", {DS, "ici_tensor_parallelism=2", "shard_mode=explicit"}, 69617, 2378, NULL, NULL},
     {"000", "FSDP2+TPT2", "auto", {DS, TPT}, 93836, 10743,
      "the PR's 'tensor-transpose pathology' of auto mode (its explicit mode removed it: -26% memory, -75% step): "
      "XLA's partitioner resharded differently; shardsim's auto mode reshards at MaxText's constraints by its cheapest plan, "
-     "so it predicts near the explicit figures"},
-    {"000", "FSDP2+TPT2", "explicit", {DS, TPT, "shard_mode=explicit"}, 69373, 2714, NULL},
-    {"002", "FSDP+PP", "auto", {LL}, 48219, 4567, NULL},
-    {"002", "FSDP+PP", "explicit", {LL, "shard_mode=explicit"}, 50913, 6822, NULL},
-    {"002", "ZeRO-1+PP", "auto", {LL, Z1}, 48315, 4636, NULL},
-    {"002", "ZeRO-1+PP", "explicit", {LL, Z1, "shard_mode=explicit"}, 47997, 5272, NULL},
+     "so it predicts near the explicit figures", NULL},
+    {"000", "FSDP2+TPT2", "explicit", {DS, TPT, "shard_mode=explicit"}, 69373, 2714, NULL, NULL},
+    {"002", "FSDP+PP", "auto", {LL}, 48219, 4567, NULL, NULL},
+    {"002", "FSDP+PP", "explicit", {LL, "shard_mode=explicit"}, 50913, 6822, NULL,
+     "at the edge of the band: MaxText's explicit step is 1.49x its auto one (6822 vs 4567 ms); shardsim's explicit run moves 9.35 GiB more per "
+     "step (a (stage, fsdp) all-gather), which costs tens of ms on v5p ICI even serialised with compute: the measured "
+     "+2.26 s is not in the bytes or kernels shardsim counts (not resolved)"},
+    {"002", "ZeRO-1+PP", "auto", {LL, Z1}, 48315, 4636, NULL, NULL},
+    {"002", "ZeRO-1+PP", "explicit", {LL, Z1, "shard_mode=explicit"}, 47997, 5272, NULL, NULL},
 };
 enum { NROWS = sizeof ROWS / sizeof ROWS[0] };
 
@@ -178,8 +183,9 @@ int main(void)
     }
     printf("seeds on v5p-8 (4 devices): predicted (dry run, v5p profile) vs measured (MaxText PRs)\n");
     printf("model constants (configs/timemodel.yml): mxu %.2f, hbm %.2f, ici %.2f, dcn %.2f, hop latency %.1f us, "
-           "prefetch %d weight collectives\n\n",
-           eff.mxu, eff.hbm, eff.ici, eff.dcn, eff.hop_latency_s * 1e6, eff.prefetch);
+           "weight collectives %s\n\n",
+           eff.mxu, eff.hbm, eff.ici, eff.dcn, eff.hop_latency_s * 1e6,
+           eff.overlap_weights ? "overlapped with compute" : "serialised with compute");
     printf("%-4s %-11s %-8s | %9s %9s %6s %-6s | %8s %8s %6s %-6s | %5s %8s %8s %8s %8s\n", "seed", "config", "mode",
            "mem MiB", "measured", "ratio", "", "step ms", "measured", "ratio", "", "MFU", "compute", "exposed",
            "optim", "bubbles");
@@ -205,9 +211,14 @@ int main(void)
     for (int i = 0; i < NROWS; i++)
         if (ROWS[i].exempt)
             printf("exempt: seed %s %s %s: %s\n", ROWS[i].seed, ROWS[i].config, ROWS[i].mode, ROWS[i].exempt);
+        else if (ROWS[i].note)
+            printf("note: seed %s %s %s: %s\n", ROWS[i].seed, ROWS[i].config, ROWS[i].mode, ROWS[i].note);
     for (int i = 0; i < NROWS; i++) /* one line per text */
         if (mem_exempt(ROWS[i].seed, ROWS[i].config) &&
             (i == 0 || mem_exempt(ROWS[i - 1].seed, ROWS[i - 1].config) != mem_exempt(ROWS[i].seed, ROWS[i].config)))
             printf("exempt (memory): seed %s %s: %s\n", ROWS[i].seed, ROWS[i].config, mem_exempt(ROWS[i].seed, ROWS[i].config));
+    printf("seed 000's step is the experts' megablox tiles (64 rows per expert in 512-row tiles, k = n = 512 in "
+           "1024-wide blocks: 32x the useful FLOPs) and the float32 FSDP gathers of all 256 experts, serialised "
+           "(configs/timemodel.yml overlap_weight_collectives); `shardsim train` prints both breakdowns\n");
     return 0;
 }

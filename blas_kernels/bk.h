@@ -36,9 +36,11 @@
  * build stays portable and this machine's wide vectors are used.  Every clone runs the same float
  * operations in the same order (no reassociation, and -std=c11 keeps a*b+c as two roundings, never
  * a fused FMA), so the results are the same bits whichever clone runs.  Reductions stay in scalar
- * order or in explicit lanes written out in the source.  BK_NO_CLONES (e.g. for sanitizer builds)
- * keeps only the baseline. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BK_NO_CLONES)
+ * order or in explicit lanes written out in the source.  BK_NO_CLONES keeps only the baseline. */
+/* ThreadSanitizer crashes in the loader's ifunc resolvers, which run before its runtime is up:
+ * its builds keep the baseline only. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BK_NO_CLONES) && \
+    !defined(__SANITIZE_THREAD__)
 #define BK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define BK_CLONES

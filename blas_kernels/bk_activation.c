@@ -26,14 +26,14 @@ typedef struct {
 } ew_args;
 
 /* Pointers are copied into restrict locals so the loops vectorise. */
-static void silu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
+BK_CLONES static void silu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
   const ew_args *a = arg;
   float *restrict out = a->o0;
   const float *restrict in = a->i0;
   for (int64_t i = lo; i < hi; i++) out[i] = in[i] * sigmoidf_stable(in[i]);
 }
 
-static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
+BK_CLONES static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
   const ew_args *a = arg;
   float *restrict din = a->o0;
   const float *restrict dout = a->i0, *restrict in = a->i1;
@@ -43,14 +43,14 @@ static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
   }
 }
 
-static void swiglu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
+BK_CLONES static void swiglu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
   const ew_args *a = arg;
   float *restrict out = a->o0;
   const float *restrict gate = a->i0, *restrict up = a->i1;
   for (int64_t i = lo; i < hi; i++) out[i] = gate[i] * sigmoidf_stable(gate[i]) * up[i];
 }
 
-static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
+BK_CLONES static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
   const ew_args *a = arg;
   float *restrict dgate = a->o0, *restrict dup = a->o1;
   const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
@@ -58,6 +58,17 @@ static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
     float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
     dgate[i] += d * up[i] * (s + g * s * (1.0f - s));
     dup[i] += d * g * s;
+  }
+}
+
+BK_CLONES static void swiglu_bwd_into_chunk(int64_t lo, int64_t hi, void *arg) {
+  const ew_args *a = arg;
+  float *restrict dgate = a->o0, *restrict dup = a->o1;
+  const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
+  for (int64_t i = lo; i < hi; i++) {
+    float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
+    dgate[i] = d * up[i] * (s + g * s * (1.0f - s));
+    dup[i] = d * g * s;
   }
 }
 
@@ -84,6 +95,13 @@ void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gat
   BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
   ew_args a = {dgate, dup, dout, gate, up};
   bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_chunk, &a);
+}
+
+void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate,
+                        const float *up, size_t n) {
+  BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
+  ew_args a = {dgate, dup, dout, gate, up};
+  bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_into_chunk, &a);
 }
 
 void bk_silu_fwd_ref(float *out, const float *in, size_t n) {

@@ -20,6 +20,9 @@ void bk_swiglu_fwd(float *out,         // (n)
 /* dgate += dout * up * silu'(gate); dup += dout * silu(gate) */
 void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
                    const float *up, size_t n);  // all (n)
+/* The same, writing dgate and dup instead of adding to them (no need to zero them first). */
+void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate,
+                        const float *up, size_t n);
 
 void bk_silu_fwd_ref(float *out, const float *in, size_t n);
 void bk_silu_bwd_ref(float *din, const float *dout, const float *in, size_t n);

@@ -97,7 +97,7 @@ static void run_rows(int B, bk_range_fn fn, void *job) {
 }
 
 /* Batch rows [b_lo, b_hi) of the forward pass. */
-static void attention_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+BK_CLONES static void attention_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
   const attn_job *J = arg;
   const bk_attn_dims *d = J->d;
   float *out = J->out, *lse = J->lse;
@@ -186,7 +186,7 @@ void bk_attention_fwd(float *out, float *lse, const float *q, const float *k, co
 }
 
 /* Batch rows [b_lo, b_hi) of the backward pass (each row's dk/dv are its own). */
-static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+BK_CLONES static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
   const attn_job *J = arg;
   const bk_attn_dims *d = J->d;
   float *dq = J->dq, *dk = J->dk, *dv = J->dv;
@@ -389,7 +389,7 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
  * dK += scale dS^T Q.  Parallel over batch rows (a row's dk/dv are its own), fixed loop order.
  * ---------------------------------------------------------------------------------------------- */
 
-static void attention_dot_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+BK_CLONES static void attention_dot_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
   const attn_job *J = arg;
   const bk_attn_dims *d = J->d;
   const int Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv, rep = Hq / Hkv;
@@ -437,7 +437,7 @@ void bk_attention_dot_fwd(float *out, float *probs, const float *q, const float 
   run_rows(d->B, attention_dot_fwd_rows, &J);
 }
 
-static void attention_dot_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+BK_CLONES static void attention_dot_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
   const attn_job *J = arg;
   const bk_attn_dims *d = J->d;
   const int Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv, rep = Hq / Hkv;

@@ -111,10 +111,13 @@ static void check_args(const void *out, const void *in, const int32_t *pos, int 
   BK_ASSERT(N == 0 || (out && in && pos));
 }
 
-/* Forward and backward share the per-token cos/sin table and the pair addressing:
+/* Forward and backward share the cos/sin table and the pair addressing:
  * input pair i sits at (a_i, b_i) = (2i, 2i+1) if interleaved, else (i, i+half);
- * output pair i always at (i, i+half). */
-/* The operands of one rope call, shared by its token chunks. */
+ * output pair i always at (i, i+half).  The table has one row (cos[half], sin[half], times
+ * the output scale) per position: a call's tokens usually repeat a few positions (a batch of
+ * rows at 0..T-1), so the rows are made once per distinct position in [pos_lo, pos_hi]
+ * instead of once per token; when the positions spread wider than there are tokens, each token
+ * makes its own row.  A row holds the same values either way. */
 typedef struct {
   float *out;
   const float *in;
@@ -122,55 +125,95 @@ typedef struct {
   int H, in_stride, out_stride, backward;
   const bk_rope_params *p;
   const double *freq;
+  float *table;     /* (pos_hi - pos_lo + 1, dim) rows, or NULL: per token */
+  int64_t pos_lo;
 } rope_job;
 
-static void rope_tokens(int64_t n_lo, int64_t n_hi, void *arg) {
+/* One table row: cos and sin of pos * freq[i], times the output scale. */
+static void rope_row(float *cs, int32_t pos, const double *freq, int half, float scale) {
+  for (int i = 0; i < half; i++) {
+    double ang = (double)pos * freq[i];
+    cs[i] = (float)(cos(ang) * scale);
+    cs[half + i] = (float)(sin(ang) * scale);
+  }
+}
+
+static void rope_table_rows(int64_t lo, int64_t hi, void *arg) {
+  const rope_job *J = arg;
+  int half = J->p->dim / 2;
+  float scale = (float)output_scale(J->p);
+  for (int64_t r = lo; r < hi; r++)
+    rope_row(J->table + r * J->p->dim, (int32_t)(J->pos_lo + r), J->freq, half, scale);
+}
+
+/* y = rotate(x) for one row of the non-interleaved layout (y and x do not overlap). */
+static inline void rot_fwd(float *restrict y, const float *restrict x, const float *restrict c,
+                           const float *restrict s, int half) {
+  for (int i = 0; i < half; i++) {
+    float x1 = x[i], x2 = x[i + half];
+    y[i] = x1 * c[i] - x2 * s[i];
+    y[i + half] = x2 * c[i] + x1 * s[i];
+  }
+}
+
+static inline void rot_bwd(float *restrict dx, const float *restrict g, const float *restrict c,
+                           const float *restrict s, int half) {
+  for (int i = 0; i < half; i++) {
+    float g1 = g[i], g2 = g[i + half];
+    dx[i] += g1 * c[i] + g2 * s[i];
+    dx[i + half] += g2 * c[i] - g1 * s[i];
+  }
+}
+
+BK_CLONES static void rope_tokens(int64_t n_lo, int64_t n_hi, void *arg) {
   const rope_job *J = arg;
   const bk_rope_params *p = J->p;
   int half = p->dim / 2, H = J->H;
   int il = p->kind == BK_ROPE_YARN && p->interleave;
-  float *cs = bk_xmalloc((size_t)2 * half * sizeof *cs);  // cos[half], sin[half] of one token
-  float *tmp = bk_xmalloc((size_t)p->dim * sizeof *tmp);  // for in-place interleaved fwd
+  float *own = J->table ? NULL : bk_xmalloc((size_t)2 * half * sizeof *own);  // this token's row
+  float *tmp = bk_xmalloc((size_t)p->dim * sizeof *tmp);  // an in-place input row
   float scale = (float)output_scale(p);
   for (int64_t n = n_lo; n < n_hi; n++) {
-    for (int i = 0; i < half; i++) {
-      double ang = (double)J->pos[n] * J->freq[i];
-      cs[i] = (float)(cos(ang) * scale);
-      cs[half + i] = (float)(sin(ang) * scale);
-    }
+    const float *cs = own;
+    if (J->table)
+      cs = J->table + (J->pos[n] - J->pos_lo) * p->dim;
+    else
+      rope_row(own, J->pos[n], J->freq, half, scale);
     const float *c = cs, *s = cs + half;
     for (int h = 0; h < H; h++) {
       size_t row = (size_t)n * H + h;
       if (!J->backward) {
         const float *x = J->in + row * J->in_stride;
         float *y = J->out + row * J->out_stride;
-        if (il && (const float *)y == x) {
+        if ((const float *)y == x) {
           memcpy(tmp, x, (size_t)p->dim * sizeof *tmp);
           x = tmp;
         }
+        if (!il) {
+          rot_fwd(y, x, c, s, half);
+          continue;
+        }
         for (int i = 0; i < half; i++) {
-          float x1 = il ? x[2 * i] : x[i], x2 = il ? x[2 * i + 1] : x[i + half];
+          float x1 = x[2 * i], x2 = x[2 * i + 1];
           y[i] = x1 * c[i] - x2 * s[i];
           y[i + half] = x2 * c[i] + x1 * s[i];
         }
       } else {  // here `out` is din (input layout), `in` is dout (output layout)
         const float *g = J->in + row * J->out_stride;
         float *dx = J->out + row * J->in_stride;
+        if (!il) {
+          rot_bwd(dx, g, c, s, half);
+          continue;
+        }
         for (int i = 0; i < half; i++) {
           float g1 = g[i], g2 = g[i + half];
-          float d1 = g1 * c[i] + g2 * s[i], d2 = g2 * c[i] - g1 * s[i];
-          if (il) {
-            dx[2 * i] += d1;
-            dx[2 * i + 1] += d2;
-          } else {
-            dx[i] += d1;
-            dx[i + half] += d2;
-          }
+          dx[2 * i] += g1 * c[i] + g2 * s[i];
+          dx[2 * i + 1] += g2 * c[i] - g1 * s[i];
         }
       }
     }
   }
-  free(cs), free(tmp);
+  free(own), free(tmp);
 }
 
 static void rope_apply(float *out, const float *in, const int32_t *pos, int N, int H,
@@ -178,8 +221,21 @@ static void rope_apply(float *out, const float *in, const int32_t *pos, int N, i
   check_args(out, in, pos, N, H, in_stride, out_stride, p);
   double *freq = bk_xmalloc((size_t)(p->dim / 2) * sizeof *freq);
   bk_rope_freqs(freq, p);
-  rope_job J = {out, in, pos, H, in_stride, out_stride, backward, p, freq};
+  rope_job J = {out, in, pos, H, in_stride, out_stride, backward, p, freq, NULL, 0};
+  if (N > 0) {
+    int64_t lo = pos[0], hi = pos[0];
+    for (int n = 1; n < N; n++) {
+      lo = pos[n] < lo ? pos[n] : lo;
+      hi = pos[n] > hi ? pos[n] : hi;
+    }
+    if (hi - lo + 1 <= N) {  // fewer distinct positions than tokens: a row per position
+      J.table = bk_xmalloc((size_t)(hi - lo + 1) * p->dim * sizeof *J.table);
+      J.pos_lo = lo;
+      bk_parallel_for(hi - lo + 1, 64, rope_table_rows, &J);
+    }
+  }
   bk_parallel_for(N, 256, rope_tokens, &J);  /* tokens are independent */
+  free(J.table);
   free(freq);
 }
 

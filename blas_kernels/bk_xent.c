@@ -5,27 +5,53 @@
 #include <math.h>
 
 #include "blas_kernels/bk.h"
+#include "blas_kernels/bk_parallel.h"
+
+/* Rows are independent: the row loops run in chunks of XENT_GRAIN rows on the kernel pool, each
+ * row computed as on one thread. */
+enum { XENT_GRAIN = 16 };
+
+typedef struct {
+  float *out, *dlogits;
+  const float *logits, *m, *dloss, *lse;
+  const int32_t *targets;
+  int V_local, v_lo;
+  float z_loss;
+  int set; /* backward: write dlogits instead of adding to it */
+} xent_job;
+
+BK_CLONES static void row_max_chunk(int64_t lo, int64_t hi, void *arg) {
+  const xent_job *J = arg;
+  for (int64_t n = lo; n < hi; n++) {
+    const float *x = J->logits + (size_t)n * J->V_local;
+    float mx = -INFINITY;  // an empty shard contributes -inf to the max all-reduce
+    for (int j = 0; j < J->V_local; j++) mx = x[j] > mx ? x[j] : mx;
+    J->out[n] = mx;
+  }
+}
 
 void bk_xent_row_max(float *m, const float *logits, int N, int V_local) {
   BK_ASSERTF(N >= 0 && V_local >= 0, "N=%d V_local=%d", N, V_local);
-  for (int n = 0; n < N; n++) {
-    const float *x = logits + (size_t)n * V_local;
-    float mx = -INFINITY;  // an empty shard contributes -inf to the max all-reduce
-    for (int j = 0; j < V_local; j++) mx = x[j] > mx ? x[j] : mx;
-    m[n] = mx;
+  xent_job J = {m, NULL, logits, NULL, NULL, NULL, NULL, V_local, 0, 0.0f, 0};
+  bk_parallel_for(N, XENT_GRAIN, row_max_chunk, &J);
+}
+
+static void row_sumexp_chunk(int64_t lo, int64_t hi, void *arg) {
+  const xent_job *J = arg;
+  for (int64_t n = lo; n < hi; n++) {
+    const float *x = J->logits + (size_t)n * J->V_local;
+    const float mn = J->m[n];
+    BK_ASSERTF(isfinite(mn) || J->V_local == 0, "row %lld: max %g is not finite", (long long)n, (double)mn);
+    double acc = 0.0;
+    for (int j = 0; j < J->V_local; j++) acc += expf(x[j] - mn);
+    J->out[n] = (float)acc;
   }
 }
 
 void bk_xent_row_sumexp(float *s, const float *logits, const float *m, int N, int V_local) {
   BK_ASSERTF(N >= 0 && V_local >= 0, "N=%d V_local=%d", N, V_local);
-  for (int n = 0; n < N; n++) {
-    const float *x = logits + (size_t)n * V_local;
-    const float mn = m[n];
-    BK_ASSERTF(isfinite(mn) || V_local == 0, "row %d: max %g is not finite", n, (double)mn);
-    double acc = 0.0;
-    for (int j = 0; j < V_local; j++) acc += expf(x[j] - mn);
-    s[n] = (float)acc;
-  }
+  xent_job J = {s, NULL, logits, m, NULL, NULL, NULL, V_local, 0, 0.0f, 0};
+  bk_parallel_for(N, XENT_GRAIN, row_sumexp_chunk, &J);
 }
 
 void bk_xent_pick_target(float *t, const float *logits, const int32_t *targets, int N, int V_local,
@@ -47,18 +73,35 @@ void bk_xent_combine(float *loss, float *lse, const float *m, const float *s, co
   }
 }
 
+static void bwd_local_chunk(int64_t lo, int64_t hi, void *arg) {
+  const xent_job *J = arg;
+  const int V_local = J->V_local;
+  for (int64_t n = lo; n < hi; n++) {
+    const float *x = J->logits + (size_t)n * V_local;
+    float *dx = J->dlogits + (size_t)n * V_local;
+    const float L = J->lse[n], g = J->dloss[n];
+    const float gp = (float)(g * (1.0 + 2.0 * (double)J->z_loss * L));  // d loss / d lse, times dloss
+    if (J->set)
+      for (int j = 0; j < V_local; j++) dx[j] = gp * expf(x[j] - L);
+    else
+      for (int j = 0; j < V_local; j++) dx[j] += gp * expf(x[j] - L);
+    long long jt = (long long)J->targets[n] - J->v_lo;
+    if (jt >= 0 && jt < V_local) dx[jt] -= g;
+  }
+}
+
 void bk_xent_bwd_local(float *dlogits, const float *dloss, const float *logits, const float *lse,
                        const int32_t *targets, int N, int V_local, int v_lo, float z_loss) {
   BK_ASSERTF(N >= 0 && V_local >= 0, "N=%d V_local=%d", N, V_local);
-  for (int n = 0; n < N; n++) {
-    const float *x = logits + (size_t)n * V_local;
-    float *dx = dlogits + (size_t)n * V_local;
-    const float L = lse[n], g = dloss[n];
-    const float gp = (float)(g * (1.0 + 2.0 * (double)z_loss * L));  // d loss / d lse, times dloss
-    for (int j = 0; j < V_local; j++) dx[j] += gp * expf(x[j] - L);
-    long long jt = (long long)targets[n] - v_lo;
-    if (jt >= 0 && jt < V_local) dx[jt] -= g;
-  }
+  xent_job J = {NULL, dlogits, logits, NULL, dloss, lse, targets, V_local, v_lo, z_loss, 0};
+  bk_parallel_for(N, XENT_GRAIN, bwd_local_chunk, &J);
+}
+
+void bk_xent_bwd_local_into(float *dlogits, const float *dloss, const float *logits, const float *lse,
+                            const int32_t *targets, int N, int V_local, int v_lo, float z_loss) {
+  BK_ASSERTF(N >= 0 && V_local >= 0, "N=%d V_local=%d", N, V_local);
+  xent_job J = {NULL, dlogits, logits, NULL, dloss, lse, targets, V_local, v_lo, z_loss, 1};
+  bk_parallel_for(N, XENT_GRAIN, bwd_local_chunk, &J);
 }
 
 void bk_xent_fwd(float *loss, float *lse, const float *logits, const int32_t *targets, int N, int V,

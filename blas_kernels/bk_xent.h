@@ -52,6 +52,10 @@ void bk_xent_bwd_local(float *dlogits,          // (N, V_local) accumulated
                        const float *lse,        // (N) GLOBAL lse
                        const int32_t *targets,  // (N) global ids
                        int N, int V_local, int v_lo, float z_loss);
+/* The same, writing dlogits instead of adding to it (no need to zero it first; every element
+ * equals what bk_xent_bwd_local adds to a zeroed buffer). */
+void bk_xent_bwd_local_into(float *dlogits, const float *dloss, const float *logits, const float *lse,
+                            const int32_t *targets, int N, int V_local, int v_lo, float z_loss);
 
 void bk_xent_fwd_ref(float *loss, float *lse, const float *logits, const int32_t *targets, int N,
                      int V, float z_loss);

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sim/textout.h"
 #include "sim/trace.h"
 
 /* ======================================================================== */
@@ -230,26 +231,70 @@ typedef struct {
     int n_devices; /* devices written (whole devices, from device 0) */
 } csv_args;
 
+/* csv_field on a textout */
+static void csv_field_out(sim_textout *o, const char *s)
+{
+    if (!strpbrk(s, ",\"\n\r")) {
+        sim_textout_str(o, s);
+        return;
+    }
+    sim_textout_char(o, '"');
+    for (; *s; s++) {
+        if (*s == '"') sim_textout_char(o, '"');
+        sim_textout_char(o, *s);
+    }
+    sim_textout_char(o, '"');
+}
+
+/* One line per record, formatted by hand (sim/textout.h): a 256-device run writes
+ * hundreds of thousands of lines on one thread at the end. */
 static sim_status write_collectives(FILE *f, void *arg)
 {
     const csv_args *a = arg;
     const cli_records *r = a->recs;
     char ax[256];
-    fputs("device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind,bytes_sent_dcn\n", f);
+    sim_textout *o = malloc(sizeof *o);
+    if (!o) return sim_err(SIM_ERR_OOM, "collectives.csv: out of host memory");
+    sim_textout_init(o, f);
+    sim_textout_str(o, "device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind,"
+                       "bytes_sent_dcn\n");
     for (int d = 0; d < a->n_devices; d++) {
+        sim_axes last = {-1, {0}}; /* the axes text of the previous record, kept */
         for (size_t i = 0; i < r->n[d]; i++) {
             const sim_record *x = &r->recs[d][i];
             if (x->step < a->steps.first || x->step > a->steps.last) continue;
-            fprintf(f, "%d,%d,%s,", d, x->step, sim_phase_name(x->phase));
-            csv_field(f, x->tag[0] ? x->tag : "-");
-            fprintf(f, ",%s,", sim_op_name(x->op));
-            csv_field(f, cli_axes_text(&r->mesh, x->axes, ax, sizeof ax));
-            fprintf(f, ",%d,%s,%llu,%llu,%llu,%s,%llu\n", x->group_size, sim_dtype_name(x->dtype),
-                    (unsigned long long)x->elements, (unsigned long long)x->bytes_sent,
-                    (unsigned long long)x->bytes_recv, x->implicit ? "implicit" : "explicit",
-                    (unsigned long long)x->bytes_sent_dcn);
+            sim_textout_i64(o, d);
+            sim_textout_char(o, ',');
+            sim_textout_i64(o, x->step);
+            sim_textout_char(o, ',');
+            sim_textout_str(o, sim_phase_name(x->phase));
+            sim_textout_char(o, ',');
+            csv_field_out(o, x->tag[0] ? x->tag : "-");
+            sim_textout_char(o, ',');
+            sim_textout_str(o, sim_op_name(x->op));
+            sim_textout_char(o, ',');
+            if (last.n != x->axes.n || memcmp(last.axis, x->axes.axis, (size_t)x->axes.n * sizeof *x->axes.axis)) {
+                cli_axes_text(&r->mesh, x->axes, ax, sizeof ax);
+                last = x->axes;
+            }
+            csv_field_out(o, ax);
+            sim_textout_char(o, ',');
+            sim_textout_i64(o, x->group_size);
+            sim_textout_char(o, ',');
+            sim_textout_str(o, sim_dtype_name(x->dtype));
+            sim_textout_char(o, ',');
+            sim_textout_u64(o, x->elements);
+            sim_textout_char(o, ',');
+            sim_textout_u64(o, x->bytes_sent);
+            sim_textout_char(o, ',');
+            sim_textout_u64(o, x->bytes_recv);
+            sim_textout_str(o, x->implicit ? ",implicit," : ",explicit,");
+            sim_textout_u64(o, x->bytes_sent_dcn);
+            sim_textout_char(o, '\n');
         }
     }
+    sim_textout_flush(o);
+    free(o);
     return SIM_OK;
 }
 

@@ -479,6 +479,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         return rc;
     }
     if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
+    if (def->d.dry_run) sim_host_malloc_many_arenas(); /* this process makes dry runs only */
     config_box(out, &cm, steps);
     if (!def->d.dry_run) {
         model_train_job probe = {0};
@@ -498,6 +499,11 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
     if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
     if (!st) sim_machine_set_record_costs(m, have_hw);
+    if (!st && *outdir) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB) */
+        long long trace_events = 0;
+        st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &trace_events);
+        if (!st) sim_trace_set_limit(m, (size_t)trace_events);
+    }
     if (st) {
         int rc = cli_fail(err, st);
         model_data_close(&data);

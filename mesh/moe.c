@@ -732,6 +732,7 @@ typedef struct {
     int64_t *cnt_send;         /* [G * XL] rows I send to rank d for its local expert e */
     int64_t *cnt_recv;         /* [G * XL] rows I get from rank q for my local expert e */
     int64_t n_send, n_recv, cap; /* rows sent, received, and the receive capacity */
+    mesh_moe_tile gmm[2][3];   /* megablox tiles (mesh_moe_cfg.gmm); zero on the dense path */
     char tag[SIM_TAG_MAX];
 } moe_geom;
 
@@ -879,17 +880,52 @@ static void group_sizes(const moe_geom *g, const int64_t *cnt, int32_t *gs)
     }
 }
 
+/* The matrix unit's work of one megablox call over groups gs (rows in expert order) with the
+ * products' k and n: the grid visits, for each non-empty group, every tm-row tile its rows touch
+ * (a tile shared by g groups is computed g times: backend.py make_group_metadata), and each
+ * visit computes whole tk x tn blocks, the last one masked but not shortened (k = 512 under
+ * tk = 1024 costs 1024).  0 when untiled (then the exact FLOPs stand). */
+static double gmm_work(const int32_t *gs, int64_t groups, mesh_moe_tile t, int64_t k, int64_t n)
+{
+    if (t.m <= 0 || t.k <= 0 || t.n <= 0) return 0.0;
+    double visits = 0;
+    int64_t start = 0;
+    for (int64_t e = 0; e < groups; e++) {
+        int64_t end = start + gs[e];
+        if (gs[e] > 0) visits += (double)((end + t.m - 1) / t.m - start / t.m);
+        start = end;
+    }
+    double kk = (double)((k + t.k - 1) / t.k * t.k), nn = (double)((n + t.n - 1) / t.n * t.n);
+    return 2.0 * visits * (double)t.m * kk * nn;
+}
+
 /* The grouped FFN's cost for the step-time model: three products of the N received rows with
  * their experts' (M, Hl) weights, every local expert's weights read once, the rows' inputs,
  * hidden activations and outputs read or written once.  Backward makes the input and weight
- * gradients (twice the products) and writes the weight gradients. */
+ * gradients (twice the products) and writes the weight gradients.  On the sparse path the
+ * products run as megablox gmm calls (wi_0, wi_1, wo; backward a gmm for the input gradient
+ * and a tgmm for the weight gradient of each), whose padded tiles are the matrix unit's work. */
 static void ffn_cost(const moe_geom *g, bool backward)
 {
     double N = (double)g->n_recv, M = (double)g->M, H = (double)g->Hl, W = 3.0 * (double)g->XL * M * H;
     double flops = 3.0 * 2.0 * N * M * H, el = W + N * (2.0 * M + 3.0 * H);
     if (backward) flops *= 2.0, el = 2.0 * W + 2.0 * N * (2.0 * M + 3.0 * H);
+    double mxu = 0;
+    if (!g->dense && g->gmm[MESH_MOE_WI][MESH_MOE_FWD].m > 0) {
+        int32_t *gs = malloc((size_t)g->XL * sizeof *gs);
+        SIM_ASSERT(gs);
+        group_sizes(g, g->cnt_recv, gs);
+        const mesh_moe_tile *wi = g->gmm[MESH_MOE_WI], *wo = g->gmm[MESH_MOE_WO];
+        int64_t Mi = g->M, Hi = g->Hl;
+        if (!backward) /* wi_0, wi_1: (rows, M) x (M, Hl); wo: (rows, Hl) x (Hl, M) */
+            mxu = 2.0 * gmm_work(gs, g->XL, wi[MESH_MOE_FWD], Mi, Hi) + gmm_work(gs, g->XL, wo[MESH_MOE_FWD], Hi, Mi);
+        else /* input gradients contract the output dim; weight gradients (tgmm) contract the rows */
+            mxu = 2.0 * (gmm_work(gs, g->XL, wi[MESH_MOE_DLHS], Hi, Mi) + gmm_work(gs, g->XL, wi[MESH_MOE_DRHS], Mi, Hi)) +
+                  gmm_work(gs, g->XL, wo[MESH_MOE_DLHS], Mi, Hi) + gmm_work(gs, g->XL, wo[MESH_MOE_DRHS], Hi, Mi);
+        free(gs);
+    }
     char tag[SIM_TAG_MAX];
-    sim_device_add_cost(g->dev, flops, el, W, gtag(g, backward ? "ffn_bwd" : "ffn", tag, sizeof tag));
+    sim_device_add_cost_tiled(g->dev, flops, mxu, el, W, gtag(g, backward ? "ffn_bwd" : "ffn", tag, sizeof tag));
 }
 
 /* in_q (n_recv, M) [q][e] -> out_q (n_recv, Mo) [q][e]; keeps xr, h0, h1 in pl. */
@@ -1589,6 +1625,7 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     g->G = group_of(m, g->ep_tok);
     g->g = sim_device_group_rank(dev, g->ep_tok);
     if (dense) g->C = c->capacity;
+    if (!dense) memcpy(g->gmm, c->gmm, sizeof g->gmm);
     int64_t per = k < g->XL ? k : g->XL;
     g->cap = (int64_t)g->G * g->T * per; /* dropless worst case, as MaxText sizes its receive buffer */
     if (c->ring) g->cap = g->A; /* the ring sorts every assignment of the gathered rows (moe.py permute) */

@@ -82,6 +82,13 @@ sim_status mesh_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, co
  * in float32 as MaxText: bias[e] += rate * sign(sum(counts) / E - counts[e]). */
 void mesh_moe_bias_update(float *bias, const float *counts, int64_t E, double rate);
 
+/* One megablox grouped-matmul call's tile (MaxText's wi_tile_* / wo_tile_* triples, in the
+ * kernel's (tm, tk, tn) order): every grid step computes a whole tm x tk x tn block. */
+typedef struct {
+    int64_t m, k, n;
+} mesh_moe_tile;
+enum { MESH_MOE_WI = 0, MESH_MOE_WO = 1, MESH_MOE_FWD = 0, MESH_MOE_DLHS = 1, MESH_MOE_DRHS = 2 };
+
 typedef struct {
     sim_axes ep;            /* expert-parallel axes: they shard the experts dim of the weights, in order */
     bool ring;              /* use_ring_of_experts: x, weights and indices come gathered over ep
@@ -95,6 +102,8 @@ typedef struct {
     mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */
     unsigned keep;          /* remat: MESH_MOE_KEEP_* residuals the policy saves (MaxText's moe.py tags) */
     struct mesh_moe_saved **saved; /* remat: where they wait between the passes (NULL: nothing kept) */
+    mesh_moe_tile gmm[2][3]; /* sparse path: the megablox gmm tiles [wi, wo][fwd, dlhs, drhs], for the
+                              * step-time model's cost of the padded tiles; all zero: exact FLOPs */
 } mesh_moe_cfg;
 
 /* The region's residuals a remat policy saves, by MaxText's checkpoint_name

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk.h"
 #include "blas_kernels/bk_activation.h"
 #include "blas_kernels/bk_parallel.h"
 #include "blas_kernels/bk_attention.h"
@@ -104,6 +105,14 @@ static sim_status new_cot(mesh_tape *t, const char *name, int rank, const int64_
     return mesh_tape_zeros(t, name, rank, shape, spec, SIM_MEM_TEMP, out);
 }
 
+/* The same, not zeroed: for a VJP that writes every element of it. */
+static sim_status new_cot_raw(mesh_tape *t, const char *name, int rank, const int64_t *shape, const mesh_spec *spec,
+                              mesh_array *out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    return mesh_array_new_raw(c->dev, c->mesh, name, rank, shape, spec, SIM_F32, SIM_MEM_TEMP, out);
+}
+
 static int64_t local_rows(const mesh_array *a) { return a->rank ? (int64_t)a->nlocal / a->local[a->rank - 1] : 1; }
 
 /* ------------------------------------------------------------ RMSNorm */
@@ -121,7 +130,7 @@ typedef struct {
     int64_t grain;
 } norm_job;
 
-static void norm_sumsq_rows(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void norm_sumsq_rows(int64_t lo, int64_t hi, void *arg)
 {
     const norm_job *J = arg;
     for (int64_t n = lo; n < hi; n++) {
@@ -132,7 +141,7 @@ static void norm_sumsq_rows(int64_t lo, int64_t hi, void *arg)
     }
 }
 
-static void norm_apply_rows(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void norm_apply_rows(int64_t lo, int64_t hi, void *arg)
 {
     const norm_job *J = arg;
     for (int64_t n = lo; n < hi; n++) {
@@ -144,7 +153,7 @@ static void norm_apply_rows(int64_t lo, int64_t hi, void *arg)
     }
 }
 
-static void norm_dot_rows(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void norm_dot_rows(int64_t lo, int64_t hi, void *arg)
 {
     const norm_job *J = arg;
     for (int64_t n = lo; n < hi; n++) {
@@ -154,7 +163,7 @@ static void norm_dot_rows(int64_t lo, int64_t hi, void *arg)
     }
 }
 
-static void norm_dx_rows(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void norm_dx_rows(int64_t lo, int64_t hi, void *arg)
 {
     const norm_job *J = arg;
     double *acc = J->partial + (lo / J->grain) * J->C;
@@ -180,12 +189,12 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
     sim_axes xe = dim_axes(&xs, r - 1);
     mesh_spec dxs = dy->spec; /* x dims + partial P */
     mesh_array dx, dscale, dot;
-    SIM_TRY(new_cot(t, "rmsnorm/dx", r, xa->shape, &dxs, &dx));
+    SIM_TRY(new_cot_raw(t, "rmsnorm/dx", r, xa->shape, &dxs, &dx)); /* norm_dx_rows writes every element */
     mesh_spec ss;
     mesh_spec_init(&ss, 1);
     set_dim(&ss, 0, &xs, r - 1);
     ss.partial = dy->spec.partial | (mesh_spec_dim_axes(&xs) & ~axes_mask(xe));
-    SIM_TRY(new_cot(t, "rmsnorm/dscale", 1, sa->shape, &ss, &dscale));
+    SIM_TRY(new_cot_raw(t, "rmsnorm/dscale", 1, sa->shape, &ss, &dscale)); /* written below */
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, rstd, "rmsnorm/dot", SIM_MEM_TEMP, &dot));
     int64_t N = local_rows(xa), C = xa->local[r - 1];
     int64_t nchunks = (N + NORM_GRAIN - 1) / NORM_GRAIN;
@@ -324,15 +333,51 @@ static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const me
 /* Attention's cost for the step-time model: QK^T and PV over the causal half of the score
  * matrix (a flash kernel skips the masked blocks), and q, k, v and the output read or written
  * once.  Backward recomputes the scores and makes dV, dP, dQ, dK: 2.5 times the forward's
- * products, and twice its elements (the cotangents). */
+ * products, and twice its elements (the cotangents).  mxu: the kernel's real work (0: these
+ * FLOPs), from splash_work. */
 static void attention_cost(sim_device *dev, const mesh_array *q, const mesh_array *k, const mesh_array *v,
-                           bool backward, const char *tag)
+                           bool backward, double mxu, const char *tag)
 {
     double B = (double)q->local[0], Tq = (double)q->local[1], Tk = (double)k->local[1], H = (double)q->local[2];
     double flops = 2.0 * B * H * Tq * Tk * (double)(q->local[3] + v->local[3]) * 0.5;
     double el = (double)q->nlocal + (double)k->nlocal + (double)v->nlocal + B * Tq * H * (double)v->local[3];
     if (backward) flops *= 2.5, el *= 2.0;
-    sim_device_add_cost(dev, flops, el, 0.0, tag);
+    sim_device_add_cost_tiled(dev, flops, mxu, el, 0.0, tag);
+}
+
+/* (bq x bkv) blocks of a causal grid over T x T positions (0..T-1 on both sides) that hold an
+ * unmasked score: the splash kernel visits those and computes each whole. */
+static double causal_blocks(int64_t T, int64_t bq, int64_t bkv)
+{
+    double n = 0;
+    for (int64_t q0 = 0; q0 < T; q0 += bq) {
+        int64_t last = (q0 + bq < T ? q0 + bq : T) - 1;
+        int64_t nk = last / bkv + 1, all = (T + bkv - 1) / bkv;
+        n += (double)(nk < all ? nk : all);
+    }
+    return n;
+}
+
+static int64_t clip(int64_t b, int64_t T) { return b > 0 && b < T ? b : T; }
+
+/* The splash kernel's products (jax splash_attention_kernel.py): forward QK^T (Dqk) and PV (Dv)
+ * per visited (block_q, block_kv) block; backward the dq kernel's QK^T, dO V^T, dS K (2 Dqk + Dv)
+ * and the dkv kernel's K Q^T, P^T dO, V dO^T, dS^T Q (2 Dqk + 2 Dv) over their own blocks, or with
+ * the fused backward the dkv kernel alone, dQ included (3 Dqk + 2 Dv).  Only for a causal
+ * self-attention over the whole local sequence (Tq = Tk); else 0 (the FLOPs stand). */
+static double splash_work(const mesh_nn_splash *sp, const mesh_array *q, const mesh_array *k, const mesh_array *v,
+                          bool backward)
+{
+    int64_t T = q->local[1];
+    if (!sp || sp->q <= 0 || k->local[1] != T) return 0.0;
+    double BH = (double)q->local[0] * (double)q->local[2], Dqk = (double)q->local[3], Dv = (double)v->local[3];
+    int64_t bq = clip(sp->q, T), bkv = clip(sp->kv, T), bqk = clip(sp->q_dkv, T), bkk = clip(sp->kv_dkv, T),
+            bqq = clip(sp->q_dq, T), bkq = clip(sp->kv_dq, T);
+    if (!backward) return 2.0 * BH * causal_blocks(T, bq, bkv) * (double)(bq * bkv) * (Dqk + Dv);
+    if (sp->fused_bwd) return 2.0 * BH * causal_blocks(T, bqk, bkk) * (double)(bqk * bkk) * (3.0 * Dqk + 2.0 * Dv);
+    return 2.0 * BH *
+           (causal_blocks(T, bqq, bkq) * (double)(bqq * bkq) * (2.0 * Dqk + Dv) +
+            causal_blocks(T, bqk, bkk) * (double)(bqk * bkk) * (2.0 * Dqk + 2.0 * Dv));
 }
 
 static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
@@ -351,7 +396,7 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dq", 4, qa->shape, &qs, &dq));
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
-    attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, true, e->tag);
+    attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, true, e->f[3], e->tag);
     if (dy->data) {
         bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2]);
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
@@ -393,11 +438,12 @@ static sim_status qk_product_check(mesh_ctx *c, const mesh_var *q, const mesh_va
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
                              double scale, const char *name, mesh_var **out)
 {
-    return mesh_nn_attention_kernel(t, q, k, v, q_pos, scale, 0.0, false, name, out);
+    return mesh_nn_attention_kernel(t, q, k, v, q_pos, scale, 0.0, false, NULL, name, out);
 }
 
 sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
-                                    double scale, double soft_cap, bool dot, const char *name, mesh_var **out)
+                                    double scale, double soft_cap, bool dot, const mesh_nn_splash *splash,
+                                    const char *name, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -455,10 +501,11 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
         else
             bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
-    attention_cost(c->dev, &qa, &ka, &va, false, tag);
+    const mesh_nn_splash *sp = dot ? NULL : splash;
+    attention_cost(c->dev, &qa, &ka, &va, false, splash_work(sp, &qa, &ka, &va, false), tag);
     mesh_var *in[3] = {q, k, v};
     mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
-    if (e) e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap;
+    if (e) e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap, e->f[3] = splash_work(sp, &qa, &ka, &va, true);
     keep(t, e, &qa, qo);
     keep(t, e, &ka, ko);
     keep(t, e, &va, vo);
@@ -548,12 +595,15 @@ static sim_status xent_vjp(mesh_tape *t, mesh_entry *e)
     mesh_array *dy = &y->grad, dl;
     mesh_spec ds = la->spec;
     ds.partial = dy->spec.partial;
-    SIM_TRY(new_cot(t, "xent/dlogits", 3, la->shape, &ds, &dl));
+    /* the kernel writes every element: no zeroing (the logits' size, the largest cotangent) */
+    SIM_TRY(new_cot_raw(t, "xent/dlogits", 3, la->shape, &ds, &dl));
     if (dy->data) {
         mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
         mesh_spec_shard(&la->spec, c->mesh, la->shape, sim_device_id(c->dev), sh);
-        bk_xent_bwd_local(dl.data, dy->data, la->data, lse->data, tg->data, (int)tg->nlocal, (int)la->local[2],
+        bk_xent_bwd_local_into(dl.data, dy->data, la->data, lse->data, tg->data, (int)tg->nlocal, (int)la->local[2],
                           (int)sh[2].offset, (float)e->f[0]);
+    } else if (dl.data) {
+        memset(dl.data, 0, dl.nlocal * sizeof(float));
     }
     char tag[SIM_TAG_MAX];
     return mesh_tape_accumulate(t, logits, &dl, mesh_tape_tag(t, "xent/dlogits", tag, sizeof tag));
@@ -633,9 +683,15 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *gate = e->in[0], *up = e->in[1], *y = e->out[0];
     const mesh_array *ga = &e->saved[0], *ua = &e->saved[1];
     mesh_array *dy = &y->grad, dg, du;
-    SIM_TRY(new_cot(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
-    SIM_TRY(new_cot(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
-    if (dy->data) bk_swiglu_bwd(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+    /* the kernel writes every element: no zeroing */
+    SIM_TRY(new_cot_raw(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
+    SIM_TRY(new_cot_raw(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
+    if (dy->data) {
+        bk_swiglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+    } else if (dg.data) {
+        memset(dg.data, 0, dg.nlocal * sizeof(float));
+        memset(du.data, 0, du.nlocal * sizeof(float));
+    }
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, gate, &dg, mesh_tape_tag(t, "swiglu/dgate", tag, sizeof tag)));
     return mesh_tape_accumulate(t, up, &du, mesh_tape_tag(t, "swiglu/dup", tag, sizeof tag));

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk_einsum.h"
+#include "mesh/planmemo.h"
 #include "sim/arena.h"
 
 /* ======================================================================== */
@@ -317,13 +318,7 @@ static void unstage(mesh_ctx *ctx, staged *s)
 static bool plan_bytes(const mesh_shape *m, mesh_plan *plan, const char *name, int rank, const int64_t *shape,
                        const mesh_spec *from, const mesh_spec *to, uint64_t *bytes)
 {
-    if (mesh_spec_equal(from, to)) {
-        *bytes = 0;
-        return true;
-    }
-    if (mesh_plan_make(m, name, rank, shape, SIM_F32, from, to, plan) != SIM_OK) return false;
-    *bytes = plan->total_bytes;
-    return true;
+    return mesh_plan_bytes_memo(m, plan, name, rank, shape, from, to, bytes); /* remembered per thread */
 }
 
 /* ======================================================================== */
@@ -419,8 +414,8 @@ static sim_status place(placement *p, const char *tag)
         if (total <= SEARCH_CAP || widest < 0) break;
         p->nchoice[widest]--;
     }
-    mesh_plan *plan = malloc(sizeof *plan);
-    if (!plan) return sim_err(SIM_ERR_INTERNAL, "%s: out of host memory", tag);
+    mesh_plan plan_room; /* on the stack: a heap block per einsum was a tenth of this search */
+    mesh_plan *plan = &plan_room;
     int pick[MAX_LET] = {0};
     uint64_t best = UINT64_MAX;
     mesh_spec to[2], out;
@@ -452,7 +447,6 @@ static sim_status place(placement *p, const char *tag)
         while (l >= 0 && ++pick[l] == p->nchoice[l]) pick[l--] = 0;
         if (l < 0) break;
     }
-    free(plan);
     sim_err_clear();
     if (best == UINT64_MAX)
         return sim_err(SIM_ERR_INPUT, "%s: no placement of the operands makes this op computable on this mesh "
@@ -819,8 +813,9 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     sim_meta meta = op_meta(ctx, tag);
     sim_status st = SIM_OK;
     staged ua = {.owned = false}, ub = {.owned = false}, sa = {.owned = false}, sb = {.owned = false};
-    placement *p = calloc(1, sizeof *p);
-    if (!p) return sim_err(SIM_ERR_INTERNAL, "%s: out of host memory", tag);
+    placement p_room; /* on the stack: a heap block per einsum of every device was malloc's slow path */
+    memset(&p_room, 0, sizeof p_room);
+    placement *p = &p_room;
 
     /* explicit-mode rules first, on the operands as given: an op never fails after it started a
      * collective (the indices summed away below take no part in the dot_general rule) */
@@ -897,7 +892,6 @@ done:
     unstage(ctx, &sb);
     unstage(ctx, &ua);
     unstage(ctx, &ub);
-    free(p);
     return st;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk.h"
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/reshard.h"
 
@@ -160,10 +161,12 @@ typedef struct {
     const float *x;
 } add_job;
 
-static void add_chunk(int64_t lo, int64_t hi, void *arg)
+BK_CLONES static void add_chunk(int64_t lo, int64_t hi, void *arg)
 {
     add_job *j = arg;
-    for (int64_t i = lo; i < hi; i++) j->y[i] += j->x[i];
+    float *restrict y = j->y; /* restrict locals and wide vectors (bk.h): same bits, fewer instructions */
+    const float *restrict x = j->x;
+    for (int64_t i = lo; i < hi; i++) y[i] += x[i];
 }
 
 void mesh_local_add(mesh_array *y, const mesh_array *x)

@@ -171,6 +171,22 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
                                "MaxText refuses check_vma with use_ring_of_experts=true (\"check_vma is not yet "
                                "supported with ring of experts\", configs/types.py); set check_vma=false");
     }
+    /* the megablox gmm's tiles (moe.py passes them unclipped to megablox; tokamax has its own) */
+    bool mblx, tokamax;
+    SIM_TRY(model_cfg_bool(cfg, "megablox", &mblx));
+    SIM_TRY(model_cfg_bool(cfg, "use_tokamax_gmm", &tokamax));
+    static const char *const tw[] = {"wi", "wo"}, *const tp[] = {"fwd", "dlhs", "drhs"},
+                             *const td[] = {"batch_seq", "embed_dim", "mlp_dim"};
+    for (int w = 0; w < 2 && sparse && mblx && !tokamax; w++)
+        for (int p = 0; p < 3; p++)
+            for (int i = 0; i < 3; i++) {
+                char key[64];
+                snprintf(key, sizeof key, "%s_tile_%s_%s", tw[w], tp[p], td[i]);
+                SIM_TRY(model_cfg_i64(cfg, key, &d->gmm_tiles[w][p][i]));
+                if (d->gmm_tiles[w][p][i] <= 0)
+                    return sim_err(SIM_ERR_INPUT, "%s=%lld: expected a tile size > 0; set a positive size (MaxText's default is %d)", key,
+                                   (long long)d->gmm_tiles[w][p][i], i ? 1024 : 512);
+            }
     double f;
     SIM_TRY(mesh_cfg_get_double(cfg, "ragged_buffer_factor", &f));
     if (f > 0) return unsupported(cfg, "ragged_buffer_factor", "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 (dropless) or capacity_factor > 0 for the dense dropping path");
@@ -969,7 +985,7 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     double scale = bk_mla_softmax_scale((int)(d->qk_nope + d->qk_rope), (long)d->max_pos, (long)d->orig_max_pos,
                                         d->rope_factor, d->mscale);
     log_attention_op(md, query, key, value);
-    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, d->attn_dot,
+    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, d->attn_dot, &d->splash,
                                      "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
@@ -1054,6 +1070,9 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     bool ring = d->ring_of_experts && !dense_path;
     mc.ring = ring;
     mc.output_dead = ring && md->recomputing;
+    for (int w = 0; w < 2; w++)
+        for (int p = 0; p < 3; p++)
+            mc.gmm[w][p] = (mesh_moe_tile){d->gmm_tiles[w][p][0], d->gmm_tiles[w][p][1], d->gmm_tiles[w][p][2]};
     if (ring) {
         /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
          * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3

@@ -153,7 +153,8 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_checkpoint_name(md, k, MODEL_CKPT_KEY_PROJ));
     SIM_TRY(model_checkpoint_name(md, v, MODEL_CKPT_VALUE_PROJ));
     /* MaxText folds 1/sqrt(head_dim) into the query init: the score scale is 1 */
-    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, 1.0, d->attn_soft_cap, d->attn_dot, "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, 1.0, d->attn_soft_cap, d->attn_dot, &d->splash, "attention_op",
+                                      &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
     SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));

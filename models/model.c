@@ -66,6 +66,25 @@ static sim_status attention_kernel(const mesh_cfg *cfg, model_dims *d)
                        "flash path is the GPU Pallas Triton kernel, which does not run there); use "
                        "attention=dot_product (or autoselected) on hardware=cpu, or hardware=tpu for flash");
     d->attn_dot = k == 1 || (k == 0 && (d->seq < 128 || h == 3));
+    /* flash on TPU is the splash kernel (attention_op.py tpu_flash_attention): its blocks and backward
+     * kernels set what the step-time model costs (tokamax's splash has the fused backward only) */
+    memset(&d->splash, 0, sizeof d->splash);
+    if (!d->attn_dot && h == 0) {
+        static const char *const keys[] = {"sa_block_q", "sa_block_kv", "sa_block_q_dkv",
+                                           "sa_block_kv_dkv", "sa_block_q_dq", "sa_block_kv_dq"};
+        int64_t *dst[] = {&d->splash.q, &d->splash.kv, &d->splash.q_dkv, &d->splash.kv_dkv, &d->splash.q_dq,
+                          &d->splash.kv_dq};
+        for (int i = 0; i < 6; i++) {
+            SIM_TRY(model_cfg_i64(cfg, keys[i], dst[i]));
+            if (*dst[i] <= 0)
+                return sim_err(SIM_ERR_INPUT, "%s=%lld: expected a block size > 0; set a positive size (MaxText's default is 512)", keys[i],
+                               (long long)*dst[i]);
+        }
+        bool fused, tokamax;
+        SIM_TRY(model_cfg_bool(cfg, "sa_use_fused_bwd_kernel", &fused));
+        SIM_TRY(model_cfg_bool(cfg, "use_tokamax_splash", &tokamax));
+        d->splash.fused_bwd = fused || tokamax;
+    }
     return SIM_OK;
 }
 

@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include "mesh/config.h"
+#include "mesh/nn.h"
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
@@ -64,6 +65,7 @@ typedef struct {
     int cp;                   /* its size */
     bool cp_load_balance;     /* context_parallel_load_balance */
     bool attn_dot;            /* attention kernel: dot-product (score matrix materialised), else flash (blocked) */
+    mesh_nn_splash splash;    /* flash on TPU: the splash kernel's blocks (sa_block_*), for the step-time model */
     bool scan_layers;         /* scan_layers: the layers run as one jax.lax.scan in MaxText (carry type checked) */
     /* DeepSeek (decoder_block=deepseek; read by deepseek.c) */
     int64_t dense_layers;     /* first_num_dense_layers (the rest are MoE layers) */
@@ -83,6 +85,8 @@ typedef struct {
     double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
     bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
     bool ring_of_experts;     /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
+    int64_t gmm_tiles[2][3][3]; /* sparse path with megablox (not tokamax): the wi_/wo_tile_{fwd,dlhs,drhs}_
+                                 * {batch_seq,embed_dim,mlp_dim} triples for the step-time model; 0: untiled */
     int64_t mtp_layers;       /* mtp_num_layers: DeepSeek-V3's multi-token prediction depth (0: none) */
     double mtp_scale;         /* mtp_loss_scaling_factor */
     int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */

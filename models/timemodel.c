@@ -2,8 +2,9 @@
  *
  * Replay: one device's kernels and collectives of one step, in the order the
  * device made them, on three lanes: compute, blocking network (activation
- * collectives: the compute that follows waits for them) and asynchronous
- * network (weight collectives).  A weight all-gather may start once the
+ * collectives, and weight collectives unless overlap_weight_collectives: the
+ * compute that follows waits for them) and asynchronous network (weight
+ * collectives when overlapped).  A weight all-gather may start once the
  * network is free and compute has reached the point where the gather
  * `prefetch` weight collectives earlier was asked for (XLA's latency-hiding
  * scheduler prefetches about one layer of FSDP weights); the next kernel
@@ -173,6 +174,12 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
         if (!st && i < 4 && (v[i] <= 0 || v[i] > 1))
             st = sim_err(SIM_ERR_INPUT, "%s: %s = %g: expected a fraction in (0, 1]", path, keys[i], v[i]);
     }
+    const mesh_cfg_entry *ov = st ? NULL : mesh_cfg_find(cfg, "overlap_weight_collectives");
+    const char *ovt = ov && ov->value.kind == MESH_CFG_SCALAR ? ov->value.text : NULL;
+    if (!st && (!ovt || (strcmp(ovt, "true") && strcmp(ovt, "false"))))
+        st = sim_err(SIM_ERR_INPUT, "%s: 'overlap_weight_collectives' = %s: expected true or false", path,
+                     ovt ? ovt : "(missing)");
+    out->overlap_weights = ovt && !strcmp(ovt, "true");
     mesh_cfg_free(cfg);
     if (st) return st;
     out->mxu = v[0], out->hbm = v[1], out->ici = v[2], out->dcn = v[3];
@@ -246,6 +253,97 @@ static void top_add(model_tm_result *out, const model_tm_coll *c)
     out->ntop = n;
 }
 
+/* Kernel kinds: the tag with its digit runs as '*' (moe_layers_12 and moe_layers_13 are one kind). */
+typedef struct {
+    model_tm_kernel *k;
+    size_t n, cap;
+} kernel_sink;
+
+static void kind_name(const char *tag, char *name, size_t cap)
+{
+    size_t o = 0;
+    for (const char *p = tag; *p && o + 1 < cap; p++) {
+        if (*p >= '0' && *p <= '9') {
+            if (!o || name[o - 1] != '*') name[o++] = '*';
+        } else {
+            name[o++] = *p;
+        }
+    }
+    name[o] = '\0';
+}
+
+typedef struct {
+    model_tm_coll_kind *k;
+    size_t n, cap;
+} coll_sink;
+
+static void coll_add(coll_sink *s, const model_tm_coll *c)
+{
+    char name[SIM_TAG_MAX];
+    kind_name(c->rec.tag, name, sizeof name);
+    size_t i = 0;
+    for (; i < s->n; i++) {
+        const sim_record *r = &s->k[i].rec;
+        if (r->op == c->rec.op && r->phase == c->rec.phase && r->axes.n == c->rec.axes.n &&
+            !memcmp(r->axes.axis, c->rec.axes.axis, sizeof r->axes.axis[0] * (size_t)r->axes.n) &&
+            !strcmp(r->tag, name))
+            break;
+    }
+    if (i == s->n) {
+        if (s->n == s->cap) {
+            s->cap = s->cap ? 2 * s->cap : 64;
+            s->k = realloc(s->k, s->cap * sizeof *s->k);
+            SIM_ASSERT(s->k);
+        }
+        memset(&s->k[i], 0, sizeof s->k[0]);
+        s->k[i].rec = c->rec;
+        snprintf(s->k[i].rec.tag, sizeof s->k[i].rec.tag, "%s", name);
+        s->k[i].links = c->links;
+        s->k[i].bw = c->bw;
+        s->n++;
+    }
+    s->k[i].calls++;
+    s->k[i].bytes += (double)c->rec.bytes_sent;
+    s->k[i].time_s += c->time_s;
+}
+
+static int cmp_coll_time(const void *a, const void *b)
+{
+    double x = ((const model_tm_coll_kind *)a)->time_s, y = ((const model_tm_coll_kind *)b)->time_s;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void kernel_add(kernel_sink *s, const sim_cost *c, double bytes, double dur, bool compute_bound)
+{
+    char name[SIM_TAG_MAX];
+    kind_name(c->tag, name, sizeof name);
+    size_t i = 0;
+    while (i < s->n && strcmp(s->k[i].name, name)) i++;
+    if (i == s->n) {
+        if (s->n == s->cap) {
+            s->cap = s->cap ? 2 * s->cap : 64;
+            s->k = realloc(s->k, s->cap * sizeof *s->k);
+            SIM_ASSERT(s->k);
+        }
+        memset(&s->k[s->n], 0, sizeof s->k[0]);
+        snprintf(s->k[s->n].name, sizeof s->k[0].name, "%s", name);
+        s->n++;
+    }
+    model_tm_kernel *k = &s->k[i];
+    k->calls++;
+    k->flops += c->flops;
+    k->mxu_flops += c->mxu_flops > c->flops ? c->mxu_flops : c->flops;
+    k->bytes += bytes;
+    k->time_s += dur;
+    k->compute_bound += compute_bound;
+}
+
+static int cmp_kernel_time(const void *a, const void *b)
+{
+    double x = ((const model_tm_kernel *)a)->time_s, y = ((const model_tm_kernel *)b)->time_s;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
 typedef struct {
     model_tm_result *out;
     bool want;
@@ -273,6 +371,8 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
     memset(out, 0, sizeof *out);
     out->peak = peak;
     span_sink sink = {out, want_spans, 0};
+    kernel_sink kinds = {NULL, 0, 0};
+    coll_sink ckinds = {NULL, 0, 0};
     int depth = eff->prefetch > 0 ? eff->prefetch : 1;
     double *issued = calloc((size_t)depth, sizeof *issued); /* compute clock when recent weight gathers were asked */
     if (!issued) return sim_err(SIM_ERR_INTERNAL, "step-time model: out of host memory");
@@ -290,13 +390,15 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
             if (c.time_s == 0) continue;
             if (!isfinite(c.time_s)) {
                 free(issued);
+                free(kinds.k);
+                free(ckinds.k);
                 return sim_err(SIM_ERR_INPUT,
                                "hardware profile %s publishes no %s bandwidth: the %s of %s cannot be timed; add the "
                                "sourced figure to configs/hardware/%s.yml or choose another hardware_profile",
                                hw->name, r->bytes_sent_dcn ? "DCN" : "ICI", sim_op_name(r->op), r->tag, hw->name);
             }
             int slot = axes_slot(out, r->axes);
-            c.async = r->weight && r->phase != SIM_PHASE_OPTIMIZER;
+            c.async = eff->overlap_weights && r->weight && r->phase != SIM_PHASE_OPTIMIZER;
             double start;
             if (c.async && r->op == SIM_OP_ALL_GATHER) {
                 double earliest = nweight >= (size_t)depth ? issued[nweight % (size_t)depth] : 0.0;
@@ -319,6 +421,7 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
             }
             span_add(&sink, start, start + c.time_s, c.async ? 2 : 1, r->tag);
             top_add(out, &c);
+            coll_add(&ckinds, &c);
         }
         if (ci == ncost) break;
         const sim_cost *k = &costs[ci];
@@ -328,8 +431,11 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
             out->exposed_s += gather_ready - t;
             t = gather_ready;
         }
-        double tc = k->flops / (peak * eff->mxu), tm = k->elements * act_bytes / (hw->hbm_bw * eff->hbm);
+        /* the matrix unit's work: a tiled kernel (megablox gmm) computes its padded tiles too */
+        double work = k->mxu_flops > k->flops ? k->mxu_flops : k->flops;
+        double tc = work / (peak * eff->mxu), tm = k->elements * act_bytes / (hw->hbm_bw * eff->hbm);
         double dur = tc > tm ? tc : tm;
+        kernel_add(&kinds, k, k->elements * act_bytes, dur, tc >= tm);
         span_add(&sink, t, t + dur, 0, k->tag);
         t += dur;
         out->compute_s += dur;
@@ -350,6 +456,12 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
     out->step_s = t;
     out->model_flops = 3.0 * fwd_flops;
     free(issued);
+    if (kinds.n) qsort(kinds.k, kinds.n, sizeof kinds.k[0], cmp_kernel_time);
+    for (size_t i = 0; i < kinds.n && i < MODEL_TM_TOP; i++) out->kernels[out->nkernels++] = kinds.k[i];
+    free(kinds.k);
+    if (ckinds.n) qsort(ckinds.k, ckinds.n, sizeof ckinds.k[0], cmp_coll_time);
+    for (size_t i = 0; i < ckinds.n && i < MODEL_TM_TOP; i++) out->colls[out->ncolls++] = ckinds.k[i];
+    free(ckinds.k);
     return SIM_OK;
 }
 
@@ -431,13 +543,38 @@ void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, cons
         if (r->exposed_axes_s[i] > 0)
             fprintf(f, "    exposed over %-24s %10.3f ms\n", sim_axes_label(mesh, r->axes[i], ax, sizeof ax),
                     r->exposed_axes_s[i] * 1e3);
+    if (r->nkernels) {
+        fprintf(f, "  slowest kernels (device %d; a kind: the tag without its layer numbers; MXU: the matrix unit's\n"
+                   "  work with padded tiles; bound: by FLOPs or by HBM bytes):\n",
+                r->device);
+        fprintf(f, "    %6s %10s %10s %10s %6s %10s  %s\n", "calls", "TFLOP", "MXU TFLOP", "HBM GB", "bound", "time (ms)",
+                "kernel");
+        for (int i = 0; i < r->nkernels; i++) {
+            const model_tm_kernel *k = &r->kernels[i];
+            fprintf(f, "    %6d %10.3f %10.3f %10.3f %6s %10.3f  %s\n", k->calls, k->flops / 1e12, k->mxu_flops / 1e12,
+                    k->bytes / 1e9, 2 * k->compute_bound >= k->calls ? "FLOPs" : "bytes", k->time_s * 1e3, k->name);
+        }
+    }
+    if (r->ncolls) {
+        fprintf(f, "  slowest kinds of collective (device %d; all calls of a kind; a kind: op, axes, phase and the tag\n"
+                   "  without its layer numbers):\n",
+                r->device);
+        fprintf(f, "    %-17s %-16s %-8s %6s %12s %6s %8s %10s  %s\n", "op", "axes", "phase", "calls", "GB sent", "links",
+                "GB/s", "time (ms)", "tag");
+        for (int i = 0; i < r->ncolls; i++) {
+            const model_tm_coll_kind *c = &r->colls[i];
+            fprintf(f, "    %-17s %-16s %-8s %6d %12.3f %6d %8.1f %10.3f  %s\n", sim_op_name(c->rec.op),
+                    sim_axes_label(mesh, c->rec.axes, ax, sizeof ax), sim_phase_name(c->rec.phase), c->calls,
+                    c->bytes / 1e9, c->links, c->bw / 1e9, c->time_s * 1e3, c->rec.tag);
+        }
+    }
     if (!r->ntop) return;
     fprintf(f, "  slowest collectives (device %d):\n", r->device);
-    fprintf(f, "    %-15s %-16s %-8s %12s %6s %12s %10s  %s\n", "op", "axes", "phase", "bytes sent", "links", "GB/s",
+    fprintf(f, "    %-17s %-16s %-8s %12s %6s %12s %10s  %s\n", "op", "axes", "phase", "bytes sent", "links", "GB/s",
             "time (ms)", "tag");
     for (int i = 0; i < r->ntop; i++) {
         const model_tm_coll *c = &r->top[i];
-        fprintf(f, "    %-15s %-16s %-8s %12llu %6d %12.1f %10.3f  %s%s\n", sim_op_name(c->rec.op),
+        fprintf(f, "    %-17s %-16s %-8s %12llu %6d %12.1f %10.3f  %s%s\n", sim_op_name(c->rec.op),
                 sim_axes_label(mesh, c->rec.axes, ax, sizeof ax), sim_phase_name(c->rec.phase),
                 (unsigned long long)c->rec.bytes_sent, c->links, c->bw / 1e9, c->time_s * 1e3, c->rec.tag,
                 c->async ? " (async)" : "");
@@ -467,6 +604,24 @@ void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh,
         sim_json_write_string(f, c->rec.tag);
         fprintf(f, ", \"bytes_sent\": %llu, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g, \"async\": %s}",
                 (unsigned long long)c->rec.bytes_sent, c->links, c->bw, c->time_s, c->async ? "true" : "false");
+    }
+    fprintf(f, "], \"slowest_collective_kinds\": [");
+    for (int i = 0; i < r->ncolls; i++) {
+        const model_tm_coll_kind *c = &r->colls[i];
+        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
+        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        fprintf(f, ", \"phase\": \"%s\", \"tag\": ", sim_phase_name(c->rec.phase));
+        sim_json_write_string(f, c->rec.tag);
+        fprintf(f, ", \"calls\": %d, \"bytes_sent\": %.17g, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g}",
+                c->calls, c->bytes, c->links, c->bw, c->time_s);
+    }
+    fprintf(f, "], \"slowest_kernels\": [");
+    for (int i = 0; i < r->nkernels; i++) {
+        const model_tm_kernel *k = &r->kernels[i];
+        fprintf(f, "%s{\"kernel\": ", i ? ", " : "");
+        sim_json_write_string(f, k->name);
+        fprintf(f, ", \"calls\": %d, \"flops\": %.6g, \"mxu_flops\": %.6g, \"hbm_bytes\": %.6g, \"time_s\": %.6g}",
+                k->calls, k->flops, k->mxu_flops, k->bytes, k->time_s);
     }
     fprintf(f, "]}");
 }

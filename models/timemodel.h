@@ -2,10 +2,14 @@
  * model over what a run recorded: each kernel's cost (sim_cost: FLOPs and
  * HBM elements) on the roofline of the profile, each collective (sim_record)
  * by an alpha-beta model over the links its group uses (ICI within a slice,
- * DCN across), replayed in call order with one overlap rule: collectives that
+ * DCN across), replayed in call order.  Overlap is data: by default every
+ * collective serialises with compute (MaxText gets FSDP overlap from libtpu
+ * flags, not by default); with overlap_weight_collectives, collectives that
  * move weights (FSDP gathers, weight-gradient reductions) run asynchronously
- * on the network, everything else waits.  The efficiency constants are data
- * (configs/timemodel.yml); the README's "Hardware profiles and the step-time model" states the rules. */
+ * on the network and everything else waits.  A kernel's time is that of the
+ * matrix unit's real work (sim_cost.mxu_flops: padded megablox tiles, visited
+ * splash blocks).  The constants are data (configs/timemodel.yml); the
+ * README's "Hardware profiles and the step-time model" states the rules. */
 #ifndef MODELS_TIMEMODEL_H
 #define MODELS_TIMEMODEL_H
 
@@ -40,6 +44,7 @@ typedef struct {
     double dcn;               /* fraction of DCN bandwidth */
     double hop_latency_s;     /* alpha: per step of a ring / per collective hop */
     int prefetch;             /* weight collectives that may run ahead of compute */
+    bool overlap_weights;     /* weight collectives run asynchronously beside compute (else they serialise) */
 } model_tm_eff;
 
 /* Profile names in <configs>/hardware (sorted, comma separated) into buf. */
@@ -72,6 +77,27 @@ typedef struct {
     bool async;
 } model_tm_coll;
 
+/* The kernels of one kind (their tags with the layer numbers left out) as the model timed them. */
+typedef struct {
+    char name[SIM_TAG_MAX];   /* tag with every digit run replaced by '*' */
+    int calls;
+    double flops;             /* useful FLOPs */
+    double mxu_flops;         /* the matrix unit's work (padded tiles included) */
+    double bytes;             /* HBM bytes read and written */
+    double time_s;
+    int compute_bound;        /* calls whose FLOPs (not bytes) set the time */
+} model_tm_kernel;
+
+/* The collectives of one kind (op, axes, phase and tag without its layer numbers) as timed. */
+typedef struct {
+    sim_record rec;           /* the first one (its tag with digit runs as '*') */
+    int calls;
+    double bytes;             /* bytes sent, all calls */
+    int links;
+    double bw;
+    double time_s;            /* all calls */
+} model_tm_coll_kind;
+
 /* A span of the modelled timeline (for trace.json). */
 typedef struct {
     double t0, t1;            /* seconds from the step start */
@@ -94,6 +120,10 @@ typedef struct {
     int device;               /* the slowest device */
     int ntop;                 /* the slowest collectives of that device */
     model_tm_coll top[MODEL_TM_TOP];
+    int ncolls;               /* the slowest kinds of collective of that device, slowest first */
+    model_tm_coll_kind colls[MODEL_TM_TOP];
+    int nkernels;             /* the slowest kinds of kernel of that device, slowest first */
+    model_tm_kernel kernels[MODEL_TM_TOP];
     model_tm_span *spans;     /* the slowest device's timeline when asked for (free with free()) */
     size_t nspans;
 } model_tm_result;

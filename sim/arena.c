@@ -21,6 +21,9 @@
 enum { HDR = 64, ALIGN = 64 };
 #define CACHE_MIN ((size_t)1 << 20)  /* blocks at least this large are reused */
 #define CACHE_MAX ((size_t)1 << 30)  /* and never more than this many bytes kept */
+/* blocks this large are always fresh mmaps in glibc (sim/machine.c raises its threshold to 32 MiB,
+ * the most it allows): evicted last, since a smaller one comes back from the heap without faults */
+#define MMAP_MIN ((size_t)32 << 20)
 #define ARENA_MAGIC 0x5348415244415245ull /* "SHARDARE": a live block */
 #define CACHED_MAGIC 0x534841524443414eull /* a released block kept for reuse */
 
@@ -196,8 +199,10 @@ void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t count
             b->magic = CACHED_MAGIC; /* a second release of it fails the check above */
             push_front(&a->cache, b);
             a->cached += bytes;
-            while (a->cached > cap) { /* evict the oldest */
+            while (a->cached > cap) { /* evict the oldest, sparing blocks glibc would mmap afresh */
                 block *old = a->cache.prev;
+                for (block *c = old; c != &a->cache && old->bytes >= MMAP_MIN; c = c->prev)
+                    if (c->bytes < MMAP_MIN) old = c;
                 unlink_block(old);
                 a->cached -= old->bytes;
                 old->magic = 0;

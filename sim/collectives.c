@@ -263,12 +263,18 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
     t->calls++;
     t->bytes_sent += bc.sent;
     t->bytes_recv += bc.recv;
-    if (d->m->opts.trace) {
+    if (d->m->opts.trace && !sim_trace_keeps(d)) { /* counted only */
+        sim_span s = {0};
+        sim_trace_add(d, &s);
+    } else if (d->m->opts.trace) {
         sim_span s = {0};
         s.t0 = t0;
         s.t1 = sim_now_ns();
         s.lane = 1 + (int)sim_axes_mask(r->axes);
-        snprintf(s.name, sizeof s.name, "%s %s", sim_op_name(c->op), tag_or_dash(c->tag));
+        sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, 0,
+                                                                                            sim_op_name(c->op), SIZE_MAX),
+                                                       " ", 1),
+                    tag_or_dash(c->tag), SIZE_MAX); /* "%s %s" */
         s.op = c->op;
         s.bytes = bc.sent;
         s.rec = (int64_t)(r - d->rec); /* the record just filled: axes, group, dtype, elements, bytes */
@@ -713,6 +719,12 @@ sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op)
 
 void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag)
 {
+    sim_device_add_cost_tiled(d, flops, flops, elements, weight_elements, tag);
+}
+
+void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements,
+                               double weight_elements, const char *tag)
+{
     if (d->m->opts.no_costs) return;
     if (d->ncost && d->cost[d->ncost - 1].step != d->step) d->ncost = 0; /* the current step's only: bounded */
     if (d->ncost == d->capcost) {
@@ -724,6 +736,7 @@ void sim_device_add_cost(sim_device *d, double flops, double elements, double we
     c->step = d->step;
     c->phase = d->phase;
     c->flops = flops;
+    c->mxu_flops = mxu_flops > flops ? mxu_flops : flops;
     c->elements = elements;
     c->weight_elements = weight_elements;
     c->nrec_before = d->nrec;

@@ -102,6 +102,8 @@ typedef struct {
     int step;
     sim_phase phase;
     double flops;
+    double mxu_flops;         /* the matrix unit's work: flops plus the padding of a tiled kernel
+                               * (megablox gmm tiles, sim_device_add_cost_tiled); = flops otherwise */
     double elements;
     double weight_elements;
     size_t nrec_before;
@@ -162,6 +164,10 @@ sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, si
 /* Records the cost of one local kernel (see sim_cost); the device keeps the costs of its
  * current step only (a new step starts a new list), and clearing the records clears them. */
 void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag);
+/* The same for a kernel whose matrix unit does mxu_flops >= flops (padded tiles): the step-time
+ * model times mxu_flops, MFU counts flops. */
+void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements,
+                               double weight_elements, const char *tag);
 /* Cost events of a device, in call order (valid until the next add). */
 const sim_cost *sim_device_costs(const sim_device *d, size_t *n);
 

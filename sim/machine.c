@@ -21,10 +21,19 @@
 
 /* ---------------------------------------------------------------- mesh */
 
+static bool host_one_arena = true; /* sim_host_malloc_many_arenas */
+
+void sim_host_malloc_many_arenas(void) { host_one_arena = false; }
+
 static void tune_host_malloc_once(void)
 {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    /* one malloc arena for all threads: glibc gives each device thread its own arena made of
+     * 64 MiB heaps that it unmaps and maps again as activations come and go, so blocks below
+     * the mmap threshold faulted in afresh every step (62k page faults per step of the bench/step
+     * model at 1 device); the main arena keeps freed memory, and steady-state steps fault none */
+    if (host_one_arena) mallopt(M_ARENA_MAX, 1);
 }
 
 int sim_mesh_slice(const sim_mesh_desc *m, int id)
@@ -275,7 +284,7 @@ void sim_device_set_step(sim_device *d, int step)
         s.t0 = s.t1 = sim_now_ns();
         s.lane = -1;
         s.rec = -1;
-        snprintf(s.name, sizeof s.name, "step %d", step);
+        if (sim_trace_keeps(d)) snprintf(s.name, sizeof s.name, "step %d", step);
         sim_trace_add(d, &s);
     }
     d->step = step;
@@ -912,24 +921,31 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
 void sim_trace_add(sim_device *d, const sim_span *s)
 {
     if (!d->m->opts.trace) return;
-    if (d->nspans == d->capspans) {
-        d->capspans = d->capspans ? 2 * d->capspans : 256;
-        d->spans = realloc(d->spans, d->capspans * sizeof *d->spans);
-        SIM_ASSERT(d->spans);
+    if (sim_trace_keeps(d)) {
+        if (d->nspans == d->capspans) {
+            d->capspans = d->capspans ? 2 * d->capspans : 256;
+            d->spans = realloc(d->spans, d->capspans * sizeof *d->spans);
+            SIM_ASSERT(d->spans);
+        }
+        d->spans[d->nspans] = *s;
     }
-    d->spans[d->nspans++] = *s;
+    __atomic_store_n(&d->nspans, d->nspans + 1, __ATOMIC_RELAXED); /* read by later devices' sim_trace_keeps */
 }
 
 int sim_span_begin(sim_device *d, const char *name)
 {
     if (!d->m->opts.trace) return -1;
     sim_span s = {0};
+    if (!sim_trace_keeps(d)) { /* counted only: no name to copy */
+        sim_trace_add(d, &s);
+        return -1;
+    }
     s.t0 = sim_now_ns();
     s.lane = 0;
     s.rec = -1;
-    snprintf(s.name, sizeof s.name, "%s", name);
+    sim_str_put(s.name, sizeof s.name, 0, name, SIZE_MAX);
     sim_trace_add(d, &s);
-    return (int)d->nspans - 1;
+    return d->spans ? (int)d->nspans - 1 : -1;
 }
 
 int sim_span_begin_mb(sim_device *d, const char *name, int mb)
@@ -941,7 +957,7 @@ int sim_span_begin_mb(sim_device *d, const char *name, int mb)
 
 void sim_span_end(sim_device *d, int token)
 {
-    if (token < 0 || (size_t)token >= d->nspans) return;
+    if (token < 0 || (size_t)token >= d->nspans || !d->spans) return; /* no spans once dropped */
     sim_span *s = &d->spans[token];
     s->t1 = sim_now_ns();
     sim_arena_stats st;

@@ -81,6 +81,13 @@ void sim_machine_set_collective_timeout(sim_machine *m, double seconds);
  * hardware profile has no step-time model to read them, and a 256-device dry run of a deep model
  * would hold hundreds of MB of them. */
 void sim_machine_set_record_costs(sim_machine *m, bool on);
+/* Before the first machine of a process that only makes dry runs: keep glibc's arenas per
+ * thread.  By default all threads share one malloc arena (real runs' activations stay mapped
+ * from step to step), but a dry run's hundreds of device threads allocate bookkeeping
+ * concurrently, and on one arena they queue on its lock (deepseek3-671b on 256 devices:
+ * 5.7 -> 7-13 s of CPU, 50k -> 160-370k context switches).  glibc fixes the arena count at the
+ * first arena it adds, so this is a per-process choice. */
+void sim_host_malloc_many_arenas(void);
 sim_device *sim_machine_device(sim_machine *m, int id);
 /* OpenBLAS threads per device chosen for this machine. */
 int sim_machine_blas_threads(const sim_machine *m);

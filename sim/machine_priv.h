@@ -117,8 +117,9 @@ struct sim_device {
     size_t ncost, capcost;
     sim_op_totals totals[SIM_NOP];
     /* trace */
-    sim_span *spans;
-    size_t nspans, capspans;
+    sim_span *spans;       /* NULL once dropped */
+    size_t nspans, capspans; /* nspans counts every span, kept or not (other devices read it: atomics) */
+    bool spans_dropped;    /* this device cannot be in the trace (sim_trace_keeps): spans counted, not kept */
     /* run */
     pthread_t thread;
     sim_status st;
@@ -142,6 +143,7 @@ struct sim_machine {
     /* run */
     sim_device_fn fn;
     void *arg;
+    size_t trace_limit;   /* sim_trace_set_limit: the trace's max_events (0 = every device) */
 };
 
 /* The group over `mask` that device d belongs to (created on first use). */
@@ -173,8 +175,12 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
 sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match_fn match);
 /* Marks the machine failed (first failure wins) and wakes every device. */
 void sim_machine_fail(sim_machine *m, sim_status st, const char *msg);
-/* Appends a span to d's trace (when tracing). */
+/* Appends a span to d's trace (when tracing); a device that keeps no spans only counts it. */
 void sim_trace_add(sim_device *d, const sim_span *s);
+/* Whether d still keeps its spans (trace.c): false once devices 0..d already hold more
+ * spans than the trace limit, so d can never be written (sim_trace_devices_within); its
+ * spans are then freed and only counted.  Callers skip building a span that is not kept. */
+bool sim_trace_keeps(sim_device *d);
 unsigned sim_axes_mask(sim_axes axes);
 
 #endif

@@ -16,6 +16,10 @@
  * carries its record (op, mesh axes, group size, dtype, elements, bytes,
  * phase, step, kind, tag); each step starts with an instant marker. */
 sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events);
+/* Before a run: the trace will be written with this max_events, so a device that can no
+ * longer fit (see sim_trace_write_chrome) keeps no spans, only their count.  0 (the
+ * default) keeps every device's spans. */
+void sim_trace_set_limit(sim_machine *m, size_t max_events);
 /* How many devices (from device 0) the trace holds under max_events (0: all). */
 size_t sim_trace_devices_within(sim_machine *m, size_t max_events);
 /* Number of spans device `id` recorded. */

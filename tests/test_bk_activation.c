@@ -47,6 +47,12 @@ static void test_silu_swiglu_vs_ref(void **state) {
   bk_swiglu_bwd_ref(dgr, dur, dy, g, u, N);
   assert_true(bk_rel_err(dg, dgr, N) <= 1e-5);  // +-0.5 offsets: ulps of 0.5
   assert_true(bk_rel_err(du, dur, N) <= 1e-5);
+  /* the writing form over garbage equals the adding form over zeros */
+  float dgz[N], duz[N];
+  for (int i = 0; i < N; i++) dgz[i] = duz[i] = 0.0f, dg[i] = du[i] = 1e30f;
+  bk_swiglu_bwd(dgz, duz, dy, g, u, N);
+  bk_swiglu_bwd_into(dg, du, dy, g, u, N);
+  for (int i = 0; i < N; i++) assert_true(dg[i] == dgz[i] && du[i] == duz[i]);
 }
 
 typedef struct {

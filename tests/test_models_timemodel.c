@@ -2,8 +2,12 @@
  * hand-computable cases: one matmul on the roofline (compute- and
  * memory-bound), one ring all-gather over 4 devices, the overlap rule (an
  * asynchronous weight gather hides behind compute, a blocking one does not),
- * and the profile loader (figures, torus shape, a bad name's message).  The
- * expected values are derived here from the formulas, not from the model. */
+ * serial weight collectives (configs/timemodel.yml overlap_weight_collectives:
+ * false), a tiled kernel's padded work (timed) against its useful FLOPs (MFU),
+ * the megablox gmm tiles of a DeepSeek run, splash attention's visited
+ * blocks and backward kernels, and the profile loader (figures,
+ * torus shape, a bad name's message).  The expected values are derived here
+ * from the formulas, not from the model. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -37,7 +41,7 @@ static model_hw toy_hw(void)
 
 static model_tm_eff toy_eff(double mxu, double latency_s)
 {
-    model_tm_eff e = {mxu, 1.0, 1.0, 1.0, latency_s, 4};
+    model_tm_eff e = {mxu, 1.0, 1.0, 1.0, latency_s, 4, true};
     return e;
 }
 
@@ -171,6 +175,203 @@ static void test_overlap_rule(void **state)
     assert_true(fabs(r.step_s - 20e-6) < 1e-12);
 }
 
+/* a weight gather that may not overlap (overlap_weight_collectives: false) serialises: compute A
+ * (10 us), the 1 MB-shard gather over a pair (20 us), compute B (10 us) = 40 us, 20 us exposed;
+ * a weight-gradient reduction after the last kernel adds its 10 us to the step as well */
+static void test_serial_weight_collectives(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(1.0, 0);
+    eff.overlap_weights = false;
+    model_tm_result r;
+    double f10 = 10e-6 * 100e12;
+    sim_cost c[2] = {cost(f10, 0, 0), cost(f10, 0, 1)};
+    sim_record g = gather(2, 1000000, true);
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &g, 1, c, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - 40e-6) < 1e-12);
+    assert_true(fabs(r.exposed_s - 20e-6) < 1e-12);
+    assert_false(r.top[0].async);
+    sim_record rs = gather(2, 1000000, true);
+    rs.op = SIM_OP_REDUCE_SCATTER;
+    rs.phase = SIM_PHASE_BACKWARD;
+    rs.bytes_sent = 500000;
+    sim_cost both[2] = {cost(f10, 0, 0), cost(f10, 0, 0)};
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &rs, 1, both, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - 30e-6) < 1e-12);
+}
+
+/* a tiled kernel: the matrix unit computes 4x the useful FLOPs (padded tiles): the time is that of
+ * the padded work, MFU's model FLOPs are the useful ones; kernels of one kind in different layers
+ * (digit runs of the tag) are listed as one */
+static void test_tiled_kernel(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(0.5, 0);
+    model_tm_result r;
+    double f = 1e9; /* 1 GFLOP useful, 4 GFLOP computed: 4e9 / (100e12 x 0.5) = 80 us each */
+    sim_cost c[3] = {cost(f, 0, 0), cost(f, 0, 0), cost(f / 100, 0, 0)};
+    c[0].mxu_flops = c[1].mxu_flops = 4 * f;
+    snprintf(c[0].tag, sizeof c[0].tag, "decoder/moe_layers_3/moe/ffn");
+    snprintf(c[1].tag, sizeof c[1].tag, "decoder/moe_layers_14/moe/ffn");
+    snprintf(c[2].tag, sizeof c[2].tag, "decoder/logits");
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, c, 3, 0, false, &r), SIM_OK);
+    double t_tiled = 4 * f / (100e12 * 0.5), t_small = f / 100 / (100e12 * 0.5);
+    assert_true(fabs(r.compute_s - (2 * t_tiled + t_small)) < 1e-12);
+    assert_true(fabs(r.model_flops - 3 * (2 * f + f / 100)) < 1);
+    assert_int_equal(r.nkernels, 2);
+    assert_string_equal(r.kernels[0].name, "decoder/moe_layers_*/moe/ffn");
+    assert_int_equal(r.kernels[0].calls, 2);
+    assert_true(fabs(r.kernels[0].flops - 2 * f) < 1);
+    assert_true(fabs(r.kernels[0].mxu_flops - 8 * f) < 1);
+    assert_true(fabs(r.kernels[0].time_s - 2 * t_tiled) < 1e-12);
+    assert_string_equal(r.kernels[1].name, "decoder/logits");
+}
+
+/* The megablox tiles of a DeepSeek dry run: 16 tokens x top-8 = 128 rows over 16 experts, 8 rows
+ * each (the dry run's even routing), emb M = 64, expert width H = 64.  With tm = 512 every group
+ * lies in the one row tile: 16 visits per call, each a whole tm x tk x tn block with k and n
+ * rounded up to the tile (64 -> 1024; wi_tile_fwd_embed_dim=32: 64 -> 64).  Forward: wi_0 and
+ * wi_1 2*16*512*64*1024 each, wo (wo_tile_fwd_batch_seq=64) 2*16*64*1024*1024; backward six
+ * calls of 2*16*512*1024*1024.  The useful FLOPs stay 3 * 2 * 128 * 64 * 64 per pass. */
+static void test_gmm_tiles(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/shardsim_tm_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    const char *argv[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=2",
+                          "first_num_dense_layers=1", "vocab_size=64", "max_target_length=16",
+                          "per_device_batch_size=1", "steps=1", "dry_run=true", "hardware_profile=v5p",
+                          "wo_tile_fwd_batch_seq=64", "wi_tile_fwd_embed_dim=32", od};
+    cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    assert_non_null(strstr(r.out, "slowest kernels"));
+    cli_capture_free(&r);
+    char path[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    mesh_json *j = NULL;
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *ks = mesh_json_get(mesh_json_get(j, "step_time_model"), "slowest_kernels");
+    assert_non_null(ks);
+    double fwd = 2 * (2.0 * 16 * 512 * 64 * 1024) + 2.0 * 16 * 64 * 1024 * 1024, bwd = 6 * (2.0 * 16 * 512 * 1024 * 1024);
+    double useful = 3 * 2.0 * 128 * 64 * 64;
+    int seen = 0;
+    for (int i = 0; i < ks->n; i++) {
+        const mesh_json *k = &ks->items[i];
+        const char *name = mesh_json_get(k, "kernel")->str;
+        double calls = mesh_json_get(k, "calls")->number, mxu = mesh_json_get(k, "mxu_flops")->number,
+               fl = mesh_json_get(k, "flops")->number;
+        size_t n = strlen(name);
+        if (n > 8 && !strcmp(name + n - 8, "/moe/ffn")) { /* forward and remat's recomputation */
+            assert_true(fabs(mxu / calls - fwd) < 1e-5 * fwd);
+            assert_true(fabs(fl / calls - useful) < 1e-5 * useful);
+            seen++;
+        } else if (n > 12 && !strcmp(name + n - 12, "/moe/ffn_bwd")) {
+            assert_true(fabs(mxu / calls - bwd) < 1e-5 * bwd);
+            assert_true(fabs(fl / calls - 2 * useful) < 1e-5 * useful);
+            seen++;
+        }
+    }
+    assert_int_equal(seen, 2);
+    mesh_json_free(j);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    /* a tile of 0 is refused naming the key */
+    const char *bad[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=2",
+                         "first_num_dense_layers=1", "vocab_size=64", "max_target_length=16", "steps=1",
+                         "dry_run=true", "wi_tile_drhs_mlp_dim=0"};
+    r = cli_capture_run(cli_train, (int)(sizeof bad / sizeof bad[0]), bad);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "wi_tile_drhs_mlp_dim"));
+    cli_capture_free(&r);
+}
+
+/* The attention_op kind's useful FLOPs and kernel work of a tiny run (T = 16, 4 heads of 8, one
+ * device, 2 layers; full remat: per layer the forward twice and the backward once). */
+#define TINY "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
+             "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
+
+static void attention_kind(const char *extra1, const char *extra2, double *flops, double *mxu, double *calls)
+{
+    char dir[] = "/tmp/shardsim_tm_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    const char *argv[] = {TINY, "steps=1", "dry_run=true", "hardware_profile=v5p", "sa_block_q=4", "sa_block_kv=8",
+                          "sa_block_q_dkv=8", "sa_block_kv_dkv=4", "sa_block_kv_dq=2", extra1, extra2, od};
+    cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    cli_capture_free(&r);
+    char path[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    mesh_json *j = NULL;
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *ks = mesh_json_get(mesh_json_get(j, "step_time_model"), "slowest_kernels");
+    *calls = 0;
+    for (int i = 0; ks && i < ks->n; i++) {
+        const char *name = mesh_json_get(&ks->items[i], "kernel")->str;
+        if (!strstr(name, "attention_op")) continue;
+        *flops = mesh_json_get(&ks->items[i], "flops")->number;
+        *mxu = mesh_json_get(&ks->items[i], "mxu_flops")->number;
+        *calls = mesh_json_get(&ks->items[i], "calls")->number;
+    }
+    mesh_json_free(j);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Splash blocks over T = 16 (causal): forward (4 x 8) blocks: q rows 0-3 and 4-7 see kv block 0,
+ * rows 8-11 and 12-15 kv blocks 0-1: 6 blocks of 32 scores; dkv (8 x 4): 2 + 4 = 6 blocks of 32;
+ * dq (sa_block_q_dq 512 clipped to 16, x 2): 8 blocks of 32.  Per score and head, forward QK^T + PV
+ * = 2 (8 + 8) FLOPs, dq 2 (2*8 + 8), dkv 2 (2*8 + 2*8); the fused backward is the dkv grid alone
+ * with 2 (3*8 + 2*8).  The useful FLOPs: forward 2*4*16*16*16/2 = 16384, backward 2.5x. */
+static void test_splash_blocks(void **state)
+{
+    (void)state;
+    double flops, mxu, calls;
+    double BH = 4, fwd = 2 * BH * 192 * 16, bwd = 2 * BH * (256.0 * 24 + 192.0 * 32), F = 16384;
+    attention_kind("attention=flash", "sa_use_fused_bwd_kernel=false", &flops, &mxu, &calls);
+    assert_true(calls == 6); /* 2 layers x (forward, recomputation, backward) */
+    assert_true(fabs(mxu - 2 * (2 * fwd + bwd)) < 1e-6 * mxu);
+    assert_true(fabs(flops - 2 * 4.5 * F) < 1e-6 * flops);
+    attention_kind("attention=flash", "sa_use_fused_bwd_kernel=true", &flops, &mxu, &calls);
+    double fused = 2 * BH * 192 * 40;
+    assert_true(fabs(mxu - 2 * (2 * fwd + fused)) < 1e-6 * mxu);
+    /* tokamax's splash has the fused backward only */
+    attention_kind("attention=flash", "use_tokamax_splash=true", &flops, &mxu, &calls);
+    assert_true(fabs(mxu - 2 * (2 * fwd + fused)) < 1e-6 * mxu);
+    /* the dot-product path (the whole score matrix): no blocks, its FLOPs stand */
+    attention_kind("attention=dot_product", "sa_use_fused_bwd_kernel=false", &flops, &mxu, &calls);
+    assert_true(fabs(mxu - flops) < 1e-6 * flops);
+}
+
+/* collectives of one kind in different layers are listed as one: calls, bytes and time summed
+ * (two 1 MB-shard gathers over a pair, 20 us each on one link of 50 GB/s) */
+static void test_collective_kinds(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(1.0, 0);
+    model_tm_result r;
+    sim_record g[3] = {gather(2, 1000000, false), gather(2, 1000000, false), gather(2, 1000, false)};
+    snprintf(g[0].tag, sizeof g[0].tag, "decoder/layers_1/mlp/wi");
+    snprintf(g[1].tag, sizeof g[1].tag, "decoder/layers_22/mlp/wi");
+    snprintf(g[2].tag, sizeof g[2].tag, "decoder/norm");
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, g, 3, NULL, 0, 0, false, &r), SIM_OK);
+    assert_int_equal(r.ncolls, 2);
+    assert_string_equal(r.colls[0].rec.tag, "decoder/layers_*/mlp/wi");
+    assert_int_equal(r.colls[0].calls, 2);
+    assert_true(fabs(r.colls[0].bytes - 2e6) < 1);
+    assert_true(fabs(r.colls[0].time_s - 2 * 1e6 / 50e9) < 1e-12);
+    assert_int_equal(r.colls[0].links, 1);
+    assert_string_equal(r.colls[1].rec.tag, "decoder/norm");
+}
+
 static void test_profiles(void **state)
 {
     (void)state;
@@ -220,9 +421,6 @@ static void test_profiles(void **state)
     sim_err_clear();
 }
 
-#define TINY "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
-             "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
-
 /* train with a profile: the console estimate, run.json's step_time_model (its parts add up to
  * the step), the dry run's trace in modelled time, the profile's HBM as the capacity */
 static void test_train_estimate(void **state)
@@ -239,6 +437,8 @@ static void test_train_estimate(void **state)
     assert_non_null(strstr(r.out, "estimated step time on v5p, slice 2x2x1"));
     assert_non_null(strstr(r.out, "95.0 GiB")); /* the capacity column: hbm_limit_gb from the profile */
     assert_non_null(strstr(r.out, "slowest collectives"));
+    assert_non_null(strstr(r.out, "slowest kinds of collective"));
+    assert_non_null(strstr(r.out, "slowest kernels"));
     cli_capture_free(&r);
     char path[512];
     snprintf(path, sizeof path, "%s/run.json", dir);
@@ -281,6 +481,11 @@ int main(void)
         cmocka_unit_test(test_matmul_roofline),
         cmocka_unit_test(test_ring_all_gather),
         cmocka_unit_test(test_overlap_rule),
+        cmocka_unit_test(test_serial_weight_collectives),
+        cmocka_unit_test(test_tiled_kernel),
+        cmocka_unit_test(test_gmm_tiles),
+        cmocka_unit_test(test_splash_blocks),
+        cmocka_unit_test(test_collective_kinds),
         cmocka_unit_test(test_profiles),
         cmocka_unit_test(test_train_estimate),
     };

@@ -276,6 +276,59 @@ static sim_status traced_device(sim_device *d, void *arg)
     return SIM_OK;
 }
 
+/* 1000 spans, a barrier (every device then holds 1000), 1000 more inside an outer span. */
+enum { LIMIT_HALF = 1000 };
+static sim_status many_spans(sim_device *d, void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < LIMIT_HALF; i++) sim_span_end(d, sim_span_begin(d, "a"));
+    SIM_TRY(sim_device_barrier(d));
+    int outer = sim_span_begin(d, "outer"); /* open across the point where a device drops its spans */
+    for (int i = 0; i < LIMIT_HALF - 1; i++) sim_span_end(d, sim_span_begin(d, "b"));
+    sim_span_end(d, outer);
+    return SIM_OK;
+}
+
+static size_t count_of(const char *s, const char *what)
+{
+    size_t n = 0;
+    for (const char *p = strstr(s, what); p; p = strstr(p + 1, what)) n++;
+    return n;
+}
+
+static void test_trace_limit_drops_unwritten_devices(void **state)
+{
+    (void)state;
+    const char *names[] = {"fsdp"};
+    int sizes[] = {8};
+    sim_machine_opts o = {0};
+    o.trace = true;
+    sim_machine *m = machine(1, names, sizes, o);
+    size_t limit = 5 * LIMIT_HALF; /* devices 0 and 1 (4000 spans) fit, device 2 (6000) does not */
+    sim_trace_set_limit(m, limit);
+    assert_int_equal(sim_machine_run(m, many_spans, NULL), SIM_OK);
+    for (int i = 0; i < 8; i++) assert_int_equal(sim_trace_span_count(m, i), 2 * LIMIT_HALF); /* counted, kept or not */
+    assert_int_equal(sim_trace_devices_within(m, limit), 2);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(sim_trace_write_chrome(m, f, limit), SIM_OK);
+    fclose(f);
+    assert_int_equal(count_of(buf, "\"ph\":\"X\""), 2 * 2 * LIMIT_HALF); /* every span of devices 0 and 1 */
+    assert_int_equal(count_of(buf, "\"name\":\"outer\""), 2);
+    assert_null(strstr(buf, "\"pid\":2"));
+    free(buf);
+    /* device 7 saw devices 0-6 at 1000 spans each after the barrier, so it dropped its spans:
+     * a trace that would need them is refused, never read from freed memory */
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    assert_int_equal(sim_trace_write_chrome(m, f, 0), SIM_ERR_INTERNAL);
+    fclose(f);
+    free(buf);
+    sim_err_clear();
+    sim_machine_free(m);
+}
+
 static void test_trace_json(void **state)
 {
     (void)state;
@@ -410,7 +463,7 @@ int main(void)
         cmocka_unit_test(test_arena_accounting),     cmocka_unit_test(test_oom_stops_machine),
         cmocka_unit_test(test_arena_reuses_large_blocks),
         cmocka_unit_test(test_waiting_blocks),       cmocka_unit_test(test_topology),
-        cmocka_unit_test(test_trace_json),           cmocka_unit_test(test_records_across_runs),
+        cmocka_unit_test(test_trace_json),           cmocka_unit_test(test_trace_limit_drops_unwritten_devices),           cmocka_unit_test(test_records_across_runs),
         cmocka_unit_test(test_failure_does_not_cut_other_groups_short),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
