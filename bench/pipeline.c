@@ -2,7 +2,9 @@
  *
  *   1. The seed-002 configurations (MaxText's explicit-sharding change to the
  *      pipeline module) for full-size llama2-7b on 4 devices, as dry runs
- *      (shapes, traffic and memory only), in auto and explicit mode:
+ *      (shapes, traffic and memory only), in auto and explicit mode (explicit
+ *      is refused as MaxText 0.2.5 refuses it: the positions gather's
+ *      ShardingTypeError; the row prints the message):
  *        FSDP+PP   stage=2 fsdp=2, num_pipeline_microbatches=8, pipeline_fsdp_ag_once
  *        ZeRO-1+PP the same with data=2 and shard_optimizer_over_data
  *      per_device_batch_size=12 and max_target_length=2048 (MaxText's base

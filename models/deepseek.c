@@ -260,6 +260,23 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
                                "layers' gate bias, from their own expert counts) is not simulated; use "
                                "routed_bias_update_rate=0 or mtp_num_layers=0");
     }
+    /* MaxText 0.2.5's pipeline splits the stage's variables into parameters, intermediates and a catch-all
+     * that may hold only RNG state (layers/pipeline.py, the assert after nnx.split); a MoEBiasVar gate bias
+     * lands in the catch-all, so every pipeline of these models stops there.  In explicit mode with YaRN the
+     * dense layer before the pipeline fails first (the trace-time error of ds_yarn_check, as in MaxText) */
+    const char *mode;
+    SIM_TRY(mesh_cfg_get_str(cfg, "shard_mode", &mode));
+    if (d->routed_bias && d->bias_selects_only && !(!strcmp(mode, "explicit") && d->yarn)) {
+        int64_t stages[2];
+        SIM_TRY(model_cfg_i64(cfg, "ici_pipeline_parallelism", &stages[0]));
+        SIM_TRY(model_cfg_i64(cfg, "dcn_pipeline_parallelism", &stages[1]));
+        if (stages[0] > 1 || stages[1] > 1)
+            return unsupported(cfg, "routed_bias",
+                               "MaxText 0.2.5 stops every pipeline whose MoE layers carry this model's MoEBiasVar "
+                               "gate bias (AssertionError: Non-RngState variable found in layers_mutables "
+                               "catch-all partition, layers/pipeline.py); use "
+                               "routed_bias=false with a pipeline, or ici/dcn_pipeline_parallelism=1");
+    }
 
     /* remat policies: the routed experts keep MaxText's moe.py tags of the grouped matmul (mlpwi_0,
      * moe_mlpwi_0/1, mlpwo, moe_mlpwo: mesh_moe_cfg.keep); the sorted inputs and the routing maps
@@ -885,7 +902,8 @@ static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const m
  * position come out sharded (activation_batch, activation_length, q_heads) over (B, T, rope/2); a
  * new head axis makes them (B, T, 1, rope/2), then broadcast_to the rotated input's (B, T, H, rope/2)
  * with out_sharding (activation_batch, activation_length, None, None): the q_heads axes (tensor,
- * tensor_sequence) on the frequency dim cannot be dropped by a broadcast, and JAX refuses it. */
+ * tensor_sequence) on the frequency dim cannot be dropped by a broadcast, and JAX refuses it; so it
+ * does when the two batch shardings differ (a dense layer before a pipeline, below). */
 static sim_status yarn_check(model_dev *md, const mesh_var *x)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
@@ -895,13 +913,23 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
     int64_t half = a->shape[3] / 2;
     int64_t in_shape[4] = {a->shape[0], a->shape[1], 1, half}, out_shape[4] = {a->shape[0], a->shape[1], a->shape[2], half};
     mesh_spec fs, os;
-    SIM_TRY(model_logical_spec(md->def, "rope/freqs", 4, fnames, &fs));
+    /* freqs_sharding is built when the module is, under the config's rules; the rotated sharding when
+     * it runs: in a dense layer before a pipeline that is under logical_axis_rules_pp_act_as_dp, whose
+     * activation_batch adds 'stage' (then the batch dim differs too) */
+    mesh_resolved fr;
+    SIM_TRY(mesh_rules_resolve(&md->def->rules, &md->def->mesh, "rope/freqs", 4, fnames, &fr));
+    fs = fr.spec;
     SIM_TRY(model_logical_spec(md->def, "rope/rotated", 4, onames, &os));
+    bool batch_differs = fs.n_axes[0] != os.n_axes[0] || memcmp(fs.axes[0], os.axes[0], (size_t)fs.n_axes[0]) != 0;
     return mesh_broadcast_to_check(&md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope",
                                    "layers/embeddings.py:__call__",
-                                   "MaxText's YaRN frequencies keep the q_heads sharding: use tensor=1 and "
-                                   "tensor_sequence=1 with rope_type=yarn in explicit mode, rope_type=default, or "
-                                   "shard_mode=auto");
+                                   batch_differs
+                                       ? "MaxText's YaRN frequencies keep the config rules' batch sharding in the dense "
+                                         "layers before a pipeline (which run with 'stage' added to activation_batch): "
+                                         "run pipelines in shard_mode=auto"
+                                       : "MaxText's YaRN frequencies keep the q_heads sharding: use tensor=1 and "
+                                         "tensor_sequence=1 with rope_type=yarn in explicit mode, rope_type=default, or "
+                                         "shard_mode=auto");
 }
 
 /* MaxText 0.2.5's default rotary embedding (RotaryEmbedding.apply_rotary) multiplies the input

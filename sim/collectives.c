@@ -429,14 +429,47 @@ static void move_data(sim_device *d, const sim_call *c, sim_call *const *peers, 
     }
 }
 
+/* A reduce-scatter of many short rows (an activation scattered on its last
+ * dim: 256 rows of 64 floats over 8 ranks) is summed a whole row at a time:
+ * task t takes rows [t*outer/k, (t+1)*outer/k) of every rank, reads each
+ * source's row as one contiguous run and hands every rank its piece, where
+ * a task per rank would read pieces of 64 floats strided across all rows of
+ * all sources.  Each element gets the same adds in the same order. */
+enum { RS_ROW_MAX = 2048 };
+
+static bool reduce_scatter_by_rows(const sim_call *c, int k)
+{
+    return c->op == SIM_OP_REDUCE_SCATTER && c->p[0] >= (size_t)k && (size_t)k * c->p[1] <= RS_ROW_MAX;
+}
+
+static void reduce_scatter_rows(sim_group *g, int t)
+{
+    const sim_call *c = g->byrank[0];
+    int k = g->k;
+    size_t outer = c->p[0], chunk = c->p[1], es = sim_dtype_size(c->dt), row = (size_t)k * chunk;
+    size_t lo = (size_t)t * outer / (size_t)k, hi = (size_t)(t + 1) * outer / (size_t)k;
+    const void *src[SIM_MAX_DEVICES];
+    for (int q = 0; q < k; q++) src[q] = g->byrank[q]->send;
+    float sum[RS_ROW_MAX]; /* float32 or int32: 4 bytes an element */
+    for (size_t o = lo; o < hi; o++) {
+        sum_sources(c->dt, sum, src, k, o * row, row);
+        for (int r = 0; r < k; r++)
+            memcpy((char *)g->byrank[r]->recv + o * chunk * es, (const char *)sum + (size_t)r * chunk * es, chunk * es);
+    }
+}
+
 /* Task t of a collective's data movement (sim_exchange): what rank t
- * receives.  An all-reduce's task t also hands chunk t, which rank t owns
+ * receives (a reduce-scatter of short rows: rows, see above).  An all-reduce's task t also hands chunk t, which rank t owns
  * and has just summed, to every other rank: each task writes only its own
  * chunk of each buffer, so the tasks are independent even in place. */
 static void move_task(sim_machine *m, sim_group *g, int t)
 {
     sim_call *c = g->byrank[t];
     int k = g->k;
+    if (reduce_scatter_by_rows(c, k)) {
+        reduce_scatter_rows(g, t);
+        return;
+    }
     move_data(&m->dev[c->device], c, g->byrank, k, t);
     if (c->op == SIM_OP_ALL_REDUCE) {
         size_t n = c->p[0], es = sim_dtype_size(c->dt);

@@ -534,6 +534,20 @@ static sim_status block_locked(sim_machine *m, sim_device *d)
     return SIM_OK;
 }
 
+/* Marks d as waiting in g (for call, of kind) and sleeps as block_locked does:
+ * called with the lock held, returns with it released.  The last device to
+ * block while every live one waits is a deadlock, reported here. */
+static sim_status wait_locked(sim_machine *m, sim_device *d, sim_group *g, const sim_call *call, sim_rv_kind kind)
+{
+    d->waiting = true;
+    d->wait_group = g;
+    d->wait_call = call;
+    d->wait_kind = kind;
+    m->n_blocked++;
+    if (m->n_blocked == m->n_alive) deadlock_locked(m);
+    return block_locked(m, d);
+}
+
 /* Releases every member of g that waits on it, except d (under the lock,
  * which it drops); their semaphores are posted after unlocking, so the
  * woken devices never wait for the lock. */
@@ -579,13 +593,7 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
         release_group_unlock(m, g, d);
         return SIM_OK;
     }
-    d->waiting = true;
-    d->wait_group = g;
-    d->wait_call = call ? call : g->slot[sim_group_slot(g, d)];
-    d->wait_kind = kind;
-    m->n_blocked++;
-    if (m->n_blocked == m->n_alive) deadlock_locked(m);
-    return block_locked(m, d);
+    return wait_locked(m, d, g, call ? call : g->slot[sim_group_slot(g, d)], kind);
 }
 
 /* Runs tasks of g's exchange until none is left; the last worker to stop
@@ -603,13 +611,7 @@ static void exchange_work(sim_machine *m, sim_device *d, sim_group *g, sim_call 
         release_group_unlock(m, g, d);
         return;
     }
-    d->waiting = true;
-    d->wait_group = g;
-    d->wait_call = call;
-    d->wait_kind = SIM_RV_DEPART;
-    m->n_blocked++;
-    if (m->n_blocked == m->n_alive) deadlock_locked(m);
-    (void)block_locked(m, d); /* a DEPART wait: it ends released */
+    (void)wait_locked(m, d, g, call, SIM_RV_DEPART); /* a DEPART wait: it ends released */
 }
 
 sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
@@ -623,14 +625,8 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
     }
     g->slot[sim_group_slot(g, d)] = call;
     if (++g->arrived < g->k) {
-        d->waiting = true;
-        d->wait_group = g;
-        d->wait_call = call;
-        d->wait_kind = SIM_RV_ARRIVE;
         d->helper = false;
-        m->n_blocked++;
-        if (m->n_blocked == m->n_alive) deadlock_locked(m);
-        SIM_TRY(block_locked(m, d));
+        SIM_TRY(wait_locked(m, d, g, call, SIM_RV_ARRIVE));
         if (d->helper) exchange_work(m, d, g, call); /* asked to move data; else the exchange is over */
         return SIM_OK;
     }
@@ -733,13 +729,7 @@ sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match
     while (g->seq[s] - g->base >= POST_AHEAD) {
         if (!g->nahead || g->seq[s] < g->ahead_gen) g->ahead_gen = g->seq[s];
         g->nahead++;
-        d->waiting = true;
-        d->wait_group = g;
-        d->wait_call = call;
-        d->wait_kind = SIM_RV_ARRIVE;
-        m->n_blocked++;
-        if (m->n_blocked == m->n_alive) deadlock_locked(m);
-        SIM_TRY(block_locked(m, d));
+        SIM_TRY(wait_locked(m, d, g, call, SIM_RV_ARRIVE));
         pthread_mutex_lock(&m->lock);
         if (m->failed) {
             pthread_mutex_unlock(&m->lock);

@@ -615,13 +615,16 @@ static void test_all_reduce_deterministic_and_dry(void **state)
 
 /* Collectives large enough that the last member to arrive shares the data
  * movement with helper threads (sim_exchange), several in a row on the same
- * groups: an in-place all-reduce over y (k = 4, chunks of unequal size) and
- * a reduce-scatter over (x, y) (k = 8).  The sums, in rank order, are
+ * groups: an in-place all-reduce over y (k = 4, chunks of unequal size), a
+ * reduce-scatter over (x, y) (k = 8) and one of 1001 short rows (summed a row
+ * at a time, in tasks of unequal row counts).  The sums, in rank order, are
  * computed here; they must match bit for bit on every device and round. */
 enum { BIG_AR = 100003, BIG_RS = 40000, BIG_ROUNDS = 3 };
+/* and a reduce-scatter of short rows (summed row by row): 1001 rows of 16 x 5 scattered on the 16 */
+enum { ROWS_O = 1001, ROWS_MID = 16, ROWS_IN = 5, ROWS_CHUNK = ROWS_MID / 8 * ROWS_IN };
 
 typedef struct {
-    float *ar[8], *rs[8];
+    float *ar[8], *rs[8], *rows[8];
 } big_case;
 
 static sim_status big_device(sim_device *d, void *arg)
@@ -629,7 +632,7 @@ static sim_status big_device(sim_device *d, void *arg)
     big_case *bc = arg;
     int id = sim_device_id(d);
     float *x = malloc((size_t)8 * BIG_RS * sizeof *x);
-    float *ar = bc->ar[id], *rs = bc->rs[id];
+    float *ar = bc->ar[id], *rs = bc->rs[id], *rows = bc->rows[id];
     sim_status st = SIM_OK;
     for (int round = 0; round < BIG_ROUNDS && st == SIM_OK; round++) {
         for (size_t i = 0; i < BIG_AR; i++) ar[(size_t)round * BIG_AR + i] = noise(id + 8 * round, i);
@@ -639,6 +642,10 @@ static sim_status big_device(sim_device *d, void *arg)
         if (st == SIM_OK)
             st = sim_reduce_scatter(d, x, rs + (size_t)round * BIG_RS, (size_t)8 * BIG_RS, SIM_F32, sim_axes_2(0, 1),
                                     sim_meta_tag("big/rs"));
+        for (size_t i = 0; i < (size_t)ROWS_O * ROWS_MID * ROWS_IN; i++) x[i] = noise(200 + id + 8 * round, i);
+        if (st == SIM_OK)
+            st = sim_reduce_scatter_dim(d, x, rows + (size_t)round * ROWS_O * ROWS_CHUNK, ROWS_O, ROWS_MID, ROWS_IN,
+                                        SIM_F32, sim_axes_2(0, 1), sim_meta_tag("big/rows"));
     }
     free(x);
     return st;
@@ -652,6 +659,7 @@ static void test_large_exchanges(void **state)
     for (int id = 0; id < 8; id++) {
         bc->ar[id] = malloc((size_t)BIG_ROUNDS * BIG_AR * sizeof(float));
         bc->rs[id] = malloc((size_t)BIG_ROUNDS * BIG_RS * sizeof(float));
+        bc->rows[id] = malloc((size_t)BIG_ROUNDS * ROWS_O * ROWS_CHUNK * sizeof(float));
     }
     sim_machine *m = make_machine(&tm, false);
     assert_int_equal(sim_machine_run(m, big_device, bc), SIM_OK);
@@ -670,11 +678,19 @@ static void test_large_exchanges(void **state)
                 for (int q = 1; q < 8; q++) s += noise(100 + q + 8 * round, at);
                 bad += memcmp(&bc->rs[id][(size_t)round * BIG_RS + i], &s, sizeof s) != 0;
             }
+            for (size_t o = 0; o < ROWS_O; o++) /* row o, this device's piece of the scattered dim */
+                for (size_t i = 0; i < ROWS_CHUNK; i++) {
+                    size_t at = o * ROWS_MID * ROWS_IN + (size_t)id * ROWS_CHUNK + i;
+                    float s = noise(200 + 8 * round, at);
+                    for (int q = 1; q < 8; q++) s += noise(200 + q + 8 * round, at);
+                    bad += memcmp(&bc->rows[id][((size_t)round * ROWS_O + o) * ROWS_CHUNK + i], &s, sizeof s) != 0;
+                }
         }
     assert_int_equal(bad, 0);
     for (int id = 0; id < 8; id++) {
         free(bc->ar[id]);
         free(bc->rs[id]);
+        free(bc->rows[id]);
     }
     free(bc);
     sim_machine_free(m);
