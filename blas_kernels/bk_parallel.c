@@ -132,7 +132,7 @@ void bk_parallel_for(int64_t n, int64_t grain, bk_range_fn fn, void *arg)
     pthread_mutex_unlock(&P.mu);
 }
 
-enum { ZERO_GRAIN = 1 << 18 }; /* bytes per chunk: a memset this long outweighs a wake-up */
+enum { ZERO_GRAIN = 1 << 18 }; /* bytes per chunk of a memset or memcpy: outweighs a wake-up */
 
 static void zero_chunk(int64_t lo, int64_t hi, void *arg) { memset((char *)arg + lo, 0, (size_t)(hi - lo)); }
 
@@ -140,4 +140,22 @@ void bk_parallel_zero(void *p, size_t bytes)
 {
     if (!p || !bytes) return;
     bk_parallel_for((int64_t)bytes, ZERO_GRAIN, zero_chunk, p);
+}
+
+typedef struct {
+    char *dst;
+    const char *src;
+} copy_job;
+
+static void copy_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const copy_job *j = arg;
+    memcpy(j->dst + lo, j->src + lo, (size_t)(hi - lo));
+}
+
+void bk_parallel_copy(void *dst, const void *src, size_t bytes)
+{
+    if (!dst || !src || !bytes) return;
+    copy_job j = {dst, src};
+    bk_parallel_for((int64_t)bytes, ZERO_GRAIN, copy_chunk, &j);
 }

@@ -27,5 +27,7 @@ void bk_parallel_for(int64_t n, int64_t grain, bk_range_fn fn, void *arg);
 /* memset(p, 0, bytes) in chunks on the pool (inline below two chunks): zeroing a big cotangent or
  * gradient buffer, and taking its first-touch page faults, on all the device's cores. */
 void bk_parallel_zero(void *p, size_t bytes);
+/* memcpy(dst, src, bytes) the same way (the buffers must not overlap). */
+void bk_parallel_copy(void *dst, const void *src, size_t bytes);
 
 #endif

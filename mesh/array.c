@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "blas_kernels/bk_parallel.h"
 #include "sim/arena.h"
 
 sim_status mesh_shape_to_sim(const mesh_shape *m, sim_mesh_desc *out)
@@ -83,7 +84,8 @@ sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array
                             sim_mem_cat cat, mesh_array *out)
 {
     SIM_TRY(mesh_array_new_raw(d, m, name, src->rank, src->shape, &src->spec, src->dtype, cat, out));
-    if (out->data && src->data) memcpy(out->data, src->data, src->nlocal * sim_dtype_size(src->dtype));
+    /* on the kernel pool: a clone is often a big cotangent (the residual adds' backward) */
+    if (out->data && src->data) bk_parallel_copy(out->data, src->data, src->nlocal * sim_dtype_size(src->dtype));
     if (src->counted_fixed) mesh_array_recount(d, out, src->counted);
     return SIM_OK;
 }

@@ -111,7 +111,7 @@ static void test_back_to_back_jobs(void **state)
     bk_parallel_set_threads(1);
 }
 
-/* bk_parallel_zero clears exactly [p, p + bytes), on several chunks (and an odd tail) with 2
+/* bk_parallel_zero clears exactly [p, p + bytes) (and bk_parallel_copy fills it), on several chunks (and an odd tail) with 2
  * threads and inline with 1, and leaves the bytes around it alone. */
 static void test_zero_exact_range(void **state)
 {
@@ -127,6 +127,18 @@ static void test_zero_exact_range(void **state)
             assert_int_equal(buf[i], i < 32 || i >= bytes + 32 ? 0xA5 : 0);
         bk_parallel_zero(NULL, 10); /* no buffer (a dry run's array): nothing */
     }
+    /* bk_parallel_copy: the same range rules, byte for byte */
+    unsigned char *src = malloc(bytes);
+    assert_non_null(src);
+    for (size_t i = 0; i < bytes; i++) src[i] = (unsigned char)(i * 2654435761u >> 13);
+    for (int threads = 1; threads <= 2; threads++) {
+        bk_parallel_set_threads(threads);
+        memset(buf, 0xA5, bytes + 64);
+        bk_parallel_copy(buf + 32, src, bytes);
+        for (size_t i = 0; i < bytes + 64; i++)
+            assert_int_equal(buf[i], i < 32 || i >= bytes + 32 ? 0xA5 : src[i - 32]);
+    }
+    free(src);
     free(buf);
     bk_parallel_set_threads(1);
 }
