@@ -1575,10 +1575,12 @@ sim_status mesh_reshape(mesh_ctx *ctx, const mesh_array *a, int rank, const int6
     sim_meta meta = op_meta(ctx, tag);
     staged sa = {.owned = false};
     SIM_TRY(stage(ctx, a, &w, &s_in, meta, &sa));
-    sim_status st = mesh_array_new(ctx->dev, m, tag, rank, shape, &s_out, a->dtype, a->cat, out);
+    /* the copy below fills every element (on the kernel pool): no zero-filling when there is one */
+    sim_status st = (sa.arr.data ? mesh_array_new_raw : mesh_array_new)(ctx->dev, m, tag, rank, shape, &s_out,
+                                                                          a->dtype, a->cat, out);
     if (st == SIM_OK && out->data && sa.arr.data) {
         SIM_ASSERT(out->nlocal == sa.arr.nlocal);
-        memcpy(out->data, sa.arr.data, out->nlocal * sim_dtype_size(a->dtype));
+        bk_parallel_copy(out->data, sa.arr.data, out->nlocal * sim_dtype_size(a->dtype));
     }
     unstage(ctx, &sa);
     if (st == SIM_OK && !mesh_spec_equal(&s_out, &target)) {

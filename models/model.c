@@ -1127,9 +1127,11 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
     }
     char nm[MESH_NAME_MAX];
     snprintf(nm, sizeof nm, "%s (saved)", CKPT_NAMES[name]);
-    SIM_TRY(mesh_array_new(dev, md->ctx.mesh, nm, x->val.rank, x->val.shape, &x->val.spec, x->val.dtype,
-                           SIM_MEM_ACTIVATIONS, &r->a));
-    if (x->val.data) memcpy(r->a.data, x->val.data, x->val.nlocal * sim_dtype_size(x->val.dtype));
+    /* a full copy (on the kernel pool): no zero-filling when there is data to copy */
+    SIM_TRY((x->val.data ? mesh_array_new_raw : mesh_array_new)(dev, md->ctx.mesh, nm, x->val.rank, x->val.shape,
+                                                                &x->val.spec, x->val.dtype, SIM_MEM_ACTIVATIONS,
+                                                                &r->a));
+    if (x->val.data) bk_parallel_copy(r->a.data, x->val.data, x->val.nlocal * sim_dtype_size(x->val.dtype));
     return SIM_OK;
 }
 
