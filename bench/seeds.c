@@ -46,24 +46,25 @@ typedef struct {
 #define TPT "custom_mesh_and_rule=legacy", "ici_tensor_transpose_parallelism=2"
 
 /* Seed 002's memory: the same MaxText 0.2.5 step compiled by XLA:CPU (peers/maxtext/hlo_bytes.sh with
- * num_devices=4 and the row's keys, dtype=bfloat16; memory_analysis() arguments + temporaries, and the
- * buffers live at its peak from the buffer assignment) holds far more than the TPU measured: the
- * difference is XLA:TPU's, which XLA:CPU does not show (hand figures in MiB per device: the stage's 16
- * layers are 3238133760 parameters, 12353 MiB in float32; 129 iterations x 3 x 2048 x 4096 bfloat16 =
- * 6192 MiB). */
+ * num_devices=4 and the row's keys, dtype=bfloat16) and ahead of time for v5p-8 by XLA:TPU (MaxText's
+ * train_compile with compile_topology=v5p-8, libtpu 0.0.50.1 from PyPI, the version jax 0.12.0.1 pins):
+ * memory_analysis() arguments + outputs - aliases + temporaries, and the buffer assignments (hand figures
+ * in MiB per device: the stage's 16 layers are 3238133760 parameters, 12353 MiB in float32, 6176 in
+ * bfloat16; 129 iterations x 3 x 2048 x 4096 bfloat16 = 6192 MiB). */
 #define PP_FSDP_MEM                                                                                              \
-    "XLA:TPU keeps less than the compiled step: on XLA:CPU (auto) it needs 69344 MiB per device (shardsim 0.97 " \
-    "of it); both keep the stage's 16 layers gathered over fsdp in float32 (12353 MiB; the cast to bfloat16 is " \
-    "inside the loop), their float32 gradient accumulators (12353 MiB) and the 129 saved bfloat16 iteration "    \
-    "inputs (6192 MiB) alive together with 20029 MiB of parameters and Adam state: 50926 MiB, above TPU's auto " \
-    "figure and equal to its explicit one, so XLA:TPU holds the gathered weights or the accumulators narrower "  \
-    "(e.g. a bfloat16 gather)"
+    "MaxText 0.2.5's own step does not reach the measured figure either: compiled ahead of time for v5p-8 by "    \
+    "XLA:TPU (libtpu 0.0.50.1, train_compile compile_topology=v5p-8) its memory_analysis() is 54753 MiB per "     \
+    "device (shardsim 1.23 of it), by XLA:CPU 69344 MiB (shardsim 0.97). XLA:TPU converts each fsdp shard of "    \
+    "the stage's layers to bfloat16 before the all-gather (6176 MiB held instead of 12353: a compiler move "      \
+    "shardsim does not make; its ag_once gather stays float32 as MaxText's code writes it), and keeps, as "       \
+    "XLA:CPU and shardsim do, the float32 gradient accumulators in the gathered shape (12353 MiB) and the 129 "    \
+    "saved bfloat16 iteration inputs (6192 MiB) with 20029 MiB of parameters and Adam state"
 #define PP_Z1_MEM                                                                                                \
-    "XLA:TPU keeps less than the compiled step: on XLA:CPU (auto) it needs 75447 MiB per device (shardsim 0.90 " \
-    "of it), keeping the float32 working parameters and Adam state (26706 MiB), the float32 gradient "           \
-    "accumulators in the stage's whole shape (12353 MiB) and the saved inputs (6192 MiB) through the loss and "   \
-    "the backward loop; TPU's figure is 3 GiB above those alone, less than XLA:CPU's loss adds (float32 logits " \
-    "and their gradient, 2 x 3000 MiB)"
+    "MaxText 0.2.5's own step needs far more than the measured figure: XLA:TPU's ahead-of-time compile for "      \
+    "v5p-8 reports 74359 MiB per device (shardsim 0.91 of it), XLA:CPU 75447 MiB (shardsim 0.90), keeping the "   \
+    "float32 working parameters and Adam state (26706 MiB), the float32 gradient accumulators in the stage's "   \
+    "whole shape (12353 MiB) and the saved inputs (6192 MiB); the PR's run must have used other settings or "     \
+    "another MaxText/JAX (it ran JAX 0.8.0)"
 
 /* Why the memory target alone does not apply to a row, or NULL. */
 static const char *mem_exempt(const char *seed, const char *config)
