@@ -26,8 +26,8 @@ void model_run_start(model_run *r, mesh_cfg *cfg, model_def *def, long long step
     assert_int_equal(model_machine_new(r->def, 0, false, &r->m), SIM_OK);
 }
 
-void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra,
-                    int n_extra, int devices, long long steps)
+model_def *model_run_load(const char *const *base, int nbase, int rows, const char *const *extra, int n_extra,
+                          int devices, long long steps, mesh_cfg **cfg_out)
 {
     const char *argv[64];
     int argc = 0;
@@ -35,15 +35,35 @@ void model_run_open(model_run *r, const char *const *base, int nbase, int rows, 
     for (int i = 0; i < nbase; i++) argv[argc++] = base[i];
     char pdbs[64], st[32];
     snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)rows / devices);
-    snprintf(st, sizeof st, "steps=%lld", steps);
     argv[argc++] = pdbs;
-    argv[argc++] = st;
+    if (steps > 0) {
+        snprintf(st, sizeof st, "steps=%lld", steps);
+        argv[argc++] = st;
+    }
     for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
     mesh_cfg *cfg = NULL;
     if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    assert_int_equal(def->mesh.num_devices, devices);
+    if (def->mesh.num_devices != devices) fail_msg("mesh has %d devices, expected %d", def->mesh.num_devices, devices);
+    if (cfg_out)
+        *cfg_out = cfg;
+    else
+        mesh_cfg_free(cfg);
+    return def;
+}
+
+void model_run_unload(model_def *def)
+{
+    model_def_free(def);
+    free(def);
+}
+
+void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra,
+                    int n_extra, int devices, long long steps)
+{
+    mesh_cfg *cfg;
+    model_def *def = model_run_load(base, nbase, rows, extra, n_extra, devices, steps, &cfg);
     model_run_start(r, cfg, def, steps);
 }
 
@@ -62,8 +82,7 @@ void model_run_close(model_run *r)
     free(r->job.stats);
     sim_machine_free(r->m);
     model_data_close(&r->data);
-    model_def_free(r->def);
-    free(r->def);
+    model_run_unload(r->def);
     mesh_cfg_free(r->cfg);
 }
 

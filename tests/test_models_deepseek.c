@@ -58,29 +58,7 @@ static const char *const DENSE_PATH = "tests/data/moe_dense_path.yml";
 
 static model_def *load(const char *const *extra, int n_extra, int devices, mesh_cfg **cfg_out)
 {
-    const char *argv[80];
-    int argc = 0;
-    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
-    char pdbs[64];
-    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
-    argv[argc++] = pdbs;
-    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
-    model_def *def = calloc(1, sizeof *def);
-    if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    if (def->mesh.num_devices != devices) fail_msg("mesh has %d devices, expected %d", def->mesh.num_devices, devices);
-    if (cfg_out)
-        *cfg_out = cfg;
-    else
-        mesh_cfg_free(cfg);
-    return def;
-}
-
-static void unload(model_def *def)
-{
-    model_def_free(def);
-    free(def);
+    return model_run_load(TINY, NTINY, ROWS, extra, n_extra, devices, 0, cfg_out);
 }
 
 /* ------------------------------------------------------------ gradient check */
@@ -147,7 +125,7 @@ static void gradient_check(const char *const *extra, int n_extra, int *checked_o
     model_grads_free(&grads);
     *checked_out = checked;
     *skipped_out = skipped;
-    unload(def);
+    model_run_unload(def);
 }
 
 static void test_gradient_mla_dense(void **state)
@@ -241,7 +219,7 @@ static void train_expect_error(const char *const *extra, int n_extra, int device
     free(job.stats);
     sim_machine_free(m);
     model_data_close(&data);
-    unload(def);
+    model_run_unload(def);
     mesh_cfg_free(cfg);
 }
 
@@ -253,7 +231,7 @@ static void close_run(run_t *r)
     free(r->job.stats);
     sim_machine_free(r->m);
     model_data_close(&r->data);
-    unload(r->def);
+    model_run_unload(r->def);
     mesh_cfg_free(r->cfg);
 }
 
@@ -654,7 +632,7 @@ static void test_full_size_dry_runs(void **state)
         free(job.stats);
         sim_machine_free(m);
         model_data_close(&data);
-        unload(def);
+        model_run_unload(def);
         mesh_cfg_free(cfg);
     }
 }

@@ -60,30 +60,6 @@ enum { ROWS = 8, SEQ = 16, VOCAB = 64 };
 /* bytes of one saved activation element: dtype's default, bfloat16 (configs/base.yml) */
 enum { ACT = 2 };
 
-static model_def *load_base(const char *const *base, int nbase, const char *const *extra, int n_extra, int devices,
-                            sim_status *st_out)
-{
-    const char *argv[64];
-    int argc = 0;
-    for (int i = 0; i < nbase; i++) argv[argc++] = base[i];
-    char pdbs[64];
-    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
-    argv[argc++] = pdbs;
-    for (int i = 0; i < n_extra && extra[i]; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
-    model_def *def = calloc(1, sizeof *def);
-    sim_status st = model_def_from_config(cfg, def);
-    mesh_cfg_free(cfg);
-    if (st_out) {
-        *st_out = st;
-        return def;
-    }
-    if (st != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    assert_int_equal(def->mesh.num_devices, devices);
-    return def;
-}
-
 /* The status of loading and defining a model (the config loader or the model may refuse). */
 static sim_status refusal(const char *const *base, int nbase, const char *const *extra, int n_extra)
 {
@@ -105,14 +81,9 @@ static sim_status refusal(const char *const *base, int nbase, const char *const 
 
 static model_def *load(const char *const *extra, int n, int devices)
 {
-    return load_base(TINY, sizeof TINY / sizeof TINY[0], extra, n, devices, NULL);
+    return model_run_load(TINY, sizeof TINY / sizeof TINY[0], ROWS, extra, n, devices, 0, NULL);
 }
 
-static void free_def(model_def *d)
-{
-    model_def_free(d);
-    free(d);
-}
 
 typedef struct {
     int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
@@ -124,13 +95,7 @@ static double run(const model_def *def, const model_grads *pin, model_grads *pou
 {
     batch b;
     make_batch(&b);
-    sim_machine *m;
-    assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
-    double loss;
-    sim_status st = model_loss_and_grads_from(def, m, b.in, b.tg, b.pos, pin, pout, &loss, g);
-    sim_machine_free(m);
-    if (st != SIM_OK) fail_msg("run: %s", sim_errmsg());
-    return loss;
+    return model_run_loss_grads(def, b.in, b.tg, b.pos, pin, pout, g);
 }
 
 /* Parity of loss and every gradient: 1 device vs two 8-device meshes, auto and explicit. */
@@ -140,7 +105,7 @@ static void parity(const char *const *base, int nbase, const char *const *keys, 
     const char *extra[16];
     int n = 0;
     for (int i = 0; i < nkeys; i++) extra[n++] = keys[i];
-    model_def *ref_def = load_base(base, nbase, extra, n, 1, NULL);
+    model_def *ref_def = model_run_load(base, nbase, ROWS, extra, n, 1, 0, NULL);
     model_grads ref;
     double ref_loss = run(ref_def, NULL, NULL, &ref);
     for (int mi = 0; mi < nmeshes; mi++)
@@ -158,7 +123,7 @@ static void parity(const char *const *base, int nbase, const char *const *keys, 
             } else
                 extra[k++] = mesh;
             extra[k++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
-            model_def *def = load_base(base, nbase, extra, k, 8, NULL);
+            model_def *def = model_run_load(base, nbase, ROWS, extra, k, 8, 0, NULL);
             model_grads g;
             double loss = run(def, NULL, NULL, &g);
             if (fabs(loss - ref_loss) > 1e-4 * fabs(ref_loss))
@@ -169,10 +134,10 @@ static void parity(const char *const *base, int nbase, const char *const *keys, 
                     fail_msg("%s %s %s: gradient of %s differs by %.3g", keys[0], mesh, extra[k - 1], def->defs[i].path, e);
             }
             model_grads_free(&g);
-            free_def(def);
+            model_run_unload(def);
         }
     model_grads_free(&ref);
-    free_def(ref_def);
+    model_run_unload(ref_def);
     if (loss_out) *loss_out = ref_loss;
 }
 
@@ -183,7 +148,7 @@ static double base_loss(void)
 {
     model_def *d = load(NULL, 0, 1);
     double l = run(d, NULL, NULL, NULL);
-    free_def(d);
+    model_run_unload(d);
     return l;
 }
 
@@ -213,7 +178,7 @@ static void finite_differences(const char *const *keys, int nkeys)
     }
     model_grads_free(&params);
     model_grads_free(&grads);
-    free_def(def);
+    model_run_unload(def);
 }
 
 /* ------------------------------------------------------------ tied logits, soft caps */
@@ -228,8 +193,8 @@ static void test_logits_via_embedding(void **state)
     assert_int_equal(tied->nparams, untied->nparams - 1);
     assert_int_equal(model_param_index(tied, "logits_dense.kernel"), -1);
     assert_int_equal(model_param_bytes(untied) - model_param_bytes(tied), 16 * 64 * 4);
-    free_def(untied);
-    free_def(tied);
+    model_run_unload(untied);
+    model_run_unload(tied);
 
     double lt, ln, lc;
     const char *norm[] = {"logits_via_embedding=true"};
@@ -237,7 +202,7 @@ static void test_logits_via_embedding(void **state)
     const char *raw[] = {"logits_via_embedding=true", "normalize_embedding_logits=false"};
     model_def *d = load(raw, 2, 1);
     ln = run(d, NULL, NULL, NULL);
-    free_def(d);
+    model_run_unload(d);
     const char *capped[] = {"logits_via_embedding=true", "final_logits_soft_cap=0.05"};
     parity(TINY, 10, capped, 2, MESHES, 2, &lc);
     assert_true(fabs(lt - l0) > 1e-4 && fabs(ln - lt) > 1e-4 && fabs(lc - lt) > 1e-4);
@@ -253,7 +218,7 @@ static void test_final_soft_cap_untied_is_nothing(void **state)
     const char *k[] = {"final_logits_soft_cap=0.05"};
     model_def *d = load(k, 1, 1);
     double l = run(d, NULL, NULL, NULL);
-    free_def(d);
+    model_run_unload(d);
     assert_true(l == base_loss());
 }
 
@@ -273,9 +238,9 @@ static void test_attn_logits_soft_cap(void **state)
     const char *ds_meshes[] = {"ici_fsdp_parallelism=8", "ici_fsdp_parallelism=4 ici_expert_parallelism=2"};
     double lds;
     parity(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 3, ds_meshes, 2, &lds);
-    model_def *plain = load_base(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], NULL, 0, 1, NULL);
+    model_def *plain = model_run_load(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ROWS, NULL, 0, 1, 0, NULL);
     double lp = run(plain, NULL, NULL, NULL);
-    free_def(plain);
+    model_run_unload(plain);
     assert_true(fabs(lds - lp) > 1e-5);
 }
 
@@ -291,7 +256,7 @@ static void test_rope_linear_scaling(void **state)
     const char *same[] = {"rope_min_timescale=4", "rope_max_timescale=40000"};
     model_def *d = load(same, 2, 1);
     double ls = run(d, NULL, NULL, NULL);
-    free_def(d);
+    model_run_unload(d);
     assert_true(fabs(ls - l) <= 1e-6 * fabs(l));
 }
 
@@ -315,8 +280,8 @@ static void test_use_qk_norm_query_init(void **state)
     }
     model_grads_free(&pa);
     model_grads_free(&pb);
-    free_def(a);
-    free_def(b);
+    model_run_unload(a);
+    model_run_unload(b);
 }
 
 static void test_global_parameter_scale(void **state)
@@ -340,7 +305,7 @@ static void test_global_parameter_scale(void **state)
         assert_int_equal(d->d.kv_heads, want[i].kv);
         assert_int_equal(d->d.mlp, want[i].mlp);
         assert_int_equal(d->d.layers, want[i].layers);
-        free_def(d);
+        model_run_unload(d);
     }
     const char *bad[] = {"global_parameter_scale=3"};
     assert_int_equal(refusal(TINY, 10, bad, 1), SIM_ERR_INPUT);
@@ -357,7 +322,7 @@ static void test_logits_dot_in_fp32_is_float32_already(void **state)
     const char *k[] = {"logits_dot_in_fp32=true"};
     model_def *d = load(k, 1, 1);
     double l = run(d, NULL, NULL, NULL);
-    free_def(d);
+    model_run_unload(d);
     assert_true(l == base_loss());
 }
 
@@ -377,8 +342,8 @@ static void test_fused_mlp(void **state)
     assert_true(b->defs[wi].shape[0] == 16 && b->defs[wi].shape[1] == 2 && b->defs[wi].shape[2] == 2 &&
                 b->defs[wi].shape[3] == 24);
     assert_int_equal(model_param_bytes(a), model_param_bytes(b));
-    free_def(a);
-    free_def(b);
+    model_run_unload(a);
+    model_run_unload(b);
     double l;
     parity(TINY, 10, k, 1, MESHES, 2, &l);
     assert_true(fabs(l - base_loss()) > 1e-6); /* another kernel, another init */
@@ -488,7 +453,8 @@ static void test_fused_qkv(void **state)
         {"fused_qkv=true", "ici_data_parallelism=2", "ici_fsdp_parallelism=4", "shard_mode=explicit"},
     };
     for (int c = 0; c < 3; c++) {
-        model_def *d8 = load(m8[c], c == 0 ? 4 : 5, 8);
+        static const int n8[] = {4, 5, 4};
+        model_def *d8 = load(m8[c], n8[c], 8);
         model_grads g8;
         double l8 = run(d8, &pf, NULL, &g8);
         if (c < 2)
@@ -496,7 +462,7 @@ static void test_fused_qkv(void **state)
         else
             expect_same(f, l8, &g8, lf, &gf, 1e-4, m8[c][2]);
         model_grads_free(&g8);
-        free_def(d8);
+        model_run_unload(d8);
     }
     parity(TINY, 10, k, 1, (const char *const[]){"ici_data_parallelism=2 ici_fsdp_parallelism=4"}, 1, NULL);
     finite_differences(k, 1);
@@ -507,9 +473,9 @@ static void test_fused_qkv(void **state)
     model_grads_free(&pf);
     model_grads_free(&gf);
     model_grads_free(&pu);
-    free_def(f2);
-    free_def(u);
-    free_def(f);
+    model_run_unload(f2);
+    model_run_unload(u);
+    model_run_unload(f);
     /* remat_policy=custom qkv_proj=device keeps the fused product (8 x 8 floats per token) of the other layer */
     const char *full[] = {"fused_qkv=true", "remat_policy=full"},
                *keep[] = {"fused_qkv=true", "remat_policy=custom", "qkv_proj=device"};
@@ -537,7 +503,7 @@ static void test_dropout(void **state)
     const char *off[] = {"dropout_rate=0.3", "enable_dropout=false"};
     model_def *d = load(off, 2, 1);
     assert_true(run(d, NULL, NULL, NULL) == l0);
-    free_def(d);
+    model_run_unload(d);
     /* remat recomputes the same mask: remat_policy=none gives the same loss and gradients */
     const char *full[] = {"dropout_rate=0.3"}, *none[] = {"dropout_rate=0.3", "remat_policy=none"};
     model_def *a = load(full, 1, 1), *b = load(none, 2, 1);
@@ -548,8 +514,8 @@ static void test_dropout(void **state)
         assert_true(model_rel_norm_diff(ga.g[i], gb.g[i], ga.layer_elems[i] * ga.n_layers[i]) < 1e-6);
     model_grads_free(&ga);
     model_grads_free(&gb);
-    free_def(a);
-    free_def(b);
+    model_run_unload(a);
+    model_run_unload(b);
     /* DeepSeek: parity with dropout (dense MLP, shared experts and layer outputs) */
     const char *ds[] = {"dropout_rate=0.2"};
     const char *ds_meshes[] = {"ici_fsdp_parallelism=4 ici_expert_parallelism=2"};
@@ -685,7 +651,7 @@ static void test_sharding_tolerance(void **state)
     model_def *d = load(data8, 2, 8);
     assert_true(model_unsharded_share(d) == -1.0);
     assert_int_equal(model_check_sharding_tolerance(d, 0.0), SIM_OK);
-    free_def(d);
+    model_run_unload(d);
     /* no rule shards a parameter on context_autoregressive: every element is "unsharded", and
      * MaxText divides elements by float32 bytes: 1/4 */
     const char *car[] = {"ici_fsdp_parallelism=4", "ici_context_autoregressive_parallelism=2"};
@@ -696,14 +662,14 @@ static void test_sharding_tolerance(void **state)
     assert_non_null(strstr(sim_errmsg(), "Unsharded parameter percentage (25.00%)exceeds tolerance (2.00%)."));
     assert_non_null(strstr(sim_errmsg(), "is unsharded on axis: ['context_autoregressive']"));
     assert_non_null(strstr(sim_errmsg(), "raise sharding_tolerance"));
-    free_def(d);
+    model_run_unload(d);
     /* fsdp=8: only the norm scales (logical 'norm') stay unsharded on fsdp: 2 x (16 x 2) + 16 = 80
      * elements of 64*16*2 (embedding, logits) + 16*2*4*8*2 (query, out) + 16*2*2*8*2 (key, value)
      * + 16*2*24*3 (mlp) + 80 = 7504 */
     const char *f8[] = {"ici_fsdp_parallelism=8"};
     d = load(f8, 1, 8);
     double share = model_unsharded_share(d);
-    free_def(d);
+    model_run_unload(d);
     if (fabs(share - 80.0 / (4.0 * 7504.0)) > 1e-12) fail_msg("fsdp=8: share %.8g, want %.8g", share, 80.0 / (4.0 * 7504.0));
 }
 
@@ -748,7 +714,7 @@ static void test_debug_sharding(void **state)
     FILE *f = open_memstream(&buf, &len);
     model_print_shardings(d, "bfloat16", f);
     fclose(f);
-    free_def(d);
+    model_run_unload(d);
     /* base rules: embed -> fsdp, q_heads -> tensor; activation_batch -> fsdp, activation_embed -> tensor */
     assert_non_null(strstr(buf, "fsdp: 4\ntensor: 2\n"));
     assert_non_null(strstr(buf, " params/decoder/layers/self_attention/query/kernel\n    Shape:     float32[16,2,4,8]\n"
@@ -783,7 +749,7 @@ static size_t peak_of(const char *const *keys, int nkeys, int devices, bool dry,
     sim_arena_stats sa;
     sim_arena_get_stats(sim_device_arena(sim_machine_device(m, 0)), &sa);
     sim_machine_free(m);
-    free_def(def);
+    model_run_unload(def);
     return sa.peak;
 }
 
@@ -840,7 +806,8 @@ static void test_remat_policies(void **state)
         size_t peaks[2];
         model_grads gd[2];
         for (int v = 0; v < 2; v++) {
-            model_def *def = load_base(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], v ? dsave : dfull, 1, 1, NULL);
+            model_def *def =
+                model_run_load(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ROWS, v ? dsave : dfull, 1, 1, 0, NULL);
             batch b;
             make_batch(&b);
             sim_machine *m;
@@ -851,7 +818,7 @@ static void test_remat_policies(void **state)
             sim_arena_get_stats(sim_device_arena(sim_machine_device(m, 0)), &sa);
             peaks[v] = sa.peak;
             sim_machine_free(m);
-            free_def(def);
+            model_run_unload(def);
         }
         for (int i = 0; i < gd[0].n; i++)
             assert_memory_equal(gd[0].g[i], gd[1].g[i], (size_t)(gd[0].layer_elems[i] * gd[0].n_layers[i]) * sizeof(float));

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "models/train.h"
+#include "tests/model_run.h"
 
 static const char *const TINY[] = {
     "base_emb_dim=16",        "base_num_query_heads=4",  "base_num_kv_heads=2", "head_dim=8",
@@ -29,20 +30,7 @@ enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8 };
 
 static model_def *load(const char *const *extra, int n_extra, int devices)
 {
-    const char *argv[64];
-    int argc = 0;
-    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
-    char pdbs[64];
-    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
-    argv[argc++] = pdbs;
-    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
-    model_def *def = calloc(1, sizeof *def);
-    sim_status st = model_def_from_config(cfg, def);
-    mesh_cfg_free(cfg);
-    if (st != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    assert_int_equal(def->mesh.num_devices, devices);
+    model_def *def = model_run_load(TINY, NTINY, ROWS, extra, n_extra, devices, 0, NULL);
     assert_int_equal(def->d.batch, ROWS);
     return def;
 }
@@ -131,8 +119,7 @@ static void test_gradient_finite_differences(void **state)
     assert_true(checked >= 2 * def->nparams);
     model_grads_free(&params);
     model_grads_free(&grads);
-    model_def_free(def);
-    free(def);
+    model_run_unload(def);
 }
 
 /* ------------------------------------------------------------ parity */
@@ -193,8 +180,7 @@ static void test_parity_meshes(void **state)
                 assert_int_equal(st, SIM_ERR_SHARDING);
                 if (!strstr(sim_errmsg(), mc->explicit_err))
                     fail_msg("%s explicit: expected '%s', got: %s", mc->label, mc->explicit_err, sim_errmsg());
-                model_def_free(def);
-                free(def);
+                model_run_unload(def);
                 continue;
             }
             double loss = run(def, &bb, NULL, NULL, &g);
@@ -205,13 +191,11 @@ static void test_parity_meshes(void **state)
                 if (e > 1e-4) fail_msg("%s %s: gradient of %s differs by %.3g", mc->label, extra[n - 1], def->defs[i].path, e);
             }
             model_grads_free(&g);
-            model_def_free(def);
-            free(def);
+            model_run_unload(def);
         }
     }
     model_grads_free(&ref);
-    model_def_free(ref_def);
-    free(ref_def);
+    model_run_unload(ref_def);
 }
 
 static void test_gqa_refused(void **state)
@@ -233,8 +217,7 @@ static void test_gqa_refused(void **state)
     assert_non_null(strstr(sim_errmsg(), "tensor=4"));
     assert_non_null(strstr(sim_errmsg(), "change the mesh"));
     mesh_cfg_free(cfg);
-    model_def_free(def);
-    free(def);
+    model_run_unload(def);
 }
 
 int main(void)

@@ -44,28 +44,7 @@ enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, VOCAB = 64, EMB
 
 static model_def *load(const char *const *extra, int n_extra, int devices, mesh_cfg **cfg_out)
 {
-    const char *argv[64];
-    int argc = 0;
-    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
-    char pdbs[48];
-    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
-    argv[argc++] = pdbs;
-    for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
-    model_def *def = calloc(1, sizeof *def);
-    if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    if (cfg_out)
-        *cfg_out = cfg;
-    else
-        mesh_cfg_free(cfg);
-    return def;
-}
-
-static void unload(model_def *def)
-{
-    model_def_free(def);
-    free(def);
+    return model_run_load(TINY, NTINY, ROWS, extra, n_extra, devices, 0, cfg_out);
 }
 
 static int param_ix(const model_def *def, const char *path)
@@ -134,8 +113,8 @@ static void test_parameters(void **state)
         }
     }
     assert_int_equal(def->nparams, plain->nparams + 2 * (moe + 4));
-    unload(def);
-    unload(plain);
+    model_run_unload(def);
+    model_run_unload(plain);
 }
 
 /* ------------------------------------------------------------ the loss by hand */
@@ -188,9 +167,9 @@ static void test_loss_composition(void **state)
         /* with trained-from-init norms the MTP head predicts something: a different, finite loss */
         assert_true(isfinite(with_init) && fabs(with_init - want) > 1e-4);
         model_grads_free(&params);
-        unload(def);
+        model_run_unload(def);
     }
-    unload(plain);
+    model_run_unload(plain);
 }
 
 /* The training loop reports the MTP part of the loss (MaxText's learning/mtp_loss): the step-0
@@ -262,7 +241,7 @@ static int check_gradients(const char *const *extra, int n_extra, const char *co
            checked, skipped);
     model_grads_free(&params);
     model_grads_free(&grads);
-    unload(def);
+    model_run_unload(def);
     return skipped;
 }
 
