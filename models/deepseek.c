@@ -81,9 +81,7 @@ enum { MTP_MAX = 2 }; /* parameters per MTP layer: 20 at most, MODEL_MAX_PARAMS 
 
 static sim_status unsupported(const mesh_cfg *cfg, const char *key, const char *why)
 {
-    const mesh_cfg_entry *en = mesh_cfg_find(cfg, key);
-    return sim_err(SIM_ERR_INPUT, "%s=%s (%s): %s", key, en && en->value.text ? en->value.text : "?",
-                   en ? en->where : "", why);
+    return model_cfg_unsupported(cfg, key, why);
 }
 
 static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
@@ -259,23 +257,6 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
                                "loss-free balancing with multi-token prediction (MaxText also moves the MTP "
                                "layers' gate bias, from their own expert counts) is not simulated; use "
                                "routed_bias_update_rate=0 or mtp_num_layers=0");
-    }
-    /* MaxText 0.2.5's pipeline splits the stage's variables into parameters, intermediates and a catch-all
-     * that may hold only RNG state (layers/pipeline.py, the assert after nnx.split); a MoEBiasVar gate bias
-     * lands in the catch-all, so every pipeline of these models stops there.  In explicit mode with YaRN the
-     * dense layer before the pipeline fails first (the trace-time error of ds_yarn_check, as in MaxText) */
-    const char *mode;
-    SIM_TRY(mesh_cfg_get_str(cfg, "shard_mode", &mode));
-    if (d->routed_bias && d->bias_selects_only && !(!strcmp(mode, "explicit") && d->yarn)) {
-        int64_t stages[2];
-        SIM_TRY(model_cfg_i64(cfg, "ici_pipeline_parallelism", &stages[0]));
-        SIM_TRY(model_cfg_i64(cfg, "dcn_pipeline_parallelism", &stages[1]));
-        if (stages[0] > 1 || stages[1] > 1)
-            return unsupported(cfg, "routed_bias",
-                               "MaxText 0.2.5 stops every pipeline whose MoE layers carry this model's MoEBiasVar "
-                               "gate bias (AssertionError: Non-RngState variable found in layers_mutables "
-                               "catch-all partition, layers/pipeline.py); use "
-                               "routed_bias=false with a pipeline, or ici/dcn_pipeline_parallelism=1");
     }
 
     /* remat policies: the routed experts keep MaxText's moe.py tags of the grouped matmul (mlpwi_0,

@@ -33,6 +33,13 @@ sim_status model_cfg_bool(const mesh_cfg *cfg, const char *key, bool *out)
     return SIM_OK;
 }
 
+sim_status model_cfg_unsupported(const mesh_cfg *cfg, const char *key, const char *why)
+{
+    const mesh_cfg_entry *en = mesh_cfg_find(cfg, key);
+    return sim_err(SIM_ERR_INPUT, "%s=%s (%s): %s", key, en && en->value.text ? en->value.text : "?",
+                   en ? en->where : "", why);
+}
+
 static sim_status positive(const char *key, int64_t v)
 {
     if (v < 1) return sim_err(SIM_ERR_INPUT, "%s=%lld: must be at least 1", key, (long long)v);
@@ -393,6 +400,17 @@ static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
     int64_t stack = d->kind == MODEL_DEEPSEEK ? d->layers - d->dense_layers : d->layers;
     SIM_TRY(model_pipe_from_config(cfg, &m->mesh, stack, d->batch, &d->pipe));
     if (!d->pipe.on) return SIM_OK;
+    /* MaxText 0.2.5's pipeline splits the stage's variables into parameters, intermediates and a catch-all
+     * that may hold only RNG state (layers/pipeline.py, the assert after nnx.split); a MoEBiasVar gate bias
+     * lands in the catch-all, so every pipeline of these models stops there.  In explicit mode with YaRN the
+     * dense layer before the pipeline fails first (the trace-time error of ds_yarn_check, as in MaxText) */
+    if (d->kind == MODEL_DEEPSEEK && d->routed_bias && d->bias_selects_only &&
+        !(d->mode == MESH_MODE_EXPLICIT && d->yarn))
+        return model_cfg_unsupported(cfg, "routed_bias",
+                                     "MaxText 0.2.5 stops every pipeline whose MoE layers carry this model's "
+                                     "MoEBiasVar gate bias (AssertionError: Non-RngState variable found in "
+                                     "layers_mutables catch-all partition, layers/pipeline.py); use routed_bias=false "
+                                     "with a pipeline, or ici/dcn_pipeline_parallelism=1");
     if (d->kind == MODEL_DEEPSEEK && stack < 1)
         return sim_err(SIM_ERR_INPUT,
                        "ici_pipeline_parallelism=%lld with first_num_dense_layers=%lld = base_num_decoder_layers: "

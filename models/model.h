@@ -150,6 +150,8 @@ typedef struct {
 /* Config getters into the model's field types (errors as mesh_cfg_get_*). */
 sim_status model_cfg_i64(const mesh_cfg *cfg, const char *key, int64_t *out);
 sim_status model_cfg_bool(const mesh_cfg *cfg, const char *key, bool *out);
+/* A refusal naming the key, its value and where it was set, then why (SIM_ERR_INPUT). */
+sim_status model_cfg_unsupported(const mesh_cfg *cfg, const char *key, const char *why);
 
 /* Reads the dims, builds the mesh and the rules and defines the parameters. */
 sim_status model_def_from_config(const mesh_cfg *cfg, model_def *out);
