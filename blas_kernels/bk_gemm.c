@@ -2,14 +2,18 @@
  * Leading dimensions are checked here so a wrong one fails with the numbers instead of
  * OpenBLAS's terse xerbla message.
  *
- * Threads: a large product is cut into GEMM_CHUNKS blocks of its larger output dim and the
- * blocks run on the kernel pool (bk_parallel), each one single-threaded sgemm; OpenBLAS's own
- * threads stay at 1 while a machine runs (sim_machine_new).  One pool for every kernel: OpenBLAS's
- * workers spin in sched_yield for a while after each call, and on a device with two cores that
- * spinning took a sixth of a step's CPU and slowed the pool's elementwise kernels beside it.
+ * Threads: a large product is cut into blocks of its larger output dim and the blocks run on the
+ * kernel pool (bk_parallel), each one single-threaded sgemm; OpenBLAS's own threads stay at 1
+ * while a machine runs (sim_machine_new).  One pool for every kernel: OpenBLAS's workers spin in
+ * sched_yield for a while after each call, and on a device with two cores that spinning took a
+ * sixth of a step's CPU and slowed the pool's elementwise kernels beside it.
+ * Each block packs the whole of the other operand again, so a product big enough to keep every
+ * thread busy for a while gets one block per pool thread (a 4-block split of the benchmark
+ * model's products packed 637 M floats per step, one block per thread 489 M); a smaller one gets
+ * two blocks per thread, so a thread that wakes late does not leave the other waiting.
  * Each output element is one dot product over the whole K in sgemm's order whichever block
- * holds it, and the blocks do not depend on the thread count, so results are the same bits as
- * one unsplit sgemm (tests/test_bk_gemm checks it). */
+ * holds it (OpenBLAS blocks K by K alone), so results are the same bits as one unsplit sgemm for
+ * any block count, hence any thread count (tests/test_bk_gemm checks 2 to 4 threads). */
 #include "blas_kernels/bk_gemm.h"
 
 #include <cblas.h>
@@ -18,8 +22,9 @@
 #include "blas_kernels/bk_parallel.h"
 
 /* A product is split when it has at least GEMM_SPLIT_MNK multiply-adds (below that the pool's
- * wake-up costs more than the second core gains) and its larger output dim holds two blocks. */
-enum { GEMM_CHUNKS = 4, GEMM_ALIGN = 64, GEMM_SPLIT_MNK = 1 << 22 };
+ * wake-up costs more than the second core gains) and its larger output dim holds two blocks;
+ * from GEMM_ONE_BLOCK_MNK (about a millisecond of one core) each thread gets one block. */
+enum { GEMM_ALIGN = 64, GEMM_SPLIT_MNK = 1 << 22, GEMM_ONE_BLOCK_MNK = 1 << 26 };
 
 typedef struct {
   int trans_a, trans_b, M, N, K;
@@ -72,9 +77,11 @@ void bk_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const f
       for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
     return;
   }
-  int dim = M >= N ? M : N;
-  int64_t block = ((dim + GEMM_CHUNKS - 1) / GEMM_CHUNKS + GEMM_ALIGN - 1) / GEMM_ALIGN * GEMM_ALIGN;
-  if (bk_parallel_threads() < 2 || (double)M * N * K < GEMM_SPLIT_MNK || dim < 2 * block) {
+  int dim = M >= N ? M : N, threads = bk_parallel_threads();
+  double mnk = (double)M * N * K;
+  int64_t chunks = mnk >= GEMM_ONE_BLOCK_MNK ? threads : 2 * (int64_t)threads;
+  int64_t block = ((dim + chunks - 1) / chunks + GEMM_ALIGN - 1) / GEMM_ALIGN * GEMM_ALIGN;
+  if (threads < 2 || mnk < GEMM_SPLIT_MNK || dim < 2 * block) {
     sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
