@@ -35,6 +35,60 @@ static void check_dims(const bk_attn_dims *d) {
   BK_ASSERTF(d->block_q >= 0 && d->block_k >= 0, "block_q=%d block_k=%d", d->block_q, d->block_k);
 }
 
+/* Row reductions run in ATTN_LANES lanes, lane l taking every ATTN_LANES-th element in order and
+ * the lanes combined in order at the end, so they vectorise and give the same bits from every
+ * clone (a single running sum is one dependent add per element). */
+enum { ATTN_LANES = 16 };
+
+/* A tile that is only partly visible (the diagonal of a causal mask) runs in blocks of this many
+ * query rows, each over the keys it can see: on a 128 x 128 diagonal tile, 64 x 64 and 64 x 128
+ * products instead of 128 x 128, a quarter less work. */
+enum { ATTN_SUB_ROWS = 64 };
+
+/* max of s[0..n) (-inf when n = 0); a max is exact, so any lane split gives the same value */
+static inline float row_max(const float *s, int n) {
+  float lane[ATTN_LANES];
+  for (int l = 0; l < ATTN_LANES; l++) lane[l] = -INFINITY;
+  const int body = n - n % ATTN_LANES;
+  for (int j = 0; j < body; j += ATTN_LANES)
+    for (int l = 0; l < ATTN_LANES; l++) lane[l] = s[j + l] > lane[l] ? s[j + l] : lane[l];
+  for (int j = body; j < n; j++) lane[j - body] = s[j] > lane[j - body] ? s[j] : lane[j - body];
+  float m = -INFINITY;
+  for (int l = 0; l < ATTN_LANES; l++) m = lane[l] > m ? lane[l] : m;
+  return m;
+}
+
+/* s[j] = e^(s[j] - mn) (masked keys, -inf, get exactly 0); returns their sum in double */
+static inline double exp_row_sum(float *s, int n, float mn) {
+  double lane[ATTN_LANES] = {0};
+  const int body = n - n % ATTN_LANES;
+  for (int j = 0; j < body; j += ATTN_LANES)
+    for (int l = 0; l < ATTN_LANES; l++) {
+      const float e = s[j + l] == -INFINITY ? 0.0f : bk_expf(s[j + l] - mn);
+      s[j + l] = e;
+      lane[l] += e;
+    }
+  for (int j = body; j < n; j++) {
+    s[j] = s[j] == -INFINITY ? 0.0f : bk_expf(s[j] - mn);
+    lane[j - body] += s[j];
+  }
+  double sum = 0.0;
+  for (int l = 0; l < ATTN_LANES; l++) sum += lane[l];
+  return sum;
+}
+
+/* sum of a[c] b[c] over c < n, in double */
+static inline double dot_double(const float *a, const float *b, int n) {
+  double lane[ATTN_LANES] = {0};
+  const int body = n - n % ATTN_LANES;
+  for (int c = 0; c < body; c += ATTN_LANES)
+    for (int l = 0; l < ATTN_LANES; l++) lane[l] += (double)a[c + l] * b[c + l];
+  for (int c = body; c < n; c++) lane[c - body] += (double)a[c] * b[c];
+  double sum = 0.0;
+  for (int l = 0; l < ATTN_LANES; l++) sum += lane[l];
+  return sum;
+}
+
 static int block_q_of(const bk_attn_dims *d) { return d->block_q > 0 ? d->block_q : 128; }
 static int block_k_of(const bk_attn_dims *d) { return d->block_k > 0 ? d->block_k : 128; }
 
@@ -54,24 +108,36 @@ static void key_tile_ranges(const int32_t *kp, int Tk, int bk, int32_t *kmin, in
     pos_range(kp + j0, (Tk - j0 < bk ? Tk - j0 : bk), &kmin[t], &kmax[t]);
 }
 
-/* S (nq, nk) = scale * Q K^T, soft-capped when cap > 0 (th, if not NULL, receives
- * tanh(S / cap)), then -inf where key j is later than query i, unless the whole tile is visible. */
-static void score_tile(float *S, const float *Q, int ldq, const float *K, int ldk, int nq, int nk,
-                       int D, float scale, float cap, float *th, const int32_t *qp, const int32_t *kp,
-                       int full) {
-  bk_gemm(0, 1, nq, nk, D, scale, Q, ldq, K, ldk, 0.0f, S, nk);
+/* S (nq, nk), rows lds apart = scale * Q K^T, soft-capped when cap > 0 (th, if not NULL, receives
+ * tanh(S / cap), rows lds apart too), then -inf where key j is later than query i, unless the
+ * whole tile is visible. */
+BK_CLONES static void score_tile(float *S, int lds, const float *Q, int ldq, const float *K, int ldk, int nq,
+                                 int nk, int D, float scale, float cap, float *th, const int32_t *qp,
+                                 const int32_t *kp, int full) {
+  bk_gemm(0, 1, nq, nk, D, scale, Q, ldq, K, ldk, 0.0f, S, lds);
   if (cap > 0.0f) {
     const float inv = 1.0f / cap;
-    for (size_t i = 0; i < (size_t)nq * nk; i++) {
-      const float tv = tanhf(S[i] * inv);
-      if (th) th[i] = tv;
-      S[i] = cap * tv;
-    }
+    for (int i = 0; i < nq; i++)
+      for (int j = 0; j < nk; j++) {
+        const size_t x = (size_t)i * lds + j;
+        const float tv = tanhf(S[x] * inv);
+        if (th) th[x] = tv;
+        S[x] = cap * tv;
+      }
   }
   if (full) return;
   for (int i = 0; i < nq; i++)
     for (int j = 0; j < nk; j++)
-      if (kp[j] > qp[i]) S[(size_t)i * nk + j] = -INFINITY;
+      if (kp[j] > qp[i]) S[(size_t)i * lds + j] = -INFINITY;
+}
+
+/* Keys [0, n) of a tile that a block of queries can see: up to the last one whose position is at
+ * most the block's latest query position (0 when none is).  Keys after it are masked for every
+ * query of the block, so the products skip them: their scores would be -inf, their
+ * probabilities 0, and a product's trailing zero terms leave its sums unchanged. */
+static int visible_keys(const int32_t *kp, int n, int32_t qhi) {
+  while (n > 0 && kp[n - 1] > qhi) n--;
+  return n;
 }
 
 /* The operands of one attention call, shared by its per-batch-row chunks. */
@@ -132,31 +198,36 @@ BK_CLONES static void attention_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) 
           const int nk = Tk - j0 < bk ? Tk - j0 : bk;
           const float *K = k + ((size_t)b * Tk + j0) * ldk + (size_t)g * Dqk;
           const float *V = v + ((size_t)b * Tk + j0) * ldv + (size_t)g * Dv;
-          score_tile(S, Q, ldq, K, ldk, nq, nk, Dqk, d->scale, d->soft_cap, NULL, qp, kpb + j0,
-                     kmax[t] <= qlo);
-          for (int i = 0; i < nq; i++) {
-            float *s = S + (size_t)i * nk;
-            float mb = -INFINITY;
-            for (int j = 0; j < nk; j++) mb = s[j] > mb ? s[j] : mb;
-            float mn = mb > m[i] ? mb : m[i];
-            if (mn == -INFINITY) {  // nothing visible to this row yet: P row = 0
-              memset(s, 0, (size_t)nk * sizeof *s);
-              continue;
+          const int full = kmax[t] <= qlo, sub = full ? nq : ATTN_SUB_ROWS;
+          for (int r0 = 0; r0 < nq; r0 += sub) {  // a partly visible tile: blocks of rows
+            const int nr = nq - r0 < sub ? nq - r0 : sub;
+            int32_t rlo, rhi;
+            pos_range(qp + r0, nr, &rlo, &rhi);
+            const int ne = full ? nk : visible_keys(kpb + j0, nk, rhi);
+            if (ne == 0) continue;  // the rows see no key of this tile: their state stays
+            score_tile(S, ne, Q + (size_t)r0 * ldq, ldq, K, ldk, nr, ne, Dqk, d->scale, d->soft_cap, NULL,
+                       qp + r0, kpb + j0, full || kmax[t] <= rlo);
+            for (int r = 0; r < nr; r++) {
+              const int i = r0 + r;
+              float *s = S + (size_t)r * ne;
+              float mb = row_max(s, ne);
+              float mn = mb > m[i] ? mb : m[i];
+              if (mn == -INFINITY) {  // nothing visible to this row yet: P row = 0
+                memset(s, 0, (size_t)ne * sizeof *s);
+                continue;
+              }
+              double rs = exp_row_sum(s, ne, mn);
+              if (mn != m[i]) {
+                float alpha = expf(m[i] - mn);  // 0 when m was -inf
+                float *a = acc + (size_t)i * Dv;
+                for (int c = 0; c < Dv; c++) a[c] *= alpha;
+                l[i] *= alpha;
+                m[i] = mn;
+              }
+              l[i] += rs;
             }
-            for (int j = 0; j < nk; j++)  // masked keys (-inf) get exactly 0
-              s[j] = s[j] == -INFINITY ? 0.0f : bk_expf(s[j] - mn);
-            double rs = 0.0;
-            for (int j = 0; j < nk; j++) rs += s[j];
-            if (mn != m[i]) {
-              float alpha = expf(m[i] - mn);  // 0 when m was -inf
-              float *a = acc + (size_t)i * Dv;
-              for (int c = 0; c < Dv; c++) a[c] *= alpha;
-              l[i] *= alpha;
-              m[i] = mn;
-            }
-            l[i] += rs;
+            bk_gemm(0, 0, nr, Dv, ne, 1.0f, S, ne, V, ldv, 1.0f, acc + (size_t)r0 * Dv, Dv);
           }
-          bk_gemm(0, 0, nq, Dv, nk, 1.0f, S, nk, V, ldv, 1.0f, acc, Dv);
         }
         for (int i = 0; i < nq; i++) {
           float *o = out + ((size_t)b * Tq + i0 + i) * ldo + (size_t)h * Dv;
@@ -220,8 +291,7 @@ BK_CLONES static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) 
         pos_range(qp, nq, &qlo, &qhi);
         for (int i = 0; i < nq; i++) {
           const float *o = out + (qrow + i) * ldo + (size_t)h * Dv, *go = dO + (size_t)i * ldo;
-          double s = 0.0;
-          for (int c = 0; c < Dv; c++) s += (double)go[c] * o[c];
+          double s = dot_double(go, o, Dv);
           if (dlse) s -= dlse[((size_t)b * Hq + h) * Tq + i0 + i];
           Dvec[i] = (float)s;
         }
@@ -233,29 +303,46 @@ BK_CLONES static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) 
           const float *V = v + krow * ldv + (size_t)g * Dv;
           float *dK = dk + krow * ldk + (size_t)g * Dqk;
           float *dV = dv + krow * ldv + (size_t)g * Dv;
-          score_tile(P, Q, ldq, K, ldk, nq, nk, Dqk, d->scale, d->soft_cap, Th, qp, kpb + j0,
-                     kmax[t] <= qlo);
-          for (int i = 0; i < nq; i++) {
-            float *p = P + (size_t)i * nk;
-            if (L[i] == -INFINITY) {  // fully masked row: no probability mass, no gradient
-              memset(p, 0, (size_t)nk * sizeof *p);
-              continue;
+          /* per block of rows (one block when the tile is all visible): P, dP = dO V^T, dS and
+           * dQ += s dS K over the keys the block sees; P and dS are 0 past them, so dV and dK
+           * sum the whole tile's rows as before */
+          const int full = kmax[t] <= qlo, sub = full ? nq : ATTN_SUB_ROWS;
+          for (int r0 = 0; r0 < nq; r0 += sub) {
+            const int nr = nq - r0 < sub ? nq - r0 : sub;
+            int32_t rlo, rhi;
+            pos_range(qp + r0, nr, &rlo, &rhi);
+            const int ne = full ? nk : visible_keys(kpb + j0, nk, rhi);
+            float *Pr = P + (size_t)r0 * nk, *dPr = dP + (size_t)r0 * nk;
+            for (int r = 0; r < nr; r++) {  // the keys no row of the block sees
+              memset(Pr + (size_t)r * nk + ne, 0, (size_t)(nk - ne) * sizeof *P);
+              memset(dPr + (size_t)r * nk + ne, 0, (size_t)(nk - ne) * sizeof *dP);
             }
-            const float Li = L[i];
-            for (int j = 0; j < nk; j++) p[j] = p[j] == -INFINITY ? 0.0f : bk_expf(p[j] - Li);
-          }
-          bk_gemm(1, 0, nk, Dv, nq, 1.0f, P, nk, dO, ldo, 1.0f, dV, ldv);    // dV += P^T dO
-          bk_gemm(0, 1, nq, nk, Dv, 1.0f, dO, ldo, V, ldv, 0.0f, dP, nk);    // dP = dO V^T
-          for (int i = 0; i < nq; i++) {
-            float *ds = dP + (size_t)i * nk;
-            const float *p = P + (size_t)i * nk;
-            for (int j = 0; j < nk; j++) ds[j] = p[j] * (ds[j] - Dvec[i]);  // dS (scale applied below)
-            if (Th) {  // through the soft cap: d(cap tanh(s / cap))/ds = 1 - tanh^2
-              const float *th = Th + (size_t)i * nk;
-              for (int j = 0; j < nk; j++) ds[j] *= 1.0f - th[j] * th[j];
+            if (ne == 0) continue;
+            score_tile(Pr, nk, Q + (size_t)r0 * ldq, ldq, K, ldk, nr, ne, Dqk, d->scale, d->soft_cap,
+                       Th ? Th + (size_t)r0 * nk : NULL, qp + r0, kpb + j0, full || kmax[t] <= rlo);
+            for (int r = 0; r < nr; r++) {
+              float *p = Pr + (size_t)r * nk;
+              if (L[r0 + r] == -INFINITY) {  // fully masked row: no probability mass, no gradient
+                memset(p, 0, (size_t)ne * sizeof *p);
+                continue;
+              }
+              const float Li = L[r0 + r];
+              for (int j = 0; j < ne; j++) p[j] = p[j] == -INFINITY ? 0.0f : bk_expf(p[j] - Li);
             }
+            bk_gemm(0, 1, nr, ne, Dv, 1.0f, dO + (size_t)r0 * ldo, ldo, V, ldv, 0.0f, dPr, nk);  // dP = dO V^T
+            for (int r = 0; r < nr; r++) {
+              float *ds = dPr + (size_t)r * nk;
+              const float *p = Pr + (size_t)r * nk;
+              const float Di = Dvec[r0 + r];
+              for (int j = 0; j < ne; j++) ds[j] = p[j] * (ds[j] - Di);  // dS (scale applied below)
+              if (Th) {  // through the soft cap: d(cap tanh(s / cap))/ds = 1 - tanh^2
+                const float *th = Th + (size_t)(r0 + r) * nk;
+                for (int j = 0; j < ne; j++) ds[j] *= 1.0f - th[j] * th[j];
+              }
+            }
+            bk_gemm(0, 0, nr, Dqk, ne, d->scale, dPr, nk, K, ldk, 1.0f, dQ + (size_t)r0 * ldq, ldq);  // dQ += s dS K
           }
-          bk_gemm(0, 0, nq, Dqk, nk, d->scale, dP, nk, K, ldk, 1.0f, dQ, ldq);  // dQ += s dS K
+          bk_gemm(1, 0, nk, Dv, nq, 1.0f, P, nk, dO, ldo, 1.0f, dV, ldv);        // dV += P^T dO
           bk_gemm(1, 0, nk, Dqk, nq, d->scale, dP, nk, Q, ldq, 1.0f, dK, ldk);  // dK += s dS^T Q
         }
       }
@@ -403,7 +490,7 @@ BK_CLONES static void attention_dot_fwd_rows(int64_t b_lo, int64_t b_hi, void *a
       const float *K = J->k + (size_t)b * Tk * ldk + (size_t)g * Dqk;
       const float *V = J->v + (size_t)b * Tk * ldv + (size_t)g * Dv;
       float *O = J->out + (size_t)b * Tq * ldo + (size_t)h * Dv;
-      score_tile(P, Q, ldq, K, ldk, Tq, Tk, Dqk, d->scale, 0.0f, NULL, qp, kp, 0); /* no soft cap: refused with this kernel */
+      score_tile(P, Tk, Q, ldq, K, ldk, Tq, Tk, Dqk, d->scale, 0.0f, NULL, qp, kp, 0); /* no soft cap: refused with this kernel */
       for (int i = 0; i < Tq; i++) {
         float *s = P + (size_t)i * Tk, m = -INFINITY;
         for (int j = 0; j < Tk; j++) m = s[j] > m ? s[j] : m;

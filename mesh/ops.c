@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk.h"
 #include "blas_kernels/bk_einsum.h"
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/planmemo.h"
@@ -919,7 +920,7 @@ typedef struct {
     int64_t sa[MESH_SPEC_MAX_RANK], sb[MESH_SPEC_MAX_RANK], inner, ia, ib;
 } binary_job;
 
-static void binary_rows(int64_t r0, int64_t r1, void *arg)
+BK_CLONES static void binary_rows(int64_t r0, int64_t r1, void *arg)
 {
     const binary_job *J = arg;
     const int rank = J->rank;
@@ -934,16 +935,30 @@ static void binary_rows(int64_t r0, int64_t r1, void *arg)
         for (int d = 0; d < rank - 1; d++) oa += idx[d] * J->sa[d], ob += idx[d] * J->sb[d];
         const float *pa = J->a + oa, *pb = J->b + ob;
         float *o = J->out + r * inner;
-        switch (J->k) {
-        case EW_ADD:
-            for (int64_t j = 0; j < inner; j++) o[j] = pa[j * ia] + pb[j * ib];
-            break;
-        case EW_SUB:
-            for (int64_t j = 0; j < inner; j++) o[j] = pa[j * ia] - pb[j * ib];
-            break;
-        case EW_MUL:
-            for (int64_t j = 0; j < inner; j++) o[j] = pa[j * ia] * pb[j * ib];
-            break;
+        if (ia == 1 && ib == 1) { /* no broadcast in the row: unit strides, so the loops vectorise */
+            switch (J->k) {
+            case EW_ADD:
+                for (int64_t j = 0; j < inner; j++) o[j] = pa[j] + pb[j];
+                break;
+            case EW_SUB:
+                for (int64_t j = 0; j < inner; j++) o[j] = pa[j] - pb[j];
+                break;
+            case EW_MUL:
+                for (int64_t j = 0; j < inner; j++) o[j] = pa[j] * pb[j];
+                break;
+            }
+        } else {
+            switch (J->k) {
+            case EW_ADD:
+                for (int64_t j = 0; j < inner; j++) o[j] = pa[j * ia] + pb[j * ib];
+                break;
+            case EW_SUB:
+                for (int64_t j = 0; j < inner; j++) o[j] = pa[j * ia] - pb[j * ib];
+                break;
+            case EW_MUL:
+                for (int64_t j = 0; j < inner; j++) o[j] = pa[j * ia] * pb[j * ib];
+                break;
+            }
         }
         for (int d = rank - 2; d >= 0; d--) {
             if (++idx[d] < J->lo[d]) break;

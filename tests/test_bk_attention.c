@@ -109,6 +109,10 @@ static void test_attention_vs_ref(void **state) {
       {1, 5, 13, 2, 2, 8, 8, 2, 4},     // Tq < Tk: a trailing query chunk
       {1, 17, 17, 3, 3, 24, 16, 0, 0},  // MLA-like 3:2 dims, default tiles > T
       {1, 300, 300, 2, 1, 32, 16, 64, 128},  // several tiles, skipped upper-triangle tiles
+      /* diagonal tiles taller than the 64-row blocks they run in, each over the keys it sees */
+      {2, 260, 260, 2, 2, 16, 16, 0, 0},     // default 128 x 128 tiles: 64 + 64 rows, a ragged last tile
+      {1, 150, 150, 2, 1, 16, 8, 100, 128},  // 64 + 36 rows
+      {1, 130, 130, 2, 1, 8, 8, 128, 32},    // key tiles no row of a block sees: skipped
   };
   for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
     const int *x = cfg[c];
