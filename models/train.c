@@ -47,6 +47,9 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.counted[SIM_MEM_PARAMS] = o.counted[SIM_MEM_GRADS] = o.counted[SIM_MEM_OPTIMIZER] = def->d.weight_dtype;
     o.counted_wire = def->d.act_dtype;
     o.counted_optimizer = def->d.weight_dtype; /* optax updates float32 parameters with float32 gradients */
+    /* weight gathers and gradient reductions as the hardware profile's compiler moves them */
+    o.counted_gather = def->d.gather_dtype;
+    o.counted_grad_reduce = def->d.reduce_dtype;
     o.trace = trace;
     o.pin_threads = true;
     SIM_TRY(sim_machine_new(&md, &o, out));
