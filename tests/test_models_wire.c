@@ -17,6 +17,8 @@
  *   - every weight gather and gradient record carries that dtype, the
  *     stored parameters, gradients and Adam moments stay float32, and the
  *     losses are the same bits (numerics stay float32);
+ *   - ZeRO-1: the gradients' reduction over data halves under v5p, the
+ *     gather of the updated float32 parameters stays float32;
  *   - pipeline_fsdp_ag_once: the stage's gathered layers are held (memory)
  *     and moved in the gather dtype, their reduce-scatter in the reduction
  *     dtype: held layers x layer elements x bytes. */
@@ -126,6 +128,46 @@ static void test_fsdp_gathers_and_reductions(void **state)
     assert_int_equal(t32.rs, 4 * c.n_fsdp);
 }
 
+/* ZeRO-1 (data=2, no accumulation): the pending gradient sums reduce over data in the reduction dtype
+ * (XLA:TPU: bfloat16, MaxText 0.2.5's ZeRO-1 step compiled for v5p-8), the updated float32 parameters
+ * are gathered as stored (float32) under any profile */
+static void zero1_bytes(const char *profile, uint64_t *grads, uint64_t *params, int *bad)
+{
+    const char *words[] = {"dtype=bfloat16", "weight_dtype=float32", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
+                           "ici_tensor_parallelism=2", "shard_optimizer_over_data=true", "hardware_profile=v5p"};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 8, words, profile ? 7 : 6, NDEV, 1);
+    model_run_train(&r, false);
+    *grads = *params = 0;
+    *bad = 0;
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        if (!strncmp(rec[i].tag, "zero1/grads/", 12)) {
+            *grads += rec[i].bytes_sent;
+            *bad += rec[i].dtype != (profile ? SIM_BF16 : SIM_F32);
+        }
+        if (!strncmp(rec[i].tag, "zero1/params/", 13)) {
+            *params += rec[i].bytes_sent;
+            *bad += rec[i].dtype != SIM_F32;
+        }
+    }
+    model_run_close(&r);
+}
+
+static void test_zero1(void **state)
+{
+    (void)state;
+    uint64_t gc, pc, gt, pt;
+    int bc, bt;
+    zero1_bytes(NULL, &gc, &pc, &bc);
+    zero1_bytes("v5p", &gt, &pt, &bt);
+    assert_true(gc > 0 && pc > 0);
+    assert_int_equal(bc + bt, 0);
+    assert_int_equal(gt * 2, gc); /* the same elements at 2 bytes instead of 4 */
+    assert_int_equal(pt, pc);
+}
+
 /* An unknown profile is refused when the model is defined, naming the key and the valid names. */
 static void test_unknown_profile(void **state)
 {
@@ -207,6 +249,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fsdp_gathers_and_reductions),
         cmocka_unit_test(test_unknown_profile),
+        cmocka_unit_test(test_zero1),
         cmocka_unit_test(test_pipeline_ag_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
