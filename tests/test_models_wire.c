@@ -244,6 +244,45 @@ static void test_pipeline_ag_once(void **state)
     assert_int_equal(c.act - t.act, (held * c.layer_fsdp + c.table) * 2);
 }
 
+/* pipeline_fsdp_ag_per_repeat (stage=2 fsdp=2, 4 layers, R = 2): each repeat's layer gathered and its
+ * gradient reduce-scattered in the profile's dtypes: half the bytes of the float32 run, same calls */
+static void per_repeat(const char *profile, uint64_t *ag, uint64_t *rs, int *calls, int *bad)
+{
+    const char *words[] = {"base_emb_dim=16", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8",
+                           "base_mlp_dim=24", "base_num_decoder_layers=4", "vocab_size=64", "max_target_length=16",
+                           "dtype=bfloat16", "weight_dtype=float32", "ici_pipeline_parallelism=2",
+                           "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "num_pipeline_microbatches=4",
+                           "hardware_profile=v5p"};
+    model_run r;
+    model_run_open(&r, words, profile ? 15 : 14, 8, NULL, 0, NDEV, 1);
+    model_run_train(&r, false);
+    *ag = *rs = 0;
+    *calls = *bad = 0;
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        bool g = !strcmp(rec[i].tag, "pipeline/fsdp_ag_per_repeat"), q = !strcmp(rec[i].tag, "pipeline/fsdp_ag_per_repeat (grad)");
+        if (g && rec[i].op == SIM_OP_ALL_GATHER) *ag += rec[i].bytes_sent, (*calls)++;
+        if (q && rec[i].op == SIM_OP_REDUCE_SCATTER) *rs += rec[i].bytes_sent;
+        if (g || q) *bad += rec[i].dtype != (profile ? SIM_BF16 : SIM_F32);
+    }
+    model_run_close(&r);
+}
+
+static void test_pipeline_per_repeat(void **state)
+{
+    (void)state;
+    uint64_t agc, rsc, agt, rst;
+    int cc, ct, bc, bt;
+    per_repeat(NULL, &agc, &rsc, &cc, &bc);
+    per_repeat("v5p", &agt, &rst, &ct, &bt);
+    assert_true(agc > 0 && rsc > 0 && cc > 0);
+    assert_int_equal(bc + bt, 0);
+    assert_int_equal(ct, cc);
+    assert_int_equal(2 * agt, agc);
+    assert_int_equal(2 * rst, rsc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -251,6 +290,7 @@ int main(void)
         cmocka_unit_test(test_unknown_profile),
         cmocka_unit_test(test_zero1),
         cmocka_unit_test(test_pipeline_ag_once),
+        cmocka_unit_test(test_pipeline_per_repeat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
