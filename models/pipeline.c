@@ -381,22 +381,12 @@ static sim_status stage_backward(pipe_run *pr, int64_t i, mesh_array *g_out, mes
 }
 
 /* ---- pipeline_fsdp_ag_once: gather every held layer once, swap it in while the stack runs */
-/* The dtype a stage weight's gathered copy is held and moved in: the weight's own (weight_dtype, or
- * dtype where ZeRO-1 with accumulation fixed it), or `dtype` where the hardware profile's compiler
- * casts the fsdp shard before the all-gather (XLA:TPU: MaxText 0.2.5's llama2-7b pipeline compiled
- * for v5p-8 gathers its stage's layers in bf16, 6176 MiB instead of 12353). */
-static sim_dtype gathered_dtype(const model_dev *md, const mesh_array *w)
-{
-    return mesh_array_gather_dtype(md->ctx.dev, w);
-}
-
-/* The dtype the gathered gradient's reduction moves (model_dims.reduce_dtype); the float32
- * accumulator itself stays as counted (XLA:TPU carries it in float32 in the gathered shape too). */
-static sim_dtype reduced_dtype(const model_dev *md, const mesh_array *g)
-{
-    return mesh_array_reduce_dtype(md->ctx.dev, g->counted);
-}
-
+/* A stage weight's gathered copy is held and moved in the weight's own dtype (weight_dtype, or dtype
+ * where ZeRO-1 with accumulation fixed it), or in `dtype` where the hardware profile's compiler casts
+ * the fsdp shard before the all-gather (mesh_array_gather_dtype; XLA:TPU: MaxText 0.2.5's llama2-7b
+ * pipeline compiled for v5p-8 gathers its stage's layers in bf16, 6176 MiB instead of 12353).  The
+ * gathered gradient's float32 accumulator stays as counted (XLA:TPU carries it in float32 in the
+ * gathered shape too); its reduction moves the profile's reduction dtype (mesh_array_reduce_dtype). */
 
 static void ag_swap(pipe_run *pr, bool in)
 {
@@ -454,7 +444,7 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
             }
             SIM_TRY(mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_once", SIM_MEM_ACTIVATIONS,
                                      &a->w));
-            mesh_array_recount(md->ctx.dev, &a->w, gathered_dtype(md, &p->w[l]));
+            mesh_array_recount(md->ctx.dev, &a->w, mesh_array_gather_dtype(md->ctx.dev, &p->w[l]));
             SIM_TRY(mesh_reshard(md->ctx.dev, &m->mesh, &a->w, &to, sim_meta_weight("pipeline/fsdp_ag_once")));
             if (with_grads && p->g) {
                 /* partial over the gathered axes: one reduce-scatter after the loop */
@@ -489,7 +479,8 @@ static sim_status ag_release(pipe_run *pr)
         if (st == SIM_OK && a->g.rank > 0 && p->g) {
             mesh_array *own = &p->g[a->layer];
             st = mesh_reshard(md->ctx.dev, &md->def->mesh, &a->g, &own->spec,
-                              sim_meta_counted(sim_meta_weight("pipeline/fsdp_ag_once (grad)"), reduced_dtype(md, &a->g)));
+                              sim_meta_counted(sim_meta_weight("pipeline/fsdp_ag_once (grad)"),
+                                               mesh_array_reduce_dtype(md->ctx.dev, a->g.counted)));
             if (st == SIM_OK && a->g_born_after) { /* the reduce-scatter's result is the gradient */
                 char name[sizeof own->name];
                 memcpy(name, own->name, sizeof name);
@@ -572,7 +563,7 @@ static sim_status rep_gather(pipe_run *pr, int64_t r, bool with_grads)
         memset(&g, 0, sizeof g);
         sim_status st = mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_per_repeat",
                                          SIM_MEM_ACTIVATIONS, &w);
-        if (st == SIM_OK) mesh_array_recount(md->ctx.dev, &w, gathered_dtype(md, &p->w[l]));
+        if (st == SIM_OK) mesh_array_recount(md->ctx.dev, &w, mesh_array_gather_dtype(md->ctx.dev, &p->w[l]));
         if (st == SIM_OK)
             st = mesh_reshard(md->ctx.dev, &m->mesh, &w, &to, sim_meta_weight("pipeline/fsdp_ag_per_repeat"));
         if (st == SIM_OK && with_grads && p->g) {
@@ -615,7 +606,7 @@ static sim_status rep_release(pipe_run *pr, int64_t r, bool reduce_scatter)
             if (st == SIM_OK && reduce_scatter) {
                 st = mesh_reshard(md->ctx.dev, &md->def->mesh, &a->g, &p->g[a->layer].spec,
                                   sim_meta_counted(sim_meta_weight("pipeline/fsdp_ag_per_repeat (grad)"),
-                                                   reduced_dtype(md, &a->g)));
+                                                   mesh_array_reduce_dtype(md->ctx.dev, a->g.counted)));
                 if (st == SIM_OK) mesh_local_add(&p->g[a->layer], &a->g);
             }
         }

@@ -125,7 +125,8 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
         if (!t || (strcmp(t, "dtype") && strcmp(t, "weight_dtype")))
             st = sim_err(SIM_ERR_INPUT,
                          "%s: '%s' = %s: expected dtype (the compiler casts the float32 weight to `dtype` "
-                         "before the collective) or weight_dtype (it moves the stored dtype), with its source in a comment",
+                         "before the collective) or weight_dtype (it moves the stored dtype), with its source "
+                         "in a comment",
                          path, wire_keys[i], t ? t : "(missing)");
         else
             *wire_out[i] = !strcmp(t, "dtype");
@@ -165,8 +166,8 @@ static const char *profile_name(const mesh_cfg *cfg, char *fam, size_t cap, cons
     return name;
 }
 
-static sim_status load_selected(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice, model_hw *out,
-                                bool *found)
+sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
+                                model_hw *out, bool *found)
 {
     *found = false;
     const char *topo;
@@ -182,18 +183,12 @@ static sim_status load_selected(const mesh_cfg *cfg, const char *configs_dir, in
     return st;
 }
 
-sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
-                                model_hw *out, bool *found)
-{
-    return load_selected(cfg, configs_dir, devices_per_slice, out, found);
-}
-
 sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
                                 sim_dtype *gather, sim_dtype *reduce, char *rule, size_t cap)
 {
     model_hw hw;
     bool found;
-    SIM_TRY(load_selected(cfg, configs_dir, 0, &hw, &found));
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
     /* a cast moves before a collective only when it narrows: bfloat16 activations of float32 weights */
     bool narrows = sim_dtype_size(act) < sim_dtype_size(weight);
     *gather = found && hw.gather_in_dtype && narrows ? act : weight;
@@ -202,7 +197,8 @@ sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, si
         snprintf(rule, cap, "weight gathers %s, gradient reductions %s (weight_dtype, as XLA:CPU; no hardware profile)",
                  sim_dtype_name(*gather), sim_dtype_name(*reduce));
     else
-        snprintf(rule, cap, "weight gathers %s, gradient reductions %s (as XLA:%s compiles for %s: configs/hardware/%s.yml)",
+        snprintf(rule, cap,
+                 "weight gathers %s, gradient reductions %s (as XLA:%s compiles for %s: configs/hardware/%s.yml)",
                  sim_dtype_name(*gather), sim_dtype_name(*reduce), hw.gpu ? "GPU" : "TPU", hw.name, hw.name);
     return SIM_OK;
 }
