@@ -27,9 +27,15 @@ typedef struct {
 BK_CLONES static void row_max_chunk(int64_t lo, int64_t hi, void *arg) {
   const xent_job *J = arg;
   for (int64_t n = lo; n < hi; n++) {
-    const float *x = J->logits + (size_t)n * J->V_local;
+    const int V = J->V_local, body = V - V % XENT_LANES;
+    const float *x = J->logits + (size_t)n * V;
+    float lane[XENT_LANES];  // a max is exact: lanes give the value a single pass gives
+    for (int l = 0; l < XENT_LANES; l++) lane[l] = -INFINITY;
+    for (int j = 0; j < body; j += XENT_LANES)
+      for (int l = 0; l < XENT_LANES; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+    for (int j = body; j < V; j++) lane[j - body] = x[j] > lane[j - body] ? x[j] : lane[j - body];
     float mx = -INFINITY;  // an empty shard contributes -inf to the max all-reduce
-    for (int j = 0; j < J->V_local; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int l = 0; l < XENT_LANES; l++) mx = lane[l] > mx ? lane[l] : mx;
     J->out[n] = mx;
   }
 }

@@ -195,6 +195,21 @@ BK_CLONES static void norm_dx_rows(int64_t lo, int64_t hi, void *arg)
     }
 }
 
+/* With the normalised dim unsharded (no all-reduce between the two row loops) each chunk runs both
+ * while its rows are still in cache: one pass over x and one pool job instead of two, the same
+ * operations on every element. */
+static void norm_fwd_rows(int64_t lo, int64_t hi, void *arg)
+{
+    norm_sumsq_rows(lo, hi, arg);
+    norm_apply_rows(lo, hi, arg);
+}
+
+static void norm_bwd_rows(int64_t lo, int64_t hi, void *arg)
+{
+    norm_dot_rows(lo, hi, arg);
+    norm_dx_rows(lo, hi, arg);
+}
+
 static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
@@ -217,16 +232,16 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
     int64_t N = local_rows(xa), C = xa->local[r - 1];
     int64_t nchunks = (N + NORM_GRAIN - 1) / NORM_GRAIN;
     norm_job J = {xa->data, dy->data, sa->data, dot.data, rstd->data, dx.data, NULL, NULL, C, E, 0, NORM_GRAIN};
-    if (dy->data) bk_parallel_for(N, NORM_GRAIN, norm_dot_rows, &J);
+    if (dy->data) /* dscale sums over rows: per-chunk partial sums added in chunk order, so the
+                   * result does not depend on how many threads ran the chunks */
+        J.partial = calloc((size_t)(nchunks * C), sizeof *J.partial);
+    if (dy->data && xe.n) bk_parallel_for(N, NORM_GRAIN, norm_dot_rows, &J);
     char tag[SIM_TAG_MAX];
     if (xe.n)
         SIM_TRY(sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe,
                                mesh_array_meta(&dot, sim_meta_tag(mesh_tape_tag(t, "rmsnorm/bwd_sum", tag, sizeof tag)))));
     if (dy->data) {
-        /* dscale sums over rows: per-chunk partial sums added in chunk order, so the
-         * result does not depend on how many threads ran the chunks */
-        J.partial = calloc((size_t)(nchunks * C), sizeof *J.partial);
-        bk_parallel_for(N, NORM_GRAIN, norm_dx_rows, &J);
+        bk_parallel_for(N, NORM_GRAIN, xe.n ? norm_dx_rows : norm_bwd_rows, &J);
         float *ds = dscale.data;
         for (int64_t j = 0; j < C; j++) {
             double acc = 0;
@@ -265,10 +280,10 @@ sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double ep
     mesh_array_recount(c->dev, &rstd, SIM_F32);
     int64_t N = local_rows(&xa), C = xa.local[r - 1];
     norm_job J = {xa.data, NULL, sa.data, NULL, rstd.data, (*y)->val.data, NULL, NULL, C, (double)E, eps, 0};
-    if (xa.data) bk_parallel_for(N, NORM_GRAIN, norm_sumsq_rows, &J);
     sim_axes xe = dim_axes(&xs, r - 1);
+    if (xa.data && xe.n) bk_parallel_for(N, NORM_GRAIN, norm_sumsq_rows, &J);
     if (xe.n) SIM_TRY(sim_all_reduce(c->dev, rstd.data, rstd.data, rstd.nlocal, SIM_F32, xe, mesh_array_meta(&rstd, sim_meta_tag(tag))));
-    if (xa.data) bk_parallel_for(N, NORM_GRAIN, norm_apply_rows, &J);
+    if (xa.data) bk_parallel_for(N, NORM_GRAIN, xe.n ? norm_apply_rows : norm_fwd_rows, &J);
     mesh_var *in[2] = {x, scale};
     mesh_entry *e = mesh_tape_record(t, rmsnorm_vjp, tag, 2, in, 1, y);
     if (e) e->f[0] = (double)E;
