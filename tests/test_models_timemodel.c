@@ -41,7 +41,7 @@ static model_hw toy_hw(void)
 
 static model_tm_eff toy_eff(double mxu, double latency_s)
 {
-    model_tm_eff e = {mxu, 1.0, 1.0, 1.0, latency_s, 4, true};
+    model_tm_eff e = {mxu, 1.0, 1.0, 1.0, 1.0, latency_s, 4, true};
     return e;
 }
 
@@ -96,6 +96,29 @@ static void test_matmul_roofline(void **state)
     c = cost(2 * k * k, k * k + 2 * k, 0);
     assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, &c, 1, 0, false, &r), SIM_OK);
     assert_true(fabs(r.step_s - (k * k + 2 * k) * 2.0 / 1e12) < 1e-12);
+}
+
+/* Memory-bound ops: an elementwise op (no FLOPs) streams at hbm_efficiency, a layout op (split,
+ * concatenation, head broadcast: sim_cost.layout) at layout_op_efficiency; neither adds to the
+ * model FLOPs.  Expected times from bytes / (bandwidth x efficiency). */
+static void test_memory_ops(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(1.0, 0);
+    eff.hbm = 0.8;
+    eff.layout = 0.2;
+    model_tm_result r;
+    double el = 64.0 * 1024 * 1024; /* 64 Mi elements of bf16: 128 MiB */
+    sim_cost c[2] = {cost(0, el, 0), cost(0, el, 0)};
+    c[1].layout = true;
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, c, 1, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - el * 2.0 / (1e12 * 0.8)) < 1e-12); /* 167.8 us */
+    assert_true(r.model_flops == 0);
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, c, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - (el * 2.0 / (1e12 * 0.8) + el * 2.0 / (1e12 * 0.2))) < 1e-12); /* + 671.1 us */
+    assert_int_equal(r.nkernels, 1); /* one tag: one kind */
+    assert_int_equal(r.kernels[0].compute_bound, 0);
 }
 
 static void test_ring_all_gather(void **state)
@@ -479,6 +502,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_roofline),
+        cmocka_unit_test(test_memory_ops),
         cmocka_unit_test(test_ring_all_gather),
         cmocka_unit_test(test_overlap_rule),
         cmocka_unit_test(test_serial_weight_collectives),
