@@ -30,11 +30,11 @@ void mesh_nn_cost_memory(mesh_tape *t, double elements, const char *tag)
     sim_device_add_cost(mesh_tape_ctx(t)->dev, 0.0, elements, 0.0, tag);
 }
 
-/* The same in a VJP: the op's tag with "/bwd" (the tape's tag of the entry being transposed). */
-static void cost_bwd(mesh_tape *t, const char *op, double elements)
+void mesh_nn_cost_memory_bwd(mesh_tape *t, const mesh_entry *e, double elements)
 {
     char tag[SIM_TAG_MAX];
-    mesh_nn_cost_memory(t, elements, mesh_tape_tag(t, op, tag, sizeof tag));
+    sim_str_put(tag, sizeof tag, sim_str_put(tag, sizeof tag, 0, e->tag, SIZE_MAX), "/bwd", 4);
+    mesh_nn_cost_memory(t, elements, tag);
 }
 
 
@@ -230,7 +230,7 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
         }
         free(J.partial);
     }
-    cost_bwd(t, "rmsnorm/bwd", 3.0 * (double)xa->nlocal); /* x and dy read, dx written */
+    mesh_nn_cost_memory_bwd(t, e, 3.0 * (double)xa->nlocal); /* x and dy read, dx written */
     mesh_array_free(c->dev, &dot);
     SIM_TRY(mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "rmsnorm/dx", tag, sizeof tag)));
     return mesh_tape_accumulate(t, scale, &dscale, mesh_tape_tag(t, "rmsnorm/dscale", tag, sizeof tag));
@@ -291,7 +291,7 @@ static sim_status rope_vjp(mesh_tape *t, mesh_entry *e)
     if (dy->data)
         bk_rope_bwd(dx.data, dy->data, pos->data, (int)(dy->local[0] * dy->local[1]), (int)dy->local[2],
                     (int)dy->local[3], (int)dy->local[3], &rp->p);
-    cost_bwd(t, "rope/bwd", 2.0 * (double)dy->nlocal);
+    mesh_nn_cost_memory_bwd(t, e, 2.0 * (double)dy->nlocal);
     char tag[SIM_TAG_MAX];
     return mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "rope/dx", tag, sizeof tag));
 }
@@ -625,7 +625,7 @@ static sim_status xent_vjp(mesh_tape *t, mesh_entry *e)
     } else if (dl.data) {
         memset(dl.data, 0, dl.nlocal * sizeof(float));
     }
-    cost_bwd(t, "xent/bwd", 2.0 * (double)la->nlocal); /* logits read, dlogits written */
+    mesh_nn_cost_memory_bwd(t, e, 2.0 * (double)la->nlocal); /* logits read, dlogits written */
     char tag[SIM_TAG_MAX];
     return mesh_tape_accumulate(t, logits, &dl, mesh_tape_tag(t, "xent/dlogits", tag, sizeof tag));
 }
@@ -714,7 +714,7 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
         memset(dg.data, 0, dg.nlocal * sizeof(float));
         memset(du.data, 0, du.nlocal * sizeof(float));
     }
-    cost_bwd(t, "swiglu/bwd", 5.0 * (double)dy->nlocal); /* gate, up, dy read; dgate, dup written */
+    mesh_nn_cost_memory_bwd(t, e, 5.0 * (double)dy->nlocal); /* gate, up, dy read; dgate, dup written */
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, gate, &dg, mesh_tape_tag(t, "swiglu/dgate", tag, sizeof tag)));
     return mesh_tape_accumulate(t, up, &du, mesh_tape_tag(t, "swiglu/dup", tag, sizeof tag));

@@ -659,6 +659,14 @@ static void copy_cols(float *dst, int64_t dw, int64_t doff, const float *src, in
     for (int64_t r = 0; r < rows; r++) memcpy(dst + r * dw + doff, src + r * sw + soff, (size_t)n * sizeof(float));
 }
 
+/* A layout op's VJP cost (step-time model), tagged as its forward op with "/bwd". */
+static void layout_cost_bwd(mesh_tape *t, const mesh_entry *e, double elements)
+{
+    char tag[SIM_TAG_MAX];
+    sim_str_put(tag, sizeof tag, sim_str_put(tag, sizeof tag, 0, e->tag, SIZE_MAX), "/bwd", 4);
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, elements, tag);
+}
+
 static sim_status split_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
@@ -682,8 +690,7 @@ static sim_status split_vjp(mesh_tape *t, mesh_entry *e)
         int64_t n = i ? W - D1 : D1;
         copy_cols(dx.data, W, i ? D1 : 0, ys[i]->grad.data, n, 0, n, rows);
     }
-    /* the two cotangents read, dx written */
-    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, 2.0 * (double)xa->nlocal, tag);
+    layout_cost_bwd(t, e, 2.0 * (double)xa->nlocal); /* the two cotangents read, dx written */
     return mesh_tape_accumulate(t, x, &dx, tag);
 }
 
@@ -751,8 +758,7 @@ static sim_status concat_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(mesh_tape_zeros(t, "concat/db", r, shape, &dy->spec, SIM_MEM_TEMP, &db));
     copy_cols(da.data, D1, 0, dy->data, W, 0, D1, dy->data ? rows : 0);
     copy_cols(db.data, W - D1, 0, dy->data, W, D1, W - D1, dy->data ? rows : 0);
-    /* dy read, its two parts written */
-    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, 2.0 * (double)dy->nlocal, tag);
+    layout_cost_bwd(t, e, 2.0 * (double)dy->nlocal); /* dy read, its two parts written */
     SIM_TRY(mesh_tape_accumulate(t, a, &da, tag));
     return mesh_tape_accumulate(t, b, &db, tag);
 }
@@ -814,8 +820,7 @@ static sim_status bcast_vjp(mesh_tape *t, mesh_entry *e)
             for (int64_t h = 0; h < Hl; h++)
                 for (int64_t j = 0; j < R; j++) o[n * R + j] += g[(n * Hl + h) * R + j];
     }
-    /* dy read, its head sum written */
-    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, (double)dy->nlocal + (double)dx.nlocal, tag);
+    layout_cost_bwd(t, e, (double)dy->nlocal + (double)dx.nlocal); /* dy read, its head sum written */
     return mesh_tape_accumulate(t, x, &dx, tag);
 }
 
