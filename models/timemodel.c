@@ -563,6 +563,10 @@ double model_tm_optimizer_bytes(sim_machine *m)
         sim_arena_get_stats(sim_device_arena(sim_machine_device(m, i)), &s);
         const size_t *c = s.at_peak_by;
         double b = 2.0 * (double)c[SIM_MEM_PARAMS] + (double)c[SIM_MEM_GRADS] + 2.0 * (double)c[SIM_MEM_OPTIMIZER];
+        /* and the norms MaxText 0.2.5's train_step computes every step for its metrics
+         * (trainers/pre_train/train.py: learning/raw_grad_norm, grad_norm, param_norm, each an
+         * l2norm_pytree; gradient clipping's global norm is the raw one): G + G + P read */
+        b += (double)c[SIM_MEM_PARAMS] + 2.0 * (double)c[SIM_MEM_GRADS];
         if (b > worst) worst = b;
     }
     return worst;

@@ -156,7 +156,8 @@ sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const 
 
 /* Bytes the optimizer update reads and writes on the busiest device: AdamW reads parameters,
  * gradients and both moments and writes parameters and moments (2 P + G + 2 O, each category
- * as held at the device's peak). */
+ * as held at the device's peak), and MaxText's step reads the raw and the clipped gradients and
+ * the new parameters once more for its norms (+ 2 G + P). */
 double model_tm_optimizer_bytes(sim_machine *m);
 
 /* Console summary (device 0 style): step time, MFU, breakdown, slowest collectives. */

@@ -475,6 +475,26 @@ static void test_train_estimate(void **state)
     assert_true(fabs(step - (comp + exp + opt)) <= 1e-9 * step);
     assert_string_equal(mesh_json_get(tm, "hardware_profile")->str, "v5p");
     mesh_json_free(j);
+    /* the optimizer phase streams AdamW's bytes (2 P + G + 2 O) and MaxText's three norms (P + 2 G)
+     * at hbm_efficiency of v5p's HBM bandwidth: 3 P + 3 G + 2 O of the busiest device, with each
+     * category as metrics.json reports it at the device's peak */
+    snprintf(path, sizeof path, "%s/metrics.json", dir);
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *cat = mesh_json_get(mesh_json_get(j, "memory"), "by_category");
+    const mesh_json *P = mesh_json_get(cat, "params"), *G = mesh_json_get(cat, "grads"),
+                    *O = mesh_json_get(cat, "optimizer");
+    double worst = 0;
+    for (int i = 0; i < P->n; i++) {
+        double b = 3 * P->items[i].number + 3 * G->items[i].number + 2 * O->items[i].number;
+        if (b > worst) worst = b;
+    }
+    mesh_json_free(j);
+    model_hw v5p;
+    model_tm_eff e;
+    assert_int_equal(model_hw_load("configs", "v5p", 4, &v5p), SIM_OK);
+    assert_int_equal(model_tm_eff_load("configs", &e), SIM_OK);
+    assert_true(worst > 0);
+    assert_true(fabs(opt - worst / (v5p.hbm_bw * e.hbm)) <= 1e-9 * opt);
     snprintf(path, sizeof path, "%s/trace.json", dir);
     assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
     const mesh_json *ev = mesh_json_get(j, "traceEvents");
