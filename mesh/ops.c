@@ -455,6 +455,74 @@ static sim_status place(placement *p, const char *tag)
     return SIM_OK;
 }
 
+/* ---- the placement, decided once for all devices ------------------------------
+ * einsum_rules + place are a function of: the mesh, the mode, the subscripts,
+ * both operands' shapes and working specs, the out_sharding, and which copies
+ * of each operand (from its working spec) the reshard cache holds, since a
+ * held copy costs nothing.  Packed as a key, the decision (both operand
+ * targets, the output spec and the bytes) is shared by every device
+ * (mesh/planmemo); only decisions that succeeded are kept. */
+
+enum { PK_MAX = 2048, PK_HELD = 4 };
+
+typedef struct {
+    mesh_spec to[2], out;
+    uint64_t bytes_in, bytes_out;
+} placed;
+
+static int pk_put(unsigned char *k, int n, const void *v, int len)
+{
+    if (n < 0 || n + len > PK_MAX) return -1;
+    memcpy(k + n, v, (size_t)len);
+    return n + len;
+}
+
+static int pk_spec(unsigned char *k, int n, const mesh_spec *s)
+{
+    unsigned char b[2 + MESH_SPEC_MAX_RANK * (1 + MESH_MAX_AXES) + 4];
+    int m = 0;
+    b[m++] = (unsigned char)s->rank;
+    for (int d = 0; d < s->rank; d++) {
+        b[m++] = (unsigned char)s->n_axes[d];
+        for (int i = 0; i < s->n_axes[d]; i++) b[m++] = (unsigned char)s->axes[d][i];
+    }
+    memcpy(b + m, &s->partial, 4);
+    return pk_put(k, n, b, m + 4);
+}
+
+static int pk_operand(unsigned char *k, int n, const mesh_array *x, const mesh_spec *from, mesh_reshard_cache *cache)
+{
+    unsigned char r = (unsigned char)x->rank;
+    n = pk_put(k, n, &r, 1);
+    n = pk_put(k, n, x->shape, x->rank * (int)sizeof x->shape[0]);
+    n = pk_spec(k, n, from);
+    mesh_spec held[PK_HELD];
+    int nh = mesh_reshard_cache_targets(cache, x, from, held, PK_HELD);
+    if (nh > PK_HELD) return -1;
+    unsigned char c = (unsigned char)nh;
+    n = pk_put(k, n, &c, 1);
+    for (int i = 0; i < nh; i++) n = pk_spec(k, n, &held[i]);
+    return n;
+}
+
+/* The key of p's search (p filled as einsum_rules expects it, before the call), or -1. */
+static int placement_key(const mesh_ctx *ctx, const char *sub, const placement *p, unsigned char *k)
+{
+    int spec_ok = 1;
+    for (int i = 0; i < p->nops; i++) spec_ok &= p->from[i].rank >= 0 && p->from[i].rank <= MESH_SPEC_MAX_RANK;
+    if (!spec_ok || (p->out_target && (p->out_target->rank < 0 || p->out_target->rank > MESH_SPEC_MAX_RANK)))
+        return -1;
+    int head[2] = {mesh_memo_mesh_id(ctx->mesh), (int)ctx->mode};
+    if (head[0] < 0) return -1;
+    int n = pk_put(k, 0, head, (int)sizeof head);
+    n = pk_put(k, n, sub, (int)strlen(sub) + 1);
+    for (int i = 0; i < p->nops; i++) n = pk_operand(k, n, p->x[i], &p->from[i], p->cache);
+    unsigned char has_out = p->out_target != NULL;
+    n = pk_put(k, n, &has_out, 1);
+    if (has_out) n = pk_spec(k, n, p->out_target);
+    return n;
+}
+
 /* ======================================================================== */
 /* reduce_sum (also used by einsum for indices found in one operand only)    */
 /* ======================================================================== */
@@ -860,9 +928,26 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     p->from[0] = work_spec(ctx, &ua.arr.spec);
     p->from[1] = work_spec(ctx, &ub.arr.spec);
     p->out_target = out_sharding;
-    st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL);
-    if (st == SIM_OK) st = place(p, tag);
-    if (st != SIM_OK) goto done;
+    {
+        unsigned char key[PK_MAX];
+        int klen = placement_key(ctx, sub, p, key);
+        placed v;
+        if (klen > 0 && mesh_memo_get(key, klen, &v, (int)sizeof v)) {
+            p->to[0] = v.to[0];
+            p->to[1] = v.to[1];
+            p->out = v.out;
+            p->bytes_in = v.bytes_in;
+            p->bytes_out = v.bytes_out;
+        } else {
+            st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL);
+            if (st == SIM_OK) st = place(p, tag);
+            if (st != SIM_OK) goto done;
+            if (klen > 0) {
+                v = (placed){{p->to[0], p->to[1]}, p->out, p->bytes_in, p->bytes_out};
+                mesh_memo_put(key, klen, &v, (int)sizeof v);
+            }
+        }
+    }
 
     st = stage(ctx, &ua.arr, &p->from[0], &p->to[0], meta, &sa);
     if (st == SIM_OK) st = stage(ctx, &ub.arr, &p->from[1], &p->to[1], meta, &sb);

@@ -18,4 +18,25 @@
 bool mesh_plan_bytes_memo(const mesh_shape *m, mesh_plan *scratch, const char *name, int rank, const int64_t *shape,
                           const mesh_spec *from, const mesh_spec *to, uint64_t *bytes);
 
+/* ---- decisions shared by the devices ------------------------------------------
+ * Every device of an SPMD program plans the same op on the same global shapes
+ * and specs, so a decision that is a function of those inputs (the einsum
+ * placement search) is made once and read by the others.  The memo is
+ * process-wide, insert-only and keyed by the complete input packed as bytes;
+ * a lookup takes no lock.  It holds at most a few thousand decisions (the
+ * rest are recomputed), for as long as the process lives. */
+
+/* A small number naming the mesh `m` (equal meshes, equal numbers) to put in
+ * a key, or -1 when too many meshes were seen (then do not memoise). */
+int mesh_memo_mesh_id(const mesh_shape *m);
+/* Copies the value stored under key[0..key_len) into val (val_len bytes, as
+ * stored); false when there is none. */
+bool mesh_memo_get(const void *key, int key_len, void *val, int val_len);
+/* Stores a value under a key (a key already present keeps its first value,
+ * which any device computing it would have computed too). */
+void mesh_memo_put(const void *key, int key_len, const void *val, int val_len);
+/* Turns the shared memo off (every get misses, puts are dropped) or on (the
+ * default): tests compare decisions made afresh with remembered ones. */
+void mesh_memo_set_enabled(bool on);
+
 #endif

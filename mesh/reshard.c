@@ -440,6 +440,19 @@ bool mesh_reshard_cache_get(mesh_reshard_cache *c, const mesh_array *src, const 
     return false;
 }
 
+int mesh_reshard_cache_targets(const mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
+                               mesh_spec *out, int max)
+{
+    int n = 0;
+    for (int i = 0; c && i < c->n; i++) {
+        const cache_entry *e = &c->e[i];
+        if (e->uid != src->uid || !mesh_spec_equal(&e->from, from)) continue;
+        if (n < max) out[n] = e->to;
+        n++;
+    }
+    return n;
+}
+
 void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_array *copy)
 {
     if (c->n == c->cap) {
