@@ -470,25 +470,9 @@ typedef struct {
     uint64_t bytes_in, bytes_out;
 } placed;
 
-static int pk_put(unsigned char *k, int n, const void *v, int len)
-{
-    if (n < 0 || n + len > PK_MAX) return -1;
-    memcpy(k + n, v, (size_t)len);
-    return n + len;
-}
+static int pk_put(unsigned char *k, int n, const void *v, int len) { return mesh_memo_key_bytes(k, n, PK_MAX, v, len); }
 
-static int pk_spec(unsigned char *k, int n, const mesh_spec *s)
-{
-    unsigned char b[2 + MESH_SPEC_MAX_RANK * (1 + MESH_MAX_AXES) + 4];
-    int m = 0;
-    b[m++] = (unsigned char)s->rank;
-    for (int d = 0; d < s->rank; d++) {
-        b[m++] = (unsigned char)s->n_axes[d];
-        for (int i = 0; i < s->n_axes[d]; i++) b[m++] = (unsigned char)s->axes[d][i];
-    }
-    memcpy(b + m, &s->partial, 4);
-    return pk_put(k, n, b, m + 4);
-}
+static int pk_spec(unsigned char *k, int n, const mesh_spec *s) { return mesh_memo_key_spec(k, n, PK_MAX, s); }
 
 static int pk_operand(unsigned char *k, int n, const mesh_array *x, const mesh_spec *from, mesh_reshard_cache *cache)
 {
@@ -508,10 +492,6 @@ static int pk_operand(unsigned char *k, int n, const mesh_array *x, const mesh_s
 /* The key of p's search (p filled as einsum_rules expects it, before the call), or -1. */
 static int placement_key(const mesh_ctx *ctx, const char *sub, const placement *p, unsigned char *k)
 {
-    int spec_ok = 1;
-    for (int i = 0; i < p->nops; i++) spec_ok &= p->from[i].rank >= 0 && p->from[i].rank <= MESH_SPEC_MAX_RANK;
-    if (!spec_ok || (p->out_target && (p->out_target->rank < 0 || p->out_target->rank > MESH_SPEC_MAX_RANK)))
-        return -1;
     int head[2] = {mesh_memo_mesh_id(ctx->mesh), (int)ctx->mode};
     if (head[0] < 0) return -1;
     int n = pk_put(k, 0, head, (int)sizeof head);
@@ -857,6 +837,20 @@ static void einsum_cost(mesh_ctx *ctx, const char *sub, const mesh_array *a, con
     sim_device_add_cost(ctx->dev, flops, (double)a->nlocal + (double)b->nlocal + (double)out->nlocal, wel, tag);
 }
 
+/* The inputs of an einsum's placement search (and of its key). */
+static void einsum_inputs(placement *p, const mesh_ctx *ctx, const mesh_array *a, const mesh_array *b,
+                          const mesh_spec *out_sharding)
+{
+    p->m = ctx->mesh;
+    p->cache = ctx->cache;
+    p->nops = 2;
+    p->x[0] = a;
+    p->x[1] = b;
+    p->from[0] = work_spec(ctx, &a->spec);
+    p->from[1] = work_spec(ctx, &b->spec);
+    p->out_target = out_sharding;
+}
+
 sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
                        const mesh_spec *out_sharding, const char *name, sim_mem_cat out_cat, mesh_array *out,
                        mesh_einsum_info *info)
@@ -883,14 +877,14 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     sim_status st = SIM_OK;
     staged ua = {.owned = false}, ub = {.owned = false}, sa = {.owned = false}, sb = {.owned = false};
     placement p_room; /* on the stack: a heap block per einsum of every device was malloc's slow path */
-    memset(&p_room, 0, sizeof p_room);
-    placement *p = &p_room;
+    placement *p = &p_room; /* zeroed where a search starts (a remembered placement needs no search) */
 
     /* explicit-mode rules first, on the operands as given: an op never fails after it started a
      * collective (the indices summed away below take no part in the dot_general rule) */
     if (ctx->mode == MESH_MODE_EXPLICIT) {
+        memset(p, 0, sizeof *p);
         p->m = ctx->mesh;
-    p->cache = ctx->cache;
+        p->cache = ctx->cache;
         p->nops = 2;
         p->from[0] = work_spec(ctx, &a->spec);
         p->from[1] = work_spec(ctx, &b->spec);
@@ -915,19 +909,14 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
         for (int i = 0; i < d.ro; i++) sub[k++] = d.lo[i];
         sub[k] = '\0';
     }
-    if (bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err)) {
+    /* with nothing summed away, sub has d's letters in d's order and the same shapes: d stands */
+    if ((na != d.ra || nb != d.rb) &&
+        bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err)) {
         st = sim_err(SIM_ERR_INTERNAL, "%s: %s", tag, err);
         goto done;
     }
 
-    p->m = ctx->mesh;
-    p->cache = ctx->cache;
-    p->nops = 2;
-    p->x[0] = &ua.arr;
-    p->x[1] = &ub.arr;
-    p->from[0] = work_spec(ctx, &ua.arr.spec);
-    p->from[1] = work_spec(ctx, &ub.arr.spec);
-    p->out_target = out_sharding;
+    einsum_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
     {
         unsigned char key[PK_MAX];
         int klen = placement_key(ctx, sub, p, key);
@@ -939,6 +928,8 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
             p->bytes_in = v.bytes_in;
             p->bytes_out = v.bytes_out;
         } else {
+            memset(p, 0, sizeof *p); /* the search starts from zero */
+            einsum_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
             st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL);
             if (st == SIM_OK) st = place(p, tag);
             if (st != SIM_OK) goto done;

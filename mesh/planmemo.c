@@ -167,20 +167,51 @@ static bool mm_same(const mm_entry *e, uint64_t h, const unsigned char *key, int
     return e->hash == h && e->key_len == key_len && !memcmp(e->bytes, key, (size_t)key_len);
 }
 
-bool mesh_memo_get(const void *key, int key_len, void *val, int val_len)
+const void *mesh_memo_find(const void *key, int key_len, int *val_len)
 {
-    if (__atomic_load_n(&mm_off, __ATOMIC_RELAXED)) return false;
+    if (__atomic_load_n(&mm_off, __ATOMIC_RELAXED)) return NULL;
     uint64_t h = mm_hash(key, key_len);
     for (int i = 0; i < MM_PROBES; i++) {
         mm_entry *e = __atomic_load_n(&mm_slots[(h + (uint64_t)i) % MM_SLOTS], __ATOMIC_ACQUIRE);
-        if (!e) return false;
+        if (!e) return NULL;
         if (mm_same(e, h, key, key_len)) {
-            SIM_ASSERT(e->val_len == val_len);
-            memcpy(val, e->bytes + key_len, (size_t)val_len);
-            return true;
+            *val_len = e->val_len;
+            return e->bytes + key_len;
         }
     }
-    return false;
+    return NULL;
+}
+
+bool mesh_memo_get(const void *key, int key_len, void *val, int val_len)
+{
+    int len;
+    const void *v = mesh_memo_find(key, key_len, &len);
+    if (!v) return false;
+    SIM_ASSERT(len == val_len);
+    memcpy(val, v, (size_t)val_len);
+    return true;
+}
+
+int mesh_memo_key_bytes(unsigned char *k, int n, int cap, const void *v, int len)
+{
+    if (n < 0 || len < 0 || n + len > cap) return -1;
+    memcpy(k + n, v, (size_t)len);
+    return n + len;
+}
+
+int mesh_memo_key_spec(unsigned char *k, int n, int cap, const mesh_spec *s)
+{
+    if (s->rank < 0 || s->rank > MESH_SPEC_MAX_RANK) return -1;
+    unsigned char b[1 + MESH_SPEC_MAX_RANK * (1 + MESH_MAX_AXES) + 4];
+    int m = 0;
+    b[m++] = (unsigned char)s->rank;
+    for (int d = 0; d < s->rank; d++) {
+        if (s->n_axes[d] < 0 || s->n_axes[d] > MESH_MAX_AXES) return -1;
+        b[m++] = (unsigned char)s->n_axes[d];
+        for (int i = 0; i < s->n_axes[d]; i++) b[m++] = (unsigned char)s->axes[d][i];
+    }
+    memcpy(b + m, &s->partial, 4);
+    return mesh_memo_key_bytes(k, n, cap, b, m + 4);
 }
 
 void mesh_memo_put(const void *key, int key_len, const void *val, int val_len)

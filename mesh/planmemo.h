@@ -32,6 +32,14 @@ int mesh_memo_mesh_id(const mesh_shape *m);
 /* Copies the value stored under key[0..key_len) into val (val_len bytes, as
  * stored); false when there is none. */
 bool mesh_memo_get(const void *key, int key_len, void *val, int val_len);
+/* The value stored under the key, in place (immutable, valid for the life
+ * of the process) with its length; NULL when there is none. */
+const void *mesh_memo_find(const void *key, int key_len, int *val_len);
+/* Key building: appends len bytes of v, or spec s packed (rank, each dim's
+ * axes, the partial set), to k (n bytes used of cap); returns the new
+ * length, or -1 when n < 0 or there is no room. */
+int mesh_memo_key_bytes(unsigned char *k, int n, int cap, const void *v, int len);
+int mesh_memo_key_spec(unsigned char *k, int n, int cap, const mesh_spec *s);
 /* Stores a value under a key (a key already present keeps its first value,
  * which any device computing it would have computed too). */
 void mesh_memo_put(const void *key, int key_len, const void *val, int val_len);

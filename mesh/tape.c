@@ -20,7 +20,7 @@
 
 /* ---- slabs ---------------------------------------------------------------- */
 
-enum { SLAB_BYTES = 64 << 10, SLAB_ALIGN = 16 };
+enum { SLAB_BYTES = 32 << 10, SLAB_ALIGN = 16 };
 
 typedef struct slab {
     struct slab *next;
