@@ -82,8 +82,12 @@ static void slabs_release(slab *list)
 {
     while (list) {
         slab *n = list->next;
+#ifdef __SANITIZE_ADDRESS__
+        free(list); /* no reuse: a var or entry read after its tape is freed stays an ASan error */
+#else
         list->next = spare_slabs;
         spare_slabs = list;
+#endif
         list = n;
     }
     if (--live_tapes <= 0) { /* nothing left on this thread to reuse them */
