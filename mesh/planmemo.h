@@ -1,9 +1,12 @@
-/* planmemo.h — the bytes of a resharding plan, remembered per thread.  The
- * einsum placement search prices every candidate placement by the plans it
- * needs (mesh_plan_make) and finds the same few hundred (shape, from, to)
- * triples on every layer, pass and device: a 256-device dry run of a deep
- * model makes millions of plans to read their total_bytes.  The memo keeps
- * the figure (or that no plan exists) by mesh, shape and both specs. */
+/* planmemo.h — planning decisions remembered instead of made again.
+ * Per thread: the bytes of a resharding plan.  The einsum placement search
+ * prices every candidate placement by the plans it needs (mesh_plan_make)
+ * and finds the same few hundred (shape, from, to) triples on every layer,
+ * pass and device: a 256-device dry run of a deep model makes millions of
+ * plans to read their total_bytes.  The memo keeps the figure (or that no
+ * plan exists) by mesh, shape and both specs.
+ * Shared by all threads: whole decisions (einsum placements, resharding
+ * plans) keyed by their complete inputs (see below). */
 #ifndef MESH_PLANMEMO_H
 #define MESH_PLANMEMO_H
 

@@ -6,7 +6,10 @@
  * malloc arenas shared by the device threads).  A freed tape hands its slabs
  * to a free list of its thread, which the next tape takes them from (the
  * per-layer tapes of remat come and go inside the step's tape); the list is
- * emptied when the thread's last tape is freed. */
+ * emptied when the thread's last tape is freed.  Only spare slabs are shared
+ * through the thread: a tape's own objects never move, so devices that share
+ * an OS thread (or a tape freed on another thread) at worst keep spares
+ * longer. */
 #include "mesh/tape.h"
 
 #include <stddef.h>
