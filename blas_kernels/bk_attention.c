@@ -4,11 +4,15 @@
  * S = scale * Q K^T (sgemm straight from the strided (B, T, H, D) layout, no copies), mask
  * k_pos > q_pos to -inf, then the online softmax: m' = max(m, rowmax S), P = exp(S - m'),
  * l = l e^(m - m') + rowsum P, acc = acc e^(m - m') + P V (sgemm). At the end out = acc / l and
- * lse = m + log l. Tiles whose keys are all later than every query of the tile are skipped.
+ * lse = m + log l. Tiles whose keys are all later than every query of the tile are skipped; a tile
+ * that is only partly visible runs in blocks of ATTN_SUB_ROWS query rows, each over the keys up to
+ * the last one it can see (the same products and sums, without the masked tail).
  *
  * Backward (FlashAttention-2): with Dvec_i = sum(dO_i * O_i) - dlse_i, per visible tile recompute
  * P = exp(S - lse), then dV += P^T dO, dP = dO V^T, dS = P (dP - Dvec), dQ += scale dS K,
- * dK += scale dS^T Q. The loops run in a fixed order, so results do not depend on timing.
+ * dK += scale dS^T Q (P, dP and dQ per block of rows as in the forward; dV and dK over the whole
+ * tile, whose skipped entries are zeros). The loops run in a fixed order, so results do not depend
+ * on timing.
  *
  * Soft cap (MaxText attn_logits_soft_cap, applied to the scaled scores before the mask): the
  * forward replaces S by cap tanh(S / cap); the backward recomputes the same capped scores and
