@@ -152,22 +152,27 @@ typedef struct {
   const bk_attn_dims *d;
 } attn_job;
 
-/* Runs the batch rows on the kernel pool.  The tile products are small: when
- * the rows run in parallel, each runs its sgemms on one OpenBLAS thread
- * (OpenBLAS's own threads would fight the pool's over the same cores). */
-static void run_rows(int B, bk_range_fn fn, void *job) {
-  if (bk_parallel_threads() > 1 && B > 1) {
+/* Runs n independent items (batch rows, or (batch row, kv head) pairs) on the kernel pool.  The
+ * tile products are small: when the items run in parallel, each runs its sgemms on one OpenBLAS
+ * thread (OpenBLAS's own threads would fight the pool's over the same cores). */
+static void run_rows(int64_t n, bk_range_fn fn, void *job) {
+  if (bk_parallel_threads() > 1 && n > 1) {
     int saved = openblas_get_num_threads();
     openblas_set_num_threads(1);
-    bk_parallel_for(B, 1, fn, job);
+    bk_parallel_for(n, 1, fn, job);
     openblas_set_num_threads(saved);
   } else {
-    bk_parallel_for(B, 1, fn, job);
+    bk_parallel_for(n, 1, fn, job);
   }
 }
 
-/* Batch rows [b_lo, b_hi) of the forward pass. */
-BK_CLONES static void attention_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+/* The blocked kernels run per (batch row, kv head) pair, item u = b Hkv + g, over the query heads
+ * of the group in order: a pair owns its rows of out, lse and dq and its dk and dv, which sum the
+ * group's heads in the order one thread would.  Pairs rather than batch rows, so a device with a
+ * few sequences still keeps its threads busy and the last item to finish is small. */
+
+/* Items [u_lo, u_hi) of the forward pass. */
+BK_CLONES static void attention_fwd_rows(int64_t u_lo, int64_t u_hi, void *arg) {
   const attn_job *J = arg;
   const bk_attn_dims *d = J->d;
   float *out = J->out, *lse = J->lse;
@@ -184,11 +189,11 @@ BK_CLONES static void attention_fwd_rows(int64_t b_lo, int64_t b_hi, void *arg) 
   int32_t *kmin = bk_xmalloc((size_t)(nkt + 1) * sizeof *kmin);
   int32_t *kmax = bk_xmalloc((size_t)(nkt + 1) * sizeof *kmax);
 
-  for (int b = (int)b_lo; b < (int)b_hi; b++) {
+  for (int64_t u = u_lo; u < u_hi; u++) {
+    const int b = (int)(u / Hkv), g = (int)(u % Hkv);
     const int32_t *qpb = q_pos + (size_t)b * Tq, *kpb = k_pos ? k_pos + (size_t)b * Tk : NULL;
     if (Tk > 0) key_tile_ranges(kpb, Tk, bk, kmin, kmax);
-    for (int h = 0; h < Hq; h++) {
-      const int g = h / rep;
+    for (int h = g * rep; h < (g + 1) * rep; h++) {
       for (int i0 = 0; i0 < Tq; i0 += bq) {
         const int nq = Tq - i0 < bq ? Tq - i0 : bq;
         const int32_t *qp = qpb + i0;
@@ -257,11 +262,11 @@ void bk_attention_fwd(float *out, float *lse, const float *q, const float *k, co
   if (d->B == 0 || d->Tq == 0) return;
   BK_ASSERT(out && lse && q && q_pos && (d->Tk == 0 || (k && v && k_pos)));
   attn_job J = {out, lse, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, q_pos, k_pos, d};
-  run_rows(d->B, attention_fwd_rows, &J); /* batch rows are independent */
+  run_rows((int64_t)d->B * d->Hkv, attention_fwd_rows, &J);
 }
 
-/* Batch rows [b_lo, b_hi) of the backward pass (each row's dk/dv are its own). */
-BK_CLONES static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) {
+/* Items [u_lo, u_hi) of the backward pass. */
+BK_CLONES static void attention_bwd_rows(int64_t u_lo, int64_t u_hi, void *arg) {
   const attn_job *J = arg;
   const bk_attn_dims *d = J->d;
   float *dq = J->dq, *dk = J->dk, *dv = J->dv;
@@ -278,11 +283,11 @@ BK_CLONES static void attention_bwd_rows(int64_t b_lo, int64_t b_hi, void *arg) 
   int32_t *kmin = bk_xmalloc((size_t)nkt * sizeof *kmin);
   int32_t *kmax = bk_xmalloc((size_t)nkt * sizeof *kmax);
 
-  for (int b = (int)b_lo; b < (int)b_hi; b++) {
+  for (int64_t u = u_lo; u < u_hi; u++) {
+    const int b = (int)(u / Hkv), g = (int)(u % Hkv);
     const int32_t *qpb = q_pos + (size_t)b * Tq, *kpb = k_pos + (size_t)b * Tk;
     key_tile_ranges(kpb, Tk, bk, kmin, kmax);
-    for (int h = 0; h < Hq; h++) {
-      const int g = h / rep;
+    for (int h = g * rep; h < (g + 1) * rep; h++) {
       for (int i0 = 0; i0 < Tq; i0 += bq) {
         const int nq = Tq - i0 < bq ? Tq - i0 : bq;
         const int32_t *qp = qpb + i0;
@@ -363,7 +368,7 @@ void bk_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
   if (d->B == 0 || d->Tq == 0 || d->Tk == 0) return;
   BK_ASSERT(dq && dk && dv && dout && out && lse && q && k && v && q_pos && k_pos);
   attn_job J = {NULL, (float *)lse, dq, dk, dv, q, k, v, dout, dlse, out, q_pos, k_pos, d};
-  run_rows(d->B, attention_bwd_rows, &J);
+  run_rows((int64_t)d->B * d->Hkv, attention_bwd_rows, &J);
 }
 
 /* ---- reference ---- */

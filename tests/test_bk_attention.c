@@ -11,6 +11,7 @@
 
 #include "blas_kernels/bk_attention.h"
 #include "blas_kernels/bk_check.h"
+#include "blas_kernels/bk_parallel.h"
 
 /* Fast vs _ref: scores and P V products in float (sgemm) over <= 300 keys, softmax statistics
  * partly in double; observed <= 1.9e-7 (fwd) and <= 3.3e-7 (bwd) norm-wise, so 2e-6 and 3e-6
@@ -388,6 +389,36 @@ static void test_attention_dot_vs_ref(void **state) {
   }
 }
 
+/* The blocked kernels run (batch row, kv head) pairs on the kernel pool: with GQA (two query heads
+ * per kv head, which sum into the same dk and dv) and 2 or 3 threads, every output has the bits of
+ * one thread. */
+static void test_attention_threads_same_bits(void **state) {
+  (void)state;
+  bk_rng r = {57};
+  bk_attn_dims d = {3, 150, 150, 4, 2, 16, 8, 0.25f, 64, 32, 0.0f};
+  prob_t p = prob_new(&r, d);
+  float *dout = zeros(p.no);
+  bk_rng_fill(&r, dout, p.no, -1, 1);
+  float *o[3], *l[3], *dq[3], *dk[3], *dv[3];
+  for (int t = 0; t < 3; t++) {
+    bk_parallel_set_threads(t + 1);
+    o[t] = zeros(p.no), l[t] = zeros(p.nl), dq[t] = zeros(p.nq), dk[t] = zeros(p.nk), dv[t] = zeros(p.nv);
+    bk_attention_fwd(o[t], l[t], p.q, p.k, p.v, p.qp, p.kp, &d);
+    bk_attention_bwd(dq[t], dk[t], dv[t], dout, NULL, o[t], l[t], p.q, p.k, p.v, p.qp, p.kp, &d);
+  }
+  bk_parallel_set_threads(1);
+  for (int t = 1; t < 3; t++) {
+    assert_memory_equal(o[t], o[0], p.no * sizeof(float));
+    assert_memory_equal(l[t], l[0], p.nl * sizeof(float));
+    assert_memory_equal(dq[t], dq[0], p.nq * sizeof(float));
+    assert_memory_equal(dk[t], dk[0], p.nk * sizeof(float));
+    assert_memory_equal(dv[t], dv[0], p.nv * sizeof(float));
+  }
+  for (int t = 0; t < 3; t++) free(o[t]), free(l[t]), free(dq[t]), free(dk[t]), free(dv[t]);
+  free(dout);
+  prob_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention_vs_ref),
@@ -397,6 +428,7 @@ int main(void) {
       cmocka_unit_test(test_attention_chunk),
       cmocka_unit_test(test_attention_fully_masked),
       cmocka_unit_test(test_attention_tile_invariance),
+      cmocka_unit_test(test_attention_threads_same_bits),
       cmocka_unit_test(test_attention_dot_vs_ref),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
