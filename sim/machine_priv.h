@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 
 #include "sim/collectives.h"
+#include "sim/fiber.h"
 #include "sim/machine.h"
 
 /* A collective call as posted at a rendezvous. */
@@ -122,6 +123,7 @@ struct sim_device {
     bool spans_dropped;    /* this device cannot be in the trace (sim_trace_keeps): spans counted, not kept */
     /* run */
     pthread_t thread;
+    sim_fiber *fib;        /* the device's fiber when it runs as one (then `wake` is unused) */
     sim_status st;
 };
 
@@ -131,6 +133,8 @@ struct sim_machine {
     int n;
     int blas_threads;
     int cores;            /* of the host: the threads an exchange's data movement is shared by */
+    sim_fibers *fibers;   /* the run's fibers, NULL when every device has a thread */
+    int workers;          /* the run's OS threads: m->n, or the fibers' workers */
     uint64_t t_origin;
     sim_device *dev;
     pthread_mutex_t lock;
