@@ -16,7 +16,9 @@
  *
  * Keys the seed command lines leave out take MaxText's defaults of the time
  * (per_device_batch_size 12, max_target_length 2048, dtype bfloat16,
- * weight_dtype float32, remat_policy full).  Measured "MB" are read as MiB,
+ * weight_dtype float32, remat_policy full).  The v5p profile also sets the
+ * dtype of weight gathers and gradient reductions: bfloat16, as XLA:TPU
+ * compiles MaxText's step (configs/hardware/v5p.yml).  Measured "MB" are read as MiB,
  * the profiler's unit (the PRs do not say).  Targets: memory within 10%,
  * step time within 25%, except seed 000's FSDP2+TPT2 auto row, whose
  * measurement comes from a partitioner choice shardsim does not make, and
@@ -55,14 +57,14 @@ typedef struct {
 #define PP_FSDP_MEM                                                                                              \
     "MaxText 0.2.5's own step does not reach the measured figure either: compiled ahead of time for v5p-8 by "    \
     "XLA:TPU (libtpu 0.0.50.1, train_compile compile_topology=v5p-8) its memory_analysis() is 54753 MiB per "     \
-    "device (shardsim 1.23 of it), by XLA:CPU 69344 MiB (shardsim 0.97). XLA:TPU converts each fsdp shard of "    \
-    "the stage's layers to bfloat16 before the all-gather (6176 MiB held instead of 12353: a compiler move "      \
-    "shardsim does not make; its ag_once gather stays float32 as MaxText's code writes it), and keeps, as "       \
-    "XLA:CPU and shardsim do, the float32 gradient accumulators in the gathered shape (12353 MiB) and the 129 "    \
-    "saved bfloat16 iteration inputs (6192 MiB) with 20029 MiB of parameters and Adam state"
+    "device (shardsim 1.10 of it), by XLA:CPU 69344 MiB. XLA:TPU converts each fsdp shard of the stage's "        \
+    "layers to bfloat16 before the all-gather (6176 MiB held instead of 12353; shardsim does the same under the " \
+    "v5p profile, configs/hardware/v5p.yml weight_gather_dtype), and keeps, as shardsim does, the float32 "       \
+    "gradient accumulators in the gathered shape (12353 MiB) and the 129 saved bfloat16 iteration inputs "        \
+    "(6192 MiB) with 20029 MiB of parameters and Adam state"
 #define PP_Z1_MEM                                                                                                \
     "MaxText 0.2.5's own step needs far more than the measured figure: XLA:TPU's ahead-of-time compile for "      \
-    "v5p-8 reports 74359 MiB per device (shardsim 0.91 of it), XLA:CPU 75447 MiB (shardsim 0.90), keeping the "   \
+    "v5p-8 reports 74359 MiB per device (shardsim 0.90 of it), XLA:CPU 75447 MiB (shardsim 0.89), keeping the "   \
     "float32 working parameters and Adam state (26706 MiB), the float32 gradient accumulators in the stage's "   \
     "whole shape (12353 MiB) and the saved inputs (6192 MiB); the PR's run must have used other settings or "     \
     "another MaxText/JAX (it ran JAX 0.8.0)"
@@ -209,7 +211,14 @@ int main(void)
         if (ROWS[i].mem_exempt)
             printf("exempt (memory): seed %s %s: %s\n", ROWS[i].seed, ROWS[i].config, ROWS[i].mem_exempt);
     printf("seed 000's step is the experts' megablox tiles (64 rows per expert in 512-row tiles, k = n = 512 in "
-           "1024-wide blocks: 32x the useful FLOPs) and the float32 FSDP gathers of all 256 experts, serialised "
-           "(configs/timemodel.yml overlap_weight_collectives); `shardsim train` prints both breakdowns\n");
+           "1024-wide blocks: 32x the useful FLOPs) and the FSDP gathers of all 256 experts, serialised "
+           "(configs/timemodel.yml overlap_weight_collectives; the XLA:TPU HLO has no asynchronous collective "
+           "either); `shardsim train` prints both breakdowns. Its step rows miss low (0.69-0.73) now that the "
+           "weight collectives move bfloat16 as XLA:TPU compiles them (66.2 GiB per device per step for FSDP4; "
+           "the XLA:TPU HLO moves 77.5: each non-expert weight gathered twice in the rematerialised backward, "
+           "wo's expert gradient all-reduced whole, the attention out-projection's gradient all-reduced; about "
+           "80 ms more at the model's bandwidth). The rest of the measured time (~590 ms) is work the model does "
+           "not cost (elementwise fusions, copies, MLA's 192-wide heads on the 128-wide MXU): "
+           "no constant is tuned to close it (README, seed notes)\n");
     return 0;
 }

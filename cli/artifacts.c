@@ -572,6 +572,17 @@ static sim_status write_run(FILE *f, void *arg)
         }
         jw_obj_end(&w);
     }
+    if (in->wire_gather) { /* the hardware profile's compiler rule (model_hw_wire_dtypes) */
+        jw_key(&w, "weight_collective_dtypes");
+        jw_obj_inline(&w);
+        jw_key(&w, "weight_gather");
+        jw_str(&w, in->wire_gather);
+        jw_key(&w, "gradient_reduction");
+        jw_str(&w, in->wire_reduce ? in->wire_reduce : "");
+        jw_key(&w, "rule");
+        jw_str(&w, in->wire_rule ? in->wire_rule : "");
+        jw_obj_end(&w);
+    }
     if (in->step_time_json) {
         json_error_t jerr;
         json_t *v = json_loads(in->step_time_json, 0, &jerr);

@@ -74,12 +74,16 @@ typedef struct {
     time_t time;                 /* 0: now */
     const char *step_time_json;  /* the step-time model's estimate as a JSON object (run.json's
                                     "step_time_model"), or NULL */
+    const char *wire_gather;     /* dtype names of weight gathers and gradient reductions and the rule that set
+                                    them (run.json's "weight_collective_dtypes"), or NULL */
+    const char *wire_reduce, *wire_rule;
 } cli_run_info;
 
 /* run.json:
  *   {"shardsim_version": "...", "time": "2025-01-31T12:00:00Z", "command": "train", "argv": [...],
  *    "mesh": {"axis_names": [...], "shape": {axis: size}, "num_devices": N, "num_slices": S},
  *    "logical_axis_rules": [["name", ["axis", ...]], ...],
+ *    "weight_collective_dtypes": {"weight_gather": "bfloat16", "gradient_reduction": "bfloat16", "rule": "..."},
  *    "config": {"key": {"value": <JSON value>, "source": "configs/base.yml:27"}, ...}} */
 sim_status cli_write_run_json(const char *dir, const cli_run_info *info);
 /* trace.json (sim_trace_write_chrome): whole devices from device 0 while

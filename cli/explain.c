@@ -7,8 +7,10 @@
  * to_logical=); the mesh comes from mesh=axis=size,... or the config's
  * ici_* and dcn_* flags.  Bytes are counted in the dtype train would count
  * the array in: the config's weight_dtype for a parameter (tensor=weight, or
- * logical names that are all axes of the config's model's parameters), its
- * dtype for anything else; dtype= overrides both. */
+ * logical names that are all axes of the config's model's parameters) -- its
+ * dtype where the hardware profile's compiler casts weights before moving
+ * them (model_hw_wire_dtypes) -- its dtype for anything else; dtype= overrides
+ * both. */
 #include "cli/cli.h"
 #include "cli/common.h"
 
@@ -17,6 +19,7 @@
 
 #include "mesh/config.h"
 #include "models/model.h"
+#include "models/timemodel.h"
 #include "mesh/reshard.h"
 #include "mesh/rules.h"
 #include "mesh/visual.h"
@@ -231,16 +234,24 @@ static sim_status counted_dtype(const mesh_cfg *cfg, const char *tensor, const c
     } else {
         snprintf(reason, sizeof reason, "no tensor= or logical names given");
     }
-    sim_dtype counted = weight ? dts[wgt] : dts[act];
+    /* a weight moves in the dtype the hardware profile's compiler gathers it in (weight_dtype with no
+     * profile, as XLA:CPU; `dtype` on a TPU or GPU profile, which casts the shard first) */
+    sim_dtype gather, reduce;
+    char rule[192];
+    SIM_TRY(model_hw_wire_dtypes(cfg, cfg->configs_dir, dts[act], dts[wgt], &gather, &reduce, rule, sizeof rule));
+    bool cast = gather != dts[wgt];
+    const char *wkey = cast ? "dtype" : "weight_dtype";
+    sim_dtype counted = weight ? gather : dts[act];
     if (override) {
         snprintf(why, cap, "%.16s (dtype=; train counts this %s in the config's %s, %s)", override,
-                 weight ? "weight" : "activation", weight ? "weight_dtype" : "dtype", sim_dtype_name(counted));
+                 weight ? "weight" : "activation", weight ? wkey : "dtype", sim_dtype_name(counted));
         return SIM_OK;
     }
     *dt = counted;
-    snprintf(why, cap, "%s, the config's %s (%s: %s; tensor=%s counts it in %s, %s, and dtype= in any)",
-             sim_dtype_name(*dt), weight ? "weight_dtype" : "dtype", weight ? "a weight" : "an activation", reason,
-             weight ? "activation" : "weight", weight ? "dtype" : "weight_dtype", names[weight ? act : wgt]);
+    snprintf(why, cap, "%s, the config's %s (%s: %s; tensor=%s counts it in %s, %s, and dtype= in any)%s%.190s",
+             sim_dtype_name(*dt), weight ? wkey : "dtype", weight ? "a weight" : "an activation", reason,
+             weight ? "activation" : "weight", weight ? "dtype" : wkey,
+             weight ? names[act] : sim_dtype_name(gather), weight ? "; " : "", weight ? rule : "");
     return SIM_OK;
 }
 

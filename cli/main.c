@@ -49,7 +49,8 @@ static const command_help COMMANDS[] = {
      "Plans the resharding from one PartitionSpec (or logical axes) to another, prints the\n"
      "collectives and bytes per device, and pictures both shardings.  Bytes are counted as train\n"
      "counts them: in the config's weight_dtype for a weight (tensor=weight, or logical names\n"
-     "that are all axes of the model's parameters), in its dtype for an activation\n"
+     "that are all axes of the model's parameters; in its dtype on a hardware profile whose\n"
+     "compiler casts weights before gathering them), in its dtype for an activation\n"
      "(tensor=activation, the default).  dtype=float32|bfloat16|int32 here sets the array's dtype\n"
      "itself (the config's dtype key comes from a YAML file).\n"},
     {"keys", "list the config keys with class, default and reason",

@@ -377,6 +377,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"steps", st},
         {"remat_policy", d->remat_policy},
         {"dtypes", dtypes},
+        {"weight collectives", d->wire_rule},
         {"optimizer state", d->zero1 ? "ZeRO-1: sharded over data (shard_optimizer_over_data)" : "as the parameters"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
@@ -608,7 +609,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         }
         if (!st && *outdir) {
             cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0,
-                                 tm_json};
+                                 tm_json, sim_dtype_name(def->d.gather_dtype), sim_dtype_name(def->d.reduce_dtype),
+                                 def->d.wire_rule};
             st = cli_write_run_json(outdir, &info);
             if (!st) st = cli_write_metrics_json(outdir, metrics + resume.start, (int)(steps - resume.start), mem, nd);
             long long max_rows = 0, max_events = 0;

@@ -108,6 +108,23 @@ void mesh_array_recount(sim_device *d, mesh_array *a, sim_dtype dt)
     a->counted_fixed = true;
 }
 
+/* SIM_F32 (the zero value) in the options means no cast: the dtype as counted. */
+static sim_dtype narrower(sim_dtype cast, sim_dtype counted)
+{
+    return cast != SIM_F32 && sim_dtype_size(cast) < sim_dtype_size(counted) ? cast : counted;
+}
+
+sim_dtype mesh_array_gather_dtype(const sim_device *d, const mesh_array *w)
+{
+    if (w->counted_fixed || w->dtype != SIM_F32) return w->counted;
+    return narrower(sim_machine_options(sim_device_machine((sim_device *)d))->counted_gather, w->counted);
+}
+
+sim_dtype mesh_array_reduce_dtype(const sim_device *d, sim_dtype counted)
+{
+    return narrower(sim_machine_options(sim_device_machine((sim_device *)d))->counted_grad_reduce, counted);
+}
+
 sim_meta mesh_array_meta(const mesh_array *a, sim_meta meta)
 {
     bool state = a->cat == SIM_MEM_PARAMS || a->cat == SIM_MEM_GRADS || a->cat == SIM_MEM_OPTIMIZER;

@@ -55,6 +55,13 @@ void mesh_array_free(sim_device *d, mesh_array *a);
 /* Counts `a` in dtype `dt` from now on (where the modelled program casts:
  * float32 logits, say); the arena's live bytes change by the difference. */
 void mesh_array_recount(sim_device *d, mesh_array *a, sim_dtype dt);
+/* The dtype a copy of parameter w made for a kernel (its all-gather, any reshard) is held and moved
+ * in: w's own, or the narrower dtype the accelerator's compiler casts float32 weights to before
+ * moving them (sim_machine_opts.counted_gather, from the hardware profile).  A w whose count was
+ * fixed (mesh_array_recount: cast by MaxText's code already, or a float32 dot) keeps it. */
+sim_dtype mesh_array_gather_dtype(const sim_device *d, const mesh_array *w);
+/* The dtype a float32 parameter gradient counted in `counted` is reduced in (counted_grad_reduce). */
+sim_dtype mesh_array_reduce_dtype(const sim_device *d, sim_dtype counted);
 /* The meta of a collective on `a`: counted in a->counted when that was
  * fixed (mesh_array_recount) or `a` is a parameter, gradient or optimizer
  * state (which move in their own dtype), else as the device counts wires. */

@@ -281,13 +281,15 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     if (mesh_spec_equal(work, to)) return SIM_OK;
     if (ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
     size_t bytes = x->nlocal * sim_dtype_size(x->dtype);
-    /* a weight's copy keeps the weight's dtype: MaxText's DenseGeneral casts the kernel
-     * to `dtype` right before the dot (layers/linears.py), but XLA's SPMD partitioner
-     * reshards the cast's operand, so the gather moves weight_dtype (MaxText 0.2.5's
-     * compiled step, dtype=bfloat16, fsdp=4: f32 all-gathers at convert_element_type) */
+    /* a weight's copy: MaxText's DenseGeneral casts the kernel to `dtype` right before the dot
+     * (layers/linears.py); where that cast lands is the compiler's choice.  XLA:CPU gathers the
+     * cast's operand (weight_dtype: MaxText 0.2.5's compiled step, dtype=bfloat16, fsdp=4, has f32
+     * all-gathers), XLA:TPU casts the shard first and gathers `dtype` (the same step compiled for
+     * v5p-8) -- opts.counted_gather, from the hardware profile (SIM_F32: as the parameter) */
     bool state = x->cat == SIM_MEM_PARAMS || x->cat == SIM_MEM_GRADS || x->cat == SIM_MEM_OPTIMIZER;
     sim_dtype counted = x->counted_fixed || state ? x->counted
                                                   : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
+    if (x->cat == SIM_MEM_PARAMS) counted = mesh_array_gather_dtype(ctx->dev, x);
     void *data = NULL;
     SIM_TRY(sim_arena_alloc_counted(sim_device_arena(ctx->dev), bytes, x->nlocal * sim_dtype_size(counted),
                                     SIM_MEM_TEMP, x->name, false, &data));

@@ -208,10 +208,14 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
      * (float32 logits, say) has a gradient counted in it too */
     if (v->val.counted_fixed && (g->counted != v->val.counted || !g->counted_fixed))
         mesh_array_recount(t->ctx->dev, g, v->val.counted);
-    /* a parameter's gradient is reduced in the sink's dtype: in MaxText's compiled step
-     * the cast back to weight_dtype comes before the reduction (f32 all-reduces) */
-    else if (v->sink && (g->counted != v->sink->counted || !g->counted_fixed))
-        mesh_array_recount(t->ctx->dev, g, v->sink->counted);
+    /* a parameter's gradient is reduced in the sink's dtype where the compiler casts back to
+     * weight_dtype before the reduction (XLA:CPU: MaxText's compiled step all-reduces f32), in
+     * `dtype` where it reduces first (XLA:TPU: bf16 reduce-scatters, then the add into float32) --
+     * opts.counted_grad_reduce, from the hardware profile (SIM_F32: the sink's dtype) */
+    else if (v->sink) {
+        sim_dtype want = mesh_array_reduce_dtype(t->ctx->dev, v->sink->counted);
+        if (g->counted != want || !g->counted_fixed) mesh_array_recount(t->ctx->dev, g, want);
+    }
     char leaf_tag[SIM_TAG_MAX];
     mesh_spec to;
     if (v->sink) {

@@ -14,6 +14,7 @@
 #include "mesh/reshard.h"
 #include "models/batchsplit.h"
 #include "models/init.h"
+#include "models/timemodel.h"
 
 /* ------------------------------------------------------------ definition */
 
@@ -265,12 +266,13 @@ static const struct {
 
 /* The dtypes bytes are counted in (numerics stay float32).  MaxText 0.2.5:
  * parameters are created in weight_dtype and DenseGeneral casts each kernel
- * to `dtype` right before its dot (layers/linears.py); XLA's SPMD partitioner
- * reshards the cast's operand, so weight gathers and gradient reductions move
- * weight_dtype (its compiled step with dtype=bfloat16 on fsdp=4 gathers f32 at
- * convert_element_type and all-reduces the f32 gradients); activations and
- * their collectives are in `dtype`; optax's Adam moments take the parameters'
- * dtype (mu_dtype "" = weight_dtype). */
+ * to `dtype` right before its dot (layers/linears.py); where that cast lands
+ * is the compiler's: XLA:CPU gathers and reduces weight_dtype (its compiled
+ * step with dtype=bfloat16 on fsdp=4 gathers f32 at convert_element_type and
+ * all-reduces the f32 gradients), XLA:TPU casts first and moves `dtype` -- the
+ * hardware profile's rule (model_hw_wire_dtypes; weight_dtype without one);
+ * activations and their collectives are in `dtype`; optax's Adam moments take
+ * the parameters' dtype (mu_dtype "" = weight_dtype). */
 static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
 {
     static const char *const names[] = {"float32", "bfloat16"};
@@ -282,6 +284,9 @@ static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
         SIM_TRY(mesh_cfg_get_enum(cfg, keys[k], names, 2, &ix));
         *out[k] = dts[ix];
     }
+    /* where the compiler of the selected hardware profile moves MaxText's cast (configs/hardware/) */
+    SIM_TRY(model_hw_wire_dtypes(cfg, cfg->configs_dir, d->act_dtype, d->weight_dtype, &d->gather_dtype,
+                                 &d->reduce_dtype, d->wire_rule, sizeof d->wire_rule));
     SIM_TRY(model_cfg_bool(cfg, "logits_dot_in_fp32", &d->logits_dot_fp32));
     SIM_TRY(model_cfg_bool(cfg, "cast_logits_to_fp32", &d->logits_cast_fp32));
     return SIM_OK;
@@ -976,8 +981,9 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
     const mesh_spec *out;
     SIM_TRY(model_out_sharding(md, "logits_dense", 3, LOGITS3, &os, &out));
     /* logits_dot_in_fp32: the head's DenseGeneral (or attend_on_embedding) runs in float32
-     * (layers/nnx_decoders.py); its kernel still moves in weight_dtype, as every weight's
-     * gather comes before the cast (see mesh/ops.c stage) */
+     * (layers/nnx_decoders.py): no narrowing cast for a compiler to move before the gather, so
+     * the kernel moves in weight_dtype whatever the hardware profile (see mesh/ops.c stage) */
+    if (d->logits_dot_fp32) (d->tied_logits ? embed : dense_w)->val.counted_fixed = true;
     if (!d->tied_logits) { /* MaxText applies final_logits_soft_cap on the tied path only */
         SIM_TRY(mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits));
     } else {

@@ -53,6 +53,10 @@ typedef struct {
     /* counted dtypes (the simulator computes in float32; bytes follow MaxText's dtypes) */
     sim_dtype act_dtype;      /* dtype: activations, saved residuals, gathered weights, every collective */
     sim_dtype weight_dtype;   /* weight_dtype: parameters, gradients, optimizer state */
+    sim_dtype gather_dtype;   /* a parameter's all-gathered copy and its bytes on the wire: the hardware
+                                 profile's compiler rule (weight_dtype without a profile: XLA:CPU) */
+    sim_dtype reduce_dtype;   /* a parameter gradient's reductions, by the same rule */
+    char wire_rule[192];      /* which rule set the two (model_hw_wire_dtypes): run.json, the config box */
     bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
     bool logits_cast_fp32;    /* cast_logits_to_fp32: logits cast to float32 before the loss */
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */

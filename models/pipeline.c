@@ -381,6 +381,12 @@ static sim_status stage_backward(pipe_run *pr, int64_t i, mesh_array *g_out, mes
 }
 
 /* ---- pipeline_fsdp_ag_once: gather every held layer once, swap it in while the stack runs */
+/* A stage weight's gathered copy is held and moved in the weight's own dtype (weight_dtype, or dtype
+ * where ZeRO-1 with accumulation fixed it), or in `dtype` where the hardware profile's compiler casts
+ * the fsdp shard before the all-gather (mesh_array_gather_dtype; XLA:TPU: MaxText 0.2.5's llama2-7b
+ * pipeline compiled for v5p-8 gathers its stage's layers in bf16, 6176 MiB instead of 12353).  The
+ * gathered gradient's float32 accumulator stays as counted (XLA:TPU carries it in float32 in the
+ * gathered shape too); its reduction moves the profile's reduction dtype (mesh_array_reduce_dtype). */
 
 static void ag_swap(pipe_run *pr, bool in)
 {
@@ -438,7 +444,7 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
             }
             SIM_TRY(mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_once", SIM_MEM_ACTIVATIONS,
                                      &a->w));
-            mesh_array_recount(md->ctx.dev, &a->w, p->w[l].counted); /* gathered in weight_dtype */
+            mesh_array_recount(md->ctx.dev, &a->w, mesh_array_gather_dtype(md->ctx.dev, &p->w[l]));
             SIM_TRY(mesh_reshard(md->ctx.dev, &m->mesh, &a->w, &to, sim_meta_weight("pipeline/fsdp_ag_once")));
             if (with_grads && p->g) {
                 /* partial over the gathered axes: one reduce-scatter after the loop */
@@ -473,7 +479,8 @@ static sim_status ag_release(pipe_run *pr)
         if (st == SIM_OK && a->g.rank > 0 && p->g) {
             mesh_array *own = &p->g[a->layer];
             st = mesh_reshard(md->ctx.dev, &md->def->mesh, &a->g, &own->spec,
-                              sim_meta_weight("pipeline/fsdp_ag_once (grad)"));
+                              sim_meta_counted(sim_meta_weight("pipeline/fsdp_ag_once (grad)"),
+                                               mesh_array_reduce_dtype(md->ctx.dev, a->g.counted)));
             if (st == SIM_OK && a->g_born_after) { /* the reduce-scatter's result is the gradient */
                 char name[sizeof own->name];
                 memcpy(name, own->name, sizeof name);
@@ -556,7 +563,7 @@ static sim_status rep_gather(pipe_run *pr, int64_t r, bool with_grads)
         memset(&g, 0, sizeof g);
         sim_status st = mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_per_repeat",
                                          SIM_MEM_ACTIVATIONS, &w);
-        if (st == SIM_OK) mesh_array_recount(md->ctx.dev, &w, p->w[l].counted); /* gathered in weight_dtype */
+        if (st == SIM_OK) mesh_array_recount(md->ctx.dev, &w, mesh_array_gather_dtype(md->ctx.dev, &p->w[l]));
         if (st == SIM_OK)
             st = mesh_reshard(md->ctx.dev, &m->mesh, &w, &to, sim_meta_weight("pipeline/fsdp_ag_per_repeat"));
         if (st == SIM_OK && with_grads && p->g) {
@@ -598,7 +605,8 @@ static sim_status rep_release(pipe_run *pr, int64_t r, bool reduce_scatter)
             p->g[a->layer] = a->g_keep;
             if (st == SIM_OK && reduce_scatter) {
                 st = mesh_reshard(md->ctx.dev, &md->def->mesh, &a->g, &p->g[a->layer].spec,
-                                  sim_meta_weight("pipeline/fsdp_ag_per_repeat (grad)"));
+                                  sim_meta_counted(sim_meta_weight("pipeline/fsdp_ag_per_repeat (grad)"),
+                                                   mesh_array_reduce_dtype(md->ctx.dev, a->g.counted)));
                 if (st == SIM_OK) mesh_local_add(&p->g[a->layer], &a->g);
             }
         }

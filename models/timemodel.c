@@ -115,6 +115,22 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
         out->link_bw = val[2] * 1e9 / val[3] / 2.0; /* one port, one direction */
     out->link_bw /= dpc;
     out->dcn_bw = val[5] * 1e9 / 8.0 / dpc;
+    /* the dtypes the profile's compiler moves weight collectives in (the comment above the keys
+     * in each file gives the source) */
+    static const char *const wire_keys[] = {"weight_gather_dtype", "gradient_reduction_dtype"};
+    bool *wire_out[] = {&out->gather_in_dtype, &out->reduce_in_dtype};
+    for (int i = 0; i < 2 && !st; i++) {
+        e = mesh_cfg_find(cfg, wire_keys[i]);
+        const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+        if (!t || (strcmp(t, "dtype") && strcmp(t, "weight_dtype")))
+            st = sim_err(SIM_ERR_INPUT,
+                         "%s: '%s' = %s: expected dtype (the compiler casts the float32 weight to `dtype` "
+                         "before the collective) or weight_dtype (it moves the stored dtype), with its source "
+                         "in a comment",
+                         path, wire_keys[i], t ? t : "(missing)");
+        else
+            *wire_out[i] = !strcmp(t, "dtype");
+    }
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -131,22 +147,32 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
     return st;
 }
 
-sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
-                                model_hw *out, bool *found)
+/* The profile name a config selects (hardware_profile, else compile_topology's family, written into
+ * fam); NULL when neither is set. */
+static const char *profile_name(const mesh_cfg *cfg, char *fam, size_t cap, const char **topo)
 {
-    *found = false;
-    const char *name = NULL, *topo = NULL;
+    const char *name = NULL;
+    *topo = NULL;
     const mesh_cfg_entry *e = mesh_cfg_find(cfg, "hardware_profile");
     if (e && e->value.text && *e->value.text) name = e->value.text;
     e = mesh_cfg_find(cfg, "compile_topology");
-    if (e && e->value.text && *e->value.text) topo = e->value.text;
-    char fam[64];
-    if (!name && topo) { /* "v5p-8" -> "v5p" */
-        snprintf(fam, sizeof fam, "%s", topo);
+    if (e && e->value.text && *e->value.text) *topo = e->value.text;
+    if (!name && *topo) { /* "v5p-8" -> "v5p" */
+        snprintf(fam, cap, "%s", *topo);
         char *dash = strrchr(fam, '-');
         if (dash) *dash = '\0';
         name = fam;
     }
+    return name;
+}
+
+sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
+                                model_hw *out, bool *found)
+{
+    *found = false;
+    const char *topo;
+    char fam[64];
+    const char *name = profile_name(cfg, fam, sizeof fam, &topo);
     if (!name) return SIM_OK;
     sim_status st = model_hw_load(configs_dir, name, devices_per_slice, out);
     if (st && topo && name == fam)
@@ -155,6 +181,26 @@ sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, in
         sim_err_append(" (hardware_profile=%s)", name);
     *found = st == SIM_OK;
     return st;
+}
+
+sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
+                                sim_dtype *gather, sim_dtype *reduce, char *rule, size_t cap)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    /* a cast moves before a collective only when it narrows: bfloat16 activations of float32 weights */
+    bool narrows = sim_dtype_size(act) < sim_dtype_size(weight);
+    *gather = found && hw.gather_in_dtype && narrows ? act : weight;
+    *reduce = found && hw.reduce_in_dtype && narrows ? act : weight;
+    if (!found)
+        snprintf(rule, cap, "weight gathers %s, gradient reductions %s (weight_dtype, as XLA:CPU; no hardware profile)",
+                 sim_dtype_name(*gather), sim_dtype_name(*reduce));
+    else
+        snprintf(rule, cap,
+                 "weight gathers %s, gradient reductions %s (as XLA:%s compiles for %s: configs/hardware/%s.yml)",
+                 sim_dtype_name(*gather), sim_dtype_name(*reduce), hw.gpu ? "GPU" : "TPU", hw.name, hw.name);
+    return SIM_OK;
 }
 
 sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)

@@ -34,6 +34,9 @@ typedef struct {
                                  direction; 0 = not published (collectives cannot be timed) */
     double dcn_bw;            /* DCN per device, bytes/s; 0 = not published */
     int torus[3], torus_n;    /* physical shape of the slice (torus_n = 0 when the profile has none) */
+    bool gather_in_dtype;     /* weight_gather_dtype: dtype -- the compiler casts a float32 weight's shard to
+                                 `dtype` before its all-gather (false: weight_dtype, the stored dtype) */
+    bool reduce_in_dtype;     /* gradient_reduction_dtype: dtype -- parameter gradients are reduced in `dtype` */
 } model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
@@ -57,6 +60,12 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
 sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
                                 model_hw *out, bool *found);
 sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out);
+/* The dtypes float32-stored weights are all-gathered and their gradients reduced in, as the compiler of
+ * the profile the config selects moves them: `act` (dtype) where the profile says dtype and act is the
+ * narrower, else `weight` (weight_dtype: XLA:CPU's behaviour, and the rule with no profile).  rule: one
+ * line saying which rule applied (run.json, the config box). */
+sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
+                                sim_dtype *gather, sim_dtype *reduce, char *rule, size_t cap);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */

@@ -50,6 +50,10 @@ typedef struct {
     sim_dtype counted_wire;      /* float32 collectives, unless their sim_meta names a dtype */
     sim_dtype counted_optimizer; /* in the optimizer phase, float32 temporaries, activations, comm
                                     buffers and collectives (the update works in weight_dtype) */
+    sim_dtype counted_gather;    /* a float32 parameter's gathered copy and its all-gather, where the
+                                    accelerator's compiler casts the shard before gathering it
+                                    (SIM_F32, the zero value: as the parameter is counted) */
+    sim_dtype counted_grad_reduce; /* a float32 parameter gradient's reductions, likewise */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */

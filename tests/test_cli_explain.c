@@ -205,11 +205,11 @@ static const char *const TINY[] = {
 enum { NTINY = sizeof TINY / sizeof TINY[0] };
 
 /* Device 0's bytes sent by the forward record of op over `axis` tagged `tag` in step 0 of a 4-device,
- * 4-row run of TINY with the words dt[0..2); 0 when absent. */
+ * 4-row run of TINY with the words dt[0..2) and dt[2] when not NULL (a hardware profile); 0 when absent. */
 static uint64_t train_bytes(const char *const *dt, sim_op op, const char *axis, const char *tag)
 {
     model_run r;
-    model_run_open(&r, TINY, NTINY, 4, dt, 2, 4, 1);
+    model_run_open(&r, TINY, NTINY, 4, dt, dt[2] ? 3 : 2, 4, 1);
     model_run_train(&r, false);
     int ax = mesh_shape_axis_index(&r.def->mesh, axis);
     size_t n;
@@ -223,15 +223,16 @@ static uint64_t train_bytes(const char *const *dt, sim_op op, const char *axis, 
     return b;
 }
 
-/* explain's total bytes per device for TINY with dt[0..2) and the words w[0..nw).  The dtypes come in a
- * YAML file: on explain's command line dtype= is its own override of the array's dtype. */
+/* explain's total bytes per device for TINY with dt[0..2) (and dt[2] when not NULL) and the words w[0..nw).
+ * The dtypes come in a YAML file: on explain's command line dtype= is its own override of the array's dtype. */
 static uint64_t explain_bytes(const char *const *dt, const char *const *w, int nw, const char *want_dtype_line)
 {
     char yml[] = "/tmp/shardsim-explain-XXXXXX.yml";
     int fd = mkstemps(yml, 4);
     assert_true(fd >= 0);
     FILE *f = fdopen(fd, "w");
-    for (int i = 0; i < 2; i++) fprintf(f, "%.*s: %s\n", (int)(strchr(dt[i], '=') - dt[i]), dt[i], strchr(dt[i], '=') + 1);
+    for (int i = 0; i < 3 && dt[i]; i++)
+        fprintf(f, "%.*s: %s\n", (int)(strchr(dt[i], '=') - dt[i]), dt[i], strchr(dt[i], '=') + 1);
     fclose(f);
     const char *argv[NTINY + 8];
     int argc = 0;
@@ -253,24 +254,32 @@ static uint64_t explain_bytes(const char *const *dt, const char *const *w, int n
 static void test_bytes_equal_train(void **state)
 {
     (void)state;
-    static const char *const dts[3][2] = {{"dtype=bfloat16", "weight_dtype=float32"},
-                                          {"dtype=float32", "weight_dtype=float32"},
-                                          {"dtype=bfloat16", "weight_dtype=bfloat16"}};
+    /* with a hardware profile whose compiler casts float32 weights to a narrower dtype before moving
+     * them (v5p: XLA:TPU; h100: XLA:GPU's CollectiveQuantizer), a weight's gather moves dtype */
+    static const char *const dts[6][3] = {{"dtype=bfloat16", "weight_dtype=float32", NULL},
+                                          {"dtype=float32", "weight_dtype=float32", NULL},
+                                          {"dtype=bfloat16", "weight_dtype=bfloat16", NULL},
+                                          {"dtype=bfloat16", "weight_dtype=float32", "hardware_profile=v5p"},
+                                          {"dtype=float32", "weight_dtype=float32", "hardware_profile=v5p"},
+                                          {"dtype=bfloat16", "weight_dtype=float32", "hardware_profile=h100"}};
     /* mlp/wi_0's kernel of one layer (embed 16, mlp 32), sharded P('fsdp', 'tensor'), gathered over fsdp
-     * for its dot: (k-1) x 8 x 16 elements in weight_dtype */
+     * for its dot: (k-1) x 8 x 16 elements in weight_dtype (or dtype where a profile casts first) */
     const char *weight[] = {"shape=16,32", "from_logical=embed,mlp", "to=P(None,'tensor')"};
     /* the attention's input (batch 4, length 16, embed 16), embed on tensor, gathered over tensor before
      * the query projection: (k-1) x 2 x 16 x 8 elements in dtype */
     const char *act[] = {"shape=4,16,16", "from_logical=activation_batch,activation_length,activation_embed",
                          "to_logical=activation_batch,activation_length,None"};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 6; i++) {
         uint64_t wes = strstr(dts[i][1], "float32") ? 4 : 2, aes = strstr(dts[i][0], "float32") ? 4 : 2;
+        bool cast = dts[i][2] && aes < wes; /* both profiles cast a float32 weight to bfloat16 first */
+        if (cast) wes = aes;
         uint64_t tw = train_bytes(dts[i], SIM_OP_ALL_GATHER, "fsdp", "decoder/layers_0/mlp/wi_0");
         uint64_t ta = train_bytes(dts[i], SIM_OP_ALL_GATHER, "tensor", "decoder/layers_0/self_attention/query");
         assert_int_equal(tw, 1 * 8 * 16 * wes);
         assert_int_equal(ta, 1 * 2 * 16 * 8 * aes);
         char wl[64], al[64];
-        snprintf(wl, sizeof wl, "dtype: %s, the config's weight_dtype", wes == 4 ? "float32" : "bfloat16");
+        snprintf(wl, sizeof wl, "dtype: %s, the config's %s", wes == 4 ? "float32" : "bfloat16",
+                 cast ? "dtype" : "weight_dtype");
         snprintf(al, sizeof al, "dtype: %s, the config's dtype", aes == 4 ? "float32" : "bfloat16");
         assert_int_equal(explain_bytes(dts[i], weight, 3, wl), tw);
         assert_int_equal(explain_bytes(dts[i], act, 3, al), ta);

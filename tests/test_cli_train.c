@@ -101,6 +101,72 @@ static void test_train_artifacts(void **state)
     assert_int_equal(rmdir(dir), 0); /* nothing else was left behind (no temp files) */
 }
 
+/* Sum of a numeric column of a CSV artifact (rows whose first field is `first`, or every row when NULL). */
+static double csv_sum(const char *dir, const char *file, const char *column, const char *first)
+{
+    char path[512], line[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f));
+    int col = -1, k = 0;
+    for (char *save = NULL, *t = strtok_r(line, ",\n", &save); t; t = strtok_r(NULL, ",\n", &save), k++)
+        if (!strcmp(t, column)) col = k;
+    assert_true(col >= 0);
+    double sum = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *fields[32];
+        int n = 0;
+        for (char *p = line; n < 32;) { /* no quoted commas in these columns */
+            fields[n++] = p;
+            char *c = strchr(p, ',');
+            if (!c) break;
+            *c = '\0';
+            p = c + 1;
+        }
+        if (col < n && (!first || !strcmp(fields[0], first))) sum += strtod(fields[col], NULL);
+    }
+    fclose(f);
+    return sum;
+}
+
+/* A hardware profile sets the dtype weight gathers and gradient reductions move in: the config box and
+ * run.json say which rule applied, and the CSVs agree byte for byte under it (collectives.csv's records
+ * sum to traffic.csv's totals); without a profile the rule is XLA:CPU's (weight_dtype). */
+static void test_wire_rule_artifacts(void **state)
+{
+    (void)state;
+    static const char *const profile[2] = {"hardware_profile=v5p", "hardware_profile="};
+    static const char *const gather[2] = {"bfloat16", "float32"};
+    double total[2];
+    for (int i = 0; i < 2; i++) {
+        char dir[] = "/tmp/shardsim_wire_XXXXXX";
+        assert_non_null(mkdtemp(dir));
+        char od[300];
+        snprintf(od, sizeof od, "output_dir=%s", dir);
+        const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=4", "dtype=bfloat16",
+                              "weight_dtype=float32", "steps=1", profile[i], od};
+        result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+        if (r.rc) fail_msg("train failed: %s", r.err);
+        assert_non_null(strstr(r.out, "weight collectives"));
+        mesh_json *rj = read_json(dir, "run.json");
+        const mesh_json *w = mesh_json_get(rj, "weight_collective_dtypes");
+        assert_non_null(w);
+        assert_string_equal(mesh_json_get(w, "weight_gather")->str, gather[i]);
+        assert_string_equal(mesh_json_get(w, "gradient_reduction")->str, gather[i]);
+        assert_non_null(strstr(mesh_json_get(w, "rule")->str, i == 0 ? "as XLA:TPU" : "as XLA:CPU"));
+        mesh_json_free(rj);
+        total[i] = csv_sum(dir, "traffic.csv", "bytes_total", NULL);
+        assert_true(total[i] > 0);
+        assert_true(csv_sum(dir, "collectives.csv", "bytes_sent", NULL) == total[i]);
+        done(&r);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+    }
+    assert_true(total[0] < total[1]); /* the weights' bytes halve, the activations' stay */
+}
+
 /* trace.json and collectives.csv keep whole devices from device 0 within
  * their limits; every collective event carries its record, every step starts
  * with a marker. */
@@ -394,6 +460,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_artifacts),
         cmocka_unit_test(test_artifact_limits),
+        cmocka_unit_test(test_wire_rule_artifacts),
         cmocka_unit_test(test_dcn_traffic),
         cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
