@@ -166,8 +166,9 @@ static bool match_calls(sim_machine *m, sim_group *g, char *why, size_t cap)
  * unknown length, which would need a scalar epilogue): the sums of a
  * 64-device step are hundreds of millions of adds, over rows as short as
  * 64 elements.  Each element still gets one add, so the bits are those of
- * the scalar loop. */
-static void add_f32(float *restrict t, const float *restrict x, size_t m)
+ * the scalar loop.  Always inlined: in each clone of sum_sources (below) they compile for that
+ * clone's vector width (a call would run the baseline version). */
+static inline __attribute__((always_inline)) void add_f32(float *restrict t, const float *restrict x, size_t m)
 {
     size_t i = 0;
     for (; i + 16 <= m; i += 16)
@@ -175,7 +176,8 @@ static void add_f32(float *restrict t, const float *restrict x, size_t m)
     for (; i < m; i++) t[i] += x[i];
 }
 
-static void add_i32(int32_t *restrict t, const int32_t *restrict x, size_t m)
+static inline __attribute__((always_inline)) void add_i32(int32_t *restrict t, const int32_t *restrict x,
+                                                          size_t m)
 {
     size_t i = 0;
     for (; i + 16 <= m; i += 16)

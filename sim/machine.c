@@ -628,10 +628,26 @@ static void exchange_work(sim_machine *m, sim_device *d, sim_group *g, sim_call 
     }
     pthread_mutex_lock(&m->lock);
     if (--g->workers == 0) {
+        g->moved++;
         release_group_unlock(m, g, d);
         return;
     }
     (void)wait_locked(m, d, g, call, SIM_RV_DEPART); /* a DEPART wait: it ends released */
+}
+
+/* A helper woken to move data (d->helper) starts: it joins the exchange unless the workers
+ * already finished it (a helper runs late when its core, or its fiber's worker, was busy with
+ * another device: the exchange does not wait for it), then its buffers are complete. */
+static void exchange_help(sim_machine *m, sim_device *d, sim_group *g, sim_call *call)
+{
+    pthread_mutex_lock(&m->lock);
+    if (g->moved != d->help_moved) {
+        pthread_mutex_unlock(&m->lock);
+        return;
+    }
+    g->workers++;
+    pthread_mutex_unlock(&m->lock);
+    exchange_work(m, d, g, call);
 }
 
 sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
@@ -647,7 +663,7 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
     if (++g->arrived < g->k) {
         d->helper = false;
         SIM_TRY(wait_locked(m, d, g, call, SIM_RV_ARRIVE));
-        if (d->helper) exchange_work(m, d, g, call); /* asked to move data; else the exchange is over */
+        if (d->helper) exchange_help(m, d, g, call); /* asked to move data; else the exchange is over */
         return SIM_OK;
     }
     char why[6144];
@@ -688,6 +704,7 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
         if (help) {
             p->waiting = false;
             p->helper = true;
+            p->help_moved = g->moved;
             m->n_blocked--;
             atomic_store(&p->released, true);
             rel[nrel++] = g->members[j];
@@ -695,7 +712,7 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
             p->wait_kind = SIM_RV_DEPART;
         }
     }
-    g->workers = 1 + nrel;
+    g->workers = 1; /* helpers join when they start (exchange_help) */
     pthread_mutex_unlock(&m->lock);
     for (int j = 0; j < nrel; j++) dev_wake(&m->dev[rel[j]]);
     exchange_work(m, d, g, call);

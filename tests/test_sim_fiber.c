@@ -1,8 +1,9 @@
 /* test_sim_fiber.c — devices as fibers on a few worker threads (sim/fiber.h):
  * the same results as a thread per device whatever the worker count, each
  * device keeps its own thread-local slots and error message across swaps,
- * and failures (a device's error, a deadlock, the watchdog) end a fiber run
- * as they end a threaded one.  Sanitizer builds run threads only: there the
+ * failures (a device's error, a deadlock, the watchdog) end a fiber run as
+ * they end a threaded one, and a helper whose worker is busy does not hold
+ * up the exchange it was asked to help.  Sanitizer builds run threads only: there the
  * fiber cases check that the machine fell back (sim_machine_threads). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -231,6 +232,58 @@ static void test_fiber_failures(void **state)
     sim_machine_free(m);
 }
 
+/* ------------------------------------------------------- late helper */
+
+enum { BIG = 1 << 17 }; /* floats per device: a 2-member all-gather above the split threshold */
+
+typedef struct {
+    float *send[4], *recv[4];
+    int order;       /* next position in the order devices 0 and 3 finish */
+    int done_at[4];  /* the position each finished at */
+    int wrong[4];
+} helper_case;
+
+/* Mesh x=2, y=2, two workers: devices 0 and 2 on worker 0, 1 and 3 on worker 1.  Device 1
+ * parks in its all-gather with device 0 and device 3 then holds worker 1 for 0.5 s; device 0
+ * arrives last, after 50 ms, and asks device 1 to help move the data.  Device 0 must not wait
+ * for that help: it moves everything itself and goes on while worker 1 is still busy. */
+static sim_status helper_device(sim_device *d, void *arg)
+{
+    helper_case *hc = arg;
+    int id = sim_device_id(d);
+    if (id == 0) usleep(50 * 1000);
+    if (id == 3) usleep(500 * 1000);
+    for (int i = 0; i < BIG; i++) hc->send[id][i] = (float)(id * BIG + i);
+    SIM_TRY(sim_all_gather(d, hc->send[id], hc->recv[id], BIG, SIM_F32, sim_axes_1(1), sim_meta_tag("big")));
+    if (id == 0 || id == 3) hc->done_at[id] = __atomic_fetch_add(&hc->order, 1, __ATOMIC_SEQ_CST);
+    int first = id - id % 2; /* the group over y: devices first and first + 1 */
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < BIG; i++) hc->wrong[id] += hc->recv[id][r * BIG + i] != (float)((first + r) * BIG + i);
+    return SIM_OK;
+}
+
+static void test_late_helper_does_not_hold_the_exchange(void **state)
+{
+    (void)state;
+    helper_case hc;
+    memset(&hc, 0, sizeof hc);
+    for (int i = 0; i < 4; i++) {
+        hc.send[i] = malloc(BIG * sizeof(float));
+        hc.recv[i] = malloc(2 * BIG * sizeof(float));
+        assert_non_null(hc.send[i]);
+        assert_non_null(hc.recv[i]);
+    }
+    sim_machine *m = machine_2d(2, 2, 2, 0);
+    assert_int_equal(sim_machine_run(m, helper_device, &hc), SIM_OK);
+    for (int i = 0; i < 4; i++) assert_int_equal(hc.wrong[i], 0);
+    if (sim_machine_threads(m) == 2) assert_true(hc.done_at[0] < hc.done_at[3]);
+    sim_machine_free(m);
+    for (int i = 0; i < 4; i++) {
+        free(hc.send[i]);
+        free(hc.recv[i]);
+    }
+}
+
 /* --------------------------------------------------------- blocking */
 
 static sim_status sleepy_device(sim_device *d, void *arg)
@@ -270,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_fibers_match_threads),
         cmocka_unit_test(test_device_locals_survive_swaps),
         cmocka_unit_test(test_fiber_failures),
+        cmocka_unit_test(test_late_helper_does_not_hold_the_exchange),
         cmocka_unit_test(test_idle_workers_sleep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
