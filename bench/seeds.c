@@ -178,9 +178,9 @@ int main(void)
         return 1;
     }
     printf("seeds on v5p-8 (4 devices): predicted (dry run, v5p profile) vs measured (MaxText PRs)\n");
-    printf("model constants (configs/timemodel.yml): mxu %.2f, hbm %.2f, ici %.2f, dcn %.2f, hop latency %.1f us, "
-           "weight collectives %s\n\n",
-           eff.mxu, eff.hbm, eff.ici, eff.dcn, eff.hop_latency_s * 1e6,
+    printf("model constants (configs/timemodel.yml): mxu %.2f, hbm %.2f, layout ops %.2f, ici %.2f, dcn %.2f, "
+           "hop latency %.1f us, weight collectives %s\n\n",
+           eff.mxu, eff.hbm, eff.layout, eff.ici, eff.dcn, eff.hop_latency_s * 1e6,
            eff.overlap_weights ? "overlapped with compute" : "serialised with compute");
     printf("%-4s %-11s %-8s | %9s %9s %6s %-6s | %8s %8s %6s %-6s | %5s %8s %8s %8s %8s\n", "seed", "config", "mode",
            "mem MiB", "measured", "ratio", "", "step ms", "measured", "ratio", "", "MFU", "compute", "exposed",
@@ -213,12 +213,12 @@ int main(void)
     printf("seed 000's step is the experts' megablox tiles (64 rows per expert in 512-row tiles, k = n = 512 in "
            "1024-wide blocks: 32x the useful FLOPs) and the FSDP gathers of all 256 experts, serialised "
            "(configs/timemodel.yml overlap_weight_collectives; the XLA:TPU HLO has no asynchronous collective "
-           "either); `shardsim train` prints both breakdowns. Its step rows miss low (0.69-0.73) now that the "
-           "weight collectives move bfloat16 as XLA:TPU compiles them (66.2 GiB per device per step for FSDP4; "
-           "the XLA:TPU HLO moves 77.5: each non-expert weight gathered twice in the rematerialised backward, "
-           "wo's expert gradient all-reduced whole, the attention out-projection's gradient all-reduced; about "
-           "80 ms more at the model's bandwidth). The rest of the measured time (~590 ms) is work the model does "
-           "not cost (elementwise fusions, copies, MLA's 192-wide heads on the 128-wide MXU): "
-           "no constant is tuned to close it (README, seed notes)\n");
+           "either); `shardsim train` prints both breakdowns. The third term is MLA's layout ops (the splits of q "
+           "and kv, the concatenations, the rope key broadcast over 128 heads), timed at layout_op_efficiency: "
+           "XLA:TPU's own cost model (estimated_cycles in the seed's after_codegen HLO, at 1.75 GHz) puts the "
+           "step's fusions, copies and slices at 912 ms (dot fusions 190, memory-bound ops 722, of which the "
+           "layer bodies' layout ops ~500 ms at 556 GB/s); with the Pallas kernels (splash attention, megablox "
+           "gmm: no estimate from XLA; shardsim's 812 ms) and the collectives (shardsim's 484 ms + ~80 the model "
+           "does not move) that is ~2290 ms against the measured 2238 (README, seed notes)\n");
     return 0;
 }

@@ -113,7 +113,11 @@ sim_status mesh_ad_add(mesh_tape *t, mesh_var *a, mesh_var *b, const char *name,
     SIM_TRY(mesh_add(mesh_tape_ctx(t), &a->val, &b->val, name, &y->val));
     char tag[SIM_TAG_MAX];
     mesh_var *in[2] = {a, b};
-    mesh_tape_record(t, add_vjp, mesh_tape_tag(t, name, tag, sizeof tag), 2, in, 1, &y);
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    /* memory-bound for the step-time model: a and b read, y written (the VJP passes the cotangent on) */
+    sim_device_add_cost(mesh_tape_ctx(t)->dev, 0.0, (double)a->val.nlocal + (double)b->val.nlocal +
+                        (double)y->val.nlocal, 0.0, tag);
+    mesh_tape_record(t, add_vjp, tag, 2, in, 1, &y);
     *out = y;
     return SIM_OK;
 }

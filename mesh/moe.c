@@ -759,8 +759,10 @@ static void geom_owners(moe_geom *g, const mesh_shape *m, sim_axes ep)
     int64_t eps = group_of(m, ep);
     g->dest = malloc((size_t)g->X * sizeof *g->dest);
     g->first = calloc((size_t)g->G, sizeof *g->first);
-    for (int64_t e = 0; e < g->X; e++) {
-        int64_t shard = e / g->XL, rem = shard, stride = eps;
+    /* the XL experts of a shard share its owner: the shard's digits once per shard, not per
+     * expert (a dry run of a 256-expert model does this on every MoE layer of every device) */
+    for (int64_t e0 = 0; e0 < g->X; e0 += g->XL) {
+        int64_t shard = e0 / g->XL, rem = shard, stride = eps;
         int d = 0;
         bool mine = true;
         for (int i = 0; i < ep.n; i++) {
@@ -773,8 +775,8 @@ static void geom_owners(moe_geom *g, const mesh_shape *m, sim_axes ep)
             else if (coord != sim_device_coord(g->dev, a))
                 mine = false;
         }
-        g->dest[e] = mine ? d : -1;
-        if (mine && e % g->XL == 0) g->first[d] = e;
+        for (int64_t e = e0; e < e0 + g->XL && e < g->X; e++) g->dest[e] = mine ? d : -1;
+        if (mine) g->first[d] = e0;
     }
 }
 
@@ -1087,8 +1089,8 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
             if (g->dest[e] >= 0) g->cnt_send[g->dest[e] * g->XL + e % g->XL]++;
         }
     } else {
-        for (int64_t e = 0; e < g->X; e++)
-            if (g->dest[e] >= 0) g->cnt_send[g->dest[e] * g->XL + e % g->XL] = uniform_count(A, g->X, e);
+        for (int64_t e = 0, el = 0; e < g->X; e++, el = el + 1 == g->XL ? 0 : el + 1) /* el = e % XL */
+            if (g->dest[e] >= 0) g->cnt_send[g->dest[e] * g->XL + el] = uniform_count(A, g->X, e);
     }
     int64_t *fill = malloc((size_t)GX * sizeof *fill);
     g->n_send = 0;

@@ -25,6 +25,18 @@
 
 /* ------------------------------------------------------------ helpers */
 
+void mesh_nn_cost_memory(mesh_tape *t, double elements, const char *tag)
+{
+    sim_device_add_cost(mesh_tape_ctx(t)->dev, 0.0, elements, 0.0, tag);
+}
+
+void mesh_nn_cost_memory_bwd(mesh_tape *t, const mesh_entry *e, double elements)
+{
+    char tag[SIM_TAG_MAX];
+    sim_str_put(tag, sizeof tag, sim_str_put(tag, sizeof tag, 0, e->tag, SIZE_MAX), "/bwd", 4);
+    mesh_nn_cost_memory(t, elements, tag);
+}
+
 
 sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec *spec, const char *tag,
                            mesh_array *out, bool *owned)
@@ -218,6 +230,7 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
         }
         free(J.partial);
     }
+    mesh_nn_cost_memory_bwd(t, e, 3.0 * (double)xa->nlocal); /* x and dy read, dx written */
     mesh_array_free(c->dev, &dot);
     SIM_TRY(mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "rmsnorm/dx", tag, sizeof tag)));
     return mesh_tape_accumulate(t, scale, &dscale, mesh_tape_tag(t, "rmsnorm/dscale", tag, sizeof tag));
@@ -252,6 +265,7 @@ sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double ep
     sim_axes xe = dim_axes(&xs, r - 1);
     if (xe.n) SIM_TRY(sim_all_reduce(c->dev, rstd.data, rstd.data, rstd.nlocal, SIM_F32, xe, mesh_array_meta(&rstd, sim_meta_tag(tag))));
     if (xa.data) bk_parallel_for(N, NORM_GRAIN, norm_apply_rows, &J);
+    mesh_nn_cost_memory(t, 2.0 * (double)xa.nlocal, tag); /* x read, y written (one fused pass) */
     mesh_var *in[2] = {x, scale};
     mesh_entry *e = mesh_tape_record(t, rmsnorm_vjp, tag, 2, in, 1, y);
     if (e) e->f[0] = (double)E;
@@ -277,6 +291,7 @@ static sim_status rope_vjp(mesh_tape *t, mesh_entry *e)
     if (dy->data)
         bk_rope_bwd(dx.data, dy->data, pos->data, (int)(dy->local[0] * dy->local[1]), (int)dy->local[2],
                     (int)dy->local[3], (int)dy->local[3], &rp->p);
+    mesh_nn_cost_memory_bwd(t, e, 2.0 * (double)dy->nlocal);
     char tag[SIM_TAG_MAX];
     return mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, "rope/dx", tag, sizeof tag));
 }
@@ -301,6 +316,7 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
         bk_rope_fwd((*y)->val.data, xa.data, pa.data, (int)(xa.local[0] * xa.local[1]), (int)xa.local[2],
                     (int)xa.local[3], (int)xa.local[3], p);
     drop(t, &xa, xo);
+    mesh_nn_cost_memory(t, 2.0 * (double)xa.nlocal, tag); /* x read, y written */
     mesh_entry *e = mesh_tape_record(t, rope_vjp, tag, 1, &x, 1, y);
     if (e) {
         rope_payload *rp = malloc(sizeof *rp);
@@ -545,6 +561,7 @@ static sim_status embed_vjp(mesh_tape *t, mesh_entry *e)
         bk_embedding_bwd_zero(dt.data, dy->data, tok->data, (int)tok->nlocal, (int)ta->local[1], (int)sh[0].offset,
                               (int)ta->local[0]);
     }
+    mesh_nn_cost_memory(t, 2.0 * (double)dy->nlocal, tag); /* rows of dy scatter-added into the table */
     return mesh_tape_accumulate(t, table, &dt, tag);
 }
 
@@ -581,6 +598,7 @@ sim_status mesh_nn_embed(mesh_tape *t, mesh_var *table, const mesh_array *tokens
         bk_embedding_fwd((*out)->val.data, tokens->data, ta.data, (int)tokens->nlocal, (int)ta.local[1],
                          (int)sh[0].offset, (int)ta.local[0]);
     }
+    mesh_nn_cost_memory(t, 2.0 * (double)(*out)->val.nlocal, tag); /* the rows gathered, then written */
     mesh_entry *e = mesh_tape_record(t, embed_vjp, tag, 1, &table, 1, out);
     keep(t, e, &ta, to);
     keep(t, e, tokens, false);
@@ -607,6 +625,7 @@ static sim_status xent_vjp(mesh_tape *t, mesh_entry *e)
     } else if (dl.data) {
         memset(dl.data, 0, dl.nlocal * sizeof(float));
     }
+    mesh_nn_cost_memory_bwd(t, e, 2.0 * (double)la->nlocal); /* logits read, dlogits written */
     char tag[SIM_TAG_MAX];
     return mesh_tape_accumulate(t, logits, &dl, mesh_tape_tag(t, "xent/dlogits", tag, sizeof tag));
 }
@@ -670,6 +689,7 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
     if (la.data) bk_xent_combine((*loss)->val.data, lse.data, mloc, st, st + N, (int)N, (float)z_loss);
     free(mloc);
     sim_arena_release(sim_device_arena(c->dev), m, scratch, SIM_MEM_TEMP);
+    mesh_nn_cost_memory(t, (double)la.nlocal, tag); /* the logits read (max, sum of exp and target fused) */
     mesh_entry *e = mesh_tape_record(t, xent_vjp, tag, 1, &logits, 1, loss);
     if (e) e->f[0] = z_loss;
     keep(t, e, &la, lo);
@@ -694,6 +714,7 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
         memset(dg.data, 0, dg.nlocal * sizeof(float));
         memset(du.data, 0, du.nlocal * sizeof(float));
     }
+    mesh_nn_cost_memory_bwd(t, e, 5.0 * (double)dy->nlocal); /* gate, up, dy read; dgate, dup written */
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, gate, &dg, mesh_tape_tag(t, "swiglu/dgate", tag, sizeof tag)));
     return mesh_tape_accumulate(t, up, &du, mesh_tape_tag(t, "swiglu/dup", tag, sizeof tag));
@@ -711,6 +732,7 @@ sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char
     SIM_TRY(mesh_nn_operand(t, &up->val, &s, tag, &ua, &uo));
     SIM_TRY(new_out(t, name, ga.rank, ga.shape, &s, out));
     if (ga.data) bk_swiglu_fwd((*out)->val.data, ga.data, ua.data, ga.nlocal);
+    mesh_nn_cost_memory(t, 3.0 * (double)ga.nlocal, tag); /* gate, up read, out written */
     mesh_var *in[2] = {gate, up};
     mesh_entry *e = mesh_tape_record(t, swiglu_vjp, tag, 2, in, 1, out);
     keep(t, e, &ga, go);

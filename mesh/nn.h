@@ -15,6 +15,14 @@
 #include "blas_kernels/bk_rope.h"
 #include "mesh/tape.h"
 
+/* Records a memory-bound op's cost for the step-time model (models/timemodel.c): no matrix-unit
+ * FLOPs, `elements` (local) read and written in HBM, timed at the profile's HBM bandwidth.  The
+ * ops of this file and the models' layout ops (MLA's splits, concatenations, head broadcasts)
+ * call it forward and in their VJPs; matmuls and attention record their own FLOPs. */
+void mesh_nn_cost_memory(mesh_tape *t, double elements, const char *tag);
+/* The same in a VJP, tagged as the entry's forward op with "/bwd" (its layer named). */
+void mesh_nn_cost_memory_bwd(mesh_tape *t, const mesh_entry *e, double elements);
+
 /* y = x * rsqrt(mean(x^2, last dim) + eps) * scale.  The last dim may be
  * sharded (the sum of squares is then all-reduced over its axes). */
 sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double eps, const char *name, mesh_var **y);

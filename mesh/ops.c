@@ -457,6 +457,54 @@ static sim_status place(placement *p, const char *tag)
     return SIM_OK;
 }
 
+/* ---- the placement, decided once for all devices ------------------------------
+ * einsum_rules + place are a function of: the mesh, the mode, the subscripts,
+ * both operands' shapes and working specs, the out_sharding, and which copies
+ * of each operand (from its working spec) the reshard cache holds, since a
+ * held copy costs nothing.  Packed as a key, the decision (both operand
+ * targets, the output spec and the bytes) is shared by every device
+ * (mesh/planmemo); only decisions that succeeded are kept. */
+
+enum { PK_MAX = 2048, PK_HELD = 4 };
+
+typedef struct {
+    mesh_spec to[2], out;
+    uint64_t bytes_in, bytes_out;
+} placed;
+
+static int pk_put(unsigned char *k, int n, const void *v, int len) { return mesh_memo_key_bytes(k, n, PK_MAX, v, len); }
+
+static int pk_spec(unsigned char *k, int n, const mesh_spec *s) { return mesh_memo_key_spec(k, n, PK_MAX, s); }
+
+static int pk_operand(unsigned char *k, int n, const mesh_array *x, const mesh_spec *from, mesh_reshard_cache *cache)
+{
+    unsigned char r = (unsigned char)x->rank;
+    n = pk_put(k, n, &r, 1);
+    n = pk_put(k, n, x->shape, x->rank * (int)sizeof x->shape[0]);
+    n = pk_spec(k, n, from);
+    mesh_spec held[PK_HELD];
+    int nh = mesh_reshard_cache_targets(cache, x, from, held, PK_HELD);
+    if (nh > PK_HELD) return -1;
+    unsigned char c = (unsigned char)nh;
+    n = pk_put(k, n, &c, 1);
+    for (int i = 0; i < nh; i++) n = pk_spec(k, n, &held[i]);
+    return n;
+}
+
+/* The key of p's search (p filled as einsum_rules expects it, before the call), or -1. */
+static int placement_key(const mesh_ctx *ctx, const char *sub, const placement *p, unsigned char *k)
+{
+    int head[2] = {mesh_memo_mesh_id(ctx->mesh), (int)ctx->mode};
+    if (head[0] < 0) return -1;
+    int n = pk_put(k, 0, head, (int)sizeof head);
+    n = pk_put(k, n, sub, (int)strlen(sub) + 1);
+    for (int i = 0; i < p->nops; i++) n = pk_operand(k, n, p->x[i], &p->from[i], p->cache);
+    unsigned char has_out = p->out_target != NULL;
+    n = pk_put(k, n, &has_out, 1);
+    if (has_out) n = pk_spec(k, n, p->out_target);
+    return n;
+}
+
 /* ======================================================================== */
 /* reduce_sum (also used by einsum for indices found in one operand only)    */
 /* ======================================================================== */
@@ -779,16 +827,44 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
 static void einsum_cost(mesh_ctx *ctx, const char *sub, const mesh_array *a, const mesh_array *b,
                         const mesh_array *out, bool a_weight, bool b_weight, const char *tag)
 {
-    int64_t size[128] = {0};
+    /* the letters seen, as a 128-bit set: only those entries of size[] are written and read (on
+     * every einsum of every device, a 1 KiB clear and a 128-step loop were most of this op's own
+     * time); the product runs in increasing letter code, as over the whole table */
+    int64_t size[128];
+    uint64_t seen[2] = {0, 0};
     const char *comma = strchr(sub, ',');
-    for (int i = 0; i < a->rank && sub[i] != ','; i++) size[(unsigned char)sub[i] & 127] = (int64_t)a->local[i];
-    for (int i = 0; comma && i < b->rank && comma[1 + i] && comma[1 + i] != '-'; i++)
-        size[(unsigned char)comma[1 + i] & 127] = (int64_t)b->local[i];
+    for (int i = 0; i < a->rank && sub[i] != ','; i++) {
+        int c = (unsigned char)sub[i] & 127;
+        size[c] = (int64_t)a->local[i];
+        seen[c >> 6] |= 1ull << (c & 63);
+    }
+    for (int i = 0; comma && i < b->rank && comma[1 + i] && comma[1 + i] != '-'; i++) {
+        int c = (unsigned char)comma[1 + i] & 127;
+        size[c] = (int64_t)b->local[i];
+        seen[c >> 6] |= 1ull << (c & 63);
+    }
     double flops = 2.0;
-    for (int c = 0; c < 128; c++)
-        if (size[c] > 0) flops *= (double)size[c];
+    for (int w = 0; w < 2; w++)
+        for (uint64_t bits = seen[w]; bits; bits &= bits - 1) {
+            int c = w * 64 + __builtin_ctzll(bits);
+            if (size[c] > 0) flops *= (double)size[c];
+        }
     double wel = (a_weight ? (double)a->nlocal : 0.0) + (b_weight ? (double)b->nlocal : 0.0);
     sim_device_add_cost(ctx->dev, flops, (double)a->nlocal + (double)b->nlocal + (double)out->nlocal, wel, tag);
+}
+
+/* The inputs of an einsum's placement search (and of its key). */
+static void einsum_inputs(placement *p, const mesh_ctx *ctx, const mesh_array *a, const mesh_array *b,
+                          const mesh_spec *out_sharding)
+{
+    p->m = ctx->mesh;
+    p->cache = ctx->cache;
+    p->nops = 2;
+    p->x[0] = a;
+    p->x[1] = b;
+    p->from[0] = work_spec(ctx, &a->spec);
+    p->from[1] = work_spec(ctx, &b->spec);
+    p->out_target = out_sharding;
 }
 
 sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
@@ -815,16 +891,17 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     }
     sim_meta meta = op_meta(ctx, tag);
     sim_status st = SIM_OK;
-    staged ua = {.owned = false}, ub = {.owned = false}, sa = {.owned = false}, sb = {.owned = false};
+    staged ua, ub, sa, sb; /* arr is set where owned is (four cleared mesh_arrays per einsum were not free) */
+    ua.owned = ub.owned = sa.owned = sb.owned = false;
     placement p_room; /* on the stack: a heap block per einsum of every device was malloc's slow path */
-    memset(&p_room, 0, sizeof p_room);
-    placement *p = &p_room;
+    placement *p = &p_room; /* zeroed where a search starts (a remembered placement needs no search) */
 
     /* explicit-mode rules first, on the operands as given: an op never fails after it started a
      * collective (the indices summed away below take no part in the dot_general rule) */
     if (ctx->mode == MESH_MODE_EXPLICIT) {
+        memset(p, 0, sizeof *p);
         p->m = ctx->mesh;
-    p->cache = ctx->cache;
+        p->cache = ctx->cache;
         p->nops = 2;
         p->from[0] = work_spec(ctx, &a->spec);
         p->from[1] = work_spec(ctx, &b->spec);
@@ -849,22 +926,36 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
         for (int i = 0; i < d.ro; i++) sub[k++] = d.lo[i];
         sub[k] = '\0';
     }
-    if (bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err)) {
+    /* with nothing summed away, sub has d's letters in d's order and the same shapes: d stands */
+    if ((na != d.ra || nb != d.rb) &&
+        bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err)) {
         st = sim_err(SIM_ERR_INTERNAL, "%s: %s", tag, err);
         goto done;
     }
 
-    p->m = ctx->mesh;
-    p->cache = ctx->cache;
-    p->nops = 2;
-    p->x[0] = &ua.arr;
-    p->x[1] = &ub.arr;
-    p->from[0] = work_spec(ctx, &ua.arr.spec);
-    p->from[1] = work_spec(ctx, &ub.arr.spec);
-    p->out_target = out_sharding;
-    st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL);
-    if (st == SIM_OK) st = place(p, tag);
-    if (st != SIM_OK) goto done;
+    einsum_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
+    {
+        unsigned char key[PK_MAX];
+        int klen = placement_key(ctx, sub, p, key);
+        placed v;
+        if (klen > 0 && mesh_memo_get(key, klen, &v, (int)sizeof v)) {
+            p->to[0] = v.to[0];
+            p->to[1] = v.to[1];
+            p->out = v.out;
+            p->bytes_in = v.bytes_in;
+            p->bytes_out = v.bytes_out;
+        } else {
+            memset(p, 0, sizeof *p); /* the search starts from zero */
+            einsum_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
+            st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL);
+            if (st == SIM_OK) st = place(p, tag);
+            if (st != SIM_OK) goto done;
+            if (klen > 0) {
+                v = (placed){{p->to[0], p->to[1]}, p->out, p->bytes_in, p->bytes_out};
+                mesh_memo_put(key, klen, &v, (int)sizeof v);
+            }
+        }
+    }
 
     st = stage(ctx, &ua.arr, &p->from[0], &p->to[0], meta, &sa);
     if (st == SIM_OK) st = stage(ctx, &ub.arr, &p->from[1], &p->to[1], meta, &sb);

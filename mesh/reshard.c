@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mesh/planmemo.h"
 #include "sim/arena.h"
 
 const char *mesh_step_name(mesh_step_kind k)
@@ -390,10 +391,63 @@ sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p,
     return SIM_OK;
 }
 
+/* ---- plans shared by the devices ---------------------------------------------
+ * Every device reshards the same global array from the same spec to the same
+ * target, and a plan is a function of (mesh, shape, dtype, from, to): the
+ * first device to need one makes it, the others copy its steps from the
+ * shared memo (mesh/planmemo).  A plan that fails is not kept (each device
+ * makes it again, and gets the error naming its array). */
+
+enum { PLAN_KEY_MAX = 512 };
+
+static int plan_key(const mesh_shape *m, int rank, const int64_t *shape, sim_dtype dt, const mesh_spec *from,
+                    const mesh_spec *to, unsigned char *k)
+{
+    int head[3] = {mesh_memo_mesh_id(m), rank, (int)dt};
+    if (head[0] < 0 || rank < 0 || rank > MESH_SPEC_MAX_RANK) return -1;
+    int n = mesh_memo_key_bytes(k, 0, PLAN_KEY_MAX, head, (int)sizeof head);
+    n = mesh_memo_key_bytes(k, n, PLAN_KEY_MAX, shape, rank * (int)sizeof *shape);
+    n = mesh_memo_key_spec(k, n, PLAN_KEY_MAX, from);
+    return mesh_memo_key_spec(k, n, PLAN_KEY_MAX, to);
+}
+
+/* A kept plan: the header up to the steps, its n steps, then total_bytes (which
+ * follows the MESH_PLAN_MAX steps in mesh_plan). */
+static size_t plan_head(void) { return offsetof(mesh_plan, step); }
+
+static sim_status plan_shared(const mesh_shape *m, const char *name, int rank, const int64_t *shape, sim_dtype dt,
+                              const mesh_spec *from, const mesh_spec *to, mesh_plan *out)
+{
+    unsigned char key[PLAN_KEY_MAX];
+    int klen = plan_key(m, rank, shape, dt, from, to, key);
+    int vlen;
+    const unsigned char *kept = klen > 0 ? mesh_memo_find(key, klen, &vlen) : NULL;
+    if (kept) {
+        memcpy(out, kept, plan_head());
+        size_t steps = (size_t)out->n * sizeof out->step[0];
+        SIM_ASSERT(out->n >= 0 && out->n <= MESH_PLAN_MAX && (size_t)vlen == plan_head() + steps + 8);
+        memcpy(out->step, kept + plan_head(), steps);
+        memcpy(&out->total_bytes, kept + plan_head() + steps, 8);
+        return SIM_OK;
+    }
+    SIM_TRY(mesh_plan_make(m, name, rank, shape, dt, from, to, out));
+    if (klen > 0) {
+        size_t steps = (size_t)out->n * sizeof out->step[0], len = plan_head() + steps + 8;
+        unsigned char *v = malloc(len);
+        SIM_ASSERT(v);
+        memcpy(v, out, plan_head());
+        memcpy(v + plan_head(), out->step, steps);
+        memcpy(v + plan_head() + steps, &out->total_bytes, 8);
+        mesh_memo_put(key, klen, v, (int)len);
+        free(v);
+    }
+    return SIM_OK;
+}
+
 sim_status mesh_reshard(sim_device *d, const mesh_shape *m, mesh_array *a, const mesh_spec *to, sim_meta meta)
 {
     mesh_plan p;
-    SIM_TRY(mesh_plan_make(m, a->name, a->rank, a->shape, a->dtype, &a->spec, to, &p));
+    SIM_TRY(plan_shared(m, a->name, a->rank, a->shape, a->dtype, &a->spec, to, &p));
     return mesh_plan_run(d, m, &p, a, meta);
 }
 
@@ -438,6 +492,19 @@ bool mesh_reshard_cache_get(mesh_reshard_cache *c, const mesh_array *src, const 
         }
     }
     return false;
+}
+
+int mesh_reshard_cache_targets(const mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
+                               mesh_spec *out, int max)
+{
+    int n = 0;
+    for (int i = 0; c && i < c->n; i++) {
+        const cache_entry *e = &c->e[i];
+        if (e->uid != src->uid || !mesh_spec_equal(&e->from, from)) continue;
+        if (n < max) out[n] = e->to;
+        n++;
+    }
+    return n;
 }
 
 void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_array *copy)

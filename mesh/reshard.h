@@ -100,6 +100,11 @@ void mesh_reshard_cache_free(mesh_reshard_cache *c);
 /* A copy of src (whose spec is `from`) in spec `to`, if made before (borrowed). */
 bool mesh_reshard_cache_get(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_spec *to,
                             mesh_array *out);
+/* The targets of the copies of src (whose spec is `from`) made so far, in the
+ * order they were made, into out[0..max); returns their number (which may
+ * exceed max: then only max are written).  c may be NULL (none). */
+int mesh_reshard_cache_targets(const mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
+                               mesh_spec *out, int max);
 /* Keeps `copy` (src resharded from `from`); the cache now owns it. */
 void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_array *copy);
 

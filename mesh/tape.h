@@ -50,7 +50,7 @@ typedef struct mesh_entry {
     int nin, nout;
     mesh_var *in[MESH_ENTRY_MAX_IN];
     mesh_var *out[2];
-    mesh_array saved[MESH_ENTRY_MAX_SAVED]; /* extra arrays the VJP needs */
+    mesh_array saved[MESH_ENTRY_MAX_SAVED]; /* extra arrays the VJP needs: saved[0..nsaved) */
     bool saved_owned[MESH_ENTRY_MAX_SAVED]; /* freed with the entry when set */
     int nsaved;
     char sub[64];                           /* einsum subscripts and other text */

@@ -659,6 +659,14 @@ static void copy_cols(float *dst, int64_t dw, int64_t doff, const float *src, in
     for (int64_t r = 0; r < rows; r++) memcpy(dst + r * dw + doff, src + r * sw + soff, (size_t)n * sizeof(float));
 }
 
+/* A layout op's VJP cost (step-time model), tagged as its forward op with "/bwd". */
+static void layout_cost_bwd(mesh_tape *t, const mesh_entry *e, double elements)
+{
+    char tag[SIM_TAG_MAX];
+    sim_str_put(tag, sizeof tag, sim_str_put(tag, sizeof tag, 0, e->tag, SIZE_MAX), "/bwd", 4);
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, elements, tag);
+}
+
 static sim_status split_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
@@ -682,6 +690,7 @@ static sim_status split_vjp(mesh_tape *t, mesh_entry *e)
         int64_t n = i ? W - D1 : D1;
         copy_cols(dx.data, W, i ? D1 : 0, ys[i]->grad.data, n, 0, n, rows);
     }
+    layout_cost_bwd(t, e, 2.0 * (double)xa->nlocal); /* the two cotangents read, dx written */
     return mesh_tape_accumulate(t, x, &dx, tag);
 }
 
@@ -719,6 +728,8 @@ static sim_status split_last(mesh_tape *t, mesh_var *x, int64_t d1, bool expand,
     int64_t rows = xa.data ? (int64_t)xa.nlocal / W : 0;
     copy_cols((*y1)->val.data, d1, 0, xa.data, W, 0, d1, rows);
     copy_cols((*y2)->val.data, W - d1, 0, xa.data, W, d1, W - d1, rows);
+    /* XLA:TPU materialises MLA's splits (slices changing the tiling): x read, both parts written */
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, 2.0 * (double)xa.nlocal, tag);
     mesh_var *outs[2] = {*y1, *y2};
     mesh_entry *e = mesh_tape_record(t, split_vjp, tag, 1, &x, 2, outs);
     if (e) {
@@ -747,6 +758,7 @@ static sim_status concat_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(mesh_tape_zeros(t, "concat/db", r, shape, &dy->spec, SIM_MEM_TEMP, &db));
     copy_cols(da.data, D1, 0, dy->data, W, 0, D1, dy->data ? rows : 0);
     copy_cols(db.data, W - D1, 0, dy->data, W, D1, W - D1, dy->data ? rows : 0);
+    layout_cost_bwd(t, e, 2.0 * (double)dy->nlocal); /* dy read, its two parts written */
     SIM_TRY(mesh_tape_accumulate(t, a, &da, tag));
     return mesh_tape_accumulate(t, b, &db, tag);
 }
@@ -774,6 +786,8 @@ static sim_status concat_last(mesh_tape *t, mesh_var *a, mesh_var *b, const char
     mesh_ctx *c = mesh_tape_ctx(t);
     if (ao) mesh_array_free(c->dev, &aa);
     if (bo) mesh_array_free(c->dev, &ba);
+    /* both parts read, y written */
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, 2.0 * (double)(*y)->val.nlocal, tag);
     mesh_var *in[2] = {a, b};
     mesh_entry *e = mesh_tape_record(t, concat_vjp, tag, 2, in, 1, y);
     if (e) e->i[0] = D1;
@@ -806,6 +820,7 @@ static sim_status bcast_vjp(mesh_tape *t, mesh_entry *e)
             for (int64_t h = 0; h < Hl; h++)
                 for (int64_t j = 0; j < R; j++) o[n * R + j] += g[(n * Hl + h) * R + j];
     }
+    layout_cost_bwd(t, e, (double)dy->nlocal + (double)dx.nlocal); /* dy read, its head sum written */
     return mesh_tape_accumulate(t, x, &dx, tag);
 }
 
@@ -839,6 +854,8 @@ static sim_status broadcast_heads(mesh_tape *t, mesh_var *x, int64_t H, const me
             for (int64_t h = 0; h < Hl; h++) memcpy(o + (n * Hl + h) * R, src + n * R, (size_t)R * sizeof(float));
     }
     if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    /* x read, y written */
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, (double)xa.nlocal + (double)(*y)->val.nlocal, tag);
     mesh_tape_record(t, bcast_vjp, tag, 1, &x, 1, y);
     return SIM_OK;
 }

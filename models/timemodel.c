@@ -210,14 +210,14 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
     mesh_cfg *cfg;
     SIM_TRY(mesh_cfg_load_file(path, &cfg));
     static const char *const keys[] = {"mxu_efficiency", "hbm_efficiency", "ici_efficiency", "dcn_efficiency",
-                                       "hop_latency_us", "prefetch_weight_collectives"};
-    double v[6];
+                                       "layout_op_efficiency", "hop_latency_us", "prefetch_weight_collectives"};
+    double v[7];
     sim_status st = SIM_OK;
-    for (int i = 0; i < 6 && !st; i++) {
+    for (int i = 0; i < 7 && !st; i++) {
         const mesh_cfg_entry *e = mesh_cfg_find(cfg, keys[i]);
         if (!e) st = sim_err(SIM_ERR_INPUT, "%s: '%s' is missing", path, keys[i]);
         else st = num_field(&e->value, path, keys[i], &v[i]);
-        if (!st && i < 4 && (v[i] <= 0 || v[i] > 1))
+        if (!st && i < 5 && (v[i] <= 0 || v[i] > 1))
             st = sim_err(SIM_ERR_INPUT, "%s: %s = %g: expected a fraction in (0, 1]", path, keys[i], v[i]);
     }
     const mesh_cfg_entry *ov = st ? NULL : mesh_cfg_find(cfg, "overlap_weight_collectives");
@@ -229,8 +229,9 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
     mesh_cfg_free(cfg);
     if (st) return st;
     out->mxu = v[0], out->hbm = v[1], out->ici = v[2], out->dcn = v[3];
-    out->hop_latency_s = v[4] * 1e-6;
-    out->prefetch = (int)v[5];
+    out->layout = v[4];
+    out->hop_latency_s = v[5] * 1e-6;
+    out->prefetch = (int)v[6];
     return SIM_OK;
 }
 
@@ -479,7 +480,9 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
         }
         /* the matrix unit's work: a tiled kernel (megablox gmm) computes its padded tiles too */
         double work = k->mxu_flops > k->flops ? k->mxu_flops : k->flops;
-        double tc = work / (peak * eff->mxu), tm = k->elements * act_bytes / (hw->hbm_bw * eff->hbm);
+        /* a layout op (split, concatenation, head broadcast) streams below the HBM roofline */
+        double tc = work / (peak * eff->mxu),
+               tm = k->elements * act_bytes / (hw->hbm_bw * (k->layout ? eff->layout : eff->hbm));
         double dur = tc > tm ? tc : tm;
         kernel_add(&kinds, k, k->elements * act_bytes, dur, tc >= tm);
         span_add(&sink, t, t + dur, 0, k->tag);
@@ -560,6 +563,10 @@ double model_tm_optimizer_bytes(sim_machine *m)
         sim_arena_get_stats(sim_device_arena(sim_machine_device(m, i)), &s);
         const size_t *c = s.at_peak_by;
         double b = 2.0 * (double)c[SIM_MEM_PARAMS] + (double)c[SIM_MEM_GRADS] + 2.0 * (double)c[SIM_MEM_OPTIMIZER];
+        /* and the norms MaxText 0.2.5's train_step computes every step for its metrics
+         * (trainers/pre_train/train.py: learning/raw_grad_norm, grad_norm, param_norm, each an
+         * l2norm_pytree; gradient clipping's global norm is the raw one): G + G + P read */
+        b += (double)c[SIM_MEM_PARAMS] + 2.0 * (double)c[SIM_MEM_GRADS];
         if (b > worst) worst = b;
     }
     return worst;

@@ -8,7 +8,10 @@
  * move weights (FSDP gathers, weight-gradient reductions) run asynchronously
  * on the network and everything else waits.  A kernel's time is that of the
  * matrix unit's real work (sim_cost.mxu_flops: padded megablox tiles, visited
- * splash blocks).  The constants are data (configs/timemodel.yml); the
+ * splash blocks); a memory-bound op (norm, RoPE, activation, residual add:
+ * no FLOPs recorded) streams its bytes at hbm_efficiency of HBM bandwidth,
+ * a layout op (a split, concatenation or head broadcast: sim_cost.layout)
+ * at layout_op_efficiency.  The constants are data (configs/timemodel.yml); the
  * README's "Hardware profiles and the step-time model" states the rules. */
 #ifndef MODELS_TIMEMODEL_H
 #define MODELS_TIMEMODEL_H
@@ -43,6 +46,8 @@ typedef struct {
 typedef struct {
     double mxu;               /* fraction of peak FLOP/s a matmul sustains */
     double hbm;               /* fraction of HBM bandwidth a memory-bound kernel sustains */
+    double layout;            /* the same for a layout op (sim_cost.layout: MLA's splits, concatenations and
+                                 head broadcasts, copies that change the array's tiling) */
     double ici;               /* fraction of link bandwidth a collective sustains */
     double dcn;               /* fraction of DCN bandwidth */
     double hop_latency_s;     /* alpha: per step of a ring / per collective hop */
@@ -151,7 +156,8 @@ sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const 
 
 /* Bytes the optimizer update reads and writes on the busiest device: AdamW reads parameters,
  * gradients and both moments and writes parameters and moments (2 P + G + 2 O, each category
- * as held at the device's peak). */
+ * as held at the device's peak), and MaxText's step reads the raw and the clipped gradients and
+ * the new parameters once more for its norms (+ 2 G + P). */
 double model_tm_optimizer_bytes(sim_machine *m);
 
 /* Console summary (device 0 style): step time, MFU, breakdown, slowest collectives. */

@@ -749,8 +749,16 @@ void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, do
     c->mxu_flops = mxu_flops > flops ? mxu_flops : flops;
     c->elements = elements;
     c->weight_elements = weight_elements;
+    c->layout = false;
     c->nrec_before = d->nrec;
     snprintf(c->tag, sizeof c->tag, "%s", tag ? tag : "-");
+}
+
+void sim_device_add_cost_layout(sim_device *d, double elements, const char *tag)
+{
+    if (d->m->opts.no_costs) return;
+    sim_device_add_cost_tiled(d, 0.0, 0.0, elements, 0.0, tag);
+    d->cost[d->ncost - 1].layout = true;
 }
 
 const sim_cost *sim_device_costs(const sim_device *d, size_t *n)

@@ -106,6 +106,8 @@ typedef struct {
                                * (megablox gmm tiles, sim_device_add_cost_tiled); = flops otherwise */
     double elements;
     double weight_elements;
+    bool layout;              /* a layout op (split, concatenation, head broadcast): no FLOPs, a copy that
+                               * changes the array's tiling (sim_device_add_cost_layout) */
     size_t nrec_before;
     char tag[SIM_TAG_MAX];
 } sim_cost;
@@ -168,6 +170,9 @@ void sim_device_add_cost(sim_device *d, double flops, double elements, double we
  * model times mxu_flops, MFU counts flops. */
 void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements,
                                double weight_elements, const char *tag);
+/* The cost of a layout op (no FLOPs; `elements` read and written): the step-time model times it at
+ * its own sustained bandwidth (configs/timemodel.yml layout_op_efficiency). */
+void sim_device_add_cost_layout(sim_device *d, double elements, const char *tag);
 /* Cost events of a device, in call order (valid until the next add). */
 const sim_cost *sim_device_costs(const sim_device *d, size_t *n);
 

@@ -41,7 +41,7 @@ static model_hw toy_hw(void)
 
 static model_tm_eff toy_eff(double mxu, double latency_s)
 {
-    model_tm_eff e = {mxu, 1.0, 1.0, 1.0, latency_s, 4, true};
+    model_tm_eff e = {mxu, 1.0, 1.0, 1.0, 1.0, latency_s, 4, true};
     return e;
 }
 
@@ -96,6 +96,29 @@ static void test_matmul_roofline(void **state)
     c = cost(2 * k * k, k * k + 2 * k, 0);
     assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, &c, 1, 0, false, &r), SIM_OK);
     assert_true(fabs(r.step_s - (k * k + 2 * k) * 2.0 / 1e12) < 1e-12);
+}
+
+/* Memory-bound ops: an elementwise op (no FLOPs) streams at hbm_efficiency, a layout op (split,
+ * concatenation, head broadcast: sim_cost.layout) at layout_op_efficiency; neither adds to the
+ * model FLOPs.  Expected times from bytes / (bandwidth x efficiency). */
+static void test_memory_ops(void **state)
+{
+    (void)state;
+    model_hw hw = toy_hw();
+    model_tm_eff eff = toy_eff(1.0, 0);
+    eff.hbm = 0.8;
+    eff.layout = 0.2;
+    model_tm_result r;
+    double el = 64.0 * 1024 * 1024; /* 64 Mi elements of bf16: 128 MiB */
+    sim_cost c[2] = {cost(0, el, 0), cost(0, el, 0)};
+    c[1].layout = true;
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, c, 1, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - el * 2.0 / (1e12 * 0.8)) < 1e-12); /* 167.8 us */
+    assert_true(r.model_flops == 0);
+    assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, c, 2, 0, false, &r), SIM_OK);
+    assert_true(fabs(r.step_s - (el * 2.0 / (1e12 * 0.8) + el * 2.0 / (1e12 * 0.2))) < 1e-12); /* + 671.1 us */
+    assert_int_equal(r.nkernels, 1); /* one tag: one kind */
+    assert_int_equal(r.kernels[0].compute_bound, 0);
 }
 
 static void test_ring_all_gather(void **state)
@@ -452,6 +475,26 @@ static void test_train_estimate(void **state)
     assert_true(fabs(step - (comp + exp + opt)) <= 1e-9 * step);
     assert_string_equal(mesh_json_get(tm, "hardware_profile")->str, "v5p");
     mesh_json_free(j);
+    /* the optimizer phase streams AdamW's bytes (2 P + G + 2 O) and MaxText's three norms (P + 2 G)
+     * at hbm_efficiency of v5p's HBM bandwidth: 3 P + 3 G + 2 O of the busiest device, with each
+     * category as metrics.json reports it at the device's peak */
+    snprintf(path, sizeof path, "%s/metrics.json", dir);
+    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
+    const mesh_json *cat = mesh_json_get(mesh_json_get(j, "memory"), "by_category");
+    const mesh_json *P = mesh_json_get(cat, "params"), *G = mesh_json_get(cat, "grads"),
+                    *O = mesh_json_get(cat, "optimizer");
+    double worst = 0;
+    for (int i = 0; i < P->n; i++) {
+        double b = 3 * P->items[i].number + 3 * G->items[i].number + 2 * O->items[i].number;
+        if (b > worst) worst = b;
+    }
+    mesh_json_free(j);
+    model_hw v5p;
+    model_tm_eff e;
+    assert_int_equal(model_hw_load("configs", "v5p", 4, &v5p), SIM_OK);
+    assert_int_equal(model_tm_eff_load("configs", &e), SIM_OK);
+    assert_true(worst > 0);
+    assert_true(fabs(opt - worst / (v5p.hbm_bw * e.hbm)) <= 1e-9 * opt);
     snprintf(path, sizeof path, "%s/trace.json", dir);
     assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
     const mesh_json *ev = mesh_json_get(j, "traceEvents");
@@ -479,6 +522,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_roofline),
+        cmocka_unit_test(test_memory_ops),
         cmocka_unit_test(test_ring_all_gather),
         cmocka_unit_test(test_overlap_rule),
         cmocka_unit_test(test_serial_weight_collectives),
