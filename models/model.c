@@ -695,10 +695,22 @@ void model_def_free(model_def *m)
     pthread_mutex_destroy(&m->act_lock);
 }
 
-/* A layer running before the pipeline resolves its names under rules_pp_dp (per device thread). */
+/* A layer running before the pipeline resolves its names under rules_pp_dp (per device thread;
+ * per device when a thread runs several devices as fibers: sim_device_local_register). */
 static _Thread_local const mesh_rules *thread_rules;
 
-void model_set_thread_rules(const mesh_rules *r) { thread_rules = r; }
+static void *thread_rules_get(void) { return (void *)thread_rules; }
+static void thread_rules_set(void *r) { thread_rules = r; }
+static void thread_rules_register(void) { sim_device_local_register(thread_rules_get, thread_rules_set); }
+
+static void thread_rules_put(const mesh_rules *r)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, thread_rules_register); /* before the first device sets it */
+    thread_rules = r;
+}
+
+void model_set_thread_rules(const mesh_rules *r) { thread_rules_put(r); }
 
 sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, const char *const *names,
                               mesh_spec *out)
@@ -847,9 +859,9 @@ sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *
                                 model_layer_fn fn, mesh_var **y, mesh_var **aux)
 {
     const mesh_rules *saved = thread_rules;
-    thread_rules = md->def->rules_pp_dp.n ? &md->def->rules_pp_dp : NULL;
+    thread_rules_put(md->def->rules_pp_dp.n ? &md->def->rules_pp_dp : NULL);
     sim_status st = fn(md, t, b, layer, x, y, aux);
-    thread_rules = saved;
+    thread_rules_put(saved);
     return st;
 }
 

@@ -176,6 +176,7 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     m->mesh = check;
     if (opts) m->opts = *opts;
     m->n = sim_mesh_num_devices(&m->mesh);
+    m->workers = m->n;
     m->t_origin = sim_now_ns();
     pthread_mutex_init(&m->lock, NULL);
     m->by_mask = calloc((size_t)1 << m->mesh.naxes, sizeof *m->by_mask);
@@ -251,6 +252,7 @@ const sim_machine_opts *sim_machine_options(const sim_machine *m) { return &m->o
 void sim_machine_set_collective_timeout(sim_machine *m, double seconds) { m->opts.collective_timeout_s = seconds; }
 void sim_machine_set_record_costs(sim_machine *m, bool on) { m->opts.no_costs = !on; }
 int sim_machine_blas_threads(const sim_machine *m) { return m->blas_threads; }
+int sim_machine_threads(const sim_machine *m) { return m->workers; }
 
 sim_device *sim_machine_device(sim_machine *m, int id)
 {
@@ -377,9 +379,29 @@ int sim_group_slot(const sim_group *g, const sim_device *d)
 
 /* --------------------------------------------------------------- failure */
 
+/* A device's wake-up semaphore: its own in thread mode, its fiber's when it runs as a fiber. */
+static void dev_wake(sim_device *d)
+{
+    if (d->fib)
+        sim_fiber_post(d->fib);
+    else
+        sem_post(&d->wake);
+}
+
+/* Sleeps until d is posted (0) or the deadline (CLOCK_REALTIME, NULL: none) passed (non-zero). */
+static int dev_sleep(sim_device *d, const struct timespec *deadline)
+{
+    if (d->fib) return sim_fiber_wait(d->fib, deadline);
+    for (;;) {
+        int r = deadline ? sem_timedwait(&d->wake, deadline) : sem_wait(&d->wake);
+        if (r == 0) return 0;
+        if (errno != EINTR) return errno;
+    }
+}
+
 static void wake_all_locked(sim_machine *m)
 {
-    for (int i = 0; i < m->n; i++) sem_post(&m->dev[i].wake);
+    for (int i = 0; i < m->n; i++) dev_wake(&m->dev[i]);
 }
 
 static void fail_locked(sim_machine *m, sim_status st, const char *msg)
@@ -488,9 +510,7 @@ static sim_status block_locked(sim_machine *m, sim_device *d)
     }
     while (!failed) {
         if (timed) {
-            int r;
-            while ((r = sem_timedwait(&d->wake, &deadline)) != 0 && errno == EINTR) continue;
-            if (r != 0) { /* the deadline passed: end the run, unless released or turned into a DEPART meanwhile */
+            if (dev_sleep(d, &deadline) != 0) { /* the deadline passed: end the run, unless released or turned into a DEPART meanwhile */
                 pthread_mutex_lock(&m->lock);
                 must_finish = d->wait_kind == SIM_RV_DEPART;
                 if (d->waiting && !m->failed && !must_finish) watchdog_locked(m, d);
@@ -505,7 +525,7 @@ static sim_status block_locked(sim_machine *m, sim_device *d)
                 continue;
             }
         } else {
-            while (sem_wait(&d->wake) != 0) continue; /* EINTR */
+            (void)dev_sleep(d, NULL);
         }
         if (atomic_exchange(&d->released, false)) return SIM_OK;
         /* a failure's post, or a stale post from an earlier wake-up */
@@ -563,7 +583,7 @@ static void release_group_unlock(sim_machine *m, sim_group *g, const sim_device 
         rel[nrel++] = g->members[j];
     }
     pthread_mutex_unlock(&m->lock);
-    for (int j = 0; j < nrel; j++) sem_post(&m->dev[rel[j]].wake);
+    for (int j = 0; j < nrel; j++) dev_wake(&m->dev[rel[j]]);
 }
 
 sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match)
@@ -608,10 +628,26 @@ static void exchange_work(sim_machine *m, sim_device *d, sim_group *g, sim_call 
     }
     pthread_mutex_lock(&m->lock);
     if (--g->workers == 0) {
+        g->moved++;
         release_group_unlock(m, g, d);
         return;
     }
     (void)wait_locked(m, d, g, call, SIM_RV_DEPART); /* a DEPART wait: it ends released */
+}
+
+/* A helper woken to move data (d->helper) starts: it joins the exchange unless the workers
+ * already finished it (a helper runs late when its core, or its fiber's worker, was busy with
+ * another device: the exchange does not wait for it), then its buffers are complete. */
+static void exchange_help(sim_machine *m, sim_device *d, sim_group *g, sim_call *call)
+{
+    pthread_mutex_lock(&m->lock);
+    if (g->moved != d->help_moved) {
+        pthread_mutex_unlock(&m->lock);
+        return;
+    }
+    g->workers++;
+    pthread_mutex_unlock(&m->lock);
+    exchange_work(m, d, g, call);
 }
 
 sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
@@ -627,7 +663,7 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
     if (++g->arrived < g->k) {
         d->helper = false;
         SIM_TRY(wait_locked(m, d, g, call, SIM_RV_ARRIVE));
-        if (d->helper) exchange_work(m, d, g, call); /* asked to move data; else the exchange is over */
+        if (d->helper) exchange_help(m, d, g, call); /* asked to move data; else the exchange is over */
         return SIM_OK;
     }
     char why[6144];
@@ -649,21 +685,26 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
      * wake them: peers write into their buffers), except, when the exchange
      * is large enough to share, a helper for each other core: device threads
      * are pinned round-robin (core = id % cores), and a helper pinned to a
-     * core that already works would only take turns with that worker */
-    int helpers = split ? m->cores - 1 : 0, nrel = 0, rel[SIM_MAX_DEVICES];
+     * core that already works would only take turns with that worker; as
+     * fibers, device id runs on worker id % workers, and a helper on the
+     * worker of d (or of another helper) could only start once that one waits */
+    int lanes = m->fibers ? m->workers : m->cores;
+    bool placed = m->fibers || m->opts.pin_threads;
+    int helpers = split ? lanes - 1 : 0, nrel = 0, rel[SIM_MAX_DEVICES];
     for (int j = 0; j < g->k; j++) {
         sim_device *p = &m->dev[g->members[j]];
         if (p == d) continue;
         SIM_ASSERT(p->waiting && p->wait_group == g);
         bool help = nrel < helpers;
-        if (help && m->opts.pin_threads) {
-            int core = p->id % m->cores;
-            help = core != d->id % m->cores;
-            for (int i = 0; i < nrel && help; i++) help = core != rel[i] % m->cores;
+        if (help && placed) {
+            int lane = p->id % lanes;
+            help = lane != d->id % lanes;
+            for (int i = 0; i < nrel && help; i++) help = lane != rel[i] % lanes;
         }
         if (help) {
             p->waiting = false;
             p->helper = true;
+            p->help_moved = g->moved;
             m->n_blocked--;
             atomic_store(&p->released, true);
             rel[nrel++] = g->members[j];
@@ -671,9 +712,9 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
             p->wait_kind = SIM_RV_DEPART;
         }
     }
-    g->workers = 1 + nrel;
+    g->workers = 1; /* helpers join when they start (exchange_help) */
     pthread_mutex_unlock(&m->lock);
-    for (int j = 0; j < nrel; j++) sem_post(&m->dev[rel[j]].wake);
+    for (int j = 0; j < nrel; j++) dev_wake(&m->dev[rel[j]]);
     exchange_work(m, d, g, call);
     return SIM_OK;
 }
@@ -789,7 +830,7 @@ sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match
             }
             g->nahead = 0;
             pthread_mutex_unlock(&m->lock);
-            for (int j = 0; j < nrel; j++) sem_post(&m->dev[rel[j]].wake);
+            for (int j = 0; j < nrel; j++) dev_wake(&m->dev[rel[j]]);
             return SIM_OK;
         }
     }
@@ -839,14 +880,9 @@ sim_status sim_device_barrier(sim_device *d)
 
 /* ----------------------------------------------------------------- run */
 
-static void *device_main(void *arg)
+static void device_body(sim_device *d)
 {
-    sim_device *d = arg;
     sim_machine *m = d->m;
-    if (m->opts.pin_threads) {
-        if (sim_topology_pin_self(d->id) != SIM_OK && !m->opts.quiet && d->id == 0)
-            fprintf(stderr, "shardsim: warning: %s; device threads run unpinned\n", sim_errmsg());
-    }
     sim_err_clear();
     sim_status st = m->fn(d, m->arg);
     d->st = st;
@@ -856,8 +892,35 @@ static void *device_main(void *arg)
     m->n_alive--;
     if (m->n_alive > 0 && m->n_blocked == m->n_alive) deadlock_locked(m);
     pthread_mutex_unlock(&m->lock);
+}
+
+static void *device_main(void *arg)
+{
+    sim_device *d = arg;
+    sim_machine *m = d->m;
+    if (m->opts.pin_threads) {
+        if (sim_topology_pin_self(d->id) != SIM_OK && !m->opts.quiet && d->id == 0)
+            fprintf(stderr, "shardsim: warning: %s; device threads run unpinned\n", sim_errmsg());
+    }
+    device_body(d);
     return NULL;
 }
+
+static void fiber_main(void *arg, int i)
+{
+    sim_machine *m = arg;
+    device_body(&m->dev[i]);
+}
+
+static void pin_worker(void *arg, int w)
+{
+    sim_machine *m = arg;
+    if (sim_topology_pin_self(w) != SIM_OK && !m->opts.quiet && w == 0)
+        fprintf(stderr, "shardsim: warning: %s; device threads run unpinned\n", sim_errmsg());
+}
+
+/* Device stacks: as a thread's (glibc's default), reserved and touched only as deep as a device goes. */
+enum { DEVICE_STACK = 8u << 20 };
 
 sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
 {
@@ -868,26 +931,49 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
     m->fail_msg[0] = '\0';
     m->n_alive = m->n;
     m->n_blocked = 0;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 8u << 20);
-    int started = 0;
     for (int i = 0; i < m->n; i++) {
         sim_device *d = &m->dev[i];
         d->finished = false;
         d->waiting = false;
         d->st = SIM_OK;
-        if (pthread_create(&d->thread, &attr, device_main, d) != 0) {
-            pthread_mutex_lock(&m->lock);
-            m->n_alive -= m->n - i;
-            fail_locked(m, SIM_ERR_INTERNAL, "could not start a device thread");
-            pthread_mutex_unlock(&m->lock);
-            break;
-        }
-        started++;
+        d->fib = NULL;
     }
-    pthread_attr_destroy(&attr);
-    for (int i = 0; i < started; i++) pthread_join(m->dev[i].thread, NULL);
+    /* more devices than cores: fibers on a worker per core (a device waiting at a collective swaps
+     * to the next device of its worker; 64 device threads on 2 cores slept and woke in the kernel
+     * tens of thousands of times a step) */
+    int workers = m->opts.workers > 0 ? m->opts.workers : m->cores;
+    m->fibers = workers < m->n ? sim_fibers_new(m->n, workers, DEVICE_STACK) : NULL;
+    m->workers = m->n;
+    if (m->fibers) {
+        m->workers = workers;
+        for (int i = 0; i < m->n; i++) m->dev[i].fib = sim_fibers_at(m->fibers, i);
+        if (!sim_fibers_run(m->fibers, fiber_main, m->opts.pin_threads ? pin_worker : NULL, m)) {
+            m->failed = true;
+            m->fail_st = SIM_ERR_INTERNAL;
+            snprintf(m->fail_msg, sizeof m->fail_msg, "could not start %d worker threads for %d devices", workers,
+                     m->n);
+        }
+        sim_fibers_free(m->fibers);
+        m->fibers = NULL;
+        for (int i = 0; i < m->n; i++) m->dev[i].fib = NULL;
+    } else {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, DEVICE_STACK);
+        int started = 0;
+        for (int i = 0; i < m->n; i++) {
+            if (pthread_create(&m->dev[i].thread, &attr, device_main, &m->dev[i]) != 0) {
+                pthread_mutex_lock(&m->lock);
+                m->n_alive -= m->n - i;
+                fail_locked(m, SIM_ERR_INTERNAL, "could not start a device thread");
+                pthread_mutex_unlock(&m->lock);
+                break;
+            }
+            started++;
+        }
+        pthread_attr_destroy(&attr);
+        for (int i = 0; i < started; i++) pthread_join(m->dev[i].thread, NULL);
+    }
     /* groups restart clean after a failed run */
     unsigned nmask = 1u << m->mesh.naxes;
     for (unsigned mask = 0; mask < nmask; mask++) {

@@ -1,4 +1,5 @@
-/* machine.h — the simulated machine: N devices, one thread each, on an N-D
+/* machine.h — the simulated machine: N devices, one thread each (or, with
+ * more devices than cores, fibers on a thread per core: sim/fiber.h), on an N-D
  * mesh.  Device id = row-major index of the mesh coordinates, first axis most
  * significant.  sim_machine_run() runs one SPMD function on every device and
  * returns when all have returned; the first failure (a device's own error, a
@@ -32,6 +33,10 @@ typedef struct {
     bool dry_run;          /* arenas account without allocating; collectives move nothing */
     bool trace;            /* record compute and collective spans */
     bool pin_threads;      /* bind device threads to cores round-robin (best effort) */
+    int workers;           /* OS threads the devices run on when there are more devices than this:
+                              each device is then a fiber (sim/fiber.h) on worker id % workers, and
+                              waiting at a collective swaps to another device instead of sleeping;
+                              0 = the host's cores.  Sanitizer builds always run a thread per device */
     bool quiet;            /* no warnings on stderr */
     bool no_costs;         /* skip kernel costs (sim_device_add_cost): no step-time model reads them */
     double collective_timeout_s; /* watchdog: a device that waits longer than this on one
@@ -93,6 +98,13 @@ void sim_machine_set_record_costs(sim_machine *m, bool on);
  * first arena it adds, so this is a per-process choice. */
 void sim_host_malloc_many_arenas(void);
 sim_device *sim_machine_device(sim_machine *m, int id);
+/* OS threads the last run used: the device count, or the workers its devices ran on as fibers. */
+int sim_machine_threads(const sim_machine *m);
+/* A thread-local pointer that belongs to the device running on a thread (a layer's rule table):
+ * when one thread runs several devices as fibers, the simulator saves it with get() when a
+ * device swaps out and puts it back with set() when the device resumes; a device starts with
+ * NULL.  Register before the first run (up to 8 slots; registering again is a no-op). */
+void sim_device_local_register(void *(*get)(void), void (*set)(void *));
 /* OpenBLAS threads per device chosen for this machine. */
 int sim_machine_blas_threads(const sim_machine *m);
 

@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 
 #include "sim/collectives.h"
+#include "sim/fiber.h"
 #include "sim/machine.h"
 
 /* A collective call as posted at a rendezvous. */
@@ -75,6 +76,7 @@ struct sim_group {
     int ntask;
     atomic_int task_next; /* the next task to claim */
     int workers;          /* threads still claiming tasks (under the lock) */
+    uint64_t moved;       /* exchanges whose data movement completed (under the lock) */
     sim_call **byrank;    /* [k]: the posted calls by rank in the calls' axes order */
 };
 
@@ -102,6 +104,8 @@ struct sim_device {
     bool waiting;
     bool finished;
     bool helper;           /* released from an exchange's ARRIVE to move data (sim_exchange) */
+    uint64_t help_moved;   /* its group's `moved` when it was asked: a different value when it
+                              starts means the exchange finished without it */
     sim_group *wait_group;
     const sim_call *wait_call;
     sim_rv_kind wait_kind;
@@ -122,6 +126,7 @@ struct sim_device {
     bool spans_dropped;    /* this device cannot be in the trace (sim_trace_keeps): spans counted, not kept */
     /* run */
     pthread_t thread;
+    sim_fiber *fib;        /* the device's fiber when it runs as one (then `wake` is unused) */
     sim_status st;
 };
 
@@ -131,6 +136,8 @@ struct sim_machine {
     int n;
     int blas_threads;
     int cores;            /* of the host: the threads an exchange's data movement is shared by */
+    sim_fibers *fibers;   /* the run's fibers, NULL when every device has a thread */
+    int workers;          /* the run's OS threads: m->n, or the fibers' workers */
     uint64_t t_origin;
     sim_device *dev;
     pthread_mutex_t lock;
@@ -159,7 +166,8 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
  * the last to arrive checks the calls (`match`) and runs the data movement,
  * `ntask` independent tasks (`task`, each moving what one member receives),
  * with as many sleeping members woken to help as the host has other cores
- * when `split` (a large exchange); the last worker to finish releases the
+ * when `split` (a large exchange; a helper that starts after the tasks ran
+ * out does not hold the exchange up); the last worker to finish releases the
  * rest.  So a member sleeps once per collective, not at an ARRIVE and again
  * at a DEPART: with 64 device threads on 2 cores the hand-offs were a large
  * part of the step.  Once the movement has started no failure wakes a

@@ -36,6 +36,20 @@ void sim_err_append(const char *fmt, ...)
 }
 
 const char *sim_errmsg(void) { return tl_msg; }
+
+_Static_assert(SIM_ERR_STATE_BYTES == MSG_CAP + TRAIL_CAP, "the saved state holds the message and the trail");
+
+void sim_err_state_save(char *buf)
+{
+    memcpy(buf, tl_msg, strnlen(tl_msg, MSG_CAP - 1) + 1);
+    memcpy(buf + MSG_CAP, tl_trail, strnlen(tl_trail, TRAIL_CAP - 1) + 1);
+}
+
+void sim_err_state_restore(const char *buf)
+{
+    memcpy(tl_msg, buf, strnlen(buf, MSG_CAP - 1) + 1);
+    memcpy(tl_trail, buf + MSG_CAP, strnlen(buf + MSG_CAP, TRAIL_CAP - 1) + 1);
+}
 const char *sim_err_trail(void) { return tl_trail; }
 
 void sim_err_clear(void)

@@ -36,6 +36,12 @@ void sim_err_clear(void);
 void sim_err_trace(const char *file, int line);
 /* The file:line trail of the last failure ("" when none). */
 const char *sim_err_trail(void);
+/* The thread's message and trail, saved and put back by the simulator when one OS thread runs
+ * several devices in turn (sim/fiber.c), so each device keeps its own; buf holds
+ * SIM_ERR_STATE_BYTES.  Copies only the strings' lengths: a swap between devices stays cheap. */
+enum { SIM_ERR_STATE_BYTES = 4096 + 1024 };
+void sim_err_state_save(char *buf);
+void sim_err_state_restore(const char *buf);
 const char *sim_status_name(sim_status st);
 /* 0 ok, 2 bad usage or input, 1 every other failure. */
 int sim_status_exit_code(sim_status st);
