@@ -5,6 +5,8 @@
 #include "blas_kernels/bk_rope.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "blas_kernels/bk.h"
@@ -216,12 +218,114 @@ BK_CLONES static void rope_tokens(int64_t n_lo, int64_t n_hi, void *arg) {
   free(own), free(tmp);
 }
 
+/* ---- the process-wide table cache ----
+ * Every simulated device rotates the same positions with the same parameters (a batch shard
+ * holds rows at 0..T-1), so a table made once serves them all: 64 devices made 64 copies of
+ * each table per layer and pass before.  A table is a pure function of (params, position), so a
+ * cached row holds the bits a fresh one would.  Entries are read-only once published and live
+ * until bk_rope_cache_clear (or exit).  The lock guards only the list: a table is computed
+ * outside it (on the kernel pool, which may run other work meanwhile), and a device that lost
+ * the race to publish frees its own copy and takes the published one.  No lock is held across
+ * anything that can block or switch fibers, and nothing is per thread, so devices running as
+ * threads or as fibers on worker threads share the cache alike. */
+typedef struct rope_table {
+  struct rope_table *next;
+  bk_rope_params p;
+  int64_t lo, hi;  /* positions of the first and last row */
+  float *rows;     /* (hi - lo + 1, dim) */
+} rope_table;
+
+enum { ROPE_CACHE_MAX_BYTES = 64 << 20 };  /* past this, tables are made per call as before */
+
+static struct {
+  pthread_mutex_t mu;
+  rope_table *head;
+  size_t bytes;
+  int tables;
+  int exit_hook;
+} C = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0};
+
+static int same_params(const bk_rope_params *a, const bk_rope_params *b) {
+  return a->kind == b->kind && a->dim == b->dim && a->min_timescale == b->min_timescale &&
+         a->max_timescale == b->max_timescale && a->linear_scaling_factor == b->linear_scaling_factor &&
+         a->factor == b->factor && a->original_max_position_embeddings == b->original_max_position_embeddings &&
+         a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->interleave == b->interleave &&
+         a->truncate == b->truncate && a->attention_scaling == b->attention_scaling;
+}
+
+/* The cached rows for positions [lo, hi] (row of position lo first), or NULL.  Caller holds C.mu. */
+static const float *cache_find(const bk_rope_params *p, int64_t lo, int64_t hi) {
+  for (const rope_table *t = C.head; t; t = t->next)
+    if (t->lo <= lo && hi <= t->hi && same_params(&t->p, p)) return t->rows + (lo - t->lo) * p->dim;
+  return NULL;
+}
+
+void bk_rope_cache_clear(void) {
+  pthread_mutex_lock(&C.mu);
+  rope_table *t = C.head;
+  C.head = NULL;
+  C.bytes = 0;
+  C.tables = 0;
+  pthread_mutex_unlock(&C.mu);
+  while (t) {
+    rope_table *next = t->next;
+    free(t->rows);
+    free(t);
+    t = next;
+  }
+}
+
+int bk_rope_cache_tables(void) {
+  pthread_mutex_lock(&C.mu);
+  int n = C.tables;
+  pthread_mutex_unlock(&C.mu);
+  return n;
+}
+
+/* Rows for positions [lo, hi]: the cached ones, or made now and published; *own is set when the
+ * caller got a private copy (cache full) that it must free. */
+static const float *table_for(rope_job *J, int64_t lo, int64_t hi, float **own) {
+  const bk_rope_params *p = J->p;
+  *own = NULL;
+  pthread_mutex_lock(&C.mu);
+  const float *hit = cache_find(p, lo, hi);
+  pthread_mutex_unlock(&C.mu);
+  if (hit) return hit;
+  size_t bytes = (size_t)(hi - lo + 1) * p->dim * sizeof(float);
+  float *rows = bk_xmalloc(bytes);
+  J->table = rows;
+  J->pos_lo = lo;
+  bk_parallel_for(hi - lo + 1, 64, rope_table_rows, J);
+  rope_table *t = NULL;
+  pthread_mutex_lock(&C.mu);
+  hit = cache_find(p, lo, hi);  /* another device may have published it meanwhile */
+  if (!hit && C.bytes + bytes <= ROPE_CACHE_MAX_BYTES) {
+    t = malloc(sizeof *t);
+    if (t) {
+      *t = (rope_table){C.head, *p, lo, hi, rows};
+      C.head = t;
+      C.bytes += bytes;
+      C.tables++;
+      if (!C.exit_hook) C.exit_hook = atexit(bk_rope_cache_clear) == 0;
+    }
+  }
+  pthread_mutex_unlock(&C.mu);
+  if (t) return rows;
+  if (hit) {
+    free(rows);
+    return hit;
+  }
+  *own = rows;
+  return rows;
+}
+
 static void rope_apply(float *out, const float *in, const int32_t *pos, int N, int H,
                        int in_stride, int out_stride, const bk_rope_params *p, int backward) {
   check_args(out, in, pos, N, H, in_stride, out_stride, p);
   double *freq = bk_xmalloc((size_t)(p->dim / 2) * sizeof *freq);
   bk_rope_freqs(freq, p);
   rope_job J = {out, in, pos, H, in_stride, out_stride, backward, p, freq, NULL, 0};
+  float *own = NULL;
   if (N > 0) {
     int64_t lo = pos[0], hi = pos[0];
     for (int n = 1; n < N; n++) {
@@ -229,13 +333,12 @@ static void rope_apply(float *out, const float *in, const int32_t *pos, int N, i
       hi = pos[n] > hi ? pos[n] : hi;
     }
     if (hi - lo + 1 <= N) {  // fewer distinct positions than tokens: a row per position
-      J.table = bk_xmalloc((size_t)(hi - lo + 1) * p->dim * sizeof *J.table);
+      J.table = (float *)table_for(&J, lo, hi, &own);  /* read-only from here on */
       J.pos_lo = lo;
-      bk_parallel_for(hi - lo + 1, 64, rope_table_rows, &J);
     }
   }
   bk_parallel_for(N, 256, rope_tokens, &J);  /* tokens are independent */
-  free(J.table);
+  free(own);
   free(freq);
 }
 

@@ -58,6 +58,13 @@ void bk_rope_bwd(float *din,               // (N, H, in_stride)
                  const float *dout,        // (N, H, out_stride)
                  const int32_t *positions, // (N)
                  int N, int H, int in_stride, int out_stride, const bk_rope_params *p);
+/* The fwd/bwd kernels keep each distinct cos/sin table (params, position range) once per process,
+ * shared read-only by every device (thread or fiber); the bits are those of a fresh table.
+ * bk_rope_cache_clear frees them (call it while no RoPE kernel runs; it also runs at exit);
+ * bk_rope_cache_tables counts them (tests). */
+void bk_rope_cache_clear(void);
+int bk_rope_cache_tables(void);
+
 void bk_rope_fwd_ref(float *out, const float *in, const int32_t *positions, int N, int H,
                      int in_stride, int out_stride, const bk_rope_params *p);
 void bk_rope_bwd_ref(float *din, const float *dout, const int32_t *positions, int N, int H,

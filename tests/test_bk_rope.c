@@ -1,6 +1,9 @@
 /* test_bk_rope.c — RoPE (MaxText default layout and YaRN) against the _ref twin, known values
  * from reference/maxtext-facts.md §4.7 and §4.1, the relative-position property, and the
- * backward (inverse rotation) against finite differences. */
+ * backward (inverse rotation) against finite differences, and the process-wide table cache (one
+ * table per distinct params and positions, shared by concurrent callers, same bits as a table made
+ * per token). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -177,12 +180,80 @@ static void test_rope_bwd(void **state) {
   }
 }
 
+
+/* The cache: B rows at positions 0..T-1 (what every device of a batch-sharded mesh rotates). */
+enum { CB = 4, CT = 32, CH = 2, CD = 16, CN = CB * CT, CTHREADS = 8 };
+
+typedef struct {
+  const float *x;
+  const int32_t *pos;
+  const bk_rope_params *p;
+  float y[CN * CH * CD];
+} cache_job;
+
+static void *cache_worker(void *arg) {
+  cache_job *j = arg;
+  bk_rope_fwd(j->y, j->x, j->pos, CN, CH, CD, CD, j->p);
+  return NULL;
+}
+
+/* Row n rotated alone: positions {pos, pos + 1000} spread wider than 2 tokens, so the kernel
+ * makes that token's cos/sin itself instead of going through a table. */
+static void rotate_per_token(float *y, const float *x, int32_t pos, const bk_rope_params *p) {
+  float xin[2 * CH * CD], yout[2 * CH * CD];
+  memcpy(xin, x, sizeof(float) * CH * CD);
+  memset(xin + CH * CD, 0, sizeof(float) * CH * CD);
+  int32_t two[2] = {pos, pos + 1000};
+  bk_rope_fwd(yout, xin, two, 2, CH, CD, CD, p);
+  memcpy(y, yout, sizeof(float) * CH * CD);
+}
+
+static void test_rope_cache(void **state) {
+  (void)state;
+  bk_rng r = {47};
+  static float x[CN * CH * CD], y[CN * CH * CD], want[CN * CH * CD];
+  int32_t pos[CN];
+  for (int n = 0; n < CN; n++) pos[n] = n % CT;
+  bk_rng_fill(&r, x, CN * CH * CD, -1, 1);
+  for (int v = 0; v < NVARIANTS; v++) {
+    bk_rope_params p = variant(v, CD);
+    for (int n = 0; n < CN; n++) rotate_per_token(want + (size_t)n * CH * CD, x + (size_t)n * CH * CD, pos[n], &p);
+    bk_rope_cache_clear();
+    assert_int_equal(bk_rope_cache_tables(), 0);
+    /* concurrent callers: one table published, every result the per-token bits */
+    static cache_job jobs[CTHREADS];
+    pthread_t tid[CTHREADS];
+    for (int t = 0; t < CTHREADS; t++) {
+      jobs[t].x = x, jobs[t].pos = pos, jobs[t].p = &p;
+      assert_int_equal(pthread_create(&tid[t], NULL, cache_worker, &jobs[t]), 0);
+    }
+    for (int t = 0; t < CTHREADS; t++) pthread_join(tid[t], NULL);
+    for (int t = 0; t < CTHREADS; t++) assert_memory_equal(jobs[t].y, want, sizeof want);
+    assert_int_equal(bk_rope_cache_tables(), 1);
+    /* a later call inside the cached range (positions 8..23 of the first rows) reuses it */
+    bk_rope_fwd(y, x + 8 * CH * CD, pos + 8, 16, CH, CD, CD, &p);
+    assert_memory_equal(y, want + 8 * CH * CD, sizeof(float) * 16 * CH * CD);
+    assert_int_equal(bk_rope_cache_tables(), 1);
+    /* other parameters get their own table, and the first one still serves its own */
+    bk_rope_params q = p;
+    q.max_timescale *= 2.0;
+    bk_rope_fwd(y, x, pos, CN, CH, CD, CD, &q);
+    assert_int_equal(bk_rope_cache_tables(), 2);
+    assert_true(memcmp(y, want, sizeof want) != 0);
+    bk_rope_fwd(y, x, pos, CN, CH, CD, CD, &p);
+    assert_memory_equal(y, want, sizeof want);
+  }
+  bk_rope_cache_clear();
+  assert_int_equal(bk_rope_cache_tables(), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rope_vs_ref),
       cmocka_unit_test(test_rope_known_values),
       cmocka_unit_test(test_rope_relative),
       cmocka_unit_test(test_rope_bwd),
+      cmocka_unit_test(test_rope_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
