@@ -13,7 +13,12 @@
  * two blocks per thread, so a thread that wakes late does not leave the other waiting.
  * Each output element is one dot product over the whole K in sgemm's order whichever block
  * holds it (OpenBLAS blocks K by K alone), so results are the same bits as one unsplit sgemm for
- * any block count, hence any thread count (tests/test_bk_gemm checks 2 to 4 threads). */
+ * any block count, hence any thread count (tests/test_bk_gemm checks 2 to 4 threads).
+ * No wrapper here zeroes an output: the memset a profile shows under sgemm_nn/tn/nt is OpenBLAS's
+ * own beta pass (sgemm_beta_<core>), which with beta = 0 clears C before its kernel accumulates
+ * C += alpha A B; cblas offers no way around it.  Most of its time is the page faults of a freshly
+ * mapped output buffer, which the kernel would take instead if the memset went (2026-11, 64
+ * devices: memset 2.2-2.5% of the samples, its own clear_page faults on top). */
 #include "blas_kernels/bk_gemm.h"
 
 #include <cblas.h>
