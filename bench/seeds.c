@@ -61,13 +61,17 @@ typedef struct {
     "layers to bfloat16 before the all-gather (6176 MiB held instead of 12353; shardsim does the same under the " \
     "v5p profile, configs/hardware/v5p.yml weight_gather_dtype), and keeps, as shardsim does, the float32 "       \
     "gradient accumulators in the gathered shape (12353 MiB) and the 129 saved bfloat16 iteration inputs "        \
-    "(6192 MiB) with 20029 MiB of parameters and Adam state"
+    "(6192 MiB) with 20029 MiB of parameters and Adam state; the MaxText of the PR's time does not reach it "     \
+    "either: MaxText 0.1.0 with JAX 0.8.0 and libtpu 0.0.24 (the version JAX 0.8.0 pins) compiles it to 55804 "   \
+    "MiB, MaxText 0.2.0 to 55708 MiB"
 #define PP_Z1_MEM                                                                                                \
     "MaxText 0.2.5's own step needs far more than the measured figure: XLA:TPU's ahead-of-time compile for "      \
     "v5p-8 reports 74359 MiB per device (shardsim 0.90 of it), XLA:CPU 75447 MiB (shardsim 0.89), keeping the "   \
     "float32 working parameters and Adam state (26706 MiB), the float32 gradient accumulators in the stage's "   \
     "whole shape (12353 MiB) and the saved inputs (6192 MiB); the PR's run must have used other settings or "     \
-    "another MaxText/JAX (it ran JAX 0.8.0)"
+    "another MaxText/JAX (it ran JAX 0.8.0); MaxText 0.1.0 on JAX 0.8.0 / libtpu 0.0.24 has no "              \
+    "shard_optimizer_over_data key (without it: 74529 MiB) and 0.2.0's train_compile cannot build its "            \
+    "parameter shardings, so the figure came from a run no published MaxText compiles to"
 
 static const row ROWS[] = {
     {"000", "FSDP4", "auto", {DS}, 68748, 2238, NULL, NULL},
