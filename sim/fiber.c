@@ -262,20 +262,18 @@ static void *worker_main(void *arg)
         /* nothing to run: queue the timed waits that expired, else sleep until the earliest */
         const struct timespec *earliest = NULL;
         struct timespec now;
-        bool any_timed = false;
-        for (int i = 0; i < w->nfib; i++) any_timed |= w->fib[i]->parked && w->fib[i]->timed && !w->fib[i]->queued;
-        if (any_timed) {
-            clock_gettime(CLOCK_REALTIME, &now);
-            for (int i = 0; i < w->nfib; i++) {
-                sim_fiber *f = w->fib[i];
-                if (!f->parked || !f->timed || f->queued) continue;
-                if (!before(&now, &f->deadline))
-                    queue_push_locked(w, f);
-                else if (!earliest || before(&f->deadline, earliest))
-                    earliest = &f->deadline;
-            }
-            if (w->len) continue;
+        bool have_now = false; /* the clock is read only when some fiber waits with a deadline */
+        for (int i = 0; i < w->nfib; i++) {
+            sim_fiber *f = w->fib[i];
+            if (!f->parked || !f->timed || f->queued) continue;
+            if (!have_now) clock_gettime(CLOCK_REALTIME, &now);
+            have_now = true;
+            if (!before(&now, &f->deadline))
+                queue_push_locked(w, f);
+            else if (!earliest || before(&f->deadline, earliest))
+                earliest = &f->deadline;
         }
+        if (w->len) continue;
         w->sleeping = true;
         if (earliest)
             pthread_cond_timedwait(&w->cond, &w->lock, earliest);
@@ -318,7 +316,7 @@ bool sim_fibers_run(sim_fibers *p, void (*body)(void *arg, int i), void (*pin)(v
         f->posts = 0;
         f->parked = f->queued = f->timed = f->done = false;
         memset(f->locals, 0, sizeof f->locals);
-        f->err[0] = f->err[4096] = '\0';
+        sim_err_state_init(f->err);
         queue_push_locked(f->w, f); /* no worker runs yet */
     }
     /* every worker starts before any runs: should one not start, its fibers' peers would wait

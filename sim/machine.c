@@ -586,6 +586,24 @@ static void release_group_unlock(sim_machine *m, sim_group *g, const sim_device 
     for (int j = 0; j < nrel; j++) dev_wake(&m->dev[rel[j]]);
 }
 
+/* Drops the lock and reports that d stops because another device failed first. */
+static sim_status aborted_unlock(sim_machine *m, const sim_device *d)
+{
+    pthread_mutex_unlock(&m->lock);
+    return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
+}
+
+/* The last arriver checks that the group's calls agree (match); on a mismatch the run
+ * fails with match's explanation and the lock is dropped. */
+static sim_status match_or_fail_locked(sim_machine *m, sim_group *g, sim_match_fn match)
+{
+    char why[6144];
+    if (match(m, g, why, sizeof why)) return SIM_OK;
+    fail_locked(m, SIM_ERR_MISMATCH, why);
+    pthread_mutex_unlock(&m->lock);
+    return sim_err(SIM_ERR_MISMATCH, "%s", why);
+}
+
 sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match)
 {
     sim_machine *m = d->m;
@@ -594,20 +612,10 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
      * would let this device free buffers its peers are still reading. */
     bool must_finish = kind == SIM_RV_DEPART;
     pthread_mutex_lock(&m->lock);
-    if (m->failed && !must_finish) {
-        pthread_mutex_unlock(&m->lock);
-        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
-    }
+    if (m->failed && !must_finish) return aborted_unlock(m, d);
     if (kind == SIM_RV_ARRIVE) g->slot[sim_group_slot(g, d)] = call;
     if (++g->arrived == g->k) {
-        if (kind == SIM_RV_ARRIVE && match) {
-            char why[6144];
-            if (!match(m, g, why, sizeof why)) {
-                fail_locked(m, SIM_ERR_MISMATCH, why);
-                pthread_mutex_unlock(&m->lock);
-                return sim_err(SIM_ERR_MISMATCH, "%s", why);
-            }
-        }
+        if (kind == SIM_RV_ARRIVE && match) SIM_TRY(match_or_fail_locked(m, g, match));
         g->arrived = 0;
         g->gen++;
         release_group_unlock(m, g, d);
@@ -655,10 +663,7 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
 {
     sim_machine *m = d->m;
     pthread_mutex_lock(&m->lock);
-    if (m->failed) {
-        pthread_mutex_unlock(&m->lock);
-        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
-    }
+    if (m->failed) return aborted_unlock(m, d);
     g->slot[sim_group_slot(g, d)] = call;
     if (++g->arrived < g->k) {
         d->helper = false;
@@ -666,12 +671,7 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
         if (d->helper) exchange_help(m, d, g, call); /* asked to move data; else the exchange is over */
         return SIM_OK;
     }
-    char why[6144];
-    if (!match(m, g, why, sizeof why)) {
-        fail_locked(m, SIM_ERR_MISMATCH, why);
-        pthread_mutex_unlock(&m->lock);
-        return sim_err(SIM_ERR_MISMATCH, "%s", why);
-    }
+    SIM_TRY(match_or_fail_locked(m, g, match));
     g->arrived = 0;
     g->gen++;
     for (int j = 0; j < g->k; j++) { /* the calls agree on their axes: rank them by those */
@@ -755,10 +755,7 @@ sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match
 {
     sim_machine *m = d->m;
     pthread_mutex_lock(&m->lock);
-    if (m->failed) {
-        pthread_mutex_unlock(&m->lock);
-        return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
-    }
+    if (m->failed) return aborted_unlock(m, d);
     if (!g->seq) {
         g->seq = calloc((size_t)g->k, sizeof *g->seq);
         SIM_ASSERT(g->seq);
@@ -772,10 +769,7 @@ sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match
         g->nahead++;
         SIM_TRY(wait_locked(m, d, g, call, SIM_RV_ARRIVE));
         pthread_mutex_lock(&m->lock);
-        if (m->failed) {
-            pthread_mutex_unlock(&m->lock);
-            return sim_err(SIM_ERR_ABORTED, "%s stopped: another device failed first", d->label);
-        }
+        if (m->failed) return aborted_unlock(m, d);
     }
     uint64_t gen = g->seq[s]++;
     post_ring_fit(g, gen);
@@ -809,28 +803,12 @@ sim_status sim_post(sim_device *d, sim_group *g, const sim_call *call, sim_match
     uint64_t b = g->base % (uint64_t)g->cap;
     if (++g->npost[gen % (uint64_t)g->cap] == k && gen == g->base) {
         for (int j = 0; j < k; j++) g->slot[j] = &g->posted[b * (uint64_t)k + (uint64_t)j].call;
-        char why[6144];
-        bool ok = match(m, g, why, sizeof why);
-        g->npost[b] = 0;
+        g->npost[b] = 0; /* the generation is consumed, matching or not */
         g->base++;
-        if (!ok) {
-            fail_locked(m, SIM_ERR_MISMATCH, why);
-            pthread_mutex_unlock(&m->lock);
-            return sim_err(SIM_ERR_MISMATCH, "%s", why);
-        }
+        SIM_TRY(match_or_fail_locked(m, g, match));
         if (g->nahead && g->ahead_gen - g->base <= POST_AHEAD / 2) { /* wake the devices waiting ahead */
-            int nrel = 0, rel[SIM_MAX_DEVICES];
-            for (int j = 0; j < k; j++) {
-                sim_device *q = &m->dev[g->members[j]];
-                if (!q->waiting || q->wait_group != g) continue;
-                q->waiting = false;
-                m->n_blocked--;
-                atomic_store(&q->released, true);
-                rel[nrel++] = g->members[j];
-            }
             g->nahead = 0;
-            pthread_mutex_unlock(&m->lock);
-            for (int j = 0; j < nrel; j++) dev_wake(&m->dev[rel[j]]);
+            release_group_unlock(m, g, d); /* d posts: it is not among the waiters */
             return SIM_OK;
         }
     }
@@ -894,14 +872,17 @@ static void device_body(sim_device *d)
     pthread_mutex_unlock(&m->lock);
 }
 
+/* Pins the calling thread (device thread or fiber worker i) to core i; the first one warns if it cannot. */
+static void pin_self_or_warn(const sim_machine *m, int i)
+{
+    if (sim_topology_pin_self(i) != SIM_OK && !m->opts.quiet && i == 0)
+        fprintf(stderr, "shardsim: warning: %s; device threads run unpinned\n", sim_errmsg());
+}
+
 static void *device_main(void *arg)
 {
     sim_device *d = arg;
-    sim_machine *m = d->m;
-    if (m->opts.pin_threads) {
-        if (sim_topology_pin_self(d->id) != SIM_OK && !m->opts.quiet && d->id == 0)
-            fprintf(stderr, "shardsim: warning: %s; device threads run unpinned\n", sim_errmsg());
-    }
+    if (d->m->opts.pin_threads) pin_self_or_warn(d->m, d->id);
     device_body(d);
     return NULL;
 }
@@ -912,12 +893,7 @@ static void fiber_main(void *arg, int i)
     device_body(&m->dev[i]);
 }
 
-static void pin_worker(void *arg, int w)
-{
-    sim_machine *m = arg;
-    if (sim_topology_pin_self(w) != SIM_OK && !m->opts.quiet && w == 0)
-        fprintf(stderr, "shardsim: warning: %s; device threads run unpinned\n", sim_errmsg());
-}
+static void pin_worker(void *arg, int w) { pin_self_or_warn(arg, w); }
 
 /* Device stacks: as a thread's (glibc's default), reserved and touched only as deep as a device goes. */
 enum { DEVICE_STACK = 8u << 20 };

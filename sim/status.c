@@ -50,6 +50,12 @@ void sim_err_state_restore(const char *buf)
     memcpy(tl_msg, buf, strnlen(buf, MSG_CAP - 1) + 1);
     memcpy(tl_trail, buf + MSG_CAP, strnlen(buf + MSG_CAP, TRAIL_CAP - 1) + 1);
 }
+void sim_err_state_init(char *buf)
+{
+    buf[0] = '\0';
+    buf[MSG_CAP] = '\0';
+}
+
 const char *sim_err_trail(void) { return tl_trail; }
 
 void sim_err_clear(void)

@@ -42,6 +42,8 @@ const char *sim_err_trail(void);
 enum { SIM_ERR_STATE_BYTES = 4096 + 1024 };
 void sim_err_state_save(char *buf);
 void sim_err_state_restore(const char *buf);
+/* An empty saved state in buf (no message, no trail), as sim_err_clear leaves a thread. */
+void sim_err_state_init(char *buf);
 const char *sim_status_name(sim_status st);
 /* 0 ok, 2 bad usage or input, 1 every other failure. */
 int sim_status_exit_code(sim_status st);
