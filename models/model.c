@@ -703,14 +703,12 @@ static void *thread_rules_get(void) { return (void *)thread_rules; }
 static void thread_rules_set(void *r) { thread_rules = r; }
 static void thread_rules_register(void) { sim_device_local_register(thread_rules_get, thread_rules_set); }
 
-static void thread_rules_put(const mesh_rules *r)
+void model_set_thread_rules(const mesh_rules *r)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, thread_rules_register); /* before the first device sets it */
     thread_rules = r;
 }
-
-void model_set_thread_rules(const mesh_rules *r) { thread_rules_put(r); }
 
 sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, const char *const *names,
                               mesh_spec *out)
@@ -859,9 +857,9 @@ sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *
                                 model_layer_fn fn, mesh_var **y, mesh_var **aux)
 {
     const mesh_rules *saved = thread_rules;
-    thread_rules_put(md->def->rules_pp_dp.n ? &md->def->rules_pp_dp : NULL);
+    model_set_thread_rules(md->def->rules_pp_dp.n ? &md->def->rules_pp_dp : NULL);
     sim_status st = fn(md, t, b, layer, x, y, aux);
-    thread_rules_put(saved);
+    model_set_thread_rules(saved);
     return st;
 }
 
