@@ -75,6 +75,16 @@ static sim_record gather(int k, uint64_t shard_bytes, bool weight)
     return r;
 }
 
+/* A weight-gradient reduce-scatter of a 1 MB gradient over a pair: (2-1)/2 of it, 0.5 MB, sent. */
+static sim_record grad_reduce_scatter(void)
+{
+    sim_record r = gather(2, 1000000, true);
+    r.op = SIM_OP_REDUCE_SCATTER;
+    r.phase = SIM_PHASE_BACKWARD;
+    r.bytes_sent = 500000;
+    return r;
+}
+
 static void test_matmul_roofline(void **state)
 {
     (void)state;
@@ -185,10 +195,7 @@ static void test_overlap_rule(void **state)
     assert_true(fabs(r.exposed_axes_s[0] - 5e-6) < 1e-12);
     /* a weight-gradient reduce-scatter after the last kernel: nothing waits for it but the
      * step end: 20 us of compute + its (2-1)/2 of 1 MB = 0.5 MB over one link (10 us) */
-    sim_record rs = gather(2, 1000000, true);
-    rs.op = SIM_OP_REDUCE_SCATTER;
-    rs.phase = SIM_PHASE_BACKWARD;
-    rs.bytes_sent = 500000;
+    sim_record rs = grad_reduce_scatter();
     sim_cost both[2] = {cost(f10, 0, 0), cost(f10, 0, 0)}; /* the record comes after both kernels */
     assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &rs, 1, both, 2, 0, false, &r), SIM_OK);
     assert_true(fabs(r.step_s - 30e-6) < 1e-12);
@@ -215,10 +222,7 @@ static void test_serial_weight_collectives(void **state)
     assert_true(fabs(r.step_s - 40e-6) < 1e-12);
     assert_true(fabs(r.exposed_s - 20e-6) < 1e-12);
     assert_false(r.top[0].async);
-    sim_record rs = gather(2, 1000000, true);
-    rs.op = SIM_OP_REDUCE_SCATTER;
-    rs.phase = SIM_PHASE_BACKWARD;
-    rs.bytes_sent = 500000;
+    sim_record rs = grad_reduce_scatter();
     sim_cost both[2] = {cost(f10, 0, 0), cost(f10, 0, 0)};
     assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, &rs, 1, both, 2, 0, false, &r), SIM_OK);
     assert_true(fabs(r.step_s - 30e-6) < 1e-12);

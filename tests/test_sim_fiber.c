@@ -284,39 +284,6 @@ static void test_late_helper_does_not_hold_the_exchange(void **state)
     }
 }
 
-/* --------------------------------------------------------- blocking */
-
-static sim_status sleepy_device(sim_device *d, void *arg)
-{
-    (void)arg;
-    if (sim_device_id(d) == 1) usleep(300 * 1000);
-    float x = 1, y = 0;
-    SIM_TRY(sim_all_reduce(d, &x, &y, 1, SIM_F32, sim_axes_2(0, 1), sim_meta_tag("wake")));
-    return y == 64.0f ? SIM_OK : sim_err(SIM_ERR_CHECK, "sum %g", y);
-}
-
-static double cpu_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void test_idle_workers_sleep(void **state)
-{
-    (void)state;
-    /* 64 devices on 2 workers wait 0.3 s for device 1: worker 0 has nothing to run and must
-     * sleep, not spin (spinning would burn ~0.3 s of CPU) */
-    sim_machine *m = machine_2d(8, 8, 2, 0);
-    double c0 = cpu_seconds();
-    uint64_t t0 = sim_now_ns();
-    assert_int_equal(sim_machine_run(m, sleepy_device, NULL), SIM_OK);
-    double wall = (double)(sim_now_ns() - t0) / 1e9, cpu = cpu_seconds() - c0;
-    assert_true(wall >= 0.3);
-    if (cpu > 0.15) fail_msg("64 waiting devices on 2 workers used %.3f s of CPU in %.3f s", cpu, wall);
-    sim_machine_free(m);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,7 +291,6 @@ int main(void)
         cmocka_unit_test(test_device_locals_survive_swaps),
         cmocka_unit_test(test_fiber_failures),
         cmocka_unit_test(test_late_helper_does_not_hold_the_exchange),
-        cmocka_unit_test(test_idle_workers_sleep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
