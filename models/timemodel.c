@@ -360,7 +360,8 @@ static int cmp_coll_time(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static void kernel_add(kernel_sink *s, const sim_cost *c, double bytes, double dur, bool compute_bound)
+/* work: the matrix unit's FLOPs the replay timed (c's mxu_flops, or its flops when that is unset) */
+static void kernel_add(kernel_sink *s, const sim_cost *c, double work, double bytes, double dur, bool compute_bound)
 {
     char name[SIM_TAG_MAX];
     kind_name(c->tag, name, sizeof name);
@@ -379,7 +380,7 @@ static void kernel_add(kernel_sink *s, const sim_cost *c, double bytes, double d
     model_tm_kernel *k = &s->k[i];
     k->calls++;
     k->flops += c->flops;
-    k->mxu_flops += c->mxu_flops > c->flops ? c->mxu_flops : c->flops;
+    k->mxu_flops += work;
     k->bytes += bytes;
     k->time_s += dur;
     k->compute_bound += compute_bound;
@@ -484,7 +485,7 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
         double tc = work / (peak * eff->mxu),
                tm = k->elements * act_bytes / (hw->hbm_bw * (k->layout ? eff->layout : eff->hbm));
         double dur = tc > tm ? tc : tm;
-        kernel_add(&kinds, k, k->elements * act_bytes, dur, tc >= tm);
+        kernel_add(&kinds, k, work, k->elements * act_bytes, dur, tc >= tm);
         span_add(&sink, t, t + dur, 0, k->tag);
         t += dur;
         out->compute_s += dur;
