@@ -250,6 +250,7 @@ BK_CLONES static void add_chunk(int64_t lo, int64_t hi, void *arg)
 void mesh_local_add(mesh_array *y, const mesh_array *x)
 {
     SIM_ASSERT(y->nlocal == x->nlocal);
+    mesh_array_owned(y);
     if (!y->data || !x->data) return;
     add_job j = {y->data, x->data};
     bk_parallel_for((int64_t)y->nlocal, 1 << 16, add_chunk, &j);
@@ -275,6 +276,7 @@ static mesh_spec canonical(const mesh_var *v, uint32_t partial)
 
 sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const char *tag)
 {
+    mesh_array_owned(g); /* the tape keeps it as the gradient or adds into it */
     if (!v->needs_grad) {
         mesh_array_free(t->ctx->dev, g);
         return SIM_OK;
