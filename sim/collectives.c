@@ -6,7 +6,9 @@
  * record the bytes.
  *
  * Layouts, in elements (p[] of sim_call):
- *   all-gather      p0 outer, p1 chunk:  send (outer, chunk)    -> recv (outer, k, chunk)
+ *   all-gather      p0 outer, p1 chunk:  send (outer, chunk)    -> recv (outer, k, chunk);
+ *                           shared (sim_all_gather_dim_shared): one recv for the group, made by
+ *                           the last arriver (match_shared), and task r copies only rank r's block
  *   reduce-scatter  p0 outer, p1 chunk:  send (outer, k, chunk) -> recv (outer, chunk)
  *   all-reduce      p0 n:   rank r owns [r*n/k, (r+1)*n/k): it sums that chunk over
  *                           all ranks, then everybody copies the owners' chunks
