@@ -298,8 +298,10 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
     meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */
-    /* a parameter's gather (the same full weight on every member) is one buffer for the group */
-    sim_status st = (meta.weight ? mesh_reshard_shared : mesh_reshard)(ctx->dev, ctx->mesh, &out->arr, to, meta);
+    /* the staged copy is only read (bk_einsum, local_binary, reshape's copy; a cached one by later
+     * operands of the same kind and mesh_nn_operand's kernels): a gather, of a weight or of an
+     * activation (the same full block on every member of the group), is one buffer for the group */
+    sim_status st = mesh_reshard_shared(ctx->dev, ctx->mesh, &out->arr, to, meta);
     if (st != SIM_OK) {
         mesh_array_free(ctx->dev, &out->arr);
         out->owned = false;

@@ -349,8 +349,9 @@ static sim_status plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *
     sim_arena *arena = sim_device_arena(d);
     size_t es = sim_dtype_size(a->dtype), cs = sim_dtype_size(a->counted);
     meta = mesh_array_meta(a, meta);
-    share = share && p->n == 1 && p->step[0].kind == MESH_STEP_ALL_GATHER &&
-            !sim_machine_options(sim_device_machine(d))->copy_gathers;
+    const sim_machine_opts *opts = sim_machine_options(sim_device_machine(d));
+    share = share && p->n == 1 && p->step[0].kind == MESH_STEP_ALL_GATHER && !opts->copy_gathers &&
+            (meta.weight || !opts->copy_activation_gathers);
     for (int i = 0; i < p->n; i++) {
         const mesh_step *s = &p->step[i];
         int64_t outer = prod(s->local_in, 0, s->dim < 0 ? 0 : s->dim);

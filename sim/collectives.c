@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 const char *sim_op_name(sim_op op)
 {
@@ -387,23 +389,87 @@ static byte_count count_bytes(const sim_device *d, const sim_call *c, int k, int
 /* ------------------------------------------------------------ shared all-gather buffers
  * One host block per shared all-gather: a header (reference count, links in
  * the machine's list) then the data.  The list only lets sim_machine_free
- * free what a failed run left referenced, and counts buffers for tests. */
+ * free what a failed run left referenced, and counts buffers for tests.
+ *
+ * A buffer as large as glibc maps afresh (32 MiB and more, sim/machine.c)
+ * would be page-faulted in again at every gather: the last release keeps a
+ * few of them (SHARED_KEEP, newest first) for the next gather of the same
+ * size, as the arena keeps its large blocks (sim/arena.c).
+ *
+ * opts.guard_shared (tests): each buffer is its own mapping, its data pages
+ * made read-only once the gather has filled them, so a kernel that writes
+ * into a shared operand faults at the write instead of corrupting the
+ * other members' copy. */
 
-enum { SHARED_HDR = 64 };
+enum { SHARED_HDR = 64, SHARED_KEEP = 4 };
 #define SHARED_MAGIC 0x5348474154484552ull /* a live shared buffer */
+#define SHARED_KEEP_MIN ((size_t)32 << 20) /* glibc's mmap threshold as sim/machine.c sets it */
 
 struct sim_shared_buf {
     uint64_t magic;
     atomic_int refs;
     size_t bytes;
+    size_t map;       /* guarded: the mapping's length (it starts a page before the data); else 0 */
     struct sim_shared_buf *prev, *next;
 };
 _Static_assert(sizeof(struct sim_shared_buf) <= SHARED_HDR, "the header must fit in SHARED_HDR bytes");
 
+static size_t shared_alloc_bytes(size_t bytes)
+{
+    return SHARED_HDR + (bytes + SHARED_HDR - 1) / SHARED_HDR * SHARED_HDR;
+}
+
+static void shared_dispose(struct sim_shared_buf *b)
+{
+    if (b->map) {
+        long page = sysconf(_SC_PAGESIZE);
+        munmap((char *)b + SHARED_HDR - page, b->map);
+    } else {
+        free(b);
+    }
+}
+
+/* A buffer for `bytes` (a kept one of that size first); NULL when the host has no memory left. */
+static struct sim_shared_buf *shared_get(sim_machine *m, size_t bytes)
+{
+    if (m->opts.guard_shared) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE), map = page + (bytes + page - 1) / page * page;
+        char *base = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) return NULL;
+        struct sim_shared_buf *b = (struct sim_shared_buf *)(base + page - SHARED_HDR);
+        b->map = map;
+        return b;
+    }
+    if (bytes >= SHARED_KEEP_MIN) {
+        pthread_mutex_lock(&m->shared_lock);
+        struct sim_shared_buf *b = NULL;
+        for (int i = 0; i < m->shared_nkept && !b; i++)
+            if (m->shared_kept[i]->bytes == bytes) {
+                b = m->shared_kept[i];
+                memmove(&m->shared_kept[i], &m->shared_kept[i + 1], (size_t)(m->shared_nkept - i - 1) * sizeof b);
+                m->shared_nkept--;
+            }
+        pthread_mutex_unlock(&m->shared_lock);
+        if (b) return b;
+    }
+    struct sim_shared_buf *b = aligned_alloc(SHARED_HDR, shared_alloc_bytes(bytes));
+    if (b) b->map = 0;
+    return b;
+}
+
+/* The gather has filled buf: a guarded one becomes read-only (every member may call it). */
+static void shared_seal(const sim_machine *m, void *buf)
+{
+    if (!buf || !m->opts.guard_shared) return;
+    struct sim_shared_buf *b = (struct sim_shared_buf *)((char *)buf - SHARED_HDR);
+    long page = sysconf(_SC_PAGESIZE);
+    if (b->map > (size_t)page) SIM_ASSERT(mprotect(buf, b->map - (size_t)page, PROT_READ) == 0);
+}
+
 static void *shared_new(sim_machine *m, size_t bytes, int refs)
 {
-    struct sim_shared_buf *b = aligned_alloc(SHARED_HDR, SHARED_HDR + (bytes + SHARED_HDR - 1) / SHARED_HDR * SHARED_HDR);
-    SIM_ASSERT(b);
+    struct sim_shared_buf *b = shared_get(m, bytes);
+    if (!b) return NULL;
     b->magic = SHARED_MAGIC;
     atomic_init(&b->refs, refs);
     b->bytes = bytes;
@@ -434,10 +500,18 @@ void sim_shared_release(sim_device *d, const void *buf)
     SIM_ASSERT(b->magic == SHARED_MAGIC && atomic_load(&b->refs) > 0);
     if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
     sim_machine *m = d->m;
+    struct sim_shared_buf *drop = b;
     pthread_mutex_lock(&m->shared_lock);
     shared_unlink_locked(m, b);
+    if (!b->map && b->bytes >= SHARED_KEEP_MIN) { /* kept, newest first; the oldest goes when full */
+        drop = m->shared_nkept == SHARED_KEEP ? m->shared_kept[SHARED_KEEP - 1] : NULL;
+        if (drop) m->shared_nkept--;
+        memmove(&m->shared_kept[1], &m->shared_kept[0], (size_t)m->shared_nkept * sizeof b);
+        m->shared_kept[0] = b;
+        m->shared_nkept++;
+    }
     pthread_mutex_unlock(&m->shared_lock);
-    free(b);
+    if (drop) shared_dispose(drop);
 }
 
 void sim_shared_free_all(sim_machine *m)
@@ -445,8 +519,10 @@ void sim_shared_free_all(sim_machine *m)
     while (m->shared) {
         struct sim_shared_buf *b = m->shared;
         shared_unlink_locked(m, b);
-        free(b);
+        shared_dispose(b);
     }
+    for (int i = 0; i < m->shared_nkept; i++) shared_dispose(m->shared_kept[i]);
+    m->shared_nkept = 0;
 }
 
 void sim_machine_shared_stats(sim_machine *m, uint64_t *made, uint64_t *live)
@@ -463,7 +539,14 @@ static bool match_shared(sim_machine *m, sim_group *g, char *why, size_t cap)
 {
     if (!match_calls(m, g, why, cap)) return false;
     const sim_call *c0 = g->slot[0];
-    void *buf = shared_new(m, c0->p[0] * c0->p[1] * (size_t)g->k * sim_dtype_size(c0->dt), g->k);
+    size_t bytes = c0->p[0] * c0->p[1] * (size_t)g->k * sim_dtype_size(c0->dt);
+    void *buf = shared_new(m, bytes, g->k);
+    if (!buf) { /* every member fails with this (the machine's failure, SIM_ERR_INTERNAL) */
+        snprintf(why, cap, "all-gather '%s': out of host memory for its shared buffer of %zu bytes (%d members); "
+                 "run a smaller model or batch, or fewer devices", tag_or_dash(c0->tag), bytes, g->k);
+        m->match_fail = SIM_ERR_INTERNAL;
+        return false;
+    }
     for (int j = 0; j < g->k; j++) g->slot[j]->recv = buf;
     return true;
 }
@@ -611,7 +694,13 @@ static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
     bool dry = m->opts.dry_run;
     if (k == 1) {
         sim_call *self[1] = {c};
-        if (c->shared && !dry) c->recv = shared_new(m, c->p[0] * c->p[1] * sim_dtype_size(c->dt), 1);
+        if (c->shared && !dry) {
+            size_t bytes = c->p[0] * c->p[1] * sim_dtype_size(c->dt);
+            c->recv = shared_new(m, bytes, 1);
+            if (!c->recv)
+                return sim_err(SIM_ERR_INTERNAL, "all-gather '%s' on %s: out of host memory for its shared buffer of "
+                               "%zu bytes; run a smaller model or batch", tag_or_dash(c->tag), d->label, bytes);
+        }
         if (!dry) move_data(d, c, self, 1, 0);
         add_record(d, c, 1, count_bytes(d, c, 1, 0), meta, t0);
         return SIM_OK;
@@ -684,6 +773,7 @@ sim_status sim_all_gather_dim_shared(sim_device *d, const void *send, void **rec
         return sim_err(SIM_ERR_INPUT, "all-gather '%s' on %s: a NULL send buffer for %zu elements (only dry runs may "
                        "pass NULL)", tag_or_dash(meta.tag), d->label, outer * mid * inner);
     SIM_TRY(run_collective(d, &c, meta));
+    shared_seal(d->m, c.recv);
     *recv = c.recv;
     return SIM_OK;
 }

@@ -255,6 +255,8 @@ const sim_machine_opts *sim_machine_options(const sim_machine *m) { return &m->o
 void sim_machine_set_collective_timeout(sim_machine *m, double seconds) { m->opts.collective_timeout_s = seconds; }
 void sim_machine_set_record_costs(sim_machine *m, bool on) { m->opts.no_costs = !on; }
 void sim_machine_set_shared_gathers(sim_machine *m, bool on) { m->opts.copy_gathers = !on; }
+void sim_machine_set_shared_activations(sim_machine *m, bool on) { m->opts.copy_activation_gathers = !on; }
+void sim_machine_set_shared_guard(sim_machine *m, bool on) { m->opts.guard_shared = on; }
 int sim_machine_blas_threads(const sim_machine *m) { return m->blas_threads; }
 int sim_machine_threads(const sim_machine *m) { return m->workers; }
 
@@ -602,10 +604,12 @@ static sim_status aborted_unlock(sim_machine *m, const sim_device *d)
 static sim_status match_or_fail_locked(sim_machine *m, sim_group *g, sim_match_fn match)
 {
     char why[6144];
+    m->match_fail = SIM_OK;
     if (match(m, g, why, sizeof why)) return SIM_OK;
-    fail_locked(m, SIM_ERR_MISMATCH, why);
+    sim_status st = m->match_fail ? m->match_fail : SIM_ERR_MISMATCH;
+    fail_locked(m, st, why);
     pthread_mutex_unlock(&m->lock);
-    return sim_err(SIM_ERR_MISMATCH, "%s", why);
+    return sim_err(st, "%s", why);
 }
 
 sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_kind kind, sim_match_fn match)

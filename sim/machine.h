@@ -57,6 +57,10 @@ typedef struct {
     bool copy_gathers;     /* parameters' FSDP gathers run as the plain all-gather, each member copying
                               the whole array, instead of one buffer the group shares
                               (sim_all_gather_dim_shared): the same bits, for tests comparing the two */
+    bool copy_activation_gathers; /* only parameters' gathers are shared (tests: what sharing
+                                     activations adds) */
+    bool guard_shared;     /* tests: each shared all-gather buffer is its own mapping, read-only once
+                              filled, so a write into a shared operand faults where it happens */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */
@@ -95,6 +99,11 @@ void sim_machine_set_collective_timeout(sim_machine *m, double seconds);
 void sim_machine_set_record_costs(sim_machine *m, bool on);
 /* Turns the shared all-gather of parameters on or off (on by default: opts.copy_gathers). */
 void sim_machine_set_shared_gathers(sim_machine *m, bool on);
+/* Shares the gathers of activations (and gradients) too, or only those of parameters (on by
+ * default: opts.copy_activation_gathers). */
+void sim_machine_set_shared_activations(sim_machine *m, bool on);
+/* Makes shared all-gather buffers read-only once filled (opts.guard_shared; off by default): for tests. */
+void sim_machine_set_shared_guard(sim_machine *m, bool on);
 /* Before the first machine of a process that only makes dry runs: keep glibc's arenas per
  * thread.  By default all threads share one malloc arena (real runs' activations stay mapped
  * from step to step), but a dry run's hundreds of device threads allocate bookkeeping

@@ -158,6 +158,10 @@ struct sim_machine {
     struct sim_shared_buf *shared;
     uint64_t shared_made; /* buffers made so far */
     uint64_t shared_live; /* of which not yet released by every member */
+    struct sim_shared_buf *shared_kept[4]; /* released large buffers kept for reuse (SHARED_KEEP) */
+    int shared_nkept;
+    sim_status match_fail; /* set by a match function failing for another reason than a mismatch
+                              (a shared buffer's host allocation); SIM_OK otherwise */
 };
 
 /* The group over `mask` that device d belongs to (created on first use). */

@@ -1,12 +1,20 @@
-/* test_models_sharedgather.c — the shared all-gather of parameters
- * (sim_all_gather_dim_shared, used by stage() and mesh_nn_operand) moves
- * data differently and nothing else: a small Llama trained on fsdp=8 and on
- * fsdp=4 x tensor=2 with it and with the plain gather (every member copying
- * the whole weight: sim_machine_set_shared_gathers off) gives the same bits
- * (every step's loss, gradient norm and gradients), the same collective
- * records and the same arena figures on every device (live, peak, per
- * category, at the peak, allocations); the shared run really shared (its
- * machine made buffers, the plain one none) and no buffer outlives a step. */
+/* test_models_sharedgather.c — the shared all-gather (sim_all_gather_dim_shared,
+ * used by stage() for every einsum / elementwise / reshape operand and by
+ * mesh_nn_operand, for weights and activations alike) moves data
+ * differently and nothing else: a small model trained with it and with the
+ * plain gather (every member copying the whole array:
+ * sim_machine_set_shared_gathers off) gives the same bits (every step's loss,
+ * gradient norm and gradients), the same collective records and the same
+ * arena figures on every device (live, peak, per category, at the peak,
+ * allocations).  Meshes: Llama on fsdp=8, fsdp=4 x tensor=2, fsdp=8 x
+ * tensor=8 (64 devices) and fsdp=2 x context=2 x tensor=2 (the K/V gather
+ * over context); a DeepSeek (MLA + MoE) on fsdp=2 x expert=2.  The shared run
+ * really shared (its machine made buffers, the plain one none), activations
+ * too where the run gathers any (more buffers than weight gathers), no
+ * buffer outlives a step, and it runs with sim_machine_set_shared_guard: a
+ * kernel or VJP writing into a shared operand would fault.  A third run
+ * sharing weights alone (sim_machine_set_shared_activations off) is equal
+ * too, and makes fewer buffers where the mesh gathers activations. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,7 +33,16 @@ static const char *const SMALL[] = {
     "base_num_kv_heads=4",  "head_dim=16",                "base_mlp_dim=192", "base_num_decoder_layers=2",
     "vocab_size=256",       "max_target_length=32",       "learning_rate=3e-3",
 };
-enum { NSMALL = sizeof SMALL / sizeof SMALL[0], ROWS = 8, STEPS = 2, MAXDEV = 8 };
+/* a deepseek3-tiny variant: 1 dense + 1 MoE layer, 4 experts top-2, MLA with q_lora */
+static const char *const TINY_DS[] = {
+    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
+    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=2",
+    "first_num_dense_layers=1",  "num_experts=4",              "num_experts_per_tok=2", "q_lora_rank=16",
+    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
+    "vocab_size=64",             "max_target_length=16",       "learning_rate=3e-3",    "load_balance_loss_weight=0.01",
+};
+enum { NSMALL = sizeof SMALL / sizeof SMALL[0], NTINY_DS = sizeof TINY_DS / sizeof TINY_DS[0] };
+enum { ROWS = 8, STEPS = 2, MAXDEV = 64 };
 
 typedef struct {
     double loss[STEPS], gnorm[STEPS];
@@ -33,16 +50,23 @@ typedef struct {
     size_t nrec[MAXDEV];
     sim_record *rec[MAXDEV];
     uint64_t made, live;
+    int ndev;
 } outcome;
 
 /* Trains; leaves the run open (its step gradients are compared) for the caller to close. */
-static void train(model_run *r, const char *const *mesh, int n, bool shared, outcome *o)
+typedef enum { PLAIN, WEIGHTS, ALL } sharing;
+
+static void train(model_run *r, const char *const *base, int nbase, const char *const *mesh, int n, int ndev,
+                  sharing how, outcome *o)
 {
-    model_run_open(r, SMALL, NSMALL, ROWS, mesh, n, MAXDEV, STEPS);
-    sim_machine_set_shared_gathers(r->m, shared);
+    model_run_open(r, base, nbase, ROWS, mesh, n, ndev, STEPS);
+    sim_machine_set_shared_gathers(r->m, how != PLAIN);
+    sim_machine_set_shared_activations(r->m, how == ALL);
+    sim_machine_set_shared_guard(r->m, how != PLAIN);
     model_run_train(r, true);
     for (int s = 0; s < STEPS; s++) o->loss[s] = r->job.stats[s].loss, o->gnorm[s] = r->job.stats[s].grad_norm;
-    for (int id = 0; id < MAXDEV; id++) {
+    o->ndev = ndev;
+    for (int id = 0; id < ndev; id++) {
         sim_device *d = sim_machine_device(r->m, id);
         sim_arena_get_stats(sim_device_arena(d), &o->arena[id]);
         const sim_record *rec = sim_device_records(d, &o->nrec[id]);
@@ -71,7 +95,8 @@ static void compare(const char *what, model_run *ra, const outcome *a, model_run
         }
     }
     assert_true(compared > 0);
-    for (int id = 0; id < MAXDEV; id++) {
+    assert_int_equal(a->ndev, b->ndev);
+    for (int id = 0; id < a->ndev; id++) {
         const sim_arena_stats *x = &a->arena[id], *y = &b->arena[id];
         assert_int_equal(x->live, y->live);
         assert_int_equal(x->peak, y->peak);
@@ -99,26 +124,38 @@ static void compare(const char *what, model_run *ra, const outcome *a, model_run
 
 static void free_outcome(outcome *o)
 {
-    for (int id = 0; id < MAXDEV; id++) free(o->rec[id]);
+    for (int id = 0; id < o->ndev; id++) free(o->rec[id]);
 }
 
-static void shared_equals_plain(const char *what, const char *const *mesh, int n)
+/* acts: the mesh gathers activations (or gradients) into read-only operands, and sharing them
+ * must make more buffers than sharing weights alone */
+static void shared_equals_plain(const char *what, const char *const *base, int nbase, const char *const *mesh, int n,
+                                int ndev, bool acts)
 {
-    model_run rs, rp;
-    outcome s, p;
-    train(&rs, mesh, n, true, &s);
-    train(&rp, mesh, n, false, &p);
+    model_run rs, rw, rp;
+    outcome s, w, p;
+    train(&rs, base, nbase, mesh, n, ndev, ALL, &s);
+    train(&rw, base, nbase, mesh, n, ndev, WEIGHTS, &w);
+    train(&rp, base, nbase, mesh, n, ndev, PLAIN, &p);
     compare(what, &rs, &s, &rp, &p);
+    compare(what, &rw, &w, &rp, &p);
     /* the shared run made buffers (at least one weight gather per layer per step) and freed them
      * all by the end of each step; the plain run made none */
-    assert_true(s.made >= (uint64_t)STEPS * 2);
+    assert_true(w.made >= (uint64_t)STEPS * 2);
     assert_int_equal(s.live, 0);
+    assert_int_equal(w.live, 0);
     assert_int_equal(p.made, 0);
+    if (acts && s.made <= w.made)
+        fail_msg("%s: %llu shared buffers with activations shared, %llu with weights alone", what,
+                 (unsigned long long)s.made, (unsigned long long)w.made);
+    if (!acts) assert_int_equal(s.made, w.made);
     /* and the run trained */
     assert_true(s.loss[STEPS - 1] < s.loss[0]);
     model_run_close(&rs);
+    model_run_close(&rw);
     model_run_close(&rp);
     free_outcome(&s);
+    free_outcome(&w);
     free_outcome(&p);
 }
 
@@ -126,21 +163,44 @@ static void test_fsdp8(void **state)
 {
     (void)state;
     const char *mesh[] = {"ici_fsdp_parallelism=8"};
-    shared_equals_plain("fsdp=8", mesh, 1);
+    shared_equals_plain("fsdp=8", SMALL, NSMALL, mesh, 1, 8, false);
 }
 
 static void test_fsdp4_tensor2(void **state)
 {
     (void)state;
     const char *mesh[] = {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"};
-    shared_equals_plain("fsdp=4 tensor=2", mesh, 2);
+    shared_equals_plain("fsdp=4 tensor=2", SMALL, NSMALL, mesh, 2, 8, true);
+}
+
+static void test_fsdp8_tensor8(void **state)
+{
+    (void)state;
+    /* 8 heads of 8: the heads divide over tensor=8 */
+    const char *mesh[] = {"ici_fsdp_parallelism=8", "ici_tensor_parallelism=8", "base_num_query_heads=8",
+                          "base_num_kv_heads=8", "head_dim=8"};
+    shared_equals_plain("fsdp=8 tensor=8", SMALL, NSMALL, mesh, 5, 64, true);
+}
+
+static void test_context(void **state)
+{
+    (void)state;
+    const char *mesh[] = {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"};
+    shared_equals_plain("fsdp=2 context=2 tensor=2", SMALL, NSMALL, mesh, 3, 8, true);
+}
+
+static void test_deepseek_moe(void **state)
+{
+    (void)state;
+    const char *mesh[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"};
+    shared_equals_plain("deepseek fsdp=2 expert=2", TINY_DS, NTINY_DS, mesh, 2, 4, false);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fsdp8),
-        cmocka_unit_test(test_fsdp4_tensor2),
+        cmocka_unit_test(test_fsdp8),        cmocka_unit_test(test_fsdp4_tensor2), cmocka_unit_test(test_fsdp8_tensor8),
+        cmocka_unit_test(test_context),      cmocka_unit_test(test_deepseek_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
