@@ -525,6 +525,17 @@ void sim_shared_free_all(sim_machine *m)
     m->shared_nkept = 0;
 }
 
+int sim_machine_shared_kept(sim_machine *m, size_t *bytes)
+{
+    pthread_mutex_lock(&m->shared_lock);
+    int n = m->shared_nkept;
+    size_t b = 0;
+    for (int i = 0; i < n; i++) b += m->shared_kept[i]->bytes;
+    pthread_mutex_unlock(&m->shared_lock);
+    if (bytes) *bytes = b;
+    return n;
+}
+
 void sim_machine_shared_stats(sim_machine *m, uint64_t *made, uint64_t *live)
 {
     pthread_mutex_lock(&m->shared_lock);

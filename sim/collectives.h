@@ -137,6 +137,9 @@ sim_status sim_all_gather_dim_shared(sim_device *d, const void *send, void **rec
 void sim_shared_release(sim_device *d, const void *buf);
 /* Shared all-gather buffers the machine made so far, and how many are still referenced. */
 void sim_machine_shared_stats(sim_machine *m, uint64_t *made, uint64_t *live);
+/* Released buffers of 32 MiB or more kept for the next shared all-gather of the same size (at most
+ * 4, freed with the machine), and their bytes. */
+int sim_machine_shared_kept(sim_machine *m, size_t *bytes);
 /* send (count) -> recv (k*count). */
 sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
                           sim_axes axes, sim_meta meta);

@@ -774,7 +774,7 @@ static void sg_same_record(const sim_record *a, const sim_record *b)
 /* The shared buffer holds what the plain gather gives (both checked against the definition: block
  * q of each outer row is rank q's row), is one pointer per group, counts like the plain one, leaves
  * the arenas alone, and is freed once every member gave its reference back. */
-static void sg_check(const tmesh *tm, sim_axes ax, size_t outer, size_t mid, size_t inner)
+static void sg_check_on(sim_machine *m, const tmesh *tm, sim_axes ax, size_t outer, size_t mid, size_t inner)
 {
     sg_case *sc = calloc(1, sizeof *sc);
     sc->tm = *tm;
@@ -782,10 +782,12 @@ static void sg_check(const tmesh *tm, sim_axes ax, size_t outer, size_t mid, siz
     sc->outer = outer, sc->mid = mid, sc->inner = inner;
     int ndev = t_ndev(tm), k = t_k(tm, ax);
     size_t chunk = mid * inner, K = (size_t)k;
-    sim_machine *m = make_machine(tm, false);
+    uint64_t made0, made, live;
+    sim_machine_shared_stats(m, &made0, &live);
+    assert_int_equal(live, 0);
     if (sim_machine_run(m, sg_device, sc) != SIM_OK) fail_msg("%s", sim_errmsg());
-    uint64_t made, live;
     sim_machine_shared_stats(m, &made, &live);
+    made -= made0;
     assert_int_equal(made, (uint64_t)(ndev / k)); /* one buffer per group */
     assert_int_equal(live, made);
     int bad = 0;
@@ -812,11 +814,76 @@ static void sg_check(const tmesh *tm, sim_axes ax, size_t outer, size_t mid, siz
     /* references given back: the last member of each group frees its buffer (ASan checks once) */
     if (sim_machine_run(m, sg_release, sc) != SIM_OK) fail_msg("%s", sim_errmsg());
     sim_machine_shared_stats(m, &made, &live);
-    assert_int_equal(made, (uint64_t)(ndev / k));
+    assert_int_equal(made - made0, (uint64_t)(ndev / k));
     assert_int_equal(live, 0);
-    sim_machine_free(m);
     sg_free(sc);
     free(sc);
+}
+
+static void sg_check(const tmesh *tm, sim_axes ax, size_t outer, size_t mid, size_t inner)
+{
+    sim_machine *m = make_machine(tm, false);
+    sg_check_on(m, tm, ax, outer, mid, inner);
+    sim_machine_free(m);
+}
+
+/* Released shared buffers of 32 MiB or more are kept for the next gather of the same size: a second
+ * gather of the same bytes in another layout (block q of each row lands elsewhere: stale contents
+ * would show) takes the kept one and gives it back; smaller ones are not kept; at most 4 are, the
+ * oldest dropped; the machine frees them (ASan's leak check). */
+static void test_shared_gather_kept(void **state)
+{
+    (void)state;
+    tmesh m2 = {1, {2}};
+    sim_machine *m = make_machine(&m2, false);
+    const size_t MiB4 = (size_t)1 << 20; /* floats in 4 MiB */
+    size_t kept_bytes;
+    sg_check_on(m, &m2, sim_axes_1(0), 1, 4 * MiB4 - 16, 1); /* 32 MiB less 128 bytes: not kept */
+    assert_int_equal(sim_machine_shared_kept(m, &kept_bytes), 0);
+    sg_check_on(m, &m2, sim_axes_1(0), 1, 4 * MiB4, 1); /* 2 x 16 MiB: a 32 MiB buffer */
+    assert_int_equal(sim_machine_shared_kept(m, &kept_bytes), 1);
+    assert_int_equal(kept_bytes, (size_t)32 << 20);
+    sg_check_on(m, &m2, sim_axes_1(0), 4, MiB4, 1); /* the same bytes, 4 rows: reuses it */
+    assert_int_equal(sim_machine_shared_kept(m, &kept_bytes), 1);
+    assert_int_equal(kept_bytes, (size_t)32 << 20);
+    for (size_t extra = 1; extra <= 4; extra++) /* four more sizes: 5 released, the oldest (32 MiB) dropped */
+        sg_check_on(m, &m2, sim_axes_1(0), 1, 4 * MiB4 + extra * 1024, 1);
+    assert_int_equal(sim_machine_shared_kept(m, &kept_bytes), 4);
+    assert_int_equal(kept_bytes, 4 * ((size_t)32 << 20) + 2 * sizeof(float) * 1024 * (1 + 2 + 3 + 4));
+    sim_machine_free(m);
+}
+
+static sim_status sg_huge(sim_device *d, void *arg)
+{
+    (void)arg;
+    float dummy[4] = {0}; /* never read: the buffer is made before any data moves */
+    void *out = NULL;
+    /* 2^58 floats a rank: no host can map that many bytes */
+    sim_status st = sim_all_gather_dim_shared(d, dummy, &out, 1, (size_t)1 << 58, 1, SIM_F32, sim_axes_1(0),
+                                              sim_meta_tag("act/huge"));
+    assert_null(out);
+    return st;
+}
+
+/* A shared buffer the host cannot allocate fails the run with an error naming the gather and the
+ * bytes (one member alone and a group of 4: the others stop), and the machine stays usable. */
+static void test_shared_gather_no_host_memory(void **state)
+{
+    (void)state;
+    tmesh m1 = {1, {1}}, m4 = {1, {4}};
+    const tmesh *meshes[] = {&m1, &m4};
+    const char *bytes[] = {"1152921504606846976 bytes", "4611686018427387904 bytes"};
+    for (int i = 0; i < 2; i++) {
+        sim_machine *m = make_machine(meshes[i], false);
+        assert_int_equal(sim_machine_run(m, sg_huge, NULL), SIM_ERR_INTERNAL);
+        assert_non_null(strstr(sim_errmsg(), "out of host memory"));
+        assert_non_null(strstr(sim_errmsg(), "act/huge"));
+        if (!strstr(sim_errmsg(), bytes[i])) fail_msg("'%s' lacks '%s'", sim_errmsg(), bytes[i]);
+        uint64_t made, live;
+        sim_machine_shared_stats(m, &made, &live);
+        assert_int_equal(made, 0);
+        sim_machine_free(m);
+    }
 }
 
 static void test_shared_gather(void **state)
@@ -948,6 +1015,8 @@ int main(void)
         cmocka_unit_test(test_dcn_bytes),
         cmocka_unit_test(test_shared_gather),
         cmocka_unit_test(test_shared_gather_dry_and_mismatch),
+        cmocka_unit_test(test_shared_gather_kept),
+        cmocka_unit_test(test_shared_gather_no_host_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
