@@ -29,7 +29,7 @@ sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, me
 
 static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                             const mesh_spec *spec, sim_dtype dt, int counted, sim_mem_cat cat, bool zero,
-                            mesh_array *out)
+                            bool ghost, mesh_array *out)
 {
     memset(out, 0, sizeof *out);
     if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
@@ -52,7 +52,7 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
     for (int i = 0; i < rank; i++) out->nlocal *= (size_t)out->local[i];
     static _Thread_local uint64_t next_uid; /* arrays are made on their device's thread */
     out->uid = ++next_uid;
-    sim_status st = sim_arena_alloc_counted(sim_device_arena(d), out->nlocal * sim_dtype_size(dt),
+    sim_status st = sim_arena_alloc_counted(sim_device_arena(d), ghost ? 0 : out->nlocal * sim_dtype_size(dt),
                                             out->nlocal * sim_dtype_size(out->counted), cat, name, zero, &out->data);
     /* a failed allocation (a simulated OOM) holds nothing: freeing it later
      * must not release bytes that were never accounted (dry runs have no
@@ -64,20 +64,35 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
 sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                           const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, true, out);
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, true, false, out);
 }
 
 sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                              const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,
                              mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, (int)counted, cat, zero, out);
+    return array_new(d, m, name, rank, shape, spec, dt, (int)counted, cat, zero, false, out);
 }
 
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, out);
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, false, out);
+}
+
+sim_status mesh_array_new_ghost(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                                const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
+{
+    /* a zero-byte host block: a unique token, so recount and release find it as they find a real one */
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, true, out);
+}
+
+void mesh_array_free_ghost(sim_device *d, mesh_array *a)
+{
+    if (a->data || sim_device_dry(d))
+        sim_arena_release_counted(sim_device_arena(d), a->data, 0, a->nlocal * sim_dtype_size(a->counted), a->cat);
+    a->data = NULL;
+    a->nlocal = 0;
 }
 
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,

@@ -43,6 +43,13 @@ sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, 
 /* The same without zero-filling: for outputs the caller overwrites entirely. */
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
+/* An array counted in the arena exactly as mesh_array_new_raw counts it, with no storage: a value
+ * the modelled program holds on its own while the simulator adds it straight into another array
+ * (mesh_einsum_into).  data is a token (NULL in dry run), never to be read or written; release
+ * with mesh_array_free_ghost (mesh_array_recount works on it). */
+sim_status mesh_array_new_ghost(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                                const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
+void mesh_array_free_ghost(sim_device *d, mesh_array *a);
 /* Either of the two, counted in `counted` whatever the category (fixed: see mesh_array_recount). */
 sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                              const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,
