@@ -42,7 +42,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 BENCH_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard bench/lib/*.c))
 
 # Tests run under ThreadSanitizer (the ones with threads and collectives).
-TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel test_mesh_planmemo
+TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel test_mesh_planmemo test_models_sharedgather
 
 .PHONY: all test bench asan ubsan tsan clean demo install
 

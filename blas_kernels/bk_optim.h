@@ -31,8 +31,9 @@ void bk_adamw_update_ref(float *x, float *mu, float *nu, const float *g, size_t 
 void bk_sgd_update(float *x, const float *g, size_t n, const bk_adamw_hp *hp);
 
 /* sum of x[i]^2 in double: per chunk of BK_SUMSQ_GRAIN elements 8 interleaved lanes
- * (lane k adds elements k, k + 8, ...), the lanes added in order, then the chunks in
- * order.  A fixed order, so the same bits on any thread count. */
+ * (lane k adds elements k, k + 8, ...), the lanes added in order, then the chunk's last
+ * n % 8 in order; the chunks in order, the shorter tail chunk last.  A fixed order, so the
+ * same bits on any thread count. */
 enum { BK_SUMSQ_GRAIN = 1 << 16 };
 double bk_sumsq(const float *x, size_t n);
 double bk_sumsq_ref(const float *x, size_t n); /* one plain double sum */

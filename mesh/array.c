@@ -27,10 +27,14 @@ sim_status mesh_spec_fit_rank(const mesh_spec *s, int rank, const char *name, me
     return SIM_OK;
 }
 
+/* counted: the dtype the arena counts it in, -1 as the device counts cat (sim_device_counted_dtype),
+ * -2 the same but only charged (mesh_array_borrow: no storage). */
 static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                             const mesh_spec *spec, sim_dtype dt, int counted, sim_mem_cat cat, bool zero,
-                            bool ghost, mesh_array *out)
+                            mesh_array *out)
 {
+    bool charge = counted == -2;
+    if (charge) counted = -1;
     memset(out, 0, sizeof *out);
     if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
         return sim_err(SIM_ERR_INPUT, "array '%s': rank %d is outside 0..%d", name, rank, MESH_SPEC_MAX_RANK);
@@ -52,8 +56,10 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
     for (int i = 0; i < rank; i++) out->nlocal *= (size_t)out->local[i];
     static _Thread_local uint64_t next_uid; /* arrays are made on their device's thread */
     out->uid = ++next_uid;
-    sim_status st = sim_arena_alloc_counted(sim_device_arena(d), ghost ? 0 : out->nlocal * sim_dtype_size(dt),
-                                            out->nlocal * sim_dtype_size(out->counted), cat, name, zero, &out->data);
+    size_t counted_bytes = out->nlocal * sim_dtype_size(out->counted);
+    sim_status st = charge ? sim_arena_charge(sim_device_arena(d), counted_bytes, cat, name)
+                           : sim_arena_alloc_counted(sim_device_arena(d), out->nlocal * sim_dtype_size(dt),
+                                                     counted_bytes, cat, name, zero, &out->data);
     /* a failed allocation (a simulated OOM) holds nothing: freeing it later
      * must not release bytes that were never accounted (dry runs have no
      * pointer to tell) */
@@ -64,35 +70,28 @@ static sim_status array_new(sim_device *d, const mesh_shape *m, const char *name
 sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                           const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, true, false, out);
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, true, out);
 }
 
 sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                              const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,
                              mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, (int)counted, cat, zero, false, out);
+    return array_new(d, m, name, rank, shape, spec, dt, (int)counted, cat, zero, out);
 }
 
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, false, out);
+    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, out);
 }
 
 sim_status mesh_array_new_ghost(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                                 const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
 {
-    /* a zero-byte host block: a unique token, so recount and release find it as they find a real one */
-    return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, true, out);
-}
-
-void mesh_array_free_ghost(sim_device *d, mesh_array *a)
-{
-    if (a->data || sim_device_dry(d))
-        sim_arena_release_counted(sim_device_arena(d), a->data, 0, a->nlocal * sim_dtype_size(a->counted), a->cat);
-    a->data = NULL;
-    a->nlocal = 0;
+    sim_status st = array_new(d, m, name, rank, shape, spec, dt, -2, cat, false, out);
+    if (st == SIM_OK) out->hold = MESH_HOLD_GHOST;
+    return st;
 }
 
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
@@ -105,18 +104,36 @@ sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array
     return SIM_OK;
 }
 
+sim_status mesh_array_borrow(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
+                           sim_mem_cat cat, mesh_array *out)
+{
+    /* the header mesh_array_new_raw would make (checks, counted dtype, uid), charged instead of allocated */
+    sim_status st = array_new(d, m, name, src->rank, src->shape, &src->spec, src->dtype, -2, cat, false, out);
+    if (st != SIM_OK) return st;
+    out->data = src->data;
+    out->hold = MESH_HOLD_BORROWED;
+    if (src->counted_fixed) mesh_array_recount(d, out, src->counted);
+    return SIM_OK;
+}
+
 void mesh_array_free(sim_device *d, mesh_array *a)
 {
-    if (a->data || sim_device_dry(d))
-        sim_arena_release_counted(sim_device_arena(d), a->data, a->nlocal * sim_dtype_size(a->dtype),
-                                  a->nlocal * sim_dtype_size(a->counted), a->cat);
+    sim_arena *arena = sim_device_arena(d);
+    size_t counted = a->nlocal * sim_dtype_size(a->counted);
+    if (a->hold != MESH_HOLD_OWN) { /* counted only; a shared buffer's last reference frees it */
+        if (a->data || a->hold == MESH_HOLD_GHOST || sim_device_dry(d)) sim_arena_discharge(arena, counted, a->cat);
+        if (a->hold == MESH_HOLD_SHARED) sim_shared_release(d, a->data);
+    } else if (a->data || sim_device_dry(d)) {
+        sim_arena_release_counted(arena, a->data, a->nlocal * sim_dtype_size(a->dtype), counted, a->cat);
+    }
     a->data = NULL;
     a->nlocal = 0;
+    a->hold = MESH_HOLD_OWN;
 }
 
 void mesh_array_recount(sim_device *d, mesh_array *a, sim_dtype dt)
 {
-    if (a->data || sim_device_dry(d))
+    if (a->data || a->hold == MESH_HOLD_GHOST || sim_device_dry(d))
         sim_arena_recount(sim_device_arena(d), a->nlocal * sim_dtype_size(a->counted), a->nlocal * sim_dtype_size(dt),
                           a->cat);
     a->counted = dt;
@@ -187,6 +204,7 @@ static bool zero_on(const mesh_shape *m, int device, uint32_t mask)
 
 void mesh_array_load_global(sim_device *d, const mesh_shape *m, mesh_array *a, const void *global)
 {
+    mesh_array_owned(a);
     if (!a->data) return;
     size_t es = sim_dtype_size(a->dtype);
     int dev = sim_device_id(d);

@@ -14,6 +14,19 @@
 
 enum { MESH_NAME_MAX = 128 };
 
+/* Whose storage an array's shard is.  Only MESH_HOLD_OWN may be written:
+ * every function that writes a shard in place asserts it (mesh_array_owned). */
+typedef enum {
+    MESH_HOLD_OWN = 0,  /* a block of the device's arena */
+    MESH_HOLD_SHARED,   /* the buffer of a shared all-gather (sim_all_gather_dim_shared), one for the whole
+                           group: read-only, counted in the arena without storage (sim_arena_charge);
+                           mesh_array_free gives the reference back */
+    MESH_HOLD_BORROWED, /* another array's shard, about to be resharded (mesh_array_borrow): read-only,
+                           counted only; never outlives the reshard that follows */
+    MESH_HOLD_GHOST     /* no storage (data NULL): a product the simulator added straight into another
+                           array (mesh_einsum_into), counted as the modelled program holds it */
+} mesh_hold;
+
 typedef struct {
     char name[MESH_NAME_MAX];               /* MaxText path for parameters, layer/op for activations */
     int rank;                               /* number of dims */
@@ -28,7 +41,11 @@ typedef struct {
     size_t nlocal;                          /* elements of the shard */
     void *data;                             /* the shard, row-major; NULL in dry run */
     uint64_t uid;                           /* identity of this shard on its device (new per allocation) */
+    mesh_hold hold;                         /* whose storage `data` is (MESH_HOLD_OWN: the arena's) */
 } mesh_array;
+
+/* For functions that write a shard in place: a shared or borrowed one would be a bug. */
+#define mesh_array_owned(a) SIM_ASSERT((a)->hold == MESH_HOLD_OWN)
 
 /* Converts a mesh shape to the simulator's mesh description (same axis order). */
 sim_status mesh_shape_to_sim(const mesh_shape *m, sim_mesh_desc *out);
@@ -43,13 +60,12 @@ sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, 
 /* The same without zero-filling: for outputs the caller overwrites entirely. */
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
-/* An array counted in the arena exactly as mesh_array_new_raw counts it, with no storage: a value
- * the modelled program holds on its own while the simulator adds it straight into another array
- * (mesh_einsum_into).  data is a token (NULL in dry run), never to be read or written; release
- * with mesh_array_free_ghost (mesh_array_recount works on it). */
+/* An array counted in the arena exactly as mesh_array_new_raw counts it (sim_arena_charge), with
+ * no storage (MESH_HOLD_GHOST, data NULL): a value the modelled program holds on its own while the
+ * simulator adds it straight into another array (mesh_einsum_into).  mesh_array_recount and
+ * mesh_array_free treat it as any array. */
 sim_status mesh_array_new_ghost(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                                 const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
-void mesh_array_free_ghost(sim_device *d, mesh_array *a);
 /* Either of the two, counted in `counted` whatever the category (fixed: see mesh_array_recount). */
 sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                              const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,
@@ -57,7 +73,13 @@ sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *nam
 /* A copy of `src` (same spec and shard) under a new name and category. */
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
                             sim_mem_cat cat, mesh_array *out);
-/* Releases the shard (the struct may be reused). */
+/* What mesh_array_clone counts, without the copy: `out` views src's shard
+ * (MESH_HOLD_BORROWED), counted in the arena as the clone would be, for a
+ * reshard that reads it into a new buffer anyway (mesh_plan_run makes the
+ * copy itself when its first step works in place). */
+sim_status mesh_array_borrow(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
+                           sim_mem_cat cat, mesh_array *out);
+/* Releases the shard (the struct may be reused); a shared one gives its reference back. */
 void mesh_array_free(sim_device *d, mesh_array *a);
 /* Counts `a` in dtype `dt` from now on (where the modelled program casts:
  * float32 logits, say); the arena's live bytes change by the difference. */

@@ -50,14 +50,16 @@ sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec 
     /* made before on this tape (e.g. the K/V gather of a recomputed layer): reuse it */
     mesh_reshard_cache *cache = mesh_tape_cache(t);
     if (mesh_reshard_cache_get(cache, src, &src->spec, spec, out)) return SIM_OK;
-    SIM_TRY(mesh_array_clone(c->dev, c->mesh, src, src->name, SIM_MEM_ACTIVATIONS, out));
+    /* counted as a clone; the reshard reads src's shard (a copy only where its first step works in place) */
+    SIM_TRY(mesh_array_borrow(c->dev, c->mesh, src, src->name, SIM_MEM_ACTIVATIONS, out));
     /* a weight moves in its own dtype, or in the one the hardware profile's compiler casts it to
      * first (MaxText casts the table, the expert kernels, ... to dtype before using them) */
     if (src->cat == SIM_MEM_PARAMS) mesh_array_recount(c->dev, out, mesh_array_gather_dtype(c->dev, src));
     else if (src->cat == SIM_MEM_GRADS || src->cat == SIM_MEM_OPTIMIZER) mesh_array_recount(c->dev, out, src->counted);
     sim_meta meta = c->mode == MESH_MODE_AUTO ? sim_meta_implicit(tag) : sim_meta_tag(tag);
     meta.weight = src->cat == SIM_MEM_PARAMS;
-    sim_status st = mesh_reshard(c->dev, c->mesh, out, spec, meta);
+    /* a parameter's gather (the same full weight on every member) is one buffer for the group */
+    sim_status st = (meta.weight ? mesh_reshard_shared : mesh_reshard)(c->dev, c->mesh, out, spec, meta);
     if (st) {
         mesh_array_free(c->dev, out);
         return st;

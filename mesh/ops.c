@@ -281,7 +281,6 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     out->owned = false;
     if (mesh_spec_equal(work, to)) return SIM_OK;
     if (ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
-    size_t bytes = x->nlocal * sim_dtype_size(x->dtype);
     /* a weight's copy: MaxText's DenseGeneral casts the kernel to `dtype` right before the dot
      * (layers/linears.py); where that cast lands is the compiler's choice.  XLA:CPU gathers the
      * cast's operand (weight_dtype: MaxText 0.2.5's compiled step, dtype=bfloat16, fsdp=4, has f32
@@ -291,17 +290,16 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     sim_dtype counted = x->counted_fixed || state ? x->counted
                                                   : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
     if (x->cat == SIM_MEM_PARAMS) counted = mesh_array_gather_dtype(ctx->dev, x);
-    void *data = NULL;
-    SIM_TRY(sim_arena_alloc_counted(sim_device_arena(ctx->dev), bytes, x->nlocal * sim_dtype_size(counted),
-                                    SIM_MEM_TEMP, x->name, false, &data));
-    if (data && x->data) memcpy(data, x->data, bytes);
-    out->arr.data = data;
+    /* counted as a copy, read where it is: the reshard copies it only if its first step works in place */
+    SIM_TRY(sim_arena_charge(sim_device_arena(ctx->dev), x->nlocal * sim_dtype_size(counted), SIM_MEM_TEMP, x->name));
+    out->arr.hold = MESH_HOLD_BORROWED;
     out->arr.counted = counted;
     out->arr.counted_fixed = x->counted_fixed || state;
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
     meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */
-    sim_status st = mesh_reshard(ctx->dev, ctx->mesh, &out->arr, to, meta);
+    /* a parameter's gather (the same full weight on every member) is one buffer for the group */
+    sim_status st = (meta.weight ? mesh_reshard_shared : mesh_reshard)(ctx->dev, ctx->mesh, &out->arr, to, meta);
     if (st != SIM_OK) {
         mesh_array_free(ctx->dev, &out->arr);
         out->owned = false;
@@ -966,8 +964,8 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
      * acc's spec, dims and partial axes, so no collective would have touched the product, and the
      * kernel writes C in place (a scratch result scattered after would still be a temporary).  A
      * function of shapes and specs alone: a dry run decides the same. */
-    bool into = acc && !out_sharding && acc->dtype == SIM_F32 && acc->rank == d.ro &&
-                mesh_spec_equal(&p->out, &acc->spec) &&
+    bool into = acc && acc->hold == MESH_HOLD_OWN && !out_sharding && acc->dtype == SIM_F32 &&
+                acc->rank == d.ro && mesh_spec_equal(&p->out, &acc->spec) &&
                 !memcmp(acc->shape, d.out_shape, (size_t)d.ro * sizeof d.out_shape[0]) &&
                 bk_einsum_out_direct(sub, sa.arr.rank, sa.arr.local, sb.arr.rank, sb.arr.local);
     if (fused) *fused = into;

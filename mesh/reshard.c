@@ -326,20 +326,45 @@ static int block_index(sim_device *d, sim_axes axes, const mesh_shape *m)
     return b;
 }
 
-sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p, mesh_array *a, sim_meta meta)
+/* A shard of its own for `a` (mesh_array hold), before a step that writes it in place or when the
+ * plan ends: a borrowed or shared shard is copied into an arena block, which takes over the bytes
+ * already counted (sim_arena_back), and a shared buffer's reference is given back. */
+static sim_status own_shard(sim_device *d, mesh_array *a)
+{
+    if (a->hold == MESH_HOLD_OWN) return SIM_OK;
+    size_t bytes = a->nlocal * sim_dtype_size(a->dtype);
+    void *own = NULL;
+    SIM_TRY(sim_arena_back(sim_device_arena(d), bytes, a->cat, a->name, &own));
+    if (own && a->data) memcpy(own, a->data, bytes);
+    if (a->hold == MESH_HOLD_SHARED) sim_shared_release(d, a->data);
+    a->data = own;
+    a->hold = MESH_HOLD_OWN;
+    return SIM_OK;
+}
+
+/* share: a plan that is one all-gather gathers into the group's one buffer (mesh_reshard_shared). */
+static sim_status plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p, mesh_array *a, sim_meta meta,
+                           bool share)
 {
     sim_arena *arena = sim_device_arena(d);
     size_t es = sim_dtype_size(a->dtype), cs = sim_dtype_size(a->counted);
     meta = mesh_array_meta(a, meta);
+    share = share && p->n == 1 && p->step[0].kind == MESH_STEP_ALL_GATHER &&
+            !sim_machine_options(sim_device_machine(d))->copy_gathers;
     for (int i = 0; i < p->n; i++) {
         const mesh_step *s = &p->step[i];
         int64_t outer = prod(s->local_in, 0, s->dim < 0 ? 0 : s->dim);
         int64_t inner = s->dim < 0 ? 1 : prod(s->local_in, s->dim + 1, p->rank);
         int64_t mid = s->dim < 0 ? prod(s->local_in, 0, p->rank) : s->local_in[s->dim];
         size_t n_out = (size_t)prod(s->local_out, 0, p->rank);
-        void *out = a->data;
         bool fresh = s->kind != MESH_STEP_ALL_REDUCE && s->kind != MESH_STEP_MAKE_PARTIAL;
-        if (fresh) SIM_TRY(sim_arena_alloc_counted(arena, n_out * es, n_out * cs, a->cat, a->name, false, &out));
+        /* a fresh output reads the shard wherever it is; a step in place needs one of a's own */
+        if (!fresh) SIM_TRY(own_shard(d, a));
+        void *out = a->data;
+        if (fresh && share) /* counted as the plain gather's output is, held in the group's buffer */
+            SIM_TRY(sim_arena_charge(arena, n_out * cs, a->cat, a->name));
+        else if (fresh)
+            SIM_TRY(sim_arena_alloc_counted(arena, n_out * es, n_out * cs, a->cat, a->name, false, &out));
         sim_status st = SIM_OK;
         switch (s->kind) {
         case MESH_STEP_SLICE:
@@ -350,13 +375,19 @@ sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p,
             }
             break;
         case MESH_STEP_ALL_GATHER:
-            st = sim_all_gather_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype, s->axes, meta);
+            if (share)
+                st = sim_all_gather_dim_shared(d, a->data, &out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype,
+                                               s->axes, meta);
+            else
+                st = sim_all_gather_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype,
+                                        s->axes, meta);
             break;
         case MESH_STEP_REDUCE_SCATTER:
             st = sim_reduce_scatter_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype, s->axes,
                                         meta);
             break;
         case MESH_STEP_ALL_REDUCE:
+            mesh_array_owned(a);
             st = sim_all_reduce(d, a->data, a->data, a->nlocal, a->dtype, s->axes, meta);
             break;
         case MESH_STEP_ALL_TO_ALL: {
@@ -366,6 +397,7 @@ sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p,
             break;
         }
         case MESH_STEP_MAKE_PARTIAL:
+            mesh_array_owned(a);
             if (a->data && block_index(d, s->axes, m) != 0) memset(a->data, 0, a->nlocal * es);
             break;
         case MESH_STEP_PERMUTE: {
@@ -377,18 +409,26 @@ sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p,
         }
         if (fresh) {
             if (st != SIM_OK) {
-                sim_arena_release_counted(arena, out, n_out * es, n_out * cs, a->cat);
+                if (share) sim_arena_discharge(arena, n_out * cs, a->cat);
+                else sim_arena_release_counted(arena, out, n_out * es, n_out * cs, a->cat);
                 return st;
             }
-            sim_arena_release_counted(arena, a->data, a->nlocal * es, a->nlocal * cs, a->cat);
+            mesh_array_free(d, a); /* the shard it replaces: a block, a reference or a borrowed count */
             a->data = out;
+            a->hold = share ? MESH_HOLD_SHARED : MESH_HOLD_OWN;
         }
         SIM_TRY(st);
         a->nlocal = n_out;
         memcpy(a->local, s->local_out, sizeof a->local);
         a->spec = s->after;
     }
+    if (a->hold == MESH_HOLD_BORROWED) return own_shard(d, a); /* no step replaced it: a view never outlives its plan */
     return SIM_OK;
+}
+
+sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p, mesh_array *a, sim_meta meta)
+{
+    return plan_run(d, m, p, a, meta, false);
 }
 
 /* ---- plans shared by the devices ---------------------------------------------
@@ -448,7 +488,14 @@ sim_status mesh_reshard(sim_device *d, const mesh_shape *m, mesh_array *a, const
 {
     mesh_plan p;
     SIM_TRY(plan_shared(m, a->name, a->rank, a->shape, a->dtype, &a->spec, to, &p));
-    return mesh_plan_run(d, m, &p, a, meta);
+    return plan_run(d, m, &p, a, meta, false);
+}
+
+sim_status mesh_reshard_shared(sim_device *d, const mesh_shape *m, mesh_array *a, const mesh_spec *to, sim_meta meta)
+{
+    mesh_plan p;
+    SIM_TRY(plan_shared(m, a->name, a->rank, a->shape, a->dtype, &a->spec, to, &p));
+    return plan_run(d, m, &p, a, meta, true);
 }
 
 /* ------------------------------------------------------------ reshard cache */

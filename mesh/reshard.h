@@ -83,7 +83,15 @@ void mesh_plan_print(const mesh_plan *p, const mesh_shape *m, FILE *f);
 /* Reshards `a` to `to` in place (new shard replaces the old one).  meta.tag
  * names the layer/op; meta.implicit marks planner-inserted collectives. */
 sim_status mesh_reshard(sim_device *d, const mesh_shape *m, mesh_array *a, const mesh_spec *to, sim_meta meta);
-/* Runs a plan made for `a`. */
+/* The same for a read-only copy (a kernel's operand): a plan that is one
+ * all-gather fills one buffer the whole group shares (sim_all_gather_dim_shared)
+ * and leaves `a` MESH_HOLD_SHARED, counted in the arena as the plain gather's
+ * output; any other plan, or opts.copy_gathers, runs as mesh_reshard.  The
+ * bits are the same either way. */
+sim_status mesh_reshard_shared(sim_device *d, const mesh_shape *m, mesh_array *a, const mesh_spec *to, sim_meta meta);
+/* Runs a plan made for `a`.  A borrowed or shared shard (mesh_array hold) is
+ * read where the first step writes a fresh buffer and copied first where it
+ * works in place; `a` holds its own shard (or a shared one) afterwards. */
 sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p, mesh_array *a, sim_meta meta);
 
 /* ---- reuse of operand reshards ----------------------------------------------

@@ -250,6 +250,7 @@ BK_CLONES static void add_chunk(int64_t lo, int64_t hi, void *arg)
 void mesh_local_add(mesh_array *y, const mesh_array *x)
 {
     SIM_ASSERT(y->nlocal == x->nlocal);
+    mesh_array_owned(y);
     if (!y->data || !x->data) return;
     add_job j = {y->data, x->data};
     bk_parallel_for((int64_t)y->nlocal, 1 << 16, add_chunk, &j);
@@ -284,6 +285,7 @@ static bool count_as_primal(mesh_tape *t, const mesh_var *v, mesh_array *g)
 
 sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const char *tag)
 {
+    mesh_array_owned(g); /* the tape keeps it as the gradient or adds into it */
     if (!v->needs_grad) {
         mesh_array_free(t->ctx->dev, g);
         return SIM_OK;
@@ -341,9 +343,10 @@ void mesh_tape_accumulated(mesh_tape *t, mesh_var *v, mesh_array *ghost)
 {
     /* mesh_tape_accumulate's path for a contribution of v->grad's spec: the recount, no reshard
      * (specs equal), the add (done), the release */
-    SIM_ASSERT(mesh_tape_grad_sum(v) && mesh_spec_equal(&ghost->spec, &v->grad.spec));
+    SIM_ASSERT(mesh_tape_grad_sum(v) && ghost->hold == MESH_HOLD_GHOST &&
+               mesh_spec_equal(&ghost->spec, &v->grad.spec));
     count_as_primal(t, v, ghost);
-    mesh_array_free_ghost(t->ctx->dev, ghost);
+    mesh_array_free(t->ctx->dev, ghost);
 }
 
 static sim_status flush_leaves(mesh_tape *t)

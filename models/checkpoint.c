@@ -175,6 +175,8 @@ static sim_status ck_tensor_io(sim_device *d, const mesh_shape *m, const ck_tens
     int L = p->n_layers, sd = def->scan_dim, dev = sim_device_id(d);
     if (!a) return sim_err(SIM_ERR_INTERNAL, "checkpoint: '%s' has no storage", t->name);
     if (!a[0].data) return SIM_OK; /* dry run */
+    if (!write) /* a load writes the shards in place */
+        for (int l = 0; l < p->n_layers; l++) mesh_array_owned(&a[l]);
     /* per-layer geometry, identical for all layers */
     int lrank;
     int64_t lshape[MESH_SPEC_MAX_RANK];

@@ -474,6 +474,8 @@ static sim_status check_layer(const model_param *p, int l, bool need_nu)
     if (!p->g || !p->m || (need_nu && !p->v))
         return sim_err(SIM_ERR_INTERNAL, "muon: '%s' lacks gradient or optimizer state", p->def.path);
     const mesh_array *o[3] = {&p->g[l], &p->m[l], need_nu ? &p->v[l] : &p->m[l]};
+    mesh_array_owned(w); /* the update writes the parameter and its moments in place */
+    for (int i = 0; i < 3; i++) mesh_array_owned(o[i]);
     for (int i = 0; i < 3; i++)
         if (o[i]->nlocal != w->nlocal || !mesh_spec_equal(&o[i]->spec, &w->spec))
             return sim_err(SIM_ERR_INTERNAL, "muon: '%s' layer %d: state and parameter shards differ", p->def.path, l);

@@ -160,6 +160,8 @@ sim_status model_grad_global_norm(sim_device *d, const mesh_shape *m, model_para
 static sim_status check_same(const model_param *p, int l, const mesh_array *w, const mesh_array *x, const char *what)
 {
     if (!x) return sim_err(SIM_ERR_INTERNAL, "optimizer: '%s' has no %s storage", p->def.path, what);
+    mesh_array_owned(w); /* the update writes the parameter and its moments in place */
+    mesh_array_owned(x);
     if (x->nlocal != w->nlocal || !mesh_spec_equal(&x->spec, &w->spec))
         return sim_err(SIM_ERR_INTERNAL,
                        "optimizer: '%s' layer %d: the %s shard does not match the parameter's (%zu vs %zu elements); "

@@ -11,7 +11,12 @@
  * a request of exactly the same size (the sizes repeat layer after layer);
  * the cache holds at most 1/8 of the arena's peak (and 1 GiB), oldest
  * evicted first.  It is invisible to the accounting: simulated bytes are
- * counted at alloc and release as before. */
+ * counted at alloc and release as before.
+ *
+ * Accounting and storage are separate steps (admit + account_add, take_block;
+ * account_sub, the block's release): a dry run does the accounting only, and
+ * so does a charge (sim_arena_charge), for bytes the device holds in storage
+ * that is not the arena's (a group's shared all-gather buffer). */
 #include "sim/arena.h"
 
 #include <stdio.h>
@@ -137,53 +142,88 @@ sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const ch
     return sim_arena_alloc_counted(a, bytes, bytes, cat, name, zero, out);
 }
 
+/* The capacity check of an allocation of `counted` bytes (a simulated OOM). */
+static sim_status admit(const sim_arena *a, size_t counted, sim_mem_cat cat, const char *name)
+{
+    SIM_ASSERT(cat >= 0 && cat < SIM_NMEM);
+    if (a->st.capacity && counted > a->st.capacity - (a->st.live < a->st.capacity ? a->st.live : a->st.capacity))
+        return arena_oom(a, counted, cat, name);
+    return SIM_OK;
+}
+
+/* Host storage for a block of `bytes` (none in dry run: *out stays NULL); no accounting. */
+static sim_status take_block(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero, void **out)
+{
+    *out = NULL;
+    if (a->dry) return SIM_OK;
+    block *b = NULL;
+    if (bytes >= CACHE_MIN) /* a released block of the same size: no fresh pages to fault in */
+        for (block *c = a->cache.next; c != &a->cache && !b; c = c->next)
+            if (c->bytes == bytes) b = c;
+    if (b) {
+        unlink_block(b);
+        a->cached -= bytes;
+        b->magic = ARENA_MAGIC;
+        b->cat = cat;
+        push_front(&a->head, b);
+        *out = (char *)b + HDR;
+        if (zero) memset(*out, 0, bytes);
+        return SIM_OK;
+    }
+    size_t total = HDR + ((bytes + ALIGN - 1) / ALIGN) * ALIGN;
+    b = aligned_alloc(ALIGN, total);
+    if (!b) {
+        char buf[32];
+        return sim_err(SIM_ERR_INTERNAL, "%s: the host could not allocate %s for '%s'", a->label,
+                       sim_fmt_bytes((double)bytes, buf, sizeof buf), name ? name : "?");
+    }
+    b->magic = ARENA_MAGIC;
+    b->bytes = bytes;
+    b->cat = cat;
+    b->next = a->head.next;
+    b->prev = &a->head;
+    a->head.next->prev = b;
+    a->head.next = b;
+    *out = (char *)b + HDR;
+    if (zero && bytes) memset(*out, 0, bytes);
+    return SIM_OK;
+}
+
 sim_status sim_arena_alloc_counted(sim_arena *a, size_t bytes, size_t counted, sim_mem_cat cat, const char *name,
                                    bool zero, void **out)
 {
-    SIM_ASSERT(a && out && cat >= 0 && cat < SIM_NMEM);
+    SIM_ASSERT(a && out);
     *out = NULL;
-    if (a->st.capacity && counted > a->st.capacity - (a->st.live < a->st.capacity ? a->st.live : a->st.capacity))
-        return arena_oom(a, counted, cat, name);
-    if (!a->dry) {
-        block *b = NULL;
-        if (bytes >= CACHE_MIN) /* a released block of the same size: no fresh pages to fault in */
-            for (block *c = a->cache.next; c != &a->cache && !b; c = c->next)
-                if (c->bytes == bytes) b = c;
-        if (b) {
-            unlink_block(b);
-            a->cached -= bytes;
-            b->magic = ARENA_MAGIC;
-            b->cat = cat;
-            push_front(&a->head, b);
-            *out = (char *)b + HDR;
-            if (zero) memset(*out, 0, bytes);
-            account_add(a, counted, cat);
-            return SIM_OK;
-        }
-        size_t total = HDR + ((bytes + ALIGN - 1) / ALIGN) * ALIGN;
-        b = aligned_alloc(ALIGN, total);
-        if (!b) {
-            char buf[32];
-            return sim_err(SIM_ERR_INTERNAL, "%s: the host could not allocate %s for '%s'", a->label,
-                           sim_fmt_bytes((double)bytes, buf, sizeof buf), name ? name : "?");
-        }
-        b->magic = ARENA_MAGIC;
-        b->bytes = bytes;
-        b->cat = cat;
-        b->next = a->head.next;
-        b->prev = &a->head;
-        a->head.next->prev = b;
-        a->head.next = b;
-        *out = (char *)b + HDR;
-        if (zero && bytes) memset(*out, 0, bytes);
-    }
+    SIM_TRY(admit(a, counted, cat, name));
+    SIM_TRY(take_block(a, bytes, cat, name, zero, out));
     account_add(a, counted, cat);
     return SIM_OK;
+}
+
+sim_status sim_arena_charge(sim_arena *a, size_t counted, sim_mem_cat cat, const char *name)
+{
+    SIM_ASSERT(a);
+    SIM_TRY(admit(a, counted, cat, name));
+    account_add(a, counted, cat);
+    return SIM_OK;
+}
+
+sim_status sim_arena_back(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, void **out)
+{
+    SIM_ASSERT(a && out);
+    return take_block(a, bytes, cat, name, false, out);
 }
 
 void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat)
 {
     sim_arena_release_counted(a, p, bytes, bytes, cat);
+}
+
+static void account_sub(sim_arena *a, size_t counted, sim_mem_cat cat)
+{
+    SIM_ASSERT(a->st.live >= counted && a->st.live_by[cat] >= counted);
+    a->st.live -= counted;
+    a->st.live_by[cat] -= counted;
 }
 
 void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t counted, sim_mem_cat cat)
@@ -213,9 +253,13 @@ void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t count
             free(b);
         }
     }
-    SIM_ASSERT(a->st.live >= counted && a->st.live_by[cat] >= counted);
-    a->st.live -= counted;
-    a->st.live_by[cat] -= counted;
+    account_sub(a, counted, cat);
+}
+
+void sim_arena_discharge(sim_arena *a, size_t counted, sim_mem_cat cat)
+{
+    SIM_ASSERT(a && cat >= 0 && cat < SIM_NMEM);
+    account_sub(a, counted, cat);
 }
 
 void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat)

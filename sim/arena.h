@@ -46,6 +46,18 @@ void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat);
 sim_status sim_arena_alloc_counted(sim_arena *a, size_t bytes, size_t counted, sim_mem_cat cat, const char *name,
                                    bool zero, void **out);
 void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t counted, sim_mem_cat cat);
+/* Counted-only entries: bytes the device holds whose storage is not the
+ * arena's (a group's shared all-gather buffer, sim_all_gather_dim_shared; a
+ * view of another array's shard while it is resharded).  A charge makes the
+ * same capacity check (a simulated OOM names `name`) and moves the same live,
+ * peak and allocation figures as sim_arena_alloc_counted of `counted` bytes,
+ * as a dry run does, and holds no memory; sim_arena_discharge undoes it.
+ * sim_arena_back gives a charged entry its storage (NULL in dry run) without
+ * counting anything: the block is then released as any other with
+ * sim_arena_release_counted (and the same `counted`). */
+sim_status sim_arena_charge(sim_arena *a, size_t counted, sim_mem_cat cat, const char *name);
+void sim_arena_discharge(sim_arena *a, size_t counted, sim_mem_cat cat);
+sim_status sim_arena_back(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, void **out);
 /* A live block of category cat counted `from` bytes is counted `to` bytes
  * from now on (a cast in the modelled program); may raise the peak. */
 void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat);

@@ -6,7 +6,9 @@
  * record the bytes.
  *
  * Layouts, in elements (p[] of sim_call):
- *   all-gather      p0 outer, p1 chunk:  send (outer, chunk)    -> recv (outer, k, chunk)
+ *   all-gather      p0 outer, p1 chunk:  send (outer, chunk)    -> recv (outer, k, chunk);
+ *                           shared (sim_all_gather_dim_shared): one recv for the group, made by
+ *                           the last arriver (match_shared), and task r copies only rank r's block
  *   reduce-scatter  p0 outer, p1 chunk:  send (outer, k, chunk) -> recv (outer, chunk)
  *   all-reduce      p0 n:   rank r owns [r*n/k, (r+1)*n/k): it sums that chunk over
  *                           all ranks, then everybody copies the owners' chunks
@@ -70,8 +72,8 @@ static bool same_axes(sim_axes a, sim_axes b)
 static size_t describe_call(const sim_machine *m, const sim_call *c, char *buf, size_t cap)
 {
     char ax[96];
-    return (size_t)snprintf(buf, cap, "%s over %s, %s, sizes [%zu %zu %zu %zu], tag '%s'", sim_op_name(c->op),
-                            sim_axes_label(&m->mesh, c->axes, ax, sizeof ax), sim_dtype_name(c->dt), c->p[0],
+    return (size_t)snprintf(buf, cap, "%s%s over %s, %s, sizes [%zu %zu %zu %zu], tag '%s'", sim_op_name(c->op),
+                            c->shared ? " (shared)" : "", sim_axes_label(&m->mesh, c->axes, ax, sizeof ax), sim_dtype_name(c->dt), c->p[0],
                             c->p[1], c->p[2], c->p[3], tag_or_dash(c->tag));
 }
 
@@ -83,7 +85,8 @@ static int rank_of(const sim_machine *m, int id, sim_axes axes)
 
 static bool same_call(const sim_call *a, const sim_call *b, int k)
 {
-    bool ok = a->op == b->op && a->dt == b->dt && same_axes(a->axes, b->axes) && !memcmp(a->p, b->p, sizeof a->p);
+    bool ok = a->op == b->op && a->dt == b->dt && a->shared == b->shared && same_axes(a->axes, b->axes) &&
+              !memcmp(a->p, b->p, sizeof a->p);
     if (ok && a->op == SIM_OP_PPERMUTE)
         for (int q = 0; q < k && ok; q++) ok = a->perm[q] == b->perm[q];
     return ok;
@@ -381,15 +384,99 @@ static byte_count count_bytes(const sim_device *d, const sim_call *c, int k, int
     return bc;
 }
 
+/* ------------------------------------------------------------ shared all-gather buffers
+ * One host block per shared all-gather: a header (reference count, links in
+ * the machine's list) then the data.  The list only lets sim_machine_free
+ * free what a failed run left referenced, and counts buffers for tests. */
+
+enum { SHARED_HDR = 64 };
+#define SHARED_MAGIC 0x5348474154484552ull /* a live shared buffer */
+
+struct sim_shared_buf {
+    uint64_t magic;
+    atomic_int refs;
+    size_t bytes;
+    struct sim_shared_buf *prev, *next;
+};
+_Static_assert(sizeof(struct sim_shared_buf) <= SHARED_HDR, "the header must fit in SHARED_HDR bytes");
+
+static void *shared_new(sim_machine *m, size_t bytes, int refs)
+{
+    struct sim_shared_buf *b = aligned_alloc(SHARED_HDR, SHARED_HDR + (bytes + SHARED_HDR - 1) / SHARED_HDR * SHARED_HDR);
+    SIM_ASSERT(b);
+    b->magic = SHARED_MAGIC;
+    atomic_init(&b->refs, refs);
+    b->bytes = bytes;
+    pthread_mutex_lock(&m->shared_lock);
+    b->prev = NULL;
+    b->next = m->shared;
+    if (m->shared) m->shared->prev = b;
+    m->shared = b;
+    m->shared_made++;
+    m->shared_live++;
+    pthread_mutex_unlock(&m->shared_lock);
+    return (char *)b + SHARED_HDR;
+}
+
+static void shared_unlink_locked(sim_machine *m, struct sim_shared_buf *b)
+{
+    if (b->prev) b->prev->next = b->next;
+    else m->shared = b->next;
+    if (b->next) b->next->prev = b->prev;
+    m->shared_live--;
+    b->magic = 0;
+}
+
+void sim_shared_release(sim_device *d, const void *buf)
+{
+    if (!buf) return; /* a dry run's */
+    struct sim_shared_buf *b = (struct sim_shared_buf *)((char *)buf - SHARED_HDR);
+    SIM_ASSERT(b->magic == SHARED_MAGIC && atomic_load(&b->refs) > 0);
+    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
+    sim_machine *m = d->m;
+    pthread_mutex_lock(&m->shared_lock);
+    shared_unlink_locked(m, b);
+    pthread_mutex_unlock(&m->shared_lock);
+    free(b);
+}
+
+void sim_shared_free_all(sim_machine *m)
+{
+    while (m->shared) {
+        struct sim_shared_buf *b = m->shared;
+        shared_unlink_locked(m, b);
+        free(b);
+    }
+}
+
+void sim_machine_shared_stats(sim_machine *m, uint64_t *made, uint64_t *live)
+{
+    pthread_mutex_lock(&m->shared_lock);
+    *made = m->shared_made;
+    *live = m->shared_live;
+    pthread_mutex_unlock(&m->shared_lock);
+}
+
+/* match_calls, then (the calls agree: a shared all-gather) the group's one
+ * buffer, with a reference for each member, as every member's receive buffer. */
+static bool match_shared(sim_machine *m, sim_group *g, char *why, size_t cap)
+{
+    if (!match_calls(m, g, why, cap)) return false;
+    const sim_call *c0 = g->slot[0];
+    void *buf = shared_new(m, c0->p[0] * c0->p[1] * (size_t)g->k * sim_dtype_size(c0->dt), g->k);
+    for (int j = 0; j < g->k; j++) g->slot[j]->recv = buf;
+    return true;
+}
+
 /* Moves this device's share of the data.  peers[q] = call of rank q. */
 static void move_data(sim_device *d, const sim_call *c, sim_call *const *peers, int k, int r)
 {
     size_t es = sim_dtype_size(c->dt);
     char *recv = c->recv;
     switch (c->op) {
-    case SIM_OP_ALL_GATHER: {
+    case SIM_OP_ALL_GATHER: { /* shared: one buffer for the group, and task r copies rank r's block */
         size_t outer = c->p[0], chunk = c->p[1];
-        for (int q = 0; q < k; q++) {
+        for (int q = c->shared ? r : 0; q < (c->shared ? r + 1 : k); q++) {
             const char *src = peers[q]->send;
             for (size_t o = 0; o < outer; o++)
                 memcpy(recv + (o * (size_t)k + (size_t)q) * chunk * es, src + o * chunk * es, chunk * es);
@@ -497,7 +584,7 @@ static size_t exchange_bytes(const sim_call *c, int k)
 {
     size_t es = sim_dtype_size(c->dt), n = 0;
     switch (c->op) {
-    case SIM_OP_ALL_GATHER:
+    case SIM_OP_ALL_GATHER: n = c->p[0] * c->p[1] * (c->shared ? 1 : (size_t)k); break;
     case SIM_OP_REDUCE_SCATTER:
     case SIM_OP_ALL_TO_ALL: n = c->p[0] * c->p[1] * (size_t)k; break;
     case SIM_OP_ALL_REDUCE:
@@ -524,6 +611,7 @@ static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
     bool dry = m->opts.dry_run;
     if (k == 1) {
         sim_call *self[1] = {c};
+        if (c->shared && !dry) c->recv = shared_new(m, c->p[0] * c->p[1] * sim_dtype_size(c->dt), 1);
         if (!dry) move_data(d, c, self, 1, 0);
         add_record(d, c, 1, count_bytes(d, c, 1, 0), meta, t0);
         return SIM_OK;
@@ -534,7 +622,8 @@ static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
         add_record(d, c, k, count_bytes(d, c, k, r), meta, t0);
         return SIM_OK;
     }
-    SIM_TRY(sim_exchange(d, g, c, match_calls, move_task, k, exchange_bytes(c, k) >= SPLIT_BYTES));
+    SIM_TRY(sim_exchange(d, g, c, c->shared ? match_shared : match_calls, move_task, k,
+                         exchange_bytes(c, k) >= SPLIT_BYTES));
     add_record(d, c, k, count_bytes(d, c, k, r), meta, t0);
     return SIM_OK;
 }
@@ -581,6 +670,22 @@ sim_status sim_all_gather_dim(sim_device *d, const void *send, void *recv, size_
     c.p[1] = mid * inner;
     SIM_TRY(need_buffers(d, &c, outer * mid * inner));
     return run_collective(d, &c, meta);
+}
+
+sim_status sim_all_gather_dim_shared(sim_device *d, const void *send, void **recv, size_t outer, size_t mid,
+                                     size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta)
+{
+    *recv = NULL;
+    sim_call c = call_init(SIM_OP_ALL_GATHER, send, NULL, dt, axes, meta);
+    c.p[0] = outer;
+    c.p[1] = mid * inner;
+    c.shared = true;
+    if (!d->m->opts.dry_run && outer * mid * inner != 0 && !send)
+        return sim_err(SIM_ERR_INPUT, "all-gather '%s' on %s: a NULL send buffer for %zu elements (only dry runs may "
+                       "pass NULL)", tag_or_dash(meta.tag), d->label, outer * mid * inner);
+    SIM_TRY(run_collective(d, &c, meta));
+    *recv = c.recv;
+    return SIM_OK;
 }
 
 sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,

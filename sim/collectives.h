@@ -123,6 +123,20 @@ typedef struct {
  * middle dim; block r of the result comes from rank r.  count = outer*mid*inner. */
 sim_status sim_all_gather_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid,
                               size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta);
+/* The same gather into one buffer for the whole group: each member's block
+ * is copied into it once (the group copies the array once, not once per
+ * member) and every member gets *recv pointing at it.  The buffer is
+ * read-only and belongs to no arena: each member gives its reference back
+ * with sim_shared_release, and the last one frees it; a caller accounts the
+ * bytes itself (sim_arena_charge).  Records, byte counts, checks, mismatch
+ * reports (a shared and a plain all-gather in one group are a mismatch) and
+ * dry runs (*recv = NULL) are those of sim_all_gather_dim. */
+sim_status sim_all_gather_dim_shared(sim_device *d, const void *send, void **recv, size_t outer, size_t mid,
+                                     size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta);
+/* Gives back one reference to a shared all-gather's buffer (NULL: nothing). */
+void sim_shared_release(sim_device *d, const void *buf);
+/* Shared all-gather buffers the machine made so far, and how many are still referenced. */
+void sim_machine_shared_stats(sim_machine *m, uint64_t *made, uint64_t *live);
 /* send (count) -> recv (k*count). */
 sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
                           sim_axes axes, sim_meta meta);

@@ -179,6 +179,7 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     m->workers = m->n;
     m->t_origin = sim_now_ns();
     pthread_mutex_init(&m->lock, NULL);
+    pthread_mutex_init(&m->shared_lock, NULL);
     m->by_mask = calloc((size_t)1 << m->mesh.naxes, sizeof *m->by_mask);
     m->dev = calloc((size_t)m->n, sizeof *m->dev);
     SIM_ASSERT(m->by_mask && m->dev);
@@ -242,6 +243,8 @@ void sim_machine_free(sim_machine *m)
         free(d->spans);
     }
     free(m->dev);
+    sim_shared_free_all(m);
+    pthread_mutex_destroy(&m->shared_lock);
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
@@ -251,6 +254,7 @@ const sim_mesh_desc *sim_machine_mesh(const sim_machine *m) { return &m->mesh; }
 const sim_machine_opts *sim_machine_options(const sim_machine *m) { return &m->opts; }
 void sim_machine_set_collective_timeout(sim_machine *m, double seconds) { m->opts.collective_timeout_s = seconds; }
 void sim_machine_set_record_costs(sim_machine *m, bool on) { m->opts.no_costs = !on; }
+void sim_machine_set_shared_gathers(sim_machine *m, bool on) { m->opts.copy_gathers = !on; }
 int sim_machine_blas_threads(const sim_machine *m) { return m->blas_threads; }
 int sim_machine_threads(const sim_machine *m) { return m->workers; }
 

@@ -54,6 +54,9 @@ typedef struct {
                                     accelerator's compiler casts the shard before gathering it
                                     (SIM_F32, the zero value: as the parameter is counted) */
     sim_dtype counted_grad_reduce; /* a float32 parameter gradient's reductions, likewise */
+    bool copy_gathers;     /* parameters' FSDP gathers run as the plain all-gather, each member copying
+                              the whole array, instead of one buffer the group shares
+                              (sim_all_gather_dim_shared): the same bits, for tests comparing the two */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */
@@ -90,6 +93,8 @@ void sim_machine_set_collective_timeout(sim_machine *m, double seconds);
  * hardware profile has no step-time model to read them, and a 256-device dry run of a deep model
  * would hold hundreds of MB of them. */
 void sim_machine_set_record_costs(sim_machine *m, bool on);
+/* Turns the shared all-gather of parameters on or off (on by default: opts.copy_gathers). */
+void sim_machine_set_shared_gathers(sim_machine *m, bool on);
 /* Before the first machine of a process that only makes dry runs: keep glibc's arenas per
  * thread.  By default all threads share one malloc arena (real runs' activations stay mapped
  * from step to step), but a dry run's hundreds of device threads allocate bookkeeping

@@ -39,6 +39,7 @@ typedef struct sim_call {
     const int *perm;  /* ppermute table, k entries */
     const size_t *send_off, *send_cnt, *recv_off, *recv_cnt; /* ragged */
     size_t recv_cap;
+    bool shared;      /* all-gather into one buffer for the group (sim_all_gather_dim_shared) */
 } sim_call;
 
 typedef enum { SIM_RV_ARRIVE = 0, SIM_RV_DEPART, SIM_RV_BARRIER } sim_rv_kind;
@@ -151,6 +152,12 @@ struct sim_machine {
     sim_device_fn fn;
     void *arg;
     size_t trace_limit;   /* sim_trace_set_limit: the trace's max_events (0 = every device) */
+    /* the live buffers of shared all-gathers (collectives.c), freed with the machine if a
+     * failed run left references behind */
+    pthread_mutex_t shared_lock;
+    struct sim_shared_buf *shared;
+    uint64_t shared_made; /* buffers made so far */
+    uint64_t shared_live; /* of which not yet released by every member */
 };
 
 /* The group over `mask` that device d belongs to (created on first use). */
@@ -190,5 +197,7 @@ void sim_trace_add(sim_device *d, const sim_span *s);
  * spans are then freed and only counted.  Callers skip building a span that is not kept. */
 bool sim_trace_keeps(sim_device *d);
 unsigned sim_axes_mask(sim_axes axes);
+/* Frees the shared all-gather buffers still referenced (sim_machine_free). */
+void sim_shared_free_all(sim_machine *m);
 
 #endif

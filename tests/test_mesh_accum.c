@@ -142,7 +142,7 @@ static sim_status one_case(sim_device *d, job *j, int ci)
     j->nrec[id][ci][0] = n;
     for (size_t i = 0; i < n; i++) j->sent[id][ci][0] += rec[i].bytes_sent;
     if (fused) {
-        mesh_array_free_ghost(d, &out);
+        mesh_array_free(d, &out);
         sim_arena_get_stats(ar, &j->mem[id][ci][0]);
         j->worst[id][ci][0] = worst_ratio(&a, &b, old, acc.data);
         j->worst[id][ci][1] = worst_ratio(&a, &b, old, acc2.data);

@@ -696,6 +696,182 @@ static void test_large_exchanges(void **state)
     sim_machine_free(m);
 }
 
+/* ------------------------------------------------------------ shared all-gather */
+
+/* Every member gathers the same (outer, mid, inner) blocks twice: the plain
+ * way into its own buffer, then into the group's shared one.  Device 1 may
+ * call the plain one where the others share (a mismatch), and a second run
+ * may give the references back. */
+enum { SG_MAXDEV = 8 };
+
+typedef struct {
+    tmesh tm;
+    sim_axes ax;
+    size_t outer, mid, inner;
+    bool odd_one_out; /* device 1 calls the plain all-gather in place of the shared one */
+    float *plain[SG_MAXDEV];
+    void *shared[SG_MAXDEV];
+    sim_record rec_plain[SG_MAXDEV], rec_shared[SG_MAXDEV];
+    sim_arena_stats arena_before[SG_MAXDEV], arena_after[SG_MAXDEV];
+} sg_case;
+
+static sim_status sg_device(sim_device *d, void *arg)
+{
+    sg_case *sc = arg;
+    int id = sim_device_id(d), k = t_k(&sc->tm, sc->ax);
+    size_t n = sc->outer * sc->mid * sc->inner;
+    bool dry = sim_device_dry(d);
+    float *in = dry ? NULL : malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; in && i < n; i++) in[i] = val(id, i);
+    sc->plain[id] = dry ? NULL : malloc((size_t)k * n * sizeof(float) + 1);
+    sim_arena_get_stats(sim_device_arena(d), &sc->arena_before[id]);
+    sim_status st = sim_all_gather_dim(d, in, sc->plain[id], sc->outer, sc->mid, sc->inner, SIM_F32, sc->ax,
+                                       sim_meta_weight("w/ag"));
+    if (st == SIM_OK) {
+        size_t nr;
+        sc->rec_plain[id] = sim_device_records(d, &nr)[nr - 1];
+        if (sc->odd_one_out && id == 1) {
+            float *again = dry ? NULL : malloc((size_t)k * n * sizeof(float) + 1);
+            st = sim_all_gather_dim(d, in, again, sc->outer, sc->mid, sc->inner, SIM_F32, sc->ax,
+                                    sim_meta_weight("w/ag"));
+            free(again);
+        } else {
+            st = sim_all_gather_dim_shared(d, in, &sc->shared[id], sc->outer, sc->mid, sc->inner, SIM_F32, sc->ax,
+                                           sim_meta_weight("w/ag"));
+        }
+        if (st == SIM_OK) sc->rec_shared[id] = sim_device_records(d, &nr)[nr - 1];
+    }
+    sim_arena_get_stats(sim_device_arena(d), &sc->arena_after[id]);
+    free(in);
+    return st;
+}
+
+static sim_status sg_release(sim_device *d, void *arg)
+{
+    sg_case *sc = arg;
+    sim_shared_release(d, sc->shared[sim_device_id(d)]);
+    return SIM_OK;
+}
+
+static void sg_free(sg_case *sc)
+{
+    for (int id = 0; id < SG_MAXDEV; id++) free(sc->plain[id]);
+}
+
+static void sg_same_record(const sim_record *a, const sim_record *b)
+{
+    assert_int_equal(a->op, SIM_OP_ALL_GATHER);
+    assert_int_equal(b->op, SIM_OP_ALL_GATHER);
+    assert_int_equal(a->group_size, b->group_size);
+    assert_int_equal(a->dtype, b->dtype);
+    assert_int_equal(a->elements, b->elements);
+    assert_int_equal(a->bytes_sent, b->bytes_sent);
+    assert_int_equal(a->bytes_recv, b->bytes_recv);
+    assert_int_equal(a->weight, b->weight);
+    assert_string_equal(a->tag, b->tag);
+}
+
+/* The shared buffer holds what the plain gather gives (both checked against the definition: block
+ * q of each outer row is rank q's row), is one pointer per group, counts like the plain one, leaves
+ * the arenas alone, and is freed once every member gave its reference back. */
+static void sg_check(const tmesh *tm, sim_axes ax, size_t outer, size_t mid, size_t inner)
+{
+    sg_case *sc = calloc(1, sizeof *sc);
+    sc->tm = *tm;
+    sc->ax = ax;
+    sc->outer = outer, sc->mid = mid, sc->inner = inner;
+    int ndev = t_ndev(tm), k = t_k(tm, ax);
+    size_t chunk = mid * inner, K = (size_t)k;
+    sim_machine *m = make_machine(tm, false);
+    if (sim_machine_run(m, sg_device, sc) != SIM_OK) fail_msg("%s", sim_errmsg());
+    uint64_t made, live;
+    sim_machine_shared_stats(m, &made, &live);
+    assert_int_equal(made, (uint64_t)(ndev / k)); /* one buffer per group */
+    assert_int_equal(live, made);
+    int bad = 0;
+    for (int id = 0; id < ndev; id++) {
+        const float *sh = sc->shared[id];
+        assert_non_null(sh);
+        for (size_t o = 0; o < outer; o++)
+            for (size_t q = 0; q < K; q++)
+                for (size_t i = 0; i < chunk; i++) {
+                    float want = val(t_member(tm, id, ax, (int)q), o * chunk + i);
+                    size_t at = (o * K + q) * chunk + i;
+                    bad += sc->plain[id][at] != want;
+                    bad += memcmp(&sh[at], &want, sizeof want) != 0;
+                }
+        for (int other = 0; other < ndev; other++) { /* the same buffer exactly within the group */
+            bool same_group = t_member(tm, id, ax, 0) == t_member(tm, other, ax, 0);
+            assert_true((sc->shared[other] == sc->shared[id]) == same_group);
+        }
+        sg_same_record(&sc->rec_shared[id], &sc->rec_plain[id]);
+        assert_int_equal(sc->rec_shared[id].bytes_sent, (K - 1) * outer * chunk * sizeof(float));
+        assert_memory_equal(&sc->arena_before[id], &sc->arena_after[id], sizeof(sim_arena_stats));
+    }
+    assert_int_equal(bad, 0);
+    /* references given back: the last member of each group frees its buffer (ASan checks once) */
+    if (sim_machine_run(m, sg_release, sc) != SIM_OK) fail_msg("%s", sim_errmsg());
+    sim_machine_shared_stats(m, &made, &live);
+    assert_int_equal(made, (uint64_t)(ndev / k));
+    assert_int_equal(live, 0);
+    sim_machine_free(m);
+    sg_free(sc);
+    free(sc);
+}
+
+static void test_shared_gather(void **state)
+{
+    (void)state;
+    tmesh m1 = {1, {1}}, m4 = {1, {4}}, m23 = {2, {2, 3}}, m222 = {3, {2, 2, 2}};
+    sg_check(&m1, sim_axes_1(0), 2, 3, 1);           /* a group of one */
+    sg_check(&m4, sim_axes_1(0), 1, 5, 1);           /* odd count */
+    sg_check(&m4, sim_axes_1(0), 3, 2, 4);           /* a middle dim */
+    sg_check(&m23, sim_axes_2(1, 0), 2, 3, 2);       /* two axes in reverse order, 6 devices */
+    sg_check(&m23, sim_axes_1(1), 1, 0, 1);          /* nothing to gather */
+    sg_check(&m222, sim_axes_2(0, 2), 2, 2, 2);      /* groups that are not neighbours */
+    sg_check(&m4, sim_axes_1(0), 4, 4096, 2);        /* large enough for helpers to share the copy */
+}
+
+static void test_shared_gather_dry_and_mismatch(void **state)
+{
+    (void)state;
+    tmesh m4 = {1, {4}};
+    /* dry run: nothing moves and nothing is made, the records are the plain ones */
+    sg_case *sc = calloc(1, sizeof *sc);
+    sc->tm = m4;
+    sc->ax = sim_axes_1(0);
+    sc->outer = 2, sc->mid = 3, sc->inner = 1;
+    sim_machine *m = make_machine(&m4, true);
+    if (sim_machine_run(m, sg_device, sc) != SIM_OK) fail_msg("%s", sim_errmsg());
+    uint64_t made, live;
+    sim_machine_shared_stats(m, &made, &live);
+    assert_int_equal(made, 0);
+    for (int id = 0; id < 4; id++) {
+        assert_null(sc->shared[id]);
+        sg_same_record(&sc->rec_shared[id], &sc->rec_plain[id]);
+        assert_int_equal(sc->rec_shared[id].bytes_sent, 3 * 2 * 3 * sizeof(float));
+    }
+    sim_machine_free(m);
+    sg_free(sc);
+    /* a shared and a plain all-gather in one group: a mismatch naming the shared call, no buffer made */
+    for (int dry = 0; dry < 2; dry++) {
+        memset(sc, 0, sizeof *sc);
+        sc->tm = m4;
+        sc->ax = sim_axes_1(0);
+        sc->outer = 1, sc->mid = 4, sc->inner = 1;
+        sc->odd_one_out = true;
+        m = make_machine(&m4, dry);
+        assert_int_equal(sim_machine_run(m, sg_device, sc), SIM_ERR_MISMATCH);
+        assert_non_null(strstr(sim_errmsg(), "all-gather (shared)"));
+        assert_non_null(strstr(sim_errmsg(), "w/ag"));
+        sim_machine_shared_stats(m, &made, &live);
+        assert_int_equal(made, 0);
+        sim_machine_free(m);
+        sg_free(sc);
+    }
+    free(sc);
+}
+
 /* ------------------------------------------------------------ slices */
 
 /* Mesh (x=4, y=2) on two slices: x = dcn 2 x ici 2, so devices with x in
@@ -770,6 +946,8 @@ int main(void)
         cmocka_unit_test(test_all_reduce_deterministic_and_dry),
         cmocka_unit_test(test_large_exchanges),
         cmocka_unit_test(test_dcn_bytes),
+        cmocka_unit_test(test_shared_gather),
+        cmocka_unit_test(test_shared_gather_dry_and_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
