@@ -58,8 +58,9 @@ sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec 
     else if (src->cat == SIM_MEM_GRADS || src->cat == SIM_MEM_OPTIMIZER) mesh_array_recount(c->dev, out, src->counted);
     sim_meta meta = c->mode == MESH_MODE_AUTO ? sim_meta_implicit(tag) : sim_meta_tag(tag);
     meta.weight = src->cat == SIM_MEM_PARAMS;
-    /* every caller only reads the operand (the kernels take it const; a VJP writes fresh gradients):
-     * a gather, of a weight or an activation, is one buffer for the group */
+    /* every caller only reads the operand (its VJP writes fresh gradients; every model and mesh test
+     * passes with shared buffers mapped read-only, sim_machine_set_shared_guard): a gather, of a
+     * weight or an activation, is one buffer for the group */
     sim_status st = mesh_reshard_shared(c->dev, c->mesh, out, spec, meta);
     if (st) {
         mesh_array_free(c->dev, out);

@@ -413,6 +413,8 @@ struct sim_shared_buf {
     struct sim_shared_buf *prev, *next;
 };
 _Static_assert(sizeof(struct sim_shared_buf) <= SHARED_HDR, "the header must fit in SHARED_HDR bytes");
+_Static_assert(sizeof ((sim_machine *)0)->shared_kept / sizeof(void *) == SHARED_KEEP,
+               "sim_machine.shared_kept holds SHARED_KEEP buffers");
 
 static size_t shared_alloc_bytes(size_t bytes)
 {
