@@ -377,6 +377,17 @@ int64_t bk_einsum_copied(const char *subscripts, int ra, const int64_t *sa, int 
   return choose_orders(&d, la, na, lb, nb, &gm, &gn, &gk);
 }
 
+int bk_einsum_out_direct(const char *subscripts, int ra, const int64_t *sa, int rb, const int64_t *sb) {
+  bk_einsum_dims d;
+  char err[256], la[BK_EINSUM_MAX_RANK], lb[BK_EINSUM_MAX_RANK];
+  int rc = bk_einsum_parse(subscripts, ra, sa, rb, sb, &d, err, sizeof err);
+  BK_ASSERTF(rc == 0, "%s", err);
+  int na = kept_letters(&d, d.la, d.ra, BK_EIN_LHS_SUM, la), nb = kept_letters(&d, d.lb, d.rb, BK_EIN_RHS_SUM, lb);
+  group gm, gn, gk;
+  choose_orders(&d, la, na, lb, nb, &gm, &gn, &gk);  // the orders bk_einsum picks
+  return tensor_view(&d, &gm, &gn, d.lo, d.ro).ok;
+}
+
 /* ------------------------------------------------------------ the kernel */
 
 void bk_einsum(const char *subscripts, float *out, const float *a, int ra, const int64_t *sa, const float *b,

@@ -61,6 +61,11 @@ void bk_einsum_ref(const char *subscripts, float *out, const float *a, int ra, c
  * counts twice); 0 when every buffer can be used as it is. */
 int64_t bk_einsum_copied(const char *subscripts, int ra, const int64_t *sa, int rb, const int64_t *sb);
 
+/* Whether bk_einsum writes the output in place: every sgemm's C is a view of `out` (no scratch
+ * result scattered afterwards), so beta = 1 accumulates into out inside sgemm itself, each output
+ * element one dot product added to its old value in sgemm's order. */
+int bk_einsum_out_direct(const char *subscripts, int ra, const int64_t *sa, int rb, const int64_t *sb);
+
 /* out = in with its dims permuted: out dim i is in dim perm[i] (elements of `es` bytes). */
 void bk_permute(void *out, const void *in, size_t es, int rank, const int64_t *shape,
                 const int *perm);

@@ -1,6 +1,7 @@
 /* ad.c — einsum, add and the constraint primitives on the tape (see ad.h). */
 #include "mesh/ad.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,26 +33,56 @@ static void join_sub(char *sub, size_t cap, const char *x, const char *y, const 
     sim_str_put(sub, cap, n, z, SIZE_MAX);
 }
 
-/* mesh_einsum with the tape's reshard cache installed on the context. */
+/* Contributions added into a cotangent sum by sgemm (mesh_einsum_into), over every device and
+ * run; and whether that is allowed (tests turn it off to compare with the separate add). */
+static atomic_llong fused_count;
+static atomic_bool fuse_off;
+
+void mesh_ad_set_fuse(bool on) { atomic_store(&fuse_off, !on); }
+long long mesh_ad_fused_count(void) { return atomic_load(&fused_count); }
+
+/* mesh_einsum with the tape's reshard cache installed on the context; with acc, mesh_einsum_into
+ * (no out_sharding then), *fused telling whether the product went into acc. */
 static sim_status einsum_cached(mesh_tape *t, const char *sub, const mesh_array *a, const mesh_array *b,
-                                const mesh_spec *out_sharding, const char *name, sim_mem_cat cat, mesh_array *out)
+                                const mesh_spec *out_sharding, const char *name, sim_mem_cat cat, mesh_array *out,
+                                mesh_array *acc, bool *fused)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     struct mesh_reshard_cache *saved = c->cache;
     c->cache = mesh_tape_cache(t);
     char tag[SIM_TAG_MAX];
     int span = sim_span_begin(c->dev, mesh_tape_tag(t, name, tag, sizeof tag)); /* a compute span in the trace */
-    sim_status st = mesh_einsum(c, sub, a, b, out_sharding, name, cat, out, NULL);
+    sim_status st = acc ? mesh_einsum_into(c, sub, a, b, acc, name, cat, out, fused)
+                        : mesh_einsum(c, sub, a, b, out_sharding, name, cat, out, NULL);
     sim_span_end(c->dev, span);
     c->cache = saved;
     return st;
+}
+
+/* One contribution of an einsum VJP to v's cotangent: added by sgemm into the sum v already holds
+ * when mesh_einsum_into can (the normed x feeding q, k and v, or wi_0 and wi_1), else made on its
+ * own and accumulated.  The arena counts the contribution either way (a ghost when fused): the
+ * compiled program may well fuse the add into the dot too, but the memory figures then stay those
+ * the seeds, the tests and the README were measured with, and a dry run, which has no data to
+ * add, counts exactly what a real run counts without having to follow the choice. */
+static sim_status contribute(mesh_tape *t, mesh_var *v, const char *sub, const mesh_array *x, const mesh_array *y,
+                             const char *name)
+{
+    char tag[SIM_TAG_MAX];
+    mesh_array g, *acc = atomic_load(&fuse_off) ? NULL : mesh_tape_grad_sum(v);
+    bool fused = false;
+    SIM_TRY(einsum_cached(t, sub, x, y, NULL, name, SIM_MEM_TEMP, &g, acc, &fused));
+    if (!fused) return mesh_tape_accumulate(t, v, &g, mesh_tape_tag(t, name, tag, sizeof tag));
+    atomic_fetch_add(&fused_count, 1);
+    mesh_tape_accumulated(t, v, &g);
+    return SIM_OK;
 }
 
 static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     mesh_var *a = e->in[0], *b = e->in[1], *y = e->out[0];
-    char l[16], r[16], o[16], sub[64], tag[SIM_TAG_MAX];
+    char l[16], r[16], o[16], sub[64];
     SIM_TRY(split_sub(e->sub, l, r, o));
     for (const char *p = l; *p; p++)
         if (!strchr(o, *p) && !strchr(r, *p))
@@ -63,16 +94,12 @@ static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
     c->layer = e->tag;
     sim_status st = SIM_OK;
     if (a->needs_grad) {
-        mesh_array da;
         join_sub(sub, sizeof sub, o, r, l);
-        st = einsum_cached(t, sub, &y->grad, &b->val, NULL, "bwd_lhs", SIM_MEM_TEMP, &da);
-        if (st == SIM_OK) st = mesh_tape_accumulate(t, a, &da, mesh_tape_tag(t, "bwd_lhs", tag, sizeof tag));
+        st = contribute(t, a, sub, &y->grad, &b->val, "bwd_lhs");
     }
     if (st == SIM_OK && b->needs_grad) {
-        mesh_array db;
         join_sub(sub, sizeof sub, l, o, r);
-        st = einsum_cached(t, sub, &a->val, &y->grad, NULL, "bwd_rhs", SIM_MEM_TEMP, &db);
-        if (st == SIM_OK) st = mesh_tape_accumulate(t, b, &db, mesh_tape_tag(t, "bwd_rhs", tag, sizeof tag));
+        st = contribute(t, b, sub, &a->val, &y->grad, "bwd_rhs");
     }
     c->layer = layer;
     return st;
@@ -82,7 +109,7 @@ sim_status mesh_ad_einsum(mesh_tape *t, const char *sub, mesh_var *a, mesh_var *
                           const char *name, mesh_var **out)
 {
     mesh_var *y = mesh_tape_var(t);
-    SIM_TRY(einsum_cached(t, sub, &a->val, &b->val, out_sharding, name, SIM_MEM_ACTIVATIONS, &y->val));
+    SIM_TRY(einsum_cached(t, sub, &a->val, &b->val, out_sharding, name, SIM_MEM_ACTIVATIONS, &y->val, NULL, NULL));
     char tag[SIM_TAG_MAX];
     mesh_var *in[2] = {a, b};
     mesh_entry *e = mesh_tape_record(t, einsum_vjp, mesh_tape_tag(t, name, tag, sizeof tag), 2, in, 1, &y);

@@ -20,4 +20,10 @@ sim_status mesh_ad_shard_as(mesh_tape *t, mesh_var *x, const mesh_spec *spec, co
 /* Raw with_sharding_constraint: an assert in explicit mode, a reshard in auto. */
 sim_status mesh_ad_constraint(mesh_tape *t, mesh_var *x, const mesh_spec *spec, const char *name, mesh_var **out);
 
+/* Einsum VJP contributions added into an existing cotangent by sgemm (mesh_einsum_into) so far, on
+ * every device of every run of the process; and the switch (on by default) that allows it, for
+ * tests comparing with the separate add.  Set the switch only while no machine runs. */
+long long mesh_ad_fused_count(void);
+void mesh_ad_set_fuse(bool on);
+
 #endif

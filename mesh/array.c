@@ -86,6 +86,14 @@ sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *na
     return array_new(d, m, name, rank, shape, spec, dt, -1, cat, false, out);
 }
 
+sim_status mesh_array_new_ghost(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                                const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out)
+{
+    sim_status st = array_new(d, m, name, rank, shape, spec, dt, -2, cat, false, out);
+    if (st == SIM_OK) out->hold = MESH_HOLD_GHOST;
+    return st;
+}
+
 sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
                             sim_mem_cat cat, mesh_array *out)
 {
@@ -113,7 +121,7 @@ void mesh_array_free(sim_device *d, mesh_array *a)
     sim_arena *arena = sim_device_arena(d);
     size_t counted = a->nlocal * sim_dtype_size(a->counted);
     if (a->hold != MESH_HOLD_OWN) { /* counted only; a shared buffer's last reference frees it */
-        if (a->data || sim_device_dry(d)) sim_arena_discharge(arena, counted, a->cat);
+        if (a->data || a->hold == MESH_HOLD_GHOST || sim_device_dry(d)) sim_arena_discharge(arena, counted, a->cat);
         if (a->hold == MESH_HOLD_SHARED) sim_shared_release(d, a->data);
     } else if (a->data || sim_device_dry(d)) {
         sim_arena_release_counted(arena, a->data, a->nlocal * sim_dtype_size(a->dtype), counted, a->cat);
@@ -125,7 +133,7 @@ void mesh_array_free(sim_device *d, mesh_array *a)
 
 void mesh_array_recount(sim_device *d, mesh_array *a, sim_dtype dt)
 {
-    if (a->data || sim_device_dry(d))
+    if (a->data || a->hold == MESH_HOLD_GHOST || sim_device_dry(d))
         sim_arena_recount(sim_device_arena(d), a->nlocal * sim_dtype_size(a->counted), a->nlocal * sim_dtype_size(dt),
                           a->cat);
     a->counted = dt;

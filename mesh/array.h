@@ -21,8 +21,10 @@ typedef enum {
     MESH_HOLD_SHARED,   /* the buffer of a shared all-gather (sim_all_gather_dim_shared), one for the whole
                            group: read-only, counted in the arena without storage (sim_arena_charge);
                            mesh_array_free gives the reference back */
-    MESH_HOLD_BORROWED  /* another array's shard, about to be resharded (mesh_array_borrow): read-only,
+    MESH_HOLD_BORROWED, /* another array's shard, about to be resharded (mesh_array_borrow): read-only,
                            counted only; never outlives the reshard that follows */
+    MESH_HOLD_GHOST     /* no storage (data NULL): a product the simulator added straight into another
+                           array (mesh_einsum_into), counted as the modelled program holds it */
 } mesh_hold;
 
 typedef struct {
@@ -58,6 +60,12 @@ sim_status mesh_array_new(sim_device *d, const mesh_shape *m, const char *name, 
 /* The same without zero-filling: for outputs the caller overwrites entirely. */
 sim_status mesh_array_new_raw(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                               const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
+/* An array counted in the arena exactly as mesh_array_new_raw counts it (sim_arena_charge), with
+ * no storage (MESH_HOLD_GHOST, data NULL): a value the modelled program holds on its own while the
+ * simulator adds it straight into another array (mesh_einsum_into).  mesh_array_recount and
+ * mesh_array_free treat it as any array. */
+sim_status mesh_array_new_ghost(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
+                                const mesh_spec *spec, sim_dtype dt, sim_mem_cat cat, mesh_array *out);
 /* Either of the two, counted in `counted` whatever the category (fixed: see mesh_array_recount). */
 sim_status mesh_array_new_as(sim_device *d, const mesh_shape *m, const char *name, int rank, const int64_t *shape,
                              const mesh_spec *spec, sim_dtype dt, sim_dtype counted, sim_mem_cat cat, bool zero,

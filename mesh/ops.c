@@ -866,9 +866,10 @@ static void einsum_inputs(placement *p, const mesh_ctx *ctx, const mesh_array *a
     p->out_target = out_sharding;
 }
 
-sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
-                       const mesh_spec *out_sharding, const char *name, sim_mem_cat out_cat, mesh_array *out,
-                       mesh_einsum_info *info)
+/* mesh_einsum, and mesh_einsum_into when acc is given (*fused then says which way it went). */
+static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
+                              const mesh_spec *out_sharding, const char *name, sim_mem_cat out_cat, mesh_array *out,
+                              mesh_einsum_info *info, mesh_array *acc, bool *fused)
 {
     char tag[SIM_TAG_MAX], opdesc[96], err[256];
     make_tag(ctx, name, tag, sizeof tag);
@@ -959,9 +960,23 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
     st = stage(ctx, &ua.arr, &p->from[0], &p->to[0], meta, &sa);
     if (st == SIM_OK) st = stage(ctx, &ub.arr, &p->from[1], &p->to[1], meta, &sb);
     if (st != SIM_OK) goto done;
-    st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
+    /* into acc: only where adding there changes nothing else -- the placement (chosen as ever) gives
+     * acc's spec, dims and partial axes, so no collective would have touched the product, and the
+     * kernel writes C in place (a scratch result scattered after would still be a temporary).  A
+     * function of shapes and specs alone: a dry run decides the same. */
+    bool into = acc && acc->hold == MESH_HOLD_OWN && !out_sharding && acc->dtype == SIM_F32 &&
+                acc->rank == d.ro && mesh_spec_equal(&p->out, &acc->spec) &&
+                !memcmp(acc->shape, d.out_shape, (size_t)d.ro * sizeof d.out_shape[0]) &&
+                bk_einsum_out_direct(sub, sa.arr.rank, sa.arr.local, sb.arr.rank, sb.arr.local);
+    if (fused) *fused = into;
+    if (into)
+        st = mesh_array_new_ghost(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
+    else
+        st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
     if (st != SIM_OK) goto done;
-    if (out->data && sa.arr.data && sb.arr.data)
+    if (into && acc->data && sa.arr.data && sb.arr.data) /* beta = 1: sgemm adds the product to acc */
+        bk_einsum(sub, acc->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 1.0f);
+    else if (!into && out->data && sa.arr.data && sb.arr.data)
         bk_einsum(sub, out->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 0.0f);
     einsum_cost(ctx, sub, &sa.arr, &sb.arr, out, a->cat == SIM_MEM_PARAMS, b->cat == SIM_MEM_PARAMS, tag);
     if (info) {
@@ -986,6 +1001,20 @@ done:
     unstage(ctx, &ua);
     unstage(ctx, &ub);
     return st;
+}
+
+sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
+                       const mesh_spec *out_sharding, const char *name, sim_mem_cat out_cat, mesh_array *out,
+                       mesh_einsum_info *info)
+{
+    return einsum_impl(ctx, subscripts, a, b, out_sharding, name, out_cat, out, info, NULL, NULL);
+}
+
+sim_status mesh_einsum_into(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
+                            mesh_array *acc, const char *name, sim_mem_cat out_cat, mesh_array *out, bool *fused)
+{
+    *fused = false;
+    return einsum_impl(ctx, subscripts, a, b, NULL, name, out_cat, out, NULL, acc, fused);
 }
 
 /* ======================================================================== */

@@ -55,6 +55,17 @@ sim_status mesh_einsum(mesh_ctx *ctx, const char *subscripts, const mesh_array *
                        const mesh_spec *out_sharding, const char *name, sim_mem_cat out_cat, mesh_array *out,
                        mesh_einsum_info *info);
 
+/* mesh_einsum (no out_sharding) whose product is to be added to acc, an array of the output's shape
+ * (a cotangent contribution): where the placement chosen as ever gives acc's spec, dims and partial
+ * axes, and the local product writes its output in place (bk_einsum_out_direct), the product is
+ * added into acc by sgemm itself (beta = 1) and *fused is true; *out is then a ghost
+ * (mesh_array_new_ghost): counted in the arena as the product would be, no storage, released with
+ * mesh_array_free.  Otherwise exactly mesh_einsum, *fused false, acc untouched.  The
+ * collectives and the arena's figures are the same either way; acc's bits differ from a separate
+ * add by rounding (the old value joins the sum at sgemm's first K block instead of after the last). */
+sim_status mesh_einsum_into(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
+                            mesh_array *acc, const char *name, sim_mem_cat out_cat, mesh_array *out, bool *fused);
+
 /* ---- elementwise ------------------------------------------------------------- */
 
 /* out = a + b, a - b, a * b (float32).  Equal ranks (or one scalar); size-1 dims broadcast.

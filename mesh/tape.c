@@ -274,6 +274,15 @@ static mesh_spec canonical(const mesh_var *v, uint32_t partial)
     return to;
 }
 
+/* A cotangent has its primal's dtype: a value counted in a fixed dtype
+ * (float32 logits, say) has a gradient counted in it too.  True when it did. */
+static bool count_as_primal(mesh_tape *t, const mesh_var *v, mesh_array *g)
+{
+    if (!v->val.counted_fixed) return false;
+    if (g->counted != v->val.counted || !g->counted_fixed) mesh_array_recount(t->ctx->dev, g, v->val.counted);
+    return true;
+}
+
 sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const char *tag)
 {
     mesh_array_owned(g); /* the tape keeps it as the gradient or adds into it */
@@ -281,15 +290,11 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
         mesh_array_free(t->ctx->dev, g);
         return SIM_OK;
     }
-    /* a cotangent has its primal's dtype: a value counted in a fixed dtype
-     * (float32 logits, say) has a gradient counted in it too */
-    if (v->val.counted_fixed && (g->counted != v->val.counted || !g->counted_fixed))
-        mesh_array_recount(t->ctx->dev, g, v->val.counted);
     /* a parameter's gradient is reduced in the sink's dtype where the compiler casts back to
      * weight_dtype before the reduction (XLA:CPU: MaxText's compiled step all-reduces f32), in
      * `dtype` where it reduces first (XLA:TPU: bf16 reduce-scatters, then the add into float32) --
      * opts.counted_grad_reduce, from the hardware profile (SIM_F32: the sink's dtype) */
-    else if (v->sink) {
+    if (!count_as_primal(t, v, g) && v->sink) {
         sim_dtype want = mesh_array_reduce_dtype(t->ctx->dev, v->sink->counted);
         if (g->counted != want || !g->counted_fixed) mesh_array_recount(t->ctx->dev, g, want);
     }
@@ -327,6 +332,21 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
     mesh_local_add(&v->grad, g);
     mesh_array_free(t->ctx->dev, g);
     return SIM_OK;
+}
+
+mesh_array *mesh_tape_grad_sum(mesh_var *v)
+{
+    return v->needs_grad && v->has_grad && !v->sink ? &v->grad : NULL;
+}
+
+void mesh_tape_accumulated(mesh_tape *t, mesh_var *v, mesh_array *ghost)
+{
+    /* mesh_tape_accumulate's path for a contribution of v->grad's spec: the recount, no reshard
+     * (specs equal), the add (done), the release */
+    SIM_ASSERT(mesh_tape_grad_sum(v) && ghost->hold == MESH_HOLD_GHOST &&
+               mesh_spec_equal(&ghost->spec, &v->grad.spec));
+    count_as_primal(t, v, ghost);
+    mesh_array_free(t->ctx->dev, ghost);
 }
 
 static sim_status flush_leaves(mesh_tape *t)

@@ -91,6 +91,14 @@ void mesh_entry_save(mesh_entry *e, const mesh_array *a, bool owned);
 /* Adds a cotangent contribution to v (consumes g: it is freed or moved). */
 sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const char *tag);
 
+/* v's cotangent sum, when a contribution may be added straight into it (mesh_einsum_into): v
+ * wants a gradient, already has one and is not a parameter (those are reduced one by one);
+ * else NULL. */
+mesh_array *mesh_tape_grad_sum(mesh_var *v);
+/* The rest of mesh_tape_accumulate for a contribution already added into v's cotangent sum, of
+ * that sum's spec: the arena accounting of the contribution (ghost, consumed) as it would be. */
+void mesh_tape_accumulated(mesh_tape *t, mesh_var *v, mesh_array *ghost);
+
 /* Backward from a scalar loss (cotangent 1) or from an output cotangent
  * (consumed), then flushes leaf gradients into their sinks. */
 sim_status mesh_tape_backward(mesh_tape *t, mesh_var *loss);

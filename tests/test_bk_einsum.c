@@ -127,6 +127,16 @@ static void test_einsum_no_copy(void **state) {
   assert_int_equal(bk_einsum_copied("btd,bth->dh", 3, x, 3, h), 0);       /* weight gradient */
   assert_int_equal(bk_einsum_copied("bth,dh->btd", 3, h, 2, w), 0);       /* input gradient */
   assert_true(bk_einsum_copied("ijb,jkb->bik", 3, ib, 3, jb) > 0);
+  /* the output written in place (beta = 1 then accumulates inside sgemm): every layout above,
+   * including the one whose inputs are copied; an output whose row letters are not nested (t
+   * outermost, b innermost, d between) goes through a scratch result */
+  assert_true(bk_einsum_out_direct("btd,dh->bth", 3, x, 2, w));
+  assert_true(bk_einsum_out_direct("bth,dh->btd", 3, h, 2, w));
+  assert_true(bk_einsum_out_direct("bnst,btnh->bsnh", 4, p, 4, k));
+  assert_true(bk_einsum_out_direct("ijb,jkb->bik", 3, ib, 3, jb));
+  assert_true(bk_einsum_out_direct("ij,jk->ki", 2, (int64_t[]){7, 6}, 2, (int64_t[]){6, 5})); /* C^T = B^T A^T */
+  assert_false(bk_einsum_out_direct("bth,hd->tdb", 3, h, 2, wo));
+  assert_true(bk_einsum_copied("bth,hd->tdb", 3, h, 2, wo) > 0);
 }
 
 static void test_einsum_parse_errors(void **state) {
