@@ -5,8 +5,9 @@
 #   make            build shardsim, tests and benchmarks
 #   make test       build and run every test binary (stops at the first failure)
 #   make bench      build and run the benchmarks
-#   make asan|ubsan run the tests under AddressSanitizer / UBSan
-#   make tsan       run the collective tests under ThreadSanitizer
+#   make asan|ubsan run the tests under AddressSanitizer / UBSan (every binary runs;
+#                   the failures are named at the end)
+#   make tsan       run the collective tests under ThreadSanitizer (likewise)
 #   make demo       the README's main job
 
 CC      ?= cc
@@ -89,19 +90,34 @@ test: $(BIN) $(TEST_BIN)
 bench: $(BENCH_BIN)
 	@set -e; for b in $(BENCH_BIN); do echo "=== $$b"; $$b; done
 
+# The sanitizer targets run every binary of their list and name all that failed at the end (exit 1
+# if any did), so one failing binary cannot hide the reports of the ones after it.
+# $(call run_all,binaries,environment)
+define run_all
+@fail=""; pass=0; for t in $(1); do echo "=== $$t"; \
+  if $(2) $$t; then pass=$$((pass+1)); else echo "=== FAILED (exit $$?): $$t"; fail="$$fail $$t"; fi; \
+done; \
+if [ -n "$$fail" ]; then echo "$$pass passed; failed:$$fail"; exit 1; fi; \
+echo "all $$pass test binaries passed"
+endef
+
 # The sanitizer builds run every 8th case of the bad-input corpus (tests/test_cli_badinput.c).
+SAN_TESTS = $(TEST_SRC:tests/%.c=build/$(1)/tests/%)
 asan:
-	SHARDSIM_CORPUS_SHARE=8 $(MAKE) BUILD=build/asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 test
+	$(MAKE) BUILD=build/asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 build/asan/shardsim \
+	  $(call SAN_TESTS,asan)
+	$(call run_all,$(call SAN_TESTS,asan),SHARDSIM_CORPUS_SHARE=8)
 
 ubsan:
-	SHARDSIM_CORPUS_SHARE=8 $(MAKE) BUILD=build/ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=undefined" OPT=-O1 test
+	$(MAKE) BUILD=build/ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=undefined" OPT=-O1 \
+	  build/ubsan/shardsim $(call SAN_TESTS,ubsan)
+	$(call run_all,$(call SAN_TESTS,ubsan),SHARDSIM_CORPUS_SHARE=8)
 
 # BK_NO_CLONES: TSan instruments the target_clones resolvers, which the loader runs before TSan
 # is set up (every binary crashed at start-up).
 tsan:
 	$(MAKE) BUILD=build/tsan SAN="-fsanitize=thread -DBK_NO_CLONES" OPT=-O1 $(TSAN_TESTS:%=build/tsan/tests/%)
-	@set -e; for t in $(TSAN_TESTS); do echo "=== tsan $$t"; \
-	  TSAN_OPTIONS="halt_on_error=1" build/tsan/tests/$$t; done
+	$(call run_all,$(TSAN_TESTS:%=build/tsan/tests/%),TSAN_OPTIONS="halt_on_error=1")
 
 demo: $(BIN)
 	$(BIN) demo

@@ -1676,7 +1676,10 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
         /* the ring's combine is MaxText's psum_scatter over the expert axes: asked for, not planned */
         const char *otag = gtag(g, c->ring ? "ring_reduce_scatter" : "out", ax, sizeof ax);
         sim_meta meta = ctx->mode == MESH_MODE_AUTO && !c->ring ? sim_meta_implicit(otag) : sim_meta_tag(otag);
-        SIM_TRY(mesh_reshard(dev, m, &(*out)->val, &c->out, meta));
+        if ((st = mesh_reshard(dev, m, &(*out)->val, &c->out, meta))) { /* e.g. stopped by a peer's failure */
+            payload_free(pl);
+            return st;
+        }
     }
     if (pl->keep) {
         /* remat's first pass: the kept residuals leave with the caller, the rest goes with pl */

@@ -246,7 +246,9 @@ static sim_status buf_alloc_dt(sim_device *d, bs_buf *b, size_t bytes, sim_dtype
     b->counted = bytes / sim_dtype_size(dt) * sim_dtype_size(sim_device_counted_dtype(d, dt, cat));
     b->cat = cat;
     b->p = NULL;
-    return sim_arena_alloc_counted(sim_device_arena(d), bytes, b->counted, cat, name, zero, &b->p);
+    sim_status st = sim_arena_alloc_counted(sim_device_arena(d), bytes, b->counted, cat, name, zero, &b->p);
+    if (st) memset(b, 0, sizeof *b); /* nothing was charged: buf_free on it is a no-op */
+    return st;
 }
 
 static sim_status buf_alloc(sim_device *d, bs_buf *b, size_t bytes, sim_mem_cat cat, const char *name, bool zero)
@@ -778,6 +780,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     const model_dims *d = &md->def->d;
     sim_device *dev = c->dev;
     bs_moe *s = calloc(1, sizeof *s);
+    SIM_ASSERT(s);
     s->dev = dev;
     tagof(t, "moe", s->tag, sizeof s->tag);
     s->ax = axis_of(c->mesh, "expert");
@@ -789,38 +792,50 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     s->lo = (s->ax >= 0 ? sim_device_coord(dev, s->ax) : 0) * s->XL;
     s->wire = d->act_dtype;
     mesh_spec as = act_spec(c->mesh, 3);
-    mesh_array xa, ra, ia;
-    bool xo, ro, io;
+    /* every failure (a peer device's abort included) unwinds at `out`: what is not made yet is
+     * zeroed, so freeing it is a no-op */
+    mesh_array xa = {0}, ra = {0}, ia = {0};
+    bool xo = false, ro = false, io = false;
+    bs_buf xg = {0}, rwg = {0}, ig = {0}, gsum = {0}, yb = {0}, oall = {0};
     mesh_spec rs = act_spec(c->mesh, 3);
-    SIM_TRY(mesh_nn_operand(t, &x->val, &as, s->tag, &xa, &xo));
-    SIM_TRY(mesh_nn_operand(t, &rwv->val, &rs, s->tag, &ra, &ro));
-    SIM_TRY(mesh_nn_operand(t, &idxv->val, &rs, s->tag, &ia, &io));
+    sim_status st;
+    if ((st = mesh_nn_operand(t, &x->val, &as, s->tag, &xa, &xo))) goto out;
+    if ((st = mesh_nn_operand(t, &rwv->val, &rs, s->tag, &ra, &ro))) goto out;
+    if ((st = mesh_nn_operand(t, &idxv->val, &rs, s->tag, &ia, &io))) goto out;
     int64_t Tl = (int64_t)xa.nlocal / s->M, EP = s->EP, M = s->M, H = s->H, k = s->k, XL = s->XL;
     s->Tl = Tl;
     s->cap = EP * Tl * k; /* MaxText's sorted buffer: every gathered assignment */
     int64_t cap = s->cap;
-    bs_buf xg, rwg, ig, gsum, yb, oall;
     /* route: the tokens, their routing and the group sizes over expert */
-    SIM_TRY(buf_alloc(dev, &xg, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/x_gathered", false));
-    SIM_TRY(buf_alloc(dev, &rwg, (size_t)(EP * Tl * k) * 4, SIM_MEM_TEMP, "moe/weights_gathered", false));
-    SIM_TRY(buf_alloc_dt(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/experts_gathered", false));
-    SIM_TRY(buf_alloc_dt(dev, &gsum, (size_t)d->experts * 4, SIM_I32, SIM_MEM_TEMP, "moe/group_sizes", true));
-    SIM_TRY(gather_tokens(s, ra.data, rwg.p, (size_t)(Tl * k), SIM_F32, s->wire, "route_all_gather_weights"));
-    SIM_TRY(gather_tokens(s, ia.data, ig.p, (size_t)(Tl * k), SIM_I32, SIM_I32, "route_all_gather_experts"));
+    if ((st = buf_alloc(dev, &xg, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/x_gathered", false))) goto out;
+    if ((st = buf_alloc(dev, &rwg, (size_t)(EP * Tl * k) * 4, SIM_MEM_TEMP, "moe/weights_gathered", false)))
+        goto out;
+    if ((st = buf_alloc_dt(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/experts_gathered",
+                           false)))
+        goto out;
+    if ((st = buf_alloc_dt(dev, &gsum, (size_t)d->experts * 4, SIM_I32, SIM_MEM_TEMP, "moe/group_sizes", true)))
+        goto out;
+    if ((st = gather_tokens(s, ra.data, rwg.p, (size_t)(Tl * k), SIM_F32, s->wire, "route_all_gather_weights")))
+        goto out;
+    if ((st = gather_tokens(s, ia.data, ig.p, (size_t)(Tl * k), SIM_I32, SIM_I32, "route_all_gather_experts")))
+        goto out;
     if (ia.data)
         for (int64_t i = 0; i < Tl * k; i++) ((int32_t *)gsum.p)[((int32_t *)ia.data)[i]]++;
     if (s->ax >= 0) {
         char tag[SIM_TAG_MAX];
-        SIM_TRY(sim_all_reduce(dev, gsum.p, gsum.p, (size_t)d->experts, SIM_I32, sim_axes_1(s->ax),
-                               sim_meta_tag(stag(s, "route_psum_group_sizes", tag, sizeof tag))));
+        if ((st = sim_all_reduce(dev, gsum.p, gsum.p, (size_t)d->experts, SIM_I32, sim_axes_1(s->ax),
+                                 sim_meta_tag(stag(s, "route_psum_group_sizes", tag, sizeof tag)))))
+            goto out;
     }
-    SIM_TRY(gather_tokens(s, xa.data, xg.p, (size_t)(Tl * M), SIM_F32, s->wire, "route_all_gather_tokens"));
+    if ((st = gather_tokens(s, xa.data, xg.p, (size_t)(Tl * M), SIM_F32, s->wire, "route_all_gather_tokens")))
+        goto out;
     /* local sort by expert: rows of this shard's experts, in (expert, token, slot) order */
-    SIM_TRY(buf_alloc(dev, &s->xr, (size_t)(cap * M) * 4, SIM_MEM_ACTIVATIONS, "moe/x_sorted", false));
-    SIM_TRY(buf_alloc(dev, &s->h0, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_0", false));
-    SIM_TRY(buf_alloc(dev, &s->h1, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_1", false));
-    SIM_TRY(buf_alloc(dev, &yb, (size_t)(cap * M) * 4, SIM_MEM_TEMP, "moe/wo_out", false));
-    SIM_TRY(buf_alloc(dev, &oall, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/out_gathered", true));
+    if ((st = buf_alloc(dev, &s->xr, (size_t)(cap * M) * 4, SIM_MEM_ACTIVATIONS, "moe/x_sorted", false))) goto out;
+    if ((st = buf_alloc(dev, &s->h0, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_0", false))) goto out;
+    if ((st = buf_alloc(dev, &s->h1, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_1", false))) goto out;
+    if ((st = buf_alloc(dev, &yb, (size_t)(cap * M) * 4, SIM_MEM_TEMP, "moe/wo_out", false))) goto out;
+    if ((st = buf_alloc(dev, &oall, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/out_gathered", true)))
+        goto out;
     s->gsz = calloc((size_t)XL, sizeof *s->gsz);
     if (xg.p) {
         const int32_t *ix = ig.p;
@@ -876,21 +891,29 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     buf_free(dev, &ig);
     buf_free(dev, &rwg);
     buf_free(dev, &xg);
-    SIM_TRY(new_out(t, "moe/out", 3, xa.shape, &as, SIM_F32, out));
-    SIM_TRY(scatter_tokens(s, oall.p, (*out)->val.data, (size_t)(EP * Tl * M), "unroute_reduce_scatter"));
-    buf_free(dev, &oall);
-    if (xo) mesh_array_free(dev, &xa);
-    if (ro) mesh_array_free(dev, &ra);
-    if (io) mesh_array_free(dev, &ia);
+    if ((st = new_out(t, "moe/out", 3, xa.shape, &as, SIM_F32, out))) goto out;
+    if ((st = scatter_tokens(s, oall.p, (*out)->val.data, (size_t)(EP * Tl * M), "unroute_reduce_scatter")))
+        goto out;
     mesh_var *in[5] = {x, rwv, w0, w1, wo};
     mesh_entry *e = mesh_tape_record(t, moe_vjp, s->tag, 5, in, 1, out);
     if (e) {
         e->payload = s;
         e->free_payload = moe_free;
-    } else {
-        moe_free(s);
+        s = NULL; /* the tape's now */
     }
-    return SIM_OK;
+out:
+    if (st) sim_err_trace(__FILE__, __LINE__); /* the trail names this function, as SIM_TRY would */
+    buf_free(dev, &oall);
+    buf_free(dev, &yb);
+    buf_free(dev, &gsum);
+    buf_free(dev, &ig);
+    buf_free(dev, &rwg);
+    buf_free(dev, &xg);
+    if (xo) mesh_array_free(dev, &xa);
+    if (ro) mesh_array_free(dev, &ra);
+    if (io) mesh_array_free(dev, &ia);
+    if (s) moe_free(s);
+    return st;
 }
 
 /* ------------------------------------------------------------ the layer */

@@ -481,7 +481,7 @@ static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
     return SIM_OK;
 }
 
-sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
+static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
 {
     memset(m, 0, sizeof *m);
     pthread_mutex_init(&m->act_lock, NULL);
@@ -561,7 +561,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     d->seed = (uint64_t)seed;
 
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
-    SIM_TRY(zero1_and_ga_from_config(cfg, m)); /* before the rules, which an error would leak */
+    SIM_TRY(zero1_and_ga_from_config(cfg, m));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
     pipeline_mesh_and_rules(m);
     double pdbs;
@@ -604,14 +604,7 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                            (long long)mtp);
         define_llama(m);
     }
-    sim_status pst = pipeline_setup(m, cfg);
-    if (pst != SIM_OK) { /* a refusal leaves nothing allocated */
-        mesh_rules_free(&m->rules);
-        mesh_rules_free(&m->rules_pp_dp);
-        memset(&m->rules, 0, sizeof m->rules);
-        memset(&m->rules_pp_dp, 0, sizeof m->rules_pp_dp);
-        return pst;
-    }
+    SIM_TRY(pipeline_setup(m, cfg));
     SIM_TRY(scan_axis_from_config(cfg, m));
     bool scan;
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
@@ -637,16 +630,11 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
                            : model_bias_active(m)                              ? "routed_bias_update_rate > 0"
                            : strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none") ? "this remat_policy"
                                                                                                 : NULL;
-        if (what) {
-            mesh_rules_free(&m->rules);
-            mesh_rules_free(&m->rules_pp_dp);
-            memset(&m->rules, 0, sizeof m->rules);
-            memset(&m->rules_pp_dp, 0, sizeof m->rules_pp_dp);
+        if (what)
             return sim_err(SIM_ERR_INPUT,
                            "%s with pipeline parallelism (ici/dcn_pipeline_parallelism > 1) is not simulated yet; "
                            "drop one of the two (remat_policy: full or none with a pipeline)",
                            what);
-        }
     }
     for (int i = 0; i < m->nparams; i++) {
         mesh_resolved res;
@@ -688,10 +676,23 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
     return SIM_OK;
 }
 
+/* The one unwind of def_from_config: whatever step refuses the config, the rules built before it
+ * (the only heap memory a model_def owns) are freed and zeroed, so a refused config leaves nothing
+ * allocated whether or not the caller then calls model_def_free. */
+sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
+{
+    sim_status st = def_from_config(cfg, m);
+    if (st != SIM_OK) {
+        mesh_rules_free(&m->rules);
+        mesh_rules_free(&m->rules_pp_dp);
+    }
+    return st;
+}
+
 void model_def_free(model_def *m)
 {
     mesh_rules_free(&m->rules);
-    if (m->rules_pp_dp.n) mesh_rules_free(&m->rules_pp_dp);
+    mesh_rules_free(&m->rules_pp_dp);
     pthread_mutex_destroy(&m->act_lock);
 }
 

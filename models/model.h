@@ -157,7 +157,8 @@ sim_status model_cfg_bool(const mesh_cfg *cfg, const char *key, bool *out);
 /* A refusal naming the key, its value and where it was set, then why (SIM_ERR_INPUT). */
 sim_status model_cfg_unsupported(const mesh_cfg *cfg, const char *key, const char *why);
 
-/* Reads the dims, builds the mesh and the rules and defines the parameters. */
+/* Reads the dims, builds the mesh and the rules and defines the parameters.  On an error nothing
+ * is left allocated (model_def_free on the refused def is allowed and not needed). */
 sim_status model_def_from_config(const mesh_cfg *cfg, model_def *out);
 void model_def_free(model_def *m);
 /* Spec of a tensor with these logical dim names (NULL = None). */

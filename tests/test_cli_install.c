@@ -20,7 +20,25 @@
 #include <cmocka.h>
 
 static char repo[1024];     /* the repository root (the test runs from it) */
+static char program[1024];  /* the shardsim of this test's own build (build/ or build/asan/ ...) */
 static char prefix[256]; /* a temporary install prefix */
+
+/* <build>/tests/test_cli_install -> <build>/shardsim: a sanitizer build tests its own program,
+ * and needs no plain build beside it. */
+static int own_program(void)
+{
+    ssize_t n = readlink("/proc/self/exe", program, sizeof program - 1);
+    if (n <= 0 || (size_t)n >= sizeof program - 1) return -1;
+    program[n] = '\0';
+    for (int up = 0; up < 2; up++) {
+        char *slash = strrchr(program, '/');
+        if (!slash) return -1;
+        *slash = '\0';
+    }
+    if (strlen(program) + sizeof "/shardsim" > sizeof program) return -1;
+    strcat(program, "/shardsim");
+    return access(program, X_OK) == 0 ? 0 : -1;
+}
 
 static void run(const char *cmd, int *rc, char *out, size_t cap)
 {
@@ -36,12 +54,16 @@ static int setup(void **state)
 {
     (void)state;
     if (!getcwd(repo, sizeof repo)) return -1;
+    if (own_program()) {
+        fprintf(stderr, "test_cli_install: no program beside this test's build (%s): build it first\n", program);
+        return -1;
+    }
     snprintf(prefix, sizeof prefix, "/tmp/shardsim-install-test-%d", (int)getpid());
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
-             "rm -rf %s && mkdir -p %s/bin %s/share/shardsim %s/cwd && cp %s/build/shardsim %s/bin/ && "
+             "rm -rf %s && mkdir -p %s/bin %s/share/shardsim %s/cwd && cp %s %s/bin/ && "
              "cp -R %s/configs %s/share/shardsim/configs",
-             prefix, prefix, prefix, prefix, repo, prefix, repo, prefix);
+             prefix, prefix, prefix, prefix, program, prefix, repo, prefix);
     return system(cmd) == 0 ? 0 : -1;
 }
 

@@ -42,40 +42,44 @@ typedef struct {
     int32_t idx[N * K];
 } router_job;
 
+/* Every exit goes through `out`, so a failing step (an expected refusal included) frees the tape and
+ * the arrays it made (the arrays start zeroed: freeing one never made is a no-op). */
 static sim_status router_device(sim_device *dev, void *arg)
 {
     router_job *j = arg;
     mesh_ctx ctx = {dev, &j->mesh, MESH_MODE_AUTO, true, "router_test", NULL, NULL};
     mesh_tape *t = mesh_tape_new(&ctx, true);
     mesh_spec tok, rep, rep3;
-    SIM_TRY(mesh_spec_parse(j->tok_spec, &j->mesh, &tok));
+    mesh_array sa = {0}, ba = {0}, sink = {0};
+    sim_status st = mesh_spec_parse(j->tok_spec, &j->mesh, &tok);
+    if (st) goto out;
     mesh_spec_init(&rep, 1);
     mesh_spec_init(&rep3, 3);
     int64_t ss[3] = {B, S, E}, bs[1] = {E};
-    mesh_array sa, ba, sink;
-    SIM_TRY(mesh_array_new(dev, &j->mesh, "scores", 3, ss, &tok, SIM_F32, SIM_MEM_ACTIVATIONS, &sa));
-    SIM_TRY(mesh_array_new(dev, &j->mesh, "bias", 1, bs, &rep, SIM_F32, SIM_MEM_PARAMS, &ba));
-    SIM_TRY(mesh_array_new(dev, &j->mesh, "dscores", 3, ss, &rep3, SIM_F32, SIM_MEM_GRADS, &sink));
+    if ((st = mesh_array_new(dev, &j->mesh, "scores", 3, ss, &tok, SIM_F32, SIM_MEM_ACTIVATIONS, &sa))) goto out;
+    if ((st = mesh_array_new(dev, &j->mesh, "bias", 1, bs, &rep, SIM_F32, SIM_MEM_PARAMS, &ba))) goto out;
+    if ((st = mesh_array_new(dev, &j->mesh, "dscores", 3, ss, &rep3, SIM_F32, SIM_MEM_GRADS, &sink))) goto out;
     mesh_array_load_global(dev, &j->mesh, &sa, j->scores);
     mesh_array_load_global(dev, &j->mesh, &ba, j->bias);
     mesh_var *s = mesh_tape_param(t, &sa, &sink), *b = j->with_bias ? mesh_tape_input(t, &ba, false) : NULL;
     mesh_var *w, *ix, *loss = NULL;
-    SIM_TRY(mesh_moe_route(t, s, b, &j->rc, "routing", &w, &ix));
-    SIM_TRY(mesh_array_store_global(dev, &j->mesh, &w->val, j->weights));
-    SIM_TRY(mesh_array_store_global(dev, &j->mesh, &ix->val, j->idx));
-    SIM_TRY(mesh_moe_expert_counts(t, ix, E, "counts", j->counts[sim_device_id(dev)]));
+    if ((st = mesh_moe_route(t, s, b, &j->rc, "routing", &w, &ix))) goto out;
+    if ((st = mesh_array_store_global(dev, &j->mesh, &w->val, j->weights))) goto out;
+    if ((st = mesh_array_store_global(dev, &j->mesh, &ix->val, j->idx))) goto out;
+    if ((st = mesh_moe_expert_counts(t, ix, E, "counts", j->counts[sim_device_id(dev)]))) goto out;
     if (j->lb) {
         /* the sparse path of a DeepSeek-V3 name: probabilities from the pre-bias scores */
-        SIM_TRY(mesh_moe_lb_loss(t, s, NULL, ix, j->lb_weight, "lb", &loss));
+        if ((st = mesh_moe_lb_loss(t, s, NULL, ix, j->lb_weight, "lb", &loss))) goto out;
         if (sim_device_id(dev) == 0) j->lb_loss = ((float *)loss->val.data)[0];
-        SIM_TRY(mesh_tape_backward(t, loss));
-        SIM_TRY(mesh_array_store_global(dev, &j->mesh, &sink, j->dscores));
+        if ((st = mesh_tape_backward(t, loss))) goto out;
+        st = mesh_array_store_global(dev, &j->mesh, &sink, j->dscores);
     }
+out:
     mesh_tape_free(t);
     mesh_array_free(dev, &sa);
     mesh_array_free(dev, &ba);
     mesh_array_free(dev, &sink);
-    return SIM_OK;
+    return st;
 }
 
 /* 1 device, or data=2 x fsdp=2 with the batch on both (P(('data','fsdp'), None, None)) or batch and
