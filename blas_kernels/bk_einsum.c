@@ -367,24 +367,27 @@ static int kept_letters(const bk_einsum_dims *d, const char *l, int n, bk_ein_ro
   return k;
 }
 
+/* Parses `subscripts` for operands of shapes sa, sb and picks the operand orders bk_einsum
+ * picks; returns the elements it would copy to lay the operands out (choose_orders). */
+static int64_t orders_of(const char *subscripts, int ra, const int64_t *sa, int rb, const int64_t *sb,
+                         bk_einsum_dims *d, group *gm, group *gn, group *gk) {
+  char err[256], la[BK_EINSUM_MAX_RANK], lb[BK_EINSUM_MAX_RANK];
+  int rc = bk_einsum_parse(subscripts, ra, sa, rb, sb, d, err, sizeof err);
+  BK_ASSERTF(rc == 0, "%s", err);
+  int na = kept_letters(d, d->la, d->ra, BK_EIN_LHS_SUM, la), nb = kept_letters(d, d->lb, d->rb, BK_EIN_RHS_SUM, lb);
+  return choose_orders(d, la, na, lb, nb, gm, gn, gk);
+}
+
 int64_t bk_einsum_copied(const char *subscripts, int ra, const int64_t *sa, int rb, const int64_t *sb) {
   bk_einsum_dims d;
-  char err[256], la[BK_EINSUM_MAX_RANK], lb[BK_EINSUM_MAX_RANK];
-  int rc = bk_einsum_parse(subscripts, ra, sa, rb, sb, &d, err, sizeof err);
-  BK_ASSERTF(rc == 0, "%s", err);
-  int na = kept_letters(&d, d.la, d.ra, BK_EIN_LHS_SUM, la), nb = kept_letters(&d, d.lb, d.rb, BK_EIN_RHS_SUM, lb);
   group gm, gn, gk;
-  return choose_orders(&d, la, na, lb, nb, &gm, &gn, &gk);
+  return orders_of(subscripts, ra, sa, rb, sb, &d, &gm, &gn, &gk);
 }
 
 int bk_einsum_out_direct(const char *subscripts, int ra, const int64_t *sa, int rb, const int64_t *sb) {
   bk_einsum_dims d;
-  char err[256], la[BK_EINSUM_MAX_RANK], lb[BK_EINSUM_MAX_RANK];
-  int rc = bk_einsum_parse(subscripts, ra, sa, rb, sb, &d, err, sizeof err);
-  BK_ASSERTF(rc == 0, "%s", err);
-  int na = kept_letters(&d, d.la, d.ra, BK_EIN_LHS_SUM, la), nb = kept_letters(&d, d.lb, d.rb, BK_EIN_RHS_SUM, lb);
   group gm, gn, gk;
-  choose_orders(&d, la, na, lb, nb, &gm, &gn, &gk);  // the orders bk_einsum picks
+  orders_of(subscripts, ra, sa, rb, sb, &d, &gm, &gn, &gk);
   return tensor_view(&d, &gm, &gn, d.lo, d.ro).ok;
 }
 
