@@ -854,9 +854,10 @@ static void einsum_cost(mesh_ctx *ctx, const char *sub, const mesh_array *a, con
     sim_device_add_cost(ctx->dev, flops, (double)a->nlocal + (double)b->nlocal + (double)out->nlocal, wel, tag);
 }
 
-/* The inputs of an einsum's placement search (and of its key). */
-static void einsum_inputs(placement *p, const mesh_ctx *ctx, const mesh_array *a, const mesh_array *b,
-                          const mesh_spec *out_sharding)
+/* The inputs of a two-operand placement search (and of its key): the operands, their specs as the
+ * rules see them, the output's target (NULL: none). */
+static void placement_inputs(placement *p, const mesh_ctx *ctx, const mesh_array *a, const mesh_array *b,
+                             const mesh_spec *out_sharding)
 {
     p->m = ctx->mesh;
     p->cache = ctx->cache;
@@ -902,11 +903,7 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
      * collective (the indices summed away below take no part in the dot_general rule) */
     if (ctx->mode == MESH_MODE_EXPLICIT) {
         memset(p, 0, sizeof *p);
-        p->m = ctx->mesh;
-        p->cache = ctx->cache;
-        p->nops = 2;
-        p->from[0] = work_spec(ctx, &a->spec);
-        p->from[1] = work_spec(ctx, &b->spec);
+        placement_inputs(p, ctx, a, b, out_sharding); /* the rules read the specs alone */
         st = einsum_rules(ctx, tag, opdesc, &d, a, b, out_sharding, p, NULL, NULL);
         if (st != SIM_OK) goto done;
         memset(p, 0, sizeof *p);
@@ -935,7 +932,7 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
         goto done;
     }
 
-    einsum_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
+    placement_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
     {
         unsigned char key[PK_MAX];
         int klen = placement_key(ctx, sub, p, key);
@@ -948,7 +945,7 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
             p->bytes_out = v.bytes_out;
         } else {
             memset(p, 0, sizeof *p); /* the search starts from zero */
-            einsum_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
+            placement_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
             st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL);
             if (st == SIM_OK) st = place(p, tag);
             if (st != SIM_OK) goto done;
@@ -1271,13 +1268,7 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
     if (!p) return sim_err(SIM_ERR_INTERNAL, "%s: out of host memory", tag);
     sim_status st = SIM_OK;
     staged sa = {.owned = false}, sb = {.owned = false};
-    p->m = ctx->mesh;
-    p->cache = ctx->cache;
-    p->nops = 2;
-    p->x[0] = a;
-    p->x[1] = b;
-    p->from[0] = w[0];
-    p->from[1] = w[1];
+    placement_inputs(p, ctx, a, b, NULL); /* from = w */
     p->nlet = rank;
     p->out_rank = rank;
     p->union_partial = k != EW_MUL;

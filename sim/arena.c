@@ -180,10 +180,7 @@ static sim_status take_block(sim_arena *a, size_t bytes, sim_mem_cat cat, const 
     b->magic = ARENA_MAGIC;
     b->bytes = bytes;
     b->cat = cat;
-    b->next = a->head.next;
-    b->prev = &a->head;
-    a->head.next->prev = b;
-    a->head.next = b;
+    push_front(&a->head, b);
     *out = (char *)b + HDR;
     if (zero && bytes) memset(*out, 0, bytes);
     return SIM_OK;
@@ -264,9 +261,8 @@ void sim_arena_discharge(sim_arena *a, size_t counted, sim_mem_cat cat)
 
 void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat)
 {
-    SIM_ASSERT(cat >= 0 && cat < SIM_NMEM && a->st.live >= from && a->st.live_by[cat] >= from);
-    a->st.live -= from;
-    a->st.live_by[cat] -= from;
+    SIM_ASSERT(cat >= 0 && cat < SIM_NMEM);
+    account_sub(a, from, cat);
     account_add(a, to, cat);
     a->st.n_allocs--; /* the same block */
 }
