@@ -57,6 +57,9 @@ typedef struct {
                                  profile's compiler rule (weight_dtype without a profile: XLA:CPU) */
     sim_dtype reduce_dtype;   /* a parameter gradient's reductions, by the same rule */
     char wire_rule[192];      /* which rule set the two (model_hw_wire_dtypes): run.json, the config box */
+    bool hoist_casts;         /* the profile's compiler holds a `dtype` copy of every scanned weight's shard
+                                 from the first forward layer to the last backward one (SIM_MEM_WCOPY;
+                                 model_hw_hoisted_copies) */
     bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
     bool logits_cast_fp32;    /* cast_logits_to_fp32: logits cast to float32 before the loss */
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */

@@ -131,6 +131,18 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
         else
             *wire_out[i] = !strcmp(t, "dtype");
     }
+    /* hoisted_weight_copies: the compiler's loop-invariant cast of the layer stacks (the comment above
+     * the key in each file gives the source) */
+    e = st ? NULL : mesh_cfg_find(cfg, "hoisted_weight_copies");
+    const char *ht = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+    if (!st && (!ht || (strcmp(ht, "dtype") && strcmp(ht, "none"))))
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: 'hoisted_weight_copies' = %s: expected dtype (the compiler casts each layer stack's "
+                     "float32 weights to `dtype` once, before the layer loops) or none (each layer casts its "
+                     "own), with its source in a comment",
+                     path, ht ? ht : "(missing)");
+    else if (!st)
+        out->hoist_casts = !strcmp(ht, "dtype");
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -200,6 +212,16 @@ sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, si
         snprintf(rule, cap,
                  "weight gathers %s, gradient reductions %s (as XLA:%s compiles for %s: configs/hardware/%s.yml)",
                  sim_dtype_name(*gather), sim_dtype_name(*reduce), hw.gpu ? "GPU" : "TPU", hw.name, hw.name);
+    return SIM_OK;
+}
+
+sim_status model_hw_hoisted_copies(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
+                                   bool *hoist)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    *hoist = found && hw.hoist_casts && sim_dtype_size(act) < sim_dtype_size(weight);
     return SIM_OK;
 }
 

@@ -40,6 +40,9 @@ typedef struct {
     bool gather_in_dtype;     /* weight_gather_dtype: dtype -- the compiler casts a float32 weight's shard to
                                  `dtype` before its all-gather (false: weight_dtype, the stored dtype) */
     bool reduce_in_dtype;     /* gradient_reduction_dtype: dtype -- parameter gradients are reduced in `dtype` */
+    bool hoist_casts;         /* hoisted_weight_copies: dtype -- the compiler casts each layer stack's float32
+                                 weights (the device's shard) to `dtype` once, before the layer loops, and keeps
+                                 that copy until the backward loop ends (none: each layer casts its own) */
 } model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
@@ -71,6 +74,12 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out);
  * line saying which rule applied (run.json, the config box). */
 sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
                                 sim_dtype *gather, sim_dtype *reduce, char *rule, size_t cap);
+
+/* Whether the compiler of the profile the config selects holds a `dtype` copy of the scanned layers'
+ * weights through the forward and backward loops (hoisted_weight_copies: dtype, and act narrower than
+ * weight); false without a profile (XLA:CPU casts inside the loop body). */
+sim_status model_hw_hoisted_copies(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
+                                   bool *hoist);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */

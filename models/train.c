@@ -374,6 +374,26 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
     return st;
 }
 
+/* The `dtype` copy of the scanned layers' weights a compiler that hoists the layer's cast out of the
+ * layer loop holds (model_dims.hoist_casts): the device's shard of every scanned, trainable weight, in
+ * `dtype`, charged before the first forward layer and discharged after the last backward one, so it
+ * sits under every peak of the layer loops as XLA:TPU's buffer assignment has it (configs/hardware/
+ * v5p.yml: hoisted_weight_copies).  Counted only: the simulator reads the float32 weights. */
+static size_t hoisted_copy_bytes(const model_dev *md)
+{
+    const model_def *def = md->def;
+    if (!def->d.hoist_casts || !def->d.scan_layers || def->d.pipe.on) return 0;
+    int id = sim_device_id(md->ctx.dev);
+    size_t n = 0;
+    for (int i = 0; i < def->nparams; i++) {
+        const model_param *p = &md->p[i];
+        if (p->def.scan_dim < 0 || p->def.state_var || !p->w) continue;
+        for (int l = 0; l < p->n_layers; l++)
+            if (model_param_holds_layer(&def->mesh, p, id, l)) n += p->w[l].nlocal;
+    }
+    return n * sim_dtype_size(def->d.act_dtype);
+}
+
 static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
 {
     const model_def *def = md->def;
@@ -394,13 +414,18 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     size_t nbc = md->bias_counts ? (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts) : 0;
     if (nbc) memset(md->bias_counts_step, 0, nbc * sizeof(float));
     double loss_sum = 0;
-    for (int64_t g = 0; g < def->d.ga; g++) {
-        double lg;
-        SIM_TRY(microbatch_pass(job, md, g, &lg));
+    size_t wcopy = hoisted_copy_bytes(md);
+    if (wcopy) SIM_TRY(sim_arena_charge(sim_device_arena(dev), wcopy, SIM_MEM_WCOPY, "hoisted weight copies"));
+    sim_status st = SIM_OK;
+    for (int64_t g = 0; g < def->d.ga && st == SIM_OK; g++) {
+        double lg = 0;
+        st = microbatch_pass(job, md, g, &lg);
         loss_sum += lg;
         /* the gate bias update takes one sign over the whole step's counts (MaxText sums them over microbatches) */
         for (size_t i = 0; i < nbc; i++) md->bias_counts_step[i] += md->bias_counts[i];
     }
+    if (wcopy) sim_arena_discharge(sim_device_arena(dev), wcopy, SIM_MEM_WCOPY);
+    SIM_TRY(st);
     /* MaxText: sum of token losses / all tokens + mean of the auxiliary losses (equal microbatches) */
     double loss_value = def->d.ga == 1 ? loss_sum : loss_sum / (double)def->d.ga;
     model_param *opt = md->p;

@@ -31,7 +31,7 @@ const char *sim_phase_name(sim_phase p)
 
 const char *sim_mem_cat_name(sim_mem_cat c)
 {
-    static const char *names[] = {"params", "grads", "optimizer", "activations", "temporaries", "comm"};
+    static const char *names[] = {"params", "grads", "optimizer", "weight copy", "activations", "temporaries", "comm"};
     SIM_ASSERT(c >= 0 && c < SIM_NMEM);
     return names[c];
 }

@@ -57,6 +57,8 @@ typedef enum {
     SIM_MEM_PARAMS = 0,   /* model parameters */
     SIM_MEM_GRADS,        /* parameter gradients */
     SIM_MEM_OPTIMIZER,    /* optimizer state (Adam moments) */
+    SIM_MEM_WCOPY,        /* weight copies: the layer stacks' weights cast to `dtype` once before the
+                             layer loops and held through the backward (XLA:TPU's hoisted converts) */
     SIM_MEM_ACTIVATIONS,  /* activations saved for backward */
     SIM_MEM_TEMP,         /* temporaries freed within an op */
     SIM_MEM_COMM,         /* communication buffers */

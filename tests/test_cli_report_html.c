@@ -140,9 +140,9 @@ static void test_train_report(void **state)
     const char *charts[] = {"loss", "mesh", "traffic", "traffic-by-layer", "memory"};
     int drawn = check_rendered(dom, charts, 5);
     assert_int_equal(drawn, 5);
-    /* the mesh grid draws the 4 devices, the memory chart 4 devices x 6 categories */
+    /* the mesh grid draws the 4 devices, the memory chart 4 devices x 7 categories */
     assert_non_null(strstr(dom, "data-chart=\"mesh\" data-points=\"4\""));
-    assert_non_null(strstr(dom, "data-chart=\"memory\" data-points=\"24\""));
+    assert_non_null(strstr(dom, "data-chart=\"memory\" data-points=\"28\""));
     free(dom);
 }
 
