@@ -1,0 +1,99 @@
+/* test_models_hoisted.c — the layer stacks' weight copies a compiler that
+ * hoists MaxText's per-layer cast out of the layer loop holds
+ * (configs/hardware/: hoisted_weight_copies; SIM_MEM_WCOPY).
+ *
+ * A tiny Llama (2 layers) on fsdp=2 x tensor=2, dtype=bfloat16 and
+ * weight_dtype=float32, one step.  The expected bytes come from the
+ * parameter definitions and their specs (global elements over the mesh axes
+ * each spec splits by), not from the device's arrays:
+ *   - v5p (XLA:TPU hoists the cast): the category peaks at 2 bytes x the
+ *     scanned parameters' elements on a device, holds that much when the
+ *     device's total peaks, and nothing after the step;
+ *   - no profile (XLA:CPU), h100, dtype=float32 under v5p (nothing narrows)
+ *     and scan_layers=false under v5p (no layer loop): nothing;
+ *   - the losses are the same bits either way (the copy is counted only). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "models/train.h"
+#include "sim/arena.h"
+#include "tests/model_run.h"
+
+static const char *const TINY[] = {
+    "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=8",
+    "base_mlp_dim=32", "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=16",
+};
+enum { NTINY = sizeof TINY / sizeof TINY[0], NDEV = 4 };
+
+typedef struct {
+    double loss;
+    uint64_t n_scanned;             /* elements of the scanned parameters on a device */
+    uint64_t peak, at_peak, live;   /* SIM_MEM_WCOPY on device 0: own peak, at the total's peak, after */
+} figures;
+
+static void run(const char *dtype, const char *profile, bool scan, figures *f)
+{
+    char dt[64], hp[64];
+    snprintf(dt, sizeof dt, "dtype=%s", dtype);
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    const char *words[] = {dt, "weight_dtype=float32", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
+                           scan ? "scan_layers=true" : "scan_layers=false", hp};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 4, words, profile ? 6 : 5, NDEV, 1);
+    model_run_train(&r, false);
+    memset(f, 0, sizeof *f);
+    f->loss = r.job.stats[0].loss;
+    for (int i = 0; i < r.def->nparams; i++) {
+        if (r.def->defs[i].scan_dim < 0) continue;
+        uint64_t e = 1;
+        for (int d = 0; d < r.def->defs[i].rank; d++) e *= (uint64_t)r.def->defs[i].shape[d];
+        uint32_t axes = mesh_spec_dim_axes(&r.def->spec[i]);
+        for (int a = 0; a < r.def->mesh.n_axes; a++)
+            if (axes & (1u << a)) e /= (uint64_t)r.def->mesh.sizes[a];
+        f->n_scanned += e;
+    }
+    sim_arena_stats st;
+    sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
+    f->peak = st.peak_by[SIM_MEM_WCOPY];
+    f->at_peak = st.at_peak_by[SIM_MEM_WCOPY];
+    f->live = st.live_by[SIM_MEM_WCOPY];
+    model_run_close(&r);
+}
+
+static void test_hoisted_copies(void **state)
+{
+    (void)state;
+    figures tpu, cpu, gpu, f32, unscanned;
+    run("bfloat16", "v5p", true, &tpu);
+    run("bfloat16", NULL, true, &cpu);
+    run("bfloat16", "h100", true, &gpu);
+    run("float32", "v5p", true, &f32);
+    run("bfloat16", "v5p", false, &unscanned);
+    /* by hand: 2 layers x (4 attention kernels of 16 x 2 x 8 and 3 MLP kernels of 16 x 32, each split 4
+     * ways: embed on fsdp, heads or mlp on tensor; 2 norm scales of 16, split 2 ways: MaxText's 'norm' rule
+     * is [tensor]) = 2 x (256 + 384 + 16) */
+    assert_int_equal(tpu.n_scanned, 2 * (4 * 256 / 4 + 3 * 512 / 4 + 2 * 16 / 2));
+    assert_int_equal(tpu.peak, 2 * tpu.n_scanned);
+    assert_int_equal(tpu.at_peak, 2 * tpu.n_scanned);
+    assert_int_equal(tpu.live, 0);
+    const figures *none[] = {&cpu, &gpu, &f32, &unscanned};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(none[i]->peak, 0);
+        assert_int_equal(none[i]->at_peak, 0);
+    }
+    assert_true(tpu.loss == cpu.loss && tpu.loss == gpu.loss);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hoisted_copies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
