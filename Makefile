@@ -8,6 +8,8 @@
 #   make asan|ubsan run the tests under AddressSanitizer / UBSan (every binary runs;
 #                   the failures are named at the end)
 #   make tsan       run the collective tests under ThreadSanitizer (likewise)
+#                   (./shardsim always links to build/shardsim; a sanitizer build's program is
+#                   build/asan/shardsim, build/ubsan/shardsim)
 #   make demo       the README's main job
 
 CC      ?= cc
@@ -45,13 +47,13 @@ BENCH_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard bench/lib/*.c))
 # Tests run under ThreadSanitizer (the ones with threads and collectives).
 TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel test_mesh_planmemo test_models_sharedgather
 
-.PHONY: all test bench asan ubsan tsan clean demo install
+.PHONY: all test bench asan ubsan tsan clean demo install link
 
 # Objects are kept (not deleted as intermediates), so `make test` rebuilds
 # only what changed.
 .SECONDARY:
 
-all: $(BIN) $(TEST_BIN) $(BENCH_BIN)
+all: $(BIN) link $(TEST_BIN) $(BENCH_BIN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -73,7 +75,15 @@ $(LIB): $(LIB_OBJ)
 
 $(BIN): $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
-	@ln -sf $(BUILD)/shardsim shardsim 2>/dev/null || true
+
+# ./shardsim names the normal build's program and nothing else.  The sanitizer targets build with
+# BUILD=build/asan (ubsan, tsan) and never make this target, so `make asan` cannot turn the everyday
+# command into the slow instrumented one: their program is run by its own path (build/asan/shardsim).
+# Phony, so `make` also repairs a link left pointing elsewhere.
+link: $(BIN)
+ifeq ($(BUILD),build)
+	@ln -sfn build/shardsim shardsim 2>/dev/null || true
+endif
 
 # Tests link the commands too (all of cli/ but main), so they can call them.
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB)
@@ -82,7 +92,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BENCH_SUPPORT_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $< $(BENCH_SUPPORT_OBJ) $(LIB) $(LDLIBS) -o $@
 
-test: $(BIN) $(TEST_BIN)
+test: $(BIN) link $(TEST_BIN)
 	@set -e; pass=0; for t in $(TEST_BIN); do \
 	  echo "=== $$t"; $$t; pass=$$((pass+1)); done; \
 	echo "all $$pass test binaries passed"

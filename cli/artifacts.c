@@ -383,9 +383,12 @@ static sim_status write_metrics(FILE *f, void *arg)
             if (s->dry) jw_null(&w);
             else jw_double(&w, s->mtp_loss);
         }
-        jw_key(&w, "grad_norm");
+        jw_key(&w, "grad_norm"); /* after clipping, raw_grad_norm before: MaxText's learning/ names */
         if (s->dry) jw_null(&w);
         else jw_double(&w, s->grad_norm);
+        jw_key(&w, "raw_grad_norm");
+        if (s->dry) jw_null(&w);
+        else jw_double(&w, s->raw_grad_norm);
         jw_key(&w, "lr");
         jw_double(&w, s->lr);
         jw_key(&w, "time_s");

@@ -2,7 +2,7 @@
  *
  *   collectives.csv   one row per collective call per device
  *   traffic.csv       the op x axes x phase pivot
- *   metrics.json      per-step loss, grad norm, lr, time; memory per device by category
+ *   metrics.json      per-step loss, grad norms (clipped, raw), lr, time; memory per device by category
  *   run.json          resolved config (value and source of every key), mesh, rules, version, time
  *   trace.json        Chrome trace of the devices' spans
  *   named_shardings.json, logical_shardings.json, input_shardings.json
@@ -53,12 +53,14 @@ int cli_collectives_csv_devices(const cli_records *recs, cli_step_range steps, s
  * sent to other slices) — the rows of t in its order (no total row). */
 sim_status cli_write_traffic_csv(const char *dir, const cli_traffic *t);
 /* metrics.json:
- *   {"steps": [{"step", "loss", "grad_norm", "lr", "time_s", "tokens_per_s", "peak_bytes"}...],
+ *   {"steps": [{"step", "loss", "grad_norm", "raw_grad_norm", "lr", "time_s", "tokens_per_s", "peak_bytes"}...],
  *    "memory": {"per_device_peak_bytes": [...],
  *               "by_category": {"params": [per device], "grads": ..., "optimizer": ...,
  *                               "activations": ..., "temporaries": ..., "comm": ...}}}
  * by_category is each device's breakdown at its peak; a non-finite or dry-run
- * loss/grad norm is null, and so is a dry run's tokens_per_s.  stats may be NULL (n_devices 0): memory is empty. */
+ * loss/grad norm is null, and so is a dry run's tokens_per_s.  grad_norm is the global norm of the
+ * gradients applied, after clipping; raw_grad_norm before it (MaxText's learning/grad_norm and
+ * learning/raw_grad_norm).  stats may be NULL (n_devices 0): memory is empty. */
 sim_status cli_write_metrics_json(const char *dir, const cli_step_metrics *steps, int n_steps,
                                   const sim_arena_stats *stats, int n_devices);
 

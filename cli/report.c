@@ -121,24 +121,28 @@ const char *cli_mesh_summary(const mesh_shape *m, char *buf, size_t cap)
 
 void cli_report_step_header(FILE *f)
 {
-    fprintf(f, "%6s %11s %11s %10s %9s %12s %12s\n", "step", "loss", "grad norm", "lr", "time (s)",
+    /* grad norm: after clipping (the gradients applied; MaxText's learning/grad_norm); raw norm: before
+     * (learning/raw_grad_norm) */
+    fprintf(f, "%6s %11s %11s %11s %10s %9s %12s %12s\n", "step", "loss", "grad norm", "raw norm", "lr", "time (s)",
             "tokens/s", "peak/device");
 }
 
 void cli_report_step_line(FILE *f, const cli_step_metrics *s)
 {
-    char loss[32], gn[32];
+    char loss[32], gn[32], raw[32];
     if (s->dry) {
         snprintf(loss, sizeof loss, "-");
         snprintf(gn, sizeof gn, "-");
+        snprintf(raw, sizeof raw, "-");
     } else {
         snprintf(loss, sizeof loss, "%.5f", s->loss);
         snprintf(gn, sizeof gn, "%.4e", s->grad_norm);
+        snprintf(raw, sizeof raw, "%.4e", s->raw_grad_norm);
     }
     char tps[32], peak[32];
     if (s->dry) snprintf(tps, sizeof tps, "-"); /* a dry run computes nothing: no throughput */
     else snprintf(tps, sizeof tps, "%.0f", s->tokens_per_s);
-    fprintf(f, "%6d %11s %11s %10.3e %9.3f %12s %12s\n", s->step, loss, gn, s->lr, s->time_s, tps,
+    fprintf(f, "%6d %11s %11s %11s %10.3e %9.3f %12s %12s\n", s->step, loss, gn, raw, s->lr, s->time_s, tps,
             cli_bytes_text((double)s->peak_bytes, peak, sizeof peak));
 }
 

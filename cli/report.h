@@ -46,14 +46,15 @@ const char *cli_bytes_text(double bytes, char *buf, size_t cap);
 typedef struct {
     int step;            /* step number */
     double loss;         /* mean loss of the step */
-    double grad_norm;    /* global gradient norm (before clipping) */
+    double grad_norm;    /* global norm of the gradients applied, after clipping (MaxText's learning/grad_norm) */
     double lr;           /* learning rate used by the step */
     double time_s;       /* wall time of the step, seconds */
     double tokens_per_s; /* global tokens / time_s */
     size_t peak_bytes;   /* highest arena peak over the devices, bytes */
-    bool dry;            /* dry run: no loss or grad norm ("-" is printed, null written) */
+    bool dry;            /* dry run: no loss or grad norms ("-" is printed, null written) */
     double mtp_loss;     /* of loss, the multi-token prediction loss (when has_mtp) */
     bool has_mtp;        /* mtp_num_layers > 0: mtp_loss is reported (MaxText's learning/mtp_loss) */
+    double raw_grad_norm; /* global gradient norm before clipping (MaxText's learning/raw_grad_norm) */
 } cli_step_metrics;
 
 /* Header line matching cli_report_step_line (units in the header). */

@@ -226,6 +226,7 @@ static void print_step(const model_step_stats *s, void *arg)
     m->mtp_loss = s->mtp_loss;
     m->has_mtp = sp->def->d.mtp_layers > 0;
     m->grad_norm = s->grad_norm;
+    m->raw_grad_norm = s->raw_grad_norm;
     m->lr = s->lr;
     m->time_s = s->time_s;
     m->tokens_per_s = s->time_s > 0 ? (double)(sp->def->d.batch * sp->def->d.ga * sp->def->d.seq) / s->time_s : 0;
@@ -234,12 +235,14 @@ static void print_step(const model_step_stats *s, void *arg)
     cli_report_step_line(sp->out, m);
     fflush(sp->out);
     if (sp->metrics_file) {
-        /* MaxText's metrics_file line: its scalar names, step as a float, run_name */
+        /* MaxText's metrics_file line: its scalar names, step as a float, run_name.  learning/grad_norm is
+         * the norm after clipping, learning/raw_grad_norm before (trainers/pre_train/train.py train_step) */
         fprintf(sp->metrics_file,
-                "{\"learning/loss\": %.9g, \"learning/grad_norm\": %.9g, \"learning/current_learning_rate\": %.9g, "
-                "\"perf/step_time_seconds\": %.6g, \"perf/per_device_tokens_per_sec\": %.6g, \"step\": %.1f, "
-                "\"run_name\": ",
-                m->loss, m->grad_norm, m->lr, m->time_s, m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
+                "{\"learning/loss\": %.9g, \"learning/grad_norm\": %.9g, \"learning/raw_grad_norm\": %.9g, "
+                "\"learning/current_learning_rate\": %.9g, \"perf/step_time_seconds\": %.6g, "
+                "\"perf/per_device_tokens_per_sec\": %.6g, \"step\": %.1f, \"run_name\": ",
+                m->loss, m->grad_norm, m->raw_grad_norm, m->lr, m->time_s,
+                m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
         put_json_str(sp->metrics_file, sp->run_name);
         if (m->has_mtp) fprintf(sp->metrics_file, ", \"learning/mtp_loss\": %.9g", m->mtp_loss);
         fprintf(sp->metrics_file, "}\n");

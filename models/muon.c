@@ -487,7 +487,7 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
 {
     if (s < 0) return sim_err(SIM_ERR_INTERNAL, "optimizer step %lld: counts from 0", s);
     sim_device *dev = ctx->dev;
-    const bool clip = o->clip > 0 && !(grad_norm < o->clip);
+    const bool clip = model_clip_applies(o, grad_norm);
     const double t = (double)(s + 1); /* optax's count after the increment */
     nadam_job base = {0};
     base.clip = clip;

@@ -93,10 +93,17 @@ double model_lr_at(const model_optim_cfg *o, long long s)
     }
 }
 
+bool model_clip_applies(const model_optim_cfg *o, double norm) { return o->clip > 0 && !(norm < o->clip); }
+
 double model_clip_factor(const model_optim_cfg *o, double norm)
 {
-    if (o->clip <= 0 || norm < o->clip) return 1.0;
-    return o->clip / norm;
+    return model_clip_applies(o, norm) ? o->clip / norm : 1.0;
+}
+
+double model_clipped_norm(const model_optim_cfg *o, double norm)
+{
+    if (!model_clip_applies(o, norm)) return norm;
+    return norm * ((double)(float)o->clip / (double)(float)norm); /* bk_adamw_hp's thr and gnorm */
 }
 
 /* ---------------------------------------------------------------- ownership */
@@ -177,7 +184,7 @@ sim_status model_adamw_update(sim_device *d, const model_optim_cfg *o, model_par
     if (s < 0) return sim_err(SIM_ERR_INTERNAL, "optimizer step %lld: counts from 0", s);
     const double t = (double)(s + 1); /* optax's count after the increment */
     const bk_adamw_hp hp = {
-        .clip = o->clip > 0 && !(grad_norm < o->clip),
+        .clip = model_clip_applies(o, grad_norm),
         .gnorm = (float)grad_norm,
         .thr = (float)o->clip,
         .neg_lr = (float)-model_lr_at(o, s),

@@ -63,8 +63,20 @@ sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *out);
 /* Learning rate of update s (0-based). */
 double model_lr_at(const model_optim_cfg *o, long long s);
 
+/* Whether the update clips the gradients of global norm `norm`: a threshold > 0 and norm not below
+ * it (optax.clip_by_global_norm keeps the gradients when g_norm < max_norm, a NaN norm clips). */
+bool model_clip_applies(const model_optim_cfg *o, double norm);
+
 /* Factor clipping multiplies the gradients by: min(1, threshold / norm). */
 double model_clip_factor(const model_optim_cfg *o, double norm);
+
+/* The global norm of the gradients the update applies, given the raw global norm: the raw norm,
+ * or when clipping applies the raw norm times the float32 factor threshold / norm the kernels
+ * scale every element by (bk_optim.h), i.e. the threshold to float32 rounding.  MaxText logs it as
+ * learning/grad_norm and the raw norm as learning/raw_grad_norm (trainers/pre_train/train.py
+ * train_step: max_utils.l2norm_pytree of the grads after maxtext_utils.apply_gradient_clipping,
+ * optax.clip_by_global_norm, and of raw_grads). */
+double model_clipped_norm(const model_optim_cfg *o, double norm);
 
 /* Whether `device` holds the one copy of layer `layer` of p (stored in `a`,
  * a w/g/m/v array of that layer) that counts: it holds the layer (when the

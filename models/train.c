@@ -453,7 +453,8 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         ss->step = s;
         ss->loss = loss_value;
         ss->mtp_loss = md->mtp_loss; /* MTP refuses gradient accumulation: one pass per step */
-        ss->grad_norm = norm;
+        ss->raw_grad_norm = norm;
+        ss->grad_norm = model_clipped_norm(&job->opt, norm); /* both optimizers clip with model_clip_applies */
         ss->lr = model_lr_at(&job->opt, s);
         ss->time_s = (double)(sim_now_ns() - t0) / 1e9;
         size_t peak = 0;

@@ -45,7 +45,9 @@ typedef struct {
     int64_t step;
     double loss;          /* mean token loss before the update */
     double mtp_loss;      /* of which the multi-token prediction loss (MaxText's learning/mtp_loss; 0 without) */
-    double grad_norm;     /* global gradient norm before clipping */
+    double grad_norm;     /* global norm of the gradients the update applied, after clipping (MaxText's
+                           * learning/grad_norm; model_clipped_norm) */
+    double raw_grad_norm; /* global gradient norm before clipping (MaxText's learning/raw_grad_norm) */
     double lr;            /* learning rate of the update */
     double time_s;        /* wall time of the step (all devices) */
     size_t peak_bytes;    /* highest arena peak over devices so far */

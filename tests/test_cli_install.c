@@ -4,7 +4,13 @@
  * point it at configs/ instead of failing on a bare missing file.
  *
  * The program is run as a child process (its data lookup starts from
- * /proc/self/exe), from a working directory that holds no configs/. */
+ * /proc/self/exe), from a working directory that holds no configs/.
+ *
+ * Also: the top-level ./shardsim link names the normal build (build/shardsim) and a sanitizer
+ * build leaves it alone.  That is checked on make's dry run of `make asan` / `make ubsan` (the
+ * commands their sub-make would run, printed in a fraction of a second, no sanitizer build) and on
+ * the link itself where one exists, so the asan build's own run of this test sees the link as
+ * `make asan` left it. */
 #include <errno.h>
 #include <limits.h>
 #include <setjmp.h>
@@ -126,11 +132,63 @@ static void test_copy_without_data_says_how_to_fix(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The lines of `make -n -B <args>` run from the repository root that call ln; empty when none.
+ * -B prints every command whatever is built already.  make's own variables are cleared: a test run
+ * by `make asan` inherits MAKEFLAGS with that build's BUILD=build/asan and jobserver. */
+static void ln_lines_of_dry_run(const char *args, char *out, size_t cap)
+{
+    char cmd[2048], all[1 << 18];
+    int rc;
+    snprintf(cmd, sizeof cmd, "cd %s && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -n -B %s 2>&1", repo, args);
+    run(cmd, &rc, all, sizeof all);
+    if (rc != 0) fprintf(stderr, "%s\n", all);
+    assert_int_equal(rc, 0);
+    size_t n = 0;
+    out[0] = '\0';
+    for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *p = line + strspn(line, " \t");
+        if (strncmp(p, "ln ", 3) != 0) continue;
+        n += (size_t)snprintf(out + n, cap - n, "%s\n", p);
+        assert_true(n < cap);
+    }
+}
+
+/* make's dry run of the normal build links ./shardsim to build/shardsim (the form the checks below
+ * look for), and the sanitizer targets' dry runs run no ln at all. */
+static void test_sanitizer_builds_leave_the_link_alone(void **state)
+{
+    (void)state;
+    char lines[4096];
+    ln_lines_of_dry_run("link", lines, sizeof lines);
+    assert_string_equal(lines, "ln -sfn build/shardsim shardsim 2>/dev/null || true\n");
+    const char *targets[] = {"asan", "ubsan"};
+    for (size_t i = 0; i < sizeof targets / sizeof *targets; i++) {
+        ln_lines_of_dry_run(targets[i], lines, sizeof lines);
+        if (lines[0]) fail_msg("make %s would run: %s(./shardsim must keep naming build/shardsim)", targets[i], lines);
+    }
+}
+
+/* Where the checkout has ./shardsim, it names build/shardsim, whichever build ran this test. */
+static void test_link_names_the_normal_build(void **state)
+{
+    (void)state;
+    char path[1100], target[1100];
+    snprintf(path, sizeof path, "%s/shardsim", repo);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n < 0 && errno == ENOENT) skip(); /* e.g. a clean clone where only `make asan` ran */
+    assert_true(n > 0);
+    target[n] = '\0';
+    if (strcmp(target, "build/shardsim") != 0)
+        fail_msg("./shardsim -> %s, expected build/shardsim (run `make` to relink)", target);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_installed_program_finds_its_data),
         cmocka_unit_test(test_copy_without_data_says_how_to_fix),
+        cmocka_unit_test(test_sanitizer_builds_leave_the_link_alone),
+        cmocka_unit_test(test_link_names_the_normal_build),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

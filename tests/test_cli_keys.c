@@ -96,7 +96,7 @@ static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
     if (!st) {
         for (int s = 0; s < 3; s++) {
             fp->loss[s] = stats[s].loss;
-            fp->gnorm[s] = stats[s].grad_norm;
+            fp->gnorm[s] = stats[s].raw_grad_norm; /* before clipping: the clipped one is often the threshold */
             fp->lr[s] = stats[s].lr;
             if (stats[s].peak_bytes > fp->peak) fp->peak = stats[s].peak_bytes;
         }
@@ -440,6 +440,7 @@ static void test_maxtext_outputs(void **state)
         double loss = mesh_json_get(j, "learning/loss")->number;
         assert_true(loss > 0 && isfinite(loss));
         assert_non_null(mesh_json_get(j, "learning/grad_norm"));
+        assert_non_null(mesh_json_get(j, "learning/raw_grad_norm"));
         mesh_json_free(j);
         n++;
     }

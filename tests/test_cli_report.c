@@ -412,9 +412,9 @@ static void test_metrics_and_memory(void **state)
     assert_int_equal(cli_memory_max_peak(m), 9 * MIB + 4096);
 
     cli_step_metrics steps[3] = {
-        {1, 10.5, 2.25, 3e-4, 0.5, 4096, 11 * MIB, false, 0, false},
-        {2, 9.75, 1.5, 3e-4, 0.25, 8192, 11 * MIB, false, 0, false},
-        {3, NAN, 0, 3e-4, 0.25, 8192, 11 * MIB, true, 0, false},
+        {1, 10.5, 2.25, 3e-4, 0.5, 4096, 11 * MIB, false, 0, false, 2.25},
+        {2, 9.75, 1.5, 3e-4, 0.25, 8192, 11 * MIB, false, 0, false, 6.5}, /* clipped to 1.5 */
+        {3, NAN, 0, 3e-4, 0.25, 8192, 11 * MIB, true, 0, false, 0},
     };
     char *dir = make_tmpdir();
     assert_int_equal(cli_write_metrics_json(dir, steps, 3, st, NDEV), SIM_OK);
@@ -423,6 +423,8 @@ static void test_metrics_and_memory(void **state)
     assert_int_equal(s->n, 3);
     assert_true(get(&s->items[0], "loss")->number == 10.5);
     assert_true(get(&s->items[1], "grad_norm")->number == 1.5);
+    assert_true(get(&s->items[1], "raw_grad_norm")->number == 6.5);
+    assert_int_equal(get(&s->items[2], "raw_grad_norm")->kind, MESH_JSON_NULL);
     assert_true(get(&s->items[1], "lr")->number == 3e-4);
     assert_true(get(&s->items[1], "time_s")->number == 0.25);
     assert_int_equal(get(&s->items[2], "step")->number, 3);
@@ -524,8 +526,8 @@ static void test_console(void **state)
     /* step header and lines have the same width; dry runs print '-' */
     f = open_memstream(&out, &len);
     cli_report_step_header(f);
-    cli_step_metrics s1 = {12, 2.345678, 0.5, 1e-4, 1.25, 32768, 3 * MIB / 2, false, 0, false};
-    cli_step_metrics s2 = {13, 0, 0, 1e-4, 1.25, 32768, 3 * MIB / 2, true, 0, false};
+    cli_step_metrics s1 = {12, 2.345678, 0.5, 1e-4, 1.25, 32768, 3 * MIB / 2, false, 0, false, 7.25};
+    cli_step_metrics s2 = {13, 0, 0, 1e-4, 1.25, 32768, 3 * MIB / 2, true, 0, false, 0};
     cli_report_step_line(f, &s1);
     cli_report_step_line(f, &s2);
     fclose(f);
@@ -535,6 +537,8 @@ static void test_console(void **state)
     assert_contains(out, "peak/device");
     assert_contains(out, "tokens/s");
     assert_contains(l1, "2.34568");
+    assert_contains(l1, " 5.0000e-01  7.2500e+00 "); /* grad norm (clipped), then raw norm */
+    assert_contains(out, "grad norm    raw norm");
     assert_contains(l1, " 32768 ");    /* tokens/s of a real step */
     assert_contains(l1, " 1.50 MiB\n");
     assert_contains(l2, " - ");
@@ -671,7 +675,7 @@ static void test_atomic_write(void **state)
     /* an output_dir that is a file: SIM_ERR_IO naming it */
     char bad[PATH_CAP];
     snprintf(bad, sizeof bad, "%s/a.txt/sub", dir);
-    cli_step_metrics one = {1, 1, 1, 1, 1, 1, 1, false, 0, false};
+    cli_step_metrics one = {1, 1, 1, 1, 1, 1, 1, false, 0, false, 1};
     assert_int_equal(cli_write_metrics_json(bad, &one, 1, NULL, 0), SIM_ERR_IO);
     assert_contains(sim_errmsg(), "a.txt");
     assert_int_equal(cli_artifacts_mkdir(p), SIM_ERR_IO);

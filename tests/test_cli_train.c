@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,13 +48,13 @@ static void test_train_artifacts(void **state)
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "traffic over 2 steps"));
     assert_non_null(strstr(r.out, "memory at peak"));
-    /* metrics.json: steps with the five fields, memory per device and by category */
+    /* metrics.json: steps with the six fields, memory per device and by category */
     mesh_json *m = read_json(dir, "metrics.json");
     const mesh_json *steps = mesh_json_get(m, "steps"), *mem = mesh_json_get(m, "memory");
     assert_non_null(steps);
     assert_int_equal(steps->n, 2);
-    const char *fields[] = {"step", "loss", "grad_norm", "lr", "time_s"};
-    for (int i = 0; i < 5; i++) assert_non_null(mesh_json_get(&steps->items[1], fields[i]));
+    const char *fields[] = {"step", "loss", "grad_norm", "raw_grad_norm", "lr", "time_s"};
+    for (int i = 0; i < 6; i++) assert_non_null(mesh_json_get(&steps->items[1], fields[i]));
     assert_non_null(mem);
     assert_int_equal(mesh_json_get(mem, "per_device_peak_bytes")->n, 4);
     assert_non_null(mesh_json_get(mesh_json_get(mem, "by_category"), "params"));
@@ -245,6 +246,79 @@ static void test_dcn_traffic(void **state)
     assert_string_equal(dcn, "0"); /* fsdp stays within a slice */
     assert_string_equal(dcn_u, "B");
     done(&r);
+}
+
+/* The two norms of each step, as metrics_file (learning/grad_norm, learning/raw_grad_norm) and
+ * metrics.json (grad_norm, raw_grad_norm) give them, of a 2-step run with `threshold`
+ * (gradient_clipping_threshold, printed with %.17g so it reaches the config exactly). */
+typedef struct {
+    double file_gn[2], file_raw[2]; /* metrics_file */
+    double json_gn[2], json_raw[2]; /* metrics.json */
+} norms;
+
+static norms run_norms(double threshold)
+{
+    char dir[] = "/tmp/shardsim_norms_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char od[300], mf[300], thr[80], path[320];
+    snprintf(od, sizeof od, "output_dir=%s", dir);
+    snprintf(mf, sizeof mf, "metrics_file=%s/m.jsonl", dir);
+    snprintf(thr, sizeof thr, "gradient_clipping_threshold=%.17g", threshold);
+    const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "steps=2", od, mf, thr};
+    result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
+    if (r.rc) fail_msg("train failed: %s", r.err);
+    done(&r);
+    norms n;
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[2048];
+    for (int s = 0; s < 2; s++) {
+        assert_non_null(fgets(line, sizeof line, f));
+        mesh_json *j = NULL;
+        if (mesh_json_parse(line, strlen(line), "metrics_file", &j) != SIM_OK) fail_msg("%s", sim_errmsg());
+        n.file_gn[s] = mesh_json_get(j, "learning/grad_norm")->number;
+        n.file_raw[s] = mesh_json_get(j, "learning/raw_grad_norm")->number;
+        mesh_json_free(j);
+    }
+    fclose(f);
+    mesh_json *m = read_json(dir, "metrics.json");
+    const mesh_json *steps = mesh_json_get(m, "steps");
+    assert_int_equal(steps->n, 2);
+    for (int s = 0; s < 2; s++) {
+        n.json_gn[s] = mesh_json_get(&steps->items[s], "grad_norm")->number;
+        n.json_raw[s] = mesh_json_get(&steps->items[s], "raw_grad_norm")->number;
+    }
+    mesh_json_free(m);
+    snprintf(path, sizeof path, "rm -rf '%s'", dir);
+    assert_int_equal(system(path), 0);
+    return n;
+}
+
+/* MaxText's learning/grad_norm is the norm of the gradients after clip_by_global_norm and
+ * learning/raw_grad_norm the one before.  Without clipping they are equal; with a threshold a quarter
+ * of step 0's raw norm, grad_norm is the threshold itself (to float32 rounding) and raw_grad_norm is
+ * the raw norm of the unclipped run (step 0's gradients do not depend on the threshold). */
+static void test_grad_norm_after_clipping(void **state)
+{
+    (void)state;
+    const norms off = run_norms(0);
+    for (int s = 0; s < 2; s++) {
+        assert_true(off.file_raw[s] > 0);
+        assert_true(off.file_gn[s] == off.file_raw[s]);
+        assert_true(off.json_gn[s] == off.json_raw[s]);
+        assert_true(fabs(off.json_raw[s] - off.file_raw[s]) <= 1e-8 * off.file_raw[s]); /* %.9g in the file */
+    }
+    const double thr = off.json_raw[0] / 4;
+    const norms on = run_norms(thr);
+    assert_true(on.json_raw[0] == off.json_raw[0]);
+    assert_true(on.file_raw[0] == off.file_raw[0]);
+    for (int s = 0; s < 2; s++) {
+        assert_true(on.json_raw[s] > thr); /* clipping applies at both steps */
+        if (fabs(on.json_gn[s] - thr) > 1e-6 * thr || fabs(on.file_gn[s] - thr) > 1e-6 * thr)
+            fail_msg("step %d: grad_norm %.9g (file %.9g), want the threshold %.9g; raw %.9g", s, on.json_gn[s],
+                     on.file_gn[s], thr, on.json_raw[s]);
+    }
 }
 
 /* With no arguments, train runs the built-in small model (configs/small.yml:
@@ -459,6 +533,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_artifacts),
+        cmocka_unit_test(test_grad_norm_after_clipping),
         cmocka_unit_test(test_artifact_limits),
         cmocka_unit_test(test_wire_rule_artifacts),
         cmocka_unit_test(test_dcn_traffic),

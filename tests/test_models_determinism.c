@@ -38,7 +38,7 @@ static void train(const char *const *extra, int n, int devices, const char *thre
     memset(&o->params, 0, sizeof o->params);
     r.job.final_params = &o->params;
     model_run_train(&r, false);
-    for (int s = 0; s < STEPS; s++) o->loss[s] = r.job.stats[s].loss, o->gnorm[s] = r.job.stats[s].grad_norm;
+    for (int s = 0; s < STEPS; s++) o->loss[s] = r.job.stats[s].loss, o->gnorm[s] = r.job.stats[s].raw_grad_norm;
     model_run_close(&r);
     unsetenv("SHARDSIM_KERNEL_THREADS");
 }

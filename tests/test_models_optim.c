@@ -112,11 +112,18 @@ static void test_schedule(void **state)
     assert_close(model_lr_at(&o, 10), 1e-3 + 9e-3 * 0.5, 1e-12);
     assert_close(model_lr_at(&o, 20), 1e-3, 1e-12);
 
-    /* clipping factor */
+    /* clipping factor, and the norm after clipping (MaxText's learning/grad_norm): the threshold 1.0
+     * to float32 rounding when clipping acts (3.3 is no float32), the raw norm when it does not */
     assert_close(model_clip_factor(&o, 4.0), 0.25, 1e-15);
     assert_true(model_clip_factor(&o, 0.5) == 1.0);
+    assert_close(model_clipped_norm(&o, 3.3), 1.0, 1e-7);
+    assert_true(model_clipped_norm(&o, 4.0) == 1.0);
+    assert_true(model_clipped_norm(&o, 1.0) == 1.0); /* at the threshold clipping acts, as optax's g_norm < max_norm */
+    assert_true(model_clip_applies(&o, 1.0) && !model_clip_applies(&o, 0.5));
+    assert_true(model_clipped_norm(&o, 0.5) == 0.5);
     o.clip = 0;
     assert_true(model_clip_factor(&o, 100.0) == 1.0);
+    assert_true(model_clipped_norm(&o, 100.0) == 100.0 && !model_clip_applies(&o, 100.0));
 }
 
 /* ------------------------------------------------------------ arrays on a mesh */

@@ -64,7 +64,7 @@ static void train(model_run *r, const char *const *base, int nbase, const char *
     sim_machine_set_shared_activations(r->m, how == ALL);
     sim_machine_set_shared_guard(r->m, how != PLAIN);
     model_run_train(r, true);
-    for (int s = 0; s < STEPS; s++) o->loss[s] = r->job.stats[s].loss, o->gnorm[s] = r->job.stats[s].grad_norm;
+    for (int s = 0; s < STEPS; s++) o->loss[s] = r->job.stats[s].loss, o->gnorm[s] = r->job.stats[s].raw_grad_norm;
     o->ndev = ndev;
     for (int id = 0; id < ndev; id++) {
         sim_device *d = sim_machine_device(r->m, id);
