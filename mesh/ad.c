@@ -173,8 +173,13 @@ static sim_status resharded(mesh_tape *t, mesh_var *x, const mesh_spec *spec, co
         return SIM_OK;
     }
     mesh_var *y = mesh_tape_var(t);
-    SIM_TRY(mesh_array_clone(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
-    SIM_TRY(fn(c, &y->val, &want, name));
+    if (c->dead_outputs) /* nothing reads it: the layout without the collective (the VJP still runs) */
+        SIM_TRY(mesh_array_new_as(c->dev, c->mesh, x->val.name, x->val.rank, x->val.shape, &want, x->val.dtype,
+                                  x->val.counted, SIM_MEM_ACTIVATIONS, true, &y->val));
+    else {
+        SIM_TRY(mesh_array_clone(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
+        SIM_TRY(fn(c, &y->val, &want, name));
+    }
     char tag[SIM_TAG_MAX];
     mesh_tape_record(t, identity_vjp, mesh_tape_tag(t, name, tag, sizeof tag), 1, &x, 1, &y);
     *out = y;

@@ -25,6 +25,9 @@ typedef struct {
     const char *layer;          /* current layer path ("decoder/layers/self_attention"), for tags and errors */
     struct mesh_tape *tape;     /* where ops record themselves for backward, or NULL */
     struct mesh_reshard_cache *cache; /* operand reshards already made and still valid, or NULL */
+    bool dead_outputs;          /* what the ops make now is read by nothing, forward or backward (a
+                                   rematerialised layer's tail: XLA removes it from the recomputation),
+                                   so a reshard gives the target layout without moving or counting data */
 } mesh_ctx;
 
 #endif

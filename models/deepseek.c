@@ -1215,19 +1215,21 @@ static sim_status ds_layer_at(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_shard_as(md, t, hs, "deepseek/post_attention_norm", 3, A, &hs));
     if (is_moe) {
         SIM_TRY(moe(md, t, &s, l, hs, ffn, &f, lb));
-        md->ctx.layer = layer;
-        SIM_TRY(model_shard_as(md, t, f, "deepseek/mlp_lnx", 3, A, &f));
     } else {
         md->ctx.layer = ffn;
         SIM_TRY(mlp(md, t, s.wi0, s.wi1, s.wo, l, hs, &f));
-        md->ctx.layer = layer;
-        SIM_TRY(model_shard_as(md, t, f, "deepseek/mlp", 3, A, &f));
     }
-    SIM_TRY(mesh_ad_add(t, f, h, "residual_mlp", &h));
-    SIM_TRY(model_dropout(md, t, h, layer, &h)); /* dropout_op */
-    SIM_TRY(model_shard_as(md, t, h, "deepseek/x", 3, A, y));
+    md->ctx.layer = layer;
+    /* the layer's output, when remat recomputes the layer for its backward: nothing reads it (XLA drops
+     * these ops from the recomputation; mesh_ctx.dead_outputs) */
+    md->ctx.dead_outputs = md->recomputing;
+    sim_status st = model_shard_as(md, t, f, is_moe ? "deepseek/mlp_lnx" : "deepseek/mlp", 3, A, &f);
+    if (st == SIM_OK) st = mesh_ad_add(t, f, h, "residual_mlp", &h);
+    if (st == SIM_OK) st = model_dropout(md, t, h, layer, &h); /* dropout_op */
+    if (st == SIM_OK) st = model_shard_as(md, t, h, "deepseek/x", 3, A, y);
+    md->ctx.dead_outputs = false;
     md->ctx.layer = saved;
-    return SIM_OK;
+    return st;
 }
 
 sim_status deepseek_attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x,

@@ -186,12 +186,16 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp));
     SIM_TRY(model_checkpoint_name(md, mlp, MODEL_CKPT_MLPWO));
     md->ctx.layer = layer;
-    SIM_TRY(model_shard_as(md, t, mlp, "llama2/mlp_lnx", 3, A, &mlp));
-    SIM_TRY(mesh_ad_add(t, h, mlp, "residual_mlp", &h));
-    SIM_TRY(model_dropout(md, t, h, layer, &h));
-    SIM_TRY(model_shard_as(md, t, h, "llama2/layer_output", 3, A, y));
+    /* the layer's output, when remat recomputes the layer for its backward: nothing reads it (XLA drops
+     * these ops from the recomputation; mesh_ctx.dead_outputs) */
+    md->ctx.dead_outputs = md->recomputing;
+    sim_status st = model_shard_as(md, t, mlp, "llama2/mlp_lnx", 3, A, &mlp);
+    if (st == SIM_OK) st = mesh_ad_add(t, h, mlp, "residual_mlp", &h);
+    if (st == SIM_OK) st = model_dropout(md, t, h, layer, &h);
+    if (st == SIM_OK) st = model_shard_as(md, t, h, "llama2/layer_output", 3, A, y);
+    md->ctx.dead_outputs = false;
     md->ctx.layer = saved_layer;
-    return SIM_OK;
+    return st;
 }
 
 /* The layer as model_remat_layer wants it (Llama layers have no second output). */

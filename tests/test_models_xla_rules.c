@@ -1,7 +1,9 @@
-/* test_models_hoisted.c — the layer stacks' weight copies a compiler that
- * hoists MaxText's per-layer cast out of the layer loop holds
- * (configs/hardware/: hoisted_weight_copies; SIM_MEM_WCOPY).
+/* test_models_xla_rules.c — what XLA's program transformations change in
+ * what a device holds and sends, one test per transformation.
  *
+ * Hoisted weight copies: the layer stacks' copies a compiler that hoists
+ * MaxText's per-layer cast out of the layer loop holds (configs/hardware/:
+ * hoisted_weight_copies; SIM_MEM_WCOPY).
  * A tiny Llama (2 layers) on fsdp=2 x tensor=2, dtype=bfloat16 and
  * weight_dtype=float32, one step.  The expected bytes come from the
  * parameter definitions and their specs (global elements over the mesh axes
@@ -11,7 +13,17 @@
  *     device's total peaks, and nothing after the step;
  *   - no profile (XLA:CPU), h100, dtype=float32 under v5p (nothing narrows)
  *     and scan_layers=false under v5p (no layer loop): nothing;
- *   - the losses are the same bits either way (the copy is counted only). */
+ *   - the losses are the same bits either way (the copy is counted only).
+ *
+ * The recomputation's dead tail: remat recomputes a layer for its backward,
+ * and XLA removes what nothing reads from that recomputation: the layer's
+ * last reshard (tensor parallelism's reduce-scatter of the MLP output) runs
+ * in the forward only.  Same tiny Llama on data=2 x tensor=2, remat_policy=full and
+ * none: per layer, the forward reduce-scatters the attention and the MLP
+ * outputs, the backward the two norms' cotangents, and the recomputation the
+ * attention output alone: 5 records a layer with remat, 4 without, each of
+ * (k-1)/k x the device's rows x seq x emb x 2 bytes; losses and gradients
+ * equal. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -90,10 +102,62 @@ static void test_hoisted_copies(void **state)
     assert_true(tpu.loss == cpu.loss && tpu.loss == gpu.loss);
 }
 
+typedef struct {
+    int rs_fwd, rs_bwd, rs_mlp_bwd; /* device 0's activation reduce-scatters over tensor */
+    uint64_t rs_bytes;              /* every such record's bytes (all equal) */
+    int bad_bytes;                  /* records of another size */
+    model_run r;
+} tail;
+
+static void run_tail(const char *remat, tail *f)
+{
+    char rp[64];
+    snprintf(rp, sizeof rp, "remat_policy=%s", remat);
+    const char *words[] = {"dtype=bfloat16", "ici_data_parallelism=2", "ici_tensor_parallelism=2", rp};
+    memset(f, 0, sizeof *f);
+    model_run_open(&f->r, TINY, NTINY, 4, words, 4, NDEV, 1);
+    model_run_train(&f->r, true);
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(f->r.m, 0), &n);
+    /* 2 of the 4 rows on a device (data=2), seq 16, emb 16, bfloat16; k = 2 on tensor: half of it sent */
+    const uint64_t want = (2 * 16 * 16 * 2) / 2;
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        /* the layers' outputs (attention_lnx, mlp_lnx) and the norms' cotangents; not the first layer's input */
+        if (x->op != SIM_OP_REDUCE_SCATTER || (!strstr(x->tag, "_lnx") && !strstr(x->tag, "_layer_norm")))
+            continue;
+        if (x->phase == SIM_PHASE_FORWARD) f->rs_fwd++;
+        else f->rs_bwd++;
+        if (x->phase != SIM_PHASE_FORWARD && strstr(x->tag, "mlp_lnx")) f->rs_mlp_bwd++;
+        f->rs_bytes = x->bytes_sent;
+        f->bad_bytes += x->bytes_sent != want;
+    }
+}
+
+static void test_dead_recompute_tail(void **state)
+{
+    (void)state;
+    tail full, none;
+    run_tail("full", &full);
+    run_tail("none", &none);
+    const int layers = 2;
+    assert_int_equal(none.rs_fwd, 2 * layers);
+    assert_int_equal(none.rs_bwd, 2 * layers);
+    assert_int_equal(full.rs_fwd, 2 * layers);
+    assert_int_equal(full.rs_bwd, 3 * layers); /* the norms' cotangents and the recomputed attention output */
+    assert_int_equal(full.rs_mlp_bwd, 0);
+    assert_int_equal(full.bad_bytes + none.bad_bytes, 0);
+    assert_true(full.r.job.stats[0].loss == none.r.job.stats[0].loss);
+    model_run_compare("remat full against none", &full.r, &none.r, 1);
+    model_run_close(&full.r);
+    model_run_close(&none.r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hoisted_copies),
+        cmocka_unit_test(test_dead_recompute_tail),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
