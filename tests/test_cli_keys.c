@@ -509,6 +509,33 @@ static void test_compile_topology(void **state)
     cli_capture_free(&r);
 }
 
+/* Bad input exits 2 naming its key: every dcn_*_parallelism key set to 2 with
+ * one slice (MaxText 0.2.5: "DCN parallelism requested but only one slice
+ * available"), the legacy keys outside mesh_axes included. */
+static void test_dcn_with_one_slice(void **state)
+{
+    (void)state;
+    mesh_cfg *cfg = NULL;
+    const char *none[] = {TINY};
+    if (mesh_cfg_load_argv(cli_base_config(), 9, none, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    int checked = 0;
+    for (int i = 0; i < cfg->n; i++) {
+        const char *key = cfg->entries[i].key;
+        size_t n = strlen(key);
+        if (strncmp(key, "dcn_", 4) != 0 || n < 12 || strcmp(key + n - 12, "_parallelism") != 0) continue;
+        char word[128];
+        snprintf(word, sizeof word, "%s=2", key);
+        const char *w[] = {TINY, "dry_run=true", word};
+        cli_capture r = cli_capture_run(cli_train, 11, w);
+        if (r.rc != 2 || !strstr(r.err, word) || !strstr(r.err, "num_slices"))
+            fail_msg("%s: rc %d, stderr: %s", word, r.rc, r.err);
+        cli_capture_free(&r);
+        checked++;
+    }
+    mesh_cfg_free(cfg);
+    assert_true(checked >= 14);
+}
+
 /* MaxText's own files, unmodified, as arguments (copies in tests/data). */
 static void test_maxtext_files_as_arguments(void **state)
 {
@@ -751,6 +778,7 @@ int main(void)
         cmocka_unit_test(test_unknown_and_refused_keys),
         cmocka_unit_test(test_maxtext_outputs),
         cmocka_unit_test(test_compile_topology),
+        cmocka_unit_test(test_dcn_with_one_slice),
         cmocka_unit_test(test_maxtext_files_as_arguments),
         cmocka_unit_test(test_keys_command),
         cmocka_unit_test(test_maxtext_combination_rules),
