@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blas_kernels/bk_coretype.h"
+#include "bench/lib/bench_host.h"
 #include "sim/collectives.h"
 #include "sim/topology.h"
 
@@ -154,7 +154,7 @@ static double memcpy_bw(int threads, size_t bytes, int reps)
 
 int main(int argc, char **argv)
 {
-    printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
+    bench_host_print(stdout);
     int quick = argc > 1 && !strcmp(argv[1], "--quick"), full = argc > 1 && !strcmp(argv[1], "--full");
     if (argc > 2 || (argc > 1 && !quick && !full)) {
         fprintf(stderr, "collectives: unknown argument '%s'; usage: collectives [--quick|--full]\n", argv[argc - 1]);

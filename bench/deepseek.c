@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blas_kernels/bk_coretype.h"
+#include "bench/lib/bench_host.h"
 #include "bench/lib/bench_run.h"
 #include "models/train.h"
 
@@ -215,7 +215,7 @@ int main(int argc, char **argv)
                     ROWS[i].label, ROWS[i].vs);
             return 2;
         }
-    printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
+    bench_host_print(stdout);
     static run_result results[NROWS];
     const char *group = NULL;
     for (int i = 0; i < NROWS; i++) {

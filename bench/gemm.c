@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "blas_kernels/bk_coretype.h"
+#include "bench/lib/bench_host.h"
 #include "blas_kernels/bk_gemm.h"
 #include "blas_kernels/bk_roofline.h"
 
@@ -48,7 +48,7 @@ static int count_wrong(int threads, int n) {
 }
 
 int main(void) {
-  printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
+  bench_host_print(stdout);
   const int sizes[] = {256, 512, 1024, 2048};
   const int nsizes = (int)(sizeof sizes / sizeof sizes[0]);
   int cores = bk_num_cores();

@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "blas_kernels/bk_coretype.h"
+#include "bench/lib/bench_host.h"
 
 enum { MAX_CMDS = 64, CMD_CAP = 4096 };
 
@@ -78,7 +78,7 @@ int main(int argc, char **argv)
         return 2;
     }
     printf("README commands, each in its own process (budget: 60 s and 1 GB each)\n");
-    printf("blas kernels: %s\n", bk_coretype_current()->summary);
+    bench_host_print(stdout);
     printf("%3s %9s %10s %8s %8s %4s  %s\n", "#", "time (s)", "peak (MB)", "t/60s", "mem/1GB", "rc", "command");
     int over = 0;
     for (int i = 0; i < n; i++) {

@@ -26,7 +26,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "blas_kernels/bk_coretype.h"
+#include "bench/lib/bench_host.h"
 #include "blas_kernels/bk_roofline.h"
 #include "models/train.h"
 
@@ -147,7 +147,7 @@ static double run(const config *c, int steps, double *flops, double *executed, d
 
 int main(int argc, char **argv)
 {
-    printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
+    bench_host_print(stdout);
     int steps = argc > 1 ? atoi(argv[1]) : 4;
     if (steps < 2) steps = 2;
     int cores = bk_num_cores();

@@ -63,6 +63,79 @@ void bk_cpu_features_detect(bk_cpu_features *f) {
   f->amd = __builtin_cpu_is("amd");
 }
 
+/* ---- the CPU, described ---------------------------------------------------------------------- */
+
+/* The /proc/cpuinfo flags that set a kernel's speed, in the order they are printed. */
+static const char *const SPEED_FLAGS[] = {
+    "sse4_2",      "avx",         "fma",        "avx2",     "avx_vnni", "avx512f",  "avx512dq", "avx512bw",
+    "avx512vl",    "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16"};
+
+/* The value of the first line "key<spaces>: value" of a cpuinfo text, into out ("" if none). */
+static void cpuinfo_field(const char *text, const char *key, char *out, size_t cap) {
+  out[0] = '\0';
+  size_t klen = strlen(key);
+  for (const char *line = text; line && *line;) {
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    if (len > klen && !strncmp(line, key, klen) && (line[klen] == ' ' || line[klen] == '\t' || line[klen] == ':')) {
+      const char *colon = memchr(line, ':', len);
+      if (colon) {
+        const char *v = colon + 1;
+        while (v < line + len && (*v == ' ' || *v == '\t')) v++;
+        size_t n = (size_t)(line + len - v);
+        if (n >= cap) n = cap - 1;
+        memcpy(out, v, n);
+        out[n] = '\0';
+        return;
+      }
+    }
+    line = end ? end + 1 : NULL;
+  }
+}
+
+/* Whether the space-separated list holds the word. */
+static bool has_word(const char *list, const char *word) {
+  size_t n = strlen(word);
+  for (const char *p = list; (p = strstr(p, word)) != NULL; p += n)
+    if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0')) return true;
+  return false;
+}
+
+const char *bk_cpu_describe_cpuinfo(const char *cpuinfo, char *buf, size_t cap) {
+  char model[256], flags[4096];
+  cpuinfo_field(cpuinfo, "model name", model, sizeof model);
+  cpuinfo_field(cpuinfo, "flags", flags, sizeof flags);
+  size_t k = (size_t)snprintf(buf, cap, "%s;", *model ? model : "unknown model");
+  int any = 0;
+  for (size_t i = 0; i < sizeof SPEED_FLAGS / sizeof SPEED_FLAGS[0] && k < cap; i++)
+    if (has_word(flags, SPEED_FLAGS[i])) {
+      k += (size_t)snprintf(buf + k, cap - k, " %s", SPEED_FLAGS[i]);
+      any = 1;
+    }
+  if (!any && k < cap) snprintf(buf + k, cap - k, " %s", *flags ? "no AVX" : "no flags line");
+  return buf;
+}
+
+const char *bk_cpu_describe(char *buf, size_t cap) {
+  enum { CPUINFO_READ = 1 << 16 }; /* the first CPU's block (a few KiB) is all that is needed */
+  char *text = malloc(CPUINFO_READ);
+  FILE *f = text ? fopen("/proc/cpuinfo", "r") : NULL;
+  size_t n = f ? fread(text, 1, CPUINFO_READ - 1, f) : 0;
+  if (f) fclose(f);
+  if (n) {
+    text[n] = '\0';
+    bk_cpu_describe_cpuinfo(text, buf, cap);
+    free(text);
+    return buf;
+  }
+  free(text);
+  bk_cpu_features f2;
+  bk_cpu_features_detect(&f2);
+  snprintf(buf, cap, "unknown model (no /proc/cpuinfo); CPUID:%s%s%s%s%s", f2.avx ? " avx" : "", f2.fma ? " fma" : "",
+           f2.avx2 ? " avx2" : "", f2.avx512f ? " avx512f" : "", f2.avx512bf16 ? " avx512_bf16" : "");
+  return buf;
+}
+
 /* Cores the features allow, best first (at most one per level). */
 static int candidates(const bk_cpu_features *f, const char *out[6]) {
   int n = 0;

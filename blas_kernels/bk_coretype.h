@@ -22,6 +22,7 @@
 #define BK_CORETYPE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* The CPU's vector features (CPUID, with the OS's support for the register state). */
 typedef struct {
@@ -31,6 +32,15 @@ typedef struct {
 } bk_cpu_features;
 
 void bk_cpu_features_detect(bk_cpu_features *f);
+
+/* The CPU as benchmark headers name it, so that figures from different machine kinds are never
+ * compared by mistake: the model name and the vector features that set kernel speed, from
+ * /proc/cpuinfo ("model name", "flags"), e.g. "Intel(R) Xeon(R) Processor; fma avx2 avx512f
+ * avx512_bf16 amx_tile amx_bf16 amx_int8". Without a readable /proc/cpuinfo, the CPUID features of
+ * bk_cpu_features_detect. Returns buf. */
+const char *bk_cpu_describe(char *buf, size_t cap);
+/* The same from the text of a /proc/cpuinfo (pure: tests give it a fixed text). */
+const char *bk_cpu_describe_cpuinfo(const char *cpuinfo, char *buf, size_t cap);
 
 /* ISA level of an OpenBLAS core name (case-insensitive): 0 pre-SSE3, 1 SSE3 (Prescott, Core2, ...),
  * 2 SSE4.2 (Nehalem), 3 AVX (Sandybridge, Bulldozer), 4 AVX2+FMA (Haswell, Zen), 5 AVX-512

@@ -515,6 +515,15 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         return rc;
     }
     cli_step_metrics *metrics = calloc((size_t)steps, sizeof *metrics);
+    if (!metrics) {
+        st = sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records (%zu bytes a step) do not fit in host "
+                     "memory; train fewer steps", steps, sizeof *metrics + sizeof(model_step_stats));
+        int rc = cli_fail(err, st);
+        sim_machine_free(m);
+        model_data_close(&data);
+        model_close(&cm);
+        return rc;
+    }
     step_printer sp = {out, def, metrics, NULL, run_name};
     if (*metrics_path && !(sp.metrics_file = fopen(metrics_path, "w"))) {
         int e = errno;
@@ -547,7 +556,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     }
     fprintf(out, "\n");
     cli_report_step_header(out);
-    st = model_train(&job, m);
+    st = job.stats ? model_train(&job, m)
+                   : sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records do not fit in host memory; train "
+                                            "fewer steps", steps);
     if (!st && def->d.pipe.on) {
         const model_pipe *pp = &def->d.pipe;
         fprintf(out, "\npipeline bubbles: %lld of %lld iterations per stage (%.1f%% of stage compute, bubbles computed "

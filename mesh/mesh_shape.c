@@ -152,6 +152,53 @@ static sim_status flag_value(const mesh_cfg *cfg, const char *level, const char 
     return SIM_OK;
 }
 
+/* The dcn_* keys MaxText multiplies to decide whether DCN parallelism was
+ * requested: MaxText 0.2.5 src/maxtext/configs/types.py,
+ * MaxTextConfig.set_derived_and_validate_values (`dcn_product = ...; if
+ * abs(dcn_product) > 1 and not num_slices > 1: raise ValueError("DCN
+ * parallelism requested but only one slice available.")`; the same list in
+ * pyconfig_deprecated.py validate_multiple_slices).  It checks the keys, not
+ * mesh_axes, so a legacy key outside the mesh (dcn_sequence_parallelism) or
+ * an axis a custom mesh leaves out is refused too.  dcn_diloco_parallelism is
+ * not in MaxText's product; dcn_tensor_transpose_parallelism is shardsim's
+ * legacy key (MaxText removed tensor_transpose) and is held to the same rule. */
+static const char *const DCN_SLICE_KEYS[] = {
+    "dcn_data_parallelism",           "dcn_pipeline_parallelism",
+    "dcn_fsdp_parallelism",           "dcn_fsdp_transpose_parallelism",
+    "dcn_sequence_parallelism",       "dcn_context_parallelism",
+    "dcn_context_usp_ulysses_parallelism", "dcn_tensor_parallelism",
+    "dcn_tensor_sequence_parallelism", "dcn_expert_parallelism",
+    "dcn_context_autoregressive_parallelism", "dcn_autoregressive_parallelism",
+    "dcn_tensor_transpose_parallelism"};
+
+/* With one slice every key of DCN_SLICE_KEYS must be 1 or -1 (|product| <= 1,
+ * MaxText's test, is the same as every |value| <= 1 once 0 is refused). */
+static sim_status check_dcn_keys(const mesh_cfg *cfg, long long num_slices)
+{
+    for (size_t i = 0; i < sizeof DCN_SLICE_KEYS / sizeof DCN_SLICE_KEYS[0]; i++) {
+        const char *key = DCN_SLICE_KEYS[i];
+        const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+        if (!e) continue; /* a base config without the legacy key */
+        long long v;
+        SIM_TRY(mesh_cfg_get_int(cfg, key, &v));
+        /* stricter than MaxText for a key outside the mesh (it lets 0 through
+         * there): a parallelism of 0 or below -1 is a typo wherever it is */
+        if (v == 0 || v < -1)
+            return sim_err(SIM_ERR_INPUT,
+                           "%s=%lld (%s): a parallelism must be a positive number or -1; set it to "
+                           "1 (or to the slices along that axis)",
+                           key, v, e->where);
+        if (v > 1 && num_slices <= 1)
+            return sim_err(SIM_ERR_INPUT,
+                           "%s=%lld (%s): DCN parallelism requested but only one slice available "
+                           "(num_slices=%lld; MaxText 0.2.5 raises this in configs/types.py): a "
+                           "dcn_* parallelism must be 1 (or -1) with one slice; set %s=1, or set "
+                           "num_slices (compile_topology_num_slices) to the number of slices",
+                           key, v, e->where, num_slices, key);
+    }
+    return SIM_OK;
+}
+
 sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m)
 {
     const char **axes = NULL;
@@ -186,6 +233,7 @@ sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m)
             goto out;
         }
     }
+    if ((st = check_dcn_keys(cfg, num_slices)) != SIM_OK) goto out;
     if (mesh_cfg_find(cfg, "num_devices")) {
         if ((st = mesh_cfg_get_int(cfg, "num_devices", &num_devices)) != SIM_OK) goto out;
         if (num_devices == 0 || num_devices < -1 || num_devices > (1 << 24)) {

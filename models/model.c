@@ -108,6 +108,15 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
                        "gradient_accumulation_steps=%lld: it must be a positive number of microbatches per step "
                        "(1 = no accumulation)",
                        (long long)d->ga);
+    /* A dry run simulates every microbatch of its one step, so its cost grows with the count;
+     * from the second microbatch on each one adds the same collectives and leaves the same peak,
+     * but the figures are not yet accounted without simulating them, so the count is bounded. */
+    if (d->dry_run && d->ga > MODEL_DRY_RUN_MAX_GA)
+        return sim_err(SIM_ERR_INPUT,
+                       "gradient_accumulation_steps=%lld with dry_run=true: a dry run simulates every microbatch "
+                       "(its time grows with the count) and is limited to %d; the traffic grows linearly with the "
+                       "count and the peak memory is that of 2 microbatches, so dry-run %d or fewer and scale",
+                       (long long)d->ga, MODEL_DRY_RUN_MAX_GA, MODEL_DRY_RUN_MAX_GA);
     SIM_TRY(model_cfg_bool(cfg, "shard_optimizer_over_data", &d->zero1));
     if (!d->zero1) return SIM_OK;
     int f = mesh_shape_axis_index(&m->mesh, "fsdp"), ft = mesh_shape_axis_index(&m->mesh, "fsdp_transpose");
@@ -574,6 +583,15 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
                        "(per_device_batch_size >= %g)",
                        pdbs, m->mesh.num_devices, (long long)d->batch, 1.0 / m->mesh.num_devices);
     d->rows_loaded = pdbs < 1 ? m->mesh.num_devices : d->batch;
+    /* the step's token arrays (rows x microbatches x sequence) are host arrays indexed in 64 bits */
+    int64_t step_rows, step_tokens;
+    if (__builtin_mul_overflow(d->rows_loaded, d->ga, &step_rows) ||
+        __builtin_mul_overflow(step_rows, d->seq, &step_tokens) || step_tokens > MODEL_MAX_STEP_TOKENS)
+        return sim_err(SIM_ERR_INPUT,
+                       "gradient_accumulation_steps=%lld x %lld rows x max_target_length=%lld: a step of more "
+                       "than %lld tokens; lower gradient_accumulation_steps or per_device_batch_size",
+                       (long long)d->ga, (long long)d->rows_loaded, (long long)d->seq,
+                       (long long)MODEL_MAX_STEP_TOKENS);
     const char *cs;
     SIM_TRY(mesh_cfg_get_str(cfg, "context_sharding", &cs));
     d->cp_axis = cs ? mesh_shape_axis_index(&m->mesh, cs) : -1;

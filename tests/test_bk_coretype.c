@@ -265,10 +265,33 @@ static void test_end_to_end_fallback_when_check_fails(void **state)
     rm_rf(dir);
 }
 
+/* The benchmark header's CPU line, from fixed /proc/cpuinfo texts: the model name and the speed flags
+ * in a fixed order, whole words only (avx512fx is not avx512f); the live one names the model. */
+static void test_cpu_describe(void **state)
+{
+    (void)state;
+    char buf[512];
+    const char *spr = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n"
+                      "flags\t\t: fpu sse4_2 avx2 fma avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+                      "processor\t: 1\nmodel name\t: second CPU\n";
+    assert_string_equal(bk_cpu_describe_cpuinfo(spr, buf, sizeof buf),
+                        "Intel(R) Xeon(R) Platinum 8481C; sse4_2 fma avx2 avx512f avx512bw avx512_bf16 amx_tile "
+                        "amx_bf16 amx_int8");
+    assert_string_equal(bk_cpu_describe_cpuinfo("model name : Old\nflags : fpu sse2 avx512fx xavx2\n", buf, sizeof buf),
+                        "Old; no AVX");
+    assert_string_equal(bk_cpu_describe_cpuinfo("", buf, sizeof buf), "unknown model; no flags line");
+    char small[16];
+    bk_cpu_describe_cpuinfo(spr, small, sizeof small); /* truncated, terminated */
+    assert_int_equal(strlen(small), sizeof small - 1);
+    assert_true(strlen(bk_cpu_describe(buf, sizeof buf)) > 0);
+    assert_non_null(strchr(buf, ';'));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_levels),
+        cmocka_unit_test(test_cpu_describe),
         cmocka_unit_test(test_choose_upgrades_a_generic_detection),
         cmocka_unit_test(test_choose_keeps_a_good_detection),
         cmocka_unit_test(test_choose_skips_failed_cores),

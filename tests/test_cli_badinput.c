@@ -120,6 +120,7 @@ static const char *const numeric_keys[] = {
     "learning_rate_final_fraction", "learning_rate_schedule_steps", "warmup_steps_fraction", "adam_b1",
     "adam_b2", "adam_eps", "adam_eps_root", "adam_weight_decay", "gradient_clipping_threshold", "steps",
     "checkpoint_period", "init_weights_seed", "data_shuffle_seed", "num_devices", "num_slices", "hbm_limit_gb",
+    "gradient_accumulation_steps",
     "parity_rtol"};
 #define N_NUMERIC ((int)(sizeof numeric_keys / sizeof numeric_keys[0]))
 

@@ -6,7 +6,8 @@
  *   refused  -> the config is rejected (exit code 2) with a message naming the key;
  *   inert    -> accepted, marked for run.json's inert_keys_set, and the losses,
  *               gradient norms, learning rates, parameter count, shardings, peak
- *               memory and collective bytes are bitwise those of the baseline;
+ *               memory, collective bytes and the step time the time model gives
+ *               the run on a v5p profile are bitwise those of the baseline;
  *   honoured -> accepted and one of those observables changes, or
  *               tests/data/keys_check.yml names the key's effect.
  * The value is keys_check.yml's when it gives one, else derived from the key's
@@ -33,6 +34,8 @@
 #include "cli/report.h"
 #include "mesh/config.h"
 #include "mesh/json.h"
+#include "models/pipeline.h"
+#include "models/timemodel.h"
 #include "models/train.h"
 #include "tests/cli_capture.h"
 
@@ -58,9 +61,31 @@ typedef struct {
     size_t peak;
     uint64_t bytes_sent;   /* all collectives, all devices */
     uint64_t n_records;
+    double step_s;         /* the step-time model's figure of the last step on v5p (-1: not estimated) */
 } fingerprint;
 
 /* ---- the tiny run -------------------------------------------------------- */
+
+/* The modelled step time of step `step` on a v5p profile, whatever profile the
+ * config names: a key that only moves this figure (a kernel choice, a tile) is
+ * not inert.  -1 when the model cannot time the run. */
+static double tiny_step_time(const mesh_cfg *cfg, const model_def *def, sim_machine *m, int step)
+{
+    model_hw hw;
+    model_tm_eff eff;
+    model_tm_result tm;
+    memset(&tm, 0, sizeof tm);
+    const mesh_cfg_entry *dt = mesh_cfg_find(cfg, "dtype");
+    const char *dtype = dt && dt->value.kind == MESH_CFG_SCALAR && *dt->value.text ? dt->value.text : "float32";
+    double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
+    if (model_hw_load(cli_configs_dir(), "v5p", def->mesh.num_devices, &hw) != SIM_OK ||
+        model_tm_eff_load(cli_configs_dir(), &eff) != SIM_OK ||
+        model_tm_estimate(&hw, &eff, dtype, m, step, bubble, model_tm_optimizer_bytes(m), false, &tm) != SIM_OK) {
+        sim_err_clear();
+        return -1;
+    }
+    return tm.step_s;
+}
 
 static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
 {
@@ -84,6 +109,7 @@ static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
     if (!st) st = model_optim_from_config(cfg, &job.opt);
     if (!st) st = model_data_from_config(cfg, &data);
     if (!st) st = model_machine_new(&def, hbm, false, &m);
+    if (!st) sim_machine_set_record_costs(m, true); /* for the step-time figure */
     model_step_stats stats[3];
     memset(stats, 0, sizeof stats);
     if (!st) {
@@ -116,6 +142,7 @@ static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
                 fp->bytes_sent += recs.recs[d][r].bytes_sent;
                 fp->n_records++;
             }
+        fp->step_s = tiny_step_time(cfg, &def, m, (int)job.steps - 1);
     }
     sim_machine_free(m);
     model_data_close(&data);
@@ -154,7 +181,7 @@ static int same_results(const fingerprint *a, const fingerprint *b)
             return 0;
     return a->param_bytes == b->param_bytes && a->nparams == b->nparams && a->ndev == b->ndev &&
            !strcmp(a->specs, b->specs) && a->peak == b->peak && a->bytes_sent == b->bytes_sent &&
-           a->n_records == b->n_records;
+           a->n_records == b->n_records && !memcmp(&a->step_s, &b->step_s, sizeof(double));
 }
 
 /* ---- the value to set ------------------------------------------------------ */
@@ -273,6 +300,7 @@ static void test_every_key_passes_its_class_check(void **state)
             }
             base = &base_with;
         }
+        int n_extra_with = n_extra;
         extra[n_extra++] = word;
         mesh_cfg *got = NULL;
         fingerprint fp = run_fp(bw, nbw, extra, n_extra, &got);
@@ -295,6 +323,13 @@ static void test_every_key_passes_its_class_check(void **state)
             if (fp.rc) fail = "inert key rejected";
             else if (!ge || !ge->changed) fail = "inert key not marked as set (run.json would not list it)";
             else if (!same_results(&fp, base)) fail = "inert key changed the results";
+            else if (!n_extra_with && !on) {
+                /* and on the other model: a MoE or MLA key does nothing to the Llama */
+                const fingerprint *other = deepseek ? &base_l : &base_d;
+                fingerprint fo = run_fp(deepseek ? LLAMA : DEEPSEEK, deepseek ? 10 : 8, extra, n_extra, NULL);
+                if (fo.rc) fail = "inert key rejected on the other model";
+                else if (!same_results(&fo, other)) fail = "inert key changed the results of the other model";
+            }
             break;
         case MESH_KEY_HONOURED:
             /* exit code 1 (a check failed: simulated OOM) is an observable change */
@@ -508,6 +543,33 @@ static void test_compile_topology(void **state)
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "num_devices=8"));
     cli_capture_free(&r);
+}
+
+/* Bad input exits 2 naming its key: every dcn_*_parallelism key set to 2 with
+ * one slice (MaxText 0.2.5: "DCN parallelism requested but only one slice
+ * available"), the legacy keys outside mesh_axes included. */
+static void test_dcn_with_one_slice(void **state)
+{
+    (void)state;
+    mesh_cfg *cfg = NULL;
+    const char *none[] = {TINY};
+    if (mesh_cfg_load_argv(cli_base_config(), 9, none, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    int checked = 0;
+    for (int i = 0; i < cfg->n; i++) {
+        const char *key = cfg->entries[i].key;
+        size_t n = strlen(key);
+        if (strncmp(key, "dcn_", 4) != 0 || n < 12 || strcmp(key + n - 12, "_parallelism") != 0) continue;
+        char word[128];
+        snprintf(word, sizeof word, "%s=2", key);
+        const char *w[] = {TINY, "dry_run=true", word};
+        cli_capture r = cli_capture_run(cli_train, 11, w);
+        if (r.rc != 2 || !strstr(r.err, word) || !strstr(r.err, "num_slices"))
+            fail_msg("%s: rc %d, stderr: %s", word, r.rc, r.err);
+        cli_capture_free(&r);
+        checked++;
+    }
+    mesh_cfg_free(cfg);
+    assert_true(checked >= 14);
 }
 
 /* MaxText's own files, unmodified, as arguments (copies in tests/data). */
@@ -752,6 +814,7 @@ int main(void)
         cmocka_unit_test(test_unknown_and_refused_keys),
         cmocka_unit_test(test_maxtext_outputs),
         cmocka_unit_test(test_compile_topology),
+        cmocka_unit_test(test_dcn_with_one_slice),
         cmocka_unit_test(test_maxtext_files_as_arguments),
         cmocka_unit_test(test_keys_command),
         cmocka_unit_test(test_maxtext_combination_rules),

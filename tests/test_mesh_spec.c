@@ -117,6 +117,46 @@ static void test_mesh_errors(void **state)
     assert_int_equal(size_of(&m, "sequence"), 2);
 }
 
+/* Every dcn_*_parallelism key of the base config: 2 with one slice is refused
+ * with MaxText's "only one slice" (whether or not its axis is in mesh_axes:
+ * dcn_sequence_parallelism is a legacy key outside the default mesh); with
+ * two slices it is accepted.  dcn_diloco_parallelism is outside MaxText's
+ * product, and its axis is in the mesh, so the slice count is what refuses it. */
+static void test_mesh_dcn_needs_slices(void **state)
+{
+    (void)state;
+    mesh_cfg_args a = {NULL, NULL, NULL, 0, NULL, 0};
+    mesh_cfg *cfg = NULL;
+    if (mesh_cfg_load(&a, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    int checked = 0;
+    for (int i = 0; i < cfg->n; i++) {
+        const char *key = cfg->entries[i].key;
+        size_t n = strlen(key);
+        if (strncmp(key, "dcn_", 4) != 0 || n < 12 || strcmp(key + n - 12, "_parallelism") != 0) continue;
+        char one[128], zero[128];
+        snprintf(one, sizeof one, "%s=2", key);
+        snprintf(zero, sizeof zero, "%s=0", key);
+        mesh_shape m;
+        const char *o1[] = {one};
+        assert_int_equal(mesh_from_overrides(1, o1, &m), SIM_ERR_INPUT);
+        assert_contains(sim_errmsg(), one);
+        if (strcmp(key, "dcn_diloco_parallelism") == 0)
+            assert_contains(sim_errmsg(), "num_slices=1");
+        else
+            assert_contains(sim_errmsg(), "only one slice available");
+        const char *o0[] = {zero};
+        assert_int_equal(mesh_from_overrides(1, o0, &m), SIM_ERR_INPUT);
+        assert_contains(sim_errmsg(), zero);
+        /* two slices: the key's axis takes them (dcn_data_parallelism=-1 fills 1) */
+        const char *o2[] = {one, "num_slices=2", "num_devices=2"};
+        if (mesh_from_overrides(3, o2, &m) != SIM_OK) fail_msg("%s with 2 slices: %s", key, sim_errmsg());
+        assert_int_equal(m.num_slices, 2);
+        checked++;
+    }
+    mesh_cfg_free(cfg);
+    assert_true(checked >= 14); /* MaxText's 12 in its product, diloco, shardsim's tensor_transpose */
+}
+
 static void test_mesh_dcn_and_coords(void **state)
 {
     (void)state;
@@ -378,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_mesh_from_config),
         cmocka_unit_test(test_mesh_errors),
         cmocka_unit_test(test_mesh_dcn_and_coords),
+        cmocka_unit_test(test_mesh_dcn_needs_slices),
         cmocka_unit_test(test_spec_text),
         cmocka_unit_test(test_spec_parse_errors),
         cmocka_unit_test(test_spec_json),

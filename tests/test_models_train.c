@@ -4,7 +4,10 @@
  *   - traffic: pure FSDP reduce-scatters (k-1)/k of the fsdp-sharded
  *     parameter bytes per step; pure data parallelism all-reduces
  *     2(k-1)/k of all parameter bytes per step;
- *   - dry run: the same traffic and peak memory as a real run;
+ *   - dry run: the same traffic and peak memory as a real run; with
+ *     gradient accumulation every microbatch after the second adds the same
+ *     collectives and leaves every device's peak as it was (what the host
+ *     memory check's two-microbatch dry step and the dry-run ceiling rely on);
  *   - the synthetic loss falls;
  *   - an explicit-mode constraint that does not hold is an error naming the
  *     layer and both specs, and auto mode reshards it (implicit). */
@@ -22,6 +25,7 @@
 
 #include "mesh/ad.h"
 #include "models/train.h"
+#include "sim/arena.h"
 #include "tests/model_run.h"
 
 static const char *const TINY[] = {
@@ -362,12 +366,71 @@ static void test_text_dataset(void **state)
     unlink(path);
 }
 
+/* ------------------------------------------------------------ microbatches repeat */
+
+typedef struct {
+    uint64_t bytes, calls;           /* all collectives of the device */
+    size_t peak, at_peak_by[SIM_NMEM];
+} ga_figures;
+
+static void dry_run_ga(int ga, ga_figures *f)
+{
+    char word[64];
+    snprintf(word, sizeof word, "gradient_accumulation_steps=%d", ga);
+    const char *extra[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "dry_run=true", word};
+    run_t r;
+    open_run(&r, extra, 4, 4, 1);
+    train(&r, false);
+    for (int d = 0; d < 4; d++) {
+        size_t n;
+        const sim_record *rec = sim_device_records(sim_machine_device(r.m, d), &n);
+        memset(&f[d], 0, sizeof f[d]);
+        for (size_t i = 0; i < n; i++) f[d].bytes += rec[i].bytes_sent;
+        f[d].calls = n;
+        sim_arena_stats as;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, d)), &as);
+        f[d].peak = as.peak;
+        memcpy(f[d].at_peak_by, as.at_peak_by, sizeof f[d].at_peak_by);
+    }
+    close_run(&r);
+}
+
+static void test_dry_run_microbatches_repeat(void **state)
+{
+    (void)state;
+    ga_figures g2[4], g3[4], g5[4];
+    dry_run_ga(2, g2);
+    dry_run_ga(3, g3);
+    dry_run_ga(5, g5);
+    for (int d = 0; d < 4; d++) {
+        assert_true(g3[d].calls > g2[d].calls);
+        /* each microbatch after the second: the same calls and bytes */
+        assert_int_equal(g5[d].calls - g2[d].calls, 3 * (g3[d].calls - g2[d].calls));
+        assert_int_equal(g5[d].bytes - g2[d].bytes, 3 * (g3[d].bytes - g2[d].bytes));
+        /* and the same peak, made of the same categories */
+        assert_int_equal(g3[d].peak, g2[d].peak);
+        assert_int_equal(g5[d].peak, g2[d].peak);
+        assert_memory_equal(g5[d].at_peak_by, g2[d].at_peak_by, sizeof g2[d].at_peak_by);
+    }
+}
+
+/* A dry run's microbatches are bounded (each one is simulated); a real run's are not. */
+static void test_dry_run_microbatch_ceiling(void **state)
+{
+    (void)state;
+    char word[64];
+    snprintf(word, sizeof word, "gradient_accumulation_steps=%d", MODEL_DRY_RUN_MAX_GA + 1);
+    const char *extra[] = {"dry_run=true", word};
+    model_run_expect_refused(TINY, NTINY, ROWS, extra, 2, 1, "gradient_accumulation_steps", "dry_run=true");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_five_steps),   cmocka_unit_test(test_traffic_pure_fsdp),
         cmocka_unit_test(test_traffic_pure_data),   cmocka_unit_test(test_dry_run_matches_real),
         cmocka_unit_test(test_loss_falls),          cmocka_unit_test(test_constraint_mismatch),
+        cmocka_unit_test(test_dry_run_microbatches_repeat), cmocka_unit_test(test_dry_run_microbatch_ceiling),
         cmocka_unit_test(test_checkpoint_across_meshes), cmocka_unit_test(test_text_dataset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

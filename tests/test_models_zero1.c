@@ -664,7 +664,7 @@ static void test_refusals(void **state)
     const char *sgd_w[] = {"shard_optimizer_over_data", "opt_type=sgd", "adamw"};
     refused(sgd, 4, 2, sgd_w, 3);
     const char *ga[] = {NOFSDP, "gradient_accumulation_steps=0"};
-    const char *ga_w[] = {"gradient_accumulation_steps=0", "positive"};
+    const char *ga_w[] = {"gradient_accumulation_steps=0", "1 <= gradient_accumulation_steps"};
     refused(ga, 2, 1, ga_w, 2);
 }
 
