@@ -85,9 +85,10 @@ ifeq ($(BUILD),build)
 	@ln -sfn build/shardsim shardsim 2>/dev/null || true
 endif
 
-# Tests link the commands too (all of cli/ but main), so they can call them.
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB)
-	$(CC) $(LDFLAGS) $< $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB) $(LDLIBS) -lcmocka -o $@
+# Tests link the commands too (all of cli/ but main), so they can call them, and the benchmarks'
+# support (bench/lib: a configuration's dry run, the stored XLA figures), so they can check them.
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(BENCH_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) $< $(TEST_SUPPORT_OBJ) $(BENCH_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(LIB) $(LDLIBS) -lcmocka -o $@
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BENCH_SUPPORT_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $< $(BENCH_SUPPORT_OBJ) $(LIB) $(LDLIBS) -o $@

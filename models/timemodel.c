@@ -143,6 +143,16 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
                      path, ht ? ht : "(missing)");
     else if (!st)
         out->hoist_casts = !strcmp(ht, "dtype");
+    e = st ? NULL : mesh_cfg_find(cfg, "accumulation_gradient_copies");
+    double acc = -1;
+    if (!st && e) st = num_field(&e->value, path, "accumulation_gradient_copies", &acc);
+    if (!st && (acc < 0 || acc > 8 || acc != (int)acc))
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: 'accumulation_gradient_copies' = %g: expected a whole number of gradient sets from 0 to 8 "
+                     "(what the compiler holds beside the gradients during gradient accumulation), with its source in "
+                     "a comment",
+                     path, acc);
+    out->accumulation_grad_copies = (int)acc;
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -222,6 +232,15 @@ sim_status model_hw_hoisted_copies(const mesh_cfg *cfg, const char *configs_dir,
     bool found;
     SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
     *hoist = found && hw.hoist_casts && sim_dtype_size(act) < sim_dtype_size(weight);
+    return SIM_OK;
+}
+
+sim_status model_hw_accumulation_copies(const mesh_cfg *cfg, const char *configs_dir, int *copies)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    *copies = found ? hw.accumulation_grad_copies : 0;
     return SIM_OK;
 }
 

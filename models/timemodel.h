@@ -43,6 +43,8 @@ typedef struct {
     bool hoist_casts;         /* hoisted_weight_copies: dtype -- the compiler casts each layer stack's float32
                                  weights (the device's shard) to `dtype` once, before the layer loops, and keeps
                                  that copy until the backward loop ends (none: each layer casts its own) */
+    int accumulation_grad_copies; /* gradient sets held beside the parameters' gradients while gradient
+                                 accumulation runs (accumulation_gradient_copies; 0: none) */
 } model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
@@ -80,6 +82,9 @@ sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, si
  * weight); false without a profile (XLA:CPU casts inside the loop body). */
 sim_status model_hw_hoisted_copies(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
                                    bool *hoist);
+/* The gradient sets the compiler of the profile the config selects holds beside the gradients while
+ * gradient accumulation runs (accumulation_gradient_copies; 0 without a profile). */
+sim_status model_hw_accumulation_copies(const mesh_cfg *cfg, const char *configs_dir, int *copies);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */

@@ -394,6 +394,23 @@ static size_t hoisted_copy_bytes(const model_dev *md)
     return n * sim_dtype_size(def->d.act_dtype);
 }
 
+/* The gradient sets a compiler holds beside the gradients while gradient accumulation runs
+ * (model_dims.ga_grad_copies; configs/hardware/v5p.yml: accumulation_gradient_copies): copies x
+ * the device's gradient bytes, charged over the microbatches.  Counted only: the simulator adds
+ * each microbatch's cotangents straight into the gradients. */
+static size_t accumulation_copy_bytes(const model_dev *md)
+{
+    const model_def *def = md->def;
+    if (def->d.ga <= 1 || def->d.ga_grad_copies <= 0 || md->zero1 || def->d.pipe.on) return 0;
+    size_t n = 0;
+    for (int i = 0; i < def->nparams; i++) {
+        const model_param *p = &md->p[i];
+        if (!p->g) continue;
+        for (int l = 0; l < p->n_layers; l++) n += p->g[l].nlocal * sim_dtype_size(p->g[l].counted);
+    }
+    return n * (size_t)def->d.ga_grad_copies;
+}
+
 static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
 {
     const model_def *def = md->def;
@@ -414,9 +431,11 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     size_t nbc = md->bias_counts ? (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts) : 0;
     if (nbc) memset(md->bias_counts_step, 0, nbc * sizeof(float));
     double loss_sum = 0;
-    size_t wcopy = hoisted_copy_bytes(md);
+    size_t wcopy = hoisted_copy_bytes(md), gacc = accumulation_copy_bytes(md);
     if (wcopy) SIM_TRY(sim_arena_charge(sim_device_arena(dev), wcopy, SIM_MEM_WCOPY, "hoisted weight copies"));
-    sim_status st = SIM_OK;
+    sim_status st = gacc ? sim_arena_charge(sim_device_arena(dev), gacc, SIM_MEM_GRADS, "gradient accumulation buffers")
+                         : SIM_OK;
+    bool gacc_held = gacc && st == SIM_OK;
     for (int64_t g = 0; g < def->d.ga && st == SIM_OK; g++) {
         double lg = 0;
         st = microbatch_pass(job, md, g, &lg);
@@ -424,6 +443,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         /* the gate bias update takes one sign over the whole step's counts (MaxText sums them over microbatches) */
         for (size_t i = 0; i < nbc; i++) md->bias_counts_step[i] += md->bias_counts[i];
     }
+    if (gacc_held) sim_arena_discharge(sim_device_arena(dev), gacc, SIM_MEM_GRADS);
     if (wcopy) sim_arena_discharge(sim_device_arena(dev), wcopy, SIM_MEM_WCOPY);
     SIM_TRY(st);
     /* MaxText: sum of token losses / all tokens + mean of the auxiliary losses (equal microbatches) */

@@ -23,7 +23,13 @@
  * outputs, the backward the two norms' cotangents, and the recomputation the
  * attention output alone: 5 records a layer with remat, 4 without, each of
  * (k-1)/k x the device's rows x seq x emb x 2 bytes; losses and gradients
- * equal. */
+ * equal.
+ *
+ * Gradient accumulation: XLA:TPU holds two gradient sets beside the
+ * gradients while the microbatch loop runs (accumulation_gradient_copies):
+ * the gradients' own peak is 3 x 4 bytes x every parameter's elements on a
+ * device with gradient_accumulation_steps=2 under v5p, 1 x without the
+ * profile or without accumulation, and nothing is left after the step. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -153,11 +159,53 @@ static void test_dead_recompute_tail(void **state)
     model_run_close(&none.r);
 }
 
+static void grads_at(const char *profile, int ga, uint64_t *peak, uint64_t *n_params, uint64_t *live)
+{
+    char hp[64], g[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    snprintf(g, sizeof g, "gradient_accumulation_steps=%d", ga);
+    const char *words[] = {"dtype=bfloat16", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", g, hp};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 4, words, profile ? 5 : 4, NDEV, 1);
+    model_run_train(&r, false);
+    *n_params = 0;
+    for (int i = 0; i < r.def->nparams; i++) {
+        uint64_t e = 1;
+        for (int d = 0; d < r.def->defs[i].rank; d++) e *= (uint64_t)r.def->defs[i].shape[d];
+        uint32_t axes = mesh_spec_dim_axes(&r.def->spec[i]);
+        for (int a = 0; a < r.def->mesh.n_axes; a++)
+            if (axes & (1u << a)) e /= (uint64_t)r.def->mesh.sizes[a];
+        *n_params += e;
+    }
+    sim_arena_stats st;
+    sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
+    *peak = st.peak_by[SIM_MEM_GRADS];
+    *live = st.live_by[SIM_MEM_GRADS];
+    model_run_close(&r);
+}
+
+static void test_accumulation_copies(void **state)
+{
+    (void)state;
+    uint64_t tpu, cpu, one, n, n2, n3, live, live2, live3;
+    grads_at("v5p", 2, &tpu, &n, &live);
+    grads_at(NULL, 2, &cpu, &n2, &live2);
+    grads_at("v5p", 1, &one, &n3, &live3);
+    assert_true(n > 0 && n == n2 && n == n3);
+    assert_int_equal(tpu, 3 * 4 * n);
+    assert_int_equal(cpu, 4 * n);
+    assert_int_equal(one, 4 * n);
+    /* after the step the charge is gone: what stays is what stays without the profile */
+    assert_int_equal(live, live2);
+    assert_int_equal(live, live3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hoisted_copies),
         cmocka_unit_test(test_dead_recompute_tail),
+        cmocka_unit_test(test_accumulation_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

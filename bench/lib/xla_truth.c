@@ -41,6 +41,8 @@ static bool load_config(const json_t *j, xt_config *c, const char *path, char *e
         if (!k) return fail(err, cap, path, "a key is not a string");
         c->keys[c->nkeys++] = strdup(k);
     }
+    const char *miss = json_string_value(json_object_get(j, "known_miss"));
+    snprintf(c->miss, sizeof c->miss, "%s", miss ? miss : "");
     const char *status = json_string_value(json_object_get(j, "status"));
     c->compiled = status && !strcmp(status, "compiled");
     const char *e = json_string_value(json_object_get(j, "error"));

@@ -34,6 +34,8 @@ typedef struct {
     char error[256];
     double peak, arguments, temporaries; /* bytes per device */
     double kind_bytes[XT_NKINDS];   /* bytes sent per device, by shardsim's collective kinds */
+    char miss[512];                 /* "" when shardsim is expected within the targets; else why it is
+                                       not yet (the file's known_miss: a transformation not modelled) */
 } xt_config;
 
 typedef struct {
