@@ -28,6 +28,8 @@ typedef struct {
     bool dead_outputs;          /* what the ops make now is read by nothing, forward or backward (a
                                    rematerialised layer's tail: XLA removes it from the recomputation),
                                    so a reshard gives the target layout without moving or counting data */
+    const sim_dtype *operand_gather; /* non-NULL: a computed operand resharded for an op is counted (held and
+                                   moved) in this dtype (a compiler's cast moved before the gather) */
 } mesh_ctx;
 
 #endif

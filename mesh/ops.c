@@ -290,11 +290,12 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     sim_dtype counted = x->counted_fixed || state ? x->counted
                                                   : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
     if (x->cat == SIM_MEM_PARAMS) counted = mesh_array_gather_dtype(ctx->dev, x);
+    else if (ctx->operand_gather && !state) counted = *ctx->operand_gather;
     /* counted as a copy, read where it is: the reshard copies it only if its first step works in place */
     SIM_TRY(sim_arena_charge(sim_device_arena(ctx->dev), x->nlocal * sim_dtype_size(counted), SIM_MEM_TEMP, x->name));
     out->arr.hold = MESH_HOLD_BORROWED;
     out->arr.counted = counted;
-    out->arr.counted_fixed = x->counted_fixed || state;
+    out->arr.counted_fixed = x->counted_fixed || state || (ctx->operand_gather && x->cat != SIM_MEM_PARAMS);
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
     meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */

@@ -12,6 +12,7 @@
  * run in auto placement whatever shard_mode says: optax's update is not
  * sharding-annotated, so GSPMD places it. */
 #include "models/muon.h"
+#include "models/timemodel.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/ops.h"
+#include "mesh/reshard.h"
 #include "models/optim.h"
 
 /* Newton–Schulz coefficients (optimizers.get_optimizer for every decoder block but deepseek4) */
@@ -62,6 +64,8 @@ sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *c)
     SIM_TRY(mesh_cfg_get_bool(cfg, "muon_include_routers", &b));
     c->include_routers = b;
     SIM_TRY(model_muon_rules_load(cfg->configs_dir, &c->rules));
+    SIM_TRY(model_hw_ns_gather(cfg, cfg->configs_dir, &c->ns_gather_set, &c->ns_gather));
+    SIM_TRY(model_hw_ns_gather_once(cfg, cfg->configs_dir, &c->ns_gather_once));
     long long ici_pp, dcn_pp;
     SIM_TRY(mesh_cfg_get_int(cfg, "ici_pipeline_parallelism", &ici_pp));
     SIM_TRY(mesh_cfg_get_int(cfg, "dcn_pipeline_parallelism", &dcn_pp));
@@ -316,12 +320,13 @@ static void divide_by_norm(mesh_array *x, const mesh_array *nrm, const bool *bat
 }
 
 sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *dims, double eps, const char *path,
-                                    mesh_array *x)
+                                    const sim_dtype *gather, bool once, mesh_array *x)
 {
     mesh_ctx c = *ctx;
     c.mode = MESH_MODE_AUTO; /* optax's update carries no sharding annotations: the partitioner places it */
     c.tape = NULL;
     c.cache = NULL;
+    c.operand_gather = gather;
     char layer[MESH_NAME_MAX];
     snprintf(layer, sizeof layer, "optimizer/%s", path);
     c.layer = layer;
@@ -380,6 +385,10 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
     if (st == SIM_OK) divide_by_norm(x, &nrm, batch, (float)eps);
     mesh_array_free(c.dev, &nrm);
     for (int step = 0; st == SIM_OK && step < MODEL_MUON_NS_STEPS; step++) {
+        /* once: one gather of X serves X X^T and B X (XLA:TPU's compile of optax's Muon on llama2-7b,
+         * fsdp=8: one all-gather of each MLP stack per step, tests/data/xla/tpu.json); XLA:CPU gathers X
+         * for each product (maxtext-facts-2 A.4: three all-gathers a step) */
+        c.cache = once ? mesh_reshard_cache_new(c.dev) : NULL;
         st = mesh_einsum(&c, s_gram, x, x, NULL, "ns_gram", SIM_MEM_TEMP, &a, NULL);
         if (st == SIM_OK && a.spec.partial) { /* a sum over a sharded long dim: all-reduce the Gram matrix */
             mesh_spec full = a.spec;
@@ -391,6 +400,8 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
         mesh_array_free(c.dev, &a);
         if (st == SIM_OK) st = mesh_einsum(&c, s_bx, &bm, x, NULL, "ns_bx", SIM_MEM_TEMP, &bx, NULL);
         mesh_array_free(c.dev, &bm);
+        if (c.cache) mesh_reshard_cache_free(c.cache);
+        c.cache = NULL;
         if (st == SIM_OK) st = axpby(&c, (float)NS_A, x, 1.0f, &bx, "ns_step", &nx); /* a X + B X */
         if (st == SIM_OK) {
             mesh_array_free(c.dev, x);
@@ -540,7 +551,9 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
                 layer_copy(&x, &tl, sd, l, pp->n_layers, true);
             }
         }
-        sim_status st = model_muon_orthogonalize(ctx, &dims, o->eps, pp->def.path, &x);
+        sim_status st = model_muon_orthogonalize(ctx, &dims, o->eps, pp->def.path,
+                                                  o->muon.ns_gather_set ? &o->muon.ns_gather : NULL,
+                                                  o->muon.ns_gather_once, &x);
         apply_job A = {NULL, NULL, model_muon_scale(&o->muon, &pp->def, &dims), (float)o->muon.weight_decay,
                        base.neg_lr};
         for (int l = 0; st == SIM_OK && l < pp->n_layers; l++) {

@@ -67,6 +67,9 @@ typedef struct {
     double consistent_rms;  /* its value */
     bool include_routers;   /* muon_include_routers */
     model_muon_rules rules; /* configs/muon.yml */
+    bool ns_gather_set;     /* the profile's compiler gathers Newton-Schulz operands in ns_gather */
+    sim_dtype ns_gather;    /* (hardware profile newton_schulz_gather_dtype, with matmul_precision) */
+    bool ns_gather_once;    /* one gather of X serves X X^T and B X (newton_schulz_operand_gathers) */
 } model_muon_cfg;
 
 /* Reads the muon_* keys and the rules, and refuses what MaxText does not
@@ -91,9 +94,12 @@ float model_muon_scale(const model_muon_cfg *c, const model_param_def *def, cons
 /* The orthogonalization of §A.3 on one stacked leaf `x` (global shape = the
  * stacked shape, any spec), in place: normalisation and the Newton–Schulz
  * steps as mesh ops in auto placement (ctx's mode is ignored), collectives
- * tagged "optimizer/<path>/ns".  x keeps its spec. */
+ * tagged "optimizer/<path>/ns".  x keeps its spec.  gather: the dtype
+ * operands are gathered in (NULL: as computed, float32); once: within a step
+ * one gather of an operand serves every product that reads it (a compiler's
+ * CSE: X for X X^T and for B X), else each product gathers its own. */
 sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *dims, double eps, const char *path,
-                                    mesh_array *x);
+                                    const sim_dtype *gather, bool once, mesh_array *x);
 
 struct model_optim_cfg;
 

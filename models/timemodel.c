@@ -153,6 +153,25 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
                      "a comment",
                      path, acc);
     out->accumulation_grad_copies = (int)acc;
+    e = st ? NULL : mesh_cfg_find(cfg, "newton_schulz_gather_dtype");
+    const char *nt = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+    if (!st && (!nt || (strcmp(nt, "bfloat16") && strcmp(nt, "float32"))))
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: 'newton_schulz_gather_dtype' = %s: expected bfloat16 (a float32 product at the default "
+                     "matmul precision is one bfloat16 pass, its operands cast before their gathers) or float32, "
+                     "with its source in a comment",
+                     path, nt ? nt : "(missing)");
+    else if (!st)
+        out->ns_gather_bf16 = !strcmp(nt, "bfloat16");
+    e = st ? NULL : mesh_cfg_find(cfg, "newton_schulz_operand_gathers");
+    const char *ng = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+    if (!st && (!ng || (strcmp(ng, "once") && strcmp(ng, "per_product"))))
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: 'newton_schulz_operand_gathers' = %s: expected once (one gather of X serves X X^T and B X) "
+                     "or per_product, with its source in a comment",
+                     path, ng ? ng : "(missing)");
+    else if (!st)
+        out->ns_gather_once = !strcmp(ng, "once");
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -241,6 +260,30 @@ sim_status model_hw_accumulation_copies(const mesh_cfg *cfg, const char *configs
     bool found;
     SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
     *copies = found ? hw.accumulation_grad_copies : 0;
+    return SIM_OK;
+}
+
+sim_status model_hw_ns_gather(const mesh_cfg *cfg, const char *configs_dir, bool *set, sim_dtype *dtype)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    /* jax.lax.Precision: DEFAULT and BF16 are one bfloat16 pass on TPU; HIGH (3 passes) and HIGHEST/FLOAT32
+     * (6) keep the float32 operand, so nothing narrows before the gather */
+    static const char *const precisions[] = {"default", "bfloat16", "high", "highest", "float32"};
+    int p;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "matmul_precision", precisions, 5, &p));
+    *set = found && hw.ns_gather_bf16 && p <= 1;
+    *dtype = SIM_BF16;
+    return SIM_OK;
+}
+
+sim_status model_hw_ns_gather_once(const mesh_cfg *cfg, const char *configs_dir, bool *once)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    *once = found && hw.ns_gather_once;
     return SIM_OK;
 }
 

@@ -45,6 +45,11 @@ typedef struct {
                                  that copy until the backward loop ends (none: each layer casts its own) */
     int accumulation_grad_copies; /* gradient sets held beside the parameters' gradients while gradient
                                  accumulation runs (accumulation_gradient_copies; 0: none) */
+    bool ns_gather_bf16;      /* newton_schulz_gather_dtype: bfloat16 -- a float32 Newton-Schulz product at
+                                 matmul_precision default runs as one bfloat16 pass, its operands cast before
+                                 their all-gathers (float32: gathered as computed) */
+    bool ns_gather_once;      /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X in a
+                                 Newton-Schulz step (per_product: each product gathers its operands) */
 } model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
@@ -85,6 +90,13 @@ sim_status model_hw_hoisted_copies(const mesh_cfg *cfg, const char *configs_dir,
 /* The gradient sets the compiler of the profile the config selects holds beside the gradients while
  * gradient accumulation runs (accumulation_gradient_copies; 0 without a profile). */
 sim_status model_hw_accumulation_copies(const mesh_cfg *cfg, const char *configs_dir, int *copies);
+/* The dtype Muon's Newton-Schulz operands are all-gathered in under the profile the config selects:
+ * *set = false (as computed: float32) without a profile, with newton_schulz_gather_dtype: float32, or with
+ * a matmul_precision that keeps float32 passes (high, highest, float32). */
+sim_status model_hw_ns_gather(const mesh_cfg *cfg, const char *configs_dir, bool *set, sim_dtype *dtype);
+/* Whether one gather of a Newton-Schulz operand serves every product of the step that reads it
+ * (newton_schulz_operand_gathers: once); false without a profile (XLA:CPU gathers per product). */
+sim_status model_hw_ns_gather_once(const mesh_cfg *cfg, const char *configs_dir, bool *once);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */

@@ -106,7 +106,7 @@ static sim_status one_case(sim_device *d, job *j, int ci)
 {
     const acase *c = &CASES[ci];
     int id = sim_device_id(d);
-    mesh_ctx ctx = {d, &j->mesh, MESH_MODE_AUTO, true, "layer", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = d, .mesh = &j->mesh, .mode = MESH_MODE_AUTO, .drop_size_one = true, .layer = "layer"};
     mesh_array a, b, acc, acc2, out, out2;
     SIM_TRY(make(d, &j->mesh, "a", c->spec_a, c->ra, c->sa, 1, &a));
     SIM_TRY(make(d, &j->mesh, "b", c->spec_b, c->rb, c->sb, 2, &b));

@@ -39,7 +39,7 @@ enum { NTAGS = 6 };
 static sim_status cost_device(sim_device *dev, void *arg)
 {
     cost_job *j = arg;
-    mesh_ctx ctx = {dev, &j->mesh, MESH_MODE_AUTO, true, "costs", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = dev, .mesh = &j->mesh, .mode = MESH_MODE_AUTO, .drop_size_one = true, .layer = "costs"};
     mesh_tape *t = mesh_tape_new(&ctx, true);
     mesh_spec xs, rep, reps;
     SIM_TRY(mesh_spec_parse("P('data', None, None)", &j->mesh, &xs));

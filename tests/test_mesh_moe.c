@@ -47,7 +47,7 @@ typedef struct {
 static sim_status router_device(sim_device *dev, void *arg)
 {
     router_job *j = arg;
-    mesh_ctx ctx = {dev, &j->mesh, MESH_MODE_AUTO, true, "router_test", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = dev, .mesh = &j->mesh, .mode = MESH_MODE_AUTO, .drop_size_one = true, .layer = "router_test"};
     mesh_tape *t = mesh_tape_new(&ctx, true);
     mesh_spec tok, rep, rep3;
     mesh_array sa = {0}, ba = {0}, sink = {0};

@@ -193,7 +193,7 @@ static sim_status run_device(sim_device *d, void *arg)
 {
     run_t *r = arg;
     int id = sim_device_id(d);
-    mesh_ctx ctx = {d, r->m, r->mode, !r->keep_size_one, "layer0", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = d, .mesh = r->m, .mode = r->mode, .drop_size_one = !r->keep_size_one, .layer = "layer0"};
     mesh_array in[2], out;
     memset(&out, 0, sizeof out);
     /* no cmocka assertion on a device thread: failures come back as statuses */
@@ -1043,7 +1043,7 @@ static sim_status cache_device(sim_device *d, void *arg)
 {
     cache_run *cr = arg;
     int id = sim_device_id(d);
-    mesh_ctx ctx = {d, cr->m, MESH_MODE_EXPLICIT, true, "layer0", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = d, .mesh = cr->m, .mode = MESH_MODE_EXPLICIT, .drop_size_one = true, .layer = "layer0"};
     ctx.cache = mesh_reshard_cache_new(d);
     int64_t xs[] = {4, 8}, ws[] = {8, 4};
     mesh_spec px, pw;
@@ -1098,7 +1098,7 @@ typedef struct {
 static sim_status bad_device(sim_device *d, void *arg)
 {
     bad_arg *ba = arg;
-    mesh_ctx ctx = {d, ba->m, MESH_MODE_AUTO, true, "layer0", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = d, .mesh = ba->m, .mode = MESH_MODE_AUTO, .drop_size_one = true, .layer = "layer0"};
     int64_t s48[] = {4, 8}, s38[] = {3, 8};
     mesh_spec rep;
     mesh_spec_init(&rep, 2);

@@ -219,7 +219,7 @@ static sim_status ep_device(sim_device *d, void *arg)
 {
     ep_run *r = arg;
     int id = sim_device_id(d);
-    mesh_ctx ctx = {d, r->m, r->mode, true, "layer", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = d, .mesh = r->m, .mode = r->mode, .drop_size_one = true, .layer = "layer"};
     ctx.cache = mesh_reshard_cache_new(d);
     static const char *const subs[] = {"btd,dh->bth", "btd,hd->bth", "btd,bsd->bts", "bth,btd->hd", "btd,dh->bt"};
     int64_t x_shape[3] = {4, 8, 8}, w_shape[2] = {8, 8};

@@ -422,7 +422,7 @@ typedef struct {
 static sim_status region_device(sim_device *dev, void *arg)
 {
     region_job *j = arg;
-    mesh_ctx ctx = {dev, &j->mesh, MESH_MODE_AUTO, true, "moe_test", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = dev, .mesh = &j->mesh, .mode = MESH_MODE_AUTO, .drop_size_one = true, .layer = "moe_test"};
     mesh_tape *t = mesh_tape_new(&ctx, true);
     mesh_spec tok, rep;
     SIM_TRY(mesh_spec_parse("P(('fsdp', 'expert'), None, None)", &j->mesh, &tok));

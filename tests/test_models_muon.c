@@ -269,9 +269,9 @@ static sim_status leaf_device(sim_device *dev, void *arg)
     mesh_array x;
     SIM_TRY(mesh_array_new(dev, j->mesh, "leaf", j->def.rank, j->def.shape, &s, SIM_F32, SIM_MEM_TEMP, &x));
     if (j->in) mesh_array_load_global(dev, j->mesh, &x, j->in);
-    mesh_ctx c = {dev, j->mesh, MESH_MODE_EXPLICIT, true, "", NULL, NULL, false};
+    mesh_ctx c = {.dev = dev, .mesh = j->mesh, .mode = MESH_MODE_EXPLICIT, .drop_size_one = true, .layer = ""};
     sim_device_set_phase(dev, SIM_PHASE_OPTIMIZER);
-    SIM_TRY(model_muon_orthogonalize(&c, &j->dims, 1e-8, "leaf", &x));
+    SIM_TRY(model_muon_orthogonalize(&c, &j->dims, 1e-8, "leaf", NULL, false, &x));
     if (!mesh_spec_equal(&x.spec, &s)) return sim_err(SIM_ERR_CHECK, "the leaf changed its spec");
     if (j->in) SIM_TRY(mesh_array_store_global(dev, j->mesh, &x, j->out));
     mesh_array_free(dev, &x);
@@ -527,7 +527,7 @@ static sim_status upd_device(sim_device *dev, void *arg)
         }
         for (int l = 0; l < p[i].n_layers; l++) mesh_array_load_global(dev, j->mesh, &p[i].w[l], j->w[i] + l * le);
     }
-    mesh_ctx c = {dev, j->mesh, MESH_MODE_AUTO, true, "", NULL, NULL, false};
+    mesh_ctx c = {.dev = dev, .mesh = j->mesh, .mode = MESH_MODE_AUTO, .drop_size_one = true, .layer = ""};
     for (int s = 0; s < 2; s++) {
         for (int i = 0; i < j->np; i++) {
             int64_t le = (int64_t)p[i].w[0].shape[0];

@@ -248,7 +248,7 @@ typedef struct {
 static sim_status cons_device(sim_device *dev, void *arg)
 {
     cons_job *j = arg;
-    mesh_ctx ctx = {dev, &j->mesh, j->mode, true, "decoder/layers_0/mlp", NULL, NULL, false};
+    mesh_ctx ctx = {.dev = dev, .mesh = &j->mesh, .mode = j->mode, .drop_size_one = true, .layer = "decoder/layers_0/mlp"};
     mesh_tape *t = mesh_tape_new(&ctx, false);
     mesh_spec have, want;
     SIM_TRY(mesh_spec_parse("P('fsdp', None)", &j->mesh, &have));

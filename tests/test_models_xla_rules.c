@@ -29,7 +29,15 @@
  * gradients while the microbatch loop runs (accumulation_gradient_copies):
  * the gradients' own peak is 3 x 4 bytes x every parameter's elements on a
  * device with gradient_accumulation_steps=2 under v5p, 1 x without the
- * profile or without accumulation, and nothing is left after the step. */
+ * profile or without accumulation, and nothing is left after the step.
+ *
+ * Muon's Newton-Schulz operands: XLA:TPU gathers X once per step for both
+ * X X^T and B X, and A = X X^T once, in bfloat16 (newton_schulz_* keys);
+ * XLA:CPU (no profile) gathers X, A and X again, as computed (float32).  The
+ * MLP's wi_0 stack [emb 16, layers 2, mlp 32] on fsdp=4 (rows: the 16 of
+ * emb): per step X is 2 x 16 x 32 and A 2 x 16 x 16 elements, each gather
+ * sending 3/4 of it; 5 steps.  matmul_precision=highest keeps the float32
+ * operands (six passes): the same gathers in float32. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -200,12 +208,56 @@ static void test_accumulation_copies(void **state)
     assert_int_equal(live, live3);
 }
 
+static void ns_gathers(const char *profile, const char *precision, int *n, uint64_t *bytes, int *bad_dtype,
+                       sim_dtype want)
+{
+    char hp[64], mp[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    snprintf(mp, sizeof mp, "matmul_precision=%s", precision);
+    const char *words[] = {"dtype=bfloat16", "opt_type=muon", "ici_fsdp_parallelism=4", mp, hp};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 4, words, profile ? 5 : 4, NDEV, 1);
+    model_run_train(&r, false);
+    *n = 0, *bytes = 0, *bad_dtype = 0;
+    size_t nr;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &nr);
+    for (size_t i = 0; i < nr; i++) {
+        const sim_record *x = &rec[i];
+        if (x->phase != SIM_PHASE_OPTIMIZER || x->op != SIM_OP_ALL_GATHER || !strstr(x->tag, "mlp.wi_0")) continue;
+        (*n)++;
+        *bytes += x->bytes_sent;
+        *bad_dtype += x->dtype != want;
+    }
+    model_run_close(&r);
+}
+
+static void test_newton_schulz_gathers(void **state)
+{
+    (void)state;
+    int n_tpu, n_cpu, n_hi, bad_tpu, bad_cpu, bad_hi;
+    uint64_t b_tpu, b_cpu, b_hi;
+    ns_gathers("v5p", "default", &n_tpu, &b_tpu, &bad_tpu, SIM_BF16);
+    ns_gathers(NULL, "default", &n_cpu, &b_cpu, &bad_cpu, SIM_F32);
+    ns_gathers("v5p", "highest", &n_hi, &b_hi, &bad_hi, SIM_F32); /* six float32 passes: nothing narrows */
+    const uint64_t x = 2 * 16 * 32, a = 2 * 16 * 16; /* elements of X and A */
+    assert_int_equal(n_tpu, 2 * 5);
+    assert_int_equal(bad_tpu, 0);
+    assert_int_equal(b_tpu, 5 * (3 * x / 4 + 3 * a / 4) * 2);
+    assert_int_equal(n_cpu, 3 * 5);
+    assert_int_equal(bad_cpu, 0);
+    assert_int_equal(b_cpu, 5 * (2 * (3 * x / 4) + 3 * a / 4) * 4);
+    assert_int_equal(n_hi, 2 * 5);
+    assert_int_equal(bad_hi, 0);
+    assert_int_equal(b_hi, 2 * b_tpu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hoisted_copies),
         cmocka_unit_test(test_dead_recompute_tail),
         cmocka_unit_test(test_accumulation_copies),
+        cmocka_unit_test(test_newton_schulz_gathers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
