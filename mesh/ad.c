@@ -49,13 +49,16 @@ static sim_status einsum_cached(mesh_tape *t, const char *sub, const mesh_array 
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     struct mesh_reshard_cache *saved = c->cache;
+    bool saved_single = c->single_use;
     c->cache = mesh_tape_cache(t);
+    c->single_use = mesh_tape_single_use(t); /* whether a weight's gather serves this product alone */
     char tag[SIM_TAG_MAX];
     int span = sim_span_begin(c->dev, mesh_tape_tag(t, name, tag, sizeof tag)); /* a compute span in the trace */
     sim_status st = acc ? mesh_einsum_into(c, sub, a, b, acc, name, cat, out, fused)
                         : mesh_einsum(c, sub, a, b, out_sharding, name, cat, out, NULL);
     sim_span_end(c->dev, span);
     c->cache = saved;
+    c->single_use = saved_single;
     return st;
 }
 
@@ -72,7 +75,16 @@ static sim_status contribute(mesh_tape *t, mesh_var *v, const char *sub, const m
     mesh_array g, *acc = atomic_load(&fuse_off) ? NULL : mesh_tape_grad_sum(v);
     bool fused = false;
     SIM_TRY(einsum_cached(t, sub, x, y, NULL, name, SIM_MEM_TEMP, &g, acc, &fused));
-    if (!fused) return mesh_tape_accumulate(t, v, &g, mesh_tape_tag(t, name, tag, sizeof tag));
+    if (!fused) {
+        /* a weight's gradient made by this product: its reduce-scatter is the product's own, which the
+         * compiler may window (sim_machine_opts.windowed_min_group) */
+        mesh_ctx *c = mesh_tape_ctx(t);
+        bool saved = c->single_use;
+        c->single_use = v->sink != NULL;
+        sim_status st = mesh_tape_accumulate(t, v, &g, mesh_tape_tag(t, name, tag, sizeof tag));
+        c->single_use = saved;
+        return st;
+    }
     atomic_fetch_add(&fused_count, 1);
     mesh_tape_accumulated(t, v, &g);
     return SIM_OK;

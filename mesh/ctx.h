@@ -30,6 +30,8 @@ typedef struct {
                                    so a reshard gives the target layout without moving or counting data */
     const sim_dtype *operand_gather; /* non-NULL: a computed operand resharded for an op is counted (held and
                                    moved) in this dtype (a compiler's cast moved before the gather) */
+    bool single_use;            /* a weight gathered for the op running serves it alone (set by the autodiff
+                                   layer: mesh_tape_single_use), so the compiler may window the product */
 } mesh_ctx;
 
 #endif

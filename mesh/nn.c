@@ -57,7 +57,7 @@ sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec 
     if (src->cat == SIM_MEM_PARAMS) mesh_array_recount(c->dev, out, mesh_array_gather_dtype(c->dev, src));
     else if (src->cat == SIM_MEM_GRADS || src->cat == SIM_MEM_OPTIMIZER) mesh_array_recount(c->dev, out, src->counted);
     sim_meta meta = c->mode == MESH_MODE_AUTO ? sim_meta_implicit(tag) : sim_meta_tag(tag);
-    meta.weight = src->cat == SIM_MEM_PARAMS;
+    meta.weight = src->cat == SIM_MEM_PARAMS; /* not windowed: only an einsum's weight product is */
     /* every caller only reads the operand (its VJP writes fresh gradients; every model and mesh test
      * passes with shared buffers mapped read-only, sim_machine_set_shared_guard): a gather, of a
      * weight or an activation, is one buffer for the group */

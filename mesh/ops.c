@@ -299,6 +299,8 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
     meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */
+    meta.single_use = ctx->single_use;
+    meta.silent = ctx->dead_outputs; /* for a product nothing reads: the compiler has no such gather */
     /* the staged copy is only read (bk_einsum, local_binary, reshape's copy; a cached one by later
      * operands of the same kind and mesh_nn_operand's kernels): a gather, of a weight or of an
      * activation (the same full block on every member of the group), is one buffer for the group */
@@ -306,7 +308,7 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     if (st != SIM_OK) {
         mesh_array_free(ctx->dev, &out->arr);
         out->owned = false;
-    } else if (ctx->cache) {
+    } else if (ctx->cache && !ctx->dead_outputs) { /* a later reader gathers for itself */
         mesh_reshard_cache_put(ctx->cache, x, work, &out->arr);
         out->owned = false; /* the cache owns it now */
     }
@@ -852,7 +854,8 @@ static void einsum_cost(mesh_ctx *ctx, const char *sub, const mesh_array *a, con
             if (size[c] > 0) flops *= (double)size[c];
         }
     double wel = (a_weight ? (double)a->nlocal : 0.0) + (b_weight ? (double)b->nlocal : 0.0);
-    sim_device_add_cost(ctx->dev, flops, (double)a->nlocal + (double)b->nlocal + (double)out->nlocal, wel, tag);
+    if (!ctx->dead_outputs) /* a product nothing reads is not in the compiled program */
+        sim_device_add_cost(ctx->dev, flops, (double)a->nlocal + (double)b->nlocal + (double)out->nlocal, wel, tag);
 }
 
 /* The inputs of a two-operand placement search (and of its key): the operands, their specs as the

@@ -47,6 +47,7 @@ struct mesh_tape {
     int nvars, capvars;
     mesh_entry **entries;
     int nentries, capentries;
+    bool backward;  /* a backward pass is running (mesh_tape_in_backward) */
 };
 
 mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording)
@@ -262,6 +263,7 @@ static sim_status reshard_to(mesh_tape *t, mesh_array *g, const mesh_spec *to, c
     if (mesh_spec_equal(&g->spec, to)) return SIM_OK;
     sim_meta meta = sim_meta_tag(tag);
     meta.weight = weight; /* a weight gradient's reduction: deferred by XLA, off the critical path */
+    meta.single_use = weight && t->ctx->single_use; /* made by one product (an einsum's weight gradient) */
     return mesh_reshard(t->ctx->dev, t->ctx->mesh, g, to, meta);
 }
 
@@ -367,6 +369,8 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
 {
     mesh_mode saved = t->ctx->mode;
     t->ctx->mode = MESH_MODE_AUTO;
+    bool was = t->backward;
+    t->backward = true;
     sim_status st = mesh_tape_accumulate(t, out, cot, "backward/seed");
     for (int i = t->nentries - 1; i >= 0 && st == SIM_OK; i--) {
         mesh_entry *e = t->entries[i];
@@ -391,7 +395,17 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
     }
     if (st == SIM_OK) st = flush_leaves(t);
     t->ctx->mode = saved;
+    t->backward = was;
     return st;
+}
+
+bool mesh_tape_in_backward(const mesh_tape *t) { return t && t->backward; }
+
+bool mesh_tape_single_use(const mesh_tape *t)
+{
+    /* a tape that records nothing runs a layer whose backward recomputes it; a backward pass's own
+     * gathers serve the product that asks (what the forward kept is in the cache already) */
+    return t && (!t->recording || t->backward);
 }
 
 sim_status mesh_tape_backward(mesh_tape *t, mesh_var *loss)

@@ -183,13 +183,18 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
     SIM_TRY(model_dropout(md, t, act, mlp_layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_MID, &act));
-    SIM_TRY(dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp));
-    SIM_TRY(model_checkpoint_name(md, mlp, MODEL_CKPT_MLPWO));
+    /* from here on the layer makes its output, which nothing reads when remat recomputes the layer for
+     * its backward: XLA drops these ops from the recomputation (mesh_ctx.dead_outputs), wo's product
+     * included, so wo is gathered in the backward for the input gradient alone.  A policy that saves
+     * wo's output (mlpwo) keeps the product: the saved copy replaces it. */
+    md->ctx.dead_outputs = md->recomputing && md->def->d.ckpt[MODEL_CKPT_MLPWO] == MODEL_CKPT_REMAT;
+    sim_status st = dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp);
+    md->ctx.dead_outputs = false;
+    if (st == SIM_OK) st = model_checkpoint_name(md, mlp, MODEL_CKPT_MLPWO);
+    if (st != SIM_OK) return st;
     md->ctx.layer = layer;
-    /* the layer's output, when remat recomputes the layer for its backward: nothing reads it (XLA drops
-     * these ops from the recomputation; mesh_ctx.dead_outputs) */
     md->ctx.dead_outputs = md->recomputing;
-    sim_status st = model_shard_as(md, t, mlp, "llama2/mlp_lnx", 3, A, &mlp);
+    st = model_shard_as(md, t, mlp, "llama2/mlp_lnx", 3, A, &mlp);
     if (st == SIM_OK) st = mesh_ad_add(t, h, mlp, "residual_mlp", &h);
     if (st == SIM_OK) st = model_dropout(md, t, h, layer, &h);
     if (st == SIM_OK) st = model_shard_as(md, t, h, "llama2/layer_output", 3, A, y);

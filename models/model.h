@@ -65,6 +65,8 @@ typedef struct {
     bool hoist_casts;         /* the profile's compiler holds a `dtype` copy of every scanned weight's shard
                                  from the first forward layer to the last backward one (SIM_MEM_WCOPY;
                                  model_hw_hoisted_copies) */
+    int windowed_min_group;   /* weight collectives over groups this large run as windowed einsums (the
+                                 profile's compiler; 0: never; model_hw_windowed_min_group) */
     int ga_grad_copies;       /* gradient sets the profile's compiler holds beside the gradients during
                                  gradient accumulation (ga > 1; model_hw_accumulation_copies) */
     bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */

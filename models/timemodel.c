@@ -172,6 +172,16 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
                      path, ng ? ng : "(missing)");
     else if (!st)
         out->ns_gather_once = !strcmp(ng, "once");
+    e = st ? NULL : mesh_cfg_find(cfg, "windowed_einsum_min_group");
+    double wmin = -1;
+    if (!st && e) st = num_field(&e->value, path, "windowed_einsum_min_group", &wmin);
+    if (!st && (wmin < 0 || wmin > 1e6 || wmin != (int)wmin))
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: 'windowed_einsum_min_group' = %g: expected the smallest group size (a whole number; 0: "
+                     "never) whose weight collectives the compiler runs as windowed einsums, with its source in a "
+                     "comment",
+                     path, wmin);
+    out->windowed_min_group = (int)wmin;
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -284,6 +294,15 @@ sim_status model_hw_ns_gather_once(const mesh_cfg *cfg, const char *configs_dir,
     bool found;
     SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
     *once = found && hw.ns_gather_once;
+    return SIM_OK;
+}
+
+sim_status model_hw_windowed_min_group(const mesh_cfg *cfg, const char *configs_dir, int *min_group)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    *min_group = found ? hw.windowed_min_group : 0;
     return SIM_OK;
 }
 

@@ -50,6 +50,8 @@ typedef struct {
                                  their all-gathers (float32: gathered as computed) */
     bool ns_gather_once;      /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X in a
                                  Newton-Schulz step (per_product: each product gathers its operands) */
+    int windowed_min_group;   /* windowed_einsum_min_group: weight gathers serving one product and weight-gradient
+                                 reduce-scatters over at least this many devices run as windowed einsums (0: none) */
 } model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
@@ -97,6 +99,9 @@ sim_status model_hw_ns_gather(const mesh_cfg *cfg, const char *configs_dir, bool
 /* Whether one gather of a Newton-Schulz operand serves every product of the step that reads it
  * (newton_schulz_operand_gathers: once); false without a profile (XLA:CPU gathers per product). */
 sim_status model_hw_ns_gather_once(const mesh_cfg *cfg, const char *configs_dir, bool *once);
+/* The smallest group whose weight collectives the profile's compiler runs as windowed einsums
+ * (windowed_einsum_min_group; 0 without a profile: XLA:CPU never does). */
+sim_status model_hw_windowed_min_group(const mesh_cfg *cfg, const char *configs_dir, int *min_group);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */

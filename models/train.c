@@ -50,6 +50,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     /* weight gathers and gradient reductions as the hardware profile's compiler moves them */
     o.counted_gather = def->d.gather_dtype;
     o.counted_grad_reduce = def->d.reduce_dtype;
+    o.windowed_min_group = def->d.windowed_min_group;
     o.trace = trace;
     o.pin_threads = true;
     SIM_TRY(sim_machine_new(&md, &o, out));

@@ -249,8 +249,25 @@ typedef struct {
     uint64_t sent_dcn; /* of sent, to other slices */
 } byte_count;
 
+/* A weight's collective the compiler runs as a windowed einsum (sim_machine_opts.windowed_min_group):
+ * the bidirectional ring sends (k+1)/k of the array where the gather or reduce-scatter sends (k-1)/k. */
+static bool windowed(const sim_device *d, const sim_call *c, int k, sim_meta meta)
+{
+    int min = d->m->opts.windowed_min_group;
+    if (min <= 0 || k < min || k < 2 || !meta.weight) return false;
+    return meta.single_use && (c->op == SIM_OP_ALL_GATHER || c->op == SIM_OP_REDUCE_SCATTER);
+}
+
 static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, sim_meta meta, uint64_t t0)
 {
+    if (meta.silent) return;
+    sim_op op = c->op;
+    if (windowed(d, c, k, meta)) {
+        op = SIM_OP_PPERMUTE;
+        bc.sent = bc.sent / (uint64_t)(k - 1) * (uint64_t)(k + 1);
+        bc.recv = bc.recv / (uint64_t)(k - 1) * (uint64_t)(k + 1);
+        bc.sent_dcn = bc.sent_dcn / (uint64_t)(k - 1) * (uint64_t)(k + 1);
+    }
     if (d->nrec == d->caprec) {
         d->caprec = d->caprec ? 2 * d->caprec : 256;
         d->rec = realloc(d->rec, d->caprec * sizeof *d->rec);
@@ -259,7 +276,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
     sim_record *r = &d->rec[d->nrec++];
     memset(r, 0, sizeof *r);
     r->step = d->step;
-    r->op = c->op;
+    r->op = op;
     r->phase = d->phase;
     /* size-1 axes do not change the group: leave them out of the record */
     r->axes.n = 0;
@@ -274,7 +291,7 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
     r->implicit = meta.implicit;
     r->weight = meta.weight;
     sim_str_put(r->tag, sizeof r->tag, 0, tag_or_dash(c->tag), SIZE_MAX);
-    sim_op_totals *t = &d->totals[c->op];
+    sim_op_totals *t = &d->totals[op];
     t->calls++;
     t->bytes_sent += bc.sent;
     t->bytes_recv += bc.recv;
@@ -287,10 +304,10 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
         s.t1 = sim_now_ns();
         s.lane = 1 + (int)sim_axes_mask(r->axes);
         sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, 0,
-                                                                                            sim_op_name(c->op), SIZE_MAX),
+                                                                                            sim_op_name(op), SIZE_MAX),
                                                        " ", 1),
                     tag_or_dash(c->tag), SIZE_MAX); /* "%s %s" */
-        s.op = c->op;
+        s.op = op;
         s.bytes = bc.sent;
         s.rec = (int64_t)(r - d->rec); /* the record just filled: axes, group, dtype, elements, bytes */
         sim_arena_stats st;

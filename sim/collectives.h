@@ -53,6 +53,10 @@ typedef struct {
     bool weight;
     bool counted_set;
     sim_dtype counted;
+    bool single_use;  /* a weight's gather whose copy serves one product, or the reduce-scatter of the gradient
+                         one product made (sim_machine_opts.windowed_min_group may window either) */
+    bool silent;      /* nothing records it: a collective of ops whose results nothing reads (the compiler
+                         removes them), run only so that the simulation's values stay defined */
 } sim_meta;
 static inline sim_meta sim_meta_tag(const char *tag)
 {

@@ -61,6 +61,11 @@ typedef struct {
                                      activations adds) */
     bool guard_shared;     /* tests: each shared all-gather buffer is its own mapping, read-only once
                               filled, so a write into a shared operand faults where it happens */
+    int windowed_min_group; /* > 0: a weight's all-gather whose copy serves one product, and a weight
+                              gradient's reduce-scatter, over a group of at least this many devices run
+                              as the compiler's windowed einsum: a bidirectional ring of
+                              collective-permutes that sends (k+1)/k of the whole array instead of
+                              (k-1)/k (recorded as ppermute; the data moves as before) */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */

@@ -37,7 +37,17 @@
  * MLP's wi_0 stack [emb 16, layers 2, mlp 32] on fsdp=4 (rows: the 16 of
  * emb): per step X is 2 x 16 x 32 and A 2 x 16 x 16 elements, each gather
  * sending 3/4 of it; 5 steps.  matmul_precision=highest keeps the float32
- * operands (six passes): the same gathers in float32. */
+ * operands (six passes): the same gathers in float32.
+ *
+ * Windowed einsums: over a group of 8 devices XLA:TPU runs a weight product
+ * as a ring of collective-permutes sending (k+1)/k of the weight where the
+ * gather or reduce-scatter sends (k-1)/k (windowed_einsum_min_group).  The
+ * tiny Llama on fsdp=8 under v5p, remat full: per layer the forward windows
+ * its 7 kernels (4 attention kernels of 256 elements, 3 MLP kernels of 512),
+ * the backward gathers 6 of them plainly once for the recomputation and the
+ * input gradient, windows wo's gather (its product is dropped from the
+ * recomputation: only the input gradient reads it) and every kernel's
+ * gradient reduce-scatter; bfloat16.  No profile, or fsdp=4: no ring. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -251,6 +261,44 @@ static void test_newton_schulz_gathers(void **state)
     assert_int_equal(b_hi, 2 * b_tpu);
 }
 
+static void layer_weight_bytes(const char *profile, int fsdp, uint64_t *ring, uint64_t *ag)
+{
+    char hp[64], f[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    snprintf(f, sizeof f, "ici_fsdp_parallelism=%d", fsdp);
+    const char *words[] = {"dtype=bfloat16", f, hp};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, fsdp, words, profile ? 3 : 2, fsdp, 1);
+    model_run_train(&r, false);
+    *ring = 0, *ag = 0;
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        if (!x->weight || !strstr(x->tag, "layers")) continue; /* the decoder layers' kernels */
+        if (x->op == SIM_OP_PPERMUTE) *ring += x->bytes_sent;
+        if (x->op == SIM_OP_ALL_GATHER) *ag += x->bytes_sent;
+    }
+    model_run_close(&r);
+}
+
+static void test_windowed_einsums(void **state)
+{
+    (void)state;
+    uint64_t ring, ag, ring_cpu, ag_cpu, ring4, ag4;
+    layer_weight_bytes("v5p", 8, &ring, &ag);
+    layer_weight_bytes(NULL, 8, &ring_cpu, &ag_cpu);
+    layer_weight_bytes("v5p", 4, &ring4, &ag4);
+    const uint64_t all = 4 * 256 + 3 * 512, wo = 512, layers = 2;
+    /* bytes = 2 x elements x (k+1)/k for a ring, (k-1)/k for a gather, k = 8 */
+    assert_int_equal(ring, layers * 2 * 9 * (all + wo + all) / 8);
+    assert_int_equal(ag, layers * 2 * 7 * (all - wo) / 8);
+    assert_int_equal(ring_cpu, 0);
+    assert_int_equal(ring4, 0);
+    /* XLA:CPU gathers every kernel twice (forward; recomputation and input gradient) in float32 */
+    assert_int_equal(ag_cpu, layers * 4 * 7 * (all + all) / 8);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -258,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_dead_recompute_tail),
         cmocka_unit_test(test_accumulation_copies),
         cmocka_unit_test(test_newton_schulz_gathers),
+        cmocka_unit_test(test_windowed_einsums),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
