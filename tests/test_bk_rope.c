@@ -120,7 +120,7 @@ static void test_rope_known_values(void **state) {
  * 500000^(j/4) = 1, 26.5915, 707.107, 18803.0; wavelengths 2 pi ts = 6.28, 167.1 (< 2048: kept),
  * 4442.9 (between 2048 and 8192: s = (8192/4442.9 - 1)/3 = 0.281277, freq x ((1 - s)/8 + s) =
  * x 0.371117, ts 1905.32) and 118143 (> 8192: freq / 8, ts 150424).  The rotations are MaxText
- * 0.2.5's own output (LLaMARotaryEmbedding in float32 on CPU, jax 0.8) for integer-valued inputs
+ * 0.2.5's own output (LLaMARotaryEmbedding in float32 on CPU, jax 0.12.0.1) for integer-valued inputs
  * x[n][h][k] = (16 n + 8 h + k) % 7 - 3 (2 heads) at positions 0, 1, 5, 1000, 8191: pairs
  * (x[2j], x[2j+1]) in and out. */
 static void test_rope_llama31(void **state) {
