@@ -37,11 +37,43 @@ bk_rope_params bk_rope_params_yarn(int dim) {
   return p;
 }
 
+bk_rope_params bk_rope_params_llama31(int dim) {
+  bk_rope_params p = bk_rope_params_default(dim);
+  p.kind = BK_ROPE_LLAMA31;
+  p.use_scale = 1;
+  return p;
+}
+
+/* Llama 3.1's fixed scaling constants (embeddings.LLaMARotaryEmbedding._apply_scaling_factor,
+ * after Meta's reference model.py apply_scaling): not configurable in MaxText. */
+#define LLAMA31_SCALE_FACTOR 8.0
+#define LLAMA31_LOW_FREQ_FACTOR 1.0
+#define LLAMA31_HIGH_FREQ_FACTOR 4.0
+#define LLAMA31_OLD_CONTEXT_LEN 8192.0
+
+/* Llama 3.1's scaled frequency of an unscaled one. */
+static double llama31_scale(double freq) {
+  double low_wavelen = LLAMA31_OLD_CONTEXT_LEN / LLAMA31_LOW_FREQ_FACTOR;
+  double high_wavelen = LLAMA31_OLD_CONTEXT_LEN / LLAMA31_HIGH_FREQ_FACTOR;
+  double wavelen = 2.0 * M_PI / freq;
+  if (wavelen < high_wavelen) return freq;
+  if (wavelen > low_wavelen) return freq / LLAMA31_SCALE_FACTOR;
+  double smooth = (LLAMA31_OLD_CONTEXT_LEN / wavelen - LLAMA31_LOW_FREQ_FACTOR) /
+                  (LLAMA31_HIGH_FREQ_FACTOR - LLAMA31_LOW_FREQ_FACTOR);
+  return (1.0 - smooth) * freq / LLAMA31_SCALE_FACTOR + smooth * freq;
+}
+
+/* Where input and output pair i sit: interleaved (2i, 2i+1) or halves (i, i + dim/2). */
+static int in_interleaved(const bk_rope_params *p) {
+  return (p->kind == BK_ROPE_YARN && p->interleave) || p->kind == BK_ROPE_LLAMA31;
+}
+static int out_interleaved(const bk_rope_params *p) { return p->kind == BK_ROPE_LLAMA31; }
+
 static void check_params(const bk_rope_params *p) {
   BK_ASSERT(p != NULL);
   BK_ASSERTF(p->dim > 0 && p->dim % 2 == 0, "rope dim=%d must be even and positive", p->dim);
   BK_ASSERTF(p->max_timescale > 0.0, "max_timescale=%g", p->max_timescale);
-  if (p->kind == BK_ROPE_DEFAULT) {
+  if (p->kind == BK_ROPE_DEFAULT || p->kind == BK_ROPE_LLAMA31) {
     BK_ASSERTF(p->min_timescale > 0.0, "min_timescale=%g", p->min_timescale);
     BK_ASSERTF(p->linear_scaling_factor > 0.0, "linear_scaling_factor=%g", p->linear_scaling_factor);
   } else {
@@ -65,6 +97,13 @@ void bk_rope_freqs(double *freq, const bk_rope_params *p) {
     for (int i = 0; i < half; i++) {
       double ts = p->min_timescale * pow(p->max_timescale / p->min_timescale, 2.0 * i / d);
       freq[i] = 1.0 / (ts * p->linear_scaling_factor);
+    }
+    return;
+  }
+  if (p->kind == BK_ROPE_LLAMA31) {
+    for (int i = 0; i < half; i++) {
+      double f = 1.0 / (p->min_timescale * pow(p->max_timescale / p->min_timescale, 2.0 * i / d));
+      freq[i] = p->use_scale ? llama31_scale(f) : f;
     }
     return;
   }
@@ -115,7 +154,7 @@ static void check_args(const void *out, const void *in, const int32_t *pos, int 
 
 /* Forward and backward share the cos/sin table and the pair addressing:
  * input pair i sits at (a_i, b_i) = (2i, 2i+1) if interleaved, else (i, i+half);
- * output pair i always at (i, i+half).  The table has one row (cos[half], sin[half], times
+ * output pair i at (i, i+half), or at (2i, 2i+1) for LLAMA31.  The table has one row (cos[half], sin[half], times
  * the output scale) per position: a call's tokens usually repeat a few positions (a batch of
  * rows at 0..T-1), so the rows are made once per distinct position in [pos_lo, pos_hi]
  * instead of once per token; when the positions spread wider than there are tokens, each token
@@ -171,7 +210,7 @@ BK_CLONES static void rope_tokens(int64_t n_lo, int64_t n_hi, void *arg) {
   const rope_job *J = arg;
   const bk_rope_params *p = J->p;
   int half = p->dim / 2, H = J->H;
-  int il = p->kind == BK_ROPE_YARN && p->interleave;
+  int il = in_interleaved(p), ol = out_interleaved(p);
   float *own = J->table ? NULL : bk_xmalloc((size_t)2 * half * sizeof *own);  // this token's row
   float *tmp = bk_xmalloc((size_t)p->dim * sizeof *tmp);  // an in-place input row
   float scale = (float)output_scale(p);
@@ -195,10 +234,11 @@ BK_CLONES static void rope_tokens(int64_t n_lo, int64_t n_hi, void *arg) {
           rot_fwd(y, x, c, s, half);
           continue;
         }
+        int o1 = ol ? 2 : 1, o2 = ol ? 1 : half;  // output pair i at (o1*i, o1*i + o2)
         for (int i = 0; i < half; i++) {
           float x1 = x[2 * i], x2 = x[2 * i + 1];
-          y[i] = x1 * c[i] - x2 * s[i];
-          y[i + half] = x2 * c[i] + x1 * s[i];
+          y[o1 * i] = x1 * c[i] - x2 * s[i];
+          y[o1 * i + o2] = x2 * c[i] + x1 * s[i];
         }
       } else {  // here `out` is din (input layout), `in` is dout (output layout)
         const float *g = J->in + row * J->out_stride;
@@ -207,8 +247,9 @@ BK_CLONES static void rope_tokens(int64_t n_lo, int64_t n_hi, void *arg) {
           rot_bwd(dx, g, c, s, half);
           continue;
         }
+        int o1 = ol ? 2 : 1, o2 = ol ? 1 : half;
         for (int i = 0; i < half; i++) {
-          float g1 = g[i], g2 = g[i + half];
+          float g1 = g[o1 * i], g2 = g[o1 * i + o2];
           dx[2 * i] += g1 * c[i] + g2 * s[i];
           dx[2 * i + 1] += g2 * c[i] - g1 * s[i];
         }
@@ -250,7 +291,7 @@ static int same_params(const bk_rope_params *a, const bk_rope_params *b) {
          a->max_timescale == b->max_timescale && a->linear_scaling_factor == b->linear_scaling_factor &&
          a->factor == b->factor && a->original_max_position_embeddings == b->original_max_position_embeddings &&
          a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->interleave == b->interleave &&
-         a->truncate == b->truncate && a->attention_scaling == b->attention_scaling;
+         a->truncate == b->truncate && a->attention_scaling == b->attention_scaling && a->use_scale == b->use_scale;
 }
 
 /* The cached rows for positions [lo, hi] (row of position lo first), or NULL.  Caller holds C.mu. */
@@ -364,6 +405,16 @@ static double ref_freq(const bk_rope_params *p, int i) {
     double timescale = p->min_timescale * pow(p->max_timescale / p->min_timescale, fraction);
     return 1.0 / (timescale * p->linear_scaling_factor);
   }
+  if (p->kind == BK_ROPE_LLAMA31) {  // written as MaxText's _apply_scaling_factor reads
+    double fraction = 2.0 * i / d;
+    double freq = 1.0 / (p->min_timescale * pow(p->max_timescale / p->min_timescale, fraction));
+    if (!p->use_scale) return freq;
+    double wavelen = 2.0 * acos(-1.0) / freq;
+    if (wavelen < 8192.0 / 4.0) return freq;
+    if (wavelen > 8192.0 / 1.0) return freq / 8.0;
+    double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+    return (1.0 - smooth) * freq / 8.0 + smooth * freq;
+  }
   double two_pi = 2.0 * acos(-1.0), orig = p->original_max_position_embeddings;
   double low = d * log(orig / (p->beta_fast * two_pi)) / (2.0 * log(p->max_timescale));
   double high = d * log(orig / (p->beta_slow * two_pi)) / (2.0 * log(p->max_timescale));
@@ -384,7 +435,7 @@ void bk_rope_fwd_ref(float *out, const float *in, const int32_t *positions, int 
                      int in_stride, int out_stride, const bk_rope_params *p) {
   check_args(out, in, positions, N, H, in_stride, out_stride, p);
   BK_ASSERT(out != in);
-  int half = p->dim / 2, il = p->kind == BK_ROPE_YARN && p->interleave;
+  int half = p->dim / 2, il = in_interleaved(p), ol = out_interleaved(p);
   double sc = (p->kind == BK_ROPE_YARN && p->attention_scaling && p->factor > 1) ? 0.1 * log(p->factor) + 1 : 1;
   for (int n = 0; n < N; n++)
     for (int h = 0; h < H; h++)
@@ -394,15 +445,15 @@ void bk_rope_fwd_ref(float *out, const float *in, const int32_t *positions, int 
         double re = il ? x[2 * i] : x[i], im = il ? x[2 * i + 1] : x[i + half];
         double a = positions[n] * ref_freq(p, i);
         /* (re + i im) * e^{i a} */
-        y[i] = (float)(sc * (re * cos(a) - im * sin(a)));
-        y[i + half] = (float)(sc * (re * sin(a) + im * cos(a)));
+        y[ol ? 2 * i : i] = (float)(sc * (re * cos(a) - im * sin(a)));
+        y[ol ? 2 * i + 1 : i + half] = (float)(sc * (re * sin(a) + im * cos(a)));
       }
 }
 
 void bk_rope_bwd_ref(float *din, const float *dout, const int32_t *positions, int N, int H,
                      int in_stride, int out_stride, const bk_rope_params *p) {
   check_args(din, dout, positions, N, H, in_stride, out_stride, p);
-  int half = p->dim / 2, il = p->kind == BK_ROPE_YARN && p->interleave;
+  int half = p->dim / 2, il = in_interleaved(p), ol = out_interleaved(p);
   double sc = (p->kind == BK_ROPE_YARN && p->attention_scaling && p->factor > 1) ? 0.1 * log(p->factor) + 1 : 1;
   for (int n = 0; n < N; n++)
     for (int h = 0; h < H; h++)
@@ -410,9 +461,10 @@ void bk_rope_bwd_ref(float *din, const float *dout, const int32_t *positions, in
         const float *g = dout + ((size_t)n * H + h) * out_stride;
         float *dx = din + ((size_t)n * H + h) * in_stride;
         double a = positions[n] * ref_freq(p, i);
+        double g_re = g[ol ? 2 * i : i], g_im = g[ol ? 2 * i + 1 : i + half];
         /* (g_re + i g_im) * e^{-i a} */
-        double dre = sc * (g[i] * cos(a) + g[i + half] * sin(a));
-        double dim_ = sc * (g[i + half] * cos(a) - g[i] * sin(a));
+        double dre = sc * (g_re * cos(a) + g_im * sin(a));
+        double dim_ = sc * (g_im * cos(a) - g_re * sin(a));
         dx[il ? 2 * i : i] += (float)dre;
         dx[il ? 2 * i + 1 : i + half] += (float)dim_;
       }

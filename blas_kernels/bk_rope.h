@@ -6,6 +6,12 @@
  *   else concatenated halves; output ALWAYS concatenated [real..., imag...]; optional
  *   attention_scaling multiplies the output by 0.1 ln(factor) + 1. mscale is not a RoPE input in
  *   MaxText: it enters the MLA softmax scale (bk_mla_softmax_scale).
+ * LLAMA31 (every model_name llama3.1*, or rope_type=llama3.1: attentions.py init_rotary_embedding,
+ *   embeddings.LLaMARotaryEmbedding): the DEFAULT timescales (no linear scaling factor, which
+ *   LLaMARotaryEmbedding does not read) with Llama 3.1's frequency scaling when use_scale
+ *   (rope_use_scale): wavelength 2 pi / freq below 8192/4 keeps freq, above 8192 gives freq/8,
+ *   between blends the two by s = (8192/wavelength - 1)/3; pairs (x[2i], x[2i+1]) in input AND
+ *   output (the layout stays interleaved).
  * Every token carries its own int32 position, so context-parallel chunks rotate correctly.
  */
 #ifndef BK_ROPE_H
@@ -13,12 +19,12 @@
 
 #include <stdint.h>
 
-typedef enum { BK_ROPE_DEFAULT = 0, BK_ROPE_YARN = 1 } bk_rope_kind;
+typedef enum { BK_ROPE_DEFAULT = 0, BK_ROPE_YARN = 1, BK_ROPE_LLAMA31 = 2 } bk_rope_kind;
 
 typedef struct {
   bk_rope_kind kind;
   int dim;                       // rotary dim d (even): head_dim, or qk_rope_head_dim for MLA
-  double min_timescale;          // DEFAULT: rope_min_timescale (1)
+  double min_timescale;          // DEFAULT, LLAMA31: rope_min_timescale (1)
   double max_timescale;          // rope_max_timescale = theta (10000), both kinds
   double linear_scaling_factor;  // DEFAULT: rope_linear_scaling_factor (1 = off), scales timescales
   double factor;                 // YARN: rope_factor (40)
@@ -28,11 +34,13 @@ typedef struct {
   int interleave;                // YARN: rope_interleave (1): input pairs are (x[2i], x[2i+1])
   int truncate;                  // YARN: rope_truncate (1): floor/ceil the correction range
   int attention_scaling;         // YARN: rope_attention_scaling (0)
+  int use_scale;                 // LLAMA31: rope_use_scale (1): Llama 3.1's frequency scaling
 } bk_rope_params;
 
 /* MaxText base.yml defaults for each kind, with rotary dim `dim`. */
 bk_rope_params bk_rope_params_default(int dim);
 bk_rope_params bk_rope_params_yarn(int dim);
+bk_rope_params bk_rope_params_llama31(int dim);
 
 /* Angular frequency (radians per position) of each of the d/2 pairs. */
 void bk_rope_freqs(double *freq,  // (dim/2)

@@ -21,4 +21,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err);
 /* shardsim keys [pattern]: the key contract as a table */
 int cli_keys(int argc, char **argv, FILE *out, FILE *err);
 
+/* shardsim models [pattern|block=NAME]: every model name with its decoder block and status */
+int cli_models(int argc, char **argv, FILE *out, FILE *err);
+
 #endif

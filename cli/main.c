@@ -64,6 +64,18 @@ static const command_help COMMANDS[] = {
      "  inert     cannot change losses, shardings, memory or traffic; accepted and listed in\n"
      "            run.json under inert_keys_set when set\n"
      "  refused   a feature not simulated: a non-default value exits 2 naming the key\n"},
+    {"models", "list the model names (configs/models) with decoder block and status",
+     "usage: shardsim models [pattern|block=NAME]\n"
+     "\n"
+     "Lists every model file of configs/models (MaxText 0.2.5's model files: model_name=NAME\n"
+     "reads configs/models/NAME.yml) with its decoder_block and whether shardsim runs it:\n"
+     "\n"
+     "  simulated  model_name=NAME loads and the model is defined (train, dump, parity work)\n"
+     "  refused    with the message train would print: the decoder block is not simulated\n"
+     "             (configs/decoder_blocks.yml says what it computes), or a key the model file\n"
+     "             sets (or a setting it needs) is refused\n"
+     "\n"
+     "pattern: a substring of the name; block=NAME: one decoder block.\n"},
     {"demo", "train a small Llama on 8 simulated devices, then check parity with 1 device",
      "usage: shardsim demo\n"},
     {"collectives", "run every collective on an 8-device mesh and show the counted bytes",
@@ -126,6 +138,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "dump")) return cli_dump(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "explain")) return cli_explain(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "keys")) return cli_keys(argc - 2, argv + 2, stdout, stderr);
+    if (!strcmp(cmd, "models")) return cli_models(argc - 2, argv + 2, stdout, stderr);
     fprintf(stderr, "shardsim: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

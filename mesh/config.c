@@ -2005,6 +2005,199 @@ static sim_status check_ranges(mesh_cfg *cfg, char *const *dirs, int n_dirs)
     return st;
 }
 
+/* ======================================================================== */
+/* model files and their decoder blocks                                      */
+/* ======================================================================== */
+
+/* keys.yml's decoder_block line: `simulated` (the blocks shardsim runs) and `choices` (MaxText's
+ * DecoderBlockType values); NULL without keys.yml or without the field. */
+static const mesh_cfg_value *block_field(const mesh_cfg *cfg, const char *field)
+{
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "decoder_block");
+    return e ? mesh_cfg_entry_field(e, field) : NULL;
+}
+
+static int block_in(const mesh_cfg_value *list, const char *block)
+{
+    for (int i = 0; list && list->kind == MESH_CFG_LIST && i < list->n; i++)
+        if (list->items[i].kind == MESH_CFG_SCALAR && !strcmp(list->items[i].text, block)) return 1;
+    return 0;
+}
+
+int mesh_cfg_block_simulated(const mesh_cfg *cfg, const char *block)
+{
+    const mesh_cfg_value *sim = block_field(cfg, "simulated");
+    return !sim || block_in(sim, block);
+}
+
+char *mesh_cfg_block_about(const mesh_cfg *cfg, const char *block)
+{
+    char *path = join_path(cfg->configs_dir, "decoder_blocks.yml");
+    char *about = NULL;
+    if (file_exists(path)) {
+        mesh_cfg *holder = cfg_new();
+        mesh_cfg_value doc = {0};
+        if (yaml_read(holder, path, NULL, &doc) == SIM_OK) {
+            const mesh_cfg_value *blocks = map_get(&doc, "blocks");
+            const mesh_cfg_value *b = blocks ? map_get(blocks, block) : NULL;
+            const char *cls = b ? field_text(b, "layer") : NULL, *has = b ? field_text(b, "has") : NULL;
+            if (cls && has) about = xasprintf("%s: %s", cls, has);
+        }
+        sim_err_clear(); /* a broken description file only loses the description */
+        value_free(&doc);
+        mesh_cfg_free(holder);
+    }
+    free(path);
+    return about;
+}
+
+/* "the llama2 and deepseek decoder blocks" */
+static char *simulated_blocks_text(const mesh_cfg *cfg)
+{
+    const mesh_cfg_value *sim = block_field(cfg, "simulated");
+    sbuf b = {0};
+    sb_putf(&b, "the ");
+    int n = sim && sim->kind == MESH_CFG_LIST ? sim->n : 0;
+    for (int i = 0; i < n; i++)
+        sb_putf(&b, "%s%s", i == 0 ? "" : i == n - 1 ? " and " : ", ", sim->items[i].text);
+    sb_putf(&b, " decoder block%s", n == 1 ? "" : "s");
+    return b.s;
+}
+
+/* A layer that sets decoder_block to a MaxText block shardsim does not simulate is refused by its
+ * block before its keys are checked: its other keys belong to that block's layer
+ * (vision_encoder_block, log_moe_bias_norms, ...), and an unknown or refused key would hide the
+ * reason.  A value MaxText does not know is left to the registry check (its `choices`). */
+static sim_status refuse_block(const mesh_cfg *cfg, const mesh_cfg_value *v, const char *model_name)
+{
+    if (!v || v->kind != MESH_CFG_SCALAR || is_null(v) || mesh_cfg_block_simulated(cfg, v->text)) return SIM_OK;
+    const mesh_cfg_value *choices = block_field(cfg, "choices");
+    if (choices && !block_in(choices, v->text)) return SIM_OK;
+    char where[512];
+    char *about = mesh_cfg_block_about(cfg, v->text);
+    char *sim = simulated_blocks_text(cfg);
+    char *who = model_name ? xasprintf("model_name=%s is refused: %s sets decoder_block=%s", model_name,
+                                       mesh_cfg_value_where(v, where, sizeof where), v->text)
+                           : xasprintf("%s: decoder_block=%s is refused", mesh_cfg_value_where(v, where, sizeof where),
+                                       v->text);
+    sim_status st = sim_err(SIM_ERR_INPUT,
+                            "%s: MaxText's %s decoder block%s%s%s is not simulated yet; shardsim simulates %s "
+                            "(`shardsim models` lists every model name with its decoder block and status)",
+                            who, v->text, about ? " (" : "", about ? about : "", about ? ")" : "", sim);
+    free(who);
+    free(sim);
+    free(about);
+    return st;
+}
+
+static int model_file_cmp(const void *a, const void *b)
+{
+    return strcmp(((const mesh_model_file *)a)->name, ((const mesh_model_file *)b)->name);
+}
+
+sim_status mesh_cfg_model_files(const mesh_cfg *cfg, mesh_model_file **out, int *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    char *dir = join_path(cfg->configs_dir, "models");
+    DIR *d = opendir(dir);
+    if (!d) {
+        sim_status st = sim_err(SIM_ERR_INPUT, "cannot list the model files in %s: %s", dir, strerror(errno));
+        free(dir);
+        return st;
+    }
+    const mesh_cfg_entry *db = mesh_cfg_find(cfg, "decoder_block");
+    const mesh_cfg_value *def = db ? mesh_cfg_entry_field(db, "default") : NULL;
+    mesh_model_file *m = NULL;
+    int n = 0, cap = 0;
+    sim_status st = SIM_OK;
+    struct dirent *de;
+    while (st == SIM_OK && (de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len <= 4 || strcmp(de->d_name + len - 4, ".yml") != 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            m = realloc(m, (size_t)cap * sizeof *m);
+            SIM_ASSERT(m);
+        }
+        mesh_model_file *f = &m[n++];
+        f->name = strndup(de->d_name, len - 4);
+        SIM_ASSERT(f->name);
+        f->file = join_path(dir, de->d_name);
+        mesh_cfg *holder = cfg_new();
+        mesh_cfg_value doc = {0};
+        st = yaml_read(holder, f->file, NULL, &doc);
+        const mesh_cfg_value *b = st == SIM_OK ? map_get(&doc, "decoder_block") : NULL;
+        f->block = xstrdup(b && b->kind == MESH_CFG_SCALAR ? b->text
+                           : def && def->kind == MESH_CFG_SCALAR ? def->text : "default");
+        value_free(&doc);
+        mesh_cfg_free(holder);
+    }
+    closedir(d);
+    free(dir);
+    if (st != SIM_OK) {
+        mesh_model_files_free(m, n);
+        return st;
+    }
+    if (n) qsort(m, (size_t)n, sizeof *m, model_file_cmp);
+    *out = m;
+    *n_out = n;
+    return SIM_OK;
+}
+
+void mesh_model_files_free(mesh_model_file *m, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(m[i].name);
+        free(m[i].file);
+        free(m[i].block);
+    }
+    free(m);
+}
+
+/* The model names of the configs directory grouped by decoder block, simulated blocks first:
+ * "llama2 (simulated): llama2-7b, llama3-8b; ...; gemma (not simulated): gemma-2b, ...". */
+static char *models_available(const mesh_cfg *cfg)
+{
+    mesh_model_file *m = NULL;
+    int n = 0;
+    if (mesh_cfg_model_files(cfg, &m, &n) != SIM_OK) {
+        char *s = xasprintf("(%s)", sim_errmsg());
+        sim_err_clear();
+        return s;
+    }
+    sbuf b = {0};
+    sb_putf(&b, "%s", n ? "" : "(no model files)");
+    int groups = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            int first = 1;
+            for (int k = 0; k < i && first; k++) first = strcmp(m[k].block, m[i].block) != 0;
+            if (!first || mesh_cfg_block_simulated(cfg, m[i].block) != (pass == 0)) continue;
+            sb_putf(&b, "%s%s (%s):", groups++ ? "; " : "", m[i].block, pass == 0 ? "simulated" : "not simulated");
+            for (int k = i; k < n; k++)
+                if (!strcmp(m[k].block, m[i].block)) sb_putf(&b, " %s", m[k].name);
+        }
+    mesh_model_files_free(m, n);
+    return b.s;
+}
+
+/* MaxText's model file name for a model_name: pyconfig drops "-Instruct" (an instruction-tuned
+ * model has its base model's architecture, so llama3.1-8b-Instruct reads llama3.1-8b.yml). */
+static char *model_file_name(const char *model_name)
+{
+    sbuf b = {0};
+    sb_putf(&b, "%s", "");
+    for (const char *s = model_name; *s;) {
+        if (!strncmp(s, "-Instruct", 9)) {
+            s += 9;
+            continue;
+        }
+        sb_putf(&b, "%c", *s++);
+    }
+    return b.s;
+}
+
 sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
 {
     *out = NULL;
@@ -2073,6 +2266,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
                 goto done;
             }
         }
+        if ((st = refuse_block(cfg, layer_value(l, "decoder_block"), NULL)) != SIM_OK) goto done;
         if ((st = check_layer(cfg, base_vals, l, 1)) != SIM_OK) goto done;
         /* as MaxText: model and custom mesh-and-rule files beside the config file come first */
         if (l->config_file && n_dirs < 3) {
@@ -2087,6 +2281,7 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     cli->map.file = CLI_SOURCE;
     for (int i = 0; args && i < args->n_overrides; i++)
         if ((st = parse_override(cfg, args->overrides[i], &cli->map)) != SIM_OK) goto done;
+    if ((st = refuse_block(cfg, layer_value(cli, "decoder_block"), NULL)) != SIM_OK) goto done;
     if ((st = check_layer(cfg, base_vals, cli, 0)) != SIM_OK) goto done;
 
     /* 2. model file, chosen by the model_name the user layers leave */
@@ -2099,28 +2294,35 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
         /* a model name is a file name in models/, never a path out of it */
         if (strchr(mn->text, '/') || strchr(mn->text, '\\') || mn->text[0] == '.' || !mn->text[0]) {
             char where[512];
-            char *sub = xasprintf("%s/models", dirs[0]);
-            char *avail = list_yml(sub);
+            char *avail = models_available(cfg);
             st = sim_err(SIM_ERR_INPUT, "%s: model_name=%s is not a model name (no '/', '\\' or leading '.'); "
-                         "available: %s",
+                         "the model names by decoder block: %s",
                          mesh_cfg_value_where(mn, where, sizeof where), mn->text, avail);
-            free(sub);
             free(avail);
             goto done;
         }
-        char *path = find_named_file(dirs, n_dirs, "models", mn->text);
+        char *file_name = model_file_name(mn->text);
+        char *path = find_named_file(dirs, n_dirs, "models", file_name);
         if (!path) {
             char where[512];
             char *sub = xasprintf("%s/models", dirs[0]);
-            char *avail = list_yml(sub);
-            st = sim_err(SIM_ERR_INPUT, "%s: model_name=%s: no model file %s/%s.yml; available: %s",
-                         mesh_cfg_value_where(mn, where, sizeof where), mn->text, sub, mn->text, avail);
+            char *avail = models_available(cfg);
+            st = sim_err(SIM_ERR_INPUT, "%s: model_name=%s is not a model name shardsim knows (no %s/%s.yml); "
+                         "the model names by decoder block: %s",
+                         mesh_cfg_value_where(mn, where, sizeof where), mn->text, sub, file_name, avail);
             free(sub);
             free(avail);
+            free(file_name);
             goto done;
         }
+        free(file_name);
         cfg->model_file = path;
         if ((st = yaml_read(cfg, path, NULL, &model.map)) != SIM_OK) goto done;
+        /* the block refusal first, unless a user layer picks the block itself */
+        const mesh_cfg_value *block = layer_value(&model, "decoder_block");
+        for (int i = 0; i < n_user; i++)
+            if (!user[i].config_file && layer_value(&user[i], "decoder_block")) block = NULL;
+        if ((st = refuse_block(cfg, block, mn->text)) != SIM_OK) goto done;
         if ((st = check_layer(cfg, base_vals, &model, 0)) != SIM_OK) goto done;
     }
 

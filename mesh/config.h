@@ -154,6 +154,26 @@ const char *mesh_key_class_name(mesh_key_class c);
  * NULL when the line has no such field or the config has no keys.yml. */
 const mesh_cfg_value *mesh_cfg_entry_field(const mesh_cfg_entry *e, const char *field);
 
+/* ---- model files and decoder blocks ----------------------------------------
+ * A model name is a file <configs>/models/<model_name>.yml (MaxText's own files); its
+ * decoder_block says which layer MaxText builds.  keys.yml's decoder_block `simulated` lists the
+ * blocks shardsim runs: a model file (or any layer) naming another block MaxText has is refused
+ * by its block before its keys are checked, with <configs>/decoder_blocks.yml's description. */
+typedef struct {
+    char *name;   /* the model name: the file name without .yml */
+    char *file;   /* <configs>/models/<name>.yml */
+    char *block;  /* its decoder_block (keys.yml's default when the file sets none) */
+} mesh_model_file;
+
+/* Every model file of the config's configs directory, sorted by name. */
+sim_status mesh_cfg_model_files(const mesh_cfg *cfg, mesh_model_file **out, int *n);
+void mesh_model_files_free(mesh_model_file *m, int n);
+/* 1 when keys.yml lists the block as simulated (or the config has no keys.yml). */
+int mesh_cfg_block_simulated(const mesh_cfg *cfg, const char *block);
+/* "models/mixtral.py MixtralDecoderLayer: <what it computes>" from decoder_blocks.yml, malloc'd,
+ * or NULL when the file or the block's line is missing. */
+char *mesh_cfg_block_about(const mesh_cfg *cfg, const char *block);
+
 /* ---- typed getters: SIM_ERR_INPUT naming key, value, source and the expected
  * type when the key is missing or its value does not parse. ------------------ */
 sim_status mesh_cfg_get_int(const mesh_cfg *cfg, const char *key, long long *out);

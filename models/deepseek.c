@@ -127,6 +127,12 @@ static sim_status read_dims(const mesh_cfg *cfg, model_dims *d)
     static const char *const rope_types[] = {"default", "yarn"};
     int rt;
     SIM_TRY(mesh_cfg_get_enum(cfg, "rope_type", rope_types, 2, &rt));
+    if (d->rope_llama31) /* by its name, MaxText would rotate MLA's rope dims with Llama 3.1's RoPE */
+        return sim_err(SIM_ERR_INPUT,
+                       "model_name=%s with decoder_block=deepseek: MaxText applies Llama 3.1's RoPE "
+                       "(LLaMARotaryEmbedding) to every llama3.1* model name, which shardsim simulates with "
+                       "decoder_block=llama2 only; use another model_name",
+                       d->model_name);
     d->yarn = rt == 1;
     SIM_TRY(mesh_cfg_get_double(cfg, "rope_factor", &d->rope_factor));
     SIM_TRY(mesh_cfg_get_double(cfg, "beta_fast", &d->beta_fast));

@@ -139,10 +139,11 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
         SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.k, l), "key", 4, KV4, &k));
         SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.v, l), "value", 4, KV4, &v));
     }
-    bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
+    bk_rope_params rp = d->rope_llama31 ? bk_rope_params_llama31((int)d->head_dim) : bk_rope_params_default((int)d->head_dim);
     rp.min_timescale = d->rope_min;
     rp.max_timescale = d->rope_theta;
-    rp.linear_scaling_factor = d->rope_linear;
+    if (d->rope_llama31) rp.use_scale = d->rope_use_scale;
+    else rp.linear_scaling_factor = d->rope_linear; /* LLaMARotaryEmbedding does not read it */
     SIM_TRY(mesh_nn_rope(t, q, &b->positions, &rp, "query_rope", &q));
     SIM_TRY(mesh_nn_rope(t, k, &b->positions, &rp, "key_rope", &k));
     SIM_TRY(model_shard_as(md, t, q, "attention/query", 4, KV4, &q));

@@ -529,6 +529,13 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_double(cfg, "rope_linear_scaling_factor", &d->rope_linear));
     if (!(d->rope_linear > 0))
         return sim_err(SIM_ERR_INPUT, "rope_linear_scaling_factor=%g: must be positive (1 = no scaling)", d->rope_linear);
+    /* MaxText's Attention.init_rotary_embedding (attentions.py) picks LLaMARotaryEmbedding by the
+     * model's name before it reads rope_type: every llama3.1* name (llama3.1-8b, -70b, -405b and
+     * their -Instruct names) and rope_type=llama3.1 rotate with Llama 3.1's scaled RoPE. */
+    const char *rope_type;
+    SIM_TRY(mesh_cfg_get_str(cfg, "rope_type", &rope_type));
+    d->rope_llama31 = !strncmp(d->model_name, "llama3.1", 8) || (rope_type && !strncmp(rope_type, "llama3.1", 8));
+    SIM_TRY(model_cfg_bool(cfg, "rope_use_scale", &d->rope_use_scale));
     SIM_TRY(model_cfg_bool(cfg, "logits_via_embedding", &d->tied_logits));
     SIM_TRY(model_cfg_bool(cfg, "normalize_embedding_logits", &d->normalize_tied));
     SIM_TRY(mesh_cfg_get_double(cfg, "final_logits_soft_cap", &d->final_soft_cap));
@@ -615,8 +622,10 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
         if (at && strcmp(at, "global"))
             return sim_err(SIM_ERR_INPUT, "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
                                           "(mla needs decoder_block=deepseek)", at);
-        if (rt && strcmp(rt, "default"))
-            return sim_err(SIM_ERR_INPUT, "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default", rt);
+        if (rt && strcmp(rt, "default") && !d->rope_llama31)
+            return sim_err(SIM_ERR_INPUT,
+                           "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default or "
+                           "rope_type=llama3.1", rt);
         int64_t mtp;
         SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
         if (mtp != 0)

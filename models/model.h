@@ -49,6 +49,8 @@ typedef struct {
     model_kind kind;
     int64_t vocab, emb, q_heads, kv_heads, head_dim, mlp, layers;
     double eps, z_loss, rope_theta, rope_min, rope_linear;
+    bool rope_llama31;        /* Llama 3.1's RoPE: model_name llama3.1* or rope_type llama3.1 (attentions.py) */
+    bool rope_use_scale;      /* rope_use_scale: its frequency scaling (with rope_llama31 only) */
     bool remat_full;          /* each decoder layer is rematerialised (every remat_policy but none) */
     char remat_policy[48];    /* remat_policy as given */
     uint8_t ckpt[MODEL_CKPT_N]; /* model_ckpt_action per tag: what the policy saves, offloads or recomputes */

@@ -2,7 +2,7 @@
  * from reference/maxtext-facts.md §4.7 and §4.1, the relative-position property, and the
  * backward (inverse rotation) against finite differences, and the process-wide table cache (one
  * table per distinct params and positions, shared by concurrent callers, same bits as a table made
- * per token). */
+ * per token), and Llama 3.1's scaled interleaved RoPE against MaxText's own numbers. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,13 +25,19 @@
 #define FD_RTOL 1e-4
 
 static bk_rope_params variant(int v, int dim) {
+  if (v >= 5) {  // Llama 3.1 (theta 500000 as its model files set), with and without its scaling
+    bk_rope_params q = bk_rope_params_llama31(dim);
+    q.max_timescale = 500000.0;
+    q.use_scale = v == 5;
+    return q;
+  }
   bk_rope_params p = v == 0 ? bk_rope_params_default(dim) : bk_rope_params_yarn(dim);
   if (v == 2) p.interleave = 0;
   if (v == 3) p.attention_scaling = 1, p.truncate = 0;
   if (v == 4) p.min_timescale = 2.0, p.max_timescale = 500000.0, p.linear_scaling_factor = 8.0;
   return p;
 }
-#define NVARIANTS 5
+#define NVARIANTS 7
 
 static void test_rope_vs_ref(void **state) {
   (void)state;
@@ -108,6 +114,70 @@ static void test_rope_known_values(void **state) {
   assert_true(fabs(bk_mla_softmax_scale(192, 163840, 4096, 40, 0.707) * sqrt(192.0) - 1.5896) < 1e-4);
   assert_true(bk_mla_softmax_scale(192, 4096, 4096, 40, 1.0) == 1.0 / sqrt(192.0));
   assert_true(fabs(bk_yarn_mscale(40, 1.0) - 1.3688879) < 1e-7 && bk_yarn_mscale(1.0, 1.0) == 1.0);
+}
+
+/* Llama 3.1 (embeddings.LLaMARotaryEmbedding), d = 8, theta 500000.  By hand: unscaled timescales
+ * 500000^(j/4) = 1, 26.5915, 707.107, 18803.0; wavelengths 2 pi ts = 6.28, 167.1 (< 2048: kept),
+ * 4442.9 (between 2048 and 8192: s = (8192/4442.9 - 1)/3 = 0.281277, freq x ((1 - s)/8 + s) =
+ * x 0.371117, ts 1905.32) and 118143 (> 8192: freq / 8, ts 150424).  The rotations are MaxText
+ * 0.2.5's own output (LLaMARotaryEmbedding in float32 on CPU, jax 0.12.0.1) for integer-valued inputs
+ * x[n][h][k] = (16 n + 8 h + k) % 7 - 3 (2 heads) at positions 0, 1, 5, 1000, 8191: pairs
+ * (x[2j], x[2j+1]) in and out. */
+static void test_rope_llama31(void **state) {
+  (void)state;
+  bk_rope_params p = bk_rope_params_llama31(8);
+  p.max_timescale = 500000.0;
+  double f[4];
+  bk_rope_freqs(f, &p);
+  /* the hand values in double (MaxText's float32 ones: 1, 26.5914803, 1905.32068, 150424.125) */
+  const double ts[4] = {1.0, 26.591479484724942, 1905.3202144188376, 150424.12372345573};
+  for (int j = 0; j < 4; j++) {
+    if (fabs(1.0 / f[j] - ts[j]) > 1e-12 * ts[j]) print_error("pair %d: timescale %.17g, want %.17g\n", j, 1.0 / f[j], ts[j]);
+    assert_true(fabs(1.0 / f[j] - ts[j]) <= 1e-12 * ts[j]);
+  }
+  /* the blend by hand, in double */
+  double w = 2.0 * M_PI * pow(500000.0, 0.5), s = (8192.0 / w - 1.0) / 3.0;
+  assert_true(fabs(f[2] - pow(500000.0, -0.5) * ((1.0 - s) / 8.0 + s)) < 1e-15);
+  assert_true(fabs(f[3] - pow(500000.0, -0.75) / 8.0) < 1e-18);
+
+  enum { N = 5, H = 2, D = 8 };
+  const int32_t pos[N] = {0, 1, 5, 1000, 8191};
+  float x[N * H * D], y[N * H * D], yr[N * H * D];
+  for (int i = 0; i < N * H * D; i++) x[i] = (float)(i % 7 - 3);
+  static const float scaled[N * H * D] = {
+      -3, -2, -1, 0, 1, 2, 3, -3, -2, -1, 0, 1, 2, 3, -3, -2,
+      -0.540302277f, -0.841470957f, 0.924098611f, 2.03618312f, 3.00157404f, -2.99842501f, -1.99999332f, -1.00001335f,
+      -0.841470957f, 0.540302277f, 1.8857944f, 3.07307339f, -2.99894977f, -2.00157428f, -1.0f, -6.64786967e-06f,
+      2.20151091f, -0.391599894f, 3.50789547f, -2.38635063f, -1.99736881f, -1.00524497f, -3.32393465e-05f, 1.0f,
+      3.44409728f, -1.06686199f, -2.57327485f, -2.52552128f, -0.999996543f, -0.00262422697f, 0.999933541f, 2.00003314f,
+      4.16777611f, 0.793501616f, -2.08429003f, -0.809774995f, -0.501079738f, 0.865401089f, 1.9800123f, 3.01322937f,
+      -0.033378005f, -3.60539675f, -0.995670974f, 0.0929479748f, -0.136758387f, 2.23188186f, 3.0198772f, -2.97999024f,
+      0.529774189f, 2.17240405f, -0.154306799f, 0.988022983f, 1.94390535f, -3.03664827f, -2.88670182f, -2.16031313f,
+      0.646390498f, 0.763006806f, 0.679409385f, 2.13035274f, -3.9524188f, -1.54220259f, -1.94260979f, -1.10736942f};
+  static const float unscaled[N * H * D] = {  // rope_use_scale=false: the last two pairs differ
+      -3, -2, -1, 0, 1, 2, 3, -3, -2, -1, 0, 1, 2, 3, -3, -2,
+      -0.540302277f, -0.841470957f, 0.924098611f, 2.03618312f, 3.00423956f, -2.99575424f, -1.99994683f, -1.00010633f,
+      -0.841470957f, 0.540302277f, 1.8857944f, 3.07307339f, -2.99716854f, -2.00424051f, -1.0f, -5.31829573e-05f,
+      2.20151091f, -0.391599894f, 3.50789547f, -2.38635063f, -1.99287903f, -1.014117f, -0.000265914772f, 0.99999994f,
+      3.44409728f, -1.06686199f, -2.57327485f, -2.52552128f, -0.999975026f, -0.00707100797f, 0.999468088f, 2.00026584f,
+      4.16777611f, 0.793501616f, -2.08429003f, -0.809774995f, -0.987765908f, 0.155943841f, 1.83769858f, 3.10207415f,
+      -0.033378005f, -3.60539675f, -0.995670974f, 0.0929479748f, -1.81958795f, 1.29965353f, 3.15523195f, -2.83628464f,
+      0.529774189f, 2.17240405f, -0.154306799f, 0.988022983f, 3.60555124f, 0.000884652138f, -1.87587571f, -3.0791378f,
+      0.646390498f, 0.763006806f, 0.679409385f, 2.13035274f, -0.831029534f, -4.1604557f, -1.39124179f, -1.75055599f};
+  for (int use = 1; use >= 0; use--) {
+    p.use_scale = use;
+    const float *want = use ? scaled : unscaled;
+    bk_rope_fwd(y, x, pos, N, H, D, D, &p);
+    bk_rope_fwd_ref(yr, x, pos, N, H, D, D, &p);
+    /* MaxText forms the angles pos / timescale in float32: at pos 8191 its angle differs from the
+     * exact one by up to ~5e-4 rad times |x| <= 3 */
+    for (int i = 0; i < N * H * D; i++) {
+      double tol = pos[i / (H * D)] == 8191 ? 2e-3 : 2e-5;
+      if (fabs(y[i] - want[i]) > tol || fabs(yr[i] - want[i]) > tol)
+        print_error("use_scale=%d element %d: %.9g (ref %.9g), MaxText %.9g\n", use, i, y[i], yr[i], want[i]);
+      assert_true(fabs(y[i] - want[i]) <= tol && fabs(yr[i] - want[i]) <= tol);
+    }
+  }
 }
 
 /* <rope(q, a), rope(k, b)> depends only on a - b (the reason RoPE exists), for every variant:
@@ -251,6 +321,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rope_vs_ref),
       cmocka_unit_test(test_rope_known_values),
+      cmocka_unit_test(test_rope_llama31),
       cmocka_unit_test(test_rope_relative),
       cmocka_unit_test(test_rope_bwd),
       cmocka_unit_test(test_rope_cache),

@@ -5,6 +5,7 @@
  *     run on the meshes of issue 4, in auto and explicit mode
  *     (tolerance: |loss - ref| <= 1e-4 |ref|, and per parameter
  *     ||g - g_ref|| <= 1e-4 ||g_ref||);
+ *   - Llama 3.1's RoPE: it changes the loss, and keeps parity on sharded meshes;
  *   - grouped-query attention whose kv heads cannot split over tensor is
  *     refused with a message naming the fix. */
 #include <setjmp.h>
@@ -198,6 +199,53 @@ static void test_parity_meshes(void **state)
     model_run_unload(ref_def);
 }
 
+/* Llama 3.1's RoPE (rope_type=llama3.1, as every llama3.1* model name gets it): the tiny model's
+ * wavelengths 2 pi 10000^(j/4) = 6.3, 63, 628, 6283 put its last pair in the scaling's blend range,
+ * so rope_use_scale=false and the default RoPE each change the loss; the sharded meshes (context
+ * parallelism reorders the positions) keep the 1-device loss and gradients. */
+static void test_llama31_rope(void **state)
+{
+    (void)state;
+    static const char *const L31[] = {"rope_type=llama3.1"};
+    model_def *ref_def = load(L31, 1, 1);
+    assert_true(ref_def->d.rope_llama31 && ref_def->d.rope_use_scale);
+    batch b;
+    make_batch(&b, 16, 64, 1);
+    model_grads ref;
+    double ref_loss = run(ref_def, &b, NULL, NULL, &ref);
+    static const char *const NOSCALE[] = {"rope_type=llama3.1", "rope_use_scale=false"};
+    model_def *def = load(NOSCALE, 2, 1);
+    double unscaled = run(def, &b, NULL, NULL, NULL);
+    model_run_unload(def);
+    def = load(NULL, 0, 1);
+    assert_false(def->d.rope_llama31);
+    double plain = run(def, &b, NULL, NULL, NULL);
+    model_run_unload(def);
+    printf("  loss: llama3.1 RoPE %.7f, unscaled %.7f, default RoPE %.7f\n", ref_loss, unscaled, plain);
+    assert_true(fabs(unscaled - ref_loss) > 1e-6 && fabs(plain - ref_loss) > 1e-6);
+    static const char *const MESH[][4] = {{"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"},
+                                         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}};
+    for (int k = 0; k < 2; k++) {
+        const char *extra[5] = {"rope_type=llama3.1"};
+        int n = 1;
+        for (int f = 0; f < 4 && MESH[k][f]; f++) extra[n++] = MESH[k][f];
+        def = load(extra, n, 8);
+        batch bb;
+        make_batch(&bb, 16, 64, k == 1 ? 2 : 1);
+        model_grads g;
+        double loss = run(def, &bb, NULL, NULL, &g);
+        if (fabs(loss - ref_loss) > 1e-4 * fabs(ref_loss)) fail_msg("mesh %d: loss %.7f vs %.7f", k, loss, ref_loss);
+        for (int i = 0; i < def->nparams; i++) {
+            double e = model_rel_norm_diff(g.g[i], ref.g[i], g.layer_elems[i] * g.n_layers[i]);
+            if (e > 1e-4) fail_msg("mesh %d: gradient of %s differs by %.3g", k, def->defs[i].path, e);
+        }
+        model_grads_free(&g);
+        model_run_unload(def);
+    }
+    model_grads_free(&ref);
+    model_run_unload(ref_def);
+}
+
 static void test_gqa_refused(void **state)
 {
     (void)state;
@@ -225,6 +273,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradient_finite_differences),
         cmocka_unit_test(test_parity_meshes),
+        cmocka_unit_test(test_llama31_rope),
         cmocka_unit_test(test_gqa_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

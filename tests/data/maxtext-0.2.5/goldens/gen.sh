@@ -21,3 +21,7 @@ run cpu-8/rule_ep-as-cp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2 8 custo
 run cpu-8/rule_shard-exp-on-fsdp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2 8 custom_mesh_and_rule=shard-exp-on-fsdp ici_fsdp_parallelism=-1 ici_expert_parallelism=2
 MODEL=deepseek3-tiny run cpu-8/layers_3_ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 override_model_config=true base_num_decoder_layers=3 first_num_dense_layers=1 ici_fsdp_parallelism=4 ici_expert_parallelism=2
 MODEL=deepseek3-tiny run cpu-8/layers_3_mtp_1_ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 override_model_config=true base_num_decoder_layers=3 first_num_dense_layers=1 ici_fsdp_parallelism=4 ici_expert_parallelism=2 mtp_num_layers=1
+# model files of 0.2.5 beyond the six (configs/models): a Llama 3.1 (llama2 block) with tensor
+# parallelism, and kimi-k2-1t (deepseek block) with expert parallelism
+MODEL=llama3.1-8b run cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2 8 ici_fsdp_parallelism=4 ici_tensor_parallelism=2
+MODEL=kimi-k2-1t run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici_fsdp_parallelism=4 ici_expert_parallelism=2
