@@ -32,6 +32,8 @@ typedef struct {
                                    moved) in this dtype (a compiler's cast moved before the gather) */
     bool single_use;            /* a weight gathered for the op running serves it alone (set by the autodiff
                                    layer: mesh_tape_single_use), so the compiler may window the product */
+    bool psum_grads;            /* the gradients accumulated now are a shard_map's sums over its replicated
+                                   inputs' groups (sim_meta.psum) */
 } mesh_ctx;
 
 #endif

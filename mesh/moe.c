@@ -1530,9 +1530,18 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
     }
     SIM_TRY(mesh_tape_accumulate(t, x, &dx, gtag(g, "dx", tag, sizeof tag)));
     SIM_TRY(mesh_tape_accumulate(t, wv, &dw, gtag(g, "dweights", tag, sizeof tag)));
-    SIM_TRY(mesh_tape_accumulate(t, w0, &dw0, gtag(g, "dwi_0", tag, sizeof tag)));
-    SIM_TRY(mesh_tape_accumulate(t, w1, &dw1, gtag(g, "dwi_1", tag, sizeof tag)));
-    return mesh_tape_accumulate(t, wo, &dwo, gtag(g, "dwo", tag, sizeof tag));
+    /* the expert kernels enter MaxText's sparse shard_map replicated over the groups that shard them
+     * outside: their gradients are the shard_map transpose's psums, then sliced (sim_meta.psum) */
+    c->psum_grads = !g->dense;
+    mesh_var *wvars[3] = {w0, w1, wo};
+    mesh_array *dws[3] = {&dw0, &dw1, &dwo};
+    static const char *const names[3] = {"dwi_0", "dwi_1", "dwo"};
+    for (int i = 0; i < 3; i++) {
+        if (st == SIM_OK) st = mesh_tape_accumulate(t, wvars[i], dws[i], gtag(g, names[i], tag, sizeof tag));
+        else mesh_array_free(c->dev, dws[i]); /* not handed over after a failure */
+    }
+    c->psum_grads = false;
+    return st;
 }
 
 sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,

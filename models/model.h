@@ -69,6 +69,8 @@ typedef struct {
                                  model_hw_hoisted_copies) */
     int windowed_min_group;   /* weight collectives over groups this large run as windowed einsums (the
                                  profile's compiler; 0: never; model_hw_windowed_min_group) */
+    int psum_scatter_max_group; /* a shard_map's gradient psum is a reduce-scatter over at most this many
+                                 devices, else an all-reduce (0: always; model_hw_psum_scatter_max_group) */
     int ga_grad_copies;       /* gradient sets the profile's compiler holds beside the gradients during
                                  gradient accumulation (ga > 1; model_hw_accumulation_copies) */
     bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */

@@ -182,6 +182,16 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
                      "comment",
                      path, wmin);
     out->windowed_min_group = (int)wmin;
+    e = st ? NULL : mesh_cfg_find(cfg, "psum_scatter_max_group");
+    double pmax = -1;
+    if (!st && e) st = num_field(&e->value, path, "psum_scatter_max_group", &pmax);
+    if (!st && (pmax < 0 || pmax > 1e6 || pmax != (int)pmax))
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: 'psum_scatter_max_group' = %g: expected the largest group (a whole number; 0: any) over "
+                     "which the compiler makes a shard_map's gradient psum and slice a reduce-scatter, with its "
+                     "source in a comment",
+                     path, pmax);
+    out->psum_scatter_max_group = (int)pmax;
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -303,6 +313,15 @@ sim_status model_hw_windowed_min_group(const mesh_cfg *cfg, const char *configs_
     bool found;
     SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
     *min_group = found ? hw.windowed_min_group : 0;
+    return SIM_OK;
+}
+
+sim_status model_hw_psum_scatter_max_group(const mesh_cfg *cfg, const char *configs_dir, int *max_group)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    *max_group = found ? hw.psum_scatter_max_group : 0;
     return SIM_OK;
 }
 

@@ -52,6 +52,8 @@ typedef struct {
                                  Newton-Schulz step (per_product: each product gathers its operands) */
     int windowed_min_group;   /* windowed_einsum_min_group: weight gathers serving one product and weight-gradient
                                  reduce-scatters over at least this many devices run as windowed einsums (0: none) */
+    int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
+                                 reduce-scatter over at most this many devices, else an all-reduce (0: always) */
 } model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
@@ -102,6 +104,9 @@ sim_status model_hw_ns_gather_once(const mesh_cfg *cfg, const char *configs_dir,
 /* The smallest group whose weight collectives the profile's compiler runs as windowed einsums
  * (windowed_einsum_min_group; 0 without a profile: XLA:CPU never does). */
 sim_status model_hw_windowed_min_group(const mesh_cfg *cfg, const char *configs_dir, int *min_group);
+/* The largest group over which the profile's compiler fuses a shard_map's gradient psum and slice into
+ * a reduce-scatter (psum_scatter_max_group; 0, always, without a profile). */
+sim_status model_hw_psum_scatter_max_group(const mesh_cfg *cfg, const char *configs_dir, int *max_group);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */

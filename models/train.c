@@ -51,6 +51,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.counted_gather = def->d.gather_dtype;
     o.counted_grad_reduce = def->d.reduce_dtype;
     o.windowed_min_group = def->d.windowed_min_group;
+    o.psum_scatter_max_group = def->d.psum_scatter_max_group;
     o.trace = trace;
     o.pin_threads = true;
     SIM_TRY(sim_machine_new(&md, &o, out));

@@ -267,6 +267,10 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
         bc.sent = bc.sent / (uint64_t)(k - 1) * (uint64_t)(k + 1);
         bc.recv = bc.recv / (uint64_t)(k - 1) * (uint64_t)(k + 1);
         bc.sent_dcn = bc.sent_dcn / (uint64_t)(k - 1) * (uint64_t)(k + 1);
+    } else if (meta.psum && c->op == SIM_OP_REDUCE_SCATTER && d->m->opts.psum_scatter_max_group > 0 &&
+               k > d->m->opts.psum_scatter_max_group) { /* the psum stays whole: a ring all-reduce sends twice */
+        op = SIM_OP_ALL_REDUCE;
+        bc.sent *= 2, bc.recv *= 2, bc.sent_dcn *= 2;
     }
     if (d->nrec == d->caprec) {
         d->caprec = d->caprec ? 2 * d->caprec : 256;

@@ -57,6 +57,8 @@ typedef struct {
                          one product made (sim_machine_opts.windowed_min_group may window either) */
     bool silent;      /* nothing records it: a collective of ops whose results nothing reads (the compiler
                          removes them), run only so that the simulation's values stay defined */
+    bool psum;        /* a reduce-scatter standing for a shard_map's psum of a replicated input's gradient
+                         and its slice (sim_machine_opts.psum_scatter_max_group) */
 } sim_meta;
 static inline sim_meta sim_meta_tag(const char *tag)
 {

@@ -66,6 +66,10 @@ typedef struct {
                               as the compiler's windowed einsum: a bidirectional ring of
                               collective-permutes that sends (k+1)/k of the whole array instead of
                               (k-1)/k (recorded as ppermute; the data moves as before) */
+    int psum_scatter_max_group; /* > 0: the reduce-scatter of a gradient a shard_map sums (sim_meta.psum) is
+                              the compiler's psum-then-slice fused only over groups of at most this many
+                              devices; over larger ones it stays an all-reduce of the whole array
+                              (recorded as all-reduce; the data moves as before) */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */

@@ -47,7 +47,15 @@
  * the backward gathers 6 of them plainly once for the recomputation and the
  * input gradient, windows wo's gather (its product is dropped from the
  * recomputation: only the input gradient reads it) and every kernel's
- * gradient reduce-scatter; bfloat16.  No profile, or fsdp=4: no ring. */
+ * gradient reduce-scatter; bfloat16.  No profile, or fsdp=4: no ring.
+ *
+ * A shard_map's gradient psum: the sparse MoE's expert kernels enter the
+ * shard_map replicated over fsdp, so their gradients are psums then slices,
+ * which XLA:TPU fuses into a reduce-scatter over up to 4 devices and keeps
+ * an all-reduce over more (psum_scatter_max_group).  A tiny DeepSeek (2 MoE
+ * layers of 8 experts, emb 32, expert mlp 16) under v5p: each expert
+ * kernel's gradient is 8 x 32 x 16 elements in bfloat16, all-reduced over
+ * fsdp=8 (2 x 7/8 of it sent), reduce-scattered over fsdp=4 (3/4). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -299,6 +307,47 @@ static void test_windowed_einsums(void **state)
     assert_int_equal(ag_cpu, layers * 4 * 7 * (all + all) / 8);
 }
 
+static const char *const DS[] = {
+    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
+    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
+    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
+    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
+    "vocab_size=64",             "max_target_length=16",
+};
+
+static void expert_grad_bytes(int fsdp, uint64_t *ar, uint64_t *rs)
+{
+    char f[64];
+    snprintf(f, sizeof f, "ici_fsdp_parallelism=%d", fsdp);
+    const char *words[] = {"dtype=bfloat16", f, "hardware_profile=v5p"};
+    model_run r;
+    model_run_open(&r, DS, sizeof DS / sizeof DS[0], fsdp, words, 3, fsdp, 1);
+    model_run_train(&r, false);
+    *ar = 0, *rs = 0;
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        if (!strstr(x->tag, "grad/") || !strstr(x->tag, "MoeBlock_0.w")) continue; /* wi_0, wi_1, wo */
+        if (x->op == SIM_OP_ALL_REDUCE) *ar += x->bytes_sent;
+        if (x->op == SIM_OP_REDUCE_SCATTER) *rs += x->bytes_sent;
+    }
+    model_run_close(&r);
+}
+
+static void test_psum_scatter(void **state)
+{
+    (void)state;
+    uint64_t ar8, rs8, ar4, rs4;
+    expert_grad_bytes(8, &ar8, &rs8);
+    expert_grad_bytes(4, &ar4, &rs4);
+    const uint64_t kernel = 8 * 32 * 16, kernels = 2 * 3; /* 2 MoE layers x wi_0, wi_1, wo */
+    assert_int_equal(ar8, kernels * 2 * 7 * kernel * 2 / 8);
+    assert_int_equal(rs8, 0);
+    assert_int_equal(rs4, kernels * 3 * kernel * 2 / 4);
+    assert_int_equal(ar4, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -307,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_copies),
         cmocka_unit_test(test_newton_schulz_gathers),
         cmocka_unit_test(test_windowed_einsums),
+        cmocka_unit_test(test_psum_scatter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
