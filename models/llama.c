@@ -74,6 +74,19 @@ static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *
     return mesh_ad_einsum(t, sub, x, w, out, name, y);
 }
 
+/* dense, then checkpoint `name` on its output; when remat recomputes the layer and the policy saved
+ * that output, the recomputed product is read by nothing (the saved copy replaces it) and runs dead
+ * (model_recomputed_dead: XLA leaves it out of the recomputation) */
+static sim_status saved_dense(model_dev *md, mesh_tape *t, model_ckpt_name name, const char *sub, mesh_var *x,
+                              mesh_var *w, const char *op, int rank, const char *const *out_names, mesh_var **y)
+{
+    md->ctx.dead_outputs = model_recomputed_dead(md, name);
+    sim_status st = dense(md, t, sub, x, w, op, rank, out_names, y);
+    md->ctx.dead_outputs = false;
+    SIM_TRY(st);
+    return model_checkpoint_name(md, *y, name);
+}
+
 /* fused_qkv (Attention.qkv_projection): one product with the [embed, heads + 2 kv_heads, kv]
  * kernel (no out_sharding), tagged qkv_proj, then a shard_map whose in_specs are the query's
  * logical sharding splits each device's block of heads into its query, key and value heads
@@ -158,8 +171,7 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
                                       &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
-    SIM_TRY(dense(md, t, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
-    SIM_TRY(model_checkpoint_name(md, a, MODEL_CKPT_OUT_PROJ));
+    SIM_TRY(saved_dense(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
     md->ctx.layer = layer;
     SIM_TRY(model_shard_as(md, t, a, "llama2/attention_lnx", 3, A, &a));
     SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h));
@@ -176,19 +188,19 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
         SIM_TRY(model_checkpoint_name(md, wi, MODEL_CKPT_MLPWI));
         SIM_TRY(mesh_nn_unstack2(t, wi, 2, "wi_split", &g, &u));
     } else {
-        SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3, MLP_MID, &g));
-        SIM_TRY(model_checkpoint_name(md, g, MODEL_CKPT_MLPWI_0));
-        SIM_TRY(dense(md, t, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3, MLP_MID, &u));
-        SIM_TRY(model_checkpoint_name(md, u, MODEL_CKPT_MLPWI_1));
+        SIM_TRY(saved_dense(md, t, MODEL_CKPT_MLPWI_0, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3,
+                            MLP_MID, &g));
+        SIM_TRY(saved_dense(md, t, MODEL_CKPT_MLPWI_1, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3,
+                            MLP_MID, &u));
     }
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
     SIM_TRY(model_dropout(md, t, act, mlp_layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_MID, &act));
     /* from here on the layer makes its output, which nothing reads when remat recomputes the layer for
      * its backward: XLA drops these ops from the recomputation (mesh_ctx.dead_outputs), wo's product
-     * included, so wo is gathered in the backward for the input gradient alone.  A policy that saves
-     * wo's output (mlpwo) keeps the product: the saved copy replaces it. */
-    md->ctx.dead_outputs = md->recomputing && md->def->d.ckpt[MODEL_CKPT_MLPWO] == MODEL_CKPT_REMAT;
+     * included, so wo is gathered in the backward for the input gradient alone (and a policy that saves
+     * wo's output replaces the product with the saved copy: dead either way) */
+    md->ctx.dead_outputs = md->recomputing;
     sim_status st = dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp);
     md->ctx.dead_outputs = false;
     if (st == SIM_OK) st = model_checkpoint_name(md, mlp, MODEL_CKPT_MLPWO);

@@ -1201,6 +1201,11 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
     return SIM_OK;
 }
 
+bool model_recomputed_dead(const model_dev *md, model_ckpt_name name)
+{
+    return md->recomputing && md->remat && md->def->d.ckpt[name] != MODEL_CKPT_REMAT;
+}
+
 void **model_checkpoint_region(model_dev *md, void (*blob_free)(void *))
 {
     model_remat_store *s = md->remat;

@@ -290,10 +290,16 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
  * arena, as activations) until that layer's backward, where it stands in for its recomputed twin;
  * an offloaded one is copied to host memory (outside the device arena: offloaded bytes do not
  * count toward device memory) and brought back when the backward recomputes the layer.  Outside
- * remat (remat_policy=none, a forward-only pass) it does nothing.  The recomputation still runs
- * every op of the layer (values are identical), so executed FLOPs and compute time do not shrink
- * with the policy; memory does. */
+ * remat (remat_policy=none, a forward-only pass) it does nothing.  The recomputation runs every op
+ * of the layer (values are identical) except the products whose saved outputs replace them and
+ * the layer's tail (model_recomputed_dead, mesh_ctx.dead_outputs): those are left out, as XLA
+ * leaves them out, so neither their FLOPs nor their weight gathers count twice. */
 sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name);
+/* A product whose output gets checkpoint `name`, made by fn(md, t, ...) through model_dense_saved: when
+ * remat recomputes the layer and the policy saved that output, nothing reads the recomputed product
+ * (the saved copy replaces it), and XLA leaves it out of the recomputation; the product then runs
+ * with mesh_ctx.dead_outputs (no gathers counted, no cost), its VJP unchanged. */
+bool model_recomputed_dead(const model_dev *md, model_ckpt_name name);
 /* A region that keeps its own residuals (the routed experts, mesh_moe_cfg.saved): under a remat
  * layer whose policy saves something, the slot where its first pass leaves them and its
  * recomputation finds them again (called in the same order in both passes); blob_free releases
