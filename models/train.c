@@ -384,7 +384,9 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
 static size_t hoisted_copy_bytes(const model_dev *md)
 {
     const model_def *def = md->def;
-    if (!def->d.hoist_casts || !def->d.scan_layers || def->d.pipe.on) return 0;
+    /* a pipeline that gathers its stage's layers itself holds them gathered in `dtype` instead
+     * (pipeline_fsdp_ag_once / _per_repeat: counted there) */
+    if (!def->d.hoist_casts || !def->d.scan_layers || def->d.pipe.ag_once || def->d.pipe.ag_per_repeat) return 0;
     int id = sim_device_id(md->ctx.dev);
     size_t n = 0;
     for (int i = 0; i < def->nparams; i++) {
