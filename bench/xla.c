@@ -60,6 +60,7 @@ static int run_file(const char *path, int *n_ok, int *n_all)
             if (r.kind_checked[k]) printf(" (%.3f%s)", r.kind_ratio[k], r.kind_ok[k] ? "" : "*");
         }
         putchar('\n');
+        if (!r.all_ok && c->miss[0]) printf("%-36s   known miss: %s\n", "", c->miss);
     }
     xt_free(&set);
     return 0;

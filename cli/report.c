@@ -503,7 +503,9 @@ void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices)
         fputc('\n', f);
     }
     fprintf(f, "devices: devices with identical figures share a row; each category is what it held when the\n"
-               "device's total peaked (temporaries: short-lived buffers of an op; comm: collective buffers)%s.\n",
+               "device's total peaked (weight copy: the layer stacks' weights the compiler casts to dtype once\n"
+               "and holds through the layer loops; temporaries: short-lived buffers of an op; comm: collective\n"
+               "buffers)%s.\n",
             any_cap ? "; capacity: hbm_limit_gb" : "");
     free(group);
     free(ids);

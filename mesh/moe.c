@@ -1531,8 +1531,11 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(mesh_tape_accumulate(t, x, &dx, gtag(g, "dx", tag, sizeof tag)));
     SIM_TRY(mesh_tape_accumulate(t, wv, &dw, gtag(g, "dweights", tag, sizeof tag)));
     /* the expert kernels enter MaxText's sparse shard_map replicated over the groups that shard them
-     * outside: their gradients are the shard_map transpose's psums, then sliced (sim_meta.psum) */
-    c->psum_grads = !g->dense;
+     * outside: their gradients are the shard_map transpose's psums, then sliced (sim_meta.psum).  With
+     * the experts split over expert parallelism XLA:TPU fuses every such psum into a reduce-scatter
+     * (deepseek2-16b fsdp=4 x expert=2 and fsdp=8 x expert=2, tests/data/xla/tpu.json): only
+     * unsplit experts are marked */
+    c->psum_grads = !g->dense && g->XL == g->X;
     mesh_var *wvars[3] = {w0, w1, wo};
     mesh_array *dws[3] = {&dw0, &dw1, &dwo};
     static const char *const names[3] = {"dwi_0", "dwi_1", "dwo"};

@@ -145,6 +145,11 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     md->ctx.layer = attn_layer;
     mesh_var *xq, *q, *k, *v, *o;
     SIM_TRY(model_shard_as(md, t, lnx, "attention/inputs_q", 3, ATTN_IN, &xq));
+    /* a policy that saves the three projections (minimal, save_dot_*) replaces their recomputation and
+     * RoPE with the saved copies: read by nothing, left out as XLA leaves them out (model_recomputed_dead) */
+    md->ctx.dead_outputs = model_recomputed_dead(md, MODEL_CKPT_QUERY_PROJ) &&
+                           model_recomputed_dead(md, MODEL_CKPT_KEY_PROJ) &&
+                           model_recomputed_dead(md, MODEL_CKPT_VALUE_PROJ);
     if (d->fused_qkv)
         SIM_TRY(fused_qkv(md, t, xq, param(md, t, ix.qkv, l), &q, &k, &v));
     else {
@@ -162,6 +167,7 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_shard_as(md, t, q, "attention/query", 4, KV4, &q));
     SIM_TRY(model_shard_as(md, t, k, "attention/key", 4, KV4, &k));
     SIM_TRY(model_shard_as(md, t, v, "attention/value", 4, KV4, &v));
+    md->ctx.dead_outputs = false;
     /* the tensors remat policies save (MaxText's checkpoint_name tags, attentions.py) */
     SIM_TRY(model_checkpoint_name(md, q, MODEL_CKPT_QUERY_PROJ));
     SIM_TRY(model_checkpoint_name(md, k, MODEL_CKPT_KEY_PROJ));

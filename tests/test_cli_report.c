@@ -464,7 +464,7 @@ static void test_metrics_and_memory(void **state)
     assert_contains(out, "activations");
     assert_contains(out, "temporaries");
     assert_contains(out, "\ndevices: devices with identical figures share a row"); /* the legend */
-    assert_int_equal(count_lines(out), 3 + 2 + 2);
+    assert_int_equal(count_lines(out), 3 + 2 + 4); /* title, header, rule; two rows; the 4-line legend */
     free(out);
 
     /* all equal: one row "0-7"; scattered: "0,2,4,6" */
@@ -474,7 +474,7 @@ static void test_metrics_and_memory(void **state)
     cli_report_memory(f, same, NDEV);
     fclose(f);
     assert_contains(out, "\n0-7 ");
-    assert_int_equal(count_lines(out), 3 + 1 + 2); /* title, header, rule; one row; the legend */
+    assert_int_equal(count_lines(out), 3 + 1 + 4); /* title, header, rule; one row; the 4-line legend */
     free(out);
     for (int d = 1; d < NDEV; d += 2) same[d] = st[7];
     f = open_memstream(&out, &len);
