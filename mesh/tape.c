@@ -47,7 +47,7 @@ struct mesh_tape {
     int nvars, capvars;
     mesh_entry **entries;
     int nentries, capentries;
-    bool backward;  /* a backward pass is running (mesh_tape_in_backward) */
+    bool backward;  /* a backward pass is running (mesh_tape_single_use) */
 };
 
 mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording)
@@ -399,8 +399,6 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
     t->backward = was;
     return st;
 }
-
-bool mesh_tape_in_backward(const mesh_tape *t) { return t && t->backward; }
 
 bool mesh_tape_single_use(const mesh_tape *t)
 {

@@ -69,8 +69,6 @@ const char *mesh_tape_tag(mesh_tape *t, const char *name, char *buf, size_t cap)
 /* Operand reshards made on this tape, reused until the tape is freed. */
 struct mesh_reshard_cache *mesh_tape_cache(mesh_tape *t);
 bool mesh_tape_recording(const mesh_tape *t);
-/* Whether a backward pass of t is running. */
-bool mesh_tape_in_backward(const mesh_tape *t);
 /* Whether an operand a weight is gathered into now serves one product only: t records nothing (a
  * remat layer's forward, recomputed for its backward) or its backward pass runs (the forward's
  * gathers, kept for the backward, are in the cache). */

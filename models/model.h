@@ -18,6 +18,7 @@
 #include "models/muon.h"
 #include "models/params.h"
 #include "models/pipeline.h"
+#include "models/timemodel.h"
 
 enum { MODEL_MAX_PARAMS = 96, MODEL_MAX_ACTS = 96 };
 /* Microbatches a dry run simulates at most (gradient_accumulation_steps with dry_run=true): its
@@ -64,15 +65,9 @@ typedef struct {
                                  profile's compiler rule (weight_dtype without a profile: XLA:CPU) */
     sim_dtype reduce_dtype;   /* a parameter gradient's reductions, by the same rule */
     char wire_rule[192];      /* which rule set the two (model_hw_wire_dtypes): run.json, the config box */
-    bool hoist_casts;         /* the profile's compiler holds a `dtype` copy of every scanned weight's shard
-                                 from the first forward layer to the last backward one (SIM_MEM_WCOPY;
-                                 model_hw_hoisted_copies) */
-    int windowed_min_group;   /* weight collectives over groups this large run as windowed einsums (the
-                                 profile's compiler; 0: never; model_hw_windowed_min_group) */
-    int psum_scatter_max_group; /* a shard_map's gradient psum is a reduce-scatter over at most this many
-                                 devices, else an all-reduce (0: always; model_hw_psum_scatter_max_group) */
-    int ga_grad_copies;       /* gradient sets the profile's compiler holds beside the gradients during
-                                 gradient accumulation (ga > 1; model_hw_accumulation_copies) */
+    model_xla_rules xla;      /* the profile's compiler transformations (model_hw_xla_rules; all off without
+                                 a profile): hoisted weight copies, accumulation buffers, Newton-Schulz
+                                 gathers, windowed einsums, psum reduce-scatters */
     bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
     bool logits_cast_fp32;    /* cast_logits_to_fp32: logits cast to float32 before the loss */
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */

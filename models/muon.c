@@ -64,8 +64,10 @@ sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *c)
     SIM_TRY(mesh_cfg_get_bool(cfg, "muon_include_routers", &b));
     c->include_routers = b;
     SIM_TRY(model_muon_rules_load(cfg->configs_dir, &c->rules));
-    SIM_TRY(model_hw_ns_gather(cfg, cfg->configs_dir, &c->ns_gather_set, &c->ns_gather));
-    SIM_TRY(model_hw_ns_gather_once(cfg, cfg->configs_dir, &c->ns_gather_once));
+    model_xla_rules xla; /* weight_dtype float32 and dtype bfloat16: only the Newton-Schulz rules are read */
+    SIM_TRY(model_hw_xla_rules(cfg, cfg->configs_dir, SIM_BF16, SIM_F32, &xla));
+    c->ns_gather_bf16 = xla.ns_gather_bf16;
+    c->ns_gather_once = xla.ns_gather_once;
     long long ici_pp, dcn_pp;
     SIM_TRY(mesh_cfg_get_int(cfg, "ici_pipeline_parallelism", &ici_pp));
     SIM_TRY(mesh_cfg_get_int(cfg, "dcn_pipeline_parallelism", &dcn_pp));
@@ -551,9 +553,9 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
                 layer_copy(&x, &tl, sd, l, pp->n_layers, true);
             }
         }
+        static const sim_dtype bf16 = SIM_BF16;
         sim_status st = model_muon_orthogonalize(ctx, &dims, o->eps, pp->def.path,
-                                                  o->muon.ns_gather_set ? &o->muon.ns_gather : NULL,
-                                                  o->muon.ns_gather_once, &x);
+                                                  o->muon.ns_gather_bf16 ? &bf16 : NULL, o->muon.ns_gather_once, &x);
         apply_job A = {NULL, NULL, model_muon_scale(&o->muon, &pp->def, &dims), (float)o->muon.weight_decay,
                        base.neg_lr};
         for (int l = 0; st == SIM_OK && l < pp->n_layers; l++) {

@@ -67,9 +67,8 @@ typedef struct {
     double consistent_rms;  /* its value */
     bool include_routers;   /* muon_include_routers */
     model_muon_rules rules; /* configs/muon.yml */
-    bool ns_gather_set;     /* the profile's compiler gathers Newton-Schulz operands in ns_gather */
-    sim_dtype ns_gather;    /* (hardware profile newton_schulz_gather_dtype, with matmul_precision) */
-    bool ns_gather_once;    /* one gather of X serves X X^T and B X (newton_schulz_operand_gathers) */
+    bool ns_gather_bf16;    /* Newton-Schulz operands gathered in bfloat16 (model_xla_rules) */
+    bool ns_gather_once;    /* one gather of X serves X X^T and B X (model_xla_rules) */
 } model_muon_cfg;
 
 /* Reads the muon_* keys and the rules, and refuses what MaxText does not

@@ -68,6 +68,34 @@ static sim_status num_field(const mesh_cfg_value *v, const char *file, const cha
     return SIM_OK;
 }
 
+/* A key of two spellings: *on = (its value is `yes`); a missing key or another value is an error that
+ * names both and what they mean. */
+static sim_status choice_key(const mesh_cfg *cfg, const char *path, const char *key, const char *yes, const char *no,
+                             const char *meaning, bool *on)
+{
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+    const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+    if (!t || (strcmp(t, yes) && strcmp(t, no)))
+        return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s: expected %s, with its source in a comment", path, key,
+                       t ? t : "(missing)", meaning);
+    *on = !strcmp(t, yes);
+    return SIM_OK;
+}
+
+/* A whole number from 0 to max. */
+static sim_status count_key(const mesh_cfg *cfg, const char *path, const char *key, int max, const char *meaning,
+                            int *out)
+{
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+    double v = -1;
+    if (e) SIM_TRY(num_field(&e->value, path, key, &v));
+    if (!(v >= 0 && v <= max && v == (int)v))
+        return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s%g: expected a whole number from 0 to %d, %s, with its source in "
+                       "a comment", path, key, e ? "" : "(missing) ", v, max, meaning);
+    *out = (int)v;
+    return SIM_OK;
+}
+
 sim_status model_hw_load(const char *configs_dir, const char *name, int devices_per_slice, model_hw *out)
 {
     memset(out, 0, sizeof *out);
@@ -131,67 +159,25 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
         else
             *wire_out[i] = !strcmp(t, "dtype");
     }
-    /* hoisted_weight_copies: the compiler's loop-invariant cast of the layer stacks (the comment above
-     * the key in each file gives the source) */
-    e = st ? NULL : mesh_cfg_find(cfg, "hoisted_weight_copies");
-    const char *ht = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
-    if (!st && (!ht || (strcmp(ht, "dtype") && strcmp(ht, "none"))))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'hoisted_weight_copies' = %s: expected dtype (the compiler casts each layer stack's "
-                     "float32 weights to `dtype` once, before the layer loops) or none (each layer casts its "
-                     "own), with its source in a comment",
-                     path, ht ? ht : "(missing)");
-    else if (!st)
-        out->hoist_casts = !strcmp(ht, "dtype");
-    e = st ? NULL : mesh_cfg_find(cfg, "accumulation_gradient_copies");
-    double acc = -1;
-    if (!st && e) st = num_field(&e->value, path, "accumulation_gradient_copies", &acc);
-    if (!st && (acc < 0 || acc > 8 || acc != (int)acc))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'accumulation_gradient_copies' = %g: expected a whole number of gradient sets from 0 to 8 "
-                     "(what the compiler holds beside the gradients during gradient accumulation), with its source in "
-                     "a comment",
-                     path, acc);
-    out->accumulation_grad_copies = (int)acc;
-    e = st ? NULL : mesh_cfg_find(cfg, "newton_schulz_gather_dtype");
-    const char *nt = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
-    if (!st && (!nt || (strcmp(nt, "bfloat16") && strcmp(nt, "float32"))))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'newton_schulz_gather_dtype' = %s: expected bfloat16 (a float32 product at the default "
-                     "matmul precision is one bfloat16 pass, its operands cast before their gathers) or float32, "
-                     "with its source in a comment",
-                     path, nt ? nt : "(missing)");
-    else if (!st)
-        out->ns_gather_bf16 = !strcmp(nt, "bfloat16");
-    e = st ? NULL : mesh_cfg_find(cfg, "newton_schulz_operand_gathers");
-    const char *ng = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
-    if (!st && (!ng || (strcmp(ng, "once") && strcmp(ng, "per_product"))))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'newton_schulz_operand_gathers' = %s: expected once (one gather of X serves X X^T and B X) "
-                     "or per_product, with its source in a comment",
-                     path, ng ? ng : "(missing)");
-    else if (!st)
-        out->ns_gather_once = !strcmp(ng, "once");
-    e = st ? NULL : mesh_cfg_find(cfg, "windowed_einsum_min_group");
-    double wmin = -1;
-    if (!st && e) st = num_field(&e->value, path, "windowed_einsum_min_group", &wmin);
-    if (!st && (wmin < 0 || wmin > 1e6 || wmin != (int)wmin))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'windowed_einsum_min_group' = %g: expected the smallest group size (a whole number; 0: "
-                     "never) whose weight collectives the compiler runs as windowed einsums, with its source in a "
-                     "comment",
-                     path, wmin);
-    out->windowed_min_group = (int)wmin;
-    e = st ? NULL : mesh_cfg_find(cfg, "psum_scatter_max_group");
-    double pmax = -1;
-    if (!st && e) st = num_field(&e->value, path, "psum_scatter_max_group", &pmax);
-    if (!st && (pmax < 0 || pmax > 1e6 || pmax != (int)pmax))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'psum_scatter_max_group' = %g: expected the largest group (a whole number; 0: any) over "
-                     "which the compiler makes a shard_map's gradient psum and slice a reduce-scatter, with its "
-                     "source in a comment",
-                     path, pmax);
-    out->psum_scatter_max_group = (int)pmax;
+    /* the compiler's program transformations (the comment above each key in each file gives the source) */
+    model_xla_rules *rules = &out->xla;
+    if (!st) st = choice_key(cfg, path, "hoisted_weight_copies", "dtype", "none",
+                             "dtype (each layer stack's float32 weights cast to `dtype` once, before the layer loops) "
+                             "or none (each layer casts its own)", &rules->hoist_casts);
+    if (!st) st = count_key(cfg, path, "accumulation_gradient_copies", 8,
+                            "gradient sets the compiler holds beside the gradients during gradient accumulation",
+                            &rules->ga_grad_copies);
+    if (!st) st = choice_key(cfg, path, "newton_schulz_gather_dtype", "bfloat16", "float32",
+                             "bfloat16 (a float32 product at the default matmul precision is one bfloat16 pass, "
+                             "its operands cast before their gathers) or float32", &rules->ns_gather_bf16);
+    if (!st) st = choice_key(cfg, path, "newton_schulz_operand_gathers", "once", "per_product",
+                             "once (one gather of X serves X X^T and B X) or per_product", &rules->ns_gather_once);
+    if (!st) st = count_key(cfg, path, "windowed_einsum_min_group", 1 << 20,
+                            "the smallest group (0: never) whose weight products the compiler windows",
+                            &rules->windowed_min_group);
+    if (!st) st = count_key(cfg, path, "psum_scatter_max_group", 1 << 20,
+                            "the largest group (0: any) over which a shard_map's gradient psum and slice become a "
+                            "reduce-scatter", &rules->psum_scatter_max_group);
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -264,64 +250,22 @@ sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, si
     return SIM_OK;
 }
 
-sim_status model_hw_hoisted_copies(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
-                                   bool *hoist)
+sim_status model_hw_xla_rules(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
+                              model_xla_rules *out)
 {
+    memset(out, 0, sizeof *out);
     model_hw hw;
     bool found;
     SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
-    *hoist = found && hw.hoist_casts && sim_dtype_size(act) < sim_dtype_size(weight);
-    return SIM_OK;
-}
-
-sim_status model_hw_accumulation_copies(const mesh_cfg *cfg, const char *configs_dir, int *copies)
-{
-    model_hw hw;
-    bool found;
-    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
-    *copies = found ? hw.accumulation_grad_copies : 0;
-    return SIM_OK;
-}
-
-sim_status model_hw_ns_gather(const mesh_cfg *cfg, const char *configs_dir, bool *set, sim_dtype *dtype)
-{
-    model_hw hw;
-    bool found;
-    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    if (!found) return SIM_OK;
     /* jax.lax.Precision: DEFAULT and BF16 are one bfloat16 pass on TPU; HIGH (3 passes) and HIGHEST/FLOAT32
      * (6) keep the float32 operand, so nothing narrows before the gather */
     static const char *const precisions[] = {"default", "bfloat16", "high", "highest", "float32"};
     int p;
     SIM_TRY(mesh_cfg_get_enum(cfg, "matmul_precision", precisions, 5, &p));
-    *set = found && hw.ns_gather_bf16 && p <= 1;
-    *dtype = SIM_BF16;
-    return SIM_OK;
-}
-
-sim_status model_hw_ns_gather_once(const mesh_cfg *cfg, const char *configs_dir, bool *once)
-{
-    model_hw hw;
-    bool found;
-    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
-    *once = found && hw.ns_gather_once;
-    return SIM_OK;
-}
-
-sim_status model_hw_windowed_min_group(const mesh_cfg *cfg, const char *configs_dir, int *min_group)
-{
-    model_hw hw;
-    bool found;
-    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
-    *min_group = found ? hw.windowed_min_group : 0;
-    return SIM_OK;
-}
-
-sim_status model_hw_psum_scatter_max_group(const mesh_cfg *cfg, const char *configs_dir, int *max_group)
-{
-    model_hw hw;
-    bool found;
-    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
-    *max_group = found ? hw.psum_scatter_max_group : 0;
+    *out = hw.xla;
+    out->hoist_casts = hw.xla.hoist_casts && sim_dtype_size(act) < sim_dtype_size(weight);
+    out->ns_gather_bf16 = hw.xla.ns_gather_bf16 && p <= 1;
     return SIM_OK;
 }
 

@@ -23,6 +23,22 @@
 #include "sim/collectives.h"
 #include "sim/machine.h"
 
+/* What the profile's compiler does to MaxText's step beyond the dtypes it moves weights in: each field
+ * a key of the profile (configs/hardware/v5p.yml gives each one's evidence; docs/xla-fidelity.md). */
+typedef struct {
+    bool hoist_casts;         /* hoisted_weight_copies: dtype -- each layer stack's float32 weights cast to
+                                 `dtype` once, the device's shard held through the forward and backward loops */
+    int ga_grad_copies;       /* accumulation_gradient_copies: gradient sets held beside the gradients while
+                                 gradient accumulation runs */
+    bool ns_gather_bf16;      /* newton_schulz_gather_dtype: bfloat16 -- float32 Newton-Schulz operands cast
+                                 before their gathers (with a one-pass matmul_precision) */
+    bool ns_gather_once;      /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X */
+    int windowed_min_group;   /* windowed_einsum_min_group: weight products over groups at least this large
+                                 run as windowed einsums (0: never) */
+    int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
+                                 reduce-scatter over at most this many devices, else an all-reduce (0: always) */
+} model_xla_rules;
+
 /* One accelerator, per JAX device (a chip's figures divided by devices_per_chip). */
 typedef struct {
     char name[32];            /* profile name (file stem): "v5p" */
@@ -40,20 +56,7 @@ typedef struct {
     bool gather_in_dtype;     /* weight_gather_dtype: dtype -- the compiler casts a float32 weight's shard to
                                  `dtype` before its all-gather (false: weight_dtype, the stored dtype) */
     bool reduce_in_dtype;     /* gradient_reduction_dtype: dtype -- parameter gradients are reduced in `dtype` */
-    bool hoist_casts;         /* hoisted_weight_copies: dtype -- the compiler casts each layer stack's float32
-                                 weights (the device's shard) to `dtype` once, before the layer loops, and keeps
-                                 that copy until the backward loop ends (none: each layer casts its own) */
-    int accumulation_grad_copies; /* gradient sets held beside the parameters' gradients while gradient
-                                 accumulation runs (accumulation_gradient_copies; 0: none) */
-    bool ns_gather_bf16;      /* newton_schulz_gather_dtype: bfloat16 -- a float32 Newton-Schulz product at
-                                 matmul_precision default runs as one bfloat16 pass, its operands cast before
-                                 their all-gathers (float32: gathered as computed) */
-    bool ns_gather_once;      /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X in a
-                                 Newton-Schulz step (per_product: each product gathers its operands) */
-    int windowed_min_group;   /* windowed_einsum_min_group: weight gathers serving one product and weight-gradient
-                                 reduce-scatters over at least this many devices run as windowed einsums (0: none) */
-    int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
-                                 reduce-scatter over at most this many devices, else an all-reduce (0: always) */
+    model_xla_rules xla;      /* the compiler's program transformations (hoisted_weight_copies, ...) */
 } model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
@@ -86,27 +89,12 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out);
 sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
                                 sim_dtype *gather, sim_dtype *reduce, char *rule, size_t cap);
 
-/* Whether the compiler of the profile the config selects holds a `dtype` copy of the scanned layers'
- * weights through the forward and backward loops (hoisted_weight_copies: dtype, and act narrower than
- * weight); false without a profile (XLA:CPU casts inside the loop body). */
-sim_status model_hw_hoisted_copies(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
-                                   bool *hoist);
-/* The gradient sets the compiler of the profile the config selects holds beside the gradients while
- * gradient accumulation runs (accumulation_gradient_copies; 0 without a profile). */
-sim_status model_hw_accumulation_copies(const mesh_cfg *cfg, const char *configs_dir, int *copies);
-/* The dtype Muon's Newton-Schulz operands are all-gathered in under the profile the config selects:
- * *set = false (as computed: float32) without a profile, with newton_schulz_gather_dtype: float32, or with
- * a matmul_precision that keeps float32 passes (high, highest, float32). */
-sim_status model_hw_ns_gather(const mesh_cfg *cfg, const char *configs_dir, bool *set, sim_dtype *dtype);
-/* Whether one gather of a Newton-Schulz operand serves every product of the step that reads it
- * (newton_schulz_operand_gathers: once); false without a profile (XLA:CPU gathers per product). */
-sim_status model_hw_ns_gather_once(const mesh_cfg *cfg, const char *configs_dir, bool *once);
-/* The smallest group whose weight collectives the profile's compiler runs as windowed einsums
- * (windowed_einsum_min_group; 0 without a profile: XLA:CPU never does). */
-sim_status model_hw_windowed_min_group(const mesh_cfg *cfg, const char *configs_dir, int *min_group);
-/* The largest group over which the profile's compiler fuses a shard_map's gradient psum and slice into
- * a reduce-scatter (psum_scatter_max_group; 0, always, without a profile). */
-sim_status model_hw_psum_scatter_max_group(const mesh_cfg *cfg, const char *configs_dir, int *max_group);
+/* The compiler rules of the profile the config selects, for `dtype` act and `weight_dtype` weight: the
+ * profile's keys where one is selected and a rule applies (the hoisted copy only when act is narrower;
+ * bfloat16 Newton-Schulz gathers only at matmul_precision default or bfloat16, one bfloat16 pass), all
+ * off without a profile (XLA:CPU, the peer on this machine). */
+sim_status model_hw_xla_rules(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
+                              model_xla_rules *out);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */

@@ -50,8 +50,8 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     /* weight gathers and gradient reductions as the hardware profile's compiler moves them */
     o.counted_gather = def->d.gather_dtype;
     o.counted_grad_reduce = def->d.reduce_dtype;
-    o.windowed_min_group = def->d.windowed_min_group;
-    o.psum_scatter_max_group = def->d.psum_scatter_max_group;
+    o.windowed_min_group = def->d.xla.windowed_min_group;
+    o.psum_scatter_max_group = def->d.xla.psum_scatter_max_group;
     o.trace = trace;
     o.pin_threads = true;
     SIM_TRY(sim_machine_new(&md, &o, out));
@@ -377,7 +377,7 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
 }
 
 /* The `dtype` copy of the scanned layers' weights a compiler that hoists the layer's cast out of the
- * layer loop holds (model_dims.hoist_casts): the device's shard of every scanned, trainable weight, in
+ * layer loop holds (model_xla_rules.hoist_casts): the device's shard of every scanned, trainable weight, in
  * `dtype`, charged before the first forward layer and discharged after the last backward one, so it
  * sits under every peak of the layer loops as XLA:TPU's buffer assignment has it (configs/hardware/
  * v5p.yml: hoisted_weight_copies).  Counted only: the simulator reads the float32 weights. */
@@ -386,7 +386,7 @@ static size_t hoisted_copy_bytes(const model_dev *md)
     const model_def *def = md->def;
     /* a pipeline that gathers its stage's layers itself holds them gathered in `dtype` instead
      * (pipeline_fsdp_ag_once / _per_repeat: counted there) */
-    if (!def->d.hoist_casts || !def->d.scan_layers || def->d.pipe.ag_once || def->d.pipe.ag_per_repeat) return 0;
+    if (!def->d.xla.hoist_casts || !def->d.scan_layers || def->d.pipe.ag_once || def->d.pipe.ag_per_repeat) return 0;
     int id = sim_device_id(md->ctx.dev);
     size_t n = 0;
     for (int i = 0; i < def->nparams; i++) {
@@ -399,20 +399,20 @@ static size_t hoisted_copy_bytes(const model_dev *md)
 }
 
 /* The gradient sets a compiler holds beside the gradients while gradient accumulation runs
- * (model_dims.ga_grad_copies; configs/hardware/v5p.yml: accumulation_gradient_copies): copies x
+ * (model_xla_rules.ga_grad_copies; configs/hardware/v5p.yml: accumulation_gradient_copies): copies x
  * the device's gradient bytes, charged over the microbatches.  Counted only: the simulator adds
  * each microbatch's cotangents straight into the gradients. */
 static size_t accumulation_copy_bytes(const model_dev *md)
 {
     const model_def *def = md->def;
-    if (def->d.ga <= 1 || def->d.ga_grad_copies <= 0 || md->zero1 || def->d.pipe.on) return 0;
+    if (def->d.ga <= 1 || def->d.xla.ga_grad_copies <= 0 || md->zero1 || def->d.pipe.on) return 0;
     size_t n = 0;
     for (int i = 0; i < def->nparams; i++) {
         const model_param *p = &md->p[i];
         if (!p->g) continue;
         for (int l = 0; l < p->n_layers; l++) n += p->g[l].nlocal * sim_dtype_size(p->g[l].counted);
     }
-    return n * (size_t)def->d.ga_grad_copies;
+    return n * (size_t)def->d.xla.ga_grad_copies;
 }
 
 static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)

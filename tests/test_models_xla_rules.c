@@ -55,7 +55,10 @@
  * an all-reduce over more (psum_scatter_max_group).  A tiny DeepSeek (2 MoE
  * layers of 8 experts, emb 32, expert mlp 16) under v5p: each expert
  * kernel's gradient is 8 x 32 x 16 elements in bfloat16, all-reduced over
- * fsdp=8 (2 x 7/8 of it sent), reduce-scattered over fsdp=4 (3/4). */
+ * fsdp=8 (2 x 7/8 of it sent), reduce-scattered over fsdp=4 (3/4).
+ *
+ * A profile whose rule is missing or out of range is refused, naming the
+ * key (the v5p profile with one key changed, in a scratch configs dir). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,8 +66,12 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "models/timemodel.h"
 #include "models/train.h"
 #include "sim/arena.h"
 #include "tests/model_run.h"
@@ -348,6 +355,61 @@ static void test_psum_scatter(void **state)
     assert_int_equal(ar4, 0);
 }
 
+/* configs/hardware/v5p.yml with the line starting `from` replaced by `to` (NULL: removed), loaded from a
+ * scratch configs dir; the status and message of model_hw_load. */
+static sim_status load_changed(const char *from, const char *to, char *msg, size_t cap)
+{
+    FILE *f = fopen("configs/hardware/v5p.yml", "r");
+    assert_non_null(f);
+    char dir[] = "/tmp/shardsim_hwXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char sub[64], path[96];
+    snprintf(sub, sizeof sub, "%s/hardware", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    snprintf(path, sizeof path, "%s/v5p.yml", sub);
+    FILE *o = fopen(path, "w");
+    assert_non_null(o);
+    char line[1024];
+    int replaced = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, from, strlen(from))) {
+            replaced++;
+            if (to) fprintf(o, "%s\n", to);
+        } else {
+            fputs(line, o);
+        }
+    }
+    fclose(f);
+    fclose(o);
+    assert_int_equal(replaced, 1);
+    model_hw hw;
+    sim_status st = model_hw_load(dir, "v5p", 4, &hw);
+    snprintf(msg, cap, "%s", st ? sim_errmsg() : "");
+    unlink(path);
+    rmdir(sub);
+    rmdir(dir);
+    return st;
+}
+
+static void test_bad_rules(void **state)
+{
+    (void)state;
+    char msg[1024];
+    assert_int_equal(load_changed("windowed_einsum_min_group:", "windowed_einsum_min_group: -3", msg, sizeof msg),
+                     SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "windowed_einsum_min_group"));
+    assert_int_equal(load_changed("hoisted_weight_copies:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "hoisted_weight_copies"));
+    assert_non_null(strstr(msg, "(missing)"));
+    assert_int_equal(load_changed("newton_schulz_operand_gathers:", "newton_schulz_operand_gathers: twice", msg,
+                                  sizeof msg),
+                     SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "per_product"));
+    assert_int_equal(load_changed("accumulation_gradient_copies:", "accumulation_gradient_copies: 2.5", msg, sizeof msg),
+                     SIM_ERR_INPUT);
+    assert_int_equal(load_changed("psum_scatter_max_group:", "psum_scatter_max_group: 4", msg, sizeof msg), SIM_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -357,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_newton_schulz_gathers),
         cmocka_unit_test(test_windowed_einsums),
         cmocka_unit_test(test_psum_scatter),
+        cmocka_unit_test(test_bad_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
