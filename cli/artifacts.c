@@ -586,6 +586,10 @@ static sim_status write_run(FILE *f, void *arg)
         jw_str(&w, in->wire_rule ? in->wire_rule : "");
         jw_obj_end(&w);
     }
+    if (in->compiler_rules) { /* model_xla_rules_text: docs/xla-fidelity.md */
+        jw_key(&w, "compiler_rules");
+        jw_str(&w, in->compiler_rules);
+    }
     if (in->step_time_json) {
         json_error_t jerr;
         json_t *v = json_loads(in->step_time_json, 0, &jerr);

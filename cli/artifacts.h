@@ -79,6 +79,8 @@ typedef struct {
     const char *wire_gather;     /* dtype names of weight gathers and gradient reductions and the rule that set
                                     them (run.json's "weight_collective_dtypes"), or NULL */
     const char *wire_reduce, *wire_rule;
+    const char *compiler_rules;  /* the hardware profile's program transformations in force, one line
+                                    (run.json's "compiler_rules", model_xla_rules_text), or NULL */
 } cli_run_info;
 
 /* run.json:
@@ -86,6 +88,7 @@ typedef struct {
  *    "mesh": {"axis_names": [...], "shape": {axis: size}, "num_devices": N, "num_slices": S},
  *    "logical_axis_rules": [["name", ["axis", ...]], ...],
  *    "weight_collective_dtypes": {"weight_gather": "bfloat16", "gradient_reduction": "bfloat16", "rule": "..."},
+ *    "compiler_rules": "hoisted weight copies, windowed einsums over >= 8 devices, ...",
  *    "config": {"key": {"value": <JSON value>, "source": "configs/base.yml:27"}, ...}} */
 sim_status cli_write_run_json(const char *dir, const cli_run_info *info);
 /* trace.json (sim_trace_write_chrome): whole devices from device 0 while

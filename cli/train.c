@@ -368,6 +368,8 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     char dtypes[128];
     snprintf(dtypes, sizeof dtypes, "activations %s, weights %s (bytes; math in float32)",
              sim_dtype_name(d->act_dtype), sim_dtype_name(d->weight_dtype));
+    char xla[384];
+    model_xla_rules_text(&d->xla, xla, sizeof xla);
     cli_kv rows[] = {
         {"model", d->model_name},
         {"decoder", d->kind == MODEL_LLAMA2 ? "llama2" : "deepseek"},
@@ -381,6 +383,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
         {"remat_policy", d->remat_policy},
         {"dtypes", dtypes},
         {"weight collectives", d->wire_rule},
+        {"compiler rules", xla},
         {"optimizer state", d->zero1 ? "ZeRO-1: sharded over data (shard_optimizer_over_data)" : "as the parameters"},
         {"dataset", cfg_str(cm->cfg, "dataset_type")},
         {"dry_run", d->dry_run ? "true (shapes, shardings, traffic and memory only)" : "false"},
@@ -622,9 +625,10 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             }
         }
         if (!st && *outdir) {
+            char xla[384];
             cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0,
                                  tm_json, sim_dtype_name(def->d.gather_dtype), sim_dtype_name(def->d.reduce_dtype),
-                                 def->d.wire_rule};
+                                 def->d.wire_rule, model_xla_rules_text(&def->d.xla, xla, sizeof xla)};
             st = cli_write_run_json(outdir, &info);
             if (!st) st = cli_write_metrics_json(outdir, metrics + resume.start, (int)(steps - resume.start), mem, nd);
             long long max_rows = 0, max_events = 0;

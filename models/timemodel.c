@@ -269,6 +269,37 @@ sim_status model_hw_xla_rules(const mesh_cfg *cfg, const char *configs_dir, sim_
     return SIM_OK;
 }
 
+/* Appends ", text" (or text first) to buf of n used bytes; returns the new length. */
+static size_t add_rule(char *buf, size_t cap, size_t n, const char *text)
+{
+    int w = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, "%s%s", n ? ", " : "", text);
+    return n + (size_t)(w > 0 ? w : 0);
+}
+
+const char *model_xla_rules_text(const model_xla_rules *r, char *buf, size_t cap)
+{
+    size_t n = 0;
+    char t[96];
+    buf[0] = '\0';
+    if (r->hoist_casts) n = add_rule(buf, cap, n, "hoisted weight copies");
+    if (r->ga_grad_copies) {
+        snprintf(t, sizeof t, "%d accumulation gradient sets", r->ga_grad_copies);
+        n = add_rule(buf, cap, n, t);
+    }
+    if (r->ns_gather_bf16) n = add_rule(buf, cap, n, "bfloat16 Newton-Schulz gathers");
+    if (r->ns_gather_once) n = add_rule(buf, cap, n, "one Newton-Schulz gather per operand and step");
+    if (r->windowed_min_group) {
+        snprintf(t, sizeof t, "windowed einsums over >= %d devices", r->windowed_min_group);
+        n = add_rule(buf, cap, n, t);
+    }
+    if (r->psum_scatter_max_group) {
+        snprintf(t, sizeof t, "expert psums reduce-scattered over <= %d devices", r->psum_scatter_max_group);
+        n = add_rule(buf, cap, n, t);
+    }
+    if (!n) snprintf(buf, cap, "none (no hardware profile, or none applies: XLA:CPU's program)");
+    return buf;
+}
+
 sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
 {
     char path[4300];

@@ -95,6 +95,9 @@ sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, si
  * off without a profile (XLA:CPU, the peer on this machine). */
 sim_status model_hw_xla_rules(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
                               model_xla_rules *out);
+/* The rules in force, one line ("hoisted weight copies, windowed einsums over >= 8 devices, ..." or "none"):
+ * the config box and run.json. */
+const char *model_xla_rules_text(const model_xla_rules *r, char *buf, size_t cap);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */

@@ -599,7 +599,7 @@ static void test_run_and_trace(void **state)
 
     char *dir = make_tmpdir();
     const char *argv[] = {"train", "ici_fsdp_parallelism=4"};
-    cli_run_info info = {"train", 2, argv, cfg, &ms, &rules, NULL, (time_t)1700000000, NULL, NULL, NULL, NULL};
+    cli_run_info info = {"train", 2, argv, cfg, &ms, &rules, NULL, (time_t)1700000000, NULL, NULL, NULL, NULL, NULL};
     assert_int_equal(cli_write_run_json(dir, &info), SIM_OK);
     mesh_json *j = parse_file(dir, "run.json");
     assert_string_equal(get(j, "shardsim_version")->str, CLI_SHARDSIM_VERSION);

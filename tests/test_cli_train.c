@@ -156,6 +156,12 @@ static void test_wire_rule_artifacts(void **state)
         assert_string_equal(mesh_json_get(w, "weight_gather")->str, gather[i]);
         assert_string_equal(mesh_json_get(w, "gradient_reduction")->str, gather[i]);
         assert_non_null(strstr(mesh_json_get(w, "rule")->str, i == 0 ? "as XLA:TPU" : "as XLA:CPU"));
+        /* the compiler's transformations in force: v5p's (configs/hardware/v5p.yml), none without a profile */
+        const char *rules = mesh_json_get(rj, "compiler_rules")->str;
+        assert_non_null(strstr(rules, i == 0 ? "hoisted weight copies" : "none"));
+        assert_true(i == 0 ? strstr(rules, "windowed einsums over >= 8 devices") != NULL
+                           : strstr(rules, "windowed") == NULL);
+        assert_non_null(strstr(r.out, "compiler rules"));
         mesh_json_free(rj);
         total[i] = csv_sum(dir, "traffic.csv", "bytes_total", NULL);
         assert_true(total[i] > 0);
