@@ -68,6 +68,21 @@ static sim_status num_field(const mesh_cfg_value *v, const char *file, const cha
     return SIM_OK;
 }
 
+/* A compiler key of two values (its source in a comment above it in the profile): *out = the value is
+ * `yes`; any other text, or none, is an error ending in "expected <expect>, with its source in a
+ * comment". */
+static sim_status choice_field(const mesh_cfg *cfg, const char *file, const char *key, const char *yes,
+                               const char *no, const char *expect, bool *out)
+{
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+    const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+    if (!t || (strcmp(t, yes) && strcmp(t, no)))
+        return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s: expected %s, with its source in a comment", file, key,
+                       t ? t : "(missing)", expect);
+    *out = !strcmp(t, yes);
+    return SIM_OK;
+}
+
 sim_status model_hw_load(const char *configs_dir, const char *name, int devices_per_slice, model_hw *out)
 {
     memset(out, 0, sizeof *out);
@@ -133,16 +148,11 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
     }
     /* hoisted_weight_copies: the compiler's loop-invariant cast of the layer stacks (the comment above
      * the key in each file gives the source) */
-    e = st ? NULL : mesh_cfg_find(cfg, "hoisted_weight_copies");
-    const char *ht = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
-    if (!st && (!ht || (strcmp(ht, "dtype") && strcmp(ht, "none"))))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'hoisted_weight_copies' = %s: expected dtype (the compiler casts each layer stack's "
-                     "float32 weights to `dtype` once, before the layer loops) or none (each layer casts its "
-                     "own), with its source in a comment",
-                     path, ht ? ht : "(missing)");
-    else if (!st)
-        out->hoist_casts = !strcmp(ht, "dtype");
+    if (!st)
+        st = choice_field(cfg, path, "hoisted_weight_copies", "dtype", "none",
+                          "dtype (the compiler casts each layer stack's float32 weights to `dtype` once, before the "
+                          "layer loops) or none (each layer casts its own)",
+                          &out->hoist_casts);
     e = st ? NULL : mesh_cfg_find(cfg, "accumulation_gradient_copies");
     double acc = -1;
     if (!st && e) st = num_field(&e->value, path, "accumulation_gradient_copies", &acc);
@@ -153,25 +163,14 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
                      "a comment",
                      path, acc);
     out->accumulation_grad_copies = (int)acc;
-    e = st ? NULL : mesh_cfg_find(cfg, "newton_schulz_gather_dtype");
-    const char *nt = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
-    if (!st && (!nt || (strcmp(nt, "bfloat16") && strcmp(nt, "float32"))))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'newton_schulz_gather_dtype' = %s: expected bfloat16 (a float32 product at the default "
-                     "matmul precision is one bfloat16 pass, its operands cast before their gathers) or float32, "
-                     "with its source in a comment",
-                     path, nt ? nt : "(missing)");
-    else if (!st)
-        out->ns_gather_bf16 = !strcmp(nt, "bfloat16");
-    e = st ? NULL : mesh_cfg_find(cfg, "newton_schulz_operand_gathers");
-    const char *ng = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
-    if (!st && (!ng || (strcmp(ng, "once") && strcmp(ng, "per_product"))))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: 'newton_schulz_operand_gathers' = %s: expected once (one gather of X serves X X^T and B X) "
-                     "or per_product, with its source in a comment",
-                     path, ng ? ng : "(missing)");
-    else if (!st)
-        out->ns_gather_once = !strcmp(ng, "once");
+    if (!st)
+        st = choice_field(cfg, path, "newton_schulz_gather_dtype", "bfloat16", "float32",
+                          "bfloat16 (a float32 product at the default matmul precision is one bfloat16 pass, its "
+                          "operands cast before their gathers) or float32",
+                          &out->ns_gather_bf16);
+    if (!st)
+        st = choice_field(cfg, path, "newton_schulz_operand_gathers", "once", "per_product",
+                          "once (one gather of X serves X X^T and B X) or per_product", &out->ns_gather_once);
     e = st ? NULL : mesh_cfg_find(cfg, "windowed_einsum_min_group");
     double wmin = -1;
     if (!st && e) st = num_field(&e->value, path, "windowed_einsum_min_group", &wmin);
