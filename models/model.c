@@ -300,6 +300,7 @@ static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
     SIM_TRY(model_hw_accumulation_copies(cfg, cfg->configs_dir, &d->ga_grad_copies));
     SIM_TRY(model_hw_windowed_min_group(cfg, cfg->configs_dir, &d->windowed_min_group));
     SIM_TRY(model_hw_psum_scatter_max_group(cfg, cfg->configs_dir, &d->psum_scatter_max_group));
+    SIM_TRY(model_hw_embedding_all_to_all(cfg, cfg->configs_dir, &d->embed_all_to_all));
     SIM_TRY(model_cfg_bool(cfg, "logits_dot_in_fp32", &d->logits_dot_fp32));
     SIM_TRY(model_cfg_bool(cfg, "cast_logits_to_fp32", &d->logits_cast_fp32));
     return SIM_OK;
@@ -808,6 +809,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
     md->ctx.mesh = &def->mesh;
     md->ctx.mode = def->d.mode;
     md->ctx.drop_size_one = def->d.drop_size_one;
+    md->ctx.embed_all_to_all = def->d.embed_all_to_all;
     md->ctx.layer = "";
     int data = mesh_shape_axis_index(&def->mesh, "data");
     md->zero1 = with_opt && with_grads && def->d.zero1 && data >= 0 && def->mesh.sizes[data] > 1;

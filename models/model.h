@@ -71,6 +71,9 @@ typedef struct {
                                  profile's compiler; 0: never; model_hw_windowed_min_group) */
     int psum_scatter_max_group; /* a shard_map's gradient psum is a reduce-scatter over at most this many
                                  devices, else an all-reduce (0: always; model_hw_psum_scatter_max_group) */
+    bool embed_all_to_all;    /* the embedding is looked up by all-gathering the token ids and all-to-alling the
+                                 rows, where FSDP shards both (the profile's compiler; mesh_ctx.embed_all_to_all;
+                                 model_hw_embedding_all_to_all) */
     int ga_grad_copies;       /* gradient sets the profile's compiler holds beside the gradients during
                                  gradient accumulation (ga > 1; model_hw_accumulation_copies) */
     bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */

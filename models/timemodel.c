@@ -191,6 +191,11 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
                      "source in a comment",
                      path, pmax);
     out->psum_scatter_max_group = (int)pmax;
+    if (!st)
+        st = choice_field(cfg, path, "embedding_lookup", "all_to_all", "gather_table",
+                          "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "
+                          "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",
+                          &out->embed_all_to_all);
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -321,6 +326,15 @@ sim_status model_hw_psum_scatter_max_group(const mesh_cfg *cfg, const char *conf
     bool found;
     SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
     *max_group = found ? hw.psum_scatter_max_group : 0;
+    return SIM_OK;
+}
+
+sim_status model_hw_embedding_all_to_all(const mesh_cfg *cfg, const char *configs_dir, bool *a2a)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    *a2a = found && hw.embed_all_to_all;
     return SIM_OK;
 }
 

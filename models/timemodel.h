@@ -54,6 +54,9 @@ typedef struct {
                                  reduce-scatters over at least this many devices run as windowed einsums (0: none) */
     int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
                                  reduce-scatter over at most this many devices, else an all-reduce (0: always) */
+    bool embed_all_to_all;    /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
+                                 rows looked up on the table's shard and all-to-all'd back (gather_table: the
+                                 table is all-gathered and its gradient reduce-scattered) */
 } model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
@@ -107,6 +110,9 @@ sim_status model_hw_windowed_min_group(const mesh_cfg *cfg, const char *configs_
 /* The largest group over which the profile's compiler fuses a shard_map's gradient psum and slice into
  * a reduce-scatter (psum_scatter_max_group; 0, always, without a profile). */
 sim_status model_hw_psum_scatter_max_group(const mesh_cfg *cfg, const char *configs_dir, int *max_group);
+/* Whether the profile's compiler looks the embedding up by moving token ids and rows (embedding_lookup:
+ * all_to_all) rather than by gathering the table; false without a profile (XLA:CPU gathers the table). */
+sim_status model_hw_embedding_all_to_all(const mesh_cfg *cfg, const char *configs_dir, bool *a2a);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */
