@@ -32,6 +32,9 @@ typedef struct {
                                    moved) in this dtype (a compiler's cast moved before the gather) */
     bool single_use;            /* a weight gathered for the op running serves it alone (set by the autodiff
                                    layer: mesh_tape_single_use), so the compiler may window the product */
+    bool embed_all_to_all;      /* mesh_nn_embed all-gathers the token ids and all-to-alls the looked-up rows
+                                   where the table's embed dim is split by axes that split the tokens' batch
+                                   (XLA:TPU) instead of gathering the table (XLA:CPU) */
     bool psum_grads;            /* the gradients accumulated now are a shard_map's sums over its replicated
                                    inputs' groups (sim_meta.psum) */
 } mesh_ctx;

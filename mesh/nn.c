@@ -568,7 +568,28 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     return SIM_OK;
 }
 
-/* ------------------------------------------------------------ embedding */
+/* ------------------------------------------------------------ embedding
+ *
+ * Two lookups of the same values.  gather_table (XLA:CPU): the axes that shard the tokens are
+ * gathered out of the table, each device looks its tokens up in that copy, and the table's
+ * gradient is reduced back to its sharding.  all_to_all (XLA:TPU, mesh_ctx.embed_all_to_all):
+ * where the table's embed dim is split by the trailing axes of the tokens' batch dim (FSDP),
+ * the token ids are all-gathered over those k devices instead, every gathered token's row is
+ * looked up on the local embed shard [k*Bl, T, E/k], and an all-to-all gives each device its
+ * own tokens' full rows [Bl, T, E]; the backward all-to-alls the cotangent rows back and
+ * scatter-adds them into the table's own shard (no reduction over those axes). */
+
+/* The cotangent with every vocab axis of table spec ts summed (each vocab shard needs the whole
+ * cotangent of its rows). */
+static sim_status embed_dy_vocab_sum(mesh_ctx *c, const mesh_spec *ts, mesh_array *dy, const char *tag)
+{
+    uint32_t xv = 0;
+    for (int i = 0; i < ts->n_axes[0]; i++) xv |= 1u << ts->axes[0][i];
+    if (!(dy->spec.partial & xv)) return SIM_OK;
+    mesh_spec to = dy->spec;
+    to.partial &= ~xv;
+    return mesh_reshard(c->dev, c->mesh, dy, &to, sim_meta_tag(tag));
+}
 
 static sim_status embed_vjp(mesh_tape *t, mesh_entry *e)
 {
@@ -578,14 +599,7 @@ static sim_status embed_vjp(mesh_tape *t, mesh_entry *e)
     mesh_array *dy = &y->grad;
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, "embed/dtable", tag, sizeof tag);
-    /* each vocab shard needs the whole cotangent of its rows: sum it over the vocab axes first */
-    uint32_t xv = 0;
-    for (int i = 0; i < ta->spec.n_axes[0]; i++) xv |= 1u << ta->spec.axes[0][i];
-    if (dy->spec.partial & xv) {
-        mesh_spec to = dy->spec;
-        to.partial &= ~xv;
-        SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &to, sim_meta_tag(tag)));
-    }
+    SIM_TRY(embed_dy_vocab_sum(c, &ta->spec, dy, tag));
     mesh_spec ds = ta->spec;
     ds.partial = dy->spec.partial | mesh_spec_dim_axes(&tok->spec);
     mesh_array dt;
@@ -601,11 +615,166 @@ static sim_status embed_vjp(mesh_tape *t, mesh_entry *e)
     return mesh_tape_accumulate(t, table, &dt, tag);
 }
 
+/* The axes (size > 1) of the table's embed dim when the all-to-all lookup applies, else none: they
+ * must be the trailing axes of the tokens' batch dim in the same order (the gathered ids are then
+ * k contiguous blocks in group-rank order, and the rows' embed blocks in the same order), and no
+ * vocab axis may shard the tokens (the lookup keeps the table's vocab shard). */
+static sim_axes embed_a2a_axes(const mesh_ctx *c, const mesh_spec *table, const mesh_spec *tokens)
+{
+    sim_axes ex = sim_axes_none(), bx = sim_axes_none();
+    if (!c->embed_all_to_all) return ex;
+    const int *size = c->mesh->sizes;
+    uint32_t used = mesh_spec_dim_axes(tokens);
+    for (int i = 0; i < table->n_axes[0]; i++)
+        if (size[table->axes[0][i]] > 1 && (used & (1u << table->axes[0][i]))) return ex;
+    for (int i = 0; i < table->n_axes[1]; i++)
+        if (size[table->axes[1][i]] > 1) ex.axis[ex.n++] = table->axes[1][i];
+    for (int i = 0; i < tokens->n_axes[0]; i++)
+        if (size[tokens->axes[0][i]] > 1) bx.axis[bx.n++] = tokens->axes[0][i];
+    bool suffix = ex.n > 0 && ex.n <= bx.n;
+    for (int i = 0; suffix && i < ex.n; i++) suffix = ex.axis[i] == bx.axis[bx.n - ex.n + i];
+    if (!suffix) ex.n = 0;
+    return ex;
+}
+
+/* The tokens' spec with the axes ex taken off their batch dim: the gathered ids'. */
+static mesh_spec embed_ids_spec(const mesh_spec *tokens, sim_axes ex)
+{
+    mesh_spec s = *tokens;
+    uint32_t drop = axes_mask(ex);
+    int n = 0;
+    for (int i = 0; i < s.n_axes[0]; i++)
+        if (!(drop & (1u << s.axes[0][i]))) s.axes[0][n++] = s.axes[0][i];
+    s.n_axes[0] = n;
+    return s;
+}
+
+/* The looked-up rows' spec, (batch, length, embed) = (ids' batch, tokens' length, ex), partial
+ * over `partial`. */
+static mesh_spec embed_rows_spec(const mesh_spec *ids, sim_axes ex, uint32_t partial)
+{
+    mesh_spec s;
+    mesh_spec_init(&s, 3);
+    set_dim(&s, 0, ids, 0);
+    set_dim(&s, 1, ids, 1);
+    for (int i = 0; i < ex.n; i++) s.axes[2][s.n_axes[2]++] = ex.axis[i];
+    s.partial = partial;
+    return s;
+}
+
+static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *table = e->in[0], *y = e->out[0];
+    const mesh_array *tw = &table->val, *ids = &e->saved[0], *tok = &e->saved[1];
+    mesh_array *dy = &y->grad;
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "embed/dtable", tag, sizeof tag);
+    SIM_TRY(embed_dy_vocab_sum(c, &tw->spec, dy, tag));
+    sim_axes ex = embed_a2a_axes(c, &tw->spec, &tok->spec);
+    int k = sim_mesh_group_size(sim_machine_mesh(sim_device_machine(c->dev)), ex);
+    /* the cotangent rows back to the devices that looked them up: [Bl, T, E] -> [k*Bl, T, E/k] */
+    mesh_spec rs = embed_rows_spec(&ids->spec, ex, dy->spec.partial);
+    mesh_array dr, dt;
+    SIM_TRY(new_cot_raw(t, "embed/drows", 3, y->val.shape, &rs, &dr));
+    if (dy->counted_fixed) mesh_array_recount(c->dev, &dr, dy->counted);
+    size_t dshape[3] = {(size_t)dy->local[0], (size_t)dy->local[1], (size_t)dy->local[2]};
+    sim_status st = sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
+                                        mesh_array_meta(dy, sim_meta_tag(tag)));
+    if (st) goto fail;
+    /* the table's own shard: what the tokens' other axes hold is summed by the accumulation */
+    mesh_spec ds = tw->spec;
+    ds.partial = dy->spec.partial | (mesh_spec_dim_axes(&tok->spec) & ~axes_mask(ex));
+    st = (dr.data ? new_cot_raw : new_cot)(t, "embed/dtable", 2, tw->shape, &ds, &dt);
+    if (st) goto fail;
+    if (dr.data) {
+        /* member q's rows summed on their own, then the members' sums in rank order: the bits of the
+         * gather path, whose per-device sums the gradient's reduce-scatter adds in group-rank order
+         * (sim_reduce_scatter_dim) before any other partial axis is summed */
+        mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+        mesh_spec_shard(&tw->spec, c->mesh, tw->shape, sim_device_id(c->dev), sh);
+        const int64_t nl = (int64_t)tok->nlocal, C = tw->local[1], V = tw->local[0];
+        const int32_t *id = ids->data;
+        const float *g = dr.data;
+        float *d = dt.data;
+        bk_embedding_bwd_zero(d, g, id, (int)nl, (int)C, (int)sh[0].offset, (int)V);
+        float *part = k > 1 ? malloc((size_t)(V * C) * sizeof *part) : NULL;
+        SIM_ASSERT(k == 1 || part);
+        for (int q = 1; q < k; q++) {
+            bk_embedding_bwd_zero(part, g + q * nl * C, id + q * nl, (int)nl, (int)C, (int)sh[0].offset, (int)V);
+            for (int64_t j = 0; j < V * C; j++) d[j] += part[j];
+        }
+        free(part);
+    }
+    mesh_array_free(c->dev, &dr);
+    mesh_nn_cost_memory(t, 2.0 * (double)dy->nlocal, tag); /* rows of dy scatter-added into the table */
+    return mesh_tape_accumulate(t, table, &dt, tag);
+fail:
+    mesh_array_free(c->dev, &dr);
+    return st;
+}
+
+/* XLA:TPU's lookup (see the banner): ids gathered, rows looked up on the shard, all-to-all. */
+static sim_status embed_a2a(mesh_tape *t, mesh_var *table, const mesh_array *tokens, sim_axes ex, const char *name,
+                            const char *tag, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    const mesh_array *tw = &table->val;
+    /* the token ids of the k devices, int32 (kept for the backward): [k*Bl, T] */
+    mesh_spec is = embed_ids_spec(&tokens->spec, ex);
+    mesh_array ids, rows;
+    SIM_TRY(mesh_array_new_raw(c->dev, c->mesh, "embed/ids", 2, tokens->shape, &is, SIM_I32, SIM_MEM_ACTIVATIONS,
+                               &ids));
+    sim_status st = sim_all_gather(c->dev, tokens->data, ids.data, tokens->nlocal, SIM_I32, ex, sim_meta_tag(tag));
+    /* their rows on this device's embed shard, [k*Bl, T, E/k], in the dtype weights are gathered in
+     * (a temporary); each vocab shard looks up its own rows (partial over the vocab axes) */
+    uint32_t vocab = 0;
+    for (int i = 0; i < tw->spec.n_axes[0]; i++) vocab |= 1u << tw->spec.axes[0][i];
+    mesh_spec rs = embed_rows_spec(&is, ex, vocab);
+    int64_t shape[3] = {tokens->shape[0], tokens->shape[1], tw->shape[1]};
+    if (!st) st = mesh_array_new_raw(c->dev, c->mesh, "embed/rows", 3, shape, &rs, SIM_F32, SIM_MEM_TEMP, &rows);
+    if (st) {
+        mesh_array_free(c->dev, &ids);
+        return st;
+    }
+    sim_dtype gdt = mesh_array_gather_dtype(c->dev, tw);
+    mesh_array_recount(c->dev, &rows, gdt);
+    if (rows.data) {
+        mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
+        mesh_spec_shard(&tw->spec, c->mesh, tw->shape, sim_device_id(c->dev), sh);
+        bk_embedding_fwd(rows.data, ids.data, tw->data, (int)ids.nlocal, (int)tw->local[1], (int)sh[0].offset,
+                         (int)tw->local[0]);
+    }
+    /* each device's own tokens, whole rows: [Bl, T, E], the gather path's output spec */
+    mesh_spec os;
+    mesh_spec_init(&os, 3);
+    set_dim(&os, 0, &tokens->spec, 0);
+    set_dim(&os, 1, &tokens->spec, 1);
+    os.partial = vocab;
+    st = new_out(t, name, 3, shape, &os, out);
+    size_t rshape[3] = {(size_t)rows.local[0], (size_t)rows.local[1], (size_t)rows.local[2]};
+    if (!st)
+        st = sim_all_to_all_dims(c->dev, rows.data, (*out)->val.data, 3, rshape, 0, 2, SIM_F32, ex,
+                                 sim_meta_counted(sim_meta_tag(tag), gdt));
+    mesh_array_free(c->dev, &rows);
+    if (st) {
+        mesh_array_free(c->dev, &ids);
+        return st;
+    }
+    mesh_nn_cost_memory(t, 2.0 * (double)(*out)->val.nlocal, tag); /* the rows looked up, then written */
+    mesh_entry *e = mesh_tape_record(t, embed_a2a_vjp, tag, 1, &table, 1, out);
+    keep(t, e, &ids, true);
+    keep(t, e, tokens, false);
+    return SIM_OK;
+}
+
 sim_status mesh_nn_embed(mesh_tape *t, mesh_var *table, const mesh_array *tokens, const char *name, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, name, tag, sizeof tag);
+    sim_axes ex = embed_a2a_axes(c, &table->val.spec, &tokens->spec);
+    if (ex.n) return embed_a2a(t, table, tokens, ex, name, tag, out);
     /* axes that shard the tokens cannot also split the table: gather them out */
     uint32_t used = mesh_spec_dim_axes(&tokens->spec);
     mesh_spec ts = table->val.spec;

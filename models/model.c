@@ -805,6 +805,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
     md->ctx.mesh = &def->mesh;
     md->ctx.mode = def->d.mode;
     md->ctx.drop_size_one = def->d.drop_size_one;
+    md->ctx.embed_all_to_all = def->d.xla.embed_all_to_all;
     md->ctx.layer = "";
     int data = mesh_shape_axis_index(&def->mesh, "data");
     md->zero1 = with_opt && with_grads && def->d.zero1 && data >= 0 && def->mesh.sizes[data] > 1;

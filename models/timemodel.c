@@ -178,6 +178,10 @@ sim_status model_hw_load(const char *configs_dir, const char *name, int devices_
     if (!st) st = count_key(cfg, path, "psum_scatter_max_group", 1 << 20,
                             "the largest group (0: any) over which a shard_map's gradient psum and slice become a "
                             "reduce-scatter", &rules->psum_scatter_max_group);
+    if (!st) st = choice_key(cfg, path, "embedding_lookup", "all_to_all", "gather_table",
+                             "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "
+                             "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",
+                             &rules->embed_all_to_all);
     const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
     int chips = devices_per_slice / (int)dpc;
     if (!st && tor && chips > 0) {
@@ -296,6 +300,7 @@ const char *model_xla_rules_text(const model_xla_rules *r, char *buf, size_t cap
         snprintf(t, sizeof t, "expert psums reduce-scattered over <= %d devices", r->psum_scatter_max_group);
         n = add_rule(buf, cap, n, t);
     }
+    if (r->embed_all_to_all) n = add_rule(buf, cap, n, "embedding looked up by all-to-all");
     if (!n) snprintf(buf, cap, "none (no hardware profile, or none applies: XLA:CPU's program)");
     return buf;
 }

@@ -37,6 +37,9 @@ typedef struct {
                                  run as windowed einsums (0: never) */
     int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
                                  reduce-scatter over at most this many devices, else an all-reduce (0: always) */
+    bool embed_all_to_all;    /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
+                                 rows looked up on the table's shard and all-to-all'd back (gather_table: the
+                                 table is all-gathered and its gradient reduce-scattered) */
 } model_xla_rules;
 
 /* One accelerator, per JAX device (a chip's figures divided by devices_per_chip). */

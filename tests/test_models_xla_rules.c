@@ -58,7 +58,22 @@
  * fsdp=8 (2 x 7/8 of it sent), reduce-scattered over fsdp=4 (3/4).
  *
  * A profile whose rule is missing or out of range is refused, naming the
- * key (the v5p profile with one key changed, in a scratch configs dir). */
+ * key (the v5p profile with one key changed, in a scratch configs dir).
+ *
+ * The embedding lookup: where FSDP splits both the table's embed dim and
+ * the tokens' batch, XLA:TPU all-gathers the int32 token ids over those k
+ * devices, looks every gathered token up on the table's embed shard and
+ * all-to-alls the rows [k*Bl, T, E/k] -> [Bl, T, E] (bfloat16, the weights'
+ * gather dtype); the backward all-to-alls the cotangent rows back and
+ * scatter-adds them into the table's shard (embedding_lookup: all_to_all).
+ * The tiny Llama on fsdp=4, fsdp=2 x tensor=2 and data=2 x fsdp=2 under v5p: no gather of
+ * the table and no reduction of its gradient over fsdp; the ids gather sends
+ * (k-1) x Bl x T x 4 bytes, each all-to-all (k-1) x Bl x T x E/k x 2; the
+ * loss and every gradient are the bits of the run without a profile (which
+ * gathers the table).  A vocabulary of 8 makes the devices' tokens repeat
+ * ids, so the table gradient's rows sum several devices' rows: one
+ * scatter-add of all the gathered rows in a row (not member by member, then
+ * the members' sums) fails the bit check. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -408,6 +423,91 @@ static void test_bad_rules(void **state)
     assert_int_equal(load_changed("accumulation_gradient_copies:", "accumulation_gradient_copies: 2.5", msg, sizeof msg),
                      SIM_ERR_INPUT);
     assert_int_equal(load_changed("psum_scatter_max_group:", "psum_scatter_max_group: 4", msg, sizeof msg), SIM_OK);
+    assert_int_equal(load_changed("embedding_lookup:", "embedding_lookup: rows", msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "gather_table"));
+}
+
+typedef struct {
+    uint64_t table_ag, table_rs;     /* bytes of the table's gathers and of its gradient's fsdp reductions */
+    uint64_t ids_ag, rows_fwd, rows_bwd; /* bytes of the ids' gather and the rows' all-to-alls */
+    int n_ids, n_fwd, n_bwd, bad_dtype;
+    model_run r;
+} lookup;
+
+static void run_lookup(const char *profile, int data, int fsdp, int tensor, lookup *f)
+{
+    char hp[64], dp[64], fs[64], tp[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    snprintf(dp, sizeof dp, "ici_data_parallelism=%d", data);
+    snprintf(fs, sizeof fs, "ici_fsdp_parallelism=%d", fsdp);
+    snprintf(tp, sizeof tp, "ici_tensor_parallelism=%d", tensor);
+    const char *words[] = {"dtype=bfloat16", "vocab_size=8", dp, fs, tp, hp};
+    memset(f, 0, sizeof *f);
+    model_run_open(&f->r, TINY, NTINY, 4, words, profile ? 6 : 5, NDEV, 1);
+    model_run_train(&f->r, true);
+    int fsdp_axis = mesh_shape_axis_index(&f->r.def->mesh, "fsdp");
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(f->r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        bool on_fsdp = false;
+        for (int a = 0; a < x->axes.n; a++) on_fsdp |= x->axes.axis[a] == fsdp_axis;
+        if (x->weight && strstr(x->tag, "token_embedder")) {
+            if (x->op == SIM_OP_ALL_GATHER) f->table_ag += x->bytes_sent;
+            if (x->op != SIM_OP_ALL_GATHER && on_fsdp) f->table_rs += x->bytes_sent;
+            continue;
+        }
+        /* (a backward gather of the cotangent to the output's sharding, tensor's, is either path's) */
+        if (x->op == SIM_OP_ALL_GATHER && x->phase == SIM_PHASE_FORWARD && strstr(x->tag, "token_embedder")) {
+            f->n_ids++, f->ids_ag += x->bytes_sent;
+            f->bad_dtype += x->dtype != SIM_I32;
+        } else if (x->op == SIM_OP_ALL_TO_ALL && strstr(x->tag, "token_embedder")) {
+            f->n_fwd++, f->rows_fwd += x->bytes_sent;
+            f->bad_dtype += x->dtype != SIM_BF16;
+        } else if (x->op == SIM_OP_ALL_TO_ALL && strstr(x->tag, "embed/dtable")) {
+            f->n_bwd++, f->rows_bwd += x->bytes_sent;
+            f->bad_dtype += x->dtype != SIM_BF16;
+        }
+    }
+}
+
+static void test_embedding_lookup(void **state)
+{
+    (void)state;
+    /* data, fsdp, tensor: with data=2 the table's gradient is still summed over data (an all-reduce) */
+    const int mesh[3][3] = {{1, 4, 1}, {1, 2, 2}, {2, 2, 1}};
+    for (int m = 0; m < 3; m++) {
+        const int k = mesh[m][1];
+        lookup tpu, cpu;
+        run_lookup("v5p", mesh[m][0], mesh[m][1], mesh[m][2], &tpu);
+        run_lookup(NULL, mesh[m][0], mesh[m][1], mesh[m][2], &cpu);
+        /* 4 rows over data and fsdp, seq 16, emb 16 */
+        const uint64_t tokens = 4 / (mesh[m][0] * k) * 16, E = 16;
+        assert_int_equal(tpu.table_ag, 0);
+        assert_int_equal(tpu.table_rs, 0);
+        assert_int_equal(tpu.n_ids, 1);
+        assert_int_equal(tpu.n_fwd, 1);
+        assert_int_equal(tpu.n_bwd, 1);
+        assert_int_equal(tpu.bad_dtype, 0);
+        assert_int_equal(tpu.ids_ag, (k - 1) * tokens * 4);
+        assert_int_equal(tpu.rows_fwd, (k - 1) * tokens * (E / k) * 2);
+        assert_int_equal(tpu.rows_bwd, (k - 1) * tokens * (E / k) * 2);
+        /* XLA:CPU gathers the table and reduces its gradient, and moves no ids or rows */
+        assert_true(cpu.table_ag > 0 && cpu.table_rs > 0);
+        assert_int_equal(cpu.n_ids + cpu.n_fwd + cpu.n_bwd, 0);
+        /* the same bits */
+        assert_true(tpu.r.job.stats[0].loss == cpu.r.job.stats[0].loss);
+        const model_grads *g = &tpu.r.job.step_grads[0], *gc = &cpu.r.job.step_grads[0];
+        for (int i = 0; i < tpu.r.def->nparams; i++) {
+            size_t bytes = (size_t)(g->layer_elems[i] * g->n_layers[i]) * sizeof(float);
+            if (memcmp(g->g[i], gc->g[i], bytes))
+                fail_msg("data=%d fsdp=%d tensor=%d: the gradient of %s differs from the table gather's", mesh[m][0],
+                         mesh[m][1], mesh[m][2], tpu.r.def->defs[i].path);
+        }
+        model_run_compare("all-to-all lookup against the table gather", &tpu.r, &cpu.r, 1);
+        model_run_close(&tpu.r);
+        model_run_close(&cpu.r);
+    }
 }
 
 int main(void)
@@ -420,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_windowed_einsums),
         cmocka_unit_test(test_psum_scatter),
         cmocka_unit_test(test_bad_rules),
+        cmocka_unit_test(test_embedding_lookup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
