@@ -266,9 +266,17 @@ static sim_status zero1_reduce_grads(model_dev *md)
         mesh_spec mid;
         zero1_mid_spec(def, &z->spec, &mid);
         /* reduced in the dtype the hardware profile's compiler reduces parameter gradients in (XLA:TPU:
-         * bfloat16 all-reduces over data in MaxText 0.2.5's ZeRO-1 pipeline step compiled for v5p-8) */
-        SIM_TRY(reshard_via(md, z->g, &mid, &z->spec,
-                            sim_meta_counted(sim_meta_tag(tag), mesh_array_reduce_dtype(dev, z->g->counted))));
+         * bfloat16 all-reduces over data in MaxText 0.2.5's ZeRO-1 pipeline step compiled for v5p-8).  XLA
+         * reduce-scatters each kernel's gradient inside the backward loop, as the product that makes it
+         * (a windowed einsum over groups of windowed_einsum_min_group: llama2-7b data=8 ZeRO-1 on
+         * v5p-16 sends 9/7 of the reduce-scatter's bytes as collective-permutes); the embedding table's
+         * gradient is no product's (a scatter-add of looked-up rows) */
+        sim_meta meta = sim_meta_counted(sim_meta_tag(tag), mesh_array_reduce_dtype(dev, z->g->counted));
+        meta.weight = true;
+        int rank = p->def.rank - (p->def.scan_dim >= 0);
+        const char *leaf = strrchr(p->def.path, '.');
+        meta.single_use = rank >= 2 && !(leaf && !strcmp(leaf, ".embedding"));
+        SIM_TRY(reshard_via(md, z->g, &mid, &z->spec, meta));
     }
     return SIM_OK;
 }
