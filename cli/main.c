@@ -1,10 +1,17 @@
 /* main.c — `shardsim COMMAND [args]`: dispatches to the commands in cli/;
- * `shardsim help COMMAND` and `COMMAND --help` print one command's usage. */
+ * `shardsim help COMMAND` and `COMMAND --help` print one command's usage.
+ * Under mpirun (sim/xrank.h) every rank runs the same command on its share of the devices;
+ * rank 0 prints and writes the files, and a failure on any rank ends the job. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "blas_kernels/bk_coretype.h"
 #include "cli/artifacts.h"
 #include "cli/cli.h"
+#include "sim/xrank.h"
 
 typedef struct {
     const char *name;
@@ -89,7 +96,87 @@ static void usage(FILE *f)
 
 static int is_help_flag(const char *s) { return !strcmp(s, "--help") || !strcmp(s, "-h"); }
 
+/* ---- MPI ranks */
+
+static int xr_stderr = -1; /* ranks > 0: the real stderr, while theirs goes to a temporary file */
+static FILE *xr_errlog;
+
+/* Under a launcher: MPI up, the same OpenBLAS kernels on every rank (different kernels give
+ * different bits: the run would not be the one-process run), and the ranks > 0 quiet (stdout
+ * dropped, stderr held back: shown only if the job fails there).  Returns an exit code, 0 = go on. */
+static int xrank_start(void)
+{
+    if (sim_xrank_init() != SIM_OK) {
+        fprintf(stderr, "shardsim: %s\n", sim_errmsg());
+        return 1;
+    }
+    int R = sim_xrank_size(), me = sim_xrank_rank();
+    if (R < 2) return 0;
+    enum { CORE = 32 };
+    char mine[CORE] = {0}, *all = calloc((size_t)R, CORE);
+    if (!all) return 1;
+    snprintf(mine, sizeof mine, "%s", bk_coretype_current()->core);
+    int rc = 0;
+    if (sim_xrank_allgather(mine, CORE, all) != SIM_OK) {
+        fprintf(stderr, "shardsim: rank %d: %s\n", me, sim_errmsg());
+        rc = 1;
+    }
+    for (int r = 1; r < R && !rc; r++)
+        if (strncmp(all + (size_t)r * CORE, all, CORE)) {
+            if (me == 0)
+                fprintf(stderr, "shardsim: MPI rank %d runs the OpenBLAS kernels '%.31s' but rank 0 runs '%.31s': "
+                                "their sums differ in the last bits, so the run would not be the one-process run; "
+                                "set OPENBLAS_CORETYPE=%.31s on every rank (mpirun -x OPENBLAS_CORETYPE=%.31s)\n",
+                        r, all + (size_t)r * CORE, all, all, all);
+            rc = 2;
+        }
+    free(all);
+    if (rc || me == 0) return rc;
+    fflush(stdout);
+    fflush(stderr);
+    if (!freopen("/dev/null", "w", stdout)) return 1;
+    xr_errlog = tmpfile();
+    xr_stderr = dup(2);
+    if (xr_errlog && xr_stderr >= 0) dup2(fileno(xr_errlog), 2);
+    return 0;
+}
+
+/* Ends the process under a launcher: MPI_Finalize after success; after a failure MPI_Abort, which
+ * ends every rank.  A rank > 0 first waits a second, so when rank 0 fails too (a mismatch every rank
+ * sees, a bad key) only rank 0's message is printed; then it shows what it held back. */
+static int xrank_end(int rc)
+{
+    if (sim_xrank_size() < 2) {
+        sim_xrank_finalize();
+        return rc;
+    }
+    if (rc == 0) {
+        sim_xrank_finalize();
+        return 0;
+    }
+    if (sim_xrank_rank() > 0 && xr_errlog && xr_stderr >= 0) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+        fflush(stderr);
+        rewind(xr_errlog);
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, xr_errlog)) > 0)
+            if (write(xr_stderr, buf, n) < 0) break;
+    }
+    sim_xrank_abort(rc);
+}
+
+static int run_command(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    int rc = xrank_start();
+    if (rc == 0) rc = run_command(argc, argv);
+    return xrank_end(rc);
+}
+
+static int run_command(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);

@@ -582,3 +582,22 @@ void cli_report_parity(FILE *f, const cli_parity *p)
     if (p->diverge_param) fprintf(f, "; first diverging parameter: %s", p->diverge_param);
     fputc('\n', f);
 }
+
+void cli_report_xrank(FILE *f, const sim_machine *m)
+{
+    int R = sim_machine_ranks(m), nsteps = 0;
+    if (R < 2) return;
+    fprintf(f, "\nMPI: %d ranks, devices", R);
+    for (int r = 0; r < R; r++) {
+        int lo, hi;
+        sim_machine_rank_devices(m, r, &lo, &hi);
+        fprintf(f, lo + 1 == hi ? "%s %d" : "%s %d-%d", r ? "," : "", lo, hi - 1);
+    }
+    fprintf(f, "; bytes the ranks sent each other (the simulator's own messages, not simulated traffic):\n");
+    fprintf(f, "  %6s %16s\n", "step", "bytes");
+    const uint64_t *b = sim_machine_xrank_bytes(m, &nsteps);
+    for (int s = 0; s < nsteps; s++) {
+        char h[32];
+        if (b[s]) fprintf(f, "  %6d %16llu  %s\n", s, (unsigned long long)b[s], sim_fmt_bytes((double)b[s], h, sizeof h));
+    }
+}

@@ -14,6 +14,7 @@
 #include "cli/report.h"
 #include "cli/report_html.h"
 #include "sim/trace.h"
+#include "sim/xrank.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -448,9 +449,18 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                                     "(stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
                                     "enable_checkpointing=false or ici_pipeline_parallelism=1",
                      (long long)def->d.pipe.stages);
+    if (!st && sim_xrank_size() > 1 && *ckbuf)
+        st = sim_err(SIM_ERR_INPUT, "checkpoints under %d MPI ranks (checkpoint_dir=%s) are not supported yet: set "
+                                    "enable_checkpointing=false, or run in one process", sim_xrank_size(), ckbuf);
     if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
+    if (!st && sim_xrank_size() > 1 && *resume.path)
+        st = sim_err(SIM_ERR_INPUT, "loading %s under %d MPI ranks is not supported yet: run in one process",
+                     resume.path, sim_xrank_size());
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
+    /* under mpirun rank 0 writes every file; the others gather their records to it (sim/xrank.h) */
+    bool want_trace = *outdir != '\0';
+    if (sim_xrank_rank() > 0) outdir = metrics_path = "";
     if (!st && *metrics_path && def->d.dry_run)
         st = sim_err(SIM_ERR_INPUT, "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no losses to "
                                     "write; drop metrics_file or run for real",
@@ -498,7 +508,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         }
     }
     sim_machine *m;
-    st = model_machine_new(def, hbm, *outdir != '\0', &m);
+    st = model_machine_new(def, hbm, want_trace, &m);
     double watchdog_s = 0;
     if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
     if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
@@ -582,6 +592,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             cli_report_traffic(out, &traffic);
             fprintf(out, "\nmemory at peak:\n");
             cli_report_memory(out, mem, nd);
+            cli_report_xrank(out, m);
         }
         /* the step-time model, on the last step (every step moves the same bytes) */
         model_tm_result tm;

@@ -13,6 +13,7 @@
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/reshard.h"
 #include "models/checkpoint.h"
+#include "sim/xrank.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -349,7 +350,7 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
     const model_def *def = md->def;
     sim_device *dev = md->ctx.dev;
     sim_device_set_phase(dev, SIM_PHASE_OTHER);
-    if (sim_device_id(dev) == 0) SIM_TRY(fill_microbatch(job, def, g));
+    if (sim_device_rank_lead(dev)) SIM_TRY(fill_microbatch(job, def, g)); /* each MPI rank its own copy */
     SIM_TRY(sim_device_barrier(dev));
     model_batch b;
     SIM_TRY(model_batch_load(md, job->mb_inputs, job->mb_targets, job->mb_positions, &b));
@@ -401,7 +402,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     int id = sim_device_id(dev);
     sim_device_set_step(dev, (int)s);
     sim_device_set_phase(dev, SIM_PHASE_OTHER);
-    if (id == 0)
+    if (sim_device_rank_lead(dev)) /* device 0; under MPI each rank's first device fills the rank's copy */
         SIM_TRY(model_batch_global(job->data, s, def->d.rows_loaded * def->d.ga, job->inputs, job->targets,
                                    job->positions));
     SIM_TRY(sim_device_barrier(dev));
@@ -448,6 +449,16 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     if (md->zero1) zero1_free_grads(md);
     deepseek_bias_update(md); /* after the optimizer, as MaxText's train_step (no-op without the update) */
     SIM_TRY(sim_device_barrier(dev));
+    uint64_t peak = 0;
+    if (sim_device_rank_lead(dev)) { /* every device's peak: this process's, then the largest over MPI ranks */
+        sim_machine *m = sim_device_machine(dev);
+        for (int d = 0; d < sim_machine_num_devices(m); d++) {
+            sim_arena_stats as;
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
+            if (as.peak > peak) peak = as.peak;
+        }
+        if (sim_machine_ranks(m) > 1) SIM_TRY(sim_xrank_max_u64(&peak));
+    }
     if (id == 0) {
         model_step_stats *ss = &job->stats[s];
         ss->step = s;
@@ -457,14 +468,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         ss->grad_norm = model_clipped_norm(&job->opt, norm); /* both optimizers clip with model_clip_applies */
         ss->lr = model_lr_at(&job->opt, s);
         ss->time_s = (double)(sim_now_ns() - t0) / 1e9;
-        size_t peak = 0;
-        sim_machine *m = sim_device_machine(dev);
-        for (int d = 0; d < sim_machine_num_devices(m); d++) {
-            sim_arena_stats as;
-            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
-            if (as.peak > peak) peak = as.peak;
-        }
-        ss->peak_bytes = peak;
+        ss->peak_bytes = (size_t)peak;
         if (job->on_step) job->on_step(ss, job->cb_arg);
     }
     return sim_device_barrier(dev); /* others wait while device 0 reads their arenas */
