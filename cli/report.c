@@ -594,10 +594,23 @@ void cli_report_xrank(FILE *f, const sim_machine *m)
         fprintf(f, lo + 1 == hi ? "%s %d" : "%s %d-%d", r ? "," : "", lo, hi - 1);
     }
     fprintf(f, "; bytes the ranks sent each other (the simulator's own messages, not simulated traffic):\n");
-    fprintf(f, "  %6s %16s\n", "step", "bytes");
     const uint64_t *b = sim_machine_xrank_bytes(m, &nsteps);
+    uint64_t total = 0;
+    int ran = 0;
+    bool same = true;
     for (int s = 0; s < nsteps; s++) {
-        char h[32];
-        if (b[s]) fprintf(f, "  %6d %16llu  %s\n", s, (unsigned long long)b[s], sim_fmt_bytes((double)b[s], h, sizeof h));
+        if (!b[s]) continue;
+        same &= !ran || b[s] == total / (uint64_t)ran;
+        total += b[s];
+        ran++;
     }
+    char h[32];
+    if (same && ran > 1) { /* the usual case: every step moves the same */
+        fprintf(f, "  %llu bytes (%s) in each of %d steps\n", (unsigned long long)(total / (uint64_t)ran),
+                sim_fmt_bytes((double)(total / (uint64_t)ran), h, sizeof h), ran);
+        return;
+    }
+    fprintf(f, "  %6s %16s\n", "step", "bytes");
+    for (int s = 0; s < nsteps; s++)
+        if (b[s]) fprintf(f, "  %6d %16llu  %s\n", s, (unsigned long long)b[s], sim_fmt_bytes((double)b[s], h, sizeof h));
 }

@@ -507,8 +507,12 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             return rc;
         }
     }
-    sim_machine *m;
-    st = model_machine_new(def, hbm, want_trace, &m);
+    sim_machine *m = NULL;
+    if (sim_xrank_size() > def->mesh.num_devices && !def->d.dry_run)
+        st = sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
+                     "%d ranks (mpirun -np %d)", sim_xrank_size(), def->mesh.num_devices, def->mesh.num_devices,
+                     def->mesh.num_devices);
+    if (!st) st = model_machine_new(def, hbm, want_trace, &m);
     double watchdog_s = 0;
     if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
     if (!st) sim_machine_set_collective_timeout(m, watchdog_s);

@@ -53,6 +53,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.counted_grad_reduce = def->d.reduce_dtype;
     o.trace = trace;
     o.pin_threads = true;
+    o.whole = def->mesh.num_devices < sim_xrank_size(); /* too small to spread: every rank runs it all */
     SIM_TRY(sim_machine_new(&md, &o, out));
     /* a device that owns several cores uses them for the non-sgemm kernels too */
     bk_parallel_set_threads(sim_machine_blas_threads(*out));
@@ -112,6 +113,13 @@ static sim_status grads_device(sim_device *dev, void *arg)
     if (b.tokens.nlocal) model_batch_free(&md, &b);
     model_dev_free(&md);
     return st;
+}
+
+sim_status model_grads_merge_ranks(model_grads *g)
+{
+    for (int i = 0; i < g->n; i++)
+        SIM_TRY(sim_xrank_or_merge(g->g[i], (size_t)(g->layer_elems[i] * g->n_layers[i]) * sizeof(float)));
+    return SIM_OK;
 }
 
 void model_grads_alloc(const model_def *def, model_grads *g)
@@ -297,9 +305,16 @@ static sim_status store_step_grads(model_train_job *job, model_dev *md, model_gr
                                           g->g[i] + (size_t)l * (size_t)g->layer_elems[i]));
             continue;
         }
-        /* ZeRO-1: the stacked gradient, then device 0 reorders it layer-major */
+        /* ZeRO-1: the stacked gradient, then device 0 reorders it layer-major (under MPI each rank
+         * holds its devices' shards: zeros elsewhere, merged before the reorder) */
+        bool spread = sim_machine_ranks(sim_device_machine(dev)) > 1;
+        size_t scratch_bytes = sizeof(float);
+        for (int d = 0; d < def->defs[i].rank; d++) scratch_bytes *= (size_t)def->defs[i].shape[d];
+        if (spread && sim_device_rank_lead(dev)) memset(job->scratch, 0, scratch_bytes);
+        if (spread) SIM_TRY(sim_device_barrier(dev));
         SIM_TRY(mesh_array_store_global(dev, &def->mesh, md->z[i].g, job->scratch));
         SIM_TRY(sim_device_barrier(dev));
+        if (spread && sim_device_rank_lead(dev)) SIM_TRY(sim_xrank_or_merge(job->scratch, scratch_bytes));
         if (sim_device_id(dev) == 0) {
             const model_param_def *pd = &def->defs[i];
             int64_t outer = 1, inner = 1, L = g->n_layers[i];
@@ -545,6 +560,12 @@ sim_status model_train(model_train_job *job, sim_machine *m)
         for (long long s = 0; s < job->steps; s++) model_grads_alloc(def, &job->step_grads[s]);
     if (job->final_params) model_grads_alloc(def, job->final_params);
     sim_status st = sim_machine_run(m, train_device, job);
+    if (st == SIM_OK && sim_machine_ranks(m) > 1) { /* under MPI: device 0's step stats, every device's stores */
+        if (job->stats) st = sim_xrank_from_rank0(job->stats, (size_t)job->steps * sizeof *job->stats);
+        for (long long s = 0; job->step_grads && s < job->steps && st == SIM_OK; s++)
+            st = model_grads_merge_ranks(&job->step_grads[s]);
+        if (st == SIM_OK && job->final_params) st = model_grads_merge_ranks(job->final_params);
+    }
     if (own) {
         free(job->mb_inputs);
         free(job->mb_targets);

@@ -771,8 +771,20 @@ sim_status sim_xgroup_trade_calls(sim_machine *m, sim_group *g)
         msgs[2 * i] = (sim_xmsg){x->other[i], true, x->mine, (size_t)g->local_k * x->rec};
         msgs[2 * i + 1] = (sim_xmsg){x->other[i], false, x->theirs[i], (size_t)n * x->rec};
     }
-    sim_status st = sim_xrank_exchange(msgs, 2 * x->nother, g->tag);
+    sim_status st = sim_xrank_exchange(msgs, 2 * x->nother, g->tag, &m->xstop, m->opts.collective_timeout_s);
     free(msgs);
+    if (st == SIM_ERR_DEADLOCK) { /* the collective watchdog, for a group whose other members are elsewhere */
+        char ax[96], who[256];
+        xdesc c; /* the first local member's call, as sent (the members' own calls may be gone by now) */
+        memcpy(&c, x->mine, sizeof c);
+        size_t n = 0;
+        for (int i = 0; i < x->nother && n + 16 < sizeof who; i++)
+            n += (size_t)snprintf(who + n, sizeof who - n, "%s%d", i ? ", " : "", x->other[i]);
+        sim_err(st, "collective watchdog: %s waited more than %g s (collective_timeout_s) entering %s over %s (tag "
+                "'%s') for its peers on MPI rank%s %s; a peer is stuck or far slower, or the ranks called different "
+                "collectives", m->dev[c.device].label, m->opts.collective_timeout_s, sim_op_name((sim_op)c.op),
+                sim_axes_label(&m->mesh, c.axes, ax, sizeof ax), tag_or_dash(c.tag), x->nother > 1 ? "s" : "", who);
+    }
     return st;
 }
 
@@ -919,7 +931,7 @@ sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g)
         msgs[2 * i + 1] = (sim_xmsg){x->other[i], false, in[i], inn[i]};
         sent += outn[i];
     }
-    sim_status st = sim_xrank_exchange(msgs, 2 * nother, g->tag);
+    sim_status st = sim_xrank_exchange(msgs, 2 * nother, g->tag, &m->xstop, 0);
     if (st == SIM_OK) {
         for (int i = 0; i < nother; i++) {
             size_t at = 0;
@@ -970,7 +982,7 @@ sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g)
             msgs[2 * i + 1] = (sim_xmsg){x->other[i], false, in[i], inn[i]};
             sent += outn[i];
         }
-        st = sim_xrank_exchange(msgs, 2 * nother, g->tag);
+        st = sim_xrank_exchange(msgs, 2 * nother, g->tag, &m->xstop, 0);
         for (int i = 0; i < nother && st == SIM_OK; i++) {
             size_t at = 0;
             for (int t = 0; t < k; t++) {
@@ -1026,7 +1038,11 @@ sim_status sim_xgroup_sync(sim_machine *m, sim_group *g)
         msgs[n++] = (sim_xmsg){r, false, &sink[ns], 0};
         ns++;
     }
-    return sim_xrank_exchange(msgs, n, g == m->world ? 0 : g->tag);
+    sim_status st = sim_xrank_exchange(msgs, n, g == m->world ? 0 : g->tag, &m->xstop, m->opts.collective_timeout_s);
+    if (st == SIM_ERR_DEADLOCK)
+        sim_err(st, "collective watchdog: a barrier of all devices waited more than %g s for MPI ranks "
+                "(collective_timeout_s); a peer is stuck or far slower", m->opts.collective_timeout_s);
+    return st;
 }
 
 /* Bytes a collective's data movement reads and writes over the whole group,

@@ -174,8 +174,8 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
 
     /* a dry run moves no data: every rank runs all of it in one process (rank-0 output, per-rank
      * shares read from it: sim_xrank_devices) */
-    bool dry = opts && opts->dry_run;
-    int n = sim_mesh_num_devices(&check), nranks = dry ? 1 : sim_xrank_size();
+    bool dry = opts && opts->dry_run, whole = dry || (opts && opts->whole);
+    int n = sim_mesh_num_devices(&check), nranks = whole ? 1 : sim_xrank_size();
     if (nranks > n)
         return sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
                        "%d ranks (mpirun -np %d)", nranks, n, n, n);
@@ -187,7 +187,7 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     m->n = n;
     /* contiguous blocks of device ids per rank, the first ranks one smaller when R does not divide n */
     m->nranks = nranks;
-    m->rank = dry ? 0 : sim_xrank_rank();
+    m->rank = whole ? 0 : sim_xrank_rank();
     sim_machine_rank_devices(m, m->rank, &m->lo, &m->hi);
     if (nranks > 1) m->opts.pin_threads = false; /* ranks share the host's cores: leave placement to the OS */
     m->workers = m->n;
@@ -449,6 +449,7 @@ static void fail_locked(sim_machine *m, sim_status st, const char *msg)
 {
     if (m->failed) return;
     m->failed = true;
+    atomic_store(&m->xstop, true);
     m->fail_st = st;
     snprintf(m->fail_msg, sizeof m->fail_msg, "%s", msg);
     wake_all_locked(m);
@@ -753,10 +754,20 @@ static sim_status exchange_spread_locked(sim_machine *m, sim_device *d, sim_grou
     st = sim_xgroup_move(m, d, g);
     pthread_mutex_lock(&m->lock);
     sim_xgroup_end(g);
-    if (st != SIM_OK) fail_locked(m, st, sim_errmsg());
     g->moved++;
+    if (st != SIM_OK) { /* the data did not all arrive: the members wake to the failure, not released */
+        for (int j = 0; j < g->k; j++) {
+            sim_device *p = &m->dev[g->members[j]];
+            if (p != d && g->owner[j] == m->rank) p->wait_kind = SIM_RV_ARRIVE;
+        }
+        if (st != SIM_ERR_ABORTED) fail_locked(m, st, sim_errmsg());
+        pthread_mutex_unlock(&m->lock);
+        for (int j = 0; j < g->k; j++) /* the failure's wake-up came while they had to stay: again */
+            if (g->owner[j] == m->rank && &m->dev[g->members[j]] != d) dev_wake(&m->dev[g->members[j]]);
+        return st;
+    }
     release_group_unlock(m, g, d);
-    return st;
+    return SIM_OK;
 }
 
 sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
@@ -1156,6 +1167,7 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
     m->fn = fn;
     m->arg = arg;
     m->failed = false;
+    atomic_store(&m->xstop, false);
     m->fail_st = SIM_OK;
     m->fail_msg[0] = '\0';
     m->n_alive = m->hi - m->lo;

@@ -59,6 +59,8 @@ typedef struct {
                               (sim_all_gather_dim_shared): the same bits, for tests comparing the two */
     bool copy_activation_gathers; /* only parameters' gathers are shared (tests: what sharing
                                      activations adds) */
+    bool whole;            /* run every device in this process even under mpirun (sim/xrank.h): a machine
+                              with fewer devices than ranks; dry runs always are */
     bool guard_shared;     /* tests: each shared all-gather buffer is its own mapping, read-only once
                               filled, so a write into a shared operand faults where it happens */
 } sim_machine_opts;

@@ -152,6 +152,7 @@ struct sim_machine {
     sim_group *world;     /* every device, for sim_device_barrier */
     int n_alive, n_blocked;
     bool failed;
+    atomic_bool xstop;    /* `failed`, readable without the lock: stops this rank's MPI waits */
     sim_status fail_st;
     char fail_msg[8192];
     /* run */

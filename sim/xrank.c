@@ -92,8 +92,17 @@ static void nap(long ns)
     nanosleep(&ts, NULL);
 }
 
-static sim_status exchange_on(MPI_Comm comm, sim_xmsg *msgs, int n, int tag)
+static double now_s(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static sim_status exchange_on(MPI_Comm comm, sim_xmsg *msgs, int n, int tag, const atomic_bool *stop,
+                              double timeout_s)
+{
+    double deadline = timeout_s > 0 ? now_s() + timeout_s : 0;
     int nreq = 0;
     for (int i = 0; i < n; i++) nreq += msgs[i].bytes ? (int)((msgs[i].bytes + PIECE - 1) / PIECE) : 1;
     MPI_Request one[64], *req = nreq <= 64 ? one : malloc((size_t)nreq * sizeof *req);
@@ -120,6 +129,14 @@ static sim_status exchange_on(MPI_Comm comm, sim_xmsg *msgs, int n, int tag)
             return sim_err(SIM_ERR_INTERNAL, "MPI_Testall failed on tag %d", tag);
         }
         if (done) break;
+        if (stop && atomic_load(stop)) {
+            if (req != one) free(req);
+            return sim_err(SIM_ERR_ABORTED, "a message exchange with other MPI ranks stopped: this rank failed");
+        }
+        if (deadline > 0 && now_s() > deadline) {
+            if (req != one) free(req);
+            return sim_err(SIM_ERR_DEADLOCK, "waited more than %g s for other MPI ranks", timeout_s);
+        }
         if (polls < 16) continue; /* a message already on its way: no sleep */
         nap(sleep_ns);
         if (sleep_ns < 500000) sleep_ns += sleep_ns / 4;
@@ -128,10 +145,10 @@ static sim_status exchange_on(MPI_Comm comm, sim_xmsg *msgs, int n, int tag)
     return SIM_OK;
 }
 
-sim_status sim_xrank_exchange(sim_xmsg *msgs, int n, int tag)
+sim_status sim_xrank_exchange(sim_xmsg *msgs, int n, int tag, const atomic_bool *stop, double timeout_s)
 {
     SIM_ASSERT(xr_on && tag >= 0);
-    return exchange_on(xr_coll, msgs, n, tag);
+    return exchange_on(xr_coll, msgs, n, tag, stop, timeout_s);
 }
 
 sim_status sim_xrank_allgatherv(const void *mine, size_t bytes, void **all, size_t *sizes)
@@ -168,7 +185,7 @@ sim_status sim_xrank_allgatherv(const void *mine, size_t bytes, void **all, size
         }
         at += sizes[r];
     }
-    sim_status st = exchange_on(xr_host, msgs, n, 1);
+    sim_status st = exchange_on(xr_host, msgs, n, 1, NULL, 0);
     free(msgs);
     if (st != SIM_OK) {
         free(out);
@@ -196,7 +213,7 @@ sim_status sim_xrank_allgather(const void *mine, size_t bytes, void *all)
         msgs[n++] = (sim_xmsg){r, true, (void *)mine, bytes};
         msgs[n++] = (sim_xmsg){r, false, slot, bytes};
     }
-    sim_status st = exchange_on(xr_host, msgs, n, 0);
+    sim_status st = exchange_on(xr_host, msgs, n, 0, NULL, 0);
     free(msgs);
     return st;
 }
@@ -214,11 +231,13 @@ _Noreturn void sim_xrank_abort(int code)
     exit(code);
 }
 
-sim_status sim_xrank_exchange(sim_xmsg *msgs, int n, int tag)
+sim_status sim_xrank_exchange(sim_xmsg *msgs, int n, int tag, const atomic_bool *stop, double timeout_s)
 {
+    (void)timeout_s;
     (void)msgs;
     (void)n;
     (void)tag;
+    (void)stop;
     SIM_ASSERT(!"sim_xrank_exchange without MPI");
     return SIM_ERR_INTERNAL;
 }
@@ -248,6 +267,29 @@ sim_status sim_xrank_max_u64(uint64_t *v)
     sim_status st = sim_xrank_allgather(v, sizeof *v, all);
     for (int r = 0; r < xr_size && st == SIM_OK; r++)
         if (all[r] > *v) *v = all[r];
+    free(all);
+    return st;
+}
+
+sim_status sim_xrank_from_rank0(void *buf, size_t bytes)
+{
+    if (xr_size == 1) return SIM_OK;
+    char *all = malloc((size_t)xr_size * bytes + 1);
+    SIM_ASSERT(all);
+    sim_status st = sim_xrank_allgather(buf, bytes, all);
+    if (st == SIM_OK) memcpy(buf, all, bytes);
+    free(all);
+    return st;
+}
+
+sim_status sim_xrank_or_merge(void *buf, size_t bytes)
+{
+    if (xr_size == 1) return SIM_OK;
+    unsigned char *all = malloc((size_t)xr_size * bytes + 1), *b = buf;
+    SIM_ASSERT(all);
+    sim_status st = sim_xrank_allgather(buf, bytes, all);
+    for (int r = 0; r < xr_size && st == SIM_OK; r++)
+        for (size_t i = 0; i < bytes; i++) b[i] |= all[(size_t)r * bytes + i];
     free(all);
     return st;
 }

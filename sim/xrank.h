@@ -13,6 +13,7 @@
 #ifndef SIM_XRANK_H
 #define SIM_XRANK_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,6 +45,11 @@ sim_status sim_xrank_allgather(const void *mine, size_t bytes, void *all);
 sim_status sim_xrank_allgatherv(const void *mine, size_t bytes, void **all, size_t *sizes);
 /* The largest of every rank's value. */
 sim_status sim_xrank_max_u64(uint64_t *v);
+/* Every rank's buf becomes rank 0's. */
+sim_status sim_xrank_from_rank0(void *buf, size_t bytes);
+/* Every rank's buf becomes the bitwise OR of all ranks' bufs: for host arrays each rank filled only
+ * where its devices wrote (zeros elsewhere), and devices that write one element write the same bits. */
+sim_status sim_xrank_or_merge(void *buf, size_t bytes);
 
 /* One message of a point-to-point batch (sim_xrank_exchange). */
 typedef struct {
@@ -54,8 +60,11 @@ typedef struct {
 } sim_xmsg;
 
 /* Posts every message of the batch on `tag` (a group's own channel: messages between two ranks
- * on one tag arrive in the order they were sent) and returns when all completed, sleeping
- * between polls.  Safe from several threads at once (each with its own tag). */
-sim_status sim_xrank_exchange(sim_xmsg *msgs, int n, int tag);
+ * on one tag arrives in the order they were sent) and returns when all completed, sleeping
+ * between polls.  Safe from several threads at once (each with its own tag).  When *stop turns
+ * true (this rank failed) it gives up and returns SIM_ERR_ABORTED, and after timeout_s seconds
+ * (> 0; the collective watchdog) SIM_ERR_DEADLOCK: the messages left pending make MPI unusable,
+ * and the process must then end the job (sim_xrank_abort). */
+sim_status sim_xrank_exchange(sim_xmsg *msgs, int n, int tag, const atomic_bool *stop, double timeout_s);
 
 #endif

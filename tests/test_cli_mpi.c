@@ -2,7 +2,8 @@
  * step lines (loss, grad norms, peak memory), the same traffic and memory tables, and the same
  * collectives.csv, traffic.csv and metrics.json (record for record), for a Llama over fsdp x tensor
  * (R = 2, 3, 4: groups inside a rank, spanning ranks, and rank blocks that cut groups unevenly) and
- * a DeepSeek with expert parallelism (ragged all-to-all across ranks).  A failure on every rank
+ * a DeepSeek with expert parallelism (ragged all-to-all across ranks); `parity` gives the one-process
+ * table.  A failure on every rank
  * (a simulated OOM) ends the job with its exit code and the message printed once.
  *
  * The program runs as a child process under Open MPI's mpirun with the environment measured to
@@ -204,6 +205,36 @@ static void test_deepseek_expert_parallel_is_the_one_process_run(void **state)
     check_same_as_one_process("deepseek", DEEPSEEK, nps, 1);
 }
 
+/* parity under mpirun: configurations spread over the ranks (ZeRO-1 among them) and one too small to
+ * spread (1 device: every rank runs it whole) give the one-process table, losses and the largest
+ * gradient difference (the gradients are gathered from every rank). */
+static void test_parity_is_the_one_process_parity(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    static const char args[] =
+        "configs/small.yml per_device_batch_size=8 steps=3 learning_rate=3e-4 configs=\"ici_fsdp_parallelism=1;"
+        "ici_fsdp_parallelism=4 ici_tensor_parallelism=2 shard_mode=explicit;"
+        "ici_data_parallelism=4 ici_tensor_parallelism=2 shard_optimizer_over_data=true\"";
+    char cmd[8192], one[256], two[256];
+    snprintf(one, sizeof one, "%s/parity-1.txt", tmp);
+    snprintf(two, sizeof two, "%s/parity-np2.txt", tmp);
+    snprintf(cmd, sizeof cmd, "%s parity %s > %s 2>&1", program, args, one);
+    assert_int_equal(sh(cmd), 0);
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s parity %s > %s 2>&1", program, args, two);
+    assert_int_equal(sh(cmd), 0);
+    char *a = slurp(one), *b = slurp(two);
+    assert_non_null(a);
+    assert_non_null(b);
+    /* "3 steps in 0.2 s, last loss ...": the time differs */
+    for (char *s = a; (s = strstr(s, " in ")) != NULL; s++) memset(s, ' ', strcspn(s, ",\n"));
+    for (char *s = b; (s = strstr(s, " in ")) != NULL; s++) memset(s, ' ', strcspn(s, ",\n"));
+    if (strcmp(a, b)) fail_msg("parity under mpirun -np 2 differs from the one-process parity:\n%s\n---\n%s", a, b);
+    assert_non_null(strstr(a, "PASS"));
+    free(a);
+    free(b);
+}
+
 /* A simulated OOM on every rank: exit 1, the message once (rank 0's; the others are ended first). */
 static void test_failure_ends_every_rank_once(void **state)
 {
@@ -242,6 +273,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_is_the_one_process_run),
         cmocka_unit_test(test_deepseek_expert_parallel_is_the_one_process_run),
+        cmocka_unit_test(test_parity_is_the_one_process_parity),
         cmocka_unit_test(test_failure_ends_every_rank_once),
         cmocka_unit_test(test_more_ranks_than_devices),
     };
