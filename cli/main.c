@@ -210,6 +210,13 @@ static int run_command(int argc, char **argv)
     if (!strcmp(cmd, "collectives")) return cli_collectives_demo(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cli_train(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "parity")) return cli_cmd_parity(argc - 2, argv + 2, stdout, stderr);
+    if (sim_xrank_size() > 1 && (!strcmp(cmd, "dump") || !strcmp(cmd, "explain") || !strcmp(cmd, "keys"))) {
+        /* nothing of theirs spreads over ranks: R copies would only write the same files at once */
+        if (sim_xrank_rank() == 0)
+            fprintf(stderr, "shardsim %s under mpirun (%d ranks): only train, parity, demo and collectives spread over "
+                            "MPI ranks; run %s without mpirun\n", cmd, sim_xrank_size(), cmd);
+        return 2;
+    }
     if (!strcmp(cmd, "dump")) return cli_dump(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "explain")) return cli_explain(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "keys")) return cli_keys(argc - 2, argv + 2, stdout, stderr);
