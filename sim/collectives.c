@@ -829,23 +829,35 @@ void sim_xgroup_ghosts(sim_machine *m, sim_group *g)
 }
 _Static_assert(sizeof(size_t) == sizeof(uint64_t) && sizeof(int) == sizeof(int32_t), "LP64");
 
+/* Where one sender's slices for one rank lie: when they are one run of its buffer they travel
+ * straight from it and land straight in the staging copy, else through a packed buffer. */
+typedef struct {
+    size_t bytes;    /* all slices */
+    size_t first;    /* byte offset of the first */
+    bool contiguous; /* each slice starts where the one before ends */
+} xseg_span;
+
 /* The slices of sender rank q's send buffer (its call c) that the receivers in `to` read, in
  * elements, in a fixed order; with pack, each is copied from src to pack (at advancing), with
- * unpack from pack to the same offset of dst.  Returns the bytes walked. */
-static size_t xseg_walk(const sim_call *c, int k, int q, const bool *to, size_t es, const char *src, char *dst,
-                        char *pack, bool unpack)
+ * unpack from pack to the same offset of dst.  Returns where they lie. */
+static xseg_span xseg_walk(const sim_call *c, int k, int q, const bool *to, size_t es, const char *src, char *dst,
+                           char *pack, bool unpack)
 {
-    size_t at = 0;
+    xseg_span sp = {0, 0, true};
+    size_t next = 0;
 #define SEG(off, len)                                                                                  \
     do {                                                                                               \
         size_t o_ = (off) * es, l_ = (len) * es;                                                       \
-        if (pack && !unpack) memcpy(pack + at, src + o_, l_);                                          \
-        if (pack && unpack) memcpy(dst + o_, pack + at, l_);                                           \
-        at += l_;                                                                                      \
+        if (pack && !unpack) memcpy(pack + sp.bytes, src + o_, l_);                                    \
+        if (pack && unpack) memcpy(dst + o_, pack + sp.bytes, l_);                                     \
+        if (sp.bytes == 0) sp.first = o_;                                                              \
+        else if (o_ != next) sp.contiguous = false;                                                    \
+        next = o_ + l_;                                                                                \
+        sp.bytes += l_;                                                                                \
     } while (0)
     bool any = false;
     for (int t = 0; t < k; t++) any |= to[t];
-    if (!any) return 0;
+    if (!any) return sp;
     switch (c->op) {
     case SIM_OP_ALL_GATHER: SEG(0, c->p[0] * c->p[1]); break;
     case SIM_OP_REDUCE_SCATTER:
@@ -871,7 +883,7 @@ static size_t xseg_walk(const sim_call *c, int k, int q, const bool *to, size_t 
     default: SIM_ASSERT(!"bad op");
     }
 #undef SEG
-    return at;
+    return sp;
 }
 
 /* Elements of a sender's buffer that receivers may read (the staging copy's size). */
@@ -894,6 +906,52 @@ static size_t send_extent(const sim_call *c, int k)
     return 0;
 }
 
+/* The messages of one exchange, and the packed buffers to unpack or free afterwards. */
+typedef struct {
+    sim_xmsg *msg;
+    int n, cap;
+    struct xpacked {
+        char *buf;
+        int q; /* a receive's: the sender whose staging copy it unpacks into; -1 for a send */
+    } *packed;
+    int npacked;
+} xplan;
+
+/* Room for one more message (and its packed buffer: at most one each). */
+static void plan_grow(xplan *p)
+{
+    if (p->n < p->cap && p->npacked < p->cap) return;
+    p->cap = p->cap ? 2 * p->cap : 16;
+    p->msg = realloc(p->msg, (size_t)p->cap * sizeof *p->msg);
+    p->packed = realloc(p->packed, (size_t)p->cap * sizeof *p->packed);
+    SIM_ASSERT(p->msg && p->packed);
+}
+
+static void plan_msg(xplan *p, int peer, bool send, void *buf, size_t bytes)
+{
+    plan_grow(p);
+    p->msg[p->n++] = (sim_xmsg){peer, send, buf, bytes};
+}
+
+static char *plan_packed(xplan *p, size_t bytes, int q)
+{
+    plan_grow(p);
+    char *b = malloc(bytes ? bytes : 1);
+    SIM_ASSERT(b);
+    p->packed[p->npacked].buf = b;
+    p->packed[p->npacked].q = q;
+    p->npacked++;
+    return b;
+}
+
+static void plan_free(xplan *p)
+{
+    for (int i = 0; i < p->npacked; i++) free(p->packed[i].buf);
+    free(p->packed);
+    free(p->msg);
+    memset(p, 0, sizeof *p);
+}
+
 sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g)
 {
     struct sim_xgroup *x = g->x;
@@ -903,47 +961,51 @@ sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g)
     int rank_owner[SIM_MAX_DEVICES];
     for (int t = 0; t < k; t++) rank_owner[t] = sim_machine_owner(m, g->byrank[t]->device);
     bool *to = calloc((size_t)(nother + 1) * (size_t)k, sizeof *to); /* [i][t]: receiver t on other rank i; last row: mine */
-    char **out = calloc((size_t)nother, sizeof *out), **in = calloc((size_t)nother, sizeof *in);
-    size_t *outn = calloc((size_t)nother, sizeof *outn), *inn = calloc((size_t)nother, sizeof *inn);
-    sim_xmsg *msgs = calloc(2 * (size_t)nother, sizeof *msgs);
     x->staging = calloc((size_t)k, sizeof *x->staging);
-    SIM_ASSERT(to && out && in && outn && inn && msgs && x->staging);
+    SIM_ASSERT(to && x->staging);
     bool *mine = to + (size_t)nother * (size_t)k;
     for (int t = 0; t < k; t++) {
         mine[t] = rank_owner[t] == me;
         for (int i = 0; i < nother; i++) to[(size_t)i * (size_t)k + (size_t)t] = rank_owner[t] == x->other[i];
     }
+    /* to each other rank, each local sender's slices for its receivers (rank order), and from it, each of
+     * its senders' slices for mine, into a staging copy of that sender's buffer at the same offsets */
+    xplan plan = {0};
     uint64_t sent = 0;
     for (int i = 0; i < nother; i++) {
         const bool *ti = to + (size_t)i * (size_t)k;
         for (int q = 0; q < k; q++) {
-            if (rank_owner[q] == me) outn[i] += xseg_walk(g->byrank[q], k, q, ti, es, NULL, NULL, NULL, false);
-            if (rank_owner[q] == x->other[i]) inn[i] += xseg_walk(g->byrank[q], k, q, mine, es, NULL, NULL, NULL, false);
-        }
-        out[i] = malloc(outn[i] ? outn[i] : 1);
-        in[i] = malloc(inn[i] ? inn[i] : 1);
-        SIM_ASSERT(out[i] && in[i]);
-        size_t at = 0;
-        for (int q = 0; q < k; q++)
-            if (rank_owner[q] == me)
-                at += xseg_walk(g->byrank[q], k, q, ti, es, g->byrank[q]->send, NULL, out[i] + at, false);
-        msgs[2 * i] = (sim_xmsg){x->other[i], true, out[i], outn[i]};
-        msgs[2 * i + 1] = (sim_xmsg){x->other[i], false, in[i], inn[i]};
-        sent += outn[i];
-    }
-    sim_status st = sim_xrank_exchange(msgs, 2 * nother, g->tag, &m->xstop, 0);
-    if (st == SIM_OK) {
-        for (int i = 0; i < nother; i++) {
-            size_t at = 0;
-            for (int q = 0; q < k; q++) {
-                if (rank_owner[q] != x->other[i]) continue;
-                sim_call *gc = g->byrank[q];
-                x->staging[q] = malloc(send_extent(gc, k) * es + 1);
+            sim_call *c = g->byrank[q];
+            if (rank_owner[q] == me) {
+                xseg_span sp = xseg_walk(c, k, q, ti, es, NULL, NULL, NULL, false);
+                if (!sp.bytes) continue;
+                const char *from = (const char *)c->send + sp.first;
+                if (!sp.contiguous) {
+                    char *b = plan_packed(&plan, sp.bytes, -1);
+                    xseg_walk(c, k, q, ti, es, c->send, NULL, b, false);
+                    from = b;
+                }
+                plan_msg(&plan, x->other[i], true, (void *)from, sp.bytes);
+                sent += sp.bytes;
+            } else if (rank_owner[q] == x->other[i]) {
+                xseg_span sp = xseg_walk(c, k, q, mine, es, NULL, NULL, NULL, false);
+                if (!sp.bytes) continue;
+                x->staging[q] = malloc(send_extent(c, k) * es + 1);
                 SIM_ASSERT(x->staging[q]);
-                at += xseg_walk(gc, k, q, mine, es, NULL, x->staging[q], in[i] + at, true);
-                gc->send = x->staging[q];
+                char *into = (char *)x->staging[q] + sp.first;
+                if (!sp.contiguous) into = plan_packed(&plan, sp.bytes, q);
+                plan_msg(&plan, x->other[i], false, into, sp.bytes);
             }
         }
+    }
+    sim_status st = sim_xrank_exchange(plan.msg, plan.n, g->tag, &m->xstop, 0);
+    if (st == SIM_OK) {
+        for (int i = 0; i < plan.npacked; i++) {
+            int q = plan.packed[i].q;
+            if (q >= 0) xseg_walk(g->byrank[q], k, q, mine, es, NULL, x->staging[q], plan.packed[i].buf, true);
+        }
+        for (int q = 0; q < k; q++)
+            if (x->staging[q]) g->byrank[q]->send = x->staging[q];
         /* the local receivers' tasks (a shared all-gather fills this rank's one buffer: every block) */
         for (int t = 0; t < k; t++) {
             sim_call *c = g->byrank[t];
@@ -957,54 +1019,37 @@ sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g)
             }
         }
     }
-    if (st == SIM_OK && c0->op == SIM_OP_ALL_REDUCE) { /* the owners' summed chunks to the other ranks */
+    plan_free(&plan);
+    if (st == SIM_OK && c0->op == SIM_OP_ALL_REDUCE) {
+        /* the owners' summed chunks to the other ranks, straight from and into the members' buffers
+         * (the local sends went out whole in the first exchange, so writing in place is safe) */
         size_t n = c0->p[0];
-        for (int i = 0; i < nother; i++) {
-            free(out[i]);
-            free(in[i]);
-            outn[i] = inn[i] = 0;
-            for (int t = 0; t < k; t++) {
-                size_t len = ((size_t)(t + 1) * n / (size_t)k - (size_t)t * n / (size_t)k) * es;
-                if (mine[t]) outn[i] += len;
-                if (rank_owner[t] == x->other[i]) inn[i] += len;
-            }
-            out[i] = malloc(outn[i] + 1);
-            in[i] = malloc(inn[i] + 1);
-            SIM_ASSERT(out[i] && in[i]);
-            size_t at = 0;
+        int first = -1;
+        for (int t = 0; t < k && first < 0; t++)
+            if (mine[t]) first = t;
+        for (int i = 0; i < nother; i++)
             for (int t = 0; t < k; t++) {
                 size_t lo = (size_t)t * n / (size_t)k, len = ((size_t)(t + 1) * n / (size_t)k - lo) * es;
-                if (!mine[t]) continue;
-                memcpy(out[i] + at, (const char *)g->byrank[t]->recv + lo * es, len);
-                at += len;
+                if (!len) continue;
+                if (mine[t]) {
+                    plan_msg(&plan, x->other[i], true, (char *)g->byrank[t]->recv + lo * es, len);
+                    sent += len;
+                } else if (rank_owner[t] == x->other[i]) {
+                    plan_msg(&plan, x->other[i], false, (char *)g->byrank[first]->recv + lo * es, len);
+                }
             }
-            msgs[2 * i] = (sim_xmsg){x->other[i], true, out[i], outn[i]};
-            msgs[2 * i + 1] = (sim_xmsg){x->other[i], false, in[i], inn[i]};
-            sent += outn[i];
+        st = sim_xrank_exchange(plan.msg, plan.n, g->tag, &m->xstop, 0);
+        for (int t = 0; t < k && st == SIM_OK; t++) {
+            if (mine[t]) continue;
+            size_t lo = (size_t)t * n / (size_t)k, len = ((size_t)(t + 1) * n / (size_t)k - lo) * es;
+            for (int q = 0; q < k; q++)
+                if (mine[q] && q != first)
+                    memcpy((char *)g->byrank[q]->recv + lo * es, (const char *)g->byrank[first]->recv + lo * es, len);
         }
-        st = sim_xrank_exchange(msgs, 2 * nother, g->tag, &m->xstop, 0);
-        for (int i = 0; i < nother && st == SIM_OK; i++) {
-            size_t at = 0;
-            for (int t = 0; t < k; t++) {
-                size_t lo = (size_t)t * n / (size_t)k, len = ((size_t)(t + 1) * n / (size_t)k - lo) * es;
-                if (rank_owner[t] != x->other[i]) continue;
-                for (int q = 0; q < k; q++)
-                    if (mine[q]) memcpy((char *)g->byrank[q]->recv + lo * es, in[i] + at, len);
-                at += len;
-            }
-        }
+        plan_free(&plan);
     }
     sent += (uint64_t)nother * (uint64_t)g->local_k * x->rec; /* the calls */
     sim_machine_add_xrank_bytes(m, d->step, sent);
-    for (int i = 0; i < nother; i++) {
-        free(out[i]);
-        free(in[i]);
-    }
-    free(out);
-    free(in);
-    free(outn);
-    free(inn);
-    free(msgs);
     free(to);
     return st;
 }

@@ -7,7 +7,15 @@
  *
  * Rendezvous: a generation barrier per group under the machine lock (see
  * machine_priv.h for why the deadlock test is exact).  Collectives meet
- * once (sim_exchange): the last arriver moves the data, with helpers. */
+ * once (sim_exchange): the last arriver moves the data, with helpers.
+ *
+ * MPI ranks (sim/xrank.h): every process knows every device (coordinates,
+ * labels, groups) but runs only its block [lo, hi) of ids, as threads.  A
+ * group with members on other ranks completes its local arrival as usual;
+ * its last local arriver then trades the calls and the data with the other
+ * ranks (exchange_spread_locked, collectives.c) while the others sleep.  The
+ * deadlock test stays exact inside a rank; across ranks the watchdog
+ * (collective_timeout_s) is the fallback. */
 #include "sim/machine_priv.h"
 #include "sim/topology.h"
 #include "sim/xrank.h"
