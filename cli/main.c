@@ -5,8 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "blas_kernels/bk_coretype.h"
 #include "cli/artifacts.h"
@@ -98,12 +96,9 @@ static int is_help_flag(const char *s) { return !strcmp(s, "--help") || !strcmp(
 
 /* ---- MPI ranks */
 
-static int xr_stderr = -1; /* ranks > 0: the real stderr, while theirs goes to a temporary file */
-static FILE *xr_errlog;
-
 /* Under a launcher: MPI up, the same OpenBLAS kernels on every rank (different kernels give
- * different bits: the run would not be the one-process run), and the ranks > 0 quiet (stdout
- * dropped, stderr held back: shown only if the job fails there).  Returns an exit code, 0 = go on. */
+ * different bits: the run would not be the one-process run), and the ranks > 0 quiet on stdout
+ * (their errors still reach stderr: cli_fail).  Returns an exit code, 0 = go on. */
 static int xrank_start(void)
 {
     if (sim_xrank_init() != SIM_OK) {
@@ -133,36 +128,16 @@ static int xrank_start(void)
     free(all);
     if (rc || me == 0) return rc;
     fflush(stdout);
-    fflush(stderr);
-    if (!freopen("/dev/null", "w", stdout)) return 1;
-    xr_errlog = tmpfile();
-    xr_stderr = dup(2);
-    if (xr_errlog && xr_stderr >= 0) dup2(fileno(xr_errlog), 2);
-    return 0;
+    return freopen("/dev/null", "w", stdout) ? 0 : 1;
 }
 
 /* Ends the process under a launcher: MPI_Finalize after success; after a failure MPI_Abort, which
- * ends every rank.  A rank > 0 first waits a second, so when rank 0 fails too (a mismatch every rank
- * sees, a bad key) only rank 0's message is printed; then it shows what it held back. */
+ * ends every rank (the others may be waiting on this one). */
 static int xrank_end(int rc)
 {
-    if (sim_xrank_size() < 2) {
+    if (sim_xrank_size() < 2 || rc == 0) {
         sim_xrank_finalize();
         return rc;
-    }
-    if (rc == 0) {
-        sim_xrank_finalize();
-        return 0;
-    }
-    if (sim_xrank_rank() > 0 && xr_errlog && xr_stderr >= 0) {
-        struct timespec ts = {1, 0};
-        nanosleep(&ts, NULL);
-        fflush(stderr);
-        rewind(xr_errlog);
-        char buf[4096];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof buf, xr_errlog)) > 0)
-            if (write(xr_stderr, buf, n) < 0) break;
     }
     sim_xrank_abort(rc);
 }

@@ -956,6 +956,7 @@ sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g)
 {
     struct sim_xgroup *x = g->x;
     int k = g->k, me = m->rank, nother = x->nother;
+    SIM_ASSERT(k >= 1 && k <= SIM_MAX_DEVICES && nother >= 1);
     const sim_call *c0 = g->byrank[0];
     size_t es = sim_dtype_size(c0->dt);
     int rank_owner[SIM_MAX_DEVICES];
