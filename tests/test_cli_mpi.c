@@ -1,8 +1,9 @@
 /* test_cli_mpi.c — `mpirun -np R shardsim train` is the one-process run, bit for bit: the same
  * step lines (loss, grad norms, peak memory), the same traffic and memory tables, and the same
  * collectives.csv, traffic.csv and metrics.json (record for record), for a Llama over fsdp x tensor
- * (R = 2, 3, 4: groups inside a rank, spanning ranks, and rank blocks that cut groups unevenly) and
- * a DeepSeek with expert parallelism (ragged all-to-all across ranks); `parity` gives the one-process
+ * (R = 2, 3, 4: groups inside a rank, spanning ranks, and rank blocks that cut groups unevenly), a
+ * pipeline whose stages sit on different ranks, ZeRO-1 with gradient accumulation, and a DeepSeek
+ * with expert parallelism (ragged all-to-all across ranks); `parity` gives the one-process
  * table.  A failure on every rank
  * (a simulated OOM) ends the job with its exit code and the message printed once.
  *
@@ -32,6 +33,11 @@ static char tmp[128];      /* this test's scratch directory */
 static const char *skip_why;
 
 static const char LLAMA[] = "configs/small.yml ici_fsdp_parallelism=4 ici_tensor_parallelism=2 steps=3";
+static const char PIPELINE[] = "base_num_decoder_layers=8 base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 "
+                               "head_dim=16 base_mlp_dim=128 vocab_size=128 max_target_length=32 per_device_batch_size=4 "
+                               "ici_pipeline_parallelism=4 ici_fsdp_parallelism=2 num_pipeline_microbatches=8 steps=2";
+static const char ZERO1[] = "configs/small.yml ici_data_parallelism=4 ici_tensor_parallelism=2 "
+                            "shard_optimizer_over_data=true gradient_accumulation_steps=2 steps=2";
 static const char DEEPSEEK[] = "model_name=deepseek3-tiny override_model_config=true base_num_decoder_layers=3 "
                                "first_num_dense_layers=1 vocab_size=512 max_target_length=128 per_device_batch_size=1 "
                                "ici_fsdp_parallelism=4 ici_expert_parallelism=2 steps=2";
@@ -95,7 +101,8 @@ static char *slurp(const char *path)
 }
 
 /* The console output with what may differ between runs taken out: the step lines' time and tokens/s
- * columns (the 6th and 7th fields), the MPI section (only under mpirun) and the artifacts line. */
+ * columns (the 6th and 7th fields), the pipeline bubbles' measured share, the MPI section (only under
+ * mpirun) and the artifacts line. */
 static char *normalised(const char *path)
 {
     char *s = slurp(path);
@@ -109,6 +116,8 @@ static char *normalised(const char *path)
         else if (in_mpi && line[0] != ' ') in_mpi = false;
         if (in_mpi || !strncmp(line, "artifacts written to", 20)) continue;
         if (in_steps && line[0] != ' ') in_steps = false;
+        char *measured = strstr(line, "; measured on device 0:"); /* the pipeline bubbles' timing */
+        if (measured) *measured = '\0';
         int step;
         char f[8][32];
         if (in_steps && sscanf(line, " %d %31s %31s %31s %31s %31s %31s %31s %31s", &step, f[0], f[1], f[2], f[3], f[4], f[5], f[6],
@@ -197,6 +206,24 @@ static void test_llama_is_the_one_process_run(void **state)
     check_same_as_one_process("llama", LLAMA, nps, 3);
 }
 
+/* pipeline stages on different ranks: the ppermute shifts cross them */
+static void test_pipeline_is_the_one_process_run(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    const int nps[] = {2};
+    check_same_as_one_process("pipeline", PIPELINE, nps, 1);
+}
+
+/* ZeRO-1 with gradient accumulation: the optimizer-layout reduce-scatters and gathers over data */
+static void test_zero1_is_the_one_process_run(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    const int nps[] = {4};
+    check_same_as_one_process("zero1", ZERO1, nps, 1);
+}
+
 static void test_deepseek_expert_parallel_is_the_one_process_run(void **state)
 {
     (void)state;
@@ -272,6 +299,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_is_the_one_process_run),
+        cmocka_unit_test(test_pipeline_is_the_one_process_run),
+        cmocka_unit_test(test_zero1_is_the_one_process_run),
         cmocka_unit_test(test_deepseek_expert_parallel_is_the_one_process_run),
         cmocka_unit_test(test_parity_is_the_one_process_parity),
         cmocka_unit_test(test_failure_ends_every_rank_once),
