@@ -4,8 +4,8 @@
  * (R = 2, 3, 4: groups inside a rank, spanning ranks, and rank blocks that cut groups unevenly), a
  * pipeline whose stages sit on different ranks, ZeRO-1 with gradient accumulation, and a DeepSeek
  * with expert parallelism (ragged all-to-all across ranks); `parity` gives the one-process
- * table.  A failure on every rank
- * (a simulated OOM) ends the job with its exit code and the message printed once.
+ * table.  A failure on every rank (a simulated OOM) ends the job with its exit code and the message
+ * printed once; a rank killed mid-run ends the job at once.
  *
  * The program runs as a child process under Open MPI's mpirun with the environment measured to
  * work on this machine kind as root, oversubscribed and unbound (../shared/reference/mpi-notes.md).
@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -279,6 +281,66 @@ static void test_failure_ends_every_rank_once(void **state)
     free(e);
 }
 
+/* The ranks mpirun `pid` started (its children), up to cap; how many. */
+static int children_of(pid_t pid, pid_t *out, int cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    int n = 0, c;
+    while (f && n < cap && fscanf(f, "%d", &c) == 1) out[n++] = (pid_t)c;
+    if (f) fclose(f);
+    return n;
+}
+
+/* A rank killed mid-run (SIGKILL: no chance to say anything): mpirun ends the job, non-zero, at once. */
+static void test_killed_rank_ends_the_job(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "exec env " MPIRUN " -np 2 %s train configs/small.yml ici_fsdp_parallelism=4 "
+             "ici_tensor_parallelism=2 steps=100000 > /dev/null 2>&1", program);
+    fflush(stdout);
+    pid_t mp = fork();
+    if (mp == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    assert_true(mp > 0);
+    /* exec env ... timeout 120 mpirun: mpirun is timeout's child, the ranks are mpirun's */
+    pid_t kids[8], ranks[8];
+    int nr = 0;
+    for (int i = 0; i < 200 && nr < 2; i++) { /* up to 20 s for both ranks to start */
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+        int nk = children_of(mp, kids, 8);
+        nr = nk ? children_of(kids[0], ranks, 8) : 0;
+    }
+    if (nr < 2) {
+        kill(mp, SIGKILL);
+        waitpid(mp, NULL, 0);
+        fail_msg("the two ranks did not start");
+    }
+    struct timespec settle = {1, 0}; /* into the steps */
+    nanosleep(&settle, NULL);
+    kill(ranks[1], SIGKILL);
+    int status = 0;
+    double waited = 0;
+    while (waitpid(mp, &status, WNOHANG) == 0 && waited < 30) {
+        struct timespec ts = {0, 50000000};
+        nanosleep(&ts, NULL);
+        waited += 0.05;
+    }
+    if (waited >= 30) {
+        kill(mp, SIGKILL);
+        waitpid(mp, NULL, 0);
+        fail_msg("the job still ran 30 s after a rank was killed");
+    }
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (rc == 0 || rc == 124) fail_msg("the job exited %d after a rank was killed", rc);
+}
+
 /* Too many ranks for the mesh: exit 2 naming the limit. */
 static void test_more_ranks_than_devices(void **state)
 {
@@ -304,6 +366,7 @@ int main(void)
         cmocka_unit_test(test_deepseek_expert_parallel_is_the_one_process_run),
         cmocka_unit_test(test_parity_is_the_one_process_parity),
         cmocka_unit_test(test_failure_ends_every_rank_once),
+        cmocka_unit_test(test_killed_rank_ends_the_job),
         cmocka_unit_test(test_more_ranks_than_devices),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
