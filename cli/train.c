@@ -390,6 +390,35 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     cli_report_config_box(out, "shardsim train", rows, (int)(sizeof rows / sizeof rows[0]));
 }
 
+/* Under mpirun every rank decides where to start from the files it sees; ranks that saw different
+ * checkpoints would train different steps, so the decisions must agree (each rank reads and writes
+ * its own devices' slices of the one file: checkpoint_dir must be on a file system they share). */
+static sim_status resume_agrees(const resume_plan *r, const char *ckdir)
+{
+    int R = sim_xrank_size();
+    if (R < 2) return SIM_OK;
+    typedef struct {
+        long long start;
+        int full;
+        char path[4096];
+    } seen;
+    seen mine, *all = calloc((size_t)R, sizeof *all);
+    SIM_ASSERT(all);
+    memset(&mine, 0, sizeof mine);
+    mine.start = r->start;
+    mine.full = r->full;
+    snprintf(mine.path, sizeof mine.path, "%s", r->path);
+    sim_status st = sim_xrank_allgather(&mine, sizeof mine, all);
+    for (int i = 1; i < R && st == SIM_OK; i++)
+        if (all[i].start != all[0].start || all[i].full != all[0].full || strcmp(all[i].path, all[0].path))
+            st = sim_err(SIM_ERR_INPUT, "MPI rank %d would start from %s (step %lld) but rank 0 from %s (step %lld): "
+                         "every rank must see the same checkpoints; put checkpoint_dir%s%s on a file system all ranks "
+                         "share", i, all[i].path[0] ? all[i].path : "scratch", all[i].start,
+                         all[0].path[0] ? all[0].path : "scratch", all[0].start, *ckdir ? "=" : "", ckdir);
+    free(all);
+    return st;
+}
+
 int cli_train(int argc, char **argv, FILE *out, FILE *err)
 {
     cli_model cm;
@@ -449,13 +478,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                                     "(stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
                                     "enable_checkpointing=false or ici_pipeline_parallelism=1",
                      (long long)def->d.pipe.stages);
-    if (!st && sim_xrank_size() > 1 && *ckbuf)
-        st = sim_err(SIM_ERR_INPUT, "checkpoints under %d MPI ranks (checkpoint_dir=%s) are not supported yet: set "
-                                    "enable_checkpointing=false, or run in one process", sim_xrank_size(), ckbuf);
     if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
-    if (!st && sim_xrank_size() > 1 && *resume.path)
-        st = sim_err(SIM_ERR_INPUT, "loading %s under %d MPI ranks is not supported yet: run in one process",
-                     resume.path, sim_xrank_size());
+    if (!st) st = resume_agrees(&resume, ckbuf);
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     /* under mpirun rank 0 writes every file; the others gather their records to it (sim/xrank.h) */

@@ -5,7 +5,8 @@
  * pipeline whose stages sit on different ranks, ZeRO-1 with gradient accumulation, and a DeepSeek
  * with expert parallelism (ragged all-to-all across ranks); `parity` gives the one-process
  * table.  A failure on every rank (a simulated OOM) ends the job with its exit code and the message
- * printed once; a rank killed mid-run ends the job at once.
+ * printed once; a rank killed mid-run ends the job at once.  A checkpoint saved under 4 ranks is the
+ * one-process file byte for byte, and resumes in one process, as a one-process save does under 2.
  *
  * The program runs as a child process under Open MPI's mpirun with the environment measured to
  * work on this machine kind as root, oversubscribed and unbound (../shared/reference/mpi-notes.md).
@@ -34,7 +35,8 @@ static char program[1024]; /* the shardsim of this test's own build */
 static char tmp[128];      /* this test's scratch directory */
 static const char *skip_why;
 
-static const char LLAMA[] = "configs/small.yml ici_fsdp_parallelism=4 ici_tensor_parallelism=2 steps=3";
+#define LLAMA_BASE "configs/small.yml ici_fsdp_parallelism=4 ici_tensor_parallelism=2"
+static const char LLAMA[] = LLAMA_BASE " steps=3";
 static const char PIPELINE[] = "base_num_decoder_layers=8 base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 "
                                "head_dim=16 base_mlp_dim=128 vocab_size=128 max_target_length=32 per_device_batch_size=4 "
                                "ici_pipeline_parallelism=4 ici_fsdp_parallelism=2 num_pipeline_microbatches=8 steps=2";
@@ -264,6 +266,46 @@ static void test_parity_is_the_one_process_parity(void **state)
     free(b);
 }
 
+/* Checkpoints: saved under mpirun -np 4 the file is byte for byte the one-process save, and a
+ * one-process run resumes from it as from its own; a one-process save resumes under -np 2 the same. */
+static void test_checkpoints_across_rank_counts(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    char cmd[8192];
+    const char *a = LLAMA_BASE;
+    /* one process: save after step 2, then resume to step 4 */
+    snprintf(cmd, sizeof cmd, "%s train %s steps=3 checkpoint_dir=%s/ck1 > /dev/null 2>&1 && "
+             "cp -r %s/ck1 %s/ck2 && %s train %s steps=5 checkpoint_dir=%s/ck1 output_dir=%s/r1 > /dev/null 2>&1",
+             program, a, tmp, tmp, tmp, program, a, tmp, tmp);
+    assert_int_equal(sh(cmd), 0);
+    /* saved under 4 ranks, resumed in one process */
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 4 %s train %s steps=3 checkpoint_dir=%s/ck4 > /dev/null 2>&1", program, a,
+             tmp);
+    assert_int_equal(sh(cmd), 0);
+    char one[256], four[256];
+    snprintf(one, sizeof one, "%s/ck2", tmp);
+    snprintf(four, sizeof four, "%s/ck4", tmp);
+    assert_same_file(one, four, "step_2.safetensors");
+    snprintf(cmd, sizeof cmd, "%s train %s steps=5 checkpoint_dir=%s/ck4 output_dir=%s/r4 > /dev/null 2>&1", program,
+             a, tmp, tmp);
+    assert_int_equal(sh(cmd), 0);
+    /* saved in one process, resumed under 2 ranks */
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s train %s steps=5 checkpoint_dir=%s/ck2 output_dir=%s/r2 > /dev/null 2>&1",
+             program, a, tmp, tmp);
+    assert_int_equal(sh(cmd), 0);
+    char r[3][256];
+    const char *names[3] = {"r1", "r4", "r2"};
+    for (int i = 0; i < 3; i++) snprintf(r[i], sizeof r[i], "%s/%s", tmp, names[i]);
+    char *m1 = metrics_values(r[0]);
+    for (int i = 1; i < 3; i++) {
+        char *mi = metrics_values(r[i]);
+        if (strcmp(m1, mi)) fail_msg("the resumed run %s differs from the one-process resume", names[i]);
+        free(mi);
+    }
+    free(m1);
+}
+
 /* A simulated OOM on every rank: exit 1, the message once (rank 0's; the others are ended first). */
 static void test_failure_ends_every_rank_once(void **state)
 {
@@ -365,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_zero1_is_the_one_process_run),
         cmocka_unit_test(test_deepseek_expert_parallel_is_the_one_process_run),
         cmocka_unit_test(test_parity_is_the_one_process_parity),
+        cmocka_unit_test(test_checkpoints_across_rank_counts),
         cmocka_unit_test(test_failure_ends_every_rank_once),
         cmocka_unit_test(test_killed_rank_ends_the_job),
         cmocka_unit_test(test_more_ranks_than_devices),
