@@ -677,11 +677,12 @@ static void move_task(sim_machine *m, sim_group *g, int t)
  * The last local arriver sends every other rank of the group its local members' calls (a fixed-size
  * record each), and receives theirs: "ghost" calls for the remote members fill g->slot, so the
  * ordinary match sees the k calls a one-process run sees and gives the same verdict on every rank.
- * Data: to each other rank, one message holding, for each local sender in rank order, exactly the
- * slices that rank's receivers read (xseg_walk); the receiver puts them at the same offsets of a
- * staging copy of the sender's buffer, which becomes the ghost's `send`, so move_data and
- * sum_sources run unchanged for the local receivers and sum in group-rank order: the same bits.
- * An all-reduce then sends the chunks its local members own, summed, to the other ranks. */
+ * Data: to each other rank, for each local sender in rank order, one message of exactly the slices
+ * that rank's receivers read (xseg_walk: straight from the sender's buffer when they form one run,
+ * else packed); the receiver puts them at the same offsets of a staging copy of the sender's buffer,
+ * which becomes the ghost's `send`, so move_data and sum_sources run unchanged for the local
+ * receivers and sum in group-rank order: the same bits.  An all-reduce then sends the chunks its
+ * local members own, summed, to the other ranks. */
 
 /* One member's call on the wire; then k uint64 send_off, send_cnt, recv_off, recv_cnt and k int32 perm. */
 typedef struct {
