@@ -28,6 +28,19 @@ LDFLAGS := $(SAN) -pthread
 LDFLAGS += -Wl,--undefined=bk_coretype_current
 LDLIBS  := -lopenblas -lhwloc -lyaml -ljansson -lm
 
+# Open MPI (or any MPI with a pkg-config file) is optional: found, the program can run under
+# `mpirun -np R` (sim/xrank.h); SHARDSIM_MPI=0 builds without it, SHARDSIM_MPI=1 insists on it.
+MPI_PC := $(shell pkg-config --exists ompi-c 2>/dev/null && echo ompi-c || \
+            (pkg-config --exists mpi-c 2>/dev/null && echo mpi-c))
+SHARDSIM_MPI ?= $(if $(MPI_PC),1,0)
+ifeq ($(SHARDSIM_MPI),1)
+ifeq ($(MPI_PC),)
+$(error SHARDSIM_MPI=1 but pkg-config finds neither ompi-c nor mpi-c: install libopenmpi-dev (.ci/install-deps))
+endif
+CFLAGS  += -DSHARDSIM_MPI $(shell pkg-config --cflags $(MPI_PC))
+LDLIBS  += $(shell pkg-config --libs $(MPI_PC))
+endif
+
 LAYERS   := blas_kernels sim mesh models
 LIB_SRC  := $(foreach d,$(LAYERS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)

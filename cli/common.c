@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sim/types.h"
+#include "sim/xrank.h"
 
 static int is_dir(const char *p)
 {
@@ -168,6 +170,12 @@ sim_status cli_parse_mesh(const char *text, mesh_shape *m)
 
 int cli_fail(FILE *err, sim_status st)
 {
+    if (sim_xrank_rank() > 0) {
+        /* under mpirun: when rank 0 failed too (a bad key, a mismatch every rank sees) it prints the
+         * message and ends the job meanwhile, so the message is printed once */
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
     fprintf(err, "shardsim: %s\n", sim_errmsg());
     if (getenv("SHARDSIM_DEBUG") && sim_err_trail()[0]) fprintf(err, "%s\n", sim_err_trail());
     return sim_status_exit_code(st);

@@ -1,5 +1,6 @@
 /* hostmem.c — the host-memory check before a real run (see hostmem.h). */
 #include "cli/hostmem.h"
+#include "sim/xrank.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -141,8 +142,11 @@ sim_status cli_host_memory_fits(const model_def *def, const model_train_job *job
     if (st == SIM_OK) st = model_train(&j, m);
     cli_host_need need = {0};
     if (st == SIM_OK) {
-        need.devices = sim_machine_num_devices(m);
-        for (int d = 0; d < need.devices; d++) {
+        /* under mpirun this rank's share: the devices it will run (the dry run ran them all) */
+        int lo, hi;
+        sim_xrank_devices(sim_machine_num_devices(m), sim_xrank_size(), sim_xrank_rank(), &lo, &hi);
+        need.devices = hi - lo;
+        for (int d = lo; d < hi; d++) {
             sim_arena_stats as;
             sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
             need.device_peaks += as.peak;

@@ -1,10 +1,15 @@
 /* main.c — `shardsim COMMAND [args]`: dispatches to the commands in cli/;
- * `shardsim help COMMAND` and `COMMAND --help` print one command's usage. */
+ * `shardsim help COMMAND` and `COMMAND --help` print one command's usage.
+ * Under mpirun (sim/xrank.h) every rank runs the same command on its share of the devices;
+ * rank 0 prints and writes the files, and a failure on any rank ends the job. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "blas_kernels/bk_coretype.h"
 #include "cli/artifacts.h"
 #include "cli/cli.h"
+#include "sim/xrank.h"
 
 typedef struct {
     const char *name;
@@ -101,7 +106,64 @@ static void usage(FILE *f)
 
 static int is_help_flag(const char *s) { return !strcmp(s, "--help") || !strcmp(s, "-h"); }
 
+/* ---- MPI ranks */
+
+/* Under a launcher: MPI up, the same OpenBLAS kernels on every rank (different kernels give
+ * different bits: the run would not be the one-process run), and the ranks > 0 quiet on stdout
+ * (their errors still reach stderr: cli_fail).  Returns an exit code, 0 = go on. */
+static int xrank_start(void)
+{
+    if (sim_xrank_init() != SIM_OK) {
+        fprintf(stderr, "shardsim: %s\n", sim_errmsg());
+        return 1;
+    }
+    int R = sim_xrank_size(), me = sim_xrank_rank();
+    if (R < 2) return 0;
+    enum { CORE = 32 };
+    char mine[CORE] = {0}, *all = calloc((size_t)R, CORE);
+    if (!all) return 1;
+    snprintf(mine, sizeof mine, "%s", bk_coretype_current()->core);
+    int rc = 0;
+    if (sim_xrank_allgather(mine, CORE, all) != SIM_OK) {
+        fprintf(stderr, "shardsim: rank %d: %s\n", me, sim_errmsg());
+        rc = 1;
+    }
+    for (int r = 1; r < R && !rc; r++)
+        if (strncmp(all + (size_t)r * CORE, all, CORE)) {
+            if (me == 0)
+                fprintf(stderr, "shardsim: MPI rank %d runs the OpenBLAS kernels '%.31s' but rank 0 runs '%.31s': "
+                                "their sums differ in the last bits, so the run would not be the one-process run; "
+                                "set OPENBLAS_CORETYPE=%.31s on every rank (mpirun -x OPENBLAS_CORETYPE=%.31s)\n",
+                        r, all + (size_t)r * CORE, all, all, all);
+            rc = 2;
+        }
+    free(all);
+    if (rc || me == 0) return rc;
+    fflush(stdout);
+    return freopen("/dev/null", "w", stdout) ? 0 : 1;
+}
+
+/* Ends the process under a launcher: MPI_Finalize after success; after a failure MPI_Abort, which
+ * ends every rank (the others may be waiting on this one). */
+static int xrank_end(int rc)
+{
+    if (sim_xrank_size() < 2 || rc == 0) {
+        sim_xrank_finalize();
+        return rc;
+    }
+    sim_xrank_abort(rc);
+}
+
+static int run_command(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    int rc = xrank_start();
+    if (rc == 0) rc = run_command(argc, argv);
+    return xrank_end(rc);
+}
+
+static int run_command(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -135,6 +197,13 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "collectives")) return cli_collectives_demo(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cli_train(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "parity")) return cli_cmd_parity(argc - 2, argv + 2, stdout, stderr);
+    if (sim_xrank_size() > 1 && (!strcmp(cmd, "dump") || !strcmp(cmd, "explain") || !strcmp(cmd, "keys"))) {
+        /* nothing of theirs spreads over ranks: R copies would only write the same files at once */
+        if (sim_xrank_rank() == 0)
+            fprintf(stderr, "shardsim %s under mpirun (%d ranks): only train, parity, demo and collectives spread over "
+                            "MPI ranks; run %s without mpirun\n", cmd, sim_xrank_size(), cmd);
+        return 2;
+    }
     if (!strcmp(cmd, "dump")) return cli_dump(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "explain")) return cli_explain(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "keys")) return cli_keys(argc - 2, argv + 2, stdout, stderr);

@@ -32,6 +32,7 @@
 
 #include "models/checks.h"
 #include "models/train.h"
+#include "sim/xrank.h"
 
 enum { MAX_CONFIGS = 32, MAX_WORDS = 64 };
 
@@ -155,7 +156,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             if (!st) st = mesh_cfg_get_double(cfg, "parity_rtol", &rtol);
             const char *od = NULL;
             if (!st) st = mesh_cfg_get_str(cfg, "output_dir", &od);
-            if (od) snprintf(outdir, sizeof outdir, "%s", od);
+            if (od && sim_xrank_rank() == 0) snprintf(outdir, sizeof outdir, "%s", od); /* rank 0 writes */
             if (!st) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
                              steps, rtol);
         }
@@ -205,7 +206,9 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             if (st == SIM_OK)
                 fprintf(out, "      %lld step%s in %.1f s, last loss %.7f\n", steps, steps > 1 ? "s" : "",
                         (double)(sim_now_ns() - t0) / 1e9, losses[c][steps - 1]);
-            if (st == SIM_ERR_OOM) {
+            if (st == SIM_ERR_OOM && sim_xrank_size() > 1) {
+                /* under mpirun the ranks that did not run out are waiting on the one that did: the job ends */
+            } else if (st == SIM_ERR_OOM) {
                 /* reported as such; the other configurations still run (not the reference's absence) */
                 fprintf(out, "      out of simulated memory (hbm_limit_gb=%g): %s\n", hbm, sim_errmsg());
                 oom[c] = true;

@@ -9,6 +9,7 @@
  * 336.0 KiB, 1.59 MiB), right-aligned, so small and large rows both read
  * at a glance; each table ends with a legend for the columns that need one. */
 #include "cli/report.h"
+#include "sim/xrank.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -583,4 +584,62 @@ void cli_report_parity(FILE *f, const cli_parity *p)
     if (fail >= 0) fprintf(f, ", loss differs by %.2e > rtol %.1e", r, p->rtol);
     if (p->diverge_param) fprintf(f, "; first diverging parameter: %s", p->diverge_param);
     fputc('\n', f);
+}
+
+/* A machine run whole under mpirun (a dry run): what each rank would hold, run for real over R ranks
+ * (the sum of its devices' arena peaks: a rank's share of the simulated memory, before host overhead). */
+static void report_rank_shares(FILE *f, sim_machine *m, int R)
+{
+    int n = sim_machine_num_devices(m);
+    fprintf(f, "\nMPI: %d ranks; run for real, each rank would hold its devices' arena peaks:\n", R);
+    for (int r = 0; r < R; r++) {
+        int lo, hi;
+        sim_xrank_devices(n, R, r, &lo, &hi);
+        double sum = 0;
+        for (int d = lo; d < hi; d++) {
+            sim_arena_stats as;
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
+            sum += (double)as.peak;
+        }
+        char h[32];
+        sim_fmt_bytes(sum, h, sizeof h);
+        if (lo + 1 == hi)
+            fprintf(f, "  rank %d (device %d): %s\n", r, lo, h);
+        else
+            fprintf(f, "  rank %d (devices %d-%d): %s\n", r, lo, hi - 1, h);
+    }
+}
+
+void cli_report_xrank(FILE *f, sim_machine *m)
+{
+    int R = sim_machine_ranks(m), nsteps = 0;
+    if (R < 2 && sim_xrank_size() > 1 && sim_machine_num_devices(m) >= sim_xrank_size())
+        report_rank_shares(f, m, sim_xrank_size());
+    if (R < 2) return;
+    fprintf(f, "\nMPI: %d ranks, devices", R);
+    for (int r = 0; r < R; r++) {
+        int lo, hi;
+        sim_machine_rank_devices(m, r, &lo, &hi);
+        fprintf(f, lo + 1 == hi ? "%s %d" : "%s %d-%d", r ? "," : "", lo, hi - 1);
+    }
+    fprintf(f, "; bytes the ranks sent each other (the simulator's own messages, not simulated traffic):\n");
+    const uint64_t *b = sim_machine_xrank_bytes(m, &nsteps);
+    uint64_t total = 0;
+    int ran = 0;
+    bool same = true;
+    for (int s = 0; s < nsteps; s++) {
+        if (!b[s]) continue;
+        same &= !ran || b[s] == total / (uint64_t)ran;
+        total += b[s];
+        ran++;
+    }
+    char h[32];
+    if (same && ran > 1) { /* the usual case: every step moves the same */
+        fprintf(f, "  %llu bytes (%s) in each of %d steps\n", (unsigned long long)(total / (uint64_t)ran),
+                sim_fmt_bytes((double)(total / (uint64_t)ran), h, sizeof h), ran);
+        return;
+    }
+    fprintf(f, "  %6s %16s\n", "step", "bytes");
+    for (int s = 0; s < nsteps; s++)
+        if (b[s]) fprintf(f, "  %6d %16llu  %s\n", s, (unsigned long long)b[s], sim_fmt_bytes((double)b[s], h, sizeof h));
 }

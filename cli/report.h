@@ -139,6 +139,10 @@ size_t cli_memory_max_peak(sim_machine *m);
 /* Per device x category at each device's peak (sim_arena_stats.at_peak_by),
  * devices with identical rows collapsed ("0-7", "0-3,8-11"). */
 void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices);
+/* Under mpirun: the ranks, their devices, and the bytes the ranks sent each other per step (the
+ * simulator's own messages, outside the simulated traffic above); for a dry run (run whole on every
+ * rank) each rank's share of the arena peaks instead.  Nothing in one process. */
+void cli_report_xrank(FILE *f, sim_machine *m);
 
 /* ---- parity ----------------------------------------------------------------- */
 

@@ -14,6 +14,7 @@
 #include "cli/report.h"
 #include "cli/report_html.h"
 #include "sim/trace.h"
+#include "sim/xrank.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -392,6 +393,35 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     cli_report_config_box(out, "shardsim train", rows, (int)(sizeof rows / sizeof rows[0]));
 }
 
+/* Under mpirun every rank decides where to start from the files it sees; ranks that saw different
+ * checkpoints would train different steps, so the decisions must agree (each rank reads and writes
+ * its own devices' slices of the one file: checkpoint_dir must be on a file system they share). */
+static sim_status resume_agrees(const resume_plan *r, const char *ckdir)
+{
+    int R = sim_xrank_size();
+    if (R < 2) return SIM_OK;
+    typedef struct {
+        long long start;
+        int full;
+        char path[4096];
+    } seen;
+    seen mine, *all = calloc((size_t)R, sizeof *all);
+    SIM_ASSERT(all);
+    memset(&mine, 0, sizeof mine);
+    mine.start = r->start;
+    mine.full = r->full;
+    snprintf(mine.path, sizeof mine.path, "%s", r->path);
+    sim_status st = sim_xrank_allgather(&mine, sizeof mine, all);
+    for (int i = 1; i < R && st == SIM_OK; i++)
+        if (all[i].start != all[0].start || all[i].full != all[0].full || strcmp(all[i].path, all[0].path))
+            st = sim_err(SIM_ERR_INPUT, "MPI rank %d would start from %s (step %lld) but rank 0 from %s (step %lld): "
+                         "every rank must see the same checkpoints; put checkpoint_dir%s%s on a file system all ranks "
+                         "share", i, all[i].path[0] ? all[i].path : "scratch", all[i].start,
+                         all[0].path[0] ? all[0].path : "scratch", all[0].start, *ckdir ? "=" : "", ckdir);
+    free(all);
+    return st;
+}
+
 int cli_train(int argc, char **argv, FILE *out, FILE *err)
 {
     cli_model cm;
@@ -452,8 +482,12 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                                     "enable_checkpointing=false or ici_pipeline_parallelism=1",
                      (long long)def->d.pipe.stages);
     if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
+    if (!st) st = resume_agrees(&resume, ckbuf);
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
+    /* under mpirun rank 0 writes every file; the others gather their records to it (sim/xrank.h) */
+    bool want_trace = *outdir != '\0';
+    if (sim_xrank_rank() > 0) outdir = metrics_path = "";
     if (!st && *metrics_path && def->d.dry_run)
         st = sim_err(SIM_ERR_INPUT, "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no losses to "
                                     "write; drop metrics_file or run for real",
@@ -500,8 +534,12 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             return rc;
         }
     }
-    sim_machine *m;
-    st = model_machine_new(def, hbm, *outdir != '\0', &m);
+    sim_machine *m = NULL;
+    if (sim_xrank_size() > def->mesh.num_devices && !def->d.dry_run)
+        st = sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
+                     "%d ranks (mpirun -np %d)", sim_xrank_size(), def->mesh.num_devices, def->mesh.num_devices,
+                     def->mesh.num_devices);
+    if (!st) st = model_machine_new(def, hbm, want_trace, &m);
     double watchdog_s = 0;
     if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
     if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
@@ -596,6 +634,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             cli_report_traffic(out, &traffic);
             fprintf(out, "\nmemory at peak:\n");
             cli_report_memory(out, mem, nd);
+            cli_report_xrank(out, m);
         }
         /* the step-time model, on the last step (every step moves the same bytes) */
         model_tm_result tm;

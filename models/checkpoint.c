@@ -428,7 +428,11 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
     if (st == SIM_OK) {
         int fd = open(tmp, O_WRONLY | O_CLOEXEC);
         if (fd < 0)
-            st = sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it for writing (%s)", tmp, strerror(errno));
+            st = sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it for writing (%s)%s", tmp, strerror(errno),
+                         sim_machine_ranks(sim_device_machine(d)) > 1
+                             ? "; under mpirun device 0's rank made it: checkpoint_dir must be on a file system every "
+                               "rank shares"
+                             : "");
         for (int i = 0; i < nt && st == SIM_OK; i++) st = ck_tensor_io(d, m, &t[i], fd, 8 + h.n + t[i].begin, true, tmp);
         if (fd >= 0 && close(fd) != 0 && st == SIM_OK)
             st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));

@@ -13,6 +13,7 @@
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/reshard.h"
 #include "models/checkpoint.h"
+#include "sim/xrank.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -54,6 +55,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.psum_scatter_max_group = def->d.xla.psum_scatter_max_group;
     o.trace = trace;
     o.pin_threads = true;
+    o.whole = def->mesh.num_devices < sim_xrank_size(); /* too small to spread: every rank runs it all */
     SIM_TRY(sim_machine_new(&md, &o, out));
     /* a device that owns several cores uses them for the non-sgemm kernels too */
     bk_parallel_set_threads(sim_machine_blas_threads(*out));
@@ -113,6 +115,13 @@ static sim_status grads_device(sim_device *dev, void *arg)
     if (b.tokens.nlocal) model_batch_free(&md, &b);
     model_dev_free(&md);
     return st;
+}
+
+sim_status model_grads_merge_ranks(model_grads *g)
+{
+    for (int i = 0; i < g->n; i++)
+        SIM_TRY(sim_xrank_or_merge(g->g[i], (size_t)(g->layer_elems[i] * g->n_layers[i]) * sizeof(float)));
+    return SIM_OK;
 }
 
 void model_grads_alloc(const model_def *def, model_grads *g)
@@ -306,9 +315,16 @@ static sim_status store_step_grads(model_train_job *job, model_dev *md, model_gr
                                           g->g[i] + (size_t)l * (size_t)g->layer_elems[i]));
             continue;
         }
-        /* ZeRO-1: the stacked gradient, then device 0 reorders it layer-major */
+        /* ZeRO-1: the stacked gradient, then device 0 reorders it layer-major (under MPI each rank
+         * holds its devices' shards: zeros elsewhere, merged before the reorder) */
+        bool spread = sim_machine_ranks(sim_device_machine(dev)) > 1;
+        size_t scratch_bytes = sizeof(float);
+        for (int d = 0; d < def->defs[i].rank; d++) scratch_bytes *= (size_t)def->defs[i].shape[d];
+        if (spread && sim_device_rank_lead(dev)) memset(job->scratch, 0, scratch_bytes);
+        if (spread) SIM_TRY(sim_device_barrier(dev));
         SIM_TRY(mesh_array_store_global(dev, &def->mesh, md->z[i].g, job->scratch));
         SIM_TRY(sim_device_barrier(dev));
+        if (spread && sim_device_rank_lead(dev)) SIM_TRY(sim_xrank_or_merge(job->scratch, scratch_bytes));
         if (sim_device_id(dev) == 0) {
             const model_param_def *pd = &def->defs[i];
             int64_t outer = 1, inner = 1, L = g->n_layers[i];
@@ -359,7 +375,7 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
     const model_def *def = md->def;
     sim_device *dev = md->ctx.dev;
     sim_device_set_phase(dev, SIM_PHASE_OTHER);
-    if (sim_device_id(dev) == 0) SIM_TRY(fill_microbatch(job, def, g));
+    if (sim_device_rank_lead(dev)) SIM_TRY(fill_microbatch(job, def, g)); /* each MPI rank its own copy */
     SIM_TRY(sim_device_barrier(dev));
     model_batch b;
     SIM_TRY(model_batch_load(md, job->mb_inputs, job->mb_targets, job->mb_positions, &b));
@@ -430,7 +446,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     int id = sim_device_id(dev);
     sim_device_set_step(dev, (int)s);
     sim_device_set_phase(dev, SIM_PHASE_OTHER);
-    if (id == 0)
+    if (sim_device_rank_lead(dev)) /* device 0; under MPI each rank's first device fills the rank's copy */
         SIM_TRY(model_batch_global(job->data, s, def->d.rows_loaded * def->d.ga, job->inputs, job->targets,
                                    job->positions));
     SIM_TRY(sim_device_barrier(dev));
@@ -480,6 +496,16 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     if (md->zero1) zero1_free_grads(md);
     deepseek_bias_update(md); /* after the optimizer, as MaxText's train_step (no-op without the update) */
     SIM_TRY(sim_device_barrier(dev));
+    uint64_t peak = 0;
+    if (sim_device_rank_lead(dev)) { /* every device's peak: this process's, then the largest over MPI ranks */
+        sim_machine *m = sim_device_machine(dev);
+        for (int d = 0; d < sim_machine_num_devices(m); d++) {
+            sim_arena_stats as;
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
+            if (as.peak > peak) peak = as.peak;
+        }
+        if (sim_machine_ranks(m) > 1) SIM_TRY(sim_xrank_max_u64(&peak));
+    }
     if (id == 0) {
         model_step_stats *ss = &job->stats[s];
         ss->step = s;
@@ -489,14 +515,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         ss->grad_norm = model_clipped_norm(&job->opt, norm); /* both optimizers clip with model_clip_applies */
         ss->lr = model_lr_at(&job->opt, s);
         ss->time_s = (double)(sim_now_ns() - t0) / 1e9;
-        size_t peak = 0;
-        sim_machine *m = sim_device_machine(dev);
-        for (int d = 0; d < sim_machine_num_devices(m); d++) {
-            sim_arena_stats as;
-            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
-            if (as.peak > peak) peak = as.peak;
-        }
-        ss->peak_bytes = peak;
+        ss->peak_bytes = (size_t)peak;
         if (job->on_step) job->on_step(ss, job->cb_arg);
     }
     return sim_device_barrier(dev); /* others wait while device 0 reads their arenas */
@@ -573,6 +592,12 @@ sim_status model_train(model_train_job *job, sim_machine *m)
         for (long long s = 0; s < job->steps; s++) model_grads_alloc(def, &job->step_grads[s]);
     if (job->final_params) model_grads_alloc(def, job->final_params);
     sim_status st = sim_machine_run(m, train_device, job);
+    if (st == SIM_OK && sim_machine_ranks(m) > 1) { /* under MPI: device 0's step stats, every device's stores */
+        if (job->stats) st = sim_xrank_from_rank0(job->stats, (size_t)job->steps * sizeof *job->stats);
+        for (long long s = 0; job->step_grads && s < job->steps && st == SIM_OK; s++)
+            st = model_grads_merge_ranks(&job->step_grads[s]);
+        if (st == SIM_OK && job->final_params) st = model_grads_merge_ranks(job->final_params);
+    }
     if (own) {
         free(job->mb_inputs);
         free(job->mb_targets);

@@ -38,6 +38,9 @@ sim_status model_loss_and_grads_from(const model_def *def, sim_machine *m, const
 void model_grads_alloc(const model_def *def, model_grads *g);
 
 /* A machine for the model's mesh (capacity from hbm_limit_gb, dry run, trace). */
+/* Under MPI each rank's global arrays hold its devices' shards (zeros elsewhere): after this every
+ * rank holds them all (sim_xrank_or_merge). */
+sim_status model_grads_merge_ranks(model_grads *g);
 sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool trace, sim_machine **out);
 
 /* One training step's figures (device 0's view; the loss is replicated). */

@@ -269,6 +269,8 @@ void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat)
 
 void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out) { *out = a->st; }
 
+void sim_arena_set_stats(sim_arena *a, const sim_arena_stats *st) { a->st = *st; }
+
 void sim_arena_reset_peak(sim_arena *a)
 {
     a->st.peak = a->st.live;

@@ -63,6 +63,9 @@ sim_status sim_arena_back(sim_arena *a, size_t bytes, sim_mem_cat cat, const cha
 void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat);
 
 void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out);
+/* Puts another process's figures in an arena that holds nothing here: a device another MPI rank
+ * ran (sim/xrank.h), so this rank's reports show every device. */
+void sim_arena_set_stats(sim_arena *a, const sim_arena_stats *st);
 /* Forget the peak: peak := live (e.g. after initialisation). */
 void sim_arena_reset_peak(sim_arena *a);
 bool sim_arena_dry(const sim_arena *a);

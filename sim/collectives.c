@@ -19,6 +19,7 @@
  *   ppermute        p0 n, perm[k]
  *   ragged          per-peer counts and offsets (checked pairwise at the rendezvous) */
 #include "sim/machine_priv.h"
+#include "sim/xrank.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -574,7 +575,7 @@ static bool match_shared(sim_machine *m, sim_group *g, char *why, size_t cap)
     if (!match_calls(m, g, why, cap)) return false;
     const sim_call *c0 = g->slot[0];
     size_t bytes = c0->p[0] * c0->p[1] * (size_t)g->k * sim_dtype_size(c0->dt);
-    void *buf = shared_new(m, bytes, g->k);
+    void *buf = shared_new(m, bytes, g->local_k); /* a buffer per rank when the group spans ranks */
     if (!buf) { /* every member fails with this (the machine's failure, SIM_ERR_INTERNAL) */
         snprintf(why, cap, "all-gather '%s': out of host memory for its shared buffer of %zu bytes (%d members); "
                  "run a smaller model or batch, or fewer devices", tag_or_dash(c0->tag), bytes, g->k);
@@ -691,6 +692,425 @@ static void move_task(sim_machine *m, sim_group *g, int t)
         for (int q = 0; q < k; q++)
             if (q != t) memcpy((char *)g->byrank[q]->recv + lo * es, (const char *)c->recv + lo * es, (hi - lo) * es);
     }
+}
+
+/* ------------------------------------------------------------ groups spanning ranks
+ * The last local arriver sends every other rank of the group its local members' calls (a fixed-size
+ * record each), and receives theirs: "ghost" calls for the remote members fill g->slot, so the
+ * ordinary match sees the k calls a one-process run sees and gives the same verdict on every rank.
+ * Data: to each other rank, for each local sender in rank order, one message of exactly the slices
+ * that rank's receivers read (xseg_walk: straight from the sender's buffer when they form one run,
+ * else packed); the receiver puts them at the same offsets of a staging copy of the sender's buffer,
+ * which becomes the ghost's `send`, so move_data and sum_sources run unchanged for the local
+ * receivers and sum in group-rank order: the same bits.  An all-reduce then sends the chunks its
+ * local members own, summed, to the other ranks. */
+
+/* One member's call on the wire; then k uint64 send_off, send_cnt, recv_off, recv_cnt and k int32 perm. */
+typedef struct {
+    int32_t op, dt, counted, counted_set, shared, device, has_perm, has_ragged;
+    uint64_t p[4];
+    sim_axes axes;
+    char tag[SIM_TAG_MAX];
+    char pad[8 - (sizeof(sim_axes) + SIM_TAG_MAX) % 8];
+} xdesc;
+
+struct sim_xgroup {
+    int nother;             /* other ranks in the group */
+    int other[SIM_MAX_DEVICES];
+    size_t rec;             /* bytes of one member's record */
+    char *mine;             /* local members' records, canonical order */
+    char **theirs;          /* [nother]: each other rank's records, canonical order */
+    sim_call *ghost;        /* [k], by canonical slot (remote members only) */
+    char (*tags)[SIM_TAG_MAX];
+    void **staging;         /* [k], by group rank: ghosts' send data */
+};
+
+static size_t xdesc_bytes(int k) /* a multiple of 8: the next record's uint64 arrays stay aligned */
+{
+    return (sizeof(xdesc) + (size_t)k * (4 * sizeof(uint64_t) + sizeof(int32_t)) + 7) / 8 * 8;
+}
+
+void sim_xgroup_pack_calls(sim_machine *m, sim_group *g)
+{
+    struct sim_xgroup *x = calloc(1, sizeof *x);
+    SIM_ASSERT(x);
+    g->x = x;
+    int k = g->k;
+    for (int j = 0; j < k; j++) {
+        int r = g->owner[j], seen = r == m->rank;
+        for (int i = 0; i < x->nother && !seen; i++) seen = x->other[i] == r;
+        if (!seen) x->other[x->nother++] = r;
+    }
+    x->rec = xdesc_bytes(k);
+    x->mine = calloc((size_t)g->local_k, x->rec);
+    SIM_ASSERT(x->mine);
+    char *at = x->mine;
+    for (int j = 0; j < k; j++) {
+        if (g->owner[j] != m->rank) continue;
+        const sim_call *c = g->slot[j];
+        xdesc h;
+        memset(&h, 0, sizeof h);
+        h.op = c->op;
+        h.dt = c->dt;
+        h.counted = c->counted;
+        h.counted_set = c->counted_set;
+        h.shared = c->shared;
+        h.device = c->device;
+        h.has_perm = c->perm != NULL;
+        h.has_ragged = c->send_cnt != NULL;
+        for (int i = 0; i < 4; i++) h.p[i] = c->p[i];
+        h.axes = c->axes;
+        if (c->tag) sim_str_put(h.tag, sizeof h.tag, 0, c->tag, SIZE_MAX);
+        memcpy(at, &h, sizeof h);
+        uint64_t *u = (uint64_t *)(at + sizeof h);
+        /* the call's own group size: a mismatched call may name other axes (the match reports it) */
+        int kc = sim_mesh_group_size(&m->mesh, c->axes) < k ? sim_mesh_group_size(&m->mesh, c->axes) : k;
+        if (h.has_ragged)
+            for (int q = 0; q < kc; q++) {
+                u[q] = c->send_off[q];
+                u[k + q] = c->send_cnt[q];
+                u[2 * k + q] = c->recv_off[q];
+                u[3 * k + q] = c->recv_cnt[q];
+            }
+        int32_t *pm = (int32_t *)(u + 4 * k);
+        if (h.has_perm)
+            for (int q = 0; q < kc; q++) pm[q] = c->perm[q];
+        at += x->rec;
+    }
+}
+
+sim_status sim_xgroup_trade_calls(sim_machine *m, sim_group *g)
+{
+    struct sim_xgroup *x = g->x;
+    x->theirs = calloc((size_t)x->nother, sizeof *x->theirs);
+    sim_xmsg *msgs = calloc(2 * (size_t)x->nother, sizeof *msgs);
+    SIM_ASSERT(x->theirs && msgs);
+    for (int i = 0; i < x->nother; i++) {
+        int n = 0;
+        for (int j = 0; j < g->k; j++) n += g->owner[j] == x->other[i];
+        x->theirs[i] = calloc((size_t)n, x->rec);
+        SIM_ASSERT(x->theirs[i]);
+        msgs[2 * i] = (sim_xmsg){x->other[i], true, x->mine, (size_t)g->local_k * x->rec};
+        msgs[2 * i + 1] = (sim_xmsg){x->other[i], false, x->theirs[i], (size_t)n * x->rec};
+    }
+    sim_status st = sim_xrank_exchange(msgs, 2 * x->nother, g->tag, &m->xstop, m->opts.collective_timeout_s);
+    free(msgs);
+    if (st == SIM_ERR_DEADLOCK) { /* the collective watchdog, for a group whose other members are elsewhere */
+        char ax[96], who[256];
+        xdesc c; /* the first local member's call, as sent (the members' own calls may be gone by now) */
+        memcpy(&c, x->mine, sizeof c);
+        size_t n = 0;
+        for (int i = 0; i < x->nother && n + 16 < sizeof who; i++)
+            n += (size_t)snprintf(who + n, sizeof who - n, "%s%d", i ? ", " : "", x->other[i]);
+        sim_err(st, "collective watchdog: %s waited more than %g s (collective_timeout_s) entering %s over %s (tag "
+                "'%s') for its peers on MPI rank%s %s; a peer is stuck or far slower, or the ranks called different "
+                "collectives", m->dev[c.device].label, m->opts.collective_timeout_s, sim_op_name((sim_op)c.op),
+                sim_axes_label(&m->mesh, c.axes, ax, sizeof ax), tag_or_dash(c.tag), x->nother > 1 ? "s" : "", who);
+    }
+    return st;
+}
+
+void sim_xgroup_ghosts(sim_machine *m, sim_group *g)
+{
+    struct sim_xgroup *x = g->x;
+    int k = g->k;
+    x->ghost = calloc((size_t)k, sizeof *x->ghost);
+    x->tags = calloc((size_t)k, sizeof *x->tags);
+    SIM_ASSERT(x->ghost && x->tags);
+    for (int i = 0; i < x->nother; i++) {
+        const char *at = x->theirs[i];
+        for (int j = 0; j < k; j++) {
+            if (g->owner[j] != x->other[i]) continue;
+            xdesc h;
+            memcpy(&h, at, sizeof h);
+            sim_call *c = &x->ghost[j];
+            c->op = (sim_op)h.op;
+            c->dt = (sim_dtype)h.dt;
+            c->counted = (sim_dtype)h.counted;
+            c->counted_set = h.counted_set;
+            c->shared = h.shared;
+            c->device = h.device;
+            for (int q = 0; q < 4; q++) c->p[q] = (size_t)h.p[q];
+            c->axes = h.axes;
+            memcpy(x->tags[j], h.tag, SIM_TAG_MAX);
+            x->tags[j][SIM_TAG_MAX - 1] = '\0';
+            c->tag = x->tags[j][0] ? x->tags[j] : NULL;
+            /* size_t and uint64_t are one type on every target shardsim builds for (LP64) */
+            const size_t *u = (const size_t *)(const void *)(at + sizeof h);
+            if (h.has_ragged) {
+                c->send_off = u;
+                c->send_cnt = u + k;
+                c->recv_off = u + 2 * k;
+                c->recv_cnt = u + 3 * k;
+            }
+            if (h.has_perm) c->perm = (const int *)(const void *)(u + 4 * k);
+            g->slot[j] = c;
+            at += x->rec;
+        }
+    }
+}
+_Static_assert(sizeof(size_t) == sizeof(uint64_t) && sizeof(int) == sizeof(int32_t), "LP64");
+
+/* Where one sender's slices for one rank lie: when they are one run of its buffer they travel
+ * straight from it and land straight in the staging copy, else through a packed buffer. */
+typedef struct {
+    size_t bytes;    /* all slices */
+    size_t first;    /* byte offset of the first */
+    bool contiguous; /* each slice starts where the one before ends */
+} xseg_span;
+
+/* The slices of sender rank q's send buffer (its call c) that the receivers in `to` read, in
+ * elements, in a fixed order; with pack, each is copied from src to pack (at advancing), with
+ * unpack from pack to the same offset of dst.  Returns where they lie. */
+static xseg_span xseg_walk(const sim_call *c, int k, int q, const bool *to, size_t es, const char *src, char *dst,
+                           char *pack, bool unpack)
+{
+    xseg_span sp = {0, 0, true};
+    size_t next = 0;
+#define SEG(off, len)                                                                                  \
+    do {                                                                                               \
+        size_t o_ = (off) * es, l_ = (len) * es;                                                       \
+        if (pack && !unpack) memcpy(pack + sp.bytes, src + o_, l_);                                    \
+        if (pack && unpack) memcpy(dst + o_, pack + sp.bytes, l_);                                     \
+        if (sp.bytes == 0) sp.first = o_;                                                              \
+        else if (o_ != next) sp.contiguous = false;                                                    \
+        next = o_ + l_;                                                                                \
+        sp.bytes += l_;                                                                                \
+    } while (0)
+    bool any = false;
+    for (int t = 0; t < k; t++) any |= to[t];
+    if (!any) return sp;
+    switch (c->op) {
+    case SIM_OP_ALL_GATHER: SEG(0, c->p[0] * c->p[1]); break;
+    case SIM_OP_REDUCE_SCATTER:
+    case SIM_OP_ALL_TO_ALL: /* (outer, k, chunk): receiver t reads [:, t, :] */
+        for (size_t o = 0; o < c->p[0]; o++)
+            for (int t = 0; t < k; t++)
+                if (to[t]) SEG((o * (size_t)k + (size_t)t) * c->p[1], c->p[1]);
+        break;
+    case SIM_OP_ALL_REDUCE:
+        for (int t = 0; t < k; t++)
+            if (to[t]) {
+                size_t lo = (size_t)t * c->p[0] / (size_t)k, hi = (size_t)(t + 1) * c->p[0] / (size_t)k;
+                SEG(lo, hi - lo);
+            }
+        break;
+    case SIM_OP_PPERMUTE:
+        if (c->perm[q] >= 0 && to[c->perm[q]]) SEG(0, c->p[0]);
+        break;
+    case SIM_OP_RAGGED_ALL_TO_ALL:
+        for (int t = 0; t < k; t++)
+            if (to[t]) SEG(c->send_off[t], c->send_cnt[t]);
+        break;
+    default: SIM_ASSERT(!"bad op");
+    }
+#undef SEG
+    return sp;
+}
+
+/* Elements of a sender's buffer that receivers may read (the staging copy's size). */
+static size_t send_extent(const sim_call *c, int k)
+{
+    switch (c->op) {
+    case SIM_OP_ALL_GATHER: return c->p[0] * c->p[1];
+    case SIM_OP_REDUCE_SCATTER:
+    case SIM_OP_ALL_TO_ALL: return c->p[0] * (size_t)k * c->p[1];
+    case SIM_OP_ALL_REDUCE:
+    case SIM_OP_PPERMUTE: return c->p[0];
+    case SIM_OP_RAGGED_ALL_TO_ALL: {
+        size_t e = 0;
+        for (int t = 0; t < k; t++)
+            if (c->send_off[t] + c->send_cnt[t] > e) e = c->send_off[t] + c->send_cnt[t];
+        return e;
+    }
+    default: SIM_ASSERT(!"bad op");
+    }
+    return 0;
+}
+
+/* The messages of one exchange, and the packed buffers to unpack or free afterwards. */
+typedef struct {
+    sim_xmsg *msg;
+    int n, cap;
+    struct xpacked {
+        char *buf;
+        int q; /* a receive's: the sender whose staging copy it unpacks into; -1 for a send */
+    } *packed;
+    int npacked;
+} xplan;
+
+/* Room for one more message (and its packed buffer: at most one each). */
+static void plan_grow(xplan *p)
+{
+    if (p->n < p->cap && p->npacked < p->cap) return;
+    p->cap = p->cap ? 2 * p->cap : 16;
+    p->msg = realloc(p->msg, (size_t)p->cap * sizeof *p->msg);
+    p->packed = realloc(p->packed, (size_t)p->cap * sizeof *p->packed);
+    SIM_ASSERT(p->msg && p->packed);
+}
+
+static void plan_msg(xplan *p, int peer, bool send, void *buf, size_t bytes)
+{
+    plan_grow(p);
+    p->msg[p->n++] = (sim_xmsg){peer, send, buf, bytes};
+}
+
+static char *plan_packed(xplan *p, size_t bytes, int q)
+{
+    plan_grow(p);
+    char *b = malloc(bytes ? bytes : 1);
+    SIM_ASSERT(b);
+    p->packed[p->npacked].buf = b;
+    p->packed[p->npacked].q = q;
+    p->npacked++;
+    return b;
+}
+
+static void plan_free(xplan *p)
+{
+    for (int i = 0; i < p->npacked; i++) free(p->packed[i].buf);
+    free(p->packed);
+    free(p->msg);
+    memset(p, 0, sizeof *p);
+}
+
+sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g)
+{
+    struct sim_xgroup *x = g->x;
+    int k = g->k, me = m->rank, nother = x->nother;
+    SIM_ASSERT(k >= 1 && k <= SIM_MAX_DEVICES && nother >= 1);
+    const sim_call *c0 = g->byrank[0];
+    size_t es = sim_dtype_size(c0->dt);
+    int rank_owner[SIM_MAX_DEVICES];
+    for (int t = 0; t < k; t++) rank_owner[t] = sim_machine_owner(m, g->byrank[t]->device);
+    bool *to = calloc((size_t)(nother + 1) * (size_t)k, sizeof *to); /* [i][t]: receiver t on other rank i; last row: mine */
+    x->staging = calloc((size_t)k, sizeof *x->staging);
+    SIM_ASSERT(to && x->staging);
+    bool *mine = to + (size_t)nother * (size_t)k;
+    for (int t = 0; t < k; t++) {
+        mine[t] = rank_owner[t] == me;
+        for (int i = 0; i < nother; i++) to[(size_t)i * (size_t)k + (size_t)t] = rank_owner[t] == x->other[i];
+    }
+    /* to each other rank, each local sender's slices for its receivers (rank order), and from it, each of
+     * its senders' slices for mine, into a staging copy of that sender's buffer at the same offsets */
+    xplan plan = {0};
+    uint64_t sent = 0;
+    for (int i = 0; i < nother; i++) {
+        const bool *ti = to + (size_t)i * (size_t)k;
+        for (int q = 0; q < k; q++) {
+            sim_call *c = g->byrank[q];
+            if (rank_owner[q] == me) {
+                xseg_span sp = xseg_walk(c, k, q, ti, es, NULL, NULL, NULL, false);
+                if (!sp.bytes) continue;
+                const char *from = (const char *)c->send + sp.first;
+                if (!sp.contiguous) {
+                    char *b = plan_packed(&plan, sp.bytes, -1);
+                    xseg_walk(c, k, q, ti, es, c->send, NULL, b, false);
+                    from = b;
+                }
+                plan_msg(&plan, x->other[i], true, (void *)from, sp.bytes);
+                sent += sp.bytes;
+            } else if (rank_owner[q] == x->other[i]) {
+                xseg_span sp = xseg_walk(c, k, q, mine, es, NULL, NULL, NULL, false);
+                if (!sp.bytes) continue;
+                x->staging[q] = malloc(send_extent(c, k) * es + 1);
+                SIM_ASSERT(x->staging[q]);
+                char *into = (char *)x->staging[q] + sp.first;
+                if (!sp.contiguous) into = plan_packed(&plan, sp.bytes, q);
+                plan_msg(&plan, x->other[i], false, into, sp.bytes);
+            }
+        }
+    }
+    sim_status st = sim_xrank_exchange(plan.msg, plan.n, g->tag, &m->xstop, 0);
+    if (st == SIM_OK) {
+        for (int i = 0; i < plan.npacked; i++) {
+            int q = plan.packed[i].q;
+            if (q >= 0) xseg_walk(g->byrank[q], k, q, mine, es, NULL, x->staging[q], plan.packed[i].buf, true);
+        }
+        for (int q = 0; q < k; q++)
+            if (x->staging[q]) g->byrank[q]->send = x->staging[q];
+        /* the local receivers' tasks (a shared all-gather fills this rank's one buffer: every block) */
+        for (int t = 0; t < k; t++) {
+            sim_call *c = g->byrank[t];
+            if (!mine[t] && !c->shared) continue;
+            move_data(&m->dev[c->device], c, g->byrank, k, t);
+            if (c->op == SIM_OP_ALL_REDUCE) {
+                size_t lo = (size_t)t * c->p[0] / (size_t)k, hi = (size_t)(t + 1) * c->p[0] / (size_t)k;
+                for (int q = 0; q < k; q++)
+                    if (q != t && mine[q])
+                        memcpy((char *)g->byrank[q]->recv + lo * es, (const char *)c->recv + lo * es, (hi - lo) * es);
+            }
+        }
+    }
+    plan_free(&plan);
+    if (st == SIM_OK && c0->op == SIM_OP_ALL_REDUCE) {
+        /* the owners' summed chunks to the other ranks, straight from and into the members' buffers
+         * (the local sends went out whole in the first exchange, so writing in place is safe) */
+        size_t n = c0->p[0];
+        int first = -1;
+        for (int t = 0; t < k && first < 0; t++)
+            if (mine[t]) first = t;
+        for (int i = 0; i < nother; i++)
+            for (int t = 0; t < k; t++) {
+                size_t lo = (size_t)t * n / (size_t)k, len = ((size_t)(t + 1) * n / (size_t)k - lo) * es;
+                if (!len) continue;
+                if (mine[t]) {
+                    plan_msg(&plan, x->other[i], true, (char *)g->byrank[t]->recv + lo * es, len);
+                    sent += len;
+                } else if (rank_owner[t] == x->other[i]) {
+                    plan_msg(&plan, x->other[i], false, (char *)g->byrank[first]->recv + lo * es, len);
+                }
+            }
+        st = sim_xrank_exchange(plan.msg, plan.n, g->tag, &m->xstop, 0);
+        for (int t = 0; t < k && st == SIM_OK; t++) {
+            if (mine[t]) continue;
+            size_t lo = (size_t)t * n / (size_t)k, len = ((size_t)(t + 1) * n / (size_t)k - lo) * es;
+            for (int q = 0; q < k; q++)
+                if (mine[q] && q != first)
+                    memcpy((char *)g->byrank[q]->recv + lo * es, (const char *)g->byrank[first]->recv + lo * es, len);
+        }
+        plan_free(&plan);
+    }
+    sent += (uint64_t)nother * (uint64_t)g->local_k * x->rec; /* the calls */
+    sim_machine_add_xrank_bytes(m, d->step, sent);
+    free(to);
+    return st;
+}
+
+void sim_xgroup_end(sim_group *g)
+{
+    struct sim_xgroup *x = g->x;
+    if (!x) return;
+    for (int i = 0; x->theirs && i < x->nother; i++) free(x->theirs[i]);
+    for (int q = 0; x->staging && q < g->k; q++) free(x->staging[q]);
+    free(x->theirs);
+    free(x->staging);
+    free(x->mine);
+    free(x->ghost);
+    free(x->tags);
+    free(x);
+    g->x = NULL;
+}
+
+sim_status sim_xgroup_sync(sim_machine *m, sim_group *g)
+{
+    sim_xmsg msgs[2 * SIM_MAX_DEVICES];
+    int n = 0, seen[SIM_MAX_DEVICES], ns = 0;
+    char none = 0, sink[SIM_MAX_DEVICES];
+    for (int j = 0; j < g->k; j++) {
+        int r = g->owner[j], dup = r == m->rank;
+        for (int i = 0; i < ns && !dup; i++) dup = seen[i] == r;
+        if (dup) continue;
+        seen[ns] = r;
+        msgs[n++] = (sim_xmsg){r, true, &none, 0};
+        msgs[n++] = (sim_xmsg){r, false, &sink[ns], 0};
+        ns++;
+    }
+    sim_status st = sim_xrank_exchange(msgs, n, g == m->world ? 0 : g->tag, &m->xstop, m->opts.collective_timeout_s);
+    if (st == SIM_ERR_DEADLOCK)
+        sim_err(st, "collective watchdog: a barrier of all devices waited more than %g s for MPI ranks "
+                "(collective_timeout_s); a peer is stuck or far slower", m->opts.collective_timeout_s);
+    return st;
 }
 
 /* Bytes a collective's data movement reads and writes over the whole group,

@@ -7,9 +7,18 @@
  *
  * Rendezvous: a generation barrier per group under the machine lock (see
  * machine_priv.h for why the deadlock test is exact).  Collectives meet
- * once (sim_exchange): the last arriver moves the data, with helpers. */
+ * once (sim_exchange): the last arriver moves the data, with helpers.
+ *
+ * MPI ranks (sim/xrank.h): every process knows every device (coordinates,
+ * labels, groups) but runs only its block [lo, hi) of ids, as threads.  A
+ * group with members on other ranks completes its local arrival as usual;
+ * its last local arriver then trades the calls and the data with the other
+ * ranks (exchange_spread_locked, collectives.c) while the others sleep.  The
+ * deadlock test stays exact inside a rank; across ranks the watchdog
+ * (collective_timeout_s) is the fallback. */
 #include "sim/machine_priv.h"
 #include "sim/topology.h"
+#include "sim/xrank.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -171,11 +180,24 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
         check.dcn[i] = mesh->dcn[i];
     }
 
+    /* a dry run moves no data: every rank runs all of it in one process (rank-0 output, per-rank
+     * shares read from it: sim_xrank_devices) */
+    bool dry = opts && opts->dry_run, whole = dry || (opts && opts->whole);
+    int n = sim_mesh_num_devices(&check), nranks = whole ? 1 : sim_xrank_size();
+    if (nranks > n)
+        return sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
+                       "%d ranks (mpirun -np %d)", nranks, n, n, n);
+
     sim_machine *m = calloc(1, sizeof *m);
     SIM_ASSERT(m);
     m->mesh = check;
     if (opts) m->opts = *opts;
-    m->n = sim_mesh_num_devices(&m->mesh);
+    m->n = n;
+    /* contiguous blocks of device ids per rank, the first ranks one smaller when R does not divide n */
+    m->nranks = nranks;
+    m->rank = whole ? 0 : sim_xrank_rank();
+    sim_machine_rank_devices(m, m->rank, &m->lo, &m->hi);
+    if (nranks > 1) m->opts.pin_threads = false; /* ranks share the host's cores: leave placement to the OS */
     m->workers = m->n;
     m->t_origin = sim_now_ns();
     pthread_mutex_init(&m->lock, NULL);
@@ -217,6 +239,7 @@ static void group_free(sim_group *g)
     free(g->members);
     free(g->slot);
     free(g->byrank);
+    free(g->owner);
     free(g);
 }
 
@@ -243,6 +266,7 @@ void sim_machine_free(sim_machine *m)
         free(d->spans);
     }
     free(m->dev);
+    free(m->xbytes);
     sim_shared_free_all(m);
     pthread_mutex_destroy(&m->shared_lock);
     pthread_mutex_destroy(&m->lock);
@@ -344,7 +368,26 @@ static sim_group *group_new(sim_machine *m, unsigned mask, const int *coords)
         }
         g->members[i] = sim_mesh_device_id(&m->mesh, c);
     }
+    g->owner = calloc((size_t)g->k, sizeof *g->owner);
+    SIM_ASSERT(g->owner);
+    for (int i = 0; i < g->k; i++) {
+        g->owner[i] = sim_machine_owner(m, g->members[i]);
+        g->local_k += g->owner[i] == m->rank;
+    }
+    /* a channel per group: tag 0 is the machine-wide barrier's, then (mask, group index) */
+    int gi = 0;
+    for (int a = 0; a < m->mesh.naxes; a++)
+        if (!(mask & (1u << a))) gi = gi * m->mesh.sizes[a] + coords[a];
+    g->tag = 1 + (int)mask * SIM_MAX_DEVICES + gi;
     return g;
+}
+
+int sim_machine_owner(const sim_machine *m, int id)
+{
+    int r = (int)((long)id * m->nranks / m->n);
+    while ((long)(r + 1) * m->n / m->nranks <= id) r++;
+    while ((long)r * m->n / m->nranks > id) r--;
+    return r;
 }
 
 sim_group *sim_group_of(sim_device *d, unsigned mask)
@@ -407,13 +450,14 @@ static int dev_sleep(sim_device *d, const struct timespec *deadline)
 
 static void wake_all_locked(sim_machine *m)
 {
-    for (int i = 0; i < m->n; i++) dev_wake(&m->dev[i]);
+    for (int i = m->lo; i < m->hi; i++) dev_wake(&m->dev[i]);
 }
 
 static void fail_locked(sim_machine *m, sim_status st, const char *msg)
 {
     if (m->failed) return;
     m->failed = true;
+    atomic_store(&m->xstop, true);
     m->fail_st = st;
     snprintf(m->fail_msg, sizeof m->fail_msg, "%s", msg);
     wake_all_locked(m);
@@ -622,7 +666,18 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
     pthread_mutex_lock(&m->lock);
     if (m->failed && !must_finish) return aborted_unlock(m, d);
     if (kind == SIM_RV_ARRIVE) g->slot[sim_group_slot(g, d)] = call;
-    if (++g->arrived == g->k) {
+    if (++g->arrived == g->local_k) {
+        SIM_ASSERT(g->local_k == g->k || kind == SIM_RV_BARRIER); /* spread groups meet in sim_exchange */
+        if (g->local_k < g->k) { /* the other ranks' members: a message to and from each of their ranks */
+            pthread_mutex_unlock(&m->lock);
+            sim_status st = sim_xgroup_sync(m, g);
+            pthread_mutex_lock(&m->lock);
+            if (st != SIM_OK) {
+                fail_locked(m, st, sim_errmsg());
+                pthread_mutex_unlock(&m->lock);
+                return st;
+            }
+        }
         if (kind == SIM_RV_ARRIVE && match) SIM_TRY(match_or_fail_locked(m, g, match));
         g->arrived = 0;
         g->gen++;
@@ -666,6 +721,63 @@ static void exchange_help(sim_machine *m, sim_device *d, sim_group *g, sim_call 
     exchange_work(m, d, g, call);
 }
 
+/* The last local arriver of a group spread over ranks (lock held): trades the calls with the
+ * other ranks while its local peers sleep in ARRIVE (a failure may still wake them: nothing of
+ * theirs is read outside the lock), matches all k calls as a one-process run would (every rank
+ * reaches the same verdict and message), then moves the data itself while they sleep in DEPART. */
+static sim_status exchange_spread_locked(sim_machine *m, sim_device *d, sim_group *g, sim_match_fn match)
+{
+    sim_xgroup_pack_calls(m, g);
+    pthread_mutex_unlock(&m->lock);
+    sim_status st = sim_xgroup_trade_calls(m, g);
+    pthread_mutex_lock(&m->lock);
+    if (st == SIM_OK && m->failed) st = SIM_ERR_ABORTED;
+    if (st != SIM_OK) {
+        if (st != SIM_ERR_ABORTED) fail_locked(m, st, sim_errmsg());
+        g->arrived = 0;
+        sim_xgroup_end(g);
+        return st == SIM_ERR_ABORTED ? aborted_unlock(m, d) : (pthread_mutex_unlock(&m->lock), st);
+    }
+    sim_xgroup_ghosts(m, g);
+    g->arrived = 0;
+    m->match_fail = SIM_OK;
+    char why[6144];
+    if (!match(m, g, why, sizeof why)) {
+        st = m->match_fail ? m->match_fail : SIM_ERR_MISMATCH;
+        fail_locked(m, st, why);
+        sim_xgroup_end(g);
+        pthread_mutex_unlock(&m->lock);
+        return sim_err(st, "%s", why);
+    }
+    g->gen++;
+    for (int j = 0; j < g->k; j++) {
+        sim_call *c = g->slot[j];
+        g->byrank[sim_device_group_rank(&m->dev[c->device], c->axes)] = c;
+    }
+    for (int j = 0; j < g->k; j++) { /* buffers are in use from now on: no failure may wake them */
+        sim_device *p = &m->dev[g->members[j]];
+        if (p != d && g->owner[j] == m->rank) p->wait_kind = SIM_RV_DEPART;
+    }
+    pthread_mutex_unlock(&m->lock);
+    st = sim_xgroup_move(m, d, g);
+    pthread_mutex_lock(&m->lock);
+    sim_xgroup_end(g);
+    g->moved++;
+    if (st != SIM_OK) { /* the data did not all arrive: the members wake to the failure, not released */
+        for (int j = 0; j < g->k; j++) {
+            sim_device *p = &m->dev[g->members[j]];
+            if (p != d && g->owner[j] == m->rank) p->wait_kind = SIM_RV_ARRIVE;
+        }
+        if (st != SIM_ERR_ABORTED) fail_locked(m, st, sim_errmsg());
+        pthread_mutex_unlock(&m->lock);
+        for (int j = 0; j < g->k; j++) /* the failure's wake-up came while they had to stay: again */
+            if (g->owner[j] == m->rank && &m->dev[g->members[j]] != d) dev_wake(&m->dev[g->members[j]]);
+        return st;
+    }
+    release_group_unlock(m, g, d);
+    return SIM_OK;
+}
+
 sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
                         int ntask, bool split)
 {
@@ -673,12 +785,13 @@ sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_f
     pthread_mutex_lock(&m->lock);
     if (m->failed) return aborted_unlock(m, d);
     g->slot[sim_group_slot(g, d)] = call;
-    if (++g->arrived < g->k) {
+    if (++g->arrived < g->local_k) {
         d->helper = false;
         SIM_TRY(wait_locked(m, d, g, call, SIM_RV_ARRIVE));
         if (d->helper) exchange_help(m, d, g, call); /* asked to move data; else the exchange is over */
         return SIM_OK;
     }
+    if (g->local_k < g->k) return exchange_spread_locked(m, d, g, match);
     SIM_TRY(match_or_fail_locked(m, g, match));
     g->arrived = 0;
     g->gen++;
@@ -903,6 +1016,157 @@ static void fiber_main(void *arg, int i)
 
 static void pin_worker(void *arg, int w) { pin_self_or_warn(arg, w); }
 
+/* ------------------------------------------------------------ ranks */
+
+/* What one rank sends of each of its devices after a run, then the arrays. */
+typedef struct {
+    int32_t id;
+    int32_t spans_dropped;
+    uint64_t nrec, ncost, nspans, kept; /* kept: spans stored (0 once dropped) */
+    sim_op_totals totals[SIM_NOP];
+    sim_arena_stats arena;
+} dev_summary;
+
+static void blob_put(char **buf, size_t *len, size_t *cap, const void *p, size_t n)
+{
+    if (*len + n > *cap) {
+        while (*len + n > *cap) *cap = *cap ? 2 * *cap : 4096;
+        *buf = realloc(*buf, *cap);
+        SIM_ASSERT(*buf);
+    }
+    if (n) memcpy(*buf + *len, p, n);
+    *len += n;
+}
+
+/* After a run spread over ranks: every rank gets every other rank's device records, kernel costs,
+ * trace spans, op totals and arena figures (the same binary on every rank: plain structs travel as
+ * bytes), and the bytes that crossed ranks per step summed over ranks.  So the reports read the
+ * machine as after a one-process run, on any rank (rank 0 writes them). */
+static sim_status gather_devices(sim_machine *m)
+{
+    char *blob = NULL;
+    size_t len = 0, cap = 0;
+    int32_t nx = m->nxbytes;
+    blob_put(&blob, &len, &cap, &nx, sizeof nx);
+    blob_put(&blob, &len, &cap, m->xbytes, (size_t)nx * sizeof *m->xbytes);
+    for (int i = m->lo; i < m->hi; i++) {
+        sim_device *d = &m->dev[i];
+        dev_summary s;
+        memset(&s, 0, sizeof s);
+        s.id = i;
+        s.spans_dropped = d->spans_dropped;
+        s.nrec = d->nrec;
+        s.ncost = d->ncost;
+        s.nspans = d->nspans;
+        s.kept = d->spans ? d->nspans : 0;
+        memcpy(s.totals, d->totals, sizeof s.totals);
+        sim_arena_get_stats(d->arena, &s.arena);
+        blob_put(&blob, &len, &cap, &s, sizeof s);
+        blob_put(&blob, &len, &cap, d->rec, d->nrec * sizeof *d->rec);
+        blob_put(&blob, &len, &cap, d->cost, d->ncost * sizeof *d->cost);
+        blob_put(&blob, &len, &cap, d->spans, s.kept * sizeof *d->spans);
+    }
+    void *all = NULL;
+    size_t *sizes = calloc((size_t)m->nranks, sizeof *sizes);
+    SIM_ASSERT(sizes);
+    sim_status st = sim_xrank_allgatherv(blob, len, &all, sizes);
+    free(blob);
+    if (st != SIM_OK) {
+        free(sizes);
+        return st;
+    }
+    uint64_t *xb = NULL;
+    int nxb = 0;
+    const char *p = all;
+    for (int r = 0; r < m->nranks; r++) {
+        const char *end = p + sizes[r];
+        int32_t n;
+        memcpy(&n, p, sizeof n);
+        p += sizeof n;
+        if (n > nxb) {
+            xb = realloc(xb, (size_t)n * sizeof *xb);
+            SIM_ASSERT(xb);
+            memset(xb + nxb, 0, (size_t)(n - nxb) * sizeof *xb);
+            nxb = n;
+        }
+        for (int s = 0; s < n; s++) {
+            uint64_t v;
+            memcpy(&v, p + (size_t)s * sizeof v, sizeof v);
+            xb[s] += v;
+        }
+        p += (size_t)n * sizeof(uint64_t);
+        while (p < end) {
+            dev_summary s;
+            memcpy(&s, p, sizeof s);
+            p += sizeof s;
+            SIM_ASSERT(s.id >= 0 && s.id < m->n);
+            sim_device *d = &m->dev[s.id];
+            if (r == m->rank) { /* our own: already here */
+                p += s.nrec * sizeof *d->rec + s.ncost * sizeof *d->cost + s.kept * sizeof *d->spans;
+                continue;
+            }
+            d->nrec = d->caprec = s.nrec;
+            d->rec = realloc(d->rec, (s.nrec ? s.nrec : 1) * sizeof *d->rec);
+            d->ncost = d->capcost = s.ncost;
+            d->cost = realloc(d->cost, (s.ncost ? s.ncost : 1) * sizeof *d->cost);
+            SIM_ASSERT(d->rec && d->cost);
+            memcpy(d->rec, p, s.nrec * sizeof *d->rec);
+            p += s.nrec * sizeof *d->rec;
+            memcpy(d->cost, p, s.ncost * sizeof *d->cost);
+            p += s.ncost * sizeof *d->cost;
+            free(d->spans);
+            d->spans = NULL;
+            if (s.kept) {
+                d->spans = malloc(s.kept * sizeof *d->spans);
+                SIM_ASSERT(d->spans);
+                memcpy(d->spans, p, s.kept * sizeof *d->spans);
+            }
+            p += s.kept * sizeof *d->spans;
+            d->nspans = s.nspans;
+            d->capspans = s.kept;
+            d->spans_dropped = s.spans_dropped;
+            memcpy(d->totals, s.totals, sizeof d->totals);
+            sim_arena_set_stats(d->arena, &s.arena);
+        }
+    }
+    free(all);
+    free(sizes);
+    free(m->xbytes);
+    m->xbytes = xb;
+    m->nxbytes = nxb;
+    return SIM_OK;
+}
+
+int sim_machine_ranks(const sim_machine *m) { return m->nranks; }
+int sim_machine_rank(const sim_machine *m) { return m->rank; }
+
+void sim_machine_rank_devices(const sim_machine *m, int r, int *lo, int *hi)
+{
+    sim_xrank_devices(m->n, m->nranks, r, lo, hi);
+}
+bool sim_device_rank_lead(const sim_device *d) { return d->id == d->m->lo; }
+
+const uint64_t *sim_machine_xrank_bytes(const sim_machine *m, int *nsteps)
+{
+    *nsteps = m->nxbytes;
+    return m->xbytes;
+}
+
+void sim_machine_add_xrank_bytes(sim_machine *m, int step, uint64_t bytes)
+{
+    if (step < 0) step = 0;
+    pthread_mutex_lock(&m->lock);
+    if (step >= m->nxbytes) {
+        int n = step + 1 > 2 * m->nxbytes ? step + 1 : 2 * m->nxbytes;
+        m->xbytes = realloc(m->xbytes, (size_t)n * sizeof *m->xbytes);
+        SIM_ASSERT(m->xbytes);
+        memset(m->xbytes + m->nxbytes, 0, (size_t)(n - m->nxbytes) * sizeof *m->xbytes);
+        m->nxbytes = n;
+    }
+    m->xbytes[step] += bytes;
+    pthread_mutex_unlock(&m->lock);
+}
+
 /* Device stacks: as a thread's (glibc's default), reserved and touched only as deep as a device goes. */
 enum { DEVICE_STACK = 8u << 20 };
 
@@ -911,9 +1175,10 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
     m->fn = fn;
     m->arg = arg;
     m->failed = false;
+    atomic_store(&m->xstop, false);
     m->fail_st = SIM_OK;
     m->fail_msg[0] = '\0';
-    m->n_alive = m->n;
+    m->n_alive = m->hi - m->lo;
     m->n_blocked = 0;
     for (int i = 0; i < m->n; i++) {
         sim_device *d = &m->dev[i];
@@ -926,7 +1191,8 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
      * to the next device of its worker; 64 device threads on 2 cores slept and woke in the kernel
      * tens of thousands of times a step) */
     int workers = m->opts.workers > 0 ? m->opts.workers : m->cores;
-    m->fibers = workers < m->n ? sim_fibers_new(m->n, workers, DEVICE_STACK) : NULL;
+    /* spread over ranks, devices are threads: a fiber waiting on another rank would hold its worker */
+    m->fibers = workers < m->n && m->nranks == 1 ? sim_fibers_new(m->n, workers, DEVICE_STACK) : NULL;
     m->workers = m->n;
     if (m->fibers) {
         m->workers = workers;
@@ -945,10 +1211,10 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
         pthread_attr_init(&attr);
         pthread_attr_setstacksize(&attr, DEVICE_STACK);
         int started = 0;
-        for (int i = 0; i < m->n; i++) {
+        for (int i = m->lo; i < m->hi; i++) {
             if (pthread_create(&m->dev[i].thread, &attr, device_main, &m->dev[i]) != 0) {
                 pthread_mutex_lock(&m->lock);
-                m->n_alive -= m->n - i;
+                m->n_alive -= m->hi - i;
                 fail_locked(m, SIM_ERR_INTERNAL, "could not start a device thread");
                 pthread_mutex_unlock(&m->lock);
                 break;
@@ -956,7 +1222,7 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
             started++;
         }
         pthread_attr_destroy(&attr);
-        for (int i = 0; i < started; i++) pthread_join(m->dev[i].thread, NULL);
+        for (int i = m->lo; i < m->lo + started; i++) pthread_join(m->dev[i].thread, NULL);
     }
     /* groups restart clean after a failed run */
     unsigned nmask = 1u << m->mesh.naxes;
@@ -973,6 +1239,7 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
     }
     if (m->world) m->world->arrived = 0;
     if (m->failed) return sim_err(m->fail_st, "%s", m->fail_msg);
+    if (m->nranks > 1) SIM_TRY(gather_devices(m));
     return SIM_OK;
 }
 

@@ -59,6 +59,8 @@ typedef struct {
                               (sim_all_gather_dim_shared): the same bits, for tests comparing the two */
     bool copy_activation_gathers; /* only parameters' gathers are shared (tests: what sharing
                                      activations adds) */
+    bool whole;            /* run every device in this process even under mpirun (sim/xrank.h): a machine
+                              with fewer devices than ranks; dry runs always are */
     bool guard_shared;     /* tests: each shared all-gather buffer is its own mapping, read-only once
                               filled, so a write into a shared operand faults where it happens */
     int windowed_min_group; /* > 0: a weight's all-gather whose copy serves one product, and a weight
@@ -128,6 +130,18 @@ int sim_machine_threads(const sim_machine *m);
  * device swaps out and puts it back with set() when the device resumes; a device starts with
  * NULL.  Register before the first run (up to 8 slots; registering again is a no-op). */
 void sim_device_local_register(void *(*get)(void), void (*set)(void *));
+/* MPI ranks the machine is spread over (sim/xrank.h; 1 without a launcher), and this one's. */
+int sim_machine_ranks(const sim_machine *m);
+int sim_machine_rank(const sim_machine *m);
+/* The devices rank r runs: ids [*lo, *hi), contiguous blocks in id order. */
+void sim_machine_rank_devices(const sim_machine *m, int r, int *lo, int *hi);
+/* Whether d is the first device this process runs: the one that fills a rank's host-side arrays
+ * (the step's batch) that every device of the rank reads; device 0 in a one-process run. */
+bool sim_device_rank_lead(const sim_device *d);
+/* Bytes this process's ranks sent each other through MPI, per step (summed over ranks after a
+ * run; the simulation's own cost, never part of the simulated traffic); NULL when none. */
+const uint64_t *sim_machine_xrank_bytes(const sim_machine *m, int *nsteps);
+void sim_machine_add_xrank_bytes(sim_machine *m, int step, uint64_t bytes);
 /* OpenBLAS threads per device chosen for this machine. */
 int sim_machine_blas_threads(const sim_machine *m);
 

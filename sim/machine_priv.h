@@ -79,6 +79,12 @@ struct sim_group {
     int workers;          /* threads still claiming tasks (under the lock) */
     uint64_t moved;       /* exchanges whose data movement completed (under the lock) */
     sim_call **byrank;    /* [k]: the posted calls by rank in the calls' axes order */
+    /* spread over MPI ranks (sim/xrank.h): members on this rank, each member's rank, the
+     * group's message tag, and the exchange in progress (collectives.c) */
+    int local_k;          /* members run by this process (k in a one-process run) */
+    int *owner;           /* [k]: the rank running each canonical member */
+    int tag;
+    struct sim_xgroup *x;
 };
 
 typedef struct {
@@ -146,6 +152,7 @@ struct sim_machine {
     sim_group *world;     /* every device, for sim_device_barrier */
     int n_alive, n_blocked;
     bool failed;
+    atomic_bool xstop;    /* `failed`, readable without the lock: stops this rank's MPI waits */
     sim_status fail_st;
     char fail_msg[8192];
     /* run */
@@ -160,6 +167,10 @@ struct sim_machine {
     uint64_t shared_live; /* of which not yet released by every member */
     struct sim_shared_buf *shared_kept[4]; /* released large buffers kept for reuse (SHARED_KEEP) */
     int shared_nkept;
+    /* MPI ranks (sim/xrank.h): this process runs devices [lo, hi) of rank `rank` of `nranks` */
+    int rank, nranks, lo, hi;
+    uint64_t *xbytes;     /* [nxbytes]: bytes this rank sent to other ranks, by step (under lock) */
+    int nxbytes;
     sim_status match_fail; /* set by a match function failing for another reason than a mismatch
                               (a shared buffer's host allocation); SIM_OK otherwise */
 };
@@ -201,6 +212,19 @@ void sim_trace_add(sim_device *d, const sim_span *s);
  * spans are then freed and only counted.  Callers skip building a span that is not kept. */
 bool sim_trace_keeps(sim_device *d);
 unsigned sim_axes_mask(sim_axes axes);
+/* The rank that runs device id (contiguous blocks of ids). */
+int sim_machine_owner(const sim_machine *m, int id);
+/* A group spanning ranks (collectives.c), in its last local arriver: the local members' calls
+ * serialised (under the lock: the calls live on the members' stacks), traded with the other
+ * ranks of the group (unlocked), ghosts of the remote members' calls put in g->slot (under the
+ * lock) so the ordinary match sees all k calls; then the data phase (unlocked), and the end. */
+void sim_xgroup_pack_calls(sim_machine *m, sim_group *g);
+sim_status sim_xgroup_trade_calls(sim_machine *m, sim_group *g);
+void sim_xgroup_ghosts(sim_machine *m, sim_group *g);
+sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g);
+void sim_xgroup_end(sim_group *g);
+/* A zero-byte message to and from every other rank of g: a barrier's cross-rank part. */
+sim_status sim_xgroup_sync(sim_machine *m, sim_group *g);
 /* Frees the shared all-gather buffers still referenced (sim_machine_free). */
 void sim_shared_free_all(sim_machine *m);
 

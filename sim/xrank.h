@@ -1,0 +1,70 @@
+/* xrank.h — the simulated machine spread over processes: MPI ranks started by a launcher
+ * (`mpirun -np R shardsim ...`).  Each rank runs a contiguous block of the mesh's device ids
+ * (sim/machine.c); a collective whose group spans ranks moves the slices remote members need as
+ * point-to-point messages (sim/collectives.c), so reductions still sum in group-rank order and
+ * the bits are those of a one-process run.  MPI's own float reductions are never used.
+ *
+ * MPI is optional: built with -DSHARDSIM_MPI it is initialised only when a launcher's variables
+ * are in the environment (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_SIZE); otherwise, and in a build
+ * without MPI, there is one rank and nothing here does anything.
+ *
+ * No thread ever blocks inside MPI (a rank blocked in MPI spins a core): every wait is
+ * nonblocking requests polled with MPI_Test and short sleeps. */
+#ifndef SIM_XRANK_H
+#define SIM_XRANK_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sim/status.h"
+
+/* Initialises MPI (MPI_THREAD_MULTIPLE) when launched by an MPI launcher; a no-op otherwise.
+ * Call once, first thing in main.  Fails when MPI cannot give thread support. */
+sim_status sim_xrank_init(void);
+/* MPI_Finalize when initialised. */
+void sim_xrank_finalize(void);
+/* Ends every rank of the job with exit code `code` (MPI_Abort); exit(code) without MPI. */
+_Noreturn void sim_xrank_abort(int code);
+/* This process's rank and the number of ranks (0 and 1 without a launcher). */
+int sim_xrank_rank(void);
+int sim_xrank_size(void);
+/* Whether this build can run under a launcher at all (compiled with SHARDSIM_MPI). */
+bool sim_xrank_built(void);
+
+/* The device ids [*lo, *hi) rank r of R runs on a mesh of n devices: contiguous blocks in id order,
+ * the first ranks one device smaller when R does not divide n. */
+void sim_xrank_devices(int n, int R, int r, int *lo, int *hi);
+
+/* Host-level gathers between whole ranks (not devices): every rank calls them at the same point of
+ * its program, from one thread.  allgather: `bytes` from each rank into all[r * bytes]. */
+sim_status sim_xrank_allgather(const void *mine, size_t bytes, void *all);
+/* Variable sizes: *all (malloc'd, free it) is rank 0's bytes, then rank 1's, ...; sizes[r] (R
+ * entries) each rank's byte count. */
+sim_status sim_xrank_allgatherv(const void *mine, size_t bytes, void **all, size_t *sizes);
+/* The largest of every rank's value. */
+sim_status sim_xrank_max_u64(uint64_t *v);
+/* Every rank's buf becomes rank 0's. */
+sim_status sim_xrank_from_rank0(void *buf, size_t bytes);
+/* Every rank's buf becomes the bitwise OR of all ranks' bufs: for host arrays each rank filled only
+ * where its devices wrote (zeros elsewhere), and devices that write one element write the same bits. */
+sim_status sim_xrank_or_merge(void *buf, size_t bytes);
+
+/* One message of a point-to-point batch (sim_xrank_exchange). */
+typedef struct {
+    int peer;     /* the other rank */
+    bool send;    /* true: buf is sent to peer; false: received into buf */
+    void *buf;
+    size_t bytes; /* may be 0 (a pure synchronisation); any size (split in pieces below 2^31) */
+} sim_xmsg;
+
+/* Posts every message of the batch on `tag` (a group's own channel: messages between two ranks
+ * on one tag arrives in the order they were sent) and returns when all completed, sleeping
+ * between polls.  Safe from several threads at once (each with its own tag).  When *stop turns
+ * true (this rank failed) it gives up and returns SIM_ERR_ABORTED, and after timeout_s seconds
+ * (> 0; the collective watchdog) SIM_ERR_DEADLOCK: the messages left pending make MPI unusable,
+ * and the process must then end the job (sim_xrank_abort). */
+sim_status sim_xrank_exchange(sim_xmsg *msgs, int n, int tag, const atomic_bool *stop, double timeout_s);
+
+#endif
