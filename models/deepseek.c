@@ -629,27 +629,6 @@ static void log_attention_op(const model_dev *md, const mesh_var *q, const mesh_
     }
 }
 
-static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
-                        int rank, const char *const *out_names, mesh_var **y)
-{
-    mesh_spec os;
-    const mesh_spec *out;
-    SIM_TRY(model_out_sharding(md, name, rank, out_names, &os, &out));
-    return mesh_ad_einsum(t, sub, x, w, out, name, y);
-}
-
-/* dense, then checkpoint `name` on its output; when remat recomputes the layer and the policy saved
- * that output, the recomputed product is read by nothing (the saved copy replaces it) and runs dead
- * (model_recomputed_dead: XLA leaves it out of the recomputation) */
-static sim_status saved_dense(model_dev *md, mesh_tape *t, model_ckpt_name name, const char *sub, mesh_var *x,
-                              mesh_var *w, const char *op, int rank, const char *const *out_names, mesh_var **y)
-{
-    md->ctx.dead_outputs = model_recomputed_dead(md, name);
-    sim_status st = dense(md, t, sub, x, w, op, rank, out_names, y);
-    md->ctx.dead_outputs = false;
-    SIM_TRY(st);
-    return model_checkpoint_name(md, *y, name);
-}
 
 /* ------------------------------------------------------------ MLA tape ops */
 
@@ -984,16 +963,16 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     SIM_TRY(model_shard_as(md, t, x, "attention_mla/inputs_kv", 3, MLA_IN, &xkv));
     /* queries */
     if (d->q_lora == 0) {
-        SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, s->q, l), "query", 4, KV4, &q));
+        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, param(md, t, s->q, l), "query", 4, KV4, &q));
     } else {
         mesh_var *lq;
-        SIM_TRY(saved_dense(md, t, MODEL_CKPT_QUERY_WA_PROJ, "bte,eq->btq", xq, param(md, t, s->wq_a, l), "wq_a", 3,
+        SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_QUERY_WA_PROJ, "bte,eq->btq", xq, param(md, t, s->wq_a, l), "wq_a", 3,
                             Q_LORA, &lq));
         mesh_var *qn = param(md, t, s->q_norm, l);
         SIM_TRY(unaligned_norm_check(md, lq, qn, "q_norm"));
         SIM_TRY(mesh_nn_rmsnorm(t, lq, qn, d->eps, "q_norm", &lq));
         SIM_TRY(model_checkpoint_name(md, lq, MODEL_CKPT_MLA_Q));
-        SIM_TRY(dense(md, t, "btq,qhd->bthd", lq, param(md, t, s->wq_b, l), "wq_b", 4, KV4, &q));
+        SIM_TRY(model_dense(md, t, "btq,qhd->bthd", lq, param(md, t, s->wq_b, l), "wq_b", 4, KV4, &q));
     }
     SIM_TRY(split_last(t, q, d->qk_nope, false, "query_split", &q_nope, &q_pe));
     SIM_TRY(model_shard_as(md, t, q_nope, "attention_mla/q_nope", 4, KV4, &q_nope));
@@ -1005,14 +984,14 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
     SIM_TRY(concat_last(t, q_nope, q_pe, "query_concat", &query));
     SIM_TRY(model_shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
     /* keys and values from the latent; one rope key head for all heads */
-    SIM_TRY(saved_dense(md, t, MODEL_CKPT_KV_WA_PROJ, "bte,ek->btk", xkv, param(md, t, s->wkv_a, l), "wkv_a", 3,
+    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_KV_WA_PROJ, "bte,ek->btk", xkv, param(md, t, s->wkv_a, l), "wkv_a", 3,
                         KV_LORA, &low));
     SIM_TRY(split_last(t, low, d->kv_lora, true, "kv_split", &kv_latent, &k_rope));
     mesh_var *kvn = param(md, t, s->kv_norm, l);
     SIM_TRY(unaligned_norm_check(md, kv_latent, kvn, "kv_norm"));
     SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, kvn, d->eps, "kv_norm", &kv_latent));
     SIM_TRY(model_checkpoint_name(md, kv_latent, MODEL_CKPT_MLA_KV));
-    SIM_TRY(dense(md, t, "btk,khd->bthd", kv_latent, param(md, t, s->wkv_b, l), "wkv_b", 4, KV4, &kv));
+    SIM_TRY(model_dense(md, t, "btk,khd->bthd", kv_latent, param(md, t, s->wkv_b, l), "wkv_b", 4, KV4, &kv));
     SIM_TRY(split_last(t, kv, d->qk_nope, false, "kv_split_heads", &k_nope, &value));
     SIM_TRY(model_shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
     SIM_TRY(mesh_nn_rope(t, k_rope, &b->positions, &rp, "key_rope", &k_rope));
@@ -1034,22 +1013,22 @@ static sim_status mla(model_dev *md, mesh_tape *t, const model_batch *b, const d
                                      "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
-    return saved_dense(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
+    return model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, param(md, t, s->out, l), "out", 3, A, y);
 }
 
 /* SwiGLU MLP (facts §5.5): dense layers and the shared experts. */
 static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int l, mesh_var *x, mesh_var **y)
 {
     mesh_var *g, *u, *act;
-    SIM_TRY(saved_dense(md, t, MODEL_CKPT_MLPWI_0, "bte,ef->btf", x, param(md, t, wi0, l), "wi_0", 3, MLP_WI, &g));
-    SIM_TRY(saved_dense(md, t, MODEL_CKPT_MLPWI_1, "bte,ef->btf", x, param(md, t, wi1, l), "wi_1", 3, MLP_WI, &u));
+    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_0, "bte,ef->btf", x, param(md, t, wi0, l), "wi_0", 3, MLP_WI, &g));
+    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_1, "bte,ef->btf", x, param(md, t, wi1, l), "wi_1", 3, MLP_WI, &u));
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
     SIM_TRY(model_dropout(md, t, act, md->ctx.layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
     /* wo's product feeds only the layer's output, which nothing reads when remat recomputes the layer
      * (or the policy's saved copy replaces it): XLA drops it from the recomputation (llama.c) */
     md->ctx.dead_outputs = md->recomputing;
-    sim_status st = dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y);
+    sim_status st = model_dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y);
     md->ctx.dead_outputs = false;
     SIM_TRY(st);
     return model_checkpoint_name(md, *y, MODEL_CKPT_MLPWO);
@@ -1104,7 +1083,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     md->ctx.layer = routed;
     mesh_var *xin, *logits, *scores, *weights, *indices, *out;
     SIM_TRY(model_shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
-    SIM_TRY(dense(md, t, "bte,ex->btx", xin, param(md, t, s->gate, l), "gate", 3, GATE_OUT, &logits));
+    SIM_TRY(model_dense(md, t, "bte,ex->btx", xin, param(md, t, s->gate, l), "gate", 3, GATE_OUT, &logits));
     SIM_TRY(model_shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
     if (d->routed_score == MESH_MOE_SCORE_NONE)
         scores = logits;

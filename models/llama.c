@@ -65,27 +65,6 @@ static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l)
     return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
 }
 
-static sim_status dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
-                        int rank, const char *const *out_names, mesh_var **y)
-{
-    mesh_spec os;
-    const mesh_spec *out;
-    SIM_TRY(model_out_sharding(md, name, rank, out_names, &os, &out));
-    return mesh_ad_einsum(t, sub, x, w, out, name, y);
-}
-
-/* dense, then checkpoint `name` on its output; when remat recomputes the layer and the policy saved
- * that output, the recomputed product is read by nothing (the saved copy replaces it) and runs dead
- * (model_recomputed_dead: XLA leaves it out of the recomputation) */
-static sim_status saved_dense(model_dev *md, mesh_tape *t, model_ckpt_name name, const char *sub, mesh_var *x,
-                              mesh_var *w, const char *op, int rank, const char *const *out_names, mesh_var **y)
-{
-    md->ctx.dead_outputs = model_recomputed_dead(md, name);
-    sim_status st = dense(md, t, sub, x, w, op, rank, out_names, y);
-    md->ctx.dead_outputs = false;
-    SIM_TRY(st);
-    return model_checkpoint_name(md, *y, name);
-}
 
 /* fused_qkv (Attention.qkv_projection): one product with the [embed, heads + 2 kv_heads, kv]
  * kernel (no out_sharding), tagged qkv_proj, then a shard_map whose in_specs are the query's
@@ -153,9 +132,9 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     if (d->fused_qkv)
         SIM_TRY(fused_qkv(md, t, xq, param(md, t, ix.qkv, l), &q, &k, &v));
     else {
-        SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.q, l), "query", 4, KV4, &q));
-        SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.k, l), "key", 4, KV4, &k));
-        SIM_TRY(dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.v, l), "value", 4, KV4, &v));
+        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.q, l), "query", 4, KV4, &q));
+        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.k, l), "key", 4, KV4, &k));
+        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, param(md, t, ix.v, l), "value", 4, KV4, &v));
     }
     bk_rope_params rp = d->rope_llama31 ? bk_rope_params_llama31((int)d->head_dim) : bk_rope_params_default((int)d->head_dim);
     rp.min_timescale = d->rope_min;
@@ -177,7 +156,7 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
                                       &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
-    SIM_TRY(saved_dense(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
+    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, param(md, t, ix.o, l), "out", 3, A, &a));
     md->ctx.layer = layer;
     SIM_TRY(model_shard_as(md, t, a, "llama2/attention_lnx", 3, A, &a));
     SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h));
@@ -189,14 +168,14 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     md->ctx.layer = mlp_layer;
     if (d->fused_mlp) { /* linears.MlpBlock, fused: one product, then x[:, :, 0] and x[:, :, 1] */
         mesh_var *wi;
-        SIM_TRY(dense(md, t, "bte,eaf->btaf", ln2, param(md, t, ix.wi, l), "wi", 4, MLP_FUSED, &wi));
+        SIM_TRY(model_dense(md, t, "bte,eaf->btaf", ln2, param(md, t, ix.wi, l), "wi", 4, MLP_FUSED, &wi));
         SIM_TRY(model_shard_as(md, t, wi, "linears/fused_x", 4, MLP_FUSED, &wi));
         SIM_TRY(model_checkpoint_name(md, wi, MODEL_CKPT_MLPWI));
         SIM_TRY(mesh_nn_unstack2(t, wi, 2, "wi_split", &g, &u));
     } else {
-        SIM_TRY(saved_dense(md, t, MODEL_CKPT_MLPWI_0, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3,
+        SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_0, "bte,ef->btf", ln2, param(md, t, ix.wi0, l), "wi_0", 3,
                             MLP_MID, &g));
-        SIM_TRY(saved_dense(md, t, MODEL_CKPT_MLPWI_1, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3,
+        SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_1, "bte,ef->btf", ln2, param(md, t, ix.wi1, l), "wi_1", 3,
                             MLP_MID, &u));
     }
     SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
@@ -207,7 +186,7 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
      * included, so wo is gathered in the backward for the input gradient alone (and a policy that saves
      * wo's output replaces the product with the saved copy: dead either way) */
     md->ctx.dead_outputs = md->recomputing;
-    sim_status st = dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp);
+    sim_status st = model_dense(md, t, "btf,fe->bte", act, param(md, t, ix.wo, l), "wo", 3, A, &mlp);
     md->ctx.dead_outputs = false;
     if (st == SIM_OK) st = model_checkpoint_name(md, mlp, MODEL_CKPT_MLPWO);
     if (st != SIM_OK) return st;

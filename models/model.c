@@ -1204,6 +1204,25 @@ bool model_recomputed_dead(const model_dev *md, model_ckpt_name name)
     return md->recomputing && md->remat && md->def->d.ckpt[name] != MODEL_CKPT_REMAT;
 }
 
+sim_status model_dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
+                       int rank, const char *const *out_names, mesh_var **y)
+{
+    mesh_spec os;
+    const mesh_spec *out;
+    SIM_TRY(model_out_sharding(md, name, rank, out_names, &os, &out));
+    return mesh_ad_einsum(t, sub, x, w, out, name, y);
+}
+
+sim_status model_dense_saved(model_dev *md, mesh_tape *t, model_ckpt_name name, const char *sub, mesh_var *x,
+                             mesh_var *w, const char *op, int rank, const char *const *out_names, mesh_var **y)
+{
+    md->ctx.dead_outputs = model_recomputed_dead(md, name);
+    sim_status st = model_dense(md, t, sub, x, w, op, rank, out_names, y);
+    md->ctx.dead_outputs = false;
+    SIM_TRY(st);
+    return model_checkpoint_name(md, *y, name);
+}
+
 void **model_checkpoint_region(model_dev *md, void (*blob_free)(void *))
 {
     model_remat_store *s = md->remat;

@@ -295,6 +295,13 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
  * (the saved copy replaces it), and XLA leaves it out of the recomputation; the product then runs
  * with mesh_ctx.dead_outputs (no gathers counted, no cost), its VJP unchanged. */
 bool model_recomputed_dead(const model_dev *md, model_ckpt_name name);
+/* A layer's product with its MaxText out_sharding (explicit mode; model_out_sharding of `name`):
+ * mesh_ad_einsum(sub, x, w).  model_dense_saved: the same, then checkpoint `name` on its output, the
+ * product left out of a recomputation whose policy saved that output (model_recomputed_dead). */
+sim_status model_dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
+                       int rank, const char *const *out_names, mesh_var **y);
+sim_status model_dense_saved(model_dev *md, mesh_tape *t, model_ckpt_name name, const char *sub, mesh_var *x,
+                             mesh_var *w, const char *op, int rank, const char *const *out_names, mesh_var **y);
 /* A region that keeps its own residuals (the routed experts, mesh_moe_cfg.saved): under a remat
  * layer whose policy saves something, the slot where its first pass leaves them and its
  * recomputation finds them again (called in the same order in both passes); blob_free releases
