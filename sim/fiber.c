@@ -250,7 +250,11 @@ static void *worker_main(void *arg)
             sim_fiber *f = w->queue[w->head];
             w->head = (w->head + 1) % w->nfib;
             w->len--;
-            f->queued = false;
+            /* it runs from here on: a post from now counts (posts) without queueing it again.  Left
+             * parked until the fiber cleared it after the swap, a post landing in between queued it a
+             * second time, and the worker later resumed it where it was not parked (a finished fiber
+             * ran off its start frame and exited the process; a waiting one woke with no post) */
+            f->queued = f->parked = false;
             w->cur = f;
             pthread_mutex_unlock(&w->lock);
             SIM_ASSERT(swapcontext(&w->main, &f->ctx) == 0);
