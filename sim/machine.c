@@ -612,9 +612,9 @@ static sim_status wait_locked(sim_machine *m, sim_device *d, sim_group *g, const
     d->waiting = true;
     /* a release is for the wait it ends: any flag left from an earlier wait is dropped here, under the
      * lock, before a releaser can see `waiting`.  block_locked then returns on `!waiting` read under
-     * the lock and never spins on the flag: it used to, and about 1 run in 100 of test_models_llama's
-     * refused explicit mesh (a device failing while its peers sat in DEPART) hung a fiber worker
-     * spinning for a flag that had already been taken (which path took it was not found) */
+     * the lock and never spins on the flag: it used to, and a fiber resumed twice (a post queued it
+     * again while its worker was resuming it: sim/fiber.c) hung its worker spinning for a flag its
+     * first resumption had already taken */
     atomic_store(&d->released, false);
     d->wait_group = g;
     d->wait_call = call;
