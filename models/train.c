@@ -262,6 +262,7 @@ static sim_status zero1_reduce_grads(model_dev *md)
     const model_def *def = md->def;
     sim_device *dev = md->ctx.dev;
     zero1_release(md, false);
+    const int table = model_param_index(def, "token_embedder.embedding");
     for (int i = 0; i < def->nparams; i++) {
         model_param *p = &md->p[i], *z = &md->z[i];
         if (!p->g) continue; /* a state variable: no gradient */
@@ -283,8 +284,7 @@ static sim_status zero1_reduce_grads(model_dev *md)
         sim_meta meta = sim_meta_counted(sim_meta_tag(tag), mesh_array_reduce_dtype(dev, z->g->counted));
         meta.weight = true;
         int rank = p->def.rank - (p->def.scan_dim >= 0);
-        const char *leaf = strrchr(p->def.path, '.');
-        meta.single_use = rank >= 2 && !(leaf && !strcmp(leaf, ".embedding"));
+        meta.single_use = rank >= 2 && i != table;
         SIM_TRY(reshard_via(md, z->g, &mid, &z->spec, meta));
     }
     return SIM_OK;

@@ -160,3 +160,13 @@ void model_run_compare(const char *what, const model_run *a, const model_run *re
     }
     printf("  %s: parity over %d steps, worst gradient difference %.2e\n", what, steps, worst);
 }
+
+uint64_t model_run_shard_elems(const model_def *def, int i, const mesh_spec *spec)
+{
+    uint64_t e = 1;
+    for (int d = 0; d < def->defs[i].rank; d++) e *= (uint64_t)def->defs[i].shape[d];
+    uint32_t axes = mesh_spec_dim_axes(spec ? spec : &def->spec[i]);
+    for (int a = 0; a < def->mesh.n_axes; a++)
+        if (axes & (1u << a)) e /= (uint64_t)def->mesh.sizes[a];
+    return e;
+}

@@ -46,6 +46,9 @@ void model_run_compare(const char *what, const model_run *a, const model_run *re
  * message naming both `key` and `also`. */
 void model_run_expect_refused(const char *const *base, int nbase, int rows, const char *const *extra, int n,
                               int devices, const char *key, const char *also);
+/* Elements of parameter i one device holds under `spec` (NULL: the parameter's own), derived from its
+ * global shape and the sizes of the mesh axes the spec splits it by (not from any device's arrays). */
+uint64_t model_run_shard_elems(const model_def *def, int i, const mesh_spec *spec);
 /* A fixed token pattern for gradient checks: rows x seq ids below vocab, the
  * targets the same pattern one position on, positions 0..seq-1. */
 void model_run_pattern(int rows, int seq, int vocab, int32_t *in, int32_t *tg, int32_t *pos);

@@ -46,14 +46,9 @@ static const char *const ZERO1_GA[] = {"ici_data_parallelism=2", "ici_fsdp_paral
 /* Elements of parameter i on one device under `spec`: its elements over the sizes of the mesh axes the spec uses. */
 static uint64_t local_elems(const model_def *def, int i, const mesh_spec *spec, int *fsdp_k)
 {
-    uint64_t e = 1;
-    for (int d = 0; d < def->defs[i].rank; d++) e *= (uint64_t)def->defs[i].shape[d];
-    uint32_t axes = mesh_spec_dim_axes(spec);
     int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
-    *fsdp_k = (axes >> fsdp) & 1u ? def->mesh.sizes[fsdp] : 1;
-    for (int a = 0; a < def->mesh.n_axes; a++)
-        if (axes & (1u << a)) e /= (uint64_t)def->mesh.sizes[a];
-    return e;
+    *fsdp_k = (mesh_spec_dim_axes(spec) >> fsdp) & 1u ? def->mesh.sizes[fsdp] : 1;
+    return model_run_shard_elems(def, i, spec);
 }
 
 /* Bytes one device sends for a record, by the collectives' formulas, at `es` bytes an element. */

@@ -66,11 +66,8 @@ static void run(const char *dtype, const char *profile, sim_dtype want_gather, s
     f->loss = r.job.stats[0].loss;
     int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
     for (int i = 0; i < r.def->nparams; i++) {
-        uint64_t e = 1;
-        for (int d = 0; d < r.def->defs[i].rank; d++) e *= (uint64_t)r.def->defs[i].shape[d];
+        uint64_t e = model_run_shard_elems(r.def, i, NULL);
         uint32_t axes = mesh_spec_dim_axes(&r.def->spec[i]);
-        for (int a = 0; a < r.def->mesh.n_axes; a++)
-            if (axes & (1u << a)) e /= (uint64_t)r.def->mesh.sizes[a];
         f->n_params += e;
         if ((axes & (1u << fsdp)) && !strstr(r.def->defs[i].path, "token_embedder")) f->n_fsdp += e;
     }

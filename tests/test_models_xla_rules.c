@@ -116,13 +116,7 @@ static void run(const char *dtype, const char *profile, bool scan, figures *f)
     memset(f, 0, sizeof *f);
     f->loss = r.job.stats[0].loss;
     for (int i = 0; i < r.def->nparams; i++) {
-        if (r.def->defs[i].scan_dim < 0) continue;
-        uint64_t e = 1;
-        for (int d = 0; d < r.def->defs[i].rank; d++) e *= (uint64_t)r.def->defs[i].shape[d];
-        uint32_t axes = mesh_spec_dim_axes(&r.def->spec[i]);
-        for (int a = 0; a < r.def->mesh.n_axes; a++)
-            if (axes & (1u << a)) e /= (uint64_t)r.def->mesh.sizes[a];
-        f->n_scanned += e;
+        if (r.def->defs[i].scan_dim >= 0) f->n_scanned += model_run_shard_elems(r.def, i, NULL);
     }
     sim_arena_stats st;
     sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
@@ -217,14 +211,7 @@ static void grads_at(const char *profile, int ga, uint64_t *peak, uint64_t *n_pa
     model_run_open(&r, TINY, NTINY, 4, words, profile ? 5 : 4, NDEV, 1);
     model_run_train(&r, false);
     *n_params = 0;
-    for (int i = 0; i < r.def->nparams; i++) {
-        uint64_t e = 1;
-        for (int d = 0; d < r.def->defs[i].rank; d++) e *= (uint64_t)r.def->defs[i].shape[d];
-        uint32_t axes = mesh_spec_dim_axes(&r.def->spec[i]);
-        for (int a = 0; a < r.def->mesh.n_axes; a++)
-            if (axes & (1u << a)) e /= (uint64_t)r.def->mesh.sizes[a];
-        *n_params += e;
-    }
+    for (int i = 0; i < r.def->nparams; i++) *n_params += model_run_shard_elems(r.def, i, NULL);
     sim_arena_stats st;
     sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
     *peak = st.peak_by[SIM_MEM_GRADS];
