@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "mesh/config.h"
-#include "models/model.h"
+#include "models/core/model.h"
 
 /* NULL when model_name=name loads and defines; else the refusal (malloc'd). */
 static char *model_refusal(const char *name)

@@ -23,7 +23,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "mesh/config.h"
-#include "models/model.h"
+#include "models/core/model.h"
 #include "tests/cli_capture.h"
 
 static mesh_cfg *base_config(void)

@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "mesh/json.h"
-#include "models/checkpoint.h"
-#include "models/init.h"
+#include "models/core/checkpoint.h"
+#include "models/core/init.h"
 
 enum { NP = 4, MAXL = 4 };
 

@@ -34,7 +34,7 @@
 
 #include "model_run.h"
 #include "mesh/json.h"
-#include "models/checkpoint.h"
+#include "models/core/checkpoint.h"
 #include <unistd.h>
 
 static const char *const TINY[] = {

@@ -18,7 +18,7 @@
 
 #include "cli/cli.h"
 #include "mesh/json.h"
-#include "models/timemodel.h"
+#include "models/core/timemodel.h"
 #include "tests/cli_capture.h"
 
 #include <stdlib.h>

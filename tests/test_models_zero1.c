@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "mesh/json.h"
-#include "models/train.h"
+#include "models/core/train.h"
 #include "tests/model_run.h"
 
 static const char *const LLAMA[] = {

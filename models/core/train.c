@@ -8,11 +8,11 @@
  * its accumulation loop) -- except 'data' under ZeRO-1 without accumulation,
  * left pending for one reduce-scatter into the optimizer layout; the global
  * norm and the update; the metrics. */
-#include "models/train.h"
+#include "models/core/train.h"
 
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/reshard.h"
-#include "models/checkpoint.h"
+#include "models/core/checkpoint.h"
 #include "sim/xrank.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
  * in the global tensor too, so each row is one run of global indices handed
  * to model_init_range.  Everything runs in double and is rounded to float
  * once, so a value never depends on which run computed it. */
-#include "models/init.h"
+#include "models/core/init.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -7,7 +7,7 @@
 
 #include <stdio.h>
 
-#include "models/model.h"
+#include "models/core/model.h"
 
 /* The share MaxText compares with sharding_tolerance: elements of the parameters that are not
  * sharded on every non-trivial mesh axis of {fsdp, fsdp_transpose, sequence, context,

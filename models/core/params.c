@@ -1,5 +1,5 @@
 /* params.c — per-layer views of stacked parameters. */
-#include "models/params.h"
+#include "models/core/params.h"
 
 #include <stdio.h>
 #include <stdbool.h>

@@ -13,7 +13,7 @@
  * recomputed from its saved input and back-propagated.  Bubble iterations run
  * like the others (their results never reach state_io, so their cotangents
  * are zero) because hardware spends that compute too. */
-#include "models/pipeline.h"
+#include "models/core/pipeline.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +21,7 @@
 
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
-#include "models/model.h"
+#include "models/core/model.h"
 
 /* ------------------------------------------------------------ config */
 

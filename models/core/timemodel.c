@@ -11,7 +11,7 @@
  * waits for it.  A weight-gradient reduction starts when its gradient exists
  * and nothing waits for it but the end of the step.  The two network lanes do
  * not share bandwidth (a simplification: on hardware they would). */
-#include "models/timemodel.h"
+#include "models/core/timemodel.h"
 
 #include "sim/trace.h"
 

@@ -2,7 +2,7 @@
  * maxtext/utils/sharding.py (_get_nontrival_mesh_axes, _analyze_sharding,
  * _raise_if_unsharded_exceeds_tolerance, maybe_shard_with_name) and
  * maxtext/utils/maxtext_utils.py (print_shardings_params). */
-#include "models/checks.h"
+#include "models/core/checks.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -50,9 +50,9 @@
 #include "mesh/nn.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
-#include "models/batchsplit.h"
-#include "models/init.h"
-#include "models/model.h"
+#include "models/families/batchsplit.h"
+#include "models/core/init.h"
+#include "models/core/model.h"
 
 /* ------------------------------------------------------------ logical names */
 

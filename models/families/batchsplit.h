@@ -12,7 +12,7 @@
 #ifndef MODELS_BATCHSPLIT_H
 #define MODELS_BATCHSPLIT_H
 
-#include "models/model.h"
+#include "models/core/model.h"
 
 /* Reads batch_split_factor, the routing groups and dtype, and refuses what the
  * schedule does not run as MaxText runs it (errors name the key and the fix).

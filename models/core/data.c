@@ -1,5 +1,5 @@
 /* data.c — synthetic and byte-text batches, batch sizes, CP reorder (see data.h). */
-#include "models/data.h"
+#include "models/core/data.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,7 +8,7 @@
  * gather rows from the per-layer arrays, one pwrite per chunk (or one pread,
  * then scatter).  The buffer (at most 4 MiB) is host memory, not the
  * device's arena: checkpoint I/O stands for a device-to-host copy. */
-#include "models/checkpoint.h"
+#include "models/core/checkpoint.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "mesh/json.h"
-#include "models/optim.h"
+#include "models/optimizers/optim.h"
 
 enum { CK_NAME_MAX = MODEL_PATH_MAX + 32, CK_CHUNK = 1 << 20, CK_HEADER_MAX = 100 << 20 };
 

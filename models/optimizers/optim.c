@@ -4,7 +4,7 @@
  * edge cases included (W = 1 gives a zero first step; C = 1 jumps straight
  * to the final value).  The update is elementwise float32 in optax's order
  * of operations, so a shard's values do not depend on the mesh. */
-#include "models/optim.h"
+#include "models/optimizers/optim.h"
 
 #include "blas_kernels/bk_optim.h"
 

@@ -26,7 +26,7 @@
 
 #include <stdint.h>
 
-#include "models/params.h"
+#include "models/core/params.h"
 
 /* Standard deviation of N(0, 1) truncated to [-2, 2] (jax's constant). */
 #define MODEL_TRUNC_NORMAL_STD 0.87962566103423978

@@ -34,7 +34,7 @@
 
 #include "mesh/config.h"
 #include "mesh/ctx.h"
-#include "models/params.h"
+#include "models/core/params.h"
 
 enum { MODEL_MUON_NS_STEPS = 5 };
 

@@ -34,7 +34,7 @@
 #include "mesh/moe.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
-#include "models/batchsplit.h"
+#include "models/families/batchsplit.h"
 
 /* ------------------------------------------------------------ the weights of a layer */
 

@@ -18,7 +18,7 @@
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/ops.h"
-#include "models/model.h"
+#include "models/core/model.h"
 
 /* Logical names of the residual stream (layer "A" of facts §5.2) and friends. */
 static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};

@@ -5,9 +5,9 @@
 #ifndef MODELS_TRAIN_H
 #define MODELS_TRAIN_H
 
-#include "models/data.h"
-#include "models/model.h"
-#include "models/optim.h"
+#include "models/core/data.h"
+#include "models/core/model.h"
+#include "models/optimizers/optim.h"
 #include "sim/machine.h"
 
 /* Global host copies of every parameter's gradient (layer-major: layer l of

@@ -38,7 +38,7 @@
 
 #include <stdbool.h>
 
-#include "models/params.h"
+#include "models/core/params.h"
 
 /* "DIR/step_<n>.safetensors" into buf. */
 sim_status model_checkpoint_path(const char *dir, long long step, char *buf, size_t cap);

@@ -11,8 +11,8 @@
  * result is copied back layer by layer into the elementwise update.  The ops
  * run in auto placement whatever shard_mode says: optax's update is not
  * sharding-annotated, so GSPMD places it. */
-#include "models/muon.h"
-#include "models/timemodel.h"
+#include "models/optimizers/muon.h"
+#include "models/core/timemodel.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,7 +22,7 @@
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
-#include "models/optim.h"
+#include "models/optimizers/optim.h"
 
 /* Newton–Schulz coefficients (optimizers.get_optimizer for every decoder block but deepseek4) */
 static const double NS_A = 3.4445, NS_B = -4.7750, NS_C = 2.0315;

@@ -22,7 +22,7 @@
  *   p <- p - lr(s) * u
  * in float32 per element like optax on float32 parameters (no weight-decay
  * mask: MaxText's adamw_mask is unset by default).  opt_type=sgd is plain
- * p <- p - lr(s) * g (after clipping).  opt_type=muon: models/muon.h.
+ * p <- p - lr(s) * g (after clipping).  opt_type=muon: models/optimizers/muon.h.
  *
  * ZeRO-1 (shard_optimizer_over_data, MaxText's layout rule in params.h
  * model_zero1_spec): the functions below run unchanged on the device's
@@ -37,8 +37,8 @@
 #include <stdbool.h>
 
 #include "mesh/config.h"
-#include "models/muon.h"
-#include "models/params.h"
+#include "models/optimizers/muon.h"
+#include "models/core/params.h"
 
 typedef enum { MODEL_OPT_ADAMW = 0, MODEL_OPT_SGD, MODEL_OPT_MUON } model_opt_type;
 
@@ -53,7 +53,7 @@ typedef struct model_optim_cfg {
     double eps, eps_root;     /* adam_eps (outside the root), adam_eps_root (inside) */
     double weight_decay;      /* adam_weight_decay (decoupled) */
     double clip;              /* gradient_clipping_threshold; <= 0: no clipping */
-    model_muon_cfg muon;      /* opt_type=muon: the muon_* keys (models/muon.h) */
+    model_muon_cfg muon;      /* opt_type=muon: the muon_* keys (models/optimizers/muon.h) */
 } model_optim_cfg;
 
 /* Reads every key above from the config (the base config defines them all);

@@ -1,7 +1,7 @@
 /* model.c — model definition from the config, per-device parameters and
  * batches, and the logical-name helpers the forward pass uses. */
-#include "models/model.h"
-#include "models/muon.h"
+#include "models/core/model.h"
+#include "models/optimizers/muon.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -12,9 +12,9 @@
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
-#include "models/batchsplit.h"
-#include "models/init.h"
-#include "models/timemodel.h"
+#include "models/families/batchsplit.h"
+#include "models/core/init.h"
+#include "models/core/timemodel.h"
 
 /* ------------------------------------------------------------ definition */
 

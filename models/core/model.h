@@ -15,10 +15,10 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
-#include "models/muon.h"
-#include "models/params.h"
-#include "models/pipeline.h"
-#include "models/timemodel.h"
+#include "models/optimizers/muon.h"
+#include "models/core/params.h"
+#include "models/core/pipeline.h"
+#include "models/core/timemodel.h"
 
 enum { MODEL_MAX_PARAMS = 96, MODEL_MAX_ACTS = 96 };
 /* Microbatches a dry run simulates at most (gradient_accumulation_steps with dry_run=true): its
@@ -121,7 +121,7 @@ typedef struct {
     bool fused_qkv;           /* fused_qkv: one qkv_proj kernel (embed, heads + 2 kv_heads, kv) split per shard (Llama) */
     int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
     /* DeepSeek batch-split schedule (batchsplit.h) */
-    bool batch_split;         /* use_batch_split_schedule: the MoE layers run models/batchsplit.c's schedule */
+    bool batch_split;         /* use_batch_split_schedule: the MoE layers run models/families/batchsplit.c's schedule */
     int64_t split_factor;     /* batch_split_factor (2 when batch_split) */
     bool loss_assert;         /* loss_constraint=assert: the loss constraint as before MaxText PR #4208 */
 } model_dims;
