@@ -170,3 +170,37 @@ uint64_t model_run_shard_elems(const model_def *def, int i, const mesh_spec *spe
         if (axes & (1u << a)) e /= (uint64_t)def->mesh.sizes[a];
     return e;
 }
+
+void model_run_expect_same_records(const char *what, const model_run *a, const model_run *b, int devices,
+                                   unsigned flags)
+{
+    for (int d = 0; d < devices; d++) {
+        size_t na, nb;
+        const sim_record *ra = sim_device_records(sim_machine_device(a->m, d), &na);
+        const sim_record *rb = sim_device_records(sim_machine_device(b->m, d), &nb);
+        if (na != nb) fail_msg("%s: device %d has %zu records against %zu", what, d, na, nb);
+        for (size_t i = 0; i < na; i++) {
+            const sim_record *x = &ra[i], *y = &rb[i];
+            bool routed = (flags & MODEL_RUN_DATA_ROUTED) && x->op == SIM_OP_RAGGED_ALL_TO_ALL;
+            if (x->op != y->op || x->phase != y->phase || strcmp(x->tag, y->tag) || x->axes.n != y->axes.n ||
+                x->dtype != y->dtype || x->implicit != y->implicit ||
+                (!routed && (x->elements != y->elements || x->bytes_sent != y->bytes_sent ||
+                             x->bytes_recv != y->bytes_recv)))
+                fail_msg("%s: device %d record %zu differs: %s %s %llu B sent, %llu B received against %s %s "
+                         "%llu B sent, %llu B received",
+                         what, d, i, x->tag, sim_op_name(x->op), (unsigned long long)x->bytes_sent,
+                         (unsigned long long)x->bytes_recv, y->tag, sim_op_name(y->op),
+                         (unsigned long long)y->bytes_sent, (unsigned long long)y->bytes_recv);
+        }
+        sim_arena_stats sa, sb;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(a->m, d)), &sa);
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(b->m, d)), &sb);
+        if (sa.peak != sb.peak || sa.live != sb.live || sa.n_allocs != sb.n_allocs)
+            fail_msg("%s: device %d arena peak %zu live %zu allocations %zu against %zu, %zu, %zu", what, d,
+                     (size_t)sa.peak, (size_t)sa.live, (size_t)sa.n_allocs, (size_t)sb.peak, (size_t)sb.live,
+                     (size_t)sb.n_allocs);
+        for (int c = 0; c < SIM_NMEM; c++)
+            if (sa.peak_by[c] != sb.peak_by[c] || sa.at_peak_by[c] != sb.at_peak_by[c])
+                fail_msg("%s: device %d memory category %d differs", what, d, c);
+    }
+}

@@ -35,6 +35,15 @@ void model_run_open(model_run *r, const char *const *base, int nbase, int rows, 
 void model_run_train(model_run *r, bool grads);
 void model_run_close(model_run *r);
 
+/* Requires the same collective records on devices 0..devices-1 of a and b (count, and per record
+ * op, phase, tag, axes, dtype, elements, bytes sent and received, implicit) and the same arena
+ * figures (peak, live, allocations, and per category peak and share at the peak).  With
+ * MODEL_RUN_DATA_ROUTED, a ragged all-to-all's bytes (which follow the routing, i.e. the data)
+ * are not compared. */
+enum { MODEL_RUN_DATA_ROUTED = 1 };
+void model_run_expect_same_records(const char *what, const model_run *a, const model_run *b, int devices,
+                                   unsigned flags);
+
 /* Requires parity over the first `steps` steps (both runs trained with
  * gradients): each loss and every gradient within rtol 1e-4 of ref's; a
  * parameter without gradients (a non-trained variable) must have none in

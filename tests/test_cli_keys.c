@@ -38,14 +38,13 @@
 #include "models/core/timemodel.h"
 #include "models/core/train.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 
 #define MAX_WORDS 64
 
 /* A tiny Llama and a tiny DeepSeek (MLA + MoE), two steps on one device. */
-static const char *const LLAMA[] = {"base_num_decoder_layers=2", "base_emb_dim=16", "base_num_query_heads=2",
-                                    "base_num_kv_heads=2",       "head_dim=8",      "base_mlp_dim=32",
-                                    "vocab_size=64",             "max_target_length=16", "per_device_batch_size=1",
-                                    "steps=2"};
+/* tests/data/tiny-llama-mha.yml, one row per device, two steps */
+static const char *const LLAMA[] = {TINY_LLAMA_MHA_YML, "per_device_batch_size=1", "steps=2"};
 static const char *const DEEPSEEK[] = {"model_name=deepseek3-tiny", "override_model_config=true",
                                        "base_num_decoder_layers=2", "first_num_dense_layers=1",
                                        "vocab_size=64",             "max_target_length=16",
@@ -357,8 +356,8 @@ static void test_every_key_passes_its_class_check(void **state)
 
 /* ---- run.json, messages, MaxText habits ------------------------------------ */
 
-#define TINY "base_num_decoder_layers=1", "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", \
-             "head_dim=8", "base_mlp_dim=32", "vocab_size=64", "max_target_length=16", "per_device_batch_size=1"
+/* tests/data/tiny-llama-mha.yml with one layer, one row per device */
+#define TINY TINY_LLAMA_MHA_YML, "base_num_decoder_layers=1", "per_device_batch_size=1"
 
 static mesh_json *read_json(const char *dir, const char *name)
 {

@@ -16,10 +16,11 @@
 
 #include "cli/cli.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 #include "mesh/json.h"
 
-#define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
-              "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16"
+/* tests/data/small-llama.yml: 2 layers of width 32, 4 heads of 8, vocabulary 256, 16 tokens */
+#define SMALL SMALL_LLAMA_YML
 
 typedef cli_capture result;
 

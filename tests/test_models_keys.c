@@ -42,20 +42,14 @@
 #include "models/core/checks.h"
 #include "tests/cli_capture.h"
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4",    "base_num_kv_heads=2", "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",       "max_target_length=16",
-    "init_weights_seed=7", "z_loss_multiplier=0.001",
-};
-static const char *const DS_TINY[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",     "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16", "base_num_decoder_layers=2",
-    "first_num_dense_layers=1",  "num_experts=4",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",  "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",
-};
+/* tests/data/tiny-llama.yml with a fixed seed and the z-loss */
+static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=7", "z_loss_multiplier=0.001"};
+/* tests/data/tiny-deepseek.yml with one MoE layer of 4 experts */
+static const char *const DS_TINY[] = {TINY_DEEPSEEK_YML, "base_num_decoder_layers=2", "num_experts=4",
+                                      "init_weights_seed=5"};
 enum { ROWS = 8, SEQ = 16, VOCAB = 64 };
 /* bytes of one saved activation element: dtype's default, bfloat16 (configs/base.yml) */
 enum { ACT = 2 };

@@ -49,14 +49,14 @@
 #include <string.h>
 
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 #include "sim/trace.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=8", "vocab_size=64",          "max_target_length=16",
-    "init_weights_seed=5", "learning_rate=1e-2",      "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",
-};
+/* tests/data/tiny-llama.yml with 8 layers (the stages), a fixed seed, a rate large enough to move, no
+ * warm-up and the z-loss */
+static const char *const TINY[] = {TINY_LLAMA_YML, "base_num_decoder_layers=8", "init_weights_seed=5", "learning_rate=1e-2",
+                                   "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, EMB = 16 };
 
 /* ------------------------------------------------------------ config */
@@ -433,14 +433,9 @@ static void test_parity_gradient_accumulation(void **state)
 }
 
 /* DeepSeek (deepseek3-tiny variant: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora): the MoE
- * layers are the pipeline, the dense layer runs before it with 'stage' acting as data */
-static const char *const DS[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
-    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "load_balance_loss_weight=0",
-};
+ * layers are the pipeline, the dense layer runs before it with 'stage' acting as data (tests/data/tiny-deepseek.yml
+ * without the load-balance loss) */
+static const char *const DS[] = {TINY_DEEPSEEK_YML, "load_balance_loss_weight=0"};
 enum { NDS = sizeof DS / sizeof DS[0] };
 
 static void test_parity_deepseek(void **state)

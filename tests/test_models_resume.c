@@ -31,13 +31,13 @@
 
 #include "models/core/checkpoint.h"
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",          "max_target_length=16",
-    "init_weights_seed=3", "learning_rate=1e-2",      "warmup_steps_fraction=0.3", "z_loss_multiplier=0.001",
-};
+/* tests/data/tiny-llama.yml with a fixed seed, a rate large enough to move, a warm-up over the
+ * saved steps and the z-loss */
+static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2", "warmup_steps_fraction=0.3",
+                                   "z_loss_multiplier=0.001"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 5, PERIOD = 2, SAVED = 2, LAST = STEPS - 1 };
 
 static char *slurp(const char *path, size_t *n)

@@ -1,0 +1,150 @@
+/* helpers.c — test support shared by the test files (see helpers.h). */
+#include "tests/helpers.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+char *helper_read_file_opt(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s) rewind(f);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    fclose(f);
+    if (!s) return NULL;
+    s[n] = '\0';
+    if (len) *len = (size_t)n;
+    return s;
+}
+
+char *helper_read_file(const char *path, size_t *len)
+{
+    char *s = helper_read_file_opt(path, len);
+    if (!s) fail_msg("cannot read %s", path);
+    return s;
+}
+
+char *helper_read_in(const char *dir, const char *name, size_t *len)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return helper_read_file(path, len);
+}
+
+void helper_write_file(const char *path, const void *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) fail_msg("cannot write %s", path);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+void helper_rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (d) {
+            struct dirent *e;
+            while ((e = readdir(d))) {
+                if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+                char p[4096];
+                snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+                helper_rm_rf(p);
+            }
+            closedir(d);
+        }
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+mesh_json *helper_read_json(const char *dir, const char *name)
+{
+    char path[4096];
+    if (dir)
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+    else
+        snprintf(path, sizeof path, "%s", name);
+    mesh_json *j = NULL;
+    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
+    return j;
+}
+
+void helper_assert_contains(const char *s, const char *sub)
+{
+    if (!s || !strstr(s, sub)) fail_msg("expected \"%s\" in: %s", sub, s ? s : "(null)");
+}
+
+mesh_shape helper_mesh(int n, const char *const *names, const int *sizes)
+{
+    mesh_shape m;
+    assert_int_equal(mesh_shape_init(&m, n, names, sizes), SIM_OK);
+    return m;
+}
+
+sim_machine *helper_machine(const mesh_shape *m, bool dry)
+{
+    sim_mesh_desc md;
+    assert_int_equal(mesh_shape_to_sim(m, &md), SIM_OK);
+    sim_machine_opts o = {0};
+    o.quiet = true;
+    o.dry_run = dry;
+    sim_machine *mach = NULL;
+    assert_int_equal(sim_machine_new(&md, &o, &mach), SIM_OK);
+    return mach;
+}
+
+uint64_t helper_rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+mesh_spec helper_random_spec(const mesh_shape *m, int rank, uint64_t *rng, bool allow_partial)
+{
+    mesh_spec s;
+    mesh_spec_init(&s, rank);
+    for (int a = 0; a < m->n_axes; a++) {
+        int r = (int)(helper_rng_next(rng) % (uint64_t)(rank + 2));
+        if (r == rank) continue;
+        if (r == rank + 1) {
+            if (allow_partial) s.partial |= 1u << a;
+            continue;
+        }
+        int pos = (int)(helper_rng_next(rng) % (uint64_t)(s.n_axes[r] + 1));
+        for (int i = s.n_axes[r]; i > pos; i--) s.axes[r][i] = s.axes[r][i - 1];
+        s.axes[r][pos] = (int8_t)a;
+        s.n_axes[r]++;
+    }
+    return s;
+}
+
+float helper_det_val(uint32_t i, float scale)
+{
+    i = i * 2654435761u + 12345u;
+    i ^= i >> 13;
+    i *= 0x5bd1e995u;
+    i ^= i >> 15;
+    return ((float)(i % 2001) / 1000.0f - 1.0f) * scale;
+}

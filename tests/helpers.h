@@ -1,0 +1,63 @@
+/* helpers.h — test support shared by the test files: whole files read and written, JSON artifacts
+ * read, temporary trees removed, meshes and machines made, a fixed pseudo-random stream, and the
+ * paths of the test configurations kept as YAML in tests/data/.  Failures end the test (cmocka). */
+#ifndef TESTS_HELPERS_H
+#define TESTS_HELPERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mesh/array.h"
+#include "mesh/json.h"
+#include "mesh/mesh_shape.h"
+#include "mesh/spec.h"
+#include "sim/machine.h"
+
+/* ---- test configurations (YAML files in tests/data/), passed as config-file words; key=value words
+ * given with them override them, whatever their order */
+#define TINY_DEEPSEEK_YML "tests/data/tiny-deepseek.yml"     /* 1 dense + 2 MoE layers, 8 experts top-2 */
+#define MOE_TRAINING_YML "tests/data/moe-training.yml"       /* seed, rate and aux losses of MoE parity */
+#define TINY_LLAMA_YML "tests/data/tiny-llama.yml"           /* width 16, 4 query heads over 2 KV heads */
+#define TINY_LLAMA_MHA_YML "tests/data/tiny-llama-mha.yml"   /* width 16, 2 heads, MLP 32 */
+#define SMALL_LLAMA_YML "tests/data/small-llama.yml"         /* width 32, 4 heads, vocabulary 256 */
+#define LLAMA2_NARROW_YML "tests/data/llama2-7b-narrow.yml"  /* llama2-7b at width 64, 2 layers */
+
+/* ---- files */
+
+/* The whole file, NUL-terminated (*len, when given, excludes the NUL); fails the test when it
+ * cannot be read. */
+char *helper_read_file(const char *path, size_t *len);
+/* The same, NULL when the file cannot be opened. */
+char *helper_read_file_opt(const char *path, size_t *len);
+/* helper_read_file of dir/name. */
+char *helper_read_in(const char *dir, const char *name, size_t *len);
+/* Writes n bytes of b to path (replacing it); fails the test when it cannot. */
+void helper_write_file(const char *path, const void *b, size_t n);
+/* Removes path and, for a folder, everything under it (no shell); a missing path is no error. */
+void helper_rm_rf(const char *path);
+/* Parses dir/name (just name when dir is NULL) as JSON; fails the test when it cannot. */
+mesh_json *helper_read_json(const char *dir, const char *name);
+
+/* ---- assertions */
+
+/* Fails the test, showing s, unless s contains sub. */
+void helper_assert_contains(const char *s, const char *sub);
+
+/* ---- meshes and machines */
+
+/* The mesh names[i] x sizes[i] (n axes); fails the test when mesh_shape_init refuses it. */
+mesh_shape helper_mesh(int n, const char *const *names, const int *sizes);
+/* A quiet machine with one simulated device per device of m (dry: accounting only). */
+sim_machine *helper_machine(const mesh_shape *m, bool dry);
+
+/* ---- a fixed pseudo-random stream (splitmix64) and values from it */
+
+uint64_t helper_rng_next(uint64_t *state);
+/* A spec of rank `rank` over m in which each axis goes nowhere, to a random dimension (at a random
+ * position in its list) or, when allow_partial, possibly to the partial set. */
+mesh_spec helper_random_spec(const mesh_shape *m, int rank, uint64_t *rng, bool allow_partial);
+/* A deterministic value in [-scale, scale], a hash of i (multiples of scale / 1000). */
+float helper_det_val(uint32_t i, float scale);
+
+#endif
