@@ -89,11 +89,6 @@ mesh_json *helper_read_json(const char *dir, const char *name)
     return j;
 }
 
-void helper_assert_contains(const char *s, const char *sub)
-{
-    if (!s || !strstr(s, sub)) fail_msg("expected \"%s\" in: %s", sub, s ? s : "(null)");
-}
-
 mesh_shape helper_mesh(int n, const char *const *names, const int *sizes)
 {
     mesh_shape m;
@@ -101,16 +96,51 @@ mesh_shape helper_mesh(int n, const char *const *names, const int *sizes)
     return m;
 }
 
+static sim_machine *machine_of(const sim_mesh_desc *md, sim_machine_opts o)
+{
+    o.quiet = true;
+    sim_machine *mach = NULL;
+    assert_int_equal(sim_machine_new(md, &o, &mach), SIM_OK);
+    return mach;
+}
+
+static sim_machine_opts dry_opts(bool dry)
+{
+    sim_machine_opts o = {0};
+    o.dry_run = dry;
+    return o;
+}
+
 sim_machine *helper_machine(const mesh_shape *m, bool dry)
 {
     sim_mesh_desc md;
     assert_int_equal(mesh_shape_to_sim(m, &md), SIM_OK);
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    o.dry_run = dry;
-    sim_machine *mach = NULL;
-    assert_int_equal(sim_machine_new(&md, &o, &mach), SIM_OK);
-    return mach;
+    return machine_of(&md, dry_opts(dry));
+}
+
+sim_machine *helper_sim_machine_opts(int naxes, const char *const *names, const int *sizes, sim_machine_opts o)
+{
+    sim_mesh_desc md;
+    assert_int_equal(sim_mesh_desc_make(naxes, names, sizes, &md), SIM_OK);
+    return machine_of(&md, o);
+}
+
+sim_machine *helper_sim_machine(int naxes, const char *const *names, const int *sizes, bool dry)
+{
+    return helper_sim_machine_opts(naxes, names, sizes, dry_opts(dry));
+}
+
+helper_sum helper_sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const char *prefix)
+{
+    size_t n;
+    const sim_record *r = sim_device_records(sim_machine_device(m, d), &n);
+    helper_sum s = {0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (r[i].op == op && r[i].phase == ph && (!prefix || !strncmp(r[i].tag, prefix, strlen(prefix)))) {
+            s.bytes += r[i].bytes_sent;
+            s.calls++;
+        }
+    return s;
 }
 
 uint64_t helper_rng_next(uint64_t *state)

@@ -7,11 +7,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "mesh/array.h"
 #include "mesh/json.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/spec.h"
+#include "sim/collectives.h"
 #include "sim/machine.h"
 
 /* ---- test configurations (YAML files in tests/data/), passed as config-file words; key=value words
@@ -41,8 +43,13 @@ mesh_json *helper_read_json(const char *dir, const char *name);
 
 /* ---- assertions */
 
-/* Fails the test, showing s, unless s contains sub. */
-void helper_assert_contains(const char *s, const char *sub);
+/* Fails the test (at the caller's line), showing hay, unless hay contains needle. */
+#define assert_contains(hay, needle)                                                \
+    do {                                                                            \
+        const char *hay_ = (hay), *needle_ = (needle);                              \
+        if (!hay_ || !strstr(hay_, needle_))                                        \
+            fail_msg("'%s' not found in:\n%s", needle_, hay_ ? hay_ : "(null)");    \
+    } while (0)
 
 /* ---- meshes and machines */
 
@@ -50,6 +57,19 @@ void helper_assert_contains(const char *s, const char *sub);
 mesh_shape helper_mesh(int n, const char *const *names, const int *sizes);
 /* A quiet machine with one simulated device per device of m (dry: accounting only). */
 sim_machine *helper_machine(const mesh_shape *m, bool dry);
+/* The same from the simulator's own mesh description (the sim/ tests, below mesh/). */
+sim_machine *helper_sim_machine(int naxes, const char *const *names, const int *sizes, bool dry);
+/* The same with the options o (made quiet). */
+sim_machine *helper_sim_machine_opts(int naxes, const char *const *names, const int *sizes, sim_machine_opts o);
+
+/* ---- a machine's collective records */
+
+/* Bytes sent and calls of device d's records of one op and phase whose tag starts with prefix (any
+ * tag when prefix is NULL). */
+typedef struct {
+    uint64_t bytes, calls;
+} helper_sum;
+helper_sum helper_sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const char *prefix);
 
 /* ---- a fixed pseudo-random stream (splitmix64) and values from it */
 

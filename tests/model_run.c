@@ -96,6 +96,12 @@ void model_run_pattern(int rows, int seq, int vocab, int32_t *in, int32_t *tg, i
         }
 }
 
+void model_run_batch_make(model_run_batch *b, int rows, int seq, int vocab)
+{
+    assert_true(rows * seq <= MODEL_RUN_BATCH_MAX);
+    model_run_pattern(rows, seq, vocab, b->in, b->tg, b->pos);
+}
+
 double model_run_loss_grads(const model_def *def, const int32_t *in, const int32_t *tg, const int32_t *pos,
                             const model_grads *pin, model_grads *pout, model_grads *g)
 {

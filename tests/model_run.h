@@ -61,6 +61,13 @@ uint64_t model_run_shard_elems(const model_def *def, int i, const mesh_spec *spe
 /* A fixed token pattern for gradient checks: rows x seq ids below vocab, the
  * targets the same pattern one position on, positions 0..seq-1. */
 void model_run_pattern(int rows, int seq, int vocab, int32_t *in, int32_t *tg, int32_t *pos);
+/* The fixed token pattern of model_run_pattern as one batch of rows x seq tokens (at most
+ * MODEL_RUN_BATCH_MAX), for gradient checks. */
+enum { MODEL_RUN_BATCH_MAX = 8 * 64 };
+typedef struct {
+    int32_t in[MODEL_RUN_BATCH_MAX], tg[MODEL_RUN_BATCH_MAX], pos[MODEL_RUN_BATCH_MAX];
+} model_run_batch;
+void model_run_batch_make(model_run_batch *b, int rows, int seq, int vocab);
 /* One loss-and-gradient evaluation of def on a fresh machine (parameters from
  * pin when given; pout and g as model_loss_and_grads_from fills them). */
 double model_run_loss_grads(const model_def *def, const int32_t *in, const int32_t *tg, const int32_t *pos,

@@ -29,11 +29,7 @@
 #include "mesh/json.h"
 #include "mesh/rules.h"
 #include "sim/collectives.h"
-
-#define assert_contains(hay, needle)                                                    \
-    do {                                                                                \
-        if (!strstr((hay), (needle))) fail_msg("'%s' not found in:\n%s", (needle), (hay)); \
-    } while (0)
+#include "tests/helpers.h"
 
 enum { PATH_CAP = 1024, NDEV = 8, MIB = 1 << 20 };
 
@@ -49,24 +45,6 @@ static char *make_tmpdir(void)
     return strdup(d);
 }
 
-static void rm_rf(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char p[PATH_CAP];
-            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-            rm_rf(p);
-        }
-        closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
-
 static int count_entries(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -77,21 +55,6 @@ static int count_entries(const char *dir)
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
     closedir(d);
     return n;
-}
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot read %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return s;
 }
 
 static int count_lines(const char *s)
@@ -347,7 +310,7 @@ static void test_csv_files(void **state)
 
     assert_int_equal(cli_write_collectives_csv(sub, &r, cli_steps_all(), 0), SIM_OK);
     snprintf(p, sizeof p, "%s/collectives.csv", sub);
-    char *csv = read_all(p, NULL);
+    char *csv = helper_read_file(p, NULL);
     assert_int_equal(count_lines(csv), 1 + NDEV * RECS_PER_DEV);
     const char *hdr =
         "device,step,phase,tag,op,mesh_axes,group_size,dtype,elements,bytes_sent,bytes_recv,kind,bytes_sent_dcn\n";
@@ -360,7 +323,7 @@ static void test_csv_files(void **state)
     free(csv);
 
     assert_int_equal(cli_write_collectives_csv(sub, &r, cli_steps(3, 3), 0), SIM_OK);
-    csv = read_all(p, NULL);
+    csv = helper_read_file(p, NULL);
     assert_int_equal(count_lines(csv), 1 + NDEV);
     free(csv);
 
@@ -368,7 +331,7 @@ static void test_csv_files(void **state)
     assert_int_equal(cli_traffic_build(&r, cli_steps_all(), &t), SIM_OK);
     assert_int_equal(cli_write_traffic_csv(sub, &t), SIM_OK);
     snprintf(p, sizeof p, "%s/traffic.csv", sub);
-    csv = read_all(p, NULL);
+    csv = helper_read_file(p, NULL);
     assert_int_equal(count_lines(csv), 1 + t.n_rows); /* a header and the rows: no total row */
     assert_contains(csv, "op,mesh_axes,phase,calls,calls_per_device,bytes_per_device_mean,bytes_per_device_max,"
                          "bytes_total,share,bytes_per_device_dcn_mean\n");
@@ -387,7 +350,7 @@ static void test_csv_files(void **state)
     /* only the two files, no temporaries left */
     assert_int_equal(count_entries(sub), 2);
     cli_traffic_free(&t);
-    rm_rf(dir);
+    helper_rm_rf(dir);
     free(dir);
     sim_machine_free(m);
 }
@@ -449,7 +412,7 @@ static void test_metrics_and_memory(void **state)
     }
     assert_true(get(by, "params")->items[5].number == MIB);
     mesh_json_free(j);
-    rm_rf(dir);
+    helper_rm_rf(dir);
     free(dir);
 
     /* memory table: devices 0-3 and 4-7 collapse into two rows */
@@ -638,7 +601,7 @@ static void test_run_and_trace(void **state)
     mesh_json_free(j);
     sim_machine_free(m);
     assert_int_equal(count_entries(dir), 2);
-    rm_rf(dir);
+    helper_rm_rf(dir);
     free(dir);
 }
 
@@ -669,7 +632,7 @@ static void test_atomic_write(void **state)
     assert_int_equal(count_entries(dir), 1);
     char p[PATH_CAP];
     snprintf(p, sizeof p, "%s/a.txt", dir);
-    char *s = read_all(p, NULL);
+    char *s = helper_read_file(p, NULL);
     assert_string_equal(s, "hello");
     free(s);
     /* an output_dir that is a file: SIM_ERR_IO naming it */
@@ -681,7 +644,7 @@ static void test_atomic_write(void **state)
     assert_int_equal(cli_artifacts_mkdir(p), SIM_ERR_IO);
     assert_contains(sim_errmsg(), "not a directory");
     assert_int_equal(count_entries(dir), 1);
-    rm_rf(dir);
+    helper_rm_rf(dir);
     free(dir);
 }
 
@@ -751,7 +714,7 @@ static void test_parity(void **state)
     /* a NaN loss never passes */
     assert_true(isinf(cli_rel_diff(NAN, 1.0)));
     assert_true(cli_rel_diff(0.5, 0.0) == 0.5);
-    rm_rf(dir);
+    helper_rm_rf(dir);
     free(dir);
 }
 
@@ -876,7 +839,7 @@ static void same_file(const char *golden_dir, const char *dir, const char *name)
     mesh_json_free(ja);
     mesh_json_free(jb);
     size_t la, lb;
-    char *sa = read_all(a, &la), *sb = read_all(b, &lb);
+    char *sa = helper_read_file(a, &la), *sb = helper_read_file(b, &lb);
     if (la != lb || memcmp(sa, sb, la)) {
         size_t i = 0;
         while (i < la && i < lb && sa[i] == sb[i]) i++;
@@ -1002,7 +965,7 @@ static void test_dump_golden_pure_fsdp(void **state)
     free(params);
     golden_free(g);
     free(g);
-    rm_rf(dir);
+    helper_rm_rf(dir);
     free(dir);
 }
 
@@ -1041,7 +1004,7 @@ static void test_dump_all_goldens(void **state)
     int count = 0;
     walk_goldens(path, dir, 0, &count);
     assert_true(count >= 1);
-    rm_rf(dir);
+    helper_rm_rf(dir);
     free(dir);
 }
 

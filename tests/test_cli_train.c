@@ -27,15 +27,6 @@ typedef cli_capture result;
 static result run(cli_command cmd, int argc, const char **argv) { return cli_capture_run(cmd, argc, argv); }
 static void done(result *r) { cli_capture_free(r); }
 
-static mesh_json *read_json(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("%s: %s", path, sim_errmsg());
-    return j;
-}
-
 static void test_train_artifacts(void **state)
 {
     (void)state;
@@ -50,7 +41,7 @@ static void test_train_artifacts(void **state)
     assert_non_null(strstr(r.out, "traffic over 2 steps"));
     assert_non_null(strstr(r.out, "memory at peak"));
     /* metrics.json: steps with the six fields, memory per device and by category */
-    mesh_json *m = read_json(dir, "metrics.json");
+    mesh_json *m = helper_read_json(dir, "metrics.json");
     const mesh_json *steps = mesh_json_get(m, "steps"), *mem = mesh_json_get(m, "memory");
     assert_non_null(steps);
     assert_int_equal(steps->n, 2);
@@ -61,10 +52,10 @@ static void test_train_artifacts(void **state)
     assert_non_null(mesh_json_get(mesh_json_get(mem, "by_category"), "params"));
     mesh_json_free(m);
     /* the other JSON artifacts parse and hold what they should */
-    mesh_json *run_json = read_json(dir, "run.json");
+    mesh_json *run_json = helper_read_json(dir, "run.json");
     assert_non_null(mesh_json_get(mesh_json_get(run_json, "config"), "base_emb_dim"));
     mesh_json_free(run_json);
-    mesh_json *trace = read_json(dir, "trace.json");
+    mesh_json *trace = helper_read_json(dir, "trace.json");
     const mesh_json *ev = mesh_json_get(trace, "traceEvents");
     assert_true(ev->n > 10);
     int compute = 0, collective = 0; /* both lanes have spans */
@@ -75,12 +66,12 @@ static void test_train_artifacts(void **state)
     }
     assert_true(compute > 10 && collective > 10);
     mesh_json_free(trace);
-    mesh_json *sh = read_json(dir, "shardings.json");
+    mesh_json *sh = helper_read_json(dir, "shardings.json");
     assert_non_null(mesh_json_get(sh, "named_shardings"));
     assert_non_null(mesh_json_get(sh, "input_shardings"));
     mesh_json_free(sh);
     const char *files[] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
-    for (int i = 0; i < 3; i++) mesh_json_free(read_json(dir, files[i]));
+    for (int i = 0; i < 3; i++) mesh_json_free(helper_read_json(dir, files[i]));
     /* the CSVs: a header and rows */
     char path[512], line[1024];
     snprintf(path, sizeof path, "%s/collectives.csv", dir);
@@ -151,7 +142,7 @@ static void test_wire_rule_artifacts(void **state)
         result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
         if (r.rc) fail_msg("train failed: %s", r.err);
         assert_non_null(strstr(r.out, "weight collectives"));
-        mesh_json *rj = read_json(dir, "run.json");
+        mesh_json *rj = helper_read_json(dir, "run.json");
         const mesh_json *w = mesh_json_get(rj, "weight_collective_dtypes");
         assert_non_null(w);
         assert_string_equal(mesh_json_get(w, "weight_gather")->str, gather[i]);
@@ -191,7 +182,7 @@ static void test_artifact_limits(void **state)
     result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "limited artifacts: collectives.csv holds devices 0-0 and trace.json devices 0-0 of 4"));
-    mesh_json *t = read_json(dir, "trace.json");
+    mesh_json *t = helper_read_json(dir, "trace.json");
     assert_int_equal(mesh_json_get(mesh_json_get(t, "otherData"), "devices_traced")->number, 1);
     const mesh_json *ev = mesh_json_get(t, "traceEvents");
     int markers = 0, collectives = 0;
@@ -289,7 +280,7 @@ static norms run_norms(double threshold)
         mesh_json_free(j);
     }
     fclose(f);
-    mesh_json *m = read_json(dir, "metrics.json");
+    mesh_json *m = helper_read_json(dir, "metrics.json");
     const mesh_json *steps = mesh_json_get(m, "steps");
     assert_int_equal(steps->n, 2);
     for (int s = 0; s < 2; s++) {

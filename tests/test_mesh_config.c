@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "mesh/config.h"
+#include "tests/helpers.h"
 
 static const char *const MODELS[] = {"llama2-7b", "deepseek3-test", "deepseek3-tiny",
                                      "deepseek3-671b", "deepseek2-16b", "deepseek3-671b-batchsplit"};
@@ -69,11 +70,6 @@ static const char *load_err(const char *base, const char *const *files, int n_fi
     snprintf(msg, sizeof msg, "%s", sim_errmsg());
     return msg;
 }
-
-#define assert_contains(hay, needle)                                                    \
-    do {                                                                                \
-        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
-    } while (0)
 
 static const mesh_cfg_value *val(const mesh_cfg *cfg, const char *key)
 {

@@ -305,20 +305,7 @@ static void test_dry_run(void **state)
     model_run_train(&a, false);
     open_run(&b, dry, 4, 8, 1);
     model_run_train(&b, false);
-    for (int d = 0; d < 8; d++) {
-        size_t na, nb;
-        const sim_record *ra = sim_device_records(sim_machine_device(a.m, d), &na);
-        const sim_record *rb = sim_device_records(sim_machine_device(b.m, d), &nb);
-        assert_int_equal(na, nb);
-        for (size_t i = 0; i < na; i++) {
-            assert_string_equal(ra[i].tag, rb[i].tag);
-            assert_int_equal(ra[i].bytes_sent, rb[i].bytes_sent);
-        }
-        sim_arena_stats sa, sb;
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &sa);
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &sb);
-        assert_int_equal(sa.peak, sb.peak);
-    }
+    model_run_expect_same_records("dry run", &a, &b, 8, 0);
     model_run_close(&a);
     model_run_close(&b);
 }

@@ -59,24 +59,14 @@ static model_def *load(const char *const *extra, int n_extra, int devices, mesh_
 
 /* ------------------------------------------------------------ gradient check */
 
-typedef struct {
-    int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
-} batch;
-
-static void make_batch(batch *b) { model_run_pattern(ROWS, SEQ, VOCAB, b->in, b->tg, b->pos); }
-
-static double run_once(model_def *def, const batch *b, const model_grads *pin, model_grads *pout, model_grads *g)
-{
-    return model_run_loss_grads(def, b->in, b->tg, b->pos, pin, pout, g);
-}
 
 static void gradient_check(const char *const *extra, int n_extra, int *checked_out, int *skipped_out)
 {
     model_def *def = load(extra, n_extra, 1, NULL);
-    batch b;
-    make_batch(&b);
+    model_run_batch b;
+    model_run_batch_make(&b, ROWS, SEQ, VOCAB);
     model_grads params, grads;
-    double loss = run_once(def, &b, NULL, &params, &grads);
+    double loss = model_run_loss_grads(def, b.in, b.tg, b.pos, NULL, &params, &grads);
     assert_true(loss > 3.0 && loss < 5.5); /* about ln(64) = 4.16 at init */
     int checked = 0, skipped = 0;
     for (int i = 0; i < def->nparams; i++) {
@@ -92,9 +82,9 @@ static void gradient_check(const char *const *extra, int n_extra, int *checked_o
             for (int hi = 0; hi < 2; hi++) {
                 double h = hi ? 5e-3 : 1e-2;
                 params.g[i][best] = saved + (float)h;
-                double lp = run_once(def, &b, &params, NULL, NULL);
+                double lp = model_run_loss_grads(def, b.in, b.tg, b.pos, &params, NULL, NULL);
                 params.g[i][best] = saved - (float)h;
-                double lm = run_once(def, &b, &params, NULL, NULL);
+                double lm = model_run_loss_grads(def, b.in, b.tg, b.pos, &params, NULL, NULL);
                 fd[hi] = (lp - lm) / (2 * h);
             }
             params.g[i][best] = saved;

@@ -50,7 +50,7 @@ static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=7", "z_los
 /* tests/data/tiny-deepseek.yml with one MoE layer of 4 experts */
 static const char *const DS_TINY[] = {TINY_DEEPSEEK_YML, "base_num_decoder_layers=2", "num_experts=4",
                                       "init_weights_seed=5"};
-enum { ROWS = 8, SEQ = 16, VOCAB = 64 };
+enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, VOCAB = 64 };
 /* bytes of one saved activation element: dtype's default, bfloat16 (configs/base.yml) */
 enum { ACT = 2 };
 
@@ -79,16 +79,11 @@ static model_def *load(const char *const *extra, int n, int devices)
 }
 
 
-typedef struct {
-    int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
-} batch;
-
-static void make_batch(batch *b) { model_run_pattern(ROWS, SEQ, VOCAB, b->in, b->tg, b->pos); }
 
 static double run(const model_def *def, const model_grads *pin, model_grads *pout, model_grads *g)
 {
-    batch b;
-    make_batch(&b);
+    model_run_batch b;
+    model_run_batch_make(&b, ROWS, SEQ, VOCAB);
     return model_run_loss_grads(def, b.in, b.tg, b.pos, pin, pout, g);
 }
 
@@ -192,13 +187,13 @@ static void test_logits_via_embedding(void **state)
 
     double lt, ln, lc;
     const char *norm[] = {"logits_via_embedding=true"};
-    parity(TINY, 10, norm, 1, MESHES, 2, &lt);
+    parity(TINY, NTINY, norm, 1, MESHES, 2, &lt);
     const char *raw[] = {"logits_via_embedding=true", "normalize_embedding_logits=false"};
     model_def *d = load(raw, 2, 1);
     ln = run(d, NULL, NULL, NULL);
     model_run_unload(d);
     const char *capped[] = {"logits_via_embedding=true", "final_logits_soft_cap=0.05"};
-    parity(TINY, 10, capped, 2, MESHES, 2, &lc);
+    parity(TINY, NTINY, capped, 2, MESHES, 2, &lc);
     assert_true(fabs(lt - l0) > 1e-4 && fabs(ln - lt) > 1e-4 && fabs(lc - lt) > 1e-4);
     /* a cap of 0.05 squeezes every logit into (-0.05, 0.05): the loss is within 0.1 of ln(64) */
     assert_true(fabs(lc - log(64.0)) < 0.1 + 0.001 * 20);
@@ -223,7 +218,7 @@ static void test_attn_logits_soft_cap(void **state)
     /* scores are O(0.1) at init: a cap of 0.1 bends them (and keeps finite differences at h = 1e-2 exact enough) */
     /* the cap is simulated in the blocked (flash) kernel; the dot-product one refuses it */
     const char *k[] = {"attn_logits_soft_cap=0.1", "attention=flash"};
-    parity(TINY, 10, k, 2, MESHES, 2, &l);
+    parity(TINY, NTINY, k, 2, MESHES, 2, &l);
     assert_true(fabs(l - l0) > 1e-5);
     finite_differences(k, 2);
     /* DeepSeek (MLA) with the cap and tied logits */
@@ -245,7 +240,7 @@ static void test_rope_linear_scaling(void **state)
     (void)state;
     const char *k[] = {"rope_linear_scaling_factor=4"};
     double l;
-    parity(TINY, 10, k, 1, MESHES, 1, &l);
+    parity(TINY, NTINY, k, 1, MESHES, 1, &l);
     assert_true(fabs(l - base_loss()) > 1e-6);
     const char *same[] = {"rope_min_timescale=4", "rope_max_timescale=40000"};
     model_def *d = load(same, 2, 1);
@@ -302,12 +297,12 @@ static void test_global_parameter_scale(void **state)
         model_run_unload(d);
     }
     const char *bad[] = {"global_parameter_scale=3"};
-    assert_int_equal(refusal(TINY, 10, bad, 1), SIM_ERR_INPUT);
+    assert_int_equal(refusal(TINY, NTINY, bad, 1), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "global_parameter_scale=3"));
     assert_non_null(strstr(sim_errmsg(), "power of two"));
     const char *two[] = {"global_parameter_scale=2"};
     double l;
-    parity(TINY, 10, two, 1, MESHES, 1, &l);
+    parity(TINY, NTINY, two, 1, MESHES, 1, &l);
 }
 
 static void test_logits_dot_in_fp32_is_float32_already(void **state)
@@ -339,7 +334,7 @@ static void test_fused_mlp(void **state)
     model_run_unload(a);
     model_run_unload(b);
     double l;
-    parity(TINY, 10, k, 1, MESHES, 2, &l);
+    parity(TINY, NTINY, k, 1, MESHES, 2, &l);
     assert_true(fabs(l - base_loss()) > 1e-6); /* another kernel, another init */
     finite_differences(k, 1);
     /* remat_policy=custom mlpwi=device keeps the fused product (2 x 24 floats per token) of the other layer */
@@ -458,7 +453,7 @@ static void test_fused_qkv(void **state)
         model_grads_free(&g8);
         model_run_unload(d8);
     }
-    parity(TINY, 10, k, 1, (const char *const[]){"ici_data_parallelism=2 ici_fsdp_parallelism=4"}, 1, NULL);
+    parity(TINY, NTINY, k, 1, (const char *const[]){"ici_data_parallelism=2 ici_fsdp_parallelism=4"}, 1, NULL);
     finite_differences(k, 1);
     model_grads_free(&gu);
     model_grads_free(&gfu);
@@ -490,7 +485,7 @@ static void test_dropout(void **state)
     const char *k[] = {"dropout_rate=0.3"};
     const char *meshes[] = {"ici_fsdp_parallelism=4 ici_tensor_parallelism=2",
                             "ici_data_parallelism=4 ici_tensor_parallelism=2"};
-    parity(TINY, 10, k, 1, meshes, 2, &l);
+    parity(TINY, NTINY, k, 1, meshes, 2, &l);
     assert_true(fabs(l - l0) > 1e-3);
     finite_differences(k, 1); /* the mask is fixed for a step: the loss is smooth in the parameters */
     /* enable_dropout=false trains without dropout, as MaxText's deterministic=True */
@@ -551,7 +546,7 @@ static int train_cli(const char *dir, const char *const *extra, int n)
 {
     const char *argv[40];
     int argc = 0;
-    for (int i = 0; i < 10; i++) argv[argc++] = TINY[i];
+    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
     argv[argc++] = "per_device_batch_size=1";
     argv[argc++] = "ici_fsdp_parallelism=4";
     argv[argc++] = "ici_tensor_parallelism=2";
@@ -628,7 +623,7 @@ static void test_layer_layout(void **state)
     assert_int_equal(train_cli(d4, reload, 2), 2);
     /* ZeRO-1 is simulated for the default layout only */
     const char *z1[] = {"scan_layers=false", "shard_optimizer_over_data=true", "ici_data_parallelism=2"};
-    assert_int_equal(refusal(TINY, 10, z1, 3), SIM_ERR_INPUT);
+    assert_int_equal(refusal(TINY, NTINY, z1, 3), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "scan_layers=false"));
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
@@ -673,7 +668,7 @@ static void test_checks_in_commands(void **state)
     (void)state;
     const char *argv[24];
     int argc = 0;
-    for (int i = 0; i < 10; i++) argv[argc++] = TINY[i];
+    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
     argv[argc++] = "per_device_batch_size=1";
     argv[argc++] = "steps=1";
     argv[argc++] = "ici_fsdp_parallelism=4";
@@ -733,8 +728,8 @@ static size_t peak_of(const char *const *keys, int nkeys, int devices, bool dry,
     if (devices == 8) extra[n++] = "ici_fsdp_parallelism=8";
     if (dry) extra[n++] = "dry_run=true";
     model_def *def = load(extra, n, devices);
-    batch b;
-    make_batch(&b);
+    model_run_batch b;
+    model_run_batch_make(&b, ROWS, SEQ, VOCAB);
     sim_machine *m;
     assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
     double loss;
@@ -802,8 +797,8 @@ static void test_remat_policies(void **state)
         for (int v = 0; v < 2; v++) {
             model_def *def =
                 model_run_load(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ROWS, v ? dsave : dfull, 1, 1, 0, NULL);
-            batch b;
-            make_batch(&b);
+            model_run_batch b;
+            model_run_batch_make(&b, ROWS, SEQ, VOCAB);
             sim_machine *m;
             assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
             double loss;
@@ -826,10 +821,10 @@ static void test_remat_policies(void **state)
     assert_true(peak_of(none, 1, 1, false, NULL) > peak_of(minimal, 1, 1, false, NULL));
     /* unknown policies are refused (DeepSeek's MoE tags: test_models_dsremat) */
     const char *bad[] = {"remat_policy=save_everything"};
-    assert_int_equal(refusal(TINY, 10, bad, 1), SIM_ERR_INPUT);
+    assert_int_equal(refusal(TINY, NTINY, bad, 1), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "save_everything"));
     const char *off[] = {"remat_policy=custom", "decoder_layer_input=offload"};
-    assert_int_equal(refusal(TINY, 10, off, 2), SIM_ERR_INPUT);
+    assert_int_equal(refusal(TINY, NTINY, off, 2), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "decoder_layer_input"));
 }
 

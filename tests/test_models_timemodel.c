@@ -515,7 +515,7 @@ static void test_train_estimate(void **state)
     assert_int_equal(system(cmd), 0);
     /* a bad profile name exits 2 naming it and the valid ones */
     const char *bad[] = {TINY, "hardware_profile=v9", "steps=1"};
-    r = cli_capture_run(cli_train, 10, bad);
+    r = cli_capture_run(cli_train, (int)(sizeof bad / sizeof bad[0]), bad);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "'v9'"));
     assert_non_null(strstr(r.err, "tpu7x"));
