@@ -30,7 +30,6 @@ typedef struct {
     double fd[VJP_MAX_IN][FD_POINTS];
     int n_fd[VJP_MAX_IN];
     double h;
-    bool replicated; /* inputs replicated (the one-device forward runs) */
 } job;
 
 static int64_t count_of(int rank, const int64_t *shape)
@@ -45,7 +44,7 @@ static sim_status make_inputs(job *j, sim_device *dev, mesh_array *a)
     const vjp_case *c = j->c;
     for (int i = 0; i < c->nin; i++) {
         mesh_spec s;
-        if (c->spec[i] && !j->replicated) SIM_TRY(mesh_spec_parse(c->spec[i], j->m, &s));
+        if (c->spec[i]) SIM_TRY(mesh_spec_parse(c->spec[i], j->m, &s));
         else mesh_spec_init(&s, c->rank[i]);
         SIM_TRY(mesh_array_new(dev, j->m, "in", c->rank[i], c->shape[i], &s, c->integer[i] ? SIM_I32 : SIM_F32,
                                SIM_MEM_ACTIVATIONS, &a[i]));
@@ -176,11 +175,12 @@ double vjp_check(const vjp_case *c, const mesh_shape *m, double tol)
     assert_int_equal(j->out_rank, c->out_rank);
     for (int d = 0; d < c->out_rank; d++) assert_int_equal(j->out_shape[d], c->out_shape[d]);
 
-    const char *one_name[] = {"one"};
-    int one_size[] = {1};
-    mesh_shape one = helper_mesh(1, one_name, one_size);
+    /* one device: m's axes, each of size 1 (the ops' own specs still name them) */
+    const char *one_names[MESH_MAX_AXES];
+    int one_sizes[MESH_MAX_AXES];
+    for (int a = 0; a < m->n_axes; a++) one_names[a] = m->names[a], one_sizes[a] = 1;
+    mesh_shape one = helper_mesh(m->n_axes, one_names, one_sizes);
     j->m = &one;
-    j->replicated = true;
     mach = helper_machine(&one, false);
     st = sim_machine_run(mach, fd_device, j);
     sim_machine_free(mach);
