@@ -429,9 +429,10 @@ static void test_parity_gradient_accumulation(void **state)
 }
 
 /* DeepSeek (deepseek3-tiny variant: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora): the MoE
- * layers are the pipeline, the dense layer runs before it with 'stage' acting as data (tests/data/tiny-deepseek.yml
- * without the load-balance loss) */
-static const char *const DS[] = {TINY_DEEPSEEK_YML, "load_balance_loss_weight=0"};
+ * layers are the pipeline, the dense layer runs before it with 'stage' acting as data
+ * (tests/data/tiny-deepseek.yml without the load-balance loss).  It follows TINY's words, and a
+ * config file never overrides a key=value word: the layer count is a word here too. */
+static const char *const DS[] = {TINY_DEEPSEEK_YML, "base_num_decoder_layers=3", "load_balance_loss_weight=0"};
 enum { NDS = sizeof DS / sizeof DS[0] };
 
 static void test_parity_deepseek(void **state)
