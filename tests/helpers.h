@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "mesh/array.h"
-#include "mesh/json.h"
+#include "config/json.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/spec.h"
 #include "sim/collectives.h"

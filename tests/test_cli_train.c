@@ -17,7 +17,7 @@
 #include "cli/cli.h"
 #include "tests/cli_capture.h"
 #include "tests/helpers.h"
-#include "mesh/json.h"
+#include "config/json.h"
 
 /* tests/data/small-llama.yml: 2 layers of width 32, 4 heads of 8, vocabulary 256, 16 tokens */
 #define SMALL SMALL_LLAMA_YML

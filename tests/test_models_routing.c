@@ -34,7 +34,7 @@
 
 #include "tests/helpers.h"
 #include "tests/model_run.h"
-#include "mesh/json.h"
+#include "config/json.h"
 #include "models/core/checkpoint.h"
 #include <unistd.h>
 
