@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/common.h"
+
 char *helper_read_file_opt(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -87,6 +89,57 @@ mesh_json *helper_read_json(const char *dir, const char *name)
     mesh_json *j = NULL;
     if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
     return j;
+}
+
+const mesh_json *helper_json_get(const mesh_json *v, const char *key)
+{
+    const mesh_json *x = mesh_json_get(v, key);
+    if (!x) fail_msg("key '%s' missing", key);
+    return x;
+}
+
+char *helper_tmpdir(const char *tag)
+{
+    char tmpl[256];
+    snprintf(tmpl, sizeof tmpl, "/tmp/shardsim_%s.XXXXXX", tag);
+    char *d = mkdtemp(tmpl);
+    if (!d) fail_msg("cannot make a folder from %s", tmpl);
+    return strdup(d);
+}
+
+int helper_count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) fail_msg("cannot open %s", dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+const char *helper_reference_dir(void)
+{
+    static char dir[4096];
+    const char *env = getenv("SHARDSIM_REFERENCE");
+    struct stat st;
+    if (env && *env) {
+        snprintf(dir, sizeof dir, "%s", env);
+    } else {
+        char root[2048];
+        snprintf(root, sizeof root, "%s", cli_configs_dir());
+        char *slash = strrchr(root, '/');
+        if (slash) *slash = '\0';
+        else snprintf(root, sizeof root, ".");
+        snprintf(dir, sizeof dir, "%s/tests/data", root);
+        if (stat(dir, &st) != 0) snprintf(dir, sizeof dir, "tests/data");
+    }
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        fail_msg("MaxText reference data not found at '%s' (set SHARDSIM_REFERENCE to the directory holding "
+                 "maxtext/configs and maxtext/goldens)",
+                 dir);
+    return dir;
 }
 
 mesh_shape helper_mesh(int n, const char *const *names, const int *sizes)

@@ -40,6 +40,15 @@ void helper_write_file(const char *path, const void *b, size_t n);
 void helper_rm_rf(const char *path);
 /* Parses dir/name (just name when dir is NULL) as JSON; fails the test when it cannot. */
 mesh_json *helper_read_json(const char *dir, const char *name);
+/* The member `key` of object v; fails the test when there is none. */
+const mesh_json *helper_json_get(const mesh_json *v, const char *key);
+/* A new empty folder /tmp/shardsim_<tag>.XXXXXX (free the returned path). */
+char *helper_tmpdir(const char *tag);
+/* Entries of a folder, "." and ".." not counted. */
+int helper_count_entries(const char *dir);
+/* MaxText's reference data (maxtext/configs, maxtext/goldens): $SHARDSIM_REFERENCE, else tests/data
+ * beside the configs/ the program uses, else tests/data from here; fails the test when missing. */
+const char *helper_reference_dir(void);
 
 /* ---- assertions */
 

@@ -1,7 +1,6 @@
-/* test_cli_train.c — the train and parity commands end to end: every
- * artifact of output_dir is written and parses, bad input exits 2 naming
- * it, and parity exits 1 naming the first diverging step and parameter when
- * the tolerance is exceeded (0 when it holds). */
+/* test_cli_train.c — the train command end to end: every artifact of output_dir is written and
+ * parses, bad input exits 2 naming it, gradient clipping, limits on the artifacts, resuming (the
+ * parity command is test_cli_parity's). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -357,53 +356,6 @@ static void test_train_bad_input(void **state)
     done(&r);
 }
 
-static void test_parity_exit_codes(void **state)
-{
-    (void)state;
-    const char *ok[] = {SMALL, "per_device_batch_size=4", "steps=2",
-                        "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 ici_tensor_parallelism=2"};
-    result r = run(cli_cmd_parity, (int)(sizeof ok / sizeof ok[0]), ok);
-    if (r.rc) fail_msg("parity failed: %s%s", r.out, r.err);
-    assert_non_null(strstr(r.out, "PASS"));
-    done(&r);
-    /* a tolerance no float32 run can meet: exit 1, naming where it diverged */
-    const char *bad[] = {SMALL, "per_device_batch_size=4", "steps=2", "parity_rtol=1e-12",
-                         "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 ici_tensor_parallelism=2"};
-    r = run(cli_cmd_parity, (int)(sizeof bad / sizeof bad[0]), bad);
-    assert_int_equal(r.rc, 1);
-    assert_non_null(strstr(r.out, "first diverging gradient: step 0"));
-    assert_non_null(strstr(r.out, "params."));
-    done(&r);
-}
-
-/* parity under hbm_limit_gb: a configuration that does not fit is reported as
- * out of memory as it runs, the others still run and are compared, and the
- * exit code is 1; a reference that does not fit stops parity (exit 1). */
-static void test_parity_hbm_limit(void **state)
-{
-    (void)state;
-    const char *a[] = {SMALL, "per_device_batch_size=2", "steps=2",
-                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 hbm_limit_gb=0.0002;ici_fsdp_parallelism=2"};
-    result r = run(cli_cmd_parity, (int)(sizeof a / sizeof a[0]), a);
-    assert_int_equal(r.rc, 1);
-    const char *oom = strstr(r.out, "out of simulated memory (hbm_limit_gb=0.0002)");
-    assert_non_null(oom);
-    const char *third = strstr(r.out, "[3/3]");
-    assert_non_null(third);
-    assert_true(oom < third);
-    assert_non_null(strstr(third, "2 steps in"));
-    assert_non_null(strstr(r.out, "INCOMPLETE: 1 configuration"));
-    done(&r);
-    const char *b[] = {SMALL, "per_device_batch_size=2", "steps=2", "hbm_limit_gb=0.0002",
-                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2"};
-    r = run(cli_cmd_parity, (int)(sizeof b / sizeof b[0]), b);
-    assert_int_equal(r.rc, 1);
-    assert_non_null(strstr(r.err, "reference configuration"));
-    assert_non_null(strstr(r.err, "hbm_limit_gb=0.0002"));
-    assert_null(strstr(r.out, "[2/2]"));
-    done(&r);
-}
-
 /* The loss printed on step s's line ("" when there is no such line). */
 static void step_loss(const char *out, int s, char *buf, size_t cap)
 {
@@ -537,9 +489,7 @@ int main(void)
         cmocka_unit_test(test_dcn_traffic),
         cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
-        cmocka_unit_test(test_parity_exit_codes),
         cmocka_unit_test(test_resume),
-        cmocka_unit_test(test_parity_hbm_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
