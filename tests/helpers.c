@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/common.h"
@@ -89,6 +90,32 @@ mesh_json *helper_read_json(const char *dir, const char *name)
     mesh_json *j = NULL;
     if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
     return j;
+}
+
+const char *helper_program(void)
+{
+    static char program[1024];
+    ssize_t n = readlink("/proc/self/exe", program, sizeof program - 1);
+    if (n <= 0 || (size_t)n >= sizeof program - 1) return NULL;
+    program[n] = '\0';
+    for (int up = 0; up < 2; up++) {
+        char *slash = strrchr(program, '/');
+        if (!slash) return NULL;
+        *slash = '\0';
+    }
+    if (strlen(program) + sizeof "/shardsim" > sizeof program) return NULL;
+    strcat(program, "/shardsim");
+    return access(program, X_OK) == 0 ? program : NULL;
+}
+
+int helper_run_shell(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p) fail_msg("cannot run %s", cmd);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 const mesh_json *helper_json_get(const mesh_json *v, const char *key)

@@ -50,6 +50,15 @@ int helper_count_entries(const char *dir);
  * beside the configs/ the program uses, else tests/data from here; fails the test when missing. */
 const char *helper_reference_dir(void);
 
+/* ---- the program */
+
+/* The shardsim of this test's own build (<build>/tests/test_x -> <build>/shardsim, so a sanitizer
+ * build runs its own program), or NULL when it is not there. */
+const char *helper_program(void);
+/* Runs cmd through the shell; its stdout (and whatever the command redirects there) into out
+ * (NUL-terminated, at most cap - 1 bytes).  Returns the exit code (128 + the signal if killed). */
+int helper_run_shell(const char *cmd, char *out, size_t cap);
+
 /* ---- assertions */
 
 /* Fails the test (at the caller's line), showing hay, unless hay contains needle. */
