@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sim/trace.h"
+
 void model_run_start(model_run *r, mesh_cfg *cfg, model_def *def, long long steps)
 {
     memset(r, 0, sizeof *r);
@@ -71,6 +73,20 @@ void model_run_train(model_run *r, bool grads)
 {
     if (grads) r->job.step_grads = calloc((size_t)r->job.steps, sizeof *r->job.step_grads);
     if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
+}
+
+char *model_run_train_traced(model_run *r)
+{
+    sim_machine_free(r->m);
+    assert_int_equal(model_machine_new(r->def, 0, true, &r->m), SIM_OK);
+    model_run_train(r, false);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_int_equal(sim_trace_write_chrome(r->m, f, 0), SIM_OK);
+    fclose(f);
+    return buf;
 }
 
 void model_run_close(model_run *r)

@@ -326,7 +326,8 @@ static void test_every_key_passes_its_class_check(void **state)
             else if (!n_extra_with && !on) {
                 /* and on the other model: a MoE or MLA key does nothing to the Llama */
                 const fingerprint *other = deepseek ? &base_l : &base_d;
-                fingerprint fo = run_fp(deepseek ? LLAMA : DEEPSEEK, deepseek ? NLLAMA : NDEEPSEEK, extra, n_extra, NULL);
+                fingerprint fo =
+                    run_fp(deepseek ? LLAMA : DEEPSEEK, deepseek ? NLLAMA : NDEEPSEEK, extra, n_extra, NULL);
                 if (fo.rc) fail = "inert key rejected on the other model";
                 else if (!same_results(&fo, other)) fail = "inert key changed the results of the other model";
             }
@@ -495,7 +496,8 @@ static void test_compile_topology(void **state)
     /* v5p-8 has 4 devices per slice (MaxText's table): 2 slices -> 8 devices, a dry run */
     const char *w1[] = {TINY, "compile_topology=v5p-8", "compile_topology_num_slices=2"};
     mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv(cli_base_config(), (int)(sizeof w1 / sizeof w1[0]), w1, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    if (mesh_cfg_load_argv(cli_base_config(), (int)(sizeof w1 / sizeof w1[0]), w1, &cfg) != SIM_OK)
+        fail_msg("%s", sim_errmsg());
     long long nd = 0, ns = 0;
     int dry = 0;
     assert_int_equal(mesh_cfg_get_int(cfg, "num_devices", &nd), SIM_OK);
@@ -537,7 +539,8 @@ static void test_dcn_with_one_slice(void **state)
     (void)state;
     mesh_cfg *cfg = NULL;
     const char *none[] = {TINY};
-    if (mesh_cfg_load_argv(cli_base_config(), (int)(sizeof none / sizeof none[0]), none, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    if (mesh_cfg_load_argv(cli_base_config(), (int)(sizeof none / sizeof none[0]), none, &cfg) != SIM_OK)
+        fail_msg("%s", sim_errmsg());
     int checked = 0;
     for (int i = 0; i < cfg->n; i++) {
         const char *key = cfg->entries[i].key;

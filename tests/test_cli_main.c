@@ -30,7 +30,8 @@ static int shardsim(const char *args)
     return helper_run_shell(cmd, out, sizeof out);
 }
 
-static const char *const COMMANDS[] = {"train", "parity", "dump", "explain", "keys", "models", "demo", "collectives", "help"};
+static const char *const COMMANDS[] = {"train",  "parity", "dump",        "explain", "keys",
+                                       "models", "demo",   "collectives", "help"};
 enum { NCOMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 
 static void test_usage_and_version(void **state)

@@ -68,14 +68,21 @@ static int row_of(const char *out, const char *name, char *row, size_t cap)
     return n;
 }
 
+/* `shardsim models <pattern>` (exit 0) and the model files to check its rows against. */
+static cli_capture models(const char *pattern, model_files *f)
+{
+    read_model_files(f);
+    const char *argv[] = {pattern};
+    cli_capture r = cli_capture_run(cli_models, 1, argv);
+    assert_int_equal(r.rc, 0);
+    return r;
+}
+
 static void test_pattern(void **state)
 {
     (void)state;
     static model_files f;
-    read_model_files(&f);
-    const char *argv[] = {"llama2"};
-    cli_capture r = cli_capture_run(cli_models, 1, argv);
-    assert_int_equal(r.rc, 0);
+    cli_capture r = models("llama2", &f);
     int want = 0;
     for (int i = 0; i < f.n; i++) {
         char row[1024];
@@ -99,10 +106,7 @@ static void test_block(void **state)
 {
     (void)state;
     static model_files f;
-    read_model_files(&f);
-    const char *argv[] = {"block=gemma"};
-    cli_capture r = cli_capture_run(cli_models, 1, argv);
-    assert_int_equal(r.rc, 0);
+    cli_capture r = models("block=gemma", &f);
     int want = 0;
     for (int i = 0; i < f.n; i++) {
         char row[1024];
@@ -115,7 +119,9 @@ static void test_block(void **state)
     }
     assert_true(want >= 1);
     char summary[160];
-    snprintf(summary, sizeof summary, "\n%d model%s: 0 simulated, 0 refused by a key of the model file or a setting it needs, %d refused by decoder block",
+    snprintf(summary, sizeof summary,
+             "\n%d model%s: 0 simulated, 0 refused by a key of the model file or a setting it needs, %d refused by "
+             "decoder block",
              want, want == 1 ? "" : "s", want);
     assert_contains(r.out, summary);
     cli_capture_free(&r);

@@ -45,8 +45,9 @@ static void test_parity_exit_codes(void **state)
 static void test_parity_hbm_limit(void **state)
 {
     (void)state;
-    const char *a[] = {SMALL, "per_device_batch_size=2", "steps=2",
-                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 hbm_limit_gb=0.0002;ici_fsdp_parallelism=2"};
+    const char *a[] = {
+        SMALL, "per_device_batch_size=2", "steps=2",
+        "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 hbm_limit_gb=0.0002;ici_fsdp_parallelism=2"};
     cli_capture r = cli_capture_run(cli_cmd_parity, (int)(sizeof a / sizeof a[0]), a);
     assert_int_equal(r.rc, 1);
     const char *oom = strstr(r.out, "out of simulated memory (hbm_limit_gb=0.0002)");

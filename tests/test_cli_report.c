@@ -571,7 +571,8 @@ static void test_parity(void **state)
     assert_string_equal(helper_json_get(j, "first_diverging_param")->str, "params.decoder.layers.mlp.wo.kernel");
     assert_string_equal(helper_json_get(j, "reference")->str, "base");
     assert_int_equal(helper_json_get(j, "configs")->n, 3);
-    assert_string_equal(helper_json_get(&helper_json_get(j, "configs")->items[2], "overrides")->str, "ici_tensor_parallelism=2");
+    assert_string_equal(helper_json_get(&helper_json_get(j, "configs")->items[2], "overrides")->str,
+                        "ici_tensor_parallelism=2");
     const mesh_json *st = helper_json_get(j, "steps");
     assert_int_equal(st->n, 4);
     assert_int_equal(helper_json_get(&st->items[1], "pass")->boolean, 1);

@@ -29,8 +29,9 @@ static mesh_json *parse(const char *text)
 static void test_kinds(void **state)
 {
     (void)state;
-    mesh_json *j = parse("{\"n\": null, \"t\": true, \"f\": false, \"i\": -42, \"big\": 9007199254740993,"
-                         " \"x\": 0.5, \"e\": 1e3, \"s\": \"a\\\"b\\\\c\\n\\u00e9\", \"a\": [1, [2, 3], {}], \"o\": {\"k\": 7}}");
+    mesh_json *j =
+        parse("{\"n\": null, \"t\": true, \"f\": false, \"i\": -42, \"big\": 9007199254740993,"
+              " \"x\": 0.5, \"e\": 1e3, \"s\": \"a\\\"b\\\\c\\n\\u00e9\", \"a\": [1, [2, 3], {}], \"o\": {\"k\": 7}}");
     assert_int_equal(j->kind, MESH_JSON_OBJECT);
     assert_int_equal(j->n, 10);
     static const char *const keys[] = {"n", "t", "f", "i", "big", "x", "e", "s", "a", "o"};

@@ -57,7 +57,8 @@ static sim_status array_device(sim_device *dev, void *arg)
         mesh_array a;
         SIM_TRY(mesh_array_new(dev, m, "a", 2, shape, &s, SIM_F32, SIM_MEM_ACTIVATIONS, &a));
         sim_arena_get_stats(sim_device_arena(dev), &s1);
-        if (k == 0) j->bytes_diff[id] = s1.live_by[SIM_MEM_ACTIVATIONS] - s0.live_by[SIM_MEM_ACTIVATIONS] - a.nlocal * 4;
+        if (k == 0)
+            j->bytes_diff[id] = s1.live_by[SIM_MEM_ACTIVATIONS] - s0.live_by[SIM_MEM_ACTIVATIONS] - a.nlocal * 4;
         if (j->dry) {
             j->dry_ok[id] = a.data == NULL && a.local[0] * a.local[1] == (int64_t)a.nlocal;
             mesh_array_free(dev, &a);
@@ -80,7 +81,8 @@ static sim_status array_device(sim_device *dev, void *arg)
             j->after_free[id] = s1.live_by[SIM_MEM_ACTIVATIONS] - s0.live_by[SIM_MEM_ACTIVATIONS];
         }
     }
-    /* P(('x', 'y'), None): 12 rows over x and y (6 ways, x most significant): the (x, y) block is rows 2 (x NY + y) .. +2 */
+    /* P(('x', 'y'), None): 12 rows over x and y (6 ways, x most significant): the (x, y) block is
+     * rows 2 (x NY + y) .. +2 */
     {
         int64_t tall[2] = {12, 2};
         mesh_spec s;

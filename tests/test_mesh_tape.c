@@ -139,7 +139,8 @@ static sim_status tape_device(sim_device *dev, void *arg)
         if (sim_device_id(dev) == 0) {
             size_t n;
             const sim_record *r = sim_device_records(dev, &n);
-            for (size_t i = 0; i < n; i++) j->rs_backward += r[i].op == SIM_OP_REDUCE_SCATTER && r[i].phase == SIM_PHASE_BACKWARD;
+            for (size_t i = 0; i < n; i++)
+                j->rs_backward += r[i].op == SIM_OP_REDUCE_SCATTER && r[i].phase == SIM_PHASE_BACKWARD;
         }
     }
 
@@ -186,7 +187,8 @@ static void test_tape(void **state)
     for (int i = 0; i < R * C; i++) {
         assert_true(j.dx[i] == 6.0f * j.c[i]);
         assert_true(j.dx2[i] == 12.0f * j.c[i]);
-        if (j.mean_grad[i] != 1.0 / (R * C)) fail_msg("d mean / dx[%d] = %.9g, expected 1/%d", i, j.mean_grad[i], R * C);
+        if (j.mean_grad[i] != 1.0 / (R * C))
+            fail_msg("d mean / dx[%d] = %.9g, expected 1/%d", i, j.mean_grad[i], R * C);
     }
     for (int c = 0; c < C; c++)
         for (int k = 0; k < K; k++) {

@@ -64,9 +64,11 @@ static mesh_shape mesh22(void)
 
 static void expect_cells(const picture *p, int rows, const char *const *labels, int n)
 {
-    if (p->rows != rows || p->ncells != n) fail_msg("%d rows, %d labelled cells; expected %d, %d:\n%s", p->rows, p->ncells, rows, n, p->text);
+    if (p->rows != rows || p->ncells != n)
+        fail_msg("%d rows, %d labelled cells; expected %d, %d:\n%s", p->rows, p->ncells, rows, n, p->text);
     for (int i = 0; i < n; i++)
-        if (strcmp(p->cells[i], labels[i])) fail_msg("cell %d is '%s', expected '%s':\n%s", i, p->cells[i], labels[i], p->text);
+        if (strcmp(p->cells[i], labels[i]))
+            fail_msg("cell %d is '%s', expected '%s':\n%s", i, p->cells[i], labels[i], p->text);
 }
 
 static void test_two_dims(void **state)

@@ -66,7 +66,8 @@ static void test_sharding_tolerance(void **state)
     d = load(f8, 1, 8);
     double share = model_unsharded_share(d);
     model_run_unload(d);
-    if (fabs(share - 80.0 / (4.0 * 7504.0)) > 1e-12) fail_msg("fsdp=8: share %.8g, want %.8g", share, 80.0 / (4.0 * 7504.0));
+    if (fabs(share - 80.0 / (4.0 * 7504.0)) > 1e-12)
+        fail_msg("fsdp=8: share %.8g, want %.8g", share, 80.0 / (4.0 * 7504.0));
 }
 
 /* The commands: train and parity stop with exit 1 above the tolerance; train prints the shardings. */

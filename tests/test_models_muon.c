@@ -673,7 +673,8 @@ static const char *const DEEPSEEK[] = {TINY_DEEPSEEK_YML, "init_weights_seed=5",
                                        "warmup_steps_fraction=0", "opt_type=muon"};
 
 /* Trains STEPS steps of base + extra on `devices` devices with Muon, keeping every step's gradients. */
-static void train_run(model_run *r, const char *const *base, int nbase, const char *const *extra, int n_extra, int devices)
+static void train_run(model_run *r, const char *const *base, int nbase, const char *const *extra, int n_extra,
+                      int devices)
 {
     model_run_open(r, base, nbase, ROWS, extra, n_extra, devices, STEPS);
     assert_int_equal(r->job.opt.type, MODEL_OPT_MUON);

@@ -51,12 +51,11 @@
 #include "models/core/train.h"
 #include "tests/helpers.h"
 #include "tests/model_run.h"
-#include "sim/trace.h"
 
 /* tests/data/tiny-llama.yml with 8 layers (the stages), a fixed seed, a rate large enough to move, no
  * warm-up and the z-loss */
-static const char *const TINY[] = {TINY_LLAMA_YML, "base_num_decoder_layers=8", "init_weights_seed=5", "learning_rate=1e-2",
-                                   "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001"};
+static const char *const TINY[] = {TINY_LLAMA_YML,       "base_num_decoder_layers=8", "init_weights_seed=5",
+                                   "learning_rate=1e-2", "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, EMB = 16 };
 
 /* ------------------------------------------------------------ config */
@@ -344,14 +343,7 @@ static void test_trace_names_iterations(void **state)
     const char *flags[] = {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"};
     model_run r;
     open_run(&r, flags, 2, 2, 1);
-    sim_machine_free(r.m);
-    assert_int_equal(model_machine_new(r.def, 0, true, &r.m), SIM_OK);
-    model_run_train(&r, false);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    assert_int_equal(sim_trace_write_chrome(r.m, f, 0), SIM_OK);
-    fclose(f);
+    char *buf = model_run_train_traced(&r);
     /* S=2, M=2, R=4: 9 iterations; stage 1 idles at i=0 (warm-up), stage 0 at i=8 (cool-down) */
     assert_non_null(strstr(buf, "\"pipeline iteration 0: microbatch 0 repeat 0\""));
     assert_non_null(strstr(buf, "\"pipeline iteration 8: microbatch 1 repeat 3\""));
@@ -719,7 +711,8 @@ static void test_ag_once_and_memory(void **state)
         helper_sum once_f = helper_sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "pipeline/fsdp_ag_once");
         assert_int_equal(once_f.calls, held * (uint64_t)n_sharded);
         assert_int_equal(once_f.bytes, held * layer_sharded / 2);
-        helper_sum once_b = helper_sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_once");
+        helper_sum once_b =
+            helper_sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_once");
         assert_int_equal(once_b.calls, held * (uint64_t)n_sharded);
         assert_int_equal(once_b.bytes, held * layer_sharded / 2);
     }
@@ -928,10 +921,12 @@ static void test_ag_per_repeat(void **state)
         helper_sum f = helper_sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "pipeline/fsdp_ag_per_repeat");
         assert_int_equal(f.calls, R8 * (uint64_t)n_sharded);
         assert_int_equal(f.bytes, R8 * layer_sharded / 2);
-        helper_sum bg = helper_sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
+        helper_sum bg =
+            helper_sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
         assert_int_equal(bg.calls, R8 * (uint64_t)n_sharded);
         assert_int_equal(bg.bytes, R8 * layer_sharded / 2);
-        helper_sum rs = helper_sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
+        helper_sum rs =
+            helper_sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
         assert_int_equal(rs.calls, R8 * (uint64_t)n_sharded);
         assert_int_equal(rs.bytes, R8 * layer_sharded / 2);
         /* gradients: ag_once keeps all four held layers' gathered gradients through the backward pass and

@@ -36,8 +36,8 @@
 
 /* tests/data/tiny-llama.yml with a fixed seed, a rate large enough to move, a warm-up over the
  * saved steps and the z-loss */
-static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2", "warmup_steps_fraction=0.3",
-                                   "z_loss_multiplier=0.001"};
+static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2",
+                                   "warmup_steps_fraction=0.3", "z_loss_multiplier=0.001"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 5, PERIOD = 2, SAVED = 2, LAST = STEPS - 1 };
 
 static void open_run(model_run *r, const char *opt, const char *const *mesh, int nmesh, int devices)

@@ -30,8 +30,8 @@
 #include "tests/model_run.h"
 
 /* tests/data/tiny-llama.yml with a fixed seed, a rate large enough to move, no warm-up and the z-loss */
-static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2", "warmup_steps_fraction=0.0",
-                                   "z_loss_multiplier=0.001"};
+static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2",
+                                   "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8 };
 
 static void open_run(model_run *r, const char *const *extra, int n_extra, int devices, long long steps)

@@ -179,8 +179,13 @@ static void test_unknown_profile(void **state)
  * fsdp for the whole loop; under v5p they are held and moved in bfloat16 */
 /* tests/data/tiny-llama.yml with 8 layers over 2 stages of 2-way fsdp, bfloat16 compute over float32 weights,
  * the stages' weights gathered once per step */
-static const char *const PIPE[] = {TINY_LLAMA_YML, "base_num_decoder_layers=8", "dtype=bfloat16", "weight_dtype=float32",
-                                   "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4",
+static const char *const PIPE[] = {TINY_LLAMA_YML,
+                                   "base_num_decoder_layers=8",
+                                   "dtype=bfloat16",
+                                   "weight_dtype=float32",
+                                   "ici_pipeline_parallelism=2",
+                                   "ici_fsdp_parallelism=2",
+                                   "num_pipeline_microbatches=4",
                                    "pipeline_fsdp_ag_once=true"};
 enum { NPIPE = sizeof PIPE / sizeof PIPE[0] };
 

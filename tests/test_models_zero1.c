@@ -34,8 +34,8 @@
 #include "tests/model_run.h"
 
 /* tests/data/tiny-llama.yml with a fixed seed, a rate large enough to move, no warm-up and the z-loss */
-static const char *const LLAMA[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2", "warmup_steps_fraction=0.0",
-                                    "z_loss_multiplier=0.001"};
+static const char *const LLAMA[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2",
+                                    "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001"};
 
 /* tests/data/tiny-deepseek.yml (1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora) with the MoE
  * parity knobs of tests/data/moe-training.yml */

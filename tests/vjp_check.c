@@ -195,7 +195,8 @@ double vjp_check(const vjp_case *c, const mesh_shape *m, double tol)
             double g = j->grad[i][j->fd_at[i][p]];
             err = fmax(err, fabs(g - j->fd[i][p]));
         }
-        if (!(top > 0)) fail_msg("%s: input %d: every finite difference is 0 (the check would see nothing)", c->what, i);
+        if (!(top > 0))
+            fail_msg("%s: input %d: every finite difference is 0 (the check would see nothing)", c->what, i);
         double rel = err / top;
         worst = fmax(worst, rel);
         if (!(rel <= tol))
