@@ -165,7 +165,9 @@ static sim_status buf_alloc_dt(sim_device *d, moe_buf *b, size_t bytes, sim_dtyp
     b->counted = bytes / sim_dtype_size(dt) * sim_dtype_size(sim_device_counted_dtype(d, dt, cat));
     b->cat = cat;
     b->p = NULL;
-    return sim_arena_alloc_counted(sim_device_arena(d), bytes, b->counted, cat, name, false, &b->p);
+    sim_status st = sim_arena_alloc_counted(sim_device_arena(d), bytes, b->counted, cat, name, false, &b->p);
+    if (st) memset(b, 0, sizeof *b); /* refused (simulated OOM): nothing was charged, so buf_free must release nothing */
+    return st;
 }
 
 static sim_status buf_alloc(sim_device *d, moe_buf *b, size_t bytes, sim_mem_cat cat, const char *name)
@@ -1138,6 +1140,7 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
     /* 3. dispatch, compute, return */
     moe_buf rbuf, yq;
     memset(&rbuf, 0, sizeof rbuf);
+    memset(&yq, 0, sizeof yq); /* released by keep_or_free below even when the dispatch failed first */
     const float *rows = sbuf.p;
     sim_status st = SIM_OK;
     if (g->G > 1) {
