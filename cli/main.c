@@ -50,7 +50,7 @@ static const command_help COMMANDS[] = {
      "\n"
      "  per_device_batch_size=P | plan_global_batch=G   rows per step (G = P x devices)\n"
      "  plan_top=10                    candidates printed\n"
-     "  plan_dry_runs=0                candidates dry-run at most (0: 4096 / devices, at least 16)\n"
+     "  plan_dry_runs=0                candidates dry-run at most (0: 48 - devices / 8, >= 24)\n"
      "  plan_verify=1                  top candidates dry-run in full (every layer) to confirm\n"
      "  --explain K | explain_candidate=K   why the candidate ranked K ranks there\n"
      "\n"

@@ -52,6 +52,7 @@
 #include "models/timemodel.h"
 #include "models/train.h"
 #include "sim/machine.h"
+#include "sim/topology.h"
 #include "sim/xrank.h"
 
 enum {
@@ -63,7 +64,8 @@ enum {
     PLAN_AXES = 8,           /* mesh-axis groups kept per result */
     PLAN_MAX_STRUCT = 20000, /* structures enumerated at most (the search says when it stops early) */
     PLAN_REASONS = 64,       /* distinct rejection reasons kept (the rest pooled) */
-    PLAN_CHILD_TIMEOUT_S = 900
+    PLAN_CHILD_TIMEOUT_S = 900,
+    PLAN_DEFAULT_BUDGET = 48 /* plan_dry_runs=0: 48 - devices / 8, at least 24 */
 };
 
 /* ------------------------------------------------------------ the search space */
@@ -434,6 +436,7 @@ typedef enum {
     PC_OOM,          /* dry run: out of memory */
     PC_FAILED,       /* dry run: refused while running (explicit-mode sharding) or the simulator failed */
     PC_RANKED,       /* fits; ranked */
+    PC_EQUIVALENT,   /* dry run: the same figures as an earlier structure (its variants are not tried) */
     PC_NSTATES
 } plan_state;
 
@@ -485,10 +488,13 @@ typedef struct {
     plan_reason reasons[PLAN_REASONS];
     int nreasons;
     long long structures, meshes;
+    long long variants_made;  /* knob variants generated (of the structures explored) */
+    long long pruned_remat;   /* of by_state[PC_PRUNED]: remat policies where full ran out of memory */
+    int structures_explored;
     bool truncated;
     int budget, dry_runs, verify;
     double dry_wall_s, wall_s;
-    int ndry_sampled_runs;
+    int ndry_sampled_runs, nfull;
     int top, explain;
     int *ranked;              /* candidate indices in rank order */
     int nranked;
@@ -524,7 +530,7 @@ static int add_reason(plan_ctx *P, const char *msg, const plan_cand *c, long lon
             plan_reason *r = &P->reasons[P->nreasons++];
             memset(r, 0, sizeof *r);
             snprintf(r->key, sizeof r->key, "%s", key);
-            snprintf(r->text, sizeof r->text, "%s", msg);
+            snprintf(r->text, sizeof r->text, "%.*s", (int)strcspn(msg, "\n"), msg); /* its first line */
             for (int k = 0; k < c->w.n; k++) {
                 size_t l = strlen(r->example);
                 snprintf(r->example + l, sizeof r->example - l, "%s%s", k ? " " : "", c->w.w[k]);
@@ -741,12 +747,16 @@ static int count_variants(const plan_ctx *P, int stages)
 }
 
 /* One structure: its default candidate checked, pruned or kept. */
-static void add_structure(enum_state *E, const char *mode, bool zero1)
+/* Returns what became of it: 0 kept, 1 rejected (*reason set), 2 pruned, 3 equivalent.  With
+ * inherit > 0 the verdict of the same structure in another shard_mode is taken without loading it:
+ * the config checks read shard_mode only in check_vma's combination, which plan does not vary, and
+ * the state a device holds does not depend on it. */
+static int add_structure(enum_state *E, const char *mode, bool zero1, int inherit, int *reason)
 {
     plan_ctx *P = E->P;
     if (P->structures >= PLAN_MAX_STRUCT) {
         P->truncated = true;
-        return;
+        return 1;
     }
     P->structures++;
     plan_cand *c = cand_new(P);
@@ -771,6 +781,12 @@ static void add_structure(enum_state *E, const char *mode, bool zero1)
     knob_words(P, c, stages);
     int nv = count_variants(P, stages);
     P->considered += nv;
+    if (inherit == 1 || inherit == 2) {
+        if (inherit == 1) P->reasons[*reason].count += nv;
+        P->by_state[inherit == 1 ? PC_REJECTED : PC_PRUNED] += nv;
+        P->nc--;
+        return inherit;
+    }
     char pd[64];
     sim_status st = pdbs_text(P, c->ga, pd, sizeof pd)
                         ? check_cand(P, c)
@@ -778,37 +794,41 @@ static void add_structure(enum_state *E, const char *mode, bool zero1)
                                                  "of whole rows over %d devices",
                                   P->global, c->ga, c->ga > 1 ? "es" : "", P->devices);
     if (st) {
-        c->reason = add_reason(P, sim_errmsg(), c, nv);
+        *reason = c->reason = add_reason(P, sim_errmsg(), c, nv);
         sim_err_clear();
         P->by_state[PC_REJECTED] += nv;
         P->nc--; /* a rejected structure keeps only its count */
-        return;
+        return 1;
     }
     if (c->lb > P->hbm) {
         P->by_state[PC_PRUNED] += nv;
         P->nc--;
-        return;
+        return 2;
     }
     int d = find_sig(P, c->sig, P->nc - 1);
     if (d >= 0) {
         P->by_state[PC_DUPLICATE] += nv;
         P->nc--;
-        return;
+        return 3;
     }
     c->state = PC_UNTRIED;
-    if ((P->nc & 15) == 0) progress(P, E->err, 0.0, "checking meshes");
+    if ((P->structures & 15) == 0) progress(P, E->err, 0.0, "checking meshes");
+    return 0;
 }
 
 static void enum_modes(enum_state *E)
 {
     plan_ctx *P = E->P;
     bool data = axis_size(&E->mesh, "data") > 1;
-    for (int m = 0; m < (P->fixed_mode ? 1 : P->sp.modes.n); m++)
-        for (int z = 0; z < (P->fixed_zero1 ? 1 : P->sp.nzero1); z++) {
-            bool zero1 = !P->fixed_zero1 && P->sp.zero1[z];
-            if (zero1 && !data) continue; /* ZeRO-1 over a data axis of 1 is the same program */
-            add_structure(E, P->fixed_mode ? "auto" : P->sp.modes.s[m], zero1);
+    for (int z = 0; z < (P->fixed_zero1 ? 1 : P->sp.nzero1); z++) {
+        bool zero1 = !P->fixed_zero1 && P->sp.zero1[z];
+        if (zero1 && !data) continue; /* ZeRO-1 over a data axis of 1 is the same program */
+        int first = -1, reason = -1;
+        for (int m = 0; m < (P->fixed_mode ? 1 : P->sp.modes.n); m++) {
+            int v = add_structure(E, P->fixed_mode ? "auto" : P->sp.modes.s[m], zero1, first, &reason);
+            if (m == 0) first = v;
         }
+    }
 }
 
 /* Slice factors: the dcn axes' sizes multiply to the slices. */
@@ -916,60 +936,72 @@ static void enumerate(plan_ctx *P, FILE *err)
     }
 }
 
-/* The knob variants of every kept structure (its default candidate is already kept). */
-static void add_variants(plan_ctx *P, FILE *err)
+/* The knob variants of structure s (its default candidate is s itself), checked as train checks
+ * them, in the order they are worth a dry run: more accumulation first where the structure ran out
+ * of memory, last where it fits; the remat policies in configs/plan.yml's order.  Returns the
+ * index of the first one added (they follow it). */
+static int add_variants(plan_ctx *P, int s)
 {
-    int nstruct = P->nc;
-    for (int s = 0; s < nstruct; s++) {
-        progress(P, err, (double)s / (nstruct ? nstruct : 1), "checking remat and accumulation");
-        const plan_cand base = P->c[s];
-        int nr = P->fixed_remat ? 1 : P->sp.remat.n, ng = P->fixed_ga ? 1 : P->sp.nga;
-        int nm = (base.stages > 1 && !P->fixed_mb) ? P->sp.nmb : 1;
-        /* the structure's own words: everything before its knob words */
-        plan_words sw = base.w;
-        while (sw.n && (word_sets(sw.w[sw.n - 1], "remat_policy") ||
-                        word_sets(sw.w[sw.n - 1], "gradient_accumulation_steps") ||
-                        word_sets(sw.w[sw.n - 1], "per_device_batch_size") ||
-                        word_sets(sw.w[sw.n - 1], "num_pipeline_microbatches")))
-            sw.n--;
-        for (int g = 0; g < ng; g++)
-            for (int r = 0; r < nr; r++)
-                for (int m = 0; m < nm; m++) {
-                    if (g == 0 && r == 0 && m == 0) continue; /* the structure itself */
-                    plan_cand *c = cand_new(P);
-                    c->w = sw;
-                    c->structure = s;
-                    c->remat = r;
-                    c->ga = P->fixed_ga ? 1 : P->sp.ga[g];
-                    c->mb = P->sp.mb[m];
-                    c->stages = base.stages;
-                    knob_words(P, c, base.stages);
-                    char pd[64];
-                    sim_status st = pdbs_text(P, c->ga, pd, sizeof pd)
-                                        ? check_cand(P, c)
-                                        : sim_err(SIM_ERR_INPUT, "the global batch of %lld rows does not split into %d "
-                                                                 "microbatches of whole rows over %d devices",
-                                                  P->global, c->ga, P->devices);
-                    if (st) {
-                        c->reason = add_reason(P, sim_errmsg(), c, 1);
-                        sim_err_clear();
-                        P->by_state[PC_REJECTED]++;
-                        P->nc--;
-                        continue;
-                    }
-                    if (c->lb > P->hbm) {
-                        P->by_state[PC_PRUNED]++;
-                        P->nc--;
-                        continue;
-                    }
-                    if (find_sig(P, c->sig, P->nc - 1) >= 0) {
-                        P->by_state[PC_DUPLICATE]++;
-                        P->nc--;
-                        continue;
-                    }
-                    c->state = PC_UNTRIED;
+    int first = P->nc;
+    const plan_cand base = P->c[s];
+    int nr = P->fixed_remat ? 1 : P->sp.remat.n, ng = P->fixed_ga ? 1 : P->sp.nga;
+    int nm = (base.stages > 1 && !P->fixed_mb) ? P->sp.nmb : 1;
+    bool oom = base.state == PC_OOM;
+    bool full_oom = oom && !P->fixed_remat && !strcmp(P->sp.remat.s[base.remat], "full");
+    /* the structure's own words: everything before its knob words */
+    plan_words sw = base.w;
+    while (sw.n && (word_sets(sw.w[sw.n - 1], "remat_policy") || word_sets(sw.w[sw.n - 1], "gradient_accumulation_steps") ||
+                    word_sets(sw.w[sw.n - 1], "per_device_batch_size") ||
+                    word_sets(sw.w[sw.n - 1], "num_pipeline_microbatches")))
+        sw.n--;
+    for (int gi = 0; gi < ng; gi++) {
+        int g = oom ? ng - 1 - gi : gi;
+        for (int r = 0; r < nr; r++)
+            for (int m = 0; m < nm; m++) {
+                if (g == 0 && r == 0 && m == 0) continue; /* the structure itself */
+                P->variants_made++;
+                int ga = P->fixed_ga ? 1 : P->sp.ga[g];
+                if (full_oom && ga <= base.ga && r != base.remat) {
+                    /* every other policy saves more than full: it cannot fit where full did not */
+                    P->by_state[PC_PRUNED]++;
+                    P->pruned_remat++;
+                    continue;
                 }
+                plan_cand *c = cand_new(P);
+                c->w = sw;
+                c->structure = s;
+                c->remat = r;
+                c->ga = ga;
+                c->mb = P->sp.mb[m];
+                c->stages = base.stages;
+                knob_words(P, c, base.stages);
+                char pd[64];
+                sim_status st = pdbs_text(P, c->ga, pd, sizeof pd)
+                                    ? check_cand(P, c)
+                                    : sim_err(SIM_ERR_INPUT, "the global batch of %lld rows does not split into %d "
+                                                             "microbatches of whole rows over %d devices",
+                                              P->global, c->ga, P->devices);
+                if (st) {
+                    add_reason(P, sim_errmsg(), c, 1);
+                    sim_err_clear();
+                    P->by_state[PC_REJECTED]++;
+                    P->nc--;
+                    continue;
+                }
+                if (c->lb > P->hbm) {
+                    P->by_state[PC_PRUNED]++;
+                    P->nc--;
+                    continue;
+                }
+                if (find_sig(P, c->sig, P->nc - 1) >= 0) {
+                    P->by_state[PC_DUPLICATE]++;
+                    P->nc--;
+                    continue;
+                }
+                c->state = PC_UNTRIED;
+            }
     }
+    return first;
 }
 
 /* ------------------------------------------------------------ dry runs */
@@ -1064,6 +1096,7 @@ static void sampled_run(plan_ctx *P, plan_cand *c)
     } else {
         const char *extra[] = {"hbm_limit_gb=1000000"};
         run_words(P, c, extra, 1, &c->r);
+        P->nfull++;
         if (c->r.fail) {
             c->state = PC_FAILED;
             return;
@@ -1095,7 +1128,7 @@ static void sort_idx(const plan_ctx *P, int *idx, int n, int (*cmp)(const plan_c
     }
 }
 
-static int cmp_lb(const plan_ctx *P, int a, int b)
+static __attribute__((unused)) int cmp_lb(const plan_ctx *P, int a, int b)
 {
     if (P->c[a].lb != P->c[b].lb) return P->c[a].lb < P->c[b].lb ? -1 : 1;
     return a < b ? -1 : a > b;
@@ -1125,6 +1158,24 @@ static void run_one(plan_ctx *P, FILE *err, int i, const char *phase)
     P->dry_runs++;
 }
 
+/* Two results with the same figures: configurations that differ only in names the model never uses
+ * (a rule for MoE weights on a dense model, say). */
+static bool same_figures(const plan_result *a, const plan_result *b)
+{
+    if (a->fail || b->fail || a->peak != b->peak || a->step_s != b->step_s || a->naxes != b->naxes) return false;
+    for (int i = 0; i < a->naxes; i++)
+        if (strcmp(a->axes[i], b->axes[i]) || a->axis_bytes[i] != b->axis_bytes[i]) return false;
+    return true;
+}
+
+static int cmp_struct_order(const plan_ctx *P, int a, int b)
+{
+    /* the most sharded state first (the one most likely to fit), simpler meshes first among equals */
+    if (P->c[a].lb != P->c[b].lb) return P->c[a].lb < P->c[b].lb ? -1 : 1;
+    if (P->c[a].w.n != P->c[b].w.n) return P->c[a].w.n - P->c[b].w.n;
+    return a < b ? -1 : a > b;
+}
+
 static void dry_runs(plan_ctx *P, FILE *err)
 {
     int nstruct = 0;
@@ -1132,29 +1183,30 @@ static void dry_runs(plan_ctx *P, FILE *err)
     SIM_ASSERT(idx);
     for (int i = 0; i < P->nc; i++)
         if (P->c[i].is_default && P->c[i].state == PC_UNTRIED) idx[nstruct++] = i;
-    sort_idx(P, idx, nstruct, cmp_lb);
-    /* phase 1: every structure with its default knobs */
-    for (int k = 0; k < nstruct && P->dry_runs < P->budget; k++) run_one(P, err, idx[k], "meshes");
-    /* phase 2: the knob variants of the best structures */
-    sort_idx(P, idx, nstruct, cmp_struct);
-    for (int k = 0; k < nstruct; k++) {
-        const plan_cand *s = &P->c[idx[k]];
-        if (s->state != PC_RANKED && s->state != PC_OOM) continue;
-        bool full_oom = s->state == PC_OOM && !strcmp(P->sp.remat.s[s->remat], "full");
-        /* accumulation first where the structure ran out of memory, last where it fits */
-        for (int pass = 0; pass < 2; pass++)
-            for (int i = 0; i < P->nc; i++) {
-                plan_cand *c = &P->c[i];
-                if (c->structure != idx[k] || c->is_default || c->state != PC_UNTRIED) continue;
-                bool more_ga = c->ga > s->ga;
-                if ((s->state == PC_OOM) != (pass == 0 ? more_ga : !more_ga)) continue;
-                if (full_oom && !more_ga) {
-                    /* every other policy saves more than full: it cannot fit where full did not */
-                    c->state = PC_PRUNED;
-                    continue;
-                }
-                if (P->dry_runs < P->budget) run_one(P, err, i, "remat and accumulation");
+    sort_idx(P, idx, nstruct, cmp_struct_order);
+    /* phase 1: structures with their default knobs, two thirds of the budget at most */
+    int phase1 = P->budget - P->budget / 3;
+    int ran = 0;
+    for (int k = 0; k < nstruct && P->dry_runs < phase1; k++) {
+        int i = idx[k];
+        run_one(P, err, i, "meshes");
+        for (int j = 0; j < k; j++)
+            if (same_figures(&P->c[idx[j]].r, &P->c[i].r) && P->c[idx[j]].state != PC_EQUIVALENT) {
+                P->c[i].state = PC_EQUIVALENT; /* its knob variants would repeat the earlier one's */
+                P->c[i].dup_of = idx[j];
+                break;
             }
+        ran = k + 1;
+    }
+    /* phase 2: the knob variants of the best structures, best first */
+    sort_idx(P, idx, ran, cmp_struct);
+    for (int k = 0; k < ran && P->dry_runs < P->budget; k++) {
+        int s = idx[k];
+        if (P->c[s].state != PC_RANKED && P->c[s].state != PC_OOM) continue;
+        int first = add_variants(P, s);
+        P->structures_explored++;
+        for (int i = first; i < P->nc && P->dry_runs < P->budget; i++)
+            if (P->c[i].state == PC_UNTRIED) run_one(P, err, i, "remat and accumulation");
     }
     free(idx);
 }
@@ -1195,6 +1247,7 @@ static void verify(plan_ctx *P, FILE *err)
         c->sampled_peak = c->r.peak;
         plan_result full;
         run_words(P, c, NULL, 0, &full);
+        P->nfull++;
         c->verified = true;
         if (full.fail == 1) {
             c->state = PC_OOM;
@@ -1350,35 +1403,29 @@ static void print_table(FILE *out, const plan_ctx *P, int n)
 
 static void print_counts(FILE *out, const plan_ctx *P)
 {
-    long long oom = 0, failed = 0, ranked = 0, untried = 0, pruned_late = 0;
-    for (int i = 0; i < P->nc; i++) {
-        plan_state s = P->c[i].state;
-        oom += s == PC_OOM;
-        failed += s == PC_FAILED;
-        ranked += s == PC_RANKED;
-        untried += s == PC_UNTRIED;
-        pruned_late += s == PC_PRUNED;
-    }
-    fprintf(out, "\n%lld candidates considered (%lld structures over %lld meshes x shard_mode x "
-                 "shard_optimizer_over_data, each with its remat_policy x gradient_accumulation_steps x pipeline "
-                 "microbatch variants; configs/plan.yml)%s:\n",
+    long long st[PC_NSTATES] = {0};
+    for (int i = 0; i < P->nc; i++) st[P->c[i].state]++;
+    long long ran = st[PC_OOM] + st[PC_FAILED] + st[PC_RANKED] + st[PC_EQUIVALENT];
+    long long untried = P->considered - P->by_state[PC_REJECTED] - P->by_state[PC_PRUNED] -
+                        P->by_state[PC_DUPLICATE] - ran;
+    fprintf(out, "\n%lld candidates considered: %lld structures (%lld meshes x rule sets x shard_mode x "
+                 "shard_optimizer_over_data) x their remat_policy, gradient_accumulation_steps and pipeline "
+                 "microbatch variants (configs/plan.yml)%s\n",
             P->considered, P->structures, P->meshes,
-            P->truncated ? " -- the enumeration stopped at its limit of structures" : "");
-    fprintf(out, "  %8lld rejected by the config checks train applies (reasons below)\n", P->by_state[PC_REJECTED]);
-    fprintf(out, "  %8lld pruned: parameters + gradients + optimizer state alone exceed the HBM\n",
-            P->by_state[PC_PRUNED]);
-    if (pruned_late)
-        fprintf(out, "  %8lld pruned: a remat policy saving more than remat_policy=full on a structure where full ran "
-                     "out of memory\n", pruned_late);
-    fprintf(out, "  %8lld equivalent to an earlier candidate (same mesh, shardings and knobs)\n",
+            P->truncated ? "; the enumeration stopped at its limit of structures" : "");
+    fprintf(out, "  %8lld rejected by the checks train applies (reasons below)\n", P->by_state[PC_REJECTED]);
+    fprintf(out, "  %8lld pruned: parameters + gradients + optimizer state alone exceed the HBM", P->by_state[PC_PRUNED] - P->pruned_remat);
+    if (P->pruned_remat) fprintf(out, "; %lld more: a remat policy that saves more than full where full ran out", P->pruned_remat);
+    fprintf(out, "\n  %8lld equivalent to an earlier candidate (same mesh, parameter shardings, rules and knobs)\n",
             P->by_state[PC_DUPLICATE]);
-    fprintf(out, "  %8lld not dry-run: beyond plan_dry_runs=%d\n", untried, P->budget);
-    fprintf(out, "  %8lld out of memory in the dry run\n", oom);
-    fprintf(out, "  %8lld refused or failed while running (reasons below)\n", failed);
-    fprintf(out, "  %8lld fit and are ranked\n", ranked);
-    fprintf(out, "dry runs: %d candidates (%d runs of 1-2 layers per kind, extrapolated to %lld layers; the top %d "
-                 "in full), %.1f s of %.1f s\n",
-            P->dry_runs, P->ndry_sampled_runs, (long long)P->layers, P->verify, P->dry_wall_s, P->wall_s);
+    fprintf(out, "  %8lld dry-run: %lld fit and are ranked, %lld out of memory, %lld refused or failed while running, "
+                 "%lld with the same figures as an earlier mesh (not explored further)\n",
+            ran, st[PC_RANKED], st[PC_OOM], st[PC_FAILED], st[PC_EQUIVALENT]);
+    fprintf(out, "  %8lld not dry-run: beyond the budget plan_dry_runs=%d (the knob variants of %d structures were "
+                 "explored)\n", untried, P->budget, P->structures_explored);
+    fprintf(out, "dry runs: %d runs of a few layers per kind, extrapolated to the model's %lld layers, and %d in full; "
+                 "%.1f s of the plan's %.1f s\n",
+            P->ndry_sampled_runs, (long long)P->layers, P->nfull, P->dry_wall_s, P->wall_s);
 }
 
 static void print_reasons(FILE *out, const plan_ctx *P)
@@ -1544,7 +1591,8 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         P->top = (int)top;
         P->verify = (int)verify;
         P->explain = (int)ex;
-        P->budget = budget > 0 ? (int)budget : (4096 / P->devices > 16 ? 4096 / P->devices : 16);
+        /* a dry run's cost grows with the devices: fewer of them on large meshes */
+        P->budget = budget > 0 ? (int)budget : PLAN_DEFAULT_BUDGET - P->devices / 8 > 24 ? PLAN_DEFAULT_BUDGET - P->devices / 8 : 24;
         if (P->global < 1)
             st = sim_err(SIM_ERR_INPUT, "the global batch is %lld rows (per_device_batch_size=%g x %d devices x "
                                         "gradient_accumulation_steps=%lld): give per_device_batch_size or "
@@ -1609,8 +1657,8 @@ int cli_plan(int argc, char **argv, FILE *out, FILE *err)
         free(extra);
         return rc;
     }
+    sim_topology_cores(); /* hwloc's topology, loaded once here: every dry run's child inherits it */
     enumerate(P, err);
-    add_variants(P, err);
     dry_runs(P, err);
     verify(P, err);
     cli_progress_done(err);
