@@ -71,6 +71,18 @@ static void test_enumeration_two_devices(void **state)
     cli_capture_free(&r);
 }
 
+/* plan_global_batch: 8 rows over 2 devices are 4 per device on every command line */
+static void test_global_batch(void **state)
+{
+    (void)state;
+    const char *argv[] = {SMALL, "num_devices=2", FIXED, "plan_global_batch=8", "plan_top=1"};
+    result r = plan(sizeof argv / sizeof argv[0], argv);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "8 rows x 64 tokens per step"));
+    assert_non_null(strstr(r.out, " per_device_batch_size=4"));
+    cli_capture_free(&r);
+}
+
 /* 4 devices, at most 2 split axes: 7 meshes with one axis of 4 and 21 pairs of axes of 2 (28).
  * data=2 with fsdp=2 or fsdp_transpose=2 under ZeRO-1 is refused as MaxText refuses it; stage=2
  * with context=2 is refused (not implemented). */
@@ -261,6 +273,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_count_meshes),
         cmocka_unit_test(test_enumeration_two_devices),
+        cmocka_unit_test(test_global_batch),
         cmocka_unit_test(test_rejection_reasons),
         cmocka_unit_test(test_top_command_runs),
         cmocka_unit_test(test_extrapolation_matches_full),
