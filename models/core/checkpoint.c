@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "mesh/json.h"
+#include "config/json.h"
 #include "models/optimizers/optim.h"
 
 enum { CK_NAME_MAX = MODEL_PATH_MAX + 32, CK_CHUNK = 1 << 20, CK_HEADER_MAX = 100 << 20 };

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <pthread.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/nn.h"
 #include "mesh/ctx.h"
 #include "mesh/rules.h"

@@ -32,7 +32,7 @@
 
 #include <stdbool.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/ctx.h"
 #include "models/core/params.h"
 

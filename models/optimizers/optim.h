@@ -36,7 +36,7 @@
 
 #include <stdbool.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "models/optimizers/muon.h"
 #include "models/core/params.h"
 
