@@ -176,6 +176,13 @@ mesh_shape helper_mesh(int n, const char *const *names, const int *sizes)
     return m;
 }
 
+mesh_spec helper_spec(const mesh_shape *m, const char *text)
+{
+    mesh_spec s;
+    if (mesh_spec_parse(text, m, &s) != SIM_OK) fail_msg("parse %s: %s", text, sim_errmsg());
+    return s;
+}
+
 static sim_machine *machine_of(const sim_mesh_desc *md, sim_machine_opts o)
 {
     o.quiet = true;

@@ -73,6 +73,8 @@ int helper_run_shell(const char *cmd, char *out, size_t cap);
 
 /* The mesh names[i] x sizes[i] (n axes); fails the test when mesh_shape_init refuses it. */
 mesh_shape helper_mesh(int n, const char *const *names, const int *sizes);
+/* The PartitionSpec text on m (mesh_spec_parse); fails the test when it is refused. */
+mesh_spec helper_spec(const mesh_shape *m, const char *text);
 /* A quiet machine with one simulated device per device of m (dry: accounting only). */
 sim_machine *helper_machine(const mesh_shape *m, bool dry);
 /* The same from the simulator's own mesh description (the sim/ tests, below mesh/). */

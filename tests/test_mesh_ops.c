@@ -63,13 +63,6 @@ typedef struct {
     bool dry;                     /* dry-run machine: no values to check */
 } run_t;
 
-static mesh_spec parse(const mesh_shape *m, const char *text)
-{
-    mesh_spec s;
-    if (mesh_spec_parse(text, m, &s) != SIM_OK) fail_msg("parse %s: %s", text, sim_errmsg());
-    return s;
-}
-
 static int64_t numel(int rank, const int64_t *s)
 {
     int64_t n = 1;
@@ -288,7 +281,7 @@ static void free_case(run_t *r)
 static void expect_ok(const run_t *r, const char *spec, uint64_t bytes, int nrec, bool implicit)
 {
     if (r->st != SIM_OK) fail_msg("expected success, got %s: %s", sim_status_name(r->st), r->msg);
-    mesh_spec want = parse(r->m, spec);
+    mesh_spec want = helper_spec(r->m, spec);
     if (!mesh_spec_equal(&want, &r->out_spec)) {
         char got[256];
         mesh_spec_format(&r->out_spec, r->m, got, sizeof got);
@@ -484,9 +477,9 @@ static void test_einsum_out_sharding(void **state)
             expect_ok(&r, cases[i].out, cases[i].bytes, cases[i].bytes ? 1 : 0, mode == 0);
             if (cases[i].bytes) expect_op(&r, 0, cases[i].op);
             /* the VJP's view: operands as they were, output partial over x before the collective */
-            mesh_spec as = parse(&m, "P(None, 'x')"), bs = parse(&m, "P('x', None)");
+            mesh_spec as = helper_spec(&m, "P(None, 'x')"), bs = helper_spec(&m, "P('x', None)");
             assert_true(mesh_spec_equal(&r.info.a_spec, &as) && mesh_spec_equal(&r.info.b_spec, &bs));
-            mesh_spec lo = parse(&m, "P(None, None, unreduced={'x'})");
+            mesh_spec lo = helper_spec(&m, "P(None, None, unreduced={'x'})");
             assert_true(mesh_spec_equal(&r.info.local_out, &lo));
             assert_int_equal(r.info.bytes_in, 0);
             assert_int_equal(r.info.bytes_out, cases[i].bytes);

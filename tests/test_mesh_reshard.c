@@ -19,13 +19,6 @@
 #include "mesh/reshard.h"
 #include "tests/helpers.h"
 
-static mesh_spec parse(const mesh_shape *m, const char *text)
-{
-    mesh_spec s;
-    if (mesh_spec_parse(text, m, &s) != SIM_OK) fail_msg("parse %s: %s", text, sim_errmsg());
-    return s;
-}
-
 /* ------------------------------------------------------------ hand-derived plans */
 
 typedef struct {
@@ -37,7 +30,7 @@ typedef struct {
 
 static void check_hand(const mesh_shape *m, int rank, const int64_t *shape, const hand_case *hc)
 {
-    mesh_spec f = parse(m, hc->from), t = parse(m, hc->to);
+    mesh_spec f = helper_spec(m, hc->from), t = helper_spec(m, hc->to);
     mesh_plan p;
     if (mesh_plan_make(m, "x", rank, shape, SIM_F32, &f, &t, &p) != SIM_OK) fail_msg("%s", sim_errmsg());
     if (p.n != hc->nsteps || p.total_bytes != hc->bytes) {
@@ -88,7 +81,7 @@ static void test_hand_derived_plans(void **state)
     };
     for (size_t i = 0; i < sizeof c2 / sizeof c2[0]; i++) check_hand(&m2, 2, sh, &c2[i]);
     {
-        mesh_spec f = parse(&m2, "P(('a', 'b'), None)"), t = parse(&m2, "P(('b', 'a'), None)");
+        mesh_spec f = helper_spec(&m2, "P(('a', 'b'), None)"), t = helper_spec(&m2, "P(('b', 'a'), None)");
         mesh_plan p;
         assert_int_equal(mesh_plan_make(&m2, "x", 2, sh, SIM_F32, &f, &t, &p), SIM_OK);
         const uint64_t per_device[4] = {0, 128, 128, 0}; /* devices 1 = (0,1) and 2 = (1,0) swap */
@@ -100,7 +93,7 @@ static void test_hand_derived_plans(void **state)
         const char *n3c[] = {"a", "b", "c"};
         int s3c[] = {2, 2, 2};
         mesh_shape m3c = helper_mesh(3, n3c, s3c);
-        mesh_spec f = parse(&m3c, "P(('a', 'b', 'c'), None)"), t = parse(&m3c, "P(('c', 'a', 'b'), None)");
+        mesh_spec f = helper_spec(&m3c, "P(('a', 'b', 'c'), None)"), t = helper_spec(&m3c, "P(('c', 'a', 'b'), None)");
         mesh_plan p;
         assert_int_equal(mesh_plan_make(&m3c, "x", 2, sh, SIM_F32, &f, &t, &p), SIM_OK);
         assert_int_equal(p.n, 1);
@@ -125,7 +118,7 @@ static void test_hand_derived_plans(void **state)
     check_hand(&m3, 2, sh, &c3);
 
     /* errors name the tensor, dim and axes */
-    mesh_spec f = parse(&m1, "P(None, None)"), t = parse(&m1, "P(None, 'x')");
+    mesh_spec f = helper_spec(&m1, "P(None, None)"), t = helper_spec(&m1, "P(None, 'x')");
     int64_t bad[] = {8, 6};
     mesh_plan p;
     assert_int_equal(mesh_plan_make(&m1, "decoder/wq", 2, bad, SIM_F32, &f, &t, &p), SIM_ERR_INPUT);

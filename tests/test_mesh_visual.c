@@ -31,8 +31,7 @@ typedef struct {
 
 static picture draw(const mesh_shape *m, const char *spec, int rank, const int64_t *shape)
 {
-    mesh_spec s;
-    if (mesh_spec_parse(spec, m, &s) != SIM_OK) fail_msg("%s", sim_errmsg());
+    mesh_spec s = helper_spec(m, spec);
     picture p;
     memset(&p, 0, sizeof p);
     size_t len = 0;

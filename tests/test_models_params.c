@@ -31,7 +31,7 @@ static model_param wo_param(const mesh_shape *m, const char *spec)
     p.def.shape[0] = E, p.def.shape[1] = L, p.def.shape[2] = F;
     p.def.scan_dim = 1;
     p.n_layers = L;
-    if (mesh_spec_parse(spec, m, &p.spec) != SIM_OK) fail_msg("%s", sim_errmsg());
+    p.spec = helper_spec(m, spec);
     return p;
 }
 
