@@ -45,11 +45,7 @@ enum { N_KNOWN = sizeof KNOWN / sizeof KNOWN[0] };
 static const struct {
     const char *from, *to, *why;
 } KNOWN_CYCLE[] = {
-    {"models/core/pipeline", "models/core/model", "pipeline.c runs the layers of model.h, whose model_dims holds model_pipe"},
     {"models/optimizers/muon", "models/optimizers/optim", "Muon falls back to AdamW, AdamW's job carries Muon's config"},
-    {"mesh/planmemo", "mesh/reshard", "the plan memo stores reshard plans, the planner consults the memo"},
-    {"sim/machine", "sim/collectives", "collectives run on machine devices, the machine's private state holds them"},
-    {"sim/machine", "sim/fiber", "fibers park machine devices, the machine schedules fibers"},
 };
 enum { N_KNOWN_CYCLE = sizeof KNOWN_CYCLE / sizeof KNOWN_CYCLE[0] };
 

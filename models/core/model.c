@@ -14,6 +14,7 @@
 #include "mesh/reshard.h"
 #include "models/core/init.h"
 #include "models/core/timemodel.h"
+#include "sim/devlocal.h"
 
 /* ------------------------------------------------------------ definition */
 

@@ -220,10 +220,6 @@ typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_ba
 sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                              model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux);
 
-/* The pipelined decoder stack (pipeline.c): x (B, T, E) -> y (B, T, E),
- * flat layer first_layer + (r*S + s)*L + l of fn run by stage s in repeat r. */
-sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, model_layer_fn fn,
-                              int64_t first_layer, mesh_var **y);
 /* Whether parameter i is part of the pipelined layer stack (stage-held). */
 bool model_param_pipelined(const model_def *m, int i);
 /* Layer l of each stage of a pipelined parameter as MaxText's sharding dump

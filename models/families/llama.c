@@ -19,6 +19,7 @@
 #include "mesh/nn.h"
 #include "mesh/ops.h"
 #include "models/core/model.h"
+#include "models/core/pipeline_run.h"
 
 /* Logical names of the residual stream (layer "A" of facts §5.2) and friends. */
 static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
@@ -306,7 +307,7 @@ static sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, 
     if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
         SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
     SIM_TRY(model_dropout(md, t, x, "decoder/embedding", &x)); /* no dropout with a pipeline (refused) */
-    if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline.c) */
+    if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline_run.c) */
         SIM_TRY(model_pipeline_run(md, t, b, x, llama_layer_fn, 0, &x));
     for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
         mesh_var *in = x;
