@@ -667,6 +667,25 @@ sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, 
     return SIM_OK;
 }
 
+int model_param_at(const model_def *m, const char *prefix, const char *suffix)
+{
+    /* path == prefix "." suffix, compared in place (this runs for every layer of every device) */
+    size_t lp = strlen(prefix);
+    for (int i = 0; i < m->nparams; i++) {
+        const char *path = m->defs[i].path;
+        if (!strncmp(path, prefix, lp) && path[lp] == '.' && !strcmp(path + lp + 1, suffix)) return i;
+    }
+    return -1;
+}
+
+mesh_var *model_param_leaf(model_dev *md, mesh_tape *t, int i, int l)
+{
+    if (md->wover[i]) return md->wover[i];
+    model_param *p = &md->p[i];
+    bool grad = mesh_tape_recording(t) && p->g;
+    return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
+}
+
 int model_param_index(const model_def *m, const char *suffix)
 {
     size_t ls = strlen(suffix);

@@ -151,6 +151,8 @@ sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, 
                               mesh_spec *out);
 /* Index of a parameter by its dotted path suffix ("self_attention.query.kernel"), or -1. */
 int model_param_index(const model_def *m, const char *suffix);
+/* The parameter whose path is prefix "." suffix, or -1. */
+int model_param_at(const model_def *m, const char *prefix, const char *suffix);
 /* Bytes of all parameters (global). */
 uint64_t model_param_bytes(const model_def *m);
 
@@ -195,6 +197,9 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
 void model_dev_free(model_dev *md);
 /* Zeroes every gradient buffer. */
 void model_dev_zero_grads(model_dev *md);
+/* Parameter i's layer l as a tape leaf, its gradient sunk into p[i].g[l] when recording; a weight a
+ * schedule gathered for the running layer (md->wover[i]) stands in for it. */
+mesh_var *model_param_leaf(model_dev *md, mesh_tape *t, int i, int l);
 
 /* One step's batch on one device: int32 (B, T) arrays sharded like the
  * model's inputs (batch and sequence axes from the rules). */
