@@ -808,7 +808,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     }
     if ((st = gather_tokens(s, xa.data, xg.p, (size_t)(Tl * M), SIM_F32, s->wire, "route_all_gather_tokens")))
         goto out;
-    /* local sort by expert: rows of this shard's experts, in (expert, token, slot) order */
+    /* local sort by expert (model_moe_permute): rows of this shard's experts, in (expert, token, slot) order */
     if ((st = buf_alloc(dev, &s->xr, (size_t)(cap * M) * 4, SIM_MEM_ACTIVATIONS, "moe/x_sorted", false))) goto out;
     if ((st = buf_alloc(dev, &s->h0, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_0", false))) goto out;
     if ((st = buf_alloc(dev, &s->h1, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_1", false))) goto out;
@@ -822,27 +822,24 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
         s->row = malloc((size_t)cap * sizeof *s->row);
         s->tok = malloc((size_t)(2 * cap) * sizeof *s->tok);
         s->rw = malloc((size_t)cap * sizeof *s->rw);
-        int64_t *first = calloc((size_t)XL + 1, sizeof *first);
+        int32_t *key = malloc((size_t)cap * sizeof *key);
+        int64_t *cnt = malloc((size_t)XL * sizeof *cnt);
         for (int64_t a = 0; a < cap; a++) {
             int64_t e = ix[a] - s->lo;
-            if (e >= 0 && e < XL) s->gsz[e]++;
+            key[a] = e >= 0 && e < XL ? (int32_t)e : -1;
         }
-        for (int64_t e = 0; e < XL; e++) first[e + 1] = first[e] + s->gsz[e];
-        s->N = first[XL];
+        s->N = model_moe_permute(key, cap, XL, cnt, s->row);
+        for (int64_t e = 0; e < XL; e++) s->gsz[e] = (int32_t)cnt[e];
+        free(key);
+        free(cnt);
         for (int64_t a = 0; a < cap; a++) {
-            int64_t e = ix[a] - s->lo;
-            if (e < 0 || e >= XL) {
-                s->row[a] = -1;
-                continue;
-            }
-            int64_t r = first[e]++;
-            s->row[a] = (int32_t)r;
+            int64_t r = s->row[a];
+            if (r < 0) continue;
             s->tok[r] = (int32_t)(a / k);
             s->tok[cap + r] = (int32_t)(a % k);
             s->rw[r] = rw[a];
             memcpy((float *)s->xr.p + r * M, xgp + (a / k) * M, (size_t)M * 4);
         }
-        free(first);
         /* compute: gating GMMs, silu * linear, router weights on the intermediate, wo GMM */
         int N = (int)s->N;
         bk_grouped_gemm_fwd(s->h0.p, s->xr.p, w0->val.data, s->gsz, (int)XL, N, (int)M, (int)H);
