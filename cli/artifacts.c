@@ -1121,6 +1121,74 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 /* parity.json                                                              */
 /* ======================================================================== */
 
+/* What one configuration costs: its mesh, memory per device (as metrics.json), the traffic of one
+ * step (as traffic.csv, per device) and the step-time model's estimate when a profile was set. */
+static void write_parity_costs(jw *w, const cli_parity_config *pc)
+{
+    if (pc->mesh) {
+        jw_key(w, "mesh");
+        jw_str(w, pc->mesh);
+    }
+    if (pc->mem && pc->n_devices > 0) {
+        jw_key(w, "devices");
+        jw_int(w, pc->n_devices);
+        jw_key(w, "memory");
+        jw_obj(w);
+        jw_key(w, "per_device_peak_bytes");
+        jw_arr_inline(w);
+        for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].peak);
+        jw_arr_end(w);
+        jw_key(w, "capacity_bytes");
+        jw_arr_inline(w);
+        for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].capacity);
+        jw_arr_end(w);
+        jw_key(w, "by_category");
+        jw_obj(w);
+        for (int c = 0; c < SIM_NMEM; c++) {
+            jw_key(w, sim_mem_cat_name((sim_mem_cat)c));
+            jw_arr_inline(w);
+            for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].at_peak_by[c]);
+            jw_arr_end(w);
+        }
+        jw_obj_end(w);
+        jw_obj_end(w);
+    }
+    if (pc->traffic) {
+        const cli_traffic *t = pc->traffic;
+        jw_key(w, "traffic");
+        jw_obj(w);
+        jw_key(w, "step");
+        jw_int(w, t->steps.first);
+        jw_key(w, "bytes_per_device");
+        jw_double(w, t->total.bytes_mean);
+        jw_key(w, "rows");
+        jw_arr(w);
+        for (int i = 0; i < t->n_rows; i++) {
+            const cli_traffic_row *r = &t->rows[i];
+            char ax[256];
+            jw_obj_inline(w);
+            jw_key(w, "op");
+            jw_str(w, sim_op_name(r->op));
+            jw_key(w, "axes");
+            jw_str(w, cli_axes_text(&t->mesh, r->axes, ax, sizeof ax));
+            jw_key(w, "phase");
+            jw_str(w, sim_phase_name(r->phase));
+            jw_key(w, "calls_per_device");
+            jw_double(w, t->n_devices ? (double)r->calls / t->n_devices : 0);
+            jw_key(w, "bytes_per_device");
+            jw_double(w, r->bytes_mean);
+            jw_obj_end(w);
+        }
+        jw_arr_end(w);
+        jw_obj_end(w);
+    }
+    if (pc->step_time_json) {
+        json_t *v = json_loads(pc->step_time_json, 0, NULL); /* model_tm_write_json's object */
+        jw_key(w, "step_time_model");
+        jw_add(w, v ? v : json_null());
+    }
+}
+
 static sim_status write_parity(FILE *f, void *arg)
 {
     const cli_parity *p = arg;
@@ -1139,6 +1207,7 @@ static sim_status write_parity(FILE *f, void *arg)
         jw_str(&w, p->configs[c].label);
         jw_key(&w, "overrides");
         jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
+        write_parity_costs(&w, &p->configs[c]);
         jw_obj_end(&w);
     }
     jw_arr_end(&w);

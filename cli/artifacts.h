@@ -165,7 +165,11 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 
 /* parity.json:
  *   {"rtol": r, "reference": "label0",
- *    "configs": [{"label", "overrides"}...],
+ *    "configs": [{"label", "overrides", "mesh", "devices",
+ *                 "memory": {"per_device_peak_bytes", "capacity_bytes", "by_category"} (as metrics.json),
+ *                 "traffic": {"step", "bytes_per_device",
+ *                             "rows": [{"op", "axes", "phase", "calls_per_device", "bytes_per_device"}...]},
+ *                 "step_time_model": {...} (run.json's, with a hardware profile)}...],
  *    "steps": [{"step", "losses": [per config], "max_rel_diff", "worst_config", "pass"}...],
  *    "max_rel_diff": x, "pass": bool,
  *    "first_diverging_step": int|null, "first_diverging_config": "label"|null,
