@@ -563,7 +563,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
     if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
     if (!st) sim_machine_set_record_costs(m, have_hw);
-    if (!st && *outdir) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB) */
+    if (!st && want_trace) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB);
+                              * on every rank under mpirun: each keeps its devices' spans for rank 0 */
         long long trace_events = 0;
         st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &trace_events);
         if (!st) sim_trace_set_limit(m, (size_t)trace_events);
