@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "mesh/json.h"
+#include "config/json.h"
 #include "tests/cli_capture.h"
 
 #define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
