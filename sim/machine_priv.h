@@ -23,7 +23,6 @@
 #include "sim/collectives.h"
 #include "sim/fiber.h"
 #include "sim/machine.h"
-#include "sim/trace.h"
 
 /* A collective call as posted at a rendezvous. */
 typedef struct sim_call {
@@ -46,6 +45,7 @@ typedef struct sim_call {
 typedef enum { SIM_RV_ARRIVE = 0, SIM_RV_DEPART, SIM_RV_BARRIER } sim_rv_kind;
 
 typedef struct sim_group sim_group;
+struct sim_trace_range; /* sim/trace.h */
 /* Task `task` of an exchange's data movement over g (see sim_exchange). */
 typedef void (*sim_task_fn)(sim_machine *m, sim_group *g, int task);
 
@@ -163,7 +163,8 @@ struct sim_machine {
     sim_device_fn fn;
     void *arg;
     size_t trace_limit;   /* sim_trace_set_limit: the trace's max_events (0 = every device) */
-    sim_trace_range *trace_steps; /* sim_trace_set_steps: the steps whose spans are kept (NULL = all) */
+    struct sim_trace_range *trace_steps; /* sim_trace_set_steps (trace.h): the steps whose spans are kept
+                                            (NULL = all) */
     int ntrace_steps;
     char trace_steps_text[256];   /* how the user named them ("first,last") */
     /* the live buffers of shared all-gathers (collectives.c), freed with the machine if a

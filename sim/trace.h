@@ -51,7 +51,7 @@ sim_status sim_trace_out_end(sim_trace_out *o);
 /* ---- a run's spans ---------------------------------------------------------- */
 
 /* Steps [first, last], inclusive. */
-typedef struct {
+typedef struct sim_trace_range {
     int64_t first, last;
 } sim_trace_range;
 
