@@ -34,23 +34,10 @@
 #include "cli/cli.h"
 #include "config/json.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 
 #define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
               "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
-
-static char *make_dir(void)
-{
-    char *d = strdup("/tmp/shardsim_trace_XXXXXX");
-    assert_non_null(mkdtemp(d));
-    return d;
-}
-
-static void rm_rf(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-}
 
 static long file_size(const char *dir, const char *name)
 {
@@ -58,15 +45,6 @@ static long file_size(const char *dir, const char *name)
     snprintf(p, sizeof p, "%s/%s", dir, name);
     struct stat st;
     return stat(p, &st) == 0 ? (long)st.st_size : -1;
-}
-
-static mesh_json *read_trace(const char *dir)
-{
-    char p[600];
-    snprintf(p, sizeof p, "%s/trace.json", dir);
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(p, &j) != SIM_OK) fail_msg("%s: %s", p, sim_errmsg());
-    return j;
 }
 
 static double meta(const mesh_json *t, const char *key)
@@ -136,7 +114,7 @@ static void walk(const mesh_json *t, by_step *b)
 static void test_trace_bound(void **state)
 {
     (void)state;
-    char *dir = make_dir(), od[300];
+    char *dir = helper_tmpdir("trace"), od[300];
     snprintf(od, sizeof od, "output_dir=%s", dir);
     const char *argv[] = {"configs/small.yml", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "steps=20", od};
     cli_capture r = cli_capture_run(cli_train, 5, argv);
@@ -146,7 +124,7 @@ static void test_trace_bound(void **state)
     assert_true(size < 1000000);  /* under 1 MB */
     assert_non_null(strstr(r.out, "trace.json: steps 0, 19 of 20 (trace_steps=first,last); left out 18 steps"));
     cli_capture_free(&r);
-    mesh_json *t = read_trace(dir);
+    mesh_json *t = helper_read_json(dir, "trace.json");
     assert_int_equal((int)meta(t, "steps_traced"), 2);
     assert_int_equal((int)meta(t, "steps_left_out"), 18);
     assert_true(meta(t, "spans_left_out") > 0);
@@ -159,7 +137,7 @@ static void test_trace_bound(void **state)
         assert_true(b.events[d][1] > 10);
     }
     mesh_json_free(t);
-    rm_rf(dir);
+    helper_rm_rf(dir);
     free(dir);
 }
 
@@ -168,7 +146,7 @@ static void test_trace_bound(void **state)
 static void test_trace_selection(void **state)
 {
     (void)state;
-    char *all = make_dir(), *some = make_dir(), od[300];
+    char *all = helper_tmpdir("trace"), *some = helper_tmpdir("trace"), od[300];
     snprintf(od, sizeof od, "output_dir=%s", all);
     const char *a1[] = {SMALL, "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "steps=8", "trace_steps=all", od};
     cli_capture r = cli_capture_run(cli_train, (int)(sizeof a1 / sizeof a1[0]), a1);
@@ -181,7 +159,7 @@ static void test_trace_selection(void **state)
     if (r.rc) fail_msg("train failed: %s", r.err);
     cli_capture_free(&r);
 
-    mesh_json *ta = read_trace(all), *ts = read_trace(some);
+    mesh_json *ta = helper_read_json(all, "trace.json"), *ts = helper_read_json(some, "trace.json");
     by_step ba, bs;
     walk(ta, &ba);
     walk(ts, &bs);
@@ -215,8 +193,8 @@ static void test_trace_selection(void **state)
     assert_true(file_size(some, "trace.json") < file_size(all, "trace.json"));
     mesh_json_free(ta);
     mesh_json_free(ts);
-    rm_rf(all);
-    rm_rf(some);
+    helper_rm_rf(all);
+    helper_rm_rf(some);
     free(all);
     free(some);
 }
@@ -235,7 +213,7 @@ static void test_trace_steps_refused(void **state)
         {"trace_steps=", "an empty item"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char *dir = make_dir(), od[300];
+        char *dir = helper_tmpdir("trace"), od[300];
         snprintf(od, sizeof od, "output_dir=%s/out", dir);
         const char *argv[] = {SMALL, "steps=3", bad[i][0], od};
         cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
@@ -245,7 +223,7 @@ static void test_trace_steps_refused(void **state)
         assert_string_equal(r.out, "");
         assert_int_equal(count_prefixed(dir, "out"), 0); /* output_dir not even made */
         cli_capture_free(&r);
-        rm_rf(dir);
+        helper_rm_rf(dir);
         free(dir);
     }
     /* more items than the limit: say so */
@@ -264,7 +242,7 @@ static void test_trace_atomic(void **state)
 {
     (void)state;
     for (int modelled = 0; modelled < 2; modelled++) {
-        char *dir = make_dir(), od[300], sub[400];
+        char *dir = helper_tmpdir("trace"), od[300], sub[400];
         snprintf(sub, sizeof sub, "%s/trace.json", dir);
         assert_int_equal(mkdir(sub, 0755), 0);
         snprintf(od, sizeof od, "output_dir=%s", dir);
@@ -281,7 +259,7 @@ static void test_trace_atomic(void **state)
         assert_true(S_ISDIR(st.st_mode));
         assert_int_equal(count_prefixed(dir, ".trace.json"), 0); /* no temporary left behind */
         assert_int_equal(count_prefixed(sub, ""), 2);              /* ".", ".." : nothing written into it */
-        rm_rf(dir);
+        helper_rm_rf(dir);
         free(dir);
     }
 }
@@ -293,12 +271,9 @@ static void test_trace_atomic_midwrite(void **state)
 {
     (void)state;
     for (int modelled = 0; modelled < 2; modelled++) {
-        char *dir = make_dir(), od[300], path[400];
+        char *dir = helper_tmpdir("trace"), od[300], path[400];
         snprintf(path, sizeof path, "%s/trace.json", dir);
-        FILE *f = fopen(path, "w");
-        assert_non_null(f);
-        fputs("{\"previous\": true}\n", f);
-        fclose(f);
+        helper_write_file(path, "{\"previous\": true}\n", 19);
         snprintf(od, sizeof od, "output_dir=%s", dir);
         const char *real[] = {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8",
                               "base_mlp_dim=64", "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16",
@@ -324,15 +299,11 @@ static void test_trace_atomic_midwrite(void **state)
         assert_int_equal(waitpid(pid, &ws, 0), pid);
         assert_true(WIFEXITED(ws));
         assert_int_equal(WEXITSTATUS(ws), 3); /* failed, naming trace.json */
-        f = fopen(path, "r");
-        assert_non_null(f);
-        char buf[64] = "";
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        assert_string_equal(buf, "{\"previous\": true}\n");
+        char *after = helper_read_file(path, NULL);
+        assert_string_equal(after, "{\"previous\": true}\n");
+        free(after);
         assert_int_equal(count_prefixed(dir, ".trace.json"), 0);
-        rm_rf(dir);
+        helper_rm_rf(dir);
         free(dir);
     }
 }
