@@ -168,15 +168,30 @@ sim_status cli_parse_mesh(const char *text, mesh_shape *m)
     return mesh_shape_init(m, n, np, sizes);
 }
 
+/* Under mpirun the first failure's message, kept for the job's end (cli_end_job). */
+static char rank_failure[8192];
+
 int cli_fail(FILE *err, sim_status st)
 {
-    if (sim_xrank_rank() > 0) {
-        /* under mpirun: when rank 0 failed too (a bad key, a mismatch every rank sees) it prints the
-         * message and ends the job meanwhile, so the message is printed once */
-        struct timespec ts = {1, 0};
-        nanosleep(&ts, NULL);
+    if (sim_xrank_size() > 1) {
+        /* under mpirun: the other ranks hear of it at once (they may be waiting on this one), and
+         * the job's end prints it once, on rank 0 (cli_end_job) */
+        if (!rank_failure[0]) snprintf(rank_failure, sizeof rank_failure, "%s", sim_errmsg());
+        sim_xrank_post_failure(st, sim_errmsg());
+    } else {
+        fprintf(err, "shardsim: %s\n", sim_errmsg());
     }
-    fprintf(err, "shardsim: %s\n", sim_errmsg());
     if (getenv("SHARDSIM_DEBUG") && sim_err_trail()[0]) fprintf(err, "%s\n", sim_err_trail());
     return sim_status_exit_code(st);
+}
+
+int cli_end_job(int rc, FILE *err)
+{
+    static char msg[8192 + 256];
+    int job = sim_xrank_conclude(rc, rank_failure, msg, sizeof msg);
+    if (job && msg[0] && sim_xrank_size() > 1) fprintf(err, "shardsim: %s\n", msg);
+    fflush(stdout);
+    fflush(err);
+    sim_xrank_finalize();
+    return job;
 }

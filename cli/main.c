@@ -9,6 +9,7 @@
 #include "blas_kernels/bk_coretype.h"
 #include "cli/artifacts.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "sim/xrank.h"
 
 typedef struct {
@@ -143,16 +144,6 @@ static int xrank_start(void)
     return freopen("/dev/null", "w", stdout) ? 0 : 1;
 }
 
-/* Ends the process under a launcher: MPI_Finalize after success; after a failure MPI_Abort, which
- * ends every rank (the others may be waiting on this one). */
-static int xrank_end(int rc)
-{
-    if (sim_xrank_size() < 2 || rc == 0) {
-        sim_xrank_finalize();
-        return rc;
-    }
-    sim_xrank_abort(rc);
-}
 
 static int run_command(int argc, char **argv);
 
@@ -160,7 +151,7 @@ int main(int argc, char **argv)
 {
     int rc = xrank_start();
     if (rc == 0) rc = run_command(argc, argv);
-    return xrank_end(rc);
+    return cli_end_job(rc, stderr);
 }
 
 static int run_command(int argc, char **argv)

@@ -460,6 +460,9 @@ static void fail_locked(sim_machine *m, sim_status st, const char *msg)
     atomic_store(&m->xstop, true);
     m->fail_st = st;
     snprintf(m->fail_msg, sizeof m->fail_msg, "%s", msg);
+    /* the other ranks may be waiting on this one's devices: tell them now (not when another rank's
+     * failure is what stopped this one) */
+    if (m->nranks > 1) sim_xrank_post_failure(st, msg);
     wake_all_locked(m);
 }
 

@@ -4,8 +4,9 @@
  * (R = 2, 3, 4: groups inside a rank, spanning ranks, and rank blocks that cut groups unevenly), a
  * pipeline whose stages sit on different ranks, ZeRO-1 with gradient accumulation, and a DeepSeek
  * with expert parallelism (ragged all-to-all across ranks); `parity` gives the one-process
- * table.  A failure on every rank (a simulated OOM) ends the job with its exit code and the message
- * printed once; a rank killed mid-run ends the job at once.  A checkpoint saved under 4 ranks is the
+ * table.  A failure on every rank (a simulated OOM), or on one rank alone before its run while the
+ * others wait for it, ends the job with its exit code and the message printed once, by rank 0, with
+ * no MPI_Abort notice; a rank killed mid-run ends the job at once.  A checkpoint saved under 4 ranks is the
  * one-process file byte for byte, and resumes in one process, as a one-process save does under 2.
  *
  * The program runs as a child process under Open MPI's mpirun with the environment measured to
@@ -306,20 +307,48 @@ static void test_checkpoints_across_rank_counts(void **state)
     free(m1);
 }
 
-/* A simulated OOM on every rank: exit 1, the message once (rank 0's; the others are ended first). */
+/* err holds `what` exactly once, and nothing of MPI_Abort (mpirun runs with -q: its own note that
+ * a rank exited non-zero is off, so stderr is what the ranks print). */
+static void assert_once(const char *err, const char *what)
+{
+    const char *first = strstr(err, what);
+    if (!first) fail_msg("no '%s' in: %s", what, err);
+    if (strstr(first + 1, what)) fail_msg("'%s' is printed more than once: %s", what, err);
+    if (strstr(err, "MPI_ABORT") || strstr(err, "ORTE_ERROR_LOG")) fail_msg("MPI_Abort's notice: %s", err);
+}
+
+/* A simulated OOM on every rank: exit 1, the message once. */
 static void test_failure_ends_every_rank_once(void **state)
 {
     (void)state;
     skip_without_mpi();
     char cmd[8192], err[256];
     snprintf(err, sizeof err, "%s/oom.err", tmp);
-    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s train %s hbm_limit_gb=0.002 > /dev/null 2> %s", program, LLAMA, err);
+    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 2 %s train %s hbm_limit_gb=0.002 > /dev/null 2> %s", program, LLAMA, err);
     assert_int_equal(sh(cmd), 1);
     char *e = slurp(err);
     assert_non_null(e);
-    const char *first = strstr(e, "is out of memory");
-    if (!first) fail_msg("no OOM message: %s", e);
-    if (strstr(first + 1, "is out of memory")) fail_msg("the OOM message is printed more than once: %s", e);
+    assert_once(e, "is out of memory");
+    free(e);
+}
+
+/* Rank 1 alone refuses to start (its host-memory check: mpirun's second program gets a tiny
+ * SHARDSIM_HOST_MEMORY_BYTES) while rank 0's devices wait for its devices in their first
+ * collective: its control message ends rank 0's run; the job exits 2 with rank 1's message once,
+ * printed by rank 0. */
+static void test_failure_on_one_rank_reaches_the_others(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    char cmd[8192], err[256];
+    snprintf(err, sizeof err, "%s/one.err", tmp);
+    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 1 %s train %s : -np 1 env SHARDSIM_HOST_MEMORY_BYTES=1000 %s train %s "
+             "> /dev/null 2> %s", program, LLAMA, program, LLAMA, err);
+    assert_int_equal(sh(cmd), 2);
+    char *e = slurp(err);
+    assert_non_null(e);
+    assert_once(e, "host memory");
+    if (!strstr(e, "shardsim: MPI rank 1: this run needs")) fail_msg("not rank 1's message, printed by rank 0: %s", e);
     free(e);
 }
 
@@ -409,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_parity_is_the_one_process_parity),
         cmocka_unit_test(test_checkpoints_across_rank_counts),
         cmocka_unit_test(test_failure_ends_every_rank_once),
+        cmocka_unit_test(test_failure_on_one_rank_reaches_the_others),
         cmocka_unit_test(test_killed_rank_ends_the_job),
         cmocka_unit_test(test_more_ranks_than_devices),
     };
