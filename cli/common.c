@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mesh/array.h"
 #include "sim/types.h"
 #include "sim/xrank.h"
 
@@ -166,6 +167,22 @@ sim_status cli_parse_mesh(const char *text, mesh_shape *m)
     }
     if (n == 0) return sim_err(SIM_ERR_INPUT, "mesh='': expected axis=size pairs, like mesh=data=2,fsdp=4");
     return mesh_shape_init(m, n, np, sizes);
+}
+
+sim_status cli_rank_placement(const mesh_cfg *cfg, const mesh_shape *mesh)
+{
+    const char *text = NULL;
+    SIM_TRY(mesh_cfg_get_str(cfg, "rank_placement", &text));
+    SIM_TRY(sim_xrank_set_placement(text));
+    sim_mesh_desc md;
+    SIM_TRY(mesh_shape_to_sim(mesh, &md));
+    int *owner = calloc((size_t)mesh->num_devices, sizeof *owner);
+    SIM_ASSERT(owner);
+    /* the axes named must be the mesh's, with or without mpirun; the split over R ranks is checked
+     * where R is known (sim_machine_new) */
+    sim_status st = sim_xrank_place(&md, 1, owner);
+    free(owner);
+    return st;
 }
 
 /* Under mpirun the first failure's message, kept for the job's end (cli_end_job). */

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "mesh/config.h"
+#include "mesh/mesh_shape.h"
 #include "mesh/spec.h"
 #include "sim/status.h"
 
@@ -36,6 +38,10 @@ const char *cli_arg(const cli_args *a, const char *key);
 sim_status cli_parse_shape(const char *text, const char *what, int *rank, int64_t *shape);
 /* "data=2,fsdp=2" -> a single-slice mesh. */
 sim_status cli_parse_mesh(const char *text, mesh_shape *m);
+
+/* rank_placement (sim/xrank.h): read from cfg, set for the machines to come, its axes checked
+ * against mesh's; an error names the key. */
+sim_status cli_rank_placement(const mesh_cfg *cfg, const mesh_shape *mesh);
 
 /* Prints "shardsim: <message>" and returns the exit code for st.  Under mpirun it prints nothing:
  * it tells the other ranks (sim_xrank_post_failure) and keeps the message for cli_end_job. */

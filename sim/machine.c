@@ -10,7 +10,8 @@
  * once (sim_exchange): the last arriver moves the data, with helpers.
  *
  * MPI ranks (sim/xrank.h): every process knows every device (coordinates,
- * labels, groups) but runs only its block [lo, hi) of ids, as threads.  A
+ * labels, groups) but runs only its own (rank_placement: a block of ids by
+ * default, sim_xrank_place), as threads.  A
  * group with members on other ranks completes its local arrival as usual;
  * its last local arriver then trades the calls and the data with the other
  * ranks (exchange_spread_locked, collectives.c) while the others sleep.  The
@@ -181,22 +182,36 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     }
 
     /* a dry run moves no data: every rank runs all of it in one process (rank-0 output, per-rank
-     * shares read from it: sim_xrank_devices) */
+     * shares read from it: sim_machine_rank_ids) */
     bool dry = opts && opts->dry_run, whole = dry || (opts && opts->whole);
     int n = sim_mesh_num_devices(&check), nranks = whole ? 1 : sim_xrank_size();
     if (nranks > n)
         return sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
                        "%d ranks (mpirun -np %d)", nranks, n, n, n);
+    int *owner_of = calloc((size_t)n, sizeof *owner_of), *local = calloc((size_t)n, sizeof *local);
+    SIM_ASSERT(owner_of && local);
+    /* the placement is checked even run whole: a bad rank_placement fails the same with or without
+     * mpirun, and a dry run under mpirun fails where its real run would */
+    int R = whole && sim_xrank_size() > 1 && sim_xrank_size() <= n ? sim_xrank_size() : nranks;
+    sim_status pst = sim_xrank_place(&check, R, owner_of);
+    if (pst == SIM_OK && R != nranks) pst = sim_xrank_place(&check, nranks, owner_of);
+    if (pst != SIM_OK) {
+        free(owner_of);
+        free(local);
+        return pst;
+    }
 
     sim_machine *m = calloc(1, sizeof *m);
     SIM_ASSERT(m);
     m->mesh = check;
     if (opts) m->opts = *opts;
     m->n = n;
-    /* contiguous blocks of device ids per rank, the first ranks one smaller when R does not divide n */
     m->nranks = nranks;
     m->rank = whole ? 0 : sim_xrank_rank();
-    sim_machine_rank_devices(m, m->rank, &m->lo, &m->hi);
+    m->owner_of = owner_of;
+    m->local = local;
+    for (int id = 0; id < n; id++)
+        if (owner_of[id] == m->rank) local[m->nlocal++] = id;
     if (nranks > 1) m->opts.pin_threads = false; /* ranks share the host's cores: leave placement to the OS */
     m->workers = m->n;
     m->t_origin = sim_now_ns();
@@ -266,6 +281,8 @@ void sim_machine_free(sim_machine *m)
         free(d->spans);
     }
     free(m->dev);
+    free(m->owner_of);
+    free(m->local);
     free(m->xbytes);
     sim_shared_free_all(m);
     pthread_mutex_destroy(&m->shared_lock);
@@ -382,13 +399,7 @@ static sim_group *group_new(sim_machine *m, unsigned mask, const int *coords)
     return g;
 }
 
-int sim_machine_owner(const sim_machine *m, int id)
-{
-    int r = (int)((long)id * m->nranks / m->n);
-    while ((long)(r + 1) * m->n / m->nranks <= id) r++;
-    while ((long)r * m->n / m->nranks > id) r--;
-    return r;
-}
+int sim_machine_owner(const sim_machine *m, int id) { return m->owner_of[id]; }
 
 sim_group *sim_group_of(sim_device *d, unsigned mask)
 {
@@ -450,7 +461,7 @@ static int dev_sleep(sim_device *d, const struct timespec *deadline)
 
 static void wake_all_locked(sim_machine *m)
 {
-    for (int i = m->lo; i < m->hi; i++) dev_wake(&m->dev[i]);
+    for (int j = 0; j < m->nlocal; j++) dev_wake(&m->dev[m->local[j]]);
 }
 
 static void fail_locked(sim_machine *m, sim_status st, const char *msg)
@@ -1058,7 +1069,8 @@ static sim_status gather_devices(sim_machine *m)
     int32_t nx = m->nxbytes;
     blob_put(&blob, &len, &cap, &nx, sizeof nx);
     blob_put(&blob, &len, &cap, m->xbytes, (size_t)nx * sizeof *m->xbytes);
-    for (int i = m->lo; i < m->hi; i++) {
+    for (int j = 0; j < m->nlocal; j++) {
+        int i = m->local[j];
         sim_device *d = &m->dev[i];
         dev_summary s;
         memset(&s, 0, sizeof s);
@@ -1149,11 +1161,23 @@ static sim_status gather_devices(sim_machine *m)
 int sim_machine_ranks(const sim_machine *m) { return m->nranks; }
 int sim_machine_rank(const sim_machine *m) { return m->rank; }
 
-void sim_machine_rank_devices(const sim_machine *m, int r, int *lo, int *hi)
+sim_status sim_machine_rank_ids(const sim_machine *m, int R, int r, int *ids, int *count)
 {
-    sim_xrank_devices(m->n, m->nranks, r, lo, hi);
+    *count = 0;
+    if (R == m->nranks) {
+        for (int id = 0; id < m->n; id++)
+            if (m->owner_of[id] == r) ids[(*count)++] = id;
+        return SIM_OK;
+    }
+    int *owner = calloc((size_t)m->n, sizeof *owner);
+    SIM_ASSERT(owner);
+    sim_status st = sim_xrank_place(&m->mesh, R, owner);
+    for (int id = 0; id < m->n && st == SIM_OK; id++)
+        if (owner[id] == r) ids[(*count)++] = id;
+    free(owner);
+    return st;
 }
-bool sim_device_rank_lead(const sim_device *d) { return d->id == d->m->lo; }
+bool sim_device_rank_lead(const sim_device *d) { return d->id == d->m->local[0]; }
 
 const uint64_t *sim_machine_xrank_bytes(const sim_machine *m, int *nsteps)
 {
@@ -1187,7 +1211,7 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
     atomic_store(&m->xstop, false);
     m->fail_st = SIM_OK;
     m->fail_msg[0] = '\0';
-    m->n_alive = m->hi - m->lo;
+    m->n_alive = m->nlocal;
     m->n_blocked = 0;
     for (int i = 0; i < m->n; i++) {
         sim_device *d = &m->dev[i];
@@ -1220,10 +1244,11 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
         pthread_attr_init(&attr);
         pthread_attr_setstacksize(&attr, DEVICE_STACK);
         int started = 0;
-        for (int i = m->lo; i < m->hi; i++) {
+        for (int j = 0; j < m->nlocal; j++) {
+            int i = m->local[j];
             if (pthread_create(&m->dev[i].thread, &attr, device_main, &m->dev[i]) != 0) {
                 pthread_mutex_lock(&m->lock);
-                m->n_alive -= m->hi - i;
+                m->n_alive -= m->nlocal - j;
                 fail_locked(m, SIM_ERR_INTERNAL, "could not start a device thread");
                 pthread_mutex_unlock(&m->lock);
                 break;
@@ -1231,7 +1256,7 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
             started++;
         }
         pthread_attr_destroy(&attr);
-        for (int i = m->lo; i < m->lo + started; i++) pthread_join(m->dev[i].thread, NULL);
+        for (int j = 0; j < started; j++) pthread_join(m->dev[m->local[j]].thread, NULL);
     }
     /* groups restart clean after a failed run */
     unsigned nmask = 1u << m->mesh.naxes;

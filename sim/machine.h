@@ -133,8 +133,11 @@ void sim_device_local_register(void *(*get)(void), void (*set)(void *));
 /* MPI ranks the machine is spread over (sim/xrank.h; 1 without a launcher), and this one's. */
 int sim_machine_ranks(const sim_machine *m);
 int sim_machine_rank(const sim_machine *m);
-/* The devices rank r runs: ids [*lo, *hi), contiguous blocks in id order. */
-void sim_machine_rank_devices(const sim_machine *m, int r, int *lo, int *hi);
+/* The devices rank r of R runs (rank_placement: sim_xrank_place), in id order, into ids (room for
+ * every device); *count of them.  R is the machine's own ranks, or any other count for the share
+ * a machine run whole (a dry run) would give each rank; fails when the placement cannot split
+ * the mesh over R ranks. */
+sim_status sim_machine_rank_ids(const sim_machine *m, int R, int r, int *ids, int *count);
 /* Whether d is the first device this process runs: the one that fills a rank's host-side arrays
  * (the step's batch) that every device of the rank reads; device 0 in a one-process run. */
 bool sim_device_rank_lead(const sim_device *d);

@@ -31,10 +31,96 @@ static int xr_rank = 0, xr_size = 1;
 
 int sim_xrank_rank(void) { return xr_rank; }
 
-void sim_xrank_devices(int n, int R, int r, int *lo, int *hi)
+/* ---- rank_placement */
+
+static char place_text[256] = "contiguous";
+static char place_axes[SIM_MAX_AXES][SIM_AXIS_NAME_MAX];
+static int place_n; /* 0: contiguous */
+
+static const char PLACEMENT_FORMS[] =
+    "expected contiguous (blocks of device ids, the default) or axis:NAME[,NAME...] (those mesh axes kept "
+    "inside each rank, e.g. axis:tensor)";
+
+sim_status sim_xrank_set_placement(const char *text)
 {
-    *lo = (int)((long)r * n / R);
-    *hi = (int)((long)(r + 1) * n / R);
+    char axes[SIM_MAX_AXES][SIM_AXIS_NAME_MAX];
+    int n = 0;
+    if (!text || !*text || !strcmp(text, "contiguous")) {
+        snprintf(place_text, sizeof place_text, "contiguous");
+        place_n = 0;
+        return SIM_OK;
+    }
+    if (strlen(text) >= sizeof place_text)
+        return sim_err(SIM_ERR_INPUT, "rank_placement='%.64s...': too long; %s", text, PLACEMENT_FORMS);
+    if (strncmp(text, "axis:", 5))
+        return sim_err(SIM_ERR_INPUT, "rank_placement='%s': %s", text, PLACEMENT_FORMS);
+    for (const char *p = text + 5;;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0)
+            return sim_err(SIM_ERR_INPUT, "rank_placement='%s': an empty axis name; %s", text, PLACEMENT_FORMS);
+        if (len >= SIM_AXIS_NAME_MAX || n == SIM_MAX_AXES)
+            return sim_err(SIM_ERR_INPUT, "rank_placement='%s': not a list of mesh axis names; %s", text,
+                           PLACEMENT_FORMS);
+        memcpy(axes[n], p, len);
+        axes[n][len] = '\0';
+        for (int i = 0; i < n; i++)
+            if (!strcmp(axes[i], axes[n]))
+                return sim_err(SIM_ERR_INPUT, "rank_placement='%s': axis '%s' named twice", text, axes[n]);
+        n++;
+        if (!p[len]) break;
+        p += len + 1;
+    }
+    memcpy(place_axes, axes, sizeof axes);
+    place_n = n;
+    snprintf(place_text, sizeof place_text, "%s", text);
+    return SIM_OK;
+}
+
+const char *sim_xrank_placement(void) { return place_text; }
+
+sim_status sim_xrank_place(const sim_mesh_desc *mesh, int R, int *owner)
+{
+    int n = sim_mesh_num_devices(mesh);
+    SIM_ASSERT(R >= 1);
+    if (place_n == 0) { /* contiguous blocks: rank r runs [r*n/R, (r+1)*n/R) */
+        for (int r = 0; r < R; r++)
+            for (long id = (long)r * n / R; id < (long)(r + 1) * n / R; id++) owner[id] = r;
+        return SIM_OK;
+    }
+    bool kept[SIM_MAX_AXES] = {false};
+    int k = 1;
+    for (int i = 0; i < place_n; i++) {
+        int a = sim_mesh_axis_index(mesh, place_axes[i]);
+        if (a < 0) {
+            char names[SIM_MAX_AXES * (SIM_AXIS_NAME_MAX + 2)];
+            size_t at = 0;
+            for (int b = 0; b < mesh->naxes; b++)
+                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", b ? ", " : "", mesh->names[b]);
+            return sim_err(SIM_ERR_INPUT, "rank_placement=%s: the mesh has no axis '%s' (its axes: %s)", place_text,
+                           place_axes[i], names);
+        }
+        kept[a] = true;
+        k *= mesh->sizes[a];
+    }
+    int groups = n / k;
+    if (groups % R)
+        return sim_err(SIM_ERR_INPUT, "rank_placement=%s keeps each group of %d device%s inside one rank, but %d "
+                       "group%s cannot be split evenly over %d ranks: launch a number of ranks that divides %d, or "
+                       "use rank_placement=contiguous", place_text, k, k == 1 ? "" : "s", groups,
+                       groups == 1 ? "" : "s", R, groups);
+    /* the position of each device in an order with the kept axes innermost (each part in mesh
+     * order), cut into R blocks of n/R */
+    int per = n / R, c[SIM_MAX_AXES];
+    for (int id = 0; id < n; id++) {
+        sim_mesh_coords(mesh, id, c);
+        long outer = 0, inner = 0;
+        for (int a = 0; a < mesh->naxes; a++) {
+            if (kept[a]) inner = inner * mesh->sizes[a] + c[a];
+            else outer = outer * mesh->sizes[a] + c[a];
+        }
+        owner[id] = (int)((outer * k + inner) / per);
+    }
+    return SIM_OK;
 }
 int sim_xrank_size(void) { return xr_size; }
 
@@ -398,6 +484,7 @@ int sim_xrank_conclude(int rc, const char *msg, char *out, size_t cap)
         if (all[r].rc && all[r].own) from = r;
     for (int r = 0; r < xr_size && from < 0; r++)
         if (all[r].rc) from = r;
+    if (from > 0 && all[0].rc && !strcmp(all[0].msg, all[from].msg)) from = 0; /* every rank saw it (a bad key) */
     if (from >= 0) {
         job = all[from].rc;
         if (xr_rank == 0 && all[from].msg[0] && from == 0) snprintf(out, cap, "%s", all[from].msg);

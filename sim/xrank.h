@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sim/machine.h"
 #include "sim/status.h"
 
 /* Initialises MPI (MPI_THREAD_MULTIPLE) when launched by an MPI launcher; a no-op otherwise.
@@ -34,9 +35,26 @@ int sim_xrank_size(void);
 /* Whether this build can run under a launcher at all (compiled with SHARDSIM_MPI). */
 bool sim_xrank_built(void);
 
-/* The device ids [*lo, *hi) rank r of R runs on a mesh of n devices: contiguous blocks in id order,
- * the first ranks one device smaller when R does not divide n. */
-void sim_xrank_devices(int n, int R, int r, int *lo, int *hi);
+/* Where the mesh's devices go over the ranks: shardsim's key rank_placement, one setting for the
+ * process (every rank reads the same config), applied by every machine made after it is set.
+ *   contiguous         (the default) blocks of device ids in id order: rank r of R runs ids
+ *                      [r*n/R, (r+1)*n/R), the first ranks one device smaller when R does not
+ *                      divide n;
+ *   axis:A[,B...]      the named mesh axes kept inside each rank: every group over them (a
+ *                      tensor-parallel group, say) runs whole on one rank, so its collectives
+ *                      never leave the process.  The devices are ordered with those axes
+ *                      innermost, then cut into R equal blocks; R must divide the number of
+ *                      such groups.
+ * The placement changes where each device runs, never what it computes: the run is bitwise the
+ * one-process run under any placement.  Errors (SIM_ERR_INPUT) name the key, the value and what
+ * to write instead. */
+sim_status sim_xrank_set_placement(const char *text);
+/* The setting as text ("contiguous", "axis:tensor"). */
+const char *sim_xrank_placement(void);
+/* owner[id]: the rank running each device of mesh over R ranks under the placement set (n =
+ * sim_mesh_num_devices(mesh) entries).  Fails naming rank_placement when an axis is not one of
+ * the mesh's, or when R cannot split the kept groups evenly. */
+sim_status sim_xrank_place(const sim_mesh_desc *mesh, int R, int *owner);
 
 /* Host-level gathers between whole ranks (not devices): every rank calls them at the same point of
  * its program, from one thread.  allgather: `bytes` from each rank into all[r * bytes]. */

@@ -91,6 +91,8 @@ static int sh(const char *cmd)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+static void assert_once(const char *err, const char *what);
+
 static char *slurp(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -209,6 +211,50 @@ static void test_llama_is_the_one_process_run(void **state)
     skip_without_mpi();
     const int nps[] = {2, 3, 4};
     check_same_as_one_process("llama", LLAMA, nps, 3);
+}
+
+/* rank_placement=axis:fsdp keeps the fsdp groups inside a rank (devices 0,2,4,6 and 1,3,5,7: the
+ * tensor pairs span the ranks instead): the same run, bit for bit, as one process (which ignores
+ * the placement); the MPI section names the placement's device lists. */
+static void test_llama_axis_placement_is_the_one_process_run(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    const int nps[] = {2};
+    check_same_as_one_process("placed", LLAMA_BASE " steps=2 rank_placement=axis:fsdp", nps, 1);
+    char path[512];
+    snprintf(path, sizeof path, "%s/placed-np2.txt", tmp);
+    char *t = slurp(path);
+    assert_non_null(t);
+    if (!strstr(t, "MPI: 2 ranks, devices 0,2,4,6; 1,3,5,7 (rank_placement=axis:fsdp)"))
+        fail_msg("the MPI section does not name the placement's devices: %s", t);
+    free(t);
+}
+
+/* A placement the ranks cannot split, or an axis the mesh lacks: exit 2 naming the key, once (the
+ * job's message is the first rank's to fail: rank 0's, or "MPI rank r: ..." when another told it). */
+static void test_bad_placement(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    char cmd[8192], err[256];
+    snprintf(err, sizeof err, "%s/placement.err", tmp);
+    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 3 %s train %s rank_placement=axis:tensor > /dev/null 2> %s", program,
+             LLAMA, err);
+    assert_int_equal(sh(cmd), 2);
+    char *e = slurp(err);
+    assert_non_null(e);
+    /* every rank sees it; the first to tell the others is named when it is not rank 0 */
+    assert_once(e, "rank_placement=axis:tensor keeps each group of 2 devices inside one rank, but 4 groups "
+                   "cannot be split evenly over 3 ranks");
+    free(e);
+    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 2 %s train %s rank_placement=axis:tensr > /dev/null 2> %s", program,
+             LLAMA, err);
+    assert_int_equal(sh(cmd), 2);
+    e = slurp(err);
+    assert_non_null(e);
+    assert_once(e, "rank_placement=axis:tensr: the mesh has no axis 'tensr'");
+    free(e);
 }
 
 /* pipeline stages on different ranks: the ppermute shifts cross them */
@@ -432,6 +478,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_is_the_one_process_run),
+        cmocka_unit_test(test_llama_axis_placement_is_the_one_process_run),
+        cmocka_unit_test(test_bad_placement),
         cmocka_unit_test(test_pipeline_is_the_one_process_run),
         cmocka_unit_test(test_zero1_is_the_one_process_run),
         cmocka_unit_test(test_deepseek_expert_parallel_is_the_one_process_run),

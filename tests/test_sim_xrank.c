@@ -5,7 +5,9 @@
  *   sums      every collective over every axis set of an 8-device mesh (data=2 fsdp=2 tensor=2)
  *             on float data of mixed magnitudes: the results equal, bit for bit, those of the same
  *             machine run whole in this process (opts.whole), and integer-valued results equal
- *             their definitions; the records match the one-process records too
+ *             their definitions; the records match the one-process records too.  Under the
+ *             contiguous placement and, with SHARDSIM_XRANK_PLACEMENT, others (axis:data puts
+ *             devices 0 and 4 on one rank: every group but data's spans ranks)
  *   mismatch  device 5 gathers a different size over (data, fsdp): every rank's run fails with
  *             the one mismatch message naming device 5
  *   fail      device 6 fails alone mid-run while the others wait in collectives that span ranks:
@@ -150,6 +152,8 @@ static int rank_main(const char *which)
         return 1;
     }
     int me = sim_xrank_rank();
+    const char *placement = getenv("SHARDSIM_XRANK_PLACEMENT");
+    if (placement && sim_xrank_set_placement(placement) != SIM_OK) return end_rank(3, sim_errmsg());
     static xcase spread, whole;
     spread.which = whole.which = which;
     if (!strcmp(which, "outside")) { /* rank 1 fails before its run; rank 0 runs the sums */
@@ -167,10 +171,17 @@ static int rank_main(const char *which)
     /* the same machine whole in this process: the reference bits */
     sim_machine *w = new_machine(true);
     if (!w || sim_machine_run(w, case_device, &whole) != SIM_OK) return end_rank(3, sim_errmsg());
-    int lo, hi, bad = 0;
-    sim_machine_rank_devices(m, me, &lo, &hi);
-    for (int id = lo; id < hi; id++)
-        for (int o = 0; o < NOUT; o++)
+    int ids[N], nids = 0, bad = 0;
+    if (sim_machine_rank_ids(m, sim_xrank_size(), me, ids, &nids) != SIM_OK) return end_rank(3, sim_errmsg());
+    /* axis:data over 4 ranks: rank r runs the data pair (r, r + 4) (data is the outermost axis, stride 4) */
+    if (placement && !strcmp(placement, "axis:data") && sim_xrank_size() == 4 &&
+        (nids != 2 || ids[0] != me || ids[1] != me + 4)) {
+        fprintf(stderr, "rank %d: axis:data placed devices %d, %d (%d of them), not %d and %d\n", me, ids[0], ids[1],
+                nids, me, me + 4);
+        bad++;
+    }
+    for (int i = 0; i < nids; i++)
+        for (int o = 0, id = ids[i]; o < NOUT; o++)
             if (memcmp(spread.out[id][o], whole.out[id][o], sizeof spread.out[id][o])) {
                 fprintf(stderr, "rank %d: device %d, collective %d: bits differ from the one-process run\n", me, id, o);
                 bad++;
@@ -221,11 +232,12 @@ static void skip_without_mpi(void)
 }
 
 /* Runs the case under mpirun -np R; returns the exit code, stderr in err. */
-static int run_case(const char *which, int np, char *err, size_t cap)
+static int run_placed(const char *which, const char *placement, int np, char *err, size_t cap)
 {
     char cmd[2048], path[64];
     snprintf(path, sizeof path, "/tmp/test_sim_xrank.%d.err", (int)getpid());
-    snprintf(cmd, sizeof cmd, "SHARDSIM_XRANK_CASE=%s " MPIRUN " -np %d %s 2> %s", which, np, program, path);
+    snprintf(cmd, sizeof cmd, "SHARDSIM_XRANK_CASE=%s SHARDSIM_XRANK_PLACEMENT=%s " MPIRUN " -np %d %s 2> %s", which,
+             placement, np, program, path);
     int st = system(cmd);
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(err, 1, cap - 1, f) : 0;
@@ -234,6 +246,13 @@ static int run_case(const char *which, int np, char *err, size_t cap)
     unlink(path);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+static int run_case(const char *which, int np, char *err, size_t cap)
+{
+    return run_placed(which, "contiguous", np, err, cap);
+}
+
+static void assert_once_by_rank0(const char *err, const char *what);
 
 static void test_collectives_bitwise_across_ranks(void **state)
 {
@@ -245,6 +264,22 @@ static void test_collectives_bitwise_across_ranks(void **state)
         int rc = run_case("sums", nps[i], err, sizeof err);
         if (rc) fail_msg("mpirun -np %d: exit %d: %s", nps[i], rc, err);
     }
+}
+
+/* rank_placement: data kept inside a rank (devices 0,4 / 1,5 / ... together: every other group
+ * spans ranks, and no rank's devices are consecutive) and fsdp,tensor kept (data's groups span
+ * the two ranks): the same bits.  A placement R cannot split is refused before any device runs. */
+static void test_placements_bitwise(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    static char err[1 << 16];
+    int rc = run_placed("sums", "axis:data", 4, err, sizeof err);
+    if (rc) fail_msg("axis:data, mpirun -np 4: exit %d: %s", rc, err);
+    rc = run_placed("sums", "axis:fsdp,tensor", 2, err, sizeof err);
+    if (rc) fail_msg("axis:fsdp,tensor, mpirun -np 2: exit %d: %s", rc, err);
+    assert_int_equal(run_placed("sums", "axis:fsdp,tensor", 4, err, sizeof err), 3);
+    assert_once_by_rank0(err, "rank_placement=axis:fsdp,tensor keeps each group of 4 devices inside one rank");
 }
 
 /* The job's message: on rank 0's line, exactly once, and no MPI_Abort notice. */
@@ -304,6 +339,7 @@ int main(void)
     if (which && *which) return rank_main(which);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_collectives_bitwise_across_ranks),
+        cmocka_unit_test(test_placements_bitwise),
         cmocka_unit_test(test_mismatch_across_ranks),
         cmocka_unit_test(test_one_rank_fails_no_hang),
         cmocka_unit_test(test_failure_outside_a_run_reaches_the_others),
