@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,6 +36,9 @@
 static char program[1024]; /* the shardsim of this test's own build */
 static char tmp[128];      /* this test's scratch directory */
 static const char *skip_why;
+/* Extra mpirun options, and the network namespace mpirun runs in ("": none), for the two-host test. */
+static char mpirun_extra[1024], launch_ns[64];
+static char ns_cleanup[512]; /* removes the two-host test's namespaces (teardown, when it failed midway) */
 
 #define LLAMA_BASE "configs/small.yml ici_fsdp_parallelism=4 ici_tensor_parallelism=2"
 static const char LLAMA[] = LLAMA_BASE " steps=3";
@@ -72,6 +76,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    if (ns_cleanup[0] && system(ns_cleanup) != 0) ns_cleanup[0] = '\0';
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     return system(cmd) == 0 ? 0 : -1;
@@ -167,10 +172,11 @@ static void assert_same_file(const char *a, const char *b, const char *name)
     free(y);
 }
 
+
 /* The one-process run of `args` and the runs under mpirun -np R for each R of nps: equal outputs. */
 static void check_same_as_one_process(const char *name, const char *args, const int *nps, int n)
 {
-    char cmd[8192], one[256], onetxt[300];
+    char cmd[16384], one[256], onetxt[300];
     snprintf(one, sizeof one, "%s/%s-1", tmp, name);
     snprintf(onetxt, sizeof onetxt, "%s.txt", one);
     snprintf(cmd, sizeof cmd, "%s train %s output_dir=%s > %s 2>&1", program, args, one, onetxt);
@@ -181,8 +187,13 @@ static void check_same_as_one_process(const char *name, const char *args, const 
         snprintf(dir, sizeof dir, "%s/%s-np%d", tmp, name, nps[i]);
         snprintf(txt, sizeof txt, "%s.txt", dir);
         snprintf(err, sizeof err, "%s.err", dir);
-        snprintf(cmd, sizeof cmd, MPIRUN " -np %d %s train %s output_dir=%s > %s 2> %s", nps[i], program, args, dir, txt,
-                 err);
+        char run[8192];
+        snprintf(run, sizeof run, MPIRUN " %s -np %d %s train %s output_dir=%s", mpirun_extra, nps[i], program, args, dir);
+        if (*launch_ns) /* mpirun itself in the first "host"'s namespace, with that host's name */
+            snprintf(cmd, sizeof cmd, "ip netns exec %s unshare --uts sh -c 'hostname %s && %s' > %s 2> %s", launch_ns,
+                     launch_ns, run, txt, err);
+        else
+            snprintf(cmd, sizeof cmd, "%s > %s 2> %s", run, txt, err);
         int rc = sh(cmd);
         if (rc) {
             char *e = slurp(err);
@@ -255,6 +266,86 @@ static void test_bad_placement(void **state)
     assert_non_null(e);
     assert_once(e, "rank_placement=axis:tensr: the mesh has no axis 'tensr'");
     free(e);
+}
+
+/* Two "hosts" on this machine (../shared/reference/mpi-notes.md): two network namespaces joined by
+ * a veth pair, each with its own host name (unshare --uts), mpirun started in the first and
+ * reaching the second through an rsh agent that enters its namespace (no sshd).  Open MPI groups
+ * ranks by host name, so the two ranks talk over TCP across the veth: the Llama run is still the
+ * one-process run bit for bit, and the veth carried at least one step's MPI bytes.  Skipped, with
+ * a message, where namespaces cannot be made (not root, no `ip`, no CAP_NET_ADMIN/CAP_SYS_ADMIN:
+ * an unprivileged container); every command runs under a timeout and the namespaces are removed
+ * whatever happens. */
+static void test_llama_across_two_hosts_over_tcp(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    int pid = (int)getpid();
+    char a[32], b[32], va[32], vb[32], cmd[8192], agent[256];
+    snprintf(a, sizeof a, "ssha%d", pid);
+    snprintf(b, sizeof b, "sshb%d", pid);
+    snprintf(va, sizeof va, "ssva%d", pid); /* interface names: at most 15 characters */
+    snprintf(vb, sizeof vb, "ssvb%d", pid);
+    const char *why = NULL;
+    if (geteuid() != 0) why = "not root (ip netns needs CAP_NET_ADMIN and CAP_SYS_ADMIN)";
+    else if (sh("command -v ip > /dev/null 2>&1 && command -v unshare > /dev/null 2>&1") != 0)
+        why = "no `ip` or `unshare` (iproute2, util-linux: .ci/install-deps)";
+    else if (snprintf(cmd, sizeof cmd, "timeout 10 ip netns add %s 2>/dev/null", a), sh(cmd) != 0)
+        why = "`ip netns add` failed (no CAP_NET_ADMIN/CAP_SYS_ADMIN here: an unprivileged container?)";
+    if (why) {
+        fprintf(stderr, "test_cli_mpi: two-host test skipped: %s\n", why);
+        skip();
+    }
+    snprintf(cmd, sizeof cmd,
+             "timeout 20 sh -c 'ip netns add %s && ip link add %s type veth peer name %s && ip link set %s netns %s && "
+             "ip link set %s netns %s && ip -n %s addr add 10.99.0.1/24 dev %s && ip -n %s addr add 10.99.0.2/24 dev %s && "
+             "ip -n %s link set lo up && ip -n %s link set lo up && ip -n %s link set %s up && ip -n %s link set %s up && "
+             "ip netns exec %s unshare --uts true' > /dev/null 2>&1",
+             b, va, vb, va, a, vb, b, a, va, b, vb, a, b, a, va, b, vb, a);
+    int made = sh(cmd);
+    /* the rsh agent: skips ssh-style options, then runs the command in the namespace named as the host */
+    snprintf(agent, sizeof agent, "%s/nsrsh", tmp);
+    FILE *f = fopen(agent, "w");
+    if (f) {
+        fputs("#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in -*) shift;; *) break;; esac; done\n"
+              "host=$1; shift\nexec ip netns exec \"$host\" unshare --uts sh -c \"hostname $host && $*\"\n", f);
+        fclose(f);
+        chmod(agent, 0755);
+    }
+    snprintf(ns_cleanup, sizeof ns_cleanup, "ip netns del %s > /dev/null 2>&1; ip netns del %s > /dev/null 2>&1", a,
+             b);
+    if (made != 0 || !f) {
+        sh(ns_cleanup);
+        ns_cleanup[0] = '\0';
+        fprintf(stderr, "test_cli_mpi: two-host test skipped: could not set up the veth pair and host names\n");
+        skip();
+    }
+    snprintf(mpirun_extra, sizeof mpirun_extra, "-q --mca plm_rsh_agent %s --mca btl_tcp_if_include 10.99.0.0/24 "
+             "--mca oob_tcp_if_include 10.99.0.0/24 --host %s:1,%s:1", agent, a, b);
+    snprintf(launch_ns, sizeof launch_ns, "%s", a);
+    const int nps[] = {2};
+    check_same_as_one_process("hosts", LLAMA, nps, 1); /* a failure here leaves the cleanup to teardown */
+    mpirun_extra[0] = launch_ns[0] = '\0';
+    /* the bytes that crossed the veth (both ways, every step) against one step's MPI bytes */
+    char line[256];
+    unsigned long long rx = 0, tx = 0, step = 0;
+    snprintf(line, sizeof line, "ip netns exec %s sh -c 'cat /sys/class/net/%s/statistics/rx_bytes "
+             "/sys/class/net/%s/statistics/tx_bytes'", a, va, va);
+    FILE *p = popen(line, "r");
+    if (p) {
+        if (fscanf(p, "%llu %llu", &rx, &tx) != 2) rx = tx = 0;
+        pclose(p);
+    }
+    snprintf(line, sizeof line, "%s/hosts-np2.txt", tmp);
+    char *t = slurp(line), *at = t ? strstr(t, "bytes the ranks sent each other") : NULL;
+    if (at && (at = strchr(at, '\n'))) step = strtoull(at + 1, NULL, 10);
+    free(t);
+    sh(ns_cleanup);
+    ns_cleanup[0] = '\0';
+    if (!step) fail_msg("no MPI bytes per step in the two-host run's output");
+    if (rx + tx < step)
+        fail_msg("the veth between the hosts carried %llu bytes, less than one step's %llu MPI bytes: not over TCP", rx + tx,
+                 step);
 }
 
 /* pipeline stages on different ranks: the ppermute shifts cross them */
@@ -480,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_llama_is_the_one_process_run),
         cmocka_unit_test(test_llama_axis_placement_is_the_one_process_run),
         cmocka_unit_test(test_bad_placement),
+        cmocka_unit_test(test_llama_across_two_hosts_over_tcp),
         cmocka_unit_test(test_pipeline_is_the_one_process_run),
         cmocka_unit_test(test_zero1_is_the_one_process_run),
         cmocka_unit_test(test_deepseek_expert_parallel_is_the_one_process_run),
