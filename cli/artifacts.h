@@ -22,7 +22,7 @@
 #include <time.h>
 
 #include "cli/report.h"
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/rules.h"
 #include "mesh/spec.h"

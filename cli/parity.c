@@ -30,8 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/checks.h"
-#include "models/train.h"
+#include "models/core/checks.h"
+#include "models/core/train.h"
 #include "sim/xrank.h"
 
 enum { MAX_CONFIGS = 32, MAX_WORDS = 64 };

@@ -22,10 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "models/checks.h"
-#include "models/checkpoint.h"
-#include "models/timemodel.h"
-#include "models/train.h"
+#include "models/core/checks.h"
+#include "models/core/checkpoint.h"
+#include "models/core/timemodel.h"
+#include "models/core/train.h"
 
 typedef struct {
     mesh_cfg *cfg;
@@ -475,7 +475,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
     resume_plan resume;
     memset(&resume, 0, sizeof resume);
-    /* the pipeline refuses checkpoint_dir itself (models/pipeline.c); the directory MaxText derives
+    /* the pipeline refuses checkpoint_dir itself (models/core/pipeline.c); the directory MaxText derives
      * from base_output_directory with enable_checkpointing (its default) is the same feature */
     if (!st && *ckbuf && def->d.pipe.on)
         st = sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline parallelism "

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 
 typedef struct {
     mesh_cfg *cfg;

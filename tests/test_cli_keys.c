@@ -32,11 +32,11 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/report.h"
-#include "mesh/config.h"
-#include "mesh/json.h"
-#include "models/pipeline.h"
-#include "models/timemodel.h"
-#include "models/train.h"
+#include "config/config.h"
+#include "config/json.h"
+#include "models/core/pipeline.h"
+#include "models/core/timemodel.h"
+#include "models/core/train.h"
 #include "tests/cli_capture.h"
 
 #define MAX_WORDS 64

@@ -1,4 +1,4 @@
-/* test_models_batchsplit.c — the DeepSeek batch-split schedule (models/batchsplit.c).
+/* test_models_batchsplit.c — the DeepSeek batch-split schedule (models/families/batchsplit.c).
  *
  * A test-sized deepseek3-671b-batchsplit (5 layers: 1 dense + 4 MoE, 8 experts in 4 groups)
  * trains for real:
@@ -25,7 +25,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 #include "sim/trace.h"
 #include "tests/model_run.h"
 

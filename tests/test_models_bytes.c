@@ -30,7 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 #include "sim/arena.h"
 #include "tests/model_run.h"
 

@@ -22,9 +22,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "mesh/json.h"
-#include "models/checkpoint.h"
-#include "models/init.h"
+#include "config/json.h"
+#include "models/core/checkpoint.h"
+#include "models/core/init.h"
 
 enum { NP = 4, MAXL = 4 };
 

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "models/data.h"
+#include "models/core/data.h"
 
 static void assert_contains(const char *s, const char *sub)
 {

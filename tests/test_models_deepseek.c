@@ -37,7 +37,7 @@
 
 #include "mesh/moe.h"
 #include "mesh/nn.h"
-#include "models/train.h"
+#include "models/core/train.h"
 #include "tests/model_run.h"
 
 /* A deepseek3-tiny variant: 1 dense + 2 MoE layers, 8 experts top-2,

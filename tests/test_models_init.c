@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/init.h"
+#include "models/core/init.h"
 
 static mesh_shape make_mesh(int n, const char *const *names, const int *sizes)
 {

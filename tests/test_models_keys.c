@@ -39,9 +39,9 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "models/checks.h"
+#include "models/core/checks.h"
 #include "tests/cli_capture.h"
-#include "models/train.h"
+#include "models/core/train.h"
 #include "tests/model_run.h"
 
 static const char *const TINY[] = {

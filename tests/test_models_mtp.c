@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 #include "tests/model_run.h"
 
 static const char *const TINY[] = {

@@ -1,4 +1,4 @@
-/* test_models_muon.c — opt_type=muon (models/muon.h):
+/* test_models_muon.c — opt_type=muon (models/optimizers/muon.h):
  *   - keys: the defaults of MaxText's base.yml, consistent RMS, and the
  *     refusals (pipelining, ZeRO-1, maxtext_muon, all-to-all);
  *   - classification of every Llama and DeepSeek parameter against the
@@ -30,8 +30,8 @@
 #include <string.h>
 
 #include "cli/artifacts.h"
-#include "models/muon.h"
-#include "models/train.h"
+#include "models/optimizers/muon.h"
+#include "models/core/train.h"
 #include "sim/collectives.h"
 
 /* ------------------------------------------------------------ helpers */

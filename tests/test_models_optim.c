@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/optim.h"
+#include "models/optimizers/optim.h"
 #include "sim/collectives.h"
 
 static mesh_cfg *load_cfg(int n, const char *const *ovr)

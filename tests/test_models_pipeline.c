@@ -1,4 +1,4 @@
-/* test_models_pipeline.c — pipeline parallelism (models/pipeline.c):
+/* test_models_pipeline.c — pipeline parallelism (models/core/pipeline.c):
  *   - the config rules (defaults, derived repeats, every violated rule and
  *     every feature not implemented yet is an input error naming the keys);
  *   - the sharding dump's layout of pipelined weights (MaxText's, checked
@@ -48,7 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 #include "tests/model_run.h"
 #include "sim/trace.h"
 

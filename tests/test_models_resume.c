@@ -29,8 +29,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "models/checkpoint.h"
-#include "models/train.h"
+#include "models/core/checkpoint.h"
+#include "models/core/train.h"
 #include "tests/model_run.h"
 
 static const char *const TINY[] = {

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 #include "tests/model_run.h"
 
 /* deepseek3-tiny, shrunk: 1 dense + 2 MoE layers, 8 experts top-2, sigmoid routing with the bias */

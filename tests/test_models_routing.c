@@ -33,8 +33,8 @@
 #include <string.h>
 
 #include "model_run.h"
-#include "mesh/json.h"
-#include "models/checkpoint.h"
+#include "config/json.h"
+#include "models/core/checkpoint.h"
 #include <unistd.h>
 
 static const char *const TINY[] = {

@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "mesh/json.h"
-#include "models/timemodel.h"
+#include "config/json.h"
+#include "models/core/timemodel.h"
 #include "tests/cli_capture.h"
 
 #include <stdlib.h>

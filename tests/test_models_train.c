@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "mesh/ad.h"
-#include "models/train.h"
+#include "models/core/train.h"
 #include "sim/arena.h"
 #include "tests/model_run.h"
 

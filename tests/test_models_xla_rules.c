@@ -86,8 +86,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "models/timemodel.h"
-#include "models/train.h"
+#include "models/core/timemodel.h"
+#include "models/core/train.h"
 #include "sim/arena.h"
 #include "tests/model_run.h"
 

@@ -28,8 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mesh/json.h"
-#include "models/train.h"
+#include "config/json.h"
+#include "models/core/train.h"
 #include "tests/model_run.h"
 
 static const char *const LLAMA[] = {
