@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/spec.h"
 #include "sim/status.h"
