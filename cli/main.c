@@ -114,8 +114,8 @@ static int is_help_flag(const char *s) { return !strcmp(s, "--help") || !strcmp(
  * (their errors still reach stderr: cli_fail).  Returns an exit code, 0 = go on. */
 static int xrank_start(void)
 {
-    if (sim_xrank_init() != SIM_OK) {
-        fprintf(stderr, "shardsim: %s\n", sim_errmsg());
+    if (sim_xrank_init() != SIM_OK) { /* every rank's (the same) refusal: rank 0 says it */
+        if (sim_xrank_rank() == 0) fprintf(stderr, "shardsim: %s\n", sim_errmsg());
         return 1;
     }
     int R = sim_xrank_size(), me = sim_xrank_rank();

@@ -217,6 +217,12 @@ sim_status sim_xrank_init(void)
     xr_on = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &xr_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &xr_size);
+    /* the communicators first: a refusal below still ends the job through sim_xrank_conclude */
+    MPI_Comm_dup(MPI_COMM_WORLD, &xr_coll);
+    MPI_Comm_dup(MPI_COMM_WORLD, &xr_host);
+    MPI_Comm_dup(MPI_COMM_WORLD, &xr_ctl);
+    atomic_init(&remote_set, false);
+    if (xr_size > 1) MPI_Irecv(&ctl_in, (int)sizeof ctl_in, MPI_BYTE, MPI_ANY_SOURCE, TAG_FAIL, xr_ctl, &ctl_req);
     if (provided < MPI_THREAD_MULTIPLE)
         return sim_err(SIM_ERR_INTERNAL, "the MPI library gives thread level %d, shardsim needs MPI_THREAD_MULTIPLE (%d): "
                        "use an MPI built with thread support", provided, MPI_THREAD_MULTIPLE);
@@ -226,11 +232,6 @@ sim_status sim_xrank_init(void)
     if (flag && *(int *)ub < (1 << 26))
         return sim_err(SIM_ERR_INTERNAL, "the MPI library's largest tag is %d; shardsim needs at least %d",
                        *(int *)ub, 1 << 26);
-    MPI_Comm_dup(MPI_COMM_WORLD, &xr_coll);
-    MPI_Comm_dup(MPI_COMM_WORLD, &xr_host);
-    MPI_Comm_dup(MPI_COMM_WORLD, &xr_ctl);
-    atomic_init(&remote_set, false);
-    if (xr_size > 1) MPI_Irecv(&ctl_in, (int)sizeof ctl_in, MPI_BYTE, MPI_ANY_SOURCE, TAG_FAIL, xr_ctl, &ctl_req);
     return SIM_OK;
 }
 
