@@ -180,7 +180,7 @@ sim_status cli_rank_placement(const mesh_cfg *cfg, const mesh_shape *mesh)
     SIM_ASSERT(owner);
     /* the axes named must be the mesh's, with or without mpirun; the split over R ranks is checked
      * where R is known (sim_machine_new) */
-    sim_status st = sim_xrank_place(&md, 1, owner);
+    sim_status st = sim_mesh_place_ranks(&md, 1, owner);
     free(owner);
     return st;
 }

@@ -11,7 +11,7 @@
  *
  * MPI ranks (sim/xrank.h): every process knows every device (coordinates,
  * labels, groups) but runs only its own (rank_placement: a block of ids by
- * default, sim_xrank_place), as threads.  A
+ * default, sim_mesh_place_ranks), as threads.  A
  * group with members on other ranks completes its local arrival as usual;
  * its last local arriver then trades the calls and the data with the other
  * ranks (exchange_spread_locked, collectives.c) while the others sleep.  The
@@ -193,8 +193,8 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     /* the placement is checked even run whole: a bad rank_placement fails the same with or without
      * mpirun, and a dry run under mpirun fails where its real run would */
     int R = whole && sim_xrank_size() > 1 && sim_xrank_size() <= n ? sim_xrank_size() : nranks;
-    sim_status pst = sim_xrank_place(&check, R, owner_of);
-    if (pst == SIM_OK && R != nranks) pst = sim_xrank_place(&check, nranks, owner_of);
+    sim_status pst = sim_mesh_place_ranks(&check, R, owner_of);
+    if (pst == SIM_OK && R != nranks) pst = sim_mesh_place_ranks(&check, nranks, owner_of);
     if (pst != SIM_OK) {
         free(owner_of);
         free(local);
@@ -397,6 +397,55 @@ static sim_group *group_new(sim_machine *m, unsigned mask, const int *coords)
         if (!(mask & (1u << a))) gi = gi * m->mesh.sizes[a] + coords[a];
     g->tag = 1 + (int)mask * SIM_MAX_DEVICES + gi;
     return g;
+}
+
+/* rank_placement over a mesh (sim/xrank.h holds the setting; see sim_mesh_place_ranks in machine.h). */
+sim_status sim_mesh_place_ranks(const sim_mesh_desc *mesh, int R, int *owner)
+{
+    int n = sim_mesh_num_devices(mesh);
+    SIM_ASSERT(R >= 1);
+    const char(*place_axes)[SIM_AXIS_NAME_MAX];
+    int place_n = sim_xrank_placement_axes(&place_axes);
+    const char *place_text = sim_xrank_placement();
+    if (place_n == 0) { /* contiguous blocks: rank r runs [r*n/R, (r+1)*n/R) */
+        for (int r = 0; r < R; r++)
+            for (long id = (long)r * n / R; id < (long)(r + 1) * n / R; id++) owner[id] = r;
+        return SIM_OK;
+    }
+    bool kept[SIM_MAX_AXES] = {false};
+    int k = 1;
+    for (int i = 0; i < place_n; i++) {
+        int a = sim_mesh_axis_index(mesh, place_axes[i]);
+        if (a < 0) {
+            char names[SIM_MAX_AXES * (SIM_AXIS_NAME_MAX + 2)];
+            size_t at = 0;
+            for (int b = 0; b < mesh->naxes; b++)
+                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", b ? ", " : "", mesh->names[b]);
+            return sim_err(SIM_ERR_INPUT, "rank_placement=%s: the mesh has no axis '%s' (its axes: %s)", place_text,
+                           place_axes[i], names);
+        }
+        kept[a] = true;
+        k *= mesh->sizes[a];
+    }
+    int groups = n / k;
+    if (groups % R)
+        return sim_err(SIM_ERR_INPUT, "rank_placement=%s keeps each group of %d device%s inside one rank, but %d "
+                       "group%s cannot be split evenly over %d ranks: launch a number of ranks that divides %d, or "
+                       "use rank_placement=contiguous", place_text, k, k == 1 ? "" : "s", groups,
+                       groups == 1 ? "" : "s", R, groups);
+    /* the position of each device in an order with the kept axes innermost (each part in mesh
+     * order), cut into R blocks of n/R */
+    int per = n / R, c[SIM_MAX_AXES];
+    for (int id = 0; id < n; id++) {
+        sim_mesh_coords(mesh, id, c);
+        long outer = 0, inner = 0;
+        for (int a = 0; a < mesh->naxes; a++) {
+            if (kept[a]) inner = inner * mesh->sizes[a] + c[a];
+            else outer = outer * mesh->sizes[a] + c[a];
+        }
+        owner[id] = (int)((outer * k + inner) / per);
+    }
+    return SIM_OK;
 }
 
 int sim_machine_owner(const sim_machine *m, int id) { return m->owner_of[id]; }
@@ -1171,7 +1220,7 @@ sim_status sim_machine_rank_ids(const sim_machine *m, int R, int r, int *ids, in
     }
     int *owner = calloc((size_t)m->n, sizeof *owner);
     SIM_ASSERT(owner);
-    sim_status st = sim_xrank_place(&m->mesh, R, owner);
+    sim_status st = sim_mesh_place_ranks(&m->mesh, R, owner);
     for (int id = 0; id < m->n && st == SIM_OK; id++)
         if (owner[id] == r) ids[(*count)++] = id;
     free(owner);

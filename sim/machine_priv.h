@@ -214,7 +214,7 @@ void sim_trace_add(sim_device *d, const sim_span *s);
  * spans are then freed and only counted.  Callers skip building a span that is not kept. */
 bool sim_trace_keeps(sim_device *d);
 unsigned sim_axes_mask(sim_axes axes);
-/* The rank that runs device id (rank_placement: sim_xrank_place). */
+/* The rank that runs device id (rank_placement: sim_mesh_place_ranks). */
 int sim_machine_owner(const sim_machine *m, int id);
 /* A group spanning ranks (collectives.c), in its last local arriver: the local members' calls
  * serialised (under the lock: the calls live on the members' stacks), traded with the other

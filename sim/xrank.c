@@ -78,50 +78,12 @@ sim_status sim_xrank_set_placement(const char *text)
 
 const char *sim_xrank_placement(void) { return place_text; }
 
-sim_status sim_xrank_place(const sim_mesh_desc *mesh, int R, int *owner)
+int sim_xrank_placement_axes(const char (**names)[SIM_AXIS_NAME_MAX])
 {
-    int n = sim_mesh_num_devices(mesh);
-    SIM_ASSERT(R >= 1);
-    if (place_n == 0) { /* contiguous blocks: rank r runs [r*n/R, (r+1)*n/R) */
-        for (int r = 0; r < R; r++)
-            for (long id = (long)r * n / R; id < (long)(r + 1) * n / R; id++) owner[id] = r;
-        return SIM_OK;
-    }
-    bool kept[SIM_MAX_AXES] = {false};
-    int k = 1;
-    for (int i = 0; i < place_n; i++) {
-        int a = sim_mesh_axis_index(mesh, place_axes[i]);
-        if (a < 0) {
-            char names[SIM_MAX_AXES * (SIM_AXIS_NAME_MAX + 2)];
-            size_t at = 0;
-            for (int b = 0; b < mesh->naxes; b++)
-                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", b ? ", " : "", mesh->names[b]);
-            return sim_err(SIM_ERR_INPUT, "rank_placement=%s: the mesh has no axis '%s' (its axes: %s)", place_text,
-                           place_axes[i], names);
-        }
-        kept[a] = true;
-        k *= mesh->sizes[a];
-    }
-    int groups = n / k;
-    if (groups % R)
-        return sim_err(SIM_ERR_INPUT, "rank_placement=%s keeps each group of %d device%s inside one rank, but %d "
-                       "group%s cannot be split evenly over %d ranks: launch a number of ranks that divides %d, or "
-                       "use rank_placement=contiguous", place_text, k, k == 1 ? "" : "s", groups,
-                       groups == 1 ? "" : "s", R, groups);
-    /* the position of each device in an order with the kept axes innermost (each part in mesh
-     * order), cut into R blocks of n/R */
-    int per = n / R, c[SIM_MAX_AXES];
-    for (int id = 0; id < n; id++) {
-        sim_mesh_coords(mesh, id, c);
-        long outer = 0, inner = 0;
-        for (int a = 0; a < mesh->naxes; a++) {
-            if (kept[a]) inner = inner * mesh->sizes[a] + c[a];
-            else outer = outer * mesh->sizes[a] + c[a];
-        }
-        owner[id] = (int)((outer * k + inner) / per);
-    }
-    return SIM_OK;
+    *names = (const char (*)[SIM_AXIS_NAME_MAX])place_axes;
+    return place_n;
 }
+
 int sim_xrank_size(void) { return xr_size; }
 
 #ifdef SHARDSIM_MPI

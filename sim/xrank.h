@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sim/machine.h"
+#include "sim/types.h"
 #include "sim/status.h"
 
 /* Initialises MPI (MPI_THREAD_MULTIPLE) when launched by an MPI launcher; a no-op otherwise.
@@ -51,10 +51,9 @@ bool sim_xrank_built(void);
 sim_status sim_xrank_set_placement(const char *text);
 /* The setting as text ("contiguous", "axis:tensor"). */
 const char *sim_xrank_placement(void);
-/* owner[id]: the rank running each device of mesh over R ranks under the placement set (n =
- * sim_mesh_num_devices(mesh) entries).  Fails naming rank_placement when an axis is not one of
- * the mesh's, or when R cannot split the kept groups evenly. */
-sim_status sim_xrank_place(const sim_mesh_desc *mesh, int R, int *owner);
+/* The axes the placement keeps inside a rank, *names[i] for i < the count returned (0: contiguous).
+ * sim_mesh_place_ranks (sim/machine.h) applies the setting to a mesh. */
+int sim_xrank_placement_axes(const char (**names)[SIM_AXIS_NAME_MAX]);
 
 /* Host-level gathers between whole ranks (not devices): every rank calls them at the same point of
  * its program, from one thread.  allgather: `bytes` from each rank into all[r * bytes]. */
