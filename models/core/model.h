@@ -15,7 +15,7 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
-#include "models/optimizers/muon.h"
+#include "models/optimizers/optim.h"
 #include "models/core/params.h"
 #include "models/core/pipeline.h"
 #include "models/core/timemodel.h"
@@ -145,8 +145,8 @@ typedef struct {
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
-    bool muon;                                 /* opt_type=muon */
-    model_muon_dims muon_dims[MODEL_MAX_PARAMS]; /* opt_type=muon: each parameter's Muon/AdamW class (muon.yml) */
+    const model_optimizer *opt;                /* opt_type's row of the optimizer table */
+    model_opt_param opt_param[MODEL_MAX_PARAMS]; /* how it treats each parameter (its slots, decay, class) */
     /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
     mesh_spec opt_spec[MODEL_MAX_PARAMS];
     mesh_spec opt_unpruned[MODEL_MAX_PARAMS];
@@ -192,12 +192,12 @@ typedef struct {
     bool recomputing;
     /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
     double mtp_loss;
-    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
+    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, an optimizer with state): the
      * stored state of each parameter as ONE stacked array in the optimizer
-     * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
+     * layout (opt_spec): z[i].w the parameters, z[i].slot[] the optimizer state, z[i].g
      * the step's reduce-scattered gradient (scan_dim -1, n_layers 1).  p[i].w
      * is then the all-gathered working copy the forward pass reads, p[i].g
-     * the gradient sinks, and p[i].m/v are NULL. */
+     * the gradient sinks, and p[i] holds no slots. */
     bool zero1;
     bool zero1_released;     /* p[i].w and p[i].g are released between a step's backward and the next gather */
     model_param z[MODEL_MAX_PARAMS];

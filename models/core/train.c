@@ -486,13 +486,10 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     sim_device_set_phase(dev, SIM_PHASE_OPTIMIZER);
     double norm;
     SIM_TRY(model_grad_global_norm(dev, &def->mesh, opt, def->nparams, &norm));
-    if (job->opt.type == MODEL_OPT_MUON) {
-        if (!def->muon || md->zero1)
-            return sim_err(SIM_ERR_INTERNAL, "opt_type=muon: the model was defined without it, or with ZeRO-1");
-        SIM_TRY(model_muon_update(&md->ctx, &job->opt, def->muon_dims, opt, def->nparams, s, norm));
-    } else {
-        SIM_TRY(model_adamw_update(dev, &job->opt, opt, def->nparams, s, norm));
-    }
+    if (job->opt.row != def->opt)
+        return sim_err(SIM_ERR_INTERNAL, "opt_type=%s: the model was defined with opt_type=%s", job->opt.row->name,
+                       def->opt->name);
+    SIM_TRY(model_opt_update(&md->ctx, &job->opt, def->opt_param, opt, def->nparams, s, norm));
     if (md->zero1) zero1_free_grads(md);
     deepseek_bias_update(md); /* after the optimizer, as MaxText's train_step (no-op without the update) */
     SIM_TRY(sim_device_barrier(dev));

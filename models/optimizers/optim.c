@@ -1,29 +1,59 @@
-/* optim.c — learning-rate schedule, global gradient norm, AdamW (see optim.h).
+/* optim.c — the optimizer table and what the rows share: the config, the
+ * model-definition pass (slots, adamw_mask), the learning-rate schedule,
+ * clipping, the global gradient norm (see optim.h).
  *
  * The schedule mirrors optax.join_schedules over MaxText's pieces exactly,
  * edge cases included (W = 1 gives a zero first step; C = 1 jumps straight
- * to the final value).  The update is elementwise float32 in optax's order
- * of operations, so a shard's values do not depend on the mesh. */
+ * to the final value).  Nothing here names an optimizer: the rows do. */
 #include "models/optimizers/optim.h"
 
 #include "blas_kernels/bk_optim.h"
 
+#include <ctype.h>
 #include <math.h>
+#include <regex.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sim/collectives.h"
+
+/* ---------------------------------------------------------------- the table */
+
+#define MODEL_OPT_DECLARE_(NUM, name) extern const model_optimizer model_opt_##name;
+MODEL_OPTIMIZERS(MODEL_OPT_DECLARE_)
+#undef MODEL_OPT_DECLARE_
+#define MODEL_OPT_ROW_(NUM, name) [MODEL_OPT_##NUM] = &model_opt_##name,
+static const model_optimizer *const TABLE[MODEL_OPT_N] = {MODEL_OPTIMIZERS(MODEL_OPT_ROW_)};
+#undef MODEL_OPT_ROW_
+
+const model_optimizer *model_optimizer_at(int i) { return i >= 0 && i < MODEL_OPT_N ? TABLE[i] : NULL; }
+
+const model_optimizer *model_optimizer_find(const char *name)
+{
+    for (int i = 0; name && i < MODEL_OPT_N; i++)
+        if (!strcmp(TABLE[i]->name, name)) return TABLE[i];
+    return NULL;
+}
+
+/* opt_type's row number, with the config's wording for a value outside the table. */
+static sim_status opt_type(const mesh_cfg *cfg, int *type)
+{
+    const char *names[MODEL_OPT_N];
+    for (int i = 0; i < MODEL_OPT_N; i++) names[i] = TABLE[i]->name;
+    return mesh_cfg_get_enum(cfg, "opt_type", names, MODEL_OPT_N, type);
+}
 
 /* ---------------------------------------------------------------- config */
 
 sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
 {
-    static const char *const types[] = {"adamw", "sgd", "muon"};
     static const char *const schedules[] = {"cosine"};
     memset(o, 0, sizeof *o);
     int type, sched;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
+    SIM_TRY(opt_type(cfg, &type));
     SIM_TRY(mesh_cfg_get_enum(cfg, "lr_schedule_type", schedules, 1, &sched));
     o->type = (model_opt_type)type;
+    o->row = TABLE[type];
     SIM_TRY(mesh_cfg_get_double(cfg, "learning_rate", &o->lr));
     SIM_TRY(mesh_cfg_get_double(cfg, "warmup_steps_fraction", &o->warmup_fraction));
     SIM_TRY(mesh_cfg_get_double(cfg, "learning_rate_final_fraction", &o->final_fraction));
@@ -35,7 +65,7 @@ sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
     SIM_TRY(mesh_cfg_get_double(cfg, "adam_eps_root", &o->eps_root));
     SIM_TRY(mesh_cfg_get_double(cfg, "adam_weight_decay", &o->weight_decay));
     SIM_TRY(mesh_cfg_get_double(cfg, "gradient_clipping_threshold", &o->clip));
-    if (o->type == MODEL_OPT_MUON) SIM_TRY(model_muon_from_config(cfg, &o->muon));
+    if (o->row->from_config) SIM_TRY(o->row->from_config(cfg, o));
     if (o->schedule_steps == -1) o->schedule_steps = o->steps;
     if (o->schedule_steps < 1)
         return sim_err(SIM_ERR_INPUT, "learning_rate_schedule_steps=%lld: use a positive number of steps or -1 (= steps)",
@@ -47,6 +77,84 @@ sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
     if (!(o->eps >= 0) || !(o->eps_root >= 0))
         return sim_err(SIM_ERR_INPUT, "adam_eps=%g adam_eps_root=%g: both must be >= 0", o->eps, o->eps_root);
     return SIM_OK;
+}
+
+sim_status model_opt_zero1_check(const mesh_cfg *cfg)
+{
+    int type;
+    SIM_TRY(opt_type(cfg, &type));
+    if (TABLE[type]->zero1_refused) return sim_err(SIM_ERR_INPUT, "%s", TABLE[type]->zero1_refused);
+    return SIM_OK;
+}
+
+/* ---------------------------------------------------------------- model definition */
+
+/* Python's re.search for one adamw_mask pattern, as POSIX extended syntax: the constructs the two
+ * read alike (., *, +, ?, |, (), [], {m,n}, ^, $, escaped punctuation); Python's own escapes and
+ * groups (\d, \w, \s, \b, (?...)) are refused rather than read differently. */
+static sim_status mask_compile(const char *pattern, regex_t *re)
+{
+    for (const char *c = pattern; *c; c++)
+        if ((c[0] == '\\' && c[1] && isalnum((unsigned char)c[1])) || (c[0] == '(' && c[1] == '?'))
+            return sim_err(SIM_ERR_INPUT, "adamw_mask: pattern '%s' uses Python-only regular-expression syntax (%.2s); "
+                           "write it with plain ., *, +, ?, |, (), [] and {m,n} (e.g. '.*norm.*' or 'bias$')",
+                           pattern, c);
+    int rc = regcomp(re, pattern, REG_EXTENDED | REG_NOSUB);
+    if (rc) {
+        char why[128];
+        regerror(rc, re, why, sizeof why);
+        return sim_err(SIM_ERR_INPUT, "adamw_mask: pattern '%s' is not a valid regular expression (%s); fix or "
+                       "remove it", pattern, why);
+    }
+    return SIM_OK;
+}
+
+/* A parameter's path as get_adamw_mask matches it: the NNX state's keys joined by '/', without
+ * the Linen collection ("params.decoder.norm.scale" -> "decoder/norm/scale"). */
+static void mask_path(const char *path, char *buf, size_t cap)
+{
+    if (!strncmp(path, "params.", 7)) path += 7;
+    snprintf(buf, cap, "%s", path);
+    for (char *c = buf; *c; c++)
+        if (*c == '.') *c = '/';
+}
+
+/* out[i].decay for every parameter: false where a pattern of adamw_mask matches its path. */
+static sim_status decay_mask(const mesh_cfg *cfg, const model_param_def *defs, int n, model_opt_param *out)
+{
+    const char **pat = NULL;
+    int np = 0;
+    if (!mesh_cfg_find(cfg, "adamw_mask")) return SIM_OK;
+    SIM_TRY(mesh_cfg_get_str_list(cfg, "adamw_mask", &pat, &np));
+    sim_status st = SIM_OK;
+    for (int k = 0; k < np && st == SIM_OK; k++) {
+        regex_t re;
+        st = mask_compile(pat[k], &re);
+        if (st != SIM_OK) break;
+        for (int i = 0; i < n; i++) {
+            char path[MODEL_PATH_MAX];
+            mask_path(defs[i].path, path, sizeof path);
+            if (regexec(&re, path, 0, NULL, 0) == 0) out[i].decay = false;
+        }
+        regfree(&re);
+    }
+    free(pat);
+    return st;
+}
+
+sim_status model_opt_define(const mesh_cfg *cfg, const model_param_def *defs, int n, const model_optimizer **row,
+                            model_opt_param *out)
+{
+    int type;
+    SIM_TRY(opt_type(cfg, &type));
+    *row = TABLE[type];
+    for (int i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].n_slots = defs[i].state_var ? 0 : (*row)->n_slots; /* MoEBiasVar: no optimizer state */
+        out[i].decay = true;
+    }
+    if ((*row)->decay_mask) SIM_TRY(decay_mask(cfg, defs, n, out));
+    return (*row)->define ? (*row)->define(cfg, defs, n, out) : SIM_OK;
 }
 
 /* ---------------------------------------------------------------- schedule */
@@ -164,10 +272,11 @@ sim_status model_grad_global_norm(sim_device *d, const mesh_shape *m, model_para
 
 /* ---------------------------------------------------------------- update */
 
-static sim_status check_same(const model_param *p, int l, const mesh_array *w, const mesh_array *x, const char *what)
+sim_status model_opt_check_shard(const model_param *p, int l, const mesh_array *x, const char *what)
 {
+    const mesh_array *w = &p->w[l];
     if (!x) return sim_err(SIM_ERR_INTERNAL, "optimizer: '%s' has no %s storage", p->def.path, what);
-    mesh_array_owned(w); /* the update writes the parameter and its moments in place */
+    mesh_array_owned(w); /* the update writes the parameter and its slots in place */
     mesh_array_owned(x);
     if (x->nlocal != w->nlocal || !mesh_spec_equal(&x->spec, &w->spec))
         return sim_err(SIM_ERR_INTERNAL,
@@ -177,45 +286,20 @@ static sim_status check_same(const model_param *p, int l, const mesh_array *w, c
     return SIM_OK;
 }
 
-sim_status model_adamw_update(sim_device *d, const model_optim_cfg *o, model_param *params, int n, long long s,
-                              double grad_norm)
+sim_status model_opt_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_opt_param *pp, model_param *params,
+                            int n, long long s, double grad_norm)
 {
-    (void)d;
     if (s < 0) return sim_err(SIM_ERR_INTERNAL, "optimizer step %lld: counts from 0", s);
-    const double t = (double)(s + 1); /* optax's count after the increment */
-    const bk_adamw_hp hp = {
-        .clip = model_clip_applies(o, grad_norm),
-        .gnorm = (float)grad_norm,
-        .thr = (float)o->clip,
-        .neg_lr = (float)-model_lr_at(o, s),
-        .b1 = (float)o->b1,
-        .b2 = (float)o->b2,
-        .omb1 = (float)(1.0 - o->b1),
-        .omb2 = (float)(1.0 - o->b2),
-        .bc1 = (float)(1.0 - pow(o->b1, t)),
-        .bc2 = (float)(1.0 - pow(o->b2, t)),
-        .eps = (float)o->eps,
-        .eps_root = (float)o->eps_root,
-        .wd = (float)o->weight_decay,
-    };
-    for (int p = 0; p < n; p++) {
-        model_param *pp = &params[p];
-        if (pp->def.state_var) continue; /* not trained: no gradient, no moments */
-        for (int l = 0; l < pp->n_layers; l++) {
-            mesh_array *w = &pp->w[l];
-            SIM_TRY(check_same(pp, l, w, pp->g ? &pp->g[l] : NULL, "gradient"));
-            float *x = w->data;
-            const float *g = pp->g[l].data;
-            if (!x) continue; /* dry run */
-            size_t nl = w->nlocal;
-            if (o->type == MODEL_OPT_SGD) {
-                bk_sgd_update(x, g, nl, &hp);
-                continue;
-            }
-            SIM_TRY(check_same(pp, l, w, pp->m ? &pp->m[l] : NULL, "first moment (mu)"));
-            SIM_TRY(check_same(pp, l, w, pp->v ? &pp->v[l] : NULL, "second moment (nu)"));
-            bk_adamw_update(x, pp->m[l].data, pp->v[l].data, g, nl, &hp); /* one fused pass */
-        }
-    }
-    return SIM_OK;
+    for (int i = 0; i < n; i++)
+        if (params[i].n_slots != pp[i].n_slots)
+            return sim_err(SIM_ERR_INTERNAL, "opt_type=%s: '%s' holds %d state slots, the optimizer keeps %d",
+                           o->row->name, params[i].def.path, params[i].n_slots, pp[i].n_slots);
+    const model_opt_step st = {ctx, o, pp, params, n, s, grad_norm};
+    return o->row->update(&st);
+}
+
+sim_status model_opt_tree_write(const model_optimizer *row, const model_opt_tree *t)
+{
+    if (!row) row = TABLE[MODEL_OPT_ADAMW];
+    return row->tree ? row->tree(t) : SIM_OK;
 }

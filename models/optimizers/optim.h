@@ -1,5 +1,18 @@
-/* optim.h — AdamW with MaxText's learning-rate schedule, global-norm
- * gradient clipping, and the global gradient norm over the mesh.
+/* optim.h — the optimizer table, and what every optimizer shares: MaxText's
+ * learning-rate schedule, global-norm gradient clipping, the global gradient
+ * norm over the mesh, and a parameter's optimizer state as named slots.
+ *
+ * The table (MODEL_OPTIMIZERS below) has one row per opt_type; a row is a
+ * model_optimizer that the optimizer's own file defines (models/optimizers/
+ * <name>.c: adamw.c, sgd.c, muon.c, adam_pax.c).  Everything else asks the
+ * row: the config (model_optim_from_config), the model definition (which
+ * parameters keep which slots: model_opt_define), the device state
+ * (model_dev_init allocates model_param.slot[] as the row says), the update
+ * (model_opt_update), ZeRO-1's placement (model_opt_zero1_refusal), pipeline
+ * support, the checkpoint (slot k of a parameter is saved as
+ * "opt_state.<slot name>.<path>") and the train-state dump (the row writes
+ * optax's state tree, model_opt_tree).  A new optimizer is one C file that
+ * defines its row, and one line in MODEL_OPTIMIZERS.
  *
  * Schedule (maxtext_utils.create_learning_rate_schedule, lr_schedule_type
  * cosine), for the 0-based update count s (optax evaluates the schedule at
@@ -13,52 +26,145 @@
  * reaches s >= S, where MaxText's last piece just continues).  So the first
  * update has lr 0 whenever W >= 1 (MaxText behaves the same).
  *
- * Update (optax.adamw + optax.clip_by_global_norm as MaxText chains them):
+ * Clipping (maxtext_utils.apply_gradient_clipping, before any optimizer):
  *   g <- g                       if threshold <= 0 or norm < threshold
  *   g <- (g / norm) * threshold  otherwise
- *   mu <- (1 - b1) g + b1 mu;  nu <- (1 - b2) g^2 + b2 nu
- *   mu_hat = mu / (1 - b1^(s+1)); nu_hat = nu / (1 - b2^(s+1))
- *   u = mu_hat / (sqrt(nu_hat + eps_root) + eps) + weight_decay * p
- *   p <- p - lr(s) * u
- * in float32 per element like optax on float32 parameters (no weight-decay
- * mask: MaxText's adamw_mask is unset by default).  opt_type=sgd is plain
- * p <- p - lr(s) * g (after clipping).  opt_type=muon: models/optimizers/muon.h.
+ *
+ * Weight-decay mask (optimizers.get_adamw_mask, for the optimizers whose row
+ * sets decay_mask): adamw_mask is a list of regular expressions; a parameter
+ * whose path ("decoder/layers/mlp/wi_0/kernel": jax.tree_util.keystr(path,
+ * simple=True, separator="/") of the NNX parameter state) matches one of them
+ * (re.search) gets no weight decay.
  *
  * ZeRO-1 (shard_optimizer_over_data, MaxText's layout rule in params.h
- * model_zero1_spec): the functions below run unchanged on the device's
- * stacked optimizer-layout views (model_dev.z: parameters, gradient and both
- * moments as one array each, sharded over 'data' too), so each device
- * updates only its shard; train.c all-gathers the parameters over 'data'
- * before the next forward pass and reduce-scatters the gradients into that
- * layout after the backward pass. */
+ * model_zero1_spec): the update runs unchanged on the device's stacked
+ * optimizer-layout views (model_dev.z: parameters, gradient and every slot as
+ * one array each, sharded over 'data' too), so each device updates only its
+ * shard; train.c all-gathers the parameters over 'data' before the next
+ * forward pass and reduce-scatters the gradients into that layout after the
+ * backward pass. */
 #ifndef MODELS_OPTIM_H
 #define MODELS_OPTIM_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "mesh/config.h"
-#include "models/optimizers/muon.h"
+#include "mesh/ctx.h"
 #include "models/core/params.h"
 
-typedef enum { MODEL_OPT_ADAMW = 0, MODEL_OPT_SGD, MODEL_OPT_MUON } model_opt_type;
+/* The table: one row per opt_type, X(NUMBER, name); row `name` is model_opt_<name>, defined in
+ * models/optimizers/<name>.c.  opt_type's number (model_optim_cfg.type) is the row's position. */
+#define MODEL_OPTIMIZERS(X) \
+    X(ADAMW, adamw)         \
+    X(SGD, sgd)             \
+    X(MUON, muon)
+
+#define MODEL_OPT_ENUM_(NUM, name) MODEL_OPT_##NUM,
+typedef enum { MODEL_OPTIMIZERS(MODEL_OPT_ENUM_) MODEL_OPT_N } model_opt_type;
+#undef MODEL_OPT_ENUM_
+
+/* The per-optimizer settings a row reads (model_muon_cfg for Muon), kept inside model_optim_cfg
+ * so that the config is one value that copies. */
+enum { MODEL_OPT_PRIV_BYTES = 8192, MODEL_OPT_PARAM_PRIV_BYTES = 128 };
+
+typedef struct model_optimizer model_optimizer;
 
 typedef struct model_optim_cfg {
-    model_opt_type type;      /* opt_type */
-    double lr;                /* learning_rate: the peak */
-    double warmup_fraction;   /* warmup_steps_fraction */
-    double final_fraction;    /* learning_rate_final_fraction */
-    long long schedule_steps; /* learning_rate_schedule_steps, -1 resolved to steps */
-    long long steps;          /* steps */
-    double b1, b2;            /* adam_b1, adam_b2 */
-    double eps, eps_root;     /* adam_eps (outside the root), adam_eps_root (inside) */
-    double weight_decay;      /* adam_weight_decay (decoupled) */
-    double clip;              /* gradient_clipping_threshold; <= 0: no clipping */
-    model_muon_cfg muon;      /* opt_type=muon: the muon_* keys (models/optimizers/muon.h) */
+    model_opt_type type;             /* opt_type: the row's number */
+    const model_optimizer *row;      /* its row */
+    double lr;                       /* learning_rate: the peak */
+    double warmup_fraction;          /* warmup_steps_fraction */
+    double final_fraction;           /* learning_rate_final_fraction */
+    long long schedule_steps;        /* learning_rate_schedule_steps, -1 resolved to steps */
+    long long steps;                 /* steps */
+    double b1, b2;                   /* adam_b1, adam_b2 */
+    double eps, eps_root;            /* adam_eps (outside the root), adam_eps_root (inside) */
+    double weight_decay;             /* adam_weight_decay (decoupled) */
+    double clip;                     /* gradient_clipping_threshold; <= 0: no clipping */
+    _Alignas(max_align_t) unsigned char priv[MODEL_OPT_PRIV_BYTES]; /* the row's own keys (row->from_config) */
 } model_optim_cfg;
 
-/* Reads every key above from the config (the base config defines them all);
+/* How the optimizer treats one parameter, decided once when the model is defined. */
+typedef struct {
+    int n_slots;     /* state slots the parameter keeps: model_param.slot[0 .. n_slots) */
+    bool decay;      /* weight decay applies (not excluded by adamw_mask) */
+    int branch;      /* a partitioned optimizer's part (Muon: 1 a Muon leaf, -1 its AdamW fallback); 0 none */
+    _Alignas(max_align_t) unsigned char priv[MODEL_OPT_PARAM_PRIV_BYTES]; /* the row's own classification */
+} model_opt_param;
+
+/* One update, as the step loop hands it to a row. */
+typedef struct {
+    mesh_ctx *ctx;                  /* the device (and its mesh) */
+    const model_optim_cfg *o;
+    const model_opt_param *pp;      /* [n]: each parameter's treatment */
+    model_param *params;            /* [n]: values, gradients and slots; updated in place */
+    int n;
+    long long s;                    /* updates already applied (0 for the first) */
+    double grad_norm;               /* model_grad_global_norm's result (clipping) */
+} model_opt_step;
+
+/* The optimizer's part of MaxText's train-state tree (named_shardings.json, logical_shardings.json),
+ * for a row's `tree` to emit in JAX's order: keys are whole keystrs (".opt_state/[0]/.count"). */
+typedef struct {
+    int n;                          /* parameters, in JAX's tree order (sorted paths) */
+    const char *const *rel;         /* each one's keystr below ['params'] ("/['decoder']/['norm']/['scale']") */
+    const bool *stateless;          /* [n]: no optimizer state (a non-trainable variable) */
+    const int *branch;              /* [n]: model_opt_param.branch */
+    /* one leaf: param >= 0 a slot of that parameter (its shape, the optimizer layout), else a scalar
+     * (len 0) or a replicated vector of len elements */
+    sim_status (*leaf)(void *arg, const char *key, int param, int64_t len);
+    void *arg;
+} model_opt_tree;
+
+enum { MODEL_OPT_KEY_MAX = 1024 };
+
+struct model_optimizer {
+    const char *name;                            /* opt_type */
+    int n_slots;                                 /* state slots per parameter (at most) */
+    const char *slot[MODEL_OPT_SLOTS_MAX];       /* their names, as optax's state calls them ("mu", "nu") */
+    bool decay_mask;                             /* adamw_mask decides which parameters decay */
+    /* shard_optimizer_over_data=true: NULL (MaxText shards the state over 'data'), or the whole
+     * refusal message */
+    const char *zero1_refused;
+    /* pipeline parallelism: NULL (supported), or why not and what to use instead */
+    const char *pipeline_refused;
+    /* Reads the row's own keys into o->priv, refuses what is not supported (NULL: nothing to read). */
+    sim_status (*from_config)(const mesh_cfg *cfg, model_optim_cfg *o);
+    /* At model definition: checks the parameters and classifies each (out[i] comes with the row's
+     * n_slots, the decay mask and branch 0 filled in); NULL keeps that. */
+    sim_status (*define)(const mesh_cfg *cfg, const model_param_def *defs, int n, model_opt_param *out);
+    /* One update of every local shard, in place, and its collectives (phase optimizer). */
+    sim_status (*update)(const model_opt_step *st);
+    /* optax's state tree for the dump: every leaf below .opt_state, in JAX's order. */
+    sim_status (*tree)(const model_opt_tree *t);
+};
+
+/* The row of opt_type `name`, or NULL. */
+const model_optimizer *model_optimizer_find(const char *name);
+/* Row number i (0 <= i < MODEL_OPT_N). */
+const model_optimizer *model_optimizer_at(int i);
+
+/* Reads every key above from the config (the base config defines them all), then the row's own;
  * lr_schedule_type must be "cosine". */
 sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *out);
+
+/* At model definition: opt_type's row (*row) and each parameter's treatment (out[n]): the row's
+ * slot count (none for a non-trainable variable), the weight-decay mask, the row's own checks
+ * and classification. */
+sim_status model_opt_define(const mesh_cfg *cfg, const model_param_def *defs, int n, const model_optimizer **row,
+                            model_opt_param *out);
+
+/* The refusal of ZeRO-1 with opt_type's row as an error (SIM_OK when the row supports it). */
+sim_status model_opt_zero1_check(const mesh_cfg *cfg);
+
+/* One optimizer update of every parameter of this device (o->row's update); s = updates already
+ * applied; grad_norm = the global norm.  Gradients are read, not changed. */
+sim_status model_opt_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_opt_param *pp, model_param *params,
+                            int n, long long s, double grad_norm);
+
+/* The train state's optimizer leaves as row `row` (NULL: opt_type's default, adamw) holds them. */
+sim_status model_opt_tree_write(const model_optimizer *row, const model_opt_tree *t);
 
 /* Learning rate of update s (0-based). */
 double model_lr_at(const model_optim_cfg *o, long long s);
@@ -79,7 +185,7 @@ double model_clip_factor(const model_optim_cfg *o, double norm);
 double model_clipped_norm(const model_optim_cfg *o, double norm);
 
 /* Whether `device` holds the one copy of layer `layer` of p (stored in `a`,
- * a w/g/m/v array of that layer) that counts: it holds the layer (when the
+ * a w/g/slot array of that layer) that counts: it holds the layer (when the
  * stacked spec splits the layers, e.g. over 'stage', only that block's
  * devices do) and has coordinate 0 on every other mesh axis the spec does not
  * use.  Summing or writing over primaries visits each global element once.
@@ -96,11 +202,8 @@ sim_status model_layer_primary(const mesh_shape *m, const model_param *p, const 
  * partial.  Dry run: 0 (the all-reduce is still counted). */
 sim_status model_grad_global_norm(sim_device *d, const mesh_shape *m, model_param *params, int n, double *norm);
 
-/* One update of every local shard in place (no communication): w, g, m, v
- * of each layer must share a spec.  s = updates already applied (0 for the
- * first); grad_norm = model_grad_global_norm's result (used for clipping).
- * Gradients are read, not changed. */
-sim_status model_adamw_update(sim_device *d, const model_optim_cfg *o, model_param *params, int n, long long s,
-                              double grad_norm);
+/* For a row's update: layer l's array x (a gradient or a slot, `what` names it) must exist and
+ * match the parameter's shard (same elements and spec): the updates are elementwise. */
+sim_status model_opt_check_shard(const model_param *p, int l, const mesh_array *x, const char *what);
 
 #endif
