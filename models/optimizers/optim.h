@@ -58,7 +58,8 @@
 #define MODEL_OPTIMIZERS(X) \
     X(ADAMW, adamw)         \
     X(SGD, sgd)             \
-    X(MUON, muon)
+    X(MUON, muon)           \
+    /* one row per line, each ending in a backslash */
 
 #define MODEL_OPT_ENUM_(NUM, name) MODEL_OPT_##NUM,
 typedef enum { MODEL_OPTIMIZERS(MODEL_OPT_ENUM_) MODEL_OPT_N } model_opt_type;
