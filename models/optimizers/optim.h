@@ -59,6 +59,7 @@
     X(ADAMW, adamw)         \
     X(SGD, sgd)             \
     X(MUON, muon)           \
+    X(ADAM_PAX, adam_pax)   \
     /* one row per line, each ending in a backslash */
 
 #define MODEL_OPT_ENUM_(NUM, name) MODEL_OPT_##NUM,
