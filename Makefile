@@ -43,7 +43,7 @@ endif
 
 # models/ is four rooms: core (definition, state, remat, step), blocks (attention, MLA, MLP, MoE),
 # families (one file per decoder block) and optimizers.
-LAYERS   := blas_kernels sim mesh models/core models/blocks models/families models/optimizers
+LAYERS   := blas_kernels sim config mesh models/core models/blocks models/families models/optimizers
 LIB_SRC  := $(foreach d,$(LAYERS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libshardsim.a

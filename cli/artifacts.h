@@ -22,11 +22,11 @@
 #include <time.h>
 
 #include "cli/report.h"
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/rules.h"
 #include "mesh/spec.h"
-#include "models/optimizers/optim.h"
+#include "models/core/optimizer.h"
 
 /* Version string written to run.json when the caller gives none. */
 #define CLI_SHARDSIM_VERSION "shardsim 0.1.0"

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "models/core/model.h"
 #include "models/core/timemodel.h"
 #include "mesh/reshard.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "models/core/model.h"
 
 /* NULL when model_name=name loads and defines; else the refusal (malloc'd). */

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "blas_kernels/bk_coretype.h"
-#include "mesh/json.h"
+#include "config/json.h"
 
 char *openblas_get_corename(void);
 

@@ -26,7 +26,7 @@
 #include "cli/artifacts.h"
 #include "cli/common.h"
 #include "cli/report.h"
-#include "mesh/json.h"
+#include "config/json.h"
 #include "mesh/rules.h"
 #include "sim/collectives.h"
 

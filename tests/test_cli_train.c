@@ -16,7 +16,7 @@
 
 #include "cli/cli.h"
 #include "tests/cli_capture.h"
-#include "mesh/json.h"
+#include "config/json.h"
 
 #define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
               "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16"

@@ -23,8 +23,8 @@
 
 #include <cmocka.h>
 
-#include "mesh/config.h"
-#include "mesh/json.h"
+#include "config/config.h"
+#include "config/json.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/rules.h"
 #include "mesh/spec.h"

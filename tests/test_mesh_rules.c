@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/rules.h"
 
 #define assert_contains(hay, needle)                                                    \

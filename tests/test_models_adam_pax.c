@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "mesh/json.h"
+#include "config/json.h"
 #include "models/optimizers/optim.h"
 #include "tests/model_run.h"
 

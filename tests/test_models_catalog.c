@@ -22,7 +22,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
-#include "mesh/config.h"
+#include "config/config.h"
 #include "models/core/model.h"
 #include "tests/cli_capture.h"
 

@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "mesh/json.h"
+#include "config/json.h"
 #include "models/core/checkpoint.h"
 #include "models/core/init.h"
 

@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mesh/moe.h"
+#include "models/blocks/moe.h"
 #include "mesh/nn.h"
 #include "models/core/train.h"
 #include "tests/model_run.h"
@@ -442,13 +442,13 @@ static sim_status region_device(sim_device *dev, void *arg)
     mesh_var *x = mesh_tape_input(t, &xa, true), *s = mesh_tape_input(t, &sa, true),
              *w0 = mesh_tape_input(t, &w0a, true), *w1 = mesh_tape_input(t, &w1a, true),
              *wo = mesh_tape_input(t, &woa, true), *weights, *indices, *out, *loss;
-    mesh_moe_route_cfg rc = {.k = RK, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true};
-    SIM_TRY(mesh_moe_route(t, s, NULL, &rc, "routing", &weights, &indices));
-    mesh_moe_cfg mc;
+    model_moe_route_cfg rc = {.k = RK, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true};
+    SIM_TRY(model_moe_route(t, s, NULL, &rc, "routing", &weights, &indices));
+    model_moe_cfg mc;
     memset(&mc, 0, sizeof mc);
     mc.ep = sim_axes_1(j->ep_axis);
     mc.out = tok;
-    SIM_TRY(mesh_moe_experts(t, x, weights, indices, w0, w1, wo, &mc, "moe", &out));
+    SIM_TRY(model_moe_experts(t, x, weights, indices, w0, w1, wo, &mc, "moe", &out));
     SIM_TRY(mesh_array_store_global(dev, &j->mesh, &out->val, j->out));
     SIM_TRY(mesh_nn_mean(t, out, "mean", &loss));
     sim_device_set_phase(dev, SIM_PHASE_BACKWARD);

@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "mesh/json.h"
+#include "config/json.h"
 
 typedef struct {
     const char *dir;       /* under goldens/deepseek2-16b */

@@ -33,7 +33,7 @@
 #include <string.h>
 
 #include "model_run.h"
-#include "mesh/json.h"
+#include "config/json.h"
 #include "models/core/checkpoint.h"
 #include <unistd.h>
 

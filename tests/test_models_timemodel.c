@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "mesh/json.h"
+#include "config/json.h"
 #include "models/core/timemodel.h"
 #include "tests/cli_capture.h"
 

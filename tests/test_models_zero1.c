@@ -28,7 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mesh/json.h"
+#include "config/json.h"
 #include "models/core/train.h"
 #include "tests/model_run.h"
 

@@ -21,8 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "mesh/json.h"
-#include "models/optimizers/optim.h" /* model_layer_primary */
+#include "config/json.h"
+#include "models/core/optimizer.h" /* model_layer_primary */
 
 enum { CK_NAME_MAX = MODEL_PATH_MAX + 32, CK_CHUNK = 1 << 20, CK_HEADER_MAX = 100 << 20 };
 

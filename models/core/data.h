@@ -25,7 +25,7 @@
 
 #include <stdint.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "sim/status.h"
 
 typedef enum { MODEL_DATA_SYNTHETIC = 0, MODEL_DATA_TEXT } model_data_type;

@@ -49,7 +49,7 @@ typedef struct {
                               * every span*stages layers); 0: one contiguous block per stage */
     mesh_array *w;           /* [n_layers] values, layer-major (SIM_MEM_PARAMS) */
     mesh_array *g;           /* [n_layers] gradients (SIM_MEM_GRADS), or NULL */
-    /* the optimizer's state as named slots (models/optimizers/optim.h: the row names them, as optax's
+    /* the optimizer's state as named slots (models/core/optimizer.h: the row names them, as optax's
      * state does: AdamW "mu", "nu"; a Muon leaf "mu"): slot[k] is [n_layers] (SIM_MEM_OPTIMIZER) for
      * k < n_slots, else NULL */
     int n_slots;

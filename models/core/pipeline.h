@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/mesh_shape.h"
 #include "sim/status.h"
 

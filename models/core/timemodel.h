@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "sim/collectives.h"
 #include "sim/machine.h"
 

@@ -163,7 +163,7 @@ typedef struct {
     model_train_job *job;
 } train_ctx;
 
-/* ---- ZeRO-1 (shard_optimizer_over_data; see optim.h) */
+/* ---- ZeRO-1 (shard_optimizer_over_data; see models/core/optimizer.h) */
 
 /* Re-makes per-layer array a (released: name, shape and spec kept) in category cat, zeroed. */
 static sim_status remake(model_dev *md, mesh_array *a, sim_mem_cat cat)
@@ -456,7 +456,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         SIM_TRY(zero1_gather_params(md));
     }
     model_dev_zero_grads(md);
-    size_t nbc = md->bias_counts ? (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts) : 0;
+    size_t nbc = md->n_bias_counts;
     if (nbc) memset(md->bias_counts_step, 0, nbc * sizeof(float));
     double loss_sum = 0;
     size_t wcopy = hoisted_copy_bytes(md), gacc = accumulation_copy_bytes(md);
@@ -491,7 +491,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
                        def->opt->name);
     SIM_TRY(model_opt_update(&md->ctx, &job->opt, def->opt_param, opt, def->nparams, s, norm));
     if (md->zero1) zero1_free_grads(md);
-    deepseek_bias_update(md); /* after the optimizer, as MaxText's train_step (no-op without the update) */
+    if (def->d.family->after_step) def->d.family->after_step(md); /* after the optimizer, as MaxText's train_step */
     SIM_TRY(sim_device_barrier(dev));
     uint64_t peak = 0;
     if (sim_device_rank_lead(dev)) { /* every device's peak: this process's, then the largest over MPI ranks */

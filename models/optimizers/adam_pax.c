@@ -10,14 +10,14 @@
  *   u  =  mu / (sqrt(nu + epsilon_root) + epsilon)              (adam_eps_root inside, adam_eps outside)
  *   u  <- u + weight_decay p   when weight_decay > 0 and adamw_mask does not exclude p (get_adamw_mask)
  *   p  <- p + (-lr(s)) u                                        (step_size = -1.0 * learning_rate_fn(count))
- * after global-norm clipping as for every optimizer (optim.h), on the schedule of optim.h.  The
+ * after global-norm clipping as for every optimizer, on the schedule of models/core/optimizer.h.  The
  * update is elementwise: a shard's values do not depend on the mesh, and ZeRO-1 shards mu and nu
  * over 'data' as for AdamW (MaxText's validate_optimizer_sharding_over_data allows adam_pax).
  *
  * State: optax.ScaleByAdamState(count, mu, nu) itself, not a chain: slots mu and nu (saved as
  * opt_state.mu.<path>, opt_state.nu.<path>), and the dump's .opt_state/.count, .opt_state/.mu/...,
  * .opt_state/.nu/... */
-#include "models/optimizers/optim.h"
+#include "models/core/optimizer.h"
 
 #include <math.h>
 #include <stdio.h>

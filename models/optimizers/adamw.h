@@ -12,7 +12,7 @@
 #ifndef MODELS_ADAMW_H
 #define MODELS_ADAMW_H
 
-#include "models/optimizers/optim.h"
+#include "models/core/optimizer.h"
 
 /* One update of every local shard in place (no communication), every parameter decaying: w, g
  * and slots mu (slot[0]), nu (slot[1]) of each layer must share a spec.  s = updates already

@@ -32,10 +32,10 @@
 
 #include <stdbool.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/ctx.h"
 #include "models/core/params.h"
-#include "models/optimizers/optim.h"
+#include "models/optimizers/optim.h" /* the table: its row and opt_type numbers */
 
 enum { MODEL_MUON_NS_STEPS = 5 };
 

@@ -1,7 +1,7 @@
 /* sgd.c — opt_type=sgd: optax.sgd(learning_rate_schedule) as MaxText builds it
- * (optimizers.get_optimizer): p <- p - lr(s) * g after clipping (optim.h), no state but the
+ * (optimizers.get_optimizer): p <- p - lr(s) * g after clipping (models/core/optimizer.h), no state but the
  * schedule's count; the table's row model_opt_sgd (models/optimizers/optim.h). */
-#include "models/optimizers/optim.h"
+#include "models/core/optimizer.h"
 
 #include "blas_kernels/bk_optim.h"
 

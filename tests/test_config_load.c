@@ -1,4 +1,4 @@
-/* test_mesh_config.c — config loading: MaxText merge order, key checks, sources,
+/* test_config_load.c — config loading: MaxText merge order, key checks, sources,
  * typed getters; every project and reference YAML file loads, and the project's
  * configs/ agree with MaxText's files on mesh axes, rule tables and model dims. */
 #include <setjmp.h>
@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 
 static const char *const MODELS[] = {"llama2-7b", "deepseek3-test", "deepseek3-tiny",
                                      "deepseek3-671b", "deepseek2-16b", "deepseek3-671b-batchsplit"};

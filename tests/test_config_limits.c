@@ -1,4 +1,4 @@
-/* test_mesh_config_limits.c — hostile and out-of-range config input.
+/* test_config_limits.c — hostile and out-of-range config input.
  *
  * Numeric keys are range-checked as configs/ranges.yml says (MaxText's
  * ranges where it has them); YAML is bounded: alias expansion ("billion
@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 
 #define assert_contains(hay, needle)                                                    \
     do {                                                                                \

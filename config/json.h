@@ -9,8 +9,8 @@
  * their keys in file order.  Numbers keep a double, their integer value when
  * they are integers, and a text.  The whole tree is owned by its root: free
  * it with mesh_json_free. */
-#ifndef MESH_JSON_H
-#define MESH_JSON_H
+#ifndef CONFIG_JSON_H
+#define CONFIG_JSON_H
 
 #include <stddef.h>
 

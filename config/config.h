@@ -47,8 +47,8 @@
  * combination checks (types.py) that concern simulated features, and
  * compile_topology=NAME (<configs>/topologies.yml) sets num_devices,
  * num_slices and dry_run. */
-#ifndef MESH_CONFIG_H
-#define MESH_CONFIG_H
+#ifndef CONFIG_CONFIG_H
+#define CONFIG_CONFIG_H
 
 #include "sim/status.h"
 

@@ -5,7 +5,7 @@
  * it into entries (the known keys), then applies the model file, the user
  * layers (extra files, command line) and the custom mesh-and-rule file.  The
  * rule list is merged on the side, as pyconfig.py does, and written back. */
-#include "mesh/config.h"
+#include "config/config.h"
 
 #include <ctype.h>
 #include <dirent.h>

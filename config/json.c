@@ -5,7 +5,7 @@
  * never say two things about one name, \u0000 refused because every string
  * here is a C string).  The copy keeps object keys in insertion order, which
  * jansson preserves.  The copy recurses no deeper than jansson allowed. */
-#include "mesh/json.h"
+#include "config/json.h"
 
 #include <errno.h>
 #include <jansson.h>
