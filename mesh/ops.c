@@ -25,6 +25,7 @@
 #include "blas_kernels/bk_einsum.h"
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/planmemo.h"
+#include "mesh/release.h"
 #include "sim/arena.h"
 
 /* ======================================================================== */
@@ -179,7 +180,7 @@ typedef struct {
     int n;
     const mesh_array *x[2];    /* operands as passed */
     const mesh_spec *s[2];     /* the specs the rule saw */
-    const char *where;         /* the MaxText 0.2.5 op that raises it ("file:function"), NULL = none named */
+    const char *where;         /* the MaxText op that raises it ("file:function") in the release followed, NULL = none named */
     const char *fix;           /* the caller's advice, replacing the rule's generic one; NULL = the rule's */
 } err_ctx;
 
@@ -199,7 +200,7 @@ static sim_status rule_error(const err_ctx *e, sim_status st, const char *jax_te
         sb_put(&b, "  ");
         sb_spec(&b, m, e->s[i]);
     }
-    if (e->where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", e->where);
+    if (e->where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(e->ctx->release), e->where);
     if (e->fix) fix = e->fix;
     if (fix) sb_put(&b, "\n  fix: %s", fix);
     return sim_err(st, "%s", buf);
@@ -1867,11 +1868,14 @@ sim_status mesh_scan_carry_check(mesh_ctx *ctx, const mesh_array *in, const mesh
     const char *ds = dtype_short(in->dtype), *dl = dtype_long(in->dtype);
     size_t ns = strlen(ds);
     sbuf b = {buf, sizeof buf, 0};
+    /* JAX names the carry as the scanned function has it: 0.2.5's NNX scan carries the activations
+     * alone ("carry"), 0.2.0's Linen scan a tuple whose second part they are ("component c[1]") */
+    const char *carry = mesh_release_error_text(ctx->release, "decoder_scan_carry", "carry", "carry");
     sb_put(&b, "%s (scan): TypeError: scan body function carry input and carry output must have equal types, but "
-               "they differ:\n  The input carry carry has type %s%s but the corresponding output carry component "
+               "they differ:\n  The input carry %s has type %s%s but the corresponding output carry component "
                "has type %s%s. Revise the function so that all output types match the corresponding input types.",
-           tag, dl, ti + ns, dl, to + ns);
-    if (where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", where);
+           tag, carry, dl, ti + ns, dl, to + ns);
+    if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(ctx->release), where);
     sb_put(&b, "\n  fix: make the layer's output sharding equal its input's (the logical rules of the residual "
                "stream's length dim), or run in shard_mode=auto");
     return sim_err(SIM_ERR_SHARDING, "%s", buf);
@@ -1901,7 +1905,7 @@ sim_status mesh_broadcast_to_check(mesh_ctx *ctx, const char *dtype_label, int r
     sb_put(&b, "%s (broadcast_to): ValueError: Incompatible types for broadcasting: input type=%s%s and requested "
                "type=%s%s",
            tag, dtype_label, ti + 3, dtype_label, to + 3);
-    if (where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", where);
+    if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(ctx->release), where);
     if (fix) sb_put(&b, "\n  fix: %s", fix);
     return sim_err(SIM_ERR_SHARDING, "%s", buf);
 }

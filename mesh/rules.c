@@ -1,6 +1,8 @@
 /* rules.c — rule tables from configs and flax/MaxText resolution (see rules.h). */
 #include "mesh/rules.h"
 
+#include "mesh/release.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -182,7 +184,32 @@ sim_status mesh_rules_from_config(const mesh_cfg *cfg, mesh_rules *out)
     const mesh_cfg_entry *e;
     mesh_rules_init(out);
     SIM_TRY(mesh_cfg_entry_get(cfg, "logical_axis_rules", &e));
-    return mesh_rules_from_value(&e->value, out);
+    SIM_TRY(mesh_rules_from_value(&e->value, out));
+    /* A release that names a dim differently from the models here (maxtext_release's logical_names:
+     * 0.2.0 writes 'embed' where 0.2.5 writes 'embed_attn'): each of its rules also applies, at
+     * the same priority, to the names it stands for.  No tensor carries both names, so this is the
+     * release's resolution of that dim. */
+    const mesh_release *rel = NULL;
+    if (!mesh_cfg_find(cfg, "maxtext_release")) return SIM_OK;
+    SIM_TRY(mesh_release_of(cfg, &rel));
+    const char *alias[16];
+    bool any = false;
+    for (int i = 0; i < out->n && !any; i++) any = mesh_release_aliases(rel, out->rules[i].name, alias, 16) > 0;
+    if (!any) return SIM_OK;
+    mesh_rules all;
+    mesh_rules_init(&all);
+    for (int i = 0; i < out->n; i++) {
+        const mesh_rule *x = &out->rules[i];
+        int na = mesh_release_aliases(rel, x->name, alias, 16);
+        for (int k = -1; k < na; k++) {
+            mesh_rule *y = rules_push(&all, k < 0 ? x->name : alias[k], x->n_axes, x->where);
+            for (int j = 0; j < x->n_axes; j++) y->axes[j] = dup_str(x->axes[j]);
+        }
+    }
+    mesh_rules_free(out);
+    *out = all;
+    rules_changed();
+    return SIM_OK;
 }
 
 int mesh_rules_find(const mesh_rules *r, const char *name)

@@ -49,6 +49,7 @@
 #include "mesh/moe.h"
 #include "mesh/nn.h"
 #include "mesh/ops.h"
+#include "mesh/release.h"
 #include "mesh/reshard.h"
 #include "models/batchsplit.h"
 #include "models/init.h"
@@ -887,9 +888,11 @@ static bk_rope_params rope_params(const model_dims *d)
 static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const mesh_var *scale, const char *name)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = mesh_release_error(md->ctx.release, "mla_norm_scale", "layers/normalizations.py:__call__");
+    if (!where) return SIM_OK; /* the release followed traces it (maxtext_release) */
     char sub[32];
     snprintf(sub, sizeof sub, "%.*sk,k->%.*sk", x->val.rank - 1, "abcdefgh", x->val.rank - 1, "abcdefgh");
-    return mesh_einsum_check(&md->ctx, sub, &x->val, &scale->val, name, "layers/normalizations.py:__call__",
+    return mesh_einsum_check(&md->ctx, sub, &x->val, &scale->val, name, where,
                              "MaxText's MLA norms ignore shard_mode: use tensor=1 (and tensor_sequence=1) with MLA in "
                              "explicit mode, or shard_mode=auto");
 }
@@ -903,6 +906,8 @@ static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const m
 static sim_status yarn_check(model_dev *md, const mesh_var *x)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = mesh_release_error(md->ctx.release, "yarn_freqs_broadcast", "layers/embeddings.py:__call__");
+    if (!where) return SIM_OK;
     static const char *const fnames[4] = {"activation_batch", "activation_length", NULL, "q_heads"};
     static const char *const onames[4] = {"activation_batch", "activation_length", NULL, NULL};
     const mesh_array *a = &x->val;
@@ -917,8 +922,7 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
     fs = fr.spec;
     SIM_TRY(model_logical_spec(md->def, "rope/rotated", 4, onames, &os));
     bool batch_differs = fs.n_axes[0] != os.n_axes[0] || memcmp(fs.axes[0], os.axes[0], (size_t)fs.n_axes[0]) != 0;
-    return mesh_broadcast_to_check(&md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope",
-                                   "layers/embeddings.py:__call__",
+    return mesh_broadcast_to_check(&md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope", where,
                                    batch_differs
                                        ? "MaxText's YaRN frequencies keep the config rules' batch sharding in the dense "
                                          "layers before a pipeline (which run with 'stage' added to activation_batch): "
@@ -937,6 +941,8 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
 static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_array *positions)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = mesh_release_error(md->ctx.release, "rope_positions_mul", "layers/embeddings.py:apply_rotary");
+    if (!where) return SIM_OK;
     const mesh_array *a = &x->val;
     int64_t shape[4] = {a->shape[0], a->shape[1], 1, a->shape[3]};
     /* the positions as MaxText's input pipeline shards them (input_data_sharding_logical_axes) */
@@ -946,7 +952,7 @@ static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_ar
     mesh_array sv = mesh_array_view(positions, 4, shape, &ps);
     sv.dtype = SIM_F32; /* sin/cos of the positions, in the input's dtype */
     snprintf(sv.name, sizeof sv.name, "sin");
-    return mesh_mul_check(&md->ctx, a, &sv, "query_rope", "layers/embeddings.py:apply_rotary",
+    return mesh_mul_check(&md->ctx, a, &sv, "query_rope", where,
                           "MaxText's rotary embedding keeps the positions' sequence sharding: use "
                           "tensor_sequence=1 with MLA in explicit mode, or shard_mode=auto");
 }
@@ -1043,13 +1049,14 @@ static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int
 static sim_status dense_moe_check(model_dev *md, const mesh_var *xin, const mesh_var *w0, const mesh_var *wo)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = mesh_release_error(md->ctx.release, "moe_dense_matmul", "layers/moe.py:dense_matmul");
+    if (!where) return SIM_OK;
     static const char *const in_names[3] = {"activation_batch_moe", "activation_norm_length_moe",
                                             "activation_embed_moe"};
     const mesh_array *x = &xin->val, *k0 = &w0->val, *ko = &wo->val;
     mesh_spec xs;
     SIM_TRY(model_logical_spec(md->def, "moe/dense_inputs", 3, in_names, &xs));
     mesh_array xv = mesh_array_view(x, 3, x->shape, &xs);
-    static const char *const where = "layers/moe.py:dense_matmul";
     static const char *const fix = "use the sparse path (sparse_matmul=true), a mesh whose only batch axis is data, "
                                    "or shard_mode=auto";
     SIM_TRY(mesh_einsum_check(&md->ctx, "bsm,emh->bseh", &xv, k0, "wi_0", where, fix));

@@ -18,6 +18,7 @@
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/ops.h"
+#include "mesh/release.h"
 #include "models/model.h"
 
 /* Logical names of the residual stream (layer "A" of facts §5.2) and friends. */
@@ -234,7 +235,8 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
         /* MaxText scans the layers (scan_layers): the carry's type may not change across a layer */
         if (l == 0 && m->d.scan_layers)
             SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
-                                          "layers/nnx_decoders.py:_apply_layers_sequentially"));
+                                          mesh_release_error(md->ctx.release, "decoder_scan_carry",
+                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
     }
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, ix.norm, 0), m->d.eps, "decoder_norm", &x));

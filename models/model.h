@@ -139,6 +139,7 @@ typedef struct {
 
 typedef struct {
     model_dims d;
+    const struct mesh_release *release; /* maxtext_release (mesh/release.h), never NULL once defined */
     mesh_shape mesh;
     mesh_rules rules;
     int nparams;
