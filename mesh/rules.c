@@ -187,8 +187,9 @@ sim_status mesh_rules_from_config(const mesh_cfg *cfg, mesh_rules *out)
     SIM_TRY(mesh_rules_from_value(&e->value, out));
     /* A release that names a dim differently from the models here (maxtext_release's logical_names:
      * 0.2.0 writes 'embed' where 0.2.5 writes 'embed_attn'): each of its rules also applies, at
-     * the same priority, to the names it stands for.  No tensor carries both names, so this is the
-     * release's resolution of that dim. */
+     * the same priority, to the names it stands for, and a renamed name's own rules (0.2.0's
+     * 'activation_length', which its default attention and MLP do not use) are dropped.  No tensor
+     * carries both names, so this is the release's resolution of that dim. */
     const mesh_release *rel = NULL;
     if (!mesh_cfg_find(cfg, "maxtext_release")) return SIM_OK;
     SIM_TRY(mesh_release_of(cfg, &rel));
@@ -201,7 +202,8 @@ sim_status mesh_rules_from_config(const mesh_cfg *cfg, mesh_rules *out)
     for (int i = 0; i < out->n; i++) {
         const mesh_rule *x = &out->rules[i];
         int na = mesh_release_aliases(rel, x->name, alias, 16);
-        for (int k = -1; k < na; k++) {
+        bool renamed = strcmp(mesh_release_logical_name(rel, x->name), x->name) != 0;
+        for (int k = renamed ? 0 : -1; k < na; k++) {
             mesh_rule *y = rules_push(&all, k < 0 ? x->name : alias[k], x->n_axes, x->where);
             for (int j = 0; j < x->n_axes; j++) y->axes[j] = dup_str(x->axes[j]);
         }
