@@ -14,7 +14,7 @@ struct mesh_release {
     mesh_cfg *doc;               /* the parsed file (owns the values below) */
     const char *maxtext, *jax;
     char *base_rules;            /* resolved path, or NULL */
-    const mesh_cfg_value *names, *unknown, *errors, *refusals;
+    const mesh_cfg_value *names, *unknown, *errors, *refusals, *absent;
 };
 
 #define RELEASES_MAX 16
@@ -123,15 +123,17 @@ static sim_status load(const char *configs_dir, const char *version, mesh_releas
     r->unknown = field(r->doc, "unknown_keys");
     r->errors = field(r->doc, "explicit_errors");
     r->refusals = field(r->doc, "refusals");
+    r->absent = field(r->doc, "absent_axes");
     const char *br = scalar(field(r->doc, "base_rules"));
     if (!r->maxtext || strcmp(r->maxtext, version) != 0)
         st = sim_err(SIM_ERR_INPUT, "%s: 'maxtext' must name the release of the file's name (%s)", path, version);
     else if (!r->jax)
         st = sim_err(SIM_ERR_INPUT, "%s: 'jax' must name the JAX release it runs on", path);
     else if ((r->names && r->names->kind != MESH_CFG_MAP) || (r->errors && r->errors->kind != MESH_CFG_MAP) ||
-             (r->refusals && r->refusals->kind != MESH_CFG_MAP) ||
+             (r->refusals && r->refusals->kind != MESH_CFG_MAP) || (r->absent && r->absent->kind != MESH_CFG_MAP) ||
              (r->unknown && r->unknown->kind != MESH_CFG_LIST))
-        st = sim_err(SIM_ERR_INPUT, "%s: logical_names, explicit_errors and refusals must be maps, unknown_keys a list",
+        st = sim_err(SIM_ERR_INPUT, "%s: logical_names, explicit_errors, absent_axes and refusals must be maps, "
+                                    "unknown_keys a list",
                      path);
     if (st == SIM_OK && br && br[0]) {
         char p[4096];
@@ -228,4 +230,9 @@ int mesh_release_aliases(const mesh_release *r, const char *name, const char **o
         if (to && !strcmp(to, name)) out[n++] = r->names->keys[i];
     }
     return n;
+}
+
+const char *mesh_release_absent_axis(const mesh_release *r, const char *axis)
+{
+    return r ? scalar(map_at(r->absent, axis)) : NULL;
 }

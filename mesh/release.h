@@ -14,6 +14,9 @@
  *                       ("file:function") that raises it in this release, or a map {where: op,
  *                       <text>: ...} when a part of the message differs too; an id absent here is
  *                       an error this release does not raise (the op traces);
+ *   absent_axes         map: a mesh axis shardsim has a flag for that this release does not have ->
+ *                       how to get it (a flag of it set to other than 1 is refused, naming the
+ *                       release, unless the config's mesh_axes has the axis);
  *   refusals            map: id of a config-time refusal coded in C -> MaxText's validator in this
  *                       release; an id absent here is a combination this release accepts.
  * A release file is read once per process (and per configs directory) and never freed. */
@@ -54,6 +57,8 @@ const char *mesh_release_refusal(const mesh_release *r, const char *id);
 bool mesh_release_lacks_key(const mesh_release *r, const char *key);
 /* The release's name for a logical axis name, or `name` itself. */
 const char *mesh_release_logical_name(const mesh_release *r, const char *name);
+/* How to get mesh axis `axis` when this release does not have it (absent_axes), or NULL. */
+const char *mesh_release_absent_axis(const mesh_release *r, const char *axis);
 /* The shardsim names (logical_names' keys) this release writes as `name`, into out[0..cap);
  * returns how many. */
 int mesh_release_aliases(const mesh_release *r, const char *name, const char **out, int cap);
