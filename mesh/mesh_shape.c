@@ -251,7 +251,6 @@ sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m)
                      me->where, n, MESH_MAX_AXES);
         goto out;
     }
-    if ((st = check_absent_axes(cfg, axes, n)) != SIM_OK) goto out;
     for (int i = 0; i < n && st == SIM_OK; i++) {
         st = flag_value(cfg, "ici", axes[i], me->where, ici_names[i], sizeof ici_names[i], &ici[i]);
         if (st == SIM_OK)
@@ -271,6 +270,7 @@ sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m)
         }
     }
     if ((st = check_dcn_keys(cfg, num_slices)) != SIM_OK) goto out;
+    if ((st = check_absent_axes(cfg, axes, n)) != SIM_OK) goto out;
     if (mesh_cfg_find(cfg, "num_devices")) {
         if ((st = mesh_cfg_get_int(cfg, "num_devices", &num_devices)) != SIM_OK) goto out;
         if (num_devices == 0 || num_devices < -1 || num_devices > (1 << 24)) {

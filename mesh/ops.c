@@ -664,20 +664,35 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
     if (expl && !out_sharding) {
         char buf[1024];
         sbuf s = {buf, sizeof buf, 0};
+        /* JAX 0.12 (lax.py _dot_general_sharding_rule) requires the batch dims sharded alike; JAX 0.8.1
+         * only consistently (an unsharded side takes the other's), and checks the contracting dims
+         * the same way first (maxtext_release's jax_rules: dot_general) */
+        bool consistent = !strcmp(mesh_release_jax_rule(ctx->release, "dot_general", "same"), "consistent");
         bool same = true;
         for (int i = 0; i < nbt; i++) {
             tup x = tup_of(&p->from[0], bl[i]), y = tup_of(&p->from[1], br[i]);
-            same = same && tup_eq(&x, &y);
+            same = same && (tup_eq(&x, &y) || (consistent && (!x.n || !y.n)));
         }
         if (!same) {
-            sb_put(&s, "dot_general requires lhs batch dimensions and rhs batch dimensions to have the same "
-                       "sharding, got ");
+            sb_put(&s, "dot_general requires lhs batch dimensions and rhs batch dimensions to have the %s "
+                       "sharding, got ", consistent ? "consistent" : "same");
             sb_entries(&s, m, &p->from[0], nbt, bl);
             sb_put(&s, " and ");
             sb_entries(&s, m, &p->from[1], nbt, br);
             sb_put(&s, ".");
             return rule_error(&e, SIM_ERR_SHARDING, buf,
                               "reshard one operand so both shard the batch dims identically, or pass out_sharding");
+        }
+        for (int i = 0; i < nct && consistent; i++) {
+            tup x = tup_of(&p->from[0], cl[i]), y = tup_of(&p->from[1], cr[i]);
+            if (!x.n || !y.n || tup_eq(&x, &y)) continue;
+            sb_put(&s, "dot_general requires contracting dimensions to have consistent sharding, got ");
+            sb_entries(&s, m, &p->from[0], nct, cl);
+            sb_put(&s, " and ");
+            sb_entries(&s, m, &p->from[1], nct, cr);
+            sb_put(&s, ".");
+            return rule_error(&e, SIM_ERR_SHARDING, buf,
+                              "reshard one operand so only one side (or both alike) shards each contraction dim");
         }
         for (int i = 0; i < nct; i++)
             if (p->from[0].n_axes[cl[i]] && p->from[1].n_axes[cr[i]]) {

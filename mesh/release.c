@@ -14,7 +14,7 @@ struct mesh_release {
     mesh_cfg *doc;               /* the parsed file (owns the values below) */
     const char *maxtext, *jax;
     char *base_rules;            /* resolved path, or NULL */
-    const mesh_cfg_value *names, *unknown, *errors, *refusals, *absent;
+    const mesh_cfg_value *names, *unknown, *errors, *refusals, *absent, *jax_rules;
 };
 
 #define RELEASES_MAX 16
@@ -124,6 +124,7 @@ static sim_status load(const char *configs_dir, const char *version, mesh_releas
     r->errors = field(r->doc, "explicit_errors");
     r->refusals = field(r->doc, "refusals");
     r->absent = field(r->doc, "absent_axes");
+    r->jax_rules = field(r->doc, "jax_rules");
     const char *br = scalar(field(r->doc, "base_rules"));
     if (!r->maxtext || strcmp(r->maxtext, version) != 0)
         st = sim_err(SIM_ERR_INPUT, "%s: 'maxtext' must name the release of the file's name (%s)", path, version);
@@ -235,4 +236,10 @@ int mesh_release_aliases(const mesh_release *r, const char *name, const char **o
 const char *mesh_release_absent_axis(const mesh_release *r, const char *axis)
 {
     return r ? scalar(map_at(r->absent, axis)) : NULL;
+}
+
+const char *mesh_release_jax_rule(const mesh_release *r, const char *rule, const char *fallback)
+{
+    const char *v = r ? scalar(map_at(r->jax_rules, rule)) : NULL;
+    return v ? v : fallback;
 }

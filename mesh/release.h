@@ -17,6 +17,8 @@
  *   absent_axes         map: a mesh axis shardsim has a flag for that this release does not have ->
  *                       how to get it (a flag of it set to other than 1 is refused, naming the
  *                       release, unless the config's mesh_axes has the axis);
+ *   jax_rules           map: a sharding rule of JAX that changed between the JAX releases -> how
+ *                       this release's JAX applies it (dot_general: same | consistent);
  *   refusals            map: id of a config-time refusal coded in C -> MaxText's validator in this
  *                       release; an id absent here is a combination this release accepts.
  * A release file is read once per process (and per configs directory) and never freed. */
@@ -59,6 +61,9 @@ bool mesh_release_lacks_key(const mesh_release *r, const char *key);
 const char *mesh_release_logical_name(const mesh_release *r, const char *name);
 /* How to get mesh axis `axis` when this release does not have it (absent_axes), or NULL. */
 const char *mesh_release_absent_axis(const mesh_release *r, const char *axis);
+/* How this release's JAX decides sharding rule `rule` (jax_rules: "dot_general" -> "same" in JAX
+ * 0.12, "consistent" in JAX 0.8.1), or `fallback` (JAX 0.12's) when the file does not say. */
+const char *mesh_release_jax_rule(const mesh_release *r, const char *rule, const char *fallback);
 /* The shardsim names (logical_names' keys) this release writes as `name`, into out[0..cap);
  * returns how many. */
 int mesh_release_aliases(const mesh_release *r, const char *name, const char **out, int cap);
