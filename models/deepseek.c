@@ -1479,7 +1479,7 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     const bool pp = m->d.pipe.on;
     const int n_before = pp ? (int)m->d.dense_layers : m->d.layers;
     for (int l = 0; l < n_before; l++) {
-        mesh_var *lb;
+        mesh_var *lb, *in = x;
         if (pp && m->d.remat_full) {
             char tag[64];
             snprintf(tag, sizeof tag, "decoder/dense_layers_%d/remat", l);
@@ -1501,6 +1501,13 @@ sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh
         } else {
             SIM_TRY(ds_layer(md, t, b, l, x, &x, &lb));
         }
+        /* MaxText scans each stack of layers (scan_layers): the carry's type may not change across a
+         * layer (tensor_sequence shards the output's length; measured with 0.2.0, whose first error
+         * this is, rows D11 and D12 of tests/data/maxtext-0.2.0/verdicts) */
+        if (l == 0 && m->d.scan_layers && !pp)
+            SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "dense_layers",
+                                          mesh_release_error(md->ctx.release, "decoder_scan_carry",
+                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
         if (lb) {
             md->ctx.layer = "loss";
             if (lb_sum)
