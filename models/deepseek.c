@@ -1132,6 +1132,18 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
     }
     SIM_TRY(mesh_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
+    if (!dense_path && md->ctx.mode == MESH_MODE_EXPLICIT && m->d.pipe.on) {
+        /* MaxText 0.2.0's sparse path in a pipeline: permute's jnp.repeat of the tokens meets a mesh with
+         * an explicit axis left (the pipeline's) and a sharded token dim, and JAX 0.8.1 asks for an
+         * out_sharding (rows P13, P15 of tests/data/maxtext-0.2.0/verdicts); 0.2.5 fails earlier there */
+        const char *where = mesh_release_error(md->ctx.release, "moe_pipeline_permute_repeat", NULL);
+        if (where)
+            return sim_err(SIM_ERR_SHARDING,
+                           "%s/permute (repeat): ValueError: Please pass sharding to `jnp.repeat` via `out_sharding` "
+                           "parameter.\n  MaxText %s fails here too: %s\n  fix: run the pipeline in shard_mode=auto, "
+                           "or sparse_matmul=false",
+                           routed, mesh_release_maxtext(md->ctx.release), where);
+    }
     /* this layer's statistic for the step's bias update, once per forward pass: a remat recompute in
      * the backward would give the same counts, and MaxText's compiled step does not recompute them
      * (the counts leave the layer as an output; no gradient reads them) */

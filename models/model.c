@@ -422,9 +422,12 @@ static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
     /* MaxText 0.2.5's pipeline splits the stage's variables into parameters, intermediates and a catch-all
      * that may hold only RNG state (layers/pipeline.py, the assert after nnx.split); a MoEBiasVar gate bias
      * lands in the catch-all, so every pipeline of these models stops there.  In explicit mode with YaRN the
-     * dense layer before the pipeline fails first (the trace-time error of ds_yarn_check, as in MaxText) */
-    if (d->kind == MODEL_DEEPSEEK && d->routed_bias && d->bias_selects_only &&
-        !(d->mode == MESH_MODE_EXPLICIT && d->yarn))
+     * dense layer before the pipeline fails first (the trace-time error of ds_yarn_check, as in MaxText).
+     * 0.2.0 keeps the bias an nnx.Param (layers/moe.py GateLogit), so it has no such stop (maxtext_release) */
+    bool yarn_first = d->mode == MESH_MODE_EXPLICIT && d->yarn &&
+                      mesh_release_error(m->release, "yarn_freqs_broadcast", "layers/embeddings.py:__call__");
+    if (d->kind == MODEL_DEEPSEEK && d->routed_bias && d->bias_selects_only && !yarn_first &&
+        mesh_release_refusal(m->release, "pipeline_moe_bias_var"))
         return model_cfg_unsupported(cfg, "routed_bias",
                                      "MaxText 0.2.5 stops every pipeline whose MoE layers carry this model's "
                                      "MoEBiasVar gate bias (AssertionError: Non-RngState variable found in "

@@ -14,6 +14,8 @@
  *                                 -> exit 1, and stderr names the same error class, the same
  *                                    MaxText op ("MaxText <release> fails here too: file:function")
  *                                    and carries MaxText's message (both shardings) verbatim;
+ *   fail outside any MaxText frame (0.2.0's ZeRO-1 in explicit mode: jax.jit's sharding check)
+ *                                 -> exit 1 with the class and JAX's sentence;
  *   config_error (the release's config refuses it: a key it does not know, a types.py check)
  *                                 -> exit 2, naming the release;
  *   attention=flash on CPU: MaxText has no such kernel there (its non-TPU flash path is the GPU
@@ -192,6 +194,18 @@ static bool row_agrees(const row *r, const char *release, char *report, size_t *
     } else if (!strcmp(r->verdict, "config_error")) {
         ok = c.rc == 2 && strstr(c.err, rel);
         why = "MaxText's config refuses it: a refusal (exit 2) naming the release expected";
+    } else if (!r->op[0]) {
+        /* raised by JAX outside any MaxText frame (0.2.0's ZeRO-1: jax.jit's in_shardings check while
+         * lowering): the class and JAX's sentence, not the NamedSharding reprs of the leaf it names
+         * (JAX's first leaf in its tree order; shardsim names its own first) */
+        char sentence[256];
+        const char *dot = strstr(r->message, ". ");
+        snprintf(sentence, sizeof sentence, "%.*s", dot ? (int)(dot - r->message) : (int)strlen(r->message),
+                 r->message);
+        char where[64];
+        snprintf(where, sizeof where, "MaxText %s fails here too", release);
+        ok = c.rc == 1 && names_class(c.err, r->cls) && strstr(c.err, where) && strstr(c.err, sentence);
+        why = "MaxText (JAX) fails outside MaxText's code: same class and sentence expected";
     } else {
         char where[160];
         snprintf(where, sizeof where, "MaxText %s fails here too: %s", release, r->op);
