@@ -14,7 +14,7 @@ struct mesh_release {
     mesh_cfg *doc;               /* the parsed file (owns the values below) */
     const char *maxtext, *jax;
     char *base_rules;            /* resolved path, or NULL */
-    const mesh_cfg_value *names, *unknown, *errors, *refusals, *absent, *jax_rules;
+    const mesh_cfg_value *names, *unknown, *errors, *refusals, *absent, *jax_rules, *grad_names;
 };
 
 #define RELEASES_MAX 16
@@ -125,6 +125,7 @@ static sim_status load(const char *configs_dir, const char *version, mesh_releas
     r->refusals = field(r->doc, "refusals");
     r->absent = field(r->doc, "absent_axes");
     r->jax_rules = field(r->doc, "jax_rules");
+    r->grad_names = field(r->doc, "grad_logical_names");
     const char *br = scalar(field(r->doc, "base_rules"));
     if (!r->maxtext || strcmp(r->maxtext, version) != 0)
         st = sim_err(SIM_ERR_INPUT, "%s: 'maxtext' must name the release of the file's name (%s)", path, version);
@@ -242,4 +243,23 @@ const char *mesh_release_jax_rule(const mesh_release *r, const char *rule, const
 {
     const char *v = r ? scalar(map_at(r->jax_rules, rule)) : NULL;
     return v ? v : fallback;
+}
+
+int mesh_release_grad_names(const mesh_release *r, const char *path, const char **names, int cap)
+{
+    if (!r || !r->grad_names || r->grad_names->kind != MESH_CFG_MAP) return 0;
+    size_t pl = strlen(path);
+    for (int i = 0; i < r->grad_names->n; i++) {
+        const char *suf = r->grad_names->keys[i];
+        size_t sl = strlen(suf);
+        const mesh_cfg_value *v = &r->grad_names->items[i];
+        if (sl > pl || strcmp(path + pl - sl, suf) || v->kind != MESH_CFG_LIST) continue;
+        int n = 0;
+        for (int k = 0; k < v->n && n < cap; k++) {
+            const char *t = scalar(&v->items[k]);
+            names[n++] = t && mesh_cfg_scalar_type(&v->items[k]) != MESH_CFG_NULL ? t : NULL;
+        }
+        return n;
+    }
+    return 0;
 }

@@ -19,6 +19,8 @@
  *                       release, unless the config's mesh_axes has the axis);
  *   jax_rules           map: a sharding rule of JAX that changed between the JAX releases -> how
  *                       this release's JAX applies it (dot_general: same | consistent);
+ *   grad_logical_names  map: a parameter path suffix -> the logical names its gradient carries
+ *                       (0.2.0's sparse MoE: the shard_map in_specs of the expert kernels);
  *   refusals            map: id of a config-time refusal coded in C -> MaxText's validator in this
  *                       release; an id absent here is a combination this release accepts.
  * A release file is read once per process (and per configs directory) and never freed. */
@@ -64,6 +66,10 @@ const char *mesh_release_absent_axis(const mesh_release *r, const char *axis);
 /* How this release's JAX decides sharding rule `rule` (jax_rules: "dot_general" -> "same" in JAX
  * 0.12, "consistent" in JAX 0.8.1), or `fallback` (JAX 0.12's) when the file does not say. */
 const char *mesh_release_jax_rule(const mesh_release *r, const char *rule, const char *fallback);
+/* The logical names a parameter's gradient carries in this release when they are not the
+ * parameter's own (grad_logical_names: a path suffix -> names, null = None), into names[0..cap);
+ * returns how many (0: the parameter's own). */
+int mesh_release_grad_names(const mesh_release *r, const char *path, const char **names, int cap);
 /* The shardsim names (logical_names' keys) this release writes as `name`, into out[0..cap);
  * returns how many. */
 int mesh_release_aliases(const mesh_release *r, const char *name, const char **out, int cap);
