@@ -41,7 +41,9 @@ CFLAGS  += -DSHARDSIM_MPI $(shell pkg-config --cflags $(MPI_PC))
 LDLIBS  += $(shell pkg-config --libs $(MPI_PC))
 endif
 
-LAYERS   := blas_kernels sim mesh models
+# models/ is four rooms: core (definition, state, remat, step), blocks (attention, MLA, MLP, MoE),
+# families (one file per decoder block) and optimizers.
+LAYERS   := blas_kernels sim config mesh models/core models/blocks models/families models/optimizers
 LIB_SRC  := $(foreach d,$(LAYERS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libshardsim.a

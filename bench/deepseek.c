@@ -42,7 +42,7 @@
 
 #include "bench/lib/bench_host.h"
 #include "bench/lib/bench_run.h"
-#include "models/train.h"
+#include "models/core/train.h"
 
 enum { MAX_WORDS = 24 };
 

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 
 typedef struct {
     const char *label;

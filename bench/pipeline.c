@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "bench/lib/bench_run.h"
-#include "models/train.h"
+#include "models/core/train.h"
 
 /* The rows: bench_run's result; a refusal prints its message. */
 typedef bench_result run_result;

@@ -35,8 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/timemodel.h"
-#include "models/train.h"
+#include "models/core/timemodel.h"
+#include "models/core/train.h"
 
 typedef struct {
     const char *seed, *config, *mode;

@@ -28,7 +28,7 @@
 
 #include "bench/lib/bench_host.h"
 #include "blas_kernels/bk_roofline.h"
-#include "models/train.h"
+#include "models/core/train.h"
 
 static const char *const MODEL[] = {
     "model_name=llama2-7b", "override_model_config=true", "base_emb_dim=512", "base_num_query_heads=8",

@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mesh/config.h"
-#include "models/model.h"
-#include "models/timemodel.h"
+#include "config/config.h"
+#include "models/core/model.h"
+#include "models/core/timemodel.h"
 #include "mesh/reshard.h"
 #include "mesh/rules.h"
 #include "mesh/visual.h"
@@ -175,7 +175,7 @@ static bool parameter_axis(const model_def *def, const char *name)
     return false;
 }
 
-/* The dtype bytes are counted in, as train counts them (models/model.c's
+/* The dtype bytes are counted in, as train counts them (models/core/model.c's
  * counted dtypes): weight_dtype for a parameter, dtype for an activation,
  * or `override` (dtype=, already checked) when given; `why` says which and
  * why.  A parameter is tensor=weight, or (without tensor=) an array whose

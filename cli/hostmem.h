@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 #include "sim/status.h"
 
 /* What a real run needs, in bytes. */

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mesh/config.h"
+#include "config/config.h"
 
 static int key_selected(const mesh_cfg_entry *e, const char *pattern)
 {

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mesh/config.h"
-#include "models/model.h"
+#include "config/config.h"
+#include "models/core/model.h"
 
 /* NULL when model_name=name loads and defines; else the refusal (malloc'd). */
 static char *model_refusal(const char *name)

@@ -22,10 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "models/checks.h"
-#include "models/checkpoint.h"
-#include "models/timemodel.h"
-#include "models/train.h"
+#include "models/core/checks.h"
+#include "models/core/checkpoint.h"
+#include "models/core/timemodel.h"
+#include "models/core/train.h"
 
 typedef struct {
     mesh_cfg *cfg;
@@ -66,6 +66,18 @@ static const char *cfg_str(const mesh_cfg *c, const char *key)
     const char *s = NULL;
     if (mesh_cfg_get_str(c, key, &s) != SIM_OK || !s) return "";
     return s;
+}
+
+/* trace.json of a dry run with a hardware profile: the modelled timeline, written whole or not at all */
+typedef struct {
+    const model_hw *hw;
+    const model_tm_result *tm;
+} modelled_trace;
+
+static sim_status write_modelled_trace(FILE *f, void *arg)
+{
+    const modelled_trace *mt = arg;
+    return model_tm_write_trace(f, mt->hw, mt->tm);
 }
 
 /* ------------------------------------------------------------ dump entries */
@@ -225,7 +237,7 @@ static void print_step(const model_step_stats *s, void *arg)
     m->step = (int)s->step;
     m->loss = s->loss;
     m->mtp_loss = s->mtp_loss;
-    m->has_mtp = sp->def->d.mtp_layers > 0;
+    m->has_mtp = model_mtp_layers(sp->def) > 0;
     m->grad_norm = s->grad_norm;
     m->raw_grad_norm = s->raw_grad_norm;
     m->lr = s->lr;
@@ -373,7 +385,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     model_xla_rules_text(&d->xla, xla, sizeof xla);
     cli_kv rows[] = {
         {"model", d->model_name},
-        {"decoder", d->kind == MODEL_LLAMA2 ? "llama2" : "deepseek"},
+        {"decoder", d->family->name},
         {"mesh", mesh},
         {"shard_mode", d->mode == MESH_MODE_EXPLICIT ? "explicit" : "auto"},
         {"rules", *custom ? custom : "base"},
@@ -474,7 +486,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
     resume_plan resume;
     memset(&resume, 0, sizeof resume);
-    /* the pipeline refuses checkpoint_dir itself (models/pipeline.c); the directory MaxText derives
+    /* the pipeline refuses checkpoint_dir itself (models/core/pipeline.c); the directory MaxText derives
      * from base_output_directory with enable_checkpointing (its default) is the same feature */
     if (!st && *ckbuf && def->d.pipe.on)
         st = sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline parallelism "
@@ -483,6 +495,13 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                      (long long)def->d.pipe.stages);
     if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
     if (!st) st = resume_agrees(&resume, ckbuf);
+    /* trace_steps names steps of this run: checked before anything is written */
+    sim_trace_range tsteps[CLI_TRACE_STEPS_MAX];
+    int ntsteps = 0;
+    const char *tsteps_text = cfg_str(cm.cfg, "trace_steps");
+    if (!st)
+        st = cli_trace_steps_parse(tsteps_text, def->d.dry_run ? 0 : resume.start, def->d.dry_run ? 0 : steps - 1,
+                                   tsteps, CLI_TRACE_STEPS_MAX, &ntsteps);
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     /* under mpirun rank 0 writes every file; the others gather their records to it (sim/xrank.h) */
@@ -544,10 +563,12 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
     if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
     if (!st) sim_machine_set_record_costs(m, have_hw);
-    if (!st && *outdir) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB) */
+    if (!st && want_trace) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB);
+                              * on every rank under mpirun: each keeps its devices' spans for rank 0 */
         long long trace_events = 0;
         st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &trace_events);
         if (!st) sim_trace_set_limit(m, (size_t)trace_events);
+        if (!st) st = sim_trace_set_steps(m, tsteps, ntsteps, tsteps_text);
     }
     if (st) {
         int rc = cli_fail(err, st);
@@ -676,11 +697,19 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all(), (size_t)max_rows);
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
             if (!st && tm.spans) { /* a dry run with a profile: trace.json in modelled time */
-                char tpath[4200];
-                snprintf(tpath, sizeof tpath, "%s/trace.json", outdir);
-                st = model_tm_write_trace(tpath, &hw, &tm);
+                modelled_trace mt = {&hw, &tm};
+                st = cli_artifact_write(outdir, "trace.json", write_modelled_trace, &mt);
             } else if (!st) {
                 st = cli_write_trace_json(outdir, m, (size_t)max_events);
+                uint64_t left_steps = sim_trace_steps_skipped(m);
+                if (!st && left_steps) {
+                    char kept[512];
+                    fprintf(out, "\ntrace.json: steps %s of %lld (trace_steps=%s); left out %llu step%s and their %llu "
+                                 "spans (trace_steps=all keeps every step)\n",
+                            cli_trace_steps_text(tsteps, ntsteps, kept, sizeof kept), steps - resume.start,
+                            tsteps_text, (unsigned long long)left_steps, left_steps > 1 ? "s" : "",
+                            (unsigned long long)sim_trace_spans_skipped(m));
+                }
             }
             int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
             size_t trace_dev = tm.spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mesh/release.h"
+#include "config/release.h"
 
 const char *mesh_shape_flag_stem(const char *axis)
 {

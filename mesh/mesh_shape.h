@@ -9,7 +9,7 @@
 #ifndef MESH_MESH_SHAPE_H
 #define MESH_MESH_SHAPE_H
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "sim/status.h"
 
 enum {

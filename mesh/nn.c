@@ -20,8 +20,8 @@
 #include "blas_kernels/bk_embedding.h"
 #include "blas_kernels/bk_softcap.h"
 #include "blas_kernels/bk_xent.h"
+#include "config/release.h"
 #include "mesh/ops.h"
-#include "mesh/release.h"
 #include "mesh/reshard.h"
 
 /* ------------------------------------------------------------ helpers */

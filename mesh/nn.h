@@ -15,7 +15,7 @@
 #include "blas_kernels/bk_rope.h"
 #include "mesh/tape.h"
 
-/* Records a memory-bound op's cost for the step-time model (models/timemodel.c): no matrix-unit
+/* Records a memory-bound op's cost for the step-time model (models/core/timemodel.c): no matrix-unit
  * FLOPs, `elements` (local) read and written in HBM, timed at the profile's HBM bandwidth.  The
  * ops of this file and the models' layout ops (MLA's splits, concatenations, head broadcasts)
  * call it forward and in their VJPs; matmuls and attention record their own FLOPs. */

@@ -24,8 +24,8 @@
 #include "blas_kernels/bk.h"
 #include "blas_kernels/bk_einsum.h"
 #include "blas_kernels/bk_parallel.h"
+#include "config/release.h"
 #include "mesh/planmemo.h"
-#include "mesh/release.h"
 #include "sim/arena.h"
 
 /* ======================================================================== */

@@ -1,13 +1,13 @@
 /* rules.c — rule tables from configs and flax/MaxText resolution (see rules.h). */
 #include "mesh/rules.h"
 
-#include "mesh/release.h"
-
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "config/release.h"
 
 /* ---- resolution memo --------------------------------------------------------
  * A training step resolves the same few dozen logical-name tuples once per

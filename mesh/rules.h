@@ -19,7 +19,7 @@
 #ifndef MESH_RULES_H
 #define MESH_RULES_H
 
-#include "mesh/config.h"
+#include "config/config.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/spec.h"
 #include "sim/status.h"

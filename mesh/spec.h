@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#include "mesh/json.h"
+#include "config/json.h"
 #include "mesh/mesh_shape.h"
 #include "sim/status.h"
 

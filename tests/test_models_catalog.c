@@ -22,8 +22,8 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
-#include "mesh/config.h"
-#include "models/model.h"
+#include "config/config.h"
+#include "models/core/model.h"
 #include "tests/cli_capture.h"
 
 static mesh_cfg *base_config(void)

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/train.h"
+#include "models/core/train.h"
 
 static void add_traffic(bench_result *r, sim_op op, const char *axes, double bytes)
 {

@@ -1,0 +1,202 @@
+/* json.c — JSON through libjansson, copied into mesh_json trees.
+ *
+ * Jansson parses (RFC 8259, UTF-8 validated, depth capped at its
+ * JSON_PARSER_MAX_DEPTH, duplicate object keys refused so that a header can
+ * never say two things about one name, \u0000 refused because every string
+ * here is a C string).  The copy keeps object keys in insertion order, which
+ * jansson preserves.  The copy recurses no deeper than jansson allowed. */
+#include "config/json.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void json_free_value(mesh_json *v)
+{
+    free(v->str);
+    for (int i = 0; i < v->n; i++) {
+        json_free_value(&v->items[i]);
+        if (v->keys) free(v->keys[i]);
+    }
+    free(v->items);
+    free(v->keys);
+}
+
+static char *dup_or_die(const char *s)
+{
+    char *d = strdup(s);
+    SIM_ASSERT(d);
+    return d;
+}
+
+/* Copies jansson value j into v (zeroed by the caller). */
+static sim_status copy_value(const json_t *j, mesh_json *v, const char *what)
+{
+    char num[40];
+    switch (json_typeof(j)) {
+    case JSON_NULL: v->kind = MESH_JSON_NULL; return SIM_OK;
+    case JSON_TRUE: v->kind = MESH_JSON_BOOL; v->boolean = 1; return SIM_OK;
+    case JSON_FALSE: v->kind = MESH_JSON_BOOL; v->boolean = 0; return SIM_OK;
+    case JSON_INTEGER:
+        v->kind = MESH_JSON_NUMBER;
+        v->is_integer = 1;
+        v->integer = (long long)json_integer_value(j);
+        v->number = (double)v->integer;
+        snprintf(num, sizeof num, "%lld", v->integer);
+        v->str = dup_or_die(num);
+        return SIM_OK;
+    case JSON_REAL:
+        v->kind = MESH_JSON_NUMBER;
+        v->number = json_real_value(j);
+        snprintf(num, sizeof num, "%.17g", v->number);
+        v->str = dup_or_die(num);
+        return SIM_OK;
+    case JSON_STRING:
+        v->kind = MESH_JSON_STRING;
+        v->str = dup_or_die(json_string_value(j));
+        return SIM_OK;
+    case JSON_ARRAY: {
+        v->kind = MESH_JSON_ARRAY;
+        size_t n = json_array_size(j);
+        if (n > (size_t)(1 << 30))
+            return sim_err(SIM_ERR_INPUT, "%s: a JSON array of %zu items is too large (at most 2^30)", what, n);
+        if (n) {
+            v->items = calloc(n, sizeof *v->items);
+            SIM_ASSERT(v->items);
+        }
+        for (size_t i = 0; i < n; i++) {
+            v->n = (int)i + 1;
+            SIM_TRY(copy_value(json_array_get(j, i), &v->items[i], what));
+        }
+        return SIM_OK;
+    }
+    case JSON_OBJECT: {
+        v->kind = MESH_JSON_OBJECT;
+        size_t n = json_object_size(j);
+        if (n > (size_t)(1 << 30))
+            return sim_err(SIM_ERR_INPUT, "%s: a JSON object of %zu keys is too large (at most 2^30)", what, n);
+        if (n) {
+            v->items = calloc(n, sizeof *v->items);
+            v->keys = calloc(n, sizeof *v->keys);
+            SIM_ASSERT(v->items && v->keys);
+        }
+        const char *key;
+        json_t *val;
+        size_t i = 0;
+        json_object_foreach((json_t *)j, key, val) {
+            SIM_ASSERT(i < n);
+            v->keys[i] = dup_or_die(key);
+            v->n = (int)i + 1;
+            SIM_TRY(copy_value(val, &v->items[i], what));
+            i++;
+        }
+        return SIM_OK;
+    }
+    }
+    return sim_err(SIM_ERR_INTERNAL, "%s: unknown JSON value type from jansson", what);
+}
+
+sim_status mesh_json_parse(const char *text, size_t len, const char *what, mesh_json **out)
+{
+    what = what ? what : "<json>";
+    /* Skip a UTF-8 byte order mark (some editors write one). */
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) {
+        text += 3;
+        len -= 3;
+    }
+    json_error_t e;
+    json_t *j = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &e);
+    if (!j)
+        return sim_err(SIM_ERR_INPUT, "%s:%d:%d: invalid JSON: %s; fix the file or regenerate it", what, e.line,
+                       e.column, e.text);
+    mesh_json *root = calloc(1, sizeof *root);
+    SIM_ASSERT(root);
+    sim_status st = copy_value(j, root, what);
+    json_decref(j);
+    if (st != SIM_OK) {
+        mesh_json_free(root);
+        return st;
+    }
+    *out = root;
+    return SIM_OK;
+}
+
+sim_status mesh_json_read_file(const char *path, mesh_json **out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return sim_err(SIM_ERR_IO, "cannot open JSON file %s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    SIM_ASSERT(buf);
+    for (;;) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        cap *= 2;
+        buf = realloc(buf, cap);
+        SIM_ASSERT(buf);
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return sim_err(SIM_ERR_IO, "cannot read JSON file %s", path);
+    }
+    sim_status st = mesh_json_parse(buf, n, path, out);
+    free(buf);
+    return st;
+}
+
+void mesh_json_free(mesh_json *root)
+{
+    if (!root) return;
+    json_free_value(root);
+    free(root);
+}
+
+const mesh_json *mesh_json_get(const mesh_json *v, const char *key)
+{
+    if (!v || v->kind != MESH_JSON_OBJECT) return NULL;
+    for (int i = 0; i < v->n; i++)
+        if (strcmp(v->keys[i], key) == 0) return &v->items[i];
+    return NULL;
+}
+
+const char *mesh_json_kind_name(mesh_json_kind k)
+{
+    switch (k) {
+    case MESH_JSON_NULL: return "null";
+    case MESH_JSON_BOOL: return "boolean";
+    case MESH_JSON_NUMBER: return "number";
+    case MESH_JSON_STRING: return "string";
+    case MESH_JSON_ARRAY: return "array";
+    case MESH_JSON_OBJECT: return "object";
+    }
+    return "?";
+}
+
+int mesh_json_equal(const mesh_json *a, const mesh_json *b)
+{
+    if (a->kind != b->kind) return 0;
+    switch (a->kind) {
+    case MESH_JSON_NULL: return 1;
+    case MESH_JSON_BOOL: return a->boolean == b->boolean;
+    case MESH_JSON_NUMBER: return a->number == b->number;
+    case MESH_JSON_STRING: return !strcmp(a->str, b->str);
+    case MESH_JSON_ARRAY:
+        if (a->n != b->n) return 0;
+        for (int i = 0; i < a->n; i++)
+            if (!mesh_json_equal(&a->items[i], &b->items[i])) return 0;
+        return 1;
+    case MESH_JSON_OBJECT:
+        if (a->n != b->n) return 0;
+        for (int i = 0; i < a->n; i++) {
+            const mesh_json *y = mesh_json_get(b, a->keys[i]);
+            if (!y || !mesh_json_equal(&a->items[i], y)) return 0;
+        }
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,169 @@
+/* moe.h — the routed mixture-of-experts ops of DeepSeek (MaxText layers/moe.py,
+ * reference/maxtext-facts.md §6) on the autodiff tape:
+ *
+ *   scores    router scores: sigmoid or softmax of the gate logits;
+ *   route     top-k of (scores + bias) with ties to the lowest expert index
+ *             (optionally within the best groups, or random draws), the
+ *             weights (pre-bias scores for DeepSeek-V3, else the biased
+ *             values), renormalised for sigmoid, times routed_scaling_factor;
+ *   lb_loss   the sequence-wise load-balance loss;
+ *   counts    the expert counts and bias update of loss-free balancing;
+ *   experts   the expert computation as one manual region with its own VJP,
+ *             in MaxText's two forms:
+ *     sparse (dropless, default): each device sorts its tokens' assignments by
+ *       expert, exchanges them with a ragged all-to-all over the expert-parallel
+ *       axes, runs one grouped matmul per local expert (SwiGLU), reduce-scatters
+ *       the hidden-sharded product over the tensor axes, sends the rows back
+ *       with the reverse ragged all-to-all and sums them with the routing
+ *       weights;
+ *     dense (sparse_matmul=false, capacity_factor > 0): every sequence gives each expert
+ *       int(max(ceil(S k / E) cf, cf)) slots, filled in token order then top-k
+ *       order; assignments past capacity are dropped; fixed-size buffers go
+ *       through an all-to-all over the expert axes.
+ *
+ * Routing never depends on the mesh: the top-k runs on whole score rows.
+ * Arrays without data (dry run) skip the math; the sparse exchange then
+ * assumes every expert gets an equal share of the assignments (the real
+ * counts are data), while the dense path's sizes are exact.  Every buffer of
+ * the sparse region is accounted at MaxText's static size (the dropless worst
+ * case), so the memory figures of a dry run equal those of a real run. */
+#ifndef MODELS_MOE_H
+#define MODELS_MOE_H
+
+#include <stdbool.h>
+
+#include "mesh/tape.h"
+
+/* routed_score_func: "" (the raw gate logits), "sigmoid", "softmax". */
+typedef enum { MODEL_MOE_SCORE_NONE = 0, MODEL_MOE_SCORE_SIGMOID, MODEL_MOE_SCORE_SOFTMAX } model_moe_score;
+
+/* scores (B, S, E) = sigmoid(logits) or softmax(logits) over E. */
+sim_status model_moe_scores(mesh_tape *t, mesh_var *logits, bool sigmoid, const char *name, mesh_var **scores);
+
+typedef struct {
+    int k;                  /* num_experts_per_tok */
+    bool sigmoid;           /* routed_score_func sigmoid: weights divided by their sum (+1e-20) */
+    double scaling;         /* routed_scaling_factor */
+    bool bias_selects_only; /* DeepSeek-V3 routing: bias only ranks, weights are the pre-bias scores */
+    int groups;             /* n_routing_groups: > 0 limits the top-k to the best topk_groups groups; 0 = off */
+    int topk_groups;        /* topk_routing_group */
+    bool random;            /* use_random_routing: k experts drawn uniformly per token, weights = biased scores */
+    uint64_t random_key;    /* its draws: a function of (key, global token index, slot) only */
+    bool no_eps;            /* renormalise without moe.py's 1e-20 (deepseek_batchsplit.py's routing) */
+} model_moe_route_cfg;
+
+/* One token's routing, the only router (model_moe_route and the batch-split schedule): s (E) its
+ * scores, bias (E) or NULL, token its global index (random draws); sel (E) scratch; idx (k) the
+ * experts and w (k) the weights as model_moe_route describes them. */
+void model_moe_route_token(const float *s, const float *bias, int64_t E, const model_moe_route_cfg *c, uint64_t token,
+                           float *sel, int32_t *idx, float *w);
+
+/* Top-k routing of scores (B, S, E) with an optional bias (E) (NULL: none):
+ * weights (B, S, k) on the tape and indices (B, S, k) int32 (a tape value
+ * without gradient).  Both take the scores' (B, S) sharding.  With groups,
+ * the experts outside the topk_groups groups of best top-2 sum (of the biased
+ * scores) are masked first (DeepSeek-V3, moe.py expert_group_mask).  Random
+ * routing returns the biased scores at the drawn experts, neither
+ * renormalised nor scaled (moe.py get_topk returns before
+ * deepseek_scale_weights). */
+sim_status model_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const model_moe_route_cfg *c,
+                          const char *name, mesh_var **weights, mesh_var **indices);
+
+/* Load-balance loss as MaxText 0.2.5 computes it (moe.py load_balance_loss):
+ * probs = softmax(scores + bias) over E (bias NULL: of the scores alone, the
+ * sparse path's pre-bias scores), density = per-sequence count of assignments
+ * to each expert / (S k) (0.2.5 divides by num_experts_per_tok; e591f30c did
+ * not), and loss = mean_{B,E}(density * mean_S probs) * E^2 * weight, over
+ * the whole batch (a replicated scalar). */
+sim_status model_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
+                            const char *name, mesh_var **loss);
+
+/* Loss-free balancing's statistic (moe.py calculate_expert_counts): how many
+ * of the batch's assignments in indices (B, S, k) went to each of E experts,
+ * summed over the token axes (an all-reduce of E int32-sized counts, as
+ * MaxText's psum over the batch axes); out (E) on every device (untouched in
+ * a dry run). */
+sim_status model_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out);
+
+/* The bias update of one layer (moe.py load_balance_updates_from_counts),
+ * in float32 as MaxText: bias[e] += rate * sign(sum(counts) / E - counts[e]). */
+void model_moe_bias_update(float *bias, const float *counts, int64_t E, double rate);
+
+/* One megablox grouped-matmul call's tile (MaxText's wi_tile_* / wo_tile_* triples, in the
+ * kernel's (tm, tk, tn) order): every grid step computes a whole tm x tk x tn block. */
+typedef struct {
+    int64_t m, k, n;
+} model_moe_tile;
+enum { MODEL_MOE_WI = 0, MODEL_MOE_WO = 1, MODEL_MOE_FWD = 0, MODEL_MOE_DLHS = 1, MODEL_MOE_DRHS = 2 };
+
+typedef struct {
+    sim_axes ep;            /* expert-parallel axes: they shard the experts dim of the weights, in order */
+    bool ring;              /* use_ring_of_experts: x, weights and indices come gathered over ep
+                             * (model_moe_ring_gather); each device runs its own experts on every
+                             * row and the output is reduce-scattered over ep onto `out` */
+    bool output_dead;       /* ring, remat's recomputation in backward: nothing reads the output's
+                             * value (only its cotangent flows), so XLA drops the reduce-scatter;
+                             * the output is zeros in `out`'s sharding and nothing moves */
+    sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
+    int64_t capacity;       /* dense path: slots per expert per sequence (model_moe_capacity); 0: sparse */
+    mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */
+    unsigned keep;          /* remat: MODEL_MOE_KEEP_* residuals the policy saves (MaxText's moe.py tags) */
+    struct model_moe_saved **saved; /* remat: where they wait between the passes (NULL: nothing kept) */
+    model_moe_tile gmm[2][3]; /* sparse path: the megablox gmm tiles [wi, wo][fwd, dlhs, drhs], for the
+                              * step-time model's cost of the padded tiles; all zero: exact FLOPs */
+} model_moe_cfg;
+
+/* The region's residuals a remat policy saves, by MaxText's checkpoint_name
+ * tags in moe.py: the grouped matmul's wi_0 and wi_1 products (mlpwi_0 /
+ * moe_mlpwi_0, moe_mlpwi_1; the dense path also tags wi_1 mlpwi_1), its wo
+ * product before the return (mlpwo / moe_mlpwo), the expert-sorted input rows
+ * (moe_x_sorted) and the routing maps (moe_routing_maps: the sort's row of
+ * each assignment).  In remat's first pass (a tape that records nothing) the
+ * region leaves the kept buffers in *saved, accounted as activations; when the
+ * layer is recomputed for its backward (a recording tape) the region releases
+ * them before it allocates its own again: the saved tensors stand for their
+ * recomputed twins, so at no time are both on the device.  Numerics are those
+ * of full remat (the recomputation gives the same bits). */
+enum {
+    MODEL_MOE_KEEP_WI0 = 1u << 0,
+    MODEL_MOE_KEEP_WI1 = 1u << 1,
+    MODEL_MOE_KEEP_WO = 1u << 2,
+    MODEL_MOE_KEEP_X = 1u << 3,
+    MODEL_MOE_KEEP_MAPS = 1u << 4,
+};
+typedef struct model_moe_saved model_moe_saved;
+void model_moe_saved_free(void *saved);
+
+/* out (B, S, M) = sum_j weights[.., j] * FFN_{indices[.., j]}(x) with
+ * FFN_e(x) = (silu(x w0[e]) * (x w1[e])) wo[e]; x (B, S, M), w0/w1 (E, M, H),
+ * wo (E, H, M).  The tokens keep x's (B, S) sharding; the weights are brought
+ * to (ep, None, h) / (ep, h, None) (the FSDP all-gather).  Gradients reach x,
+ * weights, w0, w1 and wo; the weight gradients are partial over the
+ * token-sharding axes that are not expert axes.  Errors name the dims and
+ * the fix when the experts or the hidden dim do not divide. */
+sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
+                            mesh_var *w1, mesh_var *wo, const model_moe_cfg *c, const char *name, mesh_var **out);
+
+/* Ring of experts (MaxText's use_ring_of_experts, moe.py roe_ag_and_route):
+ * out (B, S, W) = x all-gathered over the expert-parallel axes ep on the
+ * batch dim (tiled, group rank order), as jax.lax.all_gather(tiled=True)
+ * inside MaxText's shard_map; its VJP reduce-scatters the cotangent back
+ * (the all-gather's transpose).  x's batch dim must end with the ep axes, in
+ * order, and no other dim may use them (then the gather is exactly the
+ * resharding that drops them); otherwise an error names
+ * use_ring_of_experts and the layout. */
+sim_status model_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out);
+
+/* MaxText's ring also all-gathers the biased router logits next to the
+ * pre-bias ones (DeepSeek-V3 routing ranks experts by scores + bias): this
+ * computes scores + bias (E) on the local rows and all-gathers them over ep,
+ * a real collective with its bytes counted.  The gathered values are not kept:
+ * model_moe_route adds the same bias to the gathered scores, which gives the
+ * same floats.  Nothing is recorded on the tape (the selection has no
+ * gradient, so MaxText's backward has no reduce-scatter for it either). */
+sim_status model_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name);
+
+/* The dense path's per-sequence capacity for S tokens, k of E experts. */
+int64_t model_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor);
+
+#endif

@@ -1,0 +1,805 @@
+/* timemodel.c — hardware profiles and the step-time model (see timemodel.h).
+ *
+ * Replay: one device's kernels and collectives of one step, in the order the
+ * device made them, on three lanes: compute, blocking network (activation
+ * collectives, and weight collectives unless overlap_weight_collectives: the
+ * compute that follows waits for them) and asynchronous network (weight
+ * collectives when overlapped).  A weight all-gather may start once the
+ * network is free and compute has reached the point where the gather
+ * `prefetch` weight collectives earlier was asked for (XLA's latency-hiding
+ * scheduler prefetches about one layer of FSDP weights); the next kernel
+ * waits for it.  A weight-gradient reduction starts when its gradient exists
+ * and nothing waits for it but the end of the step.  The two network lanes do
+ * not share bandwidth (a simplification: on hardware they would). */
+#include "models/core/timemodel.h"
+
+#include "sim/trace.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ profiles */
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+const char *model_hw_names(const char *configs_dir, char *buf, size_t cap)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/hardware", configs_dir);
+    buf[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) return buf;
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        size_t l = strlen(e->d_name);
+        if (l > 4 && !strcmp(e->d_name + l - 4, ".yml")) names[n++] = strndup(e->d_name, l - 4);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], cmp_str);
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        if (used < cap) used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", names[i]);
+        free(names[i]);
+    }
+    return buf;
+}
+
+static const mesh_cfg_value *map_field(const mesh_cfg_value *map, const char *key)
+{
+    if (!map || map->kind != MESH_CFG_MAP) return NULL;
+    for (int i = 0; i < map->n; i++)
+        if (!strcmp(map->keys[i], key)) return &map->items[i];
+    return NULL;
+}
+
+/* A number of the profile, or 0 for null/absent (a figure not published). */
+static sim_status num_field(const mesh_cfg_value *v, const char *file, const char *key, double *out)
+{
+    *out = 0;
+    if (!v || (v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL)) return SIM_OK;
+    char what[600];
+    snprintf(what, sizeof what, "%s: '%s'", file, key);
+    SIM_TRY(mesh_cfg_value_double(v, what, out));
+    if (*out < 0) return sim_err(SIM_ERR_INPUT, "%s = %g: expected a figure >= 0 (or null when not published)", what, *out);
+    return SIM_OK;
+}
+
+/* A key of two spellings: *on = (its value is `yes`); a missing key or another value is an error that
+ * names both and what they mean. */
+static sim_status choice_key(const mesh_cfg *cfg, const char *path, const char *key, const char *yes, const char *no,
+                             const char *meaning, bool *on)
+{
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+    const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+    if (!t || (strcmp(t, yes) && strcmp(t, no)))
+        return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s: expected %s, with its source in a comment", path, key,
+                       t ? t : "(missing)", meaning);
+    *on = !strcmp(t, yes);
+    return SIM_OK;
+}
+
+/* A whole number from 0 to max. */
+static sim_status count_key(const mesh_cfg *cfg, const char *path, const char *key, int max, const char *meaning,
+                            int *out)
+{
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+    double v = -1;
+    if (e) SIM_TRY(num_field(&e->value, path, key, &v));
+    if (!(v >= 0 && v <= max && v == (int)v))
+        return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s%g: expected a whole number from 0 to %d, %s, with its source in "
+                       "a comment", path, key, e ? "" : "(missing) ", v, max, meaning);
+    *out = (int)v;
+    return SIM_OK;
+}
+
+sim_status model_hw_load(const char *configs_dir, const char *name, int devices_per_slice, model_hw *out)
+{
+    memset(out, 0, sizeof *out);
+    char path[4300], names[1024];
+    bool bad = !*name || strlen(name) >= sizeof out->name || strpbrk(name, "/.");
+    snprintf(path, sizeof path, "%s/hardware/%s.yml", configs_dir, name);
+    FILE *f = bad ? NULL : fopen(path, "r");
+    if (!f)
+        return sim_err(SIM_ERR_INPUT, "hardware profile '%s': not one of %s/hardware (%s); use one of those names",
+                       name, configs_dir, model_hw_names(configs_dir, names, sizeof names));
+    fclose(f);
+    mesh_cfg *cfg;
+    SIM_TRY(mesh_cfg_load_file(path, &cfg));
+    snprintf(out->name, sizeof out->name, "%s", name);
+    const mesh_cfg_entry *kind = mesh_cfg_find(cfg, "kind");
+    out->gpu = kind && kind->value.text && !strcmp(kind->value.text, "gpu");
+    double dpc = 1, v;
+    sim_status st = SIM_OK;
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "devices_per_chip");
+    if (e) st = num_field(&e->value, path, "devices_per_chip", &dpc);
+    if (!st && dpc < 1) st = sim_err(SIM_ERR_INPUT, "%s: devices_per_chip must be >= 1", path);
+    out->devices_per_chip = (int)dpc;
+    const mesh_cfg_entry *pk = mesh_cfg_find(cfg, "peak_tflops");
+    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "bfloat16"), path, "peak_tflops.bfloat16", &v);
+    out->peak_bf16 = v * 1e12 / dpc;
+    if (!st && out->peak_bf16 <= 0) st = sim_err(SIM_ERR_INPUT, "%s: peak_tflops.bfloat16 is required", path);
+    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "float8"), path, "peak_tflops.float8", &v);
+    out->peak_fp8 = v * 1e12 / dpc;
+    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "float32"), path, "peak_tflops.float32", &v);
+    out->peak_f32 = v * 1e12 / dpc;
+    static const char *const keys[] = {"hbm_gib", "hbm_gbps", "ici_gbps_bidirectional", "ici_ports",
+                                       "nvlink_gbps_bidirectional", "dcn_gbits"};
+    double val[6] = {0};
+    for (int i = 0; i < 6 && !st; i++) {
+        e = mesh_cfg_find(cfg, keys[i]);
+        if (e) st = num_field(&e->value, path, keys[i], &val[i]);
+    }
+    out->hbm_bytes = val[0] * 1073741824.0 / dpc;
+    out->hbm_bw = val[1] * 1e9 / dpc;
+    if (!st && (out->hbm_bytes <= 0 || out->hbm_bw <= 0))
+        st = sim_err(SIM_ERR_INPUT, "%s: hbm_gib and hbm_gbps are required", path);
+    if (out->gpu)
+        out->link_bw = val[4] * 1e9 / 2.0; /* NVLink switch: a GPU injects half its bidirectional figure each way */
+    else if (val[2] > 0 && val[3] > 0)
+        out->link_bw = val[2] * 1e9 / val[3] / 2.0; /* one port, one direction */
+    out->link_bw /= dpc;
+    out->dcn_bw = val[5] * 1e9 / 8.0 / dpc;
+    /* the dtypes the profile's compiler moves weight collectives in (the comment above the keys
+     * in each file gives the source) */
+    static const char *const wire_keys[] = {"weight_gather_dtype", "gradient_reduction_dtype"};
+    bool *wire_out[] = {&out->gather_in_dtype, &out->reduce_in_dtype};
+    for (int i = 0; i < 2 && !st; i++) {
+        e = mesh_cfg_find(cfg, wire_keys[i]);
+        const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+        if (!t || (strcmp(t, "dtype") && strcmp(t, "weight_dtype")))
+            st = sim_err(SIM_ERR_INPUT,
+                         "%s: '%s' = %s: expected dtype (the compiler casts the float32 weight to `dtype` "
+                         "before the collective) or weight_dtype (it moves the stored dtype), with its source "
+                         "in a comment",
+                         path, wire_keys[i], t ? t : "(missing)");
+        else
+            *wire_out[i] = !strcmp(t, "dtype");
+    }
+    /* the compiler's program transformations (the comment above each key in each file gives the source) */
+    model_xla_rules *rules = &out->xla;
+    if (!st) st = choice_key(cfg, path, "hoisted_weight_copies", "dtype", "none",
+                             "dtype (each layer stack's float32 weights cast to `dtype` once, before the layer loops) "
+                             "or none (each layer casts its own)", &rules->hoist_casts);
+    if (!st) st = count_key(cfg, path, "accumulation_gradient_copies", 8,
+                            "gradient sets the compiler holds beside the gradients during gradient accumulation",
+                            &rules->ga_grad_copies);
+    if (!st) st = choice_key(cfg, path, "newton_schulz_gather_dtype", "bfloat16", "float32",
+                             "bfloat16 (a float32 product at the default matmul precision is one bfloat16 pass, "
+                             "its operands cast before their gathers) or float32", &rules->ns_gather_bf16);
+    if (!st) st = choice_key(cfg, path, "newton_schulz_operand_gathers", "once", "per_product",
+                             "once (one gather of X serves X X^T and B X) or per_product", &rules->ns_gather_once);
+    if (!st) st = count_key(cfg, path, "windowed_einsum_min_group", 1 << 20,
+                            "the smallest group (0: never) whose weight products the compiler windows",
+                            &rules->windowed_min_group);
+    if (!st) st = count_key(cfg, path, "psum_scatter_max_group", 1 << 20,
+                            "the largest group (0: any) over which a shard_map's gradient psum and slice become a "
+                            "reduce-scatter", &rules->psum_scatter_max_group);
+    if (!st) st = choice_key(cfg, path, "embedding_lookup", "all_to_all", "gather_table",
+                             "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "
+                             "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",
+                             &rules->embed_all_to_all);
+    const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
+    int chips = devices_per_slice / (int)dpc;
+    if (!st && tor && chips > 0) {
+        char key[32];
+        snprintf(key, sizeof key, "%d", chips);
+        const mesh_cfg_value *shape = map_field(&tor->value, key);
+        for (int i = 0; shape && shape->kind == MESH_CFG_LIST && i < shape->n && i < 3 && !st; i++) {
+            long long x;
+            st = mesh_cfg_value_int(&shape->items[i], "a torus dimension", &x);
+            out->torus[out->torus_n++] = (int)x;
+        }
+    }
+    mesh_cfg_free(cfg);
+    return st;
+}
+
+/* The profile name a config selects (hardware_profile, else compile_topology's family, written into
+ * fam); NULL when neither is set. */
+static const char *profile_name(const mesh_cfg *cfg, char *fam, size_t cap, const char **topo)
+{
+    const char *name = NULL;
+    *topo = NULL;
+    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "hardware_profile");
+    if (e && e->value.text && *e->value.text) name = e->value.text;
+    e = mesh_cfg_find(cfg, "compile_topology");
+    if (e && e->value.text && *e->value.text) *topo = e->value.text;
+    if (!name && *topo) { /* "v5p-8" -> "v5p" */
+        snprintf(fam, cap, "%s", *topo);
+        char *dash = strrchr(fam, '-');
+        if (dash) *dash = '\0';
+        name = fam;
+    }
+    return name;
+}
+
+sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
+                                model_hw *out, bool *found)
+{
+    *found = false;
+    const char *topo;
+    char fam[64];
+    const char *name = profile_name(cfg, fam, sizeof fam, &topo);
+    if (!name) return SIM_OK;
+    sim_status st = model_hw_load(configs_dir, name, devices_per_slice, out);
+    if (st && topo && name == fam)
+        sim_err_append(" (the family of compile_topology=%s; set hardware_profile=NAME to choose one)", topo);
+    else if (st)
+        sim_err_append(" (hardware_profile=%s)", name);
+    *found = st == SIM_OK;
+    return st;
+}
+
+sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
+                                sim_dtype *gather, sim_dtype *reduce, char *rule, size_t cap)
+{
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    /* a cast moves before a collective only when it narrows: bfloat16 activations of float32 weights */
+    bool narrows = sim_dtype_size(act) < sim_dtype_size(weight);
+    *gather = found && hw.gather_in_dtype && narrows ? act : weight;
+    *reduce = found && hw.reduce_in_dtype && narrows ? act : weight;
+    if (!found)
+        snprintf(rule, cap, "weight gathers %s, gradient reductions %s (weight_dtype, as XLA:CPU; no hardware profile)",
+                 sim_dtype_name(*gather), sim_dtype_name(*reduce));
+    else
+        snprintf(rule, cap,
+                 "weight gathers %s, gradient reductions %s (as XLA:%s compiles for %s: configs/hardware/%s.yml)",
+                 sim_dtype_name(*gather), sim_dtype_name(*reduce), hw.gpu ? "GPU" : "TPU", hw.name, hw.name);
+    return SIM_OK;
+}
+
+sim_status model_hw_xla_rules(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
+                              model_xla_rules *out)
+{
+    memset(out, 0, sizeof *out);
+    model_hw hw;
+    bool found;
+    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    if (!found) return SIM_OK;
+    /* jax.lax.Precision: DEFAULT and BF16 are one bfloat16 pass on TPU; HIGH (3 passes) and HIGHEST/FLOAT32
+     * (6) keep the float32 operand, so nothing narrows before the gather */
+    static const char *const precisions[] = {"default", "bfloat16", "high", "highest", "float32"};
+    int p;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "matmul_precision", precisions, 5, &p));
+    *out = hw.xla;
+    out->hoist_casts = hw.xla.hoist_casts && sim_dtype_size(act) < sim_dtype_size(weight);
+    out->ns_gather_bf16 = hw.xla.ns_gather_bf16 && p <= 1;
+    return SIM_OK;
+}
+
+/* Appends ", text" (or text first) to buf of n used bytes; returns the new length. */
+static size_t add_rule(char *buf, size_t cap, size_t n, const char *text)
+{
+    int w = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, "%s%s", n ? ", " : "", text);
+    return n + (size_t)(w > 0 ? w : 0);
+}
+
+const char *model_xla_rules_text(const model_xla_rules *r, char *buf, size_t cap)
+{
+    size_t n = 0;
+    char t[96];
+    buf[0] = '\0';
+    if (r->hoist_casts) n = add_rule(buf, cap, n, "hoisted weight copies");
+    if (r->ga_grad_copies) {
+        snprintf(t, sizeof t, "%d accumulation gradient sets", r->ga_grad_copies);
+        n = add_rule(buf, cap, n, t);
+    }
+    if (r->ns_gather_bf16) n = add_rule(buf, cap, n, "bfloat16 Newton-Schulz gathers");
+    if (r->ns_gather_once) n = add_rule(buf, cap, n, "one Newton-Schulz gather per operand and step");
+    if (r->windowed_min_group) {
+        snprintf(t, sizeof t, "windowed einsums over >= %d devices", r->windowed_min_group);
+        n = add_rule(buf, cap, n, t);
+    }
+    if (r->psum_scatter_max_group) {
+        snprintf(t, sizeof t, "expert psums reduce-scattered over <= %d devices", r->psum_scatter_max_group);
+        n = add_rule(buf, cap, n, t);
+    }
+    if (r->embed_all_to_all) n = add_rule(buf, cap, n, "embedding looked up by all-to-all");
+    if (!n) snprintf(buf, cap, "none (no hardware profile, or none applies: XLA:CPU's program)");
+    return buf;
+}
+
+sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
+{
+    char path[4300];
+    snprintf(path, sizeof path, "%s/timemodel.yml", configs_dir);
+    mesh_cfg *cfg;
+    SIM_TRY(mesh_cfg_load_file(path, &cfg));
+    static const char *const keys[] = {"mxu_efficiency", "hbm_efficiency", "ici_efficiency", "dcn_efficiency",
+                                       "layout_op_efficiency", "hop_latency_us", "prefetch_weight_collectives"};
+    double v[7];
+    sim_status st = SIM_OK;
+    for (int i = 0; i < 7 && !st; i++) {
+        const mesh_cfg_entry *e = mesh_cfg_find(cfg, keys[i]);
+        if (!e) st = sim_err(SIM_ERR_INPUT, "%s: '%s' is missing", path, keys[i]);
+        else st = num_field(&e->value, path, keys[i], &v[i]);
+        if (!st && i < 5 && (v[i] <= 0 || v[i] > 1))
+            st = sim_err(SIM_ERR_INPUT, "%s: %s = %g: expected a fraction in (0, 1]", path, keys[i], v[i]);
+    }
+    const mesh_cfg_entry *ov = st ? NULL : mesh_cfg_find(cfg, "overlap_weight_collectives");
+    const char *ovt = ov && ov->value.kind == MESH_CFG_SCALAR ? ov->value.text : NULL;
+    if (!st && (!ovt || (strcmp(ovt, "true") && strcmp(ovt, "false"))))
+        st = sim_err(SIM_ERR_INPUT, "%s: 'overlap_weight_collectives' = %s: expected true or false", path,
+                     ovt ? ovt : "(missing)");
+    out->overlap_weights = ovt && !strcmp(ovt, "true");
+    mesh_cfg_free(cfg);
+    if (st) return st;
+    out->mxu = v[0], out->hbm = v[1], out->ici = v[2], out->dcn = v[3];
+    out->layout = v[4];
+    out->hop_latency_s = v[5] * 1e-6;
+    out->prefetch = (int)v[6];
+    return SIM_OK;
+}
+
+double model_hw_peak(const model_hw *hw, const char *dtype, const char **note)
+{
+    if (note) *note = NULL;
+    if (dtype && !strcmp(dtype, "float32")) {
+        if (hw->peak_f32 > 0) return hw->peak_f32;
+        if (note) *note = "no float32 peak is published for this accelerator: the bfloat16 peak stands in";
+    }
+    return hw->peak_bf16;
+}
+
+/* ------------------------------------------------------------ collectives */
+
+double model_tm_collective(const model_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links, double *bw)
+{
+    int k = r->group_size;
+    *links = 0;
+    *bw = 0;
+    if (k <= 1 || r->bytes_sent == 0) return 0.0;
+    double ici = (double)(r->bytes_sent - r->bytes_sent_dcn), dcn = (double)r->bytes_sent_dcn;
+    bool a2a = r->op == SIM_OP_ALL_TO_ALL || r->op == SIM_OP_RAGGED_ALL_TO_ALL;
+    if (hw->gpu) {
+        *links = 1; /* through the switch: the GPU's whole NVLink injection */
+    } else {
+        /* a ring over the group: both directions of the ring (two links) from 3 devices on; a pair
+         * or a ppermute to one neighbour has one link */
+        *links = (k == 2 || r->op == SIM_OP_PPERMUTE) ? 1 : 2;
+        if (a2a) { /* on a bidirectional ring a byte to rank +d travels min(d, k-d) links */
+            double hops = 0;
+            for (int d = 1; d < k; d++) hops += d < k - d ? d : k - d;
+            ici *= hops / (double)(k - 1);
+        }
+    }
+    *bw = (double)*links * hw->link_bw * eff->ici;
+    double steps = a2a || r->op == SIM_OP_PPERMUTE ? 1.0 : (double)(k - 1);
+    if (r->op == SIM_OP_ALL_REDUCE) steps *= 2.0;
+    double t = eff->hop_latency_s * steps;
+    if (ici > 0) t += *bw > 0 ? ici / *bw : INFINITY;
+    if (dcn > 0) t += hw->dcn_bw > 0 ? dcn / (hw->dcn_bw * eff->dcn) : INFINITY;
+    return t;
+}
+
+/* ------------------------------------------------------------ replay */
+
+static int axes_slot(model_tm_result *out, sim_axes a)
+{
+    for (int i = 0; i < out->naxes; i++)
+        if (out->axes[i].n == a.n && !memcmp(out->axes[i].axis, a.axis, sizeof a.axis[0] * (size_t)a.n)) return i;
+    if (out->naxes == MODEL_TM_MAX_AXES) return MODEL_TM_MAX_AXES - 1;
+    out->axes[out->naxes] = a;
+    return out->naxes++;
+}
+
+static void top_add(model_tm_result *out, const model_tm_coll *c)
+{
+    int n = out->ntop;
+    if (n == MODEL_TM_TOP && c->time_s <= out->top[n - 1].time_s) return;
+    int i = n < MODEL_TM_TOP ? n++ : n - 1;
+    while (i > 0 && out->top[i - 1].time_s < c->time_s) {
+        out->top[i] = out->top[i - 1];
+        i--;
+    }
+    out->top[i] = *c;
+    out->ntop = n;
+}
+
+/* Kernel kinds: the tag with its digit runs as '*' (moe_layers_12 and moe_layers_13 are one kind). */
+typedef struct {
+    model_tm_kernel *k;
+    size_t n, cap;
+} kernel_sink;
+
+static void kind_name(const char *tag, char *name, size_t cap)
+{
+    size_t o = 0;
+    for (const char *p = tag; *p && o + 1 < cap; p++) {
+        if (*p >= '0' && *p <= '9') {
+            if (!o || name[o - 1] != '*') name[o++] = '*';
+        } else {
+            name[o++] = *p;
+        }
+    }
+    name[o] = '\0';
+}
+
+typedef struct {
+    model_tm_coll_kind *k;
+    size_t n, cap;
+} coll_sink;
+
+static void coll_add(coll_sink *s, const model_tm_coll *c)
+{
+    char name[SIM_TAG_MAX];
+    kind_name(c->rec.tag, name, sizeof name);
+    size_t i = 0;
+    for (; i < s->n; i++) {
+        const sim_record *r = &s->k[i].rec;
+        if (r->op == c->rec.op && r->phase == c->rec.phase && r->axes.n == c->rec.axes.n &&
+            !memcmp(r->axes.axis, c->rec.axes.axis, sizeof r->axes.axis[0] * (size_t)r->axes.n) &&
+            !strcmp(r->tag, name))
+            break;
+    }
+    if (i == s->n) {
+        if (s->n == s->cap) {
+            s->cap = s->cap ? 2 * s->cap : 64;
+            s->k = realloc(s->k, s->cap * sizeof *s->k);
+            SIM_ASSERT(s->k);
+        }
+        memset(&s->k[i], 0, sizeof s->k[0]);
+        s->k[i].rec = c->rec;
+        snprintf(s->k[i].rec.tag, sizeof s->k[i].rec.tag, "%s", name);
+        s->k[i].links = c->links;
+        s->k[i].bw = c->bw;
+        s->n++;
+    }
+    s->k[i].calls++;
+    s->k[i].bytes += (double)c->rec.bytes_sent;
+    s->k[i].time_s += c->time_s;
+}
+
+static int cmp_coll_time(const void *a, const void *b)
+{
+    double x = ((const model_tm_coll_kind *)a)->time_s, y = ((const model_tm_coll_kind *)b)->time_s;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* work: the matrix unit's FLOPs the replay timed (c's mxu_flops, or its flops when that is unset) */
+static void kernel_add(kernel_sink *s, const sim_cost *c, double work, double bytes, double dur, bool compute_bound)
+{
+    char name[SIM_TAG_MAX];
+    kind_name(c->tag, name, sizeof name);
+    size_t i = 0;
+    while (i < s->n && strcmp(s->k[i].name, name)) i++;
+    if (i == s->n) {
+        if (s->n == s->cap) {
+            s->cap = s->cap ? 2 * s->cap : 64;
+            s->k = realloc(s->k, s->cap * sizeof *s->k);
+            SIM_ASSERT(s->k);
+        }
+        memset(&s->k[s->n], 0, sizeof s->k[0]);
+        snprintf(s->k[s->n].name, sizeof s->k[0].name, "%s", name);
+        s->n++;
+    }
+    model_tm_kernel *k = &s->k[i];
+    k->calls++;
+    k->flops += c->flops;
+    k->mxu_flops += work;
+    k->bytes += bytes;
+    k->time_s += dur;
+    k->compute_bound += compute_bound;
+}
+
+static int cmp_kernel_time(const void *a, const void *b)
+{
+    double x = ((const model_tm_kernel *)a)->time_s, y = ((const model_tm_kernel *)b)->time_s;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+typedef struct {
+    model_tm_result *out;
+    bool want;
+    size_t cap;
+} span_sink;
+
+static void span_add(span_sink *s, double t0, double t1, int lane, const char *name)
+{
+    if (!s->want || t1 <= t0) return;
+    model_tm_result *o = s->out;
+    if (o->nspans == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 1024;
+        o->spans = realloc(o->spans, s->cap * sizeof *o->spans);
+        SIM_ASSERT(o->spans);
+    }
+    model_tm_span *sp = &o->spans[o->nspans++];
+    sp->t0 = t0, sp->t1 = t1, sp->lane = lane;
+    snprintf(sp->name, sizeof sp->name, "%s", name);
+}
+
+sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+                           const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
+                           bool want_spans, model_tm_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->peak = peak;
+    span_sink sink = {out, want_spans, 0};
+    kernel_sink kinds = {NULL, 0, 0};
+    coll_sink ckinds = {NULL, 0, 0};
+    int depth = eff->prefetch > 0 ? eff->prefetch : 1;
+    double *issued = calloc((size_t)depth, sizeof *issued); /* compute clock when recent weight gathers were asked */
+    if (!issued) return sim_err(SIM_ERR_INTERNAL, "step-time model: out of host memory");
+    size_t nweight = 0;
+    double t = 0, sync_free = 0, async_free = 0, gather_ready = 0, fwd_flops = 0;
+    int gather_slot = -1;
+    size_t ri = 0;
+    for (size_t ci = 0; ci <= ncost; ci++) {
+        size_t upto = ci < ncost ? costs[ci].nrec_before : nrec;
+        for (; ri < upto && ri < nrec; ri++) {
+            const sim_record *r = &recs[ri];
+            if (r->step != step) continue;
+            model_tm_coll c = {*r, 0, 0, 0, false};
+            c.time_s = model_tm_collective(hw, eff, r, &c.links, &c.bw);
+            if (c.time_s == 0) continue;
+            if (!isfinite(c.time_s)) {
+                free(issued);
+                free(kinds.k);
+                free(ckinds.k);
+                return sim_err(SIM_ERR_INPUT,
+                               "hardware profile %s publishes no %s bandwidth: the %s of %s cannot be timed; add the "
+                               "sourced figure to configs/hardware/%s.yml or choose another hardware_profile",
+                               hw->name, r->bytes_sent_dcn ? "DCN" : "ICI", sim_op_name(r->op), r->tag, hw->name);
+            }
+            int slot = axes_slot(out, r->axes);
+            c.async = eff->overlap_weights && r->weight && r->phase != SIM_PHASE_OPTIMIZER;
+            double start;
+            if (c.async && r->op == SIM_OP_ALL_GATHER) {
+                double earliest = nweight >= (size_t)depth ? issued[nweight % (size_t)depth] : 0.0;
+                start = async_free > earliest ? async_free : earliest;
+                gather_ready = start + c.time_s;
+                gather_slot = slot;
+            } else if (c.async) {
+                start = async_free > t ? async_free : t;
+            } else {
+                start = sync_free > t ? sync_free : t;
+                out->exposed_axes_s[slot] += start + c.time_s - t;
+                out->exposed_s += start + c.time_s - t;
+                t = start + c.time_s;
+                sync_free = t;
+            }
+            if (c.async) {
+                issued[nweight % (size_t)depth] = t;
+                nweight++;
+                async_free = start + c.time_s;
+            }
+            span_add(&sink, start, start + c.time_s, c.async ? 2 : 1, r->tag);
+            top_add(out, &c);
+            coll_add(&ckinds, &c);
+        }
+        if (ci == ncost) break;
+        const sim_cost *k = &costs[ci];
+        if (k->step != step) continue;
+        if (gather_ready > t) { /* the weight this kernel uses is still on its way */
+            out->exposed_axes_s[gather_slot] += gather_ready - t;
+            out->exposed_s += gather_ready - t;
+            t = gather_ready;
+        }
+        /* the matrix unit's work: a tiled kernel (megablox gmm) computes its padded tiles too */
+        double work = k->mxu_flops > k->flops ? k->mxu_flops : k->flops;
+        /* a layout op (split, concatenation, head broadcast) streams below the HBM roofline */
+        double tc = work / (peak * eff->mxu),
+               tm = k->elements * act_bytes / (hw->hbm_bw * (k->layout ? eff->layout : eff->hbm));
+        double dur = tc > tm ? tc : tm;
+        kernel_add(&kinds, k, work, k->elements * act_bytes, dur, tc >= tm);
+        span_add(&sink, t, t + dur, 0, k->tag);
+        t += dur;
+        out->compute_s += dur;
+        if (k->phase == SIM_PHASE_FORWARD) fwd_flops += k->flops;
+    }
+    if (async_free > t) { /* gradient reductions still running when compute ends */
+        out->exposed_s += async_free - t;
+        if (out->naxes) {
+            /* attribute the drain to the axes of the last asynchronous collective */
+            for (size_t i = nrec; i-- > 0;)
+                if (recs[i].step == step && recs[i].weight && recs[i].phase != SIM_PHASE_OPTIMIZER) {
+                    out->exposed_axes_s[axes_slot(out, recs[i].axes)] += async_free - t;
+                    break;
+                }
+        }
+        t = async_free;
+    }
+    out->step_s = t;
+    out->model_flops = 3.0 * fwd_flops;
+    free(issued);
+    if (kinds.n) qsort(kinds.k, kinds.n, sizeof kinds.k[0], cmp_kernel_time);
+    for (size_t i = 0; i < kinds.n && i < MODEL_TM_TOP; i++) out->kernels[out->nkernels++] = kinds.k[i];
+    free(kinds.k);
+    if (ckinds.n) qsort(ckinds.k, ckinds.n, sizeof ckinds.k[0], cmp_coll_time);
+    for (size_t i = 0; i < ckinds.n && i < MODEL_TM_TOP; i++) out->colls[out->ncolls++] = ckinds.k[i];
+    free(ckinds.k);
+    return SIM_OK;
+}
+
+sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
+                             int step, double bubble_fraction, double optimizer_bytes, bool want_spans,
+                             model_tm_result *out)
+{
+    memset(out, 0, sizeof *out);
+    double act_bytes = dtype && !strcmp(dtype, "float32") ? 4.0 : 2.0; /* bfloat16/float16: 2 */
+    double peak = model_hw_peak(hw, dtype, NULL);
+    int n = sim_machine_num_devices(m);
+    double worst = -1;
+    for (int id = 0; id < n; id++) {
+        sim_device *d = sim_machine_device(m, id);
+        size_t nrec, ncost;
+        const sim_record *recs = sim_device_records(d, &nrec);
+        const sim_cost *costs = sim_device_costs(d, &ncost);
+        model_tm_result r;
+        SIM_TRY(model_tm_device(hw, eff, peak, act_bytes, recs, nrec, costs, ncost, step, false, &r));
+        if (r.step_s > worst) {
+            worst = r.step_s;
+            *out = r;
+            out->device = id;
+        }
+    }
+    if (want_spans) { /* the slowest device again, with its timeline */
+        sim_device *d = sim_machine_device(m, out->device);
+        size_t nrec, ncost;
+        const sim_record *recs = sim_device_records(d, &nrec);
+        const sim_cost *costs = sim_device_costs(d, &ncost);
+        int dev = out->device;
+        SIM_TRY(model_tm_device(hw, eff, peak, act_bytes, recs, nrec, costs, ncost, step, true, out));
+        out->device = dev;
+    }
+    /* AdamW reads parameters, gradients and both moments and writes parameters and moments:
+     * memory-bound, after the gradients are reduced */
+    out->optimizer_s = optimizer_bytes / (hw->hbm_bw * eff->hbm);
+    out->step_s += out->optimizer_s;
+    out->bubble_s = out->compute_s * bubble_fraction;
+    out->model_flops *= 1.0 - bubble_fraction;
+    out->mfu = out->step_s > 0 ? out->model_flops / (out->step_s * peak) : 0;
+    return SIM_OK;
+}
+
+double model_tm_optimizer_bytes(sim_machine *m)
+{
+    double worst = 0;
+    for (int i = 0; i < sim_machine_num_devices(m); i++) {
+        sim_arena_stats s;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(m, i)), &s);
+        const size_t *c = s.at_peak_by;
+        double b = 2.0 * (double)c[SIM_MEM_PARAMS] + (double)c[SIM_MEM_GRADS] + 2.0 * (double)c[SIM_MEM_OPTIMIZER];
+        /* and the norms MaxText 0.2.5's train_step computes every step for its metrics
+         * (trainers/pre_train/train.py: learning/raw_grad_norm, grad_norm, param_norm, each an
+         * l2norm_pytree; gradient clipping's global norm is the raw one): G + G + P read */
+        b += (double)c[SIM_MEM_PARAMS] + 2.0 * (double)c[SIM_MEM_GRADS];
+        if (b > worst) worst = b;
+    }
+    return worst;
+}
+
+/* ------------------------------------------------------------ output */
+
+static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
+{
+    if (!hw->torus_n) return "";
+    size_t u = (size_t)snprintf(buf, cap, ", slice ");
+    for (int i = 0; i < hw->torus_n && u < cap; i++) u += (size_t)snprintf(buf + u, cap - u, "%s%d", i ? "x" : "", hw->torus[i]);
+    return buf;
+}
+
+void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+{
+    char shape[64], ax[128];
+    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Hardware profiles and the step-time model\"):\n", hw->name,
+            hw_shape(hw, shape, sizeof shape));
+    fprintf(f, "  step %10.3f ms   MFU %5.1f%%   (slowest device %d; peak %.0f TFLOP/s per device)\n",
+            r->step_s * 1e3, 100.0 * r->mfu, r->device, r->peak / 1e12);
+    fprintf(f, "  compute %7.3f ms (of which pipeline bubbles %.3f ms)   optimizer %.3f ms   exposed "
+               "communication %.3f ms\n",
+            r->compute_s * 1e3, r->bubble_s * 1e3, r->optimizer_s * 1e3, r->exposed_s * 1e3);
+    for (int i = 0; i < r->naxes; i++)
+        if (r->exposed_axes_s[i] > 0)
+            fprintf(f, "    exposed over %-24s %10.3f ms\n", sim_axes_label(mesh, r->axes[i], ax, sizeof ax),
+                    r->exposed_axes_s[i] * 1e3);
+    if (r->nkernels) {
+        fprintf(f, "  slowest kernels (device %d; a kind: the tag without its layer numbers; MXU: the matrix unit's\n"
+                   "  work with padded tiles; bound: by FLOPs or by HBM bytes):\n",
+                r->device);
+        fprintf(f, "    %6s %10s %10s %10s %6s %10s  %s\n", "calls", "TFLOP", "MXU TFLOP", "HBM GB", "bound", "time (ms)",
+                "kernel");
+        for (int i = 0; i < r->nkernels; i++) {
+            const model_tm_kernel *k = &r->kernels[i];
+            fprintf(f, "    %6d %10.3f %10.3f %10.3f %6s %10.3f  %s\n", k->calls, k->flops / 1e12, k->mxu_flops / 1e12,
+                    k->bytes / 1e9, 2 * k->compute_bound >= k->calls ? "FLOPs" : "bytes", k->time_s * 1e3, k->name);
+        }
+    }
+    if (r->ncolls) {
+        fprintf(f, "  slowest kinds of collective (device %d; all calls of a kind; a kind: op, axes, phase and the tag\n"
+                   "  without its layer numbers):\n",
+                r->device);
+        fprintf(f, "    %-17s %-16s %-8s %6s %12s %6s %8s %10s  %s\n", "op", "axes", "phase", "calls", "GB sent", "links",
+                "GB/s", "time (ms)", "tag");
+        for (int i = 0; i < r->ncolls; i++) {
+            const model_tm_coll_kind *c = &r->colls[i];
+            fprintf(f, "    %-17s %-16s %-8s %6d %12.3f %6d %8.1f %10.3f  %s\n", sim_op_name(c->rec.op),
+                    sim_axes_label(mesh, c->rec.axes, ax, sizeof ax), sim_phase_name(c->rec.phase), c->calls,
+                    c->bytes / 1e9, c->links, c->bw / 1e9, c->time_s * 1e3, c->rec.tag);
+        }
+    }
+    if (!r->ntop) return;
+    fprintf(f, "  slowest collectives (device %d):\n", r->device);
+    fprintf(f, "    %-17s %-16s %-8s %12s %6s %12s %10s  %s\n", "op", "axes", "phase", "bytes sent", "links", "GB/s",
+            "time (ms)", "tag");
+    for (int i = 0; i < r->ntop; i++) {
+        const model_tm_coll *c = &r->top[i];
+        fprintf(f, "    %-17s %-16s %-8s %12llu %6d %12.1f %10.3f  %s%s\n", sim_op_name(c->rec.op),
+                sim_axes_label(mesh, c->rec.axes, ax, sizeof ax), sim_phase_name(c->rec.phase),
+                (unsigned long long)c->rec.bytes_sent, c->links, c->bw / 1e9, c->time_s * 1e3, c->rec.tag,
+                c->async ? " (async)" : "");
+    }
+}
+
+void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+{
+    char ax[128];
+    fprintf(f, "{\"hardware_profile\": \"%s\", \"step_s\": %.17g, \"mfu\": %.6g, \"compute_s\": %.17g, "
+               "\"bubble_s\": %.17g, \"optimizer_s\": %.17g, \"exposed_communication_s\": %.17g, "
+               "\"peak_flops_per_device\": %.6g, \"model_flops_per_device\": %.6g, \"slowest_device\": %d, "
+               "\"exposed_by_axes\": {",
+            hw->name, r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,
+            r->model_flops, r->device);
+    for (int i = 0; i < r->naxes; i++) {
+        fprintf(f, "%s", i ? ", " : "");
+        sim_json_write_string(f, sim_axes_label(mesh, r->axes[i], ax, sizeof ax));
+        fprintf(f, ": %.6g", r->exposed_axes_s[i]);
+    }
+    fprintf(f, "}, \"slowest_collectives\": [");
+    for (int i = 0; i < r->ntop; i++) {
+        const model_tm_coll *c = &r->top[i];
+        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
+        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        fprintf(f, ", \"tag\": ");
+        sim_json_write_string(f, c->rec.tag);
+        fprintf(f, ", \"bytes_sent\": %llu, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g, \"async\": %s}",
+                (unsigned long long)c->rec.bytes_sent, c->links, c->bw, c->time_s, c->async ? "true" : "false");
+    }
+    fprintf(f, "], \"slowest_collective_kinds\": [");
+    for (int i = 0; i < r->ncolls; i++) {
+        const model_tm_coll_kind *c = &r->colls[i];
+        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
+        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        fprintf(f, ", \"phase\": \"%s\", \"tag\": ", sim_phase_name(c->rec.phase));
+        sim_json_write_string(f, c->rec.tag);
+        fprintf(f, ", \"calls\": %d, \"bytes_sent\": %.17g, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g}",
+                c->calls, c->bytes, c->links, c->bw, c->time_s);
+    }
+    fprintf(f, "], \"slowest_kernels\": [");
+    for (int i = 0; i < r->nkernels; i++) {
+        const model_tm_kernel *k = &r->kernels[i];
+        fprintf(f, "%s{\"kernel\": ", i ? ", " : "");
+        sim_json_write_string(f, k->name);
+        fprintf(f, ", \"calls\": %d, \"flops\": %.6g, \"mxu_flops\": %.6g, \"hbm_bytes\": %.6g, \"time_s\": %.6g}",
+                k->calls, k->flops, k->mxu_flops, k->bytes, k->time_s);
+    }
+    fprintf(f, "]}");
+}
+
+sim_status model_tm_write_trace(FILE *f, const model_hw *hw, const model_tm_result *r)
+{
+    static const char *const lanes[] = {"compute", "collectives (blocking)", "collectives (async: weights)"};
+    sim_trace_out *o;
+    SIM_TRY(sim_trace_out_new(f, &o));
+    sim_trace_out_meta_str(o, "timeline", "modelled"); /* one step of the slowest device, in the profile's time */
+    sim_trace_out_meta_str(o, "hardware_profile", hw->name);
+    sim_trace_out_meta_u64(o, "device", (uint64_t)r->device);
+    char name[256];
+    snprintf(name, sizeof name, "device %d, modelled on %s", r->device, hw->name);
+    sim_trace_out_process(o, 0, name, 0);
+    for (int l = 0; l < 3; l++) sim_trace_out_thread(o, 0, l, lanes[l]);
+    for (size_t i = 0; i < r->nspans; i++) {
+        const model_tm_span *s = &r->spans[i];
+        double t0 = s->t0 * 1e9, t1 = s->t1 * 1e9; /* nanoseconds */
+        uint64_t a = t0 > 0 ? (uint64_t)llround(t0) : 0, b = t1 > 0 ? (uint64_t)llround(t1) : 0;
+        sim_trace_out_span(o, 0, s->lane, a, b > a ? b - a : 0, s->name, NULL);
+        sim_trace_out_event_end(o);
+    }
+    return sim_trace_out_end(o);
+}

@@ -1,0 +1,578 @@
+/* muon.c — opt_type=muon on sharded weights (see muon.h).
+ *
+ * Design: a Muon leaf is handled as one stacked tensor, as optax sees it
+ * (MaxText's [dim0, L, ...] parameter), so the collectives per step are those
+ * of one vmapped leaf, not one per layer.  The per-layer shards a device
+ * stores are copied into a local stacked shard (the layer dim is never split
+ * outside pipelining, which Muon refuses), the Newton–Schulz iteration runs
+ * there as einsums whose letters name the weight's own dims (no transpose or
+ * reshape: batch letters stay batch indices, the row group is the smaller of
+ * the reduction and output groups, as optax transposes when R > O), and the
+ * result is copied back layer by layer into the elementwise update.  The ops
+ * run in auto placement whatever shard_mode says: optax's update is not
+ * sharding-annotated, so GSPMD places it. */
+#include "models/optimizers/muon.h"
+#include "models/core/timemodel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas_kernels/bk_parallel.h"
+#include "mesh/ops.h"
+#include "mesh/reshard.h"
+#include "models/optimizers/optim.h"
+
+/* Newton–Schulz coefficients (optimizers.get_optimizer for every decoder block but deepseek4) */
+static const double NS_A = 3.4445, NS_B = -4.7750, NS_C = 2.0315;
+
+/* ---------------------------------------------------------------- config */
+
+static sim_status refuse(const mesh_cfg *cfg, const char *key, const char *why)
+{
+    const mesh_cfg_entry *en = mesh_cfg_find(cfg, key);
+    return sim_err(SIM_ERR_INPUT, "opt_type=muon with %s=%s (%s): %s", key, en && en->value.text ? en->value.text : "?",
+                   en ? en->where : "", why);
+}
+
+sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *c)
+{
+    memset(c, 0, sizeof *c);
+    static const char *const types[] = {"optax_muon", "optax", "maxtext_muon", "maxtext"};
+    int type, b;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "muon_type", types, 4, &type));
+    if (type >= 2)
+        return refuse(cfg, "muon_type",
+                      "MaxText's sharding-aware Muon (all-to-all reshards around Newton-Schulz) is not simulated; "
+                      "use muon_type=optax_muon");
+    SIM_TRY(mesh_cfg_get_bool(cfg, "muon_use_all_to_all", &b));
+    if (b)
+        return refuse(cfg, "muon_use_all_to_all",
+                      "MaxText asserts that all-to-all Newton-Schulz needs muon_type=maxtext_muon, which is not "
+                      "simulated; set muon_use_all_to_all=false");
+    SIM_TRY(mesh_cfg_get_double(cfg, "muon_beta", &c->beta));
+    if (!(c->beta >= 0 && c->beta < 1))
+        return sim_err(SIM_ERR_INPUT, "muon_beta=%g: the momentum decay must lie in [0, 1)", c->beta);
+    SIM_TRY(mesh_cfg_get_double(cfg, "muon_weight_decay", &c->weight_decay));
+    const char *rms;
+    SIM_TRY(mesh_cfg_get_str(cfg, "muon_consistent_rms", &rms));
+    if (rms) {
+        SIM_TRY(mesh_cfg_get_double(cfg, "muon_consistent_rms", &c->consistent_rms));
+        c->consistent_rms_on = true;
+    }
+    SIM_TRY(mesh_cfg_get_bool(cfg, "muon_include_routers", &b));
+    c->include_routers = b;
+    SIM_TRY(model_muon_rules_load(cfg->configs_dir, &c->rules));
+    model_xla_rules xla; /* weight_dtype float32 and dtype bfloat16: only the Newton-Schulz rules are read */
+    SIM_TRY(model_hw_xla_rules(cfg, cfg->configs_dir, SIM_BF16, SIM_F32, &xla));
+    c->ns_gather_bf16 = xla.ns_gather_bf16;
+    c->ns_gather_once = xla.ns_gather_once;
+    long long ici_pp, dcn_pp;
+    SIM_TRY(mesh_cfg_get_int(cfg, "ici_pipeline_parallelism", &ici_pp));
+    SIM_TRY(mesh_cfg_get_int(cfg, "dcn_pipeline_parallelism", &dcn_pp));
+    if (ici_pp != 1)
+        return refuse(cfg, "ici_pipeline_parallelism",
+                      "MaxText's Muon dimension numbers assume the [dim0, layers, ...] layout and do not handle the "
+                      "stage/repeat dims of pipelined weights; use opt_type=adamw with pipelining, or no pipelining");
+    if (dcn_pp != 1)
+        return refuse(cfg, "dcn_pipeline_parallelism",
+                      "MaxText's Muon dimension numbers do not handle pipelined weights; use opt_type=adamw with "
+                      "pipelining, or no pipelining");
+    SIM_TRY(mesh_cfg_get_bool(cfg, "shard_optimizer_over_data", &b));
+    if (b)
+        return refuse(cfg, "shard_optimizer_over_data",
+                      "ZeRO-1 with Muon is broken at MaxText's head (Linen raises NotImplementedError; NNX shards only "
+                      "the AdamW branch's state); set shard_optimizer_over_data=false or use opt_type=adamw");
+    return SIM_OK;
+}
+
+/* ---------------------------------------------------------------- rules (configs/muon.yml) */
+
+static const char *const LIST_KEYS[MODEL_MUON_NLISTS] = {
+    "adamw_segment_contains", "adamw_segment_equals", "adamw_segment_suffixes", "adamw_suffix_exceptions",
+    "moe_blocks",             "shared_experts",       "expert_weights",         "routers",
+    "grouped_linear",         "attention_blocks",     "attention_qkv",          "attention_out",
+    "attention_out_blocks"};
+static const char *const DIMS_KEYS[MODEL_MUON_NDIMS] = {"expert_dims", "router_dims", "grouped_dims",
+                                                        "qkv_dims",    "out_dims",    "standard_dims"};
+
+/* [[reduction dims], [output dims]] */
+static sim_status read_dims(const mesh_cfg *f, const char *path, const char *key, int *nr, int *red, int *no, int *out)
+{
+    const mesh_cfg_entry *e = mesh_cfg_find(f, key);
+    const mesh_cfg_value *v = e ? &e->value : NULL;
+    if (!v || v->kind != MESH_CFG_LIST || v->n != 2)
+        return sim_err(SIM_ERR_INPUT, "%s: '%s' must be [[reduction dims], [output dims]], e.g. [[0], [-1]]", path, key);
+    for (int g = 0; g < 2; g++) {
+        const mesh_cfg_value *l = &v->items[g];
+        if (l->kind != MESH_CFG_LIST || l->n < 1 || l->n > 4)
+            return sim_err(SIM_ERR_INPUT, "%s: '%s' item %d must be a list of 1 to 4 dims", path, key, g);
+        for (int i = 0; i < l->n; i++) {
+            long long d;
+            SIM_TRY(mesh_cfg_value_int(&l->items[i], key, &d));
+            if (d < -4 || d > 3) return sim_err(SIM_ERR_INPUT, "%s: '%s' dim %lld: use -4..3", path, key, d);
+            (g ? out : red)[i] = (int)d;
+        }
+        *(g ? no : nr) = l->n;
+    }
+    return SIM_OK;
+}
+
+sim_status model_muon_rules_load(const char *configs_dir, model_muon_rules *r)
+{
+    memset(r, 0, sizeof *r);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/muon.yml", configs_dir && *configs_dir ? configs_dir : "configs");
+    mesh_cfg *f;
+    sim_status st = mesh_cfg_load_file(path, &f);
+    if (st != SIM_OK) {
+        sim_err_append(" (opt_type=muon reads MaxText's Muon classification rules from configs/muon.yml)");
+        return st;
+    }
+    for (int k = 0; st == SIM_OK && k < MODEL_MUON_NLISTS; k++) {
+        const char **items;
+        int n;
+        if (!mesh_cfg_find(f, LIST_KEYS[k])) {
+            st = sim_err(SIM_ERR_INPUT, "%s: the list '%s' is missing", path, LIST_KEYS[k]);
+            break;
+        }
+        st = mesh_cfg_get_str_list(f, LIST_KEYS[k], &items, &n);
+        if (st != SIM_OK) break;
+        if (n > MODEL_MUON_LIST_MAX)
+            st = sim_err(SIM_ERR_INPUT, "%s: '%s' has %d names (at most %d)", path, LIST_KEYS[k], n, MODEL_MUON_LIST_MAX);
+        for (int i = 0; st == SIM_OK && i < n; i++) {
+            if (strlen(items[i]) >= MODEL_MUON_NAME_MAX)
+                st = sim_err(SIM_ERR_INPUT, "%s: '%s' name '%s' is longer than %d characters", path, LIST_KEYS[k],
+                             items[i], MODEL_MUON_NAME_MAX - 1);
+            else
+                snprintf(r->name[k][i], MODEL_MUON_NAME_MAX, "%s", items[i]);
+        }
+        r->n[k] = n;
+        free(items);
+    }
+    for (int k = 0; st == SIM_OK && k < MODEL_MUON_NDIMS; k++)
+        st = read_dims(f, path, DIMS_KEYS[k], &r->n_red[k], r->red[k], &r->n_out[k], r->out[k]);
+    mesh_cfg_free(f);
+    return st;
+}
+
+/* ---------------------------------------------------------------- classification */
+
+static bool seg_in(const model_muon_rules *r, model_muon_list k, const char *seg)
+{
+    for (int i = 0; i < r->n[k]; i++)
+        if (!strcmp(seg, r->name[k][i])) return true;
+    return false;
+}
+
+/* Some segment of the path is one of list k's names (MaxText: `x in path` on the tuple). */
+static bool path_has(const model_muon_rules *r, model_muon_list k, const char *const *segs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (seg_in(r, k, segs[i])) return true;
+    return false;
+}
+
+static bool adamw_segment(const model_muon_rules *r, const char *seg)
+{
+    if (seg_in(r, MODEL_MUON_ADAMW_EQUALS, seg)) return true;
+    size_t len = strlen(seg);
+    for (int i = 0; i < r->n[MODEL_MUON_ADAMW_SUFFIXES]; i++) {
+        const char *suf = r->name[MODEL_MUON_ADAMW_SUFFIXES][i];
+        size_t ls = strlen(suf);
+        if (len >= ls && !strcmp(seg + len - ls, suf) && !seg_in(r, MODEL_MUON_ADAMW_SUFFIX_EXCEPT, seg)) return true;
+    }
+    for (int i = 0; i < r->n[MODEL_MUON_ADAMW_CONTAINS]; i++)
+        if (strstr(seg, r->name[MODEL_MUON_ADAMW_CONTAINS][i])) return true;
+    return false;
+}
+
+static void set_dims(model_muon_dims *d, const model_muon_rules *r, model_muon_rule_dims k, int rank)
+{
+    d->muon = true;
+    d->n_red = r->n_red[k];
+    d->n_out = r->n_out[k];
+    for (int i = 0; i < d->n_red; i++) d->red[i] = r->red[k][i] < 0 ? r->red[k][i] + rank : r->red[k][i];
+    for (int i = 0; i < d->n_out; i++) d->out[i] = r->out[k][i] < 0 ? r->out[k][i] + rank : r->out[k][i];
+}
+
+void model_muon_classify(const model_muon_cfg *c, const model_param_def *def, model_muon_dims *d)
+{
+    const model_muon_rules *r = &c->rules;
+    memset(d, 0, sizeof *d);
+    int rank = def->rank;
+    if (rank < 2) return;
+    char buf[MODEL_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", def->path);
+    const char *segs[32];
+    int n = 0;
+    /* split on '.' by hand: every device thread may classify at once (no strtok) */
+    for (char *t = buf; t && n < 32;) {
+        segs[n++] = t;
+        char *dot = strchr(t, '.');
+        if (dot) *dot++ = '\0';
+        t = dot;
+    }
+    for (int i = 0; i < n; i++)
+        if (adamw_segment(r, segs[i])) return;
+    model_muon_rule_dims k = MODEL_MUON_DIMS_STANDARD;
+    if (path_has(r, MODEL_MUON_MOE_BLOCKS, segs, n) && !path_has(r, MODEL_MUON_SHARED_EXPERTS, segs, n) &&
+        (path_has(r, MODEL_MUON_EXPERT_WEIGHTS, segs, n) || path_has(r, MODEL_MUON_ROUTERS, segs, n))) {
+        if (path_has(r, MODEL_MUON_EXPERT_WEIGHTS, segs, n)) k = MODEL_MUON_DIMS_EXPERT;
+        else if (!c->include_routers) return;
+        else k = MODEL_MUON_DIMS_ROUTER;
+    } else if (path_has(r, MODEL_MUON_GROUPED, segs, n)) {
+        k = MODEL_MUON_DIMS_GROUPED;
+    } else if (path_has(r, MODEL_MUON_ATTN_BLOCKS, segs, n) && rank > 2) {
+        if (path_has(r, MODEL_MUON_ATTN_QKV, segs, n)) k = MODEL_MUON_DIMS_QKV;
+        else if (path_has(r, MODEL_MUON_ATTN_OUT, segs, n) &&
+                 (path_has(r, MODEL_MUON_ATTN_OUT_BLOCKS, segs, n) || rank == 4))
+            k = MODEL_MUON_DIMS_OUT;
+    }
+    set_dims(d, r, k, rank);
+}
+
+static int64_t group_size(const model_param_def *def, int n, const int *dims)
+{
+    int64_t s = 1;
+    for (int i = 0; i < n; i++) s *= def->shape[dims[i]];
+    return s;
+}
+
+float model_muon_scale(const model_muon_cfg *c, const model_param_def *def, const model_muon_dims *dims)
+{
+    int64_t fan_in = group_size(def, dims->n_red, dims->red), fan_out = group_size(def, dims->n_out, dims->out);
+    if (c->consistent_rms_on) /* jnp.sqrt(jnp.maximum(fan_in, fan_out)) * consistent_rms, in float32 */
+        return sqrtf((float)(fan_in > fan_out ? fan_in : fan_out)) * (float)c->consistent_rms;
+    double r = (double)fan_out / (double)fan_in; /* Python division, then float32 */
+    return sqrtf((float)(r > 1.0 ? r : 1.0));
+}
+
+/* ---------------------------------------------------------------- Newton–Schulz */
+
+/* out[i] = k * in[i] */
+static void scale_fn(float *out, const float *in, size_t n, void *arg)
+{
+    const float k = *(const float *)arg;
+    for (size_t i = 0; i < n; i++) out[i] = k * in[i];
+}
+
+static sim_status scaled(mesh_ctx *c, const mesh_array *a, float k, const char *name, mesh_array *out)
+{
+    return mesh_map(c, a, scale_fn, &k, name, out);
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    float alpha, beta;
+} axpby_job;
+
+static void axpby_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const axpby_job *J = arg;
+    for (int64_t i = lo; i < hi; i++) J->y[i] = J->alpha * J->x[i] + J->beta * J->y[i];
+}
+
+/* out = alpha x + beta y, consuming y (it becomes out or is freed).  Equal
+ * shardings (the usual case) run as one local pass into y's buffer, as XLA
+ * fuses the elementwise tail: one temporary less at the peak.  Otherwise the
+ * sharded elementwise ops place it. */
+static sim_status axpby(mesh_ctx *c, float alpha, const mesh_array *x, float beta, mesh_array *y, const char *name,
+                        mesh_array *out)
+{
+    if (!x->spec.partial && !y->spec.partial && mesh_spec_equal(&x->spec, &y->spec)) {
+        if (x->data && y->data) {
+            axpby_job J = {x->data, y->data, alpha, beta};
+            bk_parallel_for((int64_t)y->nlocal, 1 << 15, axpby_chunk, &J);
+        }
+        *out = *y;
+        memset(y, 0, sizeof *y);
+        return SIM_OK;
+    }
+    mesh_array ax = {0}, by = {0};
+    sim_status st = scaled(c, x, alpha, name, &ax);
+    if (st == SIM_OK) st = beta == 1.0f ? SIM_OK : scaled(c, y, beta, name, &by);
+    if (st == SIM_OK) st = mesh_add(c, &ax, beta == 1.0f ? y : &by, name, out);
+    mesh_array_free(c->dev, &ax);
+    mesh_array_free(c->dev, &by);
+    mesh_array_free(c->dev, y);
+    return st;
+}
+
+/* x / (norm + eps) per matrix, locally: nrm holds the Frobenius norms of x's
+ * local batch block (dims flagged in `batch`, same order, same sharding). */
+static void divide_by_norm(mesh_array *x, const mesh_array *nrm, const bool *batch, float eps)
+{
+    if (!x->data) return;
+    float *xv = x->data;
+    const float *nv = nrm->data;
+    int64_t idx[MESH_SPEC_MAX_RANK] = {0};
+    for (size_t i = 0; i < x->nlocal; i++) {
+        int64_t b = 0;
+        for (int d = 0; d < x->rank; d++)
+            if (batch[d]) b = b * x->local[d] + idx[d];
+        xv[i] = xv[i] / (nv[b] + eps);
+        for (int d = x->rank - 1; d >= 0; d--) {
+            if (++idx[d] < x->local[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *dims, double eps, const char *path,
+                                    const sim_dtype *gather, bool once, mesh_array *x)
+{
+    mesh_ctx c = *ctx;
+    c.mode = MESH_MODE_AUTO; /* optax's update carries no sharding annotations: the partitioner places it */
+    c.tape = NULL;
+    c.cache = NULL;
+    c.operand_gather = gather;
+    char layer[MESH_NAME_MAX];
+    snprintf(layer, sizeof layer, "optimizer/%s", path);
+    c.layer = layer;
+    const int rank = x->rank;
+    /* rows: the smaller group (optax transposes [R, O] to [O, R] when R > O) */
+    int64_t R = 1, O = 1;
+    for (int i = 0; i < dims->n_red; i++) R *= x->shape[dims->red[i]];
+    for (int i = 0; i < dims->n_out; i++) O *= x->shape[dims->out[i]];
+    const int *rows = R > O ? dims->out : dims->red;
+    const int nrows = R > O ? dims->n_out : dims->n_red;
+    bool batch[MESH_SPEC_MAX_RANK], is_row[MESH_SPEC_MAX_RANK];
+    int mat[MESH_SPEC_MAX_RANK], nmat = 0;
+    for (int d = 0; d < rank; d++) batch[d] = true, is_row[d] = false;
+    for (int i = 0; i < dims->n_red; i++) batch[dims->red[i]] = false, mat[nmat++] = dims->red[i];
+    for (int i = 0; i < dims->n_out; i++) batch[dims->out[i]] = false, mat[nmat++] = dims->out[i];
+    for (int i = 0; i < nrows; i++) is_row[rows[i]] = true;
+    /* einsum letters: x's dims 'a'.., its rows renamed 'm'.. (second factor) and 'q'.. (third) */
+    char xl[9] = {0}, x2[9] = {0}, gram[17] = {0}, g2[17] = {0}, g3[17] = {0};
+    int ng = 0;
+    for (int d = 0; d < rank; d++) {
+        xl[d] = (char)('a' + d);
+        if (batch[d]) gram[ng++] = xl[d];
+    }
+    int nb = ng;
+    for (int d = 0, k = 0; d < rank; d++) {
+        x2[d] = is_row[d] ? (char)('m' + k++) : xl[d];
+        if (is_row[d]) gram[ng++] = xl[d];
+    }
+    for (int d = 0; d < rank; d++)
+        if (is_row[d]) gram[ng++] = x2[d];
+    /* g2: (batch, m.., q..) and g3: (batch, rows, q..) for A @ A */
+    memcpy(g2, gram, (size_t)nb);
+    memcpy(g3, gram, (size_t)nb + (size_t)nrows);
+    for (int k = 0; k < nrows; k++) {
+        g2[nb + k] = (char)('m' + k);
+        g2[nb + nrows + k] = (char)('q' + k);
+        g3[nb + nrows + k] = (char)('q' + k);
+    }
+    char s_gram[64], s_sq[64], s_bx[64];
+    snprintf(s_gram, sizeof s_gram, "%s,%s->%s", xl, x2, gram);
+    snprintf(s_sq, sizeof s_sq, "%s,%s->%s", gram, g2, g3);
+    /* B (batch, rows, m..) times x with its rows renamed m..: back to x's own letters */
+    snprintf(s_bx, sizeof s_bx, "%s,%s->%s", gram, x2, xl);
+
+    mesh_spec keep = x->spec;
+    sim_status st = SIM_OK;
+    mesh_array sq = {0}, nrm = {0}, a = {0}, aa = {0}, bm = {0}, bx = {0}, nx = {0};
+    /* Frobenius normalisation: the sum over the matrix dims all-reduces what they shard */
+    st = mesh_mul(&c, x, x, "ns_sq", &sq);
+    if (st == SIM_OK) st = mesh_reduce_sum(&c, &sq, nmat, mat, NULL, "ns_norm", &nrm);
+    mesh_array_free(c.dev, &sq);
+    if (st == SIM_OK && nrm.data) {
+        float *v = nrm.data;
+        for (size_t i = 0; i < nrm.nlocal; i++) v[i] = sqrtf(v[i]);
+    }
+    if (st == SIM_OK) divide_by_norm(x, &nrm, batch, (float)eps);
+    mesh_array_free(c.dev, &nrm);
+    for (int step = 0; st == SIM_OK && step < MODEL_MUON_NS_STEPS; step++) {
+        /* once: one gather of X serves X X^T and B X (XLA:TPU's compile of optax's Muon on llama2-7b,
+         * fsdp=8: one all-gather of each MLP stack per step, tests/data/xla/tpu.json); XLA:CPU gathers X
+         * for each product (maxtext-facts-2 A.4: three all-gathers a step) */
+        c.cache = once ? mesh_reshard_cache_new(c.dev) : NULL;
+        st = mesh_einsum(&c, s_gram, x, x, NULL, "ns_gram", SIM_MEM_TEMP, &a, NULL);
+        if (st == SIM_OK && a.spec.partial) { /* a sum over a sharded long dim: all-reduce the Gram matrix */
+            mesh_spec full = a.spec;
+            full.partial = 0;
+            st = mesh_with_sharding_constraint(&c, &a, &full, "ns_gram");
+        }
+        if (st == SIM_OK) st = mesh_einsum(&c, s_sq, &a, &a, NULL, "ns_gram_sq", SIM_MEM_TEMP, &aa, NULL);
+        if (st == SIM_OK) st = axpby(&c, (float)NS_B, &a, (float)NS_C, &aa, "ns_poly", &bm); /* b A + c A A */
+        mesh_array_free(c.dev, &a);
+        if (st == SIM_OK) st = mesh_einsum(&c, s_bx, &bm, x, NULL, "ns_bx", SIM_MEM_TEMP, &bx, NULL);
+        mesh_array_free(c.dev, &bm);
+        if (c.cache) mesh_reshard_cache_free(c.cache);
+        c.cache = NULL;
+        if (st == SIM_OK) st = axpby(&c, (float)NS_A, x, 1.0f, &bx, "ns_step", &nx); /* a X + B X */
+        if (st == SIM_OK) {
+            mesh_array_free(c.dev, x);
+            *x = nx;
+            memset(&nx, 0, sizeof nx);
+        }
+    }
+    /* back to the weight's sharding for the elementwise update */
+    if (st == SIM_OK && (x->spec.partial || !mesh_spec_equal(&x->spec, &keep)))
+        st = mesh_with_sharding_constraint(&c, x, &keep, "ns_out");
+    return st;
+}
+
+/* ---------------------------------------------------------------- the update */
+
+/* Layer l's shard <-> its slice of the stacked local shard (layer dim sd unsplit). */
+static void layer_copy(mesh_array *stacked, const mesh_array *layer, int sd, int l, int n_layers, bool to_stacked)
+{
+    if (!stacked->data || !layer->data) return;
+    size_t outer = 1, inner = 1;
+    for (int d = 0; d < sd; d++) outer *= (size_t)stacked->local[d];
+    for (int d = sd + 1; d < stacked->rank; d++) inner *= (size_t)stacked->local[d];
+    float *s = stacked->data, *y = layer->data;
+    for (size_t o = 0; o < outer; o++) {
+        float *ps = s + (o * (size_t)n_layers + (size_t)l) * inner, *py = y + o * inner;
+        if (to_stacked)
+            memcpy(ps, py, inner * sizeof(float));
+        else
+            memcpy(py, ps, inner * sizeof(float));
+    }
+}
+
+typedef struct {
+    float *x, *mu, *nu, *out;
+    const float *g;
+    bool clip;
+    float gnorm, thr, neg_lr, b1, b2, omb1, omb2, bc1, bc1n, bc2, eps, eps_root, wd;
+} nadam_job;
+
+/* optax.adamw(nesterov=True) on one shard; also the momentum half of Muon (nu == NULL):
+ * out = b1 * (mu / bc1n) + (1 - b1) * (g / bc1) */
+static void nadam_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const nadam_job *J = arg;
+    for (int64_t i = lo; i < hi; i++) {
+        float gi = J->clip ? (J->g[i] / J->gnorm) * J->thr : J->g[i];
+        float mi = J->omb1 * gi + J->b1 * J->mu[i];
+        J->mu[i] = mi;
+        float mhat = J->b1 * (mi / J->bc1n) + J->omb1 * (gi / J->bc1);
+        if (!J->nu) {
+            J->out[i] = mhat;
+            continue;
+        }
+        float vi = J->omb2 * (gi * gi) + J->b2 * J->nu[i];
+        J->nu[i] = vi;
+        float u = mhat / (sqrtf(vi / J->bc2 + J->eps_root) + J->eps);
+        u = u + J->wd * J->x[i];
+        J->x[i] = J->x[i] + J->neg_lr * u;
+    }
+}
+
+typedef struct {
+    float *x;
+    const float *o;
+    float scale, wd, neg_lr;
+} apply_job;
+
+static void apply_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const apply_job *J = arg;
+    for (int64_t i = lo; i < hi; i++) {
+        float u = J->scale * J->o[i];
+        u = u + J->wd * J->x[i];
+        J->x[i] = J->x[i] + J->neg_lr * u;
+    }
+}
+
+static sim_status check_layer(const model_param *p, int l, bool need_nu)
+{
+    const mesh_array *w = &p->w[l];
+    if (!p->g || !p->m || (need_nu && !p->v))
+        return sim_err(SIM_ERR_INTERNAL, "muon: '%s' lacks gradient or optimizer state", p->def.path);
+    const mesh_array *o[3] = {&p->g[l], &p->m[l], need_nu ? &p->v[l] : &p->m[l]};
+    mesh_array_owned(w); /* the update writes the parameter and its moments in place */
+    for (int i = 0; i < 3; i++) mesh_array_owned(o[i]);
+    for (int i = 0; i < 3; i++)
+        if (o[i]->nlocal != w->nlocal || !mesh_spec_equal(&o[i]->spec, &w->spec))
+            return sim_err(SIM_ERR_INTERNAL, "muon: '%s' layer %d: state and parameter shards differ", p->def.path, l);
+    return SIM_OK;
+}
+
+sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_muon_dims *all_dims,
+                             model_param *params, int n, long long s, double grad_norm)
+{
+    if (s < 0) return sim_err(SIM_ERR_INTERNAL, "optimizer step %lld: counts from 0", s);
+    sim_device *dev = ctx->dev;
+    const bool clip = model_clip_applies(o, grad_norm);
+    const double t = (double)(s + 1); /* optax's count after the increment */
+    nadam_job base = {0};
+    base.clip = clip;
+    base.gnorm = (float)grad_norm;
+    base.thr = (float)o->clip;
+    base.neg_lr = (float)-model_lr_at(o, s);
+    for (int p = 0; p < n; p++) {
+        model_param *pp = &params[p];
+        const model_muon_dims dims = all_dims[p];
+        if (pp->def.state_var) continue; /* not trained (MaxText's MoEBiasVar is no optax leaf) */
+        for (int l = 0; l < pp->n_layers; l++) SIM_TRY(check_layer(pp, l, !dims.muon));
+        nadam_job J = base;
+        if (!dims.muon) { /* the AdamW branch: optax.adamw(nesterov=True) */
+            J.b1 = (float)o->b1, J.b2 = (float)o->b2, J.omb1 = (float)(1.0 - o->b1), J.omb2 = (float)(1.0 - o->b2);
+            J.bc1 = (float)(1.0 - pow(o->b1, t)), J.bc1n = (float)(1.0 - pow(o->b1, t + 1));
+            J.bc2 = (float)(1.0 - pow(o->b2, t));
+            J.eps = (float)o->eps, J.eps_root = (float)o->eps_root, J.wd = (float)o->weight_decay;
+            for (int l = 0; l < pp->n_layers; l++) {
+                if (!pp->w[l].data) continue; /* dry run */
+                J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->m[l].data, J.nu = pp->v[l].data;
+                bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, nadam_chunk, &J);
+            }
+            continue;
+        }
+        /* Muon: momentum and its Nesterov estimate, stacked into one leaf */
+        const double beta = o->muon.beta;
+        J.b1 = (float)beta, J.omb1 = (float)(1.0 - beta);
+        J.bc1 = (float)(1.0 - pow(beta, t)), J.bc1n = (float)(1.0 - pow(beta, t + 1));
+        int sd = pp->def.scan_dim;
+        if (sd >= 0 && pp->spec.n_axes[sd] > 0)
+            return sim_err(SIM_ERR_INPUT, "opt_type=muon: '%s' has its layer dim sharded (pipelining); Muon needs the "
+                           "[dim0, layers, ...] layout unsplit", pp->def.path);
+        mesh_array x;
+        SIM_TRY(mesh_array_new_raw(dev, ctx->mesh, pp->def.path, pp->def.rank, pp->def.shape, &pp->spec, SIM_F32,
+                                   SIM_MEM_TEMP, &x));
+        float *tmp = NULL;
+        for (int l = 0; l < pp->n_layers; l++) {
+            if (!pp->w[l].data) continue;
+            if (sd < 0) { /* not stacked: the leaf is the layer */
+                J.out = x.data;
+            } else {
+                if (!tmp) tmp = malloc(pp->w[l].nlocal * sizeof(float));
+                J.out = tmp;
+            }
+            J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->m[l].data, J.nu = NULL;
+            bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, nadam_chunk, &J);
+            if (sd >= 0) {
+                mesh_array tl = pp->w[l];
+                tl.data = tmp;
+                layer_copy(&x, &tl, sd, l, pp->n_layers, true);
+            }
+        }
+        static const sim_dtype bf16 = SIM_BF16;
+        sim_status st = model_muon_orthogonalize(ctx, &dims, o->eps, pp->def.path,
+                                                  o->muon.ns_gather_bf16 ? &bf16 : NULL, o->muon.ns_gather_once, &x);
+        apply_job A = {NULL, NULL, model_muon_scale(&o->muon, &pp->def, &dims), (float)o->muon.weight_decay,
+                       base.neg_lr};
+        for (int l = 0; st == SIM_OK && l < pp->n_layers; l++) {
+            if (!pp->w[l].data) continue;
+            const float *upd = x.data;
+            if (sd >= 0) {
+                mesh_array tl = pp->w[l];
+                tl.data = tmp;
+                layer_copy(&x, &tl, sd, l, pp->n_layers, false);
+                upd = tmp;
+            }
+            A.x = pp->w[l].data, A.o = upd;
+            bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, apply_chunk, &A);
+        }
+        free(tmp);
+        mesh_array_free(dev, &x);
+        SIM_TRY(st);
+    }
+    return SIM_OK;
+}
