@@ -17,6 +17,11 @@
  * changes; 0.2.5 refuses the explicit pipelines at their positions gather,
  * the explicit FSDP2+TP2 at MLA's q_norm, and has no tensor_transpose axis).
  * The auto rows keep the default release (0.2.5): MaxText traces them alike.
+ * 0.2.0 itself fails two explicit rows (as 0.2.1 does, both on JAX 0.8.1):
+ * seed 000's FSDP2+TPT2 at the optimizer update's add (the sparse MoE's
+ * kernel gradients carry its shard_map in_specs) and seed 002's ZeRO-1+PP at
+ * jax.jit's check of the ZeRO-1 state; the seeds measured them on their pull
+ * requests' commits, which no release holds, so those rows print the refusal.
  *
  * Keys the seed command lines leave out take MaxText's defaults of the time
  * (per_device_batch_size 12, max_target_length 2048, dtype bfloat16,
