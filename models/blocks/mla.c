@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk_rope.h"
+#include "config/release.h"
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/ops.h"
@@ -93,9 +94,11 @@ static bk_rope_params rope_params(const model_dims *d, const model_mla_dims *mla
 static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const mesh_var *scale, const char *name)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = mesh_release_error(md->ctx.release, "mla_norm_scale", "layers/normalizations.py:__call__");
+    if (!where) return SIM_OK; /* the release followed traces it (maxtext_release) */
     char sub[32];
     snprintf(sub, sizeof sub, "%.*sk,k->%.*sk", x->val.rank - 1, "abcdefgh", x->val.rank - 1, "abcdefgh");
-    return mesh_einsum_check(&md->ctx, sub, &x->val, &scale->val, name, "layers/normalizations.py:__call__",
+    return mesh_einsum_check(&md->ctx, sub, &x->val, &scale->val, name, where,
                              "MaxText's MLA norms ignore shard_mode: use tensor=1 (and tensor_sequence=1) with MLA in "
                              "explicit mode, or shard_mode=auto");
 }
@@ -109,6 +112,8 @@ static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const m
 static sim_status yarn_check(model_dev *md, const mesh_var *x)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = mesh_release_error(md->ctx.release, "yarn_freqs_broadcast", "layers/embeddings.py:__call__");
+    if (!where) return SIM_OK;
     static const char *const fnames[4] = {"activation_batch", "activation_length", NULL, "q_heads"};
     static const char *const onames[4] = {"activation_batch", "activation_length", NULL, NULL};
     const mesh_array *a = &x->val;
@@ -123,8 +128,7 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
     fs = fr.spec;
     SIM_TRY(model_logical_spec(md->def, "rope/rotated", 4, onames, &os));
     bool batch_differs = fs.n_axes[0] != os.n_axes[0] || memcmp(fs.axes[0], os.axes[0], (size_t)fs.n_axes[0]) != 0;
-    return mesh_broadcast_to_check(&md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope",
-                                   "layers/embeddings.py:__call__",
+    return mesh_broadcast_to_check(&md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope", where,
                                    batch_differs
                                        ? "MaxText's YaRN frequencies keep the config rules' batch sharding in the dense "
                                          "layers before a pipeline (which run with 'stage' added to activation_batch): "
@@ -143,6 +147,8 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
 static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_array *positions)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = mesh_release_error(md->ctx.release, "rope_positions_mul", "layers/embeddings.py:apply_rotary");
+    if (!where) return SIM_OK;
     const mesh_array *a = &x->val;
     int64_t shape[4] = {a->shape[0], a->shape[1], 1, a->shape[3]};
     /* the positions as MaxText's input pipeline shards them (input_data_sharding_logical_axes) */
@@ -152,7 +158,7 @@ static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_ar
     mesh_array sv = mesh_array_view(positions, 4, shape, &ps);
     sv.dtype = SIM_F32; /* sin/cos of the positions, in the input's dtype */
     snprintf(sv.name, sizeof sv.name, "sin");
-    return mesh_mul_check(&md->ctx, a, &sv, "query_rope", "layers/embeddings.py:apply_rotary",
+    return mesh_mul_check(&md->ctx, a, &sv, "query_rope", where,
                           "MaxText's rotary embedding keeps the positions' sequence sharding: use "
                           "tensor_sequence=1 with MLA in explicit mode, or shard_mode=auto");
 }
