@@ -47,6 +47,8 @@ static const struct {
     {"mesh/planmemo", "mesh/reshard", "the plan memo stores reshard plans, the planner consults the memo"},
     {"sim/machine", "sim/collectives", "collectives run on machine devices, the machine's private state holds them"},
     {"sim/machine", "sim/fiber", "fibers park machine devices, the machine schedules fibers"},
+    {"config/config", "config/release",
+     "loading a config applies its release (keys it lacks, its base rules), a release file is read as a config"},
 };
 enum { N_KNOWN_CYCLE = sizeof KNOWN_CYCLE / sizeof KNOWN_CYCLE[0] };
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk_parallel.h"
+#include "config/release.h"
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
@@ -119,13 +120,16 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
     if (!d->zero1) return SIM_OK;
     int f = mesh_shape_axis_index(&m->mesh, "fsdp"), ft = mesh_shape_axis_index(&m->mesh, "fsdp_transpose");
     int fsdp = (f >= 0 ? m->mesh.sizes[f] : 1) * (ft >= 0 ? m->mesh.sizes[ft] : 1);
-    if (fsdp > 1)
+    /* 0.2.5's types.py refuses it (the gradients sharded P('fsdp') are added to moments sharded
+     * P(('data','fsdp')): a type error in explicit mode); 0.2.0's accepts it (maxtext_release) */
+    const char *refuser = mesh_release_refusal(m->release, "zero1_with_fsdp");
+    if (fsdp > 1 && refuser)
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true (ZeRO-1) cannot be combined with FSDP: the fsdp and "
-                       "fsdp_transpose mesh axes have a combined size of %d (MaxText refuses this too). Set "
+                       "fsdp_transpose mesh axes have a combined size of %d (MaxText %s refuses this too: %s). Set "
                        "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
                        "or set shard_optimizer_over_data=false",
-                       fsdp);
+                       fsdp, mesh_release_maxtext(m->release), refuser);
     SIM_TRY(model_opt_zero1_check(cfg)); /* MaxText's validate_optimizer_sharding_over_data */
     return SIM_OK;
 }
@@ -499,6 +503,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
     d->seed = (uint64_t)seed;
 
+    SIM_TRY(mesh_release_of(cfg, &m->release));
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
     SIM_TRY(zero1_and_ga_from_config(cfg, m));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
@@ -701,6 +706,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
     md->ctx.dev = dev;
     md->ctx.mesh = &def->mesh;
     md->ctx.mode = def->d.mode;
+    md->ctx.release = def->release;
     md->ctx.drop_size_one = def->d.drop_size_one;
     md->ctx.embed_all_to_all = def->d.xla.embed_all_to_all;
     md->ctx.layer = "";

@@ -113,6 +113,7 @@ typedef struct {
 
 typedef struct {
     model_dims d;
+    const struct mesh_release *release; /* maxtext_release (mesh/release.h), never NULL once defined */
     mesh_shape mesh;
     mesh_rules rules;
     int nparams;
@@ -323,6 +324,11 @@ typedef struct model_family {
     int64_t (*mtp_layers)(const model_def *m);
     /* Releases what the family keeps per device (NULL: nothing); model_dev_free calls it. */
     void (*dev_free)(model_dev *md);
+    /* The logical names parameter i's gradient carries where the release followed gives it others
+     * than the parameter's (a shard_map returning a kernel's gradient with its in_specs:
+     * maxtext_release's grad_logical_names), into names[0..cap); returns how many, 0 for the
+     * parameter's own (NULL hook: always its own). */
+    int (*grad_names)(const model_def *m, int i, const char **names, int cap);
 } model_family;
 
 /* The family table, one row per simulated decoder_block (models/families/families.c). */
