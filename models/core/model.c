@@ -130,26 +130,8 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
                        "fsdp_transpose mesh axes have a combined size of %d (MaxText %s refuses this too: %s). Set "
                        "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
                        "or set shard_optimizer_over_data=false",
-<<<<<<< HEAD
-                       fsdp);
-    SIM_TRY(model_opt_zero1_check(cfg)); /* MaxText's validate_optimizer_sharding_over_data */
-=======
                        fsdp, mesh_release_maxtext(m->release), refuser);
-    static const char *const types[] = {"adamw", "sgd", "muon"};
-    int type;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
-    if (type == 2)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) with opt_type=muon: ZeRO-1 with Muon is broken at "
-                       "MaxText's head (Linen raises NotImplementedError; NNX shards only the AdamW branch's state); "
-                       "set shard_optimizer_over_data=false or use opt_type=adamw");
-    if (type != 0)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) shards the Adam moments, but opt_type=%s keeps none "
-                       "(MaxText raises 'Could not find Adam/Muon optimizer state'); use opt_type=adamw or set "
-                       "shard_optimizer_over_data=false",
-                       types[type]);
->>>>>>> release
+    SIM_TRY(model_opt_zero1_check(cfg)); /* MaxText's validate_optimizer_sharding_over_data */
     return SIM_OK;
 }
 

@@ -55,6 +55,7 @@
 #include "models/families/deepseek_dims.h"
 #include "models/core/init.h"
 #include "models/core/model.h"
+#include "models/core/pipeline_run.h"
 
 /* ------------------------------------------------------------ logical names */
 
