@@ -1600,19 +1600,22 @@ static void explain(FILE *out, const plan_ctx *P, int K)
 
 /* ------------------------------------------------------------ plan.json and report.html */
 
-/* Marks the Pareto front of the ranked candidates: those that no other ranked candidate beats on
- * both the step time and the peak, each strictly.  P->ranked is in step-time order, so one sweep
- * decides: a candidate is beaten iff a strictly faster one has a strictly smaller peak. */
+/* Marks the Pareto front of the ranked candidates: those that no other ranked candidate dominates,
+ * i.e. none is as fast or faster and as small or smaller, and strictly better in one of the two
+ * (candidates with the same figures are all on it).  P->ranked is in step-time order, then peak
+ * order, so one sweep decides: a candidate is dominated iff a strictly faster one has a peak no
+ * larger, or one with its step time has a strictly smaller peak. */
 static void mark_pareto(plan_ctx *P)
 {
     double min_faster = INFINITY; /* the smallest peak of the candidates faster than the current step time */
     for (int k = 0; k < P->nranked;) {
         double step = P->c[P->ranked[k]].r.step_s, group_min = INFINITY;
         int e = k;
-        for (; e < P->nranked && P->c[P->ranked[e]].r.step_s == step; e++) {
-            plan_cand *c = &P->c[P->ranked[e]];
-            c->pareto = !(min_faster < c->r.peak);
-            if (c->r.peak < group_min) group_min = c->r.peak;
+        for (; e < P->nranked && P->c[P->ranked[e]].r.step_s == step; e++)
+            if (P->c[P->ranked[e]].r.peak < group_min) group_min = P->c[P->ranked[e]].r.peak;
+        for (int j = k; j < e; j++) {
+            plan_cand *c = &P->c[P->ranked[j]];
+            c->pareto = !(min_faster <= c->r.peak) && !(group_min < c->r.peak);
         }
         if (group_min < min_faster) min_faster = group_min;
         k = e;
@@ -1929,7 +1932,13 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
     /* the directory first: a search of a minute is not run for files that cannot be written */
     if (!st && outdir && *outdir) {
         snprintf(P->outdir, sizeof P->outdir, "%s", outdir);
-        st = cli_artifacts_mkdir(P->outdir);
+        if (cli_artifacts_mkdir(P->outdir)) {
+            char why[600];
+            snprintf(why, sizeof why, "%s", sim_errmsg());
+            sim_err_clear();
+            st = sim_err(SIM_ERR_IO, "output_dir=%s: plan writes plan.json and report.html there, but %s", outdir,
+                         why);
+        }
     }
     if (!st && nd <= 0)
         st = sim_err(SIM_ERR_INPUT, "plan needs the devices to plan for: compile_topology=NAME "
