@@ -1786,9 +1786,11 @@ static json_t *plan_json(const plan_ctx *P)
     json_t *cands = json_array(), *front = json_array();
     for (int k = 0; k < P->nc; k++) {
         const plan_cand *c = &P->c[order[k]];
-        /* a structure whose knob variants were never made stands for them too */
-        long long count = c->is_default && !c->explored ? count_variants(P, c->stages) : 1;
-        json_t *o = cand_head(P, k, c->state, c, count);
+        /* a structure whose knob variants were never made: not dry-run, they are counted with it
+         * (beyond the budget); dry-run, they are counted beside it */
+        long long unmade = c->is_default && !c->explored ? count_variants(P, c->stages) - 1 : 0;
+        json_t *o = cand_head(P, k, c->state, c, c->state == PC_UNTRIED ? 1 + unmade : 1);
+        if (c->state != PC_UNTRIED) jset(o, "variants_not_dry_run", json_integer(unmade));
         jset(o, "lower_bound_bytes", jnum(c->lb));
         bool figures = c->state == PC_RANKED || c->state == PC_OOM || c->state == PC_EQUIVALENT;
         if (figures) {
