@@ -462,7 +462,7 @@ typedef struct {
     plan_result r;
     int rank;           /* 1-based rank among the fitting, 0 if none */
     bool explored;      /* a structure whose knob variants were made (they are candidates of their own) */
-    bool pareto;        /* ranked, and no other ranked candidate is both faster and smaller */
+    bool pareto;        /* ranked, and on the Pareto front of step time and peak (mark_pareto) */
 } plan_cand;
 
 /* A candidate the checks dropped before any dry run (refused, pruned or equivalent to an earlier
@@ -839,8 +839,9 @@ static int add_structure(enum_state *E, const char *mode, bool zero1, int inheri
         /* the twin's verdict: the drop just recorded is the twin's (the call before this one) */
         SIM_ASSERT(P->ndrops > 0);
         const plan_drop *twin = &P->drops[P->ndrops - 1];
-        char *why = twin->why ? strdup(twin->why) : NULL;
-        add_drop(P, &c->w, inherit == 1 ? PC_REJECTED : PC_PRUNED, why, -1, P->drops[P->ndrops - 1].lb, nv);
+        char *why = twin->why ? strdup(twin->why) : NULL; /* add_drop may move the drops */
+        double lb = twin->lb;
+        add_drop(P, &c->w, inherit == 1 ? PC_REJECTED : PC_PRUNED, why, -1, lb, nv);
         free(why);
         P->nc--;
         return inherit;
