@@ -15,7 +15,7 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
-#include "models/optimizers/muon.h"
+#include "models/core/optimizer.h"
 #include "models/core/params.h"
 #include "models/core/pipeline.h"
 #include "models/core/timemodel.h"
@@ -77,7 +77,7 @@ typedef struct {
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
     int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
     int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
-    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see optim.h) */
+    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see core/optimizer.h) */
     int64_t seq;              /* max_target_length */
     uint64_t seed;            /* init_weights_seed */
     int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
@@ -119,8 +119,8 @@ typedef struct {
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
-    bool muon;                                 /* opt_type=muon */
-    model_muon_dims muon_dims[MODEL_MAX_PARAMS]; /* opt_type=muon: each parameter's Muon/AdamW class (muon.yml) */
+    const model_optimizer *opt;                /* opt_type's row of the optimizer table */
+    model_opt_param opt_param[MODEL_MAX_PARAMS]; /* how it treats each parameter (its slots, decay, class) */
     /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
     mesh_spec opt_spec[MODEL_MAX_PARAMS];
     mesh_spec opt_unpruned[MODEL_MAX_PARAMS];
@@ -166,12 +166,12 @@ typedef struct {
     bool recomputing;
     /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
     double mtp_loss;
-    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
+    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, an optimizer with state): the
      * stored state of each parameter as ONE stacked array in the optimizer
-     * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
+     * layout (opt_spec): z[i].w the parameters, z[i].slot[] the optimizer state, z[i].g
      * the step's reduce-scattered gradient (scan_dim -1, n_layers 1).  p[i].w
      * is then the all-gathered working copy the forward pass reads, p[i].g
-     * the gradient sinks, and p[i].m/v are NULL. */
+     * the gradient sinks, and p[i] holds no slots. */
     bool zero1;
     bool zero1_released;     /* p[i].w and p[i].g are released between a step's backward and the next gather */
     model_param z[MODEL_MAX_PARAMS];

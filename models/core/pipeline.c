@@ -171,11 +171,10 @@ sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, i
     if (mesh_cfg_find(cfg, "opt_type")) {
         const char *ot = NULL;
         SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
-        if (ot && !strcmp(ot, "muon"))
-            return sim_err(SIM_ERR_INPUT,
-                           "opt_type=muon with pipeline parallelism (stages=%lld) is not simulated yet; use "
-                           "opt_type=adamw or ici_pipeline_parallelism=1",
-                           (long long)S);
+        const model_optimizer *row = model_optimizer_find(ot);
+        if (row && row->pipeline_refused)
+            return sim_err(SIM_ERR_INPUT, "opt_type=%s with pipeline parallelism (stages=%lld) %s", row->name,
+                           (long long)S, row->pipeline_refused);
     }
     /* gradient_accumulation_steps: each accumulation microbatch runs a whole pipeline schedule (its own
      * bubbles, and with pipeline_fsdp_ag_once its own gather), as MaxText's GA scan wraps the step.

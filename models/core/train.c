@@ -163,7 +163,7 @@ typedef struct {
     model_train_job *job;
 } train_ctx;
 
-/* ---- ZeRO-1 (shard_optimizer_over_data; see optim.h) */
+/* ---- ZeRO-1 (shard_optimizer_over_data; see models/core/optimizer.h) */
 
 /* Re-makes per-layer array a (released: name, shape and spec kept) in category cat, zeroed. */
 static sim_status remake(model_dev *md, mesh_array *a, sim_mem_cat cat)
@@ -486,13 +486,10 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     sim_device_set_phase(dev, SIM_PHASE_OPTIMIZER);
     double norm;
     SIM_TRY(model_grad_global_norm(dev, &def->mesh, opt, def->nparams, &norm));
-    if (job->opt.type == MODEL_OPT_MUON) {
-        if (!def->muon || md->zero1)
-            return sim_err(SIM_ERR_INTERNAL, "opt_type=muon: the model was defined without it, or with ZeRO-1");
-        SIM_TRY(model_muon_update(&md->ctx, &job->opt, def->muon_dims, opt, def->nparams, s, norm));
-    } else {
-        SIM_TRY(model_adamw_update(dev, &job->opt, opt, def->nparams, s, norm));
-    }
+    if (job->opt.row != def->opt)
+        return sim_err(SIM_ERR_INTERNAL, "opt_type=%s: the model was defined with opt_type=%s", job->opt.row->name,
+                       def->opt->name);
+    SIM_TRY(model_opt_update(&md->ctx, &job->opt, def->opt_param, opt, def->nparams, s, norm));
     if (md->zero1) zero1_free_grads(md);
     if (def->d.family->after_step) def->d.family->after_step(md); /* after the optimizer, as MaxText's train_step */
     SIM_TRY(sim_device_barrier(dev));
