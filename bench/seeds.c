@@ -124,7 +124,7 @@ static result run(const row *r)
     model_train_job job;
     memset(&job, 0, sizeof job);
     sim_machine *m;
-    if (model_hw_from_config(cfg, "configs", def->mesh.num_devices, &hw, &have) || !have ||
+    if (model_hw_from_config(cfg, def->mesh.num_devices, &hw, &have) || !have ||
         model_tm_eff_load("configs", &eff) || model_data_from_config(cfg, &data) ||
         model_optim_from_config(cfg, &job.opt) || model_machine_new(def, 0, false, &m)) {
         fprintf(stderr, "bench/seeds: setup: %s\n", have ? sim_errmsg() : "no hardware profile");

@@ -240,7 +240,7 @@ static sim_status counted_dtype(const mesh_cfg *cfg, const char *tensor, const c
      * profile, as XLA:CPU; `dtype` on a TPU or GPU profile, which casts the shard first) */
     sim_dtype gather, reduce;
     char rule[192];
-    SIM_TRY(model_hw_wire_dtypes(cfg, cfg->configs_dir, dts[act], dts[wgt], &gather, &reduce, rule, sizeof rule));
+    SIM_TRY(model_hw_wire_dtypes(cfg, dts[act], dts[wgt], &gather, &reduce, rule, sizeof rule));
     bool cast = gather != dts[wgt];
     const char *wkey = cast ? "dtype" : "weight_dtype";
     sim_dtype counted = weight ? gather : dts[act];

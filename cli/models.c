@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "config/models.h"
 #include "models/core/model.h"
 
 /* NULL when model_name=name loads and defines; else the refusal (malloc'd). */

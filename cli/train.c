@@ -508,7 +508,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     model_tm_eff eff;
     bool have_hw = false;
     int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
-    if (!st) st = model_hw_from_config(cm.cfg, cli_configs_dir(), per_slice, &hw, &have_hw);
+    if (!st) st = model_hw_from_config(cm.cfg, per_slice, &hw, &have_hw);
     if (!st && have_hw) st = model_tm_eff_load(cli_configs_dir(), &eff);
     const mesh_cfg_entry *hbm_e = mesh_cfg_find(cm.cfg, "hbm_limit_gb");
     if (!st && have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;

@@ -50,42 +50,9 @@
 #ifndef CONFIG_CONFIG_H
 #define CONFIG_CONFIG_H
 
+#include "config/keys.h"
+#include "config/value.h"
 #include "sim/status.h"
-
-typedef enum {
-    MESH_CFG_SCALAR,
-    MESH_CFG_LIST,
-    MESH_CFG_MAP
-} mesh_cfg_kind;
-
-/* What a scalar's text parses as (YAML 1.1 style, plus MaxText's "None"). */
-typedef enum {
-    MESH_CFG_NULL,   /* unquoted "", ~, null, or None/none in any quoting */
-    MESH_CFG_BOOL,   /* unquoted true/false, yes/no, on/off (any case) */
-    MESH_CFG_INT,    /* [+-]digits, '_' separators allowed (10_000), 0x hex */
-    MESH_CFG_FLOAT,  /* a number with '.', an exponent, or .inf/.nan */
-    MESH_CFG_STRING  /* anything else, and every other quoted scalar */
-} mesh_cfg_type;
-
-typedef struct mesh_cfg_value mesh_cfg_value;
-struct mesh_cfg_value {
-    mesh_cfg_kind kind;
-    char *text;            /* SCALAR: the text without quotes */
-    int quoted;            /* SCALAR: written in quotes (so never a number/bool) */
-    int n;                 /* LIST/MAP: number of items */
-    mesh_cfg_value *items; /* LIST/MAP: items (MAP: the values) */
-    char **keys;           /* MAP: the keys */
-    const char *file;      /* where it was written: a path, or "command line" */
-    int line;              /* 1-based line in file (0 when not from a file) */
-};
-
-/* A key's class in configs/keys.yml. */
-typedef enum {
-    MESH_KEY_UNCLASSIFIED = 0, /* no keys.yml for this config */
-    MESH_KEY_HONOURED,         /* read by the simulator with MaxText's meaning */
-    MESH_KEY_INERT,            /* cannot change losses, shardings, memory or traffic */
-    MESH_KEY_REFUSED           /* a feature not simulated: only the default is accepted */
-} mesh_key_class;
 
 typedef struct {
     char *key;
@@ -111,6 +78,7 @@ typedef struct {
     const mesh_cfg_value *registry; /* keys.yml's `keys` map, parsed once per process
                                        (entries' spec/why point into it), or NULL */
     int *index, index_cap, index_n; /* hash index of the entries (position + 1) */
+    struct cfg_hw_cache *hw;  /* the hardware profile the config selects, read once (hardware.h) */
     /* Strings that values point to (file names); owned by the config. */
     int n_strings, cap_strings;
     char **strings;
@@ -148,31 +116,9 @@ sim_status mesh_cfg_entry_get(const mesh_cfg *cfg, const char *key, const mesh_c
 const char *mesh_cfg_closest_key(const mesh_cfg *cfg, const char *key);
 
 /* ---- the key contract ------------------------------------------------------ */
-/* "honoured", "inert", "refused" or "unclassified". */
-const char *mesh_key_class_name(mesh_key_class c);
 /* A field of the key's keys.yml line ("type", "default", "simulated", ...), or
  * NULL when the line has no such field or the config has no keys.yml. */
 const mesh_cfg_value *mesh_cfg_entry_field(const mesh_cfg_entry *e, const char *field);
-
-/* ---- model files and decoder blocks ----------------------------------------
- * A model name is a file <configs>/models/<model_name>.yml (MaxText's own files); its
- * decoder_block says which layer MaxText builds.  keys.yml's decoder_block `simulated` lists the
- * blocks shardsim runs: a model file (or any layer) naming another block MaxText has is refused
- * by its block before its keys are checked, with <configs>/decoder_blocks.yml's description. */
-typedef struct {
-    char *name;   /* the model name: the file name without .yml */
-    char *file;   /* <configs>/models/<name>.yml */
-    char *block;  /* its decoder_block (keys.yml's default when the file sets none) */
-} mesh_model_file;
-
-/* Every model file of the config's configs directory, sorted by name. */
-sim_status mesh_cfg_model_files(const mesh_cfg *cfg, mesh_model_file **out, int *n);
-void mesh_model_files_free(mesh_model_file *m, int n);
-/* 1 when keys.yml lists the block as simulated (or the config has no keys.yml). */
-int mesh_cfg_block_simulated(const mesh_cfg *cfg, const char *block);
-/* "models/mixtral.py MixtralDecoderLayer: <what it computes>" from decoder_blocks.yml, malloc'd,
- * or NULL when the file or the block's line is missing. */
-char *mesh_cfg_block_about(const mesh_cfg *cfg, const char *block);
 
 /* ---- typed getters: SIM_ERR_INPUT naming key, value, source and the expected
  * type when the key is missing or its value does not parse. ------------------ */
@@ -188,23 +134,5 @@ sim_status mesh_cfg_get_enum(const mesh_cfg *cfg, const char *key, const char *c
  * the strings; free(*items) only).  null gives 0 items. */
 sim_status mesh_cfg_get_str_list(const mesh_cfg *cfg, const char *key, const char ***items,
                                  int *n);
-
-/* ---- values ---------------------------------------------------------------- */
-mesh_cfg_type mesh_cfg_scalar_type(const mesh_cfg_value *v);
-const char *mesh_cfg_type_name(mesh_cfg_type t);
-/* Value-level parsers; `what` names the value in messages ("key 'x'"). */
-sim_status mesh_cfg_value_int(const mesh_cfg_value *v, const char *what, long long *out);
-sim_status mesh_cfg_value_double(const mesh_cfg_value *v, const char *what, double *out);
-sim_status mesh_cfg_value_bool(const mesh_cfg_value *v, const char *what, int *out);
-/* Semantic equality: numbers by value (10_000 == 10000.0), lists item by item. */
-int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b);
-/* Flow text of a value, malloc'd: YAML flow (`['a', 1, null]`) when json is
- * 0, JSON (`["a", 1, null]`) when json is 1. */
-char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json);
-/* "file:line" of a value (or "command line"), into buf. */
-const char *mesh_cfg_value_where(const mesh_cfg_value *v, char *buf, int cap);
-
-/* Levenshtein distance (for "did you mean" suggestions elsewhere too). */
-int mesh_edit_distance(const char *a, const char *b);
 
 #endif

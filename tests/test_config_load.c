@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "config/config.h"
+#include "config/models.h"
 
 static const char *const MODELS[] = {"llama2-7b", "deepseek3-test", "deepseek3-tiny",
                                      "deepseek3-671b", "deepseek2-16b", "deepseek3-671b-batchsplit"};

@@ -23,6 +23,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "config/config.h"
+#include "config/models.h"
 #include "models/core/model.h"
 #include "tests/cli_capture.h"
 

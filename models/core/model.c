@@ -294,9 +294,9 @@ static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
         *out[k] = dts[ix];
     }
     /* where the compiler of the selected hardware profile moves MaxText's cast (configs/hardware/) */
-    SIM_TRY(model_hw_wire_dtypes(cfg, cfg->configs_dir, d->act_dtype, d->weight_dtype, &d->gather_dtype,
+    SIM_TRY(model_hw_wire_dtypes(cfg, d->act_dtype, d->weight_dtype, &d->gather_dtype,
                                  &d->reduce_dtype, d->wire_rule, sizeof d->wire_rule));
-    SIM_TRY(model_hw_xla_rules(cfg, cfg->configs_dir, d->act_dtype, d->weight_dtype, &d->xla));
+    SIM_TRY(model_hw_xla_rules(cfg, d->act_dtype, d->weight_dtype, &d->xla));
     SIM_TRY(model_cfg_bool(cfg, "logits_dot_in_fp32", &d->logits_dot_fp32));
     SIM_TRY(model_cfg_bool(cfg, "cast_logits_to_fp32", &d->logits_cast_fp32));
     return SIM_OK;

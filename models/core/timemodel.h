@@ -1,5 +1,4 @@
-/* timemodel.h — hardware profiles (configs/hardware/NAME.yml) and a step-time
- * model over what a run recorded: each kernel's cost (sim_cost: FLOPs and
+/* timemodel.h — a step-time model on a hardware profile (config/hardware.h) over what a run recorded: each kernel's cost (sim_cost: FLOPs and
  * HBM elements) on the roofline of the profile, each collective (sim_record)
  * by an alpha-beta model over the links its group uses (ICI within a slice,
  * DCN across), replayed in call order.  Overlap is data: by default every
@@ -20,47 +19,9 @@
 #include <stdio.h>
 
 #include "config/config.h"
+#include "config/hardware.h"
 #include "sim/collectives.h"
 #include "sim/machine.h"
-
-/* What the profile's compiler does to MaxText's step beyond the dtypes it moves weights in: each field
- * a key of the profile (configs/hardware/v5p.yml gives each one's evidence; docs/xla-fidelity.md). */
-typedef struct {
-    bool hoist_casts;         /* hoisted_weight_copies: dtype -- each layer stack's float32 weights cast to
-                                 `dtype` once, the device's shard held through the forward and backward loops */
-    int ga_grad_copies;       /* accumulation_gradient_copies: gradient sets held beside the gradients while
-                                 gradient accumulation runs */
-    bool ns_gather_bf16;      /* newton_schulz_gather_dtype: bfloat16 -- float32 Newton-Schulz operands cast
-                                 before their gathers (with a one-pass matmul_precision) */
-    bool ns_gather_once;      /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X */
-    int windowed_min_group;   /* windowed_einsum_min_group: weight products over groups at least this large
-                                 run as windowed einsums (0: never) */
-    int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
-                                 reduce-scatter over at most this many devices, else an all-reduce (0: always) */
-    bool embed_all_to_all;    /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
-                                 rows looked up on the table's shard and all-to-all'd back (gather_table: the
-                                 table is all-gathered and its gradient reduce-scattered) */
-} model_xla_rules;
-
-/* One accelerator, per JAX device (a chip's figures divided by devices_per_chip). */
-typedef struct {
-    char name[32];            /* profile name (file stem): "v5p" */
-    bool gpu;                 /* kind: gpu (NVLink switch in a node) or tpu (torus links) */
-    int devices_per_chip;     /* JAX devices per chip */
-    double peak_bf16;         /* FLOP/s, dense bfloat16 */
-    double peak_fp8;          /* FLOP/s, dense float8; 0 = not published */
-    double peak_f32;          /* FLOP/s, float32; 0 = not published */
-    double hbm_bytes;         /* HBM capacity, bytes */
-    double hbm_bw;            /* HBM bandwidth, bytes/s */
-    double link_bw;           /* TPU: one ICI link, one direction, bytes/s; GPU: NVLink injection per
-                                 direction; 0 = not published (collectives cannot be timed) */
-    double dcn_bw;            /* DCN per device, bytes/s; 0 = not published */
-    int torus[3], torus_n;    /* physical shape of the slice (torus_n = 0 when the profile has none) */
-    bool gather_in_dtype;     /* weight_gather_dtype: dtype -- the compiler casts a float32 weight's shard to
-                                 `dtype` before its all-gather (false: weight_dtype, the stored dtype) */
-    bool reduce_in_dtype;     /* gradient_reduction_dtype: dtype -- parameter gradients are reduced in `dtype` */
-    model_xla_rules xla;      /* the compiler's program transformations (hoisted_weight_copies, ...) */
-} model_hw;
 
 /* The model's efficiency constants (configs/timemodel.yml). */
 typedef struct {
@@ -75,29 +36,19 @@ typedef struct {
     bool overlap_weights;     /* weight collectives run asynchronously beside compute (else they serialise) */
 } model_tm_eff;
 
-/* Profile names in <configs>/hardware (sorted, comma separated) into buf. */
-const char *model_hw_names(const char *configs_dir, char *buf, size_t cap);
-/* Loads <configs>/hardware/NAME.yml for a slice of `devices_per_slice` devices (0: unknown);
- * an unknown name is SIM_ERR_INPUT listing the valid ones. */
-sim_status model_hw_load(const char *configs_dir, const char *name, int devices_per_slice, model_hw *out);
-/* The profile a config selects: hardware_profile=NAME, else compile_topology's family
- * (v5p-8 -> v5p).  *found = false when neither is set. */
-sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
-                                model_hw *out, bool *found);
 sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out);
 /* The dtypes float32-stored weights are all-gathered and their gradients reduced in, as the compiler of
  * the profile the config selects moves them: `act` (dtype) where the profile says dtype and act is the
  * narrower, else `weight` (weight_dtype: XLA:CPU's behaviour, and the rule with no profile).  rule: one
  * line saying which rule applied (run.json, the config box). */
-sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
-                                sim_dtype *gather, sim_dtype *reduce, char *rule, size_t cap);
+sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, sim_dtype act, sim_dtype weight, sim_dtype *gather,
+                                sim_dtype *reduce, char *rule, size_t cap);
 
 /* The compiler rules of the profile the config selects, for `dtype` act and `weight_dtype` weight: the
  * profile's keys where one is selected and a rule applies (the hoisted copy only when act is narrower;
  * bfloat16 Newton-Schulz gathers only at matmul_precision default or bfloat16, one bfloat16 pass), all
  * off without a profile (XLA:CPU, the peer on this machine). */
-sim_status model_hw_xla_rules(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
-                              model_xla_rules *out);
+sim_status model_hw_xla_rules(const mesh_cfg *cfg, sim_dtype act, sim_dtype weight, model_xla_rules *out);
 /* The rules in force, one line ("hoisted weight copies, windowed einsums over >= 8 devices, ..." or "none"):
  * the config box and run.json. */
 const char *model_xla_rules_text(const model_xla_rules *r, char *buf, size_t cap);

@@ -65,7 +65,7 @@ sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *c)
     c->include_routers = b;
     SIM_TRY(model_muon_rules_load(cfg->configs_dir, &c->rules));
     model_xla_rules xla; /* weight_dtype float32 and dtype bfloat16: only the Newton-Schulz rules are read */
-    SIM_TRY(model_hw_xla_rules(cfg, cfg->configs_dir, SIM_BF16, SIM_F32, &xla));
+    SIM_TRY(model_hw_xla_rules(cfg, SIM_BF16, SIM_F32, &xla));
     c->ns_gather_bf16 = xla.ns_gather_bf16;
     c->ns_gather_once = xla.ns_gather_once;
     long long ici_pp, dcn_pp;

@@ -1,0 +1,440 @@
+/* value.c — config values: scalar typing, typed reads, equality, flow text (see value.h); and the
+ * small text helpers the rest of config/ shares (internal.h). */
+#include "config/internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+void cfg_sb_putf(cfg_sbuf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->n;
+        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? room : 0, fmt, ap);
+        va_end(ap);
+        SIM_ASSERT(k >= 0);
+        if (b->s && (size_t)k < room) {
+            b->n += (size_t)k;
+            return;
+        }
+        b->cap = (b->cap + (size_t)k + 1) * 2;
+        b->s = realloc(b->s, b->cap);
+        SIM_ASSERT(b->s);
+        if (b->n == 0) b->s[0] = '\0';
+    }
+}
+
+char *cfg_strdup(const char *s)
+{
+    char *d = strdup(s ? s : "");
+    SIM_ASSERT(d);
+    return d;
+}
+
+
+char *cfg_asprintf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int k = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    SIM_ASSERT(k >= 0 && s);
+    return s;
+}
+
+int mesh_edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    int *row = malloc((lb + 1) * sizeof *row);
+    SIM_ASSERT(row);
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    int d = row[lb];
+    free(row);
+    return d;
+}
+
+/* FNV-1a of a key: the duplicate-key check of large maps and the hash
+ * indexes of entries and keys.yml use it. */
+uint64_t cfg_hash(const char *k)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (; *k; k++) h = (h ^ (unsigned char)*k) * 1099511628211ULL;
+    return h;
+}
+
+void cfg_value_free(mesh_cfg_value *v)
+{
+    free(v->text);
+    for (int i = 0; i < v->n; i++) {
+        cfg_value_free(&v->items[i]);
+        if (v->keys) free(v->keys[i]);
+    }
+    free(v->items);
+    free(v->keys);
+    memset(v, 0, sizeof *v);
+}
+
+void cfg_value_copy(mesh_cfg_value *dst, const mesh_cfg_value *src)
+{
+    *dst = *src;
+    dst->text = src->text ? cfg_strdup(src->text) : NULL;
+    dst->items = NULL;
+    dst->keys = NULL;
+    if (src->n) {
+        dst->items = calloc((size_t)src->n, sizeof *dst->items);
+        SIM_ASSERT(dst->items);
+        if (src->keys) {
+            dst->keys = calloc((size_t)src->n, sizeof *dst->keys);
+            SIM_ASSERT(dst->keys);
+        }
+        for (int i = 0; i < src->n; i++) {
+            cfg_value_copy(&dst->items[i], &src->items[i]);
+            if (src->keys) dst->keys[i] = cfg_strdup(src->keys[i]);
+        }
+    }
+}
+
+/* Appends an item (and key for maps); returns the new slot. */
+mesh_cfg_value *cfg_value_push(mesh_cfg_value *v, const char *key)
+{
+    v->items = realloc(v->items, (size_t)(v->n + 1) * sizeof *v->items);
+    SIM_ASSERT(v->items);
+    if (v->kind == MESH_CFG_MAP) {
+        v->keys = realloc(v->keys, (size_t)(v->n + 1) * sizeof *v->keys);
+        SIM_ASSERT(v->keys);
+        v->keys[v->n] = cfg_strdup(key);
+    }
+    mesh_cfg_value *slot = &v->items[v->n++];
+    memset(slot, 0, sizeof *slot);
+    return slot;
+}
+
+int cfg_map_index(const mesh_cfg_value *map, const char *key)
+{
+    for (int i = map->n - 1; i >= 0; i--)
+        if (strcmp(map->keys[i], key) == 0) return i;
+    return -1;
+}
+
+const mesh_cfg_value *cfg_map_get(const mesh_cfg_value *map, const char *key)
+{
+    if (!map || map->kind != MESH_CFG_MAP) return NULL;
+    int i = cfg_map_index(map, key);
+    return i >= 0 ? &map->items[i] : NULL;
+}
+
+const char *cfg_map_text(const mesh_cfg_value *spec, const char *field)
+{
+    const mesh_cfg_value *v = cfg_map_get(spec, field);
+    return v && v->kind == MESH_CFG_SCALAR ? v->text : NULL;
+}
+
+int cfg_is_null(const mesh_cfg_value *v)
+{
+    return v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL;
+}
+
+const char *mesh_cfg_value_where(const mesh_cfg_value *v, char *buf, int cap)
+{
+    if (!v->file) snprintf(buf, (size_t)cap, "<unknown>");
+    else if (v->line > 0) snprintf(buf, (size_t)cap, "%s:%d", v->file, v->line);
+    else snprintf(buf, (size_t)cap, "%s", v->file);
+    return buf;
+}
+
+/* Copies text without '_' separators into buf; 0 when too long. */
+static int strip_underscores(const char *t, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (; *t; t++) {
+        if (*t == '_') continue;
+        if (n + 1 >= cap) return 0;
+        buf[n++] = *t;
+    }
+    buf[n] = '\0';
+    return 1;
+}
+
+int cfg_parse_int(const char *t, long long *out)
+{
+    char buf[80];
+    if (!strip_underscores(t, buf, sizeof buf)) return 0;
+    const char *p = buf;
+    if (*p == '+' || *p == '-') p++;
+    int base = 10;
+    if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
+        base = 16;
+        p += 2;
+    }
+    if (!*p) return 0;
+    for (const char *q = p; *q; q++)
+        if (base == 10 ? !isdigit((unsigned char)*q) : !isxdigit((unsigned char)*q)) return 0;
+    /* Underscores may only separate digits. */
+    if (t[0] == '_' || t[strlen(t) - 1] == '_') return 0;
+    errno = 0;
+    char *end;
+    long long v = strtoll(buf, &end, base == 16 ? 16 : 10);
+    if (errno == ERANGE || *end) return 0;
+    *out = v;
+    return 1;
+}
+
+int cfg_parse_float(const char *t, double *out)
+{
+    char buf[80];
+    if (!strip_underscores(t, buf, sizeof buf)) return 0;
+    const char *p = buf;
+    int neg = 0;
+    if (*p == '+' || *p == '-') neg = *p++ == '-';
+    if (!strcmp(p, ".inf") || !strcmp(p, ".Inf") || !strcmp(p, ".INF")) {
+        *out = neg ? -INFINITY : INFINITY;
+        return 1;
+    }
+    if (!strcmp(buf, ".nan") || !strcmp(buf, ".NaN") || !strcmp(buf, ".NAN")) {
+        *out = NAN;
+        return 1;
+    }
+    int digits = 0, marks = 0;
+    for (const char *q = p; *q; q++) {
+        if (isdigit((unsigned char)*q)) digits++;
+        else if (*q == '.' || *q == 'e' || *q == 'E') marks++;
+        else if (*q != '+' && *q != '-') return 0;
+    }
+    if (!digits || !marks) return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(buf, &end);
+    if (*end || errno == ERANGE) return 0;
+    *out = v;
+    return 1;
+}
+
+int cfg_bool_word(const char *t, int *out)
+{
+    static const char *const yes[] = {"true", "yes", "on"};
+    static const char *const no[] = {"false", "no", "off"};
+    for (int i = 0; i < 3; i++) {
+        if (!strcasecmp(t, yes[i])) return *out = 1, 1;
+        if (!strcasecmp(t, no[i])) return *out = 0, 1;
+    }
+    return 0;
+}
+
+mesh_cfg_type mesh_cfg_scalar_type(const mesh_cfg_value *v)
+{
+    if (v->kind != MESH_CFG_SCALAR) return MESH_CFG_STRING;
+    const char *t = v->text ? v->text : "";
+    /* MaxText turns the string "none" (any case, any quoting) into None. */
+    if (!strcasecmp(t, "none")) return MESH_CFG_NULL;
+    if (v->quoted) return MESH_CFG_STRING;
+    if (!*t || !strcmp(t, "~") || !strcmp(t, "null") || !strcmp(t, "Null") || !strcmp(t, "NULL"))
+        return MESH_CFG_NULL;
+    int b;
+    if (cfg_bool_word(t, &b)) return MESH_CFG_BOOL;
+    long long i;
+    if (cfg_parse_int(t, &i)) return MESH_CFG_INT;
+    double d;
+    if (cfg_parse_float(t, &d)) return MESH_CFG_FLOAT;
+    return MESH_CFG_STRING;
+}
+
+const char *mesh_cfg_type_name(mesh_cfg_type t)
+{
+    switch (t) {
+    case MESH_CFG_NULL: return "null";
+    case MESH_CFG_BOOL: return "a boolean (true or false)";
+    case MESH_CFG_INT: return "an integer";
+    case MESH_CFG_FLOAT: return "a number";
+    case MESH_CFG_STRING: return "a string";
+    }
+    return "?";
+}
+
+const char *cfg_kind_name(const mesh_cfg_value *v)
+{
+    if (v->kind == MESH_CFG_LIST) return "a list";
+    if (v->kind == MESH_CFG_MAP) return "a map";
+    return mesh_cfg_type_name(mesh_cfg_scalar_type(v));
+}
+
+sim_status cfg_value_error(const mesh_cfg_value *v, const char *what, const char *expected)
+{
+    char where[512];
+    char *text = mesh_cfg_value_to_text(v, 0);
+    sim_status st = sim_err(SIM_ERR_INPUT, "%s: %s = %s is %s, expected %s",
+                            mesh_cfg_value_where(v, where, sizeof where), what, text,
+                            cfg_kind_name(v), expected);
+    free(text);
+    return st;
+}
+
+sim_status mesh_cfg_value_int(const mesh_cfg_value *v, const char *what, long long *out)
+{
+    mesh_cfg_type t = mesh_cfg_scalar_type(v);
+    if (v->kind == MESH_CFG_SCALAR && t == MESH_CFG_INT && cfg_parse_int(v->text, out))
+        return SIM_OK;
+    double d;
+    if (v->kind == MESH_CFG_SCALAR && t == MESH_CFG_FLOAT && cfg_parse_float(v->text, &d) &&
+        d == floor(d) && fabs(d) < 9.0e18) {
+        *out = (long long)d;
+        return SIM_OK;
+    }
+    return cfg_value_error(v, what, "an integer");
+}
+
+sim_status mesh_cfg_value_double(const mesh_cfg_value *v, const char *what, double *out)
+{
+    mesh_cfg_type t = mesh_cfg_scalar_type(v);
+    long long i;
+    if (v->kind == MESH_CFG_SCALAR && t == MESH_CFG_INT && cfg_parse_int(v->text, &i)) {
+        *out = (double)i;
+        return SIM_OK;
+    }
+    if (v->kind == MESH_CFG_SCALAR && t == MESH_CFG_FLOAT && cfg_parse_float(v->text, out))
+        return SIM_OK;
+    return cfg_value_error(v, what, "a number");
+}
+
+sim_status mesh_cfg_value_bool(const mesh_cfg_value *v, const char *what, int *out)
+{
+    if (v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_BOOL &&
+        cfg_bool_word(v->text, out))
+        return SIM_OK;
+    return cfg_value_error(v, what, "true or false");
+}
+
+int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b)
+{
+    if (a->kind != b->kind || a->n != b->n) return 0;
+    if (a->kind == MESH_CFG_SCALAR) {
+        mesh_cfg_type ta = mesh_cfg_scalar_type(a), tb = mesh_cfg_scalar_type(b);
+        int na = ta == MESH_CFG_INT || ta == MESH_CFG_FLOAT;
+        int nb = tb == MESH_CFG_INT || tb == MESH_CFG_FLOAT;
+        if (na && nb) {
+            double x, y;
+            long long i, j;
+            if (ta == MESH_CFG_INT && tb == MESH_CFG_INT && cfg_parse_int(a->text, &i) &&
+                cfg_parse_int(b->text, &j))
+                return i == j;
+            if (mesh_cfg_value_double(a, "", &x) || mesh_cfg_value_double(b, "", &y)) return 0;
+            return x == y;
+        }
+        if (ta != tb) return 0;
+        if (ta == MESH_CFG_NULL) return 1;
+        if (ta == MESH_CFG_BOOL) {
+            int x = 0, y = 0;
+            cfg_bool_word(a->text, &x);
+            cfg_bool_word(b->text, &y);
+            return x == y;
+        }
+        return strcmp(a->text, b->text) == 0;
+    }
+    for (int i = 0; i < a->n; i++) {
+        if (a->kind == MESH_CFG_MAP && strcmp(a->keys[i], b->keys[i]) != 0) return 0;
+        if (!mesh_cfg_value_equal(&a->items[i], &b->items[i])) return 0;
+    }
+    return 1;
+}
+
+/* Shortest %g form that reads back to the same double. */
+static void put_double(cfg_sbuf *b, double d)
+{
+    if (isnan(d)) {
+        cfg_sb_putf(b, "NaN");
+        return;
+    }
+    if (isinf(d)) {
+        cfg_sb_putf(b, d < 0 ? "-Infinity" : "Infinity");
+        return;
+    }
+    char tmp[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*g", prec, d);
+        if (strtod(tmp, NULL) == d) break;
+    }
+    /* Keep it a float for readers that type by syntax (1e-05 -> 1e-05, 2 -> 2.0). */
+    if (!strpbrk(tmp, ".eEn")) cfg_sb_putf(b, "%s.0", tmp);
+    else cfg_sb_putf(b, "%s", tmp);
+}
+
+static void put_json_string(cfg_sbuf *b, const char *s)
+{
+    cfg_sb_putf(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') cfg_sb_putf(b, "\\%c", c);
+        else if (c == '\n') cfg_sb_putf(b, "\\n");
+        else if (c == '\t') cfg_sb_putf(b, "\\t");
+        else if (c < 0x20) cfg_sb_putf(b, "\\u%04x", c);
+        else cfg_sb_putf(b, "%c", c);
+    }
+    cfg_sb_putf(b, "\"");
+}
+
+static void put_value(cfg_sbuf *b, const mesh_cfg_value *v, int json)
+{
+    if (v->kind == MESH_CFG_LIST || v->kind == MESH_CFG_MAP) {
+        int map = v->kind == MESH_CFG_MAP;
+        cfg_sb_putf(b, map ? "{" : "[");
+        for (int i = 0; i < v->n; i++) {
+            if (i) cfg_sb_putf(b, ", ");
+            if (map) {
+                if (json) put_json_string(b, v->keys[i]);
+                else cfg_sb_putf(b, "%s", v->keys[i]);
+                cfg_sb_putf(b, ": ");
+            }
+            put_value(b, &v->items[i], json);
+        }
+        cfg_sb_putf(b, map ? "}" : "]");
+        return;
+    }
+    mesh_cfg_type t = mesh_cfg_scalar_type(v);
+    if (json) {
+        long long i;
+        double d;
+        int bo;
+        if (t == MESH_CFG_NULL) cfg_sb_putf(b, "null");
+        else if (t == MESH_CFG_BOOL && cfg_bool_word(v->text, &bo)) cfg_sb_putf(b, bo ? "true" : "false");
+        else if (t == MESH_CFG_INT && cfg_parse_int(v->text, &i)) cfg_sb_putf(b, "%lld", i);
+        else if (t == MESH_CFG_FLOAT && cfg_parse_float(v->text, &d)) put_double(b, d);
+        else put_json_string(b, v->text);
+        return;
+    }
+    /* YAML flow: quote strings that were quoted or that flow syntax would split. */
+    if (v->quoted || (t == MESH_CFG_STRING && strpbrk(v->text, ",[]{}:#'\"")) ||
+        (t == MESH_CFG_STRING && !*v->text)) {
+        cfg_sb_putf(b, "'");
+        for (const char *s = v->text; *s; s++) cfg_sb_putf(b, *s == '\'' ? "''" : "%c", *s);
+        cfg_sb_putf(b, "'");
+    } else {
+        cfg_sb_putf(b, "%s", *v->text ? v->text : "null");
+    }
+}
+
+char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json)
+{
+    cfg_sbuf b = {0};
+    cfg_sb_putf(&b, "%s", "");
+    put_value(&b, v, json);
+    return b.s;
+}

@@ -1,0 +1,57 @@
+/* value.h — a config value: a YAML scalar (kept as the text written, typed on demand), list or map.
+ *
+ * Every value keeps where it was written (file:line, or "command line").  A scalar's type is read
+ * from its text as YAML 1.1 does, plus MaxText's "None"; numbers compare by value (10_000 equals
+ * 10000.0), lists and maps item by item.  The config (config.h) and the files config/ reads
+ * (keys.yml, ranges.yml, hardware profiles, ...) are trees of these values. */
+#ifndef CONFIG_VALUE_H
+#define CONFIG_VALUE_H
+
+#include "sim/status.h"
+
+typedef enum {
+    MESH_CFG_SCALAR,
+    MESH_CFG_LIST,
+    MESH_CFG_MAP
+} mesh_cfg_kind;
+
+/* What a scalar's text parses as (YAML 1.1 style, plus MaxText's "None"). */
+typedef enum {
+    MESH_CFG_NULL,   /* unquoted "", ~, null, or None/none in any quoting */
+    MESH_CFG_BOOL,   /* unquoted true/false, yes/no, on/off (any case) */
+    MESH_CFG_INT,    /* [+-]digits, '_' separators allowed (10_000), 0x hex */
+    MESH_CFG_FLOAT,  /* a number with '.', an exponent, or .inf/.nan */
+    MESH_CFG_STRING  /* anything else, and every other quoted scalar */
+} mesh_cfg_type;
+
+typedef struct mesh_cfg_value mesh_cfg_value;
+struct mesh_cfg_value {
+    mesh_cfg_kind kind;
+    char *text;            /* SCALAR: the text without quotes */
+    int quoted;            /* SCALAR: written in quotes (so never a number/bool) */
+    int n;                 /* LIST/MAP: number of items */
+    mesh_cfg_value *items; /* LIST/MAP: items (MAP: the values) */
+    char **keys;           /* MAP: the keys */
+    const char *file;      /* where it was written: a path, or "command line" */
+    int line;              /* 1-based line in file (0 when not from a file) */
+};
+
+/* ---- values ---------------------------------------------------------------- */
+mesh_cfg_type mesh_cfg_scalar_type(const mesh_cfg_value *v);
+const char *mesh_cfg_type_name(mesh_cfg_type t);
+/* Value-level parsers; `what` names the value in messages ("key 'x'"). */
+sim_status mesh_cfg_value_int(const mesh_cfg_value *v, const char *what, long long *out);
+sim_status mesh_cfg_value_double(const mesh_cfg_value *v, const char *what, double *out);
+sim_status mesh_cfg_value_bool(const mesh_cfg_value *v, const char *what, int *out);
+/* Semantic equality: numbers by value (10_000 == 10000.0), lists item by item. */
+int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b);
+/* Flow text of a value, malloc'd: YAML flow (`['a', 1, null]`) when json is
+ * 0, JSON (`["a", 1, null]`) when json is 1. */
+char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json);
+/* "file:line" of a value (or "command line"), into buf. */
+const char *mesh_cfg_value_where(const mesh_cfg_value *v, char *buf, int cap);
+
+/* Levenshtein distance (for "did you mean" suggestions elsewhere too). */
+int mesh_edit_distance(const char *a, const char *b);
+
+#endif
