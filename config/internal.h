@@ -132,6 +132,9 @@ void cfg_data_sharding_normalize(mesh_cfg *cfg);
 /* A layer that sets a decoder_block MaxText has and shardsim does not simulate is refused by
  * it (model_name names the model file that set it, or NULL). */
 sim_status cfg_block_refuse(const mesh_cfg *cfg, const mesh_cfg_value *v, const char *model_name);
+/* 1 when the block's line of <configs>/decoder_blocks.yml sets `field: true` (a capability MaxText
+ * gives some blocks only). */
+int cfg_block_flag(const mesh_cfg *cfg, const char *block, const char *field);
 /* Reads the model file the user layers' model_name selects into ld->model and checks it. */
 sim_status cfg_models_read(cfg_loader *ld);
 /* A key the model file sets and a user layer sets differently needs override_model_config=true. */

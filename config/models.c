@@ -30,25 +30,56 @@ int mesh_cfg_block_simulated(const mesh_cfg *cfg, const char *block)
     return !sim || block_in(sim, block);
 }
 
-char *mesh_cfg_block_about(const mesh_cfg *cfg, const char *block)
+/* Calls fn with the block's line of <configs>/decoder_blocks.yml (NULL when the file, the block
+ * or the file's parse is missing: a broken description file only loses what it describes). */
+static void with_block_line(const mesh_cfg *cfg, const char *block, void (*fn)(const mesh_cfg_value *b, void *arg),
+                            void *arg)
 {
     char *path = cfg_join_path(cfg->configs_dir, "decoder_blocks.yml");
-    char *about = NULL;
-    if (cfg_file_exists(path)) {
-        mesh_cfg *holder = cfg_new();
-        mesh_cfg_value doc = {0};
-        if (cfg_yaml_read(holder, path, NULL, &doc) == SIM_OK) {
-            const mesh_cfg_value *blocks = cfg_map_get(&doc, "blocks");
-            const mesh_cfg_value *b = blocks ? cfg_map_get(blocks, block) : NULL;
-            const char *cls = b ? cfg_map_text(b, "layer") : NULL, *has = b ? cfg_map_text(b, "has") : NULL;
-            if (cls && has) about = cfg_asprintf("%s: %s", cls, has);
-        }
-        sim_err_clear(); /* a broken description file only loses the description */
-        cfg_value_free(&doc);
-        mesh_cfg_free(holder);
-    }
+    mesh_cfg *holder = cfg_new();
+    mesh_cfg_value doc = {0};
+    const mesh_cfg_value *b = NULL;
+    if (cfg_file_exists(path) && cfg_yaml_read(holder, path, NULL, &doc) == SIM_OK)
+        b = cfg_map_get(cfg_map_get(&doc, "blocks"), block);
+    sim_err_clear();
+    fn(b, arg);
+    cfg_value_free(&doc);
+    mesh_cfg_free(holder);
     free(path);
+}
+
+static void about_of(const mesh_cfg_value *b, void *arg)
+{
+    const char *cls = b ? cfg_map_text(b, "layer") : NULL, *has = b ? cfg_map_text(b, "has") : NULL;
+    if (cls && has) *(char **)arg = cfg_asprintf("%s: %s", cls, has);
+}
+
+char *mesh_cfg_block_about(const mesh_cfg *cfg, const char *block)
+{
+    char *about = NULL;
+    with_block_line(cfg, block, about_of, &about);
     return about;
+}
+
+typedef struct {
+    const char *field;
+    int on;
+} flag_arg;
+
+static void flag_of(const mesh_cfg_value *b, void *arg)
+{
+    flag_arg *f = arg;
+    const mesh_cfg_value *v = b ? cfg_map_get(b, f->field) : NULL;
+    int on = 0;
+    f->on = v && mesh_cfg_value_bool(v, f->field, &on) == SIM_OK && on;
+    sim_err_clear();
+}
+
+int cfg_block_flag(const mesh_cfg *cfg, const char *block, const char *field)
+{
+    flag_arg f = {field, 0};
+    with_block_line(cfg, block, flag_of, &f);
+    return f.on;
 }
 
 /* "the llama2 and deepseek decoder blocks" */

@@ -40,7 +40,8 @@ sim_status cfg_maxtext_rules(const mesh_cfg *cfg)
                            experts, mlp, moe_mlp);
         SIM_TRY(mesh_cfg_get_bool(cfg, "routed_bias", &routed_bias));
         SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &update_rate));
-        if (routed_bias && update_rate > 0 && decoder && strcmp(decoder, "deepseek"))
+        /* types.py: loss-free load balancing for the blocks decoder_blocks.yml marks loss_free_balancing */
+        if (routed_bias && update_rate > 0 && decoder && !cfg_block_flag(cfg, decoder, "loss_free_balancing"))
             return sim_err(SIM_ERR_INPUT, "routed_bias_update_rate=%g with decoder_block=%s: MaxText supports loss-free "
                                           "load balancing only for the DeepSeek decoder",
                            update_rate, decoder);
