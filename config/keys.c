@@ -98,6 +98,46 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static registry_cache registry_cached[4];
 
+/* Parses keys.yml at path into a free slot of the cache (the oldest makes room: a process rarely
+ * sees more than one keys.yml); called with the lock held. */
+static sim_status registry_parse(const char *path, const struct stat *sb, registry_cache **out)
+{
+    mesh_cfg *holder = cfg_new();
+    mesh_cfg_value doc = {0};
+    sim_status st;
+    SIM_TRY_GOTO(cfg_yaml_read(holder, path, NULL, &doc), st, fail);
+    int ki = doc.kind == MESH_CFG_MAP ? cfg_map_index(&doc, "keys") : -1;
+    if (ki < 0 || doc.items[ki].kind != MESH_CFG_MAP)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: expected a top-level map `keys:` of key -> {class, type, default, why}",
+                             path), st, fail);
+    for (int i = 0; i < doc.items[ki].n; i++)
+        SIM_TRY_GOTO(registry_check_line(doc.items[ki].keys[i], &doc.items[ki].items[i]), st, fail);
+    registry_cache *c = &registry_cached[0];
+    for (int i = 0; i < 4; i++)
+        if (!registry_cached[i].path) {
+            c = &registry_cached[i];
+            break;
+        }
+    if (c->path) {
+        free(c->path);
+        cfg_value_free(&c->keys);
+        mesh_cfg_free(c->holder);
+        free(c->ix.slot);
+    }
+    c->path = cfg_strdup(path);
+    c->mtime = sb->st_mtim;
+    c->holder = holder;
+    c->keys = doc.items[ki];
+    memset(&doc.items[ki], 0, sizeof doc.items[ki]);
+    name_index_build(&c->ix, c->keys.n, map_key_at, &c->keys);
+    holder = NULL;
+    *out = c;
+fail:
+    cfg_value_free(&doc);
+    mesh_cfg_free(holder);
+    return st;
+}
+
 static sim_status registry_get(const char *path, const registry_cache **out)
 {
     struct stat sb;
@@ -108,42 +148,7 @@ static sim_status registry_get(const char *path, const registry_cache **out)
         if (registry_cached[i].path && !strcmp(registry_cached[i].path, path) &&
             registry_cached[i].mtime.tv_sec == sb.st_mtim.tv_sec && registry_cached[i].mtime.tv_nsec == sb.st_mtim.tv_nsec)
             c = &registry_cached[i];
-    sim_status st = SIM_OK;
-    if (!c) {
-        mesh_cfg *holder = cfg_new();
-        mesh_cfg_value doc = {0};
-        st = cfg_yaml_read(holder, path, NULL, &doc);
-        int ki = st == SIM_OK && doc.kind == MESH_CFG_MAP ? cfg_map_index(&doc, "keys") : -1;
-        if (st == SIM_OK && (ki < 0 || doc.items[ki].kind != MESH_CFG_MAP))
-            st = sim_err(SIM_ERR_INPUT, "%s: expected a top-level map `keys:` of key -> {class, type, default, why}",
-                         path);
-        for (int i = 0; st == SIM_OK && i < doc.items[ki].n; i++)
-            st = registry_check_line(doc.items[ki].keys[i], &doc.items[ki].items[i]);
-        if (st == SIM_OK) {
-            /* the oldest slot makes room (a process rarely sees more than one keys.yml) */
-            c = &registry_cached[0];
-            for (int i = 0; i < 4; i++)
-                if (!registry_cached[i].path) {
-                    c = &registry_cached[i];
-                    break;
-                }
-            if (c->path) {
-                free(c->path);
-                cfg_value_free(&c->keys);
-                mesh_cfg_free(c->holder);
-                free(c->ix.slot);
-            }
-            c->path = cfg_strdup(path);
-            c->mtime = sb.st_mtim;
-            c->holder = holder;
-            c->keys = doc.items[ki];
-            memset(&doc.items[ki], 0, sizeof doc.items[ki]);
-            name_index_build(&c->ix, c->keys.n, map_key_at, &c->keys);
-            holder = NULL;
-        }
-        cfg_value_free(&doc);
-        mesh_cfg_free(holder);
-    }
+    sim_status st = c ? SIM_OK : registry_parse(path, &sb, &c);
     pthread_mutex_unlock(&registry_lock);
     *out = c;
     return st;

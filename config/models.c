@@ -126,24 +126,38 @@ static int model_file_cmp(const void *a, const void *b)
     return strcmp(((const mesh_model_file *)a)->name, ((const mesh_model_file *)b)->name);
 }
 
+/* A model file's decoder_block (def when the file sets none). */
+static sim_status file_block(const char *file, const mesh_cfg_value *def, char **block)
+{
+    mesh_cfg *holder = cfg_new();
+    mesh_cfg_value doc = {0};
+    sim_status st;
+    SIM_TRY_GOTO(cfg_yaml_read(holder, file, NULL, &doc), st, fail);
+    const mesh_cfg_value *b = cfg_map_get(&doc, "decoder_block");
+    *block = cfg_strdup(b && b->kind == MESH_CFG_SCALAR     ? b->text
+                        : def && def->kind == MESH_CFG_SCALAR ? def->text
+                                                              : "default");
+fail:
+    cfg_value_free(&doc);
+    mesh_cfg_free(holder);
+    return st;
+}
+
 sim_status mesh_cfg_model_files(const mesh_cfg *cfg, mesh_model_file **out, int *n_out)
 {
     *out = NULL;
     *n_out = 0;
     char *dir = cfg_join_path(cfg->configs_dir, "models");
     DIR *d = opendir(dir);
-    if (!d) {
-        sim_status st = sim_err(SIM_ERR_INPUT, "cannot list the model files in %s: %s", dir, strerror(errno));
-        free(dir);
-        return st;
-    }
-    const mesh_cfg_entry *db = mesh_cfg_find(cfg, "decoder_block");
-    const mesh_cfg_value *def = db ? mesh_cfg_entry_field(db, "default") : NULL;
     mesh_model_file *m = NULL;
     int n = 0, cap = 0;
-    sim_status st = SIM_OK;
+    sim_status st;
+    if (!d) SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "cannot list the model files in %s: %s", dir, strerror(errno)), st, fail);
+    const mesh_cfg_entry *db = mesh_cfg_find(cfg, "decoder_block");
+    const mesh_cfg_value *def = db ? mesh_cfg_entry_field(db, "default") : NULL;
+    st = SIM_OK;
     struct dirent *de;
-    while (st == SIM_OK && (de = readdir(d))) {
+    while ((de = readdir(d))) {
         size_t len = strlen(de->d_name);
         if (len <= 4 || strcmp(de->d_name + len - 4, ".yml") != 0) continue;
         if (n == cap) {
@@ -152,28 +166,20 @@ sim_status mesh_cfg_model_files(const mesh_cfg *cfg, mesh_model_file **out, int 
             SIM_ASSERT(m);
         }
         mesh_model_file *f = &m[n++];
+        memset(f, 0, sizeof *f);
         f->name = strndup(de->d_name, len - 4);
         SIM_ASSERT(f->name);
         f->file = cfg_join_path(dir, de->d_name);
-        mesh_cfg *holder = cfg_new();
-        mesh_cfg_value doc = {0};
-        st = cfg_yaml_read(holder, f->file, NULL, &doc);
-        const mesh_cfg_value *b = st == SIM_OK ? cfg_map_get(&doc, "decoder_block") : NULL;
-        f->block = cfg_strdup(b && b->kind == MESH_CFG_SCALAR ? b->text
-                           : def && def->kind == MESH_CFG_SCALAR ? def->text : "default");
-        cfg_value_free(&doc);
-        mesh_cfg_free(holder);
-    }
-    closedir(d);
-    free(dir);
-    if (st != SIM_OK) {
-        mesh_model_files_free(m, n);
-        return st;
+        SIM_TRY_GOTO(file_block(f->file, def, &f->block), st, fail);
     }
     if (n) qsort(m, (size_t)n, sizeof *m, model_file_cmp);
     *out = m;
     *n_out = n;
-    return SIM_OK;
+fail:
+    if (d) closedir(d);
+    free(dir);
+    if (st != SIM_OK) mesh_model_files_free(m, n);
+    return st;
 }
 
 void mesh_model_files_free(mesh_model_file *m, int n)

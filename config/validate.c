@@ -134,50 +134,58 @@ static sim_status combo_holds(const mesh_cfg_value *v, const mesh_cfg_value *c, 
     return SIM_OK;
 }
 
+/* The first of dirs that holds `name`, as a malloc'd path, or NULL. */
+static char *find_beside(char *const *dirs, int n_dirs, const char *name)
+{
+    for (int i = 0; i < n_dirs; i++) {
+        char *p = cfg_join_path(dirs[i], name);
+        if (cfg_file_exists(p)) return p;
+        free(p);
+    }
+    return NULL;
+}
+
+/* One rule of combinations.yml: an error when every condition of its `when` holds. */
+static sim_status combination_rule(const mesh_cfg *cfg, const mesh_cfg_value *r, const char *path)
+{
+    const mesh_cfg_value *when = cfg_map_get(r, "when"), *says = cfg_map_get(r, "says"), *fix = cfg_map_get(r, "fix"),
+                         *where = cfg_map_get(r, "where");
+    if (!when || when->kind != MESH_CFG_MAP || !says || !fix || !where)
+        return sim_err(SIM_ERR_INPUT, "%s:%d: a rule needs where, when (a map of key conditions), says and fix", path,
+                       r->line);
+    int all = 1;
+    for (int c = 0; all && c < when->n; c++) {
+        const mesh_cfg_entry *e = mesh_cfg_find(cfg, when->keys[c]);
+        if (!e) return SIM_OK; /* a key this config does not have: the rule does not apply */
+        SIM_TRY(combo_holds(&e->value, &when->items[c], path, &all));
+    }
+    if (!all) return SIM_OK;
+    cfg_sbuf b = {0};
+    for (int c = 0; c < when->n; c++) {
+        const mesh_cfg_entry *e = mesh_cfg_find(cfg, when->keys[c]);
+        char *t = mesh_cfg_value_to_text(&e->value, 0);
+        cfg_sb_putf(&b, "%s%s=%s", c ? ", " : "", e->key, t);
+        free(t);
+    }
+    sim_status st = sim_err(SIM_ERR_INPUT, "%s: MaxText 0.2.5 rejects this combination (%s): %s; %s", b.s ? b.s : "",
+                            where->text ? where->text : "?", says->text ? says->text : "?", fix->text ? fix->text : "?");
+    free(b.s);
+    return st;
+}
+
 /* Applies every rule of combinations.yml (found beside ranges.yml; none, no checks). */
 sim_status cfg_combinations_check(mesh_cfg *cfg, char *const *dirs, int n_dirs)
 {
-    char *path = NULL;
-    for (int i = 0; i < n_dirs && !path; i++) {
-        char *p = cfg_join_path(dirs[i], "combinations.yml");
-        if (cfg_file_exists(p)) path = p;
-        else free(p);
-    }
+    char *path = find_beside(dirs, n_dirs, "combinations.yml");
     if (!path) return SIM_OK;
     mesh_cfg_value doc = {0};
-    sim_status st = cfg_yaml_read(cfg, path, NULL, &doc);
-    const mesh_cfg_value *rules = st == SIM_OK ? cfg_map_get(&doc, "rules") : NULL;
-    if (st == SIM_OK && (!rules || rules->kind != MESH_CFG_LIST))
-        st = sim_err(SIM_ERR_INPUT, "%s: expected a list under 'rules'", path);
-    for (int k = 0; st == SIM_OK && k < rules->n; k++) {
-        const mesh_cfg_value *r = &rules->items[k], *when = cfg_map_get(r, "when"), *says = cfg_map_get(r, "says"),
-                             *fix = cfg_map_get(r, "fix"), *where = cfg_map_get(r, "where");
-        if (!when || when->kind != MESH_CFG_MAP || !says || !fix || !where) {
-            st = sim_err(SIM_ERR_INPUT, "%s:%d: a rule needs where, when (a map of key conditions), says and fix", path,
-                         r->line);
-            break;
-        }
-        int all = 1;
-        for (int c = 0; st == SIM_OK && all && c < when->n; c++) {
-            const mesh_cfg_entry *e = mesh_cfg_find(cfg, when->keys[c]);
-            if (!e) {
-                all = 0; /* a key this config does not have: the rule does not apply */
-                break;
-            }
-            st = combo_holds(&e->value, &when->items[c], path, &all);
-        }
-        if (st != SIM_OK || !all) continue;
-        cfg_sbuf b = {0};
-        for (int c = 0; c < when->n; c++) {
-            const mesh_cfg_entry *e = mesh_cfg_find(cfg, when->keys[c]);
-            char *t = mesh_cfg_value_to_text(&e->value, 0);
-            cfg_sb_putf(&b, "%s%s=%s", c ? ", " : "", e->key, t);
-            free(t);
-        }
-        st = sim_err(SIM_ERR_INPUT, "%s: MaxText 0.2.5 rejects this combination (%s): %s; %s", b.s ? b.s : "",
-                     where->text ? where->text : "?", says->text ? says->text : "?", fix->text ? fix->text : "?");
-        free(b.s);
-    }
+    sim_status st;
+    SIM_TRY_GOTO(cfg_yaml_read(cfg, path, NULL, &doc), st, fail);
+    const mesh_cfg_value *rules = cfg_map_get(&doc, "rules");
+    if (!rules || rules->kind != MESH_CFG_LIST)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: expected a list under 'rules'", path), st, fail);
+    for (int k = 0; k < rules->n; k++) SIM_TRY_GOTO(combination_rule(cfg, &rules->items[k], path), st, fail);
+fail:
     cfg_value_free(&doc);
     free(path);
     return st;
@@ -253,26 +261,23 @@ static sim_status range_check(const mesh_cfg_entry *e, const mesh_cfg_value *r, 
  * own base config has none). */
 sim_status cfg_ranges_check(mesh_cfg *cfg, char *const *dirs, int n_dirs)
 {
-    char *path = NULL;
-    for (int i = 0; i < n_dirs && !path; i++) {
-        char *p = cfg_join_path(dirs[i], "ranges.yml");
-        if (cfg_file_exists(p)) path = p;
-        else free(p);
-    }
+    char *path = find_beside(dirs, n_dirs, "ranges.yml");
     if (!path) return SIM_OK;
     mesh_cfg_value map = {0};
-    sim_status st = cfg_yaml_read(cfg, path, NULL, &map);
-    for (int i = 0; st == SIM_OK && i < map.n; i++) {
+    sim_status st;
+    SIM_TRY_GOTO(cfg_yaml_read(cfg, path, NULL, &map), st, fail);
+    for (int i = 0; i < map.n; i++) {
         const char *pat = map.keys[i];
         if (strchr(pat, '*')) {
-            for (int k = 0; st == SIM_OK && k < cfg->n; k++)
+            for (int k = 0; k < cfg->n; k++)
                 if (fnmatch(pat, cfg->entries[k].key, 0) == 0)
-                    st = range_check(&cfg->entries[k], &map.items[i], path);
+                    SIM_TRY_GOTO(range_check(&cfg->entries[k], &map.items[i], path), st, fail);
         } else {
             const mesh_cfg_entry *e = mesh_cfg_find(cfg, pat);
-            if (e) st = range_check(e, &map.items[i], path);
+            if (e) SIM_TRY_GOTO(range_check(e, &map.items[i], path), st, fail);
         }
     }
+fail:
     cfg_value_free(&map);
     free(path);
     return st;
