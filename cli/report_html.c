@@ -12,9 +12,10 @@
  *
  * Missing files leave their member out (parity writes no metrics).  Bytes are
  * per device: traffic.csv's mean column, and the collectives' bytes sent
- * summed per layer over all devices and divided by the device count.  "</"
- * is written as "<\/" (the same JSON string) so no text can close the
- * script element early. */
+ * summed per layer over all devices and divided by the device count.  The
+ * block is built and dumped by the one JSON writer (config/json.h); every '<'
+ * of its text (only ever inside a string) is then written as \u003c, the same
+ * JSON string, so no text can close the script element early. */
 #include "cli/report_html.h"
 
 #include <errno.h>
@@ -24,6 +25,9 @@
 #include <string.h>
 
 #include "cli/artifacts.h"
+#include "config/json.h"
+
+#include <jansson.h>
 
 /* The template, NUL-terminated (see the top of this file). */
 extern const char cli_report_template[];
@@ -79,32 +83,16 @@ static int column(char **head, int n, const char *a, const char *b)
     return -1;
 }
 
-/* A JSON string of plain text (names, axes): quotes and backslashes escaped. */
-static void put_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fputc('\\', f);
-        if ((unsigned char)*s >= 0x20 && *s != '<') fputc(*s, f);
-        else if (*s == '<') fputs("\\u003c", f);
-    }
-    fputc('"', f);
-}
-
-/* Writes an embedded file's JSON text with "</" made "<\/". */
-static void put_json(FILE *f, const char *text)
+/* JSON text into the HTML: '<' (inside strings only) as \u003c. */
+static void put_html_safe(FILE *f, const char *text)
 {
     for (const char *p = text; *p; p++) {
-        if (p[0] == '<' && p[1] == '/') {
-            fputs("<\\/", f);
-            p++;
-        } else {
-            fputc(*p, f);
-        }
+        if (*p == '<') fputs("\\u003c", f);
+        else fputc(*p, f);
     }
 }
 
-static sim_status put_traffic(FILE *f, char *csv)
+static sim_status put_traffic(mesh_jw *w, char *csv)
 {
     char *save = NULL, *line = strtok_r(csv, "\n", &save);
     if (!line) return SIM_OK;
@@ -114,22 +102,24 @@ static sim_status put_traffic(FILE *f, char *csv)
     int c_phase = column(head, nh, "phase", NULL), c_bytes = column(head, nh, "bytes_per_device_mean", NULL);
     if (c_op < 0 || c_axes < 0 || c_phase < 0 || c_bytes < 0)
         return sim_err(SIM_ERR_INTERNAL, "report.html: traffic.csv lacks the op/axes/phase/bytes_per_device_mean columns");
-    fputs(",\n\"traffic\": [", f);
-    int first = 1;
+    mesh_jw_key(w, "traffic");
+    mesh_jw_arr(w);
     while ((line = strtok_r(NULL, "\n", &save))) {
         char *fl[32];
         int n = split_csv(line, fl, 32);
         if (n < nh || !strcmp(fl[c_op], "total")) continue;
-        fprintf(f, "%s{\"op\": ", first ? "" : ", ");
-        put_str(f, fl[c_op]);
-        fputs(", \"axes\": ", f);
-        put_str(f, fl[c_axes]);
-        fputs(", \"phase\": ", f);
-        put_str(f, fl[c_phase]);
-        fprintf(f, ", \"bytes\": %.17g}", strtod(fl[c_bytes], NULL));
-        first = 0;
+        mesh_jw_obj(w);
+        mesh_jw_key(w, "op");
+        mesh_jw_str(w, fl[c_op]);
+        mesh_jw_key(w, "axes");
+        mesh_jw_str(w, fl[c_axes]);
+        mesh_jw_key(w, "phase");
+        mesh_jw_str(w, fl[c_phase]);
+        mesh_jw_key(w, "bytes");
+        mesh_jw_num(w, strtod(fl[c_bytes], NULL), 17);
+        mesh_jw_end(w);
     }
-    fputs("]", f);
+    mesh_jw_end(w);
     return SIM_OK;
 }
 
@@ -163,7 +153,7 @@ typedef struct {
     double bytes;
 } layer_sum;
 
-static sim_status put_layers(FILE *f, char *csv)
+static sim_status put_layers(mesh_jw *w, char *csv)
 {
     char *save = NULL, *line = strtok_r(csv, "\n", &save);
     if (!line) return SIM_OK;
@@ -198,13 +188,19 @@ static sim_status put_layers(FILE *f, char *csv)
         }
         ls[k].bytes += strtod(fl[c_sent], NULL);
     }
-    fputs(",\n\"layers\": [", f);
+    mesh_jw_key(w, "layers");
+    mesh_jw_arr(w);
     for (int i = 0; i < n; i++) {
-        fprintf(f, "%s{\"layer\": ", i ? ", " : "");
-        put_str(f, ls[i].name);
-        fprintf(f, ", \"bytes\": %.17g}", ls[i].bytes / (double)(max_dev + 1));
+        mesh_jw_obj(w);
+        mesh_jw_key(w, "layer");
+        mesh_jw_str(w, ls[i].name);
+        mesh_jw_key(w, "bytes");
+        mesh_jw_num(w, ls[i].bytes / (double)(max_dev + 1), 17);
+        mesh_jw_end(w);
     }
-    fprintf(f, "],\n\"layers_devices\": %ld", max_dev + 1);
+    mesh_jw_end(w);
+    mesh_jw_key(w, "layers_devices");
+    mesh_jw_int(w, max_dev + 1);
     free(ls);
     return SIM_OK;
 }
@@ -213,34 +209,57 @@ typedef struct {
     const char *dir;
 } report_arg;
 
+/* An artifact of the directory (written by this program) as a JSON value, or NULL when absent. */
+static sim_status read_artifact(const char *dir, const char *name, json_t **out)
+{
+    *out = NULL;
+    char *text = read_whole(dir, name);
+    if (!text) return SIM_OK;
+    json_error_t jerr;
+    *out = json_loads(text, 0, &jerr);
+    free(text);
+    if (!*out)
+        return sim_err(SIM_ERR_INTERNAL, "report.html: %s/%s is not the JSON this program wrote (line %d: %s)", dir, name,
+                       jerr.line, jerr.text);
+    return SIM_OK;
+}
+
 static sim_status write_report(FILE *f, void *argp)
 {
     const report_arg *a = argp;
     const char *tpl = cli_report_template, *mark = strstr(tpl, "@DATA@");
     SIM_ASSERT(mark);
-    fwrite(tpl, 1, (size_t)(mark - tpl), f);
-
-    sim_status st = SIM_OK;
-    fputs("{\"format\": 1", f);
     static const char *const json_files[][2] = {
         {"run", "run.json"}, {"metrics", "metrics.json"}, {"parity", "parity.json"}};
+    mesh_jw w;
+    mesh_jw_init(&w);
+    mesh_jw_obj(&w);
+    mesh_jw_key(&w, "format");
+    mesh_jw_int(&w, 1);
+    char *traffic = NULL, *coll = NULL, *text = NULL;
+    sim_status st;
     for (size_t i = 0; i < sizeof json_files / sizeof json_files[0]; i++) {
-        char *text = read_whole(a->dir, json_files[i][1]);
-        if (!text) continue;
-        fprintf(f, ",\n\"%s\": ", json_files[i][0]);
-        put_json(f, text);
-        free(text);
+        json_t *v;
+        SIM_TRY_GOTO(read_artifact(a->dir, json_files[i][1], &v), st, fail);
+        if (!v) continue;
+        mesh_jw_key(&w, json_files[i][0]);
+        mesh_jw_tree(&w, v);
     }
-    char *traffic = read_whole(a->dir, "traffic.csv");
-    if (traffic) st = put_traffic(f, traffic);
-    free(traffic);
-    char *coll = st ? NULL : read_whole(a->dir, "collectives.csv");
-    if (coll) st = put_layers(f, coll);
-    free(coll);
-    fputs("}", f);
-    if (st) return st;
+    traffic = read_whole(a->dir, "traffic.csv");
+    if (traffic) SIM_TRY_GOTO(put_traffic(&w, traffic), st, fail);
+    coll = read_whole(a->dir, "collectives.csv");
+    if (coll) SIM_TRY_GOTO(put_layers(&w, coll), st, fail);
+    mesh_jw_end(&w);
+    text = mesh_jw_dumps(&w, MESH_JW_LINE, 17);
+    fwrite(tpl, 1, (size_t)(mark - tpl), f);
+    put_html_safe(f, text);
     fputs(mark + strlen("@DATA@"), f);
-    return SIM_OK;
+fail:
+    if (st != SIM_OK) mesh_jw_discard(&w);
+    free(text);
+    free(traffic);
+    free(coll);
+    return st;
 }
 
 sim_status cli_write_report_html(const char *dir)

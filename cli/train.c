@@ -17,6 +17,7 @@
 #include "sim/xrank.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -131,28 +132,6 @@ static void dump_activations(const model_def *def, const char *dtype, cli_dump_a
     }
 }
 
-typedef struct {
-    const model_def *def;
-    const cli_dump_param *p;
-    int np;
-    const cli_dump_activation *a;
-    int na;
-} dump_all;
-
-/* shardings.json: the three MaxText dumps in one document. */
-static sim_status write_combined(FILE *f, void *arg)
-{
-    const dump_all *d = arg;
-    fprintf(f, "{\n\"named_shardings\": ");
-    SIM_TRY(cli_dump_named(f, &d->def->mesh, d->p, d->np, CLI_DUMP_TRAIN_STATE));
-    fprintf(f, ",\n\"logical_shardings\": ");
-    SIM_TRY(cli_dump_logical(f, d->p, d->np, CLI_DUMP_TRAIN_STATE));
-    fprintf(f, ",\n\"input_shardings\": ");
-    SIM_TRY(cli_dump_inputs(f, &d->def->mesh, d->a, d->na));
-    fprintf(f, "\n}\n");
-    return SIM_OK;
-}
-
 /* MaxText's three files (named_shardings.json, logical_shardings.json,
  * input_shardings.json), and shardings.json holding all three. */
 static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_def *def)
@@ -175,8 +154,7 @@ static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_d
     }
     dump_activations(def, *dtype ? dtype : "float32", a, &na);
     int np = dump_params(def, p, paths, defs);
-    dump_all all = {def, p, np, a, na};
-    sim_status st = cli_artifact_write(dir, "shardings.json", write_combined, &all);
+    sim_status st = cli_write_shardings_json(dir, &def->mesh, p, np, CLI_DUMP_TRAIN_STATE, a, na);
     if (!st) st = cli_write_sharding_dump(dir, &def->mesh, p, np, CLI_DUMP_TRAIN_STATE, a, na);
     free(p);
     free(paths);
@@ -205,18 +183,6 @@ static void print_layer(void *arg, int64_t step, int layer, bool backward)
     cli_progress(stderr, (double)done / (2.0 * L), label);
 }
 
-static void put_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 static void print_step(const model_step_stats *s, void *arg)
 {
     step_printer *sp = arg;
@@ -238,15 +204,29 @@ static void print_step(const model_step_stats *s, void *arg)
     if (sp->metrics_file) {
         /* MaxText's metrics_file line: its scalar names, step as a float, run_name.  learning/grad_norm is
          * the norm after clipping, learning/raw_grad_norm before (trainers/pre_train/train.py train_step) */
-        fprintf(sp->metrics_file,
-                "{\"learning/loss\": %.9g, \"learning/grad_norm\": %.9g, \"learning/raw_grad_norm\": %.9g, "
-                "\"learning/current_learning_rate\": %.9g, \"perf/step_time_seconds\": %.6g, "
-                "\"perf/per_device_tokens_per_sec\": %.6g, \"step\": %.1f, \"run_name\": ",
-                m->loss, m->grad_norm, m->raw_grad_norm, m->lr, m->time_s,
-                m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
-        put_json_str(sp->metrics_file, sp->run_name);
-        if (m->has_mtp) fprintf(sp->metrics_file, ", \"learning/mtp_loss\": %.9g", m->mtp_loss);
-        fprintf(sp->metrics_file, "}\n");
+        mesh_jw w;
+        mesh_jw_init(&w);
+        mesh_jw_obj(&w);
+        static const char *const keys[] = {"learning/loss", "learning/grad_norm", "learning/raw_grad_norm",
+                                           "learning/current_learning_rate", "perf/step_time_seconds",
+                                           "perf/per_device_tokens_per_sec"};
+        const double vals[] = {m->loss, m->grad_norm, m->raw_grad_norm, m->lr, m->time_s,
+                               m->tokens_per_s / sp->def->mesh.num_devices};
+        for (int k = 0; k < 6; k++) {
+            mesh_jw_key(&w, keys[k]);
+            mesh_jw_num(&w, vals[k], k < 4 ? 9 : 6);
+        }
+        mesh_jw_key(&w, "step"); /* a float, as MaxText writes it */
+        mesh_jw_double(&w, (double)m->step);
+        mesh_jw_key(&w, "run_name");
+        mesh_jw_str(&w, sp->run_name);
+        if (m->has_mtp) {
+            mesh_jw_key(&w, "learning/mtp_loss");
+            mesh_jw_num(&w, m->mtp_loss, 9);
+        }
+        mesh_jw_end(&w);
+        mesh_jw_write(&w, sp->metrics_file, MESH_JW_LINE, 9);
+        fputc('\n', sp->metrics_file);
         fflush(sp->metrics_file);
     }
 }
@@ -422,6 +402,47 @@ static sim_status resume_agrees(const resume_plan *r, const char *ckdir)
     return st;
 }
 
+/* The files of output_dir=DIR after a run: run.json, metrics.json, the CSVs, trace.json (the
+ * modelled timeline when the time model kept one), the sharding dump and report.html. */
+static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, const char *outdir,
+                                  const cli_step_metrics *metrics, int n_steps, sim_machine *m,
+                                  const cli_records *recs, const cli_traffic *traffic, const sim_arena_stats *mem,
+                                  const model_hw *hw, const model_tm_result *tm, struct json_t *tm_json, FILE *out)
+{
+    const model_def *def = cm->def;
+    int nd = sim_machine_num_devices(m);
+    char xla[384];
+    cli_run_info info = {"train", argc, (const char *const *)argv, cm->cfg, &def->mesh, &def->rules, NULL, 0,
+                         tm_json, sim_dtype_name(def->d.gather_dtype), sim_dtype_name(def->d.reduce_dtype),
+                         def->d.wire_rule, model_xla_rules_text(&def->d.xla, xla, sizeof xla)};
+    SIM_TRY(cli_write_run_json(outdir, &info));
+    SIM_TRY(cli_write_metrics_json(outdir, metrics, n_steps, mem, nd));
+    long long max_rows = 0, max_events = 0;
+    SIM_TRY(mesh_cfg_get_int(cm->cfg, "collectives_csv_max_rows", &max_rows));
+    SIM_TRY(mesh_cfg_get_int(cm->cfg, "trace_max_events", &max_events));
+    SIM_TRY(cli_write_collectives_csv(outdir, recs, cli_steps_all(), (size_t)max_rows));
+    SIM_TRY(cli_write_traffic_csv(outdir, traffic));
+    if (tm->spans) { /* a dry run with a profile: trace.json in modelled time */
+        char tpath[4200];
+        snprintf(tpath, sizeof tpath, "%s/trace.json", outdir);
+        SIM_TRY(model_tm_write_trace(tpath, hw, tm));
+    } else {
+        SIM_TRY(cli_write_trace_json(outdir, m, (size_t)max_events));
+    }
+    int csv_dev = cli_collectives_csv_devices(recs, cli_steps_all(), (size_t)max_rows);
+    size_t trace_dev = tm->spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
+    if (tm->spans)
+        fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm->device, hw->name);
+    if (csv_dev < nd || (int)trace_dev < nd)
+        fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
+                     "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
+                csv_dev - 1, trace_dev - 1, nd, max_rows, max_events);
+    SIM_TRY(write_dump(outdir, cm->cfg, def));
+    SIM_TRY(cli_write_report_html(outdir));
+    fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
+    return SIM_OK;
+}
+
 int cli_train(int argc, char **argv, FILE *out, FILE *err)
 {
     cli_model cm;
@@ -437,145 +458,117 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         argc = 1;
         argv = small_argv;
     }
-    sim_status st = model_open(argc, argv, NULL, 0, &cm);
-    if (st) {
-        int rc = cli_fail(err, st);
-        model_close(&cm);
-        return rc;
-    }
-    const model_def *def = cm.def;
-    long long steps, ckpt_period;
-    double hbm;
+    /* what the run holds, released at the one label below on every path */
     model_data data;
     memset(&data, 0, sizeof data);
     data.fd = -1;
     model_train_job job;
     memset(&job, 0, sizeof job);
-    if (!st) st = mesh_cfg_get_int(cm.cfg, "steps", &steps);
-    if (!st) st = mesh_cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm);
-    if (!st) st = mesh_cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period);
+    sim_machine *m = NULL;
+    cli_step_metrics *metrics = NULL;
+    step_printer sp = {out, NULL, NULL, NULL, NULL};
+    bool made_outdir = false;
+    const char *outdir = "";
+    cli_traffic traffic;
+    memset(&traffic, 0, sizeof traffic);
+    sim_arena_stats *mem = NULL;
+    model_tm_result tm;
+    memset(&tm, 0, sizeof tm);
+    struct json_t *tm_json = NULL;
+    int rc = 0;
+    sim_status st;
+    SIM_TRY_GOTO(model_open(argc, argv, NULL, 0, &cm), st, fail);
+    const model_def *def = cm.def;
+    long long steps, ckpt_period;
+    double hbm;
+    SIM_TRY_GOTO(mesh_cfg_get_int(cm.cfg, "steps", &steps), st, fail);
+    SIM_TRY_GOTO(mesh_cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm), st, fail);
+    SIM_TRY_GOTO(mesh_cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period), st, fail);
     int on_start = 1, on_completion = 1;
-    if (!st) st = mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_start", &on_start);
-    if (!st) st = mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_completion", &on_completion);
-    if (!st && steps < 1) st = sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps);
-    if (!st) st = model_optim_from_config(cm.cfg, &job.opt);
-    if (!st) st = model_data_from_config(cm.cfg, &data);
+    SIM_TRY_GOTO(mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_start", &on_start), st, fail);
+    SIM_TRY_GOTO(mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_completion", &on_completion), st, fail);
+    if (steps < 1) SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps), st, fail);
+    SIM_TRY_GOTO(model_optim_from_config(cm.cfg, &job.opt), st, fail);
+    SIM_TRY_GOTO(model_data_from_config(cm.cfg, &data), st, fail);
     double tolerance;
     int debug_sharding = 0;
-    if (!st) st = mesh_cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance);
-    if (!st) st = model_check_sharding_tolerance(def, tolerance); /* MaxText checks when it sets up the state */
-    if (!st) st = mesh_cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding);
+    SIM_TRY_GOTO(mesh_cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance), st, fail);
+    SIM_TRY_GOTO(model_check_sharding_tolerance(def, tolerance), st, fail); /* MaxText checks when it sets up the state */
+    SIM_TRY_GOTO(mesh_cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding), st, fail);
     const char *load = cfg_str(cm.cfg, "load_parameters_path");
-    if (!st && *load && access(load, R_OK) != 0)
-        st = sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written by "
-                                    "checkpoint_dir=..., e.g. DIR/step_0.safetensors",
-                     load, strerror(errno));
+    if (*load && access(load, R_OK) != 0)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written "
+                             "by checkpoint_dir=..., e.g. DIR/step_0.safetensors", load, strerror(errno)),
+                     st, fail);
     char outbuf[4096], ckbuf[4096], run_name[1024];
-    if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
+    SIM_TRY_GOTO(resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name), st, fail);
     resume_plan resume;
     memset(&resume, 0, sizeof resume);
     /* the pipeline refuses checkpoint_dir itself (models/core/pipeline.c); the directory MaxText derives
      * from base_output_directory with enable_checkpointing (its default) is the same feature */
-    if (!st && *ckbuf && def->d.pipe.on)
-        st = sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline parallelism "
-                                    "(stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
-                                    "enable_checkpointing=false or ici_pipeline_parallelism=1",
-                     (long long)def->d.pipe.stages);
-    if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
-    if (!st) st = resume_agrees(&resume, ckbuf);
-    const char *outdir = st ? "" : outbuf;
+    if (*ckbuf && def->d.pipe.on)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline "
+                             "parallelism (stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
+                             "enable_checkpointing=false or ici_pipeline_parallelism=1", (long long)def->d.pipe.stages),
+                     st, fail);
+    SIM_TRY_GOTO(resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume), st, fail);
+    SIM_TRY_GOTO(resume_agrees(&resume, ckbuf), st, fail);
+    outdir = outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     /* under mpirun rank 0 writes every file; the others gather their records to it (sim/xrank.h) */
     bool want_trace = *outdir != '\0';
     if (sim_xrank_rank() > 0) outdir = metrics_path = "";
-    if (!st && *metrics_path && def->d.dry_run)
-        st = sim_err(SIM_ERR_INPUT, "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no losses to "
-                                    "write; drop metrics_file or run for real",
-                     metrics_path);
+    if (*metrics_path && def->d.dry_run)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no "
+                             "losses to write; drop metrics_file or run for real", metrics_path),
+                     st, fail);
     /* made now so a bad path fails before training; removed again if the run fails before writing into it */
-    bool made_outdir = !st && *outdir && access(outdir, F_OK) != 0;
-    if (!st && *outdir) st = cli_artifacts_mkdir(outdir);
-    if (!st && *ckbuf) st = cli_artifacts_mkdir(ckbuf);
-    if (st) {
-        int rc = cli_fail(err, st);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
+    made_outdir = *outdir && access(outdir, F_OK) != 0;
+    if (*outdir) SIM_TRY_GOTO(cli_artifacts_mkdir(outdir), st, fail);
+    if (*ckbuf) SIM_TRY_GOTO(cli_artifacts_mkdir(ckbuf), st, fail);
     /* the hardware profile (hardware_profile or compile_topology's family): the step-time
      * estimate, and the HBM capacity when hbm_limit_gb is left at its default */
     model_hw hw;
     model_tm_eff eff;
     bool have_hw = false;
     int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
-    if (!st) st = model_hw_from_config(cm.cfg, per_slice, &hw, &have_hw);
-    if (!st && have_hw) st = model_tm_eff_load(cli_configs_dir(), &eff);
+    SIM_TRY_GOTO(model_hw_from_config(cm.cfg, per_slice, &hw, &have_hw), st, fail);
+    if (have_hw) SIM_TRY_GOTO(model_tm_eff_load(cli_configs_dir(), &eff), st, fail);
     const mesh_cfg_entry *hbm_e = mesh_cfg_find(cm.cfg, "hbm_limit_gb");
-    if (!st && have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
-    if (st) {
-        int rc = cli_fail(err, st);
-        if (made_outdir) rmdir(outdir);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
+    if (have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
     if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
     if (def->d.dry_run) sim_host_malloc_many_arenas(); /* this process makes dry runs only */
     config_box(out, &cm, steps);
     if (!def->d.dry_run) {
         model_train_job probe = {0};
         probe.data = &data;
-        st = model_optim_from_config(cm.cfg, &probe.opt);
-        if (!st) st = cli_host_memory_fits(def, &probe, hbm, *ckbuf || *resume.path, 0);
-        if (st) {
-            int rc = cli_fail(err, st);
-            model_data_close(&data);
-            model_close(&cm);
-            return rc;
-        }
+        SIM_TRY_GOTO(model_optim_from_config(cm.cfg, &probe.opt), st, fail);
+        SIM_TRY_GOTO(cli_host_memory_fits(def, &probe, hbm, *ckbuf || *resume.path, 0), st, fail);
     }
-    sim_machine *m = NULL;
     if (sim_xrank_size() > def->mesh.num_devices && !def->d.dry_run)
-        st = sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
-                     "%d ranks (mpirun -np %d)", sim_xrank_size(), def->mesh.num_devices, def->mesh.num_devices,
-                     def->mesh.num_devices);
-    if (!st) st = model_machine_new(def, hbm, want_trace, &m);
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch "
+                             "at most %d ranks (mpirun -np %d)", sim_xrank_size(), def->mesh.num_devices,
+                             def->mesh.num_devices, def->mesh.num_devices),
+                     st, fail);
+    SIM_TRY_GOTO(model_machine_new(def, hbm, want_trace, &m), st, fail);
     double watchdog_s = 0;
-    if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
-    if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
-    if (!st) sim_machine_set_record_costs(m, have_hw);
-    if (!st && *outdir) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB) */
+    SIM_TRY_GOTO(mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s), st, fail);
+    sim_machine_set_collective_timeout(m, watchdog_s);
+    sim_machine_set_record_costs(m, have_hw);
+    if (*outdir) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB) */
         long long trace_events = 0;
-        st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &trace_events);
-        if (!st) sim_trace_set_limit(m, (size_t)trace_events);
+        SIM_TRY_GOTO(mesh_cfg_get_int(cm.cfg, "trace_max_events", &trace_events), st, fail);
+        sim_trace_set_limit(m, (size_t)trace_events);
     }
-    if (st) {
-        int rc = cli_fail(err, st);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
-    cli_step_metrics *metrics = calloc((size_t)steps, sizeof *metrics);
-    if (!metrics) {
-        st = sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records (%zu bytes a step) do not fit in host "
-                     "memory; train fewer steps", steps, sizeof *metrics + sizeof(model_step_stats));
-        int rc = cli_fail(err, st);
-        sim_machine_free(m);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
-    step_printer sp = {out, def, metrics, NULL, run_name};
-    if (*metrics_path && !(sp.metrics_file = fopen(metrics_path, "w"))) {
-        int e = errno;
-        st = sim_err(SIM_ERR_IO, "metrics_file=%s: cannot write it: %s", metrics_path, strerror(e));
-        int rc = cli_fail(err, st);
-        free(metrics);
-        sim_machine_free(m);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
+    metrics = calloc((size_t)steps, sizeof *metrics);
+    if (!metrics)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records (%zu bytes a step) do not fit in host "
+                             "memory; train fewer steps", steps, sizeof *metrics + sizeof(model_step_stats)),
+                     st, fail);
+    sp = (step_printer){out, def, metrics, NULL, run_name};
+    if (*metrics_path && !(sp.metrics_file = fopen(metrics_path, "w")))
+        SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "metrics_file=%s: cannot write it: %s", metrics_path, strerror(errno)), st,
+                     fail);
     job.def = def;
     job.data = &data;
     job.steps = steps;
@@ -597,10 +590,11 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     }
     fprintf(out, "\n");
     cli_report_step_header(out);
-    st = job.stats ? model_train(&job, m)
-                   : sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records do not fit in host memory; train "
-                                            "fewer steps", steps);
-    if (!st && def->d.pipe.on) {
+    if (!job.stats)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records do not fit in host memory; train "
+                             "fewer steps", steps), st, fail);
+    SIM_TRY_GOTO(model_train(&job, m), st, fail);
+    if (def->d.pipe.on) {
         const model_pipe *pp = &def->d.pipe;
         fprintf(out, "\npipeline bubbles: %lld of %lld iterations per stage (%.1f%% of stage compute, bubbles computed "
                      "and discarded)",
@@ -611,96 +605,57 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                     100.0 * (double)def->pipe_bubble_ns / (double)def->pipe_layer_ns);
         fprintf(out, "\n");
     }
-    int rc = 0;
-    if (st) {
-        rc = cli_fail(err, st);
-    } else {
-        cli_records recs;
-        cli_records_from_machine(m, &recs);
-        cli_traffic traffic;
-        memset(&traffic, 0, sizeof traffic);
-        st = cli_traffic_build(&recs, cli_steps_all(), &traffic);
-        int nd = sim_machine_num_devices(m);
-        sim_arena_stats *mem = calloc((size_t)nd, sizeof *mem);
-        cli_memory_collect(m, mem);
-        if (!st && debug_sharding) { /* the activations are known once a forward pass has run */
-            const char *dt = cfg_str(cm.cfg, "dtype");
-            fprintf(out, "\ndebug_sharding:\n");
-            model_print_shardings(def, *dt ? dt : "float32", out);
-        }
-        if (!st) {
-            long long ran = steps - resume.start;
-            fprintf(out, "\ntraffic over %lld step%s:\n", ran, ran > 1 ? "s" : "");
-            cli_report_traffic(out, &traffic);
-            fprintf(out, "\nmemory at peak:\n");
-            cli_report_memory(out, mem, nd);
-            cli_report_xrank(out, m);
-        }
-        /* the step-time model, on the last step (every step moves the same bytes) */
-        model_tm_result tm;
-        memset(&tm, 0, sizeof tm);
-        char *tm_json = NULL;
-        if (!st && have_hw) {
-            double opt_bytes = model_tm_optimizer_bytes(m);
-            double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
-            const char *dt = cfg_str(cm.cfg, "dtype");
-            st = model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, def->d.dry_run && *outdir, &tm);
-            const char *note = NULL;
-            model_hw_peak(&hw, dt, &note);
-            if (!st) {
-                fprintf(out, "\n");
-                model_tm_print(out, &hw, sim_machine_mesh(m), &tm);
-                if (note) fprintf(out, "  note: dtype=%s: %s\n", dt, note);
-                size_t len = 0;
-                FILE *js = open_memstream(&tm_json, &len);
-                if (js) {
-                    model_tm_write_json(js, &hw, sim_machine_mesh(m), &tm);
-                    fclose(js);
-                }
-            } else { /* a figure the profile does not publish: say so, the run itself succeeded */
-                fprintf(out, "\nstep time not estimated: %s\n", sim_errmsg());
-                sim_err_clear();
-                st = SIM_OK;
-            }
-        }
-        if (!st && *outdir) {
-            char xla[384];
-            cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0,
-                                 tm_json, sim_dtype_name(def->d.gather_dtype), sim_dtype_name(def->d.reduce_dtype),
-                                 def->d.wire_rule, model_xla_rules_text(&def->d.xla, xla, sizeof xla)};
-            st = cli_write_run_json(outdir, &info);
-            if (!st) st = cli_write_metrics_json(outdir, metrics + resume.start, (int)(steps - resume.start), mem, nd);
-            long long max_rows = 0, max_events = 0;
-            if (!st) st = mesh_cfg_get_int(cm.cfg, "collectives_csv_max_rows", &max_rows);
-            if (!st) st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &max_events);
-            if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all(), (size_t)max_rows);
-            if (!st) st = cli_write_traffic_csv(outdir, &traffic);
-            if (!st && tm.spans) { /* a dry run with a profile: trace.json in modelled time */
-                char tpath[4200];
-                snprintf(tpath, sizeof tpath, "%s/trace.json", outdir);
-                st = model_tm_write_trace(tpath, &hw, &tm);
-            } else if (!st) {
-                st = cli_write_trace_json(outdir, m, (size_t)max_events);
-            }
-            int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
-            size_t trace_dev = tm.spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
-            if (!st && tm.spans)
-                fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm.device, hw.name);
-            if (!st && (csv_dev < nd || (int)trace_dev < nd))
-                fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
-                             "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
-                        csv_dev - 1, trace_dev - 1, nd, max_rows, max_events);
-            if (!st) st = write_dump(outdir, cm.cfg, def);
-            if (!st) st = cli_write_report_html(outdir);
-            if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
-        }
-        if (st) rc = cli_fail(err, st);
-        free(tm.spans);
-        free(tm_json);
-        cli_traffic_free(&traffic);
-        free(mem);
+    cli_records recs;
+    cli_records_from_machine(m, &recs);
+    SIM_TRY_GOTO(cli_traffic_build(&recs, cli_steps_all(), &traffic), st, fail);
+    int nd = sim_machine_num_devices(m);
+    mem = calloc((size_t)nd, sizeof *mem);
+    SIM_ASSERT(mem);
+    cli_memory_collect(m, mem);
+    if (debug_sharding) { /* the activations are known once a forward pass has run */
+        const char *dt = cfg_str(cm.cfg, "dtype");
+        fprintf(out, "\ndebug_sharding:\n");
+        model_print_shardings(def, *dt ? dt : "float32", out);
     }
+    long long ran = steps - resume.start;
+    fprintf(out, "\ntraffic over %lld step%s:\n", ran, ran > 1 ? "s" : "");
+    cli_report_traffic(out, &traffic);
+    fprintf(out, "\nmemory at peak:\n");
+    cli_report_memory(out, mem, nd);
+    cli_report_xrank(out, m);
+    /* the step-time model, on the last step (every step moves the same bytes) */
+    if (have_hw) {
+        double opt_bytes = model_tm_optimizer_bytes(m);
+        double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
+        const char *dt = cfg_str(cm.cfg, "dtype");
+        sim_status est = model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes,
+                                           def->d.dry_run && *outdir, &tm);
+        const char *note = NULL;
+        model_hw_peak(&hw, dt, &note);
+        if (!est) {
+            fprintf(out, "\n");
+            model_tm_print(out, &hw, sim_machine_mesh(m), &tm);
+            if (note) fprintf(out, "  note: dtype=%s: %s\n", dt, note);
+            mesh_jw tw;
+            mesh_jw_init(&tw);
+            model_tm_json(&tw, &hw, sim_machine_mesh(m), &tm);
+            tm_json = mesh_jw_take(&tw);
+        } else { /* a figure the profile does not publish: say so, the run itself succeeded */
+            fprintf(out, "\nstep time not estimated: %s\n", sim_errmsg());
+            sim_err_clear();
+        }
+    }
+    if (*outdir) SIM_TRY_GOTO(write_artifacts(&cm, argc, argv, outdir, metrics + resume.start,
+                                              (int)(steps - resume.start), m, &recs, &traffic, mem,
+                                              have_hw ? &hw : NULL, &tm, tm_json, out),
+                              st, fail);
+fail:
+    if (st != SIM_OK) rc = cli_fail(err, st);
     if (rc && made_outdir) rmdir(outdir); /* only succeeds while it is still empty */
+    free(tm.spans);
+    json_decref(tm_json);
+    cli_traffic_free(&traffic);
+    free(mem);
     if (sp.metrics_file) fclose(sp.metrics_file);
     free(job.stats);
     free(metrics);

@@ -9,6 +9,8 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,4 +201,152 @@ int mesh_json_equal(const mesh_json *a, const mesh_json *b)
         return 1;
     }
     return 0;
+}
+
+/* ======================================================================== */
+/* writing                                                                  */
+/* ======================================================================== */
+
+void mesh_jw_init(mesh_jw *w)
+{
+    memset(w, 0, sizeof *w);
+}
+
+/* Adds v (a new reference) to the innermost container, or makes it the root. */
+static void jw_add(mesh_jw *w, json_t *v)
+{
+    SIM_ASSERT(v);
+    if (w->depth == 0) {
+        SIM_ASSERT(!w->root);
+        w->root = v;
+        return;
+    }
+    json_t *c = w->open[w->depth - 1];
+    if (json_is_object(c)) {
+        SIM_ASSERT(w->after_key);
+        w->after_key = 0;
+        SIM_ASSERT(json_object_set_new(c, w->key, v) == 0);
+    } else {
+        SIM_ASSERT(!w->after_key);
+        SIM_ASSERT(json_array_append_new(c, v) == 0);
+    }
+}
+
+static void jw_open(mesh_jw *w, json_t *c)
+{
+    SIM_ASSERT(w->depth < MESH_JW_MAX_DEPTH);
+    jw_add(w, c);
+    w->open[w->depth++] = c; /* borrowed: the parent (or root) owns it */
+}
+
+void mesh_jw_obj(mesh_jw *w) { jw_open(w, json_object()); }
+void mesh_jw_arr(mesh_jw *w) { jw_open(w, json_array()); }
+
+void mesh_jw_end(mesh_jw *w)
+{
+    SIM_ASSERT(w->depth > 0 && !w->after_key);
+    w->depth--;
+}
+
+void mesh_jw_key(mesh_jw *w, const char *k)
+{
+    SIM_ASSERT(w->depth > 0 && json_is_object(w->open[w->depth - 1]) && !w->after_key);
+    SIM_ASSERT(strlen(k) < sizeof w->key);
+    strcpy(w->key, k);
+    w->after_key = 1;
+}
+
+void mesh_jw_str(mesh_jw *w, const char *s)
+{
+    /* jansson refuses invalid UTF-8; such text (from a user's argv) is kept readable with its
+     * bad bytes replaced by '?' */
+    json_t *v = s ? json_string(s) : json_null();
+    if (!v) {
+        char *t = dup_or_die(s);
+        for (char *p = t; *p; p++)
+            if ((unsigned char)*p >= 0x80) *p = '?';
+        v = json_string(t);
+        free(t);
+    }
+    jw_add(w, v);
+}
+
+void mesh_jw_null(mesh_jw *w) { jw_add(w, json_null()); }
+void mesh_jw_bool(mesh_jw *w, int b) { jw_add(w, json_boolean(b)); }
+void mesh_jw_int(mesh_jw *w, long long v) { jw_add(w, json_integer((json_int_t)v)); }
+
+void mesh_jw_u64(mesh_jw *w, unsigned long long v)
+{
+    /* byte counts stay below 2^63; a larger one would be a broken counter */
+    SIM_ASSERT(v <= (unsigned long long)INT64_MAX);
+    jw_add(w, json_integer((json_int_t)v));
+}
+
+void mesh_jw_double(mesh_jw *w, double d)
+{
+    jw_add(w, isfinite(d) ? json_real(d) : json_null());
+}
+
+void mesh_jw_num(mesh_jw *w, double d, int digits)
+{
+    if (!isfinite(d)) {
+        jw_add(w, json_null());
+        return;
+    }
+    char text[64];
+    snprintf(text, sizeof text, "%.*g", digits, d);
+    if (!strpbrk(text, ".eEn")) {
+        errno = 0;
+        char *end;
+        long long i = strtoll(text, &end, 10);
+        if (errno == 0 && !*end) {
+            jw_add(w, json_integer((json_int_t)i));
+            return;
+        }
+    }
+    jw_add(w, json_real(strtod(text, NULL)));
+}
+
+void mesh_jw_tree(mesh_jw *w, json_t *v)
+{
+    jw_add(w, v);
+}
+
+json_t *mesh_jw_take(mesh_jw *w)
+{
+    SIM_ASSERT(w->depth == 0 && w->root);
+    json_t *root = w->root;
+    w->root = NULL;
+    return root;
+}
+
+void mesh_jw_discard(mesh_jw *w)
+{
+    json_decref(w->root);
+    mesh_jw_init(w);
+}
+
+static size_t jw_flags(mesh_jw_layout layout, int precision)
+{
+    SIM_ASSERT(precision >= 1 && precision <= 17);
+    size_t flags = JSON_REAL_PRECISION(precision) | JSON_ENCODE_ANY;
+    if (layout == MESH_JW_INDENT2) flags |= JSON_INDENT(2) | JSON_ENSURE_ASCII;
+    return flags;
+}
+
+void mesh_jw_write(mesh_jw *w, FILE *f, mesh_jw_layout layout, int precision)
+{
+    json_t *root = mesh_jw_take(w);
+    /* a write error shows in ferror(f), which the caller (cli_artifact_write) checks */
+    (void)json_dumpf(root, f, jw_flags(layout, precision));
+    json_decref(root);
+}
+
+char *mesh_jw_dumps(mesh_jw *w, mesh_jw_layout layout, int precision)
+{
+    json_t *root = mesh_jw_take(w);
+    char *s = json_dumps(root, jw_flags(layout, precision));
+    json_decref(root);
+    SIM_ASSERT(s);
+    return s;
 }

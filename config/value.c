@@ -356,71 +356,91 @@ int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b)
     return 1;
 }
 
-/* Shortest %g form that reads back to the same double. */
-static void put_double(cfg_sbuf *b, double d)
+/* The fewest significant digits (1-17) whose %g reads back to d. */
+static int shortest_digits(double d)
 {
-    if (isnan(d)) {
-        cfg_sb_putf(b, "NaN");
-        return;
-    }
-    if (isinf(d)) {
-        cfg_sb_putf(b, d < 0 ? "-Infinity" : "Infinity");
-        return;
-    }
     char tmp[40];
-    for (int prec = 1; prec <= 17; prec++) {
+    for (int prec = 1; prec < 17; prec++) {
         snprintf(tmp, sizeof tmp, "%.*g", prec, d);
-        if (strtod(tmp, NULL) == d) break;
+        if (strtod(tmp, NULL) == d) return prec;
     }
-    /* Keep it a float for readers that type by syntax (1e-05 -> 1e-05, 2 -> 2.0). */
-    if (!strpbrk(tmp, ".eEn")) cfg_sb_putf(b, "%s.0", tmp);
-    else cfg_sb_putf(b, "%s", tmp);
+    return 17;
 }
 
-static void put_json_string(cfg_sbuf *b, const char *s)
+/* The most digits a real of v needs to read back (1 when it has none). */
+static int value_digits(const mesh_cfg_value *v)
 {
-    cfg_sb_putf(b, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') cfg_sb_putf(b, "\\%c", c);
-        else if (c == '\n') cfg_sb_putf(b, "\\n");
-        else if (c == '\t') cfg_sb_putf(b, "\\t");
-        else if (c < 0x20) cfg_sb_putf(b, "\\u%04x", c);
-        else cfg_sb_putf(b, "%c", c);
+    if (v->kind != MESH_CFG_SCALAR) {
+        int p = 1;
+        for (int i = 0; i < v->n; i++) {
+            int q = value_digits(&v->items[i]);
+            if (q > p) p = q;
+        }
+        return p;
     }
-    cfg_sb_putf(b, "\"");
+    double d;
+    if (mesh_cfg_scalar_type(v) == MESH_CFG_FLOAT && cfg_parse_float(v->text, &d) && isfinite(d))
+        return shortest_digits(d);
+    return 1;
 }
 
-static void put_value(cfg_sbuf *b, const mesh_cfg_value *v, int json)
+void mesh_cfg_value_json(mesh_jw *w, const mesh_cfg_value *v)
+{
+    if (v->kind == MESH_CFG_LIST || v->kind == MESH_CFG_MAP) {
+        int map = v->kind == MESH_CFG_MAP;
+        if (map) mesh_jw_obj(w);
+        else mesh_jw_arr(w);
+        for (int i = 0; i < v->n; i++) {
+            if (map) mesh_jw_key(w, v->keys[i]);
+            mesh_cfg_value_json(w, &v->items[i]);
+        }
+        mesh_jw_end(w);
+        return;
+    }
+    long long i;
+    double d;
+    int b;
+    switch (mesh_cfg_scalar_type(v)) {
+    case MESH_CFG_NULL: mesh_jw_null(w); return;
+    case MESH_CFG_BOOL:
+        if (cfg_bool_word(v->text, &b)) {
+            mesh_jw_bool(w, b);
+            return;
+        }
+        break;
+    case MESH_CFG_INT:
+        if (mesh_cfg_value_int(v, "", &i) == SIM_OK) {
+            mesh_jw_int(w, i);
+            return;
+        }
+        break;
+    case MESH_CFG_FLOAT:
+        if (mesh_cfg_value_double(v, "", &d) == SIM_OK) {
+            mesh_jw_double(w, d);
+            return;
+        }
+        break;
+    case MESH_CFG_STRING: break;
+    }
+    sim_err_clear();
+    mesh_jw_str(w, v->text ? v->text : "");
+}
+
+/* YAML flow text: strings quoted when they were, or when flow syntax would split them. */
+static void put_flow(cfg_sbuf *b, const mesh_cfg_value *v)
 {
     if (v->kind == MESH_CFG_LIST || v->kind == MESH_CFG_MAP) {
         int map = v->kind == MESH_CFG_MAP;
         cfg_sb_putf(b, map ? "{" : "[");
         for (int i = 0; i < v->n; i++) {
             if (i) cfg_sb_putf(b, ", ");
-            if (map) {
-                if (json) put_json_string(b, v->keys[i]);
-                else cfg_sb_putf(b, "%s", v->keys[i]);
-                cfg_sb_putf(b, ": ");
-            }
-            put_value(b, &v->items[i], json);
+            if (map) cfg_sb_putf(b, "%s: ", v->keys[i]);
+            put_flow(b, &v->items[i]);
         }
         cfg_sb_putf(b, map ? "}" : "]");
         return;
     }
     mesh_cfg_type t = mesh_cfg_scalar_type(v);
-    if (json) {
-        long long i;
-        double d;
-        int bo;
-        if (t == MESH_CFG_NULL) cfg_sb_putf(b, "null");
-        else if (t == MESH_CFG_BOOL && cfg_bool_word(v->text, &bo)) cfg_sb_putf(b, bo ? "true" : "false");
-        else if (t == MESH_CFG_INT && cfg_parse_int(v->text, &i)) cfg_sb_putf(b, "%lld", i);
-        else if (t == MESH_CFG_FLOAT && cfg_parse_float(v->text, &d)) put_double(b, d);
-        else put_json_string(b, v->text);
-        return;
-    }
-    /* YAML flow: quote strings that were quoted or that flow syntax would split. */
     if (v->quoted || (t == MESH_CFG_STRING && strpbrk(v->text, ",[]{}:#'\"")) ||
         (t == MESH_CFG_STRING && !*v->text)) {
         cfg_sb_putf(b, "'");
@@ -433,8 +453,14 @@ static void put_value(cfg_sbuf *b, const mesh_cfg_value *v, int json)
 
 char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json)
 {
+    if (json) { /* the one JSON writer, one line, each real in the fewest digits that read back */
+        mesh_jw w;
+        mesh_jw_init(&w);
+        mesh_cfg_value_json(&w, v);
+        return mesh_jw_dumps(&w, MESH_JW_LINE, value_digits(v));
+    }
     cfg_sbuf b = {0};
     cfg_sb_putf(&b, "%s", "");
-    put_value(&b, v, json);
+    put_flow(&b, v);
     return b.s;
 }

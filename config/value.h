@@ -7,6 +7,7 @@
 #ifndef CONFIG_VALUE_H
 #define CONFIG_VALUE_H
 
+#include "config/json.h"
 #include "sim/status.h"
 
 typedef enum {
@@ -48,6 +49,9 @@ int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b);
 /* Flow text of a value, malloc'd: YAML flow (`['a', 1, null]`) when json is
  * 0, JSON (`["a", 1, null]`) when json is 1. */
 char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json);
+/* Writes v as typed JSON (scalars by their YAML type: null, true/false, integers, reals, else
+ * strings) into the writer. */
+void mesh_cfg_value_json(mesh_jw *w, const mesh_cfg_value *v);
 /* "file:line" of a value (or "command line"), into buf. */
 const char *mesh_cfg_value_where(const mesh_cfg_value *v, char *buf, int cap);
 

@@ -524,49 +524,101 @@ void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, cons
     }
 }
 
-void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+/* The figures keep the digits the estimate has always been written with (%.17g for the times, %.6g
+ * for rates and counts), through the one JSON writer. */
+void model_tm_json(mesh_jw *w, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char ax[128];
-    fprintf(f, "{\"hardware_profile\": \"%s\", \"step_s\": %.17g, \"mfu\": %.6g, \"compute_s\": %.17g, "
-               "\"bubble_s\": %.17g, \"optimizer_s\": %.17g, \"exposed_communication_s\": %.17g, "
-               "\"peak_flops_per_device\": %.6g, \"model_flops_per_device\": %.6g, \"slowest_device\": %d, "
-               "\"exposed_by_axes\": {",
-            hw->name, r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,
-            r->model_flops, r->device);
-    for (int i = 0; i < r->naxes; i++) {
-        fprintf(f, "%s", i ? ", " : "");
-        sim_json_write_string(f, sim_axes_label(mesh, r->axes[i], ax, sizeof ax));
-        fprintf(f, ": %.6g", r->exposed_axes_s[i]);
+    mesh_jw_obj(w);
+    mesh_jw_key(w, "hardware_profile");
+    mesh_jw_str(w, hw->name);
+    static const char *const keys[] = {"step_s", "mfu", "compute_s", "bubble_s", "optimizer_s",
+                                       "exposed_communication_s", "peak_flops_per_device", "model_flops_per_device"};
+    const double vals[] = {r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,
+                           r->model_flops};
+    static const int digits[] = {17, 6, 17, 17, 17, 17, 6, 6};
+    for (int i = 0; i < 8; i++) {
+        mesh_jw_key(w, keys[i]);
+        mesh_jw_num(w, vals[i], digits[i]);
     }
-    fprintf(f, "}, \"slowest_collectives\": [");
+    mesh_jw_key(w, "slowest_device");
+    mesh_jw_int(w, r->device);
+    mesh_jw_key(w, "exposed_by_axes");
+    mesh_jw_obj(w);
+    for (int i = 0; i < r->naxes; i++) {
+        mesh_jw_key(w, sim_axes_label(mesh, r->axes[i], ax, sizeof ax));
+        mesh_jw_num(w, r->exposed_axes_s[i], 6);
+    }
+    mesh_jw_end(w);
+    mesh_jw_key(w, "slowest_collectives");
+    mesh_jw_arr(w);
     for (int i = 0; i < r->ntop; i++) {
         const model_tm_coll *c = &r->top[i];
-        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
-        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        fprintf(f, ", \"tag\": ");
-        sim_json_write_string(f, c->rec.tag);
-        fprintf(f, ", \"bytes_sent\": %llu, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g, \"async\": %s}",
-                (unsigned long long)c->rec.bytes_sent, c->links, c->bw, c->time_s, c->async ? "true" : "false");
+        mesh_jw_obj(w);
+        mesh_jw_key(w, "op");
+        mesh_jw_str(w, sim_op_name(c->rec.op));
+        mesh_jw_key(w, "axes");
+        mesh_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        mesh_jw_key(w, "tag");
+        mesh_jw_str(w, c->rec.tag);
+        mesh_jw_key(w, "bytes_sent");
+        mesh_jw_u64(w, (unsigned long long)c->rec.bytes_sent);
+        mesh_jw_key(w, "links");
+        mesh_jw_int(w, c->links);
+        mesh_jw_key(w, "bandwidth_Bps");
+        mesh_jw_num(w, c->bw, 6);
+        mesh_jw_key(w, "time_s");
+        mesh_jw_num(w, c->time_s, 6);
+        mesh_jw_key(w, "async");
+        mesh_jw_bool(w, c->async);
+        mesh_jw_end(w);
     }
-    fprintf(f, "], \"slowest_collective_kinds\": [");
+    mesh_jw_end(w);
+    mesh_jw_key(w, "slowest_collective_kinds");
+    mesh_jw_arr(w);
     for (int i = 0; i < r->ncolls; i++) {
         const model_tm_coll_kind *c = &r->colls[i];
-        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
-        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        fprintf(f, ", \"phase\": \"%s\", \"tag\": ", sim_phase_name(c->rec.phase));
-        sim_json_write_string(f, c->rec.tag);
-        fprintf(f, ", \"calls\": %d, \"bytes_sent\": %.17g, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g}",
-                c->calls, c->bytes, c->links, c->bw, c->time_s);
+        mesh_jw_obj(w);
+        mesh_jw_key(w, "op");
+        mesh_jw_str(w, sim_op_name(c->rec.op));
+        mesh_jw_key(w, "axes");
+        mesh_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        mesh_jw_key(w, "phase");
+        mesh_jw_str(w, sim_phase_name(c->rec.phase));
+        mesh_jw_key(w, "tag");
+        mesh_jw_str(w, c->rec.tag);
+        mesh_jw_key(w, "calls");
+        mesh_jw_int(w, c->calls);
+        mesh_jw_key(w, "bytes_sent");
+        mesh_jw_num(w, c->bytes, 17);
+        mesh_jw_key(w, "links");
+        mesh_jw_int(w, c->links);
+        mesh_jw_key(w, "bandwidth_Bps");
+        mesh_jw_num(w, c->bw, 6);
+        mesh_jw_key(w, "time_s");
+        mesh_jw_num(w, c->time_s, 6);
+        mesh_jw_end(w);
     }
-    fprintf(f, "], \"slowest_kernels\": [");
+    mesh_jw_end(w);
+    mesh_jw_key(w, "slowest_kernels");
+    mesh_jw_arr(w);
     for (int i = 0; i < r->nkernels; i++) {
         const model_tm_kernel *k = &r->kernels[i];
-        fprintf(f, "%s{\"kernel\": ", i ? ", " : "");
-        sim_json_write_string(f, k->name);
-        fprintf(f, ", \"calls\": %d, \"flops\": %.6g, \"mxu_flops\": %.6g, \"hbm_bytes\": %.6g, \"time_s\": %.6g}",
-                k->calls, k->flops, k->mxu_flops, k->bytes, k->time_s);
+        mesh_jw_obj(w);
+        mesh_jw_key(w, "kernel");
+        mesh_jw_str(w, k->name);
+        mesh_jw_key(w, "calls");
+        mesh_jw_int(w, k->calls);
+        static const char *const kkeys[] = {"flops", "mxu_flops", "hbm_bytes", "time_s"};
+        const double kv[] = {k->flops, k->mxu_flops, k->bytes, k->time_s};
+        for (int j = 0; j < 4; j++) {
+            mesh_jw_key(w, kkeys[j]);
+            mesh_jw_num(w, kv[j], 6);
+        }
+        mesh_jw_end(w);
     }
-    fprintf(f, "]}");
+    mesh_jw_end(w);
+    mesh_jw_end(w);
 }
 
 sim_status model_tm_write_trace(const char *path, const model_hw *hw, const model_tm_result *r)

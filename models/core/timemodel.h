@@ -20,6 +20,7 @@
 
 #include "config/config.h"
 #include "config/hardware.h"
+#include "config/json.h"
 #include "sim/collectives.h"
 #include "sim/machine.h"
 
@@ -143,8 +144,8 @@ double model_tm_optimizer_bytes(sim_machine *m);
 
 /* Console summary (device 0 style): step time, MFU, breakdown, slowest collectives. */
 void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
-/* The same as a JSON object (no trailing newline). */
-void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
+/* The same as a JSON object, added to the writer (run.json's "step_time_model"). */
+void model_tm_json(mesh_jw *w, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
 /* Chrome trace of the modelled timeline of the slowest device. */
 sim_status model_tm_write_trace(const char *path, const model_hw *hw, const model_tm_result *r);
 
