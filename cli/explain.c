@@ -292,26 +292,17 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
 
     mesh_cfg *cfg = NULL;
     mesh_shape m;
-    int rc = 0;
     /* the config always: it gives the dtypes (and the rules and the mesh when asked) */
-    st = cli_configs_check();
-    if (!st) st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
-    if (!st) st = counted_dtype(cfg, tensor, from_l, to_l, dtype_text, &dt, dt_why, sizeof dt_why);
-    if (st) {
-        mesh_cfg_free(cfg);
-        return cli_fail(err, st);
-    }
-    st = mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m);
+    SIM_TRY_GOTO(cli_configs_check(), st, fail);
+    SIM_TRY_GOTO(mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg), st, fail);
+    SIM_TRY_GOTO(counted_dtype(cfg, tensor, from_l, to_l, dtype_text, &dt, dt_why, sizeof dt_why), st, fail);
+    SIM_TRY_GOTO(mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m), st, fail);
     mesh_spec fs, ts;
-    if (!st) st = from ? mesh_spec_parse(from, &m, &fs) : logical_spec(cfg, &m, from_l, rank, "from_logical", &fs);
-    if (!st) st = to ? mesh_spec_parse(to, &m, &ts) : logical_spec(cfg, &m, to_l, rank, "to_logical", &ts);
+    SIM_TRY_GOTO(from ? mesh_spec_parse(from, &m, &fs) : logical_spec(cfg, &m, from_l, rank, "from_logical", &fs), st,
+                 fail);
+    SIM_TRY_GOTO(to ? mesh_spec_parse(to, &m, &ts) : logical_spec(cfg, &m, to_l, rank, "to_logical", &ts), st, fail);
     mesh_plan plan;
-    if (!st) st = mesh_plan_make(&m, "the array", rank, shape, dt, &fs, &ts, &plan);
-    if (st) {
-        rc = cli_fail(err, st);
-        mesh_cfg_free(cfg);
-        return rc;
-    }
+    SIM_TRY_GOTO(mesh_plan_make(&m, "the array", rank, shape, dt, &fs, &ts, &plan), st, fail);
     char mbuf[512];
     int64_t n = 1;
     for (int i = 0; i < rank; i++) n *= shape[i];
@@ -328,17 +319,13 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     fprintf(out, "\n");
     if (!verify_text || strcmp(verify_text, "false")) {
         char msg[256];
-        st = verify(&m, &plan, msg, sizeof msg);
-        if (st) {
-            rc = cli_fail(err, st);
-            mesh_cfg_free(cfg);
-            return rc;
-        }
+        SIM_TRY_GOTO(verify(&m, &plan, msg, sizeof msg), st, fail);
         fprintf(out, "plan (%s):\n", msg);
     } else {
         fprintf(out, "plan:\n");
     }
     mesh_plan_print(&plan, &m, out);
+fail:
     mesh_cfg_free(cfg);
-    return 0;
+    return st ? cli_fail(err, st) : 0;
 }

@@ -54,14 +54,11 @@ int cli_models(int argc, char **argv, FILE *out, FILE *err)
     }
     const char *pattern = argc ? argv[0] : NULL;
     mesh_cfg *cfg = NULL;
-    sim_status st = mesh_cfg_load_argv(cli_base_config(), 0, NULL, &cfg);
-    if (st) return cli_fail(err, st);
     mesh_model_file *m = NULL;
-    int n = 0;
-    if ((st = mesh_cfg_model_files(cfg, &m, &n)) != SIM_OK) {
-        mesh_cfg_free(cfg);
-        return cli_fail(err, st);
-    }
+    int n = 0, shown = 0;
+    sim_status st;
+    SIM_TRY_GOTO(mesh_cfg_load_argv(cli_base_config(), 0, NULL, &cfg), st, fail);
+    SIM_TRY_GOTO(mesh_cfg_model_files(cfg, &m, &n), st, fail);
     size_t wname = 5, wblock = 13;
     for (int i = 0; i < n; i++) {
         if (!selected(&m[i], pattern)) continue;
@@ -69,7 +66,7 @@ int cli_models(int argc, char **argv, FILE *out, FILE *err)
         if (strlen(m[i].block) > wblock) wblock = strlen(m[i].block);
     }
     fprintf(out, "%-*s  %-*s  %s\n", (int)wname, "model", (int)wblock, "decoder_block", "status");
-    int shown = 0, runs = 0, by_block = 0, by_key = 0;
+    int runs = 0, by_block = 0, by_key = 0;
     for (int i = 0; i < n; i++) {
         if (!selected(&m[i], pattern)) continue;
         shown++;
@@ -91,8 +88,10 @@ int cli_models(int argc, char **argv, FILE *out, FILE *err)
     fprintf(out, "\n%d model%s: %d simulated, %d refused by a key of the model file or a setting it needs, "
                  "%d refused by decoder block (from %s/models)\n",
             shown, shown == 1 ? "" : "s", runs, by_key, by_block, cfg->configs_dir);
+fail:
     mesh_model_files_free(m, n);
     mesh_cfg_free(cfg);
+    if (st) return cli_fail(err, st);
     if (!shown && pattern) {
         fprintf(err, "shardsim models: no model matches '%s'\n", pattern);
         return 2;

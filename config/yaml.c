@@ -122,89 +122,97 @@ static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, mesh_
     }
 }
 
+/* Opens a config file for reading: a regular file of at most YAML_MAX_BYTES. */
+static sim_status open_config_file(const char *path, FILE **out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return sim_err(SIM_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
+    struct stat sb;
+    sim_status st = SIM_OK;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode))
+        st = sim_err(SIM_ERR_INPUT, "config file %s is not a regular file; give a YAML file", path);
+    else if (sb.st_size > YAML_MAX_BYTES)
+        st = sim_err(SIM_ERR_INPUT, "config file %s has %lld bytes; a config file has at most %d MiB", path,
+                     (long long)sb.st_size, YAML_MAX_BYTES >> 20);
+    if (st != SIM_OK) fclose(f);
+    else *out = f;
+    return st;
+}
+
+/* libyaml's parse error, said for a file (path) or a command-line value (text). */
+static sim_status parse_error(const yaml_parser_t *parser, const char *path, const char *text)
+{
+    if (text)
+        return sim_err(SIM_ERR_INPUT, "command-line value \"%s\": invalid YAML at column %zu: %s%s%s", text,
+                       parser->problem_mark.column + 1, parser->problem ? parser->problem : "syntax error",
+                       parser->context ? " " : "", parser->context ? parser->context : "");
+    return sim_err(SIM_ERR_INPUT, "%s:%zu:%zu: invalid YAML: %s%s%s", path, parser->problem_mark.line + 1,
+                   parser->problem_mark.column + 1, parser->problem ? parser->problem : "syntax error",
+                   parser->context ? " " : "", parser->context ? parser->context : "");
+}
+
+/* A second document ("---" then more) would be silently dropped: refuse it. */
+static sim_status one_document(yaml_parser_t *parser, const char *path, const char *text)
+{
+    yaml_document_t doc2;
+    int more;
+    if (!yaml_parser_load(parser, &doc2)) {
+        more = -1;
+    } else {
+        more = yaml_document_get_root_node(&doc2) != NULL;
+        yaml_document_delete(&doc2);
+    }
+    if (!more) return SIM_OK;
+    if (text)
+        return sim_err(SIM_ERR_INPUT, "command-line value \"%s\": %s after the first YAML document; give one value",
+                       text, more < 0 ? "invalid YAML" : "a second document");
+    return sim_err(SIM_ERR_INPUT, "%s:%zu: %s after the first YAML document; shardsim reads one document per "
+                   "file: merge the documents or split them into separate files",
+                   path, parser->mark.line + 1, more < 0 ? "invalid YAML" : "a second document");
+}
+
 /* Parses YAML from a file (path) or a string (text).  Files must hold a map
  * (an empty file is an empty map). */
 sim_status cfg_yaml_read(mesh_cfg *cfg, const char *path, const char *text, mesh_cfg_value *out)
 {
     yaml_parser_t parser;
     yaml_document_t doc;
+    int parser_on = 0, doc_on = 0, have_value = 0;
     FILE *f = NULL;
     const char *file = text ? cfg_cli_source : cfg_intern(cfg, path);
-    if (!text) {
-        f = fopen(path, "rb");
-        if (!f) return sim_err(SIM_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
-        struct stat sb;
-        if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-            fclose(f);
-            return sim_err(SIM_ERR_INPUT, "config file %s is not a regular file; give a YAML file", path);
-        }
-        if (sb.st_size > YAML_MAX_BYTES) {
-            fclose(f);
-            return sim_err(SIM_ERR_INPUT, "config file %s has %lld bytes; a config file has at most %d MiB", path,
-                           (long long)sb.st_size, YAML_MAX_BYTES >> 20);
-        }
-    } else if (strlen(text) > YAML_MAX_BYTES) {
-        return sim_err(SIM_ERR_INPUT, "a command-line value of %zu bytes is too long (at most %d MiB)", strlen(text),
-                       YAML_MAX_BYTES >> 20);
-    }
+    sim_status st;
+    if (!text) SIM_TRY_GOTO(open_config_file(path, &f), st, fail);
+    else if (strlen(text) > YAML_MAX_BYTES)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "a command-line value of %zu bytes is too long (at most %d MiB)",
+                             strlen(text), YAML_MAX_BYTES >> 20), st, fail);
     SIM_ASSERT(yaml_parser_initialize(&parser));
+    parser_on = 1;
     if (f) yaml_parser_set_input_file(&parser, f);
     else yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
-    sim_status st = SIM_OK;
-    if (!yaml_parser_load(&parser, &doc)) {
-        if (text)
-            st = sim_err(SIM_ERR_INPUT, "command-line value \"%s\": invalid YAML at column %zu: %s%s%s",
-                         text, parser.problem_mark.column + 1,
-                         parser.problem ? parser.problem : "syntax error",
-                         parser.context ? " " : "", parser.context ? parser.context : "");
-        else
-            st = sim_err(SIM_ERR_INPUT, "%s:%zu:%zu: invalid YAML: %s%s%s", path,
-                         parser.problem_mark.line + 1, parser.problem_mark.column + 1,
-                         parser.problem ? parser.problem : "syntax error",
-                         parser.context ? " " : "", parser.context ? parser.context : "");
-        yaml_parser_delete(&parser);
-        if (f) fclose(f);
-        return st;
-    }
+    if (!yaml_parser_load(&parser, &doc)) SIM_TRY_GOTO(parse_error(&parser, path, text), st, fail);
+    doc_on = 1;
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (!root) {
         memset(out, 0, sizeof *out);
         out->kind = text ? MESH_CFG_SCALAR : MESH_CFG_MAP;
         if (text) out->text = cfg_strdup("");
         out->file = file;
-    } else {
-        yaml_ctx c = {cfg, &doc, file, 0};
-        st = node_to_value(&c, root, 0, out);
-        if (st == SIM_OK && !text && out->kind != MESH_CFG_MAP) {
-            cfg_value_free(out);
-            st = sim_err(SIM_ERR_INPUT,
-                         "%s:1: a config file must be a map of `key: value` lines at the top level",
-                         path);
-        }
+        st = SIM_OK;
+        goto fail; /* nothing follows an empty document */
     }
+    yaml_ctx c = {cfg, &doc, file, 0};
+    SIM_TRY_GOTO(node_to_value(&c, root, 0, out), st, fail);
+    have_value = 1;
+    if (!text && out->kind != MESH_CFG_MAP)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s:1: a config file must be a map of `key: value` lines at the top level",
+                             path), st, fail);
     yaml_document_delete(&doc);
-    /* a second document ("---" then more) would be silently dropped: refuse it */
-    if (st == SIM_OK && root) {
-        yaml_document_t doc2;
-        int more = 0;
-        if (!yaml_parser_load(&parser, &doc2)) {
-            more = -1;
-        } else {
-            more = yaml_document_get_root_node(&doc2) != NULL;
-            yaml_document_delete(&doc2);
-        }
-        if (more) {
-            cfg_value_free(out);
-            if (text)
-                st = sim_err(SIM_ERR_INPUT, "command-line value \"%s\": %s after the first YAML document; give one value",
-                             text, more < 0 ? "invalid YAML" : "a second document");
-            else
-                st = sim_err(SIM_ERR_INPUT, "%s:%zu: %s after the first YAML document; shardsim reads one document per "
-                             "file: merge the documents or split them into separate files",
-                             path, parser.mark.line + 1, more < 0 ? "invalid YAML" : "a second document");
-        }
-    }
-    yaml_parser_delete(&parser);
+    doc_on = 0;
+    SIM_TRY_GOTO(one_document(&parser, path, text), st, fail);
+fail:
+    if (st != SIM_OK && have_value) cfg_value_free(out);
+    if (doc_on) yaml_document_delete(&doc);
+    if (parser_on) yaml_parser_delete(&parser);
     if (f) fclose(f);
     return st;
 }
