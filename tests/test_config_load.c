@@ -1,6 +1,6 @@
-/* test_config_load.c — config loading: MaxText merge order, key checks, sources,
- * typed getters; every project and reference YAML file loads, and the project's
- * configs/ agree with MaxText's files on mesh axes, rule tables and model dims. */
+/* test_config_load.c — config loading (config/load.c): MaxText merge order, key checks,
+ * sources; every project and reference YAML file loads, and the project's configs/ agree with
+ * MaxText's files on mesh axes, rule tables and model dims. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -583,84 +583,6 @@ static void test_base_config_chain(void **state)
     assert_contains(sim_errmsg(), "loops");
 }
 
-static void test_scalars_and_getters(void **state)
-{
-    (void)state;
-    struct {
-        const char *text;
-        int quoted;
-        mesh_cfg_type t;
-    } cases[] = {
-        {"10_000", 0, MESH_CFG_INT},  {"-1", 0, MESH_CFG_INT},       {"0x10", 0, MESH_CFG_INT},
-        {"1.e-05", 0, MESH_CFG_FLOAT}, {"3.e-5", 0, MESH_CFG_FLOAT},  {"12.0", 0, MESH_CFG_FLOAT},
-        {"1e-6", 0, MESH_CFG_FLOAT},  {".inf", 0, MESH_CFG_FLOAT},   {"None", 0, MESH_CFG_NULL},
-        {"none", 1, MESH_CFG_NULL},   {"null", 0, MESH_CFG_NULL},    {"", 0, MESH_CFG_NULL},
-        {"", 1, MESH_CFG_STRING},     {"True", 0, MESH_CFG_BOOL},    {"off", 0, MESH_CFG_BOOL},
-        {"1", 1, MESH_CFG_STRING},    {"fsdp", 0, MESH_CFG_STRING},  {"1.2.3", 0, MESH_CFG_STRING},
-        {"_1", 0, MESH_CFG_STRING},   {"inf", 0, MESH_CFG_STRING},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        mesh_cfg_value v = {MESH_CFG_SCALAR, (char *)cases[i].text, cases[i].quoted, 0, NULL, NULL, "t", 1};
-        if (mesh_cfg_scalar_type(&v) != cases[i].t)
-            fail_msg("'%s' (quoted %d): type %d, expected %d", cases[i].text, cases[i].quoted,
-                     mesh_cfg_scalar_type(&v), cases[i].t);
-    }
-    const char *o[] = {"run_name=None", "learning_rate=1e-3"};
-    mesh_cfg *cfg = load_ok(NULL, NULL, 2, o);
-    long long i;
-    double d;
-    int b;
-    const char *s;
-    assert_int_equal(mesh_cfg_get_str(cfg, "run_name", &s), SIM_OK);
-    assert_null(s);
-    assert_int_equal(mesh_cfg_get_double(cfg, "rope_max_timescale", &d), SIM_OK);
-    assert_true(d == 10000.0);
-    assert_int_equal(mesh_cfg_get_double(cfg, "learning_rate", &d), SIM_OK);
-    assert_true(d == 1e-3);
-    assert_int_equal(mesh_cfg_get_bool(cfg, "scan_layers", &b), SIM_OK);
-    assert_int_equal(b, 1);
-    assert_int_equal(mesh_cfg_get_int(cfg, "dtype", &i), SIM_ERR_INPUT);
-    assert_contains(sim_errmsg(), "key 'dtype'");
-    assert_contains(sim_errmsg(), "expected an integer");
-    assert_contains(sim_errmsg(), "configs/base.yml:");
-    assert_int_equal(mesh_cfg_get_bool(cfg, "steps", &b), SIM_ERR_INPUT);
-    assert_int_equal(mesh_cfg_get_int(cfg, "no_such_key", &i), SIM_ERR_INPUT);
-    assert_contains(sim_errmsg(), "no_such_key");
-    static const char *const modes[] = {"auto", "explicit"};
-    int idx = -1;
-    assert_int_equal(mesh_cfg_get_enum(cfg, "shard_mode", modes, 2, &idx), SIM_OK);
-    assert_int_equal(idx, 0);
-    assert_int_equal(mesh_cfg_get_enum(cfg, "dtype", modes, 2, &idx), SIM_ERR_INPUT);
-    assert_contains(sim_errmsg(), "'explicit'");
-    assert_string_equal(mesh_cfg_closest_key(cfg, "ici_expert_paralelism"), "ici_expert_parallelism");
-    assert_int_equal(mesh_edit_distance("kitten", "sitting"), 3);
-    mesh_cfg_free(cfg);
-}
-
-static void test_value_text(void **state)
-{
-    (void)state;
-    const char *o[] = {"logical_axis_rules=[['norm', fsdp], [x, []]]", "override_logical_axis_rules=true"};
-    mesh_cfg *cfg = load_ok(NULL, NULL, 2, o);
-    char *t = mesh_cfg_value_to_text(val(cfg, "logical_axis_rules"), 0);
-    assert_string_equal(t, "[['norm', fsdp], [x, []]]");
-    free(t);
-    t = mesh_cfg_value_to_text(val(cfg, "logical_axis_rules"), 1);
-    assert_string_equal(t, "[[\"norm\", \"fsdp\"], [\"x\", []]]");
-    free(t);
-    /* jansson, the one JSON writer, writes an exponent without '+' or leading zeros */
-    t = mesh_cfg_value_to_text(val(cfg, "normalization_layer_epsilon"), 1);
-    assert_string_equal(t, "1e-5");
-    free(t);
-    t = mesh_cfg_value_to_text(val(cfg, "checkpoint_period"), 1);
-    assert_string_equal(t, "10000");
-    free(t);
-    t = mesh_cfg_value_to_text(val(cfg, "per_device_batch_size"), 1);
-    assert_string_equal(t, "12.0");
-    free(t);
-    mesh_cfg_free(cfg);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -676,8 +598,6 @@ int main(void)
         cmocka_unit_test(test_malformed_values),
         cmocka_unit_test(test_extra_files_and_order),
         cmocka_unit_test(test_base_config_chain),
-        cmocka_unit_test(test_scalars_and_getters),
-        cmocka_unit_test(test_value_text),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (tmpdir[0]) {

@@ -1,0 +1,25 @@
+/* config_fixture.h — test support for config/: scratch directories of YAML files, loads with
+ * overrides, and a substring assertion for error messages.  Failures end the test (cmocka). */
+#ifndef TESTS_CONFIG_FIXTURE_H
+#define TESTS_CONFIG_FIXTURE_H
+
+#include "config/config.h"
+
+/* A new scratch directory (mkdtemp under /tmp), malloc'd; cfgt_rmdir removes it and frees it. */
+char *cfgt_mkdir(void);
+void cfgt_rmdir(char *dir);
+/* Writes text to dir/name (creating name's subdirectories); returns the path, malloc'd. */
+char *cfgt_write(const char *dir, const char *name, const char *text);
+/* A scratch copy of the project's configs/ (cp -R), malloc'd. */
+char *cfgt_copy_configs(void);
+/* mesh_cfg_load of base (NULL: configs/base.yml) with one extra file (or NULL) and overrides. */
+sim_status cfgt_load(const char *base, const char *file, int n, const char *const *ovr, mesh_cfg **out);
+/* The same, failing the test unless it loads. */
+mesh_cfg *cfgt_load_ok(const char *base, int n, const char *const *ovr);
+
+#define assert_contains(hay, needle)                                                      \
+    do {                                                                                  \
+        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
+    } while (0)
+
+#endif
