@@ -24,4 +24,7 @@ int cli_keys(int argc, char **argv, FILE *out, FILE *err);
 /* shardsim models [pattern|block=NAME]: every model name with its decoder block and status */
 int cli_models(int argc, char **argv, FILE *out, FILE *err);
 
+/* shardsim plan [file.yml ...] [key=value ...] [--explain K]: cli/plan.h */
+int cli_plan(int argc, char **argv, FILE *out, FILE *err);
+
 #endif

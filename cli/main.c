@@ -36,6 +36,25 @@ static const command_help COMMANDS[] = {
      "\n"
      "Exit codes: 0 success, 1 a check failed (simulated OOM, explicit-mode sharding error),\n"
      "2 bad usage or input (including a refused key).\n"},
+    {"plan", "rank the meshes, rule sets and remat policies that fit a topology by modelled step time",
+     "usage: shardsim plan [file.yml ...] [key=value ...] compile_topology=v5p-8 compile_topology_num_slices=1\n"
+     "       shardsim plan ... num_devices=N [num_slices=S] hardware_profile=NAME\n"
+     "\n"
+     "Enumerates the configurations of configs/plan.yml for the model the keys define (meshes over\n"
+     "MaxText's ici and dcn axes, custom_mesh_and_rule sets, shard_mode, shard_optimizer_over_data,\n"
+     "remat_policy, gradient_accumulation_steps, pipeline microbatches), rejects what train would\n"
+     "refuse (with its message), prunes what cannot fit (parameters + gradients + optimizer state\n"
+     "above the HBM), dry-runs the rest within a budget and prints the fastest by modelled step time,\n"
+     "each with MFU, peak memory and its parts, bytes per mesh axis, what bounds it, and the train\n"
+     "command line that reproduces it.  A key you set is kept fixed.\n"
+     "\n"
+     "  per_device_batch_size=P | plan_global_batch=G   rows per step (G = P x devices)\n"
+     "  plan_top=10                    candidates printed\n"
+     "  plan_dry_runs=0                candidates dry-run at most (0: 48 - devices / 8, >= 24)\n"
+     "  plan_verify=1                  top candidates dry-run in full (every layer) to confirm\n"
+     "  --explain K | explain_candidate=K   why the candidate ranked K ranks there\n"
+     "\n"
+     "Exit codes: 0 a candidate fits, 1 none fits, 2 bad usage or input.\n"},
     {"parity", "compare losses and gradients across configurations",
      "usage: shardsim parity [file.yml ...] [key=value ...] configs=\"<overrides>;<overrides>;...\"\n"
      "\n"
@@ -197,7 +216,8 @@ static int run_command(int argc, char **argv)
     if (!strcmp(cmd, "collectives")) return cli_collectives_demo(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cli_train(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "parity")) return cli_cmd_parity(argc - 2, argv + 2, stdout, stderr);
-    if (sim_xrank_size() > 1 && (!strcmp(cmd, "dump") || !strcmp(cmd, "explain") || !strcmp(cmd, "keys"))) {
+    if (sim_xrank_size() > 1 && (!strcmp(cmd, "dump") || !strcmp(cmd, "explain") || !strcmp(cmd, "keys") ||
+                                 !strcmp(cmd, "plan"))) {
         /* nothing of theirs spreads over ranks: R copies would only write the same files at once */
         if (sim_xrank_rank() == 0)
             fprintf(stderr, "shardsim %s under mpirun (%d ranks): only train, parity, demo and collectives spread over "
@@ -208,6 +228,7 @@ static int run_command(int argc, char **argv)
     if (!strcmp(cmd, "explain")) return cli_explain(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "keys")) return cli_keys(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "models")) return cli_models(argc - 2, argv + 2, stdout, stderr);
+    if (!strcmp(cmd, "plan")) return cli_plan(argc - 2, argv + 2, stdout, stderr);
     fprintf(stderr, "shardsim: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

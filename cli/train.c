@@ -191,7 +191,7 @@ static void print_step(const model_step_stats *s, void *arg)
     m->step = (int)s->step;
     m->loss = s->loss;
     m->mtp_loss = s->mtp_loss;
-    m->has_mtp = sp->def->d.mtp_layers > 0;
+    m->has_mtp = model_mtp_layers(sp->def) > 0;
     m->grad_norm = s->grad_norm;
     m->raw_grad_norm = s->raw_grad_norm;
     m->lr = s->lr;
@@ -353,7 +353,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     model_xla_rules_text(&d->xla, xla, sizeof xla);
     cli_kv rows[] = {
         {"model", d->model_name},
-        {"decoder", d->kind == MODEL_LLAMA2 ? "llama2" : "deepseek"},
+        {"decoder", d->family->name},
         {"mesh", mesh},
         {"shard_mode", d->mode == MESH_MODE_EXPLICIT ? "explicit" : "auto"},
         {"rules", *custom ? custom : "base"},

@@ -14,17 +14,12 @@
 
 char *cfgt_mkdir(void)
 {
-    char *dir = strdup("/tmp/shardsim_cfgt_XXXXXX");
-    assert_non_null(dir);
-    assert_non_null(mkdtemp(dir));
-    return dir;
+    return helper_tmpdir("cfgt");
 }
 
 void cfgt_rmdir(char *dir)
 {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    helper_rm_rf(dir);
     free(dir);
 }
 
@@ -39,10 +34,7 @@ char *cfgt_write(const char *dir, const char *name, const char *text)
             mkdir(path, 0777);
             *p = '/';
         }
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    assert_int_equal(fclose(f), 0);
+    helper_write_file(path, text, strlen(text));
     return path;
 }
 

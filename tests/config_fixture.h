@@ -1,9 +1,10 @@
-/* config_fixture.h — test support for config/: scratch directories of YAML files, loads with
- * overrides, and a substring assertion for error messages.  Failures end the test (cmocka). */
+/* config_fixture.h — test support for config/: scratch directories of YAML files and loads with
+ * overrides (on tests/helpers.h's folders and files).  Failures end the test (cmocka). */
 #ifndef TESTS_CONFIG_FIXTURE_H
 #define TESTS_CONFIG_FIXTURE_H
 
 #include "config/config.h"
+#include "tests/helpers.h" /* assert_contains, helper_tmpdir, helper_rm_rf */
 
 /* A new scratch directory (mkdtemp under /tmp), malloc'd; cfgt_rmdir removes it and frees it. */
 char *cfgt_mkdir(void);
@@ -17,9 +18,5 @@ sim_status cfgt_load(const char *base, const char *file, int n, const char *cons
 /* The same, failing the test unless it loads. */
 mesh_cfg *cfgt_load_ok(const char *base, int n, const char *const *ovr);
 
-#define assert_contains(hay, needle)                                                      \
-    do {                                                                                  \
-        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
-    } while (0)
 
 #endif

@@ -19,6 +19,7 @@
 
 #include "cli/cli.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 
 static char dir[128];
 
@@ -26,20 +27,6 @@ static const char *MODEL[] = {"base_num_decoder_layers=2", "base_emb_dim=64", "b
                               "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=128", "vocab_size=256",
                               "max_target_length=32", "per_device_batch_size=2"};
 enum { NMODEL = sizeof MODEL / sizeof MODEL[0] };
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = '\0';
-    fclose(f);
-    return s;
-}
 
 /* The page as headless Chromium leaves it after its scripts ran. */
 static char *render(const char *html)
@@ -60,7 +47,7 @@ static char *render(const char *html)
              found, dir, html, out);
     int rc = system(cmd);
     assert_int_equal(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 0);
-    char *dom = slurp(out);
+    char *dom = helper_read_file_opt(out, NULL);
     assert_non_null(dom);
     return dom;
 }
@@ -120,12 +107,12 @@ static void test_train_report(void **state)
 
     char path[400];
     snprintf(path, sizeof path, "%s/train/report.html", dir);
-    char *html = slurp(path);
+    char *html = helper_read_file_opt(path, NULL);
     assert_non_null(html);
     assert_self_contained(html);
     /* the run's own numbers are in the page: the first loss from metrics.json */
     snprintf(path, sizeof path, "%s/train/metrics.json", dir);
-    char *metrics = slurp(path);
+    char *metrics = helper_read_file_opt(path, NULL);
     assert_non_null(metrics);
     const char *loss = strstr(metrics, "\"loss\": ");
     assert_non_null(loss);
@@ -166,7 +153,7 @@ static void test_parity_report(void **state)
 
     char path[400];
     snprintf(path, sizeof path, "%s/parity/report.html", dir);
-    char *html = slurp(path);
+    char *html = helper_read_file_opt(path, NULL);
     assert_non_null(html);
     assert_self_contained(html);
     free(html);

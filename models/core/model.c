@@ -12,7 +12,6 @@
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
-#include "models/families/batchsplit.h"
 #include "models/core/init.h"
 #include "models/core/timemodel.h"
 
@@ -145,8 +144,8 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
     return SIM_OK;
 }
 
-static void add_param(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
-                      int scan_dim, model_init_kind init, double scale)
+void model_add_param(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
+                     int scan_dim, model_init_kind init, double scale)
 {
     SIM_ASSERT(m->nparams < MODEL_MAX_PARAMS);
     model_param_def *d = &m->defs[m->nparams++];
@@ -160,52 +159,6 @@ static void add_param(model_def *m, const char *path, int rank, const int64_t *s
     d->scan_dim = scan_dim;
     d->init = init;
     d->scale = scale;
-}
-
-static void define_llama(model_def *m)
-{
-    const model_dims *d = &m->d;
-    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, F = d->mlp, L = d->layers;
-    double fe = 1.0 / sqrt((double)E);
-    /* MaxText's Attention.init_query_w drops the depth scaling whenever the config's use_qk_norm is
-     * set, although the llama2 decoder never passes use_qk_norm to its Attention (no query/key norm
-     * runs): the only effect of the key on Llama is an unscaled query init. */
-    double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)D);
-    add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
-              -1, MODEL_INIT_NORMAL, fe);
-    add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
-              (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
-    if (d->fused_qkv) /* Attention.init_qkv_w: the plain kernel_init, no depth scaling of the query part */
-        add_param(m, "params.decoder.layers.self_attention.qkv_proj.kernel", 4, (int64_t[]){E, L, H + 2 * K, D},
-                  (const char *[]){"embed_attn", "layers", "heads", "kv"}, 1, MODEL_INIT_NORMAL, fe);
-    else {
-        /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
-        add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
-                  (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
-        add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
-                  (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
-        add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
-                  (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
-    }
-    add_param(m, "params.decoder.layers.self_attention.out.kernel", 4, (int64_t[]){H, L, D, E},
-              (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
-    add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
-              (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
-    if (d->fused_mlp) /* MlpBlock with fused_mlp: one kernel for both activations */
-        add_param(m, "params.decoder.layers.mlp.wi.kernel", 4, (int64_t[]){E, L, 2, F},
-                  (const char *[]){"embed", "layers", "num_activations", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
-    else {
-        add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F},
-                  (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
-        add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F},
-                  (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
-    }
-    add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E}, (const char *[]){"mlp", "layers", "embed"},
-              1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
-    add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
-    if (!d->tied_logits)
-        add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
-                  -1, MODEL_INIT_TRUNC_NORMAL, fe);
 }
 
 /* MaxText's get_individual_scales: global_parameter_scale = 2^k multiplies heads and MLP widths by
@@ -411,33 +364,14 @@ static void pipeline_mesh_and_rules(model_def *m)
 static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
 {
     model_dims *d = &m->d;
-    /* DeepSeek pipelines its MoE layers; its dense layers run before the pipeline */
-    int64_t stack = d->kind == MODEL_DEEPSEEK ? d->layers - d->dense_layers : d->layers;
+    /* a family may run some layers before the pipeline (DeepSeek: its dense layers) */
+    const model_family *fam = d->family;
+    int64_t before = fam->layers_before_pipeline ? fam->layers_before_pipeline(m) : 0;
+    int64_t stack = d->layers - before;
     SIM_TRY(model_pipe_from_config(cfg, &m->mesh, stack, d->batch, &d->pipe));
     if (!d->pipe.on) return SIM_OK;
-    /* MaxText 0.2.5's pipeline splits the stage's variables into parameters, intermediates and a catch-all
-     * that may hold only RNG state (layers/pipeline.py, the assert after nnx.split); a MoEBiasVar gate bias
-     * lands in the catch-all, so every pipeline of these models stops there.  In explicit mode with YaRN the
-     * dense layer before the pipeline fails first (the trace-time error of ds_yarn_check, as in MaxText) */
-    if (d->kind == MODEL_DEEPSEEK && d->routed_bias && d->bias_selects_only &&
-        !(d->mode == MESH_MODE_EXPLICIT && d->yarn))
-        return model_cfg_unsupported(cfg, "routed_bias",
-                                     "MaxText 0.2.5 stops every pipeline whose MoE layers carry this model's "
-                                     "MoEBiasVar gate bias (AssertionError: Non-RngState variable found in "
-                                     "layers_mutables catch-all partition, layers/pipeline.py); use routed_bias=false "
-                                     "with a pipeline, or ici/dcn_pipeline_parallelism=1");
-    if (d->kind == MODEL_DEEPSEEK && stack < 1)
-        return sim_err(SIM_ERR_INPUT,
-                       "ici_pipeline_parallelism=%lld with first_num_dense_layers=%lld = base_num_decoder_layers: "
-                       "DeepSeek pipelines its MoE layers and there are none; add MoE layers or set "
-                       "ici_pipeline_parallelism=1",
-                       (long long)d->pipe.stages, (long long)d->dense_layers);
-    if (d->kind == MODEL_DEEPSEEK && d->lb_weight > 0)
-        return sim_err(SIM_ERR_INPUT,
-                       "load_balance_loss_weight=%g with pipeline parallelism: collecting the MoE load-balance loss "
-                       "from the pipeline iterations is not implemented yet; set load_balance_loss_weight=0",
-                       d->lb_weight);
-    if (d->kind == MODEL_DEEPSEEK && d->dense_layers > 0) { /* logical_axis_rules_pp_act_as_dp */
+    if (fam->pipeline_check) SIM_TRY(fam->pipeline_check(m, cfg));
+    if (before > 0) { /* logical_axis_rules_pp_act_as_dp */
         mesh_rules_init(&m->rules_pp_dp);
         for (int r = 0; r < m->rules.n; r++) {
             const mesh_rule *ru = &m->rules.rules[r];
@@ -499,10 +433,12 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
     const char *s;
     SIM_TRY(mesh_cfg_get_str(cfg, "model_name", &s));
     snprintf(d->model_name, sizeof d->model_name, "%s", s ? s : "default");
-    static const char *const blocks[] = {"llama2", "deepseek"};
+    const char *blocks[8];
+    SIM_ASSERT(model_n_families <= 8);
+    for (int i = 0; i < model_n_families; i++) blocks[i] = model_families[i]->name;
     int blk;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "decoder_block", blocks, 2, &blk));
-    d->kind = (model_kind)blk;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "decoder_block", blocks, model_n_families, &blk));
+    d->family = model_families[blk];
     SIM_TRY(model_cfg_i64(cfg, "vocab_size", &d->vocab));
     SIM_TRY(model_cfg_i64(cfg, "base_emb_dim", &d->emb));
     SIM_TRY(model_cfg_i64(cfg, "base_num_query_heads", &d->q_heads));
@@ -609,29 +545,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
                        "load-balanced context parallelism (or set context_parallel_load_balance=false)",
                        (long long)d->seq, d->cp);
 
-    if (d->kind == MODEL_DEEPSEEK) {
-        SIM_TRY(deepseek_define(m, cfg));
-    } else {
-        /* MaxText's llama2 decoder would honour these; the simulated one has
-         * global attention and default RoPE only, so other values are refused */
-        const char *at, *rt;
-        SIM_TRY(mesh_cfg_get_str(cfg, "attention_type", &at));
-        SIM_TRY(mesh_cfg_get_str(cfg, "rope_type", &rt));
-        if (at && strcmp(at, "global"))
-            return sim_err(SIM_ERR_INPUT, "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
-                                          "(mla needs decoder_block=deepseek)", at);
-        if (rt && strcmp(rt, "default") && !d->rope_llama31)
-            return sim_err(SIM_ERR_INPUT,
-                           "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default or "
-                           "rope_type=llama3.1", rt);
-        int64_t mtp;
-        SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
-        if (mtp != 0)
-            return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
-                                          "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
-                           (long long)mtp);
-        define_llama(m);
-    }
+    SIM_TRY(d->family->define(m, cfg));
     SIM_TRY(pipeline_setup(m, cfg));
     SIM_TRY(scan_axis_from_config(cfg, m));
     bool scan;
@@ -655,9 +569,9 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
                            : d->fused_mlp                                      ? "fused_mlp=true"
                            : unscanned                                         ? "scan_layers=false"
                            : moved_axis                                        ? "param_scan_axis other than 1"
-                           : model_bias_active(m)                              ? "routed_bias_update_rate > 0"
-                           : strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none") ? "this remat_policy"
-                                                                                                : NULL;
+                                                                               : NULL;
+        if (!what && d->family->pipeline_unsimulated) what = d->family->pipeline_unsimulated(m);
+        if (!what && strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none")) what = "this remat_policy";
         if (what)
             return sim_err(SIM_ERR_INPUT,
                            "%s with pipeline parallelism (ici/dcn_pipeline_parallelism > 1) is not simulated yet; "
@@ -687,7 +601,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
     }
-    SIM_TRY(batchsplit_setup(m, cfg)); /* after the specs: it checks the weights' */
+    if (d->family->setup) SIM_TRY(d->family->setup(m, cfg)); /* after the specs: it may check them */
     const char *ot;
     SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
     m->muon = ot && !strcmp(ot, "muon");
@@ -711,6 +625,8 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 {
     sim_status st = def_from_config(cfg, m);
     if (st != SIM_OK) {
+        free(m->d.family_dims);
+        m->d.family_dims = NULL;
         mesh_rules_free(&m->rules);
         mesh_rules_free(&m->rules_pp_dp);
     }
@@ -719,6 +635,8 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 
 void model_def_free(model_def *m)
 {
+    free(m->d.family_dims);
+    m->d.family_dims = NULL;
     mesh_rules_free(&m->rules);
     mesh_rules_free(&m->rules_pp_dp);
     pthread_mutex_destroy(&m->act_lock);
@@ -865,8 +783,9 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         if (md->zero1 && !sv) SIM_TRY(zero1_state_new(md, i));
     }
     SIM_TRY(model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed));
-    if (with_grads && model_bias_active(def)) { /* host figures: E counts per MoE layer (MaxText: int32) */
-        size_t n = (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts);
+    size_t n = with_grads && def->d.family->step_counts ? def->d.family->step_counts(def) : 0;
+    if (n) { /* the family's per-step host statistics (DeepSeek: E expert counts per MoE layer) */
+        md->n_bias_counts = n;
         md->bias_counts = calloc(n, sizeof(float));
         md->bias_counts_step = calloc(n, sizeof(float));
         SIM_ASSERT(md->bias_counts && md->bias_counts_step);
@@ -880,7 +799,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
 bool model_param_pipelined(const model_def *m, int i)
 {
     if (!m->d.pipe.on || m->defs[i].scan_dim < 0) return false;
-    return m->d.kind == MODEL_LLAMA2 || strstr(m->defs[i].path, ".moe_layers.") != NULL;
+    return !m->d.family->param_pipelined || m->d.family->param_pipelined(m, &m->defs[i]);
 }
 
 sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
@@ -905,7 +824,8 @@ bool model_holds_layer(const model_def *m, int device, int64_t l)
 sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_array *a, int64_t l, void *global)
 {
     const model_def *m = md->def;
-    if (!m->d.pipe.on || p->def.scan_dim < 0 || (m->d.kind == MODEL_DEEPSEEK && !strstr(p->def.path, ".moe_layers.")))
+    if (!m->d.pipe.on || p->def.scan_dim < 0 ||
+        (m->d.family->param_pipelined && !m->d.family->param_pipelined(m, &p->def)))
         return mesh_array_store_global(md->ctx.dev, &m->mesh, a, global);
     if (!model_holds_layer(m, sim_device_id(md->ctx.dev), l)) return SIM_OK;
     return mesh_array_store_global_except(md->ctx.dev, &m->mesh, a, global, 1u << m->d.pipe.stage_axis);
@@ -913,7 +833,7 @@ sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_arr
 
 void model_dev_free(model_dev *md)
 {
-    batchsplit_dev_free(md);
+    if (md->def->d.family->dev_free) md->def->d.family->dev_free(md);
     free(md->bias_counts);
     free(md->bias_counts_step);
     md->bias_counts = md->bias_counts_step = NULL;
@@ -977,8 +897,12 @@ void model_batch_free(model_dev *md, model_batch *b)
 
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
 {
-    if (md->def->d.kind == MODEL_DEEPSEEK) return deepseek_loss(md, t, b, loss);
-    return llama_loss(md, t, b, loss);
+    return md->def->d.family->loss(md, t, b, loss);
+}
+
+int64_t model_mtp_layers(const model_def *m)
+{
+    return m->d.family && m->d.family->mtp_layers ? m->d.family->mtp_layers(m) : 0;
 }
 
 /* ------------------------------------------------------------ dropout */

@@ -456,7 +456,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         SIM_TRY(zero1_gather_params(md));
     }
     model_dev_zero_grads(md);
-    size_t nbc = md->bias_counts ? (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts) : 0;
+    size_t nbc = md->n_bias_counts;
     if (nbc) memset(md->bias_counts_step, 0, nbc * sizeof(float));
     double loss_sum = 0;
     size_t wcopy = hoisted_copy_bytes(md), gacc = accumulation_copy_bytes(md);
@@ -494,7 +494,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         SIM_TRY(model_adamw_update(dev, &job->opt, opt, def->nparams, s, norm));
     }
     if (md->zero1) zero1_free_grads(md);
-    deepseek_bias_update(md); /* after the optimizer, as MaxText's train_step (no-op without the update) */
+    if (def->d.family->after_step) def->d.family->after_step(md); /* after the optimizer, as MaxText's train_step */
     SIM_TRY(sim_device_barrier(dev));
     uint64_t peak = 0;
     if (sim_device_rank_lead(dev)) { /* every device's peak: this process's, then the largest over MPI ranks */
