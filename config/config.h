@@ -50,9 +50,16 @@
 #ifndef CONFIG_CONFIG_H
 #define CONFIG_CONFIG_H
 
-#include "config/keys.h"
 #include "config/value.h"
 #include "sim/status.h"
+
+/* A key's class in configs/keys.yml. */
+typedef enum {
+    MESH_KEY_UNCLASSIFIED = 0, /* no keys.yml for this config */
+    MESH_KEY_HONOURED,         /* read by the simulator with MaxText's meaning */
+    MESH_KEY_INERT,            /* cannot change losses, shardings, memory or traffic */
+    MESH_KEY_REFUSED           /* a feature not simulated: only the default is accepted */
+} mesh_key_class;
 
 typedef struct {
     char *key;
@@ -115,7 +122,12 @@ sim_status mesh_cfg_entry_get(const mesh_cfg *cfg, const char *key, const mesh_c
 /* The known key closest to `key` by edit distance (NULL for an empty config). */
 const char *mesh_cfg_closest_key(const mesh_cfg *cfg, const char *key);
 
-/* ---- the key contract ------------------------------------------------------ */
+/* ---- the key contract (keys.c) ------------------------------------------------
+ * configs/keys.yml, parsed once per process and path (configs point into it), classes and types
+ * every entry; after merging, a changed key is checked against its class, `simulated` and `choices`. */
+/* "honoured", "inert", "refused" or "unclassified". */
+const char *mesh_key_class_name(mesh_key_class c);
+
 /* A field of the key's keys.yml line ("type", "default", "simulated", ...), or
  * NULL when the line has no such field or the config has no keys.yml. */
 const mesh_cfg_value *mesh_cfg_entry_field(const mesh_cfg_entry *e, const char *field);

@@ -1,52 +1,17 @@
 /* internal.h — what the files of config/ share and nothing outside config/ includes.
  *
  * config/ is one layer in several files (value, yaml, lookup, load, keys, axis_rules, models,
- * topology, validate, hardware, json); the helpers they share are declared here: growing text
- * buffers, value trees (free, copy, append, map lookup), YAML files and overrides read into
- * values, the config object's private operations, and one user layer of the merge. */
+ * topology, validate, hardware, json); the helpers they share are declared here (those on text
+ * and value trees in value.h, below config.h): YAML files and overrides read into values, the
+ * config object's private operations, one user layer of the merge, and each step's entry. */
 #ifndef CONFIG_INTERNAL_H
 #define CONFIG_INTERNAL_H
-
-#include <stddef.h>
-#include <stdint.h>
 
 #include "config/config.h"
 
 #define CFG_RULES_KEY "logical_axis_rules"
 /* The `file` of every value a command-line override made: compared by address. */
 extern const char cfg_cli_source[];
-
-/* ---- text (value.c) ---- */
-typedef struct {
-    char *s;
-    size_t n, cap;
-} cfg_sbuf;
-void cfg_sb_putf(cfg_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-char *cfg_strdup(const char *s);                       /* never NULL; NULL gives "" */
-char *cfg_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* FNV-1a of a key: the duplicate-key check of large maps and the hash indexes of entries and
- * keys.yml use it. */
-uint64_t cfg_hash(const char *k);
-
-/* ---- value trees (value.c) ---- */
-void cfg_value_free(mesh_cfg_value *v);
-void cfg_value_copy(mesh_cfg_value *dst, const mesh_cfg_value *src);
-/* Appends an item (and key for maps); returns the new, zeroed slot. */
-mesh_cfg_value *cfg_value_push(mesh_cfg_value *v, const char *key);
-/* Index of key in a MAP (the last one), or -1. */
-int cfg_map_index(const mesh_cfg_value *map, const char *key);
-/* The value under key, or NULL when map is not a map or has no such key. */
-const mesh_cfg_value *cfg_map_get(const mesh_cfg_value *map, const char *key);
-/* The scalar text under key, or NULL. */
-const char *cfg_map_text(const mesh_cfg_value *map, const char *key);
-int cfg_is_null(const mesh_cfg_value *v);
-int cfg_parse_int(const char *t, long long *out);
-int cfg_parse_float(const char *t, double *out);
-int cfg_bool_word(const char *t, int *out);
-/* "a list", "a map", or the scalar's type name. */
-const char *cfg_kind_name(const mesh_cfg_value *v);
-/* SIM_ERR_INPUT: "<where>: <what> = <value> is <kind>, expected <expected>". */
-sim_status cfg_value_error(const mesh_cfg_value *v, const char *what, const char *expected);
 
 /* ---- files and YAML (yaml.c) ---- */
 int cfg_file_exists(const char *path);

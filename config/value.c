@@ -1,6 +1,6 @@
 /* value.c — config values: scalar typing, typed reads, equality, flow text (see value.h); and the
  * small text helpers the rest of config/ shares (internal.h). */
-#include "config/internal.h"
+#include "config/value.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -7,6 +7,9 @@
 #ifndef CONFIG_VALUE_H
 #define CONFIG_VALUE_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "config/json.h"
 #include "sim/status.h"
 
@@ -57,5 +60,36 @@ const char *mesh_cfg_value_where(const mesh_cfg_value *v, char *buf, int cap);
 
 /* Levenshtein distance (for "did you mean" suggestions elsewhere too). */
 int mesh_edit_distance(const char *a, const char *b);
+
+/* ---- for config/'s own files: text buffers and value trees ------------------ */
+typedef struct {
+    char *s;
+    size_t n, cap;
+} cfg_sbuf;
+void cfg_sb_putf(cfg_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *cfg_strdup(const char *s);                       /* never NULL; NULL gives "" */
+char *cfg_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* FNV-1a of a key: the duplicate-key check of large maps and the hash indexes of entries and
+ * keys.yml use it. */
+uint64_t cfg_hash(const char *k);
+
+void cfg_value_free(mesh_cfg_value *v);
+void cfg_value_copy(mesh_cfg_value *dst, const mesh_cfg_value *src);
+/* Appends an item (and key for maps); returns the new, zeroed slot. */
+mesh_cfg_value *cfg_value_push(mesh_cfg_value *v, const char *key);
+/* Index of key in a MAP (the last one), or -1. */
+int cfg_map_index(const mesh_cfg_value *map, const char *key);
+/* The value under key, or NULL when map is not a map or has no such key. */
+const mesh_cfg_value *cfg_map_get(const mesh_cfg_value *map, const char *key);
+/* The scalar text under key, or NULL. */
+const char *cfg_map_text(const mesh_cfg_value *map, const char *key);
+int cfg_is_null(const mesh_cfg_value *v);
+int cfg_parse_int(const char *t, long long *out);
+int cfg_parse_float(const char *t, double *out);
+int cfg_bool_word(const char *t, int *out);
+/* "a list", "a map", or the scalar's type name. */
+const char *cfg_kind_name(const mesh_cfg_value *v);
+/* SIM_ERR_INPUT: "<where>: <what> = <value> is <kind>, expected <expected>". */
+sim_status cfg_value_error(const mesh_cfg_value *v, const char *what, const char *expected);
 
 #endif
