@@ -247,64 +247,64 @@ typedef struct {
 static sim_status write_metrics(FILE *f, void *arg)
 {
     const metrics_args *a = arg;
-    mesh_jw w;
-    mesh_jw_init(&w);
-    mesh_jw_obj(&w);
-    mesh_jw_key(&w, "steps");
-    mesh_jw_arr(&w);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "steps");
+    cfg_jw_arr(&w);
     for (int i = 0; i < a->n_steps; i++) {
         const cli_step_metrics *s = &a->steps[i];
-        mesh_jw_obj(&w);
-        mesh_jw_key(&w, "step");
-        mesh_jw_int(&w, s->step);
-        mesh_jw_key(&w, "loss");
-        if (s->dry) mesh_jw_null(&w);
-        else mesh_jw_double(&w, s->loss);
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "step");
+        cfg_jw_int(&w, s->step);
+        cfg_jw_key(&w, "loss");
+        if (s->dry) cfg_jw_null(&w);
+        else cfg_jw_double(&w, s->loss);
         if (s->has_mtp) { /* the multi-token prediction part of loss (MaxText's learning/mtp_loss) */
-            mesh_jw_key(&w, "mtp_loss");
-            if (s->dry) mesh_jw_null(&w);
-            else mesh_jw_double(&w, s->mtp_loss);
+            cfg_jw_key(&w, "mtp_loss");
+            if (s->dry) cfg_jw_null(&w);
+            else cfg_jw_double(&w, s->mtp_loss);
         }
-        mesh_jw_key(&w, "grad_norm"); /* after clipping, raw_grad_norm before: MaxText's learning/ names */
-        if (s->dry) mesh_jw_null(&w);
-        else mesh_jw_double(&w, s->grad_norm);
-        mesh_jw_key(&w, "raw_grad_norm");
-        if (s->dry) mesh_jw_null(&w);
-        else mesh_jw_double(&w, s->raw_grad_norm);
-        mesh_jw_key(&w, "lr");
-        mesh_jw_double(&w, s->lr);
-        mesh_jw_key(&w, "time_s");
-        mesh_jw_double(&w, s->time_s);
-        mesh_jw_key(&w, "tokens_per_s");
-        if (s->dry) mesh_jw_null(&w); /* a dry run computes nothing */
-        else mesh_jw_double(&w, s->tokens_per_s);
-        mesh_jw_key(&w, "peak_bytes");
-        mesh_jw_u64(&w, s->peak_bytes);
-        mesh_jw_end(&w);
+        cfg_jw_key(&w, "grad_norm"); /* after clipping, raw_grad_norm before: MaxText's learning/ names */
+        if (s->dry) cfg_jw_null(&w);
+        else cfg_jw_double(&w, s->grad_norm);
+        cfg_jw_key(&w, "raw_grad_norm");
+        if (s->dry) cfg_jw_null(&w);
+        else cfg_jw_double(&w, s->raw_grad_norm);
+        cfg_jw_key(&w, "lr");
+        cfg_jw_double(&w, s->lr);
+        cfg_jw_key(&w, "time_s");
+        cfg_jw_double(&w, s->time_s);
+        cfg_jw_key(&w, "tokens_per_s");
+        if (s->dry) cfg_jw_null(&w); /* a dry run computes nothing */
+        else cfg_jw_double(&w, s->tokens_per_s);
+        cfg_jw_key(&w, "peak_bytes");
+        cfg_jw_u64(&w, s->peak_bytes);
+        cfg_jw_end(&w);
     }
-    mesh_jw_end(&w);
-    mesh_jw_key(&w, "memory");
-    mesh_jw_obj(&w);
-    mesh_jw_key(&w, "per_device_peak_bytes");
-    mesh_jw_arr(&w);
-    for (int d = 0; d < a->n_devices; d++) mesh_jw_u64(&w, a->stats[d].peak);
-    mesh_jw_end(&w);
-    mesh_jw_key(&w, "capacity_bytes");
-    mesh_jw_arr(&w);
-    for (int d = 0; d < a->n_devices; d++) mesh_jw_u64(&w, a->stats[d].capacity);
-    mesh_jw_end(&w);
-    mesh_jw_key(&w, "by_category");
-    mesh_jw_obj(&w);
+    cfg_jw_end(&w);
+    cfg_jw_key(&w, "memory");
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "per_device_peak_bytes");
+    cfg_jw_arr(&w);
+    for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].peak);
+    cfg_jw_end(&w);
+    cfg_jw_key(&w, "capacity_bytes");
+    cfg_jw_arr(&w);
+    for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].capacity);
+    cfg_jw_end(&w);
+    cfg_jw_key(&w, "by_category");
+    cfg_jw_obj(&w);
     for (int c = 0; c < SIM_NMEM; c++) {
-        mesh_jw_key(&w, sim_mem_cat_name((sim_mem_cat)c));
-        mesh_jw_arr(&w);
-        for (int d = 0; d < a->n_devices; d++) mesh_jw_u64(&w, a->stats[d].at_peak_by[c]);
-        mesh_jw_end(&w);
+        cfg_jw_key(&w, sim_mem_cat_name((sim_mem_cat)c));
+        cfg_jw_arr(&w);
+        for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].at_peak_by[c]);
+        cfg_jw_end(&w);
     }
-    mesh_jw_end(&w);
-    mesh_jw_end(&w);
-    mesh_jw_end(&w);
-    mesh_jw_write(&w, f, MESH_JW_INDENT2, 17);
+    cfg_jw_end(&w);
+    cfg_jw_end(&w);
+    cfg_jw_end(&w);
+    cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
     fputc('\n', f);
     return SIM_OK;
 }
@@ -323,134 +323,134 @@ sim_status cli_write_metrics_json(const char *dir, const cli_step_metrics *steps
 static sim_status write_run(FILE *f, void *arg)
 {
     const cli_run_info *in = arg;
-    mesh_jw w;
-    mesh_jw_init(&w);
-    mesh_jw_obj(&w);
-    mesh_jw_key(&w, "shardsim_version");
-    mesh_jw_str(&w, in->version ? in->version : CLI_SHARDSIM_VERSION);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "shardsim_version");
+    cfg_jw_str(&w, in->version ? in->version : CLI_SHARDSIM_VERSION);
     time_t t = in->time ? in->time : time(NULL);
     struct tm tm;
     char ts[64] = "";
     if (gmtime_r(&t, &tm)) strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    mesh_jw_key(&w, "time");
-    mesh_jw_str(&w, ts);
-    mesh_jw_key(&w, "command");
-    mesh_jw_str(&w, in->command);
-    mesh_jw_key(&w, "argv");
-    mesh_jw_arr(&w);
-    for (int i = 0; i < in->argc; i++) mesh_jw_str(&w, in->argv[i]);
-    mesh_jw_end(&w);
+    cfg_jw_key(&w, "time");
+    cfg_jw_str(&w, ts);
+    cfg_jw_key(&w, "command");
+    cfg_jw_str(&w, in->command);
+    cfg_jw_key(&w, "argv");
+    cfg_jw_arr(&w);
+    for (int i = 0; i < in->argc; i++) cfg_jw_str(&w, in->argv[i]);
+    cfg_jw_end(&w);
     {   /* the OpenBLAS kernels that ran: results are bitwise reproducible per machine and kernel */
         const bk_coretype_info *k = bk_coretype_current();
-        mesh_jw_key(&w, "blas_kernels");
-        mesh_jw_obj(&w);
-        mesh_jw_key(&w, "core");
-        mesh_jw_str(&w, k->core);
-        mesh_jw_key(&w, "openblas_detected");
-        mesh_jw_str(&w, k->detected);
-        mesh_jw_key(&w, "failed_check");
-        mesh_jw_str(&w, k->failed);
-        mesh_jw_key(&w, "checked");
-        mesh_jw_bool(&w, k->checked);
-        mesh_jw_key(&w, "summary");
-        mesh_jw_str(&w, k->summary);
-        mesh_jw_end(&w);
+        cfg_jw_key(&w, "blas_kernels");
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "core");
+        cfg_jw_str(&w, k->core);
+        cfg_jw_key(&w, "openblas_detected");
+        cfg_jw_str(&w, k->detected);
+        cfg_jw_key(&w, "failed_check");
+        cfg_jw_str(&w, k->failed);
+        cfg_jw_key(&w, "checked");
+        cfg_jw_bool(&w, k->checked);
+        cfg_jw_key(&w, "summary");
+        cfg_jw_str(&w, k->summary);
+        cfg_jw_end(&w);
     }
     if (in->mesh) {
         const mesh_shape *m = in->mesh;
-        mesh_jw_key(&w, "mesh");
-        mesh_jw_obj(&w);
-        mesh_jw_key(&w, "axis_names");
-        mesh_jw_arr(&w);
-        for (int a = 0; a < m->n_axes; a++) mesh_jw_str(&w, m->names[a]);
-        mesh_jw_end(&w);
+        cfg_jw_key(&w, "mesh");
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "axis_names");
+        cfg_jw_arr(&w);
+        for (int a = 0; a < m->n_axes; a++) cfg_jw_str(&w, m->names[a]);
+        cfg_jw_end(&w);
         const char *what[3] = {"shape", "ici", "dcn"};
         const int *vals[3] = {m->sizes, m->ici, m->dcn};
         for (int k = 0; k < 3; k++) {
-            mesh_jw_key(&w, what[k]);
-            mesh_jw_obj(&w);
+            cfg_jw_key(&w, what[k]);
+            cfg_jw_obj(&w);
             for (int a = 0; a < m->n_axes; a++) {
-                mesh_jw_key(&w, m->names[a]);
-                mesh_jw_int(&w, vals[k][a]);
+                cfg_jw_key(&w, m->names[a]);
+                cfg_jw_int(&w, vals[k][a]);
             }
-            mesh_jw_end(&w);
+            cfg_jw_end(&w);
         }
-        mesh_jw_key(&w, "num_devices");
-        mesh_jw_int(&w, m->num_devices);
-        mesh_jw_key(&w, "num_slices");
-        mesh_jw_int(&w, m->num_slices);
-        mesh_jw_end(&w);
+        cfg_jw_key(&w, "num_devices");
+        cfg_jw_int(&w, m->num_devices);
+        cfg_jw_key(&w, "num_slices");
+        cfg_jw_int(&w, m->num_slices);
+        cfg_jw_end(&w);
     }
     if (in->rules) {
-        mesh_jw_key(&w, "logical_axis_rules");
-        mesh_jw_arr(&w);
+        cfg_jw_key(&w, "logical_axis_rules");
+        cfg_jw_arr(&w);
         for (int i = 0; i < in->rules->n; i++) {
             const mesh_rule *r = &in->rules->rules[i];
-            mesh_jw_arr(&w);
-            mesh_jw_str(&w, r->name);
-            mesh_jw_arr(&w);
-            for (int j = 0; j < r->n_axes; j++) mesh_jw_str(&w, r->axes[j]);
-            mesh_jw_end(&w);
-            mesh_jw_end(&w);
+            cfg_jw_arr(&w);
+            cfg_jw_str(&w, r->name);
+            cfg_jw_arr(&w);
+            for (int j = 0; j < r->n_axes; j++) cfg_jw_str(&w, r->axes[j]);
+            cfg_jw_end(&w);
+            cfg_jw_end(&w);
         }
-        mesh_jw_end(&w);
+        cfg_jw_end(&w);
     }
     if (in->cfg && in->cfg->keys_file) {
         /* the key contract: inert keys that were set (accepted, no effect on
          * the simulation), with the reason */
-        mesh_jw_key(&w, "inert_keys_set");
-        mesh_jw_obj(&w);
+        cfg_jw_key(&w, "inert_keys_set");
+        cfg_jw_obj(&w);
         for (int i = 0; i < in->cfg->n; i++) {
-            const mesh_cfg_entry *e = &in->cfg->entries[i];
-            if (e->cls != MESH_KEY_INERT || !e->changed) continue;
-            mesh_jw_key(&w, e->key);
-            mesh_jw_obj(&w);
-            mesh_jw_key(&w, "value");
-            mesh_cfg_value_json(&w, &e->value);
-            mesh_jw_key(&w, "source");
-            mesh_jw_str(&w, e->where ? e->where : "");
-            mesh_jw_key(&w, "why");
-            mesh_jw_str(&w, e->why ? e->why : "");
-            mesh_jw_end(&w);
+            const cfg_entry *e = &in->cfg->entries[i];
+            if (e->cls != CFG_KEY_INERT || !e->changed) continue;
+            cfg_jw_key(&w, e->key);
+            cfg_jw_obj(&w);
+            cfg_jw_key(&w, "value");
+            cfg_value_json(&w, &e->value);
+            cfg_jw_key(&w, "source");
+            cfg_jw_str(&w, e->where ? e->where : "");
+            cfg_jw_key(&w, "why");
+            cfg_jw_str(&w, e->why ? e->why : "");
+            cfg_jw_end(&w);
         }
-        mesh_jw_end(&w);
+        cfg_jw_end(&w);
     }
     if (in->wire_gather) { /* the hardware profile's compiler rule (model_hw_wire_dtypes) */
-        mesh_jw_key(&w, "weight_collective_dtypes");
-        mesh_jw_obj(&w);
-        mesh_jw_key(&w, "weight_gather");
-        mesh_jw_str(&w, in->wire_gather);
-        mesh_jw_key(&w, "gradient_reduction");
-        mesh_jw_str(&w, in->wire_reduce ? in->wire_reduce : "");
-        mesh_jw_key(&w, "rule");
-        mesh_jw_str(&w, in->wire_rule ? in->wire_rule : "");
-        mesh_jw_end(&w);
+        cfg_jw_key(&w, "weight_collective_dtypes");
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "weight_gather");
+        cfg_jw_str(&w, in->wire_gather);
+        cfg_jw_key(&w, "gradient_reduction");
+        cfg_jw_str(&w, in->wire_reduce ? in->wire_reduce : "");
+        cfg_jw_key(&w, "rule");
+        cfg_jw_str(&w, in->wire_rule ? in->wire_rule : "");
+        cfg_jw_end(&w);
     }
     if (in->compiler_rules) { /* model_xla_rules_text: docs/xla-fidelity.md */
-        mesh_jw_key(&w, "compiler_rules");
-        mesh_jw_str(&w, in->compiler_rules);
+        cfg_jw_key(&w, "compiler_rules");
+        cfg_jw_str(&w, in->compiler_rules);
     }
     if (in->step_time_model) {
-        mesh_jw_key(&w, "step_time_model");
-        mesh_jw_tree(&w, json_incref(in->step_time_model));
+        cfg_jw_key(&w, "step_time_model");
+        cfg_jw_tree(&w, json_incref(in->step_time_model));
     }
     if (in->cfg) {
-        mesh_jw_key(&w, "config");
-        mesh_jw_obj(&w);
+        cfg_jw_key(&w, "config");
+        cfg_jw_obj(&w);
         for (int i = 0; i < in->cfg->n; i++) {
-            const mesh_cfg_entry *e = &in->cfg->entries[i];
-            mesh_jw_key(&w, e->key);
-            mesh_jw_obj(&w);
-            mesh_jw_key(&w, "value");
-            mesh_cfg_value_json(&w, &e->value);
-            mesh_jw_key(&w, "source");
-            mesh_jw_str(&w, e->where ? e->where : "");
-            mesh_jw_end(&w);
+            const cfg_entry *e = &in->cfg->entries[i];
+            cfg_jw_key(&w, e->key);
+            cfg_jw_obj(&w);
+            cfg_jw_key(&w, "value");
+            cfg_value_json(&w, &e->value);
+            cfg_jw_key(&w, "source");
+            cfg_jw_str(&w, e->where ? e->where : "");
+            cfg_jw_end(&w);
         }
-        mesh_jw_end(&w);
+        cfg_jw_end(&w);
     }
-    mesh_jw_end(&w);
-    mesh_jw_write(&w, f, MESH_JW_INDENT2, 17);
+    cfg_jw_end(&w);
+    cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
     fputc('\n', f);
     return SIM_OK;
 }
@@ -646,11 +646,11 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
     return SIM_OK;
 }
 
-static void jw_shape(mesh_jw *w, int rank, const int64_t *shape)
+static void jw_shape(cfg_jw *w, int rank, const int64_t *shape)
 {
-    mesh_jw_arr(w);
-    for (int d = 0; d < rank; d++) mesh_jw_int(w, (long long)shape[d]);
-    mesh_jw_end(w);
+    cfg_jw_arr(w);
+    for (int d = 0; d < rank; d++) cfg_jw_int(w, (long long)shape[d]);
+    cfg_jw_end(w);
 }
 
 static sim_status check_param(const leaf *l, const mesh_shape *m)
@@ -673,26 +673,26 @@ static sim_status check_param(const leaf *l, const mesh_shape *m)
     return SIM_OK;
 }
 
-static void jw_mesh(mesh_jw *w, const mesh_shape *m)
+static void jw_mesh(cfg_jw *w, const mesh_shape *m)
 {
-    mesh_jw_key(w, "mesh");
-    mesh_jw_obj(w);
-    mesh_jw_key(w, "axis_names");
-    mesh_jw_arr(w);
-    for (int a = 0; a < m->n_axes; a++) mesh_jw_str(w, m->names[a]);
-    mesh_jw_end(w);
-    mesh_jw_key(w, "shape");
-    mesh_jw_obj(w);
+    cfg_jw_key(w, "mesh");
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "axis_names");
+    cfg_jw_arr(w);
+    for (int a = 0; a < m->n_axes; a++) cfg_jw_str(w, m->names[a]);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "shape");
+    cfg_jw_obj(w);
     for (int a = 0; a < m->n_axes; a++) {
-        mesh_jw_key(w, m->names[a]);
-        mesh_jw_int(w, m->sizes[a]);
+        cfg_jw_key(w, m->names[a]);
+        cfg_jw_int(w, m->sizes[a]);
     }
-    mesh_jw_end(w);
-    mesh_jw_end(w);
+    cfg_jw_end(w);
+    cfg_jw_end(w);
 }
 
 /* named (m != NULL) or logical (m == NULL) shardings. */
-static sim_status dump_state(mesh_jw *w, const mesh_shape *m, const cli_dump_param *p, int n, cli_dump_mode mode)
+static sim_status dump_state(cfg_jw *w, const mesh_shape *m, const cli_dump_param *p, int n, cli_dump_mode mode)
 {
     leaf *l = NULL;
     int nl = 0;
@@ -705,65 +705,65 @@ static sim_status dump_state(mesh_jw *w, const mesh_shape *m, const cli_dump_par
             return st;
         }
     }
-    mesh_jw_obj(w);
+    cfg_jw_obj(w);
     for (int i = 0; i < nl; i++) {
         const cli_dump_param *q = l[i].p;
         int rank = q ? q->rank : 0;
-        mesh_jw_key(w, l[i].key);
-        mesh_jw_obj(w);
+        cfg_jw_key(w, l[i].key);
+        cfg_jw_obj(w);
         if (m) jw_mesh(w, m);
-        mesh_jw_key(w, "partition_spec");
-        mesh_jw_arr(w);
+        cfg_jw_key(w, "partition_spec");
+        cfg_jw_arr(w);
         if (m && q) {
             const mesh_spec *s = l[i].opt && q->has_opt_spec ? &q->opt_spec : &q->spec;
             for (int d = 0; d < rank; d++) {
                 if (s->n_axes[d] == 0) {
-                    mesh_jw_null(w);
+                    cfg_jw_null(w);
                 } else if (s->n_axes[d] == 1) {
-                    mesh_jw_str(w, m->names[s->axes[d][0]]);
+                    cfg_jw_str(w, m->names[s->axes[d][0]]);
                 } else {
-                    mesh_jw_arr(w);
-                    for (int j = 0; j < s->n_axes[d]; j++) mesh_jw_str(w, m->names[s->axes[d][j]]);
-                    mesh_jw_end(w);
+                    cfg_jw_arr(w);
+                    for (int j = 0; j < s->n_axes[d]; j++) cfg_jw_str(w, m->names[s->axes[d][j]]);
+                    cfg_jw_end(w);
                 }
             }
         } else if (q) {
-            for (int d = 0; d < rank; d++) mesh_jw_str(w, q->logical[d]);
+            for (int d = 0; d < rank; d++) cfg_jw_str(w, q->logical[d]);
         }
-        mesh_jw_end(w);
-        mesh_jw_key(w, "shape");
+        cfg_jw_end(w);
+        cfg_jw_key(w, "shape");
         if (!q && l[i].len) {
             jw_shape(w, 1, &l[i].len);
         } else {
             jw_shape(w, rank, q ? q->shape : NULL);
         }
-        mesh_jw_end(w);
+        cfg_jw_end(w);
     }
-    mesh_jw_end(w);
+    cfg_jw_end(w);
     free(l);
     return SIM_OK;
 }
 
 /* One dump document to f (Python's json.dumps(indent=2) layout). */
-static sim_status dump_to_file(FILE *f, mesh_jw *w, sim_status st)
+static sim_status dump_to_file(FILE *f, cfg_jw *w, sim_status st)
 {
-    if (st == SIM_OK) mesh_jw_write(w, f, MESH_JW_INDENT2, 17);
-    else mesh_jw_discard(w);
+    if (st == SIM_OK) cfg_jw_write(w, f, CFG_JW_INDENT2, 17);
+    else cfg_jw_discard(w);
     return st;
 }
 
 sim_status cli_dump_named(FILE *f, const mesh_shape *m, const cli_dump_param *p, int n, cli_dump_mode mode)
 {
     SIM_ASSERT(m);
-    mesh_jw w;
-    mesh_jw_init(&w);
+    cfg_jw w;
+    cfg_jw_init(&w);
     return dump_to_file(f, &w, dump_state(&w, m, p, n, mode));
 }
 
 sim_status cli_dump_logical(FILE *f, const cli_dump_param *p, int n, cli_dump_mode mode)
 {
-    mesh_jw w;
-    mesh_jw_init(&w);
+    cfg_jw w;
+    cfg_jw_init(&w);
     return dump_to_file(f, &w, dump_state(&w, NULL, p, n, mode));
 }
 
@@ -791,7 +791,7 @@ static void logical_repr(const cli_dump_activation *a, char *buf, size_t cap)
     if (n < cap) snprintf(buf + n, cap - n, "%s)", a->rank == 1 ? "," : "");
 }
 
-static sim_status dump_inputs(mesh_jw *w, const mesh_shape *m, const cli_dump_activation *a, int n)
+static sim_status dump_inputs(cfg_jw *w, const mesh_shape *m, const cli_dump_activation *a, int n)
 {
     for (int i = 0; i < n; i++) {
         if (a[i].rank < 0 || a[i].rank > MESH_SPEC_MAX_RANK)
@@ -805,9 +805,9 @@ static sim_status dump_inputs(mesh_jw *w, const mesh_shape *m, const cli_dump_ac
     }
     char (*keys)[KEY_CAP] = calloc((size_t)n + 1, sizeof *keys);
     SIM_ASSERT(keys);
-    mesh_jw_obj(w);
-    mesh_jw_key(w, "Activation Sharding Dump");
-    mesh_jw_arr(w);
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "Activation Sharding Dump");
+    cfg_jw_arr(w);
     for (int i = 0; i < n; i++) {
         activation_key(&a[i], keys[i], KEY_CAP);
         int dup = 0;
@@ -816,26 +816,26 @@ static sim_status dump_inputs(mesh_jw *w, const mesh_shape *m, const cli_dump_ac
         char logic[KEY_CAP], spec[KEY_CAP];
         logical_repr(&a[i], logic, sizeof logic);
         mesh_spec_format(&a[i].spec, m, spec, (int)sizeof spec);
-        mesh_jw_obj(w);
-        mesh_jw_key(w, keys[i]);
-        mesh_jw_obj(w);
-        mesh_jw_key(w, "logic_axes");
-        mesh_jw_str(w, logic);
-        mesh_jw_key(w, "PartitionSpec");
-        mesh_jw_str(w, spec);
-        mesh_jw_end(w);
-        mesh_jw_end(w);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, keys[i]);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "logic_axes");
+        cfg_jw_str(w, logic);
+        cfg_jw_key(w, "PartitionSpec");
+        cfg_jw_str(w, spec);
+        cfg_jw_end(w);
+        cfg_jw_end(w);
     }
-    mesh_jw_end(w);
-    mesh_jw_end(w);
+    cfg_jw_end(w);
+    cfg_jw_end(w);
     free(keys);
     return SIM_OK;
 }
 
 sim_status cli_dump_inputs(FILE *f, const mesh_shape *m, const cli_dump_activation *a, int n)
 {
-    mesh_jw w;
-    mesh_jw_init(&w);
+    cfg_jw w;
+    cfg_jw_init(&w);
     return dump_to_file(f, &w, dump_inputs(&w, m, a, n));
 }
 
@@ -870,21 +870,21 @@ static sim_status write_inputs(FILE *f, void *arg)
 static sim_status write_combined(FILE *f, void *arg)
 {
     const dump_args *d = arg;
-    mesh_jw w;
-    mesh_jw_init(&w);
-    mesh_jw_obj(&w);
-    mesh_jw_key(&w, "named_shardings");
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "named_shardings");
     sim_status st;
     SIM_TRY_GOTO(dump_state(&w, d->m, d->p, d->n, d->mode), st, fail);
-    mesh_jw_key(&w, "logical_shardings");
+    cfg_jw_key(&w, "logical_shardings");
     SIM_TRY_GOTO(dump_state(&w, NULL, d->p, d->n, d->mode), st, fail);
-    mesh_jw_key(&w, "input_shardings");
+    cfg_jw_key(&w, "input_shardings");
     SIM_TRY_GOTO(dump_inputs(&w, d->m, d->a, d->na), st, fail);
-    mesh_jw_end(&w);
-    mesh_jw_write(&w, f, MESH_JW_INDENT2, 17);
+    cfg_jw_end(&w);
+    cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
     fputc('\n', f);
 fail:
-    if (st != SIM_OK) mesh_jw_discard(&w);
+    if (st != SIM_OK) cfg_jw_discard(&w);
     return st;
 }
 
@@ -913,67 +913,67 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 static sim_status write_parity(FILE *f, void *arg)
 {
     const cli_parity *p = arg;
-    mesh_jw w;
-    mesh_jw_init(&w);
-    mesh_jw_obj(&w);
-    mesh_jw_key(&w, "rtol");
-    mesh_jw_double(&w, p->rtol);
-    mesh_jw_key(&w, "reference");
-    mesh_jw_str(&w, p->n_configs ? p->configs[0].label : NULL);
-    mesh_jw_key(&w, "configs");
-    mesh_jw_arr(&w);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "rtol");
+    cfg_jw_double(&w, p->rtol);
+    cfg_jw_key(&w, "reference");
+    cfg_jw_str(&w, p->n_configs ? p->configs[0].label : NULL);
+    cfg_jw_key(&w, "configs");
+    cfg_jw_arr(&w);
     for (int c = 0; c < p->n_configs; c++) {
-        mesh_jw_obj(&w);
-        mesh_jw_key(&w, "label");
-        mesh_jw_str(&w, p->configs[c].label);
-        mesh_jw_key(&w, "overrides");
-        mesh_jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
-        mesh_jw_end(&w);
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "label");
+        cfg_jw_str(&w, p->configs[c].label);
+        cfg_jw_key(&w, "overrides");
+        cfg_jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
+        cfg_jw_end(&w);
     }
-    mesh_jw_end(&w);
-    mesh_jw_key(&w, "steps");
-    mesh_jw_arr(&w);
+    cfg_jw_end(&w);
+    cfg_jw_key(&w, "steps");
+    cfg_jw_arr(&w);
     double mx = 0;
     for (int i = 0; i < p->n_steps; i++) {
         int worst;
         double r = cli_parity_step_diff(p, i, &worst);
         if (r > mx) mx = r;
-        mesh_jw_obj(&w);
-        mesh_jw_key(&w, "step");
-        mesh_jw_int(&w, p->first_step + i);
-        mesh_jw_key(&w, "losses");
-        mesh_jw_arr(&w);
-        for (int c = 0; c < p->n_configs; c++) mesh_jw_double(&w, p->configs[c].losses[i]);
-        mesh_jw_end(&w);
-        mesh_jw_key(&w, "max_rel_diff");
-        mesh_jw_double(&w, r);
-        mesh_jw_key(&w, "worst_config");
-        mesh_jw_str(&w, p->n_configs > 1 && r > 0 ? p->configs[worst].label : NULL);
-        mesh_jw_key(&w, "pass");
-        mesh_jw_bool(&w, r <= p->rtol);
-        mesh_jw_end(&w);
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "step");
+        cfg_jw_int(&w, p->first_step + i);
+        cfg_jw_key(&w, "losses");
+        cfg_jw_arr(&w);
+        for (int c = 0; c < p->n_configs; c++) cfg_jw_double(&w, p->configs[c].losses[i]);
+        cfg_jw_end(&w);
+        cfg_jw_key(&w, "max_rel_diff");
+        cfg_jw_double(&w, r);
+        cfg_jw_key(&w, "worst_config");
+        cfg_jw_str(&w, p->n_configs > 1 && r > 0 ? p->configs[worst].label : NULL);
+        cfg_jw_key(&w, "pass");
+        cfg_jw_bool(&w, r <= p->rtol);
+        cfg_jw_end(&w);
     }
-    mesh_jw_end(&w);
+    cfg_jw_end(&w);
     int fail = cli_parity_first_failure(p);
     int failed = fail >= 0 || p->diverge_step >= 0 || p->diverge_param;
-    mesh_jw_key(&w, "max_rel_diff");
-    mesh_jw_double(&w, mx);
-    mesh_jw_key(&w, "pass");
-    mesh_jw_bool(&w, !failed);
-    mesh_jw_key(&w, "first_diverging_step");
-    if (p->diverge_step >= 0) mesh_jw_int(&w, p->diverge_step);
-    else if (fail >= 0) mesh_jw_int(&w, p->first_step + fail);
-    else mesh_jw_null(&w);
-    mesh_jw_key(&w, "first_diverging_config");
+    cfg_jw_key(&w, "max_rel_diff");
+    cfg_jw_double(&w, mx);
+    cfg_jw_key(&w, "pass");
+    cfg_jw_bool(&w, !failed);
+    cfg_jw_key(&w, "first_diverging_step");
+    if (p->diverge_step >= 0) cfg_jw_int(&w, p->diverge_step);
+    else if (fail >= 0) cfg_jw_int(&w, p->first_step + fail);
+    else cfg_jw_null(&w);
+    cfg_jw_key(&w, "first_diverging_config");
     int worst = 0;
     if (fail >= 0) cli_parity_step_diff(p, fail, &worst);
-    if (p->diverge_config) mesh_jw_str(&w, p->diverge_config);
-    else if (fail >= 0 && worst > 0) mesh_jw_str(&w, p->configs[worst].label);
-    else mesh_jw_null(&w);
-    mesh_jw_key(&w, "first_diverging_param");
-    mesh_jw_str(&w, p->diverge_param);
-    mesh_jw_end(&w);
-    mesh_jw_write(&w, f, MESH_JW_INDENT2, 17);
+    if (p->diverge_config) cfg_jw_str(&w, p->diverge_config);
+    else if (fail >= 0 && worst > 0) cfg_jw_str(&w, p->configs[worst].label);
+    else cfg_jw_null(&w);
+    cfg_jw_key(&w, "first_diverging_param");
+    cfg_jw_str(&w, p->diverge_param);
+    cfg_jw_end(&w);
+    cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
     fputc('\n', f);
     return SIM_OK;
 }

@@ -69,7 +69,7 @@ typedef struct {
     const char *command;         /* "train", "parity", "dump" (may be NULL) */
     int argc;                    /* the command's words (may be 0) */
     const char *const *argv;
-    const mesh_cfg *cfg;         /* resolved config (may be NULL) */
+    const cfg_config *cfg;         /* resolved config (may be NULL) */
     const mesh_shape *mesh;      /* the mesh (may be NULL) */
     const mesh_rules *rules;     /* logical axis rules in effect (may be NULL) */
     const char *version;         /* NULL: CLI_SHARDSIM_VERSION */

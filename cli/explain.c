@@ -96,7 +96,7 @@ static sim_status verify(const mesh_shape *m, const mesh_plan *p, char *msg, siz
     return st;
 }
 
-static sim_status logical_spec(const mesh_cfg *cfg, const mesh_shape *m, const char *text, int rank, const char *what,
+static sim_status logical_spec(const cfg_config *cfg, const mesh_shape *m, const char *text, int rank, const char *what,
                                mesh_spec *out)
 {
     mesh_rules rules;
@@ -126,7 +126,7 @@ static sim_status logical_spec(const mesh_cfg *cfg, const mesh_shape *m, const c
             known[0] = '\0';
             for (int i = 0; i < rules.n; i++) {
                 if (mesh_rules_find(&rules, rules.rules[i].name) != i) continue;
-                int dist = mesh_edit_distance(names[n - 1], rules.rules[i].name);
+                int dist = cfg_edit_distance(names[n - 1], rules.rules[i].name);
                 if (dist < best) best = dist, near = rules.rules[i].name;
                 if (len < sizeof known - 64)
                     len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", rules.rules[i].name);
@@ -183,14 +183,14 @@ static bool parameter_axis(const model_def *def, const char *name)
  * of the config's model's parameters -- the question is then about a weight
  * as the model shards it.  With an override the model only adds a note, so
  * a model that cannot be defined is no error then. */
-static sim_status counted_dtype(const mesh_cfg *cfg, const char *tensor, const char *from_l, const char *to_l,
+static sim_status counted_dtype(const cfg_config *cfg, const char *tensor, const char *from_l, const char *to_l,
                                 const char *override, sim_dtype *dt, char *why, size_t cap)
 {
     static const char *const names[] = {"float32", "bfloat16"};
     static const sim_dtype dts[] = {SIM_F32, SIM_BF16};
     int act, wgt;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "dtype", names, 2, &act));
-    SIM_TRY(mesh_cfg_get_enum(cfg, "weight_dtype", names, 2, &wgt));
+    SIM_TRY(cfg_get_enum(cfg, "dtype", names, 2, &act));
+    SIM_TRY(cfg_get_enum(cfg, "weight_dtype", names, 2, &wgt));
     bool weight = false;
     /* the longest reason is a 64-character name plus 45 characters of text; 160 keeps the sentence
      * below within the caller's 768 bytes (GCC -O1 checks that bound) */
@@ -290,11 +290,11 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     int64_t shape[MESH_SPEC_MAX_RANK];
     if ((st = cli_parse_shape(shape_text, "shape", &rank, shape))) return cli_fail(err, st);
 
-    mesh_cfg *cfg = NULL;
+    cfg_config *cfg = NULL;
     mesh_shape m;
     /* the config always: it gives the dtypes (and the rules and the mesh when asked) */
     SIM_TRY_GOTO(cli_configs_check(), st, fail);
-    SIM_TRY_GOTO(mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg), st, fail);
+    SIM_TRY_GOTO(cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg), st, fail);
     SIM_TRY_GOTO(counted_dtype(cfg, tensor, from_l, to_l, dtype_text, &dt, dt_why, sizeof dt_why), st, fail);
     SIM_TRY_GOTO(mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m), st, fail);
     mesh_spec fs, ts;
@@ -326,6 +326,6 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     }
     mesh_plan_print(&plan, &m, out);
 fail:
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return st ? cli_fail(err, st) : 0;
 }

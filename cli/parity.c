@@ -63,7 +63,7 @@ static void split_configs(const char *spec, parity_cfg *c, int *n)
     }
 }
 
-static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const char *extra, mesh_cfg **cfg,
+static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const char *extra, cfg_config **cfg,
                            model_def **def)
 {
     const char *w[400];
@@ -72,11 +72,11 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     for (int i = 0; i < pc->n; i++) w[n++] = pc->words[i];
     if (extra) w[n++] = extra;
     SIM_TRY(cli_configs_check());
-    SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, w, cfg));
+    SIM_TRY(cfg_load_argv(cli_base_config(), n, w, cfg));
     *def = calloc(1, sizeof **def);
     sim_status st = model_def_from_config(*cfg, *def);
     double tolerance;
-    if (!st) st = mesh_cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
+    if (!st) st = cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
     if (!st && (st = model_check_sharding_tolerance(*def, tolerance))) model_def_free(*def);
     if (st) {
         free(*def);
@@ -133,7 +133,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     bool *oom = calloc((size_t)nc, sizeof *oom);
     int n_oom = 0;
     for (int c = 0; c < nc && st == SIM_OK; c++) {
-        mesh_cfg *cfg = NULL;
+        cfg_config *cfg = NULL;
         model_def *def = NULL;
         char pdbs[64];
         st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], NULL, &cfg, &def);
@@ -142,7 +142,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                      (double)ref_batch / (double)(def->mesh.num_devices * def->d.ga));
             model_def_free(def);
             free(def);
-            mesh_cfg_free(cfg);
+            cfg_free(cfg);
             st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], pdbs, &cfg, &def);
         }
         model_data data;
@@ -152,10 +152,10 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         memset(&job, 0, sizeof job);
         if (st == SIM_OK && c == 0) {
             ref_batch = def->d.batch * def->d.ga; /* rows per step, over all microbatches */
-            st = mesh_cfg_get_int(cfg, "steps", &steps);
-            if (!st) st = mesh_cfg_get_double(cfg, "parity_rtol", &rtol);
+            st = cfg_get_int(cfg, "steps", &steps);
+            if (!st) st = cfg_get_double(cfg, "parity_rtol", &rtol);
             const char *od = NULL;
-            if (!st) st = mesh_cfg_get_str(cfg, "output_dir", &od);
+            if (!st) st = cfg_get_str(cfg, "output_dir", &od);
             if (od && sim_xrank_rank() == 0) snprintf(outdir, sizeof outdir, "%s", od); /* rank 0 writes */
             if (!st) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
                              steps, rtol);
@@ -169,7 +169,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         if (st == SIM_OK) st = model_data_from_config(cfg, &data);
         sim_machine *m = NULL;
         double hbm = 0;
-        if (st == SIM_OK) st = mesh_cfg_get_double(cfg, "hbm_limit_gb", &hbm);
+        if (st == SIM_OK) st = cfg_get_double(cfg, "hbm_limit_gb", &hbm);
         if (st == SIM_OK) st = model_machine_new(def, hbm, false, &m);
         if (st == SIM_OK) {
             /* label: the mesh and the mode, which is what tells the runs apart */
@@ -178,7 +178,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             char *paren = strstr(mesh, " (");
             if (paren) *paren = '\0';
             const char *rules = NULL;
-            if (mesh_cfg_get_str(cfg, "custom_mesh_and_rule", &rules) != SIM_OK) rules = NULL;
+            if (cfg_get_str(cfg, "custom_mesh_and_rule", &rules) != SIM_OK) rules = NULL;
             char extra[48] = "";
             if (def->d.ga > 1) snprintf(extra, sizeof extra, " G=%lld", (long long)def->d.ga);
             if (def->d.zero1) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " ZeRO-1");
@@ -256,7 +256,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             model_def_free(def);
             free(def);
         }
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
     }
     if (st) {
         rc = cli_fail(err, st);

@@ -92,7 +92,7 @@ static void put_html_safe(FILE *f, const char *text)
     }
 }
 
-static sim_status put_traffic(mesh_jw *w, char *csv)
+static sim_status put_traffic(cfg_jw *w, char *csv)
 {
     char *save = NULL, *line = strtok_r(csv, "\n", &save);
     if (!line) return SIM_OK;
@@ -102,24 +102,24 @@ static sim_status put_traffic(mesh_jw *w, char *csv)
     int c_phase = column(head, nh, "phase", NULL), c_bytes = column(head, nh, "bytes_per_device_mean", NULL);
     if (c_op < 0 || c_axes < 0 || c_phase < 0 || c_bytes < 0)
         return sim_err(SIM_ERR_INTERNAL, "report.html: traffic.csv lacks the op/axes/phase/bytes_per_device_mean columns");
-    mesh_jw_key(w, "traffic");
-    mesh_jw_arr(w);
+    cfg_jw_key(w, "traffic");
+    cfg_jw_arr(w);
     while ((line = strtok_r(NULL, "\n", &save))) {
         char *fl[32];
         int n = split_csv(line, fl, 32);
         if (n < nh || !strcmp(fl[c_op], "total")) continue;
-        mesh_jw_obj(w);
-        mesh_jw_key(w, "op");
-        mesh_jw_str(w, fl[c_op]);
-        mesh_jw_key(w, "axes");
-        mesh_jw_str(w, fl[c_axes]);
-        mesh_jw_key(w, "phase");
-        mesh_jw_str(w, fl[c_phase]);
-        mesh_jw_key(w, "bytes");
-        mesh_jw_num(w, strtod(fl[c_bytes], NULL), 17);
-        mesh_jw_end(w);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "op");
+        cfg_jw_str(w, fl[c_op]);
+        cfg_jw_key(w, "axes");
+        cfg_jw_str(w, fl[c_axes]);
+        cfg_jw_key(w, "phase");
+        cfg_jw_str(w, fl[c_phase]);
+        cfg_jw_key(w, "bytes");
+        cfg_jw_num(w, strtod(fl[c_bytes], NULL), 17);
+        cfg_jw_end(w);
     }
-    mesh_jw_end(w);
+    cfg_jw_end(w);
     return SIM_OK;
 }
 
@@ -153,7 +153,7 @@ typedef struct {
     double bytes;
 } layer_sum;
 
-static sim_status put_layers(mesh_jw *w, char *csv)
+static sim_status put_layers(cfg_jw *w, char *csv)
 {
     char *save = NULL, *line = strtok_r(csv, "\n", &save);
     if (!line) return SIM_OK;
@@ -188,19 +188,19 @@ static sim_status put_layers(mesh_jw *w, char *csv)
         }
         ls[k].bytes += strtod(fl[c_sent], NULL);
     }
-    mesh_jw_key(w, "layers");
-    mesh_jw_arr(w);
+    cfg_jw_key(w, "layers");
+    cfg_jw_arr(w);
     for (int i = 0; i < n; i++) {
-        mesh_jw_obj(w);
-        mesh_jw_key(w, "layer");
-        mesh_jw_str(w, ls[i].name);
-        mesh_jw_key(w, "bytes");
-        mesh_jw_num(w, ls[i].bytes / (double)(max_dev + 1), 17);
-        mesh_jw_end(w);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "layer");
+        cfg_jw_str(w, ls[i].name);
+        cfg_jw_key(w, "bytes");
+        cfg_jw_num(w, ls[i].bytes / (double)(max_dev + 1), 17);
+        cfg_jw_end(w);
     }
-    mesh_jw_end(w);
-    mesh_jw_key(w, "layers_devices");
-    mesh_jw_int(w, max_dev + 1);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "layers_devices");
+    cfg_jw_int(w, max_dev + 1);
     free(ls);
     return SIM_OK;
 }
@@ -231,31 +231,31 @@ static sim_status write_report(FILE *f, void *argp)
     SIM_ASSERT(mark);
     static const char *const json_files[][2] = {
         {"run", "run.json"}, {"metrics", "metrics.json"}, {"parity", "parity.json"}};
-    mesh_jw w;
-    mesh_jw_init(&w);
-    mesh_jw_obj(&w);
-    mesh_jw_key(&w, "format");
-    mesh_jw_int(&w, 1);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "format");
+    cfg_jw_int(&w, 1);
     char *traffic = NULL, *coll = NULL, *text = NULL;
     sim_status st;
     for (size_t i = 0; i < sizeof json_files / sizeof json_files[0]; i++) {
         json_t *v;
         SIM_TRY_GOTO(read_artifact(a->dir, json_files[i][1], &v), st, fail);
         if (!v) continue;
-        mesh_jw_key(&w, json_files[i][0]);
-        mesh_jw_tree(&w, v);
+        cfg_jw_key(&w, json_files[i][0]);
+        cfg_jw_tree(&w, v);
     }
     traffic = read_whole(a->dir, "traffic.csv");
     if (traffic) SIM_TRY_GOTO(put_traffic(&w, traffic), st, fail);
     coll = read_whole(a->dir, "collectives.csv");
     if (coll) SIM_TRY_GOTO(put_layers(&w, coll), st, fail);
-    mesh_jw_end(&w);
-    text = mesh_jw_dumps(&w, MESH_JW_LINE, 17);
+    cfg_jw_end(&w);
+    text = cfg_jw_dumps(&w, CFG_JW_LINE, 17);
     fwrite(tpl, 1, (size_t)(mark - tpl), f);
     put_html_safe(f, text);
     fputs(mark + strlen("@DATA@"), f);
 fail:
-    if (st != SIM_OK) mesh_jw_discard(&w);
+    if (st != SIM_OK) cfg_jw_discard(&w);
     free(text);
     free(traffic);
     free(coll);

@@ -29,7 +29,7 @@
 #include "models/core/train.h"
 
 typedef struct {
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     model_def *def;
 } cli_model;
 
@@ -39,7 +39,7 @@ static void model_close(cli_model *cm)
         model_def_free(cm->def);
         free(cm->def);
     }
-    mesh_cfg_free(cm->cfg);
+    cfg_free(cm->cfg);
     memset(cm, 0, sizeof *cm);
 }
 
@@ -51,7 +51,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     for (int i = 0; i < argc && n < 280; i++) words[n++] = argv[i];
     for (int i = 0; i < n_extra; i++) words[n++] = extra[i];
     SIM_TRY(cli_configs_check());
-    SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
+    SIM_TRY(cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
     if (st) {
@@ -62,10 +62,10 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     return st;
 }
 
-static const char *cfg_str(const mesh_cfg *c, const char *key)
+static const char *cfg_str(const cfg_config *c, const char *key)
 {
     const char *s = NULL;
-    if (mesh_cfg_get_str(c, key, &s) != SIM_OK || !s) return "";
+    if (cfg_get_str(c, key, &s) != SIM_OK || !s) return "";
     return s;
 }
 
@@ -134,7 +134,7 @@ static void dump_activations(const model_def *def, const char *dtype, cli_dump_a
 
 /* MaxText's three files (named_shardings.json, logical_shardings.json,
  * input_shardings.json), and shardings.json holding all three. */
-static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_def *def)
+static sim_status write_dump(const char *dir, const cfg_config *cfg, const model_def *def)
 {
     int cap = 0;
     for (int i = 0; i < def->nparams; i++)
@@ -204,28 +204,28 @@ static void print_step(const model_step_stats *s, void *arg)
     if (sp->metrics_file) {
         /* MaxText's metrics_file line: its scalar names, step as a float, run_name.  learning/grad_norm is
          * the norm after clipping, learning/raw_grad_norm before (trainers/pre_train/train.py train_step) */
-        mesh_jw w;
-        mesh_jw_init(&w);
-        mesh_jw_obj(&w);
+        cfg_jw w;
+        cfg_jw_init(&w);
+        cfg_jw_obj(&w);
         static const char *const keys[] = {"learning/loss", "learning/grad_norm", "learning/raw_grad_norm",
                                            "learning/current_learning_rate", "perf/step_time_seconds",
                                            "perf/per_device_tokens_per_sec"};
         const double vals[] = {m->loss, m->grad_norm, m->raw_grad_norm, m->lr, m->time_s,
                                m->tokens_per_s / sp->def->mesh.num_devices};
         for (int k = 0; k < 6; k++) {
-            mesh_jw_key(&w, keys[k]);
-            mesh_jw_num(&w, vals[k], k < 4 ? 9 : 6);
+            cfg_jw_key(&w, keys[k]);
+            cfg_jw_num(&w, vals[k], k < 4 ? 9 : 6);
         }
-        mesh_jw_key(&w, "step"); /* a float, as MaxText writes it */
-        mesh_jw_double(&w, (double)m->step);
-        mesh_jw_key(&w, "run_name");
-        mesh_jw_str(&w, sp->run_name);
+        cfg_jw_key(&w, "step"); /* a float, as MaxText writes it */
+        cfg_jw_double(&w, (double)m->step);
+        cfg_jw_key(&w, "run_name");
+        cfg_jw_str(&w, sp->run_name);
         if (m->has_mtp) {
-            mesh_jw_key(&w, "learning/mtp_loss");
-            mesh_jw_num(&w, m->mtp_loss, 9);
+            cfg_jw_key(&w, "learning/mtp_loss");
+            cfg_jw_num(&w, m->mtp_loss, 9);
         }
-        mesh_jw_end(&w);
-        mesh_jw_write(&w, sp->metrics_file, MESH_JW_LINE, 9);
+        cfg_jw_end(&w);
+        cfg_jw_write(&w, sp->metrics_file, CFG_JW_LINE, 9);
         fputc('\n', sp->metrics_file);
         fflush(sp->metrics_file);
     }
@@ -236,13 +236,13 @@ static void print_step(const model_step_stats *s, void *arg)
  * .../checkpoints when enable_checkpointing=true.  output_dir (shardsim's key)
  * wins when set; a checkpoint_dir given with enable_checkpointing=false is a
  * contradiction, not a silent choice. */
-static sim_status resolve_outputs(const mesh_cfg *cfg, char *outdir, size_t cap_out, char *ckdir, size_t cap_ck,
+static sim_status resolve_outputs(const cfg_config *cfg, char *outdir, size_t cap_out, char *ckdir, size_t cap_ck,
                                   char *run_name, size_t cap_run)
 {
     const char *base = cfg_str(cfg, "base_output_directory"), *run = cfg_str(cfg, "run_name");
     const char *out = cfg_str(cfg, "output_dir"), *ck = cfg_str(cfg, "checkpoint_dir");
     int enable;
-    SIM_TRY(mesh_cfg_get_bool(cfg, "enable_checkpointing", &enable));
+    SIM_TRY(cfg_get_bool(cfg, "enable_checkpointing", &enable));
     if (strstr(base, "://"))
         return sim_err(SIM_ERR_INPUT, "base_output_directory=%s: shardsim writes local files only; give a local directory",
                        base);
@@ -281,7 +281,7 @@ typedef struct {
     long long start;
 } resume_plan;
 
-static sim_status resolve_resume(const mesh_cfg *cfg, const char *ckdir, bool dry, long long steps, FILE *out,
+static sim_status resolve_resume(const cfg_config *cfg, const char *ckdir, bool dry, long long steps, FILE *out,
                                  resume_plan *r)
 {
     const char *lp = cfg_str(cfg, "load_parameters_path"), *lfs = cfg_str(cfg, "load_full_state_path");
@@ -407,7 +407,7 @@ static sim_status resume_agrees(const resume_plan *r, const char *ckdir)
 static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, const char *outdir,
                                   const cli_step_metrics *metrics, int n_steps, sim_machine *m,
                                   const cli_records *recs, const cli_traffic *traffic, const sim_arena_stats *mem,
-                                  const model_hw *hw, const model_tm_result *tm, struct json_t *tm_json, FILE *out)
+                                  const cfg_hw *hw, const model_tm_result *tm, struct json_t *tm_json, FILE *out)
 {
     const model_def *def = cm->def;
     int nd = sim_machine_num_devices(m);
@@ -418,8 +418,8 @@ static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, co
     SIM_TRY(cli_write_run_json(outdir, &info));
     SIM_TRY(cli_write_metrics_json(outdir, metrics, n_steps, mem, nd));
     long long max_rows = 0, max_events = 0;
-    SIM_TRY(mesh_cfg_get_int(cm->cfg, "collectives_csv_max_rows", &max_rows));
-    SIM_TRY(mesh_cfg_get_int(cm->cfg, "trace_max_events", &max_events));
+    SIM_TRY(cfg_get_int(cm->cfg, "collectives_csv_max_rows", &max_rows));
+    SIM_TRY(cfg_get_int(cm->cfg, "trace_max_events", &max_events));
     SIM_TRY(cli_write_collectives_csv(outdir, recs, cli_steps_all(), (size_t)max_rows));
     SIM_TRY(cli_write_traffic_csv(outdir, traffic));
     if (tm->spans) { /* a dry run with a profile: trace.json in modelled time */
@@ -481,20 +481,20 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     const model_def *def = cm.def;
     long long steps, ckpt_period;
     double hbm;
-    SIM_TRY_GOTO(mesh_cfg_get_int(cm.cfg, "steps", &steps), st, fail);
-    SIM_TRY_GOTO(mesh_cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm), st, fail);
-    SIM_TRY_GOTO(mesh_cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period), st, fail);
+    SIM_TRY_GOTO(cfg_get_int(cm.cfg, "steps", &steps), st, fail);
+    SIM_TRY_GOTO(cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm), st, fail);
+    SIM_TRY_GOTO(cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period), st, fail);
     int on_start = 1, on_completion = 1;
-    SIM_TRY_GOTO(mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_start", &on_start), st, fail);
-    SIM_TRY_GOTO(mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_completion", &on_completion), st, fail);
+    SIM_TRY_GOTO(cfg_get_bool(cm.cfg, "save_checkpoint_on_start", &on_start), st, fail);
+    SIM_TRY_GOTO(cfg_get_bool(cm.cfg, "save_checkpoint_on_completion", &on_completion), st, fail);
     if (steps < 1) SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps), st, fail);
     SIM_TRY_GOTO(model_optim_from_config(cm.cfg, &job.opt), st, fail);
     SIM_TRY_GOTO(model_data_from_config(cm.cfg, &data), st, fail);
     double tolerance;
     int debug_sharding = 0;
-    SIM_TRY_GOTO(mesh_cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance), st, fail);
+    SIM_TRY_GOTO(cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance), st, fail);
     SIM_TRY_GOTO(model_check_sharding_tolerance(def, tolerance), st, fail); /* MaxText checks when it sets up the state */
-    SIM_TRY_GOTO(mesh_cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding), st, fail);
+    SIM_TRY_GOTO(cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding), st, fail);
     const char *load = cfg_str(cm.cfg, "load_parameters_path");
     if (*load && access(load, R_OK) != 0)
         SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written "
@@ -528,13 +528,13 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (*ckbuf) SIM_TRY_GOTO(cli_artifacts_mkdir(ckbuf), st, fail);
     /* the hardware profile (hardware_profile or compile_topology's family): the step-time
      * estimate, and the HBM capacity when hbm_limit_gb is left at its default */
-    model_hw hw;
+    cfg_hw hw;
     model_tm_eff eff;
     bool have_hw = false;
     int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
-    SIM_TRY_GOTO(model_hw_from_config(cm.cfg, per_slice, &hw, &have_hw), st, fail);
+    SIM_TRY_GOTO(cfg_hw_from_config(cm.cfg, per_slice, &hw, &have_hw), st, fail);
     if (have_hw) SIM_TRY_GOTO(model_tm_eff_load(cli_configs_dir(), &eff), st, fail);
-    const mesh_cfg_entry *hbm_e = mesh_cfg_find(cm.cfg, "hbm_limit_gb");
+    const cfg_entry *hbm_e = cfg_find(cm.cfg, "hbm_limit_gb");
     if (have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
     if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
     if (def->d.dry_run) sim_host_malloc_many_arenas(); /* this process makes dry runs only */
@@ -552,12 +552,12 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                      st, fail);
     SIM_TRY_GOTO(model_machine_new(def, hbm, want_trace, &m), st, fail);
     double watchdog_s = 0;
-    SIM_TRY_GOTO(mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s), st, fail);
+    SIM_TRY_GOTO(cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s), st, fail);
     sim_machine_set_collective_timeout(m, watchdog_s);
     sim_machine_set_record_costs(m, have_hw);
     if (*outdir) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB) */
         long long trace_events = 0;
-        SIM_TRY_GOTO(mesh_cfg_get_int(cm.cfg, "trace_max_events", &trace_events), st, fail);
+        SIM_TRY_GOTO(cfg_get_int(cm.cfg, "trace_max_events", &trace_events), st, fail);
         sim_trace_set_limit(m, (size_t)trace_events);
     }
     metrics = calloc((size_t)steps, sizeof *metrics);
@@ -636,10 +636,10 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             fprintf(out, "\n");
             model_tm_print(out, &hw, sim_machine_mesh(m), &tm);
             if (note) fprintf(out, "  note: dtype=%s: %s\n", dt, note);
-            mesh_jw tw;
-            mesh_jw_init(&tw);
+            cfg_jw tw;
+            cfg_jw_init(&tw);
             model_tm_json(&tw, &hw, sim_machine_mesh(m), &tm);
-            tm_json = mesh_jw_take(&tw);
+            tm_json = cfg_jw_take(&tw);
         } else { /* a figure the profile does not publish: say so, the run itself succeeded */
             fprintf(out, "\nstep time not estimated: %s\n", sim_errmsg());
             sim_err_clear();

@@ -9,18 +9,18 @@
 
 /* A logical_axis_rules list: items [name, axes] with axes a name, a list of
  * names, [] or null. */
-sim_status cfg_rules_check(const mesh_cfg_value *v)
+sim_status cfg_rules_check(const cfg_value *v)
 {
     char where[512];
     if (cfg_is_null(v)) return SIM_OK;
-    if (v->kind != MESH_CFG_LIST)
+    if (v->kind != CFG_LIST)
         return cfg_value_error(v, "key 'logical_axis_rules'", "a list of [logical_name, mesh_axes] pairs");
     for (int i = 0; i < v->n; i++) {
-        const mesh_cfg_value *r = &v->items[i];
-        mesh_cfg_value_where(r, where, sizeof where);
-        if (r->kind != MESH_CFG_LIST || r->n != 2 || r->items[0].kind != MESH_CFG_SCALAR ||
-            mesh_cfg_scalar_type(&r->items[0]) == MESH_CFG_NULL) {
-            char *t = mesh_cfg_value_to_text(r, 0);
+        const cfg_value *r = &v->items[i];
+        cfg_value_where(r, where, sizeof where);
+        if (r->kind != CFG_LIST || r->n != 2 || r->items[0].kind != CFG_SCALAR ||
+            cfg_scalar_type(&r->items[0]) == CFG_NULL) {
+            char *t = cfg_value_to_text(r, 0);
             sim_status st = sim_err(SIM_ERR_INPUT,
                                     "%s: logical_axis_rules item %d is %s; expected a pair "
                                     "[logical_name, mesh_axes] such as ['embed', ['fsdp', 'expert']]",
@@ -28,12 +28,12 @@ sim_status cfg_rules_check(const mesh_cfg_value *v)
             free(t);
             return st;
         }
-        const mesh_cfg_value *ax = &r->items[1];
-        int ok = ax->kind == MESH_CFG_SCALAR;
-        if (ax->kind == MESH_CFG_LIST) {
+        const cfg_value *ax = &r->items[1];
+        int ok = ax->kind == CFG_SCALAR;
+        if (ax->kind == CFG_LIST) {
             ok = 1;
             for (int j = 0; j < ax->n; j++)
-                if (ax->items[j].kind != MESH_CFG_SCALAR || cfg_is_null(&ax->items[j])) ok = 0;
+                if (ax->items[j].kind != CFG_SCALAR || cfg_is_null(&ax->items[j])) ok = 0;
             for (int j = 0; ok && j < ax->n; j++)
                 for (int k = 0; k < j; k++)
                     if (strcmp(ax->items[j].text, ax->items[k].text) == 0) {
@@ -43,7 +43,7 @@ sim_status cfg_rules_check(const mesh_cfg_value *v)
                     }
         }
         if (!ok) {
-            char *t = mesh_cfg_value_to_text(ax, 0);
+            char *t = cfg_value_to_text(ax, 0);
             sim_status st = sim_err(SIM_ERR_INPUT,
                                     "%s: logical_axis_rules rule '%s' maps to %s; expected a mesh "
                                     "axis name, a list of mesh axis names, or []",
@@ -57,12 +57,12 @@ sim_status cfg_rules_check(const mesh_cfg_value *v)
 
 /* MaxText's _merge_logical_axis_rules: drop every rule of acc whose name the
  * new list mentions, append the new rules. */
-void cfg_rules_merge(mesh_cfg_value *acc, const mesh_cfg_value *add)
+void cfg_rules_merge(cfg_value *acc, const cfg_value *add)
 {
     if (cfg_is_null(add) || add->n == 0) return;
     if (cfg_is_null(acc)) {
         cfg_value_free(acc);
-        acc->kind = MESH_CFG_LIST;
+        acc->kind = CFG_LIST;
     }
     int w = 0;
     for (int i = 0; i < acc->n; i++) {
@@ -76,30 +76,30 @@ void cfg_rules_merge(mesh_cfg_value *acc, const mesh_cfg_value *add)
     for (int j = 0; j < add->n; j++) cfg_value_copy(cfg_value_push(acc, NULL), &add->items[j]);
 }
 
-sim_status cfg_axes_check(const mesh_cfg_value *v, const char *key, int allow_nested)
+sim_status cfg_axes_check(const cfg_value *v, const char *key, int allow_nested)
 {
-    if (v->kind != MESH_CFG_LIST) return cfg_value_error(v, key, "a list of mesh axis names");
+    if (v->kind != CFG_LIST) return cfg_value_error(v, key, "a list of mesh axis names");
     for (int i = 0; i < v->n; i++) {
-        const mesh_cfg_value *it = &v->items[i];
-        if (allow_nested && it->kind == MESH_CFG_LIST) {
+        const cfg_value *it = &v->items[i];
+        if (allow_nested && it->kind == CFG_LIST) {
             SIM_TRY(cfg_axes_check(it, key, 0));
             continue;
         }
-        if (it->kind != MESH_CFG_SCALAR || cfg_is_null(it))
+        if (it->kind != CFG_SCALAR || cfg_is_null(it))
             return cfg_value_error(it, key, "a mesh axis name");
         for (int j = 0; j < i; j++)
-            if (v->items[j].kind == MESH_CFG_SCALAR && strcmp(v->items[j].text, it->text) == 0) {
+            if (v->items[j].kind == CFG_SCALAR && strcmp(v->items[j].text, it->text) == 0) {
                 char where[512];
                 return sim_err(SIM_ERR_INPUT, "%s: %s lists '%s' twice; each mesh axis appears once",
-                               mesh_cfg_value_where(it, where, sizeof where), key, it->text);
+                               cfg_value_where(it, where, sizeof where), key, it->text);
             }
     }
     return SIM_OK;
 }
 
-static void cfg_rules_set(mesh_cfg *cfg, mesh_cfg_value *rules, const char *where)
+static void cfg_rules_set(cfg_config *cfg, cfg_value *rules, const char *where)
 {
-    mesh_cfg_entry *e = cfg_find_mut(cfg, CFG_RULES_KEY);
+    cfg_entry *e = cfg_find_mut(cfg, CFG_RULES_KEY);
     SIM_ASSERT(e);
     cfg_value_free(&e->value);
     e->value = *rules;
@@ -111,18 +111,18 @@ static void cfg_rules_set(mesh_cfg *cfg, mesh_cfg_value *rules, const char *wher
 /* context_sharding := first axis of the activation_length rule (types.py infer_cp_axes), unless
  * the user chose it.  MaxText accepts only `context` and `expert` there; the legacy rules start
  * activation_length with 'sequence', so other axes are skipped. */
-static void infer_context_sharding(mesh_cfg *cfg, const char *custom_name)
+static void infer_context_sharding(cfg_config *cfg, const char *custom_name)
 {
-    const mesh_cfg_entry *rules = mesh_cfg_find(cfg, CFG_RULES_KEY);
-    if (!rules || !mesh_cfg_find(cfg, "context_sharding") || rules->value.kind != MESH_CFG_LIST) return;
+    const cfg_entry *rules = cfg_find(cfg, CFG_RULES_KEY);
+    if (!rules || !cfg_find(cfg, "context_sharding") || rules->value.kind != CFG_LIST) return;
     for (int i = 0; i < rules->value.n; i++) {
-        const mesh_cfg_value *r = &rules->value.items[i];
+        const cfg_value *r = &rules->value.items[i];
         if (strcmp(r->items[0].text, "activation_length") != 0) continue;
-        const mesh_cfg_value *ax = &r->items[1];
+        const cfg_value *ax = &r->items[1];
         const char *first = NULL;
-        int n_ax = ax->kind == MESH_CFG_LIST ? ax->n : (cfg_is_null(ax) ? 0 : 1);
+        int n_ax = ax->kind == CFG_LIST ? ax->n : (cfg_is_null(ax) ? 0 : 1);
         for (int j = 0; j < n_ax && !first; j++) {
-            const char *t = ax->kind == MESH_CFG_LIST ? ax->items[j].text : ax->text;
+            const char *t = ax->kind == CFG_LIST ? ax->items[j].text : ax->text;
             if (!strcmp(t, "context") || !strcmp(t, "expert")) first = t;
         }
         if (first) {
@@ -138,8 +138,8 @@ static void infer_context_sharding(mesh_cfg *cfg, const char *custom_name)
 /* custom_mesh_and_rule=NAME: <dirs>/custom_mesh_and_rule/NAME.yml (or a path) replaces
  * mesh_axes, logical_axis_rules and data_sharding; its other keys must be known but are not
  * applied. */
-static sim_status cfg_custom_apply(mesh_cfg *cfg, const mesh_cfg_value *base_vals, char *const *dirs, int n_dirs,
-                                   const mesh_cfg_entry *sel, int user_set_cp)
+static sim_status cfg_custom_apply(cfg_config *cfg, const cfg_value *base_vals, char *const *dirs, int n_dirs,
+                                   const cfg_entry *sel, int user_set_cp)
 {
     const char *name = sel->value.text;
     char *path = NULL;
@@ -162,9 +162,9 @@ static sim_status cfg_custom_apply(mesh_cfg *cfg, const mesh_cfg_value *base_val
     SIM_TRY_GOTO(cfg_check_layer(cfg, base_vals, &l, 0), st, fail);
     static const char *const replaced[] = {"mesh_axes", "logical_axis_rules", "data_sharding"};
     for (int k = 0; k < 3; k++) {
-        const mesh_cfg_value *v = cfg_layer_value(&l, replaced[k]);
+        const cfg_value *v = cfg_layer_value(&l, replaced[k]);
         if (!v) continue;
-        mesh_cfg_entry *e = cfg_find_mut(cfg, replaced[k]);
+        cfg_entry *e = cfg_find_mut(cfg, replaced[k]);
         cfg_value_free(&e->value);
         cfg_value_copy(&e->value, v);
         free(e->where);
@@ -180,34 +180,34 @@ fail:
     return st;
 }
 
-sim_status cfg_check_final(const mesh_cfg *cfg)
+sim_status cfg_check_final(const cfg_config *cfg)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "mesh_axes");
+    const cfg_entry *e = cfg_find(cfg, "mesh_axes");
     if (e) SIM_TRY(cfg_axes_check(&e->value, "key 'mesh_axes'", 0));
-    e = mesh_cfg_find(cfg, CFG_RULES_KEY);
+    e = cfg_find(cfg, CFG_RULES_KEY);
     if (e) SIM_TRY(cfg_rules_check(&e->value));
-    e = mesh_cfg_find(cfg, "data_sharding");
+    e = cfg_find(cfg, "data_sharding");
     if (e && !cfg_is_null(&e->value)) SIM_TRY(cfg_axes_check(&e->value, "key 'data_sharding'", 1));
     return SIM_OK;
 }
 
 /* data_sharding given as a flat list means one group (pyconfig does the same). */
-void cfg_data_sharding_normalize(mesh_cfg *cfg)
+void cfg_data_sharding_normalize(cfg_config *cfg)
 {
-    mesh_cfg_entry *e = cfg_find_mut(cfg, "data_sharding");
-    if (!e || e->value.kind != MESH_CFG_LIST || e->value.n == 0 ||
-        e->value.items[0].kind != MESH_CFG_SCALAR)
+    cfg_entry *e = cfg_find_mut(cfg, "data_sharding");
+    if (!e || e->value.kind != CFG_LIST || e->value.n == 0 ||
+        e->value.items[0].kind != CFG_SCALAR)
         return;
-    mesh_cfg_value inner = e->value;
+    cfg_value inner = e->value;
     memset(&e->value, 0, sizeof e->value);
-    e->value.kind = MESH_CFG_LIST;
+    e->value.kind = CFG_LIST;
     e->value.file = inner.file;
     e->value.line = inner.line;
     *cfg_value_push(&e->value, NULL) = inner;
 }
 
 /* Appends ", merged with <where v was written>" to *where. */
-static void add_source(char **where, const mesh_cfg_value *v)
+static void add_source(char **where, const cfg_value *v)
 {
     char *w = cfg_where_of(v);
     char *nw = cfg_asprintf("%s, merged with %s", *where, w);
@@ -216,27 +216,27 @@ static void add_source(char **where, const mesh_cfg_value *v)
     *where = nw;
 }
 
-static int has_rules(const mesh_cfg_value *r)
+static int has_rules(const cfg_value *r)
 {
     return r && !cfg_is_null(r) && r->n > 0;
 }
 
 void cfg_rules_merge_layers(cfg_loader *ld)
 {
-    mesh_cfg *cfg = ld->cfg;
-    const mesh_cfg_entry *re = mesh_cfg_find(cfg, CFG_RULES_KEY);
-    mesh_cfg_value rules = {0}, user_rules = {0};
+    cfg_config *cfg = ld->cfg;
+    const cfg_entry *re = cfg_find(cfg, CFG_RULES_KEY);
+    cfg_value rules = {0}, user_rules = {0};
     char *where = cfg_strdup(re ? re->where : "");
     if (re) cfg_value_copy(&rules, &re->value);
-    else rules.kind = MESH_CFG_LIST;
+    else rules.kind = CFG_LIST;
     /* a MaxText config file's rules are the base rules, merged by name */
     for (int i = 0; i < ld->n_user; i++) {
-        const mesh_cfg_value *cr = ld->user[i].config_file ? cfg_layer_value(&ld->user[i], CFG_RULES_KEY) : NULL;
+        const cfg_value *cr = ld->user[i].config_file ? cfg_layer_value(&ld->user[i], CFG_RULES_KEY) : NULL;
         if (!has_rules(cr)) continue;
         cfg_rules_merge(&rules, cr);
         add_source(&where, cr);
     }
-    const mesh_cfg_value *mr = cfg_layer_value(&ld->model, CFG_RULES_KEY);
+    const cfg_value *mr = cfg_layer_value(&ld->model, CFG_RULES_KEY);
     if (has_rules(mr)) {
         if (cfg_layer_flag(&ld->model, "override_logical_axis_rules")) {
             cfg_value_free(&rules);
@@ -246,12 +246,12 @@ void cfg_rules_merge_layers(cfg_loader *ld)
         }
         add_source(&where, mr);
     }
-    user_rules.kind = MESH_CFG_LIST;
+    user_rules.kind = CFG_LIST;
     int user_replace = 0, any_user_rules = 0;
     for (int i = 0; i < ld->n_user; i++) {
         const cfg_layer *l = &ld->user[i];
         if (l->config_file) continue;
-        const mesh_cfg_value *ur = cfg_layer_value(l, CFG_RULES_KEY);
+        const cfg_value *ur = cfg_layer_value(l, CFG_RULES_KEY);
         if (cfg_layer_value(l, "override_logical_axis_rules"))
             user_replace = cfg_layer_flag(l, "override_logical_axis_rules");
         if (!has_rules(ur)) continue;
@@ -276,8 +276,8 @@ void cfg_rules_merge_layers(cfg_loader *ld)
 
 sim_status cfg_custom_apply_selected(cfg_loader *ld)
 {
-    const mesh_cfg_entry *sel = mesh_cfg_find(ld->cfg, "custom_mesh_and_rule");
-    if (!sel || sel->value.kind != MESH_CFG_SCALAR || cfg_is_null(&sel->value) || !*sel->value.text) return SIM_OK;
+    const cfg_entry *sel = cfg_find(ld->cfg, "custom_mesh_and_rule");
+    if (!sel || sel->value.kind != CFG_SCALAR || cfg_is_null(&sel->value) || !*sel->value.text) return SIM_OK;
     int user_set_cp = 0;
     for (int i = 0; i < ld->n_user; i++) user_set_cp |= cfg_layer_value(&ld->user[i], "context_sharding") != NULL;
     return cfg_custom_apply(ld->cfg, ld->base_vals, ld->dirs, ld->n_dirs, sel, user_set_cp);

@@ -12,7 +12,7 @@
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-const char *model_hw_names(const char *configs_dir, char *buf, size_t cap)
+const char *cfg_hw_names(const char *configs_dir, char *buf, size_t cap)
 {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/hardware", configs_dir);
@@ -37,24 +37,24 @@ const char *model_hw_names(const char *configs_dir, char *buf, size_t cap)
 }
 
 /* A number of the profile, or 0 for null/absent (a figure not published). */
-sim_status model_hw_figure(const mesh_cfg_value *v, const char *file, const char *key, double *out)
+sim_status cfg_hw_figure(const cfg_value *v, const char *file, const char *key, double *out)
 {
     *out = 0;
-    if (!v || (v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL)) return SIM_OK;
+    if (!v || (v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL)) return SIM_OK;
     char what[600];
     snprintf(what, sizeof what, "%s: '%s'", file, key);
-    SIM_TRY(mesh_cfg_value_double(v, what, out));
+    SIM_TRY(cfg_value_double(v, what, out));
     if (*out < 0) return sim_err(SIM_ERR_INPUT, "%s = %g: expected a figure >= 0 (or null when not published)", what, *out);
     return SIM_OK;
 }
 
 /* A key of two spellings: *on = (its value is `yes`); a missing key or another value is an error that
  * names both and what they mean. */
-static sim_status choice_key(const mesh_cfg *cfg, const char *path, const char *key, const char *yes, const char *no,
+static sim_status choice_key(const cfg_config *cfg, const char *path, const char *key, const char *yes, const char *no,
                              const char *meaning, bool *on)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
-    const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+    const cfg_entry *e = cfg_find(cfg, key);
+    const char *t = e && e->value.kind == CFG_SCALAR ? e->value.text : NULL;
     if (!t || (strcmp(t, yes) && strcmp(t, no)))
         return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s: expected %s, with its source in a comment", path, key,
                        t ? t : "(missing)", meaning);
@@ -63,12 +63,12 @@ static sim_status choice_key(const mesh_cfg *cfg, const char *path, const char *
 }
 
 /* A whole number from 0 to max. */
-static sim_status count_key(const mesh_cfg *cfg, const char *path, const char *key, int max, const char *meaning,
+static sim_status count_key(const cfg_config *cfg, const char *path, const char *key, int max, const char *meaning,
                             int *out)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+    const cfg_entry *e = cfg_find(cfg, key);
     double v = -1;
-    if (e) SIM_TRY(model_hw_figure(&e->value, path, key, &v));
+    if (e) SIM_TRY(cfg_hw_figure(&e->value, path, key, &v));
     if (!(v >= 0 && v <= max && v == (int)v))
         return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s%g: expected a whole number from 0 to %d, %s, with its source in "
                        "a comment", path, key, e ? "" : "(missing) ", v, max, meaning);
@@ -78,7 +78,7 @@ static sim_status count_key(const mesh_cfg *cfg, const char *path, const char *k
 
 /* Reads <configs>/hardware/NAME.yml: the figures and rules into *out (torus_n = 0), the file's
  * values into *file (kept for the torus of each slice size). */
-static sim_status read_profile(const char *configs_dir, const char *name, model_hw *out, mesh_cfg **file)
+static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw *out, cfg_config **file)
 {
     *file = NULL;
     memset(out, 0, sizeof *out);
@@ -88,33 +88,33 @@ static sim_status read_profile(const char *configs_dir, const char *name, model_
     FILE *f = bad ? NULL : fopen(path, "r");
     if (!f)
         return sim_err(SIM_ERR_INPUT, "hardware profile '%s': not one of %s/hardware (%s); use one of those names",
-                       name, configs_dir, model_hw_names(configs_dir, names, sizeof names));
+                       name, configs_dir, cfg_hw_names(configs_dir, names, sizeof names));
     fclose(f);
-    mesh_cfg *cfg;
-    SIM_TRY(mesh_cfg_load_file(path, &cfg));
+    cfg_config *cfg;
+    SIM_TRY(cfg_load_file(path, &cfg));
     snprintf(out->name, sizeof out->name, "%s", name);
-    const mesh_cfg_entry *kind = mesh_cfg_find(cfg, "kind");
+    const cfg_entry *kind = cfg_find(cfg, "kind");
     out->gpu = kind && kind->value.text && !strcmp(kind->value.text, "gpu");
     double dpc = 1, v;
     sim_status st = SIM_OK;
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "devices_per_chip");
-    if (e) st = model_hw_figure(&e->value, path, "devices_per_chip", &dpc);
+    const cfg_entry *e = cfg_find(cfg, "devices_per_chip");
+    if (e) st = cfg_hw_figure(&e->value, path, "devices_per_chip", &dpc);
     if (!st && dpc < 1) st = sim_err(SIM_ERR_INPUT, "%s: devices_per_chip must be >= 1", path);
     out->devices_per_chip = (int)dpc;
-    const mesh_cfg_entry *pk = mesh_cfg_find(cfg, "peak_tflops");
-    if (!st) st = model_hw_figure(cfg_map_get(pk ? &pk->value : NULL, "bfloat16"), path, "peak_tflops.bfloat16", &v);
+    const cfg_entry *pk = cfg_find(cfg, "peak_tflops");
+    if (!st) st = cfg_hw_figure(cfg_map_get(pk ? &pk->value : NULL, "bfloat16"), path, "peak_tflops.bfloat16", &v);
     out->peak_bf16 = v * 1e12 / dpc;
     if (!st && out->peak_bf16 <= 0) st = sim_err(SIM_ERR_INPUT, "%s: peak_tflops.bfloat16 is required", path);
-    if (!st) st = model_hw_figure(cfg_map_get(pk ? &pk->value : NULL, "float8"), path, "peak_tflops.float8", &v);
+    if (!st) st = cfg_hw_figure(cfg_map_get(pk ? &pk->value : NULL, "float8"), path, "peak_tflops.float8", &v);
     out->peak_fp8 = v * 1e12 / dpc;
-    if (!st) st = model_hw_figure(cfg_map_get(pk ? &pk->value : NULL, "float32"), path, "peak_tflops.float32", &v);
+    if (!st) st = cfg_hw_figure(cfg_map_get(pk ? &pk->value : NULL, "float32"), path, "peak_tflops.float32", &v);
     out->peak_f32 = v * 1e12 / dpc;
     static const char *const keys[] = {"hbm_gib", "hbm_gbps", "ici_gbps_bidirectional", "ici_ports",
                                        "nvlink_gbps_bidirectional", "dcn_gbits"};
     double val[6] = {0};
     for (int i = 0; i < 6 && !st; i++) {
-        e = mesh_cfg_find(cfg, keys[i]);
-        if (e) st = model_hw_figure(&e->value, path, keys[i], &val[i]);
+        e = cfg_find(cfg, keys[i]);
+        if (e) st = cfg_hw_figure(&e->value, path, keys[i], &val[i]);
     }
     out->hbm_bytes = val[0] * 1073741824.0 / dpc;
     out->hbm_bw = val[1] * 1e9 / dpc;
@@ -131,8 +131,8 @@ static sim_status read_profile(const char *configs_dir, const char *name, model_
     static const char *const wire_keys[] = {"weight_gather_dtype", "gradient_reduction_dtype"};
     bool *wire_out[] = {&out->gather_in_dtype, &out->reduce_in_dtype};
     for (int i = 0; i < 2 && !st; i++) {
-        e = mesh_cfg_find(cfg, wire_keys[i]);
-        const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
+        e = cfg_find(cfg, wire_keys[i]);
+        const char *t = e && e->value.kind == CFG_SCALAR ? e->value.text : NULL;
         if (!t || (strcmp(t, "dtype") && strcmp(t, "weight_dtype")))
             st = sim_err(SIM_ERR_INPUT,
                          "%s: '%s' = %s: expected dtype (the compiler casts the float32 weight to `dtype` "
@@ -143,7 +143,7 @@ static sim_status read_profile(const char *configs_dir, const char *name, model_
             *wire_out[i] = !strcmp(t, "dtype");
     }
     /* the compiler's program transformations (the comment above each key in each file gives the source) */
-    model_xla_rules *rules = &out->xla;
+    cfg_xla_rules *rules = &out->xla;
     if (!st) st = choice_key(cfg, path, "hoisted_weight_copies", "dtype", "none",
                              "dtype (each layer stack's float32 weights cast to `dtype` once, before the layer loops) "
                              "or none (each layer casts its own)", &rules->hoist_casts);
@@ -166,7 +166,7 @@ static sim_status read_profile(const char *configs_dir, const char *name, model_
                              "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",
                              &rules->embed_all_to_all);
     if (st != SIM_OK) {
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
         return st;
     }
     *file = cfg;
@@ -175,41 +175,41 @@ static sim_status read_profile(const char *configs_dir, const char *name, model_
 
 /* The physical shape of a slice of devices_per_slice devices: the profile's `torus` entry for
  * its chip count (none: torus_n stays 0). */
-static sim_status profile_torus(const mesh_cfg *file, int devices_per_slice, model_hw *out)
+static sim_status profile_torus(const cfg_config *file, int devices_per_slice, cfg_hw *out)
 {
     out->torus_n = 0;
-    const mesh_cfg_entry *tor = mesh_cfg_find(file, "torus");
+    const cfg_entry *tor = cfg_find(file, "torus");
     int chips = devices_per_slice / out->devices_per_chip;
     if (!tor || chips <= 0) return SIM_OK;
     char key[32];
     snprintf(key, sizeof key, "%d", chips);
-    const mesh_cfg_value *shape = cfg_map_get(&tor->value, key);
-    for (int i = 0; shape && shape->kind == MESH_CFG_LIST && i < shape->n && i < 3; i++) {
+    const cfg_value *shape = cfg_map_get(&tor->value, key);
+    for (int i = 0; shape && shape->kind == CFG_LIST && i < shape->n && i < 3; i++) {
         long long x;
-        SIM_TRY(mesh_cfg_value_int(&shape->items[i], "a torus dimension", &x));
+        SIM_TRY(cfg_value_int(&shape->items[i], "a torus dimension", &x));
         out->torus[out->torus_n++] = (int)x;
     }
     return SIM_OK;
 }
 
-sim_status model_hw_load(const char *configs_dir, const char *name, int devices_per_slice, model_hw *out)
+sim_status cfg_hw_load(const char *configs_dir, const char *name, int devices_per_slice, cfg_hw *out)
 {
-    mesh_cfg *file;
+    cfg_config *file;
     SIM_TRY(read_profile(configs_dir, name, out, &file));
     sim_status st = profile_torus(file, devices_per_slice, out);
-    mesh_cfg_free(file);
+    cfg_free(file);
     return st;
 }
 
 /* The profile name a config selects (hardware_profile, else compile_topology's family, written into
  * fam); NULL when neither is set. */
-static const char *profile_name(const mesh_cfg *cfg, char *fam, size_t cap, const char **topo)
+static const char *profile_name(const cfg_config *cfg, char *fam, size_t cap, const char **topo)
 {
     const char *name = NULL;
     *topo = NULL;
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "hardware_profile");
+    const cfg_entry *e = cfg_find(cfg, "hardware_profile");
     if (e && e->value.text && *e->value.text) name = e->value.text;
-    e = mesh_cfg_find(cfg, "compile_topology");
+    e = cfg_find(cfg, "compile_topology");
     if (e && e->value.text && *e->value.text) *topo = e->value.text;
     if (!name && *topo) { /* "v5p-8" -> "v5p" */
         snprintf(fam, cap, "%s", *topo);
@@ -220,17 +220,17 @@ static const char *profile_name(const mesh_cfg *cfg, char *fam, size_t cap, cons
     return name;
 }
 
-/* The profile a config read, kept in the config (mesh_cfg.hw) so that it is read once. */
+/* The profile a config read, kept in the config (cfg_config.hw) so that it is read once. */
 struct cfg_hw_cache {
     char name[64];      /* the profile name it was read for */
-    model_hw hw;        /* its figures and rules (torus_n = 0) */
-    mesh_cfg *file;     /* its values: the torus of each slice size */
+    cfg_hw hw;        /* its figures and rules (torus_n = 0) */
+    cfg_config *file;     /* its values: the torus of each slice size */
 };
 
 void cfg_hw_cache_free(struct cfg_hw_cache *c)
 {
     if (!c) return;
-    mesh_cfg_free(c->file);
+    cfg_free(c->file);
     free(c);
 }
 
@@ -238,7 +238,7 @@ void cfg_hw_cache_free(struct cfg_hw_cache *c)
  * pointer: the lock keeps two readers from filling it twice. */
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static sim_status cached_profile(const mesh_cfg *cfg, const char *name, const struct cfg_hw_cache **out)
+static sim_status cached_profile(const cfg_config *cfg, const char *name, const struct cfg_hw_cache **out)
 {
     pthread_mutex_lock(&cache_lock);
     struct cfg_hw_cache *c = cfg->hw;
@@ -250,7 +250,7 @@ static sim_status cached_profile(const mesh_cfg *cfg, const char *name, const st
         st = read_profile(cfg->configs_dir, name, &fresh->hw, &fresh->file);
         if (st == SIM_OK) {
             cfg_hw_cache_free(c);
-            ((mesh_cfg *)cfg)->hw = c = fresh;
+            ((cfg_config *)cfg)->hw = c = fresh;
         } else {
             cfg_hw_cache_free(fresh);
         }
@@ -260,7 +260,7 @@ static sim_status cached_profile(const mesh_cfg *cfg, const char *name, const st
     return st;
 }
 
-sim_status model_hw_from_config(const mesh_cfg *cfg, int devices_per_slice, model_hw *out, bool *found)
+sim_status cfg_hw_from_config(const cfg_config *cfg, int devices_per_slice, cfg_hw *out, bool *found)
 {
     *found = false;
     const char *topo;

@@ -3,7 +3,7 @@
  * step (the dtypes weight collectives move in, the program transformations: docs/xla-fidelity.md).
  *
  * A config selects a profile with hardware_profile=NAME, else through compile_topology's family
- * (v5p-8 -> v5p).  The profile is read once per config: the first model_hw_from_config reads the
+ * (v5p-8 -> v5p).  The profile is read once per config: the first cfg_hw_from_config reads the
  * file and keeps it in the config; the wire dtypes, the compiler rules, Muon's Newton-Schulz
  * gathers and the time model (models/core/timemodel.h, which keeps the computations) reuse it. */
 #ifndef CONFIG_HARDWARE_H
@@ -31,7 +31,7 @@ typedef struct {
     bool embed_all_to_all;    /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
                                  rows looked up on the table's shard and all-to-all'd back (gather_table: the
                                  table is all-gathered and its gradient reduce-scattered) */
-} model_xla_rules;
+} cfg_xla_rules;
 
 /* One accelerator, per JAX device (a chip's figures divided by devices_per_chip). */
 typedef struct {
@@ -50,20 +50,20 @@ typedef struct {
     bool gather_in_dtype;     /* weight_gather_dtype: dtype -- the compiler casts a float32 weight's shard to
                                  `dtype` before its all-gather (false: weight_dtype, the stored dtype) */
     bool reduce_in_dtype;     /* gradient_reduction_dtype: dtype -- parameter gradients are reduced in `dtype` */
-    model_xla_rules xla;      /* the compiler's program transformations (hoisted_weight_copies, ...) */
-} model_hw;
+    cfg_xla_rules xla;      /* the compiler's program transformations (hoisted_weight_copies, ...) */
+} cfg_hw;
 
 /* Profile names in <configs>/hardware (sorted, comma separated) into buf. */
-const char *model_hw_names(const char *configs_dir, char *buf, size_t cap);
+const char *cfg_hw_names(const char *configs_dir, char *buf, size_t cap);
 /* Loads <configs>/hardware/NAME.yml for a slice of `devices_per_slice` devices (0: unknown);
  * an unknown name is SIM_ERR_INPUT listing the valid ones. */
-sim_status model_hw_load(const char *configs_dir, const char *name, int devices_per_slice, model_hw *out);
+sim_status cfg_hw_load(const char *configs_dir, const char *name, int devices_per_slice, cfg_hw *out);
 /* The profile a config selects: hardware_profile=NAME, else compile_topology's family
  * (v5p-8 -> v5p), from <configs> of the config; *found = false when neither is set.  Read once per
  * config (kept in it); the torus is that of a slice of devices_per_slice devices (0: unknown). */
-sim_status model_hw_from_config(const mesh_cfg *cfg, int devices_per_slice, model_hw *out, bool *found);
+sim_status cfg_hw_from_config(const cfg_config *cfg, int devices_per_slice, cfg_hw *out, bool *found);
 /* A figure of a profile: a number >= 0, or 0 for null or absent (not published); `file` and
  * `key` name it in the error. */
-sim_status model_hw_figure(const mesh_cfg_value *v, const char *file, const char *key, double *out);
+sim_status cfg_hw_figure(const cfg_value *v, const char *file, const char *key, double *out);
 
 #endif

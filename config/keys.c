@@ -14,22 +14,22 @@ static const char *const KEY_CLASS_NAMES[] = {"unclassified", "honoured", "inert
 
 static const char *const KEY_TYPES[] = {"bool", "int", "float", "str", "list", "map", "any"};
 
-const char *mesh_key_class_name(mesh_key_class c)
+const char *cfg_key_class_name(cfg_key_class c)
 {
     return (unsigned)c < 4 ? KEY_CLASS_NAMES[c] : "?";
 }
 
-const mesh_cfg_value *mesh_cfg_entry_field(const mesh_cfg_entry *e, const char *field)
+const cfg_value *cfg_entry_field(const cfg_entry *e, const char *field)
 {
     return e->spec ? cfg_map_get(e->spec, field) : NULL;
 }
 
 /* Checks one keys.yml line: a map with a known class and type. */
-static sim_status registry_check_line(const char *key, const mesh_cfg_value *spec)
+static sim_status registry_check_line(const char *key, const cfg_value *spec)
 {
     char where[512];
-    mesh_cfg_value_where(spec, where, sizeof where);
-    if (spec->kind != MESH_CFG_MAP)
+    cfg_value_where(spec, where, sizeof where);
+    if (spec->kind != CFG_MAP)
         return sim_err(SIM_ERR_INPUT, "%s: key '%s' must be a map like {class: inert, type: int, default: 0, why: ...}",
                        where, key);
     const char *c = cfg_map_text(spec, "class");
@@ -78,8 +78,8 @@ static int name_index_get(const name_index *ix, const char *key, const char *(*n
     return -1;
 }
 
-static const char *map_key_at(const void *map, int i) { return ((const mesh_cfg_value *)map)->keys[i]; }
-static const char *entry_key_at(const void *cfg, int i) { return ((const mesh_cfg *)cfg)->entries[i].key; }
+static const char *map_key_at(const void *map, int i) { return ((const cfg_value *)map)->keys[i]; }
+static const char *entry_key_at(const void *cfg, int i) { return ((const cfg_config *)cfg)->entries[i].key; }
 
 /* ---- keys.yml, parsed once per process ---- */
 
@@ -89,8 +89,8 @@ static const char *entry_key_at(const void *cfg, int i) { return ((const mesh_cf
 typedef struct {
     char *path;
     struct timespec mtime;
-    mesh_cfg *holder; /* owns the parsed file (strings, values) */
-    mesh_cfg_value keys;
+    cfg_config *holder; /* owns the parsed file (strings, values) */
+    cfg_value keys;
     name_index ix;
 } registry_cache;
 
@@ -102,12 +102,12 @@ static registry_cache registry_cached[4];
  * sees more than one keys.yml); called with the lock held. */
 static sim_status registry_parse(const char *path, const struct stat *sb, registry_cache **out)
 {
-    mesh_cfg *holder = cfg_new();
-    mesh_cfg_value doc = {0};
+    cfg_config *holder = cfg_new();
+    cfg_value doc = {0};
     sim_status st;
     SIM_TRY_GOTO(cfg_yaml_read(holder, path, NULL, &doc), st, fail);
-    int ki = doc.kind == MESH_CFG_MAP ? cfg_map_index(&doc, "keys") : -1;
-    if (ki < 0 || doc.items[ki].kind != MESH_CFG_MAP)
+    int ki = doc.kind == CFG_MAP ? cfg_map_index(&doc, "keys") : -1;
+    if (ki < 0 || doc.items[ki].kind != CFG_MAP)
         SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: expected a top-level map `keys:` of key -> {class, type, default, why}",
                              path), st, fail);
     for (int i = 0; i < doc.items[ki].n; i++)
@@ -121,7 +121,7 @@ static sim_status registry_parse(const char *path, const struct stat *sb, regist
     if (c->path) {
         free(c->path);
         cfg_value_free(&c->keys);
-        mesh_cfg_free(c->holder);
+        cfg_free(c->holder);
         free(c->ix.slot);
     }
     c->path = cfg_strdup(path);
@@ -134,7 +134,7 @@ static sim_status registry_parse(const char *path, const struct stat *sb, regist
     *out = c;
 fail:
     cfg_value_free(&doc);
-    mesh_cfg_free(holder);
+    cfg_free(holder);
     return st;
 }
 
@@ -156,7 +156,7 @@ static sim_status registry_get(const char *path, const registry_cache **out)
 
 /* Reads <configs_dir>/keys.yml when it exists: classes every entry, adds the
  * keys the base file lacks with their keys.yml default. */
-sim_status cfg_keys_apply(mesh_cfg *cfg, const char *configs_dir)
+sim_status cfg_keys_apply(cfg_config *cfg, const char *configs_dir)
 {
     char *path = cfg_join_path(configs_dir, "keys.yml");
     if (!cfg_file_exists(path)) {
@@ -171,7 +171,7 @@ sim_status cfg_keys_apply(mesh_cfg *cfg, const char *configs_dir)
     }
     cfg->keys_file = path;
     cfg->registry = &rc->keys;
-    const mesh_cfg_value *reg = cfg->registry;
+    const cfg_value *reg = cfg->registry;
     /* every key of the base file needs a class */
     for (int i = 0; i < cfg->n; i++)
         if (name_index_get(&rc->ix, cfg->entries[i].key, map_key_at, reg) < 0)
@@ -188,15 +188,15 @@ sim_status cfg_keys_apply(mesh_cfg *cfg, const char *configs_dir)
     for (int i = 0; i < reg->n && st == SIM_OK; i++) {
         int at = name_index_get(&base_ix, reg->keys[i], entry_key_at, cfg);
         if (at >= 0 && at < n_base) continue;
-        const mesh_cfg_value *def = cfg_map_get(&reg->items[i], "default");
+        const cfg_value *def = cfg_map_get(&reg->items[i], "default");
         if (!def) {
             char where[512];
             st = sim_err(SIM_ERR_INPUT, "%s: key '%s' has no default and the base config %s does not set it; add "
                                         "`default: ...` to its line",
-                         mesh_cfg_value_where(&reg->items[i], where, sizeof where), reg->keys[i], cfg->base_file);
+                         cfg_value_where(&reg->items[i], where, sizeof where), reg->keys[i], cfg->base_file);
             break;
         }
-        mesh_cfg_entry *e = &cfg->entries[cfg->n++];
+        cfg_entry *e = &cfg->entries[cfg->n++];
         memset(e, 0, sizeof *e);
         e->key = cfg_strdup(reg->keys[i]);
         cfg_value_copy(&e->value, def);
@@ -204,50 +204,50 @@ sim_status cfg_keys_apply(mesh_cfg *cfg, const char *configs_dir)
     }
     free(base_ix.slot);
     for (int i = 0; i < cfg->n && st == SIM_OK; i++) {
-        mesh_cfg_entry *e = &cfg->entries[i];
+        cfg_entry *e = &cfg->entries[i];
         e->spec = &reg->items[name_index_get(&rc->ix, e->key, map_key_at, reg)];
         const char *c = cfg_map_text(e->spec, "class");
         for (int k = 1; k < 4; k++)
-            if (!strcmp(c, KEY_CLASS_NAMES[k])) e->cls = (mesh_key_class)k;
+            if (!strcmp(c, KEY_CLASS_NAMES[k])) e->cls = (cfg_key_class)k;
         e->why = cfg_map_text(e->spec, "why");
     }
     cfg_index(cfg);
     return st;
 }
 
-static int value_in_list(const mesh_cfg_value *v, const mesh_cfg_value *list)
+static int value_in_list(const cfg_value *v, const cfg_value *list)
 {
-    if (!list || list->kind != MESH_CFG_LIST) return 0;
+    if (!list || list->kind != CFG_LIST) return 0;
     for (int i = 0; i < list->n; i++)
-        if (mesh_cfg_value_equal(v, &list->items[i])) return 1;
+        if (cfg_value_equal(v, &list->items[i])) return 1;
     return 0;
 }
 
 /* After merging: marks changed keys, refuses what is not simulated. */
-sim_status cfg_keys_check(mesh_cfg *cfg, const mesh_cfg_value *base_vals, int n_base)
+sim_status cfg_keys_check(cfg_config *cfg, const cfg_value *base_vals, int n_base)
 {
     if (!cfg->keys_file) return SIM_OK;
     for (int i = 0; i < cfg->n && i < n_base; i++) {
-        mesh_cfg_entry *e = &cfg->entries[i];
-        e->changed = !mesh_cfg_value_equal(&e->value, &base_vals[i]);
+        cfg_entry *e = &cfg->entries[i];
+        e->changed = !cfg_value_equal(&e->value, &base_vals[i]);
         if (!e->changed) continue;
-        char *text = mesh_cfg_value_to_text(&e->value, 0);
-        char *dtext = mesh_cfg_value_to_text(&base_vals[i], 0);
-        const mesh_cfg_value *choices = mesh_cfg_entry_field(e, "choices");
-        const mesh_cfg_value *sim = mesh_cfg_entry_field(e, "simulated");
+        char *text = cfg_value_to_text(&e->value, 0);
+        char *dtext = cfg_value_to_text(&base_vals[i], 0);
+        const cfg_value *choices = cfg_entry_field(e, "choices");
+        const cfg_value *sim = cfg_entry_field(e, "simulated");
         sim_status st = SIM_OK;
         if (choices && !value_in_list(&e->value, choices)) {
-            char *ctext = mesh_cfg_value_to_text(choices, 0);
+            char *ctext = cfg_value_to_text(choices, 0);
             st = sim_err(SIM_ERR_INPUT, "%s: %s=%s is not a value MaxText accepts; use one of %s (default %s)", e->where,
                          e->key, text, ctext, dtext);
             free(ctext);
-        } else if (e->cls == MESH_KEY_REFUSED) {
+        } else if (e->cls == CFG_KEY_REFUSED) {
             st = sim_err(SIM_ERR_INPUT,
                          "%s: %s=%s is refused: %s. shardsim does not simulate this feature and will not answer "
                          "for a configuration it did not simulate; remove the key (default %s) or use MaxText itself",
                          e->where, e->key, text, e->why ? e->why : "not simulated", dtext);
         } else if (sim && !value_in_list(&e->value, sim)) {
-            char *stext = mesh_cfg_value_to_text(sim, 0);
+            char *stext = cfg_value_to_text(sim, 0);
             st = sim_err(SIM_ERR_INPUT, "%s: %s=%s is refused: shardsim simulates only %s in %s%s%s%s; choose one of those",
                          e->where, e->key, text, e->key, stext, e->why ? " (" : "", e->why ? e->why : "",
                          e->why ? ")" : "");
@@ -260,78 +260,78 @@ sim_status cfg_keys_check(mesh_cfg *cfg, const mesh_cfg_value *base_vals, int n_
     return SIM_OK;
 }
 
-sim_status cfg_keys_unknown(const mesh_cfg *cfg, const char *key, const mesh_cfg_value *v,
+sim_status cfg_keys_unknown(const cfg_config *cfg, const char *key, const cfg_value *v,
                               const char *layer)
 {
     char where[512];
-    const char *near = mesh_cfg_closest_key(cfg, key);
+    const char *near = cfg_closest_key(cfg, key);
     if (cfg->keys_file)
         return sim_err(SIM_ERR_INPUT,
                        "%s: unknown key '%s' in %s: neither MaxText nor shardsim has such a key (%s lists every "
                        "key)%s%s%s; check the spelling (`shardsim keys PATTERN` searches the keys)",
-                       mesh_cfg_value_where(v, where, sizeof where), key, layer, cfg->keys_file,
+                       cfg_value_where(v, where, sizeof where), key, layer, cfg->keys_file,
                        near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
     return sim_err(SIM_ERR_INPUT,
                    "%s: unknown key '%s' in %s: the base config %s has no such key%s%s%s; "
                    "check the spelling, or add the key to the base config",
-                   mesh_cfg_value_where(v, where, sizeof where), key, layer, cfg->base_file,
+                   cfg_value_where(v, where, sizeof where), key, layer, cfg->base_file,
                    near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
 }
 
 /* The value must have the type of the base default (data as schema). */
-sim_status cfg_keys_check_type(const mesh_cfg_entry *e, const mesh_cfg_value *base,
-                             const mesh_cfg_value *v)
+sim_status cfg_keys_check_type(const cfg_entry *e, const cfg_value *base,
+                             const cfg_value *v)
 {
     char what[300], where[512];
     snprintf(what, sizeof what, "key '%s'", e->key);
-    int v_null = v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL;
+    int v_null = v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL;
     const char *expected = NULL;
     /* the default itself always passes (MaxText writes '' for some list keys) */
-    if (mesh_cfg_value_equal(v, base)) return SIM_OK;
+    if (cfg_value_equal(v, base)) return SIM_OK;
     const char *rtype = e->spec ? cfg_map_text(e->spec, "type") : NULL;
-    int null_ok = base->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(base) == MESH_CFG_NULL;
+    int null_ok = base->kind == CFG_SCALAR && cfg_scalar_type(base) == CFG_NULL;
     if (rtype) {
         /* keys.yml types the value (MaxText's type); null only where the default is null */
-        mesh_cfg_type vt = mesh_cfg_scalar_type(v);
+        cfg_type vt = cfg_scalar_type(v);
         long long i;
         if (!strcmp(rtype, "any") || (v_null && null_ok)) expected = NULL;
-        else if (!strcmp(rtype, "list")) expected = v->kind == MESH_CFG_LIST || v_null ? NULL : "a list";
-        else if (!strcmp(rtype, "map")) expected = v->kind == MESH_CFG_MAP || v_null ? NULL : "a map";
-        else if (v->kind != MESH_CFG_SCALAR) expected = !strcmp(rtype, "str") ? "a string" : "a scalar";
-        else if (!strcmp(rtype, "bool")) expected = vt == MESH_CFG_BOOL ? NULL : mesh_cfg_type_name(MESH_CFG_BOOL);
+        else if (!strcmp(rtype, "list")) expected = v->kind == CFG_LIST || v_null ? NULL : "a list";
+        else if (!strcmp(rtype, "map")) expected = v->kind == CFG_MAP || v_null ? NULL : "a map";
+        else if (v->kind != CFG_SCALAR) expected = !strcmp(rtype, "str") ? "a string" : "a scalar";
+        else if (!strcmp(rtype, "bool")) expected = vt == CFG_BOOL ? NULL : cfg_type_name(CFG_BOOL);
         else if (!strcmp(rtype, "int"))
-            expected = vt == MESH_CFG_INT || (vt == MESH_CFG_FLOAT && mesh_cfg_value_int(v, what, &i) == SIM_OK)
+            expected = vt == CFG_INT || (vt == CFG_FLOAT && cfg_value_int(v, what, &i) == SIM_OK)
                            ? NULL
-                           : mesh_cfg_type_name(MESH_CFG_INT);
+                           : cfg_type_name(CFG_INT);
         else if (!strcmp(rtype, "float"))
-            expected = vt == MESH_CFG_INT || vt == MESH_CFG_FLOAT ? NULL : mesh_cfg_type_name(MESH_CFG_FLOAT);
+            expected = vt == CFG_INT || vt == CFG_FLOAT ? NULL : cfg_type_name(CFG_FLOAT);
         sim_err_clear();
-    } else if (base->kind == MESH_CFG_LIST) {
-        if (v->kind != MESH_CFG_LIST && !v_null) expected = "a list";
-    } else if (base->kind == MESH_CFG_MAP) {
-        if (v->kind != MESH_CFG_MAP && !v_null) expected = "a map";
+    } else if (base->kind == CFG_LIST) {
+        if (v->kind != CFG_LIST && !v_null) expected = "a list";
+    } else if (base->kind == CFG_MAP) {
+        if (v->kind != CFG_MAP && !v_null) expected = "a map";
     } else {
-        mesh_cfg_type bt = mesh_cfg_scalar_type(base);
-        mesh_cfg_type vt = mesh_cfg_scalar_type(v);
-        if (bt == MESH_CFG_NULL) {
+        cfg_type bt = cfg_scalar_type(base);
+        cfg_type vt = cfg_scalar_type(v);
+        if (bt == CFG_NULL) {
             /* no default type: anything goes */
-        } else if (v->kind != MESH_CFG_SCALAR) {
-            expected = bt == MESH_CFG_STRING ? "a string" : mesh_cfg_type_name(bt);
-        } else if (bt == MESH_CFG_BOOL) {
-            if (vt != MESH_CFG_BOOL) expected = mesh_cfg_type_name(bt);
-        } else if (bt == MESH_CFG_INT) {
+        } else if (v->kind != CFG_SCALAR) {
+            expected = bt == CFG_STRING ? "a string" : cfg_type_name(bt);
+        } else if (bt == CFG_BOOL) {
+            if (vt != CFG_BOOL) expected = cfg_type_name(bt);
+        } else if (bt == CFG_INT) {
             long long i;
-            if (vt != MESH_CFG_INT && !(vt == MESH_CFG_FLOAT && mesh_cfg_value_int(v, what, &i) == SIM_OK))
-                expected = mesh_cfg_type_name(bt);
-        } else if (bt == MESH_CFG_FLOAT) {
-            if (vt != MESH_CFG_INT && vt != MESH_CFG_FLOAT) expected = mesh_cfg_type_name(bt);
+            if (vt != CFG_INT && !(vt == CFG_FLOAT && cfg_value_int(v, what, &i) == SIM_OK))
+                expected = cfg_type_name(bt);
+        } else if (bt == CFG_FLOAT) {
+            if (vt != CFG_INT && vt != CFG_FLOAT) expected = cfg_type_name(bt);
         }
     }
     if (!expected) return SIM_OK;
-    char *text = mesh_cfg_value_to_text(v, 0);
-    char *btext = mesh_cfg_value_to_text(base, 0);
+    char *text = cfg_value_to_text(v, 0);
+    char *btext = cfg_value_to_text(base, 0);
     sim_status st = sim_err(SIM_ERR_INPUT, "%s: key '%s' = %s is %s, expected %s (its default is %s at %s)",
-                            mesh_cfg_value_where(v, where, sizeof where), e->key, text, cfg_kind_name(v),
+                            cfg_value_where(v, where, sizeof where), e->key, text, cfg_kind_name(v),
                             expected, btext, e->where);
     free(text);
     free(btext);

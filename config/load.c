@@ -13,12 +13,12 @@
 #include <string.h>
 
 /* Merges child into parent (child wins; new keys appended, base_config dropped). */
-static void cfg_map_overlay(mesh_cfg_value *parent, mesh_cfg_value *child)
+static void cfg_map_overlay(cfg_value *parent, cfg_value *child)
 {
     for (int i = 0; i < child->n; i++) {
         if (strcmp(child->keys[i], "base_config") == 0) continue;
         int k = cfg_map_index(parent, child->keys[i]);
-        mesh_cfg_value *slot = k >= 0 ? &parent->items[k] : cfg_value_push(parent, child->keys[i]);
+        cfg_value *slot = k >= 0 ? &parent->items[k] : cfg_value_push(parent, child->keys[i]);
         if (k >= 0) cfg_value_free(slot);
         *slot = child->items[i];
         memset(&child->items[i], 0, sizeof child->items[i]);
@@ -27,8 +27,8 @@ static void cfg_map_overlay(mesh_cfg_value *parent, mesh_cfg_value *child)
 
 /* Loads path and its base_config ancestors into *out (merged). chain[] collects
  * the real paths (for cycle checks and overlay base_config checks). */
-static sim_status cfg_load_chain(mesh_cfg *cfg, const char *path, char **chain, int *n_chain,
-                                 mesh_cfg_value *out)
+static sim_status cfg_load_chain(cfg_config *cfg, const char *path, char **chain, int *n_chain,
+                                 cfg_value *out)
 {
     char real[PATH_MAX];
     if (!realpath(path, real))
@@ -41,7 +41,7 @@ static sim_status cfg_load_chain(mesh_cfg *cfg, const char *path, char **chain, 
         return sim_err(SIM_ERR_INPUT, "config file %s: base_config chain deeper than %d files",
                        path, CFG_CHAIN_MAX);
     chain[(*n_chain)++] = cfg_strdup(real);
-    mesh_cfg_value map = {0}, base = {0};
+    cfg_value map = {0}, base = {0};
     char *parent = NULL;
     sim_status st;
     SIM_TRY_GOTO(cfg_yaml_read(cfg, path, NULL, &map), st, fail);
@@ -50,8 +50,8 @@ static sim_status cfg_load_chain(mesh_cfg *cfg, const char *path, char **chain, 
         *out = map;
         return SIM_OK;
     }
-    const mesh_cfg_value *bv = &map.items[bi];
-    if (bv->kind != MESH_CFG_SCALAR || mesh_cfg_scalar_type(bv) == MESH_CFG_NULL)
+    const cfg_value *bv = &map.items[bi];
+    if (bv->kind != CFG_SCALAR || cfg_scalar_type(bv) == CFG_NULL)
         SIM_TRY_GOTO(cfg_value_error(bv, "key 'base_config'", "a file name"), st, fail);
     char *dir = cfg_dir_of(path);
     parent = cfg_join_path(dir, bv->text);
@@ -63,7 +63,7 @@ static sim_status cfg_load_chain(mesh_cfg *cfg, const char *path, char **chain, 
     if (!cfg_file_exists(parent)) {
         char where[512];
         SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: base_config '%s': no such file (looked for %s)",
-                             mesh_cfg_value_where(bv, where, sizeof where), bv->text, parent),
+                             cfg_value_where(bv, where, sizeof where), bv->text, parent),
                      st, fail);
     }
     SIM_TRY_GOTO(cfg_load_chain(cfg, parent, chain, n_chain, &base), st, fail);
@@ -76,14 +76,14 @@ fail:
 }
 
 /* Checks a layer's keys (known, typed, well-formed rules). */
-sim_status cfg_check_layer(const mesh_cfg *cfg, const mesh_cfg_value *base_vals, const cfg_layer *l,
+sim_status cfg_check_layer(const cfg_config *cfg, const cfg_value *base_vals, const cfg_layer *l,
                               int allow_base_config)
 {
     for (int i = 0; i < l->map.n; i++) {
         const char *key = l->map.keys[i];
-        const mesh_cfg_value *v = &l->map.items[i];
+        const cfg_value *v = &l->map.items[i];
         if (allow_base_config && strcmp(key, "base_config") == 0) continue;
-        const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+        const cfg_entry *e = cfg_find(cfg, key);
         if (!e) return cfg_keys_unknown(cfg, key, v, l->name);
         SIM_TRY(cfg_keys_check_type(e, &base_vals[e - cfg->entries], v));
         if (strcmp(key, CFG_RULES_KEY) == 0) SIM_TRY(cfg_rules_check(v));
@@ -93,12 +93,12 @@ sim_status cfg_check_layer(const mesh_cfg *cfg, const mesh_cfg_value *base_vals,
 }
 
 /* Sets the layer's values (all but the rules) into the config. */
-static void cfg_apply_layer(mesh_cfg *cfg, const cfg_layer *l, int is_model)
+static void cfg_apply_layer(cfg_config *cfg, const cfg_layer *l, int is_model)
 {
     for (int i = 0; i < l->map.n; i++) {
         const char *key = l->map.keys[i];
         if (strcmp(key, CFG_RULES_KEY) == 0 || strcmp(key, "base_config") == 0) continue;
-        mesh_cfg_entry *e = cfg_find_mut(cfg, key);
+        cfg_entry *e = cfg_find_mut(cfg, key);
         SIM_ASSERT(e);
         cfg_value_free(&e->value);
         cfg_value_copy(&e->value, &l->map.items[i]);
@@ -113,11 +113,11 @@ int cfg_layer_flag(const cfg_layer *l, const char *key)
 {
     int i = cfg_map_index(&l->map, key);
     int b = 0;
-    if (i >= 0 && mesh_cfg_value_bool(&l->map.items[i], key, &b) == SIM_OK) return b;
+    if (i >= 0 && cfg_value_bool(&l->map.items[i], key, &b) == SIM_OK) return b;
     return 0;
 }
 
-const mesh_cfg_value *cfg_layer_value(const cfg_layer *l, const char *key)
+const cfg_value *cfg_layer_value(const cfg_layer *l, const char *key)
 {
     int i = cfg_map_index(&l->map, key);
     return i >= 0 ? &l->map.items[i] : NULL;
@@ -128,9 +128,9 @@ const mesh_cfg_value *cfg_layer_value(const cfg_layer *l, const char *key)
 /* 1. The base chain: its keys are the known keys (with keys.yml's classes and defaults). */
 static sim_status load_base(cfg_loader *ld)
 {
-    const mesh_cfg_args *args = ld->args;
-    mesh_cfg *cfg = ld->cfg;
-    mesh_cfg_value base_map = {0};
+    const cfg_args *args = ld->args;
+    cfg_config *cfg = ld->cfg;
+    cfg_value base_map = {0};
     SIM_TRY(cfg_load_chain(cfg, cfg->base_file, ld->chain, &ld->n_chain, &base_map));
     cfg_take_map(cfg, &base_map);
     ld->dirs[ld->n_dirs++] = cfg_strdup(args && args->configs_dir ? args->configs_dir : "");
@@ -150,13 +150,13 @@ static sim_status load_base(cfg_loader *ld)
 
 /* A user file may name the base it was written against (MaxText style); it must be a file of
  * the loaded base chain. */
-static sim_status check_user_base(const cfg_loader *ld, const char *file, const mesh_cfg_value *bc)
+static sim_status check_user_base(const cfg_loader *ld, const char *file, const cfg_value *bc)
 {
     char *d = cfg_dir_of(file);
-    char *p = cfg_join_path(d, bc->kind == MESH_CFG_SCALAR ? bc->text : "");
+    char *p = cfg_join_path(d, bc->kind == CFG_SCALAR ? bc->text : "");
     char real[PATH_MAX];
     int ok = 0;
-    if (realpath(p, real) || (bc->kind == MESH_CFG_SCALAR && realpath(bc->text, real)))
+    if (realpath(p, real) || (bc->kind == CFG_SCALAR && realpath(bc->text, real)))
         for (int k = 0; k < ld->n_chain; k++) ok |= strcmp(ld->chain[k], real) == 0;
     free(d);
     free(p);
@@ -165,7 +165,7 @@ static sim_status check_user_base(const cfg_loader *ld, const char *file, const 
     return sim_err(SIM_ERR_INPUT,
                    "%s: base_config '%s' is not the loaded base config %s; pass that file "
                    "as the base config, or drop base_config from %s",
-                   mesh_cfg_value_where(bc, where, sizeof where), bc->kind == MESH_CFG_SCALAR ? bc->text : "?",
+                   cfg_value_where(bc, where, sizeof where), bc->kind == CFG_SCALAR ? bc->text : "?",
                    ld->cfg->base_file, file);
 }
 
@@ -173,14 +173,14 @@ static sim_status check_user_base(const cfg_loader *ld, const char *file, const 
  * is applied, so that their mistakes surface first. */
 static sim_status read_user_layers(cfg_loader *ld)
 {
-    const mesh_cfg_args *args = ld->args;
-    mesh_cfg *cfg = ld->cfg;
+    const cfg_args *args = ld->args;
+    cfg_config *cfg = ld->cfg;
     for (int i = 0; args && i < args->n_files; i++) {
         cfg_layer *l = &ld->user[i];
         const char *file = args->files[i];
         l->name = cfg_intern(cfg, file);
         SIM_TRY(cfg_yaml_read(cfg, file, NULL, &l->map));
-        const mesh_cfg_value *bc = cfg_layer_value(l, "base_config");
+        const cfg_value *bc = cfg_layer_value(l, "base_config");
         const char *slash = strrchr(file, '/');
         l->config_file = bc != NULL || !strcmp(slash ? slash + 1 : file, "base.yml");
         if (bc) SIM_TRY(check_user_base(ld, file, bc));
@@ -195,7 +195,7 @@ static sim_status read_user_layers(cfg_loader *ld)
     }
     cfg_layer *cli = &ld->user[ld->n_user - 1];
     cli->name = "the command line";
-    cli->map.kind = MESH_CFG_MAP;
+    cli->map.kind = CFG_MAP;
     cli->map.file = cfg_cli_source;
     for (int i = 0; args && i < args->n_overrides; i++) SIM_TRY(cfg_yaml_override(cfg, args->overrides[i], &cli->map));
     SIM_TRY(cfg_block_refuse(cfg, cfg_layer_value(cli, "decoder_block"), NULL));
@@ -215,7 +215,7 @@ static void apply_layers(cfg_loader *ld)
 /* After merging: data_sharding's grouping, compile_topology, then every check. */
 static sim_status finish(cfg_loader *ld)
 {
-    mesh_cfg *cfg = ld->cfg;
+    cfg_config *cfg = ld->cfg;
     cfg_data_sharding_normalize(cfg);
     SIM_TRY(cfg_topology_apply(cfg, cfg->configs_dir));
     SIM_TRY(cfg_check_final(cfg));
@@ -237,7 +237,7 @@ static void loader_free(cfg_loader *ld)
     for (int i = 0; i < ld->n_dirs; i++) free(ld->dirs[i]);
 }
 
-sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
+sim_status cfg_load(const cfg_args *args, cfg_config **out)
 {
     *out = NULL;
     cfg_loader ld = {.args = args, .model = {{0}, "the model file", 0}};
@@ -258,16 +258,16 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
     *out = ld.cfg;
 fail:
     loader_free(&ld);
-    if (st != SIM_OK) mesh_cfg_free(ld.cfg);
+    if (st != SIM_OK) cfg_free(ld.cfg);
     return st;
 }
 
-sim_status mesh_cfg_load_argv(const char *base_file, int argc, const char *const *argv, mesh_cfg **out)
+sim_status cfg_load_argv(const char *base_file, int argc, const char *const *argv, cfg_config **out)
 {
     const char **files = calloc((size_t)(argc + 1), sizeof *files);
     const char **ovr = calloc((size_t)(argc + 1), sizeof *ovr);
     SIM_ASSERT(files && ovr);
-    mesh_cfg_args a = {base_file, NULL, files, 0, ovr, 0};
+    cfg_args a = {base_file, NULL, files, 0, ovr, 0};
     sim_status st = SIM_OK;
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
@@ -277,25 +277,25 @@ sim_status mesh_cfg_load_argv(const char *base_file, int argc, const char *const
             SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "argument '%s' is neither a config file (*.yml) nor key=value", s),
                          st, fail);
     }
-    SIM_TRY_GOTO(mesh_cfg_load(&a, out), st, fail);
+    SIM_TRY_GOTO(cfg_load(&a, out), st, fail);
 fail:
     free(files);
     free(ovr);
     return st;
 }
 
-sim_status mesh_cfg_load_file(const char *path, mesh_cfg **out)
+sim_status cfg_load_file(const char *path, cfg_config **out)
 {
     *out = NULL;
-    mesh_cfg *cfg = cfg_new();
+    cfg_config *cfg = cfg_new();
     cfg->base_file = cfg_strdup(path);
     cfg->configs_dir = cfg_dir_of(path);
-    mesh_cfg_value map;
+    cfg_value map;
     sim_status st;
     SIM_TRY_GOTO(cfg_yaml_read(cfg, path, NULL, &map), st, fail);
     cfg_take_map(cfg, &map);
     *out = cfg;
 fail:
-    if (st != SIM_OK) mesh_cfg_free(cfg);
+    if (st != SIM_OK) cfg_free(cfg);
     return st;
 }

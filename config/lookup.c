@@ -8,7 +8,7 @@
 #include <string.h>
 
 /* Interns a string in the config (values keep `file` pointers into it). */
-const char *cfg_intern(mesh_cfg *cfg, const char *s)
+const char *cfg_intern(cfg_config *cfg, const char *s)
 {
     for (int i = 0; i < cfg->n_strings; i++)
         if (strcmp(cfg->strings[i], s) == 0) return cfg->strings[i];
@@ -21,14 +21,14 @@ const char *cfg_intern(mesh_cfg *cfg, const char *s)
     return cfg->strings[cfg->n_strings++];
 }
 
-mesh_cfg *cfg_new(void)
+cfg_config *cfg_new(void)
 {
-    mesh_cfg *cfg = calloc(1, sizeof *cfg);
+    cfg_config *cfg = calloc(1, sizeof *cfg);
     SIM_ASSERT(cfg);
     return cfg;
 }
 
-void mesh_cfg_free(mesh_cfg *cfg)
+void cfg_free(cfg_config *cfg)
 {
     if (!cfg) return;
     for (int i = 0; i < cfg->n; i++) {
@@ -49,20 +49,20 @@ void mesh_cfg_free(mesh_cfg *cfg)
     free(cfg);
 }
 
-char *cfg_where_of(const mesh_cfg_value *v)
+char *cfg_where_of(const cfg_value *v)
 {
     char buf[1024];
-    return cfg_strdup(mesh_cfg_value_where(v, buf, sizeof buf));
+    return cfg_strdup(cfg_value_where(v, buf, sizeof buf));
 }
 
 /* Moves the items of a MAP value into entries (the MAP is left empty). */
-void cfg_take_map(mesh_cfg *cfg, mesh_cfg_value *map)
+void cfg_take_map(cfg_config *cfg, cfg_value *map)
 {
     cfg->entries = calloc(map->n > 0 ? (size_t)map->n : 1, sizeof *cfg->entries);
     SIM_ASSERT(cfg->entries);
     cfg->n = map->n;
     for (int i = 0; i < map->n; i++) {
-        mesh_cfg_entry *e = &cfg->entries[i];
+        cfg_entry *e = &cfg->entries[i];
         e->key = map->keys[i];
         e->value = map->items[i];
         e->where = cfg_where_of(&e->value);
@@ -73,7 +73,7 @@ void cfg_take_map(mesh_cfg *cfg, mesh_cfg_value *map)
 }
 
 /* (Re)builds the hash index of the entries (after entries are added). */
-void cfg_index(mesh_cfg *cfg)
+void cfg_index(cfg_config *cfg)
 {
     free(cfg->index);
     cfg->index_cap = 16;
@@ -88,7 +88,7 @@ void cfg_index(mesh_cfg *cfg)
     cfg->index_n = cfg->n;
 }
 
-const mesh_cfg_entry *mesh_cfg_find(const mesh_cfg *cfg, const char *key)
+const cfg_entry *cfg_find(const cfg_config *cfg, const char *key)
 {
     if (cfg->index && cfg->index_n == cfg->n) {
         unsigned mask = (unsigned)(cfg->index_cap - 1);
@@ -101,17 +101,17 @@ const mesh_cfg_entry *mesh_cfg_find(const mesh_cfg *cfg, const char *key)
     return NULL;
 }
 
-mesh_cfg_entry *cfg_find_mut(mesh_cfg *cfg, const char *key)
+cfg_entry *cfg_find_mut(cfg_config *cfg, const char *key)
 {
-    return (mesh_cfg_entry *)mesh_cfg_find(cfg, key);
+    return (cfg_entry *)cfg_find(cfg, key);
 }
 
-const char *mesh_cfg_closest_key(const mesh_cfg *cfg, const char *key)
+const char *cfg_closest_key(const cfg_config *cfg, const char *key)
 {
     const char *best = NULL;
     int best_d = INT_MAX;
     for (int i = 0; i < cfg->n; i++) {
-        int d = mesh_edit_distance(key, cfg->entries[i].key);
+        int d = cfg_edit_distance(key, cfg->entries[i].key);
         if (d < best_d) {
             best_d = d;
             best = cfg->entries[i].key;
@@ -120,11 +120,11 @@ const char *mesh_cfg_closest_key(const mesh_cfg *cfg, const char *key)
     return best;
 }
 
-sim_status mesh_cfg_entry_get(const mesh_cfg *cfg, const char *key, const mesh_cfg_entry **out)
+sim_status cfg_entry_get(const cfg_config *cfg, const char *key, const cfg_entry **out)
 {
-    *out = mesh_cfg_find(cfg, key);
+    *out = cfg_find(cfg, key);
     if (*out) return SIM_OK;
-    const char *near = mesh_cfg_closest_key(cfg, key);
+    const char *near = cfg_closest_key(cfg, key);
     return sim_err(SIM_ERR_INPUT,
                    "config key '%s' is missing: the base config %s does not define it%s%s%s; "
                    "add `%s: <value>` to the base config",
@@ -132,55 +132,55 @@ sim_status mesh_cfg_entry_get(const mesh_cfg *cfg, const char *key, const mesh_c
                    near ? near : "", near ? "')" : "", key);
 }
 
-static sim_status getter_what(const mesh_cfg *cfg, const char *key, const mesh_cfg_entry **e,
+static sim_status getter_what(const cfg_config *cfg, const char *key, const cfg_entry **e,
                               char *what, size_t cap)
 {
-    SIM_TRY(mesh_cfg_entry_get(cfg, key, e));
+    SIM_TRY(cfg_entry_get(cfg, key, e));
     snprintf(what, cap, "key '%s'", key);
     return SIM_OK;
 }
 
-sim_status mesh_cfg_get_int(const mesh_cfg *cfg, const char *key, long long *out)
+sim_status cfg_get_int(const cfg_config *cfg, const char *key, long long *out)
 {
-    const mesh_cfg_entry *e;
+    const cfg_entry *e;
     char what[300];
     SIM_TRY(getter_what(cfg, key, &e, what, sizeof what));
-    return mesh_cfg_value_int(&e->value, what, out);
+    return cfg_value_int(&e->value, what, out);
 }
 
-sim_status mesh_cfg_get_double(const mesh_cfg *cfg, const char *key, double *out)
+sim_status cfg_get_double(const cfg_config *cfg, const char *key, double *out)
 {
-    const mesh_cfg_entry *e;
+    const cfg_entry *e;
     char what[300];
     SIM_TRY(getter_what(cfg, key, &e, what, sizeof what));
-    return mesh_cfg_value_double(&e->value, what, out);
+    return cfg_value_double(&e->value, what, out);
 }
 
-sim_status mesh_cfg_get_bool(const mesh_cfg *cfg, const char *key, int *out)
+sim_status cfg_get_bool(const cfg_config *cfg, const char *key, int *out)
 {
-    const mesh_cfg_entry *e;
+    const cfg_entry *e;
     char what[300];
     SIM_TRY(getter_what(cfg, key, &e, what, sizeof what));
-    return mesh_cfg_value_bool(&e->value, what, out);
+    return cfg_value_bool(&e->value, what, out);
 }
 
-sim_status mesh_cfg_get_str(const mesh_cfg *cfg, const char *key, const char **out)
+sim_status cfg_get_str(const cfg_config *cfg, const char *key, const char **out)
 {
-    const mesh_cfg_entry *e;
+    const cfg_entry *e;
     char what[300];
     SIM_TRY(getter_what(cfg, key, &e, what, sizeof what));
-    if (e->value.kind != MESH_CFG_SCALAR) return cfg_value_error(&e->value, what, "a string");
-    *out = mesh_cfg_scalar_type(&e->value) == MESH_CFG_NULL ? NULL : e->value.text;
+    if (e->value.kind != CFG_SCALAR) return cfg_value_error(&e->value, what, "a string");
+    *out = cfg_scalar_type(&e->value) == CFG_NULL ? NULL : e->value.text;
     return SIM_OK;
 }
 
-sim_status mesh_cfg_get_enum(const mesh_cfg *cfg, const char *key, const char *const *allowed,
+sim_status cfg_get_enum(const cfg_config *cfg, const char *key, const char *const *allowed,
                              int n_allowed, int *out)
 {
-    const mesh_cfg_entry *e;
+    const cfg_entry *e;
     char what[300];
     SIM_TRY(getter_what(cfg, key, &e, what, sizeof what));
-    if (e->value.kind == MESH_CFG_SCALAR) {
+    if (e->value.kind == CFG_SCALAR) {
         for (int i = 0; i < n_allowed; i++) {
             if (strcmp(e->value.text, allowed[i]) == 0) {
                 *out = i;
@@ -196,18 +196,18 @@ sim_status mesh_cfg_get_enum(const mesh_cfg *cfg, const char *key, const char *c
     return st;
 }
 
-sim_status mesh_cfg_get_str_list(const mesh_cfg *cfg, const char *key, const char ***items, int *n)
+sim_status cfg_get_str_list(const cfg_config *cfg, const char *key, const char ***items, int *n)
 {
-    const mesh_cfg_entry *e;
+    const cfg_entry *e;
     char what[300];
     SIM_TRY(getter_what(cfg, key, &e, what, sizeof what));
     *items = NULL;
     *n = 0;
-    if (e->value.kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(&e->value) == MESH_CFG_NULL)
+    if (e->value.kind == CFG_SCALAR && cfg_scalar_type(&e->value) == CFG_NULL)
         return SIM_OK;
-    if (e->value.kind != MESH_CFG_LIST) return cfg_value_error(&e->value, what, "a list of names");
+    if (e->value.kind != CFG_LIST) return cfg_value_error(&e->value, what, "a list of names");
     for (int i = 0; i < e->value.n; i++)
-        if (e->value.items[i].kind != MESH_CFG_SCALAR)
+        if (e->value.items[i].kind != CFG_SCALAR)
             return cfg_value_error(&e->value.items[i], what, "a name (a list item of a flat list)");
     const char **arr = calloc(e->value.n > 0 ? (size_t)e->value.n : 1, sizeof *arr);
     SIM_ASSERT(arr);
@@ -218,12 +218,12 @@ sim_status mesh_cfg_get_str_list(const mesh_cfg *cfg, const char *key, const cha
 }
 
 /* Sets a derived scalar value with a descriptive source. */
-void cfg_set_derived(mesh_cfg *cfg, const char *key, const char *text, const char *where)
+void cfg_set_derived(cfg_config *cfg, const char *key, const char *text, const char *where)
 {
-    mesh_cfg_entry *e = cfg_find_mut(cfg, key);
+    cfg_entry *e = cfg_find_mut(cfg, key);
     SIM_ASSERT(e);
     cfg_value_free(&e->value);
-    e->value.kind = MESH_CFG_SCALAR;
+    e->value.kind = CFG_SCALAR;
     e->value.text = cfg_strdup(text);
     e->value.quoted = 1;
     e->value.file = cfg_intern(cfg, where);

@@ -17,15 +17,15 @@ typedef struct {
     char *name;   /* the model name: the file name without .yml */
     char *file;   /* <configs>/models/<name>.yml */
     char *block;  /* its decoder_block (keys.yml's default when the file sets none) */
-} mesh_model_file;
+} cfg_model_file;
 
 /* Every model file of the config's configs directory, sorted by name. */
-sim_status mesh_cfg_model_files(const mesh_cfg *cfg, mesh_model_file **out, int *n);
-void mesh_model_files_free(mesh_model_file *m, int n);
+sim_status cfg_model_files(const cfg_config *cfg, cfg_model_file **out, int *n);
+void cfg_model_files_free(cfg_model_file *m, int n);
 /* 1 when keys.yml lists the block as simulated (or the config has no keys.yml). */
-int mesh_cfg_block_simulated(const mesh_cfg *cfg, const char *block);
+int cfg_block_simulated(const cfg_config *cfg, const char *block);
 /* "models/mixtral.py MixtralDecoderLayer: <what it computes>" from decoder_blocks.yml, malloc'd,
  * or NULL when the file or the block's line is missing. */
-char *mesh_cfg_block_about(const mesh_cfg *cfg, const char *block);
+char *cfg_block_about(const cfg_config *cfg, const char *block);
 
 #endif

@@ -50,7 +50,7 @@ char *cfg_asprintf(const char *fmt, ...)
     return s;
 }
 
-int mesh_edit_distance(const char *a, const char *b)
+int cfg_edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     int *row = malloc((lb + 1) * sizeof *row);
@@ -82,7 +82,7 @@ uint64_t cfg_hash(const char *k)
     return h;
 }
 
-void cfg_value_free(mesh_cfg_value *v)
+void cfg_value_free(cfg_value *v)
 {
     free(v->text);
     for (int i = 0; i < v->n; i++) {
@@ -94,7 +94,7 @@ void cfg_value_free(mesh_cfg_value *v)
     memset(v, 0, sizeof *v);
 }
 
-void cfg_value_copy(mesh_cfg_value *dst, const mesh_cfg_value *src)
+void cfg_value_copy(cfg_value *dst, const cfg_value *src)
 {
     *dst = *src;
     dst->text = src->text ? cfg_strdup(src->text) : NULL;
@@ -115,46 +115,46 @@ void cfg_value_copy(mesh_cfg_value *dst, const mesh_cfg_value *src)
 }
 
 /* Appends an item (and key for maps); returns the new slot. */
-mesh_cfg_value *cfg_value_push(mesh_cfg_value *v, const char *key)
+cfg_value *cfg_value_push(cfg_value *v, const char *key)
 {
     v->items = realloc(v->items, (size_t)(v->n + 1) * sizeof *v->items);
     SIM_ASSERT(v->items);
-    if (v->kind == MESH_CFG_MAP) {
+    if (v->kind == CFG_MAP) {
         v->keys = realloc(v->keys, (size_t)(v->n + 1) * sizeof *v->keys);
         SIM_ASSERT(v->keys);
         v->keys[v->n] = cfg_strdup(key);
     }
-    mesh_cfg_value *slot = &v->items[v->n++];
+    cfg_value *slot = &v->items[v->n++];
     memset(slot, 0, sizeof *slot);
     return slot;
 }
 
-int cfg_map_index(const mesh_cfg_value *map, const char *key)
+int cfg_map_index(const cfg_value *map, const char *key)
 {
     for (int i = map->n - 1; i >= 0; i--)
         if (strcmp(map->keys[i], key) == 0) return i;
     return -1;
 }
 
-const mesh_cfg_value *cfg_map_get(const mesh_cfg_value *map, const char *key)
+const cfg_value *cfg_map_get(const cfg_value *map, const char *key)
 {
-    if (!map || map->kind != MESH_CFG_MAP) return NULL;
+    if (!map || map->kind != CFG_MAP) return NULL;
     int i = cfg_map_index(map, key);
     return i >= 0 ? &map->items[i] : NULL;
 }
 
-const char *cfg_map_text(const mesh_cfg_value *spec, const char *field)
+const char *cfg_map_text(const cfg_value *spec, const char *field)
 {
-    const mesh_cfg_value *v = cfg_map_get(spec, field);
-    return v && v->kind == MESH_CFG_SCALAR ? v->text : NULL;
+    const cfg_value *v = cfg_map_get(spec, field);
+    return v && v->kind == CFG_SCALAR ? v->text : NULL;
 }
 
-int cfg_is_null(const mesh_cfg_value *v)
+int cfg_is_null(const cfg_value *v)
 {
-    return v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL;
+    return v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL;
 }
 
-const char *mesh_cfg_value_where(const mesh_cfg_value *v, char *buf, int cap)
+const char *cfg_value_where(const cfg_value *v, char *buf, int cap)
 {
     if (!v->file) snprintf(buf, (size_t)cap, "<unknown>");
     else if (v->line > 0) snprintf(buf, (size_t)cap, "%s:%d", v->file, v->line);
@@ -240,61 +240,61 @@ int cfg_bool_word(const char *t, int *out)
     return 0;
 }
 
-mesh_cfg_type mesh_cfg_scalar_type(const mesh_cfg_value *v)
+cfg_type cfg_scalar_type(const cfg_value *v)
 {
-    if (v->kind != MESH_CFG_SCALAR) return MESH_CFG_STRING;
+    if (v->kind != CFG_SCALAR) return CFG_STRING;
     const char *t = v->text ? v->text : "";
     /* MaxText turns the string "none" (any case, any quoting) into None. */
-    if (!strcasecmp(t, "none")) return MESH_CFG_NULL;
-    if (v->quoted) return MESH_CFG_STRING;
+    if (!strcasecmp(t, "none")) return CFG_NULL;
+    if (v->quoted) return CFG_STRING;
     if (!*t || !strcmp(t, "~") || !strcmp(t, "null") || !strcmp(t, "Null") || !strcmp(t, "NULL"))
-        return MESH_CFG_NULL;
+        return CFG_NULL;
     int b;
-    if (cfg_bool_word(t, &b)) return MESH_CFG_BOOL;
+    if (cfg_bool_word(t, &b)) return CFG_BOOL;
     long long i;
-    if (cfg_parse_int(t, &i)) return MESH_CFG_INT;
+    if (cfg_parse_int(t, &i)) return CFG_INT;
     double d;
-    if (cfg_parse_float(t, &d)) return MESH_CFG_FLOAT;
-    return MESH_CFG_STRING;
+    if (cfg_parse_float(t, &d)) return CFG_FLOAT;
+    return CFG_STRING;
 }
 
-const char *mesh_cfg_type_name(mesh_cfg_type t)
+const char *cfg_type_name(cfg_type t)
 {
     switch (t) {
-    case MESH_CFG_NULL: return "null";
-    case MESH_CFG_BOOL: return "a boolean (true or false)";
-    case MESH_CFG_INT: return "an integer";
-    case MESH_CFG_FLOAT: return "a number";
-    case MESH_CFG_STRING: return "a string";
+    case CFG_NULL: return "null";
+    case CFG_BOOL: return "a boolean (true or false)";
+    case CFG_INT: return "an integer";
+    case CFG_FLOAT: return "a number";
+    case CFG_STRING: return "a string";
     }
     return "?";
 }
 
-const char *cfg_kind_name(const mesh_cfg_value *v)
+const char *cfg_kind_name(const cfg_value *v)
 {
-    if (v->kind == MESH_CFG_LIST) return "a list";
-    if (v->kind == MESH_CFG_MAP) return "a map";
-    return mesh_cfg_type_name(mesh_cfg_scalar_type(v));
+    if (v->kind == CFG_LIST) return "a list";
+    if (v->kind == CFG_MAP) return "a map";
+    return cfg_type_name(cfg_scalar_type(v));
 }
 
-sim_status cfg_value_error(const mesh_cfg_value *v, const char *what, const char *expected)
+sim_status cfg_value_error(const cfg_value *v, const char *what, const char *expected)
 {
     char where[512];
-    char *text = mesh_cfg_value_to_text(v, 0);
+    char *text = cfg_value_to_text(v, 0);
     sim_status st = sim_err(SIM_ERR_INPUT, "%s: %s = %s is %s, expected %s",
-                            mesh_cfg_value_where(v, where, sizeof where), what, text,
+                            cfg_value_where(v, where, sizeof where), what, text,
                             cfg_kind_name(v), expected);
     free(text);
     return st;
 }
 
-sim_status mesh_cfg_value_int(const mesh_cfg_value *v, const char *what, long long *out)
+sim_status cfg_value_int(const cfg_value *v, const char *what, long long *out)
 {
-    mesh_cfg_type t = mesh_cfg_scalar_type(v);
-    if (v->kind == MESH_CFG_SCALAR && t == MESH_CFG_INT && cfg_parse_int(v->text, out))
+    cfg_type t = cfg_scalar_type(v);
+    if (v->kind == CFG_SCALAR && t == CFG_INT && cfg_parse_int(v->text, out))
         return SIM_OK;
     double d;
-    if (v->kind == MESH_CFG_SCALAR && t == MESH_CFG_FLOAT && cfg_parse_float(v->text, &d) &&
+    if (v->kind == CFG_SCALAR && t == CFG_FLOAT && cfg_parse_float(v->text, &d) &&
         d == floor(d) && fabs(d) < 9.0e18) {
         *out = (long long)d;
         return SIM_OK;
@@ -302,46 +302,46 @@ sim_status mesh_cfg_value_int(const mesh_cfg_value *v, const char *what, long lo
     return cfg_value_error(v, what, "an integer");
 }
 
-sim_status mesh_cfg_value_double(const mesh_cfg_value *v, const char *what, double *out)
+sim_status cfg_value_double(const cfg_value *v, const char *what, double *out)
 {
-    mesh_cfg_type t = mesh_cfg_scalar_type(v);
+    cfg_type t = cfg_scalar_type(v);
     long long i;
-    if (v->kind == MESH_CFG_SCALAR && t == MESH_CFG_INT && cfg_parse_int(v->text, &i)) {
+    if (v->kind == CFG_SCALAR && t == CFG_INT && cfg_parse_int(v->text, &i)) {
         *out = (double)i;
         return SIM_OK;
     }
-    if (v->kind == MESH_CFG_SCALAR && t == MESH_CFG_FLOAT && cfg_parse_float(v->text, out))
+    if (v->kind == CFG_SCALAR && t == CFG_FLOAT && cfg_parse_float(v->text, out))
         return SIM_OK;
     return cfg_value_error(v, what, "a number");
 }
 
-sim_status mesh_cfg_value_bool(const mesh_cfg_value *v, const char *what, int *out)
+sim_status cfg_value_bool(const cfg_value *v, const char *what, int *out)
 {
-    if (v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_BOOL &&
+    if (v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_BOOL &&
         cfg_bool_word(v->text, out))
         return SIM_OK;
     return cfg_value_error(v, what, "true or false");
 }
 
-int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b)
+int cfg_value_equal(const cfg_value *a, const cfg_value *b)
 {
     if (a->kind != b->kind || a->n != b->n) return 0;
-    if (a->kind == MESH_CFG_SCALAR) {
-        mesh_cfg_type ta = mesh_cfg_scalar_type(a), tb = mesh_cfg_scalar_type(b);
-        int na = ta == MESH_CFG_INT || ta == MESH_CFG_FLOAT;
-        int nb = tb == MESH_CFG_INT || tb == MESH_CFG_FLOAT;
+    if (a->kind == CFG_SCALAR) {
+        cfg_type ta = cfg_scalar_type(a), tb = cfg_scalar_type(b);
+        int na = ta == CFG_INT || ta == CFG_FLOAT;
+        int nb = tb == CFG_INT || tb == CFG_FLOAT;
         if (na && nb) {
             double x, y;
             long long i, j;
-            if (ta == MESH_CFG_INT && tb == MESH_CFG_INT && cfg_parse_int(a->text, &i) &&
+            if (ta == CFG_INT && tb == CFG_INT && cfg_parse_int(a->text, &i) &&
                 cfg_parse_int(b->text, &j))
                 return i == j;
-            if (mesh_cfg_value_double(a, "", &x) || mesh_cfg_value_double(b, "", &y)) return 0;
+            if (cfg_value_double(a, "", &x) || cfg_value_double(b, "", &y)) return 0;
             return x == y;
         }
         if (ta != tb) return 0;
-        if (ta == MESH_CFG_NULL) return 1;
-        if (ta == MESH_CFG_BOOL) {
+        if (ta == CFG_NULL) return 1;
+        if (ta == CFG_BOOL) {
             int x = 0, y = 0;
             cfg_bool_word(a->text, &x);
             cfg_bool_word(b->text, &y);
@@ -350,8 +350,8 @@ int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b)
         return strcmp(a->text, b->text) == 0;
     }
     for (int i = 0; i < a->n; i++) {
-        if (a->kind == MESH_CFG_MAP && strcmp(a->keys[i], b->keys[i]) != 0) return 0;
-        if (!mesh_cfg_value_equal(&a->items[i], &b->items[i])) return 0;
+        if (a->kind == CFG_MAP && strcmp(a->keys[i], b->keys[i]) != 0) return 0;
+        if (!cfg_value_equal(&a->items[i], &b->items[i])) return 0;
     }
     return 1;
 }
@@ -368,9 +368,9 @@ static int shortest_digits(double d)
 }
 
 /* The most digits a real of v needs to read back (1 when it has none). */
-static int value_digits(const mesh_cfg_value *v)
+static int value_digits(const cfg_value *v)
 {
-    if (v->kind != MESH_CFG_SCALAR) {
+    if (v->kind != CFG_SCALAR) {
         int p = 1;
         for (int i = 0; i < v->n; i++) {
             int q = value_digits(&v->items[i]);
@@ -379,58 +379,58 @@ static int value_digits(const mesh_cfg_value *v)
         return p;
     }
     double d;
-    if (mesh_cfg_scalar_type(v) == MESH_CFG_FLOAT && cfg_parse_float(v->text, &d) && isfinite(d))
+    if (cfg_scalar_type(v) == CFG_FLOAT && cfg_parse_float(v->text, &d) && isfinite(d))
         return shortest_digits(d);
     return 1;
 }
 
-void mesh_cfg_value_json(mesh_jw *w, const mesh_cfg_value *v)
+void cfg_value_json(cfg_jw *w, const cfg_value *v)
 {
-    if (v->kind == MESH_CFG_LIST || v->kind == MESH_CFG_MAP) {
-        int map = v->kind == MESH_CFG_MAP;
-        if (map) mesh_jw_obj(w);
-        else mesh_jw_arr(w);
+    if (v->kind == CFG_LIST || v->kind == CFG_MAP) {
+        int map = v->kind == CFG_MAP;
+        if (map) cfg_jw_obj(w);
+        else cfg_jw_arr(w);
         for (int i = 0; i < v->n; i++) {
-            if (map) mesh_jw_key(w, v->keys[i]);
-            mesh_cfg_value_json(w, &v->items[i]);
+            if (map) cfg_jw_key(w, v->keys[i]);
+            cfg_value_json(w, &v->items[i]);
         }
-        mesh_jw_end(w);
+        cfg_jw_end(w);
         return;
     }
     long long i;
     double d;
     int b;
-    switch (mesh_cfg_scalar_type(v)) {
-    case MESH_CFG_NULL: mesh_jw_null(w); return;
-    case MESH_CFG_BOOL:
+    switch (cfg_scalar_type(v)) {
+    case CFG_NULL: cfg_jw_null(w); return;
+    case CFG_BOOL:
         if (cfg_bool_word(v->text, &b)) {
-            mesh_jw_bool(w, b);
+            cfg_jw_bool(w, b);
             return;
         }
         break;
-    case MESH_CFG_INT:
-        if (mesh_cfg_value_int(v, "", &i) == SIM_OK) {
-            mesh_jw_int(w, i);
+    case CFG_INT:
+        if (cfg_value_int(v, "", &i) == SIM_OK) {
+            cfg_jw_int(w, i);
             return;
         }
         break;
-    case MESH_CFG_FLOAT:
-        if (mesh_cfg_value_double(v, "", &d) == SIM_OK) {
-            mesh_jw_double(w, d);
+    case CFG_FLOAT:
+        if (cfg_value_double(v, "", &d) == SIM_OK) {
+            cfg_jw_double(w, d);
             return;
         }
         break;
-    case MESH_CFG_STRING: break;
+    case CFG_STRING: break;
     }
     sim_err_clear();
-    mesh_jw_str(w, v->text ? v->text : "");
+    cfg_jw_str(w, v->text ? v->text : "");
 }
 
 /* YAML flow text: strings quoted when they were, or when flow syntax would split them. */
-static void put_flow(cfg_sbuf *b, const mesh_cfg_value *v)
+static void put_flow(cfg_sbuf *b, const cfg_value *v)
 {
-    if (v->kind == MESH_CFG_LIST || v->kind == MESH_CFG_MAP) {
-        int map = v->kind == MESH_CFG_MAP;
+    if (v->kind == CFG_LIST || v->kind == CFG_MAP) {
+        int map = v->kind == CFG_MAP;
         cfg_sb_putf(b, map ? "{" : "[");
         for (int i = 0; i < v->n; i++) {
             if (i) cfg_sb_putf(b, ", ");
@@ -440,9 +440,9 @@ static void put_flow(cfg_sbuf *b, const mesh_cfg_value *v)
         cfg_sb_putf(b, map ? "}" : "]");
         return;
     }
-    mesh_cfg_type t = mesh_cfg_scalar_type(v);
-    if (v->quoted || (t == MESH_CFG_STRING && strpbrk(v->text, ",[]{}:#'\"")) ||
-        (t == MESH_CFG_STRING && !*v->text)) {
+    cfg_type t = cfg_scalar_type(v);
+    if (v->quoted || (t == CFG_STRING && strpbrk(v->text, ",[]{}:#'\"")) ||
+        (t == CFG_STRING && !*v->text)) {
         cfg_sb_putf(b, "'");
         for (const char *s = v->text; *s; s++) cfg_sb_putf(b, *s == '\'' ? "''" : "%c", *s);
         cfg_sb_putf(b, "'");
@@ -451,13 +451,13 @@ static void put_flow(cfg_sbuf *b, const mesh_cfg_value *v)
     }
 }
 
-char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json)
+char *cfg_value_to_text(const cfg_value *v, int json)
 {
     if (json) { /* the one JSON writer, one line, each real in the fewest digits that read back */
-        mesh_jw w;
-        mesh_jw_init(&w);
-        mesh_cfg_value_json(&w, v);
-        return mesh_jw_dumps(&w, MESH_JW_LINE, value_digits(v));
+        cfg_jw w;
+        cfg_jw_init(&w);
+        cfg_value_json(&w, v);
+        return cfg_jw_dumps(&w, CFG_JW_LINE, value_digits(v));
     }
     cfg_sbuf b = {0};
     cfg_sb_putf(&b, "%s", "");

@@ -26,13 +26,13 @@ enum { YAML_MAX_DEPTH = 64 };
 enum { YAML_MAX_VALUES = 1 << 20, YAML_MAX_BYTES = 16 << 20 };
 
 typedef struct {
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     yaml_document_t *doc;
     const char *file;
     long values; /* values made so far */
 } yaml_ctx;
 
-static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, mesh_cfg_value *out)
+static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, cfg_value *out)
 {
     const char *file = c->file;
     memset(out, 0, sizeof *out);
@@ -48,14 +48,14 @@ static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, mesh_
                        file, out->line, YAML_MAX_VALUES);
     switch (node->type) {
     case YAML_SCALAR_NODE:
-        out->kind = MESH_CFG_SCALAR;
+        out->kind = CFG_SCALAR;
         out->text = strndup((const char *)node->data.scalar.value, node->data.scalar.length);
         SIM_ASSERT(out->text);
         out->quoted = node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE &&
                       node->data.scalar.style != YAML_ANY_SCALAR_STYLE;
         return SIM_OK;
     case YAML_SEQUENCE_NODE: {
-        out->kind = MESH_CFG_LIST;
+        out->kind = CFG_LIST;
         /* sized up front: appending one by one would copy the list each time */
         size_t n = (size_t)(node->data.sequence.items.top - node->data.sequence.items.start);
         if (n) {
@@ -74,7 +74,7 @@ static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, mesh_
         return SIM_OK;
     }
     case YAML_MAPPING_NODE: {
-        out->kind = MESH_CFG_MAP;
+        out->kind = CFG_MAP;
         size_t n = (size_t)(node->data.mapping.pairs.top - node->data.mapping.pairs.start);
         /* duplicate keys are found through a hash table of the indices seen,
          * so a map of 40k keys loads in linear time */
@@ -173,7 +173,7 @@ static sim_status one_document(yaml_parser_t *parser, const char *path, const ch
 
 /* Parses YAML from a file (path) or a string (text).  Files must hold a map
  * (an empty file is an empty map). */
-sim_status cfg_yaml_read(mesh_cfg *cfg, const char *path, const char *text, mesh_cfg_value *out)
+sim_status cfg_yaml_read(cfg_config *cfg, const char *path, const char *text, cfg_value *out)
 {
     yaml_parser_t parser;
     yaml_document_t doc;
@@ -194,7 +194,7 @@ sim_status cfg_yaml_read(mesh_cfg *cfg, const char *path, const char *text, mesh
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (!root) {
         memset(out, 0, sizeof *out);
-        out->kind = text ? MESH_CFG_SCALAR : MESH_CFG_MAP;
+        out->kind = text ? CFG_SCALAR : CFG_MAP;
         if (text) out->text = cfg_strdup("");
         out->file = file;
         st = SIM_OK;
@@ -203,7 +203,7 @@ sim_status cfg_yaml_read(mesh_cfg *cfg, const char *path, const char *text, mesh
     yaml_ctx c = {cfg, &doc, file, 0};
     SIM_TRY_GOTO(node_to_value(&c, root, 0, out), st, fail);
     have_value = 1;
-    if (!text && out->kind != MESH_CFG_MAP)
+    if (!text && out->kind != CFG_MAP)
         SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s:1: a config file must be a map of `key: value` lines at the top level",
                              path), st, fail);
     yaml_document_delete(&doc);
@@ -217,7 +217,7 @@ fail:
     return st;
 }
 
-sim_status cfg_yaml_override(mesh_cfg *cfg, const char *arg, mesh_cfg_value *map)
+sim_status cfg_yaml_override(cfg_config *cfg, const char *arg, cfg_value *map)
 {
     const char *eq = strchr(arg, '=');
     if (!eq || eq == arg)
@@ -234,7 +234,7 @@ sim_status cfg_yaml_override(mesh_cfg *cfg, const char *arg, mesh_cfg_value *map
     char *key = strndup(arg, (size_t)(eq - arg));
     SIM_ASSERT(key);
     const char *val = eq + 1;
-    mesh_cfg_value v = {0};
+    cfg_value v = {0};
     size_t len = strlen(val);
     if (val[0] == '[' || val[0] == '{') {
         sim_status st = cfg_yaml_read(cfg, NULL, val, &v);
@@ -244,19 +244,19 @@ sim_status cfg_yaml_override(mesh_cfg *cfg, const char *arg, mesh_cfg_value *map
             return st;
         }
     } else if (len >= 2 && (val[0] == '\'' || val[0] == '"') && val[len - 1] == val[0]) {
-        v.kind = MESH_CFG_SCALAR;
+        v.kind = CFG_SCALAR;
         v.text = strndup(val + 1, len - 2);
         SIM_ASSERT(v.text);
         v.quoted = 1;
     } else {
-        v.kind = MESH_CFG_SCALAR;
+        v.kind = CFG_SCALAR;
         v.text = cfg_strdup(val);
         /* `key=` is an empty string, as OmegaConf reads it, not null. */
         v.quoted = len == 0;
     }
     v.file = cfg_cli_source;
     v.line = 0;
-    mesh_cfg_value *slot = cfg_value_push(map, key);
+    cfg_value *slot = cfg_value_push(map, key);
     free(key);
     *slot = v;
     return SIM_OK;

@@ -47,17 +47,17 @@ char *cfgt_copy_configs(void)
     return dir;
 }
 
-sim_status cfgt_load(const char *base, const char *file, int n, const char *const *ovr, mesh_cfg **out)
+sim_status cfgt_load(const char *base, const char *file, int n, const char *const *ovr, cfg_config **out)
 {
     const char *files[1] = {file};
-    mesh_cfg_args a = {base, NULL, files, file ? 1 : 0, ovr, n};
+    cfg_args a = {base, NULL, files, file ? 1 : 0, ovr, n};
     *out = NULL;
-    return mesh_cfg_load(&a, out);
+    return cfg_load(&a, out);
 }
 
-mesh_cfg *cfgt_load_ok(const char *base, int n, const char *const *ovr)
+cfg_config *cfgt_load_ok(const char *base, int n, const char *const *ovr)
 {
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     if (cfgt_load(base, NULL, n, ovr, &cfg) != SIM_OK)
         fail_msg("loading %s failed: %s", base ? base : "configs/base.yml", sim_errmsg());
     return cfg;

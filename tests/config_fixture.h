@@ -13,10 +13,10 @@ void cfgt_rmdir(char *dir);
 char *cfgt_write(const char *dir, const char *name, const char *text);
 /* A scratch copy of the project's configs/ (cp -R), malloc'd. */
 char *cfgt_copy_configs(void);
-/* mesh_cfg_load of base (NULL: configs/base.yml) with one extra file (or NULL) and overrides. */
-sim_status cfgt_load(const char *base, const char *file, int n, const char *const *ovr, mesh_cfg **out);
+/* cfg_load of base (NULL: configs/base.yml) with one extra file (or NULL) and overrides. */
+sim_status cfgt_load(const char *base, const char *file, int n, const char *const *ovr, cfg_config **out);
 /* The same, failing the test unless it loads. */
-mesh_cfg *cfgt_load_ok(const char *base, int n, const char *const *ovr);
+cfg_config *cfgt_load_ok(const char *base, int n, const char *const *ovr);
 
 
 #endif

@@ -23,9 +23,9 @@ static const char BASE[] = "mesh_axes: [data, fsdp, context]\n"
                            "custom_mesh_and_rule: ''\n"
                            "context_sharding: context\n";
 
-static char *rules_text(const mesh_cfg *cfg)
+static char *rules_text(const cfg_config *cfg)
 {
-    return mesh_cfg_value_to_text(&mesh_cfg_find(cfg, "logical_axis_rules")->value, 0);
+    return cfg_value_to_text(&cfg_find(cfg, "logical_axis_rules")->value, 0);
 }
 
 static void test_merge_by_name(void **state)
@@ -35,12 +35,12 @@ static void test_merge_by_name(void **state)
     char *base = cfgt_write(dir, "base.yml", BASE);
     /* embed is replaced (and moves to the end), a new name is appended, the others stay */
     const char *o[] = {"logical_axis_rules=[[embed, [context]], [heads, fsdp]]"};
-    mesh_cfg *cfg = cfgt_load_ok(base, 1, o);
+    cfg_config *cfg = cfgt_load_ok(base, 1, o);
     char *t = rules_text(cfg);
     assert_string_equal(t, "[[batch, [data, fsdp]], [mlp, []], [embed, [context]], [heads, fsdp]]");
     free(t);
-    assert_contains(mesh_cfg_find(cfg, "logical_axis_rules")->where, "merged with command line");
-    mesh_cfg_free(cfg);
+    assert_contains(cfg_find(cfg, "logical_axis_rules")->where, "merged with command line");
+    cfg_free(cfg);
     /* override_logical_axis_rules=true: the user's list is the list */
     const char *o2[] = {"logical_axis_rules=[[embed, [context]]]", "override_logical_axis_rules=true"};
     cfg = cfgt_load_ok(base, 2, o2);
@@ -48,10 +48,10 @@ static void test_merge_by_name(void **state)
     assert_string_equal(t, "[[embed, [context]]]");
     free(t);
     /* data_sharding, a flat list, is one group */
-    const mesh_cfg_value *ds = &mesh_cfg_find(cfg, "data_sharding")->value;
+    const cfg_value *ds = &cfg_find(cfg, "data_sharding")->value;
     assert_int_equal(ds->n, 1);
     assert_int_equal(ds->items[0].n, 2);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     free(base);
     cfgt_rmdir(dir);
 }
@@ -61,7 +61,7 @@ static void test_shape_checks(void **state)
     (void)state;
     char *dir = cfgt_mkdir();
     char *base = cfgt_write(dir, "base.yml", BASE);
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     const char *pair[] = {"logical_axis_rules=[[embed]]"};
     assert_int_equal(cfgt_load(base, NULL, 1, pair, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "logical_axis_rules item 0 is [embed]; expected a pair");
@@ -85,23 +85,23 @@ static void test_custom_mesh_and_rule(void **state)
                     "logical_axis_rules: [[activation_length, [sequence, expert]], [embed, fsdp]]\n"));
     /* the custom file's keys must be known: expert is a value, context_sharding a known key */
     const char *o[] = {"custom_mesh_and_rule=ep"};
-    mesh_cfg *cfg = cfgt_load_ok(base, 1, o);
-    char *t = mesh_cfg_value_to_text(&mesh_cfg_find(cfg, "mesh_axes")->value, 0);
+    cfg_config *cfg = cfgt_load_ok(base, 1, o);
+    char *t = cfg_value_to_text(&cfg_find(cfg, "mesh_axes")->value, 0);
     assert_string_equal(t, "[fsdp, expert]");
     free(t);
     t = rules_text(cfg);
     assert_string_equal(t, "[[activation_length, [sequence, expert]], [embed, fsdp]]");
     free(t);
     /* the first of context/expert in activation_length's axes */
-    assert_string_equal(mesh_cfg_find(cfg, "context_sharding")->value.text, "expert");
-    assert_contains(mesh_cfg_find(cfg, "context_sharding")->where, "inferred from custom_mesh_and_rule=ep");
+    assert_string_equal(cfg_find(cfg, "context_sharding")->value.text, "expert");
+    assert_contains(cfg_find(cfg, "context_sharding")->where, "inferred from custom_mesh_and_rule=ep");
     assert_contains(cfg->custom_file, "custom_mesh_and_rule/ep.yml");
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     /* unless the user chose it */
     const char *o2[] = {"custom_mesh_and_rule=ep", "context_sharding=context"};
     cfg = cfgt_load_ok(base, 2, o2);
-    assert_string_equal(mesh_cfg_find(cfg, "context_sharding")->value.text, "context");
-    mesh_cfg_free(cfg);
+    assert_string_equal(cfg_find(cfg, "context_sharding")->value.text, "context");
+    cfg_free(cfg);
     /* a name without a file lists the ones there */
     const char *o3[] = {"custom_mesh_and_rule=epp"};
     assert_int_equal(cfgt_load(base, NULL, 1, o3, &cfg), SIM_ERR_INPUT);

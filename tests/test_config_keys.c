@@ -47,22 +47,22 @@ static void test_classes_and_defaults(void **state)
     char base[256];
     snprintf(base, sizeof base, "%s/base.yml", dir);
     const char *o[] = {"color=blue"};
-    mesh_cfg *cfg = cfgt_load_ok(base, 1, o);
+    cfg_config *cfg = cfgt_load_ok(base, 1, o);
     assert_non_null(cfg->keys_file);
-    assert_int_equal(mesh_cfg_find(cfg, "steps")->cls, MESH_KEY_HONOURED);
-    assert_int_equal(mesh_cfg_find(cfg, "color")->cls, MESH_KEY_INERT);
-    assert_int_equal(mesh_cfg_find(cfg, "quantize")->cls, MESH_KEY_REFUSED);
-    assert_string_equal(mesh_key_class_name(mesh_cfg_find(cfg, "color")->cls), "inert");
-    assert_string_equal(mesh_cfg_find(cfg, "color")->why, "paints nothing");
-    assert_true(mesh_cfg_find(cfg, "color")->changed);
-    assert_false(mesh_cfg_find(cfg, "steps")->changed);
+    assert_int_equal(cfg_find(cfg, "steps")->cls, CFG_KEY_HONOURED);
+    assert_int_equal(cfg_find(cfg, "color")->cls, CFG_KEY_INERT);
+    assert_int_equal(cfg_find(cfg, "quantize")->cls, CFG_KEY_REFUSED);
+    assert_string_equal(cfg_key_class_name(cfg_find(cfg, "color")->cls), "inert");
+    assert_string_equal(cfg_find(cfg, "color")->why, "paints nothing");
+    assert_true(cfg_find(cfg, "color")->changed);
+    assert_false(cfg_find(cfg, "steps")->changed);
     /* a key the base lacks: keys.yml's default, and its line as the source */
     double d;
-    assert_int_equal(mesh_cfg_get_double(cfg, "extra", &d), SIM_OK);
+    assert_int_equal(cfg_get_double(cfg, "extra", &d), SIM_OK);
     assert_true(d == 0.5);
-    assert_contains(mesh_cfg_find(cfg, "extra")->where, "keys.yml:");
-    assert_string_equal(mesh_cfg_entry_field(mesh_cfg_find(cfg, "mode"), "simulated")->items[1].text, "b");
-    mesh_cfg_free(cfg);
+    assert_contains(cfg_find(cfg, "extra")->where, "keys.yml:");
+    assert_string_equal(cfg_entry_field(cfg_find(cfg, "mode"), "simulated")->items[1].text, "b");
+    cfg_free(cfg);
     cfgt_rmdir(dir);
 }
 
@@ -72,7 +72,7 @@ static void test_refusals(void **state)
     char *dir = keys_dir(KEYS);
     char base[256];
     snprintf(base, sizeof base, "%s/base.yml", dir);
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     const char *refused[] = {"quantize=int8"};
     assert_int_equal(cfgt_load(base, NULL, 1, refused, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "quantize=int8 is refused: int8 training is not simulated");
@@ -95,7 +95,7 @@ static void test_refusals(void **state)
 static void test_registry_errors(void **state)
 {
     (void)state;
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     char base[256];
     /* a key of the base without a line */
     char *dir = keys_dir("keys:\n  steps: {class: honoured, type: int, default: 1, why: x}\n");

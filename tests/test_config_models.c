@@ -28,24 +28,24 @@ static void test_model_files(void **state)
     free(cfgt_write(dir, "models/alpha.yml", "base_emb_dim: 64\n"));
     char base[512];
     snprintf(base, sizeof base, "%s/base.yml", dir);
-    mesh_cfg *cfg = cfgt_load_ok(base, 0, NULL);
-    mesh_model_file *m;
+    cfg_config *cfg = cfgt_load_ok(base, 0, NULL);
+    cfg_model_file *m;
     int n;
-    assert_int_equal(mesh_cfg_model_files(cfg, &m, &n), SIM_OK);
+    assert_int_equal(cfg_model_files(cfg, &m, &n), SIM_OK);
     assert_int_equal(n, 2);
     assert_string_equal(m[0].name, "alpha");
     assert_string_equal(m[0].block, "llama2"); /* keys.yml's decoder_block default */
     assert_string_equal(m[1].name, "zeta");
     assert_string_equal(m[1].block, "mixtral");
-    mesh_model_files_free(m, n);
-    assert_true(mesh_cfg_block_simulated(cfg, "deepseek"));
-    assert_false(mesh_cfg_block_simulated(cfg, "mixtral"));
-    char *about = mesh_cfg_block_about(cfg, "mixtral");
+    cfg_model_files_free(m, n);
+    assert_true(cfg_block_simulated(cfg, "deepseek"));
+    assert_false(cfg_block_simulated(cfg, "mixtral"));
+    char *about = cfg_block_about(cfg, "mixtral");
     assert_non_null(about);
     assert_contains(about, "models/mixtral.py MixtralDecoderLayer: ");
     free(about);
-    assert_null(mesh_cfg_block_about(cfg, "no_such_block"));
-    mesh_cfg_free(cfg);
+    assert_null(cfg_block_about(cfg, "no_such_block"));
+    cfg_free(cfg);
     /* the model of an unsimulated block is refused by the block, before its keys */
     const char *o[] = {"model_name=zeta"};
     assert_int_equal(cfgt_load(base, NULL, 1, o, &cfg), SIM_ERR_INPUT);
@@ -62,16 +62,16 @@ static void test_model_files(void **state)
 static void test_override_model_config(void **state)
 {
     (void)state;
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     const char *o[] = {"model_name=deepseek3-tiny", "base_num_decoder_layers=3"};
     assert_int_equal(cfgt_load(NULL, NULL, 2, o, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "key 'base_num_decoder_layers' is set by the model file");
     assert_contains(sim_errmsg(), "override_model_config=true");
     const char *o2[] = {"model_name=deepseek3-tiny", "base_num_decoder_layers=3", "override_model_config=true"};
     cfg = cfgt_load_ok(NULL, 3, o2);
-    assert_string_equal(mesh_cfg_find(cfg, "base_num_decoder_layers")->where, "command line");
-    assert_true(mesh_cfg_find(cfg, "base_num_decoder_layers")->from_user);
-    mesh_cfg_free(cfg);
+    assert_string_equal(cfg_find(cfg, "base_num_decoder_layers")->where, "command line");
+    assert_true(cfg_find(cfg, "base_num_decoder_layers")->from_user);
+    cfg_free(cfg);
 }
 
 /* routed_bias_update_rate > 0 (loss-free load balancing): MaxText types.py allows it for DeepSeek's
@@ -81,13 +81,13 @@ static void test_loss_free_balancing_is_data(void **state)
     (void)state;
     const char *moe[] = {"num_experts=4", "base_moe_mlp_dim=64", "first_num_dense_layers=1", "routed_bias=true",
                          "routed_bias_update_rate=0.1", "decoder_block=llama2"};
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     assert_int_equal(cfgt_load(NULL, NULL, 6, moe, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "routed_bias_update_rate=0.1 with decoder_block=llama2");
     assert_contains(sim_errmsg(), "only for the DeepSeek decoder");
     moe[5] = "decoder_block=deepseek";
     cfg = cfgt_load_ok(NULL, 6, moe);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     /* mark llama2 in a copy of configs/: the same config is accepted there */
     char *dir = cfgt_copy_configs();
     char cmd[512];
@@ -98,7 +98,7 @@ static void test_loss_free_balancing_is_data(void **state)
     snprintf(base, sizeof base, "%s/base.yml", dir);
     moe[5] = "decoder_block=llama2";
     cfg = cfgt_load_ok(base, 6, moe);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     cfgt_rmdir(dir);
 }
 

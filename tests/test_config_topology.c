@@ -15,10 +15,10 @@
 #include "config/config.h"
 #include "tests/config_fixture.h"
 
-static long long get_int(const mesh_cfg *cfg, const char *key)
+static long long get_int(const cfg_config *cfg, const char *key)
 {
     long long v;
-    if (mesh_cfg_get_int(cfg, key, &v) != SIM_OK) fail_msg("%s", sim_errmsg());
+    if (cfg_get_int(cfg, key, &v) != SIM_OK) fail_msg("%s", sim_errmsg());
     return v;
 }
 
@@ -26,25 +26,25 @@ static void test_topology_sets_devices(void **state)
 {
     (void)state;
     const char *o[] = {"compile_topology=v5p-8", "compile_topology_num_slices=2"};
-    mesh_cfg *cfg = cfgt_load_ok(NULL, 2, o);
+    cfg_config *cfg = cfgt_load_ok(NULL, 2, o);
     assert_int_equal(get_int(cfg, "num_devices"), 8);
     assert_int_equal(get_int(cfg, "num_slices"), 2);
     int dry;
-    assert_int_equal(mesh_cfg_get_bool(cfg, "dry_run", &dry), SIM_OK);
+    assert_int_equal(cfg_get_bool(cfg, "dry_run", &dry), SIM_OK);
     assert_int_equal(dry, 1);
-    assert_contains(mesh_cfg_find(cfg, "num_devices")->where, "compile_topology=v5p-8 x compile_topology_num_slices=2");
-    mesh_cfg_free(cfg);
+    assert_contains(cfg_find(cfg, "num_devices")->where, "compile_topology=v5p-8 x compile_topology_num_slices=2");
+    cfg_free(cfg);
     /* a count that agrees is accepted */
     const char *agree[] = {"compile_topology=v5p-16", "compile_topology_num_slices=1", "num_devices=8"};
     cfg = cfgt_load_ok(NULL, 3, agree);
     assert_int_equal(get_int(cfg, "num_devices"), 8);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 static void test_topology_refusals(void **state)
 {
     (void)state;
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     const char *disagree[] = {"compile_topology=v5p-8", "compile_topology_num_slices=1", "num_devices=16"};
     assert_int_equal(cfgt_load(NULL, NULL, 3, disagree, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "num_devices=16 (command line) disagrees with compile_topology=v5p-8");

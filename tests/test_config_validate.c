@@ -17,12 +17,12 @@
 #include "config/config.h"
 #include "tests/config_fixture.h"
 
-static sim_status load(const char *base, const char *file, int n, const char *const *ovr, mesh_cfg **out)
+static sim_status load(const char *base, const char *file, int n, const char *const *ovr, cfg_config **out)
 {
     const char *files[1] = {file};
-    mesh_cfg_args a = {base, NULL, files, file ? 1 : 0, ovr, n};
+    cfg_args a = {base, NULL, files, file ? 1 : 0, ovr, n};
     *out = NULL;
-    return mesh_cfg_load(&a, out);
+    return cfg_load(&a, out);
 }
 
 /* ---- ranges ---------------------------------------------------------------- */
@@ -53,7 +53,7 @@ static void test_ranges_refuse(void **state)
         {"hbm_limit_gb=-3", "0 <= hbm_limit_gb"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        mesh_cfg *cfg;
+        cfg_config *cfg;
         const char *o[] = {bad[i].ovr};
         assert_int_equal(load(NULL, NULL, 1, o, &cfg), SIM_ERR_INPUT);
         assert_null(cfg);
@@ -64,31 +64,31 @@ static void test_ranges_refuse(void **state)
     /* the bounds themselves and the "off" values are accepted */
     const char *ok[] = {"learning_rate=0", "adam_b1=0", "base_moe_mlp_dim=-1", "base_num_decoder_layers=4096",
                         "warmup_steps_fraction=1", "capacity_factor=-1"};
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     if (load(NULL, NULL, 6, ok, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 static void test_ranges_name_real_keys(void **state)
 {
     (void)state;
     /* every entry of ranges.yml is a key of base.yml (or a glob) with a map of known bounds */
-    mesh_cfg *base, *ranges;
+    cfg_config *base, *ranges;
     if (load(NULL, NULL, 0, NULL, &base) != SIM_OK) fail_msg("%s", sim_errmsg());
-    if (mesh_cfg_load_file("configs/ranges.yml", &ranges) != SIM_OK) fail_msg("%s", sim_errmsg());
+    if (cfg_load_file("configs/ranges.yml", &ranges) != SIM_OK) fail_msg("%s", sim_errmsg());
     assert_true(ranges->n >= 40);
     for (int i = 0; i < ranges->n; i++) {
-        const mesh_cfg_entry *e = &ranges->entries[i];
-        if (!strchr(e->key, '*') && !mesh_cfg_find(base, e->key)) fail_msg("ranges.yml: '%s' is not a base key", e->key);
-        assert_int_equal(e->value.kind, MESH_CFG_MAP);
+        const cfg_entry *e = &ranges->entries[i];
+        if (!strchr(e->key, '*') && !cfg_find(base, e->key)) fail_msg("ranges.yml: '%s' is not a base key", e->key);
+        assert_int_equal(e->value.kind, CFG_MAP);
         for (int k = 0; k < e->value.n; k++) {
             const char *f = e->value.keys[k];
             if (strcmp(f, "gt") && strcmp(f, "ge") && strcmp(f, "lt") && strcmp(f, "le") && strcmp(f, "or"))
                 fail_msg("ranges.yml: '%s' has unknown field '%s'", e->key, f);
         }
     }
-    mesh_cfg_free(ranges);
-    mesh_cfg_free(base);
+    cfg_free(ranges);
+    cfg_free(base);
 }
 
 /* ---- combinations.yml ---------------------------------------------------------- */
@@ -124,11 +124,11 @@ static void test_combinations(void **state)
                           "slice\", fix: \"set num_slices=1\"}\n");
     char base[256];
     snprintf(base, sizeof base, "%s/base.yml", dir);
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     /* one condition holds, the other not: accepted */
     const char *one[] = {"mode=b"};
     assert_int_equal(cfgt_load(base, NULL, 1, one, &cfg), SIM_OK);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     /* both hold: refused with the keys, the source, MaxText's words and the fix */
     const char *both[] = {"mode=B", "num_slices=2"}; /* text compares without case */
     assert_int_equal(cfgt_load(base, NULL, 2, both, &cfg), SIM_ERR_INPUT);
@@ -140,7 +140,7 @@ static void test_combinations(void **state)
     dir = combo_dir("rules:\n  - {where: w, when: {no_such_key: 1}, says: s, fix: f}\n");
     snprintf(base, sizeof base, "%s/base.yml", dir);
     assert_int_equal(cfgt_load(base, NULL, 0, NULL, &cfg), SIM_OK);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     cfgt_rmdir(dir);
 
     /* a malformed rule names its line */
@@ -155,7 +155,7 @@ static void test_combinations(void **state)
 static void test_maxtext_rules(void **state)
 {
     (void)state;
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     /* a fully MoE model has one MLP width */
     const char *moe[] = {"num_experts=4", "base_moe_mlp_dim=64", "base_mlp_dim=128", "first_num_dense_layers=0"};
     assert_int_equal(cfgt_load(NULL, NULL, 4, moe, &cfg), SIM_ERR_INPUT);

@@ -15,22 +15,22 @@
 #include "config/json.h"
 #include "tests/config_fixture.h"
 
-static const mesh_cfg_value *val(const mesh_cfg *cfg, const char *key)
+static const cfg_value *val(const cfg_config *cfg, const char *key)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+    const cfg_entry *e = cfg_find(cfg, key);
     if (!e) fail_msg("key %s missing", key);
     return &e->value;
 }
 
-static mesh_cfg *load_ok(const char *base, const char *dir, int n, const char *const *ovr)
+static cfg_config *load_ok(const char *base, const char *dir, int n, const char *const *ovr)
 {
     (void)dir;
     return cfgt_load_ok(base, n, ovr);
 }
 
-static mesh_cfg_value scalar(const char *text)
+static cfg_value scalar(const char *text)
 {
-    mesh_cfg_value v = {MESH_CFG_SCALAR, (char *)text, 0, 0, NULL, NULL, "t", 1};
+    cfg_value v = {CFG_SCALAR, (char *)text, 0, 0, NULL, NULL, "t", 1};
     return v;
 }
 
@@ -40,21 +40,21 @@ static void test_scalar_types(void **state)
     struct {
         const char *text;
         int quoted;
-        mesh_cfg_type t;
+        cfg_type t;
     } cases[] = {
-        {"10_000", 0, MESH_CFG_INT},  {"-1", 0, MESH_CFG_INT},       {"0x10", 0, MESH_CFG_INT},
-        {"1.e-05", 0, MESH_CFG_FLOAT}, {"3.e-5", 0, MESH_CFG_FLOAT},  {"12.0", 0, MESH_CFG_FLOAT},
-        {"1e-6", 0, MESH_CFG_FLOAT},  {".inf", 0, MESH_CFG_FLOAT},   {"None", 0, MESH_CFG_NULL},
-        {"none", 1, MESH_CFG_NULL},   {"null", 0, MESH_CFG_NULL},    {"", 0, MESH_CFG_NULL},
-        {"", 1, MESH_CFG_STRING},     {"True", 0, MESH_CFG_BOOL},    {"off", 0, MESH_CFG_BOOL},
-        {"1", 1, MESH_CFG_STRING},    {"fsdp", 0, MESH_CFG_STRING},  {"1.2.3", 0, MESH_CFG_STRING},
-        {"_1", 0, MESH_CFG_STRING},   {"inf", 0, MESH_CFG_STRING},
+        {"10_000", 0, CFG_INT},  {"-1", 0, CFG_INT},       {"0x10", 0, CFG_INT},
+        {"1.e-05", 0, CFG_FLOAT}, {"3.e-5", 0, CFG_FLOAT},  {"12.0", 0, CFG_FLOAT},
+        {"1e-6", 0, CFG_FLOAT},  {".inf", 0, CFG_FLOAT},   {"None", 0, CFG_NULL},
+        {"none", 1, CFG_NULL},   {"null", 0, CFG_NULL},    {"", 0, CFG_NULL},
+        {"", 1, CFG_STRING},     {"True", 0, CFG_BOOL},    {"off", 0, CFG_BOOL},
+        {"1", 1, CFG_STRING},    {"fsdp", 0, CFG_STRING},  {"1.2.3", 0, CFG_STRING},
+        {"_1", 0, CFG_STRING},   {"inf", 0, CFG_STRING},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        mesh_cfg_value v = {MESH_CFG_SCALAR, (char *)cases[i].text, cases[i].quoted, 0, NULL, NULL, "t", 1};
-        if (mesh_cfg_scalar_type(&v) != cases[i].t)
+        cfg_value v = {CFG_SCALAR, (char *)cases[i].text, cases[i].quoted, 0, NULL, NULL, "t", 1};
+        if (cfg_scalar_type(&v) != cases[i].t)
             fail_msg("'%s' (quoted %d): type %d, expected %d", cases[i].text, cases[i].quoted,
-                     mesh_cfg_scalar_type(&v), cases[i].t);
+                     cfg_scalar_type(&v), cases[i].t);
     }
 }
 
@@ -65,55 +65,55 @@ static void test_typed_reads(void **state)
     long long i;
     double d;
     int b;
-    mesh_cfg_value v = scalar("3.0");
-    assert_int_equal(mesh_cfg_value_int(&v, "x", &i), SIM_OK);
+    cfg_value v = scalar("3.0");
+    assert_int_equal(cfg_value_int(&v, "x", &i), SIM_OK);
     assert_int_equal(i, 3);
     v = scalar("3.5");
-    assert_int_equal(mesh_cfg_value_int(&v, "key 'x'", &i), SIM_ERR_INPUT);
+    assert_int_equal(cfg_value_int(&v, "key 'x'", &i), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "t:1: key 'x' = 3.5 is a number, expected an integer");
     v = scalar("0x1F");
-    assert_int_equal(mesh_cfg_value_double(&v, "x", &d), SIM_OK);
+    assert_int_equal(cfg_value_double(&v, "x", &d), SIM_OK);
     assert_true(d == 31.0);
     v = scalar("Yes");
-    assert_int_equal(mesh_cfg_value_bool(&v, "x", &b), SIM_OK);
+    assert_int_equal(cfg_value_bool(&v, "x", &b), SIM_OK);
     assert_int_equal(b, 1);
     v = scalar("1");
-    assert_int_equal(mesh_cfg_value_bool(&v, "x", &b), SIM_ERR_INPUT);
-    mesh_cfg_value a = scalar("10_000"), c = scalar("10000.0"), e = scalar("1e4"), f = scalar("10001");
-    assert_true(mesh_cfg_value_equal(&a, &c));
-    assert_true(mesh_cfg_value_equal(&a, &e));
-    assert_false(mesh_cfg_value_equal(&a, &f));
-    mesh_cfg_value t1 = scalar("on"), t2 = scalar("TRUE"), s1 = scalar("on");
-    assert_true(mesh_cfg_value_equal(&t1, &t2));
+    assert_int_equal(cfg_value_bool(&v, "x", &b), SIM_ERR_INPUT);
+    cfg_value a = scalar("10_000"), c = scalar("10000.0"), e = scalar("1e4"), f = scalar("10001");
+    assert_true(cfg_value_equal(&a, &c));
+    assert_true(cfg_value_equal(&a, &e));
+    assert_false(cfg_value_equal(&a, &f));
+    cfg_value t1 = scalar("on"), t2 = scalar("TRUE"), s1 = scalar("on");
+    assert_true(cfg_value_equal(&t1, &t2));
     s1.quoted = 1; /* 'on' in quotes is the string, not a boolean */
-    assert_false(mesh_cfg_value_equal(&t1, &s1));
-    mesh_cfg_value l1[2] = {scalar("1"), scalar("x")}, l2[2] = {scalar("1.0"), scalar("x")};
-    mesh_cfg_value la = {MESH_CFG_LIST, NULL, 0, 2, l1, NULL, "t", 1}, lb = {MESH_CFG_LIST, NULL, 0, 2, l2, NULL, "t", 1};
-    assert_true(mesh_cfg_value_equal(&la, &lb));
+    assert_false(cfg_value_equal(&t1, &s1));
+    cfg_value l1[2] = {scalar("1"), scalar("x")}, l2[2] = {scalar("1.0"), scalar("x")};
+    cfg_value la = {CFG_LIST, NULL, 0, 2, l1, NULL, "t", 1}, lb = {CFG_LIST, NULL, 0, 2, l2, NULL, "t", 1};
+    assert_true(cfg_value_equal(&la, &lb));
     l2[1] = scalar("y");
-    assert_false(mesh_cfg_value_equal(&la, &lb));
+    assert_false(cfg_value_equal(&la, &lb));
 }
 
 /* A value as typed JSON through the one writer, read back by the JSON reader. */
 static void test_value_json(void **state)
 {
     (void)state;
-    mesh_cfg_value items[5] = {scalar("null"), scalar("off"), scalar("-12"), scalar("2.5e-3"), scalar("a\"b")};
+    cfg_value items[5] = {scalar("null"), scalar("off"), scalar("-12"), scalar("2.5e-3"), scalar("a\"b")};
     char *keys[5] = {"n", "b", "i", "f", "s"};
-    mesh_cfg_value map = {MESH_CFG_MAP, NULL, 0, 5, items, keys, "t", 1};
-    mesh_jw w;
-    mesh_jw_init(&w);
-    mesh_cfg_value_json(&w, &map);
-    char *text = mesh_jw_dumps(&w, MESH_JW_LINE, 17);
-    mesh_json *j;
-    assert_int_equal(mesh_json_parse(text, strlen(text), "t", &j), SIM_OK);
-    assert_int_equal(mesh_json_get(j, "n")->kind, MESH_JSON_NULL);
-    assert_int_equal(mesh_json_get(j, "b")->kind, MESH_JSON_BOOL);
-    assert_int_equal(mesh_json_get(j, "b")->boolean, 0);
-    assert_true(mesh_json_get(j, "i")->is_integer && mesh_json_get(j, "i")->integer == -12);
-    assert_true(mesh_json_get(j, "f")->number == 2.5e-3);
-    assert_string_equal(mesh_json_get(j, "s")->str, "a\"b");
-    mesh_json_free(j);
+    cfg_value map = {CFG_MAP, NULL, 0, 5, items, keys, "t", 1};
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_value_json(&w, &map);
+    char *text = cfg_jw_dumps(&w, CFG_JW_LINE, 17);
+    cfg_json *j;
+    assert_int_equal(cfg_json_parse(text, strlen(text), "t", &j), SIM_OK);
+    assert_int_equal(cfg_json_get(j, "n")->kind, CFG_JSON_NULL);
+    assert_int_equal(cfg_json_get(j, "b")->kind, CFG_JSON_BOOL);
+    assert_int_equal(cfg_json_get(j, "b")->boolean, 0);
+    assert_true(cfg_json_get(j, "i")->is_integer && cfg_json_get(j, "i")->integer == -12);
+    assert_true(cfg_json_get(j, "f")->number == 2.5e-3);
+    assert_string_equal(cfg_json_get(j, "s")->str, "a\"b");
+    cfg_json_free(j);
     free(text);
 }
 
@@ -121,24 +121,24 @@ static void test_value_text(void **state)
 {
     (void)state;
     const char *o[] = {"logical_axis_rules=[['norm', fsdp], [x, []]]", "override_logical_axis_rules=true"};
-    mesh_cfg *cfg = load_ok(NULL, NULL, 2, o);
-    char *t = mesh_cfg_value_to_text(val(cfg, "logical_axis_rules"), 0);
+    cfg_config *cfg = load_ok(NULL, NULL, 2, o);
+    char *t = cfg_value_to_text(val(cfg, "logical_axis_rules"), 0);
     assert_string_equal(t, "[['norm', fsdp], [x, []]]");
     free(t);
-    t = mesh_cfg_value_to_text(val(cfg, "logical_axis_rules"), 1);
+    t = cfg_value_to_text(val(cfg, "logical_axis_rules"), 1);
     assert_string_equal(t, "[[\"norm\", \"fsdp\"], [\"x\", []]]");
     free(t);
     /* jansson, the one JSON writer, writes an exponent without '+' or leading zeros */
-    t = mesh_cfg_value_to_text(val(cfg, "normalization_layer_epsilon"), 1);
+    t = cfg_value_to_text(val(cfg, "normalization_layer_epsilon"), 1);
     assert_string_equal(t, "1e-5");
     free(t);
-    t = mesh_cfg_value_to_text(val(cfg, "checkpoint_period"), 1);
+    t = cfg_value_to_text(val(cfg, "checkpoint_period"), 1);
     assert_string_equal(t, "10000");
     free(t);
-    t = mesh_cfg_value_to_text(val(cfg, "per_device_batch_size"), 1);
+    t = cfg_value_to_text(val(cfg, "per_device_batch_size"), 1);
     assert_string_equal(t, "12.0");
     free(t);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 int main(void)

@@ -22,7 +22,7 @@ static void test_yaml_bounds(void **state)
     char dir[] = "/tmp/shardsim_cfglim_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char path[128];
-    mesh_cfg *cfg;
+    cfg_config *cfg;
 
     /* billion laughs: 9 levels of 9 aliases = 9^9 strings; refused, not expanded */
     snprintf(path, sizeof path, "%s/laugh.yml", dir);
@@ -58,7 +58,7 @@ static void test_yaml_bounds(void **state)
     /* one document with an explicit start and end marker is fine */
     free(cfgt_write(dir, strrchr(path, '/') + 1, "---\nsteps: 3\n...\n"));
     if (cfgt_load(NULL, path, 0, NULL, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 
     /* a directory is not a config file */
     assert_int_equal(cfgt_load(NULL, dir, 0, NULL, &cfg), SIM_ERR_INPUT);
@@ -84,7 +84,7 @@ static void test_yaml_bounds(void **state)
     assert_int_equal(cfg->n, 40000);
     assert_string_equal(cfg->entries[39999].key, "key_39999");
     assert_string_equal(cfg->entries[39999].value.text, "39999");
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     /* and a duplicate among them is still found, naming both lines */
     f = fopen(path, "a");
     fprintf(f, "key_17: 1\n");
@@ -105,31 +105,31 @@ static void test_override_forms(void **state)
     char *dir = cfgt_mkdir();
     char *base = cfgt_write(dir, "base.yml", "rules: [[a, b]]\nname: x\ncount: 1\nmaybe: null\n");
     const char *o[] = {"rules=[[c, [d, e]], [f, []]]", "name=/a b:c#d", "count='7'", "maybe="};
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     /* count='7' is a string where the base has an int: refused with both written */
     assert_int_equal(cfgt_load(base, NULL, 4, o, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "key 'count' = '7' is a string, expected an integer");
     o[2] = "count=7";
     cfg = cfgt_load_ok(base, 4, o);
-    const mesh_cfg_value *r = &mesh_cfg_find(cfg, "rules")->value;
-    assert_int_equal(r->kind, MESH_CFG_LIST);
+    const cfg_value *r = &cfg_find(cfg, "rules")->value;
+    assert_int_equal(r->kind, CFG_LIST);
     assert_int_equal(r->n, 2);
-    assert_int_equal(r->items[0].items[1].kind, MESH_CFG_LIST);
+    assert_int_equal(r->items[0].items[1].kind, CFG_LIST);
     assert_string_equal(r->items[0].items[1].items[1].text, "e");
     assert_int_equal(r->items[1].items[1].n, 0);
-    assert_string_equal(mesh_cfg_find(cfg, "name")->value.text, "/a b:c#d");
-    assert_int_equal(mesh_cfg_scalar_type(&mesh_cfg_find(cfg, "name")->value), MESH_CFG_STRING);
-    const mesh_cfg_value *m = &mesh_cfg_find(cfg, "maybe")->value;
+    assert_string_equal(cfg_find(cfg, "name")->value.text, "/a b:c#d");
+    assert_int_equal(cfg_scalar_type(&cfg_find(cfg, "name")->value), CFG_STRING);
+    const cfg_value *m = &cfg_find(cfg, "maybe")->value;
     assert_string_equal(m->text, "");
-    assert_int_equal(mesh_cfg_scalar_type(m), MESH_CFG_STRING);
-    assert_string_equal(mesh_cfg_find(cfg, "count")->where, "command line");
-    mesh_cfg_free(cfg);
+    assert_int_equal(cfg_scalar_type(m), CFG_STRING);
+    assert_string_equal(cfg_find(cfg, "count")->where, "command line");
+    cfg_free(cfg);
     /* not key=value, and a bad flow value, name the argument */
     const char *bad[] = {"rules=[[a, b]"};
     assert_int_equal(cfgt_load(base, NULL, 1, bad, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "command-line value \"[[a, b]\"");
     assert_contains(sim_errmsg(), "(in rules=[[a, b]");
-    assert_int_equal(mesh_cfg_load_argv(base, 1, (const char *const[]){"steps"}, &cfg), SIM_ERR_INPUT);
+    assert_int_equal(cfg_load_argv(base, 1, (const char *const[]){"steps"}, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "argument 'steps' is neither a config file");
     free(base);
     cfgt_rmdir(dir);
@@ -141,19 +141,19 @@ static void test_lines(void **state)
     (void)state;
     char *dir = cfgt_mkdir();
     char *base = cfgt_write(dir, "base.yml", "# a comment\n\na: 1\nb:\n  - x\n  - y\nc: {k: v}\n");
-    mesh_cfg *cfg;
-    assert_int_equal(mesh_cfg_load_file(base, &cfg), SIM_OK);
-    assert_int_equal(mesh_cfg_find(cfg, "a")->value.line, 3);
-    assert_int_equal(mesh_cfg_find(cfg, "b")->value.line, 4);
-    assert_int_equal(mesh_cfg_find(cfg, "b")->value.items[1].line, 6);
-    assert_int_equal(mesh_cfg_find(cfg, "c")->value.line, 7);
+    cfg_config *cfg;
+    assert_int_equal(cfg_load_file(base, &cfg), SIM_OK);
+    assert_int_equal(cfg_find(cfg, "a")->value.line, 3);
+    assert_int_equal(cfg_find(cfg, "b")->value.line, 4);
+    assert_int_equal(cfg_find(cfg, "b")->value.items[1].line, 6);
+    assert_int_equal(cfg_find(cfg, "c")->value.line, 7);
     char where[256];
-    mesh_cfg_value_where(&mesh_cfg_find(cfg, "a")->value, where, sizeof where);
+    cfg_value_where(&cfg_find(cfg, "a")->value, where, sizeof where);
     assert_contains(where, "base.yml:3");
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     /* a top level that is not a map */
     char *list = cfgt_write(dir, "list.yml", "- a\n- b\n");
-    assert_int_equal(mesh_cfg_load_file(list, &cfg), SIM_ERR_INPUT);
+    assert_int_equal(cfg_load_file(list, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "must be a map");
     free(list);
     free(base);

@@ -22,12 +22,12 @@
 
 /* ------------------------------------------------------------ profiles */
 
-sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, sim_dtype act, sim_dtype weight, sim_dtype *gather,
+sim_status model_hw_wire_dtypes(const cfg_config *cfg, sim_dtype act, sim_dtype weight, sim_dtype *gather,
                                 sim_dtype *reduce, char *rule, size_t cap)
 {
-    model_hw hw;
+    cfg_hw hw;
     bool found;
-    SIM_TRY(model_hw_from_config(cfg, 0, &hw, &found));
+    SIM_TRY(cfg_hw_from_config(cfg, 0, &hw, &found));
     /* a cast moves before a collective only when it narrows: bfloat16 activations of float32 weights */
     bool narrows = sim_dtype_size(act) < sim_dtype_size(weight);
     *gather = found && hw.gather_in_dtype && narrows ? act : weight;
@@ -42,18 +42,18 @@ sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, sim_dtype act, sim_dtype we
     return SIM_OK;
 }
 
-sim_status model_hw_xla_rules(const mesh_cfg *cfg, sim_dtype act, sim_dtype weight, model_xla_rules *out)
+sim_status model_hw_xla_rules(const cfg_config *cfg, sim_dtype act, sim_dtype weight, cfg_xla_rules *out)
 {
     memset(out, 0, sizeof *out);
-    model_hw hw;
+    cfg_hw hw;
     bool found;
-    SIM_TRY(model_hw_from_config(cfg, 0, &hw, &found));
+    SIM_TRY(cfg_hw_from_config(cfg, 0, &hw, &found));
     if (!found) return SIM_OK;
     /* jax.lax.Precision: DEFAULT and BF16 are one bfloat16 pass on TPU; HIGH (3 passes) and HIGHEST/FLOAT32
      * (6) keep the float32 operand, so nothing narrows before the gather */
     static const char *const precisions[] = {"default", "bfloat16", "high", "highest", "float32"};
     int p;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "matmul_precision", precisions, 5, &p));
+    SIM_TRY(cfg_get_enum(cfg, "matmul_precision", precisions, 5, &p));
     *out = hw.xla;
     out->hoist_casts = hw.xla.hoist_casts && sim_dtype_size(act) < sim_dtype_size(weight);
     out->ns_gather_bf16 = hw.xla.ns_gather_bf16 && p <= 1;
@@ -67,7 +67,7 @@ static size_t add_rule(char *buf, size_t cap, size_t n, const char *text)
     return n + (size_t)(w > 0 ? w : 0);
 }
 
-const char *model_xla_rules_text(const model_xla_rules *r, char *buf, size_t cap)
+const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
 {
     size_t n = 0;
     char t[96];
@@ -96,26 +96,26 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
 {
     char path[4300];
     snprintf(path, sizeof path, "%s/timemodel.yml", configs_dir);
-    mesh_cfg *cfg;
-    SIM_TRY(mesh_cfg_load_file(path, &cfg));
+    cfg_config *cfg;
+    SIM_TRY(cfg_load_file(path, &cfg));
     static const char *const keys[] = {"mxu_efficiency", "hbm_efficiency", "ici_efficiency", "dcn_efficiency",
                                        "layout_op_efficiency", "hop_latency_us", "prefetch_weight_collectives"};
     double v[7];
     sim_status st = SIM_OK;
     for (int i = 0; i < 7 && !st; i++) {
-        const mesh_cfg_entry *e = mesh_cfg_find(cfg, keys[i]);
+        const cfg_entry *e = cfg_find(cfg, keys[i]);
         if (!e) st = sim_err(SIM_ERR_INPUT, "%s: '%s' is missing", path, keys[i]);
-        else st = model_hw_figure(&e->value, path, keys[i], &v[i]);
+        else st = cfg_hw_figure(&e->value, path, keys[i], &v[i]);
         if (!st && i < 5 && (v[i] <= 0 || v[i] > 1))
             st = sim_err(SIM_ERR_INPUT, "%s: %s = %g: expected a fraction in (0, 1]", path, keys[i], v[i]);
     }
-    const mesh_cfg_entry *ov = st ? NULL : mesh_cfg_find(cfg, "overlap_weight_collectives");
-    const char *ovt = ov && ov->value.kind == MESH_CFG_SCALAR ? ov->value.text : NULL;
+    const cfg_entry *ov = st ? NULL : cfg_find(cfg, "overlap_weight_collectives");
+    const char *ovt = ov && ov->value.kind == CFG_SCALAR ? ov->value.text : NULL;
     if (!st && (!ovt || (strcmp(ovt, "true") && strcmp(ovt, "false"))))
         st = sim_err(SIM_ERR_INPUT, "%s: 'overlap_weight_collectives' = %s: expected true or false", path,
                      ovt ? ovt : "(missing)");
     out->overlap_weights = ovt && !strcmp(ovt, "true");
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     if (st) return st;
     out->mxu = v[0], out->hbm = v[1], out->ici = v[2], out->dcn = v[3];
     out->layout = v[4];
@@ -124,7 +124,7 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
     return SIM_OK;
 }
 
-double model_hw_peak(const model_hw *hw, const char *dtype, const char **note)
+double model_hw_peak(const cfg_hw *hw, const char *dtype, const char **note)
 {
     if (note) *note = NULL;
     if (dtype && !strcmp(dtype, "float32")) {
@@ -136,7 +136,7 @@ double model_hw_peak(const model_hw *hw, const char *dtype, const char **note)
 
 /* ------------------------------------------------------------ collectives */
 
-double model_tm_collective(const model_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links, double *bw)
+double model_tm_collective(const cfg_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links, double *bw)
 {
     int k = r->group_size;
     *links = 0;
@@ -301,7 +301,7 @@ static void span_add(span_sink *s, double t0, double t1, int lane, const char *n
     snprintf(sp->name, sizeof sp->name, "%s", name);
 }
 
-sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
                            const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
                            bool want_spans, model_tm_result *out)
 {
@@ -404,7 +404,7 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
     return SIM_OK;
 }
 
-sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
+sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
                              int step, double bubble_fraction, double optimizer_bytes, bool want_spans,
                              model_tm_result *out)
 {
@@ -464,7 +464,7 @@ double model_tm_optimizer_bytes(sim_machine *m)
 
 /* ------------------------------------------------------------ output */
 
-static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
+static const char *hw_shape(const cfg_hw *hw, char *buf, size_t cap)
 {
     if (!hw->torus_n) return "";
     size_t u = (size_t)snprintf(buf, cap, ", slice ");
@@ -472,7 +472,7 @@ static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
     return buf;
 }
 
-void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+void model_tm_print(FILE *f, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char shape[64], ax[128];
     fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Hardware profiles and the step-time model\"):\n", hw->name,
@@ -526,102 +526,102 @@ void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, cons
 
 /* The figures keep the digits the estimate has always been written with (%.17g for the times, %.6g
  * for rates and counts), through the one JSON writer. */
-void model_tm_json(mesh_jw *w, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+void model_tm_json(cfg_jw *w, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char ax[128];
-    mesh_jw_obj(w);
-    mesh_jw_key(w, "hardware_profile");
-    mesh_jw_str(w, hw->name);
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "hardware_profile");
+    cfg_jw_str(w, hw->name);
     static const char *const keys[] = {"step_s", "mfu", "compute_s", "bubble_s", "optimizer_s",
                                        "exposed_communication_s", "peak_flops_per_device", "model_flops_per_device"};
     const double vals[] = {r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,
                            r->model_flops};
     static const int digits[] = {17, 6, 17, 17, 17, 17, 6, 6};
     for (int i = 0; i < 8; i++) {
-        mesh_jw_key(w, keys[i]);
-        mesh_jw_num(w, vals[i], digits[i]);
+        cfg_jw_key(w, keys[i]);
+        cfg_jw_num(w, vals[i], digits[i]);
     }
-    mesh_jw_key(w, "slowest_device");
-    mesh_jw_int(w, r->device);
-    mesh_jw_key(w, "exposed_by_axes");
-    mesh_jw_obj(w);
+    cfg_jw_key(w, "slowest_device");
+    cfg_jw_int(w, r->device);
+    cfg_jw_key(w, "exposed_by_axes");
+    cfg_jw_obj(w);
     for (int i = 0; i < r->naxes; i++) {
-        mesh_jw_key(w, sim_axes_label(mesh, r->axes[i], ax, sizeof ax));
-        mesh_jw_num(w, r->exposed_axes_s[i], 6);
+        cfg_jw_key(w, sim_axes_label(mesh, r->axes[i], ax, sizeof ax));
+        cfg_jw_num(w, r->exposed_axes_s[i], 6);
     }
-    mesh_jw_end(w);
-    mesh_jw_key(w, "slowest_collectives");
-    mesh_jw_arr(w);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "slowest_collectives");
+    cfg_jw_arr(w);
     for (int i = 0; i < r->ntop; i++) {
         const model_tm_coll *c = &r->top[i];
-        mesh_jw_obj(w);
-        mesh_jw_key(w, "op");
-        mesh_jw_str(w, sim_op_name(c->rec.op));
-        mesh_jw_key(w, "axes");
-        mesh_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        mesh_jw_key(w, "tag");
-        mesh_jw_str(w, c->rec.tag);
-        mesh_jw_key(w, "bytes_sent");
-        mesh_jw_u64(w, (unsigned long long)c->rec.bytes_sent);
-        mesh_jw_key(w, "links");
-        mesh_jw_int(w, c->links);
-        mesh_jw_key(w, "bandwidth_Bps");
-        mesh_jw_num(w, c->bw, 6);
-        mesh_jw_key(w, "time_s");
-        mesh_jw_num(w, c->time_s, 6);
-        mesh_jw_key(w, "async");
-        mesh_jw_bool(w, c->async);
-        mesh_jw_end(w);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "op");
+        cfg_jw_str(w, sim_op_name(c->rec.op));
+        cfg_jw_key(w, "axes");
+        cfg_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        cfg_jw_key(w, "tag");
+        cfg_jw_str(w, c->rec.tag);
+        cfg_jw_key(w, "bytes_sent");
+        cfg_jw_u64(w, (unsigned long long)c->rec.bytes_sent);
+        cfg_jw_key(w, "links");
+        cfg_jw_int(w, c->links);
+        cfg_jw_key(w, "bandwidth_Bps");
+        cfg_jw_num(w, c->bw, 6);
+        cfg_jw_key(w, "time_s");
+        cfg_jw_num(w, c->time_s, 6);
+        cfg_jw_key(w, "async");
+        cfg_jw_bool(w, c->async);
+        cfg_jw_end(w);
     }
-    mesh_jw_end(w);
-    mesh_jw_key(w, "slowest_collective_kinds");
-    mesh_jw_arr(w);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "slowest_collective_kinds");
+    cfg_jw_arr(w);
     for (int i = 0; i < r->ncolls; i++) {
         const model_tm_coll_kind *c = &r->colls[i];
-        mesh_jw_obj(w);
-        mesh_jw_key(w, "op");
-        mesh_jw_str(w, sim_op_name(c->rec.op));
-        mesh_jw_key(w, "axes");
-        mesh_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        mesh_jw_key(w, "phase");
-        mesh_jw_str(w, sim_phase_name(c->rec.phase));
-        mesh_jw_key(w, "tag");
-        mesh_jw_str(w, c->rec.tag);
-        mesh_jw_key(w, "calls");
-        mesh_jw_int(w, c->calls);
-        mesh_jw_key(w, "bytes_sent");
-        mesh_jw_num(w, c->bytes, 17);
-        mesh_jw_key(w, "links");
-        mesh_jw_int(w, c->links);
-        mesh_jw_key(w, "bandwidth_Bps");
-        mesh_jw_num(w, c->bw, 6);
-        mesh_jw_key(w, "time_s");
-        mesh_jw_num(w, c->time_s, 6);
-        mesh_jw_end(w);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "op");
+        cfg_jw_str(w, sim_op_name(c->rec.op));
+        cfg_jw_key(w, "axes");
+        cfg_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        cfg_jw_key(w, "phase");
+        cfg_jw_str(w, sim_phase_name(c->rec.phase));
+        cfg_jw_key(w, "tag");
+        cfg_jw_str(w, c->rec.tag);
+        cfg_jw_key(w, "calls");
+        cfg_jw_int(w, c->calls);
+        cfg_jw_key(w, "bytes_sent");
+        cfg_jw_num(w, c->bytes, 17);
+        cfg_jw_key(w, "links");
+        cfg_jw_int(w, c->links);
+        cfg_jw_key(w, "bandwidth_Bps");
+        cfg_jw_num(w, c->bw, 6);
+        cfg_jw_key(w, "time_s");
+        cfg_jw_num(w, c->time_s, 6);
+        cfg_jw_end(w);
     }
-    mesh_jw_end(w);
-    mesh_jw_key(w, "slowest_kernels");
-    mesh_jw_arr(w);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "slowest_kernels");
+    cfg_jw_arr(w);
     for (int i = 0; i < r->nkernels; i++) {
         const model_tm_kernel *k = &r->kernels[i];
-        mesh_jw_obj(w);
-        mesh_jw_key(w, "kernel");
-        mesh_jw_str(w, k->name);
-        mesh_jw_key(w, "calls");
-        mesh_jw_int(w, k->calls);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "kernel");
+        cfg_jw_str(w, k->name);
+        cfg_jw_key(w, "calls");
+        cfg_jw_int(w, k->calls);
         static const char *const kkeys[] = {"flops", "mxu_flops", "hbm_bytes", "time_s"};
         const double kv[] = {k->flops, k->mxu_flops, k->bytes, k->time_s};
         for (int j = 0; j < 4; j++) {
-            mesh_jw_key(w, kkeys[j]);
-            mesh_jw_num(w, kv[j], 6);
+            cfg_jw_key(w, kkeys[j]);
+            cfg_jw_num(w, kv[j], 6);
         }
-        mesh_jw_end(w);
+        cfg_jw_end(w);
     }
-    mesh_jw_end(w);
-    mesh_jw_end(w);
+    cfg_jw_end(w);
+    cfg_jw_end(w);
 }
 
-sim_status model_tm_write_trace(const char *path, const model_hw *hw, const model_tm_result *r)
+sim_status model_tm_write_trace(const char *path, const cfg_hw *hw, const model_tm_result *r)
 {
     FILE *f = fopen(path, "w");
     if (!f) return sim_err(SIM_ERR_IO, "%s: cannot write the modelled trace", path);

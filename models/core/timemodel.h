@@ -42,24 +42,24 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out);
  * the profile the config selects moves them: `act` (dtype) where the profile says dtype and act is the
  * narrower, else `weight` (weight_dtype: XLA:CPU's behaviour, and the rule with no profile).  rule: one
  * line saying which rule applied (run.json, the config box). */
-sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, sim_dtype act, sim_dtype weight, sim_dtype *gather,
+sim_status model_hw_wire_dtypes(const cfg_config *cfg, sim_dtype act, sim_dtype weight, sim_dtype *gather,
                                 sim_dtype *reduce, char *rule, size_t cap);
 
 /* The compiler rules of the profile the config selects, for `dtype` act and `weight_dtype` weight: the
  * profile's keys where one is selected and a rule applies (the hoisted copy only when act is narrower;
  * bfloat16 Newton-Schulz gathers only at matmul_precision default or bfloat16, one bfloat16 pass), all
  * off without a profile (XLA:CPU, the peer on this machine). */
-sim_status model_hw_xla_rules(const mesh_cfg *cfg, sim_dtype act, sim_dtype weight, model_xla_rules *out);
+sim_status model_hw_xla_rules(const cfg_config *cfg, sim_dtype act, sim_dtype weight, cfg_xla_rules *out);
 /* The rules in force, one line ("hoisted weight copies, windowed einsums over >= 8 devices, ..." or "none"):
  * the config box and run.json. */
-const char *model_xla_rules_text(const model_xla_rules *r, char *buf, size_t cap);
+const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap);
 
 /* Peak FLOP/s for an activation dtype name; *note set when the dtype's figure is not published
  * and the bfloat16 figure stands in. */
-double model_hw_peak(const model_hw *hw, const char *dtype, const char **note);
+double model_hw_peak(const cfg_hw *hw, const char *dtype, const char **note);
 
 /* Time of one collective record (seconds); links and bandwidth used for the listing. */
-double model_tm_collective(const model_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links,
+double model_tm_collective(const cfg_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links,
                            double *bw);
 
 enum { MODEL_TM_MAX_AXES = 16, MODEL_TM_TOP = 8 };
@@ -126,13 +126,13 @@ typedef struct {
 
 /* The model for one device's records and costs of step `step`: fills everything of *out but
  * optimizer_s, model_flops and mfu; with want_spans, out->spans (caller frees). */
-sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
                            const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
                            bool want_spans, model_tm_result *out);
 
 /* Whole machine: the slowest device's step `step`, plus the optimizer update (bytes per device it
  * reads and writes: params, grads, optimizer state at peak) and MFU. */
-sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
+sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
                              int step, double bubble_fraction, double optimizer_bytes, bool want_spans,
                              model_tm_result *out);
 
@@ -143,10 +143,10 @@ sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const 
 double model_tm_optimizer_bytes(sim_machine *m);
 
 /* Console summary (device 0 style): step time, MFU, breakdown, slowest collectives. */
-void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
+void model_tm_print(FILE *f, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
 /* The same as a JSON object, added to the writer (run.json's "step_time_model"). */
-void model_tm_json(mesh_jw *w, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
+void model_tm_json(cfg_jw *w, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
 /* Chrome trace of the modelled timeline of the slowest device. */
-sim_status model_tm_write_trace(const char *path, const model_hw *hw, const model_tm_result *r);
+sim_status model_tm_write_trace(const char *path, const cfg_hw *hw, const model_tm_result *r);
 
 #endif

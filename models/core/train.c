@@ -401,7 +401,7 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
 }
 
 /* The `dtype` copy of the scanned layers' weights a compiler that hoists the layer's cast out of the
- * layer loop holds (model_xla_rules.hoist_casts): the device's shard of every scanned, trainable weight, in
+ * layer loop holds (cfg_xla_rules.hoist_casts): the device's shard of every scanned, trainable weight, in
  * `dtype`, charged before the first forward layer and discharged after the last backward one, so it
  * sits under every peak of the layer loops as XLA:TPU's buffer assignment has it (configs/hardware/
  * v5p.yml: hoisted_weight_copies).  Counted only: the simulator reads the float32 weights. */
@@ -423,7 +423,7 @@ static size_t hoisted_copy_bytes(const model_dev *md)
 }
 
 /* The gradient sets a compiler holds beside the gradients while gradient accumulation runs
- * (model_xla_rules.ga_grad_copies; configs/hardware/v5p.yml: accumulation_gradient_copies): copies x
+ * (cfg_xla_rules.ga_grad_copies; configs/hardware/v5p.yml: accumulation_gradient_copies): copies x
  * the device's gradient bytes, charged over the microbatches.  Counted only: the simulator adds
  * each microbatch's cotangents straight into the gradients. */
 static size_t accumulation_copy_bytes(const model_dev *md)

@@ -80,12 +80,12 @@ enum { MTP_MAX = 2 }; /* parameters per MTP layer: 20 at most, MODEL_MAX_PARAMS 
 
 /* ------------------------------------------------------------ config */
 
-static sim_status unsupported(const mesh_cfg *cfg, const char *key, const char *why)
+static sim_status unsupported(const cfg_config *cfg, const char *key, const char *why)
 {
     return model_cfg_unsupported(cfg, key, why);
 }
 
-static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *ds)
+static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims *ds)
 {
     SIM_TRY(model_cfg_i64(cfg, "first_num_dense_layers", &ds->dense_layers));
     SIM_TRY(model_cfg_i64(cfg, "base_moe_mlp_dim", &ds->moe.moe_mlp));
@@ -93,9 +93,9 @@ static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *d
     SIM_TRY(model_cfg_i64(cfg, "num_experts", &ds->moe.experts));
     SIM_TRY(model_cfg_i64(cfg, "num_experts_per_tok", &ds->moe.top_k));
     SIM_TRY(model_cfg_i64(cfg, "shared_experts", &ds->moe.shared_experts));
-    SIM_TRY(mesh_cfg_get_double(cfg, "routed_scaling_factor", &ds->moe.routed_scale));
+    SIM_TRY(cfg_get_double(cfg, "routed_scaling_factor", &ds->moe.routed_scale));
     const char *sf;
-    SIM_TRY(mesh_cfg_get_str(cfg, "routed_score_func", &sf));
+    SIM_TRY(cfg_get_str(cfg, "routed_score_func", &sf));
     if (sf && *sf && strcmp(sf, "sigmoid") && strcmp(sf, "softmax"))
         return sim_err(SIM_ERR_INPUT,
                        "routed_score_func='%s': simulated are \"sigmoid\", \"softmax\" and \"\" (no score "
@@ -109,8 +109,8 @@ static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *d
     /* moe.py keys DeepSeek-V3 routing (and the gate bias as a MoEBiasVar) on these model-name prefixes */
     ds->moe.bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9) ||
                            !strncmp(d->model_name, "kimi-k2", 7);
-    SIM_TRY(mesh_cfg_get_double(cfg, "load_balance_loss_weight", &ds->moe.lb_weight));
-    SIM_TRY(mesh_cfg_get_double(cfg, "capacity_factor", &ds->moe.capacity_factor));
+    SIM_TRY(cfg_get_double(cfg, "load_balance_loss_weight", &ds->moe.lb_weight));
+    SIM_TRY(cfg_get_double(cfg, "capacity_factor", &ds->moe.capacity_factor));
     bool sparse;
     SIM_TRY(model_cfg_bool(cfg, "sparse_matmul", &sparse));
     /* MaxText 0.2.5 (RoutedMoE.__call__): sparse_matmul=true runs the dropless sparse path whatever
@@ -127,7 +127,7 @@ static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *d
     SIM_TRY(model_cfg_i64(cfg, "v_head_dim", &ds->mla.v_head));
     static const char *const rope_types[] = {"default", "yarn"};
     int rt;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "rope_type", rope_types, 2, &rt));
+    SIM_TRY(cfg_get_enum(cfg, "rope_type", rope_types, 2, &rt));
     if (d->rope_llama31) /* by its name, MaxText would rotate MLA's rope dims with Llama 3.1's RoPE */
         return sim_err(SIM_ERR_INPUT,
                        "model_name=%s with decoder_block=deepseek: MaxText applies Llama 3.1's RoPE "
@@ -135,10 +135,10 @@ static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *d
                        "decoder_block=llama2 only; use another model_name",
                        d->model_name);
     ds->mla.yarn = rt == 1;
-    SIM_TRY(mesh_cfg_get_double(cfg, "rope_factor", &ds->mla.rope_factor));
-    SIM_TRY(mesh_cfg_get_double(cfg, "beta_fast", &ds->mla.beta_fast));
-    SIM_TRY(mesh_cfg_get_double(cfg, "beta_slow", &ds->mla.beta_slow));
-    SIM_TRY(mesh_cfg_get_double(cfg, "mscale", &ds->mla.mscale));
+    SIM_TRY(cfg_get_double(cfg, "rope_factor", &ds->mla.rope_factor));
+    SIM_TRY(cfg_get_double(cfg, "beta_fast", &ds->mla.beta_fast));
+    SIM_TRY(cfg_get_double(cfg, "beta_slow", &ds->mla.beta_slow));
+    SIM_TRY(cfg_get_double(cfg, "mscale", &ds->mla.mscale));
     SIM_TRY(model_cfg_i64(cfg, "max_position_embeddings", &ds->mla.max_pos));
     SIM_TRY(model_cfg_i64(cfg, "original_max_position_embeddings", &ds->mla.orig_max_pos));
     SIM_TRY(model_cfg_bool(cfg, "rope_interleave", &ds->mla.rope_interleave));
@@ -148,11 +148,11 @@ static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *d
     /* what this simulator does not model yet: refuse rather than run something else */
     static const char *const att[] = {"global", "mla"};
     int at;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "attention_type", att, 2, &at));
+    SIM_TRY(cfg_get_enum(cfg, "attention_type", att, 2, &at));
     if (at != 1) return unsupported(cfg, "attention_type", "decoder_block=deepseek uses multi-head latent attention; set attention_type=mla");
     const char **acts;
     int nacts;
-    SIM_TRY(mesh_cfg_get_str_list(cfg, "mlp_activations", &acts, &nacts));
+    SIM_TRY(cfg_get_str_list(cfg, "mlp_activations", &acts, &nacts));
     bool swiglu = nacts == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
     free(acts);
     if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
@@ -193,13 +193,13 @@ static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *d
                                    (long long)ds->moe.gmm_tiles[w][p][i], i ? 1024 : 512);
             }
     double f;
-    SIM_TRY(mesh_cfg_get_double(cfg, "ragged_buffer_factor", &f));
+    SIM_TRY(cfg_get_double(cfg, "ragged_buffer_factor", &f));
     if (f > 0) return unsupported(cfg, "ragged_buffer_factor", "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 (dropless) or capacity_factor > 0 for the dense dropping path");
     /* group-limited routing: moe.py reads the groups in deepseek_routing only (DeepSeek-V3 names) */
     long long groups, keep;
-    SIM_TRY(mesh_cfg_get_int(cfg, "n_routing_groups", &groups));
+    SIM_TRY(cfg_get_int(cfg, "n_routing_groups", &groups));
     SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &ds->batch_split));
-    SIM_TRY(mesh_cfg_get_int(cfg, "topk_routing_group", &keep));
+    SIM_TRY(cfg_get_int(cfg, "topk_routing_group", &keep));
     if (groups != -1 && ds->moe.bias_selects_only && d->layers > ds->dense_layers) {
         int64_t per = groups > 0 ? ds->moe.experts / groups : 0;
         if (groups < 1 || groups > 256 || ds->moe.experts % groups || per < 2)
@@ -228,7 +228,7 @@ static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *d
                            "where such repeats overwrite each other, which is not simulated; use the sparse path "
                            "(sparse_matmul=true) with random routing");
     /* loss-free balancing (moe.py should_update_load_balance: routed_bias and a rate > 0) */
-    SIM_TRY(mesh_cfg_get_double(cfg, "routed_bias_update_rate", &ds->moe.bias_update_rate));
+    SIM_TRY(cfg_get_double(cfg, "routed_bias_update_rate", &ds->moe.bias_update_rate));
     if (ds->moe.bias_update_rate > 0 && ds->moe.routed_bias && !ds->moe.bias_selects_only)
         return unsupported(cfg, "routed_bias_update_rate",
                            "MaxText 0.2.5 adds the (layers, experts) update to a gate bias it stores as an nnx.Param "
@@ -238,7 +238,7 @@ static sim_status read_dims(const mesh_cfg *cfg, const model_dims *d, ds_dims *d
 
     /* multi-token prediction (layers/multi_token_prediction.py) */
     SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &ds->mtp_layers));
-    SIM_TRY(mesh_cfg_get_double(cfg, "mtp_loss_scaling_factor", &ds->mtp_scale));
+    SIM_TRY(cfg_get_double(cfg, "mtp_loss_scaling_factor", &ds->mtp_scale));
     if (ds->mtp_layers < 0 || ds->mtp_layers > MTP_MAX)
         return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld: shardsim simulates 0 to %d multi-token prediction layers "
                        "(DeepSeek-V3 uses 1)", (long long)ds->mtp_layers, MTP_MAX);
@@ -490,7 +490,7 @@ static sim_status moe_axes(const model_def *m, sim_axes *ep, sim_axes *h)
     return SIM_OK;
 }
 
-static sim_status deepseek_define(model_def *m, const mesh_cfg *cfg)
+static sim_status deepseek_define(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
     ds_dims *ds = calloc(1, sizeof *ds);
@@ -1281,7 +1281,7 @@ static bool param_pipelined(const model_def *m, const model_param_def *pd)
     return strstr(pd->path, ".moe_layers.") != NULL;
 }
 
-static sim_status pipeline_check(model_def *m, const mesh_cfg *cfg)
+static sim_status pipeline_check(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
     const ds_dims *ds = deepseek_dims(m);

@@ -15,26 +15,26 @@
 
 /* ---------------------------------------------------------------- config */
 
-sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
+sim_status model_optim_from_config(const cfg_config *cfg, model_optim_cfg *o)
 {
     static const char *const types[] = {"adamw", "sgd", "muon"};
     static const char *const schedules[] = {"cosine"};
     memset(o, 0, sizeof *o);
     int type, sched;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
-    SIM_TRY(mesh_cfg_get_enum(cfg, "lr_schedule_type", schedules, 1, &sched));
+    SIM_TRY(cfg_get_enum(cfg, "opt_type", types, 3, &type));
+    SIM_TRY(cfg_get_enum(cfg, "lr_schedule_type", schedules, 1, &sched));
     o->type = (model_opt_type)type;
-    SIM_TRY(mesh_cfg_get_double(cfg, "learning_rate", &o->lr));
-    SIM_TRY(mesh_cfg_get_double(cfg, "warmup_steps_fraction", &o->warmup_fraction));
-    SIM_TRY(mesh_cfg_get_double(cfg, "learning_rate_final_fraction", &o->final_fraction));
-    SIM_TRY(mesh_cfg_get_int(cfg, "learning_rate_schedule_steps", &o->schedule_steps));
-    SIM_TRY(mesh_cfg_get_int(cfg, "steps", &o->steps));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_b1", &o->b1));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_b2", &o->b2));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_eps", &o->eps));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_eps_root", &o->eps_root));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_weight_decay", &o->weight_decay));
-    SIM_TRY(mesh_cfg_get_double(cfg, "gradient_clipping_threshold", &o->clip));
+    SIM_TRY(cfg_get_double(cfg, "learning_rate", &o->lr));
+    SIM_TRY(cfg_get_double(cfg, "warmup_steps_fraction", &o->warmup_fraction));
+    SIM_TRY(cfg_get_double(cfg, "learning_rate_final_fraction", &o->final_fraction));
+    SIM_TRY(cfg_get_int(cfg, "learning_rate_schedule_steps", &o->schedule_steps));
+    SIM_TRY(cfg_get_int(cfg, "steps", &o->steps));
+    SIM_TRY(cfg_get_double(cfg, "adam_b1", &o->b1));
+    SIM_TRY(cfg_get_double(cfg, "adam_b2", &o->b2));
+    SIM_TRY(cfg_get_double(cfg, "adam_eps", &o->eps));
+    SIM_TRY(cfg_get_double(cfg, "adam_eps_root", &o->eps_root));
+    SIM_TRY(cfg_get_double(cfg, "adam_weight_decay", &o->weight_decay));
+    SIM_TRY(cfg_get_double(cfg, "gradient_clipping_threshold", &o->clip));
     if (o->type == MODEL_OPT_MUON) SIM_TRY(model_muon_from_config(cfg, &o->muon));
     if (o->schedule_steps == -1) o->schedule_steps = o->steps;
     if (o->schedule_steps < 1)

@@ -58,7 +58,7 @@ typedef struct model_optim_cfg {
 
 /* Reads every key above from the config (the base config defines them all);
  * lr_schedule_type must be "cosine". */
-sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *out);
+sim_status model_optim_from_config(const cfg_config *cfg, model_optim_cfg *out);
 
 /* Learning rate of update s (0-based). */
 double model_lr_at(const model_optim_cfg *o, long long s);
