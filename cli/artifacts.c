@@ -74,6 +74,7 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
         e = errno;
     }
     if (st == SIM_OK && werr) st = sim_err(SIM_ERR_IO, "writing '%s' failed: %s", final, strerror(e));
+    else if (st != SIM_OK) sim_err_append(" (writing '%s')", final); /* the writer does not know the path */
     if (st == SIM_OK && rename(tmp, final) != 0) {
         e = errno;
         st = sim_err(SIM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
@@ -475,6 +476,95 @@ sim_status cli_write_trace_json(const char *dir, sim_machine *m, size_t max_even
 {
     trace_args a = {m, max_events};
     return cli_artifact_write(dir, "trace.json", write_trace, &a);
+}
+
+/* A step number of trace_steps: digits only, within the run's steps. */
+static sim_status trace_step_number(const char *text, const char *tok, size_t len, int64_t first, int64_t last,
+                                    int64_t *out)
+{
+    int64_t v = 0;
+    bool ok = len > 0 && len <= 18;
+    for (size_t i = 0; ok && i < len; i++) {
+        ok = tok[i] >= '0' && tok[i] <= '9';
+        v = v * 10 + (tok[i] - '0');
+    }
+    if (!ok)
+        return sim_err(SIM_ERR_INPUT, "trace_steps=%s: '%.*s' is not a step: expected a comma-separated list of first, "
+                                      "last, all, none, a step number N or a range A-B, e.g. trace_steps=first,last or "
+                                      "trace_steps=0,5-7,last",
+                       text, (int)len, tok);
+    if (v < first || v > last)
+        return sim_err(SIM_ERR_INPUT, "trace_steps=%s: step %lld is not a step of this run, which trains steps "
+                                      "%lld-%lld; name steps in that range (or first, last)",
+                       text, (long long)v, (long long)first, (long long)last);
+    *out = v;
+    return SIM_OK;
+}
+
+sim_status cli_trace_steps_parse(const char *text, int64_t first, int64_t last, sim_trace_range *r, int cap, int *n)
+{
+    *n = 0;
+    const char *p = text;
+    while (true) {
+        while (*p == ' ') p++;
+        const char *tok = p;
+        size_t len = strcspn(p, ",");
+        const char *next = p + len;
+        while (len && tok[len - 1] == ' ') len--;
+        if (!len)
+            return sim_err(SIM_ERR_INPUT, "trace_steps=%s: an empty item; expected a comma-separated list of first, "
+                                          "last, all, none, a step number N or a range A-B (trace_steps=first,last "
+                                          "is the default)",
+                           text);
+        if (*n == cap)
+            return sim_err(SIM_ERR_INPUT, "trace_steps=%s: more than %d items; join neighbouring steps into ranges "
+                                          "A-B",
+                           text, cap);
+        sim_trace_range *x = &r[*n];
+        const char *dash = memchr(tok, '-', len);
+        if (len == 5 && !strncmp(tok, "first", 5)) {
+            x->first = x->last = first;
+        } else if (len == 4 && !strncmp(tok, "last", 4)) {
+            x->first = x->last = last;
+        } else if (len == 3 && !strncmp(tok, "all", 3)) {
+            x->first = first;
+            x->last = last;
+        } else if (len == 4 && !strncmp(tok, "none", 4)) {
+            x->first = 1; /* an empty range: no step */
+            x->last = 0;
+        } else if (dash) {
+            SIM_TRY(trace_step_number(text, tok, (size_t)(dash - tok), first, last, &x->first));
+            SIM_TRY(trace_step_number(text, dash + 1, len - (size_t)(dash - tok) - 1, first, last, &x->last));
+            if (x->first > x->last)
+                return sim_err(SIM_ERR_INPUT, "trace_steps=%s: the range %lld-%lld is empty; write it from the "
+                                              "lower step to the higher (%lld-%lld)",
+                               text, (long long)x->first, (long long)x->last, (long long)x->last,
+                               (long long)x->first);
+        } else {
+            SIM_TRY(trace_step_number(text, tok, len, first, last, &x->first));
+            x->last = x->first;
+        }
+        (*n)++;
+        if (!*next) break;
+        p = next + 1;
+    }
+    return SIM_OK;
+}
+
+const char *cli_trace_steps_text(const sim_trace_range *r, int n, char *buf, size_t cap)
+{
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k < cap; i++) {
+        if (r[i].first > r[i].last) continue; /* none */
+        const char *sep = k ? ", " : "";
+        if (r[i].first == r[i].last)
+            k += (size_t)snprintf(buf + k, cap - k, "%s%lld", sep, (long long)r[i].first);
+        else
+            k += (size_t)snprintf(buf + k, cap - k, "%s%lld-%lld", sep, (long long)r[i].first, (long long)r[i].last);
+    }
+    if (!k) snprintf(buf, cap, "none");
+    return buf;
 }
 
 /* ======================================================================== */
@@ -910,6 +1000,73 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 /* parity.json                                                              */
 /* ======================================================================== */
 
+/* What one configuration costs: its mesh, memory per device (as metrics.json), the traffic of one
+ * step (as traffic.csv, per device) and the step-time model's estimate when a profile was set. */
+static void write_parity_costs(cfg_jw *w, const cli_parity_config *pc)
+{
+    if (pc->mesh) {
+        cfg_jw_key(w, "mesh");
+        cfg_jw_str(w, pc->mesh);
+    }
+    if (pc->mem && pc->n_devices > 0) {
+        cfg_jw_key(w, "devices");
+        cfg_jw_int(w, pc->n_devices);
+        cfg_jw_key(w, "memory");
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "per_device_peak_bytes");
+        cfg_jw_arr(w);
+        for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].peak);
+        cfg_jw_end(w);
+        cfg_jw_key(w, "capacity_bytes");
+        cfg_jw_arr(w);
+        for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].capacity);
+        cfg_jw_end(w);
+        cfg_jw_key(w, "by_category");
+        cfg_jw_obj(w);
+        for (int c = 0; c < SIM_NMEM; c++) {
+            cfg_jw_key(w, sim_mem_cat_name((sim_mem_cat)c));
+            cfg_jw_arr(w);
+            for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].at_peak_by[c]);
+            cfg_jw_end(w);
+        }
+        cfg_jw_end(w);
+        cfg_jw_end(w);
+    }
+    if (pc->traffic) {
+        const cli_traffic *t = pc->traffic;
+        cfg_jw_key(w, "traffic");
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "step");
+        cfg_jw_int(w, t->steps.first);
+        cfg_jw_key(w, "bytes_per_device");
+        cfg_jw_double(w, t->total.bytes_mean);
+        cfg_jw_key(w, "rows");
+        cfg_jw_arr(w);
+        for (int i = 0; i < t->n_rows; i++) {
+            const cli_traffic_row *r = &t->rows[i];
+            char ax[256];
+            cfg_jw_obj(w);
+            cfg_jw_key(w, "op");
+            cfg_jw_str(w, sim_op_name(r->op));
+            cfg_jw_key(w, "axes");
+            cfg_jw_str(w, cli_axes_text(&t->mesh, r->axes, ax, sizeof ax));
+            cfg_jw_key(w, "phase");
+            cfg_jw_str(w, sim_phase_name(r->phase));
+            cfg_jw_key(w, "calls_per_device");
+            cfg_jw_double(w, t->n_devices ? (double)r->calls / t->n_devices : 0);
+            cfg_jw_key(w, "bytes_per_device");
+            cfg_jw_double(w, r->bytes_mean);
+            cfg_jw_end(w);
+        }
+        cfg_jw_end(w);
+        cfg_jw_end(w);
+    }
+    if (pc->step_time_model) {
+        cfg_jw_key(w, "step_time_model");
+        cfg_jw_tree(w, json_incref(pc->step_time_model));
+    }
+}
+
 static sim_status write_parity(FILE *f, void *arg)
 {
     const cli_parity *p = arg;
@@ -928,6 +1085,7 @@ static sim_status write_parity(FILE *f, void *arg)
         cfg_jw_str(&w, p->configs[c].label);
         cfg_jw_key(&w, "overrides");
         cfg_jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
+        write_parity_costs(&w, &p->configs[c]);
         cfg_jw_end(&w);
     }
     cfg_jw_end(&w);

@@ -69,6 +69,18 @@ static const char *cfg_str(const cfg_config *c, const char *key)
     return s;
 }
 
+/* trace.json of a dry run with a hardware profile: the modelled timeline, written whole or not at all */
+typedef struct {
+    const cfg_hw *hw;
+    const model_tm_result *tm;
+} modelled_trace;
+
+static sim_status write_modelled_trace(FILE *f, void *arg)
+{
+    const modelled_trace *mt = arg;
+    return model_tm_write_trace(f, mt->hw, mt->tm);
+}
+
 /* ------------------------------------------------------------ dump entries */
 
 /* Entries of the parameters as MaxText lists them: a pipelined one gives one entry per layer of a
@@ -402,12 +414,20 @@ static sim_status resume_agrees(const resume_plan *r, const char *ckdir)
     return st;
 }
 
+/* trace_steps=...: the steps trace.json keeps, as given and as parsed. */
+typedef struct {
+    const sim_trace_range *ranges;
+    int n;
+    const char *text;
+} trace_steps;
+
 /* The files of output_dir=DIR after a run: run.json, metrics.json, the CSVs, trace.json (the
  * modelled timeline when the time model kept one), the sharding dump and report.html. */
 static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, const char *outdir,
                                   const cli_step_metrics *metrics, int n_steps, sim_machine *m,
                                   const cli_records *recs, const cli_traffic *traffic, const sim_arena_stats *mem,
-                                  const cfg_hw *hw, const model_tm_result *tm, struct json_t *tm_json, FILE *out)
+                                  const cfg_hw *hw, const model_tm_result *tm, struct json_t *tm_json,
+                                  const trace_steps *ts, FILE *out)
 {
     const model_def *def = cm->def;
     int nd = sim_machine_num_devices(m);
@@ -423,11 +443,19 @@ static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, co
     SIM_TRY(cli_write_collectives_csv(outdir, recs, cli_steps_all(), (size_t)max_rows));
     SIM_TRY(cli_write_traffic_csv(outdir, traffic));
     if (tm->spans) { /* a dry run with a profile: trace.json in modelled time */
-        char tpath[4200];
-        snprintf(tpath, sizeof tpath, "%s/trace.json", outdir);
-        SIM_TRY(model_tm_write_trace(tpath, hw, tm));
+        modelled_trace mt = {hw, tm};
+        SIM_TRY(cli_artifact_write(outdir, "trace.json", write_modelled_trace, &mt));
     } else {
         SIM_TRY(cli_write_trace_json(outdir, m, (size_t)max_events));
+        uint64_t left_steps = sim_trace_steps_skipped(m);
+        if (left_steps) {
+            char kept[512];
+            fprintf(out, "\ntrace.json: steps %s of %d (trace_steps=%s); left out %llu step%s and their %llu "
+                         "spans (trace_steps=all keeps every step)\n",
+                    cli_trace_steps_text(ts->ranges, ts->n, kept, sizeof kept), n_steps, ts->text,
+                    (unsigned long long)left_steps, left_steps > 1 ? "s" : "",
+                    (unsigned long long)sim_trace_spans_skipped(m));
+        }
     }
     int csv_dev = cli_collectives_csv_devices(recs, cli_steps_all(), (size_t)max_rows);
     size_t trace_dev = tm->spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
@@ -513,6 +541,13 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                      st, fail);
     SIM_TRY_GOTO(resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume), st, fail);
     SIM_TRY_GOTO(resume_agrees(&resume, ckbuf), st, fail);
+    /* trace_steps names steps of this run: checked before anything is written */
+    sim_trace_range tsteps[CLI_TRACE_STEPS_MAX];
+    int ntsteps = 0;
+    const char *tsteps_text = cfg_str(cm.cfg, "trace_steps");
+    SIM_TRY_GOTO(cli_trace_steps_parse(tsteps_text, def->d.dry_run ? 0 : resume.start, def->d.dry_run ? 0 : steps - 1,
+                                       tsteps, CLI_TRACE_STEPS_MAX, &ntsteps),
+                 st, fail);
     outdir = outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     /* under mpirun rank 0 writes every file; the others gather their records to it (sim/xrank.h) */
@@ -555,10 +590,12 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     SIM_TRY_GOTO(cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s), st, fail);
     sim_machine_set_collective_timeout(m, watchdog_s);
     sim_machine_set_record_costs(m, have_hw);
-    if (*outdir) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB) */
+    if (want_trace) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB);
+                       * on every rank under mpirun: each keeps its devices' spans for rank 0 */
         long long trace_events = 0;
         SIM_TRY_GOTO(cfg_get_int(cm.cfg, "trace_max_events", &trace_events), st, fail);
         sim_trace_set_limit(m, (size_t)trace_events);
+        SIM_TRY_GOTO(sim_trace_set_steps(m, tsteps, ntsteps, tsteps_text), st, fail);
     }
     metrics = calloc((size_t)steps, sizeof *metrics);
     if (!metrics)
@@ -645,9 +682,10 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             sim_err_clear();
         }
     }
+    trace_steps ts = {tsteps, ntsteps, tsteps_text};
     if (*outdir) SIM_TRY_GOTO(write_artifacts(&cm, argc, argv, outdir, metrics + resume.start,
                                               (int)(steps - resume.start), m, &recs, &traffic, mem,
-                                              have_hw ? &hw : NULL, &tm, tm_json, out),
+                                              have_hw ? &hw : NULL, &tm, tm_json, &ts, out),
                               st, fail);
 fail:
     if (st != SIM_OK) rc = cli_fail(err, st);

@@ -552,8 +552,9 @@ static void test_parity(void **state)
     double l0[4] = {10.0, 9.0, 8.0, 7.0};
     double l1[4] = {10.0, 9.0 * (1 + 1e-6), 8.0, 7.0};
     double l2[4] = {10.0, 9.0, 8.0 * (1 + 1e-3), 7.1};
-    cli_parity_config cfg[3] = {{"base", "", l0}, {"fsdp=4", "ici_fsdp_parallelism=4", l1},
-                                {"tp=2", "ici_tensor_parallelism=2", l2}};
+    cli_parity_config cfg[3] = {{.label = "base", .overrides = "", .losses = l0},
+                                {.label = "fsdp=4", .overrides = "ici_fsdp_parallelism=4", .losses = l1},
+                                {.label = "tp=2", .overrides = "ici_tensor_parallelism=2", .losses = l2}};
     cli_parity p = {3, cfg, 4, 1, 1e-4, -1, NULL, NULL};
     assert_int_equal(cli_parity_first_failure(&p), 2);
     int worst;

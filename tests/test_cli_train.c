@@ -177,7 +177,7 @@ static void test_artifact_limits(void **state)
     snprintf(od, sizeof od, "output_dir=%s", dir);
     /* each device makes the same calls: a limit of one row/event keeps device 0 only */
     const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                          "steps=3", "trace_max_events=1", "collectives_csv_max_rows=1", od};
+                          "steps=3", "trace_max_events=1", "collectives_csv_max_rows=1", "trace_steps=all", od};
     result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "limited artifacts: collectives.csv holds devices 0-0 and trace.json devices 0-0 of 4"));
@@ -191,10 +191,12 @@ static void test_artifact_limits(void **state)
         if (cat && !strcmp(cat->str, "step")) markers++;
         if (cat && !strcmp(cat->str, "collective")) {
             const cfg_json *a = cfg_json_get(e, "args");
-            const char *fields[] = {"op", "mesh_axes", "group_size", "dtype", "elements", "bytes_sent", "bytes_recv",
-                                    "phase", "step", "kind", "tag"};
+            const char *fields[] = {"op", "mesh_axes", "group_size", "dtype", "bytes_sent", "phase", "kind"};
             for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
                 if (!cfg_json_get(a, fields[f])) fail_msg("collective event without '%s'", fields[f]);
+            /* the name is the op and the tag */
+            const char *op = cfg_json_get(a, "op")->str, *name = cfg_json_get(e, "name")->str;
+            assert_true(!strncmp(name, op, strlen(op)) && name[strlen(op)] == ' ' && name[strlen(op) + 1]);
             collectives++;
         }
     }
