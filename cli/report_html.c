@@ -13,6 +13,8 @@
  *                 "activations": [{"name", "logical", "spec"}...]}
  *                         from named_, logical_ and input_shardings.json}
  *
+ * plan's page holds {"plan": <plan.json>} alone (cli_write_plan_report_html).
+ *
  * Missing files leave their member out (parity writes no metrics).  Bytes are
  * per device: traffic.csv's mean column, and the collectives' bytes sent
  * summed per layer over all devices and divided by the device count.  The
@@ -23,6 +25,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,6 +278,7 @@ static sim_status put_sharding(cfg_jw *w, const char *dir)
 
 typedef struct {
     const char *dir;
+    bool plan; /* plan's page: plan.json alone */
 } report_arg;
 
 /* An artifact of the directory (written by this program) as a JSON value, or NULL when absent. */
@@ -306,18 +310,25 @@ static sim_status write_report(FILE *f, void *argp)
     cfg_jw_int(&w, 1);
     char *traffic = NULL, *coll = NULL, *text = NULL;
     sim_status st;
-    for (size_t i = 0; i < sizeof json_files / sizeof json_files[0]; i++) {
+    if (a->plan) { /* plan's page: plan.json alone */
+        json_t *v;
+        SIM_TRY_GOTO(read_artifact(a->dir, "plan.json", &v), st, fail);
+        if (!v) SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "report.html: %s/plan.json cannot be read", a->dir), st, fail);
+        cfg_jw_key(&w, "plan");
+        cfg_jw_tree(&w, v);
+    }
+    for (size_t i = 0; !a->plan && i < sizeof json_files / sizeof json_files[0]; i++) {
         json_t *v;
         SIM_TRY_GOTO(read_artifact(a->dir, json_files[i][1], &v), st, fail);
         if (!v) continue;
         cfg_jw_key(&w, json_files[i][0]);
         cfg_jw_tree(&w, v);
     }
-    traffic = read_whole(a->dir, "traffic.csv");
+    traffic = a->plan ? NULL : read_whole(a->dir, "traffic.csv");
     if (traffic) SIM_TRY_GOTO(put_traffic(&w, traffic), st, fail);
-    coll = read_whole(a->dir, "collectives.csv");
+    coll = a->plan ? NULL : read_whole(a->dir, "collectives.csv");
     if (coll) SIM_TRY_GOTO(put_layers(&w, coll), st, fail);
-    SIM_TRY_GOTO(put_sharding(&w, a->dir), st, fail);
+    if (!a->plan) SIM_TRY_GOTO(put_sharding(&w, a->dir), st, fail);
     cfg_jw_end(&w);
     text = cfg_jw_dumps(&w, CFG_JW_LINE, 17);
     fwrite(tpl, 1, (size_t)(mark - tpl), f);
@@ -333,6 +344,12 @@ fail:
 
 sim_status cli_write_report_html(const char *dir)
 {
-    report_arg a = {dir};
+    report_arg a = {dir, false};
+    return cli_artifact_write(dir, "report.html", write_report, &a);
+}
+
+sim_status cli_write_plan_report_html(const char *dir)
+{
+    report_arg a = {dir, true};
     return cli_artifact_write(dir, "report.html", write_report, &a);
 }

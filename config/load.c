@@ -1,10 +1,12 @@
 /* load.c — MaxText's merge (see config.h): the base chain, the user layers, the model file,
  * the rules, custom_mesh_and_rule, compile_topology and the checks, in that order.
  *
+ * (maxtext_release's base rules and unknown keys come after the model file, before the rules.)
  * The merged base becomes the entries (the known keys); each later layer is read and checked
  * first (so its mistakes surface before anything is applied), then applied in MaxText's order;
  * logical_axis_rules are merged on the side, as pyconfig.py does, and written back. */
 #include "config/internal.h"
+#include "config/release.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -212,6 +214,51 @@ static void apply_layers(cfg_loader *ld)
         if (!ld->user[i].config_file) cfg_apply_layer(ld->cfg, &ld->user[i], 0);
 }
 
+/* maxtext_release (config/release.h): a key the release does not know is refused, naming the
+ * release; the release's base rule set (mesh_axes, data_sharding, logical_axis_rules) takes the
+ * place of the base file's, before the model's and the user's rules merge in, as the release's own
+ * base.yml would.  Values a model file or the user set are kept. */
+static sim_status apply_release(cfg_loader *ld)
+{
+    cfg_config *cfg = ld->cfg;
+    if (!cfg_find(cfg, "maxtext_release")) return SIM_OK; /* a base without the key: no release */
+    const cfg_release *r;
+    SIM_TRY(cfg_release_of(cfg, &r));
+    for (int i = 0; i < ld->n_user; i++) {
+        const cfg_layer *l = &ld->user[i];
+        if (l->config_file) continue;
+        for (int k = 0; k < l->map.n; k++) {
+            if (!cfg_release_lacks_key(r, l->map.keys[k])) continue;
+            char where[512];
+            return sim_err(SIM_ERR_INPUT,
+                           "key '%s' (%s): MaxText %s has no such key (maxtext_release=%s follows that release; "
+                           "the key came later); drop it, or follow a release that has it (maxtext_release=%s)",
+                           l->map.keys[k], cfg_value_where(&l->map.items[k], where, sizeof where),
+                           cfg_release_maxtext(r), cfg_release_maxtext(r), CFG_RELEASE_DEFAULT);
+        }
+    }
+    const char *br = cfg_release_base_rules(r);
+    if (!br) return SIM_OK;
+    cfg_value doc = {0};
+    sim_status st;
+    SIM_TRY_GOTO(cfg_yaml_read(cfg, br, NULL, &doc), st, fail);
+    static const char *const replaced[] = {"mesh_axes", "logical_axis_rules", "data_sharding"};
+    for (int k = 0; k < 3; k++) {
+        const cfg_value *v = cfg_map_get(&doc, replaced[k]);
+        cfg_entry *e = cfg_find_mut(cfg, replaced[k]);
+        if (!v) SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: a release's base_rules file needs %s", br, replaced[k]), st, fail);
+        if (!e || e->from_user || e->from_model) continue;
+        cfg_value_free(&e->value);
+        cfg_value_copy(&e->value, v);
+        free(e->where);
+        e->where = cfg_where_of(v);
+    }
+    SIM_TRY_GOTO(cfg_check_final(cfg), st, fail);
+fail:
+    cfg_value_free(&doc);
+    return st;
+}
+
 /* After merging: data_sharding's grouping, compile_topology, then every check. */
 static sim_status finish(cfg_loader *ld)
 {
@@ -252,6 +299,7 @@ sim_status cfg_load(const cfg_args *args, cfg_config **out)
     SIM_TRY_GOTO(cfg_models_read(&ld), st, fail);
     apply_layers(&ld);
     SIM_TRY_GOTO(cfg_models_check_overrides(&ld), st, fail);
+    SIM_TRY_GOTO(apply_release(&ld), st, fail);
     cfg_rules_merge_layers(&ld);
     SIM_TRY_GOTO(cfg_custom_apply_selected(&ld), st, fail);
     SIM_TRY_GOTO(finish(&ld), st, fail);

@@ -2,6 +2,7 @@
  * combination checks that need more than key comparisons (configs/types.py), and the
  * combinations MaxText rejects as data (<configs>/combinations.yml). */
 #include "config/internal.h"
+#include "config/release.h"
 
 #include <fnmatch.h>
 #include <math.h>
@@ -146,7 +147,8 @@ static char *find_beside(char *const *dirs, int n_dirs, const char *name)
 }
 
 /* One rule of combinations.yml: an error when every condition of its `when` holds. */
-static sim_status combination_rule(const cfg_config *cfg, const cfg_value *r, const char *path)
+static sim_status combination_rule(const cfg_config *cfg, const cfg_release *rel, const cfg_value *r,
+                                   const char *path)
 {
     const cfg_value *when = cfg_map_get(r, "when"), *says = cfg_map_get(r, "says"), *fix = cfg_map_get(r, "fix"),
                          *where = cfg_map_get(r, "where");
@@ -156,7 +158,8 @@ static sim_status combination_rule(const cfg_config *cfg, const cfg_value *r, co
     int all = 1;
     for (int c = 0; all && c < when->n; c++) {
         const cfg_entry *e = cfg_find(cfg, when->keys[c]);
-        if (!e) return SIM_OK; /* a key this config does not have: the rule does not apply */
+        /* a key this config, or the release it follows, does not have: the rule does not apply */
+        if (!e || cfg_release_lacks_key(rel, when->keys[c])) return SIM_OK;
         SIM_TRY(combo_holds(&e->value, &when->items[c], path, &all));
     }
     if (!all) return SIM_OK;
@@ -167,8 +170,9 @@ static sim_status combination_rule(const cfg_config *cfg, const cfg_value *r, co
         cfg_sb_putf(&b, "%s%s=%s", c ? ", " : "", e->key, t);
         free(t);
     }
-    sim_status st = sim_err(SIM_ERR_INPUT, "%s: MaxText 0.2.5 rejects this combination (%s): %s; %s", b.s ? b.s : "",
-                            where->text ? where->text : "?", says->text ? says->text : "?", fix->text ? fix->text : "?");
+    sim_status st = sim_err(SIM_ERR_INPUT, "%s: MaxText %s rejects this combination (%s): %s; %s", b.s ? b.s : "",
+                            cfg_release_maxtext(rel), where->text ? where->text : "?", says->text ? says->text : "?",
+                            fix->text ? fix->text : "?");
     free(b.s);
     return st;
 }
@@ -184,7 +188,9 @@ sim_status cfg_combinations_check(cfg_config *cfg, char *const *dirs, int n_dirs
     const cfg_value *rules = cfg_map_get(&doc, "rules");
     if (!rules || rules->kind != CFG_LIST)
         SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: expected a list under 'rules'", path), st, fail);
-    for (int k = 0; k < rules->n; k++) SIM_TRY_GOTO(combination_rule(cfg, &rules->items[k], path), st, fail);
+    const cfg_release *rel = NULL;
+    if (cfg_find(cfg, "maxtext_release")) SIM_TRY_GOTO(cfg_release_of(cfg, &rel), st, fail);
+    for (int k = 0; k < rules->n; k++) SIM_TRY_GOTO(combination_rule(cfg, rel, &rules->items[k], path), st, fail);
 fail:
     cfg_value_free(&doc);
     free(path);

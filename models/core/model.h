@@ -15,7 +15,7 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
-#include "models/optimizers/muon.h"
+#include "models/core/optimizer.h"
 #include "models/core/params.h"
 #include "models/core/pipeline.h"
 #include "models/core/timemodel.h"
@@ -77,7 +77,7 @@ typedef struct {
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
     int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
     int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
-    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see optim.h) */
+    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see core/optimizer.h) */
     int64_t seq;              /* max_target_length */
     uint64_t seed;            /* init_weights_seed */
     int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
@@ -113,14 +113,15 @@ typedef struct {
 
 typedef struct {
     model_dims d;
+    const struct cfg_release *release; /* maxtext_release (config/release.h), never NULL once defined */
     mesh_shape mesh;
     mesh_rules rules;
     int nparams;
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
-    bool muon;                                 /* opt_type=muon */
-    model_muon_dims muon_dims[MODEL_MAX_PARAMS]; /* opt_type=muon: each parameter's Muon/AdamW class (muon.yml) */
+    const model_optimizer *opt;                /* opt_type's row of the optimizer table */
+    model_opt_param opt_param[MODEL_MAX_PARAMS]; /* how it treats each parameter (its slots, decay, class) */
     /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
     mesh_spec opt_spec[MODEL_MAX_PARAMS];
     mesh_spec opt_unpruned[MODEL_MAX_PARAMS];
@@ -166,12 +167,12 @@ typedef struct {
     bool recomputing;
     /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
     double mtp_loss;
-    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
+    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, an optimizer with state): the
      * stored state of each parameter as ONE stacked array in the optimizer
-     * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
+     * layout (opt_spec): z[i].w the parameters, z[i].slot[] the optimizer state, z[i].g
      * the step's reduce-scattered gradient (scan_dim -1, n_layers 1).  p[i].w
      * is then the all-gathered working copy the forward pass reads, p[i].g
-     * the gradient sinks, and p[i].m/v are NULL. */
+     * the gradient sinks, and p[i] holds no slots. */
     bool zero1;
     bool zero1_released;     /* p[i].w and p[i].g are released between a step's backward and the next gather */
     model_param z[MODEL_MAX_PARAMS];
@@ -323,6 +324,11 @@ typedef struct model_family {
     int64_t (*mtp_layers)(const model_def *m);
     /* Releases what the family keeps per device (NULL: nothing); model_dev_free calls it. */
     void (*dev_free)(model_dev *md);
+    /* The logical names parameter i's gradient carries where the release followed gives it others
+     * than the parameter's (a shard_map returning a kernel's gradient with its in_specs:
+     * maxtext_release's grad_logical_names), into names[0..cap); returns how many, 0 for the
+     * parameter's own (NULL hook: always its own). */
+    int (*grad_names)(const model_def *m, int i, const char **names, int cap);
 } model_family;
 
 /* The family table, one row per simulated decoder_block (models/families/families.c). */

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk_rope.h"
+#include "config/release.h"
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/ops.h"
@@ -319,7 +320,8 @@ static sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, 
         /* MaxText scans the layers (scan_layers): the carry's type may not change across a layer */
         if (l == 0 && m->d.scan_layers)
             SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
-                                          "layers/nnx_decoders.py:_apply_layers_sequentially"));
+                                          cfg_release_error(md->ctx.release, "decoder_scan_carry",
+                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
     }
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, ix.norm, 0), m->d.eps, "decoder_norm", &x));
