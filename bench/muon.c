@@ -54,13 +54,13 @@ static void fail(const char *what)
 static result run(const char *const *words, int nwords)
 {
     result res = {0};
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     model_def *def = calloc(1, sizeof *def);
     model_data data;
     model_train_job job;
     memset(&job, 0, sizeof job);
     sim_machine *m;
-    if (mesh_cfg_load_argv("configs/base.yml", nwords, words, &cfg)) fail("config");
+    if (cfg_load_argv("configs/base.yml", nwords, words, &cfg)) fail("config");
     if (model_def_from_config(cfg, def)) fail("model");
     if (model_data_from_config(cfg, &data) || model_optim_from_config(cfg, &job.opt)) fail("data/optimizer");
     if (model_machine_new(def, 0, false, &m)) fail("machine");
@@ -90,7 +90,7 @@ static result run(const char *const *words, int nwords)
     model_data_close(&data);
     model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return res;
 }
 

@@ -119,23 +119,23 @@ static result run(const row *r)
     w[n++] = "compile_topology_num_slices=1";
     w[n++] = "dtype=bfloat16";
     w[n++] = "steps=1";
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     model_def *def = calloc(1, sizeof *def);
-    if (mesh_cfg_load_argv("configs/base.yml", n, w, &cfg) || model_def_from_config(cfg, def)) {
+    if (cfg_load_argv("configs/base.yml", n, w, &cfg) || model_def_from_config(cfg, def)) {
         res.refused = true; /* a refusal is a result */
         snprintf(res.why, sizeof res.why, "%s", sim_errmsg());
         sim_err_clear();
         free(def);
         return res;
     }
-    model_hw hw;
+    cfg_hw hw;
     model_tm_eff eff;
     bool have = false;
     model_data data;
     model_train_job job;
     memset(&job, 0, sizeof job);
     sim_machine *m;
-    if (model_hw_from_config(cfg, "configs", def->mesh.num_devices, &hw, &have) || !have ||
+    if (cfg_hw_from_config(cfg, def->mesh.num_devices, &hw, &have) || !have ||
         model_tm_eff_load("configs", &eff) || model_data_from_config(cfg, &data) ||
         model_optim_from_config(cfg, &job.opt) || model_machine_new(def, 0, false, &m)) {
         fprintf(stderr, "bench/seeds: setup: %s\n", have ? sim_errmsg() : "no hardware profile");
@@ -155,7 +155,7 @@ static result run(const row *r)
         sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
         if ((double)as.peak / 1048576.0 > res.peak_mib) res.peak_mib = (double)as.peak / 1048576.0;
     }
-    const mesh_cfg_entry *dt = mesh_cfg_find(cfg, "dtype");
+    const cfg_entry *dt = cfg_find(cfg, "dtype");
     double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
     model_tm_result tm;
     memset(&tm, 0, sizeof tm);
@@ -175,7 +175,7 @@ static result run(const row *r)
     model_data_close(&data);
     model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return res;
 }
 

@@ -88,13 +88,13 @@ static double run(const config *c, int steps, double *flops, double *executed, d
     argv[argc++] = pdbs;
     argv[argc++] = st;
     argv[argc++] = "learning_rate=1e-4";
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     model_def def;
     model_data data;
     model_train_job job;
     memset(&job, 0, sizeof job);
     sim_machine *m;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) || model_def_from_config(cfg, &def) ||
+    if (cfg_load_argv("configs/base.yml", argc, argv, &cfg) || model_def_from_config(cfg, &def) ||
         model_data_from_config(cfg, &data) || model_optim_from_config(cfg, &job.opt) ||
         model_machine_new(&def, 0, false, &m)) {
         fprintf(stderr, "bench/step: %s\n", sim_errmsg());
@@ -141,7 +141,7 @@ static double run(const config *c, int steps, double *flops, double *executed, d
     sim_machine_free(m);
     model_data_close(&data);
     model_def_free(&def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return best;
 }
 

@@ -87,124 +87,6 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
 }
 
 /* ======================================================================== */
-/* JSON writer: a jansson tree built in call order, dumped at the end       */
-/* ======================================================================== */
-
-/* The writers below call jw_obj/jw_key/jw_int... in document order; each call
- * adds a value to the innermost open container of a jansson tree, and
- * jw_done dumps the tree with jansson in Python's json.dumps(indent=2)
- * layout (ensure_ascii, no final newline).  "Inline" containers are plain
- * containers: jansson has one layout per document. */
-enum { JW_MAX_DEPTH = 32 };
-
-typedef struct {
-    FILE *f;
-    json_t *root;                   /* the document (NULL until the first value) */
-    int depth;                      /* open containers */
-    json_t *open[JW_MAX_DEPTH];     /* the open containers, outermost first */
-    char key[1024];                 /* the pending object key */
-    int after_key;                  /* the next value goes under key */
-} jw;
-
-static void jw_init(jw *w, FILE *f)
-{
-    memset(w, 0, sizeof *w);
-    w->f = f;
-}
-
-/* Adds v (a new reference) to the innermost container, or makes it the root. */
-static void jw_add(jw *w, json_t *v)
-{
-    SIM_ASSERT(v);
-    if (w->depth == 0) {
-        SIM_ASSERT(!w->root);
-        w->root = v;
-        return;
-    }
-    json_t *c = w->open[w->depth - 1];
-    if (json_is_object(c)) {
-        SIM_ASSERT(w->after_key);
-        w->after_key = 0;
-        SIM_ASSERT(json_object_set_new(c, w->key, v) == 0);
-    } else {
-        SIM_ASSERT(!w->after_key);
-        SIM_ASSERT(json_array_append_new(c, v) == 0);
-    }
-}
-
-static void jw_open(jw *w, json_t *c)
-{
-    SIM_ASSERT(w->depth < JW_MAX_DEPTH);
-    jw_add(w, c);
-    w->open[w->depth++] = c; /* borrowed: the parent (or root) owns it */
-}
-
-static void jw_close(jw *w)
-{
-    SIM_ASSERT(w->depth > 0 && !w->after_key);
-    w->depth--;
-}
-
-static void jw_obj(jw *w) { jw_open(w, json_object()); }
-static void jw_obj_inline(jw *w) { jw_open(w, json_object()); }
-static void jw_obj_end(jw *w) { jw_close(w); }
-static void jw_arr(jw *w) { jw_open(w, json_array()); }
-static void jw_arr_inline(jw *w) { jw_open(w, json_array()); }
-static void jw_arr_end(jw *w) { jw_close(w); }
-
-static void jw_key(jw *w, const char *k)
-{
-    SIM_ASSERT(w->depth > 0 && json_is_object(w->open[w->depth - 1]) && !w->after_key);
-    SIM_ASSERT(strlen(k) < sizeof w->key);
-    strcpy(w->key, k);
-    w->after_key = 1;
-}
-
-static void jw_str(jw *w, const char *s)
-{
-    /* jansson refuses invalid UTF-8; such text (from a user's argv) is kept
-     * readable with its bad bytes replaced by '?' */
-    json_t *v = s ? json_string(s) : json_null();
-    if (!v) {
-        char *t = strdup(s);
-        SIM_ASSERT(t);
-        for (char *p = t; *p; p++)
-            if ((unsigned char)*p >= 0x80) *p = '?';
-        v = json_string(t);
-        free(t);
-    }
-    jw_add(w, v);
-}
-
-static void jw_null(jw *w) { jw_add(w, json_null()); }
-static void jw_bool(jw *w, int b) { jw_add(w, json_boolean(b)); }
-static void jw_int(jw *w, long long v) { jw_add(w, json_integer((json_int_t)v)); }
-
-static void jw_u64(jw *w, uint64_t v)
-{
-    /* byte counts stay below 2^63; a larger one would be a broken counter */
-    SIM_ASSERT(v <= (uint64_t)INT64_MAX);
-    jw_add(w, json_integer((json_int_t)v));
-}
-
-/* A double (jansson writes 17 significant digits, enough to read back the
- * same value); null when not finite. */
-static void jw_double(jw *w, double d)
-{
-    jw_add(w, isfinite(d) ? json_real(d) : json_null());
-}
-
-/* Ends a document: dumps it (no final newline, as Python). */
-static void jw_done(jw *w)
-{
-    SIM_ASSERT(w->depth == 0 && w->root);
-    /* a write error shows in ferror(f), which cli_artifact_write checks */
-    (void)json_dumpf(w->root, w->f, JSON_INDENT(2) | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(17));
-    json_decref(w->root);
-    w->root = NULL;
-}
-
-/* ======================================================================== */
 /* CSV                                                                      */
 /* ======================================================================== */
 
@@ -366,64 +248,64 @@ typedef struct {
 static sim_status write_metrics(FILE *f, void *arg)
 {
     const metrics_args *a = arg;
-    jw w;
-    jw_init(&w, f);
-    jw_obj(&w);
-    jw_key(&w, "steps");
-    jw_arr(&w);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "steps");
+    cfg_jw_arr(&w);
     for (int i = 0; i < a->n_steps; i++) {
         const cli_step_metrics *s = &a->steps[i];
-        jw_obj_inline(&w);
-        jw_key(&w, "step");
-        jw_int(&w, s->step);
-        jw_key(&w, "loss");
-        if (s->dry) jw_null(&w);
-        else jw_double(&w, s->loss);
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "step");
+        cfg_jw_int(&w, s->step);
+        cfg_jw_key(&w, "loss");
+        if (s->dry) cfg_jw_null(&w);
+        else cfg_jw_double(&w, s->loss);
         if (s->has_mtp) { /* the multi-token prediction part of loss (MaxText's learning/mtp_loss) */
-            jw_key(&w, "mtp_loss");
-            if (s->dry) jw_null(&w);
-            else jw_double(&w, s->mtp_loss);
+            cfg_jw_key(&w, "mtp_loss");
+            if (s->dry) cfg_jw_null(&w);
+            else cfg_jw_double(&w, s->mtp_loss);
         }
-        jw_key(&w, "grad_norm"); /* after clipping, raw_grad_norm before: MaxText's learning/ names */
-        if (s->dry) jw_null(&w);
-        else jw_double(&w, s->grad_norm);
-        jw_key(&w, "raw_grad_norm");
-        if (s->dry) jw_null(&w);
-        else jw_double(&w, s->raw_grad_norm);
-        jw_key(&w, "lr");
-        jw_double(&w, s->lr);
-        jw_key(&w, "time_s");
-        jw_double(&w, s->time_s);
-        jw_key(&w, "tokens_per_s");
-        if (s->dry) jw_null(&w); /* a dry run computes nothing */
-        else jw_double(&w, s->tokens_per_s);
-        jw_key(&w, "peak_bytes");
-        jw_u64(&w, s->peak_bytes);
-        jw_obj_end(&w);
+        cfg_jw_key(&w, "grad_norm"); /* after clipping, raw_grad_norm before: MaxText's learning/ names */
+        if (s->dry) cfg_jw_null(&w);
+        else cfg_jw_double(&w, s->grad_norm);
+        cfg_jw_key(&w, "raw_grad_norm");
+        if (s->dry) cfg_jw_null(&w);
+        else cfg_jw_double(&w, s->raw_grad_norm);
+        cfg_jw_key(&w, "lr");
+        cfg_jw_double(&w, s->lr);
+        cfg_jw_key(&w, "time_s");
+        cfg_jw_double(&w, s->time_s);
+        cfg_jw_key(&w, "tokens_per_s");
+        if (s->dry) cfg_jw_null(&w); /* a dry run computes nothing */
+        else cfg_jw_double(&w, s->tokens_per_s);
+        cfg_jw_key(&w, "peak_bytes");
+        cfg_jw_u64(&w, s->peak_bytes);
+        cfg_jw_end(&w);
     }
-    jw_arr_end(&w);
-    jw_key(&w, "memory");
-    jw_obj(&w);
-    jw_key(&w, "per_device_peak_bytes");
-    jw_arr_inline(&w);
-    for (int d = 0; d < a->n_devices; d++) jw_u64(&w, a->stats[d].peak);
-    jw_arr_end(&w);
-    jw_key(&w, "capacity_bytes");
-    jw_arr_inline(&w);
-    for (int d = 0; d < a->n_devices; d++) jw_u64(&w, a->stats[d].capacity);
-    jw_arr_end(&w);
-    jw_key(&w, "by_category");
-    jw_obj(&w);
+    cfg_jw_end(&w);
+    cfg_jw_key(&w, "memory");
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "per_device_peak_bytes");
+    cfg_jw_arr(&w);
+    for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].peak);
+    cfg_jw_end(&w);
+    cfg_jw_key(&w, "capacity_bytes");
+    cfg_jw_arr(&w);
+    for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].capacity);
+    cfg_jw_end(&w);
+    cfg_jw_key(&w, "by_category");
+    cfg_jw_obj(&w);
     for (int c = 0; c < SIM_NMEM; c++) {
-        jw_key(&w, sim_mem_cat_name((sim_mem_cat)c));
-        jw_arr_inline(&w);
-        for (int d = 0; d < a->n_devices; d++) jw_u64(&w, a->stats[d].at_peak_by[c]);
-        jw_arr_end(&w);
+        cfg_jw_key(&w, sim_mem_cat_name((sim_mem_cat)c));
+        cfg_jw_arr(&w);
+        for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].at_peak_by[c]);
+        cfg_jw_end(&w);
     }
-    jw_obj_end(&w);
-    jw_obj_end(&w);
-    jw_obj_end(&w);
-    jw_done(&w);
+    cfg_jw_end(&w);
+    cfg_jw_end(&w);
+    cfg_jw_end(&w);
+    cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
     fputc('\n', f);
     return SIM_OK;
 }
@@ -439,182 +321,137 @@ sim_status cli_write_metrics_json(const char *dir, const cli_step_metrics *steps
 /* run.json                                                                 */
 /* ======================================================================== */
 
-/* A config value as typed JSON (scalars by their YAML type). */
-static void jw_cfg_value(jw *w, const mesh_cfg_value *v)
-{
-    if (v->kind == MESH_CFG_LIST || v->kind == MESH_CFG_MAP) {
-        int map = v->kind == MESH_CFG_MAP;
-        jw_open(w, map ? json_object() : json_array());
-        for (int i = 0; i < v->n; i++) {
-            if (map) jw_key(w, v->keys[i]);
-            jw_cfg_value(w, &v->items[i]);
-        }
-        jw_close(w);
-        return;
-    }
-    long long i;
-    double d;
-    int b;
-    switch (mesh_cfg_scalar_type(v)) {
-    case MESH_CFG_NULL: jw_null(w); return;
-    case MESH_CFG_BOOL:
-        if (mesh_cfg_value_bool(v, "", &b) == SIM_OK) {
-            jw_bool(w, b);
-            return;
-        }
-        break;
-    case MESH_CFG_INT:
-        if (mesh_cfg_value_int(v, "", &i) == SIM_OK) {
-            jw_int(w, i);
-            return;
-        }
-        break;
-    case MESH_CFG_FLOAT:
-        if (mesh_cfg_value_double(v, "", &d) == SIM_OK) {
-            jw_double(w, d);
-            return;
-        }
-        break;
-    case MESH_CFG_STRING: break;
-    }
-    sim_err_clear();
-    jw_str(w, v->text ? v->text : "");
-}
-
 static sim_status write_run(FILE *f, void *arg)
 {
     const cli_run_info *in = arg;
-    jw w;
-    jw_init(&w, f);
-    jw_obj(&w);
-    jw_key(&w, "shardsim_version");
-    jw_str(&w, in->version ? in->version : CLI_SHARDSIM_VERSION);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "shardsim_version");
+    cfg_jw_str(&w, in->version ? in->version : CLI_SHARDSIM_VERSION);
     time_t t = in->time ? in->time : time(NULL);
     struct tm tm;
     char ts[64] = "";
     if (gmtime_r(&t, &tm)) strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    jw_key(&w, "time");
-    jw_str(&w, ts);
-    jw_key(&w, "command");
-    jw_str(&w, in->command);
-    jw_key(&w, "argv");
-    jw_arr_inline(&w);
-    for (int i = 0; i < in->argc; i++) jw_str(&w, in->argv[i]);
-    jw_arr_end(&w);
+    cfg_jw_key(&w, "time");
+    cfg_jw_str(&w, ts);
+    cfg_jw_key(&w, "command");
+    cfg_jw_str(&w, in->command);
+    cfg_jw_key(&w, "argv");
+    cfg_jw_arr(&w);
+    for (int i = 0; i < in->argc; i++) cfg_jw_str(&w, in->argv[i]);
+    cfg_jw_end(&w);
     {   /* the OpenBLAS kernels that ran: results are bitwise reproducible per machine and kernel */
         const bk_coretype_info *k = bk_coretype_current();
-        jw_key(&w, "blas_kernels");
-        jw_obj_inline(&w);
-        jw_key(&w, "core");
-        jw_str(&w, k->core);
-        jw_key(&w, "openblas_detected");
-        jw_str(&w, k->detected);
-        jw_key(&w, "failed_check");
-        jw_str(&w, k->failed);
-        jw_key(&w, "checked");
-        jw_bool(&w, k->checked);
-        jw_key(&w, "summary");
-        jw_str(&w, k->summary);
-        jw_obj_end(&w);
+        cfg_jw_key(&w, "blas_kernels");
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "core");
+        cfg_jw_str(&w, k->core);
+        cfg_jw_key(&w, "openblas_detected");
+        cfg_jw_str(&w, k->detected);
+        cfg_jw_key(&w, "failed_check");
+        cfg_jw_str(&w, k->failed);
+        cfg_jw_key(&w, "checked");
+        cfg_jw_bool(&w, k->checked);
+        cfg_jw_key(&w, "summary");
+        cfg_jw_str(&w, k->summary);
+        cfg_jw_end(&w);
     }
     if (in->mesh) {
         const mesh_shape *m = in->mesh;
-        jw_key(&w, "mesh");
-        jw_obj(&w);
-        jw_key(&w, "axis_names");
-        jw_arr_inline(&w);
-        for (int a = 0; a < m->n_axes; a++) jw_str(&w, m->names[a]);
-        jw_arr_end(&w);
+        cfg_jw_key(&w, "mesh");
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "axis_names");
+        cfg_jw_arr(&w);
+        for (int a = 0; a < m->n_axes; a++) cfg_jw_str(&w, m->names[a]);
+        cfg_jw_end(&w);
         const char *what[3] = {"shape", "ici", "dcn"};
         const int *vals[3] = {m->sizes, m->ici, m->dcn};
         for (int k = 0; k < 3; k++) {
-            jw_key(&w, what[k]);
-            jw_obj_inline(&w);
+            cfg_jw_key(&w, what[k]);
+            cfg_jw_obj(&w);
             for (int a = 0; a < m->n_axes; a++) {
-                jw_key(&w, m->names[a]);
-                jw_int(&w, vals[k][a]);
+                cfg_jw_key(&w, m->names[a]);
+                cfg_jw_int(&w, vals[k][a]);
             }
-            jw_obj_end(&w);
+            cfg_jw_end(&w);
         }
-        jw_key(&w, "num_devices");
-        jw_int(&w, m->num_devices);
-        jw_key(&w, "num_slices");
-        jw_int(&w, m->num_slices);
-        jw_obj_end(&w);
+        cfg_jw_key(&w, "num_devices");
+        cfg_jw_int(&w, m->num_devices);
+        cfg_jw_key(&w, "num_slices");
+        cfg_jw_int(&w, m->num_slices);
+        cfg_jw_end(&w);
     }
     if (in->rules) {
-        jw_key(&w, "logical_axis_rules");
-        jw_arr(&w);
+        cfg_jw_key(&w, "logical_axis_rules");
+        cfg_jw_arr(&w);
         for (int i = 0; i < in->rules->n; i++) {
             const mesh_rule *r = &in->rules->rules[i];
-            jw_arr_inline(&w);
-            jw_str(&w, r->name);
-            jw_arr(&w);
-            for (int j = 0; j < r->n_axes; j++) jw_str(&w, r->axes[j]);
-            jw_arr_end(&w);
-            jw_arr_end(&w);
+            cfg_jw_arr(&w);
+            cfg_jw_str(&w, r->name);
+            cfg_jw_arr(&w);
+            for (int j = 0; j < r->n_axes; j++) cfg_jw_str(&w, r->axes[j]);
+            cfg_jw_end(&w);
+            cfg_jw_end(&w);
         }
-        jw_arr_end(&w);
+        cfg_jw_end(&w);
     }
     if (in->cfg && in->cfg->keys_file) {
         /* the key contract: inert keys that were set (accepted, no effect on
          * the simulation), with the reason */
-        jw_key(&w, "inert_keys_set");
-        jw_obj(&w);
+        cfg_jw_key(&w, "inert_keys_set");
+        cfg_jw_obj(&w);
         for (int i = 0; i < in->cfg->n; i++) {
-            const mesh_cfg_entry *e = &in->cfg->entries[i];
-            if (e->cls != MESH_KEY_INERT || !e->changed) continue;
-            jw_key(&w, e->key);
-            jw_obj_inline(&w);
-            jw_key(&w, "value");
-            jw_cfg_value(&w, &e->value);
-            jw_key(&w, "source");
-            jw_str(&w, e->where ? e->where : "");
-            jw_key(&w, "why");
-            jw_str(&w, e->why ? e->why : "");
-            jw_obj_end(&w);
+            const cfg_entry *e = &in->cfg->entries[i];
+            if (e->cls != CFG_KEY_INERT || !e->changed) continue;
+            cfg_jw_key(&w, e->key);
+            cfg_jw_obj(&w);
+            cfg_jw_key(&w, "value");
+            cfg_value_json(&w, &e->value);
+            cfg_jw_key(&w, "source");
+            cfg_jw_str(&w, e->where ? e->where : "");
+            cfg_jw_key(&w, "why");
+            cfg_jw_str(&w, e->why ? e->why : "");
+            cfg_jw_end(&w);
         }
-        jw_obj_end(&w);
+        cfg_jw_end(&w);
     }
     if (in->wire_gather) { /* the hardware profile's compiler rule (model_hw_wire_dtypes) */
-        jw_key(&w, "weight_collective_dtypes");
-        jw_obj_inline(&w);
-        jw_key(&w, "weight_gather");
-        jw_str(&w, in->wire_gather);
-        jw_key(&w, "gradient_reduction");
-        jw_str(&w, in->wire_reduce ? in->wire_reduce : "");
-        jw_key(&w, "rule");
-        jw_str(&w, in->wire_rule ? in->wire_rule : "");
-        jw_obj_end(&w);
+        cfg_jw_key(&w, "weight_collective_dtypes");
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "weight_gather");
+        cfg_jw_str(&w, in->wire_gather);
+        cfg_jw_key(&w, "gradient_reduction");
+        cfg_jw_str(&w, in->wire_reduce ? in->wire_reduce : "");
+        cfg_jw_key(&w, "rule");
+        cfg_jw_str(&w, in->wire_rule ? in->wire_rule : "");
+        cfg_jw_end(&w);
     }
     if (in->compiler_rules) { /* model_xla_rules_text: docs/xla-fidelity.md */
-        jw_key(&w, "compiler_rules");
-        jw_str(&w, in->compiler_rules);
+        cfg_jw_key(&w, "compiler_rules");
+        cfg_jw_str(&w, in->compiler_rules);
     }
-    if (in->step_time_json) {
-        json_error_t jerr;
-        json_t *v = json_loads(in->step_time_json, 0, &jerr);
-        SIM_ASSERT(v); /* written by model_tm_write_json */
-        jw_key(&w, "step_time_model");
-        jw_add(&w, v);
+    if (in->step_time_model) {
+        cfg_jw_key(&w, "step_time_model");
+        cfg_jw_tree(&w, json_incref(in->step_time_model));
     }
     if (in->cfg) {
-        jw_key(&w, "config");
-        jw_obj(&w);
+        cfg_jw_key(&w, "config");
+        cfg_jw_obj(&w);
         for (int i = 0; i < in->cfg->n; i++) {
-            const mesh_cfg_entry *e = &in->cfg->entries[i];
-            jw_key(&w, e->key);
-            jw_obj_inline(&w);
-            jw_key(&w, "value");
-            jw_cfg_value(&w, &e->value);
-            jw_key(&w, "source");
-            jw_str(&w, e->where ? e->where : "");
-            jw_obj_end(&w);
+            const cfg_entry *e = &in->cfg->entries[i];
+            cfg_jw_key(&w, e->key);
+            cfg_jw_obj(&w);
+            cfg_jw_key(&w, "value");
+            cfg_value_json(&w, &e->value);
+            cfg_jw_key(&w, "source");
+            cfg_jw_str(&w, e->where ? e->where : "");
+            cfg_jw_end(&w);
         }
-        jw_obj_end(&w);
+        cfg_jw_end(&w);
     }
-    jw_obj_end(&w);
-    jw_done(&w);
+    cfg_jw_end(&w);
+    cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
     fputc('\n', f);
     return SIM_OK;
 }
@@ -899,11 +736,11 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
     return SIM_OK;
 }
 
-static void jw_shape(jw *w, int rank, const int64_t *shape)
+static void jw_shape(cfg_jw *w, int rank, const int64_t *shape)
 {
-    jw_arr(w);
-    for (int d = 0; d < rank; d++) jw_int(w, (long long)shape[d]);
-    jw_arr_end(w);
+    cfg_jw_arr(w);
+    for (int d = 0; d < rank; d++) cfg_jw_int(w, (long long)shape[d]);
+    cfg_jw_end(w);
 }
 
 static sim_status check_param(const leaf *l, const mesh_shape *m)
@@ -926,26 +763,26 @@ static sim_status check_param(const leaf *l, const mesh_shape *m)
     return SIM_OK;
 }
 
-static void jw_mesh(jw *w, const mesh_shape *m)
+static void jw_mesh(cfg_jw *w, const mesh_shape *m)
 {
-    jw_key(w, "mesh");
-    jw_obj(w);
-    jw_key(w, "axis_names");
-    jw_arr(w);
-    for (int a = 0; a < m->n_axes; a++) jw_str(w, m->names[a]);
-    jw_arr_end(w);
-    jw_key(w, "shape");
-    jw_obj(w);
+    cfg_jw_key(w, "mesh");
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "axis_names");
+    cfg_jw_arr(w);
+    for (int a = 0; a < m->n_axes; a++) cfg_jw_str(w, m->names[a]);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "shape");
+    cfg_jw_obj(w);
     for (int a = 0; a < m->n_axes; a++) {
-        jw_key(w, m->names[a]);
-        jw_int(w, m->sizes[a]);
+        cfg_jw_key(w, m->names[a]);
+        cfg_jw_int(w, m->sizes[a]);
     }
-    jw_obj_end(w);
-    jw_obj_end(w);
+    cfg_jw_end(w);
+    cfg_jw_end(w);
 }
 
 /* named (m != NULL) or logical (m == NULL) shardings. */
-static sim_status dump_state(FILE *f, const mesh_shape *m, const cli_dump_param *p, int n, cli_dump_mode mode)
+static sim_status dump_state(cfg_jw *w, const mesh_shape *m, const cli_dump_param *p, int n, cli_dump_mode mode)
 {
     leaf *l = NULL;
     int nl = 0;
@@ -958,57 +795,66 @@ static sim_status dump_state(FILE *f, const mesh_shape *m, const cli_dump_param 
             return st;
         }
     }
-    jw w;
-    jw_init(&w, f);
-    jw_obj(&w);
+    cfg_jw_obj(w);
     for (int i = 0; i < nl; i++) {
         const cli_dump_param *q = l[i].p;
         int rank = q ? q->rank : 0;
-        jw_key(&w, l[i].key);
-        jw_obj(&w);
-        if (m) jw_mesh(&w, m);
-        jw_key(&w, "partition_spec");
-        jw_arr(&w);
+        cfg_jw_key(w, l[i].key);
+        cfg_jw_obj(w);
+        if (m) jw_mesh(w, m);
+        cfg_jw_key(w, "partition_spec");
+        cfg_jw_arr(w);
         if (m && q) {
             const mesh_spec *s = l[i].opt && q->has_opt_spec ? &q->opt_spec : &q->spec;
             for (int d = 0; d < rank; d++) {
                 if (s->n_axes[d] == 0) {
-                    jw_null(&w);
+                    cfg_jw_null(w);
                 } else if (s->n_axes[d] == 1) {
-                    jw_str(&w, m->names[s->axes[d][0]]);
+                    cfg_jw_str(w, m->names[s->axes[d][0]]);
                 } else {
-                    jw_arr(&w);
-                    for (int j = 0; j < s->n_axes[d]; j++) jw_str(&w, m->names[s->axes[d][j]]);
-                    jw_arr_end(&w);
+                    cfg_jw_arr(w);
+                    for (int j = 0; j < s->n_axes[d]; j++) cfg_jw_str(w, m->names[s->axes[d][j]]);
+                    cfg_jw_end(w);
                 }
             }
         } else if (q) {
-            for (int d = 0; d < rank; d++) jw_str(&w, q->logical[d]);
+            for (int d = 0; d < rank; d++) cfg_jw_str(w, q->logical[d]);
         }
-        jw_arr_end(&w);
-        jw_key(&w, "shape");
+        cfg_jw_end(w);
+        cfg_jw_key(w, "shape");
         if (!q && l[i].len) {
-            jw_shape(&w, 1, &l[i].len);
+            jw_shape(w, 1, &l[i].len);
         } else {
-            jw_shape(&w, rank, q ? q->shape : NULL);
+            jw_shape(w, rank, q ? q->shape : NULL);
         }
-        jw_obj_end(&w);
+        cfg_jw_end(w);
     }
-    jw_obj_end(&w);
-    jw_done(&w);
+    cfg_jw_end(w);
     free(l);
     return SIM_OK;
+}
+
+/* One dump document to f (Python's json.dumps(indent=2) layout). */
+static sim_status dump_to_file(FILE *f, cfg_jw *w, sim_status st)
+{
+    if (st == SIM_OK) cfg_jw_write(w, f, CFG_JW_INDENT2, 17);
+    else cfg_jw_discard(w);
+    return st;
 }
 
 sim_status cli_dump_named(FILE *f, const mesh_shape *m, const cli_dump_param *p, int n, cli_dump_mode mode)
 {
     SIM_ASSERT(m);
-    return dump_state(f, m, p, n, mode);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    return dump_to_file(f, &w, dump_state(&w, m, p, n, mode));
 }
 
 sim_status cli_dump_logical(FILE *f, const cli_dump_param *p, int n, cli_dump_mode mode)
 {
-    return dump_state(f, NULL, p, n, mode);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    return dump_to_file(f, &w, dump_state(&w, NULL, p, n, mode));
 }
 
 /* "deepseek/inputs: bfloat16[192,2048,2048]" */
@@ -1035,7 +881,7 @@ static void logical_repr(const cli_dump_activation *a, char *buf, size_t cap)
     if (n < cap) snprintf(buf + n, cap - n, "%s)", a->rank == 1 ? "," : "");
 }
 
-sim_status cli_dump_inputs(FILE *f, const mesh_shape *m, const cli_dump_activation *a, int n)
+static sim_status dump_inputs(cfg_jw *w, const mesh_shape *m, const cli_dump_activation *a, int n)
 {
     for (int i = 0; i < n; i++) {
         if (a[i].rank < 0 || a[i].rank > MESH_SPEC_MAX_RANK)
@@ -1049,11 +895,9 @@ sim_status cli_dump_inputs(FILE *f, const mesh_shape *m, const cli_dump_activati
     }
     char (*keys)[KEY_CAP] = calloc((size_t)n + 1, sizeof *keys);
     SIM_ASSERT(keys);
-    jw w;
-    jw_init(&w, f);
-    jw_obj(&w);
-    jw_key(&w, "Activation Sharding Dump");
-    jw_arr(&w);
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "Activation Sharding Dump");
+    cfg_jw_arr(w);
     for (int i = 0; i < n; i++) {
         activation_key(&a[i], keys[i], KEY_CAP);
         int dup = 0;
@@ -1062,21 +906,27 @@ sim_status cli_dump_inputs(FILE *f, const mesh_shape *m, const cli_dump_activati
         char logic[KEY_CAP], spec[KEY_CAP];
         logical_repr(&a[i], logic, sizeof logic);
         mesh_spec_format(&a[i].spec, m, spec, (int)sizeof spec);
-        jw_obj(&w);
-        jw_key(&w, keys[i]);
-        jw_obj(&w);
-        jw_key(&w, "logic_axes");
-        jw_str(&w, logic);
-        jw_key(&w, "PartitionSpec");
-        jw_str(&w, spec);
-        jw_obj_end(&w);
-        jw_obj_end(&w);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, keys[i]);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "logic_axes");
+        cfg_jw_str(w, logic);
+        cfg_jw_key(w, "PartitionSpec");
+        cfg_jw_str(w, spec);
+        cfg_jw_end(w);
+        cfg_jw_end(w);
     }
-    jw_arr_end(&w);
-    jw_obj_end(&w);
-    jw_done(&w);
+    cfg_jw_end(w);
+    cfg_jw_end(w);
     free(keys);
     return SIM_OK;
+}
+
+sim_status cli_dump_inputs(FILE *f, const mesh_shape *m, const cli_dump_activation *a, int n)
+{
+    cfg_jw w;
+    cfg_jw_init(&w);
+    return dump_to_file(f, &w, dump_inputs(&w, m, a, n));
 }
 
 typedef struct {
@@ -1106,6 +956,35 @@ static sim_status write_inputs(FILE *f, void *arg)
     return cli_dump_inputs(f, d->m, d->a, d->na);
 }
 
+/* shardings.json: the three documents under one object. */
+static sim_status write_combined(FILE *f, void *arg)
+{
+    const dump_args *d = arg;
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "named_shardings");
+    sim_status st;
+    SIM_TRY_GOTO(dump_state(&w, d->m, d->p, d->n, d->mode), st, fail);
+    cfg_jw_key(&w, "logical_shardings");
+    SIM_TRY_GOTO(dump_state(&w, NULL, d->p, d->n, d->mode), st, fail);
+    cfg_jw_key(&w, "input_shardings");
+    SIM_TRY_GOTO(dump_inputs(&w, d->m, d->a, d->na), st, fail);
+    cfg_jw_end(&w);
+    cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
+    fputc('\n', f);
+fail:
+    if (st != SIM_OK) cfg_jw_discard(&w);
+    return st;
+}
+
+sim_status cli_write_shardings_json(const char *dir, const mesh_shape *m, const cli_dump_param *params,
+                                    int n_params, cli_dump_mode mode, const cli_dump_activation *acts, int n_act)
+{
+    dump_args d = {m, params, n_params, mode, acts, n_act};
+    return cli_artifact_write(dir, "shardings.json", write_combined, &d);
+}
+
 sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const cli_dump_param *params,
                                    int n_params, cli_dump_mode mode, const cli_dump_activation *acts,
                                    int n_act)
@@ -1123,137 +1002,136 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 
 /* What one configuration costs: its mesh, memory per device (as metrics.json), the traffic of one
  * step (as traffic.csv, per device) and the step-time model's estimate when a profile was set. */
-static void write_parity_costs(jw *w, const cli_parity_config *pc)
+static void write_parity_costs(cfg_jw *w, const cli_parity_config *pc)
 {
     if (pc->mesh) {
-        jw_key(w, "mesh");
-        jw_str(w, pc->mesh);
+        cfg_jw_key(w, "mesh");
+        cfg_jw_str(w, pc->mesh);
     }
     if (pc->mem && pc->n_devices > 0) {
-        jw_key(w, "devices");
-        jw_int(w, pc->n_devices);
-        jw_key(w, "memory");
-        jw_obj(w);
-        jw_key(w, "per_device_peak_bytes");
-        jw_arr_inline(w);
-        for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].peak);
-        jw_arr_end(w);
-        jw_key(w, "capacity_bytes");
-        jw_arr_inline(w);
-        for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].capacity);
-        jw_arr_end(w);
-        jw_key(w, "by_category");
-        jw_obj(w);
+        cfg_jw_key(w, "devices");
+        cfg_jw_int(w, pc->n_devices);
+        cfg_jw_key(w, "memory");
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "per_device_peak_bytes");
+        cfg_jw_arr(w);
+        for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].peak);
+        cfg_jw_end(w);
+        cfg_jw_key(w, "capacity_bytes");
+        cfg_jw_arr(w);
+        for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].capacity);
+        cfg_jw_end(w);
+        cfg_jw_key(w, "by_category");
+        cfg_jw_obj(w);
         for (int c = 0; c < SIM_NMEM; c++) {
-            jw_key(w, sim_mem_cat_name((sim_mem_cat)c));
-            jw_arr_inline(w);
-            for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].at_peak_by[c]);
-            jw_arr_end(w);
+            cfg_jw_key(w, sim_mem_cat_name((sim_mem_cat)c));
+            cfg_jw_arr(w);
+            for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].at_peak_by[c]);
+            cfg_jw_end(w);
         }
-        jw_obj_end(w);
-        jw_obj_end(w);
+        cfg_jw_end(w);
+        cfg_jw_end(w);
     }
     if (pc->traffic) {
         const cli_traffic *t = pc->traffic;
-        jw_key(w, "traffic");
-        jw_obj(w);
-        jw_key(w, "step");
-        jw_int(w, t->steps.first);
-        jw_key(w, "bytes_per_device");
-        jw_double(w, t->total.bytes_mean);
-        jw_key(w, "rows");
-        jw_arr(w);
+        cfg_jw_key(w, "traffic");
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "step");
+        cfg_jw_int(w, t->steps.first);
+        cfg_jw_key(w, "bytes_per_device");
+        cfg_jw_double(w, t->total.bytes_mean);
+        cfg_jw_key(w, "rows");
+        cfg_jw_arr(w);
         for (int i = 0; i < t->n_rows; i++) {
             const cli_traffic_row *r = &t->rows[i];
             char ax[256];
-            jw_obj_inline(w);
-            jw_key(w, "op");
-            jw_str(w, sim_op_name(r->op));
-            jw_key(w, "axes");
-            jw_str(w, cli_axes_text(&t->mesh, r->axes, ax, sizeof ax));
-            jw_key(w, "phase");
-            jw_str(w, sim_phase_name(r->phase));
-            jw_key(w, "calls_per_device");
-            jw_double(w, t->n_devices ? (double)r->calls / t->n_devices : 0);
-            jw_key(w, "bytes_per_device");
-            jw_double(w, r->bytes_mean);
-            jw_obj_end(w);
+            cfg_jw_obj(w);
+            cfg_jw_key(w, "op");
+            cfg_jw_str(w, sim_op_name(r->op));
+            cfg_jw_key(w, "axes");
+            cfg_jw_str(w, cli_axes_text(&t->mesh, r->axes, ax, sizeof ax));
+            cfg_jw_key(w, "phase");
+            cfg_jw_str(w, sim_phase_name(r->phase));
+            cfg_jw_key(w, "calls_per_device");
+            cfg_jw_double(w, t->n_devices ? (double)r->calls / t->n_devices : 0);
+            cfg_jw_key(w, "bytes_per_device");
+            cfg_jw_double(w, r->bytes_mean);
+            cfg_jw_end(w);
         }
-        jw_arr_end(w);
-        jw_obj_end(w);
+        cfg_jw_end(w);
+        cfg_jw_end(w);
     }
-    if (pc->step_time_json) {
-        json_t *v = json_loads(pc->step_time_json, 0, NULL); /* model_tm_write_json's object */
-        jw_key(w, "step_time_model");
-        jw_add(w, v ? v : json_null());
+    if (pc->step_time_model) {
+        cfg_jw_key(w, "step_time_model");
+        cfg_jw_tree(w, json_incref(pc->step_time_model));
     }
 }
 
 static sim_status write_parity(FILE *f, void *arg)
 {
     const cli_parity *p = arg;
-    jw w;
-    jw_init(&w, f);
-    jw_obj(&w);
-    jw_key(&w, "rtol");
-    jw_double(&w, p->rtol);
-    jw_key(&w, "reference");
-    jw_str(&w, p->n_configs ? p->configs[0].label : NULL);
-    jw_key(&w, "configs");
-    jw_arr(&w);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "rtol");
+    cfg_jw_double(&w, p->rtol);
+    cfg_jw_key(&w, "reference");
+    cfg_jw_str(&w, p->n_configs ? p->configs[0].label : NULL);
+    cfg_jw_key(&w, "configs");
+    cfg_jw_arr(&w);
     for (int c = 0; c < p->n_configs; c++) {
-        jw_obj_inline(&w);
-        jw_key(&w, "label");
-        jw_str(&w, p->configs[c].label);
-        jw_key(&w, "overrides");
-        jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "label");
+        cfg_jw_str(&w, p->configs[c].label);
+        cfg_jw_key(&w, "overrides");
+        cfg_jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
         write_parity_costs(&w, &p->configs[c]);
-        jw_obj_end(&w);
+        cfg_jw_end(&w);
     }
-    jw_arr_end(&w);
-    jw_key(&w, "steps");
-    jw_arr(&w);
+    cfg_jw_end(&w);
+    cfg_jw_key(&w, "steps");
+    cfg_jw_arr(&w);
     double mx = 0;
     for (int i = 0; i < p->n_steps; i++) {
         int worst;
         double r = cli_parity_step_diff(p, i, &worst);
         if (r > mx) mx = r;
-        jw_obj_inline(&w);
-        jw_key(&w, "step");
-        jw_int(&w, p->first_step + i);
-        jw_key(&w, "losses");
-        jw_arr(&w);
-        for (int c = 0; c < p->n_configs; c++) jw_double(&w, p->configs[c].losses[i]);
-        jw_arr_end(&w);
-        jw_key(&w, "max_rel_diff");
-        jw_double(&w, r);
-        jw_key(&w, "worst_config");
-        jw_str(&w, p->n_configs > 1 && r > 0 ? p->configs[worst].label : NULL);
-        jw_key(&w, "pass");
-        jw_bool(&w, r <= p->rtol);
-        jw_obj_end(&w);
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "step");
+        cfg_jw_int(&w, p->first_step + i);
+        cfg_jw_key(&w, "losses");
+        cfg_jw_arr(&w);
+        for (int c = 0; c < p->n_configs; c++) cfg_jw_double(&w, p->configs[c].losses[i]);
+        cfg_jw_end(&w);
+        cfg_jw_key(&w, "max_rel_diff");
+        cfg_jw_double(&w, r);
+        cfg_jw_key(&w, "worst_config");
+        cfg_jw_str(&w, p->n_configs > 1 && r > 0 ? p->configs[worst].label : NULL);
+        cfg_jw_key(&w, "pass");
+        cfg_jw_bool(&w, r <= p->rtol);
+        cfg_jw_end(&w);
     }
-    jw_arr_end(&w);
+    cfg_jw_end(&w);
     int fail = cli_parity_first_failure(p);
     int failed = fail >= 0 || p->diverge_step >= 0 || p->diverge_param;
-    jw_key(&w, "max_rel_diff");
-    jw_double(&w, mx);
-    jw_key(&w, "pass");
-    jw_bool(&w, !failed);
-    jw_key(&w, "first_diverging_step");
-    if (p->diverge_step >= 0) jw_int(&w, p->diverge_step);
-    else if (fail >= 0) jw_int(&w, p->first_step + fail);
-    else jw_null(&w);
-    jw_key(&w, "first_diverging_config");
+    cfg_jw_key(&w, "max_rel_diff");
+    cfg_jw_double(&w, mx);
+    cfg_jw_key(&w, "pass");
+    cfg_jw_bool(&w, !failed);
+    cfg_jw_key(&w, "first_diverging_step");
+    if (p->diverge_step >= 0) cfg_jw_int(&w, p->diverge_step);
+    else if (fail >= 0) cfg_jw_int(&w, p->first_step + fail);
+    else cfg_jw_null(&w);
+    cfg_jw_key(&w, "first_diverging_config");
     int worst = 0;
     if (fail >= 0) cli_parity_step_diff(p, fail, &worst);
-    if (p->diverge_config) jw_str(&w, p->diverge_config);
-    else if (fail >= 0 && worst > 0) jw_str(&w, p->configs[worst].label);
-    else jw_null(&w);
-    jw_key(&w, "first_diverging_param");
-    jw_str(&w, p->diverge_param);
-    jw_obj_end(&w);
-    jw_done(&w);
+    if (p->diverge_config) cfg_jw_str(&w, p->diverge_config);
+    else if (fail >= 0 && worst > 0) cfg_jw_str(&w, p->configs[worst].label);
+    else cfg_jw_null(&w);
+    cfg_jw_key(&w, "first_diverging_param");
+    cfg_jw_str(&w, p->diverge_param);
+    cfg_jw_end(&w);
+    cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
     fputc('\n', f);
     return SIM_OK;
 }

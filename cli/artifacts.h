@@ -71,13 +71,13 @@ typedef struct {
     const char *command;         /* "train", "parity", "dump" (may be NULL) */
     int argc;                    /* the command's words (may be 0) */
     const char *const *argv;
-    const mesh_cfg *cfg;         /* resolved config (may be NULL) */
+    const cfg_config *cfg;         /* resolved config (may be NULL) */
     const mesh_shape *mesh;      /* the mesh (may be NULL) */
     const mesh_rules *rules;     /* logical axis rules in effect (may be NULL) */
     const char *version;         /* NULL: CLI_SHARDSIM_VERSION */
     time_t time;                 /* 0: now */
-    const char *step_time_json;  /* the step-time model's estimate as a JSON object (run.json's
-                                    "step_time_model"), or NULL */
+    struct json_t *step_time_model; /* the step-time model's estimate as a JSON object (run.json's
+                                    "step_time_model", model_tm_json), or NULL */
     const char *wire_gather;     /* dtype names of weight gathers and gradient reductions and the rule that set
                                     them (run.json's "weight_collective_dtypes"), or NULL */
     const char *wire_reduce, *wire_rule;
@@ -158,6 +158,10 @@ sim_status cli_dump_logical(FILE *f, const cli_dump_param *p, int n, cli_dump_mo
 /* Entries with the same "name: dtype[shape]" key after the first are left out
  * (MaxText logs each once). */
 sim_status cli_dump_inputs(FILE *f, const mesh_shape *m, const cli_dump_activation *a, int n);
+/* shardings.json: {"named_shardings": ..., "logical_shardings": ..., "input_shardings": ...}, the
+ * three documents in one. */
+sim_status cli_write_shardings_json(const char *dir, const mesh_shape *m, const cli_dump_param *params,
+                                    int n_params, cli_dump_mode mode, const cli_dump_activation *acts, int n_act);
 /* Writes named_shardings.json, logical_shardings.json and (when n_act >= 0)
  * input_shardings.json into dir. */
 sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const cli_dump_param *params,

@@ -169,10 +169,10 @@ sim_status cli_parse_mesh(const char *text, mesh_shape *m)
     return mesh_shape_init(m, n, np, sizes);
 }
 
-sim_status cli_rank_placement(const mesh_cfg *cfg, const mesh_shape *mesh)
+sim_status cli_rank_placement(const cfg_config *cfg, const mesh_shape *mesh)
 {
     const char *text = NULL;
-    SIM_TRY(mesh_cfg_get_str(cfg, "rank_placement", &text));
+    SIM_TRY(cfg_get_str(cfg, "rank_placement", &text));
     SIM_TRY(sim_xrank_set_placement(text));
     sim_mesh_desc md;
     SIM_TRY(mesh_shape_to_sim(mesh, &md));

@@ -41,7 +41,7 @@ sim_status cli_parse_mesh(const char *text, mesh_shape *m);
 
 /* rank_placement (sim/xrank.h): read from cfg, set for the machines to come, its axes checked
  * against mesh's; an error names the key. */
-sim_status cli_rank_placement(const mesh_cfg *cfg, const mesh_shape *mesh);
+sim_status cli_rank_placement(const cfg_config *cfg, const mesh_shape *mesh);
 
 /* Prints "shardsim: <message>" and returns the exit code for st.  Under mpirun it prints nothing:
  * it tells the other ranks (sim_xrank_post_failure) and keeps the message for cli_end_job. */

@@ -96,7 +96,7 @@ static sim_status verify(const mesh_shape *m, const mesh_plan *p, char *msg, siz
     return st;
 }
 
-static sim_status logical_spec(const mesh_cfg *cfg, const mesh_shape *m, const char *text, int rank, const char *what,
+static sim_status logical_spec(const cfg_config *cfg, const mesh_shape *m, const char *text, int rank, const char *what,
                                mesh_spec *out)
 {
     mesh_rules rules;
@@ -126,7 +126,7 @@ static sim_status logical_spec(const mesh_cfg *cfg, const mesh_shape *m, const c
             known[0] = '\0';
             for (int i = 0; i < rules.n; i++) {
                 if (mesh_rules_find(&rules, rules.rules[i].name) != i) continue;
-                int dist = mesh_edit_distance(names[n - 1], rules.rules[i].name);
+                int dist = cfg_edit_distance(names[n - 1], rules.rules[i].name);
                 if (dist < best) best = dist, near = rules.rules[i].name;
                 if (len < sizeof known - 64)
                     len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", rules.rules[i].name);
@@ -183,14 +183,14 @@ static bool parameter_axis(const model_def *def, const char *name)
  * of the config's model's parameters -- the question is then about a weight
  * as the model shards it.  With an override the model only adds a note, so
  * a model that cannot be defined is no error then. */
-static sim_status counted_dtype(const mesh_cfg *cfg, const char *tensor, const char *from_l, const char *to_l,
+static sim_status counted_dtype(const cfg_config *cfg, const char *tensor, const char *from_l, const char *to_l,
                                 const char *override, sim_dtype *dt, char *why, size_t cap)
 {
     static const char *const names[] = {"float32", "bfloat16"};
     static const sim_dtype dts[] = {SIM_F32, SIM_BF16};
     int act, wgt;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "dtype", names, 2, &act));
-    SIM_TRY(mesh_cfg_get_enum(cfg, "weight_dtype", names, 2, &wgt));
+    SIM_TRY(cfg_get_enum(cfg, "dtype", names, 2, &act));
+    SIM_TRY(cfg_get_enum(cfg, "weight_dtype", names, 2, &wgt));
     bool weight = false;
     /* the longest reason is a 64-character name plus 45 characters of text; 160 keeps the sentence
      * below within the caller's 768 bytes (GCC -O1 checks that bound) */
@@ -240,7 +240,7 @@ static sim_status counted_dtype(const mesh_cfg *cfg, const char *tensor, const c
      * profile, as XLA:CPU; `dtype` on a TPU or GPU profile, which casts the shard first) */
     sim_dtype gather, reduce;
     char rule[192];
-    SIM_TRY(model_hw_wire_dtypes(cfg, cfg->configs_dir, dts[act], dts[wgt], &gather, &reduce, rule, sizeof rule));
+    SIM_TRY(model_hw_wire_dtypes(cfg, dts[act], dts[wgt], &gather, &reduce, rule, sizeof rule));
     bool cast = gather != dts[wgt];
     const char *wkey = cast ? "dtype" : "weight_dtype";
     sim_dtype counted = weight ? gather : dts[act];
@@ -290,28 +290,19 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     int64_t shape[MESH_SPEC_MAX_RANK];
     if ((st = cli_parse_shape(shape_text, "shape", &rank, shape))) return cli_fail(err, st);
 
-    mesh_cfg *cfg = NULL;
+    cfg_config *cfg = NULL;
     mesh_shape m;
-    int rc = 0;
     /* the config always: it gives the dtypes (and the rules and the mesh when asked) */
-    st = cli_configs_check();
-    if (!st) st = mesh_cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg);
-    if (!st) st = counted_dtype(cfg, tensor, from_l, to_l, dtype_text, &dt, dt_why, sizeof dt_why);
-    if (st) {
-        mesh_cfg_free(cfg);
-        return cli_fail(err, st);
-    }
-    st = mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m);
+    SIM_TRY_GOTO(cli_configs_check(), st, fail);
+    SIM_TRY_GOTO(cfg_load_argv(cli_base_config(), a.n_cfg, a.cfg, &cfg), st, fail);
+    SIM_TRY_GOTO(counted_dtype(cfg, tensor, from_l, to_l, dtype_text, &dt, dt_why, sizeof dt_why), st, fail);
+    SIM_TRY_GOTO(mesh_text ? cli_parse_mesh(mesh_text, &m) : mesh_shape_from_config(cfg, &m), st, fail);
     mesh_spec fs, ts;
-    if (!st) st = from ? mesh_spec_parse(from, &m, &fs) : logical_spec(cfg, &m, from_l, rank, "from_logical", &fs);
-    if (!st) st = to ? mesh_spec_parse(to, &m, &ts) : logical_spec(cfg, &m, to_l, rank, "to_logical", &ts);
+    SIM_TRY_GOTO(from ? mesh_spec_parse(from, &m, &fs) : logical_spec(cfg, &m, from_l, rank, "from_logical", &fs), st,
+                 fail);
+    SIM_TRY_GOTO(to ? mesh_spec_parse(to, &m, &ts) : logical_spec(cfg, &m, to_l, rank, "to_logical", &ts), st, fail);
     mesh_plan plan;
-    if (!st) st = mesh_plan_make(&m, "the array", rank, shape, dt, &fs, &ts, &plan);
-    if (st) {
-        rc = cli_fail(err, st);
-        mesh_cfg_free(cfg);
-        return rc;
-    }
+    SIM_TRY_GOTO(mesh_plan_make(&m, "the array", rank, shape, dt, &fs, &ts, &plan), st, fail);
     char mbuf[512];
     int64_t n = 1;
     for (int i = 0; i < rank; i++) n *= shape[i];
@@ -328,17 +319,13 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     fprintf(out, "\n");
     if (!verify_text || strcmp(verify_text, "false")) {
         char msg[256];
-        st = verify(&m, &plan, msg, sizeof msg);
-        if (st) {
-            rc = cli_fail(err, st);
-            mesh_cfg_free(cfg);
-            return rc;
-        }
+        SIM_TRY_GOTO(verify(&m, &plan, msg, sizeof msg), st, fail);
         fprintf(out, "plan (%s):\n", msg);
     } else {
         fprintf(out, "plan:\n");
     }
     mesh_plan_print(&plan, &m, out);
-    mesh_cfg_free(cfg);
-    return 0;
+fail:
+    cfg_free(cfg);
+    return st ? cli_fail(err, st) : 0;
 }

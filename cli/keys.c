@@ -11,10 +11,10 @@
 
 #include "config/config.h"
 
-static int key_selected(const mesh_cfg_entry *e, const char *pattern)
+static int key_selected(const cfg_entry *e, const char *pattern)
 {
     if (!pattern || !*pattern) return 1;
-    if (!strncmp(pattern, "class=", 6)) return !strcmp(mesh_key_class_name(e->cls), pattern + 6);
+    if (!strncmp(pattern, "class=", 6)) return !strcmp(cfg_key_class_name(e->cls), pattern + 6);
     if (strpbrk(pattern, "*?[")) return fnmatch(pattern, e->key, 0) == 0;
     return strstr(e->key, pattern) != NULL;
 }
@@ -35,11 +35,11 @@ int cli_keys(int argc, char **argv, FILE *out, FILE *err)
         fprintf(err, "shardsim keys: %s: expected class=honoured, class=inert or class=refused\n", pattern);
         return 2;
     }
-    mesh_cfg *cfg = NULL;
-    sim_status st = mesh_cfg_load_argv(cli_base_config(), 0, NULL, &cfg);
+    cfg_config *cfg = NULL;
+    sim_status st = cfg_load_argv(cli_base_config(), 0, NULL, &cfg);
     if (st) return cli_fail(err, st);
     if (!cfg->keys_file) {
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
         fprintf(err, "shardsim keys: no keys.yml beside %s; the key contract lives in configs/keys.yml\n",
                 cli_base_config());
         return 2;
@@ -51,22 +51,22 @@ int cli_keys(int argc, char **argv, FILE *out, FILE *err)
             wkey = strlen(cfg->entries[i].key);
     fprintf(out, "%-*s  %-8s  %-20s  %s\n", (int)wkey, "key", "class", "default", "what it does / why");
     for (int i = 0; i < cfg->n; i++) {
-        const mesh_cfg_entry *e = &cfg->entries[i];
+        const cfg_entry *e = &cfg->entries[i];
         if (!key_selected(e, pattern)) continue;
         counts[e->cls]++;
         shown++;
-        char *def = mesh_cfg_value_to_text(&e->value, 0);
+        char *def = cfg_value_to_text(&e->value, 0);
         if (strlen(def) > 20) strcpy(def + 17, "...");
-        const mesh_cfg_value *sim = mesh_cfg_entry_field(e, "simulated");
-        char *simtext = sim ? mesh_cfg_value_to_text(sim, 0) : NULL;
-        fprintf(out, "%-*s  %-8s  %-20s  %s%s%s%s\n", (int)wkey, e->key, mesh_key_class_name(e->cls), def,
+        const cfg_value *sim = cfg_entry_field(e, "simulated");
+        char *simtext = sim ? cfg_value_to_text(sim, 0) : NULL;
+        fprintf(out, "%-*s  %-8s  %-20s  %s%s%s%s\n", (int)wkey, e->key, cfg_key_class_name(e->cls), def,
                 e->why ? e->why : "", simtext ? " [simulated: " : "", simtext ? simtext : "", simtext ? "]" : "");
         free(def);
         free(simtext);
     }
     fprintf(out, "\n%d key%s: %d honoured, %d inert, %d refused (from %s)\n", shown, shown == 1 ? "" : "s",
-            counts[MESH_KEY_HONOURED], counts[MESH_KEY_INERT], counts[MESH_KEY_REFUSED], cfg->keys_file);
-    mesh_cfg_free(cfg);
+            counts[CFG_KEY_HONOURED], counts[CFG_KEY_INERT], counts[CFG_KEY_REFUSED], cfg->keys_file);
+    cfg_free(cfg);
     if (!shown && pattern) {
         fprintf(err, "shardsim keys: no key matches '%s'\n", pattern);
         return 2;

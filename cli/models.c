@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "config/models.h"
 #include "models/core/model.h"
 
 /* NULL when model_name=name loads and defines; else the refusal (malloc'd). */
@@ -18,26 +19,26 @@ static char *model_refusal(const char *name)
     char arg[300];
     snprintf(arg, sizeof arg, "model_name=%s", name);
     const char *argv[] = {arg};
-    mesh_cfg *cfg = NULL;
-    sim_status st = mesh_cfg_load_argv(cli_base_config(), 1, argv, &cfg);
+    cfg_config *cfg = NULL;
+    sim_status st = cfg_load_argv(cli_base_config(), 1, argv, &cfg);
     if (st == SIM_OK) {
         model_def *def = calloc(1, sizeof *def);
         if (!def) {
-            mesh_cfg_free(cfg);
+            cfg_free(cfg);
             return strdup("out of host memory");
         }
         st = model_def_from_config(cfg, def);
         if (st == SIM_OK) model_def_free(def);
         free(def);
     }
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     if (st == SIM_OK) return NULL;
     char *msg = strdup(sim_errmsg());
     sim_err_clear();
     return msg;
 }
 
-static int selected(const mesh_model_file *m, const char *pattern)
+static int selected(const cfg_model_file *m, const char *pattern)
 {
     if (!pattern || !*pattern) return 1;
     if (!strncmp(pattern, "block=", 6)) return !strcmp(m->block, pattern + 6);
@@ -52,15 +53,12 @@ int cli_models(int argc, char **argv, FILE *out, FILE *err)
         return 2;
     }
     const char *pattern = argc ? argv[0] : NULL;
-    mesh_cfg *cfg = NULL;
-    sim_status st = mesh_cfg_load_argv(cli_base_config(), 0, NULL, &cfg);
-    if (st) return cli_fail(err, st);
-    mesh_model_file *m = NULL;
-    int n = 0;
-    if ((st = mesh_cfg_model_files(cfg, &m, &n)) != SIM_OK) {
-        mesh_cfg_free(cfg);
-        return cli_fail(err, st);
-    }
+    cfg_config *cfg = NULL;
+    cfg_model_file *m = NULL;
+    int n = 0, shown = 0;
+    sim_status st;
+    SIM_TRY_GOTO(cfg_load_argv(cli_base_config(), 0, NULL, &cfg), st, fail);
+    SIM_TRY_GOTO(cfg_model_files(cfg, &m, &n), st, fail);
     size_t wname = 5, wblock = 13;
     for (int i = 0; i < n; i++) {
         if (!selected(&m[i], pattern)) continue;
@@ -68,13 +66,13 @@ int cli_models(int argc, char **argv, FILE *out, FILE *err)
         if (strlen(m[i].block) > wblock) wblock = strlen(m[i].block);
     }
     fprintf(out, "%-*s  %-*s  %s\n", (int)wname, "model", (int)wblock, "decoder_block", "status");
-    int shown = 0, runs = 0, by_block = 0, by_key = 0;
+    int runs = 0, by_block = 0, by_key = 0;
     for (int i = 0; i < n; i++) {
         if (!selected(&m[i], pattern)) continue;
         shown++;
-        if (!mesh_cfg_block_simulated(cfg, m[i].block)) {
+        if (!cfg_block_simulated(cfg, m[i].block)) {
             by_block++;
-            char *about = mesh_cfg_block_about(cfg, m[i].block);
+            char *about = cfg_block_about(cfg, m[i].block);
             fprintf(out, "%-*s  %-*s  refused: block not simulated%s%s\n", (int)wname, m[i].name, (int)wblock,
                     m[i].block, about ? " -- " : "", about ? about : "");
             free(about);
@@ -90,8 +88,10 @@ int cli_models(int argc, char **argv, FILE *out, FILE *err)
     fprintf(out, "\n%d model%s: %d simulated, %d refused by a key of the model file or a setting it needs, "
                  "%d refused by decoder block (from %s/models)\n",
             shown, shown == 1 ? "" : "s", runs, by_key, by_block, cfg->configs_dir);
-    mesh_model_files_free(m, n);
-    mesh_cfg_free(cfg);
+fail:
+    cfg_model_files_free(m, n);
+    cfg_free(cfg);
+    if (st) return cli_fail(err, st);
     if (!shown && pattern) {
         fprintf(err, "shardsim models: no model matches '%s'\n", pattern);
         return 2;

@@ -32,6 +32,7 @@
 #include "cli/report.h"
 #include "cli/report_html.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,7 @@ static void split_configs(const char *spec, parity_cfg *c, int *n)
     }
 }
 
-static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const char *extra, mesh_cfg **cfg,
+static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const char *extra, cfg_config **cfg,
                            model_def **def)
 {
     const char *w[400];
@@ -80,11 +81,11 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     for (int i = 0; i < pc->n; i++) w[n++] = pc->words[i];
     if (extra) w[n++] = extra;
     SIM_TRY(cli_configs_check());
-    SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, w, cfg));
+    SIM_TRY(cfg_load_argv(cli_base_config(), n, w, cfg));
     *def = calloc(1, sizeof **def);
     sim_status st = model_def_from_config(*cfg, *def);
     double tolerance;
-    if (!st) st = mesh_cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
+    if (!st) st = cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
     if (!st && (st = model_check_sharding_tolerance(*def, tolerance))) model_def_free(*def);
     else if (!st && (st = cli_rank_placement(*cfg, &(*def)->mesh))) model_def_free(*def);
     if (st) {
@@ -162,10 +163,10 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     char (*meshes)[256] = calloc((size_t)nc, sizeof *meshes);
     sim_arena_stats **mems = calloc((size_t)nc, sizeof *mems);
     cli_traffic *traffic = calloc((size_t)nc, sizeof *traffic);
-    char **tm_json = calloc((size_t)nc, sizeof *tm_json);
+    json_t **tm_json = calloc((size_t)nc, sizeof *tm_json);
     int *ndev = calloc((size_t)nc, sizeof *ndev);
     for (int c = 0; c < nc && st == SIM_OK; c++) {
-        mesh_cfg *cfg = NULL;
+        cfg_config *cfg = NULL;
         model_def *def = NULL;
         char pdbs[64];
         st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], NULL, &cfg, &def);
@@ -174,7 +175,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             const char *rel = release_of(&cfgs[c], a.n_cfg, (char **)a.cfg);
             failed[c] = strdup(sim_errmsg());
             snprintf(cfgs[c].label, sizeof cfgs[c].label, "refused by MaxText %s",
-                     rel ? rel : mesh_release_maxtext(NULL));
+                     rel ? rel : cfg_release_maxtext(NULL));
             fprintf(out, "[%d/%d] %-32s <- %s\n      %s\n", c + 1, nc, cfgs[c].label,
                     cfgs[c].n ? cfgs[c].text : "(no overrides)", failed[c]);
             fflush(out);
@@ -183,7 +184,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             n_oom++;
             sim_err_clear();
             st = SIM_OK;
-            mesh_cfg_free(cfg);
+            cfg_free(cfg);
             continue;
         }
         if (st == SIM_OK && ref_c >= 0 && def->d.batch * def->d.ga != ref_batch && !sets_pdbs(&cfgs[c])) {
@@ -191,7 +192,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                      (double)ref_batch / (double)(def->mesh.num_devices * def->d.ga));
             model_def_free(def);
             free(def);
-            mesh_cfg_free(cfg);
+            cfg_free(cfg);
             st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], pdbs, &cfg, &def);
         }
         model_data data;
@@ -201,10 +202,10 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         memset(&job, 0, sizeof job);
         if (st == SIM_OK && ref_c < 0) {
             ref_batch = def->d.batch * def->d.ga; /* rows per step, over all microbatches */
-            st = mesh_cfg_get_int(cfg, "steps", &steps);
-            if (!st) st = mesh_cfg_get_double(cfg, "parity_rtol", &rtol);
+            st = cfg_get_int(cfg, "steps", &steps);
+            if (!st) st = cfg_get_double(cfg, "parity_rtol", &rtol);
             const char *od = NULL;
-            if (!st) st = mesh_cfg_get_str(cfg, "output_dir", &od);
+            if (!st) st = cfg_get_str(cfg, "output_dir", &od);
             if (od && sim_xrank_rank() == 0) snprintf(outdir, sizeof outdir, "%s", od); /* rank 0 writes */
             if (!st && !header) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
                              steps, rtol);
@@ -219,14 +220,14 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         if (st == SIM_OK) st = model_data_from_config(cfg, &data);
         sim_machine *m = NULL;
         double hbm = 0;
-        if (st == SIM_OK) st = mesh_cfg_get_double(cfg, "hbm_limit_gb", &hbm);
+        if (st == SIM_OK) st = cfg_get_double(cfg, "hbm_limit_gb", &hbm);
         if (st == SIM_OK) st = model_machine_new(def, hbm, false, &m);
-        model_hw hw;
+        cfg_hw hw;
         model_tm_eff eff;
         bool have_hw = false;
         if (st == SIM_OK) {
             int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
-            st = model_hw_from_config(cfg, cli_configs_dir(), per_slice, &hw, &have_hw);
+            st = cfg_hw_from_config(cfg, per_slice, &hw, &have_hw);
             if (st == SIM_OK && have_hw) st = model_tm_eff_load(cli_configs_dir(), &eff);
             if (st == SIM_OK) sim_machine_set_record_costs(m, have_hw);
         }
@@ -237,13 +238,13 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             char *paren = strstr(mesh, " (");
             if (paren) *paren = '\0';
             const char *rules = NULL;
-            if (mesh_cfg_get_str(cfg, "custom_mesh_and_rule", &rules) != SIM_OK) rules = NULL;
+            if (cfg_get_str(cfg, "custom_mesh_and_rule", &rules) != SIM_OK) rules = NULL;
             char extra[80] = "";
             if (def->d.ga > 1) snprintf(extra, sizeof extra, " G=%lld", (long long)def->d.ga);
             if (def->d.zero1) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " ZeRO-1");
             if (cross) /* the release tells the runs apart too */
                 snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " MaxText %s",
-                         mesh_release_maxtext(def->release));
+                         cfg_release_maxtext(def->release));
             snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s%s%s%s %s", mesh, rules && *rules ? " " : "",
                      rules && *rules ? rules : "", extra, def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
             fprintf(out, "[%d/%d] %-32s <- %s\n", c + 1, nc, cfgs[c].label, cfgs[c].n ? cfgs[c].text : "(no overrides)");
@@ -271,7 +272,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             if (st == SIM_ERR_SHARDING && cross) {
                 /* this release's MaxText (and JAX) fails to trace it: reported, the others still run */
                 failed[c] = strdup(sim_errmsg());
-                fprintf(out, "      fails under maxtext_release=%s: %s\n", mesh_release_maxtext(def->release),
+                fprintf(out, "      fails under maxtext_release=%s: %s\n", cfg_release_maxtext(def->release),
                         failed[c]);
                 n_failed++;
                 oom[c] = true; /* not in the table */
@@ -305,16 +306,14 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                     double opt_bytes = model_tm_optimizer_bytes(m);
                     double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
                     const char *dt = NULL;
-                    if (mesh_cfg_get_str(cfg, "dtype", &dt) != SIM_OK || !dt) dt = "";
+                    if (cfg_get_str(cfg, "dtype", &dt) != SIM_OK || !dt) dt = "";
                     model_tm_result tm;
                     memset(&tm, 0, sizeof tm);
                     if (model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, false, &tm) == SIM_OK) {
-                        size_t len = 0;
-                        FILE *js = open_memstream(&tm_json[c], &len);
-                        if (js) {
-                            model_tm_write_json(js, &hw, sim_machine_mesh(m), &tm);
-                            fclose(js);
-                        }
+                        cfg_jw tw;
+                        cfg_jw_init(&tw);
+                        model_tm_json(&tw, &hw, sim_machine_mesh(m), &tm);
+                        tm_json[c] = cfg_jw_take(&tw);
                     } else { /* a figure the profile does not publish: no estimate, the parity check stands */
                         sim_err_clear();
                     }
@@ -354,7 +353,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             pcs[k].n_devices = mems[c] ? ndev[c] : 0;
             pcs[k].mem = mems[c];
             pcs[k].traffic = traffic[c].rows || traffic[c].n_devices ? &traffic[c] : NULL;
-            pcs[k].step_time_json = tm_json[c];
+            pcs[k].step_time_model = tm_json[c];
         }
         sim_machine_free(m);
         model_data_close(&data);
@@ -362,7 +361,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             model_def_free(def);
             free(def);
         }
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
     }
     if (st) {
         rc = cli_fail(err, st);
@@ -393,7 +392,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             fprintf(out, "across releases:\n");
             for (int c = 0; c < nc; c++) {
                 const char *rel = release_of(&cfgs[c], a.n_cfg, (char **)a.cfg);
-                fprintf(out, "  [%d] maxtext_release=%s: ", c + 1, rel ? rel : mesh_release_maxtext(NULL));
+                fprintf(out, "  [%d] maxtext_release=%s: ", c + 1, rel ? rel : cfg_release_maxtext(NULL));
                 if (!failed[c]) {
                     fprintf(out, "%s\n", oom[c] ? "out of simulated memory" : "traces and trains");
                     continue;
@@ -423,7 +422,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     for (int c = 0; c < nc; c++) {
         free(mems[c]);
         cli_traffic_free(&traffic[c]);
-        free(tm_json[c]);
+        json_decref(tm_json[c]);
     }
     free(meshes);
     free(mems);

@@ -94,11 +94,11 @@ static bool list_has(const plan_list *l, const char *s)
     return false;
 }
 
-static sim_status space_list(const mesh_cfg *f, const char *path, const char *key, plan_list *out)
+static sim_status space_list(const cfg_config *f, const char *path, const char *key, plan_list *out)
 {
     const char **items = NULL;
     int n = 0;
-    SIM_TRY(mesh_cfg_get_str_list(f, key, &items, &n));
+    SIM_TRY(cfg_get_str_list(f, key, &items, &n));
     memset(out, 0, sizeof *out);
     sim_status st = SIM_OK;
     for (int i = 0; i < n && !st; i++) {
@@ -113,7 +113,7 @@ static sim_status space_list(const mesh_cfg *f, const char *path, const char *ke
     return st;
 }
 
-static sim_status space_ints(const mesh_cfg *f, const char *path, const char *key, int lo, int *out, int *n)
+static sim_status space_ints(const cfg_config *f, const char *path, const char *key, int lo, int *out, int *n)
 {
     plan_list l;
     SIM_TRY(space_list(f, path, key, &l));
@@ -134,8 +134,8 @@ static sim_status space_load(plan_space *sp)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/plan.yml", cli_configs_dir());
-    mesh_cfg *f = NULL;
-    SIM_TRY(mesh_cfg_load_file(path, &f));
+    cfg_config *f = NULL;
+    SIM_TRY(cfg_load_file(path, &f));
     memset(sp, 0, sizeof *sp);
     plan_list z;
     long long ms = 0;
@@ -149,14 +149,14 @@ static sim_status space_load(plan_space *sp)
     for (int i = 0; !st && i < z.n && i < 2; i++) sp->zero1[sp->nzero1++] = !strcmp(z.s[i], "true");
     if (!st) st = space_ints(f, path, "gradient_accumulation_steps", 1, sp->ga, &sp->nga);
     if (!st) st = space_ints(f, path, "pipeline_microbatches_per_stage", 1, sp->mb, &sp->nmb);
-    if (!st) st = mesh_cfg_get_int(f, "max_sharded_axes", &ms);
+    if (!st) st = cfg_get_int(f, "max_sharded_axes", &ms);
     if (!st && (ms < 1 || ms > MESH_MAX_AXES))
         st = sim_err(SIM_ERR_INPUT, "%s: max_sharded_axes=%lld; expected 1 to %d", path, ms, MESH_MAX_AXES);
     sp->max_split = (int)ms;
     if (!st && (!sp->rule_sets.n || !sp->modes.n || !sp->remat.n || !sp->nzero1 || !sp->ici_axes.n))
         st = sim_err(SIM_ERR_INPUT, "%s: ici_axes, rule_sets, shard_modes, remat_policies and "
                                     "shard_optimizer_over_data each need at least one value", path);
-    mesh_cfg_free(f);
+    cfg_free(f);
     return st;
 }
 
@@ -236,7 +236,7 @@ static void dry_run_here(const char *const *words, int n, plan_result *res)
 {
     memset(res, 0, sizeof *res);
     double t0 = now_s();
-    mesh_cfg *cfg = NULL;
+    cfg_config *cfg = NULL;
     model_def *def = calloc(1, sizeof *def);
     model_data data;
     memset(&data, 0, sizeof data);
@@ -244,24 +244,24 @@ static void dry_run_here(const char *const *words, int n, plan_result *res)
     model_train_job job;
     memset(&job, 0, sizeof job);
     sim_machine *m = NULL;
-    model_hw hw;
+    cfg_hw hw;
     model_tm_eff eff;
     bool have_hw = false, def_ok = false;
     double hbm = 0, tol = 0;
     sim_status st = def ? SIM_OK : sim_err(SIM_ERR_INTERNAL, "out of host memory");
-    if (!st) st = mesh_cfg_load_argv(cli_base_config(), n, words, &cfg);
+    if (!st) st = cfg_load_argv(cli_base_config(), n, words, &cfg);
     if (!st) st = model_def_from_config(cfg, def);
     def_ok = !st;
-    if (!st) st = mesh_cfg_get_double(cfg, "hbm_limit_gb", &hbm);
+    if (!st) st = cfg_get_double(cfg, "hbm_limit_gb", &hbm);
     if (!st) st = model_optim_from_config(cfg, &job.opt);
     if (!st) st = model_data_from_config(cfg, &data);
-    if (!st) st = mesh_cfg_get_double(cfg, "sharding_tolerance", &tol);
+    if (!st) st = cfg_get_double(cfg, "sharding_tolerance", &tol);
     if (!st) st = model_check_sharding_tolerance(def, tol);
     int per_slice = def_ok ? def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1) : 1;
-    if (!st) st = model_hw_from_config(cfg, cli_configs_dir(), per_slice, &hw, &have_hw);
+    if (!st) st = cfg_hw_from_config(cfg, per_slice, &hw, &have_hw);
     if (!st && !have_hw) st = sim_err(SIM_ERR_INPUT, "no hardware profile: the step time cannot be modelled");
     if (!st) st = model_tm_eff_load(cli_configs_dir(), &eff);
-    const mesh_cfg_entry *hbm_e = st ? NULL : mesh_cfg_find(cfg, "hbm_limit_gb");
+    const cfg_entry *hbm_e = st ? NULL : cfg_find(cfg, "hbm_limit_gb");
     if (!st && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
     if (!st) {
         sim_host_malloc_many_arenas();
@@ -305,7 +305,7 @@ static void dry_run_here(const char *const *words, int n, plan_result *res)
         model_tm_result tm;
         memset(&tm, 0, sizeof tm);
         const char *dt = NULL;
-        if (!st) st = mesh_cfg_get_str(cfg, "dtype", &dt);
+        if (!st) st = cfg_get_str(cfg, "dtype", &dt);
         double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
         if (!st)
             st = model_tm_estimate(&hw, &eff, dt ? dt : "bfloat16", m, 0, bubble, model_tm_optimizer_bytes(m), false,
@@ -336,7 +336,7 @@ static void dry_run_here(const char *const *words, int n, plan_result *res)
     model_data_close(&data);
     if (def_ok) model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     res->wall_s = now_s() - t0;
 }
 
@@ -709,16 +709,16 @@ static sim_status check_cand(const plan_ctx *P, plan_cand *c)
 {
     const char *w[PLAN_USER + PLAN_CW];
     int n = cand_argv(P, c, w, PLAN_USER + PLAN_CW);
-    mesh_cfg *cfg = NULL;
+    cfg_config *cfg = NULL;
     model_def *def = calloc(1, sizeof *def);
     SIM_ASSERT(def);
     model_optim_cfg opt;
     double tol = 0;
-    sim_status st = mesh_cfg_load_argv(cli_base_config(), n, w, &cfg);
+    sim_status st = cfg_load_argv(cli_base_config(), n, w, &cfg);
     bool def_ok = false;
     if (!st) def_ok = !(st = model_def_from_config(cfg, def));
     if (!st) st = model_optim_from_config(cfg, &opt);
-    if (!st) st = mesh_cfg_get_double(cfg, "sharding_tolerance", &tol);
+    if (!st) st = cfg_get_double(cfg, "sharding_tolerance", &tol);
     if (!st) st = model_check_sharding_tolerance(def, tol);
     if (!st) {
         c->lb = state_bytes(def, &opt);
@@ -727,7 +727,7 @@ static sim_status check_cand(const plan_ctx *P, plan_cand *c)
     }
     if (def_ok) model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return st;
 }
 
@@ -951,11 +951,11 @@ static sim_status rule_set_axes(plan_ctx *P, const char *rule_set, plan_mesh *m)
         snprintf(cw, sizeof cw, "custom_mesh_and_rule=%s", rule_set);
         w[n++] = cw;
     }
-    mesh_cfg *cfg = NULL;
-    SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, w, &cfg));
+    cfg_config *cfg = NULL;
+    SIM_TRY(cfg_load_argv(cli_base_config(), n, w, &cfg));
     const char **axes = NULL;
     int na = 0;
-    sim_status st = mesh_cfg_get_str_list(cfg, "mesh_axes", &axes, &na);
+    sim_status st = cfg_get_str_list(cfg, "mesh_axes", &axes, &na);
     for (int i = 0; !st && i < na; i++) {
         const char *a = axes[i];
         if (P->fixed_mesh || !list_has(&P->sp.ici_axes, a) || (!P->moe && list_has(&P->sp.moe_only, a))) continue;
@@ -966,7 +966,7 @@ static sim_status rule_set_axes(plan_ctx *P, const char *rule_set, plan_mesh *m)
         m->n++;
     }
     free(axes);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return st;
 }
 
@@ -1881,9 +1881,9 @@ static bool is_mesh_flag(const char *key)
     return (!strncmp(key, "ici_", 4) || !strncmp(key, "dcn_", 4)) && strstr(key, "_parallelism");
 }
 
-static bool user_set(const mesh_cfg *cfg, const char *key)
+static bool user_set(const cfg_config *cfg, const char *key)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+    const cfg_entry *e = cfg_find(cfg, key);
     return e && e->from_user;
 }
 
@@ -1906,29 +1906,29 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
     }
     SIM_TRY(cli_configs_check());
     SIM_TRY(space_load(&P->sp));
-    mesh_cfg *cfg = NULL;
-    SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cfg));
+    cfg_config *cfg = NULL;
+    SIM_TRY(cfg_load_argv(cli_base_config(), n, words, &cfg));
     long long nd = 0, ns = 0, top = 0, budget = 0, verify = 0, gb = 0, ex = 0, ga = 1, seq = 0, experts = 0;
     double pdbs = 0, hbm = 0;
     const char *topo = NULL, *model = NULL, *rules = NULL, *outdir = NULL;
-    model_hw hw;
+    cfg_hw hw;
     bool have_hw = false;
-    sim_status st = mesh_cfg_get_int(cfg, "num_devices", &nd);
-    if (!st) st = mesh_cfg_get_int(cfg, "num_slices", &ns);
-    if (!st) st = mesh_cfg_get_int(cfg, "plan_top", &top);
-    if (!st) st = mesh_cfg_get_int(cfg, "plan_dry_runs", &budget);
-    if (!st) st = mesh_cfg_get_int(cfg, "plan_verify", &verify);
-    if (!st) st = mesh_cfg_get_int(cfg, "plan_global_batch", &gb);
-    if (!st) st = mesh_cfg_get_int(cfg, "explain_candidate", &ex);
-    if (!st) st = mesh_cfg_get_int(cfg, "gradient_accumulation_steps", &ga);
-    if (!st) st = mesh_cfg_get_int(cfg, "max_target_length", &seq);
-    if (!st) st = mesh_cfg_get_int(cfg, "num_experts", &experts);
-    if (!st) st = mesh_cfg_get_double(cfg, "per_device_batch_size", &pdbs);
-    if (!st) st = mesh_cfg_get_double(cfg, "hbm_limit_gb", &hbm);
-    if (!st) st = mesh_cfg_get_str(cfg, "compile_topology", &topo);
-    if (!st) st = mesh_cfg_get_str(cfg, "model_name", &model);
-    if (!st) st = mesh_cfg_get_str(cfg, "custom_mesh_and_rule", &rules);
-    if (!st) st = mesh_cfg_get_str(cfg, "output_dir", &outdir);
+    sim_status st = cfg_get_int(cfg, "num_devices", &nd);
+    if (!st) st = cfg_get_int(cfg, "num_slices", &ns);
+    if (!st) st = cfg_get_int(cfg, "plan_top", &top);
+    if (!st) st = cfg_get_int(cfg, "plan_dry_runs", &budget);
+    if (!st) st = cfg_get_int(cfg, "plan_verify", &verify);
+    if (!st) st = cfg_get_int(cfg, "plan_global_batch", &gb);
+    if (!st) st = cfg_get_int(cfg, "explain_candidate", &ex);
+    if (!st) st = cfg_get_int(cfg, "gradient_accumulation_steps", &ga);
+    if (!st) st = cfg_get_int(cfg, "max_target_length", &seq);
+    if (!st) st = cfg_get_int(cfg, "num_experts", &experts);
+    if (!st) st = cfg_get_double(cfg, "per_device_batch_size", &pdbs);
+    if (!st) st = cfg_get_double(cfg, "hbm_limit_gb", &hbm);
+    if (!st) st = cfg_get_str(cfg, "compile_topology", &topo);
+    if (!st) st = cfg_get_str(cfg, "model_name", &model);
+    if (!st) st = cfg_get_str(cfg, "custom_mesh_and_rule", &rules);
+    if (!st) st = cfg_get_str(cfg, "output_dir", &outdir);
     if (!st && outdir && strlen(outdir) >= sizeof P->outdir)
         st = sim_err(SIM_ERR_INPUT, "output_dir is %zu bytes long; give a path shorter than %zu bytes", strlen(outdir),
                      sizeof P->outdir);
@@ -1951,13 +1951,13 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         P->devices = (int)nd;
         P->slices = ns > 0 ? (int)ns : 1;
         P->per_slice = P->devices / P->slices;
-        st = model_hw_from_config(cfg, cli_configs_dir(), P->per_slice, &hw, &have_hw);
+        st = cfg_hw_from_config(cfg, P->per_slice, &hw, &have_hw);
     }
     if (!st && !have_hw) {
         char names[512];
         st = sim_err(SIM_ERR_INPUT, "plan ranks by the modelled step time, which needs a hardware profile: give "
                                     "compile_topology=NAME (its family's profile) or hardware_profile=NAME (one of %s)",
-                     model_hw_names(cli_configs_dir(), names, sizeof names));
+                     cfg_hw_names(cli_configs_dir(), names, sizeof names));
     }
     if (!st) {
         P->hbm = hbm > 0 ? hbm * 1e9 : hw.hbm_bytes;
@@ -2017,7 +2017,7 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         P->user = user;
         P->nuser = nu;
     }
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return st;
 }
 

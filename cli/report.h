@@ -155,7 +155,7 @@ typedef struct {
     int n_devices;                   /* devices of its mesh: mem[0 .. n_devices) */
     const sim_arena_stats *mem;      /* each device's arena after the run (peak, by category at the peak) */
     const cli_traffic *traffic;      /* the collectives of one step (traffic->steps) */
-    const char *step_time_json;      /* the step-time model's estimate of that step (model_tm_write_json) */
+    struct json_t *step_time_model;  /* the step-time model's estimate of that step (model_tm_json), or NULL */
 } cli_parity_config;
 
 typedef struct {

@@ -17,9 +17,10 @@
  *
  * Missing files leave their member out (parity writes no metrics).  Bytes are
  * per device: traffic.csv's mean column, and the collectives' bytes sent
- * summed per layer over all devices and divided by the device count.  "</"
- * is written as "<\/" (the same JSON string) so no text can close the
- * script element early. */
+ * summed per layer over all devices and divided by the device count.  The
+ * block is built and dumped by the one JSON writer (config/json.h); every '<'
+ * of its text (only ever inside a string) is then written as \u003c, the same
+ * JSON string, so no text can close the script element early. */
 #include "cli/report_html.h"
 
 #include <errno.h>
@@ -30,6 +31,7 @@
 #include <string.h>
 
 #include "cli/artifacts.h"
+#include "config/json.h"
 
 #include <jansson.h>
 
@@ -87,32 +89,16 @@ static int column(char **head, int n, const char *a, const char *b)
     return -1;
 }
 
-/* A JSON string of plain text (names, axes): quotes and backslashes escaped. */
-static void put_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fputc('\\', f);
-        if ((unsigned char)*s >= 0x20 && *s != '<') fputc(*s, f);
-        else if (*s == '<') fputs("\\u003c", f);
-    }
-    fputc('"', f);
-}
-
-/* Writes an embedded file's JSON text with "</" made "<\/". */
-static void put_json(FILE *f, const char *text)
+/* JSON text into the HTML: '<' (inside strings only) as \u003c. */
+static void put_html_safe(FILE *f, const char *text)
 {
     for (const char *p = text; *p; p++) {
-        if (p[0] == '<' && p[1] == '/') {
-            fputs("<\\/", f);
-            p++;
-        } else {
-            fputc(*p, f);
-        }
+        if (*p == '<') fputs("\\u003c", f);
+        else fputc(*p, f);
     }
 }
 
-static sim_status put_traffic(FILE *f, char *csv)
+static sim_status put_traffic(cfg_jw *w, char *csv)
 {
     char *save = NULL, *line = strtok_r(csv, "\n", &save);
     if (!line) return SIM_OK;
@@ -122,22 +108,24 @@ static sim_status put_traffic(FILE *f, char *csv)
     int c_phase = column(head, nh, "phase", NULL), c_bytes = column(head, nh, "bytes_per_device_mean", NULL);
     if (c_op < 0 || c_axes < 0 || c_phase < 0 || c_bytes < 0)
         return sim_err(SIM_ERR_INTERNAL, "report.html: traffic.csv lacks the op/axes/phase/bytes_per_device_mean columns");
-    fputs(",\n\"traffic\": [", f);
-    int first = 1;
+    cfg_jw_key(w, "traffic");
+    cfg_jw_arr(w);
     while ((line = strtok_r(NULL, "\n", &save))) {
         char *fl[32];
         int n = split_csv(line, fl, 32);
         if (n < nh || !strcmp(fl[c_op], "total")) continue;
-        fprintf(f, "%s{\"op\": ", first ? "" : ", ");
-        put_str(f, fl[c_op]);
-        fputs(", \"axes\": ", f);
-        put_str(f, fl[c_axes]);
-        fputs(", \"phase\": ", f);
-        put_str(f, fl[c_phase]);
-        fprintf(f, ", \"bytes\": %.17g}", strtod(fl[c_bytes], NULL));
-        first = 0;
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "op");
+        cfg_jw_str(w, fl[c_op]);
+        cfg_jw_key(w, "axes");
+        cfg_jw_str(w, fl[c_axes]);
+        cfg_jw_key(w, "phase");
+        cfg_jw_str(w, fl[c_phase]);
+        cfg_jw_key(w, "bytes");
+        cfg_jw_num(w, strtod(fl[c_bytes], NULL), 17);
+        cfg_jw_end(w);
     }
-    fputs("]", f);
+    cfg_jw_end(w);
     return SIM_OK;
 }
 
@@ -171,7 +159,7 @@ typedef struct {
     double bytes;
 } layer_sum;
 
-static sim_status put_layers(FILE *f, char *csv)
+static sim_status put_layers(cfg_jw *w, char *csv)
 {
     char *save = NULL, *line = strtok_r(csv, "\n", &save);
     if (!line) return SIM_OK;
@@ -206,13 +194,19 @@ static sim_status put_layers(FILE *f, char *csv)
         }
         ls[k].bytes += strtod(fl[c_sent], NULL);
     }
-    fputs(",\n\"layers\": [", f);
+    cfg_jw_key(w, "layers");
+    cfg_jw_arr(w);
     for (int i = 0; i < n; i++) {
-        fprintf(f, "%s{\"layer\": ", i ? ", " : "");
-        put_str(f, ls[i].name);
-        fprintf(f, ", \"bytes\": %.17g}", ls[i].bytes / (double)(max_dev + 1));
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "layer");
+        cfg_jw_str(w, ls[i].name);
+        cfg_jw_key(w, "bytes");
+        cfg_jw_num(w, ls[i].bytes / (double)(max_dev + 1), 17);
+        cfg_jw_end(w);
     }
-    fprintf(f, "],\n\"layers_devices\": %ld", max_dev + 1);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "layers_devices");
+    cfg_jw_int(w, max_dev + 1);
     free(ls);
     return SIM_OK;
 }
@@ -233,7 +227,7 @@ static void param_name(const char *key, char *out, size_t cap)
  * debug_sharding logs them (input_shardings.json: "name: dtype[shape]", the logical names and
  * the PartitionSpec as Python prints them; the page parses those two).  Parameters only: the
  * optimizer state repeats their specs. */
-static sim_status put_sharding(FILE *f, const char *dir)
+static sim_status put_sharding(cfg_jw *w, const char *dir)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/named_shardings.json", dir);
@@ -274,15 +268,11 @@ static sim_status put_sharding(FILE *f, const char *dir)
     }
     json_object_set_new(out, "params", params);
     json_object_set_new(out, "activations", acts);
-    char *text = json_dumps(out, JSON_COMPACT);
-    json_decref(out);
     json_decref(named);
     json_decref(logical);
     json_decref(inputs);
-    if (!text) return sim_err(SIM_ERR_OOM, "report.html: out of host memory");
-    fputs(",\n\"sharding\": ", f);
-    put_json(f, text);
-    free(text);
+    cfg_jw_key(w, "sharding");
+    cfg_jw_tree(w, out);
     return SIM_OK;
 }
 
@@ -291,45 +281,65 @@ typedef struct {
     bool plan; /* plan's page: plan.json alone */
 } report_arg;
 
+/* An artifact of the directory (written by this program) as a JSON value, or NULL when absent. */
+static sim_status read_artifact(const char *dir, const char *name, json_t **out)
+{
+    *out = NULL;
+    char *text = read_whole(dir, name);
+    if (!text) return SIM_OK;
+    json_error_t jerr;
+    *out = json_loads(text, 0, &jerr);
+    free(text);
+    if (!*out)
+        return sim_err(SIM_ERR_INTERNAL, "report.html: %s/%s is not the JSON this program wrote (line %d: %s)", dir, name,
+                       jerr.line, jerr.text);
+    return SIM_OK;
+}
+
 static sim_status write_report(FILE *f, void *argp)
 {
     const report_arg *a = argp;
     const char *tpl = cli_report_template, *mark = strstr(tpl, "@DATA@");
     SIM_ASSERT(mark);
-    fwrite(tpl, 1, (size_t)(mark - tpl), f);
-
-    sim_status st = SIM_OK;
-    fputs("{\"format\": 1", f);
-    if (a->plan) {
-        char *text = read_whole(a->dir, "plan.json");
-        if (!text) return sim_err(SIM_ERR_IO, "report.html: %s/plan.json cannot be read", a->dir);
-        fputs(",\n\"plan\": ", f);
-        put_json(f, text);
-        free(text);
-        fputs("}", f);
-        fputs(mark + strlen("@DATA@"), f);
-        return SIM_OK;
-    }
     static const char *const json_files[][2] = {
         {"run", "run.json"}, {"metrics", "metrics.json"}, {"parity", "parity.json"}};
-    for (size_t i = 0; i < sizeof json_files / sizeof json_files[0]; i++) {
-        char *text = read_whole(a->dir, json_files[i][1]);
-        if (!text) continue;
-        fprintf(f, ",\n\"%s\": ", json_files[i][0]);
-        put_json(f, text);
-        free(text);
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "format");
+    cfg_jw_int(&w, 1);
+    char *traffic = NULL, *coll = NULL, *text = NULL;
+    sim_status st;
+    if (a->plan) { /* plan's page: plan.json alone */
+        json_t *v;
+        SIM_TRY_GOTO(read_artifact(a->dir, "plan.json", &v), st, fail);
+        if (!v) SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "report.html: %s/plan.json cannot be read", a->dir), st, fail);
+        cfg_jw_key(&w, "plan");
+        cfg_jw_tree(&w, v);
     }
-    char *traffic = read_whole(a->dir, "traffic.csv");
-    if (traffic) st = put_traffic(f, traffic);
-    free(traffic);
-    char *coll = st ? NULL : read_whole(a->dir, "collectives.csv");
-    if (coll) st = put_layers(f, coll);
-    free(coll);
-    if (!st) st = put_sharding(f, a->dir);
-    fputs("}", f);
-    if (st) return st;
+    for (size_t i = 0; !a->plan && i < sizeof json_files / sizeof json_files[0]; i++) {
+        json_t *v;
+        SIM_TRY_GOTO(read_artifact(a->dir, json_files[i][1], &v), st, fail);
+        if (!v) continue;
+        cfg_jw_key(&w, json_files[i][0]);
+        cfg_jw_tree(&w, v);
+    }
+    traffic = a->plan ? NULL : read_whole(a->dir, "traffic.csv");
+    if (traffic) SIM_TRY_GOTO(put_traffic(&w, traffic), st, fail);
+    coll = a->plan ? NULL : read_whole(a->dir, "collectives.csv");
+    if (coll) SIM_TRY_GOTO(put_layers(&w, coll), st, fail);
+    if (!a->plan) SIM_TRY_GOTO(put_sharding(&w, a->dir), st, fail);
+    cfg_jw_end(&w);
+    text = cfg_jw_dumps(&w, CFG_JW_LINE, 17);
+    fwrite(tpl, 1, (size_t)(mark - tpl), f);
+    put_html_safe(f, text);
     fputs(mark + strlen("@DATA@"), f);
-    return SIM_OK;
+fail:
+    if (st != SIM_OK) cfg_jw_discard(&w);
+    free(text);
+    free(traffic);
+    free(coll);
+    return st;
 }
 
 sim_status cli_write_report_html(const char *dir)

@@ -17,6 +17,7 @@
 #include "sim/xrank.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,7 +29,7 @@
 #include "models/core/train.h"
 
 typedef struct {
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     model_def *def;
 } cli_model;
 
@@ -38,7 +39,7 @@ static void model_close(cli_model *cm)
         model_def_free(cm->def);
         free(cm->def);
     }
-    mesh_cfg_free(cm->cfg);
+    cfg_free(cm->cfg);
     memset(cm, 0, sizeof *cm);
 }
 
@@ -50,7 +51,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     for (int i = 0; i < argc && n < 280; i++) words[n++] = argv[i];
     for (int i = 0; i < n_extra; i++) words[n++] = extra[i];
     SIM_TRY(cli_configs_check());
-    SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
+    SIM_TRY(cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
     if (!st && (st = cli_rank_placement(cm->cfg, &cm->def->mesh))) model_def_free(cm->def);
@@ -62,16 +63,16 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     return st;
 }
 
-static const char *cfg_str(const mesh_cfg *c, const char *key)
+static const char *cfg_str(const cfg_config *c, const char *key)
 {
     const char *s = NULL;
-    if (mesh_cfg_get_str(c, key, &s) != SIM_OK || !s) return "";
+    if (cfg_get_str(c, key, &s) != SIM_OK || !s) return "";
     return s;
 }
 
 /* trace.json of a dry run with a hardware profile: the modelled timeline, written whole or not at all */
 typedef struct {
-    const model_hw *hw;
+    const cfg_hw *hw;
     const model_tm_result *tm;
 } modelled_trace;
 
@@ -147,31 +148,9 @@ static void dump_activations(const model_def *def, const char *dtype, cli_dump_a
     }
 }
 
-typedef struct {
-    const model_def *def;
-    const cli_dump_param *p;
-    int np;
-    const cli_dump_activation *a;
-    int na;
-} dump_all;
-
-/* shardings.json: the three MaxText dumps in one document. */
-static sim_status write_combined(FILE *f, void *arg)
-{
-    const dump_all *d = arg;
-    fprintf(f, "{\n\"named_shardings\": ");
-    SIM_TRY(cli_dump_named(f, &d->def->mesh, d->p, d->np, CLI_DUMP_TRAIN_STATE));
-    fprintf(f, ",\n\"logical_shardings\": ");
-    SIM_TRY(cli_dump_logical(f, d->p, d->np, CLI_DUMP_TRAIN_STATE));
-    fprintf(f, ",\n\"input_shardings\": ");
-    SIM_TRY(cli_dump_inputs(f, &d->def->mesh, d->a, d->na));
-    fprintf(f, "\n}\n");
-    return SIM_OK;
-}
-
 /* MaxText's three files (named_shardings.json, logical_shardings.json,
  * input_shardings.json), and shardings.json holding all three. */
-static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_def *def)
+static sim_status write_dump(const char *dir, const cfg_config *cfg, const model_def *def)
 {
     int cap = 0;
     for (int i = 0; i < def->nparams; i++)
@@ -191,8 +170,7 @@ static sim_status write_dump(const char *dir, const mesh_cfg *cfg, const model_d
     }
     dump_activations(def, *dtype ? dtype : "float32", a, &na);
     int np = dump_params(def, p, paths, defs);
-    dump_all all = {def, p, np, a, na};
-    sim_status st = cli_artifact_write(dir, "shardings.json", write_combined, &all);
+    sim_status st = cli_write_shardings_json(dir, &def->mesh, p, np, CLI_DUMP_TRAIN_STATE, a, na);
     if (!st) st = cli_write_sharding_dump(dir, &def->mesh, p, np, CLI_DUMP_TRAIN_STATE, a, na);
     free(p);
     free(paths);
@@ -221,18 +199,6 @@ static void print_layer(void *arg, int64_t step, int layer, bool backward)
     cli_progress(stderr, (double)done / (2.0 * L), label);
 }
 
-static void put_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 static void print_step(const model_step_stats *s, void *arg)
 {
     step_printer *sp = arg;
@@ -254,15 +220,29 @@ static void print_step(const model_step_stats *s, void *arg)
     if (sp->metrics_file) {
         /* MaxText's metrics_file line: its scalar names, step as a float, run_name.  learning/grad_norm is
          * the norm after clipping, learning/raw_grad_norm before (trainers/pre_train/train.py train_step) */
-        fprintf(sp->metrics_file,
-                "{\"learning/loss\": %.9g, \"learning/grad_norm\": %.9g, \"learning/raw_grad_norm\": %.9g, "
-                "\"learning/current_learning_rate\": %.9g, \"perf/step_time_seconds\": %.6g, "
-                "\"perf/per_device_tokens_per_sec\": %.6g, \"step\": %.1f, \"run_name\": ",
-                m->loss, m->grad_norm, m->raw_grad_norm, m->lr, m->time_s,
-                m->tokens_per_s / sp->def->mesh.num_devices, (double)m->step);
-        put_json_str(sp->metrics_file, sp->run_name);
-        if (m->has_mtp) fprintf(sp->metrics_file, ", \"learning/mtp_loss\": %.9g", m->mtp_loss);
-        fprintf(sp->metrics_file, "}\n");
+        cfg_jw w;
+        cfg_jw_init(&w);
+        cfg_jw_obj(&w);
+        static const char *const keys[] = {"learning/loss", "learning/grad_norm", "learning/raw_grad_norm",
+                                           "learning/current_learning_rate", "perf/step_time_seconds",
+                                           "perf/per_device_tokens_per_sec"};
+        const double vals[] = {m->loss, m->grad_norm, m->raw_grad_norm, m->lr, m->time_s,
+                               m->tokens_per_s / sp->def->mesh.num_devices};
+        for (int k = 0; k < 6; k++) {
+            cfg_jw_key(&w, keys[k]);
+            cfg_jw_num(&w, vals[k], k < 4 ? 9 : 6);
+        }
+        cfg_jw_key(&w, "step"); /* a float, as MaxText writes it */
+        cfg_jw_double(&w, (double)m->step);
+        cfg_jw_key(&w, "run_name");
+        cfg_jw_str(&w, sp->run_name);
+        if (m->has_mtp) {
+            cfg_jw_key(&w, "learning/mtp_loss");
+            cfg_jw_num(&w, m->mtp_loss, 9);
+        }
+        cfg_jw_end(&w);
+        cfg_jw_write(&w, sp->metrics_file, CFG_JW_LINE, 9);
+        fputc('\n', sp->metrics_file);
         fflush(sp->metrics_file);
     }
 }
@@ -272,13 +252,13 @@ static void print_step(const model_step_stats *s, void *arg)
  * .../checkpoints when enable_checkpointing=true.  output_dir (shardsim's key)
  * wins when set; a checkpoint_dir given with enable_checkpointing=false is a
  * contradiction, not a silent choice. */
-static sim_status resolve_outputs(const mesh_cfg *cfg, char *outdir, size_t cap_out, char *ckdir, size_t cap_ck,
+static sim_status resolve_outputs(const cfg_config *cfg, char *outdir, size_t cap_out, char *ckdir, size_t cap_ck,
                                   char *run_name, size_t cap_run)
 {
     const char *base = cfg_str(cfg, "base_output_directory"), *run = cfg_str(cfg, "run_name");
     const char *out = cfg_str(cfg, "output_dir"), *ck = cfg_str(cfg, "checkpoint_dir");
     int enable;
-    SIM_TRY(mesh_cfg_get_bool(cfg, "enable_checkpointing", &enable));
+    SIM_TRY(cfg_get_bool(cfg, "enable_checkpointing", &enable));
     if (strstr(base, "://"))
         return sim_err(SIM_ERR_INPUT, "base_output_directory=%s: shardsim writes local files only; give a local directory",
                        base);
@@ -317,7 +297,7 @@ typedef struct {
     long long start;
 } resume_plan;
 
-static sim_status resolve_resume(const mesh_cfg *cfg, const char *ckdir, bool dry, long long steps, FILE *out,
+static sim_status resolve_resume(const cfg_config *cfg, const char *ckdir, bool dry, long long steps, FILE *out,
                                  resume_plan *r)
 {
     const char *lp = cfg_str(cfg, "load_parameters_path"), *lfs = cfg_str(cfg, "load_full_state_path");
@@ -438,6 +418,63 @@ static sim_status resume_agrees(const resume_plan *r, const char *ckdir)
     return st;
 }
 
+/* trace_steps=...: the steps trace.json keeps, as given and as parsed. */
+typedef struct {
+    const sim_trace_range *ranges;
+    int n;
+    const char *text;
+} trace_steps;
+
+/* The files of output_dir=DIR after a run: run.json, metrics.json, the CSVs, trace.json (the
+ * modelled timeline when the time model kept one), the sharding dump and report.html. */
+static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, const char *outdir,
+                                  const cli_step_metrics *metrics, int n_steps, sim_machine *m,
+                                  const cli_records *recs, const cli_traffic *traffic, const sim_arena_stats *mem,
+                                  const cfg_hw *hw, const model_tm_result *tm, struct json_t *tm_json,
+                                  const trace_steps *ts, FILE *out)
+{
+    const model_def *def = cm->def;
+    int nd = sim_machine_num_devices(m);
+    char xla[384];
+    cli_run_info info = {"train", argc, (const char *const *)argv, cm->cfg, &def->mesh, &def->rules, NULL, 0,
+                         tm_json, sim_dtype_name(def->d.gather_dtype), sim_dtype_name(def->d.reduce_dtype),
+                         def->d.wire_rule, model_xla_rules_text(&def->d.xla, xla, sizeof xla)};
+    SIM_TRY(cli_write_run_json(outdir, &info));
+    SIM_TRY(cli_write_metrics_json(outdir, metrics, n_steps, mem, nd));
+    long long max_rows = 0, max_events = 0;
+    SIM_TRY(cfg_get_int(cm->cfg, "collectives_csv_max_rows", &max_rows));
+    SIM_TRY(cfg_get_int(cm->cfg, "trace_max_events", &max_events));
+    SIM_TRY(cli_write_collectives_csv(outdir, recs, cli_steps_all(), (size_t)max_rows));
+    SIM_TRY(cli_write_traffic_csv(outdir, traffic));
+    if (tm->spans) { /* a dry run with a profile: trace.json in modelled time */
+        modelled_trace mt = {hw, tm};
+        SIM_TRY(cli_artifact_write(outdir, "trace.json", write_modelled_trace, &mt));
+    } else {
+        SIM_TRY(cli_write_trace_json(outdir, m, (size_t)max_events));
+        uint64_t left_steps = sim_trace_steps_skipped(m);
+        if (left_steps) {
+            char kept[512];
+            fprintf(out, "\ntrace.json: steps %s of %d (trace_steps=%s); left out %llu step%s and their %llu "
+                         "spans (trace_steps=all keeps every step)\n",
+                    cli_trace_steps_text(ts->ranges, ts->n, kept, sizeof kept), n_steps, ts->text,
+                    (unsigned long long)left_steps, left_steps > 1 ? "s" : "",
+                    (unsigned long long)sim_trace_spans_skipped(m));
+        }
+    }
+    int csv_dev = cli_collectives_csv_devices(recs, cli_steps_all(), (size_t)max_rows);
+    size_t trace_dev = tm->spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
+    if (tm->spans)
+        fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm->device, hw->name);
+    if (csv_dev < nd || (int)trace_dev < nd)
+        fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
+                     "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
+                csv_dev - 1, trace_dev - 1, nd, max_rows, max_events);
+    SIM_TRY(write_dump(outdir, cm->cfg, def));
+    SIM_TRY(cli_write_report_html(outdir));
+    fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
+    return SIM_OK;
+}
+
 int cli_train(int argc, char **argv, FILE *out, FILE *err)
 {
     cli_model cm;
@@ -453,154 +490,126 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         argc = 1;
         argv = small_argv;
     }
-    sim_status st = model_open(argc, argv, NULL, 0, &cm);
-    if (st) {
-        int rc = cli_fail(err, st);
-        model_close(&cm);
-        return rc;
-    }
-    const model_def *def = cm.def;
-    long long steps, ckpt_period;
-    double hbm;
+    /* what the run holds, released at the one label below on every path */
     model_data data;
     memset(&data, 0, sizeof data);
     data.fd = -1;
     model_train_job job;
     memset(&job, 0, sizeof job);
-    if (!st) st = mesh_cfg_get_int(cm.cfg, "steps", &steps);
-    if (!st) st = mesh_cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm);
-    if (!st) st = mesh_cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period);
+    sim_machine *m = NULL;
+    cli_step_metrics *metrics = NULL;
+    step_printer sp = {out, NULL, NULL, NULL, NULL};
+    bool made_outdir = false;
+    const char *outdir = "";
+    cli_traffic traffic;
+    memset(&traffic, 0, sizeof traffic);
+    sim_arena_stats *mem = NULL;
+    model_tm_result tm;
+    memset(&tm, 0, sizeof tm);
+    struct json_t *tm_json = NULL;
+    int rc = 0;
+    sim_status st;
+    SIM_TRY_GOTO(model_open(argc, argv, NULL, 0, &cm), st, fail);
+    const model_def *def = cm.def;
+    long long steps, ckpt_period;
+    double hbm;
+    SIM_TRY_GOTO(cfg_get_int(cm.cfg, "steps", &steps), st, fail);
+    SIM_TRY_GOTO(cfg_get_double(cm.cfg, "hbm_limit_gb", &hbm), st, fail);
+    SIM_TRY_GOTO(cfg_get_int(cm.cfg, "checkpoint_period", &ckpt_period), st, fail);
     int on_start = 1, on_completion = 1;
-    if (!st) st = mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_start", &on_start);
-    if (!st) st = mesh_cfg_get_bool(cm.cfg, "save_checkpoint_on_completion", &on_completion);
-    if (!st && steps < 1) st = sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps);
-    if (!st) st = model_optim_from_config(cm.cfg, &job.opt);
-    if (!st) st = model_data_from_config(cm.cfg, &data);
+    SIM_TRY_GOTO(cfg_get_bool(cm.cfg, "save_checkpoint_on_start", &on_start), st, fail);
+    SIM_TRY_GOTO(cfg_get_bool(cm.cfg, "save_checkpoint_on_completion", &on_completion), st, fail);
+    if (steps < 1) SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: train at least one step", steps), st, fail);
+    SIM_TRY_GOTO(model_optim_from_config(cm.cfg, &job.opt), st, fail);
+    SIM_TRY_GOTO(model_data_from_config(cm.cfg, &data), st, fail);
     double tolerance;
     int debug_sharding = 0;
-    if (!st) st = mesh_cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance);
-    if (!st) st = model_check_sharding_tolerance(def, tolerance); /* MaxText checks when it sets up the state */
-    if (!st) st = mesh_cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding);
+    SIM_TRY_GOTO(cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance), st, fail);
+    SIM_TRY_GOTO(model_check_sharding_tolerance(def, tolerance), st, fail); /* MaxText checks when it sets up the state */
+    SIM_TRY_GOTO(cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding), st, fail);
     const char *load = cfg_str(cm.cfg, "load_parameters_path");
-    if (!st && *load && access(load, R_OK) != 0)
-        st = sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written by "
-                                    "checkpoint_dir=..., e.g. DIR/step_0.safetensors",
-                     load, strerror(errno));
+    if (*load && access(load, R_OK) != 0)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written "
+                             "by checkpoint_dir=..., e.g. DIR/step_0.safetensors", load, strerror(errno)),
+                     st, fail);
     char outbuf[4096], ckbuf[4096], run_name[1024];
-    if (!st) st = resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name);
+    SIM_TRY_GOTO(resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name), st, fail);
     resume_plan resume;
     memset(&resume, 0, sizeof resume);
     /* the pipeline refuses checkpoint_dir itself (models/core/pipeline.c); the directory MaxText derives
      * from base_output_directory with enable_checkpointing (its default) is the same feature */
-    if (!st && *ckbuf && def->d.pipe.on)
-        st = sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline parallelism "
-                                    "(stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
-                                    "enable_checkpointing=false or ici_pipeline_parallelism=1",
-                     (long long)def->d.pipe.stages);
-    if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
-    if (!st) st = resume_agrees(&resume, ckbuf);
+    if (*ckbuf && def->d.pipe.on)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline "
+                             "parallelism (stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
+                             "enable_checkpointing=false or ici_pipeline_parallelism=1", (long long)def->d.pipe.stages),
+                     st, fail);
+    SIM_TRY_GOTO(resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume), st, fail);
+    SIM_TRY_GOTO(resume_agrees(&resume, ckbuf), st, fail);
     /* trace_steps names steps of this run: checked before anything is written */
     sim_trace_range tsteps[CLI_TRACE_STEPS_MAX];
     int ntsteps = 0;
     const char *tsteps_text = cfg_str(cm.cfg, "trace_steps");
-    if (!st)
-        st = cli_trace_steps_parse(tsteps_text, def->d.dry_run ? 0 : resume.start, def->d.dry_run ? 0 : steps - 1,
-                                   tsteps, CLI_TRACE_STEPS_MAX, &ntsteps);
-    const char *outdir = st ? "" : outbuf;
+    SIM_TRY_GOTO(cli_trace_steps_parse(tsteps_text, def->d.dry_run ? 0 : resume.start, def->d.dry_run ? 0 : steps - 1,
+                                       tsteps, CLI_TRACE_STEPS_MAX, &ntsteps),
+                 st, fail);
+    outdir = outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     /* under mpirun rank 0 writes every file; the others gather their records to it (sim/xrank.h) */
     bool want_trace = *outdir != '\0';
     if (sim_xrank_rank() > 0) outdir = metrics_path = "";
-    if (!st && *metrics_path && def->d.dry_run)
-        st = sim_err(SIM_ERR_INPUT, "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no losses to "
-                                    "write; drop metrics_file or run for real",
-                     metrics_path);
+    if (*metrics_path && def->d.dry_run)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no "
+                             "losses to write; drop metrics_file or run for real", metrics_path),
+                     st, fail);
     /* made now so a bad path fails before training; removed again if the run fails before writing into it */
-    bool made_outdir = !st && *outdir && access(outdir, F_OK) != 0;
-    if (!st && *outdir) st = cli_artifacts_mkdir(outdir);
-    if (!st && *ckbuf) st = cli_artifacts_mkdir(ckbuf);
-    if (st) {
-        int rc = cli_fail(err, st);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
+    made_outdir = *outdir && access(outdir, F_OK) != 0;
+    if (*outdir) SIM_TRY_GOTO(cli_artifacts_mkdir(outdir), st, fail);
+    if (*ckbuf) SIM_TRY_GOTO(cli_artifacts_mkdir(ckbuf), st, fail);
     /* the hardware profile (hardware_profile or compile_topology's family): the step-time
      * estimate, and the HBM capacity when hbm_limit_gb is left at its default */
-    model_hw hw;
+    cfg_hw hw;
     model_tm_eff eff;
     bool have_hw = false;
     int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
-    if (!st) st = model_hw_from_config(cm.cfg, cli_configs_dir(), per_slice, &hw, &have_hw);
-    if (!st && have_hw) st = model_tm_eff_load(cli_configs_dir(), &eff);
-    const mesh_cfg_entry *hbm_e = mesh_cfg_find(cm.cfg, "hbm_limit_gb");
-    if (!st && have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
-    if (st) {
-        int rc = cli_fail(err, st);
-        if (made_outdir) rmdir(outdir);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
+    SIM_TRY_GOTO(cfg_hw_from_config(cm.cfg, per_slice, &hw, &have_hw), st, fail);
+    if (have_hw) SIM_TRY_GOTO(model_tm_eff_load(cli_configs_dir(), &eff), st, fail);
+    const cfg_entry *hbm_e = cfg_find(cm.cfg, "hbm_limit_gb");
+    if (have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
     if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
     if (def->d.dry_run) sim_host_malloc_many_arenas(); /* this process makes dry runs only */
     config_box(out, &cm, steps);
     if (!def->d.dry_run) {
         model_train_job probe = {0};
         probe.data = &data;
-        st = model_optim_from_config(cm.cfg, &probe.opt);
-        if (!st) st = cli_host_memory_fits(def, &probe, hbm, *ckbuf || *resume.path, 0);
-        if (st) {
-            int rc = cli_fail(err, st);
-            model_data_close(&data);
-            model_close(&cm);
-            return rc;
-        }
+        SIM_TRY_GOTO(model_optim_from_config(cm.cfg, &probe.opt), st, fail);
+        SIM_TRY_GOTO(cli_host_memory_fits(def, &probe, hbm, *ckbuf || *resume.path, 0), st, fail);
     }
-    sim_machine *m = NULL;
     if (sim_xrank_size() > def->mesh.num_devices && !def->d.dry_run)
-        st = sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
-                     "%d ranks (mpirun -np %d)", sim_xrank_size(), def->mesh.num_devices, def->mesh.num_devices,
-                     def->mesh.num_devices);
-    if (!st) st = model_machine_new(def, hbm, want_trace, &m);
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch "
+                             "at most %d ranks (mpirun -np %d)", sim_xrank_size(), def->mesh.num_devices,
+                             def->mesh.num_devices, def->mesh.num_devices),
+                     st, fail);
+    SIM_TRY_GOTO(model_machine_new(def, hbm, want_trace, &m), st, fail);
     double watchdog_s = 0;
-    if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
-    if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
-    if (!st) sim_machine_set_record_costs(m, have_hw);
-    if (!st && want_trace) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB);
-                              * on every rank under mpirun: each keeps its devices' spans for rank 0 */
+    SIM_TRY_GOTO(cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s), st, fail);
+    sim_machine_set_collective_timeout(m, watchdog_s);
+    sim_machine_set_record_costs(m, have_hw);
+    if (want_trace) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB);
+                       * on every rank under mpirun: each keeps its devices' spans for rank 0 */
         long long trace_events = 0;
-        st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &trace_events);
-        if (!st) sim_trace_set_limit(m, (size_t)trace_events);
-        if (!st) st = sim_trace_set_steps(m, tsteps, ntsteps, tsteps_text);
+        SIM_TRY_GOTO(cfg_get_int(cm.cfg, "trace_max_events", &trace_events), st, fail);
+        sim_trace_set_limit(m, (size_t)trace_events);
+        SIM_TRY_GOTO(sim_trace_set_steps(m, tsteps, ntsteps, tsteps_text), st, fail);
     }
-    if (st) {
-        int rc = cli_fail(err, st);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
-    cli_step_metrics *metrics = calloc((size_t)steps, sizeof *metrics);
-    if (!metrics) {
-        st = sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records (%zu bytes a step) do not fit in host "
-                     "memory; train fewer steps", steps, sizeof *metrics + sizeof(model_step_stats));
-        int rc = cli_fail(err, st);
-        sim_machine_free(m);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
-    step_printer sp = {out, def, metrics, NULL, run_name};
-    if (*metrics_path && !(sp.metrics_file = fopen(metrics_path, "w"))) {
-        int e = errno;
-        st = sim_err(SIM_ERR_IO, "metrics_file=%s: cannot write it: %s", metrics_path, strerror(e));
-        int rc = cli_fail(err, st);
-        free(metrics);
-        sim_machine_free(m);
-        model_data_close(&data);
-        model_close(&cm);
-        return rc;
-    }
+    metrics = calloc((size_t)steps, sizeof *metrics);
+    if (!metrics)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records (%zu bytes a step) do not fit in host "
+                             "memory; train fewer steps", steps, sizeof *metrics + sizeof(model_step_stats)),
+                     st, fail);
+    sp = (step_printer){out, def, metrics, NULL, run_name};
+    if (*metrics_path && !(sp.metrics_file = fopen(metrics_path, "w")))
+        SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "metrics_file=%s: cannot write it: %s", metrics_path, strerror(errno)), st,
+                     fail);
     job.def = def;
     job.data = &data;
     job.steps = steps;
@@ -622,10 +631,11 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     }
     fprintf(out, "\n");
     cli_report_step_header(out);
-    st = job.stats ? model_train(&job, m)
-                   : sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records do not fit in host memory; train "
-                                            "fewer steps", steps);
-    if (!st && def->d.pipe.on) {
+    if (!job.stats)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records do not fit in host memory; train "
+                             "fewer steps", steps), st, fail);
+    SIM_TRY_GOTO(model_train(&job, m), st, fail);
+    if (def->d.pipe.on) {
         const model_pipe *pp = &def->d.pipe;
         fprintf(out, "\npipeline bubbles: %lld of %lld iterations per stage (%.1f%% of stage compute, bubbles computed "
                      "and discarded)",
@@ -636,104 +646,58 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                     100.0 * (double)def->pipe_bubble_ns / (double)def->pipe_layer_ns);
         fprintf(out, "\n");
     }
-    int rc = 0;
-    if (st) {
-        rc = cli_fail(err, st);
-    } else {
-        cli_records recs;
-        cli_records_from_machine(m, &recs);
-        cli_traffic traffic;
-        memset(&traffic, 0, sizeof traffic);
-        st = cli_traffic_build(&recs, cli_steps_all(), &traffic);
-        int nd = sim_machine_num_devices(m);
-        sim_arena_stats *mem = calloc((size_t)nd, sizeof *mem);
-        cli_memory_collect(m, mem);
-        if (!st && debug_sharding) { /* the activations are known once a forward pass has run */
-            const char *dt = cfg_str(cm.cfg, "dtype");
-            fprintf(out, "\ndebug_sharding:\n");
-            model_print_shardings(def, *dt ? dt : "float32", out);
-        }
-        if (!st) {
-            long long ran = steps - resume.start;
-            fprintf(out, "\ntraffic over %lld step%s:\n", ran, ran > 1 ? "s" : "");
-            cli_report_traffic(out, &traffic);
-            fprintf(out, "\nmemory at peak:\n");
-            cli_report_memory(out, mem, nd);
-            cli_report_xrank(out, m);
-        }
-        /* the step-time model, on the last step (every step moves the same bytes) */
-        model_tm_result tm;
-        memset(&tm, 0, sizeof tm);
-        char *tm_json = NULL;
-        if (!st && have_hw) {
-            double opt_bytes = model_tm_optimizer_bytes(m);
-            double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
-            const char *dt = cfg_str(cm.cfg, "dtype");
-            st = model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, def->d.dry_run && *outdir, &tm);
-            const char *note = NULL;
-            model_hw_peak(&hw, dt, &note);
-            if (!st) {
-                fprintf(out, "\n");
-                model_tm_print(out, &hw, sim_machine_mesh(m), &tm);
-                if (note) fprintf(out, "  note: dtype=%s: %s\n", dt, note);
-                size_t len = 0;
-                FILE *js = open_memstream(&tm_json, &len);
-                if (js) {
-                    model_tm_write_json(js, &hw, sim_machine_mesh(m), &tm);
-                    fclose(js);
-                }
-            } else { /* a figure the profile does not publish: say so, the run itself succeeded */
-                fprintf(out, "\nstep time not estimated: %s\n", sim_errmsg());
-                sim_err_clear();
-                st = SIM_OK;
-            }
-        }
-        if (!st && *outdir) {
-            char xla[384];
-            cli_run_info info = {"train", argc, (const char *const *)argv, cm.cfg, &def->mesh, &def->rules, NULL, 0,
-                                 tm_json, sim_dtype_name(def->d.gather_dtype), sim_dtype_name(def->d.reduce_dtype),
-                                 def->d.wire_rule, model_xla_rules_text(&def->d.xla, xla, sizeof xla)};
-            st = cli_write_run_json(outdir, &info);
-            if (!st) st = cli_write_metrics_json(outdir, metrics + resume.start, (int)(steps - resume.start), mem, nd);
-            long long max_rows = 0, max_events = 0;
-            if (!st) st = mesh_cfg_get_int(cm.cfg, "collectives_csv_max_rows", &max_rows);
-            if (!st) st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &max_events);
-            if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all(), (size_t)max_rows);
-            if (!st) st = cli_write_traffic_csv(outdir, &traffic);
-            if (!st && tm.spans) { /* a dry run with a profile: trace.json in modelled time */
-                modelled_trace mt = {&hw, &tm};
-                st = cli_artifact_write(outdir, "trace.json", write_modelled_trace, &mt);
-            } else if (!st) {
-                st = cli_write_trace_json(outdir, m, (size_t)max_events);
-                uint64_t left_steps = sim_trace_steps_skipped(m);
-                if (!st && left_steps) {
-                    char kept[512];
-                    fprintf(out, "\ntrace.json: steps %s of %lld (trace_steps=%s); left out %llu step%s and their %llu "
-                                 "spans (trace_steps=all keeps every step)\n",
-                            cli_trace_steps_text(tsteps, ntsteps, kept, sizeof kept), steps - resume.start,
-                            tsteps_text, (unsigned long long)left_steps, left_steps > 1 ? "s" : "",
-                            (unsigned long long)sim_trace_spans_skipped(m));
-                }
-            }
-            int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
-            size_t trace_dev = tm.spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);
-            if (!st && tm.spans)
-                fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm.device, hw.name);
-            if (!st && (csv_dev < nd || (int)trace_dev < nd))
-                fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
-                             "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
-                        csv_dev - 1, trace_dev - 1, nd, max_rows, max_events);
-            if (!st) st = write_dump(outdir, cm.cfg, def);
-            if (!st) st = cli_write_report_html(outdir);
-            if (!st) fprintf(out, "\nartifacts written to %s (open report.html in a browser)\n", outdir);
-        }
-        if (st) rc = cli_fail(err, st);
-        free(tm.spans);
-        free(tm_json);
-        cli_traffic_free(&traffic);
-        free(mem);
+    cli_records recs;
+    cli_records_from_machine(m, &recs);
+    SIM_TRY_GOTO(cli_traffic_build(&recs, cli_steps_all(), &traffic), st, fail);
+    int nd = sim_machine_num_devices(m);
+    mem = calloc((size_t)nd, sizeof *mem);
+    SIM_ASSERT(mem);
+    cli_memory_collect(m, mem);
+    if (debug_sharding) { /* the activations are known once a forward pass has run */
+        const char *dt = cfg_str(cm.cfg, "dtype");
+        fprintf(out, "\ndebug_sharding:\n");
+        model_print_shardings(def, *dt ? dt : "float32", out);
     }
+    long long ran = steps - resume.start;
+    fprintf(out, "\ntraffic over %lld step%s:\n", ran, ran > 1 ? "s" : "");
+    cli_report_traffic(out, &traffic);
+    fprintf(out, "\nmemory at peak:\n");
+    cli_report_memory(out, mem, nd);
+    cli_report_xrank(out, m);
+    /* the step-time model, on the last step (every step moves the same bytes) */
+    if (have_hw) {
+        double opt_bytes = model_tm_optimizer_bytes(m);
+        double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
+        const char *dt = cfg_str(cm.cfg, "dtype");
+        sim_status est = model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes,
+                                           def->d.dry_run && *outdir, &tm);
+        const char *note = NULL;
+        model_hw_peak(&hw, dt, &note);
+        if (!est) {
+            fprintf(out, "\n");
+            model_tm_print(out, &hw, sim_machine_mesh(m), &tm);
+            if (note) fprintf(out, "  note: dtype=%s: %s\n", dt, note);
+            cfg_jw tw;
+            cfg_jw_init(&tw);
+            model_tm_json(&tw, &hw, sim_machine_mesh(m), &tm);
+            tm_json = cfg_jw_take(&tw);
+        } else { /* a figure the profile does not publish: say so, the run itself succeeded */
+            fprintf(out, "\nstep time not estimated: %s\n", sim_errmsg());
+            sim_err_clear();
+        }
+    }
+    trace_steps ts = {tsteps, ntsteps, tsteps_text};
+    if (*outdir) SIM_TRY_GOTO(write_artifacts(&cm, argc, argv, outdir, metrics + resume.start,
+                                              (int)(steps - resume.start), m, &recs, &traffic, mem,
+                                              have_hw ? &hw : NULL, &tm, tm_json, &ts, out),
+                              st, fail);
+fail:
+    if (st != SIM_OK) rc = cli_fail(err, st);
     if (rc && made_outdir) rmdir(outdir); /* only succeeds while it is still empty */
+    free(tm.spans);
+    json_decref(tm_json);
+    cli_traffic_free(&traffic);
+    free(mem);
     if (sp.metrics_file) fclose(sp.metrics_file);
     free(job.stats);
     free(metrics);

@@ -3,7 +3,7 @@
  * A config is an ordered map key -> value.  A value is a scalar (kept as the
  * text written, parsed as null/bool/int/float/string on demand), a list, or a
  * map; lists nest (logical_axis_rules is a list of [name, axes] pairs).
- * mesh_cfg_load applies MaxText's merge rules (pyconfig.py / types.py):
+ * cfg_load applies MaxText's merge rules (pyconfig.py / types.py):
  *
  *   1. base file (default configs/base.yml), after its `base_config:` chain
  *      (parent first; a child may add keys).  The keys of this merged base are
@@ -50,71 +50,46 @@
 #ifndef CONFIG_CONFIG_H
 #define CONFIG_CONFIG_H
 
+#include "config/value.h"
 #include "sim/status.h"
-
-typedef enum {
-    MESH_CFG_SCALAR,
-    MESH_CFG_LIST,
-    MESH_CFG_MAP
-} mesh_cfg_kind;
-
-/* What a scalar's text parses as (YAML 1.1 style, plus MaxText's "None"). */
-typedef enum {
-    MESH_CFG_NULL,   /* unquoted "", ~, null, or None/none in any quoting */
-    MESH_CFG_BOOL,   /* unquoted true/false, yes/no, on/off (any case) */
-    MESH_CFG_INT,    /* [+-]digits, '_' separators allowed (10_000), 0x hex */
-    MESH_CFG_FLOAT,  /* a number with '.', an exponent, or .inf/.nan */
-    MESH_CFG_STRING  /* anything else, and every other quoted scalar */
-} mesh_cfg_type;
-
-typedef struct mesh_cfg_value mesh_cfg_value;
-struct mesh_cfg_value {
-    mesh_cfg_kind kind;
-    char *text;            /* SCALAR: the text without quotes */
-    int quoted;            /* SCALAR: written in quotes (so never a number/bool) */
-    int n;                 /* LIST/MAP: number of items */
-    mesh_cfg_value *items; /* LIST/MAP: items (MAP: the values) */
-    char **keys;           /* MAP: the keys */
-    const char *file;      /* where it was written: a path, or "command line" */
-    int line;              /* 1-based line in file (0 when not from a file) */
-};
 
 /* A key's class in configs/keys.yml. */
 typedef enum {
-    MESH_KEY_UNCLASSIFIED = 0, /* no keys.yml for this config */
-    MESH_KEY_HONOURED,         /* read by the simulator with MaxText's meaning */
-    MESH_KEY_INERT,            /* cannot change losses, shardings, memory or traffic */
-    MESH_KEY_REFUSED           /* a feature not simulated: only the default is accepted */
-} mesh_key_class;
+    CFG_KEY_UNCLASSIFIED = 0, /* no keys.yml for this config */
+    CFG_KEY_HONOURED,         /* read by the simulator with MaxText's meaning */
+    CFG_KEY_INERT,            /* cannot change losses, shardings, memory or traffic */
+    CFG_KEY_REFUSED           /* a feature not simulated: only the default is accepted */
+} cfg_key_class;
 
 typedef struct {
     char *key;
-    mesh_cfg_value value;
+    cfg_value value;
     char *where;  /* source of the current value: "configs/base.yml:27",
                      "command line", "inferred from custom_mesh_and_rule=..." */
     int from_model; /* 1 when the model file set this key */
     int from_user;  /* 1 when an extra file or the command line set this key */
-    mesh_key_class cls;         /* from keys.yml (UNCLASSIFIED without one) */
+    cfg_key_class cls;         /* from keys.yml (UNCLASSIFIED without one) */
     const char *why;            /* keys.yml's one-line reason, or NULL */
-    const mesh_cfg_value *spec; /* the key's keys.yml line (a map), or NULL */
+    const cfg_value *spec; /* the key's keys.yml line (a map), or NULL */
     int changed;                /* 1 when the value differs from the default */
-} mesh_cfg_entry;
+} cfg_entry;
 
 typedef struct {
     int n;                    /* number of entries (= number of known keys) */
-    mesh_cfg_entry *entries;  /* in the base config's order */
+    cfg_entry *entries;  /* in the base config's order */
     char *base_file;          /* the base file as given */
     char *configs_dir;        /* where models/ and custom_mesh_and_rule/ are looked up */
     char *model_file;         /* the model file applied, NULL for model_name=default */
     char *custom_file;        /* the custom_mesh_and_rule file applied, or NULL */
     char *keys_file;          /* the keys.yml applied, or NULL */
-    const mesh_cfg_value *registry; /* keys.yml's `keys` map, parsed once per process
+    const cfg_value *registry; /* keys.yml's `keys` map, parsed once per process
                                        (entries' spec/why point into it), or NULL */
     int *index, index_cap, index_n; /* hash index of the entries (position + 1) */
+    struct cfg_hw_cache *hw;  /* the hardware profile the config selects, read once (hardware.h) */
     /* Strings that values point to (file names); owned by the config. */
     int n_strings, cap_strings;
     char **strings;
-} mesh_cfg;
+} cfg_config;
 
 typedef struct {
     const char *base_file;            /* NULL: "configs/base.yml" */
@@ -123,88 +98,53 @@ typedef struct {
     int n_files;
     const char *const *overrides;     /* "key=value" strings, applied in order */
     int n_overrides;
-} mesh_cfg_args;
+} cfg_args;
 
 /* Loads and merges a config as described above.  *out is heap-allocated; free
- * it with mesh_cfg_free.  Override values: text starting with '[' or '{' is a
+ * it with cfg_free.  Override values: text starting with '[' or '{' is a
  * YAML flow list/map (`logical_axis_rules=[['norm','fsdp']]`); text in single
  * or double quotes is a string; anything else is a plain scalar taken verbatim
  * (`dataset_path=/a b:c#d` is that string). */
-sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out);
+sim_status cfg_load(const cfg_args *args, cfg_config **out);
 /* Command-line convenience: arguments ending in .yml/.yaml are extra files,
  * arguments with '=' are overrides, anything else is an error naming it. */
-sim_status mesh_cfg_load_argv(const char *base_file, int argc, const char *const *argv,
-                              mesh_cfg **out);
+sim_status cfg_load_argv(const char *base_file, int argc, const char *const *argv,
+                              cfg_config **out);
 /* Loads one YAML file on its own (no merging, no key checks): for tools and
  * tests that compare raw files. */
-sim_status mesh_cfg_load_file(const char *path, mesh_cfg **out);
-void mesh_cfg_free(mesh_cfg *cfg);
+sim_status cfg_load_file(const char *path, cfg_config **out);
+void cfg_free(cfg_config *cfg);
 
 /* ---- lookup ---------------------------------------------------------------- */
-const mesh_cfg_entry *mesh_cfg_find(const mesh_cfg *cfg, const char *key);
+const cfg_entry *cfg_find(const cfg_config *cfg, const char *key);
 /* The entry, or SIM_ERR_INPUT naming the key and the closest known key. */
-sim_status mesh_cfg_entry_get(const mesh_cfg *cfg, const char *key, const mesh_cfg_entry **out);
+sim_status cfg_entry_get(const cfg_config *cfg, const char *key, const cfg_entry **out);
 /* The known key closest to `key` by edit distance (NULL for an empty config). */
-const char *mesh_cfg_closest_key(const mesh_cfg *cfg, const char *key);
+const char *cfg_closest_key(const cfg_config *cfg, const char *key);
 
-/* ---- the key contract ------------------------------------------------------ */
+/* ---- the key contract (keys.c) ------------------------------------------------
+ * configs/keys.yml, parsed once per process and path (configs point into it), classes and types
+ * every entry; after merging, a changed key is checked against its class, `simulated` and `choices`. */
 /* "honoured", "inert", "refused" or "unclassified". */
-const char *mesh_key_class_name(mesh_key_class c);
+const char *cfg_key_class_name(cfg_key_class c);
+
 /* A field of the key's keys.yml line ("type", "default", "simulated", ...), or
  * NULL when the line has no such field or the config has no keys.yml. */
-const mesh_cfg_value *mesh_cfg_entry_field(const mesh_cfg_entry *e, const char *field);
-
-/* ---- model files and decoder blocks ----------------------------------------
- * A model name is a file <configs>/models/<model_name>.yml (MaxText's own files); its
- * decoder_block says which layer MaxText builds.  keys.yml's decoder_block `simulated` lists the
- * blocks shardsim runs: a model file (or any layer) naming another block MaxText has is refused
- * by its block before its keys are checked, with <configs>/decoder_blocks.yml's description. */
-typedef struct {
-    char *name;   /* the model name: the file name without .yml */
-    char *file;   /* <configs>/models/<name>.yml */
-    char *block;  /* its decoder_block (keys.yml's default when the file sets none) */
-} mesh_model_file;
-
-/* Every model file of the config's configs directory, sorted by name. */
-sim_status mesh_cfg_model_files(const mesh_cfg *cfg, mesh_model_file **out, int *n);
-void mesh_model_files_free(mesh_model_file *m, int n);
-/* 1 when keys.yml lists the block as simulated (or the config has no keys.yml). */
-int mesh_cfg_block_simulated(const mesh_cfg *cfg, const char *block);
-/* "models/mixtral.py MixtralDecoderLayer: <what it computes>" from decoder_blocks.yml, malloc'd,
- * or NULL when the file or the block's line is missing. */
-char *mesh_cfg_block_about(const mesh_cfg *cfg, const char *block);
+const cfg_value *cfg_entry_field(const cfg_entry *e, const char *field);
 
 /* ---- typed getters: SIM_ERR_INPUT naming key, value, source and the expected
  * type when the key is missing or its value does not parse. ------------------ */
-sim_status mesh_cfg_get_int(const mesh_cfg *cfg, const char *key, long long *out);
-sim_status mesh_cfg_get_double(const mesh_cfg *cfg, const char *key, double *out);
-sim_status mesh_cfg_get_bool(const mesh_cfg *cfg, const char *key, int *out);
+sim_status cfg_get_int(const cfg_config *cfg, const char *key, long long *out);
+sim_status cfg_get_double(const cfg_config *cfg, const char *key, double *out);
+sim_status cfg_get_bool(const cfg_config *cfg, const char *key, int *out);
 /* Scalar text; *out = NULL when the value is null/None. */
-sim_status mesh_cfg_get_str(const mesh_cfg *cfg, const char *key, const char **out);
+sim_status cfg_get_str(const cfg_config *cfg, const char *key, const char **out);
 /* Index of the value in allowed[0..n_allowed) (exact match); error lists them. */
-sim_status mesh_cfg_get_enum(const mesh_cfg *cfg, const char *key, const char *const *allowed,
+sim_status cfg_get_enum(const cfg_config *cfg, const char *key, const char *const *allowed,
                              int n_allowed, int *out);
 /* A list of scalars: *n items, (*items)[i] points into the config (do not free
  * the strings; free(*items) only).  null gives 0 items. */
-sim_status mesh_cfg_get_str_list(const mesh_cfg *cfg, const char *key, const char ***items,
+sim_status cfg_get_str_list(const cfg_config *cfg, const char *key, const char ***items,
                                  int *n);
-
-/* ---- values ---------------------------------------------------------------- */
-mesh_cfg_type mesh_cfg_scalar_type(const mesh_cfg_value *v);
-const char *mesh_cfg_type_name(mesh_cfg_type t);
-/* Value-level parsers; `what` names the value in messages ("key 'x'"). */
-sim_status mesh_cfg_value_int(const mesh_cfg_value *v, const char *what, long long *out);
-sim_status mesh_cfg_value_double(const mesh_cfg_value *v, const char *what, double *out);
-sim_status mesh_cfg_value_bool(const mesh_cfg_value *v, const char *what, int *out);
-/* Semantic equality: numbers by value (10_000 == 10000.0), lists item by item. */
-int mesh_cfg_value_equal(const mesh_cfg_value *a, const mesh_cfg_value *b);
-/* Flow text of a value, malloc'd: YAML flow (`['a', 1, null]`) when json is
- * 0, JSON (`["a", 1, null]`) when json is 1. */
-char *mesh_cfg_value_to_text(const mesh_cfg_value *v, int json);
-/* "file:line" of a value (or "command line"), into buf. */
-const char *mesh_cfg_value_where(const mesh_cfg_value *v, char *buf, int cap);
-
-/* Levenshtein distance (for "did you mean" suggestions elsewhere too). */
-int mesh_edit_distance(const char *a, const char *b);
 
 #endif

@@ -1,4 +1,4 @@
-/* json.c — JSON through libjansson, copied into mesh_json trees.
+/* json.c — JSON through libjansson, copied into cfg_json trees.
  *
  * Jansson parses (RFC 8259, UTF-8 validated, depth capped at its
  * JSON_PARSER_MAX_DEPTH, duplicate object keys refused so that a header can
@@ -9,11 +9,13 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void json_free_value(mesh_json *v)
+static void json_free_value(cfg_json *v)
 {
     free(v->str);
     for (int i = 0; i < v->n; i++) {
@@ -32,15 +34,15 @@ static char *dup_or_die(const char *s)
 }
 
 /* Copies jansson value j into v (zeroed by the caller). */
-static sim_status copy_value(const json_t *j, mesh_json *v, const char *what)
+static sim_status copy_value(const json_t *j, cfg_json *v, const char *what)
 {
     char num[40];
     switch (json_typeof(j)) {
-    case JSON_NULL: v->kind = MESH_JSON_NULL; return SIM_OK;
-    case JSON_TRUE: v->kind = MESH_JSON_BOOL; v->boolean = 1; return SIM_OK;
-    case JSON_FALSE: v->kind = MESH_JSON_BOOL; v->boolean = 0; return SIM_OK;
+    case JSON_NULL: v->kind = CFG_JSON_NULL; return SIM_OK;
+    case JSON_TRUE: v->kind = CFG_JSON_BOOL; v->boolean = 1; return SIM_OK;
+    case JSON_FALSE: v->kind = CFG_JSON_BOOL; v->boolean = 0; return SIM_OK;
     case JSON_INTEGER:
-        v->kind = MESH_JSON_NUMBER;
+        v->kind = CFG_JSON_NUMBER;
         v->is_integer = 1;
         v->integer = (long long)json_integer_value(j);
         v->number = (double)v->integer;
@@ -48,17 +50,17 @@ static sim_status copy_value(const json_t *j, mesh_json *v, const char *what)
         v->str = dup_or_die(num);
         return SIM_OK;
     case JSON_REAL:
-        v->kind = MESH_JSON_NUMBER;
+        v->kind = CFG_JSON_NUMBER;
         v->number = json_real_value(j);
         snprintf(num, sizeof num, "%.17g", v->number);
         v->str = dup_or_die(num);
         return SIM_OK;
     case JSON_STRING:
-        v->kind = MESH_JSON_STRING;
+        v->kind = CFG_JSON_STRING;
         v->str = dup_or_die(json_string_value(j));
         return SIM_OK;
     case JSON_ARRAY: {
-        v->kind = MESH_JSON_ARRAY;
+        v->kind = CFG_JSON_ARRAY;
         size_t n = json_array_size(j);
         if (n > (size_t)(1 << 30))
             return sim_err(SIM_ERR_INPUT, "%s: a JSON array of %zu items is too large (at most 2^30)", what, n);
@@ -73,7 +75,7 @@ static sim_status copy_value(const json_t *j, mesh_json *v, const char *what)
         return SIM_OK;
     }
     case JSON_OBJECT: {
-        v->kind = MESH_JSON_OBJECT;
+        v->kind = CFG_JSON_OBJECT;
         size_t n = json_object_size(j);
         if (n > (size_t)(1 << 30))
             return sim_err(SIM_ERR_INPUT, "%s: a JSON object of %zu keys is too large (at most 2^30)", what, n);
@@ -98,7 +100,7 @@ static sim_status copy_value(const json_t *j, mesh_json *v, const char *what)
     return sim_err(SIM_ERR_INTERNAL, "%s: unknown JSON value type from jansson", what);
 }
 
-sim_status mesh_json_parse(const char *text, size_t len, const char *what, mesh_json **out)
+sim_status cfg_json_parse(const char *text, size_t len, const char *what, cfg_json **out)
 {
     what = what ? what : "<json>";
     /* Skip a UTF-8 byte order mark (some editors write one). */
@@ -111,19 +113,19 @@ sim_status mesh_json_parse(const char *text, size_t len, const char *what, mesh_
     if (!j)
         return sim_err(SIM_ERR_INPUT, "%s:%d:%d: invalid JSON: %s; fix the file or regenerate it", what, e.line,
                        e.column, e.text);
-    mesh_json *root = calloc(1, sizeof *root);
+    cfg_json *root = calloc(1, sizeof *root);
     SIM_ASSERT(root);
     sim_status st = copy_value(j, root, what);
     json_decref(j);
     if (st != SIM_OK) {
-        mesh_json_free(root);
+        cfg_json_free(root);
         return st;
     }
     *out = root;
     return SIM_OK;
 }
 
-sim_status mesh_json_read_file(const char *path, mesh_json **out)
+sim_status cfg_json_read_file(const char *path, cfg_json **out)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return sim_err(SIM_ERR_IO, "cannot open JSON file %s: %s", path, strerror(errno));
@@ -144,59 +146,207 @@ sim_status mesh_json_read_file(const char *path, mesh_json **out)
         free(buf);
         return sim_err(SIM_ERR_IO, "cannot read JSON file %s", path);
     }
-    sim_status st = mesh_json_parse(buf, n, path, out);
+    sim_status st = cfg_json_parse(buf, n, path, out);
     free(buf);
     return st;
 }
 
-void mesh_json_free(mesh_json *root)
+void cfg_json_free(cfg_json *root)
 {
     if (!root) return;
     json_free_value(root);
     free(root);
 }
 
-const mesh_json *mesh_json_get(const mesh_json *v, const char *key)
+const cfg_json *cfg_json_get(const cfg_json *v, const char *key)
 {
-    if (!v || v->kind != MESH_JSON_OBJECT) return NULL;
+    if (!v || v->kind != CFG_JSON_OBJECT) return NULL;
     for (int i = 0; i < v->n; i++)
         if (strcmp(v->keys[i], key) == 0) return &v->items[i];
     return NULL;
 }
 
-const char *mesh_json_kind_name(mesh_json_kind k)
+const char *cfg_json_kind_name(cfg_json_kind k)
 {
     switch (k) {
-    case MESH_JSON_NULL: return "null";
-    case MESH_JSON_BOOL: return "boolean";
-    case MESH_JSON_NUMBER: return "number";
-    case MESH_JSON_STRING: return "string";
-    case MESH_JSON_ARRAY: return "array";
-    case MESH_JSON_OBJECT: return "object";
+    case CFG_JSON_NULL: return "null";
+    case CFG_JSON_BOOL: return "boolean";
+    case CFG_JSON_NUMBER: return "number";
+    case CFG_JSON_STRING: return "string";
+    case CFG_JSON_ARRAY: return "array";
+    case CFG_JSON_OBJECT: return "object";
     }
     return "?";
 }
 
-int mesh_json_equal(const mesh_json *a, const mesh_json *b)
+int cfg_json_equal(const cfg_json *a, const cfg_json *b)
 {
     if (a->kind != b->kind) return 0;
     switch (a->kind) {
-    case MESH_JSON_NULL: return 1;
-    case MESH_JSON_BOOL: return a->boolean == b->boolean;
-    case MESH_JSON_NUMBER: return a->number == b->number;
-    case MESH_JSON_STRING: return !strcmp(a->str, b->str);
-    case MESH_JSON_ARRAY:
+    case CFG_JSON_NULL: return 1;
+    case CFG_JSON_BOOL: return a->boolean == b->boolean;
+    case CFG_JSON_NUMBER: return a->number == b->number;
+    case CFG_JSON_STRING: return !strcmp(a->str, b->str);
+    case CFG_JSON_ARRAY:
         if (a->n != b->n) return 0;
         for (int i = 0; i < a->n; i++)
-            if (!mesh_json_equal(&a->items[i], &b->items[i])) return 0;
+            if (!cfg_json_equal(&a->items[i], &b->items[i])) return 0;
         return 1;
-    case MESH_JSON_OBJECT:
+    case CFG_JSON_OBJECT:
         if (a->n != b->n) return 0;
         for (int i = 0; i < a->n; i++) {
-            const mesh_json *y = mesh_json_get(b, a->keys[i]);
-            if (!y || !mesh_json_equal(&a->items[i], y)) return 0;
+            const cfg_json *y = cfg_json_get(b, a->keys[i]);
+            if (!y || !cfg_json_equal(&a->items[i], y)) return 0;
         }
         return 1;
     }
     return 0;
+}
+
+/* ======================================================================== */
+/* writing                                                                  */
+/* ======================================================================== */
+
+void cfg_jw_init(cfg_jw *w)
+{
+    memset(w, 0, sizeof *w);
+}
+
+/* Adds v (a new reference) to the innermost container, or makes it the root. */
+static void jw_add(cfg_jw *w, json_t *v)
+{
+    SIM_ASSERT(v);
+    if (w->depth == 0) {
+        SIM_ASSERT(!w->root);
+        w->root = v;
+        return;
+    }
+    json_t *c = w->open[w->depth - 1];
+    if (json_is_object(c)) {
+        SIM_ASSERT(w->after_key);
+        w->after_key = 0;
+        SIM_ASSERT(json_object_set_new(c, w->key, v) == 0);
+    } else {
+        SIM_ASSERT(!w->after_key);
+        SIM_ASSERT(json_array_append_new(c, v) == 0);
+    }
+}
+
+static void jw_open(cfg_jw *w, json_t *c)
+{
+    SIM_ASSERT(w->depth < CFG_JW_MAX_DEPTH);
+    jw_add(w, c);
+    w->open[w->depth++] = c; /* borrowed: the parent (or root) owns it */
+}
+
+void cfg_jw_obj(cfg_jw *w) { jw_open(w, json_object()); }
+void cfg_jw_arr(cfg_jw *w) { jw_open(w, json_array()); }
+
+void cfg_jw_end(cfg_jw *w)
+{
+    SIM_ASSERT(w->depth > 0 && !w->after_key);
+    w->depth--;
+}
+
+void cfg_jw_key(cfg_jw *w, const char *k)
+{
+    SIM_ASSERT(w->depth > 0 && json_is_object(w->open[w->depth - 1]) && !w->after_key);
+    SIM_ASSERT(strlen(k) < sizeof w->key);
+    strcpy(w->key, k);
+    w->after_key = 1;
+}
+
+void cfg_jw_str(cfg_jw *w, const char *s)
+{
+    /* jansson refuses invalid UTF-8; such text (from a user's argv) is kept readable with its
+     * bad bytes replaced by '?' */
+    json_t *v = s ? json_string(s) : json_null();
+    if (!v) {
+        char *t = dup_or_die(s);
+        for (char *p = t; *p; p++)
+            if ((unsigned char)*p >= 0x80) *p = '?';
+        v = json_string(t);
+        free(t);
+    }
+    jw_add(w, v);
+}
+
+void cfg_jw_null(cfg_jw *w) { jw_add(w, json_null()); }
+void cfg_jw_bool(cfg_jw *w, int b) { jw_add(w, json_boolean(b)); }
+void cfg_jw_int(cfg_jw *w, long long v) { jw_add(w, json_integer((json_int_t)v)); }
+
+void cfg_jw_u64(cfg_jw *w, unsigned long long v)
+{
+    /* byte counts stay below 2^63; a larger one would be a broken counter */
+    SIM_ASSERT(v <= (unsigned long long)INT64_MAX);
+    jw_add(w, json_integer((json_int_t)v));
+}
+
+void cfg_jw_double(cfg_jw *w, double d)
+{
+    jw_add(w, isfinite(d) ? json_real(d) : json_null());
+}
+
+void cfg_jw_num(cfg_jw *w, double d, int digits)
+{
+    if (!isfinite(d)) {
+        jw_add(w, json_null());
+        return;
+    }
+    char text[64];
+    snprintf(text, sizeof text, "%.*g", digits, d);
+    if (!strpbrk(text, ".eEn")) {
+        errno = 0;
+        char *end;
+        long long i = strtoll(text, &end, 10);
+        if (errno == 0 && !*end) {
+            jw_add(w, json_integer((json_int_t)i));
+            return;
+        }
+    }
+    jw_add(w, json_real(strtod(text, NULL)));
+}
+
+void cfg_jw_tree(cfg_jw *w, json_t *v)
+{
+    jw_add(w, v);
+}
+
+json_t *cfg_jw_take(cfg_jw *w)
+{
+    SIM_ASSERT(w->depth == 0 && w->root);
+    json_t *root = w->root;
+    w->root = NULL;
+    return root;
+}
+
+void cfg_jw_discard(cfg_jw *w)
+{
+    json_decref(w->root);
+    cfg_jw_init(w);
+}
+
+static size_t jw_flags(cfg_jw_layout layout, int precision)
+{
+    SIM_ASSERT(precision >= 1 && precision <= 17);
+    size_t flags = JSON_REAL_PRECISION(precision) | JSON_ENCODE_ANY;
+    if (layout == CFG_JW_INDENT2) flags |= JSON_INDENT(2) | JSON_ENSURE_ASCII;
+    return flags;
+}
+
+void cfg_jw_write(cfg_jw *w, FILE *f, cfg_jw_layout layout, int precision)
+{
+    json_t *root = cfg_jw_take(w);
+    /* a write error shows in ferror(f), which the caller (cli_artifact_write) checks */
+    (void)json_dumpf(root, f, jw_flags(layout, precision));
+    json_decref(root);
+}
+
+char *cfg_jw_dumps(cfg_jw *w, cfg_jw_layout layout, int precision)
+{
+    json_t *root = cfg_jw_take(w);
+    char *s = json_dumps(root, jw_flags(layout, precision));
+    json_decref(root);
+    SIM_ASSERT(s);
+    return s;
 }

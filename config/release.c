@@ -8,17 +8,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
-struct mesh_release {
+struct cfg_release {
     char *configs_dir, *version; /* the cache key */
     char *file;
-    mesh_cfg *doc;               /* the parsed file (owns the values below) */
+    cfg_config *doc;               /* the parsed file (owns the values below) */
     const char *maxtext, *jax;
     char *base_rules;            /* resolved path, or NULL */
-    const mesh_cfg_value *names, *unknown, *errors, *refusals, *absent, *jax_rules, *grad_names;
+    const cfg_value *names, *unknown, *errors, *refusals, *absent, *jax_rules, *grad_names;
 };
 
 #define RELEASES_MAX 16
-static mesh_release *cache[RELEASES_MAX];
+static cfg_release *cache[RELEASES_MAX];
 static int n_cache;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -31,23 +31,23 @@ static char *dup_str(const char *s)
     return d;
 }
 
-static const mesh_cfg_value *field(const mesh_cfg *doc, const char *key)
+static const cfg_value *field(const cfg_config *doc, const char *key)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(doc, key);
+    const cfg_entry *e = cfg_find(doc, key);
     return e ? &e->value : NULL;
 }
 
-static const mesh_cfg_value *map_at(const mesh_cfg_value *map, const char *key)
+static const cfg_value *map_at(const cfg_value *map, const char *key)
 {
-    if (!map || map->kind != MESH_CFG_MAP) return NULL;
+    if (!map || map->kind != CFG_MAP) return NULL;
     for (int i = 0; i < map->n; i++)
         if (!strcmp(map->keys[i], key)) return &map->items[i];
     return NULL;
 }
 
-static const char *scalar(const mesh_cfg_value *v)
+static const char *scalar(const cfg_value *v)
 {
-    return v && v->kind == MESH_CFG_SCALAR && v->text ? v->text : NULL;
+    return v && v->kind == CFG_SCALAR && v->text ? v->text : NULL;
 }
 
 /* "0.2.0, 0.2.5": the release files of <configs_dir>/releases (the *-rules.yml aside), malloc'd */
@@ -84,7 +84,7 @@ static char *available(const char *configs_dir)
     return out;
 }
 
-static sim_status load(const char *configs_dir, const char *version, mesh_release **out)
+static sim_status load(const char *configs_dir, const char *version, cfg_release **out)
 {
     /* a release is a file name in releases/, never a path out of it */
     if (!version[0] || strchr(version, '/') || strchr(version, '\\') || version[0] == '.') {
@@ -107,9 +107,9 @@ static sim_status load(const char *configs_dir, const char *version, mesh_releas
         free(av);
         return st;
     }
-    mesh_release *r = calloc(1, sizeof *r);
+    cfg_release *r = calloc(1, sizeof *r);
     SIM_ASSERT(r);
-    sim_status st = mesh_cfg_load_file(path, &r->doc);
+    sim_status st = cfg_load_file(path, &r->doc);
     if (st != SIM_OK) {
         free(r);
         return st;
@@ -131,9 +131,9 @@ static sim_status load(const char *configs_dir, const char *version, mesh_releas
         st = sim_err(SIM_ERR_INPUT, "%s: 'maxtext' must name the release of the file's name (%s)", path, version);
     else if (!r->jax)
         st = sim_err(SIM_ERR_INPUT, "%s: 'jax' must name the JAX release it runs on", path);
-    else if ((r->names && r->names->kind != MESH_CFG_MAP) || (r->errors && r->errors->kind != MESH_CFG_MAP) ||
-             (r->refusals && r->refusals->kind != MESH_CFG_MAP) || (r->absent && r->absent->kind != MESH_CFG_MAP) ||
-             (r->unknown && r->unknown->kind != MESH_CFG_LIST))
+    else if ((r->names && r->names->kind != CFG_MAP) || (r->errors && r->errors->kind != CFG_MAP) ||
+             (r->refusals && r->refusals->kind != CFG_MAP) || (r->absent && r->absent->kind != CFG_MAP) ||
+             (r->unknown && r->unknown->kind != CFG_LIST))
         st = sim_err(SIM_ERR_INPUT, "%s: logical_names, explicit_errors, absent_axes and refusals must be maps, "
                                     "unknown_keys a list",
                      path);
@@ -144,7 +144,7 @@ static sim_status load(const char *configs_dir, const char *version, mesh_releas
         else r->base_rules = dup_str(p);
     }
     if (st != SIM_OK) {
-        mesh_cfg_free(r->doc);
+        cfg_free(r->doc);
         free(r->configs_dir);
         free(r->version);
         free(r->file);
@@ -156,7 +156,7 @@ static sim_status load(const char *configs_dir, const char *version, mesh_releas
     return SIM_OK;
 }
 
-sim_status mesh_release_get(const char *configs_dir, const char *version, const mesh_release **out)
+sim_status cfg_release_get(const char *configs_dir, const char *version, const cfg_release **out)
 {
     pthread_mutex_lock(&cache_lock);
     for (int i = 0; i < n_cache; i++)
@@ -165,7 +165,7 @@ sim_status mesh_release_get(const char *configs_dir, const char *version, const 
             pthread_mutex_unlock(&cache_lock);
             return SIM_OK;
         }
-    mesh_release *r = NULL;
+    cfg_release *r = NULL;
     sim_status st = n_cache < RELEASES_MAX
                         ? load(configs_dir, version, &r)
                         : sim_err(SIM_ERR_INPUT, "maxtext_release=%s: more than %d release files in one process",
@@ -175,39 +175,39 @@ sim_status mesh_release_get(const char *configs_dir, const char *version, const 
     return st;
 }
 
-sim_status mesh_release_of(const mesh_cfg *cfg, const mesh_release **out)
+sim_status cfg_release_of(const cfg_config *cfg, const cfg_release **out)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "maxtext_release");
+    const cfg_entry *e = cfg_find(cfg, "maxtext_release");
     const char *v = e ? scalar(&e->value) : NULL;
-    return mesh_release_get(cfg->configs_dir ? cfg->configs_dir : "configs", v ? v : MESH_RELEASE_DEFAULT, out);
+    return cfg_release_get(cfg->configs_dir ? cfg->configs_dir : "configs", v ? v : CFG_RELEASE_DEFAULT, out);
 }
 
-const char *mesh_release_maxtext(const mesh_release *r) { return r ? r->maxtext : MESH_RELEASE_DEFAULT; }
-const char *mesh_release_jax(const mesh_release *r) { return r ? r->jax : ""; }
-const char *mesh_release_file(const mesh_release *r) { return r ? r->file : ""; }
-const char *mesh_release_base_rules(const mesh_release *r) { return r ? r->base_rules : NULL; }
+const char *cfg_release_maxtext(const cfg_release *r) { return r ? r->maxtext : CFG_RELEASE_DEFAULT; }
+const char *cfg_release_jax(const cfg_release *r) { return r ? r->jax : ""; }
+const char *cfg_release_file(const cfg_release *r) { return r ? r->file : ""; }
+const char *cfg_release_base_rules(const cfg_release *r) { return r ? r->base_rules : NULL; }
 
-const char *mesh_release_error(const mesh_release *r, const char *id, const char *fallback)
+const char *cfg_release_error(const cfg_release *r, const char *id, const char *fallback)
 {
     if (!r) return fallback;
-    const mesh_cfg_value *e = map_at(r->errors, id);
-    return e && e->kind == MESH_CFG_MAP ? scalar(map_at(e, "where")) : scalar(e);
+    const cfg_value *e = map_at(r->errors, id);
+    return e && e->kind == CFG_MAP ? scalar(map_at(e, "where")) : scalar(e);
 }
 
-const char *mesh_release_error_text(const mesh_release *r, const char *id, const char *field, const char *fallback)
+const char *cfg_release_error_text(const cfg_release *r, const char *id, const char *field, const char *fallback)
 {
-    const mesh_cfg_value *e = r ? map_at(r->errors, id) : NULL;
-    const char *t = e && e->kind == MESH_CFG_MAP ? scalar(map_at(e, field)) : NULL;
+    const cfg_value *e = r ? map_at(r->errors, id) : NULL;
+    const char *t = e && e->kind == CFG_MAP ? scalar(map_at(e, field)) : NULL;
     return t ? t : fallback;
 }
 
-const char *mesh_release_refusal(const mesh_release *r, const char *id)
+const char *cfg_release_refusal(const cfg_release *r, const char *id)
 {
     if (!r) return "";
     return scalar(map_at(r->refusals, id));
 }
 
-bool mesh_release_lacks_key(const mesh_release *r, const char *key)
+bool cfg_release_lacks_key(const cfg_release *r, const char *key)
 {
     if (!r || !r->unknown) return false;
     for (int i = 0; i < r->unknown->n; i++) {
@@ -217,13 +217,13 @@ bool mesh_release_lacks_key(const mesh_release *r, const char *key)
     return false;
 }
 
-const char *mesh_release_logical_name(const mesh_release *r, const char *name)
+const char *cfg_release_logical_name(const cfg_release *r, const char *name)
 {
     const char *n = r ? scalar(map_at(r->names, name)) : NULL;
     return n ? n : name;
 }
 
-int mesh_release_aliases(const mesh_release *r, const char *name, const char **out, int cap)
+int cfg_release_aliases(const cfg_release *r, const char *name, const char **out, int cap)
 {
     int n = 0;
     if (!r || !r->names) return 0;
@@ -234,30 +234,30 @@ int mesh_release_aliases(const mesh_release *r, const char *name, const char **o
     return n;
 }
 
-const char *mesh_release_absent_axis(const mesh_release *r, const char *axis)
+const char *cfg_release_absent_axis(const cfg_release *r, const char *axis)
 {
     return r ? scalar(map_at(r->absent, axis)) : NULL;
 }
 
-const char *mesh_release_jax_rule(const mesh_release *r, const char *rule, const char *fallback)
+const char *cfg_release_jax_rule(const cfg_release *r, const char *rule, const char *fallback)
 {
     const char *v = r ? scalar(map_at(r->jax_rules, rule)) : NULL;
     return v ? v : fallback;
 }
 
-int mesh_release_grad_names(const mesh_release *r, const char *path, const char **names, int cap)
+int cfg_release_grad_names(const cfg_release *r, const char *path, const char **names, int cap)
 {
-    if (!r || !r->grad_names || r->grad_names->kind != MESH_CFG_MAP) return 0;
+    if (!r || !r->grad_names || r->grad_names->kind != CFG_MAP) return 0;
     size_t pl = strlen(path);
     for (int i = 0; i < r->grad_names->n; i++) {
         const char *suf = r->grad_names->keys[i];
         size_t sl = strlen(suf);
-        const mesh_cfg_value *v = &r->grad_names->items[i];
-        if (sl > pl || strcmp(path + pl - sl, suf) || v->kind != MESH_CFG_LIST) continue;
+        const cfg_value *v = &r->grad_names->items[i];
+        if (sl > pl || strcmp(path + pl - sl, suf) || v->kind != CFG_LIST) continue;
         int n = 0;
         for (int k = 0; k < v->n && n < cap; k++) {
             const char *t = scalar(&v->items[k]);
-            names[n++] = t && mesh_cfg_scalar_type(&v->items[k]) != MESH_CFG_NULL ? t : NULL;
+            names[n++] = t && cfg_scalar_type(&v->items[k]) != CFG_NULL ? t : NULL;
         }
         return n;
     }

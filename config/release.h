@@ -1,6 +1,6 @@
 /* release.h — the MaxText release (and the JAX release it runs on) whose semantics a run follows.
  *
- * The key maxtext_release (shardsim's own; default MESH_RELEASE_DEFAULT) names a file
+ * The key maxtext_release (shardsim's own; default CFG_RELEASE_DEFAULT) names a file
  * <configs>/releases/<version>.yml that holds everything that differs between the releases shardsim
  * follows, as data:
  *   maxtext, jax        the versions (PyPI), printed in messages ("MaxText 0.2.0 fails here too");
@@ -24,8 +24,8 @@
  *   refusals            map: id of a config-time refusal coded in C -> MaxText's validator in this
  *                       release; an id absent here is a combination this release accepts.
  * A release file is read once per process (and per configs directory) and never freed. */
-#ifndef MESH_RELEASE_H
-#define MESH_RELEASE_H
+#ifndef CONFIG_RELEASE_H
+#define CONFIG_RELEASE_H
 
 #include <stdbool.h>
 
@@ -34,48 +34,48 @@
 
 /* keys.yml's default of maxtext_release: used where no config names a release (unit tests that
  * build a context by hand); test_release checks the two agree */
-#define MESH_RELEASE_DEFAULT "0.2.5"
+#define CFG_RELEASE_DEFAULT "0.2.5"
 
-typedef struct mesh_release mesh_release;
+typedef struct cfg_release cfg_release;
 
 /* The release a loaded config follows (its maxtext_release, or the default when the config has
  * no such key); SIM_ERR_INPUT naming the value and the releases available when there is no file. */
-sim_status mesh_release_of(const mesh_cfg *cfg, const mesh_release **out);
+sim_status cfg_release_of(const cfg_config *cfg, const cfg_release **out);
 /* The release file <configs_dir>/releases/<version>.yml. */
-sim_status mesh_release_get(const char *configs_dir, const char *version, const mesh_release **out);
+sim_status cfg_release_get(const char *configs_dir, const char *version, const cfg_release **out);
 
-/* "0.2.5"; MESH_RELEASE_DEFAULT for NULL. */
-const char *mesh_release_maxtext(const mesh_release *r);
+/* "0.2.5"; CFG_RELEASE_DEFAULT for NULL. */
+const char *cfg_release_maxtext(const cfg_release *r);
 /* "0.12.0.1"; "" for NULL. */
-const char *mesh_release_jax(const mesh_release *r);
+const char *cfg_release_jax(const cfg_release *r);
 /* The MaxText op raising explicit-mode error `id` in this release, or NULL when the release does
  * not raise it.  NULL release: `fallback` (the caller's 0.2.5 op), so contexts built without a
  * config keep the default release's errors. */
-const char *mesh_release_error(const mesh_release *r, const char *id, const char *fallback);
+const char *cfg_release_error(const cfg_release *r, const char *id, const char *fallback);
 /* A text of error `id` that differs between releases (its entry written as a map: {where: op,
  * FIELD: text}), or `fallback` (0.2.5's) when the entry has no such field. */
-const char *mesh_release_error_text(const mesh_release *r, const char *id, const char *field, const char *fallback);
+const char *cfg_release_error_text(const cfg_release *r, const char *id, const char *field, const char *fallback);
 /* MaxText's validator refusing combination `id` in this release, or NULL when it accepts it. */
-const char *mesh_release_refusal(const mesh_release *r, const char *id);
+const char *cfg_release_refusal(const cfg_release *r, const char *id);
 /* 1 when the release does not know key `key` (its unknown_keys). */
-bool mesh_release_lacks_key(const mesh_release *r, const char *key);
+bool cfg_release_lacks_key(const cfg_release *r, const char *key);
 /* The release's name for a logical axis name, or `name` itself. */
-const char *mesh_release_logical_name(const mesh_release *r, const char *name);
+const char *cfg_release_logical_name(const cfg_release *r, const char *name);
 /* How to get mesh axis `axis` when this release does not have it (absent_axes), or NULL. */
-const char *mesh_release_absent_axis(const mesh_release *r, const char *axis);
+const char *cfg_release_absent_axis(const cfg_release *r, const char *axis);
 /* How this release's JAX decides sharding rule `rule` (jax_rules: "dot_general" -> "same" in JAX
  * 0.12, "consistent" in JAX 0.8.1), or `fallback` (JAX 0.12's) when the file does not say. */
-const char *mesh_release_jax_rule(const mesh_release *r, const char *rule, const char *fallback);
+const char *cfg_release_jax_rule(const cfg_release *r, const char *rule, const char *fallback);
 /* The logical names a parameter's gradient carries in this release when they are not the
  * parameter's own (grad_logical_names: a path suffix -> names, null = None), into names[0..cap);
  * returns how many (0: the parameter's own). */
-int mesh_release_grad_names(const mesh_release *r, const char *path, const char **names, int cap);
+int cfg_release_grad_names(const cfg_release *r, const char *path, const char **names, int cap);
 /* The shardsim names (logical_names' keys) this release writes as `name`, into out[0..cap);
  * returns how many. */
-int mesh_release_aliases(const mesh_release *r, const char *name, const char **out, int cap);
+int cfg_release_aliases(const cfg_release *r, const char *name, const char **out, int cap);
 /* The base rule file (absolute or relative to the cwd), or NULL for configs/base.yml's rules. */
-const char *mesh_release_base_rules(const mesh_release *r);
+const char *cfg_release_base_rules(const cfg_release *r);
 /* The release file itself. */
-const char *mesh_release_file(const mesh_release *r);
+const char *cfg_release_file(const cfg_release *r);
 
 #endif

@@ -135,19 +135,19 @@ sim_status mesh_shape_init(mesh_shape *m, int n_axes, const char *const *names, 
     return mesh_shape_build(m, n_axes, names, sizes, NULL, 0, 1, NULL, NULL);
 }
 
-static sim_status flag_value(const mesh_cfg *cfg, const char *level, const char *axis,
+static sim_status flag_value(const cfg_config *cfg, const char *level, const char *axis,
                              const char *mesh_where, char *flag, size_t cap, int *out)
 {
     snprintf(flag, cap, "%s_%s_parallelism", level, mesh_shape_flag_stem(axis));
-    if (!mesh_cfg_find(cfg, flag))
+    if (!cfg_find(cfg, flag))
         return sim_err(SIM_ERR_INPUT,
                        "mesh axis '%s' (mesh_axes, %s) has no %s flag: the base config %s does not "
                        "define it; add `%s: 1` to the base config or drop the axis",
                        axis, mesh_where, flag, cfg->base_file, flag);
     long long v;
-    SIM_TRY(mesh_cfg_get_int(cfg, flag, &v));
+    SIM_TRY(cfg_get_int(cfg, flag, &v));
     if (v < -1 || v == 0 || v > (1 << 24)) {
-        const mesh_cfg_entry *e = mesh_cfg_find(cfg, flag);
+        const cfg_entry *e = cfg_find(cfg, flag);
         return sim_err(SIM_ERR_INPUT, "%s=%lld (%s): a parallelism must be a positive number or -1",
                        flag, v, e->where);
     }
@@ -176,14 +176,14 @@ static const char *const DCN_SLICE_KEYS[] = {
 
 /* With one slice every key of DCN_SLICE_KEYS must be 1 or -1 (|product| <= 1,
  * MaxText's test, is the same as every |value| <= 1 once 0 is refused). */
-static sim_status check_dcn_keys(const mesh_cfg *cfg, long long num_slices)
+static sim_status check_dcn_keys(const cfg_config *cfg, long long num_slices)
 {
     for (size_t i = 0; i < sizeof DCN_SLICE_KEYS / sizeof DCN_SLICE_KEYS[0]; i++) {
         const char *key = DCN_SLICE_KEYS[i];
-        const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
+        const cfg_entry *e = cfg_find(cfg, key);
         if (!e) continue; /* a base config without the legacy key */
         long long v;
-        SIM_TRY(mesh_cfg_get_int(cfg, key, &v));
+        SIM_TRY(cfg_get_int(cfg, key, &v));
         /* stricter than MaxText for a key outside the mesh (it lets 0 through
          * there): a parallelism of 0 or below -1 is a typo wherever it is */
         if (v == 0 || v < -1)
@@ -206,11 +206,11 @@ static sim_status check_dcn_keys(const mesh_cfg *cfg, long long num_slices)
  * absent_axes: 0.2.5 has no 'tensor_transpose' or 'sequence') is refused, naming the release, unless
  * the config's own mesh_axes has the axis (custom_mesh_and_rule=legacy): MaxText would not know it.
  * (The dcn flags keep the slice rule above: with slices to spare they are accepted, unused.) */
-static sim_status check_absent_axes(const mesh_cfg *cfg, const char *const *axes, int n)
+static sim_status check_absent_axes(const cfg_config *cfg, const char *const *axes, int n)
 {
-    if (!mesh_cfg_find(cfg, "maxtext_release")) return SIM_OK;
-    const mesh_release *r;
-    SIM_TRY(mesh_release_of(cfg, &r));
+    if (!cfg_find(cfg, "maxtext_release")) return SIM_OK;
+    const cfg_release *r;
+    SIM_TRY(cfg_release_of(cfg, &r));
     static const char pre[] = "ici_", suf[] = "_parallelism";
     const size_t lp = sizeof pre - 1, sl = sizeof suf - 1;
     for (int i = 0; i < cfg->n; i++) {
@@ -219,27 +219,27 @@ static sim_status check_absent_axes(const mesh_cfg *cfg, const char *const *axes
         if (strncmp(key, pre, lp) || kl <= lp + sl || strcmp(key + kl - sl, suf)) continue;
         char axis[64];
         snprintf(axis, sizeof axis, "%.*s", (int)(kl - lp - sl), key + lp);
-        const char *fix = mesh_release_absent_axis(r, axis);
+        const char *fix = cfg_release_absent_axis(r, axis);
         if (!fix) continue;
         bool in_mesh = false;
         for (int a = 0; a < n; a++) in_mesh |= !strcmp(axes[a], axis);
         long long v;
-        if (in_mesh || mesh_cfg_get_int(cfg, key, &v) != SIM_OK || v == 1) {
+        if (in_mesh || cfg_get_int(cfg, key, &v) != SIM_OK || v == 1) {
             sim_err_clear();
             continue;
         }
         return sim_err(SIM_ERR_INPUT, "%s=%lld (%s): MaxText %s has no '%s' mesh axis (maxtext_release=%s); %s", key, v,
-                       cfg->entries[i].where, mesh_release_maxtext(r), axis, mesh_release_maxtext(r), fix);
+                       cfg->entries[i].where, cfg_release_maxtext(r), axis, cfg_release_maxtext(r), fix);
     }
     return SIM_OK;
 }
 
-sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m)
+sim_status mesh_shape_from_config(const cfg_config *cfg, mesh_shape *m)
 {
     const char **axes = NULL;
     int n = 0;
-    SIM_TRY(mesh_cfg_get_str_list(cfg, "mesh_axes", &axes, &n));
-    const mesh_cfg_entry *me = mesh_cfg_find(cfg, "mesh_axes");
+    SIM_TRY(cfg_get_str_list(cfg, "mesh_axes", &axes, &n));
+    const cfg_entry *me = cfg_find(cfg, "mesh_axes");
     sim_status st = SIM_OK;
     int ici[MESH_MAX_AXES], dcn[MESH_MAX_AXES];
     char ici_names[MESH_MAX_AXES][96], dcn_names[MESH_MAX_AXES][96];
@@ -258,25 +258,25 @@ sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m)
         dcn_flags[i] = dcn_names[i];
     }
     if (st != SIM_OK) goto out;
-    if (mesh_cfg_find(cfg, "num_slices")) {
-        if ((st = mesh_cfg_get_int(cfg, "num_slices", &num_slices)) != SIM_OK) goto out;
+    if (cfg_find(cfg, "num_slices")) {
+        if ((st = cfg_get_int(cfg, "num_slices", &num_slices)) != SIM_OK) goto out;
         /* MaxText: -1 = detect; off TPU that is one slice. */
         if (num_slices == -1) num_slices = 1;
         if (num_slices < 1 || num_slices > (1 << 20)) {
             st = sim_err(SIM_ERR_INPUT, "num_slices=%lld (%s): expected a positive number or -1",
-                         num_slices, mesh_cfg_find(cfg, "num_slices")->where);
+                         num_slices, cfg_find(cfg, "num_slices")->where);
             goto out;
         }
     }
     if ((st = check_dcn_keys(cfg, num_slices)) != SIM_OK) goto out;
     if ((st = check_absent_axes(cfg, axes, n)) != SIM_OK) goto out;
-    if (mesh_cfg_find(cfg, "num_devices")) {
-        if ((st = mesh_cfg_get_int(cfg, "num_devices", &num_devices)) != SIM_OK) goto out;
+    if (cfg_find(cfg, "num_devices")) {
+        if ((st = cfg_get_int(cfg, "num_devices", &num_devices)) != SIM_OK) goto out;
         if (num_devices == 0 || num_devices < -1 || num_devices > (1 << 24)) {
             st = sim_err(SIM_ERR_INPUT,
                          "num_devices=%lld (%s): expected a positive device count, or -1 for the "
                          "product of the ici/dcn flags",
-                         num_devices, mesh_cfg_find(cfg, "num_devices")->where);
+                         num_devices, cfg_find(cfg, "num_devices")->where);
             goto out;
         }
     }

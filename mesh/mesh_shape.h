@@ -39,7 +39,7 @@ sim_status mesh_shape_init(mesh_shape *m, int n_axes, const char *const *names, 
 /* Reads mesh_axes, ici_*, dcn_*, num_slices and num_devices from a config.
  * num_devices = -1 in the config means the product of the flags (-1 flags
  * count as 1 then). */
-sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m);
+sim_status mesh_shape_from_config(const cfg_config *cfg, mesh_shape *m);
 
 /* Index of the axis named `name`, or -1. */
 int mesh_shape_axis_index(const mesh_shape *m, const char *name);

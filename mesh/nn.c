@@ -484,7 +484,7 @@ static sim_status qk_product_check(mesh_ctx *c, const mesh_var *q, const mesh_va
     char tag[SIM_TAG_MAX];
     snprintf(tag, sizeof tag, "%s/qk_product", name);
     /* the op raising it in the release followed (maxtext_release); NULL: that release traces it */
-    const char *where = mesh_release_error(c->release, "attention_qk_product", "layers/attention_op.py:qk_product");
+    const char *where = cfg_release_error(c->release, "attention_qk_product", "layers/attention_op.py:qk_product");
     if (!where) return SIM_OK;
     return mesh_einsum_check(c, "btkgd,bskd->bkgts", &qv, ka, tag, where,
                              "dot-product attention cannot shard the sequence in explicit mode: use attention=flash "

@@ -200,7 +200,7 @@ static sim_status rule_error(const err_ctx *e, sim_status st, const char *jax_te
         sb_put(&b, "  ");
         sb_spec(&b, m, e->s[i]);
     }
-    if (e->where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(e->ctx->release), e->where);
+    if (e->where) sb_put(&b, "\n  MaxText %s fails here too: %s", cfg_release_maxtext(e->ctx->release), e->where);
     if (e->fix) fix = e->fix;
     if (fix) sb_put(&b, "\n  fix: %s", fix);
     return sim_err(st, "%s", buf);
@@ -667,7 +667,7 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
         /* JAX 0.12 (lax.py _dot_general_sharding_rule) requires the batch dims sharded alike; JAX 0.8.1
          * only consistently (an unsharded side takes the other's), and checks the contracting dims
          * the same way first (maxtext_release's jax_rules: dot_general) */
-        bool consistent = !strcmp(mesh_release_jax_rule(ctx->release, "dot_general", "same"), "consistent");
+        bool consistent = !strcmp(cfg_release_jax_rule(ctx->release, "dot_general", "same"), "consistent");
         bool same = true;
         for (int i = 0; i < nbt; i++) {
             tup x = tup_of(&p->from[0], bl[i]), y = tup_of(&p->from[1], br[i]);
@@ -1885,12 +1885,12 @@ sim_status mesh_scan_carry_check(mesh_ctx *ctx, const mesh_array *in, const mesh
     sbuf b = {buf, sizeof buf, 0};
     /* JAX names the carry as the scanned function has it: 0.2.5's NNX scan carries the activations
      * alone ("carry"), 0.2.0's Linen scan a tuple whose second part they are ("component c[1]") */
-    const char *carry = mesh_release_error_text(ctx->release, "decoder_scan_carry", "carry", "carry");
+    const char *carry = cfg_release_error_text(ctx->release, "decoder_scan_carry", "carry", "carry");
     sb_put(&b, "%s (scan): TypeError: scan body function carry input and carry output must have equal types, but "
                "they differ:\n  The input carry %s has type %s%s but the corresponding output carry component "
                "has type %s%s. Revise the function so that all output types match the corresponding input types.",
            tag, carry, dl, ti + ns, dl, to + ns);
-    if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(ctx->release), where);
+    if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", cfg_release_maxtext(ctx->release), where);
     sb_put(&b, "\n  fix: make the layer's output sharding equal its input's (the logical rules of the residual "
                "stream's length dim), or run in shard_mode=auto");
     return sim_err(SIM_ERR_SHARDING, "%s", buf);
@@ -1920,7 +1920,7 @@ sim_status mesh_broadcast_to_check(mesh_ctx *ctx, const char *dtype_label, int r
     sb_put(&b, "%s (broadcast_to): ValueError: Incompatible types for broadcasting: input type=%s%s and requested "
                "type=%s%s",
            tag, dtype_label, ti + 3, dtype_label, to + 3);
-    if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(ctx->release), where);
+    if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", cfg_release_maxtext(ctx->release), where);
     if (fix) sb_put(&b, "\n  fix: %s", fix);
     return sim_err(SIM_ERR_SHARDING, "%s", buf);
 }

@@ -122,30 +122,30 @@ void mesh_rules_add(mesh_rules *r, const char *name, int n, const char *const *a
     rules_changed();
 }
 
-static int scalar_is_null(const mesh_cfg_value *v)
+static int scalar_is_null(const cfg_value *v)
 {
-    return v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL;
+    return v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL;
 }
 
-sim_status mesh_rules_from_value(const mesh_cfg_value *list, mesh_rules *out)
+sim_status mesh_rules_from_value(const cfg_value *list, mesh_rules *out)
 {
     mesh_rules_init(out);
     if (scalar_is_null(list)) return SIM_OK;
     char where[512];
-    if (list->kind != MESH_CFG_LIST)
+    if (list->kind != CFG_LIST)
         return sim_err(SIM_ERR_INPUT, "%s: logical_axis_rules must be a list of [logical_name, mesh_axes] pairs",
-                       mesh_cfg_value_where(list, where, sizeof where));
+                       cfg_value_where(list, where, sizeof where));
     for (int i = 0; i < list->n; i++) {
-        const mesh_cfg_value *it = &list->items[i];
-        mesh_cfg_value_where(it, where, sizeof where);
-        const mesh_cfg_value *ax = it->kind == MESH_CFG_LIST && it->n == 2 ? &it->items[1] : NULL;
-        int ok = ax && it->items[0].kind == MESH_CFG_SCALAR && !scalar_is_null(&it->items[0]);
-        if (ok && ax->kind == MESH_CFG_LIST)
+        const cfg_value *it = &list->items[i];
+        cfg_value_where(it, where, sizeof where);
+        const cfg_value *ax = it->kind == CFG_LIST && it->n == 2 ? &it->items[1] : NULL;
+        int ok = ax && it->items[0].kind == CFG_SCALAR && !scalar_is_null(&it->items[0]);
+        if (ok && ax->kind == CFG_LIST)
             for (int j = 0; j < ax->n; j++)
-                ok &= ax->items[j].kind == MESH_CFG_SCALAR && !scalar_is_null(&ax->items[j]);
-        if (ok && ax->kind == MESH_CFG_MAP) ok = 0;
+                ok &= ax->items[j].kind == CFG_SCALAR && !scalar_is_null(&ax->items[j]);
+        if (ok && ax->kind == CFG_MAP) ok = 0;
         if (!ok) {
-            char *t = mesh_cfg_value_to_text(it, 0);
+            char *t = cfg_value_to_text(it, 0);
             sim_status st = sim_err(SIM_ERR_INPUT,
                                     "%s: logical_axis_rules item %d is %s; expected [logical_name, "
                                     "mesh_axes] with mesh_axes a name, a list of names, or []",
@@ -155,7 +155,7 @@ sim_status mesh_rules_from_value(const mesh_cfg_value *list, mesh_rules *out)
             return st;
         }
         mesh_rule *x;
-        if (ax->kind == MESH_CFG_LIST) {
+        if (ax->kind == CFG_LIST) {
             x = rules_push(out, it->items[0].text, ax->n, where);
             for (int j = 0; j < ax->n; j++) {
                 for (int k = 0; k < j; k++)
@@ -179,30 +179,30 @@ sim_status mesh_rules_from_value(const mesh_cfg_value *list, mesh_rules *out)
     return SIM_OK;
 }
 
-sim_status mesh_rules_from_config(const mesh_cfg *cfg, mesh_rules *out)
+sim_status mesh_rules_from_config(const cfg_config *cfg, mesh_rules *out)
 {
-    const mesh_cfg_entry *e;
+    const cfg_entry *e;
     mesh_rules_init(out);
-    SIM_TRY(mesh_cfg_entry_get(cfg, "logical_axis_rules", &e));
+    SIM_TRY(cfg_entry_get(cfg, "logical_axis_rules", &e));
     SIM_TRY(mesh_rules_from_value(&e->value, out));
     /* A release that names a dim differently from the models here (maxtext_release's logical_names:
      * 0.2.0 writes 'embed' where 0.2.5 writes 'embed_attn'): each of its rules also applies, at
      * the same priority, to the names it stands for, and a renamed name's own rules (0.2.0's
      * 'activation_length', which its default attention and MLP do not use) are dropped.  No tensor
      * carries both names, so this is the release's resolution of that dim. */
-    const mesh_release *rel = NULL;
-    if (!mesh_cfg_find(cfg, "maxtext_release")) return SIM_OK;
-    SIM_TRY(mesh_release_of(cfg, &rel));
+    const cfg_release *rel = NULL;
+    if (!cfg_find(cfg, "maxtext_release")) return SIM_OK;
+    SIM_TRY(cfg_release_of(cfg, &rel));
     const char *alias[16];
     bool any = false;
-    for (int i = 0; i < out->n && !any; i++) any = mesh_release_aliases(rel, out->rules[i].name, alias, 16) > 0;
+    for (int i = 0; i < out->n && !any; i++) any = cfg_release_aliases(rel, out->rules[i].name, alias, 16) > 0;
     if (!any) return SIM_OK;
     mesh_rules all;
     mesh_rules_init(&all);
     for (int i = 0; i < out->n; i++) {
         const mesh_rule *x = &out->rules[i];
-        int na = mesh_release_aliases(rel, x->name, alias, 16);
-        bool renamed = strcmp(mesh_release_logical_name(rel, x->name), x->name) != 0;
+        int na = cfg_release_aliases(rel, x->name, alias, 16);
+        bool renamed = strcmp(cfg_release_logical_name(rel, x->name), x->name) != 0;
         for (int k = renamed ? 0 : -1; k < na; k++) {
             mesh_rule *y = rules_push(&all, k < 0 ? x->name : alias[k], x->n_axes, x->where);
             for (int j = 0; j < x->n_axes; j++) y->axes[j] = dup_str(x->axes[j]);

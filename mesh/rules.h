@@ -49,9 +49,9 @@ void mesh_rules_free(mesh_rules *r);
 void mesh_rules_add(mesh_rules *r, const char *name, int n, const char *const *axes);
 /* From a logical_axis_rules value: a list of [name, axes] with axes a name, a
  * list of names, [] or null (null claims replicated, like []). */
-sim_status mesh_rules_from_value(const mesh_cfg_value *list, mesh_rules *out);
+sim_status mesh_rules_from_value(const cfg_value *list, mesh_rules *out);
 /* From a loaded config's logical_axis_rules. */
-sim_status mesh_rules_from_config(const mesh_cfg *cfg, mesh_rules *out);
+sim_status mesh_rules_from_config(const cfg_config *cfg, mesh_rules *out);
 /* Index of the first rule for `name`, or -1. */
 int mesh_rules_find(const mesh_rules *r, const char *name);
 

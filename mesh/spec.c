@@ -342,11 +342,11 @@ int mesh_spec_format_json(const mesh_spec *s, const mesh_shape *m, char *buf, in
     return w.n;
 }
 
-static sim_status json_axis(const mesh_json *v, const mesh_shape *m, const char *what, int *axis)
+static sim_status json_axis(const cfg_json *v, const mesh_shape *m, const char *what, int *axis)
 {
-    if (v->kind != MESH_JSON_STRING)
+    if (v->kind != CFG_JSON_STRING)
         return sim_err(SIM_ERR_INPUT, "%s: partition_spec entry is a %s, expected a mesh axis name",
-                       what, mesh_json_kind_name(v->kind));
+                       what, cfg_json_kind_name(v->kind));
     *axis = mesh_shape_axis_index(m, v->str);
     if (*axis >= 0) return SIM_OK;
     char axes[MESH_MAX_AXES * MESH_AXIS_NAME_MAX];
@@ -355,20 +355,20 @@ static sim_status json_axis(const mesh_json *v, const mesh_shape *m, const char 
                    v->str, axes);
 }
 
-sim_status mesh_spec_from_json(const mesh_json *v, const mesh_shape *m, const char *what, mesh_spec *out)
+sim_status mesh_spec_from_json(const cfg_json *v, const mesh_shape *m, const char *what, mesh_spec *out)
 {
-    if (v->kind != MESH_JSON_ARRAY)
+    if (v->kind != CFG_JSON_ARRAY)
         return sim_err(SIM_ERR_INPUT, "%s: partition_spec is a %s, expected a list", what,
-                       mesh_json_kind_name(v->kind));
+                       cfg_json_kind_name(v->kind));
     if (v->n > MESH_SPEC_MAX_RANK)
         return sim_err(SIM_ERR_INPUT, "%s: partition_spec has %d dims; shardsim supports %d",
                        what, v->n, MESH_SPEC_MAX_RANK);
     mesh_spec s;
     mesh_spec_init(&s, v->n);
     for (int d = 0; d < v->n; d++) {
-        const mesh_json *it = &v->items[d];
-        if (it->kind == MESH_JSON_NULL) continue;
-        if (it->kind == MESH_JSON_ARRAY) {
+        const cfg_json *it = &v->items[d];
+        if (it->kind == CFG_JSON_NULL) continue;
+        if (it->kind == CFG_JSON_ARRAY) {
             if (it->n > MESH_MAX_AXES)
                 return sim_err(SIM_ERR_INPUT, "%s: too many axes on one dim", what);
             for (int j = 0; j < it->n; j++) {

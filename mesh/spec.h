@@ -63,7 +63,7 @@ int mesh_spec_format(const mesh_spec *s, const mesh_shape *m, char *buf, int cap
  * axes are not part of this form.  Returns the length needed. */
 int mesh_spec_format_json(const mesh_spec *s, const mesh_shape *m, char *buf, int cap);
 /* Reads the JSON list form (`what` names it in messages). */
-sim_status mesh_spec_from_json(const mesh_json *v, const mesh_shape *m, const char *what,
+sim_status mesh_spec_from_json(const cfg_json *v, const mesh_shape *m, const char *what,
                                mesh_spec *out);
 
 /* ---- geometry --------------------------------------------------------------- */

@@ -3,7 +3,8 @@
  * Functions that can fail return a sim_status and leave a human-readable
  * message in a thread-local buffer (sim_errmsg()).  The message names the bad
  * input, what was expected and how to fix it.  SIM_TRY passes a failure up and
- * remembers file:line so that `SHARDSIM_DEBUG=1` can print where it travelled.
+ * remembers file:line so that `SHARDSIM_DEBUG=1` can print where it travelled;
+ * SIM_TRY_GOTO does the same for a function that must free what it holds first.
  * Only main() turns a status into an exit code (sim_status_exit_code). */
 #ifndef SIM_STATUS_H
 #define SIM_STATUS_H
@@ -54,6 +55,21 @@ int sim_status_exit_code(sim_status st);
         if (sim_try_st_ != SIM_OK) {                      \
             sim_err_trace(__FILE__, __LINE__);            \
             return sim_try_st_;                           \
+        }                                                 \
+    } while (0)
+
+/* The one cleanup idiom of a function that owns resources (NCCL's NCCLCHECKGOTO): every call that
+ * can fail goes through SIM_TRY_GOTO, which stores its status in st, records file:line as SIM_TRY
+ * does, and jumps to the function's single label `fail`.  The code under `fail:` runs on every
+ * path (the success path falls through to it with st == SIM_OK): it frees what the function holds
+ * for itself, and what it built for the caller only when st != SIM_OK.  A refusal made on the
+ * spot is SIM_TRY_GOTO(sim_err(...), st, fail). */
+#define SIM_TRY_GOTO(expr, st, label)                     \
+    do {                                                  \
+        (st) = (expr);                                    \
+        if ((st) != SIM_OK) {                             \
+            sim_err_trace(__FILE__, __LINE__);            \
+            goto label;                                   \
         }                                                 \
     } while (0)
 

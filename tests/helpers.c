@@ -80,15 +80,15 @@ void helper_rm_rf(const char *path)
     }
 }
 
-mesh_json *helper_read_json(const char *dir, const char *name)
+cfg_json *helper_read_json(const char *dir, const char *name)
 {
     char path[4096];
     if (dir)
         snprintf(path, sizeof path, "%s/%s", dir, name);
     else
         snprintf(path, sizeof path, "%s", name);
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
+    cfg_json *j = NULL;
+    if (cfg_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
     return j;
 }
 
@@ -118,9 +118,9 @@ int helper_run_shell(const char *cmd, char *out, size_t cap)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-const mesh_json *helper_json_get(const mesh_json *v, const char *key)
+const cfg_json *helper_json_get(const cfg_json *v, const char *key)
 {
-    const mesh_json *x = mesh_json_get(v, key);
+    const cfg_json *x = cfg_json_get(v, key);
     if (!x) fail_msg("key '%s' missing", key);
     return x;
 }

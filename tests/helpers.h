@@ -39,9 +39,9 @@ void helper_write_file(const char *path, const void *b, size_t n);
 /* Removes path and, for a folder, everything under it (no shell); a missing path is no error. */
 void helper_rm_rf(const char *path);
 /* Parses dir/name (just name when dir is NULL) as JSON; fails the test when it cannot. */
-mesh_json *helper_read_json(const char *dir, const char *name);
+cfg_json *helper_read_json(const char *dir, const char *name);
 /* The member `key` of object v; fails the test when there is none. */
-const mesh_json *helper_json_get(const mesh_json *v, const char *key);
+const cfg_json *helper_json_get(const cfg_json *v, const char *key);
 /* A new empty folder /tmp/shardsim_<tag>.XXXXXX (free the returned path). */
 char *helper_tmpdir(const char *tag);
 /* Entries of a folder, "." and ".." not counted. */

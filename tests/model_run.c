@@ -14,7 +14,7 @@
 
 #include "sim/trace.h"
 
-void model_run_start(model_run *r, mesh_cfg *cfg, model_def *def, long long steps)
+void model_run_start(model_run *r, cfg_config *cfg, model_def *def, long long steps)
 {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
@@ -29,7 +29,7 @@ void model_run_start(model_run *r, mesh_cfg *cfg, model_def *def, long long step
 }
 
 model_def *model_run_load(const char *const *base, int nbase, int rows, const char *const *extra, int n_extra,
-                          int devices, long long steps, mesh_cfg **cfg_out)
+                          int devices, long long steps, cfg_config **cfg_out)
 {
     const char *argv[64];
     int argc = 0;
@@ -43,15 +43,15 @@ model_def *model_run_load(const char *const *base, int nbase, int rows, const ch
         argv[argc++] = st;
     }
     for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    cfg_config *cfg = NULL;
+    if (cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
     if (def->mesh.num_devices != devices) fail_msg("mesh has %d devices, expected %d", def->mesh.num_devices, devices);
     if (cfg_out)
         *cfg_out = cfg;
     else
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
     return def;
 }
 
@@ -64,7 +64,7 @@ void model_run_unload(model_def *def)
 void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra,
                     int n_extra, int devices, long long steps)
 {
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     model_def *def = model_run_load(base, nbase, rows, extra, n_extra, devices, steps, &cfg);
     model_run_start(r, cfg, def, steps);
 }
@@ -99,7 +99,7 @@ void model_run_close(model_run *r)
     sim_machine_free(r->m);
     model_data_close(&r->data);
     model_run_unload(r->def);
-    mesh_cfg_free(r->cfg);
+    cfg_free(r->cfg);
 }
 
 void model_run_pattern(int rows, int seq, int vocab, int32_t *in, int32_t *tg, int32_t *pos)
@@ -142,8 +142,8 @@ void model_run_expect_refused(const char *const *base, int nbase, int rows, cons
     argv[argc++] = pdbs;
     argv[argc++] = "steps=1";
     for (int i = 0; i < n; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
+    cfg_config *cfg;
+    assert_int_equal(cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
     model_def *def = calloc(1, sizeof *def);
     sim_status st = model_def_from_config(cfg, def);
     if (st == SIM_OK) { /* a layout refusal comes from the first step */
@@ -159,7 +159,7 @@ void model_run_expect_refused(const char *const *base, int nbase, int rows, cons
     if (!strstr(sim_errmsg(), key) || !strstr(sim_errmsg(), also)) fail_msg("message: %s", sim_errmsg());
     model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 void model_run_compare(const char *what, const model_run *a, const model_run *ref, int steps)

@@ -10,7 +10,7 @@
 #include "models/core/train.h"
 
 typedef struct {
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     model_def *def;
     model_data data;
     model_train_job job;
@@ -19,14 +19,14 @@ typedef struct {
 
 /* Starts a run on a loaded config and model (the run owns both from here):
  * data, optimizer, a job of `steps` steps and its machine. */
-void model_run_start(model_run *r, mesh_cfg *cfg, model_def *def, long long steps);
+void model_run_start(model_run *r, cfg_config *cfg, model_def *def, long long steps);
 /* Loads configs/base.yml with the words base[0..nbase), per_device_batch_size
  * = rows / devices, steps=steps (when steps > 0) and extra[0..n_extra), and
  * defines the model; fails the test if either is refused or the mesh has not
  * `devices` devices.  The config goes to *cfg_out (the caller frees it), or is
  * freed when cfg_out is NULL.  model_run_unload frees the model. */
 model_def *model_run_load(const char *const *base, int nbase, int rows, const char *const *extra, int n_extra,
-                          int devices, long long steps, mesh_cfg **cfg_out);
+                          int devices, long long steps, cfg_config **cfg_out);
 void model_run_unload(model_def *def);
 /* model_run_load with the config kept, then model_run_start. */
 void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra,

@@ -165,12 +165,12 @@ static char *run_shardsim(const char *env, char dir[64])
 
 static void expect_kernels(const char *dir, const char *core, const char *summary)
 {
-    mesh_json *run = helper_read_json(dir, "run.json");
-    const mesh_json *k = mesh_json_get(run, "blas_kernels");
+    cfg_json *run = helper_read_json(dir, "run.json");
+    const cfg_json *k = cfg_json_get(run, "blas_kernels");
     assert_non_null(k);
-    assert_string_equal(mesh_json_get(k, "core")->str, core);
-    assert_string_equal(mesh_json_get(k, "summary")->str, summary);
-    mesh_json_free(run);
+    assert_string_equal(cfg_json_get(k, "core")->str, core);
+    assert_string_equal(cfg_json_get(k, "summary")->str, summary);
+    cfg_json_free(run);
 }
 
 /* Same bits: the trained parameters (checkpoint after the last of 3 steps, step 2) and every step's loss. */
@@ -181,13 +181,13 @@ static void expect_same_results(const char *a, const char *b)
     assert_int_equal(na, nb);
     assert_memory_equal(ca, cb, na);
     free(ca), free(cb);
-    mesh_json *ma = helper_read_json(a, "metrics.json"), *mb = helper_read_json(b, "metrics.json");
-    const mesh_json *sa = mesh_json_get(ma, "steps"), *sb = mesh_json_get(mb, "steps");
+    cfg_json *ma = helper_read_json(a, "metrics.json"), *mb = helper_read_json(b, "metrics.json");
+    const cfg_json *sa = cfg_json_get(ma, "steps"), *sb = cfg_json_get(mb, "steps");
     assert_int_equal(sa->n, 3);
     assert_int_equal(sb->n, 3);
     for (int i = 0; i < 3; i++) /* the number's text: 17 significant digits, exact for a float */
-        assert_string_equal(mesh_json_get(&sa->items[i], "loss")->str, mesh_json_get(&sb->items[i], "loss")->str);
-    mesh_json_free(ma), mesh_json_free(mb);
+        assert_string_equal(cfg_json_get(&sa->items[i], "loss")->str, cfg_json_get(&sb->items[i], "loss")->str);
+    cfg_json_free(ma), cfg_json_free(mb);
 }
 
 static void test_end_to_end_upgrade_from_generic(void **state)

@@ -78,7 +78,7 @@ enum { MAX_ENTRIES = 512 };
 
 /* The inputs a golden directory gives the writer. */
 typedef struct {
-    mesh_json *named, *logical, *inputs;
+    cfg_json *named, *logical, *inputs;
     mesh_shape mesh;
     int n;
     cli_dump_param p[MAX_ENTRIES];
@@ -120,8 +120,8 @@ static void golden_load(const char *path, golden *g)
     g->logical = helper_read_json(path, "logical_shardings.json");
     g->inputs = helper_read_json(path, "input_shardings.json");
     /* the mesh from the first entry's mesh block */
-    const mesh_json *mb = helper_json_get(&g->named->items[0], "mesh");
-    const mesh_json *an = helper_json_get(mb, "axis_names"), *sh = helper_json_get(mb, "shape");
+    const cfg_json *mb = helper_json_get(&g->named->items[0], "mesh");
+    const cfg_json *an = helper_json_get(mb, "axis_names"), *sh = helper_json_get(mb, "shape");
     const char *names[MESH_MAX_AXES];
     int sizes[MESH_MAX_AXES];
     for (int i = 0; i < an->n; i++) {
@@ -135,25 +135,25 @@ static void golden_load(const char *path, golden *g)
     for (int i = 0; i < g->n; i++) {
         cli_dump_param *p = &g->p[i];
         const char *key = g->named->keys[i];
-        const mesh_json *n = &g->named->items[i], *l = helper_json_get(g->logical, key);
-        const mesh_json *shape = helper_json_get(n, "shape"), *lspec = helper_json_get(l, "partition_spec");
+        const cfg_json *n = &g->named->items[i], *l = helper_json_get(g->logical, key);
+        const cfg_json *shape = helper_json_get(n, "shape"), *lspec = helper_json_get(l, "partition_spec");
         p->path = key;
         p->rank = shape->n;
         for (int d = 0; d < p->rank; d++) {
             p->shape[d] = (int64_t)shape->items[d].number;
-            p->logical[d] = lspec->items[d].kind == MESH_JSON_STRING ? lspec->items[d].str : NULL;
+            p->logical[d] = lspec->items[d].kind == CFG_JSON_STRING ? lspec->items[d].str : NULL;
         }
         if (mesh_spec_from_json(helper_json_get(n, "partition_spec"), &g->mesh, key, &p->spec) != SIM_OK)
             fail_msg("%s: %s", key, sim_errmsg());
     }
 
-    const mesh_json *list = helper_json_get(g->inputs, "Activation Sharding Dump");
+    const cfg_json *list = helper_json_get(g->inputs, "Activation Sharding Dump");
     assert_true(list->n <= MAX_ENTRIES);
     g->na = list->n;
     for (int i = 0; i < g->na; i++) {
         cli_dump_activation *a = &g->a[i];
         const char *key = list->items[i].keys[0];
-        const mesh_json *v = &list->items[i].items[0];
+        const cfg_json *v = &list->items[i].items[0];
         /* "module/var: dtype[d0,d1,...]" */
         const char *colon = strstr(key, ": "), *br = strchr(colon, '[');
         snprintf(g->names[i], sizeof g->names[i], "%.*s", (int)(colon - key), key);
@@ -172,9 +172,9 @@ static void golden_load(const char *path, golden *g)
 
 static void golden_free(golden *g)
 {
-    mesh_json_free(g->named);
-    mesh_json_free(g->logical);
-    mesh_json_free(g->inputs);
+    cfg_json_free(g->named);
+    cfg_json_free(g->logical);
+    cfg_json_free(g->inputs);
 }
 
 /* The file in `dir` must equal the golden's, as bytes and as parsed JSON. */
@@ -183,13 +183,13 @@ static void same_file(const char *golden_dir, const char *dir, const char *name)
     char a[PATH_CAP], b[PATH_CAP];
     snprintf(a, sizeof a, "%s/%s", golden_dir, name);
     snprintf(b, sizeof b, "%s/%s", dir, name);
-    mesh_json *ja = helper_read_json(golden_dir, name), *jb = helper_read_json(dir, name);
-    if (!mesh_json_equal(ja, jb)) fail_msg("%s differs from %s as JSON", b, a);
+    cfg_json *ja = helper_read_json(golden_dir, name), *jb = helper_read_json(dir, name);
+    if (!cfg_json_equal(ja, jb)) fail_msg("%s differs from %s as JSON", b, a);
     /* same key order too */
     assert_int_equal(ja->n, jb->n);
-    for (int i = 0; i < ja->n && ja->kind == MESH_JSON_OBJECT; i++) assert_string_equal(ja->keys[i], jb->keys[i]);
-    mesh_json_free(ja);
-    mesh_json_free(jb);
+    for (int i = 0; i < ja->n && ja->kind == CFG_JSON_OBJECT; i++) assert_string_equal(ja->keys[i], jb->keys[i]);
+    cfg_json_free(ja);
+    cfg_json_free(jb);
     size_t la, lb;
     char *sa = helper_read_file(a, &la), *sb = helper_read_file(b, &lb);
     if (la != lb || memcmp(sa, sb, la)) {

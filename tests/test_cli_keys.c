@@ -69,16 +69,16 @@ typedef struct {
 /* The modelled step time of step `step` on a v5p profile, whatever profile the
  * config names: a key that only moves this figure (a kernel choice, a tile) is
  * not inert.  -1 when the model cannot time the run. */
-static double tiny_step_time(const mesh_cfg *cfg, const model_def *def, sim_machine *m, int step)
+static double tiny_step_time(const cfg_config *cfg, const model_def *def, sim_machine *m, int step)
 {
-    model_hw hw;
+    cfg_hw hw;
     model_tm_eff eff;
     model_tm_result tm;
     memset(&tm, 0, sizeof tm);
-    const mesh_cfg_entry *dt = mesh_cfg_find(cfg, "dtype");
-    const char *dtype = dt && dt->value.kind == MESH_CFG_SCALAR && *dt->value.text ? dt->value.text : "float32";
+    const cfg_entry *dt = cfg_find(cfg, "dtype");
+    const char *dtype = dt && dt->value.kind == CFG_SCALAR && *dt->value.text ? dt->value.text : "float32";
     double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
-    if (model_hw_load(cli_configs_dir(), "v5p", def->mesh.num_devices, &hw) != SIM_OK ||
+    if (cfg_hw_load(cli_configs_dir(), "v5p", def->mesh.num_devices, &hw) != SIM_OK ||
         model_tm_eff_load(cli_configs_dir(), &eff) != SIM_OK ||
         model_tm_estimate(&hw, &eff, dtype, m, step, bubble, model_tm_optimizer_bytes(m), false, &tm) != SIM_OK) {
         sim_err_clear();
@@ -87,7 +87,7 @@ static double tiny_step_time(const mesh_cfg *cfg, const model_def *def, sim_mach
     return tm.step_s;
 }
 
-static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
+static sim_status train_tiny(const cfg_config *cfg, fingerprint *fp)
 {
     model_def def;
     sim_status st0 = model_def_from_config(cfg, &def);
@@ -103,8 +103,8 @@ static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
     sim_machine *m = NULL;
     long long steps = 0;
     double hbm = 0;
-    sim_status st = mesh_cfg_get_int(cfg, "steps", &steps);
-    if (!st) st = mesh_cfg_get_double(cfg, "hbm_limit_gb", &hbm);
+    sim_status st = cfg_get_int(cfg, "steps", &steps);
+    if (!st) st = cfg_get_double(cfg, "hbm_limit_gb", &hbm);
     if (!st && (steps < 1 || steps > 3)) steps = 2; /* the tiny runs: 2 steps, or 3 where set */
     if (!st) st = model_optim_from_config(cfg, &job.opt);
     if (!st) st = model_data_from_config(cfg, &data);
@@ -152,7 +152,7 @@ static sim_status train_tiny(const mesh_cfg *cfg, fingerprint *fp)
 
 /* Loads base words + extra, trains; cfg_out (optional) keeps the config. */
 static fingerprint run_fp(const char *const *base, int n_base, const char *const *extra, int n_extra,
-                          mesh_cfg **cfg_out)
+                          cfg_config **cfg_out)
 {
     fingerprint fp;
     memset(&fp, 0, sizeof fp);
@@ -160,8 +160,8 @@ static fingerprint run_fp(const char *const *base, int n_base, const char *const
     int n = 0;
     for (int i = 0; i < n_base; i++) words[n++] = base[i];
     for (int i = 0; i < n_extra; i++) words[n++] = extra[i];
-    mesh_cfg *cfg = NULL;
-    sim_status st = mesh_cfg_load_argv(cli_base_config(), n, words, &cfg);
+    cfg_config *cfg = NULL;
+    sim_status st = cfg_load_argv(cli_base_config(), n, words, &cfg);
     if (!st) st = train_tiny(cfg, &fp);
     if (st) {
         fp.rc = sim_status_exit_code(st);
@@ -169,7 +169,7 @@ static fingerprint run_fp(const char *const *base, int n_base, const char *const
         sim_err_clear();
     }
     if (cfg_out) *cfg_out = cfg;
-    else mesh_cfg_free(cfg);
+    else cfg_free(cfg);
     return fp;
 }
 
@@ -187,37 +187,37 @@ static int same_results(const fingerprint *a, const fingerprint *b)
 /* ---- the value to set ------------------------------------------------------ */
 
 /* A valid non-default value for a key from its keys.yml line, as key=value. */
-static void auto_value(const mesh_cfg_entry *e, char *buf, size_t cap)
+static void auto_value(const cfg_entry *e, char *buf, size_t cap)
 {
-    const mesh_cfg_value *sim = mesh_cfg_entry_field(e, "simulated");
-    const mesh_cfg_value *choices = mesh_cfg_entry_field(e, "choices");
-    const mesh_cfg_value *pick = sim ? sim : choices;
-    if (pick && pick->kind == MESH_CFG_LIST) {
+    const cfg_value *sim = cfg_entry_field(e, "simulated");
+    const cfg_value *choices = cfg_entry_field(e, "choices");
+    const cfg_value *pick = sim ? sim : choices;
+    if (pick && pick->kind == CFG_LIST) {
         /* MaxText's choices list honoured keys' refused values too; the first one
          * that differs from the default */
         for (int i = 0; i < pick->n; i++)
-            if (!mesh_cfg_value_equal(&pick->items[i], &e->value)) {
-                char *t = mesh_cfg_value_to_text(&pick->items[i], 0);
+            if (!cfg_value_equal(&pick->items[i], &e->value)) {
+                char *t = cfg_value_to_text(&pick->items[i], 0);
                 snprintf(buf, cap, "%s=%s", e->key, t);
                 free(t);
                 return;
             }
     }
-    const mesh_cfg_value *tv = mesh_cfg_entry_field(e, "type");
+    const cfg_value *tv = cfg_entry_field(e, "type");
     const char *type = tv ? tv->text : "any";
-    const mesh_cfg_value *v = &e->value;
-    int is_null = v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL;
+    const cfg_value *v = &e->value;
+    int is_null = v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL;
     long long i;
     double d;
     int b;
     if (!strcmp(type, "bool")) {
-        if (is_null || mesh_cfg_value_bool(v, e->key, &b) != SIM_OK) b = 0;
+        if (is_null || cfg_value_bool(v, e->key, &b) != SIM_OK) b = 0;
         snprintf(buf, cap, "%s=%s", e->key, b ? "false" : "true");
     } else if (!strcmp(type, "int")) {
-        if (is_null || mesh_cfg_value_int(v, e->key, &i) != SIM_OK) i = 0;
+        if (is_null || cfg_value_int(v, e->key, &i) != SIM_OK) i = 0;
         snprintf(buf, cap, "%s=%lld", e->key, i < 0 ? 2 : i + 1);
     } else if (!strcmp(type, "float")) {
-        if (is_null || mesh_cfg_value_double(v, e->key, &d) != SIM_OK) d = 0;
+        if (is_null || cfg_value_double(v, e->key, &d) != SIM_OK) d = 0;
         snprintf(buf, cap, "%s=%.17g", e->key, d == 0 ? 0.5 : d < 0 ? 0.5 : d * 1.5);
     } else if (!strcmp(type, "list")) {
         snprintf(buf, cap, "%s=['x']", e->key);
@@ -230,31 +230,31 @@ static void auto_value(const mesh_cfg_entry *e, char *buf, size_t cap)
 }
 
 /* tests/data/keys_check.yml */
-static mesh_cfg *check_data(void)
+static cfg_config *check_data(void)
 {
-    static mesh_cfg *data;
+    static cfg_config *data;
     if (!data) {
         char path[4200];
         snprintf(path, sizeof path, "%s/../tests/data/keys_check.yml", cli_configs_dir());
-        if (mesh_cfg_load_file(path, &data) != SIM_OK) fail_msg("%s", sim_errmsg());
+        if (cfg_load_file(path, &data) != SIM_OK) fail_msg("%s", sim_errmsg());
     }
     return data;
 }
 
-static const mesh_cfg_value *check_line(const char *key)
+static const cfg_value *check_line(const char *key)
 {
-    const mesh_cfg_entry *k = mesh_cfg_find(check_data(), "keys");
-    if (!k || k->value.kind != MESH_CFG_MAP) fail_msg("keys_check.yml: no top-level `keys:` map");
+    const cfg_entry *k = cfg_find(check_data(), "keys");
+    if (!k || k->value.kind != CFG_MAP) fail_msg("keys_check.yml: no top-level `keys:` map");
     for (int i = 0; i < k->value.n; i++)
         if (!strcmp(k->value.keys[i], key)) return &k->value.items[i];
     return NULL;
 }
 
-static const char *line_field(const mesh_cfg_value *line, const char *field)
+static const char *line_field(const cfg_value *line, const char *field)
 {
-    for (int i = 0; line && line->kind == MESH_CFG_MAP && i < line->n; i++)
+    for (int i = 0; line && line->kind == CFG_MAP && i < line->n; i++)
         if (!strcmp(line->keys[i], field)) {
-            if (line->items[i].kind == MESH_CFG_SCALAR) return line->items[i].text;
+            if (line->items[i].kind == CFG_SCALAR) return line->items[i].text;
             return NULL;
         }
     return NULL;
@@ -265,15 +265,15 @@ static const char *line_field(const mesh_cfg_value *line, const char *field)
 static void test_every_key_passes_its_class_check(void **state)
 {
     (void)state;
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv(cli_base_config(), 0, NULL, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_config *cfg = NULL;
+    if (cfg_load_argv(cli_base_config(), 0, NULL, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
     assert_non_null(cfg->keys_file);
     fingerprint base_l = run_fp(LLAMA, NLLAMA, NULL, 0, NULL), base_d = run_fp(DEEPSEEK, NDEEPSEEK, NULL, 0, NULL);
     if (base_l.rc || base_d.rc) fail_msg("baseline failed: %s%s", base_l.err, base_d.err);
     int failures = 0, counted[4] = {0}, named = 0;
     for (int k = 0; k < cfg->n; k++) {
-        const mesh_cfg_entry *e = &cfg->entries[k];
-        const mesh_cfg_value *line = check_line(e->key);
+        const cfg_entry *e = &cfg->entries[k];
+        const cfg_value *line = check_line(e->key);
         const char *given = line_field(line, "value"), *effect = line_field(line, "effect");
         const char *on = line_field(line, "base");
         int deepseek = on && !strcmp(on, "deepseek");
@@ -302,16 +302,16 @@ static void test_every_key_passes_its_class_check(void **state)
         }
         int n_extra_with = n_extra;
         extra[n_extra++] = word;
-        mesh_cfg *got = NULL;
+        cfg_config *got = NULL;
         fingerprint fp = run_fp(bw, nbw, extra, n_extra, &got);
-        const mesh_cfg_entry *ge = got ? mesh_cfg_find(got, e->key) : NULL;
+        const cfg_entry *ge = got ? cfg_find(got, e->key) : NULL;
         const char *fail = NULL;
         switch (e->cls) {
-        case MESH_KEY_REFUSED:
+        case CFG_KEY_REFUSED:
             if (fp.rc != 2) fail = "refused key accepted";
             else if (!strstr(fp.err, e->key)) fail = "refusal does not name the key";
             break;
-        case MESH_KEY_INERT:
+        case CFG_KEY_INERT:
             /* `combination`: MaxText rejects every other value with the simulated decoders
              * (configs/combinations.yml): exit 2 naming the key and MaxText's rule */
             if (line_field(line, "combination")) {
@@ -332,7 +332,7 @@ static void test_every_key_passes_its_class_check(void **state)
                 else if (!same_results(&fo, other)) fail = "inert key changed the results of the other model";
             }
             break;
-        case MESH_KEY_HONOURED:
+        case CFG_KEY_HONOURED:
             /* exit code 1 (a check failed: simulated OOM) is an observable change */
             if (fp.rc == 2 && !(effect && line_field(line, "rejects"))) fail = "honoured key rejected";
             else if (effect) named++;
@@ -344,14 +344,14 @@ static void test_every_key_passes_its_class_check(void **state)
         counted[e->cls]++;
         if (fail) {
             failures++;
-            print_message("%-40s %-8s %s: %s%s%s\n", word, mesh_key_class_name(e->cls), fail, fp.err,
+            print_message("%-40s %-8s %s: %s%s%s\n", word, cfg_key_class_name(e->cls), fail, fp.err,
                           fp.rc ? "" : "", "");
         }
-        mesh_cfg_free(got);
+        cfg_free(got);
     }
     print_message("%d keys: %d honoured (%d by a named effect), %d inert, %d refused\n", cfg->n,
-                  counted[MESH_KEY_HONOURED], named, counted[MESH_KEY_INERT], counted[MESH_KEY_REFUSED]);
-    mesh_cfg_free(cfg);
+                  counted[CFG_KEY_HONOURED], named, counted[CFG_KEY_INERT], counted[CFG_KEY_REFUSED]);
+    cfg_free(cfg);
     if (failures) fail_msg("%d keys fail their class check (listed above)", failures);
 }
 
@@ -374,18 +374,18 @@ static void test_run_json_lists_inert_keys_set(void **state)
     cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     cli_capture_free(&r);
-    mesh_json *run = helper_read_json(dir, "run.json");
-    const mesh_json *inert = mesh_json_get(run, "inert_keys_set");
+    cfg_json *run = helper_read_json(dir, "run.json");
+    const cfg_json *inert = cfg_json_get(run, "inert_keys_set");
     assert_non_null(inert);
     assert_int_equal(inert->n, 2);
-    const mesh_json *p = mesh_json_get(inert, "profiler");
+    const cfg_json *p = cfg_json_get(inert, "profiler");
     assert_non_null(p);
-    assert_string_equal(mesh_json_get(p, "value")->str, "xplane");
-    assert_string_equal(mesh_json_get(p, "source")->str, "command line");
-    assert_non_null(strstr(mesh_json_get(p, "why")->str, "profiler"));
-    assert_non_null(mesh_json_get(inert, "enable_goodput_recording"));
-    assert_null(mesh_json_get(inert, "jax_cache_dir"));
-    mesh_json_free(run);
+    assert_string_equal(cfg_json_get(p, "value")->str, "xplane");
+    assert_string_equal(cfg_json_get(p, "source")->str, "command line");
+    assert_non_null(strstr(cfg_json_get(p, "why")->str, "profiler"));
+    assert_non_null(cfg_json_get(inert, "enable_goodput_recording"));
+    assert_null(cfg_json_get(inert, "jax_cache_dir"));
+    cfg_json_free(run);
     helper_rm_rf(dir);
 }
 
@@ -453,15 +453,15 @@ static void test_maxtext_outputs(void **state)
     char line[2048];
     int n = 0;
     while (fgets(line, sizeof line, f)) {
-        mesh_json *j = NULL;
-        if (mesh_json_parse(line, strlen(line), "metrics_file", &j) != SIM_OK) fail_msg("metrics line %d: %s", n, sim_errmsg());
-        assert_true(mesh_json_get(j, "step")->number == (double)n);
-        assert_string_equal(mesh_json_get(j, "run_name")->str, "r7");
-        double loss = mesh_json_get(j, "learning/loss")->number;
+        cfg_json *j = NULL;
+        if (cfg_json_parse(line, strlen(line), "metrics_file", &j) != SIM_OK) fail_msg("metrics line %d: %s", n, sim_errmsg());
+        assert_true(cfg_json_get(j, "step")->number == (double)n);
+        assert_string_equal(cfg_json_get(j, "run_name")->str, "r7");
+        double loss = cfg_json_get(j, "learning/loss")->number;
         assert_true(loss > 0 && isfinite(loss));
-        assert_non_null(mesh_json_get(j, "learning/grad_norm"));
-        assert_non_null(mesh_json_get(j, "learning/raw_grad_norm"));
-        mesh_json_free(j);
+        assert_non_null(cfg_json_get(j, "learning/grad_norm"));
+        assert_non_null(cfg_json_get(j, "learning/raw_grad_norm"));
+        cfg_json_free(j);
         n++;
     }
     fclose(f);
@@ -495,18 +495,18 @@ static void test_compile_topology(void **state)
     (void)state;
     /* v5p-8 has 4 devices per slice (MaxText's table): 2 slices -> 8 devices, a dry run */
     const char *w1[] = {TINY, "compile_topology=v5p-8", "compile_topology_num_slices=2"};
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv(cli_base_config(), (int)(sizeof w1 / sizeof w1[0]), w1, &cfg) != SIM_OK)
+    cfg_config *cfg = NULL;
+    if (cfg_load_argv(cli_base_config(), (int)(sizeof w1 / sizeof w1[0]), w1, &cfg) != SIM_OK)
         fail_msg("%s", sim_errmsg());
     long long nd = 0, ns = 0;
     int dry = 0;
-    assert_int_equal(mesh_cfg_get_int(cfg, "num_devices", &nd), SIM_OK);
-    assert_int_equal(mesh_cfg_get_int(cfg, "num_slices", &ns), SIM_OK);
-    assert_int_equal(mesh_cfg_get_bool(cfg, "dry_run", &dry), SIM_OK);
+    assert_int_equal(cfg_get_int(cfg, "num_devices", &nd), SIM_OK);
+    assert_int_equal(cfg_get_int(cfg, "num_slices", &ns), SIM_OK);
+    assert_int_equal(cfg_get_bool(cfg, "dry_run", &dry), SIM_OK);
     assert_int_equal(nd, 8);
     assert_int_equal(ns, 2);
     assert_true(dry);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     /* a train_compile command line sizes the model */
     const char *w2[] = {TINY, "compile_topology=v5e-16", "compile_topology_num_slices=1", "ici_tensor_parallelism=2"};
     cli_capture r = cli_capture_run(cli_train, (int)(sizeof w2 / sizeof w2[0]), w2);
@@ -537,9 +537,9 @@ static void test_compile_topology(void **state)
 static void test_dcn_with_one_slice(void **state)
 {
     (void)state;
-    mesh_cfg *cfg = NULL;
+    cfg_config *cfg = NULL;
     const char *none[] = {TINY};
-    if (mesh_cfg_load_argv(cli_base_config(), (int)(sizeof none / sizeof none[0]), none, &cfg) != SIM_OK)
+    if (cfg_load_argv(cli_base_config(), (int)(sizeof none / sizeof none[0]), none, &cfg) != SIM_OK)
         fail_msg("%s", sim_errmsg());
     int checked = 0;
     for (int i = 0; i < cfg->n; i++) {
@@ -555,7 +555,7 @@ static void test_dcn_with_one_slice(void **state)
         cli_capture_free(&r);
         checked++;
     }
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     assert_true(checked >= 14);
 }
 
@@ -616,24 +616,24 @@ static void test_keys_command(void **state)
     assert_int_equal(r.rc, 2);
     cli_capture_free(&r);
     /* every MaxText key of both base.yml files is known (the union: 789) */
-    mesh_cfg *cfg = NULL, *mt = NULL, *old = NULL;
+    cfg_config *cfg = NULL, *mt = NULL, *old = NULL;
     char p1[4200], p2[4200];
     snprintf(p1, sizeof p1, "%s/../tests/data/maxtext-0.2.5/configs/base.yml", cli_configs_dir());
     snprintf(p2, sizeof p2, "%s/../tests/data/maxtext/configs/base.yml", cli_configs_dir());
-    if (mesh_cfg_load_argv(cli_base_config(), 0, NULL, &cfg) || mesh_cfg_load_file(p1, &mt) || mesh_cfg_load_file(p2, &old))
+    if (cfg_load_argv(cli_base_config(), 0, NULL, &cfg) || cfg_load_file(p1, &mt) || cfg_load_file(p2, &old))
         fail_msg("%s", sim_errmsg());
     int union_n = mt->n;
-    for (int i = 0; i < mt->n; i++) assert_non_null(mesh_cfg_find(cfg, mt->entries[i].key));
+    for (int i = 0; i < mt->n; i++) assert_non_null(cfg_find(cfg, mt->entries[i].key));
     for (int i = 0; i < old->n; i++) {
-        assert_non_null(mesh_cfg_find(cfg, old->entries[i].key));
-        union_n += mesh_cfg_find(mt, old->entries[i].key) == NULL;
+        assert_non_null(cfg_find(cfg, old->entries[i].key));
+        union_n += cfg_find(mt, old->entries[i].key) == NULL;
     }
     assert_int_equal(mt->n, 786);
     assert_int_equal(old->n, 696);
     assert_int_equal(union_n, 789);
-    mesh_cfg_free(cfg);
-    mesh_cfg_free(mt);
-    mesh_cfg_free(old);
+    cfg_free(cfg);
+    cfg_free(mt);
+    cfg_free(old);
 }
 
 /* MaxText's combination checks (types.py), with its conditions. */
@@ -709,8 +709,8 @@ static void test_maxtext_combination_rules(void **state)
         {{"experimental_sa_quant_k_fp8=true"}, 1, "K quantization is currently only supported with attention_type='mla'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        mesh_cfg *cfg = NULL;
-        sim_status st = mesh_cfg_load_argv(cli_base_config(), cases[i].n, cases[i].words, &cfg);
+        cfg_config *cfg = NULL;
+        sim_status st = cfg_load_argv(cli_base_config(), cases[i].n, cases[i].words, &cfg);
         if (!cases[i].needle) {
             if (st) fail_msg("case %zu rejected: %s", i, sim_errmsg());
         } else {
@@ -728,7 +728,7 @@ static void test_maxtext_combination_rules(void **state)
             }
             sim_err_clear();
         }
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
     }
     /* every rule of configs/combinations.yml has a case above: its `says` text appears in a needle */
     char path[4096];

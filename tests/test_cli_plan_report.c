@@ -36,21 +36,21 @@ static cli_capture mixed;  /* its run */
 
 /* ------------------------------------------------------------ plan.json */
 
-static const mesh_json *get(const mesh_json *o, const char *key) { return helper_json_get(o, key); }
-static double num(const mesh_json *o, const char *key)
+static const cfg_json *get(const cfg_json *o, const char *key) { return helper_json_get(o, key); }
+static double num(const cfg_json *o, const char *key)
 {
-    const mesh_json *v = get(o, key);
-    if (v->kind != MESH_JSON_NUMBER) fail_msg("plan.json: '%s' is not a number", key);
+    const cfg_json *v = get(o, key);
+    if (v->kind != CFG_JSON_NUMBER) fail_msg("plan.json: '%s' is not a number", key);
     return v->number;
 }
-static const char *str(const mesh_json *o, const char *key)
+static const char *str(const cfg_json *o, const char *key)
 {
-    const mesh_json *v = get(o, key);
-    if (v->kind != MESH_JSON_STRING) fail_msg("plan.json: '%s' is not a string", key);
+    const cfg_json *v = get(o, key);
+    if (v->kind != CFG_JSON_STRING) fail_msg("plan.json: '%s' is not a string", key);
     return v->str;
 }
-static bool is(const mesh_json *c, const char *state) { return !strcmp(str(c, "state"), state); }
-static bool has_figures(const mesh_json *c)
+static bool is(const cfg_json *c, const char *state) { return !strcmp(str(c, "state"), state); }
+static bool has_figures(const cfg_json *c)
 {
     return (is(c, "ranked") || is(c, "out_of_memory")) && num(c, "step_s") > 0 && num(c, "peak_bytes") > 0;
 }
@@ -58,16 +58,16 @@ static bool close_rel(double a, double b, double rel) { return fabs(a - b) <= re
 
 /* The Pareto front by its definition, over the ranked candidates: front[id] set for its members;
  * returns how many. */
-static int derive_front(const mesh_json *cands, bool *front)
+static int derive_front(const cfg_json *cands, bool *front)
 {
     int n = 0;
     for (int i = 0; i < cands->n; i++) {
-        const mesh_json *a = &cands->items[i];
+        const cfg_json *a = &cands->items[i];
         front[i] = false;
         if (!is(a, "ranked")) continue;
         bool dominated = false;
         for (int j = 0; j < cands->n && !dominated; j++) {
-            const mesh_json *b = &cands->items[j];
+            const cfg_json *b = &cands->items[j];
             if (j == i || !is(b, "ranked")) continue;
             double sa = num(a, "step_s"), sb = num(b, "step_s"), pa = num(a, "peak_bytes"), pb = num(b, "peak_bytes");
             dominated = sb <= sa && pb <= pa && (sb < sa || pb < pa);
@@ -173,8 +173,8 @@ static void assert_self_contained(const char *html)
 static void test_json_against_table(void **state)
 {
     (void)state;
-    mesh_json *root = helper_read_json(plan_dir, "plan.json");
-    const mesh_json *cands = get(root, "candidates");
+    cfg_json *root = helper_read_json(plan_dir, "plan.json");
+    const cfg_json *cands = get(root, "candidates");
     const char *out = mixed.out;
     /* the table: "  rank   step (ms)     MFU   peak/device  candidate", then one row per rank */
     const char *row = strstr(out, "  rank   step (ms)");
@@ -187,7 +187,7 @@ static void test_json_against_table(void **state)
         char unit[8];
         assert_int_equal(sscanf(row, "%d %lf %lf%% %lf %7s %n", &rank, &step_ms, &mfu_pct, &pv, unit, &pos), 5);
         double scale = !strcmp(unit, "GiB") ? 1073741824.0 : !strcmp(unit, "MiB") ? 1048576.0 : !strcmp(unit, "KiB") ? 1024.0 : 1;
-        const mesh_json *c = &cands->items[rank - 1]; /* the ranked come first, in rank order */
+        const cfg_json *c = &cands->items[rank - 1]; /* the ranked come first, in rank order */
         assert_true(is(c, "ranked"));
         assert_int_equal((int)num(c, "rank"), rank);
         assert_true(fabs(1e3 * num(c, "step_s") - step_ms) <= 0.05 + 1e-9);
@@ -220,7 +220,7 @@ static void test_json_against_table(void **state)
                              "rejected"};
     double hbm = num(root, "hbm_bytes");
     for (int i = 0; i < cands->n; i++) {
-        const mesh_json *c = &cands->items[i];
+        const cfg_json *c = &cands->items[i];
         assert_int_equal((int)num(c, "id"), i);
         int s = 0;
         while (s < 8 && !is(c, states[s])) s++;
@@ -234,10 +234,10 @@ static void test_json_against_table(void **state)
             unmade += (long long)num(c, "variants_not_dry_run");
         }
         assert_int_equal(strncmp(str(c, "command"), "shardsim train ", 15), 0);
-        if (s >= 1) assert_true(get(c, "reason")->kind == MESH_JSON_STRING || s == 0);
+        if (s >= 1) assert_true(get(c, "reason")->kind == CFG_JSON_STRING || s == 0);
         if (s == 0 || s == 1 || s == 3) {
             /* the peak is its categories' sum; the step time its parts' (compute holds the bubbles) */
-            const mesh_json *m = get(c, "memory"), *t = get(c, "step_time");
+            const cfg_json *m = get(c, "memory"), *t = get(c, "step_time");
             double sum = 0;
             for (int k = 0; k < m->n; k++) sum += m->items[k].number;
             assert_true(close_rel(sum, num(c, "peak_bytes"), 1e-12));
@@ -259,15 +259,15 @@ static void test_json_against_table(void **state)
     assert_int_equal(records[0] + records[1] + records[2] + records[3], count_before(out, "dry-run: "));
     assert_int_equal(records[1], count_before(out, "out of memory, "));
     assert_int_equal(by[4] + unmade, count_before(out, "not dry-run: beyond"));
-    mesh_json_free(root);
+    cfg_json_free(root);
 }
 
 /* The front plan.json marks is the one its own figures give. */
 static void test_pareto_front(void **state)
 {
     (void)state;
-    mesh_json *root = helper_read_json(plan_dir, "plan.json");
-    const mesh_json *cands = get(root, "candidates"), *listed = get(root, "pareto");
+    cfg_json *root = helper_read_json(plan_dir, "plan.json");
+    const cfg_json *cands = get(root, "candidates"), *listed = get(root, "pareto");
     bool *front = calloc((size_t)cands->n, sizeof *front);
     int n = derive_front(cands, front);
     assert_true(n >= 3);                                                   /* a front, not a point */
@@ -280,7 +280,7 @@ static void test_pareto_front(void **state)
     assert_int_equal(listed->n, n);
     for (int k = 0; k < listed->n; k++) assert_true(front[listed->items[k].integer]);
     free(front);
-    mesh_json_free(root);
+    cfg_json_free(root);
 }
 
 /* The page draws plan.json: each section holds content, the scatter every dry-run candidate with
@@ -292,14 +292,14 @@ static void test_report_page(void **state)
     snprintf(path, sizeof path, "%s/report.html", plan_dir);
     char *html = helper_read_file(path, NULL);
     assert_self_contained(html);
-    mesh_json *root = helper_read_json(plan_dir, "plan.json");
-    const mesh_json *cands = get(root, "candidates");
+    cfg_json *root = helper_read_json(plan_dir, "plan.json");
+    const cfg_json *cands = get(root, "candidates");
     /* the winner's command line is in the page (its JSON string: '/' may not be escaped) */
     assert_contains(html, str(&cands->items[0], "summary"));
     free(html);
     char *dom = render(path);
     if (!dom) {
-        mesh_json_free(root);
+        cfg_json_free(root);
         return;
     }
     assert_int_equal(check_sections(dom), 4); /* ranking, scatter, winner, outcomes */
@@ -340,7 +340,7 @@ static void test_report_page(void **state)
     assert_contains(dom, want);
     free(front);
     free(dom);
-    mesh_json_free(root);
+    cfg_json_free(root);
 }
 
 /* Nothing fits: exit 1, no winner, the closest is the dry-run candidate with the smallest peak; the
@@ -358,10 +358,10 @@ static void test_nothing_fits(void **state)
     cli_capture_free(&r);
     size_t n1 = 0, n2 = 0;
     char *first = helper_read_in(od, "plan.json", &n1);
-    mesh_json *root = helper_read_json(od, "plan.json");
-    assert_int_equal(get(root, "winner")->kind, MESH_JSON_NULL);
+    cfg_json *root = helper_read_json(od, "plan.json");
+    assert_int_equal(get(root, "winner")->kind, CFG_JSON_NULL);
     assert_int_equal(get(root, "pareto")->n, 0);
-    const mesh_json *cands = get(root, "candidates");
+    const cfg_json *cands = get(root, "candidates");
     int best = -1;
     for (int i = 0; i < cands->n; i++)
         if (is(&cands->items[i], "out_of_memory") &&
@@ -395,7 +395,7 @@ static void test_nothing_fits(void **state)
         assert_null(strstr(dom, "data-pareto=\"1\""));
         free(dom);
     }
-    mesh_json_free(root);
+    cfg_json_free(root);
 }
 
 /* An output_dir that cannot be made: exit 2 naming the key, before any search, nothing printed. */

@@ -318,29 +318,29 @@ static void test_metrics_and_memory(void **state)
     };
     char *dir = helper_tmpdir("test_cli_report");
     assert_int_equal(cli_write_metrics_json(dir, steps, 3, st, NDEV), SIM_OK);
-    mesh_json *j = helper_read_json(dir, "metrics.json");
-    const mesh_json *s = helper_json_get(j, "steps");
+    cfg_json *j = helper_read_json(dir, "metrics.json");
+    const cfg_json *s = helper_json_get(j, "steps");
     assert_int_equal(s->n, 3);
     assert_true(helper_json_get(&s->items[0], "loss")->number == 10.5);
     assert_true(helper_json_get(&s->items[1], "grad_norm")->number == 1.5);
     assert_true(helper_json_get(&s->items[1], "raw_grad_norm")->number == 6.5);
-    assert_int_equal(helper_json_get(&s->items[2], "raw_grad_norm")->kind, MESH_JSON_NULL);
+    assert_int_equal(helper_json_get(&s->items[2], "raw_grad_norm")->kind, CFG_JSON_NULL);
     assert_true(helper_json_get(&s->items[1], "lr")->number == 3e-4);
     assert_true(helper_json_get(&s->items[1], "time_s")->number == 0.25);
     assert_int_equal(helper_json_get(&s->items[2], "step")->number, 3);
-    assert_int_equal(helper_json_get(&s->items[2], "loss")->kind, MESH_JSON_NULL);
-    assert_int_equal(helper_json_get(&s->items[2], "tokens_per_s")->kind, MESH_JSON_NULL); /* a dry step */
+    assert_int_equal(helper_json_get(&s->items[2], "loss")->kind, CFG_JSON_NULL);
+    assert_int_equal(helper_json_get(&s->items[2], "tokens_per_s")->kind, CFG_JSON_NULL); /* a dry step */
     assert_true(helper_json_get(&s->items[1], "tokens_per_s")->number > 0);
-    const mesh_json *mem = helper_json_get(j, "memory");
-    const mesh_json *peak = helper_json_get(mem, "per_device_peak_bytes");
+    const cfg_json *mem = helper_json_get(j, "memory");
+    const cfg_json *peak = helper_json_get(mem, "per_device_peak_bytes");
     assert_int_equal(peak->n, NDEV);
-    const mesh_json *by = helper_json_get(mem, "by_category");
+    const cfg_json *by = helper_json_get(mem, "by_category");
     assert_int_equal(by->n, SIM_NMEM);
     for (int d = 0; d < NDEV; d++) {
         assert_true(peak->items[d].number == (double)st[d].peak);
         double sum = 0;
         for (int c = 0; c < SIM_NMEM; c++) {
-            const mesh_json *cat = helper_json_get(by, sim_mem_cat_name((sim_mem_cat)c));
+            const cfg_json *cat = helper_json_get(by, sim_mem_cat_name((sim_mem_cat)c));
             assert_int_equal(cat->n, NDEV);
             assert_true(cat->items[d].number == (double)st[d].at_peak_by[c]);
             sum += cat->items[d].number;
@@ -348,7 +348,7 @@ static void test_metrics_and_memory(void **state)
         assert_true(sum == (double)st[d].peak); /* the breakdown at peak adds up to the peak */
     }
     assert_true(helper_json_get(by, "params")->items[5].number == MIB);
-    mesh_json_free(j);
+    cfg_json_free(j);
     helper_rm_rf(dir);
     free(dir);
 
@@ -488,9 +488,9 @@ static void test_run_and_trace(void **state)
 {
     (void)state;
     const char *ovr[] = {"ici_fsdp_parallelism=4", "ici_data_parallelism=2", "per_device_batch_size=2"};
-    mesh_cfg_args args = {cli_base_config(), NULL, NULL, 0, ovr, 3};
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load(&args, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    cfg_args args = {cli_base_config(), NULL, NULL, 0, ovr, 3};
+    cfg_config *cfg = NULL;
+    if (cfg_load(&args, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     mesh_shape ms;
     if (mesh_shape_from_config(cfg, &ms) != SIM_OK) fail_msg("mesh: %s", sim_errmsg());
     mesh_rules rules;
@@ -501,41 +501,41 @@ static void test_run_and_trace(void **state)
     const char *argv[] = {"train", "ici_fsdp_parallelism=4"};
     cli_run_info info = {"train", 2, argv, cfg, &ms, &rules, NULL, (time_t)1700000000, NULL, NULL, NULL, NULL, NULL};
     assert_int_equal(cli_write_run_json(dir, &info), SIM_OK);
-    mesh_json *j = helper_read_json(dir, "run.json");
+    cfg_json *j = helper_read_json(dir, "run.json");
     assert_string_equal(helper_json_get(j, "shardsim_version")->str, CLI_SHARDSIM_VERSION);
     assert_string_equal(helper_json_get(j, "time")->str, "2023-11-14T22:13:20Z");
     assert_string_equal(helper_json_get(j, "command")->str, "train");
     assert_int_equal(helper_json_get(j, "argv")->n, 2);
-    const mesh_json *mesh = helper_json_get(j, "mesh");
+    const cfg_json *mesh = helper_json_get(j, "mesh");
     assert_int_equal(helper_json_get(mesh, "axis_names")->n, ms.n_axes);
     assert_int_equal(helper_json_get(helper_json_get(mesh, "shape"), "fsdp")->number, 4);
     assert_int_equal(helper_json_get(helper_json_get(mesh, "shape"), "data")->number, 2);
     assert_int_equal(helper_json_get(mesh, "num_devices")->number, 8);
-    const mesh_json *rl = helper_json_get(j, "logical_axis_rules");
+    const cfg_json *rl = helper_json_get(j, "logical_axis_rules");
     assert_int_equal(rl->n, rules.n);
     assert_string_equal(rl->items[0].items[0].str, rules.rules[0].name);
     assert_int_equal(rl->items[0].items[1].n, rules.rules[0].n_axes);
-    const mesh_json *c = helper_json_get(j, "config");
+    const cfg_json *c = helper_json_get(j, "config");
     assert_int_equal(c->n, cfg->n);
-    const mesh_json *fsdp = helper_json_get(c, "ici_fsdp_parallelism");
-    assert_int_equal(helper_json_get(fsdp, "value")->kind, MESH_JSON_NUMBER);
+    const cfg_json *fsdp = helper_json_get(c, "ici_fsdp_parallelism");
+    assert_int_equal(helper_json_get(fsdp, "value")->kind, CFG_JSON_NUMBER);
     assert_int_equal(helper_json_get(fsdp, "value")->number, 4);
-    assert_string_equal(helper_json_get(fsdp, "source")->str, mesh_cfg_find(cfg, "ici_fsdp_parallelism")->where);
-    const mesh_json *pdbs = helper_json_get(c, "per_device_batch_size");
+    assert_string_equal(helper_json_get(fsdp, "source")->str, cfg_find(cfg, "ici_fsdp_parallelism")->where);
+    const cfg_json *pdbs = helper_json_get(c, "per_device_batch_size");
     assert_true(helper_json_get(pdbs, "value")->number == 2);
     assert_contains(helper_json_get(helper_json_get(c, "base_emb_dim"), "source")->str, "base.yml:");
-    assert_int_equal(helper_json_get(helper_json_get(c, "logical_axis_rules"), "value")->kind, MESH_JSON_ARRAY);
+    assert_int_equal(helper_json_get(helper_json_get(c, "logical_axis_rules"), "value")->kind, CFG_JSON_ARRAY);
     assert_int_equal(helper_json_get(helper_json_get(c, "mesh_axes"), "value")->n, ms.n_axes);
-    mesh_json_free(j);
+    cfg_json_free(j);
     mesh_rules_free(&rules);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 
     /* trace.json is the machine's Chrome trace */
     sim_machine *m = run_machine(true);
     assert_int_equal(cli_write_trace_json(dir, m, 0), SIM_OK);
     j = helper_read_json(dir, "trace.json");
-    assert_true(j->kind == MESH_JSON_OBJECT || j->kind == MESH_JSON_ARRAY);
-    mesh_json_free(j);
+    assert_true(j->kind == CFG_JSON_OBJECT || j->kind == CFG_JSON_ARRAY);
+    cfg_json_free(j);
     sim_machine_free(m);
     assert_int_equal(helper_count_entries(dir), 2);
     helper_rm_rf(dir);
@@ -565,7 +565,7 @@ static void test_parity(void **state)
     char *dir = helper_tmpdir("test_cli_report");
     p.diverge_param = "params.decoder.layers.mlp.wo.kernel";
     assert_int_equal(cli_write_parity_json(dir, &p), SIM_OK);
-    mesh_json *j = helper_read_json(dir, "parity.json");
+    cfg_json *j = helper_read_json(dir, "parity.json");
     assert_int_equal(helper_json_get(j, "pass")->boolean, 0);
     assert_int_equal(helper_json_get(j, "first_diverging_step")->number, 3); /* first_step 1 + index 2 */
     assert_string_equal(helper_json_get(j, "first_diverging_config")->str, "tp=2");
@@ -574,14 +574,14 @@ static void test_parity(void **state)
     assert_int_equal(helper_json_get(j, "configs")->n, 3);
     assert_string_equal(helper_json_get(&helper_json_get(j, "configs")->items[2], "overrides")->str,
                         "ici_tensor_parallelism=2");
-    const mesh_json *st = helper_json_get(j, "steps");
+    const cfg_json *st = helper_json_get(j, "steps");
     assert_int_equal(st->n, 4);
     assert_int_equal(helper_json_get(&st->items[1], "pass")->boolean, 1);
     assert_int_equal(helper_json_get(&st->items[2], "pass")->boolean, 0);
     assert_true(helper_json_get(&st->items[2], "losses")->items[2].number == l2[2]);
     assert_true(fabs(helper_json_get(&st->items[3], "max_rel_diff")->number - 0.1 / 7.0) < 1e-12);
     assert_true(fabs(helper_json_get(j, "max_rel_diff")->number - 0.1 / 7.0) < 1e-12);
-    mesh_json_free(j);
+    cfg_json_free(j);
 
     char *out = NULL;
     size_t len = 0;
@@ -599,9 +599,9 @@ static void test_parity(void **state)
     assert_int_equal(cli_write_parity_json(dir, &ok), SIM_OK);
     j = helper_read_json(dir, "parity.json");
     assert_int_equal(helper_json_get(j, "pass")->boolean, 1);
-    assert_int_equal(helper_json_get(j, "first_diverging_step")->kind, MESH_JSON_NULL);
-    assert_int_equal(helper_json_get(j, "first_diverging_param")->kind, MESH_JSON_NULL);
-    mesh_json_free(j);
+    assert_int_equal(helper_json_get(j, "first_diverging_step")->kind, CFG_JSON_NULL);
+    assert_int_equal(helper_json_get(j, "first_diverging_param")->kind, CFG_JSON_NULL);
+    cfg_json_free(j);
     f = open_memstream(&out, &len);
     cli_report_parity(f, &ok);
     fclose(f);

@@ -47,9 +47,9 @@ static long file_size(const char *dir, const char *name)
     return stat(p, &st) == 0 ? (long)st.st_size : -1;
 }
 
-static double meta(const mesh_json *t, const char *key)
+static double meta(const cfg_json *t, const char *key)
 {
-    const mesh_json *v = mesh_json_get(mesh_json_get(t, "otherData"), key);
+    const cfg_json *v = cfg_json_get(cfg_json_get(t, "otherData"), key);
     if (!v) fail_msg("trace.json's otherData has no '%s'", key);
     return v->number;
 }
@@ -83,17 +83,17 @@ static unsigned long hash_str(unsigned long h, const char *s)
     return h;
 }
 
-static void walk(const mesh_json *t, by_step *b)
+static void walk(const cfg_json *t, by_step *b)
 {
     memset(b, 0, sizeof *b);
-    const mesh_json *ev = mesh_json_get(t, "traceEvents");
+    const cfg_json *ev = cfg_json_get(t, "traceEvents");
     int cur[MAX_DEV];
     for (int d = 0; d < MAX_DEV; d++) cur[d] = -1;
     for (int i = 0; i < ev->n; i++) {
-        const mesh_json *e = &ev->items[i];
-        int pid = (int)mesh_json_get(e, "pid")->number;
+        const cfg_json *e = &ev->items[i];
+        int pid = (int)cfg_json_get(e, "pid")->number;
         assert_true(pid >= 0 && pid < MAX_DEV);
-        const char *ph = mesh_json_get(e, "ph")->str, *name = mesh_json_get(e, "name")->str;
+        const char *ph = cfg_json_get(e, "ph")->str, *name = cfg_json_get(e, "name")->str;
         if (!strcmp(ph, "M") && !strcmp(name, "process_name")) b->pids[pid]++;
         if (!strcmp(ph, "i")) {
             int step = atoi(name + 5); /* "step N" */
@@ -103,7 +103,7 @@ static void walk(const mesh_json *t, by_step *b)
         }
         if (strcmp(ph, "X") && strcmp(ph, "i")) continue;
         b->events[pid][cur[pid] + 1]++;
-        const mesh_json *tid = mesh_json_get(e, "tid");
+        const cfg_json *tid = cfg_json_get(e, "tid");
         b->digest[pid][cur[pid] + 1] = hash_str(b->digest[pid][cur[pid] + 1] * 7 + (tid ? (unsigned long)tid->number : 0),
                                                 name);
     }
@@ -124,11 +124,11 @@ static void test_trace_bound(void **state)
     assert_true(size < 1000000);  /* under 1 MB */
     assert_non_null(strstr(r.out, "trace.json: steps 0, 19 of 20 (trace_steps=first,last); left out 18 steps"));
     cli_capture_free(&r);
-    mesh_json *t = helper_read_json(dir, "trace.json");
+    cfg_json *t = helper_read_json(dir, "trace.json");
     assert_int_equal((int)meta(t, "steps_traced"), 2);
     assert_int_equal((int)meta(t, "steps_left_out"), 18);
     assert_true(meta(t, "spans_left_out") > 0);
-    assert_string_equal(mesh_json_get(mesh_json_get(t, "otherData"), "trace_steps")->str, "first,last");
+    assert_string_equal(cfg_json_get(cfg_json_get(t, "otherData"), "trace_steps")->str, "first,last");
     by_step b;
     walk(t, &b);
     for (int d = 0; d < 8; d++) {
@@ -136,7 +136,7 @@ static void test_trace_bound(void **state)
         for (int s = 0; s < MAX_STEPS; s++) assert_int_equal(b.markers[d][s], s == 0 || s == 19); /* steps 1..18 left out */
         assert_true(b.events[d][1] > 10);
     }
-    mesh_json_free(t);
+    cfg_json_free(t);
     helper_rm_rf(dir);
     free(dir);
 }
@@ -159,7 +159,7 @@ static void test_trace_selection(void **state)
     if (r.rc) fail_msg("train failed: %s", r.err);
     cli_capture_free(&r);
 
-    mesh_json *ta = helper_read_json(all, "trace.json"), *ts = helper_read_json(some, "trace.json");
+    cfg_json *ta = helper_read_json(all, "trace.json"), *ts = helper_read_json(some, "trace.json");
     by_step ba, bs;
     walk(ta, &ba);
     walk(ts, &bs);
@@ -184,15 +184,15 @@ static void test_trace_selection(void **state)
     assert_int_equal((int)meta(ts, "steps_traced"), 3);
     assert_int_equal((int)meta(ts, "steps_left_out"), 5);
     assert_int_equal((long)meta(ts, "spans_left_out"), left);
-    const mesh_json *kept = mesh_json_get(mesh_json_get(ts, "otherData"), "steps_kept");
+    const cfg_json *kept = cfg_json_get(cfg_json_get(ts, "otherData"), "steps_kept");
     assert_int_equal(kept->n, 2);
     assert_int_equal((int)kept->items[1].items[0].number, 5);
     assert_int_equal((int)kept->items[1].items[1].number, 6);
     assert_int_equal((int)meta(ta, "steps_left_out"), 0);
     assert_int_equal((int)meta(ta, "spans_left_out"), 0);
     assert_true(file_size(some, "trace.json") < file_size(all, "trace.json"));
-    mesh_json_free(ta);
-    mesh_json_free(ts);
+    cfg_json_free(ta);
+    cfg_json_free(ts);
     helper_rm_rf(all);
     helper_rm_rf(some);
     free(all);

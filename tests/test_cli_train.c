@@ -40,37 +40,37 @@ static void test_train_artifacts(void **state)
     assert_non_null(strstr(r.out, "traffic over 2 steps"));
     assert_non_null(strstr(r.out, "memory at peak"));
     /* metrics.json: steps with the six fields, memory per device and by category */
-    mesh_json *m = helper_read_json(dir, "metrics.json");
-    const mesh_json *steps = mesh_json_get(m, "steps"), *mem = mesh_json_get(m, "memory");
+    cfg_json *m = helper_read_json(dir, "metrics.json");
+    const cfg_json *steps = cfg_json_get(m, "steps"), *mem = cfg_json_get(m, "memory");
     assert_non_null(steps);
     assert_int_equal(steps->n, 2);
     const char *fields[] = {"step", "loss", "grad_norm", "raw_grad_norm", "lr", "time_s"};
-    for (int i = 0; i < 6; i++) assert_non_null(mesh_json_get(&steps->items[1], fields[i]));
+    for (int i = 0; i < 6; i++) assert_non_null(cfg_json_get(&steps->items[1], fields[i]));
     assert_non_null(mem);
-    assert_int_equal(mesh_json_get(mem, "per_device_peak_bytes")->n, 4);
-    assert_non_null(mesh_json_get(mesh_json_get(mem, "by_category"), "params"));
-    mesh_json_free(m);
+    assert_int_equal(cfg_json_get(mem, "per_device_peak_bytes")->n, 4);
+    assert_non_null(cfg_json_get(cfg_json_get(mem, "by_category"), "params"));
+    cfg_json_free(m);
     /* the other JSON artifacts parse and hold what they should */
-    mesh_json *run_json = helper_read_json(dir, "run.json");
-    assert_non_null(mesh_json_get(mesh_json_get(run_json, "config"), "base_emb_dim"));
-    mesh_json_free(run_json);
-    mesh_json *trace = helper_read_json(dir, "trace.json");
-    const mesh_json *ev = mesh_json_get(trace, "traceEvents");
+    cfg_json *run_json = helper_read_json(dir, "run.json");
+    assert_non_null(cfg_json_get(cfg_json_get(run_json, "config"), "base_emb_dim"));
+    cfg_json_free(run_json);
+    cfg_json *trace = helper_read_json(dir, "trace.json");
+    const cfg_json *ev = cfg_json_get(trace, "traceEvents");
     assert_true(ev->n > 10);
     int compute = 0, collective = 0; /* both lanes have spans */
     for (int i = 0; i < ev->n; i++) {
-        const mesh_json *cat = mesh_json_get(&ev->items[i], "cat");
+        const cfg_json *cat = cfg_json_get(&ev->items[i], "cat");
         if (cat && !strcmp(cat->str, "compute")) compute++;
         if (cat && !strcmp(cat->str, "collective")) collective++;
     }
     assert_true(compute > 10 && collective > 10);
-    mesh_json_free(trace);
-    mesh_json *sh = helper_read_json(dir, "shardings.json");
-    assert_non_null(mesh_json_get(sh, "named_shardings"));
-    assert_non_null(mesh_json_get(sh, "input_shardings"));
-    mesh_json_free(sh);
+    cfg_json_free(trace);
+    cfg_json *sh = helper_read_json(dir, "shardings.json");
+    assert_non_null(cfg_json_get(sh, "named_shardings"));
+    assert_non_null(cfg_json_get(sh, "input_shardings"));
+    cfg_json_free(sh);
     const char *files[] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
-    for (int i = 0; i < 3; i++) mesh_json_free(helper_read_json(dir, files[i]));
+    for (int i = 0; i < 3; i++) cfg_json_free(helper_read_json(dir, files[i]));
     /* the CSVs: a header and rows */
     char path[512], line[1024];
     snprintf(path, sizeof path, "%s/collectives.csv", dir);
@@ -141,19 +141,19 @@ static void test_wire_rule_artifacts(void **state)
         result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
         if (r.rc) fail_msg("train failed: %s", r.err);
         assert_non_null(strstr(r.out, "weight collectives"));
-        mesh_json *rj = helper_read_json(dir, "run.json");
-        const mesh_json *w = mesh_json_get(rj, "weight_collective_dtypes");
+        cfg_json *rj = helper_read_json(dir, "run.json");
+        const cfg_json *w = cfg_json_get(rj, "weight_collective_dtypes");
         assert_non_null(w);
-        assert_string_equal(mesh_json_get(w, "weight_gather")->str, gather[i]);
-        assert_string_equal(mesh_json_get(w, "gradient_reduction")->str, gather[i]);
-        assert_non_null(strstr(mesh_json_get(w, "rule")->str, i == 0 ? "as XLA:TPU" : "as XLA:CPU"));
+        assert_string_equal(cfg_json_get(w, "weight_gather")->str, gather[i]);
+        assert_string_equal(cfg_json_get(w, "gradient_reduction")->str, gather[i]);
+        assert_non_null(strstr(cfg_json_get(w, "rule")->str, i == 0 ? "as XLA:TPU" : "as XLA:CPU"));
         /* the compiler's transformations in force: v5p's (configs/hardware/v5p.yml), none without a profile */
-        const char *rules = mesh_json_get(rj, "compiler_rules")->str;
+        const char *rules = cfg_json_get(rj, "compiler_rules")->str;
         assert_non_null(strstr(rules, i == 0 ? "hoisted weight copies" : "none"));
         assert_true(i == 0 ? strstr(rules, "windowed einsums over >= 8 devices") != NULL
                            : strstr(rules, "windowed") == NULL);
         assert_non_null(strstr(r.out, "compiler rules"));
-        mesh_json_free(rj);
+        cfg_json_free(rj);
         total[i] = csv_sum(dir, "traffic.csv", "bytes_total", NULL);
         assert_true(total[i] > 0);
         assert_true(csv_sum(dir, "collectives.csv", "bytes_sent", NULL) == total[i]);
@@ -181,28 +181,28 @@ static void test_artifact_limits(void **state)
     result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "limited artifacts: collectives.csv holds devices 0-0 and trace.json devices 0-0 of 4"));
-    mesh_json *t = helper_read_json(dir, "trace.json");
-    assert_int_equal(mesh_json_get(mesh_json_get(t, "otherData"), "devices_traced")->number, 1);
-    const mesh_json *ev = mesh_json_get(t, "traceEvents");
+    cfg_json *t = helper_read_json(dir, "trace.json");
+    assert_int_equal(cfg_json_get(cfg_json_get(t, "otherData"), "devices_traced")->number, 1);
+    const cfg_json *ev = cfg_json_get(t, "traceEvents");
     int markers = 0, collectives = 0;
     for (int i = 0; i < ev->n; i++) {
-        const mesh_json *e = &ev->items[i], *cat = mesh_json_get(e, "cat");
-        assert_int_equal(mesh_json_get(e, "pid")->number, 0); /* device 0 only */
+        const cfg_json *e = &ev->items[i], *cat = cfg_json_get(e, "cat");
+        assert_int_equal(cfg_json_get(e, "pid")->number, 0); /* device 0 only */
         if (cat && !strcmp(cat->str, "step")) markers++;
         if (cat && !strcmp(cat->str, "collective")) {
-            const mesh_json *a = mesh_json_get(e, "args");
+            const cfg_json *a = cfg_json_get(e, "args");
             const char *fields[] = {"op", "mesh_axes", "group_size", "dtype", "bytes_sent", "phase", "kind"};
             for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
-                if (!mesh_json_get(a, fields[f])) fail_msg("collective event without '%s'", fields[f]);
+                if (!cfg_json_get(a, fields[f])) fail_msg("collective event without '%s'", fields[f]);
             /* the name is the op and the tag */
-            const char *op = mesh_json_get(a, "op")->str, *name = mesh_json_get(e, "name")->str;
+            const char *op = cfg_json_get(a, "op")->str, *name = cfg_json_get(e, "name")->str;
             assert_true(!strncmp(name, op, strlen(op)) && name[strlen(op)] == ' ' && name[strlen(op) + 1]);
             collectives++;
         }
     }
     assert_int_equal(markers, 3); /* one per step */
     assert_true(collectives > 10);
-    mesh_json_free(t);
+    cfg_json_free(t);
     char path[512], line[1024];
     snprintf(path, sizeof path, "%s/collectives.csv", dir);
     FILE *f = fopen(path, "r");
@@ -274,21 +274,21 @@ static norms run_norms(double threshold)
     char line[2048];
     for (int s = 0; s < 2; s++) {
         assert_non_null(fgets(line, sizeof line, f));
-        mesh_json *j = NULL;
-        if (mesh_json_parse(line, strlen(line), "metrics_file", &j) != SIM_OK) fail_msg("%s", sim_errmsg());
-        n.file_gn[s] = mesh_json_get(j, "learning/grad_norm")->number;
-        n.file_raw[s] = mesh_json_get(j, "learning/raw_grad_norm")->number;
-        mesh_json_free(j);
+        cfg_json *j = NULL;
+        if (cfg_json_parse(line, strlen(line), "metrics_file", &j) != SIM_OK) fail_msg("%s", sim_errmsg());
+        n.file_gn[s] = cfg_json_get(j, "learning/grad_norm")->number;
+        n.file_raw[s] = cfg_json_get(j, "learning/raw_grad_norm")->number;
+        cfg_json_free(j);
     }
     fclose(f);
-    mesh_json *m = helper_read_json(dir, "metrics.json");
-    const mesh_json *steps = mesh_json_get(m, "steps");
+    cfg_json *m = helper_read_json(dir, "metrics.json");
+    const cfg_json *steps = cfg_json_get(m, "steps");
     assert_int_equal(steps->n, 2);
     for (int s = 0; s < 2; s++) {
-        n.json_gn[s] = mesh_json_get(&steps->items[s], "grad_norm")->number;
-        n.json_raw[s] = mesh_json_get(&steps->items[s], "raw_grad_norm")->number;
+        n.json_gn[s] = cfg_json_get(&steps->items[s], "grad_norm")->number;
+        n.json_raw[s] = cfg_json_get(&steps->items[s], "raw_grad_norm")->number;
     }
-    mesh_json_free(m);
+    cfg_json_free(m);
     snprintf(path, sizeof path, "rm -rf '%s'", dir);
     assert_int_equal(system(path), 0);
     return n;

@@ -41,9 +41,9 @@ static const char *cfgpath(const char *rel)
     return buf;
 }
 
-static const mesh_cfg_value *value(const mesh_cfg *c, const char *key)
+static const cfg_value *value(const cfg_config *c, const char *key)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(c, key);
+    const cfg_entry *e = cfg_find(c, key);
     if (!e) fail_msg("no key %s", key);
     return &e->value;
 }
@@ -52,33 +52,33 @@ static const mesh_cfg_value *value(const mesh_cfg *c, const char *key)
 static void test_default_and_files(void **state)
 {
     (void)state;
-    mesh_cfg *k = NULL;
-    if (mesh_cfg_load_file(cfgpath("keys.yml"), &k) != SIM_OK) fail_msg("%s", sim_errmsg());
-    const mesh_cfg_value *keys = value(k, "keys"), *line = NULL;
+    cfg_config *k = NULL;
+    if (cfg_load_file(cfgpath("keys.yml"), &k) != SIM_OK) fail_msg("%s", sim_errmsg());
+    const cfg_value *keys = value(k, "keys"), *line = NULL;
     for (int i = 0; i < keys->n; i++)
         if (!strcmp(keys->keys[i], "maxtext_release")) line = &keys->items[i];
     assert_non_null(line);
-    const mesh_cfg_value *def = NULL, *choices = NULL;
+    const cfg_value *def = NULL, *choices = NULL;
     for (int i = 0; i < line->n; i++) {
         if (!strcmp(line->keys[i], "default")) def = &line->items[i];
         if (!strcmp(line->keys[i], "choices")) choices = &line->items[i];
     }
     assert_non_null(def);
-    assert_string_equal(def->text, MESH_RELEASE_DEFAULT);
+    assert_string_equal(def->text, CFG_RELEASE_DEFAULT);
     assert_non_null(choices);
     assert_true(choices->n >= 2);
     for (int i = 0; i < choices->n; i++) {
-        const mesh_release *r;
-        if (mesh_release_get(cli_configs_dir(), choices->items[i].text, &r) != SIM_OK) fail_msg("%s", sim_errmsg());
-        assert_string_equal(mesh_release_maxtext(r), choices->items[i].text);
-        assert_true(strlen(mesh_release_jax(r)) > 0);
+        const cfg_release *r;
+        if (cfg_release_get(cli_configs_dir(), choices->items[i].text, &r) != SIM_OK) fail_msg("%s", sim_errmsg());
+        assert_string_equal(cfg_release_maxtext(r), choices->items[i].text);
+        assert_true(strlen(cfg_release_jax(r)) > 0);
     }
-    mesh_cfg_free(k);
+    cfg_free(k);
     /* a release without a file, or a path, is an input error listing the releases */
-    const mesh_release *r;
-    assert_int_equal(mesh_release_get(cli_configs_dir(), "0.1.0", &r), SIM_ERR_INPUT);
+    const cfg_release *r;
+    assert_int_equal(cfg_release_get(cli_configs_dir(), "0.1.0", &r), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "0.2.0, 0.2.5"));
-    assert_int_equal(mesh_release_get(cli_configs_dir(), "../keys", &r), SIM_ERR_INPUT);
+    assert_int_equal(cfg_release_get(cli_configs_dir(), "../keys", &r), SIM_ERR_INPUT);
     sim_err_clear();
 }
 
@@ -86,45 +86,45 @@ static void test_default_and_files(void **state)
 static void test_0_2_0_rules_are_its_base_yml(void **state)
 {
     (void)state;
-    mesh_cfg *mt = NULL, *ours = NULL;
-    if (mesh_cfg_load_file(ref("maxtext-0.2.0/configs/base.yml"), &mt) != SIM_OK) fail_msg("%s", sim_errmsg());
-    if (mesh_cfg_load_file(cfgpath("releases/0.2.0-rules.yml"), &ours) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_config *mt = NULL, *ours = NULL;
+    if (cfg_load_file(ref("maxtext-0.2.0/configs/base.yml"), &mt) != SIM_OK) fail_msg("%s", sim_errmsg());
+    if (cfg_load_file(cfgpath("releases/0.2.0-rules.yml"), &ours) != SIM_OK) fail_msg("%s", sim_errmsg());
     static const char *const keys[] = {"mesh_axes", "data_sharding", "logical_axis_rules"};
     for (int k = 0; k < 3; k++)
-        if (!mesh_cfg_value_equal(value(mt, keys[k]), value(ours, keys[k]))) fail_msg("%s differs", keys[k]);
+        if (!cfg_value_equal(value(mt, keys[k]), value(ours, keys[k]))) fail_msg("%s differs", keys[k]);
     assert_int_equal(value(ours, "logical_axis_rules")->n, 84);
-    mesh_cfg_free(mt);
-    mesh_cfg_free(ours);
+    cfg_free(mt);
+    cfg_free(ours);
 }
 
 /* unknown_keys: exactly the keys of keys.yml (MaxText's, not shardsim's own) that 0.2.0's base.yml lacks */
 static void test_0_2_0_unknown_keys(void **state)
 {
     (void)state;
-    mesh_cfg *mt = NULL, *k = NULL;
-    const mesh_release *r;
-    if (mesh_cfg_load_file(ref("maxtext-0.2.0/configs/base.yml"), &mt) != SIM_OK) fail_msg("%s", sim_errmsg());
-    if (mesh_cfg_load_file(cfgpath("keys.yml"), &k) != SIM_OK) fail_msg("%s", sim_errmsg());
-    if (mesh_release_get(cli_configs_dir(), "0.2.0", &r) != SIM_OK) fail_msg("%s", sim_errmsg());
-    const mesh_cfg_value *keys = value(k, "keys");
+    cfg_config *mt = NULL, *k = NULL;
+    const cfg_release *r;
+    if (cfg_load_file(ref("maxtext-0.2.0/configs/base.yml"), &mt) != SIM_OK) fail_msg("%s", sim_errmsg());
+    if (cfg_load_file(cfgpath("keys.yml"), &k) != SIM_OK) fail_msg("%s", sim_errmsg());
+    if (cfg_release_get(cli_configs_dir(), "0.2.0", &r) != SIM_OK) fail_msg("%s", sim_errmsg());
+    const cfg_value *keys = value(k, "keys");
     int lacking = 0;
     for (int i = 0; i < keys->n; i++) {
         const char *key = keys->keys[i];
         bool own = false;
         for (int j = 0; j < keys->items[i].n; j++)
             own |= !strcmp(keys->items[i].keys[j], "origin") && !strcmp(keys->items[i].items[j].text, "shardsim");
-        bool in_0_2_0 = mesh_cfg_find(mt, key) != NULL;
+        bool in_0_2_0 = cfg_find(mt, key) != NULL;
         if (own) {
-            assert_false(mesh_release_lacks_key(r, key));
+            assert_false(cfg_release_lacks_key(r, key));
             continue;
         }
-        if (mesh_release_lacks_key(r, key) == in_0_2_0) fail_msg("%s: in 0.2.0's base.yml %d, unknown_keys %d", key, in_0_2_0, !in_0_2_0);
+        if (cfg_release_lacks_key(r, key) == in_0_2_0) fail_msg("%s: in 0.2.0's base.yml %d, unknown_keys %d", key, in_0_2_0, !in_0_2_0);
         lacking += !in_0_2_0;
     }
     assert_true(lacking > 200); /* custom_mesh_and_rule, check_vma, pipeline_fsdp_ag_per_repeat, ... */
-    assert_true(mesh_release_lacks_key(r, "custom_mesh_and_rule"));
-    mesh_cfg_free(mt);
-    mesh_cfg_free(k);
+    assert_true(cfg_release_lacks_key(r, "custom_mesh_and_rule"));
+    cfg_free(mt);
+    cfg_free(k);
 }
 
 #define TINY                                                                                                   \
@@ -204,8 +204,8 @@ static void test_logical_names(void **state)
     (void)state;
     const char *o[] = {"maxtext_release=0.2.0", "num_devices=8", "ici_fsdp_parallelism=2",
                        "ici_expert_parallelism=2", "ici_tensor_transpose_parallelism=2"};
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv(cli_base_config(), 5, o, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_config *cfg = NULL;
+    if (cfg_load_argv(cli_base_config(), 5, o, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
     mesh_shape m;
     mesh_rules r;
     if (mesh_shape_from_config(cfg, &m) != SIM_OK) fail_msg("%s", sim_errmsg());
@@ -220,7 +220,7 @@ static void test_logical_names(void **state)
     resolve1(&r, &m, "embed_moe", got, sizeof got); /* embed_no_exp: [fsdp, fsdp_transpose, sequence, tensor_transpose, context] */
     assert_string_equal(got, "fsdp,tensor_transpose");
     mesh_rules_free(&r);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 /* parity across releases: seed 002's explicit FSDP+PP (a small Llama) traces and trains under 0.2.0

@@ -103,7 +103,7 @@ static int teardown(void **state)
 
 /* Splits "k1=v1_k2=v2" into overrides; a key boundary is the '_' after which
  * the text up to the next '=' is a known config key. */
-static void split_overrides(const mesh_cfg *base, const char *s, char ovr[][OVR_CAP], int *n)
+static void split_overrides(const cfg_config *base, const char *s, char ovr[][OVR_CAP], int *n)
 {
     size_t len = strlen(s), key_start = 0;
     while (key_start < len) {
@@ -119,7 +119,7 @@ static void split_overrides(const mesh_cfg *base, const char *s, char ovr[][OVR_
                 if (s[p] != '_') continue;
                 char key[256];
                 snprintf(key, sizeof key, "%.*s", (int)(ne - p - 1), s + p + 1);
-                if (mesh_cfg_find(base, key)) {
+                if (cfg_find(base, key)) {
                     value_end = p;
                     next_key = p + 1;
                     found = 1;
@@ -137,19 +137,19 @@ static void split_overrides(const mesh_cfg *base, const char *s, char ovr[][OVR_
 /* ---- helpers ------------------------------------------------------------- */
 
 /* Compact JSON of a partition_spec list, to compare the dump form exactly. */
-static void json_compact(const mesh_json *v, char *buf, size_t cap)
+static void json_compact(const cfg_json *v, char *buf, size_t cap)
 {
     size_t k = strlen(buf);
-    if (v->kind == MESH_JSON_NULL) snprintf(buf + k, cap - k, "null");
-    else if (v->kind == MESH_JSON_STRING) snprintf(buf + k, cap - k, "\"%s\"", v->str);
-    else if (v->kind == MESH_JSON_ARRAY) {
+    if (v->kind == CFG_JSON_NULL) snprintf(buf + k, cap - k, "null");
+    else if (v->kind == CFG_JSON_STRING) snprintf(buf + k, cap - k, "\"%s\"", v->str);
+    else if (v->kind == CFG_JSON_ARRAY) {
         snprintf(buf + k, cap - k, "[");
         for (int i = 0; i < v->n; i++) {
             if (i) snprintf(buf + strlen(buf), cap - strlen(buf), ", ");
             json_compact(&v->items[i], buf, cap);
         }
         snprintf(buf + strlen(buf), cap - strlen(buf), "]");
-    } else fail_msg("unexpected %s in a partition_spec", mesh_json_kind_name(v->kind));
+    } else fail_msg("unexpected %s in a partition_spec", cfg_json_kind_name(v->kind));
 }
 
 /* Python tuple repr of logical names: "('a', 'b', None)" or "('a',)". */
@@ -194,16 +194,16 @@ static int parse_shape(const char *key, int64_t *shape)
     return n;
 }
 
-static void check_mesh(const mesh_json *jm, const mesh_shape *m, const char *where)
+static void check_mesh(const cfg_json *jm, const mesh_shape *m, const char *where)
 {
-    const mesh_json *names = mesh_json_get(jm, "axis_names"), *shape = mesh_json_get(jm, "shape");
+    const cfg_json *names = cfg_json_get(jm, "axis_names"), *shape = cfg_json_get(jm, "shape");
     assert_non_null(names);
     assert_non_null(shape);
     char built[512];
     mesh_shape_format(m, built, sizeof built);
     if (names->n != m->n_axes) fail_msg("%s: dump mesh has %d axes, built mesh %s", where, names->n, built);
     for (int i = 0; i < m->n_axes; i++) {
-        const mesh_json *sz = mesh_json_get(shape, m->names[i]);
+        const cfg_json *sz = cfg_json_get(shape, m->names[i]);
         if (strcmp(names->items[i].str, m->names[i]) != 0 || !sz || (int)sz->number != m->sizes[i])
             fail_msg("%s: dump mesh axis %d is %s=%d, built mesh %s", where, i, names->items[i].str,
                      sz ? (int)sz->number : -1, built);
@@ -212,7 +212,7 @@ static void check_mesh(const mesh_json *jm, const mesh_shape *m, const char *whe
 
 /* ---- the test ----------------------------------------------------------- */
 
-static void check_directory(const mesh_cfg *base, const char *dir)
+static void check_directory(const cfg_config *base, const char *dir)
 {
     const char *rel = dir + strlen(goldens_root) + 1;
     char model[256], topo[256], slice[256], rule[512];
@@ -252,37 +252,37 @@ static void check_directory(const mesh_cfg *base, const char *dir)
     const char *ovr_ptrs[MAX_OVR];
     for (int i = 0; i < n_ovr; i++) ovr_ptrs[i] = ovr[i];
 
-    mesh_cfg_args args = {NULL, NULL, NULL, 0, ovr_ptrs, n_ovr};
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load(&args, &cfg) != SIM_OK) fail_msg("%s: config: %s", rel, sim_errmsg());
+    cfg_args args = {NULL, NULL, NULL, 0, ovr_ptrs, n_ovr};
+    cfg_config *cfg = NULL;
+    if (cfg_load(&args, &cfg) != SIM_OK) fail_msg("%s: config: %s", rel, sim_errmsg());
     mesh_shape m;
     if (mesh_shape_from_config(cfg, &m) != SIM_OK) fail_msg("%s: mesh: %s", rel, sim_errmsg());
     mesh_rules rules;
     if (mesh_rules_from_config(cfg, &rules) != SIM_OK) fail_msg("%s: rules: %s", rel, sim_errmsg());
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 
     /* parameters and optimizer state */
-    mesh_json *named = helper_read_json(dir, "named_shardings.json");
-    mesh_json *logical = helper_read_json(dir, "logical_shardings.json");
-    assert_int_equal(named->kind, MESH_JSON_OBJECT);
-    assert_int_equal(logical->kind, MESH_JSON_OBJECT);
+    cfg_json *named = helper_read_json(dir, "named_shardings.json");
+    cfg_json *logical = helper_read_json(dir, "logical_shardings.json");
+    assert_int_equal(named->kind, CFG_JSON_OBJECT);
+    assert_int_equal(logical->kind, CFG_JSON_OBJECT);
     if (named->n != logical->n) fail_msg("%s: %d named vs %d logical entries", rel, named->n, logical->n);
     int n_named = 0;
     for (int i = 0; i < logical->n; i++) {
         const char *key = logical->keys[i];
-        const mesh_json *lp = mesh_json_get(&logical->items[i], "partition_spec");
-        const mesh_json *ls = mesh_json_get(&logical->items[i], "shape");
-        const mesh_json *ne = mesh_json_get(named, key);
+        const cfg_json *lp = cfg_json_get(&logical->items[i], "partition_spec");
+        const cfg_json *ls = cfg_json_get(&logical->items[i], "shape");
+        const cfg_json *ne = cfg_json_get(named, key);
         if (!ne) fail_msg("%s: key %s missing from named_shardings.json", rel, key);
-        check_mesh(mesh_json_get(ne, "mesh"), &m, key);
-        const mesh_json *np = mesh_json_get(ne, "partition_spec");
+        check_mesh(cfg_json_get(ne, "mesh"), &m, key);
+        const cfg_json *np = cfg_json_get(ne, "partition_spec");
         assert_non_null(lp);
         assert_non_null(np);
         char names_buf[MESH_SPEC_MAX_RANK][128];
         const char *names[MESH_SPEC_MAX_RANK];
         assert_true(lp->n <= MESH_SPEC_MAX_RANK);
         for (int d = 0; d < lp->n; d++) {
-            if (lp->items[d].kind == MESH_JSON_NULL) names[d] = NULL;
+            if (lp->items[d].kind == CFG_JSON_NULL) names[d] = NULL;
             else {
                 snprintf(names_buf[d], 128, "%s", lp->items[d].str);
                 names[d] = names_buf[d];
@@ -306,21 +306,21 @@ static void check_directory(const mesh_cfg *base, const char *dir)
             fail_msg("%s: %s", rel, sim_errmsg());
         n_named++;
     }
-    mesh_json_free(named);
-    mesh_json_free(logical);
+    cfg_json_free(named);
+    cfg_json_free(logical);
 
     /* activations */
-    mesh_json *input = helper_read_json(dir, "input_shardings.json");
-    const mesh_json *dump = mesh_json_get(input, "Activation Sharding Dump");
+    cfg_json *input = helper_read_json(dir, "input_shardings.json");
+    const cfg_json *dump = cfg_json_get(input, "Activation Sharding Dump");
     assert_non_null(dump);
     int n_act = 0, n_unknown = 0;
     for (int i = 0; i < dump->n; i++) {
-        const mesh_json *entry = &dump->items[i];
-        assert_int_equal(entry->kind, MESH_JSON_OBJECT);
+        const cfg_json *entry = &dump->items[i];
+        assert_int_equal(entry->kind, CFG_JSON_OBJECT);
         assert_int_equal(entry->n, 1);
         const char *key = entry->keys[0];
-        const mesh_json *la = mesh_json_get(&entry->items[0], "logic_axes");
-        const mesh_json *ps = mesh_json_get(&entry->items[0], "PartitionSpec");
+        const cfg_json *la = cfg_json_get(&entry->items[0], "logic_axes");
+        const cfg_json *ps = cfg_json_get(&entry->items[0], "PartitionSpec");
         assert_non_null(la);
         assert_non_null(ps);
         /* the golden text itself parses and prints back unchanged */
@@ -347,7 +347,7 @@ static void check_directory(const mesh_cfg *base, const char *dir)
             fail_msg("%s: %s", rel, sim_errmsg());
         n_act++;
     }
-    mesh_json_free(input);
+    cfg_json_free(input);
     mesh_rules_free(&rules);
 
     char mdesc[512];
@@ -361,11 +361,11 @@ static void test_goldens(void **state)
 {
     (void)state;
     if (n_dirs == 0) fail_msg("no golden directories under %s", goldens_root);
-    mesh_cfg_args args = {NULL, NULL, NULL, 0, NULL, 0};
-    mesh_cfg *base = NULL;
-    if (mesh_cfg_load(&args, &base) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_args args = {NULL, NULL, NULL, 0, NULL, 0};
+    cfg_config *base = NULL;
+    if (cfg_load(&args, &base) != SIM_OK) fail_msg("%s", sim_errmsg());
     for (int i = 0; i < n_dirs; i++) check_directory(base, dirs[i]);
-    mesh_cfg_free(base);
+    cfg_free(base);
     printf("%d golden directories checked\n", n_dirs);
 }
 
@@ -373,9 +373,9 @@ static void test_goldens(void **state)
 static void test_override_split(void **state)
 {
     (void)state;
-    mesh_cfg_args args = {NULL, NULL, NULL, 0, NULL, 0};
-    mesh_cfg *base = NULL;
-    assert_int_equal(mesh_cfg_load(&args, &base), SIM_OK);
+    cfg_args args = {NULL, NULL, NULL, 0, NULL, 0};
+    cfg_config *base = NULL;
+    assert_int_equal(cfg_load(&args, &base), SIM_OK);
     char ovr[MAX_OVR][OVR_CAP];
     int n = 0;
     split_overrides(base, "ici_fsdp_parallelism=-1_ici_expert_parallelism=2_use_ring_of_experts=true", ovr, &n);
@@ -388,7 +388,7 @@ static void test_override_split(void **state)
     assert_int_equal(n, 2);
     assert_string_equal(ovr[0], "run_name=a_b");
     assert_string_equal(ovr[1], "steps=3");
-    mesh_cfg_free(base);
+    cfg_free(base);
 }
 
 int main(void)

@@ -215,9 +215,9 @@ static void test_resolve_errors(void **state)
                          "logical_axis_rules=[a]"};
     for (int i = 0; i < 3; i++) {
         const char *o[] = {bad[i], "override_logical_axis_rules=true"};
-        mesh_cfg_args args = {NULL, NULL, NULL, 0, o, 2};
-        mesh_cfg *cfg = NULL;
-        assert_int_equal(mesh_cfg_load(&args, &cfg), SIM_ERR_INPUT);
+        cfg_args args = {NULL, NULL, NULL, 0, o, 2};
+        cfg_config *cfg = NULL;
+        assert_int_equal(cfg_load(&args, &cfg), SIM_ERR_INPUT);
         assert_contains(sim_errmsg(), "command line");
     }
 }
@@ -226,9 +226,9 @@ static void test_resolve_errors(void **state)
 static void test_facts_examples(void **state)
 {
     (void)state;
-    mesh_cfg_args args = {NULL, NULL, NULL, 0, NULL, 0};
-    mesh_cfg *cfg = NULL;
-    assert_int_equal(mesh_cfg_load(&args, &cfg), SIM_OK);
+    cfg_args args = {NULL, NULL, NULL, 0, NULL, 0};
+    cfg_config *cfg = NULL;
+    assert_int_equal(cfg_load(&args, &cfg), SIM_OK);
     mesh_rules r;
     assert_int_equal(mesh_rules_from_config(cfg, &r), SIM_OK);
     assert_int_equal(r.n, 80);
@@ -237,7 +237,7 @@ static void test_facts_examples(void **state)
     assert_string_equal(r.rules[38].axes[0], "expert");
     assert_int_equal(r.rules[0].n_axes, 0); /* circular_repeats -> [] */
     assert_contains(r.rules[0].where, "configs/base.yml:");
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 
     const char *all12 = "diloco=1 data=1 stage=1 fsdp=16 fsdp_transpose=1 context=1 context_usp_ulysses=1 "
                         "context_autoregressive=1 tensor=1 tensor_sequence=1 expert=1 autoregressive=1";

@@ -103,8 +103,8 @@ static void test_from_config(void **state)
 {
     (void)state;
     const char *words[] = {"num_devices=8", "ici_tensor_parallelism=2", "ici_pipeline_parallelism=2"};
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv("configs/base.yml", 3, words, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_config *cfg = NULL;
+    if (cfg_load_argv("configs/base.yml", 3, words, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
     mesh_shape m;
     if (mesh_shape_from_config(cfg, &m) != SIM_OK) fail_msg("%s", sim_errmsg());
     assert_int_equal(m.num_devices, 8);
@@ -116,7 +116,7 @@ static void test_from_config(void **state)
     assert_int_equal(product, 8);
     assert_string_equal(mesh_shape_flag_stem("stage"), "pipeline");
     assert_string_equal(mesh_shape_flag_stem("fsdp"), "fsdp");
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 int main(void)

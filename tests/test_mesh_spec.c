@@ -19,12 +19,12 @@
 /* configs_dir NULL: configs/ with its key contract (configs/keys.yml). */
 static sim_status mesh_from_overrides_in(const char *configs_dir, int n, const char *const *ovr, mesh_shape *m)
 {
-    mesh_cfg_args a = {NULL, configs_dir, NULL, 0, ovr, n};
-    mesh_cfg *cfg = NULL;
-    sim_status st = mesh_cfg_load(&a, &cfg);
+    cfg_args a = {NULL, configs_dir, NULL, 0, ovr, n};
+    cfg_config *cfg = NULL;
+    sim_status st = cfg_load(&a, &cfg);
     if (st != SIM_OK) fail_msg("config: %s", sim_errmsg());
     st = mesh_shape_from_config(cfg, m);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return st;
 }
 
@@ -121,9 +121,9 @@ static void test_mesh_errors(void **state)
 static void test_mesh_dcn_needs_slices(void **state)
 {
     (void)state;
-    mesh_cfg_args a = {NULL, NULL, NULL, 0, NULL, 0};
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load(&a, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    cfg_args a = {NULL, NULL, NULL, 0, NULL, 0};
+    cfg_config *cfg = NULL;
+    if (cfg_load(&a, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     int checked = 0;
     for (int i = 0; i < cfg->n; i++) {
         const char *key = cfg->entries[i].key;
@@ -149,7 +149,7 @@ static void test_mesh_dcn_needs_slices(void **state)
         assert_int_equal(m.num_slices, 2);
         checked++;
     }
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     assert_true(checked >= 14); /* MaxText's 12 in its product, diloco, shardsim's tensor_transpose */
 }
 
@@ -283,53 +283,53 @@ static void test_spec_json(void **state)
     char buf[256];
     mesh_spec_format_json(&s, &m, buf, sizeof buf);
     assert_string_equal(buf, "[\"fsdp\", null, [\"data\", \"expert\"]]");
-    mesh_json *j;
-    assert_int_equal(mesh_json_parse(buf, strlen(buf), "test", &j), SIM_OK);
+    cfg_json *j;
+    assert_int_equal(cfg_json_parse(buf, strlen(buf), "test", &j), SIM_OK);
     mesh_spec t;
     assert_int_equal(mesh_spec_from_json(j, &m, "test", &t), SIM_OK);
     assert_true(mesh_spec_equal(&s, &t));
-    mesh_json_free(j);
+    cfg_json_free(j);
     /* rank 0, a one-axis list, an unknown axis */
     mesh_spec_init(&s, 0);
     mesh_spec_format_json(&s, &m, buf, sizeof buf);
     assert_string_equal(buf, "[]");
     const char *txt = "[[\"fsdp\"], []]";
-    assert_int_equal(mesh_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
+    assert_int_equal(cfg_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
     assert_int_equal(mesh_spec_from_json(j, &m, "t", &t), SIM_OK);
     mesh_spec_format(&t, &m, buf, sizeof buf);
     assert_string_equal(buf, "P('fsdp', None)");
-    mesh_json_free(j);
+    cfg_json_free(j);
     txt = "[\"stage\"]";
-    assert_int_equal(mesh_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
+    assert_int_equal(cfg_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
     assert_int_equal(mesh_spec_from_json(j, &m, "t", &t), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "'stage' is not a mesh axis");
-    mesh_json_free(j);
+    cfg_json_free(j);
     /* JSON reader: escapes, numbers, errors with line numbers */
     txt = "{\"a\\u00e9\\n\": [1, -2.5e3, true, false, null], \"b\": {}}";
-    assert_int_equal(mesh_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
+    assert_int_equal(cfg_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
     assert_string_equal(j->keys[0], "a\xc3\xa9\n");
-    const mesh_json *arr = mesh_json_get(j, "a\xc3\xa9\n");
+    const cfg_json *arr = cfg_json_get(j, "a\xc3\xa9\n");
     assert_int_equal(arr->n, 5);
     assert_true(arr->items[1].number == -2500.0);
     assert_int_equal(arr->items[2].boolean, 1);
-    assert_int_equal(arr->items[4].kind, MESH_JSON_NULL);
-    assert_int_equal(mesh_json_get(j, "b")->kind, MESH_JSON_OBJECT);
-    mesh_json_free(j);
+    assert_int_equal(arr->items[4].kind, CFG_JSON_NULL);
+    assert_int_equal(cfg_json_get(j, "b")->kind, CFG_JSON_OBJECT);
+    cfg_json_free(j);
     txt = "{\n\"a\": [1, 2,]\n}";
-    assert_int_equal(mesh_json_parse(txt, strlen(txt), "bad.json", &j), SIM_ERR_INPUT);
+    assert_int_equal(cfg_json_parse(txt, strlen(txt), "bad.json", &j), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "bad.json:2:");
     /* duplicate keys are refused (a header must not say two things about one name) */
     txt = "{\"a\": 1, \"a\": 2}";
-    assert_int_equal(mesh_json_parse(txt, strlen(txt), "dup.json", &j), SIM_ERR_INPUT);
+    assert_int_equal(cfg_json_parse(txt, strlen(txt), "dup.json", &j), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "dup.json:");
     assert_contains(sim_errmsg(), "duplicate");
     /* integers keep their exact value beyond 2^53 */
     txt = "[9007199254740993, 1.5]";
-    assert_int_equal(mesh_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
+    assert_int_equal(cfg_json_parse(txt, strlen(txt), "t", &j), SIM_OK);
     assert_true(j->items[0].is_integer);
     assert_true(j->items[0].integer == 9007199254740993LL);
     assert_false(j->items[1].is_integer);
-    mesh_json_free(j);
+    cfg_json_free(j);
 }
 
 /* ---- geometry ----------------------------------------------------------- */

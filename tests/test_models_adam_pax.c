@@ -25,11 +25,11 @@
 #include "models/optimizers/optim.h"
 #include "tests/model_run.h"
 
-static mesh_cfg *load_cfg(int n, const char *const *ovr)
+static cfg_config *load_cfg(int n, const char *const *ovr)
 {
-    mesh_cfg_args a = {NULL, NULL, NULL, 0, ovr, n};
-    mesh_cfg *cfg;
-    if (mesh_cfg_load(&a, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    cfg_args a = {NULL, NULL, NULL, 0, ovr, n};
+    cfg_config *cfg;
+    if (cfg_load(&a, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     return cfg;
 }
 
@@ -132,7 +132,7 @@ static double decay_at(double beta, int s) { return beta * (1.0 - pow(beta, s)) 
 static void test_update_reference(void **state)
 {
     (void)state;
-    mesh_cfg *cfg = load_cfg((int)(sizeof REF_CFG / sizeof *REF_CFG), REF_CFG);
+    cfg_config *cfg = load_cfg((int)(sizeof REF_CFG / sizeof *REF_CFG), REF_CFG);
     ref_job *j = calloc(1, sizeof *j);
     if (model_optim_from_config(cfg, &j->o) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
     assert_ptr_equal(j->o.row, model_optimizer_find("adam_pax"));
@@ -143,7 +143,7 @@ static void test_update_reference(void **state)
     j->defs[0] = k, j->defs[1] = nrm;
     const model_optimizer *row;
     if (model_opt_define(cfg, j->defs, NP, &row, j->pp) != SIM_OK) fail_msg("define: %s", sim_errmsg());
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     assert_ptr_equal(row, j->o.row);
     assert_int_equal(j->pp[0].n_slots, 2);
     assert_true(j->pp[0].decay);  /* "decoder/layers/mlp/wi_0/kernel" matches no pattern */
@@ -317,8 +317,8 @@ static void test_dump_tree(void **state)
     fclose(devnull);
     assert_int_equal(rc, 0);
     snprintf(file, sizeof file, "%s/named_shardings.json", tmp);
-    mesh_json *root;
-    if (mesh_json_read_file(file, &root) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_json *root;
+    if (cfg_json_read_file(file, &root) != SIM_OK) fail_msg("%s", sim_errmsg());
     for (const char *f = "named_shardings.json logical_shardings.json input_shardings.json shardings.json"; *f;) {
         size_t len = strcspn(f, " ");
         snprintf(file, sizeof file, "%s/%.*s", tmp, (int)len, f);
@@ -329,7 +329,7 @@ static void test_dump_tree(void **state)
 
     /* the expected keys, from the parameter paths: .step, the parameters, then optax's
      * ScaleByAdamState(count, mu, nu) as a NamedTuple flattens (fields in order, no chain index) */
-    mesh_cfg *cfg;
+    cfg_config *cfg;
     model_def *def = model_run_load(TINY, (int)(sizeof TINY / sizeof *TINY), ROWS, (const char *[]){"ici_fsdp_parallelism=4"},
                                     1, 4, 1, &cfg);
     int n = def->nparams;
@@ -347,7 +347,7 @@ static void test_dump_tree(void **state)
     snprintf(want[nk++], 600, ".opt_state/.count");
     for (int i = 0; i < n; i++) snprintf(want[nk++], 600, ".opt_state/.mu/['params']%s", rel[i]);
     for (int i = 0; i < n; i++) snprintf(want[nk++], 600, ".opt_state/.nu/['params']%s", rel[i]);
-    assert_int_equal(root->kind, MESH_JSON_OBJECT);
+    assert_int_equal(root->kind, CFG_JSON_OBJECT);
     if (root->n != nk) fail_msg("named_shardings.json has %d leaves, optax's tree %d", root->n, nk);
     for (int i = 0; i < nk; i++) {
         if (strcmp(root->keys[i], want[i])) fail_msg("leaf %d: '%s', expected '%s'", i, root->keys[i], want[i]);
@@ -355,19 +355,19 @@ static void test_dump_tree(void **state)
         if (!strncmp(want[i], ".opt_state/.mu", 14) || !strncmp(want[i], ".opt_state/.nu", 14)) {
             char pk[600];
             snprintf(pk, sizeof pk, ".params/['params']%s", want[i] + strlen(".opt_state/.mu/['params']"));
-            const mesh_json *a = mesh_json_get(mesh_json_get(root, want[i]), "partition_spec"),
-                            *b = mesh_json_get(mesh_json_get(root, pk), "partition_spec");
+            const cfg_json *a = cfg_json_get(cfg_json_get(root, want[i]), "partition_spec"),
+                            *b = cfg_json_get(cfg_json_get(root, pk), "partition_spec");
             assert_non_null(a);
             assert_non_null(b);
-            if (!mesh_json_equal(a, b)) fail_msg("%s: partition_spec differs from its parameter's", want[i]);
+            if (!cfg_json_equal(a, b)) fail_msg("%s: partition_spec differs from its parameter's", want[i]);
         }
     }
     for (int i = 0; i < n; i++) free(rel[i]);
     free(rel);
     free(want);
-    mesh_json_free(root);
+    cfg_json_free(root);
     model_run_unload(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 int main(void)

@@ -53,14 +53,14 @@ static sim_status define(const char *const *extra, int n_extra)
     for (int i = 0; i < NBASE; i++) argv[argc++] = BASE[i];
     argv[argc++] = "per_device_batch_size=2";
     for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg = NULL;
-    sim_status st = mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg);
+    cfg_config *cfg = NULL;
+    sim_status st = cfg_load_argv("configs/base.yml", argc, argv, &cfg);
     if (st != SIM_OK) return st;
     model_def *def = calloc(1, sizeof *def);
     st = model_def_from_config(cfg, def);
     if (st == SIM_OK) model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return st;
 }
 
@@ -311,8 +311,8 @@ static void test_full_size_dry(void **state)
     const char *argv[] = {"model_name=deepseek3-671b-batchsplit", "batch_split_factor=2", "dry_run=true",
                           "ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "per_device_batch_size=2",
                           "steps=1", "sharding_tolerance=1", "max_target_length=1024", "dtype=bfloat16"};
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv("configs/base.yml", 10, argv, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_config *cfg = NULL;
+    if (cfg_load_argv("configs/base.yml", 10, argv, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("%s", sim_errmsg());
     assert_int_equal(def->mesh.num_devices, 8);

@@ -23,13 +23,14 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "config/config.h"
+#include "config/models.h"
 #include "models/core/model.h"
 #include "tests/cli_capture.h"
 
-static mesh_cfg *base_config(void)
+static cfg_config *base_config(void)
 {
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv(cli_base_config(), 0, NULL, &cfg) != SIM_OK) fail_msg("base config: %s", sim_errmsg());
+    cfg_config *cfg = NULL;
+    if (cfg_load_argv(cli_base_config(), 0, NULL, &cfg) != SIM_OK) fail_msg("base config: %s", sim_errmsg());
     return cfg;
 }
 
@@ -44,7 +45,7 @@ static cli_capture dry_run(const char *name, const char *extra)
 }
 
 /* The key=value a refusal asks to set ("...; set batch_split_factor=2"), into buf; 0 if none. */
-static int asked_setting(const char *msg, const mesh_cfg *cfg, char *buf, size_t cap)
+static int asked_setting(const char *msg, const cfg_config *cfg, char *buf, size_t cap)
 {
     const char *s = strstr(msg, "set ");
     while (s) {
@@ -55,7 +56,7 @@ static int asked_setting(const char *msg, const mesh_cfg *cfg, char *buf, size_t
             if (n < cap) {
                 snprintf(buf, cap, "%.*s", (int)n, k);
                 buf[eq - k] = '\0';
-                int known = mesh_cfg_find(cfg, buf) != NULL;
+                int known = cfg_find(cfg, buf) != NULL;
                 snprintf(buf, cap, "%.*s", (int)n, k);
                 if (known) return 1;
             }
@@ -68,10 +69,10 @@ static int asked_setting(const char *msg, const mesh_cfg *cfg, char *buf, size_t
 /* The file sets `key` (its own line "key:"). */
 static int file_sets(const char *file, const char *key)
 {
-    mesh_cfg *raw = NULL;
-    if (mesh_cfg_load_file(file, &raw) != SIM_OK) fail_msg("%s: %s", file, sim_errmsg());
-    int found = mesh_cfg_find(raw, key) != NULL;
-    mesh_cfg_free(raw);
+    cfg_config *raw = NULL;
+    if (cfg_load_file(file, &raw) != SIM_OK) fail_msg("%s: %s", file, sim_errmsg());
+    int found = cfg_find(raw, key) != NULL;
+    cfg_free(raw);
     return found;
 }
 
@@ -80,10 +81,10 @@ enum { MAX_BLOCKS = 64 };
 static void test_every_model_file(void **state)
 {
     (void)state;
-    mesh_cfg *cfg = base_config();
-    mesh_model_file *m = NULL;
+    cfg_config *cfg = base_config();
+    cfg_model_file *m = NULL;
     int n = 0;
-    assert_int_equal(mesh_cfg_model_files(cfg, &m, &n), SIM_OK);
+    assert_int_equal(cfg_model_files(cfg, &m, &n), SIM_OK);
     assert_true(n > 0);
     const char *blocks[MAX_BLOCKS];
     int runs[MAX_BLOCKS] = {0}, by_key[MAX_BLOCKS] = {0}, by_block[MAX_BLOCKS] = {0}, nb = 0;
@@ -96,7 +97,7 @@ static void test_every_model_file(void **state)
             blocks[nb++] = m[i].block;
         }
         cli_capture r = dry_run(m[i].name, NULL);
-        if (!mesh_cfg_block_simulated(cfg, m[i].block)) {
+        if (!cfg_block_simulated(cfg, m[i].block)) {
             /* refused by its block: the model, the block, the simulated blocks */
             char want[300];
             snprintf(want, sizeof want, "model_name=%s is refused", m[i].name);
@@ -131,7 +132,7 @@ static void test_every_model_file(void **state)
             while (k && k > r.err && k[-1] != ' ') k--;
             char key[100] = "";
             if (k) snprintf(key, sizeof key, "%.*s", (int)strcspn(k, "="), k);
-            if (!eq || !*key || !mesh_cfg_find(cfg, key) || !file_sets(m[i].file, key))
+            if (!eq || !*key || !cfg_find(cfg, key) || !file_sets(m[i].file, key))
                 fail_msg("%s: refused without naming a key the model file sets: %s", m[i].name, r.err);
             printf("  %-28s %-9s refused by %s, which the model file sets\n", m[i].name, m[i].block, key);
         }
@@ -151,8 +152,8 @@ static void test_every_model_file(void **state)
         if (!strcmp(blocks[b], "deepseek")) deepseek = runs[b];
     }
     assert_true(llama > 0 && deepseek > 0);
-    mesh_model_files_free(m, n);
-    mesh_cfg_free(cfg);
+    cfg_model_files_free(m, n);
+    cfg_free(cfg);
 }
 
 /* `shardsim models` names every file once with its block, and says "simulated" exactly for the
@@ -160,10 +161,10 @@ static void test_every_model_file(void **state)
 static void test_models_command(void **state)
 {
     (void)state;
-    mesh_cfg *cfg = base_config();
-    mesh_model_file *m = NULL;
+    cfg_config *cfg = base_config();
+    cfg_model_file *m = NULL;
     int n = 0;
-    assert_int_equal(mesh_cfg_model_files(cfg, &m, &n), SIM_OK);
+    assert_int_equal(cfg_model_files(cfg, &m, &n), SIM_OK);
     cli_capture r = cli_capture_run(cli_models, 0, NULL);
     assert_int_equal(r.rc, 0);
     for (int i = 0; i < n; i++) {
@@ -177,7 +178,7 @@ static void test_models_command(void **state)
         snprintf(row, sizeof row, "%.*s", (int)(len < sizeof row ? len : sizeof row - 1), at + 1);
         assert_non_null(strstr(row, m[i].block));
         int simulated = strstr(row, " simulated") != NULL && !strstr(row, "refused");
-        if (!mesh_cfg_block_simulated(cfg, m[i].block)) assert_non_null(strstr(row, "refused: block not simulated"));
+        if (!cfg_block_simulated(cfg, m[i].block)) assert_non_null(strstr(row, "refused: block not simulated"));
         if (simulated) {
             cli_capture d = dry_run(m[i].name, NULL);
             if (d.rc != 0) fail_msg("shardsim models says %s is simulated, but its dry run exits %d: %s", m[i].name,
@@ -196,8 +197,8 @@ static void test_models_command(void **state)
     assert_null(strstr(r.out, " llama2 "));
     assert_non_null(strstr(r.out, "deepseek3-671b "));
     cli_capture_free(&r);
-    mesh_model_files_free(m, n);
-    mesh_cfg_free(cfg);
+    cfg_model_files_free(m, n);
+    cfg_free(cfg);
 }
 
 /* An unknown name lists the names by block (never "no model file"); the -Instruct names read the
@@ -218,12 +219,12 @@ static void test_names(void **state)
     assert_non_null(strstr(r.err, "llama2 (simulated): "));
     assert_non_null(strstr(r.err, "llama3.1-8b"));
     cli_capture_free(&r);
-    mesh_cfg *cfg = base_config();
-    mesh_model_file *m = NULL;
+    cfg_config *cfg = base_config();
+    cfg_model_file *m = NULL;
     int n = 0;
-    assert_int_equal(mesh_cfg_model_files(cfg, &m, &n), SIM_OK);
+    assert_int_equal(cfg_model_files(cfg, &m, &n), SIM_OK);
     for (int i = 0; i < n; i++)
-        if (!mesh_cfg_block_simulated(cfg, m[i].block)) {
+        if (!cfg_block_simulated(cfg, m[i].block)) {
             const char *argv[] = {m[i].file, "dry_run=true"};
             r = cli_capture_run(cli_train, 2, argv);
             char want[300];
@@ -232,8 +233,8 @@ static void test_names(void **state)
             cli_capture_free(&r);
             break;
         }
-    mesh_model_files_free(m, n);
-    mesh_cfg_free(cfg);
+    cfg_model_files_free(m, n);
+    cfg_free(cfg);
 }
 
 /* MaxText's attentions.py gives LLaMARotaryEmbedding to every llama3.1* model name (its -Instruct
@@ -256,8 +257,8 @@ static void test_llama31_rope_by_name(void **state)
         int argc = 0;
         const char *argv[4];
         for (int k = 0; k < 3 && cases[c].words[k]; k++) argv[argc++] = cases[c].words[k];
-        mesh_cfg *cfg = NULL;
-        if (mesh_cfg_load_argv(cli_base_config(), argc, argv, &cfg) != SIM_OK) fail_msg("%s: %s", argv[0], sim_errmsg());
+        cfg_config *cfg = NULL;
+        if (cfg_load_argv(cli_base_config(), argc, argv, &cfg) != SIM_OK) fail_msg("%s: %s", argv[0], sim_errmsg());
         model_def *def = calloc(1, sizeof *def);
         assert_non_null(def);
         if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("%s: %s", argv[0], sim_errmsg());
@@ -265,7 +266,7 @@ static void test_llama31_rope_by_name(void **state)
         assert_int_equal(def->d.rope_use_scale, argc == 1 || strcmp(argv[1], "rope_use_scale=false"));
         model_def_free(def);
         free(def);
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
     }
 }
 

@@ -277,12 +277,12 @@ static void test_file_is_safetensors(void **state)
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | b[i];
     assert_int_equal(hl % 8, 0);
     assert_true(b[8] == '{');
-    mesh_json *root;
-    if (mesh_json_parse((const char *)b + 8, hl, file, &root) != SIM_OK) fail_msg("%s", sim_errmsg());
-    assert_int_equal(root->kind, MESH_JSON_OBJECT);
-    const mesh_json *md = mesh_json_get(root, "__metadata__");
+    cfg_json *root;
+    if (cfg_json_parse((const char *)b + 8, hl, file, &root) != SIM_OK) fail_msg("%s", sim_errmsg());
+    assert_int_equal(root->kind, CFG_JSON_OBJECT);
+    const cfg_json *md = cfg_json_get(root, "__metadata__");
     assert_non_null(md);
-    assert_string_equal(mesh_json_get(md, "step")->str, "3");
+    assert_string_equal(cfg_json_get(md, "step")->str, "3");
     assert_int_equal(root->n, 1 + 3 * NP);
     /* names in order, shapes stacked, offsets contiguous from 0 to the end of the file */
     uint64_t off = 0;
@@ -290,11 +290,11 @@ static void test_file_is_safetensors(void **state)
         for (int i = 0; i < NP; i++) {
             char name[256];
             snprintf(name, sizeof name, "%s%s", w == 0 ? "" : w == 1 ? "opt_state.mu." : "opt_state.nu.", model_a[i].path);
-            const mesh_json *e = mesh_json_get(root, name);
+            const cfg_json *e = cfg_json_get(root, name);
             if (!e) fail_msg("no tensor %s", name);
             assert_string_equal(root->keys[1 + w * NP + i], name);
-            assert_string_equal(mesh_json_get(e, "dtype")->str, "F32");
-            const mesh_json *sh = mesh_json_get(e, "shape"), *of = mesh_json_get(e, "data_offsets");
+            assert_string_equal(cfg_json_get(e, "dtype")->str, "F32");
+            const cfg_json *sh = cfg_json_get(e, "shape"), *of = cfg_json_get(e, "data_offsets");
             assert_int_equal(sh->n, model_a[i].rank);
             int64_t nel = 1;
             for (int k = 0; k < model_a[i].rank; k++) {
@@ -328,7 +328,7 @@ static void test_file_is_safetensors(void **state)
             off += (uint64_t)nel * 4;
         }
     assert_int_equal(8 + hl + off, n);
-    mesh_json_free(root);
+    cfg_json_free(root);
     free(b);
 }
 
@@ -458,14 +458,14 @@ static uint64_t header_len(const char *b)
 
 static uint64_t data_begin(const char *b, const char *name, uint64_t *end)
 {
-    mesh_json *root;
+    cfg_json *root;
     uint64_t hl = header_len(b);
-    if (mesh_json_parse(b + 8, hl, "t", &root) != SIM_OK) fail_msg("%s", sim_errmsg());
-    const mesh_json *of = mesh_json_get(mesh_json_get(root, name), "data_offsets");
+    if (cfg_json_parse(b + 8, hl, "t", &root) != SIM_OK) fail_msg("%s", sim_errmsg());
+    const cfg_json *of = cfg_json_get(cfg_json_get(root, name), "data_offsets");
     assert_non_null(of);
     uint64_t x = (uint64_t)of->items[0].integer;
     *end = (uint64_t)of->items[1].integer;
-    mesh_json_free(root);
+    cfg_json_free(root);
     return x;
 }
 

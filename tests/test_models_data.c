@@ -85,15 +85,15 @@ static void test_text_offsets(void **state)
     char ovr_path[300];
     snprintf(ovr_path, sizeof ovr_path, "dataset_path=%s", path);
     const char *ovr[] = {"dataset_type=text", ovr_path, "vocab_size=300", "max_target_length=16"};
-    mesh_cfg_args a = {NULL, NULL, NULL, 0, ovr, 4};
-    mesh_cfg *cfg;
-    if (mesh_cfg_load(&a, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_args a = {NULL, NULL, NULL, 0, ovr, 4};
+    cfg_config *cfg;
+    if (cfg_load(&a, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
     assert_int_equal(model_data_from_config(cfg, &d), SIM_OK);
     assert_int_equal(d.type, MODEL_DATA_TEXT);
     assert_int_equal(d.seq, 16);
     assert_int_equal(d.file_size, N);
     model_data_close(&d);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     unlink(path);
 }
 

@@ -52,7 +52,7 @@ enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, VOCAB = 64, STE
  * capacity_factor=4: with sparse_matmul=true MaxText ignores capacity_factor) */
 static const char *const DENSE_PATH = "tests/data/moe_dense_path.yml";
 
-static model_def *load(const char *const *extra, int n_extra, int devices, mesh_cfg **cfg_out)
+static model_def *load(const char *const *extra, int n_extra, int devices, cfg_config **cfg_out)
 {
     return model_run_load(TINY, NTINY, ROWS, extra, n_extra, devices, 0, cfg_out);
 }
@@ -511,8 +511,8 @@ static void test_full_size_dry_runs(void **state)
     for (int i = 0; i < 2; i++) {
         const char *argv[] = {models[i], "ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "dry_run=true",
                               "steps=1", "per_device_batch_size=1", "max_target_length=512"};
-        mesh_cfg *cfg;
-        assert_int_equal(mesh_cfg_load_argv("configs/base.yml", 7, argv, &cfg), SIM_OK);
+        cfg_config *cfg;
+        assert_int_equal(cfg_load_argv("configs/base.yml", 7, argv, &cfg), SIM_OK);
         model_def *def = calloc(1, sizeof *def);
         if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("%s: %s", models[i], sim_errmsg());
         model_data data;
@@ -535,7 +535,7 @@ static void test_full_size_dry_runs(void **state)
         sim_machine_free(m);
         model_data_close(&data);
         model_run_unload(def);
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
     }
 }
 
@@ -551,14 +551,14 @@ static void test_experts_refused(void **state)
     argv[argc++] = "ici_expert_parallelism=4";
     argv[argc++] = "ici_fsdp_parallelism=2";
     argv[argc++] = "per_device_batch_size=1";
-    mesh_cfg *cfg;
-    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
+    cfg_config *cfg;
+    assert_int_equal(cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
     model_def *def = calloc(1, sizeof *def);
     assert_int_equal(model_def_from_config(cfg, def), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "num_experts=6"));
     assert_non_null(strstr(sim_errmsg(), "expert=4"));
     assert_non_null(strstr(sim_errmsg(), "ici_expert_parallelism"));
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     model_def_free(def);
     free(def);
 }

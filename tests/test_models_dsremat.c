@@ -202,13 +202,13 @@ static void test_refusals(void **state)
         argv[argc++] = "per_device_batch_size=8";
         argv[argc++] = "remat_policy=custom";
         argv[argc++] = kv;
-        mesh_cfg *cfg;
-        assert_int_equal(mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
+        cfg_config *cfg;
+        assert_int_equal(cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
         model_def *def = calloc(1, sizeof *def);
         assert_int_equal(model_def_from_config(cfg, def), SIM_ERR_INPUT);
         assert_non_null(strstr(sim_errmsg(), keys[i]));
         assert_non_null(strstr(sim_errmsg(), "=remat"));
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
         model_def_free(def);
         free(def);
     }

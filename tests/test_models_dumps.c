@@ -72,19 +72,19 @@ static int setup(void **state)
 
 
 /* named / logical: same keys; per key the listed fields equal. Returns the entries compared. */
-static int compare_state(const char *what, const mesh_json *ours, const mesh_json *gold, const char *const *fields,
+static int compare_state(const char *what, const cfg_json *ours, const cfg_json *gold, const char *const *fields,
                          int nf)
 {
-    assert_int_equal(gold->kind, MESH_JSON_OBJECT);
-    assert_int_equal(ours->kind, MESH_JSON_OBJECT);
+    assert_int_equal(gold->kind, CFG_JSON_OBJECT);
+    assert_int_equal(ours->kind, CFG_JSON_OBJECT);
     for (int i = 0; i < ours->n; i++)
-        if (!mesh_json_get(gold, ours->keys[i])) fail_msg("%s: we write %s, the golden has no such key", what, ours->keys[i]);
+        if (!cfg_json_get(gold, ours->keys[i])) fail_msg("%s: we write %s, the golden has no such key", what, ours->keys[i]);
     for (int i = 0; i < gold->n; i++) {
-        const mesh_json *o = mesh_json_get(ours, gold->keys[i]);
+        const cfg_json *o = cfg_json_get(ours, gold->keys[i]);
         if (!o) fail_msg("%s: the golden has %s, we do not write it", what, gold->keys[i]);
         for (int f = 0; f < nf; f++) {
-            const mesh_json *gv = mesh_json_get(&gold->items[i], fields[f]), *ov = mesh_json_get(o, fields[f]);
-            if (!gv || !ov || !mesh_json_equal(gv, ov)) fail_msg("%s: %s differs in '%s'", what, gold->keys[i], fields[f]);
+            const cfg_json *gv = cfg_json_get(&gold->items[i], fields[f]), *ov = cfg_json_get(o, fields[f]);
+            if (!gv || !ov || !cfg_json_equal(gv, ov)) fail_msg("%s: %s differs in '%s'", what, gold->keys[i], fields[f]);
         }
     }
     return gold->n;
@@ -95,14 +95,14 @@ static int compare_state(const char *what, const mesh_json *ours, const mesh_jso
  * 'embed_router' (their rules are the same, so the physical shardings in named_shardings.json do
  * not change).  Our logical names are mapped back before the comparison; every other name must
  * match exactly. */
-static int to_e591f30c_names(mesh_json *v)
+static int to_e591f30c_names(cfg_json *v)
 {
     int n = 0;
-    if (v->kind == MESH_JSON_STRING) {
+    if (v->kind == CFG_JSON_STRING) {
         if (!strcmp(v->str, "embed_attn")) strcpy(v->str, "embed"), n++;
         else if (!strcmp(v->str, "embed_router")) strcpy(v->str, "embed_moe"), n++;
     }
-    if (v->kind == MESH_JSON_ARRAY || v->kind == MESH_JSON_OBJECT)
+    if (v->kind == CFG_JSON_ARRAY || v->kind == CFG_JSON_OBJECT)
         for (int i = 0; i < v->n; i++) n += to_e591f30c_names(&v->items[i]);
     return n;
 }
@@ -121,10 +121,10 @@ typedef struct {
     int known, unknown_compared, unknown_skipped;
 } input_counts;
 
-static const mesh_json *find_act(const mesh_json *list, const char *name, const char *shape)
+static const cfg_json *find_act(const cfg_json *list, const char *name, const char *shape)
 {
     for (int i = 0; i < list->n; i++) {
-        const mesh_json *e = &list->items[i];
+        const cfg_json *e = &list->items[i];
         char n[256], s[256];
         split_key(e->keys[0], n, sizeof n, s, sizeof s);
         if (!strcmp(n, name) && !strcmp(s, shape)) return &e->items[0];
@@ -132,19 +132,19 @@ static const mesh_json *find_act(const mesh_json *list, const char *name, const 
     return NULL;
 }
 
-static input_counts compare_inputs(const char *what, const mesh_json *ours_root, const mesh_json *gold_root)
+static input_counts compare_inputs(const char *what, const cfg_json *ours_root, const cfg_json *gold_root)
 {
-    const mesh_json *ours = mesh_json_get(ours_root, "Activation Sharding Dump"),
-                    *gold = mesh_json_get(gold_root, "Activation Sharding Dump");
+    const cfg_json *ours = cfg_json_get(ours_root, "Activation Sharding Dump"),
+                    *gold = cfg_json_get(gold_root, "Activation Sharding Dump");
     assert_non_null(ours);
     assert_non_null(gold);
     input_counts c = {0, 0, 0};
     for (int i = 0; i < gold->n; i++) {
-        const mesh_json *ge = &gold->items[i];
+        const cfg_json *ge = &gold->items[i];
         char n[256], s[256];
         split_key(ge->keys[0], n, sizeof n, s, sizeof s);
-        const mesh_json *gv = &ge->items[0], *ov = find_act(ours, n, s);
-        const char *glogic = mesh_json_get(gv, "logic_axes")->str, *gspec = mesh_json_get(gv, "PartitionSpec")->str;
+        const cfg_json *gv = &ge->items[0], *ov = find_act(ours, n, s);
+        const char *glogic = cfg_json_get(gv, "logic_axes")->str, *gspec = cfg_json_get(gv, "PartitionSpec")->str;
         bool unknown = !strcmp(glogic, "Unknown");
         if (!ov) {
             if (unknown) {
@@ -153,7 +153,7 @@ static input_counts compare_inputs(const char *what, const mesh_json *ours_root,
             }
             fail_msg("%s: the golden logs %s, our forward pass does not", what, ge->keys[0]);
         }
-        const char *ospec = mesh_json_get(ov, "PartitionSpec")->str, *ologic = mesh_json_get(ov, "logic_axes")->str;
+        const char *ospec = cfg_json_get(ov, "PartitionSpec")->str, *ologic = cfg_json_get(ov, "logic_axes")->str;
         if (strcmp(gspec, ospec)) fail_msg("%s: %s: PartitionSpec %s, golden %s", what, ge->keys[0], ospec, gspec);
         if (unknown) {
             c.unknown_compared++;
@@ -194,7 +194,7 @@ static void test_goldens(void **state)
         fclose(devnull);
         if (rc) fail_msg("%s: shardsim dump failed (exit %d)", gc->dir, rc);
         static const char *const files[3] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
-        mesh_json *ours[3], *gold[3];
+        cfg_json *ours[3], *gold[3];
         for (int f = 0; f < 3; f++) {
             char p[1600];
             snprintf(p, sizeof p, "%s/%s", tmp, files[f]);
@@ -215,8 +215,8 @@ static void test_goldens(void **state)
                nn, nl, ic.known, ic.unknown_compared, ic.unknown_skipped);
         assert_true(nn > 80 && nl == nn && ic.known >= 20);
         for (int f = 0; f < 3; f++) {
-            mesh_json_free(ours[f]);
-            mesh_json_free(gold[f]);
+            cfg_json_free(ours[f]);
+            cfg_json_free(gold[f]);
         }
     }
 }
@@ -262,18 +262,18 @@ static void norm_key(const char *k, char *out, size_t cap)
 }
 
 /* A spec entry without the mesh axes of size 1 (they shard nothing); trailing Nones dropped. */
-static void spec_text(const mesh_json *spec, const mesh_json *mesh_sizes, char *out, size_t cap)
+static void spec_text(const cfg_json *spec, const cfg_json *mesh_sizes, char *out, size_t cap)
 {
     char ent[16][128];
     int n = 0;
     for (int i = 0; spec && i < spec->n && n < 16; i++) {
-        const mesh_json *e = &spec->items[i];
+        const cfg_json *e = &spec->items[i];
         ent[n][0] = '\0';
         size_t o = 0;
         int cnt = 0;
-        for (int j = 0; j < (e->kind == MESH_JSON_ARRAY ? e->n : e->kind == MESH_JSON_STRING ? 1 : 0); j++) {
-            const char *ax = e->kind == MESH_JSON_ARRAY ? e->items[j].str : e->str;
-            const mesh_json *sz = mesh_json_get(mesh_sizes, ax);
+        for (int j = 0; j < (e->kind == CFG_JSON_ARRAY ? e->n : e->kind == CFG_JSON_STRING ? 1 : 0); j++) {
+            const char *ax = e->kind == CFG_JSON_ARRAY ? e->items[j].str : e->str;
+            const cfg_json *sz = cfg_json_get(mesh_sizes, ax);
             if (sz && sz->number == 1) continue;
             o += (size_t)snprintf(ent[n] + o, sizeof ent[n] - o, "%s%s", cnt++ ? "," : "", ax);
         }
@@ -334,7 +334,7 @@ static void test_goldens_0_2_5(void **state)
         fclose(devnull);
         if (rc) fail_msg("%s: shardsim dump failed (exit %d)", DIRS_025[ci], rc);
         char p[1600];
-        mesh_json *ours[2], *gold[2];
+        cfg_json *ours[2], *gold[2];
         static const char *const of[2] = {"named_shardings.json", "logical_shardings.json"};
         static const char *const gf[2] = {"named_shardings.json", "logical_names.json"};
         for (int f = 0; f < 2; f++) {
@@ -357,25 +357,25 @@ static void test_goldens_0_2_5(void **state)
                 nnx_only++;
                 continue;
             }
-            const mesh_json *o = NULL, *ol = NULL;
+            const cfg_json *o = NULL, *ol = NULL;
             for (int j = 0; j < ours[0]->n && !o; j++) {
                 char ok[512];
                 norm_key(ours[0]->keys[j], ok, sizeof ok);
-                if (!strcmp(ok, gk)) o = &ours[0]->items[j], ol = mesh_json_get(ours[1], ours[0]->keys[j]);
+                if (!strcmp(ok, gk)) o = &ours[0]->items[j], ol = cfg_json_get(ours[1], ours[0]->keys[j]);
             }
             if (!o) fail_msg("%s: MaxText 0.2.5 has %s, we do not write it", DIRS_025[ci], gk);
-            const mesh_json *g = &gold[0]->items[i];
+            const cfg_json *g = &gold[0]->items[i];
             char a[512], b[512];
-            spec_text(mesh_json_get(o, "partition_spec"), mesh_json_get(mesh_json_get(o, "mesh"), "shape"), a, sizeof a);
-            spec_text(mesh_json_get(g, "partition_spec"), mesh_json_get(mesh_json_get(g, "mesh"), "shape"), b, sizeof b);
-            if (strcmp(a, b) || !mesh_json_equal(mesh_json_get(o, "shape"), mesh_json_get(g, "shape")))
+            spec_text(cfg_json_get(o, "partition_spec"), cfg_json_get(cfg_json_get(o, "mesh"), "shape"), a, sizeof a);
+            spec_text(cfg_json_get(g, "partition_spec"), cfg_json_get(cfg_json_get(g, "mesh"), "shape"), b, sizeof b);
+            if (strcmp(a, b) || !cfg_json_equal(cfg_json_get(o, "shape"), cfg_json_get(g, "shape")))
                 fail_msg("%s: %s: ours %s, MaxText 0.2.5 %s", DIRS_025[ci], gk, a, b);
             /* logical names: 0.2.5's (embed_attn, embed_router ...), no mapping */
-            const mesh_json *gl = mesh_json_get(gold[1], gold[0]->keys[i]);
-            const mesh_json *gs = gl ? mesh_json_get(gl, "partition_spec") : NULL, *os = ol ? mesh_json_get(ol, "partition_spec") : NULL;
-            bool g_none = !gs || gs->kind == MESH_JSON_NULL || (gs->kind == MESH_JSON_ARRAY && gs->n == 0);
-            bool o_none = !os || os->kind == MESH_JSON_NULL || (os->kind == MESH_JSON_ARRAY && os->n == 0);
-            if (gl && ol && !(g_none && o_none) && !(gs && os && mesh_json_equal(gs, os))) /* None = P() */
+            const cfg_json *gl = cfg_json_get(gold[1], gold[0]->keys[i]);
+            const cfg_json *gs = gl ? cfg_json_get(gl, "partition_spec") : NULL, *os = ol ? cfg_json_get(ol, "partition_spec") : NULL;
+            bool g_none = !gs || gs->kind == CFG_JSON_NULL || (gs->kind == CFG_JSON_ARRAY && gs->n == 0);
+            bool o_none = !os || os->kind == CFG_JSON_NULL || (os->kind == CFG_JSON_ARRAY && os->n == 0);
+            if (gl && ol && !(g_none && o_none) && !(gs && os && cfg_json_equal(gs, os))) /* None = P() */
                 fail_msg("%s: %s: logical names differ from MaxText 0.2.5's", DIRS_025[ci], gk);
             compared++;
         }
@@ -393,8 +393,8 @@ static void test_goldens_0_2_5(void **state)
         printf("  0.2.5 %-76s named %d identical (+%d NNX-only leaves)\n", DIRS_025[ci], compared, nnx_only);
         assert_true(compared > (ci < NCASES + 2 ? 80 : 30)); /* a Llama has 38 leaves */
         for (int f = 0; f < 2; f++) {
-            mesh_json_free(ours[f]);
-            mesh_json_free(gold[f]);
+            cfg_json_free(ours[f]);
+            cfg_json_free(gold[f]);
         }
     }
 }

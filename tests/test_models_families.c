@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "config/models.h"
 #include "models/core/model.h"
 #include "tests/helpers.h"
 #include "tests/model_run.h"
@@ -36,21 +37,21 @@ static void test_table(void **state)
 {
     (void)state;
     assert_true(model_n_families >= 2);
-    mesh_cfg *cfg = NULL;
-    if (mesh_cfg_load_argv("configs/base.yml", 0, NULL, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
+    cfg_config *cfg = NULL;
+    if (cfg_load_argv("configs/base.yml", 0, NULL, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
     for (int i = 0; i < model_n_families; i++) {
         const model_family *f = model_families[i];
         assert_non_null(f->name);
         assert_non_null(f->define);
         assert_non_null(f->loss);
-        assert_true(mesh_cfg_block_simulated(cfg, f->name));
+        assert_true(cfg_block_simulated(cfg, f->name));
         for (int j = 0; j < i; j++) assert_string_not_equal(f->name, model_families[j]->name);
     }
     assert_non_null(row("llama2"));
     assert_non_null(row("deepseek"));
-    assert_false(mesh_cfg_block_simulated(cfg, "gemma"));
+    assert_false(cfg_block_simulated(cfg, "gemma"));
     assert_null(row("gemma"));
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 static model_def *load(const char *const *base, int nbase, const char *const *extra, int n)

@@ -59,12 +59,12 @@ static sim_status refusal(const char *const *base, int nbase, const char *const 
     for (int i = 0; i < nbase; i++) argv[argc++] = base[i];
     argv[argc++] = "per_device_batch_size=8";
     for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    sim_status st = mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg);
+    cfg_config *cfg;
+    sim_status st = cfg_load_argv("configs/base.yml", argc, argv, &cfg);
     if (st != SIM_OK) return st;
     model_def *def = calloc(1, sizeof *def);
     st = model_def_from_config(cfg, def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     model_def_free(def);
     free(def);
     return st;

@@ -255,14 +255,14 @@ static void test_gqa_refused(void **state)
     argv[argc++] = "ici_tensor_parallelism=4";
     argv[argc++] = "ici_fsdp_parallelism=1";
     argv[argc++] = "per_device_batch_size=2";
-    mesh_cfg *cfg;
-    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
+    cfg_config *cfg;
+    assert_int_equal(cfg_load_argv("configs/base.yml", argc, argv, &cfg), SIM_OK);
     model_def *def = calloc(1, sizeof *def);
     assert_int_equal(model_def_from_config(cfg, def), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "self_attention.key.kernel"));
     assert_non_null(strstr(sim_errmsg(), "tensor=4"));
     assert_non_null(strstr(sim_errmsg(), "change the mesh"));
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     model_run_unload(def);
 }
 

@@ -38,7 +38,7 @@
 static const char *const TINY[] = {TINY_DEEPSEEK_YML, MOE_TRAINING_YML};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, VOCAB = 64, EMB = 32, STEPS = 5 };
 
-static model_def *load(const char *const *extra, int n_extra, int devices, mesh_cfg **cfg_out)
+static model_def *load(const char *const *extra, int n_extra, int devices, cfg_config **cfg_out)
 {
     return model_run_load(TINY, NTINY, ROWS, extra, n_extra, devices, 0, cfg_out);
 }

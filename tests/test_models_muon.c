@@ -38,10 +38,10 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static mesh_cfg *load_cfg(int n, const char *const *ovr)
+static cfg_config *load_cfg(int n, const char *const *ovr)
 {
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", n, ovr, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    cfg_config *cfg;
+    if (cfg_load_argv("configs/base.yml", n, ovr, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     return cfg;
 }
 
@@ -56,10 +56,10 @@ static float rnd(void)
 static model_muon_cfg muon_cfg(void)
 {
     const char *a[] = {"opt_type=muon"};
-    mesh_cfg *cfg = load_cfg(1, a);
+    cfg_config *cfg = load_cfg(1, a);
     model_optim_cfg o;
     if (model_optim_from_config(cfg, &o) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return *model_muon_cfg_of(&o);
 }
 
@@ -69,10 +69,10 @@ static void test_keys(void **state)
 {
     (void)state;
     const char *a[] = {"opt_type=muon"};
-    mesh_cfg *cfg = load_cfg(1, a);
+    cfg_config *cfg = load_cfg(1, a);
     model_optim_cfg o;
     assert_int_equal(model_optim_from_config(cfg, &o), SIM_OK);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     assert_int_equal(o.type, MODEL_OPT_MUON);
     assert_true(model_muon_cfg_of(&o)->beta == 0.95);
     assert_true(model_muon_cfg_of(&o)->weight_decay == 0.0);
@@ -82,7 +82,7 @@ static void test_keys(void **state)
     const char *b[] = {"opt_type=muon", "muon_consistent_rms=0.2", "muon_beta=0.9", "muon_weight_decay=0.01"};
     cfg = load_cfg(4, b);
     assert_int_equal(model_optim_from_config(cfg, &o), SIM_OK);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     assert_true(model_muon_cfg_of(&o)->consistent_rms_on && model_muon_cfg_of(&o)->consistent_rms == 0.2);
     assert_true(model_muon_cfg_of(&o)->beta == 0.9 && model_muon_cfg_of(&o)->weight_decay == 0.01);
     static const char *const bad[][2] = {
@@ -101,7 +101,7 @@ static void test_keys(void **state)
         snprintf(key, sizeof key, "%s", bad[i][0]);
         char *eq = strchr(key, '=');
         *eq = '\0';
-        mesh_cfg_entry *en = NULL;
+        cfg_entry *en = NULL;
         for (int k = 0; k < cfg->n; k++)
             if (!strcmp(cfg->entries[k].key, key)) en = &cfg->entries[k];
         assert_non_null(en);
@@ -110,7 +110,7 @@ static void test_keys(void **state)
         assert_int_equal(model_optim_from_config(cfg, &o), SIM_ERR_INPUT);
         if (!strstr(sim_errmsg(), bad[i][1]) || !strstr(sim_errmsg(), "muon"))
             fail_msg("%s: message '%s' lacks '%s'", bad[i][0], sim_errmsg(), bad[i][1]);
-        mesh_cfg_free(cfg);
+        cfg_free(cfg);
     }
     /* the classification rules are data: a configs directory without muon.yml is an error that says so */
     model_muon_rules rules;
@@ -123,7 +123,7 @@ static void test_keys(void **state)
     const char *d[] = {"muon_type=maxtext_muon"};
     cfg = load_cfg(1, d);
     assert_int_equal(model_optim_from_config(cfg, &o), SIM_OK);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 /* ------------------------------------------------------------ classification */
@@ -137,7 +137,7 @@ typedef struct {
 static void check_model_dims(const char *model, bool routers, const want_dims *w, int nw)
 {
     const char *ovr[] = {model, "opt_type=muon", routers ? "muon_include_routers=true" : "muon_include_routers=false"};
-    mesh_cfg *cfg = load_cfg(3, ovr);
+    cfg_config *cfg = load_cfg(3, ovr);
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
     assert_true(def->opt == model_optimizer_find("muon"));
@@ -165,7 +165,7 @@ static void check_model_dims(const char *model, bool routers, const want_dims *w
     assert_int_equal(seen, def->nparams);
     model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 static void test_classify(void **state)
@@ -559,11 +559,11 @@ static void test_update_float64(void **state)
     (void)state;
     const char *ovr[] = {"opt_type=muon", "learning_rate=0.02", "steps=10", "warmup_steps_fraction=0.2",
                          "muon_weight_decay=0.05", "gradient_clipping_threshold=0.25"};
-    mesh_cfg *cfg = load_cfg(6, ovr);
+    cfg_config *cfg = load_cfg(6, ovr);
     static upd_job j;
     memset(&j, 0, sizeof j);
     assert_int_equal(model_optim_from_config(cfg, &j.opt), SIM_OK);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     mesh_shape m;
     int sizes[2] = {2, 4};
     m = helper_mesh(2, AXN, sizes);
@@ -808,7 +808,7 @@ static void test_dump_layout(void **state)
     (void)state;
     const char *ovr[] = {"opt_type=muon", "base_num_decoder_layers=2", "ici_fsdp_parallelism=8", "base_emb_dim=64",
                          "base_mlp_dim=128", "vocab_size=128"};
-    mesh_cfg *cfg = load_cfg(6, ovr);
+    cfg_config *cfg = load_cfg(6, ovr);
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
     cli_dump_param p[MODEL_MAX_PARAMS];
@@ -860,7 +860,7 @@ static void test_dump_layout(void **state)
     free(out);
     model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 /* Dry run: the optimizer's collectives (every Newton-Schulz op) equal a real run's, call for call. */
@@ -870,7 +870,7 @@ static void test_dry_equals_real(void **state)
     enum { ND = sizeof DEEPSEEK / sizeof DEEPSEEK[0] };
     const char *x[2][3] = {{"ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "dry_run=false"},
                            {"ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "dry_run=true"}};
-    mesh_cfg *cfgs[2];
+    cfg_config *cfgs[2];
     model_def *defs[2];
     sim_machine *ms[2];
     model_data data[2];
@@ -923,7 +923,7 @@ static void test_dry_equals_real(void **state)
         model_data_close(&data[k]);
         model_def_free(defs[k]);
         free(defs[k]);
-        mesh_cfg_free(cfgs[k]);
+        cfg_free(cfgs[k]);
     }
 }
 

@@ -21,20 +21,20 @@
 #include "sim/collectives.h"
 #include "tests/helpers.h"
 
-static mesh_cfg *load_cfg(int n, const char *const *ovr)
+static cfg_config *load_cfg(int n, const char *const *ovr)
 {
-    mesh_cfg_args a = {NULL, NULL, NULL, 0, ovr, n};
-    mesh_cfg *cfg;
-    if (mesh_cfg_load(&a, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    cfg_args a = {NULL, NULL, NULL, 0, ovr, n};
+    cfg_config *cfg;
+    if (cfg_load(&a, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     return cfg;
 }
 
 static model_optim_cfg optim_cfg(int n, const char *const *ovr)
 {
-    mesh_cfg *cfg = load_cfg(n, ovr);
+    cfg_config *cfg = load_cfg(n, ovr);
     model_optim_cfg o;
     if (model_optim_from_config(cfg, &o) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     return o;
 }
 
@@ -63,9 +63,9 @@ static void test_base_keys(void **state)
     assert_int_equal(o.schedule_steps, o.steps); /* -1 resolved */
     /* refused when the config is loaded (configs/ranges.yml), naming key, value and range */
     const char *bad[] = {"learning_rate_schedule_steps=0"};
-    mesh_cfg_args a = {NULL, NULL, NULL, 0, bad, 1};
-    mesh_cfg *cfg = NULL;
-    assert_int_equal(mesh_cfg_load(&a, &cfg), SIM_ERR_INPUT);
+    cfg_args a = {NULL, NULL, NULL, 0, bad, 1};
+    cfg_config *cfg = NULL;
+    assert_int_equal(cfg_load(&a, &cfg), SIM_ERR_INPUT);
     assert_null(cfg);
     assert_non_null(strstr(sim_errmsg(), "learning_rate_schedule_steps=0"));
     assert_non_null(strstr(sim_errmsg(), "1 <= learning_rate_schedule_steps"));

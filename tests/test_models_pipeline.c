@@ -69,15 +69,15 @@ static sim_status try_def(const char *const *extra, int n_extra, double pdbs, mo
     snprintf(pb, sizeof pb, "per_device_batch_size=%g", pdbs);
     argv[argc++] = pb;
     for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    sim_status st = mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg);
+    cfg_config *cfg;
+    sim_status st = cfg_load_argv("configs/base.yml", argc, argv, &cfg);
     if (st != SIM_OK) { /* a key refused by the config contract (configs/keys.yml) */
         *out = NULL;
         return st;
     }
     model_def *def = calloc(1, sizeof *def);
     st = model_def_from_config(cfg, def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     if (st != SIM_OK) {
         free(def);
         def = NULL;
@@ -489,13 +489,13 @@ static void test_parity_deepseek(void **state)
     const char *argv[NDS + 3];
     memcpy(argv, lb, sizeof lb);
     argv[NDS + 2] = "per_device_batch_size=4";
-    mesh_cfg *cfg;
-    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", NDS + 3, argv, &cfg), SIM_OK);
+    cfg_config *cfg;
+    assert_int_equal(cfg_load_argv("configs/base.yml", NDS + 3, argv, &cfg), SIM_OK);
     def = calloc(1, sizeof *def);
     assert_int_equal(model_def_from_config(cfg, def), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "load_balance_loss_weight=0"));
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 /* ------------------------------------------------------------ explicit mode: MaxText 0.2.5's verdict */

@@ -225,19 +225,19 @@ static void test_bias_in_checkpoint(void **state)
     assert_int_equal(fread(&hl, 8, 1, f), 1);
     char *h = calloc(hl + 1, 1);
     assert_int_equal(fread(h, 1, hl, f), hl);
-    mesh_json *j = NULL;
-    if (mesh_json_parse(h, hl, "checkpoint header", &j) != SIM_OK) fail_msg("header: %s", sim_errmsg());
+    cfg_json *j = NULL;
+    if (cfg_json_parse(h, hl, "checkpoint header", &j) != SIM_OK) fail_msg("header: %s", sim_errmsg());
     const char *name = "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias";
-    const mesh_json *t = mesh_json_get(j, name), *shape = t ? mesh_json_get(t, "shape") : NULL;
+    const cfg_json *t = cfg_json_get(j, name), *shape = t ? cfg_json_get(t, "shape") : NULL;
     assert_non_null(shape);
     assert_int_equal(shape->n, 2);
     assert_true(shape->items[0].number == BIAS_L && shape->items[1].number == BIAS_E);
     char mu[160];
     snprintf(mu, sizeof mu, "opt_state.mu.%s", name);
-    assert_null(mesh_json_get(j, mu)); /* no moments for a MoEBiasVar */
+    assert_null(cfg_json_get(j, mu)); /* no moments for a MoEBiasVar */
     snprintf(mu, sizeof mu, "opt_state.mu.%s", "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel");
-    assert_non_null(mesh_json_get(j, mu)); /* while the gate kernel has them */
-    const mesh_json *off = mesh_json_get(t, "data_offsets");
+    assert_non_null(cfg_json_get(j, mu)); /* while the gate kernel has them */
+    const cfg_json *off = cfg_json_get(t, "data_offsets");
     float vals[BIAS_L * BIAS_E];
     assert_int_equal(fseek(f, (long)(8 + hl + (uint64_t)off->items[0].number), SEEK_SET), 0);
     assert_int_equal(fread(vals, sizeof vals, 1, f), 1);
@@ -247,7 +247,7 @@ static void test_bias_in_checkpoint(void **state)
     assert_true(moved > 0);
     fclose(f);
     free(h);
-    mesh_json_free(j);
+    cfg_json_free(j);
     unlink(path);
     char tmp[300];
     snprintf(tmp, sizeof tmp, "%s/step_0.safetensors", dir);
@@ -277,8 +277,8 @@ static void test_bias_state_memory(void **state)
     int argc = 0;
     for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
     argv[argc++] = "per_device_batch_size=1";
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    cfg_config *cfg;
+    if (cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
     size_t all = 0, trained = 0;
@@ -300,7 +300,7 @@ static void test_bias_state_memory(void **state)
     assert_int_equal(by_cat[SIM_MEM_OPTIMIZER], 2 * trained);
     model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 static void expect_refused(const char *const *extra, int n, const char *needle)
@@ -309,8 +309,8 @@ static void expect_refused(const char *const *extra, int n, const char *needle)
     int argc = 0;
     for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
     for (int i = 0; i < n; i++) argv[argc++] = extra[i];
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
+    cfg_config *cfg;
+    if (cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     model_def *def = calloc(1, sizeof *def);
     sim_status st = model_def_from_config(cfg, def);
     if (st == SIM_OK) fail_msg("accepted: %s", extra[0]);
@@ -318,7 +318,7 @@ static void expect_refused(const char *const *extra, int n, const char *needle)
     if (!strstr(sim_errmsg(), needle)) fail_msg("message without '%s': %s", needle, sim_errmsg());
     model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 static void test_refusals(void **state)

@@ -26,9 +26,9 @@
 #include <unistd.h>
 
 /* A made-up accelerator with round figures. */
-static model_hw toy_hw(void)
+static cfg_hw toy_hw(void)
 {
-    model_hw hw;
+    cfg_hw hw;
     memset(&hw, 0, sizeof hw);
     snprintf(hw.name, sizeof hw.name, "toy");
     hw.devices_per_chip = 1;
@@ -89,7 +89,7 @@ static sim_record grad_reduce_scatter(void)
 static void test_matmul_roofline(void **state)
 {
     (void)state;
-    model_hw hw = toy_hw();
+    cfg_hw hw = toy_hw();
     model_tm_eff eff = toy_eff(0.5, 0);
     model_tm_result r;
     /* (1024 x 1024) x (1024 x 1024) in bf16: 2 M N K FLOPs at half of 100 TFLOP/s = 42.95 us;
@@ -115,7 +115,7 @@ static void test_matmul_roofline(void **state)
 static void test_memory_ops(void **state)
 {
     (void)state;
-    model_hw hw = toy_hw();
+    cfg_hw hw = toy_hw();
     model_tm_eff eff = toy_eff(1.0, 0);
     eff.hbm = 0.8;
     eff.layout = 0.2;
@@ -135,7 +135,7 @@ static void test_memory_ops(void **state)
 static void test_ring_all_gather(void **state)
 {
     (void)state;
-    model_hw hw = toy_hw();
+    cfg_hw hw = toy_hw();
     model_tm_eff eff = toy_eff(1.0, 1e-6);
     /* 4 devices gather 1 MB shards: each sends 3 MB; a bidirectional ring drives two links of
      * 50 GB/s, so 3e6 / 100e9 = 30 us, plus 3 ring steps of 1 us */
@@ -169,7 +169,7 @@ static void test_ring_all_gather(void **state)
 static void test_overlap_rule(void **state)
 {
     (void)state;
-    model_hw hw = toy_hw();
+    cfg_hw hw = toy_hw();
     model_tm_eff eff = toy_eff(1.0, 0);
     model_tm_result r;
     /* compute A (10 us), a gather of the next weight (1 MB shard over 2 devices: 20 us on one
@@ -212,7 +212,7 @@ static void test_overlap_rule(void **state)
 static void test_serial_weight_collectives(void **state)
 {
     (void)state;
-    model_hw hw = toy_hw();
+    cfg_hw hw = toy_hw();
     model_tm_eff eff = toy_eff(1.0, 0);
     eff.overlap_weights = false;
     model_tm_result r;
@@ -235,7 +235,7 @@ static void test_serial_weight_collectives(void **state)
 static void test_tiled_kernel(void **state)
 {
     (void)state;
-    model_hw hw = toy_hw();
+    cfg_hw hw = toy_hw();
     model_tm_eff eff = toy_eff(0.5, 0);
     model_tm_result r;
     double f = 1e9; /* 1 GFLOP useful, 4 GFLOP computed: 4e9 / (100e12 x 0.5) = 80 us each */
@@ -280,18 +280,18 @@ static void test_gmm_tiles(void **state)
     cli_capture_free(&r);
     char path[512];
     snprintf(path, sizeof path, "%s/run.json", dir);
-    mesh_json *j = NULL;
-    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
-    const mesh_json *ks = mesh_json_get(mesh_json_get(j, "step_time_model"), "slowest_kernels");
+    cfg_json *j = NULL;
+    assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
+    const cfg_json *ks = cfg_json_get(cfg_json_get(j, "step_time_model"), "slowest_kernels");
     assert_non_null(ks);
     double fwd = 2 * (2.0 * 16 * 512 * 64 * 1024) + 2.0 * 16 * 64 * 1024 * 1024, bwd = 6 * (2.0 * 16 * 512 * 1024 * 1024);
     double useful = 3 * 2.0 * 128 * 64 * 64;
     int seen = 0;
     for (int i = 0; i < ks->n; i++) {
-        const mesh_json *k = &ks->items[i];
-        const char *name = mesh_json_get(k, "kernel")->str;
-        double calls = mesh_json_get(k, "calls")->number, mxu = mesh_json_get(k, "mxu_flops")->number,
-               fl = mesh_json_get(k, "flops")->number;
+        const cfg_json *k = &ks->items[i];
+        const char *name = cfg_json_get(k, "kernel")->str;
+        double calls = cfg_json_get(k, "calls")->number, mxu = cfg_json_get(k, "mxu_flops")->number,
+               fl = cfg_json_get(k, "flops")->number;
         size_t n = strlen(name);
         if (n > 8 && !strcmp(name + n - 8, "/moe/ffn")) { /* forward and remat's recomputation */
             assert_true(fabs(mxu / calls - fwd) < 1e-5 * fwd);
@@ -304,7 +304,7 @@ static void test_gmm_tiles(void **state)
         }
     }
     assert_int_equal(seen, 2);
-    mesh_json_free(j);
+    cfg_json_free(j);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
@@ -335,18 +335,18 @@ static void attention_kind(const char *extra1, const char *extra2, double *flops
     cli_capture_free(&r);
     char path[512];
     snprintf(path, sizeof path, "%s/run.json", dir);
-    mesh_json *j = NULL;
-    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
-    const mesh_json *ks = mesh_json_get(mesh_json_get(j, "step_time_model"), "slowest_kernels");
+    cfg_json *j = NULL;
+    assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
+    const cfg_json *ks = cfg_json_get(cfg_json_get(j, "step_time_model"), "slowest_kernels");
     *calls = 0;
     for (int i = 0; ks && i < ks->n; i++) {
-        const char *name = mesh_json_get(&ks->items[i], "kernel")->str;
+        const char *name = cfg_json_get(&ks->items[i], "kernel")->str;
         if (!strstr(name, "attention_op")) continue;
-        *flops = mesh_json_get(&ks->items[i], "flops")->number;
-        *mxu = mesh_json_get(&ks->items[i], "mxu_flops")->number;
-        *calls = mesh_json_get(&ks->items[i], "calls")->number;
+        *flops = cfg_json_get(&ks->items[i], "flops")->number;
+        *mxu = cfg_json_get(&ks->items[i], "mxu_flops")->number;
+        *calls = cfg_json_get(&ks->items[i], "calls")->number;
     }
-    mesh_json_free(j);
+    cfg_json_free(j);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
@@ -382,7 +382,7 @@ static void test_splash_blocks(void **state)
 static void test_collective_kinds(void **state)
 {
     (void)state;
-    model_hw hw = toy_hw();
+    cfg_hw hw = toy_hw();
     model_tm_eff eff = toy_eff(1.0, 0);
     model_tm_result r;
     sim_record g[3] = {gather(2, 1000000, false), gather(2, 1000000, false), gather(2, 1000, false)};
@@ -402,10 +402,10 @@ static void test_collective_kinds(void **state)
 static void test_profiles(void **state)
 {
     (void)state;
-    model_hw hw;
+    cfg_hw hw;
     /* v5p: 459 TFLOP/s, 95 GiB, 2765 GB/s, 1200 GB/s bidirectional ICI over 6 ports ->
      * 100 GB/s per link and direction; 4 chips are a 2x2x1 slice */
-    assert_int_equal(model_hw_load("configs", "v5p", 4, &hw), SIM_OK);
+    assert_int_equal(cfg_hw_load("configs", "v5p", 4, &hw), SIM_OK);
     assert_false(hw.gpu);
     assert_true(fabs(hw.peak_bf16 - 459e12) < 1);
     assert_true(fabs(hw.hbm_bytes - 95.0 * 1073741824.0) < 1);
@@ -415,30 +415,30 @@ static void test_profiles(void **state)
     assert_int_equal(hw.torus_n, 3);
     assert_int_equal(hw.torus[0] * hw.torus[1] * hw.torus[2], 4);
     /* tpu7x: two devices per chip share its figures */
-    assert_int_equal(model_hw_load("configs", "tpu7x", 8, &hw), SIM_OK);
+    assert_int_equal(cfg_hw_load("configs", "tpu7x", 8, &hw), SIM_OK);
     assert_true(fabs(hw.peak_bf16 - 2307e12 / 2) < 1);
     assert_true(fabs(hw.hbm_bytes - 96.0 * 1073741824.0) < 1);
     /* h100: NVLink 900 GB/s bidirectional -> 450 GB/s each way */
-    assert_int_equal(model_hw_load("configs", "h100", 8, &hw), SIM_OK);
+    assert_int_equal(cfg_hw_load("configs", "h100", 8, &hw), SIM_OK);
     assert_true(hw.gpu);
     assert_true(fabs(hw.link_bw - 450e9) < 1);
     /* a float32 run without a published float32 peak says so */
     const char *note = NULL;
-    assert_int_equal(model_hw_load("configs", "v5p", 4, &hw), SIM_OK);
+    assert_int_equal(cfg_hw_load("configs", "v5p", 4, &hw), SIM_OK);
     assert_true(model_hw_peak(&hw, "float32", &note) == hw.peak_bf16);
     assert_non_null(note);
     assert_true(model_hw_peak(&hw, "bfloat16", &note) == hw.peak_bf16);
     assert_null(note);
     /* a bad name lists the valid ones */
-    assert_int_equal(model_hw_load("configs", "v9z", 4, &hw), SIM_ERR_INPUT);
+    assert_int_equal(cfg_hw_load("configs", "v9z", 4, &hw), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "v9z"));
     assert_non_null(strstr(sim_errmsg(), "v5p"));
     assert_non_null(strstr(sim_errmsg(), "h100"));
     sim_err_clear();
-    assert_int_equal(model_hw_load("configs", "../base", 4, &hw), SIM_ERR_INPUT);
+    assert_int_equal(cfg_hw_load("configs", "../base", 4, &hw), SIM_ERR_INPUT);
     sim_err_clear();
     /* v4 publishes no per-chip ICI bandwidth: a collective cannot be timed, and the model says so */
-    assert_int_equal(model_hw_load("configs", "v4", 4, &hw), SIM_OK);
+    assert_int_equal(cfg_hw_load("configs", "v4", 4, &hw), SIM_OK);
     model_tm_eff eff;
     assert_int_equal(model_tm_eff_load("configs", &eff), SIM_OK);
     sim_record g = gather(4, 1000, false);
@@ -469,47 +469,47 @@ static void test_train_estimate(void **state)
     cli_capture_free(&r);
     char path[512];
     snprintf(path, sizeof path, "%s/run.json", dir);
-    mesh_json *j = NULL;
-    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
-    const mesh_json *tm = mesh_json_get(j, "step_time_model");
+    cfg_json *j = NULL;
+    assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
+    const cfg_json *tm = cfg_json_get(j, "step_time_model");
     assert_non_null(tm);
-    double step = mesh_json_get(tm, "step_s")->number, comp = mesh_json_get(tm, "compute_s")->number,
-           exp = mesh_json_get(tm, "exposed_communication_s")->number, opt = mesh_json_get(tm, "optimizer_s")->number;
+    double step = cfg_json_get(tm, "step_s")->number, comp = cfg_json_get(tm, "compute_s")->number,
+           exp = cfg_json_get(tm, "exposed_communication_s")->number, opt = cfg_json_get(tm, "optimizer_s")->number;
     assert_true(step > 0 && comp > 0 && exp > 0); /* tensor=2 all-reduces activations: exposed */
     assert_true(fabs(step - (comp + exp + opt)) <= 1e-9 * step);
-    assert_string_equal(mesh_json_get(tm, "hardware_profile")->str, "v5p");
-    mesh_json_free(j);
+    assert_string_equal(cfg_json_get(tm, "hardware_profile")->str, "v5p");
+    cfg_json_free(j);
     /* the optimizer phase streams AdamW's bytes (2 P + G + 2 O) and MaxText's three norms (P + 2 G)
      * at hbm_efficiency of v5p's HBM bandwidth: 3 P + 3 G + 2 O of the busiest device, with each
      * category as metrics.json reports it at the device's peak */
     snprintf(path, sizeof path, "%s/metrics.json", dir);
-    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
-    const mesh_json *cat = mesh_json_get(mesh_json_get(j, "memory"), "by_category");
-    const mesh_json *P = mesh_json_get(cat, "params"), *G = mesh_json_get(cat, "grads"),
-                    *O = mesh_json_get(cat, "optimizer");
+    assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
+    const cfg_json *cat = cfg_json_get(cfg_json_get(j, "memory"), "by_category");
+    const cfg_json *P = cfg_json_get(cat, "params"), *G = cfg_json_get(cat, "grads"),
+                    *O = cfg_json_get(cat, "optimizer");
     double worst = 0;
     for (int i = 0; i < P->n; i++) {
         double b = 3 * P->items[i].number + 3 * G->items[i].number + 2 * O->items[i].number;
         if (b > worst) worst = b;
     }
-    mesh_json_free(j);
-    model_hw v5p;
+    cfg_json_free(j);
+    cfg_hw v5p;
     model_tm_eff e;
-    assert_int_equal(model_hw_load("configs", "v5p", 4, &v5p), SIM_OK);
+    assert_int_equal(cfg_hw_load("configs", "v5p", 4, &v5p), SIM_OK);
     assert_int_equal(model_tm_eff_load("configs", &e), SIM_OK);
     assert_true(worst > 0);
     assert_true(fabs(opt - worst / (v5p.hbm_bw * e.hbm)) <= 1e-9 * opt);
     snprintf(path, sizeof path, "%s/trace.json", dir);
-    assert_int_equal(mesh_json_read_file(path, &j), SIM_OK);
-    const mesh_json *ev = mesh_json_get(j, "traceEvents");
+    assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
+    const cfg_json *ev = cfg_json_get(j, "traceEvents");
     double end = 0;
     for (int i = 0; i < ev->n; i++) {
-        const mesh_json *ts = mesh_json_get(&ev->items[i], "ts"), *dur = mesh_json_get(&ev->items[i], "dur");
+        const cfg_json *ts = cfg_json_get(&ev->items[i], "ts"), *dur = cfg_json_get(&ev->items[i], "dur");
         if (ts && dur && ts->number + dur->number > end) end = ts->number + dur->number;
     }
     /* the modelled timeline ends where the step ends, less the optimizer update (in microseconds) */
     assert_true(fabs(end - (step - opt) * 1e6) < 1e-3 * step * 1e6);
-    mesh_json_free(j);
+    cfg_json_free(j);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);

@@ -352,7 +352,7 @@ static void test_psum_scatter(void **state)
 }
 
 /* configs/hardware/v5p.yml with the line starting `from` replaced by `to` (NULL: removed), loaded from a
- * scratch configs dir; the status and message of model_hw_load. */
+ * scratch configs dir; the status and message of cfg_hw_load. */
 static sim_status load_changed(const char *from, const char *to, char *msg, size_t cap)
 {
     FILE *f = fopen("configs/hardware/v5p.yml", "r");
@@ -378,8 +378,8 @@ static sim_status load_changed(const char *from, const char *to, char *msg, size
     fclose(f);
     fclose(o);
     assert_int_equal(replaced, 1);
-    model_hw hw;
-    sim_status st = model_hw_load(dir, "v5p", 4, &hw);
+    cfg_hw hw;
+    sim_status st = cfg_hw_load(dir, "v5p", 4, &hw);
     snprintf(msg, cap, "%s", st ? sim_errmsg() : "");
     unlink(path);
     rmdir(sub);

@@ -43,7 +43,7 @@ static const char *const DEEPSEEK[] = {TINY_DEEPSEEK_YML, MOE_TRAINING_YML};
 enum { ROWS = 8, STEPS = 5 };
 
 static sim_status load_model(bool deepseek, const char *const *extra, int n_extra, int devices, int ga, long long steps,
-                             mesh_cfg **cfg, model_def **def)
+                             cfg_config **cfg, model_def **def)
 {
     const char *argv[80];
     int argc = 0;
@@ -59,7 +59,7 @@ static sim_status load_model(bool deepseek, const char *const *extra, int n_extr
     argv[argc++] = st;
     argv[argc++] = g;
     for (int i = 0; i < n_extra; i++) argv[argc++] = extra[i];
-    SIM_TRY(mesh_cfg_load_argv("configs/base.yml", argc, argv, cfg));
+    SIM_TRY(cfg_load_argv("configs/base.yml", argc, argv, cfg));
     *def = calloc(1, sizeof **def);
     sim_status s = model_def_from_config(*cfg, *def);
     if (s != SIM_OK) {
@@ -72,7 +72,7 @@ static sim_status load_model(bool deepseek, const char *const *extra, int n_extr
 static void open_run(model_run *r, bool deepseek, const char *const *extra, int n_extra, int devices, int ga,
                      long long steps)
 {
-    mesh_cfg *cfg = NULL;
+    cfg_config *cfg = NULL;
     model_def *def = NULL;
     if (load_model(deepseek, extra, n_extra, devices, ga, steps, &cfg, &def) != SIM_OK)
         fail_msg("model: %s", sim_errmsg());
@@ -108,11 +108,11 @@ static void test_zero1_spec_rule(void **state)
 {
     (void)state;
     const char *argv[] = {"ici_data_parallelism=4", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2"};
-    mesh_cfg *cfg;
-    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", 3, argv, &cfg), SIM_OK);
+    cfg_config *cfg;
+    assert_int_equal(cfg_load_argv("configs/base.yml", 3, argv, &cfg), SIM_OK);
     mesh_shape m;
     assert_int_equal(mesh_shape_from_config(cfg, &m), SIM_OK);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     mesh_spec in, out, want;
     int64_t shape[3] = {8, 6, 16};
     /* dim 0 carries 'tensor' (skipped), dim 1: 6 % 4 != 0 (skipped), dim 2: ('data', 'expert') */
@@ -142,9 +142,9 @@ static void test_zero1_spec_rule(void **state)
     assert_true(mesh_spec_equal(&out, &in));
     /* a 'tensor' of size 1 does not block its dim (MaxText 0.2.5 removes size-1 axes first) */
     const char *argv1[] = {"ici_data_parallelism=4", "ici_fsdp_parallelism=1"};
-    assert_int_equal(mesh_cfg_load_argv("configs/base.yml", 2, argv1, &cfg), SIM_OK);
+    assert_int_equal(cfg_load_argv("configs/base.yml", 2, argv1, &cfg), SIM_OK);
     assert_int_equal(mesh_shape_from_config(cfg, &m), SIM_OK);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     assert_int_equal(mesh_spec_parse("P(('tensor', 'autoregressive'), None)", &m, &in), SIM_OK);
     model_zero1_spec(&m, 2, shape2, &in, &out);
     assert_int_equal(mesh_spec_parse("P(('data', 'tensor', 'autoregressive'), None)", &m, &want), SIM_OK);
@@ -161,9 +161,9 @@ static void check_zero1_golden(const char *file)
     const char *env = getenv("SHARDSIM_REFERENCE");
     char path[1024];
     snprintf(path, sizeof path, "%s/maxtext/zero1/%s", env && *env ? env : "tests/data", file);
-    mesh_json *g = NULL;
-    if (mesh_json_read_file(path, &g) != SIM_OK) fail_msg("%s", sim_errmsg());
-    const mesh_json *args = mesh_json_get(g, "args"), *mu = mesh_json_get(g, "mu");
+    cfg_json *g = NULL;
+    if (cfg_json_read_file(path, &g) != SIM_OK) fail_msg("%s", sim_errmsg());
+    const cfg_json *args = cfg_json_get(g, "args"), *mu = cfg_json_get(g, "mu");
     assert_non_null(args);
     assert_non_null(mu);
     char buf[2048];
@@ -172,8 +172,8 @@ static void check_zero1_golden(const char *file)
     int argc = 0;
     char *save = NULL;
     for (char *w = strtok_r(buf, " ", &save); w && argc < 64; w = strtok_r(NULL, " ", &save)) argv[argc++] = w;
-    mesh_cfg *cfg;
-    if (mesh_cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("%s: %s", file, sim_errmsg());
+    cfg_config *cfg;
+    if (cfg_load_argv("configs/base.yml", argc, argv, &cfg) != SIM_OK) fail_msg("%s: %s", file, sim_errmsg());
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("%s: %s", file, sim_errmsg());
     assert_true(mu->n > 10);
@@ -185,7 +185,7 @@ static void check_zero1_golden(const char *file)
             if (!strcmp(def->defs[j].path, name)) i = j;
         if (i < 0) fail_msg("%s: MaxText's '%s' is not a parameter of the model", file, name);
         mesh_spec want;
-        if (mesh_spec_from_json(mesh_json_get(&mu->items[k], "partition_spec"), &def->mesh, name, &want) != SIM_OK)
+        if (mesh_spec_from_json(cfg_json_get(&mu->items[k], "partition_spec"), &def->mesh, name, &want) != SIM_OK)
             fail_msg("%s", sim_errmsg());
         mesh_spec got = def->opt_spec[i];
         assert_int_equal(got.rank, def->defs[i].rank);
@@ -201,8 +201,8 @@ static void check_zero1_golden(const char *file)
     }
     model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
-    mesh_json_free(g);
+    cfg_free(cfg);
+    cfg_json_free(g);
 }
 
 static void test_zero1_layouts_equal_maxtext(void **state)
@@ -562,16 +562,16 @@ static void test_checkpoint_from_zero1_layout(void **state)
     uint64_t hl1;
     memcpy(&hl1, b, 8);
     assert_int_equal(hl, hl1);
-    mesh_json *ha = NULL, *hb = NULL;
-    assert_int_equal(mesh_json_parse((const char *)a + 8, hl, p0, &ha), SIM_OK);
-    assert_int_equal(mesh_json_parse((const char *)b + 8, hl, p1, &hb), SIM_OK);
+    cfg_json *ha = NULL, *hb = NULL;
+    assert_int_equal(cfg_json_parse((const char *)a + 8, hl, p0, &ha), SIM_OK);
+    assert_int_equal(cfg_json_parse((const char *)b + 8, hl, p1, &hb), SIM_OK);
     assert_int_equal(ha->n, hb->n);
     for (int i = 0; i < ha->n; i++) {
         assert_string_equal(ha->keys[i], hb->keys[i]);
-        if (strcmp(ha->keys[i], "__metadata__")) assert_true(mesh_json_equal(&ha->items[i], &hb->items[i]));
+        if (strcmp(ha->keys[i], "__metadata__")) assert_true(cfg_json_equal(&ha->items[i], &hb->items[i]));
     }
-    mesh_json_free(ha);
-    mesh_json_free(hb);
+    cfg_json_free(ha);
+    cfg_json_free(hb);
     const float *x = (const float *)((const char *)a + 8 + hl), *y = (const float *)((const char *)b + 8 + hl);
     int64_t nf = ((int64_t)n0 - 8 - (int64_t)hl) / 4;
     assert_true(nf > 0);
@@ -603,14 +603,14 @@ static void test_checkpoint_from_zero1_layout(void **state)
 
 static void refused(const char *const *extra, int n, int devices, const char *const *words, int nw)
 {
-    mesh_cfg *cfg = NULL;
+    cfg_config *cfg = NULL;
     model_def *def = NULL;
     sim_status s = load_model(false, extra, n, devices, 1, 1, &cfg, &def);
     assert_int_equal(s, SIM_ERR_INPUT);
     for (int i = 0; i < nw; i++)
         if (!strstr(sim_errmsg(), words[i])) fail_msg("'%s' missing from: %s", words[i], sim_errmsg());
     assert_null(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }
 
 static void test_refusals(void **state)

@@ -55,7 +55,7 @@ static void collect(sim_machine *m, int steps, bench_result *res)
 void bench_run(const char *who, const char *const *words, int n, int steps, bench_result *res)
 {
     memset(res, 0, sizeof *res);
-    mesh_cfg *cfg = NULL;
+    cfg_config *cfg = NULL;
     model_def *def = calloc(1, sizeof *def);
     model_data data;
     memset(&data, 0, sizeof data);
@@ -63,7 +63,7 @@ void bench_run(const char *who, const char *const *words, int n, int steps, benc
     memset(&job, 0, sizeof job);
     sim_machine *m = NULL;
     bool have_def = false, have_data = false;
-    sim_status st = mesh_cfg_load_argv("configs/base.yml", n, words, &cfg);
+    sim_status st = cfg_load_argv("configs/base.yml", n, words, &cfg);
     if (!st) st = model_def_from_config(cfg, def);
     have_def = !st;
     if (!st) st = model_data_from_config(cfg, &data);
@@ -95,5 +95,5 @@ void bench_run(const char *who, const char *const *words, int n, int steps, benc
     if (have_data) model_data_close(&data);
     if (have_def) model_def_free(def);
     free(def);
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
 }

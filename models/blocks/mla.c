@@ -94,7 +94,7 @@ static bk_rope_params rope_params(const model_dims *d, const model_mla_dims *mla
 static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const mesh_var *scale, const char *name)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
-    const char *where = mesh_release_error(md->ctx.release, "mla_norm_scale", "layers/normalizations.py:__call__");
+    const char *where = cfg_release_error(md->ctx.release, "mla_norm_scale", "layers/normalizations.py:__call__");
     if (!where) return SIM_OK; /* the release followed traces it (maxtext_release) */
     char sub[32];
     snprintf(sub, sizeof sub, "%.*sk,k->%.*sk", x->val.rank - 1, "abcdefgh", x->val.rank - 1, "abcdefgh");
@@ -112,7 +112,7 @@ static sim_status unaligned_norm_check(model_dev *md, const mesh_var *x, const m
 static sim_status yarn_check(model_dev *md, const mesh_var *x)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
-    const char *where = mesh_release_error(md->ctx.release, "yarn_freqs_broadcast", "layers/embeddings.py:__call__");
+    const char *where = cfg_release_error(md->ctx.release, "yarn_freqs_broadcast", "layers/embeddings.py:__call__");
     if (!where) return SIM_OK;
     static const char *const fnames[4] = {"activation_batch", "activation_length", NULL, "q_heads"};
     static const char *const onames[4] = {"activation_batch", "activation_length", NULL, NULL};
@@ -147,7 +147,7 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
 static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_array *positions)
 {
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
-    const char *where = mesh_release_error(md->ctx.release, "rope_positions_mul", "layers/embeddings.py:apply_rotary");
+    const char *where = cfg_release_error(md->ctx.release, "rope_positions_mul", "layers/embeddings.py:apply_rotary");
     if (!where) return SIM_OK;
     const mesh_array *a = &x->val;
     int64_t shape[4] = {a->shape[0], a->shape[1], 1, a->shape[3]};

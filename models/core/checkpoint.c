@@ -457,10 +457,10 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
 
 /* ---------------------------------------------------------------- load */
 
-static sim_status shape_text(const mesh_json *v, char *buf, size_t cap)
+static sim_status shape_text(const cfg_json *v, char *buf, size_t cap)
 {
     size_t k = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; v && v->kind == MESH_JSON_ARRAY && i < v->n && k < cap; i++)
+    for (int i = 0; v && v->kind == CFG_JSON_ARRAY && i < v->n && k < cap; i++)
         k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? ", " : "", v->items[i].str ? v->items[i].str : "?");
     if (k < cap) snprintf(buf + k, cap - k, "]");
     return SIM_OK;
@@ -474,9 +474,9 @@ static void def_shape_text(const model_param_def *def, char *buf, size_t cap)
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
-static bool json_uint(const mesh_json *v, uint64_t *out)
+static bool json_uint(const cfg_json *v, uint64_t *out)
 {
-    if (!v || v->kind != MESH_JSON_NUMBER || v->number < 0 || v->number > 9007199254740992.0 ||
+    if (!v || v->kind != CFG_JSON_NUMBER || v->number < 0 || v->number > 9007199254740992.0 ||
         v->number != (double)(uint64_t)v->number)
         return false;
     *out = (uint64_t)v->number;
@@ -484,7 +484,7 @@ static bool json_uint(const mesh_json *v, uint64_t *out)
 }
 
 /* Checks tensor t against the header entry e; *begin = its data_offsets[0]. */
-static sim_status ck_check_entry(const char *file, const ck_tensor *t, const mesh_json *e, uint64_t data_bytes,
+static sim_status ck_check_entry(const char *file, const ck_tensor *t, const cfg_json *e, uint64_t data_bytes,
                                  uint64_t *begin)
 {
     const model_param_def *def = &t->p->def;
@@ -493,16 +493,16 @@ static sim_status ck_check_entry(const char *file, const ck_tensor *t, const mes
         return sim_err(SIM_ERR_INPUT, "checkpoint %s has no tensor '%s', which the model needs; it was saved from "
                        "another model config%s",
                        file, t->name, t->which ? " or without optimizer state (use load_parameters_path)" : "");
-    if (e->kind != MESH_JSON_OBJECT)
+    if (e->kind != CFG_JSON_OBJECT)
         return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' is a JSON %s, expected an object with dtype, shape "
-                       "and data_offsets", file, t->name, mesh_json_kind_name(e->kind));
-    const mesh_json *dt = mesh_json_get(e, "dtype"), *sh = mesh_json_get(e, "shape"),
-                    *off = mesh_json_get(e, "data_offsets");
-    if (!dt || dt->kind != MESH_JSON_STRING || strcmp(dt->str, "F32"))
+                       "and data_offsets", file, t->name, cfg_json_kind_name(e->kind));
+    const cfg_json *dt = cfg_json_get(e, "dtype"), *sh = cfg_json_get(e, "shape"),
+                    *off = cfg_json_get(e, "data_offsets");
+    if (!dt || dt->kind != CFG_JSON_STRING || strcmp(dt->str, "F32"))
         return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has dtype %s; shardsim reads F32 only", file,
-                       t->name, dt && dt->kind == MESH_JSON_STRING ? dt->str : "(missing)");
+                       t->name, dt && dt->kind == CFG_JSON_STRING ? dt->str : "(missing)");
     def_shape_text(def, want, sizeof want);
-    bool ok = sh && sh->kind == MESH_JSON_ARRAY && sh->n == def->rank;
+    bool ok = sh && sh->kind == CFG_JSON_ARRAY && sh->n == def->rank;
     for (int i = 0; ok && i < def->rank; i++) {
         uint64_t x;
         ok = json_uint(&sh->items[i], &x) && x == (uint64_t)def->shape[i];
@@ -514,7 +514,7 @@ static sim_status ck_check_entry(const char *file, const ck_tensor *t, const mes
                        file, t->name, got, want);
     }
     uint64_t b, en;
-    if (!off || off->kind != MESH_JSON_ARRAY || off->n != 2 || !json_uint(&off->items[0], &b) ||
+    if (!off || off->kind != CFG_JSON_ARRAY || off->n != 2 || !json_uint(&off->items[0], &b) ||
         !json_uint(&off->items[1], &en) || en < b || en - b != (uint64_t)t->nel * 4 || en > data_bytes)
         return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has bad data_offsets (expected [b, b + %lld] "
                        "inside the %llu data bytes); the file is corrupt or truncated",
@@ -524,7 +524,7 @@ static sim_status ck_check_entry(const char *file, const ck_tensor *t, const mes
 }
 
 /* Reads and parses the header of file (fd open). */
-static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uint64_t *hlen, uint64_t *data_bytes)
+static sim_status ck_read_header(int fd, const char *file, cfg_json **root, uint64_t *hlen, uint64_t *data_bytes)
 {
     struct stat sb;
     if (fstat(fd, &sb) != 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot stat it (%s)", file, strerror(errno));
@@ -542,16 +542,16 @@ static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uin
     if (!text) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for a %llu-byte header",
                               (unsigned long long)n);
     sim_status st = io_all(fd, text, (size_t)n, 8, false, file);
-    if (st == SIM_OK) st = mesh_json_parse(text, (size_t)n, file, root);
+    if (st == SIM_OK) st = cfg_json_parse(text, (size_t)n, file, root);
     free(text);
     SIM_TRY(st);
-    if ((*root)->kind != MESH_JSON_OBJECT) {
+    if ((*root)->kind != CFG_JSON_OBJECT) {
         /* the message needs the kind: read it before the tree is freed */
-        mesh_json_kind kind = (*root)->kind;
-        mesh_json_free(*root);
+        cfg_json_kind kind = (*root)->kind;
+        cfg_json_free(*root);
         *root = NULL;
         return sim_err(SIM_ERR_INPUT, "checkpoint %s: the header is a JSON %s, expected an object", file,
-                       mesh_json_kind_name(kind));
+                       cfg_json_kind_name(kind));
     }
     *hlen = n;
     *data_bytes = size - 8 - n;
@@ -560,10 +560,10 @@ static sim_status ck_read_header(int fd, const char *file, mesh_json **root, uin
 
 /* The "step" of the header's __metadata__: the training step the state was
  * saved after (-1 when absent or not a decimal count). */
-static long long ck_meta_step(const mesh_json *root)
+static long long ck_meta_step(const cfg_json *root)
 {
-    const mesh_json *md = mesh_json_get(root, "__metadata__"), *sv = md ? mesh_json_get(md, "step") : NULL;
-    if (!sv || sv->kind != MESH_JSON_STRING || !*sv->str) return -1;
+    const cfg_json *md = cfg_json_get(root, "__metadata__"), *sv = md ? cfg_json_get(md, "step") : NULL;
+    if (!sv || sv->kind != CFG_JSON_STRING || !*sv->str) return -1;
     for (const char *c = sv->str; *c; c++)
         if (*c < '0' || *c > '9') return -1;
     char *end;
@@ -595,7 +595,7 @@ static int span_cmp(const void *x, const void *y)
  * offset: the first starts at 0, each starts where the previous ends, the
  * last ends at the end of the file) — so no two tensors alias and no byte is
  * unaccounted for.  Fills all[i].begin for the entries present. */
-static sim_status ck_check_layout(const char *file, const mesh_json *root, ck_tensor *all, int nall,
+static sim_status ck_check_layout(const char *file, const cfg_json *root, ck_tensor *all, int nall,
                                   uint64_t data_bytes)
 {
     ck_span *sp = calloc((size_t)root->n + 1, sizeof *sp);
@@ -605,9 +605,9 @@ static sim_status ck_check_layout(const char *file, const mesh_json *root, ck_te
     for (int i = 0; st == SIM_OK && i < root->n; i++) {
         const char *key = root->keys[i];
         if (!strcmp(key, "__metadata__")) {
-            if (root->items[i].kind != MESH_JSON_OBJECT)
+            if (root->items[i].kind != CFG_JSON_OBJECT)
                 st = sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ is a JSON %s, expected an object of strings",
-                             file, mesh_json_kind_name(root->items[i].kind));
+                             file, cfg_json_kind_name(root->items[i].kind));
             continue;
         }
         int j = 0;
@@ -644,19 +644,19 @@ static sim_status ck_check_layout(const char *file, const mesh_json *root, ck_te
 
 /* Device 0: every tensor's checksum from __metadata__ against the data, and
  * the tensors to load (load[0..nl)) finite. */
-static sim_status ck_verify_data(int fd, const char *file, const mesh_json *root, const ck_tensor *all, int nall,
+static sim_status ck_verify_data(int fd, const char *file, const cfg_json *root, const ck_tensor *all, int nall,
                                  uint64_t hlen)
 {
-    const mesh_json *md = mesh_json_get(root, "__metadata__");
+    const cfg_json *md = cfg_json_get(root, "__metadata__");
     char *buf = malloc(CK_CHUNK);
     if (!buf) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
     sim_status st = SIM_OK;
     for (int i = 0; st == SIM_OK && i < nall; i++) {
-        if (!mesh_json_get(root, all[i].name)) continue; /* absent: not needed, or refused already */
+        if (!cfg_json_get(root, all[i].name)) continue; /* absent: not needed, or refused already */
         char key[CK_NAME_MAX + 16], want[32];
         ck_sum_key(all[i].name, key, sizeof key);
-        const mesh_json *sv = md ? mesh_json_get(md, key) : NULL;
-        if (!sv || sv->kind != MESH_JSON_STRING) {
+        const cfg_json *sv = md ? cfg_json_get(md, key) : NULL;
+        if (!sv || sv->kind != CFG_JSON_STRING) {
             st = sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ has no checksum for tensor '%s' (\"%s\"); the file "
                          "was not written by a complete shardsim save: save it again", file, all[i].name, key);
             break;
@@ -687,7 +687,7 @@ static sim_status ck_verify_data(int fd, const char *file, const mesh_json *root
 static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char *path, int fd, model_param *params,
                                   int n, bool opt_state, long long *step)
 {
-    mesh_json *root;
+    cfg_json *root;
     uint64_t hlen = 0, data_bytes = 0;
     SIM_TRY(ck_read_header(fd, path, &root, &hlen, &data_bytes));
     ck_tensor *t = NULL, *all = NULL;
@@ -698,7 +698,7 @@ static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char
     /* the tensors to load must all be there */
     for (int i = 0; st == SIM_OK && i < nt; i++) {
         uint64_t b;
-        st = ck_check_entry(path, &t[i], mesh_json_get(root, t[i].name), data_bytes, &b);
+        st = ck_check_entry(path, &t[i], cfg_json_get(root, t[i].name), data_bytes, &b);
         t[i].begin = b;
     }
     if (st == SIM_OK && step) {
@@ -713,7 +713,7 @@ static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char
     for (int i = 0; st == SIM_OK && i < nt; i++) st = ck_tensor_io(d, m, &t[i], fd, 8 + hlen + t[i].begin, false, path);
     free(t);
     free(all);
-    mesh_json_free(root);
+    cfg_json_free(root);
     return st;
 }
 
@@ -748,13 +748,13 @@ sim_status model_checkpoint_step(const char *path, long long *step)
                        "loaded: give the step_<n>.safetensors file", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
-    mesh_json *root = NULL;
+    cfg_json *root = NULL;
     uint64_t hlen, data_bytes;
     sim_status st = ck_read_header(fd, path, &root, &hlen, &data_bytes);
     close(fd);
     SIM_TRY(st);
     *step = ck_meta_step(root);
-    mesh_json_free(root);
+    cfg_json_free(root);
     return *step < 0 ? ck_no_step(path) : SIM_OK;
 }
 

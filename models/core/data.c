@@ -94,17 +94,17 @@ sim_status model_data_open(model_data *d, model_data_type type, int64_t vocab, i
     return SIM_OK;
 }
 
-sim_status model_data_from_config(const mesh_cfg *cfg, model_data *d)
+sim_status model_data_from_config(const cfg_config *cfg, model_data *d)
 {
     static const char *const types[] = {"synthetic", "text"};
     int type;
     long long vocab, seq, seed;
     const char *path;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "dataset_type", types, 2, &type));
-    SIM_TRY(mesh_cfg_get_int(cfg, "vocab_size", &vocab));
-    SIM_TRY(mesh_cfg_get_int(cfg, "max_target_length", &seq));
-    SIM_TRY(mesh_cfg_get_int(cfg, "data_shuffle_seed", &seed));
-    SIM_TRY(mesh_cfg_get_str(cfg, "dataset_path", &path));
+    SIM_TRY(cfg_get_enum(cfg, "dataset_type", types, 2, &type));
+    SIM_TRY(cfg_get_int(cfg, "vocab_size", &vocab));
+    SIM_TRY(cfg_get_int(cfg, "max_target_length", &seq));
+    SIM_TRY(cfg_get_int(cfg, "data_shuffle_seed", &seed));
+    SIM_TRY(cfg_get_str(cfg, "dataset_path", &path));
     return model_data_open(d, (model_data_type)type, vocab, seq, (uint64_t)seed, path);
 }
 

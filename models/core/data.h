@@ -48,7 +48,7 @@ typedef struct {
 sim_status model_data_open(model_data *d, model_data_type type, int64_t vocab, int64_t seq, uint64_t seed,
                            const char *path);
 /* Reads dataset_type, dataset_path, vocab_size, max_target_length, data_shuffle_seed. */
-sim_status model_data_from_config(const mesh_cfg *cfg, model_data *d);
+sim_status model_data_from_config(const cfg_config *cfg, model_data *d);
 void model_data_close(model_data *d);
 
 /* The global batch of step `step`, `rows` rows of T tokens each, row-major

@@ -18,25 +18,25 @@
 
 /* ------------------------------------------------------------ definition */
 
-sim_status model_cfg_i64(const mesh_cfg *cfg, const char *key, int64_t *out)
+sim_status model_cfg_i64(const cfg_config *cfg, const char *key, int64_t *out)
 {
     long long x;
-    SIM_TRY(mesh_cfg_get_int(cfg, key, &x));
+    SIM_TRY(cfg_get_int(cfg, key, &x));
     *out = x;
     return SIM_OK;
 }
 
-sim_status model_cfg_bool(const mesh_cfg *cfg, const char *key, bool *out)
+sim_status model_cfg_bool(const cfg_config *cfg, const char *key, bool *out)
 {
     int x;
-    SIM_TRY(mesh_cfg_get_bool(cfg, key, &x));
+    SIM_TRY(cfg_get_bool(cfg, key, &x));
     *out = x != 0;
     return SIM_OK;
 }
 
-sim_status model_cfg_unsupported(const mesh_cfg *cfg, const char *key, const char *why)
+sim_status model_cfg_unsupported(const cfg_config *cfg, const char *key, const char *why)
 {
-    const mesh_cfg_entry *en = mesh_cfg_find(cfg, key);
+    const cfg_entry *en = cfg_find(cfg, key);
     return sim_err(SIM_ERR_INPUT, "%s=%s (%s): %s", key, en && en->value.text ? en->value.text : "?",
                    en ? en->where : "", why);
 }
@@ -52,14 +52,14 @@ static sim_status positive(const char *key, int64_t v)
  * (the whole score matrix); flash and the remaining autoselected cases take the flash kernel, which
  * the simulator's blocked online-softmax kernel stands for.  MaxText runs flash on TPU (splash) and
  * GPU (Pallas Triton); on CPU its flash path is the GPU kernel and fails, so it is refused here. */
-static sim_status attention_kernel(const mesh_cfg *cfg, model_dims *d)
+static sim_status attention_kernel(const cfg_config *cfg, model_dims *d)
 {
     static const char *const hw[] = {"tpu", "gpu", "gpu_multiprocess", "cpu"};
     static const char *const kernels[] = {"autoselected", "dot_product", "flash"};
     int h, k;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "hardware", hw, 4, &h));
+    SIM_TRY(cfg_get_enum(cfg, "hardware", hw, 4, &h));
     const char *a;
-    SIM_TRY(mesh_cfg_get_str(cfg, "attention", &a));
+    SIM_TRY(cfg_get_str(cfg, "attention", &a));
     k = -1;
     for (int i = 0; a && i < 3; i++)
         if (!strcmp(a, kernels[i])) k = i;
@@ -99,7 +99,7 @@ static sim_status attention_kernel(const mesh_cfg *cfg, model_dims *d)
 
 /* gradient_accumulation_steps and shard_optimizer_over_data, with the
  * combinations MaxText's config validation (configs/types.py) refuses. */
-static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
+static sim_status zero1_and_ga_from_config(const cfg_config *cfg, model_def *m)
 {
     model_dims *d = &m->d;
     SIM_TRY(model_cfg_i64(cfg, "gradient_accumulation_steps", &d->ga));
@@ -123,14 +123,14 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
     int fsdp = (f >= 0 ? m->mesh.sizes[f] : 1) * (ft >= 0 ? m->mesh.sizes[ft] : 1);
     /* 0.2.5's types.py refuses it (the gradients sharded P('fsdp') are added to moments sharded
      * P(('data','fsdp')): a type error in explicit mode); 0.2.0's accepts it (maxtext_release) */
-    const char *refuser = mesh_release_refusal(m->release, "zero1_with_fsdp");
+    const char *refuser = cfg_release_refusal(m->release, "zero1_with_fsdp");
     if (fsdp > 1 && refuser)
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true (ZeRO-1) cannot be combined with FSDP: the fsdp and "
                        "fsdp_transpose mesh axes have a combined size of %d (MaxText %s refuses this too: %s). Set "
                        "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
                        "or set shard_optimizer_over_data=false",
-                       fsdp, mesh_release_maxtext(m->release), refuser);
+                       fsdp, cfg_release_maxtext(m->release), refuser);
     SIM_TRY(model_opt_zero1_check(cfg)); /* MaxText's validate_optimizer_sharding_over_data */
     return SIM_OK;
 }
@@ -154,10 +154,10 @@ void model_add_param(model_def *m, const char *path, int rank, const int64_t *sh
 
 /* MaxText's get_individual_scales: global_parameter_scale = 2^k multiplies heads and MLP widths by
  * 2^(k/3 + (k%3 > 0)), the embedding by 2^(k/3 + (k%3 > 1)) and the layers by 2^(k/3). */
-static sim_status parameter_scale(const mesh_cfg *cfg, model_dims *d)
+static sim_status parameter_scale(const cfg_config *cfg, model_dims *d)
 {
     long long s;
-    SIM_TRY(mesh_cfg_get_int(cfg, "global_parameter_scale", &s));
+    SIM_TRY(cfg_get_int(cfg, "global_parameter_scale", &s));
     if (s < 1 || (s & (s - 1)))
         return sim_err(SIM_ERR_INPUT,
                        "global_parameter_scale=%lld: must be a power of two (1, 2, 4, ...); for finer control set "
@@ -226,7 +226,7 @@ static const struct {
  * hardware profile's rule (model_hw_wire_dtypes; weight_dtype without one);
  * activations and their collectives are in `dtype`; optax's Adam moments take
  * the parameters' dtype (mu_dtype "" = weight_dtype). */
-static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
+static sim_status counted_dtypes_from_config(const cfg_config *cfg, model_dims *d)
 {
     static const char *const names[] = {"float32", "bfloat16"};
     static const sim_dtype dts[] = {SIM_F32, SIM_BF16};
@@ -234,25 +234,25 @@ static sim_status counted_dtypes_from_config(const mesh_cfg *cfg, model_dims *d)
     sim_dtype *out[2] = {&d->act_dtype, &d->weight_dtype};
     for (int k = 0; k < 2; k++) {
         int ix;
-        SIM_TRY(mesh_cfg_get_enum(cfg, keys[k], names, 2, &ix));
+        SIM_TRY(cfg_get_enum(cfg, keys[k], names, 2, &ix));
         *out[k] = dts[ix];
     }
     /* where the compiler of the selected hardware profile moves MaxText's cast (configs/hardware/) */
-    SIM_TRY(model_hw_wire_dtypes(cfg, cfg->configs_dir, d->act_dtype, d->weight_dtype, &d->gather_dtype,
+    SIM_TRY(model_hw_wire_dtypes(cfg, d->act_dtype, d->weight_dtype, &d->gather_dtype,
                                  &d->reduce_dtype, d->wire_rule, sizeof d->wire_rule));
-    SIM_TRY(model_hw_xla_rules(cfg, cfg->configs_dir, d->act_dtype, d->weight_dtype, &d->xla));
+    SIM_TRY(model_hw_xla_rules(cfg, d->act_dtype, d->weight_dtype, &d->xla));
     SIM_TRY(model_cfg_bool(cfg, "logits_dot_in_fp32", &d->logits_dot_fp32));
     SIM_TRY(model_cfg_bool(cfg, "cast_logits_to_fp32", &d->logits_cast_fp32));
     return SIM_OK;
 }
 
-static sim_status remat_policy_from_config(const mesh_cfg *cfg, model_dims *d)
+static sim_status remat_policy_from_config(const cfg_config *cfg, model_dims *d)
 {
     const char *p;
-    SIM_TRY(mesh_cfg_get_str(cfg, "remat_policy", &p));
+    SIM_TRY(cfg_get_str(cfg, "remat_policy", &p));
     /* the YAML reader takes "none" for a null: read the text as written */
-    const mesh_cfg_entry *en = mesh_cfg_find(cfg, "remat_policy");
-    if (!p && en && en->value.kind == MESH_CFG_SCALAR && en->value.text) p = en->value.text;
+    const cfg_entry *en = cfg_find(cfg, "remat_policy");
+    if (!p && en && en->value.kind == CFG_SCALAR && en->value.text) p = en->value.text;
     if (!p) return sim_err(SIM_ERR_INPUT, "remat_policy is empty: use full, none or one of MaxText's policies");
     snprintf(d->remat_policy, sizeof d->remat_policy, "%s", p);
     memset(d->ckpt, 0, sizeof d->ckpt);
@@ -263,7 +263,7 @@ static sim_status remat_policy_from_config(const mesh_cfg *cfg, model_dims *d)
         static const char *const acts[] = {"remat", "device", "offload"};
         for (int n = 0; n < MODEL_CKPT_N; n++) {
             int a;
-            SIM_TRY(mesh_cfg_get_enum(cfg, CKPT_NAMES[n], acts, 3, &a));
+            SIM_TRY(cfg_get_enum(cfg, CKPT_NAMES[n], acts, 3, &a));
             d->ckpt[n] = (uint8_t)a;
         }
         if (d->ckpt[MODEL_CKPT_DECODER_LAYER_INPUT] == MODEL_CKPT_OFFLOAD)
@@ -292,10 +292,10 @@ static sim_status remat_policy_from_config(const mesh_cfg *cfg, model_dims *d)
 /* param_scan_axis: MaxText's scan stacks every layer weight along this axis (the definitions
  * above write the layers at dim 1, MaxText's default).  Only where the layers sit in the stacked
  * shape (dumps, checkpoints) changes; each device stores a weight layer by layer either way. */
-static sim_status scan_axis_from_config(const mesh_cfg *cfg, model_def *m)
+static sim_status scan_axis_from_config(const cfg_config *cfg, model_def *m)
 {
     long long a;
-    SIM_TRY(mesh_cfg_get_int(cfg, "param_scan_axis", &a));
+    SIM_TRY(cfg_get_int(cfg, "param_scan_axis", &a));
     for (int i = 0; i < m->nparams; i++) {
         model_param_def *d = &m->defs[i];
         if (d->scan_dim < 0 || d->scan_dim == a || d->state_var) continue; /* MoEBiasVar: layers first always */
@@ -352,7 +352,7 @@ static void pipeline_mesh_and_rules(model_def *m)
 }
 
 /* Pipeline keys (pipeline.c) and the combinations not implemented with a pipeline yet. */
-static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
+static sim_status pipeline_setup(model_def *m, const cfg_config *cfg)
 {
     model_dims *d = &m->d;
     /* a family may run some layers before the pipeline (DeepSeek: its dense layers) */
@@ -416,19 +416,19 @@ static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
     return SIM_OK;
 }
 
-static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
+static sim_status def_from_config(const cfg_config *cfg, model_def *m)
 {
     memset(m, 0, sizeof *m);
     pthread_mutex_init(&m->act_lock, NULL);
     model_dims *d = &m->d;
     const char *s;
-    SIM_TRY(mesh_cfg_get_str(cfg, "model_name", &s));
+    SIM_TRY(cfg_get_str(cfg, "model_name", &s));
     snprintf(d->model_name, sizeof d->model_name, "%s", s ? s : "default");
     const char *blocks[8];
     SIM_ASSERT(model_n_families <= 8);
     for (int i = 0; i < model_n_families; i++) blocks[i] = model_families[i]->name;
     int blk;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "decoder_block", blocks, model_n_families, &blk));
+    SIM_TRY(cfg_get_enum(cfg, "decoder_block", blocks, model_n_families, &blk));
     d->family = model_families[blk];
     SIM_TRY(model_cfg_i64(cfg, "vocab_size", &d->vocab));
     SIM_TRY(model_cfg_i64(cfg, "base_emb_dim", &d->emb));
@@ -447,24 +447,24 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
         return sim_err(SIM_ERR_INPUT, "base_num_query_heads=%lld is not a multiple of base_num_kv_heads=%lld",
                        (long long)d->q_heads, (long long)d->kv_heads);
     if (d->head_dim % 2) return sim_err(SIM_ERR_INPUT, "head_dim=%lld: RoPE needs an even head_dim", (long long)d->head_dim);
-    SIM_TRY(mesh_cfg_get_double(cfg, "normalization_layer_epsilon", &d->eps));
-    SIM_TRY(mesh_cfg_get_double(cfg, "z_loss_multiplier", &d->z_loss));
-    SIM_TRY(mesh_cfg_get_double(cfg, "rope_max_timescale", &d->rope_theta));
-    SIM_TRY(mesh_cfg_get_double(cfg, "rope_min_timescale", &d->rope_min));
-    SIM_TRY(mesh_cfg_get_double(cfg, "rope_linear_scaling_factor", &d->rope_linear));
+    SIM_TRY(cfg_get_double(cfg, "normalization_layer_epsilon", &d->eps));
+    SIM_TRY(cfg_get_double(cfg, "z_loss_multiplier", &d->z_loss));
+    SIM_TRY(cfg_get_double(cfg, "rope_max_timescale", &d->rope_theta));
+    SIM_TRY(cfg_get_double(cfg, "rope_min_timescale", &d->rope_min));
+    SIM_TRY(cfg_get_double(cfg, "rope_linear_scaling_factor", &d->rope_linear));
     if (!(d->rope_linear > 0))
         return sim_err(SIM_ERR_INPUT, "rope_linear_scaling_factor=%g: must be positive (1 = no scaling)", d->rope_linear);
     /* MaxText's Attention.init_rotary_embedding (attentions.py) picks LLaMARotaryEmbedding by the
      * model's name before it reads rope_type: every llama3.1* name (llama3.1-8b, -70b, -405b and
      * their -Instruct names) and rope_type=llama3.1 rotate with Llama 3.1's scaled RoPE. */
     const char *rope_type;
-    SIM_TRY(mesh_cfg_get_str(cfg, "rope_type", &rope_type));
+    SIM_TRY(cfg_get_str(cfg, "rope_type", &rope_type));
     d->rope_llama31 = !strncmp(d->model_name, "llama3.1", 8) || (rope_type && !strncmp(rope_type, "llama3.1", 8));
     SIM_TRY(model_cfg_bool(cfg, "rope_use_scale", &d->rope_use_scale));
     SIM_TRY(model_cfg_bool(cfg, "logits_via_embedding", &d->tied_logits));
     SIM_TRY(model_cfg_bool(cfg, "normalize_embedding_logits", &d->normalize_tied));
-    SIM_TRY(mesh_cfg_get_double(cfg, "final_logits_soft_cap", &d->final_soft_cap));
-    SIM_TRY(mesh_cfg_get_double(cfg, "attn_logits_soft_cap", &d->attn_soft_cap));
+    SIM_TRY(cfg_get_double(cfg, "final_logits_soft_cap", &d->final_soft_cap));
+    SIM_TRY(cfg_get_double(cfg, "attn_logits_soft_cap", &d->attn_soft_cap));
     if (d->final_soft_cap < 0 || d->attn_soft_cap < 0)
         return sim_err(SIM_ERR_INPUT,
                        "final_logits_soft_cap=%g, attn_logits_soft_cap=%g: a soft cap is a positive bound, or 0 for none",
@@ -474,7 +474,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(model_cfg_bool(cfg, "fused_qkv", &d->fused_qkv));
     bool dropout_on;
     SIM_TRY(model_cfg_bool(cfg, "enable_dropout", &dropout_on));
-    SIM_TRY(mesh_cfg_get_double(cfg, "dropout_rate", &d->dropout));
+    SIM_TRY(cfg_get_double(cfg, "dropout_rate", &d->dropout));
     if (!(d->dropout >= 0 && d->dropout <= 1))
         return sim_err(SIM_ERR_INPUT, "dropout_rate=%g: a probability between 0 and 1", d->dropout);
     if (!dropout_on) d->dropout = 0; /* MaxText trains with deterministic = not enable_dropout */
@@ -486,31 +486,31 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
                        d->attn_soft_cap, "dot_product or autoselected");
     static const char *const modes[] = {"auto", "explicit"};
     int md;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "shard_mode", modes, 2, &md));
+    SIM_TRY(cfg_get_enum(cfg, "shard_mode", modes, 2, &md));
     d->mode = md ? MESH_MODE_EXPLICIT : MESH_MODE_AUTO;
     d->drop_size_one = true;
-    if (mesh_cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
+    if (cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
     static const char *const loss_modes[] = {"reshard", "assert"};
     int lm;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "loss_constraint", loss_modes, 2, &lm));
+    SIM_TRY(cfg_get_enum(cfg, "loss_constraint", loss_modes, 2, &lm));
     d->loss_assert = lm == 1;
     SIM_TRY(counted_dtypes_from_config(cfg, d));
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &d->scan_layers));
 
     SIM_TRY(model_cfg_bool(cfg, "context_parallel_load_balance", &d->cp_load_balance));
     long long seed;
-    SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
+    SIM_TRY(cfg_get_int(cfg, "init_weights_seed", &seed));
     d->seed = (uint64_t)seed;
 
-    SIM_TRY(mesh_release_of(cfg, &m->release));
+    SIM_TRY(cfg_release_of(cfg, &m->release));
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
     SIM_TRY(zero1_and_ga_from_config(cfg, m));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
     pipeline_mesh_and_rules(m);
     double pdbs;
-    SIM_TRY(mesh_cfg_get_double(cfg, "per_device_batch_size", &pdbs));
+    SIM_TRY(cfg_get_double(cfg, "per_device_batch_size", &pdbs));
     d->batch = (int64_t)((double)m->mesh.num_devices * pdbs + 1e-9);
     if (pdbs <= 0 || d->batch < 1)
         return sim_err(SIM_ERR_INPUT,
@@ -528,7 +528,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
                        (long long)d->ga, (long long)d->rows_loaded, (long long)d->seq,
                        (long long)MODEL_MAX_STEP_TOKENS);
     const char *cs;
-    SIM_TRY(mesh_cfg_get_str(cfg, "context_sharding", &cs));
+    SIM_TRY(cfg_get_str(cfg, "context_sharding", &cs));
     d->cp_axis = cs ? mesh_shape_axis_index(&m->mesh, cs) : -1;
     d->cp = d->cp_axis >= 0 ? m->mesh.sizes[d->cp_axis] : 1;
     if (d->cp > 1 && d->cp_load_balance && d->seq % (2 * d->cp))
@@ -602,7 +602,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
 /* The one unwind of def_from_config: whatever step refuses the config, the rules built before it
  * (the only heap memory a model_def owns) are freed and zeroed, so a refused config leaves nothing
  * allocated whether or not the caller then calls model_def_free. */
-sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
+sim_status model_def_from_config(const cfg_config *cfg, model_def *m)
 {
     sim_status st = def_from_config(cfg, m);
     if (st != SIM_OK) {

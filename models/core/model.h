@@ -69,7 +69,7 @@ typedef struct {
                                  profile's compiler rule (weight_dtype without a profile: XLA:CPU) */
     sim_dtype reduce_dtype;   /* a parameter gradient's reductions, by the same rule */
     char wire_rule[192];      /* which rule set the two (model_hw_wire_dtypes): run.json, the config box */
-    model_xla_rules xla;      /* the profile's compiler transformations (model_hw_xla_rules; all off without
+    cfg_xla_rules xla;      /* the profile's compiler transformations (model_hw_xla_rules; all off without
                                  a profile): hoisted weight copies, accumulation buffers, Newton-Schulz
                                  gathers, windowed einsums, psum reduce-scatters */
     bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
@@ -113,7 +113,7 @@ typedef struct {
 
 typedef struct {
     model_dims d;
-    const struct mesh_release *release; /* maxtext_release (mesh/release.h), never NULL once defined */
+    const struct cfg_release *release; /* maxtext_release (config/release.h), never NULL once defined */
     mesh_shape mesh;
     mesh_rules rules;
     int nparams;
@@ -137,15 +137,15 @@ typedef struct {
     uint64_t pipe_layer_ns, pipe_bubble_ns;
 } model_def;
 
-/* Config getters into the model's field types (errors as mesh_cfg_get_*). */
-sim_status model_cfg_i64(const mesh_cfg *cfg, const char *key, int64_t *out);
-sim_status model_cfg_bool(const mesh_cfg *cfg, const char *key, bool *out);
+/* Config getters into the model's field types (errors as cfg_get_*). */
+sim_status model_cfg_i64(const cfg_config *cfg, const char *key, int64_t *out);
+sim_status model_cfg_bool(const cfg_config *cfg, const char *key, bool *out);
 /* A refusal naming the key, its value and where it was set, then why (SIM_ERR_INPUT). */
-sim_status model_cfg_unsupported(const mesh_cfg *cfg, const char *key, const char *why);
+sim_status model_cfg_unsupported(const cfg_config *cfg, const char *key, const char *why);
 
 /* Reads the dims, builds the mesh and the rules and defines the parameters.  On an error nothing
  * is left allocated (model_def_free on the refused def is allowed and not needed). */
-sim_status model_def_from_config(const mesh_cfg *cfg, model_def *out);
+sim_status model_def_from_config(const cfg_config *cfg, model_def *out);
 void model_def_free(model_def *m);
 /* Spec of a tensor with these logical dim names (NULL = None). */
 sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, const char *const *names,
@@ -302,9 +302,9 @@ typedef struct model_family {
     const char *name; /* decoder_block, as MaxText names it */
     /* Reads the family's keys (its dims into a family_dims it allocates), refuses what it does not
      * simulate (SIM_ERR_INPUT naming the key and the fix) and defines the parameters (model_add_param). */
-    sim_status (*define)(model_def *m, const mesh_cfg *cfg);
+    sim_status (*define)(model_def *m, const cfg_config *cfg);
     /* After the parameters' specs are resolved: checks that need them (NULL: none). */
-    sim_status (*setup)(model_def *m, const mesh_cfg *cfg);
+    sim_status (*setup)(model_def *m, const cfg_config *cfg);
     /* The forward pass: token embedding, the decoder layers (each through model_remat_layer,
      * model_pipeline_run), the output head and the loss. */
     sim_status (*loss)(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
@@ -313,7 +313,7 @@ typedef struct model_family {
      * part of the pipelined stack (NULL: every scanned parameter); a combination the pipeline does
      * not simulate yet, as "key=value" text, or NULL (NULL hook: none). */
     int64_t (*layers_before_pipeline)(const model_def *m);
-    sim_status (*pipeline_check)(model_def *m, const mesh_cfg *cfg);
+    sim_status (*pipeline_check)(model_def *m, const cfg_config *cfg);
     bool (*param_pipelined)(const model_def *m, const model_param_def *pd);
     const char *(*pipeline_unsimulated)(const model_def *m);
     /* State the step updates outside the optimizer (DeepSeek's gate bias): how many host floats of

@@ -27,37 +27,37 @@ const model_optimizer *model_optimizer_find(const char *name)
 }
 
 /* opt_type's row number, with the config's wording for a value outside the table. */
-static sim_status opt_type(const mesh_cfg *cfg, int *type)
+static sim_status opt_type(const cfg_config *cfg, int *type)
 {
     enum { MAX_ROWS = 64 };
     const char *names[MAX_ROWS];
     SIM_ASSERT(model_n_optimizers <= MAX_ROWS);
     for (int i = 0; i < model_n_optimizers; i++) names[i] = model_optimizers[i]->name;
-    return mesh_cfg_get_enum(cfg, "opt_type", names, model_n_optimizers, type);
+    return cfg_get_enum(cfg, "opt_type", names, model_n_optimizers, type);
 }
 
 /* ---------------------------------------------------------------- config */
 
-sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
+sim_status model_optim_from_config(const cfg_config *cfg, model_optim_cfg *o)
 {
     static const char *const schedules[] = {"cosine"};
     memset(o, 0, sizeof *o);
     int type, sched;
     SIM_TRY(opt_type(cfg, &type));
-    SIM_TRY(mesh_cfg_get_enum(cfg, "lr_schedule_type", schedules, 1, &sched));
+    SIM_TRY(cfg_get_enum(cfg, "lr_schedule_type", schedules, 1, &sched));
     o->type = type;
     o->row = model_optimizers[type];
-    SIM_TRY(mesh_cfg_get_double(cfg, "learning_rate", &o->lr));
-    SIM_TRY(mesh_cfg_get_double(cfg, "warmup_steps_fraction", &o->warmup_fraction));
-    SIM_TRY(mesh_cfg_get_double(cfg, "learning_rate_final_fraction", &o->final_fraction));
-    SIM_TRY(mesh_cfg_get_int(cfg, "learning_rate_schedule_steps", &o->schedule_steps));
-    SIM_TRY(mesh_cfg_get_int(cfg, "steps", &o->steps));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_b1", &o->b1));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_b2", &o->b2));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_eps", &o->eps));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_eps_root", &o->eps_root));
-    SIM_TRY(mesh_cfg_get_double(cfg, "adam_weight_decay", &o->weight_decay));
-    SIM_TRY(mesh_cfg_get_double(cfg, "gradient_clipping_threshold", &o->clip));
+    SIM_TRY(cfg_get_double(cfg, "learning_rate", &o->lr));
+    SIM_TRY(cfg_get_double(cfg, "warmup_steps_fraction", &o->warmup_fraction));
+    SIM_TRY(cfg_get_double(cfg, "learning_rate_final_fraction", &o->final_fraction));
+    SIM_TRY(cfg_get_int(cfg, "learning_rate_schedule_steps", &o->schedule_steps));
+    SIM_TRY(cfg_get_int(cfg, "steps", &o->steps));
+    SIM_TRY(cfg_get_double(cfg, "adam_b1", &o->b1));
+    SIM_TRY(cfg_get_double(cfg, "adam_b2", &o->b2));
+    SIM_TRY(cfg_get_double(cfg, "adam_eps", &o->eps));
+    SIM_TRY(cfg_get_double(cfg, "adam_eps_root", &o->eps_root));
+    SIM_TRY(cfg_get_double(cfg, "adam_weight_decay", &o->weight_decay));
+    SIM_TRY(cfg_get_double(cfg, "gradient_clipping_threshold", &o->clip));
     if (o->row->from_config) SIM_TRY(o->row->from_config(cfg, o));
     if (o->schedule_steps == -1) o->schedule_steps = o->steps;
     if (o->schedule_steps < 1)
@@ -72,7 +72,7 @@ sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
     return SIM_OK;
 }
 
-sim_status model_opt_zero1_check(const mesh_cfg *cfg)
+sim_status model_opt_zero1_check(const cfg_config *cfg)
 {
     int type;
     SIM_TRY(opt_type(cfg, &type));
@@ -113,12 +113,12 @@ static void mask_path(const char *path, char *buf, size_t cap)
 }
 
 /* out[i].decay for every parameter: false where a pattern of adamw_mask matches its path. */
-static sim_status decay_mask(const mesh_cfg *cfg, const model_param_def *defs, int n, model_opt_param *out)
+static sim_status decay_mask(const cfg_config *cfg, const model_param_def *defs, int n, model_opt_param *out)
 {
     const char **pat = NULL;
     int np = 0;
-    if (!mesh_cfg_find(cfg, "adamw_mask")) return SIM_OK;
-    SIM_TRY(mesh_cfg_get_str_list(cfg, "adamw_mask", &pat, &np));
+    if (!cfg_find(cfg, "adamw_mask")) return SIM_OK;
+    SIM_TRY(cfg_get_str_list(cfg, "adamw_mask", &pat, &np));
     sim_status st = SIM_OK;
     for (int k = 0; k < np && st == SIM_OK; k++) {
         regex_t re;
@@ -135,7 +135,7 @@ static sim_status decay_mask(const mesh_cfg *cfg, const model_param_def *defs, i
     return st;
 }
 
-sim_status model_opt_define(const mesh_cfg *cfg, const model_param_def *defs, int n, const model_optimizer **row,
+sim_status model_opt_define(const cfg_config *cfg, const model_param_def *defs, int n, const model_optimizer **row,
                             model_opt_param *out)
 {
     int type;

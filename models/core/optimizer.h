@@ -118,10 +118,10 @@ struct model_optimizer {
     /* pipeline parallelism: NULL (supported), or why not and what to use instead */
     const char *pipeline_refused;
     /* Reads the row's own keys into o->priv, refuses what is not supported (NULL: nothing to read). */
-    sim_status (*from_config)(const mesh_cfg *cfg, model_optim_cfg *o);
+    sim_status (*from_config)(const cfg_config *cfg, model_optim_cfg *o);
     /* At model definition: checks the parameters and classifies each (out[i] comes with the row's
      * n_slots, the decay mask and branch 0 filled in); NULL keeps that. */
-    sim_status (*define)(const mesh_cfg *cfg, const model_param_def *defs, int n, model_opt_param *out);
+    sim_status (*define)(const cfg_config *cfg, const model_param_def *defs, int n, model_opt_param *out);
     /* One update of every local shard, in place, and its collectives (phase optimizer). */
     sim_status (*update)(const model_opt_step *st);
     /* optax's state tree for the dump: every leaf below .opt_state, in JAX's order. */
@@ -137,16 +137,16 @@ const model_optimizer *model_optimizer_find(const char *name);
 
 /* Reads every key above from the config (the base config defines them all), then the row's own;
  * lr_schedule_type must be "cosine". */
-sim_status model_optim_from_config(const mesh_cfg *cfg, model_optim_cfg *out);
+sim_status model_optim_from_config(const cfg_config *cfg, model_optim_cfg *out);
 
 /* At model definition: opt_type's row (*row) and each parameter's treatment (out[n]): the row's
  * slot count (none for a non-trainable variable), the weight-decay mask, the row's own checks
  * and classification. */
-sim_status model_opt_define(const mesh_cfg *cfg, const model_param_def *defs, int n, const model_optimizer **row,
+sim_status model_opt_define(const cfg_config *cfg, const model_param_def *defs, int n, const model_optimizer **row,
                             model_opt_param *out);
 
 /* The refusal of ZeRO-1 with opt_type's row as an error (SIM_OK when the row supports it). */
-sim_status model_opt_zero1_check(const mesh_cfg *cfg);
+sim_status model_opt_zero1_check(const cfg_config *cfg);
 
 /* One optimizer update of every parameter of this device (o->row's update); s = updates already
  * applied; grad_norm = the global norm.  Gradients are read, not changed. */

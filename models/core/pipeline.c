@@ -12,29 +12,29 @@
 
 /* ------------------------------------------------------------ config */
 
-static sim_status get_i64(const mesh_cfg *cfg, const char *key, int64_t *out)
+static sim_status get_i64(const cfg_config *cfg, const char *key, int64_t *out)
 {
     long long v;
-    SIM_TRY(mesh_cfg_get_int(cfg, key, &v));
+    SIM_TRY(cfg_get_int(cfg, key, &v));
     *out = v;
     return SIM_OK;
 }
 
-static sim_status get_flag(const mesh_cfg *cfg, const char *key, bool *out)
+static sim_status get_flag(const cfg_config *cfg, const char *key, bool *out)
 {
     int v;
-    SIM_TRY(mesh_cfg_get_bool(cfg, key, &v));
+    SIM_TRY(cfg_get_bool(cfg, key, &v));
     *out = v != 0;
     return SIM_OK;
 }
 
-static bool cfg_str_set(const mesh_cfg *cfg, const char *key)
+static bool cfg_str_set(const cfg_config *cfg, const char *key)
 {
     const char *s = NULL;
-    return mesh_cfg_find(cfg, key) && mesh_cfg_get_str(cfg, key, &s) == SIM_OK && s && *s;
+    return cfg_find(cfg, key) && cfg_get_str(cfg, key, &s) == SIM_OK && s && *s;
 }
 
-sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, int64_t decoder_layers,
+sim_status model_pipe_from_config(const cfg_config *cfg, const mesh_shape *mesh, int64_t decoder_layers,
                                   int64_t batch, model_pipe *p)
 {
     memset(p, 0, sizeof *p);
@@ -155,9 +155,9 @@ sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, i
                            "%s with pipeline parallelism (stages=%lld): checkpoints of stage-held layers are not "
                            "implemented yet; unset %s or set ici_pipeline_parallelism=1",
                            unset_strs[i], (long long)S, unset_strs[i]);
-    if (mesh_cfg_find(cfg, "opt_type")) {
+    if (cfg_find(cfg, "opt_type")) {
         const char *ot = NULL;
-        SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
+        SIM_TRY(cfg_get_str(cfg, "opt_type", &ot));
         const model_optimizer *row = model_optimizer_find(ot);
         if (row && row->pipeline_refused)
             return sim_err(SIM_ERR_INPUT, "opt_type=%s with pipeline parallelism (stages=%lld) %s", row->name,

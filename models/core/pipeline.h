@@ -42,7 +42,7 @@ typedef struct {
  * stack's size; batch: rows trained per step.  Every violated rule is an
  * input error naming the keys, their values and a valid choice; pipeline
  * features not implemented yet are refused the same way. */
-sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, int64_t decoder_layers,
+sim_status model_pipe_from_config(const cfg_config *cfg, const mesh_shape *mesh, int64_t decoder_layers,
                                   int64_t batch, model_pipe *out);
 
 /* Iterations of one pipeline call: M*R + d*(S-1). */

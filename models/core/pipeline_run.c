@@ -484,9 +484,9 @@ static sim_status explicit_positions_gather(const pipe_run *pr)
     const model_dev *md = pr->md;
     const model_pipe *p = pr->p;
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
-    const char *where = mesh_release_error(md->ctx.release, "pipeline_positions_gather", "layers/pipeline.py:_gather_one");
+    const char *where = cfg_release_error(md->ctx.release, "pipeline_positions_gather", "layers/pipeline.py:_gather_one");
     if (!where) return SIM_OK;
-    const char *rel = mesh_release_maxtext(md->ctx.release);
+    const char *rel = cfg_release_maxtext(md->ctx.release);
     const mesh_shape *ms = &md->def->mesh;
     int64_t op_shape[3] = {p->microbatches, p->micro_rows, pr->slot_shape[1]}, ix_shape[2] = {p->stages, 3};
     mesh_spec op_spec, ix_spec;

@@ -22,224 +22,12 @@
 
 /* ------------------------------------------------------------ profiles */
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-const char *model_hw_names(const char *configs_dir, char *buf, size_t cap)
+sim_status model_hw_wire_dtypes(const cfg_config *cfg, sim_dtype act, sim_dtype weight, sim_dtype *gather,
+                                sim_dtype *reduce, char *rule, size_t cap)
 {
-    char dir[4200];
-    snprintf(dir, sizeof dir, "%s/hardware", configs_dir);
-    buf[0] = '\0';
-    DIR *d = opendir(dir);
-    if (!d) return buf;
-    char *names[64];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        size_t l = strlen(e->d_name);
-        if (l > 4 && !strcmp(e->d_name + l - 4, ".yml")) names[n++] = strndup(e->d_name, l - 4);
-    }
-    closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], cmp_str);
-    size_t used = 0;
-    for (int i = 0; i < n; i++) {
-        if (used < cap) used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", names[i]);
-        free(names[i]);
-    }
-    return buf;
-}
-
-static const mesh_cfg_value *map_field(const mesh_cfg_value *map, const char *key)
-{
-    if (!map || map->kind != MESH_CFG_MAP) return NULL;
-    for (int i = 0; i < map->n; i++)
-        if (!strcmp(map->keys[i], key)) return &map->items[i];
-    return NULL;
-}
-
-/* A number of the profile, or 0 for null/absent (a figure not published). */
-static sim_status num_field(const mesh_cfg_value *v, const char *file, const char *key, double *out)
-{
-    *out = 0;
-    if (!v || (v->kind == MESH_CFG_SCALAR && mesh_cfg_scalar_type(v) == MESH_CFG_NULL)) return SIM_OK;
-    char what[600];
-    snprintf(what, sizeof what, "%s: '%s'", file, key);
-    SIM_TRY(mesh_cfg_value_double(v, what, out));
-    if (*out < 0) return sim_err(SIM_ERR_INPUT, "%s = %g: expected a figure >= 0 (or null when not published)", what, *out);
-    return SIM_OK;
-}
-
-/* A key of two spellings: *on = (its value is `yes`); a missing key or another value is an error that
- * names both and what they mean. */
-static sim_status choice_key(const mesh_cfg *cfg, const char *path, const char *key, const char *yes, const char *no,
-                             const char *meaning, bool *on)
-{
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
-    const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
-    if (!t || (strcmp(t, yes) && strcmp(t, no)))
-        return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s: expected %s, with its source in a comment", path, key,
-                       t ? t : "(missing)", meaning);
-    *on = !strcmp(t, yes);
-    return SIM_OK;
-}
-
-/* A whole number from 0 to max. */
-static sim_status count_key(const mesh_cfg *cfg, const char *path, const char *key, int max, const char *meaning,
-                            int *out)
-{
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, key);
-    double v = -1;
-    if (e) SIM_TRY(num_field(&e->value, path, key, &v));
-    if (!(v >= 0 && v <= max && v == (int)v))
-        return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s%g: expected a whole number from 0 to %d, %s, with its source in "
-                       "a comment", path, key, e ? "" : "(missing) ", v, max, meaning);
-    *out = (int)v;
-    return SIM_OK;
-}
-
-sim_status model_hw_load(const char *configs_dir, const char *name, int devices_per_slice, model_hw *out)
-{
-    memset(out, 0, sizeof *out);
-    char path[4300], names[1024];
-    bool bad = !*name || strlen(name) >= sizeof out->name || strpbrk(name, "/.");
-    snprintf(path, sizeof path, "%s/hardware/%s.yml", configs_dir, name);
-    FILE *f = bad ? NULL : fopen(path, "r");
-    if (!f)
-        return sim_err(SIM_ERR_INPUT, "hardware profile '%s': not one of %s/hardware (%s); use one of those names",
-                       name, configs_dir, model_hw_names(configs_dir, names, sizeof names));
-    fclose(f);
-    mesh_cfg *cfg;
-    SIM_TRY(mesh_cfg_load_file(path, &cfg));
-    snprintf(out->name, sizeof out->name, "%s", name);
-    const mesh_cfg_entry *kind = mesh_cfg_find(cfg, "kind");
-    out->gpu = kind && kind->value.text && !strcmp(kind->value.text, "gpu");
-    double dpc = 1, v;
-    sim_status st = SIM_OK;
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "devices_per_chip");
-    if (e) st = num_field(&e->value, path, "devices_per_chip", &dpc);
-    if (!st && dpc < 1) st = sim_err(SIM_ERR_INPUT, "%s: devices_per_chip must be >= 1", path);
-    out->devices_per_chip = (int)dpc;
-    const mesh_cfg_entry *pk = mesh_cfg_find(cfg, "peak_tflops");
-    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "bfloat16"), path, "peak_tflops.bfloat16", &v);
-    out->peak_bf16 = v * 1e12 / dpc;
-    if (!st && out->peak_bf16 <= 0) st = sim_err(SIM_ERR_INPUT, "%s: peak_tflops.bfloat16 is required", path);
-    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "float8"), path, "peak_tflops.float8", &v);
-    out->peak_fp8 = v * 1e12 / dpc;
-    if (!st) st = num_field(map_field(pk ? &pk->value : NULL, "float32"), path, "peak_tflops.float32", &v);
-    out->peak_f32 = v * 1e12 / dpc;
-    static const char *const keys[] = {"hbm_gib", "hbm_gbps", "ici_gbps_bidirectional", "ici_ports",
-                                       "nvlink_gbps_bidirectional", "dcn_gbits"};
-    double val[6] = {0};
-    for (int i = 0; i < 6 && !st; i++) {
-        e = mesh_cfg_find(cfg, keys[i]);
-        if (e) st = num_field(&e->value, path, keys[i], &val[i]);
-    }
-    out->hbm_bytes = val[0] * 1073741824.0 / dpc;
-    out->hbm_bw = val[1] * 1e9 / dpc;
-    if (!st && (out->hbm_bytes <= 0 || out->hbm_bw <= 0))
-        st = sim_err(SIM_ERR_INPUT, "%s: hbm_gib and hbm_gbps are required", path);
-    if (out->gpu)
-        out->link_bw = val[4] * 1e9 / 2.0; /* NVLink switch: a GPU injects half its bidirectional figure each way */
-    else if (val[2] > 0 && val[3] > 0)
-        out->link_bw = val[2] * 1e9 / val[3] / 2.0; /* one port, one direction */
-    out->link_bw /= dpc;
-    out->dcn_bw = val[5] * 1e9 / 8.0 / dpc;
-    /* the dtypes the profile's compiler moves weight collectives in (the comment above the keys
-     * in each file gives the source) */
-    static const char *const wire_keys[] = {"weight_gather_dtype", "gradient_reduction_dtype"};
-    bool *wire_out[] = {&out->gather_in_dtype, &out->reduce_in_dtype};
-    for (int i = 0; i < 2 && !st; i++) {
-        e = mesh_cfg_find(cfg, wire_keys[i]);
-        const char *t = e && e->value.kind == MESH_CFG_SCALAR ? e->value.text : NULL;
-        if (!t || (strcmp(t, "dtype") && strcmp(t, "weight_dtype")))
-            st = sim_err(SIM_ERR_INPUT,
-                         "%s: '%s' = %s: expected dtype (the compiler casts the float32 weight to `dtype` "
-                         "before the collective) or weight_dtype (it moves the stored dtype), with its source "
-                         "in a comment",
-                         path, wire_keys[i], t ? t : "(missing)");
-        else
-            *wire_out[i] = !strcmp(t, "dtype");
-    }
-    /* the compiler's program transformations (the comment above each key in each file gives the source) */
-    model_xla_rules *rules = &out->xla;
-    if (!st) st = choice_key(cfg, path, "hoisted_weight_copies", "dtype", "none",
-                             "dtype (each layer stack's float32 weights cast to `dtype` once, before the layer loops) "
-                             "or none (each layer casts its own)", &rules->hoist_casts);
-    if (!st) st = count_key(cfg, path, "accumulation_gradient_copies", 8,
-                            "gradient sets the compiler holds beside the gradients during gradient accumulation",
-                            &rules->ga_grad_copies);
-    if (!st) st = choice_key(cfg, path, "newton_schulz_gather_dtype", "bfloat16", "float32",
-                             "bfloat16 (a float32 product at the default matmul precision is one bfloat16 pass, "
-                             "its operands cast before their gathers) or float32", &rules->ns_gather_bf16);
-    if (!st) st = choice_key(cfg, path, "newton_schulz_operand_gathers", "once", "per_product",
-                             "once (one gather of X serves X X^T and B X) or per_product", &rules->ns_gather_once);
-    if (!st) st = count_key(cfg, path, "windowed_einsum_min_group", 1 << 20,
-                            "the smallest group (0: never) whose weight products the compiler windows",
-                            &rules->windowed_min_group);
-    if (!st) st = count_key(cfg, path, "psum_scatter_max_group", 1 << 20,
-                            "the largest group (0: any) over which a shard_map's gradient psum and slice become a "
-                            "reduce-scatter", &rules->psum_scatter_max_group);
-    if (!st) st = choice_key(cfg, path, "embedding_lookup", "all_to_all", "gather_table",
-                             "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "
-                             "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",
-                             &rules->embed_all_to_all);
-    const mesh_cfg_entry *tor = mesh_cfg_find(cfg, "torus");
-    int chips = devices_per_slice / (int)dpc;
-    if (!st && tor && chips > 0) {
-        char key[32];
-        snprintf(key, sizeof key, "%d", chips);
-        const mesh_cfg_value *shape = map_field(&tor->value, key);
-        for (int i = 0; shape && shape->kind == MESH_CFG_LIST && i < shape->n && i < 3 && !st; i++) {
-            long long x;
-            st = mesh_cfg_value_int(&shape->items[i], "a torus dimension", &x);
-            out->torus[out->torus_n++] = (int)x;
-        }
-    }
-    mesh_cfg_free(cfg);
-    return st;
-}
-
-/* The profile name a config selects (hardware_profile, else compile_topology's family, written into
- * fam); NULL when neither is set. */
-static const char *profile_name(const mesh_cfg *cfg, char *fam, size_t cap, const char **topo)
-{
-    const char *name = NULL;
-    *topo = NULL;
-    const mesh_cfg_entry *e = mesh_cfg_find(cfg, "hardware_profile");
-    if (e && e->value.text && *e->value.text) name = e->value.text;
-    e = mesh_cfg_find(cfg, "compile_topology");
-    if (e && e->value.text && *e->value.text) *topo = e->value.text;
-    if (!name && *topo) { /* "v5p-8" -> "v5p" */
-        snprintf(fam, cap, "%s", *topo);
-        char *dash = strrchr(fam, '-');
-        if (dash) *dash = '\0';
-        name = fam;
-    }
-    return name;
-}
-
-sim_status model_hw_from_config(const mesh_cfg *cfg, const char *configs_dir, int devices_per_slice,
-                                model_hw *out, bool *found)
-{
-    *found = false;
-    const char *topo;
-    char fam[64];
-    const char *name = profile_name(cfg, fam, sizeof fam, &topo);
-    if (!name) return SIM_OK;
-    sim_status st = model_hw_load(configs_dir, name, devices_per_slice, out);
-    if (st && topo && name == fam)
-        sim_err_append(" (the family of compile_topology=%s; set hardware_profile=NAME to choose one)", topo);
-    else if (st)
-        sim_err_append(" (hardware_profile=%s)", name);
-    *found = st == SIM_OK;
-    return st;
-}
-
-sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
-                                sim_dtype *gather, sim_dtype *reduce, char *rule, size_t cap)
-{
-    model_hw hw;
+    cfg_hw hw;
     bool found;
-    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    SIM_TRY(cfg_hw_from_config(cfg, 0, &hw, &found));
     /* a cast moves before a collective only when it narrows: bfloat16 activations of float32 weights */
     bool narrows = sim_dtype_size(act) < sim_dtype_size(weight);
     *gather = found && hw.gather_in_dtype && narrows ? act : weight;
@@ -254,19 +42,18 @@ sim_status model_hw_wire_dtypes(const mesh_cfg *cfg, const char *configs_dir, si
     return SIM_OK;
 }
 
-sim_status model_hw_xla_rules(const mesh_cfg *cfg, const char *configs_dir, sim_dtype act, sim_dtype weight,
-                              model_xla_rules *out)
+sim_status model_hw_xla_rules(const cfg_config *cfg, sim_dtype act, sim_dtype weight, cfg_xla_rules *out)
 {
     memset(out, 0, sizeof *out);
-    model_hw hw;
+    cfg_hw hw;
     bool found;
-    SIM_TRY(model_hw_from_config(cfg, configs_dir, 0, &hw, &found));
+    SIM_TRY(cfg_hw_from_config(cfg, 0, &hw, &found));
     if (!found) return SIM_OK;
     /* jax.lax.Precision: DEFAULT and BF16 are one bfloat16 pass on TPU; HIGH (3 passes) and HIGHEST/FLOAT32
      * (6) keep the float32 operand, so nothing narrows before the gather */
     static const char *const precisions[] = {"default", "bfloat16", "high", "highest", "float32"};
     int p;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "matmul_precision", precisions, 5, &p));
+    SIM_TRY(cfg_get_enum(cfg, "matmul_precision", precisions, 5, &p));
     *out = hw.xla;
     out->hoist_casts = hw.xla.hoist_casts && sim_dtype_size(act) < sim_dtype_size(weight);
     out->ns_gather_bf16 = hw.xla.ns_gather_bf16 && p <= 1;
@@ -280,7 +67,7 @@ static size_t add_rule(char *buf, size_t cap, size_t n, const char *text)
     return n + (size_t)(w > 0 ? w : 0);
 }
 
-const char *model_xla_rules_text(const model_xla_rules *r, char *buf, size_t cap)
+const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
 {
     size_t n = 0;
     char t[96];
@@ -309,26 +96,26 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
 {
     char path[4300];
     snprintf(path, sizeof path, "%s/timemodel.yml", configs_dir);
-    mesh_cfg *cfg;
-    SIM_TRY(mesh_cfg_load_file(path, &cfg));
+    cfg_config *cfg;
+    SIM_TRY(cfg_load_file(path, &cfg));
     static const char *const keys[] = {"mxu_efficiency", "hbm_efficiency", "ici_efficiency", "dcn_efficiency",
                                        "layout_op_efficiency", "hop_latency_us", "prefetch_weight_collectives"};
     double v[7];
     sim_status st = SIM_OK;
     for (int i = 0; i < 7 && !st; i++) {
-        const mesh_cfg_entry *e = mesh_cfg_find(cfg, keys[i]);
+        const cfg_entry *e = cfg_find(cfg, keys[i]);
         if (!e) st = sim_err(SIM_ERR_INPUT, "%s: '%s' is missing", path, keys[i]);
-        else st = num_field(&e->value, path, keys[i], &v[i]);
+        else st = cfg_hw_figure(&e->value, path, keys[i], &v[i]);
         if (!st && i < 5 && (v[i] <= 0 || v[i] > 1))
             st = sim_err(SIM_ERR_INPUT, "%s: %s = %g: expected a fraction in (0, 1]", path, keys[i], v[i]);
     }
-    const mesh_cfg_entry *ov = st ? NULL : mesh_cfg_find(cfg, "overlap_weight_collectives");
-    const char *ovt = ov && ov->value.kind == MESH_CFG_SCALAR ? ov->value.text : NULL;
+    const cfg_entry *ov = st ? NULL : cfg_find(cfg, "overlap_weight_collectives");
+    const char *ovt = ov && ov->value.kind == CFG_SCALAR ? ov->value.text : NULL;
     if (!st && (!ovt || (strcmp(ovt, "true") && strcmp(ovt, "false"))))
         st = sim_err(SIM_ERR_INPUT, "%s: 'overlap_weight_collectives' = %s: expected true or false", path,
                      ovt ? ovt : "(missing)");
     out->overlap_weights = ovt && !strcmp(ovt, "true");
-    mesh_cfg_free(cfg);
+    cfg_free(cfg);
     if (st) return st;
     out->mxu = v[0], out->hbm = v[1], out->ici = v[2], out->dcn = v[3];
     out->layout = v[4];
@@ -337,7 +124,7 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
     return SIM_OK;
 }
 
-double model_hw_peak(const model_hw *hw, const char *dtype, const char **note)
+double model_hw_peak(const cfg_hw *hw, const char *dtype, const char **note)
 {
     if (note) *note = NULL;
     if (dtype && !strcmp(dtype, "float32")) {
@@ -349,7 +136,7 @@ double model_hw_peak(const model_hw *hw, const char *dtype, const char **note)
 
 /* ------------------------------------------------------------ collectives */
 
-double model_tm_collective(const model_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links, double *bw)
+double model_tm_collective(const cfg_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links, double *bw)
 {
     int k = r->group_size;
     *links = 0;
@@ -514,7 +301,7 @@ static void span_add(span_sink *s, double t0, double t1, int lane, const char *n
     snprintf(sp->name, sizeof sp->name, "%s", name);
 }
 
-sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
                            const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
                            bool want_spans, model_tm_result *out)
 {
@@ -617,7 +404,7 @@ sim_status model_tm_device(const model_hw *hw, const model_tm_eff *eff, double p
     return SIM_OK;
 }
 
-sim_status model_tm_estimate(const model_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
+sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
                              int step, double bubble_fraction, double optimizer_bytes, bool want_spans,
                              model_tm_result *out)
 {
@@ -677,7 +464,7 @@ double model_tm_optimizer_bytes(sim_machine *m)
 
 /* ------------------------------------------------------------ output */
 
-static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
+static const char *hw_shape(const cfg_hw *hw, char *buf, size_t cap)
 {
     if (!hw->torus_n) return "";
     size_t u = (size_t)snprintf(buf, cap, ", slice ");
@@ -685,7 +472,7 @@ static const char *hw_shape(const model_hw *hw, char *buf, size_t cap)
     return buf;
 }
 
-void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+void model_tm_print(FILE *f, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char shape[64], ax[128];
     fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Hardware profiles and the step-time model\"):\n", hw->name,
@@ -737,52 +524,104 @@ void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, cons
     }
 }
 
-void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
+/* The figures keep the digits the estimate has always been written with (%.17g for the times, %.6g
+ * for rates and counts), through the one JSON writer. */
+void model_tm_json(cfg_jw *w, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char ax[128];
-    fprintf(f, "{\"hardware_profile\": \"%s\", \"step_s\": %.17g, \"mfu\": %.6g, \"compute_s\": %.17g, "
-               "\"bubble_s\": %.17g, \"optimizer_s\": %.17g, \"exposed_communication_s\": %.17g, "
-               "\"peak_flops_per_device\": %.6g, \"model_flops_per_device\": %.6g, \"slowest_device\": %d, "
-               "\"exposed_by_axes\": {",
-            hw->name, r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,
-            r->model_flops, r->device);
-    for (int i = 0; i < r->naxes; i++) {
-        fprintf(f, "%s", i ? ", " : "");
-        sim_json_write_string(f, sim_axes_label(mesh, r->axes[i], ax, sizeof ax));
-        fprintf(f, ": %.6g", r->exposed_axes_s[i]);
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "hardware_profile");
+    cfg_jw_str(w, hw->name);
+    static const char *const keys[] = {"step_s", "mfu", "compute_s", "bubble_s", "optimizer_s",
+                                       "exposed_communication_s", "peak_flops_per_device", "model_flops_per_device"};
+    const double vals[] = {r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,
+                           r->model_flops};
+    static const int digits[] = {17, 6, 17, 17, 17, 17, 6, 6};
+    for (int i = 0; i < 8; i++) {
+        cfg_jw_key(w, keys[i]);
+        cfg_jw_num(w, vals[i], digits[i]);
     }
-    fprintf(f, "}, \"slowest_collectives\": [");
+    cfg_jw_key(w, "slowest_device");
+    cfg_jw_int(w, r->device);
+    cfg_jw_key(w, "exposed_by_axes");
+    cfg_jw_obj(w);
+    for (int i = 0; i < r->naxes; i++) {
+        cfg_jw_key(w, sim_axes_label(mesh, r->axes[i], ax, sizeof ax));
+        cfg_jw_num(w, r->exposed_axes_s[i], 6);
+    }
+    cfg_jw_end(w);
+    cfg_jw_key(w, "slowest_collectives");
+    cfg_jw_arr(w);
     for (int i = 0; i < r->ntop; i++) {
         const model_tm_coll *c = &r->top[i];
-        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
-        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        fprintf(f, ", \"tag\": ");
-        sim_json_write_string(f, c->rec.tag);
-        fprintf(f, ", \"bytes_sent\": %llu, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g, \"async\": %s}",
-                (unsigned long long)c->rec.bytes_sent, c->links, c->bw, c->time_s, c->async ? "true" : "false");
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "op");
+        cfg_jw_str(w, sim_op_name(c->rec.op));
+        cfg_jw_key(w, "axes");
+        cfg_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        cfg_jw_key(w, "tag");
+        cfg_jw_str(w, c->rec.tag);
+        cfg_jw_key(w, "bytes_sent");
+        cfg_jw_u64(w, (unsigned long long)c->rec.bytes_sent);
+        cfg_jw_key(w, "links");
+        cfg_jw_int(w, c->links);
+        cfg_jw_key(w, "bandwidth_Bps");
+        cfg_jw_num(w, c->bw, 6);
+        cfg_jw_key(w, "time_s");
+        cfg_jw_num(w, c->time_s, 6);
+        cfg_jw_key(w, "async");
+        cfg_jw_bool(w, c->async);
+        cfg_jw_end(w);
     }
-    fprintf(f, "], \"slowest_collective_kinds\": [");
+    cfg_jw_end(w);
+    cfg_jw_key(w, "slowest_collective_kinds");
+    cfg_jw_arr(w);
     for (int i = 0; i < r->ncolls; i++) {
         const model_tm_coll_kind *c = &r->colls[i];
-        fprintf(f, "%s{\"op\": \"%s\", \"axes\": ", i ? ", " : "", sim_op_name(c->rec.op));
-        sim_json_write_string(f, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        fprintf(f, ", \"phase\": \"%s\", \"tag\": ", sim_phase_name(c->rec.phase));
-        sim_json_write_string(f, c->rec.tag);
-        fprintf(f, ", \"calls\": %d, \"bytes_sent\": %.17g, \"links\": %d, \"bandwidth_Bps\": %.6g, \"time_s\": %.6g}",
-                c->calls, c->bytes, c->links, c->bw, c->time_s);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "op");
+        cfg_jw_str(w, sim_op_name(c->rec.op));
+        cfg_jw_key(w, "axes");
+        cfg_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
+        cfg_jw_key(w, "phase");
+        cfg_jw_str(w, sim_phase_name(c->rec.phase));
+        cfg_jw_key(w, "tag");
+        cfg_jw_str(w, c->rec.tag);
+        cfg_jw_key(w, "calls");
+        cfg_jw_int(w, c->calls);
+        cfg_jw_key(w, "bytes_sent");
+        cfg_jw_num(w, c->bytes, 17);
+        cfg_jw_key(w, "links");
+        cfg_jw_int(w, c->links);
+        cfg_jw_key(w, "bandwidth_Bps");
+        cfg_jw_num(w, c->bw, 6);
+        cfg_jw_key(w, "time_s");
+        cfg_jw_num(w, c->time_s, 6);
+        cfg_jw_end(w);
     }
-    fprintf(f, "], \"slowest_kernels\": [");
+    cfg_jw_end(w);
+    cfg_jw_key(w, "slowest_kernels");
+    cfg_jw_arr(w);
     for (int i = 0; i < r->nkernels; i++) {
         const model_tm_kernel *k = &r->kernels[i];
-        fprintf(f, "%s{\"kernel\": ", i ? ", " : "");
-        sim_json_write_string(f, k->name);
-        fprintf(f, ", \"calls\": %d, \"flops\": %.6g, \"mxu_flops\": %.6g, \"hbm_bytes\": %.6g, \"time_s\": %.6g}",
-                k->calls, k->flops, k->mxu_flops, k->bytes, k->time_s);
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "kernel");
+        cfg_jw_str(w, k->name);
+        cfg_jw_key(w, "calls");
+        cfg_jw_int(w, k->calls);
+        static const char *const kkeys[] = {"flops", "mxu_flops", "hbm_bytes", "time_s"};
+        const double kv[] = {k->flops, k->mxu_flops, k->bytes, k->time_s};
+        for (int j = 0; j < 4; j++) {
+            cfg_jw_key(w, kkeys[j]);
+            cfg_jw_num(w, kv[j], 6);
+        }
+        cfg_jw_end(w);
     }
-    fprintf(f, "]}");
+    cfg_jw_end(w);
+    cfg_jw_end(w);
 }
 
-sim_status model_tm_write_trace(FILE *f, const model_hw *hw, const model_tm_result *r)
+sim_status model_tm_write_trace(FILE *f, const cfg_hw *hw, const model_tm_result *r)
 {
     static const char *const lanes[] = {"compute", "collectives (blocking)", "collectives (async: weights)"};
     sim_trace_out *o;

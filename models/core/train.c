@@ -403,7 +403,7 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
 }
 
 /* The `dtype` copy of the scanned layers' weights a compiler that hoists the layer's cast out of the
- * layer loop holds (model_xla_rules.hoist_casts): the device's shard of every scanned, trainable weight, in
+ * layer loop holds (cfg_xla_rules.hoist_casts): the device's shard of every scanned, trainable weight, in
  * `dtype`, charged before the first forward layer and discharged after the last backward one, so it
  * sits under every peak of the layer loops as XLA:TPU's buffer assignment has it (configs/hardware/
  * v5p.yml: hoisted_weight_copies).  Counted only: the simulator reads the float32 weights. */
@@ -425,7 +425,7 @@ static size_t hoisted_copy_bytes(const model_dev *md)
 }
 
 /* The gradient sets a compiler holds beside the gradients while gradient accumulation runs
- * (model_xla_rules.ga_grad_copies; configs/hardware/v5p.yml: accumulation_gradient_copies): copies x
+ * (cfg_xla_rules.ga_grad_copies; configs/hardware/v5p.yml: accumulation_gradient_copies): copies x
  * the device's gradient bytes, charged over the microbatches.  Counted only: the simulator adds
  * each microbatch's cotangents straight into the gradients. */
 static size_t accumulation_copy_bytes(const model_dev *md)
@@ -550,7 +550,7 @@ static sim_status zero1_state_check(const model_dev *md)
 {
     const model_def *def = md->def;
     if (!md->zero1 || md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
-    if (!mesh_release_error(md->ctx.release, "zero1_state_sharding", NULL)) return SIM_OK;
+    if (!cfg_release_error(md->ctx.release, "zero1_state_sharding", NULL)) return SIM_OK;
     for (int i = 0; i < def->nparams; i++) {
         if (mesh_spec_equal(&def->opt_unpruned[i], &def->unpruned[i])) continue;
         char jit[2048], arg[2048], type[256];
@@ -565,8 +565,8 @@ static sim_status zero1_state_check(const model_dev *md)
                        "  MaxText %s fails here too: the step's lowering (jax.jit in_shardings)\n"
                        "  fix: shard_mode=auto (MaxText %s trains ZeRO-1 there), shard_optimizer_over_data=false, or "
                        "follow maxtext_release=0.2.5 (it builds the state in ZeRO-1's layout)",
-                       def->defs[i].path, jit, arg, type + 3, mesh_release_maxtext(md->ctx.release),
-                       mesh_release_maxtext(md->ctx.release));
+                       def->defs[i].path, jit, arg, type + 3, cfg_release_maxtext(md->ctx.release),
+                       cfg_release_maxtext(md->ctx.release));
     }
     return SIM_OK;
 }
@@ -598,7 +598,7 @@ static sim_status optimizer_add_check(const model_dev *md)
 {
     const model_def *def = md->def;
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
-    const char *where = mesh_release_error(md->ctx.release, "optimizer_update_add", NULL);
+    const char *where = cfg_release_error(md->ctx.release, "optimizer_update_add", NULL);
     if (!where) return SIM_OK;
     const model_family *fam = def->d.family;
     int best = -1;
@@ -625,7 +625,7 @@ static sim_status optimizer_add_check(const model_dev *md)
                    "opt_state/%s (add): ShardingTypeError: add got incompatible shardings for broadcasting: %s, %s.\n"
                    "  MaxText %s fails here too: %s\n"
                    "  fix: shard_mode=auto, or a mesh where the gradient and its optimizer moment agree",
-                   def->defs[best].path, a, b, mesh_release_maxtext(md->ctx.release), where);
+                   def->defs[best].path, a, b, cfg_release_maxtext(md->ctx.release), where);
 }
 
 static sim_status train_device(sim_device *dev, void *arg)

@@ -115,7 +115,7 @@ static sim_status refuse(const char *key, const char *why)
     return sim_err(SIM_ERR_INPUT, "%s with use_batch_split_schedule=true: %s", key, why);
 }
 
-sim_status batchsplit_setup(model_def *m, const mesh_cfg *cfg)
+sim_status batchsplit_setup(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
     ds_dims *ds = deepseek_dims(m);

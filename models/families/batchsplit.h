@@ -18,7 +18,7 @@
 /* Reads batch_split_factor, the routing groups and dtype, and refuses what the
  * schedule does not run as MaxText runs it (errors name the key and the fix).
  * Called once the parameters are defined; a no-op with the schedule off. */
-sim_status batchsplit_setup(model_def *m, const mesh_cfg *cfg);
+sim_status batchsplit_setup(model_def *m, const cfg_config *cfg);
 
 /* One MoE layer (global index gl) under the schedule, rematerialised as a whole
  * in backward (weights gathered again, as MaxText's backward does).  As in

@@ -261,12 +261,12 @@ static void define_params(model_def *m)
 
 /* MaxText's llama2 decoder would honour these; the simulated one has global attention and default
  * (or Llama 3.1's) RoPE only, so other values are refused. */
-static sim_status llama_define(model_def *m, const mesh_cfg *cfg)
+static sim_status llama_define(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
     const char *at, *rt;
-    SIM_TRY(mesh_cfg_get_str(cfg, "attention_type", &at));
-    SIM_TRY(mesh_cfg_get_str(cfg, "rope_type", &rt));
+    SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
+    SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
     if (at && strcmp(at, "global"))
         return sim_err(SIM_ERR_INPUT, "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
                                       "(mla needs decoder_block=deepseek)", at);
@@ -285,7 +285,7 @@ static sim_status llama_define(model_def *m, const mesh_cfg *cfg)
 }
 
 /* Once the specs are known: MaxText runs the batch-split schedule for DeepSeek only. */
-static sim_status llama_setup(model_def *m, const mesh_cfg *cfg)
+static sim_status llama_setup(model_def *m, const cfg_config *cfg)
 {
     bool on;
     SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &on));
@@ -321,7 +321,7 @@ static sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, 
         /* MaxText scans the layers (scan_layers): the carry's type may not change across a layer */
         if (l == 0 && m->d.scan_layers)
             SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
-                                          mesh_release_error(md->ctx.release, "decoder_scan_carry",
+                                          cfg_release_error(md->ctx.release, "decoder_scan_carry",
                                                              "layers/nnx_decoders.py:_apply_layers_sequentially")));
     }
     md->ctx.layer = "decoder";

@@ -28,48 +28,48 @@ static const double NS_A = 3.4445, NS_B = -4.7750, NS_C = 2.0315;
 
 /* ---------------------------------------------------------------- config */
 
-static sim_status refuse(const mesh_cfg *cfg, const char *key, const char *why)
+static sim_status refuse(const cfg_config *cfg, const char *key, const char *why)
 {
-    const mesh_cfg_entry *en = mesh_cfg_find(cfg, key);
+    const cfg_entry *en = cfg_find(cfg, key);
     return sim_err(SIM_ERR_INPUT, "opt_type=muon with %s=%s (%s): %s", key, en && en->value.text ? en->value.text : "?",
                    en ? en->where : "", why);
 }
 
-sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *c)
+sim_status model_muon_from_config(const cfg_config *cfg, model_muon_cfg *c)
 {
     memset(c, 0, sizeof *c);
     static const char *const types[] = {"optax_muon", "optax", "maxtext_muon", "maxtext"};
     int type, b;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "muon_type", types, 4, &type));
+    SIM_TRY(cfg_get_enum(cfg, "muon_type", types, 4, &type));
     if (type >= 2)
         return refuse(cfg, "muon_type",
                       "MaxText's sharding-aware Muon (all-to-all reshards around Newton-Schulz) is not simulated; "
                       "use muon_type=optax_muon");
-    SIM_TRY(mesh_cfg_get_bool(cfg, "muon_use_all_to_all", &b));
+    SIM_TRY(cfg_get_bool(cfg, "muon_use_all_to_all", &b));
     if (b)
         return refuse(cfg, "muon_use_all_to_all",
                       "MaxText asserts that all-to-all Newton-Schulz needs muon_type=maxtext_muon, which is not "
                       "simulated; set muon_use_all_to_all=false");
-    SIM_TRY(mesh_cfg_get_double(cfg, "muon_beta", &c->beta));
+    SIM_TRY(cfg_get_double(cfg, "muon_beta", &c->beta));
     if (!(c->beta >= 0 && c->beta < 1))
         return sim_err(SIM_ERR_INPUT, "muon_beta=%g: the momentum decay must lie in [0, 1)", c->beta);
-    SIM_TRY(mesh_cfg_get_double(cfg, "muon_weight_decay", &c->weight_decay));
+    SIM_TRY(cfg_get_double(cfg, "muon_weight_decay", &c->weight_decay));
     const char *rms;
-    SIM_TRY(mesh_cfg_get_str(cfg, "muon_consistent_rms", &rms));
+    SIM_TRY(cfg_get_str(cfg, "muon_consistent_rms", &rms));
     if (rms) {
-        SIM_TRY(mesh_cfg_get_double(cfg, "muon_consistent_rms", &c->consistent_rms));
+        SIM_TRY(cfg_get_double(cfg, "muon_consistent_rms", &c->consistent_rms));
         c->consistent_rms_on = true;
     }
-    SIM_TRY(mesh_cfg_get_bool(cfg, "muon_include_routers", &b));
+    SIM_TRY(cfg_get_bool(cfg, "muon_include_routers", &b));
     c->include_routers = b;
     SIM_TRY(model_muon_rules_load(cfg->configs_dir, &c->rules));
-    model_xla_rules xla; /* weight_dtype float32 and dtype bfloat16: only the Newton-Schulz rules are read */
-    SIM_TRY(model_hw_xla_rules(cfg, cfg->configs_dir, SIM_BF16, SIM_F32, &xla));
+    cfg_xla_rules xla; /* weight_dtype float32 and dtype bfloat16: only the Newton-Schulz rules are read */
+    SIM_TRY(model_hw_xla_rules(cfg, SIM_BF16, SIM_F32, &xla));
     c->ns_gather_bf16 = xla.ns_gather_bf16;
     c->ns_gather_once = xla.ns_gather_once;
     long long ici_pp, dcn_pp;
-    SIM_TRY(mesh_cfg_get_int(cfg, "ici_pipeline_parallelism", &ici_pp));
-    SIM_TRY(mesh_cfg_get_int(cfg, "dcn_pipeline_parallelism", &dcn_pp));
+    SIM_TRY(cfg_get_int(cfg, "ici_pipeline_parallelism", &ici_pp));
+    SIM_TRY(cfg_get_int(cfg, "dcn_pipeline_parallelism", &dcn_pp));
     if (ici_pp != 1)
         return refuse(cfg, "ici_pipeline_parallelism",
                       "MaxText's Muon dimension numbers assume the [dim0, layers, ...] layout and do not handle the "
@@ -78,7 +78,7 @@ sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *c)
         return refuse(cfg, "dcn_pipeline_parallelism",
                       "MaxText's Muon dimension numbers do not handle pipelined weights; use opt_type=adamw with "
                       "pipelining, or no pipelining");
-    SIM_TRY(mesh_cfg_get_bool(cfg, "shard_optimizer_over_data", &b));
+    SIM_TRY(cfg_get_bool(cfg, "shard_optimizer_over_data", &b));
     if (b)
         return refuse(cfg, "shard_optimizer_over_data",
                       "ZeRO-1 with Muon is broken at MaxText's head (Linen raises NotImplementedError; NNX shards only "
@@ -97,19 +97,19 @@ static const char *const DIMS_KEYS[MODEL_MUON_NDIMS] = {"expert_dims", "router_d
                                                         "qkv_dims",    "out_dims",    "standard_dims"};
 
 /* [[reduction dims], [output dims]] */
-static sim_status read_dims(const mesh_cfg *f, const char *path, const char *key, int *nr, int *red, int *no, int *out)
+static sim_status read_dims(const cfg_config *f, const char *path, const char *key, int *nr, int *red, int *no, int *out)
 {
-    const mesh_cfg_entry *e = mesh_cfg_find(f, key);
-    const mesh_cfg_value *v = e ? &e->value : NULL;
-    if (!v || v->kind != MESH_CFG_LIST || v->n != 2)
+    const cfg_entry *e = cfg_find(f, key);
+    const cfg_value *v = e ? &e->value : NULL;
+    if (!v || v->kind != CFG_LIST || v->n != 2)
         return sim_err(SIM_ERR_INPUT, "%s: '%s' must be [[reduction dims], [output dims]], e.g. [[0], [-1]]", path, key);
     for (int g = 0; g < 2; g++) {
-        const mesh_cfg_value *l = &v->items[g];
-        if (l->kind != MESH_CFG_LIST || l->n < 1 || l->n > 4)
+        const cfg_value *l = &v->items[g];
+        if (l->kind != CFG_LIST || l->n < 1 || l->n > 4)
             return sim_err(SIM_ERR_INPUT, "%s: '%s' item %d must be a list of 1 to 4 dims", path, key, g);
         for (int i = 0; i < l->n; i++) {
             long long d;
-            SIM_TRY(mesh_cfg_value_int(&l->items[i], key, &d));
+            SIM_TRY(cfg_value_int(&l->items[i], key, &d));
             if (d < -4 || d > 3) return sim_err(SIM_ERR_INPUT, "%s: '%s' dim %lld: use -4..3", path, key, d);
             (g ? out : red)[i] = (int)d;
         }
@@ -123,8 +123,8 @@ sim_status model_muon_rules_load(const char *configs_dir, model_muon_rules *r)
     memset(r, 0, sizeof *r);
     char path[4096];
     snprintf(path, sizeof path, "%s/muon.yml", configs_dir && *configs_dir ? configs_dir : "configs");
-    mesh_cfg *f;
-    sim_status st = mesh_cfg_load_file(path, &f);
+    cfg_config *f;
+    sim_status st = cfg_load_file(path, &f);
     if (st != SIM_OK) {
         sim_err_append(" (opt_type=muon reads MaxText's Muon classification rules from configs/muon.yml)");
         return st;
@@ -132,11 +132,11 @@ sim_status model_muon_rules_load(const char *configs_dir, model_muon_rules *r)
     for (int k = 0; st == SIM_OK && k < MODEL_MUON_NLISTS; k++) {
         const char **items;
         int n;
-        if (!mesh_cfg_find(f, LIST_KEYS[k])) {
+        if (!cfg_find(f, LIST_KEYS[k])) {
             st = sim_err(SIM_ERR_INPUT, "%s: the list '%s' is missing", path, LIST_KEYS[k]);
             break;
         }
-        st = mesh_cfg_get_str_list(f, LIST_KEYS[k], &items, &n);
+        st = cfg_get_str_list(f, LIST_KEYS[k], &items, &n);
         if (st != SIM_OK) break;
         if (n > MODEL_MUON_LIST_MAX)
             st = sim_err(SIM_ERR_INPUT, "%s: '%s' has %d names (at most %d)", path, LIST_KEYS[k], n, MODEL_MUON_LIST_MAX);
@@ -152,7 +152,7 @@ sim_status model_muon_rules_load(const char *configs_dir, model_muon_rules *r)
     }
     for (int k = 0; st == SIM_OK && k < MODEL_MUON_NDIMS; k++)
         st = read_dims(f, path, DIMS_KEYS[k], &r->n_red[k], r->red[k], &r->n_out[k], r->out[k]);
-    mesh_cfg_free(f);
+    cfg_free(f);
     return st;
 }
 
@@ -586,13 +586,13 @@ const model_muon_cfg *model_muon_cfg_of(const model_optim_cfg *o) { return (cons
 
 const model_muon_dims *model_muon_dims_of(const model_opt_param *p) { return (const model_muon_dims *)(const void *)p->priv; }
 
-static sim_status row_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
+static sim_status row_from_config(const cfg_config *cfg, model_optim_cfg *o)
 {
     return model_muon_from_config(cfg, (model_muon_cfg *)(void *)o->priv);
 }
 
 /* Which parameters Muon orthogonalizes, once (configs/muon.yml): a Muon leaf keeps one slot (mu). */
-static sim_status row_define(const mesh_cfg *cfg, const model_param_def *defs, int n, model_opt_param *out)
+static sim_status row_define(const cfg_config *cfg, const model_param_def *defs, int n, model_opt_param *out)
 {
     for (int i = 0; i < n; i++)
         if (defs[i].unscanned || (defs[i].scan_dim >= 0 && defs[i].scan_dim != 1 && !defs[i].state_var))

@@ -68,14 +68,14 @@ typedef struct {
     double consistent_rms;  /* its value */
     bool include_routers;   /* muon_include_routers */
     model_muon_rules rules; /* configs/muon.yml */
-    bool ns_gather_bf16;    /* Newton-Schulz operands gathered in bfloat16 (model_xla_rules) */
-    bool ns_gather_once;    /* one gather of X serves X X^T and B X (model_xla_rules) */
+    bool ns_gather_bf16;    /* Newton-Schulz operands gathered in bfloat16 (cfg_xla_rules) */
+    bool ns_gather_once;    /* one gather of X serves X X^T and B X (cfg_xla_rules) */
 } model_muon_cfg;
 
 /* Reads the muon_* keys and the rules, and refuses what MaxText does not
  * support with Muon (pipeline parallelism, ZeRO-1, muon_type=maxtext_muon,
  * muon_use_all_to_all). */
-sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *out);
+sim_status model_muon_from_config(const cfg_config *cfg, model_muon_cfg *out);
 
 /* The Muon settings opt_type=muon's row read into an optimizer config (model_optim_cfg.priv). */
 const model_muon_cfg *model_muon_cfg_of(const model_optim_cfg *o);
