@@ -676,6 +676,14 @@ int model_param_index(const model_def *m, const char *suffix)
     return -1;
 }
 
+mesh_var *model_layer_param(model_dev *md, mesh_tape *t, int i, int l)
+{
+    if (md->wover[i]) return md->wover[i]; /* batch split: the layer's gathered weight */
+    model_param *p = &md->p[i];
+    bool grad = mesh_tape_recording(t) && p->g;
+    return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
+}
+
 uint64_t model_param_bytes(const model_def *m)
 {
     uint64_t n = 0;

@@ -189,6 +189,10 @@ typedef struct {
     size_t n_bias_counts;    /* their length (model_family.step_counts; 0: none) */
 } model_dev;
 
+/* Parameter i of layer l (index into its stack; 0 for an unstacked one) as a tape leaf whose
+ * gradient sinks into p[i].g[l] when the tape records; under the batch-split schedule, the layer's
+ * gathered copy (model_dev.wover) instead. */
+mesh_var *model_layer_param(model_dev *md, mesh_tape *t, int i, int l);
 /* Allocates (and initialises, unless load happens later) this device's
  * parameters; with_grads/with_opt add gradient and Adam buffers. */
 sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, bool with_grads, bool with_opt);
