@@ -41,6 +41,7 @@
 
 #include "cli/cli.h"
 #include "config/json.h"
+#include "tests/dump_compare.h"
 
 typedef struct {
     const char *dir;       /* under goldens/deepseek2-16b */
@@ -233,64 +234,6 @@ static void test_goldens(void **state)
  * leaf ending in /.value; ours (and e591f30c's) name the Linen state: .params/['params']/...,
  * .opt_state/[0]/.mu/['params']/..., .step.  Both are brought to params/..., mu/..., nu/...,
  * count, step with the brackets removed. */
-static void norm_key(const char *k, char *out, size_t cap)
-{
-    static const char *const pre[][2] = {
-        {"['model']/", "params/"},
-        {".params/['params']/", "params/"},
-        {".opt_state/[0]/.mu/['params']/", "mu/"},
-        {".opt_state/[0]/.nu/['params']/", "nu/"},
-        {"['optimizer']/['opt_state']/[0]/['mu']/", "mu/"},
-        {"['optimizer']/['opt_state']/[0]/['nu']/", "nu/"},
-    };
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", k);
-    size_t n = strlen(buf);
-    if (n > 7 && !strcmp(buf + n - 7, "/.value")) buf[n - 7] = '\0';
-    const char *rest = buf, *head = "";
-    for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++)
-        if (!strncmp(buf, pre[i][0], strlen(pre[i][0]))) {
-            rest = buf + strlen(pre[i][0]);
-            head = pre[i][1];
-            break;
-        }
-    if (!strcmp(buf, ".step") || !strcmp(buf, "['optimizer']/['step']")) rest = "step", head = "";
-    if (strstr(buf, "opt_state") && strstr(buf, "count")) rest = "count", head = "";
-    size_t o = (size_t)snprintf(out, cap, "%s", head);
-    for (const char *c = rest; *c && o + 1 < cap; c++) {
-        if ((c[0] == '[' && c[1] == '\'') || (c[0] == '\'' && c[1] == ']')) {
-            c++;
-            continue;
-        }
-        out[o++] = *c;
-    }
-    out[o] = '\0';
-}
-
-/* A spec entry without the mesh axes of size 1 (they shard nothing); trailing Nones dropped. */
-static void spec_text(const mesh_json *spec, const mesh_json *mesh_shape, char *out, size_t cap)
-{
-    char ent[16][128];
-    int n = 0;
-    for (int i = 0; spec && i < spec->n && n < 16; i++) {
-        const mesh_json *e = &spec->items[i];
-        ent[n][0] = '\0';
-        size_t o = 0;
-        int cnt = 0;
-        for (int j = 0; j < (e->kind == MESH_JSON_ARRAY ? e->n : e->kind == MESH_JSON_STRING ? 1 : 0); j++) {
-            const char *ax = e->kind == MESH_JSON_ARRAY ? e->items[j].str : e->str;
-            const mesh_json *sz = mesh_json_get(mesh_shape, ax);
-            if (sz && sz->number == 1) continue;
-            o += (size_t)snprintf(ent[n] + o, sizeof ent[n] - o, "%s%s", cnt++ ? "," : "", ax);
-        }
-        n++;
-    }
-    while (n && !ent[n - 1][0]) n--;
-    size_t o = 0;
-    out[0] = '\0';
-    for (int i = 0; i < n; i++) o += (size_t)snprintf(out + o, cap - o, "%s(%s)", i ? " " : "", ent[i]);
-}
-
 /* The deepseek2-16b cases above, a deepseek3-tiny whose MoE layers carry the gate bias (0.2.5's
  * MoEBiasVar: [layers, experts], no Adam moments), and two full-size model files of 0.2.5 beyond the
  * six shardsim had: llama3.1-8b (llama2 block) on fsdp=4 tensor=2, kimi-k2-1t (deepseek block, the
@@ -322,86 +265,16 @@ static void test_goldens_0_2_5(void **state)
     for (int ci = 0; ci < NCASES_025; ci++) {
         int ds3 = ci >= NCASES && ci < NCASES + 2;
         const golden_case *gc = ci < NCASES ? &CASES[ci] : ds3 ? &DS3_TINY : &MODELS_025[ci - NCASES - 2];
-        char gdir[1400], tmpl[] = "/tmp/shardsim_dump_XXXXXX";
+        char gdir[1400];
         snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/%s", env && *env ? env : "tests/data", DIRS_025[ci]);
-        char *tmp = mkdtemp(tmpl);
-        assert_non_null(tmp);
-        char outdir[256];
-        snprintf(outdir, sizeof outdir, "output_dir=%s", tmp);
-        char *argv[12];
+        const char *argv[12];
         int argc = 0;
         if (ci < NCASES) argv[argc++] = "model_name=deepseek2-16b";
-        for (int f = 0; f < 6 && gc->flags[f]; f++) argv[argc++] = (char *)gc->flags[f];
+        for (int f = 0; f < 6 && gc->flags[f]; f++) argv[argc++] = gc->flags[f];
         if (ds3) argv[argc++] = "ici_expert_parallelism=2";
         if (ci == NCASES + 1) argv[argc++] = "mtp_num_layers=1";
-        argv[argc++] = outdir;
-        FILE *devnull = fopen("/dev/null", "w");
-        int rc = cli_dump(argc, argv, devnull, stderr);
-        fclose(devnull);
-        if (rc) fail_msg("%s: shardsim dump failed (exit %d)", DIRS_025[ci], rc);
-        char p[1600];
-        mesh_json *ours[2], *gold[2];
-        static const char *const of[2] = {"named_shardings.json", "logical_shardings.json"};
-        static const char *const gf[2] = {"named_shardings.json", "logical_names.json"};
-        for (int f = 0; f < 2; f++) {
-            snprintf(p, sizeof p, "%s/%s", tmp, of[f]);
-            ours[f] = read_json(p);
-            snprintf(p, sizeof p, "%s/%s", gdir, gf[f]);
-            gold[f] = read_json(p);
-        }
-        static const char *const rm[3] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
-        for (int f = 0; f < 3; f++) {
-            snprintf(p, sizeof p, "%s/%s", tmp, rm[f]);
-            unlink(p);
-        }
-        rmdir(tmp);
-        int compared = 0, nnx_only = 0;
-        for (int i = 0; i < gold[0]->n; i++) {
-            char gk[512];
-            norm_key(gold[0]->keys[i], gk, sizeof gk);
-            if (strstr(gk, "rngs/") || !strcmp(gk, "count")) { /* NNX rng streams, optax counts */
-                nnx_only++;
-                continue;
-            }
-            const mesh_json *o = NULL, *ol = NULL;
-            for (int j = 0; j < ours[0]->n && !o; j++) {
-                char ok[512];
-                norm_key(ours[0]->keys[j], ok, sizeof ok);
-                if (!strcmp(ok, gk)) o = &ours[0]->items[j], ol = mesh_json_get(ours[1], ours[0]->keys[j]);
-            }
-            if (!o) fail_msg("%s: MaxText 0.2.5 has %s, we do not write it", DIRS_025[ci], gk);
-            const mesh_json *g = &gold[0]->items[i];
-            char a[512], b[512];
-            spec_text(mesh_json_get(o, "partition_spec"), mesh_json_get(mesh_json_get(o, "mesh"), "shape"), a, sizeof a);
-            spec_text(mesh_json_get(g, "partition_spec"), mesh_json_get(mesh_json_get(g, "mesh"), "shape"), b, sizeof b);
-            if (strcmp(a, b) || !mesh_json_equal(mesh_json_get(o, "shape"), mesh_json_get(g, "shape")))
-                fail_msg("%s: %s: ours %s, MaxText 0.2.5 %s", DIRS_025[ci], gk, a, b);
-            /* logical names: 0.2.5's (embed_attn, embed_router ...), no mapping */
-            const mesh_json *gl = mesh_json_get(gold[1], gold[0]->keys[i]);
-            const mesh_json *gs = gl ? mesh_json_get(gl, "partition_spec") : NULL, *os = ol ? mesh_json_get(ol, "partition_spec") : NULL;
-            bool g_none = !gs || gs->kind == MESH_JSON_NULL || (gs->kind == MESH_JSON_ARRAY && gs->n == 0);
-            bool o_none = !os || os->kind == MESH_JSON_NULL || (os->kind == MESH_JSON_ARRAY && os->n == 0);
-            if (gl && ol && !(g_none && o_none) && !(gs && os && mesh_json_equal(gs, os))) /* None = P() */
-                fail_msg("%s: %s: logical names differ from MaxText 0.2.5's", DIRS_025[ci], gk);
-            compared++;
-        }
-        for (int j = 0; j < ours[0]->n; j++) { /* and nothing of ours is missing there */
-            char ok[512];
-            norm_key(ours[0]->keys[j], ok, sizeof ok);
-            bool found = !strcmp(ok, "count");
-            for (int i = 0; i < gold[0]->n && !found; i++) {
-                char gk[512];
-                norm_key(gold[0]->keys[i], gk, sizeof gk);
-                found = !strcmp(ok, gk);
-            }
-            if (!found) fail_msg("%s: we write %s, MaxText 0.2.5 has no such leaf", DIRS_025[ci], ok);
-        }
-        printf("  0.2.5 %-76s named %d identical (+%d NNX-only leaves)\n", DIRS_025[ci], compared, nnx_only);
+        int compared = dump_compare_025(DIRS_025[ci], gdir, argc, argv);
         assert_true(compared > (ci < NCASES + 2 ? 80 : 30)); /* a Llama has 38 leaves */
-        for (int f = 0; f < 2; f++) {
-            mesh_json_free(ours[f]);
-            mesh_json_free(gold[f]);
-        }
     }
 }
 
