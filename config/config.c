@@ -2051,7 +2051,7 @@ char *mesh_cfg_block_about(const mesh_cfg *cfg, const char *block)
     return about;
 }
 
-/* "the llama2 and deepseek decoder blocks" */
+/* "the llama2, deepseek and qwen3 decoder blocks" */
 static char *simulated_blocks_text(const mesh_cfg *cfg)
 {
     const mesh_cfg_value *sim = block_field(cfg, "simulated");
