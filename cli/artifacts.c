@@ -74,6 +74,7 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
         e = errno;
     }
     if (st == SIM_OK && werr) st = sim_err(SIM_ERR_IO, "writing '%s' failed: %s", final, strerror(e));
+    else if (st != SIM_OK) sim_err_append(" (writing '%s')", final); /* the writer does not know the path */
     if (st == SIM_OK && rename(tmp, final) != 0) {
         e = errno;
         st = sim_err(SIM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
@@ -640,6 +641,95 @@ sim_status cli_write_trace_json(const char *dir, sim_machine *m, size_t max_even
     return cli_artifact_write(dir, "trace.json", write_trace, &a);
 }
 
+/* A step number of trace_steps: digits only, within the run's steps. */
+static sim_status trace_step_number(const char *text, const char *tok, size_t len, int64_t first, int64_t last,
+                                    int64_t *out)
+{
+    int64_t v = 0;
+    bool ok = len > 0 && len <= 18;
+    for (size_t i = 0; ok && i < len; i++) {
+        ok = tok[i] >= '0' && tok[i] <= '9';
+        v = v * 10 + (tok[i] - '0');
+    }
+    if (!ok)
+        return sim_err(SIM_ERR_INPUT, "trace_steps=%s: '%.*s' is not a step: expected a comma-separated list of first, "
+                                      "last, all, none, a step number N or a range A-B, e.g. trace_steps=first,last or "
+                                      "trace_steps=0,5-7,last",
+                       text, (int)len, tok);
+    if (v < first || v > last)
+        return sim_err(SIM_ERR_INPUT, "trace_steps=%s: step %lld is not a step of this run, which trains steps "
+                                      "%lld-%lld; name steps in that range (or first, last)",
+                       text, (long long)v, (long long)first, (long long)last);
+    *out = v;
+    return SIM_OK;
+}
+
+sim_status cli_trace_steps_parse(const char *text, int64_t first, int64_t last, sim_trace_range *r, int cap, int *n)
+{
+    *n = 0;
+    const char *p = text;
+    while (true) {
+        while (*p == ' ') p++;
+        const char *tok = p;
+        size_t len = strcspn(p, ",");
+        const char *next = p + len;
+        while (len && tok[len - 1] == ' ') len--;
+        if (!len)
+            return sim_err(SIM_ERR_INPUT, "trace_steps=%s: an empty item; expected a comma-separated list of first, "
+                                          "last, all, none, a step number N or a range A-B (trace_steps=first,last "
+                                          "is the default)",
+                           text);
+        if (*n == cap)
+            return sim_err(SIM_ERR_INPUT, "trace_steps=%s: more than %d items; join neighbouring steps into ranges "
+                                          "A-B",
+                           text, cap);
+        sim_trace_range *x = &r[*n];
+        const char *dash = memchr(tok, '-', len);
+        if (len == 5 && !strncmp(tok, "first", 5)) {
+            x->first = x->last = first;
+        } else if (len == 4 && !strncmp(tok, "last", 4)) {
+            x->first = x->last = last;
+        } else if (len == 3 && !strncmp(tok, "all", 3)) {
+            x->first = first;
+            x->last = last;
+        } else if (len == 4 && !strncmp(tok, "none", 4)) {
+            x->first = 1; /* an empty range: no step */
+            x->last = 0;
+        } else if (dash) {
+            SIM_TRY(trace_step_number(text, tok, (size_t)(dash - tok), first, last, &x->first));
+            SIM_TRY(trace_step_number(text, dash + 1, len - (size_t)(dash - tok) - 1, first, last, &x->last));
+            if (x->first > x->last)
+                return sim_err(SIM_ERR_INPUT, "trace_steps=%s: the range %lld-%lld is empty; write it from the "
+                                              "lower step to the higher (%lld-%lld)",
+                               text, (long long)x->first, (long long)x->last, (long long)x->last,
+                               (long long)x->first);
+        } else {
+            SIM_TRY(trace_step_number(text, tok, len, first, last, &x->first));
+            x->last = x->first;
+        }
+        (*n)++;
+        if (!*next) break;
+        p = next + 1;
+    }
+    return SIM_OK;
+}
+
+const char *cli_trace_steps_text(const sim_trace_range *r, int n, char *buf, size_t cap)
+{
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k < cap; i++) {
+        if (r[i].first > r[i].last) continue; /* none */
+        const char *sep = k ? ", " : "";
+        if (r[i].first == r[i].last)
+            k += (size_t)snprintf(buf + k, cap - k, "%s%lld", sep, (long long)r[i].first);
+        else
+            k += (size_t)snprintf(buf + k, cap - k, "%s%lld-%lld", sep, (long long)r[i].first, (long long)r[i].last);
+    }
+    if (!k) snprintf(buf, cap, "none");
+    return buf;
+}
+
 /* ======================================================================== */
 /* sharding dump                                                            */
 /* ======================================================================== */
@@ -1031,6 +1121,74 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 /* parity.json                                                              */
 /* ======================================================================== */
 
+/* What one configuration costs: its mesh, memory per device (as metrics.json), the traffic of one
+ * step (as traffic.csv, per device) and the step-time model's estimate when a profile was set. */
+static void write_parity_costs(jw *w, const cli_parity_config *pc)
+{
+    if (pc->mesh) {
+        jw_key(w, "mesh");
+        jw_str(w, pc->mesh);
+    }
+    if (pc->mem && pc->n_devices > 0) {
+        jw_key(w, "devices");
+        jw_int(w, pc->n_devices);
+        jw_key(w, "memory");
+        jw_obj(w);
+        jw_key(w, "per_device_peak_bytes");
+        jw_arr_inline(w);
+        for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].peak);
+        jw_arr_end(w);
+        jw_key(w, "capacity_bytes");
+        jw_arr_inline(w);
+        for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].capacity);
+        jw_arr_end(w);
+        jw_key(w, "by_category");
+        jw_obj(w);
+        for (int c = 0; c < SIM_NMEM; c++) {
+            jw_key(w, sim_mem_cat_name((sim_mem_cat)c));
+            jw_arr_inline(w);
+            for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].at_peak_by[c]);
+            jw_arr_end(w);
+        }
+        jw_obj_end(w);
+        jw_obj_end(w);
+    }
+    if (pc->traffic) {
+        const cli_traffic *t = pc->traffic;
+        jw_key(w, "traffic");
+        jw_obj(w);
+        jw_key(w, "step");
+        jw_int(w, t->steps.first);
+        jw_key(w, "bytes_per_device");
+        jw_double(w, t->total.bytes_mean);
+        jw_key(w, "rows");
+        jw_arr(w);
+        for (int i = 0; i < t->n_rows; i++) {
+            const cli_traffic_row *r = &t->rows[i];
+            char ax[256];
+            jw_obj_inline(w);
+            jw_key(w, "op");
+            jw_str(w, sim_op_name(r->op));
+            jw_key(w, "axes");
+            jw_str(w, cli_axes_text(&t->mesh, r->axes, ax, sizeof ax));
+            jw_key(w, "phase");
+            jw_str(w, sim_phase_name(r->phase));
+            jw_key(w, "calls_per_device");
+            jw_double(w, t->n_devices ? (double)r->calls / t->n_devices : 0);
+            jw_key(w, "bytes_per_device");
+            jw_double(w, r->bytes_mean);
+            jw_obj_end(w);
+        }
+        jw_arr_end(w);
+        jw_obj_end(w);
+    }
+    if (pc->step_time_json) {
+        json_t *v = json_loads(pc->step_time_json, 0, NULL); /* model_tm_write_json's object */
+        jw_key(w, "step_time_model");
+        jw_add(w, v ? v : json_null());
+    }
+}
+
 static sim_status write_parity(FILE *f, void *arg)
 {
     const cli_parity *p = arg;
@@ -1049,6 +1207,7 @@ static sim_status write_parity(FILE *f, void *arg)
         jw_str(&w, p->configs[c].label);
         jw_key(&w, "overrides");
         jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
+        write_parity_costs(&w, &p->configs[c]);
         jw_obj_end(&w);
     }
     jw_arr_end(&w);

@@ -26,6 +26,7 @@
 #include "mesh/mesh_shape.h"
 #include "mesh/rules.h"
 #include "mesh/spec.h"
+#include "sim/trace.h"
 
 /* Version string written to run.json when the caller gives none. */
 #define CLI_SHARDSIM_VERSION "shardsim 0.1.0"
@@ -94,6 +95,14 @@ sim_status cli_write_run_json(const char *dir, const cli_run_info *info);
 /* trace.json (sim_trace_write_chrome): whole devices from device 0 while
  * their events fit in max_events (0: every device; trace_max_events). */
 sim_status cli_write_trace_json(const char *dir, sim_machine *m, size_t max_events);
+/* Most items of trace_steps (each a step or a range). */
+enum { CLI_TRACE_STEPS_MAX = 64 };
+/* trace_steps (a comma-separated list of first, last, all, none, N, A-B) as ranges of steps
+ * of a run that trains steps first..last into r[0..*n), at most cap of them; a bad item, a
+ * step outside the run or more than cap items is SIM_ERR_INPUT naming the key. */
+sim_status cli_trace_steps_parse(const char *text, int64_t first, int64_t last, sim_trace_range *r, int cap, int *n);
+/* "0, 19" or "0-3, 19" ("none" for no step).  Returns buf. */
+const char *cli_trace_steps_text(const sim_trace_range *r, int n, char *buf, size_t cap);
 
 /* ---- sharding dump (MaxText format) ---------------------------------------------- */
 
@@ -156,7 +165,11 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 
 /* parity.json:
  *   {"rtol": r, "reference": "label0",
- *    "configs": [{"label", "overrides"}...],
+ *    "configs": [{"label", "overrides", "mesh", "devices",
+ *                 "memory": {"per_device_peak_bytes", "capacity_bytes", "by_category"} (as metrics.json),
+ *                 "traffic": {"step", "bytes_per_device",
+ *                             "rows": [{"op", "axes", "phase", "calls_per_device", "bytes_per_device"}...]},
+ *                 "step_time_model": {...} (run.json's, with a hardware profile)}...],
  *    "steps": [{"step", "losses": [per config], "max_rel_diff", "worst_config", "pass"}...],
  *    "max_rel_diff": x, "pass": bool,
  *    "first_diverging_step": int|null, "first_diverging_config": "label"|null,

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "models/core/checks.h"
+#include "models/core/timemodel.h"
 #include "models/core/train.h"
 #include "sim/xrank.h"
 
@@ -132,6 +133,13 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     char diverge_param[MODEL_PATH_MAX] = "", diverge_cfg[320] = "", outdir[1024] = "";
     bool *oom = calloc((size_t)nc, sizeof *oom);
     int n_oom = 0;
+    /* what each configuration costs, for parity.json and the report: its mesh, memory per device,
+     * the traffic of its last step and, with a hardware profile, the modelled time of that step */
+    char (*meshes)[256] = calloc((size_t)nc, sizeof *meshes);
+    sim_arena_stats **mems = calloc((size_t)nc, sizeof *mems);
+    cli_traffic *traffic = calloc((size_t)nc, sizeof *traffic);
+    char **tm_json = calloc((size_t)nc, sizeof *tm_json);
+    int *ndev = calloc((size_t)nc, sizeof *ndev);
     for (int c = 0; c < nc && st == SIM_OK; c++) {
         mesh_cfg *cfg = NULL;
         model_def *def = NULL;
@@ -171,6 +179,15 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         double hbm = 0;
         if (st == SIM_OK) st = mesh_cfg_get_double(cfg, "hbm_limit_gb", &hbm);
         if (st == SIM_OK) st = model_machine_new(def, hbm, false, &m);
+        model_hw hw;
+        model_tm_eff eff;
+        bool have_hw = false;
+        if (st == SIM_OK) {
+            int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
+            st = model_hw_from_config(cfg, cli_configs_dir(), per_slice, &hw, &have_hw);
+            if (st == SIM_OK && have_hw) st = model_tm_eff_load(cli_configs_dir(), &eff);
+            if (st == SIM_OK) sim_machine_set_record_costs(m, have_hw);
+        }
         if (st == SIM_OK) {
             /* label: the mesh and the mode, which is what tells the runs apart */
             char mesh[256];
@@ -221,6 +238,34 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                     st = SIM_OK;
             }
             fflush(out);
+            if (st == SIM_OK && !oom[c] && *outdir) {
+                cli_mesh_summary(&def->mesh, meshes[c], sizeof meshes[c]);
+                ndev[c] = sim_machine_num_devices(m);
+                mems[c] = calloc((size_t)ndev[c], sizeof **mems);
+                if (mems[c]) cli_memory_collect(m, mems[c]);
+                cli_records recs;
+                cli_records_from_machine(m, &recs);
+                st = cli_traffic_build(&recs, cli_steps((int)steps - 1, (int)steps - 1), &traffic[c]);
+                if (st == SIM_OK && have_hw) {
+                    double opt_bytes = model_tm_optimizer_bytes(m);
+                    double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
+                    const char *dt = NULL;
+                    if (mesh_cfg_get_str(cfg, "dtype", &dt) != SIM_OK || !dt) dt = "";
+                    model_tm_result tm;
+                    memset(&tm, 0, sizeof tm);
+                    if (model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, false, &tm) == SIM_OK) {
+                        size_t len = 0;
+                        FILE *js = open_memstream(&tm_json[c], &len);
+                        if (js) {
+                            model_tm_write_json(js, &hw, sim_machine_mesh(m), &tm);
+                            fclose(js);
+                        }
+                    } else { /* a figure the profile does not publish: no estimate, the parity check stands */
+                        sim_err_clear();
+                    }
+                    free(tm.spans);
+                }
+            }
             if (st == SIM_OK && oom[c]) {
                 /* no gradients to compare */
             } else if (st == SIM_OK && c == 0) {
@@ -249,6 +294,11 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             pcs[k].label = cfgs[c].label;
             pcs[k].overrides = cfgs[c].text;
             pcs[k].losses = losses[c];
+            pcs[k].mesh = meshes[c][0] ? meshes[c] : NULL;
+            pcs[k].n_devices = mems[c] ? ndev[c] : 0;
+            pcs[k].mem = mems[c];
+            pcs[k].traffic = traffic[c].rows || traffic[c].n_devices ? &traffic[c] : NULL;
+            pcs[k].step_time_json = tm_json[c];
         }
         sim_machine_free(m);
         model_data_close(&data);
@@ -289,6 +339,16 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         for (long long s = 0; s < steps; s++) model_grads_free(&ref[s]);
         free(ref);
     }
+    for (int c = 0; c < nc; c++) {
+        free(mems[c]);
+        cli_traffic_free(&traffic[c]);
+        free(tm_json[c]);
+    }
+    free(meshes);
+    free(mems);
+    free(traffic);
+    free(tm_json);
+    free(ndev);
     for (int c = 0; c < nc; c++) {
         free(losses[c]);
         for (int i = 0; i < cfgs[c].n; i++) free(cfgs[c].words[i]);

@@ -267,6 +267,7 @@ void sim_machine_free(sim_machine *m)
     }
     free(m->dev);
     free(m->xbytes);
+    free(m->trace_steps);
     sim_shared_free_all(m);
     pthread_mutex_destroy(&m->shared_lock);
     pthread_mutex_destroy(&m->lock);
@@ -312,6 +313,9 @@ sim_phase sim_device_phase(const sim_device *d) { return d->phase; }
 void sim_device_set_step(sim_device *d, int step)
 {
     if (d->m->opts.trace) { /* a marker where each step starts */
+        d->step_untraced = !sim_trace_step_selected(d->m, step);
+        if (d->step_untraced) d->steps_skipped++;
+        else d->steps_traced++;
         sim_span s = {0};
         s.t0 = s.t1 = sim_now_ns();
         s.lane = -1;
@@ -1029,6 +1033,7 @@ typedef struct {
     int32_t id;
     int32_t spans_dropped;
     uint64_t nrec, ncost, nspans, kept; /* kept: spans stored (0 once dropped) */
+    uint64_t spans_skipped, steps_traced, steps_skipped;
     sim_op_totals totals[SIM_NOP];
     sim_arena_stats arena;
 } dev_summary;
@@ -1065,6 +1070,9 @@ static sim_status gather_devices(sim_machine *m)
         s.ncost = d->ncost;
         s.nspans = d->nspans;
         s.kept = d->spans ? d->nspans : 0;
+        s.spans_skipped = d->spans_skipped;
+        s.steps_traced = d->steps_traced;
+        s.steps_skipped = d->steps_skipped;
         memcpy(s.totals, d->totals, sizeof s.totals);
         sim_arena_get_stats(d->arena, &s.arena);
         blob_put(&blob, &len, &cap, &s, sizeof s);
@@ -1131,6 +1139,9 @@ static sim_status gather_devices(sim_machine *m)
             d->nspans = s.nspans;
             d->capspans = s.kept;
             d->spans_dropped = s.spans_dropped;
+            d->spans_skipped = s.spans_skipped;
+            d->steps_traced = s.steps_traced;
+            d->steps_skipped = s.steps_skipped;
             memcpy(d->totals, s.totals, sizeof d->totals);
             sim_arena_set_stats(d->arena, &s.arena);
         }
@@ -1254,6 +1265,10 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
 void sim_trace_add(sim_device *d, const sim_span *s)
 {
     if (!d->m->opts.trace) return;
+    if (d->step_untraced) { /* a step the trace leaves out: only counted apart */
+        d->spans_skipped++;
+        return;
+    }
     if (sim_trace_keeps(d)) {
         if (d->nspans == d->capspans) {
             d->capspans = d->capspans ? 2 * d->capspans : 256;

@@ -45,6 +45,7 @@ typedef struct sim_call {
 typedef enum { SIM_RV_ARRIVE = 0, SIM_RV_DEPART, SIM_RV_BARRIER } sim_rv_kind;
 
 typedef struct sim_group sim_group;
+struct sim_trace_range; /* sim/trace.h */
 /* Task `task` of an exchange's data movement over g (see sim_exchange). */
 typedef void (*sim_task_fn)(sim_machine *m, sim_group *g, int task);
 
@@ -131,6 +132,9 @@ struct sim_device {
     sim_span *spans;       /* NULL once dropped */
     size_t nspans, capspans; /* nspans counts every span, kept or not (other devices read it: atomics) */
     bool spans_dropped;    /* this device cannot be in the trace (sim_trace_keeps): spans counted, not kept */
+    bool step_untraced;    /* the current step is not among the trace's steps (sim_trace_set_steps) */
+    uint64_t spans_skipped; /* spans of untraced steps: neither kept nor counted in nspans */
+    uint64_t steps_traced, steps_skipped; /* steps started, by whether the trace keeps them */
     /* run */
     pthread_t thread;
     sim_fiber *fib;        /* the device's fiber when it runs as one (then `wake` is unused) */
@@ -159,6 +163,10 @@ struct sim_machine {
     sim_device_fn fn;
     void *arg;
     size_t trace_limit;   /* sim_trace_set_limit: the trace's max_events (0 = every device) */
+    struct sim_trace_range *trace_steps; /* sim_trace_set_steps (trace.h): the steps whose spans are kept
+                                            (NULL = all) */
+    int ntrace_steps;
+    char trace_steps_text[256];   /* how the user named them ("first,last") */
     /* the live buffers of shared all-gathers (collectives.c), freed with the machine if a
      * failed run left references behind */
     pthread_mutex_t shared_lock;
@@ -211,6 +219,8 @@ void sim_trace_add(sim_device *d, const sim_span *s);
  * spans than the trace limit, so d can never be written (sim_trace_devices_within); its
  * spans are then freed and only counted.  Callers skip building a span that is not kept. */
 bool sim_trace_keeps(sim_device *d);
+/* Whether the trace keeps the spans of `step` (sim_trace_set_steps; trace.c). */
+bool sim_trace_step_selected(const sim_machine *m, int64_t step);
 unsigned sim_axes_mask(sim_axes axes);
 /* The rank that runs device id (contiguous blocks of ids). */
 int sim_machine_owner(const sim_machine *m, int id);

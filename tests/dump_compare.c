@@ -14,14 +14,12 @@
 #include "cli/cli.h"
 #include "config/json.h"
 #include "tests/dump_compare.h"
+#include "tests/helpers.h"
 
-static mesh_json *read_json(const char *path)
-{
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
-    return j;
-}
-
+/* 0.2.5 dumps an NNX train state: ['model']/..., ['optimizer']/['opt_state']/[0]/['mu']/..., each
+ * leaf ending in /.value; ours (and e591f30c's) name the Linen state: .params/['params']/...,
+ * .opt_state/[0]/.mu/['params']/..., .step.  Both are brought to params/..., mu/..., nu/...,
+ * count, step with the brackets removed. */
 static void norm_key(const char *k, char *out, size_t cap)
 {
     static const char *const pre[][2] = {
@@ -57,7 +55,7 @@ static void norm_key(const char *k, char *out, size_t cap)
 }
 
 /* A spec entry without the mesh axes of size 1 (they shard nothing); trailing Nones dropped. */
-static void spec_text(const mesh_json *spec, const mesh_json *mesh_shape, char *out, size_t cap)
+static void spec_text(const mesh_json *spec, const mesh_json *mesh_sizes, char *out, size_t cap)
 {
     char ent[16][128];
     int n = 0;
@@ -68,7 +66,7 @@ static void spec_text(const mesh_json *spec, const mesh_json *mesh_shape, char *
         int cnt = 0;
         for (int j = 0; j < (e->kind == MESH_JSON_ARRAY ? e->n : e->kind == MESH_JSON_STRING ? 1 : 0); j++) {
             const char *ax = e->kind == MESH_JSON_ARRAY ? e->items[j].str : e->str;
-            const mesh_json *sz = mesh_json_get(mesh_shape, ax);
+            const mesh_json *sz = mesh_json_get(mesh_sizes, ax);
             if (sz && sz->number == 1) continue;
             o += (size_t)snprintf(ent[n] + o, sizeof ent[n] - o, "%s%s", cnt++ ? "," : "", ax);
         }
@@ -102,9 +100,9 @@ int dump_compare_025(const char *what, const char *gdir, int nargs, const char *
     static const char *const gf[2] = {"named_shardings.json", "logical_names.json"};
     for (int f = 0; f < 2; f++) {
         snprintf(p, sizeof p, "%s/%s", tmp, of[f]);
-        ours[f] = read_json(p);
+        ours[f] = helper_read_json(NULL, p);
         snprintf(p, sizeof p, "%s/%s", gdir, gf[f]);
-        gold[f] = read_json(p);
+        gold[f] = helper_read_json(NULL, p);
     }
     static const char *const rm[3] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
     for (int f = 0; f < 3; f++) {

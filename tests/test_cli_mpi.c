@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "sim/xrank.h"
+#include "tests/helpers.h"
 
 #define MPIRUN                                                                                           \
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "    \
@@ -90,26 +91,12 @@ static int sh(const char *cmd)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (s) s[n] = '\0';
-    fclose(f);
-    return s;
-}
-
 /* The console output with what may differ between runs taken out: the step lines' time and tokens/s
  * columns (the 6th and 7th fields), the pipeline bubbles' measured share, the MPI section (only under
  * mpirun) and the artifacts line. */
 static char *normalised(const char *path)
 {
-    char *s = slurp(path);
+    char *s = helper_read_file_opt(path, NULL);
     assert_non_null(s);
     char *out = calloc(strlen(s) + 1, 1);
     assert_non_null(out);
@@ -140,7 +127,7 @@ static char *metrics_values(const char *dir)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/metrics.json", dir);
-    char *s = slurp(path);
+    char *s = helper_read_file_opt(path, NULL);
     assert_non_null(s);
     char *out = calloc(strlen(s) + 1, 1);
     assert_non_null(out);
@@ -156,7 +143,7 @@ static void assert_same_file(const char *a, const char *b, const char *name)
     char pa[512], pb[512];
     snprintf(pa, sizeof pa, "%s/%s", a, name);
     snprintf(pb, sizeof pb, "%s/%s", b, name);
-    char *x = slurp(pa), *y = slurp(pb);
+    char *x = helper_read_file_opt(pa, NULL), *y = helper_read_file_opt(pb, NULL);
     assert_non_null(x);
     assert_non_null(y);
     if (strcmp(x, y)) fail_msg("%s differs between %s and %s", name, a, b);
@@ -182,7 +169,7 @@ static void check_same_as_one_process(const char *name, const char *args, const 
                  err);
         int rc = sh(cmd);
         if (rc) {
-            char *e = slurp(err);
+            char *e = helper_read_file_opt(err, NULL);
             fail_msg("mpirun -np %d exited %d: %s", nps[i], rc, e ? e : "");
         }
         char *got = normalised(txt);
@@ -192,7 +179,7 @@ static void check_same_as_one_process(const char *name, const char *args, const 
         assert_same_file(one, dir, "collectives.csv");
         assert_same_file(one, dir, "traffic.csv");
         /* the ranks did talk: their bytes are reported, apart from the simulated traffic */
-        char *raw = slurp(txt);
+        char *raw = helper_read_file_opt(txt, NULL);
         assert_non_null(strstr(raw, "MPI: "));
         free(raw);
         free(got);
@@ -254,7 +241,7 @@ static void test_parity_is_the_one_process_parity(void **state)
     assert_int_equal(sh(cmd), 0);
     snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s parity %s > %s 2>&1", program, args, two);
     assert_int_equal(sh(cmd), 0);
-    char *a = slurp(one), *b = slurp(two);
+    char *a = helper_read_file_opt(one, NULL), *b = helper_read_file_opt(two, NULL);
     assert_non_null(a);
     assert_non_null(b);
     /* "3 steps in 0.2 s, last loss ...": the time differs */
@@ -315,7 +302,7 @@ static void test_failure_ends_every_rank_once(void **state)
     snprintf(err, sizeof err, "%s/oom.err", tmp);
     snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s train %s hbm_limit_gb=0.002 > /dev/null 2> %s", program, LLAMA, err);
     assert_int_equal(sh(cmd), 1);
-    char *e = slurp(err);
+    char *e = helper_read_file_opt(err, NULL);
     assert_non_null(e);
     const char *first = strstr(e, "is out of memory");
     if (!first) fail_msg("no OOM message: %s", e);
@@ -393,7 +380,7 @@ static void test_more_ranks_than_devices(void **state)
     snprintf(cmd, sizeof cmd, MPIRUN " -np 3 %s train configs/small.yml ici_fsdp_parallelism=2 steps=1 > /dev/null 2> %s",
              program, err);
     assert_int_equal(sh(cmd), 2);
-    char *e = slurp(err);
+    char *e = helper_read_file_opt(err, NULL);
     assert_non_null(e);
     if (!strstr(e, "3 MPI ranks for a mesh of 2 devices")) fail_msg("unexpected message: %s", e);
     free(e);

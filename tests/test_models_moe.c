@@ -27,6 +27,7 @@
 
 #include "models/blocks/moe.h"
 #include "mesh/nn.h"
+#include "tests/helpers.h"
 
 enum { B = 4, S = 4, E = 8, K = 2, N = B * S };
 
@@ -91,30 +92,16 @@ static sim_status run_router(router_job *j, int layout)
     SIM_ASSERT(mesh_shape_init(&j->mesh, 2, names, layout ? two : one) == SIM_OK);
     j->tok_spec = layout == 2 ? "P('data', 'fsdp', None)" : layout ? "P(('data', 'fsdp'), None, None)"
                                                                     : "P(None, None, None)";
-    sim_mesh_desc md;
-    SIM_ASSERT(mesh_shape_to_sim(&j->mesh, &md) == SIM_OK);
-    sim_machine *m;
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    SIM_ASSERT(sim_machine_new(&md, &o, &m) == SIM_OK);
+    sim_machine *m = helper_machine(&j->mesh, false);
     sim_status st = sim_machine_run(m, router_device, j);
     sim_machine_free(m);
     return st;
 }
 
-static float det_val(uint32_t i, float scale)
-{
-    i = i * 2654435761u + 12345u;
-    i ^= i >> 13;
-    i *= 0x5bd1e995u;
-    i ^= i >> 15;
-    return ((float)(i % 2001) / 1000.0f - 1.0f) * scale;
-}
-
 /* distinct raw logits (positive and negative) and a bias that reorders some experts */
 static void fill_inputs(router_job *j)
 {
-    for (int i = 0; i < N * E; i++) j->scores[i] = det_val((uint32_t)i, 2.0f) + 0.0001f * (float)(i % E);
+    for (int i = 0; i < N * E; i++) j->scores[i] = helper_det_val((uint32_t)i, 2.0f) + 0.0001f * (float)(i % E);
     for (int e = 0; e < E; e++) j->bias[e] = (e % 3 == 0) ? 0.8f : (e % 3 == 1 ? -0.5f : 0.0f);
 }
 

@@ -26,13 +26,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
 #include "config/json.h"
 #include "models/core/model.h"
 #include "tests/cli_capture.h"
 #include "tests/dump_compare.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
 /* The small Qwen3 of the loss data (losses/gen.sh: QWEN3). */
@@ -42,19 +42,6 @@ static const char *const QWEN3[] = {
     "vocab_size=256",        "max_target_length=32",       "per_device_batch_size=2",
 };
 enum { NQWEN3 = sizeof QWEN3 / sizeof QWEN3[0] };
-
-static const char *data_root(void)
-{
-    const char *env = getenv("SHARDSIM_REFERENCE");
-    return env && *env ? env : "tests/data";
-}
-
-static mesh_json *read_json(const char *path)
-{
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
-    return j;
-}
 
 /* `shardsim train` with QWEN3, the case's words and `more`; fails the test unless it exits 0. */
 static void train(const char *const *words, int nwords, const char *const *more, int nmore)
@@ -93,8 +80,8 @@ static void test_losses_equal_maxtext(void **state)
         int nw = 0;
         while (nw < 4 && lc->words[nw]) nw++;
         char path[1200];
-        snprintf(path, sizeof path, "%s/maxtext-0.2.5/losses/%s.json", data_root(), lc->name);
-        mesh_json *peer = read_json(path);
+        snprintf(path, sizeof path, "%s/maxtext-0.2.5/losses/%s.json", helper_reference_dir(), lc->name);
+        mesh_json *peer = helper_read_json(NULL, path);
         /* the measurement is of this configuration: every word given here was given to MaxText */
         const mesh_json *ov = mesh_json_get(peer, "overrides");
         assert_non_null(ov);
@@ -108,8 +95,7 @@ static void test_losses_equal_maxtext(void **state)
         assert_non_null(ml);
         assert_int_equal(ml->n, 2);
         /* the parameters: shardsim's after one step from its init (gen.sh), then both runs from them */
-        char dir[] = "/tmp/shardsim_qwen3_XXXXXX";
-        assert_non_null(mkdtemp(dir));
+        char *dir = helper_tmpdir("qwen3");
         char ck[128], load[256], out[128], metrics[160], p0[160];
         snprintf(ck, sizeof ck, "checkpoint_dir=%s/ck", dir);
         snprintf(p0, sizeof p0, "%s/ck/step_0.safetensors", dir);
@@ -120,7 +106,7 @@ static void test_losses_equal_maxtext(void **state)
         const char *run[] = {"steps=2", "learning_rate=1e-3", load, out};
         train(lc->words, nw, run, 4);
         snprintf(metrics, sizeof metrics, "%s/out/metrics.json", dir);
-        mesh_json *ours = read_json(metrics);
+        mesh_json *ours = helper_read_json(NULL, metrics);
         const mesh_json *st = mesh_json_get(ours, "steps");
         assert_non_null(st);
         assert_int_equal(st->n, 2);
@@ -138,9 +124,8 @@ static void test_losses_equal_maxtext(void **state)
         assert_true(fabs(m1 - m0) / fabs(m0) > 100 * lc->rtol || lc->at_least > 0);
         mesh_json_free(ours);
         mesh_json_free(peer);
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        assert_int_equal(system(cmd), 0);
+        helper_rm_rf(dir);
+        free(dir);
     }
 }
 
@@ -149,11 +134,11 @@ static void test_dumps_equal_maxtext(void **state)
     (void)state;
     char gdir[1200];
     snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/qwen3-8b/cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2",
-             data_root());
+             helper_reference_dir());
     const char *a8[] = {"model_name=qwen3-8b", "num_devices=8", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"};
     /* 13 parameters (query/key norms included), their two Adam moments and the step counters */
     assert_true(dump_compare_025("qwen3-8b fsdp=4 tensor=2", gdir, 4, a8) >= 3 * 13);
-    snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/qwen3-0.6b/cpu-8/ici_fsdp_parallelism=8", data_root());
+    snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/qwen3-0.6b/cpu-8/ici_fsdp_parallelism=8", helper_reference_dir());
     const char *a06[] = {"model_name=qwen3-0.6b", "num_devices=8", "ici_fsdp_parallelism=8"};
     assert_true(dump_compare_025("qwen3-0.6b fsdp=8 (tied logits)", gdir, 3, a06) >= 3 * 12);
 }
