@@ -14,9 +14,8 @@
  *   - the MLP is MlpBlock with intermediate_sharding (activation_batch, activation_norm_length,
  *     activation_mlp) and out_sharding the residual's names;
  *   - AttentionWithNorm constrains the residual stream, and passes out_shardings, in explicit mode
- *     only: in auto mode its _maybe_shard_with_logical is the identity and the shardings are None,
- *     so the layer-level constraints below run in explicit mode only (Attention's and MlpBlock's
- *     own constraints run in both modes, as theirs do);
+ *     only: in auto mode its _maybe_shard_with_logical is the identity and the shardings are None
+ *     (layer_shard says how auto mode places the residual; the dump logs it in explicit mode only);
  *   - no dropout on the layer's output (only MlpBlock's intermediate dropout);
  *   - checkpoint names: Attention's and MlpBlock's (decoder_layer_input is kept by every policy).
  * Around the layers, the Decoder is the generic one (embedding, final norm, logits tied or not as
@@ -63,14 +62,19 @@ static qwen3_ix indices(const model_def *m)
     return x;
 }
 
-/* AttentionWithNorm's _maybe_shard_with_logical: a constraint in explicit mode, nothing in auto. */
+/* AttentionWithNorm's _maybe_shard_with_logical: MaxText constrains the residual stream in explicit
+ * mode only (in auto mode the method is the identity, and its dump logs nothing).  In auto mode
+ * XLA's sharding propagation still gives the unconstrained residual the sharding of its
+ * constrained neighbours (Attention's inputs, the next layer's): MaxText's compiled step for a
+ * small qwen3 on fsdp=4 tensor=2 sends exactly the bytes of a Llama of the same shape, whose layer
+ * constrains it (peers/maxtext/hlo_bytes.sh: 163.458 MiB both).  shardsim's auto placement is
+ * local, so the residual is placed here as propagation leaves it: the same names, unlogged. */
 static sim_status layer_shard(model_dev *md, mesh_tape *t, mesh_var *x, const char *name, mesh_var **y)
 {
-    if (md->ctx.mode != MESH_MODE_EXPLICIT) {
-        *y = x;
-        return SIM_OK;
-    }
-    return model_shard_as(md, t, x, name, 3, A, y);
+    if (md->ctx.mode == MESH_MODE_EXPLICIT) return model_shard_as(md, t, x, name, 3, A, y);
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(md->def, name, 3, A, &s));
+    return mesh_ad_shard_as(t, x, &s, name, y);
 }
 
 /* One Qwen3DecoderLayer (apply_attention_with_norm, then the MLP). */
