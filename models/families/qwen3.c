@@ -66,8 +66,8 @@ static qwen3_ix indices(const model_def *m)
  * mode only (in auto mode the method is the identity, and its dump logs nothing).  In auto mode
  * XLA's sharding propagation still gives the unconstrained residual the sharding of its
  * constrained neighbours (Attention's inputs, the next layer's): MaxText's compiled step for a
- * small qwen3 on fsdp=4 tensor=2 sends exactly the bytes of a Llama of the same shape, whose layer
- * constrains it (peers/maxtext/hlo_bytes.sh: 163.458 MiB both).  shardsim's auto placement is
+ * small qwen3 on fsdp=4 tensor=2 sends the bytes of a Llama of the same shape, whose layer
+ * constrains it (peers/maxtext/hlo_bytes.sh: 163.458 and 163.482 MiB; tests/data/maxtext-0.2.5/hlo_bytes).  shardsim's auto placement is
  * local, so the residual is placed here as propagation leaves it: the same names, unlogged. */
 static sim_status layer_shard(model_dev *md, mesh_tape *t, mesh_var *x, const char *name, mesh_var **y)
 {
