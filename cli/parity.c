@@ -79,6 +79,7 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     double tolerance;
     if (!st) st = mesh_cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
     if (!st && (st = model_check_sharding_tolerance(*def, tolerance))) model_def_free(*def);
+    else if (!st && (st = cli_rank_placement(*cfg, &(*def)->mesh))) model_def_free(*def);
     if (st) {
         free(*def);
         *def = NULL;

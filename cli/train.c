@@ -53,6 +53,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
+    if (!st && (st = cli_rank_placement(cm->cfg, &cm->def->mesh))) model_def_free(cm->def);
     if (st) {
         model_def_free(cm->def); /* what it built before failing (the rules) */
         free(cm->def);

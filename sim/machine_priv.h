@@ -175,8 +175,10 @@ struct sim_machine {
     uint64_t shared_live; /* of which not yet released by every member */
     struct sim_shared_buf *shared_kept[4]; /* released large buffers kept for reuse (SHARED_KEEP) */
     int shared_nkept;
-    /* MPI ranks (sim/xrank.h): this process runs devices [lo, hi) of rank `rank` of `nranks` */
-    int rank, nranks, lo, hi;
+    /* MPI ranks (sim/xrank.h): this process is rank `rank` of `nranks`; owner_of[id] runs device id
+     * (rank_placement), and this rank runs local[0..nlocal), in id order */
+    int rank, nranks, nlocal;
+    int *owner_of, *local;
     uint64_t *xbytes;     /* [nxbytes]: bytes this rank sent to other ranks, by step (under lock) */
     int nxbytes;
     sim_status match_fail; /* set by a match function failing for another reason than a mismatch
@@ -222,7 +224,7 @@ bool sim_trace_keeps(sim_device *d);
 /* Whether the trace keeps the spans of `step` (sim_trace_set_steps; trace.c). */
 bool sim_trace_step_selected(const sim_machine *m, int64_t step);
 unsigned sim_axes_mask(sim_axes axes);
-/* The rank that runs device id (contiguous blocks of ids). */
+/* The rank that runs device id (rank_placement: sim_mesh_place_ranks). */
 int sim_machine_owner(const sim_machine *m, int id);
 /* A group spanning ranks (collectives.c), in its last local arriver: the local members' calls
  * serialised (under the lock: the calls live on the members' stacks), traded with the other
