@@ -22,7 +22,7 @@ for b in "$old" "$new"; do [ -x "$b" ] || { echo "$0: $b is not an executable" >
 cases=(
 "llama-fsdp-tp|train configs/small.yml ici_fsdp_parallelism=4 ici_tensor_parallelism=2 steps=4"
 "llama-explicit|train configs/small.yml ici_data_parallelism=2 ici_fsdp_parallelism=2 ici_tensor_parallelism=2 shard_mode=explicit steps=3"
-"llama-remat-minimal|train configs/small.yml ici_fsdp_parallelism=2 ici_sequence_parallelism=2 remat_policy=minimal steps=3"
+"llama-remat-minimal|train configs/small.yml ici_fsdp_parallelism=2 ici_tensor_parallelism=2 remat_policy=minimal steps=3"
 "llama-ga-zero1|train configs/small.yml ici_data_parallelism=4 shard_optimizer_over_data=true gradient_accumulation_steps=2 steps=3"
 "llama-muon|train configs/small.yml ici_fsdp_parallelism=4 opt_type=muon steps=3"
 "llama-pipeline|train configs/small.yml ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 num_pipeline_microbatches=4 steps=3"
@@ -32,6 +32,7 @@ cases=(
 "ds-dense-moe|train model_name=deepseek3-tiny override_model_config=true base_num_decoder_layers=2 first_num_dense_layers=1 vocab_size=256 max_target_length=64 sparse_matmul=false ici_fsdp_parallelism=2 ici_tensor_parallelism=2 steps=2"
 "ds-mtp-explicit|train model_name=deepseek3-tiny override_model_config=true base_num_decoder_layers=2 first_num_dense_layers=1 vocab_size=256 max_target_length=64 mtp_num_layers=1 mtp_loss_scaling_factor=0.1 shard_mode=explicit ici_fsdp_parallelism=2 steps=2"
 "ds-batchsplit|train model_name=deepseek3-tiny override_model_config=true base_num_decoder_layers=2 first_num_dense_layers=1 vocab_size=256 max_target_length=64 use_batch_split_schedule=true batch_split_factor=2 ici_fsdp_parallelism=2 ici_expert_parallelism=2 steps=2"
+"ds-batchsplit-run|train model_name=deepseek3-671b-batchsplit override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 base_mlp_dim=64 base_moe_mlp_dim=32 base_num_decoder_layers=5 first_num_dense_layers=1 vocab_size=256 num_experts=8 num_experts_per_tok=2 n_routing_groups=4 topk_routing_group=2 q_lora_rank=16 kv_lora_rank=16 qk_nope_head_dim=16 qk_rope_head_dim=8 v_head_dim=16 max_target_length=32 batch_split_factor=2 sharding_tolerance=1 dtype=bfloat16 per_device_batch_size=2 ici_fsdp_parallelism=2 ici_expert_parallelism=2 steps=2"
 "ds-ring|train model_name=deepseek3-tiny override_model_config=true base_num_decoder_layers=2 first_num_dense_layers=1 vocab_size=256 max_target_length=64 use_ring_of_experts=true ici_expert_parallelism=4 steps=2"
 "ds-pipeline|train model_name=deepseek3-tiny override_model_config=true base_num_decoder_layers=4 first_num_dense_layers=2 vocab_size=256 max_target_length=64 ici_pipeline_parallelism=2 ici_expert_parallelism=2 num_pipeline_microbatches=2 steps=2"
 "llama7b-dry|train model_name=llama2-7b dry_run=true ici_fsdp_parallelism=64 ici_tensor_parallelism=4 per_device_batch_size=1 steps=1"

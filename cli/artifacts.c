@@ -818,10 +818,31 @@ static sim_status param_rel(const cli_dump_param *p, param_key *k)
     return SIM_OK;
 }
 
+/* The optimizer row's leaves into the dump's list (model_opt_tree.leaf). */
+typedef struct {
+    leaf *l;
+    int *k;
+    int cap;
+    const param_key *pk;      /* the parameters in JAX order: index into the entries */
+    const cli_dump_param *p;
+} opt_leaves;
+
+static sim_status opt_leaf(void *arg, const char *key, int param, int64_t len)
+{
+    opt_leaves *o = arg;
+    if (*o->k >= o->cap) return sim_err(SIM_ERR_INTERNAL, "sharding dump: the optimizer lists more than %d leaves", o->cap);
+    leaf *x = &o->l[(*o->k)++];
+    snprintf(x->key, KEY_CAP, "%s", key);
+    x->p = param >= 0 ? &o->p[o->pk[param].index] : NULL;
+    x->opt = param >= 0;
+    x->len = param >= 0 ? 0 : len;
+    return SIM_OK;
+}
+
 /* The leaves in file order. */
 static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode, leaf **out, int *n_out)
 {
-    int cap = mode == CLI_DUMP_TRAIN_STATE ? 3 * n + 8 : n;
+    int cap = mode == CLI_DUMP_TRAIN_STATE ? (1 + MODEL_OPT_SLOTS_MAX) * n + 8 : n;
     leaf *l = calloc((size_t)cap + 1, sizeof *l);
     SIM_ASSERT(l);
     int k = 0;
@@ -847,52 +868,31 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
         }
         qsort(pk, (size_t)n, sizeof *pk, param_key_cmp);
         snprintf(l[k++].key, KEY_CAP, ".step");
-        bool muon = n > 0 && p[0].muon != 0;
-        if (muon) { /* optax.contrib.muon: a partition state, branches in key order */
-            for (int i = 0; i < n; i++) {
-                snprintf(l[k].key, KEY_CAP, ".params/['params']%.900s", pk[i].rel);
-                l[k++].p = &p[pk[i].index];
-            }
-            static const char *const br[2] = {".opt_state/.inner_states/['adam']/.inner_state",
-                                              ".opt_state/.inner_states/['muon']/.inner_state"};
-            for (int b = 0; b < 2; b++) {
-                int want = b ? 1 : -1;
-                snprintf(l[k++].key, KEY_CAP, "%s/[0]/.count", br[b]);
-                for (int part = 0; part < (b ? 1 : 2); part++)
-                    for (int i = 0; i < n; i++) {
-                        if (p[pk[i].index].muon != want || p[pk[i].index].no_opt) continue;
-                        snprintf(l[k].key, KEY_CAP, "%s/[0]/.%s/['params']%.900s", br[b], part ? "nu" : "mu", pk[i].rel);
-                        l[k].p = &p[pk[i].index];
-                        l[k].opt = 1;
-                        k++;
-                    }
-                if (b) {
-                    snprintf(l[k].key, KEY_CAP, "%s/[0]/.ns_coeffs", br[b]);
-                    l[k++].len = 3; /* (a, b, c) */
-                }
-                /* adamw = chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate); muon's chain has
-                 * scale_by_shape too: the schedule's count sits at [2] and [3] */
-                snprintf(l[k++].key, KEY_CAP, "%s/[%d]/.count", br[b], b ? 3 : 2);
-            }
-            free(pk);
-            *out = l;
-            *n_out = k;
-            return SIM_OK;
+        for (int i = 0; i < n; i++) {
+            snprintf(l[k].key, KEY_CAP, ".params/['params']%.900s", pk[i].rel);
+            l[k++].p = &p[pk[i].index];
         }
-        static const char *const prefix[3] = {".params/['params']", ".opt_state/[0]/.mu/['params']",
-                                              ".opt_state/[0]/.nu/['params']"};
-        for (int part = 0; part < 3; part++) {
-            if (part == 1) snprintf(l[k++].key, KEY_CAP, ".opt_state/[0]/.count");
-            for (int i = 0; i < n; i++) {
-                if (part && p[pk[i].index].no_opt) continue;
-                snprintf(l[k].key, KEY_CAP, "%s%s", prefix[part], pk[i].rel);
-                l[k].p = &p[pk[i].index];
-                l[k].opt = part > 0;
-                k++;
-            }
+        /* the optimizer's state: its row lists the leaves (models/optimizers/optim.h) */
+        const char **rel = calloc((size_t)n + 1, sizeof *rel);
+        bool *stateless = calloc((size_t)n + 1, sizeof *stateless);
+        int *branch = calloc((size_t)n + 1, sizeof *branch);
+        SIM_ASSERT(rel && stateless && branch);
+        for (int i = 0; i < n; i++) {
+            rel[i] = pk[i].rel;
+            stateless[i] = p[pk[i].index].no_opt;
+            branch[i] = p[pk[i].index].branch;
         }
-        snprintf(l[k++].key, KEY_CAP, ".opt_state/[2]/.count");
+        opt_leaves ol = {l, &k, cap, pk, p};
+        const model_opt_tree t = {n, rel, stateless, branch, opt_leaf, &ol};
+        sim_status st = model_opt_tree_write(n > 0 ? p[0].opt : NULL, &t);
+        free(rel);
+        free(stateless);
+        free(branch);
         free(pk);
+        if (st != SIM_OK) {
+            free(l);
+            return st;
+        }
     }
     *out = l;
     *n_out = k;

@@ -26,6 +26,7 @@
 #include "mesh/mesh_shape.h"
 #include "mesh/rules.h"
 #include "mesh/spec.h"
+#include "models/core/optimizer.h"
 #include "sim/trace.h"
 
 /* Version string written to run.json when the caller gives none. */
@@ -117,8 +118,10 @@ typedef struct {
     mesh_spec spec;                             /* resolved, size-1 axes KEPT (mesh_resolved.unpruned) */
     bool has_opt_spec;                          /* Adam moments sharded differently (ZeRO-1) */
     mesh_spec opt_spec;                         /* their spec when has_opt_spec */
-    int muon;                                   /* opt_type=muon: 1 a Muon leaf, -1 an AdamW-fallback leaf;
-                                                   0 (every entry): opt_type=adamw's state */
+    const model_optimizer *opt;                 /* the optimizer whose state the train-state dump lists (the
+                                                   first entry's counts; NULL: adamw's) */
+    int branch;                                 /* its part holding this leaf (model_opt_param.branch: Muon
+                                                   1, its AdamW fallback -1), 0 when unpartitioned */
     bool no_opt;                                /* a non-trainable variable (MaxText's MoEBiasVar):
                                                    listed with the parameters, no optimizer state */
 } cli_dump_param;
@@ -137,12 +140,12 @@ typedef struct {
 typedef enum {
     CLI_DUMP_AS_GIVEN = 0,  /* the entries are the leaves, in the given order */
     CLI_DUMP_TRAIN_STATE    /* the entries are the parameters: write MaxText's whole train
-                               state — .step, .params/..., .opt_state/[0]/.count, .mu/...,
-                               .nu/..., .opt_state/[2]/.count — in JAX tree order (dict
-                               keys sorted); with opt_type=muon (muon != 0) optax's
-                               partition state: .opt_state/.inner_states/['adam']/...
-                               (the AdamW leaves' count, mu, nu, schedule count) and
-                               ['muon']/... (count, mu, ns_coeffs, schedule count) */
+                               state — .step, .params/..., then the optimizer's state as
+                               optax holds it (the row's tree, models/optimizers/optim.h:
+                               adamw .opt_state/[0]/.count, .mu/..., .nu/...,
+                               .opt_state/[2]/.count; muon the partition state
+                               .opt_state/.inner_states/['adam']/... and ['muon']/...) —
+                               in JAX tree order (dict keys sorted) */
 } cli_dump_mode;
 
 /* "params.decoder.mlp.wi_0.kernel" -> ".params/['params']/['decoder']/['mlp']/['wi_0']/['kernel']";

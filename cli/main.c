@@ -54,6 +54,9 @@ static const command_help COMMANDS[] = {
      "  plan_dry_runs=0                candidates dry-run at most (0: 48 - devices / 8, >= 24)\n"
      "  plan_verify=1                  top candidates dry-run in full (every layer) to confirm\n"
      "  --explain K | explain_candidate=K   why the candidate ranked K ranks there\n"
+     "  output_dir=DIR                 write plan.json (every candidate: outcome, figures, command\n"
+     "                                 line, reason) and report.html (step time vs peak memory with\n"
+     "                                 the Pareto front and the HBM, the winner's breakdown)\n"
      "\n"
      "Exit codes: 0 a candidate fits, 1 none fits, 2 bad usage or input.\n"},
     {"parity", "compare losses and gradients across configurations",

@@ -40,9 +40,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/artifacts.h"
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/report.h"
+#include "cli/report_html.h"
 #include "config/config.h"
 #include "mesh/mesh_shape.h"
 #include "models/core/checks.h"
@@ -54,6 +56,8 @@
 #include "sim/machine.h"
 #include "sim/topology.h"
 #include "sim/xrank.h"
+
+#include <jansson.h>
 
 enum {
     PLAN_LIST = 24,          /* items of one search-space list */
@@ -186,11 +190,12 @@ static bool word_sets(const char *w, const char *key)
     return k && k == strlen(key) && !strncmp(w, key, k);
 }
 
-/* Keys of plan's own that a printed train command leaves out. */
+/* Keys of plan's own that a printed train command leaves out (output_dir is where plan writes
+ * plan.json and report.html: a candidate's train command must not overwrite them). */
 static bool plan_own_key(const char *w)
 {
     return word_sets(w, "plan_top") || word_sets(w, "plan_dry_runs") || word_sets(w, "plan_verify") ||
-           word_sets(w, "plan_global_batch") || word_sets(w, "explain_candidate");
+           word_sets(w, "plan_global_batch") || word_sets(w, "explain_candidate") || word_sets(w, "output_dir");
 }
 
 /* ------------------------------------------------------------ one dry run */
@@ -456,7 +461,21 @@ typedef struct {
     double sampled_step_s, sampled_peak; /* the extrapolation, kept beside a full run's figures */
     plan_result r;
     int rank;           /* 1-based rank among the fitting, 0 if none */
+    bool explored;      /* a structure whose knob variants were made (they are candidates of their own) */
+    bool pareto;        /* ranked, and on the Pareto front of step time and peak (mark_pareto) */
 } plan_cand;
+
+/* A candidate the checks dropped before any dry run (refused, pruned or equivalent to an earlier
+ * one): plan.json lists it with what became of it. */
+typedef struct {
+    char *keys;         /* its words, space-separated */
+    plan_state state;   /* PC_REJECTED, PC_PRUNED or PC_DUPLICATE */
+    char *why;          /* PC_REJECTED: train's message */
+    int same_as;        /* PC_DUPLICATE: the candidate (index into plan_ctx.c) it equals */
+    double lb;          /* PC_PRUNED, PC_DUPLICATE: parameters + gradients + optimizer state per device */
+    long long count;    /* candidates it stands for: a structure's knob variants share its verdict */
+    bool remat_pruned;  /* PC_PRUNED: a policy saving more than full where full ran out of memory */
+} plan_drop;
 
 typedef struct {
     char key[160];      /* the message with its numbers blanked: the grouping key */
@@ -499,6 +518,11 @@ typedef struct {
     int top, explain;
     int *ranked;              /* candidate indices in rank order */
     int nranked;
+    plan_drop *drops;         /* the candidates dropped by the checks, in enumeration order */
+    int ndrops, capdrops;
+    char outdir[1024];        /* output_dir: plan.json and report.html ("" none) */
+    const char *const *argv;  /* the command's words, as given (plan.json) */
+    int argc;
 } plan_ctx;
 
 /* "... 128 devices ..." -> "... N devices ...": messages grouped without their numbers. */
@@ -555,6 +579,33 @@ static plan_cand *cand_new(plan_ctx *P)
     memset(c, 0, sizeof *c);
     c->dup_of = -1;
     return c;
+}
+
+/* Records a candidate the checks dropped (see plan_drop). */
+static void add_drop(plan_ctx *P, const plan_words *w, plan_state state, const char *why, int same_as, double lb,
+                     long long count)
+{
+    if (P->ndrops == P->capdrops) {
+        int cap = P->capdrops ? P->capdrops * 2 : 256;
+        plan_drop *d = realloc(P->drops, (size_t)cap * sizeof *d);
+        SIM_ASSERT(d);
+        P->drops = d;
+        P->capdrops = cap;
+    }
+    plan_drop *d = &P->drops[P->ndrops++];
+    memset(d, 0, sizeof *d);
+    char keys[PLAN_CW * PLAN_WORD];
+    size_t n = 0;
+    keys[0] = '\0';
+    for (int i = 0; i < w->n && n < sizeof keys; i++)
+        n += (size_t)snprintf(keys + n, sizeof keys - n, "%s%s", i ? " " : "", w->w[i]);
+    d->keys = strdup(keys);
+    d->why = why ? strdup(why) : NULL;
+    SIM_ASSERT(d->keys && (!why || d->why));
+    d->state = state;
+    d->same_as = same_as;
+    d->lb = lb;
+    d->count = count;
 }
 
 /* The words of a candidate's config: the user's, then its own. */
@@ -785,6 +836,13 @@ static int add_structure(enum_state *E, const char *mode, bool zero1, int inheri
     if (inherit == 1 || inherit == 2) {
         if (inherit == 1) P->reasons[*reason].count += nv;
         P->by_state[inherit == 1 ? PC_REJECTED : PC_PRUNED] += nv;
+        /* the twin's verdict: the drop just recorded is the twin's (the call before this one) */
+        SIM_ASSERT(P->ndrops > 0);
+        const plan_drop *twin = &P->drops[P->ndrops - 1];
+        char *why = twin->why ? strdup(twin->why) : NULL; /* add_drop may move the drops */
+        double lb = twin->lb;
+        add_drop(P, &c->w, inherit == 1 ? PC_REJECTED : PC_PRUNED, why, -1, lb, nv);
+        free(why);
         P->nc--;
         return inherit;
     }
@@ -796,6 +854,7 @@ static int add_structure(enum_state *E, const char *mode, bool zero1, int inheri
                                   P->global, c->ga, c->ga > 1 ? "es" : "", P->devices);
     if (st) {
         *reason = c->reason = add_reason(P, sim_errmsg(), c, nv);
+        add_drop(P, &c->w, PC_REJECTED, sim_errmsg(), -1, 0, nv);
         sim_err_clear();
         P->by_state[PC_REJECTED] += nv;
         P->nc--; /* a rejected structure keeps only its count */
@@ -803,12 +862,14 @@ static int add_structure(enum_state *E, const char *mode, bool zero1, int inheri
     }
     if (c->lb > P->hbm) {
         P->by_state[PC_PRUNED] += nv;
+        add_drop(P, &c->w, PC_PRUNED, NULL, -1, c->lb, nv);
         P->nc--;
         return 2;
     }
     int d = find_sig(P, c->sig, P->nc - 1);
     if (d >= 0) {
         P->by_state[PC_DUPLICATE] += nv;
+        add_drop(P, &c->w, PC_DUPLICATE, NULL, d, c->lb, nv);
         P->nc--;
         return 3;
     }
@@ -923,6 +984,7 @@ static void enumerate(plan_ctx *P, FILE *err)
             memset(&tmp, 0, sizeof tmp);
             words_add(&tmp.w, "custom_mesh_and_rule=%s", E.rule_set);
             add_reason(P, sim_errmsg(), &tmp, 1);
+            add_drop(P, &tmp.w, PC_REJECTED, sim_errmsg(), -1, 0, 1);
             sim_err_clear();
             P->considered++;
             P->by_state[PC_REJECTED]++;
@@ -966,6 +1028,16 @@ static int add_variants(plan_ctx *P, int s)
                     /* every other policy saves more than full: it cannot fit where full did not */
                     P->by_state[PC_PRUNED]++;
                     P->pruned_remat++;
+                    plan_cand *t = calloc(1, sizeof *t);
+                    SIM_ASSERT(t);
+                    t->w = sw;
+                    t->remat = r;
+                    t->ga = ga;
+                    t->mb = P->sp.mb[m];
+                    knob_words(P, t, base.stages);
+                    add_drop(P, &t->w, PC_PRUNED, NULL, -1, base.lb, 1);
+                    P->drops[P->ndrops - 1].remat_pruned = true;
+                    free(t);
                     continue;
                 }
                 plan_cand *c = cand_new(P);
@@ -984,6 +1056,7 @@ static int add_variants(plan_ctx *P, int s)
                                               P->global, c->ga, P->devices);
                 if (st) {
                     add_reason(P, sim_errmsg(), c, 1);
+                    add_drop(P, &c->w, PC_REJECTED, sim_errmsg(), -1, 0, 1);
                     sim_err_clear();
                     P->by_state[PC_REJECTED]++;
                     P->nc--;
@@ -991,11 +1064,14 @@ static int add_variants(plan_ctx *P, int s)
                 }
                 if (c->lb > P->hbm) {
                     P->by_state[PC_PRUNED]++;
+                    add_drop(P, &c->w, PC_PRUNED, NULL, -1, c->lb, 1);
                     P->nc--;
                     continue;
                 }
-                if (find_sig(P, c->sig, P->nc - 1) >= 0) {
+                int d = find_sig(P, c->sig, P->nc - 1);
+                if (d >= 0) {
                     P->by_state[PC_DUPLICATE]++;
+                    add_drop(P, &c->w, PC_DUPLICATE, NULL, d, c->lb, 1);
                     P->nc--;
                     continue;
                 }
@@ -1210,6 +1286,7 @@ static void dry_runs(plan_ctx *P, FILE *err)
         int s = idx[k];
         if (P->c[s].state != PC_RANKED && P->c[s].state != PC_OOM) continue;
         int first = add_variants(P, s);
+        P->c[s].explored = true;
         P->structures_explored++;
         for (int i = first; i < P->nc && P->dry_runs < P->budget; i++)
             if (P->c[i].state == PC_UNTRIED) run_one(P, err, i, "remat and accumulation");
@@ -1434,10 +1511,9 @@ static void print_counts(FILE *out, const plan_ctx *P)
             P->ndry_sampled_runs, (long long)P->layers, P->nfull, P->dry_wall_s, P->wall_s);
 }
 
-static void print_reasons(FILE *out, const plan_ctx *P)
+/* The reasons' indices, most frequent first (stable). */
+static void reasons_by_count(const plan_ctx *P, int *idx)
 {
-    if (!P->nreasons) return;
-    int idx[PLAN_REASONS];
     for (int i = 0; i < P->nreasons; i++) idx[i] = i;
     for (int i = 1; i < P->nreasons; i++)
         for (int j = i; j > 0 && P->reasons[idx[j]].count > P->reasons[idx[j - 1]].count; j--) {
@@ -1445,6 +1521,13 @@ static void print_reasons(FILE *out, const plan_ctx *P)
             idx[j] = idx[j - 1];
             idx[j - 1] = t;
         }
+}
+
+static void print_reasons(FILE *out, const plan_ctx *P)
+{
+    if (!P->nreasons) return;
+    int idx[PLAN_REASONS];
+    reasons_by_count(P, idx);
     fprintf(out, "\nrejected or failed, by reason (count, first message, its candidate's keys):\n");
     for (int k = 0; k < P->nreasons; k++) {
         const plan_reason *r = &P->reasons[idx[k]];
@@ -1515,6 +1598,281 @@ static void explain(FILE *out, const plan_ctx *P, int K)
     }
 }
 
+
+/* ------------------------------------------------------------ plan.json and report.html */
+
+/* Marks the Pareto front of the ranked candidates: those that no other ranked candidate dominates,
+ * i.e. none is as fast or faster and as small or smaller, and strictly better in one of the two
+ * (candidates with the same figures are all on it).  P->ranked is in step-time order, then peak
+ * order, so one sweep decides: a candidate is dominated iff a strictly faster one has a peak no
+ * larger, or one with its step time has a strictly smaller peak. */
+static void mark_pareto(plan_ctx *P)
+{
+    double min_faster = INFINITY; /* the smallest peak of the candidates faster than the current step time */
+    for (int k = 0; k < P->nranked;) {
+        double step = P->c[P->ranked[k]].r.step_s, group_min = INFINITY;
+        int e = k;
+        for (; e < P->nranked && P->c[P->ranked[e]].r.step_s == step; e++)
+            if (P->c[P->ranked[e]].r.peak < group_min) group_min = P->c[P->ranked[e]].r.peak;
+        for (int j = k; j < e; j++) {
+            plan_cand *c = &P->c[P->ranked[j]];
+            c->pareto = !(min_faster <= c->r.peak) && !(group_min < c->r.peak);
+        }
+        if (group_min < min_faster) min_faster = group_min;
+        k = e;
+    }
+}
+
+/* The candidate out of memory with the smallest peak (the closest to fitting), or -1. */
+static int closest_oom(const plan_ctx *P)
+{
+    int best = -1;
+    for (int i = 0; i < P->nc; i++)
+        if (P->c[i].state == PC_OOM && (best < 0 || P->c[i].r.peak < P->c[best].r.peak)) best = i;
+    return best;
+}
+
+static const char *state_name(plan_state s)
+{
+    switch (s) {
+    case PC_RANKED: return "ranked";
+    case PC_OOM: return "out_of_memory";
+    case PC_FAILED: return "failed";
+    case PC_EQUIVALENT: return "same_figures";
+    case PC_UNTRIED: return "not_dry_run";
+    case PC_DUPLICATE: return "equivalent";
+    case PC_PRUNED: return "pruned";
+    case PC_REJECTED: return "rejected";
+    default: return "unknown";
+    }
+}
+
+/* A JSON number, or null where it is not finite (JSON has no NaN). */
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static void jset(json_t *o, const char *key, json_t *v) { SIM_ASSERT(v && json_object_set_new(o, key, v) == 0); }
+
+/* The figures of a dry run: step time and its parts, MFU, the peak and its composition, the bytes
+ * per mesh-axis group. */
+static void result_json(json_t *o, const plan_result *r)
+{
+    json_t *t = json_object();
+    jset(t, "step_s", jnum(r->step_s));
+    jset(t, "compute_s", jnum(r->compute_s));
+    jset(t, "bubble_s", jnum(r->bubble_s));
+    jset(t, "optimizer_s", jnum(r->optimizer_s));
+    jset(t, "exposed_communication_s", jnum(r->exposed_s));
+    jset(t, "model_flops", jnum(r->model_flops));
+    jset(t, "peak_flops", jnum(r->peak_flops));
+    jset(o, "step_time", t);
+    jset(o, "step_s", jnum(r->step_s));
+    jset(o, "mfu", jnum(mfu(r)));
+    jset(o, "peak_bytes", jnum(r->peak));
+    json_t *m = json_object();
+    for (int c = 0; c < SIM_NMEM; c++) jset(m, sim_mem_cat_name((sim_mem_cat)c), jnum(r->cat[c]));
+    jset(o, "memory", m);
+    json_t *a = json_array();
+    for (int i = 0; i < r->naxes; i++) {
+        json_t *e = json_object();
+        jset(e, "axes", json_string(r->axes[i]));
+        jset(e, "bytes_per_device", jnum(r->axis_bytes[i]));
+        jset(e, "exposed_s", jnum(r->axis_exposed[i]));
+        SIM_ASSERT(json_array_append_new(a, e) == 0);
+    }
+    jset(o, "axes", a);
+}
+
+/* The words of a space-separated list (a dropped candidate's keys). */
+static void split_words(const char *keys, plan_words *w)
+{
+    memset(w, 0, sizeof *w);
+    for (const char *p = keys; *p && w->n < PLAN_CW;) {
+        size_t k = strcspn(p, " ");
+        if (k) snprintf(w->w[w->n++], PLAN_WORD, "%.*s", (int)k, p);
+        p += k;
+        while (*p == ' ') p++;
+    }
+}
+
+/* The fields every candidate has: its outcome, keys, summary and command line. */
+static json_t *cand_head(const plan_ctx *P, int id, plan_state state, const plan_cand *c, long long count)
+{
+    json_t *o = json_object();
+    char s[512], cmd[PLAN_WORD * (PLAN_USER + PLAN_CW) / 4];
+    jset(o, "id", json_integer(id));
+    jset(o, "state", json_string(state_name(state)));
+    jset(o, "rank", c->rank > 0 ? json_integer(c->rank) : json_null());
+    jset(o, "pareto", json_boolean(c->pareto));
+    jset(o, "candidates", json_integer(count));
+    short_text(c, s, sizeof s);
+    jset(o, "summary", json_string(s[0] ? s : "(the defaults)"));
+    json_t *k = json_array();
+    for (int i = 0; i < c->w.n; i++) SIM_ASSERT(json_array_append_new(k, json_string(c->w.w[i])) == 0);
+    jset(o, "keys", k);
+    cand_command(P, c, cmd, sizeof cmd);
+    jset(o, "command", json_string(cmd));
+    return o;
+}
+
+static json_t *plan_json(const plan_ctx *P)
+{
+    json_t *root = json_object();
+    char b1[32], b2[32], msg[700];
+    jset(root, "format", json_integer(1));
+    jset(root, "command", json_string("plan"));
+    json_t *argv = json_array();
+    for (int i = 0; i < P->argc; i++) SIM_ASSERT(json_array_append_new(argv, json_string(P->argv[i])) == 0);
+    jset(root, "argv", argv);
+    jset(root, "model", json_string(P->model));
+    jset(root, "topology", json_string(P->topology));
+    jset(root, "hardware_profile", json_string(P->profile));
+    jset(root, "devices", json_integer(P->devices));
+    jset(root, "slices", json_integer(P->slices));
+    jset(root, "hbm_bytes", jnum(P->hbm));
+    jset(root, "global_batch_rows", json_integer(P->global));
+    jset(root, "max_target_length", json_integer(P->seq));
+    jset(root, "layers", json_integer(P->layers));
+    jset(root, "top", json_integer(P->top));
+
+    long long st[PC_NSTATES] = {0};
+    for (int i = 0; i < P->nc; i++) st[P->c[i].state]++;
+    long long ran = st[PC_OOM] + st[PC_FAILED] + st[PC_RANKED] + st[PC_EQUIVALENT];
+    json_t *n = json_object();
+    jset(n, "considered", json_integer(P->considered));
+    jset(n, "structures", json_integer(P->structures));
+    jset(n, "meshes", json_integer(P->meshes));
+    jset(n, "truncated", json_boolean(P->truncated));
+    jset(n, "rejected", json_integer(P->by_state[PC_REJECTED]));
+    jset(n, "pruned", json_integer(P->by_state[PC_PRUNED] - P->pruned_remat));
+    jset(n, "pruned_remat", json_integer(P->pruned_remat));
+    jset(n, "equivalent", json_integer(P->by_state[PC_DUPLICATE]));
+    jset(n, "dry_run", json_integer(ran));
+    jset(n, "ranked", json_integer(st[PC_RANKED]));
+    jset(n, "out_of_memory", json_integer(st[PC_OOM]));
+    jset(n, "failed", json_integer(st[PC_FAILED]));
+    jset(n, "same_figures", json_integer(st[PC_EQUIVALENT]));
+    jset(n, "not_dry_run", json_integer(P->considered - P->by_state[PC_REJECTED] - P->by_state[PC_PRUNED] -
+                                        P->by_state[PC_DUPLICATE] - ran));
+    jset(n, "dry_run_budget", json_integer(P->budget));
+    jset(n, "structures_explored", json_integer(P->structures_explored));
+    jset(n, "sampled_runs", json_integer(P->ndry_sampled_runs));
+    jset(n, "full_runs", json_integer(P->nfull));
+    jset(root, "counts", n);
+
+    int idx[PLAN_REASONS];
+    reasons_by_count(P, idx);
+    json_t *reasons = json_array();
+    for (int k = 0; k < P->nreasons; k++) {
+        const plan_reason *r = &P->reasons[idx[k]];
+        json_t *e = json_object();
+        jset(e, "count", json_integer(r->count));
+        jset(e, "message", json_string(r->text));
+        jset(e, "example", json_string(r->example));
+        SIM_ASSERT(json_array_append_new(reasons, e) == 0);
+    }
+    jset(root, "reasons", reasons);
+
+    /* ids: the ranked in rank order, the other kept candidates in enumeration order, then the
+     * dropped ones */
+    int *id_of = malloc((size_t)(P->nc + 1) * sizeof *id_of);
+    SIM_ASSERT(id_of);
+    int next = 0;
+    for (int k = 0; k < P->nranked; k++) id_of[P->ranked[k]] = next++;
+    for (int i = 0; i < P->nc; i++)
+        if (P->c[i].state != PC_RANKED) id_of[i] = next++;
+    int *order = malloc((size_t)(P->nc + 1) * sizeof *order);
+    SIM_ASSERT(order);
+    for (int i = 0; i < P->nc; i++) order[id_of[i]] = i;
+
+    json_t *cands = json_array(), *front = json_array();
+    for (int k = 0; k < P->nc; k++) {
+        const plan_cand *c = &P->c[order[k]];
+        /* a structure whose knob variants were never made: not dry-run, they are counted with it
+         * (beyond the budget); dry-run, they are counted beside it */
+        long long unmade = c->is_default && !c->explored ? count_variants(P, c->stages) - 1 : 0;
+        json_t *o = cand_head(P, k, c->state, c, c->state == PC_UNTRIED ? 1 + unmade : 1);
+        if (c->state != PC_UNTRIED) jset(o, "variants_not_dry_run", json_integer(unmade));
+        jset(o, "lower_bound_bytes", jnum(c->lb));
+        bool figures = c->state == PC_RANKED || c->state == PC_OOM || c->state == PC_EQUIVALENT;
+        if (figures) {
+            jset(o, "figures", json_string(c->verified && c->state == PC_RANKED ? "full dry run"
+                                           : c->sampled ? "sampled layers, extrapolated" : "dry run"));
+            result_json(o, &c->r);
+        }
+        if (c->verified && c->sampled_step_s > 0) {
+            jset(o, "sampled_step_s", jnum(c->sampled_step_s));
+            jset(o, "sampled_peak_bytes", jnum(c->sampled_peak));
+        }
+        msg[0] = '\0';
+        switch (c->state) {
+        case PC_RANKED:
+            bound_text(P, c, msg, sizeof msg);
+            jset(o, "bound", json_string(msg));
+            msg[0] = '\0';
+            break;
+        case PC_OOM:
+            if (c->r.why[0]) snprintf(msg, sizeof msg, "out of memory in the full dry run: %s", c->r.why);
+            else snprintf(msg, sizeof msg, "out of memory: a peak of %s per device exceeds the HBM (%s)",
+                          gib(c->r.peak, b1, sizeof b1), gib(P->hbm, b2, sizeof b2));
+            break;
+        case PC_FAILED: snprintf(msg, sizeof msg, "%s", c->r.why); break;
+        case PC_EQUIVALENT:
+            snprintf(msg, sizeof msg, "the same figures as candidate %d: its knob variants are not explored",
+                     c->dup_of >= 0 ? id_of[c->dup_of] : -1);
+            jset(o, "same_as", c->dup_of >= 0 ? json_integer(id_of[c->dup_of]) : json_null());
+            break;
+        case PC_UNTRIED:
+            snprintf(msg, sizeof msg, "not dry-run: beyond the budget plan_dry_runs=%d", P->budget);
+            break;
+        default: break;
+        }
+        if (msg[0]) jset(o, "reason", json_string(msg));
+        SIM_ASSERT(json_array_append_new(cands, o) == 0);
+    }
+    /* the front's ids in rank order (the ranked come first: rank k + 1 is id k) */
+    for (int k = 0; k < P->nranked; k++)
+        if (P->c[P->ranked[k]].pareto) SIM_ASSERT(json_array_append_new(front, json_integer(k)) == 0);
+    plan_cand *tmp = calloc(1, sizeof *tmp);
+    SIM_ASSERT(tmp);
+    for (int i = 0; i < P->ndrops; i++) {
+        const plan_drop *d = &P->drops[i];
+        split_words(d->keys, &tmp->w);
+        json_t *o = cand_head(P, P->nc + i, d->state, tmp, d->count);
+        jset(o, "lower_bound_bytes", d->state == PC_REJECTED ? json_null() : jnum(d->lb));
+        if (d->state == PC_REJECTED)
+            snprintf(msg, sizeof msg, "%s", d->why ? d->why : "refused");
+        else if (d->state == PC_PRUNED && d->remat_pruned)
+            snprintf(msg, sizeof msg, "pruned: a remat policy that saves more than full, where full ran out of memory");
+        else if (d->state == PC_PRUNED)
+            snprintf(msg, sizeof msg, "pruned: parameters + gradients + optimizer state alone (%s per device) exceed "
+                                      "the HBM (%s)", gib(d->lb, b1, sizeof b1), gib(P->hbm, b2, sizeof b2));
+        else
+            snprintf(msg, sizeof msg, "equivalent to candidate %d (the same mesh, parameter shardings, rules and knobs)",
+                     d->same_as >= 0 ? id_of[d->same_as] : -1);
+        if (d->state == PC_DUPLICATE) jset(o, "same_as", d->same_as >= 0 ? json_integer(id_of[d->same_as]) : json_null());
+        jset(o, "reason", json_string(msg));
+        SIM_ASSERT(json_array_append_new(cands, o) == 0);
+    }
+    free(tmp);
+    jset(root, "winner", P->nranked ? json_integer(0) : json_null());
+    int best = closest_oom(P);
+    jset(root, "closest", !P->nranked && best >= 0 ? json_integer(id_of[best]) : json_null());
+    jset(root, "pareto", front);
+    jset(root, "candidates", cands);
+    free(id_of);
+    free(order);
+    return root;
+}
+
+static sim_status write_plan_json(FILE *f, void *arg)
+{
+    json_t *root = plan_json(arg);
+    int rc = json_dumpf(root, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    fputc('\n', f);
+    return rc ? sim_err(SIM_ERR_IO, "plan.json: cannot write: %s", strerror(errno)) : SIM_OK;
+}
+
 /* ------------------------------------------------------------ the command */
 
 /* Keys plan varies: a user who sets one fixes it. */
@@ -1552,7 +1910,7 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cfg));
     long long nd = 0, ns = 0, top = 0, budget = 0, verify = 0, gb = 0, ex = 0, ga = 1, seq = 0, experts = 0;
     double pdbs = 0, hbm = 0;
-    const char *topo = NULL, *model = NULL, *rules = NULL;
+    const char *topo = NULL, *model = NULL, *rules = NULL, *outdir = NULL;
     model_hw hw;
     bool have_hw = false;
     sim_status st = mesh_cfg_get_int(cfg, "num_devices", &nd);
@@ -1570,6 +1928,21 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
     if (!st) st = mesh_cfg_get_str(cfg, "compile_topology", &topo);
     if (!st) st = mesh_cfg_get_str(cfg, "model_name", &model);
     if (!st) st = mesh_cfg_get_str(cfg, "custom_mesh_and_rule", &rules);
+    if (!st) st = mesh_cfg_get_str(cfg, "output_dir", &outdir);
+    if (!st && outdir && strlen(outdir) >= sizeof P->outdir)
+        st = sim_err(SIM_ERR_INPUT, "output_dir is %zu bytes long; give a path shorter than %zu bytes", strlen(outdir),
+                     sizeof P->outdir);
+    /* the directory first: a search of a minute is not run for files that cannot be written */
+    if (!st && outdir && *outdir) {
+        snprintf(P->outdir, sizeof P->outdir, "%s", outdir);
+        if (cli_artifacts_mkdir(P->outdir)) {
+            char why[600];
+            snprintf(why, sizeof why, "%s", sim_errmsg());
+            sim_err_clear();
+            st = sim_err(SIM_ERR_IO, "output_dir=%s: plan writes plan.json and report.html there, but %s", outdir,
+                         why);
+        }
+    }
     if (!st && nd <= 0)
         st = sim_err(SIM_ERR_INPUT, "plan needs the devices to plan for: compile_topology=NAME "
                                     "compile_topology_num_slices=S (configs/topologies.yml), or num_devices=N (and "
@@ -1655,6 +2028,8 @@ int cli_plan(int argc, char **argv, FILE *out, FILE *err)
     char (*extra)[PLAN_WORD] = calloc(2, sizeof *extra);
     SIM_ASSERT(P && user && extra);
     double t0 = now_s();
+    P->argc = argc;
+    P->argv = (const char *const *)argv;
     sim_status st = setup(P, argc, argv, user, extra);
     if (st) {
         int rc = cli_fail(err, st);
@@ -1667,6 +2042,7 @@ int cli_plan(int argc, char **argv, FILE *out, FILE *err)
     enumerate(P, err);
     dry_runs(P, err);
     verify(P, err);
+    mark_pareto(P);
     cli_progress_done(err);
     P->wall_s = now_s() - t0;
     char hb[32];
@@ -1680,9 +2056,7 @@ int cli_plan(int argc, char **argv, FILE *out, FILE *err)
     if (P->nranked == 0) {
         fprintf(out, "\nno candidate fits.\n");
         /* the closest: the dry-run candidates out of memory with the smallest peak */
-        int best = -1;
-        for (int i = 0; i < P->nc; i++)
-            if (P->c[i].state == PC_OOM && (best < 0 || P->c[i].r.peak < P->c[best].r.peak)) best = i;
+        int best = closest_oom(P);
         if (best >= 0) {
             char s[512], pk[32], cmd[PLAN_WORD * (PLAN_USER + PLAN_CW) / 4];
             short_text(&P->c[best], s, sizeof s);
@@ -1700,6 +2074,12 @@ int cli_plan(int argc, char **argv, FILE *out, FILE *err)
     }
     print_counts(out, P);
     print_reasons(out, P);
+    if (P->outdir[0]) {
+        st = cli_artifact_write(P->outdir, "plan.json", write_plan_json, P);
+        if (!st) st = cli_write_plan_report_html(P->outdir);
+        if (st) rc = cli_fail(err, st);
+        else fprintf(out, "\nplan.json and report.html written to %s (open report.html in a browser)\n", P->outdir);
+    }
     if (P->explain > 0) {
         if (P->explain > P->nranked) {
             st = sim_err(SIM_ERR_INPUT, "explain_candidate=%d: only %d candidate%s ranked; give 1 to %d", P->explain,
@@ -1709,6 +2089,11 @@ int cli_plan(int argc, char **argv, FILE *out, FILE *err)
             explain(out, P, P->explain);
         }
     }
+    for (int i = 0; i < P->ndrops; i++) {
+        free(P->drops[i].keys);
+        free(P->drops[i].why);
+    }
+    free(P->drops);
     free(P->ranked);
     free(P->c);
     free(P);

@@ -13,6 +13,8 @@
  *                 "activations": [{"name", "logical", "spec"}...]}
  *                         from named_, logical_ and input_shardings.json}
  *
+ * plan's page holds {"plan": <plan.json>} alone (cli_write_plan_report_html).
+ *
  * Missing files leave their member out (parity writes no metrics).  Bytes are
  * per device: traffic.csv's mean column, and the collectives' bytes sent
  * summed per layer over all devices and divided by the device count.  "</"
@@ -22,6 +24,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,6 +288,7 @@ static sim_status put_sharding(FILE *f, const char *dir)
 
 typedef struct {
     const char *dir;
+    bool plan; /* plan's page: plan.json alone */
 } report_arg;
 
 static sim_status write_report(FILE *f, void *argp)
@@ -296,6 +300,16 @@ static sim_status write_report(FILE *f, void *argp)
 
     sim_status st = SIM_OK;
     fputs("{\"format\": 1", f);
+    if (a->plan) {
+        char *text = read_whole(a->dir, "plan.json");
+        if (!text) return sim_err(SIM_ERR_IO, "report.html: %s/plan.json cannot be read", a->dir);
+        fputs(",\n\"plan\": ", f);
+        put_json(f, text);
+        free(text);
+        fputs("}", f);
+        fputs(mark + strlen("@DATA@"), f);
+        return SIM_OK;
+    }
     static const char *const json_files[][2] = {
         {"run", "run.json"}, {"metrics", "metrics.json"}, {"parity", "parity.json"}};
     for (size_t i = 0; i < sizeof json_files / sizeof json_files[0]; i++) {
@@ -320,6 +334,12 @@ static sim_status write_report(FILE *f, void *argp)
 
 sim_status cli_write_report_html(const char *dir)
 {
-    report_arg a = {dir};
+    report_arg a = {dir, false};
+    return cli_artifact_write(dir, "report.html", write_report, &a);
+}
+
+sim_status cli_write_plan_report_html(const char *dir)
+{
+    report_arg a = {dir, true};
     return cli_artifact_write(dir, "report.html", write_report, &a);
 }

@@ -7,7 +7,8 @@
  * (the first diverging step and parameter when it fails), the losses of every
  * configuration overlaid and tabled, and the configurations side by side —
  * memory per device by category, bytes per collective x mesh axes x phase and
- * the modelled step time, each with its difference against the first. */
+ * the modelled step time, each with its difference against the first.
+ * plan: see cli_write_plan_report_html. */
 #ifndef CLI_REPORT_HTML_H
 #define CLI_REPORT_HTML_H
 
@@ -16,5 +17,11 @@
 /* Writes dir/report.html from dir's run.json, metrics.json, parity.json,
  * traffic.csv and collectives.csv (each optional). */
 sim_status cli_write_report_html(const char *dir);
+
+/* Writes dir/report.html of `shardsim plan` from dir/plan.json alone (the other
+ * files of a train run in the same directory are not drawn): the ranking, the
+ * dry-run candidates' step time against their peak memory with the Pareto
+ * front and the HBM, the winner's breakdown and the candidates by outcome. */
+sim_status cli_write_plan_report_html(const char *dir);
 
 #endif

@@ -100,6 +100,8 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             /* ZeRO-1: MaxText's add_data_to_sharding on this [(R,) S, ...] tensor (the repeat dim when R allows) */
             q->has_opt_spec = def->d.zero1;
             q->no_opt = def->defs[i].state_var;
+            q->opt = def->opt;
+            q->branch = def->opt_param[i].branch;
             if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
             q->path = paths[np++];
         }
@@ -116,7 +118,8 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             }
             p[np].spec = spec;
             p[np].no_opt = def->defs[i].state_var;
-            if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
+            p[np].opt = def->opt; /* the train state's optimizer part is its row's tree */
+            p[np].branch = def->opt_param[i].branch;
             /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
              * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
             p[np].has_opt_spec = def->d.zero1;

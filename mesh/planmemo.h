@@ -1,25 +1,17 @@
-/* planmemo.h — planning decisions remembered instead of made again.
- * Per thread: the bytes of a resharding plan.  The einsum placement search
- * prices every candidate placement by the plans it needs (mesh_plan_make)
- * and finds the same few hundred (shape, from, to) triples on every layer,
- * pass and device: a 256-device dry run of a deep model makes millions of
- * plans to read their total_bytes.  The memo keeps the figure (or that no
- * plan exists) by mesh, shape and both specs.
- * Shared by all threads: whole decisions (einsum placements, resharding
- * plans) keyed by their complete inputs (see below). */
+/* planmemo.h — planning decisions remembered instead of made again, shared by
+ * all threads: whole decisions (einsum placements, resharding plans) keyed by
+ * their complete inputs packed as bytes (see below).  It knows keys and bytes,
+ * not plans: the planner (reshard.c) and the einsum placement (ops.c) pack
+ * their own inputs and values.  The per-thread memo of a plan's bytes is the
+ * planner's (mesh_plan_bytes_memo in reshard.h). */
 #ifndef MESH_PLANMEMO_H
 #define MESH_PLANMEMO_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "mesh/reshard.h"
-
-/* total_bytes of mesh_plan_make(m, name, rank, shape, SIM_F32, from, to) in *bytes, or 0 when
- * from equals to; false when no plan exists (no error is left set: the caller moves on to the
- * next candidate).  `scratch` holds the plan when one is made. */
-bool mesh_plan_bytes_memo(const mesh_shape *m, mesh_plan *scratch, const char *name, int rank, const int64_t *shape,
-                          const mesh_spec *from, const mesh_spec *to, uint64_t *bytes);
+#include "mesh/mesh_shape.h"
+#include "mesh/spec.h"
 
 /* ---- decisions shared by the devices ------------------------------------------
  * Every device of an SPMD program plans the same op on the same global shapes

@@ -77,6 +77,12 @@ const char *mesh_step_name(mesh_step_kind k);
 /* Plans S -> T.  Errors (bad spec, indivisible shape) name `name`. */
 sim_status mesh_plan_make(const mesh_shape *m, const char *name, int rank, const int64_t *shape, sim_dtype dt,
                           const mesh_spec *from, const mesh_spec *to, mesh_plan *out);
+/* Remembered per thread (by mesh, shape and both specs): total_bytes of mesh_plan_make(m,
+ * name, rank, shape, SIM_F32, from, to) in *bytes, or 0 when from equals to; false when no
+ * plan exists (no error is left set: the caller moves on to the next candidate).  `scratch`
+ * holds the plan when one is made. */
+bool mesh_plan_bytes_memo(const mesh_shape *m, mesh_plan *scratch, const char *name, int rank, const int64_t *shape,
+                          const mesh_spec *from, const mesh_spec *to, uint64_t *bytes);
 /* One line per step, then "total bytes sent per device: N". */
 void mesh_plan_print(const mesh_plan *p, const mesh_shape *m, FILE *f);
 

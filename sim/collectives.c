@@ -18,6 +18,7 @@
  *                           lands in recv[:, sender, :] row-major (a*b == c*e)
  *   ppermute        p0 n, perm[k]
  *   ragged          per-peer counts and offsets (checked pairwise at the rendezvous) */
+#include "sim/collectives.h"
 #include "sim/machine_priv.h"
 #include "sim/xrank.h"
 
@@ -26,14 +27,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-const char *sim_op_name(sim_op op)
-{
-    static const char *names[] = {"all-gather", "reduce-scatter", "all-reduce",
-                                  "all-to-all", "ppermute",       "ragged-all-to-all"};
-    SIM_ASSERT(op >= 0 && op < SIM_NOP);
-    return names[op];
-}
 
 /* ------------------------------------------------------------ checks */
 

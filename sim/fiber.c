@@ -12,7 +12,7 @@
  * collective watchdog), and queues the fibers whose deadline passed.
  *
  * Per-device thread-local state: the error message (sim/status.c) and the
- * slots registered with sim_device_local_register (machine.h) are saved
+ * slots registered with sim_device_local_register (devlocal.h) are saved
  * when a fiber swaps out and put back when it resumes; a fiber starts with
  * an empty message and every slot NULL, as a new thread would.  The rest
  * of the project's thread-locals are caches keyed by what they hold (rule
@@ -29,7 +29,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#include "sim/machine.h"
+#include "sim/devlocal.h"
 #include "sim/status.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -42,8 +42,6 @@
 #ifndef FIBERS_OK
 #define FIBERS_OK true
 #endif
-
-enum { MAX_LOCALS = 8 };
 
 typedef struct sim_worker sim_worker;
 
@@ -61,7 +59,7 @@ struct sim_fiber {
     struct timespec deadline;
     /* the fiber's own */
     bool done;
-    void *locals[MAX_LOCALS];
+    void *locals[SIM_DEVICE_LOCALS_MAX];
     char *err;            /* SIM_ERR_STATE_BYTES: its error message while swapped out */
 };
 
@@ -93,38 +91,15 @@ struct sim_fibers {
 
 /* ------------------------------------------------------- device locals */
 
-static struct {
-    void *(*get)(void);
-    void (*set)(void *);
-} locals[MAX_LOCALS];
-static int nlocals;
-static pthread_mutex_t locals_lock = PTHREAD_MUTEX_INITIALIZER;
-
-void sim_device_local_register(void *(*get)(void), void (*set)(void *))
-{
-    pthread_mutex_lock(&locals_lock);
-    bool seen = false;
-    for (int i = 0; i < nlocals; i++) seen |= locals[i].get == get;
-    if (!seen) {
-        SIM_ASSERT(nlocals < MAX_LOCALS);
-        locals[nlocals].get = get;
-        locals[nlocals].set = set;
-        __atomic_store_n(&nlocals, nlocals + 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&locals_lock);
-}
-
 static void locals_save(sim_fiber *f)
 {
-    int n = __atomic_load_n(&nlocals, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n; i++) f->locals[i] = locals[i].get();
+    sim_device_locals_save(f->locals);
     sim_err_state_save(f->err);
 }
 
 static void locals_restore(const sim_fiber *f)
 {
-    int n = __atomic_load_n(&nlocals, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n; i++) locals[i].set(f->locals[i]);
+    sim_device_locals_restore(f->locals);
     sim_err_state_restore(f->err);
 }
 

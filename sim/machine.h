@@ -130,11 +130,6 @@ void sim_host_malloc_many_arenas(void);
 sim_device *sim_machine_device(sim_machine *m, int id);
 /* OS threads the last run used: the device count, or the workers its devices ran on as fibers. */
 int sim_machine_threads(const sim_machine *m);
-/* A thread-local pointer that belongs to the device running on a thread (a layer's rule table):
- * when one thread runs several devices as fibers, the simulator saves it with get() when a
- * device swaps out and puts it back with set() when the device resumes; a device starts with
- * NULL.  Register before the first run (up to 8 slots; registering again is a no-op). */
-void sim_device_local_register(void *(*get)(void), void (*set)(void *));
 /* MPI ranks the machine is spread over (sim/xrank.h; 1 without a launcher), and this one's. */
 int sim_machine_ranks(const sim_machine *m);
 int sim_machine_rank(const sim_machine *m);

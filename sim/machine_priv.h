@@ -20,9 +20,9 @@
 #include <semaphore.h>
 #include <stdatomic.h>
 
-#include "sim/collectives.h"
 #include "sim/fiber.h"
 #include "sim/machine.h"
+#include "sim/record.h"
 
 /* A collective call as posted at a rendezvous. */
 typedef struct sim_call {

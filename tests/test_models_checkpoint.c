@@ -124,8 +124,10 @@ static sim_status ck_device(sim_device *d, void *arg)
         model_param_layer_spec(&p[i], &spec);
         mesh_array *arr[3] = {store[i][0], store[i][1], store[i][2]};
         p[i].w = arr[0];
-        p[i].m = arr[1];
-        p[i].v = arr[2];
+        p[i].n_slots = 2;
+        p[i].slot_name[0] = "mu", p[i].slot_name[1] = "nu";
+        p[i].slot[0] = arr[1];
+        p[i].slot[1] = arr[2];
         for (int w = 0; w < 3; w++)
             for (int l = 0; l < p[i].n_layers; l++) {
                 SIM_TRY(mesh_array_new(d, c->m, pd->path, rank, shape, &spec, SIM_F32, SIM_MEM_PARAMS, &arr[w][l]));
@@ -155,7 +157,7 @@ static sim_status ck_device(sim_device *d, void *arg)
             for (int w = 0; w < (c->act == DO_LOAD ? 3 : 1); w++)
                 for (int l = 0; l < p[i].n_layers; l++) {
                     if (!holds_layer(d, &p[i], l, c->m)) continue;
-                    mesh_array *a = w == 0 ? &p[i].w[l] : w == 1 ? &p[i].m[l] : &p[i].v[l];
+                    mesh_array *a = w == 0 ? &p[i].w[l] : &p[i].slot[w - 1][l];
                     expected_layer(&c->model[i], l, w, g, nel);
                     mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
                     mesh_spec_shard(&a->spec, c->m, a->shape, dev, sh);
@@ -172,8 +174,8 @@ static sim_status ck_device(sim_device *d, void *arg)
     for (int i = 0; i < NP; i++)
         for (int l = 0; l < p[i].n_layers; l++) {
             mesh_array_free(d, &p[i].w[l]);
-            mesh_array_free(d, &p[i].m[l]);
-            mesh_array_free(d, &p[i].v[l]);
+            mesh_array_free(d, &p[i].slot[0][l]);
+            mesh_array_free(d, &p[i].slot[1][l]);
         }
     return SIM_OK;
 }

@@ -7,7 +7,7 @@
  *   - parity over 5 training steps (loss and every parameter gradient of
  *     every step, rtol 1e-4: |loss - ref| <= 1e-4 |ref| and per parameter
  *     ||g - g_ref|| <= 1e-4 ||g_ref||) of a small deepseek3-tiny variant with
- *     the 1-device run, on the meshes of issue 5 in auto and explicit mode,
+ *     the 1-device run, on the meshes of its tests (data, FSDP, tensor, expert and their mixes) in auto and explicit mode,
  *     for the sparse (ragged all-to-all) and the dense capacity MoE paths
  *     (capacity large enough to drop nothing); ep-as-cp against
  *     fsdp=2 context=2 under the base rules and shard-exp-on-fsdp against the

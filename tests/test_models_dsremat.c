@@ -1,4 +1,4 @@
-/* test_models_dsremat.c — remat policies that save MLP and MoE tensors on DeepSeek (issue 11), on
+/* test_models_dsremat.c — remat policies that save MLP and MoE tensors on DeepSeek, on
  * a deepseek3-tiny variant (1 dense + 2 MoE layers, 8 experts top-2, one shared expert):
  *   - peak device memory grows by exactly the tensors MaxText 0.2.5 tags (moe.py, linears.py)
  *     for the layers whose backward has not run at the peak: the dense MLP's and the shared

@@ -1,4 +1,4 @@
-/* test_models_keys.c — the model keys of issue 11 that change numerics, on a tiny Llama (and one
+/* test_models_keys.c — the model keys that change numerics, on a tiny Llama (and one
  * DeepSeek case), each against an expectation derived without the program:
  *   - every key changes the loss (it is read) and keeps parity: loss and every gradient of two
  *     8-device meshes, auto and explicit, within 1e-4 of the 1-device run;

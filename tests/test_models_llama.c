@@ -2,7 +2,7 @@
  *   - the whole-model gradient, checked by central finite differences of the
  *     loss on one device;
  *   - parity of the loss and of every parameter gradient with the 1-device
- *     run on the meshes of issue 4, in auto and explicit mode
+ *     run on the meshes below (data, FSDP, tensor and their mixes), in auto and explicit mode
  *     (tolerance: |loss - ref| <= 1e-4 |ref|, and per parameter
  *     ||g - g_ref|| <= 1e-4 ||g_ref||);
  *   - Llama 3.1's RoPE: it changes the loss, and keeps parity on sharded meshes;

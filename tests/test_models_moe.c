@@ -338,12 +338,34 @@ static void test_bad_groups(void **state)
     assert_non_null(strstr(sim_errmsg(), "n_routing_groups=3"));
 }
 
+/* The one expert permutation: a stable counting sort, checked against rows worked out by hand
+ * (bucket starts 0, 2, 3 from the counts 2, 1, 2; ties keep assignment order; -1 goes nowhere). */
+static void test_permute(void **state)
+{
+    (void)state;
+    const int32_t key[6] = {2, 0, -1, 2, 1, 0};
+    int64_t cnt[3] = {7, 7, 7}; /* overwritten, not added to */
+    int32_t row[6];
+    assert_int_equal(model_moe_permute(key, 6, 3, cnt, row), 5);
+    const int64_t want_cnt[3] = {2, 1, 2};
+    const int32_t want_row[6] = {3, 0, -1, 4, 2, 1};
+    for (int b = 0; b < 3; b++) assert_int_equal(cnt[b], want_cnt[b]);
+    for (int a = 0; a < 6; a++) assert_int_equal(row[a], want_row[a]);
+    /* nothing placed: every count zero, every row -1 */
+    const int32_t none[2] = {-1, -1};
+    assert_int_equal(model_moe_permute(none, 2, 3, cnt, row), 0);
+    for (int b = 0; b < 3; b++) assert_int_equal(cnt[b], 0);
+    assert_int_equal(row[0], -1);
+    assert_int_equal(row[1], -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_score_function), cmocka_unit_test(test_group_limited),
         cmocka_unit_test(test_load_balance_loss), cmocka_unit_test(test_random_routing),
         cmocka_unit_test(test_counts_and_bias_update), cmocka_unit_test(test_bad_groups),
+        cmocka_unit_test(test_permute),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -60,7 +60,7 @@ static model_muon_cfg muon_cfg(void)
     model_optim_cfg o;
     if (model_optim_from_config(cfg, &o) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
     mesh_cfg_free(cfg);
-    return o.muon;
+    return *model_muon_cfg_of(&o);
 }
 
 /* ------------------------------------------------------------ keys */
@@ -74,17 +74,17 @@ static void test_keys(void **state)
     assert_int_equal(model_optim_from_config(cfg, &o), SIM_OK);
     mesh_cfg_free(cfg);
     assert_int_equal(o.type, MODEL_OPT_MUON);
-    assert_true(o.muon.beta == 0.95);
-    assert_true(o.muon.weight_decay == 0.0);
-    assert_false(o.muon.consistent_rms_on);
-    assert_true(o.muon.include_routers);
+    assert_true(model_muon_cfg_of(&o)->beta == 0.95);
+    assert_true(model_muon_cfg_of(&o)->weight_decay == 0.0);
+    assert_false(model_muon_cfg_of(&o)->consistent_rms_on);
+    assert_true(model_muon_cfg_of(&o)->include_routers);
     assert_true(o.eps == 1e-8);
     const char *b[] = {"opt_type=muon", "muon_consistent_rms=0.2", "muon_beta=0.9", "muon_weight_decay=0.01"};
     cfg = load_cfg(4, b);
     assert_int_equal(model_optim_from_config(cfg, &o), SIM_OK);
     mesh_cfg_free(cfg);
-    assert_true(o.muon.consistent_rms_on && o.muon.consistent_rms == 0.2);
-    assert_true(o.muon.beta == 0.9 && o.muon.weight_decay == 0.01);
+    assert_true(model_muon_cfg_of(&o)->consistent_rms_on && model_muon_cfg_of(&o)->consistent_rms == 0.2);
+    assert_true(model_muon_cfg_of(&o)->beta == 0.9 && model_muon_cfg_of(&o)->weight_decay == 0.01);
     static const char *const bad[][2] = {
         {"ici_pipeline_parallelism=2", "ici_pipeline_parallelism"},
         {"dcn_pipeline_parallelism=2", "dcn_pipeline_parallelism"},
@@ -140,7 +140,7 @@ static void check_model_dims(const char *model, bool routers, const want_dims *w
     mesh_cfg *cfg = load_cfg(3, ovr);
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    assert_true(def->muon);
+    assert_true(def->opt == model_optimizer_find("muon"));
     int seen = 0;
     for (int i = 0; i < def->nparams; i++) {
         const model_param_def *pd = &def->defs[i];
@@ -151,7 +151,7 @@ static void check_model_dims(const char *model, bool routers, const want_dims *w
         }
         if (!hit) fail_msg("no expectation for %s", pd->path);
         seen++;
-        const model_muon_dims *d = &def->muon_dims[i];
+        const model_muon_dims *d = model_muon_dims_of(&def->opt_param[i]);
         if (hit->nr < 0) {
             if (d->muon) fail_msg("%s: expected AdamW", pd->path);
             continue;
@@ -502,7 +502,8 @@ static sim_status upd_device(sim_device *dev, void *arg)
         model_param_layer_spec(&p[i], &ls);
         int64_t le = 1;
         for (int d = 0; d < rank; d++) le *= shape[d];
-        mesh_array **b[4] = {&p[i].w, &p[i].g, &p[i].m, &p[i].v};
+        p[i].n_slots = 2;
+        mesh_array **b[4] = {&p[i].w, &p[i].g, &p[i].slot[0], &p[i].slot[1]};
         for (int k = 0; k < 4; k++) {
             *b[k] = calloc((size_t)p[i].n_layers, sizeof(mesh_array));
             for (int l = 0; l < p[i].n_layers; l++)
@@ -525,7 +526,7 @@ static sim_status upd_device(sim_device *dev, void *arg)
         int64_t le = (int64_t)p[i].w[0].shape[0];
         for (int d = 1; d < p[i].w[0].rank; d++) le *= p[i].w[0].shape[d];
         for (int l = 0; l < p[i].n_layers; l++) SIM_TRY(mesh_array_store_global(dev, j->mesh, &p[i].w[l], j->w[i] + l * le));
-        mesh_array *b[4] = {p[i].w, p[i].g, p[i].m, p[i].v};
+        mesh_array *b[4] = {p[i].w, p[i].g, p[i].slot[0], p[i].slot[1]};
         for (int k = 0; k < 4; k++) {
             for (int l = 0; l < p[i].n_layers; l++) mesh_array_free(dev, &b[k][l]);
             free(b[k]);
@@ -580,7 +581,7 @@ static void test_update_float64(void **state)
     j.specs[0] = "P('fsdp', None, 'expert')";
     j.specs[1] = "P('expert', None, 'fsdp', None)";
     j.specs[2] = "P('fsdp', None)";
-    for (int i = 0; i < 3; i++) model_muon_classify(&j.opt.muon, &j.defs[i], &j.dims[i]);
+    for (int i = 0; i < 3; i++) model_muon_classify(model_muon_cfg_of(&j.opt), &j.defs[i], &j.dims[i]);
     assert_true(j.dims[0].muon && j.dims[1].muon && !j.dims[2].muon);
     int64_t n[3];
     double *w64[3], *w0[3], *g64[2][3];
@@ -819,8 +820,9 @@ static void test_dump_layout(void **state)
         memcpy(p[i].shape, def->defs[i].shape, sizeof p[i].shape);
         for (int d = 0; d < p[i].rank; d++) p[i].logical[d] = def->defs[i].logical[d];
         p[i].spec = def->unpruned[i];
-        p[i].muon = def->muon_dims[i].muon ? 1 : -1;
-        if (def->muon_dims[i].muon) nmuon++;
+        p[i].opt = def->opt;
+        p[i].branch = model_muon_dims_of(&def->opt_param[i])->muon ? 1 : -1;
+        if (model_muon_dims_of(&def->opt_param[i])->muon) nmuon++;
         else nadam++;
     }
     assert_int_equal(nadam, 5); /* embedding, logits, decoder norm, two layer norms */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/optimizers/adamw.h"
 #include "models/optimizers/optim.h"
 #include "sim/collectives.h"
 #include "tests/helpers.h"
@@ -146,13 +147,15 @@ static sim_status build(sim_device *d, const mesh_shape *m, const tparam *t, mod
     model_param_layer_spec(&t->p, &spec);
     out->w = store;
     out->g = store + L;
-    out->m = store + 2 * L;
-    out->v = store + 3 * L;
+    out->n_slots = 2;
+    out->slot_name[0] = "mu", out->slot_name[1] = "nu";
+    out->slot[0] = store + 2 * L;
+    out->slot[1] = store + 3 * L;
     for (int l = 0; l < L; l++) {
         SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_PARAMS, &out->w[l]));
         SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_GRADS, &out->g[l]));
-        SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_OPTIMIZER, &out->m[l]));
-        SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_OPTIMIZER, &out->v[l]));
+        SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_OPTIMIZER, &out->slot[0][l]));
+        SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_OPTIMIZER, &out->slot[1][l]));
         mesh_array_load_global(d, m, &out->w[l], t->gw + l * t->nel);
         mesh_array_load_global(d, m, &out->g[l], t->gg + l * t->nel);
     }
@@ -164,8 +167,8 @@ static void release(sim_device *d, model_param *p)
     for (int l = 0; l < p->n_layers; l++) {
         mesh_array_free(d, &p->w[l]);
         mesh_array_free(d, &p->g[l]);
-        mesh_array_free(d, &p->m[l]);
-        mesh_array_free(d, &p->v[l]);
+        mesh_array_free(d, &p->slot[0][l]);
+        mesh_array_free(d, &p->slot[1][l]);
     }
 }
 

@@ -1,4 +1,4 @@
-/* test_models_pipeline.c — pipeline parallelism (models/core/pipeline.c):
+/* test_models_pipeline.c — pipeline parallelism (models/core/pipeline.c, pipeline_run.c):
  *   - the config rules (defaults, derived repeats, every violated rule and
  *     every feature not implemented yet is an input error naming the keys);
  *   - the sharding dump's layout of pipelined weights (MaxText's, checked

@@ -1,6 +1,6 @@
 /* test_models_train.c — the training loop on small shapes:
  *   - parity over 5 steps (losses and every gradient of every step) with the
- *     1-device run on the meshes of issue 4, in auto and explicit mode;
+ *     1-device run on the meshes below, in auto and explicit mode;
  *   - traffic: pure FSDP reduce-scatters (k-1)/k of the fsdp-sharded
  *     parameter bytes per step; pure data parallelism all-reduces
  *     2(k-1)/k of all parameter bytes per step;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "sim/collectives.h"
+#include "sim/devlocal.h"
 #include "sim/fiber.h"
 
 static sim_machine *machine_2d(int a, int b, int workers, double timeout_s)

@@ -64,15 +64,15 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
                            model_recomputed_dead(md, MODEL_CKPT_KEY_PROJ) &&
                            model_recomputed_dead(md, MODEL_CKPT_VALUE_PROJ);
     if (a->qkv >= 0)
-        SIM_TRY(fused_qkv(md, t, xq, model_layer_param(md, t, a->qkv, l), &q, &k, &v));
+        SIM_TRY(fused_qkv(md, t, xq, model_param_leaf(md, t, a->qkv, l), &q, &k, &v));
     else {
-        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_layer_param(md, t, a->query, l), "query", 4, KV4, &q));
-        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_layer_param(md, t, a->key, l), "key", 4, KV4, &k));
-        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_layer_param(md, t, a->value, l), "value", 4, KV4, &v));
+        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, a->query, l), "query", 4, KV4, &q));
+        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, a->key, l), "key", 4, KV4, &k));
+        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, a->value, l), "value", 4, KV4, &v));
     }
     if (qk_norm) { /* Attention.__call__: query_norm and key_norm (RMSNorm over head_dim) before RoPE */
-        SIM_TRY(mesh_nn_rmsnorm(t, q, model_layer_param(md, t, a->query_norm, l), a->norm_eps, "query_norm", &q));
-        SIM_TRY(mesh_nn_rmsnorm(t, k, model_layer_param(md, t, a->key_norm, l), a->norm_eps, "key_norm", &k));
+        SIM_TRY(mesh_nn_rmsnorm(t, q, model_param_leaf(md, t, a->query_norm, l), a->norm_eps, "query_norm", &q));
+        SIM_TRY(mesh_nn_rmsnorm(t, k, model_param_leaf(md, t, a->key_norm, l), a->norm_eps, "key_norm", &k));
     }
     SIM_TRY(mesh_nn_rope(t, q, &b->positions, &a->rope, "query_rope", &q));
     SIM_TRY(mesh_nn_rope(t, k, &b->positions, &a->rope, "key_rope", &k));
@@ -90,6 +90,6 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
                                      "attention_op", &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
-    return model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, model_layer_param(md, t, a->out, l), "out",
+    return model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, model_param_leaf(md, t, a->out, l), "out",
                              3, a->out_names, y);
 }

@@ -10,7 +10,7 @@
  * checkpoint tags (query_proj, key_proj, value_proj or qkv_proj, attention_out, out_proj) and its
  * out_shardings in explicit mode.  What differs between decoder layers is a field: the query/key
  * norms, the RoPE, the score scale, the soft cap.  Weights are read by parameter index through
- * model_layer_param when their product runs. */
+ * model_param_leaf when their product runs. */
 #ifndef MODELS_BLOCKS_ATTENTION_H
 #define MODELS_BLOCKS_ATTENTION_H
 

@@ -9,7 +9,7 @@
  * its constraints: the products' out_sharding is the caller's (MaxText's intermediate_sharding and
  * out_sharding arguments, which differ between decoder layers), the activation before wo is
  * constrained to the block's own intermediate names (activation_batch, activation_length,
- * activation_mlp).  The block reads its weights by parameter index through model_layer_param,
+ * activation_mlp).  The block reads its weights by parameter index through model_param_leaf,
  * each when its product runs (so the batch-split schedule's gathered copies serve it too). */
 #ifndef MODELS_BLOCKS_MLP_H
 #define MODELS_BLOCKS_MLP_H

@@ -38,6 +38,7 @@
  * expert axes (each device saw only its tokens) and go back through
  * mesh_tape_accumulate, which reduces them onto the parameter's sharding. */
 #include "models/blocks/moe.h"
+#include "models/blocks/mlp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1079,6 +1080,24 @@ static sim_status ragged_exchange(const moe_geom *g, const float *send, const in
     return st;
 }
 
+/* ---- the expert permutation ---- */
+
+int64_t model_moe_permute(const int32_t *key, int64_t n, int64_t nb, int64_t *cnt, int32_t *row)
+{
+    memset(cnt, 0, (size_t)nb * sizeof *cnt);
+    for (int64_t a = 0; a < n; a++)
+        if (key[a] >= 0) cnt[key[a]]++;
+    int64_t *next = malloc((size_t)(nb > 0 ? nb : 1) * sizeof *next), rows = 0;
+    SIM_ASSERT(next);
+    for (int64_t b = 0; b < nb; b++) {
+        next[b] = rows;
+        rows += cnt[b];
+    }
+    for (int64_t a = 0; a < n; a++) row[a] = key[a] >= 0 ? (int32_t)next[key[a]]++ : -1;
+    free(next);
+    return rows;
+}
+
 /* ---- sparse path ---- */
 
 static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
@@ -1092,36 +1111,26 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
     g->cnt_recv = calloc((size_t)GX, sizeof *g->cnt_recv);
     SIM_TRY(buf_alloc_dt(d, &pl->slot, (size_t)A * 4, SIM_I32, SIM_MEM_ACTIVATIONS, "moe/sorted_rows"));
     if (g->live) {
+        int32_t *key = malloc((size_t)A * sizeof *key);
         for (int64_t a = 0; a < A; a++) {
             int32_t e = op->idx[a];
-            if (g->dest[e] >= 0) g->cnt_send[g->dest[e] * g->XL + e % g->XL]++;
+            key[a] = g->dest[e] >= 0 ? (int32_t)(g->dest[e] * g->XL + e % g->XL) : -1;
         }
+        g->n_send = model_moe_permute(key, A, GX, g->cnt_send, pl->slot.p);
+        free(key);
     } else {
         for (int64_t e = 0, el = 0; e < g->X; e++, el = el + 1 == g->XL ? 0 : el + 1) /* el = e % XL */
             if (g->dest[e] >= 0) g->cnt_send[g->dest[e] * g->XL + el] = uniform_count(A, g->X, e);
-    }
-    int64_t *fill = malloc((size_t)GX * sizeof *fill);
-    g->n_send = 0;
-    for (int64_t i = 0; i < GX; i++) {
-        fill[i] = g->n_send;
-        g->n_send += g->cnt_send[i];
+        g->n_send = 0;
+        for (int64_t i = 0; i < GX; i++) g->n_send += g->cnt_send[i];
     }
     moe_buf sbuf;
     SIM_TRY(buf_alloc(d, &sbuf, (size_t)(A * M) * 4, SIM_MEM_TEMP, "moe/sorted_inputs"));
     if (g->live) {
-        int32_t *slot = pl->slot.p;
-        for (int64_t a = 0; a < A; a++) {
-            int32_t e = op->idx[a];
-            if (g->dest[e] < 0) {
-                slot[a] = -1;
-                continue;
-            }
-            int64_t n = fill[g->dest[e] * g->XL + e % g->XL]++;
-            slot[a] = (int32_t)n;
-            memcpy((float *)sbuf.p + n * M, op->x + (a / k) * M, (size_t)M * 4);
-        }
+        const int32_t *slot = pl->slot.p;
+        for (int64_t a = 0; a < A; a++)
+            if (slot[a] >= 0) memcpy((float *)sbuf.p + (int64_t)slot[a] * M, op->x + (a / k) * M, (size_t)M * 4);
     }
-    free(fill);
     /* 2. how many rows each peer sends me (MaxText all-gathers the group sizes) */
     if (g->G > 1) {
         int32_t *mine = malloc((size_t)GX * sizeof *mine), *all = malloc((size_t)(GX * g->G) * sizeof *all);
@@ -1732,4 +1741,17 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
     keep(t, e, &w1a, w1o);
     keep(t, e, &woa, woo);
     return SIM_OK;
+}
+
+/* ------------------------------------------------------------ shared experts */
+
+static const char *const SH_WI[3] = {"activation_batch", "activation_norm_length", "activation_mlp"};
+static const char *const SH_OUT[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
+
+sim_status model_moe_shared_experts(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int l, mesh_var *x,
+                                    mesh_var **y)
+{
+    /* the MLP block with the DeepSeek layer's intermediate_sharding and out_sharding */
+    model_mlp_block b = {.wi_0 = wi0, .wi_1 = wi1, .wi = -1, .wo = wo, .layer = l, .intermediate = SH_WI, .out = SH_OUT};
+    return model_mlp(md, t, &b, x, y);
 }

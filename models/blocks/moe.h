@@ -33,6 +33,7 @@
 #include <stdbool.h>
 
 #include "mesh/tape.h"
+#include "models/core/model.h"
 
 /* routed_score_func: "" (the raw gate logits), "sigmoid", "softmax". */
 typedef enum { MODEL_MOE_SCORE_NONE = 0, MODEL_MOE_SCORE_SIGMOID, MODEL_MOE_SCORE_SOFTMAX } model_moe_score;
@@ -165,5 +166,19 @@ sim_status model_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var
 
 /* The dense path's per-sequence capacity for S tokens, k of E experts. */
 int64_t model_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor);
+
+/* The one expert permutation (moe.py's permute: a stable sort of the assignments by expert), as a
+ * counting sort: assignment a goes to bucket key[a] in [0, nb), or nowhere when key[a] < 0;
+ * cnt[0..nb) gets each bucket's count, row[a] the assignment's row in bucket order with ties in
+ * assignment order (-1: nowhere).  Returns the rows placed.  The sparse path sorts by (owner rank,
+ * local expert), the batch-split schedule by local expert. */
+int64_t model_moe_permute(const int32_t *key, int64_t n, int64_t nb, int64_t *cnt, int32_t *row);
+
+/* The shared experts of a DeepSeek MoE layer (moe.py RoutedAndSharedMoE.shared_experts, an
+ * MlpBlock of width shared_experts x moe_mlp_dim): SwiGLU with MaxText's checkpoint tags (mlpwi_0,
+ * mlpwi_1, mlpwo), x (B, T, E) -> y (B, T, E) with layer l of the parameters wi0, wi1, wo. The
+ * DeepSeek layer and the batch-split schedule both run it beside the routed experts. */
+sim_status model_moe_shared_experts(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int l, mesh_var *x,
+                                    mesh_var **y);
 
 #endif

@@ -1,7 +1,6 @@
 /* model.c — model definition from the config, per-device parameters and
  * batches, and the logical-name helpers the forward pass uses. */
 #include "models/core/model.h"
-#include "models/optimizers/muon.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -9,11 +8,13 @@
 #include <string.h>
 
 #include "blas_kernels/bk_parallel.h"
+#include "config/release.h"
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
 #include "models/core/init.h"
 #include "models/core/timemodel.h"
+#include "sim/devlocal.h"
 
 /* ------------------------------------------------------------ definition */
 
@@ -120,27 +121,17 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
     if (!d->zero1) return SIM_OK;
     int f = mesh_shape_axis_index(&m->mesh, "fsdp"), ft = mesh_shape_axis_index(&m->mesh, "fsdp_transpose");
     int fsdp = (f >= 0 ? m->mesh.sizes[f] : 1) * (ft >= 0 ? m->mesh.sizes[ft] : 1);
-    if (fsdp > 1)
+    /* 0.2.5's types.py refuses it (the gradients sharded P('fsdp') are added to moments sharded
+     * P(('data','fsdp')): a type error in explicit mode); 0.2.0's accepts it (maxtext_release) */
+    const char *refuser = mesh_release_refusal(m->release, "zero1_with_fsdp");
+    if (fsdp > 1 && refuser)
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true (ZeRO-1) cannot be combined with FSDP: the fsdp and "
-                       "fsdp_transpose mesh axes have a combined size of %d (MaxText refuses this too). Set "
+                       "fsdp_transpose mesh axes have a combined size of %d (MaxText %s refuses this too: %s). Set "
                        "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
                        "or set shard_optimizer_over_data=false",
-                       fsdp);
-    static const char *const types[] = {"adamw", "sgd", "muon"};
-    int type;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
-    if (type == 2)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) with opt_type=muon: ZeRO-1 with Muon is broken at "
-                       "MaxText's head (Linen raises NotImplementedError; NNX shards only the AdamW branch's state); "
-                       "set shard_optimizer_over_data=false or use opt_type=adamw");
-    if (type != 0)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) shards the Adam moments, but opt_type=%s keeps none "
-                       "(MaxText raises 'Could not find Adam/Muon optimizer state'); use opt_type=adamw or set "
-                       "shard_optimizer_over_data=false",
-                       types[type]);
+                       fsdp, mesh_release_maxtext(m->release), refuser);
+    SIM_TRY(model_opt_zero1_check(cfg)); /* MaxText's validate_optimizer_sharding_over_data */
     return SIM_OK;
 }
 
@@ -513,6 +504,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
     d->seed = (uint64_t)seed;
 
+    SIM_TRY(mesh_release_of(cfg, &m->release));
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
     SIM_TRY(zero1_and_ga_from_config(cfg, m));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
@@ -602,19 +594,8 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
         }
     }
     if (d->family->setup) SIM_TRY(d->family->setup(m, cfg)); /* after the specs: it may check them */
-    const char *ot;
-    SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
-    m->muon = ot && !strcmp(ot, "muon");
-    for (int i = 0; i < m->nparams && m->muon; i++)
-        if (m->defs[i].unscanned || (m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var))
-            return sim_err(SIM_ERR_INPUT,
-                           "opt_type=muon with scan_layers=false or param_scan_axis other than 1: Muon is simulated "
-                           "for MaxText's default layer layout only; drop one of the two");
-    if (m->muon) { /* which parameters Muon orthogonalizes, once (configs/muon.yml) */
-        model_muon_cfg mc;
-        SIM_TRY(model_muon_from_config(cfg, &mc));
-        for (int i = 0; i < m->nparams; i++) model_muon_classify(&mc, &m->defs[i], &m->muon_dims[i]);
-    }
+    /* the optimizer's treatment of each parameter, once (its slots; Muon: configs/muon.yml) */
+    SIM_TRY(model_opt_define(cfg, m->defs, m->nparams, &m->opt, m->opt_param));
     return SIM_OK;
 }
 
@@ -666,6 +647,25 @@ sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, 
     return SIM_OK;
 }
 
+int model_param_at(const model_def *m, const char *prefix, const char *suffix)
+{
+    /* path == prefix "." suffix, compared in place (this runs for every layer of every device) */
+    size_t lp = strlen(prefix);
+    for (int i = 0; i < m->nparams; i++) {
+        const char *path = m->defs[i].path;
+        if (!strncmp(path, prefix, lp) && path[lp] == '.' && !strcmp(path + lp + 1, suffix)) return i;
+    }
+    return -1;
+}
+
+mesh_var *model_param_leaf(model_dev *md, mesh_tape *t, int i, int l)
+{
+    if (md->wover[i]) return md->wover[i];
+    model_param *p = &md->p[i];
+    bool grad = mesh_tape_recording(t) && p->g;
+    return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
+}
+
 int model_param_index(const model_def *m, const char *suffix)
 {
     size_t ls = strlen(suffix);
@@ -674,14 +674,6 @@ int model_param_index(const model_def *m, const char *suffix)
         if (lp >= ls && !strcmp(m->defs[i].path + lp - ls, suffix)) return i;
     }
     return -1;
-}
-
-mesh_var *model_layer_param(model_dev *md, mesh_tape *t, int i, int l)
-{
-    if (md->wover[i]) return md->wover[i]; /* batch split: the layer's gathered weight */
-    model_param *p = &md->p[i];
-    bool grad = mesh_tape_recording(t) && p->g;
-    return mesh_tape_param(t, &p->w[l], grad ? &p->g[l] : NULL);
 }
 
 uint64_t model_param_bytes(const model_def *m)
@@ -709,14 +701,18 @@ static sim_status zero1_state_new(model_dev *md, int i)
     z->spec = def->opt_spec[i];
     z->spec_unpruned = def->opt_unpruned[i];
     z->n_layers = 1;
-    mesh_array **bufs[3] = {&z->w, &z->m, &z->v};
-    static const char *const sfx[3] = {" (zero1)", " (adam)", " (adam)"};
-    sim_mem_cat cats[3] = {SIM_MEM_PARAMS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
-    for (int b = 0; b < 3; b++) {
+    /* the parameters, then the optimizer's slots (named for the arena's listing as before: "(adam)") */
+    const model_opt_param *op = &def->opt_param[i];
+    z->n_slots = op->n_slots;
+    for (int k = 0; k < op->n_slots; k++) z->slot_name[k] = def->opt->slot[k];
+    mesh_array **bufs[1 + MODEL_OPT_SLOTS_MAX] = {&z->w};
+    for (int k = 0; k < op->n_slots; k++) bufs[1 + k] = &z->slot[k];
+    for (int b = 0; b < 1 + op->n_slots; b++) {
+        sim_mem_cat cat = b ? SIM_MEM_OPTIMIZER : SIM_MEM_PARAMS;
         char name[MESH_NAME_MAX];
-        snprintf(name, sizeof name, "%s%s", z->def.path, sfx[b]);
+        snprintf(name, sizeof name, "%s%s", z->def.path, b ? " (adam)" : " (zero1)");
         *bufs[b] = calloc(1, sizeof(mesh_array));
-        SIM_TRY(mesh_array_new(md->ctx.dev, &def->mesh, name, z->def.rank, z->def.shape, &z->spec, SIM_F32, cats[b],
+        SIM_TRY(mesh_array_new(md->ctx.dev, &def->mesh, name, z->def.rank, z->def.shape, &z->spec, SIM_F32, cat,
                                *bufs[b]));
     }
     model_param p = md->p[i]; /* the per-layer init names */
@@ -730,6 +726,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
     md->ctx.dev = dev;
     md->ctx.mesh = &def->mesh;
     md->ctx.mode = def->d.mode;
+    md->ctx.release = def->release;
     md->ctx.drop_size_one = def->d.drop_size_one;
     md->ctx.embed_all_to_all = def->d.xla.embed_all_to_all;
     md->ctx.layer = "";
@@ -746,15 +743,18 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         mesh_spec ls;
         model_param_layer_shape(p, &rank, shape);
         model_param_layer_spec(p, &ls);
-        /* ZeRO-1 keeps the moments elsewhere; opt_type=muon: a Muon leaf keeps one moment (no nu) */
-        /* a state variable (MoEBiasVar) has neither gradient nor optimizer state */
+        /* the optimizer's slots as its row names them (ZeRO-1 keeps them elsewhere: zero1_state_new); a state
+         * variable (MoEBiasVar) has neither gradient nor optimizer state */
         bool sv = p->def.state_var;
-        mesh_array **bufs[4] = {&p->w, with_grads && !sv ? &p->g : NULL, with_opt && !md->zero1 && !sv ? &p->m : NULL,
-                                with_opt && !md->zero1 && !sv && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
-        sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
+        int ns = with_opt && !md->zero1 ? def->opt_param[i].n_slots : 0;
+        p->n_slots = ns;
+        for (int k = 0; k < ns; k++) p->slot_name[k] = def->opt->slot[k];
+        mesh_array **bufs[2 + MODEL_OPT_SLOTS_MAX] = {&p->w, with_grads && !sv ? &p->g : NULL};
+        for (int k = 0; k < ns; k++) bufs[2 + k] = &p->slot[k];
         bool stacked = model_param_pipelined(def, i);
         if (stacked) p->stage_span = def->d.pipe.layers_per_stage;
-        for (int b = 0; b < 4; b++) {
+        for (int b = 0; b < 2 + ns; b++) {
+            sim_mem_cat cat = b == 0 ? SIM_MEM_PARAMS : b == 1 ? SIM_MEM_GRADS : SIM_MEM_OPTIMIZER;
             if (!bufs[b]) continue;
             /* ZeRO-1 without accumulation: the gradient sinks keep the sum over 'data'
              * pending, so one reduce-scatter brings it to the optimizer layout */
@@ -775,7 +775,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                     memcpy(a->shape, shape, sizeof(int64_t) * (size_t)rank);
                     a->spec = bs;
                     a->dtype = a->counted = SIM_F32;
-                    a->cat = cats[b];
+                    a->cat = cat;
                     continue;
                 }
                 /* ZeRO-1 with accumulation: MaxText casts the parameters to dtype before the
@@ -783,9 +783,9 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                  * gradients and their accumulator are in dtype (facts-2 §D) */
                 if (md->zero1 && def->d.ga > 1 && b <= 1)
                     SIM_TRY(mesh_array_new_as(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, def->d.act_dtype,
-                                              cats[b], true, a));
+                                              cat, true, a));
                 else
-                    SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], a));
+                    SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cat, a));
             }
         }
         if (md->zero1 && !sv) SIM_TRY(zero1_state_new(md, i));
@@ -849,8 +849,9 @@ void model_dev_free(model_dev *md)
         for (int z = 0; z < 2; z++) {
             model_param *p = z ? &md->z[i] : &md->p[i];
             if (z && md->p[i].def.state_var) continue; /* a view of p[i] */
-            mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
-            for (int b = 0; b < 4; b++) {
+            mesh_array *bufs[2 + MODEL_OPT_SLOTS_MAX] = {p->w, p->g};
+            for (int k = 0; k < MODEL_OPT_SLOTS_MAX; k++) bufs[2 + k] = p->slot[k];
+            for (int b = 0; b < 2 + MODEL_OPT_SLOTS_MAX; b++) {
                 if (!bufs[b]) continue;
                 if (!z && b < 2 && md->zero1_released) { /* their shards are already released */
                     free(bufs[b]);
@@ -859,7 +860,8 @@ void model_dev_free(model_dev *md)
                 for (int l = 0; l < p->n_layers; l++) mesh_array_free(md->ctx.dev, &bufs[b][l]);
                 free(bufs[b]);
             }
-            p->w = p->g = p->m = p->v = NULL;
+            p->w = p->g = NULL;
+            for (int k = 0; k < MODEL_OPT_SLOTS_MAX; k++) p->slot[k] = NULL;
         }
 }
 

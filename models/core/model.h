@@ -15,7 +15,7 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
-#include "models/optimizers/muon.h"
+#include "models/core/optimizer.h"
 #include "models/core/params.h"
 #include "models/core/pipeline.h"
 #include "models/core/timemodel.h"
@@ -77,7 +77,7 @@ typedef struct {
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
     int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
     int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
-    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see optim.h) */
+    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see core/optimizer.h) */
     int64_t seq;              /* max_target_length */
     uint64_t seed;            /* init_weights_seed */
     int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
@@ -113,14 +113,15 @@ typedef struct {
 
 typedef struct {
     model_dims d;
+    const struct mesh_release *release; /* maxtext_release (mesh/release.h), never NULL once defined */
     mesh_shape mesh;
     mesh_rules rules;
     int nparams;
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
-    bool muon;                                 /* opt_type=muon */
-    model_muon_dims muon_dims[MODEL_MAX_PARAMS]; /* opt_type=muon: each parameter's Muon/AdamW class (muon.yml) */
+    const model_optimizer *opt;                /* opt_type's row of the optimizer table */
+    model_opt_param opt_param[MODEL_MAX_PARAMS]; /* how it treats each parameter (its slots, decay, class) */
     /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
     mesh_spec opt_spec[MODEL_MAX_PARAMS];
     mesh_spec opt_unpruned[MODEL_MAX_PARAMS];
@@ -151,6 +152,8 @@ sim_status model_logical_spec(const model_def *m, const char *tensor, int rank, 
                               mesh_spec *out);
 /* Index of a parameter by its dotted path suffix ("self_attention.query.kernel"), or -1. */
 int model_param_index(const model_def *m, const char *suffix);
+/* The parameter whose path is prefix "." suffix, or -1. */
+int model_param_at(const model_def *m, const char *prefix, const char *suffix);
 /* Bytes of all parameters (global). */
 uint64_t model_param_bytes(const model_def *m);
 
@@ -166,12 +169,12 @@ typedef struct {
     bool recomputing;
     /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
     double mtp_loss;
-    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
+    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, an optimizer with state): the
      * stored state of each parameter as ONE stacked array in the optimizer
-     * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
+     * layout (opt_spec): z[i].w the parameters, z[i].slot[] the optimizer state, z[i].g
      * the step's reduce-scattered gradient (scan_dim -1, n_layers 1).  p[i].w
      * is then the all-gathered working copy the forward pass reads, p[i].g
-     * the gradient sinks, and p[i].m/v are NULL. */
+     * the gradient sinks, and p[i] holds no slots. */
     bool zero1;
     bool zero1_released;     /* p[i].w and p[i].g are released between a step's backward and the next gather */
     model_param z[MODEL_MAX_PARAMS];
@@ -189,16 +192,15 @@ typedef struct {
     size_t n_bias_counts;    /* their length (model_family.step_counts; 0: none) */
 } model_dev;
 
-/* Parameter i of layer l (index into its stack; 0 for an unstacked one) as a tape leaf whose
- * gradient sinks into p[i].g[l] when the tape records; under the batch-split schedule, the layer's
- * gathered copy (model_dev.wover) instead. */
-mesh_var *model_layer_param(model_dev *md, mesh_tape *t, int i, int l);
 /* Allocates (and initialises, unless load happens later) this device's
  * parameters; with_grads/with_opt add gradient and Adam buffers. */
 sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, bool with_grads, bool with_opt);
 void model_dev_free(model_dev *md);
 /* Zeroes every gradient buffer. */
 void model_dev_zero_grads(model_dev *md);
+/* Parameter i's layer l as a tape leaf, its gradient sunk into p[i].g[l] when recording; a weight a
+ * schedule gathered for the running layer (md->wover[i]) stands in for it. */
+mesh_var *model_param_leaf(model_dev *md, mesh_tape *t, int i, int l);
 
 /* One step's batch on one device: int32 (B, T) arrays sharded like the
  * model's inputs (batch and sequence axes from the rules). */
@@ -224,10 +226,6 @@ typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_ba
 sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                              model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux);
 
-/* The pipelined decoder stack (pipeline.c): x (B, T, E) -> y (B, T, E),
- * flat layer first_layer + (r*S + s)*L + l of fn run by stage s in repeat r. */
-sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, model_layer_fn fn,
-                              int64_t first_layer, mesh_var **y);
 /* Whether parameter i is part of the pipelined layer stack (stage-held). */
 bool model_param_pipelined(const model_def *m, int i);
 /* Layer l of each stage of a pipelined parameter as MaxText's sharding dump
@@ -327,6 +325,11 @@ typedef struct model_family {
     int64_t (*mtp_layers)(const model_def *m);
     /* Releases what the family keeps per device (NULL: nothing); model_dev_free calls it. */
     void (*dev_free)(model_dev *md);
+    /* The logical names parameter i's gradient carries where the release followed gives it others
+     * than the parameter's (a shard_map returning a kernel's gradient with its in_specs:
+     * maxtext_release's grad_logical_names), into names[0..cap); returns how many, 0 for the
+     * parameter's own (NULL hook: always its own). */
+    int (*grad_names)(const model_def *m, int i, const char **names, int cap);
 } model_family;
 
 /* The family table, one row per simulated decoder_block (models/families/families.c). */

@@ -31,6 +31,7 @@
 #include "blas_kernels/bk_gemm.h"
 #include "blas_kernels/bk_topk.h"
 #include "mesh/ad.h"
+#include "models/blocks/mla.h"
 #include "models/blocks/moe.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
@@ -807,7 +808,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     }
     if ((st = gather_tokens(s, xa.data, xg.p, (size_t)(Tl * M), SIM_F32, s->wire, "route_all_gather_tokens")))
         goto out;
-    /* local sort by expert: rows of this shard's experts, in (expert, token, slot) order */
+    /* local sort by expert (model_moe_permute): rows of this shard's experts, in (expert, token, slot) order */
     if ((st = buf_alloc(dev, &s->xr, (size_t)(cap * M) * 4, SIM_MEM_ACTIVATIONS, "moe/x_sorted", false))) goto out;
     if ((st = buf_alloc(dev, &s->h0, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_0", false))) goto out;
     if ((st = buf_alloc(dev, &s->h1, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_1", false))) goto out;
@@ -821,27 +822,24 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
         s->row = malloc((size_t)cap * sizeof *s->row);
         s->tok = malloc((size_t)(2 * cap) * sizeof *s->tok);
         s->rw = malloc((size_t)cap * sizeof *s->rw);
-        int64_t *first = calloc((size_t)XL + 1, sizeof *first);
+        int32_t *key = malloc((size_t)cap * sizeof *key);
+        int64_t *cnt = malloc((size_t)XL * sizeof *cnt);
         for (int64_t a = 0; a < cap; a++) {
             int64_t e = ix[a] - s->lo;
-            if (e >= 0 && e < XL) s->gsz[e]++;
+            key[a] = e >= 0 && e < XL ? (int32_t)e : -1;
         }
-        for (int64_t e = 0; e < XL; e++) first[e + 1] = first[e] + s->gsz[e];
-        s->N = first[XL];
+        s->N = model_moe_permute(key, cap, XL, cnt, s->row);
+        for (int64_t e = 0; e < XL; e++) s->gsz[e] = (int32_t)cnt[e];
+        free(key);
+        free(cnt);
         for (int64_t a = 0; a < cap; a++) {
-            int64_t e = ix[a] - s->lo;
-            if (e < 0 || e >= XL) {
-                s->row[a] = -1;
-                continue;
-            }
-            int64_t r = first[e]++;
-            s->row[a] = (int32_t)r;
+            int64_t r = s->row[a];
+            if (r < 0) continue;
             s->tok[r] = (int32_t)(a / k);
             s->tok[cap + r] = (int32_t)(a % k);
             s->rw[r] = rw[a];
             memcpy((float *)s->xr.p + r * M, xgp + (a / k) * M, (size_t)M * 4);
         }
-        free(first);
         /* compute: gating GMMs, silu * linear, router weights on the intermediate, wo GMM */
         int N = (int)s->N;
         bk_grouped_gemm_fwd(s->h0.p, s->xr.p, w0->val.data, s->gsz, (int)XL, N, (int)M, (int)H);
@@ -896,6 +894,25 @@ out:
 
 /* ------------------------------------------------------------ the layer */
 
+static const char *const MOE_LAYERS = "params.decoder.moe_layers";
+
+/* MLA(pre_self_attention_layer_norm(x)) of MoE layer l, the attention of one microbatch. */
+static sim_status attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y)
+{
+    const model_def *m = md->def;
+    int ln1 = model_param_at(m, MOE_LAYERS, "pre_self_attention_layer_norm.scale");
+    model_mla_params p = model_mla_params_at(m, MOE_LAYERS);
+    const char *saved = md->ctx.layer;
+    char attn[128];
+    snprintf(attn, sizeof attn, "%s/self_attention", saved ? saved : "");
+    mesh_var *lnx;
+    SIM_TRY(mesh_nn_rmsnorm(t, x, model_param_leaf(md, t, ln1, l), m->d.eps, "pre_self_attention_layer_norm", &lnx));
+    md->ctx.layer = attn;
+    SIM_TRY(model_mla(md, t, b, &deepseek_dims(m)->mla, &p, l, lnx, y));
+    md->ctx.layer = saved;
+    return SIM_OK;
+}
+
 static sim_status moe_block(model_dev *md, mesh_tape *t, int gl, mesh_var *h, mesh_var *const *gw, mesh_var **y)
 {
     const model_def *m = md->def;
@@ -906,7 +923,10 @@ static sim_status moe_block(model_dev *md, mesh_tape *t, int gl, mesh_var *h, me
     model_param *pn = &md->p[ln2];
     mesh_var *scale = mesh_tape_param(t, &pn->w[l], mesh_tape_recording(t) && pn->g ? &pn->g[l] : NULL);
     SIM_TRY(mesh_nn_rmsnorm(t, h, scale, m->d.eps, "post_self_attention_layer_norm", &hs));
-    SIM_TRY(deepseek_shared_experts(md, t, gl, hs, &shared));
+    SIM_TRY(model_moe_shared_experts(md, t, model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wi_0.kernel"),
+                                     model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wi_1.kernel"),
+                                     model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wo.kernel"), l,
+                                     hs, &shared));
     /* the schedule keeps every activation in its own spec (data kept at size 1) */
     SIM_TRY(mesh_ad_shard_as(t, shared, &h->val.spec, "shared_experts/out", &shared));
     SIM_TRY(mesh_ad_einsum(t, "bte,ex->btx", hs, gw[W_GATE], NULL, "gate", &logits));
@@ -973,7 +993,7 @@ sim_status batchsplit_layer(model_dev *md, mesh_tape *t, const model_batch *b, i
         md->ctx.layer = mbl[i];
         span = sim_span_begin_mb(md->ctx.dev, tagof(t, "attention", tag, sizeof tag), i);
         mesh_var *a = NULL;
-        st = deepseek_attention_block(md, t, &mbb[i], gl, mb[i], &a);
+        st = attention_block(md, t, &mbb[i], l, mb[i], &a);
         if (st == SIM_OK) st = mesh_ad_shard_as(t, a, &mb[i]->val.spec, "mla_out", &a);
         if (st == SIM_OK) st = mesh_ad_add(t, mb[i], a, "residual_attention", &h[i]);
         sim_span_end(md->ctx.dev, span);

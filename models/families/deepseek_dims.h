@@ -1,6 +1,7 @@
 /* deepseek_dims.h — DeepSeek's own dims (MaxText decoder_block: deepseek), read from the config by
  * deepseek.c and kept in model_dims.family_dims: the MLA attention's, the MoE's, and the layer
- * layout (dense layers first, multi-token prediction, the batch-split schedule).  Only the
+ * layout (dense layers first, multi-token prediction, the batch-split schedule); the MLA dims
+ * are the block's type (models/blocks/mla.h).  Only the
  * DeepSeek family's files (deepseek.c, batchsplit.c) read them. */
 #ifndef MODELS_DEEPSEEK_DIMS_H
 #define MODELS_DEEPSEEK_DIMS_H
@@ -8,16 +9,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "models/blocks/mla.h"
 #include "models/core/model.h"
-
-/* Multi-head latent attention (attention_mla.py) and its YaRN RoPE. */
-typedef struct {
-    int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
-    int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
-    double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
-    int64_t max_pos, orig_max_pos;    /* max_position_embeddings, original_max_position_embeddings */
-    bool yarn, rope_interleave, rope_truncate, rope_attn_scaling;
-} model_mla_dims;
 
 /* The routed and shared experts (moe.py). */
 typedef struct {
@@ -53,11 +46,5 @@ typedef struct {
 
 /* The DeepSeek dims of a model whose family is DeepSeek's. */
 static inline ds_dims *deepseek_dims(const model_def *m) { return m->d.family_dims; }
-
-/* Pieces of a DeepSeek MoE layer (global index gl) the batch-split schedule runs per microbatch
- * (deepseek.c): MLA(pre_self_attention_layer_norm(x)), and the shared experts' MLP. */
-sim_status deepseek_attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x,
-                                    mesh_var **y);
-sim_status deepseek_shared_experts(model_dev *md, mesh_tape *t, int gl, mesh_var *x, mesh_var **y);
 
 #endif

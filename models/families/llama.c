@@ -52,7 +52,7 @@ static llama_ix indices(const model_def *m)
 }
 
 /* A parameter of layer l as a tape leaf (its gradient sinks into p->g[l] when recording). */
-static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l) { return model_layer_param(md, t, i, l); }
+static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l) { return model_param_leaf(md, t, i, l); }
 
 /* The RoPE of MaxText's Attention for this model: default, or Llama 3.1's (LLaMARotaryEmbedding). */
 static bk_rope_params rope_params(const model_dims *d)

@@ -92,7 +92,7 @@ static sim_status qwen3_layer(model_dev *md, mesh_tape *t, const model_batch *b,
 
     mesh_var *h, *lnx, *a;
     SIM_TRY(layer_shard(md, t, x, "qwen3/inputs", &h));
-    SIM_TRY(mesh_nn_rmsnorm(t, h, model_layer_param(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
+    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
     SIM_TRY(layer_shard(md, t, lnx, "qwen3/lnx", &lnx));
 
     md->ctx.layer = attn_layer;
@@ -109,7 +109,7 @@ static sim_status qwen3_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(layer_shard(md, t, a, "qwen3/attention_lnx", &a));
     SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h)); /* intermediate_inputs */
     mesh_var *hs, *mlp;
-    SIM_TRY(mesh_nn_rmsnorm(t, h, model_layer_param(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
+    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
     SIM_TRY(layer_shard(md, t, hs, "qwen3/hidden_states", &hs));
 
     md->ctx.layer = mlp_layer;

@@ -1,0 +1,68 @@
+/* record.h — what a device keeps of the work it did: the collective ops, one record per
+ * collective call (bytes sent and received, the group, the tag), one cost per local kernel (for
+ * the step-time model) and per-op totals.  Plain data: the collectives (collectives.c) write
+ * them, the machine (machine.c) holds them per device, the trace and the reports read them. */
+#ifndef SIM_RECORD_H
+#define SIM_RECORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sim/types.h"
+
+typedef enum {
+    SIM_OP_ALL_GATHER = 0,
+    SIM_OP_REDUCE_SCATTER,
+    SIM_OP_ALL_REDUCE,
+    SIM_OP_ALL_TO_ALL,
+    SIM_OP_PPERMUTE,
+    SIM_OP_RAGGED_ALL_TO_ALL,
+    SIM_NOP
+} sim_op;
+const char *sim_op_name(sim_op op);
+
+/* One collective call as seen by one device. */
+typedef struct {
+    int step;                 /* sim_device_step() at the call */
+    sim_op op;
+    sim_phase phase;
+    sim_axes axes;            /* mesh axes of the group, in rank order */
+    int group_size;           /* k */
+    sim_dtype dtype;          /* the counted dtype (sim_meta), which sets the bytes */
+    uint64_t elements;        /* local input elements */
+    uint64_t bytes_sent;      /* by this device to other devices */
+    uint64_t bytes_sent_dcn;  /* of bytes_sent, to devices in other slices (DCN; the rest is ICI) */
+    uint64_t bytes_recv;      /* by this device from other devices */
+    bool implicit;            /* inserted by the planner */
+    bool weight;              /* moves a parameter or a parameter's gradient (sim_meta.weight) */
+    char tag[SIM_TAG_MAX];    /* layer/op that caused it */
+} sim_record;
+
+/* The work of one local kernel, for the step-time model: FLOPs, the elements
+ * it reads and writes in HBM (counted in the model's dtype by the reader),
+ * of which weight_elements are parameters (read in weight_dtype-cast form).
+ * Kept in call order beside the collective records: nrec_before collective
+ * records of the device precede it. */
+typedef struct {
+    int step;
+    sim_phase phase;
+    double flops;
+    double mxu_flops;         /* the matrix unit's work: flops plus the padding of a tiled kernel
+                               * (megablox gmm tiles, sim_device_add_cost_tiled); = flops otherwise */
+    double elements;
+    double weight_elements;
+    bool layout;              /* a layout op (split, concatenation, head broadcast): no FLOPs, a copy that
+                               * changes the array's tiling (sim_device_add_cost_layout) */
+    size_t nrec_before;
+    char tag[SIM_TAG_MAX];
+} sim_cost;
+
+/* Per-device totals of one op. */
+typedef struct {
+    uint64_t calls;
+    uint64_t bytes_sent;
+    uint64_t bytes_recv;
+} sim_op_totals;
+
+#endif
