@@ -38,6 +38,7 @@
  * expert axes (each device saw only its tokens) and go back through
  * mesh_tape_accumulate, which reduces them onto the parameter's sharding. */
 #include "models/blocks/moe.h"
+#include "models/blocks/mlp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1745,25 +1746,12 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
 /* ------------------------------------------------------------ shared experts */
 
 static const char *const SH_WI[3] = {"activation_batch", "activation_norm_length", "activation_mlp"};
-static const char *const SH_X[3] = {"activation_batch", "activation_length", "activation_mlp"};
 static const char *const SH_OUT[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
 
 sim_status model_moe_shared_experts(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int l, mesh_var *x,
                                     mesh_var **y)
 {
-    mesh_var *g, *u, *act;
-    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_0, "bte,ef->btf", x, model_param_leaf(md, t, wi0, l), "wi_0", 3,
-                              SH_WI, &g));
-    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_1, "bte,ef->btf", x, model_param_leaf(md, t, wi1, l), "wi_1", 3,
-                              SH_WI, &u));
-    SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
-    SIM_TRY(model_dropout(md, t, act, md->ctx.layer, &act)); /* MlpBlock's intermediate dropout */
-    SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, SH_X, &act));
-    /* wo's product feeds only the layer's output, which nothing reads when remat recomputes the layer
-     * (or the policy's saved copy replaces it): XLA drops it from the recomputation */
-    md->ctx.dead_outputs = md->recomputing;
-    sim_status st = model_dense(md, t, "btf,fe->bte", act, model_param_leaf(md, t, wo, l), "wo", 3, SH_OUT, y);
-    md->ctx.dead_outputs = false;
-    SIM_TRY(st);
-    return model_checkpoint_name(md, *y, MODEL_CKPT_MLPWO);
+    /* the MLP block with the DeepSeek layer's intermediate_sharding and out_sharding */
+    model_mlp_block b = {.wi_0 = wi0, .wi_1 = wi1, .wi = -1, .wo = wo, .layer = l, .intermediate = SH_WI, .out = SH_OUT};
+    return model_mlp(md, t, &b, x, y);
 }

@@ -47,6 +47,7 @@
 #include "config/release.h"
 #include "mesh/ad.h"
 #include "models/blocks/mla.h"
+#include "models/blocks/mlp.h"
 #include "models/blocks/moe.h"
 #include "mesh/nn.h"
 #include "mesh/ops.h"
@@ -61,7 +62,6 @@
 
 static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
 static const char *const MLP_WI[3] = {"activation_batch", "activation_norm_length", "activation_mlp"};
-static const char *const MLP_X[3] = {"activation_batch", "activation_length", "activation_mlp"};
 static const char *const MOE_IN[3] = {"activation_batch", "activation_norm_length", NULL};
 static const char *const GATE_OUT[3] = {"activation_batch", "activation_length", NULL};
 static const char *const DENSE_MOE_IN[3] = {"activation_batch", "activation_length", "activation_embed"};
@@ -580,22 +580,12 @@ static int global_ix(const model_def *m, const char *path)
 /* A parameter of layer l as a tape leaf (its gradient sinks into p->g[l] when recording). */
 static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l) { return model_param_leaf(md, t, i, l); }
 
-/* SwiGLU MLP (facts §5.5): dense layers and the shared experts. */
+/* SwiGLU MLP (facts §5.5): dense layers and the shared experts, MaxText's MlpBlock with the
+ * DeepSeek layer's intermediate_sharding (activation_norm_length) and out_sharding. */
 static sim_status mlp(model_dev *md, mesh_tape *t, int wi0, int wi1, int wo, int l, mesh_var *x, mesh_var **y)
 {
-    mesh_var *g, *u, *act;
-    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_0, "bte,ef->btf", x, param(md, t, wi0, l), "wi_0", 3, MLP_WI, &g));
-    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_1, "bte,ef->btf", x, param(md, t, wi1, l), "wi_1", 3, MLP_WI, &u));
-    SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
-    SIM_TRY(model_dropout(md, t, act, md->ctx.layer, &act)); /* MlpBlock's intermediate dropout */
-    SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
-    /* wo's product feeds only the layer's output, which nothing reads when remat recomputes the layer
-     * (or the policy's saved copy replaces it): XLA drops it from the recomputation (llama.c) */
-    md->ctx.dead_outputs = md->recomputing;
-    sim_status st = model_dense(md, t, "btf,fe->bte", act, param(md, t, wo, l), "wo", 3, A, y);
-    md->ctx.dead_outputs = false;
-    SIM_TRY(st);
-    return model_checkpoint_name(md, *y, MODEL_CKPT_MLPWO);
+    model_mlp_block b = {.wi_0 = wi0, .wi_1 = wi1, .wi = -1, .wo = wo, .layer = l, .intermediate = MLP_WI, .out = A};
+    return model_mlp(md, t, &b, x, y);
 }
 
 /* MaxText 0.2.5's dense dropless MoE (sparse_matmul=false, capacity_factor <= 0: moe.dense_matmul)

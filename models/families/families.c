@@ -4,7 +4,7 @@
  * here. */
 #include "models/core/model.h"
 
-extern const model_family model_family_llama2, model_family_deepseek;
+extern const model_family model_family_llama2, model_family_deepseek, model_family_qwen3;
 
-const model_family *const model_families[] = {&model_family_llama2, &model_family_deepseek};
+const model_family *const model_families[] = {&model_family_llama2, &model_family_deepseek, &model_family_qwen3};
 const int model_n_families = (int)(sizeof model_families / sizeof model_families[0]);

@@ -25,3 +25,7 @@ MODEL=deepseek3-tiny run cpu-8/layers_3_mtp_1_ici_fsdp_parallelism=4_ici_expert_
 # parallelism, and kimi-k2-1t (deepseek block) with expert parallelism
 MODEL=llama3.1-8b run cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2 8 ici_fsdp_parallelism=4 ici_tensor_parallelism=2
 MODEL=kimi-k2-1t run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici_fsdp_parallelism=4 ici_expert_parallelism=2
+# the qwen3 block (dense Qwen3: query/key norms): qwen3-8b (untied logits) with tensor parallelism,
+# qwen3-0.6b (tied logits) on fsdp
+MODEL=qwen3-8b run cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2 8 ici_fsdp_parallelism=4 ici_tensor_parallelism=2
+MODEL=qwen3-0.6b run cpu-8/ici_fsdp_parallelism=8 8 ici_fsdp_parallelism=8

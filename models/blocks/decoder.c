@@ -1,0 +1,53 @@
+/* decoder.c — MaxText's Decoder around a family's layer (see decoder.h). */
+#include "models/blocks/decoder.h"
+
+#include <stdio.h>
+
+#include "config/release.h"
+#include "mesh/ad.h"
+#include "mesh/nn.h"
+#include "mesh/ops.h"
+#include "models/core/pipeline_run.h"
+
+static const char *const EMB_OUT[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_embed"};
+static const char *const FINAL[3] = {"activation_batch", "activation_length", "activation_embed"};
+
+sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b, const model_decoder_block *dec,
+                              mesh_var **loss)
+{
+    const model_def *m = md->def;
+    md->ctx.layer = "decoder";
+    mesh_var *x, *logits, *tok_loss, *table = model_param_leaf(md, t, dec->embed, 0);
+    SIM_TRY(mesh_nn_embed(t, table, &b->tokens, "token_embedder", &x));
+    if (md->ctx.mode == MESH_MODE_EXPLICIT) /* Embed's out_sharding */
+        SIM_TRY(model_shard_as(md, t, x, "embed/out", 3, EMB_OUT, &x));
+    SIM_TRY(model_dropout(md, t, x, "decoder/embedding", &x)); /* no dropout with a pipeline (refused) */
+    if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline_run.c) */
+        SIM_TRY(model_pipeline_run(md, t, b, x, dec->layer, 0, &x));
+    for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
+        mesh_var *in = x;
+        if (m->d.remat_full) {
+            char tag[64];
+            snprintf(tag, sizeof tag, "decoder/layers_%d/remat", l);
+            SIM_TRY(model_remat_layer(md, t, b, l, x, dec->layer, tag, &x, NULL));
+        } else {
+            mesh_var *aux = NULL;
+            SIM_TRY(dec->layer(md, t, b, l, x, &x, &aux));
+        }
+        /* MaxText scans the layers (scan_layers): the carry's type may not change across a layer */
+        if (l == 0 && m->d.scan_layers)
+            SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
+                                          cfg_release_error(md->ctx.release, "decoder_scan_carry",
+                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
+    }
+    md->ctx.layer = "decoder";
+    SIM_TRY(mesh_nn_rmsnorm(t, x, model_param_leaf(md, t, dec->norm, 0), m->d.eps, "decoder_norm", &x));
+    if (md->ctx.mode == MESH_MODE_EXPLICIT) SIM_TRY(model_shard_as(md, t, x, "decoder/norm_out", 3, FINAL, &x));
+    SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
+    SIM_TRY(model_logits(md, t, x, table, dec->logits >= 0 ? model_param_leaf(md, t, dec->logits, 0) : NULL, &logits));
+    SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
+    /* MaxText 0.2.5 reshards the per-token loss (loss_constraint=assert: the assert of before PR #4208) */
+    SIM_TRY(model_loss_constraint(md, t, tok_loss, true, &tok_loss));
+    md->ctx.layer = "loss";
+    return mesh_nn_mean(t, tok_loss, "mean", loss);
+}

@@ -1,0 +1,22 @@
+/* decoder.h — MaxText's Decoder around a family's layer (layers/nnx_decoders.py): the token
+ * embedding, the layer stack (each layer through model_remat_layer, or the whole stack as
+ * MaxText's pipeline), the final RMSNorm, the output head and the cross-entropy loss.  A family
+ * whose every layer is alike and that adds nothing to the loss (no MTP, no load-balance term)
+ * builds its loss hook from this block and its own layer function. */
+#ifndef MODELS_BLOCKS_DECODER_H
+#define MODELS_BLOCKS_DECODER_H
+
+#include "models/core/model.h"
+
+typedef struct {
+    model_layer_fn layer;            /* one decoder layer (its aux output is NULL) */
+    int embed;                       /* token_embedder.embedding (model_param_index) */
+    int norm;                        /* decoder_norm.scale */
+    int logits;                      /* logits_dense.kernel, -1 with logits_via_embedding */
+} model_decoder_block;
+
+/* The scalar loss of the batch (the family's loss hook). */
+sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b, const model_decoder_block *dec,
+                              mesh_var **loss);
+
+#endif

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Regenerates MaxText 0.2.5's losses from shardsim's parameters and tokens (peer_loss.py beside this
+# file), one MaxText process at a time.  Per case: shardsim trains one step of the model at
+# learning_rate=1e-2 from its own init and saves the parameters (step_0.safetensors: parameters that are
+# not an init, norms' scales included); MaxText then trains `steps=2` at learning_rate=1e-3 on the case's
+# mesh from those parameters on shardsim's synthetic tokens, and <case>.json gets its per-step
+# learning/loss.  tests/test_models_<family>.c repeats the shardsim side and compares.
+#   SHARDSIM (default build/shardsim from the repo root), MAXTEXT_VENV (default /opt/maxtext-venv)
+# Usage: tests/data/maxtext-0.2.5/losses/gen.sh [CASE...]   (default: all)
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../../../.." && pwd)"
+SHARDSIM="${SHARDSIM:-$ROOT/build/shardsim}"
+VENV="${MAXTEXT_VENV:-/opt/maxtext-venv}"
+# a small dense Qwen3 (query/key norms, GQA 4:2): the qwen3-0.6b file with test-sized dims
+QWEN3="model_name=qwen3-0.6b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2"
+# <case> <devices> <model keys and mesh>
+CASES=(
+"qwen3/untied_fsdp2_tensor2|4|$QWEN3 logits_via_embedding=false ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"qwen3/untied_data2_fsdp2_explicit|4|$QWEN3 logits_via_embedding=false ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
+"qwen3/tied_fsdp2_tensor2|4|$QWEN3 ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+)
+for c in "${CASES[@]}"; do
+  IFS='|' read -r name n keys <<<"$c"
+  if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
+  tmp="$(mktemp -d)"
+  # shellcheck disable=SC2086
+  "$SHARDSIM" train $keys hardware=cpu steps=1 learning_rate=1e-2 enable_checkpointing=true checkpoint_dir="$tmp" >/dev/null
+  mkdir -p "$(dirname "$HERE/$name")"
+  # shellcheck disable=SC2086
+  nice "$VENV/bin/python" "$HERE/peer_loss.py" "$tmp/step_0.safetensors" "$HERE/$name.json" "num_devices=$n" $keys steps=2 learning_rate=1e-3 </dev/null 2>/dev/null | grep peer-loss
+  rm -rf "$tmp"
+done
