@@ -8,7 +8,7 @@
  * bandwidth over the memcpy bandwidth of all cores measured in the same run.
  * Every configuration's result is checked before it is timed.
  *
- * Target (issue 2): all-gather and all-to-all of 64 MiB over 8 devices reach
+ * Target: all-gather and all-to-all of 64 MiB over 8 devices reach
  * at least 0.5 of the memcpy bandwidth.
  *
  * Over 64 devices the sizes stop at 4 MiB by default (64 devices x 2

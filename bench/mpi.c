@@ -3,6 +3,15 @@
  * the largest resident memory of one process (a rank), the CPU time of the whole job, and the bytes
  * the ranks sent each other per step; the printed losses must equal the one-process run's (exit 1).
  *
+ * Then the largest configuration that runs with R ranks but not with one: each process gets the
+ * host memory the one-process run of that model needs (SHARDSIM_HOST_MEMORY_BYTES: every rank a
+ * host of that size, as on R machines), and the decoder layers grow.  A rank's need is what
+ * shardsim's host-memory check computes before a real run (its share of the devices' dry-run
+ * peaks, the arenas' reuse cache, host buffers), read from the check's refusal at 4 and 8 layers
+ * (it is linear in the layers, the fit then stepped to the edge of the check's own figures); the
+ * R = 4 model is run for real (one step: the check lets it through) to show its RSS per rank
+ * against the budget, where the same model in one process is refused.
+ *
  * Model: bench/step.c's (llama2-7b with emb 512, 8 heads of 64, mlp 1536, 4 layers, vocab 4096,
  * 256 tokens) over fsdp=4 tensor=2, a global batch of 8 sequences.  Each run is a child process;
  * its memory is the child's ru_maxrss (the largest of it and the processes it waited for: the
@@ -91,6 +100,99 @@ static result run(const char *cmd, const char *path)
     return r;
 }
 
+/* The bench model without its layer count: base_num_decoder_layers is appended. */
+static void args_with_layers(int layers, char *buf, size_t cap)
+{
+    char *a = strdup(ARGS), *at = strstr(a, "base_num_decoder_layers=4 ");
+    if (at) memmove(at, at + strlen("base_num_decoder_layers=4 "), strlen(at + strlen("base_num_decoder_layers=4 ")) + 1);
+    snprintf(buf, cap, "%s base_num_decoder_layers=%d", a, layers);
+    free(a);
+}
+
+/* "34.51 GiB" / "14.3 MiB" -> bytes (0 when it is neither). */
+static double parse_bytes(const char *s)
+{
+    double v;
+    char unit[8];
+    if (sscanf(s, "%lf %7s", &v, unit) != 2) return 0;
+    if (!strncmp(unit, "GiB", 3)) return v * (double)(1ull << 30);
+    if (!strncmp(unit, "MiB", 3)) return v * (double)(1ull << 20);
+    return 0;
+}
+
+/* The host memory a rank of R (R = 0: one process) needs for `layers`, as the host-memory check
+ * says when it refuses (budget 1 byte); 0 when it did not refuse. */
+static double need(const char *prog, int R, int layers, const char *budget)
+{
+    char args[1024], cmd[4096], line[4096];
+    args_with_layers(layers, args, sizeof args);
+    if (R == 0)
+        snprintf(cmd, sizeof cmd, "SHARDSIM_HOST_MEMORY_BYTES=%s %s train %s steps=1 2>&1 >/dev/null", budget, prog, args);
+    else
+        snprintf(cmd, sizeof cmd, MPI_ENV "SHARDSIM_HOST_MEMORY_BYTES=%s mpirun -q -np %d %s train %s steps=1 2>&1 >/dev/null",
+                 budget, R, prog, args);
+    FILE *p = popen(cmd, "r");
+    double b = 0;
+    while (p && fgets(line, sizeof line, p)) {
+        const char *at = strstr(line, "this run needs about ");
+        if (at) b = parse_bytes(at + strlen("this run needs about "));
+    }
+    if (p) pclose(p);
+    return b;
+}
+
+/* The largest configuration that runs with R ranks but not with one (see the header). */
+static int largest(const char *prog, const char *path)
+{
+    double n4 = need(prog, 0, 4, "1");
+    if (n4 <= 0) {
+        printf("largest: the host-memory check gave no figure (no /proc/meminfo?): skipped\n");
+        return 1;
+    }
+    unsigned long long budget = (unsigned long long)n4 + (1ull << 20);
+    char bs[32];
+    snprintf(bs, sizeof bs, "%llu", budget);
+    printf("\nthe largest model that runs with R ranks but not with one: each process may take %.1f MB (what the "
+           "one-process run of the %d-layer model needs; SHARDSIM_HOST_MEMORY_BYTES=%s), the decoder layers grow\n\n",
+           (double)budget / 1e6, 4, bs);
+    printf("%-14s %8s %18s %24s\n", "run", "layers", "need/rank (MB)", "need at layers+1 (MB)");
+    const int Rs[] = {0, 2, 4};
+    int best[3] = {0, 0, 0}, bad = 0;
+    double per_rank[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) {
+        double a = need(prog, Rs[i], 4, "1"), b = need(prog, Rs[i], 8, "1");
+        if (a <= 0 || b <= a) {
+            printf("%-14s the check's figures did not grow with the layers (%.0f, %.0f): FAILED\n", "", a, b);
+            bad++;
+            continue;
+        }
+        double slope = (b - a) / 4.0;
+        int L = 4 + (int)(((double)budget - a) / slope);
+        /* the fit is to the check's rounded figures: step to the edge its figures draw */
+        while (L > 1 && need(prog, Rs[i], L, "1") > (double)budget) L--;
+        while (need(prog, Rs[i], L + 1, "1") <= (double)budget) L++;
+        best[i] = L;
+        per_rank[i] = need(prog, Rs[i], L, "1");
+        char label[32];
+        snprintf(label, sizeof label, Rs[i] ? "mpirun -np %d" : "one process", Rs[i]);
+        printf("%-14s %8d %18.1f %24.1f\n", label, L, per_rank[i] / 1e6, need(prog, Rs[i], L + 1, "1") / 1e6);
+        fflush(stdout);
+    }
+    if (bad) return bad;
+    /* the R = 4 model for real: it runs in the budget; in one process it is refused */
+    char args[1024], cmd[4096];
+    args_with_layers(best[2], args, sizeof args);
+    double one = need(prog, 0, best[2], "1");
+    snprintf(cmd, sizeof cmd, MPI_ENV "SHARDSIM_HOST_MEMORY_BYTES=%s mpirun -np 4 %s train %s steps=1", bs, prog, args);
+    result r = run(cmd, path);
+    printf("\n%d layers under mpirun -np 4, one step: %s in %.1f s, largest rank RSS %.1f MB against the %.1f MB "
+           "budget (the check's need per rank %.1f MB; a rank's RSS also holds the program, its libraries and MPI's "
+           "buffers); in one process it needs %.1f MB: %s\n",
+           best[2], r.rc ? "FAILED" : "ran", r.wall, r.mb, (double)budget / 1e6, per_rank[2] / 1e6, one / 1e6,
+           one > (double)budget ? "refused" : "NOT REFUSED");
+    return r.rc != 0 || one <= (double)budget;
+}
+
 int main(int argc, char **argv)
 {
     int steps = argc > 1 ? atoi(argv[1]) : 4;
@@ -105,6 +207,13 @@ int main(int argc, char **argv)
         printf("mpi: skipped: %s\n", sim_xrank_built() ? "mpirun is not installed (openmpi-bin)"
                                                        : "this build has no MPI (SHARDSIM_MPI=0)");
         return 0;
+    }
+    char path0[64];
+    snprintf(path0, sizeof path0, "/tmp/shardsim-bench-mpi.%d.txt", (int)getpid());
+    if (argc > 2 && !strcmp(argv[2], "largest")) { /* `mpi STEPS largest`: the second table alone */
+        int bad = largest(prog, path0);
+        unlink(path0);
+        return bad ? 1 : 0;
     }
     printf("OpenBLAS kernels: %s\n", bk_coretype_current()->summary);
     double load[3] = {0, 0, 0};
@@ -135,5 +244,6 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     unlink(path);
+    bad += largest(prog, path);
     return bad ? 1 : 0;
 }

@@ -22,7 +22,7 @@ for b in "$old" "$new"; do [ -x "$b" ] || { echo "$0: $b is not an executable" >
 cases=(
 "llama-fsdp-tp|train configs/small.yml ici_fsdp_parallelism=4 ici_tensor_parallelism=2 steps=4"
 "llama-explicit|train configs/small.yml ici_data_parallelism=2 ici_fsdp_parallelism=2 ici_tensor_parallelism=2 shard_mode=explicit steps=3"
-"llama-remat-minimal|train configs/small.yml ici_fsdp_parallelism=2 ici_sequence_parallelism=2 remat_policy=minimal steps=3"
+"llama-remat-minimal|train configs/small.yml ici_fsdp_parallelism=2 ici_tensor_parallelism=2 remat_policy=minimal steps=3"
 "llama-ga-zero1|train configs/small.yml ici_data_parallelism=4 shard_optimizer_over_data=true gradient_accumulation_steps=2 steps=3"
 "llama-muon|train configs/small.yml ici_fsdp_parallelism=4 opt_type=muon steps=3"
 "llama-pipeline|train configs/small.yml ici_pipeline_parallelism=2 ici_fsdp_parallelism=2 num_pipeline_microbatches=4 steps=3"

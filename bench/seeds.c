@@ -6,13 +6,22 @@
  * ones and their ratio.
  *
  *   seed 000  deepseek3-test, per_device_batch_size=1, FSDP4 / FSDP2+TP2 /
- *             FSDP2+TPT2 (legacy rules with tensor_transpose), auto and explicit
+ *             FSDP2+TPT2 (the tensor_transpose axis), auto and explicit
  *   seed 002  llama2-7b, stage=2 fsdp=2, num_pipeline_microbatches=8,
  *             pipeline_fsdp_ag_once, and the same with data=2 +
- *             shard_optimizer_over_data (ZeRO-1), auto and explicit (explicit
- *             refused as MaxText 0.2.5 refuses every explicit pipeline: the
- *             ShardingTypeError of its positions gather; the PR measured
- *             JAX 0.8.0 and its MaxText, 0.2.5 pins JAX 0.12)
+ *             shard_optimizer_over_data (ZeRO-1), auto and explicit
+ *
+ * Each row runs under the MaxText release that ran it where 0.2.5 differs:
+ * the explicit rows and the tensor_transpose rows under maxtext_release=0.2.0
+ * (MaxText 0.2.0 on JAX 0.8.1, the first PyPI release with both seeds'
+ * changes; 0.2.5 refuses the explicit pipelines at their positions gather,
+ * the explicit FSDP2+TP2 at MLA's q_norm, and has no tensor_transpose axis).
+ * The auto rows keep the default release (0.2.5): MaxText traces them alike.
+ * 0.2.0 itself fails two explicit rows (as 0.2.1 does, both on JAX 0.8.1):
+ * seed 000's FSDP2+TPT2 at the optimizer update's add (the sparse MoE's
+ * kernel gradients carry its shard_map in_specs) and seed 002's ZeRO-1+PP at
+ * jax.jit's check of the ZeRO-1 state; the seeds measured them on their pull
+ * requests' commits, which no release holds, so those rows print the refusal.
  *
  * Keys the seed command lines leave out take MaxText's defaults of the time
  * (per_device_batch_size 12, max_target_length 2048, dtype bfloat16,
@@ -46,7 +55,8 @@ typedef struct {
 #define LL "model_name=llama2-7b", "ici_pipeline_parallelism=2", "num_pipeline_microbatches=8", \
            "pipeline_fsdp_ag_once=true"
 #define Z1 "ici_data_parallelism=2", "shard_optimizer_over_data=true"
-#define TPT "custom_mesh_and_rule=legacy", "ici_tensor_transpose_parallelism=2"
+#define TPT "maxtext_release=0.2.0", "ici_tensor_transpose_parallelism=2"
+#define OLD "maxtext_release=0.2.0" /* the seeds' release, where 0.2.5 refuses the row */
 
 /* Seed 002's memory: the same MaxText 0.2.5 step compiled by XLA:CPU (peers/maxtext/hlo_bytes.sh with
  * num_devices=4 and the row's keys, dtype=bfloat16) and ahead of time for v5p-8 by XLA:TPU (MaxText's
@@ -75,19 +85,20 @@ typedef struct {
 
 static const row ROWS[] = {
     {"000", "FSDP4", "auto", {DS}, 68748, 2238, NULL, NULL},
-    {"000", "FSDP4", "explicit", {DS, "shard_mode=explicit"}, 68961, 2284, NULL, NULL},
+    {"000", "FSDP4", "explicit", {DS, "shard_mode=explicit", OLD}, 68961, 2284, NULL, NULL},
     {"000", "FSDP2+TP2", "auto", {DS, "ici_tensor_parallelism=2"}, 69448, 2014, NULL, NULL},
-    {"000", "FSDP2+TP2", "explicit", {DS, "ici_tensor_parallelism=2", "shard_mode=explicit"}, 69617, 2378, NULL, NULL},
+    {"000", "FSDP2+TP2", "explicit", {DS, "ici_tensor_parallelism=2", "shard_mode=explicit", OLD}, 69617, 2378, NULL,
+     NULL},
     {"000", "FSDP2+TPT2", "auto", {DS, TPT}, 93836, 10743,
      "the PR's 'tensor-transpose pathology' of auto mode (its explicit mode removed it: -26% memory, -75% step): "
      "XLA's partitioner resharded differently; shardsim's auto mode reshards at MaxText's constraints by its cheapest plan, "
      "so it predicts near the explicit figures", NULL},
     {"000", "FSDP2+TPT2", "explicit", {DS, TPT, "shard_mode=explicit"}, 69373, 2714, NULL, NULL},
     {"002", "FSDP+PP", "auto", {LL}, 48219, 4567, NULL, PP_FSDP_MEM},
-    /* the explicit rows: refused, as MaxText 0.2.5 refuses every explicit pipeline (the PR measured JAX 0.8.0) */
-    {"002", "FSDP+PP", "explicit", {LL, "shard_mode=explicit"}, 50913, 6822, NULL, NULL},
+    /* the explicit rows: under 0.2.0 on JAX 0.8.1 (0.2.5 refuses every explicit pipeline) */
+    {"002", "FSDP+PP", "explicit", {LL, "shard_mode=explicit", OLD}, 50913, 6822, NULL, NULL},
     {"002", "ZeRO-1+PP", "auto", {LL, Z1}, 48315, 4636, NULL, PP_Z1_MEM},
-    {"002", "ZeRO-1+PP", "explicit", {LL, Z1, "shard_mode=explicit"}, 47997, 5272, NULL, NULL},
+    {"002", "ZeRO-1+PP", "explicit", {LL, Z1, "shard_mode=explicit", OLD}, 47997, 5272, NULL, NULL},
 };
 enum { NROWS = sizeof ROWS / sizeof ROWS[0] };
 
@@ -134,7 +145,7 @@ static result run(const row *r)
     job.data = &data;
     job.steps = 1;
     job.stats = calloc(1, sizeof *job.stats);
-    if (model_train(&job, m) != SIM_OK) { /* MaxText 0.2.5's own errors (the explicit-mode verdicts) */
+    if (model_train(&job, m) != SIM_OK) { /* the release's own errors (the explicit-mode verdicts) */
         res.refused = true;
         snprintf(res.why, sizeof res.why, "%s", sim_errmsg());
         sim_err_clear();
@@ -168,6 +179,17 @@ static result run(const row *r)
     return res;
 }
 
+/* "explicit 0.2.0": the mode, and the release when the row names one */
+static const char *mode_label(const row *r)
+{
+    static char buf[32];
+    snprintf(buf, sizeof buf, "%s", r->mode);
+    for (int i = 0; i < 12 && r->words[i]; i++)
+        if (!strncmp(r->words[i], "maxtext_release=", 16))
+            snprintf(buf, sizeof buf, "%s %s", r->mode, r->words[i] + 16);
+    return buf;
+}
+
 static const char *verdict(double ratio, double tol, const char *exempt)
 {
     if (exempt) return "exempt";
@@ -186,24 +208,24 @@ int main(void)
            "hop latency %.1f us, weight collectives %s\n\n",
            eff.mxu, eff.hbm, eff.layout, eff.ici, eff.dcn, eff.hop_latency_s * 1e6,
            eff.overlap_weights ? "overlapped with compute" : "serialised with compute");
-    printf("%-4s %-11s %-8s | %9s %9s %6s %-6s | %8s %8s %6s %-6s | %5s %8s %8s %8s %8s\n", "seed", "config", "mode",
+    printf("%-4s %-11s %-14s | %9s %9s %6s %-6s | %8s %8s %6s %-6s | %5s %8s %8s %8s %8s\n", "seed", "config", "mode",
            "mem MiB", "measured", "ratio", "", "step ms", "measured", "ratio", "", "MFU", "compute", "exposed",
            "optim", "bubbles");
-    for (int i = 0; i < 150; i++) putchar('-');
+    for (int i = 0; i < 156; i++) putchar('-');
     putchar('\n');
     int miss = 0;
     for (int i = 0; i < NROWS; i++) {
         const row *r = &ROWS[i];
         result x = run(r);
         if (x.refused) {
-            printf("%-4s %-11s %-8s | refused: %s\n", r->seed, r->config, r->mode, x.why);
+            printf("%-4s %-11s %-14s | refused: %s\n", r->seed, r->config, mode_label(r), x.why);
             continue;
         }
         double rm = x.peak_mib / r->mem_mb, rs = x.step_ms / r->step_ms;
         const char *vm = verdict(rm, 0.10, r->exempt ? r->exempt : r->mem_exempt), *vs = verdict(rs, 0.25, r->exempt);
         miss += !strcmp(vm, "MISS") + !strcmp(vs, "MISS");
-        printf("%-4s %-11s %-8s | %9.0f %9.0f %6.3f %-6s | %8.0f %8.0f %6.3f %-6s | %4.1f%% %8.0f %8.0f %8.0f %8.0f\n",
-               r->seed, r->config, r->mode, x.peak_mib, r->mem_mb, rm, vm, x.step_ms, r->step_ms, rs, vs,
+        printf("%-4s %-11s %-14s | %9.0f %9.0f %6.3f %-6s | %8.0f %8.0f %6.3f %-6s | %4.1f%% %8.0f %8.0f %8.0f %8.0f\n",
+               r->seed, r->config, mode_label(r), x.peak_mib, r->mem_mb, rm, vm, x.step_ms, r->step_ms, rs, vs,
                100.0 * x.mfu, x.compute_ms, x.exposed_ms, x.optimizer_ms, x.bubble_ms);
         fflush(stdout);
     }

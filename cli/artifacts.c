@@ -74,6 +74,7 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
         e = errno;
     }
     if (st == SIM_OK && werr) st = sim_err(SIM_ERR_IO, "writing '%s' failed: %s", final, strerror(e));
+    else if (st != SIM_OK) sim_err_append(" (writing '%s')", final); /* the writer does not know the path */
     if (st == SIM_OK && rename(tmp, final) != 0) {
         e = errno;
         st = sim_err(SIM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
@@ -640,6 +641,95 @@ sim_status cli_write_trace_json(const char *dir, sim_machine *m, size_t max_even
     return cli_artifact_write(dir, "trace.json", write_trace, &a);
 }
 
+/* A step number of trace_steps: digits only, within the run's steps. */
+static sim_status trace_step_number(const char *text, const char *tok, size_t len, int64_t first, int64_t last,
+                                    int64_t *out)
+{
+    int64_t v = 0;
+    bool ok = len > 0 && len <= 18;
+    for (size_t i = 0; ok && i < len; i++) {
+        ok = tok[i] >= '0' && tok[i] <= '9';
+        v = v * 10 + (tok[i] - '0');
+    }
+    if (!ok)
+        return sim_err(SIM_ERR_INPUT, "trace_steps=%s: '%.*s' is not a step: expected a comma-separated list of first, "
+                                      "last, all, none, a step number N or a range A-B, e.g. trace_steps=first,last or "
+                                      "trace_steps=0,5-7,last",
+                       text, (int)len, tok);
+    if (v < first || v > last)
+        return sim_err(SIM_ERR_INPUT, "trace_steps=%s: step %lld is not a step of this run, which trains steps "
+                                      "%lld-%lld; name steps in that range (or first, last)",
+                       text, (long long)v, (long long)first, (long long)last);
+    *out = v;
+    return SIM_OK;
+}
+
+sim_status cli_trace_steps_parse(const char *text, int64_t first, int64_t last, sim_trace_range *r, int cap, int *n)
+{
+    *n = 0;
+    const char *p = text;
+    while (true) {
+        while (*p == ' ') p++;
+        const char *tok = p;
+        size_t len = strcspn(p, ",");
+        const char *next = p + len;
+        while (len && tok[len - 1] == ' ') len--;
+        if (!len)
+            return sim_err(SIM_ERR_INPUT, "trace_steps=%s: an empty item; expected a comma-separated list of first, "
+                                          "last, all, none, a step number N or a range A-B (trace_steps=first,last "
+                                          "is the default)",
+                           text);
+        if (*n == cap)
+            return sim_err(SIM_ERR_INPUT, "trace_steps=%s: more than %d items; join neighbouring steps into ranges "
+                                          "A-B",
+                           text, cap);
+        sim_trace_range *x = &r[*n];
+        const char *dash = memchr(tok, '-', len);
+        if (len == 5 && !strncmp(tok, "first", 5)) {
+            x->first = x->last = first;
+        } else if (len == 4 && !strncmp(tok, "last", 4)) {
+            x->first = x->last = last;
+        } else if (len == 3 && !strncmp(tok, "all", 3)) {
+            x->first = first;
+            x->last = last;
+        } else if (len == 4 && !strncmp(tok, "none", 4)) {
+            x->first = 1; /* an empty range: no step */
+            x->last = 0;
+        } else if (dash) {
+            SIM_TRY(trace_step_number(text, tok, (size_t)(dash - tok), first, last, &x->first));
+            SIM_TRY(trace_step_number(text, dash + 1, len - (size_t)(dash - tok) - 1, first, last, &x->last));
+            if (x->first > x->last)
+                return sim_err(SIM_ERR_INPUT, "trace_steps=%s: the range %lld-%lld is empty; write it from the "
+                                              "lower step to the higher (%lld-%lld)",
+                               text, (long long)x->first, (long long)x->last, (long long)x->last,
+                               (long long)x->first);
+        } else {
+            SIM_TRY(trace_step_number(text, tok, len, first, last, &x->first));
+            x->last = x->first;
+        }
+        (*n)++;
+        if (!*next) break;
+        p = next + 1;
+    }
+    return SIM_OK;
+}
+
+const char *cli_trace_steps_text(const sim_trace_range *r, int n, char *buf, size_t cap)
+{
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k < cap; i++) {
+        if (r[i].first > r[i].last) continue; /* none */
+        const char *sep = k ? ", " : "";
+        if (r[i].first == r[i].last)
+            k += (size_t)snprintf(buf + k, cap - k, "%s%lld", sep, (long long)r[i].first);
+        else
+            k += (size_t)snprintf(buf + k, cap - k, "%s%lld-%lld", sep, (long long)r[i].first, (long long)r[i].last);
+    }
+    if (!k) snprintf(buf, cap, "none");
+    return buf;
+}
+
 /* ======================================================================== */
 /* sharding dump                                                            */
 /* ======================================================================== */
@@ -728,10 +818,31 @@ static sim_status param_rel(const cli_dump_param *p, param_key *k)
     return SIM_OK;
 }
 
+/* The optimizer row's leaves into the dump's list (model_opt_tree.leaf). */
+typedef struct {
+    leaf *l;
+    int *k;
+    int cap;
+    const param_key *pk;      /* the parameters in JAX order: index into the entries */
+    const cli_dump_param *p;
+} opt_leaves;
+
+static sim_status opt_leaf(void *arg, const char *key, int param, int64_t len)
+{
+    opt_leaves *o = arg;
+    if (*o->k >= o->cap) return sim_err(SIM_ERR_INTERNAL, "sharding dump: the optimizer lists more than %d leaves", o->cap);
+    leaf *x = &o->l[(*o->k)++];
+    snprintf(x->key, KEY_CAP, "%s", key);
+    x->p = param >= 0 ? &o->p[o->pk[param].index] : NULL;
+    x->opt = param >= 0;
+    x->len = param >= 0 ? 0 : len;
+    return SIM_OK;
+}
+
 /* The leaves in file order. */
 static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode, leaf **out, int *n_out)
 {
-    int cap = mode == CLI_DUMP_TRAIN_STATE ? 3 * n + 8 : n;
+    int cap = mode == CLI_DUMP_TRAIN_STATE ? (1 + MODEL_OPT_SLOTS_MAX) * n + 8 : n;
     leaf *l = calloc((size_t)cap + 1, sizeof *l);
     SIM_ASSERT(l);
     int k = 0;
@@ -757,52 +868,31 @@ static sim_status dump_leaves(const cli_dump_param *p, int n, cli_dump_mode mode
         }
         qsort(pk, (size_t)n, sizeof *pk, param_key_cmp);
         snprintf(l[k++].key, KEY_CAP, ".step");
-        bool muon = n > 0 && p[0].muon != 0;
-        if (muon) { /* optax.contrib.muon: a partition state, branches in key order */
-            for (int i = 0; i < n; i++) {
-                snprintf(l[k].key, KEY_CAP, ".params/['params']%.900s", pk[i].rel);
-                l[k++].p = &p[pk[i].index];
-            }
-            static const char *const br[2] = {".opt_state/.inner_states/['adam']/.inner_state",
-                                              ".opt_state/.inner_states/['muon']/.inner_state"};
-            for (int b = 0; b < 2; b++) {
-                int want = b ? 1 : -1;
-                snprintf(l[k++].key, KEY_CAP, "%s/[0]/.count", br[b]);
-                for (int part = 0; part < (b ? 1 : 2); part++)
-                    for (int i = 0; i < n; i++) {
-                        if (p[pk[i].index].muon != want || p[pk[i].index].no_opt) continue;
-                        snprintf(l[k].key, KEY_CAP, "%s/[0]/.%s/['params']%.900s", br[b], part ? "nu" : "mu", pk[i].rel);
-                        l[k].p = &p[pk[i].index];
-                        l[k].opt = 1;
-                        k++;
-                    }
-                if (b) {
-                    snprintf(l[k].key, KEY_CAP, "%s/[0]/.ns_coeffs", br[b]);
-                    l[k++].len = 3; /* (a, b, c) */
-                }
-                /* adamw = chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate); muon's chain has
-                 * scale_by_shape too: the schedule's count sits at [2] and [3] */
-                snprintf(l[k++].key, KEY_CAP, "%s/[%d]/.count", br[b], b ? 3 : 2);
-            }
-            free(pk);
-            *out = l;
-            *n_out = k;
-            return SIM_OK;
+        for (int i = 0; i < n; i++) {
+            snprintf(l[k].key, KEY_CAP, ".params/['params']%.900s", pk[i].rel);
+            l[k++].p = &p[pk[i].index];
         }
-        static const char *const prefix[3] = {".params/['params']", ".opt_state/[0]/.mu/['params']",
-                                              ".opt_state/[0]/.nu/['params']"};
-        for (int part = 0; part < 3; part++) {
-            if (part == 1) snprintf(l[k++].key, KEY_CAP, ".opt_state/[0]/.count");
-            for (int i = 0; i < n; i++) {
-                if (part && p[pk[i].index].no_opt) continue;
-                snprintf(l[k].key, KEY_CAP, "%s%s", prefix[part], pk[i].rel);
-                l[k].p = &p[pk[i].index];
-                l[k].opt = part > 0;
-                k++;
-            }
+        /* the optimizer's state: its row lists the leaves (models/optimizers/optim.h) */
+        const char **rel = calloc((size_t)n + 1, sizeof *rel);
+        bool *stateless = calloc((size_t)n + 1, sizeof *stateless);
+        int *branch = calloc((size_t)n + 1, sizeof *branch);
+        SIM_ASSERT(rel && stateless && branch);
+        for (int i = 0; i < n; i++) {
+            rel[i] = pk[i].rel;
+            stateless[i] = p[pk[i].index].no_opt;
+            branch[i] = p[pk[i].index].branch;
         }
-        snprintf(l[k++].key, KEY_CAP, ".opt_state/[2]/.count");
+        opt_leaves ol = {l, &k, cap, pk, p};
+        const model_opt_tree t = {n, rel, stateless, branch, opt_leaf, &ol};
+        sim_status st = model_opt_tree_write(n > 0 ? p[0].opt : NULL, &t);
+        free(rel);
+        free(stateless);
+        free(branch);
         free(pk);
+        if (st != SIM_OK) {
+            free(l);
+            return st;
+        }
     }
     *out = l;
     *n_out = k;
@@ -1031,6 +1121,74 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 /* parity.json                                                              */
 /* ======================================================================== */
 
+/* What one configuration costs: its mesh, memory per device (as metrics.json), the traffic of one
+ * step (as traffic.csv, per device) and the step-time model's estimate when a profile was set. */
+static void write_parity_costs(jw *w, const cli_parity_config *pc)
+{
+    if (pc->mesh) {
+        jw_key(w, "mesh");
+        jw_str(w, pc->mesh);
+    }
+    if (pc->mem && pc->n_devices > 0) {
+        jw_key(w, "devices");
+        jw_int(w, pc->n_devices);
+        jw_key(w, "memory");
+        jw_obj(w);
+        jw_key(w, "per_device_peak_bytes");
+        jw_arr_inline(w);
+        for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].peak);
+        jw_arr_end(w);
+        jw_key(w, "capacity_bytes");
+        jw_arr_inline(w);
+        for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].capacity);
+        jw_arr_end(w);
+        jw_key(w, "by_category");
+        jw_obj(w);
+        for (int c = 0; c < SIM_NMEM; c++) {
+            jw_key(w, sim_mem_cat_name((sim_mem_cat)c));
+            jw_arr_inline(w);
+            for (int d = 0; d < pc->n_devices; d++) jw_u64(w, pc->mem[d].at_peak_by[c]);
+            jw_arr_end(w);
+        }
+        jw_obj_end(w);
+        jw_obj_end(w);
+    }
+    if (pc->traffic) {
+        const cli_traffic *t = pc->traffic;
+        jw_key(w, "traffic");
+        jw_obj(w);
+        jw_key(w, "step");
+        jw_int(w, t->steps.first);
+        jw_key(w, "bytes_per_device");
+        jw_double(w, t->total.bytes_mean);
+        jw_key(w, "rows");
+        jw_arr(w);
+        for (int i = 0; i < t->n_rows; i++) {
+            const cli_traffic_row *r = &t->rows[i];
+            char ax[256];
+            jw_obj_inline(w);
+            jw_key(w, "op");
+            jw_str(w, sim_op_name(r->op));
+            jw_key(w, "axes");
+            jw_str(w, cli_axes_text(&t->mesh, r->axes, ax, sizeof ax));
+            jw_key(w, "phase");
+            jw_str(w, sim_phase_name(r->phase));
+            jw_key(w, "calls_per_device");
+            jw_double(w, t->n_devices ? (double)r->calls / t->n_devices : 0);
+            jw_key(w, "bytes_per_device");
+            jw_double(w, r->bytes_mean);
+            jw_obj_end(w);
+        }
+        jw_arr_end(w);
+        jw_obj_end(w);
+    }
+    if (pc->step_time_json) {
+        json_t *v = json_loads(pc->step_time_json, 0, NULL); /* model_tm_write_json's object */
+        jw_key(w, "step_time_model");
+        jw_add(w, v ? v : json_null());
+    }
+}
+
 static sim_status write_parity(FILE *f, void *arg)
 {
     const cli_parity *p = arg;
@@ -1049,6 +1207,7 @@ static sim_status write_parity(FILE *f, void *arg)
         jw_str(&w, p->configs[c].label);
         jw_key(&w, "overrides");
         jw_str(&w, p->configs[c].overrides ? p->configs[c].overrides : "");
+        write_parity_costs(&w, &p->configs[c]);
         jw_obj_end(&w);
     }
     jw_arr_end(&w);

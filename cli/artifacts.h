@@ -26,6 +26,8 @@
 #include "mesh/mesh_shape.h"
 #include "mesh/rules.h"
 #include "mesh/spec.h"
+#include "models/core/optimizer.h"
+#include "sim/trace.h"
 
 /* Version string written to run.json when the caller gives none. */
 #define CLI_SHARDSIM_VERSION "shardsim 0.1.0"
@@ -94,6 +96,14 @@ sim_status cli_write_run_json(const char *dir, const cli_run_info *info);
 /* trace.json (sim_trace_write_chrome): whole devices from device 0 while
  * their events fit in max_events (0: every device; trace_max_events). */
 sim_status cli_write_trace_json(const char *dir, sim_machine *m, size_t max_events);
+/* Most items of trace_steps (each a step or a range). */
+enum { CLI_TRACE_STEPS_MAX = 64 };
+/* trace_steps (a comma-separated list of first, last, all, none, N, A-B) as ranges of steps
+ * of a run that trains steps first..last into r[0..*n), at most cap of them; a bad item, a
+ * step outside the run or more than cap items is SIM_ERR_INPUT naming the key. */
+sim_status cli_trace_steps_parse(const char *text, int64_t first, int64_t last, sim_trace_range *r, int cap, int *n);
+/* "0, 19" or "0-3, 19" ("none" for no step).  Returns buf. */
+const char *cli_trace_steps_text(const sim_trace_range *r, int n, char *buf, size_t cap);
 
 /* ---- sharding dump (MaxText format) ---------------------------------------------- */
 
@@ -108,8 +118,10 @@ typedef struct {
     mesh_spec spec;                             /* resolved, size-1 axes KEPT (mesh_resolved.unpruned) */
     bool has_opt_spec;                          /* Adam moments sharded differently (ZeRO-1) */
     mesh_spec opt_spec;                         /* their spec when has_opt_spec */
-    int muon;                                   /* opt_type=muon: 1 a Muon leaf, -1 an AdamW-fallback leaf;
-                                                   0 (every entry): opt_type=adamw's state */
+    const model_optimizer *opt;                 /* the optimizer whose state the train-state dump lists (the
+                                                   first entry's counts; NULL: adamw's) */
+    int branch;                                 /* its part holding this leaf (model_opt_param.branch: Muon
+                                                   1, its AdamW fallback -1), 0 when unpartitioned */
     bool no_opt;                                /* a non-trainable variable (MaxText's MoEBiasVar):
                                                    listed with the parameters, no optimizer state */
 } cli_dump_param;
@@ -128,12 +140,12 @@ typedef struct {
 typedef enum {
     CLI_DUMP_AS_GIVEN = 0,  /* the entries are the leaves, in the given order */
     CLI_DUMP_TRAIN_STATE    /* the entries are the parameters: write MaxText's whole train
-                               state — .step, .params/..., .opt_state/[0]/.count, .mu/...,
-                               .nu/..., .opt_state/[2]/.count — in JAX tree order (dict
-                               keys sorted); with opt_type=muon (muon != 0) optax's
-                               partition state: .opt_state/.inner_states/['adam']/...
-                               (the AdamW leaves' count, mu, nu, schedule count) and
-                               ['muon']/... (count, mu, ns_coeffs, schedule count) */
+                               state — .step, .params/..., then the optimizer's state as
+                               optax holds it (the row's tree, models/optimizers/optim.h:
+                               adamw .opt_state/[0]/.count, .mu/..., .nu/...,
+                               .opt_state/[2]/.count; muon the partition state
+                               .opt_state/.inner_states/['adam']/... and ['muon']/...) —
+                               in JAX tree order (dict keys sorted) */
 } cli_dump_mode;
 
 /* "params.decoder.mlp.wi_0.kernel" -> ".params/['params']/['decoder']/['mlp']/['wi_0']/['kernel']";
@@ -156,7 +168,11 @@ sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const c
 
 /* parity.json:
  *   {"rtol": r, "reference": "label0",
- *    "configs": [{"label", "overrides"}...],
+ *    "configs": [{"label", "overrides", "mesh", "devices",
+ *                 "memory": {"per_device_peak_bytes", "capacity_bytes", "by_category"} (as metrics.json),
+ *                 "traffic": {"step", "bytes_per_device",
+ *                             "rows": [{"op", "axes", "phase", "calls_per_device", "bytes_per_device"}...]},
+ *                 "step_time_model": {...} (run.json's, with a hardware profile)}...],
  *    "steps": [{"step", "losses": [per config], "max_rel_diff", "worst_config", "pass"}...],
  *    "max_rel_diff": x, "pass": bool,
  *    "first_diverging_step": int|null, "first_diverging_config": "label"|null,

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mesh/array.h"
 #include "sim/types.h"
 #include "sim/xrank.h"
 
@@ -168,15 +169,46 @@ sim_status cli_parse_mesh(const char *text, mesh_shape *m)
     return mesh_shape_init(m, n, np, sizes);
 }
 
+sim_status cli_rank_placement(const mesh_cfg *cfg, const mesh_shape *mesh)
+{
+    const char *text = NULL;
+    SIM_TRY(mesh_cfg_get_str(cfg, "rank_placement", &text));
+    SIM_TRY(sim_xrank_set_placement(text));
+    sim_mesh_desc md;
+    SIM_TRY(mesh_shape_to_sim(mesh, &md));
+    int *owner = calloc((size_t)mesh->num_devices, sizeof *owner);
+    SIM_ASSERT(owner);
+    /* the axes named must be the mesh's, with or without mpirun; the split over R ranks is checked
+     * where R is known (sim_machine_new) */
+    sim_status st = sim_mesh_place_ranks(&md, 1, owner);
+    free(owner);
+    return st;
+}
+
+/* Under mpirun the first failure's message, kept for the job's end (cli_end_job). */
+static char rank_failure[8192];
+
 int cli_fail(FILE *err, sim_status st)
 {
-    if (sim_xrank_rank() > 0) {
-        /* under mpirun: when rank 0 failed too (a bad key, a mismatch every rank sees) it prints the
-         * message and ends the job meanwhile, so the message is printed once */
-        struct timespec ts = {1, 0};
-        nanosleep(&ts, NULL);
+    if (sim_xrank_size() > 1) {
+        /* under mpirun: the other ranks hear of it at once (they may be waiting on this one), and
+         * the job's end prints it once, on rank 0 (cli_end_job) */
+        if (!rank_failure[0]) snprintf(rank_failure, sizeof rank_failure, "%s", sim_errmsg());
+        sim_xrank_post_failure(st, sim_errmsg());
+    } else {
+        fprintf(err, "shardsim: %s\n", sim_errmsg());
     }
-    fprintf(err, "shardsim: %s\n", sim_errmsg());
     if (getenv("SHARDSIM_DEBUG") && sim_err_trail()[0]) fprintf(err, "%s\n", sim_err_trail());
     return sim_status_exit_code(st);
+}
+
+int cli_end_job(int rc, FILE *err)
+{
+    static char msg[8192 + 256];
+    int job = sim_xrank_conclude(rc, rank_failure, msg, sizeof msg);
+    if (job && msg[0] && sim_xrank_size() > 1) fprintf(err, "shardsim: %s\n", msg);
+    fflush(stdout);
+    fflush(err);
+    sim_xrank_finalize();
+    return job;
 }

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "config/config.h"
+#include "mesh/mesh_shape.h"
 #include "mesh/spec.h"
 #include "sim/status.h"
 
@@ -37,7 +39,16 @@ sim_status cli_parse_shape(const char *text, const char *what, int *rank, int64_
 /* "data=2,fsdp=2" -> a single-slice mesh. */
 sim_status cli_parse_mesh(const char *text, mesh_shape *m);
 
-/* Prints "shardsim: <message>" and returns the exit code for st. */
+/* rank_placement (sim/xrank.h): read from cfg, set for the machines to come, its axes checked
+ * against mesh's; an error names the key. */
+sim_status cli_rank_placement(const mesh_cfg *cfg, const mesh_shape *mesh);
+
+/* Prints "shardsim: <message>" and returns the exit code for st.  Under mpirun it prints nothing:
+ * it tells the other ranks (sim_xrank_post_failure) and keeps the message for cli_end_job. */
 int cli_fail(FILE *err, sim_status st);
+/* The end of the process, after the command returned rc: under mpirun every rank agrees on the
+ * job's exit code and rank 0 prints the failure that started it, once (sim_xrank_conclude); then
+ * MPI_Finalize.  Returns the exit code. */
+int cli_end_job(int rc, FILE *err);
 
 #endif

@@ -143,16 +143,19 @@ sim_status cli_host_memory_fits(const model_def *def, const model_train_job *job
     cli_host_need need = {0};
     if (st == SIM_OK) {
         /* under mpirun this rank's share: the devices it will run (the dry run ran them all) */
-        int lo, hi;
-        sim_xrank_devices(sim_machine_num_devices(m), sim_xrank_size(), sim_xrank_rank(), &lo, &hi);
-        need.devices = hi - lo;
-        for (int d = lo; d < hi; d++) {
+        int n = sim_machine_num_devices(m), R = sim_xrank_size() <= n ? sim_xrank_size() : 1, cnt = 0;
+        int *ids = calloc((size_t)n, sizeof *ids);
+        SIM_ASSERT(ids);
+        st = sim_machine_rank_ids(m, R, R > 1 ? sim_xrank_rank() : 0, ids, &cnt);
+        need.devices = cnt;
+        for (int i = 0; i < cnt; i++) {
             sim_arena_stats as;
-            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, ids[i])), &as);
             need.device_peaks += as.peak;
             if (as.peak > need.max_peak) need.max_peak = as.peak;
             need.reuse_cache += as.peak / 8 < (1ull << 30) ? as.peak / 8 : (1ull << 30);
         }
+        free(ids);
         uint64_t tokens = (uint64_t)(def->d.rows_loaded * def->d.ga * def->d.seq);
         need.host_buffers = 3 * tokens * sizeof(int32_t) * (def->d.ga > 1 ? 2 : 1) +
                             (ckpt_io ? (uint64_t)need.devices * (4u << 20) : 0) + extra_host;

@@ -9,6 +9,7 @@
 #include "blas_kernels/bk_coretype.h"
 #include "cli/artifacts.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "sim/xrank.h"
 
 typedef struct {
@@ -132,8 +133,8 @@ static int is_help_flag(const char *s) { return !strcmp(s, "--help") || !strcmp(
  * (their errors still reach stderr: cli_fail).  Returns an exit code, 0 = go on. */
 static int xrank_start(void)
 {
-    if (sim_xrank_init() != SIM_OK) {
-        fprintf(stderr, "shardsim: %s\n", sim_errmsg());
+    if (sim_xrank_init() != SIM_OK) { /* every rank's (the same) refusal: rank 0 says it */
+        if (sim_xrank_rank() == 0) fprintf(stderr, "shardsim: %s\n", sim_errmsg());
         return 1;
     }
     int R = sim_xrank_size(), me = sim_xrank_rank();
@@ -162,16 +163,6 @@ static int xrank_start(void)
     return freopen("/dev/null", "w", stdout) ? 0 : 1;
 }
 
-/* Ends the process under a launcher: MPI_Finalize after success; after a failure MPI_Abort, which
- * ends every rank (the others may be waiting on this one). */
-static int xrank_end(int rc)
-{
-    if (sim_xrank_size() < 2 || rc == 0) {
-        sim_xrank_finalize();
-        return rc;
-    }
-    sim_xrank_abort(rc);
-}
 
 static int run_command(int argc, char **argv);
 
@@ -179,7 +170,7 @@ int main(int argc, char **argv)
 {
     int rc = xrank_start();
     if (rc == 0) rc = run_command(argc, argv);
-    return xrank_end(rc);
+    return cli_end_job(rc, stderr);
 }
 
 static int run_command(int argc, char **argv)

@@ -16,7 +16,13 @@
  * configuration to run and agree).  When the reference itself does not fit
  * nothing can be compared: parity stops there (exit 1).  A configuration
  * whose run would not fit in host memory (cli/hostmem.h, with the gradient
- * copies parity keeps) stops parity before it runs (exit 2).  Progress: a line as
+ * copies parity keeps) stops parity before it runs (exit 2).
+ *
+ * Across releases (a configuration names maxtext_release): a configuration that the release it
+ * follows refuses (its config: a key it lacks, a types.py check) or fails to trace (an explicit-mode
+ * error of that MaxText and JAX) is reported with its message and the others still run, so the
+ * table shows where an upgrade breaks a configuration, with both answers; the reference is the
+ * first configuration that runs, and the exit code is 1.  Progress: a line as
  * each configuration starts and one as it ends, flushed at once; on a
  * terminal a step bar on stderr. */
 #include "cli/cli.h"
@@ -30,7 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/release.h"
 #include "models/core/checks.h"
+#include "models/core/timemodel.h"
 #include "models/core/train.h"
 #include "sim/xrank.h"
 
@@ -78,6 +86,7 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     double tolerance;
     if (!st) st = mesh_cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
     if (!st && (st = model_check_sharding_tolerance(*def, tolerance))) model_def_free(*def);
+    else if (!st && (st = cli_rank_placement(*cfg, &(*def)->mesh))) model_def_free(*def);
     if (st) {
         free(*def);
         *def = NULL;
@@ -97,6 +106,16 @@ static void parity_step(const model_step_stats *ss, void *arg)
     snprintf(label, sizeof label, "configuration %d/%d: step %lld/%lld", pp->c + 1, pp->nc, (long long)ss->step + 1,
              pp->steps);
     cli_progress(stderr, (double)(ss->step + 1) / (double)pp->steps, label);
+}
+
+/* The maxtext_release a configuration names (its own words, then the common arguments), or NULL. */
+static const char *release_of(const parity_cfg *pc, int argc, char **argv)
+{
+    for (int i = pc->n - 1; i >= 0; i--)
+        if (!strncmp(pc->words[i], "maxtext_release=", 16)) return pc->words[i] + 16;
+    for (int i = argc - 1; i >= 0; i--)
+        if (!strncmp(argv[i], "maxtext_release=", 16)) return argv[i] + 16;
+    return NULL;
 }
 
 static bool sets_pdbs(const parity_cfg *pc)
@@ -132,12 +151,42 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     char diverge_param[MODEL_PATH_MAX] = "", diverge_cfg[320] = "", outdir[1024] = "";
     bool *oom = calloc((size_t)nc, sizeof *oom);
     int n_oom = 0;
+    /* across releases: each configuration's failure under its release (NULL: it ran) */
+    bool cross = false;
+    for (int c = 0; c < nc; c++) cross |= release_of(&cfgs[c], a.n_cfg, (char **)a.cfg) != NULL;
+    char **failed = calloc((size_t)nc, sizeof *failed);
+    int n_failed = 0, ref_c = -1;
+    bool header = false; /* the first line, printed once (a failing first configuration is no reference) */
+    /* what each configuration costs, for parity.json and the report: its mesh, memory per device,
+     * the traffic of its last step and, with a hardware profile, the modelled time of that step */
+    char (*meshes)[256] = calloc((size_t)nc, sizeof *meshes);
+    sim_arena_stats **mems = calloc((size_t)nc, sizeof *mems);
+    cli_traffic *traffic = calloc((size_t)nc, sizeof *traffic);
+    char **tm_json = calloc((size_t)nc, sizeof *tm_json);
+    int *ndev = calloc((size_t)nc, sizeof *ndev);
     for (int c = 0; c < nc && st == SIM_OK; c++) {
         mesh_cfg *cfg = NULL;
         model_def *def = NULL;
         char pdbs[64];
         st = load_def(a.n_cfg, (char **)a.cfg, &cfgs[c], NULL, &cfg, &def);
-        if (st == SIM_OK && c > 0 && def->d.batch * def->d.ga != ref_batch && !sets_pdbs(&cfgs[c])) {
+        if (st == SIM_ERR_INPUT && cross) {
+            /* refused by its release's config: reported, the others still run */
+            const char *rel = release_of(&cfgs[c], a.n_cfg, (char **)a.cfg);
+            failed[c] = strdup(sim_errmsg());
+            snprintf(cfgs[c].label, sizeof cfgs[c].label, "refused by MaxText %s",
+                     rel ? rel : mesh_release_maxtext(NULL));
+            fprintf(out, "[%d/%d] %-32s <- %s\n      %s\n", c + 1, nc, cfgs[c].label,
+                    cfgs[c].n ? cfgs[c].text : "(no overrides)", failed[c]);
+            fflush(out);
+            n_failed++;
+            oom[c] = true; /* not in the table */
+            n_oom++;
+            sim_err_clear();
+            st = SIM_OK;
+            mesh_cfg_free(cfg);
+            continue;
+        }
+        if (st == SIM_OK && ref_c >= 0 && def->d.batch * def->d.ga != ref_batch && !sets_pdbs(&cfgs[c])) {
             snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%.17g",
                      (double)ref_batch / (double)(def->mesh.num_devices * def->d.ga));
             model_def_free(def);
@@ -150,15 +199,16 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         data.fd = -1;
         model_train_job job;
         memset(&job, 0, sizeof job);
-        if (st == SIM_OK && c == 0) {
+        if (st == SIM_OK && ref_c < 0) {
             ref_batch = def->d.batch * def->d.ga; /* rows per step, over all microbatches */
             st = mesh_cfg_get_int(cfg, "steps", &steps);
             if (!st) st = mesh_cfg_get_double(cfg, "parity_rtol", &rtol);
             const char *od = NULL;
             if (!st) st = mesh_cfg_get_str(cfg, "output_dir", &od);
             if (od && sim_xrank_rank() == 0) snprintf(outdir, sizeof outdir, "%s", od); /* rank 0 writes */
-            if (!st) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
+            if (!st && !header) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
                              steps, rtol);
+            header = true;
         }
         if (st == SIM_OK && def->d.batch * def->d.ga != ref_batch)
             st = sim_err(SIM_ERR_INPUT, "configuration '%s' trains %lld rows per step, the reference %lld; set "
@@ -171,6 +221,15 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         double hbm = 0;
         if (st == SIM_OK) st = mesh_cfg_get_double(cfg, "hbm_limit_gb", &hbm);
         if (st == SIM_OK) st = model_machine_new(def, hbm, false, &m);
+        model_hw hw;
+        model_tm_eff eff;
+        bool have_hw = false;
+        if (st == SIM_OK) {
+            int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
+            st = model_hw_from_config(cfg, cli_configs_dir(), per_slice, &hw, &have_hw);
+            if (st == SIM_OK && have_hw) st = model_tm_eff_load(cli_configs_dir(), &eff);
+            if (st == SIM_OK) sim_machine_set_record_costs(m, have_hw);
+        }
         if (st == SIM_OK) {
             /* label: the mesh and the mode, which is what tells the runs apart */
             char mesh[256];
@@ -179,9 +238,12 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             if (paren) *paren = '\0';
             const char *rules = NULL;
             if (mesh_cfg_get_str(cfg, "custom_mesh_and_rule", &rules) != SIM_OK) rules = NULL;
-            char extra[48] = "";
+            char extra[80] = "";
             if (def->d.ga > 1) snprintf(extra, sizeof extra, " G=%lld", (long long)def->d.ga);
             if (def->d.zero1) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " ZeRO-1");
+            if (cross) /* the release tells the runs apart too */
+                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " MaxText %s",
+                         mesh_release_maxtext(def->release));
             snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s%s%s%s %s", mesh, rules && *rules ? " " : "",
                      rules && *rules ? rules : "", extra, def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
             fprintf(out, "[%d/%d] %-32s <- %s\n", c + 1, nc, cfgs[c].label, cfgs[c].n ? cfgs[c].text : "(no overrides)");
@@ -196,7 +258,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             job.cb_arg = &pp;
             uint64_t t0 = sim_now_ns();
             /* host memory: the run, plus every step's gradients kept here (the reference's too) */
-            uint64_t kept = (uint64_t)steps * (uint64_t)model_param_bytes(def) * (c > 0 ? 2u : 1u);
+            uint64_t kept = (uint64_t)steps * (uint64_t)model_param_bytes(def) * (ref_c >= 0 ? 2u : 1u);
             st = cli_host_memory_fits(def, &job, hbm, false, kept);
             if (st == SIM_ERR_INPUT) sim_err_append(" (parity configuration '%s')", cfgs[c].label);
             if (st == SIM_OK) st = model_train(&job, m);
@@ -206,14 +268,24 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             if (st == SIM_OK)
                 fprintf(out, "      %lld step%s in %.1f s, last loss %.7f\n", steps, steps > 1 ? "s" : "",
                         (double)(sim_now_ns() - t0) / 1e9, losses[c][steps - 1]);
-            if (st == SIM_ERR_OOM && sim_xrank_size() > 1) {
+            if (st == SIM_ERR_SHARDING && cross) {
+                /* this release's MaxText (and JAX) fails to trace it: reported, the others still run */
+                failed[c] = strdup(sim_errmsg());
+                fprintf(out, "      fails under maxtext_release=%s: %s\n", mesh_release_maxtext(def->release),
+                        failed[c]);
+                n_failed++;
+                oom[c] = true; /* not in the table */
+                n_oom++;
+                sim_err_clear();
+                st = SIM_OK;
+            } else if (st == SIM_ERR_OOM && sim_xrank_size() > 1) {
                 /* under mpirun the ranks that did not run out are waiting on the one that did: the job ends */
             } else if (st == SIM_ERR_OOM) {
                 /* reported as such; the other configurations still run (not the reference's absence) */
                 fprintf(out, "      out of simulated memory (hbm_limit_gb=%g): %s\n", hbm, sim_errmsg());
                 oom[c] = true;
                 n_oom++;
-                if (c == 0)
+                if (ref_c < 0)
                     sim_err(SIM_ERR_OOM, "the reference configuration '%s' does not fit in hbm_limit_gb=%g: nothing to "
                                          "compare with; raise hbm_limit_gb (0 = unlimited) or shard it further",
                             cfgs[c].label, hbm);
@@ -221,11 +293,40 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                     st = SIM_OK;
             }
             fflush(out);
+            if (st == SIM_OK && !oom[c] && *outdir) {
+                cli_mesh_summary(&def->mesh, meshes[c], sizeof meshes[c]);
+                ndev[c] = sim_machine_num_devices(m);
+                mems[c] = calloc((size_t)ndev[c], sizeof **mems);
+                if (mems[c]) cli_memory_collect(m, mems[c]);
+                cli_records recs;
+                cli_records_from_machine(m, &recs);
+                st = cli_traffic_build(&recs, cli_steps((int)steps - 1, (int)steps - 1), &traffic[c]);
+                if (st == SIM_OK && have_hw) {
+                    double opt_bytes = model_tm_optimizer_bytes(m);
+                    double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
+                    const char *dt = NULL;
+                    if (mesh_cfg_get_str(cfg, "dtype", &dt) != SIM_OK || !dt) dt = "";
+                    model_tm_result tm;
+                    memset(&tm, 0, sizeof tm);
+                    if (model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, false, &tm) == SIM_OK) {
+                        size_t len = 0;
+                        FILE *js = open_memstream(&tm_json[c], &len);
+                        if (js) {
+                            model_tm_write_json(js, &hw, sim_machine_mesh(m), &tm);
+                            fclose(js);
+                        }
+                    } else { /* a figure the profile does not publish: no estimate, the parity check stands */
+                        sim_err_clear();
+                    }
+                    free(tm.spans);
+                }
+            }
             if (st == SIM_OK && oom[c]) {
                 /* no gradients to compare */
-            } else if (st == SIM_OK && c == 0) {
+            } else if (st == SIM_OK && ref_c < 0) {
                 ref = job.step_grads;
                 job.step_grads = NULL;
+                ref_c = c;
             } else if (st == SIM_OK) {
                 for (long long s = 0; s < steps; s++)
                     for (int i = 0; i < def->nparams; i++) {
@@ -249,6 +350,11 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             pcs[k].label = cfgs[c].label;
             pcs[k].overrides = cfgs[c].text;
             pcs[k].losses = losses[c];
+            pcs[k].mesh = meshes[c][0] ? meshes[c] : NULL;
+            pcs[k].n_devices = mems[c] ? ndev[c] : 0;
+            pcs[k].mem = mems[c];
+            pcs[k].traffic = traffic[c].rows || traffic[c].n_devices ? &traffic[c] : NULL;
+            pcs[k].step_time_json = tm_json[c];
         }
         sim_machine_free(m);
         model_data_close(&data);
@@ -270,13 +376,38 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         if (diverge_step >= 0)
             fprintf(out, "first diverging gradient: step %d, %s, in configuration '%s'\n", diverge_step, diverge_param,
                     diverge_cfg);
-        if (n_oom) {
-            fprintf(out, "INCOMPLETE: %d configuration%s ran out of simulated memory, not compared:", n_oom,
-                    n_oom > 1 ? "s" : "");
+        if (n_oom > n_failed) {
+            fprintf(out, "INCOMPLETE: %d configuration%s ran out of simulated memory, not compared:", n_oom - n_failed,
+                    n_oom - n_failed > 1 ? "s" : "");
             for (int c = 0; c < nc; c++)
-                if (oom[c]) fprintf(out, " '%s'", cfgs[c].label);
+                if (oom[c] && !failed[c]) fprintf(out, " '%s'", cfgs[c].label);
             fprintf(out, " (raise hbm_limit_gb, 0 = unlimited, or shard them further)\n");
             fail = true;
+        }
+        if (cross) {
+            /* each configuration under its release: where one traces and another fails, both answers */
+            if (n_failed)
+                fprintf(out, "NOT COMPARED: %d configuration%s fail%s under the release %s follow%s:\n", n_failed,
+                        n_failed > 1 ? "s" : "", n_failed > 1 ? "" : "s", n_failed > 1 ? "they" : "it",
+                        n_failed > 1 ? "" : "s");
+            fprintf(out, "across releases:\n");
+            for (int c = 0; c < nc; c++) {
+                const char *rel = release_of(&cfgs[c], a.n_cfg, (char **)a.cfg);
+                fprintf(out, "  [%d] maxtext_release=%s: ", c + 1, rel ? rel : mesh_release_maxtext(NULL));
+                if (!failed[c]) {
+                    fprintf(out, "%s\n", oom[c] ? "out of simulated memory" : "traces and trains");
+                    continue;
+                }
+                const char *nl = strchr(failed[c], '\n');
+                fprintf(out, "fails: %.*s\n", nl ? (int)(nl - failed[c]) : (int)strlen(failed[c]), failed[c]);
+                const char *mt = strstr(failed[c], "fails here too: ");
+                if (mt) {
+                    mt += strlen("fails here too: ");
+                    const char *e = strchr(mt, '\n');
+                    fprintf(out, "      at MaxText's %.*s\n", e ? (int)(e - mt) : (int)strlen(mt), mt);
+                }
+            }
+            if (n_failed) fail = true;
         }
         if (*outdir) {
             st = cli_write_parity_json(outdir, &p);
@@ -290,10 +421,22 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
         free(ref);
     }
     for (int c = 0; c < nc; c++) {
+        free(mems[c]);
+        cli_traffic_free(&traffic[c]);
+        free(tm_json[c]);
+    }
+    free(meshes);
+    free(mems);
+    free(traffic);
+    free(tm_json);
+    free(ndev);
+    for (int c = 0; c < nc; c++) {
         free(losses[c]);
         for (int i = 0; i < cfgs[c].n; i++) free(cfgs[c].words[i]);
     }
     free(losses);
+    for (int c = 0; c < nc; c++) free(failed[c]);
+    free(failed);
     free(oom);
     free(pcs);
     free(cfgs);

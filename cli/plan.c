@@ -477,7 +477,8 @@ typedef struct {
     long long seq;
     double hbm;               /* bytes per device */
     bool moe;
-    model_kind kind;
+    bool two_stacks;          /* the family runs a first stack of other layers (DeepSeek's dense layers:
+                                 model_family.layers_before_pipeline) before the scanned stack */
     int64_t layers, dense_layers;
     plan_space sp;
     /* the search */
@@ -1049,12 +1050,12 @@ static void sampled_run(plan_ctx *P, plan_cand *c)
     shape runs[3];
     double coef[3] = {1, 0, 0};
     int nruns = 0;
-    int64_t L = P->layers, D = P->kind == MODEL_DEEPSEEK ? P->dense_layers : 0, M = L - D;
+    int64_t L = P->layers, D = P->two_stacks ? P->dense_layers : 0, M = L - D;
     int u = c->stages;
     /* a pipeline runs in full: its layers per stage and circular repeats change the schedule (the
      * iterations, the bubble), so its figures are not affine in the layer count */
     if (u > 1) {
-    } else if (P->kind == MODEL_LLAMA2) {
+    } else if (!P->two_stacks) {
         if (L > 2 * u && L % u == 0) {
             runs[0] = (shape){0, u};
             runs[1] = (shape){0, 2 * u};
@@ -1082,7 +1083,7 @@ static void sampled_run(plan_ctx *P, plan_cand *c)
         /* the full model passed sharding_tolerance (check_cand); with fewer layers the unsharded share
          * (embedding, norms) grows, so the shortened model is not checked again */
         const char *extra[] = {"override_model_config=true", lw, "hbm_limit_gb=1000000", "sharding_tolerance=1", dw};
-        run_words(P, c, extra, P->kind == MODEL_DEEPSEEK ? 5 : 4, &res[i]);
+        run_words(P, c, extra, P->two_stacks ? 5 : 4, &res[i]);
         P->ndry_sampled_runs++;
         if (res[i].fail) {
             /* a refusal of the shortened model itself (its layers, say): the full dry run decides */
@@ -1622,9 +1623,9 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         SIM_ASSERT(def);
         st = model_def_from_config(cfg, def);
         if (!st) {
-            P->kind = def->d.kind;
+            P->two_stacks = def->d.family->layers_before_pipeline != NULL;
             P->layers = def->d.layers;
-            P->dense_layers = def->d.dense_layers;
+            P->dense_layers = P->two_stacks ? def->d.family->layers_before_pipeline(def) : 0;
             model_def_free(def);
         }
         free(def);

@@ -586,28 +586,42 @@ void cli_report_parity(FILE *f, const cli_parity *p)
     fputc('\n', f);
 }
 
+/* "0-3", "0,2,4,6", "0-1,4-5": ids in order, runs of consecutive ids as ranges. */
+static void ids_text(const int *ids, int n, char *buf, size_t cap)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && at + 24 < cap; i++) {
+        int j = i;
+        while (j + 1 < n && ids[j + 1] == ids[j] + 1) j++;
+        at += (size_t)snprintf(buf + at, cap - at, j > i ? "%s%d-%d" : "%s%d", i ? "," : "", ids[i], ids[j]);
+        i = j;
+    }
+}
+
 /* A machine run whole under mpirun (a dry run): what each rank would hold, run for real over R ranks
  * (the sum of its devices' arena peaks: a rank's share of the simulated memory, before host overhead). */
 static void report_rank_shares(FILE *f, sim_machine *m, int R)
 {
-    int n = sim_machine_num_devices(m);
-    fprintf(f, "\nMPI: %d ranks; run for real, each rank would hold its devices' arena peaks:\n", R);
+    int n = sim_machine_num_devices(m), cnt;
+    int *ids = calloc((size_t)n, sizeof *ids);
+    SIM_ASSERT(ids);
+    fprintf(f, "\nMPI: %d ranks (rank_placement=%s); run for real, each rank would hold its devices' arena peaks:\n", R,
+            sim_xrank_placement());
     for (int r = 0; r < R; r++) {
-        int lo, hi;
-        sim_xrank_devices(n, R, r, &lo, &hi);
+        if (sim_machine_rank_ids(m, R, r, ids, &cnt) != SIM_OK) break; /* the machine checked the placement */
         double sum = 0;
-        for (int d = lo; d < hi; d++) {
+        for (int i = 0; i < cnt; i++) {
             sim_arena_stats as;
-            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, d)), &as);
+            sim_arena_get_stats(sim_device_arena(sim_machine_device(m, ids[i])), &as);
             sum += (double)as.peak;
         }
-        char h[32];
+        char h[32], list[256];
         sim_fmt_bytes(sum, h, sizeof h);
-        if (lo + 1 == hi)
-            fprintf(f, "  rank %d (device %d): %s\n", r, lo, h);
-        else
-            fprintf(f, "  rank %d (devices %d-%d): %s\n", r, lo, hi - 1, h);
+        ids_text(ids, cnt, list, sizeof list);
+        fprintf(f, "  rank %d (device%s %s): %s\n", r, cnt == 1 ? "" : "s", list, h);
     }
+    free(ids);
 }
 
 void cli_report_xrank(FILE *f, sim_machine *m)
@@ -616,12 +630,18 @@ void cli_report_xrank(FILE *f, sim_machine *m)
     if (R < 2 && sim_xrank_size() > 1 && sim_machine_num_devices(m) >= sim_xrank_size())
         report_rank_shares(f, m, sim_xrank_size());
     if (R < 2) return;
+    int n = sim_machine_num_devices(m), cnt;
+    int *ids = calloc((size_t)n, sizeof *ids);
+    SIM_ASSERT(ids);
     fprintf(f, "\nMPI: %d ranks, devices", R);
     for (int r = 0; r < R; r++) {
-        int lo, hi;
-        sim_machine_rank_devices(m, r, &lo, &hi);
-        fprintf(f, lo + 1 == hi ? "%s %d" : "%s %d-%d", r ? "," : "", lo, hi - 1);
+        char list[256];
+        if (sim_machine_rank_ids(m, R, r, ids, &cnt) != SIM_OK) break;
+        ids_text(ids, cnt, list, sizeof list);
+        fprintf(f, "%s %s", r ? ";" : "", list);
     }
+    free(ids);
+    if (strcmp(sim_xrank_placement(), "contiguous")) fprintf(f, " (rank_placement=%s)", sim_xrank_placement());
     fprintf(f, "; bytes the ranks sent each other (the simulator's own messages, not simulated traffic):\n");
     const uint64_t *b = sim_machine_xrank_bytes(m, &nsteps);
     uint64_t total = 0;

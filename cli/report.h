@@ -150,6 +150,12 @@ typedef struct {
     const char *label;      /* short name shown in the table ("fsdp=4") */
     const char *overrides;  /* the config's key=value overrides, as given */
     const double *losses;   /* loss per step, n_steps values */
+    /* what the configuration costs, for parity.json (each optional: 0 / NULL when not known) */
+    const char *mesh;                /* "fsdp=4 tensor=2 (8 devices)" */
+    int n_devices;                   /* devices of its mesh: mem[0 .. n_devices) */
+    const sim_arena_stats *mem;      /* each device's arena after the run (peak, by category at the peak) */
+    const cli_traffic *traffic;      /* the collectives of one step (traffic->steps) */
+    const char *step_time_json;      /* the step-time model's estimate of that step (model_tm_write_json) */
 } cli_parity_config;
 
 typedef struct {

@@ -8,7 +8,10 @@
  *
  *   {"run": <run.json>, "metrics": <metrics.json>, "parity": <parity.json>,
  *    "traffic": [{"op", "axes", "phase", "bytes"}...]      from traffic.csv,
- *    "layers":  [{"layer", "bytes"}...]                     from collectives.csv}
+ *    "layers":  [{"layer", "bytes"}...]                     from collectives.csv,
+ *    "sharding": {"mesh", "params": [{"name", "shape", "spec", "logical"}...],
+ *                 "activations": [{"name", "logical", "spec"}...]}
+ *                         from named_, logical_ and input_shardings.json}
  *
  * Missing files leave their member out (parity writes no metrics).  Bytes are
  * per device: traffic.csv's mean column, and the collectives' bytes sent
@@ -24,6 +27,8 @@
 #include <string.h>
 
 #include "cli/artifacts.h"
+
+#include <jansson.h>
 
 /* The template, NUL-terminated (see the top of this file). */
 extern const char cli_report_template[];
@@ -209,6 +214,75 @@ static sim_status put_layers(FILE *f, char *csv)
     return SIM_OK;
 }
 
+/* ".params/['params']/['decoder']/['layers']/['mlp']/['wi_0']/['kernel']" -> "decoder/layers/mlp/wi_0/kernel" */
+static void param_name(const char *key, char *out, size_t cap)
+{
+    const char *p = key;
+    if (!strncmp(p, ".params/['params']/", 19)) p += 19;
+    size_t n = 0;
+    for (; *p && n + 1 < cap; p++)
+        if (*p != '[' && *p != ']' && *p != '\'') out[n++] = *p;
+    out[n] = '\0';
+}
+
+/* The "sharding" member: the mesh, every parameter (named_shardings.json's physical spec,
+ * logical_shardings.json's logical names, the global shape) and the activations as MaxText's
+ * debug_sharding logs them (input_shardings.json: "name: dtype[shape]", the logical names and
+ * the PartitionSpec as Python prints them; the page parses those two).  Parameters only: the
+ * optimizer state repeats their specs. */
+static sim_status put_sharding(FILE *f, const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/named_shardings.json", dir);
+    json_t *named = json_load_file(path, 0, NULL);
+    if (!named) return SIM_OK; /* no dump in this directory (parity) */
+    snprintf(path, sizeof path, "%s/logical_shardings.json", dir);
+    json_t *logical = json_load_file(path, 0, NULL);
+    snprintf(path, sizeof path, "%s/input_shardings.json", dir);
+    json_t *inputs = json_load_file(path, 0, NULL);
+    json_t *out = json_object(), *params = json_array(), *acts = json_array();
+    const char *key;
+    json_t *v;
+    json_object_foreach(named, key, v) {
+        if (!json_object_get(out, "mesh") && json_object_get(v, "mesh"))
+            json_object_set(out, "mesh", json_object_get(v, "mesh"));
+        if (strncmp(key, ".params/", 8)) continue;
+        char name[1024];
+        param_name(key, name, sizeof name);
+        json_t *e = json_object();
+        json_object_set_new(e, "name", json_string(name));
+        json_object_set(e, "shape", json_object_get(v, "shape"));
+        json_object_set(e, "spec", json_object_get(v, "partition_spec"));
+        json_t *l = logical ? json_object_get(json_object_get(logical, key), "partition_spec") : NULL;
+        json_object_set(e, "logical", l ? l : json_null());
+        json_array_append_new(params, e);
+    }
+    json_t *list = inputs ? json_object_get(inputs, "Activation Sharding Dump") : NULL;
+    size_t i;
+    json_t *item;
+    json_array_foreach(list, i, item) {
+        json_object_foreach(item, key, v) {
+            json_t *e = json_object();
+            json_object_set_new(e, "name", json_string(key));
+            json_object_set(e, "logical", json_object_get(v, "logic_axes"));
+            json_object_set(e, "spec", json_object_get(v, "PartitionSpec"));
+            json_array_append_new(acts, e);
+        }
+    }
+    json_object_set_new(out, "params", params);
+    json_object_set_new(out, "activations", acts);
+    char *text = json_dumps(out, JSON_COMPACT);
+    json_decref(out);
+    json_decref(named);
+    json_decref(logical);
+    json_decref(inputs);
+    if (!text) return sim_err(SIM_ERR_OOM, "report.html: out of host memory");
+    fputs(",\n\"sharding\": ", f);
+    put_json(f, text);
+    free(text);
+    return SIM_OK;
+}
+
 typedef struct {
     const char *dir;
 } report_arg;
@@ -237,6 +311,7 @@ static sim_status write_report(FILE *f, void *argp)
     char *coll = st ? NULL : read_whole(a->dir, "collectives.csv");
     if (coll) st = put_layers(f, coll);
     free(coll);
+    if (!st) st = put_sharding(f, a->dir);
     fputs("}", f);
     if (st) return st;
     fputs(mark + strlen("@DATA@"), f);

@@ -53,6 +53,7 @@ static sim_status model_open(int argc, char **argv, const char *const *extra, in
     SIM_TRY(mesh_cfg_load_argv(cli_base_config(), n, words, &cm->cfg));
     cm->def = calloc(1, sizeof *cm->def);
     sim_status st = model_def_from_config(cm->cfg, cm->def);
+    if (!st && (st = cli_rank_placement(cm->cfg, &cm->def->mesh))) model_def_free(cm->def);
     if (st) {
         model_def_free(cm->def); /* what it built before failing (the rules) */
         free(cm->def);
@@ -66,6 +67,18 @@ static const char *cfg_str(const mesh_cfg *c, const char *key)
     const char *s = NULL;
     if (mesh_cfg_get_str(c, key, &s) != SIM_OK || !s) return "";
     return s;
+}
+
+/* trace.json of a dry run with a hardware profile: the modelled timeline, written whole or not at all */
+typedef struct {
+    const model_hw *hw;
+    const model_tm_result *tm;
+} modelled_trace;
+
+static sim_status write_modelled_trace(FILE *f, void *arg)
+{
+    const modelled_trace *mt = arg;
+    return model_tm_write_trace(f, mt->hw, mt->tm);
 }
 
 /* ------------------------------------------------------------ dump entries */
@@ -87,6 +100,8 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             /* ZeRO-1: MaxText's add_data_to_sharding on this [(R,) S, ...] tensor (the repeat dim when R allows) */
             q->has_opt_spec = def->d.zero1;
             q->no_opt = def->defs[i].state_var;
+            q->opt = def->opt;
+            q->branch = def->opt_param[i].branch;
             if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
             q->path = paths[np++];
         }
@@ -103,7 +118,8 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             }
             p[np].spec = spec;
             p[np].no_opt = def->defs[i].state_var;
-            if (def->muon) p[np].muon = def->muon_dims[i].muon ? 1 : -1; /* optax muon's partition state */
+            p[np].opt = def->opt; /* the train state's optimizer part is its row's tree */
+            p[np].branch = def->opt_param[i].branch;
             /* ZeRO-1: the Adam moments in the data-sharded layout, the parameters as get_shaped_inputs gives them
              * (ZeRO-1 is refused with scan_layers=false: one tensor per parameter then) */
             p[np].has_opt_spec = def->d.zero1;
@@ -225,7 +241,7 @@ static void print_step(const model_step_stats *s, void *arg)
     m->step = (int)s->step;
     m->loss = s->loss;
     m->mtp_loss = s->mtp_loss;
-    m->has_mtp = sp->def->d.mtp_layers > 0;
+    m->has_mtp = model_mtp_layers(sp->def) > 0;
     m->grad_norm = s->grad_norm;
     m->raw_grad_norm = s->raw_grad_norm;
     m->lr = s->lr;
@@ -373,7 +389,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     model_xla_rules_text(&d->xla, xla, sizeof xla);
     cli_kv rows[] = {
         {"model", d->model_name},
-        {"decoder", d->kind == MODEL_LLAMA2 ? "llama2" : "deepseek"},
+        {"decoder", d->family->name},
         {"mesh", mesh},
         {"shard_mode", d->mode == MESH_MODE_EXPLICIT ? "explicit" : "auto"},
         {"rules", *custom ? custom : "base"},
@@ -483,6 +499,13 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
                      (long long)def->d.pipe.stages);
     if (!st) st = resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume);
     if (!st) st = resume_agrees(&resume, ckbuf);
+    /* trace_steps names steps of this run: checked before anything is written */
+    sim_trace_range tsteps[CLI_TRACE_STEPS_MAX];
+    int ntsteps = 0;
+    const char *tsteps_text = cfg_str(cm.cfg, "trace_steps");
+    if (!st)
+        st = cli_trace_steps_parse(tsteps_text, def->d.dry_run ? 0 : resume.start, def->d.dry_run ? 0 : steps - 1,
+                                   tsteps, CLI_TRACE_STEPS_MAX, &ntsteps);
     const char *outdir = st ? "" : outbuf;
     const char *metrics_path = cfg_str(cm.cfg, "metrics_file");
     /* under mpirun rank 0 writes every file; the others gather their records to it (sim/xrank.h) */
@@ -544,10 +567,12 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = mesh_cfg_get_double(cm.cfg, "collective_timeout_s", &watchdog_s);
     if (!st) sim_machine_set_collective_timeout(m, watchdog_s);
     if (!st) sim_machine_set_record_costs(m, have_hw);
-    if (!st && *outdir) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB) */
+    if (!st && want_trace) { /* devices that cannot fit in trace.json keep no spans (a 256-device dry run: ~250 MB);
+                              * on every rank under mpirun: each keeps its devices' spans for rank 0 */
         long long trace_events = 0;
         st = mesh_cfg_get_int(cm.cfg, "trace_max_events", &trace_events);
         if (!st) sim_trace_set_limit(m, (size_t)trace_events);
+        if (!st) st = sim_trace_set_steps(m, tsteps, ntsteps, tsteps_text);
     }
     if (st) {
         int rc = cli_fail(err, st);
@@ -676,11 +701,19 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
             if (!st) st = cli_write_collectives_csv(outdir, &recs, cli_steps_all(), (size_t)max_rows);
             if (!st) st = cli_write_traffic_csv(outdir, &traffic);
             if (!st && tm.spans) { /* a dry run with a profile: trace.json in modelled time */
-                char tpath[4200];
-                snprintf(tpath, sizeof tpath, "%s/trace.json", outdir);
-                st = model_tm_write_trace(tpath, &hw, &tm);
+                modelled_trace mt = {&hw, &tm};
+                st = cli_artifact_write(outdir, "trace.json", write_modelled_trace, &mt);
             } else if (!st) {
                 st = cli_write_trace_json(outdir, m, (size_t)max_events);
+                uint64_t left_steps = sim_trace_steps_skipped(m);
+                if (!st && left_steps) {
+                    char kept[512];
+                    fprintf(out, "\ntrace.json: steps %s of %lld (trace_steps=%s); left out %llu step%s and their %llu "
+                                 "spans (trace_steps=all keeps every step)\n",
+                            cli_trace_steps_text(tsteps, ntsteps, kept, sizeof kept), steps - resume.start,
+                            tsteps_text, (unsigned long long)left_steps, left_steps > 1 ? "s" : "",
+                            (unsigned long long)sim_trace_spans_skipped(m));
+                }
             }
             int csv_dev = cli_collectives_csv_devices(&recs, cli_steps_all(), (size_t)max_rows);
             size_t trace_dev = tm.spans ? (size_t)nd : sim_trace_devices_within(m, (size_t)max_events);

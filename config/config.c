@@ -6,6 +6,7 @@
  * layers (extra files, command line) and the custom mesh-and-rule file.  The
  * rule list is merged on the side, as pyconfig.py does, and written back. */
 #include "config/config.h"
+#include "config/release.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -1846,6 +1847,8 @@ static sim_status check_combinations(mesh_cfg *cfg, char *const *dirs, int n_dir
     const mesh_cfg_value *rules = st == SIM_OK ? map_get(&doc, "rules") : NULL;
     if (st == SIM_OK && (!rules || rules->kind != MESH_CFG_LIST))
         st = sim_err(SIM_ERR_INPUT, "%s: expected a list under 'rules'", path);
+    const mesh_release *rel = NULL;
+    if (st == SIM_OK && mesh_cfg_find(cfg, "maxtext_release")) st = mesh_release_of(cfg, &rel);
     for (int k = 0; st == SIM_OK && k < rules->n; k++) {
         const mesh_cfg_value *r = &rules->items[k], *when = map_get(r, "when"), *says = map_get(r, "says"),
                              *fix = map_get(r, "fix"), *where = map_get(r, "where");
@@ -1857,8 +1860,9 @@ static sim_status check_combinations(mesh_cfg *cfg, char *const *dirs, int n_dir
         int all = 1;
         for (int c = 0; st == SIM_OK && all && c < when->n; c++) {
             const mesh_cfg_entry *e = mesh_cfg_find(cfg, when->keys[c]);
-            if (!e) {
-                all = 0; /* a key this config does not have: the rule does not apply */
+            /* a key this config, or the release it follows, does not have: the rule does not apply */
+            if (!e || mesh_release_lacks_key(rel, when->keys[c])) {
+                all = 0;
                 break;
             }
             st = combo_holds(&e->value, &when->items[c], path, &all);
@@ -1871,8 +1875,8 @@ static sim_status check_combinations(mesh_cfg *cfg, char *const *dirs, int n_dir
             sb_putf(&b, "%s%s=%s", c ? ", " : "", e->key, t);
             free(t);
         }
-        st = sim_err(SIM_ERR_INPUT, "%s: MaxText 0.2.5 rejects this combination (%s): %s; %s", b.s ? b.s : "",
-                     where->text ? where->text : "?", says->text ? says->text : "?", fix->text ? fix->text : "?");
+        st = sim_err(SIM_ERR_INPUT, "%s: MaxText %s rejects this combination (%s): %s; %s", b.s ? b.s : "",
+                     mesh_release_maxtext(rel), where->text ? where->text : "?", says->text ? says->text : "?", fix->text ? fix->text : "?");
         free(b.s);
     }
     value_free(&doc);
@@ -2198,6 +2202,48 @@ static char *model_file_name(const char *model_name)
     return b.s;
 }
 
+/* maxtext_release (mesh/release.h): a key the release does not know is refused, naming the
+ * release; the release's base rule set (mesh_axes, data_sharding, logical_axis_rules) takes the
+ * place of the base file's, before the model's and the user's rules merge in, as the release's own
+ * base.yml would.  Values a model file or the user set are kept. */
+static sim_status apply_release(mesh_cfg *cfg, const layer *user, int n_user)
+{
+    if (!mesh_cfg_find(cfg, "maxtext_release")) return SIM_OK; /* a base without the key: no release */
+    const mesh_release *r;
+    SIM_TRY(mesh_release_of(cfg, &r));
+    for (int i = 0; i < n_user; i++) {
+        if (user[i].config_file) continue;
+        for (int k = 0; k < user[i].map.n; k++) {
+            if (!mesh_release_lacks_key(r, user[i].map.keys[k])) continue;
+            char where[512];
+            return sim_err(SIM_ERR_INPUT,
+                           "key '%s' (%s): MaxText %s has no such key (maxtext_release=%s follows that release; "
+                           "the key came later); drop it, or follow a release that has it (maxtext_release=%s)",
+                           user[i].map.keys[k], mesh_cfg_value_where(&user[i].map.items[k], where, sizeof where),
+                           mesh_release_maxtext(r), mesh_release_maxtext(r), MESH_RELEASE_DEFAULT);
+        }
+    }
+    const char *br = mesh_release_base_rules(r);
+    if (!br) return SIM_OK;
+    mesh_cfg_value doc = {0};
+    SIM_TRY(yaml_read(cfg, br, NULL, &doc));
+    static const char *const replaced[] = {"mesh_axes", "logical_axis_rules", "data_sharding"};
+    sim_status st = SIM_OK;
+    for (int k = 0; k < 3 && st == SIM_OK; k++) {
+        const mesh_cfg_value *v = map_get(&doc, replaced[k]);
+        mesh_cfg_entry *e = cfg_find_mut(cfg, replaced[k]);
+        if (!v) st = sim_err(SIM_ERR_INPUT, "%s: a release's base_rules file needs %s", br, replaced[k]);
+        if (st != SIM_OK || !e || e->from_user || e->from_model) continue;
+        value_free(&e->value);
+        value_copy(&e->value, v);
+        free(e->where);
+        e->where = where_of(v);
+    }
+    value_free(&doc);
+    if (st == SIM_OK) st = check_final(cfg);
+    return st;
+}
+
 sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
 {
     *out = NULL;
@@ -2363,6 +2409,8 @@ sim_status mesh_cfg_load(const mesh_cfg_args *args, mesh_cfg **out)
             break;
         }
     }
+
+    if ((st = apply_release(cfg, user, n_user)) != SIM_OK) goto done;
 
     /* rules: base, merged with the model's, merged with the user layers' */
     {

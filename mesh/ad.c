@@ -1,10 +1,12 @@
-/* ad.c — einsum, add and the constraint primitives on the tape (see ad.h). */
+/* ad.c — einsum, add, the constraint primitives and the layout ops on the tape (see ad.h). */
 #include "mesh/ad.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "mesh/nn.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
 
@@ -212,4 +214,295 @@ sim_status mesh_ad_constraint(mesh_tape *t, mesh_var *x, const mesh_spec *spec, 
         return SIM_OK;
     }
     return resharded(t, x, spec, name, mesh_with_sharding_constraint, out);
+}
+
+/* ------------------------------------------------------------ layout ops */
+
+static sim_status new_var(mesh_tape *t, const char *name, int rank, const int64_t *shape, const mesh_spec *spec,
+                          mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    *out = mesh_tape_var(t);
+    return mesh_array_new(c->dev, c->mesh, name, rank, shape, spec, SIM_F32, SIM_MEM_ACTIVATIONS, &(*out)->val);
+}
+
+/* Copies columns: dst (rows, dw) [.., doff .. doff+n) <- src (rows, sw) [.., soff ..). */
+static void copy_cols(float *dst, int64_t dw, int64_t doff, const float *src, int64_t sw, int64_t soff, int64_t n,
+                      int64_t rows)
+{
+    if (!dst || !src) return;
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * dw + doff, src + r * sw + soff, (size_t)n * sizeof(float));
+}
+
+/* A layout op's VJP cost (step-time model), tagged as its forward op with "/bwd". */
+static void layout_cost_bwd(mesh_tape *t, const mesh_entry *e, double elements)
+{
+    char tag[SIM_TAG_MAX];
+    sim_str_put(tag, sizeof tag, sim_str_put(tag, sizeof tag, 0, e->tag, SIZE_MAX), "/bwd", 4);
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, elements, tag);
+}
+
+static sim_status split_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *x = e->in[0], *y1 = e->out[0], *y2 = e->out[1];
+    const mesh_array *xa = &e->saved[0];
+    uint32_t P = (y1->has_grad ? y1->grad.spec.partial : 0) | (y2->has_grad ? y2->grad.spec.partial : 0);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "split/dx", tag, sizeof tag);
+    mesh_spec ds = xa->spec;
+    ds.partial = P;
+    mesh_array dx;
+    SIM_TRY(mesh_tape_zeros(t, "split/dx", xa->rank, xa->shape, &ds, SIM_MEM_TEMP, &dx));
+    int64_t W = xa->local[xa->rank - 1], rows = (int64_t)xa->nlocal / W, D1 = e->i[0];
+    mesh_var *ys[2] = {y1, y2};
+    for (int i = 0; i < 2; i++) {
+        if (!ys[i]->has_grad) continue;
+        mesh_spec want = ys[i]->val.spec;
+        want.partial = P; /* widening to more partial axes is free */
+        if (!mesh_spec_equal(&ys[i]->grad.spec, &want))
+            SIM_TRY(mesh_reshard(c->dev, c->mesh, &ys[i]->grad, &want, sim_meta_tag(tag)));
+        int64_t n = i ? W - D1 : D1;
+        copy_cols(dx.data, W, i ? D1 : 0, ys[i]->grad.data, n, 0, n, rows);
+    }
+    layout_cost_bwd(t, e, 2.0 * (double)xa->nlocal); /* the two cotangents read, dx written */
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+sim_status mesh_ad_split_last(mesh_tape *t, mesh_var *x, int64_t d1, bool expand, const char *name, mesh_var **y1,
+                              mesh_var **y2)
+{
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0;
+    s.n_axes[s.rank - 1] = 0;
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    int r = xa.rank;
+    int64_t W = xa.shape[r - 1], shape[MESH_SPEC_MAX_RANK];
+    memcpy(shape, xa.shape, sizeof shape);
+    shape[r - 1] = d1;
+    SIM_TRY(new_var(t, name, r, shape, &s, y1));
+    mesh_spec s2 = s;
+    int r2 = r;
+    shape[r - 1] = W - d1;
+    if (expand) {
+        shape[r] = W - d1;
+        shape[r - 1] = 1;
+        r2 = r + 1;
+        mesh_spec_init(&s2, r2);
+        for (int d = 0; d < r - 1; d++) {
+            s2.n_axes[d] = s.n_axes[d];
+            memcpy(s2.axes[d], s.axes[d], sizeof s2.axes[d]);
+        }
+    }
+    SIM_TRY(new_var(t, name, r2, shape, &s2, y2));
+    int64_t rows = xa.data ? (int64_t)xa.nlocal / W : 0;
+    copy_cols((*y1)->val.data, d1, 0, xa.data, W, 0, d1, rows);
+    copy_cols((*y2)->val.data, W - d1, 0, xa.data, W, d1, W - d1, rows);
+    /* XLA:TPU materialises MLA's splits (slices changing the tiling): x read, both parts written */
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, 2.0 * (double)xa.nlocal, tag);
+    mesh_var *outs[2] = {*y1, *y2};
+    mesh_entry *e = mesh_tape_record(t, split_vjp, tag, 1, &x, 2, outs);
+    if (e) {
+        e->i[0] = d1;
+        mesh_entry_save(e, &xa, xo);
+    } else if (xo) {
+        mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    }
+    return SIM_OK;
+}
+
+static sim_status concat_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *a = e->in[0], *b = e->in[1], *y = e->out[0];
+    mesh_array *dy = &y->grad;
+    int r = dy->rank;
+    int64_t W = dy->local[r - 1], rows = (int64_t)dy->nlocal / W, D1 = e->i[0];
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "concat/d", tag, sizeof tag);
+    int64_t shape[MESH_SPEC_MAX_RANK];
+    memcpy(shape, dy->shape, sizeof shape);
+    mesh_array da, db;
+    shape[r - 1] = D1;
+    SIM_TRY(mesh_tape_zeros(t, "concat/da", r, shape, &dy->spec, SIM_MEM_TEMP, &da));
+    shape[r - 1] = W - D1;
+    SIM_TRY(mesh_tape_zeros(t, "concat/db", r, shape, &dy->spec, SIM_MEM_TEMP, &db));
+    copy_cols(da.data, D1, 0, dy->data, W, 0, D1, dy->data ? rows : 0);
+    copy_cols(db.data, W - D1, 0, dy->data, W, D1, W - D1, dy->data ? rows : 0);
+    layout_cost_bwd(t, e, 2.0 * (double)dy->nlocal); /* dy read, its two parts written */
+    SIM_TRY(mesh_tape_accumulate(t, a, &da, tag));
+    return mesh_tape_accumulate(t, b, &db, tag);
+}
+
+sim_status mesh_ad_concat_last(mesh_tape *t, mesh_var *a, mesh_var *b, const char *name, mesh_var **y)
+{
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = a->val.spec;
+    s.partial = 0;
+    s.n_axes[s.rank - 1] = 0;
+    mesh_array aa, ba;
+    bool ao, bo;
+    SIM_TRY(mesh_nn_operand(t, &a->val, &s, tag, &aa, &ao));
+    SIM_TRY(mesh_nn_operand(t, &b->val, &s, tag, &ba, &bo));
+    int r = aa.rank;
+    int64_t D1 = aa.shape[r - 1], D2 = ba.shape[r - 1], shape[MESH_SPEC_MAX_RANK];
+    memcpy(shape, aa.shape, sizeof shape);
+    shape[r - 1] = D1 + D2;
+    SIM_TRY(new_var(t, name, r, shape, &s, y));
+    int64_t rows = aa.data ? (int64_t)aa.nlocal / D1 : 0;
+    copy_cols((*y)->val.data, D1 + D2, 0, aa.data, D1, 0, D1, rows);
+    copy_cols((*y)->val.data, D1 + D2, D1, ba.data, D2, 0, D2, rows);
+    mesh_ctx *c = mesh_tape_ctx(t);
+    if (ao) mesh_array_free(c->dev, &aa);
+    if (bo) mesh_array_free(c->dev, &ba);
+    /* both parts read, y written */
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, 2.0 * (double)(*y)->val.nlocal, tag);
+    mesh_var *in[2] = {a, b};
+    mesh_entry *e = mesh_tape_record(t, concat_vjp, tag, 2, in, 1, y);
+    if (e) e->i[0] = D1;
+    return SIM_OK;
+}
+
+static sim_status bcast_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad;
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "broadcast_heads/dx", tag, sizeof tag);
+    /* the sum over the local heads is partial over the axes that split the heads */
+    mesh_spec ds;
+    mesh_spec_init(&ds, 4);
+    for (int d = 0; d < 2; d++) {
+        ds.n_axes[d] = dy->spec.n_axes[d];
+        memcpy(ds.axes[d], dy->spec.axes[d], sizeof ds.axes[d]);
+    }
+    ds.partial = dy->spec.partial;
+    for (int i = 0; i < dy->spec.n_axes[2]; i++) ds.partial |= 1u << dy->spec.axes[2][i];
+    int64_t shape[4] = {dy->shape[0], dy->shape[1], 1, dy->shape[3]};
+    mesh_array dx;
+    SIM_TRY(mesh_tape_zeros(t, "broadcast_heads/dx", 4, shape, &ds, SIM_MEM_TEMP, &dx));
+    if (dy->data) {
+        int64_t rows = dy->local[0] * dy->local[1], Hl = dy->local[2], R = dy->local[3];
+        const float *g = dy->data;
+        float *o = dx.data;
+        for (int64_t n = 0; n < rows; n++)
+            for (int64_t h = 0; h < Hl; h++)
+                for (int64_t j = 0; j < R; j++) o[n * R + j] += g[(n * Hl + h) * R + j];
+    }
+    layout_cost_bwd(t, e, (double)dy->nlocal + (double)dx.nlocal); /* dy read, its head sum written */
+    return mesh_tape_accumulate(t, x, &dx, tag);
+}
+
+sim_status mesh_ad_broadcast_heads(mesh_tape *t, mesh_var *x, int64_t H, const mesh_spec *spec, const char *name,
+                                   mesh_var **y)
+{
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec xs;
+    mesh_spec_init(&xs, 4);
+    for (int d = 0; d < 2; d++) {
+        xs.n_axes[d] = spec->n_axes[d];
+        memcpy(xs.axes[d], spec->axes[d], sizeof xs.axes[d]);
+    }
+    mesh_spec ys = xs;
+    ys.n_axes[2] = spec->n_axes[2];
+    memcpy(ys.axes[2], spec->axes[2], sizeof ys.axes[2]);
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &xs, tag, &xa, &xo));
+    int64_t shape[4] = {xa.shape[0], xa.shape[1], H, xa.shape[3]};
+    SIM_TRY(new_var(t, name, 4, shape, &ys, y));
+    if (xa.data) {
+        mesh_array *ya = &(*y)->val;
+        int64_t rows = ya->local[0] * ya->local[1], Hl = ya->local[2], R = ya->local[3];
+        const float *src = xa.data;
+        float *o = ya->data;
+        for (int64_t n = 0; n < rows; n++)
+            for (int64_t h = 0; h < Hl; h++) memcpy(o + (n * Hl + h) * R, src + n * R, (size_t)R * sizeof(float));
+    }
+    if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    /* x read, y written */
+    sim_device_add_cost_layout(mesh_tape_ctx(t)->dev, (double)xa.nlocal + (double)(*y)->val.nlocal, tag);
+    mesh_tape_record(t, bcast_vjp, tag, 1, &x, 1, y);
+    return SIM_OK;
+}
+
+
+sim_status mesh_ad_roll_tokens(mesh_tape *t, const mesh_array *src, int64_t k, const char *name, const mesh_array **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    if (src->rank != 2 || src->spec.n_axes[1])
+        return sim_err(SIM_ERR_INTERNAL, "%s: rolling tokens needs a (B, T) array with a whole sequence", name);
+    mesh_var *v = mesh_tape_var(t);
+    SIM_TRY(mesh_array_new(c->dev, c->mesh, name, 2, src->shape, &src->spec, SIM_I32, SIM_MEM_ACTIVATIONS, &v->val));
+    if (src->data) {
+        const int32_t *in = src->data;
+        int32_t *o = v->val.data;
+        int64_t rows = src->local[0], T = src->local[1];
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < T; i++) o[r * T + i] = i + k < T ? in[r * T + i + k] : 0;
+    }
+    *out = &v->val;
+    return SIM_OK;
+}
+
+static sim_status masked_sum_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_array *dy = &y->grad, dx;
+    mesh_spec s = x->val.spec;
+    s.partial = dy->spec.partial & ~mesh_spec_dim_axes(&s);
+    char name[SIM_TAG_MAX]; /* "<op name>/dx" */
+    sim_str_put(name, sizeof name, sim_str_put(name, sizeof name, 0, e->payload, SIZE_MAX), "/dx", 3);
+    SIM_TRY(mesh_tape_zeros(t, name, 2, x->val.shape, &s, SIM_MEM_TEMP, &dx));
+    if (dx.data) {
+        mesh_dim_shard sh[2];
+        mesh_spec_shard(&x->val.spec, mesh_tape_ctx(t)->mesh, x->val.shape, sim_device_id(mesh_tape_ctx(t)->dev), sh);
+        float g = (float)(((const float *)dy->data)[0] * e->f[0]);
+        int64_t rows = dx.local[0], T = dx.local[1], valid = x->val.shape[1] - e->i[0];
+        float *o = dx.data;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < T; i++) o[r * T + i] = sh[1].offset + i < valid ? g : 0.0f;
+    }
+    char tag[SIM_TAG_MAX];
+    return mesh_tape_accumulate(t, x, &dx, mesh_tape_tag(t, name, tag, sizeof tag));
+}
+
+sim_status mesh_ad_masked_sum(mesh_tape *t, mesh_var *x, int64_t k, double scale, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s;
+    mesh_spec_init(&s, 0);
+    s.partial = mesh_spec_dim_axes(&x->val.spec) | x->val.spec.partial; /* one addend per block */
+    *out = mesh_tape_var(t);
+    SIM_TRY(mesh_array_new(c->dev, c->mesh, name, 0, NULL, &s, SIM_F32, SIM_MEM_ACTIVATIONS, &(*out)->val));
+    if (x->val.data) {
+        mesh_dim_shard sh[2];
+        mesh_spec_shard(&x->val.spec, c->mesh, x->val.shape, sim_device_id(c->dev), sh);
+        int64_t rows = x->val.local[0], T = x->val.local[1], valid = x->val.shape[1] - k;
+        const float *v = x->val.data;
+        double acc = 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < T; i++)
+                if (sh[1].offset + i < valid) acc += v[r * T + i];
+        ((float *)(*out)->val.data)[0] = (float)(acc * scale);
+    }
+    mesh_spec full;
+    mesh_spec_init(&full, 0);
+    SIM_TRY(mesh_reshard(c->dev, c->mesh, &(*out)->val, &full, sim_meta_tag(tag)));
+    mesh_entry *e = mesh_tape_record(t, masked_sum_vjp, tag, 1, &x, 1, out);
+    if (e) {
+        e->i[0] = k;
+        e->f[0] = scale;
+        e->payload = strdup(name); /* the VJP names its cotangent after the op */
+        SIM_ASSERT(e->payload);
+        e->free_payload = free;
+    }
+    return SIM_OK;
 }

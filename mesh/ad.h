@@ -1,5 +1,7 @@
 /* ad.h — the generic sharded ops of mesh/ops.h on the autodiff tape:
- * einsum, residual add, and the two constraint primitives.  Their VJPs are
+ * einsum, residual add, the two constraint primitives, and the layout ops on the last dims
+ * (split, concatenation, head broadcast: MLA's) and along the sequence (roll, masked sum:
+ * multi-token prediction).  Their VJPs are
  * sharded ops themselves (resolved as auto mode): for c = einsum(a, b),
  * da = einsum(dc, b) and db = einsum(a, dc) with the subscripts rearranged;
  * for constraints and reshards the VJP is the identity on the global tensor
@@ -25,5 +27,27 @@ sim_status mesh_ad_constraint(mesh_tape *t, mesh_var *x, const mesh_spec *spec, 
  * tests comparing with the separate add.  Set the switch only while no machine runs. */
 long long mesh_ad_fused_count(void);
 void mesh_ad_set_fuse(bool on);
+
+/* Layout ops.  Each materialises its output (XLA:TPU does: the slices change the tiling) and
+ * charges the copy to the step-time model as layout work; their VJPs copy the cotangents back. */
+/* y1 = x[..., :d1], y2 = x[..., d1:], the last dim whole (expand: y2 gets a size-1 dim before its last). */
+sim_status mesh_ad_split_last(mesh_tape *t, mesh_var *x, int64_t d1, bool expand, const char *name, mesh_var **y1,
+                              mesh_var **y2);
+/* y = [a, b] along the last dim; b follows a's sharding, the last dim whole. */
+sim_status mesh_ad_concat_last(mesh_tape *t, mesh_var *a, mesh_var *b, const char *name, mesh_var **y);
+/* y (B, T, H, R) = x (B, T, 1, R) repeated over H heads, made directly in `spec` (its heads dim may
+ * be sharded: each device writes its heads only); the VJP sums over the heads (partial over the
+ * axes that split them). */
+sim_status mesh_ad_broadcast_heads(mesh_tape *t, mesh_var *x, int64_t H, const mesh_spec *spec, const char *name,
+                                   mesh_var **y);
+/* MaxText's roll_and_mask applied k times to token ids (B, T): shifted left by k along the
+ * sequence, 0 in the last k positions; no gradient.  The sequence must be whole on every device
+ * (the caller refuses a sharded one: a context-parallel shift is a ppermute).  The result is a tape
+ * value, freed with the tape. */
+sim_status mesh_ad_roll_tokens(mesh_tape *t, const mesh_array *src, int64_t k, const char *name,
+                               const mesh_array **out);
+/* scale * sum of x (B, T) over the positions t < T - k (MaxText's xent times the rolled target
+ * mask, summed), a replicated scalar. */
+sim_status mesh_ad_masked_sum(mesh_tape *t, mesh_var *x, int64_t k, double scale, const char *name, mesh_var **out);
 
 #endif

@@ -16,11 +16,14 @@ typedef enum {
 
 struct mesh_tape;           /* the autodiff tape; NULL when not recording */
 struct mesh_reshard_cache;  /* resharded operand copies to reuse (mesh/reshard.h) */
+struct mesh_release;        /* the MaxText release followed (mesh/release.h) */
 
 typedef struct {
     sim_device *dev;            /* this device */
     const mesh_shape *mesh;     /* the mesh (axis order = sim axis order) */
     mesh_mode mode;             /* shard_mode */
+    const struct mesh_release *release; /* maxtext_release: the explicit-mode errors raised and the release
+                                   named in them; NULL = the default release's */
     bool drop_size_one;         /* remove_size_one_mesh_axis_from_type: compare specs without size-1 axes */
     const char *layer;          /* current layer path ("decoder/layers/self_attention"), for tags and errors */
     struct mesh_tape *tape;     /* where ops record themselves for backward, or NULL */

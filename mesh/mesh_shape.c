@@ -2,9 +2,12 @@
  * fill_unspecified_mesh_axes), coordinates and device ids. */
 #include "mesh/mesh_shape.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "config/release.h"
 
 const char *mesh_shape_flag_stem(const char *axis)
 {
@@ -199,6 +202,38 @@ static sim_status check_dcn_keys(const mesh_cfg *cfg, long long num_slices)
     return SIM_OK;
 }
 
+/* An ici parallelism flag of an axis the release followed does not have (maxtext_release's
+ * absent_axes: 0.2.5 has no 'tensor_transpose' or 'sequence') is refused, naming the release, unless
+ * the config's own mesh_axes has the axis (custom_mesh_and_rule=legacy): MaxText would not know it.
+ * (The dcn flags keep the slice rule above: with slices to spare they are accepted, unused.) */
+static sim_status check_absent_axes(const mesh_cfg *cfg, const char *const *axes, int n)
+{
+    if (!mesh_cfg_find(cfg, "maxtext_release")) return SIM_OK;
+    const mesh_release *r;
+    SIM_TRY(mesh_release_of(cfg, &r));
+    static const char pre[] = "ici_", suf[] = "_parallelism";
+    const size_t lp = sizeof pre - 1, sl = sizeof suf - 1;
+    for (int i = 0; i < cfg->n; i++) {
+        const char *key = cfg->entries[i].key;
+        size_t kl = strlen(key);
+        if (strncmp(key, pre, lp) || kl <= lp + sl || strcmp(key + kl - sl, suf)) continue;
+        char axis[64];
+        snprintf(axis, sizeof axis, "%.*s", (int)(kl - lp - sl), key + lp);
+        const char *fix = mesh_release_absent_axis(r, axis);
+        if (!fix) continue;
+        bool in_mesh = false;
+        for (int a = 0; a < n; a++) in_mesh |= !strcmp(axes[a], axis);
+        long long v;
+        if (in_mesh || mesh_cfg_get_int(cfg, key, &v) != SIM_OK || v == 1) {
+            sim_err_clear();
+            continue;
+        }
+        return sim_err(SIM_ERR_INPUT, "%s=%lld (%s): MaxText %s has no '%s' mesh axis (maxtext_release=%s); %s", key, v,
+                       cfg->entries[i].where, mesh_release_maxtext(r), axis, mesh_release_maxtext(r), fix);
+    }
+    return SIM_OK;
+}
+
 sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m)
 {
     const char **axes = NULL;
@@ -234,6 +269,7 @@ sim_status mesh_shape_from_config(const mesh_cfg *cfg, mesh_shape *m)
         }
     }
     if ((st = check_dcn_keys(cfg, num_slices)) != SIM_OK) goto out;
+    if ((st = check_absent_axes(cfg, axes, n)) != SIM_OK) goto out;
     if (mesh_cfg_find(cfg, "num_devices")) {
         if ((st = mesh_cfg_get_int(cfg, "num_devices", &num_devices)) != SIM_OK) goto out;
         if (num_devices == 0 || num_devices < -1 || num_devices > (1 << 24)) {

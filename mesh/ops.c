@@ -24,6 +24,7 @@
 #include "blas_kernels/bk.h"
 #include "blas_kernels/bk_einsum.h"
 #include "blas_kernels/bk_parallel.h"
+#include "config/release.h"
 #include "mesh/planmemo.h"
 #include "sim/arena.h"
 
@@ -179,7 +180,7 @@ typedef struct {
     int n;
     const mesh_array *x[2];    /* operands as passed */
     const mesh_spec *s[2];     /* the specs the rule saw */
-    const char *where;         /* the MaxText 0.2.5 op that raises it ("file:function"), NULL = none named */
+    const char *where;         /* the MaxText op that raises it ("file:function") in the release followed, NULL = none named */
     const char *fix;           /* the caller's advice, replacing the rule's generic one; NULL = the rule's */
 } err_ctx;
 
@@ -199,7 +200,7 @@ static sim_status rule_error(const err_ctx *e, sim_status st, const char *jax_te
         sb_put(&b, "  ");
         sb_spec(&b, m, e->s[i]);
     }
-    if (e->where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", e->where);
+    if (e->where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(e->ctx->release), e->where);
     if (e->fix) fix = e->fix;
     if (fix) sb_put(&b, "\n  fix: %s", fix);
     return sim_err(st, "%s", buf);
@@ -663,20 +664,35 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
     if (expl && !out_sharding) {
         char buf[1024];
         sbuf s = {buf, sizeof buf, 0};
+        /* JAX 0.12 (lax.py _dot_general_sharding_rule) requires the batch dims sharded alike; JAX 0.8.1
+         * only consistently (an unsharded side takes the other's), and checks the contracting dims
+         * the same way first (maxtext_release's jax_rules: dot_general) */
+        bool consistent = !strcmp(mesh_release_jax_rule(ctx->release, "dot_general", "same"), "consistent");
         bool same = true;
         for (int i = 0; i < nbt; i++) {
             tup x = tup_of(&p->from[0], bl[i]), y = tup_of(&p->from[1], br[i]);
-            same = same && tup_eq(&x, &y);
+            same = same && (tup_eq(&x, &y) || (consistent && (!x.n || !y.n)));
         }
         if (!same) {
-            sb_put(&s, "dot_general requires lhs batch dimensions and rhs batch dimensions to have the same "
-                       "sharding, got ");
+            sb_put(&s, "dot_general requires lhs batch dimensions and rhs batch dimensions to have the %s "
+                       "sharding, got ", consistent ? "consistent" : "same");
             sb_entries(&s, m, &p->from[0], nbt, bl);
             sb_put(&s, " and ");
             sb_entries(&s, m, &p->from[1], nbt, br);
             sb_put(&s, ".");
             return rule_error(&e, SIM_ERR_SHARDING, buf,
                               "reshard one operand so both shard the batch dims identically, or pass out_sharding");
+        }
+        for (int i = 0; i < nct && consistent; i++) {
+            tup x = tup_of(&p->from[0], cl[i]), y = tup_of(&p->from[1], cr[i]);
+            if (!x.n || !y.n || tup_eq(&x, &y)) continue;
+            sb_put(&s, "dot_general requires contracting dimensions to have consistent sharding, got ");
+            sb_entries(&s, m, &p->from[0], nct, cl);
+            sb_put(&s, " and ");
+            sb_entries(&s, m, &p->from[1], nct, cr);
+            sb_put(&s, ".");
+            return rule_error(&e, SIM_ERR_SHARDING, buf,
+                              "reshard one operand so only one side (or both alike) shards each contraction dim");
         }
         for (int i = 0; i < nct; i++)
             if (p->from[0].n_axes[cl[i]] && p->from[1].n_axes[cr[i]]) {
@@ -1867,11 +1883,14 @@ sim_status mesh_scan_carry_check(mesh_ctx *ctx, const mesh_array *in, const mesh
     const char *ds = dtype_short(in->dtype), *dl = dtype_long(in->dtype);
     size_t ns = strlen(ds);
     sbuf b = {buf, sizeof buf, 0};
+    /* JAX names the carry as the scanned function has it: 0.2.5's NNX scan carries the activations
+     * alone ("carry"), 0.2.0's Linen scan a tuple whose second part they are ("component c[1]") */
+    const char *carry = mesh_release_error_text(ctx->release, "decoder_scan_carry", "carry", "carry");
     sb_put(&b, "%s (scan): TypeError: scan body function carry input and carry output must have equal types, but "
-               "they differ:\n  The input carry carry has type %s%s but the corresponding output carry component "
+               "they differ:\n  The input carry %s has type %s%s but the corresponding output carry component "
                "has type %s%s. Revise the function so that all output types match the corresponding input types.",
-           tag, dl, ti + ns, dl, to + ns);
-    if (where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", where);
+           tag, carry, dl, ti + ns, dl, to + ns);
+    if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(ctx->release), where);
     sb_put(&b, "\n  fix: make the layer's output sharding equal its input's (the logical rules of the residual "
                "stream's length dim), or run in shard_mode=auto");
     return sim_err(SIM_ERR_SHARDING, "%s", buf);
@@ -1901,7 +1920,7 @@ sim_status mesh_broadcast_to_check(mesh_ctx *ctx, const char *dtype_label, int r
     sb_put(&b, "%s (broadcast_to): ValueError: Incompatible types for broadcasting: input type=%s%s and requested "
                "type=%s%s",
            tag, dtype_label, ti + 3, dtype_label, to + 3);
-    if (where) sb_put(&b, "\n  MaxText 0.2.5 fails here too: %s", where);
+    if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", mesh_release_maxtext(ctx->release), where);
     if (fix) sb_put(&b, "\n  fix: %s", fix);
     return sim_err(SIM_ERR_SHARDING, "%s", buf);
 }

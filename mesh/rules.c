@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/release.h"
+
 /* ---- resolution memo --------------------------------------------------------
  * A training step resolves the same few dozen logical-name tuples once per
  * layer, pass and device (a 256-device dry run of a 61-layer model: millions
@@ -182,7 +184,34 @@ sim_status mesh_rules_from_config(const mesh_cfg *cfg, mesh_rules *out)
     const mesh_cfg_entry *e;
     mesh_rules_init(out);
     SIM_TRY(mesh_cfg_entry_get(cfg, "logical_axis_rules", &e));
-    return mesh_rules_from_value(&e->value, out);
+    SIM_TRY(mesh_rules_from_value(&e->value, out));
+    /* A release that names a dim differently from the models here (maxtext_release's logical_names:
+     * 0.2.0 writes 'embed' where 0.2.5 writes 'embed_attn'): each of its rules also applies, at
+     * the same priority, to the names it stands for, and a renamed name's own rules (0.2.0's
+     * 'activation_length', which its default attention and MLP do not use) are dropped.  No tensor
+     * carries both names, so this is the release's resolution of that dim. */
+    const mesh_release *rel = NULL;
+    if (!mesh_cfg_find(cfg, "maxtext_release")) return SIM_OK;
+    SIM_TRY(mesh_release_of(cfg, &rel));
+    const char *alias[16];
+    bool any = false;
+    for (int i = 0; i < out->n && !any; i++) any = mesh_release_aliases(rel, out->rules[i].name, alias, 16) > 0;
+    if (!any) return SIM_OK;
+    mesh_rules all;
+    mesh_rules_init(&all);
+    for (int i = 0; i < out->n; i++) {
+        const mesh_rule *x = &out->rules[i];
+        int na = mesh_release_aliases(rel, x->name, alias, 16);
+        bool renamed = strcmp(mesh_release_logical_name(rel, x->name), x->name) != 0;
+        for (int k = renamed ? 0 : -1; k < na; k++) {
+            mesh_rule *y = rules_push(&all, k < 0 ? x->name : alias[k], x->n_axes, x->where);
+            for (int j = 0; j < x->n_axes; j++) y->axes[j] = dup_str(x->axes[j]);
+        }
+    }
+    mesh_rules_free(out);
+    *out = all;
+    rules_changed();
+    return SIM_OK;
 }
 
 int mesh_rules_find(const mesh_rules *r, const char *name)

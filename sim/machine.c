@@ -10,7 +10,8 @@
  * once (sim_exchange): the last arriver moves the data, with helpers.
  *
  * MPI ranks (sim/xrank.h): every process knows every device (coordinates,
- * labels, groups) but runs only its block [lo, hi) of ids, as threads.  A
+ * labels, groups) but runs only its own (rank_placement: a block of ids by
+ * default, sim_mesh_place_ranks), as threads.  A
  * group with members on other ranks completes its local arrival as usual;
  * its last local arriver then trades the calls and the data with the other
  * ranks (exchange_spread_locked, collectives.c) while the others sleep.  The
@@ -181,22 +182,36 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     }
 
     /* a dry run moves no data: every rank runs all of it in one process (rank-0 output, per-rank
-     * shares read from it: sim_xrank_devices) */
+     * shares read from it: sim_machine_rank_ids) */
     bool dry = opts && opts->dry_run, whole = dry || (opts && opts->whole);
     int n = sim_mesh_num_devices(&check), nranks = whole ? 1 : sim_xrank_size();
     if (nranks > n)
         return sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
                        "%d ranks (mpirun -np %d)", nranks, n, n, n);
+    int *owner_of = calloc((size_t)n, sizeof *owner_of), *local = calloc((size_t)n, sizeof *local);
+    SIM_ASSERT(owner_of && local);
+    /* the placement is checked even run whole: a bad rank_placement fails the same with or without
+     * mpirun, and a dry run under mpirun fails where its real run would */
+    int R = whole && sim_xrank_size() > 1 && sim_xrank_size() <= n ? sim_xrank_size() : nranks;
+    sim_status pst = sim_mesh_place_ranks(&check, R, owner_of);
+    if (pst == SIM_OK && R != nranks) pst = sim_mesh_place_ranks(&check, nranks, owner_of);
+    if (pst != SIM_OK) {
+        free(owner_of);
+        free(local);
+        return pst;
+    }
 
     sim_machine *m = calloc(1, sizeof *m);
     SIM_ASSERT(m);
     m->mesh = check;
     if (opts) m->opts = *opts;
     m->n = n;
-    /* contiguous blocks of device ids per rank, the first ranks one smaller when R does not divide n */
     m->nranks = nranks;
     m->rank = whole ? 0 : sim_xrank_rank();
-    sim_machine_rank_devices(m, m->rank, &m->lo, &m->hi);
+    m->owner_of = owner_of;
+    m->local = local;
+    for (int id = 0; id < n; id++)
+        if (owner_of[id] == m->rank) local[m->nlocal++] = id;
     if (nranks > 1) m->opts.pin_threads = false; /* ranks share the host's cores: leave placement to the OS */
     m->workers = m->n;
     m->t_origin = sim_now_ns();
@@ -266,7 +281,10 @@ void sim_machine_free(sim_machine *m)
         free(d->spans);
     }
     free(m->dev);
+    free(m->owner_of);
+    free(m->local);
     free(m->xbytes);
+    free(m->trace_steps);
     sim_shared_free_all(m);
     pthread_mutex_destroy(&m->shared_lock);
     pthread_mutex_destroy(&m->lock);
@@ -312,6 +330,9 @@ sim_phase sim_device_phase(const sim_device *d) { return d->phase; }
 void sim_device_set_step(sim_device *d, int step)
 {
     if (d->m->opts.trace) { /* a marker where each step starts */
+        d->step_untraced = !sim_trace_step_selected(d->m, step);
+        if (d->step_untraced) d->steps_skipped++;
+        else d->steps_traced++;
         sim_span s = {0};
         s.t0 = s.t1 = sim_now_ns();
         s.lane = -1;
@@ -382,13 +403,56 @@ static sim_group *group_new(sim_machine *m, unsigned mask, const int *coords)
     return g;
 }
 
-int sim_machine_owner(const sim_machine *m, int id)
+/* rank_placement over a mesh (sim/xrank.h holds the setting; see sim_mesh_place_ranks in machine.h). */
+sim_status sim_mesh_place_ranks(const sim_mesh_desc *mesh, int R, int *owner)
 {
-    int r = (int)((long)id * m->nranks / m->n);
-    while ((long)(r + 1) * m->n / m->nranks <= id) r++;
-    while ((long)r * m->n / m->nranks > id) r--;
-    return r;
+    int n = sim_mesh_num_devices(mesh);
+    SIM_ASSERT(R >= 1);
+    const char(*place_axes)[SIM_AXIS_NAME_MAX];
+    int place_n = sim_xrank_placement_axes(&place_axes);
+    const char *place_text = sim_xrank_placement();
+    if (place_n == 0) { /* contiguous blocks: rank r runs [r*n/R, (r+1)*n/R) */
+        for (int r = 0; r < R; r++)
+            for (long id = (long)r * n / R; id < (long)(r + 1) * n / R; id++) owner[id] = r;
+        return SIM_OK;
+    }
+    bool kept[SIM_MAX_AXES] = {false};
+    int k = 1;
+    for (int i = 0; i < place_n; i++) {
+        int a = sim_mesh_axis_index(mesh, place_axes[i]);
+        if (a < 0) {
+            char names[SIM_MAX_AXES * (SIM_AXIS_NAME_MAX + 2)];
+            size_t at = 0;
+            for (int b = 0; b < mesh->naxes; b++)
+                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", b ? ", " : "", mesh->names[b]);
+            return sim_err(SIM_ERR_INPUT, "rank_placement=%s: the mesh has no axis '%s' (its axes: %s)", place_text,
+                           place_axes[i], names);
+        }
+        kept[a] = true;
+        k *= mesh->sizes[a];
+    }
+    int groups = n / k;
+    if (groups % R)
+        return sim_err(SIM_ERR_INPUT, "rank_placement=%s keeps each group of %d device%s inside one rank, but %d "
+                       "group%s cannot be split evenly over %d ranks: launch a number of ranks that divides %d, or "
+                       "use rank_placement=contiguous", place_text, k, k == 1 ? "" : "s", groups,
+                       groups == 1 ? "" : "s", R, groups);
+    /* the position of each device in an order with the kept axes innermost (each part in mesh
+     * order), cut into R blocks of n/R */
+    int per = n / R, c[SIM_MAX_AXES];
+    for (int id = 0; id < n; id++) {
+        sim_mesh_coords(mesh, id, c);
+        long outer = 0, inner = 0;
+        for (int a = 0; a < mesh->naxes; a++) {
+            if (kept[a]) inner = inner * mesh->sizes[a] + c[a];
+            else outer = outer * mesh->sizes[a] + c[a];
+        }
+        owner[id] = (int)((outer * k + inner) / per);
+    }
+    return SIM_OK;
 }
+
+int sim_machine_owner(const sim_machine *m, int id) { return m->owner_of[id]; }
 
 sim_group *sim_group_of(sim_device *d, unsigned mask)
 {
@@ -450,7 +514,7 @@ static int dev_sleep(sim_device *d, const struct timespec *deadline)
 
 static void wake_all_locked(sim_machine *m)
 {
-    for (int i = m->lo; i < m->hi; i++) dev_wake(&m->dev[i]);
+    for (int j = 0; j < m->nlocal; j++) dev_wake(&m->dev[m->local[j]]);
 }
 
 static void fail_locked(sim_machine *m, sim_status st, const char *msg)
@@ -460,6 +524,9 @@ static void fail_locked(sim_machine *m, sim_status st, const char *msg)
     atomic_store(&m->xstop, true);
     m->fail_st = st;
     snprintf(m->fail_msg, sizeof m->fail_msg, "%s", msg);
+    /* the other ranks may be waiting on this one's devices: tell them now (not when another rank's
+     * failure is what stopped this one) */
+    if (m->nranks > 1) sim_xrank_post_failure(st, msg);
     wake_all_locked(m);
 }
 
@@ -1029,6 +1096,7 @@ typedef struct {
     int32_t id;
     int32_t spans_dropped;
     uint64_t nrec, ncost, nspans, kept; /* kept: spans stored (0 once dropped) */
+    uint64_t spans_skipped, steps_traced, steps_skipped;
     sim_op_totals totals[SIM_NOP];
     sim_arena_stats arena;
 } dev_summary;
@@ -1055,7 +1123,8 @@ static sim_status gather_devices(sim_machine *m)
     int32_t nx = m->nxbytes;
     blob_put(&blob, &len, &cap, &nx, sizeof nx);
     blob_put(&blob, &len, &cap, m->xbytes, (size_t)nx * sizeof *m->xbytes);
-    for (int i = m->lo; i < m->hi; i++) {
+    for (int j = 0; j < m->nlocal; j++) {
+        int i = m->local[j];
         sim_device *d = &m->dev[i];
         dev_summary s;
         memset(&s, 0, sizeof s);
@@ -1065,6 +1134,9 @@ static sim_status gather_devices(sim_machine *m)
         s.ncost = d->ncost;
         s.nspans = d->nspans;
         s.kept = d->spans ? d->nspans : 0;
+        s.spans_skipped = d->spans_skipped;
+        s.steps_traced = d->steps_traced;
+        s.steps_skipped = d->steps_skipped;
         memcpy(s.totals, d->totals, sizeof s.totals);
         sim_arena_get_stats(d->arena, &s.arena);
         blob_put(&blob, &len, &cap, &s, sizeof s);
@@ -1131,6 +1203,9 @@ static sim_status gather_devices(sim_machine *m)
             d->nspans = s.nspans;
             d->capspans = s.kept;
             d->spans_dropped = s.spans_dropped;
+            d->spans_skipped = s.spans_skipped;
+            d->steps_traced = s.steps_traced;
+            d->steps_skipped = s.steps_skipped;
             memcpy(d->totals, s.totals, sizeof d->totals);
             sim_arena_set_stats(d->arena, &s.arena);
         }
@@ -1146,11 +1221,23 @@ static sim_status gather_devices(sim_machine *m)
 int sim_machine_ranks(const sim_machine *m) { return m->nranks; }
 int sim_machine_rank(const sim_machine *m) { return m->rank; }
 
-void sim_machine_rank_devices(const sim_machine *m, int r, int *lo, int *hi)
+sim_status sim_machine_rank_ids(const sim_machine *m, int R, int r, int *ids, int *count)
 {
-    sim_xrank_devices(m->n, m->nranks, r, lo, hi);
+    *count = 0;
+    if (R == m->nranks) {
+        for (int id = 0; id < m->n; id++)
+            if (m->owner_of[id] == r) ids[(*count)++] = id;
+        return SIM_OK;
+    }
+    int *owner = calloc((size_t)m->n, sizeof *owner);
+    SIM_ASSERT(owner);
+    sim_status st = sim_mesh_place_ranks(&m->mesh, R, owner);
+    for (int id = 0; id < m->n && st == SIM_OK; id++)
+        if (owner[id] == r) ids[(*count)++] = id;
+    free(owner);
+    return st;
 }
-bool sim_device_rank_lead(const sim_device *d) { return d->id == d->m->lo; }
+bool sim_device_rank_lead(const sim_device *d) { return d->id == d->m->local[0]; }
 
 const uint64_t *sim_machine_xrank_bytes(const sim_machine *m, int *nsteps)
 {
@@ -1184,7 +1271,7 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
     atomic_store(&m->xstop, false);
     m->fail_st = SIM_OK;
     m->fail_msg[0] = '\0';
-    m->n_alive = m->hi - m->lo;
+    m->n_alive = m->nlocal;
     m->n_blocked = 0;
     for (int i = 0; i < m->n; i++) {
         sim_device *d = &m->dev[i];
@@ -1217,10 +1304,11 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
         pthread_attr_init(&attr);
         pthread_attr_setstacksize(&attr, DEVICE_STACK);
         int started = 0;
-        for (int i = m->lo; i < m->hi; i++) {
+        for (int j = 0; j < m->nlocal; j++) {
+            int i = m->local[j];
             if (pthread_create(&m->dev[i].thread, &attr, device_main, &m->dev[i]) != 0) {
                 pthread_mutex_lock(&m->lock);
-                m->n_alive -= m->hi - i;
+                m->n_alive -= m->nlocal - j;
                 fail_locked(m, SIM_ERR_INTERNAL, "could not start a device thread");
                 pthread_mutex_unlock(&m->lock);
                 break;
@@ -1228,7 +1316,7 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
             started++;
         }
         pthread_attr_destroy(&attr);
-        for (int i = m->lo; i < m->lo + started; i++) pthread_join(m->dev[i].thread, NULL);
+        for (int j = 0; j < started; j++) pthread_join(m->dev[m->local[j]].thread, NULL);
     }
     /* groups restart clean after a failed run */
     unsigned nmask = 1u << m->mesh.naxes;
@@ -1254,6 +1342,10 @@ sim_status sim_machine_run(sim_machine *m, sim_device_fn fn, void *arg)
 void sim_trace_add(sim_device *d, const sim_span *s)
 {
     if (!d->m->opts.trace) return;
+    if (d->step_untraced) { /* a step the trace leaves out: only counted apart */
+        d->spans_skipped++;
+        return;
+    }
     if (sim_trace_keeps(d)) {
         if (d->nspans == d->capspans) {
             d->capspans = d->capspans ? 2 * d->capspans : 256;

@@ -83,6 +83,11 @@ void sim_mesh_coords(const sim_mesh_desc *m, int id, int *coords);
 int sim_mesh_device_id(const sim_mesh_desc *m, const int *coords);
 /* Product of the sizes of the listed axes (1 for none). */
 int sim_mesh_group_size(const sim_mesh_desc *m, sim_axes axes);
+/* owner[id]: the MPI rank running each device of the mesh over R ranks under rank_placement
+ * (sim_xrank_set_placement, sim/xrank.h: contiguous blocks of ids, or the named axes kept inside
+ * each rank; n = sim_mesh_num_devices entries).  Fails (SIM_ERR_INPUT, naming rank_placement) when
+ * an axis is not the mesh's, or when R cannot split the kept groups evenly. */
+sim_status sim_mesh_place_ranks(const sim_mesh_desc *m, int R, int *owner);
 /* The slice a device lies in (mixed radix of the outer, dcn part of its
  * coordinates); 0 for every device of a single-slice mesh. */
 int sim_mesh_slice(const sim_mesh_desc *m, int id);
@@ -133,8 +138,11 @@ void sim_device_local_register(void *(*get)(void), void (*set)(void *));
 /* MPI ranks the machine is spread over (sim/xrank.h; 1 without a launcher), and this one's. */
 int sim_machine_ranks(const sim_machine *m);
 int sim_machine_rank(const sim_machine *m);
-/* The devices rank r runs: ids [*lo, *hi), contiguous blocks in id order. */
-void sim_machine_rank_devices(const sim_machine *m, int r, int *lo, int *hi);
+/* The devices rank r of R runs (rank_placement: sim_mesh_place_ranks), in id order, into ids (room for
+ * every device); *count of them.  R is the machine's own ranks, or any other count for the share
+ * a machine run whole (a dry run) would give each rank; fails when the placement cannot split
+ * the mesh over R ranks. */
+sim_status sim_machine_rank_ids(const sim_machine *m, int R, int r, int *ids, int *count);
 /* Whether d is the first device this process runs: the one that fills a rank's host-side arrays
  * (the step's batch) that every device of the rank reads; device 0 in a one-process run. */
 bool sim_device_rank_lead(const sim_device *d);

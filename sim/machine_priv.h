@@ -45,6 +45,7 @@ typedef struct sim_call {
 typedef enum { SIM_RV_ARRIVE = 0, SIM_RV_DEPART, SIM_RV_BARRIER } sim_rv_kind;
 
 typedef struct sim_group sim_group;
+struct sim_trace_range; /* sim/trace.h */
 /* Task `task` of an exchange's data movement over g (see sim_exchange). */
 typedef void (*sim_task_fn)(sim_machine *m, sim_group *g, int task);
 
@@ -131,6 +132,9 @@ struct sim_device {
     sim_span *spans;       /* NULL once dropped */
     size_t nspans, capspans; /* nspans counts every span, kept or not (other devices read it: atomics) */
     bool spans_dropped;    /* this device cannot be in the trace (sim_trace_keeps): spans counted, not kept */
+    bool step_untraced;    /* the current step is not among the trace's steps (sim_trace_set_steps) */
+    uint64_t spans_skipped; /* spans of untraced steps: neither kept nor counted in nspans */
+    uint64_t steps_traced, steps_skipped; /* steps started, by whether the trace keeps them */
     /* run */
     pthread_t thread;
     sim_fiber *fib;        /* the device's fiber when it runs as one (then `wake` is unused) */
@@ -159,6 +163,10 @@ struct sim_machine {
     sim_device_fn fn;
     void *arg;
     size_t trace_limit;   /* sim_trace_set_limit: the trace's max_events (0 = every device) */
+    struct sim_trace_range *trace_steps; /* sim_trace_set_steps (trace.h): the steps whose spans are kept
+                                            (NULL = all) */
+    int ntrace_steps;
+    char trace_steps_text[256];   /* how the user named them ("first,last") */
     /* the live buffers of shared all-gathers (collectives.c), freed with the machine if a
      * failed run left references behind */
     pthread_mutex_t shared_lock;
@@ -167,8 +175,10 @@ struct sim_machine {
     uint64_t shared_live; /* of which not yet released by every member */
     struct sim_shared_buf *shared_kept[4]; /* released large buffers kept for reuse (SHARED_KEEP) */
     int shared_nkept;
-    /* MPI ranks (sim/xrank.h): this process runs devices [lo, hi) of rank `rank` of `nranks` */
-    int rank, nranks, lo, hi;
+    /* MPI ranks (sim/xrank.h): this process is rank `rank` of `nranks`; owner_of[id] runs device id
+     * (rank_placement), and this rank runs local[0..nlocal), in id order */
+    int rank, nranks, nlocal;
+    int *owner_of, *local;
     uint64_t *xbytes;     /* [nxbytes]: bytes this rank sent to other ranks, by step (under lock) */
     int nxbytes;
     sim_status match_fail; /* set by a match function failing for another reason than a mismatch
@@ -211,8 +221,10 @@ void sim_trace_add(sim_device *d, const sim_span *s);
  * spans than the trace limit, so d can never be written (sim_trace_devices_within); its
  * spans are then freed and only counted.  Callers skip building a span that is not kept. */
 bool sim_trace_keeps(sim_device *d);
+/* Whether the trace keeps the spans of `step` (sim_trace_set_steps; trace.c). */
+bool sim_trace_step_selected(const sim_machine *m, int64_t step);
 unsigned sim_axes_mask(sim_axes axes);
-/* The rank that runs device id (contiguous blocks of ids). */
+/* The rank that runs device id (rank_placement: sim_mesh_place_ranks). */
 int sim_machine_owner(const sim_machine *m, int id);
 /* A group spanning ranks (collectives.c), in its last local arriver: the local members' calls
  * serialised (under the lock: the calls live on the members' stacks), traded with the other

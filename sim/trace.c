@@ -1,4 +1,5 @@
-/* trace.c — Chrome trace-event JSON from the devices' spans. */
+/* trace.c — Chrome trace-event JSON: the streaming writer, and a run's spans
+ * written through it. */
 #include "sim/trace.h"
 #include "sim/machine_priv.h"
 
@@ -21,17 +22,232 @@ void sim_json_write_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* ================================================================ the writer */
+
+struct sim_trace_out {
+    sim_textout t;
+    bool meta_open;   /* otherData still takes members */
+    bool first_meta;  /* no member written yet */
+    bool first_event; /* no event written yet */
+    bool first_arg;   /* the open event has no args yet */
+};
+
+sim_status sim_trace_out_new(FILE *f, sim_trace_out **out)
+{
+    sim_trace_out *o = malloc(sizeof *o);
+    if (!o) return sim_err(SIM_ERR_OOM, "trace: out of host memory");
+    sim_textout_init(&o->t, f);
+    o->meta_open = o->first_meta = o->first_event = true;
+    o->first_arg = true;
+    sim_textout_str(&o->t, "{\"displayTimeUnit\":\"ms\",\"otherData\":{");
+    *out = o;
+    return SIM_OK;
+}
+
+static void meta_key(sim_trace_out *o, const char *key)
+{
+    SIM_ASSERT(o->meta_open); /* otherData comes before the events */
+    if (!o->first_meta) sim_textout_char(&o->t, ',');
+    o->first_meta = false;
+    sim_textout_json_string(&o->t, key);
+    sim_textout_char(&o->t, ':');
+}
+
+void sim_trace_out_meta_u64(sim_trace_out *o, const char *key, uint64_t v)
+{
+    meta_key(o, key);
+    sim_textout_u64(&o->t, v);
+}
+
+void sim_trace_out_meta_str(sim_trace_out *o, const char *key, const char *v)
+{
+    meta_key(o, key);
+    sim_textout_json_string(&o->t, v);
+}
+
+void sim_trace_out_meta_raw(sim_trace_out *o, const char *key, const char *json)
+{
+    meta_key(o, key);
+    sim_textout_str(&o->t, json);
+}
+
+/* ",\n{" between events; the first one also closes otherData */
+static void event_open(sim_trace_out *o)
+{
+    if (o->meta_open) {
+        sim_textout_str(&o->t, "},\"traceEvents\":[\n{");
+        o->meta_open = false;
+    } else {
+        sim_textout_str(&o->t, ",\n{");
+    }
+    o->first_event = false;
+}
+
+/* ts and dur are microseconds printed "%.3f" of a nanosecond count: v / 1000, a point, v % 1000 */
+static void put_us(sim_textout *t, uint64_t ns) { sim_textout_milli(t, ns); }
+
+void sim_trace_out_process(sim_trace_out *o, int64_t pid, const char *name, int64_t sort_index)
+{
+    event_open(o);
+    sim_textout_str(&o->t, "\"name\":\"process_name\",\"ph\":\"M\",\"pid\":");
+    sim_textout_i64(&o->t, pid);
+    sim_textout_str(&o->t, ",\"args\":{\"name\":");
+    sim_textout_json_string(&o->t, name);
+    sim_textout_str(&o->t, "}}");
+    event_open(o);
+    sim_textout_str(&o->t, "\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":");
+    sim_textout_i64(&o->t, pid);
+    sim_textout_str(&o->t, ",\"args\":{\"sort_index\":");
+    sim_textout_i64(&o->t, sort_index);
+    sim_textout_str(&o->t, "}}");
+}
+
+void sim_trace_out_thread(sim_trace_out *o, int64_t pid, int64_t tid, const char *name)
+{
+    event_open(o);
+    sim_textout_str(&o->t, "\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":");
+    sim_textout_i64(&o->t, pid);
+    sim_textout_str(&o->t, ",\"tid\":");
+    sim_textout_i64(&o->t, tid);
+    sim_textout_str(&o->t, ",\"args\":{\"name\":");
+    sim_textout_json_string(&o->t, name);
+    sim_textout_str(&o->t, "}}");
+}
+
+void sim_trace_out_span(sim_trace_out *o, int64_t pid, int64_t tid, uint64_t ts_ns, uint64_t dur_ns,
+                        const char *name, const char *cat)
+{
+    event_open(o);
+    sim_textout_str(&o->t, "\"name\":");
+    sim_textout_json_string(&o->t, name);
+    sim_textout_str(&o->t, ",\"ph\":\"X\",\"pid\":");
+    sim_textout_i64(&o->t, pid);
+    sim_textout_str(&o->t, ",\"tid\":");
+    sim_textout_i64(&o->t, tid);
+    sim_textout_str(&o->t, ",\"ts\":");
+    put_us(&o->t, ts_ns);
+    sim_textout_str(&o->t, ",\"dur\":");
+    put_us(&o->t, dur_ns);
+    if (cat) {
+        sim_textout_str(&o->t, ",\"cat\":");
+        sim_textout_json_string(&o->t, cat);
+    }
+    o->first_arg = true;
+}
+
+static void arg_key(sim_trace_out *o, const char *key)
+{
+    sim_textout_str(&o->t, o->first_arg ? ",\"args\":{" : ",");
+    o->first_arg = false;
+    sim_textout_json_string(&o->t, key);
+    sim_textout_char(&o->t, ':');
+}
+
+void sim_trace_out_arg_str(sim_trace_out *o, const char *key, const char *v)
+{
+    arg_key(o, key);
+    sim_textout_json_string(&o->t, v);
+}
+
+void sim_trace_out_arg_i64(sim_trace_out *o, const char *key, int64_t v)
+{
+    arg_key(o, key);
+    sim_textout_i64(&o->t, v);
+}
+
+void sim_trace_out_event_end(sim_trace_out *o)
+{
+    sim_textout_str(&o->t, o->first_arg ? "}" : "}}");
+    o->first_arg = true;
+}
+
+void sim_trace_out_instant(sim_trace_out *o, int64_t pid, uint64_t ts_ns, const char *name, const char *cat)
+{
+    event_open(o);
+    sim_textout_str(&o->t, "\"name\":");
+    sim_textout_json_string(&o->t, name);
+    sim_textout_str(&o->t, ",\"ph\":\"i\",\"s\":\"p\",\"pid\":");
+    sim_textout_i64(&o->t, pid);
+    sim_textout_str(&o->t, ",\"tid\":0,\"ts\":");
+    put_us(&o->t, ts_ns);
+    sim_textout_str(&o->t, ",\"cat\":");
+    sim_textout_json_string(&o->t, cat);
+    sim_textout_char(&o->t, '}');
+}
+
+void sim_trace_out_counter(sim_trace_out *o, int64_t pid, uint64_t ts_ns, const char *name, const char *series,
+                           uint64_t v)
+{
+    event_open(o);
+    sim_textout_str(&o->t, "\"name\":");
+    sim_textout_json_string(&o->t, name);
+    sim_textout_str(&o->t, ",\"ph\":\"C\",\"pid\":");
+    sim_textout_i64(&o->t, pid);
+    sim_textout_str(&o->t, ",\"ts\":");
+    put_us(&o->t, ts_ns);
+    sim_textout_str(&o->t, ",\"args\":{");
+    sim_textout_json_string(&o->t, series);
+    sim_textout_char(&o->t, ':');
+    sim_textout_u64(&o->t, v);
+    sim_textout_str(&o->t, "}}");
+}
+
+sim_status sim_trace_out_end(sim_trace_out *o)
+{
+    if (o->meta_open) sim_textout_str(&o->t, "},\"traceEvents\":[");
+    sim_textout_str(&o->t, "\n]}\n");
+    sim_textout_flush(&o->t);
+    FILE *f = o->t.f;
+    free(o);
+    if (ferror(f)) return sim_err(SIM_ERR_IO, "could not write the trace file");
+    return SIM_OK;
+}
+
+/* ================================================================ a run's spans */
+
 size_t sim_trace_span_count(sim_machine *m, int id) { return sim_machine_device(m, id)->nspans; }
 
 void sim_trace_set_limit(sim_machine *m, size_t max_events) { m->trace_limit = max_events; }
 
+sim_status sim_trace_set_steps(sim_machine *m, const sim_trace_range *r, int n, const char *text)
+{
+    free(m->trace_steps);
+    m->trace_steps = NULL;
+    m->ntrace_steps = 0;
+    snprintf(m->trace_steps_text, sizeof m->trace_steps_text, "%s", text ? text : "");
+    if (n <= 0) return SIM_OK;
+    m->trace_steps = malloc((size_t)n * sizeof *r);
+    if (!m->trace_steps) return sim_err(SIM_ERR_OOM, "trace: out of host memory");
+    memcpy(m->trace_steps, r, (size_t)n * sizeof *r);
+    m->ntrace_steps = n;
+    return SIM_OK;
+}
+
+bool sim_trace_step_selected(const sim_machine *m, int64_t step)
+{
+    if (!m->trace_steps) return true;
+    for (int i = 0; i < m->ntrace_steps; i++)
+        if (step >= m->trace_steps[i].first && step <= m->trace_steps[i].last) return true;
+    return false;
+}
+
+uint64_t sim_trace_steps_skipped(sim_machine *m) { return m->n ? m->dev[0].steps_skipped : 0; }
+
+uint64_t sim_trace_spans_skipped(sim_machine *m)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < m->n; i++) n += m->dev[i].spans_skipped;
+    return n;
+}
+
 /* Device d (> 0) is written only while the spans of devices 0..d fit in the limit.  Counts
  * only grow, so once the running counts of devices 0..d (each read atomically: the others
  * are still running) exceed it, d's final prefix exceeds it too: d drops its spans, which
- * then cost neither memory nor formatting.  Checked every 256 spans. */
+ * then cost neither memory nor formatting.  Checked every 256 spans.  A step the trace
+ * leaves out keeps nothing (and counts nothing towards the limit). */
 bool sim_trace_keeps(sim_device *d)
 {
-    if (d->spans_dropped) return false;
+    if (d->spans_dropped || d->step_untraced) return false;
     const sim_machine *m = d->m;
     if (!m->trace_limit || d->id == 0 || d->nspans % 256) return true;
     size_t total = d->nspans;
@@ -76,23 +292,24 @@ size_t sim_trace_devices_within(sim_machine *m, size_t max_events)
     return n;
 }
 
-/* ts and dur are microseconds printed "%.3f": for a nanosecond count v below 2^49 (6.5 days)
- * the double v / 1e3 is within 3e-5 of a number with three decimals, so printf prints
- * v / 1000 and v % 1000 exactly; beyond that, printf itself. */
-static void put_us(sim_textout *o, uint64_t ns, double us)
+/* otherData: the devices written, the limit, and which steps the trace holds and what it left out */
+static void write_meta(sim_trace_out *o, sim_machine *m, size_t ndev, size_t max_events)
 {
-    if (ns < (1ull << 49)) {
-        sim_textout_milli(o, ns);
-        return;
-    }
-    char b[64];
-    sim_textout_mem(o, b, (size_t)snprintf(b, sizeof b, "%.3f", us));
-}
-
-static void put_head(sim_textout *o, const char *name_json_key, size_t pid)
-{
-    sim_textout_str(o, name_json_key);
-    sim_textout_u64(o, pid);
+    sim_trace_out_meta_u64(o, "devices_traced", ndev);
+    sim_trace_out_meta_u64(o, "devices", (uint64_t)m->n);
+    sim_trace_out_meta_u64(o, "trace_max_events", max_events);
+    if (*m->trace_steps_text) sim_trace_out_meta_str(o, "trace_steps", m->trace_steps_text);
+    char buf[1024];
+    size_t n = (size_t)snprintf(buf, sizeof buf, "[");
+    for (int i = 0; i < m->ntrace_steps && n < sizeof buf - 64; i++)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s[%lld,%lld]", i ? "," : "",
+                              (long long)m->trace_steps[i].first, (long long)m->trace_steps[i].last);
+    snprintf(buf + n, sizeof buf - n, "]");
+    if (m->trace_steps) sim_trace_out_meta_raw(o, "steps_kept", buf); /* inclusive ranges */
+    const sim_device *d0 = &m->dev[0];
+    sim_trace_out_meta_u64(o, "steps_traced", d0->steps_traced);
+    sim_trace_out_meta_u64(o, "steps_left_out", d0->steps_skipped);
+    sim_trace_out_meta_u64(o, "spans_left_out", sim_trace_spans_skipped(m));
 }
 
 sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events)
@@ -102,114 +319,65 @@ sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events)
         if (m->dev[i].spans_dropped) /* the limit set for the run is smaller than max_events */
             return sim_err(SIM_ERR_INTERNAL, "trace: device %zu dropped its spans under a limit of %zu events, "
                                              "but the trace is written with %zu", i, m->trace_limit, max_events);
-    sim_textout *o = malloc(sizeof *o);
-    if (!o) return sim_err(SIM_ERR_OOM, "trace: out of host memory");
-    sim_textout_init(o, f);
-    sim_textout_str(o, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"devices_traced\":");
-    sim_textout_u64(o, ndev);
-    sim_textout_str(o, ",\"devices\":");
-    sim_textout_i64(o, m->n);
-    sim_textout_str(o, ",\"trace_max_events\":");
-    sim_textout_u64(o, max_events);
-    sim_textout_str(o, "},\"traceEvents\":[\n");
-    bool first = true;
+    sim_trace_out *o;
+    SIM_TRY(sim_trace_out_new(f, &o));
+    write_meta(o, m, ndev, max_events);
     for (size_t i = 0; i < ndev; i++) {
         sim_device *d = &m->dev[i];
-        put_head(o, first ? "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":"
-                          : ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":", i);
-        first = false;
-        sim_textout_str(o, ",\"args\":{\"name\":");
-        sim_textout_json_string(o, d->label);
-        sim_textout_str(o, "}}");
-        put_head(o, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":", i);
-        put_head(o, ",\"args\":{\"sort_index\":", i);
-        sim_textout_str(o, "}}");
+        sim_trace_out_process(o, (int64_t)i, d->label, (int64_t)i);
         /* name each lane once */
         unsigned char named[(SIM_LANE_MB0 + 16) / 8 + 1] = {0}; /* every lane: compute, collectives, microbatches */
-        for (size_t s = 0; s < d->nspans; s++) {
+        size_t kept = d->spans ? d->nspans : 0, live = 0, peak = 0;
+        bool live_known = false, peak_shown = false;
+        for (size_t s = 0; s < kept; s++)
+            if (d->spans[s].lane >= 0 && d->spans[s].live_bytes > peak) peak = d->spans[s].live_bytes;
+        for (size_t s = 0; s < kept; s++) {
             int lane = d->spans[s].lane;
             if (lane < 0 || (size_t)lane / 8 >= sizeof named || (named[lane / 8] & (1u << (lane % 8)))) continue;
             named[lane / 8] |= (unsigned char)(1u << (lane % 8));
             char ln[160];
             lane_name(m, lane, ln, sizeof ln);
-            put_head(o, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":", i);
-            sim_textout_str(o, ",\"tid\":");
-            sim_textout_i64(o, lane);
-            sim_textout_str(o, ",\"args\":{\"name\":");
-            sim_textout_json_string(o, ln);
-            sim_textout_str(o, "}}");
+            sim_trace_out_thread(o, (int64_t)i, lane, ln);
         }
-        for (size_t s = 0; s < d->nspans; s++) {
+        for (size_t s = 0; s < kept; s++) {
             const sim_span *sp = &d->spans[s];
             uint64_t t1 = sp->t1 ? sp->t1 : sp->t0;
-            double ts = (double)(sp->t0 - m->t_origin) / 1e3, dur = (double)(t1 - sp->t0) / 1e3;
-            sim_textout_str(o, ",\n{\"name\":");
-            sim_textout_json_string(o, sp->name);
             if (sp->lane < 0) { /* a step marker: an instant event across the device's lanes */
-                put_head(o, ",\"ph\":\"i\",\"s\":\"p\",\"pid\":", i);
-                sim_textout_str(o, ",\"tid\":0,\"ts\":");
-                put_us(o, sp->t0 - m->t_origin, ts);
-                sim_textout_str(o, ",\"cat\":\"step\"}");
+                sim_trace_out_instant(o, (int64_t)i, sp->t0 - m->t_origin, sp->name, "step");
                 continue;
             }
-            put_head(o, ",\"ph\":\"X\",\"pid\":", i);
-            sim_textout_str(o, ",\"tid\":");
-            sim_textout_i64(o, sp->lane);
-            sim_textout_str(o, ",\"ts\":");
-            put_us(o, sp->t0 - m->t_origin, ts);
-            sim_textout_str(o, ",\"dur\":");
-            put_us(o, t1 - sp->t0, dur);
             bool coll = sp->lane > 0 && sp->lane < SIM_LANE_MB0; /* else compute (the main or a microbatch lane) */
+            sim_trace_out_span(o, (int64_t)i, sp->lane, sp->t0 - m->t_origin, t1 - sp->t0, sp->name,
+                               coll ? "collective" : "compute");
             if (coll && sp->rec >= 0 && (size_t)sp->rec < d->nrec) {
+                /* the record; its tag and step are the event's name (after the op) and the step marker before it */
                 const sim_record *r = &d->rec[sp->rec];
                 char ax[160];
                 sim_axes_label(&m->mesh, r->axes, ax, sizeof ax);
-                sim_textout_str(o, ",\"cat\":\"collective\",\"args\":{\"op\":\"");
-                sim_textout_str(o, sim_op_name(r->op));
-                sim_textout_str(o, "\",\"mesh_axes\":");
-                sim_textout_json_string(o, ax);
-                sim_textout_str(o, ",\"group_size\":");
-                sim_textout_i64(o, r->group_size);
-                sim_textout_str(o, ",\"dtype\":\"");
-                sim_textout_str(o, sim_dtype_name(r->dtype));
-                sim_textout_str(o, "\",\"elements\":");
-                sim_textout_u64(o, r->elements);
-                sim_textout_str(o, ",\"bytes_sent\":");
-                sim_textout_u64(o, r->bytes_sent);
-                sim_textout_str(o, ",\"bytes_recv\":");
-                sim_textout_u64(o, r->bytes_recv);
-                sim_textout_str(o, ",\"phase\":\"");
-                sim_textout_str(o, sim_phase_name(r->phase));
-                sim_textout_str(o, "\",\"step\":");
-                sim_textout_i64(o, r->step);
-                sim_textout_str(o, r->implicit ? ",\"kind\":\"implicit\",\"tag\":" : ",\"kind\":\"explicit\",\"tag\":");
-                sim_textout_json_string(o, r->tag);
-                sim_textout_char(o, '}');
+                sim_trace_out_arg_str(o, "op", sim_op_name(r->op));
+                sim_trace_out_arg_str(o, "mesh_axes", ax);
+                sim_trace_out_arg_i64(o, "group_size", r->group_size);
+                sim_trace_out_arg_str(o, "dtype", sim_dtype_name(r->dtype));
+                sim_trace_out_arg_i64(o, "bytes_sent", (int64_t)r->bytes_sent);
+                if (r->bytes_recv != r->bytes_sent) sim_trace_out_arg_i64(o, "bytes_recv", (int64_t)r->bytes_recv);
+                sim_trace_out_arg_str(o, "phase", sim_phase_name(r->phase));
+                sim_trace_out_arg_str(o, "kind", r->implicit ? "implicit" : "explicit");
             } else if (coll) {
-                sim_textout_str(o, ",\"cat\":\"collective\",\"args\":{\"op\":\"");
-                sim_textout_str(o, sim_op_name(sp->op));
-                sim_textout_str(o, "\",\"bytes_sent\":");
-                sim_textout_u64(o, sp->bytes);
-                sim_textout_char(o, '}');
-            } else {
-                sim_textout_str(o, ",\"cat\":\"compute\"");
+                sim_trace_out_arg_str(o, "op", sim_op_name(sp->op));
+                sim_trace_out_arg_i64(o, "bytes_sent", (int64_t)sp->bytes);
             }
-            sim_textout_char(o, '}');
-            put_head(o, ",\n{\"name\":\"arena live bytes\",\"ph\":\"C\",\"pid\":", i);
-            sim_textout_str(o, ",\"ts\":");
-            /* printf printed ts + dur: the sum of the two doubles, within a few ulps of the end */
-            if (sp->t0 - m->t_origin < (1ull << 48) && t1 - sp->t0 < (1ull << 48))
-                sim_textout_milli(o, t1 - m->t_origin);
-            else
-                put_us(o, UINT64_MAX, ts + dur);
-            sim_textout_str(o, ",\"args\":{\"bytes\":");
-            sim_textout_u64(o, sp->live_bytes);
-            sim_textout_str(o, "}}");
+            sim_trace_out_event_end(o);
+            /* the live-bytes track at a resolution of 1% of the device's traced peak (a pixel of a
+             * chart): a sample where the bytes moved by that much since the last, at the peak and
+             * at the device's last span; a third of the events of a trace otherwise */
+            size_t v = sp->live_bytes, moved = v > live ? v - live : live - v;
+            if (!live_known || moved >= peak / 100 + 1 || (v == peak && !peak_shown) || s + 1 == kept) {
+                sim_trace_out_counter(o, (int64_t)i, t1 - m->t_origin, "arena live bytes", "bytes", v);
+                live_known = true;
+                live = v;
+                peak_shown = peak_shown || v == peak;
+            }
         }
     }
-    sim_textout_str(o, "\n]}\n");
-    sim_textout_flush(o);
-    free(o);
-    if (ferror(f)) return sim_err(SIM_ERR_IO, "could not write the trace file");
-    return SIM_OK;
+    return sim_trace_out_end(o);
 }

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sim/trace.h"
+
 void model_run_start(model_run *r, mesh_cfg *cfg, model_def *def, long long steps)
 {
     memset(r, 0, sizeof *r);
@@ -73,6 +75,20 @@ void model_run_train(model_run *r, bool grads)
     if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
 }
 
+char *model_run_train_traced(model_run *r)
+{
+    sim_machine_free(r->m);
+    assert_int_equal(model_machine_new(r->def, 0, true, &r->m), SIM_OK);
+    model_run_train(r, false);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_int_equal(sim_trace_write_chrome(r->m, f, 0), SIM_OK);
+    fclose(f);
+    return buf;
+}
+
 void model_run_close(model_run *r)
 {
     if (r->job.step_grads) {
@@ -94,6 +110,12 @@ void model_run_pattern(int rows, int seq, int vocab, int32_t *in, int32_t *tg, i
             tg[r * seq + t] = (r * 5 + (t + 1) * 3 + ((t + 1) * (t + 1)) % 7) % vocab;
             pos[r * seq + t] = t;
         }
+}
+
+void model_run_batch_make(model_run_batch *b, int rows, int seq, int vocab)
+{
+    assert_true(rows * seq <= MODEL_RUN_BATCH_MAX);
+    model_run_pattern(rows, seq, vocab, b->in, b->tg, b->pos);
 }
 
 double model_run_loss_grads(const model_def *def, const int32_t *in, const int32_t *tg, const int32_t *pos,
@@ -169,4 +191,38 @@ uint64_t model_run_shard_elems(const model_def *def, int i, const mesh_spec *spe
     for (int a = 0; a < def->mesh.n_axes; a++)
         if (axes & (1u << a)) e /= (uint64_t)def->mesh.sizes[a];
     return e;
+}
+
+void model_run_expect_same_records(const char *what, const model_run *a, const model_run *b, int devices,
+                                   unsigned flags)
+{
+    for (int d = 0; d < devices; d++) {
+        size_t na, nb;
+        const sim_record *ra = sim_device_records(sim_machine_device(a->m, d), &na);
+        const sim_record *rb = sim_device_records(sim_machine_device(b->m, d), &nb);
+        if (na != nb) fail_msg("%s: device %d has %zu records against %zu", what, d, na, nb);
+        for (size_t i = 0; i < na; i++) {
+            const sim_record *x = &ra[i], *y = &rb[i];
+            bool routed = (flags & MODEL_RUN_DATA_ROUTED) && x->op == SIM_OP_RAGGED_ALL_TO_ALL;
+            if (x->op != y->op || x->phase != y->phase || strcmp(x->tag, y->tag) || x->axes.n != y->axes.n ||
+                x->dtype != y->dtype || x->implicit != y->implicit ||
+                (!routed && (x->elements != y->elements || x->bytes_sent != y->bytes_sent ||
+                             x->bytes_recv != y->bytes_recv)))
+                fail_msg("%s: device %d record %zu differs: %s %s %llu B sent, %llu B received against %s %s "
+                         "%llu B sent, %llu B received",
+                         what, d, i, x->tag, sim_op_name(x->op), (unsigned long long)x->bytes_sent,
+                         (unsigned long long)x->bytes_recv, y->tag, sim_op_name(y->op),
+                         (unsigned long long)y->bytes_sent, (unsigned long long)y->bytes_recv);
+        }
+        sim_arena_stats sa, sb;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(a->m, d)), &sa);
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(b->m, d)), &sb);
+        if (sa.peak != sb.peak || sa.live != sb.live || sa.n_allocs != sb.n_allocs)
+            fail_msg("%s: device %d arena peak %zu live %zu allocations %zu against %zu, %zu, %zu", what, d,
+                     (size_t)sa.peak, (size_t)sa.live, (size_t)sa.n_allocs, (size_t)sb.peak, (size_t)sb.live,
+                     (size_t)sb.n_allocs);
+        for (int c = 0; c < SIM_NMEM; c++)
+            if (sa.peak_by[c] != sb.peak_by[c] || sa.at_peak_by[c] != sb.at_peak_by[c])
+                fail_msg("%s: device %d memory category %d differs", what, d, c);
+    }
 }

@@ -18,6 +18,7 @@
 
 #include "blas_kernels/bk_coretype.h"
 #include "config/json.h"
+#include "tests/helpers.h"
 
 char *openblas_get_corename(void);
 
@@ -162,18 +163,9 @@ static char *run_shardsim(const char *env, char dir[64])
     return err;
 }
 
-static mesh_json *read_json(const char *dir, const char *name)
-{
-    char path[256];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("%s: %s", path, sim_errmsg());
-    return j;
-}
-
 static void expect_kernels(const char *dir, const char *core, const char *summary)
 {
-    mesh_json *run = read_json(dir, "run.json");
+    mesh_json *run = helper_read_json(dir, "run.json");
     const mesh_json *k = mesh_json_get(run, "blas_kernels");
     assert_non_null(k);
     assert_string_equal(mesh_json_get(k, "core")->str, core);
@@ -181,43 +173,21 @@ static void expect_kernels(const char *dir, const char *core, const char *summar
     mesh_json_free(run);
 }
 
-static char *slurp(const char *dir, const char *name, size_t *len)
-{
-    char path[256];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    rewind(f);
-    char *b = malloc(*len + 1);
-    assert_int_equal(fread(b, 1, *len, f), *len);
-    fclose(f);
-    return b;
-}
-
 /* Same bits: the trained parameters (checkpoint after the last of 3 steps, step 2) and every step's loss. */
 static void expect_same_results(const char *a, const char *b)
 {
     size_t na, nb;
-    char *ca = slurp(a, "ck/step_2.safetensors", &na), *cb = slurp(b, "ck/step_2.safetensors", &nb);
+    char *ca = helper_read_in(a, "ck/step_2.safetensors", &na), *cb = helper_read_in(b, "ck/step_2.safetensors", &nb);
     assert_int_equal(na, nb);
     assert_memory_equal(ca, cb, na);
     free(ca), free(cb);
-    mesh_json *ma = read_json(a, "metrics.json"), *mb = read_json(b, "metrics.json");
+    mesh_json *ma = helper_read_json(a, "metrics.json"), *mb = helper_read_json(b, "metrics.json");
     const mesh_json *sa = mesh_json_get(ma, "steps"), *sb = mesh_json_get(mb, "steps");
     assert_int_equal(sa->n, 3);
     assert_int_equal(sb->n, 3);
     for (int i = 0; i < 3; i++) /* the number's text: 17 significant digits, exact for a float */
         assert_string_equal(mesh_json_get(&sa->items[i], "loss")->str, mesh_json_get(&sb->items[i], "loss")->str);
     mesh_json_free(ma), mesh_json_free(mb);
-}
-
-static void rm_rf(const char *dir)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
 }
 
 static void test_end_to_end_upgrade_from_generic(void **state)
@@ -240,7 +210,7 @@ static void test_end_to_end_upgrade_from_generic(void **state)
     snprintf(sum, sizeof sum, "%s (OPENBLAS_CORETYPE set by the user; checked)", best);
     expect_kernels(direct, best, sum);
     expect_same_results(up, direct);
-    rm_rf(up), rm_rf(direct);
+    helper_rm_rf(up), helper_rm_rf(direct);
 }
 
 static void test_end_to_end_fallback_when_check_fails(void **state)
@@ -262,7 +232,7 @@ static void test_end_to_end_fallback_when_check_fails(void **state)
     free(err);
     snprintf(sum, sizeof sum, "%s (OpenBLAS detected Prescott; %s failed the start-up check; checked)", next, best);
     expect_kernels(dir, next, sum);
-    rm_rf(dir);
+    helper_rm_rf(dir);
 }
 
 /* The benchmark header's CPU line, from fixed /proc/cpuinfo texts: the model name and the speed flags

@@ -29,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/helpers.h"
+
 enum { MAX_ARGS = 24, TIME_LIMIT_S = 60 };
 
 typedef struct {
@@ -90,14 +92,6 @@ static void add(corpus *c, const char *cls, const char *needle, const char *word
     for (char *t = strtok_r(w, "\n", &save); t && k->argc < MAX_ARGS - 1; t = strtok_r(NULL, "\n", &save))
         k->argv[k->argc++] = xstrdup(t);
     free(w);
-}
-
-static void write_file(const char *path, const void *b, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(b, 1, n, f), n);
-    fclose(f);
 }
 
 /* A tiny Llama: every case that gets past its bad input runs this small. */
@@ -305,7 +299,7 @@ static void gen_yaml(corpus *c)
     for (int i = 0; i < nb; i++)
         for (int how = 0; how < 3; how++) {
             char *path = fmt("%s/y%d.yml", g_dir, i);
-            write_file(path, bodies[i], strlen(bodies[i]));
+            helper_write_file(path, bodies[i], strlen(bodies[i]));
             char *w = how == 0   ? fmt("train\n" TINY "\ndry_run=true\n%s", path)
                       : how == 1 ? fmt("dump\n%s\noutput_dir=%s/dump%d", path, g_dir, i)
                                  : fmt("train\n" TINY "\ndry_run=true\ncustom_mesh_and_rule=%s", path);
@@ -322,7 +316,7 @@ static void gen_yaml(corpus *c)
         memcpy(b, good, n);
         for (int e = 0; e < 1 + (int)(rnd() % 4); e++) b[rnd() % n] = (char)(rnd() % 256);
         char *path = fmt("%s/m%d.yml", g_dir, i);
-        write_file(path, b, n);
+        helper_write_file(path, b, n);
         char *w = fmt("train\n" TINY "\noverride_model_config=true\ndry_run=true\n%s", path);
         add(c, "yaml files", path, w);
         free(w);
@@ -394,7 +388,7 @@ static void gen_checkpoints(corpus *c)
         }
         }
         char *path = fmt("%s/c%d.safetensors", g_dir, i);
-        write_file(path, m, (size_t)len);
+        helper_write_file(path, m, (size_t)len);
         char *w = fmt("train\n" TINY "\nload_parameters_path=%s", path);
         add(c, "checkpoint files", path, w);
         free(w);
@@ -408,7 +402,7 @@ static void gen_checkpoints(corpus *c)
         if (i % 3 == 0) {
             char *dir = fmt("%s/r%d", g_dir, i), *latest = fmt("%s/r%d/step_0.safetensors", g_dir, i);
             assert_int_equal(mkdir(dir, 0755), 0);
-            write_file(latest, m, (size_t)len);
+            helper_write_file(latest, m, (size_t)len);
             w = fmt("train\n" TINY_MODEL "\nsteps=3\ncheckpoint_dir=%s", dir);
             add(c, "resume", latest, w);
             free(w);
@@ -437,7 +431,7 @@ static void gen_checkpoints(corpus *c)
         free(w);
     }
     char *tmp = fmt("%s.tmp", src);
-    write_file(tmp, b, (size_t)n);
+    helper_write_file(tmp, b, (size_t)n);
     char *w = fmt("train\n" TINY "\nload_parameters_path=%s", tmp);
     add(c, "checkpoint files", tmp, w);
     free(w);
@@ -451,7 +445,7 @@ static void gen_checkpoints(corpus *c)
 static void gen_outputs(corpus *c)
 {
     char *file = fmt("%s/plainfile", g_dir);
-    write_file(file, "x", 1);
+    helper_write_file(file, "x", 1);
     char longp[600];
     memset(longp, 'a', sizeof longp - 1);
     longp[sizeof longp - 1] = 0;
@@ -506,17 +500,6 @@ static void start(const bad_case *k, int idx, slot *s)
         execv(k->argv[0], k->argv);
         _exit(121);
     }
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return xstrdup("");
-    char *b = malloc(1 << 16);
-    size_t n = fread(b, 1, (1 << 16) - 1, f);
-    b[n] = 0;
-    fclose(f);
-    return b;
 }
 
 /* Does err contain one of the '|'-separated needles? */
@@ -576,7 +559,8 @@ static void test_corpus(void **state)
         int ci = 0;
         while (ci < ncls && strcmp(classes[ci], k->cls)) ci++;
         if (ci == ncls) classes[ncls++] = k->cls;
-        char *err = slurp(s.err_path);
+        char *err = helper_read_file_opt(s.err_path, NULL); /* NULL: the child wrote nothing */
+        if (!err) err = xstrdup("");
         unlink(s.err_path);
         int rc = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
         counts[ci][rc >= 0 && rc <= 2 ? rc : 3]++;

@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
 typedef cli_capture result;
@@ -197,11 +198,8 @@ static void test_bad_input(void **state)
 
 /* ---- explain's bytes against train's ---- */
 
-static const char *const TINY[] = {
-    "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=8",  "base_mlp_dim=32",
-    "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=16", "ici_fsdp_parallelism=2",
-    "ici_tensor_parallelism=2",
-};
+/* tests/data/tiny-llama-mha.yml on fsdp=2 x tensor=2 */
+static const char *const TINY[] = {TINY_LLAMA_MHA_YML, "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"};
 enum { NTINY = sizeof TINY / sizeof TINY[0] };
 
 /* Device 0's bytes sent by the forward record of op over `axis` tagged `tag` in step 0 of a 4-device,

@@ -22,10 +22,11 @@
 #include "cli/cli.h"
 #include "cli/hostmem.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 
-/* emb 32, 4 heads of 8 (kv 4), mlp 64, 2 layers, vocab 256 */
-#define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
-              "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=2", "steps=2"
+/* tests/data/small-llama.yml (emb 32, 4 heads of 8, mlp 64, 2 layers, vocab 256), two rows per device,
+ * two steps */
+#define SMALL SMALL_LLAMA_YML, "per_device_batch_size=2", "steps=2"
 
 /* Parameters of SMALL: embedding 256x32, per layer q,k,v,o 4 x (32x4x8), wi_0, wi_1, wo 3 x (32x64), two
  * norms of 32; final norm 32; logits 32x256. */

@@ -25,43 +25,21 @@
 
 #include <cmocka.h>
 
+#include "tests/helpers.h"
+
 static char repo[1024];     /* the repository root (the test runs from it) */
-static char program[1024];  /* the shardsim of this test's own build (build/ or build/asan/ ...) */
+static const char *program;  /* the shardsim of this test's own build (build/ or build/asan/ ...) */
 static char prefix[256]; /* a temporary install prefix */
 
-/* <build>/tests/test_cli_install -> <build>/shardsim: a sanitizer build tests its own program,
- * and needs no plain build beside it. */
-static int own_program(void)
-{
-    ssize_t n = readlink("/proc/self/exe", program, sizeof program - 1);
-    if (n <= 0 || (size_t)n >= sizeof program - 1) return -1;
-    program[n] = '\0';
-    for (int up = 0; up < 2; up++) {
-        char *slash = strrchr(program, '/');
-        if (!slash) return -1;
-        *slash = '\0';
-    }
-    if (strlen(program) + sizeof "/shardsim" > sizeof program) return -1;
-    strcat(program, "/shardsim");
-    return access(program, X_OK) == 0 ? 0 : -1;
-}
-
-static void run(const char *cmd, int *rc, char *out, size_t cap)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+static void run(const char *cmd, int *rc, char *out, size_t cap) { *rc = helper_run_shell(cmd, out, cap); }
 
 static int setup(void **state)
 {
     (void)state;
     if (!getcwd(repo, sizeof repo)) return -1;
-    if (own_program()) {
-        fprintf(stderr, "test_cli_install: no program beside this test's build (%s): build it first\n", program);
+    program = helper_program();
+    if (!program) {
+        fprintf(stderr, "test_cli_install: no program beside this test's build: build it first\n");
         return -1;
     }
     snprintf(prefix, sizeof prefix, "/tmp/shardsim-install-test-%d", (int)getpid());

@@ -4,8 +4,9 @@
  * (R = 2, 3, 4: groups inside a rank, spanning ranks, and rank blocks that cut groups unevenly), a
  * pipeline whose stages sit on different ranks, ZeRO-1 with gradient accumulation, and a DeepSeek
  * with expert parallelism (ragged all-to-all across ranks); `parity` gives the one-process
- * table.  A failure on every rank (a simulated OOM) ends the job with its exit code and the message
- * printed once; a rank killed mid-run ends the job at once.  A checkpoint saved under 4 ranks is the
+ * table.  A failure on every rank (a simulated OOM), or on one rank alone before its run while the
+ * others wait for it, ends the job with its exit code and the message printed once, by rank 0, with
+ * no MPI_Abort notice; a rank killed mid-run ends the job at once.  A checkpoint saved under 4 ranks is the
  * one-process file byte for byte, and resumes in one process, as a one-process save does under 2.
  *
  * The program runs as a child process under Open MPI's mpirun with the environment measured to
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,6 +27,7 @@
 #include <cmocka.h>
 
 #include "sim/xrank.h"
+#include "tests/helpers.h"
 
 #define MPIRUN                                                                                           \
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "    \
@@ -34,6 +37,9 @@
 static char program[1024]; /* the shardsim of this test's own build */
 static char tmp[128];      /* this test's scratch directory */
 static const char *skip_why;
+/* Extra mpirun options, and the network namespace mpirun runs in ("": none), for the two-host test. */
+static char mpirun_extra[1024], launch_ns[64];
+static char ns_cleanup[512]; /* removes the two-host test's namespaces (teardown, when it failed midway) */
 
 #define LLAMA_BASE "configs/small.yml ici_fsdp_parallelism=4 ici_tensor_parallelism=2"
 static const char LLAMA[] = LLAMA_BASE " steps=3";
@@ -71,6 +77,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    if (ns_cleanup[0] && system(ns_cleanup) != 0) ns_cleanup[0] = '\0';
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     return system(cmd) == 0 ? 0 : -1;
@@ -90,26 +97,14 @@ static int sh(const char *cmd)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (s) s[n] = '\0';
-    fclose(f);
-    return s;
-}
+static void assert_once(const char *err, const char *what);
 
 /* The console output with what may differ between runs taken out: the step lines' time and tokens/s
  * columns (the 6th and 7th fields), the pipeline bubbles' measured share, the MPI section (only under
  * mpirun) and the artifacts line. */
 static char *normalised(const char *path)
 {
-    char *s = slurp(path);
+    char *s = helper_read_file_opt(path, NULL);
     assert_non_null(s);
     char *out = calloc(strlen(s) + 1, 1);
     assert_non_null(out);
@@ -140,7 +135,7 @@ static char *metrics_values(const char *dir)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/metrics.json", dir);
-    char *s = slurp(path);
+    char *s = helper_read_file_opt(path, NULL);
     assert_non_null(s);
     char *out = calloc(strlen(s) + 1, 1);
     assert_non_null(out);
@@ -156,7 +151,7 @@ static void assert_same_file(const char *a, const char *b, const char *name)
     char pa[512], pb[512];
     snprintf(pa, sizeof pa, "%s/%s", a, name);
     snprintf(pb, sizeof pb, "%s/%s", b, name);
-    char *x = slurp(pa), *y = slurp(pb);
+    char *x = helper_read_file_opt(pa, NULL), *y = helper_read_file_opt(pb, NULL);
     assert_non_null(x);
     assert_non_null(y);
     if (strcmp(x, y)) fail_msg("%s differs between %s and %s", name, a, b);
@@ -164,10 +159,11 @@ static void assert_same_file(const char *a, const char *b, const char *name)
     free(y);
 }
 
+
 /* The one-process run of `args` and the runs under mpirun -np R for each R of nps: equal outputs. */
 static void check_same_as_one_process(const char *name, const char *args, const int *nps, int n)
 {
-    char cmd[8192], one[256], onetxt[300];
+    char cmd[16384], one[256], onetxt[300];
     snprintf(one, sizeof one, "%s/%s-1", tmp, name);
     snprintf(onetxt, sizeof onetxt, "%s.txt", one);
     snprintf(cmd, sizeof cmd, "%s train %s output_dir=%s > %s 2>&1", program, args, one, onetxt);
@@ -178,11 +174,16 @@ static void check_same_as_one_process(const char *name, const char *args, const 
         snprintf(dir, sizeof dir, "%s/%s-np%d", tmp, name, nps[i]);
         snprintf(txt, sizeof txt, "%s.txt", dir);
         snprintf(err, sizeof err, "%s.err", dir);
-        snprintf(cmd, sizeof cmd, MPIRUN " -np %d %s train %s output_dir=%s > %s 2> %s", nps[i], program, args, dir, txt,
-                 err);
+        char run[8192];
+        snprintf(run, sizeof run, MPIRUN " %s -np %d %s train %s output_dir=%s", mpirun_extra, nps[i], program, args, dir);
+        if (*launch_ns) /* mpirun itself in the first "host"'s namespace, with that host's name */
+            snprintf(cmd, sizeof cmd, "ip netns exec %s unshare --uts sh -c 'hostname %s && %s' > %s 2> %s", launch_ns,
+                     launch_ns, run, txt, err);
+        else
+            snprintf(cmd, sizeof cmd, "%s > %s 2> %s", run, txt, err);
         int rc = sh(cmd);
         if (rc) {
-            char *e = slurp(err);
+            char *e = helper_read_file_opt(err, NULL);
             fail_msg("mpirun -np %d exited %d: %s", nps[i], rc, e ? e : "");
         }
         char *got = normalised(txt);
@@ -192,7 +193,7 @@ static void check_same_as_one_process(const char *name, const char *args, const 
         assert_same_file(one, dir, "collectives.csv");
         assert_same_file(one, dir, "traffic.csv");
         /* the ranks did talk: their bytes are reported, apart from the simulated traffic */
-        char *raw = slurp(txt);
+        char *raw = helper_read_file_opt(txt, NULL);
         assert_non_null(strstr(raw, "MPI: "));
         free(raw);
         free(got);
@@ -208,6 +209,130 @@ static void test_llama_is_the_one_process_run(void **state)
     skip_without_mpi();
     const int nps[] = {2, 3, 4};
     check_same_as_one_process("llama", LLAMA, nps, 3);
+}
+
+/* rank_placement=axis:fsdp keeps the fsdp groups inside a rank (devices 0,2,4,6 and 1,3,5,7: the
+ * tensor pairs span the ranks instead): the same run, bit for bit, as one process (which ignores
+ * the placement); the MPI section names the placement's device lists. */
+static void test_llama_axis_placement_is_the_one_process_run(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    const int nps[] = {2};
+    check_same_as_one_process("placed", LLAMA_BASE " steps=2 rank_placement=axis:fsdp", nps, 1);
+    char path[512];
+    snprintf(path, sizeof path, "%s/placed-np2.txt", tmp);
+    char *t = helper_read_file_opt(path, NULL);
+    assert_non_null(t);
+    if (!strstr(t, "MPI: 2 ranks, devices 0,2,4,6; 1,3,5,7 (rank_placement=axis:fsdp)"))
+        fail_msg("the MPI section does not name the placement's devices: %s", t);
+    free(t);
+}
+
+/* A placement the ranks cannot split, or an axis the mesh lacks: exit 2 naming the key, once (the
+ * job's message is the first rank's to fail: rank 0's, or "MPI rank r: ..." when another told it). */
+static void test_bad_placement(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    char cmd[8192], err[256];
+    snprintf(err, sizeof err, "%s/placement.err", tmp);
+    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 3 %s train %s rank_placement=axis:tensor > /dev/null 2> %s", program,
+             LLAMA, err);
+    assert_int_equal(sh(cmd), 2);
+    char *e = helper_read_file_opt(err, NULL);
+    assert_non_null(e);
+    /* every rank sees it; the first to tell the others is named when it is not rank 0 */
+    assert_once(e, "rank_placement=axis:tensor keeps each group of 2 devices inside one rank, but 4 groups "
+                   "cannot be split evenly over 3 ranks");
+    free(e);
+    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 2 %s train %s rank_placement=axis:tensr > /dev/null 2> %s", program,
+             LLAMA, err);
+    assert_int_equal(sh(cmd), 2);
+    e = helper_read_file_opt(err, NULL);
+    assert_non_null(e);
+    assert_once(e, "rank_placement=axis:tensr: the mesh has no axis 'tensr'");
+    free(e);
+}
+
+/* Two "hosts" on this machine (../shared/reference/mpi-notes.md): two network namespaces joined by
+ * a veth pair, each with its own host name (unshare --uts), mpirun started in the first and
+ * reaching the second through an rsh agent that enters its namespace (no sshd).  Open MPI groups
+ * ranks by host name, so the two ranks talk over TCP across the veth: the Llama run is still the
+ * one-process run bit for bit, and the veth carried at least one step's MPI bytes.  Skipped, with
+ * a message, where namespaces cannot be made (not root, no `ip`, no CAP_NET_ADMIN/CAP_SYS_ADMIN:
+ * an unprivileged container); every command runs under a timeout and the namespaces are removed
+ * whatever happens. */
+static void test_llama_across_two_hosts_over_tcp(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    int pid = (int)getpid();
+    char a[32], b[32], va[32], vb[32], cmd[8192], agent[256];
+    snprintf(a, sizeof a, "ssha%d", pid);
+    snprintf(b, sizeof b, "sshb%d", pid);
+    snprintf(va, sizeof va, "ssva%d", pid); /* interface names: at most 15 characters */
+    snprintf(vb, sizeof vb, "ssvb%d", pid);
+    const char *why = NULL;
+    if (geteuid() != 0) why = "not root (ip netns needs CAP_NET_ADMIN and CAP_SYS_ADMIN)";
+    else if (sh("command -v ip > /dev/null 2>&1 && command -v unshare > /dev/null 2>&1") != 0)
+        why = "no `ip` or `unshare` (iproute2, util-linux: .ci/install-deps)";
+    else if (snprintf(cmd, sizeof cmd, "timeout 10 ip netns add %s 2>/dev/null", a), sh(cmd) != 0)
+        why = "`ip netns add` failed (no CAP_NET_ADMIN/CAP_SYS_ADMIN here: an unprivileged container?)";
+    if (why) {
+        fprintf(stderr, "test_cli_mpi: two-host test skipped: %s\n", why);
+        skip();
+    }
+    snprintf(cmd, sizeof cmd,
+             "timeout 20 sh -c 'ip netns add %s && ip link add %s type veth peer name %s && ip link set %s netns %s && "
+             "ip link set %s netns %s && ip -n %s addr add 10.99.0.1/24 dev %s && ip -n %s addr add 10.99.0.2/24 dev %s && "
+             "ip -n %s link set lo up && ip -n %s link set lo up && ip -n %s link set %s up && ip -n %s link set %s up && "
+             "ip netns exec %s unshare --uts true' > /dev/null 2>&1",
+             b, va, vb, va, a, vb, b, a, va, b, vb, a, b, a, va, b, vb, a);
+    int made = sh(cmd);
+    /* the rsh agent: skips ssh-style options, then runs the command in the namespace named as the host */
+    snprintf(agent, sizeof agent, "%s/nsrsh", tmp);
+    FILE *f = fopen(agent, "w");
+    if (f) {
+        fputs("#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in -*) shift;; *) break;; esac; done\n"
+              "host=$1; shift\nexec ip netns exec \"$host\" unshare --uts sh -c \"hostname $host && $*\"\n", f);
+        fclose(f);
+        chmod(agent, 0755);
+    }
+    snprintf(ns_cleanup, sizeof ns_cleanup, "ip netns del %s > /dev/null 2>&1; ip netns del %s > /dev/null 2>&1", a,
+             b);
+    if (made != 0 || !f) {
+        sh(ns_cleanup);
+        ns_cleanup[0] = '\0';
+        fprintf(stderr, "test_cli_mpi: two-host test skipped: could not set up the veth pair and host names\n");
+        skip();
+    }
+    snprintf(mpirun_extra, sizeof mpirun_extra, "-q --mca plm_rsh_agent %s --mca btl_tcp_if_include 10.99.0.0/24 "
+             "--mca oob_tcp_if_include 10.99.0.0/24 --host %s:1,%s:1", agent, a, b);
+    snprintf(launch_ns, sizeof launch_ns, "%s", a);
+    const int nps[] = {2};
+    check_same_as_one_process("hosts", LLAMA, nps, 1); /* a failure here leaves the cleanup to teardown */
+    mpirun_extra[0] = launch_ns[0] = '\0';
+    /* the bytes that crossed the veth (both ways, every step) against one step's MPI bytes */
+    char line[256];
+    unsigned long long rx = 0, tx = 0, step = 0;
+    snprintf(line, sizeof line, "ip netns exec %s sh -c 'cat /sys/class/net/%s/statistics/rx_bytes "
+             "/sys/class/net/%s/statistics/tx_bytes'", a, va, va);
+    FILE *p = popen(line, "r");
+    if (p) {
+        if (fscanf(p, "%llu %llu", &rx, &tx) != 2) rx = tx = 0;
+        pclose(p);
+    }
+    snprintf(line, sizeof line, "%s/hosts-np2.txt", tmp);
+    char *t = helper_read_file_opt(line, NULL), *at = t ? strstr(t, "bytes the ranks sent each other") : NULL;
+    if (at && (at = strchr(at, '\n'))) step = strtoull(at + 1, NULL, 10);
+    free(t);
+    sh(ns_cleanup);
+    ns_cleanup[0] = '\0';
+    if (!step) fail_msg("no MPI bytes per step in the two-host run's output");
+    if (rx + tx < step)
+        fail_msg("the veth between the hosts carried %llu bytes, less than one step's %llu MPI bytes: not over TCP", rx + tx,
+                 step);
 }
 
 /* pipeline stages on different ranks: the ppermute shifts cross them */
@@ -254,7 +379,7 @@ static void test_parity_is_the_one_process_parity(void **state)
     assert_int_equal(sh(cmd), 0);
     snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s parity %s > %s 2>&1", program, args, two);
     assert_int_equal(sh(cmd), 0);
-    char *a = slurp(one), *b = slurp(two);
+    char *a = helper_read_file_opt(one, NULL), *b = helper_read_file_opt(two, NULL);
     assert_non_null(a);
     assert_non_null(b);
     /* "3 steps in 0.2 s, last loss ...": the time differs */
@@ -306,20 +431,48 @@ static void test_checkpoints_across_rank_counts(void **state)
     free(m1);
 }
 
-/* A simulated OOM on every rank: exit 1, the message once (rank 0's; the others are ended first). */
+/* err holds `what` exactly once, and nothing of MPI_Abort (mpirun runs with -q: its own note that
+ * a rank exited non-zero is off, so stderr is what the ranks print). */
+static void assert_once(const char *err, const char *what)
+{
+    const char *first = strstr(err, what);
+    if (!first) fail_msg("no '%s' in: %s", what, err);
+    if (strstr(first + 1, what)) fail_msg("'%s' is printed more than once: %s", what, err);
+    if (strstr(err, "MPI_ABORT") || strstr(err, "ORTE_ERROR_LOG")) fail_msg("MPI_Abort's notice: %s", err);
+}
+
+/* A simulated OOM on every rank: exit 1, the message once. */
 static void test_failure_ends_every_rank_once(void **state)
 {
     (void)state;
     skip_without_mpi();
     char cmd[8192], err[256];
     snprintf(err, sizeof err, "%s/oom.err", tmp);
-    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s train %s hbm_limit_gb=0.002 > /dev/null 2> %s", program, LLAMA, err);
+    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 2 %s train %s hbm_limit_gb=0.002 > /dev/null 2> %s", program, LLAMA, err);
     assert_int_equal(sh(cmd), 1);
-    char *e = slurp(err);
+    char *e = helper_read_file_opt(err, NULL);
     assert_non_null(e);
-    const char *first = strstr(e, "is out of memory");
-    if (!first) fail_msg("no OOM message: %s", e);
-    if (strstr(first + 1, "is out of memory")) fail_msg("the OOM message is printed more than once: %s", e);
+    assert_once(e, "is out of memory");
+    free(e);
+}
+
+/* Rank 1 alone refuses to start (its host-memory check: mpirun's second program gets a tiny
+ * SHARDSIM_HOST_MEMORY_BYTES) while rank 0's devices wait for its devices in their first
+ * collective: its control message ends rank 0's run; the job exits 2 with rank 1's message once,
+ * printed by rank 0. */
+static void test_failure_on_one_rank_reaches_the_others(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    char cmd[8192], err[256];
+    snprintf(err, sizeof err, "%s/one.err", tmp);
+    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 1 %s train %s : -np 1 env SHARDSIM_HOST_MEMORY_BYTES=1000 %s train %s "
+             "> /dev/null 2> %s", program, LLAMA, program, LLAMA, err);
+    assert_int_equal(sh(cmd), 2);
+    char *e = helper_read_file_opt(err, NULL);
+    assert_non_null(e);
+    assert_once(e, "host memory");
+    if (!strstr(e, "shardsim: MPI rank 1: this run needs")) fail_msg("not rank 1's message, printed by rank 0: %s", e);
     free(e);
 }
 
@@ -393,7 +546,7 @@ static void test_more_ranks_than_devices(void **state)
     snprintf(cmd, sizeof cmd, MPIRUN " -np 3 %s train configs/small.yml ici_fsdp_parallelism=2 steps=1 > /dev/null 2> %s",
              program, err);
     assert_int_equal(sh(cmd), 2);
-    char *e = slurp(err);
+    char *e = helper_read_file_opt(err, NULL);
     assert_non_null(e);
     if (!strstr(e, "3 MPI ranks for a mesh of 2 devices")) fail_msg("unexpected message: %s", e);
     free(e);
@@ -403,12 +556,16 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_is_the_one_process_run),
+        cmocka_unit_test(test_llama_axis_placement_is_the_one_process_run),
+        cmocka_unit_test(test_bad_placement),
+        cmocka_unit_test(test_llama_across_two_hosts_over_tcp),
         cmocka_unit_test(test_pipeline_is_the_one_process_run),
         cmocka_unit_test(test_zero1_is_the_one_process_run),
         cmocka_unit_test(test_deepseek_expert_parallel_is_the_one_process_run),
         cmocka_unit_test(test_parity_is_the_one_process_parity),
         cmocka_unit_test(test_checkpoints_across_rank_counts),
         cmocka_unit_test(test_failure_ends_every_rank_once),
+        cmocka_unit_test(test_failure_on_one_rank_reaches_the_others),
         cmocka_unit_test(test_killed_rank_ends_the_job),
         cmocka_unit_test(test_more_ranks_than_devices),
     };

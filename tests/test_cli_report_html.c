@@ -2,12 +2,20 @@
  *
  * The page must be self-contained (no network: no external script, style,
  * image or font), carry the run's data, and render in a real browser without
- * a script error, every chart holding data.  The browser is Debian's
- * headless Chromium, which .ci/install-deps installs; the page records on
- * <body> whether its script finished (data-status="ok"), any error
- * (data-error) and, on each chart, how many data points it drew. */
+ * a script error, every section holding a chart or table with data.  The
+ * browser is Debian's headless Chromium, which .ci/install-deps installs
+ * (the rendering checks are skipped, saying so, where it is absent); the page
+ * records on <body> whether its script finished (data-status="ok"), any error
+ * (data-error) and, on each chart, how many data points it drew.
+ *
+ * train's page draws every parameter and one layer's activations on the
+ * device grid (the sharding view); parity's compares the configurations: the
+ * verdict with the first diverging step and parameter, memory per device by
+ * category, bytes per collective x mesh axes x phase and the modelled step
+ * time, each against the first configuration. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +27,7 @@
 
 #include "cli/cli.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 
 static char dir[128];
 
@@ -27,31 +36,30 @@ static const char *MODEL[] = {"base_num_decoder_layers=2", "base_emb_dim=64", "b
                               "max_target_length=32", "per_device_batch_size=2"};
 enum { NMODEL = sizeof MODEL / sizeof MODEL[0] };
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = '\0';
-    fclose(f);
-    return s;
-}
-
-/* The page as headless Chromium leaves it after its scripts ran. */
-static char *render(const char *html)
+/* The headless browser, or NULL when none is installed. */
+static const char *browser(void)
 {
     const char *browsers[] = {"chromium", "chromium-browser", "google-chrome"};
-    const char *found = NULL;
-    char cmd[1024];
-    for (size_t i = 0; i < sizeof browsers / sizeof browsers[0] && !found; i++) {
+    char cmd[256];
+    for (size_t i = 0; i < sizeof browsers / sizeof browsers[0]; i++) {
         snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", browsers[i]);
-        if (system(cmd) == 0) found = browsers[i];
+        if (system(cmd) == 0) return browsers[i];
     }
-    if (!found) fail_msg("no headless browser: install Debian's chromium (bash .ci/install-deps does)");
+    return NULL;
+}
+
+/* The page as headless Chromium leaves it after its scripts ran; NULL (after saying so) when
+ * no browser is installed. */
+static char *render(const char *html)
+{
+    const char *found = browser();
+    char cmd[1024];
+    if (!found) {
+        print_message("rendering %s skipped: no headless browser (chromium); bash .ci/install-deps installs it\n",
+                      html);
+        skip();
+        return NULL;
+    }
     char out[300];
     snprintf(out, sizeof out, "%s/dom.html", dir);
     snprintf(cmd, sizeof cmd,
@@ -60,7 +68,7 @@ static char *render(const char *html)
              found, dir, html, out);
     int rc = system(cmd);
     assert_int_equal(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 0);
-    char *dom = slurp(out);
+    char *dom = helper_read_file_opt(out, NULL);
     assert_non_null(dom);
     return dom;
 }
@@ -88,6 +96,52 @@ static int check_rendered(const char *dom, const char *const *charts, int n)
     const char *dc = strstr(tag, "data-charts=\"");
     assert_non_null(dc);
     return (int)strtol(dc + 13, NULL, 10);
+}
+
+/* Every section of the page (a div holding an <h2>) holds at least one chart or table with
+ * data; returns the number of sections. */
+static int check_sections(const char *dom)
+{
+    const char *p = strstr(dom, "<div id=\"sections\">");
+    assert_non_null(p);
+    int n = 0;
+    const char *h = strstr(p, "<h2>");
+    while (h) {
+        const char *next = strstr(h + 4, "<h2>");
+        const char *title_end = strstr(h, "</h2>");
+        assert_non_null(title_end);
+        char title[128];
+        snprintf(title, sizeof title, "%.*s", (int)(title_end - h - 4), h + 4);
+        bool ok = false;
+        for (const char *c = strstr(h, "data-points=\""); c && (!next || c < next); c = strstr(c + 1, "data-points=\""))
+            if (strtol(c + 13, NULL, 10) > 0) ok = true;
+        if (!ok) fail_msg("section '%s' of the rendered report holds no data", title);
+        n++;
+        h = next;
+    }
+    return n;
+}
+
+/* The text of the card (sharding view) whose title starts with name: up to the next card. */
+static char *card(const char *dom, const char *name)
+{
+    char key[256];
+    snprintf(key, sizeof key, "<div class=\"cardtitle\">%s ", name);
+    const char *c = strstr(dom, key);
+    if (!c) fail_msg("no card for '%s' in the sharding view", name);
+    const char *end = strstr(c + 1, "<div class=\"cardtitle\">");
+    size_t n = end ? (size_t)(end - c) : strlen(c);
+    char *s = malloc(n + 1);
+    memcpy(s, c, n);
+    s[n] = '\0';
+    return s;
+}
+
+static int count(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = strstr(s, what); p; p = strstr(p + 1, what)) n++;
+    return n;
 }
 
 /* Self-contained: nothing is loaded from elsewhere. */
@@ -120,12 +174,12 @@ static void test_train_report(void **state)
 
     char path[400];
     snprintf(path, sizeof path, "%s/train/report.html", dir);
-    char *html = slurp(path);
+    char *html = helper_read_file_opt(path, NULL);
     assert_non_null(html);
     assert_self_contained(html);
     /* the run's own numbers are in the page: the first loss from metrics.json */
     snprintf(path, sizeof path, "%s/train/metrics.json", dir);
-    char *metrics = slurp(path);
+    char *metrics = helper_read_file_opt(path, NULL);
     assert_non_null(metrics);
     const char *loss = strstr(metrics, "\"loss\": ");
     assert_non_null(loss);
@@ -137,12 +191,49 @@ static void test_train_report(void **state)
 
     snprintf(path, sizeof path, "%s/train/report.html", dir);
     char *dom = render(path);
-    const char *charts[] = {"loss", "mesh", "traffic", "traffic-by-layer", "memory"};
-    int drawn = check_rendered(dom, charts, 5);
-    assert_int_equal(drawn, 5);
+    if (!dom) return;
+    const char *charts[] = {"loss", "mesh", "traffic", "traffic-by-layer", "memory", "sharding-params",
+                            "sharding-activations"};
+    int drawn = check_rendered(dom, charts, 7);
+    assert_int_equal(drawn, 7);
+    assert_int_equal(check_sections(dom), 6); /* loss, mesh, traffic x2, memory, sharding */
     /* the mesh grid draws the 4 devices, the memory chart 4 devices x 7 categories */
     assert_non_null(strstr(dom, "data-chart=\"mesh\" data-points=\"4\""));
     assert_non_null(strstr(dom, "data-chart=\"memory\" data-points=\"28\""));
+    /* the sharding view: MaxText's Llama2 decoder has 12 parameters (token_embedder, the scanned
+     * layers' query/key/value/out, wi_0/wi_1/wo and two norms, decoder_norm, logits_dense), and
+     * every activation of the dump is drawn */
+    assert_non_null(strstr(dom, "data-chart=\"sharding-params\" data-points=\"12\""));
+    snprintf(path, sizeof path, "%s/train/input_shardings.json", dir);
+    char *inputs = helper_read_file_opt(path, NULL);
+    assert_non_null(inputs);
+    char want[128];
+    snprintf(want, sizeof want, "data-chart=\"sharding-activations\" data-points=\"%d\"", count(inputs, "\"logic_axes\""));
+    assert_non_null(strstr(dom, want));
+    free(inputs);
+    /* devices are numbered row-major over (fsdp, tensor): device = 2 fsdp + tensor.  The final
+     * norm's scale, logical (norm) -> tensor, is split in two, each half on the devices of one
+     * tensor index (0,2 and 1,3); wi_0 (embed, layers, mlp) -> (fsdp, None, tensor) has four
+     * shards, one device each, fsdp down the rows */
+    char *c = card(dom, "decoder/decoder_norm/scale");
+    assert_non_null(strstr(c, "logical: (norm)"));
+    assert_non_null(strstr(c, "physical: P(tensor)"));
+    assert_int_equal(count(c, "<rect"), 2);
+    assert_non_null(strstr(c, "<title>devices 0,2</title>"));
+    assert_non_null(strstr(c, "<title>devices 1,3</title>"));
+    free(c);
+    c = card(dom, "decoder/layers/mlp/wi_0/kernel");
+    assert_non_null(strstr(c, "logical: (embed, layers, mlp)"));
+    assert_non_null(strstr(c, "physical: P(fsdp, None, tensor)"));
+    assert_int_equal(count(c, "<rect"), 4);
+    for (int d = 0; d < 4; d++) {
+        snprintf(want, sizeof want, "<title>devices %d</title>", d);
+        assert_int_equal(count(c, want), 1);
+    }
+    /* tiles in row-major order: 0 1 / 2 3 */
+    const char *t0 = strstr(c, "devices 0<"), *t1 = strstr(c, "devices 1<"), *t2 = strstr(c, "devices 2<");
+    assert_true(t0 < t1 && t1 < t2);
+    free(c);
     free(dom);
 }
 
@@ -151,13 +242,14 @@ static void test_train_report(void **state)
 static void test_parity_report(void **state)
 {
     (void)state;
-    const char *argv[NMODEL + 4];
+    const char *argv[NMODEL + 5];
     int n = 0;
     for (int i = 0; i < NMODEL; i++) argv[n++] = MODEL[i];
     char od[300];
     snprintf(od, sizeof od, "output_dir=%s/parity", dir);
     argv[n++] = "steps=3";
     argv[n++] = "parity_rtol=1e-12";
+    argv[n++] = "hardware_profile=v5p";
     argv[n++] = "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2;ici_tensor_parallelism=2 shard_mode=explicit";
     argv[n++] = od;
     cli_capture r = cli_capture_run(cli_cmd_parity, n, argv);
@@ -166,15 +258,47 @@ static void test_parity_report(void **state)
 
     char path[400];
     snprintf(path, sizeof path, "%s/parity/report.html", dir);
-    char *html = slurp(path);
+    char *html = helper_read_file_opt(path, NULL);
     assert_non_null(html);
     assert_self_contained(html);
     free(html);
     char *dom = render(path);
-    const char *charts[] = {"parity-loss", "parity-table"};
-    assert_int_equal(check_rendered(dom, charts, 2), 2);
+    if (!dom) return;
+    const char *charts[] = {"parity-verdict", "parity-loss", "parity-table", "parity-summary", "parity-memory",
+                            "parity-memory-0", "parity-memory-1", "parity-memory-2", "parity-traffic",
+                            "parity-step-time"};
+    assert_int_equal(check_rendered(dom, charts, 10), 10);
+    /* verdict, loss, table, side by side, memory, traffic, step time */
+    assert_int_equal(check_sections(dom), 7);
     assert_non_null(strstr(dom, "data-chart=\"parity-loss\" data-points=\"9\"")); /* 3 configs x 3 steps */
     assert_non_null(strstr(dom, "class=\"fail\""));                                 /* a failing row marked */
+    /* the verdict names the first diverging step and parameter, as parity.json has them */
+    snprintf(path, sizeof path, "%s/parity/parity.json", dir);
+    char *pj = helper_read_file_opt(path, NULL);
+    assert_non_null(pj);
+    const char *fp = strstr(pj, "\"first_diverging_param\": \"");
+    assert_non_null(fp);
+    char param[200], want[300];
+    snprintf(param, sizeof param, "%.*s", (int)strcspn(fp + 26, "\""), fp + 26);
+    const char *fs = strstr(pj, "\"first_diverging_step\": ");
+    assert_non_null(fs);
+    snprintf(want, sizeof want, "FAIL</b>: first diverging step %ld, parameter %s", strtol(fs + 24, NULL, 10), param);
+    if (!strstr(dom, want)) fail_msg("the verdict does not say '%s'", want);
+    free(pj);
+    /* memory side by side: 1, 2 and 2 devices x 7 categories; the table holds 7 categories and
+     * the total for 3 configurations */
+    assert_non_null(strstr(dom, "data-chart=\"parity-memory-0\" data-points=\"7\""));
+    assert_non_null(strstr(dom, "data-chart=\"parity-memory-1\" data-points=\"14\""));
+    assert_non_null(strstr(dom, "data-chart=\"parity-memory-2\" data-points=\"14\""));
+    assert_non_null(strstr(dom, "data-chart=\"parity-memory\" data-points=\"24\""));
+    /* one device sends nothing; the others' collectives are new against it; fsdp=2 gathers its
+     * weights over fsdp and tensor=2 reduces over tensor */
+    assert_non_null(strstr(dom, "<td class=\"l\">bytes sent per device (one step)</td><td class=\"\">0 B</td>"));
+    assert_non_null(strstr(dom, "over fsdp (forward)"));
+    assert_non_null(strstr(dom, "over tensor (forward)"));
+    assert_non_null(strstr(dom, ", new)"));
+    /* modelled on the profile given */
+    assert_non_null(strstr(dom, "<td class=\"l\">hardware profile</td><td class=\"\">v5p</td>"));
     free(dom);
 }
 

@@ -1,7 +1,6 @@
-/* test_cli_train.c — the train and parity commands end to end: every
- * artifact of output_dir is written and parses, bad input exits 2 naming
- * it, and parity exits 1 naming the first diverging step and parameter when
- * the tolerance is exceeded (0 when it holds). */
+/* test_cli_train.c — the train command end to end: every artifact of output_dir is written and
+ * parses, bad input exits 2 naming it, gradient clipping, limits on the artifacts, resuming (the
+ * parity command is test_cli_parity's). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,24 +15,16 @@
 
 #include "cli/cli.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 #include "config/json.h"
 
-#define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
-              "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16"
+/* tests/data/small-llama.yml: 2 layers of width 32, 4 heads of 8, vocabulary 256, 16 tokens */
+#define SMALL SMALL_LLAMA_YML
 
 typedef cli_capture result;
 
 static result run(cli_command cmd, int argc, const char **argv) { return cli_capture_run(cmd, argc, argv); }
 static void done(result *r) { cli_capture_free(r); }
-
-static mesh_json *read_json(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("%s: %s", path, sim_errmsg());
-    return j;
-}
 
 static void test_train_artifacts(void **state)
 {
@@ -49,7 +40,7 @@ static void test_train_artifacts(void **state)
     assert_non_null(strstr(r.out, "traffic over 2 steps"));
     assert_non_null(strstr(r.out, "memory at peak"));
     /* metrics.json: steps with the six fields, memory per device and by category */
-    mesh_json *m = read_json(dir, "metrics.json");
+    mesh_json *m = helper_read_json(dir, "metrics.json");
     const mesh_json *steps = mesh_json_get(m, "steps"), *mem = mesh_json_get(m, "memory");
     assert_non_null(steps);
     assert_int_equal(steps->n, 2);
@@ -60,10 +51,10 @@ static void test_train_artifacts(void **state)
     assert_non_null(mesh_json_get(mesh_json_get(mem, "by_category"), "params"));
     mesh_json_free(m);
     /* the other JSON artifacts parse and hold what they should */
-    mesh_json *run_json = read_json(dir, "run.json");
+    mesh_json *run_json = helper_read_json(dir, "run.json");
     assert_non_null(mesh_json_get(mesh_json_get(run_json, "config"), "base_emb_dim"));
     mesh_json_free(run_json);
-    mesh_json *trace = read_json(dir, "trace.json");
+    mesh_json *trace = helper_read_json(dir, "trace.json");
     const mesh_json *ev = mesh_json_get(trace, "traceEvents");
     assert_true(ev->n > 10);
     int compute = 0, collective = 0; /* both lanes have spans */
@@ -74,12 +65,12 @@ static void test_train_artifacts(void **state)
     }
     assert_true(compute > 10 && collective > 10);
     mesh_json_free(trace);
-    mesh_json *sh = read_json(dir, "shardings.json");
+    mesh_json *sh = helper_read_json(dir, "shardings.json");
     assert_non_null(mesh_json_get(sh, "named_shardings"));
     assert_non_null(mesh_json_get(sh, "input_shardings"));
     mesh_json_free(sh);
     const char *files[] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
-    for (int i = 0; i < 3; i++) mesh_json_free(read_json(dir, files[i]));
+    for (int i = 0; i < 3; i++) mesh_json_free(helper_read_json(dir, files[i]));
     /* the CSVs: a header and rows */
     char path[512], line[1024];
     snprintf(path, sizeof path, "%s/collectives.csv", dir);
@@ -150,7 +141,7 @@ static void test_wire_rule_artifacts(void **state)
         result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
         if (r.rc) fail_msg("train failed: %s", r.err);
         assert_non_null(strstr(r.out, "weight collectives"));
-        mesh_json *rj = read_json(dir, "run.json");
+        mesh_json *rj = helper_read_json(dir, "run.json");
         const mesh_json *w = mesh_json_get(rj, "weight_collective_dtypes");
         assert_non_null(w);
         assert_string_equal(mesh_json_get(w, "weight_gather")->str, gather[i]);
@@ -186,11 +177,11 @@ static void test_artifact_limits(void **state)
     snprintf(od, sizeof od, "output_dir=%s", dir);
     /* each device makes the same calls: a limit of one row/event keeps device 0 only */
     const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                          "steps=3", "trace_max_events=1", "collectives_csv_max_rows=1", od};
+                          "steps=3", "trace_max_events=1", "collectives_csv_max_rows=1", "trace_steps=all", od};
     result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "limited artifacts: collectives.csv holds devices 0-0 and trace.json devices 0-0 of 4"));
-    mesh_json *t = read_json(dir, "trace.json");
+    mesh_json *t = helper_read_json(dir, "trace.json");
     assert_int_equal(mesh_json_get(mesh_json_get(t, "otherData"), "devices_traced")->number, 1);
     const mesh_json *ev = mesh_json_get(t, "traceEvents");
     int markers = 0, collectives = 0;
@@ -200,10 +191,12 @@ static void test_artifact_limits(void **state)
         if (cat && !strcmp(cat->str, "step")) markers++;
         if (cat && !strcmp(cat->str, "collective")) {
             const mesh_json *a = mesh_json_get(e, "args");
-            const char *fields[] = {"op", "mesh_axes", "group_size", "dtype", "elements", "bytes_sent", "bytes_recv",
-                                    "phase", "step", "kind", "tag"};
+            const char *fields[] = {"op", "mesh_axes", "group_size", "dtype", "bytes_sent", "phase", "kind"};
             for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
                 if (!mesh_json_get(a, fields[f])) fail_msg("collective event without '%s'", fields[f]);
+            /* the name is the op and the tag */
+            const char *op = mesh_json_get(a, "op")->str, *name = mesh_json_get(e, "name")->str;
+            assert_true(!strncmp(name, op, strlen(op)) && name[strlen(op)] == ' ' && name[strlen(op) + 1]);
             collectives++;
         }
     }
@@ -288,7 +281,7 @@ static norms run_norms(double threshold)
         mesh_json_free(j);
     }
     fclose(f);
-    mesh_json *m = read_json(dir, "metrics.json");
+    mesh_json *m = helper_read_json(dir, "metrics.json");
     const mesh_json *steps = mesh_json_get(m, "steps");
     assert_int_equal(steps->n, 2);
     for (int s = 0; s < 2; s++) {
@@ -362,53 +355,6 @@ static void test_train_bad_input(void **state)
     r = run(cli_train, (int)(sizeof a2 / sizeof a2[0]), a2);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "shard_mode"));
-    done(&r);
-}
-
-static void test_parity_exit_codes(void **state)
-{
-    (void)state;
-    const char *ok[] = {SMALL, "per_device_batch_size=4", "steps=2",
-                        "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 ici_tensor_parallelism=2"};
-    result r = run(cli_cmd_parity, (int)(sizeof ok / sizeof ok[0]), ok);
-    if (r.rc) fail_msg("parity failed: %s%s", r.out, r.err);
-    assert_non_null(strstr(r.out, "PASS"));
-    done(&r);
-    /* a tolerance no float32 run can meet: exit 1, naming where it diverged */
-    const char *bad[] = {SMALL, "per_device_batch_size=4", "steps=2", "parity_rtol=1e-12",
-                         "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 ici_tensor_parallelism=2"};
-    r = run(cli_cmd_parity, (int)(sizeof bad / sizeof bad[0]), bad);
-    assert_int_equal(r.rc, 1);
-    assert_non_null(strstr(r.out, "first diverging gradient: step 0"));
-    assert_non_null(strstr(r.out, "params."));
-    done(&r);
-}
-
-/* parity under hbm_limit_gb: a configuration that does not fit is reported as
- * out of memory as it runs, the others still run and are compared, and the
- * exit code is 1; a reference that does not fit stops parity (exit 1). */
-static void test_parity_hbm_limit(void **state)
-{
-    (void)state;
-    const char *a[] = {SMALL, "per_device_batch_size=2", "steps=2",
-                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2 hbm_limit_gb=0.0002;ici_fsdp_parallelism=2"};
-    result r = run(cli_cmd_parity, (int)(sizeof a / sizeof a[0]), a);
-    assert_int_equal(r.rc, 1);
-    const char *oom = strstr(r.out, "out of simulated memory (hbm_limit_gb=0.0002)");
-    assert_non_null(oom);
-    const char *third = strstr(r.out, "[3/3]");
-    assert_non_null(third);
-    assert_true(oom < third);
-    assert_non_null(strstr(third, "2 steps in"));
-    assert_non_null(strstr(r.out, "INCOMPLETE: 1 configuration"));
-    done(&r);
-    const char *b[] = {SMALL, "per_device_batch_size=2", "steps=2", "hbm_limit_gb=0.0002",
-                       "configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=2"};
-    r = run(cli_cmd_parity, (int)(sizeof b / sizeof b[0]), b);
-    assert_int_equal(r.rc, 1);
-    assert_non_null(strstr(r.err, "reference configuration"));
-    assert_non_null(strstr(r.err, "hbm_limit_gb=0.0002"));
-    assert_null(strstr(r.out, "[2/2]"));
     done(&r);
 }
 
@@ -545,9 +491,7 @@ int main(void)
         cmocka_unit_test(test_dcn_traffic),
         cmocka_unit_test(test_train_without_arguments),
         cmocka_unit_test(test_train_bad_input),
-        cmocka_unit_test(test_parity_exit_codes),
         cmocka_unit_test(test_resume),
-        cmocka_unit_test(test_parity_hbm_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,11 +16,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
-
-#define assert_contains(hay, needle)                                                    \
-    do {                                                                                \
-        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
-    } while (0)
+#include "tests/helpers.h"
 
 static sim_status load(const char *base, const char *file, int n, const char *const *ovr, mesh_cfg **out)
 {

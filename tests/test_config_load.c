@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "config/config.h"
+#include "tests/helpers.h"
 
 static const char *const MODELS[] = {"llama2-7b", "deepseek3-test", "deepseek3-tiny",
                                      "deepseek3-671b", "deepseek2-16b", "deepseek3-671b-batchsplit"};
@@ -22,24 +23,11 @@ static const char *const CUSTOMS[] = {"pure-fsdp", "ep-as-cp", "cp-as-ep",
                                       "ep-as-dp", "shard-exp-on-fsdp", "pipeline-large-moe"};
 enum { N_MODELS = 6, N_CUSTOMS = 6 };
 
-/* MaxText's reference data (configs and goldens); a missing directory fails. */
-static const char *reference_dir(void)
-{
-    const char *env = getenv("SHARDSIM_REFERENCE");
-    const char *dir = env && *env ? env : "tests/data";
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        fail_msg("MaxText reference data not found at '%s' (set SHARDSIM_REFERENCE to the "
-                 "directory holding maxtext/configs and maxtext/goldens)",
-                 dir);
-    return dir;
-}
-
 static char ref_path[1024];
 static const char *ref(const char *rel)
 {
     /* the MaxText release shardsim follows: 0.2.5 (its configs; the older files stay in maxtext/) */
-    snprintf(ref_path, sizeof ref_path, "%s/maxtext-0.2.5/%s", reference_dir(), rel);
+    snprintf(ref_path, sizeof ref_path, "%s/maxtext-0.2.5/%s", helper_reference_dir(), rel);
     return ref_path;
 }
 
@@ -69,11 +57,6 @@ static const char *load_err(const char *base, const char *const *files, int n_fi
     snprintf(msg, sizeof msg, "%s", sim_errmsg());
     return msg;
 }
-
-#define assert_contains(hay, needle)                                                    \
-    do {                                                                                \
-        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
-    } while (0)
 
 static const mesh_cfg_value *val(const mesh_cfg *cfg, const char *key)
 {

@@ -26,6 +26,7 @@
 #include "mesh/ops.h"
 #include "mesh/tape.h"
 #include "sim/arena.h"
+#include "tests/helpers.h"
 
 enum { B = 2, T = 3, K = 1100, D = 5, NDEV = 2, NCASE = 4 };
 
@@ -173,12 +174,7 @@ static void test_einsum_into(void **state)
     const char *names[] = {"x"};
     int two[] = {NDEV};
     assert_int_equal(mesh_shape_init(&j.mesh, 1, names, two), SIM_OK);
-    sim_mesh_desc md;
-    assert_int_equal(mesh_shape_to_sim(&j.mesh, &md), SIM_OK);
-    sim_machine *m;
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    assert_int_equal(sim_machine_new(&md, &o, &m), SIM_OK);
+    sim_machine *m = helper_machine(&j.mesh, false);
     sim_status st = sim_machine_run(m, run_device, &j);
     sim_machine_free(m);
     if (st) fail_msg("run failed: %s", sim_errmsg());

@@ -23,6 +23,7 @@
 
 #include "mesh/ad.h"
 #include "mesh/nn.h"
+#include "tests/helpers.h"
 
 enum { B = 4, T = 4, E = 8, N_LOCAL = B / 2 * T * E };
 
@@ -86,12 +87,7 @@ static void test_memory_op_records(void **state)
     const char *names[] = {"data"};
     int two[] = {2};
     assert_int_equal(mesh_shape_init(&j.mesh, 1, names, two), SIM_OK);
-    sim_mesh_desc md;
-    assert_int_equal(mesh_shape_to_sim(&j.mesh, &md), SIM_OK);
-    sim_machine *m;
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    assert_int_equal(sim_machine_new(&md, &o, &m), SIM_OK);
+    sim_machine *m = helper_machine(&j.mesh, false);
     sim_status st = sim_machine_run(m, cost_device, &j);
     sim_machine_free(m);
     if (st) fail_msg("run failed: %s", sim_errmsg());

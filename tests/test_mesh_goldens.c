@@ -28,11 +28,7 @@
 #include "mesh/mesh_shape.h"
 #include "mesh/rules.h"
 #include "mesh/spec.h"
-
-#define assert_contains(hay, needle)                                                    \
-    do {                                                                                \
-        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
-    } while (0)
+#include "tests/helpers.h"
 
 enum { MAX_DIRS = 256, PATH_CAP = 1024, MAX_OVR = 32, OVR_CAP = 600 };
 
@@ -214,15 +210,6 @@ static void check_mesh(const mesh_json *jm, const mesh_shape *m, const char *whe
     }
 }
 
-static mesh_json *read_json(const char *dir, const char *name)
-{
-    char path[PATH_CAP];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("%s", sim_errmsg());
-    return j;
-}
-
 /* ---- the test ----------------------------------------------------------- */
 
 static void check_directory(const mesh_cfg *base, const char *dir)
@@ -275,8 +262,8 @@ static void check_directory(const mesh_cfg *base, const char *dir)
     mesh_cfg_free(cfg);
 
     /* parameters and optimizer state */
-    mesh_json *named = read_json(dir, "named_shardings.json");
-    mesh_json *logical = read_json(dir, "logical_shardings.json");
+    mesh_json *named = helper_read_json(dir, "named_shardings.json");
+    mesh_json *logical = helper_read_json(dir, "logical_shardings.json");
     assert_int_equal(named->kind, MESH_JSON_OBJECT);
     assert_int_equal(logical->kind, MESH_JSON_OBJECT);
     if (named->n != logical->n) fail_msg("%s: %d named vs %d logical entries", rel, named->n, logical->n);
@@ -323,7 +310,7 @@ static void check_directory(const mesh_cfg *base, const char *dir)
     mesh_json_free(logical);
 
     /* activations */
-    mesh_json *input = read_json(dir, "input_shardings.json");
+    mesh_json *input = helper_read_json(dir, "input_shardings.json");
     const mesh_json *dump = mesh_json_get(input, "Activation Sharding Dump");
     assert_non_null(dump);
     int n_act = 0, n_unknown = 0;

@@ -22,6 +22,7 @@
 
 #include "blas_kernels/bk_einsum.h"
 #include "mesh/ops.h"
+#include "tests/helpers.h"
 
 /* ------------------------------------------------------------ harness */
 
@@ -61,20 +62,6 @@ typedef struct {
     size_t live_after[MAXDEV];
     bool dry;                     /* dry-run machine: no values to check */
 } run_t;
-
-static mesh_shape make_mesh(int n, const char *const *names, const int *sizes)
-{
-    mesh_shape m;
-    assert_int_equal(mesh_shape_init(&m, n, names, sizes), SIM_OK);
-    return m;
-}
-
-static mesh_spec parse(const mesh_shape *m, const char *text)
-{
-    mesh_spec s;
-    if (mesh_spec_parse(text, m, &s) != SIM_OK) fail_msg("parse %s: %s", text, sim_errmsg());
-    return s;
-}
 
 static int64_t numel(int rank, const int64_t *s)
 {
@@ -294,7 +281,7 @@ static void free_case(run_t *r)
 static void expect_ok(const run_t *r, const char *spec, uint64_t bytes, int nrec, bool implicit)
 {
     if (r->st != SIM_OK) fail_msg("expected success, got %s: %s", sim_status_name(r->st), r->msg);
-    mesh_spec want = parse(r->m, spec);
+    mesh_spec want = helper_spec(r->m, spec);
     if (!mesh_spec_equal(&want, &r->out_spec)) {
         char got[256];
         mesh_spec_format(&r->out_spec, r->m, got, sizeof got);
@@ -328,17 +315,6 @@ static void expect_err(const run_t *r, const char *needle)
     if (!strstr(r->msg, needle)) fail_msg("message\n%s\nlacks\n%s", r->msg, needle);
     if (!strstr(r->msg, "layer0/")) fail_msg("message lacks the layer: %s", r->msg);
     if (!strstr(r->msg, "fix:")) fail_msg("message lacks a fix: %s", r->msg);
-}
-
-static sim_machine *new_machine(const mesh_shape *m)
-{
-    sim_mesh_desc md;
-    assert_int_equal(mesh_shape_to_sim(m, &md), SIM_OK);
-    sim_machine *mach;
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    assert_int_equal(sim_machine_new(&md, &o, &mach), SIM_OK);
-    return mach;
 }
 
 static const char *const XY[] = {"x", "y"};
@@ -418,8 +394,8 @@ static const dot_case PJIT_CASES[] = {
 static void test_einsum_pjit_explicit(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t sa[] = {8, 2}, sb[] = {2, 8};
     for (size_t i = 0; i < sizeof PJIT_CASES / sizeof PJIT_CASES[0]; i++) {
         const dot_case *c = &PJIT_CASES[i];
@@ -447,8 +423,8 @@ static void test_einsum_pjit_explicit(void **state)
 static void test_einsum_pjit_auto(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t sa[] = {8, 2}, sb[] = {2, 8};
     static const dot_case want[] = {
         {"P('x', None)", "P(None, 'y')", "P('x', 'y')", 0, 0, NULL},
@@ -480,8 +456,8 @@ static void test_einsum_pjit_auto(void **state)
 static void test_einsum_out_sharding(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t sa[] = {8, 4}, sb[] = {4, 16};
     struct {
         const char *out;
@@ -501,9 +477,9 @@ static void test_einsum_out_sharding(void **state)
             expect_ok(&r, cases[i].out, cases[i].bytes, cases[i].bytes ? 1 : 0, mode == 0);
             if (cases[i].bytes) expect_op(&r, 0, cases[i].op);
             /* the VJP's view: operands as they were, output partial over x before the collective */
-            mesh_spec as = parse(&m, "P(None, 'x')"), bs = parse(&m, "P('x', None)");
+            mesh_spec as = helper_spec(&m, "P(None, 'x')"), bs = helper_spec(&m, "P('x', None)");
             assert_true(mesh_spec_equal(&r.info.a_spec, &as) && mesh_spec_equal(&r.info.b_spec, &bs));
-            mesh_spec lo = parse(&m, "P(None, None, unreduced={'x'})");
+            mesh_spec lo = helper_spec(&m, "P(None, None, unreduced={'x'})");
             assert_true(mesh_spec_equal(&r.info.local_out, &lo));
             assert_int_equal(r.info.bytes_in, 0);
             assert_int_equal(r.info.bytes_out, cases[i].bytes);
@@ -538,8 +514,8 @@ static void test_einsum_out_sharding(void **state)
 static void test_einsum_batch_and_partial(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t sa[] = {4, 2, 6}, sb[] = {4, 6, 4};
     /* batch dims sharded differently: JAX's batch error; auto slices rhs to P('x', ...) for free */
     run_t r = two(&m, OP_EINSUM, MESH_MODE_EXPLICIT, "bij,bjk->bik", 3, sa, "P('x', None, None)", 3, sb,
@@ -622,8 +598,8 @@ static void test_einsum_batch_and_partial(void **state)
 static void test_elementwise_broadcasting(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     /* the doc example f32[4@x,1] + f32[1,8@y] -> f32[4@x,8@y], no communication */
     int64_t a41[] = {4, 1}, b18[] = {1, 8}, s48[] = {4, 8}, s44[] = {4, 4};
     for (int mode = 0; mode < 2; mode++) {
@@ -682,8 +658,8 @@ static void test_elementwise_broadcasting(void **state)
 static void test_elementwise_partial(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t s[] = {4, 8};
     /* add of two partials over the same axes stays partial (linear) in both modes */
     for (int mode = 0; mode < 2; mode++) {
@@ -758,8 +734,8 @@ static void test_elementwise_partial(void **state)
 static void test_reduce_sum(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t s[] = {8, 4};
     for (int mode = 0; mode < 2; mode++) {
         bool imp = mode == MESH_MODE_AUTO;
@@ -806,8 +782,8 @@ static void test_reduce_sum(void **state)
 static void test_transpose(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t s[] = {8, 4, 6};
     run_t r = one(&m, OP_TRANSPOSE, MESH_MODE_EXPLICIT, 3, s, "P('x', 'y', None)");
     r.perm[0] = 2, r.perm[1] = 0, r.perm[2] = 1;
@@ -838,8 +814,8 @@ static run_t reshape_case(const mesh_shape *m, mesh_mode mode, int ra, const int
 static void test_reshape(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t v8[] = {8}, s24[] = {2, 4}, s42[] = {4, 2}, s81[] = {8, 1}, s18[] = {1, 8}, s84[] = {8, 4}, v32[] = {32};
     int64_t s8x4x2[] = {8, 4, 2}, s2x4x4x2[] = {2, 4, 4, 2};
     struct {
@@ -905,8 +881,8 @@ static void test_reshape(void **state)
     /* 8@x with x = 4 cannot split into (2, 4): JAX's error; auto gathers (local 2 = 8 B, (k-1)s = 24 B) */
     const char *n1[] = {"x"};
     int s1[] = {4};
-    mesh_shape m4 = make_mesh(1, n1, s1);
-    mach = new_machine(&m4);
+    mesh_shape m4 = helper_mesh(1, n1, s1);
+    mach = helper_machine(&m4, false);
     r = reshape_case(&m4, MESH_MODE_EXPLICIT, 1, v8, "P('x',)", 2, s24, NULL);
     run_case(mach, &r);
     expect_err(&r, "Got operand type: f32[8@x], new sizes: (2, 4)");
@@ -928,8 +904,8 @@ static void test_reshape(void **state)
 static void test_reshard_and_constraints(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t s[] = {8, 4};
     for (int mode = 0; mode < 2; mode++) {
         /* reshard: asked for by model code, explicit in both modes */
@@ -993,8 +969,8 @@ static void test_size_one_axes(void **state)
     (void)state;
     const char *names[] = {"data", "context", "tensor"};
     int sizes[] = {2, 1, 2};
-    mesh_shape m = make_mesh(3, names, sizes);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(3, names, sizes);
+    sim_machine *mach = helper_machine(&m, false);
     int64_t s[] = {8, 4};
     for (int keep = 0; keep < 2; keep++) {
         run_t r = one(&m, OP_WSC, MESH_MODE_EXPLICIT, 2, s, "P(('data', 'context'), None)");
@@ -1073,8 +1049,8 @@ static sim_status cache_device(sim_device *d, void *arg)
 static void test_reshard_cache(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     cache_run cr;
     memset(&cr, 0, sizeof cr);
     cr.m = &m;
@@ -1122,8 +1098,8 @@ static sim_status bad_device(sim_device *d, void *arg)
 static void test_bad_input(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *mach = new_machine(&m);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *mach = helper_machine(&m, false);
     const char *needles[] = {
         "layer0/bad: einsum 'ij,kj->iz': output index 'z' appears in neither operand",
         "add got incompatible shapes for broadcasting: (4, 8), (3, 8).",
@@ -1140,14 +1116,6 @@ static void test_bad_input(void **state)
 
 /* ------------------------------------------------------------ random sweep */
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Each axis goes nowhere, to a random dim (random position) or, if allowed, to the partial set. */
 static void random_spec_for(const mesh_shape *m, int rank, const int64_t *shape, uint64_t *rng, bool allow_partial,
                             char *buf, int cap);
@@ -1160,20 +1128,7 @@ static void random_spec(const mesh_shape *m, int rank, uint64_t *rng, bool allow
 static void random_spec_for(const mesh_shape *m, int rank, const int64_t *shape, uint64_t *rng, bool allow_partial,
                             char *buf, int cap)
 {
-    mesh_spec s;
-    mesh_spec_init(&s, rank);
-    for (int a = 0; a < m->n_axes; a++) {
-        int r = (int)(rng_next(rng) % (uint64_t)(rank + 2));
-        if (r == rank) continue;
-        if (r == rank + 1) {
-            if (allow_partial) s.partial |= 1u << a;
-            continue;
-        }
-        int pos = (int)(rng_next(rng) % (uint64_t)(s.n_axes[r] + 1));
-        for (int i = s.n_axes[r]; i > pos; i--) s.axes[r][i] = s.axes[r][i - 1];
-        s.axes[r][pos] = (int8_t)a;
-        s.n_axes[r]++;
-    }
+    mesh_spec s = helper_random_spec(m, rank, rng, allow_partial);
     for (int d = 0; shape && d < rank; d++)
         if (shape[d] == 1) {
             int w = 0;
@@ -1215,20 +1170,20 @@ static void test_random_sweep(void **state)
     int ok = 0, errs = 0, total = 0;
     char sp[3][256];
     for (int mi = 0; mi < 2; mi++) {
-        mesh_shape m = make_mesh(mi ? 3 : 2, names, sizes[mi]);
-        sim_machine *mach = new_machine(&m);
+        mesh_shape m = helper_mesh(mi ? 3 : 2, names, sizes[mi]);
+        sim_machine *mach = helper_machine(&m, false);
         for (int it = 0; it < 300; it++) {
-            mesh_mode mode = (mesh_mode)(rng_next(&rng) % 2);
-            bool partial = rng_next(&rng) % 3 == 0;
-            int kind = (int)(rng_next(&rng) % 6);
+            mesh_mode mode = (mesh_mode)(helper_rng_next(&rng) % 2);
+            bool partial = helper_rng_next(&rng) % 3 == 0;
+            int kind = (int)(helper_rng_next(&rng) % 6);
             run_t r;
             if (kind <= 1) { /* einsum */
-                int e = (int)(rng_next(&rng) % (sizeof eins / sizeof eins[0]));
+                int e = (int)(helper_rng_next(&rng) % (sizeof eins / sizeof eins[0]));
                 random_spec(&m, eins[e].ra, &rng, partial, sp[0], sizeof sp[0]);
                 random_spec(&m, eins[e].rb, &rng, partial, sp[1], sizeof sp[1]);
                 r = two(&m, OP_EINSUM, mode, eins[e].sub, eins[e].ra, eins[e].sa, sp[0], eins[e].rb, eins[e].sb,
                         sp[1], NULL);
-                if (rng_next(&rng) % 2) {
+                if (helper_rng_next(&rng) % 2) {
                     bk_einsum_dims d;
                     char err[256];
                     assert_int_equal(bk_einsum_parse(eins[e].sub, eins[e].ra, eins[e].sa, eins[e].rb, eins[e].sb, &d,
@@ -1239,26 +1194,26 @@ static void test_random_sweep(void **state)
             } else if (kind == 2) { /* elementwise with broadcasting */
                 int64_t a[] = {8, 4, 4}, b[] = {8, 1, 4};
                 op_kind ops[] = {OP_ADD, OP_SUB, OP_MUL};
-                bool bc = rng_next(&rng) % 2;
+                bool bc = helper_rng_next(&rng) % 2;
                 random_spec(&m, 3, &rng, partial, sp[0], sizeof sp[0]);
                 random_spec_for(&m, 3, bc ? b : a, &rng, partial, sp[1], sizeof sp[1]);
-                r = two(&m, ops[rng_next(&rng) % 3], mode, NULL, 3, a, sp[0], 3, bc ? b : a, sp[1], NULL);
+                r = two(&m, ops[helper_rng_next(&rng) % 3], mode, NULL, 3, a, sp[0], 3, bc ? b : a, sp[1], NULL);
             } else if (kind == 3) { /* reduce_sum */
                 int64_t a[] = {8, 4, 8};
                 random_spec(&m, 3, &rng, partial, sp[0], sizeof sp[0]);
                 r = one(&m, OP_REDUCE, mode, 3, a, sp[0]);
-                r.ndims = 1 + (int)(rng_next(&rng) % 2);
-                r.dims[0] = (int)(rng_next(&rng) % 3);
-                r.dims[1] = (r.dims[0] + 1 + (int)(rng_next(&rng) % 2)) % 3;
-                if (rng_next(&rng) % 2) {
+                r.ndims = 1 + (int)(helper_rng_next(&rng) % 2);
+                r.dims[0] = (int)(helper_rng_next(&rng) % 3);
+                r.dims[1] = (r.dims[0] + 1 + (int)(helper_rng_next(&rng) % 2)) % 3;
+                if (helper_rng_next(&rng) % 2) {
                     random_spec(&m, 3 - r.ndims, &rng, true, sp[2], sizeof sp[2]);
                     r.out_sharding = sp[2];
                 }
             } else if (kind == 4) { /* reshape */
-                int e = (int)(rng_next(&rng) % (sizeof resh / sizeof resh[0]));
+                int e = (int)(helper_rng_next(&rng) % (sizeof resh / sizeof resh[0]));
                 random_spec_for(&m, resh[e].ra, resh[e].sa, &rng, partial, sp[0], sizeof sp[0]);
                 r = reshape_case(&m, mode, resh[e].ra, resh[e].sa, sp[0], resh[e].rb, resh[e].sb, NULL);
-                if (rng_next(&rng) % 3 == 0) {
+                if (helper_rng_next(&rng) % 3 == 0) {
                     random_spec_for(&m, resh[e].rb, resh[e].sb, &rng, partial, sp[2], sizeof sp[2]);
                     r.out_sharding = sp[2];
                 }
@@ -1267,7 +1222,7 @@ static void test_random_sweep(void **state)
                 op_kind ops[] = {OP_TRANSPOSE, OP_RESHARD, OP_WSC, OP_SHARD_AS};
                 random_spec(&m, 3, &rng, partial, sp[0], sizeof sp[0]);
                 random_spec(&m, 3, &rng, true, sp[2], sizeof sp[2]);
-                r = one(&m, ops[rng_next(&rng) % 4], mode, 3, a, sp[0]);
+                r = one(&m, ops[helper_rng_next(&rng) % 4], mode, 3, a, sp[0]);
                 r.target = sp[2];
                 r.perm[0] = 2, r.perm[1] = 0, r.perm[2] = 1;
             }
@@ -1294,14 +1249,8 @@ static void test_random_sweep(void **state)
 static void test_dry_run_counts(void **state)
 {
     (void)state;
-    mesh_shape m = make_mesh(2, XY, S22);
-    sim_machine *real = new_machine(&m), *dry;
-    sim_mesh_desc md;
-    assert_int_equal(mesh_shape_to_sim(&m, &md), SIM_OK);
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    o.dry_run = true;
-    assert_int_equal(sim_machine_new(&md, &o, &dry), SIM_OK);
+    mesh_shape m = helper_mesh(2, XY, S22);
+    sim_machine *real = helper_machine(&m, false), *dry = helper_machine(&m, true);
     int64_t sa[] = {8, 4}, sb[] = {4, 16}, sc[] = {4, 8};
     run_t cases[] = {
         two(&m, OP_EINSUM, MESH_MODE_EXPLICIT, "ij,jk->ik", 2, sa, "P(None, 'x')", 2, sb, "P('x', None)",

@@ -18,13 +18,7 @@
 #include "mesh/ops.h"
 #include "mesh/planmemo.h"
 #include "sim/collectives.h"
-
-static mesh_shape make_mesh(int n, const char *const *names, const int *sizes)
-{
-    mesh_shape m;
-    assert_int_equal(mesh_shape_init(&m, n, names, sizes), SIM_OK);
-    return m;
-}
+#include "tests/helpers.h"
 
 static uint64_t rng(uint64_t *s) /* xorshift64* */
 {
@@ -78,7 +72,7 @@ static void test_memo_equals_planner(void **state)
     (void)state;
     const char *names[] = {"data", "fsdp", "tensor", "expert"};
     int sizes_a[] = {2, 4, 2, 1}, sizes_b[] = {4, 2, 1, 2}; /* same names, another mesh */
-    mesh_shape ma = make_mesh(4, names, sizes_a), mb = make_mesh(4, names, sizes_b);
+    mesh_shape ma = helper_mesh(4, names, sizes_a), mb = helper_mesh(4, names, sizes_b);
     const int64_t shapes[][3] = {{16, 32, 8}, {8, 64, 4}, {3, 16, 8} /* 3 divides by nothing: some specs have no plan */};
     uint64_t s = 0x9e3779b97f4a7c15ull;
     tally t = {0, 0};
@@ -177,7 +171,7 @@ static void test_mesh_ids(void **state)
     (void)state;
     const char *names[] = {"data", "fsdp"};
     int s1[] = {2, 4}, s2[] = {4, 2};
-    mesh_shape a = make_mesh(2, names, s1), b = make_mesh(2, names, s2);
+    mesh_shape a = helper_mesh(2, names, s1), b = helper_mesh(2, names, s2);
     mesh_shape *a2 = malloc(sizeof *a2);
     *a2 = a; /* the same mesh elsewhere */
     int ia = mesh_memo_mesh_id(&a), ib = mesh_memo_mesh_id(&b);
@@ -263,12 +257,7 @@ static sim_status ep_device(sim_device *d, void *arg)
 
 static void ep_pass(const mesh_shape *m, mesh_mode mode, ep_run *r)
 {
-    sim_mesh_desc md;
-    assert_int_equal(mesh_shape_to_sim(m, &md), SIM_OK);
-    sim_machine *mach;
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    assert_int_equal(sim_machine_new(&md, &o, &mach), SIM_OK);
+    sim_machine *mach = helper_machine(m, false);
     memset(r, 0, sizeof *r);
     r->m = m;
     r->mode = mode;
@@ -282,7 +271,7 @@ static void test_einsum_placement_memo(void **state)
     (void)state;
     const char *names[] = {"x", "y", "z"};
     int sizes[] = {2, 2, 2};
-    mesh_shape m = make_mesh(3, names, sizes);
+    mesh_shape m = helper_mesh(3, names, sizes);
     ep_run *fresh = malloc(sizeof *fresh), *got = malloc(sizeof *got);
     mesh_memo_set_enabled(false);
     ep_pass(&m, MESH_MODE_AUTO, fresh); /* every placement searched */

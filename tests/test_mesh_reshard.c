@@ -17,20 +17,7 @@
 #include <string.h>
 
 #include "mesh/reshard.h"
-
-static mesh_shape make_mesh(int n, const char *const *names, const int *sizes)
-{
-    mesh_shape m;
-    assert_int_equal(mesh_shape_init(&m, n, names, sizes), SIM_OK);
-    return m;
-}
-
-static mesh_spec parse(const mesh_shape *m, const char *text)
-{
-    mesh_spec s;
-    if (mesh_spec_parse(text, m, &s) != SIM_OK) fail_msg("parse %s: %s", text, sim_errmsg());
-    return s;
-}
+#include "tests/helpers.h"
 
 /* ------------------------------------------------------------ hand-derived plans */
 
@@ -43,7 +30,7 @@ typedef struct {
 
 static void check_hand(const mesh_shape *m, int rank, const int64_t *shape, const hand_case *hc)
 {
-    mesh_spec f = parse(m, hc->from), t = parse(m, hc->to);
+    mesh_spec f = helper_spec(m, hc->from), t = helper_spec(m, hc->to);
     mesh_plan p;
     if (mesh_plan_make(m, "x", rank, shape, SIM_F32, &f, &t, &p) != SIM_OK) fail_msg("%s", sim_errmsg());
     if (p.n != hc->nsteps || p.total_bytes != hc->bytes) {
@@ -61,7 +48,7 @@ static void test_hand_derived_plans(void **state)
     /* 1-D mesh x=4, float32 (8, 16): local block of P('x', None) is 2*16*4 = 128 B */
     const char *n1[] = {"x"};
     int s1[] = {4};
-    mesh_shape m1 = make_mesh(1, n1, s1);
+    mesh_shape m1 = helper_mesh(1, n1, s1);
     int64_t sh[] = {8, 16};
     const hand_case c1[] = {
         {"P('x', None)", "P(None, None)", 1, {MESH_STEP_ALL_GATHER}, 3 * 128},          /* (k-1)*s */
@@ -77,7 +64,7 @@ static void test_hand_derived_plans(void **state)
     /* 2-D mesh a=2, b=2 */
     const char *n2[] = {"a", "b"};
     int s2[] = {2, 2};
-    mesh_shape m2 = make_mesh(2, n2, s2);
+    mesh_shape m2 = helper_mesh(2, n2, s2);
     const hand_case c2[] = {
         /* the tuple moves as one all-to-all over the 4-device group: 3/4 * 128 B */
         {"P(('a', 'b'), None)", "P(None, ('a', 'b'))", 1, {MESH_STEP_ALL_TO_ALL}, 96},
@@ -94,7 +81,7 @@ static void test_hand_derived_plans(void **state)
     };
     for (size_t i = 0; i < sizeof c2 / sizeof c2[0]; i++) check_hand(&m2, 2, sh, &c2[i]);
     {
-        mesh_spec f = parse(&m2, "P(('a', 'b'), None)"), t = parse(&m2, "P(('b', 'a'), None)");
+        mesh_spec f = helper_spec(&m2, "P(('a', 'b'), None)"), t = helper_spec(&m2, "P(('b', 'a'), None)");
         mesh_plan p;
         assert_int_equal(mesh_plan_make(&m2, "x", 2, sh, SIM_F32, &f, &t, &p), SIM_OK);
         const uint64_t per_device[4] = {0, 128, 128, 0}; /* devices 1 = (0,1) and 2 = (1,0) swap */
@@ -105,8 +92,8 @@ static void test_hand_derived_plans(void **state)
          * where 2a+b = 3c, i.e. (0,0,0) and (1,1,1): six of the eight devices send their 64 B block */
         const char *n3c[] = {"a", "b", "c"};
         int s3c[] = {2, 2, 2};
-        mesh_shape m3c = make_mesh(3, n3c, s3c);
-        mesh_spec f = parse(&m3c, "P(('a', 'b', 'c'), None)"), t = parse(&m3c, "P(('c', 'a', 'b'), None)");
+        mesh_shape m3c = helper_mesh(3, n3c, s3c);
+        mesh_spec f = helper_spec(&m3c, "P(('a', 'b', 'c'), None)"), t = helper_spec(&m3c, "P(('c', 'a', 'b'), None)");
         mesh_plan p;
         assert_int_equal(mesh_plan_make(&m3c, "x", 2, sh, SIM_F32, &f, &t, &p), SIM_OK);
         assert_int_equal(p.n, 1);
@@ -126,46 +113,16 @@ static void test_hand_derived_plans(void **state)
      * slice tensor on dim 1 (local 2x8), then one all-gather over (data, fsdp): 3 * 2*8*4 = 192 B */
     const char *n3[] = {"data", "fsdp", "tensor"};
     int s3[] = {2, 2, 2};
-    mesh_shape m3 = make_mesh(3, n3, s3);
+    mesh_shape m3 = helper_mesh(3, n3, s3);
     hand_case c3 = {"P(('data','fsdp'),None)", "P(None,'tensor')", 2, {MESH_STEP_SLICE, MESH_STEP_ALL_GATHER}, 192};
     check_hand(&m3, 2, sh, &c3);
 
     /* errors name the tensor, dim and axes */
-    mesh_spec f = parse(&m1, "P(None, None)"), t = parse(&m1, "P(None, 'x')");
+    mesh_spec f = helper_spec(&m1, "P(None, None)"), t = helper_spec(&m1, "P(None, 'x')");
     int64_t bad[] = {8, 6};
     mesh_plan p;
     assert_int_equal(mesh_plan_make(&m1, "decoder/wq", 2, bad, SIM_F32, &f, &t, &p), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "decoder/wq"));
-}
-
-/* ------------------------------------------------------------ random sweep */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Each axis goes nowhere, to a random dim (random position) or to the partial set. */
-static mesh_spec random_spec(const mesh_shape *m, int rank, uint64_t *rng, bool allow_partial)
-{
-    mesh_spec s;
-    mesh_spec_init(&s, rank);
-    for (int a = 0; a < m->n_axes; a++) {
-        int r = (int)(rng_next(rng) % (uint64_t)(rank + 2));
-        if (r == rank) continue;
-        if (r == rank + 1) {
-            if (allow_partial) s.partial |= 1u << a;
-            continue;
-        }
-        int pos = (int)(rng_next(rng) % (uint64_t)(s.n_axes[r] + 1));
-        for (int i = s.n_axes[r]; i > pos; i--) s.axes[r][i] = s.axes[r][i - 1];
-        s.axes[r][pos] = (int8_t)a;
-        s.n_axes[r]++;
-    }
-    return s;
 }
 
 typedef struct {
@@ -230,24 +187,20 @@ static void test_random_reshards(void **state)
     int runs = 0, moved = 0;
     int kinds_seen[MESH_STEP_KINDS] = {0};
     for (int mi = 0; mi < 5; mi++) {
-        mesh_shape m = make_mesh(naxes[mi], names, sizes[mi]);
-        sim_mesh_desc md;
-        assert_int_equal(mesh_shape_to_sim(&m, &md), SIM_OK);
-        sim_machine *mach;
-        sim_machine_opts o = {0};
-        assert_int_equal(sim_machine_new(&md, &o, &mach), SIM_OK);
+        mesh_shape m = helper_mesh(naxes[mi], names, sizes[mi]);
+        sim_machine *mach = helper_machine(&m, false);
         for (int it = 0; it < 120; it++) {
             sweep *sw = calloc(1, sizeof *sw);
             sw->m = &m;
-            sw->rank = 2 + (int)(rng_next(&rng) % 2);
+            sw->rank = 2 + (int)(helper_rng_next(&rng) % 2);
             for (int i = 0; i < sw->rank; i++) sw->shape[i] = i == 1 ? 48 : 24;
-            sw->from = random_spec(&m, sw->rank, &rng, true);
-            sw->to = random_spec(&m, sw->rank, &rng, true);
+            sw->from = helper_random_spec(&m, sw->rank, &rng, true);
+            sw->to = helper_random_spec(&m, sw->rank, &rng, true);
             int64_t n = 1;
             for (int i = 0; i < sw->rank; i++) n *= sw->shape[i];
             sw->global = malloc((size_t)n * sizeof(float));
             sw->out = calloc((size_t)n, sizeof(float));
-            for (int64_t i = 0; i < n; i++) sw->global[i] = (float)(rng_next(&rng) % 1000);
+            for (int64_t i = 0; i < n; i++) sw->global[i] = (float)(helper_rng_next(&rng) % 1000);
             if (mesh_plan_make(&m, "t", sw->rank, sw->shape, SIM_F32, &sw->from, &sw->to, &sw->plan) != SIM_OK)
                 fail_msg("plan: %s", sim_errmsg());
             if (sim_machine_run(mach, sweep_device, sw) != SIM_OK) fail_msg("run: %s", sim_errmsg());
@@ -363,29 +316,25 @@ static void test_read_only_copies(void **state)
     uint64_t rng = 777;
     int shared = 0, borrowed_inplace = 0, shared_inplace = 0;
     for (int mi = 0; mi < 3; mi++) {
-        mesh_shape m = make_mesh(naxes[mi], names, sizes[mi]);
-        sim_mesh_desc md;
-        assert_int_equal(mesh_shape_to_sim(&m, &md), SIM_OK);
-        sim_machine *mach;
-        sim_machine_opts o = {0};
-        assert_int_equal(sim_machine_new(&md, &o, &mach), SIM_OK);
+        mesh_shape m = helper_mesh(naxes[mi], names, sizes[mi]);
+        sim_machine *mach = helper_machine(&m, false);
         for (int it = 0; it < 60; it++) {
             ro_case *rc = calloc(1, sizeof *rc);
             rc->m = &m;
             rc->rank = 2;
             rc->shape[0] = 24, rc->shape[1] = 48;
-            rc->from = random_spec(&m, rc->rank, &rng, true);
+            rc->from = helper_random_spec(&m, rc->rank, &rng, true);
             /* every third target replicated-or-gathered: the FSDP case (one all-gather) comes up often */
-            rc->to = it % 3 ? random_spec(&m, rc->rank, &rng, false) : rc->from;
+            rc->to = it % 3 ? helper_random_spec(&m, rc->rank, &rng, false) : rc->from;
             if (it % 3 == 0) {
                 rc->to.partial = 0;
                 for (int dd = 0; dd < rc->rank; dd++) rc->to.n_axes[dd] = 0;
             }
-            rc->to2 = random_spec(&m, rc->rank, &rng, true);
+            rc->to2 = helper_random_spec(&m, rc->rank, &rng, true);
             int64_t n = rc->shape[0] * rc->shape[1];
             rc->global = malloc((size_t)n * sizeof(float));
             rc->out = calloc((size_t)n, sizeof(float));
-            for (int64_t i = 0; i < n; i++) rc->global[i] = (float)(rng_next(&rng) % 1000);
+            for (int64_t i = 0; i < n; i++) rc->global[i] = (float)(helper_rng_next(&rng) % 1000);
             if (sim_machine_run(mach, ro_device, rc) != SIM_OK) fail_msg("run: %s", sim_errmsg());
             for (int64_t i = 0; i < n; i++)
                 if (rc->out[i] != rc->global[i]) fail_msg("element %lld is %g, expected %g", (long long)i, rc->out[i], rc->global[i]);

@@ -14,11 +14,7 @@
 
 #include "config/config.h"
 #include "mesh/rules.h"
-
-#define assert_contains(hay, needle)                                                    \
-    do {                                                                                \
-        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
-    } while (0)
+#include "tests/helpers.h"
 
 #define MAXN 8
 

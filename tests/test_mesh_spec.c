@@ -14,11 +14,7 @@
 #include "config/json.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/spec.h"
-
-#define assert_contains(hay, needle)                                                    \
-    do {                                                                                \
-        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
-    } while (0)
+#include "tests/helpers.h"
 
 /* configs_dir NULL: configs/ with its key contract (configs/keys.yml). */
 static sim_status mesh_from_overrides_in(const char *configs_dir, int n, const char *const *ovr, mesh_shape *m)

@@ -45,38 +45,6 @@ static long long train(model_run *r, const char *const *extra, int n, int device
     return mesh_ad_fused_count() - before;
 }
 
-/* Every device's collective records and arena figures equal in a and b. */
-static void expect_same_traffic_and_memory(const model_run *a, const model_run *b, int devices)
-{
-    for (int d = 0; d < devices; d++) {
-        size_t na, nb;
-        const sim_record *ra = sim_device_records(sim_machine_device(a->m, d), &na);
-        const sim_record *rb = sim_device_records(sim_machine_device(b->m, d), &nb);
-        assert_int_equal(na, nb);
-        for (size_t i = 0; i < na; i++) {
-            assert_int_equal(ra[i].op, rb[i].op);
-            assert_int_equal(ra[i].phase, rb[i].phase);
-            assert_int_equal(ra[i].axes.n, rb[i].axes.n);
-            assert_int_equal(ra[i].dtype, rb[i].dtype);
-            assert_int_equal(ra[i].elements, rb[i].elements);
-            assert_int_equal(ra[i].bytes_sent, rb[i].bytes_sent);
-            assert_int_equal(ra[i].bytes_recv, rb[i].bytes_recv);
-            assert_int_equal(ra[i].implicit, rb[i].implicit);
-            assert_string_equal(ra[i].tag, rb[i].tag);
-        }
-        sim_arena_stats sa, sb;
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(a->m, d)), &sa);
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(b->m, d)), &sb);
-        assert_int_equal(sa.peak, sb.peak);
-        assert_int_equal(sa.live, sb.live);
-        assert_int_equal(sa.n_allocs, sb.n_allocs);
-        for (int c = 0; c < SIM_NMEM; c++) {
-            assert_int_equal(sa.peak_by[c], sb.peak_by[c]);
-            assert_int_equal(sa.at_peak_by[c], sb.at_peak_by[c]);
-        }
-    }
-}
-
 static void fused_vs_separate(const char *what, const char *const *extra, int n, int devices)
 {
     model_run on, off;
@@ -85,7 +53,7 @@ static void fused_vs_separate(const char *what, const char *const *extra, int n,
     printf("%s: %lld contributions fused\n", what, fused);
     assert_int_equal(fused, (long long)PER_LAYER * LAYERS * devices * STEPS);
     assert_int_equal(none, 0);
-    expect_same_traffic_and_memory(&on, &off, devices);
+    model_run_expect_same_records(what, &on, &off, devices, 0);
     model_run_compare(what, &on, &off, STEPS);
     model_run_close(&on);
     model_run_close(&off);
@@ -122,7 +90,7 @@ static void test_dry_run_decides_alike(void **state)
     long long fa = train(&a, real, 2, 4, true, false), fb = train(&b, dry, 3, 4, true, false);
     assert_int_equal(fa, fb);
     assert_true(fa > 0);
-    expect_same_traffic_and_memory(&a, &b, 4);
+    model_run_expect_same_records("dry run", &a, &b, 4, 0);
     model_run_close(&a);
     model_run_close(&b);
 }

@@ -26,7 +26,6 @@
 #include <time.h>
 
 #include "models/core/train.h"
-#include "sim/trace.h"
 #include "tests/model_run.h"
 
 /* Dims of the test-sized model: emb 64, 4 heads, MoE width 32, 8 experts top 2, 4 groups keep 2. */
@@ -247,14 +246,7 @@ static void test_trace_lanes(void **state)
     (void)state;
     model_run r;
     open_run(&r, MESH8, 3, 8, 1);
-    sim_machine_free(r.m);
-    assert_int_equal(model_machine_new(r.def, 0, true, &r.m), SIM_OK);
-    model_run_train(&r, false);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    assert_int_equal(sim_trace_write_chrome(r.m, f, 0), SIM_OK);
-    fclose(f);
+    char *buf = model_run_train_traced(&r);
     assert_non_null(strstr(buf, "\"name\":\"compute mb0\""));
     assert_non_null(strstr(buf, "\"name\":\"compute mb1\""));
     for (int l = 0; l < 4; l++)
@@ -305,20 +297,7 @@ static void test_dry_run(void **state)
     model_run_train(&a, false);
     open_run(&b, dry, 4, 8, 1);
     model_run_train(&b, false);
-    for (int d = 0; d < 8; d++) {
-        size_t na, nb;
-        const sim_record *ra = sim_device_records(sim_machine_device(a.m, d), &na);
-        const sim_record *rb = sim_device_records(sim_machine_device(b.m, d), &nb);
-        assert_int_equal(na, nb);
-        for (size_t i = 0; i < na; i++) {
-            assert_string_equal(ra[i].tag, rb[i].tag);
-            assert_int_equal(ra[i].bytes_sent, rb[i].bytes_sent);
-        }
-        sim_arena_stats sa, sb;
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &sa);
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &sb);
-        assert_int_equal(sa.peak, sb.peak);
-    }
+    model_run_expect_same_records("dry run", &a, &b, 8, 0);
     model_run_close(&a);
     model_run_close(&b);
 }

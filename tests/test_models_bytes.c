@@ -32,12 +32,11 @@
 
 #include "models/core/train.h"
 #include "sim/arena.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=8",
-    "base_mlp_dim=32", "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=16",
-};
+/* tests/data/tiny-llama-mha.yml: 2 layers of width 16, 2 heads of 8, MLP 32 */
+static const char *const TINY[] = {TINY_LLAMA_MHA_YML};
 enum { NTINY = sizeof TINY / sizeof TINY[0], NDEV = 4 };
 static const char *const FSDP_TENSOR[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"};
 static const char *const ZERO1_GA[] = {"ici_data_parallelism=2", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2",

@@ -25,6 +25,7 @@
 #include "config/json.h"
 #include "models/core/checkpoint.h"
 #include "models/core/init.h"
+#include "tests/helpers.h"
 
 enum { NP = 4, MAXL = 4 };
 
@@ -123,8 +124,10 @@ static sim_status ck_device(sim_device *d, void *arg)
         model_param_layer_spec(&p[i], &spec);
         mesh_array *arr[3] = {store[i][0], store[i][1], store[i][2]};
         p[i].w = arr[0];
-        p[i].m = arr[1];
-        p[i].v = arr[2];
+        p[i].n_slots = 2;
+        p[i].slot_name[0] = "mu", p[i].slot_name[1] = "nu";
+        p[i].slot[0] = arr[1];
+        p[i].slot[1] = arr[2];
         for (int w = 0; w < 3; w++)
             for (int l = 0; l < p[i].n_layers; l++) {
                 SIM_TRY(mesh_array_new(d, c->m, pd->path, rank, shape, &spec, SIM_F32, SIM_MEM_PARAMS, &arr[w][l]));
@@ -154,7 +157,7 @@ static sim_status ck_device(sim_device *d, void *arg)
             for (int w = 0; w < (c->act == DO_LOAD ? 3 : 1); w++)
                 for (int l = 0; l < p[i].n_layers; l++) {
                     if (!holds_layer(d, &p[i], l, c->m)) continue;
-                    mesh_array *a = w == 0 ? &p[i].w[l] : w == 1 ? &p[i].m[l] : &p[i].v[l];
+                    mesh_array *a = w == 0 ? &p[i].w[l] : &p[i].slot[w - 1][l];
                     expected_layer(&c->model[i], l, w, g, nel);
                     mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
                     mesh_spec_shard(&a->spec, c->m, a->shape, dev, sh);
@@ -171,8 +174,8 @@ static sim_status ck_device(sim_device *d, void *arg)
     for (int i = 0; i < NP; i++)
         for (int l = 0; l < p[i].n_layers; l++) {
             mesh_array_free(d, &p[i].w[l]);
-            mesh_array_free(d, &p[i].m[l]);
-            mesh_array_free(d, &p[i].v[l]);
+            mesh_array_free(d, &p[i].slot[0][l]);
+            mesh_array_free(d, &p[i].slot[1][l]);
         }
     return SIM_OK;
 }
@@ -183,11 +186,7 @@ static sim_status run(const mesh_desc *md, const pdesc *model, action act, const
 {
     mesh_shape m;
     assert_int_equal(mesh_shape_init(&m, md->naxes, md->names, md->sizes), SIM_OK);
-    sim_mesh_desc sd;
-    assert_int_equal(mesh_shape_to_sim(&m, &sd), SIM_OK);
-    sim_machine *mach;
-    sim_machine_opts o = {0};
-    assert_int_equal(sim_machine_new(&sd, &o, &mach), SIM_OK);
+    sim_machine *mach = helper_machine(&m, false);
     ck_case *c = calloc(1, sizeof *c);
     c->m = &m;
     c->model = model;
@@ -209,32 +208,6 @@ static sim_status run(const mesh_desc *md, const pdesc *model, action act, const
     free(c);
     sim_machine_free(mach);
     return st;
-}
-
-static char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long k = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)k + 1);
-    *n = fread(b, 1, (size_t)k, f);
-    fclose(f);
-    return b;
-}
-
-static void write_all(const char *path, const char *b, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(b, 1, n, f), n);
-    fclose(f);
-}
-
-static void assert_contains(const char *s, const char *sub)
-{
-    if (!strstr(s, sub)) fail_msg("expected \"%s\" in: %s", sub, s);
 }
 
 static int setup(void **state)
@@ -278,12 +251,12 @@ static void test_save_load_across_meshes(void **state)
 
     /* a save under every other mesh writes the very same bytes */
     size_t n0, n1;
-    char *ref = read_all(file, &n0);
+    char *ref = helper_read_file_opt(file, &n0);
     const mesh_desc *savers[] = {&mesh_dt, &mesh_one, &mesh_stage};
     for (int k = 0; k < 3; k++) {
         step = 7;
         if (run(savers[k], model_a, DO_SAVE, NULL, &step, NULL) != SIM_OK) fail_msg("save %d: %s", k, sim_errmsg());
-        char *b = read_all(file, &n1);
+        char *b = helper_read_file_opt(file, &n1);
         assert_int_equal(n0, n1);
         if (memcmp(ref, b, n0)) fail_msg("the file saved under mesh %d differs from the fsdp=4 one", k);
         free(b);
@@ -299,7 +272,7 @@ static void test_file_is_safetensors(void **state)
     char file[256];
     assert_int_equal(model_checkpoint_path(g_dir, 3, file, sizeof file), SIM_OK);
     size_t n;
-    unsigned char *b = (unsigned char *)read_all(file, &n);
+    unsigned char *b = (unsigned char *)helper_read_file_opt(file, &n);
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | b[i];
     assert_int_equal(hl % 8, 0);
@@ -368,7 +341,7 @@ static void test_errors(void **state)
     assert_int_equal(model_checkpoint_path(g_dir, 5, file, sizeof file), SIM_OK);
     snprintf(bad, sizeof bad, "%s/bad.safetensors", g_dir);
     size_t n;
-    char *b = read_all(file, &n);
+    char *b = helper_read_file_opt(file, &n);
 
     /* a model with another shape: names the file, the tensor and both shapes */
     pdesc other[NP];
@@ -393,7 +366,7 @@ static void test_errors(void **state)
     char *mu = strstr(c + 8, "\"opt_state.mu.params.decoder.decoder_norm.scale\"");
     assert_non_null(mu);
     memcpy(mu + 1, "opt_state.mx", 12);
-    write_all(bad, c, n);
+    helper_write_file(bad, c, n);
     /* (a name the model does not know is refused whatever is loaded: no
      * tensor of a file goes unchecked) */
     assert_int_equal(run(&one, model_a, DO_LOAD, bad, NULL, NULL), SIM_ERR_INPUT);
@@ -405,13 +378,13 @@ static void test_errors(void **state)
     /* header length beyond the file */
     memcpy(c, b, n);
     c[5] = 0x7f;
-    write_all(bad, c, n);
+    helper_write_file(bad, c, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), bad);
     assert_contains(sim_errmsg(), "header length");
 
     /* truncated data */
-    write_all(bad, b, n - 100);
+    helper_write_file(bad, b, n - 100);
     assert_int_equal(run(&one, model_a, DO_LOAD, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), bad);
     assert_contains(sim_errmsg(), "data_offsets");
@@ -419,7 +392,7 @@ static void test_errors(void **state)
     /* broken JSON */
     memcpy(c, b, n);
     c[8] = '#';
-    write_all(bad, c, n);
+    helper_write_file(bad, c, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), bad);
 
@@ -428,7 +401,7 @@ static void test_errors(void **state)
     char *dt = strstr(c + 8, "\"F32\"");
     assert_non_null(dt);
     memcpy(dt, "\"F16\"", 5);
-    write_all(bad, c, n);
+    helper_write_file(bad, c, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "dtype F16");
     assert_contains(sim_errmsg(), "params.token_embedder.embedding");
@@ -443,7 +416,7 @@ static void test_errors(void **state)
         for (int i = 0; i < 8; i++) h[i] = (char)((hl >> (8 * i)) & 0xff);
         memset(h + 8, ' ', hl);
         memcpy(h + 8, not_obj[k], strlen(not_obj[k]));
-        write_all(bad, h, sizeof h);
+        helper_write_file(bad, h, sizeof h);
         assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
         assert_contains(sim_errmsg(), bad);
         assert_contains(sim_errmsg(), "expected an object");
@@ -514,7 +487,7 @@ static void test_corrupt_files(void **state)
     assert_int_equal(model_checkpoint_path(g_dir, 6, file, sizeof file), SIM_OK);
     snprintf(bad, sizeof bad, "%s/corrupt.safetensors", g_dir);
     size_t n;
-    char *b = read_all(file, &n), *c = malloc(n);
+    char *b = helper_read_file_opt(file, &n), *c = malloc(n);
     const mesh_desc one = mesh_one;
     uint64_t hl = header_len(b);
     const char *emb = "params.token_embedder.embedding", *fin = "params.decoder.decoder_norm.scale";
@@ -529,7 +502,7 @@ static void test_corrupt_files(void **state)
     /* one flipped data bit: refused naming the tensor */
     memcpy(c, b, n);
     c[8 + hl + e_b + 5] ^= 0x10;
-    write_all(bad, c, n);
+    helper_write_file(bad, c, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), bad);
     assert_contains(sim_errmsg(), emb);
@@ -543,7 +516,7 @@ static void test_corrupt_files(void **state)
     while (strlen(to) < strlen(from)) memmove(to + 1, to, strlen(to) + 1), to[0] = ' ';
     memcpy(c, b, n);
     patch(c, from, to);
-    write_all(bad, c, n);
+    helper_write_file(bad, c, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), bad);
     assert_contains(sim_errmsg(), "overlap");
@@ -553,7 +526,7 @@ static void test_corrupt_files(void **state)
     char *longer = malloc(n + 8);
     memcpy(longer, b, n);
     memset(longer + n, 0, 8);
-    write_all(bad, longer, n + 8);
+    helper_write_file(bad, longer, n + 8);
     free(longer);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "trailing bytes");
@@ -565,7 +538,7 @@ static void test_corrupt_files(void **state)
     snprintf(from, sizeof from, "fnv1a64:%016llx", (unsigned long long)fnv((const unsigned char *)b + 8 + hl + f_b, f_end - f_b));
     snprintf(val, sizeof val, "fnv1a64:%016llx", (unsigned long long)fnv((const unsigned char *)c + 8 + hl + f_b, f_end - f_b));
     patch(c, from, val);
-    write_all(bad, c, n);
+    helper_write_file(bad, c, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), fin);
     assert_contains(sim_errmsg(), "NaN at element 3");
@@ -575,14 +548,14 @@ static void test_corrupt_files(void **state)
     snprintf(from, sizeof from, "\"checksum.%s\"", fin);
     snprintf(to, sizeof to, "\"chexksum.%s\"", fin);
     patch(c, from, to);
-    write_all(bad, c, n);
+    helper_write_file(bad, c, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "no checksum for tensor");
 
     /* a .tmp file is never loaded */
     char tmp[320];
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
-    write_all(tmp, b, n);
+    helper_write_file(tmp, b, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, tmp, NULL, NULL), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "temporary file");
     /* and the next save removes it */
@@ -604,7 +577,7 @@ static void test_killed_saves(void **state)
     char ref_path[256], file[256], tmp[300];
     assert_int_equal(model_checkpoint_path(g_dir, 4, ref_path, sizeof ref_path), SIM_OK);
     size_t rn;
-    char *ref = read_all(ref_path, &rn);
+    char *ref = helper_read_file_opt(ref_path, &rn);
     char top[sizeof g_dir];
     snprintf(top, sizeof top, "%s", g_dir);
     assert_true(strlen(top) + 3 <= sizeof g_dir);
@@ -628,7 +601,7 @@ static void test_killed_saves(void **state)
         int ws;
         waitpid(pid, &ws, 0);
         size_t fn;
-        char *got = read_all(file, &fn);
+        char *got = helper_read_file_opt(file, &fn);
         if (got) {
             if (fn != rn || memcmp(got, ref, rn)) fail_msg("kill after %u us: %s is not the whole checkpoint", delay, file);
             whole++;

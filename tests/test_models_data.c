@@ -16,11 +16,7 @@
 #include <unistd.h>
 
 #include "models/core/data.h"
-
-static void assert_contains(const char *s, const char *sub)
-{
-    if (!strstr(s, sub)) fail_msg("expected \"%s\" in: %s", sub, s);
-}
+#include "tests/helpers.h"
 
 /* A file of n bytes: byte i = (i * 7 + i / 13) mod 256. */
 static unsigned char file_byte(int64_t i) { return (unsigned char)((i * 7 + i / 13) % 256); }

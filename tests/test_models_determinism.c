@@ -13,13 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_run.h"
+#include "tests/helpers.h"
+#include "tests/model_run.h"
 
-static const char *const SMALL[] = {
-    "model_name=llama2-7b", "override_model_config=true", "base_emb_dim=64",  "base_num_query_heads=4",
-    "base_num_kv_heads=4",  "head_dim=16",                "base_mlp_dim=192", "base_num_decoder_layers=2",
-    "vocab_size=256",       "max_target_length=64",       "learning_rate=3e-3",
-};
+/* llama2-7b at width 64, 2 layers, 64 tokens (tests/data/llama2-7b-narrow.yml) */
+static const char *const SMALL[] = {LLAMA2_NARROW_YML};
 enum { NSMALL = sizeof SMALL / sizeof SMALL[0], ROWS = 8, STEPS = 3 };
 
 typedef struct {

@@ -1,4 +1,4 @@
-/* test_models_dsremat.c — remat policies that save MLP and MoE tensors on DeepSeek (issue 11), on
+/* test_models_dsremat.c — remat policies that save MLP and MoE tensors on DeepSeek, on
  * a deepseek3-tiny variant (1 dense + 2 MoE layers, 8 experts top-2, one shared expert):
  *   - peak device memory grows by exactly the tensors MaxText 0.2.5 tags (moe.py, linears.py)
  *     for the layers whose backward has not run at the peak: the dense MLP's and the shared
@@ -22,16 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_run.h"
+#include "tests/helpers.h"
+#include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
-    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",   "learning_rate=3e-3",
-    "warmup_steps_fraction=0.0", "load_balance_loss_weight=0.01",
-};
+/* tests/data/tiny-deepseek.yml (1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora, sigmoid
+ * routing with the bias) with a fixed seed, rate and the load-balance loss (no z-loss) */
+static const char *const TINY[] = {TINY_DEEPSEEK_YML, "init_weights_seed=5", "learning_rate=3e-3",
+                                   "warmup_steps_fraction=0.0", "load_balance_loss_weight=0.01"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, STEPS = 5 };
 /* the model's widths, as TINY sets them */
 enum { EMB = 32, MLP = 48, MOE_MLP = 16, SHARED = 1 * MOE_MLP, EXPERTS = 8, TOPK = 2 };

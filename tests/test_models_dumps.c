@@ -41,6 +41,7 @@
 
 #include "cli/cli.h"
 #include "config/json.h"
+#include "tests/helpers.h"
 
 typedef struct {
     const char *dir;       /* under goldens/deepseek2-16b */
@@ -67,13 +68,6 @@ static int setup(void **state)
     snprintf(golden_root, sizeof golden_root, "%s/maxtext/goldens/deepseek2-16b",
              env && *env ? env : "tests/data");
     return 0;
-}
-
-static mesh_json *read_json(const char *path)
-{
-    mesh_json *j = NULL;
-    if (mesh_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
-    return j;
 }
 
 
@@ -204,10 +198,10 @@ static void test_goldens(void **state)
         for (int f = 0; f < 3; f++) {
             char p[1600];
             snprintf(p, sizeof p, "%s/%s", tmp, files[f]);
-            ours[f] = read_json(p);
+            ours[f] = helper_read_json(NULL, p);
             unlink(p);
             snprintf(p, sizeof p, "%s/%s", gdir, files[f]);
-            gold[f] = read_json(p);
+            gold[f] = helper_read_json(NULL, p);
         }
         rmdir(tmp);
         static const char *const named_fields[] = {"mesh", "partition_spec", "shape"};
@@ -268,7 +262,7 @@ static void norm_key(const char *k, char *out, size_t cap)
 }
 
 /* A spec entry without the mesh axes of size 1 (they shard nothing); trailing Nones dropped. */
-static void spec_text(const mesh_json *spec, const mesh_json *mesh_shape, char *out, size_t cap)
+static void spec_text(const mesh_json *spec, const mesh_json *mesh_sizes, char *out, size_t cap)
 {
     char ent[16][128];
     int n = 0;
@@ -279,7 +273,7 @@ static void spec_text(const mesh_json *spec, const mesh_json *mesh_shape, char *
         int cnt = 0;
         for (int j = 0; j < (e->kind == MESH_JSON_ARRAY ? e->n : e->kind == MESH_JSON_STRING ? 1 : 0); j++) {
             const char *ax = e->kind == MESH_JSON_ARRAY ? e->items[j].str : e->str;
-            const mesh_json *sz = mesh_json_get(mesh_shape, ax);
+            const mesh_json *sz = mesh_json_get(mesh_sizes, ax);
             if (sz && sz->number == 1) continue;
             o += (size_t)snprintf(ent[n] + o, sizeof ent[n] - o, "%s%s", cnt++ ? "," : "", ax);
         }
@@ -345,9 +339,9 @@ static void test_goldens_0_2_5(void **state)
         static const char *const gf[2] = {"named_shardings.json", "logical_names.json"};
         for (int f = 0; f < 2; f++) {
             snprintf(p, sizeof p, "%s/%s", tmp, of[f]);
-            ours[f] = read_json(p);
+            ours[f] = helper_read_json(NULL, p);
             snprintf(p, sizeof p, "%s/%s", gdir, gf[f]);
-            gold[f] = read_json(p);
+            gold[f] = helper_read_json(NULL, p);
         }
         static const char *const rm[3] = {"named_shardings.json", "logical_shardings.json", "input_shardings.json"};
         for (int f = 0; f < 3; f++) {

@@ -17,23 +17,7 @@
 #include <string.h>
 
 #include "models/core/init.h"
-
-static mesh_shape make_mesh(int n, const char *const *names, const int *sizes)
-{
-    mesh_shape m;
-    assert_int_equal(mesh_shape_init(&m, n, names, sizes), SIM_OK);
-    return m;
-}
-
-static sim_machine *make_machine(const mesh_shape *m)
-{
-    sim_mesh_desc md;
-    assert_int_equal(mesh_shape_to_sim(m, &md), SIM_OK);
-    sim_machine *mach;
-    sim_machine_opts o = {0};
-    assert_int_equal(sim_machine_new(&md, &o, &mach), SIM_OK);
-    return mach;
-}
+#include "tests/helpers.h"
 
 /* ------------------------------------------------------------ shards vs global */
 
@@ -91,8 +75,8 @@ static void test_shards_reassemble(void **state)
         model_init_kind kind = k == 0 ? MODEL_INIT_NORMAL : k == 1 ? MODEL_INIT_TRUNC_NORMAL : k == 2 ? MODEL_INIT_ONES : MODEL_INIT_ZEROS;
         model_init_global(global, 3456, "decoder.layers.mlp.wi_0.kernel", kind, 0.02, 7);
         for (size_t mi = 0; mi < sizeof meshes / sizeof meshes[0]; mi++) {
-            mesh_shape m = make_mesh(meshes[mi].n, names, meshes[mi].sizes);
-            sim_machine *mach = make_machine(&m);
+            mesh_shape m = helper_mesh(meshes[mi].n, names, meshes[mi].sizes);
+            sim_machine *mach = helper_machine(&m, false);
             for (int s = 0; meshes[mi].specs[s]; s++) {
                 shard_case *c = calloc(1, sizeof *c);
                 c->m = &m;
@@ -283,8 +267,8 @@ static void test_scanned_layers(void **state)
     (void)state;
     static const char *names[] = {"fsdp", "tensor"};
     const int sizes[] = {2, 2};
-    mesh_shape m = make_mesh(2, names, sizes);
-    sim_machine *mach = make_machine(&m);
+    mesh_shape m = helper_mesh(2, names, sizes);
+    sim_machine *mach = helper_machine(&m, false);
     model_param p;
     memset(&p, 0, sizeof p);
     snprintf(p.def.path, sizeof p.def.path, "params.decoder.layers.mlp.wi_0.kernel");

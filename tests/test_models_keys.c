@@ -1,4 +1,4 @@
-/* test_models_keys.c — the model keys of issue 11 that change numerics, on a tiny Llama (and one
+/* test_models_keys.c — the model keys that change numerics, on a tiny Llama (and one
  * DeepSeek case), each against an expectation derived without the program:
  *   - every key changes the loss (it is read) and keeps parity: loss and every gradient of two
  *     8-device meshes, auto and explicit, within 1e-4 of the 1-device run;
@@ -16,9 +16,6 @@
  *     checked element by element); an unscanned checkpoint loads into an unscanned model;
  *   - logits_dot_in_fp32 leaves the loss bitwise unchanged (the simulator computes in float32; its
  *     bytes are test_models_bytes's);
- *   - sharding_tolerance: MaxText's share (unsharded elements over total bytes) on meshes where
- *     it is known by hand, the error text, and no check without a sharding axis;
- *   - debug_sharding prints parameter and activation shardings in MaxText's wording;
  *   - remat policies: gradients bitwise equal to remat_policy=full, and peak device memory grows
  *     by exactly the tensors MaxText's policy saves (hand-counted bytes of query/key/value/out/
  *     mlp projections) for the layers whose backward has not run at the peak; offloaded tensors
@@ -42,21 +39,15 @@
 #include "models/core/checks.h"
 #include "tests/cli_capture.h"
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4",    "base_num_kv_heads=2", "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",       "max_target_length=16",
-    "init_weights_seed=7", "z_loss_multiplier=0.001",
-};
-static const char *const DS_TINY[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",     "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16", "base_num_decoder_layers=2",
-    "first_num_dense_layers=1",  "num_experts=4",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",  "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",
-};
-enum { ROWS = 8, SEQ = 16, VOCAB = 64 };
+/* tests/data/tiny-llama.yml with a fixed seed and the z-loss */
+static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=7", "z_loss_multiplier=0.001"};
+/* tests/data/tiny-deepseek.yml with one MoE layer of 4 experts */
+static const char *const DS_TINY[] = {TINY_DEEPSEEK_YML, "base_num_decoder_layers=2", "num_experts=4",
+                                      "init_weights_seed=5"};
+enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, VOCAB = 64 };
 /* bytes of one saved activation element: dtype's default, bfloat16 (configs/base.yml) */
 enum { ACT = 2 };
 
@@ -85,16 +76,11 @@ static model_def *load(const char *const *extra, int n, int devices)
 }
 
 
-typedef struct {
-    int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
-} batch;
-
-static void make_batch(batch *b) { model_run_pattern(ROWS, SEQ, VOCAB, b->in, b->tg, b->pos); }
 
 static double run(const model_def *def, const model_grads *pin, model_grads *pout, model_grads *g)
 {
-    batch b;
-    make_batch(&b);
+    model_run_batch b;
+    model_run_batch_make(&b, ROWS, SEQ, VOCAB);
     return model_run_loss_grads(def, b.in, b.tg, b.pos, pin, pout, g);
 }
 
@@ -198,13 +184,13 @@ static void test_logits_via_embedding(void **state)
 
     double lt, ln, lc;
     const char *norm[] = {"logits_via_embedding=true"};
-    parity(TINY, 10, norm, 1, MESHES, 2, &lt);
+    parity(TINY, NTINY, norm, 1, MESHES, 2, &lt);
     const char *raw[] = {"logits_via_embedding=true", "normalize_embedding_logits=false"};
     model_def *d = load(raw, 2, 1);
     ln = run(d, NULL, NULL, NULL);
     model_run_unload(d);
     const char *capped[] = {"logits_via_embedding=true", "final_logits_soft_cap=0.05"};
-    parity(TINY, 10, capped, 2, MESHES, 2, &lc);
+    parity(TINY, NTINY, capped, 2, MESHES, 2, &lc);
     assert_true(fabs(lt - l0) > 1e-4 && fabs(ln - lt) > 1e-4 && fabs(lc - lt) > 1e-4);
     /* a cap of 0.05 squeezes every logit into (-0.05, 0.05): the loss is within 0.1 of ln(64) */
     assert_true(fabs(lc - log(64.0)) < 0.1 + 0.001 * 20);
@@ -229,7 +215,7 @@ static void test_attn_logits_soft_cap(void **state)
     /* scores are O(0.1) at init: a cap of 0.1 bends them (and keeps finite differences at h = 1e-2 exact enough) */
     /* the cap is simulated in the blocked (flash) kernel; the dot-product one refuses it */
     const char *k[] = {"attn_logits_soft_cap=0.1", "attention=flash"};
-    parity(TINY, 10, k, 2, MESHES, 2, &l);
+    parity(TINY, NTINY, k, 2, MESHES, 2, &l);
     assert_true(fabs(l - l0) > 1e-5);
     finite_differences(k, 2);
     /* DeepSeek (MLA) with the cap and tied logits */
@@ -251,7 +237,7 @@ static void test_rope_linear_scaling(void **state)
     (void)state;
     const char *k[] = {"rope_linear_scaling_factor=4"};
     double l;
-    parity(TINY, 10, k, 1, MESHES, 1, &l);
+    parity(TINY, NTINY, k, 1, MESHES, 1, &l);
     assert_true(fabs(l - base_loss()) > 1e-6);
     const char *same[] = {"rope_min_timescale=4", "rope_max_timescale=40000"};
     model_def *d = load(same, 2, 1);
@@ -308,12 +294,12 @@ static void test_global_parameter_scale(void **state)
         model_run_unload(d);
     }
     const char *bad[] = {"global_parameter_scale=3"};
-    assert_int_equal(refusal(TINY, 10, bad, 1), SIM_ERR_INPUT);
+    assert_int_equal(refusal(TINY, NTINY, bad, 1), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "global_parameter_scale=3"));
     assert_non_null(strstr(sim_errmsg(), "power of two"));
     const char *two[] = {"global_parameter_scale=2"};
     double l;
-    parity(TINY, 10, two, 1, MESHES, 1, &l);
+    parity(TINY, NTINY, two, 1, MESHES, 1, &l);
 }
 
 static void test_logits_dot_in_fp32_is_float32_already(void **state)
@@ -345,7 +331,7 @@ static void test_fused_mlp(void **state)
     model_run_unload(a);
     model_run_unload(b);
     double l;
-    parity(TINY, 10, k, 1, MESHES, 2, &l);
+    parity(TINY, NTINY, k, 1, MESHES, 2, &l);
     assert_true(fabs(l - base_loss()) > 1e-6); /* another kernel, another init */
     finite_differences(k, 1);
     /* remat_policy=custom mlpwi=device keeps the fused product (2 x 24 floats per token) of the other layer */
@@ -464,7 +450,7 @@ static void test_fused_qkv(void **state)
         model_grads_free(&g8);
         model_run_unload(d8);
     }
-    parity(TINY, 10, k, 1, (const char *const[]){"ici_data_parallelism=2 ici_fsdp_parallelism=4"}, 1, NULL);
+    parity(TINY, NTINY, k, 1, (const char *const[]){"ici_data_parallelism=2 ici_fsdp_parallelism=4"}, 1, NULL);
     finite_differences(k, 1);
     model_grads_free(&gu);
     model_grads_free(&gfu);
@@ -496,7 +482,7 @@ static void test_dropout(void **state)
     const char *k[] = {"dropout_rate=0.3"};
     const char *meshes[] = {"ici_fsdp_parallelism=4 ici_tensor_parallelism=2",
                             "ici_data_parallelism=4 ici_tensor_parallelism=2"};
-    parity(TINY, 10, k, 1, meshes, 2, &l);
+    parity(TINY, NTINY, k, 1, meshes, 2, &l);
     assert_true(fabs(l - l0) > 1e-3);
     finite_differences(k, 1); /* the mask is fixed for a step: the loss is smooth in the parameters */
     /* enable_dropout=false trains without dropout, as MaxText's deterministic=True */
@@ -557,7 +543,7 @@ static int train_cli(const char *dir, const char *const *extra, int n)
 {
     const char *argv[40];
     int argc = 0;
-    for (int i = 0; i < 10; i++) argv[argc++] = TINY[i];
+    for (int i = 0; i < NTINY; i++) argv[argc++] = TINY[i];
     argv[argc++] = "per_device_batch_size=1";
     argv[argc++] = "ici_fsdp_parallelism=4";
     argv[argc++] = "ici_tensor_parallelism=2";
@@ -634,97 +620,11 @@ static void test_layer_layout(void **state)
     assert_int_equal(train_cli(d4, reload, 2), 2);
     /* ZeRO-1 is simulated for the default layout only */
     const char *z1[] = {"scan_layers=false", "shard_optimizer_over_data=true", "ici_data_parallelism=2"};
-    assert_int_equal(refusal(TINY, 10, z1, 3), SIM_ERR_INPUT);
+    assert_int_equal(refusal(TINY, NTINY, z1, 3), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "scan_layers=false"));
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
     assert_int_equal(system(cmd), 0);
-}
-
-/* ------------------------------------------------------------ checks */
-
-static void test_sharding_tolerance(void **state)
-{
-    (void)state;
-    /* data only: no axis of the check has more than one device, MaxText skips it */
-    const char *data8[] = {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"};
-    model_def *d = load(data8, 2, 8);
-    assert_true(model_unsharded_share(d) == -1.0);
-    assert_int_equal(model_check_sharding_tolerance(d, 0.0), SIM_OK);
-    model_run_unload(d);
-    /* no rule shards a parameter on context_autoregressive: every element is "unsharded", and
-     * MaxText divides elements by float32 bytes: 1/4 */
-    const char *car[] = {"ici_fsdp_parallelism=4", "ici_context_autoregressive_parallelism=2"};
-    d = load(car, 2, 8);
-    assert_true(model_unsharded_share(d) == 0.25);
-    assert_int_equal(model_check_sharding_tolerance(d, 0.3), SIM_OK);
-    assert_int_equal(model_check_sharding_tolerance(d, 0.02), SIM_ERR_CHECK);
-    assert_non_null(strstr(sim_errmsg(), "Unsharded parameter percentage (25.00%)exceeds tolerance (2.00%)."));
-    assert_non_null(strstr(sim_errmsg(), "is unsharded on axis: ['context_autoregressive']"));
-    assert_non_null(strstr(sim_errmsg(), "raise sharding_tolerance"));
-    model_run_unload(d);
-    /* fsdp=8: only the norm scales (logical 'norm') stay unsharded on fsdp: 2 x (16 x 2) + 16 = 80
-     * elements of 64*16*2 (embedding, logits) + 16*2*4*8*2 (query, out) + 16*2*2*8*2 (key, value)
-     * + 16*2*24*3 (mlp) + 80 = 7504 */
-    const char *f8[] = {"ici_fsdp_parallelism=8"};
-    d = load(f8, 1, 8);
-    double share = model_unsharded_share(d);
-    model_run_unload(d);
-    if (fabs(share - 80.0 / (4.0 * 7504.0)) > 1e-12) fail_msg("fsdp=8: share %.8g, want %.8g", share, 80.0 / (4.0 * 7504.0));
-}
-
-/* The commands: train and parity stop with exit 1 above the tolerance; train prints the shardings. */
-static void test_checks_in_commands(void **state)
-{
-    (void)state;
-    const char *argv[24];
-    int argc = 0;
-    for (int i = 0; i < 10; i++) argv[argc++] = TINY[i];
-    argv[argc++] = "per_device_batch_size=1";
-    argv[argc++] = "steps=1";
-    argv[argc++] = "ici_fsdp_parallelism=4";
-    argv[argc++] = "ici_context_autoregressive_parallelism=2";
-    cli_capture r = cli_capture_run(cli_train, argc, argv);
-    assert_int_equal(r.rc, 1);
-    assert_non_null(strstr(r.err, "Unsharded parameter percentage (25.00%)exceeds tolerance (2.00%)."));
-    assert_null(strstr(r.out, "step")); /* stopped before training */
-    cli_capture_free(&r);
-    argv[argc] = "configs=sharding_tolerance=0.3;sharding_tolerance=0.02";
-    r = cli_capture_run(cli_cmd_parity, argc + 1, argv);
-    assert_int_equal(r.rc, 1);
-    assert_non_null(strstr(r.err, "exceeds tolerance (2.00%)"));
-    cli_capture_free(&r);
-    argv[argc - 1] = "ici_tensor_parallelism=2";
-    argv[argc] = "debug_sharding=true";
-    r = cli_capture_run(cli_train, argc + 1, argv);
-    assert_int_equal(r.rc, 0);
-    assert_non_null(strstr(r.out, "debug_sharding:\nfsdp: 4\ntensor: 2\n"));
-    assert_non_null(strstr(r.out, " params/decoder/logits_dense/kernel\n    Shape:     float32[16,64]\n"));
-    cli_capture_free(&r);
-}
-
-static void test_debug_sharding(void **state)
-{
-    (void)state;
-    const char *k[] = {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"};
-    model_def *d = load(k, 2, 8);
-    run(d, NULL, NULL, NULL); /* the forward pass logs the activations */
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    model_print_shardings(d, "bfloat16", f);
-    fclose(f);
-    model_run_unload(d);
-    /* base rules: embed -> fsdp, q_heads -> tensor; activation_batch -> fsdp, activation_embed -> tensor */
-    assert_non_null(strstr(buf, "fsdp: 4\ntensor: 2\n"));
-    assert_non_null(strstr(buf, " params/decoder/layers/self_attention/query/kernel\n    Shape:     float32[16,2,4,8]\n"
-                                "    Physical:  ('fsdp', None, 'tensor', None)\n"));
-    char want[256];
-    snprintf(want, sizeof want, "llama2/inputs Physical: bfloat16[8,16,16]%.*s ('fsdp', None, 'tensor').\n", 60 - 17,
-             "............................................................");
-    assert_non_null(strstr(buf, want));
-    assert_non_null(strstr(buf, "('activation_batch', 'activation_norm_length', 'activation_embed').\n"));
-    free(buf);
 }
 
 /* ------------------------------------------------------------ remat policies */
@@ -739,8 +639,8 @@ static size_t peak_of(const char *const *keys, int nkeys, int devices, bool dry,
     if (devices == 8) extra[n++] = "ici_fsdp_parallelism=8";
     if (dry) extra[n++] = "dry_run=true";
     model_def *def = load(extra, n, devices);
-    batch b;
-    make_batch(&b);
+    model_run_batch b;
+    model_run_batch_make(&b, ROWS, SEQ, VOCAB);
     sim_machine *m;
     assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
     double loss;
@@ -808,8 +708,8 @@ static void test_remat_policies(void **state)
         for (int v = 0; v < 2; v++) {
             model_def *def =
                 model_run_load(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ROWS, v ? dsave : dfull, 1, 1, 0, NULL);
-            batch b;
-            make_batch(&b);
+            model_run_batch b;
+            model_run_batch_make(&b, ROWS, SEQ, VOCAB);
             sim_machine *m;
             assert_int_equal(model_machine_new(def, 0, false, &m), SIM_OK);
             double loss;
@@ -832,10 +732,10 @@ static void test_remat_policies(void **state)
     assert_true(peak_of(none, 1, 1, false, NULL) > peak_of(minimal, 1, 1, false, NULL));
     /* unknown policies are refused (DeepSeek's MoE tags: test_models_dsremat) */
     const char *bad[] = {"remat_policy=save_everything"};
-    assert_int_equal(refusal(TINY, 10, bad, 1), SIM_ERR_INPUT);
+    assert_int_equal(refusal(TINY, NTINY, bad, 1), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "save_everything"));
     const char *off[] = {"remat_policy=custom", "decoder_layer_input=offload"};
-    assert_int_equal(refusal(TINY, 10, off, 2), SIM_ERR_INPUT);
+    assert_int_equal(refusal(TINY, NTINY, off, 2), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "decoder_layer_input"));
 }
 
@@ -853,9 +753,6 @@ int main(void)
         cmocka_unit_test(test_fused_qkv),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_layer_layout),
-        cmocka_unit_test(test_sharding_tolerance),
-        cmocka_unit_test(test_debug_sharding),
-        cmocka_unit_test(test_checks_in_commands),
         cmocka_unit_test(test_remat_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

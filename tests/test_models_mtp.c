@@ -30,16 +30,12 @@
 #include <string.h>
 
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
-    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",   "learning_rate=3e-3",
-    "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",    "load_balance_loss_weight=0.01",
-};
+/* tests/data/tiny-deepseek.yml (1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora, sigmoid
+ * routing with the bias: DeepSeek-V3 routing) with the MoE parity knobs of tests/data/moe-training.yml */
+static const char *const TINY[] = {TINY_DEEPSEEK_YML, MOE_TRAINING_YML};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, VOCAB = 64, EMB = 32, STEPS = 5 };
 
 static model_def *load(const char *const *extra, int n_extra, int devices, mesh_cfg **cfg_out)
@@ -119,22 +115,12 @@ static void test_parameters(void **state)
 
 /* ------------------------------------------------------------ the loss by hand */
 
-typedef struct {
-    int32_t in[ROWS * SEQ], tg[ROWS * SEQ], pos[ROWS * SEQ];
-} batch;
-
-static void make_batch(batch *b) { model_run_pattern(ROWS, SEQ, VOCAB, b->in, b->tg, b->pos); }
-
-static double run_once(model_def *def, const batch *b, const model_grads *pin, model_grads *pout, model_grads *g)
-{
-    return model_run_loss_grads(def, b->in, b->tg, b->pos, pin, pout, g);
-}
 
 static void test_loss_composition(void **state)
 {
     (void)state;
-    batch b;
-    make_batch(&b);
+    model_run_batch b;
+    model_run_batch_make(&b, ROWS, SEQ, VOCAB);
     const double f = 0.3;
     /* no load-balance loss: with MTP its mean runs over one more MoE layer */
     const char *plain_x[] = {"load_balance_loss_weight=0"};
@@ -145,7 +131,7 @@ static void test_loss_composition(void **state)
         const char *extra[] = {"load_balance_loss_weight=0", k_arg, "mtp_loss_scaling_factor=0.3"};
         model_def *def = load(extra, 3, 1, NULL);
         model_grads params;
-        double with_init = run_once(def, &b, NULL, &params, NULL);
+        double with_init = model_run_loss_grads(def, b.in, b.tg, b.pos, NULL, &params, NULL);
         for (int k = 1; k <= K; k++) {
             char p[128];
             snprintf(p, sizeof p, "params.mtp_block.mtp_layer_%d.mtp_%d_final_norm.scale", k, k);
@@ -153,12 +139,12 @@ static void test_loss_composition(void **state)
             assert_true(i >= 0);
             memset(params.g[i], 0, (size_t)params.layer_elems[i] * sizeof(float));
         }
-        double with_mtp = run_once(def, &b, &params, NULL, NULL);
+        double with_mtp = model_run_loss_grads(def, b.in, b.tg, b.pos, &params, NULL, NULL);
         /* the main model's parameters come first, in the same order */
         model_grads main_params = params;
         main_params.n = plain->nparams;
         for (int i = 0; i < plain->nparams; i++) assert_string_equal(plain->defs[i].path, def->defs[i].path);
-        double main_loss = run_once(plain, &b, &main_params, NULL, NULL);
+        double main_loss = model_run_loss_grads(plain, b.in, b.tg, b.pos, &main_params, NULL, NULL);
         double want = main_loss + f * log((double)VOCAB);
         printf("  %d MTP layer(s), final norms zeroed: loss %.7f = main %.7f + %.1f x ln(%d) (%.7f); with the "
                "initial norms %.7f\n",
@@ -199,11 +185,11 @@ static void test_reported(void **state)
  * element of each named parameter; returns how many were skipped (routing flipped in [-h, h]). */
 static int check_gradients(const char *const *extra, int n_extra, const char *const *names, int nnames)
 {
-    batch b;
-    make_batch(&b);
+    model_run_batch b;
+    model_run_batch_make(&b, ROWS, SEQ, VOCAB);
     model_def *def = load(extra, n_extra, 1, NULL);
     model_grads params, grads;
-    run_once(def, &b, NULL, &params, &grads);
+    model_run_loss_grads(def, b.in, b.tg, b.pos, NULL, &params, &grads);
     int checked = 0, skipped = 0;
     for (int n = 0; n < nnames; n++) {
         int i = param_ix(def, names[n]);
@@ -217,9 +203,9 @@ static int check_gradients(const char *const *extra, int n_extra, const char *co
         for (int hi = 0; hi < 2; hi++) {
             const double h = hi ? 5e-3 : 1e-2;
             params.g[i][best] = saved + (float)h;
-            double lp = run_once(def, &b, &params, NULL, NULL);
+            double lp = model_run_loss_grads(def, b.in, b.tg, b.pos, &params, NULL, NULL);
             params.g[i][best] = saved - (float)h;
-            double lm = run_once(def, &b, &params, NULL, NULL);
+            double lm = model_run_loss_grads(def, b.in, b.tg, b.pos, &params, NULL, NULL);
             params.g[i][best] = saved;
             fds[hi] = (lp - lm) / (2 * h);
         }

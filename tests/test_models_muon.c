@@ -33,6 +33,8 @@
 #include "models/optimizers/muon.h"
 #include "models/core/train.h"
 #include "sim/collectives.h"
+#include "tests/helpers.h"
+#include "tests/model_run.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -41,24 +43,6 @@ static mesh_cfg *load_cfg(int n, const char *const *ovr)
     mesh_cfg *cfg;
     if (mesh_cfg_load_argv("configs/base.yml", n, ovr, &cfg) != SIM_OK) fail_msg("config: %s", sim_errmsg());
     return cfg;
-}
-
-static sim_machine *new_machine(const mesh_shape *m, bool dry)
-{
-    sim_mesh_desc md;
-    assert_int_equal(mesh_shape_to_sim(m, &md), SIM_OK);
-    sim_machine *mach;
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    o.dry_run = dry;
-    assert_int_equal(sim_machine_new(&md, &o, &mach), SIM_OK);
-    return mach;
-}
-
-/* A mesh of the named axes (the rest of MaxText's axes absent). */
-static void make_mesh(mesh_shape *m, int n, const char *const *names, const int *sizes)
-{
-    assert_int_equal(mesh_shape_init(m, n, names, sizes), SIM_OK);
 }
 
 static uint64_t lcg = 12345;
@@ -76,7 +60,7 @@ static model_muon_cfg muon_cfg(void)
     model_optim_cfg o;
     if (model_optim_from_config(cfg, &o) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
     mesh_cfg_free(cfg);
-    return o.muon;
+    return *model_muon_cfg_of(&o);
 }
 
 /* ------------------------------------------------------------ keys */
@@ -90,17 +74,17 @@ static void test_keys(void **state)
     assert_int_equal(model_optim_from_config(cfg, &o), SIM_OK);
     mesh_cfg_free(cfg);
     assert_int_equal(o.type, MODEL_OPT_MUON);
-    assert_true(o.muon.beta == 0.95);
-    assert_true(o.muon.weight_decay == 0.0);
-    assert_false(o.muon.consistent_rms_on);
-    assert_true(o.muon.include_routers);
+    assert_true(model_muon_cfg_of(&o)->beta == 0.95);
+    assert_true(model_muon_cfg_of(&o)->weight_decay == 0.0);
+    assert_false(model_muon_cfg_of(&o)->consistent_rms_on);
+    assert_true(model_muon_cfg_of(&o)->include_routers);
     assert_true(o.eps == 1e-8);
     const char *b[] = {"opt_type=muon", "muon_consistent_rms=0.2", "muon_beta=0.9", "muon_weight_decay=0.01"};
     cfg = load_cfg(4, b);
     assert_int_equal(model_optim_from_config(cfg, &o), SIM_OK);
     mesh_cfg_free(cfg);
-    assert_true(o.muon.consistent_rms_on && o.muon.consistent_rms == 0.2);
-    assert_true(o.muon.beta == 0.9 && o.muon.weight_decay == 0.01);
+    assert_true(model_muon_cfg_of(&o)->consistent_rms_on && model_muon_cfg_of(&o)->consistent_rms == 0.2);
+    assert_true(model_muon_cfg_of(&o)->beta == 0.9 && model_muon_cfg_of(&o)->weight_decay == 0.01);
     static const char *const bad[][2] = {
         {"ici_pipeline_parallelism=2", "ici_pipeline_parallelism"},
         {"dcn_pipeline_parallelism=2", "dcn_pipeline_parallelism"},
@@ -156,7 +140,7 @@ static void check_model_dims(const char *model, bool routers, const want_dims *w
     mesh_cfg *cfg = load_cfg(3, ovr);
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    assert_true(def->muon);
+    assert_true(def->opt == model_optimizer_find("muon"));
     int seen = 0;
     for (int i = 0; i < def->nparams; i++) {
         const model_param_def *pd = &def->defs[i];
@@ -167,7 +151,7 @@ static void check_model_dims(const char *model, bool routers, const want_dims *w
         }
         if (!hit) fail_msg("no expectation for %s", pd->path);
         seen++;
-        const model_muon_dims *d = &def->muon_dims[i];
+        const model_muon_dims *d = model_muon_dims_of(&def->opt_param[i]);
         if (hit->nr < 0) {
             if (d->muon) fail_msg("%s: expected AdamW", pd->path);
             continue;
@@ -334,13 +318,13 @@ static void test_ns_collectives_table(void **state)
         const table_row *t = &TABLE[i];
         mesh_shape m;
         int sizes[2] = {t->expert, t->fsdp};
-        make_mesh(&m, 2, AXN, sizes);
+        m = helper_mesh(2, AXN, sizes);
         static leaf_job j;
         memset(&j, 0, sizeof j);
         j.mesh = &m;
         j.spec = t->spec;
         leaf_def(&j, t->path, t->rank, t->shape);
-        sim_machine *mach = new_machine(&m, true);
+        sim_machine *mach = helper_machine(&m, true);
         if (sim_machine_run(mach, leaf_device, &j) != SIM_OK) fail_msg("%s: %s", t->label, sim_errmsg());
         sim_machine_free(mach);
         int ar = 0, ag = 0, other = 0, norm = 0, gram = 0;
@@ -467,7 +451,7 @@ static void test_ns_float64(void **state)
         const ncase *c = &cases[i];
         mesh_shape m;
         int sizes[2] = {c->expert, c->fsdp};
-        make_mesh(&m, 2, AXN, sizes);
+        m = helper_mesh(2, AXN, sizes);
         static leaf_job j;
         memset(&j, 0, sizeof j);
         j.mesh = &m;
@@ -480,7 +464,7 @@ static void test_ns_float64(void **state)
         for (int64_t e = 0; e < n; e++) in[e] = rnd(), ref[e] = in[e];
         j.in = in;
         j.out = calloc((size_t)n, sizeof(float));
-        sim_machine *mach = new_machine(&m, false);
+        sim_machine *mach = helper_machine(&m, false);
         if (sim_machine_run(mach, leaf_device, &j) != SIM_OK) fail_msg("%s: %s", c->spec, sim_errmsg());
         sim_machine_free(mach);
         leaf_ref(ref, c->rank, c->shape);
@@ -518,7 +502,8 @@ static sim_status upd_device(sim_device *dev, void *arg)
         model_param_layer_spec(&p[i], &ls);
         int64_t le = 1;
         for (int d = 0; d < rank; d++) le *= shape[d];
-        mesh_array **b[4] = {&p[i].w, &p[i].g, &p[i].m, &p[i].v};
+        p[i].n_slots = 2;
+        mesh_array **b[4] = {&p[i].w, &p[i].g, &p[i].slot[0], &p[i].slot[1]};
         for (int k = 0; k < 4; k++) {
             *b[k] = calloc((size_t)p[i].n_layers, sizeof(mesh_array));
             for (int l = 0; l < p[i].n_layers; l++)
@@ -541,7 +526,7 @@ static sim_status upd_device(sim_device *dev, void *arg)
         int64_t le = (int64_t)p[i].w[0].shape[0];
         for (int d = 1; d < p[i].w[0].rank; d++) le *= p[i].w[0].shape[d];
         for (int l = 0; l < p[i].n_layers; l++) SIM_TRY(mesh_array_store_global(dev, j->mesh, &p[i].w[l], j->w[i] + l * le));
-        mesh_array *b[4] = {p[i].w, p[i].g, p[i].m, p[i].v};
+        mesh_array *b[4] = {p[i].w, p[i].g, p[i].slot[0], p[i].slot[1]};
         for (int k = 0; k < 4; k++) {
             for (int l = 0; l < p[i].n_layers; l++) mesh_array_free(dev, &b[k][l]);
             free(b[k]);
@@ -581,7 +566,7 @@ static void test_update_float64(void **state)
     mesh_cfg_free(cfg);
     mesh_shape m;
     int sizes[2] = {2, 4};
-    make_mesh(&m, 2, AXN, sizes);
+    m = helper_mesh(2, AXN, sizes);
     j.mesh = &m;
     j.np = 3;
     /* a dense matrix leaf [emb 32, L 2, mlp 24]: (0), (-1); an expert leaf [E 4, L 2, 16, 8]: (-2), (-1);
@@ -596,7 +581,7 @@ static void test_update_float64(void **state)
     j.specs[0] = "P('fsdp', None, 'expert')";
     j.specs[1] = "P('expert', None, 'fsdp', None)";
     j.specs[2] = "P('fsdp', None)";
-    for (int i = 0; i < 3; i++) model_muon_classify(&j.opt.muon, &j.defs[i], &j.dims[i]);
+    for (int i = 0; i < 3; i++) model_muon_classify(model_muon_cfg_of(&j.opt), &j.defs[i], &j.dims[i]);
     assert_true(j.dims[0].muon && j.dims[1].muon && !j.dims[2].muon);
     int64_t n[3];
     double *w64[3], *w0[3], *g64[2][3];
@@ -613,7 +598,7 @@ static void test_update_float64(void **state)
             for (int64_t e = 0; e < n[i]; e++) j.g[s][i][e] = rnd() * 0.1f, g64[s][i][e] = j.g[s][i][e];
         }
     }
-    sim_machine *mach = new_machine(&m, false);
+    sim_machine *mach = helper_machine(&m, false);
     if (sim_machine_run(mach, upd_device, &j) != SIM_OK) fail_msg("update: %s", sim_errmsg());
     sim_machine_free(mach);
     /* float64 reference: clip by 0.25 / 0.5, schedule lr(s): W = 2 warmup steps (lr * s / 1), then cosine */
@@ -680,83 +665,21 @@ static void test_update_float64(void **state)
 
 enum { STEPS = 5, ROWS = 8 };
 
-static const char *const LLAMA[] = {
-    "model_name=default",      "base_emb_dim=16",         "base_num_query_heads=4", "base_num_kv_heads=2",
-    "head_dim=8",              "base_mlp_dim=24",         "base_num_decoder_layers=2",
-    "vocab_size=64",           "max_target_length=16",    "init_weights_seed=7",    "learning_rate=2e-2",
-    "warmup_steps_fraction=0", "opt_type=muon",
-};
+/* tests/data/tiny-llama.yml, trained by Muon */
+static const char *const LLAMA[] = {TINY_LLAMA_YML, "model_name=default", "init_weights_seed=7", "learning_rate=2e-2",
+                                    "warmup_steps_fraction=0", "opt_type=muon"};
 
-/* deepseek3-tiny shrunk: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora */
-static const char *const DEEPSEEK[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
-    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",   "learning_rate=2e-2",
-    "warmup_steps_fraction=0",   "opt_type=muon",
-};
+/* tests/data/tiny-deepseek.yml: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora */
+static const char *const DEEPSEEK[] = {TINY_DEEPSEEK_YML, "init_weights_seed=5", "learning_rate=2e-2",
+                                       "warmup_steps_fraction=0", "opt_type=muon"};
 
-typedef struct {
-    mesh_cfg *cfg;
-    model_def *def;
-    model_data data;
-    model_train_job job;
-    sim_machine *m;
-} run_t;
-
-static void train_run(run_t *r, const char *const *base, int nbase, const char *const *extra, int n_extra, int devices)
+/* Trains STEPS steps of base + extra on `devices` devices with Muon, keeping every step's gradients. */
+static void train_run(model_run *r, const char *const *base, int nbase, const char *const *extra, int n_extra,
+                      int devices)
 {
-    memset(r, 0, sizeof *r);
-    const char *argv[64];
-    int n = 0;
-    for (int i = 0; i < nbase; i++) argv[n++] = base[i];
-    char st[32], pdbs[64];
-    snprintf(st, sizeof st, "steps=%d", STEPS);
-    snprintf(pdbs, sizeof pdbs, "per_device_batch_size=%g", (double)ROWS / devices);
-    argv[n++] = st;
-    argv[n++] = pdbs;
-    for (int i = 0; i < n_extra; i++) argv[n++] = extra[i];
-    r->cfg = load_cfg(n, argv);
-    r->def = calloc(1, sizeof *r->def);
-    if (model_def_from_config(r->cfg, r->def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
-    assert_int_equal(r->def->mesh.num_devices, devices);
-    if (model_data_from_config(r->cfg, &r->data) != SIM_OK) fail_msg("data: %s", sim_errmsg());
-    if (model_optim_from_config(r->cfg, &r->job.opt) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
+    model_run_open(r, base, nbase, ROWS, extra, n_extra, devices, STEPS);
     assert_int_equal(r->job.opt.type, MODEL_OPT_MUON);
-    r->job.def = r->def;
-    r->job.data = &r->data;
-    r->job.steps = STEPS;
-    r->job.stats = calloc(STEPS, sizeof *r->job.stats);
-    r->job.step_grads = calloc(STEPS, sizeof *r->job.step_grads);
-    assert_int_equal(model_machine_new(r->def, 0, false, &r->m), SIM_OK);
-    if (model_train(&r->job, r->m) != SIM_OK) fail_msg("train: %s", sim_errmsg());
-}
-
-static void close_run(run_t *r)
-{
-    for (int s = 0; s < STEPS; s++) model_grads_free(&r->job.step_grads[s]);
-    free(r->job.step_grads);
-    free(r->job.stats);
-    sim_machine_free(r->m);
-    model_data_close(&r->data);
-    model_def_free(r->def);
-    free(r->def);
-    mesh_cfg_free(r->cfg);
-}
-
-/* Losses and every gradient of every step of a against b (rtol 1e-4). */
-static void compare_runs(const char *what, const run_t *a, const run_t *b)
-{
-    for (int s = 0; s < STEPS; s++) {
-        double l = a->job.stats[s].loss, lr = b->job.stats[s].loss;
-        if (!(fabs(l - lr) <= 1e-4 * fabs(lr))) fail_msg("%s step %d: loss %.7f vs %.7f", what, s, l, lr);
-        for (int i = 0; i < a->def->nparams; i++) {
-            const model_grads *g = &a->job.step_grads[s], *gr = &b->job.step_grads[s];
-            double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
-            if (!(e <= 1e-4)) fail_msg("%s step %d: gradient of %s differs by %.3g", what, s, a->def->defs[i].path, e);
-        }
-    }
+    model_run_train(r, true);
 }
 
 /* Optimizer-phase bytes sent per device (max over devices) and calls on device 0 of the
@@ -787,7 +710,7 @@ static void test_parity_llama(void **state)
 {
     (void)state;
     enum { NL = sizeof LLAMA / sizeof LLAMA[0] };
-    run_t ref;
+    model_run ref;
     train_run(&ref, LLAMA, NL, NULL, 0, 1);
     assert_true(ref.job.stats[0].loss - ref.job.stats[STEPS - 1].loss > 0.05); /* Muon trains */
     static const char *const meshes[2][2] = {{"ici_fsdp_parallelism=8", NULL},
@@ -799,13 +722,13 @@ static void test_parity_llama(void **state)
             x[n++] = meshes[mi][0];
             if (meshes[mi][1]) x[n++] = meshes[mi][1];
             x[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
-            run_t r;
+            model_run r;
             train_run(&r, LLAMA, NL, x, n, 8);
             char what[128];
             snprintf(what, sizeof what, "llama %s %s %s", x[0], n == 3 ? x[1] : "", x[n - 1]);
-            compare_runs(what, &r, &ref);
+            model_run_compare(what, &r, &ref, STEPS);
             if (mi == 0 && mode == 0) { /* determinism: the same configuration gives the same bits */
-                run_t again;
+                model_run again;
                 train_run(&again, LLAMA, NL, x, n, 8);
                 for (int s = 0; s < STEPS; s++) {
                     assert_true(again.job.stats[s].loss == r.job.stats[s].loss);
@@ -814,18 +737,18 @@ static void test_parity_llama(void **state)
                                             (size_t)(r.job.step_grads[s].layer_elems[i] * r.job.step_grads[s].n_layers[i]) *
                                                 sizeof(float));
                 }
-                close_run(&again);
+                model_run_close(&again);
             }
-            close_run(&r);
+            model_run_close(&r);
         }
-    close_run(&ref);
+    model_run_close(&ref);
 }
 
 static void test_parity_deepseek(void **state)
 {
     (void)state;
     enum { ND = sizeof DEEPSEEK / sizeof DEEPSEEK[0] };
-    run_t ref;
+    model_run ref;
     train_run(&ref, DEEPSEEK, ND, NULL, 0, 1);
     assert_true(ref.job.stats[0].loss - ref.job.stats[STEPS - 1].loss > 0.05);
     static const char *const meshes[2][2] = {{"ici_fsdp_parallelism=8", NULL},
@@ -840,12 +763,12 @@ static void test_parity_deepseek(void **state)
                 if (meshes[mi][1]) x[n++] = meshes[mi][1];
                 if (rules) x[n++] = "custom_mesh_and_rule=shard-exp-on-fsdp";
                 x[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
-                run_t r;
+                model_run r;
                 train_run(&r, DEEPSEEK, ND, x, n, 8);
                 char what[160];
                 snprintf(what, sizeof what, "deepseek %s %s %s %s", meshes[mi][0], meshes[mi][1] ? meshes[mi][1] : "",
                          rules ? "shard-exp-on-fsdp" : "base rules", x[n - 1]);
-                compare_runs(what, &r, &ref);
+                model_run_compare(what, &r, &ref, STEPS);
                 int ag, ar, other;
                 if (mi == 1 && mode == 0) /* the routed experts' Newton-Schulz traffic, every step alike */
                     for (int s = 0; s < STEPS; s++) {
@@ -864,14 +787,14 @@ static void test_parity_deepseek(void **state)
                                      dense[k], ag, ar, other);
                     }
                 }
-                close_run(&r);
+                model_run_close(&r);
             }
     /* seed 001's claim: shard-exp-on-fsdp leaves the experts' Newton-Schulz local */
     if (expert_bytes[1] != 0)
         fail_msg("shard-exp-on-fsdp: the routed experts still send %llu optimizer bytes per step",
                  (unsigned long long)expert_bytes[1]);
     if (expert_bytes[0] == 0) fail_msg("base rules: the routed experts' Newton-Schulz moved no bytes");
-    close_run(&ref);
+    model_run_close(&ref);
 }
 
 /* ------------------------------------------------------------ the sharding dump's optimizer state */
@@ -897,8 +820,9 @@ static void test_dump_layout(void **state)
         memcpy(p[i].shape, def->defs[i].shape, sizeof p[i].shape);
         for (int d = 0; d < p[i].rank; d++) p[i].logical[d] = def->defs[i].logical[d];
         p[i].spec = def->unpruned[i];
-        p[i].muon = def->muon_dims[i].muon ? 1 : -1;
-        if (def->muon_dims[i].muon) nmuon++;
+        p[i].opt = def->opt;
+        p[i].branch = model_muon_dims_of(&def->opt_param[i])->muon ? 1 : -1;
+        if (model_muon_dims_of(&def->opt_param[i])->muon) nmuon++;
         else nadam++;
     }
     assert_int_equal(nadam, 5); /* embedding, logits, decoder norm, two layer norms */

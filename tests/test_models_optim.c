@@ -16,8 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/optimizers/adamw.h"
 #include "models/optimizers/optim.h"
 #include "sim/collectives.h"
+#include "tests/helpers.h"
 
 static mesh_cfg *load_cfg(int n, const char *const *ovr)
 {
@@ -145,13 +147,15 @@ static sim_status build(sim_device *d, const mesh_shape *m, const tparam *t, mod
     model_param_layer_spec(&t->p, &spec);
     out->w = store;
     out->g = store + L;
-    out->m = store + 2 * L;
-    out->v = store + 3 * L;
+    out->n_slots = 2;
+    out->slot_name[0] = "mu", out->slot_name[1] = "nu";
+    out->slot[0] = store + 2 * L;
+    out->slot[1] = store + 3 * L;
     for (int l = 0; l < L; l++) {
         SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_PARAMS, &out->w[l]));
         SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_GRADS, &out->g[l]));
-        SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_OPTIMIZER, &out->m[l]));
-        SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_OPTIMIZER, &out->v[l]));
+        SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_OPTIMIZER, &out->slot[0][l]));
+        SIM_TRY(mesh_array_new(d, m, t->p.def.path, rank, shape, &spec, SIM_F32, SIM_MEM_OPTIMIZER, &out->slot[1][l]));
         mesh_array_load_global(d, m, &out->w[l], t->gw + l * t->nel);
         mesh_array_load_global(d, m, &out->g[l], t->gg + l * t->nel);
     }
@@ -163,8 +167,8 @@ static void release(sim_device *d, model_param *p)
     for (int l = 0; l < p->n_layers; l++) {
         mesh_array_free(d, &p->w[l]);
         mesh_array_free(d, &p->g[l]);
-        mesh_array_free(d, &p->m[l]);
-        mesh_array_free(d, &p->v[l]);
+        mesh_array_free(d, &p->slot[0][l]);
+        mesh_array_free(d, &p->slot[1][l]);
     }
 }
 
@@ -259,20 +263,9 @@ static double global_norm_ref(const tparam *tp, int np)
     return sqrt(s);
 }
 
-static mesh_shape make_mesh(int n, const char *const *names, const int *sizes)
-{
-    mesh_shape m;
-    assert_int_equal(mesh_shape_init(&m, n, names, sizes), SIM_OK);
-    return m;
-}
-
 static void run_on(const mesh_shape *m, run_case *c)
 {
-    sim_mesh_desc md;
-    assert_int_equal(mesh_shape_to_sim(m, &md), SIM_OK);
-    sim_machine *mach;
-    sim_machine_opts mo = {0};
-    assert_int_equal(sim_machine_new(&md, &mo, &mach), SIM_OK);
+    sim_machine *mach = helper_machine(m, false);
     c->m = m;
     if (sim_machine_run(mach, run_device, c) != SIM_OK) fail_msg("%s", sim_errmsg());
     sim_machine_free(mach);
@@ -293,7 +286,7 @@ static void test_global_norm(void **state)
     (void)state;
     static const char *names[] = {"data", "fsdp"};
     const int s1[] = {4}, s2[] = {2, 3};
-    mesh_shape meshes[2] = {make_mesh(1, names, s1), make_mesh(2, names, s2)};
+    mesh_shape meshes[2] = {helper_mesh(1, names, s1), helper_mesh(2, names, s2)};
     const char *specs[2][3] = {
         {"P()", "P('data', None)", "P(None, None, 'data')"},
         {"P()", "P(('data', 'fsdp'), None)", "P('fsdp', None, 'data')"},
@@ -324,7 +317,7 @@ static void test_global_norm(void **state)
     /* layers split over 'stage': a device holds its stage's layers only; junk elsewhere must not count */
     static const char *pn[] = {"stage", "fsdp"};
     const int ps[] = {2, 2};
-    mesh_shape pm = make_mesh(2, pn, ps);
+    mesh_shape pm = helper_mesh(2, pn, ps);
     const int64_t stk[] = {8, 4, 6};
     tparam tp = make_tparam(&pm, "params.decoder.layers.mlp.wi_0.kernel", 3, stk, 1, "P('fsdp', 'stage', None)", 9);
     run_case *c = calloc(1, sizeof *c);
@@ -359,7 +352,7 @@ static void test_adamw(void **state)
     (void)state;
     static const char *names[] = {"data", "fsdp"};
     const int s1[] = {1}, s2[] = {2, 2};
-    mesh_shape one = make_mesh(1, names, s1), two = make_mesh(2, names, s2);
+    mesh_shape one = helper_mesh(1, names, s1), two = helper_mesh(2, names, s2);
     const int64_t mat[] = {8, 6};
     for (int clip = 0; clip < 2; clip++) {
         /* clip threshold 1e9 never triggers; 1.0 always does (the norm is ~ 30) */

@@ -49,14 +49,13 @@
 #include <string.h>
 
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
-#include "sim/trace.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=8", "vocab_size=64",          "max_target_length=16",
-    "init_weights_seed=5", "learning_rate=1e-2",      "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",
-};
+/* tests/data/tiny-llama.yml with 8 layers (the stages), a fixed seed, a rate large enough to move, no
+ * warm-up and the z-loss */
+static const char *const TINY[] = {TINY_LLAMA_YML,       "base_num_decoder_layers=8", "init_weights_seed=5",
+                                   "learning_rate=1e-2", "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, EMB = 16 };
 
 /* ------------------------------------------------------------ config */
@@ -258,15 +257,11 @@ static void test_config_errors(void **state)
 
 /* ------------------------------------------------------------ training runs */
 
-typedef model_run run_t;
-
-static void open_run(run_t *r, const char *const *extra, int n_extra, int devices, long long steps)
+static void open_run(model_run *r, const char *const *extra, int n_extra, int devices, long long steps)
 {
     model_run_open(r, TINY, NTINY, ROWS, extra, n_extra, devices, steps);
 }
 
-static void train(run_t *r, bool grads) { model_run_train(r, grads); }
-static void close_run(run_t *r) { model_run_close(r); }
 
 /* ------------------------------------------------------------ parity over 5 steps */
 
@@ -309,9 +304,9 @@ static void test_parity_five_steps(void **state)
 {
     (void)state;
     enum { STEPS = 5 };
-    run_t ref;
+    model_run ref;
     open_run(&ref, NULL, 0, 1, STEPS);
-    train(&ref, true);
+    model_run_train(&ref, true);
     assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.05);
     /* auto mode only: MaxText 0.2.5 traces no explicit-mode pipeline (test_explicit_refused) */
     for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
@@ -320,10 +315,10 @@ static void test_parity_five_steps(void **state)
         int n = 0;
         for (int f = 0; f < 5 && pc->flags[f]; f++) extra[n++] = pc->flags[f];
         extra[n++] = "shard_mode=auto";
-        run_t r;
+        model_run r;
         open_run(&r, extra, n, pc->devices, STEPS);
         assert_true(r.def->d.pipe.on);
-        train(&r, true);
+        model_run_train(&r, true);
         for (int s = 0; s < STEPS; s++) {
             double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
             if (fabs(l - lr) > 1e-4 * fabs(lr))
@@ -336,9 +331,9 @@ static void test_parity_five_steps(void **state)
                              r.def->defs[i].path, e);
             }
         }
-        close_run(&r);
+        model_run_close(&r);
     }
-    close_run(&ref);
+    model_run_close(&ref);
 }
 
 /* trace.json: every iteration of every device is a named span, bubbles named as such */
@@ -346,16 +341,9 @@ static void test_trace_names_iterations(void **state)
 {
     (void)state;
     const char *flags[] = {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"};
-    run_t r;
+    model_run r;
     open_run(&r, flags, 2, 2, 1);
-    sim_machine_free(r.m);
-    assert_int_equal(model_machine_new(r.def, 0, true, &r.m), SIM_OK);
-    train(&r, false);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    assert_int_equal(sim_trace_write_chrome(r.m, f, 0), SIM_OK);
-    fclose(f);
+    char *buf = model_run_train_traced(&r);
     /* S=2, M=2, R=4: 9 iterations; stage 1 idles at i=0 (warm-up), stage 0 at i=8 (cool-down) */
     assert_non_null(strstr(buf, "\"pipeline iteration 0: microbatch 0 repeat 0\""));
     assert_non_null(strstr(buf, "\"pipeline iteration 8: microbatch 1 repeat 3\""));
@@ -370,7 +358,7 @@ static void test_trace_names_iterations(void **state)
     assert_non_null(strstr(buf, "\"pipeline iteration 0: bubble\""));
     assert_non_null(strstr(buf, "\"pipeline iteration 8: bubble\""));
     free(buf);
-    close_run(&r);
+    model_run_close(&r);
 }
 
 /* gradient accumulation: every accumulation microbatch runs a whole schedule (with ag_once, its own gather) */
@@ -379,9 +367,9 @@ static void test_parity_gradient_accumulation(void **state)
     (void)state;
     enum { STEPS = 5 };
     const char *ga1[] = {"gradient_accumulation_steps=2"};
-    run_t ref;
+    model_run ref;
     open_run(&ref, ga1, 1, 1, STEPS);
-    train(&ref, true);
+    model_run_train(&ref, true);
     static const pipe_case GCASES[] = {
         {"stage=2 M=2 GA=2", {"ici_pipeline_parallelism=2", "gradient_accumulation_steps=2"}, 2},
         {"stage=2 fsdp=2 ag_once M=2 GA=2",
@@ -399,9 +387,9 @@ static void test_parity_gradient_accumulation(void **state)
         int n = 0;
         for (int f = 0; f < 5 && GCASES[ci].flags[f]; f++) extra[n++] = GCASES[ci].flags[f];
         extra[n++] = "shard_mode=auto";
-        run_t r;
+        model_run r;
         open_run(&r, extra, n, GCASES[ci].devices, STEPS);
-        train(&r, true);
+        model_run_train(&r, true);
         for (int s = 0; s < STEPS; s++) {
             double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
             if (fabs(l - lr) > 1e-4 * fabs(lr))
@@ -427,20 +415,16 @@ static void test_parity_gradient_accumulation(void **state)
                 n_sharded += r.def->defs[i].scan_dim >= 0 && (mesh_spec_dim_axes(&r.def->spec[i]) & (1u << fsdp));
             assert_int_equal(gathers, 2 * 4 * n_sharded); /* 2 microbatches x 4 held layers */
         }
-        close_run(&r);
+        model_run_close(&r);
     }
-    close_run(&ref);
+    model_run_close(&ref);
 }
 
 /* DeepSeek (deepseek3-tiny variant: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora): the MoE
- * layers are the pipeline, the dense layer runs before it with 'stage' acting as data */
-static const char *const DS[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
-    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "load_balance_loss_weight=0",
-};
+ * layers are the pipeline, the dense layer runs before it with 'stage' acting as data
+ * (tests/data/tiny-deepseek.yml without the load-balance loss).  It follows TINY's words, and a
+ * config file never overrides a key=value word: the layer count is a word here too. */
+static const char *const DS[] = {TINY_DEEPSEEK_YML, "base_num_decoder_layers=3", "load_balance_loss_weight=0"};
 enum { NDS = sizeof DS / sizeof DS[0] };
 
 static void test_parity_deepseek(void **state)
@@ -457,20 +441,20 @@ static void test_parity_deepseek(void **state)
     const char *base[NDS + 8];
     for (int i = 0; i < NDS; i++) base[i] = DS[i];
     base[NDS] = "routed_bias=false"; /* MaxText stops pipelines with deepseek3's MoEBiasVar (test_deepseek_bias_refused) */
-    run_t ref;
+    model_run ref;
     open_run(&ref, base, NDS + 1, 1, STEPS);
-    train(&ref, true);
+    model_run_train(&ref, true);
     assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.02);
     /* auto mode only (explicit: test_explicit_refused) */
     for (size_t ci = 0; ci < sizeof DCASES / sizeof DCASES[0]; ci++) {
         int n = NDS + 1;
         for (int f = 0; f < 5 && DCASES[ci].flags[f]; f++) base[n++] = DCASES[ci].flags[f];
         base[n++] = "shard_mode=auto";
-        run_t r;
+        model_run r;
         open_run(&r, base, n, DCASES[ci].devices, STEPS);
         assert_true(r.def->d.pipe.on);
         assert_int_equal(r.def->d.pipe.layers, 2); /* the MoE layers */
-        train(&r, true);
+        model_run_train(&r, true);
         for (int s = 0; s < STEPS; s++) {
             double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
             if (fabs(l - lr) > 1e-4 * fabs(lr))
@@ -492,9 +476,9 @@ static void test_parity_deepseek(void **state)
             if (strstr(rec[i].tag, "dense_layers.mlp.wi_0") && rec[i].phase == SIM_PHASE_BACKWARD)
                 for (int a = 0; a < rec[i].axes.n; a++) dense_over_stage |= rec[i].axes.axis[a] == stage;
         assert_true(dense_over_stage);
-        close_run(&r);
+        model_run_close(&r);
     }
-    close_run(&ref);
+    model_run_close(&ref);
     /* the load-balance loss inside a pipeline is refused, naming the key and the fix */
     const char *lb[NDS + 2];
     for (int i = 0; i < NDS; i++) lb[i] = DS[i];
@@ -578,7 +562,7 @@ static void test_explicit_refused(void **state)
         int n = 0;
         for (int f = 0; f < 6 && c->flags[f]; f++) extra[n++] = c->flags[f];
         extra[n++] = "shard_mode=explicit";
-        run_t r;
+        model_run r;
         open_run(&r, extra, n, c->devices, 1);
         assert_true(r.def->d.pipe.on);
         sim_status st = model_train(&r.job, r.m);
@@ -594,7 +578,7 @@ static void test_explicit_refused(void **state)
             fail_msg("%s explicit: status %d, expected the positions gather's ShardingTypeError with %s, %s: %s",
                      c->label, (int)st, op, ix, msg);
         sim_err_clear();
-        close_run(&r);
+        model_run_close(&r);
     }
     /* DeepSeek fails earlier in MaxText 0.2.5 (rows P13, P14): its dense layer before the pipeline runs under
      * logical_axis_rules_pp_act_as_dp ('stage' before 'data' in activation_batch), while YaRN's frequencies
@@ -618,7 +602,7 @@ static void test_explicit_refused(void **state)
         for (int i = 0; i < NDS; i++) extra[n++] = DS[i];
         for (int f = 0; f < 4 && Y[ci].flags[f]; f++) extra[n++] = Y[ci].flags[f];
         extra[n++] = "shard_mode=explicit";
-        run_t r;
+        model_run r;
         open_run(&r, extra, n, Y[ci].devices, 1);
         sim_status st = model_train(&r.job, r.m);
         char want[256];
@@ -630,28 +614,8 @@ static void test_explicit_refused(void **state)
         if (st != SIM_ERR_SHARDING || !strstr(sim_errmsg(), want))
             fail_msg("%s explicit: status %d, expected \"%s\": %s", Y[ci].label, (int)st, want, sim_errmsg());
         sim_err_clear();
-        close_run(&r);
+        model_run_close(&r);
     }
-}
-
-/* ------------------------------------------------------------ traffic and memory */
-
-typedef struct {
-    uint64_t bytes;
-    uint64_t calls;
-} sum_t;
-
-static sum_t sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const char *prefix)
-{
-    size_t n;
-    const sim_record *r = sim_device_records(sim_machine_device(m, d), &n);
-    sum_t s = {0, 0};
-    for (size_t i = 0; i < n; i++)
-        if (r[i].op == op && r[i].phase == ph && (!prefix || !strncmp(r[i].tag, prefix, strlen(prefix)))) {
-            s.bytes += r[i].bytes_sent;
-            s.calls++;
-        }
-    return s;
 }
 
 static void test_traffic_ppermute(void **state)
@@ -672,32 +636,32 @@ static void test_traffic_ppermute(void **state)
     for (size_t k = 0; k < sizeof T / sizeof T[0]; k++) {
         int n = 0;
         while (n < 4 && T[k].flags[n]) n++;
-        run_t r;
+        model_run r;
         open_run(&r, T[k].flags, n, T[k].devices, 1);
         assert_int_equal(r.def->d.pipe.repeats, T[k].R);
-        train(&r, false);
+        model_run_train(&r, false);
         /* every iteration moves `moves` slots of (rows/M/shards) x seq x emb activations (dtype, bfloat16
          * by default: 2 bytes), each to another device */
         uint64_t iters = (uint64_t)(T[k].M * T[k].R + T[k].d * (T[k].S - 1));
         uint64_t slot = (uint64_t)(ROWS / T[k].M / T[k].shards) * SEQ * EMB * 2;
         for (int d = 0; d < T[k].devices; d++) {
-            sum_t f = sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_FORWARD, NULL);
-            sum_t b = sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_BACKWARD, NULL);
+            helper_sum f = helper_sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_FORWARD, NULL);
+            helper_sum b = helper_sum_records(r.m, d, SIM_OP_PPERMUTE, SIM_PHASE_BACKWARD, NULL);
             assert_int_equal(f.calls, iters * (uint64_t)T[k].moves);
             assert_int_equal(f.bytes, iters * (uint64_t)T[k].moves * slot);
             assert_int_equal(b.calls, f.calls); /* the transposes: inverse permutations */
             assert_int_equal(b.bytes, f.bytes);
         }
-        close_run(&r);
+        model_run_close(&r);
     }
 }
 
 /* all-gathers over fsdp alone in the forward pass whose tag is in a decoder layer, and their bytes */
-static sum_t layer_weight_gathers(sim_machine *m, int d, int fsdp)
+static helper_sum layer_weight_gathers(sim_machine *m, int d, int fsdp)
 {
     size_t n;
     const sim_record *r = sim_device_records(sim_machine_device(m, d), &n);
-    sum_t s = {0, 0};
+    helper_sum s = {0, 0};
     for (size_t i = 0; i < n; i++)
         if (r[i].op == SIM_OP_ALL_GATHER && r[i].phase == SIM_PHASE_FORWARD && r[i].axes.n == 1 &&
             r[i].axes.axis[0] == fsdp && strstr(r[i].tag, "decoder/layers_")) {
@@ -714,11 +678,11 @@ static void test_ag_once_and_memory(void **state)
     const char *dflt[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4"};
     const char *once[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4",
                           "pipeline_fsdp_ag_once=true"};
-    run_t a, b;
+    model_run a, b;
     open_run(&a, dflt, 3, 4, 1);
     open_run(&b, once, 4, 4, 1);
-    train(&a, false);
-    train(&b, false);
+    model_run_train(&a, false);
+    model_run_train(&b, false);
     const model_def *def = a.def;
     int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
     /* fsdp-sharded per-layer weight bytes (the gathered part: (k-1)/k of each, k = 2), gathered in
@@ -738,16 +702,17 @@ static void test_ag_once_and_memory(void **state)
     const uint64_t held = 4, iters = 4 * 4 + 1;
     for (int d = 0; d < 4; d++) {
         /* default: every iteration gathers the layer it runs (bubbles included) */
-        sum_t ga = layer_weight_gathers(a.m, d, fsdp);
+        helper_sum ga = layer_weight_gathers(a.m, d, fsdp);
         assert_int_equal(ga.calls, iters * (uint64_t)n_sharded);
         assert_int_equal(ga.bytes, iters * layer_sharded / 2);
         /* ag_once: none inside the layers; one gather per held layer before the loop */
-        sum_t gb = layer_weight_gathers(b.m, d, fsdp);
+        helper_sum gb = layer_weight_gathers(b.m, d, fsdp);
         assert_int_equal(gb.calls, 0);
-        sum_t once_f = sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "pipeline/fsdp_ag_once");
+        helper_sum once_f = helper_sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "pipeline/fsdp_ag_once");
         assert_int_equal(once_f.calls, held * (uint64_t)n_sharded);
         assert_int_equal(once_f.bytes, held * layer_sharded / 2);
-        sum_t once_b = sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_once");
+        helper_sum once_b =
+            helper_sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_once");
         assert_int_equal(once_b.calls, held * (uint64_t)n_sharded);
         assert_int_equal(once_b.bytes, held * layer_sharded / 2);
     }
@@ -800,8 +765,8 @@ static void test_ag_once_and_memory(void **state)
         sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &so);
         assert_int_equal(so.peak_by[SIM_MEM_GRADS], expect_once);
     }
-    close_run(&a);
-    close_run(&b);
+    model_run_close(&a);
+    model_run_close(&b);
 }
 
 /* ZeRO-1 with a pipeline (stage=2 data=2, 8 layers): MaxText adds 'data' to
@@ -822,10 +787,10 @@ static void test_zero1_traffic_and_memory(void **state)
          "num_layers_per_pipeline_stage=4"},
     };
     for (int c = 0; c < 2; c++) {
-        run_t r;
+        model_run r;
         open_run(&r, flags[c], c ? 5 : 4, 4, NSTEPS);
         assert_int_equal(r.def->d.pipe.repeats, c ? 1 : 4);
-        train(&r, false);
+        model_run_train(&r, false);
         const model_def *def = r.def;
         int data = mesh_shape_axis_index(&def->mesh, "data");
         uint64_t worked = 0; /* bytes of parameters a device computes with */
@@ -847,12 +812,12 @@ static void test_zero1_traffic_and_memory(void **state)
             }
         }
         for (int d = 0; d < 4; d++) {
-            sum_t ag = {0, 0}, rs = {0, 0}, ar = {0, 0};
+            helper_sum ag = {0, 0}, rs = {0, 0}, ar = {0, 0};
             size_t n;
             const sim_record *rec = sim_device_records(sim_machine_device(r.m, d), &n);
             for (size_t i = 0; i < n; i++) {
                 if (rec[i].axes.n != 1 || rec[i].axes.axis[0] != data) continue;
-                sum_t *t = rec[i].op == SIM_OP_ALL_GATHER && !strncmp(rec[i].tag, "zero1/params/", 13)
+                helper_sum *t = rec[i].op == SIM_OP_ALL_GATHER && !strncmp(rec[i].tag, "zero1/params/", 13)
                                ? &ag
                            : rec[i].op == SIM_OP_REDUCE_SCATTER && !strncmp(rec[i].tag, "zero1/grads/", 12) ? &rs
                            : rec[i].op == SIM_OP_ALL_REDUCE && rec[i].phase == SIM_PHASE_BACKWARD            ? &ar
@@ -871,7 +836,7 @@ static void test_zero1_traffic_and_memory(void **state)
             sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, d)), &st);
             assert_int_equal(st.peak_by[SIM_MEM_OPTIMIZER], 2 * worked / K);
         }
-        close_run(&r);
+        model_run_close(&r);
     }
 }
 
@@ -886,21 +851,21 @@ static void test_ag_per_repeat(void **state)
     (void)state;
     enum { STEPS = 5, R = 2 };
     const char *four[] = {"base_num_decoder_layers=4"};
-    run_t ref;
+    model_run ref;
     open_run(&ref, four, 1, 1, STEPS);
-    train(&ref, true);
+    model_run_train(&ref, true);
     assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.05);
     static const char *const micro[2] = {"num_pipeline_microbatches=2", "num_pipeline_microbatches=4"};
     /* auto mode only (explicit: test_explicit_refused) */
     for (int mi = 0; mi < 2; mi++) {
         const char *extra[] = {"base_num_decoder_layers=4", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2",
                                "pipeline_fsdp_ag_per_repeat=true", micro[mi], "shard_mode=auto"};
-        run_t r;
+        model_run r;
         open_run(&r, extra, 6, 4, STEPS);
         assert_true(r.def->d.pipe.on && r.def->d.pipe.ag_per_repeat);
         assert_int_equal(r.def->d.pipe.repeats, R);
         assert_int_equal(r.def->d.pipe.circ_storage, mi == 1);
-        train(&r, true);
+        model_run_train(&r, true);
         for (int st = 0; st < STEPS; st++) {
             double l = r.job.stats[st].loss, lr = ref.job.stats[st].loss;
             if (fabs(l - lr) > 1e-4 * fabs(lr))
@@ -913,9 +878,9 @@ static void test_ag_per_repeat(void **state)
                              st, r.def->defs[i].path, e);
             }
         }
-        close_run(&r);
+        model_run_close(&r);
     }
-    close_run(&ref);
+    model_run_close(&ref);
 
     /* traffic and memory of one step of 8 layers (R = 4), against the same step with pipeline_fsdp_ag_once */
     enum { R8 = 4 };
@@ -923,11 +888,11 @@ static void test_ag_per_repeat(void **state)
                           "pipeline_fsdp_ag_once=true"};
     const char *prep[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=2",
                           "pipeline_fsdp_ag_per_repeat=true"};
-    run_t a, b;
+    model_run a, b;
     open_run(&a, once, 4, 4, 1);
     open_run(&b, prep, 4, 4, 1);
-    train(&a, false);
-    train(&b, false);
+    model_run_train(&a, false);
+    model_run_train(&b, false);
     const model_def *def = b.def;
     int fsdp = mesh_shape_axis_index(&def->mesh, "fsdp");
     /* one layer's fsdp-sharded weights: gathered bytes (k-1)/k in weight_dtype (float32: 4 bytes), and
@@ -953,13 +918,15 @@ static void test_ag_per_repeat(void **state)
     assert_int_equal(b.def->d.pipe.repeats, R8);
     for (int d = 0; d < 4; d++) {
         assert_int_equal(layer_weight_gathers(b.m, d, fsdp).calls, 0);
-        sum_t f = sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "pipeline/fsdp_ag_per_repeat");
+        helper_sum f = helper_sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "pipeline/fsdp_ag_per_repeat");
         assert_int_equal(f.calls, R8 * (uint64_t)n_sharded);
         assert_int_equal(f.bytes, R8 * layer_sharded / 2);
-        sum_t bg = sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
+        helper_sum bg =
+            helper_sum_records(b.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
         assert_int_equal(bg.calls, R8 * (uint64_t)n_sharded);
         assert_int_equal(bg.bytes, R8 * layer_sharded / 2);
-        sum_t rs = sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
+        helper_sum rs =
+            helper_sum_records(b.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "pipeline/fsdp_ag_per_repeat");
         assert_int_equal(rs.calls, R8 * (uint64_t)n_sharded);
         assert_int_equal(rs.bytes, R8 * layer_sharded / 2);
         /* gradients: ag_once keeps all four held layers' gathered gradients through the backward pass and
@@ -972,8 +939,8 @@ static void test_ag_per_repeat(void **state)
         assert_int_equal((int64_t)sa.peak_by[SIM_MEM_GRADS] - (int64_t)sb.peak_by[SIM_MEM_GRADS],
                          (int64_t)(R8 * layer_grad_f32) - (int64_t)(R8 * layer_grad_f32 / k + 2 * layer_grad_f32));
     }
-    close_run(&a);
-    close_run(&b);
+    model_run_close(&a);
+    model_run_close(&b);
 }
 
 int main(void)

@@ -31,28 +31,14 @@
 
 #include "models/core/checkpoint.h"
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",          "max_target_length=16",
-    "init_weights_seed=3", "learning_rate=1e-2",      "warmup_steps_fraction=0.3", "z_loss_multiplier=0.001",
-};
+/* tests/data/tiny-llama.yml with a fixed seed, a rate large enough to move, a warm-up over the
+ * saved steps and the z-loss */
+static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2",
+                                   "warmup_steps_fraction=0.3", "z_loss_multiplier=0.001"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 5, PERIOD = 2, SAVED = 2, LAST = STEPS - 1 };
-
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
 
 static void open_run(model_run *r, const char *opt, const char *const *mesh, int nmesh, int devices)
 {
@@ -127,7 +113,7 @@ static void check_resume(const char *opt, const char *const *other, int nother)
     snprintf(p2, sizeof p2, "%s/step_%d.safetensors", dir2, SAVED);
     assert_int_equal(access(p2, F_OK), -1); /* the resumed run trains (and saves) from step 3 on */
     size_t na, nb;
-    char *a = slurp(ck4, &na), *b = slurp(again4, &nb);
+    char *a = helper_read_file(ck4, &na), *b = helper_read_file(again4, &nb);
     assert_int_equal(na, nb);
     if (memcmp(a, b, na)) fail_msg("%s: the resumed run's step-4 checkpoint differs from the uninterrupted run's", opt);
     free(a);

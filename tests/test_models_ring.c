@@ -29,17 +29,12 @@
 #include <string.h>
 
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-/* deepseek3-tiny, shrunk: 1 dense + 2 MoE layers, 8 experts top-2, sigmoid routing with the bias */
-static const char *const TINY[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
-    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",   "learning_rate=3e-3",
-    "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",    "load_balance_loss_weight=0.01",
-};
+/* tests/data/tiny-deepseek.yml (1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora, sigmoid
+ * routing with the bias: DeepSeek-V3 routing) with the MoE parity knobs of tests/data/moe-training.yml */
+static const char *const TINY[] = {TINY_DEEPSEEK_YML, MOE_TRAINING_YML};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, SEQ = 16, EMB = 32, EXPERTS = 8, MOE_LAYERS = 2, STEPS = 5 };
 
 #define RING "use_ring_of_experts=true"

@@ -25,22 +25,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_run.h"
+#include "tests/helpers.h"
+#include "tests/model_run.h"
 #include "sim/collectives.h"
 
-static const char *const SMALL[] = {
-    "model_name=llama2-7b", "override_model_config=true", "base_emb_dim=64",  "base_num_query_heads=4",
-    "base_num_kv_heads=4",  "head_dim=16",                "base_mlp_dim=192", "base_num_decoder_layers=2",
-    "vocab_size=256",       "max_target_length=32",       "learning_rate=3e-3",
-};
-/* a deepseek3-tiny variant: 1 dense + 1 MoE layer, 4 experts top-2, MLA with q_lora */
-static const char *const TINY_DS[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=2",
-    "first_num_dense_layers=1",  "num_experts=4",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",       "learning_rate=3e-3",    "load_balance_loss_weight=0.01",
-};
+/* tests/data/llama2-7b-narrow.yml over 32 tokens */
+static const char *const SMALL[] = {LLAMA2_NARROW_YML, "max_target_length=32"};
+/* tests/data/tiny-deepseek.yml with 1 dense + 1 MoE layer of 4 experts (top-2, MLA with q_lora) */
+static const char *const TINY_DS[] = {TINY_DEEPSEEK_YML, "base_num_decoder_layers=2", "num_experts=4",
+                                      "learning_rate=3e-3", "load_balance_loss_weight=0.01"};
 enum { NSMALL = sizeof SMALL / sizeof SMALL[0], NTINY_DS = sizeof TINY_DS / sizeof TINY_DS[0] };
 enum { ROWS = 8, STEPS = 2, MAXDEV = 64 };
 

@@ -20,6 +20,7 @@
 #include "config/json.h"
 #include "models/core/timemodel.h"
 #include "tests/cli_capture.h"
+#include "tests/helpers.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -319,8 +320,7 @@ static void test_gmm_tiles(void **state)
 
 /* The attention_op kind's useful FLOPs and kernel work of a tiny run (T = 16, 4 heads of 8, one
  * device, 2 layers; full remat: per layer the forward twice and the backward once). */
-#define TINY "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
-             "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
+#define TINY SMALL_LLAMA_YML, "per_device_batch_size=1"
 
 static void attention_kind(const char *extra1, const char *extra2, double *flops, double *mxu, double *calls)
 {
@@ -515,7 +515,7 @@ static void test_train_estimate(void **state)
     assert_int_equal(system(cmd), 0);
     /* a bad profile name exits 2 naming it and the valid ones */
     const char *bad[] = {TINY, "hardware_profile=v9", "steps=1"};
-    r = cli_capture_run(cli_train, 10, bad);
+    r = cli_capture_run(cli_train, (int)(sizeof bad / sizeof bad[0]), bad);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "'v9'"));
     assert_non_null(strstr(r.err, "tpu7x"));

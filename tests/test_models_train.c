@@ -1,6 +1,6 @@
 /* test_models_train.c — the training loop on small shapes:
  *   - parity over 5 steps (losses and every gradient of every step) with the
- *     1-device run on the meshes of issue 4, in auto and explicit mode;
+ *     1-device run on the meshes below, in auto and explicit mode;
  *   - traffic: pure FSDP reduce-scatters (k-1)/k of the fsdp-sharded
  *     parameter bytes per step; pure data parallelism all-reduces
  *     2(k-1)/k of all parameter bytes per step;
@@ -26,24 +26,19 @@
 #include "mesh/ad.h"
 #include "models/core/train.h"
 #include "sim/arena.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",          "max_target_length=16",
-    "init_weights_seed=3", "learning_rate=1e-2",      "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",
-};
+/* tests/data/tiny-llama.yml with a fixed seed, a rate large enough to move, no warm-up and the z-loss */
+static const char *const TINY[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2",
+                                   "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001"};
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8 };
 
-typedef model_run run_t;
-
-static void open_run(run_t *r, const char *const *extra, int n_extra, int devices, long long steps)
+static void open_run(model_run *r, const char *const *extra, int n_extra, int devices, long long steps)
 {
     model_run_open(r, TINY, NTINY, ROWS, extra, n_extra, devices, steps);
 }
 
-static void train(run_t *r, bool grads) { model_run_train(r, grads); }
-static void close_run(run_t *r) { model_run_close(r); }
 
 /* ------------------------------------------------------------ parity over 5 steps */
 
@@ -76,9 +71,9 @@ static void test_parity_five_steps(void **state)
 {
     (void)state;
     enum { STEPS = 5 };
-    run_t ref;
+    model_run ref;
     open_run(&ref, NULL, 0, 1, STEPS);
-    train(&ref, true);
+    model_run_train(&ref, true);
     /* the loss moves: parity over steps that compare nothing would be empty */
     assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.05);
     for (size_t mi = 0; mi < sizeof MESHES / sizeof MESHES[0]; mi++)
@@ -87,17 +82,17 @@ static void test_parity_five_steps(void **state)
             int n = 0;
             for (int f = 0; f < 4 && MESHES[mi].flags[f]; f++) extra[n++] = MESHES[mi].flags[f];
             extra[n++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
-            run_t r;
+            model_run r;
             open_run(&r, extra, n, 8, STEPS);
             if (mode && MESHES[mi].explicit_err) {
                 assert_int_equal(model_train(&r.job, r.m), SIM_ERR_SHARDING);
                 if (!strstr(sim_errmsg(), MESHES[mi].explicit_err))
                     fail_msg("%s explicit: expected '%s', got: %s", MESHES[mi].label, MESHES[mi].explicit_err,
                              sim_errmsg());
-                close_run(&r);
+                model_run_close(&r);
                 continue;
             }
-            train(&r, true);
+            model_run_train(&r, true);
             for (int s = 0; s < STEPS; s++) {
                 double l = r.job.stats[s].loss, lr = ref.job.stats[s].loss;
                 if (fabs(l - lr) > 1e-4 * fabs(lr))
@@ -110,31 +105,12 @@ static void test_parity_five_steps(void **state)
                                  r.def->defs[i].path, e);
                 }
             }
-            close_run(&r);
+            model_run_close(&r);
         }
-    close_run(&ref);
+    model_run_close(&ref);
 }
 
 /* ------------------------------------------------------------ traffic formulas */
-
-typedef struct {
-    uint64_t bytes;
-    uint64_t calls;
-} sum_t;
-
-/* Sum over device d's records of one op and phase (tag prefix optional). */
-static sum_t sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const char *prefix)
-{
-    size_t n;
-    const sim_record *r = sim_device_records(sim_machine_device(m, d), &n);
-    sum_t s = {0, 0};
-    for (size_t i = 0; i < n; i++)
-        if (r[i].op == op && r[i].phase == ph && (!prefix || !strncmp(r[i].tag, prefix, strlen(prefix)))) {
-            s.bytes += r[i].bytes_sent;
-            s.calls++;
-        }
-    return s;
-}
 
 /* A parameter's bytes in weight_dtype (float32): its gradient is reduced in it (MaxText's compiled
  * step casts the bfloat16 product's gradient back before the reduction). */
@@ -149,9 +125,9 @@ static void test_traffic_pure_fsdp(void **state)
 {
     (void)state;
     const char *extra[] = {"ici_fsdp_parallelism=8"};
-    run_t r;
+    model_run r;
     open_run(&r, extra, 1, 8, 1);
-    train(&r, false);
+    model_run_train(&r, false);
     int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
     uint64_t sharded = 0;
     for (int i = 0; i < r.def->nparams; i++)
@@ -159,31 +135,31 @@ static void test_traffic_pure_fsdp(void **state)
     assert_true(sharded > 0);
     for (int d = 0; d < 8; d++) {
         /* every backward reduce-scatter is a gradient landing on its fsdp-sharded parameter */
-        sum_t rs = sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, NULL);
-        sum_t grad = sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "grad/");
+        helper_sum rs = helper_sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, NULL);
+        helper_sum grad = helper_sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "grad/");
         assert_int_equal(rs.bytes, grad.bytes);
         assert_int_equal(rs.bytes, sharded * 7 / 8);
     }
-    close_run(&r);
+    model_run_close(&r);
 }
 
 static void test_traffic_pure_data(void **state)
 {
     (void)state;
     const char *extra[] = {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"};
-    run_t r;
+    model_run r;
     open_run(&r, extra, 2, 8, 1);
-    train(&r, false);
+    model_run_train(&r, false);
     uint64_t all = model_param_bytes(r.def);
     for (int d = 0; d < 8; d++) {
-        sum_t ar = sum_records(r.m, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL);
+        helper_sum ar = helper_sum_records(r.m, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL);
         /* 2(k-1)/k of every parameter byte, k = 8 (each gradient's size divides by 8 here) */
         assert_int_equal(ar.bytes, all * 2 * 7 / 8);
         /* and nothing else moves in backward */
-        assert_int_equal(sum_records(r.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
-        assert_int_equal(sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
+        assert_int_equal(helper_sum_records(r.m, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
+        assert_int_equal(helper_sum_records(r.m, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
     }
-    close_run(&r);
+    model_run_close(&r);
 }
 
 /* ------------------------------------------------------------ dry run */
@@ -194,31 +170,14 @@ static void test_dry_run_matches_real(void **state)
     const char *real[] = {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"};
     const char *dry[] = {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2",
                          "dry_run=true"};
-    run_t a, b;
+    model_run a, b;
     open_run(&a, real, 3, 8, 1);
     open_run(&b, dry, 4, 8, 1);
-    train(&a, false);
-    train(&b, false);
-    for (int d = 0; d < 8; d++) {
-        size_t na, nb;
-        const sim_record *ra = sim_device_records(sim_machine_device(a.m, d), &na);
-        const sim_record *rb = sim_device_records(sim_machine_device(b.m, d), &nb);
-        assert_int_equal(na, nb);
-        for (size_t i = 0; i < na; i++) {
-            assert_int_equal(ra[i].op, rb[i].op);
-            assert_int_equal(ra[i].phase, rb[i].phase);
-            assert_int_equal(ra[i].bytes_sent, rb[i].bytes_sent);
-            assert_int_equal(ra[i].bytes_recv, rb[i].bytes_recv);
-            assert_string_equal(ra[i].tag, rb[i].tag);
-        }
-        sim_arena_stats sa, sb;
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &sa);
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &sb);
-        assert_int_equal(sa.peak, sb.peak);
-        for (int c = 0; c < SIM_NMEM; c++) assert_int_equal(sa.at_peak_by[c], sb.at_peak_by[c]);
-    }
-    close_run(&a);
-    close_run(&b);
+    model_run_train(&a, false);
+    model_run_train(&b, false);
+    model_run_expect_same_records("dry run", &a, &b, 8, 0);
+    model_run_close(&a);
+    model_run_close(&b);
 }
 
 /* ------------------------------------------------------------ learning */
@@ -227,12 +186,12 @@ static void test_loss_falls(void **state)
 {
     (void)state;
     const char *extra[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"};
-    run_t r;
+    model_run r;
     open_run(&r, extra, 2, 4, 25);
-    train(&r, false);
+    model_run_train(&r, false);
     double first = r.job.stats[0].loss, last = r.job.stats[24].loss;
     if (!(last < 0.6 * first)) fail_msg("loss %.4f -> %.4f did not fall", first, last);
-    close_run(&r);
+    model_run_close(&r);
 }
 
 /* ------------------------------------------------------------ constraints */
@@ -279,11 +238,7 @@ static void test_constraint_mismatch(void **state)
         memset(&j, 0, sizeof j);
         assert_int_equal(mesh_shape_init(&j.mesh, 1, names, sizes), SIM_OK);
         j.mode = mode ? MESH_MODE_EXPLICIT : MESH_MODE_AUTO;
-        sim_mesh_desc md;
-        assert_int_equal(mesh_shape_to_sim(&j.mesh, &md), SIM_OK);
-        sim_machine *m;
-        sim_machine_opts o = {0};
-        assert_int_equal(sim_machine_new(&md, &o, &m), SIM_OK);
+        sim_machine *m = helper_machine(&j.mesh, false);
         assert_int_equal(sim_machine_run(m, cons_device, &j), SIM_OK);
         if (mode) {
             assert_int_equal(j.st, SIM_ERR_SHARDING);
@@ -309,34 +264,34 @@ static void test_checkpoint_across_meshes(void **state)
     char dir[] = "/tmp/shardsim_ckpt_XXXXXX";
     assert_non_null(mkdtemp(dir));
     const char *save[] = {"ici_fsdp_parallelism=4"};
-    run_t a;
+    model_run a;
     open_run(&a, save, 1, 4, 2);
     a.job.checkpoint_dir = dir;
     a.job.checkpoint_period = 1;
-    train(&a, false);
+    model_run_train(&a, false);
     char path[256];
     snprintf(path, sizeof path, "%s/step_0.safetensors", dir);
     const char *load[] = {"ici_data_parallelism=2", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2",
                           "init_weights_seed=99"};
-    run_t b;
+    model_run b;
     open_run(&b, load, 4, 4, 1);
     b.job.load_path = path;
-    train(&b, false);
-    run_t a2;
+    model_run_train(&b, false);
+    model_run a2;
     open_run(&a2, save, 1, 4, 1);
     a2.job.load_path = path;
-    train(&a2, false);
+    model_run_train(&a2, false);
     double la = a2.job.stats[0].loss, lb = b.job.stats[0].loss;
     if (fabs(la - lb) > 1e-5 * fabs(la)) fail_msg("restored loss %.7f, saved run %.7f", lb, la);
     /* without the checkpoint the other seed gives another loss: the load did something */
-    run_t c;
+    model_run c;
     open_run(&c, load, 4, 4, 1);
-    train(&c, false);
+    model_run_train(&c, false);
     assert_true(fabs(c.job.stats[0].loss - la) > 1e-4);
-    close_run(&a);
-    close_run(&a2);
-    close_run(&b);
-    close_run(&c);
+    model_run_close(&a);
+    model_run_close(&a2);
+    model_run_close(&b);
+    model_run_close(&c);
     for (int s = 0; s <= 1; s++) {
         snprintf(path, sizeof path, "%s/step_%d.safetensors", dir, s);
         assert_int_equal(unlink(path), 0);
@@ -357,12 +312,12 @@ static void test_text_dataset(void **state)
     char ds[300];
     snprintf(ds, sizeof ds, "dataset_path=%s", path);
     const char *extra[] = {"ici_fsdp_parallelism=2", "dataset_type=text", ds, "vocab_size=256"};
-    run_t r;
+    model_run r;
     open_run(&r, extra, 4, 2, 20);
-    train(&r, false);
+    model_run_train(&r, false);
     double first = r.job.stats[0].loss, last = r.job.stats[19].loss;
     if (!(last < 0.7 * first)) fail_msg("text loss %.4f -> %.4f did not fall", first, last);
-    close_run(&r);
+    model_run_close(&r);
     unlink(path);
 }
 
@@ -378,9 +333,9 @@ static void dry_run_ga(int ga, ga_figures *f)
     char word[64];
     snprintf(word, sizeof word, "gradient_accumulation_steps=%d", ga);
     const char *extra[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "dry_run=true", word};
-    run_t r;
+    model_run r;
     open_run(&r, extra, 4, 4, 1);
-    train(&r, false);
+    model_run_train(&r, false);
     for (int d = 0; d < 4; d++) {
         size_t n;
         const sim_record *rec = sim_device_records(sim_machine_device(r.m, d), &n);
@@ -392,7 +347,7 @@ static void dry_run_ga(int ga, ga_figures *f)
         f[d].peak = as.peak;
         memcpy(f[d].at_peak_by, as.at_peak_by, sizeof f[d].at_peak_by);
     }
-    close_run(&r);
+    model_run_close(&r);
 }
 
 static void test_dry_run_microbatches_repeat(void **state)

@@ -35,12 +35,11 @@
 
 #include "models/core/train.h"
 #include "sim/arena.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=8",
-    "base_mlp_dim=32", "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=16",
-};
+/* tests/data/tiny-llama-mha.yml: 2 layers of width 16, 2 heads of 8, MLP 32 */
+static const char *const TINY[] = {TINY_LLAMA_MHA_YML};
 enum { NTINY = sizeof TINY / sizeof TINY[0], NDEV = 4 };
 
 typedef struct {
@@ -178,12 +177,16 @@ static void test_unknown_profile(void **state)
 
 /* pipeline_fsdp_ag_once (stage=2 fsdp=2, 8 layers, M=4): each device holds 4 layers gathered over
  * fsdp for the whole loop; under v5p they are held and moved in bfloat16 */
-static const char *const PIPE[] = {
-    "base_emb_dim=16", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8",
-    "base_mlp_dim=24", "base_num_decoder_layers=8", "vocab_size=64", "max_target_length=16",
-    "dtype=bfloat16", "weight_dtype=float32", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2",
-    "num_pipeline_microbatches=4", "pipeline_fsdp_ag_once=true",
-};
+/* tests/data/tiny-llama.yml with 8 layers over 2 stages of 2-way fsdp, bfloat16 compute over float32 weights,
+ * the stages' weights gathered once per step */
+static const char *const PIPE[] = {TINY_LLAMA_YML,
+                                   "base_num_decoder_layers=8",
+                                   "dtype=bfloat16",
+                                   "weight_dtype=float32",
+                                   "ici_pipeline_parallelism=2",
+                                   "ici_fsdp_parallelism=2",
+                                   "num_pipeline_microbatches=4",
+                                   "pipeline_fsdp_ag_once=true"};
 enum { NPIPE = sizeof PIPE / sizeof PIPE[0] };
 
 typedef struct {

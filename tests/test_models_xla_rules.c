@@ -89,12 +89,11 @@
 #include "models/core/timemodel.h"
 #include "models/core/train.h"
 #include "sim/arena.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const TINY[] = {
-    "base_emb_dim=16", "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=8",
-    "base_mlp_dim=32", "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=16",
-};
+/* tests/data/tiny-llama-mha.yml: 2 layers of width 16, 2 heads of 8, MLP 32 */
+static const char *const TINY[] = {TINY_LLAMA_MHA_YML};
 enum { NTINY = sizeof TINY / sizeof TINY[0], NDEV = 4 };
 
 typedef struct {
@@ -316,13 +315,8 @@ static void test_windowed_einsums(void **state)
     assert_int_equal(ag_cpu, layers * 4 * 7 * (all + all) / 8);
 }
 
-static const char *const DS[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
-    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",
-};
+/* tests/data/tiny-deepseek.yml: 1 dense + 2 MoE layers, 8 experts top-2 */
+static const char *const DS[] = {TINY_DEEPSEEK_YML};
 
 static void expert_grad_bytes(int fsdp, uint64_t *ar, uint64_t *rs)
 {

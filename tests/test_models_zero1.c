@@ -30,26 +30,17 @@
 
 #include "config/json.h"
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
-static const char *const LLAMA[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",          "max_target_length=16",
-    "init_weights_seed=3", "learning_rate=1e-2",      "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",
-};
+/* tests/data/tiny-llama.yml with a fixed seed, a rate large enough to move, no warm-up and the z-loss */
+static const char *const LLAMA[] = {TINY_LLAMA_YML, "init_weights_seed=3", "learning_rate=1e-2",
+                                    "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001"};
 
-/* deepseek3-tiny shrunk: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora */
-static const char *const DEEPSEEK[] = {
-    "model_name=deepseek3-tiny", "override_model_config=true", "base_emb_dim=32",       "base_num_query_heads=4",
-    "base_num_kv_heads=4",       "base_mlp_dim=48",            "base_moe_mlp_dim=16",   "base_num_decoder_layers=3",
-    "first_num_dense_layers=1",  "num_experts=8",              "num_experts_per_tok=2", "q_lora_rank=16",
-    "kv_lora_rank=8",            "qk_nope_head_dim=8",         "qk_rope_head_dim=4",    "v_head_dim=8",
-    "vocab_size=64",             "max_target_length=16",       "init_weights_seed=5",   "learning_rate=3e-3",
-    "warmup_steps_fraction=0.0", "z_loss_multiplier=0.001",    "load_balance_loss_weight=0.01",
-};
+/* tests/data/tiny-deepseek.yml (1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora) with the MoE
+ * parity knobs of tests/data/moe-training.yml */
+static const char *const DEEPSEEK[] = {TINY_DEEPSEEK_YML, MOE_TRAINING_YML};
 enum { ROWS = 8, STEPS = 5 };
-
-typedef model_run run_t;
 
 static sim_status load_model(bool deepseek, const char *const *extra, int n_extra, int devices, int ga, long long steps,
                              mesh_cfg **cfg, model_def **def)
@@ -78,7 +69,7 @@ static sim_status load_model(bool deepseek, const char *const *extra, int n_extr
     return s;
 }
 
-static void open_run(run_t *r, bool deepseek, const char *const *extra, int n_extra, int devices, int ga,
+static void open_run(model_run *r, bool deepseek, const char *const *extra, int n_extra, int devices, int ga,
                      long long steps)
 {
     mesh_cfg *cfg = NULL;
@@ -90,8 +81,6 @@ static void open_run(run_t *r, bool deepseek, const char *const *extra, int n_ex
     model_run_start(r, cfg, def, steps);
 }
 
-static void train(run_t *r, bool grads) { model_run_train(r, grads); }
-static void close_run(run_t *r) { model_run_close(r); }
 
 static uint64_t param_bytes(const model_def *def, int i)
 {
@@ -252,7 +241,7 @@ typedef struct {
  * fails (tests/data/maxtext-0.2.5/verdicts); its parity is checked in auto mode */
 #define QK_ERR "MaxText 0.2.5 fails here too: layers/attention_op.py:qk_product"
 
-static void compare(const char *what, const run_t *a, const run_t *ref)
+static void compare(const char *what, const model_run *a, const model_run *ref)
 {
     for (int s = 0; s < STEPS; s++) {
         double l = a->job.stats[s].loss, lr = ref->job.stats[s].loss;
@@ -267,9 +256,9 @@ static void compare(const char *what, const run_t *a, const run_t *ref)
 
 static void parity(bool deepseek, const zcase *cases, int n)
 {
-    run_t ref;
+    model_run ref;
     open_run(&ref, deepseek, NULL, 0, 1, 1, STEPS);
-    train(&ref, true);
+    model_run_train(&ref, true);
     /* the loss moves: parity over steps that compare nothing would be empty */
     assert_true(fabs(ref.job.stats[STEPS - 1].loss - ref.job.stats[0].loss) > 0.02);
     for (int c = 0; c < n; c++)
@@ -280,21 +269,21 @@ static void parity(bool deepseek, const zcase *cases, int n)
             extra[k++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
             char what[160];
             snprintf(what, sizeof what, "%s %s", cases[c].label, extra[k - 1]);
-            run_t r;
+            model_run r;
             open_run(&r, deepseek, extra, k, cases[c].devices, cases[c].ga, STEPS);
             if (mode && cases[c].explicit_err) {
                 sim_status st = model_train(&r.job, r.m);
                 if (st != SIM_ERR_SHARDING || !strstr(sim_errmsg(), cases[c].explicit_err))
                     fail_msg("%s: expected a sharding error naming '%s', got status %d", what, cases[c].explicit_err,
                              (int)st);
-                close_run(&r);
+                model_run_close(&r);
                 continue;
             }
-            train(&r, true);
+            model_run_train(&r, true);
             compare(what, &r, &ref);
-            close_run(&r);
+            model_run_close(&r);
         }
-    close_run(&ref);
+    model_run_close(&ref);
 }
 
 #define ZERO1 "shard_optimizer_over_data=true"
@@ -336,7 +325,7 @@ typedef struct {
 } sum_t;
 
 /* Device d's records of one op over exactly the 'data' axis, one phase, a tag prefix (or any). */
-static sum_t data_records(const run_t *r, int d, sim_op op, sim_phase ph, const char *prefix)
+static sum_t data_records(const model_run *r, int d, sim_op op, sim_phase ph, const char *prefix)
 {
     int data = mesh_shape_axis_index(&r->def->mesh, "data");
     size_t n;
@@ -356,9 +345,9 @@ static void test_traffic_zero1_data(void **state)
     (void)state;
     enum { K = 4, NSTEPS = 2 };
     const char *extra[] = {"ici_data_parallelism=4", NOFSDP, ZERO1};
-    run_t r;
+    model_run r;
     open_run(&r, false, extra, 3, K, 1, NSTEPS);
-    train(&r, false);
+    model_run_train(&r, false);
     /* pure data parallelism: every parameter is whole on a device; the step gathers
      * (K-1)/K of each sharded one and reduce-scatters (K-1)/K of its gradient; the
      * unsharded ones (the norm scales) keep data parallelism's all-reduce, 2(K-1)/K */
@@ -385,7 +374,7 @@ static void test_traffic_zero1_data(void **state)
                          NSTEPS * kept * 2 * (K - 1) / K);
         assert_int_equal(data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
     }
-    close_run(&r);
+    model_run_close(&r);
 }
 
 static void test_traffic_zero1_tensor(void **state)
@@ -393,9 +382,9 @@ static void test_traffic_zero1_tensor(void **state)
     (void)state;
     enum { K = 2 };
     const char *extra[] = {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1};
-    run_t r;
+    model_run r;
     open_run(&r, false, extra, 4, 4, 1, 1);
-    train(&r, false);
+    model_run_train(&r, false);
     /* a parameter of n bytes split over s devices by its own spec ('tensor' here) holds
      * n/s per device; ZeRO-1 gathers and reduce-scatters (K-1)/K of that over 'data' */
     uint64_t want = 0, kept = 0;
@@ -414,7 +403,7 @@ static void test_traffic_zero1_tensor(void **state)
         assert_int_equal(data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "zero1/grads/").bytes, want);
         assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes, kept);
     }
-    close_run(&r);
+    model_run_close(&r);
 }
 
 /* DeepSeek data=2 expert=2: MaxText prepends 'data' to dims already on 'expert'
@@ -426,9 +415,9 @@ static void test_traffic_zero1_expert(void **state)
     (void)state;
     enum { K = 2 };
     const char *extra[] = {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1};
-    run_t r;
+    model_run r;
     open_run(&r, true, extra, 4, 4, 1, 1);
-    train(&r, false);
+    model_run_train(&r, false);
     int data = mesh_shape_axis_index(&r.def->mesh, "data");
     uint64_t want = 0;
     int on_expert = 0;
@@ -447,7 +436,7 @@ static void test_traffic_zero1_expert(void **state)
         assert_int_equal(data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, "zero1/grads/").bytes, want);
         assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes, 0);
     }
-    close_run(&r);
+    model_run_close(&r);
 }
 
 static void test_traffic_accumulation(void **state)
@@ -456,22 +445,22 @@ static void test_traffic_accumulation(void **state)
     enum { K = 2, G = 4 };
     /* without ZeRO-1: every microbatch all-reduces its gradients over data, 2(K-1)/K of all bytes */
     const char *plain[] = {"ici_data_parallelism=2", NOFSDP};
-    run_t r;
+    model_run r;
     open_run(&r, false, plain, 2, K, G, 1);
-    train(&r, false);
+    model_run_train(&r, false);
     uint64_t all = model_param_bytes(r.def);
     for (int d = 0; d < K; d++) {
         sum_t ar = data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, "grad/");
         assert_int_equal(ar.bytes, G * all * 2 * (K - 1) / K);
         assert_int_equal(data_records(&r, d, SIM_OP_ALL_REDUCE, SIM_PHASE_BACKWARD, NULL).bytes, ar.bytes);
     }
-    close_run(&r);
+    model_run_close(&r);
     /* with ZeRO-1: the parameters are gathered once per step, not per microbatch; the
      * gradients are all-reduced per microbatch into MaxText's carry (the parameters'
      * layout), then sliced into the optimizer layout without traffic */
     const char *zero1[] = {"ici_data_parallelism=2", NOFSDP, ZERO1};
     open_run(&r, false, zero1, 3, K, G, 1);
-    train(&r, false);
+    model_run_train(&r, false);
     /* MaxText casts the parameters to dtype (bfloat16: 2 of 4 bytes) before this gather and the
      * loop, so the gather and the per-microbatch gradients move dtype (maxtext-facts-2 §D) */
     uint64_t sharded = 0;
@@ -486,7 +475,7 @@ static void test_traffic_accumulation(void **state)
                          G * all / 2 * 2 * (K - 1) / K);
         assert_int_equal(data_records(&r, d, SIM_OP_REDUCE_SCATTER, SIM_PHASE_BACKWARD, NULL).bytes, 0);
     }
-    close_run(&r);
+    model_run_close(&r);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -494,9 +483,9 @@ static void test_traffic_accumulation(void **state)
 static void optimizer_bytes(bool zero1, uint64_t *opt, uint64_t *params, uint64_t *total, uint64_t *kept)
 {
     const char *extra[] = {"ici_data_parallelism=4", NOFSDP, zero1 ? ZERO1 : "shard_optimizer_over_data=false"};
-    run_t r;
+    model_run r;
     open_run(&r, false, extra, 3, 4, 1, 1);
-    train(&r, false);
+    model_run_train(&r, false);
     *total = model_param_bytes(r.def);
     *kept = 0;
     for (int i = 0; i < r.def->nparams; i++)
@@ -511,7 +500,7 @@ static void optimizer_bytes(bool zero1, uint64_t *opt, uint64_t *params, uint64_
         *opt = s.at_peak_by[SIM_MEM_OPTIMIZER];
         *params = s.at_peak_by[SIM_MEM_PARAMS];
     }
-    close_run(&r);
+    model_run_close(&r);
 }
 
 static void test_memory_zero1(void **state)
@@ -536,44 +525,14 @@ static void test_dry_run_matches_real(void **state)
     (void)state;
     const char *real[] = {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1};
     const char *dry[] = {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1, "dry_run=true"};
-    run_t a, b;
+    model_run a, b;
     open_run(&a, false, real, 4, 4, 2, 1);
     open_run(&b, false, dry, 5, 4, 2, 1);
-    train(&a, false);
-    train(&b, false);
-    for (int d = 0; d < 4; d++) {
-        size_t na, nb;
-        const sim_record *ra = sim_device_records(sim_machine_device(a.m, d), &na);
-        const sim_record *rb = sim_device_records(sim_machine_device(b.m, d), &nb);
-        assert_int_equal(na, nb);
-        for (size_t i = 0; i < na; i++) {
-            assert_int_equal(ra[i].op, rb[i].op);
-            assert_int_equal(ra[i].bytes_sent, rb[i].bytes_sent);
-            assert_string_equal(ra[i].tag, rb[i].tag);
-        }
-        sim_arena_stats sa, sb;
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(a.m, d)), &sa);
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(b.m, d)), &sb);
-        assert_int_equal(sa.peak, sb.peak);
-        for (int c = 0; c < SIM_NMEM; c++) assert_int_equal(sa.at_peak_by[c], sb.at_peak_by[c]);
-    }
-    close_run(&a);
-    close_run(&b);
-}
-
-/* ------------------------------------------------------------ checkpoints */
-
-static float *read_file(const char *path, long *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    float *b = malloc((size_t)*n + 4);
-    assert_int_equal(fread(b, 1, (size_t)*n, f), (size_t)*n);
-    fclose(f);
-    return b;
+    model_run_train(&a, false);
+    model_run_train(&b, false);
+    model_run_expect_same_records("dry run", &a, &b, 4, 0);
+    model_run_close(&a);
+    model_run_close(&b);
 }
 
 static void test_checkpoint_from_zero1_layout(void **state)
@@ -583,20 +542,20 @@ static void test_checkpoint_from_zero1_layout(void **state)
     const char *zero1[] = {"ici_data_parallelism=4", NOFSDP, ZERO1};
     for (int k = 0; k < 2; k++) {
         snprintf(dir[k], sizeof dir[k], "/tmp/shardsim_zero1_ck_%d_%d", (int)getpid(), k);
-        run_t r;
+        model_run r;
         open_run(&r, false, zero1, k ? 3 : 0, k ? 4 : 1, 1, 2);
         r.job.checkpoint_dir = dir[k];
         r.job.checkpoint_period = 2;
-        train(&r, false);
-        close_run(&r);
+        model_run_train(&r, false);
+        model_run_close(&r);
     }
     /* the same header (names, dtypes, shapes, offsets: every entry but __metadata__, whose
      * checksums follow the values) and the same values, parameters and moments */
     char p0[128], p1[128];
     snprintf(p0, sizeof p0, "%s/step_1.safetensors", dir[0]); /* after the last of 2 steps */
     snprintf(p1, sizeof p1, "%s/step_1.safetensors", dir[1]);
-    long n0, n1;
-    float *a = read_file(p0, &n0), *b = read_file(p1, &n1);
+    size_t n0, n1;
+    char *a = helper_read_file(p0, &n0), *b = helper_read_file(p1, &n1);
     assert_int_equal(n0, n1);
     uint64_t hl;
     memcpy(&hl, a, 8);
@@ -614,7 +573,7 @@ static void test_checkpoint_from_zero1_layout(void **state)
     mesh_json_free(ha);
     mesh_json_free(hb);
     const float *x = (const float *)((const char *)a + 8 + hl), *y = (const float *)((const char *)b + 8 + hl);
-    int64_t nf = (n0 - 8 - (long)hl) / 4;
+    int64_t nf = ((int64_t)n0 - 8 - (int64_t)hl) / 4;
     assert_true(nf > 0);
     assert_true(model_rel_norm_diff(y, x, nf) < 1e-5);
     free(a);
@@ -622,12 +581,12 @@ static void test_checkpoint_from_zero1_layout(void **state)
     /* and a ZeRO-1 run starts from it (load_parameters_path) as a 1-device run does */
     double loss[2];
     for (int k = 0; k < 2; k++) {
-        run_t r;
+        model_run r;
         open_run(&r, false, zero1, k ? 3 : 0, k ? 4 : 1, 1, 2);
         r.job.load_path = p0;
-        train(&r, false);
+        model_run_train(&r, false);
         loss[k] = r.job.stats[1].loss;
-        close_run(&r);
+        model_run_close(&r);
     }
     assert_true(fabs(loss[1] - loss[0]) <= 1e-5 * fabs(loss[0]));
     for (int k = 0; k < 2; k++) {

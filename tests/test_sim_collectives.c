@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "sim/collectives.h"
+#include "tests/helpers.h"
 
 /* ------------------------------------------------------------ test mesh math */
 
@@ -77,15 +78,8 @@ static float val(int dev, size_t i) { return (float)(dev * 1000 + (int)i + 1); }
 
 static sim_machine *make_machine(const tmesh *tm, bool dry)
 {
-    static const char *names[] = {"a0", "a1", "a2", "a3"};
-    sim_mesh_desc md;
-    assert_int_equal(sim_mesh_desc_make(tm->naxes, names, tm->sizes, &md), SIM_OK);
-    sim_machine_opts o = {0};
-    o.dry_run = dry;
-    o.quiet = true;
-    sim_machine *m = NULL;
-    assert_int_equal(sim_machine_new(&md, &o, &m), SIM_OK);
-    return m;
+    static const char *const names[] = {"a0", "a1", "a2", "a3"};
+    return helper_sim_machine(tm->naxes, names, tm->sizes, dry);
 }
 
 /* ------------------------------------------------------------ the six ops */

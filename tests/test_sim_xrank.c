@@ -5,13 +5,19 @@
  *   sums      every collective over every axis set of an 8-device mesh (data=2 fsdp=2 tensor=2)
  *             on float data of mixed magnitudes: the results equal, bit for bit, those of the same
  *             machine run whole in this process (opts.whole), and integer-valued results equal
- *             their definitions; the records match the one-process records too
+ *             their definitions; the records match the one-process records too.  Under the
+ *             contiguous placement and, with SHARDSIM_XRANK_PLACEMENT, others (axis:data puts
+ *             devices 0 and 4 on one rank: every group but data's spans ranks)
  *   mismatch  device 5 gathers a different size over (data, fsdp): every rank's run fails with
  *             the one mismatch message naming device 5
  *   fail      device 6 fails alone mid-run while the others wait in collectives that span ranks:
- *             its rank ends the job (exit 3), no rank hangs
+ *             every rank stops, the job exits 3, and device 6's message is printed once, by rank 0
+ *   outside   rank 1 fails before its run starts (no device of its ever arrives) while rank 0's
+ *             devices wait for them: its control message ends rank 0's run, printed once by rank 0
  *   deadlock  rank 1's devices skip a collective over `data` that rank 0's make: the collective
  *             watchdog (collective_timeout_s) ends the job naming the op and the rank waited for
+ * Every case ends through sim_xrank_conclude (the job's exit code agreed, the message printed once,
+ * by rank 0), never MPI_Abort; mpirun runs with -q, so stderr holds only what the ranks print.
  * Assertions in the rank mode run on the main thread; device threads record into slots.
  * Skipped, with a message, without MPI or mpirun. */
 #include <setjmp.h>
@@ -32,7 +38,7 @@
 #define MPIRUN                                                                                           \
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "    \
     "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none "            \
-    "timeout 60 mpirun"
+    "timeout 60 mpirun -q"
 
 enum { N = 8, LEN = 4096, NOUT = 12 };
 
@@ -128,6 +134,16 @@ static sim_machine *new_machine(bool whole)
     return m;
 }
 
+/* Ends the rank (sim_xrank_conclude): rank 0 prints the job's failure once; the job's exit code. */
+static int end_rank(int rc, const char *msg)
+{
+    static char out[16384];
+    int job = sim_xrank_conclude(rc, msg, out, sizeof out);
+    if (out[0]) fprintf(stderr, "rank %d: %s\n", sim_xrank_rank(), out);
+    sim_xrank_finalize();
+    return job;
+}
+
 /* Exit codes of the rank mode: 0 pass, 1 a wrong result, 3 the run failed (message on stderr). */
 static int rank_main(const char *which)
 {
@@ -136,28 +152,36 @@ static int rank_main(const char *which)
         return 1;
     }
     int me = sim_xrank_rank();
+    const char *placement = getenv("SHARDSIM_XRANK_PLACEMENT");
+    if (placement && sim_xrank_set_placement(placement) != SIM_OK) return end_rank(3, sim_errmsg());
     static xcase spread, whole;
     spread.which = whole.which = which;
-    sim_machine *m = new_machine(false);
-    if (!m) {
-        fprintf(stderr, "rank %d: %s\n", me, sim_errmsg());
-        sim_xrank_abort(3);
+    if (!strcmp(which, "outside")) { /* rank 1 fails before its run; rank 0 runs the sums */
+        if (me == 1) return end_rank(3, "rank 1 failed before its run");
+        spread.which = whole.which = "sums";
     }
+    sim_machine *m = new_machine(false);
+    if (!m) return end_rank(3, sim_errmsg());
     if (!strcmp(which, "deadlock")) sim_machine_set_collective_timeout(m, 1.0);
     if (sim_machine_run(m, case_device, &spread) != SIM_OK) {
-        if (me == 0 || !strcmp(which, "fail")) fprintf(stderr, "rank %d: %s\n", me, sim_errmsg());
-        sim_xrank_abort(3);
+        int rc = end_rank(3, sim_errmsg());
+        sim_machine_free(m);
+        return rc;
     }
     /* the same machine whole in this process: the reference bits */
     sim_machine *w = new_machine(true);
-    if (!w || sim_machine_run(w, case_device, &whole) != SIM_OK) {
-        fprintf(stderr, "rank %d: whole machine: %s\n", me, sim_errmsg());
-        sim_xrank_abort(3);
+    if (!w || sim_machine_run(w, case_device, &whole) != SIM_OK) return end_rank(3, sim_errmsg());
+    int ids[N], nids = 0, bad = 0;
+    if (sim_machine_rank_ids(m, sim_xrank_size(), me, ids, &nids) != SIM_OK) return end_rank(3, sim_errmsg());
+    /* axis:data over 4 ranks: rank r runs the data pair (r, r + 4) (data is the outermost axis, stride 4) */
+    if (placement && !strcmp(placement, "axis:data") && sim_xrank_size() == 4 &&
+        (nids != 2 || ids[0] != me || ids[1] != me + 4)) {
+        fprintf(stderr, "rank %d: axis:data placed devices %d, %d (%d of them), not %d and %d\n", me, ids[0], ids[1],
+                nids, me, me + 4);
+        bad++;
     }
-    int lo, hi, bad = 0;
-    sim_machine_rank_devices(m, me, &lo, &hi);
-    for (int id = lo; id < hi; id++)
-        for (int o = 0; o < NOUT; o++)
+    for (int i = 0; i < nids; i++)
+        for (int o = 0, id = ids[i]; o < NOUT; o++)
             if (memcmp(spread.out[id][o], whole.out[id][o], sizeof spread.out[id][o])) {
                 fprintf(stderr, "rank %d: device %d, collective %d: bits differ from the one-process run\n", me, id, o);
                 bad++;
@@ -177,12 +201,9 @@ static int rank_main(const char *which)
         fprintf(stderr, "rank %d: no bytes between ranks counted\n", me);
         bad++;
     }
-    uint64_t worst = (uint64_t)bad;
-    if (sim_xrank_max_u64(&worst) != SIM_OK) sim_xrank_abort(3);
     sim_machine_free(m);
     sim_machine_free(w);
-    sim_xrank_finalize();
-    return worst ? 1 : 0;
+    return end_rank(bad ? 1 : 0, bad ? "bits or records differ from the one-process run" : NULL);
 }
 
 /* ------------------------------------------------------------ cmocka side */
@@ -211,11 +232,12 @@ static void skip_without_mpi(void)
 }
 
 /* Runs the case under mpirun -np R; returns the exit code, stderr in err. */
-static int run_case(const char *which, int np, char *err, size_t cap)
+static int run_placed(const char *which, const char *placement, int np, char *err, size_t cap)
 {
     char cmd[2048], path[64];
     snprintf(path, sizeof path, "/tmp/test_sim_xrank.%d.err", (int)getpid());
-    snprintf(cmd, sizeof cmd, "SHARDSIM_XRANK_CASE=%s " MPIRUN " -np %d %s 2> %s", which, np, program, path);
+    snprintf(cmd, sizeof cmd, "SHARDSIM_XRANK_CASE=%s SHARDSIM_XRANK_PLACEMENT=%s " MPIRUN " -np %d %s 2> %s", which,
+             placement, np, program, path);
     int st = system(cmd);
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(err, 1, cap - 1, f) : 0;
@@ -224,6 +246,13 @@ static int run_case(const char *which, int np, char *err, size_t cap)
     unlink(path);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+static int run_case(const char *which, int np, char *err, size_t cap)
+{
+    return run_placed(which, "contiguous", np, err, cap);
+}
+
+static void assert_once_by_rank0(const char *err, const char *what);
 
 static void test_collectives_bitwise_across_ranks(void **state)
 {
@@ -237,14 +266,41 @@ static void test_collectives_bitwise_across_ranks(void **state)
     }
 }
 
+/* rank_placement: data kept inside a rank (devices 0,4 / 1,5 / ... together: every other group
+ * spans ranks, and no rank's devices are consecutive) and fsdp,tensor kept (data's groups span
+ * the two ranks): the same bits.  A placement R cannot split is refused before any device runs. */
+static void test_placements_bitwise(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    static char err[1 << 16];
+    int rc = run_placed("sums", "axis:data", 4, err, sizeof err);
+    if (rc) fail_msg("axis:data, mpirun -np 4: exit %d: %s", rc, err);
+    rc = run_placed("sums", "axis:fsdp,tensor", 2, err, sizeof err);
+    if (rc) fail_msg("axis:fsdp,tensor, mpirun -np 2: exit %d: %s", rc, err);
+    assert_int_equal(run_placed("sums", "axis:fsdp,tensor", 4, err, sizeof err), 3);
+    assert_once_by_rank0(err, "rank_placement=axis:fsdp,tensor keeps each group of 4 devices inside one rank");
+}
+
+/* The job's message: on rank 0's line, exactly once, and no MPI_Abort notice. */
+static void assert_once_by_rank0(const char *err, const char *what)
+{
+    const char *at = strstr(err, what);
+    if (!at) fail_msg("no '%s' in: %s", what, err);
+    if (strstr(at + 1, what)) fail_msg("'%s' printed more than once: %s", what, err);
+    if (!strncmp(err, "rank 1:", 7) || strstr(err, "\nrank 1:")) fail_msg("rank 1 printed: %s", err);
+    if (strncmp(err, "rank 0:", 7) && !strstr(err, "\nrank 0:")) fail_msg("rank 0 printed nothing: %s", err);
+    if (strstr(err, "MPI_ABORT") || strstr(err, "ORTE_ERROR_LOG")) fail_msg("MPI_Abort's notice: %s", err);
+}
+
 static void test_mismatch_across_ranks(void **state)
 {
     (void)state;
     skip_without_mpi();
     static char err[1 << 16];
     assert_int_equal(run_case("mismatch", 2, err, sizeof err), 3);
-    if (!strstr(err, "collective mismatch") || !strstr(err, "device 5"))
-        fail_msg("no mismatch message naming device 5: %s", err);
+    assert_once_by_rank0(err, "collective mismatch");
+    if (!strstr(err, "device 5")) fail_msg("no mismatch message naming device 5: %s", err);
 }
 
 static void test_one_rank_fails_no_hang(void **state)
@@ -253,7 +309,17 @@ static void test_one_rank_fails_no_hang(void **state)
     skip_without_mpi();
     static char err[1 << 16];
     assert_int_equal(run_case("fail", 2, err, sizeof err), 3);
-    if (!strstr(err, "device 6 failed on purpose")) fail_msg("no failure message: %s", err);
+    assert_once_by_rank0(err, "device 6 failed on purpose");
+}
+
+/* A rank that fails before its devices ever arrive: the others hear of it from its message alone. */
+static void test_failure_outside_a_run_reaches_the_others(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    static char err[1 << 16];
+    assert_int_equal(run_case("outside", 2, err, sizeof err), 3);
+    assert_once_by_rank0(err, "rank 1 failed before its run");
 }
 
 static void test_watchdog_across_ranks(void **state)
@@ -262,8 +328,8 @@ static void test_watchdog_across_ranks(void **state)
     skip_without_mpi();
     static char err[1 << 16];
     assert_int_equal(run_case("deadlock", 2, err, sizeof err), 3);
-    if (!strstr(err, "collective watchdog") || !strstr(err, "all-reduce over (data) (tag 'lonely')") ||
-        !strstr(err, "MPI rank 1"))
+    assert_once_by_rank0(err, "collective watchdog");
+    if (!strstr(err, "all-reduce over (data) (tag 'lonely')") || !strstr(err, "MPI rank 1"))
         fail_msg("no watchdog message naming the all-reduce and rank 1: %s", err);
 }
 
@@ -273,8 +339,10 @@ int main(void)
     if (which && *which) return rank_main(which);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_collectives_bitwise_across_ranks),
+        cmocka_unit_test(test_placements_bitwise),
         cmocka_unit_test(test_mismatch_across_ranks),
         cmocka_unit_test(test_one_rank_fails_no_hang),
+        cmocka_unit_test(test_failure_outside_a_run_reaches_the_others),
         cmocka_unit_test(test_watchdog_across_ranks),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -22,25 +22,20 @@
 #include <unistd.h>
 
 #include "config/json.h"
-#include "models/optimizers/optim.h"
+#include "models/core/optimizer.h" /* model_layer_primary */
 
 enum { CK_NAME_MAX = MODEL_PATH_MAX + 32, CK_CHUNK = 1 << 20, CK_HEADER_MAX = 100 << 20 };
-
-static const char *const which_prefix[3] = {"", "opt_state.mu.", "opt_state.nu."};
 
 typedef struct {
     char name[CK_NAME_MAX];
     model_param *p;
-    int which;        /* 0 params, 1 mu, 2 nu */
+    int which;        /* 0 the parameter, k + 1 its optimizer slot k */
     int64_t nel;      /* elements of the stacked tensor */
     uint64_t begin;   /* data_offsets[0], from the start of the data section */
     model_param view; /* what p points to: the parameter, or one layer of it (scan_layers=false) */
 } ck_tensor;
 
-static mesh_array *ck_arrays(const ck_tensor *t)
-{
-    return t->which == 0 ? t->p->w : t->which == 1 ? t->p->m : t->p->v;
-}
+static mesh_array *ck_arrays(const ck_tensor *t) { return t->which == 0 ? t->p->w : t->p->slot[t->which - 1]; }
 
 static int64_t numel(const model_param_def *def)
 {
@@ -57,22 +52,27 @@ typedef struct {
     size_t n;
 } sbuf;
 
-/* The tensor list of a model (params, then mu and nu when with_opt). */
+/* The tensor list of a model: the parameters, then (with_opt) slot 0 of every parameter that has
+ * one, slot 1 ..., each named "opt_state.<slot name>.<path>" (AdamW: mu, then nu; a Muon leaf has
+ * mu only; a MoEBiasVar none). */
 static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tensor **out, int *nt)
 {
     int per = 0; /* MaxText's tensors: an unscanned stack is one tensor per layer */
     for (int i = 0; i < n; i++) per += model_param_def_tensors(&params[i].def);
-    ck_tensor *t = calloc((size_t)(3 * per + 1), sizeof *t);
+    ck_tensor *t = calloc((size_t)((1 + MODEL_OPT_SLOTS_MAX) * per + 1), sizeof *t);
     if (!t) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
     int k = 0;
     uint64_t off = 0;
-    for (int which = 0; which < (with_opt ? 3 : 1); which++)
+    for (int which = 0; which < (with_opt ? 1 + MODEL_OPT_SLOTS_MAX : 1); which++)
         for (int i = 0; i < n; i++) {
-            if (which == 2 && !params[i].v) continue; /* opt_type=muon: a Muon leaf has no nu */
-            if (which && params[i].def.state_var) continue; /* MoEBiasVar: no optimizer state */
+            if (which && (which > params[i].n_slots || !params[i].slot[which - 1])) continue;
             for (int l = 0; l < model_param_def_tensors(&params[i].def); l++) {
                 model_param_tensor_view(&params[i], l, &t[k].view);
-                snprintf(t[k].name, sizeof t[k].name, "%s%s", which_prefix[which], t[k].view.def.path);
+                if (which)
+                    snprintf(t[k].name, sizeof t[k].name, "opt_state.%s.%s", params[i].slot_name[which - 1],
+                             t[k].view.def.path);
+                else
+                    snprintf(t[k].name, sizeof t[k].name, "%s", t[k].view.def.path);
                 t[k].p = &t[k].view;
                 t[k].which = which;
                 t[k].nel = numel(&t[k].view.def);
@@ -84,6 +84,14 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
     *out = t;
     *nt = k;
     return SIM_OK;
+}
+
+/* Whether the parameters carry optimizer state (saved with them). */
+static bool ck_with_opt(const model_param *params, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (params[i].n_slots > 0) return true;
+    return false;
 }
 
 /* The __metadata__ key of tensor name's checksum, and its value:
@@ -405,7 +413,7 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
     char path[4096], tmp[4096 + 8];
     SIM_TRY(model_checkpoint_path(dir, step, path, sizeof path));
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    bool with_opt = n > 0 && params[0].m;
+    bool with_opt = ck_with_opt(params, n);
     ck_tensor *t;
     int nt;
     SIM_TRY(ck_tensors(params, n, with_opt, &t, &nt));
@@ -715,8 +723,10 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
     SIM_ASSERT(little_endian());
     if (opt_state)
         for (int i = 0; i < n; i++)
-            if (!params[i].m)
-                return sim_err(SIM_ERR_INTERNAL, "checkpoint load: '%s' has no optimizer storage", params[i].def.path);
+            for (int k = 0; k < params[i].n_slots; k++)
+                if (!params[i].slot[k] || !params[i].slot_name[k])
+                    return sim_err(SIM_ERR_INTERNAL, "checkpoint load: '%s' has no storage for optimizer slot %d",
+                                   params[i].def.path, k);
     size_t plen = strlen(path);
     if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
         return sim_err(SIM_ERR_INPUT, "checkpoint %s is the temporary file of a save that did not finish; it is never "

@@ -10,8 +10,10 @@
  *                     "checksum.<path>": "fnv1a64:<16 hex digits>", ...},
  *    "<path>": {"dtype": "F32", "shape": [stacked shape], "data_offsets": [b, e]}, ...}
  * Tensors: every parameter under its MaxText path with the STACKED shape
- * (scanned layers at scan_dim), then, when the parameters carry Adam moments,
- * "opt_state.mu.<path>" and "opt_state.nu.<path>" for each, same shapes.
+ * (scanned layers at scan_dim), then, when the parameters carry optimizer
+ * state, each slot as "opt_state.<slot name>.<path>", same shapes: slot 0 of
+ * every parameter that has it, then slot 1, ... (model_param.slot_name, as the
+ * optimizer's row names them: AdamW "opt_state.mu." and "opt_state.nu.").
  * The checksums live in __metadata__ (a string map), so readers that ignore
  * metadata still read the file.
  *
@@ -43,13 +45,13 @@
 /* "DIR/step_<n>.safetensors" into buf. */
 sim_status model_checkpoint_path(const char *dir, long long step, char *buf, size_t cap);
 
-/* Saves the parameters (and the Adam moments m, v when params[0].m is set)
+/* Saves the parameters (and their optimizer slots when they carry any)
  * as DIR/step_<step>.safetensors.  Collective: every device calls it. */
 sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char *dir, long long step,
                                  model_param *params, int n);
 
-/* Loads the parameters (load_parameters_path) — and with opt_state, the Adam
- * moments and *step (load_full_state_path; step may be NULL) — from a file
+/* Loads the parameters (load_parameters_path) — and with opt_state, the optimizer
+ * slots and *step (load_full_state_path; step may be NULL) — from a file
  * written by model_checkpoint_save under any mesh.  Tensors the file holds
  * under "params." that the model does not have are an error; opt_state
  * tensors are ignored unless asked for. */

@@ -1,7 +1,6 @@
 /* model.c — model definition from the config, per-device parameters and
  * batches, and the logical-name helpers the forward pass uses. */
 #include "models/core/model.h"
-#include "models/optimizers/muon.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -9,10 +8,10 @@
 #include <string.h>
 
 #include "blas_kernels/bk_parallel.h"
+#include "config/release.h"
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
-#include "models/families/batchsplit.h"
 #include "models/core/init.h"
 #include "models/core/timemodel.h"
 
@@ -121,32 +120,22 @@ static sim_status zero1_and_ga_from_config(const mesh_cfg *cfg, model_def *m)
     if (!d->zero1) return SIM_OK;
     int f = mesh_shape_axis_index(&m->mesh, "fsdp"), ft = mesh_shape_axis_index(&m->mesh, "fsdp_transpose");
     int fsdp = (f >= 0 ? m->mesh.sizes[f] : 1) * (ft >= 0 ? m->mesh.sizes[ft] : 1);
-    if (fsdp > 1)
+    /* 0.2.5's types.py refuses it (the gradients sharded P('fsdp') are added to moments sharded
+     * P(('data','fsdp')): a type error in explicit mode); 0.2.0's accepts it (maxtext_release) */
+    const char *refuser = mesh_release_refusal(m->release, "zero1_with_fsdp");
+    if (fsdp > 1 && refuser)
         return sim_err(SIM_ERR_INPUT,
                        "shard_optimizer_over_data=true (ZeRO-1) cannot be combined with FSDP: the fsdp and "
-                       "fsdp_transpose mesh axes have a combined size of %d (MaxText refuses this too). Set "
+                       "fsdp_transpose mesh axes have a combined size of %d (MaxText %s refuses this too: %s). Set "
                        "ici_fsdp_parallelism and ici_fsdp_transpose_parallelism (and their dcn_ counterparts) to 1, "
                        "or set shard_optimizer_over_data=false",
-                       fsdp);
-    static const char *const types[] = {"adamw", "sgd", "muon"};
-    int type;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "opt_type", types, 3, &type));
-    if (type == 2)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) with opt_type=muon: ZeRO-1 with Muon is broken at "
-                       "MaxText's head (Linen raises NotImplementedError; NNX shards only the AdamW branch's state); "
-                       "set shard_optimizer_over_data=false or use opt_type=adamw");
-    if (type != 0)
-        return sim_err(SIM_ERR_INPUT,
-                       "shard_optimizer_over_data=true (ZeRO-1) shards the Adam moments, but opt_type=%s keeps none "
-                       "(MaxText raises 'Could not find Adam/Muon optimizer state'); use opt_type=adamw or set "
-                       "shard_optimizer_over_data=false",
-                       types[type]);
+                       fsdp, mesh_release_maxtext(m->release), refuser);
+    SIM_TRY(model_opt_zero1_check(cfg)); /* MaxText's validate_optimizer_sharding_over_data */
     return SIM_OK;
 }
 
-static void add_param(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
-                      int scan_dim, model_init_kind init, double scale)
+void model_add_param(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
+                     int scan_dim, model_init_kind init, double scale)
 {
     SIM_ASSERT(m->nparams < MODEL_MAX_PARAMS);
     model_param_def *d = &m->defs[m->nparams++];
@@ -160,52 +149,6 @@ static void add_param(model_def *m, const char *path, int rank, const int64_t *s
     d->scan_dim = scan_dim;
     d->init = init;
     d->scale = scale;
-}
-
-static void define_llama(model_def *m)
-{
-    const model_dims *d = &m->d;
-    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, F = d->mlp, L = d->layers;
-    double fe = 1.0 / sqrt((double)E);
-    /* MaxText's Attention.init_query_w drops the depth scaling whenever the config's use_qk_norm is
-     * set, although the llama2 decoder never passes use_qk_norm to its Attention (no query/key norm
-     * runs): the only effect of the key on Llama is an unscaled query init. */
-    double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)D);
-    add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
-              -1, MODEL_INIT_NORMAL, fe);
-    add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
-              (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
-    if (d->fused_qkv) /* Attention.init_qkv_w: the plain kernel_init, no depth scaling of the query part */
-        add_param(m, "params.decoder.layers.self_attention.qkv_proj.kernel", 4, (int64_t[]){E, L, H + 2 * K, D},
-                  (const char *[]){"embed_attn", "layers", "heads", "kv"}, 1, MODEL_INIT_NORMAL, fe);
-    else {
-        /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
-        add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
-                  (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
-        add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
-                  (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
-        add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
-                  (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
-    }
-    add_param(m, "params.decoder.layers.self_attention.out.kernel", 4, (int64_t[]){H, L, D, E},
-              (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
-    add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
-              (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
-    if (d->fused_mlp) /* MlpBlock with fused_mlp: one kernel for both activations */
-        add_param(m, "params.decoder.layers.mlp.wi.kernel", 4, (int64_t[]){E, L, 2, F},
-                  (const char *[]){"embed", "layers", "num_activations", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
-    else {
-        add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F},
-                  (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
-        add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F},
-                  (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
-    }
-    add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E}, (const char *[]){"mlp", "layers", "embed"},
-              1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
-    add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
-    if (!d->tied_logits)
-        add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
-                  -1, MODEL_INIT_TRUNC_NORMAL, fe);
 }
 
 /* MaxText's get_individual_scales: global_parameter_scale = 2^k multiplies heads and MLP widths by
@@ -411,33 +354,14 @@ static void pipeline_mesh_and_rules(model_def *m)
 static sim_status pipeline_setup(model_def *m, const mesh_cfg *cfg)
 {
     model_dims *d = &m->d;
-    /* DeepSeek pipelines its MoE layers; its dense layers run before the pipeline */
-    int64_t stack = d->kind == MODEL_DEEPSEEK ? d->layers - d->dense_layers : d->layers;
+    /* a family may run some layers before the pipeline (DeepSeek: its dense layers) */
+    const model_family *fam = d->family;
+    int64_t before = fam->layers_before_pipeline ? fam->layers_before_pipeline(m) : 0;
+    int64_t stack = d->layers - before;
     SIM_TRY(model_pipe_from_config(cfg, &m->mesh, stack, d->batch, &d->pipe));
     if (!d->pipe.on) return SIM_OK;
-    /* MaxText 0.2.5's pipeline splits the stage's variables into parameters, intermediates and a catch-all
-     * that may hold only RNG state (layers/pipeline.py, the assert after nnx.split); a MoEBiasVar gate bias
-     * lands in the catch-all, so every pipeline of these models stops there.  In explicit mode with YaRN the
-     * dense layer before the pipeline fails first (the trace-time error of ds_yarn_check, as in MaxText) */
-    if (d->kind == MODEL_DEEPSEEK && d->routed_bias && d->bias_selects_only &&
-        !(d->mode == MESH_MODE_EXPLICIT && d->yarn))
-        return model_cfg_unsupported(cfg, "routed_bias",
-                                     "MaxText 0.2.5 stops every pipeline whose MoE layers carry this model's "
-                                     "MoEBiasVar gate bias (AssertionError: Non-RngState variable found in "
-                                     "layers_mutables catch-all partition, layers/pipeline.py); use routed_bias=false "
-                                     "with a pipeline, or ici/dcn_pipeline_parallelism=1");
-    if (d->kind == MODEL_DEEPSEEK && stack < 1)
-        return sim_err(SIM_ERR_INPUT,
-                       "ici_pipeline_parallelism=%lld with first_num_dense_layers=%lld = base_num_decoder_layers: "
-                       "DeepSeek pipelines its MoE layers and there are none; add MoE layers or set "
-                       "ici_pipeline_parallelism=1",
-                       (long long)d->pipe.stages, (long long)d->dense_layers);
-    if (d->kind == MODEL_DEEPSEEK && d->lb_weight > 0)
-        return sim_err(SIM_ERR_INPUT,
-                       "load_balance_loss_weight=%g with pipeline parallelism: collecting the MoE load-balance loss "
-                       "from the pipeline iterations is not implemented yet; set load_balance_loss_weight=0",
-                       d->lb_weight);
-    if (d->kind == MODEL_DEEPSEEK && d->dense_layers > 0) { /* logical_axis_rules_pp_act_as_dp */
+    if (fam->pipeline_check) SIM_TRY(fam->pipeline_check(m, cfg));
+    if (before > 0) { /* logical_axis_rules_pp_act_as_dp */
         mesh_rules_init(&m->rules_pp_dp);
         for (int r = 0; r < m->rules.n; r++) {
             const mesh_rule *ru = &m->rules.rules[r];
@@ -499,10 +423,12 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
     const char *s;
     SIM_TRY(mesh_cfg_get_str(cfg, "model_name", &s));
     snprintf(d->model_name, sizeof d->model_name, "%s", s ? s : "default");
-    static const char *const blocks[] = {"llama2", "deepseek"};
+    const char *blocks[8];
+    SIM_ASSERT(model_n_families <= 8);
+    for (int i = 0; i < model_n_families; i++) blocks[i] = model_families[i]->name;
     int blk;
-    SIM_TRY(mesh_cfg_get_enum(cfg, "decoder_block", blocks, 2, &blk));
-    d->kind = (model_kind)blk;
+    SIM_TRY(mesh_cfg_get_enum(cfg, "decoder_block", blocks, model_n_families, &blk));
+    d->family = model_families[blk];
     SIM_TRY(model_cfg_i64(cfg, "vocab_size", &d->vocab));
     SIM_TRY(model_cfg_i64(cfg, "base_emb_dim", &d->emb));
     SIM_TRY(model_cfg_i64(cfg, "base_num_query_heads", &d->q_heads));
@@ -577,6 +503,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
     SIM_TRY(mesh_cfg_get_int(cfg, "init_weights_seed", &seed));
     d->seed = (uint64_t)seed;
 
+    SIM_TRY(mesh_release_of(cfg, &m->release));
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
     SIM_TRY(zero1_and_ga_from_config(cfg, m));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
@@ -609,29 +536,7 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
                        "load-balanced context parallelism (or set context_parallel_load_balance=false)",
                        (long long)d->seq, d->cp);
 
-    if (d->kind == MODEL_DEEPSEEK) {
-        SIM_TRY(deepseek_define(m, cfg));
-    } else {
-        /* MaxText's llama2 decoder would honour these; the simulated one has
-         * global attention and default RoPE only, so other values are refused */
-        const char *at, *rt;
-        SIM_TRY(mesh_cfg_get_str(cfg, "attention_type", &at));
-        SIM_TRY(mesh_cfg_get_str(cfg, "rope_type", &rt));
-        if (at && strcmp(at, "global"))
-            return sim_err(SIM_ERR_INPUT, "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
-                                          "(mla needs decoder_block=deepseek)", at);
-        if (rt && strcmp(rt, "default") && !d->rope_llama31)
-            return sim_err(SIM_ERR_INPUT,
-                           "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default or "
-                           "rope_type=llama3.1", rt);
-        int64_t mtp;
-        SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
-        if (mtp != 0)
-            return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
-                                          "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
-                           (long long)mtp);
-        define_llama(m);
-    }
+    SIM_TRY(d->family->define(m, cfg));
     SIM_TRY(pipeline_setup(m, cfg));
     SIM_TRY(scan_axis_from_config(cfg, m));
     bool scan;
@@ -655,9 +560,9 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
                            : d->fused_mlp                                      ? "fused_mlp=true"
                            : unscanned                                         ? "scan_layers=false"
                            : moved_axis                                        ? "param_scan_axis other than 1"
-                           : model_bias_active(m)                              ? "routed_bias_update_rate > 0"
-                           : strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none") ? "this remat_policy"
-                                                                                                : NULL;
+                                                                               : NULL;
+        if (!what && d->family->pipeline_unsimulated) what = d->family->pipeline_unsimulated(m);
+        if (!what && strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none")) what = "this remat_policy";
         if (what)
             return sim_err(SIM_ERR_INPUT,
                            "%s with pipeline parallelism (ici/dcn_pipeline_parallelism > 1) is not simulated yet; "
@@ -687,20 +592,9 @@ static sim_status def_from_config(const mesh_cfg *cfg, model_def *m)
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
     }
-    SIM_TRY(batchsplit_setup(m, cfg)); /* after the specs: it checks the weights' */
-    const char *ot;
-    SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
-    m->muon = ot && !strcmp(ot, "muon");
-    for (int i = 0; i < m->nparams && m->muon; i++)
-        if (m->defs[i].unscanned || (m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var))
-            return sim_err(SIM_ERR_INPUT,
-                           "opt_type=muon with scan_layers=false or param_scan_axis other than 1: Muon is simulated "
-                           "for MaxText's default layer layout only; drop one of the two");
-    if (m->muon) { /* which parameters Muon orthogonalizes, once (configs/muon.yml) */
-        model_muon_cfg mc;
-        SIM_TRY(model_muon_from_config(cfg, &mc));
-        for (int i = 0; i < m->nparams; i++) model_muon_classify(&mc, &m->defs[i], &m->muon_dims[i]);
-    }
+    if (d->family->setup) SIM_TRY(d->family->setup(m, cfg)); /* after the specs: it may check them */
+    /* the optimizer's treatment of each parameter, once (its slots; Muon: configs/muon.yml) */
+    SIM_TRY(model_opt_define(cfg, m->defs, m->nparams, &m->opt, m->opt_param));
     return SIM_OK;
 }
 
@@ -711,6 +605,8 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 {
     sim_status st = def_from_config(cfg, m);
     if (st != SIM_OK) {
+        free(m->d.family_dims);
+        m->d.family_dims = NULL;
         mesh_rules_free(&m->rules);
         mesh_rules_free(&m->rules_pp_dp);
     }
@@ -719,6 +615,8 @@ sim_status model_def_from_config(const mesh_cfg *cfg, model_def *m)
 
 void model_def_free(model_def *m)
 {
+    free(m->d.family_dims);
+    m->d.family_dims = NULL;
     mesh_rules_free(&m->rules);
     mesh_rules_free(&m->rules_pp_dp);
     pthread_mutex_destroy(&m->act_lock);
@@ -783,14 +681,18 @@ static sim_status zero1_state_new(model_dev *md, int i)
     z->spec = def->opt_spec[i];
     z->spec_unpruned = def->opt_unpruned[i];
     z->n_layers = 1;
-    mesh_array **bufs[3] = {&z->w, &z->m, &z->v};
-    static const char *const sfx[3] = {" (zero1)", " (adam)", " (adam)"};
-    sim_mem_cat cats[3] = {SIM_MEM_PARAMS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
-    for (int b = 0; b < 3; b++) {
+    /* the parameters, then the optimizer's slots (named for the arena's listing as before: "(adam)") */
+    const model_opt_param *op = &def->opt_param[i];
+    z->n_slots = op->n_slots;
+    for (int k = 0; k < op->n_slots; k++) z->slot_name[k] = def->opt->slot[k];
+    mesh_array **bufs[1 + MODEL_OPT_SLOTS_MAX] = {&z->w};
+    for (int k = 0; k < op->n_slots; k++) bufs[1 + k] = &z->slot[k];
+    for (int b = 0; b < 1 + op->n_slots; b++) {
+        sim_mem_cat cat = b ? SIM_MEM_OPTIMIZER : SIM_MEM_PARAMS;
         char name[MESH_NAME_MAX];
-        snprintf(name, sizeof name, "%s%s", z->def.path, sfx[b]);
+        snprintf(name, sizeof name, "%s%s", z->def.path, b ? " (adam)" : " (zero1)");
         *bufs[b] = calloc(1, sizeof(mesh_array));
-        SIM_TRY(mesh_array_new(md->ctx.dev, &def->mesh, name, z->def.rank, z->def.shape, &z->spec, SIM_F32, cats[b],
+        SIM_TRY(mesh_array_new(md->ctx.dev, &def->mesh, name, z->def.rank, z->def.shape, &z->spec, SIM_F32, cat,
                                *bufs[b]));
     }
     model_param p = md->p[i]; /* the per-layer init names */
@@ -804,6 +706,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
     md->ctx.dev = dev;
     md->ctx.mesh = &def->mesh;
     md->ctx.mode = def->d.mode;
+    md->ctx.release = def->release;
     md->ctx.drop_size_one = def->d.drop_size_one;
     md->ctx.embed_all_to_all = def->d.xla.embed_all_to_all;
     md->ctx.layer = "";
@@ -820,15 +723,18 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
         mesh_spec ls;
         model_param_layer_shape(p, &rank, shape);
         model_param_layer_spec(p, &ls);
-        /* ZeRO-1 keeps the moments elsewhere; opt_type=muon: a Muon leaf keeps one moment (no nu) */
-        /* a state variable (MoEBiasVar) has neither gradient nor optimizer state */
+        /* the optimizer's slots as its row names them (ZeRO-1 keeps them elsewhere: zero1_state_new); a state
+         * variable (MoEBiasVar) has neither gradient nor optimizer state */
         bool sv = p->def.state_var;
-        mesh_array **bufs[4] = {&p->w, with_grads && !sv ? &p->g : NULL, with_opt && !md->zero1 && !sv ? &p->m : NULL,
-                                with_opt && !md->zero1 && !sv && !(def->muon && def->muon_dims[i].muon) ? &p->v : NULL};
-        sim_mem_cat cats[4] = {SIM_MEM_PARAMS, SIM_MEM_GRADS, SIM_MEM_OPTIMIZER, SIM_MEM_OPTIMIZER};
+        int ns = with_opt && !md->zero1 ? def->opt_param[i].n_slots : 0;
+        p->n_slots = ns;
+        for (int k = 0; k < ns; k++) p->slot_name[k] = def->opt->slot[k];
+        mesh_array **bufs[2 + MODEL_OPT_SLOTS_MAX] = {&p->w, with_grads && !sv ? &p->g : NULL};
+        for (int k = 0; k < ns; k++) bufs[2 + k] = &p->slot[k];
         bool stacked = model_param_pipelined(def, i);
         if (stacked) p->stage_span = def->d.pipe.layers_per_stage;
-        for (int b = 0; b < 4; b++) {
+        for (int b = 0; b < 2 + ns; b++) {
+            sim_mem_cat cat = b == 0 ? SIM_MEM_PARAMS : b == 1 ? SIM_MEM_GRADS : SIM_MEM_OPTIMIZER;
             if (!bufs[b]) continue;
             /* ZeRO-1 without accumulation: the gradient sinks keep the sum over 'data'
              * pending, so one reduce-scatter brings it to the optimizer layout */
@@ -849,7 +755,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                     memcpy(a->shape, shape, sizeof(int64_t) * (size_t)rank);
                     a->spec = bs;
                     a->dtype = a->counted = SIM_F32;
-                    a->cat = cats[b];
+                    a->cat = cat;
                     continue;
                 }
                 /* ZeRO-1 with accumulation: MaxText casts the parameters to dtype before the
@@ -857,16 +763,17 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                  * gradients and their accumulator are in dtype (facts-2 §D) */
                 if (md->zero1 && def->d.ga > 1 && b <= 1)
                     SIM_TRY(mesh_array_new_as(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, def->d.act_dtype,
-                                              cats[b], true, a));
+                                              cat, true, a));
                 else
-                    SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cats[b], a));
+                    SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cat, a));
             }
         }
         if (md->zero1 && !sv) SIM_TRY(zero1_state_new(md, i));
     }
     SIM_TRY(model_params_init(dev, &def->mesh, md->p, def->nparams, def->d.seed));
-    if (with_grads && model_bias_active(def)) { /* host figures: E counts per MoE layer (MaxText: int32) */
-        size_t n = (size_t)((def->d.layers - def->d.dense_layers) * def->d.experts);
+    size_t n = with_grads && def->d.family->step_counts ? def->d.family->step_counts(def) : 0;
+    if (n) { /* the family's per-step host statistics (DeepSeek: E expert counts per MoE layer) */
+        md->n_bias_counts = n;
         md->bias_counts = calloc(n, sizeof(float));
         md->bias_counts_step = calloc(n, sizeof(float));
         SIM_ASSERT(md->bias_counts && md->bias_counts_step);
@@ -880,7 +787,7 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
 bool model_param_pipelined(const model_def *m, int i)
 {
     if (!m->d.pipe.on || m->defs[i].scan_dim < 0) return false;
-    return m->d.kind == MODEL_LLAMA2 || strstr(m->defs[i].path, ".moe_layers.") != NULL;
+    return !m->d.family->param_pipelined || m->d.family->param_pipelined(m, &m->defs[i]);
 }
 
 sim_status model_layer_pp_as_dp(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
@@ -905,7 +812,8 @@ bool model_holds_layer(const model_def *m, int device, int64_t l)
 sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_array *a, int64_t l, void *global)
 {
     const model_def *m = md->def;
-    if (!m->d.pipe.on || p->def.scan_dim < 0 || (m->d.kind == MODEL_DEEPSEEK && !strstr(p->def.path, ".moe_layers.")))
+    if (!m->d.pipe.on || p->def.scan_dim < 0 ||
+        (m->d.family->param_pipelined && !m->d.family->param_pipelined(m, &p->def)))
         return mesh_array_store_global(md->ctx.dev, &m->mesh, a, global);
     if (!model_holds_layer(m, sim_device_id(md->ctx.dev), l)) return SIM_OK;
     return mesh_array_store_global_except(md->ctx.dev, &m->mesh, a, global, 1u << m->d.pipe.stage_axis);
@@ -913,7 +821,7 @@ sim_status model_store_layer(model_dev *md, const model_param *p, const mesh_arr
 
 void model_dev_free(model_dev *md)
 {
-    batchsplit_dev_free(md);
+    if (md->def->d.family->dev_free) md->def->d.family->dev_free(md);
     free(md->bias_counts);
     free(md->bias_counts_step);
     md->bias_counts = md->bias_counts_step = NULL;
@@ -921,8 +829,9 @@ void model_dev_free(model_dev *md)
         for (int z = 0; z < 2; z++) {
             model_param *p = z ? &md->z[i] : &md->p[i];
             if (z && md->p[i].def.state_var) continue; /* a view of p[i] */
-            mesh_array *bufs[4] = {p->w, p->g, p->m, p->v};
-            for (int b = 0; b < 4; b++) {
+            mesh_array *bufs[2 + MODEL_OPT_SLOTS_MAX] = {p->w, p->g};
+            for (int k = 0; k < MODEL_OPT_SLOTS_MAX; k++) bufs[2 + k] = p->slot[k];
+            for (int b = 0; b < 2 + MODEL_OPT_SLOTS_MAX; b++) {
                 if (!bufs[b]) continue;
                 if (!z && b < 2 && md->zero1_released) { /* their shards are already released */
                     free(bufs[b]);
@@ -931,7 +840,8 @@ void model_dev_free(model_dev *md)
                 for (int l = 0; l < p->n_layers; l++) mesh_array_free(md->ctx.dev, &bufs[b][l]);
                 free(bufs[b]);
             }
-            p->w = p->g = p->m = p->v = NULL;
+            p->w = p->g = NULL;
+            for (int k = 0; k < MODEL_OPT_SLOTS_MAX; k++) p->slot[k] = NULL;
         }
 }
 
@@ -977,8 +887,12 @@ void model_batch_free(model_dev *md, model_batch *b)
 
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
 {
-    if (md->def->d.kind == MODEL_DEEPSEEK) return deepseek_loss(md, t, b, loss);
-    return llama_loss(md, t, b, loss);
+    return md->def->d.family->loss(md, t, b, loss);
+}
+
+int64_t model_mtp_layers(const model_def *m)
+{
+    return m->d.family && m->d.family->mtp_layers ? m->d.family->mtp_layers(m) : 0;
 }
 
 /* ------------------------------------------------------------ dropout */

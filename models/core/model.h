@@ -15,7 +15,7 @@
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
-#include "models/optimizers/muon.h"
+#include "models/core/optimizer.h"
 #include "models/core/params.h"
 #include "models/core/pipeline.h"
 #include "models/core/timemodel.h"
@@ -43,11 +43,15 @@ typedef enum { MODEL_CKPT_REMAT = 0, MODEL_CKPT_DEVICE, MODEL_CKPT_OFFLOAD } mod
 /* MaxText's name of a tag ("query_proj"). */
 const char *model_ckpt_name_str(model_ckpt_name n);
 
-typedef enum { MODEL_LLAMA2 = 0, MODEL_DEEPSEEK } model_kind;
+/* A model family: one row per MaxText decoder_block (model_family below; the rows are in
+ * models/families/families.c). */
+struct model_family;
 
 typedef struct {
     char model_name[64];
-    model_kind kind;
+    const struct model_family *family; /* decoder_block's row of the family table */
+    void *family_dims;        /* the family's own dims (its file's struct, allocated by its define hook;
+                                 NULL for a family without any); model_def_free frees it */
     int64_t vocab, emb, q_heads, kv_heads, head_dim, mlp, layers;
     double eps, z_loss, rope_theta, rope_min, rope_linear;
     bool rope_llama31;        /* Llama 3.1's RoPE: model_name llama3.1* or rope_type llama3.1 (attentions.py) */
@@ -73,7 +77,7 @@ typedef struct {
     int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
     int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
     int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
-    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see optim.h) */
+    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see core/optimizer.h) */
     int64_t seq;              /* max_target_length */
     uint64_t seed;            /* init_weights_seed */
     int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
@@ -82,33 +86,6 @@ typedef struct {
     bool attn_dot;            /* attention kernel: dot-product (score matrix materialised), else flash (blocked) */
     mesh_nn_splash splash;    /* flash on TPU: the splash kernel's blocks (sa_block_*), for the step-time model */
     bool scan_layers;         /* scan_layers: the layers run as one jax.lax.scan in MaxText (carry type checked) */
-    /* DeepSeek (decoder_block=deepseek; read by deepseek.c) */
-    int64_t dense_layers;     /* first_num_dense_layers (the rest are MoE layers) */
-    int64_t moe_mlp;          /* base_moe_mlp_dim: hidden width of one routed expert */
-    int64_t experts, top_k;   /* num_experts, num_experts_per_tok */
-    int64_t shared_experts;   /* shared_experts (shared MLP width = shared_experts x moe_mlp) */
-    double routed_scale;      /* routed_scaling_factor */
-    int routed_score;         /* routed_score_func: mesh_moe_score (none, sigmoid, softmax) */
-    bool routed_sigmoid;      /* routed_score_func sigmoid: the top-k weights are renormalised */
-    bool routed_bias;         /* gate bias */
-    bool bias_selects_only;   /* model_name deepseek3.. or deepseek4..: the bias picks experts, pre-bias scores weigh them */
-    int routing_groups;       /* n_routing_groups with DeepSeek-V3 routing (0: off, and for other model names) */
-    int topk_groups;          /* topk_routing_group: groups kept per token */
-    bool random_routing;      /* use_random_routing */
-    double bias_update_rate;  /* routed_bias_update_rate: loss-free balancing of the MoEBiasVar gate bias */
-    double lb_weight;         /* load_balance_loss_weight */
-    double capacity_factor;   /* > 0: dense capacity path; else the sparse dropless path */
-    bool shard_exp_on_fsdp;   /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
-    bool ring_of_experts;     /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
-    int64_t gmm_tiles[2][3][3]; /* sparse path with megablox (not tokamax): the wi_/wo_tile_{fwd,dlhs,drhs}_
-                                 * {batch_seq,embed_dim,mlp_dim} triples for the step-time model; 0: untiled */
-    int64_t mtp_layers;       /* mtp_num_layers: DeepSeek-V3's multi-token prediction depth (0: none) */
-    double mtp_scale;         /* mtp_loss_scaling_factor */
-    int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
-    int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
-    double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
-    int64_t max_pos, orig_max_pos;    /* max_position_embeddings, original_max_position_embeddings */
-    bool yarn, rope_interleave, rope_truncate, rope_attn_scaling;
     model_pipe pipe;          /* pipeline parallelism (pipeline.h); pipe.on when the stage axis has size > 1 */
     /* output head and attention numerics (MaxText keys of the same names) */
     bool tied_logits;         /* logits_via_embedding: logits = y . embedding^T, no logits_dense */
@@ -120,9 +97,6 @@ typedef struct {
     bool fused_mlp;           /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
     bool fused_qkv;           /* fused_qkv: one qkv_proj kernel (embed, heads + 2 kv_heads, kv) split per shard (Llama) */
     int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
-    /* DeepSeek batch-split schedule (batchsplit.h) */
-    bool batch_split;         /* use_batch_split_schedule: the MoE layers run models/families/batchsplit.c's schedule */
-    int64_t split_factor;     /* batch_split_factor (2 when batch_split) */
     bool loss_assert;         /* loss_constraint=assert: the loss constraint as before MaxText PR #4208 */
 } model_dims;
 
@@ -139,14 +113,15 @@ typedef struct {
 
 typedef struct {
     model_dims d;
+    const struct mesh_release *release; /* maxtext_release (mesh/release.h), never NULL once defined */
     mesh_shape mesh;
     mesh_rules rules;
     int nparams;
     model_param_def defs[MODEL_MAX_PARAMS];
     mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
     mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
-    bool muon;                                 /* opt_type=muon */
-    model_muon_dims muon_dims[MODEL_MAX_PARAMS]; /* opt_type=muon: each parameter's Muon/AdamW class (muon.yml) */
+    const model_optimizer *opt;                /* opt_type's row of the optimizer table */
+    model_opt_param opt_param[MODEL_MAX_PARAMS]; /* how it treats each parameter (its slots, decay, class) */
     /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
     mesh_spec opt_spec[MODEL_MAX_PARAMS];
     mesh_spec opt_unpruned[MODEL_MAX_PARAMS];
@@ -192,12 +167,12 @@ typedef struct {
     bool recomputing;
     /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
     double mtp_loss;
-    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, Adam moments): the
+    /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, an optimizer with state): the
      * stored state of each parameter as ONE stacked array in the optimizer
-     * layout (opt_spec): z[i].w the parameters, z[i].m/v the moments, z[i].g
+     * layout (opt_spec): z[i].w the parameters, z[i].slot[] the optimizer state, z[i].g
      * the step's reduce-scattered gradient (scan_dim -1, n_layers 1).  p[i].w
      * is then the all-gathered working copy the forward pass reads, p[i].g
-     * the gradient sinks, and p[i].m/v are NULL. */
+     * the gradient sinks, and p[i] holds no slots. */
     bool zero1;
     bool zero1_released;     /* p[i].w and p[i].g are released between a step's backward and the next gather */
     model_param z[MODEL_MAX_PARAMS];
@@ -212,6 +187,7 @@ typedef struct {
      * forward pass [moe layers x experts] (a remat recompute writes the same values), and their sum
      * over the step's microbatches, from which the step's bias update is taken */
     float *bias_counts, *bias_counts_step;
+    size_t n_bias_counts;    /* their length (model_family.step_counts; 0: none) */
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's
@@ -302,7 +278,7 @@ sim_status model_dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x
                        int rank, const char *const *out_names, mesh_var **y);
 sim_status model_dense_saved(model_dev *md, mesh_tape *t, model_ckpt_name name, const char *sub, mesh_var *x,
                              mesh_var *w, const char *op, int rank, const char *const *out_names, mesh_var **y);
-/* A region that keeps its own residuals (the routed experts, mesh_moe_cfg.saved): under a remat
+/* A region that keeps its own residuals (the routed experts, model_moe_cfg.saved): under a remat
  * layer whose policy saves something, the slot where its first pass leaves them and its
  * recomputation finds them again (called in the same order in both passes); blob_free releases
  * what is left when the layer goes.  NULL outside remat or when the policy saves nothing. */
@@ -314,28 +290,61 @@ void **model_checkpoint_region(model_dev *md, void (*blob_free)(void *));
  * elements.  Returns x itself when dropout is off. */
 sim_status model_dropout(model_dev *md, mesh_tape *t, mesh_var *x, const char *site, mesh_var **y);
 
-/* The scalar loss of the batch on the tape (forward pass). */
+/* The scalar loss of the batch on the tape (forward pass): the family's loss hook. */
 sim_status model_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
-/* The decoders behind model_loss: llama.c and deepseek.c. */
-sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
-sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
-/* DeepSeek's dims from the config and its parameter definitions (deepseek.c). */
-sim_status deepseek_define(model_def *m, const mesh_cfg *cfg);
-/* Pieces of a DeepSeek MoE layer (global index gl) the batch-split schedule runs per microbatch
- * (deepseek.c): MLA(pre_self_attention_layer_norm(x)), and the shared experts' MLP. */
-sim_status deepseek_attention_block(model_dev *md, mesh_tape *t, const model_batch *b, int gl, mesh_var *x,
-                                    mesh_var **y);
-sim_status deepseek_shared_experts(model_dev *md, mesh_tape *t, int gl, mesh_var *x, mesh_var **y);
+
+/* A model family (MaxText's decoder_block): everything the rest of the program asks of a decoder,
+ * as hooks of one row.  Core reaches the families only through these rows (model_families,
+ * defined in models/families/families.c); a family's file is the only place that knows its own
+ * dims (m->d.family_dims).  A NULL hook means "nothing to do" or the default it names. */
+typedef struct model_family {
+    const char *name; /* decoder_block, as MaxText names it */
+    /* Reads the family's keys (its dims into a family_dims it allocates), refuses what it does not
+     * simulate (SIM_ERR_INPUT naming the key and the fix) and defines the parameters (model_add_param). */
+    sim_status (*define)(model_def *m, const mesh_cfg *cfg);
+    /* After the parameters' specs are resolved: checks that need them (NULL: none). */
+    sim_status (*setup)(model_def *m, const mesh_cfg *cfg);
+    /* The forward pass: token embedding, the decoder layers (each through model_remat_layer,
+     * model_pipeline_run), the output head and the loss. */
+    sim_status (*loss)(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss);
+    /* Pipeline parallelism: layers that run before the pipelined stack (NULL: none; they run under
+     * rules_pp_dp); refusals once the pipeline is on (NULL: none); whether scanned parameter i is
+     * part of the pipelined stack (NULL: every scanned parameter); a combination the pipeline does
+     * not simulate yet, as "key=value" text, or NULL (NULL hook: none). */
+    int64_t (*layers_before_pipeline)(const model_def *m);
+    sim_status (*pipeline_check)(model_def *m, const mesh_cfg *cfg);
+    bool (*param_pipelined)(const model_def *m, const model_param_def *pd);
+    const char *(*pipeline_unsimulated)(const model_def *m);
+    /* State the step updates outside the optimizer (DeepSeek's gate bias): how many host floats of
+     * per-step statistics a training device keeps (model_dev.bias_counts; NULL or 0: none), and the
+     * update after the optimizer (NULL: none). */
+    size_t (*step_counts)(const model_def *m);
+    void (*after_step)(model_dev *md);
+    /* Multi-token prediction layers (NULL: 0): the loss then carries model_dev.mtp_loss. */
+    int64_t (*mtp_layers)(const model_def *m);
+    /* Releases what the family keeps per device (NULL: nothing); model_dev_free calls it. */
+    void (*dev_free)(model_dev *md);
+    /* The logical names parameter i's gradient carries where the release followed gives it others
+     * than the parameter's (a shard_map returning a kernel's gradient with its in_specs:
+     * maxtext_release's grad_logical_names), into names[0..cap); returns how many, 0 for the
+     * parameter's own (NULL hook: always its own). */
+    int (*grad_names)(const model_def *m, int i, const char **names, int cap);
+} model_family;
+
+/* The family table, one row per simulated decoder_block (models/families/families.c). */
+extern const model_family *const model_families[];
+extern const int model_n_families;
+/* Multi-token prediction layers of the model (0 for a family without them). */
+int64_t model_mtp_layers(const model_def *m);
+/* Adds a parameter definition (MaxText path, global shape, logical names, scan dim or -1, init). */
+void model_add_param(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
+                     int scan_dim, model_init_kind init, double scale);
+
 /* The constraint MaxText's loss_fn puts on the per-token loss (B, T), by loss_constraint:
  * reshard (MaxText 0.2.5, after PR #4208: maybe_shard_with_logical, size-1 axes dropped, a reshard in
  * explicit mode) or assert (before it: flax's with_logical_constraint, size-1 axes kept, an assert
  * in explicit mode).  Auto mode reshards either way.  note: log it for input_shardings.json. */
 sim_status model_loss_constraint(model_dev *md, mesh_tape *t, mesh_var *x, bool note, mesh_var **out);
-/* Whether the model updates its MoEBiasVar gate bias after each step (routed_bias_update_rate > 0). */
-bool model_bias_active(const model_def *m);
-/* The loss-free balancing update of the gate bias after a step (MaxText's train_step does it after
- * apply_gradients), from md->bias_counts_step; every device updates its replica alike. */
-void deepseek_bias_update(model_dev *md);
 
 /* Logs an activation for input_shardings.json once per (name, shape), as
  * MaxText keys its entries by "name: dtype[shape]"; names == NULL logs its

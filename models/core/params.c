@@ -90,8 +90,7 @@ void model_param_tensor_view(const model_param *p, int k, model_param *view)
     view->n_layers = 1;
     view->w = p->w ? &p->w[k] : NULL;
     view->g = p->g ? &p->g[k] : NULL;
-    view->m = p->m ? &p->m[k] : NULL;
-    view->v = p->v ? &p->v[k] : NULL;
+    for (int j = 0; j < MODEL_OPT_SLOTS_MAX; j++) view->slot[j] = p->slot[j] ? &p->slot[j][k] : NULL;
 }
 
 void model_zero1_spec(const mesh_shape *m, int rank, const int64_t *shape, const mesh_spec *unpruned, mesh_spec *out)

@@ -14,7 +14,7 @@
 
 #include "mesh/array.h"
 
-enum { MODEL_PATH_MAX = 128, MODEL_MAX_LAYERS = 1024 };
+enum { MODEL_PATH_MAX = 128, MODEL_MAX_LAYERS = 1024, MODEL_OPT_SLOTS_MAX = 4 };
 
 typedef enum {
     MODEL_INIT_NORMAL = 0,      /* normal(0, scale^2) */
@@ -49,7 +49,12 @@ typedef struct {
                               * every span*stages layers); 0: one contiguous block per stage */
     mesh_array *w;           /* [n_layers] values, layer-major (SIM_MEM_PARAMS) */
     mesh_array *g;           /* [n_layers] gradients (SIM_MEM_GRADS), or NULL */
-    mesh_array *m, *v;       /* [n_layers] Adam moments (SIM_MEM_OPTIMIZER), or NULL */
+    /* the optimizer's state as named slots (models/core/optimizer.h: the row names them, as optax's
+     * state does: AdamW "mu", "nu"; a Muon leaf "mu"): slot[k] is [n_layers] (SIM_MEM_OPTIMIZER) for
+     * k < n_slots, else NULL */
+    int n_slots;
+    const char *slot_name[MODEL_OPT_SLOTS_MAX];
+    mesh_array *slot[MODEL_OPT_SLOTS_MAX];
 } model_param;
 
 /* The per-layer global shape/spec: the stacked ones without the scan dim. */

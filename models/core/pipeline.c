@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/release.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
 #include "models/core/model.h"
@@ -171,11 +172,10 @@ sim_status model_pipe_from_config(const mesh_cfg *cfg, const mesh_shape *mesh, i
     if (mesh_cfg_find(cfg, "opt_type")) {
         const char *ot = NULL;
         SIM_TRY(mesh_cfg_get_str(cfg, "opt_type", &ot));
-        if (ot && !strcmp(ot, "muon"))
-            return sim_err(SIM_ERR_INPUT,
-                           "opt_type=muon with pipeline parallelism (stages=%lld) is not simulated yet; use "
-                           "opt_type=adamw or ici_pipeline_parallelism=1",
-                           (long long)S);
+        const model_optimizer *row = model_optimizer_find(ot);
+        if (row && row->pipeline_refused)
+            return sim_err(SIM_ERR_INPUT, "opt_type=%s with pipeline parallelism (stages=%lld) %s", row->name,
+                           (long long)S, row->pipeline_refused);
     }
     /* gradient_accumulation_steps: each accumulation microbatch runs a whole pipeline schedule (its own
      * bubbles, and with pipeline_fsdp_ag_once its own gather), as MaxText's GA scan wraps the step.
@@ -684,12 +684,18 @@ static sim_status microbatch_positions(pipe_run *pr, const model_batch *b)
  * the peer's verdict.py for stage alone, circular repeats, fsdp with
  * ag_once on and off and with ag_per_repeat, data, ZeRO-1, tensor,
  * DeepSeek: rows P* of tests/data/maxtext-0.2.5/verdicts).  Auto mode types
- * no shardings at trace time and runs them. */
+ * no shardings at trace time and runs them.  JAX 0.8.1's gather rule accepts
+ * the same gather: MaxText 0.2.0 on it traces these pipelines
+ * (tests/data/maxtext-0.2.0/verdicts), so it is an error of the release
+ * followed (maxtext_release). */
 static sim_status explicit_positions_gather(const pipe_run *pr)
 {
     const model_dev *md = pr->md;
     const model_pipe *p = pr->p;
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = mesh_release_error(md->ctx.release, "pipeline_positions_gather", "layers/pipeline.py:_gather_one");
+    if (!where) return SIM_OK;
+    const char *rel = mesh_release_maxtext(md->ctx.release);
     const mesh_shape *ms = &md->def->mesh;
     int64_t op_shape[3] = {p->microbatches, p->micro_rows, pr->slot_shape[1]}, ix_shape[2] = {p->stages, 3};
     mesh_spec op_spec, ix_spec;
@@ -708,10 +714,10 @@ static sim_status explicit_positions_gather(const pipe_run *pr)
                    "indices=ShapedArray(int32%s)\n"
                    "  operand 'positions' [num_pipeline_microbatches, microbatch, seq], replicated; indices: each "
                    "stage's microbatch id (vmapped dim on 'stage', not a batching dim of the operand)\n"
-                   "  MaxText 0.2.5 fails here too: layers/pipeline.py:_gather_one\n"
-                   "  fix: run the pipeline in shard_mode=auto (MaxText 0.2.5 traces it there), or set "
+                   "  MaxText %s fails here too: %s\n"
+                   "  fix: run the pipeline in shard_mode=auto (MaxText %s traces it there), or set "
                    "ici_pipeline_parallelism=1 and dcn_pipeline_parallelism=1 to keep shard_mode=explicit",
-                   op_t + 3, ix_t + 3);
+                   op_t + 3, ix_t + 3, rel, where, rel);
 }
 
 /* ---- the loop (forward) and its transpose (backward) */

@@ -782,25 +782,24 @@ void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh,
     fprintf(f, "]}");
 }
 
-sim_status model_tm_write_trace(const char *path, const model_hw *hw, const model_tm_result *r)
+sim_status model_tm_write_trace(FILE *f, const model_hw *hw, const model_tm_result *r)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return sim_err(SIM_ERR_IO, "%s: cannot write the modelled trace", path);
     static const char *const lanes[] = {"compute", "collectives (blocking)", "collectives (async: weights)"};
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    fprintf(f, "{\"ph\": \"M\", \"pid\": 0, \"name\": \"process_name\", \"args\": {\"name\": \"device %d, modelled on %s\"}}",
-            r->device, hw->name);
-    for (int l = 0; l < 3; l++)
-        fprintf(f, ",\n{\"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"name\": \"thread_name\", \"args\": {\"name\": \"%s\"}}", l,
-                lanes[l]);
+    sim_trace_out *o;
+    SIM_TRY(sim_trace_out_new(f, &o));
+    sim_trace_out_meta_str(o, "timeline", "modelled"); /* one step of the slowest device, in the profile's time */
+    sim_trace_out_meta_str(o, "hardware_profile", hw->name);
+    sim_trace_out_meta_u64(o, "device", (uint64_t)r->device);
+    char name[256];
+    snprintf(name, sizeof name, "device %d, modelled on %s", r->device, hw->name);
+    sim_trace_out_process(o, 0, name, 0);
+    for (int l = 0; l < 3; l++) sim_trace_out_thread(o, 0, l, lanes[l]);
     for (size_t i = 0; i < r->nspans; i++) {
         const model_tm_span *s = &r->spans[i];
-        fprintf(f, ",\n{\"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, \"name\": ", s->lane,
-                s->t0 * 1e6, (s->t1 - s->t0) * 1e6);
-        sim_json_write_string(f, s->name);
-        fprintf(f, "}");
+        double t0 = s->t0 * 1e9, t1 = s->t1 * 1e9; /* nanoseconds */
+        uint64_t a = t0 > 0 ? (uint64_t)llround(t0) : 0, b = t1 > 0 ? (uint64_t)llround(t1) : 0;
+        sim_trace_out_span(o, 0, s->lane, a, b > a ? b - a : 0, s->name, NULL);
+        sim_trace_out_event_end(o);
     }
-    fprintf(f, "\n]}\n");
-    if (fclose(f)) return sim_err(SIM_ERR_IO, "%s: write failed", path);
-    return SIM_OK;
+    return sim_trace_out_end(o);
 }

@@ -194,7 +194,8 @@ double model_tm_optimizer_bytes(sim_machine *m);
 void model_tm_print(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
 /* The same as a JSON object (no trailing newline). */
 void model_tm_write_json(FILE *f, const model_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);
-/* Chrome trace of the modelled timeline of the slowest device. */
-sim_status model_tm_write_trace(const char *path, const model_hw *hw, const model_tm_result *r);
+/* Chrome trace of the modelled timeline of the slowest device, to f (sim/trace.h's writer; the
+ * caller makes the file appear whole, e.g. through cli_artifact_write). */
+sim_status model_tm_write_trace(FILE *f, const model_hw *hw, const model_tm_result *r);
 
 #endif

@@ -7,7 +7,7 @@
 
 #include "models/core/data.h"
 #include "models/core/model.h"
-#include "models/optimizers/optim.h"
+#include "models/core/optimizer.h"
 #include "sim/machine.h"
 
 /* Global host copies of every parameter's gradient (layer-major: layer l of
@@ -104,7 +104,7 @@ void model_microbatch_rows(const int32_t *step, int64_t rows, int64_t seq, int64
  * one's gradient with weight 1/ga into the same float32 gradients; the loss
  * is the mean of the microbatch losses.  With ZeRO-1 the parameters are
  * all-gathered over 'data' once before the passes and the gradients brought
- * to the optimizer layout once after them (optim.h). */
+ * to the optimizer layout once after them (models/core/optimizer.h). */
 sim_status model_train(model_train_job *job, sim_machine *m);
 
 #endif

@@ -31,7 +31,7 @@
 #include "blas_kernels/bk_gemm.h"
 #include "blas_kernels/bk_topk.h"
 #include "mesh/ad.h"
-#include "mesh/moe.h"
+#include "models/blocks/moe.h"
 #include "mesh/nn.h"
 #include "mesh/reshard.h"
 #include "models/families/batchsplit.h"
@@ -116,22 +116,19 @@ static sim_status refuse(const char *key, const char *why)
 
 sim_status batchsplit_setup(model_def *m, const mesh_cfg *cfg)
 {
-    model_dims *d = &m->d;
+    const model_dims *d = &m->d;
+    ds_dims *ds = deepseek_dims(m);
     bool on;
     SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &on));
-    SIM_TRY(model_cfg_i64(cfg, "batch_split_factor", &d->split_factor));
+    SIM_TRY(model_cfg_i64(cfg, "batch_split_factor", &ds->split_factor));
     if (!on) return SIM_OK; /* MaxText reads batch_split_factor only with the schedule */
-    if (d->kind != MODEL_DEEPSEEK)
-        return refuse("decoder_block",
-                      "MaxText runs the batch-split schedule for decoder_block=deepseek only; drop "
-                      "use_batch_split_schedule or use a DeepSeek model");
-    d->batch_split = true;
+    ds->batch_split = true;
     char buf[512];
-    if (d->split_factor != 2) {
+    if (ds->split_factor != 2) {
         snprintf(buf, sizeof buf,
                  "batch_split_factor=%lld: MaxText's bf16 batch-split path (deepseek_batchsplit.py) only traces with "
                  "two microbatches (its MoE out_specs and the layer scan read microbatch 1); set batch_split_factor=2",
-                 (long long)d->split_factor);
+                 (long long)ds->split_factor);
         return sim_err(SIM_ERR_INPUT, "%s", buf);
     }
     if (d->mode != MESH_MODE_EXPLICIT)
@@ -146,24 +143,24 @@ sim_status batchsplit_setup(model_def *m, const mesh_cfg *cfg)
                       "the pipeline branch of MaxText's decoder has no batch-split schedule; use 1 stage");
     if (d->zero1)
         return refuse("shard_optimizer_over_data=true", "not simulated together; drop one of the two");
-    int64_t moe_layers = d->layers - d->dense_layers;
+    int64_t moe_layers = d->layers - ds->dense_layers;
     if (moe_layers < 4) {
         snprintf(buf, sizeof buf,
                  "base_num_decoder_layers=%lld with first_num_dense_layers=%lld gives %lld MoE layers; MaxText's "
                  "scan_batch_split_layers asserts num_layers >= 4: use at least 4 MoE layers",
-                 (long long)d->layers, (long long)d->dense_layers, (long long)moe_layers);
+                 (long long)d->layers, (long long)ds->dense_layers, (long long)moe_layers);
         return refuse("base_num_decoder_layers", buf);
     }
     /* what the schedule hard-codes (deepseek_batchsplit.py reads none of these keys) */
-    if (!d->routed_sigmoid)
+    if (!ds->moe.routed_sigmoid)
         return refuse("routed_score_func", "the schedule's router always uses sigmoid scores; set \"sigmoid\"");
-    if (!d->routed_bias)
+    if (!ds->moe.routed_bias)
         return refuse("routed_bias=false", "the schedule always adds the gate bias; set routed_bias=true");
-    if (d->q_lora < 1)
+    if (ds->mla.q_lora < 1)
         return refuse("q_lora_rank=0", "the schedule's MLA always has the wq_a/wq_b low-rank query; set q_lora_rank > 0");
-    if (d->shared_experts < 1)
+    if (ds->moe.shared_experts < 1)
         return refuse("shared_experts=0", "the schedule always runs a shared expert; use shared_experts >= 1");
-    if (d->lb_weight > 0)
+    if (ds->moe.lb_weight > 0)
         return refuse("load_balance_loss_weight",
                       "the schedule computes no load-balance loss (MaxText ignores the key there); set 0");
     if (d->dropout > 0)
@@ -172,17 +169,17 @@ sim_status batchsplit_setup(model_def *m, const mesh_cfg *cfg)
     SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
     if (mtp > 0) /* MaxText runs them through the schedule's own per-layer variant (batch_split_layer) */
         return refuse("mtp_num_layers", "the multi-token-prediction layers of the schedule are not simulated; set 0");
-    if (d->shard_exp_on_fsdp)
+    if (ds->moe.shard_exp_on_fsdp)
         return refuse("shard_exp_on_fsdp=true",
                       "the schedule's gather_weights expects the routed experts on ('expert', 'fsdp', None); set false");
     /* group-limited routing, top 2 experts per group (hard-coded top_k_in_group=2); deepseek.c read
      * and checked the groups (routing_groups = 0: off) */
-    if (d->routing_groups < 1)
+    if (ds->moe.routing_groups < 1)
         return refuse("n_routing_groups",
                       "the schedule always routes by expert groups (deepseek_batchsplit.py reshapes the scores by "
                       "n_routing_groups); set n_routing_groups and topk_routing_group (the model file's 8 and 4), "
                       "with a DeepSeek-V3 model_name");
-    if (d->bias_update_rate > 0)
+    if (ds->moe.bias_update_rate > 0)
         return refuse("routed_bias_update_rate",
                       "the schedule's router records no expert counts for the loss-free bias update; set 0");
     /* only data, fsdp and expert may shard */
@@ -524,31 +521,6 @@ void batchsplit_dev_free(model_dev *md)
 
 /* ------------------------------------------------------------ routing (expert_selection) */
 
-/* Per token: group-limited top-k of sel = scores + bias (groups scored by the sum of their top 2,
- * ties to the lowest index as lax.top_k), weights = scale * s / sum(s) over the chosen pre-bias
- * scores, without an epsilon. */
-static void route_token(const float *s, const float *bias, int64_t E, int64_t G, int64_t KG, int k, double scale,
-                        float *sel, int32_t *idx, float *w)
-{
-    int64_t per = E / G;
-    float gs[4096], two[2], tmp[64];
-    int32_t ti[64], gi[4096];
-    for (int64_t e = 0; e < E; e++) sel[e] = s[e] + bias[e];
-    for (int64_t g = 0; g < G; g++) {
-        bk_topk_fwd(two, ti, sel + g * per, 1, (int)per, 2);
-        gs[g] = (float)((double)two[0] + (double)two[1]);
-    }
-    bk_topk_fwd(tmp, gi, gs, 1, (int)G, (int)KG);
-    bool keep[4096] = {0};
-    for (int64_t j = 0; j < KG; j++) keep[gi[j]] = true;
-    for (int64_t e = 0; e < E; e++)
-        if (!keep[e / per]) sel[e] = -INFINITY;
-    bk_topk_fwd(tmp, idx, sel, 1, (int)E, k);
-    double sum = 0;
-    for (int j = 0; j < k; j++) sum += s[idx[j]];
-    for (int j = 0; j < k; j++) w[j] = (float)(scale * (s[idx[j]] / sum));
-}
-
 static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_var *scores = e->in[0], *y = e->out[0];
@@ -586,7 +558,7 @@ static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
 static sim_status route(model_dev *md, mesh_tape *t, mesh_var *scores, const mesh_array *bias, mesh_var **weights,
                         mesh_var **indices)
 {
-    const model_dims *d = &md->def->d;
+    const ds_dims *ds = deepseek_dims(md->def);
     char tag[SIM_TAG_MAX];
     tagof(t, "routing", tag, sizeof tag);
     mesh_spec ss = scores->val.spec;
@@ -598,24 +570,29 @@ static sim_status route(model_dev *md, mesh_tape *t, mesh_var *scores, const mes
     mesh_spec bs;
     mesh_spec_init(&bs, 1);
     SIM_TRY(mesh_nn_operand(t, bias, &bs, tag, &ba, &bo));
-    int k = (int)d->top_k;
-    int64_t E = d->experts, shape[3] = {sa.shape[0], sa.shape[1], k};
+    int k = (int)ds->moe.top_k;
+    int64_t E = ds->moe.experts, shape[3] = {sa.shape[0], sa.shape[1], k};
     SIM_ASSERT(k <= 64 && E <= 4096);
     SIM_TRY(new_out(t, "routing/weights", 3, shape, &ss, SIM_F32, weights));
     SIM_TRY(new_out(t, "routing/indices", 3, shape, &ss, SIM_I32, indices));
     if (sa.data) {
         int64_t N = (int64_t)sa.nlocal / E;
         float *sel = malloc((size_t)E * sizeof *sel);
+        /* the schedule's routing (deepseek_batchsplit.py): sigmoid scores, group-limited top-k of
+         * scores + bias, weights the chosen pre-bias scores renormalised without an epsilon */
+        const model_moe_route_cfg rc = {.k = k, .sigmoid = true, .scaling = ds->moe.routed_scale,
+                                        .bias_selects_only = true, .groups = ds->moe.routing_groups,
+                                        .topk_groups = ds->moe.topk_groups, .no_eps = true};
         for (int64_t n = 0; n < N; n++)
-            route_token((const float *)sa.data + n * E, ba.data, E, d->routing_groups, d->topk_groups, k, d->routed_scale,
-                        sel, (int32_t *)(*indices)->val.data + n * k, (float *)(*weights)->val.data + n * k);
+            model_moe_route_token((const float *)sa.data + n * E, ba.data, E, &rc, (uint64_t)n, sel,
+                                  (int32_t *)(*indices)->val.data + n * k, (float *)(*weights)->val.data + n * k);
         free(sel);
     }
     if (bo) mesh_array_free(mesh_tape_ctx(t)->dev, &ba);
     mesh_entry *e = mesh_tape_record(t, route_vjp, tag, 1, &scores, 1, weights);
     if (e) {
         e->i[0] = k;
-        e->f[0] = d->routed_scale;
+        e->f[0] = ds->moe.routed_scale;
         mesh_entry_save(e, &sa, so);
         mesh_entry_save(e, &(*indices)->val, false);
     } else if (so) {
@@ -778,6 +755,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     const model_dims *d = &md->def->d;
+    const ds_dims *ds = deepseek_dims(md->def);
     sim_device *dev = c->dev;
     bs_moe *s = calloc(1, sizeof *s);
     SIM_ASSERT(s);
@@ -786,9 +764,9 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     s->ax = axis_of(c->mesh, "expert");
     s->EP = s->ax >= 0 ? c->mesh->sizes[s->ax] : 1;
     s->M = d->emb;
-    s->H = d->moe_mlp;
-    s->k = d->top_k;
-    s->XL = d->experts / s->EP;
+    s->H = ds->moe.moe_mlp;
+    s->k = ds->moe.top_k;
+    s->XL = ds->moe.experts / s->EP;
     s->lo = (s->ax >= 0 ? sim_device_coord(dev, s->ax) : 0) * s->XL;
     s->wire = d->act_dtype;
     mesh_spec as = act_spec(c->mesh, 3);
@@ -813,7 +791,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     if ((st = buf_alloc_dt(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/experts_gathered",
                            false)))
         goto out;
-    if ((st = buf_alloc_dt(dev, &gsum, (size_t)d->experts * 4, SIM_I32, SIM_MEM_TEMP, "moe/group_sizes", true)))
+    if ((st = buf_alloc_dt(dev, &gsum, (size_t)ds->moe.experts * 4, SIM_I32, SIM_MEM_TEMP, "moe/group_sizes", true)))
         goto out;
     if ((st = gather_tokens(s, ra.data, rwg.p, (size_t)(Tl * k), SIM_F32, s->wire, "route_all_gather_weights")))
         goto out;
@@ -823,7 +801,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
         for (int64_t i = 0; i < Tl * k; i++) ((int32_t *)gsum.p)[((int32_t *)ia.data)[i]]++;
     if (s->ax >= 0) {
         char tag[SIM_TAG_MAX];
-        if ((st = sim_all_reduce(dev, gsum.p, gsum.p, (size_t)d->experts, SIM_I32, sim_axes_1(s->ax),
+        if ((st = sim_all_reduce(dev, gsum.p, gsum.p, (size_t)ds->moe.experts, SIM_I32, sim_axes_1(s->ax),
                                  sim_meta_tag(stag(s, "route_psum_group_sizes", tag, sizeof tag)))))
             goto out;
     }
@@ -921,7 +899,7 @@ out:
 static sim_status moe_block(model_dev *md, mesh_tape *t, int gl, mesh_var *h, mesh_var *const *gw, mesh_var **y)
 {
     const model_def *m = md->def;
-    int l = gl - (int)m->d.dense_layers;
+    int l = gl - (int)deepseek_dims(m)->dense_layers;
     int ln2 = model_param_index(m, "moe_layers.post_self_attention_layer_norm.scale");
     int bias = model_param_index(m, "moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias");
     mesh_var *hs, *shared, *logits, *scores, *weights, *indices, *routed, *sum;
@@ -932,7 +910,7 @@ static sim_status moe_block(model_dev *md, mesh_tape *t, int gl, mesh_var *h, me
     /* the schedule keeps every activation in its own spec (data kept at size 1) */
     SIM_TRY(mesh_ad_shard_as(t, shared, &h->val.spec, "shared_experts/out", &shared));
     SIM_TRY(mesh_ad_einsum(t, "bte,ex->btx", hs, gw[W_GATE], NULL, "gate", &logits));
-    SIM_TRY(mesh_moe_scores(t, logits, true, "scores", &scores));
+    SIM_TRY(model_moe_scores(t, logits, true, "scores", &scores));
     SIM_TRY(route(md, t, scores, &md->p[bias].w[l], &weights, &indices));
     SIM_TRY(routed_experts(md, t, hs, weights, indices, gw[W_WI0], gw[W_WI1], gw[W_WO], &routed));
     SIM_TRY(mesh_ad_add(t, routed, shared, "routed_plus_shared", &sum));
@@ -943,7 +921,7 @@ sim_status batchsplit_layer(model_dev *md, mesh_tape *t, const model_batch *b, i
                             mesh_var **aux)
 {
     const model_def *m = md->def;
-    int l = gl - (int)m->d.dense_layers;
+    int l = gl - (int)deepseek_dims(m)->dense_layers;
     const char *saved = md->ctx.layer;
     char layer[64], mbl[2][80], tag[SIM_TAG_MAX];
     snprintf(layer, sizeof layer, "decoder/moe_layers_%d", l);
@@ -979,7 +957,7 @@ sim_status batchsplit_layer(model_dev *md, mesh_tape *t, const model_batch *b, i
     }
     pf->layer = -1;
     /* the next layer's, ahead: l+1 in the forward pass, l-1 in backward (its recomputation runs now) */
-    int next = mesh_tape_recording(t) ? l - 1 : l + 1, n_moe = (int)(m->d.layers - m->d.dense_layers);
+    int next = mesh_tape_recording(t) ? l - 1 : l + 1, n_moe = (int)(m->d.layers - deepseek_dims(m)->dense_layers);
     if (next >= 0 && next < n_moe) {
         for (int w = 0; w < NW; w++) SIM_TRY(gather_now(md, next, w, &pf->w[w]));
         pf->layer = next;

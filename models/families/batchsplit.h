@@ -13,6 +13,7 @@
 #define MODELS_BATCHSPLIT_H
 
 #include "models/core/model.h"
+#include "models/families/deepseek_dims.h"
 
 /* Reads batch_split_factor, the routing groups and dtype, and refuses what the
  * schedule does not run as MaxText runs it (errors name the key and the fix).

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "blas_kernels/bk_rope.h"
+#include "config/release.h"
 #include "mesh/ad.h"
 #include "mesh/nn.h"
 #include "mesh/ops.h"
@@ -209,9 +210,94 @@ static sim_status llama_layer_fn(model_dev *md, mesh_tape *t, const model_batch 
     return llama_layer(md, t, b, l, x, y);
 }
 
+/* ------------------------------------------------------------ definition */
+
+static void define_params(model_def *m)
+{
+    const model_dims *d = &m->d;
+    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, F = d->mlp, L = d->layers;
+    double fe = 1.0 / sqrt((double)E);
+    /* MaxText's Attention.init_query_w drops the depth scaling whenever the config's use_qk_norm is
+     * set, although the llama2 decoder never passes use_qk_norm to its Attention (no query/key norm
+     * runs): the only effect of the key on Llama is an unscaled query init. */
+    double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)D);
+    model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
+                    -1, MODEL_INIT_NORMAL, fe);
+    model_add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
+                    (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
+    if (d->fused_qkv) /* Attention.init_qkv_w: the plain kernel_init, no depth scaling of the query part */
+        model_add_param(m, "params.decoder.layers.self_attention.qkv_proj.kernel", 4, (int64_t[]){E, L, H + 2 * K, D},
+                        (const char *[]){"embed_attn", "layers", "heads", "kv"}, 1, MODEL_INIT_NORMAL, fe);
+    else {
+        /* MaxText divides the query init by sqrt(head_dim) instead of scaling the scores */
+        model_add_param(m, "params.decoder.layers.self_attention.query.kernel", 4, (int64_t[]){E, L, H, D},
+                        (const char *[]){"embed_attn", "layers", "q_heads", "kv"}, 1, MODEL_INIT_NORMAL, fe * qs);
+        model_add_param(m, "params.decoder.layers.self_attention.key.kernel", 4, (int64_t[]){E, L, K, D},
+                        (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+        model_add_param(m, "params.decoder.layers.self_attention.value.kernel", 4, (int64_t[]){E, L, K, D},
+                        (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
+    }
+    model_add_param(m, "params.decoder.layers.self_attention.out.kernel", 4, (int64_t[]){H, L, D, E},
+                    (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
+    model_add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
+                    (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
+    if (d->fused_mlp) /* MlpBlock with fused_mlp: one kernel for both activations */
+        model_add_param(m, "params.decoder.layers.mlp.wi.kernel", 4, (int64_t[]){E, L, 2, F},
+                        (const char *[]){"embed", "layers", "num_activations", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+    else {
+        model_add_param(m, "params.decoder.layers.mlp.wi_0.kernel", 3, (int64_t[]){E, L, F},
+                        (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+        model_add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F},
+                        (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
+    }
+    model_add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E}, (const char *[]){"mlp", "layers", "embed"},
+                    1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
+    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
+    if (!d->tied_logits)
+        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
+                        -1, MODEL_INIT_TRUNC_NORMAL, fe);
+}
+
+/* MaxText's llama2 decoder would honour these; the simulated one has global attention and default
+ * (or Llama 3.1's) RoPE only, so other values are refused. */
+static sim_status llama_define(model_def *m, const mesh_cfg *cfg)
+{
+    const model_dims *d = &m->d;
+    const char *at, *rt;
+    SIM_TRY(mesh_cfg_get_str(cfg, "attention_type", &at));
+    SIM_TRY(mesh_cfg_get_str(cfg, "rope_type", &rt));
+    if (at && strcmp(at, "global"))
+        return sim_err(SIM_ERR_INPUT, "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
+                                      "(mla needs decoder_block=deepseek)", at);
+    if (rt && strcmp(rt, "default") && !d->rope_llama31)
+        return sim_err(SIM_ERR_INPUT,
+                       "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default or "
+                       "rope_type=llama3.1", rt);
+    int64_t mtp;
+    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+    if (mtp != 0)
+        return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
+                                      "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
+                       (long long)mtp);
+    define_params(m);
+    return SIM_OK;
+}
+
+/* Once the specs are known: MaxText runs the batch-split schedule for DeepSeek only. */
+static sim_status llama_setup(model_def *m, const mesh_cfg *cfg)
+{
+    bool on;
+    SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &on));
+    if (on)
+        return sim_err(SIM_ERR_INPUT, "decoder_block with use_batch_split_schedule=true: MaxText runs the batch-split "
+                                      "schedule for decoder_block=deepseek only; drop use_batch_split_schedule or use "
+                                      "a DeepSeek model");
+    return SIM_OK;
+}
+
 /* ------------------------------------------------------------ the whole model */
 
-sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
+static sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
 {
     const model_def *m = md->def;
     llama_ix ix = indices(m);
@@ -234,7 +320,8 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
         /* MaxText scans the layers (scan_layers): the carry's type may not change across a layer */
         if (l == 0 && m->d.scan_layers)
             SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
-                                          "layers/nnx_decoders.py:_apply_layers_sequentially"));
+                                          mesh_release_error(md->ctx.release, "decoder_scan_carry",
+                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
     }
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, param(md, t, ix.norm, 0), m->d.eps, "decoder_norm", &x));
@@ -247,3 +334,12 @@ sim_status llama_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_va
     md->ctx.layer = "loss";
     return mesh_nn_mean(t, tok_loss, "mean", loss);
 }
+
+/* MaxText's decoder_block llama2 (Llama 2, 3, 3.1, 3.3 model files): every layer scanned and
+ * pipelined alike, nothing updated outside the optimizer. */
+const model_family model_family_llama2 = {
+    .name = "llama2",
+    .define = llama_define,
+    .setup = llama_setup,
+    .loss = llama_loss,
+};

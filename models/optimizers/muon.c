@@ -22,7 +22,6 @@
 #include "blas_kernels/bk_parallel.h"
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
-#include "models/optimizers/optim.h"
 
 /* Newton–Schulz coefficients (optimizers.get_optimizer for every decoder block but deepseek4) */
 static const double NS_A = 3.4445, NS_B = -4.7750, NS_C = 2.0315;
@@ -484,9 +483,9 @@ static void apply_chunk(int64_t lo, int64_t hi, void *arg)
 static sim_status check_layer(const model_param *p, int l, bool need_nu)
 {
     const mesh_array *w = &p->w[l];
-    if (!p->g || !p->m || (need_nu && !p->v))
+    if (!p->g || !p->slot[0] || (need_nu && !p->slot[1]))
         return sim_err(SIM_ERR_INTERNAL, "muon: '%s' lacks gradient or optimizer state", p->def.path);
-    const mesh_array *o[3] = {&p->g[l], &p->m[l], need_nu ? &p->v[l] : &p->m[l]};
+    const mesh_array *o[3] = {&p->g[l], &p->slot[0][l], need_nu ? &p->slot[1][l] : &p->slot[0][l]};
     mesh_array_owned(w); /* the update writes the parameter and its moments in place */
     for (int i = 0; i < 3; i++) mesh_array_owned(o[i]);
     for (int i = 0; i < 3; i++)
@@ -500,6 +499,7 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
 {
     if (s < 0) return sim_err(SIM_ERR_INTERNAL, "optimizer step %lld: counts from 0", s);
     sim_device *dev = ctx->dev;
+    const model_muon_cfg *mc = model_muon_cfg_of(o);
     const bool clip = model_clip_applies(o, grad_norm);
     const double t = (double)(s + 1); /* optax's count after the increment */
     nadam_job base = {0};
@@ -520,13 +520,13 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
             J.eps = (float)o->eps, J.eps_root = (float)o->eps_root, J.wd = (float)o->weight_decay;
             for (int l = 0; l < pp->n_layers; l++) {
                 if (!pp->w[l].data) continue; /* dry run */
-                J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->m[l].data, J.nu = pp->v[l].data;
+                J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->slot[0][l].data, J.nu = pp->slot[1][l].data;
                 bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, nadam_chunk, &J);
             }
             continue;
         }
         /* Muon: momentum and its Nesterov estimate, stacked into one leaf */
-        const double beta = o->muon.beta;
+        const double beta = mc->beta;
         J.b1 = (float)beta, J.omb1 = (float)(1.0 - beta);
         J.bc1 = (float)(1.0 - pow(beta, t)), J.bc1n = (float)(1.0 - pow(beta, t + 1));
         int sd = pp->def.scan_dim;
@@ -545,7 +545,7 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
                 if (!tmp) tmp = malloc(pp->w[l].nlocal * sizeof(float));
                 J.out = tmp;
             }
-            J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->m[l].data, J.nu = NULL;
+            J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->slot[0][l].data, J.nu = NULL;
             bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, nadam_chunk, &J);
             if (sd >= 0) {
                 mesh_array tl = pp->w[l];
@@ -555,8 +555,8 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
         }
         static const sim_dtype bf16 = SIM_BF16;
         sim_status st = model_muon_orthogonalize(ctx, &dims, o->eps, pp->def.path,
-                                                  o->muon.ns_gather_bf16 ? &bf16 : NULL, o->muon.ns_gather_once, &x);
-        apply_job A = {NULL, NULL, model_muon_scale(&o->muon, &pp->def, &dims), (float)o->muon.weight_decay,
+                                                  mc->ns_gather_bf16 ? &bf16 : NULL, mc->ns_gather_once, &x);
+        apply_job A = {NULL, NULL, model_muon_scale(mc, &pp->def, &dims), (float)mc->weight_decay,
                        base.neg_lr};
         for (int l = 0; st == SIM_OK && l < pp->n_layers; l++) {
             if (!pp->w[l].data) continue;
@@ -576,3 +576,90 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
     }
     return SIM_OK;
 }
+
+/* ---------------------------------------------------------------- the table's row */
+
+_Static_assert(sizeof(model_muon_cfg) <= MODEL_OPT_PRIV_BYTES, "model_muon_cfg must fit model_optim_cfg.priv");
+_Static_assert(sizeof(model_muon_dims) <= MODEL_OPT_PARAM_PRIV_BYTES, "model_muon_dims must fit model_opt_param.priv");
+
+const model_muon_cfg *model_muon_cfg_of(const model_optim_cfg *o) { return (const model_muon_cfg *)(const void *)o->priv; }
+
+const model_muon_dims *model_muon_dims_of(const model_opt_param *p) { return (const model_muon_dims *)(const void *)p->priv; }
+
+static sim_status row_from_config(const mesh_cfg *cfg, model_optim_cfg *o)
+{
+    return model_muon_from_config(cfg, (model_muon_cfg *)(void *)o->priv);
+}
+
+/* Which parameters Muon orthogonalizes, once (configs/muon.yml): a Muon leaf keeps one slot (mu). */
+static sim_status row_define(const mesh_cfg *cfg, const model_param_def *defs, int n, model_opt_param *out)
+{
+    for (int i = 0; i < n; i++)
+        if (defs[i].unscanned || (defs[i].scan_dim >= 0 && defs[i].scan_dim != 1 && !defs[i].state_var))
+            return sim_err(SIM_ERR_INPUT,
+                           "opt_type=muon with scan_layers=false or param_scan_axis other than 1: Muon is simulated "
+                           "for MaxText's default layer layout only; drop one of the two");
+    model_muon_cfg *mc = malloc(sizeof *mc);
+    if (!mc) return sim_err(SIM_ERR_INTERNAL, "muon: out of host memory");
+    sim_status st = model_muon_from_config(cfg, mc);
+    for (int i = 0; st == SIM_OK && i < n; i++) {
+        model_muon_dims *d = (model_muon_dims *)(void *)out[i].priv;
+        model_muon_classify(mc, &defs[i], d);
+        out[i].branch = d->muon ? 1 : -1; /* optax muon's partition: the Muon or the AdamW branch */
+        if (d->muon && out[i].n_slots) out[i].n_slots = 1;
+    }
+    free(mc);
+    return st;
+}
+
+static sim_status row_update(const model_opt_step *st)
+{
+    model_muon_dims *dims = calloc((size_t)(st->n > 0 ? st->n : 1), sizeof *dims);
+    if (!dims) return sim_err(SIM_ERR_INTERNAL, "muon: out of host memory");
+    for (int i = 0; i < st->n; i++) dims[i] = *model_muon_dims_of(&st->pp[i]);
+    sim_status s = model_muon_update(st->ctx, st->o, dims, st->params, st->n, st->s, st->grad_norm);
+    free(dims);
+    return s;
+}
+
+/* optax.contrib.muon: a partition state, branches in key order ('adam', 'muon'); adamw =
+ * chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate), muon's chain has
+ * scale_by_shape too: the schedule's count sits at [2] and [3] */
+static sim_status row_tree(const model_opt_tree *t)
+{
+    static const char *const br[2] = {".opt_state/.inner_states/['adam']/.inner_state",
+                                      ".opt_state/.inner_states/['muon']/.inner_state"};
+    char key[MODEL_OPT_KEY_MAX];
+    for (int b = 0; b < 2; b++) {
+        int want = b ? 1 : -1;
+        snprintf(key, sizeof key, "%s/[0]/.count", br[b]);
+        SIM_TRY(t->leaf(t->arg, key, -1, 0));
+        for (int part = 0; part < (b ? 1 : 2); part++)
+            for (int i = 0; i < t->n; i++) {
+                if (t->branch[i] != want || t->stateless[i]) continue;
+                snprintf(key, sizeof key, "%s/[0]/.%s/['params']%.900s", br[b], part ? "nu" : "mu", t->rel[i]);
+                SIM_TRY(t->leaf(t->arg, key, i, 0));
+            }
+        if (b) {
+            snprintf(key, sizeof key, "%s/[0]/.ns_coeffs", br[b]);
+            SIM_TRY(t->leaf(t->arg, key, -1, 3)); /* (a, b, c) */
+        }
+        snprintf(key, sizeof key, "%s/[%d]/.count", br[b], b ? 3 : 2);
+        SIM_TRY(t->leaf(t->arg, key, -1, 0));
+    }
+    return SIM_OK;
+}
+
+const model_optimizer model_opt_muon = {
+    .name = "muon",
+    .n_slots = 2, /* an AdamW-fallback leaf: mu, nu; a Muon leaf: mu (row_define) */
+    .slot = {"mu", "nu"},
+    .zero1_refused = "shard_optimizer_over_data=true (ZeRO-1) with opt_type=muon: ZeRO-1 with Muon is broken at "
+                     "MaxText's head (Linen raises NotImplementedError; NNX shards only the AdamW branch's state); "
+                     "set shard_optimizer_over_data=false or use opt_type=adamw",
+    .pipeline_refused = "is not simulated yet; use opt_type=adamw or ici_pipeline_parallelism=1",
+    .from_config = row_from_config,
+    .define = row_define,
+    .update = row_update,
+    .tree = row_tree,
+};

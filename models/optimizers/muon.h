@@ -35,6 +35,7 @@
 #include "config/config.h"
 #include "mesh/ctx.h"
 #include "models/core/params.h"
+#include "models/optimizers/optim.h" /* the table: its row and opt_type numbers */
 
 enum { MODEL_MUON_NS_STEPS = 5 };
 
@@ -76,6 +77,9 @@ typedef struct {
  * muon_use_all_to_all). */
 sim_status model_muon_from_config(const mesh_cfg *cfg, model_muon_cfg *out);
 
+/* The Muon settings opt_type=muon's row read into an optimizer config (model_optim_cfg.priv). */
+const model_muon_cfg *model_muon_cfg_of(const model_optim_cfg *o);
+
 /* How one parameter is optimized. */
 typedef struct {
     bool muon;                              /* false: the AdamW fallback */
@@ -86,6 +90,10 @@ typedef struct {
 
 /* Classifies a parameter by its dotted path and stacked rank (muon.yml). */
 void model_muon_classify(const model_muon_cfg *c, const model_param_def *def, model_muon_dims *out);
+
+/* The classification the row keeps for a parameter of a model defined with opt_type=muon
+ * (model_def.opt_param[i]). */
+const model_muon_dims *model_muon_dims_of(const model_opt_param *p);
 
 /* The update's scale for a leaf of stacked shape `shape` (float32, as optax). */
 float model_muon_scale(const model_muon_cfg *c, const model_param_def *def, const model_muon_dims *dims);
@@ -100,14 +108,12 @@ float model_muon_scale(const model_muon_cfg *c, const model_param_def *def, cons
 sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *dims, double eps, const char *path,
                                     const sim_dtype *gather, bool once, mesh_array *x);
 
-struct model_optim_cfg;
-
 /* One optimizer update of every parameter of this device (opt_type=muon):
  * Muon leaves as above (the NS collectives in phase optimizer), AdamW leaves
  * elementwise; dims[i] = parameter i's classification.  s = updates already applied; grad_norm = the global norm
- * (clipping as for AdamW).  m holds Muon's momentum or Adam's mu, v Adam's nu
- * (unused by Muon leaves).  Gradients are read, not changed. */
-sim_status model_muon_update(mesh_ctx *ctx, const struct model_optim_cfg *o, const model_muon_dims *dims,
+ * (clipping as for AdamW).  Slot 0 ("mu") holds Muon's momentum or Adam's mu, slot 1 ("nu") Adam's nu
+ * (a Muon leaf has none).  Gradients are read, not changed. */
+sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_muon_dims *dims,
                              model_param *params, int n, long long s, double grad_norm);
 
 #endif

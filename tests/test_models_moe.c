@@ -1,4 +1,4 @@
-/* test_mesh_moe.c — the MoE router (mesh/moe.h) against float64 references
+/* test_models_moe.c — the MoE router (models/blocks/moe.h) against float64 references
  * computed here from MaxText 0.2.5's definitions (layers/moe.py), on one
  * device and on a 2x2 mesh that shards the tokens:
  *   - no score function (routed_score_func=""): the top-k of the raw logits
@@ -25,15 +25,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mesh/moe.h"
+#include "models/blocks/moe.h"
 #include "mesh/nn.h"
+#include "tests/helpers.h"
 
 enum { B = 4, S = 4, E = 8, K = 2, N = B * S };
 
 typedef struct {
     mesh_shape mesh;
     const char *tok_spec;        /* sharding of the (B, S, E) scores */
-    mesh_moe_route_cfg rc;
+    model_moe_route_cfg rc;
     bool with_bias, lb;
     double lb_weight;
     float scores[N * E], bias[E];
@@ -63,13 +64,13 @@ static sim_status router_device(sim_device *dev, void *arg)
     mesh_array_load_global(dev, &j->mesh, &ba, j->bias);
     mesh_var *s = mesh_tape_param(t, &sa, &sink), *b = j->with_bias ? mesh_tape_input(t, &ba, false) : NULL;
     mesh_var *w, *ix, *loss = NULL;
-    if ((st = mesh_moe_route(t, s, b, &j->rc, "routing", &w, &ix))) goto out;
+    if ((st = model_moe_route(t, s, b, &j->rc, "routing", &w, &ix))) goto out;
     if ((st = mesh_array_store_global(dev, &j->mesh, &w->val, j->weights))) goto out;
     if ((st = mesh_array_store_global(dev, &j->mesh, &ix->val, j->idx))) goto out;
-    if ((st = mesh_moe_expert_counts(t, ix, E, "counts", j->counts[sim_device_id(dev)]))) goto out;
+    if ((st = model_moe_expert_counts(t, ix, E, "counts", j->counts[sim_device_id(dev)]))) goto out;
     if (j->lb) {
         /* the sparse path of a DeepSeek-V3 name: probabilities from the pre-bias scores */
-        if ((st = mesh_moe_lb_loss(t, s, NULL, ix, j->lb_weight, "lb", &loss))) goto out;
+        if ((st = model_moe_lb_loss(t, s, NULL, ix, j->lb_weight, "lb", &loss))) goto out;
         if (sim_device_id(dev) == 0) j->lb_loss = ((float *)loss->val.data)[0];
         if ((st = mesh_tape_backward(t, loss))) goto out;
         st = mesh_array_store_global(dev, &j->mesh, &sink, j->dscores);
@@ -91,30 +92,16 @@ static sim_status run_router(router_job *j, int layout)
     SIM_ASSERT(mesh_shape_init(&j->mesh, 2, names, layout ? two : one) == SIM_OK);
     j->tok_spec = layout == 2 ? "P('data', 'fsdp', None)" : layout ? "P(('data', 'fsdp'), None, None)"
                                                                     : "P(None, None, None)";
-    sim_mesh_desc md;
-    SIM_ASSERT(mesh_shape_to_sim(&j->mesh, &md) == SIM_OK);
-    sim_machine *m;
-    sim_machine_opts o = {0};
-    o.quiet = true;
-    SIM_ASSERT(sim_machine_new(&md, &o, &m) == SIM_OK);
+    sim_machine *m = helper_machine(&j->mesh, false);
     sim_status st = sim_machine_run(m, router_device, j);
     sim_machine_free(m);
     return st;
 }
 
-static float det_val(uint32_t i, float scale)
-{
-    i = i * 2654435761u + 12345u;
-    i ^= i >> 13;
-    i *= 0x5bd1e995u;
-    i ^= i >> 15;
-    return ((float)(i % 2001) / 1000.0f - 1.0f) * scale;
-}
-
 /* distinct raw logits (positive and negative) and a bias that reorders some experts */
 static void fill_inputs(router_job *j)
 {
-    for (int i = 0; i < N * E; i++) j->scores[i] = det_val((uint32_t)i, 2.0f) + 0.0001f * (float)(i % E);
+    for (int i = 0; i < N * E; i++) j->scores[i] = helper_det_val((uint32_t)i, 2.0f) + 0.0001f * (float)(i % E);
     for (int e = 0; e < E; e++) j->bias[e] = (e % 3 == 0) ? 0.8f : (e % 3 == 1 ? -0.5f : 0.0f);
 }
 
@@ -141,7 +128,7 @@ static void test_no_score_function(void **state)
             fill_inputs(&j);
             j.with_bias = true;
             /* routed_score_func="": the scores ARE the gate logits; no sigmoid renormalisation */
-            j.rc = (mesh_moe_route_cfg){.k = K, .sigmoid = false, .scaling = 2.5, .bias_selects_only = ds3};
+            j.rc = (model_moe_route_cfg){.k = K, .sigmoid = false, .scaling = 2.5, .bias_selects_only = ds3};
             if (run_router(&j, layout) != SIM_OK) fail_msg("router: %s", sim_errmsg());
             double maxerr = 0;
             for (int n = 0; n < N; n++) {
@@ -183,7 +170,7 @@ static void test_group_limited(void **state)
         fill_inputs(&j);
         for (int i = 0; i < N * E; i++) j.scores[i] = 1.0f / (1.0f + expf(-j.scores[i])); /* sigmoid scores */
         j.with_bias = true;
-        j.rc = (mesh_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true,
+        j.rc = (model_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true,
                                     .groups = G, .topk_groups = KEEP};
         if (run_router(&j, layout) != SIM_OK) fail_msg("router: %s", sim_errmsg());
         double maxerr = 0;
@@ -233,7 +220,7 @@ static void test_load_balance_loss(void **state)
         j.with_bias = true;
         j.lb = true;
         j.lb_weight = w;
-        j.rc = (mesh_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true};
+        j.rc = (model_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true};
         if (run_router(&j, layout) != SIM_OK) fail_msg("router: %s", sim_errmsg());
         /* float64: density = count / (S k), probs = softmax(pre-bias scores), loss = mean(density * mean_S probs) E^2 w */
         double p[N][E], cnt[B][E] = {{0}}, pm[B][E] = {{0}};
@@ -286,7 +273,7 @@ static void test_random_routing(void **state)
         memset(r, 0, sizeof *r);
         fill_inputs(r);
         r->with_bias = true;
-        r->rc = (mesh_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true,
+        r->rc = (model_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true,
                                      .random = true, .random_key = 0x1234};
         if (run_router(r, layout) != SIM_OK) fail_msg("router: %s", sim_errmsg());
         if (!layout) continue;
@@ -325,7 +312,7 @@ static void test_counts_and_bias_update(void **state)
         memset(&j, 0, sizeof j);
         fill_inputs(&j);
         j.with_bias = true;
-        j.rc = (mesh_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true};
+        j.rc = (model_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true};
         if (run_router(&j, layout) != SIM_OK) fail_msg("router: %s", sim_errmsg());
         double want[E] = {0};
         for (int n = 0; n < N * K; n++) want[j.idx[n]] += 1;
@@ -334,7 +321,7 @@ static void test_counts_and_bias_update(void **state)
     }
     /* mean load 4: below -> +rate, above -> -rate, equal -> unchanged */
     float bias[E] = {0.5f, 0.5f, 0.5f, 0.5f, 0, 0, 0, 0}, counts[E] = {0, 4, 8, 3, 5, 4, 6, 2};
-    mesh_moe_bias_update(bias, counts, E, 0.25);
+    model_moe_bias_update(bias, counts, E, 0.25);
     const float want[E] = {0.75f, 0.5f, 0.25f, 0.75f, -0.25f, 0.0f, -0.25f, 0.25f};
     for (int e = 0; e < E; e++) assert_true(bias[e] == want[e]);
 }
@@ -345,7 +332,7 @@ static void test_bad_groups(void **state)
     static router_job j;
     memset(&j, 0, sizeof j);
     fill_inputs(&j);
-    j.rc = (mesh_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true, .groups = 3,
+    j.rc = (model_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true, .groups = 3,
                                 .topk_groups = 1};
     assert_int_equal(run_router(&j, 0), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "n_routing_groups=3"));

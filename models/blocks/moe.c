@@ -22,8 +22,8 @@
  *   h       axes sharding the experts' hidden dim: the wo product is partial
  *           over them (reduce-scattered on the embedding dim, as MaxText's
  *           psum_scatter over 'tensor').
- * Ring of experts (mesh_moe_cfg.ring): the caller gathers x and the router
- * scores over the expert axes first (mesh_moe_ring_gather), so every expert
+ * Ring of experts (model_moe_cfg.ring): the caller gathers x and the router
+ * scores over the expert axes first (model_moe_ring_gather), so every expert
  * axis is an ep_rep axis; the region leaves its output partial over them and
  * MaxText's psum_scatter is the resharding onto the caller's sharding (a
  * reduce-scatter on the batch dim; its VJP all-gathers the cotangent).
@@ -37,7 +37,7 @@
  * first.  Weight gradients are partial over the token axes that are not
  * expert axes (each device saw only its tokens) and go back through
  * mesh_tape_accumulate, which reduces them onto the parameter's sharding. */
-#include "mesh/moe.h"
+#include "models/blocks/moe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -209,7 +209,7 @@ static sim_status scores_vjp(mesh_tape *t, mesh_entry *e)
     return mesh_tape_accumulate(t, x, &dx, tagof(t, "moe/dlogits", tag, sizeof tag));
 }
 
-sim_status mesh_moe_scores(mesh_tape *t, mesh_var *logits, bool sigmoid, const char *name, mesh_var **scores)
+sim_status model_moe_scores(mesh_tape *t, mesh_var *logits, bool sigmoid, const char *name, mesh_var **scores)
 {
     char tag[SIM_TAG_MAX];
     tagof(t, name, tag, sizeof tag);
@@ -286,7 +286,7 @@ static void group_mask(float *sel, int64_t E, int groups, int keep)
 
 /* Per token (global index `token`): the k experts (ties to the lowest index)
  * and the raw weights, before renormalisation and scaling. */
-static void route_token(const float *s, const float *bias, int64_t E, const mesh_moe_route_cfg *c, uint64_t token,
+static void route_token(const float *s, const float *bias, int64_t E, const model_moe_route_cfg *c, uint64_t token,
                         float *sel, float *vals, int32_t *idx, float *raw)
 {
     for (int64_t e = 0; e < E; e++) sel[e] = s[e] + (bias ? bias[e] : 0.0f);
@@ -302,9 +302,21 @@ static void route_token(const float *s, const float *bias, int64_t E, const mesh
     for (int j = 0; j < c->k; j++) raw[j] = c->bias_selects_only ? s[idx[j]] : vals[j];
 }
 
+void model_moe_route_token(const float *s, const float *bias, int64_t E, const model_moe_route_cfg *c, uint64_t token,
+                           float *sel, int32_t *idx, float *w)
+{
+    float vals[64], raw[64];
+    route_token(s, bias, E, c, token, sel, vals, idx, raw);
+    double sum = c->no_eps ? 0.0 : 1e-20;
+    for (int j = 0; j < c->k; j++) sum += raw[j];
+    /* deepseek_scale_weights; random routing returns before it (moe.py get_topk) */
+    for (int j = 0; j < c->k; j++)
+        w[j] = c->random ? raw[j] : (float)((c->sigmoid ? raw[j] / sum : raw[j]) * c->scaling);
+}
+
 /* What the VJP needs to repeat the routing: the config and where the local rows start. */
 typedef struct {
-    mesh_moe_route_cfg c;
+    model_moe_route_cfg c;
     int64_t b0, s0, S; /* global batch row and position of the first local token; global sequence length */
 } route_saved;
 
@@ -318,7 +330,7 @@ static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
     mesh_var *scores = e->in[0], *bias = e->nin > 1 ? e->in[1] : NULL, *y = e->out[0];
     const mesh_array *sa = &e->saved[0], *ba = e->nsaved > 2 ? &e->saved[2] : NULL;
     const route_saved *rs = e->payload;
-    const mesh_moe_route_cfg *c = &rs->c;
+    const model_moe_route_cfg *c = &rs->c;
     mesh_array *dy = &y->grad, ds, db;
     int k = c->k;
     mesh_spec dss = sa->spec;
@@ -361,7 +373,7 @@ static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
     return SIM_OK;
 }
 
-sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const mesh_moe_route_cfg *c,
+sim_status model_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const model_moe_route_cfg *c,
                           const char *name, mesh_var **weights, mesh_var **indices)
 {
     mesh_ctx *ctx = mesh_tape_ctx(t);
@@ -405,18 +417,12 @@ sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const 
     rs->S = sa.shape[1];
     if (sa.data) {
         int64_t N = local_rows(&sa), Sl = sa.local[1];
-        float *sel = malloc((size_t)E * sizeof *sel), vals[64], raw[64];
+        float *sel = malloc((size_t)E * sizeof *sel);
         const float *sv = sa.data, *bv = bias ? ba.data : NULL;
         float *w = (*weights)->val.data;
         int32_t *iv = (*indices)->val.data;
-        for (int64_t n = 0; n < N; n++) {
-            route_token(sv + n * E, bv, E, c, token_of(rs, n, Sl), sel, vals, iv + n * c->k, raw);
-            double sum = 1e-20;
-            for (int j = 0; j < c->k; j++) sum += raw[j];
-            /* deepseek_scale_weights; random routing returns before it (moe.py get_topk) */
-            for (int j = 0; j < c->k; j++)
-                w[n * c->k + j] = c->random ? raw[j] : (float)((c->sigmoid ? raw[j] / sum : raw[j]) * c->scaling);
-        }
+        for (int64_t n = 0; n < N; n++)
+            model_moe_route_token(sv + n * E, bv, E, c, token_of(rs, n, Sl), sel, iv + n * c->k, w + n * c->k);
         free(sel);
     }
     mesh_var *in[2] = {scores, bias};
@@ -435,7 +441,7 @@ sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const 
 
 /* ------------------------------------------------------------ loss-free balancing */
 
-sim_status mesh_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out)
+sim_status model_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -459,7 +465,7 @@ sim_status mesh_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, co
     return st;
 }
 
-void mesh_moe_bias_update(float *bias, const float *counts, int64_t E, double rate)
+void model_moe_bias_update(float *bias, const float *counts, int64_t E, double rate)
 {
     double total = 0;
     for (int64_t e = 0; e < E; e++) total += counts[e];
@@ -529,7 +535,7 @@ static sim_status lb_vjp(mesh_tape *t, mesh_entry *e)
     return SIM_OK;
 }
 
-sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
+sim_status model_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
                             const char *name, mesh_var **loss)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
@@ -640,7 +646,7 @@ static sim_status ring_gather_vjp(mesh_tape *t, mesh_entry *e)
     return mesh_tape_accumulate(t, x, &g, tag);
 }
 
-sim_status mesh_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out)
+sim_status model_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -672,7 +678,7 @@ sim_status mesh_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const ch
     return SIM_OK;
 }
 
-sim_status mesh_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name)
+sim_status model_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -707,7 +713,7 @@ sim_status mesh_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var 
 
 /* ------------------------------------------------------------ the expert region */
 
-int64_t mesh_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor)
+int64_t model_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor)
 {
     double c = ceil((double)(S * k) / (double)E) * capacity_factor;
     if (c < capacity_factor) c = capacity_factor;
@@ -734,7 +740,7 @@ typedef struct {
     int64_t *cnt_send;         /* [G * XL] rows I send to rank d for its local expert e */
     int64_t *cnt_recv;         /* [G * XL] rows I get from rank q for my local expert e */
     int64_t n_send, n_recv, cap; /* rows sent, received, and the receive capacity */
-    mesh_moe_tile gmm[2][3];   /* megablox tiles (mesh_moe_cfg.gmm); zero on the dense path */
+    model_moe_tile gmm[2][3];   /* megablox tiles (model_moe_cfg.gmm); zero on the dense path */
     char tag[SIM_TAG_MAX];
 } moe_geom;
 
@@ -833,19 +839,19 @@ typedef struct {
     uint32_t p_dx, p_dw, p_dW; /* partial axes the math adds to the cotangents */
     mesh_spec ros;             /* the region's own output spec */
     bool ring;                 /* ring of experts: ros is partial over the expert axes */
-    unsigned keep;             /* MESH_MOE_KEEP_* to hand to the caller (remat's first pass) */
-    moe_buf wo_kept;           /* the wo product before the return, kept for MESH_MOE_KEEP_WO */
+    unsigned keep;             /* MODEL_MOE_KEEP_* to hand to the caller (remat's first pass) */
+    moe_buf wo_kept;           /* the wo product before the return, kept for MODEL_MOE_KEEP_WO */
 } moe_payload;
 
 /* What remat's first pass keeps (moe.h): buffers of the region, still accounted. */
-struct mesh_moe_saved {
+struct model_moe_saved {
     sim_arena *arena;
     moe_buf b[5];
 };
 
-void mesh_moe_saved_free(void *p)
+void model_moe_saved_free(void *p)
 {
-    struct mesh_moe_saved *s = p;
+    struct model_moe_saved *s = p;
     if (!s) return;
     for (int i = 0; i < 5; i++) buf_free(s->arena, &s->b[i]);
     free(s);
@@ -889,7 +895,7 @@ static void group_sizes(const moe_geom *g, const int64_t *cnt, int32_t *gs)
  * (a tile shared by g groups is computed g times: backend.py make_group_metadata), and each
  * visit computes whole tk x tn blocks, the last one masked but not shortened (k = 512 under
  * tk = 1024 costs 1024).  0 when untiled (then the exact FLOPs stand). */
-static double gmm_work(const int32_t *gs, int64_t groups, mesh_moe_tile t, int64_t k, int64_t n)
+static double gmm_work(const int32_t *gs, int64_t groups, model_moe_tile t, int64_t k, int64_t n)
 {
     if (t.m <= 0 || t.k <= 0 || t.n <= 0) return 0.0;
     double visits = 0;
@@ -915,17 +921,17 @@ static void ffn_cost(const moe_geom *g, bool backward)
     double flops = 3.0 * 2.0 * N * M * H, el = W + N * (2.0 * M + 3.0 * H);
     if (backward) flops *= 2.0, el = 2.0 * W + 2.0 * N * (2.0 * M + 3.0 * H);
     double mxu = 0;
-    if (!g->dense && g->gmm[MESH_MOE_WI][MESH_MOE_FWD].m > 0) {
+    if (!g->dense && g->gmm[MODEL_MOE_WI][MODEL_MOE_FWD].m > 0) {
         int32_t *gs = malloc((size_t)g->XL * sizeof *gs);
         SIM_ASSERT(gs);
         group_sizes(g, g->cnt_recv, gs);
-        const mesh_moe_tile *wi = g->gmm[MESH_MOE_WI], *wo = g->gmm[MESH_MOE_WO];
+        const model_moe_tile *wi = g->gmm[MODEL_MOE_WI], *wo = g->gmm[MODEL_MOE_WO];
         int64_t Mi = g->M, Hi = g->Hl;
         if (!backward) /* wi_0, wi_1: (rows, M) x (M, Hl); wo: (rows, Hl) x (Hl, M) */
-            mxu = 2.0 * gmm_work(gs, g->XL, wi[MESH_MOE_FWD], Mi, Hi) + gmm_work(gs, g->XL, wo[MESH_MOE_FWD], Hi, Mi);
+            mxu = 2.0 * gmm_work(gs, g->XL, wi[MODEL_MOE_FWD], Mi, Hi) + gmm_work(gs, g->XL, wo[MODEL_MOE_FWD], Hi, Mi);
         else /* input gradients contract the output dim; weight gradients (tgmm) contract the rows */
-            mxu = 2.0 * (gmm_work(gs, g->XL, wi[MESH_MOE_DLHS], Hi, Mi) + gmm_work(gs, g->XL, wi[MESH_MOE_DRHS], Mi, Hi)) +
-                  gmm_work(gs, g->XL, wo[MESH_MOE_DLHS], Mi, Hi) + gmm_work(gs, g->XL, wo[MESH_MOE_DRHS], Hi, Mi);
+            mxu = 2.0 * (gmm_work(gs, g->XL, wi[MODEL_MOE_DLHS], Hi, Mi) + gmm_work(gs, g->XL, wi[MODEL_MOE_DRHS], Mi, Hi)) +
+                  gmm_work(gs, g->XL, wo[MODEL_MOE_DLHS], Mi, Hi) + gmm_work(gs, g->XL, wo[MODEL_MOE_DRHS], Hi, Mi);
         free(gs);
     }
     char tag[SIM_TAG_MAX];
@@ -1033,7 +1039,7 @@ static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_
 /* The wo product (MaxText's mlpwo / moe_mlpwo tag) after its last use: kept when the policy saves it. */
 static void keep_or_free(moe_payload *pl, moe_buf *yq)
 {
-    if (pl->keep & MESH_MOE_KEEP_WO) {
+    if (pl->keep & MODEL_MOE_KEEP_WO) {
         buf_free(pl->g.arena, &pl->wo_kept);
         pl->wo_kept = *yq;
         memset(yq, 0, sizeof *yq);
@@ -1550,8 +1556,8 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
     return st;
 }
 
-sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
-                            mesh_var *w1, mesh_var *wo, const mesh_moe_cfg *c, const char *name, mesh_var **out)
+sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
+                            mesh_var *w1, mesh_var *wo, const model_moe_cfg *c, const char *name, mesh_var **out)
 {
     mesh_ctx *ctx = mesh_tape_ctx(t);
     const mesh_shape *m = ctx->mesh;
@@ -1560,7 +1566,7 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     tagof(t, name, tag, sizeof tag);
     bool recording = mesh_tape_recording(t);
     if (recording && c->saved && *c->saved) { /* remat's recomputation: the saved tensors stand for their twins */
-        mesh_moe_saved_free(*c->saved);
+        model_moe_saved_free(*c->saved);
         *c->saved = NULL;
     }
     int64_t B = x->val.shape[0], S = x->val.shape[1], M = x->val.shape[2];
@@ -1591,7 +1597,7 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     bool dense = c->capacity > 0;
     if (c->ring && (dense || (tok & epm)))
         return sim_err(SIM_ERR_INTERNAL, "%s: the ring of experts runs on the sparse path with tokens gathered over "
-                       "the expert axes (mesh_moe_ring_gather)", tag);
+                       "the expert axes (model_moe_ring_gather)", tag);
     uint32_t tokset = dense ? batch : tok;
     mesh_spec wis, wos;
     mesh_spec_init(&wis, 3);
@@ -1698,18 +1704,18 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
     }
     if (pl->keep) {
         /* remat's first pass: the kept residuals leave with the caller, the rest goes with pl */
-        struct mesh_moe_saved *sv = calloc(1, sizeof *sv);
+        struct model_moe_saved *sv = calloc(1, sizeof *sv);
         SIM_ASSERT(sv);
         sv->arena = g->arena;
-        static const unsigned bits[5] = {MESH_MOE_KEEP_WI0, MESH_MOE_KEEP_WI1, MESH_MOE_KEEP_WO, MESH_MOE_KEEP_X,
-                                         MESH_MOE_KEEP_MAPS};
+        static const unsigned bits[5] = {MODEL_MOE_KEEP_WI0, MODEL_MOE_KEEP_WI1, MODEL_MOE_KEEP_WO, MODEL_MOE_KEEP_X,
+                                         MODEL_MOE_KEEP_MAPS};
         moe_buf *from[5] = {&pl->h0, &pl->h1, &pl->wo_kept, &pl->xr, &pl->slot};
         for (int i = 0; i < 5; i++)
             if (pl->keep & bits[i]) {
                 sv->b[i] = *from[i];
                 memset(from[i], 0, sizeof *from[i]);
             }
-        mesh_moe_saved_free(*c->saved);
+        model_moe_saved_free(*c->saved);
         *c->saved = sv;
     }
     mesh_var *in[5] = {x, weights, w0, w1, wo};

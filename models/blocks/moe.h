@@ -27,18 +27,18 @@
  * counts are data), while the dense path's sizes are exact.  Every buffer of
  * the sparse region is accounted at MaxText's static size (the dropless worst
  * case), so the memory figures of a dry run equal those of a real run. */
-#ifndef MESH_MOE_H
-#define MESH_MOE_H
+#ifndef MODELS_MOE_H
+#define MODELS_MOE_H
 
 #include <stdbool.h>
 
 #include "mesh/tape.h"
 
 /* routed_score_func: "" (the raw gate logits), "sigmoid", "softmax". */
-typedef enum { MESH_MOE_SCORE_NONE = 0, MESH_MOE_SCORE_SIGMOID, MESH_MOE_SCORE_SOFTMAX } mesh_moe_score;
+typedef enum { MODEL_MOE_SCORE_NONE = 0, MODEL_MOE_SCORE_SIGMOID, MODEL_MOE_SCORE_SOFTMAX } model_moe_score;
 
 /* scores (B, S, E) = sigmoid(logits) or softmax(logits) over E. */
-sim_status mesh_moe_scores(mesh_tape *t, mesh_var *logits, bool sigmoid, const char *name, mesh_var **scores);
+sim_status model_moe_scores(mesh_tape *t, mesh_var *logits, bool sigmoid, const char *name, mesh_var **scores);
 
 typedef struct {
     int k;                  /* num_experts_per_tok */
@@ -49,7 +49,14 @@ typedef struct {
     int topk_groups;        /* topk_routing_group */
     bool random;            /* use_random_routing: k experts drawn uniformly per token, weights = biased scores */
     uint64_t random_key;    /* its draws: a function of (key, global token index, slot) only */
-} mesh_moe_route_cfg;
+    bool no_eps;            /* renormalise without moe.py's 1e-20 (deepseek_batchsplit.py's routing) */
+} model_moe_route_cfg;
+
+/* One token's routing, the only router (model_moe_route and the batch-split schedule): s (E) its
+ * scores, bias (E) or NULL, token its global index (random draws); sel (E) scratch; idx (k) the
+ * experts and w (k) the weights as model_moe_route describes them. */
+void model_moe_route_token(const float *s, const float *bias, int64_t E, const model_moe_route_cfg *c, uint64_t token,
+                           float *sel, int32_t *idx, float *w);
 
 /* Top-k routing of scores (B, S, E) with an optional bias (E) (NULL: none):
  * weights (B, S, k) on the tape and indices (B, S, k) int32 (a tape value
@@ -59,7 +66,7 @@ typedef struct {
  * routing returns the biased scores at the drawn experts, neither
  * renormalised nor scaled (moe.py get_topk returns before
  * deepseek_scale_weights). */
-sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const mesh_moe_route_cfg *c,
+sim_status model_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const model_moe_route_cfg *c,
                           const char *name, mesh_var **weights, mesh_var **indices);
 
 /* Load-balance loss as MaxText 0.2.5 computes it (moe.py load_balance_loss):
@@ -68,7 +75,7 @@ sim_status mesh_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const 
  * to each expert / (S k) (0.2.5 divides by num_experts_per_tok; e591f30c did
  * not), and loss = mean_{B,E}(density * mean_S probs) * E^2 * weight, over
  * the whole batch (a replicated scalar). */
-sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
+sim_status model_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
                             const char *name, mesh_var **loss);
 
 /* Loss-free balancing's statistic (moe.py calculate_expert_counts): how many
@@ -76,35 +83,35 @@ sim_status mesh_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh
  * summed over the token axes (an all-reduce of E int32-sized counts, as
  * MaxText's psum over the batch axes); out (E) on every device (untouched in
  * a dry run). */
-sim_status mesh_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out);
+sim_status model_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, const char *name, float *out);
 
 /* The bias update of one layer (moe.py load_balance_updates_from_counts),
  * in float32 as MaxText: bias[e] += rate * sign(sum(counts) / E - counts[e]). */
-void mesh_moe_bias_update(float *bias, const float *counts, int64_t E, double rate);
+void model_moe_bias_update(float *bias, const float *counts, int64_t E, double rate);
 
 /* One megablox grouped-matmul call's tile (MaxText's wi_tile_* / wo_tile_* triples, in the
  * kernel's (tm, tk, tn) order): every grid step computes a whole tm x tk x tn block. */
 typedef struct {
     int64_t m, k, n;
-} mesh_moe_tile;
-enum { MESH_MOE_WI = 0, MESH_MOE_WO = 1, MESH_MOE_FWD = 0, MESH_MOE_DLHS = 1, MESH_MOE_DRHS = 2 };
+} model_moe_tile;
+enum { MODEL_MOE_WI = 0, MODEL_MOE_WO = 1, MODEL_MOE_FWD = 0, MODEL_MOE_DLHS = 1, MODEL_MOE_DRHS = 2 };
 
 typedef struct {
     sim_axes ep;            /* expert-parallel axes: they shard the experts dim of the weights, in order */
     bool ring;              /* use_ring_of_experts: x, weights and indices come gathered over ep
-                             * (mesh_moe_ring_gather); each device runs its own experts on every
+                             * (model_moe_ring_gather); each device runs its own experts on every
                              * row and the output is reduce-scattered over ep onto `out` */
     bool output_dead;       /* ring, remat's recomputation in backward: nothing reads the output's
                              * value (only its cotangent flows), so XLA drops the reduce-scatter;
                              * the output is zeros in `out`'s sharding and nothing moves */
     sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
-    int64_t capacity;       /* dense path: slots per expert per sequence (mesh_moe_capacity); 0: sparse */
+    int64_t capacity;       /* dense path: slots per expert per sequence (model_moe_capacity); 0: sparse */
     mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */
-    unsigned keep;          /* remat: MESH_MOE_KEEP_* residuals the policy saves (MaxText's moe.py tags) */
-    struct mesh_moe_saved **saved; /* remat: where they wait between the passes (NULL: nothing kept) */
-    mesh_moe_tile gmm[2][3]; /* sparse path: the megablox gmm tiles [wi, wo][fwd, dlhs, drhs], for the
+    unsigned keep;          /* remat: MODEL_MOE_KEEP_* residuals the policy saves (MaxText's moe.py tags) */
+    struct model_moe_saved **saved; /* remat: where they wait between the passes (NULL: nothing kept) */
+    model_moe_tile gmm[2][3]; /* sparse path: the megablox gmm tiles [wi, wo][fwd, dlhs, drhs], for the
                               * step-time model's cost of the padded tiles; all zero: exact FLOPs */
-} mesh_moe_cfg;
+} model_moe_cfg;
 
 /* The region's residuals a remat policy saves, by MaxText's checkpoint_name
  * tags in moe.py: the grouped matmul's wi_0 and wi_1 products (mlpwi_0 /
@@ -118,14 +125,14 @@ typedef struct {
  * recomputed twins, so at no time are both on the device.  Numerics are those
  * of full remat (the recomputation gives the same bits). */
 enum {
-    MESH_MOE_KEEP_WI0 = 1u << 0,
-    MESH_MOE_KEEP_WI1 = 1u << 1,
-    MESH_MOE_KEEP_WO = 1u << 2,
-    MESH_MOE_KEEP_X = 1u << 3,
-    MESH_MOE_KEEP_MAPS = 1u << 4,
+    MODEL_MOE_KEEP_WI0 = 1u << 0,
+    MODEL_MOE_KEEP_WI1 = 1u << 1,
+    MODEL_MOE_KEEP_WO = 1u << 2,
+    MODEL_MOE_KEEP_X = 1u << 3,
+    MODEL_MOE_KEEP_MAPS = 1u << 4,
 };
-typedef struct mesh_moe_saved mesh_moe_saved;
-void mesh_moe_saved_free(void *saved);
+typedef struct model_moe_saved model_moe_saved;
+void model_moe_saved_free(void *saved);
 
 /* out (B, S, M) = sum_j weights[.., j] * FFN_{indices[.., j]}(x) with
  * FFN_e(x) = (silu(x w0[e]) * (x w1[e])) wo[e]; x (B, S, M), w0/w1 (E, M, H),
@@ -134,8 +141,8 @@ void mesh_moe_saved_free(void *saved);
  * weights, w0, w1 and wo; the weight gradients are partial over the
  * token-sharding axes that are not expert axes.  Errors name the dims and
  * the fix when the experts or the hidden dim do not divide. */
-sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
-                            mesh_var *w1, mesh_var *wo, const mesh_moe_cfg *c, const char *name, mesh_var **out);
+sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
+                            mesh_var *w1, mesh_var *wo, const model_moe_cfg *c, const char *name, mesh_var **out);
 
 /* Ring of experts (MaxText's use_ring_of_experts, moe.py roe_ag_and_route):
  * out (B, S, W) = x all-gathered over the expert-parallel axes ep on the
@@ -145,18 +152,18 @@ sim_status mesh_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_v
  * order, and no other dim may use them (then the gather is exactly the
  * resharding that drops them); otherwise an error names
  * use_ring_of_experts and the layout. */
-sim_status mesh_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out);
+sim_status model_moe_ring_gather(mesh_tape *t, mesh_var *x, sim_axes ep, const char *name, mesh_var **out);
 
 /* MaxText's ring also all-gathers the biased router logits next to the
  * pre-bias ones (DeepSeek-V3 routing ranks experts by scores + bias): this
  * computes scores + bias (E) on the local rows and all-gathers them over ep,
  * a real collective with its bytes counted.  The gathered values are not kept:
- * mesh_moe_route adds the same bias to the gathered scores, which gives the
+ * model_moe_route adds the same bias to the gathered scores, which gives the
  * same floats.  Nothing is recorded on the tape (the selection has no
  * gradient, so MaxText's backward has no reduce-scatter for it either). */
-sim_status mesh_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name);
+sim_status model_moe_ring_gather_biased(mesh_tape *t, mesh_var *scores, mesh_var *bias, sim_axes ep, const char *name);
 
 /* The dense path's per-sequence capacity for S tokens, k of E experts. */
-int64_t mesh_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor);
+int64_t model_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor);
 
 #endif

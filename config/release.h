@@ -1,0 +1,81 @@
+/* release.h — the MaxText release (and the JAX release it runs on) whose semantics a run follows.
+ *
+ * The key maxtext_release (shardsim's own; default MESH_RELEASE_DEFAULT) names a file
+ * <configs>/releases/<version>.yml that holds everything that differs between the releases shardsim
+ * follows, as data:
+ *   maxtext, jax        the versions (PyPI), printed in messages ("MaxText 0.2.0 fails here too");
+ *   base_rules          a file (relative to <configs>) whose mesh_axes, data_sharding and
+ *                       logical_axis_rules replace configs/base.yml's, or "" for base.yml's own;
+ *   logical_names       map: a logical name shardsim's models use (0.2.5's) -> the name this release
+ *                       gives the same dim; the rules of the release's name apply to it;
+ *   unknown_keys        keys shardsim knows that this release does not: setting one is refused,
+ *                       naming the release (a combinations.yml rule on such a key does not apply);
+ *   explicit_errors     map: id of an explicit-mode error shardsim reproduces -> the MaxText op
+ *                       ("file:function") that raises it in this release, or a map {where: op,
+ *                       <text>: ...} when a part of the message differs too; an id absent here is
+ *                       an error this release does not raise (the op traces);
+ *   absent_axes         map: a mesh axis shardsim has a flag for that this release does not have ->
+ *                       how to get it (a flag of it set to other than 1 is refused, naming the
+ *                       release, unless the config's mesh_axes has the axis);
+ *   jax_rules           map: a sharding rule of JAX that changed between the JAX releases -> how
+ *                       this release's JAX applies it (dot_general: same | consistent);
+ *   grad_logical_names  map: a parameter path suffix -> the logical names its gradient carries
+ *                       (0.2.0's sparse MoE: the shard_map in_specs of the expert kernels);
+ *   refusals            map: id of a config-time refusal coded in C -> MaxText's validator in this
+ *                       release; an id absent here is a combination this release accepts.
+ * A release file is read once per process (and per configs directory) and never freed. */
+#ifndef MESH_RELEASE_H
+#define MESH_RELEASE_H
+
+#include <stdbool.h>
+
+#include "config/config.h"
+#include "sim/status.h"
+
+/* keys.yml's default of maxtext_release: used where no config names a release (unit tests that
+ * build a context by hand); test_release checks the two agree */
+#define MESH_RELEASE_DEFAULT "0.2.5"
+
+typedef struct mesh_release mesh_release;
+
+/* The release a loaded config follows (its maxtext_release, or the default when the config has
+ * no such key); SIM_ERR_INPUT naming the value and the releases available when there is no file. */
+sim_status mesh_release_of(const mesh_cfg *cfg, const mesh_release **out);
+/* The release file <configs_dir>/releases/<version>.yml. */
+sim_status mesh_release_get(const char *configs_dir, const char *version, const mesh_release **out);
+
+/* "0.2.5"; MESH_RELEASE_DEFAULT for NULL. */
+const char *mesh_release_maxtext(const mesh_release *r);
+/* "0.12.0.1"; "" for NULL. */
+const char *mesh_release_jax(const mesh_release *r);
+/* The MaxText op raising explicit-mode error `id` in this release, or NULL when the release does
+ * not raise it.  NULL release: `fallback` (the caller's 0.2.5 op), so contexts built without a
+ * config keep the default release's errors. */
+const char *mesh_release_error(const mesh_release *r, const char *id, const char *fallback);
+/* A text of error `id` that differs between releases (its entry written as a map: {where: op,
+ * FIELD: text}), or `fallback` (0.2.5's) when the entry has no such field. */
+const char *mesh_release_error_text(const mesh_release *r, const char *id, const char *field, const char *fallback);
+/* MaxText's validator refusing combination `id` in this release, or NULL when it accepts it. */
+const char *mesh_release_refusal(const mesh_release *r, const char *id);
+/* 1 when the release does not know key `key` (its unknown_keys). */
+bool mesh_release_lacks_key(const mesh_release *r, const char *key);
+/* The release's name for a logical axis name, or `name` itself. */
+const char *mesh_release_logical_name(const mesh_release *r, const char *name);
+/* How to get mesh axis `axis` when this release does not have it (absent_axes), or NULL. */
+const char *mesh_release_absent_axis(const mesh_release *r, const char *axis);
+/* How this release's JAX decides sharding rule `rule` (jax_rules: "dot_general" -> "same" in JAX
+ * 0.12, "consistent" in JAX 0.8.1), or `fallback` (JAX 0.12's) when the file does not say. */
+const char *mesh_release_jax_rule(const mesh_release *r, const char *rule, const char *fallback);
+/* The logical names a parameter's gradient carries in this release when they are not the
+ * parameter's own (grad_logical_names: a path suffix -> names, null = None), into names[0..cap);
+ * returns how many (0: the parameter's own). */
+int mesh_release_grad_names(const mesh_release *r, const char *path, const char **names, int cap);
+/* The shardsim names (logical_names' keys) this release writes as `name`, into out[0..cap);
+ * returns how many. */
+int mesh_release_aliases(const mesh_release *r, const char *name, const char **out, int cap);
+/* The base rule file (absolute or relative to the cwd), or NULL for configs/base.yml's rules. */
+const char *mesh_release_base_rules(const mesh_release *r);
+/* The release file itself. */
+const char *mesh_release_file(const mesh_release *r);
+
+#endif
