@@ -79,6 +79,10 @@ $(BUILD)/%.o: %.c
 # unchanged), sqrtf need not set errno (one instruction; same results) and
 # loops of unknown length may get a vector body plus epilogue.
 $(BUILD)/blas_kernels/%.o: CFLAGS += -fno-trapping-math -fno-math-errno -fvect-cost-model=dynamic
+# mesh/ and sim/ hold elementwise loops too (RMSNorm, the tape's gradient adds, binary ops, the
+# collectives' reductions): without these flags GCC's -O2 'very cheap' cost model leaves them
+# scalar (no vector body when the trip count needs an epilogue), AVX-512 clone or not.
+$(BUILD)/mesh/%.o $(BUILD)/sim/%.o: CFLAGS += -fno-trapping-math -fno-math-errno -fvect-cost-model=dynamic
 
 # report.html's template is compiled in with the assembler's .incbin, which
 # -MMD does not see.

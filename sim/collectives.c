@@ -160,21 +160,9 @@ static bool match_calls(sim_machine *m, sim_group *g, char *why, size_t cap)
 
 /* ------------------------------------------------------------ data movement */
 
-/* t[i] += x[i] for i < m.  Groups of 16 go through a loop of constant
- * length, which -O2 vectorises (its cheap cost model takes no loop of
- * unknown length, which would need a scalar epilogue): the sums of a
- * 64-device step are hundreds of millions of adds, over rows as short as
- * 64 elements.  Each element still gets one add, so the bits are those of
- * the scalar loop.  Always inlined: in each clone of sum_sources (below) they compile for that
- * clone's vector width (a call would run the baseline version). */
-static inline __attribute__((always_inline)) void add_f32(float *restrict t, const float *restrict x, size_t m)
-{
-    size_t i = 0;
-    for (; i + 16 <= m; i += 16)
-        for (size_t j = 0; j < 16; j++) t[i + j] += x[i + j];
-    for (; i < m; i++) t[i] += x[i];
-}
-
+/* t[i] += x[i] for i < m (int32, wrapping).  Groups of 16 go through a loop of constant length,
+ * which vectorises under any cost model.  Always inlined: in each clone of sum_sources (below) it
+ * compiles for that clone's vector width (a call would run the baseline version). */
 static inline __attribute__((always_inline)) void add_i32(int32_t *restrict t, const int32_t *restrict x,
                                                           size_t m)
 {
@@ -184,9 +172,43 @@ static inline __attribute__((always_inline)) void add_i32(int32_t *restrict t, c
     for (; i < m; i++) t[i] = (int32_t)((uint32_t)t[i] + (uint32_t)x[i]);
 }
 
+/* t[i] = ((t[i] + a[i]) + b[i]) + c[i] (init: t[i] = a[i] + b[i], ...): up to four sources per pass
+ * over the block, in source order, so each element gets exactly the adds of the one-at-a-time loop.
+ * Fewer passes over the block than one add per source (a 64-device step sums hundreds of millions
+ * of elements, in rows as short as 64: the passes and their loads and stores of t were half of it). */
+static inline __attribute__((always_inline)) void sum_pass_f32(float *restrict t, const float *const *x, int n,
+                                                             bool init, size_t m)
+{
+    const float *restrict a = x[0], *restrict b = n > 1 ? x[1] : NULL, *restrict c = n > 2 ? x[2] : NULL,
+                          *restrict e = n > 3 ? x[3] : NULL;
+    if (init) { /* t = a + b (+ c (+ e)): n >= 2 */
+        if (n == 2)
+            for (size_t i = 0; i < m; i++) t[i] = a[i] + b[i];
+        else if (n == 3)
+            for (size_t i = 0; i < m; i++) t[i] = (a[i] + b[i]) + c[i];
+        else
+            for (size_t i = 0; i < m; i++) t[i] = ((a[i] + b[i]) + c[i]) + e[i];
+    } else if (n == 1) {
+        for (size_t i = 0; i < m; i++) t[i] += a[i];
+    } else if (n == 2) {
+        for (size_t i = 0; i < m; i++) t[i] = (t[i] + a[i]) + b[i];
+    } else if (n == 3) {
+        for (size_t i = 0; i < m; i++) t[i] = ((t[i] + a[i]) + b[i]) + c[i];
+    } else {
+        for (size_t i = 0; i < m; i++) t[i] = (((t[i] + a[i]) + b[i]) + c[i]) + e[i];
+    }
+}
+
+/* True when [p, p + bytes) overlaps [q, q + qbytes). */
+static bool overlaps(const void *p, size_t bytes, const void *q, size_t qbytes)
+{
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+    return a < b + qbytes && b < a + bytes;
+}
+
 /* Sums `len` elements of k sources (in the given order: x0 + x1 + ...) into
- * dst; dst may alias any source because each block is finished in a
- * temporary first. */
+ * dst.  dst may alias any source: then each block is finished in a temporary
+ * first; otherwise dst itself holds the partial sums. */
 /* The reduction of every reduce-scatter and all-reduce (about a tenth of the extra CPU of a 64-device step):
  * built for AVX-512, AVX2 and baseline x86-64, the widest the CPU has runs (GCC target_clones, as
  * the kernels' BK_CLONES; not under TSan, whose runtime is not up when the loader picks).  Each
@@ -199,12 +221,25 @@ static void sum_sources(sim_dtype dt, void *dst, const void *const *src, int k, 
 {
     enum { BLK = 2048 };
     if (dt == SIM_F32) {
+        if (k == 1) {
+            memmove(dst, (const float *)src[0] + off, len * sizeof(float));
+            return;
+        }
+        bool alias = false;
+        for (int q = 0; q < k && !alias; q++)
+            alias = overlaps(dst, len * sizeof(float), (const float *)src[q] + off, len * sizeof(float));
         float tmp[BLK];
         for (size_t s = 0; s < len; s += BLK) {
             size_t m = len - s < BLK ? len - s : BLK;
-            memcpy(tmp, (const float *)src[0] + off + s, m * sizeof(float));
-            for (int q = 1; q < k; q++) add_f32(tmp, (const float *)src[q] + off + s, m);
-            memcpy((float *)dst + s, tmp, m * sizeof(float));
+            float *t = alias ? tmp : (float *)dst + s;
+            const float *x[4];
+            for (int q = 0; q < k;) {
+                int n = k - q < 4 ? k - q : 4;
+                for (int j = 0; j < n; j++) x[j] = (const float *)src[q + j] + off + s;
+                sum_pass_f32(t, x, n, q == 0, m);
+                q += n;
+            }
+            if (alias) memcpy((float *)dst + s, tmp, m * sizeof(float));
         }
     } else if (dt == SIM_I32) {
         int32_t tmp[BLK];

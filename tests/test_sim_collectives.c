@@ -690,6 +690,69 @@ static void test_large_exchanges(void **state)
     sim_machine_free(m);
 }
 
+/* ------------------------------------------------------------ summation order */
+
+/* The reductions sum up to four sources per pass (the first pass two to four): every group size
+ * from 2 to 13 (first passes of 2, 3 and 4 sources, later ones of 1 to 4), counts that end inside
+ * and across the 2048-element blocks, in place and not.  Values whose sums round, so only the
+ * rank-order sum x0 + x1 + ... (computed here one add at a time) matches bit for bit. */
+enum { ORDER_N = 2 * 2048 + 37 };
+
+typedef struct {
+    int k;
+    float *ar[13], *ip[13], *rs[13];
+} order_case;
+
+static sim_status order_device(sim_device *d, void *arg)
+{
+    order_case *oc = arg;
+    int id = sim_device_id(d);
+    float *x = malloc((size_t)ORDER_N * sizeof *x);
+    for (size_t i = 0; i < ORDER_N; i++) x[i] = oc->ip[id][i] = noise(300 + id, i);
+    sim_status st = sim_all_reduce(d, x, oc->ar[id], ORDER_N, SIM_F32, sim_axes_1(0), sim_meta_tag("order/ar"));
+    if (st == SIM_OK)
+        st = sim_all_reduce(d, oc->ip[id], oc->ip[id], ORDER_N, SIM_F32, sim_axes_1(0), sim_meta_tag("order/ip"));
+    if (st == SIM_OK) /* (k, ORDER_N / k) rows scattered on the rows: each rank its block */
+        st = sim_reduce_scatter(d, x, oc->rs[id], (size_t)ORDER_N / (size_t)oc->k * (size_t)oc->k, SIM_F32,
+                                sim_axes_1(0), sim_meta_tag("order/rs"));
+    free(x);
+    return st;
+}
+
+static void test_sum_order(void **state)
+{
+    (void)state;
+    for (int k = 2; k <= 13; k++) {
+        tmesh tm = {1, {k}};
+        order_case oc = {k, {0}, {0}, {0}};
+        size_t blk = (size_t)ORDER_N / (size_t)k;
+        for (int id = 0; id < k; id++) {
+            oc.ar[id] = malloc((size_t)ORDER_N * sizeof(float));
+            oc.ip[id] = malloc((size_t)ORDER_N * sizeof(float));
+            oc.rs[id] = malloc(blk * sizeof(float));
+        }
+        sim_machine *m = make_machine(&tm, false);
+        assert_int_equal(sim_machine_run(m, order_device, &oc), SIM_OK);
+        int bad = 0;
+        for (size_t i = 0; i < ORDER_N; i++) {
+            float s = noise(300, i);
+            for (int q = 1; q < k; q++) s += noise(300 + q, i);
+            for (int id = 0; id < k; id++) {
+                bad += memcmp(&oc.ar[id][i], &s, sizeof s) != 0;
+                bad += memcmp(&oc.ip[id][i], &s, sizeof s) != 0;
+                if (i / blk == (size_t)id && i < blk * (size_t)k) bad += memcmp(&oc.rs[id][i % blk], &s, sizeof s) != 0;
+            }
+        }
+        if (bad) fail_msg("group of %d: %d sums differ from the rank-order sum", k, bad);
+        for (int id = 0; id < k; id++) {
+            free(oc.ar[id]);
+            free(oc.ip[id]);
+            free(oc.rs[id]);
+        }
+        sim_machine_free(m);
+    }
+}
+
 /* ------------------------------------------------------------ shared all-gather */
 
 /* Every member gathers the same (outer, mid, inner) blocks twice: the plain
@@ -1016,6 +1079,7 @@ int main(void)
         cmocka_unit_test(test_errors_dry),
         cmocka_unit_test(test_all_reduce_deterministic_and_dry),
         cmocka_unit_test(test_large_exchanges),
+        cmocka_unit_test(test_sum_order),
         cmocka_unit_test(test_dcn_bytes),
         cmocka_unit_test(test_shared_gather),
         cmocka_unit_test(test_shared_gather_dry_and_mismatch),
