@@ -11,6 +11,7 @@
 #                   (./shardsim always links to build/shardsim; a sanitizer build's program is
 #                   build/asan/shardsim, build/ubsan/shardsim)
 #   make demo       the README's main job
+#   make format     apply .clang-format to every C file
 
 CC      ?= cc
 BUILD   ?= build
@@ -62,7 +63,7 @@ BENCH_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard bench/lib/*.c))
 # Tests run under ThreadSanitizer (the ones with threads and collectives).
 TSAN_TESTS ?= test_sim_collectives test_sim_machine test_bk_parallel test_mesh_planmemo test_models_sharedgather
 
-.PHONY: all test bench asan ubsan tsan clean demo install link
+.PHONY: all test bench asan ubsan tsan clean demo install link format
 
 # Objects are kept (not deleted as intermediates), so `make test` rebuilds
 # only what changed.
@@ -166,3 +167,7 @@ clean:
 	rm -rf build shardsim
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# One style for every C file, from the checked-in .clang-format (clang-format is not needed to build).
+format:
+	clang-format -i $(shell find blas_kernels sim config mesh models cli tests bench -name '*.[ch]')
