@@ -29,12 +29,12 @@ static const sim_op OPS[NOPS] = {SIM_OP_ALL_GATHER, SIM_OP_REDUCE_SCATTER, SIM_O
 
 typedef struct {
     sim_op op;
-    size_t S;        /* bytes per device buffer */
+    size_t S; /* bytes per device buffer */
     int iters;
     int k;
-    uint64_t ns;     /* measured by device 0 */
-    uint64_t moved;  /* bytes received from other devices, all devices, one call */
-    uint64_t sent0;  /* bytes device 0 sent, one call */
+    uint64_t ns;    /* measured by device 0 */
+    uint64_t moved; /* bytes received from other devices, all devices, one call */
+    uint64_t sent0; /* bytes device 0 sent, one call */
     int wrong;
 } bench_case;
 

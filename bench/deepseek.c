@@ -65,39 +65,106 @@ typedef struct {
 #define FSDP4 "ici_fsdp_parallelism=4"
 #define FSDP2_TP2 "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"
 #define FSDP2_TPT2 "custom_mesh_and_rule=legacy", "ici_fsdp_parallelism=2", "ici_tensor_transpose_parallelism=2"
-#define EXPLICIT_TABLE "deepseek3-test, 4 devices, per_device_batch_size=1 x 256 tokens, dry runs (MaxText's explicit-sharding table)"
+#define EXPLICIT_TABLE                                                                                                 \
+    "deepseek3-test, 4 devices, per_device_batch_size=1 x 256 tokens, dry runs (MaxText's explicit-sharding table)"
 #define TINY "model_name=deepseek3-tiny", "learning_rate=1e-4", "steps=3"
 #define TINY_SHORT "max_target_length=64", "override_model_config=true", "base_num_decoder_layers=6"
 #define TINY_TABLE "deepseek3-tiny step time, 8 x 64 tokens, 6 layers (3 dense + 3 MoE); target 8 devices / 1 <= 1.3"
 #define TINY_LONG_TABLE "deepseek3-tiny step time, 8 x 256 tokens, 61 layers (--long); target 8 devices / 1 <= 1.3"
-#define RING "model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=4", \
-    "first_num_dense_layers=1", "vocab_size=2048", "per_device_batch_size=1", "max_target_length=64", \
-    "learning_rate=1e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=4"
-#define BSPLIT "dry_run=true", "ici_fsdp_parallelism=32", "ici_expert_parallelism=8", "per_device_batch_size=2", \
-    "max_target_length=1024", "dtype=bfloat16", "sharding_tolerance=1", "steps=1"
-#define BSPLIT_TABLE "deepseek3-671b (61 layers, 256 experts), 256 devices fsdp=32 expert=8, 2 x 1024 tokens per device, dry, dtype=bfloat16: plain schedule vs batch split"
-#define RING_TABLE "deepseek3-tiny 4 layers (1 dense + 3 MoE), vocab 2048, 8 x 64 tokens, fsdp=2 expert=4: ring of experts vs ragged all-to-all"
+#define RING                                                                                                           \
+    "model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=4",                            \
+        "first_num_dense_layers=1", "vocab_size=2048", "per_device_batch_size=1", "max_target_length=64",              \
+        "learning_rate=1e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=4"
+#define BSPLIT                                                                                                         \
+    "dry_run=true", "ici_fsdp_parallelism=32", "ici_expert_parallelism=8", "per_device_batch_size=2",                  \
+        "max_target_length=1024", "dtype=bfloat16", "sharding_tolerance=1", "steps=1"
+#define BSPLIT_TABLE                                                                                                   \
+    "deepseek3-671b (61 layers, 256 experts), 256 devices fsdp=32 expert=8, 2 x 1024 tokens per device, dry, "         \
+    "dtype=bfloat16: plain schedule vs batch split"
+#define RING_TABLE                                                                                                     \
+    "deepseek3-tiny 4 layers (1 dense + 3 MoE), vocab 2048, 8 x 64 tokens, fsdp=2 expert=4: ring of experts vs "       \
+    "ragged all-to-all"
 
 static const bench_row ROWS[] = {
-    {EXPLICIT_TABLE, "FSDP=4 auto 2L", {DS_TEST, FSDP4, "shard_mode=auto", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
+    {EXPLICIT_TABLE,
+     "FSDP=4 auto 2L",
+     {DS_TEST, FSDP4, "shard_mode=auto", TWO_LAYERS, "dry_run=true"},
+     1,
+     NULL,
+     ROW_REAL},
     {EXPLICIT_TABLE, "FSDP=4 auto 61L", {DS_TEST, FSDP4, "shard_mode=auto", "dry_run=true"}, 1, NULL, 0},
-    {EXPLICIT_TABLE, "FSDP=4 explicit 2L", {DS_TEST, FSDP4, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
+    {EXPLICIT_TABLE,
+     "FSDP=4 explicit 2L",
+     {DS_TEST, FSDP4, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"},
+     1,
+     NULL,
+     ROW_REAL},
     {EXPLICIT_TABLE, "FSDP=4 explicit 61L", {DS_TEST, FSDP4, "shard_mode=explicit", "dry_run=true"}, 1, NULL, 0},
-    {EXPLICIT_TABLE, "FSDP=2 TP=2 auto 2L", {DS_TEST, FSDP2_TP2, "shard_mode=auto", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
+    {EXPLICIT_TABLE,
+     "FSDP=2 TP=2 auto 2L",
+     {DS_TEST, FSDP2_TP2, "shard_mode=auto", TWO_LAYERS, "dry_run=true"},
+     1,
+     NULL,
+     ROW_REAL},
     {EXPLICIT_TABLE, "FSDP=2 TP=2 auto 61L", {DS_TEST, FSDP2_TP2, "shard_mode=auto", "dry_run=true"}, 1, NULL, 0},
-    {EXPLICIT_TABLE, "FSDP=2 TP=2 explicit 2L", {DS_TEST, FSDP2_TP2, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"}, 1, NULL, 0},
-    {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) auto 2L", {DS_TEST, FSDP2_TPT2, "shard_mode=auto", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
-    {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) auto 61L", {DS_TEST, FSDP2_TPT2, "shard_mode=auto", "dry_run=true"}, 1, NULL, 0},
-    {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) explicit 2L", {DS_TEST, FSDP2_TPT2, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"}, 1, NULL, ROW_REAL},
-    {EXPLICIT_TABLE, "FSDP=2 TP_transpose=2 (legacy) explicit 61L", {DS_TEST, FSDP2_TPT2, "shard_mode=explicit", "dry_run=true"}, 1, NULL, 0},
+    {EXPLICIT_TABLE,
+     "FSDP=2 TP=2 explicit 2L",
+     {DS_TEST, FSDP2_TP2, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"},
+     1,
+     NULL,
+     0},
+    {EXPLICIT_TABLE,
+     "FSDP=2 TP_transpose=2 (legacy) auto 2L",
+     {DS_TEST, FSDP2_TPT2, "shard_mode=auto", TWO_LAYERS, "dry_run=true"},
+     1,
+     NULL,
+     ROW_REAL},
+    {EXPLICIT_TABLE,
+     "FSDP=2 TP_transpose=2 (legacy) auto 61L",
+     {DS_TEST, FSDP2_TPT2, "shard_mode=auto", "dry_run=true"},
+     1,
+     NULL,
+     0},
+    {EXPLICIT_TABLE,
+     "FSDP=2 TP_transpose=2 (legacy) explicit 2L",
+     {DS_TEST, FSDP2_TPT2, "shard_mode=explicit", TWO_LAYERS, "dry_run=true"},
+     1,
+     NULL,
+     ROW_REAL},
+    {EXPLICIT_TABLE,
+     "FSDP=2 TP_transpose=2 (legacy) explicit 61L",
+     {DS_TEST, FSDP2_TPT2, "shard_mode=explicit", "dry_run=true"},
+     1,
+     NULL,
+     0},
     {TINY_TABLE, "tiny 1 device", {TINY, TINY_SHORT, "per_device_batch_size=8"}, 3, NULL, 0},
-    {TINY_TABLE, "tiny fsdp=4 expert=2", {TINY, TINY_SHORT, "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, "tiny 1 device", 0},
+    {TINY_TABLE,
+     "tiny fsdp=4 expert=2",
+     {TINY, TINY_SHORT, "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"},
+     3,
+     "tiny 1 device",
+     0},
     {RING_TABLE, "ragged all-to-all", {RING, "use_ring_of_experts=false"}, 3, NULL, 0},
     {RING_TABLE, "ring of experts", {RING, "use_ring_of_experts=true"}, 3, "ragged all-to-all", 0},
     {BSPLIT_TABLE, "deepseek3-671b", {"model_name=deepseek3-671b", BSPLIT, "batch_split_factor=1"}, 1, NULL, 0},
-    {BSPLIT_TABLE, "deepseek3-671b-batchsplit", {"model_name=deepseek3-671b-batchsplit", BSPLIT, "batch_split_factor=2"}, 1, NULL, 0},
-    {TINY_LONG_TABLE, "tiny 61L 1 device", {TINY, "max_target_length=256", "per_device_batch_size=8"}, 3, NULL, ROW_LONG},
-    {TINY_LONG_TABLE, "tiny 61L fsdp=4 expert=2", {TINY, "max_target_length=256", "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, "tiny 61L 1 device", ROW_LONG},
+    {BSPLIT_TABLE,
+     "deepseek3-671b-batchsplit",
+     {"model_name=deepseek3-671b-batchsplit", BSPLIT, "batch_split_factor=2"},
+     1,
+     NULL,
+     0},
+    {TINY_LONG_TABLE,
+     "tiny 61L 1 device",
+     {TINY, "max_target_length=256", "per_device_batch_size=8"},
+     3,
+     NULL,
+     ROW_LONG},
+    {TINY_LONG_TABLE,
+     "tiny 61L fsdp=4 expert=2",
+     {TINY, "max_target_length=256", "per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"},
+     3,
+     "tiny 61L 1 device",
+     ROW_LONG},
 };
 enum { NROWS = sizeof ROWS / sizeof ROWS[0] };
 
@@ -211,8 +278,8 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < NROWS; i++) /* a `vs` must name an earlier row */
         if (ROWS[i].vs && (find_row(ROWS[i].vs) < 0 || find_row(ROWS[i].vs) >= i)) {
-            fprintf(stderr, "bench/deepseek: row '%s' compares with '%s', which is not an earlier row\n",
-                    ROWS[i].label, ROWS[i].vs);
+            fprintf(stderr, "bench/deepseek: row '%s' compares with '%s', which is not an earlier row\n", ROWS[i].label,
+                    ROWS[i].vs);
             return 2;
         }
     bench_host_print(stdout);
@@ -225,8 +292,8 @@ int main(int argc, char **argv)
         if (!group || strcmp(group, row->group)) {
             group = row->group;
             printf("\n%s\n", group);
-            printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", "run", "peak/dev", "step (s)", "/vs", "collective",
-                   "axes", "bytes/dev/step");
+            printf("%-44s %12s %9s %8s  %-18s %-22s %14s\n", "run", "peak/dev", "step (s)", "/vs", "collective", "axes",
+                   "bytes/dev/step");
             for (int k = 0; k < 137; k++) putchar('-');
             putchar('\n');
         }
@@ -235,9 +302,10 @@ int main(int argc, char **argv)
         if (real && (row->flags & ROW_REAL) && !results[i].b.refused) {
             run_result *r = malloc(sizeof *r);
             run(row, true, r);
-            printf("%-44s   a real step %s these dry figures\n", "", r->b.refused ? "was refused; unlike"
-                                                                 : same_figures(r, &results[i]) ? "equals"
-                                                                                                : "DIFFERS FROM");
+            printf("%-44s   a real step %s these dry figures\n", "",
+                   r->b.refused                   ? "was refused; unlike"
+                   : same_figures(r, &results[i]) ? "equals"
+                                                  : "DIFFERS FROM");
             free(r);
         }
         fflush(stdout);

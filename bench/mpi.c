@@ -29,8 +29,8 @@
 #include "blas_kernels/bk_coretype.h"
 #include "sim/xrank.h"
 
-#define MPI_ENV                                                                                          \
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "    \
+#define MPI_ENV                                                                                                        \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "                   \
     "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none "
 
 static const char ARGS[] = "model_name=llama2-7b override_model_config=true base_emb_dim=512 base_num_query_heads=8 "
@@ -104,7 +104,8 @@ static result run(const char *cmd, const char *path)
 static void args_with_layers(int layers, char *buf, size_t cap)
 {
     char *a = strdup(ARGS), *at = strstr(a, "base_num_decoder_layers=4 ");
-    if (at) memmove(at, at + strlen("base_num_decoder_layers=4 "), strlen(at + strlen("base_num_decoder_layers=4 ")) + 1);
+    if (at)
+        memmove(at, at + strlen("base_num_decoder_layers=4 "), strlen(at + strlen("base_num_decoder_layers=4 ")) + 1);
     snprintf(buf, cap, "%s base_num_decoder_layers=%d", a, layers);
     free(a);
 }
@@ -127,10 +128,12 @@ static double need(const char *prog, int R, int layers, const char *budget)
     char args[1024], cmd[4096], line[4096];
     args_with_layers(layers, args, sizeof args);
     if (R == 0)
-        snprintf(cmd, sizeof cmd, "SHARDSIM_HOST_MEMORY_BYTES=%s %s train %s steps=1 2>&1 >/dev/null", budget, prog, args);
+        snprintf(cmd, sizeof cmd, "SHARDSIM_HOST_MEMORY_BYTES=%s %s train %s steps=1 2>&1 >/dev/null", budget, prog,
+                 args);
     else
-        snprintf(cmd, sizeof cmd, MPI_ENV "SHARDSIM_HOST_MEMORY_BYTES=%s mpirun -q -np %d %s train %s steps=1 2>&1 >/dev/null",
-                 budget, R, prog, args);
+        snprintf(cmd, sizeof cmd,
+                 MPI_ENV "SHARDSIM_HOST_MEMORY_BYTES=%s mpirun -q -np %d %s train %s steps=1 2>&1 >/dev/null", budget,
+                 R, prog, args);
     FILE *p = popen(cmd, "r");
     double b = 0;
     while (p && fgets(line, sizeof line, p)) {
@@ -204,8 +207,8 @@ int main(int argc, char **argv)
     for (int up = 0; up < 2; up++) *strrchr(prog, '/') = '\0'; /* <build>/bench/mpi -> <build> */
     strcat(prog, "/shardsim");
     if (!sim_xrank_built() || system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("mpi: skipped: %s\n", sim_xrank_built() ? "mpirun is not installed (openmpi-bin)"
-                                                       : "this build has no MPI (SHARDSIM_MPI=0)");
+        printf("mpi: skipped: %s\n",
+               sim_xrank_built() ? "mpirun is not installed (openmpi-bin)" : "this build has no MPI (SHARDSIM_MPI=0)");
         return 0;
     }
     char path0[64];
@@ -229,18 +232,19 @@ int main(int argc, char **argv)
     memset(&base, 0, sizeof base);
     int bad = 0;
     for (int i = 0; i < 4; i++) {
-        if (nps[i] == 0)
-            snprintf(cmd, sizeof cmd, "%s train %s steps=%d", prog, ARGS, steps);
-        else
-            snprintf(cmd, sizeof cmd, MPI_ENV "mpirun -np %d %s train %s steps=%d", nps[i], prog, ARGS, steps);
+        if (nps[i] == 0) snprintf(cmd, sizeof cmd, "%s train %s steps=%d", prog, ARGS, steps);
+        else snprintf(cmd, sizeof cmd, MPI_ENV "mpirun -np %d %s train %s steps=%d", nps[i], prog, ARGS, steps);
         result r = run(cmd, path);
         if (i == 0) base = r;
         bool same = r.rc == 0 && r.nloss == base.nloss && !memcmp(r.loss, base.loss, sizeof r.loss);
         bad += !same;
         char label[32];
         snprintf(label, sizeof label, nps[i] ? "mpirun -np %d" : "one process", nps[i]);
-        printf("%-14s %9.3f %9.2f %9.2f %12.2f %9.1f %16llu  %s\n", label, r.step, base.step > 0 ? r.step / base.step : 0,
-               r.wall, r.cpu, r.mb, r.xbytes, r.rc ? "FAILED" : same ? "equal" : "DIFFER");
+        printf("%-14s %9.3f %9.2f %9.2f %12.2f %9.1f %16llu  %s\n", label, r.step,
+               base.step > 0 ? r.step / base.step : 0, r.wall, r.cpu, r.mb, r.xbytes,
+               r.rc   ? "FAILED"
+               : same ? "equal"
+                      : "DIFFER");
         fflush(stdout);
     }
     unlink(path);

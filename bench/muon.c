@@ -127,12 +127,12 @@ int main(void)
                 char a[32], b[32], c[32], d[32];
                 printf("%-12s %-18s %-6s %14s %14s %14s %7.1f%% %12s\n", MESHES[mi].label, RULES[ri].label,
                        OPTS[oi].label, gib(r.opt, a, sizeof a), gib(r.opt_experts, b, sizeof b),
-                       gib(r.total, c, sizeof c), r.total > 0 ? 100.0 * r.opt / r.total : 0.0, gib(r.peak, d, sizeof d));
+                       gib(r.total, c, sizeof c), r.total > 0 ? 100.0 * r.opt / r.total : 0.0,
+                       gib(r.peak, d, sizeof d));
                 fflush(stdout);
             }
     printf("\nMuon step bytes, shard-exp-on-fsdp / base rules:");
-    for (int mi = 0; mi < 2; mi++)
-        printf("  %s %.3f", MESHES[mi].label, res[mi][1][1].total / res[mi][0][1].total);
+    for (int mi = 0; mi < 2; mi++) printf("  %s %.3f", MESHES[mi].label, res[mi][1][1].total / res[mi][0][1].total);
     printf("\nMuon step bytes / AdamW step bytes (same mesh and rules):");
     for (int mi = 0; mi < 2; mi++)
         for (int ri = 0; ri < 2; ri++)

@@ -50,11 +50,12 @@ static void seed002_table(void)
         {"ZeRO-1+PP", {"ici_fsdp_parallelism=-1", "ici_data_parallelism=2", "shard_optimizer_over_data=true"}},
     };
     printf("llama2-7b, 4 devices, stage=2, num_pipeline_microbatches=8, pipeline_fsdp_ag_once=true, "
-           "per_device_batch_size=12, max_target_length=2048, dry run (MaxText's default dtypes: bfloat16 activations, float32 weights)\n");
+           "per_device_batch_size=12, max_target_length=2048, dry run (MaxText's default dtypes: bfloat16 activations, "
+           "float32 weights)\n");
     printf("MaxText on v5p-8 (seed 002, bf16 activations): FSDP+PP auto 48219 MB explicit 50913 MB; "
            "ZeRO-1+PP auto 48315 MB explicit 47997 MB\n\n");
-    printf("%-10s %-9s | %8s %8s %8s %8s %8s %8s %8s | %-15s %-14s %12s\n", "config", "mode", "params", "grads", "optim",
-           "acts", "temps", "comm", "peak", "collective", "axes", "GiB/dev/step");
+    printf("%-10s %-9s | %8s %8s %8s %8s %8s %8s %8s | %-15s %-14s %12s\n", "config", "mode", "params", "grads",
+           "optim", "acts", "temps", "comm", "peak", "collective", "axes", "GiB/dev/step");
     for (int i = 0; i < 150; i++) putchar('-');
     putchar('\n');
     for (size_t c = 0; c < sizeof C / sizeof C[0]; c++)
@@ -79,18 +80,17 @@ static void seed002_table(void)
             for (int i = 0; i < r.nrows || i == 0; i++) {
                 if (i == 0)
                     printf("%-10s %-9s | %8s %8s %8s %8s %8s %8s %8s | ", C[c].label, mode ? "explicit" : "auto",
-                           gib((double)r.at_peak[SIM_MEM_PARAMS], b[0], 32), gib((double)r.at_peak[SIM_MEM_GRADS], b[1], 32),
+                           gib((double)r.at_peak[SIM_MEM_PARAMS], b[0], 32),
+                           gib((double)r.at_peak[SIM_MEM_GRADS], b[1], 32),
                            gib((double)r.at_peak[SIM_MEM_OPTIMIZER], b[2], 32),
                            gib((double)r.at_peak[SIM_MEM_ACTIVATIONS], b[3], 32),
-                           gib((double)r.at_peak[SIM_MEM_TEMP], b[4], 32), gib((double)r.at_peak[SIM_MEM_COMM], b[5], 32),
-                           gib((double)r.peak, b[6], 32));
-                else
-                    printf("%-10s %-9s | %8s %8s %8s %8s %8s %8s %8s | ", "", "", "", "", "", "", "", "", "");
+                           gib((double)r.at_peak[SIM_MEM_TEMP], b[4], 32),
+                           gib((double)r.at_peak[SIM_MEM_COMM], b[5], 32), gib((double)r.peak, b[6], 32));
+                else printf("%-10s %-9s | %8s %8s %8s %8s %8s %8s %8s | ", "", "", "", "", "", "", "", "", "");
                 if (r.nrows)
                     printf("%-15s %-14s %12s\n", sim_op_name(r.rows[i].op), r.rows[i].axes,
                            gib(r.rows[i].bytes, b[7], 32));
-                else
-                    printf("\n");
+                else printf("\n");
             }
             fflush(stdout);
         }
@@ -99,9 +99,16 @@ static void seed002_table(void)
 
 static void step_ratio(void)
 {
-    static const char *const model[] = {"model_name=llama2-7b", "override_model_config=true", "base_num_decoder_layers=4",
-                                        "base_emb_dim=256", "base_num_query_heads=4", "base_num_kv_heads=4",
-                                        "head_dim=64", "base_mlp_dim=768", "vocab_size=1024", "max_target_length=128",
+    static const char *const model[] = {"model_name=llama2-7b",
+                                        "override_model_config=true",
+                                        "base_num_decoder_layers=4",
+                                        "base_emb_dim=256",
+                                        "base_num_query_heads=4",
+                                        "base_num_kv_heads=4",
+                                        "head_dim=64",
+                                        "base_mlp_dim=768",
+                                        "vocab_size=1024",
+                                        "max_target_length=128",
                                         "steps=3"};
     enum { NM = sizeof model / sizeof model[0] };
     const char *w[NM + 4];

@@ -14,12 +14,16 @@ typedef struct {
 } row;
 
 static const row ROWS[] = {
-    {"llama2-7b v5p-8", "model_name=llama2-7b compile_topology=v5p-8 compile_topology_num_slices=1 per_device_batch_size=1",
-     5},
-    {"deepseek2-16b v5p-16", "model_name=deepseek2-16b compile_topology=v5p-16 compile_topology_num_slices=1 "
-                             "per_device_batch_size=1", 60},
-    {"deepseek3-671b v5p-256", "model_name=deepseek3-671b compile_topology=v5p-256 compile_topology_num_slices=1 "
-                               "per_device_batch_size=1", 60},
+    {"llama2-7b v5p-8",
+     "model_name=llama2-7b compile_topology=v5p-8 compile_topology_num_slices=1 per_device_batch_size=1", 5},
+    {"deepseek2-16b v5p-16",
+     "model_name=deepseek2-16b compile_topology=v5p-16 compile_topology_num_slices=1 "
+     "per_device_batch_size=1",
+     60},
+    {"deepseek3-671b v5p-256",
+     "model_name=deepseek3-671b compile_topology=v5p-256 compile_topology_num_slices=1 "
+     "per_device_batch_size=1",
+     60},
 };
 
 static double now(void)

@@ -52,8 +52,8 @@ typedef struct {
 } row;
 
 #define DS "model_name=deepseek3-test", "per_device_batch_size=1"
-#define LL "model_name=llama2-7b", "ici_pipeline_parallelism=2", "num_pipeline_microbatches=8", \
-           "pipeline_fsdp_ag_once=true"
+#define LL                                                                                                             \
+    "model_name=llama2-7b", "ici_pipeline_parallelism=2", "num_pipeline_microbatches=8", "pipeline_fsdp_ag_once=true"
 #define Z1 "ici_data_parallelism=2", "shard_optimizer_over_data=true"
 #define TPT "maxtext_release=0.2.0", "ici_tensor_transpose_parallelism=2"
 #define OLD "maxtext_release=0.2.0" /* the seeds' release, where 0.2.5 refuses the row */
@@ -64,35 +64,48 @@ typedef struct {
  * memory_analysis() arguments + outputs - aliases + temporaries, and the buffer assignments (hand figures
  * in MiB per device: the stage's 16 layers are 3238133760 parameters, 12353 MiB in float32, 6176 in
  * bfloat16; 129 iterations x 3 x 2048 x 4096 bfloat16 = 6192 MiB). */
-#define PP_FSDP_MEM                                                                                              \
-    "MaxText 0.2.5's own step does not reach the measured figure either: compiled ahead of time for v5p-8 by "    \
-    "XLA:TPU (libtpu 0.0.50.1, train_compile compile_topology=v5p-8) its memory_analysis() is 54753 MiB per "     \
-    "device (shardsim 1.10 of it), by XLA:CPU 69344 MiB. XLA:TPU converts each fsdp shard of the stage's "        \
-    "layers to bfloat16 before the all-gather (6176 MiB held instead of 12353; shardsim does the same under the " \
-    "v5p profile, configs/hardware/v5p.yml weight_gather_dtype), and keeps, as shardsim does, the float32 "       \
-    "gradient accumulators in the gathered shape (12353 MiB) and the 129 saved bfloat16 iteration inputs "        \
-    "(6192 MiB) with 20029 MiB of parameters and Adam state; the MaxText of the PR's time does not reach it "     \
-    "either: MaxText 0.1.0 with JAX 0.8.0 and libtpu 0.0.24 (the version JAX 0.8.0 pins) compiles it to 55804 "   \
+#define PP_FSDP_MEM                                                                                                    \
+    "MaxText 0.2.5's own step does not reach the measured figure either: compiled ahead of time for v5p-8 by "         \
+    "XLA:TPU (libtpu 0.0.50.1, train_compile compile_topology=v5p-8) its memory_analysis() is 54753 MiB per "          \
+    "device (shardsim 1.10 of it), by XLA:CPU 69344 MiB. XLA:TPU converts each fsdp shard of the stage's "             \
+    "layers to bfloat16 before the all-gather (6176 MiB held instead of 12353; shardsim does the same under the "      \
+    "v5p profile, configs/hardware/v5p.yml weight_gather_dtype), and keeps, as shardsim does, the float32 "            \
+    "gradient accumulators in the gathered shape (12353 MiB) and the 129 saved bfloat16 iteration inputs "             \
+    "(6192 MiB) with 20029 MiB of parameters and Adam state; the MaxText of the PR's time does not reach it "          \
+    "either: MaxText 0.1.0 with JAX 0.8.0 and libtpu 0.0.24 (the version JAX 0.8.0 pins) compiles it to 55804 "        \
     "MiB, MaxText 0.2.0 to 55708 MiB"
-#define PP_Z1_MEM                                                                                                \
-    "MaxText 0.2.5's own step needs far more than the measured figure: XLA:TPU's ahead-of-time compile for "      \
-    "v5p-8 reports 74359 MiB per device (shardsim 0.90 of it), XLA:CPU 75447 MiB (shardsim 0.89), keeping the "   \
-    "float32 working parameters and Adam state (26706 MiB), the float32 gradient accumulators in the stage's "   \
-    "whole shape (12353 MiB) and the saved inputs (6192 MiB); the PR's run must have used other settings or "     \
-    "another MaxText/JAX (it ran JAX 0.8.0); MaxText 0.1.0 on JAX 0.8.0 / libtpu 0.0.24 has no "              \
-    "shard_optimizer_over_data key (without it: 74529 MiB) and 0.2.0's train_compile cannot build its "            \
+#define PP_Z1_MEM                                                                                                      \
+    "MaxText 0.2.5's own step needs far more than the measured figure: XLA:TPU's ahead-of-time compile for "           \
+    "v5p-8 reports 74359 MiB per device (shardsim 0.90 of it), XLA:CPU 75447 MiB (shardsim 0.89), keeping the "        \
+    "float32 working parameters and Adam state (26706 MiB), the float32 gradient accumulators in the stage's "         \
+    "whole shape (12353 MiB) and the saved inputs (6192 MiB); the PR's run must have used other settings or "          \
+    "another MaxText/JAX (it ran JAX 0.8.0); MaxText 0.1.0 on JAX 0.8.0 / libtpu 0.0.24 has no "                       \
+    "shard_optimizer_over_data key (without it: 74529 MiB) and 0.2.0's train_compile cannot build its "                \
     "parameter shardings, so the figure came from a run no published MaxText compiles to"
 
 static const row ROWS[] = {
     {"000", "FSDP4", "auto", {DS}, 68748, 2238, NULL, NULL},
     {"000", "FSDP4", "explicit", {DS, "shard_mode=explicit", OLD}, 68961, 2284, NULL, NULL},
     {"000", "FSDP2+TP2", "auto", {DS, "ici_tensor_parallelism=2"}, 69448, 2014, NULL, NULL},
-    {"000", "FSDP2+TP2", "explicit", {DS, "ici_tensor_parallelism=2", "shard_mode=explicit", OLD}, 69617, 2378, NULL,
+    {"000",
+     "FSDP2+TP2",
+     "explicit",
+     {DS, "ici_tensor_parallelism=2", "shard_mode=explicit", OLD},
+     69617,
+     2378,
+     NULL,
      NULL},
-    {"000", "FSDP2+TPT2", "auto", {DS, TPT}, 93836, 10743,
+    {"000",
+     "FSDP2+TPT2",
+     "auto",
+     {DS, TPT},
+     93836,
+     10743,
      "the PR's 'tensor-transpose pathology' of auto mode (its explicit mode removed it: -26% memory, -75% step): "
-     "XLA's partitioner resharded differently; shardsim's auto mode reshards at MaxText's constraints by its cheapest plan, "
-     "so it predicts near the explicit figures", NULL},
+     "XLA's partitioner resharded differently; shardsim's auto mode reshards at MaxText's constraints by its cheapest "
+     "plan, "
+     "so it predicts near the explicit figures",
+     NULL},
     {"000", "FSDP2+TPT2", "explicit", {DS, TPT, "shard_mode=explicit"}, 69373, 2714, NULL, NULL},
     {"002", "FSDP+PP", "auto", {LL}, 48219, 4567, NULL, PP_FSDP_MEM},
     /* the explicit rows: under 0.2.0 on JAX 0.8.1 (0.2.5 refuses every explicit pipeline) */
@@ -135,9 +148,9 @@ static result run(const row *r)
     model_train_job job;
     memset(&job, 0, sizeof job);
     sim_machine *m;
-    if (cfg_hw_from_config(cfg, def->mesh.num_devices, &hw, &have) || !have ||
-        model_tm_eff_load("configs", &eff) || model_data_from_config(cfg, &data) ||
-        model_optim_from_config(cfg, &job.opt) || model_machine_new(def, 0, false, &m)) {
+    if (cfg_hw_from_config(cfg, def->mesh.num_devices, &hw, &have) || !have || model_tm_eff_load("configs", &eff) ||
+        model_data_from_config(cfg, &data) || model_optim_from_config(cfg, &job.opt) ||
+        model_machine_new(def, 0, false, &m)) {
         fprintf(stderr, "bench/seeds: setup: %s\n", have ? sim_errmsg() : "no hardware profile");
         exit(1);
     }
@@ -159,8 +172,8 @@ static result run(const row *r)
     double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
     model_tm_result tm;
     memset(&tm, 0, sizeof tm);
-    if (!res.refused && model_tm_estimate(&hw, &eff, dt ? dt->value.text : "bfloat16", m, 0, bubble, model_tm_optimizer_bytes(m),
-                          false, &tm)) {
+    if (!res.refused && model_tm_estimate(&hw, &eff, dt ? dt->value.text : "bfloat16", m, 0, bubble,
+                                          model_tm_optimizer_bytes(m), false, &tm)) {
         fprintf(stderr, "bench/seeds: model: %s\n", sim_errmsg());
         exit(1);
     }
@@ -209,8 +222,8 @@ int main(void)
            eff.mxu, eff.hbm, eff.layout, eff.ici, eff.dcn, eff.hop_latency_s * 1e6,
            eff.overlap_weights ? "overlapped with compute" : "serialised with compute");
     printf("%-4s %-11s %-14s | %9s %9s %6s %-6s | %8s %8s %6s %-6s | %5s %8s %8s %8s %8s\n", "seed", "config", "mode",
-           "mem MiB", "measured", "ratio", "", "step ms", "measured", "ratio", "", "MFU", "compute", "exposed",
-           "optim", "bubbles");
+           "mem MiB", "measured", "ratio", "", "step ms", "measured", "ratio", "", "MFU", "compute", "exposed", "optim",
+           "bubbles");
     for (int i = 0; i < 156; i++) putchar('-');
     putchar('\n');
     int miss = 0;

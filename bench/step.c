@@ -31,8 +31,9 @@
 #include "models/core/train.h"
 
 static const char *const MODEL[] = {
-    "model_name=llama2-7b", "override_model_config=true", "base_emb_dim=512", "base_num_query_heads=8",
-    "base_num_kv_heads=8", "head_dim=64", "base_mlp_dim=1536", "base_num_decoder_layers=4", "vocab_size=4096",
+    "model_name=llama2-7b",   "override_model_config=true", "base_emb_dim=512",
+    "base_num_query_heads=8", "base_num_kv_heads=8",        "head_dim=64",
+    "base_mlp_dim=1536",      "base_num_decoder_layers=4",  "vocab_size=4096",
     "max_target_length=256",
 };
 enum { NMODEL = sizeof MODEL / sizeof MODEL[0], ROWS = 8 };
@@ -109,8 +110,8 @@ static double run(const config *c, int steps, double *flops, double *executed, d
         mm += e;
     }
     double tokens = (double)d->batch * (double)d->seq;
-    double attn = 2.0 * (double)d->batch * (double)d->seq * (double)d->seq * (double)d->q_heads *
-                  (double)d->head_dim * (double)d->layers;
+    double attn = 2.0 * (double)d->batch * (double)d->seq * (double)d->seq * (double)d->q_heads * (double)d->head_dim *
+                  (double)d->layers;
     *flops = 6 * mm * tokens + 3 * attn;
     /* remat recomputes each layer's forward: its matmuls (all but the logits) and attention */
     double layer_mm = mm - (double)d->emb * (double)d->vocab;

@@ -12,24 +12,24 @@
 #include <stdlib.h>
 
 /* Always on (not tied to NDEBUG): prints the condition and file:line, then aborts. */
-#define BK_ASSERT(cond)                                                                  \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      fprintf(stderr, "%s:%d: BK_ASSERT failed: %s\n", __FILE__, __LINE__, #cond);       \
-      abort();                                                                           \
-    }                                                                                    \
-  } while (0)
+#define BK_ASSERT(cond)                                                                                                \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: BK_ASSERT failed: %s\n", __FILE__, __LINE__, #cond);                               \
+            abort();                                                                                                   \
+        }                                                                                                              \
+    } while (0)
 
 /* Same, with a printf-style explanation carrying the bad values. */
-#define BK_ASSERTF(cond, ...)                                                            \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      fprintf(stderr, "%s:%d: BK_ASSERT failed: %s: ", __FILE__, __LINE__, #cond);      \
-      fprintf(stderr, __VA_ARGS__);                                                      \
-      fputc('\n', stderr);                                                               \
-      abort();                                                                           \
-    }                                                                                    \
-  } while (0)
+#define BK_ASSERTF(cond, ...)                                                                                          \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: BK_ASSERT failed: %s: ", __FILE__, __LINE__, #cond);                               \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+            abort();                                                                                                   \
+        }                                                                                                              \
+    } while (0)
 
 /* BK_CLONES before a hot elementwise function compiles it three times, for AVX-512, AVX2 and the
  * baseline x86-64, and lets the loader pick the widest the CPU has (GCC's target_clones): the
@@ -39,7 +39,7 @@
  * order or in explicit lanes written out in the source.  BK_NO_CLONES keeps only the baseline. */
 /* ThreadSanitizer crashes in the loader's ifunc resolvers, which run before its runtime is up:
  * its builds keep the baseline only. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BK_NO_CLONES) && \
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BK_NO_CLONES) &&                       \
     !defined(__SANITIZE_THREAD__)
 #define BK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -47,10 +47,11 @@
 #endif
 
 /* malloc that never returns NULL (kernel scratch is small: O(block^2) or O(row)). */
-static inline void *bk_xmalloc(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  BK_ASSERTF(p != NULL, "out of memory allocating %zu bytes of kernel scratch", bytes);
-  return p;
+static inline void *bk_xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    BK_ASSERTF(p != NULL, "out of memory allocating %zu bytes of kernel scratch", bytes);
+    return p;
 }
 
 #endif /* BK_H */

@@ -13,117 +13,129 @@ enum { GRAIN = 1 << 14 }; /* elements per parallel chunk */
 /* 1/(1+e^-x) that never overflows and vectorises (bk_math.h). */
 static inline float sigmoidf_stable(float x) { return bk_sigmoidf(x); }
 
-static inline double sigmoid_d(double x) {
-  if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
-  double e = exp(x);
-  return e / (1.0 + e);
+static inline double sigmoid_d(double x)
+{
+    if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
 }
 
 /* Operands of one elementwise call, shared by its parallel chunks. */
 typedef struct {
-  float *o0, *o1;
-  const float *i0, *i1, *i2;
+    float *o0, *o1;
+    const float *i0, *i1, *i2;
 } ew_args;
 
 /* Pointers are copied into restrict locals so the loops vectorise. */
-BK_CLONES static void silu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
-  const ew_args *a = arg;
-  float *restrict out = a->o0;
-  const float *restrict in = a->i0;
-  for (int64_t i = lo; i < hi; i++) out[i] = in[i] * sigmoidf_stable(in[i]);
+BK_CLONES static void silu_fwd_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const ew_args *a = arg;
+    float *restrict out = a->o0;
+    const float *restrict in = a->i0;
+    for (int64_t i = lo; i < hi; i++) out[i] = in[i] * sigmoidf_stable(in[i]);
 }
 
-BK_CLONES static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
-  const ew_args *a = arg;
-  float *restrict din = a->o0;
-  const float *restrict dout = a->i0, *restrict in = a->i1;
-  for (int64_t i = lo; i < hi; i++) {
-    float x = in[i], s = sigmoidf_stable(x);
-    din[i] += dout[i] * (s + x * s * (1.0f - s));
-  }
+BK_CLONES static void silu_bwd_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const ew_args *a = arg;
+    float *restrict din = a->o0;
+    const float *restrict dout = a->i0, *restrict in = a->i1;
+    for (int64_t i = lo; i < hi; i++) {
+        float x = in[i], s = sigmoidf_stable(x);
+        din[i] += dout[i] * (s + x * s * (1.0f - s));
+    }
 }
 
-BK_CLONES static void swiglu_fwd_chunk(int64_t lo, int64_t hi, void *arg) {
-  const ew_args *a = arg;
-  float *restrict out = a->o0;
-  const float *restrict gate = a->i0, *restrict up = a->i1;
-  for (int64_t i = lo; i < hi; i++) out[i] = gate[i] * sigmoidf_stable(gate[i]) * up[i];
+BK_CLONES static void swiglu_fwd_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const ew_args *a = arg;
+    float *restrict out = a->o0;
+    const float *restrict gate = a->i0, *restrict up = a->i1;
+    for (int64_t i = lo; i < hi; i++) out[i] = gate[i] * sigmoidf_stable(gate[i]) * up[i];
 }
 
-BK_CLONES static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg) {
-  const ew_args *a = arg;
-  float *restrict dgate = a->o0, *restrict dup = a->o1;
-  const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
-  for (int64_t i = lo; i < hi; i++) {
-    float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
-    dgate[i] += d * up[i] * (s + g * s * (1.0f - s));
-    dup[i] += d * g * s;
-  }
+BK_CLONES static void swiglu_bwd_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const ew_args *a = arg;
+    float *restrict dgate = a->o0, *restrict dup = a->o1;
+    const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
+    for (int64_t i = lo; i < hi; i++) {
+        float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
+        dgate[i] += d * up[i] * (s + g * s * (1.0f - s));
+        dup[i] += d * g * s;
+    }
 }
 
-BK_CLONES static void swiglu_bwd_into_chunk(int64_t lo, int64_t hi, void *arg) {
-  const ew_args *a = arg;
-  float *restrict dgate = a->o0, *restrict dup = a->o1;
-  const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
-  for (int64_t i = lo; i < hi; i++) {
-    float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
-    dgate[i] = d * up[i] * (s + g * s * (1.0f - s));
-    dup[i] = d * g * s;
-  }
+BK_CLONES static void swiglu_bwd_into_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const ew_args *a = arg;
+    float *restrict dgate = a->o0, *restrict dup = a->o1;
+    const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
+    for (int64_t i = lo; i < hi; i++) {
+        float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
+        dgate[i] = d * up[i] * (s + g * s * (1.0f - s));
+        dup[i] = d * g * s;
+    }
 }
 
-void bk_silu_fwd(float *out, const float *in, size_t n) {
-  BK_ASSERT(n == 0 || (out && in));
-  ew_args a = {out, NULL, in, NULL, NULL};
-  bk_parallel_for((int64_t)n, GRAIN, silu_fwd_chunk, &a);
+void bk_silu_fwd(float *out, const float *in, size_t n)
+{
+    BK_ASSERT(n == 0 || (out && in));
+    ew_args a = {out, NULL, in, NULL, NULL};
+    bk_parallel_for((int64_t)n, GRAIN, silu_fwd_chunk, &a);
 }
 
-void bk_silu_bwd(float *din, const float *dout, const float *in, size_t n) {
-  BK_ASSERT(n == 0 || (din && dout && in));
-  ew_args a = {din, NULL, dout, in, NULL};
-  bk_parallel_for((int64_t)n, GRAIN, silu_bwd_chunk, &a);
+void bk_silu_bwd(float *din, const float *dout, const float *in, size_t n)
+{
+    BK_ASSERT(n == 0 || (din && dout && in));
+    ew_args a = {din, NULL, dout, in, NULL};
+    bk_parallel_for((int64_t)n, GRAIN, silu_bwd_chunk, &a);
 }
 
-void bk_swiglu_fwd(float *out, const float *gate, const float *up, size_t n) {
-  BK_ASSERT(n == 0 || (out && gate && up));
-  ew_args a = {out, NULL, gate, up, NULL};
-  bk_parallel_for((int64_t)n, GRAIN, swiglu_fwd_chunk, &a);
+void bk_swiglu_fwd(float *out, const float *gate, const float *up, size_t n)
+{
+    BK_ASSERT(n == 0 || (out && gate && up));
+    ew_args a = {out, NULL, gate, up, NULL};
+    bk_parallel_for((int64_t)n, GRAIN, swiglu_fwd_chunk, &a);
 }
 
-void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
-                   const float *up, size_t n) {
-  BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
-  ew_args a = {dgate, dup, dout, gate, up};
-  bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_chunk, &a);
+void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n)
+{
+    BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
+    ew_args a = {dgate, dup, dout, gate, up};
+    bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_chunk, &a);
 }
 
-void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate,
-                        const float *up, size_t n) {
-  BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
-  ew_args a = {dgate, dup, dout, gate, up};
-  bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_into_chunk, &a);
+void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n)
+{
+    BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
+    ew_args a = {dgate, dup, dout, gate, up};
+    bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_into_chunk, &a);
 }
 
-void bk_silu_fwd_ref(float *out, const float *in, size_t n) {
-  for (size_t i = 0; i < n; i++) out[i] = (float)(in[i] * sigmoid_d(in[i]));
+void bk_silu_fwd_ref(float *out, const float *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = (float)(in[i] * sigmoid_d(in[i]));
 }
 
-void bk_silu_bwd_ref(float *din, const float *dout, const float *in, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    double x = in[i], s = sigmoid_d(x);
-    din[i] += (float)(dout[i] * (s + x * s * (1.0 - s)));
-  }
+void bk_silu_bwd_ref(float *din, const float *dout, const float *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double x = in[i], s = sigmoid_d(x);
+        din[i] += (float)(dout[i] * (s + x * s * (1.0 - s)));
+    }
 }
 
-void bk_swiglu_fwd_ref(float *out, const float *gate, const float *up, size_t n) {
-  for (size_t i = 0; i < n; i++) out[i] = (float)(gate[i] * sigmoid_d(gate[i]) * up[i]);
+void bk_swiglu_fwd_ref(float *out, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = (float)(gate[i] * sigmoid_d(gate[i]) * up[i]);
 }
 
-void bk_swiglu_bwd_ref(float *dgate, float *dup, const float *dout, const float *gate,
-                       const float *up, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    double g = gate[i], s = sigmoid_d(g);
-    dgate[i] += (float)(dout[i] * up[i] * (s + g * s * (1.0 - s)));
-    dup[i] += (float)(dout[i] * g * s);
-  }
+void bk_swiglu_bwd_ref(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i], s = sigmoid_d(g);
+        dgate[i] += (float)(dout[i] * up[i] * (s + g * s * (1.0 - s)));
+        dup[i] += (float)(dout[i] * g * s);
+    }
 }

@@ -7,27 +7,25 @@
 
 #include <stddef.h>
 
-void bk_silu_fwd(float *out,       // (n)
-                 const float *in,  // (n)
+void bk_silu_fwd(float *out,      // (n)
+                 const float *in, // (n)
                  size_t n);
 /* din += dout * silu'(in) */
-void bk_silu_bwd(float *din, const float *dout, const float *in, size_t n);  // all (n)
+void bk_silu_bwd(float *din, const float *dout, const float *in, size_t n); // all (n)
 
-void bk_swiglu_fwd(float *out,         // (n)
-                   const float *gate,  // (n)
-                   const float *up,    // (n)
+void bk_swiglu_fwd(float *out,        // (n)
+                   const float *gate, // (n)
+                   const float *up,   // (n)
                    size_t n);
 /* dgate += dout * up * silu'(gate); dup += dout * silu(gate) */
-void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
-                   const float *up, size_t n);  // all (n)
+void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                   size_t n); // all (n)
 /* The same, writing dgate and dup instead of adding to them (no need to zero them first). */
-void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate,
-                        const float *up, size_t n);
+void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 
 void bk_silu_fwd_ref(float *out, const float *in, size_t n);
 void bk_silu_bwd_ref(float *din, const float *dout, const float *in, size_t n);
 void bk_swiglu_fwd_ref(float *out, const float *gate, const float *up, size_t n);
-void bk_swiglu_bwd_ref(float *dgate, float *dup, const float *dout, const float *gate,
-                       const float *up, size_t n);
+void bk_swiglu_bwd_ref(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 
 #endif /* BK_ACTIVATION_H */

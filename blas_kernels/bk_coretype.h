@@ -26,9 +26,9 @@
 
 /* The CPU's vector features (CPUID, with the OS's support for the register state). */
 typedef struct {
-  bool sse3, sse42, avx, avx2, fma;
-  bool avx512f, avx512bw, avx512vl, avx512dq, avx512bf16;
-  bool amd;  /* AuthenticAMD: AVX2 level maps to OpenBLAS's Zen kernels instead of Haswell */
+    bool sse3, sse42, avx, avx2, fma;
+    bool avx512f, avx512bw, avx512vl, avx512dq, avx512bf16;
+    bool amd; /* AuthenticAMD: AVX2 level maps to OpenBLAS's Zen kernels instead of Haswell */
 } bk_cpu_features;
 
 void bk_cpu_features_detect(bk_cpu_features *f);
@@ -56,20 +56,20 @@ const char *bk_coretype_choose(const bk_cpu_features *f, const char *detected, c
 
 /* How the running core came to be. */
 typedef enum {
-  BK_CORE_OPENBLAS,  /* OpenBLAS's own choice, kept */
-  BK_CORE_UPGRADED,  /* chosen from CPU features over OpenBLAS's lower choice */
-  BK_CORE_FALLBACK,  /* a higher core failed the check; this is the next one that passed */
-  BK_CORE_USER,      /* OPENBLAS_CORETYPE set by the user */
-  BK_CORE_IGNORED,   /* OpenBLAS did not honour the OPENBLAS_CORETYPE we set (not DYNAMIC_ARCH) */
+    BK_CORE_OPENBLAS, /* OpenBLAS's own choice, kept */
+    BK_CORE_UPGRADED, /* chosen from CPU features over OpenBLAS's lower choice */
+    BK_CORE_FALLBACK, /* a higher core failed the check; this is the next one that passed */
+    BK_CORE_USER,     /* OPENBLAS_CORETYPE set by the user */
+    BK_CORE_IGNORED,  /* OpenBLAS did not honour the OPENBLAS_CORETYPE we set (not DYNAMIC_ARCH) */
 } bk_core_how;
 
 typedef struct {
-  char core[32];      /* openblas_get_corename() of the running kernels */
-  char detected[32];  /* what OpenBLAS chose by itself ("" when the user forced a core) */
-  char failed[128];   /* cores that failed the start-up check, comma-separated */
-  bk_core_how how;
-  bool checked;       /* the start-up sgemm check passed on `core` */
-  char summary[512];  /* "SkylakeX (OpenBLAS detected Prescott; chosen from CPU features; checked)" */
+    char core[32];     /* openblas_get_corename() of the running kernels */
+    char detected[32]; /* what OpenBLAS chose by itself ("" when the user forced a core) */
+    char failed[128];  /* cores that failed the start-up check, comma-separated */
+    bk_core_how how;
+    bool checked;      /* the start-up sgemm check passed on `core` */
+    char summary[512]; /* "SkylakeX (OpenBLAS detected Prescott; chosen from CPU features; checked)" */
 } bk_coretype_info;
 
 /* The selection made at start-up (runs it now if the constructor did not, e.g. in a shared

@@ -9,20 +9,17 @@
 
 #include <stdint.h>
 
-void bk_embedding_fwd(float *out,          // (N, C)
-                      const int32_t *ids,  // (N) global ids
-                      const float *table,  // (V_local, C)
+void bk_embedding_fwd(float *out,         // (N, C)
+                      const int32_t *ids, // (N) global ids
+                      const float *table, // (V_local, C)
                       int N, int C, int v_lo, int V_local);
-void bk_embedding_bwd(float *dtable,       // (V_local, C) accumulated
-                      const float *dout,   // (N, C)
-                      const int32_t *ids,  // (N)
+void bk_embedding_bwd(float *dtable,      // (V_local, C) accumulated
+                      const float *dout,  // (N, C)
+                      const int32_t *ids, // (N)
                       int N, int C, int v_lo, int V_local);
 /* The same into a table it first zero-fills (each pool chunk its own rows): for a fresh cotangent. */
-void bk_embedding_bwd_zero(float *dtable, const float *dout, const int32_t *ids, int N, int C, int v_lo,
-                           int V_local);
-void bk_embedding_fwd_ref(float *out, const int32_t *ids, const float *table, int N, int C,
-                          int v_lo, int V_local);
-void bk_embedding_bwd_ref(float *dtable, const float *dout, const int32_t *ids, int N, int C,
-                          int v_lo, int V_local);
+void bk_embedding_bwd_zero(float *dtable, const float *dout, const int32_t *ids, int N, int C, int v_lo, int V_local);
+void bk_embedding_fwd_ref(float *out, const int32_t *ids, const float *table, int N, int C, int v_lo, int V_local);
+void bk_embedding_bwd_ref(float *dtable, const float *dout, const int32_t *ids, int N, int C, int v_lo, int V_local);
 
 #endif /* BK_EMBEDDING_H */

@@ -10,13 +10,13 @@
 
 /* One AdamW update's scalars, in float32 as optax computes them. */
 typedef struct {
-  bool clip;          /* scale the gradient by thr / gnorm first (clip_by_global_norm) */
-  float gnorm, thr;   /* global gradient norm, clipping threshold */
-  float neg_lr;       /* -learning rate of this step */
-  float b1, b2;       /* moment decay rates */
-  float omb1, omb2;   /* 1 - b1, 1 - b2 (rounded from double, as optax's constants) */
-  float bc1, bc2;     /* bias corrections 1 - b1^t, 1 - b2^t */
-  float eps, eps_root, wd;
+    bool clip;        /* scale the gradient by thr / gnorm first (clip_by_global_norm) */
+    float gnorm, thr; /* global gradient norm, clipping threshold */
+    float neg_lr;     /* -learning rate of this step */
+    float b1, b2;     /* moment decay rates */
+    float omb1, omb2; /* 1 - b1, 1 - b2 (rounded from double, as optax's constants) */
+    float bc1, bc2;   /* bias corrections 1 - b1^t, 1 - b2^t */
+    float eps, eps_root, wd;
 } bk_adamw_hp;
 
 /* For i < n, in optax's order of operations (scale_by_adam, add_decayed_weights, scale):

@@ -23,20 +23,34 @@ enum { MAX_WORKERS = 63 };
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t work, done;
-    int threads;            /* caller included */
-    int started;            /* workers running */
+    int threads; /* caller included */
+    int started; /* workers running */
     pthread_t tid[MAX_WORKERS];
-    uint64_t gen;           /* jobs published */
-    bool busy;              /* a job is running */
+    uint64_t gen; /* jobs published */
+    bool busy;    /* a job is running */
     /* the job */
     bk_range_fn fn;
     void *arg;
     int64_t n, grain, nchunks;
-    atomic_llong next;      /* next chunk to claim */
-    int64_t finished;       /* chunks done (under mu) */
-    int active;             /* workers inside the job (under mu) */
-} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0, {0}, 0, false,
-       NULL, NULL, 0, 0, 0, 0, 0, 0};
+    atomic_llong next; /* next chunk to claim */
+    int64_t finished;  /* chunks done (under mu) */
+    int active;        /* workers inside the job (under mu) */
+} P = {PTHREAD_MUTEX_INITIALIZER,
+       PTHREAD_COND_INITIALIZER,
+       PTHREAD_COND_INITIALIZER,
+       1,
+       0,
+       {0},
+       0,
+       false,
+       NULL,
+       NULL,
+       0,
+       0,
+       0,
+       0,
+       0,
+       0};
 
 /* Claims and runs chunks until none are left; returns how many it ran. */
 static int64_t drain(bk_range_fn fn, void *arg, int64_t n, int64_t grain, int64_t nchunks)

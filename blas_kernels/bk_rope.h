@@ -22,19 +22,19 @@
 typedef enum { BK_ROPE_DEFAULT = 0, BK_ROPE_YARN = 1, BK_ROPE_LLAMA31 = 2 } bk_rope_kind;
 
 typedef struct {
-  bk_rope_kind kind;
-  int dim;                       // rotary dim d (even): head_dim, or qk_rope_head_dim for MLA
-  double min_timescale;          // DEFAULT, LLAMA31: rope_min_timescale (1)
-  double max_timescale;          // rope_max_timescale = theta (10000), both kinds
-  double linear_scaling_factor;  // DEFAULT: rope_linear_scaling_factor (1 = off), scales timescales
-  double factor;                 // YARN: rope_factor (40)
-  int original_max_position_embeddings;  // YARN: (4096)
-  double beta_fast;              // YARN: (32), the high-frequency end of the ramp
-  double beta_slow;              // YARN: (1)
-  int interleave;                // YARN: rope_interleave (1): input pairs are (x[2i], x[2i+1])
-  int truncate;                  // YARN: rope_truncate (1): floor/ceil the correction range
-  int attention_scaling;         // YARN: rope_attention_scaling (0)
-  int use_scale;                 // LLAMA31: rope_use_scale (1): Llama 3.1's frequency scaling
+    bk_rope_kind kind;
+    int dim;                              // rotary dim d (even): head_dim, or qk_rope_head_dim for MLA
+    double min_timescale;                 // DEFAULT, LLAMA31: rope_min_timescale (1)
+    double max_timescale;                 // rope_max_timescale = theta (10000), both kinds
+    double linear_scaling_factor;         // DEFAULT: rope_linear_scaling_factor (1 = off), scales timescales
+    double factor;                        // YARN: rope_factor (40)
+    int original_max_position_embeddings; // YARN: (4096)
+    double beta_fast;                     // YARN: (32), the high-frequency end of the ramp
+    double beta_slow;                     // YARN: (1)
+    int interleave;                       // YARN: rope_interleave (1): input pairs are (x[2i], x[2i+1])
+    int truncate;                         // YARN: rope_truncate (1): floor/ceil the correction range
+    int attention_scaling;                // YARN: rope_attention_scaling (0)
+    int use_scale;                        // LLAMA31: rope_use_scale (1): Llama 3.1's frequency scaling
 } bk_rope_params;
 
 /* MaxText base.yml defaults for each kind, with rotary dim `dim`. */
@@ -43,16 +43,15 @@ bk_rope_params bk_rope_params_yarn(int dim);
 bk_rope_params bk_rope_params_llama31(int dim);
 
 /* Angular frequency (radians per position) of each of the d/2 pairs. */
-void bk_rope_freqs(double *freq,  // (dim/2)
+void bk_rope_freqs(double *freq, // (dim/2)
                    const bk_rope_params *p);
 
 /* 0.1 * mscale * ln(factor) + 1 when factor > 1, else 1 (DeepSeek yarn_get_mscale). */
 double bk_yarn_mscale(double factor, double mscale);
 /* MLA softmax scale (attention_mla.MLA): qk_head_dim^-0.5, times (0.1*mscale*ln(rope_factor)+1)^2
  * when max_position_embeddings > original_max_position_embeddings. */
-double bk_mla_softmax_scale(int qk_head_dim, long max_position_embeddings,
-                            long original_max_position_embeddings, double rope_factor,
-                            double mscale);
+double bk_mla_softmax_scale(int qk_head_dim, long max_position_embeddings, long original_max_position_embeddings,
+                            double rope_factor, double mscale);
 
 /* Rotate N tokens x H heads. Row (n, h) of the input starts at in + (n*H + h) * in_stride and
  * holds dim contiguous values (in_stride >= dim lets a caller rotate the rope slice of a wider row,
@@ -73,9 +72,9 @@ void bk_rope_bwd(float *din,               // (N, H, in_stride)
 void bk_rope_cache_clear(void);
 int bk_rope_cache_tables(void);
 
-void bk_rope_fwd_ref(float *out, const float *in, const int32_t *positions, int N, int H,
-                     int in_stride, int out_stride, const bk_rope_params *p);
-void bk_rope_bwd_ref(float *din, const float *dout, const int32_t *positions, int N, int H,
-                     int in_stride, int out_stride, const bk_rope_params *p);
+void bk_rope_fwd_ref(float *out, const float *in, const int32_t *positions, int N, int H, int in_stride, int out_stride,
+                     const bk_rope_params *p);
+void bk_rope_bwd_ref(float *din, const float *dout, const int32_t *positions, int N, int H, int in_stride,
+                     int out_stride, const bk_rope_params *p);
 
 #endif /* BK_ROPE_H */

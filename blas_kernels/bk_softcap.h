@@ -9,8 +9,8 @@
 
 #include <stddef.h>
 
-void bk_softcap_fwd(float *out,       // (n)
-                    const float *in,  // (n)
+void bk_softcap_fwd(float *out,      // (n)
+                    const float *in, // (n)
                     size_t n, float a, float cap);
 /* din += dout * a * (1 - (out / cap)^2)  (cap = 0: din += a * dout) */
 void bk_softcap_bwd(float *din,        // (n)

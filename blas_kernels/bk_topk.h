@@ -7,14 +7,14 @@
 
 #include <stdint.h>
 
-void bk_topk_fwd(float *vals,     // (N, k)
-                 int32_t *idx,    // (N, k)
-                 const float *x,  // (N, E)
+void bk_topk_fwd(float *vals,    // (N, k)
+                 int32_t *idx,   // (N, k)
+                 const float *x, // (N, E)
                  int N, int E, int k);
 /* dx[n, idx[n, s]] += dvals[n, s] */
-void bk_topk_bwd(float *dx,            // (N, E) accumulated
-                 const float *dvals,   // (N, k)
-                 const int32_t *idx,   // (N, k)
+void bk_topk_bwd(float *dx,          // (N, E) accumulated
+                 const float *dvals, // (N, k)
+                 const int32_t *idx, // (N, k)
                  int N, int E, int k);
 void bk_topk_fwd_ref(float *vals, int32_t *idx, const float *x, int N, int E, int k);
 

@@ -16,16 +16,16 @@
 
 #include <stdint.h>
 
-void bk_xent_fwd(float *loss,             // (N) per-row loss, z-loss included
-                 float *lse,              // (N) saved: logsumexp of the row
-                 const float *logits,     // (N, V)
-                 const int32_t *targets,  // (N) each in [0, V)
+void bk_xent_fwd(float *loss,            // (N) per-row loss, z-loss included
+                 float *lse,             // (N) saved: logsumexp of the row
+                 const float *logits,    // (N, V)
+                 const int32_t *targets, // (N) each in [0, V)
                  int N, int V, float z_loss);
-void bk_xent_bwd(float *dlogits,          // (N, V) accumulated
-                 const float *dloss,      // (N)
-                 const float *logits,     // (N, V)
-                 const float *lse,        // (N) saved
-                 const int32_t *targets,  // (N)
+void bk_xent_bwd(float *dlogits,         // (N, V) accumulated
+                 const float *dloss,     // (N)
+                 const float *logits,    // (N, V)
+                 const float *lse,       // (N) saved
+                 const int32_t *targets, // (N)
                  int N, int V, float z_loss);
 
 /* ---- composable pieces for a vocab-sharded row (see the note above) ---- */
@@ -40,26 +40,25 @@ void bk_xent_pick_target(float *t,               // (N) x[n, t_n - v_lo] if on t
                          const float *logits,    // (N, V_local)
                          const int32_t *targets, // (N) global ids
                          int N, int V_local, int v_lo);
-void bk_xent_combine(float *loss,      // (N)
-                     float *lse,       // (N) = m + log s
-                     const float *m,   // (N) global max
-                     const float *s,   // (N) global sum of exp(x - m)
-                     const float *t,   // (N) global target logit
+void bk_xent_combine(float *loss,    // (N)
+                     float *lse,     // (N) = m + log s
+                     const float *m, // (N) global max
+                     const float *s, // (N) global sum of exp(x - m)
+                     const float *t, // (N) global target logit
                      int N, float z_loss);
-void bk_xent_bwd_local(float *dlogits,          // (N, V_local) accumulated
-                       const float *dloss,      // (N)
-                       const float *logits,     // (N, V_local)
-                       const float *lse,        // (N) GLOBAL lse
-                       const int32_t *targets,  // (N) global ids
+void bk_xent_bwd_local(float *dlogits,         // (N, V_local) accumulated
+                       const float *dloss,     // (N)
+                       const float *logits,    // (N, V_local)
+                       const float *lse,       // (N) GLOBAL lse
+                       const int32_t *targets, // (N) global ids
                        int N, int V_local, int v_lo, float z_loss);
 /* The same, writing dlogits instead of adding to it (no need to zero it first; every element
  * equals what bk_xent_bwd_local adds to a zeroed buffer). */
 void bk_xent_bwd_local_into(float *dlogits, const float *dloss, const float *logits, const float *lse,
                             const int32_t *targets, int N, int V_local, int v_lo, float z_loss);
 
-void bk_xent_fwd_ref(float *loss, float *lse, const float *logits, const int32_t *targets, int N,
-                     int V, float z_loss);
-void bk_xent_bwd_ref(float *dlogits, const float *dloss, const float *logits, const float *lse,
-                     const int32_t *targets, int N, int V, float z_loss);
+void bk_xent_fwd_ref(float *loss, float *lse, const float *logits, const int32_t *targets, int N, int V, float z_loss);
+void bk_xent_bwd_ref(float *dlogits, const float *dloss, const float *logits, const float *lse, const int32_t *targets,
+                     int N, int V, float z_loss);
 
 #endif /* BK_XENT_H */

@@ -56,8 +56,8 @@ sim_status cli_artifact_write(const char *dir, const char *name, cli_write_fn fn
 {
     char final[PATH_MAX], tmp[PATH_MAX];
     int nf = snprintf(final, sizeof final, "%s/%s", dir, name);
-    int nt = snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld.%u", dir, name, (long)getpid(),
-                      atomic_fetch_add(&tmp_counter, 1u));
+    int nt =
+        snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld.%u", dir, name, (long)getpid(), atomic_fetch_add(&tmp_counter, 1u));
     if (nf < 0 || nt < 0 || (size_t)nf >= sizeof final || (size_t)nt >= sizeof tmp)
         return sim_err(SIM_ERR_IO, "path '%s/%s' is too long", dir, name);
     SIM_TRY(cli_artifacts_mkdir(dir));
@@ -201,8 +201,8 @@ sim_status cli_write_collectives_csv(const char *dir, const cli_records *recs, c
     return cli_artifact_write(dir, "collectives.csv", write_collectives, &a);
 }
 
-static void traffic_csv_row(FILE *f, const char *op, const char *axes, const char *phase,
-                            const cli_traffic_row *r, int nd)
+static void traffic_csv_row(FILE *f, const char *op, const char *axes, const char *phase, const cli_traffic_row *r,
+                            int nd)
 {
     csv_field(f, op);
     fputc(',', f);
@@ -341,7 +341,7 @@ static sim_status write_run(FILE *f, void *arg)
     cfg_jw_arr(&w);
     for (int i = 0; i < in->argc; i++) cfg_jw_str(&w, in->argv[i]);
     cfg_jw_end(&w);
-    {   /* the OpenBLAS kernels that ran: results are bitwise reproducible per machine and kernel */
+    { /* the OpenBLAS kernels that ran: results are bitwise reproducible per machine and kernel */
         const bk_coretype_info *k = bk_coretype_current();
         cfg_jw_key(&w, "blas_kernels");
         cfg_jw_obj(&w);
@@ -489,13 +489,15 @@ static sim_status trace_step_number(const char *text, const char *tok, size_t le
         v = v * 10 + (tok[i] - '0');
     }
     if (!ok)
-        return sim_err(SIM_ERR_INPUT, "trace_steps=%s: '%.*s' is not a step: expected a comma-separated list of first, "
-                                      "last, all, none, a step number N or a range A-B, e.g. trace_steps=first,last or "
-                                      "trace_steps=0,5-7,last",
+        return sim_err(SIM_ERR_INPUT,
+                       "trace_steps=%s: '%.*s' is not a step: expected a comma-separated list of first, "
+                       "last, all, none, a step number N or a range A-B, e.g. trace_steps=first,last or "
+                       "trace_steps=0,5-7,last",
                        text, (int)len, tok);
     if (v < first || v > last)
-        return sim_err(SIM_ERR_INPUT, "trace_steps=%s: step %lld is not a step of this run, which trains steps "
-                                      "%lld-%lld; name steps in that range (or first, last)",
+        return sim_err(SIM_ERR_INPUT,
+                       "trace_steps=%s: step %lld is not a step of this run, which trains steps "
+                       "%lld-%lld; name steps in that range (or first, last)",
                        text, (long long)v, (long long)first, (long long)last);
     *out = v;
     return SIM_OK;
@@ -512,13 +514,15 @@ sim_status cli_trace_steps_parse(const char *text, int64_t first, int64_t last, 
         const char *next = p + len;
         while (len && tok[len - 1] == ' ') len--;
         if (!len)
-            return sim_err(SIM_ERR_INPUT, "trace_steps=%s: an empty item; expected a comma-separated list of first, "
-                                          "last, all, none, a step number N or a range A-B (trace_steps=first,last "
-                                          "is the default)",
+            return sim_err(SIM_ERR_INPUT,
+                           "trace_steps=%s: an empty item; expected a comma-separated list of first, "
+                           "last, all, none, a step number N or a range A-B (trace_steps=first,last "
+                           "is the default)",
                            text);
         if (*n == cap)
-            return sim_err(SIM_ERR_INPUT, "trace_steps=%s: more than %d items; join neighbouring steps into ranges "
-                                          "A-B",
+            return sim_err(SIM_ERR_INPUT,
+                           "trace_steps=%s: more than %d items; join neighbouring steps into ranges "
+                           "A-B",
                            text, cap);
         sim_trace_range *x = &r[*n];
         const char *dash = memchr(tok, '-', len);
@@ -536,10 +540,10 @@ sim_status cli_trace_steps_parse(const char *text, int64_t first, int64_t last, 
             SIM_TRY(trace_step_number(text, tok, (size_t)(dash - tok), first, last, &x->first));
             SIM_TRY(trace_step_number(text, dash + 1, len - (size_t)(dash - tok) - 1, first, last, &x->last));
             if (x->first > x->last)
-                return sim_err(SIM_ERR_INPUT, "trace_steps=%s: the range %lld-%lld is empty; write it from the "
-                                              "lower step to the higher (%lld-%lld)",
-                               text, (long long)x->first, (long long)x->last, (long long)x->last,
-                               (long long)x->first);
+                return sim_err(SIM_ERR_INPUT,
+                               "trace_steps=%s: the range %lld-%lld is empty; write it from the "
+                               "lower step to the higher (%lld-%lld)",
+                               text, (long long)x->first, (long long)x->last, (long long)x->last, (long long)x->first);
         } else {
             SIM_TRY(trace_step_number(text, tok, len, first, last, &x->first));
             x->last = x->first;
@@ -558,10 +562,8 @@ const char *cli_trace_steps_text(const sim_trace_range *r, int n, char *buf, siz
     for (int i = 0; i < n && k < cap; i++) {
         if (r[i].first > r[i].last) continue; /* none */
         const char *sep = k ? ", " : "";
-        if (r[i].first == r[i].last)
-            k += (size_t)snprintf(buf + k, cap - k, "%s%lld", sep, (long long)r[i].first);
-        else
-            k += (size_t)snprintf(buf + k, cap - k, "%s%lld-%lld", sep, (long long)r[i].first, (long long)r[i].last);
+        if (r[i].first == r[i].last) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", sep, (long long)r[i].first);
+        else k += (size_t)snprintf(buf + k, cap - k, "%s%lld-%lld", sep, (long long)r[i].first, (long long)r[i].last);
     }
     if (!k) snprintf(buf, cap, "none");
     return buf;
@@ -606,9 +608,9 @@ enum { KEY_CAP = 1024 };
 /* One leaf of the dump as written: key, entry (NULL for a scalar count/step). */
 typedef struct {
     char key[KEY_CAP];
-    const cli_dump_param *p;  /* NULL: rank-0 leaf (.step, .count) */
-    int opt;                  /* an Adam moment: uses opt_spec when given */
-    int64_t len;              /* p == NULL: 0 for a scalar, else a replicated vector of len (ns_coeffs) */
+    const cli_dump_param *p; /* NULL: rank-0 leaf (.step, .count) */
+    int opt;                 /* an Adam moment: uses opt_spec when given */
+    int64_t len;             /* p == NULL: 0 for a scalar, else a replicated vector of len (ns_coeffs) */
 } leaf;
 
 /* Sort key of a parameter: its path components joined by '\x01', which sorts
@@ -616,7 +618,7 @@ typedef struct {
  * JAX flattens a dict (keys sorted). */
 typedef struct {
     char sort[KEY_CAP];
-    char rel[KEY_CAP];  /* keystr after ".params/['params']" */
+    char rel[KEY_CAP]; /* keystr after ".params/['params']" */
     int index;
 } param_key;
 
@@ -660,14 +662,15 @@ typedef struct {
     leaf *l;
     int *k;
     int cap;
-    const param_key *pk;      /* the parameters in JAX order: index into the entries */
+    const param_key *pk; /* the parameters in JAX order: index into the entries */
     const cli_dump_param *p;
 } opt_leaves;
 
 static sim_status opt_leaf(void *arg, const char *key, int param, int64_t len)
 {
     opt_leaves *o = arg;
-    if (*o->k >= o->cap) return sim_err(SIM_ERR_INTERNAL, "sharding dump: the optimizer lists more than %d leaves", o->cap);
+    if (*o->k >= o->cap)
+        return sim_err(SIM_ERR_INTERNAL, "sharding dump: the optimizer lists more than %d leaves", o->cap);
     leaf *x = &o->l[(*o->k)++];
     snprintf(x->key, KEY_CAP, "%s", key);
     x->p = param >= 0 ? &o->p[o->pk[param].index] : NULL;
@@ -751,8 +754,8 @@ static sim_status check_param(const leaf *l, const mesh_shape *m)
         return sim_err(SIM_ERR_INPUT, "sharding dump: '%s' has rank %d (at most %d)", l->key, p->rank,
                        MESH_SPEC_MAX_RANK);
     if (m && s->rank != p->rank)
-        return sim_err(SIM_ERR_INPUT, "sharding dump: '%s' has rank %d but its spec has %d dims", l->key,
-                       p->rank, s->rank);
+        return sim_err(SIM_ERR_INPUT, "sharding dump: '%s' has rank %d but its spec has %d dims", l->key, p->rank,
+                       s->rank);
     if (m) {
         sim_status st = mesh_spec_check(s, m);
         if (st != SIM_OK) {
@@ -885,15 +888,15 @@ static sim_status dump_inputs(cfg_jw *w, const mesh_shape *m, const cli_dump_act
 {
     for (int i = 0; i < n; i++) {
         if (a[i].rank < 0 || a[i].rank > MESH_SPEC_MAX_RANK)
-            return sim_err(SIM_ERR_INPUT, "sharding dump: activation '%s' has rank %d (at most %d)",
-                           a[i].name, a[i].rank, MESH_SPEC_MAX_RANK);
+            return sim_err(SIM_ERR_INPUT, "sharding dump: activation '%s' has rank %d (at most %d)", a[i].name,
+                           a[i].rank, MESH_SPEC_MAX_RANK);
         sim_status st = mesh_spec_check(&a[i].spec, m);
         if (st != SIM_OK) {
             sim_err_append(" (sharding dump activation '%s')", a[i].name);
             return st;
         }
     }
-    char (*keys)[KEY_CAP] = calloc((size_t)n + 1, sizeof *keys);
+    char(*keys)[KEY_CAP] = calloc((size_t)n + 1, sizeof *keys);
     SIM_ASSERT(keys);
     cfg_jw_obj(w);
     cfg_jw_key(w, "Activation Sharding Dump");
@@ -978,16 +981,15 @@ fail:
     return st;
 }
 
-sim_status cli_write_shardings_json(const char *dir, const mesh_shape *m, const cli_dump_param *params,
-                                    int n_params, cli_dump_mode mode, const cli_dump_activation *acts, int n_act)
+sim_status cli_write_shardings_json(const char *dir, const mesh_shape *m, const cli_dump_param *params, int n_params,
+                                    cli_dump_mode mode, const cli_dump_activation *acts, int n_act)
 {
     dump_args d = {m, params, n_params, mode, acts, n_act};
     return cli_artifact_write(dir, "shardings.json", write_combined, &d);
 }
 
-sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const cli_dump_param *params,
-                                   int n_params, cli_dump_mode mode, const cli_dump_activation *acts,
-                                   int n_act)
+sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const cli_dump_param *params, int n_params,
+                                   cli_dump_mode mode, const cli_dump_activation *acts, int n_act)
 {
     dump_args d = {m, params, n_params, mode, acts, n_act};
     SIM_TRY(cli_artifact_write(dir, "named_shardings.json", write_named, &d));

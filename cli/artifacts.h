@@ -68,20 +68,20 @@ sim_status cli_write_metrics_json(const char *dir, const cli_step_metrics *steps
 
 /* What run.json records. */
 typedef struct {
-    const char *command;         /* "train", "parity", "dump" (may be NULL) */
-    int argc;                    /* the command's words (may be 0) */
+    const char *command; /* "train", "parity", "dump" (may be NULL) */
+    int argc;            /* the command's words (may be 0) */
     const char *const *argv;
-    const cfg_config *cfg;         /* resolved config (may be NULL) */
-    const mesh_shape *mesh;      /* the mesh (may be NULL) */
-    const mesh_rules *rules;     /* logical axis rules in effect (may be NULL) */
-    const char *version;         /* NULL: CLI_SHARDSIM_VERSION */
-    time_t time;                 /* 0: now */
+    const cfg_config *cfg;          /* resolved config (may be NULL) */
+    const mesh_shape *mesh;         /* the mesh (may be NULL) */
+    const mesh_rules *rules;        /* logical axis rules in effect (may be NULL) */
+    const char *version;            /* NULL: CLI_SHARDSIM_VERSION */
+    time_t time;                    /* 0: now */
     struct json_t *step_time_model; /* the step-time model's estimate as a JSON object (run.json's
                                     "step_time_model", model_tm_json), or NULL */
-    const char *wire_gather;     /* dtype names of weight gathers and gradient reductions and the rule that set
+    const char *wire_gather;        /* dtype names of weight gathers and gradient reductions and the rule that set
                                     them (run.json's "weight_collective_dtypes"), or NULL */
     const char *wire_reduce, *wire_rule;
-    const char *compiler_rules;  /* the hardware profile's program transformations in force, one line
+    const char *compiler_rules; /* the hardware profile's program transformations in force, one line
                                     (run.json's "compiler_rules", model_xla_rules_text), or NULL */
 } cli_run_info;
 
@@ -109,37 +109,37 @@ const char *cli_trace_steps_text(const sim_trace_range *r, int n, char *buf, siz
 
 /* A train-state leaf (parameter, optimizer state, step). */
 typedef struct {
-    const char *path;   /* JAX keystr when it starts with '.' (".params/['params']/['decoder']/..."),
+    const char *path; /* JAX keystr when it starts with '.' (".params/['params']/['decoder']/..."),
                            else a parameter path, '.' or '/' separated, with or without the
                            leading "params" ("params.decoder.layers.mlp.wi_0.kernel") */
     int rank;
-    int64_t shape[MESH_SPEC_MAX_RANK];          /* global shape (scanned layers stacked) */
-    const char *logical[MESH_SPEC_MAX_RANK];    /* logical axis names, NULL = None */
-    mesh_spec spec;                             /* resolved, size-1 axes KEPT (mesh_resolved.unpruned) */
-    bool has_opt_spec;                          /* Adam moments sharded differently (ZeRO-1) */
-    mesh_spec opt_spec;                         /* their spec when has_opt_spec */
-    const model_optimizer *opt;                 /* the optimizer whose state the train-state dump lists (the
+    int64_t shape[MESH_SPEC_MAX_RANK];       /* global shape (scanned layers stacked) */
+    const char *logical[MESH_SPEC_MAX_RANK]; /* logical axis names, NULL = None */
+    mesh_spec spec;                          /* resolved, size-1 axes KEPT (mesh_resolved.unpruned) */
+    bool has_opt_spec;                       /* Adam moments sharded differently (ZeRO-1) */
+    mesh_spec opt_spec;                      /* their spec when has_opt_spec */
+    const model_optimizer *opt;              /* the optimizer whose state the train-state dump lists (the
                                                    first entry's counts; NULL: adamw's) */
-    int branch;                                 /* its part holding this leaf (model_opt_param.branch: Muon
+    int branch;                              /* its part holding this leaf (model_opt_param.branch: Muon
                                                    1, its AdamW fallback -1), 0 when unpartitioned */
-    bool no_opt;                                /* a non-trainable variable (MaxText's MoEBiasVar):
+    bool no_opt;                             /* a non-trainable variable (MaxText's MoEBiasVar):
                                                    listed with the parameters, no optimizer state */
 } cli_dump_param;
 
 /* An activation as MaxText's debug_sharding logs it. */
 typedef struct {
-    const char *name;                           /* "<module>/<variable>": "llama2/inputs" */
-    const char *dtype;                          /* "bfloat16", "float32", "int32" */
+    const char *name;  /* "<module>/<variable>": "llama2/inputs" */
+    const char *dtype; /* "bfloat16", "float32", "int32" */
     int rank;
-    int64_t shape[MESH_SPEC_MAX_RANK];          /* global shape */
-    bool logical_known;                         /* false: logic_axes "Unknown" */
-    const char *logical[MESH_SPEC_MAX_RANK];    /* logical names (rank of them), NULL = None */
-    mesh_spec spec;                             /* final spec, size-1 axes dropped */
+    int64_t shape[MESH_SPEC_MAX_RANK];       /* global shape */
+    bool logical_known;                      /* false: logic_axes "Unknown" */
+    const char *logical[MESH_SPEC_MAX_RANK]; /* logical names (rank of them), NULL = None */
+    mesh_spec spec;                          /* final spec, size-1 axes dropped */
 } cli_dump_activation;
 
 typedef enum {
-    CLI_DUMP_AS_GIVEN = 0,  /* the entries are the leaves, in the given order */
-    CLI_DUMP_TRAIN_STATE    /* the entries are the parameters: write MaxText's whole train
+    CLI_DUMP_AS_GIVEN = 0, /* the entries are the leaves, in the given order */
+    CLI_DUMP_TRAIN_STATE   /* the entries are the parameters: write MaxText's whole train
                                state — .step, .params/..., then the optimizer's state as
                                optax holds it (the row's tree, models/optimizers/optim.h:
                                adamw .opt_state/[0]/.count, .mu/..., .nu/...,
@@ -160,13 +160,12 @@ sim_status cli_dump_logical(FILE *f, const cli_dump_param *p, int n, cli_dump_mo
 sim_status cli_dump_inputs(FILE *f, const mesh_shape *m, const cli_dump_activation *a, int n);
 /* shardings.json: {"named_shardings": ..., "logical_shardings": ..., "input_shardings": ...}, the
  * three documents in one. */
-sim_status cli_write_shardings_json(const char *dir, const mesh_shape *m, const cli_dump_param *params,
-                                    int n_params, cli_dump_mode mode, const cli_dump_activation *acts, int n_act);
+sim_status cli_write_shardings_json(const char *dir, const mesh_shape *m, const cli_dump_param *params, int n_params,
+                                    cli_dump_mode mode, const cli_dump_activation *acts, int n_act);
 /* Writes named_shardings.json, logical_shardings.json and (when n_act >= 0)
  * input_shardings.json into dir. */
-sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const cli_dump_param *params,
-                                   int n_params, cli_dump_mode mode, const cli_dump_activation *acts,
-                                   int n_act);
+sim_status cli_write_sharding_dump(const char *dir, const mesh_shape *m, const cli_dump_param *params, int n_params,
+                                   cli_dump_mode mode, const cli_dump_activation *acts, int n_act);
 
 /* ---- parity ----------------------------------------------------------------- */
 

@@ -61,8 +61,9 @@ sim_status cli_configs_check(void)
     if (access(path, R_OK) == 0) return SIM_OK;
     const char *env = getenv("SHARDSIM_CONFIGS");
     if (env && *env)
-        return sim_err(SIM_ERR_INPUT, "SHARDSIM_CONFIGS=%s: no readable base.yml there (it must name shardsim's "
-                                      "configs/ directory, the one holding base.yml, models/ and custom_mesh_and_rule/)",
+        return sim_err(SIM_ERR_INPUT,
+                       "SHARDSIM_CONFIGS=%s: no readable base.yml there (it must name shardsim's "
+                       "configs/ directory, the one holding base.yml, models/ and custom_mesh_and_rule/)",
                        env);
     return sim_err(SIM_ERR_INPUT, "shardsim's data directory (configs/ with base.yml) was not found: looked beside "
                                   "the program (configs/ or share/shardsim/configs/ up to three levels above it) "
@@ -146,8 +147,8 @@ sim_status cli_parse_mesh(const char *text, mesh_shape *m)
     while (*p) {
         const char *eq = strchr(p, '='), *comma = strchr(p, ',');
         if (!eq || (comma && comma < eq) || eq == p)
-            return sim_err(SIM_ERR_INPUT, "mesh='%s': expected axis=size pairs separated by commas, like mesh=data=2,fsdp=4",
-                           text);
+            return sim_err(SIM_ERR_INPUT,
+                           "mesh='%s': expected axis=size pairs separated by commas, like mesh=data=2,fsdp=4", text);
         if (n == MESH_MAX_AXES) return sim_err(SIM_ERR_INPUT, "mesh='%s': at most %d axes", text, MESH_MAX_AXES);
         size_t len = (size_t)(eq - p);
         if (len >= MESH_AXIS_NAME_MAX) return sim_err(SIM_ERR_INPUT, "mesh='%s': axis name too long", text);

@@ -26,7 +26,7 @@ typedef struct {
     int n_own;
     const char *own_key[32];
     const char *own_val[32];
-    int n_cfg;               /* words for the config loader: *.yml files and other key=value */
+    int n_cfg; /* words for the config loader: *.yml files and other key=value */
     const char *cfg[256];
 } cli_args;
 

@@ -111,11 +111,26 @@ int cli_collectives_demo(int argc, char **argv)
         uint64_t k = (uint64_t)r->group_size, e = 4, n = r->elements * e, want = 0;
         const char *f = "";
         switch (r->op) {
-        case SIM_OP_ALL_GATHER: want = (k - 1) * n; f = "(k-1)*s"; break;
-        case SIM_OP_REDUCE_SCATTER: want = (k - 1) * n / k; f = "(k-1)*n/k"; break;
-        case SIM_OP_ALL_REDUCE: want = 2 * (k - 1) * n / k; f = "2(k-1)*n/k"; break;
-        case SIM_OP_ALL_TO_ALL: want = (k - 1) * n / k; f = "(k-1)*n/k"; break;
-        case SIM_OP_PPERMUTE: want = n; f = "n (peer is another device)"; break;
+        case SIM_OP_ALL_GATHER:
+            want = (k - 1) * n;
+            f = "(k-1)*s";
+            break;
+        case SIM_OP_REDUCE_SCATTER:
+            want = (k - 1) * n / k;
+            f = "(k-1)*n/k";
+            break;
+        case SIM_OP_ALL_REDUCE:
+            want = 2 * (k - 1) * n / k;
+            f = "2(k-1)*n/k";
+            break;
+        case SIM_OP_ALL_TO_ALL:
+            want = (k - 1) * n / k;
+            f = "(k-1)*n/k";
+            break;
+        case SIM_OP_PPERMUTE:
+            want = n;
+            f = "n (peer is another device)";
+            break;
         case SIM_OP_RAGGED_ALL_TO_ALL: /* device 0 is rank 0: it sends (2q+1)*1024 to rank q */
             for (uint64_t q = 1; q < k; q++) want += (2 * q + 1) * 1024 * e;
             f = "sum sent to other devices";

@@ -76,7 +76,9 @@ static sim_status verify(const mesh_shape *m, const mesh_plan *p, char *msg, siz
         for (int64_t i = 0; i < n; i++) {
             if (p->dtype == SIM_F32) ((float *)vs->global)[i] = (float)(i % 65521);
             else if (p->dtype == SIM_I32) ((int32_t *)vs->global)[i] = (int32_t)i;
-            else for (size_t b = 0; b < vs->es; b++) vs->global[(size_t)i * vs->es + b] = (unsigned char)(i * 7 + (int64_t)b);
+            else
+                for (size_t b = 0; b < vs->es; b++)
+                    vs->global[(size_t)i * vs->es + b] = (unsigned char)(i * 7 + (int64_t)b);
         }
     }
     sim_status st = sim_machine_run(mach, verify_device, vs);
@@ -85,7 +87,10 @@ static sim_status verify(const mesh_shape *m, const mesh_plan *p, char *msg, siz
         bool bytes = true; /* every device's count equals what the plan says of that device */
         for (int d = 0; d < m->num_devices; d++) bytes = bytes && vs->sent[d] == mesh_plan_device_bytes(p, m, d);
         snprintf(msg, cap, "%s on %d simulated devices: %s, counted bytes %s the plan", dry ? "dry-run" : "run",
-                 m->num_devices, dry ? "no data moved (large array)" : values ? "values preserved" : "VALUES DIFFER",
+                 m->num_devices,
+                 dry      ? "no data moved (large array)"
+                 : values ? "values preserved"
+                          : "VALUES DIFFER",
                  bytes ? "equal" : "DIFFER FROM");
         if (!values || !bytes) st = sim_err(SIM_ERR_CHECK, "%s", msg);
     }
@@ -129,7 +134,8 @@ static sim_status logical_spec(const cfg_config *cfg, const mesh_shape *m, const
                 int dist = cfg_edit_distance(names[n - 1], rules.rules[i].name);
                 if (dist < best) best = dist, near = rules.rules[i].name;
                 if (len < sizeof known - 64)
-                    len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", rules.rules[i].name);
+                    len +=
+                        (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", rules.rules[i].name);
             }
             st = sim_err(SIM_ERR_INPUT,
                          "%s: '%s' is not a logical axis name of the rules in effect (logical_axis_rules)%s%s%s; "
@@ -227,12 +233,9 @@ static sim_status counted_dtype(const cfg_config *cfg, const char *tensor, const
             return st;
         }
         weight = n > 0 && !other;
-        if (weight)
-            snprintf(reason, sizeof reason, "its logical names are all parameter axes of the config's model");
-        else if (other)
-            snprintf(reason, sizeof reason, "'%.64s' is not a parameter axis of the config's model", other);
-        else
-            snprintf(reason, sizeof reason, "no logical name given");
+        if (weight) snprintf(reason, sizeof reason, "its logical names are all parameter axes of the config's model");
+        else if (other) snprintf(reason, sizeof reason, "'%.64s' is not a parameter axis of the config's model", other);
+        else snprintf(reason, sizeof reason, "no logical name given");
     } else {
         snprintf(reason, sizeof reason, "no tensor= or logical names given");
     }
@@ -252,8 +255,8 @@ static sim_status counted_dtype(const cfg_config *cfg, const char *tensor, const
     *dt = counted;
     snprintf(why, cap, "%s, the config's %s (%s: %s; tensor=%s counts it in %s, %s, and dtype= in any)%s%.190s",
              sim_dtype_name(*dt), weight ? wkey : "dtype", weight ? "a weight" : "an activation", reason,
-             weight ? "activation" : "weight", weight ? "dtype" : wkey,
-             weight ? names[act] : sim_dtype_name(gather), weight ? "; " : "", weight ? rule : "");
+             weight ? "activation" : "weight", weight ? "dtype" : wkey, weight ? names[act] : sim_dtype_name(gather),
+             weight ? "; " : "", weight ? rule : "");
     return SIM_OK;
 }
 
@@ -264,10 +267,9 @@ int cli_explain(int argc, char **argv, FILE *out, FILE *err)
     cli_args a;
     sim_status st = cli_split_args(argc, argv, own, 9, &a);
     if (st) return cli_fail(err, st);
-    const char *mesh_text = cli_arg(&a, "mesh"), *shape_text = cli_arg(&a, "shape"),
-               *dtype_text = cli_arg(&a, "dtype"), *from = cli_arg(&a, "from"), *to = cli_arg(&a, "to"),
-               *from_l = cli_arg(&a, "from_logical"), *to_l = cli_arg(&a, "to_logical"),
-               *verify_text = cli_arg(&a, "verify"), *tensor = cli_arg(&a, "tensor");
+    const char *mesh_text = cli_arg(&a, "mesh"), *shape_text = cli_arg(&a, "shape"), *dtype_text = cli_arg(&a, "dtype"),
+               *from = cli_arg(&a, "from"), *to = cli_arg(&a, "to"), *from_l = cli_arg(&a, "from_logical"),
+               *to_l = cli_arg(&a, "to_logical"), *verify_text = cli_arg(&a, "verify"), *tensor = cli_arg(&a, "tensor");
     if (!shape_text || (!from && !from_l) || (!to && !to_l)) {
         sim_err(SIM_ERR_INPUT,
                 "explain needs shape= and a from= (or from_logical=) and a to= (or to_logical=), e.g.\n"

@@ -51,8 +51,10 @@ sim_status cli_host_memory_available(uint64_t *bytes, char *source, size_t cap, 
         errno = 0;
         unsigned long long v = strtoull(env, &end, 10);
         if (*env < '0' || *env > '9' || *end || errno)
-            return sim_err(SIM_ERR_INPUT, "SHARDSIM_HOST_MEMORY_BYTES=%s: expected a decimal byte count (e.g. "
-                                          "8000000000), or unset it to measure the machine", env);
+            return sim_err(SIM_ERR_INPUT,
+                           "SHARDSIM_HOST_MEMORY_BYTES=%s: expected a decimal byte count (e.g. "
+                           "8000000000), or unset it to measure the machine",
+                           env);
         *bytes = v;
         snprintf(source, cap, "SHARDSIM_HOST_MEMORY_BYTES");
         *known = 1;
@@ -101,9 +103,9 @@ sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, cons
                    "override_model_config=true, a smaller per_device_batch_size or max_target_length, fewer "
                    "devices), free memory, or size it without computing with dry_run=true",
                    human(total, t, sizeof t), human(avail, a, sizeof a), source, need->devices,
-                   need->devices == 1 ? "" : "s", human(need->device_peaks, p, sizeof p), need->devices == 1 ? "its peak" : "their peaks",
-                   human(need->max_peak, mx, sizeof mx), human(need->reuse_cache, rc, sizeof rc),
-                   human(need->host_buffers, hb, sizeof hb));
+                   need->devices == 1 ? "" : "s", human(need->device_peaks, p, sizeof p),
+                   need->devices == 1 ? "its peak" : "their peaks", human(need->max_peak, mx, sizeof mx),
+                   human(need->reuse_cache, rc, sizeof rc), human(need->host_buffers, hb, sizeof hb));
 }
 
 /* Before a real run: one dry step of the same model, optimizer and data

@@ -17,10 +17,10 @@
 /* What a real run needs, in bytes. */
 typedef struct {
     int devices;
-    uint64_t device_peaks;  /* sum over devices of the dry step's arena peak */
-    uint64_t max_peak;      /* the largest of them */
-    uint64_t reuse_cache;   /* released large blocks the arenas keep for reuse: up to 1/8 of each peak (1 GiB) */
-    uint64_t host_buffers;  /* the step's token arrays, checkpoint bounce buffers */
+    uint64_t device_peaks; /* sum over devices of the dry step's arena peak */
+    uint64_t max_peak;     /* the largest of them */
+    uint64_t reuse_cache;  /* released large blocks the arenas keep for reuse: up to 1/8 of each peak (1 GiB) */
+    uint64_t host_buffers; /* the step's token arrays, checkpoint bounce buffers */
 } cli_host_need;
 
 uint64_t cli_host_need_total(const cli_host_need *n);

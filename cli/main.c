@@ -104,8 +104,7 @@ static const command_help COMMANDS[] = {
      "             sets (or a setting it needs) is refused\n"
      "\n"
      "pattern: a substring of the name; block=NAME: one decoder block.\n"},
-    {"demo", "train a small Llama on 8 simulated devices, then check parity with 1 device",
-     "usage: shardsim demo\n"},
+    {"demo", "train a small Llama on 8 simulated devices, then check parity with 1 device", "usage: shardsim demo\n"},
     {"collectives", "run every collective on an 8-device mesh and show the counted bytes",
      "usage: shardsim collectives\n"},
     {"help", "this text, or one command's usage", "usage: shardsim help [command]\n"},
@@ -154,9 +153,10 @@ static int xrank_start(void)
     for (int r = 1; r < R && !rc; r++)
         if (strncmp(all + (size_t)r * CORE, all, CORE)) {
             if (me == 0)
-                fprintf(stderr, "shardsim: MPI rank %d runs the OpenBLAS kernels '%.31s' but rank 0 runs '%.31s': "
-                                "their sums differ in the last bits, so the run would not be the one-process run; "
-                                "set OPENBLAS_CORETYPE=%.31s on every rank (mpirun -x OPENBLAS_CORETYPE=%.31s)\n",
+                fprintf(stderr,
+                        "shardsim: MPI rank %d runs the OpenBLAS kernels '%.31s' but rank 0 runs '%.31s': "
+                        "their sums differ in the last bits, so the run would not be the one-process run; "
+                        "set OPENBLAS_CORETYPE=%.31s on every rank (mpirun -x OPENBLAS_CORETYPE=%.31s)\n",
                         r, all + (size_t)r * CORE, all, all, all);
             rc = 2;
         }
@@ -165,7 +165,6 @@ static int xrank_start(void)
     fflush(stdout);
     return freopen("/dev/null", "w", stdout) ? 0 : 1;
 }
-
 
 static int run_command(int argc, char **argv);
 
@@ -210,12 +209,14 @@ static int run_command(int argc, char **argv)
     if (!strcmp(cmd, "collectives")) return cli_collectives_demo(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cli_train(argc - 2, argv + 2, stdout, stderr);
     if (!strcmp(cmd, "parity")) return cli_cmd_parity(argc - 2, argv + 2, stdout, stderr);
-    if (sim_xrank_size() > 1 && (!strcmp(cmd, "dump") || !strcmp(cmd, "explain") || !strcmp(cmd, "keys") ||
-                                 !strcmp(cmd, "plan"))) {
+    if (sim_xrank_size() > 1 &&
+        (!strcmp(cmd, "dump") || !strcmp(cmd, "explain") || !strcmp(cmd, "keys") || !strcmp(cmd, "plan"))) {
         /* nothing of theirs spreads over ranks: R copies would only write the same files at once */
         if (sim_xrank_rank() == 0)
-            fprintf(stderr, "shardsim %s under mpirun (%d ranks): only train, parity, demo and collectives spread over "
-                            "MPI ranks; run %s without mpirun\n", cmd, sim_xrank_size(), cmd);
+            fprintf(stderr,
+                    "shardsim %s under mpirun (%d ranks): only train, parity, demo and collectives spread over "
+                    "MPI ranks; run %s without mpirun\n",
+                    cmd, sim_xrank_size(), cmd);
         return 2;
     }
     if (!strcmp(cmd, "dump")) return cli_dump(argc - 2, argv + 2, stdout, stderr);

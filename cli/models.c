@@ -48,7 +48,8 @@ static int selected(const cfg_model_file *m, const char *pattern)
 int cli_models(int argc, char **argv, FILE *out, FILE *err)
 {
     if (argc > 1) {
-        fprintf(err, "shardsim models: one pattern at most (got %d words); usage: shardsim models [pattern|block=NAME]\n",
+        fprintf(err,
+                "shardsim models: one pattern at most (got %d words); usage: shardsim models [pattern|block=NAME]\n",
                 argc);
         return 2;
     }
@@ -85,8 +86,9 @@ int cli_models(int argc, char **argv, FILE *out, FILE *err)
                 why ? "refused: " : "simulated", why ? why : "");
         free(why);
     }
-    fprintf(out, "\n%d model%s: %d simulated, %d refused by a key of the model file or a setting it needs, "
-                 "%d refused by decoder block (from %s/models)\n",
+    fprintf(out,
+            "\n%d model%s: %d simulated, %d refused by a key of the model file or a setting it needs, "
+            "%d refused by decoder block (from %s/models)\n",
             shown, shown == 1 ? "" : "s", runs, by_key, by_block, cfg->configs_dir);
 fail:
     cfg_model_files_free(m, n);

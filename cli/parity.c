@@ -47,8 +47,8 @@ enum { MAX_CONFIGS = 32, MAX_WORDS = 64 };
 
 typedef struct {
     char label[320];
-    char text[1024];          /* the overrides as given */
-    char *words[MAX_WORDS];   /* split */
+    char text[1024];        /* the overrides as given */
+    char *words[MAX_WORDS]; /* split */
     int n;
 } parity_cfg;
 
@@ -160,7 +160,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     bool header = false; /* the first line, printed once (a failing first configuration is no reference) */
     /* what each configuration costs, for parity.json and the report: its mesh, memory per device,
      * the traffic of its last step and, with a hardware profile, the modelled time of that step */
-    char (*meshes)[256] = calloc((size_t)nc, sizeof *meshes);
+    char(*meshes)[256] = calloc((size_t)nc, sizeof *meshes);
     sim_arena_stats **mems = calloc((size_t)nc, sizeof *mems);
     cli_traffic *traffic = calloc((size_t)nc, sizeof *traffic);
     json_t **tm_json = calloc((size_t)nc, sizeof *tm_json);
@@ -207,13 +207,15 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             const char *od = NULL;
             if (!st) st = cfg_get_str(cfg, "output_dir", &od);
             if (od && sim_xrank_rank() == 0) snprintf(outdir, sizeof outdir, "%s", od); /* rank 0 writes */
-            if (!st && !header) fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
-                             steps, rtol);
+            if (!st && !header)
+                fprintf(out, "parity: %d configurations, %lld steps, rtol %g on the loss and every gradient\n\n", nc,
+                        steps, rtol);
             header = true;
         }
         if (st == SIM_OK && def->d.batch * def->d.ga != ref_batch)
-            st = sim_err(SIM_ERR_INPUT, "configuration '%s' trains %lld rows per step, the reference %lld; set "
-                                        "per_device_batch_size so that the global batches agree",
+            st = sim_err(SIM_ERR_INPUT,
+                         "configuration '%s' trains %lld rows per step, the reference %lld; set "
+                         "per_device_batch_size so that the global batches agree",
                          cfgs[c].label, (long long)(def->d.batch * def->d.ga), (long long)ref_batch);
         if (st == SIM_OK && def->d.dry_run) st = sim_err(SIM_ERR_INPUT, "parity needs real numbers: drop dry_run=true");
         if (st == SIM_OK) st = model_optim_from_config(cfg, &job.opt);
@@ -247,7 +249,8 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                          cfg_release_maxtext(def->release));
             snprintf(cfgs[c].label, sizeof cfgs[c].label, "%s%s%s%s %s", mesh, rules && *rules ? " " : "",
                      rules && *rules ? rules : "", extra, def->d.mode == MESH_MODE_EXPLICIT ? "explicit" : "auto");
-            fprintf(out, "[%d/%d] %-32s <- %s\n", c + 1, nc, cfgs[c].label, cfgs[c].n ? cfgs[c].text : "(no overrides)");
+            fprintf(out, "[%d/%d] %-32s <- %s\n", c + 1, nc, cfgs[c].label,
+                    cfgs[c].n ? cfgs[c].text : "(no overrides)");
             fflush(out);
             parity_progress pp = {c, nc, steps};
             job.def = def;
@@ -287,11 +290,11 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                 oom[c] = true;
                 n_oom++;
                 if (ref_c < 0)
-                    sim_err(SIM_ERR_OOM, "the reference configuration '%s' does not fit in hbm_limit_gb=%g: nothing to "
-                                         "compare with; raise hbm_limit_gb (0 = unlimited) or shard it further",
+                    sim_err(SIM_ERR_OOM,
+                            "the reference configuration '%s' does not fit in hbm_limit_gb=%g: nothing to "
+                            "compare with; raise hbm_limit_gb (0 = unlimited) or shard it further",
                             cfgs[c].label, hbm);
-                else
-                    st = SIM_OK;
+                else st = SIM_OK;
             }
             fflush(out);
             if (st == SIM_OK && !oom[c] && *outdir) {
@@ -330,7 +333,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                 for (long long s = 0; s < steps; s++)
                     for (int i = 0; i < def->nparams; i++) {
                         double e = model_rel_norm_diff(job.step_grads[s].g[i], ref[s].g[i],
-                                            ref[s].layer_elems[i] * ref[s].n_layers[i]);
+                                                       ref[s].layer_elems[i] * ref[s].n_layers[i]);
                         if (e > worst_grad) worst_grad = e;
                         if (e > rtol && (diverge_step < 0 || s < diverge_step)) {
                             diverge_step = (int)s;
@@ -366,7 +369,13 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
     if (st) {
         rc = cli_fail(err, st);
     } else {
-        cli_parity p = {nc - n_oom, pcs, (int)steps, 0, rtol, diverge_step, diverge_step >= 0 ? diverge_param : NULL,
+        cli_parity p = {nc - n_oom,
+                        pcs,
+                        (int)steps,
+                        0,
+                        rtol,
+                        diverge_step,
+                        diverge_step >= 0 ? diverge_param : NULL,
                         diverge_step >= 0 ? diverge_cfg : NULL};
         fprintf(out, "\n");
         cli_report_parity(out, &p);

@@ -106,8 +106,7 @@ static sim_status space_list(const cfg_config *f, const char *path, const char *
         if (out->n == PLAN_LIST || strlen(v) >= PLAN_NAME)
             st = sim_err(SIM_ERR_INPUT, "%s: %s holds more than %d items or an item longer than %d bytes; shorten it",
                          path, key, PLAN_LIST, PLAN_NAME - 1);
-        else
-            snprintf(out->s[out->n++], PLAN_NAME, "%s", v);
+        else snprintf(out->s[out->n++], PLAN_NAME, "%s", v);
     }
     free(items);
     return st;
@@ -154,8 +153,10 @@ static sim_status space_load(plan_space *sp)
         st = sim_err(SIM_ERR_INPUT, "%s: max_sharded_axes=%lld; expected 1 to %d", path, ms, MESH_MAX_AXES);
     sp->max_split = (int)ms;
     if (!st && (!sp->rule_sets.n || !sp->modes.n || !sp->remat.n || !sp->nzero1 || !sp->ici_axes.n))
-        st = sim_err(SIM_ERR_INPUT, "%s: ici_axes, rule_sets, shard_modes, remat_policies and "
-                                    "shard_optimizer_over_data each need at least one value", path);
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: ici_axes, rule_sets, shard_modes, remat_policies and "
+                     "shard_optimizer_over_data each need at least one value",
+                     path);
     cfg_free(f);
     return st;
 }
@@ -202,16 +203,16 @@ static bool plan_own_key(const char *w)
 
 /* What a dry run leaves: the figures plan ranks and prints.  Plain data: it crosses a pipe. */
 typedef struct {
-    int fail;                 /* 0 ran; 1 out of memory; 2 refused (train's error); 3 the simulator failed */
+    int fail; /* 0 ran; 1 out of memory; 2 refused (train's error); 3 the simulator failed */
     char why[480];
-    double peak;              /* bytes, the device with the highest peak */
-    double cat[SIM_NMEM];     /* that device's bytes by category at its peak */
+    double peak;          /* bytes, the device with the highest peak */
+    double cat[SIM_NMEM]; /* that device's bytes by category at its peak */
     double step_s, compute_s, bubble_s, optimizer_s, exposed_s, model_flops, peak_flops;
     int naxes;
-    char axes[PLAN_AXES][40]; /* mesh-axis groups ("fsdp", "data+fsdp") */
+    char axes[PLAN_AXES][40];       /* mesh-axis groups ("fsdp", "data+fsdp") */
     double axis_bytes[PLAN_AXES];   /* bytes each device sends over the group per step (mean) */
     double axis_exposed[PLAN_AXES]; /* communication compute waited for, seconds */
-    double wall_s;            /* host seconds the dry run took */
+    double wall_s;                  /* host seconds the dry run took */
 } plan_result;
 
 static double now_s(void)
@@ -425,8 +426,7 @@ static void dry_run(const char *const *words, int n, plan_result *res)
         else if (WIFSIGNALED(status))
             snprintf(res->why, sizeof res->why, "the simulator stopped (signal %d)%s%s", WTERMSIG(status),
                      line[0] ? ": " : "", line);
-        else
-            snprintf(res->why, sizeof res->why, "the simulator failed%s%s", line[0] ? ": " : "", line);
+        else snprintf(res->why, sizeof res->why, "the simulator failed%s%s", line[0] ? ": " : "", line);
     }
     fclose(errf);
 }
@@ -446,82 +446,82 @@ typedef enum {
 } plan_state;
 
 typedef struct {
-    plan_words w;       /* the keys plan varies, as train takes them */
-    int structure;      /* its structure (the candidate with its default knobs) */
-    int remat, ga, mb;  /* knob values: index into remat_policies, accumulation steps, pipeline microbatches */
-    int stages;         /* the stage axis's size */
-    bool is_default;    /* the structure itself (default knobs) */
+    plan_words w;      /* the keys plan varies, as train takes them */
+    int structure;     /* its structure (the candidate with its default knobs) */
+    int remat, ga, mb; /* knob values: index into remat_policies, accumulation steps, pipeline microbatches */
+    int stages;        /* the stage axis's size */
+    bool is_default;   /* the structure itself (default knobs) */
     plan_state state;
-    int reason;         /* rejected or failed: index into the reasons */
-    double lb;          /* bytes per device: parameters + gradients + optimizer state */
-    uint64_t sig;       /* equivalence signature */
-    int dup_of;         /* PC_DUPLICATE: the candidate it equals */
-    bool sampled;       /* r extrapolated from runs of fewer layers */
-    bool verified;      /* r is a full dry run's */
+    int reason;                          /* rejected or failed: index into the reasons */
+    double lb;                           /* bytes per device: parameters + gradients + optimizer state */
+    uint64_t sig;                        /* equivalence signature */
+    int dup_of;                          /* PC_DUPLICATE: the candidate it equals */
+    bool sampled;                        /* r extrapolated from runs of fewer layers */
+    bool verified;                       /* r is a full dry run's */
     double sampled_step_s, sampled_peak; /* the extrapolation, kept beside a full run's figures */
     plan_result r;
-    int rank;           /* 1-based rank among the fitting, 0 if none */
-    bool explored;      /* a structure whose knob variants were made (they are candidates of their own) */
-    bool pareto;        /* ranked, and on the Pareto front of step time and peak (mark_pareto) */
+    int rank;      /* 1-based rank among the fitting, 0 if none */
+    bool explored; /* a structure whose knob variants were made (they are candidates of their own) */
+    bool pareto;   /* ranked, and on the Pareto front of step time and peak (mark_pareto) */
 } plan_cand;
 
 /* A candidate the checks dropped before any dry run (refused, pruned or equivalent to an earlier
  * one): plan.json lists it with what became of it. */
 typedef struct {
-    char *keys;         /* its words, space-separated */
-    plan_state state;   /* PC_REJECTED, PC_PRUNED or PC_DUPLICATE */
-    char *why;          /* PC_REJECTED: train's message */
-    int same_as;        /* PC_DUPLICATE: the candidate (index into plan_ctx.c) it equals */
-    double lb;          /* PC_PRUNED, PC_DUPLICATE: parameters + gradients + optimizer state per device */
-    long long count;    /* candidates it stands for: a structure's knob variants share its verdict */
-    bool remat_pruned;  /* PC_PRUNED: a policy saving more than full where full ran out of memory */
+    char *keys;        /* its words, space-separated */
+    plan_state state;  /* PC_REJECTED, PC_PRUNED or PC_DUPLICATE */
+    char *why;         /* PC_REJECTED: train's message */
+    int same_as;       /* PC_DUPLICATE: the candidate (index into plan_ctx.c) it equals */
+    double lb;         /* PC_PRUNED, PC_DUPLICATE: parameters + gradients + optimizer state per device */
+    long long count;   /* candidates it stands for: a structure's knob variants share its verdict */
+    bool remat_pruned; /* PC_PRUNED: a policy saving more than full where full ran out of memory */
 } plan_drop;
 
 typedef struct {
-    char key[160];      /* the message with its numbers blanked: the grouping key */
-    char text[480];     /* the first message */
+    char key[160];  /* the message with its numbers blanked: the grouping key */
+    char text[480]; /* the first message */
     char example[PLAN_WORD * 4];
     long long count;
 } plan_reason;
 
 typedef struct {
     /* the problem */
-    const char *const *user;  /* the user's words minus plan's own and the varied keys */
+    const char *const *user; /* the user's words minus plan's own and the varied keys */
     int nuser;
     bool fixed_remat, fixed_ga, fixed_mode, fixed_zero1, fixed_rules, fixed_mb, fixed_mesh;
     char fixed_rule_set[PLAN_NAME];
     char model[64], topology[96], profile[32];
     int devices, slices, per_slice;
-    long long global;         /* rows per step */
+    long long global; /* rows per step */
     long long seq;
-    double hbm;               /* bytes per device */
+    double hbm; /* bytes per device */
     bool moe;
-    bool two_stacks;          /* the family runs a first stack of other layers (DeepSeek's dense layers:
+    bool two_stacks; /* the family runs a first stack of other layers (DeepSeek's dense layers:
                                  model_family.layers_before_pipeline) before the scanned stack */
     int64_t layers, dense_layers;
     plan_space sp;
     /* the search */
     plan_cand *c;
     int nc, cap;
-    long long considered;     /* every (structure, knobs) pair enumerated */
+    long long considered; /* every (structure, knobs) pair enumerated */
     long long by_state[PC_NSTATES];
     plan_reason reasons[PLAN_REASONS];
     int nreasons;
     long long structures, meshes;
-    long long variants_made;  /* knob variants generated (of the structures explored) */
-    long long pruned_remat;   /* of by_state[PC_PRUNED]: remat policies where full ran out of memory */
+    long long variants_made; /* knob variants generated (of the structures explored) */
+    long long pruned_remat;  /* of by_state[PC_PRUNED]: remat policies where full ran out of memory */
     int structures_explored;
     bool truncated;
     int budget, dry_runs, verify;
     double dry_wall_s, wall_s;
     int ndry_sampled_runs, nfull;
     int top, explain;
-    int *ranked;              /* candidate indices in rank order */
+    int *ranked; /* candidate indices in rank order */
     int nranked;
-    plan_drop *drops;         /* the candidates dropped by the checks, in enumeration order */
+    plan_drop *drops; /* the candidates dropped by the checks, in enumeration order */
     int ndrops, capdrops;
-    char outdir[1024];        /* output_dir: plan.json and report.html ("" none) */
-    const char *const *argv;  /* the command's words, as given (plan.json) */
+    char outdir[1024];       /* output_dir: plan.json and report.html ("" none) */
+    const char *const *argv; /* the command's words, as given (plan.json) */
     int argc;
 } plan_ctx;
 
@@ -770,10 +770,10 @@ static void knob_words(const plan_ctx *P, plan_cand *c, int stages)
 }
 
 typedef struct {
-    int n;                          /* enumerable axes */
+    int n; /* enumerable axes */
     char names[MESH_MAX_AXES][MESH_AXIS_NAME_MAX];
     int ici[MESH_MAX_AXES], dcn[MESH_MAX_AXES];
-    bool dcn_ok[MESH_MAX_AXES];     /* may span slices */
+    bool dcn_ok[MESH_MAX_AXES]; /* may span slices */
 } plan_mesh;
 
 typedef struct {
@@ -849,8 +849,9 @@ static int add_structure(enum_state *E, const char *mode, bool zero1, int inheri
     char pd[64];
     sim_status st = pdbs_text(P, c->ga, pd, sizeof pd)
                         ? check_cand(P, c)
-                        : sim_err(SIM_ERR_INPUT, "the global batch of %lld rows does not split into %d microbatch%s "
-                                                 "of whole rows over %d devices",
+                        : sim_err(SIM_ERR_INPUT,
+                                  "the global batch of %lld rows does not split into %d microbatch%s "
+                                  "of whole rows over %d devices",
                                   P->global, c->ga, c->ga > 1 ? "es" : "", P->devices);
     if (st) {
         *reason = c->reason = add_reason(P, sim_errmsg(), c, nv);
@@ -1013,9 +1014,10 @@ static int add_variants(plan_ctx *P, int s)
     bool full_oom = oom && !P->fixed_remat && !strcmp(P->sp.remat.s[base.remat], "full");
     /* the structure's own words: everything before its knob words */
     plan_words sw = base.w;
-    while (sw.n && (word_sets(sw.w[sw.n - 1], "remat_policy") || word_sets(sw.w[sw.n - 1], "gradient_accumulation_steps") ||
-                    word_sets(sw.w[sw.n - 1], "per_device_batch_size") ||
-                    word_sets(sw.w[sw.n - 1], "num_pipeline_microbatches")))
+    while (sw.n &&
+           (word_sets(sw.w[sw.n - 1], "remat_policy") || word_sets(sw.w[sw.n - 1], "gradient_accumulation_steps") ||
+            word_sets(sw.w[sw.n - 1], "per_device_batch_size") ||
+            word_sets(sw.w[sw.n - 1], "num_pipeline_microbatches")))
         sw.n--;
     for (int gi = 0; gi < ng; gi++) {
         int g = oom ? ng - 1 - gi : gi;
@@ -1051,8 +1053,9 @@ static int add_variants(plan_ctx *P, int s)
                 char pd[64];
                 sim_status st = pdbs_text(P, c->ga, pd, sizeof pd)
                                     ? check_cand(P, c)
-                                    : sim_err(SIM_ERR_INPUT, "the global batch of %lld rows does not split into %d "
-                                                             "microbatches of whole rows over %d devices",
+                                    : sim_err(SIM_ERR_INPUT,
+                                              "the global batch of %lld rows does not split into %d "
+                                              "microbatches of whole rows over %d devices",
                                               P->global, c->ga, P->devices);
                 if (st) {
                     add_reason(P, sim_errmsg(), c, 1);
@@ -1221,7 +1224,12 @@ static __attribute__((unused)) int cmp_lb(const plan_ctx *P, int a, int b)
 static int cmp_struct(const plan_ctx *P, int a, int b)
 {
     const plan_cand *x = &P->c[a], *y = &P->c[b];
-    int cx = x->state == PC_RANKED ? 0 : x->state == PC_OOM ? 1 : 2, cy = y->state == PC_RANKED ? 0 : y->state == PC_OOM ? 1 : 2;
+    int cx = x->state == PC_RANKED ? 0
+             : x->state == PC_OOM  ? 1
+                                   : 2,
+        cy = y->state == PC_RANKED ? 0
+             : y->state == PC_OOM  ? 1
+                                   : 2;
     if (cx != cy) return cx - cy;
     if (cx == 0) return cmp_ctx_idx(P, a, b);
     if (x->r.peak != y->r.peak) return x->r.peak < y->r.peak ? -1 : 1;
@@ -1408,12 +1416,14 @@ static void short_text(const plan_cand *c, char *buf, size_t cap)
             n += (size_t)snprintf(buf + n, cap - n, "%sdcn_%s=%s", n ? " " : "", t + 4, p + 13);
         } else {
             const char *eq = strchr(w, '=');
-            const char *k = word_sets(w, "custom_mesh_and_rule") ? "rules"
+            const char *k = word_sets(w, "custom_mesh_and_rule")          ? "rules"
                             : word_sets(w, "gradient_accumulation_steps") ? "GA"
-                            : word_sets(w, "num_pipeline_microbatches") ? "microbatches"
-                            : word_sets(w, "shard_optimizer_over_data") ? "ZeRO-1"
-                            : word_sets(w, "remat_policy") ? "remat" : NULL;
-            if (word_sets(w, "shard_optimizer_over_data")) n += (size_t)snprintf(buf + n, cap - n, "%sZeRO-1", n ? " " : "");
+                            : word_sets(w, "num_pipeline_microbatches")   ? "microbatches"
+                            : word_sets(w, "shard_optimizer_over_data")   ? "ZeRO-1"
+                            : word_sets(w, "remat_policy")                ? "remat"
+                                                                          : NULL;
+            if (word_sets(w, "shard_optimizer_over_data"))
+                n += (size_t)snprintf(buf + n, cap - n, "%sZeRO-1", n ? " " : "");
             else if (word_sets(w, "shard_mode")) n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? " " : "", eq + 1);
             else if (k) n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", n ? " " : "", k, eq + 1);
             else n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? " " : "", w);
@@ -1423,8 +1433,8 @@ static void short_text(const plan_cand *c, char *buf, size_t cap)
 
 static void print_memory(FILE *out, const plan_result *r)
 {
-    static const char *names[SIM_NMEM] = {"params", "grads", "optimizer", "weight copy", "activations", "temporaries",
-                                          "comm"};
+    static const char *names[SIM_NMEM] = {"params",      "grads",       "optimizer", "weight copy",
+                                          "activations", "temporaries", "comm"};
     fprintf(out, "      memory:");
     bool first = true;
     for (int c = 0; c < SIM_NMEM; c++) {
@@ -1464,7 +1474,9 @@ static void print_candidate(FILE *out, const plan_ctx *P, const plan_cand *c)
     bound_text(P, c, bound, sizeof bound);
     fprintf(out, "  #%-3d %.3f ms  MFU %5.1f%%  peak %s per device  [%s]\n", c->rank, 1e3 * c->r.step_s,
             100 * mfu(&c->r), gib(c->r.peak, peak, sizeof peak),
-            c->verified ? "full dry run" : c->sampled ? "sampled layers, extrapolated" : "dry run");
+            c->verified  ? "full dry run"
+            : c->sampled ? "sampled layers, extrapolated"
+                         : "dry run");
     fprintf(out, "      bound: %s\n", bound);
     print_memory(out, &c->r);
     print_axes(out, &c->r);
@@ -1489,25 +1501,32 @@ static void print_counts(FILE *out, const plan_ctx *P)
     long long st[PC_NSTATES] = {0};
     for (int i = 0; i < P->nc; i++) st[P->c[i].state]++;
     long long ran = st[PC_OOM] + st[PC_FAILED] + st[PC_RANKED] + st[PC_EQUIVALENT];
-    long long untried = P->considered - P->by_state[PC_REJECTED] - P->by_state[PC_PRUNED] -
-                        P->by_state[PC_DUPLICATE] - ran;
-    fprintf(out, "\n%lld candidates considered: %lld structures (%lld meshes x rule sets x shard_mode x "
-                 "shard_optimizer_over_data) x their remat_policy, gradient_accumulation_steps and pipeline "
-                 "microbatch variants (configs/plan.yml)%s\n",
+    long long untried =
+        P->considered - P->by_state[PC_REJECTED] - P->by_state[PC_PRUNED] - P->by_state[PC_DUPLICATE] - ran;
+    fprintf(out,
+            "\n%lld candidates considered: %lld structures (%lld meshes x rule sets x shard_mode x "
+            "shard_optimizer_over_data) x their remat_policy, gradient_accumulation_steps and pipeline "
+            "microbatch variants (configs/plan.yml)%s\n",
             P->considered, P->structures, P->meshes,
             P->truncated ? "; the enumeration stopped at its limit of structures" : "");
     fprintf(out, "  %8lld rejected by the checks train applies (reasons below)\n", P->by_state[PC_REJECTED]);
-    fprintf(out, "  %8lld pruned: parameters + gradients + optimizer state alone exceed the HBM", P->by_state[PC_PRUNED] - P->pruned_remat);
-    if (P->pruned_remat) fprintf(out, "; %lld more: a remat policy that saves more than full where full ran out", P->pruned_remat);
+    fprintf(out, "  %8lld pruned: parameters + gradients + optimizer state alone exceed the HBM",
+            P->by_state[PC_PRUNED] - P->pruned_remat);
+    if (P->pruned_remat)
+        fprintf(out, "; %lld more: a remat policy that saves more than full where full ran out", P->pruned_remat);
     fprintf(out, "\n  %8lld equivalent to an earlier candidate (same mesh, parameter shardings, rules and knobs)\n",
             P->by_state[PC_DUPLICATE]);
-    fprintf(out, "  %8lld dry-run: %lld fit and are ranked, %lld out of memory, %lld refused or failed while running, "
-                 "%lld with the same figures as an earlier mesh (not explored further)\n",
+    fprintf(out,
+            "  %8lld dry-run: %lld fit and are ranked, %lld out of memory, %lld refused or failed while running, "
+            "%lld with the same figures as an earlier mesh (not explored further)\n",
             ran, st[PC_RANKED], st[PC_OOM], st[PC_FAILED], st[PC_EQUIVALENT]);
-    fprintf(out, "  %8lld not dry-run: beyond the budget plan_dry_runs=%d (the knob variants of %d structures were "
-                 "explored)\n", untried, P->budget, P->structures_explored);
-    fprintf(out, "dry runs: %d runs of a few layers per kind, extrapolated to the model's %lld layers, and %d in full; "
-                 "%.1f s of the plan's %.1f s\n",
+    fprintf(out,
+            "  %8lld not dry-run: beyond the budget plan_dry_runs=%d (the knob variants of %d structures were "
+            "explored)\n",
+            untried, P->budget, P->structures_explored);
+    fprintf(out,
+            "dry runs: %d runs of a few layers per kind, extrapolated to the model's %lld layers, and %d in full; "
+            "%.1f s of the plan's %.1f s\n",
             P->ndry_sampled_runs, (long long)P->layers, P->nfull, P->dry_wall_s, P->wall_s);
 }
 
@@ -1542,8 +1561,9 @@ static void explain(FILE *out, const plan_ctx *P, int K)
     const plan_result *r = &c->r;
     char b1[32], b2[32];
     fprintf(out, "\nwhy #%d ranks #%d of %d:\n", K, K, P->nranked);
-    fprintf(out, "  step %.1f ms = compute %.1f ms (of which pipeline bubbles %.1f) + optimizer %.1f + exposed "
-                 "communication %.1f\n",
+    fprintf(out,
+            "  step %.1f ms = compute %.1f ms (of which pipeline bubbles %.1f) + optimizer %.1f + exposed "
+            "communication %.1f\n",
             1e3 * r->step_s, 1e3 * r->compute_s, 1e3 * r->bubble_s, 1e3 * r->optimizer_s, 1e3 * r->exposed_s);
     for (int i = 0; i < r->naxes; i++)
         if (r->axis_exposed[i] > 0)
@@ -1568,8 +1588,9 @@ static void explain(FILE *out, const plan_ctx *P, int K)
             if (fabs(parts[i]) > fabs(parts[big])) big = i;
         char s[512];
         short_text(&P->c[P->ranked[k - 1]], s, sizeof s);
-        fprintf(out, "  against #%d (%s: %s): %+.1f ms; compute %+.1f, bubbles %+.1f, optimizer %+.1f, exposed "
-                     "communication %+.1f; most of it: %s",
+        fprintf(out,
+                "  against #%d (%s: %s): %+.1f ms; compute %+.1f, bubbles %+.1f, optimizer %+.1f, exposed "
+                "communication %+.1f; most of it: %s",
                 k, label[o], s[0] ? s : "the defaults", 1e3 * (r->step_s - q->step_s), 1e3 * parts[0], 1e3 * parts[1],
                 1e3 * parts[2], 1e3 * parts[3], pn[big]);
         if (big == 3) { /* the axis whose exposure moved most */
@@ -1597,7 +1618,6 @@ static void explain(FILE *out, const plan_ctx *P, int K)
         fprintf(out, "; peak %+.2f GiB\n", (r->peak - q->peak) / 1073741824.0);
     }
 }
-
 
 /* ------------------------------------------------------------ plan.json and report.html */
 
@@ -1751,8 +1771,9 @@ static json_t *plan_json(const plan_ctx *P)
     jset(n, "out_of_memory", json_integer(st[PC_OOM]));
     jset(n, "failed", json_integer(st[PC_FAILED]));
     jset(n, "same_figures", json_integer(st[PC_EQUIVALENT]));
-    jset(n, "not_dry_run", json_integer(P->considered - P->by_state[PC_REJECTED] - P->by_state[PC_PRUNED] -
-                                        P->by_state[PC_DUPLICATE] - ran));
+    jset(n, "not_dry_run",
+         json_integer(P->considered - P->by_state[PC_REJECTED] - P->by_state[PC_PRUNED] - P->by_state[PC_DUPLICATE] -
+                      ran));
     jset(n, "dry_run_budget", json_integer(P->budget));
     jset(n, "structures_explored", json_integer(P->structures_explored));
     jset(n, "sampled_runs", json_integer(P->ndry_sampled_runs));
@@ -1795,8 +1816,10 @@ static json_t *plan_json(const plan_ctx *P)
         jset(o, "lower_bound_bytes", jnum(c->lb));
         bool figures = c->state == PC_RANKED || c->state == PC_OOM || c->state == PC_EQUIVALENT;
         if (figures) {
-            jset(o, "figures", json_string(c->verified && c->state == PC_RANKED ? "full dry run"
-                                           : c->sampled ? "sampled layers, extrapolated" : "dry run"));
+            jset(o, "figures",
+                 json_string(c->verified && c->state == PC_RANKED ? "full dry run"
+                             : c->sampled                         ? "sampled layers, extrapolated"
+                                                                  : "dry run"));
             result_json(o, &c->r);
         }
         if (c->verified && c->sampled_step_s > 0) {
@@ -1812,8 +1835,9 @@ static json_t *plan_json(const plan_ctx *P)
             break;
         case PC_OOM:
             if (c->r.why[0]) snprintf(msg, sizeof msg, "out of memory in the full dry run: %s", c->r.why);
-            else snprintf(msg, sizeof msg, "out of memory: a peak of %s per device exceeds the HBM (%s)",
-                          gib(c->r.peak, b1, sizeof b1), gib(P->hbm, b2, sizeof b2));
+            else
+                snprintf(msg, sizeof msg, "out of memory: a peak of %s per device exceeds the HBM (%s)",
+                         gib(c->r.peak, b1, sizeof b1), gib(P->hbm, b2, sizeof b2));
             break;
         case PC_FAILED: snprintf(msg, sizeof msg, "%s", c->r.why); break;
         case PC_EQUIVALENT:
@@ -1821,9 +1845,7 @@ static json_t *plan_json(const plan_ctx *P)
                      c->dup_of >= 0 ? id_of[c->dup_of] : -1);
             jset(o, "same_as", c->dup_of >= 0 ? json_integer(id_of[c->dup_of]) : json_null());
             break;
-        case PC_UNTRIED:
-            snprintf(msg, sizeof msg, "not dry-run: beyond the budget plan_dry_runs=%d", P->budget);
-            break;
+        case PC_UNTRIED: snprintf(msg, sizeof msg, "not dry-run: beyond the budget plan_dry_runs=%d", P->budget); break;
         default: break;
         }
         if (msg[0]) jset(o, "reason", json_string(msg));
@@ -1839,17 +1861,20 @@ static json_t *plan_json(const plan_ctx *P)
         split_words(d->keys, &tmp->w);
         json_t *o = cand_head(P, P->nc + i, d->state, tmp, d->count);
         jset(o, "lower_bound_bytes", d->state == PC_REJECTED ? json_null() : jnum(d->lb));
-        if (d->state == PC_REJECTED)
-            snprintf(msg, sizeof msg, "%s", d->why ? d->why : "refused");
+        if (d->state == PC_REJECTED) snprintf(msg, sizeof msg, "%s", d->why ? d->why : "refused");
         else if (d->state == PC_PRUNED && d->remat_pruned)
             snprintf(msg, sizeof msg, "pruned: a remat policy that saves more than full, where full ran out of memory");
         else if (d->state == PC_PRUNED)
-            snprintf(msg, sizeof msg, "pruned: parameters + gradients + optimizer state alone (%s per device) exceed "
-                                      "the HBM (%s)", gib(d->lb, b1, sizeof b1), gib(P->hbm, b2, sizeof b2));
+            snprintf(msg, sizeof msg,
+                     "pruned: parameters + gradients + optimizer state alone (%s per device) exceed "
+                     "the HBM (%s)",
+                     gib(d->lb, b1, sizeof b1), gib(P->hbm, b2, sizeof b2));
         else
-            snprintf(msg, sizeof msg, "equivalent to candidate %d (the same mesh, parameter shardings, rules and knobs)",
+            snprintf(msg, sizeof msg,
+                     "equivalent to candidate %d (the same mesh, parameter shardings, rules and knobs)",
                      d->same_as >= 0 ? id_of[d->same_as] : -1);
-        if (d->state == PC_DUPLICATE) jset(o, "same_as", d->same_as >= 0 ? json_integer(id_of[d->same_as]) : json_null());
+        if (d->state == PC_DUPLICATE)
+            jset(o, "same_as", d->same_as >= 0 ? json_integer(id_of[d->same_as]) : json_null());
         jset(o, "reason", json_string(msg));
         SIM_ASSERT(json_array_append_new(cands, o) == 0);
     }
@@ -1939,8 +1964,7 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
             char why[600];
             snprintf(why, sizeof why, "%s", sim_errmsg());
             sim_err_clear();
-            st = sim_err(SIM_ERR_IO, "output_dir=%s: plan writes plan.json and report.html there, but %s", outdir,
-                         why);
+            st = sim_err(SIM_ERR_IO, "output_dir=%s: plan writes plan.json and report.html there, but %s", outdir, why);
         }
     }
     if (!st && nd <= 0)
@@ -1955,8 +1979,9 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
     }
     if (!st && !have_hw) {
         char names[512];
-        st = sim_err(SIM_ERR_INPUT, "plan ranks by the modelled step time, which needs a hardware profile: give "
-                                    "compile_topology=NAME (its family's profile) or hardware_profile=NAME (one of %s)",
+        st = sim_err(SIM_ERR_INPUT,
+                     "plan ranks by the modelled step time, which needs a hardware profile: give "
+                     "compile_topology=NAME (its family's profile) or hardware_profile=NAME (one of %s)",
                      cfg_hw_names(cli_configs_dir(), names, sizeof names));
     }
     if (!st) {
@@ -1971,11 +1996,14 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         P->verify = (int)verify;
         P->explain = (int)ex;
         /* a dry run's cost grows with the devices: fewer of them on large meshes */
-        P->budget = budget > 0 ? (int)budget : PLAN_DEFAULT_BUDGET - P->devices / 8 > 24 ? PLAN_DEFAULT_BUDGET - P->devices / 8 : 24;
+        P->budget = budget > 0                                  ? (int)budget
+                    : PLAN_DEFAULT_BUDGET - P->devices / 8 > 24 ? PLAN_DEFAULT_BUDGET - P->devices / 8
+                                                                : 24;
         if (P->global < 1)
-            st = sim_err(SIM_ERR_INPUT, "the global batch is %lld rows (per_device_batch_size=%g x %d devices x "
-                                        "gradient_accumulation_steps=%lld): give per_device_batch_size or "
-                                        "plan_global_batch so that a step holds at least one row",
+            st = sim_err(SIM_ERR_INPUT,
+                         "the global batch is %lld rows (per_device_batch_size=%g x %d devices x "
+                         "gradient_accumulation_steps=%lld): give per_device_batch_size or "
+                         "plan_global_batch so that a step holds at least one row",
                          P->global, pdbs, P->devices, ga);
     }
     /* what the user fixed */
@@ -2025,7 +2053,7 @@ int cli_plan(int argc, char **argv, FILE *out, FILE *err)
 {
     plan_ctx *P = calloc(1, sizeof *P);
     const char **user = calloc(PLAN_USER + 1, sizeof *user);
-    char (*extra)[PLAN_WORD] = calloc(2, sizeof *extra);
+    char(*extra)[PLAN_WORD] = calloc(2, sizeof *extra);
     SIM_ASSERT(P && user && extra);
     double t0 = now_s();
     P->argc = argc;
@@ -2046,8 +2074,9 @@ int cli_plan(int argc, char **argv, FILE *out, FILE *err)
     cli_progress_done(err);
     P->wall_s = now_s() - t0;
     char hb[32];
-    fprintf(out, "shardsim plan: %s on %s%s%d device%s in %d slice%s (profile %s, %s HBM per device), %lld rows x "
-                 "%lld tokens per step\n",
+    fprintf(out,
+            "shardsim plan: %s on %s%s%d device%s in %d slice%s (profile %s, %s HBM per device), %lld rows x "
+            "%lld tokens per step\n",
             P->model, P->topology[0] ? P->topology : "", P->topology[0] ? ", " : "", P->devices,
             P->devices > 1 ? "s" : "", P->slices, P->slices > 1 ? "s" : "", P->profile, gib(P->hbm, hb, sizeof hb),
             P->global, P->seq);

@@ -191,8 +191,7 @@ void cli_records_from_machine(sim_machine *m, cli_records *out)
     memset(out, 0, sizeof *out);
     out->mesh = *sim_machine_mesh(m);
     out->n_devices = sim_machine_num_devices(m);
-    for (int d = 0; d < out->n_devices; d++)
-        out->recs[d] = sim_device_records(sim_machine_device(m, d), &out->n[d]);
+    for (int d = 0; d < out->n_devices; d++) out->recs[d] = sim_device_records(sim_machine_device(m, d), &out->n[d]);
 }
 
 const char *cli_axes_text(const sim_mesh_desc *mesh, sim_axes axes, char *buf, size_t cap)
@@ -234,8 +233,8 @@ static int row_cmp(const void *pa, const void *pb)
 /* Per-device counters of one cell while building. */
 typedef struct {
     cli_traffic_row row;
-    uint64_t *calls;  /* [n_devices] */
-    uint64_t *bytes;  /* [n_devices] */
+    uint64_t *calls; /* [n_devices] */
+    uint64_t *bytes; /* [n_devices] */
 } cell;
 
 static void finish_row(cli_traffic_row *r, const uint64_t *calls, const uint64_t *bytes, int nd)
@@ -318,8 +317,7 @@ sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_
     free(cells);
     finish_row(t, tot_calls, tot_bytes, nd);
     t->share = t->bytes ? 1.0 : 0.0;
-    for (int c = 0; c < ncell; c++)
-        out->rows[c].share = t->bytes ? (double)out->rows[c].bytes / (double)t->bytes : 0.0;
+    for (int c = 0; c < ncell; c++) out->rows[c].share = t->bytes ? (double)out->rows[c].bytes / (double)t->bytes : 0.0;
     qsort(out->rows, (size_t)ncell, sizeof *out->rows, row_cmp);
     free(tot_calls);
     free(tot_bytes);
@@ -352,8 +350,8 @@ static const char *per_dev_text(uint64_t total, int nd, char *buf, size_t cap)
     return buf;
 }
 
-static void traffic_line(FILE *f, int aw, const char *op, const char *axes, const char *phase,
-                         const cli_traffic_row *r, int nd, bool dcn)
+static void traffic_line(FILE *f, int aw, const char *op, const char *axes, const char *phase, const cli_traffic_row *r,
+                         int nd, bool dcn)
 {
     char calls[32], mean[32], max[32], cross[32];
     per_dev_text(r->calls, nd, calls, sizeof calls);
@@ -382,8 +380,8 @@ void cli_report_traffic(FILE *f, const cli_traffic *t)
         int l = (int)strlen(cli_axes_text(&t->mesh, t->rows[i].axes, ax, sizeof ax));
         if (l > aw) aw = l;
     }
-    fprintf(f, "collective traffic, %s, %d device%s (bytes sent per device)\n",
-            steps_text(t->steps, sbuf, sizeof sbuf), t->n_devices, t->n_devices == 1 ? "" : "s");
+    fprintf(f, "collective traffic, %s, %d device%s (bytes sent per device)\n", steps_text(t->steps, sbuf, sizeof sbuf),
+            t->n_devices, t->n_devices == 1 ? "" : "s");
     bool dcn = multi_slice(&t->mesh);
     fprintf(f, "%-17s  %-*s  %-9s %10s %14s %14s", "op", aw, "axes", "phase", "calls/dev", "mean/device", "max/device");
     if (dcn) fprintf(f, " %14s", "dcn/device");
@@ -399,9 +397,10 @@ void cli_report_traffic(FILE *f, const cli_traffic *t)
     put_repeat(f, '-', width);
     fputc('\n', f);
     traffic_line(f, aw, "total", "", "", &t->total, t->n_devices, dcn);
-    fprintf(f, "axes: the mesh axes the collective's group spans; calls/dev: calls per device; mean/device: bytes\n"
-               "sent per device, averaged over devices; max/device: the busiest device, shown only where devices\n"
-               "differ; %sshare: of all bytes sent.\n",
+    fprintf(f,
+            "axes: the mesh axes the collective's group spans; calls/dev: calls per device; mean/device: bytes\n"
+            "sent per device, averaged over devices; max/device: the busiest device, shown only where devices\n"
+            "differ; %sshare: of all bytes sent.\n",
             dcn ? "dcn/device: the part of mean/device sent to other slices (the rest stays within a slice, on "
                   "ICI);\n"
                 : "");
@@ -456,7 +455,7 @@ void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices)
     enum { LABEL_CAP = 512 };
     int *group = malloc(((size_t)n_devices + 1) * sizeof *group); /* group of each device */
     int *ids = malloc(((size_t)n_devices + 1) * sizeof *ids);
-    char (*labels)[LABEL_CAP] = calloc((size_t)n_devices + 1, sizeof *labels);
+    char(*labels)[LABEL_CAP] = calloc((size_t)n_devices + 1, sizeof *labels);
     int *lead = malloc(((size_t)n_devices + 1) * sizeof *lead); /* first device of each group */
     SIM_ASSERT(group && ids && labels && lead);
     int ng = 0;
@@ -503,10 +502,11 @@ void cli_report_memory(FILE *f, const sim_arena_stats *stats, int n_devices)
         }
         fputc('\n', f);
     }
-    fprintf(f, "devices: devices with identical figures share a row; each category is what it held when the\n"
-               "device's total peaked (weight copy: the layer stacks' weights the compiler casts to dtype once\n"
-               "and holds through the layer loops; temporaries: short-lived buffers of an op; comm: collective\n"
-               "buffers)%s.\n",
+    fprintf(f,
+            "devices: devices with identical figures share a row; each category is what it held when the\n"
+            "device's total peaked (weight copy: the layer stacks' weights the compiler casts to dtype once\n"
+            "and holds through the layer loops; temporaries: short-lived buffers of an op; comm: collective\n"
+            "buffers)%s.\n",
             any_cap ? "; capacity: hbm_limit_gb" : "");
     free(group);
     free(ids);
@@ -577,8 +577,8 @@ void cli_report_parity(FILE *f, const cli_parity *p)
     int worst = 0;
     int step = p->diverge_step >= 0 ? p->diverge_step : p->first_step + (fail >= 0 ? fail : 0);
     double r = fail >= 0 ? cli_parity_step_diff(p, fail, &worst) : 0;
-    const char *cfg = p->diverge_config ? p->diverge_config
-                      : (worst > 0 && worst < p->n_configs ? p->configs[worst].label : NULL);
+    const char *cfg =
+        p->diverge_config ? p->diverge_config : (worst > 0 && worst < p->n_configs ? p->configs[worst].label : NULL);
     fprintf(f, "FAIL: first diverging step %d", step);
     if (cfg) fprintf(f, " (config '%s')", cfg);
     if (fail >= 0) fprintf(f, ", loss differs by %.2e > rtol %.1e", r, p->rtol);
@@ -661,5 +661,6 @@ void cli_report_xrank(FILE *f, sim_machine *m)
     }
     fprintf(f, "  %6s %16s\n", "step", "bytes");
     for (int s = 0; s < nsteps; s++)
-        if (b[s]) fprintf(f, "  %6d %16llu  %s\n", s, (unsigned long long)b[s], sim_fmt_bytes((double)b[s], h, sizeof h));
+        if (b[s])
+            fprintf(f, "  %6d %16llu  %s\n", s, (unsigned long long)b[s], sim_fmt_bytes((double)b[s], h, sizeof h));
 }

@@ -44,16 +44,16 @@ const char *cli_bytes_text(double bytes, char *buf, size_t cap);
 /* ---- step lines ------------------------------------------------------------- */
 
 typedef struct {
-    int step;            /* step number */
-    double loss;         /* mean loss of the step */
-    double grad_norm;    /* global norm of the gradients applied, after clipping (MaxText's learning/grad_norm) */
-    double lr;           /* learning rate used by the step */
-    double time_s;       /* wall time of the step, seconds */
-    double tokens_per_s; /* global tokens / time_s */
-    size_t peak_bytes;   /* highest arena peak over the devices, bytes */
-    bool dry;            /* dry run: no loss or grad norms ("-" is printed, null written) */
-    double mtp_loss;     /* of loss, the multi-token prediction loss (when has_mtp) */
-    bool has_mtp;        /* mtp_num_layers > 0: mtp_loss is reported (MaxText's learning/mtp_loss) */
+    int step;             /* step number */
+    double loss;          /* mean loss of the step */
+    double grad_norm;     /* global norm of the gradients applied, after clipping (MaxText's learning/grad_norm) */
+    double lr;            /* learning rate used by the step */
+    double time_s;        /* wall time of the step, seconds */
+    double tokens_per_s;  /* global tokens / time_s */
+    size_t peak_bytes;    /* highest arena peak over the devices, bytes */
+    bool dry;             /* dry run: no loss or grad norms ("-" is printed, null written) */
+    double mtp_loss;      /* of loss, the multi-token prediction loss (when has_mtp) */
+    bool has_mtp;         /* mtp_num_layers > 0: mtp_loss is reported (MaxText's learning/mtp_loss) */
     double raw_grad_norm; /* global gradient norm before clipping (MaxText's learning/raw_grad_norm) */
 } cli_step_metrics;
 
@@ -77,13 +77,21 @@ const char *cli_progress_format(double frac, const char *label, char *buf, size_
 typedef struct {
     int first, last;
 } cli_step_range;
-static inline cli_step_range cli_steps_all(void) { cli_step_range r = {INT_MIN, INT_MAX}; return r; }
-static inline cli_step_range cli_steps(int first, int last) { cli_step_range r = {first, last}; return r; }
+static inline cli_step_range cli_steps_all(void)
+{
+    cli_step_range r = {INT_MIN, INT_MAX};
+    return r;
+}
+static inline cli_step_range cli_steps(int first, int last)
+{
+    cli_step_range r = {first, last};
+    return r;
+}
 
 /* The collective records of every device of a machine (borrowed: valid until
  * the next collective or clear on the machine). */
 typedef struct {
-    sim_mesh_desc mesh;                     /* axis names for labels */
+    sim_mesh_desc mesh; /* axis names for labels */
     int n_devices;
     const sim_record *recs[SIM_MAX_DEVICES]; /* recs[d][0 .. n[d]) */
     size_t n[SIM_MAX_DEVICES];
@@ -99,26 +107,26 @@ const char *cli_axes_text(const sim_mesh_desc *mesh, sim_axes axes, char *buf, s
  * of the machine (a device that made no such call counts as 0). */
 typedef struct {
     sim_op op;
-    sim_axes axes;          /* group axes, in rank order */
+    sim_axes axes; /* group axes, in rank order */
     sim_phase phase;
-    uint64_t calls;         /* calls summed over devices */
-    uint64_t calls_max;     /* most calls made by one device */
-    uint64_t bytes;         /* bytes sent, summed over devices */
-    uint64_t bytes_dcn;     /* of bytes, sent to devices in other slices (DCN), summed over devices */
-    uint64_t bytes_recv;    /* bytes received, summed over devices */
-    uint64_t bytes_max;     /* most bytes sent by one device */
-    uint64_t bytes_min;     /* fewest bytes sent by one device */
-    double bytes_mean;      /* bytes / n_devices */
-    double share;           /* bytes / total bytes (0 when nothing moved) */
+    uint64_t calls;      /* calls summed over devices */
+    uint64_t calls_max;  /* most calls made by one device */
+    uint64_t bytes;      /* bytes sent, summed over devices */
+    uint64_t bytes_dcn;  /* of bytes, sent to devices in other slices (DCN), summed over devices */
+    uint64_t bytes_recv; /* bytes received, summed over devices */
+    uint64_t bytes_max;  /* most bytes sent by one device */
+    uint64_t bytes_min;  /* fewest bytes sent by one device */
+    double bytes_mean;   /* bytes / n_devices */
+    double share;        /* bytes / total bytes (0 when nothing moved) */
 } cli_traffic_row;
 
 typedef struct {
-    sim_mesh_desc mesh;     /* for axis labels */
+    sim_mesh_desc mesh; /* for axis labels */
     int n_devices;
-    cli_step_range steps;   /* the records counted */
+    cli_step_range steps; /* the records counted */
     int n_rows;
-    cli_traffic_row *rows;  /* bytes descending, then calls descending, then op, axes, phase */
-    cli_traffic_row total;  /* sums over all rows (op, axes, phase unused) */
+    cli_traffic_row *rows; /* bytes descending, then calls descending, then op, axes, phase */
+    cli_traffic_row total; /* sums over all rows (op, axes, phase unused) */
 } cli_traffic;
 
 /* Pivots the records whose step lies in `steps`. */
@@ -147,26 +155,26 @@ void cli_report_xrank(FILE *f, sim_machine *m);
 /* ---- parity ----------------------------------------------------------------- */
 
 typedef struct {
-    const char *label;      /* short name shown in the table ("fsdp=4") */
-    const char *overrides;  /* the config's key=value overrides, as given */
-    const double *losses;   /* loss per step, n_steps values */
+    const char *label;     /* short name shown in the table ("fsdp=4") */
+    const char *overrides; /* the config's key=value overrides, as given */
+    const double *losses;  /* loss per step, n_steps values */
     /* what the configuration costs, for parity.json (each optional: 0 / NULL when not known) */
-    const char *mesh;                /* "fsdp=4 tensor=2 (8 devices)" */
-    int n_devices;                   /* devices of its mesh: mem[0 .. n_devices) */
-    const sim_arena_stats *mem;      /* each device's arena after the run (peak, by category at the peak) */
-    const cli_traffic *traffic;      /* the collectives of one step (traffic->steps) */
-    struct json_t *step_time_model;  /* the step-time model's estimate of that step (model_tm_json), or NULL */
+    const char *mesh;               /* "fsdp=4 tensor=2 (8 devices)" */
+    int n_devices;                  /* devices of its mesh: mem[0 .. n_devices) */
+    const sim_arena_stats *mem;     /* each device's arena after the run (peak, by category at the peak) */
+    const cli_traffic *traffic;     /* the collectives of one step (traffic->steps) */
+    struct json_t *step_time_model; /* the step-time model's estimate of that step (model_tm_json), or NULL */
 } cli_parity_config;
 
 typedef struct {
-    int n_configs;                    /* the first is the reference */
+    int n_configs; /* the first is the reference */
     const cli_parity_config *configs;
     int n_steps;
-    int first_step;                   /* step number of losses[0] */
-    double rtol;                      /* parity_rtol */
-    int diverge_step;                 /* first step a gradient diverged, or -1: from the losses */
-    const char *diverge_param;        /* first diverging parameter, or NULL when unknown */
-    const char *diverge_config;       /* label of the diverging config, or NULL: from the losses */
+    int first_step;             /* step number of losses[0] */
+    double rtol;                /* parity_rtol */
+    int diverge_step;           /* first step a gradient diverged, or -1: from the losses */
+    const char *diverge_param;  /* first diverging parameter, or NULL when unknown */
+    const char *diverge_config; /* label of the diverging config, or NULL: from the losses */
 } cli_parity;
 
 /* |loss_c - loss_ref| / |loss_ref| (the absolute difference when loss_ref is

@@ -58,8 +58,10 @@ static char *read_whole(const char *dir, const char *name)
         n += got;
         if (n + 1 == cap) {
             char *nb = realloc(buf, cap *= 2);
-            if (!nb) { free(buf); buf = NULL; }
-            else buf = nb;
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+            } else buf = nb;
         }
     }
     fclose(f);
@@ -107,7 +109,8 @@ static sim_status put_traffic(cfg_jw *w, char *csv)
     int c_op = column(head, nh, "op", NULL), c_axes = column(head, nh, "axes", "mesh_axes");
     int c_phase = column(head, nh, "phase", NULL), c_bytes = column(head, nh, "bytes_per_device_mean", NULL);
     if (c_op < 0 || c_axes < 0 || c_phase < 0 || c_bytes < 0)
-        return sim_err(SIM_ERR_INTERNAL, "report.html: traffic.csv lacks the op/axes/phase/bytes_per_device_mean columns");
+        return sim_err(SIM_ERR_INTERNAL,
+                       "report.html: traffic.csv lacks the op/axes/phase/bytes_per_device_mean columns");
     cfg_jw_key(w, "traffic");
     cfg_jw_arr(w);
     while ((line = strtok_r(NULL, "\n", &save))) {
@@ -186,7 +189,10 @@ static sim_status put_layers(cfg_jw *w, char *csv)
         if (k == n) {
             if (n == cap) {
                 layer_sum *nl = realloc(ls, (size_t)(cap *= 2) * sizeof *ls);
-                if (!nl) { free(ls); return sim_err(SIM_ERR_OOM, "report.html: out of host memory"); }
+                if (!nl) {
+                    free(ls);
+                    return sim_err(SIM_ERR_OOM, "report.html: out of host memory");
+                }
                 ls = nl;
             }
             snprintf(ls[n].name, sizeof ls[n].name, "%s", name);
@@ -240,7 +246,8 @@ static sim_status put_sharding(cfg_jw *w, const char *dir)
     json_t *out = json_object(), *params = json_array(), *acts = json_array();
     const char *key;
     json_t *v;
-    json_object_foreach(named, key, v) {
+    json_object_foreach(named, key, v)
+    {
         if (!json_object_get(out, "mesh") && json_object_get(v, "mesh"))
             json_object_set(out, "mesh", json_object_get(v, "mesh"));
         if (strncmp(key, ".params/", 8)) continue;
@@ -257,8 +264,10 @@ static sim_status put_sharding(cfg_jw *w, const char *dir)
     json_t *list = inputs ? json_object_get(inputs, "Activation Sharding Dump") : NULL;
     size_t i;
     json_t *item;
-    json_array_foreach(list, i, item) {
-        json_object_foreach(item, key, v) {
+    json_array_foreach(list, i, item)
+    {
+        json_object_foreach(item, key, v)
+        {
             json_t *e = json_object();
             json_object_set_new(e, "name", json_string(key));
             json_object_set(e, "logical", json_object_get(v, "logic_axes"));
@@ -291,8 +300,8 @@ static sim_status read_artifact(const char *dir, const char *name, json_t **out)
     *out = json_loads(text, 0, &jerr);
     free(text);
     if (!*out)
-        return sim_err(SIM_ERR_INTERNAL, "report.html: %s/%s is not the JSON this program wrote (line %d: %s)", dir, name,
-                       jerr.line, jerr.text);
+        return sim_err(SIM_ERR_INTERNAL, "report.html: %s/%s is not the JSON this program wrote (line %d: %s)", dir,
+                       name, jerr.line, jerr.text);
     return SIM_OK;
 }
 

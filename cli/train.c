@@ -157,7 +157,7 @@ static sim_status write_dump(const char *dir, const cfg_config *cfg, const model
         cap += model_param_def_tensors(&def->defs[i]) +
                (model_param_pipelined(def, i) ? (int)def->d.pipe.layers_per_stage : 0);
     cli_dump_param *p = calloc((size_t)cap + 1, sizeof *p);
-    char (*paths)[MODEL_PATH_MAX + 32] = calloc((size_t)cap + 1, sizeof *paths);
+    char(*paths)[MODEL_PATH_MAX + 32] = calloc((size_t)cap + 1, sizeof *paths);
     model_param_def *defs = calloc((size_t)cap + 1, sizeof *defs);
     cli_dump_activation a[MODEL_MAX_ACTS];
     int na;
@@ -184,7 +184,7 @@ typedef struct {
     FILE *out;
     const model_def *def;
     cli_step_metrics *metrics;
-    FILE *metrics_file;    /* metrics_file=...: one JSON line per step, or NULL */
+    FILE *metrics_file; /* metrics_file=...: one JSON line per step, or NULL */
     const char *run_name;
 } step_printer;
 
@@ -223,11 +223,11 @@ static void print_step(const model_step_stats *s, void *arg)
         cfg_jw w;
         cfg_jw_init(&w);
         cfg_jw_obj(&w);
-        static const char *const keys[] = {"learning/loss", "learning/grad_norm", "learning/raw_grad_norm",
-                                           "learning/current_learning_rate", "perf/step_time_seconds",
-                                           "perf/per_device_tokens_per_sec"};
-        const double vals[] = {m->loss, m->grad_norm, m->raw_grad_norm, m->lr, m->time_s,
-                               m->tokens_per_s / sp->def->mesh.num_devices};
+        static const char *const keys[] = {"learning/loss",          "learning/grad_norm",
+                                           "learning/raw_grad_norm", "learning/current_learning_rate",
+                                           "perf/step_time_seconds", "perf/per_device_tokens_per_sec"};
+        const double vals[] = {m->loss, m->grad_norm, m->raw_grad_norm,
+                               m->lr,   m->time_s,    m->tokens_per_s / sp->def->mesh.num_devices};
         for (int k = 0; k < 6; k++) {
             cfg_jw_key(&w, keys[k]);
             cfg_jw_num(&w, vals[k], k < 4 ? 9 : 6);
@@ -260,8 +260,8 @@ static sim_status resolve_outputs(const cfg_config *cfg, char *outdir, size_t ca
     int enable;
     SIM_TRY(cfg_get_bool(cfg, "enable_checkpointing", &enable));
     if (strstr(base, "://"))
-        return sim_err(SIM_ERR_INPUT, "base_output_directory=%s: shardsim writes local files only; give a local directory",
-                       base);
+        return sim_err(SIM_ERR_INPUT,
+                       "base_output_directory=%s: shardsim writes local files only; give a local directory", base);
     if (*run) {
         snprintf(run_name, cap_run, "%s", run);
     } else {
@@ -275,8 +275,9 @@ static sim_status resolve_outputs(const cfg_config *cfg, char *outdir, size_t ca
     else if (*base) snprintf(outdir, cap_out, "%s/%s", base, run_name);
     else outdir[0] = '\0';
     if (*ck && !enable)
-        return sim_err(SIM_ERR_INPUT, "checkpoint_dir=%s with enable_checkpointing=false: drop checkpoint_dir, or set "
-                                      "enable_checkpointing=true",
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint_dir=%s with enable_checkpointing=false: drop checkpoint_dir, or set "
+                       "enable_checkpointing=true",
                        ck);
     if (*ck) snprintf(ckdir, cap_ck, "%s", ck);
     else if (*base && enable) snprintf(ckdir, cap_ck, "%s/%s/checkpoints", base, run_name);
@@ -307,13 +308,18 @@ static sim_status resolve_resume(const cfg_config *cfg, const char *ckdir, bool 
         long long latest;
         SIM_TRY(model_checkpoint_latest(ckdir, r->path, sizeof r->path, &latest, &stale));
         if (stale)
-            fprintf(out, "checkpoint_dir %s holds %d temporary file%s of a save that did not finish: never loaded, "
-                         "removed by the next save\n", ckdir, stale, stale > 1 ? "s" : "");
+            fprintf(out,
+                    "checkpoint_dir %s holds %d temporary file%s of a save that did not finish: never loaded, "
+                    "removed by the next save\n",
+                    ckdir, stale, stale > 1 ? "s" : "");
         if (latest >= 0) {
             r->full = true;
             r->start = latest + 1;
             fprintf(out, "resuming from this run's checkpoint %s (saved after step %lld)%s%s%s\n", r->path, latest,
-                    *lp || *lfs ? "; as MaxText does, " : "", *lp ? "load_parameters_path" : *lfs ? "load_full_state_path" : "",
+                    *lp || *lfs ? "; as MaxText does, " : "",
+                    *lp    ? "load_parameters_path"
+                    : *lfs ? "load_full_state_path"
+                           : "",
                     *lp || *lfs ? " is not read while checkpoint_dir holds a checkpoint" : "");
         }
     }
@@ -332,8 +338,9 @@ static sim_status resolve_resume(const cfg_config *cfg, const char *ckdir, bool 
         snprintf(r->path, sizeof r->path, "%s", lp);
     }
     if (r->full && r->start >= steps)
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s was saved after step %lld (%lld steps done) and steps=%lld: "
-                                      "nothing is left to train; set steps above %lld to continue, or %s",
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s was saved after step %lld (%lld steps done) and steps=%lld: "
+                       "nothing is left to train; set steps above %lld to continue, or %s",
                        r->path, r->start - 1, r->start, steps, r->start,
                        *lfs && strcmp(r->path, lfs) == 0 ? "drop load_full_state_path"
                                                          : "set enable_checkpointing=false or another checkpoint_dir "
@@ -348,8 +355,8 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     char mesh[256], dims[256], batch[128], params[64], st[32];
     cli_mesh_summary(&def->mesh, mesh, sizeof mesh);
     snprintf(dims, sizeof dims, "emb %lld, heads %lld (kv %lld) x %lld, mlp %lld, layers %lld, vocab %lld",
-             (long long)d->emb, (long long)d->q_heads, (long long)d->kv_heads, (long long)d->head_dim, (long long)d->mlp,
-             (long long)d->layers, (long long)d->vocab);
+             (long long)d->emb, (long long)d->q_heads, (long long)d->kv_heads, (long long)d->head_dim,
+             (long long)d->mlp, (long long)d->layers, (long long)d->vocab);
     if (d->ga > 1)
         snprintf(batch, sizeof batch, "%lld rows x %lld tokens: %lld microbatches of %lld rows (%lld loaded)",
                  (long long)(d->batch * d->ga), (long long)d->seq, (long long)d->ga, (long long)d->batch,
@@ -363,8 +370,8 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     snprintf(st, sizeof st, "%lld", steps);
     const char *custom = cfg_str(cm->cfg, "custom_mesh_and_rule");
     char dtypes[128];
-    snprintf(dtypes, sizeof dtypes, "activations %s, weights %s (bytes; math in float32)",
-             sim_dtype_name(d->act_dtype), sim_dtype_name(d->weight_dtype));
+    snprintf(dtypes, sizeof dtypes, "activations %s, weights %s (bytes; math in float32)", sim_dtype_name(d->act_dtype),
+             sim_dtype_name(d->weight_dtype));
     char xla[384];
     model_xla_rules_text(&d->xla, xla, sizeof xla);
     cli_kv rows[] = {
@@ -410,9 +417,11 @@ static sim_status resume_agrees(const resume_plan *r, const char *ckdir)
     sim_status st = sim_xrank_allgather(&mine, sizeof mine, all);
     for (int i = 1; i < R && st == SIM_OK; i++)
         if (all[i].start != all[0].start || all[i].full != all[0].full || strcmp(all[i].path, all[0].path))
-            st = sim_err(SIM_ERR_INPUT, "MPI rank %d would start from %s (step %lld) but rank 0 from %s (step %lld): "
+            st = sim_err(SIM_ERR_INPUT,
+                         "MPI rank %d would start from %s (step %lld) but rank 0 from %s (step %lld): "
                          "every rank must see the same checkpoints; put checkpoint_dir%s%s on a file system all ranks "
-                         "share", i, all[i].path[0] ? all[i].path : "scratch", all[i].start,
+                         "share",
+                         i, all[i].path[0] ? all[i].path : "scratch", all[i].start,
                          all[0].path[0] ? all[0].path : "scratch", all[0].start, *ckdir ? "=" : "", ckdir);
     free(all);
     return st;
@@ -428,17 +437,26 @@ typedef struct {
 /* The files of output_dir=DIR after a run: run.json, metrics.json, the CSVs, trace.json (the
  * modelled timeline when the time model kept one), the sharding dump and report.html. */
 static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, const char *outdir,
-                                  const cli_step_metrics *metrics, int n_steps, sim_machine *m,
-                                  const cli_records *recs, const cli_traffic *traffic, const sim_arena_stats *mem,
-                                  const cfg_hw *hw, const model_tm_result *tm, struct json_t *tm_json,
-                                  const trace_steps *ts, FILE *out)
+                                  const cli_step_metrics *metrics, int n_steps, sim_machine *m, const cli_records *recs,
+                                  const cli_traffic *traffic, const sim_arena_stats *mem, const cfg_hw *hw,
+                                  const model_tm_result *tm, struct json_t *tm_json, const trace_steps *ts, FILE *out)
 {
     const model_def *def = cm->def;
     int nd = sim_machine_num_devices(m);
     char xla[384];
-    cli_run_info info = {"train", argc, (const char *const *)argv, cm->cfg, &def->mesh, &def->rules, NULL, 0,
-                         tm_json, sim_dtype_name(def->d.gather_dtype), sim_dtype_name(def->d.reduce_dtype),
-                         def->d.wire_rule, model_xla_rules_text(&def->d.xla, xla, sizeof xla)};
+    cli_run_info info = {"train",
+                         argc,
+                         (const char *const *)argv,
+                         cm->cfg,
+                         &def->mesh,
+                         &def->rules,
+                         NULL,
+                         0,
+                         tm_json,
+                         sim_dtype_name(def->d.gather_dtype),
+                         sim_dtype_name(def->d.reduce_dtype),
+                         def->d.wire_rule,
+                         model_xla_rules_text(&def->d.xla, xla, sizeof xla)};
     SIM_TRY(cli_write_run_json(outdir, &info));
     SIM_TRY(cli_write_metrics_json(outdir, metrics, n_steps, mem, nd));
     long long max_rows = 0, max_events = 0;
@@ -454,8 +472,9 @@ static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, co
         uint64_t left_steps = sim_trace_steps_skipped(m);
         if (left_steps) {
             char kept[512];
-            fprintf(out, "\ntrace.json: steps %s of %d (trace_steps=%s); left out %llu step%s and their %llu "
-                         "spans (trace_steps=all keeps every step)\n",
+            fprintf(out,
+                    "\ntrace.json: steps %s of %d (trace_steps=%s); left out %llu step%s and their %llu "
+                    "spans (trace_steps=all keeps every step)\n",
                     cli_trace_steps_text(ts->ranges, ts->n, kept, sizeof kept), n_steps, ts->text,
                     (unsigned long long)left_steps, left_steps > 1 ? "s" : "",
                     (unsigned long long)sim_trace_spans_skipped(m));
@@ -466,8 +485,9 @@ static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, co
     if (tm->spans)
         fprintf(out, "\ntrace.json: the modelled timeline of device %d (the slowest) on %s\n", tm->device, hw->name);
     if (csv_dev < nd || (int)trace_dev < nd)
-        fprintf(out, "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
-                     "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
+        fprintf(out,
+                "\nlimited artifacts: collectives.csv holds devices 0-%d and trace.json devices 0-%zu of "
+                "%d (collectives_csv_max_rows=%lld, trace_max_events=%lld; 0 = no limit)\n",
                 csv_dev - 1, trace_dev - 1, nd, max_rows, max_events);
     SIM_TRY(write_dump(outdir, cm->cfg, def));
     SIM_TRY(cli_write_report_html(outdir));
@@ -484,8 +504,9 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     char *small_argv[1] = {small};
     if (argc == 0) {
         snprintf(small, sizeof small, "%s/small.yml", cli_configs_dir());
-        fprintf(out, "no arguments: training the built-in small Llama (%s); give keys or YAML files to choose "
-                     "another (shardsim help train)\n\n",
+        fprintf(out,
+                "no arguments: training the built-in small Llama (%s); give keys or YAML files to choose "
+                "another (shardsim help train)\n\n",
                 small);
         argc = 1;
         argv = small_argv;
@@ -525,23 +546,29 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     double tolerance;
     int debug_sharding = 0;
     SIM_TRY_GOTO(cfg_get_double(cm.cfg, "sharding_tolerance", &tolerance), st, fail);
-    SIM_TRY_GOTO(model_check_sharding_tolerance(def, tolerance), st, fail); /* MaxText checks when it sets up the state */
+    SIM_TRY_GOTO(model_check_sharding_tolerance(def, tolerance), st,
+                 fail); /* MaxText checks when it sets up the state */
     SIM_TRY_GOTO(cfg_get_bool(cm.cfg, "debug_sharding", &debug_sharding), st, fail);
     const char *load = cfg_str(cm.cfg, "load_parameters_path");
     if (*load && access(load, R_OK) != 0)
-        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "load_parameters_path=%s: cannot read it (%s); give a checkpoint written "
-                             "by checkpoint_dir=..., e.g. DIR/step_0.safetensors", load, strerror(errno)),
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "load_parameters_path=%s: cannot read it (%s); give a checkpoint written "
+                             "by checkpoint_dir=..., e.g. DIR/step_0.safetensors",
+                             load, strerror(errno)),
                      st, fail);
     char outbuf[4096], ckbuf[4096], run_name[1024];
-    SIM_TRY_GOTO(resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name), st, fail);
+    SIM_TRY_GOTO(resolve_outputs(cm.cfg, outbuf, sizeof outbuf, ckbuf, sizeof ckbuf, run_name, sizeof run_name), st,
+                 fail);
     resume_plan resume;
     memset(&resume, 0, sizeof resume);
     /* the pipeline refuses checkpoint_dir itself (models/core/pipeline.c); the directory MaxText derives
      * from base_output_directory with enable_checkpointing (its default) is the same feature */
     if (*ckbuf && def->d.pipe.on)
-        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "enable_checkpointing=true with base_output_directory and pipeline "
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "enable_checkpointing=true with base_output_directory and pipeline "
                              "parallelism (stages=%lld): checkpoints of stage-held layers are not implemented yet; set "
-                             "enable_checkpointing=false or ici_pipeline_parallelism=1", (long long)def->d.pipe.stages),
+                             "enable_checkpointing=false or ici_pipeline_parallelism=1",
+                             (long long)def->d.pipe.stages),
                      st, fail);
     SIM_TRY_GOTO(resolve_resume(cm.cfg, ckbuf, def->d.dry_run, steps, out, &resume), st, fail);
     SIM_TRY_GOTO(resume_agrees(&resume, ckbuf), st, fail);
@@ -558,8 +585,10 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     bool want_trace = *outdir != '\0';
     if (sim_xrank_rank() > 0) outdir = metrics_path = "";
     if (*metrics_path && def->d.dry_run)
-        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no "
-                             "losses to write; drop metrics_file or run for real", metrics_path),
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "metrics_file=%s: a dry run (dry_run=true or compile_topology) computes no "
+                             "losses to write; drop metrics_file or run for real",
+                             metrics_path),
                      st, fail);
     /* made now so a bad path fails before training; removed again if the run fails before writing into it */
     made_outdir = *outdir && access(outdir, F_OK) != 0;
@@ -575,7 +604,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     if (have_hw) SIM_TRY_GOTO(model_tm_eff_load(cli_configs_dir(), &eff), st, fail);
     const cfg_entry *hbm_e = cfg_find(cm.cfg, "hbm_limit_gb");
     if (have_hw && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
-    if (def->d.dry_run) steps = 1; /* one step: per-step traffic and memory */
+    if (def->d.dry_run) steps = 1;                     /* one step: per-step traffic and memory */
     if (def->d.dry_run) sim_host_malloc_many_arenas(); /* this process makes dry runs only */
     config_box(out, &cm, steps);
     if (!def->d.dry_run) {
@@ -585,9 +614,10 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         SIM_TRY_GOTO(cli_host_memory_fits(def, &probe, hbm, *ckbuf || *resume.path, 0), st, fail);
     }
     if (sim_xrank_size() > def->mesh.num_devices && !def->d.dry_run)
-        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch "
-                             "at most %d ranks (mpirun -np %d)", sim_xrank_size(), def->mesh.num_devices,
-                             def->mesh.num_devices, def->mesh.num_devices),
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch "
+                             "at most %d ranks (mpirun -np %d)",
+                             sim_xrank_size(), def->mesh.num_devices, def->mesh.num_devices, def->mesh.num_devices),
                      st, fail);
     SIM_TRY_GOTO(model_machine_new(def, hbm, want_trace, &m), st, fail);
     double watchdog_s = 0;
@@ -603,8 +633,10 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     }
     metrics = calloc((size_t)steps, sizeof *metrics);
     if (!metrics)
-        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records (%zu bytes a step) do not fit in host "
-                             "memory; train fewer steps", steps, sizeof *metrics + sizeof(model_step_stats)),
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "steps=%lld: the per-step records (%zu bytes a step) do not fit in host "
+                             "memory; train fewer steps",
+                             steps, sizeof *metrics + sizeof(model_step_stats)),
                      st, fail);
     sp = (step_printer){out, def, metrics, NULL, run_name};
     if (*metrics_path && !(sp.metrics_file = fopen(metrics_path, "w")))
@@ -632,13 +664,17 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     fprintf(out, "\n");
     cli_report_step_header(out);
     if (!job.stats)
-        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "steps=%lld: the per-step records do not fit in host memory; train "
-                             "fewer steps", steps), st, fail);
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "steps=%lld: the per-step records do not fit in host memory; train "
+                             "fewer steps",
+                             steps),
+                     st, fail);
     SIM_TRY_GOTO(model_train(&job, m), st, fail);
     if (def->d.pipe.on) {
         const model_pipe *pp = &def->d.pipe;
-        fprintf(out, "\npipeline bubbles: %lld of %lld iterations per stage (%.1f%% of stage compute, bubbles computed "
-                     "and discarded)",
+        fprintf(out,
+                "\npipeline bubbles: %lld of %lld iterations per stage (%.1f%% of stage compute, bubbles computed "
+                "and discarded)",
                 (long long)(pp->delay * (pp->stages - 1)), (long long)model_pipe_iterations(pp),
                 100.0 * model_pipe_bubble_fraction(pp));
         if (!def->d.dry_run && def->pipe_layer_ns)
@@ -669,8 +705,8 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         double opt_bytes = model_tm_optimizer_bytes(m);
         double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
         const char *dt = cfg_str(cm.cfg, "dtype");
-        sim_status est = model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes,
-                                           def->d.dry_run && *outdir, &tm);
+        sim_status est =
+            model_tm_estimate(&hw, &eff, dt, m, (int)steps - 1, bubble, opt_bytes, def->d.dry_run && *outdir, &tm);
         const char *note = NULL;
         model_hw_peak(&hw, dt, &note);
         if (!est) {
@@ -687,10 +723,10 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         }
     }
     trace_steps ts = {tsteps, ntsteps, tsteps_text};
-    if (*outdir) SIM_TRY_GOTO(write_artifacts(&cm, argc, argv, outdir, metrics + resume.start,
-                                              (int)(steps - resume.start), m, &recs, &traffic, mem,
-                                              have_hw ? &hw : NULL, &tm, tm_json, &ts, out),
-                              st, fail);
+    if (*outdir)
+        SIM_TRY_GOTO(write_artifacts(&cm, argc, argv, outdir, metrics + resume.start, (int)(steps - resume.start), m,
+                                     &recs, &traffic, mem, have_hw ? &hw : NULL, &tm, tm_json, &ts, out),
+                     st, fail);
 fail:
     if (st != SIM_OK) rc = cli_fail(err, st);
     if (rc && made_outdir) rmdir(outdir); /* only succeeds while it is still empty */
@@ -742,11 +778,11 @@ int cli_dump(int argc, char **argv, FILE *out, FILE *err)
     if (!st) st = sim_machine_run(m, dump_device, &job);
     if (!st) st = write_dump(outdir, cm.cfg, cm.def);
     int rc = 0;
-    if (st)
-        rc = cli_fail(err, st);
+    if (st) rc = cli_fail(err, st);
     else
-        fprintf(out, "wrote named_shardings.json, logical_shardings.json, input_shardings.json and shardings.json (%d "
-                     "parameters, %d activations) to %s\n",
+        fprintf(out,
+                "wrote named_shardings.json, logical_shardings.json, input_shardings.json and shardings.json (%d "
+                "parameters, %d activations) to %s\n",
                 cm.def->nparams, cm.def->nacts, outdir);
     sim_machine_free(m);
     model_close(&cm);

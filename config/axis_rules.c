@@ -37,8 +37,7 @@ sim_status cfg_rules_check(const cfg_value *v)
             for (int j = 0; ok && j < ax->n; j++)
                 for (int k = 0; k < j; k++)
                     if (strcmp(ax->items[j].text, ax->items[k].text) == 0) {
-                        return sim_err(SIM_ERR_INPUT,
-                                       "%s: logical_axis_rules rule '%s' lists mesh axis '%s' twice",
+                        return sim_err(SIM_ERR_INPUT, "%s: logical_axis_rules rule '%s' lists mesh axis '%s' twice",
                                        where, r->items[0].text, ax->items[j].text);
                     }
         }
@@ -85,8 +84,7 @@ sim_status cfg_axes_check(const cfg_value *v, const char *key, int allow_nested)
             SIM_TRY(cfg_axes_check(it, key, 0));
             continue;
         }
-        if (it->kind != CFG_SCALAR || cfg_is_null(it))
-            return cfg_value_error(it, key, "a mesh axis name");
+        if (it->kind != CFG_SCALAR || cfg_is_null(it)) return cfg_value_error(it, key, "a mesh axis name");
         for (int j = 0; j < i; j++)
             if (v->items[j].kind == CFG_SCALAR && strcmp(v->items[j].text, it->text) == 0) {
                 char where[512];
@@ -127,8 +125,8 @@ static void infer_context_sharding(cfg_config *cfg, const char *custom_name)
         }
         if (first) {
             char where[600];
-            snprintf(where, sizeof where, "inferred from custom_mesh_and_rule=%s (first axis of rule activation_length)",
-                     custom_name);
+            snprintf(where, sizeof where,
+                     "inferred from custom_mesh_and_rule=%s (first axis of rule activation_length)", custom_name);
             cfg_set_derived(cfg, "context_sharding", first, where);
         }
         return;
@@ -145,8 +143,7 @@ static sim_status cfg_custom_apply(cfg_config *cfg, const cfg_value *base_vals, 
     char *path = NULL;
     if (cfg_ends_with(name, ".yml") || cfg_ends_with(name, ".yaml") || strchr(name, '/'))
         path = cfg_file_exists(name) ? cfg_strdup(name) : NULL;
-    else
-        path = cfg_find_named_file(dirs, n_dirs, "custom_mesh_and_rule", name);
+    else path = cfg_find_named_file(dirs, n_dirs, "custom_mesh_and_rule", name);
     if (!path) {
         char *sub = cfg_asprintf("%s/custom_mesh_and_rule", dirs[0]);
         char *avail = cfg_list_yml(sub);
@@ -195,9 +192,7 @@ sim_status cfg_check_final(const cfg_config *cfg)
 void cfg_data_sharding_normalize(cfg_config *cfg)
 {
     cfg_entry *e = cfg_find_mut(cfg, "data_sharding");
-    if (!e || e->value.kind != CFG_LIST || e->value.n == 0 ||
-        e->value.items[0].kind != CFG_SCALAR)
-        return;
+    if (!e || e->value.kind != CFG_LIST || e->value.n == 0 || e->value.items[0].kind != CFG_SCALAR) return;
     cfg_value inner = e->value;
     memset(&e->value, 0, sizeof e->value);
     e->value.kind = CFG_LIST;
@@ -216,10 +211,7 @@ static void add_source(char **where, const cfg_value *v)
     *where = nw;
 }
 
-static int has_rules(const cfg_value *r)
-{
-    return r && !cfg_is_null(r) && r->n > 0;
-}
+static int has_rules(const cfg_value *r) { return r && !cfg_is_null(r) && r->n > 0; }
 
 void cfg_rules_merge_layers(cfg_loader *ld)
 {

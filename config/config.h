@@ -64,39 +64,39 @@ typedef enum {
 typedef struct {
     char *key;
     cfg_value value;
-    char *where;  /* source of the current value: "configs/base.yml:27",
+    char *where;           /* source of the current value: "configs/base.yml:27",
                      "command line", "inferred from custom_mesh_and_rule=..." */
-    int from_model; /* 1 when the model file set this key */
-    int from_user;  /* 1 when an extra file or the command line set this key */
-    cfg_key_class cls;         /* from keys.yml (UNCLASSIFIED without one) */
-    const char *why;            /* keys.yml's one-line reason, or NULL */
+    int from_model;        /* 1 when the model file set this key */
+    int from_user;         /* 1 when an extra file or the command line set this key */
+    cfg_key_class cls;     /* from keys.yml (UNCLASSIFIED without one) */
+    const char *why;       /* keys.yml's one-line reason, or NULL */
     const cfg_value *spec; /* the key's keys.yml line (a map), or NULL */
-    int changed;                /* 1 when the value differs from the default */
+    int changed;           /* 1 when the value differs from the default */
 } cfg_entry;
 
 typedef struct {
-    int n;                    /* number of entries (= number of known keys) */
-    cfg_entry *entries;  /* in the base config's order */
-    char *base_file;          /* the base file as given */
-    char *configs_dir;        /* where models/ and custom_mesh_and_rule/ are looked up */
-    char *model_file;         /* the model file applied, NULL for model_name=default */
-    char *custom_file;        /* the custom_mesh_and_rule file applied, or NULL */
-    char *keys_file;          /* the keys.yml applied, or NULL */
-    const cfg_value *registry; /* keys.yml's `keys` map, parsed once per process
+    int n;                          /* number of entries (= number of known keys) */
+    cfg_entry *entries;             /* in the base config's order */
+    char *base_file;                /* the base file as given */
+    char *configs_dir;              /* where models/ and custom_mesh_and_rule/ are looked up */
+    char *model_file;               /* the model file applied, NULL for model_name=default */
+    char *custom_file;              /* the custom_mesh_and_rule file applied, or NULL */
+    char *keys_file;                /* the keys.yml applied, or NULL */
+    const cfg_value *registry;      /* keys.yml's `keys` map, parsed once per process
                                        (entries' spec/why point into it), or NULL */
     int *index, index_cap, index_n; /* hash index of the entries (position + 1) */
-    struct cfg_hw_cache *hw;  /* the hardware profile the config selects, read once (hardware.h) */
+    struct cfg_hw_cache *hw;        /* the hardware profile the config selects, read once (hardware.h) */
     /* Strings that values point to (file names); owned by the config. */
     int n_strings, cap_strings;
     char **strings;
 } cfg_config;
 
 typedef struct {
-    const char *base_file;            /* NULL: "configs/base.yml" */
-    const char *configs_dir;          /* NULL: the base file's directory */
-    const char *const *files;         /* extra YAML files, applied in order */
+    const char *base_file;    /* NULL: "configs/base.yml" */
+    const char *configs_dir;  /* NULL: the base file's directory */
+    const char *const *files; /* extra YAML files, applied in order */
     int n_files;
-    const char *const *overrides;     /* "key=value" strings, applied in order */
+    const char *const *overrides; /* "key=value" strings, applied in order */
     int n_overrides;
 } cfg_args;
 
@@ -108,8 +108,7 @@ typedef struct {
 sim_status cfg_load(const cfg_args *args, cfg_config **out);
 /* Command-line convenience: arguments ending in .yml/.yaml are extra files,
  * arguments with '=' are overrides, anything else is an error naming it. */
-sim_status cfg_load_argv(const char *base_file, int argc, const char *const *argv,
-                              cfg_config **out);
+sim_status cfg_load_argv(const char *base_file, int argc, const char *const *argv, cfg_config **out);
 /* Loads one YAML file on its own (no merging, no key checks): for tools and
  * tests that compare raw files. */
 sim_status cfg_load_file(const char *path, cfg_config **out);
@@ -140,11 +139,9 @@ sim_status cfg_get_bool(const cfg_config *cfg, const char *key, int *out);
 /* Scalar text; *out = NULL when the value is null/None. */
 sim_status cfg_get_str(const cfg_config *cfg, const char *key, const char **out);
 /* Index of the value in allowed[0..n_allowed) (exact match); error lists them. */
-sim_status cfg_get_enum(const cfg_config *cfg, const char *key, const char *const *allowed,
-                             int n_allowed, int *out);
+sim_status cfg_get_enum(const cfg_config *cfg, const char *key, const char *const *allowed, int n_allowed, int *out);
 /* A list of scalars: *n items, (*items)[i] points into the config (do not free
  * the strings; free(*items) only).  null gives 0 items. */
-sim_status cfg_get_str_list(const cfg_config *cfg, const char *key, const char ***items,
-                                 int *n);
+sim_status cfg_get_str_list(const cfg_config *cfg, const char *key, const char ***items, int *n);
 
 #endif

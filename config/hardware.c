@@ -44,7 +44,8 @@ sim_status cfg_hw_figure(const cfg_value *v, const char *file, const char *key, 
     char what[600];
     snprintf(what, sizeof what, "%s: '%s'", file, key);
     SIM_TRY(cfg_value_double(v, what, out));
-    if (*out < 0) return sim_err(SIM_ERR_INPUT, "%s = %g: expected a figure >= 0 (or null when not published)", what, *out);
+    if (*out < 0)
+        return sim_err(SIM_ERR_INPUT, "%s = %g: expected a figure >= 0 (or null when not published)", what, *out);
     return SIM_OK;
 }
 
@@ -70,8 +71,10 @@ static sim_status count_key(const cfg_config *cfg, const char *path, const char 
     double v = -1;
     if (e) SIM_TRY(cfg_hw_figure(&e->value, path, key, &v));
     if (!(v >= 0 && v <= max && v == (int)v))
-        return sim_err(SIM_ERR_INPUT, "%s: '%s' = %s%g: expected a whole number from 0 to %d, %s, with its source in "
-                       "a comment", path, key, e ? "" : "(missing) ", v, max, meaning);
+        return sim_err(SIM_ERR_INPUT,
+                       "%s: '%s' = %s%g: expected a whole number from 0 to %d, %s, with its source in "
+                       "a comment",
+                       path, key, e ? "" : "(missing) ", v, max, meaning);
     *out = (int)v;
     return SIM_OK;
 }
@@ -109,8 +112,8 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
     out->peak_fp8 = v * 1e12 / dpc;
     if (!st) st = cfg_hw_figure(cfg_map_get(pk ? &pk->value : NULL, "float32"), path, "peak_tflops.float32", &v);
     out->peak_f32 = v * 1e12 / dpc;
-    static const char *const keys[] = {"hbm_gib", "hbm_gbps", "ici_gbps_bidirectional", "ici_ports",
-                                       "nvlink_gbps_bidirectional", "dcn_gbits"};
+    static const char *const keys[] = {
+        "hbm_gib", "hbm_gbps", "ici_gbps_bidirectional", "ici_ports", "nvlink_gbps_bidirectional", "dcn_gbits"};
     double val[6] = {0};
     for (int i = 0; i < 6 && !st; i++) {
         e = cfg_find(cfg, keys[i]);
@@ -122,8 +125,7 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
         st = sim_err(SIM_ERR_INPUT, "%s: hbm_gib and hbm_gbps are required", path);
     if (out->gpu)
         out->link_bw = val[4] * 1e9 / 2.0; /* NVLink switch: a GPU injects half its bidirectional figure each way */
-    else if (val[2] > 0 && val[3] > 0)
-        out->link_bw = val[2] * 1e9 / val[3] / 2.0; /* one port, one direction */
+    else if (val[2] > 0 && val[3] > 0) out->link_bw = val[2] * 1e9 / val[3] / 2.0; /* one port, one direction */
     out->link_bw /= dpc;
     out->dcn_bw = val[5] * 1e9 / 8.0 / dpc;
     /* the dtypes the profile's compiler moves weight collectives in (the comment above the keys
@@ -139,32 +141,41 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
                          "before the collective) or weight_dtype (it moves the stored dtype), with its source "
                          "in a comment",
                          path, wire_keys[i], t ? t : "(missing)");
-        else
-            *wire_out[i] = !strcmp(t, "dtype");
+        else *wire_out[i] = !strcmp(t, "dtype");
     }
     /* the compiler's program transformations (the comment above each key in each file gives the source) */
     cfg_xla_rules *rules = &out->xla;
-    if (!st) st = choice_key(cfg, path, "hoisted_weight_copies", "dtype", "none",
-                             "dtype (each layer stack's float32 weights cast to `dtype` once, before the layer loops) "
-                             "or none (each layer casts its own)", &rules->hoist_casts);
-    if (!st) st = count_key(cfg, path, "accumulation_gradient_copies", 8,
-                            "gradient sets the compiler holds beside the gradients during gradient accumulation",
-                            &rules->ga_grad_copies);
-    if (!st) st = choice_key(cfg, path, "newton_schulz_gather_dtype", "bfloat16", "float32",
-                             "bfloat16 (a float32 product at the default matmul precision is one bfloat16 pass, "
-                             "its operands cast before their gathers) or float32", &rules->ns_gather_bf16);
-    if (!st) st = choice_key(cfg, path, "newton_schulz_operand_gathers", "once", "per_product",
-                             "once (one gather of X serves X X^T and B X) or per_product", &rules->ns_gather_once);
-    if (!st) st = count_key(cfg, path, "windowed_einsum_min_group", 1 << 20,
-                            "the smallest group (0: never) whose weight products the compiler windows",
-                            &rules->windowed_min_group);
-    if (!st) st = count_key(cfg, path, "psum_scatter_max_group", 1 << 20,
-                            "the largest group (0: any) over which a shard_map's gradient psum and slice become a "
-                            "reduce-scatter", &rules->psum_scatter_max_group);
-    if (!st) st = choice_key(cfg, path, "embedding_lookup", "all_to_all", "gather_table",
-                             "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "
-                             "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",
-                             &rules->embed_all_to_all);
+    if (!st)
+        st = choice_key(cfg, path, "hoisted_weight_copies", "dtype", "none",
+                        "dtype (each layer stack's float32 weights cast to `dtype` once, before the layer loops) "
+                        "or none (each layer casts its own)",
+                        &rules->hoist_casts);
+    if (!st)
+        st = count_key(cfg, path, "accumulation_gradient_copies", 8,
+                       "gradient sets the compiler holds beside the gradients during gradient accumulation",
+                       &rules->ga_grad_copies);
+    if (!st)
+        st = choice_key(cfg, path, "newton_schulz_gather_dtype", "bfloat16", "float32",
+                        "bfloat16 (a float32 product at the default matmul precision is one bfloat16 pass, "
+                        "its operands cast before their gathers) or float32",
+                        &rules->ns_gather_bf16);
+    if (!st)
+        st = choice_key(cfg, path, "newton_schulz_operand_gathers", "once", "per_product",
+                        "once (one gather of X serves X X^T and B X) or per_product", &rules->ns_gather_once);
+    if (!st)
+        st = count_key(cfg, path, "windowed_einsum_min_group", 1 << 20,
+                       "the smallest group (0: never) whose weight products the compiler windows",
+                       &rules->windowed_min_group);
+    if (!st)
+        st = count_key(cfg, path, "psum_scatter_max_group", 1 << 20,
+                       "the largest group (0: any) over which a shard_map's gradient psum and slice become a "
+                       "reduce-scatter",
+                       &rules->psum_scatter_max_group);
+    if (!st)
+        st = choice_key(cfg, path, "embedding_lookup", "all_to_all", "gather_table",
+                        "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "
+                        "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",
+                        &rules->embed_all_to_all);
     if (st != SIM_OK) {
         cfg_free(cfg);
         return st;
@@ -222,9 +233,9 @@ static const char *profile_name(const cfg_config *cfg, char *fam, size_t cap, co
 
 /* The profile a config read, kept in the config (cfg_config.hw) so that it is read once. */
 struct cfg_hw_cache {
-    char name[64];      /* the profile name it was read for */
+    char name[64];    /* the profile name it was read for */
     cfg_hw hw;        /* its figures and rules (torus_n = 0) */
-    cfg_config *file;     /* its values: the torus of each slice size */
+    cfg_config *file; /* its values: the torus of each slice size */
 };
 
 void cfg_hw_cache_free(struct cfg_hw_cache *c)
@@ -275,8 +286,7 @@ sim_status cfg_hw_from_config(const cfg_config *cfg, int devices_per_slice, cfg_
     }
     if (st && topo && name == fam)
         sim_err_append(" (the family of compile_topology=%s; set hardware_profile=NAME to choose one)", topo);
-    else if (st)
-        sim_err_append(" (hardware_profile=%s)", name);
+    else if (st) sim_err_append(" (hardware_profile=%s)", name);
     *found = st == SIM_OK;
     return st;
 }

@@ -17,40 +17,40 @@
 /* What the profile's compiler does to MaxText's step beyond the dtypes it moves weights in: each field
  * a key of the profile (configs/hardware/v5p.yml gives each one's evidence; docs/xla-fidelity.md). */
 typedef struct {
-    bool hoist_casts;         /* hoisted_weight_copies: dtype -- each layer stack's float32 weights cast to
+    bool hoist_casts;           /* hoisted_weight_copies: dtype -- each layer stack's float32 weights cast to
                                  `dtype` once, the device's shard held through the forward and backward loops */
-    int ga_grad_copies;       /* accumulation_gradient_copies: gradient sets held beside the gradients while
+    int ga_grad_copies;         /* accumulation_gradient_copies: gradient sets held beside the gradients while
                                  gradient accumulation runs */
-    bool ns_gather_bf16;      /* newton_schulz_gather_dtype: bfloat16 -- float32 Newton-Schulz operands cast
+    bool ns_gather_bf16;        /* newton_schulz_gather_dtype: bfloat16 -- float32 Newton-Schulz operands cast
                                  before their gathers (with a one-pass matmul_precision) */
-    bool ns_gather_once;      /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X */
-    int windowed_min_group;   /* windowed_einsum_min_group: weight products over groups at least this large
+    bool ns_gather_once;        /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X */
+    int windowed_min_group;     /* windowed_einsum_min_group: weight products over groups at least this large
                                  run as windowed einsums (0: never) */
     int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
                                  reduce-scatter over at most this many devices, else an all-reduce (0: always) */
-    bool embed_all_to_all;    /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
+    bool embed_all_to_all;      /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
                                  rows looked up on the table's shard and all-to-all'd back (gather_table: the
                                  table is all-gathered and its gradient reduce-scattered) */
 } cfg_xla_rules;
 
 /* One accelerator, per JAX device (a chip's figures divided by devices_per_chip). */
 typedef struct {
-    char name[32];            /* profile name (file stem): "v5p" */
-    bool gpu;                 /* kind: gpu (NVLink switch in a node) or tpu (torus links) */
-    int devices_per_chip;     /* JAX devices per chip */
-    double peak_bf16;         /* FLOP/s, dense bfloat16 */
-    double peak_fp8;          /* FLOP/s, dense float8; 0 = not published */
-    double peak_f32;          /* FLOP/s, float32; 0 = not published */
-    double hbm_bytes;         /* HBM capacity, bytes */
-    double hbm_bw;            /* HBM bandwidth, bytes/s */
-    double link_bw;           /* TPU: one ICI link, one direction, bytes/s; GPU: NVLink injection per
+    char name[32];         /* profile name (file stem): "v5p" */
+    bool gpu;              /* kind: gpu (NVLink switch in a node) or tpu (torus links) */
+    int devices_per_chip;  /* JAX devices per chip */
+    double peak_bf16;      /* FLOP/s, dense bfloat16 */
+    double peak_fp8;       /* FLOP/s, dense float8; 0 = not published */
+    double peak_f32;       /* FLOP/s, float32; 0 = not published */
+    double hbm_bytes;      /* HBM capacity, bytes */
+    double hbm_bw;         /* HBM bandwidth, bytes/s */
+    double link_bw;        /* TPU: one ICI link, one direction, bytes/s; GPU: NVLink injection per
                                  direction; 0 = not published (collectives cannot be timed) */
-    double dcn_bw;            /* DCN per device, bytes/s; 0 = not published */
-    int torus[3], torus_n;    /* physical shape of the slice (torus_n = 0 when the profile has none) */
-    bool gather_in_dtype;     /* weight_gather_dtype: dtype -- the compiler casts a float32 weight's shard to
+    double dcn_bw;         /* DCN per device, bytes/s; 0 = not published */
+    int torus[3], torus_n; /* physical shape of the slice (torus_n = 0 when the profile has none) */
+    bool gather_in_dtype;  /* weight_gather_dtype: dtype -- the compiler casts a float32 weight's shard to
                                  `dtype` before its all-gather (false: weight_dtype, the stored dtype) */
-    bool reduce_in_dtype;     /* gradient_reduction_dtype: dtype -- parameter gradients are reduced in `dtype` */
-    cfg_xla_rules xla;      /* the compiler's program transformations (hoisted_weight_copies, ...) */
+    bool reduce_in_dtype;  /* gradient_reduction_dtype: dtype -- parameter gradients are reduced in `dtype` */
+    cfg_xla_rules xla;     /* the compiler's program transformations (hoisted_weight_copies, ...) */
 } cfg_hw;
 
 /* Profile names in <configs>/hardware (sorted, comma separated) into buf. */

@@ -43,9 +43,9 @@ void cfg_set_derived(cfg_config *cfg, const char *key, const char *text, const c
 
 /* ---- one layer of the merge (load.c) ---- */
 typedef struct {
-    cfg_value map;   /* MAP of the layer's keys */
-    const char *name;     /* "model file x", "file y", "the command line" */
-    int config_file;      /* a MaxText config file (base.yml, or a file with base_config):
+    cfg_value map;    /* MAP of the layer's keys */
+    const char *name; /* "model file x", "file y", "the command line" */
+    int config_file;  /* a MaxText config file (base.yml, or a file with base_config):
                              it sits below the model file, as MaxText's argv[1] does */
 } cfg_layer;
 int cfg_layer_flag(const cfg_layer *l, const char *key);
@@ -58,15 +58,15 @@ sim_status cfg_check_layer(const cfg_config *cfg, const cfg_value *base_vals, co
 enum { CFG_CHAIN_MAX = 16, CFG_MAX_DIRS = 3 };
 typedef struct {
     const cfg_args *args;
-    cfg_config *cfg;                  /* the config being built */
-    char *chain[CFG_CHAIN_MAX];     /* real paths of the base file and its base_config ancestors */
+    cfg_config *cfg;            /* the config being built */
+    char *chain[CFG_CHAIN_MAX]; /* real paths of the base file and its base_config ancestors */
     int n_chain;
-    cfg_layer *user;                /* extra files in order, then the command line (n_user - 1) */
+    cfg_layer *user; /* extra files in order, then the command line (n_user - 1) */
     int n_user;
-    cfg_layer model;                /* the model file (an empty map when none) */
-    cfg_value *base_vals;      /* the merged base's values, before any layer */
+    cfg_layer model;      /* the model file (an empty map when none) */
+    cfg_value *base_vals; /* the merged base's values, before any layer */
     int n_base;
-    char *dirs[CFG_MAX_DIRS];       /* where models/, custom_mesh_and_rule/, ranges.yml are looked up */
+    char *dirs[CFG_MAX_DIRS]; /* where models/, custom_mesh_and_rule/, ranges.yml are looked up */
     int n_dirs;
 } cfg_loader;
 

@@ -39,8 +39,14 @@ static sim_status copy_value(const json_t *j, cfg_json *v, const char *what)
     char num[40];
     switch (json_typeof(j)) {
     case JSON_NULL: v->kind = CFG_JSON_NULL; return SIM_OK;
-    case JSON_TRUE: v->kind = CFG_JSON_BOOL; v->boolean = 1; return SIM_OK;
-    case JSON_FALSE: v->kind = CFG_JSON_BOOL; v->boolean = 0; return SIM_OK;
+    case JSON_TRUE:
+        v->kind = CFG_JSON_BOOL;
+        v->boolean = 1;
+        return SIM_OK;
+    case JSON_FALSE:
+        v->kind = CFG_JSON_BOOL;
+        v->boolean = 0;
+        return SIM_OK;
     case JSON_INTEGER:
         v->kind = CFG_JSON_NUMBER;
         v->is_integer = 1;
@@ -87,7 +93,8 @@ static sim_status copy_value(const json_t *j, cfg_json *v, const char *what)
         const char *key;
         json_t *val;
         size_t i = 0;
-        json_object_foreach((json_t *)j, key, val) {
+        json_object_foreach((json_t *)j, key, val)
+        {
             SIM_ASSERT(i < n);
             v->keys[i] = dup_or_die(key);
             v->n = (int)i + 1;
@@ -207,10 +214,7 @@ int cfg_json_equal(const cfg_json *a, const cfg_json *b)
 /* writing                                                                  */
 /* ======================================================================== */
 
-void cfg_jw_init(cfg_jw *w)
-{
-    memset(w, 0, sizeof *w);
-}
+void cfg_jw_init(cfg_jw *w) { memset(w, 0, sizeof *w); }
 
 /* Adds v (a new reference) to the innermost container, or makes it the root. */
 static void jw_add(cfg_jw *w, json_t *v)
@@ -282,10 +286,7 @@ void cfg_jw_u64(cfg_jw *w, unsigned long long v)
     jw_add(w, json_integer((json_int_t)v));
 }
 
-void cfg_jw_double(cfg_jw *w, double d)
-{
-    jw_add(w, isfinite(d) ? json_real(d) : json_null());
-}
+void cfg_jw_double(cfg_jw *w, double d) { jw_add(w, isfinite(d) ? json_real(d) : json_null()); }
 
 void cfg_jw_num(cfg_jw *w, double d, int digits)
 {
@@ -307,10 +308,7 @@ void cfg_jw_num(cfg_jw *w, double d, int digits)
     jw_add(w, json_real(strtod(text, NULL)));
 }
 
-void cfg_jw_tree(cfg_jw *w, json_t *v)
-{
-    jw_add(w, v);
-}
+void cfg_jw_tree(cfg_jw *w, json_t *v) { jw_add(w, v); }
 
 json_t *cfg_jw_take(cfg_jw *w)
 {

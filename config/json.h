@@ -29,15 +29,15 @@ typedef enum {
 typedef struct cfg_json cfg_json;
 struct cfg_json {
     cfg_json_kind kind;
-    int boolean;      /* BOOL: 0 or 1 */
-    double number;    /* NUMBER: value */
-    int is_integer;   /* NUMBER: written without fraction or exponent (fits int64) */
-    long long integer;/* NUMBER: the value when is_integer */
-    char *str;        /* STRING: decoded text; NUMBER: the number's text (integers exact,
+    int boolean;       /* BOOL: 0 or 1 */
+    double number;     /* NUMBER: value */
+    int is_integer;    /* NUMBER: written without fraction or exponent (fits int64) */
+    long long integer; /* NUMBER: the value when is_integer */
+    char *str;         /* STRING: decoded text; NUMBER: the number's text (integers exact,
                          others %.17g) */
-    int n;            /* ARRAY/OBJECT: number of items */
-    cfg_json *items; /* ARRAY/OBJECT: the items (OBJECT: the values) */
-    char **keys;      /* OBJECT: the keys, in file order */
+    int n;             /* ARRAY/OBJECT: number of items */
+    cfg_json *items;   /* ARRAY/OBJECT: the items (OBJECT: the values) */
+    char **keys;       /* OBJECT: the keys, in file order */
 };
 
 /* Parses text (len bytes).  `what` names the input in error messages
@@ -73,11 +73,11 @@ typedef enum {
 } cfg_jw_layout;
 
 typedef struct {
-    struct json_t *root;                     /* the document (NULL until the first value) */
-    int depth;                               /* open containers */
-    struct json_t *open[CFG_JW_MAX_DEPTH];  /* the open containers, outermost first (borrowed) */
-    char key[1024];                          /* the pending object key */
-    int after_key;                           /* the next value goes under key */
+    struct json_t *root;                   /* the document (NULL until the first value) */
+    int depth;                             /* open containers */
+    struct json_t *open[CFG_JW_MAX_DEPTH]; /* the open containers, outermost first (borrowed) */
+    char key[1024];                        /* the pending object key */
+    int after_key;                         /* the next value goes under key */
 } cfg_jw;
 
 void cfg_jw_init(cfg_jw *w);

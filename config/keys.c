@@ -14,10 +14,7 @@ static const char *const KEY_CLASS_NAMES[] = {"unclassified", "honoured", "inert
 
 static const char *const KEY_TYPES[] = {"bool", "int", "float", "str", "list", "map", "any"};
 
-const char *cfg_key_class_name(cfg_key_class c)
-{
-    return (unsigned)c < 4 ? KEY_CLASS_NAMES[c] : "?";
-}
+const char *cfg_key_class_name(cfg_key_class c) { return (unsigned)c < 4 ? KEY_CLASS_NAMES[c] : "?"; }
 
 const cfg_value *cfg_entry_field(const cfg_entry *e, const char *field)
 {
@@ -108,8 +105,9 @@ static sim_status registry_parse(const char *path, const struct stat *sb, regist
     SIM_TRY_GOTO(cfg_yaml_read(holder, path, NULL, &doc), st, fail);
     int ki = doc.kind == CFG_MAP ? cfg_map_index(&doc, "keys") : -1;
     if (ki < 0 || doc.items[ki].kind != CFG_MAP)
-        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: expected a top-level map `keys:` of key -> {class, type, default, why}",
-                             path), st, fail);
+        SIM_TRY_GOTO(
+            sim_err(SIM_ERR_INPUT, "%s: expected a top-level map `keys:` of key -> {class, type, default, why}", path),
+            st, fail);
     for (int i = 0; i < doc.items[ki].n; i++)
         SIM_TRY_GOTO(registry_check_line(doc.items[ki].keys[i], &doc.items[ki].items[i]), st, fail);
     registry_cache *c = &registry_cached[0];
@@ -146,7 +144,8 @@ static sim_status registry_get(const char *path, const registry_cache **out)
     registry_cache *c = NULL;
     for (int i = 0; i < 4 && !c; i++)
         if (registry_cached[i].path && !strcmp(registry_cached[i].path, path) &&
-            registry_cached[i].mtime.tv_sec == sb.st_mtim.tv_sec && registry_cached[i].mtime.tv_nsec == sb.st_mtim.tv_nsec)
+            registry_cached[i].mtime.tv_sec == sb.st_mtim.tv_sec &&
+            registry_cached[i].mtime.tv_nsec == sb.st_mtim.tv_nsec)
             c = &registry_cached[i];
     sim_status st = c ? SIM_OK : registry_parse(path, &sb, &c);
     pthread_mutex_unlock(&registry_lock);
@@ -191,8 +190,9 @@ sim_status cfg_keys_apply(cfg_config *cfg, const char *configs_dir)
         const cfg_value *def = cfg_map_get(&reg->items[i], "default");
         if (!def) {
             char where[512];
-            st = sim_err(SIM_ERR_INPUT, "%s: key '%s' has no default and the base config %s does not set it; add "
-                                        "`default: ...` to its line",
+            st = sim_err(SIM_ERR_INPUT,
+                         "%s: key '%s' has no default and the base config %s does not set it; add "
+                         "`default: ...` to its line",
                          cfg_value_where(&reg->items[i], where, sizeof where), reg->keys[i], cfg->base_file);
             break;
         }
@@ -238,8 +238,8 @@ sim_status cfg_keys_check(cfg_config *cfg, const cfg_value *base_vals, int n_bas
         sim_status st = SIM_OK;
         if (choices && !value_in_list(&e->value, choices)) {
             char *ctext = cfg_value_to_text(choices, 0);
-            st = sim_err(SIM_ERR_INPUT, "%s: %s=%s is not a value MaxText accepts; use one of %s (default %s)", e->where,
-                         e->key, text, ctext, dtext);
+            st = sim_err(SIM_ERR_INPUT, "%s: %s=%s is not a value MaxText accepts; use one of %s (default %s)",
+                         e->where, e->key, text, ctext, dtext);
             free(ctext);
         } else if (e->cls == CFG_KEY_REFUSED) {
             st = sim_err(SIM_ERR_INPUT,
@@ -248,9 +248,9 @@ sim_status cfg_keys_check(cfg_config *cfg, const cfg_value *base_vals, int n_bas
                          e->where, e->key, text, e->why ? e->why : "not simulated", dtext);
         } else if (sim && !value_in_list(&e->value, sim)) {
             char *stext = cfg_value_to_text(sim, 0);
-            st = sim_err(SIM_ERR_INPUT, "%s: %s=%s is refused: shardsim simulates only %s in %s%s%s%s; choose one of those",
-                         e->where, e->key, text, e->key, stext, e->why ? " (" : "", e->why ? e->why : "",
-                         e->why ? ")" : "");
+            st = sim_err(SIM_ERR_INPUT,
+                         "%s: %s=%s is refused: shardsim simulates only %s in %s%s%s%s; choose one of those", e->where,
+                         e->key, text, e->key, stext, e->why ? " (" : "", e->why ? e->why : "", e->why ? ")" : "");
             free(stext);
         }
         free(text);
@@ -260,8 +260,7 @@ sim_status cfg_keys_check(cfg_config *cfg, const cfg_value *base_vals, int n_bas
     return SIM_OK;
 }
 
-sim_status cfg_keys_unknown(const cfg_config *cfg, const char *key, const cfg_value *v,
-                              const char *layer)
+sim_status cfg_keys_unknown(const cfg_config *cfg, const char *key, const cfg_value *v, const char *layer)
 {
     char where[512];
     const char *near = cfg_closest_key(cfg, key);
@@ -274,13 +273,12 @@ sim_status cfg_keys_unknown(const cfg_config *cfg, const char *key, const cfg_va
     return sim_err(SIM_ERR_INPUT,
                    "%s: unknown key '%s' in %s: the base config %s has no such key%s%s%s; "
                    "check the spelling, or add the key to the base config",
-                   cfg_value_where(v, where, sizeof where), key, layer, cfg->base_file,
-                   near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
+                   cfg_value_where(v, where, sizeof where), key, layer, cfg->base_file, near ? "; did you mean '" : "",
+                   near ? near : "", near ? "'?" : "");
 }
 
 /* The value must have the type of the base default (data as schema). */
-sim_status cfg_keys_check_type(const cfg_entry *e, const cfg_value *base,
-                             const cfg_value *v)
+sim_status cfg_keys_check_type(const cfg_entry *e, const cfg_value *base, const cfg_value *v)
 {
     char what[300], where[512];
     snprintf(what, sizeof what, "key '%s'", e->key);
@@ -303,8 +301,7 @@ sim_status cfg_keys_check_type(const cfg_entry *e, const cfg_value *base,
             expected = vt == CFG_INT || (vt == CFG_FLOAT && cfg_value_int(v, what, &i) == SIM_OK)
                            ? NULL
                            : cfg_type_name(CFG_INT);
-        else if (!strcmp(rtype, "float"))
-            expected = vt == CFG_INT || vt == CFG_FLOAT ? NULL : cfg_type_name(CFG_FLOAT);
+        else if (!strcmp(rtype, "float")) expected = vt == CFG_INT || vt == CFG_FLOAT ? NULL : cfg_type_name(CFG_FLOAT);
         sim_err_clear();
     } else if (base->kind == CFG_LIST) {
         if (v->kind != CFG_LIST && !v_null) expected = "a list";
@@ -330,9 +327,9 @@ sim_status cfg_keys_check_type(const cfg_entry *e, const cfg_value *base,
     if (!expected) return SIM_OK;
     char *text = cfg_value_to_text(v, 0);
     char *btext = cfg_value_to_text(base, 0);
-    sim_status st = sim_err(SIM_ERR_INPUT, "%s: key '%s' = %s is %s, expected %s (its default is %s at %s)",
-                            cfg_value_where(v, where, sizeof where), e->key, text, cfg_kind_name(v),
-                            expected, btext, e->where);
+    sim_status st =
+        sim_err(SIM_ERR_INPUT, "%s: key '%s' = %s is %s, expected %s (its default is %s at %s)",
+                cfg_value_where(v, where, sizeof where), e->key, text, cfg_kind_name(v), expected, btext, e->where);
     free(text);
     free(btext);
     return st;

@@ -29,19 +29,15 @@ static void cfg_map_overlay(cfg_value *parent, cfg_value *child)
 
 /* Loads path and its base_config ancestors into *out (merged). chain[] collects
  * the real paths (for cycle checks and overlay base_config checks). */
-static sim_status cfg_load_chain(cfg_config *cfg, const char *path, char **chain, int *n_chain,
-                                 cfg_value *out)
+static sim_status cfg_load_chain(cfg_config *cfg, const char *path, char **chain, int *n_chain, cfg_value *out)
 {
     char real[PATH_MAX];
-    if (!realpath(path, real))
-        return sim_err(SIM_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
+    if (!realpath(path, real)) return sim_err(SIM_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
     for (int i = 0; i < *n_chain; i++)
         if (strcmp(chain[i], real) == 0)
-            return sim_err(SIM_ERR_INPUT, "config file %s: base_config chain loops back to %s",
-                           path, real);
+            return sim_err(SIM_ERR_INPUT, "config file %s: base_config chain loops back to %s", path, real);
     if (*n_chain >= CFG_CHAIN_MAX)
-        return sim_err(SIM_ERR_INPUT, "config file %s: base_config chain deeper than %d files",
-                       path, CFG_CHAIN_MAX);
+        return sim_err(SIM_ERR_INPUT, "config file %s: base_config chain deeper than %d files", path, CFG_CHAIN_MAX);
     chain[(*n_chain)++] = cfg_strdup(real);
     cfg_value map = {0}, base = {0};
     char *parent = NULL;
@@ -78,8 +74,7 @@ fail:
 }
 
 /* Checks a layer's keys (known, typed, well-formed rules). */
-sim_status cfg_check_layer(const cfg_config *cfg, const cfg_value *base_vals, const cfg_layer *l,
-                              int allow_base_config)
+sim_status cfg_check_layer(const cfg_config *cfg, const cfg_value *base_vals, const cfg_layer *l, int allow_base_config)
 {
     for (int i = 0; i < l->map.n; i++) {
         const char *key = l->map.keys[i];
@@ -246,7 +241,8 @@ static sim_status apply_release(cfg_loader *ld)
     for (int k = 0; k < 3; k++) {
         const cfg_value *v = cfg_map_get(&doc, replaced[k]);
         cfg_entry *e = cfg_find_mut(cfg, replaced[k]);
-        if (!v) SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: a release's base_rules file needs %s", br, replaced[k]), st, fail);
+        if (!v)
+            SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: a release's base_rules file needs %s", br, replaced[k]), st, fail);
         if (!e || e->from_user || e->from_model) continue;
         cfg_value_free(&e->value);
         cfg_value_copy(&e->value, v);
@@ -322,8 +318,8 @@ sim_status cfg_load_argv(const char *base_file, int argc, const char *const *arg
         if (strchr(s, '=')) ovr[a.n_overrides++] = s;
         else if (cfg_ends_with(s, ".yml") || cfg_ends_with(s, ".yaml")) files[a.n_files++] = s;
         else
-            SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "argument '%s' is neither a config file (*.yml) nor key=value", s),
-                         st, fail);
+            SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "argument '%s' is neither a config file (*.yml) nor key=value", s), st,
+                         fail);
     }
     SIM_TRY_GOTO(cfg_load(&a, out), st, fail);
 fail:

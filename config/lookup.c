@@ -101,10 +101,7 @@ const cfg_entry *cfg_find(const cfg_config *cfg, const char *key)
     return NULL;
 }
 
-cfg_entry *cfg_find_mut(cfg_config *cfg, const char *key)
-{
-    return (cfg_entry *)cfg_find(cfg, key);
-}
+cfg_entry *cfg_find_mut(cfg_config *cfg, const char *key) { return (cfg_entry *)cfg_find(cfg, key); }
 
 const char *cfg_closest_key(const cfg_config *cfg, const char *key)
 {
@@ -128,12 +125,11 @@ sim_status cfg_entry_get(const cfg_config *cfg, const char *key, const cfg_entry
     return sim_err(SIM_ERR_INPUT,
                    "config key '%s' is missing: the base config %s does not define it%s%s%s; "
                    "add `%s: <value>` to the base config",
-                   key, cfg->base_file ? cfg->base_file : "(none)", near ? " (closest key: '" : "",
-                   near ? near : "", near ? "')" : "", key);
+                   key, cfg->base_file ? cfg->base_file : "(none)", near ? " (closest key: '" : "", near ? near : "",
+                   near ? "')" : "", key);
 }
 
-static sim_status getter_what(const cfg_config *cfg, const char *key, const cfg_entry **e,
-                              char *what, size_t cap)
+static sim_status getter_what(const cfg_config *cfg, const char *key, const cfg_entry **e, char *what, size_t cap)
 {
     SIM_TRY(cfg_entry_get(cfg, key, e));
     snprintf(what, cap, "key '%s'", key);
@@ -174,8 +170,7 @@ sim_status cfg_get_str(const cfg_config *cfg, const char *key, const char **out)
     return SIM_OK;
 }
 
-sim_status cfg_get_enum(const cfg_config *cfg, const char *key, const char *const *allowed,
-                             int n_allowed, int *out)
+sim_status cfg_get_enum(const cfg_config *cfg, const char *key, const char *const *allowed, int n_allowed, int *out)
 {
     const cfg_entry *e;
     char what[300];
@@ -203,8 +198,7 @@ sim_status cfg_get_str_list(const cfg_config *cfg, const char *key, const char *
     SIM_TRY(getter_what(cfg, key, &e, what, sizeof what));
     *items = NULL;
     *n = 0;
-    if (e->value.kind == CFG_SCALAR && cfg_scalar_type(&e->value) == CFG_NULL)
-        return SIM_OK;
+    if (e->value.kind == CFG_SCALAR && cfg_scalar_type(&e->value) == CFG_NULL) return SIM_OK;
     if (e->value.kind != CFG_LIST) return cfg_value_error(&e->value, what, "a list of names");
     for (int i = 0; i < e->value.n; i++)
         if (e->value.items[i].kind != CFG_SCALAR)

@@ -89,8 +89,7 @@ static char *simulated_blocks_text(const cfg_config *cfg)
     cfg_sbuf b = {0};
     cfg_sb_putf(&b, "the ");
     int n = sim && sim->kind == CFG_LIST ? sim->n : 0;
-    for (int i = 0; i < n; i++)
-        cfg_sb_putf(&b, "%s%s", i == 0 ? "" : i == n - 1 ? " and " : ", ", sim->items[i].text);
+    for (int i = 0; i < n; i++) cfg_sb_putf(&b, "%s%s", i == 0 ? "" : i == n - 1 ? " and " : ", ", sim->items[i].text);
     cfg_sb_putf(&b, " decoder block%s", n == 1 ? "" : "s");
     return b.s;
 }
@@ -107,10 +106,10 @@ sim_status cfg_block_refuse(const cfg_config *cfg, const cfg_value *v, const cha
     char where[512];
     char *about = cfg_block_about(cfg, v->text);
     char *sim = simulated_blocks_text(cfg);
-    char *who = model_name ? cfg_asprintf("model_name=%s is refused: %s sets decoder_block=%s", model_name,
-                                       cfg_value_where(v, where, sizeof where), v->text)
-                           : cfg_asprintf("%s: decoder_block=%s is refused", cfg_value_where(v, where, sizeof where),
-                                       v->text);
+    char *who = model_name
+                    ? cfg_asprintf("model_name=%s is refused: %s sets decoder_block=%s", model_name,
+                                   cfg_value_where(v, where, sizeof where), v->text)
+                    : cfg_asprintf("%s: decoder_block=%s is refused", cfg_value_where(v, where, sizeof where), v->text);
     sim_status st = sim_err(SIM_ERR_INPUT,
                             "%s: MaxText's %s decoder block%s%s%s is not simulated yet; shardsim simulates %s "
                             "(`shardsim models` lists every model name with its decoder block and status)",
@@ -134,9 +133,7 @@ static sim_status file_block(const char *file, const cfg_value *def, char **bloc
     sim_status st;
     SIM_TRY_GOTO(cfg_yaml_read(holder, file, NULL, &doc), st, fail);
     const cfg_value *b = cfg_map_get(&doc, "decoder_block");
-    *block = cfg_strdup(b && b->kind == CFG_SCALAR     ? b->text
-                        : def && def->kind == CFG_SCALAR ? def->text
-                                                              : "default");
+    *block = cfg_strdup(b && b->kind == CFG_SCALAR ? b->text : def && def->kind == CFG_SCALAR ? def->text : "default");
 fail:
     cfg_value_free(&doc);
     cfg_free(holder);
@@ -152,7 +149,8 @@ sim_status cfg_model_files(const cfg_config *cfg, cfg_model_file **out, int *n_o
     cfg_model_file *m = NULL;
     int n = 0, cap = 0;
     sim_status st;
-    if (!d) SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "cannot list the model files in %s: %s", dir, strerror(errno)), st, fail);
+    if (!d)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "cannot list the model files in %s: %s", dir, strerror(errno)), st, fail);
     const cfg_entry *db = cfg_find(cfg, "decoder_block");
     const cfg_value *def = db ? cfg_entry_field(db, "default") : NULL;
     st = SIM_OK;
@@ -253,8 +251,10 @@ static sim_status find_model_file(const cfg_loader *ld, const cfg_value *mn, cha
     cfg_value_where(mn, where, sizeof where);
     if (strchr(mn->text, '/') || strchr(mn->text, '\\') || mn->text[0] == '.' || !mn->text[0]) {
         char *avail = cfg_models_available(ld->cfg);
-        sim_status st = sim_err(SIM_ERR_INPUT, "%s: model_name=%s is not a model name (no '/', '\\' or leading '.'); "
-                                "the model names by decoder block: %s", where, mn->text, avail);
+        sim_status st = sim_err(SIM_ERR_INPUT,
+                                "%s: model_name=%s is not a model name (no '/', '\\' or leading '.'); "
+                                "the model names by decoder block: %s",
+                                where, mn->text, avail);
         free(avail);
         return st;
     }
@@ -264,8 +264,10 @@ static sim_status find_model_file(const cfg_loader *ld, const cfg_value *mn, cha
     if (!*path) {
         char *sub = cfg_asprintf("%s/models", ld->dirs[0]);
         char *avail = cfg_models_available(ld->cfg);
-        st = sim_err(SIM_ERR_INPUT, "%s: model_name=%s is not a model name shardsim knows (no %s/%s.yml); "
-                     "the model names by decoder block: %s", where, mn->text, sub, file_name, avail);
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: model_name=%s is not a model name shardsim knows (no %s/%s.yml); "
+                     "the model names by decoder block: %s",
+                     where, mn->text, sub, file_name, avail);
         free(sub);
         free(avail);
     }
@@ -314,8 +316,8 @@ sim_status cfg_models_check_overrides(const cfg_loader *ld)
                                     "key '%s' is set by the model file (%s = %s) and by %s (%s = %s); "
                                     "MaxText forbids changing a model's keys unless override_model_config=true: "
                                     "add override_model_config=true to override it",
-                                    key, cfg_value_where(&model->map.items[i], w1, sizeof w1), t1,
-                                    ld->user[u].name, cfg_value_where(uv, w2, sizeof w2), t2);
+                                    key, cfg_value_where(&model->map.items[i], w1, sizeof w1), t1, ld->user[u].name,
+                                    cfg_value_where(uv, w2, sizeof w2), t2);
             free(t1);
             free(t2);
             return st;

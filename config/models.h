@@ -14,9 +14,9 @@
  * blocks shardsim runs: a model file (or any layer) naming another block MaxText has is refused
  * by its block before its keys are checked, with <configs>/decoder_blocks.yml's description. */
 typedef struct {
-    char *name;   /* the model name: the file name without .yml */
-    char *file;   /* <configs>/models/<name>.yml */
-    char *block;  /* its decoder_block (keys.yml's default when the file sets none) */
+    char *name;  /* the model name: the file name without .yml */
+    char *file;  /* <configs>/models/<name>.yml */
+    char *block; /* its decoder_block (keys.yml's default when the file sets none) */
 } cfg_model_file;
 
 /* Every model file of the config's configs directory, sorted by name. */

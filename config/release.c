@@ -11,9 +11,9 @@
 struct cfg_release {
     char *configs_dir, *version; /* the cache key */
     char *file;
-    cfg_config *doc;               /* the parsed file (owns the values below) */
+    cfg_config *doc; /* the parsed file (owns the values below) */
     const char *maxtext, *jax;
-    char *base_rules;            /* resolved path, or NULL */
+    char *base_rules; /* resolved path, or NULL */
     const cfg_value *names, *unknown, *errors, *refusals, *absent, *jax_rules, *grad_names;
 };
 
@@ -45,10 +45,7 @@ static const cfg_value *map_at(const cfg_value *map, const char *key)
     return NULL;
 }
 
-static const char *scalar(const cfg_value *v)
-{
-    return v && v->kind == CFG_SCALAR && v->text ? v->text : NULL;
-}
+static const char *scalar(const cfg_value *v) { return v && v->kind == CFG_SCALAR && v->text ? v->text : NULL; }
 
 /* "0.2.0, 0.2.5": the release files of <configs_dir>/releases (the *-rules.yml aside), malloc'd */
 static char *available(const char *configs_dir)
@@ -89,8 +86,9 @@ static sim_status load(const char *configs_dir, const char *version, cfg_release
     /* a release is a file name in releases/, never a path out of it */
     if (!version[0] || strchr(version, '/') || strchr(version, '\\') || version[0] == '.') {
         char *av = available(configs_dir);
-        sim_status st = sim_err(SIM_ERR_INPUT, "maxtext_release=%s is not a release name; the releases shardsim "
-                                               "follows: %s",
+        sim_status st = sim_err(SIM_ERR_INPUT,
+                                "maxtext_release=%s is not a release name; the releases shardsim "
+                                "follows: %s",
                                 version, av);
         free(av);
         return st;
@@ -129,13 +127,13 @@ static sim_status load(const char *configs_dir, const char *version, cfg_release
     const char *br = scalar(field(r->doc, "base_rules"));
     if (!r->maxtext || strcmp(r->maxtext, version) != 0)
         st = sim_err(SIM_ERR_INPUT, "%s: 'maxtext' must name the release of the file's name (%s)", path, version);
-    else if (!r->jax)
-        st = sim_err(SIM_ERR_INPUT, "%s: 'jax' must name the JAX release it runs on", path);
+    else if (!r->jax) st = sim_err(SIM_ERR_INPUT, "%s: 'jax' must name the JAX release it runs on", path);
     else if ((r->names && r->names->kind != CFG_MAP) || (r->errors && r->errors->kind != CFG_MAP) ||
              (r->refusals && r->refusals->kind != CFG_MAP) || (r->absent && r->absent->kind != CFG_MAP) ||
              (r->unknown && r->unknown->kind != CFG_LIST))
-        st = sim_err(SIM_ERR_INPUT, "%s: logical_names, explicit_errors, absent_axes and refusals must be maps, "
-                                    "unknown_keys a list",
+        st = sim_err(SIM_ERR_INPUT,
+                     "%s: logical_names, explicit_errors, absent_axes and refusals must be maps, "
+                     "unknown_keys a list",
                      path);
     if (st == SIM_OK && br && br[0]) {
         char p[4096];

@@ -13,8 +13,7 @@
  * compile_topology_num_slices and must be positive. */
 /* The devices per slice of topology `name` in topologies.yml's table; an unknown name is an error
  * with the closest known one. */
-static sim_status topology_size(const cfg_value *doc, const char *path, const cfg_entry *t,
-                                long long *per_slice)
+static sim_status topology_size(const cfg_value *doc, const char *path, const cfg_entry *t, long long *per_slice)
 {
     const char *name = t->value.text;
     const cfg_value *table = cfg_map_get(doc, "topologies");
@@ -42,8 +41,7 @@ static sim_status set_topology(cfg_config *cfg, const char *name, long long devi
     for (int k = 0; k < 2; k++) {
         const cfg_entry *e = cfg_find(cfg, keys[k]);
         long long v;
-        if (e && e->from_user && cfg_value_int(&e->value, keys[k], &v) == SIM_OK && v != -1 &&
-            v != atoll(vals[k]))
+        if (e && e->from_user && cfg_value_int(&e->value, keys[k], &v) == SIM_OK && v != -1 && v != atoll(vals[k]))
             return sim_err(SIM_ERR_INPUT, "%s=%lld (%s) disagrees with %s (%s devices in %s slices); drop %s", keys[k],
                            v, e->where, where, nd, ns, keys[k]);
         sim_err_clear(); /* a non-integer value was not an error here */

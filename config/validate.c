@@ -30,8 +30,9 @@ sim_status cfg_maxtext_rules(const cfg_config *cfg)
         SIM_TRY(cfg_get_int(cfg, "inhomogeneous_layer_cycle_interval", &inhomog));
     if (experts > 1) {
         if (moe_mlp <= 0)
-            return sim_err(SIM_ERR_INPUT, "num_experts=%lld needs base_moe_mlp_dim > 0 (it is %g): MaxText requires a "
-                                          "positive expert width for MoE models; set base_moe_mlp_dim",
+            return sim_err(SIM_ERR_INPUT,
+                           "num_experts=%lld needs base_moe_mlp_dim > 0 (it is %g): MaxText requires a "
+                           "positive expert width for MoE models; set base_moe_mlp_dim",
                            experts, moe_mlp);
         /* a model whose every layer is MoE has one MLP width */
         if (interleave == 1 && dense == 0 && inhomog == 1 && mlp != moe_mlp)
@@ -43,8 +44,9 @@ sim_status cfg_maxtext_rules(const cfg_config *cfg)
         SIM_TRY(cfg_get_double(cfg, "routed_bias_update_rate", &update_rate));
         /* types.py: loss-free load balancing for the blocks decoder_blocks.yml marks loss_free_balancing */
         if (routed_bias && update_rate > 0 && decoder && !cfg_block_flag(cfg, decoder, "loss_free_balancing"))
-            return sim_err(SIM_ERR_INPUT, "routed_bias_update_rate=%g with decoder_block=%s: MaxText supports loss-free "
-                                          "load balancing only for the DeepSeek decoder",
+            return sim_err(SIM_ERR_INPUT,
+                           "routed_bias_update_rate=%g with decoder_block=%s: MaxText supports loss-free "
+                           "load balancing only for the DeepSeek decoder",
                            update_rate, decoder);
     }
     SIM_TRY(cfg_get_str(cfg, "context_sharding", &cs));
@@ -54,14 +56,17 @@ sim_status cfg_maxtext_rules(const cfg_config *cfg)
     SIM_TRY(cfg_get_str(cfg, "load_parameters_path", &lp));
     SIM_TRY(cfg_get_str(cfg, "load_full_state_path", &lfs));
     if (lp && *lp && lfs && *lfs)
-        return sim_err(SIM_ERR_INPUT, "load_parameters_path and load_full_state_path are both set: MaxText allows at most "
-                                      "one; keep one of them");
+        return sim_err(SIM_ERR_INPUT,
+                       "load_parameters_path and load_full_state_path are both set: MaxText allows at most "
+                       "one; keep one of them");
     int ckpt_on = 1;
     if (lfs && *lfs) SIM_TRY(cfg_get_bool(cfg, "enable_checkpointing", &ckpt_on));
     if (!ckpt_on) /* types.py: a full-state resume goes through the checkpoint manager */
-        return sim_err(SIM_ERR_INPUT, "load_full_state_path=%s with enable_checkpointing=false: MaxText resumes the full "
-                                      "state only with checkpointing on; set enable_checkpointing=true, or use "
-                                      "load_parameters_path to start from the parameters alone", lfs);
+        return sim_err(SIM_ERR_INPUT,
+                       "load_full_state_path=%s with enable_checkpointing=false: MaxText resumes the full "
+                       "state only with checkpointing on; set enable_checkpointing=true, or use "
+                       "load_parameters_path to start from the parameters alone",
+                       lfs);
     return SIM_OK;
 }
 
@@ -115,9 +120,9 @@ static sim_status combo_holds(const cfg_value *v, const cfg_value *c, const char
     if (!strcmp(op, "empty")) {
         int want;
         SIM_TRY(cfg_value_bool(r, "empty", &want));
-        int empty = v->kind == CFG_LIST   ? v->n == 0
-                    : v->kind == CFG_MAP  ? v->n == 0
-                                               : cfg_is_null(v) || !v->text || !*v->text;
+        int empty = v->kind == CFG_LIST  ? v->n == 0
+                    : v->kind == CFG_MAP ? v->n == 0
+                                         : cfg_is_null(v) || !v->text || !*v->text;
         *holds = empty == want;
         return SIM_OK;
     }
@@ -147,11 +152,10 @@ static char *find_beside(char *const *dirs, int n_dirs, const char *name)
 }
 
 /* One rule of combinations.yml: an error when every condition of its `when` holds. */
-static sim_status combination_rule(const cfg_config *cfg, const cfg_release *rel, const cfg_value *r,
-                                   const char *path)
+static sim_status combination_rule(const cfg_config *cfg, const cfg_release *rel, const cfg_value *r, const char *path)
 {
     const cfg_value *when = cfg_map_get(r, "when"), *says = cfg_map_get(r, "says"), *fix = cfg_map_get(r, "fix"),
-                         *where = cfg_map_get(r, "where");
+                    *where = cfg_map_get(r, "where");
     if (!when || when->kind != CFG_MAP || !says || !fix || !where)
         return sim_err(SIM_ERR_INPUT, "%s:%d: a rule needs where, when (a map of key conditions), says and fix", path,
                        r->line);
@@ -254,10 +258,9 @@ static sim_status range_check(const cfg_entry *e, const cfg_value *r, const char
     }
     for (int k = 0; oi >= 0 && k < r->items[oi].n; k++)
         cfg_sb_putf(&b, ", or %s", r->items[oi].items[k].text ? r->items[oi].items[k].text : "?");
-    sim_status st = sim_err(SIM_ERR_INPUT,
-                            "%s=%s (%s): out of range%s; the valid range is %s (%s); set a value in that range",
-                            e->key, v->text, e->where, isfinite(x) ? "" : " (not a finite number)",
-                            b.s ? b.s : "?", rfile);
+    sim_status st =
+        sim_err(SIM_ERR_INPUT, "%s=%s (%s): out of range%s; the valid range is %s (%s); set a value in that range",
+                e->key, v->text, e->where, isfinite(x) ? "" : " (not a finite number)", b.s ? b.s : "?", rfile);
     free(b.s);
     return st;
 }

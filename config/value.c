@@ -38,7 +38,6 @@ char *cfg_strdup(const char *s)
     return d;
 }
 
-
 char *cfg_asprintf(const char *fmt, ...)
 {
     va_list ap;
@@ -149,10 +148,7 @@ const char *cfg_map_text(const cfg_value *spec, const char *field)
     return v && v->kind == CFG_SCALAR ? v->text : NULL;
 }
 
-int cfg_is_null(const cfg_value *v)
-{
-    return v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL;
-}
+int cfg_is_null(const cfg_value *v) { return v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL; }
 
 const char *cfg_value_where(const cfg_value *v, char *buf, int cap)
 {
@@ -247,8 +243,7 @@ cfg_type cfg_scalar_type(const cfg_value *v)
     /* MaxText turns the string "none" (any case, any quoting) into None. */
     if (!strcasecmp(t, "none")) return CFG_NULL;
     if (v->quoted) return CFG_STRING;
-    if (!*t || !strcmp(t, "~") || !strcmp(t, "null") || !strcmp(t, "Null") || !strcmp(t, "NULL"))
-        return CFG_NULL;
+    if (!*t || !strcmp(t, "~") || !strcmp(t, "null") || !strcmp(t, "Null") || !strcmp(t, "NULL")) return CFG_NULL;
     int b;
     if (cfg_bool_word(t, &b)) return CFG_BOOL;
     long long i;
@@ -281,9 +276,8 @@ sim_status cfg_value_error(const cfg_value *v, const char *what, const char *exp
 {
     char where[512];
     char *text = cfg_value_to_text(v, 0);
-    sim_status st = sim_err(SIM_ERR_INPUT, "%s: %s = %s is %s, expected %s",
-                            cfg_value_where(v, where, sizeof where), what, text,
-                            cfg_kind_name(v), expected);
+    sim_status st = sim_err(SIM_ERR_INPUT, "%s: %s = %s is %s, expected %s", cfg_value_where(v, where, sizeof where),
+                            what, text, cfg_kind_name(v), expected);
     free(text);
     return st;
 }
@@ -291,11 +285,9 @@ sim_status cfg_value_error(const cfg_value *v, const char *what, const char *exp
 sim_status cfg_value_int(const cfg_value *v, const char *what, long long *out)
 {
     cfg_type t = cfg_scalar_type(v);
-    if (v->kind == CFG_SCALAR && t == CFG_INT && cfg_parse_int(v->text, out))
-        return SIM_OK;
+    if (v->kind == CFG_SCALAR && t == CFG_INT && cfg_parse_int(v->text, out)) return SIM_OK;
     double d;
-    if (v->kind == CFG_SCALAR && t == CFG_FLOAT && cfg_parse_float(v->text, &d) &&
-        d == floor(d) && fabs(d) < 9.0e18) {
+    if (v->kind == CFG_SCALAR && t == CFG_FLOAT && cfg_parse_float(v->text, &d) && d == floor(d) && fabs(d) < 9.0e18) {
         *out = (long long)d;
         return SIM_OK;
     }
@@ -310,16 +302,13 @@ sim_status cfg_value_double(const cfg_value *v, const char *what, double *out)
         *out = (double)i;
         return SIM_OK;
     }
-    if (v->kind == CFG_SCALAR && t == CFG_FLOAT && cfg_parse_float(v->text, out))
-        return SIM_OK;
+    if (v->kind == CFG_SCALAR && t == CFG_FLOAT && cfg_parse_float(v->text, out)) return SIM_OK;
     return cfg_value_error(v, what, "a number");
 }
 
 sim_status cfg_value_bool(const cfg_value *v, const char *what, int *out)
 {
-    if (v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_BOOL &&
-        cfg_bool_word(v->text, out))
-        return SIM_OK;
+    if (v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_BOOL && cfg_bool_word(v->text, out)) return SIM_OK;
     return cfg_value_error(v, what, "true or false");
 }
 
@@ -333,8 +322,7 @@ int cfg_value_equal(const cfg_value *a, const cfg_value *b)
         if (na && nb) {
             double x, y;
             long long i, j;
-            if (ta == CFG_INT && tb == CFG_INT && cfg_parse_int(a->text, &i) &&
-                cfg_parse_int(b->text, &j))
+            if (ta == CFG_INT && tb == CFG_INT && cfg_parse_int(a->text, &i) && cfg_parse_int(b->text, &j))
                 return i == j;
             if (cfg_value_double(a, "", &x) || cfg_value_double(b, "", &y)) return 0;
             return x == y;
@@ -379,8 +367,7 @@ static int value_digits(const cfg_value *v)
         return p;
     }
     double d;
-    if (cfg_scalar_type(v) == CFG_FLOAT && cfg_parse_float(v->text, &d) && isfinite(d))
-        return shortest_digits(d);
+    if (cfg_scalar_type(v) == CFG_FLOAT && cfg_parse_float(v->text, &d) && isfinite(d)) return shortest_digits(d);
     return 1;
 }
 
@@ -441,8 +428,7 @@ static void put_flow(cfg_sbuf *b, const cfg_value *v)
         return;
     }
     cfg_type t = cfg_scalar_type(v);
-    if (v->quoted || (t == CFG_STRING && strpbrk(v->text, ",[]{}:#'\"")) ||
-        (t == CFG_STRING && !*v->text)) {
+    if (v->quoted || (t == CFG_STRING && strpbrk(v->text, ",[]{}:#'\"")) || (t == CFG_STRING && !*v->text)) {
         cfg_sb_putf(b, "'");
         for (const char *s = v->text; *s; s++) cfg_sb_putf(b, *s == '\'' ? "''" : "%c", *s);
         cfg_sb_putf(b, "'");

@@ -13,31 +13,27 @@
 #include "config/json.h"
 #include "sim/status.h"
 
-typedef enum {
-    CFG_SCALAR,
-    CFG_LIST,
-    CFG_MAP
-} cfg_kind;
+typedef enum { CFG_SCALAR, CFG_LIST, CFG_MAP } cfg_kind;
 
 /* What a scalar's text parses as (YAML 1.1 style, plus MaxText's "None"). */
 typedef enum {
-    CFG_NULL,   /* unquoted "", ~, null, or None/none in any quoting */
-    CFG_BOOL,   /* unquoted true/false, yes/no, on/off (any case) */
-    CFG_INT,    /* [+-]digits, '_' separators allowed (10_000), 0x hex */
-    CFG_FLOAT,  /* a number with '.', an exponent, or .inf/.nan */
-    CFG_STRING  /* anything else, and every other quoted scalar */
+    CFG_NULL,  /* unquoted "", ~, null, or None/none in any quoting */
+    CFG_BOOL,  /* unquoted true/false, yes/no, on/off (any case) */
+    CFG_INT,   /* [+-]digits, '_' separators allowed (10_000), 0x hex */
+    CFG_FLOAT, /* a number with '.', an exponent, or .inf/.nan */
+    CFG_STRING /* anything else, and every other quoted scalar */
 } cfg_type;
 
 typedef struct cfg_value cfg_value;
 struct cfg_value {
     cfg_kind kind;
-    char *text;            /* SCALAR: the text without quotes */
-    int quoted;            /* SCALAR: written in quotes (so never a number/bool) */
-    int n;                 /* LIST/MAP: number of items */
+    char *text;       /* SCALAR: the text without quotes */
+    int quoted;       /* SCALAR: written in quotes (so never a number/bool) */
+    int n;            /* LIST/MAP: number of items */
     cfg_value *items; /* LIST/MAP: items (MAP: the values) */
-    char **keys;           /* MAP: the keys */
-    const char *file;      /* where it was written: a path, or "command line" */
-    int line;              /* 1-based line in file (0 when not from a file) */
+    char **keys;      /* MAP: the keys */
+    const char *file; /* where it was written: a path, or "command line" */
+    int line;         /* 1-based line in file (0 when not from a file) */
 };
 
 /* ---- values ---------------------------------------------------------------- */
@@ -67,7 +63,7 @@ typedef struct {
     size_t n, cap;
 } cfg_sbuf;
 void cfg_sb_putf(cfg_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-char *cfg_strdup(const char *s);                       /* never NULL; NULL gives "" */
+char *cfg_strdup(const char *s); /* never NULL; NULL gives "" */
 char *cfg_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* FNV-1a of a key: the duplicate-key check of large maps and the hash indexes of entries and
  * keys.yml use it. */

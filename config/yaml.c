@@ -39,8 +39,7 @@ static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, cfg_v
     out->file = file;
     out->line = file == cfg_cli_source ? 0 : (int)node->start_mark.line + 1;
     if (depth > YAML_MAX_DEPTH)
-        return sim_err(SIM_ERR_INPUT, "%s:%d: YAML nested deeper than %d levels", file, out->line,
-                       YAML_MAX_DEPTH);
+        return sim_err(SIM_ERR_INPUT, "%s:%d: YAML nested deeper than %d levels", file, out->line, YAML_MAX_DEPTH);
     if (++c->values > YAML_MAX_VALUES)
         return sim_err(SIM_ERR_INPUT,
                        "%s:%d: the YAML expands to more than %d values (aliases referring to aliases?); "
@@ -51,8 +50,8 @@ static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, cfg_v
         out->kind = CFG_SCALAR;
         out->text = strndup((const char *)node->data.scalar.value, node->data.scalar.length);
         SIM_ASSERT(out->text);
-        out->quoted = node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE &&
-                      node->data.scalar.style != YAML_ANY_SCALAR_STYLE;
+        out->quoted =
+            node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE && node->data.scalar.style != YAML_ANY_SCALAR_STYLE;
         return SIM_OK;
     case YAML_SEQUENCE_NODE: {
         out->kind = CFG_LIST;
@@ -117,8 +116,7 @@ static sim_status node_to_value(yaml_ctx *c, yaml_node_t *node, int depth, cfg_v
         if (st != SIM_OK) cfg_value_free(out);
         return st;
     }
-    default:
-        return sim_err(SIM_ERR_INPUT, "%s:%d: empty YAML node", file, out->line);
+    default: return sim_err(SIM_ERR_INPUT, "%s:%d: empty YAML node", file, out->line);
     }
 }
 
@@ -166,7 +164,8 @@ static sim_status one_document(yaml_parser_t *parser, const char *path, const ch
     if (text)
         return sim_err(SIM_ERR_INPUT, "command-line value \"%s\": %s after the first YAML document; give one value",
                        text, more < 0 ? "invalid YAML" : "a second document");
-    return sim_err(SIM_ERR_INPUT, "%s:%zu: %s after the first YAML document; shardsim reads one document per "
+    return sim_err(SIM_ERR_INPUT,
+                   "%s:%zu: %s after the first YAML document; shardsim reads one document per "
                    "file: merge the documents or split them into separate files",
                    path, parser->mark.line + 1, more < 0 ? "invalid YAML" : "a second document");
 }
@@ -184,7 +183,8 @@ sim_status cfg_yaml_read(cfg_config *cfg, const char *path, const char *text, cf
     if (!text) SIM_TRY_GOTO(open_config_file(path, &f), st, fail);
     else if (strlen(text) > YAML_MAX_BYTES)
         SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "a command-line value of %zu bytes is too long (at most %d MiB)",
-                             strlen(text), YAML_MAX_BYTES >> 20), st, fail);
+                             strlen(text), YAML_MAX_BYTES >> 20),
+                     st, fail);
     SIM_ASSERT(yaml_parser_initialize(&parser));
     parser_on = 1;
     if (f) yaml_parser_set_input_file(&parser, f);
@@ -204,8 +204,9 @@ sim_status cfg_yaml_read(cfg_config *cfg, const char *path, const char *text, cf
     SIM_TRY_GOTO(node_to_value(&c, root, 0, out), st, fail);
     have_value = 1;
     if (!text && out->kind != CFG_MAP)
-        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s:1: a config file must be a map of `key: value` lines at the top level",
-                             path), st, fail);
+        SIM_TRY_GOTO(
+            sim_err(SIM_ERR_INPUT, "%s:1: a config file must be a map of `key: value` lines at the top level", path),
+            st, fail);
     yaml_document_delete(&doc);
     doc_on = 0;
     SIM_TRY_GOTO(one_document(&parser, path, text), st, fail);
@@ -292,8 +293,7 @@ char *cfg_list_yml(const char *dir)
     struct dirent *de;
     while ((de = readdir(d)) && n < 256) {
         size_t len = strlen(de->d_name);
-        if (len > 4 && strcmp(de->d_name + len - 4, ".yml") == 0)
-            names[n++] = strndup(de->d_name, len - 4);
+        if (len > 4 && strcmp(de->d_name + len - 4, ".yml") == 0) names[n++] = strndup(de->d_name, len - 4);
     }
     closedir(d);
     /* Insertion sort keeps the message stable. */

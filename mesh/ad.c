@@ -10,7 +10,6 @@
 #include "mesh/ops.h"
 #include "mesh/reshard.h"
 
-
 /* ------------------------------------------------------------ einsum */
 
 /* "ab,bc->ac" -> the three index strings. */
@@ -156,8 +155,8 @@ sim_status mesh_ad_add(mesh_tape *t, mesh_var *a, mesh_var *b, const char *name,
     mesh_var *in[2] = {a, b};
     mesh_tape_tag(t, name, tag, sizeof tag);
     /* memory-bound for the step-time model: a and b read, y written (the VJP passes the cotangent on) */
-    sim_device_add_cost(mesh_tape_ctx(t)->dev, 0.0, (double)a->val.nlocal + (double)b->val.nlocal +
-                        (double)y->val.nlocal, 0.0, tag);
+    sim_device_add_cost(mesh_tape_ctx(t)->dev, 0.0,
+                        (double)a->val.nlocal + (double)b->val.nlocal + (double)y->val.nlocal, 0.0, tag);
     mesh_tape_record(t, add_vjp, tag, 2, in, 1, &y);
     *out = y;
     return SIM_OK;
@@ -430,7 +429,6 @@ sim_status mesh_ad_broadcast_heads(mesh_tape *t, mesh_var *x, int64_t H, const m
     mesh_tape_record(t, bcast_vjp, tag, 1, &x, 1, y);
     return SIM_OK;
 }
-
 
 sim_status mesh_ad_roll_tokens(mesh_tape *t, const mesh_array *src, int64_t k, const char *name, const mesh_array **out)
 {

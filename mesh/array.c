@@ -105,7 +105,7 @@ sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array
 }
 
 sim_status mesh_array_borrow(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
-                           sim_mem_cat cat, mesh_array *out)
+                             sim_mem_cat cat, mesh_array *out)
 {
     /* the header mesh_array_new_raw would make (checks, counted dtype, uid), charged instead of allocated */
     sim_status st = array_new(d, m, name, src->rank, src->shape, &src->spec, src->dtype, -2, cat, false, out);
@@ -163,8 +163,8 @@ sim_meta mesh_array_meta(const mesh_array *a, sim_meta meta)
     return (a->counted_fixed || state) && !meta.counted_set ? sim_meta_counted(meta, a->counted) : meta;
 }
 
-void mesh_copy_block(void *dst, const void *src, int rank, const int64_t *in, const int64_t *out,
-                     const int64_t *start, size_t es)
+void mesh_copy_block(void *dst, const void *src, int rank, const int64_t *in, const int64_t *out, const int64_t *start,
+                     size_t es)
 {
     if (rank == 0) {
         memcpy(dst, src, es);

@@ -28,20 +28,20 @@ typedef enum {
 } mesh_hold;
 
 typedef struct {
-    char name[MESH_NAME_MAX];               /* MaxText path for parameters, layer/op for activations */
-    int rank;                               /* number of dims */
-    int64_t shape[MESH_SPEC_MAX_RANK];      /* global shape */
-    int64_t local[MESH_SPEC_MAX_RANK];      /* this device's shard shape */
-    mesh_spec spec;                         /* placement, with partial axes */
-    sim_dtype dtype;                        /* as stored (float32 for every computed value) */
-    sim_dtype counted;                      /* as counted in the arena: the dtype the modelled program
+    char name[MESH_NAME_MAX];          /* MaxText path for parameters, layer/op for activations */
+    int rank;                          /* number of dims */
+    int64_t shape[MESH_SPEC_MAX_RANK]; /* global shape */
+    int64_t local[MESH_SPEC_MAX_RANK]; /* this device's shard shape */
+    mesh_spec spec;                    /* placement, with partial axes */
+    sim_dtype dtype;                   /* as stored (float32 for every computed value) */
+    sim_dtype counted;                 /* as counted in the arena: the dtype the modelled program
                                                holds it in (sim_device_counted_dtype, or mesh_array_recount) */
-    bool counted_fixed;                     /* `counted` set by mesh_array_recount: clones keep it */
-    sim_mem_cat cat;                        /* arena category of the shard */
-    size_t nlocal;                          /* elements of the shard */
-    void *data;                             /* the shard, row-major; NULL in dry run */
-    uint64_t uid;                           /* identity of this shard on its device (new per allocation) */
-    mesh_hold hold;                         /* whose storage `data` is (MESH_HOLD_OWN: the arena's) */
+    bool counted_fixed;                /* `counted` set by mesh_array_recount: clones keep it */
+    sim_mem_cat cat;                   /* arena category of the shard */
+    size_t nlocal;                     /* elements of the shard */
+    void *data;                        /* the shard, row-major; NULL in dry run */
+    uint64_t uid;                      /* identity of this shard on its device (new per allocation) */
+    mesh_hold hold;                    /* whose storage `data` is (MESH_HOLD_OWN: the arena's) */
 } mesh_array;
 
 /* For functions that write a shard in place: a shared or borrowed one would be a bug. */
@@ -78,7 +78,7 @@ sim_status mesh_array_clone(sim_device *d, const mesh_shape *m, const mesh_array
  * reshard that reads it into a new buffer anyway (mesh_plan_run makes the
  * copy itself when its first step works in place). */
 sim_status mesh_array_borrow(sim_device *d, const mesh_shape *m, const mesh_array *src, const char *name,
-                           sim_mem_cat cat, mesh_array *out);
+                             sim_mem_cat cat, mesh_array *out);
 /* Releases the shard (the struct may be reused); a shared one gives its reference back. */
 void mesh_array_free(sim_device *d, mesh_array *a);
 /* Counts `a` in dtype `dt` from now on (where the modelled program casts:
@@ -112,7 +112,7 @@ sim_status mesh_array_store_global_except(sim_device *d, const mesh_shape *m, co
 
 /* Copies the block of `src` (local shape `in`) selected along each dim into
  * `dst`: dst has shape `out`, and dim i starts at `start[i]` of src. */
-void mesh_copy_block(void *dst, const void *src, int rank, const int64_t *in, const int64_t *out,
-                     const int64_t *start, size_t es);
+void mesh_copy_block(void *dst, const void *src, int rank, const int64_t *in, const int64_t *out, const int64_t *start,
+                     size_t es);
 
 #endif

@@ -17,15 +17,14 @@ const char *mesh_shape_flag_stem(const char *axis)
 
 /* "ici_fsdp_parallelism=4 x ici_tensor_parallelism=2" for the flags != 1
  * (and != -1: the filler is named separately). */
-static void describe_level(char *buf, size_t cap, int n, const int *vals,
-                           const char *const *flags, const char *const *names)
+static void describe_level(char *buf, size_t cap, int n, const int *vals, const char *const *flags,
+                           const char *const *names)
 {
     size_t k = 0;
     buf[0] = '\0';
     for (int i = 0; i < n && k < cap; i++) {
         if (vals[i] == 1 || vals[i] == -1) continue;
-        k += (size_t)snprintf(buf + k, cap - k, "%s%s=%d", k ? " x " : "",
-                              flags ? flags[i] : names[i], vals[i]);
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s=%d", k ? " x " : "", flags ? flags[i] : names[i], vals[i]);
     }
     if (!buf[0]) snprintf(buf, cap, "all 1");
 }
@@ -34,9 +33,8 @@ static void describe_level(char *buf, size_t cap, int n, const int *vals,
  * (a -1 counts as 1 and the product becomes the target).  target_what names
  * the target with its numbers ("the 8 devices per slice (num_devices=8,
  * num_slices=1)"); fix_hint says what else the user may change. */
-static sim_status fill_level(int n, int *vals, long long *target, const char *level,
-                             const char *const *flags, const char *const *names,
-                             const char *target_what, const char *fix_hint)
+static sim_status fill_level(int n, int *vals, long long *target, const char *level, const char *const *flags,
+                             const char *const *names, const char *target_what, const char *fix_hint)
 {
     int minus = -1;
     long long prod = 1;
@@ -50,13 +48,11 @@ static sim_status fill_level(int n, int *vals, long long *target, const char *le
                                level, flags ? flags[minus] : names[minus], flag, level);
             minus = i;
         } else if (vals[i] < 1) {
-            return sim_err(SIM_ERR_INPUT, "%s=%d: a parallelism must be a positive number or -1",
-                           flag, vals[i]);
+            return sim_err(SIM_ERR_INPUT, "%s=%d: a parallelism must be a positive number or -1", flag, vals[i]);
         } else {
             prod *= vals[i];
             if (prod > (1LL << 30))
-                return sim_err(SIM_ERR_INPUT, "%s parallelism: product of the flags is too large",
-                               level);
+                return sim_err(SIM_ERR_INPUT, "%s parallelism: product of the flags is too large", level);
         }
     }
     char desc[1024];
@@ -71,8 +67,7 @@ static sim_status fill_level(int n, int *vals, long long *target, const char *le
             return sim_err(SIM_ERR_INPUT,
                            "%s parallelism: the product %lld of the other %s flags (%s) does not "
                            "divide %s, so %s=-1 cannot fill the rest; change the flags or %s",
-                           level, prod, level, desc, target_what,
-                           flags ? flags[minus] : names[minus], fix_hint);
+                           level, prod, level, desc, target_what, flags ? flags[minus] : names[minus], fix_hint);
         }
         vals[minus] = (int)(*target / prod);
         return SIM_OK;
@@ -88,21 +83,18 @@ static sim_status fill_level(int n, int *vals, long long *target, const char *le
     return SIM_OK;
 }
 
-sim_status mesh_shape_build(mesh_shape *m, int n_axes, const char *const *names, const int *ici,
-                            const int *dcn, int num_devices, int num_slices,
-                            const char *const *ici_flags, const char *const *dcn_flags)
+sim_status mesh_shape_build(mesh_shape *m, int n_axes, const char *const *names, const int *ici, const int *dcn,
+                            int num_devices, int num_slices, const char *const *ici_flags, const char *const *dcn_flags)
 {
     memset(m, 0, sizeof *m);
     if (n_axes < 1 || n_axes > MESH_MAX_AXES)
-        return sim_err(SIM_ERR_INPUT, "mesh_axes has %d axes; shardsim supports 1 to %d", n_axes,
-                       MESH_MAX_AXES);
+        return sim_err(SIM_ERR_INPUT, "mesh_axes has %d axes; shardsim supports 1 to %d", n_axes, MESH_MAX_AXES);
     for (int i = 0; i < n_axes; i++) {
         if (strlen(names[i]) == 0 || strlen(names[i]) >= MESH_AXIS_NAME_MAX)
-            return sim_err(SIM_ERR_INPUT, "mesh axis name '%s' must have 1 to %d characters",
-                           names[i], MESH_AXIS_NAME_MAX - 1);
+            return sim_err(SIM_ERR_INPUT, "mesh axis name '%s' must have 1 to %d characters", names[i],
+                           MESH_AXIS_NAME_MAX - 1);
         for (int j = 0; j < i; j++)
-            if (strcmp(names[i], names[j]) == 0)
-                return sim_err(SIM_ERR_INPUT, "mesh_axes lists '%s' twice", names[i]);
+            if (strcmp(names[i], names[j]) == 0) return sim_err(SIM_ERR_INPUT, "mesh_axes lists '%s' twice", names[i]);
         snprintf(m->names[i], MESH_AXIS_NAME_MAX, "%s", names[i]);
         m->ici[i] = ici[i];
         m->dcn[i] = dcn ? dcn[i] : 1;
@@ -121,8 +113,8 @@ sim_status mesh_shape_build(mesh_shape *m, int n_axes, const char *const *names,
                            num_devices, slices);
         per_slice = num_devices / slices;
     }
-    snprintf(what, sizeof what, "the %lld devices per slice (num_devices=%d, num_slices=%lld)",
-             per_slice, num_devices, slices);
+    snprintf(what, sizeof what, "the %lld devices per slice (num_devices=%d, num_slices=%lld)", per_slice, num_devices,
+             slices);
     SIM_TRY(fill_level(n_axes, m->ici, &per_slice, "ici", ici_flags, names, what, "num_devices"));
     m->num_slices = (int)slices;
     m->num_devices = (int)(per_slice * slices);
@@ -135,8 +127,8 @@ sim_status mesh_shape_init(mesh_shape *m, int n_axes, const char *const *names, 
     return mesh_shape_build(m, n_axes, names, sizes, NULL, 0, 1, NULL, NULL);
 }
 
-static sim_status flag_value(const cfg_config *cfg, const char *level, const char *axis,
-                             const char *mesh_where, char *flag, size_t cap, int *out)
+static sim_status flag_value(const cfg_config *cfg, const char *level, const char *axis, const char *mesh_where,
+                             char *flag, size_t cap, int *out)
 {
     snprintf(flag, cap, "%s_%s_parallelism", level, mesh_shape_flag_stem(axis));
     if (!cfg_find(cfg, flag))
@@ -148,8 +140,7 @@ static sim_status flag_value(const cfg_config *cfg, const char *level, const cha
     SIM_TRY(cfg_get_int(cfg, flag, &v));
     if (v < -1 || v == 0 || v > (1 << 24)) {
         const cfg_entry *e = cfg_find(cfg, flag);
-        return sim_err(SIM_ERR_INPUT, "%s=%lld (%s): a parallelism must be a positive number or -1",
-                       flag, v, e->where);
+        return sim_err(SIM_ERR_INPUT, "%s=%lld (%s): a parallelism must be a positive number or -1", flag, v, e->where);
     }
     *out = (int)v;
     return SIM_OK;
@@ -165,14 +156,19 @@ static sim_status flag_value(const cfg_config *cfg, const char *level, const cha
  * an axis a custom mesh leaves out is refused too.  dcn_diloco_parallelism is
  * not in MaxText's product; dcn_tensor_transpose_parallelism is shardsim's
  * legacy key (MaxText removed tensor_transpose) and is held to the same rule. */
-static const char *const DCN_SLICE_KEYS[] = {
-    "dcn_data_parallelism",           "dcn_pipeline_parallelism",
-    "dcn_fsdp_parallelism",           "dcn_fsdp_transpose_parallelism",
-    "dcn_sequence_parallelism",       "dcn_context_parallelism",
-    "dcn_context_usp_ulysses_parallelism", "dcn_tensor_parallelism",
-    "dcn_tensor_sequence_parallelism", "dcn_expert_parallelism",
-    "dcn_context_autoregressive_parallelism", "dcn_autoregressive_parallelism",
-    "dcn_tensor_transpose_parallelism"};
+static const char *const DCN_SLICE_KEYS[] = {"dcn_data_parallelism",
+                                             "dcn_pipeline_parallelism",
+                                             "dcn_fsdp_parallelism",
+                                             "dcn_fsdp_transpose_parallelism",
+                                             "dcn_sequence_parallelism",
+                                             "dcn_context_parallelism",
+                                             "dcn_context_usp_ulysses_parallelism",
+                                             "dcn_tensor_parallelism",
+                                             "dcn_tensor_sequence_parallelism",
+                                             "dcn_expert_parallelism",
+                                             "dcn_context_autoregressive_parallelism",
+                                             "dcn_autoregressive_parallelism",
+                                             "dcn_tensor_transpose_parallelism"};
 
 /* With one slice every key of DCN_SLICE_KEYS must be 1 or -1 (|product| <= 1,
  * MaxText's test, is the same as every |value| <= 1 once 0 is refused). */
@@ -246,14 +242,13 @@ sim_status mesh_shape_from_config(const cfg_config *cfg, mesh_shape *m)
     const char *ici_flags[MESH_MAX_AXES], *dcn_flags[MESH_MAX_AXES];
     long long num_devices = -1, num_slices = 1;
     if (n < 1 || n > MESH_MAX_AXES) {
-        st = sim_err(SIM_ERR_INPUT, "mesh_axes (%s) has %d axes; shardsim supports 1 to %d",
-                     me->where, n, MESH_MAX_AXES);
+        st = sim_err(SIM_ERR_INPUT, "mesh_axes (%s) has %d axes; shardsim supports 1 to %d", me->where, n,
+                     MESH_MAX_AXES);
         goto out;
     }
     for (int i = 0; i < n && st == SIM_OK; i++) {
         st = flag_value(cfg, "ici", axes[i], me->where, ici_names[i], sizeof ici_names[i], &ici[i]);
-        if (st == SIM_OK)
-            st = flag_value(cfg, "dcn", axes[i], me->where, dcn_names[i], sizeof dcn_names[i], &dcn[i]);
+        if (st == SIM_OK) st = flag_value(cfg, "dcn", axes[i], me->where, dcn_names[i], sizeof dcn_names[i], &dcn[i]);
         ici_flags[i] = ici_names[i];
         dcn_flags[i] = dcn_names[i];
     }
@@ -263,8 +258,8 @@ sim_status mesh_shape_from_config(const cfg_config *cfg, mesh_shape *m)
         /* MaxText: -1 = detect; off TPU that is one slice. */
         if (num_slices == -1) num_slices = 1;
         if (num_slices < 1 || num_slices > (1 << 20)) {
-            st = sim_err(SIM_ERR_INPUT, "num_slices=%lld (%s): expected a positive number or -1",
-                         num_slices, cfg_find(cfg, "num_slices")->where);
+            st = sim_err(SIM_ERR_INPUT, "num_slices=%lld (%s): expected a positive number or -1", num_slices,
+                         cfg_find(cfg, "num_slices")->where);
             goto out;
         }
     }
@@ -280,8 +275,7 @@ sim_status mesh_shape_from_config(const cfg_config *cfg, mesh_shape *m)
             goto out;
         }
     }
-    st = mesh_shape_build(m, n, axes, ici, dcn, (int)num_devices, (int)num_slices, ici_flags,
-                          dcn_flags);
+    st = mesh_shape_build(m, n, axes, ici, dcn, (int)num_devices, (int)num_slices, ici_flags, dcn_flags);
 out:
     free(axes);
     return st;
@@ -335,8 +329,8 @@ int mesh_shape_equal(const mesh_shape *a, const mesh_shape *b)
 {
     if (a->n_axes != b->n_axes) return 0;
     for (int i = 0; i < a->n_axes; i++)
-        if (strcmp(a->names[i], b->names[i]) != 0 || a->sizes[i] != b->sizes[i] ||
-            a->dcn[i] != b->dcn[i] || a->ici[i] != b->ici[i])
+        if (strcmp(a->names[i], b->names[i]) != 0 || a->sizes[i] != b->sizes[i] || a->dcn[i] != b->dcn[i] ||
+            a->ici[i] != b->ici[i])
             return 0;
     return 1;
 }

@@ -13,27 +13,27 @@
 #include "sim/status.h"
 
 enum {
-    MESH_MAX_AXES = 16,      /* axes of one mesh (MaxText uses 12; legacy 13) */
-    MESH_AXIS_NAME_MAX = 48  /* bytes of an axis name, with the NUL */
+    MESH_MAX_AXES = 16,     /* axes of one mesh (MaxText uses 12; legacy 13) */
+    MESH_AXIS_NAME_MAX = 48 /* bytes of an axis name, with the NUL */
 };
 
 typedef struct {
-    int n_axes;                                   /* number of mesh axes */
+    int n_axes;                                    /* number of mesh axes */
     char names[MESH_MAX_AXES][MESH_AXIS_NAME_MAX]; /* axis names, in mesh_axes order */
-    int sizes[MESH_MAX_AXES];                     /* devices along each axis (dcn * ici) */
-    int dcn[MESH_MAX_AXES];                       /* slice factor of each axis (outer part) */
-    int ici[MESH_MAX_AXES];                       /* in-slice factor of each axis (inner part) */
-    int num_devices;                              /* product of sizes */
-    int num_slices;                               /* product of dcn */
+    int sizes[MESH_MAX_AXES];                      /* devices along each axis (dcn * ici) */
+    int dcn[MESH_MAX_AXES];                        /* slice factor of each axis (outer part) */
+    int ici[MESH_MAX_AXES];                        /* in-slice factor of each axis (inner part) */
+    int num_devices;                               /* product of sizes */
+    int num_slices;                                /* product of dcn */
 } mesh_shape;
 
 /* Builds from explicit per-axis ici/dcn lists (entries may be -1: fills the
  * remainder, at most one per level).  num_devices <= 0 means "the product of
  * the given sizes" (a -1 then counts as 1); num_slices <= 0 means 1.
  * ici_flags/dcn_flags name the flags in error messages (may be NULL). */
-sim_status mesh_shape_build(mesh_shape *m, int n_axes, const char *const *names, const int *ici,
-                            const int *dcn, int num_devices, int num_slices,
-                            const char *const *ici_flags, const char *const *dcn_flags);
+sim_status mesh_shape_build(mesh_shape *m, int n_axes, const char *const *names, const int *ici, const int *dcn,
+                            int num_devices, int num_slices, const char *const *ici_flags,
+                            const char *const *dcn_flags);
 /* Single-slice mesh with the given sizes (for tests and tools). */
 sim_status mesh_shape_init(mesh_shape *m, int n_axes, const char *const *names, const int *sizes);
 /* Reads mesh_axes, ici_*, dcn_*, num_slices and num_devices from a config.

@@ -38,9 +38,8 @@ void mesh_nn_cost_memory_bwd(mesh_tape *t, const mesh_entry *e, double elements)
     mesh_nn_cost_memory(t, elements, tag);
 }
 
-
-sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec *spec, const char *tag,
-                           mesh_array *out, bool *owned)
+sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec *spec, const char *tag, mesh_array *out,
+                           bool *owned)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     *owned = false;
@@ -79,8 +78,7 @@ static void drop(mesh_tape *t, mesh_array *a, bool owned)
 /* Saves a into e, or frees it now when nothing was recorded. */
 static void keep(mesh_tape *t, mesh_entry *e, const mesh_array *a, bool owned)
 {
-    if (e)
-        mesh_entry_save(e, a, owned);
+    if (e) mesh_entry_save(e, a, owned);
     else if (owned) {
         mesh_array tmp = *a;
         mesh_array_free(mesh_tape_ctx(t)->dev, &tmp);
@@ -255,8 +253,9 @@ static sim_status rmsnorm_vjp(mesh_tape *t, mesh_entry *e)
     if (dy->data && xe.n) bk_parallel_for(N, NORM_GRAIN, norm_dot_rows, &J);
     char tag[SIM_TAG_MAX];
     if (xe.n)
-        SIM_TRY(sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe,
-                               mesh_array_meta(&dot, sim_meta_tag(mesh_tape_tag(t, "rmsnorm/bwd_sum", tag, sizeof tag)))));
+        SIM_TRY(
+            sim_all_reduce(c->dev, dot.data, dot.data, dot.nlocal, SIM_F32, xe,
+                           mesh_array_meta(&dot, sim_meta_tag(mesh_tape_tag(t, "rmsnorm/bwd_sum", tag, sizeof tag)))));
     if (dy->data) {
         bk_parallel_for(N, NORM_GRAIN, xe.n ? norm_dx_rows : norm_bwd_rows, &J);
         float *ds = dscale.data;
@@ -300,7 +299,9 @@ sim_status mesh_nn_rmsnorm(mesh_tape *t, mesh_var *x, mesh_var *scale, double ep
     norm_job J = {xa.data, NULL, sa.data, NULL, rstd.data, (*y)->val.data, NULL, NULL, C, (double)E, eps, 0};
     sim_axes xe = dim_axes(&xs, r - 1);
     if (xa.data && xe.n) bk_parallel_for(N, NORM_GRAIN, norm_sumsq_rows, &J);
-    if (xe.n) SIM_TRY(sim_all_reduce(c->dev, rstd.data, rstd.data, rstd.nlocal, SIM_F32, xe, mesh_array_meta(&rstd, sim_meta_tag(tag))));
+    if (xe.n)
+        SIM_TRY(sim_all_reduce(c->dev, rstd.data, rstd.data, rstd.nlocal, SIM_F32, xe,
+                               mesh_array_meta(&rstd, sim_meta_tag(tag))));
     if (xa.data) bk_parallel_for(N, NORM_GRAIN, xe.n ? norm_apply_rows : norm_fwd_rows, &J);
     mesh_nn_cost_memory(t, 2.0 * (double)xa.nlocal, tag); /* x read, y written (one fused pass) */
     mesh_var *in[2] = {x, scale};
@@ -456,8 +457,8 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
             bk_attention_dot_bwd(dq.data, dk.data, dv.data, dy->data, lse->data, qa->data, ka->data, va->data, &d);
         else
-            bk_attention_bwd(dq.data, dk.data, dv.data, dy->data, NULL, y->val.data, lse->data, qa->data,
-                             ka->data, va->data, qp->data, kp->data, &d);
+            bk_attention_bwd(dq.data, dk.data, dv.data, dy->data, NULL, y->val.data, lse->data, qa->data, ka->data,
+                             va->data, qp->data, kp->data, &d);
     }
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, q, &dq, mesh_tape_tag(t, "attention/dq", tag, sizeof tag)));
@@ -492,8 +493,8 @@ static sim_status qk_product_check(mesh_ctx *c, const mesh_var *q, const mesh_va
                              "the axes that shard the attention length, or shard_mode=auto");
 }
 
-sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
-                             double scale, const char *name, mesh_var **out)
+sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos, double scale,
+                             const char *name, mesh_var **out)
 {
     return mesh_nn_attention_kernel(t, q, k, v, q_pos, scale, 0.0, false, NULL, name, out);
 }
@@ -553,16 +554,15 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
                            SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
     if (qa.data) {
         bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap);
-        if (dot)
-            bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
-        else
-            bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
+        if (dot) bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
+        else bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
     const mesh_nn_splash *sp = dot ? NULL : splash;
     attention_cost(c->dev, &qa, &ka, &va, false, splash_work(sp, &qa, &ka, &va, false), tag);
     mesh_var *in[3] = {q, k, v};
     mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
-    if (e) e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap, e->f[3] = splash_work(sp, &qa, &ka, &va, true);
+    if (e)
+        e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap, e->f[3] = splash_work(sp, &qa, &ka, &va, true);
     keep(t, e, &qa, qo);
     keep(t, e, &ka, ko);
     keep(t, e, &va, vo);
@@ -727,8 +727,8 @@ static sim_status embed_a2a(mesh_tape *t, mesh_var *table, const mesh_array *tok
     /* the token ids of the k devices, int32 (kept for the backward): [k*Bl, T] */
     mesh_spec is = embed_ids_spec(&tokens->spec, ex);
     mesh_array ids, rows;
-    SIM_TRY(mesh_array_new_raw(c->dev, c->mesh, "embed/ids", 2, tokens->shape, &is, SIM_I32, SIM_MEM_ACTIVATIONS,
-                               &ids));
+    SIM_TRY(
+        mesh_array_new_raw(c->dev, c->mesh, "embed/ids", 2, tokens->shape, &is, SIM_I32, SIM_MEM_ACTIVATIONS, &ids));
     sim_status st = sim_all_gather(c->dev, tokens->data, ids.data, tokens->nlocal, SIM_I32, ex, sim_meta_tag(tag));
     /* their rows on this device's embed shard, [k*Bl, T, E/k], in the dtype weights are gathered in
      * (a temporary); each vocab shard looks up its own rows (partial over the vocab axes) */
@@ -830,7 +830,7 @@ static sim_status xent_vjp(mesh_tape *t, mesh_entry *e)
         mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
         mesh_spec_shard(&la->spec, c->mesh, la->shape, sim_device_id(c->dev), sh);
         bk_xent_bwd_local_into(dl.data, dy->data, la->data, lse->data, tg->data, (int)tg->nlocal, (int)la->local[2],
-                          (int)sh[2].offset, (float)e->f[0]);
+                               (int)sh[2].offset, (float)e->f[0]);
     } else if (dl.data) {
         memset(dl.data, 0, dl.nlocal * sizeof(float));
     }
@@ -893,8 +893,7 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
         bk_xent_row_sumexp(st, la.data, mloc, (int)N, (int)V);
         bk_xent_pick_target(st + N, la.data, tg.data, (int)N, (int)V, (int)sh[2].offset);
     }
-    if (xv.n)
-        SIM_TRY(sim_all_reduce(c->dev, st, st, 2 * (size_t)N, SIM_F32, xv, rows_meta));
+    if (xv.n) SIM_TRY(sim_all_reduce(c->dev, st, st, 2 * (size_t)N, SIM_F32, xv, rows_meta));
     if (la.data) bk_xent_combine((*loss)->val.data, lse.data, mloc, st, st + N, (int)N, (float)z_loss);
     free(mloc);
     sim_arena_release(sim_device_arena(c->dev), m, scratch, SIM_MEM_TEMP);
@@ -1012,9 +1011,9 @@ static sim_status unstack_vjp(mesh_tape *t, mesh_entry *e)
         if (ys[k]->has_grad) {
             g[k] = ys[k]->grad;
             ys[k]->has_grad = false;
-            if (!mesh_spec_equal(&g[k].spec, &hs)) SIM_TRY(mesh_reshard(c->dev, c->mesh, &g[k], &hs, sim_meta_tag(tag)));
-        } else
-            SIM_TRY(new_cot(t, "unstack/zero", e->saved[0].rank, e->saved[0].shape, &hs, &g[k]));
+            if (!mesh_spec_equal(&g[k].spec, &hs))
+                SIM_TRY(mesh_reshard(c->dev, c->mesh, &g[k], &hs, sim_meta_tag(tag)));
+        } else SIM_TRY(new_cot(t, "unstack/zero", e->saved[0].rank, e->saved[0].shape, &hs, &g[k]));
     }
     mesh_spec xs = x->val.spec;
     xs.partial = P;
@@ -1085,10 +1084,10 @@ static void split_copy(float *x, float *const *parts, int n, const int64_t *w, i
     for (int64_t o = 0; o < outer; o++) {
         int64_t at = 0;
         for (int j = 0; j < n; j++) {
-            float *xs = x + (size_t)(o * total + at) * (size_t)inner, *ps = parts[j] + (size_t)(o * w[j]) * (size_t)inner;
+            float *xs = x + (size_t)(o * total + at) * (size_t)inner,
+                  *ps = parts[j] + (size_t)(o * w[j]) * (size_t)inner;
             size_t len = (size_t)(w[j] * inner);
-            if (to_parts)
-                memcpy(ps, xs, len * sizeof *x);
+            if (to_parts) memcpy(ps, xs, len * sizeof *x);
             else
                 for (size_t i = 0; i < len; i++) xs[i] += ps[i];
             at += w[j];
@@ -1116,9 +1115,9 @@ static sim_status split_vjp(mesh_tape *t, mesh_entry *e)
         if (y->has_grad) {
             g[j] = y->grad;
             y->has_grad = false;
-            if (!mesh_spec_equal(&g[j].spec, &ps)) SIM_TRY(mesh_reshard(c->dev, c->mesh, &g[j], &ps, sim_meta_tag(tag)));
-        } else
-            SIM_TRY(new_cot(t, "split/zero", y->val.rank, y->val.shape, &ps, &g[j]));
+            if (!mesh_spec_equal(&g[j].spec, &ps))
+                SIM_TRY(mesh_reshard(c->dev, c->mesh, &g[j], &ps, sim_meta_tag(tag)));
+        } else SIM_TRY(new_cot(t, "split/zero", y->val.rank, y->val.shape, &ps, &g[j]));
         gd[j] = g[j].data;
         w[j] = g[j].local[dim];
     }

@@ -37,8 +37,8 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
  * to q's batch and head sharding with the sequence gathered (context
  * parallelism: K/V all-gathered over the axes that shard T).  Kv heads must
  * be divisible by the number of head shards (else a clear error). */
-sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
-                             double scale, const char *name, mesh_var **out);
+sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos, double scale,
+                             const char *name, mesh_var **out);
 /* The same with MaxText's kernel choice and attn_logits_soft_cap: dot = the dot-product path (the
  * whole score matrix, its probabilities (B, Hq, T, S) kept for the backward; in explicit mode first
  * JAX's rule for MaxText's qk_product einsum, which refuses a sharded sequence), else flash (blocked,
@@ -96,7 +96,7 @@ sim_status mesh_nn_mean(mesh_tape *t, mesh_var *x, const char *name, mesh_var **
 
 /* Brings an array to `spec` as a new array (a copy, never touching src);
  * *owned tells whether the caller must free it. */
-sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec *spec, const char *tag,
-                           mesh_array *out, bool *owned);
+sim_status mesh_nn_operand(mesh_tape *t, const mesh_array *src, const mesh_spec *spec, const char *tag, mesh_array *out,
+                           bool *owned);
 
 #endif

@@ -75,8 +75,8 @@ static void sb_axes_mask(sbuf *b, const mesh_shape *m, uint32_t mask)
     if (cnt > 1) sb_put(b, ")");
 }
 
-int mesh_type_format(const mesh_shape *m, sim_dtype dt, int rank, const int64_t *shape, const mesh_spec *s,
-                     char *buf, int cap)
+int mesh_type_format(const mesh_shape *m, sim_dtype dt, int rank, const int64_t *shape, const mesh_spec *s, char *buf,
+                     int cap)
 {
     sbuf b = {buf, cap, 0};
     if (cap > 0) buf[0] = '\0';
@@ -176,12 +176,12 @@ static void make_tag(const mesh_ctx *ctx, const char *name, char *buf, size_t ca
 typedef struct {
     const mesh_ctx *ctx;
     const char *tag;
-    const char *op;            /* "einsum 'btd,dh->bth'", "add", ... */
+    const char *op; /* "einsum 'btd,dh->bth'", "add", ... */
     int n;
-    const mesh_array *x[2];    /* operands as passed */
-    const mesh_spec *s[2];     /* the specs the rule saw */
-    const char *where;         /* the MaxText op that raises it ("file:function") in the release followed, NULL = none named */
-    const char *fix;           /* the caller's advice, replacing the rule's generic one; NULL = the rule's */
+    const mesh_array *x[2]; /* operands as passed */
+    const mesh_spec *s[2];  /* the specs the rule saw */
+    const char *where; /* the MaxText op that raises it ("file:function") in the release followed, NULL = none named */
+    const char *fix;   /* the caller's advice, replacing the rule's generic one; NULL = the rule's */
 } err_ctx;
 
 static sim_status rule_error(const err_ctx *e, sim_status st, const char *jax_text, const char *fix)
@@ -224,10 +224,7 @@ static tup tup_of(const mesh_spec *s, int d)
     return t;
 }
 
-static bool tup_eq(const tup *a, const tup *b)
-{
-    return a->n == b->n && memcmp(a->ax, b->ax, (size_t)a->n) == 0;
-}
+static bool tup_eq(const tup *a, const tup *b) { return a->n == b->n && memcmp(a->ax, b->ax, (size_t)a->n) == 0; }
 
 static uint32_t tup_mask(const tup *t)
 {
@@ -258,8 +255,8 @@ static sim_meta op_meta(const mesh_ctx *ctx, const char *tag)
 static sim_status check_f32(const char *tag, const char *op, const mesh_array *x)
 {
     if (x->dtype != SIM_F32)
-        return sim_err(SIM_ERR_INPUT, "%s (%s): operand '%s' is %s; this op computes in float32 only", tag, op,
-                       x->name, sim_dtype_name(x->dtype));
+        return sim_err(SIM_ERR_INPUT, "%s (%s): operand '%s' is %s; this op computes in float32 only", tag, op, x->name,
+                       sim_dtype_name(x->dtype));
     return SIM_OK;
 }
 
@@ -288,8 +285,8 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
      * all-gathers), XLA:TPU casts the shard first and gathers `dtype` (the same step compiled for
      * v5p-8) -- opts.counted_gather, from the hardware profile (SIM_F32: as the parameter) */
     bool state = x->cat == SIM_MEM_PARAMS || x->cat == SIM_MEM_GRADS || x->cat == SIM_MEM_OPTIMIZER;
-    sim_dtype counted = x->counted_fixed || state ? x->counted
-                                                  : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
+    sim_dtype counted =
+        x->counted_fixed || state ? x->counted : sim_device_counted_dtype(ctx->dev, x->dtype, SIM_MEM_TEMP);
     if (x->cat == SIM_MEM_PARAMS) counted = mesh_array_gather_dtype(ctx->dev, x);
     else if (ctx->operand_gather && !state) counted = *ctx->operand_gather;
     /* counted as a copy, read where it is: the reshard copies it only if its first step works in place */
@@ -340,17 +337,17 @@ typedef struct {
     int nlet;
     int nchoice[MAX_LET];
     tup choice[MAX_LET][MAX_CHOICE];
-    bool contract[MAX_LET];             /* letter's axes make the output partial */
+    bool contract[MAX_LET]; /* letter's axes make the output partial */
     int nops;
     const mesh_array *x[2];
-    mesh_spec from[2];                  /* operands' working specs */
-    int map[2][MESH_SPEC_MAX_RANK];     /* letter of each operand dim; -1: broadcast dim */
+    mesh_spec from[2];              /* operands' working specs */
+    int map[2][MESH_SPEC_MAX_RANK]; /* letter of each operand dim; -1: broadcast dim */
     int out_rank;
     int64_t out_shape[MESH_SPEC_MAX_RANK];
     int out_map[MESH_SPEC_MAX_RANK];
-    bool union_partial;                 /* add/sub: one partial set for operands and output */
-    const mesh_spec *out_target;        /* out_sharding, or NULL */
-    mesh_reshard_cache *cache;          /* reshards already made: free for the search */
+    bool union_partial;          /* add/sub: one partial set for operands and output */
+    const mesh_spec *out_target; /* out_sharding, or NULL */
+    mesh_reshard_cache *cache;   /* reshards already made: free for the search */
     /* result */
     mesh_spec to[2], out;
     uint64_t bytes_in, bytes_out;
@@ -436,8 +433,7 @@ static sim_status place(placement *p, const char *tag)
                 mesh_array cached;
                 if (p->cache && mesh_reshard_cache_get(p->cache, p->x[k], &p->from[k], &to[k], &cached))
                     b = 0; /* made before (e.g. the forward's gather, reused by the backward): free */
-                else
-                    ok = plan_bytes(p->m, plan, p->x[k]->name, p->x[k]->rank, p->x[k]->shape, &p->from[k], &to[k], &b);
+                else ok = plan_bytes(p->m, plan, p->x[k]->name, p->x[k]->rank, p->x[k]->shape, &p->from[k], &to[k], &b);
                 in += b;
             }
             if (ok && p->out_target)
@@ -457,8 +453,10 @@ static sim_status place(placement *p, const char *tag)
     }
     sim_err_clear();
     if (best == UINT64_MAX)
-        return sim_err(SIM_ERR_INPUT, "%s: no placement of the operands makes this op computable on this mesh "
-                                      "(check the shapes divide by the mesh axes)", tag);
+        return sim_err(SIM_ERR_INPUT,
+                       "%s: no placement of the operands makes this op computable on this mesh "
+                       "(check the shapes divide by the mesh axes)",
+                       tag);
     return SIM_OK;
 }
 
@@ -642,14 +640,15 @@ static sim_status sum_unique(mesh_ctx *ctx, const bk_einsum_dims *d, const mesh_
 }
 
 static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdesc, const bk_einsum_dims *d,
-                               const mesh_array *a, const mesh_array *b, const mesh_spec *out_sharding,
-                               placement *p, const char *where, const char *advice)
+                               const mesh_array *a, const mesh_array *b, const mesh_spec *out_sharding, placement *p,
+                               const char *where, const char *advice)
 {
     const mesh_shape *m = ctx->mesh;
     bool expl = ctx->mode == MESH_MODE_EXPLICIT;
     err_ctx e = {ctx, tag, opdesc, 2, {a, b}, {&p->from[0], &p->from[1]}, where, advice};
     /* batch and contraction letters in lhs order: the dims JAX's dot_general compares */
-    int bl[MESH_SPEC_MAX_RANK], br[MESH_SPEC_MAX_RANK], cl[MESH_SPEC_MAX_RANK], cr[MESH_SPEC_MAX_RANK], nbt = 0, nct = 0;
+    int bl[MESH_SPEC_MAX_RANK], br[MESH_SPEC_MAX_RANK], cl[MESH_SPEC_MAX_RANK], cr[MESH_SPEC_MAX_RANK], nbt = 0,
+                                                                                                        nct = 0;
     for (int i = 0; i < d->ra; i++) {
         bk_ein_role r = d->role[d->la[i] - 'a'];
         int j = letter_dim(d->lb, d->rb, d->la[i]);
@@ -674,8 +673,10 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
             same = same && (tup_eq(&x, &y) || (consistent && (!x.n || !y.n)));
         }
         if (!same) {
-            sb_put(&s, "dot_general requires lhs batch dimensions and rhs batch dimensions to have the %s "
-                       "sharding, got ", consistent ? "consistent" : "same");
+            sb_put(&s,
+                   "dot_general requires lhs batch dimensions and rhs batch dimensions to have the %s "
+                   "sharding, got ",
+                   consistent ? "consistent" : "same");
             sb_entries(&s, m, &p->from[0], nbt, bl);
             sb_put(&s, " and ");
             sb_entries(&s, m, &p->from[1], nbt, br);
@@ -844,8 +845,8 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
 
 /* The local product's cost for the step-time model: 2 FLOPs per multiply-add over every index
  * (local sizes), and the elements read and written (operands and output). */
-static void einsum_cost(mesh_ctx *ctx, const char *sub, const mesh_array *a, const mesh_array *b,
-                        const mesh_array *out, bool a_weight, bool b_weight, const char *tag)
+static void einsum_cost(mesh_ctx *ctx, const char *sub, const mesh_array *a, const mesh_array *b, const mesh_array *out,
+                        bool a_weight, bool b_weight, const char *tag)
 {
     /* the letters seen, as a 128-bit set: only those entries of size[] are written and read (on
      * every einsum of every device, a 1 KiB clear and a 128-step loop were most of this op's own
@@ -896,8 +897,9 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
 {
     char tag[SIM_TAG_MAX], opdesc[96], err[256];
     make_tag(ctx, name, tag, sizeof tag);
-    sim_str_put(opdesc, sizeof opdesc, sim_str_put(opdesc, sizeof opdesc, sim_str_put(opdesc, sizeof opdesc, 0, "einsum '", 8),
-                                                   subscripts ? subscripts : "", SIZE_MAX),
+    sim_str_put(opdesc, sizeof opdesc,
+                sim_str_put(opdesc, sizeof opdesc, sim_str_put(opdesc, sizeof opdesc, 0, "einsum '", 8),
+                            subscripts ? subscripts : "", SIZE_MAX),
                 "'", 1); /* snprintf's "einsum '%s'", on every einsum of every device */
     memset(out, 0, sizeof *out);
     SIM_TRY(check_f32(tag, opdesc, a));
@@ -916,7 +918,7 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
     sim_status st = SIM_OK;
     staged ua, ub, sa, sb; /* arr is set where owned is (four cleared mesh_arrays per einsum were not free) */
     ua.owned = ub.owned = sa.owned = sb.owned = false;
-    placement p_room; /* on the stack: a heap block per einsum of every device was malloc's slow path */
+    placement p_room;       /* on the stack: a heap block per einsum of every device was malloc's slow path */
     placement *p = &p_room; /* zeroed where a search starts (a remembered placement needs no search) */
 
     /* explicit-mode rules first, on the operands as given: an op never fails after it started a
@@ -983,15 +985,13 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
      * acc's spec, dims and partial axes, so no collective would have touched the product, and the
      * kernel writes C in place (a scratch result scattered after would still be a temporary).  A
      * function of shapes and specs alone: a dry run decides the same. */
-    bool into = acc && acc->hold == MESH_HOLD_OWN && !out_sharding && acc->dtype == SIM_F32 &&
-                acc->rank == d.ro && mesh_spec_equal(&p->out, &acc->spec) &&
+    bool into = acc && acc->hold == MESH_HOLD_OWN && !out_sharding && acc->dtype == SIM_F32 && acc->rank == d.ro &&
+                mesh_spec_equal(&p->out, &acc->spec) &&
                 !memcmp(acc->shape, d.out_shape, (size_t)d.ro * sizeof d.out_shape[0]) &&
                 bk_einsum_out_direct(sub, sa.arr.rank, sa.arr.local, sb.arr.rank, sb.arr.local);
     if (fused) *fused = into;
-    if (into)
-        st = mesh_array_new_ghost(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
-    else
-        st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
+    if (into) st = mesh_array_new_ghost(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
+    else st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
     if (st != SIM_OK) goto done;
     if (into && acc->data && sa.arr.data && sb.arr.data) /* beta = 1: sgemm adds the product to acc */
         bk_einsum(sub, acc->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 1.0f);
@@ -1106,8 +1106,8 @@ BK_CLONES static void binary_rows(int64_t r0, int64_t r1, void *arg)
     }
 }
 
-static void local_binary(ew_kind k, float *out, int rank, const int64_t *lo, const float *a, int ra,
-                         const int64_t *la, const float *b, int rb, const int64_t *lb)
+static void local_binary(ew_kind k, float *out, int rank, const int64_t *lo, const float *a, int ra, const int64_t *la,
+                         const float *b, int rb, const int64_t *lb)
 {
     binary_job J = {.k = k, .out = out, .rank = rank, .lo = lo, .a = a, .b = b};
     int64_t s = 1;
@@ -1217,8 +1217,7 @@ static sim_status partial_rule(const err_ctx *e, ew_kind k, const mesh_spec *w)
     sbuf s = {buf, sizeof buf, 0};
     const char *prim = ew_name(k);
     if (k == EW_MUL) {
-        if (pa && pb)
-            sb_put(&s, "lhs and rhs to `mul` cannot be unreduced since mul is bilinear. Got lhs=");
+        if (pa && pb) sb_put(&s, "lhs and rhs to `mul` cannot be unreduced since mul is bilinear. Got lhs=");
         else
             sb_put(&s, "%s should be reduced along the same axes %s is unreduced on. Got %s=", pa ? "RHS" : "LHS",
                    pa ? "LHS" : "RHS", pa ? "lhs" : "rhs");
@@ -1234,8 +1233,9 @@ static sim_status partial_rule(const err_ctx *e, ew_kind k, const mesh_spec *w)
     if (pa == pb) return SIM_OK;
     if (!pa || !pb) {
         const char *side = pa ? "lhs" : "rhs", *other = pa ? "rhs" : "lhs";
-        sb_put(&s, "%s is unreduced while %s is not. `%s` operation does not allow this because there will be "
-                   "implicit communication. Please reduce %s via `reshard` before calling `%s`.",
+        sb_put(&s,
+               "%s is unreduced while %s is not. `%s` operation does not allow this because there will be "
+               "implicit communication. Please reduce %s via `reshard` before calling `%s`.",
                side, other, prim, side, prim);
     } else {
         sb_put(&s, "lhs and rhs to `%s` must be unreduced along the same mesh axes. Got lhs=", prim);
@@ -1263,8 +1263,9 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
         sb_shape(&s, a->rank, a->shape);
         sb_put(&s, ", ");
         sb_shape(&s, b->rank, b->shape);
-        return sim_err(SIM_ERR_INPUT, "%s (%s): %s: arrays must have same number of dimensions, got %s. (operands "
-                                      "'%s' and '%s'; add size-1 dims with mesh_reshape)",
+        return sim_err(SIM_ERR_INPUT,
+                       "%s (%s): %s: arrays must have same number of dimensions, got %s. (operands "
+                       "'%s' and '%s'; add size-1 dims with mesh_reshape)",
                        tag, prim, prim, buf, a->name, b->name);
     }
     int64_t osh[MESH_SPEC_MAX_RANK];
@@ -1276,8 +1277,9 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
             sb_shape(&s, a->rank, a->shape);
             sb_put(&s, ", ");
             sb_shape(&s, b->rank, b->shape);
-            return sim_err(SIM_ERR_INPUT, "%s (%s): %s got incompatible shapes for broadcasting: %s. (operands '%s' "
-                                          "and '%s')",
+            return sim_err(SIM_ERR_INPUT,
+                           "%s (%s): %s got incompatible shapes for broadcasting: %s. (operands '%s' "
+                           "and '%s')",
                            tag, prim, prim, buf, a->name, b->name);
         }
         osh[d] = sa > sb ? sa : sb;
@@ -1323,11 +1325,11 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
      * serial memset, and the page faults of a fresh block, on the device thread) */
     if (st == SIM_OK)
         st = (sa.arr.data && sb.arr.data ? mesh_array_new_raw : mesh_array_new)(ctx->dev, ctx->mesh, tag, rank, osh,
-                                                                              &p->out, SIM_F32, a->cat, out);
+                                                                                &p->out, SIM_F32, a->cat, out);
     if (st != SIM_OK) goto done;
     if (out->data && sa.arr.data && sb.arr.data)
-        local_binary(k, out->data, rank, out->local, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data,
-                     sb.arr.rank, sb.arr.local);
+        local_binary(k, out->data, rank, out->local, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank,
+                     sb.arr.local);
 done:
     unstage(ctx, &sa);
     unstage(ctx, &sb);
@@ -1354,8 +1356,7 @@ sim_status mesh_mul(mesh_ctx *ctx, const mesh_array *a, const mesh_array *b, con
 /* map                                                                       */
 /* ======================================================================== */
 
-sim_status mesh_map(mesh_ctx *ctx, const mesh_array *a, mesh_map_fn fn, void *arg, const char *name,
-                    mesh_array *out)
+sim_status mesh_map(mesh_ctx *ctx, const mesh_array *a, mesh_map_fn fn, void *arg, const char *name, mesh_array *out)
 {
     char tag[SIM_TAG_MAX];
     make_tag(ctx, name, tag, sizeof tag);
@@ -1365,8 +1366,9 @@ sim_status mesh_map(mesh_ctx *ctx, const mesh_array *a, mesh_map_fn fn, void *ar
     if (w.partial && ctx->mode == MESH_MODE_EXPLICIT) {
         char buf[512];
         sbuf s = {buf, sizeof buf, 0};
-        sb_put(&s, "unreduced rule for %s is not implemented: a nonlinear op needs the reduced value, got "
-                   "unreduced axes ",
+        sb_put(&s,
+               "unreduced rule for %s is not implemented: a nonlinear op needs the reduced value, got "
+               "unreduced axes ",
                name ? name : "map");
         sb_axis_set(&s, ctx->mesh, w.partial);
         err_ctx e = {ctx, tag, name ? name : "map", 1, {a, NULL}, {&w, NULL}, NULL, NULL};
@@ -1598,8 +1600,8 @@ static int reshape_groups(int ra, const int64_t *sa, int rb, const int64_t *sb, 
 
 /* Whether the dims of group g (in order) hold contiguous blocks: every dim before the last sharded
  * one is fully split.  *flat = their axes, major first. */
-static bool group_contiguous(const mesh_shape *m, const mesh_spec *s, const int64_t *shape, int rank,
-                             const int *grp, int g, tup *flat)
+static bool group_contiguous(const mesh_shape *m, const mesh_spec *s, const int64_t *shape, int rank, const int *grp,
+                             int g, tup *flat)
 {
     int last = -1;
     flat->n = 0;
@@ -1647,8 +1649,8 @@ sim_status mesh_reshape(mesh_ctx *ctx, const mesh_array *a, int rank, const int6
         sbuf s1 = {b1, sizeof b1, 0}, s2 = {b2, sizeof b2, 0};
         sb_shape(&s1, a->rank, a->shape);
         sb_shape(&s2, rank, shape);
-        return sim_err(SIM_ERR_INPUT, "%s (reshape): cannot reshape '%s' of shape %s (%lld elements) to %s (%lld)",
-                       tag, a->name, b1, (long long)na, b2, (long long)nb);
+        return sim_err(SIM_ERR_INPUT, "%s (reshape): cannot reshape '%s' of shape %s (%lld elements) to %s (%lld)", tag,
+                       a->name, b1, (long long)na, b2, (long long)nb);
     }
     mesh_spec w = work_spec(ctx, &a->spec), target, osh;
     if (out_sharding) {
@@ -1671,8 +1673,9 @@ sim_status mesh_reshape(mesh_ctx *ctx, const mesh_array *a, int rank, const int6
             char buf[1024], t[256];
             sbuf s = {buf, sizeof buf, 0};
             mesh_type_format(m, a->dtype, a->rank, a->shape, &w, t, sizeof t);
-            sb_put(&s, "This reshape is not supported. Please specify the sharding of the output via the "
-                       "`out_sharding` argument of jax.lax.reshape. Got operand type: %s, new sizes: ",
+            sb_put(&s,
+                   "This reshape is not supported. Please specify the sharding of the output via the "
+                   "`out_sharding` argument of jax.lax.reshape. Got operand type: %s, new sizes: ",
                    t);
             sb_shape(&s, rank, shape);
             err_ctx e = {ctx, tag, "reshape", 1, {a, NULL}, {&w, NULL}, NULL, NULL};
@@ -1724,8 +1727,8 @@ sim_status mesh_reshape(mesh_ctx *ctx, const mesh_array *a, int rank, const int6
     staged sa = {.owned = false};
     SIM_TRY(stage(ctx, a, &w, &s_in, meta, &sa));
     /* the copy below fills every element (on the kernel pool): no zero-filling when there is one */
-    sim_status st = (sa.arr.data ? mesh_array_new_raw : mesh_array_new)(ctx->dev, m, tag, rank, shape, &s_out,
-                                                                          a->dtype, a->cat, out);
+    sim_status st = (sa.arr.data ? mesh_array_new_raw : mesh_array_new)(ctx->dev, m, tag, rank, shape, &s_out, a->dtype,
+                                                                        a->cat, out);
     if (st == SIM_OK && out->data && sa.arr.data) {
         SIM_ASSERT(out->nlocal == sa.arr.nlocal);
         bk_parallel_copy(out->data, sa.arr.data, out->nlocal * sim_dtype_size(a->dtype));
@@ -1886,9 +1889,10 @@ sim_status mesh_scan_carry_check(mesh_ctx *ctx, const mesh_array *in, const mesh
     /* JAX names the carry as the scanned function has it: 0.2.5's NNX scan carries the activations
      * alone ("carry"), 0.2.0's Linen scan a tuple whose second part they are ("component c[1]") */
     const char *carry = cfg_release_error_text(ctx->release, "decoder_scan_carry", "carry", "carry");
-    sb_put(&b, "%s (scan): TypeError: scan body function carry input and carry output must have equal types, but "
-               "they differ:\n  The input carry %s has type %s%s but the corresponding output carry component "
-               "has type %s%s. Revise the function so that all output types match the corresponding input types.",
+    sb_put(&b,
+           "%s (scan): TypeError: scan body function carry input and carry output must have equal types, but "
+           "they differ:\n  The input carry %s has type %s%s but the corresponding output carry component "
+           "has type %s%s. Revise the function so that all output types match the corresponding input types.",
            tag, carry, dl, ti + ns, dl, to + ns);
     if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", cfg_release_maxtext(ctx->release), where);
     sb_put(&b, "\n  fix: make the layer's output sharding equal its input's (the logical rules of the residual "
@@ -1917,8 +1921,9 @@ sim_status mesh_broadcast_to_check(mesh_ctx *ctx, const char *dtype_label, int r
     mesh_type_format(ctx->mesh, SIM_F32, rank, out_shape, &so, to, sizeof to);
     sbuf b = {buf, sizeof buf, 0};
     /* the types as JAX prints them: dtype name, then the dims ("f32" replaced by the label) */
-    sb_put(&b, "%s (broadcast_to): ValueError: Incompatible types for broadcasting: input type=%s%s and requested "
-               "type=%s%s",
+    sb_put(&b,
+           "%s (broadcast_to): ValueError: Incompatible types for broadcasting: input type=%s%s and requested "
+           "type=%s%s",
            tag, dtype_label, ti + 3, dtype_label, to + 3);
     if (where) sb_put(&b, "\n  MaxText %s fails here too: %s", cfg_release_maxtext(ctx->release), where);
     if (fix) sb_put(&b, "\n  fix: %s", fix);

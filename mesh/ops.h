@@ -31,13 +31,13 @@
 
 /* What mesh_einsum ran, for writing its VJP. */
 typedef struct {
-    char subscripts[64];  /* the local product (indices found in one operand only were summed first) */
-    mesh_spec a_spec;     /* lhs spec when the local product ran */
-    mesh_spec b_spec;     /* rhs spec when the local product ran */
-    mesh_spec local_out;  /* output spec of the local product: partial over shared contraction axes */
-    mesh_spec out_spec;   /* the output's final spec (after the collective out_sharding asks for) */
-    uint64_t bytes_in;    /* bytes sent per device to reshard the operands */
-    uint64_t bytes_out;   /* bytes sent per device to bring the product to out_sharding */
+    char subscripts[64]; /* the local product (indices found in one operand only were summed first) */
+    mesh_spec a_spec;    /* lhs spec when the local product ran */
+    mesh_spec b_spec;    /* rhs spec when the local product ran */
+    mesh_spec local_out; /* output spec of the local product: partial over shared contraction axes */
+    mesh_spec out_spec;  /* the output's final spec (after the collective out_sharding asks for) */
+    uint64_t bytes_in;   /* bytes sent per device to reshard the operands */
+    uint64_t bytes_out;  /* bytes sent per device to bring the product to out_sharding */
 } mesh_einsum_info;
 
 /* out = einsum(subscripts, a, b) (float32; see bk_einsum.h for the subscripts).
@@ -83,8 +83,7 @@ sim_status mesh_mul(mesh_ctx *ctx, const mesh_array *a, const mesh_array *b, con
 typedef void (*mesh_map_fn)(float *out, const float *in, size_t n, void *arg);
 
 /* out = fn(a), same spec.  A partial input: explicit -> error; auto -> all-reduced first (implicit). */
-sim_status mesh_map(mesh_ctx *ctx, const mesh_array *a, mesh_map_fn fn, void *arg, const char *name,
-                    mesh_array *out);
+sim_status mesh_map(mesh_ctx *ctx, const mesh_array *a, mesh_map_fn fn, void *arg, const char *name, mesh_array *out);
 
 /* ---- reductions, layout ---------------------------------------------------- */
 
@@ -120,8 +119,8 @@ sim_status mesh_shard_as(mesh_ctx *ctx, mesh_array *a, const mesh_spec *spec, co
 /* ---- text ---------------------------------------------------------------------- */
 
 /* JAX's short type text: "f32[8@x,4]", "f32[8@(x,y),4]{U:z}", "f32[]".  Returns the length needed. */
-int mesh_type_format(const mesh_shape *m, sim_dtype dt, int rank, const int64_t *shape, const mesh_spec *s,
-                     char *buf, int cap);
+int mesh_type_format(const mesh_shape *m, sim_dtype dt, int rank, const int64_t *shape, const mesh_spec *s, char *buf,
+                     int cap);
 
 /* ---- explicit-mode checks on types only (nothing computed or moved; SIM_OK in auto mode) ------ */
 

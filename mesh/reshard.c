@@ -35,10 +35,7 @@ static int common_prefix(const mesh_spec *c, const mesh_spec *t, int d)
     return n;
 }
 
-static bool axis_used(const mesh_spec *s, int a)
-{
-    return (s->partial & (1u << a)) || mesh_spec_axis_dim(s, a) >= 0;
-}
+static bool axis_used(const mesh_spec *s, int a) { return (s->partial & (1u << a)) || mesh_spec_axis_dim(s, a) >= 0; }
 
 static int64_t prod(const int64_t *v, int lo, int hi)
 {
@@ -257,7 +254,8 @@ sim_status mesh_plan_make(const mesh_shape *m, const char *name, int rank, const
     planner pl = {m, out, *from, {0}, sim_dtype_size(dt)};
     mesh_spec_local_shape(from, m, shape, pl.local);
     if ((from->partial & ~to->partial) && dt != SIM_F32 && dt != SIM_I32)
-        return sim_err(SIM_ERR_INPUT, "array '%s': partial sums need float32 or int32, not %s", name, sim_dtype_name(dt));
+        return sim_err(SIM_ERR_INPUT, "array '%s': partial sums need float32 or int32, not %s", name,
+                       sim_dtype_name(dt));
     for (;;) {
         bool done;
         SIM_TRY(plan_one(&pl, to, &done));
@@ -269,7 +267,8 @@ sim_status mesh_plan_make(const mesh_shape *m, const char *name, int rank, const
 static void format_shape(const int64_t *s, int rank, char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, "(");
-    for (int i = 0; i < rank && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)s[i]);
+    for (int i = 0; i < rank && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)s[i]);
     if (n < cap) snprintf(buf + n, cap - n, ")");
 }
 
@@ -302,18 +301,16 @@ void mesh_plan_print(const mesh_plan *p, const mesh_shape *m, FILE *f)
         format_shape(s->local_in, p->rank, li, sizeof li);
         format_shape(s->local_out, p->rank, lo, sizeof lo);
         char where[32] = "";
-        if (s->kind == MESH_STEP_ALL_TO_ALL)
-            snprintf(where, sizeof where, "dim %d -> dim %d", s->dim, s->dim_to);
-        else if (s->dim >= 0)
-            snprintf(where, sizeof where, "dim %d", s->dim);
-        else
-            snprintf(where, sizeof where, "all dims");
+        if (s->kind == MESH_STEP_ALL_TO_ALL) snprintf(where, sizeof where, "dim %d -> dim %d", s->dim, s->dim_to);
+        else if (s->dim >= 0) snprintf(where, sizeof where, "dim %d", s->dim);
+        else snprintf(where, sizeof where, "all dims");
         fprintf(f, "step %d: %-14s %-16s over %-22s k=%-3d local %s -> %s  sent/device %llu B  now %s\n", i + 1,
                 mesh_step_name(s->kind), where, sim_axes_label(&md, s->axes, ax, sizeof ax), s->group, li, lo,
                 (unsigned long long)s->bytes_sent, spec);
     }
     bool uneven = false;
-    for (int i = 0; i < p->n; i++) uneven |= p->step[i].kind == MESH_STEP_PERMUTE && p->step[i].movers < p->step[i].group;
+    for (int i = 0; i < p->n; i++)
+        uneven |= p->step[i].kind == MESH_STEP_PERMUTE && p->step[i].movers < p->step[i].group;
     if (uneven)
         fprintf(f, "(ppermute: a device whose block keeps its place sends nothing; figures are for one that moves)\n");
     fprintf(f, "total bytes sent per device: %llu\n", (unsigned long long)p->total_bytes);
@@ -366,8 +363,7 @@ static sim_status plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *
         void *out = a->data;
         if (fresh && share) /* counted as the plain gather's output is, held in the group's buffer */
             SIM_TRY(sim_arena_charge(arena, n_out * cs, a->cat, a->name));
-        else if (fresh)
-            SIM_TRY(sim_arena_alloc_counted(arena, n_out * es, n_out * cs, a->cat, a->name, false, &out));
+        else if (fresh) SIM_TRY(sim_arena_alloc_counted(arena, n_out * es, n_out * cs, a->cat, a->name, false, &out));
         sim_status st = SIM_OK;
         switch (s->kind) {
         case MESH_STEP_SLICE:
@@ -382,8 +378,8 @@ static sim_status plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *
                 st = sim_all_gather_dim_shared(d, a->data, &out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype,
                                                s->axes, meta);
             else
-                st = sim_all_gather_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype,
-                                        s->axes, meta);
+                st = sim_all_gather_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype, s->axes,
+                                        meta);
             break;
         case MESH_STEP_REDUCE_SCATTER:
             st = sim_reduce_scatter_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype, s->axes,
@@ -446,10 +442,10 @@ sim_status mesh_plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *p,
 enum { PM_SLOTS = 64, PM_KEY = 104 }; /* a key that does not fit (a rank-8 shape on many axes) is not kept */
 
 typedef struct {
-    unsigned long gen;    /* valid while equal to pm_gen */
+    unsigned long gen; /* valid while equal to pm_gen */
     uint64_t hash;
     int key_len;
-    bool ok;              /* a plan exists */
+    bool ok; /* a plan exists */
     uint64_t bytes;
     unsigned char key[PM_KEY];
 } pm_slot;

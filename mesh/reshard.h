@@ -45,16 +45,16 @@ enum { MESH_PLAN_MAX = 48 };
 
 typedef struct {
     mesh_step_kind kind;
-    int dim;                                  /* dim acted on (all-to-all: the dim the axes leave) */
-    int dim_to;                               /* all-to-all: the dim the axes join; else -1 */
-    sim_axes axes;                            /* mesh axes of the step, in significance order */
-    sim_axes to_axes;                         /* permute: the same axes in their new order */
-    int movers;                               /* permute: devices of a group whose block moves */
-    int group;                                /* product of their sizes */
-    mesh_spec after;                          /* spec once the step is done */
-    int64_t local_in[MESH_SPEC_MAX_RANK];     /* local shape before */
-    int64_t local_out[MESH_SPEC_MAX_RANK];    /* local shape after */
-    uint64_t bytes_sent;                      /* per device, by the formulas (all-reduce: 2(k-1)n/k rounded
+    int dim;                               /* dim acted on (all-to-all: the dim the axes leave) */
+    int dim_to;                            /* all-to-all: the dim the axes join; else -1 */
+    sim_axes axes;                         /* mesh axes of the step, in significance order */
+    sim_axes to_axes;                      /* permute: the same axes in their new order */
+    int movers;                            /* permute: devices of a group whose block moves */
+    int group;                             /* product of their sizes */
+    mesh_spec after;                       /* spec once the step is done */
+    int64_t local_in[MESH_SPEC_MAX_RANK];  /* local shape before */
+    int64_t local_out[MESH_SPEC_MAX_RANK]; /* local shape after */
+    uint64_t bytes_sent;                   /* per device, by the formulas (all-reduce: 2(k-1)n/k rounded
                                                  down; permute: a device whose block moves, others send 0) */
 } mesh_step;
 
@@ -65,7 +65,7 @@ typedef struct {
     mesh_spec from, to;
     int n;
     mesh_step step[MESH_PLAN_MAX];
-    uint64_t total_bytes;                     /* sum of bytes_sent: the busiest device's bytes */
+    uint64_t total_bytes; /* sum of bytes_sent: the busiest device's bytes */
 } mesh_plan;
 
 /* Bytes device `device` sends running the plan (differs from total_bytes
@@ -120,6 +120,7 @@ bool mesh_reshard_cache_get(mesh_reshard_cache *c, const mesh_array *src, const 
 int mesh_reshard_cache_targets(const mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
                                mesh_spec *out, int max);
 /* Keeps `copy` (src resharded from `from`); the cache now owns it. */
-void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from, const mesh_array *copy);
+void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
+                            const mesh_array *copy);
 
 #endif

@@ -21,11 +21,11 @@
 enum { MEMO_SLOTS = 64, MEMO_KEY = 160 };
 
 typedef struct {
-    unsigned long gen;    /* valid while equal to memo_gen */
+    unsigned long gen; /* valid while equal to memo_gen */
     const mesh_rules *r;
     int rank;
     uint64_t hash;
-    char key[MEMO_KEY];   /* the names, each NUL-terminated ("\1" for None) */
+    char key[MEMO_KEY]; /* the names, each NUL-terminated ("\1" for None) */
     int key_len;
     mesh_resolved res;
 } memo_slot;
@@ -35,10 +35,7 @@ static _Thread_local unsigned long memo_epoch, memo_gen;
 static _Thread_local mesh_shape memo_mesh;
 static _Thread_local memo_slot memo[MEMO_SLOTS];
 
-static void rules_changed(void)
-{
-    __atomic_add_fetch(&rules_epoch, 1, __ATOMIC_RELEASE);
-}
+static void rules_changed(void) { __atomic_add_fetch(&rules_epoch, 1, __ATOMIC_RELEASE); }
 
 /* Packs the names into key; -1 when they do not fit (then no memo). */
 static int memo_key(int rank, const char *const *names, char *key, uint64_t *hash)
@@ -67,7 +64,8 @@ static memo_slot *memo_find(const mesh_rules *r, const mesh_shape *m, int rank, 
         memo_epoch = epoch;
     }
     memo_slot *s = &memo[(hash ^ (uintptr_t)r) % MEMO_SLOTS];
-    *hit = s->gen == memo_gen && s->r == r && s->rank == rank && s->hash == hash && s->key_len == key_len && !memcmp(s->key, key, (size_t)key_len);
+    *hit = s->gen == memo_gen && s->r == r && s->rank == rank && s->hash == hash && s->key_len == key_len &&
+           !memcmp(s->key, key, (size_t)key_len);
     return s;
 }
 
@@ -122,10 +120,7 @@ void mesh_rules_add(mesh_rules *r, const char *name, int n, const char *const *a
     rules_changed();
 }
 
-static int scalar_is_null(const cfg_value *v)
-{
-    return v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL;
-}
+static int scalar_is_null(const cfg_value *v) { return v->kind == CFG_SCALAR && cfg_scalar_type(v) == CFG_NULL; }
 
 sim_status mesh_rules_from_value(const cfg_value *list, mesh_rules *out)
 {
@@ -141,8 +136,7 @@ sim_status mesh_rules_from_value(const cfg_value *list, mesh_rules *out)
         const cfg_value *ax = it->kind == CFG_LIST && it->n == 2 ? &it->items[1] : NULL;
         int ok = ax && it->items[0].kind == CFG_SCALAR && !scalar_is_null(&it->items[0]);
         if (ok && ax->kind == CFG_LIST)
-            for (int j = 0; j < ax->n; j++)
-                ok &= ax->items[j].kind == CFG_SCALAR && !scalar_is_null(&ax->items[j]);
+            for (int j = 0; j < ax->n; j++) ok &= ax->items[j].kind == CFG_SCALAR && !scalar_is_null(&ax->items[j]);
         if (ok && ax->kind == CFG_MAP) ok = 0;
         if (!ok) {
             char *t = cfg_value_to_text(it, 0);
@@ -160,9 +154,9 @@ sim_status mesh_rules_from_value(const cfg_value *list, mesh_rules *out)
             for (int j = 0; j < ax->n; j++) {
                 for (int k = 0; k < j; k++)
                     if (strcmp(x->axes[k], ax->items[j].text) == 0) {
-                        sim_status st = sim_err(SIM_ERR_INPUT,
-                                                "%s: logical_axis_rules rule '%s' lists mesh axis '%s' twice",
-                                                where, x->name, ax->items[j].text);
+                        sim_status st =
+                            sim_err(SIM_ERR_INPUT, "%s: logical_axis_rules rule '%s' lists mesh axis '%s' twice", where,
+                                    x->name, ax->items[j].text);
                         x->n_axes = j;
                         mesh_rules_free(out);
                         return st;
@@ -226,8 +220,8 @@ static sim_status resolve(const mesh_rules *r, const mesh_shape *m, const char *
 {
     const char *what = tensor ? tensor : "(unnamed)";
     if (rank < 0 || rank > MESH_SPEC_MAX_RANK)
-        return sim_err(SIM_ERR_INPUT, "tensor '%s' has rank %d; shardsim supports rank 0 to %d", what,
-                       rank, MESH_SPEC_MAX_RANK);
+        return sim_err(SIM_ERR_INPUT, "tensor '%s' has rank %d; shardsim supports rank 0 to %d", what, rank,
+                       MESH_SPEC_MAX_RANK);
     for (int d = 0; d < rank; d++)
         for (int e = 0; e < d && names[d]; e++)
             if (names[e] && strcmp(names[d], names[e]) == 0)
@@ -253,8 +247,7 @@ static sim_status resolve(const mesh_rules *r, const mesh_shape *m, const char *
         if (clash) continue;
         assigned[pos] = 1;
         out->rule[pos] = i;
-        for (int j = 0; j < x->n_axes && n_used < (int)(sizeof used / sizeof used[0]); j++)
-            used[n_used++] = x->axes[j];
+        for (int j = 0; j < x->n_axes && n_used < (int)(sizeof used / sizeof used[0]); j++) used[n_used++] = x->axes[j];
     }
     /* Steps 3-4: map to mesh indices, drop absent axes, then size-1 axes. */
     mesh_spec_init(&out->unpruned, rank);
@@ -279,8 +272,8 @@ static sim_status resolve(const mesh_rules *r, const mesh_shape *m, const char *
     return SIM_OK;
 }
 
-sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const char *tensor,
-                              int rank, const char *const *names, mesh_resolved *out)
+sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const char *tensor, int rank,
+                              const char *const *names, mesh_resolved *out)
 {
     char key[MEMO_KEY];
     uint64_t hash;

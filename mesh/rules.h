@@ -25,10 +25,10 @@
 #include "sim/status.h"
 
 typedef struct {
-    char *name;   /* logical axis name */
-    int n_axes;   /* number of mesh axes; 0 = claims the dim replicated */
-    char **axes;  /* mesh axis names, most significant first */
-    char *where;  /* "file:line" of the rule, or "" */
+    char *name;  /* logical axis name */
+    int n_axes;  /* number of mesh axes; 0 = claims the dim replicated */
+    char **axes; /* mesh axis names, most significant first */
+    char *where; /* "file:line" of the rule, or "" */
 } mesh_rule;
 
 typedef struct {
@@ -38,8 +38,8 @@ typedef struct {
 } mesh_rules;
 
 typedef struct {
-    mesh_spec spec;      /* final: absent and size-1 axes dropped */
-    mesh_spec unpruned;  /* absent axes dropped, size-1 axes kept */
+    mesh_spec spec;               /* final: absent and size-1 axes dropped */
+    mesh_spec unpruned;           /* absent axes dropped, size-1 axes kept */
     int rule[MESH_SPEC_MAX_RANK]; /* index of the rule that assigned dim d, -1 if none */
 } mesh_resolved;
 
@@ -57,7 +57,7 @@ int mesh_rules_find(const mesh_rules *r, const char *name);
 
 /* Resolves the logical names of a tensor's dims (names[d] NULL = None) on a
  * mesh.  `tensor` names it in error messages. */
-sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const char *tensor,
-                              int rank, const char *const *names, mesh_resolved *out);
+sim_status mesh_rules_resolve(const mesh_rules *r, const mesh_shape *m, const char *tensor, int rank,
+                              const char *const *names, mesh_resolved *out);
 
 #endif

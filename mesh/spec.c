@@ -40,8 +40,8 @@ int mesh_spec_axis_dim(const mesh_spec *s, int a)
 sim_status mesh_spec_check(const mesh_spec *s, const mesh_shape *m)
 {
     if (s->rank < 0 || s->rank > MESH_SPEC_MAX_RANK)
-        return sim_err(SIM_ERR_INPUT, "PartitionSpec rank %d: shardsim supports rank 0 to %d",
-                       s->rank, MESH_SPEC_MAX_RANK);
+        return sim_err(SIM_ERR_INPUT, "PartitionSpec rank %d: shardsim supports rank 0 to %d", s->rank,
+                       MESH_SPEC_MAX_RANK);
     uint32_t seen = 0;
     for (int d = 0; d < s->rank; d++) {
         if (s->n_axes[d] < 0 || s->n_axes[d] > m->n_axes)
@@ -49,11 +49,10 @@ sim_status mesh_spec_check(const mesh_spec *s, const mesh_shape *m)
         for (int j = 0; j < s->n_axes[d]; j++) {
             int a = s->axes[d][j];
             if (a < 0 || a >= m->n_axes)
-                return sim_err(SIM_ERR_INTERNAL, "PartitionSpec dim %d names axis index %d of a %d-axis mesh",
-                               d, a, m->n_axes);
+                return sim_err(SIM_ERR_INTERNAL, "PartitionSpec dim %d names axis index %d of a %d-axis mesh", d, a,
+                               m->n_axes);
             if (seen & (1u << a))
-                return sim_err(SIM_ERR_INPUT,
-                               "PartitionSpec uses mesh axis '%s' twice; an axis may shard only one dim",
+                return sim_err(SIM_ERR_INPUT, "PartitionSpec uses mesh axis '%s' twice; an axis may shard only one dim",
                                m->names[a]);
             seen |= 1u << a;
         }
@@ -111,9 +110,9 @@ typedef enum { T_END, T_IDENT, T_STRING, T_PUNCT, T_BAD } tok_kind;
 
 typedef struct {
     const char *text;
-    size_t pos;       /* cursor */
-    tok_kind kind;    /* current token */
-    size_t start, len;/* its span in text */
+    size_t pos;        /* cursor */
+    tok_kind kind;     /* current token */
+    size_t start, len; /* its span in text */
     char punct;
 } lexer;
 
@@ -160,23 +159,21 @@ static int is_ident(const lexer *lx, const char *w)
     return lx->kind == T_IDENT && lx->len == strlen(w) && strncmp(lx->text + lx->start, w, lx->len) == 0;
 }
 
-static int is_punct(const lexer *lx, char c)
-{
-    return lx->kind == T_PUNCT && lx->punct == c;
-}
+static int is_punct(const lexer *lx, char c) { return lx->kind == T_PUNCT && lx->punct == c; }
 
 static sim_status lex_error(const lexer *lx, const char *expected)
 {
     char got[64];
     if (lx->kind == T_END) snprintf(got, sizeof got, "the end of the text");
-    else if (lx->kind == T_STRING) snprintf(got, sizeof got, "'%.*s'", (int)(lx->len > 40 ? 40 : lx->len), lx->text + lx->start);
+    else if (lx->kind == T_STRING)
+        snprintf(got, sizeof got, "'%.*s'", (int)(lx->len > 40 ? 40 : lx->len), lx->text + lx->start);
     else if (lx->kind == T_BAD && (lx->text[lx->start] == '\'' || lx->text[lx->start] == '"'))
         snprintf(got, sizeof got, "an unterminated string");
     else snprintf(got, sizeof got, "'%.*s'", (int)(lx->len > 40 ? 40 : lx->len), lx->text + lx->start);
     /* Strings start after their quote; point at the quote. */
     size_t col = lx->kind == T_STRING ? lx->start : lx->start + 1;
-    return sim_err(SIM_ERR_INPUT, "PartitionSpec \"%s\": at position %zu: expected %s, got %s",
-                   lx->text, col, expected, got);
+    return sim_err(SIM_ERR_INPUT, "PartitionSpec \"%s\": at position %zu: expected %s, got %s", lx->text, col, expected,
+                   got);
 }
 
 static sim_status lex_axis(const lexer *lx, const mesh_shape *m, int *axis)
@@ -191,8 +188,8 @@ static sim_status lex_axis(const lexer *lx, const mesh_shape *m, int *axis)
     char axes[MESH_MAX_AXES * MESH_AXIS_NAME_MAX];
     axes_list(m, axes, sizeof axes);
     return sim_err(SIM_ERR_INPUT,
-                   "PartitionSpec \"%s\": at position %zu: '%.*s' is not a mesh axis; the mesh axes are: %s",
-                   lx->text, lx->start, (int)lx->len, lx->text + lx->start, axes);
+                   "PartitionSpec \"%s\": at position %zu: '%.*s' is not a mesh axis; the mesh axes are: %s", lx->text,
+                   lx->start, (int)lx->len, lx->text + lx->start, axes);
 }
 
 /* Reads `'a'`, `None`, or a tuple/list/set of names, into axes[]. */
@@ -235,8 +232,7 @@ sim_status mesh_spec_parse(const char *text, const mesh_shape *m, mesh_spec *out
     mesh_spec s;
     mesh_spec_init(&s, 0);
     lex_next(&lx);
-    if (!is_ident(&lx, "P") && !is_ident(&lx, "PartitionSpec"))
-        return lex_error(&lx, "P( or PartitionSpec(");
+    if (!is_ident(&lx, "P") && !is_ident(&lx, "PartitionSpec")) return lex_error(&lx, "P( or PartitionSpec(");
     lex_next(&lx);
     if (!is_punct(&lx, '(')) return lex_error(&lx, "'('");
     lex_next(&lx);
@@ -251,16 +247,16 @@ sim_status mesh_spec_parse(const char *text, const mesh_shape *m, mesh_spec *out
             SIM_TRY(parse_axis_group(&lx, m, 1, axes, &n));
             for (int j = 0; j < n; j++) {
                 if (s.partial & (1u << axes[j]))
-                    return sim_err(SIM_ERR_INPUT, "PartitionSpec \"%s\": partial axis '%s' listed twice",
-                                   text, m->names[axes[j]]);
+                    return sim_err(SIM_ERR_INPUT, "PartitionSpec \"%s\": partial axis '%s' listed twice", text,
+                                   m->names[axes[j]]);
                 s.partial |= 1u << axes[j];
             }
             seen_keyword = 1;
         } else {
             if (seen_keyword) return lex_error(&lx, "')' (dims come before unreduced=/partial=)");
             if (s.rank >= MESH_SPEC_MAX_RANK)
-                return sim_err(SIM_ERR_INPUT, "PartitionSpec \"%s\": at position %zu: more than %d dims",
-                               text, item_start + 1, MESH_SPEC_MAX_RANK);
+                return sim_err(SIM_ERR_INPUT, "PartitionSpec \"%s\": at position %zu: more than %d dims", text,
+                               item_start + 1, MESH_SPEC_MAX_RANK);
             SIM_TRY(parse_axis_group(&lx, m, 0, axes, &n));
             s.rank++;
             s.n_axes[s.rank - 1] = n;
@@ -301,8 +297,7 @@ int mesh_spec_format(const mesh_spec *s, const mesh_shape *m, char *buf, int cap
         if (s->n_axes[d] == 0) wput(&w, "%s", "None");
         else if (s->n_axes[d] == 1) wput(&w, "'%s'", m->names[s->axes[d][0]]);
         else {
-            for (int j = 0; j < s->n_axes[d]; j++)
-                wput(&w, j ? ", '%s'" : "('%s'", m->names[s->axes[d][j]]);
+            for (int j = 0; j < s->n_axes[d]; j++) wput(&w, j ? ", '%s'" : "('%s'", m->names[s->axes[d][j]]);
             wput(&w, "%s", ")");
         }
     }
@@ -333,8 +328,7 @@ int mesh_spec_format_json(const mesh_spec *s, const mesh_shape *m, char *buf, in
         if (s->n_axes[d] == 0) wput(&w, "%s", "null");
         else if (s->n_axes[d] == 1) wput(&w, "\"%s\"", m->names[s->axes[d][0]]);
         else {
-            for (int j = 0; j < s->n_axes[d]; j++)
-                wput(&w, j ? ", \"%s\"" : "[\"%s\"", m->names[s->axes[d][j]]);
+            for (int j = 0; j < s->n_axes[d]; j++) wput(&w, j ? ", \"%s\"" : "[\"%s\"", m->names[s->axes[d][j]]);
             wput(&w, "%s", "]");
         }
     }
@@ -345,32 +339,29 @@ int mesh_spec_format_json(const mesh_spec *s, const mesh_shape *m, char *buf, in
 static sim_status json_axis(const cfg_json *v, const mesh_shape *m, const char *what, int *axis)
 {
     if (v->kind != CFG_JSON_STRING)
-        return sim_err(SIM_ERR_INPUT, "%s: partition_spec entry is a %s, expected a mesh axis name",
-                       what, cfg_json_kind_name(v->kind));
+        return sim_err(SIM_ERR_INPUT, "%s: partition_spec entry is a %s, expected a mesh axis name", what,
+                       cfg_json_kind_name(v->kind));
     *axis = mesh_shape_axis_index(m, v->str);
     if (*axis >= 0) return SIM_OK;
     char axes[MESH_MAX_AXES * MESH_AXIS_NAME_MAX];
     axes_list(m, axes, sizeof axes);
-    return sim_err(SIM_ERR_INPUT, "%s: '%s' is not a mesh axis; the mesh axes are: %s", what,
-                   v->str, axes);
+    return sim_err(SIM_ERR_INPUT, "%s: '%s' is not a mesh axis; the mesh axes are: %s", what, v->str, axes);
 }
 
 sim_status mesh_spec_from_json(const cfg_json *v, const mesh_shape *m, const char *what, mesh_spec *out)
 {
     if (v->kind != CFG_JSON_ARRAY)
-        return sim_err(SIM_ERR_INPUT, "%s: partition_spec is a %s, expected a list", what,
-                       cfg_json_kind_name(v->kind));
+        return sim_err(SIM_ERR_INPUT, "%s: partition_spec is a %s, expected a list", what, cfg_json_kind_name(v->kind));
     if (v->n > MESH_SPEC_MAX_RANK)
-        return sim_err(SIM_ERR_INPUT, "%s: partition_spec has %d dims; shardsim supports %d",
-                       what, v->n, MESH_SPEC_MAX_RANK);
+        return sim_err(SIM_ERR_INPUT, "%s: partition_spec has %d dims; shardsim supports %d", what, v->n,
+                       MESH_SPEC_MAX_RANK);
     mesh_spec s;
     mesh_spec_init(&s, v->n);
     for (int d = 0; d < v->n; d++) {
         const cfg_json *it = &v->items[d];
         if (it->kind == CFG_JSON_NULL) continue;
         if (it->kind == CFG_JSON_ARRAY) {
-            if (it->n > MESH_MAX_AXES)
-                return sim_err(SIM_ERR_INPUT, "%s: too many axes on one dim", what);
+            if (it->n > MESH_MAX_AXES) return sim_err(SIM_ERR_INPUT, "%s: too many axes on one dim", what);
             for (int j = 0; j < it->n; j++) {
                 int a = -1;
                 SIM_TRY(json_axis(&it->items[j], m, what, &a));
@@ -403,27 +394,26 @@ int64_t mesh_spec_dim_shards(const mesh_spec *s, const mesh_shape *m, int d)
     return k;
 }
 
-sim_status mesh_spec_check_shape(const mesh_spec *s, const mesh_shape *m, int rank,
-                                 const int64_t *shape, const char *tensor)
+sim_status mesh_spec_check_shape(const mesh_spec *s, const mesh_shape *m, int rank, const int64_t *shape,
+                                 const char *tensor)
 {
     const char *name = tensor ? tensor : "(unnamed)";
     if (rank != s->rank) {
         char spec[256];
         mesh_spec_format(s, m, spec, sizeof spec);
-        return sim_err(SIM_ERR_INPUT, "tensor '%s' has rank %d but its PartitionSpec %s has %d dims",
-                       name, rank, spec, s->rank);
+        return sim_err(SIM_ERR_INPUT, "tensor '%s' has rank %d but its PartitionSpec %s has %d dims", name, rank, spec,
+                       s->rank);
     }
     for (int d = 0; d < rank; d++) {
         int64_t k = mesh_spec_dim_shards(s, m, d);
         if (shape[d] < 0)
-            return sim_err(SIM_ERR_INPUT, "tensor '%s' dim %d has negative size %lld", name, d,
-                           (long long)shape[d]);
+            return sim_err(SIM_ERR_INPUT, "tensor '%s' dim %d has negative size %lld", name, d, (long long)shape[d]);
         if (shape[d] % k == 0) continue;
         char axes[512];
         size_t n = 0;
         for (int j = 0; j < s->n_axes[d] && n < sizeof axes; j++)
-            n += (size_t)snprintf(axes + n, sizeof axes - n, "%s%s=%d", j ? " x " : "",
-                                  m->names[s->axes[d][j]], m->sizes[s->axes[d][j]]);
+            n += (size_t)snprintf(axes + n, sizeof axes - n, "%s%s=%d", j ? " x " : "", m->names[s->axes[d][j]],
+                                  m->sizes[s->axes[d][j]]);
         return sim_err(SIM_ERR_INPUT,
                        "tensor '%s' dim %d has size %lld, which does not divide into %lld shards "
                        "over mesh axes %s; change the mesh or the sharding rules so that %lld divides it",
@@ -432,8 +422,7 @@ sim_status mesh_spec_check_shape(const mesh_spec *s, const mesh_shape *m, int ra
     return SIM_OK;
 }
 
-void mesh_spec_shard(const mesh_spec *s, const mesh_shape *m, const int64_t *shape, int device,
-                     mesh_dim_shard *out)
+void mesh_spec_shard(const mesh_spec *s, const mesh_shape *m, const int64_t *shape, int device, mesh_dim_shard *out)
 {
     int coords[MESH_MAX_AXES];
     mesh_shape_coords(m, device, coords);

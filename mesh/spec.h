@@ -26,10 +26,10 @@
 enum { MESH_SPEC_MAX_RANK = 8 };
 
 typedef struct {
-    int rank;                                     /* number of tensor dims (0..8) */
-    int n_axes[MESH_SPEC_MAX_RANK];               /* how many mesh axes shard dim d */
+    int rank;                                       /* number of tensor dims (0..8) */
+    int n_axes[MESH_SPEC_MAX_RANK];                 /* how many mesh axes shard dim d */
     int8_t axes[MESH_SPEC_MAX_RANK][MESH_MAX_AXES]; /* their mesh axis indices, major first */
-    uint32_t partial;                             /* bit a set: partial sum over mesh axis a */
+    uint32_t partial;                               /* bit a set: partial sum over mesh axis a */
 } mesh_spec;
 
 /* Shard of one dim on one device. */
@@ -63,21 +63,18 @@ int mesh_spec_format(const mesh_spec *s, const mesh_shape *m, char *buf, int cap
  * axes are not part of this form.  Returns the length needed. */
 int mesh_spec_format_json(const mesh_spec *s, const mesh_shape *m, char *buf, int cap);
 /* Reads the JSON list form (`what` names it in messages). */
-sim_status mesh_spec_from_json(const cfg_json *v, const mesh_shape *m, const char *what,
-                               mesh_spec *out);
+sim_status mesh_spec_from_json(const cfg_json *v, const mesh_shape *m, const char *what, mesh_spec *out);
 
 /* ---- geometry --------------------------------------------------------------- */
 /* Number of blocks dim d is cut into. */
 int64_t mesh_spec_dim_shards(const mesh_spec *s, const mesh_shape *m, int d);
 /* Checks rank and that every dim divides by its number of shards; the error
  * names the tensor, the dim, its size and the axes with their sizes. */
-sim_status mesh_spec_check_shape(const mesh_spec *s, const mesh_shape *m, int rank,
-                                 const int64_t *shape, const char *tensor);
+sim_status mesh_spec_check_shape(const mesh_spec *s, const mesh_shape *m, int rank, const int64_t *shape,
+                                 const char *tensor);
 /* Per dim shard of `device` (shape must pass mesh_spec_check_shape). */
-void mesh_spec_shard(const mesh_spec *s, const mesh_shape *m, const int64_t *shape, int device,
-                     mesh_dim_shard *out);
+void mesh_spec_shard(const mesh_spec *s, const mesh_shape *m, const int64_t *shape, int device, mesh_dim_shard *out);
 /* Local shape of every device's shard (the same on all devices). */
-void mesh_spec_local_shape(const mesh_spec *s, const mesh_shape *m, const int64_t *shape,
-                           int64_t *local);
+void mesh_spec_local_shape(const mesh_spec *s, const mesh_shape *m, const int64_t *shape, int64_t *local);
 
 #endif

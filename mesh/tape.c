@@ -47,7 +47,7 @@ struct mesh_tape {
     int nvars, capvars;
     mesh_entry **entries;
     int nentries, capentries;
-    bool backward;  /* a backward pass is running (mesh_tape_single_use) */
+    bool backward; /* a backward pass is running (mesh_tape_single_use) */
 };
 
 mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording)
@@ -306,7 +306,8 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
     if (v->sink) {
         /* a parameter: reduce at once (as a compiler reduce-scatters a weight
          * gradient as soon as it is made) and report it under the parameter */
-        sim_str_put(leaf_tag, sizeof leaf_tag, sim_str_put(leaf_tag, sizeof leaf_tag, 0, "grad/", 5), v->sink->name, 80);
+        sim_str_put(leaf_tag, sizeof leaf_tag, sim_str_put(leaf_tag, sizeof leaf_tag, 0, "grad/", 5), v->sink->name,
+                    80);
         tag = leaf_tag;
         to = canonical(v, g->spec.partial | (v->has_grad ? v->grad.spec.partial : 0));
     } else if (!v->has_grad) {
@@ -337,17 +338,13 @@ sim_status mesh_tape_accumulate(mesh_tape *t, mesh_var *v, mesh_array *g, const 
     return SIM_OK;
 }
 
-mesh_array *mesh_tape_grad_sum(mesh_var *v)
-{
-    return v->needs_grad && v->has_grad && !v->sink ? &v->grad : NULL;
-}
+mesh_array *mesh_tape_grad_sum(mesh_var *v) { return v->needs_grad && v->has_grad && !v->sink ? &v->grad : NULL; }
 
 void mesh_tape_accumulated(mesh_tape *t, mesh_var *v, mesh_array *ghost)
 {
     /* mesh_tape_accumulate's path for a contribution of v->grad's spec: the recount, no reshard
      * (specs equal), the add (done), the release */
-    SIM_ASSERT(mesh_tape_grad_sum(v) && ghost->hold == MESH_HOLD_GHOST &&
-               mesh_spec_equal(&ghost->spec, &v->grad.spec));
+    SIM_ASSERT(mesh_tape_grad_sum(v) && ghost->hold == MESH_HOLD_GHOST && mesh_spec_equal(&ghost->spec, &v->grad.spec));
     count_as_primal(t, v, ghost);
     mesh_array_free(t->ctx->dev, ghost);
 }

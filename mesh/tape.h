@@ -32,12 +32,12 @@ enum { MESH_ENTRY_MAX_IN = 6, MESH_ENTRY_MAX_SAVED = 8 };
 typedef struct mesh_tape mesh_tape;
 
 typedef struct mesh_var {
-    mesh_array val;        /* the value */
-    mesh_array grad;       /* accumulated cotangent (valid when has_grad) */
+    mesh_array val;  /* the value */
+    mesh_array grad; /* accumulated cotangent (valid when has_grad) */
     bool has_grad;
-    bool needs_grad;       /* a gradient is wanted: a leaf that wants one depends on it */
-    bool owned;            /* val belongs to the tape (freed with it) */
-    mesh_array *sink;      /* parameter leaves: where the reduced gradient is added */
+    bool needs_grad;  /* a gradient is wanted: a leaf that wants one depends on it */
+    bool owned;       /* val belongs to the tape (freed with it) */
+    mesh_array *sink; /* parameter leaves: where the reduced gradient is added */
     int id;
 } mesh_var;
 
@@ -46,17 +46,17 @@ typedef sim_status (*mesh_vjp_fn)(mesh_tape *t, struct mesh_entry *e);
 
 typedef struct mesh_entry {
     mesh_vjp_fn vjp;
-    char tag[SIM_TAG_MAX];                  /* layer/op, for the backward collectives */
+    char tag[SIM_TAG_MAX]; /* layer/op, for the backward collectives */
     int nin, nout;
     mesh_var *in[MESH_ENTRY_MAX_IN];
     mesh_var *out[2];
     mesh_array saved[MESH_ENTRY_MAX_SAVED]; /* extra arrays the VJP needs: saved[0..nsaved) */
     bool saved_owned[MESH_ENTRY_MAX_SAVED]; /* freed with the entry when set */
     int nsaved;
-    char sub[64];                           /* einsum subscripts and other text */
-    double f[4];                            /* scalars (eps, scale, ...) */
-    int64_t i[4];                           /* integers */
-    void *payload;                          /* op-specific (freed with free_payload) */
+    char sub[64];  /* einsum subscripts and other text */
+    double f[4];   /* scalars (eps, scale, ...) */
+    int64_t i[4];  /* integers */
+    void *payload; /* op-specific (freed with free_payload) */
     void (*free_payload)(void *);
 } mesh_entry;
 

@@ -21,10 +21,10 @@ static void format_devices(const int *dev, int n, char *buf, size_t cap)
     for (int i = 0; i < n && len < cap;) {
         int j = i;
         while (j + 1 < n && dev[j + 1] == dev[j] + 1) j++;
-        if (j - i >= 2)
-            len += (size_t)snprintf(buf + len, cap - len, "%s%d-%d", i ? "," : "", dev[i], dev[j]);
+        if (j - i >= 2) len += (size_t)snprintf(buf + len, cap - len, "%s%d-%d", i ? "," : "", dev[i], dev[j]);
         else
-            for (int x = i; x <= j && len < cap; x++) len += (size_t)snprintf(buf + len, cap - len, "%s%d", x ? "," : "", dev[x]);
+            for (int x = i; x <= j && len < cap; x++)
+                len += (size_t)snprintf(buf + len, cap - len, "%s%d", x ? "," : "", dev[x]);
         i = j + 1;
     }
 }
@@ -177,12 +177,17 @@ void mesh_visualize(FILE *f, const mesh_shape *m, const mesh_spec *s, int rank, 
         dr = dc = -2;
     }
     if (dc != -2) {
-        int64_t rows = dr >= 0 ? mesh_spec_dim_shards(s, m, dr) : 1, cols = dc >= 0 ? mesh_spec_dim_shards(s, m, dc) : 1;
+        int64_t rows = dr >= 0 ? mesh_spec_dim_shards(s, m, dr) : 1,
+                cols = dc >= 0 ? mesh_spec_dim_shards(s, m, dc) : 1;
         fprintf(f, ", %lld x %lld\n", (long long)rows, (long long)cols);
         if (rank > 2) {
             if (ns == 0) fprintf(f, "no dim is sharded: every device holds the whole array\n");
-            else if (ns == 1) fprintf(f, "columns: dim %d (the only sharded dim); the other dims are whole on every device\n", dc);
-            else fprintf(f, "rows: dim %d, columns: dim %d (the sharded dims); the other dims are whole on every device\n", dr, dc);
+            else if (ns == 1)
+                fprintf(f, "columns: dim %d (the only sharded dim); the other dims are whole on every device\n", dc);
+            else
+                fprintf(f,
+                        "rows: dim %d, columns: dim %d (the sharded dims); the other dims are whole on every device\n",
+                        dr, dc);
         }
         draw_grid(f, m, s, shape, dr, dc);
     }

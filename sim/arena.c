@@ -24,12 +24,12 @@
 #include <string.h>
 
 enum { HDR = 64, ALIGN = 64 };
-#define CACHE_MIN ((size_t)1 << 20)  /* blocks at least this large are reused */
-#define CACHE_MAX ((size_t)1 << 30)  /* and never more than this many bytes kept */
+#define CACHE_MIN ((size_t)1 << 20) /* blocks at least this large are reused */
+#define CACHE_MAX ((size_t)1 << 30) /* and never more than this many bytes kept */
 /* blocks this large are always fresh mmaps in glibc (sim/machine.c raises its threshold to 32 MiB,
  * the most it allows): evicted last, since a smaller one comes back from the heap without faults */
 #define MMAP_MIN ((size_t)32 << 20)
-#define ARENA_MAGIC 0x5348415244415245ull /* "SHARDARE": a live block */
+#define ARENA_MAGIC 0x5348415244415245ull  /* "SHARDARE": a live block */
 #define CACHED_MAGIC 0x534841524443414eull /* a released block kept for reuse */
 
 typedef struct block {
@@ -101,10 +101,8 @@ const char *sim_fmt_bytes(double bytes, char *buf, size_t cap)
         bytes /= 1024.0;
         u++;
     }
-    if (u == 0)
-        snprintf(buf, cap, "%.0f B", bytes);
-    else
-        snprintf(buf, cap, "%.2f %s", bytes, unit[u]);
+    if (u == 0) snprintf(buf, cap, "%.0f B", bytes);
+    else snprintf(buf, cap, "%.2f %s", bytes, unit[u]);
     return buf;
 }
 
@@ -112,10 +110,9 @@ static sim_status arena_oom(const sim_arena *a, size_t bytes, sim_mem_cat cat, c
 {
     char b1[32], b2[32], b3[32];
     sim_err(SIM_ERR_OOM,
-            "%s is out of memory: '%s' asks for %s (%s) with %s of %s in use; in use by category:",
-            a->label, name ? name : "?", sim_fmt_bytes((double)bytes, b1, sizeof b1),
-            sim_mem_cat_name(cat), sim_fmt_bytes((double)a->st.live, b2, sizeof b2),
-            sim_fmt_bytes((double)a->st.capacity, b3, sizeof b3));
+            "%s is out of memory: '%s' asks for %s (%s) with %s of %s in use; in use by category:", a->label,
+            name ? name : "?", sim_fmt_bytes((double)bytes, b1, sizeof b1), sim_mem_cat_name(cat),
+            sim_fmt_bytes((double)a->st.live, b2, sizeof b2), sim_fmt_bytes((double)a->st.capacity, b3, sizeof b3));
     for (int c = 0; c < SIM_NMEM; c++)
         sim_err_append(" %s %s%s", sim_mem_cat_name((sim_mem_cat)c),
                        sim_fmt_bytes((double)a->st.live_by[c], b1, sizeof b1), c + 1 < SIM_NMEM ? "," : "");
@@ -136,8 +133,7 @@ static void account_add(sim_arena *a, size_t bytes, sim_mem_cat cat)
     }
 }
 
-sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero,
-                           void **out)
+sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero, void **out)
 {
     return sim_arena_alloc_counted(a, bytes, bytes, cat, name, zero, out);
 }

@@ -17,13 +17,13 @@
 typedef struct sim_arena sim_arena;
 
 typedef struct {
-    size_t live;                    /* bytes allocated now */
-    size_t peak;                    /* highest `live` so far */
-    size_t live_by[SIM_NMEM];       /* live bytes per category */
-    size_t peak_by[SIM_NMEM];       /* highest live bytes per category (each on its own) */
-    size_t at_peak_by[SIM_NMEM];    /* the per-category breakdown when `peak` was reached */
-    size_t capacity;                /* 0 = unlimited */
-    uint64_t n_allocs;              /* allocations so far */
+    size_t live;                 /* bytes allocated now */
+    size_t peak;                 /* highest `live` so far */
+    size_t live_by[SIM_NMEM];    /* live bytes per category */
+    size_t peak_by[SIM_NMEM];    /* highest live bytes per category (each on its own) */
+    size_t at_peak_by[SIM_NMEM]; /* the per-category breakdown when `peak` was reached */
+    size_t capacity;             /* 0 = unlimited */
+    uint64_t n_allocs;           /* allocations so far */
 } sim_arena_stats;
 
 /* label names the device in messages ("device 3 (data=1, fsdp=1)"). */
@@ -34,8 +34,7 @@ void sim_arena_free_all(sim_arena *a);
 /* Allocates `bytes` (64-byte aligned) in category `cat`; `name` names the
  * tensor in an OOM message.  Zero bytes gives a valid unique pointer.  In dry
  * run *out is NULL.  Contents are uninitialised unless `zero`. */
-sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero,
-                           void **out);
+sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero, void **out);
 /* Releases a block; bytes and cat must be those it was allocated with
  * (checked in real mode).  p may be NULL only in dry run or when bytes==0. */
 void sim_arena_release(sim_arena *a, void *p, size_t bytes, sim_mem_cat cat);

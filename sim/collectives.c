@@ -41,14 +41,14 @@ static sim_status check_call(sim_device *d, const sim_call *c)
     if (c->counted_set && (c->counted < 0 || c->counted >= SIM_NDTYPE))
         return sim_err(SIM_ERR_INPUT, "%s '%s': unknown counted dtype %d", op, tag_or_dash(c->tag), (int)c->counted);
     if (c->axes.n < 0 || c->axes.n > mesh->naxes)
-        return sim_err(SIM_ERR_INPUT, "%s '%s': %d axes listed, the mesh has %d", op, tag_or_dash(c->tag),
-                       c->axes.n, mesh->naxes);
+        return sim_err(SIM_ERR_INPUT, "%s '%s': %d axes listed, the mesh has %d", op, tag_or_dash(c->tag), c->axes.n,
+                       mesh->naxes);
     unsigned seen = 0;
     for (int i = 0; i < c->axes.n; i++) {
         int a = c->axes.axis[i];
         if (a < 0 || a >= mesh->naxes)
-            return sim_err(SIM_ERR_INPUT, "%s '%s': mesh axis index %d is out of range 0..%d", op,
-                           tag_or_dash(c->tag), a, mesh->naxes - 1);
+            return sim_err(SIM_ERR_INPUT, "%s '%s': mesh axis index %d is out of range 0..%d", op, tag_or_dash(c->tag),
+                           a, mesh->naxes - 1);
         if (seen & (1u << a))
             return sim_err(SIM_ERR_INPUT, "%s '%s': mesh axis '%s' is listed twice", op, tag_or_dash(c->tag),
                            mesh->names[a]);
@@ -69,15 +69,12 @@ static size_t describe_call(const sim_machine *m, const sim_call *c, char *buf, 
 {
     char ax[96];
     return (size_t)snprintf(buf, cap, "%s%s over %s, %s, sizes [%zu %zu %zu %zu], tag '%s'", sim_op_name(c->op),
-                            c->shared ? " (shared)" : "", sim_axes_label(&m->mesh, c->axes, ax, sizeof ax), sim_dtype_name(c->dt), c->p[0],
-                            c->p[1], c->p[2], c->p[3], tag_or_dash(c->tag));
+                            c->shared ? " (shared)" : "", sim_axes_label(&m->mesh, c->axes, ax, sizeof ax),
+                            sim_dtype_name(c->dt), c->p[0], c->p[1], c->p[2], c->p[3], tag_or_dash(c->tag));
 }
 
 /* Rank of device `id` in the group over `axes`. */
-static int rank_of(const sim_machine *m, int id, sim_axes axes)
-{
-    return sim_device_group_rank(&m->dev[id], axes);
-}
+static int rank_of(const sim_machine *m, int id, sim_axes axes) { return sim_device_group_rank(&m->dev[id], axes); }
 
 static bool same_call(const sim_call *a, const sim_call *b, int k)
 {
@@ -135,8 +132,10 @@ static bool match_calls(sim_machine *m, sim_group *g, char *why, size_t cap)
             order[b] = order[b - 1];
             order[b - 1] = t;
         }
-    size_t n = (size_t)snprintf(why, cap, "collective mismatch: the %d devices of one group called %d different "
-                                "collectives:", g->k, nc);
+    size_t n = (size_t)snprintf(why, cap,
+                                "collective mismatch: the %d devices of one group called %d different "
+                                "collectives:",
+                                g->k, nc);
     for (int a = 0; a < nc && a < 8 && n + 1 < cap; a++) {
         int head = order[a], shown = 0;
         n += (size_t)snprintf(why + n, cap - n, "\n  %d device%s (", count[head], count[head] == 1 ? "" : "s");
@@ -163,8 +162,7 @@ static bool match_calls(sim_machine *m, sim_group *g, char *why, size_t cap)
 /* t[i] += x[i] for i < m (int32, wrapping).  Groups of 16 go through a loop of constant length,
  * which vectorises under any cost model.  Always inlined: in each clone of sum_sources (below) it
  * compiles for that clone's vector width (a call would run the baseline version). */
-static inline __attribute__((always_inline)) void add_i32(int32_t *restrict t, const int32_t *restrict x,
-                                                          size_t m)
+static inline __attribute__((always_inline)) void add_i32(int32_t *restrict t, const int32_t *restrict x, size_t m)
 {
     size_t i = 0;
     for (; i + 16 <= m; i += 16)
@@ -177,7 +175,7 @@ static inline __attribute__((always_inline)) void add_i32(int32_t *restrict t, c
  * Fewer passes over the block than one add per source (a 64-device step sums hundreds of millions
  * of elements, in rows as short as 64: the passes and their loads and stores of t were half of it). */
 static inline __attribute__((always_inline)) void sum_pass_f32(float *restrict t, const float *const *x, int n,
-                                                             bool init, size_t m)
+                                                               bool init, size_t m)
 {
     const float *restrict a = x[0], *restrict b = n > 1 ? x[1] : NULL, *restrict c = n > 2 ? x[2] : NULL,
                           *restrict e = n > 3 ? x[3] : NULL;
@@ -213,11 +211,12 @@ static bool overlaps(const void *p, size_t bytes, const void *q, size_t qbytes)
  * built for AVX-512, AVX2 and baseline x86-64, the widest the CPU has runs (GCC target_clones, as
  * the kernels' BK_CLONES; not under TSan, whose runtime is not up when the loader picks).  Each
  * element is summed in source order in every version, so the bits do not depend on which runs. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BK_NO_CLONES) && \
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BK_NO_CLONES) &&                       \
     !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-static void sum_sources(sim_dtype dt, void *dst, const void *const *src, int k, size_t off, size_t len)
+static void
+sum_sources(sim_dtype dt, void *dst, const void *const *src, int k, size_t off, size_t len)
 {
     enum { BLK = 2048 };
     if (dt == SIM_F32) {
@@ -336,9 +335,9 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
         s.t0 = t0;
         s.t1 = sim_now_ns();
         s.lane = 1 + (int)sim_axes_mask(r->axes);
-        sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, 0,
-                                                                                            sim_op_name(op), SIZE_MAX),
-                                                       " ", 1),
+        sim_str_put(s.name, sizeof s.name,
+                    sim_str_put(s.name, sizeof s.name, sim_str_put(s.name, sizeof s.name, 0, sim_op_name(op), SIZE_MAX),
+                                " ", 1),
                     tag_or_dash(c->tag), SIZE_MAX); /* "%s %s" */
         s.op = op;
         s.bytes = bc.sent;
@@ -459,11 +458,11 @@ struct sim_shared_buf {
     uint64_t magic;
     atomic_int refs;
     size_t bytes;
-    size_t map;       /* guarded: the mapping's length (it starts a page before the data); else 0 */
+    size_t map; /* guarded: the mapping's length (it starts a page before the data); else 0 */
     struct sim_shared_buf *prev, *next;
 };
 _Static_assert(sizeof(struct sim_shared_buf) <= SHARED_HDR, "the header must fit in SHARED_HDR bytes");
-_Static_assert(sizeof ((sim_machine *)0)->shared_kept / sizeof(void *) == SHARED_KEEP,
+_Static_assert(sizeof((sim_machine *)0)->shared_kept / sizeof(void *) == SHARED_KEEP,
                "sim_machine.shared_kept holds SHARED_KEEP buffers");
 
 static size_t shared_alloc_bytes(size_t bytes)
@@ -605,8 +604,10 @@ static bool match_shared(sim_machine *m, sim_group *g, char *why, size_t cap)
     size_t bytes = c0->p[0] * c0->p[1] * (size_t)g->k * sim_dtype_size(c0->dt);
     void *buf = shared_new(m, bytes, g->local_k); /* a buffer per rank when the group spans ranks */
     if (!buf) { /* every member fails with this (the machine's failure, SIM_ERR_INTERNAL) */
-        snprintf(why, cap, "all-gather '%s': out of host memory for its shared buffer of %zu bytes (%d members); "
-                 "run a smaller model or batch, or fewer devices", tag_or_dash(c0->tag), bytes, g->k);
+        snprintf(why, cap,
+                 "all-gather '%s': out of host memory for its shared buffer of %zu bytes (%d members); "
+                 "run a smaller model or batch, or fewer devices",
+                 tag_or_dash(c0->tag), bytes, g->k);
         m->match_fail = SIM_ERR_INTERNAL;
         return false;
     }
@@ -656,10 +657,8 @@ static void move_data(sim_device *d, const sim_call *c, sim_call *const *peers, 
         int src = -1;
         for (int q = 0; q < k; q++)
             if (c->perm[q] == r) src = q;
-        if (src >= 0)
-            memcpy(recv, peers[src]->send, c->p[0] * es);
-        else
-            memset(recv, 0, c->p[0] * es);
+        if (src >= 0) memcpy(recv, peers[src]->send, c->p[0] * es);
+        else memset(recv, 0, c->p[0] * es);
         break;
     }
     case SIM_OP_RAGGED_ALL_TO_ALL:
@@ -743,14 +742,14 @@ typedef struct {
 } xdesc;
 
 struct sim_xgroup {
-    int nother;             /* other ranks in the group */
+    int nother; /* other ranks in the group */
     int other[SIM_MAX_DEVICES];
-    size_t rec;             /* bytes of one member's record */
-    char *mine;             /* local members' records, canonical order */
-    char **theirs;          /* [nother]: each other rank's records, canonical order */
-    sim_call *ghost;        /* [k], by canonical slot (remote members only) */
+    size_t rec;      /* bytes of one member's record */
+    char *mine;      /* local members' records, canonical order */
+    char **theirs;   /* [nother]: each other rank's records, canonical order */
+    sim_call *ghost; /* [k], by canonical slot (remote members only) */
     char (*tags)[SIM_TAG_MAX];
-    void **staging;         /* [k], by group rank: ghosts' send data */
+    void **staging; /* [k], by group rank: ghosts' send data */
 };
 
 static size_t xdesc_bytes(int k) /* a multiple of 8: the next record's uint64 arrays stay aligned */
@@ -830,9 +829,11 @@ sim_status sim_xgroup_trade_calls(sim_machine *m, sim_group *g)
         size_t n = 0;
         for (int i = 0; i < x->nother && n + 16 < sizeof who; i++)
             n += (size_t)snprintf(who + n, sizeof who - n, "%s%d", i ? ", " : "", x->other[i]);
-        sim_err(st, "collective watchdog: %s waited more than %g s (collective_timeout_s) entering %s over %s (tag "
+        sim_err(st,
+                "collective watchdog: %s waited more than %g s (collective_timeout_s) entering %s over %s (tag "
                 "'%s') for its peers on MPI rank%s %s; a peer is stuck or far slower, or the ranks called different "
-                "collectives", m->dev[c.device].label, m->opts.collective_timeout_s, sim_op_name((sim_op)c.op),
+                "collectives",
+                m->dev[c.device].label, m->opts.collective_timeout_s, sim_op_name((sim_op)c.op),
                 sim_axes_label(&m->mesh, c.axes, ax, sizeof ax), tag_or_dash(c.tag), x->nother > 1 ? "s" : "", who);
     }
     return st;
@@ -895,15 +896,15 @@ static xseg_span xseg_walk(const sim_call *c, int k, int q, const bool *to, size
 {
     xseg_span sp = {0, 0, true};
     size_t next = 0;
-#define SEG(off, len)                                                                                  \
-    do {                                                                                               \
-        size_t o_ = (off) * es, l_ = (len) * es;                                                       \
-        if (pack && !unpack) memcpy(pack + sp.bytes, src + o_, l_);                                    \
-        if (pack && unpack) memcpy(dst + o_, pack + sp.bytes, l_);                                     \
-        if (sp.bytes == 0) sp.first = o_;                                                              \
-        else if (o_ != next) sp.contiguous = false;                                                    \
-        next = o_ + l_;                                                                                \
-        sp.bytes += l_;                                                                                \
+#define SEG(off, len)                                                                                                  \
+    do {                                                                                                               \
+        size_t o_ = (off)*es, l_ = (len)*es;                                                                           \
+        if (pack && !unpack) memcpy(pack + sp.bytes, src + o_, l_);                                                    \
+        if (pack && unpack) memcpy(dst + o_, pack + sp.bytes, l_);                                                     \
+        if (sp.bytes == 0) sp.first = o_;                                                                              \
+        else if (o_ != next) sp.contiguous = false;                                                                    \
+        next = o_ + l_;                                                                                                \
+        sp.bytes += l_;                                                                                                \
     } while (0)
     bool any = false;
     for (int t = 0; t < k; t++) any |= to[t];
@@ -963,7 +964,7 @@ typedef struct {
     struct xpacked {
         char *buf;
         int q; /* a receive's: the sender whose staging copy it unpacks into; -1 for a send */
-    } *packed;
+    } * packed;
     int npacked;
 } xplan;
 
@@ -1011,7 +1012,8 @@ sim_status sim_xgroup_move(sim_machine *m, sim_device *d, sim_group *g)
     size_t es = sim_dtype_size(c0->dt);
     int rank_owner[SIM_MAX_DEVICES];
     for (int t = 0; t < k; t++) rank_owner[t] = sim_machine_owner(m, g->byrank[t]->device);
-    bool *to = calloc((size_t)(nother + 1) * (size_t)k, sizeof *to); /* [i][t]: receiver t on other rank i; last row: mine */
+    bool *to =
+        calloc((size_t)(nother + 1) * (size_t)k, sizeof *to); /* [i][t]: receiver t on other rank i; last row: mine */
     x->staging = calloc((size_t)k, sizeof *x->staging);
     SIM_ASSERT(to && x->staging);
     bool *mine = to + (size_t)nother * (size_t)k;
@@ -1136,8 +1138,10 @@ sim_status sim_xgroup_sync(sim_machine *m, sim_group *g)
     }
     sim_status st = sim_xrank_exchange(msgs, n, g == m->world ? 0 : g->tag, &m->xstop, m->opts.collective_timeout_s);
     if (st == SIM_ERR_DEADLOCK)
-        sim_err(st, "collective watchdog: a barrier of all devices waited more than %g s for MPI ranks "
-                "(collective_timeout_s); a peer is stuck or far slower", m->opts.collective_timeout_s);
+        sim_err(st,
+                "collective watchdog: a barrier of all devices waited more than %g s for MPI ranks "
+                "(collective_timeout_s); a peer is stuck or far slower",
+                m->opts.collective_timeout_s);
     return st;
 }
 
@@ -1180,8 +1184,10 @@ static sim_status run_collective(sim_device *d, sim_call *c, sim_meta meta)
             size_t bytes = c->p[0] * c->p[1] * sim_dtype_size(c->dt);
             c->recv = shared_new(m, bytes, 1);
             if (!c->recv)
-                return sim_err(SIM_ERR_INTERNAL, "all-gather '%s' on %s: out of host memory for its shared buffer of "
-                               "%zu bytes; run a smaller model or batch", tag_or_dash(c->tag), d->label, bytes);
+                return sim_err(SIM_ERR_INTERNAL,
+                               "all-gather '%s' on %s: out of host memory for its shared buffer of "
+                               "%zu bytes; run a smaller model or batch",
+                               tag_or_dash(c->tag), d->label, bytes);
         }
         if (!dry) move_data(d, c, self, 1, 0);
         add_record(d, c, 1, count_bytes(d, c, 1, 0), meta, t0);
@@ -1252,8 +1258,10 @@ sim_status sim_all_gather_dim_shared(sim_device *d, const void *send, void **rec
     c.p[1] = mid * inner;
     c.shared = true;
     if (!d->m->opts.dry_run && outer * mid * inner != 0 && !send)
-        return sim_err(SIM_ERR_INPUT, "all-gather '%s' on %s: a NULL send buffer for %zu elements (only dry runs may "
-                       "pass NULL)", tag_or_dash(meta.tag), d->label, outer * mid * inner);
+        return sim_err(SIM_ERR_INPUT,
+                       "all-gather '%s' on %s: a NULL send buffer for %zu elements (only dry runs may "
+                       "pass NULL)",
+                       tag_or_dash(meta.tag), d->label, outer * mid * inner);
     SIM_TRY(run_collective(d, &c, meta));
     shared_seal(d->m, c.recv);
     *recv = c.recv;
@@ -1266,14 +1274,14 @@ sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t co
     return sim_all_gather_dim(d, send, recv, 1, count, 1, dt, axes, meta);
 }
 
-sim_status sim_reduce_scatter_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid,
-                                  size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta)
+sim_status sim_reduce_scatter_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid, size_t inner,
+                                  sim_dtype dt, sim_axes axes, sim_meta meta)
 {
     sim_call c = call_init(SIM_OP_REDUCE_SCATTER, send, recv, dt, axes, meta);
     SIM_TRY(check_call(d, &c));
     if (dt != SIM_F32 && dt != SIM_I32)
-        return sim_err(SIM_ERR_INPUT, "reduce-scatter '%s': sums need float32 or int32, not %s",
-                       tag_or_dash(meta.tag), sim_dtype_name(dt));
+        return sim_err(SIM_ERR_INPUT, "reduce-scatter '%s': sums need float32 or int32, not %s", tag_or_dash(meta.tag),
+                       sim_dtype_name(dt));
     int k = sim_mesh_group_size(&d->m->mesh, axes);
     if (mid % (size_t)k) return indivisible(d, &c, mid, k, "the scattered dim of size");
     c.p[0] = outer;
@@ -1409,8 +1417,8 @@ void sim_device_add_cost(sim_device *d, double flops, double elements, double we
     sim_device_add_cost_tiled(d, flops, flops, elements, weight_elements, tag);
 }
 
-void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements,
-                               double weight_elements, const char *tag)
+void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements, double weight_elements,
+                               const char *tag)
 {
     if (d->m->opts.no_costs) return;
     if (d->ncost && d->cost[d->ncost - 1].step != d->step) d->ncost = 0; /* the current step's only: bounded */

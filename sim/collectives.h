@@ -43,11 +43,11 @@ typedef struct {
     bool weight;
     bool counted_set;
     sim_dtype counted;
-    bool single_use;  /* a weight's gather whose copy serves one product, or the reduce-scatter of the gradient
+    bool single_use; /* a weight's gather whose copy serves one product, or the reduce-scatter of the gradient
                          one product made (sim_machine_opts.windowed_min_group may window either) */
-    bool silent;      /* nothing records it: a collective of ops whose results nothing reads (the compiler
+    bool silent;     /* nothing records it: a collective of ops whose results nothing reads (the compiler
                          removes them), run only so that the simulation's values stay defined */
-    bool psum;        /* a reduce-scatter standing for a shard_map's psum of a replicated input's gradient
+    bool psum;       /* a reduce-scatter standing for a shard_map's psum of a replicated input's gradient
                          and its slice (sim_machine_opts.psum_scatter_max_group) */
 } sim_meta;
 static inline sim_meta sim_meta_tag(const char *tag)
@@ -72,11 +72,10 @@ static inline sim_meta sim_meta_counted(sim_meta m, sim_dtype dt)
     return m;
 }
 
-
 /* send (outer, mid, inner) -> recv (outer, k*mid, inner): gathers along the
  * middle dim; block r of the result comes from rank r.  count = outer*mid*inner. */
-sim_status sim_all_gather_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid,
-                              size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta);
+sim_status sim_all_gather_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid, size_t inner,
+                              sim_dtype dt, sim_axes axes, sim_meta meta);
 /* The same gather into one buffer for the whole group: each member's block
  * is copied into it once (the group copies the array once, not once per
  * member) and every member gets *recv pointing at it.  The buffer is
@@ -95,52 +94,52 @@ void sim_machine_shared_stats(sim_machine *m, uint64_t *made, uint64_t *live);
  * 4, freed with the machine), and their bytes. */
 int sim_machine_shared_kept(sim_machine *m, size_t *bytes);
 /* send (count) -> recv (k*count). */
-sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
-                          sim_axes axes, sim_meta meta);
+sim_status sim_all_gather(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
+                          sim_meta meta);
 
 /* send (outer, mid, inner) -> recv (outer, mid/k, inner): rank r keeps block r
  * of the sum.  mid must be divisible by k. */
-sim_status sim_reduce_scatter_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid,
-                                  size_t inner, sim_dtype dt, sim_axes axes, sim_meta meta);
+sim_status sim_reduce_scatter_dim(sim_device *d, const void *send, void *recv, size_t outer, size_t mid, size_t inner,
+                                  sim_dtype dt, sim_axes axes, sim_meta meta);
 /* send (count) -> recv (count/k); count must be divisible by k. */
-sim_status sim_reduce_scatter(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
-                              sim_axes axes, sim_meta meta);
+sim_status sim_reduce_scatter(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
+                              sim_meta meta);
 
 /* send (count) -> recv (count), sum over the group; send == recv allowed. */
-sim_status sim_all_reduce(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
-                          sim_axes axes, sim_meta meta);
+sim_status sim_all_reduce(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
+                          sim_meta meta);
 
 /* Local array of `rank` dims `shape`: split dim `split` into k blocks, send
  * block r to rank r, and concatenate the blocks received along dim `concat`
  * (block q from rank q).  shape[split] must be divisible by k.  The output
  * shape is shape with shape[split]/k and shape[concat]*k (split == concat
  * exchanges blocks in place of the same dim). */
-sim_status sim_all_to_all_dims(sim_device *d, const void *send, void *recv, int rank, const size_t *shape,
-                               int split, int concat, sim_dtype dt, sim_axes axes, sim_meta meta);
+sim_status sim_all_to_all_dims(sim_device *d, const void *send, void *recv, int rank, const size_t *shape, int split,
+                               int concat, sim_dtype dt, sim_axes axes, sim_meta meta);
 /* send (k, count/k) -> recv (k, count/k); count must be divisible by k. */
-sim_status sim_all_to_all(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt,
-                          sim_axes axes, sim_meta meta);
+sim_status sim_all_to_all(sim_device *d, const void *send, void *recv, size_t count, sim_dtype dt, sim_axes axes,
+                          sim_meta meta);
 
 /* perm[src_rank] = destination rank or -1; the same table on every member,
  * a destination at most once.  A device no one sends to gets zeros. */
-sim_status sim_ppermute(sim_device *d, const void *send, void *recv, size_t count, const int *perm,
-                        sim_dtype dt, sim_axes axes, sim_meta meta);
+sim_status sim_ppermute(sim_device *d, const void *send, void *recv, size_t count, const int *perm, sim_dtype dt,
+                        sim_axes axes, sim_meta meta);
 
 /* Per-peer sizes in elements, indexed by group rank: this device sends
  * send[send_off[q] .. +send_cnt[q]) to rank q and receives recv_cnt[q]
  * elements from rank q at recv[recv_off[q] ..].  recv_cnt[q] on this device
  * must equal send_cnt[this] on rank q.  recv_cap bounds the receive buffer. */
-sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, size_t recv_cap,
-                                 const size_t *send_off, const size_t *send_cnt, const size_t *recv_off,
-                                 const size_t *recv_cnt, sim_dtype dt, sim_axes axes, sim_meta meta);
+sim_status sim_ragged_all_to_all(sim_device *d, const void *send, void *recv, size_t recv_cap, const size_t *send_off,
+                                 const size_t *send_cnt, const size_t *recv_off, const size_t *recv_cnt, sim_dtype dt,
+                                 sim_axes axes, sim_meta meta);
 
 /* Records the cost of one local kernel (see sim_cost); the device keeps the costs of its
  * current step only (a new step starts a new list), and clearing the records clears them. */
 void sim_device_add_cost(sim_device *d, double flops, double elements, double weight_elements, const char *tag);
 /* The same for a kernel whose matrix unit does mxu_flops >= flops (padded tiles): the step-time
  * model times mxu_flops, MFU counts flops. */
-void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements,
-                               double weight_elements, const char *tag);
+void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, double elements, double weight_elements,
+                               const char *tag);
 /* The cost of a layout op (no FLOPs; `elements` read and written): the step-time model times it at
  * its own sustained bandwidth (configs/timemodel.yml layout_op_efficiency). */
 void sim_device_add_cost_layout(sim_device *d, double elements, const char *tag);

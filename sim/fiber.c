@@ -49,18 +49,18 @@ struct sim_fiber {
     ucontext_t ctx;
     sim_worker *w;
     int index;
-    void *stack;          /* mapping: a guard page, then the stack */
+    void *stack; /* mapping: a guard page, then the stack */
     size_t map_bytes;
     /* under w->lock */
-    int posts;            /* pending posts (the semaphore's count) */
-    bool parked;          /* swapped out in sim_fiber_wait */
-    bool queued;          /* in w's run queue */
+    int posts;   /* pending posts (the semaphore's count) */
+    bool parked; /* swapped out in sim_fiber_wait */
+    bool queued; /* in w's run queue */
     bool timed;
     struct timespec deadline;
     /* the fiber's own */
     bool done;
     void *locals[SIM_DEVICE_LOCALS_MAX];
-    char *err;            /* SIM_ERR_STATE_BYTES: its error message while swapped out */
+    char *err; /* SIM_ERR_STATE_BYTES: its error message while swapped out */
 };
 
 struct sim_worker {
@@ -69,12 +69,12 @@ struct sim_worker {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    sim_fiber **queue;    /* ring of nfib */
+    sim_fiber **queue; /* ring of nfib */
     int head, len;
     bool sleeping;
-    int go;               /* 0 wait, 1 run, -1 leave (another worker did not start) */
+    int go; /* 0 wait, 1 run, -1 leave (another worker did not start) */
     int nfib, nlive;
-    sim_fiber **fib;      /* the worker's fibers */
+    sim_fiber **fib; /* the worker's fibers */
     sim_fiber *cur;
     ucontext_t main;
 };
@@ -83,7 +83,7 @@ struct sim_fibers {
     int n, nworkers;
     sim_fiber *fib;
     sim_worker *w;
-    char *err;            /* n x SIM_ERR_STATE_BYTES */
+    char *err; /* n x SIM_ERR_STATE_BYTES */
     void (*body)(void *, int);
     void *arg;
     void (*pin)(void *, int);
@@ -148,8 +148,8 @@ sim_fibers *sim_fibers_new(int n, int workers, size_t stack_bytes)
          * thread's does; the lowest page is a guard, so an overflow faults instead of writing
          * into the next device's stack */
         f->map_bytes = stack_bytes + page;
-        void *s = mmap(NULL, f->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
-                       -1, 0);
+        void *s = mmap(NULL, f->map_bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
         if (s == MAP_FAILED || mprotect(s, page, PROT_NONE) != 0) {
             if (s != MAP_FAILED) munmap(s, f->map_bytes);
             f->stack = NULL;
@@ -247,17 +247,13 @@ static void *worker_main(void *arg)
             if (!f->parked || !f->timed || f->queued) continue;
             if (!have_now) clock_gettime(CLOCK_REALTIME, &now);
             have_now = true;
-            if (!before(&now, &f->deadline))
-                queue_push_locked(w, f);
-            else if (!earliest || before(&f->deadline, earliest))
-                earliest = &f->deadline;
+            if (!before(&now, &f->deadline)) queue_push_locked(w, f);
+            else if (!earliest || before(&f->deadline, earliest)) earliest = &f->deadline;
         }
         if (w->len) continue;
         w->sleeping = true;
-        if (earliest)
-            pthread_cond_timedwait(&w->cond, &w->lock, earliest);
-        else
-            pthread_cond_wait(&w->cond, &w->lock);
+        if (earliest) pthread_cond_timedwait(&w->cond, &w->lock, earliest);
+        else pthread_cond_wait(&w->cond, &w->lock);
         w->sleeping = false;
     }
     pthread_mutex_unlock(&w->lock);
@@ -349,10 +345,8 @@ int sim_fiber_wait(sim_fiber *f, const struct timespec *deadline)
     pthread_mutex_lock(&w->lock);
     f->parked = false;
     int r = 0;
-    if (f->posts)
-        f->posts--;
-    else
-        r = ETIMEDOUT; /* queued by its deadline */
+    if (f->posts) f->posts--;
+    else r = ETIMEDOUT; /* queued by its deadline */
     pthread_mutex_unlock(&w->lock);
     return r;
 }

@@ -58,18 +58,15 @@ int sim_mesh_slice(const sim_mesh_desc *m, int id)
 sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes, sim_mesh_desc *out)
 {
     memset(out, 0, sizeof *out);
-    if (n < 1 || n > SIM_MAX_AXES)
-        return sim_err(SIM_ERR_INPUT, "a mesh needs 1 to %d axes, got %d", SIM_MAX_AXES, n);
+    if (n < 1 || n > SIM_MAX_AXES) return sim_err(SIM_ERR_INPUT, "a mesh needs 1 to %d axes, got %d", SIM_MAX_AXES, n);
     long total = 1;
     for (int i = 0; i < n; i++) {
         if (!names[i] || !names[i][0] || strlen(names[i]) >= SIM_AXIS_NAME_MAX)
-            return sim_err(SIM_ERR_INPUT, "mesh axis %d needs a name of 1 to %d characters", i,
-                           SIM_AXIS_NAME_MAX - 1);
+            return sim_err(SIM_ERR_INPUT, "mesh axis %d needs a name of 1 to %d characters", i, SIM_AXIS_NAME_MAX - 1);
         if (sizes[i] < 1)
             return sim_err(SIM_ERR_INPUT, "mesh axis '%s' has size %d; sizes must be >= 1", names[i], sizes[i]);
         for (int j = 0; j < i; j++)
-            if (!strcmp(names[i], names[j]))
-                return sim_err(SIM_ERR_INPUT, "mesh axis '%s' appears twice", names[i]);
+            if (!strcmp(names[i], names[j])) return sim_err(SIM_ERR_INPUT, "mesh axis '%s' appears twice", names[i]);
         total *= sizes[i];
         if (total > SIM_MAX_DEVICES) {
             /* name the axes and sizes, so the user sees which flag to lower */
@@ -77,8 +74,10 @@ sim_status sim_mesh_desc_make(int n, const char *const *names, const int *sizes,
             size_t k = 0;
             for (int j = 0; j <= i && k < sizeof what; j++)
                 k += (size_t)snprintf(what + k, sizeof what - k, "%s%s=%d", j ? " x " : "", names[j], sizes[j]);
-            return sim_err(SIM_ERR_INPUT, "the mesh %s has more than %d devices; shardsim simulates 1 to %d: lower "
-                           "the parallelism flags of these axes", what, SIM_MAX_DEVICES, SIM_MAX_DEVICES);
+            return sim_err(SIM_ERR_INPUT,
+                           "the mesh %s has more than %d devices; shardsim simulates 1 to %d: lower "
+                           "the parallelism flags of these axes",
+                           what, SIM_MAX_DEVICES, SIM_MAX_DEVICES);
         }
         snprintf(out->names[i], SIM_AXIS_NAME_MAX, "%s", names[i]);
         out->sizes[i] = sizes[i];
@@ -186,8 +185,10 @@ sim_status sim_machine_new(const sim_mesh_desc *mesh, const sim_machine_opts *op
     bool dry = opts && opts->dry_run, whole = dry || (opts && opts->whole);
     int n = sim_mesh_num_devices(&check), nranks = whole ? 1 : sim_xrank_size();
     if (nranks > n)
-        return sim_err(SIM_ERR_INPUT, "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
-                       "%d ranks (mpirun -np %d)", nranks, n, n, n);
+        return sim_err(SIM_ERR_INPUT,
+                       "%d MPI ranks for a mesh of %d devices: every rank needs a device; launch at most "
+                       "%d ranks (mpirun -np %d)",
+                       nranks, n, n, n);
     int *owner_of = calloc((size_t)n, sizeof *owner_of), *local = calloc((size_t)n, sizeof *local);
     SIM_ASSERT(owner_of && local);
     /* the placement is checked even run whole: a bad rank_placement fails the same with or without
@@ -433,10 +434,11 @@ sim_status sim_mesh_place_ranks(const sim_mesh_desc *mesh, int R, int *owner)
     }
     int groups = n / k;
     if (groups % R)
-        return sim_err(SIM_ERR_INPUT, "rank_placement=%s keeps each group of %d device%s inside one rank, but %d "
+        return sim_err(SIM_ERR_INPUT,
+                       "rank_placement=%s keeps each group of %d device%s inside one rank, but %d "
                        "group%s cannot be split evenly over %d ranks: launch a number of ranks that divides %d, or "
-                       "use rank_placement=contiguous", place_text, k, k == 1 ? "" : "s", groups,
-                       groups == 1 ? "" : "s", R, groups);
+                       "use rank_placement=contiguous",
+                       place_text, k, k == 1 ? "" : "s", groups, groups == 1 ? "" : "s", R, groups);
     /* the position of each device in an order with the kept axes innermost (each part in mesh
      * order), cut into R blocks of n/R */
     int per = n / R, c[SIM_MAX_AXES];
@@ -495,10 +497,8 @@ int sim_group_slot(const sim_group *g, const sim_device *d)
 /* A device's wake-up semaphore: its own in thread mode, its fiber's when it runs as a fiber. */
 static void dev_wake(sim_device *d)
 {
-    if (d->fib)
-        sim_fiber_post(d->fib);
-    else
-        sem_post(&d->wake);
+    if (d->fib) sim_fiber_post(d->fib);
+    else sem_post(&d->wake);
 }
 
 /* Sleeps until d is posted (0) or the deadline (CLOCK_REALTIME, NULL: none) passed (non-zero). */
@@ -549,25 +549,23 @@ static size_t describe_wait_locked(const sim_machine *m, const sim_device *d, ch
     const sim_group *g = d->wait_group;
     const sim_call *c = d->wait_call;
     sim_axes axes = c ? c->axes : sim_axes_none();
-    size_t n = (size_t)snprintf(msg, cap, "\n  %s waits %s %s over %s (tag '%s') for", d->label,
-                                kind_name(d->wait_kind), c ? sim_op_name(c->op) : "a barrier",
-                                c ? sim_axes_label(&m->mesh, axes, ax, sizeof ax) : "all devices",
-                                c && c->tag ? c->tag : "-");
+    size_t n =
+        (size_t)snprintf(msg, cap, "\n  %s waits %s %s over %s (tag '%s') for", d->label, kind_name(d->wait_kind),
+                         c ? sim_op_name(c->op) : "a barrier",
+                         c ? sim_axes_label(&m->mesh, axes, ax, sizeof ax) : "all devices", c && c->tag ? c->tag : "-");
     int missing = 0;
     for (int j = 0; j < g->k && n + 200 < cap; j++) {
         const sim_device *p = &m->dev[g->members[j]];
         if (p == d) continue;
         if (p->waiting && p->wait_group == g && p->wait_kind == d->wait_kind) continue;
         missing++;
-        if (p->finished)
-            n += (size_t)snprintf(msg + n, cap - n, " device %d (finished)", p->id);
+        if (p->finished) n += (size_t)snprintf(msg + n, cap - n, " device %d (finished)", p->id);
         else if (p->waiting && p->wait_call)
             n += (size_t)snprintf(msg + n, cap - n, " device %d (in %s over %s, tag '%s')", p->id,
                                   sim_op_name(p->wait_call->op),
                                   sim_axes_label(&m->mesh, p->wait_call->axes, ax, sizeof ax),
                                   p->wait_call->tag ? p->wait_call->tag : "-");
-        else
-            n += (size_t)snprintf(msg + n, cap - n, " device %d (elsewhere)", p->id);
+        else n += (size_t)snprintf(msg + n, cap - n, " device %d (elsewhere)", p->id);
         if (missing >= 4) break;
     }
     return n < cap ? n : cap - 1;
@@ -596,11 +594,12 @@ static void deadlock_locked(sim_machine *m)
 static void watchdog_locked(sim_machine *m, const sim_device *d)
 {
     char msg[4096];
-    size_t n = (size_t)snprintf(msg, sizeof msg,
-                                "collective watchdog: %s waited more than %g s on one collective (collective_timeout_s)",
-                                d->label, m->opts.collective_timeout_s);
+    size_t n = (size_t)snprintf(
+        msg, sizeof msg, "collective watchdog: %s waited more than %g s on one collective (collective_timeout_s)",
+        d->label, m->opts.collective_timeout_s);
     n += describe_wait_locked(m, d, msg + n, sizeof msg - n);
-    snprintf(msg + n, sizeof msg - n, "\nA peer is stuck or far slower; raise collective_timeout_s if it is only slow.");
+    snprintf(msg + n, sizeof msg - n,
+             "\nA peer is stuck or far slower; raise collective_timeout_s if it is only slow.");
     fail_locked(m, SIM_ERR_DEADLOCK, msg);
 }
 
@@ -627,7 +626,8 @@ static sim_status block_locked(sim_machine *m, sim_device *d)
     }
     while (!failed) {
         if (timed) {
-            if (dev_sleep(d, &deadline) != 0) { /* the deadline passed: end the run, unless released or turned into a DEPART meanwhile */
+            if (dev_sleep(d, &deadline) !=
+                0) { /* the deadline passed: end the run, unless released or turned into a DEPART meanwhile */
                 pthread_mutex_lock(&m->lock);
                 must_finish = d->wait_kind == SIM_RV_DEPART;
                 if (d->waiting && !m->failed && !must_finish) watchdog_locked(m, d);
@@ -851,8 +851,8 @@ static sim_status exchange_spread_locked(sim_machine *m, sim_device *d, sim_grou
     return SIM_OK;
 }
 
-sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
-                        int ntask, bool split)
+sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task, int ntask,
+                        bool split)
 {
     sim_machine *m = d->m;
     pthread_mutex_lock(&m->lock);
@@ -1027,10 +1027,9 @@ static void post_check_locked(sim_machine *m, sim_group *g)
                  "collective deadlock: device %d made %llu collective calls over %s but device %d made %llu (its "
                  "call %llu, %s tag '%s', has no partner); every device of a group must make the same collective "
                  "calls in the same order",
-                 g->members[lo], (unsigned long long)g->seq[lo],
-                 sim_axes_label(&m->mesh, p->call.axes, ax, sizeof ax), g->members[hi],
-                 (unsigned long long)g->seq[hi], (unsigned long long)g->seq[lo] + 1, sim_op_name(p->call.op),
-                 p->call.tag ? p->call.tag : "-");
+                 g->members[lo], (unsigned long long)g->seq[lo], sim_axes_label(&m->mesh, p->call.axes, ax, sizeof ax),
+                 g->members[hi], (unsigned long long)g->seq[hi], (unsigned long long)g->seq[lo] + 1,
+                 sim_op_name(p->call.op), p->call.tag ? p->call.tag : "-");
         fail_locked(m, SIM_ERR_DEADLOCK, msg);
     }
     memset(g->seq, 0, (size_t)g->k * sizeof *g->seq);

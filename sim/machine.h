@@ -29,16 +29,16 @@ typedef struct {
 } sim_mesh_desc;
 
 typedef struct {
-    size_t capacity_bytes; /* arena capacity per device; 0 = unlimited */
-    bool dry_run;          /* arenas account without allocating; collectives move nothing */
-    bool trace;            /* record compute and collective spans */
-    bool pin_threads;      /* bind device threads to cores round-robin (best effort) */
-    int workers;           /* OS threads the devices run on when there are more devices than this:
+    size_t capacity_bytes;       /* arena capacity per device; 0 = unlimited */
+    bool dry_run;                /* arenas account without allocating; collectives move nothing */
+    bool trace;                  /* record compute and collective spans */
+    bool pin_threads;            /* bind device threads to cores round-robin (best effort) */
+    int workers;                 /* OS threads the devices run on when there are more devices than this:
                               each device is then a fiber (sim/fiber.h) on worker id % workers, and
                               waiting at a collective swaps to another device instead of sleeping;
                               0 = the host's cores.  Sanitizer builds always run a thread per device */
-    bool quiet;            /* no warnings on stderr */
-    bool no_costs;         /* skip kernel costs (sim_device_add_cost): no step-time model reads them */
+    bool quiet;                  /* no warnings on stderr */
+    bool no_costs;               /* skip kernel costs (sim_device_add_cost): no step-time model reads them */
     double collective_timeout_s; /* watchdog: a device that waits longer than this on one
                                     collective ends the run naming it, the op and the peers
                                     it waits for (a blocking timed wait, no spinning); 0 = off */
@@ -46,29 +46,29 @@ typedef struct {
      * is counted (arena bytes, collective records) in the dtype the modelled
      * program would hold it in -- MaxText's weight_dtype for parameters,
      * dtype for activations.  SIM_F32 (the zero value) counts as stored. */
-    sim_dtype counted[SIM_NMEM]; /* per arena category, for float32 buffers */
-    sim_dtype counted_wire;      /* float32 collectives, unless their sim_meta names a dtype */
-    sim_dtype counted_optimizer; /* in the optimizer phase, float32 temporaries, activations, comm
+    sim_dtype counted[SIM_NMEM];   /* per arena category, for float32 buffers */
+    sim_dtype counted_wire;        /* float32 collectives, unless their sim_meta names a dtype */
+    sim_dtype counted_optimizer;   /* in the optimizer phase, float32 temporaries, activations, comm
                                     buffers and collectives (the update works in weight_dtype) */
-    sim_dtype counted_gather;    /* a float32 parameter's gathered copy and its all-gather, where the
+    sim_dtype counted_gather;      /* a float32 parameter's gathered copy and its all-gather, where the
                                     accelerator's compiler casts the shard before gathering it
                                     (SIM_F32, the zero value: as the parameter is counted) */
     sim_dtype counted_grad_reduce; /* a float32 parameter gradient's reductions, likewise */
-    bool copy_gathers;     /* parameters' FSDP gathers run as the plain all-gather, each member copying
+    bool copy_gathers;             /* parameters' FSDP gathers run as the plain all-gather, each member copying
                               the whole array, instead of one buffer the group shares
                               (sim_all_gather_dim_shared): the same bits, for tests comparing the two */
-    bool copy_activation_gathers; /* only parameters' gathers are shared (tests: what sharing
+    bool copy_activation_gathers;  /* only parameters' gathers are shared (tests: what sharing
                                      activations adds) */
-    bool whole;            /* run every device in this process even under mpirun (sim/xrank.h): a machine
+    bool whole;                    /* run every device in this process even under mpirun (sim/xrank.h): a machine
                               with fewer devices than ranks; dry runs always are */
-    bool guard_shared;     /* tests: each shared all-gather buffer is its own mapping, read-only once
+    bool guard_shared;             /* tests: each shared all-gather buffer is its own mapping, read-only once
                               filled, so a write into a shared operand faults where it happens */
-    int windowed_min_group; /* > 0: a weight's all-gather whose copy serves one product, and a weight
+    int windowed_min_group;        /* > 0: a weight's all-gather whose copy serves one product, and a weight
                               gradient's reduce-scatter, over a group of at least this many devices run
                               as the compiler's windowed einsum: a bidirectional ring of
                               collective-permutes that sends (k+1)/k of the whole array instead of
                               (k-1)/k (recorded as ppermute; the data moves as before) */
-    int psum_scatter_max_group; /* > 0: the reduce-scatter of a gradient a shard_map sums (sim_meta.psum) is
+    int psum_scatter_max_group;    /* > 0: the reduce-scatter of a gradient a shard_map sums (sim_meta.psum) is
                               the compiler's psum-then-slice fused only over groups of at most this many
                               devices; over larger ones it stays an all-reduce of the whole array
                               (recorded as all-reduce; the data moves as before) */
@@ -176,7 +176,9 @@ int sim_span_begin(sim_device *d, const char *name);
 /* A compute span on microbatch lane `mb` (0..15: "compute mb<mb>" in the trace), beside the
  * compute lane, for schedules that interleave microbatches; ended by sim_span_end. */
 int sim_span_begin_mb(sim_device *d, const char *name, int mb);
-enum { SIM_LANE_MB0 = 1 + (1 << SIM_MAX_AXES) }; /* first microbatch lane: after every collective lane (1 + axes mask) */
+enum {
+    SIM_LANE_MB0 = 1 + (1 << SIM_MAX_AXES)
+}; /* first microbatch lane: after every collective lane (1 + axes mask) */
 void sim_span_end(sim_device *d, int token);
 
 /* Blocks until every device of the machine has arrived (a full barrier). */

@@ -33,13 +33,13 @@ typedef struct sim_call {
     sim_axes axes;
     const char *tag;
     int device;
-    size_t p[4];      /* op-specific sizes (see collectives.c) */
+    size_t p[4]; /* op-specific sizes (see collectives.c) */
     const void *send;
     void *recv;
-    const int *perm;  /* ppermute table, k entries */
+    const int *perm;                                         /* ppermute table, k entries */
     const size_t *send_off, *send_cnt, *recv_off, *recv_cnt; /* ragged */
     size_t recv_cap;
-    bool shared;      /* all-gather into one buffer for the group (sim_all_gather_dim_shared) */
+    bool shared; /* all-gather into one buffer for the group (sim_all_gather_dim_shared) */
 } sim_call;
 
 typedef enum { SIM_RV_ARRIVE = 0, SIM_RV_DEPART, SIM_RV_BARRIER } sim_rv_kind;
@@ -53,26 +53,26 @@ typedef void (*sim_task_fn)(sim_machine *m, sim_group *g, int task);
 typedef struct {
     sim_call call;
     char tag[SIM_TAG_MAX];
-    size_t *cnt;          /* ragged: send_cnt then recv_cnt (k each) */
-    int *perm;            /* ppermute: k entries */
+    size_t *cnt; /* ragged: send_cnt then recv_cnt (k each) */
+    int *perm;   /* ppermute: k entries */
 } sim_posted;
 
 struct sim_group {
-    int k;                /* members */
-    unsigned mask;        /* axes of the group (bit per mesh axis) */
-    int arrived;          /* members at the current rendezvous */
-    uint64_t gen;         /* completed rendezvous */
-    int *members;         /* device ids, canonical (mesh) order */
-    sim_call **slot;      /* posted call per canonical member */
+    int k;           /* members */
+    unsigned mask;   /* axes of the group (bit per mesh axis) */
+    int arrived;     /* members at the current rendezvous */
+    uint64_t gen;    /* completed rendezvous */
+    int *members;    /* device ids, canonical (mesh) order */
+    sim_call **slot; /* posted call per canonical member */
     /* dry runs (sim_post): calls posted without waiting, matched when the
      * last member posts; a ring of `cap` generations from `base` */
-    sim_posted *posted;   /* [cap][k] */
-    int *npost;           /* [cap]: members that posted that generation */
-    uint64_t *seq;        /* [k]: calls each member posted */
-    uint64_t base;        /* oldest generation not complete */
+    sim_posted *posted; /* [cap][k] */
+    int *npost;         /* [cap]: members that posted that generation */
+    uint64_t *seq;      /* [k]: calls each member posted */
+    uint64_t base;      /* oldest generation not complete */
     int cap;
-    int nahead;           /* members sleeping because they are too far ahead */
-    uint64_t ahead_gen;   /* the lowest generation one of them wants to post */
+    int nahead;         /* members sleeping because they are too far ahead */
+    uint64_t ahead_gen; /* the lowest generation one of them wants to post */
     /* the data movement of the exchange in progress (sim_exchange) */
     sim_task_fn task_fn;
     int ntask;
@@ -82,20 +82,20 @@ struct sim_group {
     sim_call **byrank;    /* [k]: the posted calls by rank in the calls' axes order */
     /* spread over MPI ranks (sim/xrank.h): members on this rank, each member's rank, the
      * group's message tag, and the exchange in progress (collectives.c) */
-    int local_k;          /* members run by this process (k in a one-process run) */
-    int *owner;           /* [k]: the rank running each canonical member */
+    int local_k; /* members run by this process (k in a one-process run) */
+    int *owner;  /* [k]: the rank running each canonical member */
     int tag;
     struct sim_xgroup *x;
 };
 
 typedef struct {
     uint64_t t0, t1;
-    int lane;             /* 0 = compute, 1 + axes mask for collectives; -1 = a step marker */
+    int lane; /* 0 = compute, 1 + axes mask for collectives; -1 = a step marker */
     char name[SIM_TAG_MAX];
-    sim_op op;            /* for collective spans */
-    uint64_t bytes;       /* bytes sent, collectives */
-    size_t live_bytes;    /* arena live bytes at the end of the span */
-    int64_t rec;          /* collectives: index of its sim_record on the device, else -1 */
+    sim_op op;         /* for collective spans */
+    uint64_t bytes;    /* bytes sent, collectives */
+    size_t live_bytes; /* arena live bytes at the end of the span */
+    int64_t rec;       /* collectives: index of its sim_record on the device, else -1 */
 } sim_span;
 
 struct sim_device {
@@ -107,12 +107,12 @@ struct sim_device {
     sim_phase phase;
     int step;
     /* rendezvous state (guarded by m->lock) */
-    sem_t wake;            /* posted to wake the device (not guarded: see above) */
-    atomic_bool released;  /* set with the post of a normal release */
+    sem_t wake;           /* posted to wake the device (not guarded: see above) */
+    atomic_bool released; /* set with the post of a normal release */
     bool waiting;
     bool finished;
-    bool helper;           /* released from an exchange's ARRIVE to move data (sim_exchange) */
-    uint64_t help_moved;   /* its group's `moved` when it was asked: a different value when it
+    bool helper;         /* released from an exchange's ARRIVE to move data (sim_exchange) */
+    uint64_t help_moved; /* its group's `moved` when it was asked: a different value when it
                               starts means the exchange finished without it */
     sim_group *wait_group;
     const sim_call *wait_call;
@@ -125,19 +125,19 @@ struct sim_device {
     /* records */
     sim_record *rec;
     size_t nrec, caprec;
-    sim_cost *cost;       /* kernel costs for the step-time model (sim_device_add_cost) */
+    sim_cost *cost; /* kernel costs for the step-time model (sim_device_add_cost) */
     size_t ncost, capcost;
     sim_op_totals totals[SIM_NOP];
     /* trace */
-    sim_span *spans;       /* NULL once dropped */
+    sim_span *spans;         /* NULL once dropped */
     size_t nspans, capspans; /* nspans counts every span, kept or not (other devices read it: atomics) */
-    bool spans_dropped;    /* this device cannot be in the trace (sim_trace_keeps): spans counted, not kept */
-    bool step_untraced;    /* the current step is not among the trace's steps (sim_trace_set_steps) */
-    uint64_t spans_skipped; /* spans of untraced steps: neither kept nor counted in nspans */
+    bool spans_dropped;      /* this device cannot be in the trace (sim_trace_keeps): spans counted, not kept */
+    bool step_untraced;      /* the current step is not among the trace's steps (sim_trace_set_steps) */
+    uint64_t spans_skipped;  /* spans of untraced steps: neither kept nor counted in nspans */
     uint64_t steps_traced, steps_skipped; /* steps started, by whether the trace keeps them */
     /* run */
     pthread_t thread;
-    sim_fiber *fib;        /* the device's fiber when it runs as one (then `wake` is unused) */
+    sim_fiber *fib; /* the device's fiber when it runs as one (then `wake` is unused) */
     sim_status st;
 };
 
@@ -146,9 +146,9 @@ struct sim_machine {
     sim_machine_opts opts;
     int n;
     int blas_threads;
-    int cores;            /* of the host: the threads an exchange's data movement is shared by */
-    sim_fibers *fibers;   /* the run's fibers, NULL when every device has a thread */
-    int workers;          /* the run's OS threads: m->n, or the fibers' workers */
+    int cores;          /* of the host: the threads an exchange's data movement is shared by */
+    sim_fibers *fibers; /* the run's fibers, NULL when every device has a thread */
+    int workers;        /* the run's OS threads: m->n, or the fibers' workers */
     uint64_t t_origin;
     sim_device *dev;
     pthread_mutex_t lock;
@@ -156,30 +156,30 @@ struct sim_machine {
     sim_group *world;     /* every device, for sim_device_barrier */
     int n_alive, n_blocked;
     bool failed;
-    atomic_bool xstop;    /* `failed`, readable without the lock: stops this rank's MPI waits */
+    atomic_bool xstop; /* `failed`, readable without the lock: stops this rank's MPI waits */
     sim_status fail_st;
     char fail_msg[8192];
     /* run */
     sim_device_fn fn;
     void *arg;
-    size_t trace_limit;   /* sim_trace_set_limit: the trace's max_events (0 = every device) */
+    size_t trace_limit;                  /* sim_trace_set_limit: the trace's max_events (0 = every device) */
     struct sim_trace_range *trace_steps; /* sim_trace_set_steps (trace.h): the steps whose spans are kept
                                             (NULL = all) */
     int ntrace_steps;
-    char trace_steps_text[256];   /* how the user named them ("first,last") */
+    char trace_steps_text[256]; /* how the user named them ("first,last") */
     /* the live buffers of shared all-gathers (collectives.c), freed with the machine if a
      * failed run left references behind */
     pthread_mutex_t shared_lock;
     struct sim_shared_buf *shared;
-    uint64_t shared_made; /* buffers made so far */
-    uint64_t shared_live; /* of which not yet released by every member */
+    uint64_t shared_made;                  /* buffers made so far */
+    uint64_t shared_live;                  /* of which not yet released by every member */
     struct sim_shared_buf *shared_kept[4]; /* released large buffers kept for reuse (SHARED_KEEP) */
     int shared_nkept;
     /* MPI ranks (sim/xrank.h): this process is rank `rank` of `nranks`; owner_of[id] runs device id
      * (rank_placement), and this rank runs local[0..nlocal), in id order */
     int rank, nranks, nlocal;
     int *owner_of, *local;
-    uint64_t *xbytes;     /* [nxbytes]: bytes this rank sent to other ranks, by step (under lock) */
+    uint64_t *xbytes; /* [nxbytes]: bytes this rank sent to other ranks, by step (under lock) */
     int nxbytes;
     sim_status match_fail; /* set by a match function failing for another reason than a mismatch
                               (a shared buffer's host allocation); SIM_OK otherwise */
@@ -204,8 +204,8 @@ sim_status sim_rendezvous(sim_device *d, sim_group *g, sim_call *call, sim_rv_ki
  * at a DEPART: with 64 device threads on 2 cores the hand-offs were a large
  * part of the step.  Once the movement has started no failure wakes a
  * member (its buffers are in use); it always completes. */
-sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task,
-                        int ntask, bool split);
+sim_status sim_exchange(sim_device *d, sim_group *g, sim_call *call, sim_match_fn match, sim_task_fn task, int ntask,
+                        bool split);
 /* Dry runs move no data, so a device need not wait for its peers: it posts
  * a copy of its call and goes on; the member that completes a generation
  * checks that all its calls agree (`match`).  Calls left unmatched when the

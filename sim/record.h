@@ -24,19 +24,19 @@ const char *sim_op_name(sim_op op);
 
 /* One collective call as seen by one device. */
 typedef struct {
-    int step;                 /* sim_device_step() at the call */
+    int step; /* sim_device_step() at the call */
     sim_op op;
     sim_phase phase;
-    sim_axes axes;            /* mesh axes of the group, in rank order */
-    int group_size;           /* k */
-    sim_dtype dtype;          /* the counted dtype (sim_meta), which sets the bytes */
-    uint64_t elements;        /* local input elements */
-    uint64_t bytes_sent;      /* by this device to other devices */
-    uint64_t bytes_sent_dcn;  /* of bytes_sent, to devices in other slices (DCN; the rest is ICI) */
-    uint64_t bytes_recv;      /* by this device from other devices */
-    bool implicit;            /* inserted by the planner */
-    bool weight;              /* moves a parameter or a parameter's gradient (sim_meta.weight) */
-    char tag[SIM_TAG_MAX];    /* layer/op that caused it */
+    sim_axes axes;           /* mesh axes of the group, in rank order */
+    int group_size;          /* k */
+    sim_dtype dtype;         /* the counted dtype (sim_meta), which sets the bytes */
+    uint64_t elements;       /* local input elements */
+    uint64_t bytes_sent;     /* by this device to other devices */
+    uint64_t bytes_sent_dcn; /* of bytes_sent, to devices in other slices (DCN; the rest is ICI) */
+    uint64_t bytes_recv;     /* by this device from other devices */
+    bool implicit;           /* inserted by the planner */
+    bool weight;             /* moves a parameter or a parameter's gradient (sim_meta.weight) */
+    char tag[SIM_TAG_MAX];   /* layer/op that caused it */
 } sim_record;
 
 /* The work of one local kernel, for the step-time model: FLOPs, the elements
@@ -48,11 +48,11 @@ typedef struct {
     int step;
     sim_phase phase;
     double flops;
-    double mxu_flops;         /* the matrix unit's work: flops plus the padding of a tiled kernel
+    double mxu_flops; /* the matrix unit's work: flops plus the padding of a tiled kernel
                                * (megablox gmm tiles, sim_device_add_cost_tiled); = flops otherwise */
     double elements;
     double weight_elements;
-    bool layout;              /* a layout op (split, concatenation, head broadcast): no FLOPs, a copy that
+    bool layout; /* a layout op (split, concatenation, head broadcast): no FLOPs, a copy that
                                * changes the array's tiling (sim_device_add_cost_layout) */
     size_t nrec_before;
     char tag[SIM_TAG_MAX];

@@ -67,8 +67,7 @@ void sim_err_clear(void)
 void sim_err_trace(const char *file, int line)
 {
     size_t n = strlen(tl_trail);
-    if (n + 1 < sizeof tl_trail)
-        snprintf(tl_trail + n, sizeof tl_trail - n, "%s  at %s:%d", n ? "\n" : "", file, line);
+    if (n + 1 < sizeof tl_trail) snprintf(tl_trail + n, sizeof tl_trail - n, "%s  at %s:%d", n ? "\n" : "", file, line);
 }
 
 const char *sim_status_name(sim_status st)

@@ -13,20 +13,19 @@
 
 typedef enum {
     SIM_OK = 0,
-    SIM_ERR_INPUT,     /* bad user input: config key, flag, spec, file (exit 2) */
-    SIM_ERR_IO,        /* a file could not be read or written (exit 2) */
-    SIM_ERR_OOM,       /* simulated device ran out of its memory capacity (exit 1) */
-    SIM_ERR_MISMATCH,  /* group members called different collectives (exit 1) */
-    SIM_ERR_DEADLOCK,  /* every live device waits on a collective that cannot complete (exit 1) */
-    SIM_ERR_SHARDING,  /* explicit-mode sharding error (exit 1) */
-    SIM_ERR_CHECK,     /* a check failed: parity, gradient, ... (exit 1) */
-    SIM_ERR_ABORTED,   /* another device failed first; this one stopped (exit 1) */
-    SIM_ERR_INTERNAL   /* broken internal contract or system failure (exit 1) */
+    SIM_ERR_INPUT,    /* bad user input: config key, flag, spec, file (exit 2) */
+    SIM_ERR_IO,       /* a file could not be read or written (exit 2) */
+    SIM_ERR_OOM,      /* simulated device ran out of its memory capacity (exit 1) */
+    SIM_ERR_MISMATCH, /* group members called different collectives (exit 1) */
+    SIM_ERR_DEADLOCK, /* every live device waits on a collective that cannot complete (exit 1) */
+    SIM_ERR_SHARDING, /* explicit-mode sharding error (exit 1) */
+    SIM_ERR_CHECK,    /* a check failed: parity, gradient, ... (exit 1) */
+    SIM_ERR_ABORTED,  /* another device failed first; this one stopped (exit 1) */
+    SIM_ERR_INTERNAL  /* broken internal contract or system failure (exit 1) */
 } sim_status;
 
 /* Sets the thread's error message (printf-style) and returns st. */
-sim_status sim_err(sim_status st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+sim_status sim_err(sim_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 sim_status sim_verr(sim_status st, const char *fmt, va_list ap);
 /* Appends text to the thread's current message (for context lines). */
 void sim_err_append(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -49,13 +48,13 @@ const char *sim_status_name(sim_status st);
 /* 0 ok, 2 bad usage or input, 1 every other failure. */
 int sim_status_exit_code(sim_status st);
 
-#define SIM_TRY(expr)                                     \
-    do {                                                  \
-        sim_status sim_try_st_ = (expr);                  \
-        if (sim_try_st_ != SIM_OK) {                      \
-            sim_err_trace(__FILE__, __LINE__);            \
-            return sim_try_st_;                           \
-        }                                                 \
+#define SIM_TRY(expr)                                                                                                  \
+    do {                                                                                                               \
+        sim_status sim_try_st_ = (expr);                                                                               \
+        if (sim_try_st_ != SIM_OK) {                                                                                   \
+            sim_err_trace(__FILE__, __LINE__);                                                                         \
+            return sim_try_st_;                                                                                        \
+        }                                                                                                              \
     } while (0)
 
 /* The one cleanup idiom of a function that owns resources (NCCL's NCCLCHECKGOTO): every call that
@@ -64,19 +63,19 @@ int sim_status_exit_code(sim_status st);
  * path (the success path falls through to it with st == SIM_OK): it frees what the function holds
  * for itself, and what it built for the caller only when st != SIM_OK.  A refusal made on the
  * spot is SIM_TRY_GOTO(sim_err(...), st, fail). */
-#define SIM_TRY_GOTO(expr, st, label)                     \
-    do {                                                  \
-        (st) = (expr);                                    \
-        if ((st) != SIM_OK) {                             \
-            sim_err_trace(__FILE__, __LINE__);            \
-            goto label;                                   \
-        }                                                 \
+#define SIM_TRY_GOTO(expr, st, label)                                                                                  \
+    do {                                                                                                               \
+        (st) = (expr);                                                                                                 \
+        if ((st) != SIM_OK) {                                                                                          \
+            sim_err_trace(__FILE__, __LINE__);                                                                         \
+            goto label;                                                                                                \
+        }                                                                                                              \
     } while (0)
 
 /* Always-on assertion for internal contracts (never for user input). */
-#define SIM_ASSERT(cond)                                                        \
-    do {                                                                        \
-        if (!(cond)) sim_assert_fail(#cond, __FILE__, __LINE__);                \
+#define SIM_ASSERT(cond)                                                                                               \
+    do {                                                                                                               \
+        if (!(cond)) sim_assert_fail(#cond, __FILE__, __LINE__);                                                       \
     } while (0)
 _Noreturn void sim_assert_fail(const char *cond, const char *file, int line);
 

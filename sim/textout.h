@@ -13,7 +13,7 @@
 
 typedef struct {
     FILE *f;
-    size_t n;              /* bytes pending in buf */
+    size_t n; /* bytes pending in buf */
     char buf[1 << 16];
 } sim_textout;
 

@@ -12,12 +12,9 @@ void sim_json_write_string(FILE *f, const char *s)
     fputc('"', f);
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+        else fputc(ch, f);
     }
     fputc('"', f);
 }
@@ -114,8 +111,8 @@ void sim_trace_out_thread(sim_trace_out *o, int64_t pid, int64_t tid, const char
     sim_textout_str(&o->t, "}}");
 }
 
-void sim_trace_out_span(sim_trace_out *o, int64_t pid, int64_t tid, uint64_t ts_ns, uint64_t dur_ns,
-                        const char *name, const char *cat)
+void sim_trace_out_span(sim_trace_out *o, int64_t pid, int64_t tid, uint64_t ts_ns, uint64_t dur_ns, const char *name,
+                        const char *cat)
 {
     event_open(o);
     sim_textout_str(&o->t, "\"name\":");
@@ -317,8 +314,10 @@ sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events)
     size_t ndev = sim_trace_devices_within(m, max_events);
     for (size_t i = 0; i < ndev; i++)
         if (m->dev[i].spans_dropped) /* the limit set for the run is smaller than max_events */
-            return sim_err(SIM_ERR_INTERNAL, "trace: device %zu dropped its spans under a limit of %zu events, "
-                                             "but the trace is written with %zu", i, m->trace_limit, max_events);
+            return sim_err(SIM_ERR_INTERNAL,
+                           "trace: device %zu dropped its spans under a limit of %zu events, "
+                           "but the trace is written with %zu",
+                           i, m->trace_limit, max_events);
     sim_trace_out *o;
     SIM_TRY(sim_trace_out_new(f, &o));
     write_meta(o, m, ndev, max_events);

@@ -35,8 +35,8 @@ void sim_trace_out_thread(sim_trace_out *o, int64_t pid, int64_t tid, const char
 /* A complete event ("ph":"X"), times in nanoseconds (written as microseconds with three
  * decimals), cat may be NULL; its args follow with sim_trace_out_arg_* and the event
  * is closed by sim_trace_out_event_end. */
-void sim_trace_out_span(sim_trace_out *o, int64_t pid, int64_t tid, uint64_t ts_ns, uint64_t dur_ns,
-                        const char *name, const char *cat);
+void sim_trace_out_span(sim_trace_out *o, int64_t pid, int64_t tid, uint64_t ts_ns, uint64_t dur_ns, const char *name,
+                        const char *cat);
 void sim_trace_out_arg_str(sim_trace_out *o, const char *key, const char *v);
 void sim_trace_out_arg_i64(sim_trace_out *o, const char *key, int64_t v);
 void sim_trace_out_event_end(sim_trace_out *o);

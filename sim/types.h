@@ -35,13 +35,25 @@ const char *sim_dtype_name(sim_dtype dt);
  * is the mixed-radix number of its coordinates on these axes, first axis most
  * significant (so ('data','fsdp') and ('fsdp','data') order ranks differently). */
 typedef struct {
-    int n;                       /* number of axes, 0..SIM_MAX_AXES */
-    int8_t axis[SIM_MAX_AXES];   /* mesh axis indices, in significance order */
+    int n;                     /* number of axes, 0..SIM_MAX_AXES */
+    int8_t axis[SIM_MAX_AXES]; /* mesh axis indices, in significance order */
 } sim_axes;
 
-static inline sim_axes sim_axes_none(void) { sim_axes a = {0, {0}}; return a; }
-static inline sim_axes sim_axes_1(int a0) { sim_axes a = {1, {(int8_t)a0}}; return a; }
-static inline sim_axes sim_axes_2(int a0, int a1) { sim_axes a = {2, {(int8_t)a0, (int8_t)a1}}; return a; }
+static inline sim_axes sim_axes_none(void)
+{
+    sim_axes a = {0, {0}};
+    return a;
+}
+static inline sim_axes sim_axes_1(int a0)
+{
+    sim_axes a = {1, {(int8_t)a0}};
+    return a;
+}
+static inline sim_axes sim_axes_2(int a0, int a1)
+{
+    sim_axes a = {2, {(int8_t)a0, (int8_t)a1}};
+    return a;
+}
 static inline sim_axes sim_axes_3(int a0, int a1, int a2)
 {
     sim_axes a = {3, {(int8_t)a0, (int8_t)a1, (int8_t)a2}};
@@ -54,14 +66,14 @@ const char *sim_phase_name(sim_phase p);
 
 /* Arena memory categories. */
 typedef enum {
-    SIM_MEM_PARAMS = 0,   /* model parameters */
-    SIM_MEM_GRADS,        /* parameter gradients */
-    SIM_MEM_OPTIMIZER,    /* optimizer state (Adam moments) */
-    SIM_MEM_WCOPY,        /* weight copies: the layer stacks' weights cast to `dtype` once before the
+    SIM_MEM_PARAMS = 0,  /* model parameters */
+    SIM_MEM_GRADS,       /* parameter gradients */
+    SIM_MEM_OPTIMIZER,   /* optimizer state (Adam moments) */
+    SIM_MEM_WCOPY,       /* weight copies: the layer stacks' weights cast to `dtype` once before the
                              layer loops and held through the backward (XLA:TPU's hoisted converts) */
-    SIM_MEM_ACTIVATIONS,  /* activations saved for backward */
-    SIM_MEM_TEMP,         /* temporaries freed within an op */
-    SIM_MEM_COMM,         /* communication buffers */
+    SIM_MEM_ACTIVATIONS, /* activations saved for backward */
+    SIM_MEM_TEMP,        /* temporaries freed within an op */
+    SIM_MEM_COMM,        /* communication buffers */
     SIM_NMEM
 } sim_mem_cat;
 const char *sim_mem_cat_name(sim_mem_cat c);

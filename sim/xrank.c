@@ -52,8 +52,7 @@ sim_status sim_xrank_set_placement(const char *text)
     }
     if (strlen(text) >= sizeof place_text)
         return sim_err(SIM_ERR_INPUT, "rank_placement='%.64s...': too long; %s", text, PLACEMENT_FORMS);
-    if (strncmp(text, "axis:", 5))
-        return sim_err(SIM_ERR_INPUT, "rank_placement='%s': %s", text, PLACEMENT_FORMS);
+    if (strncmp(text, "axis:", 5)) return sim_err(SIM_ERR_INPUT, "rank_placement='%s': %s", text, PLACEMENT_FORMS);
     for (const char *p = text + 5;;) {
         size_t len = strcspn(p, ",");
         if (len == 0)
@@ -80,7 +79,7 @@ const char *sim_xrank_placement(void) { return place_text; }
 
 int sim_xrank_placement_axes(const char (**names)[SIM_AXIS_NAME_MAX])
 {
-    *names = (const char (*)[SIM_AXIS_NAME_MAX])place_axes;
+    *names = (const char(*)[SIM_AXIS_NAME_MAX])place_axes;
     return place_n;
 }
 
@@ -108,8 +107,8 @@ static xr_fail ctl_in, remote;                 /* the last received; the first f
 static atomic_bool remote_set;                 /* remote holds another rank's failure */
 static bool posted, own;                       /* this rank sent its failure (own: before any arrived) */
 static xr_fail fail_out;
-static MPI_Request *fail_req;                  /* the FAIL sends, one per other rank */
-static bool abort_at_end;                      /* conclude gave up on the others */
+static MPI_Request *fail_req; /* the FAIL sends, one per other rank */
+static bool abort_at_end;     /* conclude gave up on the others */
 
 /* Tests the FAIL receive (and the FAIL sends) when no other thread is at it; keeps one receive
  * posted, so every rank's FAIL is taken in (the first from another rank is the one kept). */
@@ -165,10 +164,7 @@ void sim_xrank_post_failure(sim_status st, const char *msg)
 bool sim_xrank_built(void) { return true; }
 
 /* Set by Open MPI's mpirun (OMPI_COMM_WORLD_SIZE), PMIx launchers (PMIX_RANK) and MPICH's hydra (PMI_SIZE). */
-static bool launched(void)
-{
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
-}
+static bool launched(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE"); }
 
 sim_status sim_xrank_init(void)
 {
@@ -186,14 +182,16 @@ sim_status sim_xrank_init(void)
     atomic_init(&remote_set, false);
     if (xr_size > 1) MPI_Irecv(&ctl_in, (int)sizeof ctl_in, MPI_BYTE, MPI_ANY_SOURCE, TAG_FAIL, xr_ctl, &ctl_req);
     if (provided < MPI_THREAD_MULTIPLE)
-        return sim_err(SIM_ERR_INTERNAL, "the MPI library gives thread level %d, shardsim needs MPI_THREAD_MULTIPLE (%d): "
-                       "use an MPI built with thread support", provided, MPI_THREAD_MULTIPLE);
+        return sim_err(SIM_ERR_INTERNAL,
+                       "the MPI library gives thread level %d, shardsim needs MPI_THREAD_MULTIPLE (%d): "
+                       "use an MPI built with thread support",
+                       provided, MPI_THREAD_MULTIPLE);
     void *ub = NULL;
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     if (flag && *(int *)ub < (1 << 26))
-        return sim_err(SIM_ERR_INTERNAL, "the MPI library's largest tag is %d; shardsim needs at least %d",
-                       *(int *)ub, 1 << 26);
+        return sim_err(SIM_ERR_INTERNAL, "the MPI library's largest tag is %d; shardsim needs at least %d", *(int *)ub,
+                       1 << 26);
     return SIM_OK;
 }
 
@@ -271,8 +269,8 @@ static sim_status remote_error(void)
 }
 
 /* heed: another rank's failure ends the wait (every exchange but the end's own gather). */
-static sim_status exchange_on(MPI_Comm comm, sim_xmsg *msgs, int n, int tag, const atomic_bool *stop,
-                              double timeout_s, bool heed)
+static sim_status exchange_on(MPI_Comm comm, sim_xmsg *msgs, int n, int tag, const atomic_bool *stop, double timeout_s,
+                              bool heed)
 {
     if (heed && sim_xrank_failed_elsewhere()) return remote_error();
     double deadline = timeout_s > 0 ? now_s() + timeout_s : 0;
@@ -286,10 +284,8 @@ static sim_status exchange_on(MPI_Comm comm, sim_xmsg *msgs, int n, int tag, con
         do { /* a zero-byte message still goes: it is the synchronisation */
             size_t len = msgs[i].bytes - off < PIECE ? msgs[i].bytes - off : PIECE;
             char *p = (char *)msgs[i].buf + off;
-            if (msgs[i].send)
-                MPI_Isend(p, (int)len, MPI_BYTE, msgs[i].peer, tag, comm, &req[r++]);
-            else
-                MPI_Irecv(p, (int)len, MPI_BYTE, msgs[i].peer, tag, comm, &req[r++]);
+            if (msgs[i].send) MPI_Isend(p, (int)len, MPI_BYTE, msgs[i].peer, tag, comm, &req[r++]);
+            else MPI_Irecv(p, (int)len, MPI_BYTE, msgs[i].peer, tag, comm, &req[r++]);
             off += len;
         } while (off < msgs[i].bytes);
     }
@@ -317,7 +313,7 @@ static sim_status exchange_on(MPI_Comm comm, sim_xmsg *msgs, int n, int tag, con
             st = sim_err(SIM_ERR_DEADLOCK, "waited more than %g s for other MPI ranks", timeout_s);
             break;
         }
-        if (polls < 16) continue; /* a message already on its way: no sleep */
+        if (polls < 16) continue;    /* a message already on its way: no sleep */
         if (now_s() < yield_until) { /* a peer about to send: give the core to whoever needs it, not a nap */
             sched_yield();
             continue;
@@ -438,8 +434,9 @@ int sim_xrank_conclude(int rc, const char *msg, char *out, size_t cap)
     int job = rc, from = -1;
     if (st != SIM_OK) { /* a rank that never came: this one's own word, and MPI_Abort ends the rest */
         abort_at_end = true;
-        if (rc && mine->own) snprintf(out, cap, "%s (and MPI rank%s did not answer: %s)", mine->msg,
-                                      xr_size > 2 ? "s" : "", sim_errmsg());
+        if (rc && mine->own)
+            snprintf(out, cap, "%s (and MPI rank%s did not answer: %s)", mine->msg, xr_size > 2 ? "s" : "",
+                     sim_errmsg());
         free(all);
         return rc ? rc : 1;
     }

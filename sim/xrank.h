@@ -95,8 +95,8 @@ int sim_xrank_conclude(int rc, const char *msg, char *out, size_t cap);
 
 /* One message of a point-to-point batch (sim_xrank_exchange). */
 typedef struct {
-    int peer;     /* the other rank */
-    bool send;    /* true: buf is sent to peer; false: received into buf */
+    int peer;  /* the other rank */
+    bool send; /* true: buf is sent to peer; false: received into buf */
     void *buf;
     size_t bytes; /* may be 0 (a pure synchronisation); any size (split in pieces below 2^31) */
 } sim_xmsg;

@@ -12,10 +12,7 @@
 
 #include "tests/config_fixture.h"
 
-char *cfgt_mkdir(void)
-{
-    return helper_tmpdir("cfgt");
-}
+char *cfgt_mkdir(void) { return helper_tmpdir("cfgt"); }
 
 void cfgt_rmdir(char *dir)
 {

@@ -18,5 +18,4 @@ sim_status cfgt_load(const char *base, const char *file, int n, const char *cons
 /* The same, failing the test unless it loads. */
 cfg_config *cfgt_load_ok(const char *base, int n, const char *const *ovr);
 
-
 #endif

@@ -133,7 +133,8 @@ int dump_compare_025(const char *what, const char *gdir, int nargs, const char *
             fail_msg("%s: %s: ours %s, MaxText 0.2.5 %s", what, gk, a, b);
         /* logical names: 0.2.5's (embed_attn, embed_router ...), no mapping */
         const cfg_json *gl = cfg_json_get(gold[1], gold[0]->keys[i]);
-        const cfg_json *gs = gl ? cfg_json_get(gl, "partition_spec") : NULL, *os = ol ? cfg_json_get(ol, "partition_spec") : NULL;
+        const cfg_json *gs = gl ? cfg_json_get(gl, "partition_spec") : NULL,
+                       *os = ol ? cfg_json_get(ol, "partition_spec") : NULL;
         bool g_none = !gs || gs->kind == CFG_JSON_NULL || (gs->kind == CFG_JSON_ARRAY && gs->n == 0);
         bool o_none = !os || os->kind == CFG_JSON_NULL || (os->kind == CFG_JSON_ARRAY && os->n == 0);
         if (gl && ol && !(g_none && o_none) && !(gs && os && cfg_json_equal(gs, os))) /* None = P() */

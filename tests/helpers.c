@@ -83,10 +83,8 @@ void helper_rm_rf(const char *path)
 cfg_json *helper_read_json(const char *dir, const char *name)
 {
     char path[4096];
-    if (dir)
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-    else
-        snprintf(path, sizeof path, "%s", name);
+    if (dir) snprintf(path, sizeof path, "%s/%s", dir, name);
+    else snprintf(path, sizeof path, "%s", name);
     cfg_json *j = NULL;
     if (cfg_json_read_file(path, &j) != SIM_OK) fail_msg("cannot read %s: %s", path, sim_errmsg());
     return j;

@@ -48,10 +48,8 @@ model_def *model_run_load(const char *const *base, int nbase, int rows, const ch
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
     if (def->mesh.num_devices != devices) fail_msg("mesh has %d devices, expected %d", def->mesh.num_devices, devices);
-    if (cfg_out)
-        *cfg_out = cfg;
-    else
-        cfg_free(cfg);
+    if (cfg_out) *cfg_out = cfg;
+    else cfg_free(cfg);
     return def;
 }
 
@@ -61,8 +59,8 @@ void model_run_unload(model_def *def)
     free(def);
 }
 
-void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra,
-                    int n_extra, int devices, long long steps)
+void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra, int n_extra,
+                    int devices, long long steps)
 {
     cfg_config *cfg;
     model_def *def = model_run_load(base, nbase, rows, extra, n_extra, devices, steps, &cfg);
@@ -171,8 +169,8 @@ void model_run_compare(const char *what, const model_run *a, const model_run *re
         for (int i = 0; i < a->def->nparams; i++) {
             const model_grads *g = &a->job.step_grads[s], *gr = &ref->job.step_grads[s];
             if (!g->g[i] || !gr->g[i]) { /* not trained (the MoEBiasVar gate bias): in neither run */
-                if (g->g[i] || gr->g[i]) fail_msg("%s step %d: %s has a gradient in one run only", what, s,
-                                                  a->def->defs[i].path);
+                if (g->g[i] || gr->g[i])
+                    fail_msg("%s step %d: %s has a gradient in one run only", what, s, a->def->defs[i].path);
                 continue;
             }
             double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
@@ -206,8 +204,8 @@ void model_run_expect_same_records(const char *what, const model_run *a, const m
             bool routed = (flags & MODEL_RUN_DATA_ROUTED) && x->op == SIM_OP_RAGGED_ALL_TO_ALL;
             if (x->op != y->op || x->phase != y->phase || strcmp(x->tag, y->tag) || x->axes.n != y->axes.n ||
                 x->dtype != y->dtype || x->implicit != y->implicit ||
-                (!routed && (x->elements != y->elements || x->bytes_sent != y->bytes_sent ||
-                             x->bytes_recv != y->bytes_recv)))
+                (!routed &&
+                 (x->elements != y->elements || x->bytes_sent != y->bytes_sent || x->bytes_recv != y->bytes_recv)))
                 fail_msg("%s: device %d record %zu differs: %s %s %llu B sent, %llu B received against %s %s "
                          "%llu B sent, %llu B received",
                          what, d, i, x->tag, sim_op_name(x->op), (unsigned long long)x->bytes_sent,

@@ -29,8 +29,8 @@ model_def *model_run_load(const char *const *base, int nbase, int rows, const ch
                           int devices, long long steps, cfg_config **cfg_out);
 void model_run_unload(model_def *def);
 /* model_run_load with the config kept, then model_run_start. */
-void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra,
-                    int n_extra, int devices, long long steps);
+void model_run_open(model_run *r, const char *const *base, int nbase, int rows, const char *const *extra, int n_extra,
+                    int devices, long long steps);
 /* Trains every step on a machine that records spans (the run's own machine replaced) and returns
  * the Chrome trace (sim/trace.h) as text, to free. */
 char *model_run_train_traced(model_run *r);

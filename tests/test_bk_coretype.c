@@ -85,7 +85,7 @@ static void test_choose_keeps_a_good_detection(void **state)
     (void)state;
     expect_choice("bf16", true, "Cooperlake", NULL, "Cooperlake");
     expect_choice("avx2", false, "Haswell", NULL, "Haswell");
-    expect_choice("avx2", true, "Haswell", NULL, "Haswell"); /* same level: OpenBLAS's choice stands */
+    expect_choice("avx2", true, "Haswell", NULL, "Haswell");    /* same level: OpenBLAS's choice stands */
     expect_choice("avx2", false, "SkylakeX", NULL, "SkylakeX"); /* above what we see: not ours to lower */
     expect_choice("sse3", false, "Prescott", NULL, "Prescott");
     expect_choice("none", false, "Katmai", NULL, "Katmai");
@@ -124,9 +124,9 @@ static void test_check_and_injected_failure(void **state)
 
 /* ---- end to end: the built shardsim ---------------------------------------------------------- */
 
-#define MODEL                                                                                                     \
-    "train model_name=llama2-7b override_model_config=true base_num_decoder_layers=1 base_emb_dim=64 "            \
-    "base_num_query_heads=2 base_num_kv_heads=2 head_dim=32 base_mlp_dim=128 vocab_size=256 max_target_length=32 " \
+#define MODEL                                                                                                          \
+    "train model_name=llama2-7b override_model_config=true base_num_decoder_layers=1 base_emb_dim=64 "                 \
+    "base_num_query_heads=2 base_num_kv_heads=2 head_dim=32 base_mlp_dim=128 vocab_size=256 max_target_length=32 "     \
     "per_device_batch_size=1 steps=3 checkpoint_period=3"
 
 /* build/shardsim next to this test binary (build/tests/test_bk_coretype). */

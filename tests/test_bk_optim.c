@@ -20,9 +20,19 @@ enum { N = 3 * (1 << 15) + 4099 }; /* three whole AdamW chunks and a partial one
 
 static bk_adamw_hp hp_of(int clip)
 {
-    bk_adamw_hp h = {.clip = clip != 0, .gnorm = 3.5f, .thr = 1.25f, .neg_lr = -3e-3f, .b1 = 0.9f, .b2 = 0.95f,
-                     .omb1 = (float)(1.0 - 0.9), .omb2 = (float)(1.0 - 0.95), .bc1 = 0.271f, .bc2 = 0.142625f,
-                     .eps = 1e-8f, .eps_root = 1e-12f, .wd = 0.1f};
+    bk_adamw_hp h = {.clip = clip != 0,
+                     .gnorm = 3.5f,
+                     .thr = 1.25f,
+                     .neg_lr = -3e-3f,
+                     .b1 = 0.9f,
+                     .b2 = 0.95f,
+                     .omb1 = (float)(1.0 - 0.9),
+                     .omb2 = (float)(1.0 - 0.95),
+                     .bc1 = 0.271f,
+                     .bc2 = 0.142625f,
+                     .eps = 1e-8f,
+                     .eps_root = 1e-12f,
+                     .wd = 0.1f};
     return h;
 }
 

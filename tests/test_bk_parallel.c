@@ -123,8 +123,7 @@ static void test_zero_exact_range(void **state)
         bk_parallel_set_threads(threads);
         memset(buf, 0xA5, bytes + 64);
         bk_parallel_zero(buf + 32, bytes);
-        for (size_t i = 0; i < bytes + 64; i++)
-            assert_int_equal(buf[i], i < 32 || i >= bytes + 32 ? 0xA5 : 0);
+        for (size_t i = 0; i < bytes + 64; i++) assert_int_equal(buf[i], i < 32 || i >= bytes + 32 ? 0xA5 : 0);
         bk_parallel_zero(NULL, 10); /* no buffer (a dry run's array): nothing */
     }
     /* bk_parallel_copy: the same range rules, byte for byte */
@@ -175,10 +174,8 @@ static void test_two_callers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_each_index_once),
-        cmocka_unit_test(test_bitwise_independent_of_threads),
-        cmocka_unit_test(test_back_to_back_jobs),
-        cmocka_unit_test(test_two_callers),
+        cmocka_unit_test(test_each_index_once),   cmocka_unit_test(test_bitwise_independent_of_threads),
+        cmocka_unit_test(test_back_to_back_jobs), cmocka_unit_test(test_two_callers),
         cmocka_unit_test(test_zero_exact_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -84,7 +84,7 @@ typedef struct {
     cli_dump_param p[MAX_ENTRIES];
     int na;
     cli_dump_activation a[MAX_ENTRIES];
-    char names[MAX_ENTRIES][256];  /* activation name and dtype text */
+    char names[MAX_ENTRIES][256]; /* activation name and dtype text */
     char dtypes[MAX_ENTRIES][32];
     char logical_text[MAX_ENTRIES][8][64];
 } golden;

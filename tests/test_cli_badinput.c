@@ -34,10 +34,10 @@
 enum { MAX_ARGS = 24, TIME_LIMIT_S = 60 };
 
 typedef struct {
-    const char *cls;        /* class name, for the counts */
+    const char *cls; /* class name, for the counts */
     int argc;
     char *argv[MAX_ARGS];
-    char *needle;           /* stderr must contain one of these ('|'-separated) when the exit code is not 0 */
+    char *needle; /* stderr must contain one of these ('|'-separated) when the exit code is not 0 */
 } bad_case;
 
 typedef struct {
@@ -95,37 +95,92 @@ static void add(corpus *c, const char *cls, const char *needle, const char *word
 }
 
 /* A tiny Llama: every case that gets past its bad input runs this small. */
-#define TINY_MODEL "model_name=llama2-7b\noverride_model_config=true\nbase_num_decoder_layers=1\nbase_emb_dim=32" \
-                   "\nbase_num_query_heads=2\nbase_num_kv_heads=2\nhead_dim=16\nbase_mlp_dim=64\nvocab_size=64"  \
-                   "\nmax_target_length=16\nper_device_batch_size=1"
+#define TINY_MODEL                                                                                                     \
+    "model_name=llama2-7b\noverride_model_config=true\nbase_num_decoder_layers=1\nbase_emb_dim=32"                     \
+    "\nbase_num_query_heads=2\nbase_num_kv_heads=2\nhead_dim=16\nbase_mlp_dim=64\nvocab_size=64"                       \
+    "\nmax_target_length=16\nper_device_batch_size=1"
 #define TINY TINY_MODEL "\nsteps=1"
 
 /* ---- the generator ----------------------------------------------------------- */
 
-static const char *const numeric_keys[] = {
-    "vocab_size", "base_emb_dim", "base_mlp_dim", "base_moe_mlp_dim", "base_num_decoder_layers",
-    "base_num_query_heads", "base_num_kv_heads", "head_dim", "max_target_length", "per_device_batch_size",
-    "first_num_dense_layers", "num_experts", "num_experts_per_tok", "shared_experts", "q_lora_rank",
-    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routing_groups",
-    "topk_routing_group", "normalization_layer_epsilon", "rope_max_timescale", "rope_min_timescale",
-    "rope_factor", "beta_fast", "beta_slow", "mscale", "max_position_embeddings",
-    "original_max_position_embeddings", "routed_scaling_factor", "routed_bias_update_rate", "capacity_factor",
-    "ragged_buffer_factor", "load_balance_loss_weight", "z_loss_multiplier", "learning_rate",
-    "learning_rate_final_fraction", "learning_rate_schedule_steps", "warmup_steps_fraction", "adam_b1",
-    "adam_b2", "adam_eps", "adam_eps_root", "adam_weight_decay", "gradient_clipping_threshold", "steps",
-    "checkpoint_period", "init_weights_seed", "data_shuffle_seed", "num_devices", "num_slices", "hbm_limit_gb",
-    "gradient_accumulation_steps",
-    "parity_rtol"};
+static const char *const numeric_keys[] = {"vocab_size",
+                                           "base_emb_dim",
+                                           "base_mlp_dim",
+                                           "base_moe_mlp_dim",
+                                           "base_num_decoder_layers",
+                                           "base_num_query_heads",
+                                           "base_num_kv_heads",
+                                           "head_dim",
+                                           "max_target_length",
+                                           "per_device_batch_size",
+                                           "first_num_dense_layers",
+                                           "num_experts",
+                                           "num_experts_per_tok",
+                                           "shared_experts",
+                                           "q_lora_rank",
+                                           "kv_lora_rank",
+                                           "qk_nope_head_dim",
+                                           "qk_rope_head_dim",
+                                           "v_head_dim",
+                                           "n_routing_groups",
+                                           "topk_routing_group",
+                                           "normalization_layer_epsilon",
+                                           "rope_max_timescale",
+                                           "rope_min_timescale",
+                                           "rope_factor",
+                                           "beta_fast",
+                                           "beta_slow",
+                                           "mscale",
+                                           "max_position_embeddings",
+                                           "original_max_position_embeddings",
+                                           "routed_scaling_factor",
+                                           "routed_bias_update_rate",
+                                           "capacity_factor",
+                                           "ragged_buffer_factor",
+                                           "load_balance_loss_weight",
+                                           "z_loss_multiplier",
+                                           "learning_rate",
+                                           "learning_rate_final_fraction",
+                                           "learning_rate_schedule_steps",
+                                           "warmup_steps_fraction",
+                                           "adam_b1",
+                                           "adam_b2",
+                                           "adam_eps",
+                                           "adam_eps_root",
+                                           "adam_weight_decay",
+                                           "gradient_clipping_threshold",
+                                           "steps",
+                                           "checkpoint_period",
+                                           "init_weights_seed",
+                                           "data_shuffle_seed",
+                                           "num_devices",
+                                           "num_slices",
+                                           "hbm_limit_gb",
+                                           "gradient_accumulation_steps",
+                                           "parity_rtol"};
 #define N_NUMERIC ((int)(sizeof numeric_keys / sizeof numeric_keys[0]))
 
-static const char *const bad_numbers[] = {
-    "-1", "0", "1e30", "-1e30", ".nan", ".inf", "4294967298", "9223372036854775808", "abc", "", "1.5",
-    "-9223372036854775809", "[1, 2]", "{a: 1}", "1e-400", "0x7fffffff", "'7'", "1e309", "null"};
+static const char *const bad_numbers[] = {"-1",     "0",      "1e30",       "-1e30",
+                                          ".nan",   ".inf",   "4294967298", "9223372036854775808",
+                                          "abc",    "",       "1.5",        "-9223372036854775809",
+                                          "[1, 2]", "{a: 1}", "1e-400",     "0x7fffffff",
+                                          "'7'",    "1e309",  "null"};
 #define N_BADNUM ((int)(sizeof bad_numbers / sizeof bad_numbers[0]))
 
-static const char *const axes[] = {"diloco", "data", "pipeline", "fsdp", "fsdp_transpose", "sequence", "context",
-                                   "context_usp_ulysses", "context_autoregressive", "tensor", "tensor_transpose",
-                                   "tensor_sequence", "expert", "autoregressive"};
+static const char *const axes[] = {"diloco",
+                                   "data",
+                                   "pipeline",
+                                   "fsdp",
+                                   "fsdp_transpose",
+                                   "sequence",
+                                   "context",
+                                   "context_usp_ulysses",
+                                   "context_autoregressive",
+                                   "tensor",
+                                   "tensor_transpose",
+                                   "tensor_sequence",
+                                   "expert",
+                                   "autoregressive"};
 
 static void gen_keys(corpus *c)
 {
@@ -137,13 +192,30 @@ static void gen_keys(corpus *c)
             free(w);
         }
     /* unknown, misspelt and malformed keys */
-    static const char *const junk[] = {"learning_rat", "LEARNING_RATE", "ici_fsdp_paralellism", "=3", "a==b", "=",
-                                       "steps==3", "x.y=1", "model_name=", "dtype=float128", "shard_mode=magic",
-                                       "remat_policy=sometimes", "opt_type=sgd9", "decoder_block=gpt9",
-                                       "attention=flash9", "logical_axis_rules=[[", "mesh_axes=[]",
-                                       "mesh_axes=[data, data]", "data_sharding=[[nope]]",
-                                       "logical_axis_rules=[['batch', 'nope']]", "custom_mesh_and_rule=nope",
-                                       "model_name=nope", "model_name=../base", "model_name=/etc/passwd"};
+    static const char *const junk[] = {"learning_rat",
+                                       "LEARNING_RATE",
+                                       "ici_fsdp_paralellism",
+                                       "=3",
+                                       "a==b",
+                                       "=",
+                                       "steps==3",
+                                       "x.y=1",
+                                       "model_name=",
+                                       "dtype=float128",
+                                       "shard_mode=magic",
+                                       "remat_policy=sometimes",
+                                       "opt_type=sgd9",
+                                       "decoder_block=gpt9",
+                                       "attention=flash9",
+                                       "logical_axis_rules=[[",
+                                       "mesh_axes=[]",
+                                       "mesh_axes=[data, data]",
+                                       "data_sharding=[[nope]]",
+                                       "logical_axis_rules=[['batch', 'nope']]",
+                                       "custom_mesh_and_rule=nope",
+                                       "model_name=nope",
+                                       "model_name=../base",
+                                       "model_name=/etc/passwd"};
     for (int i = 0; i < (int)(sizeof junk / sizeof junk[0]); i++)
         for (int cmd = 0; cmd < 3; cmd++) {
             /* each command with the arguments it needs, so that the bad key is what fails */
@@ -171,8 +243,8 @@ static void gen_keys(corpus *c)
 
 static void gen_meshes(corpus *c)
 {
-    static const char *const sizes[] = {"0", "-2", "3", "7", "4294967298", "513", "1e3", "x", "", "-1", "65536",
-                                        "2.5", "9999999999999999999999"};
+    static const char *const sizes[] = {
+        "0", "-2", "3", "7", "4294967298", "513", "1e3", "x", "", "-1", "65536", "2.5", "9999999999999999999999"};
     for (int a = 0; a < 14; a++)
         for (int s = 0; s < 13; s++)
             for (int lvl = 0; lvl < 2; lvl++) {
@@ -190,21 +262,32 @@ static void gen_meshes(corpus *c)
     /* two -1 flags, products over the device limit, slices that do not divide */
     for (int i = 0; i < 60; i++) {
         const char *a = axes[rnd() % 14], *b = axes[rnd() % 14];
-        char *w = fmt("train\n" TINY "\ndry_run=true\nici_%s_parallelism=%s\nici_%s_parallelism=%s\nnum_slices=%d",
-                      a, pick((const char *const[]){"-1", "2", "64", "512"}, 4), b,
+        char *w = fmt("train\n" TINY "\ndry_run=true\nici_%s_parallelism=%s\nici_%s_parallelism=%s\nnum_slices=%d", a,
+                      pick((const char *const[]){"-1", "2", "64", "512"}, 4), b,
                       pick((const char *const[]){"-1", "3", "16", "1024"}, 4), (int)(rnd() % 5));
-        char *needle = fmt("ici_%s_parallelism|ici_%s_parallelism|%s=|%s=|num_slices|stage=|context-parallel size", a,
-                           b, a, b);
+        char *needle =
+            fmt("ici_%s_parallelism|ici_%s_parallelism|%s=|%s=|num_slices|stage=|context-parallel size", a, b, a, b);
         add(c, "meshes", needle, w);
         free(needle);
         free(w);
     }
     /* explain mesh= strings */
-    static const char *const meshes[] = {"data=4294967298", "data=0", "data=-1", "=2", "data", "data=2,,fsdp=2",
-                                         "data=2,data=2", "a_very_long_axis_name_that_goes_on_and_on_and_on=2",
+    static const char *const meshes[] = {"data=4294967298",
+                                         "data=0",
+                                         "data=-1",
+                                         "=2",
+                                         "data",
+                                         "data=2,,fsdp=2",
+                                         "data=2,data=2",
+                                         "a_very_long_axis_name_that_goes_on_and_on_and_on=2",
                                          "data=2,fsdp=2,tensor=2,expert=2,stage=2,context=2,a=2,b=2,c=2,d=2,e=2,f=2,"
                                          "g=2,h=2,i=2,j=2,k=2",
-                                         "data=512,fsdp=2", "data=2x", ",", "data=2,", "da ta=2", "data=99999999999"};
+                                         "data=512,fsdp=2",
+                                         "data=2x",
+                                         ",",
+                                         "data=2,",
+                                         "da ta=2",
+                                         "data=99999999999"};
     for (int i = 0; i < (int)(sizeof meshes / sizeof meshes[0]); i++) {
         char *w = fmt("explain\nmesh=%s\nshape=8,16\nfrom=P(None,None)\nto=P(None,None)", meshes[i]);
         add(c, "meshes", "mesh", w);
@@ -212,17 +295,30 @@ static void gen_meshes(corpus *c)
     }
 }
 
-static const char *fmt_needle(const char *shape)
-{
-    return !strcmp(shape, "8,") ? "dims" : shape;
-}
+static const char *fmt_needle(const char *shape) { return !strcmp(shape, "8,") ? "dims" : shape; }
 
 static void gen_specs(corpus *c)
 {
-    static const char *const base[] = {"P(('data','fsdp'),None)", "P(None,'tensor')", "P('data',None)",
-                                       "P(None,None)", "P(('data','fsdp','tensor'),None)"};
-    static const char *const noise[] = {"(", ")", "'", ",", "P", "None", "data", "'zzz'", "((", "))", " ", "\"",
-                                        "unreduced={'data'}", "reduced={}", "\\", "P(P(", "'data'", "'fsdp'"};
+    static const char *const base[] = {"P(('data','fsdp'),None)", "P(None,'tensor')", "P('data',None)", "P(None,None)",
+                                       "P(('data','fsdp','tensor'),None)"};
+    static const char *const noise[] = {"(",
+                                        ")",
+                                        "'",
+                                        ",",
+                                        "P",
+                                        "None",
+                                        "data",
+                                        "'zzz'",
+                                        "((",
+                                        "))",
+                                        " ",
+                                        "\"",
+                                        "unreduced={'data'}",
+                                        "reduced={}",
+                                        "\\",
+                                        "P(P(",
+                                        "'data'",
+                                        "'fsdp'"};
     for (int i = 0; i < 300; i++) {
         char spec[160];
         snprintf(spec, sizeof spec, "%s", base[rnd() % 5]);
@@ -238,14 +334,27 @@ static void gen_specs(corpus *c)
             }
         }
         int to = (int)(rnd() % 2);
-        char *w = fmt("explain\nmesh=data=2,fsdp=2,tensor=2\nshape=8,16\nfrom=%s\nto=%s",
-                      to ? "P(None,None)" : spec, to ? spec : "P(None,None)");
+        char *w = fmt("explain\nmesh=data=2,fsdp=2,tensor=2\nshape=8,16\nfrom=%s\nto=%s", to ? "P(None,None)" : spec,
+                      to ? spec : "P(None,None)");
         add(c, "specs", spec, w);
         free(w);
     }
-    static const char *const shapes[] = {"4611686018427387904,4", "0,4", "-8,16", "8,", ",", "", "8;16", "8 16",
-                                         "1,2,3,4,5,6,7,8,9", "99999999999999999999", "8.5,16", "0x10,16", "(8,16",
-                                         "[8,16]]", "281474976710657", "65536,65536,65536,65536"};
+    static const char *const shapes[] = {"4611686018427387904,4",
+                                         "0,4",
+                                         "-8,16",
+                                         "8,",
+                                         ",",
+                                         "",
+                                         "8;16",
+                                         "8 16",
+                                         "1,2,3,4,5,6,7,8,9",
+                                         "99999999999999999999",
+                                         "8.5,16",
+                                         "0x10,16",
+                                         "(8,16",
+                                         "[8,16]]",
+                                         "281474976710657",
+                                         "65536,65536,65536,65536"};
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++)
         for (int j = 0; j < 3; j++) {
             char *w = fmt("explain\nmesh=data=2,fsdp=2\nshape=%s\nfrom=%s\nto=P(None,None)", shapes[i],
@@ -254,11 +363,10 @@ static void gen_specs(corpus *c)
             /* ("8," is the shape [8]: then the 2-entry spec is what fails, naming the dims) */
             free(w);
         }
-    static const char *const logical[] = {"activation_batch,nope", "", ",", "embed", "embed,mlp,heads,kv",
-                                          "activation_batch,activation_batch"};
+    static const char *const logical[] = {
+        "activation_batch,nope", "", ",", "embed", "embed,mlp,heads,kv", "activation_batch,activation_batch"};
     for (int i = 0; i < 6; i++) {
-        char *w = fmt("explain\nshape=8,16\nfrom_logical=%s\nto_logical=embed,mlp\nici_fsdp_parallelism=2",
-                      logical[i]);
+        char *w = fmt("explain\nshape=8,16\nfrom_logical=%s\nto_logical=embed,mlp\nici_fsdp_parallelism=2", logical[i]);
         add(c, "specs", "from_logical", w);
         free(w);
     }
@@ -363,12 +471,8 @@ static void gen_checkpoints(corpus *c)
         case 1: /* bytes of the data */
             m[8 + hl + rnd() % ((uint64_t)n - 8 - hl)] ^= (unsigned char)(1u << (rnd() % 8));
             break;
-        case 2: /* truncated */
-            len = (long)(rnd() % (uint64_t)n);
-            break;
-        case 3: /* the length field */
-            m[rnd() % 8] = (unsigned char)rnd();
-            break;
+        case 2: /* truncated */ len = (long)(rnd() % (uint64_t)n); break;
+        case 3: /* the length field */ m[rnd() % 8] = (unsigned char)rnd(); break;
         case 4: /* trailing bytes */
             memset(m + n, 0, 64);
             len = n + 1 + (long)(rnd() % 63);
@@ -451,8 +555,8 @@ static void gen_outputs(corpus *c)
     longp[sizeof longp - 1] = 0;
     longp[0] = '/';
     /* none of these can be created, even by root: the corpus never writes outside its directory */
-    const char *outs[] = {"/dev/null", "/dev/null/x", "/proc/x", file, "/proc/nonexistent/deep/dir", longp, "",
-                          "/sys/kernel/x", "/proc"};
+    const char *outs[] = {"/dev/null", "/dev/null/x",   "/proc/x", file, "/proc/nonexistent/deep/dir", longp,
+                          "",          "/sys/kernel/x", "/proc"};
     char *under = fmt("%s/x", file);
     outs[2] = under;
     for (int i = 0; i < (int)(sizeof outs / sizeof outs[0]); i++) {

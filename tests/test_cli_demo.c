@@ -34,8 +34,8 @@ static void test_collectives_job(void **state)
     static const struct {
         const char *op;
         long long bytes; /* by hand, -1: the formula column only */
-    } want[] = {{"all-gather", 262144},        {"reduce-scatter", 786432}, {"all-reduce", 1048576},
-                {"all-to-all", 524288},        {"ppermute", -1},           {"ragged-all-to-all", -1}};
+    } want[] = {{"all-gather", 262144}, {"reduce-scatter", 786432}, {"all-reduce", 1048576},
+                {"all-to-all", 524288}, {"ppermute", -1},           {"ragged-all-to-all", -1}};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char key[64];
         snprintf(key, sizeof key, "\n%s ", want[i].op);

@@ -65,8 +65,8 @@ static const char *last_line(const char *s, char *buf, size_t cap)
 static void test_issue_example(void **state)
 {
     (void)state;
-    const char *argv[] = {"mesh=data=2,fsdp=2,tensor=2", "shape=8,16", "dtype=float32",
-                          "from=P(('data','fsdp'),None)", "to=P(None,'tensor')"};
+    const char *argv[] = {"mesh=data=2,fsdp=2,tensor=2", "shape=8,16", "dtype=float32", "from=P(('data','fsdp'),None)",
+                          "to=P(None,'tensor')"};
     result r = run(5, argv);
     assert_int_equal(r.rc, 0);
     char buf[256];
@@ -318,12 +318,14 @@ static void test_dtype_choice(void **state)
     assert_non_null(strstr(r.err, "give tensor=weight or tensor=activation, or dtype="));
     assert_string_equal(r.out, "");
     done(&r);
-    const char *a4[] = {"mesh=x=2", "shape=4,4", "from_logical=embed,mlp", "to=P()", "base_num_kv_heads=3", "tensor=weight"};
+    const char *a4[] = {"mesh=x=2", "shape=4,4",           "from_logical=embed,mlp",
+                        "to=P()",   "base_num_kv_heads=3", "tensor=weight"};
     r = run(6, a4);
     if (r.rc) fail_msg("%s", r.err);
     assert_non_null(strstr(r.out, "array: float32 (4, 4), 64 bytes\n"));
     done(&r);
-    const char *a5[] = {"mesh=x=2", "shape=4,4", "from_logical=embed,mlp", "to=P()", "base_num_kv_heads=3", "dtype=bfloat16"};
+    const char *a5[] = {"mesh=x=2", "shape=4,4",           "from_logical=embed,mlp",
+                        "to=P()",   "base_num_kv_heads=3", "dtype=bfloat16"};
     r = run(6, a5);
     if (r.rc) fail_msg("%s", r.err);
     assert_non_null(strstr(r.out, "array: bfloat16 (4, 4), 32 bytes\ndtype: bfloat16 (dtype=)\n"));

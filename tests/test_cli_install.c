@@ -28,8 +28,8 @@
 #include "tests/helpers.h"
 
 static char repo[1024];     /* the repository root (the test runs from it) */
-static const char *program;  /* the shardsim of this test's own build (build/ or build/asan/ ...) */
-static char prefix[256]; /* a temporary install prefix */
+static const char *program; /* the shardsim of this test's own build (build/ or build/asan/ ...) */
+static char prefix[256];    /* a temporary install prefix */
 
 static void run(const char *cmd, int *rc, char *out, size_t cap) { *rc = helper_run_shell(cmd, out, cap); }
 
@@ -85,8 +85,8 @@ static void test_copy_without_data_says_how_to_fix(void **state)
     int rc;
     snprintf(cmd, sizeof cmd, "mv %s/share %s/share.off", prefix, prefix);
     assert_int_equal(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "cd %s/cwd && env -u SHARDSIM_CONFIGS %s/bin/shardsim train dry_run=true 2>&1",
-             prefix, prefix);
+    snprintf(cmd, sizeof cmd, "cd %s/cwd && env -u SHARDSIM_CONFIGS %s/bin/shardsim train dry_run=true 2>&1", prefix,
+             prefix);
     run(cmd, &rc, out, sizeof out);
     assert_int_equal(rc, 2);
     assert_non_null(strstr(out, "SHARDSIM_CONFIGS"));

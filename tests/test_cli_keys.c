@@ -45,23 +45,27 @@
 /* A tiny Llama and a tiny DeepSeek (MLA + MoE), two steps on one device. */
 /* tests/data/tiny-llama-mha.yml, one row per device, two steps */
 static const char *const LLAMA[] = {TINY_LLAMA_MHA_YML, "per_device_batch_size=1", "steps=2"};
-static const char *const DEEPSEEK[] = {"model_name=deepseek3-tiny", "override_model_config=true",
-                                       "base_num_decoder_layers=2", "first_num_dense_layers=1",
-                                       "vocab_size=64",             "max_target_length=16",
-                                       "per_device_batch_size=1",   "steps=2"};
+static const char *const DEEPSEEK[] = {"model_name=deepseek3-tiny",
+                                       "override_model_config=true",
+                                       "base_num_decoder_layers=2",
+                                       "first_num_dense_layers=1",
+                                       "vocab_size=64",
+                                       "max_target_length=16",
+                                       "per_device_batch_size=1",
+                                       "steps=2"};
 enum { NLLAMA = sizeof LLAMA / sizeof LLAMA[0], NDEEPSEEK = sizeof DEEPSEEK / sizeof DEEPSEEK[0] };
 
 typedef struct {
-    int rc;                /* 0 ran, 2 rejected */
-    char err[1024];        /* the message when rejected */
+    int rc;         /* 0 ran, 2 rejected */
+    char err[1024]; /* the message when rejected */
     double loss[3], gnorm[3], lr[3];
     uint64_t param_bytes;
     int nparams, ndev;
-    char specs[16384];     /* every parameter's PartitionSpec */
+    char specs[16384]; /* every parameter's PartitionSpec */
     size_t peak;
-    uint64_t bytes_sent;   /* all collectives, all devices */
+    uint64_t bytes_sent; /* all collectives, all devices */
     uint64_t n_records;
-    double step_s;         /* the step-time model's figure of the last step on v5p (-1: not estimated) */
+    double step_s; /* the step-time model's figure of the last step on v5p (-1: not estimated) */
 } fingerprint;
 
 /* ---- the tiny run -------------------------------------------------------- */
@@ -344,8 +348,8 @@ static void test_every_key_passes_its_class_check(void **state)
         counted[e->cls]++;
         if (fail) {
             failures++;
-            print_message("%-40s %-8s %s: %s%s%s\n", word, cfg_key_class_name(e->cls), fail, fp.err,
-                          fp.rc ? "" : "", "");
+            print_message("%-40s %-8s %s: %s%s%s\n", word, cfg_key_class_name(e->cls), fail, fp.err, fp.rc ? "" : "",
+                          "");
         }
         cfg_free(got);
     }
@@ -354,7 +358,6 @@ static void test_every_key_passes_its_class_check(void **state)
     cfg_free(cfg);
     if (failures) fail_msg("%d keys fail their class check (listed above)", failures);
 }
-
 
 /* ---- run.json, messages, MaxText habits ------------------------------------ */
 
@@ -369,8 +372,8 @@ static void test_run_json_lists_inert_keys_set(void **state)
     char od[300];
     snprintf(od, sizeof od, "output_dir=%s", dir);
     /* two inert keys set, one inert key given at its default (not listed) */
-    const char *argv[] = {TINY, "steps=1", "profiler=xplane", "enable_goodput_recording=true", "jax_cache_dir=~/jax_cache",
-                          od};
+    const char *argv[] = {
+        TINY, "steps=1", "profiler=xplane", "enable_goodput_recording=true", "jax_cache_dir=~/jax_cache", od};
     cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     cli_capture_free(&r);
@@ -454,7 +457,8 @@ static void test_maxtext_outputs(void **state)
     int n = 0;
     while (fgets(line, sizeof line, f)) {
         cfg_json *j = NULL;
-        if (cfg_json_parse(line, strlen(line), "metrics_file", &j) != SIM_OK) fail_msg("metrics line %d: %s", n, sim_errmsg());
+        if (cfg_json_parse(line, strlen(line), "metrics_file", &j) != SIM_OK)
+            fail_msg("metrics line %d: %s", n, sim_errmsg());
         assert_true(cfg_json_get(j, "step")->number == (double)n);
         assert_string_equal(cfg_json_get(j, "run_name")->str, "r7");
         double loss = cfg_json_get(j, "learning/loss")->number;
@@ -566,18 +570,29 @@ static void test_maxtext_files_as_arguments(void **state)
     char base[4200], model[4300], custom[4300], old[4200];
     snprintf(base, sizeof base, "%s/../tests/data/maxtext-0.2.5/configs/base.yml", cli_configs_dir());
     snprintf(model, sizeof model, "%s/../tests/data/maxtext-0.2.5/configs/models/llama2-7b.yml", cli_configs_dir());
-    snprintf(custom, sizeof custom, "custom_mesh_and_rule=%s/../tests/data/maxtext-0.2.5/configs/custom_mesh_and_rule/ep-as-cp.yml",
+    snprintf(custom, sizeof custom,
+             "custom_mesh_and_rule=%s/../tests/data/maxtext-0.2.5/configs/custom_mesh_and_rule/ep-as-cp.yml",
              cli_configs_dir());
     snprintf(old, sizeof old, "%s/../tests/data/maxtext/configs/base.yml", cli_configs_dir());
     /* base.yml is MaxText's config file: the model file (found beside it) overrides it */
-    const char *w1[] = {base, "run_name=x", "model_name=llama2-7b", "dry_run=true", "ici_fsdp_parallelism=8",
+    const char *w1[] = {base,
+                        "run_name=x",
+                        "model_name=llama2-7b",
+                        "dry_run=true",
+                        "ici_fsdp_parallelism=8",
                         "per_device_batch_size=1"};
     cli_capture r = cli_capture_run(cli_train, 6, w1);
     if (r.rc) fail_msg("MaxText base.yml + model_name: %s", r.err);
     assert_non_null(strstr(r.out, "emb 4096, heads 32 (kv 32) x 128, mlp 11008, layers 32, vocab 32000"));
     cli_capture_free(&r);
     /* a model file and a custom mesh-and-rule file as arguments */
-    const char *w2[] = {base, model, custom, "run_name=x", "dry_run=true", "num_devices=8", "ici_expert_parallelism=2",
+    const char *w2[] = {base,
+                        model,
+                        custom,
+                        "run_name=x",
+                        "dry_run=true",
+                        "num_devices=8",
+                        "ici_expert_parallelism=2",
                         "per_device_batch_size=1"};
     r = cli_capture_run(cli_train, 8, w2);
     if (r.rc) fail_msg("MaxText model + custom file: %s", r.err);
@@ -646,11 +661,16 @@ static void test_maxtext_combination_rules(void **state)
         const char *needle; /* NULL: accepted */
     } cases[] = {
         {{"num_experts=4"}, 1, "base_moe_mlp_dim > 0"},
-        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=32"}, 4,
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=32"},
+         4,
          "fully MoE"},
         /* with a dense layer first, the widths may differ */
-        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=1", "base_mlp_dim=32"}, 4, NULL},
-        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=64"}, 4, NULL},
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=1", "base_mlp_dim=32"},
+         4,
+         NULL},
+        {{"model_name=deepseek3-tiny", "override_model_config=true", "first_num_dense_layers=0", "base_mlp_dim=64"},
+         4,
+         NULL},
         {{"context_sharding=tensor"}, 1, "context_sharding=tensor"},
         {{"context_sharding=expert"}, 1, NULL},
         /* configs/combinations.yml, one line per rule (and an accepted neighbour where the condition is subtle) */
@@ -669,7 +689,9 @@ static void test_maxtext_combination_rules(void **state)
         {{"check_vma=true", "ici_autoregressive_parallelism=2"}, 2, "ici_autoregressive_parallelism=2"},
         {{"check_vma=true", "ici_diloco_parallelism=2"}, 2, "ici_diloco_parallelism=2"},
         {{"check_vma=true", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 3, NULL},
-        {{"deepstack_visual_indexes_for_vit=[3]"}, 1, "Deepstack visual embedding injection requires scan_layers=False"},
+        {{"deepstack_visual_indexes_for_vit=[3]"},
+         1,
+         "Deepstack visual embedding injection requires scan_layers=False"},
         {{"deepstack_visual_indexes_for_vit=[3]", "scan_layers=false"}, 2, NULL},
         {{"distill_beta=0.5", "scan_layers=false"}, 2, "distill_beta > 0.0 requires scan_layers = True"},
         {{"distill_alpha_end=-0.5"}, 1, "distill_alpha_end must be in [0, 1]"},
@@ -682,22 +704,28 @@ static void test_maxtext_combination_rules(void **state)
         {{"elastic_enabled=true"}, 1, "Elastic training is only supported with Pathways"},
         {{"elastic_backup_kind=tape"}, 1, "elastic_backup_kind must be one of"},
         {{"colocated_python_data_input=true"}, 1, "colocated_python_data_input is only supported with Pathways"},
-        {{"grain_use_elastic_iterator=true", "packing=false", "grain_file_type=parquet"}, 3,
+        {{"grain_use_elastic_iterator=true", "packing=false", "grain_file_type=parquet"},
+         3,
          "grain_use_elastic_iterator=True requires grain_file_type='arrayrecord'"},
         {{"grain_use_elastic_iterator=true"}, 1, "grain_use_elastic_iterator=True requires packing=False"},
-        {{"grain_use_elastic_iterator=true", "packing=false", "use_truncation=false"}, 3,
+        {{"grain_use_elastic_iterator=true", "packing=false", "use_truncation=false"},
+         3,
          "grain_use_elastic_iterator=True requires use_truncation=True"},
         {{"enable_multi_tier_checkpointing=true"}, 1, "local_checkpoint_directory must be set for multi-tier"},
-        {{"enable_multi_tier_checkpointing=true", "local_checkpoint_directory=/tmp/x"}, 2,
+        {{"enable_multi_tier_checkpointing=true", "local_checkpoint_directory=/tmp/x"},
+         2,
          "local_checkpoint_period must be > 0 for multi-tier"},
-        {{"enable_multi_tier_checkpointing=true", "local_checkpoint_directory=/tmp/x", "local_checkpoint_period=5"}, 3,
+        {{"enable_multi_tier_checkpointing=true", "local_checkpoint_directory=/tmp/x", "local_checkpoint_period=5"},
+         3,
          "Exactly one of multi_tier_checkpointing_backup_interval_minutes"},
         {{"enable_multi_tier_checkpointing=true", "local_checkpoint_directory=/tmp/x", "local_checkpoint_period=5",
           "multi_tier_checkpointing_backup_interval_minutes=3", "multi_tier_checkpointing_backup_interval_steps=3"},
-         5, "Exactly one of multi_tier_checkpointing_backup_interval_minutes"},
+         5,
+         "Exactly one of multi_tier_checkpointing_backup_interval_minutes"},
         {{"colocated_python_checkpointing=true"}, 1, "colocated_python_checkpointing is only supported"},
         {{"enable_emergency_checkpoint=true"}, 1, "local_checkpoint_directory must be set for emergency"},
-        {{"enable_emergency_checkpoint=true", "local_checkpoint_directory=/tmp/x"}, 2,
+        {{"enable_emergency_checkpoint=true", "local_checkpoint_directory=/tmp/x"},
+         2,
          "local_checkpoint_period must be > 0 for emergency"},
         {{"quantize_kvcache=true", "kv_quant_axis="}, 2, "kv_quant_axis cannot be empty when quantize_kvcache is True"},
         {{"quantize_logits_proj=true", "logits_via_embedding=true"}, 2, "quantize_logits_proj cannot be enabled"},
@@ -705,8 +733,12 @@ static void test_maxtext_combination_rules(void **state)
         {{"use_gmm_v2=true"}, 1, "GMM v2 requires use_tokamax_gmm=True"},
         {{"use_gmm_v2_heuristic_tiling=true"}, 1, "use_gmm_v2_heuristic_tiling=True requires use_gmm_v2=True"},
         {{"partial_rotary_factor=0.5"}, 1, "partial_rotary_factor is only effective"},
-        {{"experimental_sa_quant_q_fp8=true"}, 1, "Q quantization is currently only supported with attention_type='mla'"},
-        {{"experimental_sa_quant_k_fp8=true"}, 1, "K quantization is currently only supported with attention_type='mla'"},
+        {{"experimental_sa_quant_q_fp8=true"},
+         1,
+         "Q quantization is currently only supported with attention_type='mla'"},
+        {{"experimental_sa_quant_k_fp8=true"},
+         1,
+         "K quantization is currently only supported with attention_type='mla'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cfg_config *cfg = NULL;
@@ -715,15 +747,16 @@ static void test_maxtext_combination_rules(void **state)
             if (st) fail_msg("case %zu rejected: %s", i, sim_errmsg());
         } else {
             assert_int_equal(st, SIM_ERR_INPUT);
-            if (!strstr(sim_errmsg(), cases[i].needle)) fail_msg("case %zu: '%s' not in: %s", i, cases[i].needle, sim_errmsg());
+            if (!strstr(sim_errmsg(), cases[i].needle))
+                fail_msg("case %zu: '%s' not in: %s", i, cases[i].needle, sim_errmsg());
             /* the message names every key the case set */
             for (int w = 0; w < cases[i].n; w++) {
                 char key[96];
                 snprintf(key, sizeof key, "%.*s", (int)strcspn(cases[i].words[w], "="), cases[i].words[w]);
                 if (!strstr(sim_errmsg(), key) && strncmp(key, "model_name", 10) && strncmp(key, "override", 8) &&
                     strncmp(key, "first_num", 9) && strncmp(key, "base_mlp", 8) && strncmp(key, "num_experts", 11) &&
-                    !strstr(key, "_parallelism") && strcmp(key, "packing") && strcmp(key, "local_checkpoint_directory") &&
-                    strcmp(key, "local_checkpoint_period"))
+                    !strstr(key, "_parallelism") && strcmp(key, "packing") &&
+                    strcmp(key, "local_checkpoint_directory") && strcmp(key, "local_checkpoint_period"))
                     fail_msg("case %zu: the message does not name %s: %s", i, key, sim_errmsg());
             }
             sim_err_clear();

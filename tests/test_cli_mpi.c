@@ -29,9 +29,9 @@
 #include "sim/xrank.h"
 #include "tests/helpers.h"
 
-#define MPIRUN                                                                                           \
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "    \
-    "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none "            \
+#define MPIRUN                                                                                                         \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "                   \
+    "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none "                           \
     "timeout 120 mpirun"
 
 static char program[1024]; /* the shardsim of this test's own build */
@@ -43,9 +43,10 @@ static char ns_cleanup[512]; /* removes the two-host test's namespaces (teardown
 
 #define LLAMA_BASE "configs/small.yml ici_fsdp_parallelism=4 ici_tensor_parallelism=2"
 static const char LLAMA[] = LLAMA_BASE " steps=3";
-static const char PIPELINE[] = "base_num_decoder_layers=8 base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 "
-                               "head_dim=16 base_mlp_dim=128 vocab_size=128 max_target_length=32 per_device_batch_size=4 "
-                               "ici_pipeline_parallelism=4 ici_fsdp_parallelism=2 num_pipeline_microbatches=8 steps=2";
+static const char PIPELINE[] =
+    "base_num_decoder_layers=8 base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 "
+    "head_dim=16 base_mlp_dim=128 vocab_size=128 max_target_length=32 per_device_batch_size=4 "
+    "ici_pipeline_parallelism=4 ici_fsdp_parallelism=2 num_pipeline_microbatches=8 steps=2";
 static const char ZERO1[] = "configs/small.yml ici_data_parallelism=4 ici_tensor_parallelism=2 "
                             "shard_optimizer_over_data=true gradient_accumulation_steps=2 steps=2";
 static const char DEEPSEEK[] = "model_name=deepseek3-tiny override_model_config=true base_num_decoder_layers=3 "
@@ -119,11 +120,10 @@ static char *normalised(const char *path)
         if (measured) *measured = '\0';
         int step;
         char f[8][32];
-        if (in_steps && sscanf(line, " %d %31s %31s %31s %31s %31s %31s %31s %31s", &step, f[0], f[1], f[2], f[3], f[4], f[5], f[6],
-                   f[7]) == 9)
+        if (in_steps && sscanf(line, " %d %31s %31s %31s %31s %31s %31s %31s %31s", &step, f[0], f[1], f[2], f[3], f[4],
+                               f[5], f[6], f[7]) == 9)
             o += (size_t)sprintf(out + o, "%d %s %s %s %s %s %s\n", step, f[0], f[1], f[2], f[3], f[6], f[7]);
-        else
-            o += (size_t)sprintf(out + o, "%s\n", line);
+        else o += (size_t)sprintf(out + o, "%s\n", line);
         if (strstr(line, "tokens/s")) in_steps = true;
     }
     free(s);
@@ -159,7 +159,6 @@ static void assert_same_file(const char *a, const char *b, const char *name)
     free(y);
 }
 
-
 /* The one-process run of `args` and the runs under mpirun -np R for each R of nps: equal outputs. */
 static void check_same_as_one_process(const char *name, const char *args, const int *nps, int n)
 {
@@ -175,19 +174,20 @@ static void check_same_as_one_process(const char *name, const char *args, const 
         snprintf(txt, sizeof txt, "%s.txt", dir);
         snprintf(err, sizeof err, "%s.err", dir);
         char run[8192];
-        snprintf(run, sizeof run, MPIRUN " %s -np %d %s train %s output_dir=%s", mpirun_extra, nps[i], program, args, dir);
+        snprintf(run, sizeof run, MPIRUN " %s -np %d %s train %s output_dir=%s", mpirun_extra, nps[i], program, args,
+                 dir);
         if (*launch_ns) /* mpirun itself in the first "host"'s namespace, with that host's name */
             snprintf(cmd, sizeof cmd, "ip netns exec %s unshare --uts sh -c 'hostname %s && %s' > %s 2> %s", launch_ns,
                      launch_ns, run, txt, err);
-        else
-            snprintf(cmd, sizeof cmd, "%s > %s 2> %s", run, txt, err);
+        else snprintf(cmd, sizeof cmd, "%s > %s 2> %s", run, txt, err);
         int rc = sh(cmd);
         if (rc) {
             char *e = helper_read_file_opt(err, NULL);
             fail_msg("mpirun -np %d exited %d: %s", nps[i], rc, e ? e : "");
         }
         char *got = normalised(txt);
-        if (strcmp(ref, got)) fail_msg("mpirun -np %d: the console differs from the one-process run:\n%s\n---\n%s", nps[i], ref, got);
+        if (strcmp(ref, got))
+            fail_msg("mpirun -np %d: the console differs from the one-process run:\n%s\n---\n%s", nps[i], ref, got);
         char *mv = metrics_values(dir);
         if (strcmp(ref_metrics, mv)) fail_msg("mpirun -np %d: metrics.json differs", nps[i]);
         assert_same_file(one, dir, "collectives.csv");
@@ -283,32 +283,35 @@ static void test_llama_across_two_hosts_over_tcp(void **state)
         fprintf(stderr, "test_cli_mpi: two-host test skipped: %s\n", why);
         skip();
     }
-    snprintf(cmd, sizeof cmd,
-             "timeout 20 sh -c 'ip netns add %s && ip link add %s type veth peer name %s && ip link set %s netns %s && "
-             "ip link set %s netns %s && ip -n %s addr add 10.99.0.1/24 dev %s && ip -n %s addr add 10.99.0.2/24 dev %s && "
-             "ip -n %s link set lo up && ip -n %s link set lo up && ip -n %s link set %s up && ip -n %s link set %s up && "
-             "ip netns exec %s unshare --uts true' > /dev/null 2>&1",
-             b, va, vb, va, a, vb, b, a, va, b, vb, a, b, a, va, b, vb, a);
+    snprintf(
+        cmd, sizeof cmd,
+        "timeout 20 sh -c 'ip netns add %s && ip link add %s type veth peer name %s && ip link set %s netns %s && "
+        "ip link set %s netns %s && ip -n %s addr add 10.99.0.1/24 dev %s && ip -n %s addr add 10.99.0.2/24 dev %s && "
+        "ip -n %s link set lo up && ip -n %s link set lo up && ip -n %s link set %s up && ip -n %s link set %s up && "
+        "ip netns exec %s unshare --uts true' > /dev/null 2>&1",
+        b, va, vb, va, a, vb, b, a, va, b, vb, a, b, a, va, b, vb, a);
     int made = sh(cmd);
     /* the rsh agent: skips ssh-style options, then runs the command in the namespace named as the host */
     snprintf(agent, sizeof agent, "%s/nsrsh", tmp);
     FILE *f = fopen(agent, "w");
     if (f) {
         fputs("#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in -*) shift;; *) break;; esac; done\n"
-              "host=$1; shift\nexec ip netns exec \"$host\" unshare --uts sh -c \"hostname $host && $*\"\n", f);
+              "host=$1; shift\nexec ip netns exec \"$host\" unshare --uts sh -c \"hostname $host && $*\"\n",
+              f);
         fclose(f);
         chmod(agent, 0755);
     }
-    snprintf(ns_cleanup, sizeof ns_cleanup, "ip netns del %s > /dev/null 2>&1; ip netns del %s > /dev/null 2>&1", a,
-             b);
+    snprintf(ns_cleanup, sizeof ns_cleanup, "ip netns del %s > /dev/null 2>&1; ip netns del %s > /dev/null 2>&1", a, b);
     if (made != 0 || !f) {
         sh(ns_cleanup);
         ns_cleanup[0] = '\0';
         fprintf(stderr, "test_cli_mpi: two-host test skipped: could not set up the veth pair and host names\n");
         skip();
     }
-    snprintf(mpirun_extra, sizeof mpirun_extra, "-q --mca plm_rsh_agent %s --mca btl_tcp_if_include 10.99.0.0/24 "
-             "--mca oob_tcp_if_include 10.99.0.0/24 --host %s:1,%s:1", agent, a, b);
+    snprintf(mpirun_extra, sizeof mpirun_extra,
+             "-q --mca plm_rsh_agent %s --mca btl_tcp_if_include 10.99.0.0/24 "
+             "--mca oob_tcp_if_include 10.99.0.0/24 --host %s:1,%s:1",
+             agent, a, b);
     snprintf(launch_ns, sizeof launch_ns, "%s", a);
     const int nps[] = {2};
     check_same_as_one_process("hosts", LLAMA, nps, 1); /* a failure here leaves the cleanup to teardown */
@@ -316,8 +319,10 @@ static void test_llama_across_two_hosts_over_tcp(void **state)
     /* the bytes that crossed the veth (both ways, every step) against one step's MPI bytes */
     char line[256];
     unsigned long long rx = 0, tx = 0, step = 0;
-    snprintf(line, sizeof line, "ip netns exec %s sh -c 'cat /sys/class/net/%s/statistics/rx_bytes "
-             "/sys/class/net/%s/statistics/tx_bytes'", a, va, va);
+    snprintf(line, sizeof line,
+             "ip netns exec %s sh -c 'cat /sys/class/net/%s/statistics/rx_bytes "
+             "/sys/class/net/%s/statistics/tx_bytes'",
+             a, va, va);
     FILE *p = popen(line, "r");
     if (p) {
         if (fscanf(p, "%llu %llu", &rx, &tx) != 2) rx = tx = 0;
@@ -331,8 +336,8 @@ static void test_llama_across_two_hosts_over_tcp(void **state)
     ns_cleanup[0] = '\0';
     if (!step) fail_msg("no MPI bytes per step in the two-host run's output");
     if (rx + tx < step)
-        fail_msg("the veth between the hosts carried %llu bytes, less than one step's %llu MPI bytes: not over TCP", rx + tx,
-                 step);
+        fail_msg("the veth between the hosts carried %llu bytes, less than one step's %llu MPI bytes: not over TCP",
+                 rx + tx, step);
 }
 
 /* pipeline stages on different ranks: the ppermute shifts cross them */
@@ -400,7 +405,8 @@ static void test_checkpoints_across_rank_counts(void **state)
     char cmd[8192];
     const char *a = LLAMA_BASE;
     /* one process: save after step 2, then resume to step 4 */
-    snprintf(cmd, sizeof cmd, "%s train %s steps=3 checkpoint_dir=%s/ck1 > /dev/null 2>&1 && "
+    snprintf(cmd, sizeof cmd,
+             "%s train %s steps=3 checkpoint_dir=%s/ck1 > /dev/null 2>&1 && "
              "cp -r %s/ck1 %s/ck2 && %s train %s steps=5 checkpoint_dir=%s/ck1 output_dir=%s/r1 > /dev/null 2>&1",
              program, a, tmp, tmp, tmp, program, a, tmp, tmp);
     assert_int_equal(sh(cmd), 0);
@@ -412,12 +418,13 @@ static void test_checkpoints_across_rank_counts(void **state)
     snprintf(one, sizeof one, "%s/ck2", tmp);
     snprintf(four, sizeof four, "%s/ck4", tmp);
     assert_same_file(one, four, "step_2.safetensors");
-    snprintf(cmd, sizeof cmd, "%s train %s steps=5 checkpoint_dir=%s/ck4 output_dir=%s/r4 > /dev/null 2>&1", program,
-             a, tmp, tmp);
+    snprintf(cmd, sizeof cmd, "%s train %s steps=5 checkpoint_dir=%s/ck4 output_dir=%s/r4 > /dev/null 2>&1", program, a,
+             tmp, tmp);
     assert_int_equal(sh(cmd), 0);
     /* saved in one process, resumed under 2 ranks */
-    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s train %s steps=5 checkpoint_dir=%s/ck2 output_dir=%s/r2 > /dev/null 2>&1",
-             program, a, tmp, tmp);
+    snprintf(cmd, sizeof cmd,
+             MPIRUN " -np 2 %s train %s steps=5 checkpoint_dir=%s/ck2 output_dir=%s/r2 > /dev/null 2>&1", program, a,
+             tmp, tmp);
     assert_int_equal(sh(cmd), 0);
     char r[3][256];
     const char *names[3] = {"r1", "r4", "r2"};
@@ -466,8 +473,10 @@ static void test_failure_on_one_rank_reaches_the_others(void **state)
     skip_without_mpi();
     char cmd[8192], err[256];
     snprintf(err, sizeof err, "%s/one.err", tmp);
-    snprintf(cmd, sizeof cmd, MPIRUN " -q -np 1 %s train %s : -np 1 env SHARDSIM_HOST_MEMORY_BYTES=1000 %s train %s "
-             "> /dev/null 2> %s", program, LLAMA, program, LLAMA, err);
+    snprintf(cmd, sizeof cmd,
+             MPIRUN " -q -np 1 %s train %s : -np 1 env SHARDSIM_HOST_MEMORY_BYTES=1000 %s train %s "
+                    "> /dev/null 2> %s",
+             program, LLAMA, program, LLAMA, err);
     assert_int_equal(sh(cmd), 2);
     char *e = helper_read_file_opt(err, NULL);
     assert_non_null(e);
@@ -494,8 +503,10 @@ static void test_killed_rank_ends_the_job(void **state)
     (void)state;
     skip_without_mpi();
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "exec env " MPIRUN " -np 2 %s train configs/small.yml ici_fsdp_parallelism=4 "
-             "ici_tensor_parallelism=2 steps=100000 > /dev/null 2>&1", program);
+    snprintf(cmd, sizeof cmd,
+             "exec env " MPIRUN " -np 2 %s train configs/small.yml ici_fsdp_parallelism=4 "
+             "ici_tensor_parallelism=2 steps=100000 > /dev/null 2>&1",
+             program);
     fflush(stdout);
     pid_t mp = fork();
     if (mp == 0) {
@@ -543,8 +554,8 @@ static void test_more_ranks_than_devices(void **state)
     skip_without_mpi();
     char cmd[8192], err[256];
     snprintf(err, sizeof err, "%s/ranks.err", tmp);
-    snprintf(cmd, sizeof cmd, MPIRUN " -np 3 %s train configs/small.yml ici_fsdp_parallelism=2 steps=1 > /dev/null 2> %s",
-             program, err);
+    snprintf(cmd, sizeof cmd,
+             MPIRUN " -np 3 %s train configs/small.yml ici_fsdp_parallelism=2 steps=1 > /dev/null 2> %s", program, err);
     assert_int_equal(sh(cmd), 2);
     char *e = helper_read_file_opt(err, NULL);
     assert_non_null(e);

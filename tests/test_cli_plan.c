@@ -271,16 +271,11 @@ static void test_explain_out_of_range(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_count_meshes),
-        cmocka_unit_test(test_enumeration_two_devices),
-        cmocka_unit_test(test_global_batch),
-        cmocka_unit_test(test_rejection_reasons),
-        cmocka_unit_test(test_top_command_runs),
-        cmocka_unit_test(test_extrapolation_matches_full),
-        cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_explain),
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_explain_out_of_range),
+        cmocka_unit_test(test_count_meshes),     cmocka_unit_test(test_enumeration_two_devices),
+        cmocka_unit_test(test_global_batch),     cmocka_unit_test(test_rejection_reasons),
+        cmocka_unit_test(test_top_command_runs), cmocka_unit_test(test_extrapolation_matches_full),
+        cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_explain),
+        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_explain_out_of_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

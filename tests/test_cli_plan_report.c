@@ -186,7 +186,10 @@ static void test_json_against_table(void **state)
         double step_ms, mfu_pct, pv;
         char unit[8];
         assert_int_equal(sscanf(row, "%d %lf %lf%% %lf %7s %n", &rank, &step_ms, &mfu_pct, &pv, unit, &pos), 5);
-        double scale = !strcmp(unit, "GiB") ? 1073741824.0 : !strcmp(unit, "MiB") ? 1048576.0 : !strcmp(unit, "KiB") ? 1024.0 : 1;
+        double scale = !strcmp(unit, "GiB")   ? 1073741824.0
+                       : !strcmp(unit, "MiB") ? 1048576.0
+                       : !strcmp(unit, "KiB") ? 1024.0
+                                              : 1;
         const cfg_json *c = &cands->items[rank - 1]; /* the ranked come first, in rank order */
         assert_true(is(c, "ranked"));
         assert_int_equal((int)num(c, "rank"), rank);
@@ -209,15 +212,16 @@ static void test_json_against_table(void **state)
         assert_non_null(cmd);
         assert_int_equal((int)strcspn(cmd + 8, "\n"), (int)strlen(str(c, "command")));
         assert_int_equal(strncmp(cmd + 8, str(c, "command"), strlen(str(c, "command"))), 0);
-        assert_null(strstr(str(c, "command"), "output_dir")); /* a train run of it must not overwrite the plan's files */
+        assert_null(
+            strstr(str(c, "command"), "output_dir")); /* a train run of it must not overwrite the plan's files */
         rows++;
     }
     assert_int_equal(rows, 10); /* plan_top's default */
 
     /* every candidate once, with an id in order; the figures are whole */
     long long by[8] = {0}, records[8] = {0}, total = 0, unmade = 0;
-    const char *states[8] = {"ranked", "out_of_memory", "failed", "same_figures", "not_dry_run", "equivalent", "pruned",
-                             "rejected"};
+    const char *states[8] = {"ranked",      "out_of_memory", "failed", "same_figures",
+                             "not_dry_run", "equivalent",    "pruned", "rejected"};
     double hbm = num(root, "hbm_bytes");
     for (int i = 0; i < cands->n; i++) {
         const cfg_json *c = &cands->items[i];
@@ -243,7 +247,8 @@ static void test_json_against_table(void **state)
             assert_true(close_rel(sum, num(c, "peak_bytes"), 1e-12));
             assert_true(close_rel(num(t, "compute_s") + num(t, "optimizer_s") + num(t, "exposed_communication_s"),
                                   num(c, "step_s"), 1e-9));
-            assert_true(close_rel(num(c, "mfu"), num(t, "model_flops") / (num(c, "step_s") * num(t, "peak_flops")), 1e-9));
+            assert_true(
+                close_rel(num(c, "mfu"), num(t, "model_flops") / (num(c, "step_s") * num(t, "peak_flops")), 1e-9));
         }
         if (s == 0) assert_true(num(c, "peak_bytes") <= hbm);
         if (s == 1 && strncmp(str(c, "reason"), "out of memory in the full dry run", 33))
@@ -270,13 +275,13 @@ static void test_pareto_front(void **state)
     const cfg_json *cands = get(root, "candidates"), *listed = get(root, "pareto");
     bool *front = calloc((size_t)cands->n, sizeof *front);
     int n = derive_front(cands, front);
-    assert_true(n >= 3);                                                   /* a front, not a point */
-    assert_true(n < (int)num(get(root, "counts"), "ranked"));              /* and not everything */
-    assert_true(front[0]);                                                 /* the fastest is on it */
+    assert_true(n >= 3);                                      /* a front, not a point */
+    assert_true(n < (int)num(get(root, "counts"), "ranked")); /* and not everything */
+    assert_true(front[0]);                                    /* the fastest is on it */
     for (int i = 0; i < cands->n; i++)
         if (get(&cands->items[i], "pareto")->boolean != front[i])
-            fail_msg("candidate %d (%s): plan.json says pareto=%d, its figures say %d", i, str(&cands->items[i], "summary"),
-                     get(&cands->items[i], "pareto")->boolean, front[i]);
+            fail_msg("candidate %d (%s): plan.json says pareto=%d, its figures say %d", i,
+                     str(&cands->items[i], "summary"), get(&cands->items[i], "pareto")->boolean, front[i]);
     assert_int_equal(listed->n, n);
     for (int k = 0; k < listed->n; k++) assert_true(front[listed->items[k].integer]);
     free(front);
@@ -446,10 +451,8 @@ static int group_teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_json_against_table),
-        cmocka_unit_test(test_pareto_front),
-        cmocka_unit_test(test_report_page),
-        cmocka_unit_test(test_nothing_fits),
+        cmocka_unit_test(test_json_against_table), cmocka_unit_test(test_pareto_front),
+        cmocka_unit_test(test_report_page),        cmocka_unit_test(test_nothing_fits),
         cmocka_unit_test(test_bad_output_dir),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -41,7 +41,6 @@ static int count_lines(const char *s)
     return n;
 }
 
-
 /* ======================================================================== */
 /* the test machine                                                         */
 /* ======================================================================== */
@@ -138,9 +137,8 @@ static void check_pivot(const cli_records *r, const cli_traffic *t, cli_step_ran
             uint64_t b = 0;
             for (size_t i = 0; i < r->n[d]; i++) {
                 const sim_record *x = &r->recs[d][i];
-                if (x->step < steps.first || x->step > steps.last || x->op != row->op ||
-                    x->phase != row->phase || x->axes.n != row->axes.n ||
-                    memcmp(x->axes.axis, row->axes.axis, (size_t)x->axes.n))
+                if (x->step < steps.first || x->step > steps.last || x->op != row->op || x->phase != row->phase ||
+                    x->axes.n != row->axes.n || memcmp(x->axes.axis, row->axes.axis, (size_t)x->axes.n))
                     continue;
                 calls++;
                 b += x->bytes_sent;
@@ -439,7 +437,7 @@ static void test_console(void **state)
     assert_contains(l1, "2.34568");
     assert_contains(l1, " 5.0000e-01  7.2500e+00 "); /* grad norm (clipped), then raw norm */
     assert_contains(out, "grad norm    raw norm");
-    assert_contains(l1, " 32768 ");    /* tokens/s of a real step */
+    assert_contains(l1, " 32768 "); /* tokens/s of a real step */
     assert_contains(l1, " 1.50 MiB\n");
     assert_contains(l2, " - ");
     assert_null(strstr(l2, "32768")); /* a dry run has no throughput */
@@ -458,10 +456,8 @@ static void test_console(void **state)
     char buf[256];
     assert_string_equal(cli_progress_format(0.42, "compiling", buf, sizeof buf),
                         "[============>                 ]  42% compiling");
-    assert_string_equal(cli_progress_format(1.0, NULL, buf, sizeof buf),
-                        "[==============================] 100%");
-    assert_string_equal(cli_progress_format(-1, "x", buf, sizeof buf),
-                        "[>                             ]   0% x");
+    assert_string_equal(cli_progress_format(1.0, NULL, buf, sizeof buf), "[==============================] 100%");
+    assert_string_equal(cli_progress_format(-1, "x", buf, sizeof buf), "[>                             ]   0% x");
     /* not a terminal: nothing */
     f = open_memstream(&out, &len);
     cli_progress(f, 0.5, "work");
@@ -617,12 +613,9 @@ static void test_parity(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_traffic_pivot),
-        cmocka_unit_test(test_csv_files),
-        cmocka_unit_test(test_metrics_and_memory),
-        cmocka_unit_test(test_console),
-        cmocka_unit_test(test_run_and_trace),
-        cmocka_unit_test(test_parity),
+        cmocka_unit_test(test_traffic_pivot),      cmocka_unit_test(test_csv_files),
+        cmocka_unit_test(test_metrics_and_memory), cmocka_unit_test(test_console),
+        cmocka_unit_test(test_run_and_trace),      cmocka_unit_test(test_parity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,9 +31,9 @@
 
 static char dir[128];
 
-static const char *MODEL[] = {"base_num_decoder_layers=2", "base_emb_dim=64", "base_num_query_heads=4",
-                              "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=128", "vocab_size=256",
-                              "max_target_length=32", "per_device_batch_size=2"};
+static const char *MODEL[] = {
+    "base_num_decoder_layers=2", "base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=4",    "head_dim=16",
+    "base_mlp_dim=128",          "vocab_size=256",  "max_target_length=32",   "per_device_batch_size=2"};
 enum { NMODEL = sizeof MODEL / sizeof MODEL[0] };
 
 /* The headless browser, or NULL when none is installed. */
@@ -192,8 +192,8 @@ static void test_train_report(void **state)
     snprintf(path, sizeof path, "%s/train/report.html", dir);
     char *dom = render(path);
     if (!dom) return;
-    const char *charts[] = {"loss", "mesh", "traffic", "traffic-by-layer", "memory", "sharding-params",
-                            "sharding-activations"};
+    const char *charts[] = {
+        "loss", "mesh", "traffic", "traffic-by-layer", "memory", "sharding-params", "sharding-activations"};
     int drawn = check_rendered(dom, charts, 7);
     assert_int_equal(drawn, 7);
     assert_int_equal(check_sections(dom), 6); /* loss, mesh, traffic x2, memory, sharding */
@@ -208,7 +208,8 @@ static void test_train_report(void **state)
     char *inputs = helper_read_file_opt(path, NULL);
     assert_non_null(inputs);
     char want[128];
-    snprintf(want, sizeof want, "data-chart=\"sharding-activations\" data-points=\"%d\"", count(inputs, "\"logic_axes\""));
+    snprintf(want, sizeof want, "data-chart=\"sharding-activations\" data-points=\"%d\"",
+             count(inputs, "\"logic_axes\""));
     assert_non_null(strstr(dom, want));
     free(inputs);
     /* devices are numbered row-major over (fsdp, tensor): device = 2 fsdp + tensor.  The final
@@ -264,14 +265,14 @@ static void test_parity_report(void **state)
     free(html);
     char *dom = render(path);
     if (!dom) return;
-    const char *charts[] = {"parity-verdict", "parity-loss", "parity-table", "parity-summary", "parity-memory",
-                            "parity-memory-0", "parity-memory-1", "parity-memory-2", "parity-traffic",
-                            "parity-step-time"};
+    const char *charts[] = {"parity-verdict", "parity-loss",     "parity-table",    "parity-summary",
+                            "parity-memory",  "parity-memory-0", "parity-memory-1", "parity-memory-2",
+                            "parity-traffic", "parity-step-time"};
     assert_int_equal(check_rendered(dom, charts, 10), 10);
     /* verdict, loss, table, side by side, memory, traffic, step time */
     assert_int_equal(check_sections(dom), 7);
     assert_non_null(strstr(dom, "data-chart=\"parity-loss\" data-points=\"9\"")); /* 3 configs x 3 steps */
-    assert_non_null(strstr(dom, "class=\"fail\""));                                 /* a failing row marked */
+    assert_non_null(strstr(dom, "class=\"fail\""));                               /* a failing row marked */
     /* the verdict names the first diverging step and parameter, as parity.json has them */
     snprintf(path, sizeof path, "%s/parity/parity.json", dir);
     char *pj = helper_read_file_opt(path, NULL);

@@ -36,8 +36,9 @@
 #include "tests/cli_capture.h"
 #include "tests/helpers.h"
 
-#define SMALL "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64", \
-              "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
+#define SMALL                                                                                                          \
+    "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8", "base_mlp_dim=64",               \
+        "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16", "per_device_batch_size=1"
 
 static long file_size(const char *dir, const char *name)
 {
@@ -73,8 +74,8 @@ enum { MAX_STEPS = 24, MAX_DEV = 8 };
 typedef struct {
     long events[MAX_DEV][MAX_STEPS + 1]; /* [device][step + 1]: "X" and "i" events */
     unsigned long digest[MAX_DEV][MAX_STEPS + 1];
-    int markers[MAX_DEV][MAX_STEPS];     /* marker seen for the step */
-    int pids[MAX_DEV];                   /* process_name events per device */
+    int markers[MAX_DEV][MAX_STEPS]; /* marker seen for the step */
+    int pids[MAX_DEV];               /* process_name events per device */
 } by_step;
 
 static unsigned long hash_str(unsigned long h, const char *s)
@@ -104,8 +105,8 @@ static void walk(const cfg_json *t, by_step *b)
         if (strcmp(ph, "X") && strcmp(ph, "i")) continue;
         b->events[pid][cur[pid] + 1]++;
         const cfg_json *tid = cfg_json_get(e, "tid");
-        b->digest[pid][cur[pid] + 1] = hash_str(b->digest[pid][cur[pid] + 1] * 7 + (tid ? (unsigned long)tid->number : 0),
-                                                name);
+        b->digest[pid][cur[pid] + 1] =
+            hash_str(b->digest[pid][cur[pid] + 1] * 7 + (tid ? (unsigned long)tid->number : 0), name);
     }
 }
 
@@ -120,8 +121,8 @@ static void test_trace_bound(void **state)
     cli_capture r = cli_capture_run(cli_train, 5, argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     long size = file_size(dir, "trace.json");
-    assert_true(size > 100000);   /* it holds the two steps of 8 devices */
-    assert_true(size < 1000000);  /* under 1 MB */
+    assert_true(size > 100000);  /* it holds the two steps of 8 devices */
+    assert_true(size < 1000000); /* under 1 MB */
     assert_non_null(strstr(r.out, "trace.json: steps 0, 19 of 20 (trace_steps=first,last); left out 18 steps"));
     cli_capture_free(&r);
     cfg_json *t = helper_read_json(dir, "trace.json");
@@ -133,7 +134,8 @@ static void test_trace_bound(void **state)
     walk(t, &b);
     for (int d = 0; d < 8; d++) {
         assert_int_equal(b.pids[d], 1); /* one process per device */
-        for (int s = 0; s < MAX_STEPS; s++) assert_int_equal(b.markers[d][s], s == 0 || s == 19); /* steps 1..18 left out */
+        for (int s = 0; s < MAX_STEPS; s++)
+            assert_int_equal(b.markers[d][s], s == 0 || s == 19); /* steps 1..18 left out */
         assert_true(b.events[d][1] > 10);
     }
     cfg_json_free(t);
@@ -154,7 +156,8 @@ static void test_trace_selection(void **state)
     assert_null(strstr(r.out, "trace.json: steps")); /* nothing left out, nothing said */
     cli_capture_free(&r);
     snprintf(od, sizeof od, "output_dir=%s", some);
-    const char *a2[] = {SMALL, "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "steps=8", "trace_steps=2, 5-6", od};
+    const char *a2[] = {SMALL,     "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
+                        "steps=8", "trace_steps=2, 5-6",     od};
     r = cli_capture_run(cli_train, (int)(sizeof a2 / sizeof a2[0]), a2);
     if (r.rc) fail_msg("train failed: %s", r.err);
     cli_capture_free(&r);
@@ -258,7 +261,7 @@ static void test_trace_atomic(void **state)
         assert_int_equal(stat(sub, &st), 0);
         assert_true(S_ISDIR(st.st_mode));
         assert_int_equal(count_prefixed(dir, ".trace.json"), 0); /* no temporary left behind */
-        assert_int_equal(count_prefixed(sub, ""), 2);              /* ".", ".." : nothing written into it */
+        assert_int_equal(count_prefixed(sub, ""), 2);            /* ".", ".." : nothing written into it */
         helper_rm_rf(dir);
         free(dir);
     }
@@ -275,14 +278,36 @@ static void test_trace_atomic_midwrite(void **state)
         snprintf(path, sizeof path, "%s/trace.json", dir);
         helper_write_file(path, "{\"previous\": true}\n", 19);
         snprintf(od, sizeof od, "output_dir=%s", dir);
-        const char *real[] = {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8",
-                              "base_mlp_dim=64", "base_num_decoder_layers=2", "vocab_size=256", "max_target_length=16",
-                              "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "steps=8",
-                              "trace_steps=all", "collectives_csv_max_rows=100", od};
-        const char *dry[] = {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=8",
-                             "base_mlp_dim=64", "base_num_decoder_layers=32", "vocab_size=256", "max_target_length=16",
-                             "per_device_batch_size=1", "ici_fsdp_parallelism=2", "steps=1", "dry_run=true",
-                             "hardware_profile=v5p", "collectives_csv_max_rows=100", od};
+        const char *real[] = {"base_emb_dim=32",
+                              "base_num_query_heads=4",
+                              "base_num_kv_heads=4",
+                              "head_dim=8",
+                              "base_mlp_dim=64",
+                              "base_num_decoder_layers=2",
+                              "vocab_size=256",
+                              "max_target_length=16",
+                              "per_device_batch_size=1",
+                              "ici_fsdp_parallelism=2",
+                              "ici_tensor_parallelism=2",
+                              "steps=8",
+                              "trace_steps=all",
+                              "collectives_csv_max_rows=100",
+                              od};
+        const char *dry[] = {"base_emb_dim=32",
+                             "base_num_query_heads=4",
+                             "base_num_kv_heads=4",
+                             "head_dim=8",
+                             "base_mlp_dim=64",
+                             "base_num_decoder_layers=32",
+                             "vocab_size=256",
+                             "max_target_length=16",
+                             "per_device_batch_size=1",
+                             "ici_fsdp_parallelism=2",
+                             "steps=1",
+                             "dry_run=true",
+                             "hardware_profile=v5p",
+                             "collectives_csv_max_rows=100",
+                             od};
         fflush(NULL);
         pid_t pid = fork();
         assert_true(pid >= 0);
@@ -311,10 +336,8 @@ static void test_trace_atomic_midwrite(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_trace_bound),
-        cmocka_unit_test(test_trace_selection),
-        cmocka_unit_test(test_trace_steps_refused),
-        cmocka_unit_test(test_trace_atomic),
+        cmocka_unit_test(test_trace_bound),           cmocka_unit_test(test_trace_selection),
+        cmocka_unit_test(test_trace_steps_refused),   cmocka_unit_test(test_trace_atomic),
         cmocka_unit_test(test_trace_atomic_midwrite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

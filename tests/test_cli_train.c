@@ -33,8 +33,8 @@ static void test_train_artifacts(void **state)
     assert_non_null(mkdtemp(dir));
     char od[300];
     snprintf(od, sizeof od, "output_dir=%s", dir);
-    const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                          "steps=2", od};
+    const char *argv[] = {
+        SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "steps=2", od};
     result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "traffic over 2 steps"));
@@ -83,9 +83,11 @@ static void test_train_artifacts(void **state)
     fclose(f);
     assert_true(rows > 20);
     done(&r);
-    const char *all[] = {"metrics.json", "run.json", "trace.json", "shardings.json", "named_shardings.json",
-                         "logical_shardings.json", "input_shardings.json", "collectives.csv", "traffic.csv",
-                         "report.html"};
+    const char *all[] = {"metrics.json",         "run.json",
+                         "trace.json",           "shardings.json",
+                         "named_shardings.json", "logical_shardings.json",
+                         "input_shardings.json", "collectives.csv",
+                         "traffic.csv",          "report.html"};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, all[i]);
         assert_int_equal(unlink(path), 0);
@@ -136,8 +138,14 @@ static void test_wire_rule_artifacts(void **state)
         assert_non_null(mkdtemp(dir));
         char od[300];
         snprintf(od, sizeof od, "output_dir=%s", dir);
-        const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=4", "dtype=bfloat16",
-                              "weight_dtype=float32", "steps=1", profile[i], od};
+        const char *argv[] = {SMALL,
+                              "per_device_batch_size=1",
+                              "ici_fsdp_parallelism=4",
+                              "dtype=bfloat16",
+                              "weight_dtype=float32",
+                              "steps=1",
+                              profile[i],
+                              od};
         result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
         if (r.rc) fail_msg("train failed: %s", r.err);
         assert_non_null(strstr(r.out, "weight collectives"));
@@ -176,11 +184,14 @@ static void test_artifact_limits(void **state)
     char od[300];
     snprintf(od, sizeof od, "output_dir=%s", dir);
     /* each device makes the same calls: a limit of one row/event keeps device 0 only */
-    const char *argv[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                          "steps=3", "trace_max_events=1", "collectives_csv_max_rows=1", "trace_steps=all", od};
+    const char *argv[] = {
+        SMALL,     "per_device_batch_size=1", "ici_fsdp_parallelism=2",     "ici_tensor_parallelism=2",
+        "steps=3", "trace_max_events=1",      "collectives_csv_max_rows=1", "trace_steps=all",
+        od};
     result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
-    assert_non_null(strstr(r.out, "limited artifacts: collectives.csv holds devices 0-0 and trace.json devices 0-0 of 4"));
+    assert_non_null(
+        strstr(r.out, "limited artifacts: collectives.csv holds devices 0-0 and trace.json devices 0-0 of 4"));
     cfg_json *t = helper_read_json(dir, "trace.json");
     assert_int_equal(cfg_json_get(cfg_json_get(t, "otherData"), "devices_traced")->number, 1);
     const cfg_json *ev = cfg_json_get(t, "traceEvents");
@@ -225,23 +236,26 @@ static void test_artifact_limits(void **state)
 static void test_dcn_traffic(void **state)
 {
     (void)state;
-    const char *argv[] = {SMALL, "per_device_batch_size=1", "dcn_data_parallelism=2", "num_slices=2",
-                          "ici_fsdp_parallelism=2", "steps=1"};
+    const char *argv[] = {SMALL,          "per_device_batch_size=1", "dcn_data_parallelism=2",
+                          "num_slices=2", "ici_fsdp_parallelism=2",  "steps=1"};
     result r = run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "dcn/device"));
-    const char *ar = strstr(r.out, "\nall-reduce         data       backward"), *ag = strstr(r.out, "\nall-gather         fsdp       forward");
+    const char *ar = strstr(r.out, "\nall-reduce         data       backward"),
+               *ag = strstr(r.out, "\nall-gather         fsdp       forward");
     assert_non_null(ar);
     assert_non_null(ag);
     /* columns: op axes phase calls mean max dcn share; compare mean and dcn as printed */
     char op[32], axes[32], phase[32], mean[16], mean_u[8], max[16], dcn[16], dcn_u[8];
     int calls;
     assert_int_equal(sscanf(ar + 1, "%31s %31s %31s %d %15s %7s %15s %15s %7s", op, axes, phase, &calls, mean, mean_u,
-                            max, dcn, dcn_u), 9);
+                            max, dcn, dcn_u),
+                     9);
     assert_string_equal(mean, dcn); /* every byte of the data all-reduce crosses slices */
     assert_string_equal(mean_u, dcn_u);
     assert_int_equal(sscanf(ag + 1, "%31s %31s %31s %d %15s %7s %15s %15s %7s", op, axes, phase, &calls, mean, mean_u,
-                            max, dcn, dcn_u), 9);
+                            max, dcn, dcn_u),
+                     9);
     assert_string_equal(dcn, "0"); /* fsdp stays within a slice */
     assert_string_equal(dcn_u, "B");
     done(&r);
@@ -412,8 +426,14 @@ static void test_resume(void **state)
     fputs("half a file", f);
     fclose(f);
     snprintf(lp, sizeof lp, "load_parameters_path=%s", p0);
-    const char *b[] = {SMALL, "per_device_batch_size=1", "ici_fsdp_parallelism=2", "steps=4", "checkpoint_period=2",
-                       "learning_rate=3e-4", ck, lp};
+    const char *b[] = {SMALL,
+                       "per_device_batch_size=1",
+                       "ici_fsdp_parallelism=2",
+                       "steps=4",
+                       "checkpoint_period=2",
+                       "learning_rate=3e-4",
+                       ck,
+                       lp};
     r = run(cli_train, (int)(sizeof b / sizeof b[0]), b);
     if (r.rc) fail_msg("resume failed: %s", r.err);
     assert_non_null(strstr(r.out, "resuming from this run's checkpoint"));
@@ -459,8 +479,13 @@ static void test_resume(void **state)
     unlink(p0);
     unlink(p2);
     unlink(p3);
-    const char *g[] = {SMALL, "per_device_batch_size=2", "steps=4", "checkpoint_period=2", ck,
-                       "save_checkpoint_on_start=false", "save_checkpoint_on_completion=false"};
+    const char *g[] = {SMALL,
+                       "per_device_batch_size=2",
+                       "steps=4",
+                       "checkpoint_period=2",
+                       ck,
+                       "save_checkpoint_on_start=false",
+                       "save_checkpoint_on_completion=false"};
     r = run(cli_train, (int)(sizeof g / sizeof g[0]), g);
     if (r.rc) fail_msg("train failed: %s", r.err);
     done(&r);
@@ -484,14 +509,10 @@ static void test_resume(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_train_artifacts),
-        cmocka_unit_test(test_grad_norm_after_clipping),
-        cmocka_unit_test(test_artifact_limits),
-        cmocka_unit_test(test_wire_rule_artifacts),
-        cmocka_unit_test(test_dcn_traffic),
-        cmocka_unit_test(test_train_without_arguments),
-        cmocka_unit_test(test_train_bad_input),
-        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_train_artifacts), cmocka_unit_test(test_grad_norm_after_clipping),
+        cmocka_unit_test(test_artifact_limits), cmocka_unit_test(test_wire_rule_artifacts),
+        cmocka_unit_test(test_dcn_traffic),     cmocka_unit_test(test_train_without_arguments),
+        cmocka_unit_test(test_train_bad_input), cmocka_unit_test(test_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -174,7 +174,8 @@ static void test_write_layouts(void **state)
     cfg_jw_init(&w);
     cfg_jw_arr(&w);
     cfg_jw_str(&w, "\xc3\xa9");
-    cfg_jw_str(&w, "a\xff" "b");
+    cfg_jw_str(&w, "a\xff"
+                   "b");
     cfg_jw_str(&w, NULL);
     cfg_jw_end(&w);
     char *line = cfg_jw_dumps(&w, CFG_JW_LINE, 17);
@@ -189,11 +190,11 @@ static void test_write_numbers(void **state)
     cfg_jw w;
     cfg_jw_init(&w);
     cfg_jw_arr(&w);
-    cfg_jw_num(&w, 12.0, 6);           /* "12": an integer */
-    cfg_jw_num(&w, 0.1234567, 6);      /* "0.123457" */
-    cfg_jw_num(&w, 1234567.0, 6);      /* "1.23457e+06": a real of that value */
-    cfg_jw_num(&w, 1.0 / 3.0, 9);      /* "0.333333333" */
-    cfg_jw_num(&w, INFINITY, 6);       /* not finite: null */
+    cfg_jw_num(&w, 12.0, 6);      /* "12": an integer */
+    cfg_jw_num(&w, 0.1234567, 6); /* "0.123457" */
+    cfg_jw_num(&w, 1234567.0, 6); /* "1.23457e+06": a real of that value */
+    cfg_jw_num(&w, 1.0 / 3.0, 9); /* "0.333333333" */
+    cfg_jw_num(&w, INFINITY, 6);  /* not finite: null */
     cfg_jw_end(&w);
     char *t = cfg_jw_dumps(&w, CFG_JW_LINE, 9);
     assert_string_equal(t, "[12, 0.123457, 1234570.0, 0.333333333, null]");
@@ -226,12 +227,8 @@ static void test_write_numbers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kinds),
-        cmocka_unit_test(test_equal),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_read_file),
-        cmocka_unit_test(test_write_layouts),
-        cmocka_unit_test(test_write_numbers),
+        cmocka_unit_test(test_kinds),     cmocka_unit_test(test_equal),         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_read_file), cmocka_unit_test(test_write_layouts), cmocka_unit_test(test_write_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

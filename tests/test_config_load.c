@@ -18,10 +18,10 @@
 #include "config/models.h"
 #include "tests/helpers.h"
 
-static const char *const MODELS[] = {"llama2-7b", "deepseek3-test", "deepseek3-tiny",
-                                     "deepseek3-671b", "deepseek2-16b", "deepseek3-671b-batchsplit"};
-static const char *const CUSTOMS[] = {"pure-fsdp", "ep-as-cp", "cp-as-ep",
-                                      "ep-as-dp", "shard-exp-on-fsdp", "pipeline-large-moe"};
+static const char *const MODELS[] = {"llama2-7b",      "deepseek3-test", "deepseek3-tiny",
+                                     "deepseek3-671b", "deepseek2-16b",  "deepseek3-671b-batchsplit"};
+static const char *const CUSTOMS[] = {"pure-fsdp", "ep-as-cp",          "cp-as-ep",
+                                      "ep-as-dp",  "shard-exp-on-fsdp", "pipeline-large-moe"};
 enum { N_MODELS = 6, N_CUSTOMS = 6 };
 
 static char ref_path[1024];
@@ -38,13 +38,13 @@ static cfg_config *load_ok(const char *base, const char *configs_dir, int n, con
     cfg_args a = {base, configs_dir, NULL, 0, ovr, n};
     cfg_config *cfg = NULL;
     sim_status st = cfg_load(&a, &cfg);
-    if (st != SIM_OK) fail_msg("loading %s with %d overrides failed: %s", base ? base : "configs/base.yml", n, sim_errmsg());
+    if (st != SIM_OK)
+        fail_msg("loading %s with %d overrides failed: %s", base ? base : "configs/base.yml", n, sim_errmsg());
     return cfg;
 }
 
 /* Loads expecting failure; returns the message (static copy). */
-static const char *load_err(const char *base, const char *const *files, int n_files, int n,
-                            const char *const *ovr)
+static const char *load_err(const char *base, const char *const *files, int n_files, int n, const char *const *ovr)
 {
     static char msg[4096];
     cfg_args a = {base, NULL, files, n_files, ovr, n};
@@ -209,8 +209,8 @@ static void test_reference_files_load(void **state)
             size_t len = strlen(de->d_name);
             if (len < 5 || strcmp(de->d_name + len - 4, ".yml") != 0) continue;
             char ovr[300];
-            snprintf(ovr, sizeof ovr, "%s=%.*s", k == 0 ? "model_name" : "custom_mesh_and_rule",
-                     (int)(len - 4), de->d_name);
+            snprintf(ovr, sizeof ovr, "%s=%.*s", k == 0 ? "model_name" : "custom_mesh_and_rule", (int)(len - 4),
+                     de->d_name);
             const char *o[] = {ovr};
             cfg_free(load_ok(base, NULL, 1, o));
             /* the same file as an extra file over the project base */
@@ -219,8 +219,7 @@ static void test_reference_files_load(void **state)
             const char *files[] = {file};
             cfg_args a = {NULL, NULL, files, 1, NULL, 0};
             cfg_config *c2 = NULL;
-            if (cfg_load(&a, &c2) != SIM_OK)
-                fail_msg("%s over configs/base.yml: %s", file, sim_errmsg());
+            if (cfg_load(&a, &c2) != SIM_OK) fail_msg("%s over configs/base.yml: %s", file, sim_errmsg());
             cfg_free(c2);
             n++;
         }
@@ -235,15 +234,38 @@ static void test_project_agrees_with_maxtext(void **state)
     (void)state;
     char base[1024];
     snprintf(base, sizeof base, "%s", ref("configs/base.yml"));
-    static const char *const base_keys[] = {
-        "mesh_axes", "logical_axis_rules", "data_sharding", "input_data_sharding_logical_axes",
-        "context_sharding", "ulysses_context_sharding", "model_name", "shard_mode",
-        "base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
-        "base_num_decoder_layers", "head_dim", "vocab_size", "mlp_activations",
-        "normalization_layer_epsilon", "per_device_batch_size", "max_target_length",
-        "learning_rate", "adam_b1", "adam_b2", "adam_eps", "adam_eps_root", "adam_weight_decay",
-        "gradient_clipping_threshold", "capacity_factor", "rope_max_timescale", "remat_policy",
-        "z_loss_multiplier", "init_weights_seed", "weight_dtype"};
+    static const char *const base_keys[] = {"mesh_axes",
+                                            "logical_axis_rules",
+                                            "data_sharding",
+                                            "input_data_sharding_logical_axes",
+                                            "context_sharding",
+                                            "ulysses_context_sharding",
+                                            "model_name",
+                                            "shard_mode",
+                                            "base_emb_dim",
+                                            "base_num_query_heads",
+                                            "base_num_kv_heads",
+                                            "base_mlp_dim",
+                                            "base_num_decoder_layers",
+                                            "head_dim",
+                                            "vocab_size",
+                                            "mlp_activations",
+                                            "normalization_layer_epsilon",
+                                            "per_device_batch_size",
+                                            "max_target_length",
+                                            "learning_rate",
+                                            "adam_b1",
+                                            "adam_b2",
+                                            "adam_eps",
+                                            "adam_eps_root",
+                                            "adam_weight_decay",
+                                            "gradient_clipping_threshold",
+                                            "capacity_factor",
+                                            "rope_max_timescale",
+                                            "remat_policy",
+                                            "z_loss_multiplier",
+                                            "init_weights_seed",
+                                            "weight_dtype"};
     cfg_config *ours = load_ok(NULL, NULL, 0, NULL), *theirs = load_ok(base, NULL, 0, NULL);
     for (size_t i = 0; i < sizeof base_keys / sizeof base_keys[0]; i++)
         assert_value_equal(ours, theirs, base_keys[i], "base");
@@ -461,8 +483,8 @@ static void test_malformed_values(void **state)
         for (int k = 0; k < 3; k++) assert_contains(msg, cases[i].needles[k]);
     }
     /* ints where floats are expected are fine, and so are integral floats */
-    const char *ok[] = {"learning_rate=1", "per_device_batch_size=0.25", "steps=3.0", "run_name=123",
-                        "dataset_path=/a b:c #d", "run_name='quoted text'", "num_devices=8"};
+    const char *ok[] = {"learning_rate=1",        "per_device_batch_size=0.25", "steps=3.0",    "run_name=123",
+                        "dataset_path=/a b:c #d", "run_name='quoted text'",     "num_devices=8"};
     cfg_config *cfg = load_ok(NULL, NULL, 7, ok);
     const char *s;
     assert_int_equal(cfg_get_str(cfg, "dataset_path", &s), SIM_OK);

@@ -55,7 +55,6 @@ static void test_getters(void **state)
     cfg_free(cfg);
 }
 
-
 /* Lists of names, and lookup in a config of many keys (the hash index). */
 static void test_lists_and_index(void **state)
 {

@@ -79,8 +79,8 @@ static void test_override_model_config(void **state)
 static void test_loss_free_balancing_is_data(void **state)
 {
     (void)state;
-    const char *moe[] = {"num_experts=4", "base_moe_mlp_dim=64", "first_num_dense_layers=1", "routed_bias=true",
-                         "routed_bias_update_rate=0.1", "decoder_block=llama2"};
+    const char *moe[] = {"num_experts=4",    "base_moe_mlp_dim=64",         "first_num_dense_layers=1",
+                         "routed_bias=true", "routed_bias_update_rate=0.1", "decoder_block=llama2"};
     cfg_config *cfg;
     assert_int_equal(cfgt_load(NULL, NULL, 6, moe, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "routed_bias_update_rate=0.1 with decoder_block=llama2");
@@ -92,7 +92,8 @@ static void test_loss_free_balancing_is_data(void **state)
     char *dir = cfgt_copy_configs();
     char cmd[512];
     snprintf(cmd, sizeof cmd,
-             "sed -i 's/^  llama2: {\\(.*\\)}$/  llama2: {\\1, loss_free_balancing: true}/' '%s/decoder_blocks.yml'", dir);
+             "sed -i 's/^  llama2: {\\(.*\\)}$/  llama2: {\\1, loss_free_balancing: true}/' '%s/decoder_blocks.yml'",
+             dir);
     assert_int_equal(system(cmd), 0);
     char base[512];
     snprintf(base, sizeof base, "%s/base.yml", dir);

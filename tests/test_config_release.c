@@ -118,7 +118,8 @@ static void test_0_2_0_unknown_keys(void **state)
             assert_false(cfg_release_lacks_key(r, key));
             continue;
         }
-        if (cfg_release_lacks_key(r, key) == in_0_2_0) fail_msg("%s: in 0.2.0's base.yml %d, unknown_keys %d", key, in_0_2_0, !in_0_2_0);
+        if (cfg_release_lacks_key(r, key) == in_0_2_0)
+            fail_msg("%s: in 0.2.0's base.yml %d, unknown_keys %d", key, in_0_2_0, !in_0_2_0);
         lacking += !in_0_2_0;
     }
     assert_true(lacking > 200); /* custom_mesh_and_rule, check_vma, pipeline_fsdp_ag_per_repeat, ... */
@@ -127,9 +128,9 @@ static void test_0_2_0_unknown_keys(void **state)
     cfg_free(k);
 }
 
-#define TINY                                                                                                   \
-    "model_name=llama2-7b", "override_model_config=true", "base_emb_dim=64", "base_num_query_heads=4",        \
-        "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=128", "base_num_decoder_layers=2", "vocab_size=256", \
+#define TINY                                                                                                           \
+    "model_name=llama2-7b", "override_model_config=true", "base_emb_dim=64", "base_num_query_heads=4",                 \
+        "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=128", "base_num_decoder_layers=2", "vocab_size=256",       \
         "max_target_length=32", "hardware=cpu", "dry_run=true", "steps=1"
 enum { N_TINY = 13 };
 
@@ -202,8 +203,8 @@ static void resolve1(const mesh_rules *r, const mesh_shape *m, const char *name,
 static void test_logical_names(void **state)
 {
     (void)state;
-    const char *o[] = {"maxtext_release=0.2.0", "num_devices=8", "ici_fsdp_parallelism=2",
-                       "ici_expert_parallelism=2", "ici_tensor_transpose_parallelism=2"};
+    const char *o[] = {"maxtext_release=0.2.0", "num_devices=8", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
+                       "ici_tensor_transpose_parallelism=2"};
     cfg_config *cfg = NULL;
     if (cfg_load_argv(cli_base_config(), 5, o, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
     mesh_shape m;
@@ -217,7 +218,8 @@ static void test_logical_names(void **state)
     assert_string_equal(got, "");
     resolve1(&r, &m, "activation_batch_attn", got, sizeof got);
     assert_string_equal(got, "fsdp,expert");
-    resolve1(&r, &m, "embed_moe", got, sizeof got); /* embed_no_exp: [fsdp, fsdp_transpose, sequence, tensor_transpose, context] */
+    resolve1(&r, &m, "embed_moe", got,
+             sizeof got); /* embed_no_exp: [fsdp, fsdp_transpose, sequence, tensor_transpose, context] */
     assert_string_equal(got, "fsdp,tensor_transpose");
     mesh_rules_free(&r);
     cfg_free(cfg);
@@ -228,12 +230,26 @@ static void test_logical_names(void **state)
 static void test_parity_across_releases(void **state)
 {
     (void)state;
-    const char *w[] = {"model_name=llama2-7b", "override_model_config=true", "base_emb_dim=64",
-                       "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=128",
-                       "base_num_decoder_layers=4", "vocab_size=256", "max_target_length=32", "hardware=cpu",
-                       "steps=1", "num_devices=4", "shard_mode=explicit", "ici_pipeline_parallelism=2",
-                       "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4", "pipeline_fsdp_ag_once=true",
-                       "per_device_batch_size=2", "configs=maxtext_release=0.2.0;maxtext_release=0.2.5"};
+    const char *w[] = {"model_name=llama2-7b",
+                       "override_model_config=true",
+                       "base_emb_dim=64",
+                       "base_num_query_heads=4",
+                       "base_num_kv_heads=4",
+                       "head_dim=16",
+                       "base_mlp_dim=128",
+                       "base_num_decoder_layers=4",
+                       "vocab_size=256",
+                       "max_target_length=32",
+                       "hardware=cpu",
+                       "steps=1",
+                       "num_devices=4",
+                       "shard_mode=explicit",
+                       "ici_pipeline_parallelism=2",
+                       "ici_fsdp_parallelism=2",
+                       "num_pipeline_microbatches=4",
+                       "pipeline_fsdp_ag_once=true",
+                       "per_device_batch_size=2",
+                       "configs=maxtext_release=0.2.0;maxtext_release=0.2.5"};
     cli_capture c = cli_capture_run(cli_cmd_parity, 20, w);
     assert_int_equal(c.rc, 1);
     assert_non_null(strstr(c.out, "[1] maxtext_release=0.2.0: traces and trains"));
@@ -247,9 +263,9 @@ static void test_parity_across_releases(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_default_and_files),       cmocka_unit_test(test_0_2_0_rules_are_its_base_yml),
-        cmocka_unit_test(test_0_2_0_unknown_keys),      cmocka_unit_test(test_refusals_name_the_release),
-        cmocka_unit_test(test_logical_names),           cmocka_unit_test(test_parity_across_releases),
+        cmocka_unit_test(test_default_and_files),  cmocka_unit_test(test_0_2_0_rules_are_its_base_yml),
+        cmocka_unit_test(test_0_2_0_unknown_keys), cmocka_unit_test(test_refusals_name_the_release),
+        cmocka_unit_test(test_logical_names),      cmocka_unit_test(test_parity_across_releases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

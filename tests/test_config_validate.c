@@ -57,12 +57,13 @@ static void test_ranges_refuse(void **state)
         const char *o[] = {bad[i].ovr};
         assert_int_equal(load(NULL, NULL, 1, o, &cfg), SIM_ERR_INPUT);
         assert_null(cfg);
-        assert_contains(sim_errmsg(), bad[i].ovr);      /* key=value */
-        assert_contains(sim_errmsg(), "command line");  /* its source */
-        assert_contains(sim_errmsg(), bad[i].range);    /* the valid range */
+        assert_contains(sim_errmsg(), bad[i].ovr);     /* key=value */
+        assert_contains(sim_errmsg(), "command line"); /* its source */
+        assert_contains(sim_errmsg(), bad[i].range);   /* the valid range */
     }
     /* the bounds themselves and the "off" values are accepted */
-    const char *ok[] = {"learning_rate=0", "adam_b1=0", "base_moe_mlp_dim=-1", "base_num_decoder_layers=4096",
+    const char *ok[] = {"learning_rate=0",         "adam_b1=0",
+                        "base_moe_mlp_dim=-1",     "base_num_decoder_layers=4096",
                         "warmup_steps_fraction=1", "capacity_factor=-1"};
     cfg_config *cfg;
     if (load(NULL, NULL, 6, ok, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
@@ -98,9 +99,10 @@ static void test_ranges_name_real_keys(void **state)
 static char *combo_dir(const char *rule)
 {
     char *dir = cfgt_mkdir();
-    free(cfgt_write(dir, "base.yml", "num_experts: 1\nnum_slices: 1\ncontext_sharding: context\nmode: a\n"
-                                     "base_mlp_dim: 64\nbase_moe_mlp_dim: 64\nfirst_num_dense_layers: 0\n"
-                                     "decoder_block: llama2\nload_parameters_path: ''\nload_full_state_path: ''\n"));
+    free(cfgt_write(dir, "base.yml",
+                    "num_experts: 1\nnum_slices: 1\ncontext_sharding: context\nmode: a\n"
+                    "base_mlp_dim: 64\nbase_moe_mlp_dim: 64\nfirst_num_dense_layers: 0\n"
+                    "decoder_block: llama2\nload_parameters_path: ''\nload_full_state_path: ''\n"));
     free(cfgt_write(dir, "keys.yml",
                     "keys:\n"
                     "  num_experts: {class: honoured, type: int, default: 1, why: x}\n"
@@ -161,7 +163,8 @@ static void test_maxtext_rules(void **state)
     assert_int_equal(cfgt_load(NULL, NULL, 4, moe, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "base_mlp_dim (128) to equal base_moe_mlp_dim (64)");
     /* MoE needs an expert width */
-    const char *width[] = {"num_experts=4", "base_moe_mlp_dim=-1", "first_num_dense_layers=1"}; /* -1 passes ranges.yml */
+    const char *width[] = {"num_experts=4", "base_moe_mlp_dim=-1",
+                           "first_num_dense_layers=1"}; /* -1 passes ranges.yml */
     assert_int_equal(cfgt_load(NULL, NULL, 3, width, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "needs base_moe_mlp_dim > 0");
     /* both load paths */

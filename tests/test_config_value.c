@@ -42,19 +42,17 @@ static void test_scalar_types(void **state)
         int quoted;
         cfg_type t;
     } cases[] = {
-        {"10_000", 0, CFG_INT},  {"-1", 0, CFG_INT},       {"0x10", 0, CFG_INT},
-        {"1.e-05", 0, CFG_FLOAT}, {"3.e-5", 0, CFG_FLOAT},  {"12.0", 0, CFG_FLOAT},
-        {"1e-6", 0, CFG_FLOAT},  {".inf", 0, CFG_FLOAT},   {"None", 0, CFG_NULL},
-        {"none", 1, CFG_NULL},   {"null", 0, CFG_NULL},    {"", 0, CFG_NULL},
-        {"", 1, CFG_STRING},     {"True", 0, CFG_BOOL},    {"off", 0, CFG_BOOL},
-        {"1", 1, CFG_STRING},    {"fsdp", 0, CFG_STRING},  {"1.2.3", 0, CFG_STRING},
-        {"_1", 0, CFG_STRING},   {"inf", 0, CFG_STRING},
+        {"10_000", 0, CFG_INT},  {"-1", 0, CFG_INT},       {"0x10", 0, CFG_INT},   {"1.e-05", 0, CFG_FLOAT},
+        {"3.e-5", 0, CFG_FLOAT}, {"12.0", 0, CFG_FLOAT},   {"1e-6", 0, CFG_FLOAT}, {".inf", 0, CFG_FLOAT},
+        {"None", 0, CFG_NULL},   {"none", 1, CFG_NULL},    {"null", 0, CFG_NULL},  {"", 0, CFG_NULL},
+        {"", 1, CFG_STRING},     {"True", 0, CFG_BOOL},    {"off", 0, CFG_BOOL},   {"1", 1, CFG_STRING},
+        {"fsdp", 0, CFG_STRING}, {"1.2.3", 0, CFG_STRING}, {"_1", 0, CFG_STRING},  {"inf", 0, CFG_STRING},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cfg_value v = {CFG_SCALAR, (char *)cases[i].text, cases[i].quoted, 0, NULL, NULL, "t", 1};
         if (cfg_scalar_type(&v) != cases[i].t)
-            fail_msg("'%s' (quoted %d): type %d, expected %d", cases[i].text, cases[i].quoted,
-                     cfg_scalar_type(&v), cases[i].t);
+            fail_msg("'%s' (quoted %d): type %d, expected %d", cases[i].text, cases[i].quoted, cfg_scalar_type(&v),
+                     cases[i].t);
     }
 }
 

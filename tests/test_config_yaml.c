@@ -26,15 +26,16 @@ static void test_yaml_bounds(void **state)
 
     /* billion laughs: 9 levels of 9 aliases = 9^9 strings; refused, not expanded */
     snprintf(path, sizeof path, "%s/laugh.yml", dir);
-    free(cfgt_write(dir, strrchr(path, '/') + 1, "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
-                     "b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-                     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
-                     "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
-                     "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
-                     "f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
-                     "g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]\n"
-                     "h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]\n"
-                     "i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]\n"));
+    free(cfgt_write(dir, strrchr(path, '/') + 1,
+                    "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+                    "b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+                    "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+                    "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
+                    "f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+                    "g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]\n"
+                    "h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]\n"
+                    "i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]\n"));
     assert_int_equal(cfgt_load(NULL, path, 0, NULL, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), path);
     assert_contains(sim_errmsg(), "expands to more than");

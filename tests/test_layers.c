@@ -24,8 +24,8 @@ static const struct {
     const char *dir;
     int level;
 } LAYERS[] = {
-    {"blas_kernels", 0},    {"sim", 1},           {"config", 2},           {"mesh", 3},
-    {"models/core", 4},     {"models/blocks", 5}, {"models/families", 6},  {"models/optimizers", 6},
+    {"blas_kernels", 0}, {"sim", 1},           {"config", 2},          {"mesh", 3},
+    {"models/core", 4},  {"models/blocks", 5}, {"models/families", 6}, {"models/optimizers", 6},
     {"cli", 7},
 };
 enum { N_LAYERS = sizeof LAYERS / sizeof LAYERS[0] };
@@ -159,8 +159,9 @@ static int upward_edges(const graph *g, bool skip_known, char *msg, size_t cap)
             if (la < 0 || lb < 0 || LAYERS[lb].level <= LAYERS[la].level) continue;
             if (skip_known && known(g->name[a], g->name[b])) continue;
             bad++;
-            if (o < cap) o += (size_t)snprintf(msg + o, cap - o, "  %s includes %s (layer %s above %s)\n", g->name[a],
-                                              g->name[b], LAYERS[lb].dir, LAYERS[la].dir);
+            if (o < cap)
+                o += (size_t)snprintf(msg + o, cap - o, "  %s includes %s (layer %s above %s)\n", g->name[a],
+                                      g->name[b], LAYERS[lb].dir, LAYERS[la].dir);
         }
     return bad;
 }
@@ -191,7 +192,8 @@ static int find_cycle(const graph *g, char *msg, size_t cap)
                 for (int w = u; w != v; w = parent[w]) path[n++] = w;
                 path[n++] = v;
                 size_t o = (size_t)snprintf(msg, cap, "%s", g->name[v]);
-                for (int i = n - 2; i >= 0 && o < cap; i--) o += (size_t)snprintf(msg + o, cap - o, " -> %s", g->name[path[i]]);
+                for (int i = n - 2; i >= 0 && o < cap; i--)
+                    o += (size_t)snprintf(msg + o, cap - o, " -> %s", g->name[path[i]]);
                 if (o < cap) snprintf(msg + o, cap - o, " -> %s", g->name[v]);
                 return 1;
             }
@@ -295,8 +297,7 @@ static void test_no_layer_includes_one_above_it(void **state)
         if (a < 0 || b < 0 || !g.edge[a][b])
             print_message("  (known upward include %s -> %s is gone: drop it from KNOWN)\n", KNOWN[i].from,
                           KNOWN[i].to);
-        else
-            print_message("  known upward include %s -> %s: %s\n", KNOWN[i].from, KNOWN[i].to, KNOWN[i].why);
+        else print_message("  known upward include %s -> %s: %s\n", KNOWN[i].from, KNOWN[i].to, KNOWN[i].why);
     }
 }
 

@@ -29,8 +29,8 @@ typedef struct {
     mesh_shape mesh;
     bool dry;
     float global[R * C];
-    float back[3][R * C];          /* stored back, per spec */
-    int bad[NDEV];                 /* per device: elements not where the block rule puts them */
+    float back[3][R * C]; /* stored back, per spec */
+    int bad[NDEV];        /* per device: elements not where the block rule puts them */
     int partial_bad[NDEV];
     sim_status partial_store[NDEV], indivisible[NDEV], too_long[NDEV];
     char indivisible_msg[256];

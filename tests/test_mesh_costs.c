@@ -29,12 +29,12 @@ enum { B = 4, T = 4, E = 8, N_LOCAL = B / 2 * T * E };
 
 typedef struct {
     mesh_shape mesh;
-    double el[8];       /* device 0's elements per tag below (-1: no record) */
-    int bad;            /* records with FLOPs or the layout flag */
+    double el[8]; /* device 0's elements per tag below (-1: no record) */
+    int bad;      /* records with FLOPs or the layout flag */
 } cost_job;
 
-static const char *const TAGS[] = {"costs/norm",   "costs/norm/bwd", "costs/act", "costs/act/bwd",
-                                   "costs/resid",  "costs/resid/bwd"};
+static const char *const TAGS[] = {"costs/norm",    "costs/norm/bwd", "costs/act",
+                                   "costs/act/bwd", "costs/resid",    "costs/resid/bwd"};
 enum { NTAGS = 6 };
 
 static sim_status cost_device(sim_device *dev, void *arg)

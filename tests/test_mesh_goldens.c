@@ -71,10 +71,7 @@ static void walk(const char *path, int depth)
     closedir(d);
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static int setup(void **state)
 {
@@ -83,8 +80,10 @@ static int setup(void **state)
     const char *ref = env && *env ? env : "tests/data";
     snprintf(goldens_root, sizeof goldens_root, "%s/maxtext/goldens", ref);
     if (!is_dir(goldens_root)) {
-        fprintf(stderr, "MaxText goldens not found at '%s' (set SHARDSIM_REFERENCE to the directory "
-                        "holding maxtext/goldens)\n", goldens_root);
+        fprintf(stderr,
+                "MaxText goldens not found at '%s' (set SHARDSIM_REFERENCE to the directory "
+                "holding maxtext/goldens)\n",
+                goldens_root);
         return -1;
     }
     walk(goldens_root, 0);
@@ -289,8 +288,7 @@ static void check_directory(const cfg_config *base, const char *dir)
             }
         }
         mesh_resolved res;
-        if (mesh_rules_resolve(&rules, &m, key, lp->n, names, &res) != SIM_OK)
-            fail_msg("%s: %s", rel, sim_errmsg());
+        if (mesh_rules_resolve(&rules, &m, key, lp->n, names, &res) != SIM_OK) fail_msg("%s: %s", rel, sim_errmsg());
         mesh_spec want;
         if (mesh_spec_from_json(np, &m, key, &want) != SIM_OK) fail_msg("%s: %s", rel, sim_errmsg());
         char ours[512], theirs[512] = "";
@@ -302,8 +300,7 @@ static void check_directory(const cfg_config *base, const char *dir)
         int64_t shape[MESH_SPEC_MAX_RANK];
         assert_int_equal(ls->n, lp->n);
         for (int d = 0; d < ls->n; d++) shape[d] = (int64_t)ls->items[d].number;
-        if (mesh_spec_check_shape(&res.spec, &m, ls->n, shape, key) != SIM_OK)
-            fail_msg("%s: %s", rel, sim_errmsg());
+        if (mesh_spec_check_shape(&res.spec, &m, ls->n, shape, key) != SIM_OK) fail_msg("%s: %s", rel, sim_errmsg());
         n_named++;
     }
     cfg_json_free(named);
@@ -343,8 +340,7 @@ static void check_directory(const cfg_config *base, const char *dir)
         mesh_spec_format(&res.spec, &m, text, sizeof text);
         if (strcmp(text, ps->str) != 0)
             fail_msg("%s\n  %s %s\n  resolved %s\n  golden   %s", rel, key, la->str, text, ps->str);
-        if (mesh_spec_check_shape(&res.spec, &m, rank, shape, key) != SIM_OK)
-            fail_msg("%s: %s", rel, sim_errmsg());
+        if (mesh_spec_check_shape(&res.spec, &m, rank, shape, key) != SIM_OK) fail_msg("%s: %s", rel, sim_errmsg());
         n_act++;
     }
     cfg_json_free(input);

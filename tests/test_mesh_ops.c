@@ -26,8 +26,19 @@
 
 /* ------------------------------------------------------------ harness */
 
-typedef enum { OP_EINSUM, OP_ADD, OP_SUB, OP_MUL, OP_MAP, OP_REDUCE, OP_TRANSPOSE, OP_RESHAPE, OP_RESHARD, OP_WSC,
-               OP_SHARD_AS } op_kind;
+typedef enum {
+    OP_EINSUM,
+    OP_ADD,
+    OP_SUB,
+    OP_MUL,
+    OP_MAP,
+    OP_REDUCE,
+    OP_TRANSPOSE,
+    OP_RESHAPE,
+    OP_RESHARD,
+    OP_WSC,
+    OP_SHARD_AS
+} op_kind;
 
 enum { MAXDEV = 8, MAXREC = 16 };
 
@@ -36,18 +47,18 @@ typedef struct {
     const mesh_shape *m;
     op_kind op;
     mesh_mode mode;
-    bool keep_size_one;           /* ctx->drop_size_one = !keep_size_one */
-    const char *sub;              /* einsum */
+    bool keep_size_one; /* ctx->drop_size_one = !keep_size_one */
+    const char *sub;    /* einsum */
     int nin;
     int rank[2];
     int64_t shape[2][MESH_SPEC_MAX_RANK];
     const char *spec[2];
-    const char *out_sharding;     /* einsum, reduce, reshape: or NULL */
+    const char *out_sharding;            /* einsum, reduce, reshape: or NULL */
     int ndims, dims[MESH_SPEC_MAX_RANK]; /* reduce */
     int perm[MESH_SPEC_MAX_RANK];        /* transpose */
     int out_rank;                        /* reshape */
     int64_t out_shape[MESH_SPEC_MAX_RANK];
-    const char *target;           /* reshard / constraint / shard_as */
+    const char *target; /* reshard / constraint / shard_as */
     /* filled by the harness */
     float *global[2];
     float *expect, *got;
@@ -60,7 +71,7 @@ typedef struct {
     int nrec[MAXDEV];
     sim_record rec[MAXDEV][MAXREC];
     size_t live_after[MAXDEV];
-    bool dry;                     /* dry-run machine: no values to check */
+    bool dry; /* dry-run machine: no values to check */
 } run_t;
 
 static int64_t numel(int rank, const int64_t *s)
@@ -210,9 +221,18 @@ static sim_status run_device(sim_device *d, void *arg)
     case OP_REDUCE: st = mesh_reduce_sum(&ctx, &in[0], r->ndims, r->dims, os, "sum", &out); break;
     case OP_TRANSPOSE: st = mesh_transpose(&ctx, &in[0], r->perm, "transpose", &out); break;
     case OP_RESHAPE: st = mesh_reshape(&ctx, &in[0], r->out_rank, r->out_shape, os, "reshape", &out); break;
-    case OP_RESHARD: st = mesh_reshard_op(&ctx, &in[0], &tgt, "reshard"); res = &in[0]; break;
-    case OP_WSC: st = mesh_with_sharding_constraint(&ctx, &in[0], &tgt, "constraint"); res = &in[0]; break;
-    case OP_SHARD_AS: st = mesh_shard_as(&ctx, &in[0], &tgt, "shard_as"); res = &in[0]; break;
+    case OP_RESHARD:
+        st = mesh_reshard_op(&ctx, &in[0], &tgt, "reshard");
+        res = &in[0];
+        break;
+    case OP_WSC:
+        st = mesh_with_sharding_constraint(&ctx, &in[0], &tgt, "constraint");
+        res = &in[0];
+        break;
+    case OP_SHARD_AS:
+        st = mesh_shard_as(&ctx, &in[0], &tgt, "shard_as");
+        res = &in[0];
+        break;
     }
     if (st != SIM_OK) {
         for (int i = 0; i < r->nin; i++) mesh_array_free(d, &in[i]);
@@ -255,7 +275,8 @@ static void run_case(sim_machine *mach, run_t *r)
     host_expect(r);
     if (getenv("OPS_DEBUG"))
         fprintf(stderr, "case op %d mode %d %s %s %s -> %s\n", (int)r->op, (int)r->mode, r->sub ? r->sub : "",
-                r->spec[0], r->nin > 1 ? r->spec[1] : "-", r->out_sharding ? r->out_sharding : (r->target ? r->target : "-"));
+                r->spec[0], r->nin > 1 ? r->spec[1] : "-",
+                r->out_sharding ? r->out_sharding : (r->target ? r->target : "-"));
     r->got = calloc((size_t)r->out_n + 1, sizeof(float));
     r->st = sim_machine_run(mach, run_device, r);
     snprintf(r->msg, sizeof r->msg, "%s", r->st == SIM_OK ? "" : sim_errmsg());
@@ -294,8 +315,8 @@ static void expect_ok(const run_t *r, const char *spec, uint64_t bytes, int nrec
         if (r->nrec[dv] != nrec) fail_msg("device %d: %d collectives, expected %d", dv, r->nrec[dv], nrec);
         for (int i = 0; i < r->nrec[dv]; i++) {
             if (r->rec[dv][i].implicit != implicit)
-                fail_msg("device %d collective %d (%s) implicit=%d, expected %d", dv, i,
-                         sim_op_name(r->rec[dv][i].op), r->rec[dv][i].implicit, implicit);
+                fail_msg("device %d collective %d (%s) implicit=%d, expected %d", dv, i, sim_op_name(r->rec[dv][i].op),
+                         r->rec[dv][i].implicit, implicit);
             if (strncmp(r->rec[dv][i].tag, "layer0/", 7)) fail_msg("collective tag '%s'", r->rec[dv][i].tag);
         }
     }
@@ -363,18 +384,18 @@ static run_t one(const mesh_shape *m, op_kind op, mesh_mode mode, int ra, const 
  *   P(None,'y') lhs local (8, 1) = 32 B. */
 typedef struct {
     const char *lhs, *rhs;
-    const char *out;       /* expected output spec, or NULL for an error */
-    uint64_t bytes;        /* per device */
+    const char *out; /* expected output spec, or NULL for an error */
+    uint64_t bytes;  /* per device */
     int ncoll;
-    const char *err;       /* the JAX text */
+    const char *err; /* the JAX text */
 } dot_case;
 
 static const dot_case PJIT_CASES[] = {
     {"P('x', None)", "P(None, 'y')", "P('x', 'y')", 0, 0, NULL},
     {"P('x', None)", "P(None, None)", "P('x', None)", 0, 0, NULL},
-    {"P('x', 'y')", "P(None, None)", "P('x', None)", 16, 1, NULL},  /* lhs contraction one-sided: AG over y */
-    {"P('x', None)", "P('x', None)", "P('x', None)", 32, 1, NULL},  /* fsdp: AG rhs over x */
-    {"P(None, 'y')", "P(None, 'y')", "P(None, 'y')", 32, 1, NULL},  /* half_tp: AG lhs over y */
+    {"P('x', 'y')", "P(None, None)", "P('x', None)", 16, 1, NULL}, /* lhs contraction one-sided: AG over y */
+    {"P('x', None)", "P('x', None)", "P('x', None)", 32, 1, NULL}, /* fsdp: AG rhs over x */
+    {"P(None, 'y')", "P(None, 'y')", "P(None, 'y')", 32, 1, NULL}, /* half_tp: AG lhs over y */
     {"P('x', None)", "P(None, 'x')", NULL, 0, 0,
      "dot_general operation with inputs: f32[8@x,2], f32[2,8@x] produces an illegally sharded result: f32[8@x,8@x]"},
     {"P('x', 'y')", "P('x', 'y')", NULL, 0, 0,
@@ -471,8 +492,8 @@ static void test_einsum_out_sharding(void **state)
     };
     for (int mode = 0; mode < 2; mode++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            run_t r = two(&m, OP_EINSUM, mode ? MESH_MODE_EXPLICIT : MESH_MODE_AUTO, "ij,jk->ik", 2, sa,
-                          "P(None, 'x')", 2, sb, "P('x', None)", cases[i].out);
+            run_t r = two(&m, OP_EINSUM, mode ? MESH_MODE_EXPLICIT : MESH_MODE_AUTO, "ij,jk->ik", 2, sa, "P(None, 'x')",
+                          2, sb, "P('x', None)", cases[i].out);
             run_case(mach, &r);
             expect_ok(&r, cases[i].out, cases[i].bytes, cases[i].bytes ? 1 : 0, mode == 0);
             if (cases[i].bytes) expect_op(&r, 0, cases[i].op);
@@ -532,15 +553,13 @@ static void test_einsum_batch_and_partial(void **state)
 
     /* projection "btd,dh->bth": batch on x, TP on y: no communication */
     int64_t xs[] = {4, 3, 8}, ws[] = {8, 6};
-    r = two(&m, OP_EINSUM, MESH_MODE_EXPLICIT, "btd,dh->bth", 3, xs, "P('x', None, None)", 2, ws, "P(None, 'y')",
-            NULL);
+    r = two(&m, OP_EINSUM, MESH_MODE_EXPLICIT, "btd,dh->bth", 3, xs, "P('x', None, None)", 2, ws, "P(None, 'y')", NULL);
     run_case(mach, &r);
     expect_ok(&r, "P('x', None, 'y')", 0, 0, false);
     free_case(&r);
     /* FSDP weight (d on y): the contraction is sharded on the weight only -> AG of w over y:
      * w local (4, 6) = 96 B */
-    r = two(&m, OP_EINSUM, MESH_MODE_EXPLICIT, "btd,dh->bth", 3, xs, "P('x', None, None)", 2, ws, "P('y', None)",
-            NULL);
+    r = two(&m, OP_EINSUM, MESH_MODE_EXPLICIT, "btd,dh->bth", 3, xs, "P('x', None, None)", 2, ws, "P('y', None)", NULL);
     run_case(mach, &r);
     expect_ok(&r, "P('x', None, None)", 96, 1, false);
     expect_op(&r, 0, SIM_OP_ALL_GATHER);
@@ -561,8 +580,8 @@ static void test_einsum_batch_and_partial(void **state)
     run_case(mach, &r);
     expect_err(&r, "dot_general inputs may not be unreduced");
     free_case(&r);
-    r = two(&m, OP_EINSUM, MESH_MODE_AUTO, "ij,jk->ik", 2, pa, "P('x', None, unreduced={'y'})", 2, pb,
-            "P(None, None)", NULL);
+    r = two(&m, OP_EINSUM, MESH_MODE_AUTO, "ij,jk->ik", 2, pa, "P('x', None, unreduced={'y'})", 2, pb, "P(None, None)",
+            NULL);
     run_case(mach, &r);
     expect_ok(&r, "P('x', None, unreduced={'y'})", 0, 0, true);
     free_case(&r);
@@ -669,8 +688,8 @@ static void test_elementwise_partial(void **state)
         expect_ok(&r, "P('y', None, unreduced={'x'})", 0, 0, mode == MESH_MODE_AUTO);
         free_case(&r);
     }
-    run_t r = two(&m, OP_ADD, MESH_MODE_EXPLICIT, NULL, 2, s, "P(None, None, unreduced={'x'})", 2, s,
-                  "P(None, None)", NULL);
+    run_t r =
+        two(&m, OP_ADD, MESH_MODE_EXPLICIT, NULL, 2, s, "P(None, None, unreduced={'x'})", 2, s, "P(None, None)", NULL);
     run_case(mach, &r);
     expect_err(&r, "lhs is unreduced while rhs is not. `add` operation does not allow this because there will be "
                    "implicit communication. Please reduce lhs via `reshard` before calling `add`.");
@@ -686,8 +705,7 @@ static void test_elementwise_partial(void **state)
     expect_ok(&r, "P(None, None, unreduced={'x'})", 0, 0, true);
     free_case(&r);
     /* mul: explicit refuses (JAX wants a reduced rhs), auto is linear in the partial operand */
-    r = two(&m, OP_MUL, MESH_MODE_EXPLICIT, NULL, 2, s, "P(None, None, unreduced={'x'})", 2, s, "P(None, 'y')",
-            NULL);
+    r = two(&m, OP_MUL, MESH_MODE_EXPLICIT, NULL, 2, s, "P(None, None, unreduced={'x'})", 2, s, "P(None, 'y')", NULL);
     run_case(mach, &r);
     expect_err(&r, "RHS should be reduced along the same axes LHS is unreduced on.");
     free_case(&r);
@@ -827,15 +845,15 @@ static void test_reshape(void **state)
         const char *out;
         uint64_t bytes;
     } ok[] = {
-        {1, v8, "P('x',)", 2, s24, "P('x', None)", 0},                    /* split: x goes to the leading dim */
-        {1, v8, "P(('x', 'y'),)", 2, s24, "P('x', 'y')", 0},              /* axes handed out major first */
+        {1, v8, "P('x',)", 2, s24, "P('x', None)", 0},       /* split: x goes to the leading dim */
+        {1, v8, "P(('x', 'y'),)", 2, s24, "P('x', 'y')", 0}, /* axes handed out major first */
         {1, v8, "P(('x', 'y'),)", 2, s42, "P(('x', 'y'), None)", 0},
-        {2, s42, "P('x', None)", 1, v8, "P('x',)", 0},                    /* merge */
+        {2, s42, "P('x', None)", 1, v8, "P('x',)", 0}, /* merge */
         {2, s42, "P(('x', 'y'), None)", 1, v8, "P(('x', 'y'),)", 0},
         /* merge (4@x, 2@y) -> 8@(x,y): JAX's rule; the blocks are not contiguous, so y moves to
          * dim 0 first by all-to-all: local (2, 1) = 8 B -> (k-1)n/k = 4 B */
         {2, s42, "P('x', 'y')", 1, v8, "P(('x', 'y'),)", 4},
-        {2, s81, "P('x', None)", 1, v8, "P('x',)", 0},                    /* singleton dims */
+        {2, s81, "P('x', None)", 1, v8, "P('x',)", 0}, /* singleton dims */
         {1, v8, "P('y',)", 2, s18, "P(None, 'y')", 0},
         {3, s8x4x2, "P('x', 'y', None)", 4, s2x4x4x2, "P('x', None, 'y', None)", 0},
     };
@@ -985,8 +1003,8 @@ static void test_size_one_axes(void **state)
             assert_non_null(strstr(r.msg, "size-1"));
         }
         free_case(&r);
-        r = two(&m, OP_ADD, MESH_MODE_EXPLICIT, NULL, 2, s, "P(('data', 'context'), None)", 2, s,
-                "P('data', 'tensor')", NULL);
+        r = two(&m, OP_ADD, MESH_MODE_EXPLICIT, NULL, 2, s, "P(('data', 'context'), None)", 2, s, "P('data', 'tensor')",
+                NULL);
         r.keep_size_one = keep;
         run_case(mach, &r);
         if (!keep) expect_ok(&r, "P('data', 'tensor')", 0, 0, false);
@@ -995,8 +1013,8 @@ static void test_size_one_axes(void **state)
                            "('data', 'tensor').");
         free_case(&r);
         /* auto mode never fails on it: the size-1 axis is a free slice */
-        r = two(&m, OP_ADD, MESH_MODE_AUTO, NULL, 2, s, "P(('data', 'context'), None)", 2, s,
-                "P('data', 'tensor')", NULL);
+        r = two(&m, OP_ADD, MESH_MODE_AUTO, NULL, 2, s, "P(('data', 'context'), None)", 2, s, "P('data', 'tensor')",
+                NULL);
         r.keep_size_one = keep;
         run_case(mach, &r);
         assert_int_equal(r.st, SIM_OK);
@@ -1150,18 +1168,15 @@ static void test_random_sweep(void **state)
         int ra, rb;
         int64_t sa[4], sb[4];
     } eins[] = {
-        {"ij,jk->ik", 2, 2, {8, 4}, {4, 8}},
-        {"bij,bjk->bik", 3, 3, {4, 4, 8}, {4, 8, 4}},
-        {"btd,dh->bth", 3, 2, {4, 4, 8}, {8, 4}},
-        {"bsnh,btnh->bnst", 4, 4, {4, 4, 4, 4}, {4, 8, 4, 4}},
-        {"ij,kj->ki", 2, 2, {8, 4}, {4, 4}},
-        {"ij,jk->i", 2, 2, {8, 4}, {4, 8}},
+        {"ij,jk->ik", 2, 2, {8, 4}, {4, 8}},      {"bij,bjk->bik", 3, 3, {4, 4, 8}, {4, 8, 4}},
+        {"btd,dh->bth", 3, 2, {4, 4, 8}, {8, 4}}, {"bsnh,btnh->bnst", 4, 4, {4, 4, 4, 4}, {4, 8, 4, 4}},
+        {"ij,kj->ki", 2, 2, {8, 4}, {4, 4}},      {"ij,jk->i", 2, 2, {8, 4}, {4, 8}},
     };
     static const struct {
         int ra, rb;
         int64_t sa[4], sb[4];
     } resh[] = {
-        {2, 1, {8, 4}, {32}}, {1, 2, {32}, {4, 8}}, {3, 2, {4, 4, 8}, {16, 8}},
+        {2, 1, {8, 4}, {32}},       {1, 2, {32}, {4, 8}},           {3, 2, {4, 4, 8}, {16, 8}},
         {2, 3, {16, 8}, {4, 4, 8}}, {2, 4, {16, 16}, {4, 4, 4, 4}}, {3, 3, {4, 1, 8}, {4, 8, 1}},
     };
     static const char *names[] = {"x", "y", "z"};
@@ -1181,13 +1196,14 @@ static void test_random_sweep(void **state)
                 int e = (int)(helper_rng_next(&rng) % (sizeof eins / sizeof eins[0]));
                 random_spec(&m, eins[e].ra, &rng, partial, sp[0], sizeof sp[0]);
                 random_spec(&m, eins[e].rb, &rng, partial, sp[1], sizeof sp[1]);
-                r = two(&m, OP_EINSUM, mode, eins[e].sub, eins[e].ra, eins[e].sa, sp[0], eins[e].rb, eins[e].sb,
-                        sp[1], NULL);
+                r = two(&m, OP_EINSUM, mode, eins[e].sub, eins[e].ra, eins[e].sa, sp[0], eins[e].rb, eins[e].sb, sp[1],
+                        NULL);
                 if (helper_rng_next(&rng) % 2) {
                     bk_einsum_dims d;
                     char err[256];
                     assert_int_equal(bk_einsum_parse(eins[e].sub, eins[e].ra, eins[e].sa, eins[e].rb, eins[e].sb, &d,
-                                                     err, sizeof err), 0);
+                                                     err, sizeof err),
+                                     0);
                     random_spec(&m, d.ro, &rng, true, sp[2], sizeof sp[2]);
                     r.out_sharding = sp[2];
                 }

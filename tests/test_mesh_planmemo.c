@@ -50,8 +50,8 @@ static void compare(const mesh_shape *m, int rank, const int64_t *shape, const m
                     tally *t)
 {
     mesh_plan *direct = malloc(sizeof *direct), *scratch = malloc(sizeof *scratch);
-    bool want_ok = mesh_spec_equal(from, to) ||
-                   mesh_plan_make(m, "x", rank, shape, SIM_F32, from, to, direct) == SIM_OK;
+    bool want_ok =
+        mesh_spec_equal(from, to) || mesh_plan_make(m, "x", rank, shape, SIM_F32, from, to, direct) == SIM_OK;
     uint64_t want = mesh_spec_equal(from, to) ? 0 : want_ok ? direct->total_bytes : 0;
     sim_err_clear();
     for (int rep = 0; rep < 2; rep++) { /* the first call fills the slot, the second reads it */
@@ -73,7 +73,8 @@ static void test_memo_equals_planner(void **state)
     const char *names[] = {"data", "fsdp", "tensor", "expert"};
     int sizes_a[] = {2, 4, 2, 1}, sizes_b[] = {4, 2, 1, 2}; /* same names, another mesh */
     mesh_shape ma = helper_mesh(4, names, sizes_a), mb = helper_mesh(4, names, sizes_b);
-    const int64_t shapes[][3] = {{16, 32, 8}, {8, 64, 4}, {3, 16, 8} /* 3 divides by nothing: some specs have no plan */};
+    const int64_t shapes[][3] = {
+        {16, 32, 8}, {8, 64, 4}, {3, 16, 8} /* 3 divides by nothing: some specs have no plan */};
     uint64_t s = 0x9e3779b97f4a7c15ull;
     tally t = {0, 0};
     for (int i = 0; i < 3000; i++) {
@@ -238,8 +239,7 @@ static sim_status ep_device(sim_device *d, void *arg)
         bool with_out = rng(&s) % 3 == 0;
         if (with_out) ep_spec(r->m, out_rank, &s, &os);
         mesh_array y;
-        SIM_TRY(mesh_einsum(&ctx, sub, a, b, with_out ? &os : NULL, "op", SIM_MEM_ACTIVATIONS, &y,
-                            &r->info[id][op]));
+        SIM_TRY(mesh_einsum(&ctx, sub, a, b, with_out ? &os : NULL, "op", SIM_MEM_ACTIVATIONS, &y, &r->info[id][op]));
         size_t nrec;
         const sim_record *rec = sim_device_records(d, &nrec);
         uint64_t sent = 0;

@@ -51,8 +51,8 @@ static void test_hand_derived_plans(void **state)
     mesh_shape m1 = helper_mesh(1, n1, s1);
     int64_t sh[] = {8, 16};
     const hand_case c1[] = {
-        {"P('x', None)", "P(None, None)", 1, {MESH_STEP_ALL_GATHER}, 3 * 128},          /* (k-1)*s */
-        {"P('x', None)", "P(None, 'x')", 1, {MESH_STEP_ALL_TO_ALL}, 3 * 128 / 4},       /* (k-1)*n/k */
+        {"P('x', None)", "P(None, None)", 1, {MESH_STEP_ALL_GATHER}, 3 * 128},    /* (k-1)*s */
+        {"P('x', None)", "P(None, 'x')", 1, {MESH_STEP_ALL_TO_ALL}, 3 * 128 / 4}, /* (k-1)*n/k */
         {"P(None, None)", "P(None, 'x')", 1, {MESH_STEP_SLICE}, 0},
         {"P(None, None, unreduced={'x'})", "P('x', None)", 1, {MESH_STEP_REDUCE_SCATTER}, 3 * 512 / 4},
         {"P(None, None, unreduced={'x'})", "P(None, None)", 1, {MESH_STEP_ALL_REDUCE}, 2 * 3 * 512 / 4},
@@ -131,8 +131,8 @@ typedef struct {
     int64_t shape[3];
     mesh_spec from, to;
     mesh_plan plan;
-    float *global;   /* the true values */
-    float *out;      /* written back after the reshard */
+    float *global; /* the true values */
+    float *out;    /* written back after the reshard */
     uint64_t sent[64];
 } sweep;
 
@@ -210,7 +210,8 @@ static void test_random_reshards(void **state)
                     mesh_spec_format(&sw->from, &m, f, sizeof f);
                     mesh_spec_format(&sw->to, &m, t, sizeof t);
                     mesh_plan_print(&sw->plan, &m, stderr);
-                    fail_msg("%s -> %s: element %lld is %g, expected %g", f, t, (long long)i, sw->out[i], sw->global[i]);
+                    fail_msg("%s -> %s: element %lld is %g, expected %g", f, t, (long long)i, sw->out[i],
+                             sw->global[i]);
                 }
             /* the simulator's counts equal the plan's, on every device */
             for (int dv = 0; dv < m.num_devices; dv++) {
@@ -257,13 +258,12 @@ typedef struct {
     int64_t shape[3];
     mesh_spec from, to, to2;
     float *global, *out;
-    int shared[64];        /* the first reshard left a shared copy */
+    int shared[64];           /* the first reshard left a shared copy */
     int borrowed_inplace[64]; /* its plan started in place (all-reduce, make-partial) */
     int shared_inplace[64];   /* the second plan started in place on a shared copy */
 } ro_case;
 
-static bool starts_in_place(const mesh_shape *m, int rank, const int64_t *shape, const mesh_spec *f,
-                            const mesh_spec *t)
+static bool starts_in_place(const mesh_shape *m, int rank, const int64_t *shape, const mesh_spec *f, const mesh_spec *t)
 {
     mesh_plan p;
     SIM_ASSERT(mesh_plan_make(m, "t", rank, shape, SIM_F32, f, t, &p) == SIM_OK);
@@ -290,7 +290,8 @@ static sim_status ro_device(sim_device *d, void *arg)
     if (b.hold == MESH_HOLD_BORROWED) st = sim_err(SIM_ERR_CHECK, "a borrowed view outlived its reshard");
     if (b.data == a.data && a.nlocal) st = sim_err(SIM_ERR_CHECK, "the copy is the source's shard");
     rc->shared[id] = b.hold == MESH_HOLD_SHARED;
-    rc->shared_inplace[id] = b.hold == MESH_HOLD_SHARED && starts_in_place(rc->m, rc->rank, rc->shape, &b.spec, &rc->to2);
+    rc->shared_inplace[id] =
+        b.hold == MESH_HOLD_SHARED && starts_in_place(rc->m, rc->rank, rc->shape, &b.spec, &rc->to2);
     SIM_TRY(mesh_reshard(d, rc->m, &b, &rc->to2, sim_meta_tag("test/ro2")));
     if (b.spec.partial) {
         mesh_spec full = b.spec;
@@ -337,7 +338,8 @@ static void test_read_only_copies(void **state)
             for (int64_t i = 0; i < n; i++) rc->global[i] = (float)(helper_rng_next(&rng) % 1000);
             if (sim_machine_run(mach, ro_device, rc) != SIM_OK) fail_msg("run: %s", sim_errmsg());
             for (int64_t i = 0; i < n; i++)
-                if (rc->out[i] != rc->global[i]) fail_msg("element %lld is %g, expected %g", (long long)i, rc->out[i], rc->global[i]);
+                if (rc->out[i] != rc->global[i])
+                    fail_msg("element %lld is %g, expected %g", (long long)i, rc->out[i], rc->global[i]);
             shared += rc->shared[0];
             borrowed_inplace += rc->borrowed_inplace[0];
             shared_inplace += rc->shared_inplace[0];

@@ -269,11 +269,13 @@ static void test_facts_examples(void **state)
                 "context_autoregressive=1 tensor=1 tensor_sequence=1 expert=2 autoregressive=1");
     expect(&r, &m, "exp,moe_layers,embed_moe,mlp_moe", "P('expert', None, ('fsdp', 'context'), None)");
     expect(&r, &m, "embed_moe,moe_layers,-", "P(('fsdp', 'context'), None, None)");
-    expect(&r, &m, "activation_batch,activation_norm_length,activation_embed", "P(('fsdp', 'expert'), 'context', None)");
+    expect(&r, &m, "activation_batch,activation_norm_length,activation_embed",
+           "P(('fsdp', 'expert'), 'context', None)");
     expect(&r, &m, "activation_kv_batch,activation_length,activation_kv_heads,activation_kv_head_dim",
            "P(('fsdp', 'expert'), 'context', None, None)");
     /* dense MoE dispatch: activation_batch_moe (earlier) takes expert first */
-    expect(&r, &m, "activation_exp,activation_batch_moe,-,activation_embed_moe", "P(None, ('fsdp', 'expert'), None, None)");
+    expect(&r, &m, "activation_exp,activation_batch_moe,-,activation_embed_moe",
+           "P(None, ('fsdp', 'expert'), None, None)");
     /* attention: kv_head_dim loses to kv_heads (same axes, later rule) */
     m = mesh_of("diloco=1 data=1 stage=1 fsdp=2 fsdp_transpose=1 context=1 context_usp_ulysses=1 "
                 "context_autoregressive=1 tensor=2 tensor_sequence=1 expert=1 autoregressive=1");

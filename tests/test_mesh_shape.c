@@ -109,8 +109,8 @@ static void test_from_config(void **state)
     if (mesh_shape_from_config(cfg, &m) != SIM_OK) fail_msg("%s", sim_errmsg());
     assert_int_equal(m.num_devices, 8);
     assert_int_equal(m.sizes[mesh_shape_axis_index(&m, "tensor")], 2);
-    assert_int_equal(m.sizes[mesh_shape_axis_index(&m, "stage")], 2);  /* ici_pipeline_parallelism */
-    assert_int_equal(m.sizes[mesh_shape_axis_index(&m, "fsdp")], 2);   /* -1: 8 / (2 x 2) */
+    assert_int_equal(m.sizes[mesh_shape_axis_index(&m, "stage")], 2); /* ici_pipeline_parallelism */
+    assert_int_equal(m.sizes[mesh_shape_axis_index(&m, "fsdp")], 2);  /* -1: 8 / (2 x 2) */
     int product = 1;
     for (int a = 0; a < m.n_axes; a++) product *= m.sizes[a];
     assert_int_equal(product, 8);

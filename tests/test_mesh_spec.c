@@ -136,10 +136,8 @@ static void test_mesh_dcn_needs_slices(void **state)
         const char *o1[] = {one};
         assert_int_equal(mesh_from_overrides(1, o1, &m), SIM_ERR_INPUT);
         assert_contains(sim_errmsg(), one);
-        if (strcmp(key, "dcn_diloco_parallelism") == 0)
-            assert_contains(sim_errmsg(), "num_slices=1");
-        else
-            assert_contains(sim_errmsg(), "only one slice available");
+        if (strcmp(key, "dcn_diloco_parallelism") == 0) assert_contains(sim_errmsg(), "num_slices=1");
+        else assert_contains(sim_errmsg(), "only one slice available");
         const char *o0[] = {zero};
         assert_int_equal(mesh_from_overrides(1, o0, &m), SIM_ERR_INPUT);
         assert_contains(sim_errmsg(), zero);
@@ -411,14 +409,10 @@ static void test_spec_geometry(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mesh_from_config),
-        cmocka_unit_test(test_mesh_errors),
-        cmocka_unit_test(test_mesh_dcn_and_coords),
-        cmocka_unit_test(test_mesh_dcn_needs_slices),
-        cmocka_unit_test(test_spec_text),
-        cmocka_unit_test(test_spec_parse_errors),
-        cmocka_unit_test(test_spec_json),
-        cmocka_unit_test(test_spec_geometry),
+        cmocka_unit_test(test_mesh_from_config),    cmocka_unit_test(test_mesh_errors),
+        cmocka_unit_test(test_mesh_dcn_and_coords), cmocka_unit_test(test_mesh_dcn_needs_slices),
+        cmocka_unit_test(test_spec_text),           cmocka_unit_test(test_spec_parse_errors),
+        cmocka_unit_test(test_spec_json),           cmocka_unit_test(test_spec_geometry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,12 +28,12 @@ enum { NDEV = 2, R = 4, C = 8, K = 3 }; /* R x C = 32: the mean's 1/32 is exact 
 
 typedef struct {
     mesh_shape mesh;
-    float x[R * C], c[R * C];           /* inputs and the cotangent, global */
-    float dx[R * C], dx2[R * C];        /* results, global */
+    float x[R * C], c[R * C];    /* inputs and the cotangent, global */
+    float dx[R * C], dx2[R * C]; /* results, global */
     float w[C * K], cw[R * K], dw[C * K];
     float mean_grad[R * C];
     bool no_entry, took, leak_free;
-    int rs_backward;                    /* device 0's backward reduce-scatters over 'data' */
+    int rs_backward; /* device 0's backward reduce-scatters over 'data' */
 } job;
 
 /* ---- y = 3 x, written as a user of the tape would write an op */

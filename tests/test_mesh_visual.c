@@ -24,8 +24,8 @@
 
 typedef struct {
     char *text;
-    int rows;             /* grid rows (border lines - 1) */
-    char cells[16][32];   /* labels of the cells, in reading order */
+    int rows;           /* grid rows (border lines - 1) */
+    char cells[16][32]; /* labels of the cells, in reading order */
     int ncells;
 } picture;
 

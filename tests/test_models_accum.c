@@ -27,9 +27,10 @@
 #include "tests/model_run.h"
 
 static const char *const TINY[] = {
-    "model_name=llama2-7b", "override_model_config=true", "base_emb_dim=16", "base_num_query_heads=4",
-    "base_num_kv_heads=4",  "head_dim=8",                "base_mlp_dim=1024", "base_num_decoder_layers=2",
-    "vocab_size=64",        "max_target_length=16",      "learning_rate=1e-2",
+    "model_name=llama2-7b",   "override_model_config=true", "base_emb_dim=16",
+    "base_num_query_heads=4", "base_num_kv_heads=4",        "head_dim=8",
+    "base_mlp_dim=1024",      "base_num_decoder_layers=2",  "vocab_size=64",
+    "max_target_length=16",   "learning_rate=1e-2",
 };
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, LAYERS = 2, STEPS = 2, PER_LAYER = 3 };
 

@@ -39,10 +39,18 @@ enum { NP = 2, STEPS_REF = 3, MAXEL = 48 };
 
 /* eps outside the root and eps_root inside it large enough that swapping them shows */
 static const char *const REF_CFG[] = {
-    "opt_type=adam_pax",        "learning_rate=0.01",       "warmup_steps_fraction=0.0",
-    "learning_rate_final_fraction=0.1", "steps=3",          "adam_b1=0.9",
-    "adam_b2=0.95",             "adam_eps=1e-3",            "adam_eps_root=1e-4",
-    "adam_weight_decay=0.1",    "gradient_clipping_threshold=1.0", "adamw_mask=['.*norm.*']",
+    "opt_type=adam_pax",
+    "learning_rate=0.01",
+    "warmup_steps_fraction=0.0",
+    "learning_rate_final_fraction=0.1",
+    "steps=3",
+    "adam_b1=0.9",
+    "adam_b2=0.95",
+    "adam_eps=1e-3",
+    "adam_eps_root=1e-4",
+    "adam_weight_decay=0.1",
+    "gradient_clipping_threshold=1.0",
+    "adamw_mask=['.*norm.*']",
 };
 
 typedef struct {
@@ -137,8 +145,7 @@ static void test_update_reference(void **state)
     if (model_optim_from_config(cfg, &j->o) != SIM_OK) fail_msg("optim: %s", sim_errmsg());
     assert_ptr_equal(j->o.row, model_optimizer_find("adam_pax"));
     /* a scanned kernel [6, 2, 4] (2 layers at dim 1) and a norm scale [8] */
-    model_param_def k = {.path = "params.decoder.layers.mlp.wi_0.kernel", .rank = 3, .shape = {6, 2, 4},
-                         .scan_dim = 1};
+    model_param_def k = {.path = "params.decoder.layers.mlp.wi_0.kernel", .rank = 3, .shape = {6, 2, 4}, .scan_dim = 1};
     model_param_def nrm = {.path = "params.decoder.decoder_norm.scale", .rank = 1, .shape = {8}, .scan_dim = -1};
     j->defs[0] = k, j->defs[1] = nrm;
     const model_optimizer *row;
@@ -214,7 +221,10 @@ static void test_update_reference(void **state)
                     double got = j->out[x][i][e], tol = x == 0 ? 2e-7 : 1e-6 * fabs(want[x]) + 1e-6 * big[x];
                     if (!(fabs(got - want[x]) <= tol))
                         fail_msg("%s element %lld: %s %.9g, float64 reference %.9g", j->defs[i].path, (long long)e,
-                                 x == 0 ? "parameter" : x == 1 ? "mu" : "nu", got, want[x]);
+                                 x == 0   ? "parameter"
+                                 : x == 1 ? "mu"
+                                          : "nu",
+                                 got, want[x]);
                 }
             }
         }
@@ -225,9 +235,10 @@ static void test_update_reference(void **state)
 /* ------------------------------------------------------------ parity across meshes */
 
 static const char *const TINY[] = {
-    "base_emb_dim=16",     "base_num_query_heads=4", "base_num_kv_heads=2",       "head_dim=8",
-    "base_mlp_dim=24",     "base_num_decoder_layers=2", "vocab_size=64",          "max_target_length=16",
-    "init_weights_seed=3", "learning_rate=1e-2",      "warmup_steps_fraction=0.0", "opt_type=adam_pax",
+    "base_emb_dim=16",     "base_num_query_heads=4",    "base_num_kv_heads=2",
+    "head_dim=8",          "base_mlp_dim=24",           "base_num_decoder_layers=2",
+    "vocab_size=64",       "max_target_length=16",      "init_weights_seed=3",
+    "learning_rate=1e-2",  "warmup_steps_fraction=0.0", "opt_type=adam_pax",
     "adamw_mask=['norm']", "adam_weight_decay=0.1",
 };
 enum { ROWS = 8, STEPS = 4 };
@@ -330,8 +341,8 @@ static void test_dump_tree(void **state)
     /* the expected keys, from the parameter paths: .step, the parameters, then optax's
      * ScaleByAdamState(count, mu, nu) as a NamedTuple flattens (fields in order, no chain index) */
     cfg_config *cfg;
-    model_def *def = model_run_load(TINY, (int)(sizeof TINY / sizeof *TINY), ROWS, (const char *[]){"ici_fsdp_parallelism=4"},
-                                    1, 4, 1, &cfg);
+    model_def *def = model_run_load(TINY, (int)(sizeof TINY / sizeof *TINY), ROWS,
+                                    (const char *[]){"ici_fsdp_parallelism=4"}, 1, 4, 1, &cfg);
     int n = def->nparams;
     char **rel = calloc((size_t)n, sizeof *rel);
     for (int i = 0; i < n; i++) {
@@ -341,7 +352,7 @@ static void test_dump_tree(void **state)
     /* JAX sorts dict keys: component by component ("/['" sorts the same way for these names) */
     qsort(rel, (size_t)n, sizeof *rel, cmp_str);
     int nk = 0;
-    char (*want)[600] = calloc((size_t)(3 * n + 2), sizeof *want);
+    char(*want)[600] = calloc((size_t)(3 * n + 2), sizeof *want);
     snprintf(want[nk++], 600, ".step");
     for (int i = 0; i < n; i++) snprintf(want[nk++], 600, ".params/['params']%s", rel[i]);
     snprintf(want[nk++], 600, ".opt_state/.count");
@@ -356,7 +367,7 @@ static void test_dump_tree(void **state)
             char pk[600];
             snprintf(pk, sizeof pk, ".params/['params']%s", want[i] + strlen(".opt_state/.mu/['params']"));
             const cfg_json *a = cfg_json_get(cfg_json_get(root, want[i]), "partition_spec"),
-                            *b = cfg_json_get(cfg_json_get(root, pk), "partition_spec");
+                           *b = cfg_json_get(cfg_json_get(root, pk), "partition_spec");
             assert_non_null(a);
             assert_non_null(b);
             if (!cfg_json_equal(a, b)) fail_msg("%s: partition_spec differs from its parameter's", want[i]);

@@ -29,13 +29,30 @@
 #include "tests/model_run.h"
 
 /* Dims of the test-sized model: emb 64, 4 heads, MoE width 32, 8 experts top 2, 4 groups keep 2. */
-static const char *const BASE[] = {
-    "model_name=deepseek3-671b-batchsplit", "override_model_config=true", "base_emb_dim=64",
-    "base_num_query_heads=4", "base_num_kv_heads=4", "base_mlp_dim=64", "base_moe_mlp_dim=32",
-    "base_num_decoder_layers=5", "first_num_dense_layers=1", "vocab_size=256", "num_experts=8",
-    "num_experts_per_tok=2", "n_routing_groups=4", "topk_routing_group=2", "q_lora_rank=16", "kv_lora_rank=16",
-    "qk_nope_head_dim=16", "qk_rope_head_dim=8", "v_head_dim=16", "max_target_length=32", "batch_split_factor=2",
-    "sharding_tolerance=1", "learning_rate=3e-4", "dtype=bfloat16"};
+static const char *const BASE[] = {"model_name=deepseek3-671b-batchsplit",
+                                   "override_model_config=true",
+                                   "base_emb_dim=64",
+                                   "base_num_query_heads=4",
+                                   "base_num_kv_heads=4",
+                                   "base_mlp_dim=64",
+                                   "base_moe_mlp_dim=32",
+                                   "base_num_decoder_layers=5",
+                                   "first_num_dense_layers=1",
+                                   "vocab_size=256",
+                                   "num_experts=8",
+                                   "num_experts_per_tok=2",
+                                   "n_routing_groups=4",
+                                   "topk_routing_group=2",
+                                   "q_lora_rank=16",
+                                   "kv_lora_rank=16",
+                                   "qk_nope_head_dim=16",
+                                   "qk_rope_head_dim=8",
+                                   "v_head_dim=16",
+                                   "max_target_length=32",
+                                   "batch_split_factor=2",
+                                   "sharding_tolerance=1",
+                                   "learning_rate=3e-4",
+                                   "dtype=bfloat16"};
 enum { NBASE = sizeof BASE / sizeof BASE[0], ROWS = 16, EMB = 64, SEQ = 32 };
 
 static const char *const MESH8[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "ici_data_parallelism=2"};
@@ -253,8 +270,8 @@ static void test_trace_lanes(void **state)
         for (int mb = 0; mb < 2; mb++)
             for (int w = 0; w < 2; w++) {
                 char want[96];
-                snprintf(want, sizeof want, "\"decoder/moe_layers_%d/mb%d/%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d", l, mb,
-                         w ? "moe" : "attention", SIM_LANE_MB0 + mb);
+                snprintf(want, sizeof want, "\"decoder/moe_layers_%d/mb%d/%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d", l,
+                         mb, w ? "moe" : "attention", SIM_LANE_MB0 + mb);
                 if (!strstr(buf, want)) fail_msg("no span %s", want);
             }
     free(buf);
@@ -308,9 +325,16 @@ static void test_dry_run(void **state)
 static void test_full_size_dry(void **state)
 {
     (void)state;
-    const char *argv[] = {"model_name=deepseek3-671b-batchsplit", "batch_split_factor=2", "dry_run=true",
-                          "ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "per_device_batch_size=2",
-                          "steps=1", "sharding_tolerance=1", "max_target_length=1024", "dtype=bfloat16"};
+    const char *argv[] = {"model_name=deepseek3-671b-batchsplit",
+                          "batch_split_factor=2",
+                          "dry_run=true",
+                          "ici_fsdp_parallelism=4",
+                          "ici_expert_parallelism=2",
+                          "per_device_batch_size=2",
+                          "steps=1",
+                          "sharding_tolerance=1",
+                          "max_target_length=1024",
+                          "dtype=bfloat16"};
     cfg_config *cfg = NULL;
     if (cfg_load_argv("configs/base.yml", 10, argv, &cfg) != SIM_OK) fail_msg("%s", sim_errmsg());
     model_def *def = calloc(1, sizeof *def);
@@ -340,9 +364,9 @@ static void test_full_size_dry(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_keys),          cmocka_unit_test(test_parity),  cmocka_unit_test(test_plain_schedule),
-        cmocka_unit_test(test_traffic),       cmocka_unit_test(test_trace_lanes),       cmocka_unit_test(test_seed003), cmocka_unit_test(test_dry_run),
-        cmocka_unit_test(test_full_size_dry),
+        cmocka_unit_test(test_keys),    cmocka_unit_test(test_parity),        cmocka_unit_test(test_plain_schedule),
+        cmocka_unit_test(test_traffic), cmocka_unit_test(test_trace_lanes),   cmocka_unit_test(test_seed003),
+        cmocka_unit_test(test_dry_run), cmocka_unit_test(test_full_size_dry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -77,16 +77,16 @@ static bool float32_record(const sim_record *r, bool logits_f32)
 
 typedef struct {
     double loss;
-    uint64_t params, grads, opt;          /* arena bytes by category (device 0, at their peaks) */
-    uint64_t fwd_fsdp_ag, bwd_grad_rs;    /* record bytes (device 0) */
-    uint64_t logits_ag_es;                /* bytes per element of the logits kernel's fsdp gather */
-    uint64_t want_params, want_fsdp_ag;   /* the formulas at 1 byte an element */
-    uint64_t want_opt;                    /* elements of one optimizer moment on a device */
-    int bad_records;                      /* records whose bytes or dtype break the formula */
-    uint64_t leftover;                    /* activation, temporary and comm bytes live after the step */
-    int ndata;                            /* size of the data axis */
-    int optimizer_records;                /* collectives of the optimizer phase */
-    uint64_t act, peak;                   /* saved activations at their peak; the total peak */
+    uint64_t params, grads, opt;        /* arena bytes by category (device 0, at their peaks) */
+    uint64_t fwd_fsdp_ag, bwd_grad_rs;  /* record bytes (device 0) */
+    uint64_t logits_ag_es;              /* bytes per element of the logits kernel's fsdp gather */
+    uint64_t want_params, want_fsdp_ag; /* the formulas at 1 byte an element */
+    uint64_t want_opt;                  /* elements of one optimizer moment on a device */
+    int bad_records;                    /* records whose bytes or dtype break the formula */
+    uint64_t leftover;                  /* activation, temporary and comm bytes live after the step */
+    int ndata;                          /* size of the data axis */
+    int optimizer_records;              /* collectives of the optimizer phase */
+    uint64_t act, peak;                 /* saved activations at their peak; the total peak */
 } figures;
 
 static void run_on(const char *const *mesh, int nmesh, int rows, const char *dtype, const char *weight_dtype,
@@ -128,10 +128,12 @@ static void run_on(const char *const *mesh, int nmesh, int rows, const char *dty
     int fsdp = mesh_shape_axis_index(&r.def->mesh, "fsdp");
     size_t n;
     const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
-    f->ndata = mesh_shape_axis_index(&r.def->mesh, "data") >= 0 ? r.def->mesh.sizes[mesh_shape_axis_index(&r.def->mesh, "data")] : 1;
+    f->ndata = mesh_shape_axis_index(&r.def->mesh, "data") >= 0
+                   ? r.def->mesh.sizes[mesh_shape_axis_index(&r.def->mesh, "data")]
+                   : 1;
     /* float32 logits: cast_logits_to_fp32 (the default) or logits_dot_in_fp32 */
-    bool logits_f32 = !(extra && strstr(extra, "cast_logits_to_fp32=false")) ||
-                      (extra && strstr(extra, "logits_dot_in_fp32=true"));
+    bool logits_f32 =
+        !(extra && strstr(extra, "cast_logits_to_fp32=false")) || (extra && strstr(extra, "logits_dot_in_fp32=true"));
     sim_dtype wdtype = strcmp(weight_dtype, "float32") ? SIM_BF16 : SIM_F32;
     bool zero1_ga = mesh == ZERO1_GA;
     for (size_t i = 0; i < n; i++) {

@@ -107,7 +107,8 @@ static void test_every_model_file(void **state)
             const char *sims = strstr(r.err, "shardsim simulates the ");
             int all = sims != NULL;
             for (int f = 0; f < model_n_families && all; f++) all = strstr(sims, model_families[f]->name) != NULL;
-            if (r.rc != 2 || !strstr(r.err, want) || !strstr(r.err, block) || !strstr(r.err, "not simulated yet") || !all)
+            if (r.rc != 2 || !strstr(r.err, want) || !strstr(r.err, block) || !strstr(r.err, "not simulated yet") ||
+                !all)
                 fail_msg("%s (decoder_block %s): exit %d, expected a refusal by its block; stderr: %s", m[i].name,
                          m[i].block, r.rc, r.err);
             by_block[b]++;
@@ -184,8 +185,8 @@ static void test_models_command(void **state)
         if (!cfg_block_simulated(cfg, m[i].block)) assert_non_null(strstr(row, "refused: block not simulated"));
         if (simulated) {
             cli_capture d = dry_run(m[i].name, NULL);
-            if (d.rc != 0) fail_msg("shardsim models says %s is simulated, but its dry run exits %d: %s", m[i].name,
-                                    d.rc, d.err);
+            if (d.rc != 0)
+                fail_msg("shardsim models says %s is simulated, but its dry run exits %d: %s", m[i].name, d.rc, d.err);
             cli_capture_free(&d);
         }
     }
@@ -248,14 +249,10 @@ static void test_llama31_rope_by_name(void **state)
     static const struct {
         const char *words[3];
         int llama31;
-    } cases[] = {{{"model_name=llama3.1-8b"}, 1},
-                 {{"model_name=llama3.1-8b-Instruct"}, 1},
-                 {{"model_name=llama3.1-405b"}, 1},
-                 {{"model_name=llama3.1-70b", "rope_use_scale=false"}, 1},
-                 {{"model_name=llama3-8b"}, 0},
-                 {{"model_name=llama3.3-70b"}, 0},
-                 {{"model_name=llama2-7b"}, 0},
-                 {{"model_name=llama3-8b", "rope_type=llama3.1"}, 1}};
+    } cases[] = {{{"model_name=llama3.1-8b"}, 1},   {{"model_name=llama3.1-8b-Instruct"}, 1},
+                 {{"model_name=llama3.1-405b"}, 1}, {{"model_name=llama3.1-70b", "rope_use_scale=false"}, 1},
+                 {{"model_name=llama3-8b"}, 0},     {{"model_name=llama3.3-70b"}, 0},
+                 {{"model_name=llama2-7b"}, 0},     {{"model_name=llama3-8b", "rope_type=llama3.1"}, 1}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int argc = 0;
         const char *argv[4];

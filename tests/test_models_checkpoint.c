@@ -54,12 +54,15 @@ typedef struct {
     const char *specs[NP]; /* stacked specs */
 } mesh_desc;
 
-static const mesh_desc mesh_fsdp4 = {1, {"fsdp"}, {4}, {"P(None, 'fsdp')", "P('fsdp', None, None)", "P('fsdp', None)", "P()"}};
-static const mesh_desc mesh_dt = {2, {"data", "tensor"}, {2, 2},
+static const mesh_desc mesh_fsdp4 = {
+    1, {"fsdp"}, {4}, {"P(None, 'fsdp')", "P('fsdp', None, None)", "P('fsdp', None)", "P()"}};
+static const mesh_desc mesh_dt = {2,
+                                  {"data", "tensor"},
+                                  {2, 2},
                                   {"P('tensor', None)", "P('data', None, 'tensor')", "P('tensor', None)", "P('data')"}};
 static const mesh_desc mesh_one = {1, {"data"}, {1}, {"P()", "P()", "P()", "P()"}};
-static const mesh_desc mesh_stage = {2, {"stage", "fsdp"}, {2, 2},
-                                     {"P('fsdp', None)", "P('fsdp', 'stage', None)", "P(None, 'stage')", "P()"}};
+static const mesh_desc mesh_stage = {
+    2, {"stage", "fsdp"}, {2, 2}, {"P('fsdp', None)", "P('fsdp', 'stage', None)", "P(None, 'stage')", "P()"}};
 
 typedef enum { DO_SAVE, DO_LOAD, DO_LOAD_PARAMS } action;
 
@@ -68,8 +71,8 @@ typedef struct {
     const pdesc *model;
     const char *specs[NP];
     action act;
-    const char *file;      /* load */
-    long long step;        /* save: the step; load: the step read */
+    const char *file; /* load */
+    long long step;   /* save: the step; load: the step read */
     int64_t bad[SIM_MAX_DEVICES];
     int64_t checked[SIM_MAX_DEVICES];
 } ck_case;
@@ -137,9 +140,9 @@ static sim_status ck_device(sim_device *d, void *arg)
                     model_init_layer_name(base, pd->scan_dim >= 0 ? l : -1, name, sizeof name);
                     /* layers a device does not hold (stage split) get junk that must not reach the file */
                     if (holds_layer(d, &p[i], l, c->m))
-                        SIM_TRY(model_init_fill(d, c->m, &arr[w][l], name, w ? MODEL_INIT_NORMAL : pd->init, 0.5, SEED));
-                    else
-                        SIM_TRY(model_init_fill(d, c->m, &arr[w][l], "junk", MODEL_INIT_NORMAL, 1e3, 1));
+                        SIM_TRY(
+                            model_init_fill(d, c->m, &arr[w][l], name, w ? MODEL_INIT_NORMAL : pd->init, 0.5, SEED));
+                    else SIM_TRY(model_init_fill(d, c->m, &arr[w][l], "junk", MODEL_INIT_NORMAL, 1e3, 1));
                 }
             }
     }
@@ -198,8 +201,9 @@ static sim_status run(const mesh_desc *md, const pdesc *model, action act, const
     if (st == SIM_OK && act != DO_SAVE) {
         int64_t total = 0;
         for (int dv = 0; dv < m.num_devices; dv++) {
-            if (c->bad[dv]) fail_msg("device %d: %lld of %lld shards differ from the init", dv, (long long)c->bad[dv],
-                                     (long long)c->checked[dv]);
+            if (c->bad[dv])
+                fail_msg("device %d: %lld of %lld shards differ from the init", dv, (long long)c->bad[dv],
+                         (long long)c->checked[dv]);
             total += c->checked[dv];
         }
         if (checked) *checked = total;
@@ -289,7 +293,11 @@ static void test_file_is_safetensors(void **state)
     for (int w = 0; w < 3; w++)
         for (int i = 0; i < NP; i++) {
             char name[256];
-            snprintf(name, sizeof name, "%s%s", w == 0 ? "" : w == 1 ? "opt_state.mu." : "opt_state.nu.", model_a[i].path);
+            snprintf(name, sizeof name, "%s%s",
+                     w == 0   ? ""
+                     : w == 1 ? "opt_state.mu."
+                              : "opt_state.nu.",
+                     model_a[i].path);
             const cfg_json *e = cfg_json_get(root, name);
             if (!e) fail_msg("no tensor %s", name);
             assert_string_equal(root->keys[1 + w * NP + i], name);
@@ -318,9 +326,9 @@ static void test_file_is_safetensors(void **state)
                         int64_t o = e2, s = 0;
                         if (pd->scan_dim >= 0) /* outer part, layer, inner part */
                             s = (o / inner) * (L * inner) + (int64_t)l * inner + o % inner;
-                        else
-                            s = o;
-                        if (memcmp(&data[s], &g[e2], 4)) fail_msg("%s layer %d element %lld misplaced", name, l, (long long)e2);
+                        else s = o;
+                        if (memcmp(&data[s], &g[e2], 4))
+                            fail_msg("%s layer %d element %lld misplaced", name, l, (long long)e2);
                     }
                 }
                 free(g);
@@ -535,8 +543,10 @@ static void test_corrupt_files(void **state)
     memcpy(c, b, n);
     const float qnan = NAN;
     memcpy(c + 8 + hl + f_b + 4 * 3, &qnan, 4);
-    snprintf(from, sizeof from, "fnv1a64:%016llx", (unsigned long long)fnv((const unsigned char *)b + 8 + hl + f_b, f_end - f_b));
-    snprintf(val, sizeof val, "fnv1a64:%016llx", (unsigned long long)fnv((const unsigned char *)c + 8 + hl + f_b, f_end - f_b));
+    snprintf(from, sizeof from, "fnv1a64:%016llx",
+             (unsigned long long)fnv((const unsigned char *)b + 8 + hl + f_b, f_end - f_b));
+    snprintf(val, sizeof val, "fnv1a64:%016llx",
+             (unsigned long long)fnv((const unsigned char *)c + 8 + hl + f_b, f_end - f_b));
     patch(c, from, val);
     helper_write_file(bad, c, n);
     assert_int_equal(run(&one, model_a, DO_LOAD_PARAMS, bad, NULL, NULL), SIM_ERR_INPUT);
@@ -603,7 +613,8 @@ static void test_killed_saves(void **state)
         size_t fn;
         char *got = helper_read_file_opt(file, &fn);
         if (got) {
-            if (fn != rn || memcmp(got, ref, rn)) fail_msg("kill after %u us: %s is not the whole checkpoint", delay, file);
+            if (fn != rn || memcmp(got, ref, rn))
+                fail_msg("kill after %u us: %s is not the whole checkpoint", delay, file);
             whole++;
             free(got);
             if (run(&mesh_one, model_a, DO_LOAD, file, NULL, NULL) != SIM_OK) fail_msg("%s", sim_errmsg());

@@ -59,7 +59,6 @@ static model_def *load(const char *const *extra, int n_extra, int devices, cfg_c
 
 /* ------------------------------------------------------------ gradient check */
 
-
 static void gradient_check(const char *const *extra, int n_extra, int *checked_out, int *skipped_out)
 {
     model_def *def = load(extra, n_extra, 1, NULL);
@@ -97,7 +96,8 @@ static void gradient_check(const char *const *extra, int n_extra, int *checked_o
                 if (strstr(p, "MoeBlock_0.w") || strstr(p, "shared_experts") || strstr(p, "logits_dense") ||
                     strstr(p, "decoder_norm"))
                     fail_msg("%s element %lld: the loss is not smooth (%.6g at h, %.6g at h/2) downstream of the "
-                             "routing", p, (long long)best, fd[0], fd[1]);
+                             "routing",
+                             p, (long long)best, fd[0], fd[1]);
                 skipped++;
                 continue;
             }
@@ -133,7 +133,8 @@ static void test_gradient_moe(void **state)
                            "routed_score_func=softmax", "routed_bias=false"};
     int checked, skipped;
     gradient_check(sparse, 2, &checked, &skipped);
-    printf("  MLA + MoE (sparse, sigmoid, bias): %d elements checked, %d skipped (routing flipped)\n", checked, skipped);
+    printf("  MLA + MoE (sparse, sigmoid, bias): %d elements checked, %d skipped (routing flipped)\n", checked,
+           skipped);
     assert_true(checked >= 50);
     gradient_check(dense, 5, &checked, &skipped);
     printf("  MLA + MoE (dense capacity, softmax): %d elements checked, %d skipped (routing flipped)\n", checked,
@@ -210,23 +211,40 @@ static const mesh_case MESHES[] = {
     {"fsdp=8", {"ici_fsdp_parallelism=8"}, 8, true, NULL},
     {"fsdp=4 expert=2", {"ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}, 8, true, NULL},
     {"fsdp=2 expert=4", {"ici_fsdp_parallelism=2", "ici_expert_parallelism=4"}, 8, true, NULL},
-    {"data=2 fsdp=2 expert=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}, 8, true,
+    {"data=2 fsdp=2 expert=2",
+     {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
+     8,
+     true,
      NULL},
-    {"fsdp=2 tensor=2 expert=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_expert_parallelism=2"}, 8, true,
+    {"fsdp=2 tensor=2 expert=2",
+     {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_expert_parallelism=2"},
+     8,
+     true,
      TENSOR_ERR},
-    {"fsdp=2 context=2 expert=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_expert_parallelism=2"}, 8, true,
+    {"fsdp=2 context=2 expert=2",
+     {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_expert_parallelism=2"},
+     8,
+     true,
      QK_ERR},
     /* the other custom rule sets, against the 1-device run */
     {"cp-as-ep fsdp=2 context=2 expert=2",
-     {"custom_mesh_and_rule=cp-as-ep", "ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_expert_parallelism=2"},
-     8, false, NULL},
-    {"ep-as-dp fsdp=4 expert=2", {"custom_mesh_and_rule=ep-as-dp", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"},
-     8, false, NULL},
+     {"custom_mesh_and_rule=cp-as-ep", "ici_fsdp_parallelism=2", "ici_context_parallelism=2",
+      "ici_expert_parallelism=2"},
+     8,
+     false,
+     NULL},
+    {"ep-as-dp fsdp=4 expert=2",
+     {"custom_mesh_and_rule=ep-as-dp", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"},
+     8,
+     false,
+     NULL},
     {"pure-fsdp fsdp=8", {"custom_mesh_and_rule=pure-fsdp", "ici_fsdp_parallelism=8"}, 8, false, NULL},
     {"pipeline-large-moe fsdp=2 tensor=2 expert=2",
      {"custom_mesh_and_rule=pipeline-large-moe", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
       "ici_expert_parallelism=2"},
-     8, false, NULL},
+     8,
+     false,
+     NULL},
 };
 enum { NMESH = sizeof MESHES / sizeof MESHES[0] };
 
@@ -288,11 +306,12 @@ static void parity_path(bool dense)
     for (int mode = 0; mode < 2; mode++) {
         const char *md = mode ? "shard_mode=explicit" : "shard_mode=auto";
         const char *base_cp[] = {path, "ici_fsdp_parallelism=2", "ici_context_parallelism=2", md};
-        const char *ep_cp[] = {path, "custom_mesh_and_rule=ep-as-cp", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
-                               md};
+        const char *ep_cp[] = {path, "custom_mesh_and_rule=ep-as-cp", "ici_fsdp_parallelism=2",
+                               "ici_expert_parallelism=2", md};
         model_run a, b;
         char what[160];
-        snprintf(what, sizeof what, "%s ep-as-cp fsdp=2 expert=2 vs base fsdp=2 context=2 %s", dense ? "dense" : "sparse", md);
+        snprintf(what, sizeof what, "%s ep-as-cp fsdp=2 expert=2 vs base fsdp=2 context=2 %s",
+                 dense ? "dense" : "sparse", md);
         if (mode) { /* both shard the sequence: dot-product attention fails in MaxText */
             train_expect_error(base_cp, 4, 4, QK_ERR, what);
             train_expect_error(ep_cp, 5, 4, QK_ERR, what);
@@ -344,11 +363,11 @@ enum { RB = 8, RS = 4, RM = 8, RH = 4, RE = 8, RK = 2 };
 
 typedef struct {
     mesh_shape mesh;
-    int ep_axis;                 /* mesh axis of 'expert' */
-    float x[RB * RS * RM];       /* global inputs */
-    float scores[RB * RS * RE];  /* global router scores (distinct per token) */
+    int ep_axis;                /* mesh axis of 'expert' */
+    float x[RB * RS * RM];      /* global inputs */
+    float scores[RB * RS * RE]; /* global router scores (distinct per token) */
     float w0[RE * RM * RH], w1[RE * RM * RH], wo[RE * RH * RM];
-    float out[RB * RS * RM];     /* device result, gathered */
+    float out[RB * RS * RM]; /* device result, gathered */
     int64_t dispatch_sent[8], return_sent[8], dispatch_bwd_sent[8], return_bwd_sent[8];
 } region_job;
 
@@ -483,8 +502,12 @@ static void test_region_routing_and_bytes(void **state)
 
 static void dry_vs_real(bool dense)
 {
-    const char *base[] = {dense ? DENSE_PATH : "capacity_factor=-1", "ici_fsdp_parallelism=2",
-                          "ici_tensor_parallelism=2", "ici_expert_parallelism=2", "steps=1", "dry_run=false"};
+    const char *base[] = {dense ? DENSE_PATH : "capacity_factor=-1",
+                          "ici_fsdp_parallelism=2",
+                          "ici_tensor_parallelism=2",
+                          "ici_expert_parallelism=2",
+                          "steps=1",
+                          "dry_run=false"};
     model_run a, b;
     train_run_opt(&a, base, 6, 8, false);
     base[5] = "dry_run=true";
@@ -509,7 +532,7 @@ static void test_full_size_dry_runs(void **state)
     (void)state;
     static const char *const models[2] = {"model_name=deepseek3-test", "model_name=deepseek3-671b"};
     for (int i = 0; i < 2; i++) {
-        const char *argv[] = {models[i], "ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "dry_run=true",
+        const char *argv[] = {models[i], "ici_fsdp_parallelism=4",  "ici_expert_parallelism=2", "dry_run=true",
                               "steps=1", "per_device_batch_size=1", "max_target_length=512"};
         cfg_config *cfg;
         assert_int_equal(cfg_load_argv("configs/base.yml", 7, argv, &cfg), SIM_OK);
@@ -566,9 +589,13 @@ static void test_experts_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gradient_mla_dense), cmocka_unit_test(test_gradient_moe),
-        cmocka_unit_test(test_region_routing_and_bytes), cmocka_unit_test(test_parity_sparse),
-        cmocka_unit_test(test_parity_dense), cmocka_unit_test(test_dry_run), cmocka_unit_test(test_full_size_dry_runs),
+        cmocka_unit_test(test_gradient_mla_dense),
+        cmocka_unit_test(test_gradient_moe),
+        cmocka_unit_test(test_region_routing_and_bytes),
+        cmocka_unit_test(test_parity_sparse),
+        cmocka_unit_test(test_parity_dense),
+        cmocka_unit_test(test_dry_run),
+        cmocka_unit_test(test_full_size_dry_runs),
         cmocka_unit_test(test_experts_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,10 +27,8 @@ typedef struct {
 
 static void train(const char *const *extra, int n, int devices, const char *threads, outcome *o)
 {
-    if (threads)
-        setenv("SHARDSIM_KERNEL_THREADS", threads, 1);
-    else
-        unsetenv("SHARDSIM_KERNEL_THREADS");
+    if (threads) setenv("SHARDSIM_KERNEL_THREADS", threads, 1);
+    else unsetenv("SHARDSIM_KERNEL_THREADS");
     model_run r;
     model_run_open(&r, SMALL, NSMALL, ROWS, extra, n, devices, STEPS);
     memset(&o->params, 0, sizeof o->params);

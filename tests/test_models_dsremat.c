@@ -76,7 +76,10 @@ static void test_saved_bytes(void **state)
         {{"remat_policy=custom", "moe_mlpwo=device"}, 0, r_wo, false},
         /* mlpwi_1 tags the routed wi_1 product on the dense path only (moe.py gmm_up vs dense_matmul) */
         {{"remat_policy=custom", "mlpwi_1=device"}, d_wi, s_wi, false},
-        {{"remat_policy=custom", "mlpwi_1=device", "sparse_matmul=false", "capacity_factor=-1"}, d_wi, s_wi + tokens * EXPERTS * MOE_MLP, false},
+        {{"remat_policy=custom", "mlpwi_1=device", "sparse_matmul=false", "capacity_factor=-1"},
+         d_wi,
+         s_wi + tokens * EXPERTS * MOE_MLP,
+         false},
         /* two tags on one tensor: saved once */
         {{"remat_policy=custom", "mlpwi_0=device", "moe_mlpwi_0=device"}, d_wi, s_wi + r_wi, false},
         {{"remat_policy=save_dot_except_mlpwi"}, d_wo, s_wo + r_wo, true},
@@ -177,8 +180,8 @@ static void test_parity(void **state)
             model_run_train(&rf, false);
             for (int s = 0; s < STEPS; s++)
                 if (memcmp(&r.job.stats[s].loss, &rf.job.stats[s].loss, sizeof(double)))
-                    fail_msg("%s %s step %d: loss %.9g, full remat %.9g", policies[p], extra[3], s,
-                             r.job.stats[s].loss, rf.job.stats[s].loss);
+                    fail_msg("%s %s step %d: loss %.9g, full remat %.9g", policies[p], extra[3], s, r.job.stats[s].loss,
+                             rf.job.stats[s].loss);
             model_run_close(&rf);
             char what[128];
             snprintf(what, sizeof what, "%s fsdp=2 expert=2 %s", policies[p], extra[3]);

@@ -45,8 +45,8 @@
 #include "tests/helpers.h"
 
 typedef struct {
-    const char *dir;       /* under goldens/deepseek2-16b */
-    const char *flags[6];  /* dump overrides */
+    const char *dir;      /* under goldens/deepseek2-16b */
+    const char *flags[6]; /* dump overrides */
 } golden_case;
 
 static const golden_case CASES[] = {
@@ -66,11 +66,9 @@ static int setup(void **state)
 {
     (void)state;
     const char *env = getenv("SHARDSIM_REFERENCE");
-    snprintf(golden_root, sizeof golden_root, "%s/maxtext/goldens/deepseek2-16b",
-             env && *env ? env : "tests/data");
+    snprintf(golden_root, sizeof golden_root, "%s/maxtext/goldens/deepseek2-16b", env && *env ? env : "tests/data");
     return 0;
 }
-
 
 /* named / logical: same keys; per key the listed fields equal. Returns the entries compared. */
 static int compare_state(const char *what, const cfg_json *ours, const cfg_json *gold, const char *const *fields,
@@ -79,13 +77,15 @@ static int compare_state(const char *what, const cfg_json *ours, const cfg_json 
     assert_int_equal(gold->kind, CFG_JSON_OBJECT);
     assert_int_equal(ours->kind, CFG_JSON_OBJECT);
     for (int i = 0; i < ours->n; i++)
-        if (!cfg_json_get(gold, ours->keys[i])) fail_msg("%s: we write %s, the golden has no such key", what, ours->keys[i]);
+        if (!cfg_json_get(gold, ours->keys[i]))
+            fail_msg("%s: we write %s, the golden has no such key", what, ours->keys[i]);
     for (int i = 0; i < gold->n; i++) {
         const cfg_json *o = cfg_json_get(ours, gold->keys[i]);
         if (!o) fail_msg("%s: the golden has %s, we do not write it", what, gold->keys[i]);
         for (int f = 0; f < nf; f++) {
             const cfg_json *gv = cfg_json_get(&gold->items[i], fields[f]), *ov = cfg_json_get(o, fields[f]);
-            if (!gv || !ov || !cfg_json_equal(gv, ov)) fail_msg("%s: %s differs in '%s'", what, gold->keys[i], fields[f]);
+            if (!gv || !ov || !cfg_json_equal(gv, ov))
+                fail_msg("%s: %s differs in '%s'", what, gold->keys[i], fields[f]);
         }
     }
     return gold->n;
@@ -136,7 +136,7 @@ static const cfg_json *find_act(const cfg_json *list, const char *name, const ch
 static input_counts compare_inputs(const char *what, const cfg_json *ours_root, const cfg_json *gold_root)
 {
     const cfg_json *ours = cfg_json_get(ours_root, "Activation Sharding Dump"),
-                    *gold = cfg_json_get(gold_root, "Activation Sharding Dump");
+                   *gold = cfg_json_get(gold_root, "Activation Sharding Dump");
     assert_non_null(ours);
     assert_non_null(gold);
     input_counts c = {0, 0, 0};
@@ -180,7 +180,8 @@ static void test_goldens(void **state)
         snprintf(gdir, sizeof gdir, "%s/%s", golden_root, gc->dir);
         struct stat st;
         if (stat(gdir, &st) || !S_ISDIR(st.st_mode))
-            fail_msg("golden directory %s not found (set SHARDSIM_REFERENCE to the folder holding maxtext/goldens)", gdir);
+            fail_msg("golden directory %s not found (set SHARDSIM_REFERENCE to the folder holding maxtext/goldens)",
+                     gdir);
         char *tmp = mkdtemp(tmpl);
         assert_non_null(tmp);
         char outdir[256];
@@ -212,8 +213,8 @@ static void test_goldens(void **state)
         assert_true(renamed >= 5); /* MLA's attention kernels and the gate carry 0.2.5's names */
         int nl = compare_state("logical_shardings.json", ours[1], gold[1], logical_fields, 2);
         input_counts ic = compare_inputs(gc->dir, ours[2], gold[2]);
-        printf("  %-84s named %d, logical %d, activations %d (+%d unnamed compared, %d unnamed skipped)\n", gc->dir,
-               nn, nl, ic.known, ic.unknown_compared, ic.unknown_skipped);
+        printf("  %-84s named %d, logical %d, activations %d (+%d unnamed compared, %d unnamed skipped)\n", gc->dir, nn,
+               nl, ic.known, ic.unknown_compared, ic.unknown_skipped);
         assert_true(nn > 80 && nl == nn && ic.known >= 20);
         for (int f = 0; f < 3; f++) {
             cfg_json_free(ours[f]);
@@ -243,10 +244,10 @@ static const char *const DIRS_025[NCASES_025] = {
 static const golden_case MODELS_025[NMODELS_025] = {
     {NULL, {"model_name=llama3.1-8b", "num_devices=8", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}},
     {NULL, {"model_name=kimi-k2-1t", "num_devices=8", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"}}};
-static const golden_case DS3_TINY = {
-    NULL,
-    {"model_name=deepseek3-tiny", "num_devices=8", "override_model_config=true", "base_num_decoder_layers=3",
-     "first_num_dense_layers=1", "ici_fsdp_parallelism=4"}};
+static const golden_case DS3_TINY = {NULL,
+                                     {"model_name=deepseek3-tiny", "num_devices=8", "override_model_config=true",
+                                      "base_num_decoder_layers=3", "first_num_dense_layers=1",
+                                      "ici_fsdp_parallelism=4"}};
 
 static void test_goldens_0_2_5(void **state)
 {

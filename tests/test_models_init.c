@@ -63,16 +63,23 @@ static void test_shards_reassemble(void **state)
     } meshes[] = {
         {1, {4, 0, 0}, {"P()", "P('data')", "P(None, 'data')", "P(None, None, 'data')", NULL}},
         {1, {3, 0, 0}, {"P('data')", "P(None, 'data')", "P(None, None, 'data')", NULL}},
-        {2, {2, 3, 0}, {"P('data', 'fsdp')", "P(('fsdp', 'data'))", "P(None, ('data', 'fsdp'))", "P('fsdp', None, 'data')",
-                        "P(None, 'fsdp')", NULL}},
-        {3, {2, 2, 2}, {"P(('data', 'fsdp'), 'tensor')", "P('tensor', None, ('fsdp', 'data'))", "P(None, 'fsdp')",
-                        "P('fsdp', 'tensor', 'data')", "P(None, None, ('tensor', 'data', 'fsdp'))", NULL}},
+        {2,
+         {2, 3, 0},
+         {"P('data', 'fsdp')", "P(('fsdp', 'data'))", "P(None, ('data', 'fsdp'))", "P('fsdp', None, 'data')",
+          "P(None, 'fsdp')", NULL}},
+        {3,
+         {2, 2, 2},
+         {"P(('data', 'fsdp'), 'tensor')", "P('tensor', None, ('fsdp', 'data'))", "P(None, 'fsdp')",
+          "P('fsdp', 'tensor', 'data')", "P(None, None, ('tensor', 'data', 'fsdp'))", NULL}},
     };
     const int64_t shape[3] = {12, 12, 24}; /* 3456 elements */
     float *global = malloc(3456 * sizeof *global);
     int checked = 0;
     for (int k = 0; k < 4; k++) {
-        model_init_kind kind = k == 0 ? MODEL_INIT_NORMAL : k == 1 ? MODEL_INIT_TRUNC_NORMAL : k == 2 ? MODEL_INIT_ONES : MODEL_INIT_ZEROS;
+        model_init_kind kind = k == 0   ? MODEL_INIT_NORMAL
+                               : k == 1 ? MODEL_INIT_TRUNC_NORMAL
+                               : k == 2 ? MODEL_INIT_ONES
+                                        : MODEL_INIT_ZEROS;
         model_init_global(global, 3456, "decoder.layers.mlp.wi_0.kernel", kind, 0.02, 7);
         for (size_t mi = 0; mi < sizeof meshes / sizeof meshes[0]; mi++) {
             mesh_shape m = helper_mesh(meshes[mi].n, names, meshes[mi].sizes);
@@ -87,8 +94,9 @@ static void test_shards_reassemble(void **state)
                 if (mesh_spec_parse(meshes[mi].specs[s], &m, &c->spec) != SIM_OK) fail_msg("%s", sim_errmsg());
                 if (sim_machine_run(mach, shard_device, c) != SIM_OK) fail_msg("%s", sim_errmsg());
                 for (int dv = 0; dv < m.num_devices; dv++)
-                    if (c->bad[dv]) fail_msg("kind %d mesh %zu spec %s: device %d has %lld wrong elements", k, mi,
-                                             meshes[mi].specs[s], dv, (long long)c->bad[dv]);
+                    if (c->bad[dv])
+                        fail_msg("kind %d mesh %zu spec %s: device %d has %lld wrong elements", k, mi,
+                                 meshes[mi].specs[s], dv, (long long)c->bad[dv]);
                 free(c);
                 checked++;
             }

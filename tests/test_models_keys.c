@@ -75,8 +75,6 @@ static model_def *load(const char *const *extra, int n, int devices)
     return model_run_load(TINY, sizeof TINY / sizeof TINY[0], ROWS, extra, n, devices, 0, NULL);
 }
 
-
-
 static double run(const model_def *def, const model_grads *pin, model_grads *pout, model_grads *g)
 {
     model_run_batch b;
@@ -106,8 +104,7 @@ static void parity(const char *const *base, int nbase, const char *const *keys, 
                 snprintf(buf[1], sizeof buf[1], "%s", sp + 1);
                 extra[k++] = buf[0];
                 extra[k++] = buf[1];
-            } else
-                extra[k++] = mesh;
+            } else extra[k++] = mesh;
             extra[k++] = mode ? "shard_mode=explicit" : "shard_mode=auto";
             model_def *def = model_run_load(base, nbase, ROWS, extra, k, 8, 0, NULL);
             model_grads g;
@@ -117,7 +114,8 @@ static void parity(const char *const *base, int nbase, const char *const *keys, 
             for (int i = 0; i < def->nparams; i++) {
                 double e = model_rel_norm_diff(g.g[i], ref.g[i], g.layer_elems[i] * g.n_layers[i]);
                 if (e > 1e-4)
-                    fail_msg("%s %s %s: gradient of %s differs by %.3g", keys[0], mesh, extra[k - 1], def->defs[i].path, e);
+                    fail_msg("%s %s %s: gradient of %s differs by %.3g", keys[0], mesh, extra[k - 1], def->defs[i].path,
+                             e);
             }
             model_grads_free(&g);
             model_run_unload(def);
@@ -367,9 +365,10 @@ static void unfuse(const model_def *fd, const model_grads *f, const model_def *u
     int fq = model_param_index(fd, "self_attention.qkv_proj.kernel");
     for (int i = 0; i < ud->nparams; i++) {
         const char *path = ud->defs[i].path;
-        int part = strstr(path, "self_attention.query.") ? 0 : strstr(path, "self_attention.key.") ? 1
-                   : strstr(path, "self_attention.value.")                                   ? 2
-                                                                                              : -1;
+        int part = strstr(path, "self_attention.query.")   ? 0
+                   : strstr(path, "self_attention.key.")   ? 1
+                   : strstr(path, "self_attention.value.") ? 2
+                                                           : -1;
         if (part < 0) {
             int j = model_param_index(fd, path);
             assert_true(j >= 0);
@@ -443,10 +442,8 @@ static void test_fused_qkv(void **state)
         model_def *d8 = load(m8[c], n8[c], 8);
         model_grads g8;
         double l8 = run(d8, &pf, NULL, &g8);
-        if (c < 2)
-            expect_same(f, l8, &g8, l2, &g2, 1e-4, m8[c][2]);
-        else
-            expect_same(f, l8, &g8, lf, &gf, 1e-4, m8[c][2]);
+        if (c < 2) expect_same(f, l8, &g8, l2, &g2, 1e-4, m8[c][2]);
+        else expect_same(f, l8, &g8, lf, &gf, 1e-4, m8[c][2]);
         model_grads_free(&g8);
         model_run_unload(d8);
     }
@@ -466,7 +463,8 @@ static void test_fused_qkv(void **state)
     const char *full[] = {"fused_qkv=true", "remat_policy=full"},
                *keep[] = {"fused_qkv=true", "remat_policy=custom", "qkv_proj=device"};
     size_t pfull = peak_of(full, 2, 1, false, NULL), pk = peak_of(keep, 3, 1, false, NULL);
-    if (pk != pfull + (size_t)2 * ROWS * SEQ * FH * HD * ACT) fail_msg("qkv_proj=device: peak %zu, full %zu", pk, pfull);
+    if (pk != pfull + (size_t)2 * ROWS * SEQ * FH * HD * ACT)
+        fail_msg("qkv_proj=device: peak %zu, full %zu", pk, pfull);
     const char *ds[] = {"fused_qkv=true"};
     assert_int_equal(refusal(DS_TINY, sizeof DS_TINY / sizeof DS_TINY[0], ds, 1), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "fused_qkv"));
@@ -691,9 +689,10 @@ static void test_remat_policies(void **state)
             /* at the peak (the last layer's backward) the two other layers' saved tensors are alive */
             size_t want = pf + (size_t)(2 * tokens * cases[c].floats_per_token * ACT);
             if (p != want)
-                fail_msg("%d devices, %s %s: peak %zu bytes, want %zu (full %zu + 2 layers x %d elements x %lld tokens)",
-                         devices, cases[c].policy[0], nk > 1 ? cases[c].policy[1] : "", p, want, pf,
-                         cases[c].floats_per_token, (long long)tokens);
+                fail_msg(
+                    "%d devices, %s %s: peak %zu bytes, want %zu (full %zu + 2 layers x %d elements x %lld tokens)",
+                    devices, cases[c].policy[0], nk > 1 ? cases[c].policy[1] : "", p, want, pf,
+                    cases[c].floats_per_token, (long long)tokens);
             if (devices == 8 && c == 5) assert_true(peak_of(cases[c].policy, nk, devices, true, NULL) == p);
         }
         model_grads_free(&gf);
@@ -721,9 +720,11 @@ static void test_remat_policies(void **state)
             model_run_unload(def);
         }
         for (int i = 0; i < gd[0].n; i++)
-            assert_memory_equal(gd[0].g[i], gd[1].g[i], (size_t)(gd[0].layer_elems[i] * gd[0].n_layers[i]) * sizeof(float));
+            assert_memory_equal(gd[0].g[i], gd[1].g[i],
+                                (size_t)(gd[0].layer_elems[i] * gd[0].n_layers[i]) * sizeof(float));
         size_t want = peaks[0] + (size_t)ROWS * SEQ * (48 + 48 + 32 + 32) * ACT;
-        if (peaks[1] != want) fail_msg("deepseek save_dot_except_mlp: peak %zu, want %zu (full %zu)", peaks[1], want, peaks[0]);
+        if (peaks[1] != want)
+            fail_msg("deepseek save_dot_except_mlp: peak %zu, want %zu (full %zu)", peaks[1], want, peaks[0]);
         model_grads_free(&gd[0]);
         model_grads_free(&gd[1]);
     }

@@ -138,14 +138,23 @@ static const mesh_case MESHES[] = {
     {"data=8", {"ici_data_parallelism=8", "ici_fsdp_parallelism=1"}, 8, 1, NULL},
     {"fsdp=8", {"ici_fsdp_parallelism=8"}, 8, 1, NULL},
     {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}, 8, 1, NULL},
-    {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 8, 1,
+    {"data=2 fsdp=2 tensor=2",
+     {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
+     8,
+     1,
      NULL},
-    {"fsdp=2 context=2 tensor=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2,
+    {"fsdp=2 context=2 tensor=2",
+     {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"},
+     8,
+     2,
      /* key (B=8, S, Hkv=2, D=8), query as (B, T, Hkv, groups=2, D): batch b,k ++ key's s ++ query's t,g */
      "ShardingTypeError: dot_general operation with inputs: f32[8@fsdp,16@context,2@tensor,8], "
      "f32[8@fsdp,16@context,2@tensor,2,8] produces an illegally sharded result: "
      "f32[8@fsdp,2@tensor,16@context,16@context,2]"},
-    {"tensor_sequence=2 fsdp=4", {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"}, 8, 1,
+    {"tensor_sequence=2 fsdp=4",
+     {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"},
+     8,
+     1,
      "TypeError: scan body function carry input and carry output must have equal types"},
     {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}, 8, 1, NULL},
 };
@@ -187,7 +196,8 @@ static void test_parity_meshes(void **state)
             if (dl > 1e-4) fail_msg("%s %s: loss %.7f vs %.7f", mc->label, extra[n - 1], loss, ref_loss);
             for (int i = 0; i < def->nparams; i++) {
                 double e = model_rel_norm_diff(g.g[i], ref.g[i], g.layer_elems[i] * g.n_layers[i]);
-                if (e > 1e-4) fail_msg("%s %s: gradient of %s differs by %.3g", mc->label, extra[n - 1], def->defs[i].path, e);
+                if (e > 1e-4)
+                    fail_msg("%s %s: gradient of %s differs by %.3g", mc->label, extra[n - 1], def->defs[i].path, e);
             }
             model_grads_free(&g);
             model_run_unload(def);
@@ -221,8 +231,9 @@ static void test_llama31_rope(void **state)
     model_run_unload(def);
     printf("  loss: llama3.1 RoPE %.7f, unscaled %.7f, default RoPE %.7f\n", ref_loss, unscaled, plain);
     assert_true(fabs(unscaled - ref_loss) > 1e-6 && fabs(plain - ref_loss) > 1e-6);
-    static const char *const MESH[][4] = {{"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"},
-                                         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}};
+    static const char *const MESH[][4] = {
+        {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"},
+        {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}};
     for (int k = 0; k < 2; k++) {
         const char *extra[5] = {"rope_type=llama3.1"};
         int n = 1;

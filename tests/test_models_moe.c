@@ -33,7 +33,7 @@ enum { B = 4, S = 4, E = 8, K = 2, N = B * S };
 
 typedef struct {
     mesh_shape mesh;
-    const char *tok_spec;        /* sharding of the (B, S, E) scores */
+    const char *tok_spec; /* sharding of the (B, S, E) scores */
     model_moe_route_cfg rc;
     bool with_bias, lb;
     double lb_weight;
@@ -48,7 +48,8 @@ typedef struct {
 static sim_status router_device(sim_device *dev, void *arg)
 {
     router_job *j = arg;
-    mesh_ctx ctx = {.dev = dev, .mesh = &j->mesh, .mode = MESH_MODE_AUTO, .drop_size_one = true, .layer = "router_test"};
+    mesh_ctx ctx = {
+        .dev = dev, .mesh = &j->mesh, .mode = MESH_MODE_AUTO, .drop_size_one = true, .layer = "router_test"};
     mesh_tape *t = mesh_tape_new(&ctx, true);
     mesh_spec tok, rep, rep3;
     mesh_array sa = {0}, ba = {0}, sink = {0};
@@ -90,8 +91,9 @@ static sim_status run_router(router_job *j, int layout)
     const char *names[] = {"data", "fsdp"};
     int one[] = {1, 1}, two[] = {2, 2};
     SIM_ASSERT(mesh_shape_init(&j->mesh, 2, names, layout ? two : one) == SIM_OK);
-    j->tok_spec = layout == 2 ? "P('data', 'fsdp', None)" : layout ? "P(('data', 'fsdp'), None, None)"
-                                                                    : "P(None, None, None)";
+    j->tok_spec = layout == 2 ? "P('data', 'fsdp', None)"
+                  : layout    ? "P(('data', 'fsdp'), None, None)"
+                              : "P(None, None, None)";
     sim_machine *m = helper_machine(&j->mesh, false);
     sim_status st = sim_machine_run(m, router_device, j);
     sim_machine_free(m);
@@ -170,8 +172,8 @@ static void test_group_limited(void **state)
         fill_inputs(&j);
         for (int i = 0; i < N * E; i++) j.scores[i] = 1.0f / (1.0f + expf(-j.scores[i])); /* sigmoid scores */
         j.with_bias = true;
-        j.rc = (model_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true,
-                                    .groups = G, .topk_groups = KEEP};
+        j.rc = (model_moe_route_cfg){
+            .k = K, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true, .groups = G, .topk_groups = KEEP};
         if (run_router(&j, layout) != SIM_OK) fail_msg("router: %s", sim_errmsg());
         double maxerr = 0;
         for (int n = 0; n < N; n++) {
@@ -202,8 +204,8 @@ static void test_group_limited(void **state)
         }
         assert_true(maxerr < 1e-6);
     }
-    printf("  group-limited routing: %d of %d token routings differ from the plain top-k (x3 layouts)\n",
-           differs / 3, N);
+    printf("  group-limited routing: %d of %d token routings differ from the plain top-k (x3 layouts)\n", differs / 3,
+           N);
     assert_true(differs > 0);
 }
 
@@ -273,8 +275,8 @@ static void test_random_routing(void **state)
         memset(r, 0, sizeof *r);
         fill_inputs(r);
         r->with_bias = true;
-        r->rc = (model_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true,
-                                     .random = true, .random_key = 0x1234};
+        r->rc = (model_moe_route_cfg){
+            .k = K, .sigmoid = true, .scaling = 2.5, .bias_selects_only = true, .random = true, .random_key = 0x1234};
         if (run_router(r, layout) != SIM_OK) fail_msg("router: %s", sim_errmsg());
         if (!layout) continue;
         assert_memory_equal(j.idx, ref.idx, sizeof j.idx); /* the same draws on every mesh */
@@ -332,8 +334,8 @@ static void test_bad_groups(void **state)
     static router_job j;
     memset(&j, 0, sizeof j);
     fill_inputs(&j);
-    j.rc = (model_moe_route_cfg){.k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true, .groups = 3,
-                                .topk_groups = 1};
+    j.rc = (model_moe_route_cfg){
+        .k = K, .sigmoid = true, .scaling = 1.0, .bias_selects_only = true, .groups = 3, .topk_groups = 1};
     assert_int_equal(run_router(&j, 0), SIM_ERR_INPUT);
     assert_non_null(strstr(sim_errmsg(), "n_routing_groups=3"));
 }
@@ -362,9 +364,12 @@ static void test_permute(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_no_score_function), cmocka_unit_test(test_group_limited),
-        cmocka_unit_test(test_load_balance_loss), cmocka_unit_test(test_random_routing),
-        cmocka_unit_test(test_counts_and_bias_update), cmocka_unit_test(test_bad_groups),
+        cmocka_unit_test(test_no_score_function),
+        cmocka_unit_test(test_group_limited),
+        cmocka_unit_test(test_load_balance_loss),
+        cmocka_unit_test(test_random_routing),
+        cmocka_unit_test(test_counts_and_bias_update),
+        cmocka_unit_test(test_bad_groups),
         cmocka_unit_test(test_permute),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -70,14 +70,22 @@ static void test_parameters(void **state)
         {"params.mtp_block.mtp_layer_1.mtp_1_final_norm.scale", 1, {EMB}, {"norm"}},
         {"params.mtp_block.mtp_layer_2.mtp_2_projection.kernel", 2, {2 * EMB, EMB}, {"embed", NULL}},
         /* the transformer layer: the decoder's MoE layer without the stack dim */
-        {"params.mtp_block.mtp_layer_1.mtp_1_transformer_layer.self_attention.wq_a.kernel", 2, {EMB, 16},
+        {"params.mtp_block.mtp_layer_1.mtp_1_transformer_layer.self_attention.wq_a.kernel",
+         2,
+         {EMB, 16},
          {"embed_attn", "q_lora_up_proj"}},
-        {"params.mtp_block.mtp_layer_2.mtp_2_transformer_layer.DeepSeekMoeBlock_0.MoeBlock_0.wi_0", 3, {8, EMB, 16},
+        {"params.mtp_block.mtp_layer_2.mtp_2_transformer_layer.DeepSeekMoeBlock_0.MoeBlock_0.wi_0",
+         3,
+         {8, EMB, 16},
          {"exp", "embed_moe", "mlp_moe"}},
-        {"params.mtp_block.mtp_layer_2.mtp_2_transformer_layer.post_self_attention_layer_norm.scale", 1, {EMB},
+        {"params.mtp_block.mtp_layer_2.mtp_2_transformer_layer.post_self_attention_layer_norm.scale",
+         1,
+         {EMB},
          {"norm"}},
         /* DeepSeek-V3's gate bias: a MoEBiasVar of (experts,) with (None,), as MaxText's dump shows */
-        {"params.mtp_block.mtp_layer_1.mtp_1_transformer_layer.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias", 1, {8},
+        {"params.mtp_block.mtp_layer_1.mtp_1_transformer_layer.DeepSeekMoeBlock_0.MoeBlock_0.gate.bias",
+         1,
+         {8},
          {NULL}},
     };
     for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
@@ -88,10 +96,8 @@ static void test_parameters(void **state)
         assert_int_equal(d->scan_dim, -1);
         for (int k = 0; k < d->rank; k++) {
             assert_int_equal(d->shape[k], want[w].shape[k]);
-            if (want[w].logical[k])
-                assert_string_equal(d->logical[k], want[w].logical[k]);
-            else
-                assert_null(d->logical[k]);
+            if (want[w].logical[k]) assert_string_equal(d->logical[k], want[w].logical[k]);
+            else assert_null(d->logical[k]);
         }
     }
     /* every decoder MoE-layer parameter has its MTP twin in each layer; nothing else is added */
@@ -114,7 +120,6 @@ static void test_parameters(void **state)
 }
 
 /* ------------------------------------------------------------ the loss by hand */
-
 
 static void test_loss_composition(void **state)
 {
@@ -223,8 +228,8 @@ static int check_gradients(const char *const *extra, int n_extra, const char *co
             fail_msg("%s element %lld: backward %.6g, finite differences %.6g", names[n], (long long)best, g, fd);
         checked++;
     }
-    printf("  %d MTP-path gradients match central finite differences within 2%% (%d skipped: routing flips)\n",
-           checked, skipped);
+    printf("  %d MTP-path gradients match central finite differences within 2%% (%d skipped: routing flips)\n", checked,
+           skipped);
     model_grads_free(&params);
     model_grads_free(&grads);
     model_run_unload(def);
@@ -325,8 +330,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parameters), cmocka_unit_test(test_loss_composition), cmocka_unit_test(test_reported),
-        cmocka_unit_test(test_gradients),  cmocka_unit_test(test_parity),
-        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_gradients),  cmocka_unit_test(test_parity),           cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

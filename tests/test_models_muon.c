@@ -217,13 +217,17 @@ static void test_classify(void **state)
     check_model_dims("model_name=deepseek3-671b", false, noroute, sizeof ds / sizeof ds[0]);
     /* scale: sqrt(max(1, O/R)); the §A.2 column: wq_b 1536 x 24576 -> 4, routed wo 2048 x 7168 -> 1.871 */
     model_muon_cfg c = muon_cfg();
-    model_param_def wqb = {.path = "params.decoder.moe_layers.self_attention.wq_b.kernel", .rank = 4,
-                           .shape = {1536, 58, 128, 192}, .scan_dim = 1};
+    model_param_def wqb = {.path = "params.decoder.moe_layers.self_attention.wq_b.kernel",
+                           .rank = 4,
+                           .shape = {1536, 58, 128, 192},
+                           .scan_dim = 1};
     model_muon_dims dd;
     model_muon_classify(&c, &wqb, &dd);
     assert_true(fabsf(model_muon_scale(&c, &wqb, &dd) - 4.0f) == 0.0f);
-    model_param_def rwo = {.path = "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.wo", .rank = 4,
-                           .shape = {256, 58, 2048, 7168}, .scan_dim = 1};
+    model_param_def rwo = {.path = "params.decoder.moe_layers.DeepSeekMoeBlock_0.MoeBlock_0.wo",
+                           .rank = 4,
+                           .shape = {256, 58, 2048, 7168},
+                           .scan_dim = 1};
     model_muon_classify(&c, &rwo, &dd);
     assert_true(fabs(model_muon_scale(&c, &rwo, &dd) - sqrt(7168.0 / 2048.0)) < 1e-6);
     c.consistent_rms_on = true;
@@ -289,25 +293,85 @@ typedef struct {
     int rank;
     int64_t shape[4];
     const char *spec;
-    int n_ar, n_ag;          /* all-reduces and all-gathers in the step */
-    uint64_t gram_elems;     /* elements of one Gram all-reduce (0: none) */
-    uint64_t norm_elems;     /* elements of the norm all-reduce (0: none) */
-    uint64_t ag_out[3];      /* output elements of the three all-gathers of a step */
+    int n_ar, n_ag;      /* all-reduces and all-gathers in the step */
+    uint64_t gram_elems; /* elements of one Gram all-reduce (0: none) */
+    uint64_t norm_elems; /* elements of the norm all-reduce (0: none) */
+    uint64_t ag_out[3];  /* output elements of the three all-gathers of a step */
 } table_row;
 
 /* facts-2 §A.4, measured with jax 0.10.2 + optax 0.2.8 on 8 CPU devices */
 static const table_row TABLE[] = {
-    {"MoE, fsdp=8", 1, 8, "x.MoeBlock_0.wi_0", 4, {16, 4, 256, 128}, "P(None, None, 'fsdp', None)", 6, 0,
-     64 * 128 * 128, 64, {0}},
-    {"MoE shard-exp-on-fsdp, fsdp=8", 1, 8, "x.MoeBlock_0.wi_0", 4, {16, 4, 256, 128}, "P('fsdp', None, None, None)",
-     0, 0, 0, 0, {0}},
-    {"MoE, expert=2 fsdp=4", 2, 4, "x.MoeBlock_0.wi_0", 4, {16, 4, 256, 128}, "P('expert', None, 'fsdp', None)", 6,
-     0, 32 * 128 * 128, 32, {0}},
-    {"MoE shard-exp-on-fsdp, expert=2 fsdp=4", 2, 4, "x.MoeBlock_0.wi_0", 4, {16, 4, 256, 128},
-     "P(('expert', 'fsdp'), None, None, None)", 0, 0, 0, 0, {0}},
-    {"dense wi, fsdp=8", 1, 8, "x.mlp.wi_0.kernel", 3, {256, 4, 1024}, "P('fsdp', None, None)", 1, 15, 0, 4,
+    {"MoE, fsdp=8",
+     1,
+     8,
+     "x.MoeBlock_0.wi_0",
+     4,
+     {16, 4, 256, 128},
+     "P(None, None, 'fsdp', None)",
+     6,
+     0,
+     64 * 128 * 128,
+     64,
+     {0}},
+    {"MoE shard-exp-on-fsdp, fsdp=8",
+     1,
+     8,
+     "x.MoeBlock_0.wi_0",
+     4,
+     {16, 4, 256, 128},
+     "P('fsdp', None, None, None)",
+     0,
+     0,
+     0,
+     0,
+     {0}},
+    {"MoE, expert=2 fsdp=4",
+     2,
+     4,
+     "x.MoeBlock_0.wi_0",
+     4,
+     {16, 4, 256, 128},
+     "P('expert', None, 'fsdp', None)",
+     6,
+     0,
+     32 * 128 * 128,
+     32,
+     {0}},
+    {"MoE shard-exp-on-fsdp, expert=2 fsdp=4",
+     2,
+     4,
+     "x.MoeBlock_0.wi_0",
+     4,
+     {16, 4, 256, 128},
+     "P(('expert', 'fsdp'), None, None, None)",
+     0,
+     0,
+     0,
+     0,
+     {0}},
+    {"dense wi, fsdp=8",
+     1,
+     8,
+     "x.mlp.wi_0.kernel",
+     3,
+     {256, 4, 1024},
+     "P('fsdp', None, None)",
+     1,
+     15,
+     0,
+     4,
      {4 * 1024 * 256, 4 * 256 * 1024, 4 * 256 * 256}},
-    {"dense wo, fsdp=8", 1, 8, "x.mlp.wo.kernel", 3, {1024, 4, 256}, "P(None, None, 'fsdp')", 1, 15, 0, 4,
+    {"dense wo, fsdp=8",
+     1,
+     8,
+     "x.mlp.wo.kernel",
+     3,
+     {1024, 4, 256},
+     "P(None, None, 'fsdp')",
+     1,
+     15,
+     0,
+     4,
      {4 * 1024 * 256, 4 * 256 * 1024, 4 * 256 * 256}},
 };
 
@@ -341,8 +405,8 @@ static void test_ns_collectives_table(void **state)
             } else if (x->op == SIM_OP_ALL_GATHER) {
                 uint64_t out = x->elements * (uint64_t)x->group_size;
                 if (ag < 3) ag_out[ag] = out;
-                else if (out != ag_out[ag % 3]) fail_msg("%s: all-gather %d outputs %llu elements", t->label, ag,
-                                                         (unsigned long long)out);
+                else if (out != ag_out[ag % 3])
+                    fail_msg("%s: all-gather %d outputs %llu elements", t->label, ag, (unsigned long long)out);
                 ag++;
             } else {
                 other++;
@@ -359,9 +423,9 @@ static void test_ns_collectives_table(void **state)
             memcpy(got, ag_out, sizeof got);
             uint64_t ws = 0, gs = 0, wm = 0, gm = 0;
             for (int k = 0; k < 3; k++) ws += want[k], gs += got[k], wm += want[k] * want[k], gm += got[k] * got[k];
-            if (ws != gs || wm != gm) fail_msg("%s: all-gather outputs %llu %llu %llu", t->label,
-                                               (unsigned long long)got[0], (unsigned long long)got[1],
-                                               (unsigned long long)got[2]);
+            if (ws != gs || wm != gm)
+                fail_msg("%s: all-gather outputs %llu %llu %llu", t->label, (unsigned long long)got[0],
+                         (unsigned long long)got[1], (unsigned long long)got[2]);
         }
     }
 }
@@ -525,7 +589,8 @@ static sim_status upd_device(sim_device *dev, void *arg)
     for (int i = 0; i < j->np; i++) {
         int64_t le = (int64_t)p[i].w[0].shape[0];
         for (int d = 1; d < p[i].w[0].rank; d++) le *= p[i].w[0].shape[d];
-        for (int l = 0; l < p[i].n_layers; l++) SIM_TRY(mesh_array_store_global(dev, j->mesh, &p[i].w[l], j->w[i] + l * le));
+        for (int l = 0; l < p[i].n_layers; l++)
+            SIM_TRY(mesh_array_store_global(dev, j->mesh, &p[i].w[l], j->w[i] + l * le));
         mesh_array *b[4] = {p[i].w, p[i].g, p[i].slot[0], p[i].slot[1]};
         for (int k = 0; k < 4; k++) {
             for (int l = 0; l < p[i].n_layers; l++) mesh_array_free(dev, &b[k][l]);
@@ -557,8 +622,12 @@ static void from_stacked(const double *st, double *lm, const int64_t *shape, int
 static void test_update_float64(void **state)
 {
     (void)state;
-    const char *ovr[] = {"opt_type=muon", "learning_rate=0.02", "steps=10", "warmup_steps_fraction=0.2",
-                         "muon_weight_decay=0.05", "gradient_clipping_threshold=0.25"};
+    const char *ovr[] = {"opt_type=muon",
+                         "learning_rate=0.02",
+                         "steps=10",
+                         "warmup_steps_fraction=0.2",
+                         "muon_weight_decay=0.05",
+                         "gradient_clipping_threshold=0.25"};
     cfg_config *cfg = load_cfg(6, ovr);
     static upd_job j;
     memset(&j, 0, sizeof j);
@@ -571,12 +640,14 @@ static void test_update_float64(void **state)
     j.np = 3;
     /* a dense matrix leaf [emb 32, L 2, mlp 24]: (0), (-1); an expert leaf [E 4, L 2, 16, 8]: (-2), (-1);
      * a norm scale [16, L 2] on the AdamW fallback */
-    model_param_def d0 = {.path = "params.decoder.layers.mlp.wi_0.kernel", .rank = 3, .shape = {32, 2, 24},
+    model_param_def d0 = {
+        .path = "params.decoder.layers.mlp.wi_0.kernel", .rank = 3, .shape = {32, 2, 24}, .scan_dim = 1};
+    model_param_def d1 = {
+        .path = "params.decoder.layers.MoeBlock_0.wo", .rank = 4, .shape = {4, 2, 16, 8}, .scan_dim = 1};
+    model_param_def d2 = {.path = "params.decoder.layers.pre_self_attention_layer_norm.scale",
+                          .rank = 2,
+                          .shape = {16, 2},
                           .scan_dim = 1};
-    model_param_def d1 = {.path = "params.decoder.layers.MoeBlock_0.wo", .rank = 4, .shape = {4, 2, 16, 8},
-                          .scan_dim = 1};
-    model_param_def d2 = {.path = "params.decoder.layers.pre_self_attention_layer_norm.scale", .rank = 2,
-                          .shape = {16, 2}, .scan_dim = 1};
     j.defs[0] = d0, j.defs[1] = d1, j.defs[2] = d2;
     j.specs[0] = "P('fsdp', None, 'expert')";
     j.specs[1] = "P('expert', None, 'fsdp', None)";
@@ -660,14 +731,13 @@ static void test_update_float64(void **state)
     free(nu);
 }
 
-
 /* ------------------------------------------------------------ parity over 5 steps */
 
 enum { STEPS = 5, ROWS = 8 };
 
 /* tests/data/tiny-llama.yml, trained by Muon */
-static const char *const LLAMA[] = {TINY_LLAMA_YML, "model_name=default", "init_weights_seed=7", "learning_rate=2e-2",
-                                    "warmup_steps_fraction=0", "opt_type=muon"};
+static const char *const LLAMA[] = {TINY_LLAMA_YML,       "model_name=default",      "init_weights_seed=7",
+                                    "learning_rate=2e-2", "warmup_steps_fraction=0", "opt_type=muon"};
 
 /* tests/data/tiny-deepseek.yml: 1 dense + 2 MoE layers, 8 experts top-2, MLA with q_lora */
 static const char *const DEEPSEEK[] = {TINY_DEEPSEEK_YML, "init_weights_seed=5", "learning_rate=2e-2",
@@ -733,9 +803,10 @@ static void test_parity_llama(void **state)
                 for (int s = 0; s < STEPS; s++) {
                     assert_true(again.job.stats[s].loss == r.job.stats[s].loss);
                     for (int i = 0; i < r.def->nparams; i++)
-                        assert_memory_equal(again.job.step_grads[s].g[i], r.job.step_grads[s].g[i],
-                                            (size_t)(r.job.step_grads[s].layer_elems[i] * r.job.step_grads[s].n_layers[i]) *
-                                                sizeof(float));
+                        assert_memory_equal(
+                            again.job.step_grads[s].g[i], r.job.step_grads[s].g[i],
+                            (size_t)(r.job.step_grads[s].layer_elems[i] * r.job.step_grads[s].n_layers[i]) *
+                                sizeof(float));
                 }
                 model_run_close(&again);
             }
@@ -778,7 +849,8 @@ static void test_parity_deepseek(void **state)
                     }
                 if (mi == 0 && rules == 0 && mode == 0) {
                     /* §A.4 dense wi / wo on fsdp=8: per step 15 all-gathers and one all-reduce (the norms) */
-                    static const char *const dense[3] = {"dense_layers.mlp.wi_0.kernel/", "dense_layers.mlp.wi_1.kernel/",
+                    static const char *const dense[3] = {"dense_layers.mlp.wi_0.kernel/",
+                                                         "dense_layers.mlp.wi_1.kernel/",
                                                          "dense_layers.mlp.wo.kernel/"};
                     for (int k = 0; k < 3; k++) {
                         uint64_t b = opt_bytes(r.m, dense[k], STEPS - 1, &ag, &ar, &other);
@@ -806,8 +878,8 @@ static void test_parity_deepseek(void **state)
 static void test_dump_layout(void **state)
 {
     (void)state;
-    const char *ovr[] = {"opt_type=muon", "base_num_decoder_layers=2", "ici_fsdp_parallelism=8", "base_emb_dim=64",
-                         "base_mlp_dim=128", "vocab_size=128"};
+    const char *ovr[] = {"opt_type=muon",   "base_num_decoder_layers=2", "ici_fsdp_parallelism=8",
+                         "base_emb_dim=64", "base_mlp_dim=128",          "vocab_size=128"};
     cfg_config *cfg = load_cfg(6, ovr);
     model_def *def = calloc(1, sizeof *def);
     if (model_def_from_config(cfg, def) != SIM_OK) fail_msg("model: %s", sim_errmsg());
@@ -838,7 +910,8 @@ static void test_dump_layout(void **state)
         "\".opt_state/.inner_states/['adam']/.inner_state/[0]/.nu/['params']/['decoder']/['decoder_norm']/['scale']\"",
         "\".opt_state/.inner_states/['adam']/.inner_state/[2]/.count\"",
         "\".opt_state/.inner_states/['muon']/.inner_state/[0]/.count\"",
-        "\".opt_state/.inner_states/['muon']/.inner_state/[0]/.mu/['params']/['decoder']/['layers']/['mlp']/['wo']/['kernel']\"",
+        "\".opt_state/.inner_states/['muon']/.inner_state/[0]/.mu/['params']/['decoder']/['layers']/['mlp']/['wo']/"
+        "['kernel']\"",
         "\".opt_state/.inner_states/['muon']/.inner_state/[0]/.ns_coeffs\"",
         "\".opt_state/.inner_states/['muon']/.inner_state/[3]/.count\"",
     };

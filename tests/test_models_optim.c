@@ -206,10 +206,10 @@ typedef struct {
     tparam *tp;
     int np;
     model_optim_cfg o;
-    int poison_unowned;                 /* fill non-owned layers' gradients with junk */
+    int poison_unowned; /* fill non-owned layers' gradients with junk */
     double norm[SIM_MAX_DEVICES];
     size_t n_records[SIM_MAX_DEVICES];
-    float *out_w[MAXP];                 /* global params after the updates */
+    float *out_w[MAXP]; /* global params after the updates */
     int updates;
 } run_case;
 
@@ -308,7 +308,7 @@ static void test_global_norm(void **state)
         double want = global_norm_ref(tp, 3);
         for (int dv = 0; dv < m->num_devices; dv++) {
             assert_true(memcmp(&c->norm[dv], &c->norm[0], sizeof(double)) == 0); /* bitwise on all devices */
-            assert_close(c->norm[dv], want, 2e-7);                                /* float32 reduction */
+            assert_close(c->norm[dv], want, 2e-7);                               /* float32 reduction */
         }
         free(c);
         free_tparams(tp, 3);
@@ -362,8 +362,8 @@ static void test_adamw(void **state)
         float *res[2];
         for (int k = 0; k < 2; k++) {
             const mesh_shape *m = k ? &two : &one;
-            tparam tp = make_tparam(m, "params.decoder.logits_dense.kernel", 2, mat, -1,
-                                    k ? "P('fsdp', 'data')" : "P()", 5);
+            tparam tp =
+                make_tparam(m, "params.decoder.logits_dense.kernel", 2, mat, -1, k ? "P('fsdp', 'data')" : "P()", 5);
             run_case *c = calloc(1, sizeof *c);
             c->tp = &tp;
             c->np = 1;
@@ -388,8 +388,7 @@ static void test_adamw(void **state)
         }
         /* mesh-independent: bitwise without clipping; with it the norm's float32 reduction
          * order differs between meshes (~1e-7 relative), and so may the last bit */
-        if (!clip)
-            assert_memory_equal(res[0], res[1], 48 * sizeof(float));
+        if (!clip) assert_memory_equal(res[0], res[1], 48 * sizeof(float));
         else
             for (int i = 0; i < 48; i++) assert_close(res[1][i], res[0][i], 1e-6);
         free(res[0]);

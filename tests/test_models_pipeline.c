@@ -220,22 +220,30 @@ typedef struct {
 static const bad_case BAD[] = {
     {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=3"}, 4, {"num_pipeline_microbatches=3", "multiple"}},
     {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=16"}, 4, {"num_pipeline_microbatches=16", "8 rows"}},
-    {{"ici_pipeline_parallelism=2", "num_pipeline_repeats=3"}, 4,
+    {{"ici_pipeline_parallelism=2", "num_pipeline_repeats=3"},
+     4,
      {"num_pipeline_repeats=3", "pipeline_parallel_layers=8", "num_pipeline_repeats=-1"}},
-    {{"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=3"}, 4,
+    {{"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=3"},
+     4,
      {"num_layers_per_pipeline_stage=3", "not divisible"}},
     {{"ici_pipeline_parallelism=2", "pipeline_parallel_layers=6"}, 4, {"pipeline_parallel_layers=6", "=-1"}},
-    {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true", "num_pipeline_microbatches=2"}, 4,
+    {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true", "num_pipeline_microbatches=2"},
+     4,
      {"pipeline_delay_activation_forwarding", "num_pipeline_microbatches >= 2 x stages = 4"}},
     /* pipeline_fsdp_ag_per_repeat: types.py's conditions (MaxText's messages), and S >= 3 (MaxText's prefetch
      * index gives stages >= 2 the previous repeat's weights) */
     {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "num_pipeline_repeats=1",
-      "num_layers_per_pipeline_stage=4"}, 4, {"pipeline_fsdp_ag_per_repeat", "only supports circular pipeline"}},
-    {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "num_layers_per_pipeline_stage=2"}, 4,
+      "num_layers_per_pipeline_stage=4"},
+     4,
+     {"pipeline_fsdp_ag_per_repeat", "only supports circular pipeline"}},
+    {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "num_layers_per_pipeline_stage=2"},
+     4,
      {"num_layers_per_pipeline_stage=2", "only supports one layer per pipeline stage"}},
     {{"ici_pipeline_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "pipeline_delay_activation_forwarding=true"},
-     4, {"does not support pipeline delay", "pipeline_delay_activation_forwarding=false"}},
-    {{"ici_pipeline_parallelism=4", "pipeline_fsdp_ag_per_repeat=true", "num_pipeline_microbatches=4"}, 2,
+     4,
+     {"does not support pipeline delay", "pipeline_delay_activation_forwarding=false"}},
+    {{"ici_pipeline_parallelism=4", "pipeline_fsdp_ag_per_repeat=true", "num_pipeline_microbatches=4"},
+     2,
      {"pipeline_fsdp_ag_per_repeat", "4 pipeline stages", "use 2 stages"}},
     {{"ici_pipeline_parallelism=2", "checkpoint_dir=/tmp/x"}, 4, {"checkpoint_dir", "not implemented"}},
     {{"ici_pipeline_parallelism=2", "ici_context_parallelism=2"}, 2, {"context", "ici_pipeline_parallelism=1"}},
@@ -262,7 +270,6 @@ static void open_run(model_run *r, const char *const *extra, int n_extra, int de
     model_run_open(r, TINY, NTINY, ROWS, extra, n_extra, devices, steps);
 }
 
-
 /* ------------------------------------------------------------ parity over 5 steps */
 
 typedef struct {
@@ -277,26 +284,34 @@ static const pipe_case CASES[] = {
     {"stage=2 M=8", {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=8"}, 2},
     {"stage=4 R=2 M=4", {"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=4"}, 4},
     {"stage=4 R=2 M=8 (circ_storage)",
-     {"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"}, 4},
+     {"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"},
+     4},
     {"stage=2 fsdp=2 tensor=2 M=4",
-     {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "num_pipeline_microbatches=4"},
+     {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
+      "num_pipeline_microbatches=4"},
      8},
-    {"stage=2 data=2 L=2", {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "num_layers_per_pipeline_stage=2"}, 4},
-    {"stage=2 delay L=4", {"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=4",
-                           "pipeline_delay_activation_forwarding=true"}, 2},
-    {"stage=2 L=2 R=2 M=8 delay (circ_storage)", {"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=2",
-                                                 "num_pipeline_microbatches=8", "pipeline_delay_activation_forwarding=true"}, 2},
+    {"stage=2 data=2 L=2",
+     {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "num_layers_per_pipeline_stage=2"},
+     4},
+    {"stage=2 delay L=4",
+     {"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=4", "pipeline_delay_activation_forwarding=true"},
+     2},
+    {"stage=2 L=2 R=2 M=8 delay (circ_storage)",
+     {"ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=2", "num_pipeline_microbatches=8",
+      "pipeline_delay_activation_forwarding=true"},
+     2},
     {"stage=2 fsdp=2 ag_once M=4",
      {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
       "num_pipeline_microbatches=4"},
      4},
     /* ZeRO-1: 'data' on MaxText's repeat dim (R = 4), and on a per-layer dim (L = 4, R = 1) */
     {"stage=2 data=2 ZeRO-1 R=4",
-     {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1", "shard_optimizer_over_data=true"},
+     {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
+      "shard_optimizer_over_data=true"},
      4},
     {"stage=2 data=2 ZeRO-1 L=4",
-     {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1", "shard_optimizer_over_data=true",
-      "num_layers_per_pipeline_stage=4"},
+     {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
+      "shard_optimizer_over_data=true", "num_layers_per_pipeline_stage=4"},
      4},
 };
 
@@ -440,7 +455,8 @@ static void test_parity_deepseek(void **state)
     };
     const char *base[NDS + 8];
     for (int i = 0; i < NDS; i++) base[i] = DS[i];
-    base[NDS] = "routed_bias=false"; /* MaxText stops pipelines with deepseek3's MoEBiasVar (test_deepseek_bias_refused) */
+    base[NDS] =
+        "routed_bias=false"; /* MaxText stops pipelines with deepseek3's MoEBiasVar (test_deepseek_bias_refused) */
     model_run ref;
     open_run(&ref, base, NDS + 1, 1, STEPS);
     model_run_train(&ref, true);
@@ -533,28 +549,48 @@ static void test_explicit_refused(void **state)
     } refusal;
     static const refusal X[] = {
         {"stage=2 M=2", {"ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"}, 2, 2, 4, 2},
-        {"stage=4 R=2 M=8", {"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"},
-         4, 8, 1, 4},
+        {"stage=4 R=2 M=8",
+         {"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"},
+         4,
+         8,
+         1,
+         4},
         {"stage=2 fsdp=2 ag_once M=4",
          {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_once=true",
           "num_pipeline_microbatches=4"},
-         4, 4, 2, 2},
-        {"stage=2 fsdp=2 M=4", {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4"},
-         4, 4, 2, 2},
+         4,
+         4,
+         2,
+         2},
+        {"stage=2 fsdp=2 M=4",
+         {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4"},
+         4,
+         4,
+         2,
+         2},
         {"stage=2 data=2 ZeRO-1 (M defaults to S)",
          {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
           "shard_optimizer_over_data=true"},
-         4, 2, 4, 2},
+         4,
+         2,
+         4,
+         2},
         {"stage=2 fsdp=2 tensor=2 M=4",
          {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
           "num_pipeline_microbatches=4"},
-         8, 4, 2, 2},
+         8,
+         4,
+         2,
+         2},
         {"stage=2 GA=2", {"ici_pipeline_parallelism=2", "gradient_accumulation_steps=2"}, 2, 2, 4, 2},
         /* NNXCircularPipeline.gather_microbatch_inputs_vmap: the same gather, the same error */
         {"stage=2 fsdp=2 ag_per_repeat R=2 M=2",
          {"base_num_decoder_layers=4", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2",
           "pipeline_fsdp_ag_per_repeat=true", "num_pipeline_microbatches=2"},
-         4, 2, 4, 2},
+         4,
+         2,
+         4,
+         2},
     };
     for (size_t ci = 0; ci < sizeof X / sizeof X[0]; ci++) {
         const refusal *c = &X[ci];
@@ -594,7 +630,9 @@ static void test_explicit_refused(void **state)
         {"deepseek pipeline-large-moe stage=2 expert=2",
          {"custom_mesh_and_rule=pipeline-large-moe", "ici_pipeline_parallelism=2", "ici_expert_parallelism=2",
           "num_pipeline_microbatches=4"},
-         4, "complex64[8@expert,16,1,2]", "complex64[8@(stage,expert),16,4,2]"},
+         4,
+         "complex64[8@expert,16,1,2]",
+         "complex64[8@(stage,expert),16,4,2]"},
     };
     for (size_t ci = 0; ci < sizeof Y / sizeof Y[0]; ci++) {
         const char *extra[NDS + 8];
@@ -626,12 +664,25 @@ static void test_traffic_ppermute(void **state)
         const char *flags[4];
         int devices, S, M, R, d, moves, shards;
     } T[] = {
-        {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=4", "num_layers_per_pipeline_stage=4"}, 2, 2, 4, 1, 1, 2, 1},
+        {{"ici_pipeline_parallelism=2", "num_pipeline_microbatches=4", "num_layers_per_pipeline_stage=4"},
+         2,
+         2,
+         4,
+         1,
+         1,
+         2,
+         1},
         {{"ici_pipeline_parallelism=4", "num_pipeline_repeats=2", "num_pipeline_microbatches=8"}, 4, 4, 8, 2, 1, 3, 1},
         {{"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=2"}, 4, 2, 2, 4, 1, 2, 2},
         /* delay: M = 2S = 4, R = 2 -> M = S*d, no circ_storage; 2(S-1) bubble iterations */
         {{"ici_pipeline_parallelism=2", "pipeline_delay_activation_forwarding=true", "num_layers_per_pipeline_stage=4"},
-         2, 2, 4, 1, 2, 2, 1},
+         2,
+         2,
+         4,
+         1,
+         2,
+         2,
+         1},
     };
     for (size_t k = 0; k < sizeof T / sizeof T[0]; k++) {
         int n = 0;
@@ -738,8 +789,8 @@ static void test_ag_once_and_memory(void **state)
         uint64_t e = 4;
         for (int q = 0; q < pd->rank; q++) e *= (uint64_t)pd->shape[q];
         bool on_fsdp = mesh_spec_dim_axes(&def->spec[i]) & (1u << fsdp);
-        if (pd->scan_dim >= 0) expect_once += e / 2;       /* the stage's layers, gathered or unsharded */
-        else expect_once += on_fsdp ? e / 2 : e;           /* the embedding and logits: stored, fsdp-halved */
+        if (pd->scan_dim >= 0) expect_once += e / 2; /* the stage's layers, gathered or unsharded */
+        else expect_once += on_fsdp ? e / 2 : e;     /* the embedding and logits: stored, fsdp-halved */
     }
     assert_true(expect_once > expect - expect / 4); /* the figure is not the stored gradients' by accident */
     /* after the loop each held layer's gradient is reduce-scattered in turn (parameter order, then layer):
@@ -782,9 +833,10 @@ static void test_zero1_traffic_and_memory(void **state)
     (void)state;
     enum { K = 2, S = 2, NSTEPS = 2 };
     const char *flags[2][5] = {
-        {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1", "shard_optimizer_over_data=true"},
-        {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1", "shard_optimizer_over_data=true",
-         "num_layers_per_pipeline_stage=4"},
+        {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
+         "shard_optimizer_over_data=true"},
+        {"ici_pipeline_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
+         "shard_optimizer_over_data=true", "num_layers_per_pipeline_stage=4"},
     };
     for (int c = 0; c < 2; c++) {
         model_run r;
@@ -817,11 +869,10 @@ static void test_zero1_traffic_and_memory(void **state)
             const sim_record *rec = sim_device_records(sim_machine_device(r.m, d), &n);
             for (size_t i = 0; i < n; i++) {
                 if (rec[i].axes.n != 1 || rec[i].axes.axis[0] != data) continue;
-                helper_sum *t = rec[i].op == SIM_OP_ALL_GATHER && !strncmp(rec[i].tag, "zero1/params/", 13)
-                               ? &ag
-                           : rec[i].op == SIM_OP_REDUCE_SCATTER && !strncmp(rec[i].tag, "zero1/grads/", 12) ? &rs
-                           : rec[i].op == SIM_OP_ALL_REDUCE && rec[i].phase == SIM_PHASE_BACKWARD            ? &ar
-                                                                                                              : NULL;
+                helper_sum *t = rec[i].op == SIM_OP_ALL_GATHER && !strncmp(rec[i].tag, "zero1/params/", 13)      ? &ag
+                                : rec[i].op == SIM_OP_REDUCE_SCATTER && !strncmp(rec[i].tag, "zero1/grads/", 12) ? &rs
+                                : rec[i].op == SIM_OP_ALL_REDUCE && rec[i].phase == SIM_PHASE_BACKWARD           ? &ar
+                                                                                                                 : NULL;
                 if (!t) continue;
                 t->bytes += rec[i].bytes_sent;
                 t->calls++;
@@ -858,8 +909,12 @@ static void test_ag_per_repeat(void **state)
     static const char *const micro[2] = {"num_pipeline_microbatches=2", "num_pipeline_microbatches=4"};
     /* auto mode only (explicit: test_explicit_refused) */
     for (int mi = 0; mi < 2; mi++) {
-        const char *extra[] = {"base_num_decoder_layers=4", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2",
-                               "pipeline_fsdp_ag_per_repeat=true", micro[mi], "shard_mode=auto"};
+        const char *extra[] = {"base_num_decoder_layers=4",
+                               "ici_pipeline_parallelism=2",
+                               "ici_fsdp_parallelism=2",
+                               "pipeline_fsdp_ag_per_repeat=true",
+                               micro[mi],
+                               "shard_mode=auto"};
         model_run r;
         open_run(&r, extra, 6, 4, STEPS);
         assert_true(r.def->d.pipe.on && r.def->d.pipe.ag_per_repeat);
@@ -874,8 +929,8 @@ static void test_ag_per_repeat(void **state)
                 const model_grads *g = &r.job.step_grads[st], *gr = &ref.job.step_grads[st];
                 double e = model_rel_norm_diff(g->g[i], gr->g[i], g->layer_elems[i] * g->n_layers[i]);
                 if (e > 1e-4)
-                    fail_msg("ag_per_repeat %s %s step %d: gradient of %s differs by %.3g", micro[mi], extra[5],
-                             st, r.def->defs[i].path, e);
+                    fail_msg("ag_per_repeat %s %s step %d: gradient of %s differs by %.3g", micro[mi], extra[5], st,
+                             r.def->defs[i].path, e);
             }
         }
         model_run_close(&r);
@@ -946,12 +1001,18 @@ static void test_ag_per_repeat(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_config_derivation), cmocka_unit_test(test_config_errors),
-        cmocka_unit_test(test_parity_five_steps), cmocka_unit_test(test_traffic_ppermute),
-        cmocka_unit_test(test_ag_once_and_memory), cmocka_unit_test(test_parity_deepseek),
-        cmocka_unit_test(test_parity_gradient_accumulation), cmocka_unit_test(test_trace_names_iterations),
-        cmocka_unit_test(test_zero1_traffic_and_memory), cmocka_unit_test(test_ag_per_repeat),
-        cmocka_unit_test(test_explicit_refused), cmocka_unit_test(test_deepseek_bias_refused),
+        cmocka_unit_test(test_config_derivation),
+        cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_parity_five_steps),
+        cmocka_unit_test(test_traffic_ppermute),
+        cmocka_unit_test(test_ag_once_and_memory),
+        cmocka_unit_test(test_parity_deepseek),
+        cmocka_unit_test(test_parity_gradient_accumulation),
+        cmocka_unit_test(test_trace_names_iterations),
+        cmocka_unit_test(test_zero1_traffic_and_memory),
+        cmocka_unit_test(test_ag_per_repeat),
+        cmocka_unit_test(test_explicit_refused),
+        cmocka_unit_test(test_deepseek_bias_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

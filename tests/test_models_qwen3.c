@@ -39,9 +39,10 @@
 
 /* The small Qwen3 of the loss data (losses/gen.sh: QWEN3). */
 static const char *const QWEN3[] = {
-    "model_name=qwen3-0.6b", "override_model_config=true", "base_emb_dim=64", "base_num_query_heads=4",
-    "base_num_kv_heads=2",   "head_dim=16",                "base_mlp_dim=128", "base_num_decoder_layers=2",
-    "vocab_size=256",        "max_target_length=32",       "per_device_batch_size=2",
+    "model_name=qwen3-0.6b",  "override_model_config=true", "base_emb_dim=64",
+    "base_num_query_heads=4", "base_num_kv_heads=2",        "head_dim=16",
+    "base_mlp_dim=128",       "base_num_decoder_layers=2",  "vocab_size=256",
+    "max_target_length=32",   "per_device_batch_size=2",
 };
 enum { NQWEN3 = sizeof QWEN3 / sizeof QWEN3[0] };
 
@@ -60,16 +61,21 @@ static void train(const char *const *words, int nwords, const char *const *more,
 }
 
 typedef struct {
-    const char *name;       /* losses/<name>.json */
-    const char *words[4];   /* the case's keys beyond QWEN3 (as gen.sh passes them) */
-    double rtol;            /* required agreement */
-    double at_least;        /* a known difference must stay above this (0: none) */
+    const char *name;     /* losses/<name>.json */
+    const char *words[4]; /* the case's keys beyond QWEN3 (as gen.sh passes them) */
+    double rtol;          /* required agreement */
+    double at_least;      /* a known difference must stay above this (0: none) */
 } loss_case;
 
 static const loss_case LOSS_CASES[] = {
-    {"qwen3/untied_fsdp2_tensor2", {"logits_via_embedding=false", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 1e-6, 0},
+    {"qwen3/untied_fsdp2_tensor2",
+     {"logits_via_embedding=false", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
+     1e-6,
+     0},
     {"qwen3/untied_data2_fsdp2_explicit",
-     {"logits_via_embedding=false", "ici_data_parallelism=2", "ici_fsdp_parallelism=2", "shard_mode=explicit"}, 1e-6, 0},
+     {"logits_via_embedding=false", "ici_data_parallelism=2", "ici_fsdp_parallelism=2", "shard_mode=explicit"},
+     1e-6,
+     0},
     /* tied logits: MaxText's bfloat16 table in attend_on_embedding (see the header) */
     {"qwen3/tied_fsdp2_tensor2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 1e-4, 1e-7},
 };
@@ -116,7 +122,8 @@ static void test_losses_equal_maxtext(void **state)
             double m = cfg_json_get(&ml->items[s], "loss")->number, o = cfg_json_get(&st->items[s], "loss")->number;
             double rel = fabs(o - m) / fabs(m);
             printf("  %-36s step %d  shardsim %.9f  MaxText 0.2.5 %.9f  rel %.2e\n", lc->name, s, o, m, rel);
-            if (rel > lc->rtol) fail_msg("%s step %d: shardsim %.9f, MaxText %.9f (rel %.2e > %.0e)", lc->name, s, o, m, rel, lc->rtol);
+            if (rel > lc->rtol)
+                fail_msg("%s step %d: shardsim %.9f, MaxText %.9f (rel %.2e > %.0e)", lc->name, s, o, m, rel, lc->rtol);
             if (s == 0 && lc->at_least > 0 && rel <= lc->at_least)
                 fail_msg("%s: the known difference (MaxText's bfloat16 table) is gone (rel %.2e): make this case exact",
                          lc->name, rel);
@@ -135,21 +142,24 @@ static void test_dumps_equal_maxtext(void **state)
 {
     (void)state;
     char gdir[1200];
-    snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/qwen3-8b/cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2",
+    snprintf(gdir, sizeof gdir,
+             "%s/maxtext-0.2.5/goldens/qwen3-8b/cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2",
              helper_reference_dir());
     const char *a8[] = {"model_name=qwen3-8b", "num_devices=8", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"};
     /* 13 parameters (query/key norms included), their two Adam moments and the step counters */
     assert_true(dump_compare_025("qwen3-8b fsdp=4 tensor=2", gdir, 4, a8) >= 3 * 13);
-    snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/qwen3-0.6b/cpu-8/ici_fsdp_parallelism=8", helper_reference_dir());
+    snprintf(gdir, sizeof gdir, "%s/maxtext-0.2.5/goldens/qwen3-0.6b/cpu-8/ici_fsdp_parallelism=8",
+             helper_reference_dir());
     const char *a06[] = {"model_name=qwen3-0.6b", "num_devices=8", "ici_fsdp_parallelism=8"};
     assert_true(dump_compare_025("qwen3-0.6b fsdp=8 (tied logits)", gdir, 3, a06) >= 3 * 12);
 }
 
 /* Parity: every mesh trains as one device does (losses and every gradient, rtol 1e-4). */
 static const char *const TINY[] = {
-    "model_name=qwen3-0.6b", "override_model_config=true", "base_emb_dim=32", "base_num_query_heads=4",
-    "base_num_kv_heads=2",   "head_dim=8",                 "base_mlp_dim=48", "base_num_decoder_layers=2",
-    "vocab_size=64",         "max_target_length=16",       "learning_rate=1e-3", "logits_via_embedding=false",
+    "model_name=qwen3-0.6b",  "override_model_config=true", "base_emb_dim=32",
+    "base_num_query_heads=4", "base_num_kv_heads=2",        "head_dim=8",
+    "base_mlp_dim=48",        "base_num_decoder_layers=2",  "vocab_size=64",
+    "max_target_length=16",   "learning_rate=1e-3",         "logits_via_embedding=false",
 };
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 3 };
 
@@ -168,7 +178,9 @@ static void test_parity_across_meshes(void **state)
         {4, {"ici_fsdp_parallelism=4", "shard_mode=explicit"}},
         {4, {"ici_data_parallelism=2", "ici_tensor_parallelism=2", "shard_mode=explicit"}},
         /* a sharded sequence in explicit mode needs the flash kernel (MaxText's dot-product path refuses it) */
-        {4, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "shard_mode=explicit", "attention=flash", "hardware=tpu"}},
+        {4,
+         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "shard_mode=explicit", "attention=flash",
+          "hardware=tpu"}},
         {4, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=minimal", "shard_mode=explicit"}},
     };
     model_run ref;
@@ -178,7 +190,8 @@ static void test_parity_across_meshes(void **state)
         int n = 0;
         char what[200] = "";
         size_t o = 0;
-        while (n < 5 && meshes[i].words[n]) o += (size_t)snprintf(what + o, sizeof what - o, "%s ", meshes[i].words[n++]);
+        while (n < 5 && meshes[i].words[n])
+            o += (size_t)snprintf(what + o, sizeof what - o, "%s ", meshes[i].words[n++]);
         model_run r;
         model_run_open(&r, TINY, NTINY, ROWS, meshes[i].words, n, meshes[i].devices, STEPS);
         model_run_train(&r, true);
@@ -195,11 +208,22 @@ static void test_parity_across_meshes(void **state)
 static void test_auto_mode_traffic_as_llama(void **state)
 {
     (void)state;
-    static const char *const dims[] = {
-        "override_model_config=true", "base_emb_dim=512", "base_num_query_heads=8", "base_num_kv_heads=8",
-        "head_dim=64", "base_mlp_dim=1536", "base_num_decoder_layers=4", "vocab_size=4096", "max_target_length=256",
-        "logits_via_embedding=false", "dtype=float32", "dry_run=true", "ici_fsdp_parallelism=4",
-        "ici_tensor_parallelism=2", NULL, NULL};
+    static const char *const dims[] = {"override_model_config=true",
+                                       "base_emb_dim=512",
+                                       "base_num_query_heads=8",
+                                       "base_num_kv_heads=8",
+                                       "head_dim=64",
+                                       "base_mlp_dim=1536",
+                                       "base_num_decoder_layers=4",
+                                       "vocab_size=4096",
+                                       "max_target_length=256",
+                                       "logits_via_embedding=false",
+                                       "dtype=float32",
+                                       "dry_run=true",
+                                       "ici_fsdp_parallelism=4",
+                                       "ici_tensor_parallelism=2",
+                                       NULL,
+                                       NULL};
     enum { ND = sizeof dims / sizeof dims[0] - 2 };
     uint64_t sent[2] = {0, 0};
     for (int k = 0; k < 2; k++) {
@@ -237,7 +261,8 @@ static void test_definition(void **state)
     model_def *def = model_run_load(TINY, NTINY, ROWS, NULL, 0, 1, 0, NULL);
     assert_string_equal(def->d.family->name, "qwen3");
     int qn = model_param_index(def, "self_attention.query_norm.scale"),
-        kn = model_param_index(def, "self_attention.key_norm.scale"), q = model_param_index(def, "self_attention.query.kernel");
+        kn = model_param_index(def, "self_attention.key_norm.scale"),
+        q = model_param_index(def, "self_attention.query.kernel");
     assert_true(qn >= 0 && kn >= 0 && q >= 0);
     for (int i = 0; i < 2; i++) {
         const model_param_def *pd = &def->defs[i ? kn : qn];
@@ -294,12 +319,9 @@ static void test_refusals_name_the_key(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_definition),
-        cmocka_unit_test(test_refusals_name_the_key),
-        cmocka_unit_test(test_losses_equal_maxtext),
-        cmocka_unit_test(test_dumps_equal_maxtext),
-        cmocka_unit_test(test_parity_across_meshes),
-        cmocka_unit_test(test_auto_mode_traffic_as_llama),
+        cmocka_unit_test(test_definition),           cmocka_unit_test(test_refusals_name_the_key),
+        cmocka_unit_test(test_losses_equal_maxtext), cmocka_unit_test(test_dumps_equal_maxtext),
+        cmocka_unit_test(test_parity_across_meshes), cmocka_unit_test(test_auto_mode_traffic_as_llama),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

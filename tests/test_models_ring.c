@@ -97,7 +97,7 @@ static void test_parity(void **state)
 typedef struct {
     uint64_t sent[SIM_NOP][SIM_NPHASE]; /* ring collectives: bytes sent by the device */
     int calls[SIM_NOP][SIM_NPHASE];
-    int ragged;                         /* ragged all-to-alls seen */
+    int ragged; /* ragged all-to-alls seen */
 } ring_bytes;
 
 static void ring_traffic(const model_run *r, int dev, ring_bytes *b)
@@ -129,8 +129,8 @@ static void test_traffic(void **state)
     /* per device: one sequence of SEQ tokens (8 rows on 8 devices), EP = 4; tokens and router logits
      * travel in dtype (bfloat16 by default, 2 bytes; float32_gate_logits=false) */
     const uint64_t ep = 4, tokens = ROWS / 8 * SEQ, x_row = EMB * 2, logit_row = EXPERTS * 2;
-    const uint64_t gather_x = (ep - 1) * tokens * x_row;          /* all-gather: (k-1) x local rows x row bytes */
-    const uint64_t gather_logits = (ep - 1) * tokens * logit_row; /* biased and pre-bias logits: one each */
+    const uint64_t gather_x = (ep - 1) * tokens * x_row;            /* all-gather: (k-1) x local rows x row bytes */
+    const uint64_t gather_logits = (ep - 1) * tokens * logit_row;   /* biased and pre-bias logits: one each */
     const uint64_t combine = (ep - 1) * (ep * tokens) * x_row / ep; /* reduce-scatter of the EP*T combined rows */
     const uint64_t fwd_ag = gather_x + 2 * gather_logits, fwd_rs = combine;
     for (int d = 0; d < 8; d++) {
@@ -168,9 +168,17 @@ static void test_traffic(void **state)
 static void test_maxtext_hlo_bytes(void **state)
 {
     (void)state;
-    const char *words[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=3",
-                           "first_num_dense_layers=1", "vocab_size=512", "max_target_length=16", "steps=1",
-                           "ici_fsdp_parallelism=2", "ici_expert_parallelism=4", RING, "dry_run=true",
+    const char *words[] = {"model_name=deepseek3-tiny",
+                           "override_model_config=true",
+                           "base_num_decoder_layers=3",
+                           "first_num_dense_layers=1",
+                           "vocab_size=512",
+                           "max_target_length=16",
+                           "steps=1",
+                           "ici_fsdp_parallelism=2",
+                           "ici_expert_parallelism=4",
+                           RING,
+                           "dry_run=true",
                            "dtype=float32"}; /* the peer's hlo_bytes compiles in float32 */
     model_run r;
     model_run_open(&r, words, 12, 8, NULL, 0, 8, 1);

@@ -149,8 +149,7 @@ static void test_bias_update_parity(void **state)
         assert_true(fstill.g[bi][i] == 0.0f);
         for (int s = 0; s < STEPS; s++) assert_true(ref.job.step_grads[s].g[bi][i] == 0.0f);
     }
-    printf("  bias after %d steps (rate %g): %d of %d elements moved; layer 0: ", STEPS, rate, moved,
-           BIAS_L * BIAS_E);
+    printf("  bias after %d steps (rate %g): %d of %d elements moved; layer 0: ", STEPS, rate, moved, BIAS_L * BIAS_E);
     for (int e = 0; e < BIAS_E; e++) printf("%+.2f ", b[e]);
     printf("\n");
     assert_true(moved > BIAS_L * BIAS_E / 2);

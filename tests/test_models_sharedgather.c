@@ -83,7 +83,8 @@ static void compare(const char *what, model_run *ra, const outcome *a, model_run
             assert_true(!ga->g[i] == !gb->g[i]);
             if (!ga->g[i]) continue;
             size_t bytes = (size_t)(ga->layer_elems[i] * ga->n_layers[i]) * sizeof(float);
-            if (memcmp(ga->g[i], gb->g[i], bytes)) fail_msg("%s: step %d, gradient of parameter %d differs", what, s, i);
+            if (memcmp(ga->g[i], gb->g[i], bytes))
+                fail_msg("%s: step %d, gradient of parameter %d differs", what, s, i);
             compared++;
         }
     }
@@ -192,8 +193,8 @@ static void test_deepseek_moe(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fsdp8),        cmocka_unit_test(test_fsdp4_tensor2), cmocka_unit_test(test_fsdp8_tensor8),
-        cmocka_unit_test(test_context),      cmocka_unit_test(test_deepseek_moe),
+        cmocka_unit_test(test_fsdp8),   cmocka_unit_test(test_fsdp4_tensor2), cmocka_unit_test(test_fsdp8_tensor8),
+        cmocka_unit_test(test_context), cmocka_unit_test(test_deepseek_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -128,7 +128,7 @@ static void test_memory_ops(void **state)
     assert_true(r.model_flops == 0);
     assert_int_equal(model_tm_device(&hw, &eff, hw.peak_bf16, 2.0, NULL, 0, c, 2, 0, false, &r), SIM_OK);
     assert_true(fabs(r.step_s - (el * 2.0 / (1e12 * 0.8) + el * 2.0 / (1e12 * 0.2))) < 1e-12); /* + 671.1 us */
-    assert_int_equal(r.nkernels, 1); /* one tag: one kind */
+    assert_int_equal(r.nkernels, 1);                                                           /* one tag: one kind */
     assert_int_equal(r.kernels[0].compute_bound, 0);
 }
 
@@ -270,10 +270,19 @@ static void test_gmm_tiles(void **state)
     assert_non_null(mkdtemp(dir));
     char od[300];
     snprintf(od, sizeof od, "output_dir=%s", dir);
-    const char *argv[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=2",
-                          "first_num_dense_layers=1", "vocab_size=64", "max_target_length=16",
-                          "per_device_batch_size=1", "steps=1", "dry_run=true", "hardware_profile=v5p",
-                          "wo_tile_fwd_batch_seq=64", "wi_tile_fwd_embed_dim=32", od};
+    const char *argv[] = {"model_name=deepseek3-tiny",
+                          "override_model_config=true",
+                          "base_num_decoder_layers=2",
+                          "first_num_dense_layers=1",
+                          "vocab_size=64",
+                          "max_target_length=16",
+                          "per_device_batch_size=1",
+                          "steps=1",
+                          "dry_run=true",
+                          "hardware_profile=v5p",
+                          "wo_tile_fwd_batch_seq=64",
+                          "wi_tile_fwd_embed_dim=32",
+                          od};
     cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "slowest kernels"));
@@ -284,7 +293,8 @@ static void test_gmm_tiles(void **state)
     assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
     const cfg_json *ks = cfg_json_get(cfg_json_get(j, "step_time_model"), "slowest_kernels");
     assert_non_null(ks);
-    double fwd = 2 * (2.0 * 16 * 512 * 64 * 1024) + 2.0 * 16 * 64 * 1024 * 1024, bwd = 6 * (2.0 * 16 * 512 * 1024 * 1024);
+    double fwd = 2 * (2.0 * 16 * 512 * 64 * 1024) + 2.0 * 16 * 64 * 1024 * 1024,
+           bwd = 6 * (2.0 * 16 * 512 * 1024 * 1024);
     double useful = 3 * 2.0 * 128 * 64 * 64;
     int seen = 0;
     for (int i = 0; i < ks->n; i++) {
@@ -309,9 +319,15 @@ static void test_gmm_tiles(void **state)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
     /* a tile of 0 is refused naming the key */
-    const char *bad[] = {"model_name=deepseek3-tiny", "override_model_config=true", "base_num_decoder_layers=2",
-                         "first_num_dense_layers=1", "vocab_size=64", "max_target_length=16", "steps=1",
-                         "dry_run=true", "wi_tile_drhs_mlp_dim=0"};
+    const char *bad[] = {"model_name=deepseek3-tiny",
+                         "override_model_config=true",
+                         "base_num_decoder_layers=2",
+                         "first_num_dense_layers=1",
+                         "vocab_size=64",
+                         "max_target_length=16",
+                         "steps=1",
+                         "dry_run=true",
+                         "wi_tile_drhs_mlp_dim=0"};
     r = cli_capture_run(cli_train, (int)(sizeof bad / sizeof bad[0]), bad);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "wi_tile_drhs_mlp_dim"));
@@ -328,8 +344,18 @@ static void attention_kind(const char *extra1, const char *extra2, double *flops
     assert_non_null(mkdtemp(dir));
     char od[300];
     snprintf(od, sizeof od, "output_dir=%s", dir);
-    const char *argv[] = {TINY, "steps=1", "dry_run=true", "hardware_profile=v5p", "sa_block_q=4", "sa_block_kv=8",
-                          "sa_block_q_dkv=8", "sa_block_kv_dkv=4", "sa_block_kv_dq=2", extra1, extra2, od};
+    const char *argv[] = {TINY,
+                          "steps=1",
+                          "dry_run=true",
+                          "hardware_profile=v5p",
+                          "sa_block_q=4",
+                          "sa_block_kv=8",
+                          "sa_block_q_dkv=8",
+                          "sa_block_kv_dkv=4",
+                          "sa_block_kv_dq=2",
+                          extra1,
+                          extra2,
+                          od};
     cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     cli_capture_free(&r);
@@ -457,8 +483,12 @@ static void test_train_estimate(void **state)
     assert_non_null(mkdtemp(dir));
     char od[300];
     snprintf(od, sizeof od, "output_dir=%s", dir);
-    const char *argv[] = {TINY, "compile_topology=v5p-8", "compile_topology_num_slices=1", "ici_fsdp_parallelism=2",
-                          "ici_tensor_parallelism=2", od};
+    const char *argv[] = {TINY,
+                          "compile_topology=v5p-8",
+                          "compile_topology_num_slices=1",
+                          "ici_fsdp_parallelism=2",
+                          "ici_tensor_parallelism=2",
+                          od};
     cli_capture r = cli_capture_run(cli_train, (int)(sizeof argv / sizeof argv[0]), argv);
     if (r.rc) fail_msg("train failed: %s", r.err);
     assert_non_null(strstr(r.out, "estimated step time on v5p, slice 2x2x1"));
@@ -486,7 +516,7 @@ static void test_train_estimate(void **state)
     assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
     const cfg_json *cat = cfg_json_get(cfg_json_get(j, "memory"), "by_category");
     const cfg_json *P = cfg_json_get(cat, "params"), *G = cfg_json_get(cat, "grads"),
-                    *O = cfg_json_get(cat, "optimizer");
+                   *O = cfg_json_get(cat, "optimizer");
     double worst = 0;
     for (int i = 0; i < P->n; i++) {
         double b = 3 * P->items[i].number + 3 * G->items[i].number + 2 * O->items[i].number;

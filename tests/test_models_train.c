@@ -39,7 +39,6 @@ static void open_run(model_run *r, const char *const *extra, int n_extra, int de
     model_run_open(r, TINY, NTINY, ROWS, extra, n_extra, devices, steps);
 }
 
-
 /* ------------------------------------------------------------ parity over 5 steps */
 
 typedef struct {
@@ -59,7 +58,8 @@ static const mesh_case MESHES[] = {
     {"fsdp=8", {"ici_fsdp_parallelism=8"}, NULL},
     {"fsdp=4 tensor=2", {"ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}, NULL},
     {"data=2 fsdp=2 tensor=2", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, NULL},
-    {"fsdp=2 context=2 tensor=2", {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"},
+    {"fsdp=2 context=2 tensor=2",
+     {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"},
      QK_ERR},
     {"tensor_sequence=2 fsdp=4", {"ici_tensor_sequence_parallelism=2", "ici_fsdp_parallelism=4"}, CARRY_ERR},
     {"fsdp_transpose=2 fsdp=4", {"ici_fsdp_transpose_parallelism=2", "ici_fsdp_parallelism=4"}, NULL},
@@ -207,7 +207,8 @@ typedef struct {
 static sim_status cons_device(sim_device *dev, void *arg)
 {
     cons_job *j = arg;
-    mesh_ctx ctx = {.dev = dev, .mesh = &j->mesh, .mode = j->mode, .drop_size_one = true, .layer = "decoder/layers_0/mlp"};
+    mesh_ctx ctx = {
+        .dev = dev, .mesh = &j->mesh, .mode = j->mode, .drop_size_one = true, .layer = "decoder/layers_0/mlp"};
     mesh_tape *t = mesh_tape_new(&ctx, false);
     mesh_spec have, want;
     SIM_TRY(mesh_spec_parse("P('fsdp', None)", &j->mesh, &have));
@@ -324,7 +325,7 @@ static void test_text_dataset(void **state)
 /* ------------------------------------------------------------ microbatches repeat */
 
 typedef struct {
-    uint64_t bytes, calls;           /* all collectives of the device */
+    uint64_t bytes, calls; /* all collectives of the device */
     size_t peak, at_peak_by[SIM_NMEM];
 } ga_figures;
 
@@ -382,11 +383,16 @@ static void test_dry_run_microbatch_ceiling(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parity_five_steps),   cmocka_unit_test(test_traffic_pure_fsdp),
-        cmocka_unit_test(test_traffic_pure_data),   cmocka_unit_test(test_dry_run_matches_real),
-        cmocka_unit_test(test_loss_falls),          cmocka_unit_test(test_constraint_mismatch),
-        cmocka_unit_test(test_dry_run_microbatches_repeat), cmocka_unit_test(test_dry_run_microbatch_ceiling),
-        cmocka_unit_test(test_checkpoint_across_meshes), cmocka_unit_test(test_text_dataset),
+        cmocka_unit_test(test_parity_five_steps),
+        cmocka_unit_test(test_traffic_pure_fsdp),
+        cmocka_unit_test(test_traffic_pure_data),
+        cmocka_unit_test(test_dry_run_matches_real),
+        cmocka_unit_test(test_loss_falls),
+        cmocka_unit_test(test_constraint_mismatch),
+        cmocka_unit_test(test_dry_run_microbatches_repeat),
+        cmocka_unit_test(test_dry_run_microbatch_ceiling),
+        cmocka_unit_test(test_checkpoint_across_meshes),
+        cmocka_unit_test(test_text_dataset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

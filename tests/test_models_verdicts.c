@@ -141,8 +141,7 @@ static const row *find_row(const table *tb, const char *id)
 }
 
 /* argv for shardsim train: the row's keys plus the settings of the MaxText run that matter here */
-static int build_argv(const row *r, const char *release, const char *mode, char *store, size_t cap,
-                      const char **argv)
+static int build_argv(const row *r, const char *release, const char *mode, char *store, size_t cap, const char **argv)
 {
     int argc = 0;
     snprintf(store, cap, "%s", r->keys);

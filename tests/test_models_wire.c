@@ -44,12 +44,12 @@ enum { NTINY = sizeof TINY / sizeof TINY[0], NDEV = 4 };
 
 typedef struct {
     double loss;
-    uint64_t n_fsdp;                  /* elements of the fsdp-sharded parameters on a device */
-    uint64_t n_params;                /* elements of every parameter on a device */
-    uint64_t params, grads, opt;      /* arena bytes by category at their peaks (device 0) */
-    uint64_t ag, rs;                  /* forward fsdp all-gathers, gradient reduce-scatters (device 0) */
+    uint64_t n_fsdp;             /* elements of the fsdp-sharded parameters on a device */
+    uint64_t n_params;           /* elements of every parameter on a device */
+    uint64_t params, grads, opt; /* arena bytes by category at their peaks (device 0) */
+    uint64_t ag, rs;             /* forward fsdp all-gathers, gradient reduce-scatters (device 0) */
     int ag_calls, rs_calls;
-    int bad_dtype;                    /* weight gathers / gradient records not in the expected dtype */
+    int bad_dtype; /* weight gathers / gradient records not in the expected dtype */
 } figures;
 
 static void run(const char *dtype, const char *profile, sim_dtype want_gather, sim_dtype want_reduce, figures *f)
@@ -132,8 +132,9 @@ static void test_fsdp_gathers_and_reductions(void **state)
  * are gathered as stored (float32) under any profile */
 static void zero1_bytes(const char *profile, uint64_t *grads, uint64_t *params, int *bad)
 {
-    const char *words[] = {"dtype=bfloat16", "weight_dtype=float32", "ici_data_parallelism=2", "ici_fsdp_parallelism=1",
-                           "ici_tensor_parallelism=2", "shard_optimizer_over_data=true", "hardware_profile=v5p"};
+    const char *words[] = {"dtype=bfloat16",         "weight_dtype=float32",     "ici_data_parallelism=2",
+                           "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2", "shard_optimizer_over_data=true",
+                           "hardware_profile=v5p"};
     model_run r;
     model_run_open(&r, TINY, NTINY, 8, words, profile ? 7 : 6, NDEV, 1);
     model_run_train(&r, false);
@@ -190,9 +191,9 @@ static const char *const PIPE[] = {TINY_LLAMA_YML,
 enum { NPIPE = sizeof PIPE / sizeof PIPE[0] };
 
 typedef struct {
-    uint64_t layer_fsdp;   /* elements of one layer's fsdp-sharded weights, unsharded (the gathered copy) */
-    uint64_t table;        /* elements of the embedding table when fsdp shards it (gathered for the lookup) */
-    uint64_t ag, rs, act;  /* device 0: ag_once's gathers and gradient reduce-scatters; activations at peak */
+    uint64_t layer_fsdp;  /* elements of one layer's fsdp-sharded weights, unsharded (the gathered copy) */
+    uint64_t table;       /* elements of the embedding table when fsdp shards it (gathered for the lookup) */
+    uint64_t ag, rs, act; /* device 0: ag_once's gathers and gradient reduce-scatters; activations at peak */
     int ag_calls;
 } pipe_figures;
 
@@ -253,10 +254,20 @@ static void test_pipeline_ag_once(void **state)
  * gradient reduce-scattered in the profile's dtypes: half the bytes of the float32 run, same calls */
 static void per_repeat(const char *profile, uint64_t *ag, uint64_t *rs, int *calls, int *bad)
 {
-    const char *words[] = {"base_emb_dim=16", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8",
-                           "base_mlp_dim=24", "base_num_decoder_layers=4", "vocab_size=64", "max_target_length=16",
-                           "dtype=bfloat16", "weight_dtype=float32", "ici_pipeline_parallelism=2",
-                           "ici_fsdp_parallelism=2", "pipeline_fsdp_ag_per_repeat=true", "num_pipeline_microbatches=4",
+    const char *words[] = {"base_emb_dim=16",
+                           "base_num_query_heads=4",
+                           "base_num_kv_heads=2",
+                           "head_dim=8",
+                           "base_mlp_dim=24",
+                           "base_num_decoder_layers=4",
+                           "vocab_size=64",
+                           "max_target_length=16",
+                           "dtype=bfloat16",
+                           "weight_dtype=float32",
+                           "ici_pipeline_parallelism=2",
+                           "ici_fsdp_parallelism=2",
+                           "pipeline_fsdp_ag_per_repeat=true",
+                           "num_pipeline_microbatches=4",
                            "hardware_profile=v5p"};
     model_run r;
     model_run_open(&r, words, profile ? 15 : 14, 8, NULL, 0, NDEV, 1);
@@ -266,7 +277,8 @@ static void per_repeat(const char *profile, uint64_t *ag, uint64_t *rs, int *cal
     size_t n;
     const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
     for (size_t i = 0; i < n; i++) {
-        bool g = !strcmp(rec[i].tag, "pipeline/fsdp_ag_per_repeat"), q = !strcmp(rec[i].tag, "pipeline/fsdp_ag_per_repeat (grad)");
+        bool g = !strcmp(rec[i].tag, "pipeline/fsdp_ag_per_repeat"),
+             q = !strcmp(rec[i].tag, "pipeline/fsdp_ag_per_repeat (grad)");
         if (g && rec[i].op == SIM_OP_ALL_GATHER) *ag += rec[i].bytes_sent, (*calls)++;
         if (q && rec[i].op == SIM_OP_REDUCE_SCATTER) *rs += rec[i].bytes_sent;
         if (g || q) *bad += rec[i].dtype != (profile ? SIM_BF16 : SIM_F32);

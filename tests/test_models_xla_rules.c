@@ -98,8 +98,8 @@ enum { NTINY = sizeof TINY / sizeof TINY[0], NDEV = 4 };
 
 typedef struct {
     double loss;
-    uint64_t n_scanned;             /* elements of the scanned parameters on a device */
-    uint64_t peak, at_peak, live;   /* SIM_MEM_WCOPY on device 0: own peak, at the total's peak, after */
+    uint64_t n_scanned;           /* elements of the scanned parameters on a device */
+    uint64_t peak, at_peak, live; /* SIM_MEM_WCOPY on device 0: own peak, at the total's peak, after */
 } figures;
 
 static void run(const char *dtype, const char *profile, bool scan, figures *f)
@@ -107,8 +107,12 @@ static void run(const char *dtype, const char *profile, bool scan, figures *f)
     char dt[64], hp[64];
     snprintf(dt, sizeof dt, "dtype=%s", dtype);
     snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
-    const char *words[] = {dt, "weight_dtype=float32", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                           scan ? "scan_layers=true" : "scan_layers=false", hp};
+    const char *words[] = {dt,
+                           "weight_dtype=float32",
+                           "ici_fsdp_parallelism=2",
+                           "ici_tensor_parallelism=2",
+                           scan ? "scan_layers=true" : "scan_layers=false",
+                           hp};
     model_run r;
     model_run_open(&r, TINY, NTINY, 4, words, profile ? 6 : 5, NDEV, 1);
     model_run_train(&r, false);
@@ -171,8 +175,7 @@ static void run_tail(const char *remat, tail *f)
     for (size_t i = 0; i < n; i++) {
         const sim_record *x = &rec[i];
         /* the layers' outputs (attention_lnx, mlp_lnx) and the norms' cotangents; not the first layer's input */
-        if (x->op != SIM_OP_REDUCE_SCATTER || (!strstr(x->tag, "_lnx") && !strstr(x->tag, "_layer_norm")))
-            continue;
+        if (x->op != SIM_OP_REDUCE_SCATTER || (!strstr(x->tag, "_lnx") && !strstr(x->tag, "_layer_norm"))) continue;
         if (x->phase == SIM_PHASE_FORWARD) f->rs_fwd++;
         else f->rs_bwd++;
         if (x->phase != SIM_PHASE_FORWARD && strstr(x->tag, "mlp_lnx")) f->rs_mlp_bwd++;
@@ -265,7 +268,7 @@ static void test_newton_schulz_gathers(void **state)
     ns_gathers("v5p", "default", &n_tpu, &b_tpu, &bad_tpu, SIM_BF16);
     ns_gathers(NULL, "default", &n_cpu, &b_cpu, &bad_cpu, SIM_F32);
     ns_gathers("v5p", "highest", &n_hi, &b_hi, &bad_hi, SIM_F32); /* six float32 passes: nothing narrows */
-    const uint64_t x = 2 * 16 * 32, a = 2 * 16 * 16; /* elements of X and A */
+    const uint64_t x = 2 * 16 * 32, a = 2 * 16 * 16;              /* elements of X and A */
     assert_int_equal(n_tpu, 2 * 5);
     assert_int_equal(bad_tpu, 0);
     assert_int_equal(b_tpu, 5 * (3 * x / 4 + 3 * a / 4) * 2);
@@ -397,19 +400,20 @@ static void test_bad_rules(void **state)
     assert_int_equal(load_changed("hoisted_weight_copies:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "hoisted_weight_copies"));
     assert_non_null(strstr(msg, "(missing)"));
-    assert_int_equal(load_changed("newton_schulz_operand_gathers:", "newton_schulz_operand_gathers: twice", msg,
-                                  sizeof msg),
-                     SIM_ERR_INPUT);
+    assert_int_equal(
+        load_changed("newton_schulz_operand_gathers:", "newton_schulz_operand_gathers: twice", msg, sizeof msg),
+        SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "per_product"));
-    assert_int_equal(load_changed("accumulation_gradient_copies:", "accumulation_gradient_copies: 2.5", msg, sizeof msg),
-                     SIM_ERR_INPUT);
+    assert_int_equal(
+        load_changed("accumulation_gradient_copies:", "accumulation_gradient_copies: 2.5", msg, sizeof msg),
+        SIM_ERR_INPUT);
     assert_int_equal(load_changed("psum_scatter_max_group:", "psum_scatter_max_group: 4", msg, sizeof msg), SIM_OK);
     assert_int_equal(load_changed("embedding_lookup:", "embedding_lookup: rows", msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "gather_table"));
 }
 
 typedef struct {
-    uint64_t table_ag, table_rs;     /* bytes of the table's gathers and of its gradient's fsdp reductions */
+    uint64_t table_ag, table_rs;         /* bytes of the table's gathers and of its gradient's fsdp reductions */
     uint64_t ids_ag, rows_fwd, rows_bwd; /* bytes of the ids' gather and the rows' all-to-alls */
     int n_ids, n_fwd, n_bwd, bad_dtype;
     model_run r;
@@ -494,14 +498,10 @@ static void test_embedding_lookup(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hoisted_copies),
-        cmocka_unit_test(test_dead_recompute_tail),
-        cmocka_unit_test(test_accumulation_copies),
-        cmocka_unit_test(test_newton_schulz_gathers),
-        cmocka_unit_test(test_windowed_einsums),
-        cmocka_unit_test(test_psum_scatter),
-        cmocka_unit_test(test_bad_rules),
-        cmocka_unit_test(test_embedding_lookup),
+        cmocka_unit_test(test_hoisted_copies),      cmocka_unit_test(test_dead_recompute_tail),
+        cmocka_unit_test(test_accumulation_copies), cmocka_unit_test(test_newton_schulz_gathers),
+        cmocka_unit_test(test_windowed_einsums),    cmocka_unit_test(test_psum_scatter),
+        cmocka_unit_test(test_bad_rules),           cmocka_unit_test(test_embedding_lookup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

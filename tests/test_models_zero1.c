@@ -81,7 +81,6 @@ static void open_run(model_run *r, bool deepseek, const char *const *extra, int 
     model_run_start(r, cfg, def, steps);
 }
 
-
 static uint64_t param_bytes(const model_def *def, int i)
 {
     uint64_t b = 4;
@@ -298,11 +297,18 @@ static void test_parity_llama(void **state)
         {"1 device G=4", {NOFSDP}, 1, 4, NULL},
         {"data=2 G=4", {"ici_data_parallelism=2", NOFSDP}, 2, 4, NULL},
         {"fsdp=2 tensor=2 G=2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 4, 2, NULL},
-        {"data=2 tensor=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1}, 4, 2, NULL},
+        {"data=2 tensor=2 ZeRO-1 G=2",
+         {"ici_data_parallelism=2", "ici_tensor_parallelism=2", NOFSDP, ZERO1},
+         4,
+         2,
+         NULL},
         /* per_device_batch_size 0.5: each microbatch loads 8 rows and trains its first 4, rows
          * {g, 2+g, 4+g, 6+g} of the step: the same 8 rows; load-balanced context parallelism */
         {"fsdp=2 context=2 tensor=2 G=2",
-         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"}, 8, 2, QK_ERR},
+         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"},
+         8,
+         2,
+         QK_ERR},
     };
     parity(false, cases, (int)(sizeof cases / sizeof *cases));
 }
@@ -313,7 +319,11 @@ static void test_parity_deepseek(void **state)
     static const zcase cases[] = {
         {"data=2 expert=2 ZeRO-1", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 1, NULL},
         {"data=2 expert=2 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP}, 4, 2, NULL},
-        {"data=2 expert=2 ZeRO-1 G=2", {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1}, 4, 2, NULL},
+        {"data=2 expert=2 ZeRO-1 G=2",
+         {"ici_data_parallelism=2", "ici_expert_parallelism=2", NOFSDP, ZERO1},
+         4,
+         2,
+         NULL},
     };
     parity(true, cases, (int)(sizeof cases / sizeof *cases));
 }
@@ -354,10 +364,8 @@ static void test_traffic_zero1_data(void **state)
     uint64_t sharded = 0, kept = 0;
     int nsharded = 0;
     for (int i = 0; i < r.def->nparams; i++) {
-        if (zero1_sharded(r.def, i))
-            sharded += param_bytes(r.def, i), nsharded++;
-        else
-            kept += param_bytes(r.def, i);
+        if (zero1_sharded(r.def, i)) sharded += param_bytes(r.def, i), nsharded++;
+        else kept += param_bytes(r.def, i);
     }
     assert_int_equal(nsharded, r.def->nparams);
     for (int d = 0; d < K; d++) {
@@ -393,10 +401,8 @@ static void test_traffic_zero1_tensor(void **state)
         uint32_t ax = mesh_spec_dim_axes(&r.def->spec[i]);
         for (int a = 0; a < r.def->mesh.n_axes; a++)
             if (ax & (1u << a)) shards *= (uint64_t)r.def->mesh.sizes[a];
-        if (zero1_sharded(r.def, i))
-            want += param_bytes(r.def, i) / shards * (K - 1) / K;
-        else
-            kept += param_bytes(r.def, i) / shards * 2 * (K - 1) / K;
+        if (zero1_sharded(r.def, i)) want += param_bytes(r.def, i) / shards * (K - 1) / K;
+        else kept += param_bytes(r.def, i) / shards * 2 * (K - 1) / K;
     }
     for (int d = 0; d < 4; d++) {
         assert_int_equal(data_records(&r, d, SIM_OP_ALL_GATHER, SIM_PHASE_FORWARD, "zero1/params/").bytes, want);
@@ -630,14 +636,19 @@ static void test_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_zero1_spec_rule),       cmocka_unit_test(test_zero1_layouts_equal_maxtext),
+        cmocka_unit_test(test_zero1_spec_rule),
+        cmocka_unit_test(test_zero1_layouts_equal_maxtext),
         cmocka_unit_test(test_microbatch_rows_strided),
         cmocka_unit_test(test_parity_llama),
-        cmocka_unit_test(test_parity_deepseek),       cmocka_unit_test(test_traffic_zero1_data),
-        cmocka_unit_test(test_traffic_zero1_tensor),  cmocka_unit_test(test_traffic_zero1_expert),
+        cmocka_unit_test(test_parity_deepseek),
+        cmocka_unit_test(test_traffic_zero1_data),
+        cmocka_unit_test(test_traffic_zero1_tensor),
+        cmocka_unit_test(test_traffic_zero1_expert),
         cmocka_unit_test(test_traffic_accumulation),
-        cmocka_unit_test(test_memory_zero1),          cmocka_unit_test(test_dry_run_matches_real),
-        cmocka_unit_test(test_checkpoint_from_zero1_layout), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_memory_zero1),
+        cmocka_unit_test(test_dry_run_matches_real),
+        cmocka_unit_test(test_checkpoint_from_zero1_layout),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

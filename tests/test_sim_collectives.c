@@ -89,8 +89,8 @@ enum { NOPS = 6, MAXDEV = 16 };
 typedef struct {
     tmesh tm;
     sim_axes ax;
-    size_t c;          /* per-peer / per-device count */
-    int perm_kind;     /* 0 cyclic shift, 1 partial (last rank sends nowhere) */
+    size_t c;      /* per-peer / per-device count */
+    int perm_kind; /* 0 cyclic shift, 1 partial (last rank sends nowhere) */
     float *out[MAXDEV][NOPS];
     size_t out_n[MAXDEV][NOPS];
     size_t ragged_send_off[MAXDEV][MAXDEV], ragged_send_cnt[MAXDEV][MAXDEV];
@@ -99,7 +99,10 @@ typedef struct {
     sim_status st[MAXDEV];
 } sweep_case;
 
-static size_t ragged_cnt(int sender_rank, int dest_rank, size_t c) { return (size_t)(sender_rank + 2 * dest_rank + (int)c) % 4; }
+static size_t ragged_cnt(int sender_rank, int dest_rank, size_t c)
+{
+    return (size_t)(sender_rank + 2 * dest_rank + (int)c) % 4;
+}
 
 static sim_status sweep_device(sim_device *d, void *arg)
 {
@@ -254,9 +257,8 @@ static void test_sweep_all_ops(void **state)
 {
     (void)state;
     static const tmesh meshes[] = {
-        {1, {1}}, {1, {2}}, {1, {3}}, {1, {4}}, {1, {6}}, {1, {8}},
-        {2, {2, 3}}, {2, {4, 2}}, {2, {3, 2}},
-        {3, {2, 2, 2}}, {3, {2, 3, 2}}, {3, {2, 1, 3}},
+        {1, {1}},    {1, {2}},    {1, {3}},    {1, {4}},       {1, {6}},       {1, {8}},
+        {2, {2, 3}}, {2, {4, 2}}, {2, {3, 2}}, {3, {2, 2, 2}}, {3, {2, 3, 2}}, {3, {2, 1, 3}},
     };
     static const size_t counts[] = {0, 1, 5};
     int cases = 0, seen_k[16] = {0};
@@ -311,7 +313,8 @@ static sim_status dims_device(sim_device *d, void *arg)
     dc->ag[id] = calloc(nag * (size_t)k, sizeof(float));
     dc->rs[id] = calloc(nrs / (size_t)k, sizeof(float));
     sim_status st = sim_all_gather_dim(d, in, dc->ag[id], AO, AM, AI, SIM_F32, dc->ax, sim_meta_tag("ag_dim"));
-    if (!st) st = sim_reduce_scatter_dim(d, in, dc->rs[id], 2, (size_t)(2 * k), 3, SIM_F32, dc->ax, sim_meta_tag("rs_dim"));
+    if (!st)
+        st = sim_reduce_scatter_dim(d, in, dc->rs[id], 2, (size_t)(2 * k), 3, SIM_F32, dc->ax, sim_meta_tag("rs_dim"));
     for (int t = 0; t < 3 && !st; t++) {
         size_t tot = dc->shapes[t][0] * dc->shapes[t][1] * dc->shapes[t][2];
         dc->a2a[t][id] = calloc(tot, sizeof(float));
@@ -630,8 +633,8 @@ static sim_status big_device(sim_device *d, void *arg)
     sim_status st = SIM_OK;
     for (int round = 0; round < BIG_ROUNDS && st == SIM_OK; round++) {
         for (size_t i = 0; i < BIG_AR; i++) ar[(size_t)round * BIG_AR + i] = noise(id + 8 * round, i);
-        st = sim_all_reduce(d, ar + (size_t)round * BIG_AR, ar + (size_t)round * BIG_AR, BIG_AR, SIM_F32,
-                            sim_axes_1(1), sim_meta_tag("big/ar"));
+        st = sim_all_reduce(d, ar + (size_t)round * BIG_AR, ar + (size_t)round * BIG_AR, BIG_AR, SIM_F32, sim_axes_1(1),
+                            sim_meta_tag("big/ar"));
         for (size_t i = 0; i < (size_t)8 * BIG_RS; i++) x[i] = noise(100 + id + 8 * round, i);
         if (st == SIM_OK)
             st = sim_reduce_scatter(d, x, rs + (size_t)round * BIG_RS, (size_t)8 * BIG_RS, SIM_F32, sim_axes_2(0, 1),
@@ -957,13 +960,13 @@ static void test_shared_gather(void **state)
 {
     (void)state;
     tmesh m1 = {1, {1}}, m4 = {1, {4}}, m23 = {2, {2, 3}}, m222 = {3, {2, 2, 2}};
-    sg_check(&m1, sim_axes_1(0), 2, 3, 1);           /* a group of one */
-    sg_check(&m4, sim_axes_1(0), 1, 5, 1);           /* odd count */
-    sg_check(&m4, sim_axes_1(0), 3, 2, 4);           /* a middle dim */
-    sg_check(&m23, sim_axes_2(1, 0), 2, 3, 2);       /* two axes in reverse order, 6 devices */
-    sg_check(&m23, sim_axes_1(1), 1, 0, 1);          /* nothing to gather */
-    sg_check(&m222, sim_axes_2(0, 2), 2, 2, 2);      /* groups that are not neighbours */
-    sg_check(&m4, sim_axes_1(0), 4, 4096, 2);        /* large enough for helpers to share the copy */
+    sg_check(&m1, sim_axes_1(0), 2, 3, 1);      /* a group of one */
+    sg_check(&m4, sim_axes_1(0), 1, 5, 1);      /* odd count */
+    sg_check(&m4, sim_axes_1(0), 3, 2, 4);      /* a middle dim */
+    sg_check(&m23, sim_axes_2(1, 0), 2, 3, 2);  /* two axes in reverse order, 6 devices */
+    sg_check(&m23, sim_axes_1(1), 1, 0, 1);     /* nothing to gather */
+    sg_check(&m222, sim_axes_2(0, 2), 2, 2, 2); /* groups that are not neighbours */
+    sg_check(&m4, sim_axes_1(0), 4, 4096, 2);   /* large enough for helpers to share the copy */
 }
 
 static void test_shared_gather_dry_and_mismatch(void **state)

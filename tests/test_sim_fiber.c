@@ -37,10 +37,7 @@ static sim_machine *machine_2d(int a, int b, int workers, double timeout_s)
 }
 
 /* The OS threads a run of n devices on `workers` should use. */
-static int threads_expected(int n, int workers)
-{
-    return sim_fibers_available() && workers < n ? workers : n;
-}
+static int threads_expected(int n, int workers) { return sim_fibers_available() && workers < n ? workers : n; }
 
 /* ------------------------------------------------------- same results */
 
@@ -59,7 +56,7 @@ static sim_status chain_device(sim_device *d, void *arg)
     float x[4], g[16], r[4], a[16], b[16], p[4];
     for (int i = 0; i < 4; i++) x[i] = (float)(id * 4 + i);
     for (int it = 0; it < 8; it++) {
-        SIM_TRY(sim_all_gather(d, x, g, 4, SIM_F32, sim_axes_1(0), sim_meta_tag("ag")));    /* 4 x 4 */
+        SIM_TRY(sim_all_gather(d, x, g, 4, SIM_F32, sim_axes_1(0), sim_meta_tag("ag")));      /* 4 x 4 */
         SIM_TRY(sim_reduce_scatter(d, g, r, 16, SIM_F32, sim_axes_1(1), sim_meta_tag("rs"))); /* 16 / 4 */
         SIM_TRY(sim_all_reduce(d, r, r, 4, SIM_F32, sim_axes_2(0, 1), sim_meta_tag("ar")));
         for (int i = 0; i < 4; i++) r[i] = (float)((int64_t)r[i] % 1009 + id);
@@ -97,7 +94,7 @@ static void test_fibers_match_threads(void **state)
             double s = 0;
             int e = y * 4 + i; /* element of the 16-long gathered buffer */
             for (int yr = 0; yr < 4; yr++) {
-                int peer = 4 * (dev / 4) + yr; /* a member of dev's y group */
+                int peer = 4 * (dev / 4) + yr;    /* a member of dev's y group */
                 int src = peer % 4 + 4 * (e / 4); /* gather block e/4 comes from x rank e/4 */
                 s += src * 4 + e % 4;
             }
@@ -143,10 +140,8 @@ static sim_status local_device(sim_device *d, void *arg)
     sim_err(SIM_ERR_CHECK, "%s", want);
     float x = 1, y;
     for (int it = 0; it < 20; it++) {
-        if (it % 2)
-            SIM_TRY(sim_device_barrier(d));
-        else
-            SIM_TRY(sim_all_reduce(d, &x, &y, 1, SIM_F32, sim_axes_1(it % 4 ? 0 : 1), sim_meta_tag("ar")));
+        if (it % 2) SIM_TRY(sim_device_barrier(d));
+        else SIM_TRY(sim_all_reduce(d, &x, &y, 1, SIM_F32, sim_axes_1(it % 4 ? 0 : 1), sim_meta_tag("ar")));
         lc->wrong_slot[id] += slot != &lc->mine[id];
         lc->wrong_msg[id] += strcmp(sim_errmsg(), want) != 0;
     }
@@ -239,8 +234,8 @@ enum { BIG = 1 << 17 }; /* floats per device: a 2-member all-gather above the sp
 
 typedef struct {
     float *send[4], *recv[4];
-    int order;       /* next position in the order devices 0 and 3 finish */
-    int done_at[4];  /* the position each finished at */
+    int order;      /* next position in the order devices 0 and 3 finish */
+    int done_at[4]; /* the position each finished at */
     int wrong[4];
 } helper_case;
 

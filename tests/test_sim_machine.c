@@ -165,7 +165,8 @@ static void test_arena_reuses_large_blocks(void **state)
     sim_arena *a = sim_arena_new("device 0", 0, false);
     size_t big = (size_t)32 << 20, mid = (size_t)2 << 20;
     void *p, *q, *r;
-    assert_int_equal(sim_arena_alloc(a, big, SIM_MEM_TEMP, "big", false, &p), SIM_OK); /* peak 32 MiB: cache cap 4 MiB */
+    assert_int_equal(sim_arena_alloc(a, big, SIM_MEM_TEMP, "big", false, &p),
+                     SIM_OK); /* peak 32 MiB: cache cap 4 MiB */
     sim_arena_release(a, p, big, SIM_MEM_TEMP);
     assert_int_equal(sim_arena_alloc(a, mid, SIM_MEM_ACTIVATIONS, "x", false, &q), SIM_OK);
     memset(q, 0x5a, mid);
@@ -335,10 +336,13 @@ static void test_failure_does_not_cut_other_groups_short(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mesh_ids_and_errors),  cmocka_unit_test(test_run_512_devices),
-        cmocka_unit_test(test_arena_accounting),     cmocka_unit_test(test_oom_stops_machine),
+        cmocka_unit_test(test_mesh_ids_and_errors),
+        cmocka_unit_test(test_run_512_devices),
+        cmocka_unit_test(test_arena_accounting),
+        cmocka_unit_test(test_oom_stops_machine),
         cmocka_unit_test(test_arena_reuses_large_blocks),
-        cmocka_unit_test(test_waiting_blocks),       cmocka_unit_test(test_records_across_runs),
+        cmocka_unit_test(test_waiting_blocks),
+        cmocka_unit_test(test_records_across_runs),
         cmocka_unit_test(test_failure_does_not_cut_other_groups_short),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -144,7 +144,8 @@ static void test_trace_json(void **state)
     assert_true(json_is_array(events));
     size_t spans[2] = {0, 0}, i;
     json_t *e;
-    json_array_foreach(events, i, e) {
+    json_array_foreach(events, i, e)
+    {
         const char *ph = json_string_value(json_object_get(e, "ph"));
         json_int_t pid = json_integer_value(json_object_get(e, "pid"));
         assert_true(pid == 0 || pid == 1);

@@ -81,7 +81,7 @@ static void test_str_put(void **state)
     assert_int_equal(at, 3);
     at = sim_str_put(buf, sizeof buf, 50, "q", SIZE_MAX); /* a start past the end: clamped to cap - 1, no room */
     assert_int_equal(at, 7);
-    assert_string_equal(buf, "axy"); /* nothing written before the end */
+    assert_string_equal(buf, "axy");                            /* nothing written before the end */
     assert_int_equal(sim_str_put(buf, 0, 0, "q", SIZE_MAX), 0); /* no capacity: nothing written */
 }
 
@@ -103,7 +103,7 @@ static void test_clock(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtypes), cmocka_unit_test(test_names_distinct), cmocka_unit_test(test_axes),
+        cmocka_unit_test(test_dtypes),  cmocka_unit_test(test_names_distinct), cmocka_unit_test(test_axes),
         cmocka_unit_test(test_str_put), cmocka_unit_test(test_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -35,9 +35,9 @@
 #include "sim/machine.h"
 #include "sim/xrank.h"
 
-#define MPIRUN                                                                                           \
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "    \
-    "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none "            \
+#define MPIRUN                                                                                                         \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "                   \
+    "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none "                           \
     "timeout 60 mpirun -q"
 
 enum { N = 8, LEN = 4096, NOUT = 12 };

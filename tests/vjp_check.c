@@ -83,8 +83,8 @@ static sim_status grad_device(sim_device *dev, void *arg)
             v[i] = mesh_tape_input(t, &a[i], false);
             continue;
         }
-        SIM_TRY(mesh_array_new(dev, j->m, "grad", c->rank[i], c->shape[i], &a[i].spec, SIM_F32, SIM_MEM_GRADS,
-                               &sink[i]));
+        SIM_TRY(
+            mesh_array_new(dev, j->m, "grad", c->rank[i], c->shape[i], &a[i].spec, SIM_F32, SIM_MEM_GRADS, &sink[i]));
         v[i] = mesh_tape_param(t, &a[i], &sink[i]);
     }
     mesh_var *out;
@@ -200,8 +200,8 @@ double vjp_check(const vjp_case *c, const mesh_shape *m, double tol)
         double rel = err / top;
         worst = fmax(worst, rel);
         if (!(rel <= tol))
-            fail_msg("%s: input %d: gradient differs from finite differences by %.3g of the largest (%.3g)", c->what,
-                     i, rel, top);
+            fail_msg("%s: input %d: gradient differs from finite differences by %.3g of the largest (%.3g)", c->what, i,
+                     rel, top);
     }
     for (int i = 0; i < c->nin; i++) {
         free(j->in[i]);

@@ -21,12 +21,12 @@ typedef struct {
     int nin;
     int rank[VJP_MAX_IN];
     int64_t shape[VJP_MAX_IN][4];
-    const char *spec[VJP_MAX_IN]; /* PartitionSpec text on the mesh (NULL: replicated) */
-    bool integer[VJP_MAX_IN];     /* an int32 input (token ids, targets, positions): no gradient */
-    int32_t int_bound[VJP_MAX_IN];/* integer inputs take values in [0, bound) */
-    int out_rank;                 /* the output's global shape, as the op must make it */
+    const char *spec[VJP_MAX_IN];  /* PartitionSpec text on the mesh (NULL: replicated) */
+    bool integer[VJP_MAX_IN];      /* an int32 input (token ids, targets, positions): no gradient */
+    int32_t int_bound[VJP_MAX_IN]; /* integer inputs take values in [0, bound) */
+    int out_rank;                  /* the output's global shape, as the op must make it */
     int64_t out_shape[4];
-    float scale;                  /* float inputs take values in [-scale, scale] (0: 1) */
+    float scale; /* float inputs take values in [-scale, scale] (0: 1) */
     vjp_op op;
     const void *arg;
 } vjp_case;

@@ -21,11 +21,11 @@ typedef struct {
 } bench_traffic;
 
 typedef struct {
-    bool refused;                /* the configuration was refused: why holds the message */
+    bool refused; /* the configuration was refused: why holds the message */
     char why[1024];
-    size_t peak;                 /* highest arena peak over devices */
-    size_t at_peak[SIM_NMEM];    /* that device's bytes by category at its peak */
-    double step_s;               /* fastest step after the first (or the only one) */
+    size_t peak;              /* highest arena peak over devices */
+    size_t at_peak[SIM_NMEM]; /* that device's bytes by category at its peak */
+    double step_s;            /* fastest step after the first (or the only one) */
     int nrows;
     bench_traffic rows[BENCH_MAX_TRAFFIC];
 } bench_result;

@@ -10,8 +10,8 @@
 #include "bench/lib/bench_run.h"
 
 /* XLA's HLO opcode names of the kinds, in sim_op order (aot.py's tpu_hlo_bytes.py writes these). */
-static const char *const XLA_KIND[XT_NKINDS] = {"all-gather", "reduce-scatter", "all-reduce", "all-to-all",
-                                                "collective-permute", "ragged-all-to-all"};
+static const char *const XLA_KIND[XT_NKINDS] = {"all-gather", "reduce-scatter",     "all-reduce",
+                                                "all-to-all", "collective-permute", "ragged-all-to-all"};
 
 static bool fail(char *err, size_t cap, const char *path, const char *what)
 {
@@ -56,7 +56,8 @@ static bool load_config(const json_t *j, xt_config *c, const char *path, char *e
     const json_t *coll = json_object_get(j, "collectives");
     const char *kind;
     const json_t *v;
-    json_object_foreach((json_t *)coll, kind, v) {
+    json_object_foreach((json_t *)coll, kind, v)
+    {
         int k = 0;
         while (k < XT_NKINDS && strcmp(XLA_KIND[k], kind)) k++;
         if (k == XT_NKINDS) return fail(err, cap, path, "an unknown collective kind");
@@ -139,7 +140,8 @@ void xt_compare(const xt_config *c, xt_result *r)
     for (int k = 0; k < XT_NKINDS; k++) {
         r->kind_ratio[k] = c->kind_bytes[k] > 0 ? r->kind_bytes[k] / c->kind_bytes[k] : INFINITY;
         /* a kind either side sends at least the minimum share of: one XLA has not is a miss too */
-        bool big = xt_share(c, k) >= XT_KIND_MIN_SHARE || (ss_tot > 0 && r->kind_bytes[k] / ss_tot >= XT_KIND_MIN_SHARE);
+        bool big =
+            xt_share(c, k) >= XT_KIND_MIN_SHARE || (ss_tot > 0 && r->kind_bytes[k] / ss_tot >= XT_KIND_MIN_SHARE);
         r->kind_checked[k] = k != SIM_OP_RAGGED_ALL_TO_ALL && big;
         r->kind_ok[k] = !r->kind_checked[k] || fabs(r->kind_ratio[k] - 1) <= XT_KIND_TOL;
         if (!r->kind_ok[k]) r->all_ok = false;

@@ -26,22 +26,22 @@ enum { XT_MAX_KEYS = 24, XT_NKINDS = SIM_OP_RAGGED_ALL_TO_ALL + 1 };
 
 typedef struct {
     char name[96];
-    char topology[32];              /* compile_topology */
+    char topology[32]; /* compile_topology */
     int num_devices, num_slices;
     int nkeys;
-    char *keys[XT_MAX_KEYS];        /* MaxText key=value words */
-    bool compiled;                  /* false: XLA (or MaxText) refused it; `error` says why */
+    char *keys[XT_MAX_KEYS]; /* MaxText key=value words */
+    bool compiled;           /* false: XLA (or MaxText) refused it; `error` says why */
     char error[256];
     double peak, arguments, temporaries; /* bytes per device */
-    double kind_bytes[XT_NKINDS];   /* bytes sent per device, by shardsim's collective kinds */
-    char miss[512];                 /* "" when shardsim is expected within the targets; else why it is
+    double kind_bytes[XT_NKINDS];        /* bytes sent per device, by shardsim's collective kinds */
+    char miss[512];                      /* "" when shardsim is expected within the targets; else why it is
                                        not yet (the file's known_miss: a transformation not modelled) */
 } xt_config;
 
 typedef struct {
     int n;
     xt_config *c;
-    char versions[256];             /* libtpu, jax, maxtext versions of the compiles */
+    char versions[256]; /* libtpu, jax, maxtext versions of the compiles */
 } xt_set;
 
 /* Loads one ground-truth file; on failure returns false with a message in err. */
@@ -49,14 +49,14 @@ bool xt_load(const char *path, xt_set *out, char *err, size_t cap);
 void xt_free(xt_set *s);
 
 typedef struct {
-    bool refused;                   /* shardsim refused the keys: why */
+    bool refused; /* shardsim refused the keys: why */
     char why[1024];
-    double peak;                    /* highest peak per device */
-    size_t at_peak[SIM_NMEM];       /* its composition */
-    double kind_bytes[XT_NKINDS];   /* bytes sent per device (mean over devices) in the step */
-    double peak_ratio;              /* shardsim / XLA */
+    double peak;                  /* highest peak per device */
+    size_t at_peak[SIM_NMEM];     /* its composition */
+    double kind_bytes[XT_NKINDS]; /* bytes sent per device (mean over devices) in the step */
+    double peak_ratio;            /* shardsim / XLA */
     bool peak_ok;
-    bool kind_checked[XT_NKINDS];   /* carries >= XT_KIND_MIN_SHARE of either's bytes (not ragged) */
+    bool kind_checked[XT_NKINDS]; /* carries >= XT_KIND_MIN_SHARE of either's bytes (not ragged) */
     double kind_ratio[XT_NKINDS];
     bool kind_ok[XT_NKINDS];
     bool all_ok;

@@ -7,7 +7,8 @@
 
 /* Attention's axis names in train mode (attentions.py: input_axis_names, query/key/value_axis_names,
  * out_axis_names; reference/maxtext-facts.md §5.3) */
-static const char *const ATTN_IN[3] = {"activation_batch_attn", "activation_input_length_attn", "activation_embed_attn"};
+static const char *const ATTN_IN[3] = {"activation_batch_attn", "activation_input_length_attn",
+                                       "activation_embed_attn"};
 static const char *const KV4[4] = {"activation_kv_batch", "activation_length_attn", "activation_kv_heads",
                                    "activation_kv_head_dim"};
 static const char *const ATTN_OUT[4] = {"activation_batch_attn", "activation_length_attn", "activation_heads",
@@ -63,8 +64,7 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
     md->ctx.dead_outputs = !qk_norm && model_recomputed_dead(md, MODEL_CKPT_QUERY_PROJ) &&
                            model_recomputed_dead(md, MODEL_CKPT_KEY_PROJ) &&
                            model_recomputed_dead(md, MODEL_CKPT_VALUE_PROJ);
-    if (a->qkv >= 0)
-        SIM_TRY(fused_qkv(md, t, xq, model_param_leaf(md, t, a->qkv, l), &q, &k, &v));
+    if (a->qkv >= 0) SIM_TRY(fused_qkv(md, t, xq, model_param_leaf(md, t, a->qkv, l), &q, &k, &v));
     else {
         SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, a->query, l), "query", 4, KV4, &q));
         SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, a->key, l), "key", 4, KV4, &k));

@@ -18,17 +18,17 @@
 #include "models/core/model.h"
 
 typedef struct {
-    int query, key, value;           /* (embed, heads | kv_heads, head_dim) kernels; -1 with qkv */
-    int qkv;                         /* fused_qkv: the (embed, heads + 2 kv_heads, head_dim) kernel, else -1 */
-    int out;                         /* (heads, head_dim, embed) */
-    int query_norm, key_norm;        /* use_qk_norm: the (head_dim) RMSNorm scales, else -1 */
-    double norm_eps;                 /* their epsilon (normalization_layer_epsilon) */
-    int layer;                       /* index into the parameters' stacks */
-    bk_rope_params rope;             /* the rotary embedding of query and key */
-    double scale;                    /* query_pre_attn_scalar (1: MaxText folds 1/sqrt(head_dim) into the
+    int query, key, value;        /* (embed, heads | kv_heads, head_dim) kernels; -1 with qkv */
+    int qkv;                      /* fused_qkv: the (embed, heads + 2 kv_heads, head_dim) kernel, else -1 */
+    int out;                      /* (heads, head_dim, embed) */
+    int query_norm, key_norm;     /* use_qk_norm: the (head_dim) RMSNorm scales, else -1 */
+    double norm_eps;              /* their epsilon (normalization_layer_epsilon) */
+    int layer;                    /* index into the parameters' stacks */
+    bk_rope_params rope;          /* the rotary embedding of query and key */
+    double scale;                 /* query_pre_attn_scalar (1: MaxText folds 1/sqrt(head_dim) into the
                                         query init instead) */
-    double soft_cap;                 /* attn_logits_soft_cap as the layer passes it (0: none) */
-    const char *const *out_names;    /* 3 logical names of out's out_sharding (the layer's out_sharding) */
+    double soft_cap;              /* attn_logits_soft_cap as the layer passes it (0: none) */
+    const char *const *out_names; /* 3 logical names of out's out_sharding (the layer's out_sharding) */
 } model_attention_block;
 
 /* x (B, T, E) -> y (B, T, E), the causal self-attention of the batch's positions. */

@@ -38,7 +38,7 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
         if (l == 0 && m->d.scan_layers)
             SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
                                           cfg_release_error(md->ctx.release, "decoder_scan_carry",
-                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
+                                                            "layers/nnx_decoders.py:_apply_layers_sequentially")));
     }
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, model_param_leaf(md, t, dec->norm, 0), m->d.eps, "decoder_norm", &x));

@@ -9,10 +9,10 @@
 #include "models/core/model.h"
 
 typedef struct {
-    model_layer_fn layer;            /* one decoder layer (its aux output is NULL) */
-    int embed;                       /* token_embedder.embedding (model_param_index) */
-    int norm;                        /* decoder_norm.scale */
-    int logits;                      /* logits_dense.kernel, -1 with logits_via_embedding */
+    model_layer_fn layer; /* one decoder layer (its aux output is NULL) */
+    int embed;            /* token_embedder.embedding (model_param_index) */
+    int norm;             /* decoder_norm.scale */
+    int logits;           /* logits_dense.kernel, -1 with logits_via_embedding */
 } model_decoder_block;
 
 /* The scalar loss of the batch (the family's loss hook). */

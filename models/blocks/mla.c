@@ -118,7 +118,8 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
     static const char *const onames[4] = {"activation_batch", "activation_length", NULL, NULL};
     const mesh_array *a = &x->val;
     int64_t half = a->shape[3] / 2;
-    int64_t in_shape[4] = {a->shape[0], a->shape[1], 1, half}, out_shape[4] = {a->shape[0], a->shape[1], a->shape[2], half};
+    int64_t in_shape[4] = {a->shape[0], a->shape[1], 1, half},
+            out_shape[4] = {a->shape[0], a->shape[1], a->shape[2], half};
     mesh_spec fs, os;
     /* freqs_sharding is built when the module is, under the config's rules; the rotated sharding when
      * it runs: in a dense layer before a pipeline that is under logical_axis_rules_pp_act_as_dp, whose
@@ -128,14 +129,14 @@ static sim_status yarn_check(model_dev *md, const mesh_var *x)
     fs = fr.spec;
     SIM_TRY(model_logical_spec(md->def, "rope/rotated", 4, onames, &os));
     bool batch_differs = fs.n_axes[0] != os.n_axes[0] || memcmp(fs.axes[0], os.axes[0], (size_t)fs.n_axes[0]) != 0;
-    return mesh_broadcast_to_check(&md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope", where,
-                                   batch_differs
-                                       ? "MaxText's YaRN frequencies keep the config rules' batch sharding in the dense "
-                                         "layers before a pipeline (which run with 'stage' added to activation_batch): "
-                                         "run pipelines in shard_mode=auto"
-                                       : "MaxText's YaRN frequencies keep the q_heads sharding: use tensor=1 and "
-                                         "tensor_sequence=1 with rope_type=yarn in explicit mode, rope_type=default, or "
-                                         "shard_mode=auto");
+    return mesh_broadcast_to_check(
+        &md->ctx, "complex64", 4, in_shape, &fs, out_shape, &os, "query_rope", where,
+        batch_differs ? "MaxText's YaRN frequencies keep the config rules' batch sharding in the dense "
+                        "layers before a pipeline (which run with 'stage' added to activation_batch): "
+                        "run pipelines in shard_mode=auto"
+                      : "MaxText's YaRN frequencies keep the q_heads sharding: use tensor=1 and "
+                        "tensor_sequence=1 with rope_type=yarn in explicit mode, rope_type=default, or "
+                        "shard_mode=auto");
 }
 
 /* MaxText 0.2.5's default rotary embedding (RotaryEmbedding.apply_rotary) multiplies the input
@@ -177,8 +178,8 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
         SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, p->query, l), "query", 4, KV4, &q));
     } else {
         mesh_var *lq;
-        SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_QUERY_WA_PROJ, "bte,eq->btq", xq, model_param_leaf(md, t, p->wq_a, l), "wq_a", 3,
-                            Q_LORA, &lq));
+        SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_QUERY_WA_PROJ, "bte,eq->btq", xq,
+                                  model_param_leaf(md, t, p->wq_a, l), "wq_a", 3, Q_LORA, &lq));
         mesh_var *qn = model_param_leaf(md, t, p->q_norm, l);
         SIM_TRY(unaligned_norm_check(md, lq, qn, "q_norm"));
         SIM_TRY(mesh_nn_rmsnorm(t, lq, qn, d->eps, "q_norm", &lq));
@@ -195,8 +196,8 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
     SIM_TRY(mesh_ad_concat_last(t, q_nope, q_pe, "query_concat", &query));
     SIM_TRY(model_shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
     /* keys and values from the latent; one rope key head for all heads */
-    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_KV_WA_PROJ, "bte,ek->btk", xkv, model_param_leaf(md, t, p->wkv_a, l), "wkv_a", 3,
-                        KV_LORA, &low));
+    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_KV_WA_PROJ, "bte,ek->btk", xkv, model_param_leaf(md, t, p->wkv_a, l),
+                              "wkv_a", 3, KV_LORA, &low));
     SIM_TRY(mesh_ad_split_last(t, low, mla->kv_lora, true, "kv_split", &kv_latent, &k_rope));
     mesh_var *kvn = model_param_leaf(md, t, p->kv_norm, l);
     SIM_TRY(unaligned_norm_check(md, kv_latent, kvn, "kv_norm"));
@@ -220,9 +221,10 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
     double scale = bk_mla_softmax_scale((int)(mla->qk_nope + mla->qk_rope), (long)mla->max_pos, (long)mla->orig_max_pos,
                                         mla->rope_factor, mla->mscale);
     log_attention_op(md, query, key, value);
-    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, d->attn_dot, &d->splash,
-                                     "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, d->attn_dot,
+                                     &d->splash, "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
-    return model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, model_param_leaf(md, t, p->out, l), "out", 3, A, y);
+    return model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, model_param_leaf(md, t, p->out, l), "out",
+                             3, A, y);
 }

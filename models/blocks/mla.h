@@ -13,10 +13,10 @@
 
 /* Multi-head latent attention (attention_mla.py) and its YaRN RoPE. */
 typedef struct {
-    int64_t q_lora, kv_lora;  /* q_lora_rank (0: plain query projection), kv_lora_rank */
-    int64_t qk_nope, qk_rope, v_head; /* MLA head dims */
+    int64_t q_lora, kv_lora;                          /* q_lora_rank (0: plain query projection), kv_lora_rank */
+    int64_t qk_nope, qk_rope, v_head;                 /* MLA head dims */
     double rope_factor, beta_fast, beta_slow, mscale; /* YaRN */
-    int64_t max_pos, orig_max_pos;    /* max_position_embeddings, original_max_position_embeddings */
+    int64_t max_pos, orig_max_pos;                    /* max_position_embeddings, original_max_position_embeddings */
     bool yarn, rope_interleave, rope_truncate, rope_attn_scaling;
 } model_mla_dims;
 

@@ -131,8 +131,7 @@ static sim_status new_cot(mesh_tape *t, const char *name, int rank, const int64_
 /* Saves a into e, or frees it now when nothing was recorded. */
 static void keep(mesh_tape *t, mesh_entry *e, const mesh_array *a, bool owned)
 {
-    if (e)
-        mesh_entry_save(e, a, owned);
+    if (e) mesh_entry_save(e, a, owned);
     else if (owned) {
         mesh_array tmp = *a;
         mesh_array_free(mesh_tape_ctx(t)->dev, &tmp);
@@ -154,20 +153,20 @@ static int64_t local_rows(const mesh_array *a) { return a->rank ? (int64_t)a->nl
 typedef struct {
     void *p;
     size_t bytes;
-    size_t counted;   /* the bytes the arena counts (the activation dtype for float32 blocks) */
+    size_t counted; /* the bytes the arena counts (the activation dtype for float32 blocks) */
     sim_mem_cat cat;
 } moe_buf;
 
 /* A block of bytes/4 elements of dt (float32 tokens, or int32 indices). */
-static sim_status buf_alloc_dt(sim_device *d, moe_buf *b, size_t bytes, sim_dtype dt, sim_mem_cat cat,
-                               const char *name)
+static sim_status buf_alloc_dt(sim_device *d, moe_buf *b, size_t bytes, sim_dtype dt, sim_mem_cat cat, const char *name)
 {
     b->bytes = bytes;
     b->counted = bytes / sim_dtype_size(dt) * sim_dtype_size(sim_device_counted_dtype(d, dt, cat));
     b->cat = cat;
     b->p = NULL;
     sim_status st = sim_arena_alloc_counted(sim_device_arena(d), bytes, b->counted, cat, name, false, &b->p);
-    if (st) memset(b, 0, sizeof *b); /* refused (simulated OOM): nothing was charged, so buf_free must release nothing */
+    if (st)
+        memset(b, 0, sizeof *b); /* refused (simulated OOM): nothing was charged, so buf_free must release nothing */
     return st;
 }
 
@@ -351,7 +350,8 @@ static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
         const float *sv = sa->data, *g = dy->data, *bv = ba ? ba->data : NULL;
         float *o = ds.data, *bo = want_bias ? db.data : NULL;
         for (int64_t n = 0; n < N; n++) {
-            route_token(sv + n * E, bv, E, c, token_of(rs, n, Sl), sel, vals, idx, raw); /* the saved choice, recomputed */
+            route_token(sv + n * E, bv, E, c, token_of(rs, n, Sl), sel, vals, idx,
+                        raw); /* the saved choice, recomputed */
             const float *gr = g + n * k;
             double sum = 1e-20, dot = 0;
             for (int j = 0; j < k; j++) {
@@ -375,7 +375,7 @@ static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
 }
 
 sim_status model_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const model_moe_route_cfg *c,
-                          const char *name, mesh_var **weights, mesh_var **indices)
+                           const char *name, mesh_var **weights, mesh_var **indices)
 {
     mesh_ctx *ctx = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -459,8 +459,9 @@ sim_status model_moe_expert_counts(mesh_tape *t, mesh_var *indices, int64_t E, c
         for (size_t i = 0; i < ia->nlocal; i++) acc[iv[i]] += 1.0f;
     }
     sim_status st = SIM_OK;
-    if (tok.n) st = sim_all_reduce(c->dev, ia->data ? acc : NULL, ia->data ? acc : NULL, (size_t)E, SIM_F32, tok,
-                                   sim_meta_tag(tag));
+    if (tok.n)
+        st = sim_all_reduce(c->dev, ia->data ? acc : NULL, ia->data ? acc : NULL, (size_t)E, SIM_F32, tok,
+                            sim_meta_tag(tag));
     if (st == SIM_OK && ia->data) memcpy(out, acc, (size_t)E * sizeof(float));
     sim_arena_release(sim_device_arena(c->dev), acc, (size_t)E * sizeof(float), SIM_MEM_TEMP);
     return st;
@@ -537,7 +538,7 @@ static sim_status lb_vjp(mesh_tape *t, mesh_entry *e)
 }
 
 sim_status model_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
-                            const char *name, mesh_var **loss)
+                             const char *name, mesh_var **loss)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -579,7 +580,8 @@ sim_status model_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mes
     }
     sim_axes seq = dim_axes(&ss, 1), bat = dim_axes(&ss, 0);
     /* the load-balance sums stay float32 (counted as stored): a few floats per row */
-    if (seq.n) SIM_TRY(sim_all_reduce(c->dev, acc, acc, nsum, SIM_F32, seq, sim_meta_counted(sim_meta_tag(tag), SIM_F32)));
+    if (seq.n)
+        SIM_TRY(sim_all_reduce(c->dev, acc, acc, nsum, SIM_F32, seq, sim_meta_counted(sim_meta_tag(tag), SIM_F32)));
     mesh_spec os;
     mesh_spec_init(&os, 0);
     SIM_TRY(new_out(t, name, 0, NULL, &os, SIM_F32, loss));
@@ -594,8 +596,9 @@ sim_status model_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mes
         memcpy(cnt.data, acc, (size_t)(Bl * E) * sizeof(float));
     }
     sim_arena_release(sim_device_arena(c->dev), acc, nsum * sizeof(float), SIM_MEM_TEMP);
-    if (bat.n) SIM_TRY(sim_all_reduce(c->dev, sa.data ? &part : NULL, sa.data ? &part : NULL, 1, SIM_F32, bat,
-                                      sim_meta_counted(sim_meta_tag(tag), SIM_F32)));
+    if (bat.n)
+        SIM_TRY(sim_all_reduce(c->dev, sa.data ? &part : NULL, sa.data ? &part : NULL, 1, SIM_F32, bat,
+                               sim_meta_counted(sim_meta_tag(tag), SIM_F32)));
     if ((*loss)->val.data) ((float *)(*loss)->val.data)[0] = part;
     if (io) mesh_array_free(c->dev, &ia);
     mesh_var *in[2] = {scores, bias};
@@ -725,23 +728,23 @@ int64_t model_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor)
 typedef struct {
     sim_device *dev;
     sim_arena *arena;
-    bool live;                 /* data present (not a dry run) */
+    bool live; /* data present (not a dry run) */
     bool dense;
-    int64_t B, S, M, X, H, k;  /* global dims */
-    int64_t Bl, Sl, T, A;      /* local rows, local sequence, local tokens, assignments T*k */
-    int64_t s0;                /* global index of the first local position */
-    int64_t XL, Hl, Mo;        /* experts per device, local hidden, width of output rows */
-    int64_t C;                 /* dense: slots per expert per sequence */
+    int64_t B, S, M, X, H, k; /* global dims */
+    int64_t Bl, Sl, T, A;     /* local rows, local sequence, local tokens, assignments T*k */
+    int64_t s0;               /* global index of the first local position */
+    int64_t XL, Hl, Mo;       /* experts per device, local hidden, width of output rows */
+    int64_t C;                /* dense: slots per expert per sequence */
     sim_axes ep_tok, ep_rep, seq, h;
-    int G, g;                  /* all-to-all group size and my rank in it */
-    int hk;                    /* size of the hidden axes */
-    bool rs;                   /* reduce-scatter the wo product over h (else all-reduce when hk > 1) */
-    int32_t *dest;             /* [X] all-to-all rank of the expert's owner; -1: another ep_rep coordinate */
-    int64_t *first;            /* [G] first global expert served by rank d for my ep_rep coordinates */
-    int64_t *cnt_send;         /* [G * XL] rows I send to rank d for its local expert e */
-    int64_t *cnt_recv;         /* [G * XL] rows I get from rank q for my local expert e */
+    int G, g;                    /* all-to-all group size and my rank in it */
+    int hk;                      /* size of the hidden axes */
+    bool rs;                     /* reduce-scatter the wo product over h (else all-reduce when hk > 1) */
+    int32_t *dest;               /* [X] all-to-all rank of the expert's owner; -1: another ep_rep coordinate */
+    int64_t *first;              /* [G] first global expert served by rank d for my ep_rep coordinates */
+    int64_t *cnt_send;           /* [G * XL] rows I send to rank d for its local expert e */
+    int64_t *cnt_recv;           /* [G * XL] rows I get from rank q for my local expert e */
     int64_t n_send, n_recv, cap; /* rows sent, received, and the receive capacity */
-    model_moe_tile gmm[2][3];   /* megablox tiles (model_moe_cfg.gmm); zero on the dense path */
+    model_moe_tile gmm[2][3];    /* megablox tiles (model_moe_cfg.gmm); zero on the dense path */
     char tag[SIM_TAG_MAX];
 } moe_geom;
 
@@ -757,7 +760,8 @@ static void geom_free(moe_geom *g)
 
 static const char *gtag(const moe_geom *g, const char *what, char *buf, size_t cap)
 {
-    sim_str_put(buf, cap, sim_str_put(buf, cap, sim_str_put(buf, cap, 0, g->tag, 64), "/", 1), what, 30); /* "%.64s/%.30s" */
+    sim_str_put(buf, cap, sim_str_put(buf, cap, sim_str_put(buf, cap, 0, g->tag, 64), "/", 1), what,
+                30); /* "%.64s/%.30s" */
     return buf;
 }
 
@@ -779,10 +783,8 @@ static void geom_owners(moe_geom *g, const mesh_shape *m, sim_axes ep)
             stride /= size;
             int coord = (int)(rem / stride);
             rem %= stride;
-            if (tok & (1u << a))
-                d = d * size + coord;
-            else if (coord != sim_device_coord(g->dev, a))
-                mine = false;
+            if (tok & (1u << a)) d = d * size + coord;
+            else if (coord != sim_device_coord(g->dev, a)) mine = false;
         }
         for (int64_t e = e0; e < e0 + g->XL && e < g->X; e++) g->dest[e] = mine ? d : -1;
         if (mine) g->first[d] = e0;
@@ -815,16 +817,15 @@ static void permute_rows(const moe_geom *g, const int64_t *cnt, float *dst, cons
                          bool to_expert_major)
 {
     if (!dst || !src) return;
-    int64_t *qoff = malloc((size_t)(g->G * g->XL) * sizeof *qoff), *eoff = malloc((size_t)(g->G * g->XL) * sizeof *eoff);
+    int64_t *qoff = malloc((size_t)(g->G * g->XL) * sizeof *qoff),
+            *eoff = malloc((size_t)(g->G * g->XL) * sizeof *eoff);
     layout_offsets(g, cnt, qoff, eoff);
     for (int q = 0; q < g->G; q++)
         for (int64_t e = 0; e < g->XL; e++) {
             int64_t n = cnt[q * g->XL + e], a = qoff[q * g->XL + e], b = eoff[e * g->G + q];
             if (!n) continue;
-            if (to_expert_major)
-                memcpy(dst + b * width, src + a * width, (size_t)(n * width) * sizeof(float));
-            else
-                memcpy(dst + a * width, src + b * width, (size_t)(n * width) * sizeof(float));
+            if (to_expert_major) memcpy(dst + b * width, src + a * width, (size_t)(n * width) * sizeof(float));
+            else memcpy(dst + a * width, src + b * width, (size_t)(n * width) * sizeof(float));
         }
     free(qoff);
     free(eoff);
@@ -931,7 +932,8 @@ static void ffn_cost(const moe_geom *g, bool backward)
         if (!backward) /* wi_0, wi_1: (rows, M) x (M, Hl); wo: (rows, Hl) x (Hl, M) */
             mxu = 2.0 * gmm_work(gs, g->XL, wi[MODEL_MOE_FWD], Mi, Hi) + gmm_work(gs, g->XL, wo[MODEL_MOE_FWD], Hi, Mi);
         else /* input gradients contract the output dim; weight gradients (tgmm) contract the rows */
-            mxu = 2.0 * (gmm_work(gs, g->XL, wi[MODEL_MOE_DLHS], Hi, Mi) + gmm_work(gs, g->XL, wi[MODEL_MOE_DRHS], Mi, Hi)) +
+            mxu = 2.0 * (gmm_work(gs, g->XL, wi[MODEL_MOE_DLHS], Hi, Mi) +
+                         gmm_work(gs, g->XL, wi[MODEL_MOE_DRHS], Mi, Hi)) +
                   gmm_work(gs, g->XL, wo[MODEL_MOE_DLHS], Mi, Hi) + gmm_work(gs, g->XL, wo[MODEL_MOE_DRHS], Hi, Mi);
         free(gs);
     }
@@ -987,8 +989,8 @@ static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q,
 }
 
 /* dout_q (n_recv, Mo) [q][e] -> din_q (n_recv, M) [q][e] (+= the weight gradients). */
-static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_q, float *din_q, float *dw0,
-                          float *dw1, float *dwo)
+static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_q, float *din_q, float *dw0, float *dw1,
+                          float *dwo)
 {
     moe_geom *g = &pl->g;
     sim_device *d = g->dev;
@@ -1066,8 +1068,8 @@ static void ragged_params(const moe_geom *g, const int64_t *cnt, int64_t width, 
 
 /* Sends rows counted by `scnt` ([d][e]) and receives rows counted by `rcnt`
  * ([q][e]), each `width` floats. */
-static sim_status ragged_exchange(const moe_geom *g, const float *send, const int64_t *scnt, float *recv,
-                                  int64_t rcap, const int64_t *rcnt, int64_t width, const char *what)
+static sim_status ragged_exchange(const moe_geom *g, const float *send, const int64_t *scnt, float *recv, int64_t rcap,
+                                  const int64_t *rcnt, int64_t width, const char *what)
 {
     size_t *so = malloc((size_t)g->G * 4 * sizeof *so);
     size_t *sn = so + g->G, *ro = sn + g->G, *rn = ro + g->G;
@@ -1139,8 +1141,8 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
                                        sim_meta_tag(gtag(g, "group_sizes", tag, sizeof tag)));
         for (int q = 0; q < g->G && st == SIM_OK; q++)
             for (int64_t e = 0; e < g->XL; e++)
-                g->cnt_recv[q * g->XL + e] = g->live ? all[(int64_t)q * GX + g->g * g->XL + e]
-                                                     : uniform_count(A, g->X, g->first[g->g] + e);
+                g->cnt_recv[q * g->XL + e] =
+                    g->live ? all[(int64_t)q * GX + g->g * g->XL + e] : uniform_count(A, g->X, g->first[g->g] + e);
         free(mine);
         free(all);
         if (st) {
@@ -1169,10 +1171,8 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
     buf_free(g->arena, &sbuf);
     if (st == SIM_OK) st = buf_alloc(d, &pl->yb, (size_t)(A * g->Mo) * 4, SIM_MEM_ACTIVATIONS, "moe/returned");
     if (st == SIM_OK) {
-        if (g->G > 1)
-            st = ragged_exchange(g, yq.p, g->cnt_recv, pl->yb.p, A, g->cnt_send, g->Mo, "return");
-        else if (g->live)
-            memcpy(pl->yb.p, yq.p, (size_t)(g->n_send * g->Mo) * 4);
+        if (g->G > 1) st = ragged_exchange(g, yq.p, g->cnt_recv, pl->yb.p, A, g->cnt_send, g->Mo, "return");
+        else if (g->live) memcpy(pl->yb.p, yq.p, (size_t)(g->n_send * g->Mo) * 4);
     }
     keep_or_free(pl, &yq);
     SIM_TRY(st);
@@ -1196,8 +1196,8 @@ static sim_status sparse_fwd(moe_payload *pl, const moe_ops *op, float *out)
 }
 
 /* dout (T, Mo) -> dx (T, M), dw (T, k), weight gradients. */
-static sim_status sparse_bwd(moe_payload *pl, const moe_ops *op, const float *dout, float *dx, float *dw,
-                             float *dw0, float *dw1, float *dwo)
+static sim_status sparse_bwd(moe_payload *pl, const moe_ops *op, const float *dout, float *dx, float *dw, float *dw0,
+                             float *dw1, float *dwo)
 {
     moe_geom *g = &pl->g;
     sim_device *d = g->dev;
@@ -1274,7 +1274,8 @@ static sim_status dense_slots(moe_payload *pl, const moe_ops *op)
     const int32_t *idx = op->idx;
     char tag[SIM_TAG_MAX];
     if (g->seq.n) {
-        SIM_TRY(buf_alloc_dt(g->dev, &full, (size_t)(g->Bl * S * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/indices_gathered"));
+        SIM_TRY(
+            buf_alloc_dt(g->dev, &full, (size_t)(g->Bl * S * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/indices_gathered"));
         sim_status st = sim_all_gather_dim(g->dev, op->idx, full.p, (size_t)g->Bl, (size_t)(g->Sl * k), 1, SIM_I32,
                                            g->seq, sim_meta_tag(gtag(g, "capacity_positions", tag, sizeof tag)));
         if (st) {
@@ -1318,10 +1319,8 @@ static void dense_pack(const moe_geom *g, float *packed, float *full, int64_t wi
     size_t block = (size_t)(g->XL * g->Bl * g->C * width);
     for (int d = 0; d < g->G; d++) {
         float *p = packed + (size_t)d * block, *f = full + (size_t)g->first[d] * (size_t)(g->Bl * g->C * width);
-        if (to_packed)
-            memcpy(p, f, block * sizeof(float));
-        else
-            memcpy(f, p, block * sizeof(float));
+        if (to_packed) memcpy(p, f, block * sizeof(float));
+        else memcpy(f, p, block * sizeof(float));
     }
 }
 
@@ -1410,8 +1409,8 @@ static sim_status dense_fwd(moe_payload *pl, const moe_ops *op, float *out)
     return SIM_OK;
 }
 
-static sim_status dense_bwd(moe_payload *pl, const moe_ops *op, const float *dout, float *dx, float *dw,
-                            float *dw0, float *dw1, float *dwo)
+static sim_status dense_bwd(moe_payload *pl, const moe_ops *op, const float *dout, float *dx, float *dw, float *dw0,
+                            float *dw1, float *dwo)
 {
     moe_geom *g = &pl->g;
     sim_device *d = g->dev;
@@ -1525,7 +1524,8 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
     uint32_t P = want.partial;
     char tag[SIM_TAG_MAX];
     if (!mesh_spec_equal(&dy->spec, &want))
-        SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &want, sim_meta_tag(gtag(g, pl->ring ? "ring_reduce_scatter_bwd" : "out_bwd", tag, sizeof tag))));
+        SIM_TRY(mesh_reshard(c->dev, c->mesh, dy, &want,
+                             sim_meta_tag(gtag(g, pl->ring ? "ring_reduce_scatter_bwd" : "out_bwd", tag, sizeof tag))));
     mesh_spec xs = pl->ros, ws = wa->spec, w0s = w0a->spec, w1s = w1a->spec, wos = woa->spec;
     xs.n_axes[2] = 0;
     xs.partial = P | pl->p_dx;
@@ -1566,7 +1566,7 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
 }
 
 sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
-                            mesh_var *w1, mesh_var *wo, const model_moe_cfg *c, const char *name, mesh_var **out)
+                             mesh_var *w1, mesh_var *wo, const model_moe_cfg *c, const char *name, mesh_var **out)
 {
     mesh_ctx *ctx = mesh_tape_ctx(t);
     const mesh_shape *m = ctx->mesh;
@@ -1581,8 +1581,9 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
     int64_t B = x->val.shape[0], S = x->val.shape[1], M = x->val.shape[2];
     int64_t X = w0->val.shape[0], H = w0->val.shape[2], k = indices->val.shape[2];
     if (w0->val.shape[1] != M || wo->val.shape[0] != X || wo->val.shape[1] != H || wo->val.shape[2] != M)
-        return sim_err(SIM_ERR_INTERNAL, "%s: expert weights (%lld, %lld, %lld) / (%lld, %lld, %lld) do not fit x (.., %lld)",
-                       tag, (long long)X, (long long)w0->val.shape[1], (long long)H, (long long)wo->val.shape[0],
+        return sim_err(SIM_ERR_INTERNAL,
+                       "%s: expert weights (%lld, %lld, %lld) / (%lld, %lld, %lld) do not fit x (.., %lld)", tag,
+                       (long long)X, (long long)w0->val.shape[1], (long long)H, (long long)wo->val.shape[0],
                        (long long)wo->val.shape[1], (long long)wo->val.shape[2], (long long)M);
     /* token layout: x's (B, S) sharding, embedding whole */
     mesh_spec xs = x->val.spec;
@@ -1599,14 +1600,17 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
     sim_axes h = axes_without(c->h, tok | epm);
     int hk = group_of(m, h);
     if (H % hk)
-        return sim_err(SIM_ERR_INPUT,
-                       "%s: base_moe_mlp_dim=%lld is not divisible by %d, the size of the axes (%s) that shard the "
-                       "experts' hidden dim; use a base_moe_mlp_dim divisible by it or a smaller ici_tensor_parallelism",
-                       tag, (long long)H, hk, axes_text(m, h, ax, sizeof ax));
+        return sim_err(
+            SIM_ERR_INPUT,
+            "%s: base_moe_mlp_dim=%lld is not divisible by %d, the size of the axes (%s) that shard the "
+            "experts' hidden dim; use a base_moe_mlp_dim divisible by it or a smaller ici_tensor_parallelism",
+            tag, (long long)H, hk, axes_text(m, h, ax, sizeof ax));
     bool dense = c->capacity > 0;
     if (c->ring && (dense || (tok & epm)))
-        return sim_err(SIM_ERR_INTERNAL, "%s: the ring of experts runs on the sparse path with tokens gathered over "
-                       "the expert axes (model_moe_ring_gather)", tag);
+        return sim_err(SIM_ERR_INTERNAL,
+                       "%s: the ring of experts runs on the sparse path with tokens gathered over "
+                       "the expert axes (model_moe_ring_gather)",
+                       tag);
     uint32_t tokset = dense ? batch : tok;
     mesh_spec wis, wos;
     mesh_spec_init(&wis, 3);
@@ -1660,7 +1664,7 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
     if (!dense) memcpy(g->gmm, c->gmm, sizeof g->gmm);
     int64_t per = k < g->XL ? k : g->XL;
     g->cap = (int64_t)g->G * g->T * per; /* dropless worst case, as MaxText sizes its receive buffer */
-    if (c->ring) g->cap = g->A; /* the ring sorts every assignment of the gathered rows (moe.py permute) */
+    if (c->ring) g->cap = g->A;          /* the ring sorts every assignment of the gathered rows (moe.py permute) */
     geom_owners(g, m, c->ep);
     pl->touched = tok | epm | axes_mask(h);
     uint32_t hmask = axes_mask(h), rep = axes_mask(g->ep_rep);
@@ -1752,6 +1756,7 @@ sim_status model_moe_shared_experts(model_dev *md, mesh_tape *t, int wi0, int wi
                                     mesh_var **y)
 {
     /* the MLP block with the DeepSeek layer's intermediate_sharding and out_sharding */
-    model_mlp_block b = {.wi_0 = wi0, .wi_1 = wi1, .wi = -1, .wo = wo, .layer = l, .intermediate = SH_WI, .out = SH_OUT};
+    model_mlp_block b = {
+        .wi_0 = wi0, .wi_1 = wi1, .wi = -1, .wo = wo, .layer = l, .intermediate = SH_WI, .out = SH_OUT};
     return model_mlp(md, t, &b, x, y);
 }

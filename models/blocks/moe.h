@@ -68,7 +68,7 @@ void model_moe_route_token(const float *s, const float *bias, int64_t E, const m
  * renormalised nor scaled (moe.py get_topk returns before
  * deepseek_scale_weights). */
 sim_status model_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const model_moe_route_cfg *c,
-                          const char *name, mesh_var **weights, mesh_var **indices);
+                           const char *name, mesh_var **weights, mesh_var **indices);
 
 /* Load-balance loss as MaxText 0.2.5 computes it (moe.py load_balance_loss):
  * probs = softmax(scores + bias) over E (bias NULL: of the scores alone, the
@@ -77,7 +77,7 @@ sim_status model_moe_route(mesh_tape *t, mesh_var *scores, mesh_var *bias, const
  * not), and loss = mean_{B,E}(density * mean_S probs) * E^2 * weight, over
  * the whole batch (a replicated scalar). */
 sim_status model_moe_lb_loss(mesh_tape *t, mesh_var *scores, mesh_var *bias, mesh_var *indices, double weight,
-                            const char *name, mesh_var **loss);
+                             const char *name, mesh_var **loss);
 
 /* Loss-free balancing's statistic (moe.py calculate_expert_counts): how many
  * of the batch's assignments in indices (B, S, k) went to each of E experts,
@@ -98,19 +98,19 @@ typedef struct {
 enum { MODEL_MOE_WI = 0, MODEL_MOE_WO = 1, MODEL_MOE_FWD = 0, MODEL_MOE_DLHS = 1, MODEL_MOE_DRHS = 2 };
 
 typedef struct {
-    sim_axes ep;            /* expert-parallel axes: they shard the experts dim of the weights, in order */
-    bool ring;              /* use_ring_of_experts: x, weights and indices come gathered over ep
+    sim_axes ep;                    /* expert-parallel axes: they shard the experts dim of the weights, in order */
+    bool ring;                      /* use_ring_of_experts: x, weights and indices come gathered over ep
                              * (model_moe_ring_gather); each device runs its own experts on every
                              * row and the output is reduce-scattered over ep onto `out` */
-    bool output_dead;       /* ring, remat's recomputation in backward: nothing reads the output's
+    bool output_dead;               /* ring, remat's recomputation in backward: nothing reads the output's
                              * value (only its cotangent flows), so XLA drops the reduce-scatter;
                              * the output is zeros in `out`'s sharding and nothing moves */
-    sim_axes h;             /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
-    int64_t capacity;       /* dense path: slots per expert per sequence (model_moe_capacity); 0: sparse */
-    mesh_spec out;          /* spec of the output (B, S, M) (MaxText's out_specs) */
-    unsigned keep;          /* remat: MODEL_MOE_KEEP_* residuals the policy saves (MaxText's moe.py tags) */
+    sim_axes h;                     /* axes sharding the expert hidden dim (tensor parallelism inside the MoE) */
+    int64_t capacity;               /* dense path: slots per expert per sequence (model_moe_capacity); 0: sparse */
+    mesh_spec out;                  /* spec of the output (B, S, M) (MaxText's out_specs) */
+    unsigned keep;                  /* remat: MODEL_MOE_KEEP_* residuals the policy saves (MaxText's moe.py tags) */
     struct model_moe_saved **saved; /* remat: where they wait between the passes (NULL: nothing kept) */
-    model_moe_tile gmm[2][3]; /* sparse path: the megablox gmm tiles [wi, wo][fwd, dlhs, drhs], for the
+    model_moe_tile gmm[2][3];       /* sparse path: the megablox gmm tiles [wi, wo][fwd, dlhs, drhs], for the
                               * step-time model's cost of the padded tiles; all zero: exact FLOPs */
 } model_moe_cfg;
 
@@ -143,7 +143,7 @@ void model_moe_saved_free(void *saved);
  * token-sharding axes that are not expert axes.  Errors name the dims and
  * the fix when the experts or the hidden dim do not divide. */
 sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_var *indices, mesh_var *w0,
-                            mesh_var *w1, mesh_var *wo, const model_moe_cfg *c, const char *name, mesh_var **out);
+                             mesh_var *w1, mesh_var *wo, const model_moe_cfg *c, const char *name, mesh_var **out);
 
 /* Ring of experts (MaxText's use_ring_of_experts, moe.py roe_ag_and_route):
  * out (B, S, W) = x all-gathered over the expert-parallel axes ep on the

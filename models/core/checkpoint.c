@@ -71,8 +71,7 @@ static sim_status ck_tensors(model_param *params, int n, bool with_opt, ck_tenso
                 if (which)
                     snprintf(t[k].name, sizeof t[k].name, "opt_state.%s.%s", params[i].slot_name[which - 1],
                              t[k].view.def.path);
-                else
-                    snprintf(t[k].name, sizeof t[k].name, "%s", t[k].view.def.path);
+                else snprintf(t[k].name, sizeof t[k].name, "%s", t[k].view.def.path);
                 t[k].p = &t[k].view;
                 t[k].which = which;
                 t[k].nel = numel(&t[k].view.def);
@@ -98,7 +97,10 @@ static bool ck_with_opt(const model_param *params, int n)
  * "fnv1a64:" and 16 hex digits (fixed width, so the header keeps its length
  * when the placeholder is replaced by the real sum). */
 static void ck_sum_key(const char *name, char *buf, size_t cap) { snprintf(buf, cap, "checksum.%s", name); }
-static void ck_sum_text(uint64_t sum, char *buf, size_t cap) { snprintf(buf, cap, "fnv1a64:%016llx", (unsigned long long)sum); }
+static void ck_sum_text(uint64_t sum, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "fnv1a64:%016llx", (unsigned long long)sum);
+}
 
 /* FNV-1a 64 over a buffer, continuing from h. */
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -130,7 +132,8 @@ static sim_status ck_header(const ck_tensor *t, int nt, long long step, const ui
     for (int i = 0; ok && i < nt; i++) {
         const model_param_def *def = &t[i].p->def;
         json_t *e = json_object(), *shape = json_array(), *off = json_array();
-        for (int d = 0; shape && d < def->rank; d++) ok = ok && !json_array_append_new(shape, json_integer(def->shape[d]));
+        for (int d = 0; shape && d < def->rank; d++)
+            ok = ok && !json_array_append_new(shape, json_integer(def->shape[d]));
         end = t[i].begin + (uint64_t)t[i].nel * 4;
         ok = ok && e && shape && off && !json_array_append_new(off, json_integer((json_int_t)t[i].begin)) &&
              !json_array_append_new(off, json_integer((json_int_t)end)) &&
@@ -183,7 +186,7 @@ static sim_status ck_tensor_io(sim_device *d, const mesh_shape *m, const ck_tens
     int L = p->n_layers, sd = def->scan_dim, dev = sim_device_id(d);
     if (!a) return sim_err(SIM_ERR_INTERNAL, "checkpoint: '%s' has no storage", t->name);
     if (!a[0].data) return SIM_OK; /* dry run */
-    if (!write) /* a load writes the shards in place */
+    if (!write)                    /* a load writes the shards in place */
         for (int l = 0; l < p->n_layers; l++) mesh_array_owned(&a[l]);
     /* per-layer geometry, identical for all layers */
     int lrank;
@@ -192,9 +195,10 @@ static sim_status ck_tensor_io(sim_device *d, const mesh_shape *m, const ck_tens
     for (int l = 0; l < L; l++) {
         if (a[l].dtype != SIM_F32 || a[l].rank != lrank || memcmp(a[l].shape, lshape, (size_t)lrank * sizeof *lshape) ||
             !mesh_spec_equal(&a[l].spec, &a[0].spec))
-            return sim_err(SIM_ERR_INTERNAL,
-                           "checkpoint: '%s' layer %d is not a float32 array of the per-layer shape and spec of layer 0",
-                           t->name, l);
+            return sim_err(
+                SIM_ERR_INTERNAL,
+                "checkpoint: '%s' layer %d is not a float32 array of the per-layer shape and spec of layer 0", t->name,
+                l);
     }
     mesh_dim_shard sh[MESH_SPEC_MAX_RANK];
     mesh_spec_shard(&a[0].spec, m, a[0].shape, dev, sh);
@@ -248,8 +252,9 @@ static sim_status ck_tensor_io(sim_device *d, const mesh_shape *m, const ck_tens
     int64_t rows_per_chunk = CK_CHUNK / W > 0 ? CK_CHUNK / W : 1;
     if (rows_per_chunk > rows_per_run) rows_per_chunk = rows_per_run;
     float *buf = malloc((size_t)(rows_per_chunk * W) * sizeof *buf);
-    if (!buf) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for a %lld-element buffer",
-                             (long long)(rows_per_chunk * W));
+    if (!buf)
+        return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for a %lld-element buffer",
+                       (long long)(rows_per_chunk * W));
     /* strides: global stacked, and per-layer local */
     int64_t gstride[MESH_SPEC_MAX_RANK], lstride[MESH_SPEC_MAX_RANK];
     gstride[r - 1] = 1;
@@ -331,7 +336,8 @@ static sim_status ck_create(const char *dir, const char *tmp, const sbuf *h, uin
     if (st == SIM_OK && ftruncate(fd, (off_t)(8 + h->n + data_bytes)) != 0)
         st = sim_err(SIM_ERR_IO, "checkpoint %s: cannot size it to %llu bytes (%s)", tmp,
                      (unsigned long long)(8 + h->n + data_bytes), strerror(errno));
-    if (close(fd) != 0 && st == SIM_OK) st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
+    if (close(fd) != 0 && st == SIM_OK)
+        st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
     return st;
 }
 
@@ -388,7 +394,8 @@ static sim_status ck_finish(const char *dir, const char *tmp, const char *path, 
     if (st == SIM_OK && hd.n != hlen)
         st = sim_err(SIM_ERR_INTERNAL, "checkpoint %s: the header changed length with its checksums", tmp);
     if (st == SIM_OK) st = io_all(fd, hd.s, hd.n, 8, true, tmp);
-    if (st == SIM_OK && fsync(fd) != 0) st = sim_err(SIM_ERR_IO, "checkpoint %s: fsync failed (%s)", tmp, strerror(errno));
+    if (st == SIM_OK && fsync(fd) != 0)
+        st = sim_err(SIM_ERR_IO, "checkpoint %s: fsync failed (%s)", tmp, strerror(errno));
     if (fd >= 0 && close(fd) != 0 && st == SIM_OK)
         st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
     if (st == SIM_OK && rename(tmp, path) != 0)
@@ -441,7 +448,8 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
                              ? "; under mpirun device 0's rank made it: checkpoint_dir must be on a file system every "
                                "rank shares"
                              : "");
-        for (int i = 0; i < nt && st == SIM_OK; i++) st = ck_tensor_io(d, m, &t[i], fd, 8 + h.n + t[i].begin, true, tmp);
+        for (int i = 0; i < nt && st == SIM_OK; i++)
+            st = ck_tensor_io(d, m, &t[i], fd, 8 + h.n + t[i].begin, true, tmp);
         if (fd >= 0 && close(fd) != 0 && st == SIM_OK)
             st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
     }
@@ -449,7 +457,7 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
     if (st == SIM_OK && lead) st = ck_finish(dir, tmp, path, t, nt, step, h.n);
     if (st == SIM_OK) created = false;
     if (st == SIM_OK) st = sim_device_barrier(d); /* nobody returns before the file is in place */
-    if (created) unlink(tmp); /* this save failed somewhere: leave nothing half-written */
+    if (created) unlink(tmp);                     /* this save failed somewhere: leave nothing half-written */
     free(h.s);
     free(t);
     return st;
@@ -490,17 +498,20 @@ static sim_status ck_check_entry(const char *file, const ck_tensor *t, const cfg
     const model_param_def *def = &t->p->def;
     char want[256], got[256];
     if (!e)
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s has no tensor '%s', which the model needs; it was saved from "
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s has no tensor '%s', which the model needs; it was saved from "
                        "another model config%s",
                        file, t->name, t->which ? " or without optimizer state (use load_parameters_path)" : "");
     if (e->kind != CFG_JSON_OBJECT)
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' is a JSON %s, expected an object with dtype, shape "
-                       "and data_offsets", file, t->name, cfg_json_kind_name(e->kind));
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s: tensor '%s' is a JSON %s, expected an object with dtype, shape "
+                       "and data_offsets",
+                       file, t->name, cfg_json_kind_name(e->kind));
     const cfg_json *dt = cfg_json_get(e, "dtype"), *sh = cfg_json_get(e, "shape"),
-                    *off = cfg_json_get(e, "data_offsets");
+                   *off = cfg_json_get(e, "data_offsets");
     if (!dt || dt->kind != CFG_JSON_STRING || strcmp(dt->str, "F32"))
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has dtype %s; shardsim reads F32 only", file,
-                       t->name, dt && dt->kind == CFG_JSON_STRING ? dt->str : "(missing)");
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has dtype %s; shardsim reads F32 only", file, t->name,
+                       dt && dt->kind == CFG_JSON_STRING ? dt->str : "(missing)");
     def_shape_text(def, want, sizeof want);
     bool ok = sh && sh->kind == CFG_JSON_ARRAY && sh->n == def->rank;
     for (int i = 0; ok && i < def->rank; i++) {
@@ -509,14 +520,16 @@ static sim_status ck_check_entry(const char *file, const ck_tensor *t, const cfg
     }
     if (!ok) {
         shape_text(sh, got, sizeof got);
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has shape %s but the model's is %s; the checkpoint "
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s: tensor '%s' has shape %s but the model's is %s; the checkpoint "
                        "was saved from another model config",
                        file, t->name, got, want);
     }
     uint64_t b, en;
     if (!off || off->kind != CFG_JSON_ARRAY || off->n != 2 || !json_uint(&off->items[0], &b) ||
         !json_uint(&off->items[1], &en) || en < b || en - b != (uint64_t)t->nel * 4 || en > data_bytes)
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has bad data_offsets (expected [b, b + %lld] "
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s: tensor '%s' has bad data_offsets (expected [b, b + %lld] "
                        "inside the %llu data bytes); the file is corrupt or truncated",
                        file, t->name, (long long)t->nel * 4, (unsigned long long)data_bytes);
     *begin = b;
@@ -530,17 +543,21 @@ static sim_status ck_read_header(int fd, const char *file, cfg_json **root, uint
     if (fstat(fd, &sb) != 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot stat it (%s)", file, strerror(errno));
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char len[8];
-    if (size < 8) return sim_err(SIM_ERR_INPUT, "checkpoint %s has %llu bytes: too short for a safetensors file", file,
-                                 (unsigned long long)size);
+    if (size < 8)
+        return sim_err(SIM_ERR_INPUT, "checkpoint %s has %llu bytes: too short for a safetensors file", file,
+                       (unsigned long long)size);
     SIM_TRY(io_all(fd, len, 8, 0, false, file));
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | len[i];
     if (n < 2 || n > CK_HEADER_MAX || n > size - 8)
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s: header length %llu does not fit the %llu-byte file; it is not "
-                       "a safetensors file or it is truncated", file, (unsigned long long)n, (unsigned long long)size);
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s: header length %llu does not fit the %llu-byte file; it is not "
+                       "a safetensors file or it is truncated",
+                       file, (unsigned long long)n, (unsigned long long)size);
     char *text = malloc((size_t)n);
-    if (!text) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for a %llu-byte header",
-                              (unsigned long long)n);
+    if (!text)
+        return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory for a %llu-byte header",
+                       (unsigned long long)n);
     sim_status st = io_all(fd, text, (size_t)n, 8, false, file);
     if (st == SIM_OK) st = cfg_json_parse(text, (size_t)n, file, root);
     free(text);
@@ -574,8 +591,10 @@ static long long ck_meta_step(const cfg_json *root)
 
 static sim_status ck_no_step(const char *path)
 {
-    return sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ has no step (\"step\": \"<n>\"), so it cannot resume the "
-                   "full state; give it as load_parameters_path to start from its parameters at step 0", path);
+    return sim_err(SIM_ERR_INPUT,
+                   "checkpoint %s: __metadata__ has no step (\"step\": \"<n>\"), so it cannot resume the "
+                   "full state; give it as load_parameters_path to start from its parameters at step 0",
+                   path);
 }
 
 typedef struct {
@@ -595,8 +614,7 @@ static int span_cmp(const void *x, const void *y)
  * offset: the first starts at 0, each starts where the previous ends, the
  * last ends at the end of the file) — so no two tensors alias and no byte is
  * unaccounted for.  Fills all[i].begin for the entries present. */
-static sim_status ck_check_layout(const char *file, const cfg_json *root, ck_tensor *all, int nall,
-                                  uint64_t data_bytes)
+static sim_status ck_check_layout(const char *file, const cfg_json *root, ck_tensor *all, int nall, uint64_t data_bytes)
 {
     ck_span *sp = calloc((size_t)root->n + 1, sizeof *sp);
     if (!sp) return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
@@ -613,8 +631,10 @@ static sim_status ck_check_layout(const char *file, const cfg_json *root, ck_ten
         int j = 0;
         while (j < nall && strcmp(all[j].name, key)) j++;
         if (j == nall) {
-            st = sim_err(SIM_ERR_INPUT, "checkpoint %s holds tensor '%s', which the model does not have; it was saved "
-                         "from another model config", file, key);
+            st = sim_err(SIM_ERR_INPUT,
+                         "checkpoint %s holds tensor '%s', which the model does not have; it was saved "
+                         "from another model config",
+                         file, key);
             break;
         }
         uint64_t begin = 0;
@@ -627,14 +647,17 @@ static sim_status ck_check_layout(const char *file, const cfg_json *root, ck_ten
         uint64_t at = 0;
         for (int i = 0; st == SIM_OK && i < ns; i++) {
             if (sp[i].b != at)
-                st = sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' starts at data offset %llu, but %s ends at %llu: "
+                st = sim_err(SIM_ERR_INPUT,
+                             "checkpoint %s: tensor '%s' starts at data offset %llu, but %s ends at %llu: "
                              "tensors %s; the file is corrupt",
-                             file, sp[i].name, (unsigned long long)sp[i].b, i ? sp[i - 1].name : "the data section start",
-                             (unsigned long long)at, sp[i].b < at ? "overlap" : "leave a gap");
+                             file, sp[i].name, (unsigned long long)sp[i].b,
+                             i ? sp[i - 1].name : "the data section start", (unsigned long long)at,
+                             sp[i].b < at ? "overlap" : "leave a gap");
             at = sp[i].e;
         }
         if (st == SIM_OK && at != data_bytes)
-            st = sim_err(SIM_ERR_INPUT, "checkpoint %s: the tensors end at data offset %llu but the data section has %llu "
+            st = sim_err(SIM_ERR_INPUT,
+                         "checkpoint %s: the tensors end at data offset %llu but the data section has %llu "
                          "bytes; the file is corrupt or has trailing bytes",
                          file, (unsigned long long)at, (unsigned long long)data_bytes);
     }
@@ -657,8 +680,10 @@ static sim_status ck_verify_data(int fd, const char *file, const cfg_json *root,
         ck_sum_key(all[i].name, key, sizeof key);
         const cfg_json *sv = md ? cfg_json_get(md, key) : NULL;
         if (!sv || sv->kind != CFG_JSON_STRING) {
-            st = sim_err(SIM_ERR_INPUT, "checkpoint %s: __metadata__ has no checksum for tensor '%s' (\"%s\"); the file "
-                         "was not written by a complete shardsim save: save it again", file, all[i].name, key);
+            st = sim_err(SIM_ERR_INPUT,
+                         "checkpoint %s: __metadata__ has no checksum for tensor '%s' (\"%s\"); the file "
+                         "was not written by a complete shardsim save: save it again",
+                         file, all[i].name, key);
             break;
         }
         uint64_t h = FNV_START, left = (uint64_t)all[i].nel * 4, off = 8 + hlen + all[i].begin, el = 0;
@@ -669,16 +694,19 @@ static sim_status ck_verify_data(int fd, const char *file, const cfg_json *root,
             const float *f = (const float *)buf;
             for (size_t q = 0; st == SIM_OK && q < k / 4; q++, el++)
                 if (!isfinite(f[q]))
-                    st = sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' holds %s at element %llu; the run that "
-                                 "saved it diverged: load an earlier checkpoint", file, all[i].name,
-                                 isnan(f[q]) ? "NaN" : "an infinity", (unsigned long long)el);
+                    st = sim_err(SIM_ERR_INPUT,
+                                 "checkpoint %s: tensor '%s' holds %s at element %llu; the run that "
+                                 "saved it diverged: load an earlier checkpoint",
+                                 file, all[i].name, isnan(f[q]) ? "NaN" : "an infinity", (unsigned long long)el);
             off += k;
             left -= k;
         }
         ck_sum_text(h, want, sizeof want);
         if (st == SIM_OK && strcmp(sv->str, want))
-            st = sim_err(SIM_ERR_INPUT, "checkpoint %s: tensor '%s' has checksum %s but its data hashes to %s; the file "
-                         "is corrupt: load another checkpoint", file, all[i].name, sv->str, want);
+            st = sim_err(SIM_ERR_INPUT,
+                         "checkpoint %s: tensor '%s' has checksum %s but its data hashes to %s; the file "
+                         "is corrupt: load another checkpoint",
+                         file, all[i].name, sv->str, want);
     }
     free(buf);
     return st;
@@ -717,8 +745,8 @@ static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char
     return st;
 }
 
-sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params,
-                                 int n, bool opt_state, long long *step)
+sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params, int n,
+                                 bool opt_state, long long *step)
 {
     SIM_ASSERT(little_endian());
     if (opt_state)
@@ -729,8 +757,10 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
                                    params[i].def.path, k);
     size_t plen = strlen(path);
     if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s is the temporary file of a save that did not finish; it is never "
-                       "loaded: give the step_<n>.safetensors file", path);
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s is the temporary file of a save that did not finish; it is never "
+                       "loaded: give the step_<n>.safetensors file",
+                       path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
     sim_status st = ck_load_checked(d, m, path, fd, params, n, opt_state, step);
@@ -744,8 +774,10 @@ sim_status model_checkpoint_step(const char *path, long long *step)
 {
     size_t plen = strlen(path);
     if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
-        return sim_err(SIM_ERR_INPUT, "checkpoint %s is the temporary file of a save that did not finish; it is never "
-                       "loaded: give the step_<n>.safetensors file", path);
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s is the temporary file of a save that did not finish; it is never "
+                       "loaded: give the step_<n>.safetensors file",
+                       path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
     cfg_json *root = NULL;
@@ -795,11 +827,14 @@ sim_status model_checkpoint_latest(const char *dir, char *path, size_t cap, long
     long long held;
     sim_status st = model_checkpoint_step(path, &held);
     if (st == SIM_OK && held != best)
-        st = sim_err(SIM_ERR_INPUT, "checkpoint %s is named step %lld but its __metadata__ says step %lld; it was "
-                     "renamed or not written by shardsim: move it out of checkpoint_dir", path, best, held);
+        st = sim_err(SIM_ERR_INPUT,
+                     "checkpoint %s is named step %lld but its __metadata__ says step %lld; it was "
+                     "renamed or not written by shardsim: move it out of checkpoint_dir",
+                     path, best, held);
     if (st != SIM_OK) {
         sim_err_append("; it is the latest checkpoint of checkpoint_dir=%s, which this run would resume from (set "
-                       "enable_checkpointing=false or another checkpoint_dir to start over)", dir);
+                       "enable_checkpointing=false or another checkpoint_dir to start over)",
+                       dir);
         return st;
     }
     *step = best;

@@ -55,8 +55,8 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
  * written by model_checkpoint_save under any mesh.  Tensors the file holds
  * under "params." that the model does not have are an error; opt_state
  * tensors are ignored unless asked for. */
-sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params,
-                                 int n, bool opt_state, long long *step);
+sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params, int n,
+                                 bool opt_state, long long *step);
 
 /* The step a checkpoint was saved after (its header's "step"; a resume
  * trains from the next one); an error when the file is no checkpoint or has

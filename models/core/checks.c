@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const TARGET_AXES[] = {"fsdp",   "fsdp_transpose",  "sequence", "context", "context_usp_ulysses",
-                                          "context_autoregressive", "tensor", "tensor_sequence", "stage", "expert"};
+static const char *const TARGET_AXES[] = {
+    "fsdp",   "fsdp_transpose",  "sequence", "context", "context_usp_ulysses", "context_autoregressive",
+    "tensor", "tensor_sequence", "stage",    "expert"};
 enum { NTARGET = sizeof TARGET_AXES / sizeof TARGET_AXES[0] };
 
 /* Bitmask of the mesh axes the check looks at (present with more than one device). */
@@ -73,10 +74,8 @@ static void spec_tuple(const mesh_spec *s, const mesh_shape *mesh, char *buf, in
     int o = snprintf(buf, (size_t)cap, "(");
     for (int d = 0; d < s->rank && o < cap; d++) {
         if (d) o += snprintf(buf + o, (size_t)(cap - o), ", ");
-        if (s->n_axes[d] == 0)
-            o += snprintf(buf + o, (size_t)(cap - o), "None");
-        else if (s->n_axes[d] == 1)
-            o += snprintf(buf + o, (size_t)(cap - o), "'%s'", mesh->names[s->axes[d][0]]);
+        if (s->n_axes[d] == 0) o += snprintf(buf + o, (size_t)(cap - o), "None");
+        else if (s->n_axes[d] == 1) o += snprintf(buf + o, (size_t)(cap - o), "'%s'", mesh->names[s->axes[d][0]]);
         else {
             o += snprintf(buf + o, (size_t)(cap - o), "(");
             for (int k = 0; k < s->n_axes[d] && o < cap; k++)
@@ -90,7 +89,8 @@ static void spec_tuple(const mesh_spec *s, const mesh_shape *mesh, char *buf, in
 static void shape_text(const char *dtype, int rank, const int64_t *shape, char *buf, int cap)
 {
     int o = snprintf(buf, (size_t)cap, "%s[", dtype);
-    for (int d = 0; d < rank && o < cap; d++) o += snprintf(buf + o, (size_t)(cap - o), "%s%lld", d ? "," : "", (long long)shape[d]);
+    for (int d = 0; d < rank && o < cap; d++)
+        o += snprintf(buf + o, (size_t)(cap - o), "%s%lld", d ? "," : "", (long long)shape[d]);
     if (o < cap) snprintf(buf + o, (size_t)(cap - o), "]");
 }
 
@@ -126,7 +126,8 @@ sim_status model_check_sharding_tolerance(const model_def *m, double tolerance)
         shape_text("float32", m->defs[i].rank, m->defs[i].shape, shape, sizeof shape);
         spec_tuple(&m->unpruned[i], &m->mesh, spec, sizeof spec);
         axes_list(&m->mesh, t & ~mesh_spec_dim_axes(&m->unpruned[i]), miss, sizeof miss);
-        o += (size_t)snprintf(msg + o, cap - o, "\n - Name: %s(Size: %lld, Shape: %s, Spec: P%s)  is unsharded on axis: %s "
+        o += (size_t)snprintf(msg + o, cap - o,
+                              "\n - Name: %s(Size: %lld, Shape: %s, Spec: P%s)  is unsharded on axis: %s "
                               "could be sharded on: %s",
                               m->defs[i].path, (long long)elems(&m->defs[i]), shape, spec, miss, avail);
     }
@@ -170,15 +171,13 @@ void model_print_shardings(const model_def *m, const char *dtype, FILE *f)
         const model_act *act = &m->acts[i];
         shape_text(dtype, act->rank, act->shape, shape, sizeof shape);
         char logical[400];
-        if (!act->logical_known)
-            snprintf(logical, sizeof logical, "Unknown");
+        if (!act->logical_known) snprintf(logical, sizeof logical, "Unknown");
         else {
             int o = snprintf(logical, sizeof logical, "(");
             for (int d = 0; d < act->rank && o < (int)sizeof logical; d++) {
                 if (act->logical[d][0])
                     o += snprintf(logical + o, sizeof logical - (size_t)o, "%s'%s'", d ? ", " : "", act->logical[d]);
-                else
-                    o += snprintf(logical + o, sizeof logical - (size_t)o, "%sNone", d ? ", " : "");
+                else o += snprintf(logical + o, sizeof logical - (size_t)o, "%sNone", d ? ", " : "");
             }
             if (o < (int)sizeof logical) snprintf(logical + o, sizeof logical - (size_t)o, act->rank == 1 ? ",)" : ")");
         }

@@ -74,8 +74,7 @@ sim_status model_data_open(model_data *d, model_data_type type, int64_t vocab, i
         return sim_err(SIM_ERR_INPUT, "dataset_path is longer than %d characters", MODEL_DATA_PATH_MAX - 1);
     snprintf(d->path, sizeof d->path, "%s", path);
     d->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (d->fd < 0)
-        return sim_err(SIM_ERR_IO, "dataset_path=%s: cannot open it (%s)", path, strerror(errno));
+    if (d->fd < 0) return sim_err(SIM_ERR_IO, "dataset_path=%s: cannot open it (%s)", path, strerror(errno));
     struct stat st;
     if (fstat(d->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         model_data_close(d);
@@ -126,8 +125,7 @@ static void synthetic_row(const model_data *d, int64_t step, int64_t r, int32_t 
     }
 }
 
-static sim_status text_row(const model_data *d, int64_t step, int64_t rows, int64_t r, unsigned char *buf,
-                           int32_t *row)
+static sim_status text_row(const model_data *d, int64_t step, int64_t rows, int64_t r, unsigned char *buf, int32_t *row)
 {
     uint64_t m = (uint64_t)(d->file_size - d->seq - 1);
     uint64_t k = (mulmod((uint64_t)step % m, (uint64_t)rows % m, m) + (uint64_t)r % m) % m; /* (s*B + r) mod m */
@@ -145,8 +143,8 @@ static sim_status text_row(const model_data *d, int64_t step, int64_t rows, int6
     return SIM_OK;
 }
 
-sim_status model_batch_global(const model_data *d, int64_t step, int64_t rows, int32_t *inputs,
-                              int32_t *targets, int32_t *positions)
+sim_status model_batch_global(const model_data *d, int64_t step, int64_t rows, int32_t *inputs, int32_t *targets,
+                              int32_t *positions)
 {
     if (step < 0) return sim_err(SIM_ERR_INTERNAL, "batch of step %lld: steps count from 0", (long long)step);
     int64_t T = d->seq;
@@ -159,10 +157,8 @@ sim_status model_batch_global(const model_data *d, int64_t step, int64_t rows, i
     }
     sim_status st = SIM_OK;
     for (int64_t r = 0; r < rows && st == SIM_OK; r++) {
-        if (d->type == MODEL_DATA_SYNTHETIC)
-            synthetic_row(d, step, r, row);
-        else
-            st = text_row(d, step, rows, r, buf, row);
+        if (d->type == MODEL_DATA_SYNTHETIC) synthetic_row(d, step, r, row);
+        else st = text_row(d, step, rows, r, buf, row);
         if (st != SIM_OK) break;
         if (inputs) memcpy(inputs + r * T, row, (size_t)T * sizeof *row);
         if (targets) memcpy(targets + r * T, row + 1, (size_t)T * sizeof *row);
@@ -174,8 +170,7 @@ sim_status model_batch_global(const model_data *d, int64_t step, int64_t rows, i
     return st;
 }
 
-sim_status model_batch_rows(int num_devices, double per_device_batch_size, int64_t *rows_loaded,
-                            int64_t *rows_trained)
+sim_status model_batch_rows(int num_devices, double per_device_batch_size, int64_t *rows_loaded, int64_t *rows_trained)
 {
     /* Python's int(num_devices * pdbs): the double product, truncated */
     double prod = (double)num_devices * per_device_batch_size;

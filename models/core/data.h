@@ -34,14 +34,14 @@ enum { MODEL_DATA_PATH_MAX = 4096, MODEL_SYNTHETIC_VOCAB_MAX = 256 };
 
 typedef struct {
     model_data_type type;
-    int64_t vocab;                    /* vocab_size */
-    int64_t seq;                      /* T = max_target_length */
-    uint64_t seed;                    /* data_shuffle_seed */
-    char path[MODEL_DATA_PATH_MAX];   /* dataset_path (text) */
-    int fd;                           /* open file (text), else -1 */
-    int64_t file_size;                /* bytes of the file (text) */
-    int64_t syn_vocab;                /* Vs: tokens the synthetic pattern uses */
-    int64_t syn_a, syn_c;             /* synthetic x[t+1] = (a x[t] + c) mod Vs */
+    int64_t vocab;                  /* vocab_size */
+    int64_t seq;                    /* T = max_target_length */
+    uint64_t seed;                  /* data_shuffle_seed */
+    char path[MODEL_DATA_PATH_MAX]; /* dataset_path (text) */
+    int fd;                         /* open file (text), else -1 */
+    int64_t file_size;              /* bytes of the file (text) */
+    int64_t syn_vocab;              /* Vs: tokens the synthetic pattern uses */
+    int64_t syn_a, syn_c;           /* synthetic x[t+1] = (a x[t] + c) mod Vs */
 } model_data;
 
 /* Opens a stream from explicit settings (path is used for text only). */
@@ -53,15 +53,14 @@ void model_data_close(model_data *d);
 
 /* The global batch of step `step`, `rows` rows of T tokens each, row-major
  * (rows, T): inputs, targets, positions (any may be NULL). */
-sim_status model_batch_global(const model_data *d, int64_t step, int64_t rows, int32_t *inputs,
-                              int32_t *targets, int32_t *positions);
+sim_status model_batch_global(const model_data *d, int64_t step, int64_t rows, int32_t *inputs, int32_t *targets,
+                              int32_t *positions);
 
 /* MaxText's batch sizes (types.py calculate_global_batch_sizes) for one
  * microbatch: rows_trained = int(num_devices * pdbs); rows_loaded = that for
  * pdbs >= 1, num_devices for pdbs < 1 (loaded as if pdbs = 1, then only the
  * first rows_trained rows are used).  Error when rows_trained < 1. */
-sim_status model_batch_rows(int num_devices, double per_device_batch_size, int64_t *rows_loaded,
-                            int64_t *rows_trained);
+sim_status model_batch_rows(int num_devices, double per_device_batch_size, int64_t *rows_loaded, int64_t *rows_trained);
 
 /* Context-parallel load balancing of every row of rows (B, T): the sequence
  * is cut into 2*cp chunks and rearranged so that the contiguous shard d of

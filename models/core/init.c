@@ -37,7 +37,8 @@ const char *model_init_layer_name(const char *path, int layer, char *buf, size_t
         int k = (int)sizeof digits - 1;
         digits[k] = '\0';
         unsigned v = (unsigned)layer;
-        do digits[--k] = (char)('0' + v % 10); while ((v /= 10) && k > 0);
+        do digits[--k] = (char)('0' + v % 10);
+        while ((v /= 10) && k > 0);
         sim_str_put(buf, cap, sim_str_put(buf, cap, n, "/layer_", 7), digits + k, SIZE_MAX);
     }
     return buf;
@@ -147,24 +148,18 @@ static void fill_trunc_normal(float *out, uint64_t key, int64_t first, int64_t n
     }
 }
 
-void model_init_range(float *out, int64_t first, int64_t n, const char *name, model_init_kind kind,
-                      double scale, uint64_t seed)
+void model_init_range(float *out, int64_t first, int64_t n, const char *name, model_init_kind kind, double scale,
+                      uint64_t seed)
 {
     if (n <= 0) return;
     pthread_once(&zig_once, zig_init);
     switch (kind) {
-    case MODEL_INIT_ZEROS:
-        memset(out, 0, (size_t)n * sizeof *out);
-        return;
+    case MODEL_INIT_ZEROS: memset(out, 0, (size_t)n * sizeof *out); return;
     case MODEL_INIT_ONES:
         for (int64_t i = 0; i < n; i++) out[i] = 1.0f;
         return;
-    case MODEL_INIT_NORMAL:
-        fill_normal(out, model_init_key(seed, name), first, n, scale);
-        return;
-    case MODEL_INIT_TRUNC_NORMAL:
-        fill_trunc_normal(out, model_init_key(seed, name), first, n, scale);
-        return;
+    case MODEL_INIT_NORMAL: fill_normal(out, model_init_key(seed, name), first, n, scale); return;
+    case MODEL_INIT_TRUNC_NORMAL: fill_trunc_normal(out, model_init_key(seed, name), first, n, scale); return;
     }
     SIM_ASSERT(!"unknown model_init_kind");
 }
@@ -174,8 +169,8 @@ void model_init_global(float *out, int64_t n, const char *name, model_init_kind 
     model_init_range(out, 0, n, name, kind, scale, seed);
 }
 
-sim_status model_init_fill(sim_device *d, const mesh_shape *m, mesh_array *a, const char *name,
-                           model_init_kind kind, double scale, uint64_t seed)
+sim_status model_init_fill(sim_device *d, const mesh_shape *m, mesh_array *a, const char *name, model_init_kind kind,
+                           double scale, uint64_t seed)
 {
     if (a->dtype != SIM_F32)
         return sim_err(SIM_ERR_INTERNAL, "init of '%s': dtype %s is not supported (float32 only)", name,
@@ -255,10 +250,8 @@ sim_status model_init_fill_stacked(sim_device *d, const mesh_shape *m, const mod
         int64_t g = 0, layer = 0;
         for (int i = 0; i < rank; i++) {
             int64_t gi = sh[i].offset + idx[i];
-            if (i == sd)
-                layer = model_param_stack_layer(m, p, gi); /* stage-major when pipelined */
-            else
-                g += gi * stride[i];
+            if (i == sd) layer = model_param_stack_layer(m, p, gi); /* stage-major when pipelined */
+            else g += gi * stride[i];
         }
         model_init_layer_name(def->path, (int)layer, name, sizeof name);
         model_init_range(x + e, g, run, name, def->init, def->scale, seed);

@@ -40,17 +40,16 @@ const char *model_init_layer_name(const char *path, int layer, char *buf, size_t
 uint64_t model_init_key(uint64_t seed, const char *name);
 
 /* Host side: fills out[0..n) with global elements first .. first+n-1 of tensor `name`. */
-void model_init_range(float *out, int64_t first, int64_t n, const char *name, model_init_kind kind,
-                      double scale, uint64_t seed);
+void model_init_range(float *out, int64_t first, int64_t n, const char *name, model_init_kind kind, double scale,
+                      uint64_t seed);
 /* Host side: the whole global tensor of n elements (row-major). */
-void model_init_global(float *out, int64_t n, const char *name, model_init_kind kind, double scale,
-                       uint64_t seed);
+void model_init_global(float *out, int64_t n, const char *name, model_init_kind kind, double scale, uint64_t seed);
 
 /* Fills this device's shard of `a` (float32) from the global indices of its
  * elements.  Partial axes: devices off coordinate 0 on them hold zeros.  In
  * dry run nothing is written. */
-sim_status model_init_fill(sim_device *d, const mesh_shape *m, mesh_array *a, const char *name,
-                           model_init_kind kind, double scale, uint64_t seed);
+sim_status model_init_fill(sim_device *d, const mesh_shape *m, mesh_array *a, const char *name, model_init_kind kind,
+                           double scale, uint64_t seed);
 
 /* Fills w[l] of every parameter from its def (init kind, scale), layer l of a
  * scanned parameter under model_init_layer_name(path, l). */

@@ -79,15 +79,16 @@ static sim_status attention_kernel(const cfg_config *cfg, model_dims *d)
      * kernels set what the step-time model costs (tokamax's splash has the fused backward only) */
     memset(&d->splash, 0, sizeof d->splash);
     if (!d->attn_dot && h == 0) {
-        static const char *const keys[] = {"sa_block_q", "sa_block_kv", "sa_block_q_dkv",
+        static const char *const keys[] = {"sa_block_q",      "sa_block_kv",   "sa_block_q_dkv",
                                            "sa_block_kv_dkv", "sa_block_q_dq", "sa_block_kv_dq"};
-        int64_t *dst[] = {&d->splash.q, &d->splash.kv, &d->splash.q_dkv, &d->splash.kv_dkv, &d->splash.q_dq,
-                          &d->splash.kv_dq};
+        int64_t *dst[] = {&d->splash.q,      &d->splash.kv,   &d->splash.q_dkv,
+                          &d->splash.kv_dkv, &d->splash.q_dq, &d->splash.kv_dq};
         for (int i = 0; i < 6; i++) {
             SIM_TRY(model_cfg_i64(cfg, keys[i], dst[i]));
             if (*dst[i] <= 0)
-                return sim_err(SIM_ERR_INPUT, "%s=%lld: expected a block size > 0; set a positive size (MaxText's default is 512)", keys[i],
-                               (long long)*dst[i]);
+                return sim_err(SIM_ERR_INPUT,
+                               "%s=%lld: expected a block size > 0; set a positive size (MaxText's default is 512)",
+                               keys[i], (long long)*dst[i]);
         }
         bool fused, tokamax;
         SIM_TRY(model_cfg_bool(cfg, "sa_use_fused_bwd_kernel", &fused));
@@ -181,10 +182,30 @@ static sim_status parameter_scale(const cfg_config *cfg, model_dims *d)
 /* ------------------------------------------------------------ remat policies */
 
 static const char *const CKPT_NAMES[MODEL_CKPT_N] = {
-    "query_proj", "key_proj",   "value_proj",    "kv_proj",     "qkv_proj",           "out_proj",
-    "mlpwi",      "mlpwi_0",    "mlpwi_1",       "mlpwo",       "context",            "attention_out",
-    "query_wa_proj", "kv_wa_proj", "mla_q",      "mla_kv",      "decoder_layer_input", "moe_mlpwi_0",
-    "moe_mlpwi_1", "moe_mlpwo", "moe_x_sorted",  "moe_routing_maps", "indexer_cutoff_threshold", "engram",
+    "query_proj",
+    "key_proj",
+    "value_proj",
+    "kv_proj",
+    "qkv_proj",
+    "out_proj",
+    "mlpwi",
+    "mlpwi_0",
+    "mlpwi_1",
+    "mlpwo",
+    "context",
+    "attention_out",
+    "query_wa_proj",
+    "kv_wa_proj",
+    "mla_q",
+    "mla_kv",
+    "decoder_layer_input",
+    "moe_mlpwi_0",
+    "moe_mlpwi_1",
+    "moe_mlpwo",
+    "moe_x_sorted",
+    "moe_routing_maps",
+    "indexer_cutoff_threshold",
+    "engram",
 };
 
 const char *model_ckpt_name_str(model_ckpt_name n) { return n >= 0 && n < MODEL_CKPT_N ? CKPT_NAMES[n] : "?"; }
@@ -238,8 +259,8 @@ static sim_status counted_dtypes_from_config(const cfg_config *cfg, model_dims *
         *out[k] = dts[ix];
     }
     /* where the compiler of the selected hardware profile moves MaxText's cast (configs/hardware/) */
-    SIM_TRY(model_hw_wire_dtypes(cfg, d->act_dtype, d->weight_dtype, &d->gather_dtype,
-                                 &d->reduce_dtype, d->wire_rule, sizeof d->wire_rule));
+    SIM_TRY(model_hw_wire_dtypes(cfg, d->act_dtype, d->weight_dtype, &d->gather_dtype, &d->reduce_dtype, d->wire_rule,
+                                 sizeof d->wire_rule));
     SIM_TRY(model_hw_xla_rules(cfg, d->act_dtype, d->weight_dtype, &d->xla));
     SIM_TRY(model_cfg_bool(cfg, "logits_dot_in_fp32", &d->logits_dot_fp32));
     SIM_TRY(model_cfg_bool(cfg, "cast_logits_to_fp32", &d->logits_cast_fp32));
@@ -276,17 +297,17 @@ static sim_status remat_policy_from_config(const cfg_config *cfg, model_dims *d)
     for (size_t i = 0; i < sizeof POLICIES / sizeof POLICIES[0]; i++)
         if (!strcmp(p, POLICIES[i].name)) {
             for (int n = 0; n < MODEL_CKPT_N; n++)
-                d->ckpt[n] = POLICIES[i].device >> n & 1 ? MODEL_CKPT_DEVICE
+                d->ckpt[n] = POLICIES[i].device >> n & 1    ? MODEL_CKPT_DEVICE
                              : POLICIES[i].offload >> n & 1 ? MODEL_CKPT_OFFLOAD
-                                                             : MODEL_CKPT_REMAT;
+                                                            : MODEL_CKPT_REMAT;
             return SIM_OK;
         }
     char list[1024];
     size_t o = 0;
     for (size_t i = 0; i < sizeof POLICIES / sizeof POLICIES[0]; i++)
         o += (size_t)snprintf(list + o, sizeof list - o, "%s, ", POLICIES[i].name);
-    return sim_err(SIM_ERR_INPUT, "remat_policy='%s': MaxText's policies are %scustom (with the per-tensor keys) and none",
-                   p, list);
+    return sim_err(SIM_ERR_INPUT,
+                   "remat_policy='%s': MaxText's policies are %scustom (with the per-tensor keys) and none", p, list);
 }
 
 /* param_scan_axis: MaxText's scan stacks every layer weight along this axis (the definitions
@@ -406,12 +427,13 @@ static sim_status pipeline_setup(model_def *m, const cfg_config *cfg)
         for (int k = 0; k < 4; k++) allowed |= !strcmp(ru->name, may_use_stage[k]);
         for (int a = 0; a < ru->n_axes && !allowed; a++)
             if (!strcmp(ru->axes[a], "stage"))
-                return sim_err(SIM_ERR_INPUT,
-                               "logical_axis_rules: the rule for '%s'%s%s maps to 'stage', which the pipeline owns "
-                               "(ici_pipeline_parallelism=%lld); only activation_stage, layers and the embedding/logits "
-                               "batch may use it — drop 'stage' from that rule",
-                               ru->name, ru->where && *ru->where ? " at " : "", ru->where ? ru->where : "",
-                               (long long)d->pipe.stages);
+                return sim_err(
+                    SIM_ERR_INPUT,
+                    "logical_axis_rules: the rule for '%s'%s%s maps to 'stage', which the pipeline owns "
+                    "(ici_pipeline_parallelism=%lld); only activation_stage, layers and the embedding/logits "
+                    "batch may use it — drop 'stage' from that rule",
+                    ru->name, ru->where && *ru->where ? " at " : "", ru->where ? ru->where : "",
+                    (long long)d->pipe.stages);
     }
     return SIM_OK;
 }
@@ -439,21 +461,23 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
     SIM_TRY(model_cfg_i64(cfg, "base_num_decoder_layers", &d->layers));
     SIM_TRY(model_cfg_i64(cfg, "max_target_length", &d->seq));
     SIM_TRY(parameter_scale(cfg, d));
-    static const char *const pk[] = {"vocab_size", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
-                                     "head_dim", "base_mlp_dim", "base_num_decoder_layers", "max_target_length"};
+    static const char *const pk[] = {"vocab_size", "base_emb_dim", "base_num_query_heads",    "base_num_kv_heads",
+                                     "head_dim",   "base_mlp_dim", "base_num_decoder_layers", "max_target_length"};
     int64_t pv[] = {d->vocab, d->emb, d->q_heads, d->kv_heads, d->head_dim, d->mlp, d->layers, d->seq};
     for (int i = 0; i < 8; i++) SIM_TRY(positive(pk[i], pv[i]));
     if (d->q_heads % d->kv_heads)
         return sim_err(SIM_ERR_INPUT, "base_num_query_heads=%lld is not a multiple of base_num_kv_heads=%lld",
                        (long long)d->q_heads, (long long)d->kv_heads);
-    if (d->head_dim % 2) return sim_err(SIM_ERR_INPUT, "head_dim=%lld: RoPE needs an even head_dim", (long long)d->head_dim);
+    if (d->head_dim % 2)
+        return sim_err(SIM_ERR_INPUT, "head_dim=%lld: RoPE needs an even head_dim", (long long)d->head_dim);
     SIM_TRY(cfg_get_double(cfg, "normalization_layer_epsilon", &d->eps));
     SIM_TRY(cfg_get_double(cfg, "z_loss_multiplier", &d->z_loss));
     SIM_TRY(cfg_get_double(cfg, "rope_max_timescale", &d->rope_theta));
     SIM_TRY(cfg_get_double(cfg, "rope_min_timescale", &d->rope_min));
     SIM_TRY(cfg_get_double(cfg, "rope_linear_scaling_factor", &d->rope_linear));
     if (!(d->rope_linear > 0))
-        return sim_err(SIM_ERR_INPUT, "rope_linear_scaling_factor=%g: must be positive (1 = no scaling)", d->rope_linear);
+        return sim_err(SIM_ERR_INPUT, "rope_linear_scaling_factor=%g: must be positive (1 = no scaling)",
+                       d->rope_linear);
     /* MaxText's Attention.init_rotary_embedding (attentions.py) picks LLaMARotaryEmbedding by the
      * model's name before it reads rope_type: every llama3.1* name (llama3.1-8b, -70b, -405b and
      * their -Instruct names) and rope_type=llama3.1 rotate with Llama 3.1's scaled RoPE. */
@@ -466,9 +490,10 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
     SIM_TRY(cfg_get_double(cfg, "final_logits_soft_cap", &d->final_soft_cap));
     SIM_TRY(cfg_get_double(cfg, "attn_logits_soft_cap", &d->attn_soft_cap));
     if (d->final_soft_cap < 0 || d->attn_soft_cap < 0)
-        return sim_err(SIM_ERR_INPUT,
-                       "final_logits_soft_cap=%g, attn_logits_soft_cap=%g: a soft cap is a positive bound, or 0 for none",
-                       d->final_soft_cap, d->attn_soft_cap);
+        return sim_err(
+            SIM_ERR_INPUT,
+            "final_logits_soft_cap=%g, attn_logits_soft_cap=%g: a soft cap is a positive bound, or 0 for none",
+            d->final_soft_cap, d->attn_soft_cap);
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
     SIM_TRY(model_cfg_bool(cfg, "fused_mlp", &d->fused_mlp));
     SIM_TRY(model_cfg_bool(cfg, "fused_qkv", &d->fused_qkv));
@@ -481,8 +506,9 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
     SIM_TRY(remat_policy_from_config(cfg, d));
     SIM_TRY(attention_kernel(cfg, d));
     if (d->attn_soft_cap > 0 && d->attn_dot)
-        return sim_err(SIM_ERR_INPUT, "attn_logits_soft_cap=%g with the dot-product attention kernel is not simulated "
-                                      "(attention=%s selects it here); use attention=flash",
+        return sim_err(SIM_ERR_INPUT,
+                       "attn_logits_soft_cap=%g with the dot-product attention kernel is not simulated "
+                       "(attention=%s selects it here); use attention=flash",
                        d->attn_soft_cap, "dot_product or autoselected");
     static const char *const modes[] = {"auto", "explicit"};
     int md;
@@ -557,11 +583,11 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
             unscanned |= m->defs[i].unscanned;
             moved_axis |= m->defs[i].scan_dim >= 0 && m->defs[i].scan_dim != 1 && !m->defs[i].state_var;
         }
-        const char *what = d->dropout > 0                                      ? "enable_dropout with dropout_rate > 0"
-                           : d->fused_mlp                                      ? "fused_mlp=true"
-                           : unscanned                                         ? "scan_layers=false"
-                           : moved_axis                                        ? "param_scan_axis other than 1"
-                                                                               : NULL;
+        const char *what = d->dropout > 0 ? "enable_dropout with dropout_rate > 0"
+                           : d->fused_mlp ? "fused_mlp=true"
+                           : unscanned    ? "scan_layers=false"
+                           : moved_axis   ? "param_scan_axis other than 1"
+                                          : NULL;
         if (!what && d->family->pipeline_unsimulated) what = d->family->pipeline_unsimulated(m);
         if (!what && strcmp(d->remat_policy, "full") && strcmp(d->remat_policy, "none")) what = "this remat_policy";
         if (what)
@@ -585,10 +611,8 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
         m->opt_spec[i] = m->spec[i];
         m->opt_unpruned[i] = m->unpruned[i];
         if (d->zero1 && !pd->state_var) { /* a state variable has no optimizer state to shard */
-            if (d->pipe.on && model_param_pipelined(m, i))
-                SIM_TRY(model_pipe_zero1_spec(m, i, &m->opt_unpruned[i]));
-            else
-                model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
+            if (d->pipe.on && model_param_pipelined(m, i)) SIM_TRY(model_pipe_zero1_spec(m, i, &m->opt_unpruned[i]));
+            else model_zero1_spec(&m->mesh, pd->rank, pd->shape, &m->unpruned[i], &m->opt_unpruned[i]);
             m->opt_spec[i] = m->opt_unpruned[i];
             mesh_spec_drop_size_one(&m->opt_spec[i], &m->mesh);
         }
@@ -712,8 +736,8 @@ static sim_status zero1_state_new(model_dev *md, int i)
         char name[MESH_NAME_MAX];
         snprintf(name, sizeof name, "%s%s", z->def.path, b ? " (adam)" : " (zero1)");
         *bufs[b] = calloc(1, sizeof(mesh_array));
-        SIM_TRY(mesh_array_new(md->ctx.dev, &def->mesh, name, z->def.rank, z->def.shape, &z->spec, SIM_F32, cat,
-                               *bufs[b]));
+        SIM_TRY(
+            mesh_array_new(md->ctx.dev, &def->mesh, name, z->def.rank, z->def.shape, &z->spec, SIM_F32, cat, *bufs[b]));
     }
     model_param p = md->p[i]; /* the per-layer init names */
     return model_init_fill_stacked(md->ctx.dev, &def->mesh, &p, z->w, def->d.seed);
@@ -765,7 +789,10 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
             for (int l = 0; l < p->n_layers; l++) {
                 char name[MESH_NAME_MAX];
                 sim_str_put(name, sizeof name, sim_str_put(name, sizeof name, 0, p->def.path, SIZE_MAX),
-                            b == 1 ? " (grad)" : b >= 2 ? " (adam)" : "", SIZE_MAX);
+                            b == 1   ? " (grad)"
+                            : b >= 2 ? " (adam)"
+                                     : "",
+                            SIZE_MAX);
                 mesh_array *a = &(*bufs[b])[l];
                 if (stacked && !model_holds_layer(def, sim_device_id(dev), l)) {
                     /* another stage's layer: described, never stored here (no data, no bytes) */
@@ -782,10 +809,9 @@ sim_status model_dev_init(model_dev *md, const model_def *def, sim_device *dev, 
                  * all-gather and the accumulation loop, so the working copy, the per-microbatch
                  * gradients and their accumulator are in dtype (facts-2 §D) */
                 if (md->zero1 && def->d.ga > 1 && b <= 1)
-                    SIM_TRY(mesh_array_new_as(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, def->d.act_dtype,
-                                              cat, true, a));
-                else
-                    SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cat, a));
+                    SIM_TRY(mesh_array_new_as(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, def->d.act_dtype, cat,
+                                              true, a));
+                else SIM_TRY(mesh_array_new(dev, &def->mesh, name, rank, shape, &bs, SIM_F32, cat, a));
             }
         }
         if (md->zero1 && !sv) SIM_TRY(zero1_state_new(md, i));
@@ -935,8 +961,7 @@ sim_status model_dropout(model_dev *md, mesh_tape *t, mesh_var *x, const char *s
 
 static const char *const LOGITS3[3] = {"activation_embed_and_logits_batch", "activation_length", "activation_vocab"};
 
-sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embed, mesh_var *dense_w,
-                        mesh_var **logits)
+sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embed, mesh_var *dense_w, mesh_var **logits)
 {
     const model_dims *d = &md->def->d;
     mesh_spec os;
@@ -972,7 +997,8 @@ void model_note_activation(const model_dev *md, const char *name, const mesh_arr
     bool seen = false;
     for (int i = 0; i < m->nacts && !seen; i++) {
         const model_act *x = &m->acts[i];
-        seen = !strcmp(x->name, name) && x->rank == rank && !memcmp(x->shape, a->shape, (size_t)rank * sizeof a->shape[0]);
+        seen =
+            !strcmp(x->name, name) && x->rank == rank && !memcmp(x->shape, a->shape, (size_t)rank * sizeof a->shape[0]);
     }
     if (!seen && m->nacts < MODEL_MAX_ACTS) {
         model_act *act = &m->acts[m->nacts++];
@@ -1031,8 +1057,8 @@ sim_status model_loss_constraint(model_dev *md, mesh_tape *t, mesh_var *x, bool 
     return mesh_ad_shard_as(t, x, &res.spec, "loss/xent", out);
 }
 
-sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names,
-                              mesh_spec *spec, const mesh_spec **out)
+sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names, mesh_spec *spec,
+                              const mesh_spec **out)
 {
     *out = NULL;
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
@@ -1046,10 +1072,10 @@ sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const
 /* The tensors one remat layer saved in its forward, in the order it saved them. */
 typedef struct {
     model_ckpt_name name;
-    mesh_array a;      /* on the device (arena), or shape/spec only when offloaded */
-    float *host;       /* offloaded copy (NULL in a dry run) */
+    mesh_array a; /* on the device (arena), or shape/spec only when offloaded */
+    float *host;  /* offloaded copy (NULL in a dry run) */
     bool offloaded;
-    bool region;       /* a region's own residuals (model_checkpoint_region): blob, freed by blob_free */
+    bool region; /* a region's own residuals (model_checkpoint_region): blob, freed by blob_free */
     void *blob;
     void (*blob_free)(void *);
 } remat_saved;
@@ -1057,7 +1083,7 @@ typedef struct {
 typedef struct model_remat_store {
     remat_saved *v;
     int n, cap;
-    int next;          /* recompute: the next entry to hand back */
+    int next; /* recompute: the next entry to hand back */
     bool recompute;
 } model_remat_store;
 
@@ -1126,9 +1152,8 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
     char nm[MESH_NAME_MAX];
     snprintf(nm, sizeof nm, "%s (saved)", CKPT_NAMES[name]);
     /* a full copy (on the kernel pool): no zero-filling when there is data to copy */
-    SIM_TRY((x->val.data ? mesh_array_new_raw : mesh_array_new)(dev, md->ctx.mesh, nm, x->val.rank, x->val.shape,
-                                                                &x->val.spec, x->val.dtype, SIM_MEM_ACTIVATIONS,
-                                                                &r->a));
+    SIM_TRY((x->val.data ? mesh_array_new_raw : mesh_array_new)(
+        dev, md->ctx.mesh, nm, x->val.rank, x->val.shape, &x->val.spec, x->val.dtype, SIM_MEM_ACTIVATIONS, &r->a));
     if (x->val.data) bk_parallel_copy(r->a.data, x->val.data, x->val.nlocal * sim_dtype_size(x->val.dtype));
     return SIM_OK;
 }
@@ -1208,7 +1233,8 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     if (st == SIM_OK && aux && aux->has_grad && auxin) {
         mesh_array cot = aux->grad;
         aux->has_grad = false;
-        st = y->has_grad ? mesh_tape_accumulate(inner, auxin, &cot, e->tag) : mesh_tape_backward_from(inner, auxin, &cot);
+        st = y->has_grad ? mesh_tape_accumulate(inner, auxin, &cot, e->tag)
+                         : mesh_tape_backward_from(inner, auxin, &cot);
     }
     if (st == SIM_OK && y->has_grad) {
         mesh_array cot = y->grad;
@@ -1264,7 +1290,6 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         p->store = store;
         e->payload = p;
         e->free_payload = remat_payload_free;
-    } else
-        store_free(md->ctx.dev, store);
+    } else store_free(md->ctx.dev, store);
     return SIM_OK;
 }

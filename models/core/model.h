@@ -29,12 +29,31 @@ enum { MODEL_MAX_PARAMS = 96, MODEL_MAX_ACTS = 96 };
 
 /* The tensors MaxText's layer code tags with checkpoint_name (the names remat policies save). */
 typedef enum {
-    MODEL_CKPT_QUERY_PROJ = 0, MODEL_CKPT_KEY_PROJ, MODEL_CKPT_VALUE_PROJ, MODEL_CKPT_KV_PROJ, MODEL_CKPT_QKV_PROJ,
-    MODEL_CKPT_OUT_PROJ, MODEL_CKPT_MLPWI, MODEL_CKPT_MLPWI_0, MODEL_CKPT_MLPWI_1, MODEL_CKPT_MLPWO,
-    MODEL_CKPT_CONTEXT, MODEL_CKPT_ATTENTION_OUT, MODEL_CKPT_QUERY_WA_PROJ, MODEL_CKPT_KV_WA_PROJ, MODEL_CKPT_MLA_Q,
-    MODEL_CKPT_MLA_KV, MODEL_CKPT_DECODER_LAYER_INPUT, MODEL_CKPT_MOE_MLPWI_0, MODEL_CKPT_MOE_MLPWI_1,
-    MODEL_CKPT_MOE_MLPWO, MODEL_CKPT_MOE_X_SORTED, MODEL_CKPT_MOE_ROUTING_MAPS, MODEL_CKPT_INDEXER_CUTOFF,
-    MODEL_CKPT_ENGRAM, MODEL_CKPT_N
+    MODEL_CKPT_QUERY_PROJ = 0,
+    MODEL_CKPT_KEY_PROJ,
+    MODEL_CKPT_VALUE_PROJ,
+    MODEL_CKPT_KV_PROJ,
+    MODEL_CKPT_QKV_PROJ,
+    MODEL_CKPT_OUT_PROJ,
+    MODEL_CKPT_MLPWI,
+    MODEL_CKPT_MLPWI_0,
+    MODEL_CKPT_MLPWI_1,
+    MODEL_CKPT_MLPWO,
+    MODEL_CKPT_CONTEXT,
+    MODEL_CKPT_ATTENTION_OUT,
+    MODEL_CKPT_QUERY_WA_PROJ,
+    MODEL_CKPT_KV_WA_PROJ,
+    MODEL_CKPT_MLA_Q,
+    MODEL_CKPT_MLA_KV,
+    MODEL_CKPT_DECODER_LAYER_INPUT,
+    MODEL_CKPT_MOE_MLPWI_0,
+    MODEL_CKPT_MOE_MLPWI_1,
+    MODEL_CKPT_MOE_MLPWO,
+    MODEL_CKPT_MOE_X_SORTED,
+    MODEL_CKPT_MOE_ROUTING_MAPS,
+    MODEL_CKPT_INDEXER_CUTOFF,
+    MODEL_CKPT_ENGRAM,
+    MODEL_CKPT_N
 } model_ckpt_name;
 
 /* What a remat policy does with a tagged tensor. */
@@ -50,64 +69,65 @@ struct model_family;
 typedef struct {
     char model_name[64];
     const struct model_family *family; /* decoder_block's row of the family table */
-    void *family_dims;        /* the family's own dims (its file's struct, allocated by its define hook;
+    void *family_dims;                 /* the family's own dims (its file's struct, allocated by its define hook;
                                  NULL for a family without any); model_def_free frees it */
     int64_t vocab, emb, q_heads, kv_heads, head_dim, mlp, layers;
     double eps, z_loss, rope_theta, rope_min, rope_linear;
-    bool rope_llama31;        /* Llama 3.1's RoPE: model_name llama3.1* or rope_type llama3.1 (attentions.py) */
-    bool rope_use_scale;      /* rope_use_scale: its frequency scaling (with rope_llama31 only) */
-    bool remat_full;          /* each decoder layer is rematerialised (every remat_policy but none) */
-    char remat_policy[48];    /* remat_policy as given */
+    bool rope_llama31;          /* Llama 3.1's RoPE: model_name llama3.1* or rope_type llama3.1 (attentions.py) */
+    bool rope_use_scale;        /* rope_use_scale: its frequency scaling (with rope_llama31 only) */
+    bool remat_full;            /* each decoder layer is rematerialised (every remat_policy but none) */
+    char remat_policy[48];      /* remat_policy as given */
     uint8_t ckpt[MODEL_CKPT_N]; /* model_ckpt_action per tag: what the policy saves, offloads or recomputes */
-    mesh_mode mode;           /* shard_mode */
-    bool drop_size_one;       /* remove_size_one_mesh_axis_from_type */
+    mesh_mode mode;             /* shard_mode */
+    bool drop_size_one;         /* remove_size_one_mesh_axis_from_type */
     bool dry_run;
     /* counted dtypes (the simulator computes in float32; bytes follow MaxText's dtypes) */
-    sim_dtype act_dtype;      /* dtype: activations, saved residuals, gathered weights, every collective */
-    sim_dtype weight_dtype;   /* weight_dtype: parameters, gradients, optimizer state */
-    sim_dtype gather_dtype;   /* a parameter's all-gathered copy and its bytes on the wire: the hardware
+    sim_dtype act_dtype;    /* dtype: activations, saved residuals, gathered weights, every collective */
+    sim_dtype weight_dtype; /* weight_dtype: parameters, gradients, optimizer state */
+    sim_dtype gather_dtype; /* a parameter's all-gathered copy and its bytes on the wire: the hardware
                                  profile's compiler rule (weight_dtype without a profile: XLA:CPU) */
-    sim_dtype reduce_dtype;   /* a parameter gradient's reductions, by the same rule */
-    char wire_rule[192];      /* which rule set the two (model_hw_wire_dtypes): run.json, the config box */
+    sim_dtype reduce_dtype; /* a parameter gradient's reductions, by the same rule */
+    char wire_rule[192];    /* which rule set the two (model_hw_wire_dtypes): run.json, the config box */
     cfg_xla_rules xla;      /* the profile's compiler transformations (model_hw_xla_rules; all off without
                                  a profile): hoisted weight copies, accumulation buffers, Newton-Schulz
                                  gathers, windowed einsums, psum reduce-scatters */
-    bool logits_dot_fp32;     /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
-    bool logits_cast_fp32;    /* cast_logits_to_fp32: logits cast to float32 before the loss */
-    int64_t batch;            /* global rows of one forward pass (one microbatch; the step with ga = 1) */
-    int64_t rows_loaded;      /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
-    int64_t ga;               /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
-    bool zero1;               /* shard_optimizer_over_data (ZeRO-1; see core/optimizer.h) */
-    int64_t seq;              /* max_target_length */
-    uint64_t seed;            /* init_weights_seed */
-    int cp_axis;              /* mesh axis of context_sharding, -1 when absent */
-    int cp;                   /* its size */
-    bool cp_load_balance;     /* context_parallel_load_balance */
-    bool attn_dot;            /* attention kernel: dot-product (score matrix materialised), else flash (blocked) */
-    mesh_nn_splash splash;    /* flash on TPU: the splash kernel's blocks (sa_block_*), for the step-time model */
-    bool scan_layers;         /* scan_layers: the layers run as one jax.lax.scan in MaxText (carry type checked) */
-    model_pipe pipe;          /* pipeline parallelism (pipeline.h); pipe.on when the stage axis has size > 1 */
+    bool logits_dot_fp32;   /* logits_dot_in_fp32: the logits product (kernel gather included) in float32 */
+    bool logits_cast_fp32;  /* cast_logits_to_fp32: logits cast to float32 before the loss */
+    int64_t batch;          /* global rows of one forward pass (one microbatch; the step with ga = 1) */
+    int64_t rows_loaded;    /* rows loaded per microbatch (>= batch; fractional per_device_batch_size) */
+    int64_t ga;             /* gradient_accumulation_steps: microbatches per step (rows per step = ga x batch) */
+    bool zero1;             /* shard_optimizer_over_data (ZeRO-1; see core/optimizer.h) */
+    int64_t seq;            /* max_target_length */
+    uint64_t seed;          /* init_weights_seed */
+    int cp_axis;            /* mesh axis of context_sharding, -1 when absent */
+    int cp;                 /* its size */
+    bool cp_load_balance;   /* context_parallel_load_balance */
+    bool attn_dot;          /* attention kernel: dot-product (score matrix materialised), else flash (blocked) */
+    mesh_nn_splash splash;  /* flash on TPU: the splash kernel's blocks (sa_block_*), for the step-time model */
+    bool scan_layers;       /* scan_layers: the layers run as one jax.lax.scan in MaxText (carry type checked) */
+    model_pipe pipe;        /* pipeline parallelism (pipeline.h); pipe.on when the stage axis has size > 1 */
     /* output head and attention numerics (MaxText keys of the same names) */
-    bool tied_logits;         /* logits_via_embedding: logits = y . embedding^T, no logits_dense */
-    bool normalize_tied;      /* normalize_embedding_logits: tied logits / sqrt(emb) */
-    double final_soft_cap;    /* final_logits_soft_cap (0 = off; MaxText applies it to tied logits only) */
-    double attn_soft_cap;     /* attn_logits_soft_cap (0 = off) */
-    bool qk_norm_key;         /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
-    double dropout;           /* dropout_rate when enable_dropout (0 = off) */
-    bool fused_mlp;           /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
-    bool fused_qkv;           /* fused_qkv: one qkv_proj kernel (embed, heads + 2 kv_heads, kv) split per shard (Llama) */
-    int64_t param_scale_mlp;  /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
-    bool loss_assert;         /* loss_constraint=assert: the loss constraint as before MaxText PR #4208 */
+    bool tied_logits;      /* logits_via_embedding: logits = y . embedding^T, no logits_dense */
+    bool normalize_tied;   /* normalize_embedding_logits: tied logits / sqrt(emb) */
+    double final_soft_cap; /* final_logits_soft_cap (0 = off; MaxText applies it to tied logits only) */
+    double attn_soft_cap;  /* attn_logits_soft_cap (0 = off) */
+    bool qk_norm_key;      /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
+    double dropout;        /* dropout_rate when enable_dropout (0 = off) */
+    bool fused_mlp;        /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
+    bool fused_qkv;        /* fused_qkv: one qkv_proj kernel (embed, heads + 2 kv_heads, kv) split per shard (Llama) */
+    int64_t
+        param_scale_mlp; /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */
+    bool loss_assert;    /* loss_constraint=assert: the loss constraint as before MaxText PR #4208 */
 } model_dims;
 
 /* One activation the forward pass constrained (for input_shardings.json). */
 typedef struct {
-    char name[96];            /* "llama2/inputs" */
+    char name[96]; /* "llama2/inputs" */
     int rank;
     int64_t shape[MESH_SPEC_MAX_RANK];
     char logical[MESH_SPEC_MAX_RANK][48];
-    bool logical_known;       /* false: MaxText logs "Unknown" (e.g. MoE kernels inside shard_map) */
-    bool float32;             /* logged as float32 whatever dtype says (MaxText casts logits to float32) */
+    bool logical_known; /* false: MaxText logs "Unknown" (e.g. MoE kernels inside shard_map) */
+    bool float32;       /* logged as float32 whatever dtype says (MaxText casts logits to float32) */
     mesh_spec spec;
 } model_act;
 
@@ -118,9 +138,9 @@ typedef struct {
     mesh_rules rules;
     int nparams;
     model_param_def defs[MODEL_MAX_PARAMS];
-    mesh_spec spec[MODEL_MAX_PARAMS];          /* stacked spec, size-1 axes dropped */
-    mesh_spec unpruned[MODEL_MAX_PARAMS];      /* with size-1 axes (named_shardings.json) */
-    const model_optimizer *opt;                /* opt_type's row of the optimizer table */
+    mesh_spec spec[MODEL_MAX_PARAMS];            /* stacked spec, size-1 axes dropped */
+    mesh_spec unpruned[MODEL_MAX_PARAMS];        /* with size-1 axes (named_shardings.json) */
+    const model_optimizer *opt;                  /* opt_type's row of the optimizer table */
     model_opt_param opt_param[MODEL_MAX_PARAMS]; /* how it treats each parameter (its slots, decay, class) */
     /* the optimizer state's stacked spec (ZeRO-1 adds 'data', model_zero1_spec; else = spec/unpruned) */
     mesh_spec opt_spec[MODEL_MAX_PARAMS];
@@ -176,7 +196,7 @@ typedef struct {
      * is then the all-gathered working copy the forward pass reads, p[i].g
      * the gradient sinks, and p[i] holds no slots. */
     bool zero1;
-    bool zero1_released;     /* p[i].w and p[i].g are released between a step's backward and the next gather */
+    bool zero1_released; /* p[i].w and p[i].g are released between a step's backward and the next gather */
     model_param z[MODEL_MAX_PARAMS];
     /* optional: told after each remat layer's forward and backward (progress display) */
     void (*on_layer)(void *arg, int layer, bool backward);
@@ -189,7 +209,7 @@ typedef struct {
      * forward pass [moe layers x experts] (a remat recompute writes the same values), and their sum
      * over the step's microbatches, from which the step's bias update is taken */
     float *bias_counts, *bias_counts_step;
-    size_t n_bias_counts;    /* their length (model_family.step_counts; 0: none) */
+    size_t n_bias_counts; /* their length (model_family.step_counts; 0: none) */
 } model_dev;
 
 /* Allocates (and initialises, unless load happens later) this device's
@@ -360,7 +380,7 @@ sim_status model_shard_as(model_dev *md, mesh_tape *t, mesh_var *x, const char *
 sim_status model_constraint(model_dev *md, mesh_tape *t, mesh_var *x, const char *dump_name, int rank,
                             const char *const *names, mesh_var **out);
 /* An explicit-mode out_sharding by logical names (NULL in auto mode, as MaxText). */
-sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names,
-                              mesh_spec *spec, const mesh_spec **out);
+sim_status model_out_sharding(model_dev *md, const char *tensor, int rank, const char *const *names, mesh_spec *spec,
+                              const mesh_spec **out);
 
 #endif

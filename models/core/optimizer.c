@@ -61,7 +61,8 @@ sim_status model_optim_from_config(const cfg_config *cfg, model_optim_cfg *o)
     if (o->row->from_config) SIM_TRY(o->row->from_config(cfg, o));
     if (o->schedule_steps == -1) o->schedule_steps = o->steps;
     if (o->schedule_steps < 1)
-        return sim_err(SIM_ERR_INPUT, "learning_rate_schedule_steps=%lld: use a positive number of steps or -1 (= steps)",
+        return sim_err(SIM_ERR_INPUT,
+                       "learning_rate_schedule_steps=%lld: use a positive number of steps or -1 (= steps)",
                        o->schedule_steps);
     if (!(o->warmup_fraction >= 0 && o->warmup_fraction <= 1))
         return sim_err(SIM_ERR_INPUT, "warmup_steps_fraction=%g: it must lie in [0, 1]", o->warmup_fraction);
@@ -76,7 +77,8 @@ sim_status model_opt_zero1_check(const cfg_config *cfg)
 {
     int type;
     SIM_TRY(opt_type(cfg, &type));
-    if (model_optimizers[type]->zero1_refused) return sim_err(SIM_ERR_INPUT, "%s", model_optimizers[type]->zero1_refused);
+    if (model_optimizers[type]->zero1_refused)
+        return sim_err(SIM_ERR_INPUT, "%s", model_optimizers[type]->zero1_refused);
     return SIM_OK;
 }
 
@@ -89,15 +91,18 @@ static sim_status mask_compile(const char *pattern, regex_t *re)
 {
     for (const char *c = pattern; *c; c++)
         if ((c[0] == '\\' && c[1] && isalnum((unsigned char)c[1])) || (c[0] == '(' && c[1] == '?'))
-            return sim_err(SIM_ERR_INPUT, "adamw_mask: pattern '%s' uses Python-only regular-expression syntax (%.2s); "
+            return sim_err(SIM_ERR_INPUT,
+                           "adamw_mask: pattern '%s' uses Python-only regular-expression syntax (%.2s); "
                            "write it with plain ., *, +, ?, |, (), [] and {m,n} (e.g. '.*norm.*' or 'bias$')",
                            pattern, c);
     int rc = regcomp(re, pattern, REG_EXTENDED | REG_NOSUB);
     if (rc) {
         char why[128];
         regerror(rc, re, why, sizeof why);
-        return sim_err(SIM_ERR_INPUT, "adamw_mask: pattern '%s' is not a valid regular expression (%s); fix or "
-                       "remove it", pattern, why);
+        return sim_err(SIM_ERR_INPUT,
+                       "adamw_mask: pattern '%s' is not a valid regular expression (%s); fix or "
+                       "remove it",
+                       pattern, why);
     }
     return SIM_OK;
 }
@@ -209,8 +214,8 @@ double model_clipped_norm(const model_optim_cfg *o, double norm)
 
 /* ---------------------------------------------------------------- ownership */
 
-sim_status model_layer_primary(const mesh_shape *m, const model_param *p, const mesh_array *a, int layer,
-                               int device, bool *primary)
+sim_status model_layer_primary(const mesh_shape *m, const model_param *p, const mesh_array *a, int layer, int device,
+                               bool *primary)
 {
     *primary = false;
     if (a->spec.partial)

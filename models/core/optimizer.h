@@ -58,47 +58,47 @@ enum { MODEL_OPT_PRIV_BYTES = 8192, MODEL_OPT_PARAM_PRIV_BYTES = 128 };
 typedef struct model_optimizer model_optimizer;
 
 typedef struct model_optim_cfg {
-    int type;                        /* opt_type: its row's number in model_optimizers (MODEL_OPT_<NAME>,
+    int type;                   /* opt_type: its row's number in model_optimizers (MODEL_OPT_<NAME>,
                                         models/optimizers/optim.h) */
-    const model_optimizer *row;      /* its row */
-    double lr;                       /* learning_rate: the peak */
-    double warmup_fraction;          /* warmup_steps_fraction */
-    double final_fraction;           /* learning_rate_final_fraction */
-    long long schedule_steps;        /* learning_rate_schedule_steps, -1 resolved to steps */
-    long long steps;                 /* steps */
-    double b1, b2;                   /* adam_b1, adam_b2 */
-    double eps, eps_root;            /* adam_eps (outside the root), adam_eps_root (inside) */
-    double weight_decay;             /* adam_weight_decay (decoupled) */
-    double clip;                     /* gradient_clipping_threshold; <= 0: no clipping */
+    const model_optimizer *row; /* its row */
+    double lr;                  /* learning_rate: the peak */
+    double warmup_fraction;     /* warmup_steps_fraction */
+    double final_fraction;      /* learning_rate_final_fraction */
+    long long schedule_steps;   /* learning_rate_schedule_steps, -1 resolved to steps */
+    long long steps;            /* steps */
+    double b1, b2;              /* adam_b1, adam_b2 */
+    double eps, eps_root;       /* adam_eps (outside the root), adam_eps_root (inside) */
+    double weight_decay;        /* adam_weight_decay (decoupled) */
+    double clip;                /* gradient_clipping_threshold; <= 0: no clipping */
     _Alignas(max_align_t) unsigned char priv[MODEL_OPT_PRIV_BYTES]; /* the row's own keys (row->from_config) */
 } model_optim_cfg;
 
 /* How the optimizer treats one parameter, decided once when the model is defined. */
 typedef struct {
-    int n_slots;     /* state slots the parameter keeps: model_param.slot[0 .. n_slots) */
-    bool decay;      /* weight decay applies (not excluded by adamw_mask) */
-    int branch;      /* a partitioned optimizer's part (Muon: 1 a Muon leaf, -1 its AdamW fallback); 0 none */
+    int n_slots; /* state slots the parameter keeps: model_param.slot[0 .. n_slots) */
+    bool decay;  /* weight decay applies (not excluded by adamw_mask) */
+    int branch;  /* a partitioned optimizer's part (Muon: 1 a Muon leaf, -1 its AdamW fallback); 0 none */
     _Alignas(max_align_t) unsigned char priv[MODEL_OPT_PARAM_PRIV_BYTES]; /* the row's own classification */
 } model_opt_param;
 
 /* One update, as the step loop hands it to a row. */
 typedef struct {
-    mesh_ctx *ctx;                  /* the device (and its mesh) */
+    mesh_ctx *ctx; /* the device (and its mesh) */
     const model_optim_cfg *o;
-    const model_opt_param *pp;      /* [n]: each parameter's treatment */
-    model_param *params;            /* [n]: values, gradients and slots; updated in place */
+    const model_opt_param *pp; /* [n]: each parameter's treatment */
+    model_param *params;       /* [n]: values, gradients and slots; updated in place */
     int n;
-    long long s;                    /* updates already applied (0 for the first) */
-    double grad_norm;               /* model_grad_global_norm's result (clipping) */
+    long long s;      /* updates already applied (0 for the first) */
+    double grad_norm; /* model_grad_global_norm's result (clipping) */
 } model_opt_step;
 
 /* The optimizer's part of MaxText's train-state tree (named_shardings.json, logical_shardings.json),
  * for a row's `tree` to emit in JAX's order: keys are whole keystrs (".opt_state/[0]/.count"). */
 typedef struct {
-    int n;                          /* parameters, in JAX's tree order (sorted paths) */
-    const char *const *rel;         /* each one's keystr below ['params'] ("/['decoder']/['norm']/['scale']") */
-    const bool *stateless;          /* [n]: no optimizer state (a non-trainable variable) */
-    const int *branch;              /* [n]: model_opt_param.branch */
+    int n;                  /* parameters, in JAX's tree order (sorted paths) */
+    const char *const *rel; /* each one's keystr below ['params'] ("/['decoder']/['norm']/['scale']") */
+    const bool *stateless;  /* [n]: no optimizer state (a non-trainable variable) */
+    const int *branch;      /* [n]: model_opt_param.branch */
     /* one leaf: param >= 0 a slot of that parameter (its shape, the optimizer layout), else a scalar
      * (len 0) or a replicated vector of len elements */
     sim_status (*leaf)(void *arg, const char *key, int param, int64_t len);
@@ -108,10 +108,10 @@ typedef struct {
 enum { MODEL_OPT_KEY_MAX = 1024 };
 
 struct model_optimizer {
-    const char *name;                            /* opt_type */
-    int n_slots;                                 /* state slots per parameter (at most) */
-    const char *slot[MODEL_OPT_SLOTS_MAX];       /* their names, as optax's state calls them ("mu", "nu") */
-    bool decay_mask;                             /* adamw_mask decides which parameters decay */
+    const char *name;                      /* opt_type */
+    int n_slots;                           /* state slots per parameter (at most) */
+    const char *slot[MODEL_OPT_SLOTS_MAX]; /* their names, as optax's state calls them ("mu", "nu") */
+    bool decay_mask;                       /* adamw_mask decides which parameters decay */
     /* shard_optimizer_over_data=true: NULL (MaxText shards the state over 'data'), or the whole
      * refusal message */
     const char *zero1_refused;
@@ -180,8 +180,8 @@ double model_clipped_norm(const model_optim_cfg *o, double norm);
  * devices do) and has coordinate 0 on every other mesh axis the spec does not
  * use.  Summing or writing over primaries visits each global element once.
  * Partial arrays are an error. */
-sim_status model_layer_primary(const mesh_shape *m, const model_param *p, const mesh_array *a, int layer,
-                               int device, bool *primary);
+sim_status model_layer_primary(const mesh_shape *m, const model_param *p, const mesh_array *a, int layer, int device,
+                               bool *primary);
 
 /* Global L2 norm of every gradient (g of each layer of each parameter) over
  * the whole mesh.  Each device sums the squares of its shard in double,

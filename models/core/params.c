@@ -43,8 +43,7 @@ static void layer_path(const model_param_def *d, int k, char *buf, size_t cap)
     snprintf(key, sizeof key, ".%s.", stack ? stack : "layers");
     const char *at = strstr(d->path, key);
     char tmp[2 * MODEL_PATH_MAX];
-    if (!at)
-        snprintf(tmp, sizeof tmp, "%s_%d", d->path, k);
+    if (!at) snprintf(tmp, sizeof tmp, "%s_%d", d->path, k);
     else
         snprintf(tmp, sizeof tmp, "%.*s.%s_%d.%s", (int)(at - d->path), d->path, stack ? stack : "layers", k,
                  at + strlen(key));
@@ -197,10 +196,9 @@ sim_status model_param_stack(sim_device *d, const mesh_shape *m, const model_par
     mesh_spec s;
     model_param_stacked_spec(p, &layers[0].spec, &s);
     if (layers[0].counted_fixed) /* the layers' dtype where it was fixed (ZeRO-1 with accumulation) */
-        SIM_TRY(mesh_array_new_as(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, layers[0].counted, cat, false,
-                                  out));
-    else
-        SIM_TRY(mesh_array_new_raw(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, cat, out));
+        SIM_TRY(
+            mesh_array_new_as(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, layers[0].counted, cat, false, out));
+    else SIM_TRY(mesh_array_new_raw(d, m, name, p->def.rank, p->def.shape, &s, SIM_F32, cat, out));
     if (!out->data) return SIM_OK; /* dry run */
     float *src[MODEL_MAX_LAYERS];
     int n = 0, first = -1;

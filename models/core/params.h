@@ -17,25 +17,25 @@
 enum { MODEL_PATH_MAX = 128, MODEL_MAX_LAYERS = 1024, MODEL_OPT_SLOTS_MAX = 4 };
 
 typedef enum {
-    MODEL_INIT_NORMAL = 0,      /* normal(0, scale^2) */
-    MODEL_INIT_TRUNC_NORMAL,    /* normal(0, scale^2) truncated to [-2, 2] standard deviations */
-    MODEL_INIT_ONES,            /* norm scales */
+    MODEL_INIT_NORMAL = 0,   /* normal(0, scale^2) */
+    MODEL_INIT_TRUNC_NORMAL, /* normal(0, scale^2) truncated to [-2, 2] standard deviations */
+    MODEL_INIT_ONES,         /* norm scales */
     MODEL_INIT_ZEROS
 } model_init_kind;
 
 typedef struct {
-    char path[MODEL_PATH_MAX];                   /* dotted MaxText path */
-    int rank;                                    /* dims of the stacked global shape */
-    int64_t shape[MESH_SPEC_MAX_RANK];           /* stacked global shape */
-    const char *logical[MESH_SPEC_MAX_RANK];     /* logical axis name per dim (NULL = None) */
-    int scan_dim;                                /* dim holding the layers, or -1 */
+    char path[MODEL_PATH_MAX];               /* dotted MaxText path */
+    int rank;                                /* dims of the stacked global shape */
+    int64_t shape[MESH_SPEC_MAX_RANK];       /* stacked global shape */
+    const char *logical[MESH_SPEC_MAX_RANK]; /* logical axis name per dim (NULL = None) */
+    int scan_dim;                            /* dim holding the layers, or -1 */
     model_init_kind init;
-    double scale;                                /* standard deviation for normal inits */
-    bool state_var;                              /* a non-trainable variable (MaxText's MoEBiasVar gate
+    double scale;   /* standard deviation for normal inits */
+    bool state_var; /* a non-trainable variable (MaxText's MoEBiasVar gate
                                                     bias, an nnx.Variable, not an nnx.Param): no
                                                     gradient, no optimizer state; its layers are
                                                     stacked first whatever param_scan_axis says */
-    bool unscanned;                              /* scan_layers=false: MaxText names layer l of the
+    bool unscanned; /* scan_layers=false: MaxText names layer l of the
                                                     stack S "S_l" and stores it unstacked (dumps,
                                                     checkpoints); storage here is the same */
 } model_param_def;

@@ -34,8 +34,8 @@ static bool cfg_str_set(const cfg_config *cfg, const char *key)
     return cfg_find(cfg, key) && cfg_get_str(cfg, key, &s) == SIM_OK && s && *s;
 }
 
-sim_status model_pipe_from_config(const cfg_config *cfg, const mesh_shape *mesh, int64_t decoder_layers,
-                                  int64_t batch, model_pipe *p)
+sim_status model_pipe_from_config(const cfg_config *cfg, const mesh_shape *mesh, int64_t decoder_layers, int64_t batch,
+                                  model_pipe *p)
 {
     memset(p, 0, sizeof *p);
     p->stage_axis = mesh_shape_axis_index(mesh, "stage");
@@ -169,10 +169,7 @@ sim_status model_pipe_from_config(const cfg_config *cfg, const mesh_shape *mesh,
     return SIM_OK;
 }
 
-int64_t model_pipe_iterations(const model_pipe *p)
-{
-    return p->microbatches * p->repeats + p->delay * (p->stages - 1);
-}
+int64_t model_pipe_iterations(const model_pipe *p) { return p->microbatches * p->repeats + p->delay * (p->stages - 1); }
 
 void model_pipe_ids(const model_pipe *p, int64_t i, int64_t s, int64_t *micro, int64_t *repeat)
 {
@@ -188,15 +185,9 @@ bool model_pipe_is_bubble(const model_pipe *p, int64_t i, int64_t s)
     return k < 0 || k >= p->microbatches * p->repeats;
 }
 
-int64_t model_pipe_layer_stage(const model_pipe *p, int64_t l)
-{
-    return (l / p->layers_per_stage) % p->stages;
-}
+int64_t model_pipe_layer_stage(const model_pipe *p, int64_t l) { return (l / p->layers_per_stage) % p->stages; }
 
-int model_pipe_ppermutes_per_iteration(const model_pipe *p)
-{
-    return p->circ_storage ? 3 : 2;
-}
+int model_pipe_ppermutes_per_iteration(const model_pipe *p) { return p->circ_storage ? 3 : 2; }
 
 double model_pipe_bubble_fraction(const model_pipe *p)
 {

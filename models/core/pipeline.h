@@ -24,26 +24,26 @@
 #include "sim/status.h"
 
 typedef struct {
-    bool on;                 /* S > 1: the decoder layers run as a pipeline */
-    int stage_axis;          /* mesh axis index of `stage`, -1 when absent */
-    int64_t stages;          /* S = ici x dcn pipeline parallelism */
-    int64_t layers_per_stage;/* L = num_layers_per_pipeline_stage */
-    int64_t repeats;         /* R = num_pipeline_repeats (derived when -1) */
-    int64_t microbatches;    /* M = num_pipeline_microbatches (derived when -1) */
-    int64_t layers;          /* pipeline_parallel_layers (derived when -1) = S * R * L */
-    int64_t delay;           /* d: 2 with pipeline_delay_activation_forwarding, else 1 */
-    int64_t micro_rows;      /* rows of one microbatch (batch / M) */
-    bool ag_once;            /* pipeline_fsdp_ag_once */
-    bool ag_per_repeat;      /* pipeline_fsdp_ag_per_repeat */
-    bool circ_storage;       /* R > 1 and M > S * d: the circ_storage buffer is used */
+    bool on;                  /* S > 1: the decoder layers run as a pipeline */
+    int stage_axis;           /* mesh axis index of `stage`, -1 when absent */
+    int64_t stages;           /* S = ici x dcn pipeline parallelism */
+    int64_t layers_per_stage; /* L = num_layers_per_pipeline_stage */
+    int64_t repeats;          /* R = num_pipeline_repeats (derived when -1) */
+    int64_t microbatches;     /* M = num_pipeline_microbatches (derived when -1) */
+    int64_t layers;           /* pipeline_parallel_layers (derived when -1) = S * R * L */
+    int64_t delay;            /* d: 2 with pipeline_delay_activation_forwarding, else 1 */
+    int64_t micro_rows;       /* rows of one microbatch (batch / M) */
+    bool ag_once;             /* pipeline_fsdp_ag_once */
+    bool ag_per_repeat;       /* pipeline_fsdp_ag_per_repeat */
+    bool circ_storage;        /* R > 1 and M > S * d: the circ_storage buffer is used */
 } model_pipe;
 
 /* Derives and checks the pipeline keys.  decoder_layers: the pipelined
  * stack's size; batch: rows trained per step.  Every violated rule is an
  * input error naming the keys, their values and a valid choice; pipeline
  * features not implemented yet are refused the same way. */
-sim_status model_pipe_from_config(const cfg_config *cfg, const mesh_shape *mesh, int64_t decoder_layers,
-                                  int64_t batch, model_pipe *out);
+sim_status model_pipe_from_config(const cfg_config *cfg, const mesh_shape *mesh, int64_t decoder_layers, int64_t batch,
+                                  model_pipe *out);
 
 /* Iterations of one pipeline call: M*R + d*(S-1). */
 int64_t model_pipe_iterations(const model_pipe *p);

@@ -35,27 +35,27 @@ static const char *const OUTPUT3[3] = {"activation_batch", "activation_length", 
 /* pipeline_fsdp_ag_once: one layer's weight gathered over fsdp for the whole step. */
 typedef struct {
     int param, layer;
-    mesh_array w, g;      /* gathered weight, and its gradient (partial over the gathered axes) */
+    mesh_array w, g;           /* gathered weight, and its gradient (partial over the gathered axes) */
     mesh_array w_keep, g_keep; /* the stored shard and gradient while swapped out */
-    bool g_born_after;    /* the stored gradient is released while the loop runs and born at the reduce-scatter */
+    bool g_born_after;         /* the stored gradient is released while the loop runs and born at the reduce-scatter */
 } pipe_ag;
 
 typedef struct {
     model_dev *md;
     const model_pipe *p;
     model_layer_fn fn;
-    int64_t first_layer;         /* model layer index of the stack's layer 0 (DeepSeek: the dense layers come first) */
-    int64_t iters, stage, n;     /* n: local elements of one [mb, seq, emb] slot */
-    int64_t slot_shape[3];       /* [mb, seq, emb] */
-    mesh_spec inner;             /* a slot as its stage sees it: the shift spec without the stage dim */
-    mesh_spec s_io, s_shift;     /* state_io [S, M/S, mb, seq, emb] and shift [S, mb, seq, emb] */
+    int64_t first_layer;     /* model layer index of the stack's layer 0 (DeepSeek: the dense layers come first) */
+    int64_t iters, stage, n; /* n: local elements of one [mb, seq, emb] slot */
+    int64_t slot_shape[3];   /* [mb, seq, emb] */
+    mesh_spec inner;         /* a slot as its stage sees it: the shift spec without the stage dim */
+    mesh_spec s_io, s_shift; /* state_io [S, M/S, mb, seq, emb] and shift [S, mb, seq, emb] */
     int64_t io_shape[5], shift_shape[4];
-    mesh_array *saved;           /* [iters * L] layer inputs (iteration_input, decoder_layer_input) */
-    model_batch *mbs;            /* [M] each microbatch's positions, replicated (MaxText gathers them) */
-    mesh_array pos;              /* all positions, replicated */
+    mesh_array *saved; /* [iters * L] layer inputs (iteration_input, decoder_layer_input) */
+    model_batch *mbs;  /* [M] each microbatch's positions, replicated (MaxText gathers them) */
+    mesh_array pos;    /* all positions, replicated */
     int nag;
     pipe_ag *ag;
-    pipe_ag *rep;                /* pipeline_fsdp_ag_per_repeat: [R * nparams] repeat r's gathered layer */
+    pipe_ag *rep; /* pipeline_fsdp_ag_per_repeat: [R * nparams] repeat r's gathered layer */
 } pipe_run;
 
 static sim_device *dev_of(const pipe_run *pr) { return pr->md->ctx.dev; }
@@ -125,7 +125,8 @@ static sim_status stage_forward(pipe_run *pr, int64_t i, mesh_array *out)
         mesh_array y;
         memset(&y, 0, sizeof y);
         if (st == SIM_OK && aux)
-            st = sim_err(SIM_ERR_INTERNAL, "pipeline: layer %lld has a second output (not supported)", (long long)layer);
+            st =
+                sim_err(SIM_ERR_INTERNAL, "pipeline: layer %lld has a second output (not supported)", (long long)layer);
         if (st == SIM_OK) y = mesh_tape_take(scratch, yin);
         mesh_tape_free(scratch);
         SIM_TRY(st);
@@ -135,8 +136,7 @@ static sim_status stage_forward(pipe_run *pr, int64_t i, mesh_array *out)
                                   &pr->saved[i * L + l + 1]);
             mesh_array_free(dev_of(pr), &y);
             SIM_TRY(st);
-        } else
-            *out = y;
+        } else *out = y;
     }
     return SIM_OK;
 }
@@ -158,8 +158,7 @@ static sim_status stage_backward(pipe_run *pr, int64_t i, mesh_array *g_out, mes
         if (st == SIM_OK && xin->has_grad) {
             g = xin->grad;
             xin->has_grad = false;
-        } else if (st == SIM_OK)
-            st = slot_new(pr, "pipeline/dx", SIM_MEM_TEMP, &g);
+        } else if (st == SIM_OK) st = slot_new(pr, "pipeline/dx", SIM_MEM_TEMP, &g);
         mesh_tape_free(inner);
         if (st == SIM_OK) st = to_inner(pr, &g, "pipeline/stage_in_grad");
         if (st != SIM_OK) {
@@ -233,8 +232,8 @@ static sim_status ag_gather(pipe_run *pr, bool with_grads)
                     if (!(gone & (1u << to.axes[dd][q]))) to.axes[dd][kept++] = to.axes[dd][q];
                 to.n_axes[dd] = kept;
             }
-            SIM_TRY(mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_once", SIM_MEM_ACTIVATIONS,
-                                     &a->w));
+            SIM_TRY(
+                mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_once", SIM_MEM_ACTIVATIONS, &a->w));
             mesh_array_recount(md->ctx.dev, &a->w, mesh_array_gather_dtype(md->ctx.dev, &p->w[l]));
             SIM_TRY(mesh_reshard(md->ctx.dev, &m->mesh, &a->w, &to, sim_meta_weight("pipeline/fsdp_ag_once")));
             if (with_grads && p->g) {
@@ -279,8 +278,7 @@ static sim_status ag_release(pipe_run *pr)
                 memcpy(own->name, name, sizeof name);
                 memset(&a->g, 0, sizeof a->g);
                 a->g_born_after = false;
-            } else if (st == SIM_OK)
-                mesh_local_add(own, &a->g);
+            } else if (st == SIM_OK) mesh_local_add(own, &a->g);
         }
         if (a->g_born_after) { /* an error on the way: the stored gradient exists again (zero) */
             mesh_array *own = &p->g[a->layer];
@@ -352,8 +350,8 @@ static sim_status rep_gather(pipe_run *pr, int64_t r, bool with_grads)
         mesh_array w, g;
         memset(&w, 0, sizeof w);
         memset(&g, 0, sizeof g);
-        sim_status st = mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_per_repeat",
-                                         SIM_MEM_ACTIVATIONS, &w);
+        sim_status st =
+            mesh_array_clone(md->ctx.dev, &m->mesh, &p->w[l], "pipeline/fsdp_ag_per_repeat", SIM_MEM_ACTIVATIONS, &w);
         if (st == SIM_OK) mesh_array_recount(md->ctx.dev, &w, mesh_array_gather_dtype(md->ctx.dev, &p->w[l]));
         if (st == SIM_OK)
             st = mesh_reshard(md->ctx.dev, &m->mesh, &w, &to, sim_meta_weight("pipeline/fsdp_ag_per_repeat"));
@@ -484,7 +482,8 @@ static sim_status explicit_positions_gather(const pipe_run *pr)
     const model_dev *md = pr->md;
     const model_pipe *p = pr->p;
     if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
-    const char *where = cfg_release_error(md->ctx.release, "pipeline_positions_gather", "layers/pipeline.py:_gather_one");
+    const char *where =
+        cfg_release_error(md->ctx.release, "pipeline_positions_gather", "layers/pipeline.py:_gather_one");
     if (!where) return SIM_OK;
     const char *rel = cfg_release_maxtext(md->ctx.release);
     const mesh_shape *ms = &md->def->mesh;
@@ -518,7 +517,8 @@ static void count_time(pipe_run *pr, int64_t i, uint64_t t0)
 {
     if (sim_device_id(dev_of(pr)) != 0) return;
     uint64_t dt = sim_now_ns() - t0;
-    model_def *m = (model_def *)pr->md->def; /* like the activation log: device 0 writes, the caller reads after the run */
+    model_def *m =
+        (model_def *)pr->md->def; /* like the activation log: device 0 writes, the caller reads after the run */
     m->pipe_layer_ns += dt;
     if (model_pipe_is_bubble(pr->p, i, pr->stage)) m->pipe_bubble_ns += dt;
 }
@@ -547,8 +547,8 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(slot_new(pr, "pipeline/ppermute", SIM_MEM_COMM, &tmp));
     if (p->circ_storage) {
         int64_t cs[5] = {S, M, pr->slot_shape[0], pr->slot_shape[1], pr->slot_shape[2]};
-        SIM_TRY(mesh_array_new(d, mesh_of(pr), "pipeline/circ_storage (grad)", 5, cs, &pr->s_io, SIM_F32,
-                               SIM_MEM_TEMP, &g_circ));
+        SIM_TRY(mesh_array_new(d, mesh_of(pr), "pipeline/circ_storage (grad)", 5, cs, &pr->s_io, SIM_F32, SIM_MEM_TEMP,
+                               &g_circ));
         SIM_TRY(slot_new(pr, "pipeline/circ_storage_mover (grad)", SIM_MEM_TEMP, &g_mover));
     }
     if (p->ag_once) ag_swap(pr, true);
@@ -562,8 +562,7 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
         char name[160];
         int64_t micro, rep;
         model_pipe_ids(p, i, s, &micro, &rep);
-        if (model_pipe_is_bubble(p, i, s))
-            snprintf(name, sizeof name, "pipeline backward %lld: bubble", (long long)i);
+        if (model_pipe_is_bubble(p, i, s)) snprintf(name, sizeof name, "pipeline backward %lld: bubble", (long long)i);
         else
             snprintf(name, sizeof name, "pipeline backward %lld: microbatch %lld repeat %lld", (long long)i,
                      (long long)micro, (long long)rep);
@@ -577,8 +576,7 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
             if (p->delay == 2) { /* the shift carried prev_outputs; prev_outputs became this output */
                 add_n(g_out.data, g_prev.data, n);
                 copy_n(g_prev.data, tmp.data, n);
-            } else
-                add_n(g_out.data, tmp.data, n);
+            } else add_n(g_out.data, tmp.data, n);
             zero_n(g_shift.data, n);
         }
         /* circ_storage: column c was overwritten by the rotated previous output */
@@ -653,7 +651,8 @@ static sim_status loop_forward(pipe_run *pr, const mesh_array *io_in, mesh_array
     SIM_ASSERT(shift.nlocal == (size_t)n && io.nlocal == (size_t)(MS * n));
     if (p->circ_storage) {
         int64_t cs[5] = {S, M, pr->slot_shape[0], pr->slot_shape[1], pr->slot_shape[2]};
-        SIM_TRY(mesh_array_new(d, mesh_of(pr), "pipeline/circ_storage", 5, cs, &pr->s_io, SIM_F32, SIM_MEM_TEMP, &circ));
+        SIM_TRY(
+            mesh_array_new(d, mesh_of(pr), "pipeline/circ_storage", 5, cs, &pr->s_io, SIM_F32, SIM_MEM_TEMP, &circ));
         SIM_TRY(mesh_array_new(d, mesh_of(pr), "pipeline/circ_storage_mover", 4, pr->shift_shape, &pr->s_shift, SIM_F32,
                                SIM_MEM_TEMP, &mover));
     }
@@ -662,8 +661,7 @@ static sim_status loop_forward(pipe_run *pr, const mesh_array *io_in, mesh_array
         char name[160];
         int64_t micro, rep;
         model_pipe_ids(p, i, s, &micro, &rep);
-        if (model_pipe_is_bubble(p, i, s))
-            snprintf(name, sizeof name, "pipeline iteration %lld: bubble", (long long)i);
+        if (model_pipe_is_bubble(p, i, s)) snprintf(name, sizeof name, "pipeline iteration %lld: bubble", (long long)i);
         else
             snprintf(name, sizeof name, "pipeline iteration %lld: microbatch %lld repeat %lld", (long long)i,
                      (long long)micro, (long long)rep);
@@ -935,4 +933,3 @@ sim_status model_pipe_zero1_spec(const model_def *m, int i, mesh_spec *out)
     }
     return SIM_OK;
 }
-

@@ -98,8 +98,13 @@ sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out)
     snprintf(path, sizeof path, "%s/timemodel.yml", configs_dir);
     cfg_config *cfg;
     SIM_TRY(cfg_load_file(path, &cfg));
-    static const char *const keys[] = {"mxu_efficiency", "hbm_efficiency", "ici_efficiency", "dcn_efficiency",
-                                       "layout_op_efficiency", "hop_latency_us", "prefetch_weight_collectives"};
+    static const char *const keys[] = {"mxu_efficiency",
+                                       "hbm_efficiency",
+                                       "ici_efficiency",
+                                       "dcn_efficiency",
+                                       "layout_op_efficiency",
+                                       "hop_latency_us",
+                                       "prefetch_weight_collectives"};
     double v[7];
     sim_status st = SIM_OK;
     for (int i = 0; i < 7 && !st; i++) {
@@ -404,9 +409,8 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
     return SIM_OK;
 }
 
-sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
-                             int step, double bubble_fraction, double optimizer_bytes, bool want_spans,
-                             model_tm_result *out)
+sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m, int step,
+                             double bubble_fraction, double optimizer_bytes, bool want_spans, model_tm_result *out)
 {
     memset(out, 0, sizeof *out);
     double act_bytes = dtype && !strcmp(dtype, "float32") ? 4.0 : 2.0; /* bfloat16/float16: 2 */
@@ -468,30 +472,35 @@ static const char *hw_shape(const cfg_hw *hw, char *buf, size_t cap)
 {
     if (!hw->torus_n) return "";
     size_t u = (size_t)snprintf(buf, cap, ", slice ");
-    for (int i = 0; i < hw->torus_n && u < cap; i++) u += (size_t)snprintf(buf + u, cap - u, "%s%d", i ? "x" : "", hw->torus[i]);
+    for (int i = 0; i < hw->torus_n && u < cap; i++)
+        u += (size_t)snprintf(buf + u, cap - u, "%s%d", i ? "x" : "", hw->torus[i]);
     return buf;
 }
 
 void model_tm_print(FILE *f, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
 {
     char shape[64], ax[128];
-    fprintf(f, "estimated step time on %s%s (configs/timemodel.yml; README \"Hardware profiles and the step-time model\"):\n", hw->name,
-            hw_shape(hw, shape, sizeof shape));
-    fprintf(f, "  step %10.3f ms   MFU %5.1f%%   (slowest device %d; peak %.0f TFLOP/s per device)\n",
-            r->step_s * 1e3, 100.0 * r->mfu, r->device, r->peak / 1e12);
-    fprintf(f, "  compute %7.3f ms (of which pipeline bubbles %.3f ms)   optimizer %.3f ms   exposed "
-               "communication %.3f ms\n",
+    fprintf(
+        f,
+        "estimated step time on %s%s (configs/timemodel.yml; README \"Hardware profiles and the step-time model\"):\n",
+        hw->name, hw_shape(hw, shape, sizeof shape));
+    fprintf(f, "  step %10.3f ms   MFU %5.1f%%   (slowest device %d; peak %.0f TFLOP/s per device)\n", r->step_s * 1e3,
+            100.0 * r->mfu, r->device, r->peak / 1e12);
+    fprintf(f,
+            "  compute %7.3f ms (of which pipeline bubbles %.3f ms)   optimizer %.3f ms   exposed "
+            "communication %.3f ms\n",
             r->compute_s * 1e3, r->bubble_s * 1e3, r->optimizer_s * 1e3, r->exposed_s * 1e3);
     for (int i = 0; i < r->naxes; i++)
         if (r->exposed_axes_s[i] > 0)
             fprintf(f, "    exposed over %-24s %10.3f ms\n", sim_axes_label(mesh, r->axes[i], ax, sizeof ax),
                     r->exposed_axes_s[i] * 1e3);
     if (r->nkernels) {
-        fprintf(f, "  slowest kernels (device %d; a kind: the tag without its layer numbers; MXU: the matrix unit's\n"
-                   "  work with padded tiles; bound: by FLOPs or by HBM bytes):\n",
+        fprintf(f,
+                "  slowest kernels (device %d; a kind: the tag without its layer numbers; MXU: the matrix unit's\n"
+                "  work with padded tiles; bound: by FLOPs or by HBM bytes):\n",
                 r->device);
-        fprintf(f, "    %6s %10s %10s %10s %6s %10s  %s\n", "calls", "TFLOP", "MXU TFLOP", "HBM GB", "bound", "time (ms)",
-                "kernel");
+        fprintf(f, "    %6s %10s %10s %10s %6s %10s  %s\n", "calls", "TFLOP", "MXU TFLOP", "HBM GB", "bound",
+                "time (ms)", "kernel");
         for (int i = 0; i < r->nkernels; i++) {
             const model_tm_kernel *k = &r->kernels[i];
             fprintf(f, "    %6d %10.3f %10.3f %10.3f %6s %10.3f  %s\n", k->calls, k->flops / 1e12, k->mxu_flops / 1e12,
@@ -499,11 +508,12 @@ void model_tm_print(FILE *f, const cfg_hw *hw, const sim_mesh_desc *mesh, const 
         }
     }
     if (r->ncolls) {
-        fprintf(f, "  slowest kinds of collective (device %d; all calls of a kind; a kind: op, axes, phase and the tag\n"
-                   "  without its layer numbers):\n",
+        fprintf(f,
+                "  slowest kinds of collective (device %d; all calls of a kind; a kind: op, axes, phase and the tag\n"
+                "  without its layer numbers):\n",
                 r->device);
-        fprintf(f, "    %-17s %-16s %-8s %6s %12s %6s %8s %10s  %s\n", "op", "axes", "phase", "calls", "GB sent", "links",
-                "GB/s", "time (ms)", "tag");
+        fprintf(f, "    %-17s %-16s %-8s %6s %12s %6s %8s %10s  %s\n", "op", "axes", "phase", "calls", "GB sent",
+                "links", "GB/s", "time (ms)", "tag");
         for (int i = 0; i < r->ncolls; i++) {
             const model_tm_coll_kind *c = &r->colls[i];
             fprintf(f, "    %-17s %-16s %-8s %6d %12.3f %6d %8.1f %10.3f  %s\n", sim_op_name(c->rec.op),
@@ -532,10 +542,16 @@ void model_tm_json(cfg_jw *w, const cfg_hw *hw, const sim_mesh_desc *mesh, const
     cfg_jw_obj(w);
     cfg_jw_key(w, "hardware_profile");
     cfg_jw_str(w, hw->name);
-    static const char *const keys[] = {"step_s", "mfu", "compute_s", "bubble_s", "optimizer_s",
-                                       "exposed_communication_s", "peak_flops_per_device", "model_flops_per_device"};
-    const double vals[] = {r->step_s, r->mfu, r->compute_s, r->bubble_s, r->optimizer_s, r->exposed_s, r->peak,
-                           r->model_flops};
+    static const char *const keys[] = {"step_s",
+                                       "mfu",
+                                       "compute_s",
+                                       "bubble_s",
+                                       "optimizer_s",
+                                       "exposed_communication_s",
+                                       "peak_flops_per_device",
+                                       "model_flops_per_device"};
+    const double vals[] = {r->step_s,      r->mfu,       r->compute_s, r->bubble_s,
+                           r->optimizer_s, r->exposed_s, r->peak,      r->model_flops};
     static const int digits[] = {17, 6, 17, 17, 17, 17, 6, 6};
     for (int i = 0; i < 8; i++) {
         cfg_jw_key(w, keys[i]);

@@ -26,15 +26,15 @@
 
 /* The model's efficiency constants (configs/timemodel.yml). */
 typedef struct {
-    double mxu;               /* fraction of peak FLOP/s a matmul sustains */
-    double hbm;               /* fraction of HBM bandwidth a memory-bound kernel sustains */
-    double layout;            /* the same for a layout op (sim_cost.layout: MLA's splits, concatenations and
+    double mxu;           /* fraction of peak FLOP/s a matmul sustains */
+    double hbm;           /* fraction of HBM bandwidth a memory-bound kernel sustains */
+    double layout;        /* the same for a layout op (sim_cost.layout: MLA's splits, concatenations and
                                  head broadcasts, copies that change the array's tiling) */
-    double ici;               /* fraction of link bandwidth a collective sustains */
-    double dcn;               /* fraction of DCN bandwidth */
-    double hop_latency_s;     /* alpha: per step of a ring / per collective hop */
-    int prefetch;             /* weight collectives that may run ahead of compute */
-    bool overlap_weights;     /* weight collectives run asynchronously beside compute (else they serialise) */
+    double ici;           /* fraction of link bandwidth a collective sustains */
+    double dcn;           /* fraction of DCN bandwidth */
+    double hop_latency_s; /* alpha: per step of a ring / per collective hop */
+    int prefetch;         /* weight collectives that may run ahead of compute */
+    bool overlap_weights; /* weight collectives run asynchronously beside compute (else they serialise) */
 } model_tm_eff;
 
 sim_status model_tm_eff_load(const char *configs_dir, model_tm_eff *out);
@@ -59,8 +59,7 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap);
 double model_hw_peak(const cfg_hw *hw, const char *dtype, const char **note);
 
 /* Time of one collective record (seconds); links and bandwidth used for the listing. */
-double model_tm_collective(const cfg_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links,
-                           double *bw);
+double model_tm_collective(const cfg_hw *hw, const model_tm_eff *eff, const sim_record *r, int *links, double *bw);
 
 enum { MODEL_TM_MAX_AXES = 16, MODEL_TM_TOP = 8 };
 
@@ -68,59 +67,59 @@ enum { MODEL_TM_MAX_AXES = 16, MODEL_TM_TOP = 8 };
 typedef struct {
     sim_record rec;
     int links;
-    double bw;                /* bytes/s the model gives its group, per device */
+    double bw; /* bytes/s the model gives its group, per device */
     double time_s;
     bool async;
 } model_tm_coll;
 
 /* The kernels of one kind (their tags with the layer numbers left out) as the model timed them. */
 typedef struct {
-    char name[SIM_TAG_MAX];   /* tag with every digit run replaced by '*' */
+    char name[SIM_TAG_MAX]; /* tag with every digit run replaced by '*' */
     int calls;
-    double flops;             /* useful FLOPs */
-    double mxu_flops;         /* the matrix unit's work (padded tiles included) */
-    double bytes;             /* HBM bytes read and written */
+    double flops;     /* useful FLOPs */
+    double mxu_flops; /* the matrix unit's work (padded tiles included) */
+    double bytes;     /* HBM bytes read and written */
     double time_s;
-    int compute_bound;        /* calls whose FLOPs (not bytes) set the time */
+    int compute_bound; /* calls whose FLOPs (not bytes) set the time */
 } model_tm_kernel;
 
 /* The collectives of one kind (op, axes, phase and tag without its layer numbers) as timed. */
 typedef struct {
-    sim_record rec;           /* the first one (its tag with digit runs as '*') */
+    sim_record rec; /* the first one (its tag with digit runs as '*') */
     int calls;
-    double bytes;             /* bytes sent, all calls */
+    double bytes; /* bytes sent, all calls */
     int links;
     double bw;
-    double time_s;            /* all calls */
+    double time_s; /* all calls */
 } model_tm_coll_kind;
 
 /* A span of the modelled timeline (for trace.json). */
 typedef struct {
-    double t0, t1;            /* seconds from the step start */
-    int lane;                 /* 0 compute, 1 blocking collectives, 2 asynchronous collectives */
+    double t0, t1; /* seconds from the step start */
+    int lane;      /* 0 compute, 1 blocking collectives, 2 asynchronous collectives */
     char name[SIM_TAG_MAX];
 } model_tm_span;
 
 typedef struct {
-    double step_s;            /* estimated step time */
-    double compute_s;         /* kernel time on the slowest device (includes bubbles) */
-    double bubble_s;          /* of compute_s, pipeline bubble iterations */
-    double optimizer_s;       /* optimizer update (memory-bound) */
-    double exposed_s;         /* communication compute waited for */
-    int naxes;                /* exposed communication per group of mesh axes */
+    double step_s;      /* estimated step time */
+    double compute_s;   /* kernel time on the slowest device (includes bubbles) */
+    double bubble_s;    /* of compute_s, pipeline bubble iterations */
+    double optimizer_s; /* optimizer update (memory-bound) */
+    double exposed_s;   /* communication compute waited for */
+    int naxes;          /* exposed communication per group of mesh axes */
     sim_axes axes[MODEL_TM_MAX_AXES];
     double exposed_axes_s[MODEL_TM_MAX_AXES];
-    double model_flops;       /* per device: 3 x forward FLOPs (without remat recompute or bubbles) */
-    double mfu;               /* model_flops / (step_s x peak) */
-    double peak;              /* FLOP/s used */
-    int device;               /* the slowest device */
-    int ntop;                 /* the slowest collectives of that device */
+    double model_flops; /* per device: 3 x forward FLOPs (without remat recompute or bubbles) */
+    double mfu;         /* model_flops / (step_s x peak) */
+    double peak;        /* FLOP/s used */
+    int device;         /* the slowest device */
+    int ntop;           /* the slowest collectives of that device */
     model_tm_coll top[MODEL_TM_TOP];
-    int ncolls;               /* the slowest kinds of collective of that device, slowest first */
+    int ncolls; /* the slowest kinds of collective of that device, slowest first */
     model_tm_coll_kind colls[MODEL_TM_TOP];
-    int nkernels;             /* the slowest kinds of kernel of that device, slowest first */
+    int nkernels; /* the slowest kinds of kernel of that device, slowest first */
     model_tm_kernel kernels[MODEL_TM_TOP];
-    model_tm_span *spans;     /* the slowest device's timeline when asked for (free with free()) */
+    model_tm_span *spans; /* the slowest device's timeline when asked for (free with free()) */
     size_t nspans;
 } model_tm_result;
 
@@ -132,9 +131,8 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
 
 /* Whole machine: the slowest device's step `step`, plus the optimizer update (bytes per device it
  * reads and writes: params, grads, optimizer state at peak) and MFU. */
-sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m,
-                             int step, double bubble_fraction, double optimizer_bytes, bool want_spans,
-                             model_tm_result *out);
+sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m, int step,
+                             double bubble_fraction, double optimizer_bytes, bool want_spans, model_tm_result *out);
 
 /* Bytes the optimizer update reads and writes on the busiest device: AdamW reads parameters,
  * gradients and both moments and writes parameters and moments (2 P + G + 2 O, each category

@@ -83,8 +83,7 @@ static sim_status params_global(model_dev *md, model_grads *dst, const model_gra
             mesh_array *a = grads ? &p->g[l] : &p->w[l];
             if (src)
                 mesh_array_load_global(md->ctx.dev, &def->mesh, a, src->g[i] + (size_t)l * (size_t)src->layer_elems[i]);
-            else
-                SIM_TRY(model_store_layer(md, p, a, l, dst->g[i] + (size_t)l * (size_t)dst->layer_elems[i]));
+            else SIM_TRY(model_store_layer(md, p, a, l, dst->g[i] + (size_t)l * (size_t)dst->layer_elems[i]));
         }
     }
     return SIM_OK;
@@ -170,7 +169,7 @@ typedef struct {
 /* Re-makes per-layer array a (released: name, shape and spec kept) in category cat, zeroed. */
 static sim_status remake(model_dev *md, mesh_array *a, sim_mem_cat cat)
 {
-    mesh_array old = *a; /* mesh_array_new clears its output before reading the shape */
+    mesh_array old = *a;   /* mesh_array_new clears its output before reading the shape */
     if (old.counted_fixed) /* ZeRO-1 with accumulation: dtype */
         return mesh_array_new_as(md->ctx.dev, &md->def->mesh, old.name, old.rank, old.shape, &old.spec, SIM_F32,
                                  old.counted, cat, true, a);
@@ -331,10 +330,8 @@ static sim_status store_step_grads(model_train_job *job, model_dev *md, model_gr
             const model_param_def *pd = &def->defs[i];
             int64_t outer = 1, inner = 1, L = g->n_layers[i];
             for (int d = 0; d < pd->rank; d++)
-                if (pd->scan_dim >= 0 && d < pd->scan_dim)
-                    outer *= pd->shape[d];
-                else if (d != pd->scan_dim)
-                    inner *= pd->shape[d];
+                if (pd->scan_dim >= 0 && d < pd->scan_dim) outer *= pd->shape[d];
+                else if (d != pd->scan_dim) inner *= pd->shape[d];
             for (int64_t o = 0; o < outer; o++)
                 for (int64_t q = 0; q < L; q++) { /* stacked position q holds layer l (stage-major when pipelined) */
                     int64_t l = pd->scan_dim >= 0 ? model_param_stack_layer(&def->mesh, &md->p[i], q) : q;
@@ -463,8 +460,8 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     double loss_sum = 0;
     size_t wcopy = hoisted_copy_bytes(md), gacc = accumulation_copy_bytes(md);
     if (wcopy) SIM_TRY(sim_arena_charge(sim_device_arena(dev), wcopy, SIM_MEM_WCOPY, "hoisted weight copies"));
-    sim_status st = gacc ? sim_arena_charge(sim_device_arena(dev), gacc, SIM_MEM_GRADS, "gradient accumulation buffers")
-                         : SIM_OK;
+    sim_status st =
+        gacc ? sim_arena_charge(sim_device_arena(dev), gacc, SIM_MEM_GRADS, "gradient accumulation buffers") : SIM_OK;
     bool gacc_held = gacc && st == SIM_OK;
     for (int64_t g = 0; g < def->d.ga && st == SIM_OK; g++) {
         double lg = 0;
@@ -645,9 +642,10 @@ static sim_status train_device(sim_device *dev, void *arg)
         st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams,
                                    job->load_full_state, &loaded_step);
     if (st == SIM_OK && job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step - 1)
-        st = sim_err(SIM_ERR_INPUT, "checkpoint %s was saved after step %lld, not after step %lld as read from it "
-                     "before the run; it changed while the run started: run again", job->load_path, loaded_step,
-                     job->start_step - 1);
+        st = sim_err(SIM_ERR_INPUT,
+                     "checkpoint %s was saved after step %lld, not after step %lld as read from it "
+                     "before the run; it changed while the run started: run again",
+                     job->load_path, loaded_step, job->start_step - 1);
     /* ZeRO-1 holds only the optimizer-layout state between steps (the first step gathers too) */
     if (st == SIM_OK && md.zero1) zero1_release(&md, true);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;

@@ -60,12 +60,12 @@ typedef void (*model_step_cb)(const model_step_stats *s, void *arg);
 
 typedef struct {
     const model_def *def;
-    const model_data *data;        /* opened by the caller */
+    const model_data *data; /* opened by the caller */
     model_optim_cfg opt;
     long long steps;
-    const char *checkpoint_dir;    /* "" or NULL: none; else DIR/step_<s>.safetensors after step s (see below) */
+    const char *checkpoint_dir; /* "" or NULL: none; else DIR/step_<s>.safetensors after step s (see below) */
     long long checkpoint_period;
-    const char *load_path;         /* "" or NULL: start from the seeded init */
+    const char *load_path; /* "" or NULL: start from the seeded init */
     /* load_path holds the full state (load_full_state_path, or the latest
      * checkpoint of checkpoint_dir): the parameters, the optimizer moments
      * and the step it was saved after, which must be start_step - 1
@@ -79,19 +79,19 @@ typedef struct {
      * skip_save_on_completion). */
     bool load_full_state;
     long long start_step;
-    bool skip_save_on_start;       /* save_checkpoint_on_start=false: no checkpoint after step 0 */
-    bool skip_save_on_completion;  /* save_checkpoint_on_completion=false: none after the last step off the period */
-    model_step_cb on_step;         /* called by device 0 after every step */
+    bool skip_save_on_start;      /* save_checkpoint_on_start=false: no checkpoint after step 0 */
+    bool skip_save_on_completion; /* save_checkpoint_on_completion=false: none after the last step off the period */
+    model_step_cb on_step;        /* called by device 0 after every step */
     void *cb_arg;
     /* optional: called by device 0 after each layer's forward or backward (remat_policy=full) */
     void (*on_layer)(void *arg, int64_t step, int layer, bool backward);
-    int64_t step;                  /* the step running (for on_layer) */
-    model_step_stats *stats;       /* [steps], filled from start_step on */
-    model_grads *step_grads;       /* [steps] or NULL: every step's gradients (before clipping) */
-    model_grads *final_params;     /* NULL or: every parameter after the last step (allocated by model_train) */
+    int64_t step;                          /* the step running (for on_layer) */
+    model_step_stats *stats;               /* [steps], filled from start_step on */
+    model_grads *step_grads;               /* [steps] or NULL: every step's gradients (before clipping) */
+    model_grads *final_params;             /* NULL or: every parameter after the last step (allocated by model_train) */
     int32_t *inputs, *targets, *positions; /* host scratch: the step's rows (ga x rows_loaded) x seq (model_train) */
     int32_t *mb_inputs, *mb_targets, *mb_positions; /* one microbatch, rows_loaded x seq (the above when ga = 1) */
-    float *scratch;                /* one stacked parameter (ZeRO-1 step_grads), or NULL */
+    float *scratch;                                 /* one stacked parameter (ZeRO-1 step_grads), or NULL */
 } model_train_job;
 
 /* Microbatch g of a step's host rows (ga x rows, seq each) into out (rows x

@@ -133,17 +133,17 @@ sim_status batchsplit_setup(model_def *m, const cfg_config *cfg)
         return sim_err(SIM_ERR_INPUT, "%s", buf);
     }
     if (d->mode != MESH_MODE_EXPLICIT)
-        return refuse("shard_mode=auto",
-                      "the schedule is written with jax.reshard, reduced/unreduced specs and pcast, which need explicit "
-                      "mesh axes; set shard_mode=explicit");
+        return refuse(
+            "shard_mode=auto",
+            "the schedule is written with jax.reshard, reduced/unreduced specs and pcast, which need explicit "
+            "mesh axes; set shard_mode=explicit");
     if (!d->scan_layers)
         return refuse("scan_layers=false",
                       "MaxText runs the schedule inside the scanned DeepSeek branch only; set scan_layers=true");
     if (d->pipe.on)
         return refuse("ici_pipeline_parallelism",
                       "the pipeline branch of MaxText's decoder has no batch-split schedule; use 1 stage");
-    if (d->zero1)
-        return refuse("shard_optimizer_over_data=true", "not simulated together; drop one of the two");
+    if (d->zero1) return refuse("shard_optimizer_over_data=true", "not simulated together; drop one of the two");
     int64_t moe_layers = d->layers - ds->dense_layers;
     if (moe_layers < 4) {
         snprintf(buf, sizeof buf,
@@ -158,7 +158,8 @@ sim_status batchsplit_setup(model_def *m, const cfg_config *cfg)
     if (!ds->moe.routed_bias)
         return refuse("routed_bias=false", "the schedule always adds the gate bias; set routed_bias=true");
     if (ds->mla.q_lora < 1)
-        return refuse("q_lora_rank=0", "the schedule's MLA always has the wq_a/wq_b low-rank query; set q_lora_rank > 0");
+        return refuse("q_lora_rank=0",
+                      "the schedule's MLA always has the wq_a/wq_b low-rank query; set q_lora_rank > 0");
     if (ds->moe.shared_experts < 1)
         return refuse("shared_experts=0", "the schedule always runs a shared expert; use shared_experts >= 1");
     if (ds->moe.lb_weight > 0)
@@ -171,8 +172,9 @@ sim_status batchsplit_setup(model_def *m, const cfg_config *cfg)
     if (mtp > 0) /* MaxText runs them through the schedule's own per-layer variant (batch_split_layer) */
         return refuse("mtp_num_layers", "the multi-token-prediction layers of the schedule are not simulated; set 0");
     if (ds->moe.shard_exp_on_fsdp)
-        return refuse("shard_exp_on_fsdp=true",
-                      "the schedule's gather_weights expects the routed experts on ('expert', 'fsdp', None); set false");
+        return refuse(
+            "shard_exp_on_fsdp=true",
+            "the schedule's gather_weights expects the routed experts on ('expert', 'fsdp', None); set false");
     /* group-limited routing, top 2 experts per group (hard-coded top_k_in_group=2); deepseek.c read
      * and checked the groups (routing_groups = 0: off) */
     if (ds->moe.routing_groups < 1)
@@ -290,10 +292,8 @@ static void interleave(float *x, float *mb0, float *mb1, int64_t R, int64_t W, b
         for (int i = 0; i < 2; i++) {
             if (!mb[i]) continue;
             float *xr = x + (2 * r + i) * W, *mr = mb[i] + r * W;
-            if (to_x)
-                memcpy(xr, mr, (size_t)W * sizeof(float));
-            else
-                memcpy(mr, xr, (size_t)W * sizeof(float));
+            if (to_x) memcpy(xr, mr, (size_t)W * sizeof(float));
+            else memcpy(mr, xr, (size_t)W * sizeof(float));
         }
 }
 
@@ -354,8 +354,7 @@ static sim_status merge_vjp(mesh_tape *t, mesh_entry *e)
         ds.partial = y->grad.spec.partial;
         mesh_array d;
         SIM_TRY(mesh_tape_zeros(t, "merge/d", mb[i]->val.rank, mb[i]->val.shape, &ds, SIM_MEM_TEMP, &d));
-        interleave(y->grad.data, i ? NULL : d.data, i ? d.data : NULL, y->val.local[0] / 2, row_width(&y->val),
-                   false);
+        interleave(y->grad.data, i ? NULL : d.data, i ? d.data : NULL, y->val.local[0] / 2, row_width(&y->val), false);
         SIM_TRY(mesh_tape_accumulate(t, mb[i], &d, tag));
     }
     return SIM_OK;
@@ -392,10 +391,11 @@ static sim_status split_positions(model_dev *md, mesh_tape *t, const mesh_array 
     mesh_spec s = act_spec(c->mesh, 2);
     mesh_array p;
     SIM_TRY(mesh_array_clone(c->dev, c->mesh, pos, "batch_split/positions", SIM_MEM_TEMP, &p));
-    if (!mesh_spec_equal(&p.spec, &s)) SIM_TRY(mesh_reshard(c->dev, c->mesh, &p, &s, sim_meta_tag("batch_split/positions")));
+    if (!mesh_spec_equal(&p.spec, &s))
+        SIM_TRY(mesh_reshard(c->dev, c->mesh, &p, &s, sim_meta_tag("batch_split/positions")));
     int64_t shape[2] = {p.shape[0] / 2, p.shape[1]};
-    sim_status st = mesh_array_new_raw(c->dev, c->mesh, "batch_split/positions_mb", 2, shape, &s, SIM_I32,
-                                       SIM_MEM_TEMP, &v->val);
+    sim_status st =
+        mesh_array_new_raw(c->dev, c->mesh, "batch_split/positions_mb", 2, shape, &s, SIM_I32, SIM_MEM_TEMP, &v->val);
     *out = v->val;
     if (st == SIM_OK && p.data) {
         const int32_t *src = p.data;
@@ -440,11 +440,13 @@ static sim_status gather_vjp(mesh_tape *t, mesh_entry *e)
     }
     if (!routed && ex >= 0) {
         snprintf(tag, sizeof tag, "%.70s/ws_grad_psum_expert", base);
-        SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(ex), sim_meta_counted(sim_meta_weight(tag), wire)));
+        SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(ex),
+                               sim_meta_counted(sim_meta_weight(tag), wire)));
     }
     if (da >= 0) { /* all_reduce_ws_grad_dcn: a separate step, meant for DCN */
         snprintf(tag, sizeof tag, "%.70s/all_reduce_ws_grad_dcn", base);
-        SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(da), sim_meta_counted(sim_meta_weight(tag), wire)));
+        SIM_TRY(sim_all_reduce(c->dev, dw.data, dw.data, dw.nlocal, SIM_F32, sim_axes_1(da),
+                               sim_meta_counted(sim_meta_weight(tag), wire)));
     }
     dw.spec.partial = 0;
     return mesh_tape_accumulate(t, w, &dw, base);
@@ -469,8 +471,8 @@ static sim_status gather_now(model_dev *md, int l, int w, mesh_array *out)
         size_t outer = 1, inner = 1;
         for (int k = 0; k < bw->fsdp_dim; k++) outer *= (size_t)wa->local[k];
         for (int k = bw->fsdp_dim + 1; k < wa->rank; k++) inner *= (size_t)wa->local[k];
-        return sim_all_gather_dim(c->dev, wa->data, out->data, outer, (size_t)wa->local[bw->fsdp_dim], inner,
-                                  SIM_F32, sim_axes_1(f), sim_meta_counted(sim_meta_weight(tag), md->def->d.act_dtype));
+        return sim_all_gather_dim(c->dev, wa->data, out->data, outer, (size_t)wa->local[bw->fsdp_dim], inner, SIM_F32,
+                                  sim_axes_1(f), sim_meta_counted(sim_meta_weight(tag), md->def->d.act_dtype));
     }
     if (wa->data) memcpy(out->data, wa->data, wa->nlocal * sizeof(float));
     return SIM_OK;
@@ -581,9 +583,13 @@ static sim_status route(model_dev *md, mesh_tape *t, mesh_var *scores, const mes
         float *sel = malloc((size_t)E * sizeof *sel);
         /* the schedule's routing (deepseek_batchsplit.py): sigmoid scores, group-limited top-k of
          * scores + bias, weights the chosen pre-bias scores renormalised without an epsilon */
-        const model_moe_route_cfg rc = {.k = k, .sigmoid = true, .scaling = ds->moe.routed_scale,
-                                        .bias_selects_only = true, .groups = ds->moe.routing_groups,
-                                        .topk_groups = ds->moe.topk_groups, .no_eps = true};
+        const model_moe_route_cfg rc = {.k = k,
+                                        .sigmoid = true,
+                                        .scaling = ds->moe.routed_scale,
+                                        .bias_selects_only = true,
+                                        .groups = ds->moe.routing_groups,
+                                        .topk_groups = ds->moe.topk_groups,
+                                        .no_eps = true};
         for (int64_t n = 0; n < N; n++)
             model_moe_route_token((const float *)sa.data + n * E, ba.data, E, &rc, (uint64_t)n, sel,
                                   (int32_t *)(*indices)->val.data + n * k, (float *)(*weights)->val.data + n * k);
@@ -611,11 +617,11 @@ typedef struct {
     int64_t N, cap;                  /* local assignment rows (real), static rows */
     int ax;                          /* expert mesh axis, or -1 */
     sim_dtype wire;
-    int32_t *row;                    /* [EP*Tl*k] row of assignment (t, j) in the sorted rows, or -1 */
-    int32_t *gsz;                    /* [XL] rows per local expert */
-    int32_t *tok;                    /* [cap] token of each sorted row, [cap] its slot j after */
-    float *rw;                       /* [N] router weight of each sorted row */
-    bs_buf xr, h0, h1;               /* sorted inputs and the two gating products (activations) */
+    int32_t *row;      /* [EP*Tl*k] row of assignment (t, j) in the sorted rows, or -1 */
+    int32_t *gsz;      /* [XL] rows per local expert */
+    int32_t *tok;      /* [cap] token of each sorted row, [cap] its slot j after */
+    float *rw;         /* [N] router weight of each sorted row */
+    bs_buf xr, h0, h1; /* sorted inputs and the two gating products (activations) */
     char tag[SIM_TAG_MAX];
 } bs_moe;
 
@@ -638,8 +644,8 @@ static const char *stag(const bs_moe *s, const char *what, char *buf, size_t cap
     return buf;
 }
 
-static sim_status gather_tokens(const bs_moe *s, const void *src, void *dst, size_t count, sim_dtype dt,
-                                sim_dtype wire, const char *what)
+static sim_status gather_tokens(const bs_moe *s, const void *src, void *dst, size_t count, sim_dtype dt, sim_dtype wire,
+                                const char *what)
 {
     char tag[SIM_TAG_MAX];
     if (s->ax < 0) {
@@ -751,8 +757,8 @@ static sim_status moe_vjp(mesh_tape *t, mesh_entry *e)
 /* The routed experts of one microbatch: x (B, S, M) with the activation spec, the routing
  * (B, S, k), the gathered expert weights w0/w1 (X, M, H) and wo (X, H, M), P('expert', None, None).
  * out = sum_j FFN_{idx_j}(x) with FFN_e(x) = ((silu(x w0[e]) * (x w1[e])) * weight_j) wo[e]. */
-static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_var *rwv, mesh_var *idxv,
-                                 mesh_var *w0, mesh_var *w1, mesh_var *wo, mesh_var **out)
+static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_var *rwv, mesh_var *idxv, mesh_var *w0,
+                                 mesh_var *w1, mesh_var *wo, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     const model_dims *d = &md->def->d;
@@ -787,10 +793,8 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     int64_t cap = s->cap;
     /* route: the tokens, their routing and the group sizes over expert */
     if ((st = buf_alloc(dev, &xg, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/x_gathered", false))) goto out;
-    if ((st = buf_alloc(dev, &rwg, (size_t)(EP * Tl * k) * 4, SIM_MEM_TEMP, "moe/weights_gathered", false)))
-        goto out;
-    if ((st = buf_alloc_dt(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/experts_gathered",
-                           false)))
+    if ((st = buf_alloc(dev, &rwg, (size_t)(EP * Tl * k) * 4, SIM_MEM_TEMP, "moe/weights_gathered", false))) goto out;
+    if ((st = buf_alloc_dt(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/experts_gathered", false)))
         goto out;
     if ((st = buf_alloc_dt(dev, &gsum, (size_t)ds->moe.experts * 4, SIM_I32, SIM_MEM_TEMP, "moe/group_sizes", true)))
         goto out;
@@ -806,15 +810,13 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
                                  sim_meta_tag(stag(s, "route_psum_group_sizes", tag, sizeof tag)))))
             goto out;
     }
-    if ((st = gather_tokens(s, xa.data, xg.p, (size_t)(Tl * M), SIM_F32, s->wire, "route_all_gather_tokens")))
-        goto out;
+    if ((st = gather_tokens(s, xa.data, xg.p, (size_t)(Tl * M), SIM_F32, s->wire, "route_all_gather_tokens"))) goto out;
     /* local sort by expert (model_moe_permute): rows of this shard's experts, in (expert, token, slot) order */
     if ((st = buf_alloc(dev, &s->xr, (size_t)(cap * M) * 4, SIM_MEM_ACTIVATIONS, "moe/x_sorted", false))) goto out;
     if ((st = buf_alloc(dev, &s->h0, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_0", false))) goto out;
     if ((st = buf_alloc(dev, &s->h1, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_1", false))) goto out;
     if ((st = buf_alloc(dev, &yb, (size_t)(cap * M) * 4, SIM_MEM_TEMP, "moe/wo_out", false))) goto out;
-    if ((st = buf_alloc(dev, &oall, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/out_gathered", true)))
-        goto out;
+    if ((st = buf_alloc(dev, &oall, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/out_gathered", true))) goto out;
     s->gsz = calloc((size_t)XL, sizeof *s->gsz);
     if (xg.p) {
         const int32_t *ix = ig.p;
@@ -868,8 +870,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     buf_free(dev, &rwg);
     buf_free(dev, &xg);
     if ((st = new_out(t, "moe/out", 3, xa.shape, &as, SIM_F32, out))) goto out;
-    if ((st = scatter_tokens(s, oall.p, (*out)->val.data, (size_t)(EP * Tl * M), "unroute_reduce_scatter")))
-        goto out;
+    if ((st = scatter_tokens(s, oall.p, (*out)->val.data, (size_t)(EP * Tl * M), "unroute_reduce_scatter"))) goto out;
     mesh_var *in[5] = {x, rwv, w0, w1, wo};
     mesh_entry *e = mesh_tape_record(t, moe_vjp, s->tag, 5, in, 1, out);
     if (e) {
@@ -923,10 +924,10 @@ static sim_status moe_block(model_dev *md, mesh_tape *t, int gl, mesh_var *h, me
     model_param *pn = &md->p[ln2];
     mesh_var *scale = mesh_tape_param(t, &pn->w[l], mesh_tape_recording(t) && pn->g ? &pn->g[l] : NULL);
     SIM_TRY(mesh_nn_rmsnorm(t, h, scale, m->d.eps, "post_self_attention_layer_norm", &hs));
-    SIM_TRY(model_moe_shared_experts(md, t, model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wi_0.kernel"),
-                                     model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wi_1.kernel"),
-                                     model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wo.kernel"), l,
-                                     hs, &shared));
+    SIM_TRY(model_moe_shared_experts(
+        md, t, model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wi_0.kernel"),
+        model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wi_1.kernel"),
+        model_param_at(m, MOE_LAYERS, "DeepSeekMoeBlock_0.shared_experts.wo.kernel"), l, hs, &shared));
     /* the schedule keeps every activation in its own spec (data kept at size 1) */
     SIM_TRY(mesh_ad_shard_as(t, shared, &h->val.spec, "shared_experts/out", &shared));
     SIM_TRY(mesh_ad_einsum(t, "bte,ex->btx", hs, gw[W_GATE], NULL, "gate", &logits));
@@ -967,10 +968,8 @@ sim_status batchsplit_layer(model_dev *md, mesh_tape *t, const model_batch *b, i
         model_param *p = &md->p[i];
         mesh_var *leaf = mesh_tape_param(t, &p->w[l], mesh_tape_recording(t) && p->g ? &p->g[l] : NULL);
         mesh_array g;
-        if (pf->layer == l)
-            g = pf->w[w];
-        else
-            SIM_TRY(gather_now(md, l, w, &g));
+        if (pf->layer == l) g = pf->w[w];
+        else SIM_TRY(gather_now(md, l, w, &g));
         memset(&pf->w[w], 0, sizeof pf->w[w]);
         SIM_TRY(use_gathered(md, t, leaf, &g, &WEIGHTS[w], &gw[w]));
         md->wover[i] = gw[w];

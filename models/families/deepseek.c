@@ -97,23 +97,22 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
                        "function: the raw gate logits)",
                        sf);
     /* MaxText's GateLogit applies the score function only when one is named: "" keeps the raw logits */
-    ds->moe.routed_score = !sf || !*sf ? MODEL_MOE_SCORE_NONE : !strcmp(sf, "sigmoid") ? MODEL_MOE_SCORE_SIGMOID
-                                                                                  : MODEL_MOE_SCORE_SOFTMAX;
+    ds->moe.routed_score = !sf || !*sf              ? MODEL_MOE_SCORE_NONE
+                           : !strcmp(sf, "sigmoid") ? MODEL_MOE_SCORE_SIGMOID
+                                                    : MODEL_MOE_SCORE_SOFTMAX;
     ds->moe.routed_sigmoid = ds->moe.routed_score == MODEL_MOE_SCORE_SIGMOID;
     SIM_TRY(model_cfg_bool(cfg, "routed_bias", &ds->moe.routed_bias));
     /* moe.py keys DeepSeek-V3 routing (and the gate bias as a MoEBiasVar) on these model-name prefixes */
     ds->moe.bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9) ||
-                           !strncmp(d->model_name, "kimi-k2", 7);
+                                !strncmp(d->model_name, "kimi-k2", 7);
     SIM_TRY(cfg_get_double(cfg, "load_balance_loss_weight", &ds->moe.lb_weight));
     SIM_TRY(cfg_get_double(cfg, "capacity_factor", &ds->moe.capacity_factor));
     bool sparse;
     SIM_TRY(model_cfg_bool(cfg, "sparse_matmul", &sparse));
     /* MaxText 0.2.5 (RoutedMoE.__call__): sparse_matmul=true runs the dropless sparse path whatever
      * capacity_factor says; capacity_factor > 0 drops tokens only on the dense path */
-    if (sparse)
-        ds->moe.capacity_factor = -1;
-    else if (ds->moe.capacity_factor <= 0)
-        ds->moe.capacity_factor = 0; /* dense dropless: capacity = sequence */
+    if (sparse) ds->moe.capacity_factor = -1;
+    else if (ds->moe.capacity_factor <= 0) ds->moe.capacity_factor = 0; /* dense dropless: capacity = sequence */
     SIM_TRY(model_cfg_bool(cfg, "shard_exp_on_fsdp", &ds->moe.shard_exp_on_fsdp));
     SIM_TRY(model_cfg_i64(cfg, "q_lora_rank", &ds->mla.q_lora));
     SIM_TRY(model_cfg_i64(cfg, "kv_lora_rank", &ds->mla.kv_lora));
@@ -144,7 +143,9 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
     static const char *const att[] = {"global", "mla"};
     int at;
     SIM_TRY(cfg_get_enum(cfg, "attention_type", att, 2, &at));
-    if (at != 1) return unsupported(cfg, "attention_type", "decoder_block=deepseek uses multi-head latent attention; set attention_type=mla");
+    if (at != 1)
+        return unsupported(cfg, "attention_type",
+                           "decoder_block=deepseek uses multi-head latent attention; set attention_type=mla");
     const char **acts;
     int nacts;
     SIM_TRY(cfg_get_str_list(cfg, "mlp_activations", &acts, &nacts));
@@ -152,12 +153,14 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
     free(acts);
     if (!swiglu) return sim_err(SIM_ERR_INPUT, "mlp_activations: only [\"silu\", \"linear\"] (SwiGLU) is simulated");
     if (d->fused_qkv) /* attention_mla.py: assert not config.fused_qkv */
-        return sim_err(SIM_ERR_INPUT, "fused_qkv=true with decoder_block=deepseek: MaxText 0.2.5 asserts \"Fused QKV is "
-                                      "not supported for MLA\" (multi-head latent attention has no q/k/v kernels to "
-                                      "fuse); set fused_qkv=false");
+        return sim_err(SIM_ERR_INPUT,
+                       "fused_qkv=true with decoder_block=deepseek: MaxText 0.2.5 asserts \"Fused QKV is "
+                       "not supported for MLA\" (multi-head latent attention has no q/k/v kernels to "
+                       "fuse); set fused_qkv=false");
     if (d->fused_mlp)
-        return unsupported(cfg, "fused_mlp", "the fused wi kernel is simulated for decoder_block=llama2 only; use "
-                                             "fused_mlp=false with DeepSeek");
+        return unsupported(cfg, "fused_mlp",
+                           "the fused wi kernel is simulated for decoder_block=llama2 only; use "
+                           "fused_mlp=false with DeepSeek");
     bool b;
     /* MaxText reads use_ring_of_experts on the sparse path only (moe.py sparse_matmul); the dense
      * path ignores it */
@@ -184,12 +187,16 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
                 snprintf(key, sizeof key, "%s_tile_%s_%s", tw[w], tp[p], td[i]);
                 SIM_TRY(model_cfg_i64(cfg, key, &ds->moe.gmm_tiles[w][p][i]));
                 if (ds->moe.gmm_tiles[w][p][i] <= 0)
-                    return sim_err(SIM_ERR_INPUT, "%s=%lld: expected a tile size > 0; set a positive size (MaxText's default is %d)", key,
-                                   (long long)ds->moe.gmm_tiles[w][p][i], i ? 1024 : 512);
+                    return sim_err(SIM_ERR_INPUT,
+                                   "%s=%lld: expected a tile size > 0; set a positive size (MaxText's default is %d)",
+                                   key, (long long)ds->moe.gmm_tiles[w][p][i], i ? 1024 : 512);
             }
     double f;
     SIM_TRY(cfg_get_double(cfg, "ragged_buffer_factor", &f));
-    if (f > 0) return unsupported(cfg, "ragged_buffer_factor", "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 (dropless) or capacity_factor > 0 for the dense dropping path");
+    if (f > 0)
+        return unsupported(cfg, "ragged_buffer_factor",
+                           "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 "
+                           "(dropless) or capacity_factor > 0 for the dense dropping path");
     /* group-limited routing: moe.py reads the groups in deepseek_routing only (DeepSeek-V3 names) */
     long long groups, keep;
     SIM_TRY(cfg_get_int(cfg, "n_routing_groups", &groups));
@@ -235,8 +242,10 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
     SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &ds->mtp_layers));
     SIM_TRY(cfg_get_double(cfg, "mtp_loss_scaling_factor", &ds->mtp_scale));
     if (ds->mtp_layers < 0 || ds->mtp_layers > MTP_MAX)
-        return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld: shardsim simulates 0 to %d multi-token prediction layers "
-                       "(DeepSeek-V3 uses 1)", (long long)ds->mtp_layers, MTP_MAX);
+        return sim_err(SIM_ERR_INPUT,
+                       "mtp_num_layers=%lld: shardsim simulates 0 to %d multi-token prediction layers "
+                       "(DeepSeek-V3 uses 1)",
+                       (long long)ds->mtp_layers, MTP_MAX);
     if (ds->mtp_layers > 0) {
         SIM_TRY(model_cfg_bool(cfg, "mtp_reuse_input_embedding", &b));
         if (b)
@@ -247,8 +256,9 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
         SIM_TRY(model_cfg_i64(cfg, "ici_pipeline_parallelism", &pp[0]));
         SIM_TRY(model_cfg_i64(cfg, "dcn_pipeline_parallelism", &pp[1]));
         if (pp[0] > 1 || pp[1] > 1)
-            return unsupported(cfg, "mtp_num_layers", "multi-token prediction with pipeline parallelism is not "
-                                                      "simulated; use ici/dcn_pipeline_parallelism=1 or mtp_num_layers=0");
+            return unsupported(cfg, "mtp_num_layers",
+                               "multi-token prediction with pipeline parallelism is not "
+                               "simulated; use ici/dcn_pipeline_parallelism=1 or mtp_num_layers=0");
         if (d->ga > 1)
             return unsupported(cfg, "mtp_num_layers",
                                "multi-token prediction with gradient_accumulation_steps > 1 (MaxText then weights the "
@@ -264,10 +274,10 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
     /* remat policies: the routed experts keep MaxText's moe.py tags of the grouped matmul (mlpwi_0,
      * moe_mlpwi_0/1, mlpwo, moe_mlpwo: model_moe_cfg.keep); the sorted inputs and the routing maps
      * (custom-only keys) and the batch-split schedule (its own MoE region) do not keep theirs */
-    static const model_ckpt_name moe_tags[] = {MODEL_CKPT_MLPWI,       MODEL_CKPT_MLPWI_0,     MODEL_CKPT_MLPWI_1,
-                                               MODEL_CKPT_MLPWO,       MODEL_CKPT_MOE_MLPWI_0, MODEL_CKPT_MOE_MLPWI_1,
-                                               MODEL_CKPT_MOE_MLPWO,   MODEL_CKPT_MOE_X_SORTED,
-                                               MODEL_CKPT_MOE_ROUTING_MAPS};
+    static const model_ckpt_name moe_tags[] = {
+        MODEL_CKPT_MLPWI,     MODEL_CKPT_MLPWI_0,      MODEL_CKPT_MLPWI_1,
+        MODEL_CKPT_MLPWO,     MODEL_CKPT_MOE_MLPWI_0,  MODEL_CKPT_MOE_MLPWI_1,
+        MODEL_CKPT_MOE_MLPWO, MODEL_CKPT_MOE_X_SORTED, MODEL_CKPT_MOE_ROUTING_MAPS};
     for (size_t i = 0; i < sizeof moe_tags / sizeof moe_tags[0] && d->layers > ds->dense_layers; i++) {
         model_ckpt_name n = moe_tags[i];
         if (d->ckpt[n] == MODEL_CKPT_REMAT) continue;
@@ -295,14 +305,18 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
     int64_t pv[] = {ds->mla.kv_lora, ds->mla.qk_nope, ds->mla.qk_rope, ds->mla.v_head};
     for (int i = 0; i < 4; i++)
         if (pv[i] < 1) return sim_err(SIM_ERR_INPUT, "%s=%lld: must be at least 1", pk[i], (long long)pv[i]);
-    if (ds->mla.q_lora < 0) return sim_err(SIM_ERR_INPUT, "q_lora_rank=%lld: use 0 (plain query projection) or a rank", (long long)ds->mla.q_lora);
-    if (ds->mla.qk_rope % 2) return sim_err(SIM_ERR_INPUT, "qk_rope_head_dim=%lld: RoPE needs an even dim", (long long)ds->mla.qk_rope);
+    if (ds->mla.q_lora < 0)
+        return sim_err(SIM_ERR_INPUT, "q_lora_rank=%lld: use 0 (plain query projection) or a rank",
+                       (long long)ds->mla.q_lora);
+    if (ds->mla.qk_rope % 2)
+        return sim_err(SIM_ERR_INPUT, "qk_rope_head_dim=%lld: RoPE needs an even dim", (long long)ds->mla.qk_rope);
     if (d->layers > ds->dense_layers) {
         if (ds->moe.experts < 1 || ds->moe.top_k < 1 || ds->moe.top_k > ds->moe.experts || ds->moe.top_k > 64)
-            return sim_err(SIM_ERR_INPUT,
-                           "num_experts_per_tok=%lld with num_experts=%lld: a MoE layer routes each token to 1..min(64, "
-                           "num_experts) experts",
-                           (long long)ds->moe.top_k, (long long)ds->moe.experts);
+            return sim_err(
+                SIM_ERR_INPUT,
+                "num_experts_per_tok=%lld with num_experts=%lld: a MoE layer routes each token to 1..min(64, "
+                "num_experts) experts",
+                (long long)ds->moe.top_k, (long long)ds->moe.experts);
         if (ds->moe.moe_mlp < 1)
             return sim_err(SIM_ERR_INPUT, "base_moe_mlp_dim=%lld: the MoE layers need the routed experts' width",
                            (long long)ds->moe.moe_mlp);
@@ -326,9 +340,8 @@ static void add(model_def *m, const char *path, int rank, const int64_t *shape, 
         d->shape[i] = shape[i];
         d->logical[i] = logical[i];
     }
-    d->scan_dim = rank > 1 && logical[1] && (!strcmp(logical[1], "dense_layers") || !strcmp(logical[1], "moe_layers"))
-                      ? 1
-                      : -1;
+    d->scan_dim =
+        rank > 1 && logical[1] && (!strcmp(logical[1], "dense_layers") || !strcmp(logical[1], "moe_layers")) ? 1 : -1;
     d->init = init;
     d->scale = scale;
 }
@@ -364,7 +377,8 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     char p[MODEL_PATH_MAX];
     const bool un = prefix != NULL;
     if (un) stack = "layers"; /* a placeholder name for the stack dim add_layer drops */
-#define PATH(fmt) (un ? snprintf(p, sizeof p, "%s." fmt, prefix) : snprintf(p, sizeof p, "params.decoder.%s." fmt, stack), p)
+#define PATH(fmt)                                                                                                      \
+    (un ? snprintf(p, sizeof p, "%s." fmt, prefix) : snprintf(p, sizeof p, "params.decoder.%s." fmt, stack), p)
 #define add(m, ...) add_layer(m, un, __VA_ARGS__)
     add(m, PATH("pre_self_attention_layer_norm.scale"), 2, (int64_t[]){E, n}, (const char *[]){"norm", stack},
         MODEL_INIT_ONES, 0);
@@ -420,11 +434,11 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     }
     /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
     const char *const *wi = ds->moe.shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, NULL, "mlp_moe"}
-                            : ds->batch_split     ? (const char *[]){"expert_only", stack, "embed_moe", NULL}
-                                                 : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
+                            : ds->batch_split         ? (const char *[]){"expert_only", stack, "embed_moe", NULL}
+                                                      : (const char *[]){"exp", stack, "embed_moe", "mlp_moe"};
     const char *const *wo = ds->moe.shard_exp_on_fsdp ? (const char *[]){"embed_moe", stack, "mlp_moe", NULL}
-                            : ds->batch_split     ? (const char *[]){"expert_only", stack, NULL, "embed_moe"}
-                                                 : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
+                            : ds->batch_split         ? (const char *[]){"expert_only", stack, NULL, "embed_moe"}
+                                                      : (const char *[]){"exp", stack, "mlp_moe", "embed_moe"};
     /* (with batch split, moe.py's get_batchsplit_init_kernel_axes; shard_exp_on_fsdp takes precedence there too) */
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.wi_0"), 4, (int64_t[]){X, n, E, Hm}, wi, MODEL_INIT_TRUNC_NORMAL,
         fan_in(E));
@@ -444,7 +458,10 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
 #undef PATH
 }
 
-static void define_stack(model_def *m, const char *stack, int64_t n, bool moe) { define_layers(m, NULL, stack, n, moe); }
+static void define_stack(model_def *m, const char *stack, int64_t n, bool moe)
+{
+    define_layers(m, NULL, stack, n, moe);
+}
 
 /* MaxText's MultiTokenPredictionBlock: mtp_block.mtp_layer_<k> holds mtp_<k>_embedding_norm,
  * mtp_<k>_hidden_state_norm, mtp_<k>_projection (2 emb -> emb, ('embed', None)), the transformer
@@ -541,10 +558,10 @@ static sim_status deepseek_define(model_def *m, const cfg_config *cfg)
 /* ------------------------------------------------------------ parameter lookup */
 
 typedef struct {
-    int ln1, ln2;                                                     /* norms */
-    model_mla_params mla;                                             /* attention */
-    int wi0, wi1, wo;                                                 /* dense MLP or shared experts */
-    int gate, gate_bias, ew0, ew1, ewo;                               /* routed experts */
+    int ln1, ln2;                       /* norms */
+    model_mla_params mla;               /* attention */
+    int wi0, wi1, wo;                   /* dense MLP or shared experts */
+    int gate, gate_bias, ew0, ew1, ewo; /* routed experts */
 } ds_stack;
 
 /* The parameters of the layers under `s` (params.decoder.<stack> or an MTP transformer layer). */
@@ -641,10 +658,8 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(model_shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
     SIM_TRY(model_dense(md, t, "bte,ex->btx", xin, param(md, t, s->gate, l), "gate", 3, GATE_OUT, &logits));
     SIM_TRY(model_shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
-    if (ds->moe.routed_score == MODEL_MOE_SCORE_NONE)
-        scores = logits;
-    else
-        SIM_TRY(model_moe_scores(t, logits, ds->moe.routed_sigmoid, "scores", &scores));
+    if (ds->moe.routed_score == MODEL_MOE_SCORE_NONE) scores = logits;
+    else SIM_TRY(model_moe_scores(t, logits, ds->moe.routed_sigmoid, "scores", &scores));
     mesh_var *bias = s->gate_bias >= 0 ? param(md, t, s->gate_bias, l) : NULL;
     model_moe_cfg mc;
     memset(&mc, 0, sizeof mc);
@@ -654,7 +669,8 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     mc.output_dead = ring && md->recomputing;
     for (int w = 0; w < 2; w++)
         for (int p = 0; p < 3; p++)
-            mc.gmm[w][p] = (model_moe_tile){ds->moe.gmm_tiles[w][p][0], ds->moe.gmm_tiles[w][p][1], ds->moe.gmm_tiles[w][p][2]};
+            mc.gmm[w][p] =
+                (model_moe_tile){ds->moe.gmm_tiles[w][p][0], ds->moe.gmm_tiles[w][p][1], ds->moe.gmm_tiles[w][p][2]};
     if (ring) {
         /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
          * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3
@@ -662,18 +678,17 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         SIM_TRY(model_moe_ring_gather(t, xin, mc.ep, "ring_all_gather_inputs", &xin));
         if (bias && ds->moe.bias_selects_only)
             SIM_TRY(model_moe_ring_gather_biased(t, scores, bias, mc.ep, "ring_all_gather_logits"));
-        SIM_TRY(model_moe_ring_gather(t, scores, mc.ep,
-                                     bias && ds->moe.bias_selects_only ? "ring_all_gather_pre_bias_logits"
-                                                                  : "ring_all_gather_logits",
-                                     &scores));
+        SIM_TRY(model_moe_ring_gather(
+            t, scores, mc.ep,
+            bias && ds->moe.bias_selects_only ? "ring_all_gather_pre_bias_logits" : "ring_all_gather_logits", &scores));
     }
     model_moe_route_cfg rc = {.k = (int)ds->moe.top_k,
-                             .sigmoid = ds->moe.routed_sigmoid,
-                             .scaling = ds->moe.routed_scale,
-                             .bias_selects_only = ds->moe.bias_selects_only,
-                             .groups = ds->moe.routing_groups,
-                             .topk_groups = ds->moe.topk_groups,
-                             .random = ds->moe.random_routing};
+                              .sigmoid = ds->moe.routed_sigmoid,
+                              .scaling = ds->moe.routed_scale,
+                              .bias_selects_only = ds->moe.bias_selects_only,
+                              .groups = ds->moe.routing_groups,
+                              .topk_groups = ds->moe.topk_groups,
+                              .random = ds->moe.random_routing};
     if (ds->moe.random_routing) { /* MaxText draws from its params RNG stream; here a key per (seed, step, layer) */
         uint64_t step = (uint64_t)sim_device_step(md->ctx.dev);
         char site[256];
@@ -697,7 +712,8 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
      * the backward would give the same counts, and MaxText's compiled step does not recompute them
      * (the counts leave the layer as an output; no gradient reads them) */
     if (md->bias_counts && sim_device_phase(md->ctx.dev) != SIM_PHASE_BACKWARD)
-        SIM_TRY(model_moe_expert_counts(t, indices, ds->moe.experts, "expert_counts", md->bias_counts + l * ds->moe.experts));
+        SIM_TRY(model_moe_expert_counts(t, indices, ds->moe.experts, "expert_counts",
+                                        md->bias_counts + l * ds->moe.experts));
     *lb = NULL;
     if (ds->moe.lb_weight > 0) {
         /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
@@ -714,9 +730,9 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
                            "capacity_factor=%g gives every expert 0 slots per sequence (max_target_length=%lld, "
                            "num_experts_per_tok=%lld, num_experts=%lld): every token would be dropped; use a larger "
                            "capacity_factor",
-                           ds->moe.capacity_factor, (long long)d->seq, (long long)ds->moe.top_k, (long long)ds->moe.experts);
-    }
-    else if (ds->moe.capacity_factor == 0)
+                           ds->moe.capacity_factor, (long long)d->seq, (long long)ds->moe.top_k,
+                           (long long)ds->moe.experts);
+    } else if (ds->moe.capacity_factor == 0)
         mc.capacity = d->seq; /* dense dropless: every token fits in its expert's queue */
     SIM_TRY(model_logical_spec(m, "moe/out", 3, A, &mc.out));
     mesh_var *w0 = param(md, t, s->ew0, l), *w1 = param(md, t, s->ew1, l), *wo = param(md, t, s->ewo, l);
@@ -734,7 +750,7 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
         model_note_activation(md, "moe/wo_kernel", &wo->val, 3, NULL, &wos);
     }
     if (ds->moe.capacity_factor == 0) SIM_TRY(dense_moe_check(md, xin, w0, wo));
-    /* MaxText's tags inside the experts (moe.py): wi_0's product is mlpwi_0 and moe_mlpwi_0, wi_1's
+        /* MaxText's tags inside the experts (moe.py): wi_0's product is mlpwi_0 and moe_mlpwi_0, wi_1's
      * moe_mlpwi_1 (and mlpwi_1 on the dense path only), wo's mlpwo and moe_mlpwo; a tensor two tags
      * name is saved once.  Offloaded ones leave the device (no device bytes), as model_checkpoint_name. */
 #define KEEPS(n) (d->ckpt[MODEL_CKPT_##n] == MODEL_CKPT_DEVICE)
@@ -758,8 +774,8 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
 }
 
 /* One decoder layer (facts §5.6) with the parameters s (index l of their stack), named `layer`. */
-static sim_status ds_layer_at(model_dev *md, mesh_tape *t, const model_batch *b, const ds_stack *sp, int l,
-                              bool is_moe, const char *layer, mesh_var *x, mesh_var **y, mesh_var **lb)
+static sim_status ds_layer_at(model_dev *md, mesh_tape *t, const model_batch *b, const ds_stack *sp, int l, bool is_moe,
+                              const char *layer, mesh_var *x, mesh_var **y, mesh_var **lb)
 {
     const model_def *m = md->def;
     const model_dims *d = &m->d;
@@ -935,7 +951,8 @@ static sim_status mtp_loss(model_dev *md, mesh_tape *t, const model_batch *b, me
 static sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
 {
     const model_def *m = md->def;
-    int embed = global_ix(m, "params.token_embedder.embedding"), norm = global_ix(m, "params.decoder.decoder_norm.scale"),
+    int embed = global_ix(m, "params.token_embedder.embedding"),
+        norm = global_ix(m, "params.decoder.decoder_norm.scale"),
         logits_ix = global_ix(m, "params.decoder.logits_dense.kernel");
     md->ctx.layer = "decoder";
     mesh_var *x, *logits, *tok_loss, *lb_sum = NULL, *table = param(md, t, embed, 0);
@@ -978,13 +995,11 @@ static sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *
         if (l == 0 && m->d.scan_layers && !pp)
             SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "dense_layers",
                                           cfg_release_error(md->ctx.release, "decoder_scan_carry",
-                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
+                                                            "layers/nnx_decoders.py:_apply_layers_sequentially")));
         if (lb) {
             md->ctx.layer = "loss";
-            if (lb_sum)
-                SIM_TRY(mesh_ad_add(t, lb_sum, lb, "moe_lb_loss", &lb_sum));
-            else
-                lb_sum = lb;
+            if (lb_sum) SIM_TRY(mesh_ad_add(t, lb_sum, lb, "moe_lb_loss", &lb_sum));
+            else lb_sum = lb;
         }
     }
     if (pp) SIM_TRY(model_pipeline_run(md, t, b, x, ds_layer, deepseek_dims(m)->dense_layers, &x));
@@ -1040,8 +1055,8 @@ static void bias_update(model_dev *md)
     model_param *p = &md->p[i];
     for (int l = 0; l < p->n_layers; l++)
         if (p->w[l].data) /* replicated: every device holds the whole [E] of layer l (none in a dry run) */
-            model_moe_bias_update(p->w[l].data, md->bias_counts_step + (int64_t)l * deepseek_dims(m)->moe.experts, deepseek_dims(m)->moe.experts,
-                                 deepseek_dims(m)->moe.bias_update_rate);
+            model_moe_bias_update(p->w[l].data, md->bias_counts_step + (int64_t)l * deepseek_dims(m)->moe.experts,
+                                  deepseek_dims(m)->moe.experts, deepseek_dims(m)->moe.bias_update_rate);
 }
 
 /* ------------------------------------------------------------ the family row */

@@ -57,7 +57,8 @@ static mesh_var *param(model_dev *md, mesh_tape *t, int i, int l) { return model
 /* The RoPE of MaxText's Attention for this model: default, or Llama 3.1's (LLaMARotaryEmbedding). */
 static bk_rope_params rope_params(const model_dims *d)
 {
-    bk_rope_params rp = d->rope_llama31 ? bk_rope_params_llama31((int)d->head_dim) : bk_rope_params_default((int)d->head_dim);
+    bk_rope_params rp =
+        d->rope_llama31 ? bk_rope_params_llama31((int)d->head_dim) : bk_rope_params_default((int)d->head_dim);
     rp.min_timescale = d->rope_min;
     rp.max_timescale = d->rope_theta;
     if (d->rope_llama31) rp.use_scale = d->rope_use_scale;
@@ -86,9 +87,18 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     /* attention: no query/key norm (the llama2 layer does not pass use_qk_norm), and MaxText folds
      * 1/sqrt(head_dim) into the query init, so the score scale is 1 */
     md->ctx.layer = attn_layer;
-    model_attention_block ab = {.query = ix.q, .key = ix.k, .value = ix.v, .qkv = d->fused_qkv ? ix.qkv : -1,
-                                .out = ix.o, .query_norm = -1, .key_norm = -1, .layer = l, .rope = rope_params(d),
-                                .scale = 1.0, .soft_cap = d->attn_soft_cap, .out_names = A};
+    model_attention_block ab = {.query = ix.q,
+                                .key = ix.k,
+                                .value = ix.v,
+                                .qkv = d->fused_qkv ? ix.qkv : -1,
+                                .out = ix.o,
+                                .query_norm = -1,
+                                .key_norm = -1,
+                                .layer = l,
+                                .rope = rope_params(d),
+                                .scale = 1.0,
+                                .soft_cap = d->attn_soft_cap,
+                                .out_names = A};
     SIM_TRY(model_attention(md, t, b, &ab, lnx, &a));
     md->ctx.layer = layer;
     SIM_TRY(model_shard_as(md, t, a, "llama2/attention_lnx", 3, A, &a));
@@ -99,8 +109,13 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(mesh_nn_rmsnorm(t, h, param(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &ln2));
     SIM_TRY(model_shard_as(md, t, ln2, "llama2/hidden_states", 3, A, &ln2));
     md->ctx.layer = mlp_layer;
-    model_mlp_block mb = {.wi_0 = ix.wi0, .wi_1 = ix.wi1, .wi = d->fused_mlp ? ix.wi : -1, .wo = ix.wo, .layer = l,
-                          .intermediate = MLP_MID, .out = A};
+    model_mlp_block mb = {.wi_0 = ix.wi0,
+                          .wi_1 = ix.wi1,
+                          .wi = d->fused_mlp ? ix.wi : -1,
+                          .wo = ix.wo,
+                          .layer = l,
+                          .intermediate = MLP_MID,
+                          .out = A};
     SIM_TRY(model_mlp(md, t, &mb, ln2, &mlp));
     md->ctx.layer = layer;
     /* the layer's tail: nothing reads it when remat recomputes the layer (model_mlp) */
@@ -133,8 +148,8 @@ static void define_params(model_def *m)
      * set, although the llama2 decoder never passes use_qk_norm to its Attention (no query/key norm
      * runs): the only effect of the key on Llama is an unscaled query init. */
     double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)D);
-    model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
-                    -1, MODEL_INIT_NORMAL, fe);
+    model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E},
+                    (const char *[]){"vocab", "embed_vocab"}, -1, MODEL_INIT_NORMAL, fe);
     model_add_param(m, "params.decoder.layers.pre_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
                     (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
     if (d->fused_qkv) /* Attention.init_qkv_w: the plain kernel_init, no depth scaling of the query part */
@@ -150,7 +165,8 @@ static void define_params(model_def *m)
                         (const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}, 1, MODEL_INIT_NORMAL, fe);
     }
     model_add_param(m, "params.decoder.layers.self_attention.out.kernel", 4, (int64_t[]){H, L, D, E},
-                    (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
+                    (const char *[]){"heads", "layers", "kv", "embed_attn"}, 1, MODEL_INIT_NORMAL,
+                    1.0 / sqrt((double)(H * D)));
     model_add_param(m, "params.decoder.layers.post_self_attention_layer_norm.scale", 2, (int64_t[]){E, L},
                     (const char *[]){"norm", "layers"}, 1, MODEL_INIT_ONES, 0);
     if (d->fused_mlp) /* MlpBlock with fused_mlp: one kernel for both activations */
@@ -162,12 +178,13 @@ static void define_params(model_def *m)
         model_add_param(m, "params.decoder.layers.mlp.wi_1.kernel", 3, (int64_t[]){E, L, F},
                         (const char *[]){"embed", "layers", "mlp"}, 1, MODEL_INIT_TRUNC_NORMAL, fe);
     }
-    model_add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E}, (const char *[]){"mlp", "layers", "embed"},
-                    1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
-    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
+    model_add_param(m, "params.decoder.layers.mlp.wo.kernel", 3, (int64_t[]){F, L, E},
+                    (const char *[]){"mlp", "layers", "embed"}, 1, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
+    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1,
+                    MODEL_INIT_ONES, 0);
     if (!d->tied_logits)
-        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
-                        -1, MODEL_INIT_TRUNC_NORMAL, fe);
+        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V},
+                        (const char *[]){"embed_vocab", "vocab"}, -1, MODEL_INIT_TRUNC_NORMAL, fe);
 }
 
 /* MaxText's llama2 decoder would honour these; the simulated one has global attention and default
@@ -179,17 +196,21 @@ static sim_status llama_define(model_def *m, const cfg_config *cfg)
     SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
     SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
     if (at && strcmp(at, "global"))
-        return sim_err(SIM_ERR_INPUT, "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
-                                      "(mla needs decoder_block=deepseek)", at);
+        return sim_err(SIM_ERR_INPUT,
+                       "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
+                       "(mla needs decoder_block=deepseek)",
+                       at);
     if (rt && strcmp(rt, "default") && !d->rope_llama31)
         return sim_err(SIM_ERR_INPUT,
                        "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default or "
-                       "rope_type=llama3.1", rt);
+                       "rope_type=llama3.1",
+                       rt);
     int64_t mtp;
     SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
     if (mtp != 0)
-        return sim_err(SIM_ERR_INPUT, "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
-                                      "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
+        return sim_err(SIM_ERR_INPUT,
+                       "mtp_num_layers=%lld with decoder_block=llama2 is not simulated (multi-token "
+                       "prediction runs with decoder_block=deepseek); use mtp_num_layers=0",
                        (long long)mtp);
     define_params(m);
     return SIM_OK;

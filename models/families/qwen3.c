@@ -100,9 +100,18 @@ static sim_status qwen3_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     rp.min_timescale = d->rope_min;
     rp.max_timescale = d->rope_theta;
     rp.linear_scaling_factor = d->rope_linear;
-    model_attention_block ab = {.query = ix.q, .key = ix.k, .value = ix.v, .qkv = d->fused_qkv ? ix.qkv : -1,
-                                .out = ix.o, .query_norm = ix.qn, .key_norm = ix.kn, .norm_eps = d->eps, .layer = l,
-                                .rope = rp, .scale = 1.0 / sqrt((double)d->head_dim), .soft_cap = 0,
+    model_attention_block ab = {.query = ix.q,
+                                .key = ix.k,
+                                .value = ix.v,
+                                .qkv = d->fused_qkv ? ix.qkv : -1,
+                                .out = ix.o,
+                                .query_norm = ix.qn,
+                                .key_norm = ix.kn,
+                                .norm_eps = d->eps,
+                                .layer = l,
+                                .rope = rp,
+                                .scale = 1.0 / sqrt((double)d->head_dim),
+                                .soft_cap = 0,
                                 .out_names = A};
     SIM_TRY(model_attention(md, t, b, &ab, lnx, &a));
     md->ctx.layer = layer;
@@ -113,8 +122,13 @@ static sim_status qwen3_layer(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(layer_shard(md, t, hs, "qwen3/hidden_states", &hs));
 
     md->ctx.layer = mlp_layer;
-    model_mlp_block mb = {.wi_0 = ix.wi0, .wi_1 = ix.wi1, .wi = d->fused_mlp ? ix.wi : -1, .wo = ix.wo, .layer = l,
-                          .intermediate = MLP_MID, .out = A};
+    model_mlp_block mb = {.wi_0 = ix.wi0,
+                          .wi_1 = ix.wi1,
+                          .wi = d->fused_mlp ? ix.wi : -1,
+                          .wo = ix.wo,
+                          .layer = l,
+                          .intermediate = MLP_MID,
+                          .out = A};
     SIM_TRY(model_mlp(md, t, &mb, hs, &mlp));
     md->ctx.layer = layer;
     /* the layer's tail: nothing reads it when remat recomputes the layer (model_mlp) */
@@ -136,7 +150,7 @@ static sim_status qwen3_layer_fn(model_dev *md, mesh_tape *t, const model_batch 
 
 /* ------------------------------------------------------------ definition */
 
-#define LAYER_PARAM(path, rank, shape, logical, init, scale)                                                          \
+#define LAYER_PARAM(path, rank, shape, logical, init, scale)                                                           \
     model_add_param(m, "params.decoder.layers." path, rank, shape, logical, 1, init, scale)
 
 static void define_params(model_def *m, bool qk_norm)
@@ -144,8 +158,8 @@ static void define_params(model_def *m, bool qk_norm)
     const model_dims *d = &m->d;
     int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, F = d->mlp, L = d->layers;
     double fe = 1.0 / sqrt((double)E);
-    model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E}, (const char *[]){"vocab", "embed_vocab"},
-                    -1, MODEL_INIT_NORMAL, fe);
+    model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E},
+                    (const char *[]){"vocab", "embed_vocab"}, -1, MODEL_INIT_NORMAL, fe);
     LAYER_PARAM("pre_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
                 MODEL_INIT_ONES, 0);
     if (d->fused_qkv)
@@ -167,12 +181,13 @@ static void define_params(model_def *m, bool qk_norm)
                     MODEL_INIT_ONES, 0);
     }
     LAYER_PARAM("self_attention.out.kernel", 4, ((int64_t[]){H, L, D, E}),
-                ((const char *[]){"heads", "layers", "kv", "embed_attn"}), MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
+                ((const char *[]){"heads", "layers", "kv", "embed_attn"}), MODEL_INIT_NORMAL,
+                1.0 / sqrt((double)(H * D)));
     LAYER_PARAM("post_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
                 MODEL_INIT_ONES, 0);
     if (d->fused_mlp)
-        LAYER_PARAM("mlp.wi.kernel", 4, ((int64_t[]){E, L, 2, F}), ((const char *[]){"embed", "layers", "num_activations", "mlp"}),
-                    MODEL_INIT_TRUNC_NORMAL, fe);
+        LAYER_PARAM("mlp.wi.kernel", 4, ((int64_t[]){E, L, 2, F}),
+                    ((const char *[]){"embed", "layers", "num_activations", "mlp"}), MODEL_INIT_TRUNC_NORMAL, fe);
     else {
         LAYER_PARAM("mlp.wi_0.kernel", 3, ((int64_t[]){E, L, F}), ((const char *[]){"embed", "layers", "mlp"}),
                     MODEL_INIT_TRUNC_NORMAL, fe);
@@ -181,10 +196,11 @@ static void define_params(model_def *m, bool qk_norm)
     }
     LAYER_PARAM("mlp.wo.kernel", 3, ((int64_t[]){F, L, E}), ((const char *[]){"mlp", "layers", "embed"}),
                 MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
-    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1, MODEL_INIT_ONES, 0);
+    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1,
+                    MODEL_INIT_ONES, 0);
     if (!d->tied_logits)
-        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V}, (const char *[]){"embed_vocab", "vocab"},
-                        -1, MODEL_INIT_TRUNC_NORMAL, fe);
+        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V},
+                        (const char *[]){"embed_vocab", "vocab"}, -1, MODEL_INIT_TRUNC_NORMAL, fe);
 }
 
 /* What MaxText's qwen3 layer would read and shardsim does not simulate is refused, naming the key. */
@@ -194,8 +210,8 @@ static sim_status qwen3_define(model_def *m, const cfg_config *cfg)
     const char *at, *rt;
     SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
     if (at && strcmp(at, "global"))
-        return model_cfg_unsupported(cfg, "attention_type",
-                                     "decoder_block=qwen3 is simulated with global attention; use attention_type=global");
+        return model_cfg_unsupported(
+            cfg, "attention_type", "decoder_block=qwen3 is simulated with global attention; use attention_type=global");
     SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
     if ((rt && strcmp(rt, "default")) || d->rope_llama31)
         return model_cfg_unsupported(cfg, "rope_type",
@@ -209,8 +225,9 @@ static sim_status qwen3_define(model_def *m, const cfg_config *cfg)
     int64_t mtp;
     SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
     if (mtp != 0)
-        return model_cfg_unsupported(cfg, "mtp_num_layers",
-                                     "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
+        return model_cfg_unsupported(
+            cfg, "mtp_num_layers",
+            "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
     /* use_qk_norm=false is MaxText's qwen3 layer without the norms (the query init stays unscaled) */
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &qk_norm));
     define_params(m, qk_norm);

@@ -88,21 +88,31 @@ sim_status model_muon_from_config(const cfg_config *cfg, model_muon_cfg *c)
 
 /* ---------------------------------------------------------------- rules (configs/muon.yml) */
 
-static const char *const LIST_KEYS[MODEL_MUON_NLISTS] = {
-    "adamw_segment_contains", "adamw_segment_equals", "adamw_segment_suffixes", "adamw_suffix_exceptions",
-    "moe_blocks",             "shared_experts",       "expert_weights",         "routers",
-    "grouped_linear",         "attention_blocks",     "attention_qkv",          "attention_out",
-    "attention_out_blocks"};
+static const char *const LIST_KEYS[MODEL_MUON_NLISTS] = {"adamw_segment_contains",
+                                                         "adamw_segment_equals",
+                                                         "adamw_segment_suffixes",
+                                                         "adamw_suffix_exceptions",
+                                                         "moe_blocks",
+                                                         "shared_experts",
+                                                         "expert_weights",
+                                                         "routers",
+                                                         "grouped_linear",
+                                                         "attention_blocks",
+                                                         "attention_qkv",
+                                                         "attention_out",
+                                                         "attention_out_blocks"};
 static const char *const DIMS_KEYS[MODEL_MUON_NDIMS] = {"expert_dims", "router_dims", "grouped_dims",
                                                         "qkv_dims",    "out_dims",    "standard_dims"};
 
 /* [[reduction dims], [output dims]] */
-static sim_status read_dims(const cfg_config *f, const char *path, const char *key, int *nr, int *red, int *no, int *out)
+static sim_status read_dims(const cfg_config *f, const char *path, const char *key, int *nr, int *red, int *no,
+                            int *out)
 {
     const cfg_entry *e = cfg_find(f, key);
     const cfg_value *v = e ? &e->value : NULL;
     if (!v || v->kind != CFG_LIST || v->n != 2)
-        return sim_err(SIM_ERR_INPUT, "%s: '%s' must be [[reduction dims], [output dims]], e.g. [[0], [-1]]", path, key);
+        return sim_err(SIM_ERR_INPUT, "%s: '%s' must be [[reduction dims], [output dims]], e.g. [[0], [-1]]", path,
+                       key);
     for (int g = 0; g < 2; g++) {
         const cfg_value *l = &v->items[g];
         if (l->kind != CFG_LIST || l->n < 1 || l->n > 4)
@@ -139,13 +149,13 @@ sim_status model_muon_rules_load(const char *configs_dir, model_muon_rules *r)
         st = cfg_get_str_list(f, LIST_KEYS[k], &items, &n);
         if (st != SIM_OK) break;
         if (n > MODEL_MUON_LIST_MAX)
-            st = sim_err(SIM_ERR_INPUT, "%s: '%s' has %d names (at most %d)", path, LIST_KEYS[k], n, MODEL_MUON_LIST_MAX);
+            st = sim_err(SIM_ERR_INPUT, "%s: '%s' has %d names (at most %d)", path, LIST_KEYS[k], n,
+                         MODEL_MUON_LIST_MAX);
         for (int i = 0; st == SIM_OK && i < n; i++) {
             if (strlen(items[i]) >= MODEL_MUON_NAME_MAX)
                 st = sim_err(SIM_ERR_INPUT, "%s: '%s' name '%s' is longer than %d characters", path, LIST_KEYS[k],
                              items[i], MODEL_MUON_NAME_MAX - 1);
-            else
-                snprintf(r->name[k][i], MODEL_MUON_NAME_MAX, "%s", items[i]);
+            else snprintf(r->name[k][i], MODEL_MUON_NAME_MAX, "%s", items[i]);
         }
         r->n[k] = n;
         free(items);
@@ -428,10 +438,8 @@ static void layer_copy(mesh_array *stacked, const mesh_array *layer, int sd, int
     float *s = stacked->data, *y = layer->data;
     for (size_t o = 0; o < outer; o++) {
         float *ps = s + (o * (size_t)n_layers + (size_t)l) * inner, *py = y + o * inner;
-        if (to_stacked)
-            memcpy(ps, py, inner * sizeof(float));
-        else
-            memcpy(py, ps, inner * sizeof(float));
+        if (to_stacked) memcpy(ps, py, inner * sizeof(float));
+        else memcpy(py, ps, inner * sizeof(float));
     }
 }
 
@@ -531,8 +539,10 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
         J.bc1 = (float)(1.0 - pow(beta, t)), J.bc1n = (float)(1.0 - pow(beta, t + 1));
         int sd = pp->def.scan_dim;
         if (sd >= 0 && pp->spec.n_axes[sd] > 0)
-            return sim_err(SIM_ERR_INPUT, "opt_type=muon: '%s' has its layer dim sharded (pipelining); Muon needs the "
-                           "[dim0, layers, ...] layout unsplit", pp->def.path);
+            return sim_err(SIM_ERR_INPUT,
+                           "opt_type=muon: '%s' has its layer dim sharded (pipelining); Muon needs the "
+                           "[dim0, layers, ...] layout unsplit",
+                           pp->def.path);
         mesh_array x;
         SIM_TRY(mesh_array_new_raw(dev, ctx->mesh, pp->def.path, pp->def.rank, pp->def.shape, &pp->spec, SIM_F32,
                                    SIM_MEM_TEMP, &x));
@@ -554,10 +564,9 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
             }
         }
         static const sim_dtype bf16 = SIM_BF16;
-        sim_status st = model_muon_orthogonalize(ctx, &dims, o->eps, pp->def.path,
-                                                  mc->ns_gather_bf16 ? &bf16 : NULL, mc->ns_gather_once, &x);
-        apply_job A = {NULL, NULL, model_muon_scale(mc, &pp->def, &dims), (float)mc->weight_decay,
-                       base.neg_lr};
+        sim_status st = model_muon_orthogonalize(ctx, &dims, o->eps, pp->def.path, mc->ns_gather_bf16 ? &bf16 : NULL,
+                                                 mc->ns_gather_once, &x);
+        apply_job A = {NULL, NULL, model_muon_scale(mc, &pp->def, &dims), (float)mc->weight_decay, base.neg_lr};
         for (int l = 0; st == SIM_OK && l < pp->n_layers; l++) {
             if (!pp->w[l].data) continue;
             const float *upd = x.data;
@@ -582,9 +591,15 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
 _Static_assert(sizeof(model_muon_cfg) <= MODEL_OPT_PRIV_BYTES, "model_muon_cfg must fit model_optim_cfg.priv");
 _Static_assert(sizeof(model_muon_dims) <= MODEL_OPT_PARAM_PRIV_BYTES, "model_muon_dims must fit model_opt_param.priv");
 
-const model_muon_cfg *model_muon_cfg_of(const model_optim_cfg *o) { return (const model_muon_cfg *)(const void *)o->priv; }
+const model_muon_cfg *model_muon_cfg_of(const model_optim_cfg *o)
+{
+    return (const model_muon_cfg *)(const void *)o->priv;
+}
 
-const model_muon_dims *model_muon_dims_of(const model_opt_param *p) { return (const model_muon_dims *)(const void *)p->priv; }
+const model_muon_dims *model_muon_dims_of(const model_opt_param *p)
+{
+    return (const model_muon_dims *)(const void *)p->priv;
+}
 
 static sim_status row_from_config(const cfg_config *cfg, model_optim_cfg *o)
 {

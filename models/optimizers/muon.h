@@ -42,20 +42,35 @@ enum { MODEL_MUON_NS_STEPS = 5 };
 /* MaxText's classification rules, read from <configs>/muon.yml (see that file). */
 enum { MODEL_MUON_LIST_MAX = 16, MODEL_MUON_NAME_MAX = 32 };
 typedef enum {
-    MODEL_MUON_ADAMW_CONTAINS = 0, MODEL_MUON_ADAMW_EQUALS, MODEL_MUON_ADAMW_SUFFIXES, MODEL_MUON_ADAMW_SUFFIX_EXCEPT,
-    MODEL_MUON_MOE_BLOCKS, MODEL_MUON_SHARED_EXPERTS, MODEL_MUON_EXPERT_WEIGHTS, MODEL_MUON_ROUTERS,
-    MODEL_MUON_GROUPED, MODEL_MUON_ATTN_BLOCKS, MODEL_MUON_ATTN_QKV, MODEL_MUON_ATTN_OUT, MODEL_MUON_ATTN_OUT_BLOCKS,
+    MODEL_MUON_ADAMW_CONTAINS = 0,
+    MODEL_MUON_ADAMW_EQUALS,
+    MODEL_MUON_ADAMW_SUFFIXES,
+    MODEL_MUON_ADAMW_SUFFIX_EXCEPT,
+    MODEL_MUON_MOE_BLOCKS,
+    MODEL_MUON_SHARED_EXPERTS,
+    MODEL_MUON_EXPERT_WEIGHTS,
+    MODEL_MUON_ROUTERS,
+    MODEL_MUON_GROUPED,
+    MODEL_MUON_ATTN_BLOCKS,
+    MODEL_MUON_ATTN_QKV,
+    MODEL_MUON_ATTN_OUT,
+    MODEL_MUON_ATTN_OUT_BLOCKS,
     MODEL_MUON_NLISTS
 } model_muon_list;
 typedef enum {
-    MODEL_MUON_DIMS_EXPERT = 0, MODEL_MUON_DIMS_ROUTER, MODEL_MUON_DIMS_GROUPED, MODEL_MUON_DIMS_QKV,
-    MODEL_MUON_DIMS_OUT, MODEL_MUON_DIMS_STANDARD, MODEL_MUON_NDIMS
+    MODEL_MUON_DIMS_EXPERT = 0,
+    MODEL_MUON_DIMS_ROUTER,
+    MODEL_MUON_DIMS_GROUPED,
+    MODEL_MUON_DIMS_QKV,
+    MODEL_MUON_DIMS_OUT,
+    MODEL_MUON_DIMS_STANDARD,
+    MODEL_MUON_NDIMS
 } model_muon_rule_dims;
 typedef struct {
-    int n[MODEL_MUON_NLISTS];                                           /* names per list */
+    int n[MODEL_MUON_NLISTS]; /* names per list */
     char name[MODEL_MUON_NLISTS][MODEL_MUON_LIST_MAX][MODEL_MUON_NAME_MAX];
-    int n_red[MODEL_MUON_NDIMS], n_out[MODEL_MUON_NDIMS];               /* dimension numbers per class */
-    int red[MODEL_MUON_NDIMS][4], out[MODEL_MUON_NDIMS][4];             /* as written (negative from the end) */
+    int n_red[MODEL_MUON_NDIMS], n_out[MODEL_MUON_NDIMS];   /* dimension numbers per class */
+    int red[MODEL_MUON_NDIMS][4], out[MODEL_MUON_NDIMS][4]; /* as written (negative from the end) */
 } model_muon_rules;
 
 /* Reads <configs_dir>/muon.yml; errors name the file, the key and the fix. */
@@ -82,9 +97,9 @@ const model_muon_cfg *model_muon_cfg_of(const model_optim_cfg *o);
 
 /* How one parameter is optimized. */
 typedef struct {
-    bool muon;                              /* false: the AdamW fallback */
-    int n_red, n_out;                       /* reduction and output dims */
-    int red[MESH_SPEC_MAX_RANK];            /* dims of the stacked shape (non-negative) */
+    bool muon;                   /* false: the AdamW fallback */
+    int n_red, n_out;            /* reduction and output dims */
+    int red[MESH_SPEC_MAX_RANK]; /* dims of the stacked shape (non-negative) */
     int out[MESH_SPEC_MAX_RANK];
 } model_muon_dims;
 
@@ -113,7 +128,7 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
  * elementwise; dims[i] = parameter i's classification.  s = updates already applied; grad_norm = the global norm
  * (clipping as for AdamW).  Slot 0 ("mu") holds Muon's momentum or Adam's mu, slot 1 ("nu") Adam's nu
  * (a Muon leaf has none).  Gradients are read, not changed. */
-sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_muon_dims *dims,
-                             model_param *params, int n, long long s, double grad_norm);
+sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_muon_dims *dims, model_param *params,
+                             int n, long long s, double grad_norm);
 
 #endif

@@ -8,11 +8,11 @@
 #include "models/core/optimizer.h"
 
 /* X(NUMBER, name) */
-#define MODEL_OPTIMIZERS(X) \
-    X(ADAMW, adamw)         \
-    X(SGD, sgd)             \
-    X(MUON, muon)           \
-    X(ADAM_PAX, adam_pax)   \
+#define MODEL_OPTIMIZERS(X)                                                                                            \
+    X(ADAMW, adamw)                                                                                                    \
+    X(SGD, sgd)                                                                                                        \
+    X(MUON, muon)                                                                                                      \
+    X(ADAM_PAX, adam_pax)                                                                                              \
     /* one row per line, each ending in a backslash */
 
 #define MODEL_OPT_ENUM_(NUM, name) MODEL_OPT_##NUM,
