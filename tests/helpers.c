@@ -263,3 +263,48 @@ float helper_det_val(uint32_t i, float scale)
     i ^= i >> 15;
     return ((float)(i % 2001) / 1000.0f - 1.0f) * scale;
 }
+
+/* ------------------------------------------------------------ HTML reports */
+
+static const char *headless_browser(void)
+{
+    const char *browsers[] = {"chromium", "chromium-browser", "google-chrome"};
+    char cmd[256];
+    for (size_t i = 0; i < sizeof browsers / sizeof browsers[0]; i++) {
+        snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", browsers[i]);
+        if (system(cmd) == 0) return browsers[i];
+    }
+    return NULL;
+}
+
+char *helper_render_html(const char *workdir, const char *html)
+{
+    const char *found = headless_browser();
+    if (!found) {
+        print_message("rendering %s skipped: no headless browser (chromium); bash .ci/install-deps installs it\n",
+                      html);
+        skip();
+        return NULL;
+    }
+    char out[700], cmd[2400];
+    snprintf(out, sizeof out, "%s/dom.html", workdir);
+    snprintf(cmd, sizeof cmd,
+             "timeout 120 %s --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=%s/profile "
+             "--dump-dom file://%s > %s 2>/dev/null",
+             found, workdir, html, out);
+    int rc = system(cmd);
+    assert_int_equal(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 0);
+    char *dom = helper_read_file_opt(out, NULL);
+    assert_non_null(dom);
+    return dom;
+}
+
+void helper_assert_self_contained(const char *html)
+{
+    assert_null(strstr(html, "<script src"));
+    assert_null(strstr(html, "<link"));
+    assert_null(strstr(html, "src=\"http"));
+    assert_null(strstr(html, "href=\"http"));
+    assert_null(strstr(html, "@import"));
+    assert_null(strstr(html, "url("));
+}

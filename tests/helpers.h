@@ -25,6 +25,14 @@
 #define SMALL_LLAMA_YML "tests/data/small-llama.yml"        /* width 32, 4 heads, vocabulary 256 */
 #define LLAMA2_NARROW_YML "tests/data/llama2-7b-narrow.yml" /* llama2-7b at width 64, 2 layers */
 
+/* ---- self-contained HTML reports, rendered in headless Chromium */
+
+/* The page as headless Chromium leaves it after its scripts ran (dumped under workdir); NULL, after
+ * saying so and skipping the test, when no browser is installed. */
+char *helper_render_html(const char *workdir, const char *html);
+/* Fails the test when the page loads anything from elsewhere (scripts, styles, imports, URLs). */
+void helper_assert_self_contained(const char *html);
+
 /* ---- files */
 
 /* The whole file, NUL-terminated (*len, when given, excludes the NUL); fails the test when it

@@ -36,43 +36,6 @@ static const char *MODEL[] = {
     "base_mlp_dim=128",          "vocab_size=256",  "max_target_length=32",   "per_device_batch_size=2"};
 enum { NMODEL = sizeof MODEL / sizeof MODEL[0] };
 
-/* The headless browser, or NULL when none is installed. */
-static const char *browser(void)
-{
-    const char *browsers[] = {"chromium", "chromium-browser", "google-chrome"};
-    char cmd[256];
-    for (size_t i = 0; i < sizeof browsers / sizeof browsers[0]; i++) {
-        snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", browsers[i]);
-        if (system(cmd) == 0) return browsers[i];
-    }
-    return NULL;
-}
-
-/* The page as headless Chromium leaves it after its scripts ran; NULL (after saying so) when
- * no browser is installed. */
-static char *render(const char *html)
-{
-    const char *found = browser();
-    char cmd[1024];
-    if (!found) {
-        print_message("rendering %s skipped: no headless browser (chromium); bash .ci/install-deps installs it\n",
-                      html);
-        skip();
-        return NULL;
-    }
-    char out[300];
-    snprintf(out, sizeof out, "%s/dom.html", dir);
-    snprintf(cmd, sizeof cmd,
-             "timeout 120 %s --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=%s/profile "
-             "--dump-dom file://%s > %s 2>/dev/null",
-             found, dir, html, out);
-    int rc = system(cmd);
-    assert_int_equal(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 0);
-    char *dom = helper_read_file_opt(out, NULL);
-    assert_non_null(dom);
-    return dom;
-}
-
 /* Checks the rendered page: script finished, no error, each named chart drawn
  * with at least one data point, and returns the number of charts. */
 static int check_rendered(const char *dom, const char *const *charts, int n)
@@ -144,17 +107,6 @@ static int count(const char *s, const char *what)
     return n;
 }
 
-/* Self-contained: nothing is loaded from elsewhere. */
-static void assert_self_contained(const char *html)
-{
-    assert_null(strstr(html, "<script src"));
-    assert_null(strstr(html, "<link"));
-    assert_null(strstr(html, "src=\"http"));
-    assert_null(strstr(html, "href=\"http"));
-    assert_null(strstr(html, "@import"));
-    assert_null(strstr(html, "url("));
-}
-
 static void test_train_report(void **state)
 {
     (void)state;
@@ -176,7 +128,7 @@ static void test_train_report(void **state)
     snprintf(path, sizeof path, "%s/train/report.html", dir);
     char *html = helper_read_file_opt(path, NULL);
     assert_non_null(html);
-    assert_self_contained(html);
+    helper_assert_self_contained(html);
     /* the run's own numbers are in the page: the first loss from metrics.json */
     snprintf(path, sizeof path, "%s/train/metrics.json", dir);
     char *metrics = helper_read_file_opt(path, NULL);
@@ -190,7 +142,7 @@ static void test_train_report(void **state)
     free(html);
 
     snprintf(path, sizeof path, "%s/train/report.html", dir);
-    char *dom = render(path);
+    char *dom = helper_render_html(dir, path);
     if (!dom) return;
     const char *charts[] = {
         "loss", "mesh", "traffic", "traffic-by-layer", "memory", "sharding-params", "sharding-activations"};
@@ -261,9 +213,9 @@ static void test_parity_report(void **state)
     snprintf(path, sizeof path, "%s/parity/report.html", dir);
     char *html = helper_read_file_opt(path, NULL);
     assert_non_null(html);
-    assert_self_contained(html);
+    helper_assert_self_contained(html);
     free(html);
-    char *dom = render(path);
+    char *dom = helper_render_html(dir, path);
     if (!dom) return;
     const char *charts[] = {"parity-verdict", "parity-loss",     "parity-table",    "parity-summary",
                             "parity-memory",  "parity-memory-0", "parity-memory-1", "parity-memory-2",
