@@ -49,6 +49,8 @@ typedef struct {
                          removes them), run only so that the simulation's values stay defined */
     bool psum;       /* a reduce-scatter standing for a shard_map's psum of a replicated input's gradient
                          and its slice (sim_machine_opts.psum_scatter_max_group) */
+    size_t lane_slice; /* a reduce-scatter along the array's last dim: the elements of that dim each device
+                         keeps (sim_machine_opts.lane_scatter_ar_max); 0: another dim */
 } sim_meta;
 static inline sim_meta sim_meta_tag(const char *tag)
 {
