@@ -74,6 +74,14 @@
  * x 2 bytes an element; wq and wi_0 (split on their first dim) reduce-scatter
  * 3/4 x 2; under h100 out reduce-scatters too.
  *
+ * The pipeline's output in auto mode: MaxText reshapes the [S, M/S, mb, T, E]
+ * state_io to [B, T, E] without an out_sharding, so with one microbatch per
+ * stage the batch keeps 'stage' and each stage computes its own rows' logits:
+ * the tiny Llama on stage=2 x fsdp=2 (no profile) all-reduces the logits
+ * kernel's gradient over stage (2 x 1/2 x its fsdp shard in float32) and
+ * gathers no output over stage; with two microbatches per stage the output is
+ * constrained as before (gathered over stage, no such all-reduce).
+ *
  * A profile whose rule is missing or out of range is refused, naming the
  * key (the v5p profile with one key changed, in a scratch configs dir).
  *
@@ -484,6 +492,49 @@ static void test_lane_scatter(void **state)
     assert_int_equal(rs, out * 4 * 3 / 4);
 }
 
+/* Bytes device 0 sends all-reducing the logits kernel's gradient over stage, and gathering the pipeline's
+ * output over stage, in one step of the tiny Llama on stage=2 x fsdp=2 with `micro` microbatches. */
+static void pipeline_output_bytes(int micro, uint64_t *logits_ar, uint64_t *output_ag)
+{
+    char mb[64];
+    snprintf(mb, sizeof mb, "num_pipeline_microbatches=%d", micro);
+    const char *words[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", mb, "per_device_batch_size=2"};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 8, words, 4, NDEV, 1);
+    model_run_train(&r, false);
+    *logits_ar = *output_ag = 0;
+    int stage = sim_mesh_axis_index(sim_machine_mesh(r.m), "stage");
+    assert_true(stage >= 0);
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        if (x->op == SIM_OP_ALL_REDUCE && strstr(x->tag, "logits_dense.kernel")) *logits_ar += x->bytes_sent;
+        if (x->op == SIM_OP_ALL_GATHER && strstr(x->tag, "pipeline/output") && x->phase == SIM_PHASE_FORWARD &&
+            x->axes.n == 1 && x->axes.axis[0] == stage)
+            *output_ag += x->bytes_sent;
+    }
+    model_run_close(&r);
+}
+
+static void test_pipeline_output(void **state)
+{
+    (void)state;
+    /* one microbatch per stage: the [2, 1, mb, T, E] state_io reshaped to [B, T, E] keeps stage on the batch
+     * (MaxText passes no out_sharding in auto mode), so every stage computes its rows' logits and the
+     * kernel's gradient [16 emb / fsdp 2, 64 vocab] is all-reduced over stage: 2 x 1/2 x 8 x 64 elements in
+     * float32 (no profile); the output is not gathered over stage */
+    uint64_t ar, ag;
+    pipeline_output_bytes(2, &ar, &ag);
+    assert_int_equal(ar, 2 * 8 * 64 * 4 / 2);
+    assert_int_equal(ag, 0);
+    /* two microbatches per stage: [2, 2, mb] keeps no tiled sharding; the output is constrained to the
+     * batch axes (gathered over stage) and the logits run on every stage's rows alike: no all-reduce */
+    pipeline_output_bytes(4, &ar, &ag);
+    assert_int_equal(ar, 0);
+    assert_true(ag > 0);
+}
+
 /* configs/hardware/v5p.yml with the line starting `from` replaced by `to` (NULL: removed), loaded from a
  * scratch configs dir; the status and message of cfg_hw_load. */
 static sim_status load_changed(const char *from, const char *to, char *msg, size_t cap)
@@ -638,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_windowed_einsums),    cmocka_unit_test(test_psum_scatter),
         cmocka_unit_test(test_bad_rules),           cmocka_unit_test(test_embedding_lookup),
         cmocka_unit_test(test_regather),            cmocka_unit_test(test_lane_scatter),
+        cmocka_unit_test(test_pipeline_output),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
