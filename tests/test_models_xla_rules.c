@@ -684,11 +684,16 @@ static void test_embedding_lookup(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hoisted_copies),      cmocka_unit_test(test_dead_recompute_tail),
-        cmocka_unit_test(test_accumulation_copies), cmocka_unit_test(test_newton_schulz_gathers),
-        cmocka_unit_test(test_windowed_einsums),    cmocka_unit_test(test_psum_scatter),
-        cmocka_unit_test(test_bad_rules),           cmocka_unit_test(test_embedding_lookup),
-        cmocka_unit_test(test_regather),            cmocka_unit_test(test_lane_scatter),
+        cmocka_unit_test(test_hoisted_copies),
+        cmocka_unit_test(test_dead_recompute_tail),
+        cmocka_unit_test(test_accumulation_copies),
+        cmocka_unit_test(test_newton_schulz_gathers),
+        cmocka_unit_test(test_windowed_einsums),
+        cmocka_unit_test(test_psum_scatter),
+        cmocka_unit_test(test_bad_rules),
+        cmocka_unit_test(test_embedding_lookup),
+        cmocka_unit_test(test_regather),
+        cmocka_unit_test(test_lane_scatter),
         cmocka_unit_test(test_pipeline_output),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
