@@ -554,7 +554,10 @@ static sim_status muon_estimate(mesh_ctx *ctx, const model_muon_cfg *mc, const n
             J.out = x->data;
         } else {
             if (!tmp) tmp = malloc(pp->w[l].nlocal * sizeof(float));
-            if (!tmp) return sim_err(SIM_ERR_INTERNAL, "muon: out of host memory");
+            if (!tmp) {
+                mesh_array_free(ctx->dev, x);
+                return sim_err(SIM_ERR_INTERNAL, "muon: out of host memory");
+            }
             J.out = tmp;
         }
         J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->slot[0][l].data, J.nu = NULL;
