@@ -519,8 +519,14 @@ static void run_muon_peak(const char *profile, muon_peak *f)
 {
     char hp[64];
     snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
-    const char *words[] = {"dtype=bfloat16",  "opt_type=muon",    "ici_fsdp_parallelism=4",      "base_emb_dim=64",
-                           "base_mlp_dim=256", "head_dim=32",      "base_num_decoder_layers=8", "vocab_size=8",
+    const char *words[] = {"dtype=bfloat16",
+                           "opt_type=muon",
+                           "ici_fsdp_parallelism=4",
+                           "base_emb_dim=64",
+                           "base_mlp_dim=256",
+                           "head_dim=32",
+                           "base_num_decoder_layers=8",
+                           "vocab_size=8",
                            hp};
     model_run r;
     model_run_open(&r, TINY, NTINY, 4, words, profile ? 9 : 8, NDEV, 2);
