@@ -14,11 +14,15 @@ SHARDSIM="${SHARDSIM:-$ROOT/build/shardsim}"
 VENV="${MAXTEXT_VENV:-/opt/maxtext-venv}"
 # a small dense Qwen3 (query/key norms, GQA 4:2): the qwen3-0.6b file with test-sized dims
 QWEN3="model_name=qwen3-0.6b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2"
+# a small Mistral (GQA 4:2, untied logits as mistral-7b): the mistral-7b file with test-sized dims
+MISTRAL="model_name=mistral-7b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2"
 # <case> <devices> <model keys and mesh>
 CASES=(
 "qwen3/untied_fsdp2_tensor2|4|$QWEN3 logits_via_embedding=false ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
 "qwen3/untied_data2_fsdp2_explicit|4|$QWEN3 logits_via_embedding=false ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
 "qwen3/tied_fsdp2_tensor2|4|$QWEN3 ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"mistral/fsdp2_tensor2|4|$MISTRAL ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"mistral/data2_fsdp2_explicit|4|$MISTRAL ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
 )
 for c in "${CASES[@]}"; do
   IFS='|' read -r name n keys <<<"$c"
