@@ -229,7 +229,8 @@ BK_CLONES static void attention_fwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
                 memset(acc, 0, (size_t)nq * Dv * sizeof *acc);
                 for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0.0;
                 for (int t = 0, j0 = 0; j0 < Tk; t++, j0 += bk) {
-                    if (tile_hidden(kmin[t], kmax[t], qlo, qhi, W)) continue; // no query of this tile sees any key of it
+                    if (tile_hidden(kmin[t], kmax[t], qlo, qhi, W))
+                        continue; // no query of this tile sees any key of it
                     const int nk = Tk - j0 < bk ? Tk - j0 : bk;
                     const float *K = k + ((size_t)b * Tk + j0) * ldk + (size_t)g * Dqk;
                     const float *V = v + ((size_t)b * Tk + j0) * ldv + (size_t)g * Dv;

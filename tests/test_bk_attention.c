@@ -418,17 +418,18 @@ static void test_attention_window(void **state)
     bk_rng r = {91};
     /* B, Tq, Tk, Hq, Hkv, Dqk, Dv, block_q, block_k, window, cap x10 */
     const int cfg[][11] = {
-        {2, 5, 5, 2, 1, 16, 16, 2, 3, 2, 0},   // window across 2 x 3 tiles
-        {1, 40, 40, 4, 2, 8, 8, 8, 8, 11, 0},  // whole tiles skipped, both edges cut
-        {1, 40, 40, 2, 2, 8, 6, 0, 0, 7, 0},   // default tiles (one tile)
-        {1, 9, 40, 3, 3, 8, 8, 4, 5, 6, 0},    // a trailing query chunk
+        {2, 5, 5, 2, 1, 16, 16, 2, 3, 2, 0},    // window across 2 x 3 tiles
+        {1, 40, 40, 4, 2, 8, 8, 8, 8, 11, 0},   // whole tiles skipped, both edges cut
+        {1, 40, 40, 2, 2, 8, 6, 0, 0, 7, 0},    // default tiles (one tile)
+        {1, 9, 40, 3, 3, 8, 8, 4, 5, 6, 0},     // a trailing query chunk
         {2, 33, 33, 4, 1, 12, 8, 16, 4, 5, 15}, // soft cap
-        {1, 70, 70, 2, 1, 8, 8, 64, 64, 3, 0}, // the partly visible tile's 64-row sub-blocks
+        {1, 70, 70, 2, 1, 8, 8, 64, 64, 3, 0},  // the partly visible tile's 64-row sub-blocks
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int *x = cfg[c];
-        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 1.0f / sqrtf((float)x[5]), x[7], x[8],
-                          (float)x[10] / 10.0f, x[9]};
+        bk_attn_dims d = {
+            x[0], x[1], x[2], x[3], x[4], x[5], x[6], 1.0f / sqrtf((float)x[5]), x[7], x[8], (float)x[10] / 10.0f,
+            x[9]};
         prob_t p = prob_new(&r, d);
         check_vs_ref(&p, &r, "window");
         prob_free(&p);
@@ -554,7 +555,7 @@ int main(void)
         cmocka_unit_test(test_attention_soft_cap),        cmocka_unit_test(test_attention_permuted),
         cmocka_unit_test(test_attention_chunk),           cmocka_unit_test(test_attention_fully_masked),
         cmocka_unit_test(test_attention_tile_invariance), cmocka_unit_test(test_attention_threads_same_bits),
-        cmocka_unit_test(test_attention_dot_vs_ref),       cmocka_unit_test(test_attention_window),
+        cmocka_unit_test(test_attention_dot_vs_ref),      cmocka_unit_test(test_attention_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,7 +62,10 @@ typedef struct {
 
 static const loss_case LOSS_CASES[] = {
     {"mistral/fsdp2_tensor2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 1e-6, 0},
-    {"mistral/data2_fsdp2_explicit", {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "shard_mode=explicit"}, 1e-6, 0},
+    {"mistral/data2_fsdp2_explicit",
+     {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "shard_mode=explicit"},
+     1e-6,
+     0},
 };
 
 static void test_losses_equal_maxtext(void **state)

@@ -38,9 +38,10 @@
 
 /* The small Mistral of the loss data (losses/gen.sh: MIXTRAL). */
 static const char *const MIXTRAL[] = {
-    "model_name=mixtral-8x7b", "override_model_config=true", "base_emb_dim=64",   "base_num_query_heads=4",
-    "base_num_kv_heads=2",     "head_dim=16",                "base_mlp_dim=96",   "base_moe_mlp_dim=96",
-    "base_num_decoder_layers=2", "vocab_size=256",           "max_target_length=32", "per_device_batch_size=2",
+    "model_name=mixtral-8x7b", "override_model_config=true", "base_emb_dim=64",
+    "base_num_query_heads=4",  "base_num_kv_heads=2",        "head_dim=16",
+    "base_mlp_dim=96",         "base_moe_mlp_dim=96",        "base_num_decoder_layers=2",
+    "vocab_size=256",          "max_target_length=32",       "per_device_batch_size=2",
     "num_experts=4",
 };
 enum { NMIXTRAL = sizeof MIXTRAL / sizeof MIXTRAL[0] };
@@ -153,23 +154,26 @@ static void test_dumps_equal_maxtext(void **state)
     snprintf(gdir, sizeof gdir,
              "%s/maxtext-0.2.5/goldens/mixtral-8x7b/cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2",
              helper_reference_dir());
-    const char *a7[] = {"model_name=mixtral-8x7b", "num_devices=8", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"};
+    const char *a7[] = {"model_name=mixtral-8x7b", "num_devices=8", "ici_fsdp_parallelism=4",
+                        "ici_expert_parallelism=2"};
     /* 12 parameters (gate and three expert kernels), their two Adam moments and the step counters */
     assert_true(dump_compare_025("mixtral-8x7b fsdp=4 expert=2", gdir, 4, a7) >= 3 * 12);
     snprintf(gdir, sizeof gdir,
              "%s/maxtext-0.2.5/goldens/mixtral-8x22b/cpu-8/"
              "ici_fsdp_parallelism=2_ici_tensor_parallelism=2_ici_expert_parallelism=2_sparse_matmul=false",
              helper_reference_dir());
-    const char *a22[] = {"model_name=mixtral-8x22b", "num_devices=8", "ici_fsdp_parallelism=2",
-                         "ici_tensor_parallelism=2", "ici_expert_parallelism=2", "sparse_matmul=false"};
+    const char *a22[] = {"model_name=mixtral-8x22b", "num_devices=8",
+                         "ici_fsdp_parallelism=2",   "ici_tensor_parallelism=2",
+                         "ici_expert_parallelism=2", "sparse_matmul=false"};
     assert_true(dump_compare_025("mixtral-8x22b fsdp=2 tensor=2 expert=2 dense", gdir, 6, a22) >= 3 * 12);
 }
 
 /* Parity: every mesh trains as one device does (losses and every gradient, rtol 1e-4). */
 static const char *const TINY[] = {
-    "model_name=mixtral-8x7b", "override_model_config=true", "base_emb_dim=32",  "base_num_query_heads=4",
-    "base_num_kv_heads=2",     "head_dim=8",                 "base_mlp_dim=48",  "base_moe_mlp_dim=48",
-    "base_num_decoder_layers=2", "vocab_size=64",            "max_target_length=16", "learning_rate=1e-3",
+    "model_name=mixtral-8x7b", "override_model_config=true",    "base_emb_dim=32",
+    "base_num_query_heads=4",  "base_num_kv_heads=2",           "head_dim=8",
+    "base_mlp_dim=48",         "base_moe_mlp_dim=48",           "base_num_decoder_layers=2",
+    "vocab_size=64",           "max_target_length=16",          "learning_rate=1e-3",
     "num_experts=4",           "load_balance_loss_weight=0.01",
 };
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 3 };

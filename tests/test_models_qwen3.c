@@ -299,7 +299,8 @@ static void test_refusals_name_the_key(void **state)
         {"mtp_num_layers=1", "mtp_num_layers", "deepseek", NULL},
         {"use_batch_split_schedule=true", "use_batch_split_schedule", "deepseek", NULL},
         {"attention_type=local_sliding", "sliding_window_size", "must be an integer > 0", NULL},
-        {"attention_type=local_sliding", "attention_type", "never applies sliding_window_size", "sliding_window_size=8"},
+        {"attention_type=local_sliding", "attention_type", "never applies sliding_window_size",
+         "sliding_window_size=8"},
         {"qk_norm_with_scale=false", "qk_norm_with_scale", "refused", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

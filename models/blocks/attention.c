@@ -89,8 +89,8 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
     SIM_TRY(model_checkpoint_name(md, v, MODEL_CKPT_VALUE_PROJ));
     /* query_pre_attn_scalar multiplies the query after RoPE; the kernel applies it to the scores,
      * the same product (AttentionOp adds no scale of its own) */
-    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, a->scale, a->soft_cap, a->sliding_window, d->attn_dot, &d->splash,
-                                     "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, a->scale, a->soft_cap, a->sliding_window, d->attn_dot,
+                                     &d->splash, "attention_op", &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
     return model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, model_param_leaf(md, t, a->out, l), "out",

@@ -1832,13 +1832,13 @@ sim_status model_moe_dims_read(const cfg_config *cfg, const model_dims *d, bool 
                        sf);
     /* MaxText's GateLogit applies the score function only when one is named: "" keeps the raw logits */
     o->routed_score = !sf || !*sf              ? MODEL_MOE_SCORE_NONE
-                           : !strcmp(sf, "sigmoid") ? MODEL_MOE_SCORE_SIGMOID
-                                                    : MODEL_MOE_SCORE_SOFTMAX;
+                      : !strcmp(sf, "sigmoid") ? MODEL_MOE_SCORE_SIGMOID
+                                               : MODEL_MOE_SCORE_SOFTMAX;
     o->routed_sigmoid = o->routed_score == MODEL_MOE_SCORE_SIGMOID;
     SIM_TRY(model_cfg_bool(cfg, "routed_bias", &o->routed_bias));
     /* moe.py keys DeepSeek-V3 routing (and the gate bias as a MoEBiasVar) on these model-name prefixes */
     o->bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9) ||
-                                !strncmp(d->model_name, "kimi-k2", 7);
+                           !strncmp(d->model_name, "kimi-k2", 7);
     SIM_TRY(cfg_get_double(cfg, "load_balance_loss_weight", &o->lb_weight));
     SIM_TRY(cfg_get_double(cfg, "capacity_factor", &o->capacity_factor));
     bool sparse;
@@ -1857,9 +1857,10 @@ sim_status model_moe_dims_read(const cfg_config *cfg, const model_dims *d, bool 
         bool vma;
         SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
         if (vma)
-            return model_cfg_unsupported(cfg, "check_vma",
-                               "MaxText refuses check_vma with use_ring_of_experts=true (\"check_vma is not yet "
-                               "supported with ring of experts\", configs/types.py); set check_vma=false");
+            return model_cfg_unsupported(
+                cfg, "check_vma",
+                "MaxText refuses check_vma with use_ring_of_experts=true (\"check_vma is not yet "
+                "supported with ring of experts\", configs/types.py); set check_vma=false");
     }
     /* the megablox gmm's tiles (moe.py passes them unclipped to megablox; tokamax has its own) */
     bool mblx, tokamax;
@@ -1881,21 +1882,22 @@ sim_status model_moe_dims_read(const cfg_config *cfg, const model_dims *d, bool 
     double f;
     SIM_TRY(cfg_get_double(cfg, "ragged_buffer_factor", &f));
     if (f > 0)
-        return model_cfg_unsupported(cfg, "ragged_buffer_factor",
-                           "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 "
-                           "(dropless) or capacity_factor > 0 for the dense dropping path");
+        return model_cfg_unsupported(
+            cfg, "ragged_buffer_factor",
+            "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 "
+            "(dropless) or capacity_factor > 0 for the dense dropping path");
     SIM_TRY(model_cfg_bool(cfg, "use_random_routing", &o->random_routing));
     if (o->random_routing && !sparse)
-        return model_cfg_unsupported(cfg, "use_random_routing",
-                           "random draws may pick an expert twice for a token; MaxText's dense path "
-                           "(sparse_matmul=false) scatters the k weights into a (batch, sequence, experts) tensor "
-                           "where such repeats overwrite each other, which is not simulated; use the sparse path "
-                           "(sparse_matmul=true) with random routing");
+        return model_cfg_unsupported(
+            cfg, "use_random_routing",
+            "random draws may pick an expert twice for a token; MaxText's dense path "
+            "(sparse_matmul=false) scatters the k weights into a (batch, sequence, experts) tensor "
+            "where such repeats overwrite each other, which is not simulated; use the sparse path "
+            "(sparse_matmul=true) with random routing");
     o->softmax_topk = softmax_topk;
     if (softmax_topk) SIM_TRY(model_cfg_bool(cfg, "norm_topk_prob", &o->norm_topk));
     return SIM_OK;
 }
-
 
 /* Expert-parallel and expert-hidden axes of the MoE region: the weights enter
  * it as ('exp', None, 'mlp_no_fsdp') with fsdp peeled off (facts §6.3). */
@@ -1951,38 +1953,38 @@ static sim_status dense_moe_check(model_dev *md, const mesh_var *xin, const mesh
 
 sim_status model_moe_check_mesh(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo)
 {
-        sim_axes ep, h;
-        SIM_TRY(model_moe_axes(m, &ep, &h));
-        int eps = 1;
-        char ax[128] = "";
-        size_t o = 0;
-        for (int i = 0; i < ep.n; i++) {
-            eps *= m->mesh.sizes[ep.axis[i]];
-            o += (size_t)snprintf(ax + o, sizeof ax - o, "%s%s=%d", i ? " x " : "", m->mesh.names[ep.axis[i]],
-                                  m->mesh.sizes[ep.axis[i]]);
-        }
-        /* MaxText's config check (types.py, unless override_logical_axis_rules): with the expert-parallel
+    sim_axes ep, h;
+    SIM_TRY(model_moe_axes(m, &ep, &h));
+    int eps = 1;
+    char ax[128] = "";
+    size_t o = 0;
+    for (int i = 0; i < ep.n; i++) {
+        eps *= m->mesh.sizes[ep.axis[i]];
+        o += (size_t)snprintf(ax + o, sizeof ax - o, "%s%s=%d", i ? " x " : "", m->mesh.names[ep.axis[i]],
+                              m->mesh.sizes[ep.axis[i]]);
+    }
+    /* MaxText's config check (types.py, unless override_logical_axis_rules): with the expert-parallel
          * rank 1 (the mesh axes of the 'exp' rule) random routing must stay off */
-        bool ovr;
-        SIM_TRY(model_cfg_bool(cfg, "override_logical_axis_rules", &ovr));
-        int xr = mesh_rules_find(&m->rules, "exp");
-        int ep_rank = 1;
-        for (int i = 0; xr >= 0 && i < m->rules.rules[xr].n_axes; i++) {
-            int a = mesh_shape_axis_index(&m->mesh, m->rules.rules[xr].axes[i]);
-            if (a >= 0) ep_rank *= m->mesh.sizes[a];
-        }
-        if (mo->random_routing && !ovr && ep_rank == 1)
-            return sim_err(SIM_ERR_INPUT,
-                           "use_random_routing=true: When EP rank is 1, use_random_routing must be False (was True) "
-                           "(MaxText's config check; the 'exp' rule's mesh axes have size 1). Use an expert axis "
-                           "(e.g. ici_expert_parallelism=2) or override_logical_axis_rules=true");
-        if (mo->experts % eps)
-            return sim_err(SIM_ERR_INPUT,
-                           "num_experts=%lld is not divisible by the expert-parallel size %d (%s): every device must "
-                           "hold the same number of experts; choose ici_expert_parallelism (and, for cp-as-ep, "
-                           "ici_context_parallelism) so their product divides num_experts",
-                           (long long)mo->experts, eps, ax);
-        return SIM_OK;
+    bool ovr;
+    SIM_TRY(model_cfg_bool(cfg, "override_logical_axis_rules", &ovr));
+    int xr = mesh_rules_find(&m->rules, "exp");
+    int ep_rank = 1;
+    for (int i = 0; xr >= 0 && i < m->rules.rules[xr].n_axes; i++) {
+        int a = mesh_shape_axis_index(&m->mesh, m->rules.rules[xr].axes[i]);
+        if (a >= 0) ep_rank *= m->mesh.sizes[a];
+    }
+    if (mo->random_routing && !ovr && ep_rank == 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "use_random_routing=true: When EP rank is 1, use_random_routing must be False (was True) "
+                       "(MaxText's config check; the 'exp' rule's mesh axes have size 1). Use an expert axis "
+                       "(e.g. ici_expert_parallelism=2) or override_logical_axis_rules=true");
+    if (mo->experts % eps)
+        return sim_err(SIM_ERR_INPUT,
+                       "num_experts=%lld is not divisible by the expert-parallel size %d (%s): every device must "
+                       "hold the same number of experts; choose ici_expert_parallelism (and, for cp-as-ep, "
+                       "ici_context_parallelism) so their product divides num_experts",
+                       (long long)mo->experts, eps, ax);
+    return SIM_OK;
 }
 
 /* The routed experts of one layer (moe.py RoutedMoE.__call__): gate, scores, top-k, the
@@ -2011,8 +2013,7 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
     mc.output_dead = ring && md->recomputing;
     for (int w = 0; w < 2; w++)
         for (int p = 0; p < 3; p++)
-            mc.gmm[w][p] =
-                (model_moe_tile){mo->gmm_tiles[w][p][0], mo->gmm_tiles[w][p][1], mo->gmm_tiles[w][p][2]};
+            mc.gmm[w][p] = (model_moe_tile){mo->gmm_tiles[w][p][0], mo->gmm_tiles[w][p][1], mo->gmm_tiles[w][p][2]};
     if (ring) {
         /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
          * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3
@@ -2056,8 +2057,7 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
      * the backward would give the same counts, and MaxText's compiled step does not recompute them
      * (the counts leave the layer as an output; no gradient reads them) */
     if (md->bias_counts && sim_device_phase(md->ctx.dev) != SIM_PHASE_BACKWARD)
-        SIM_TRY(model_moe_expert_counts(t, indices, mo->experts, "expert_counts",
-                                        md->bias_counts + l * mo->experts));
+        SIM_TRY(model_moe_expert_counts(t, indices, mo->experts, "expert_counts", md->bias_counts + l * mo->experts));
     *lb = NULL;
     if (mo->lb_weight > 0) {
         /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
@@ -2074,8 +2074,7 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
                            "capacity_factor=%g gives every expert 0 slots per sequence (max_target_length=%lld, "
                            "num_experts_per_tok=%lld, num_experts=%lld): every token would be dropped; use a larger "
                            "capacity_factor",
-                           mo->capacity_factor, (long long)d->seq, (long long)mo->top_k,
-                           (long long)mo->experts);
+                           mo->capacity_factor, (long long)d->seq, (long long)mo->top_k, (long long)mo->experts);
     } else if (mo->capacity_factor == 0)
         mc.capacity = d->seq; /* dense dropless: every token fits in its expert's queue */
     SIM_TRY(model_logical_spec(m, "moe/out", 3, ml->out, &mc.out));
@@ -2111,4 +2110,3 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
     *y = out;
     return SIM_OK;
 }
-

@@ -220,10 +220,10 @@ sim_status model_moe_check_mesh(const model_def *m, const cfg_config *cfg, const
 /* One layer's routed experts as moe.py's RoutedMoE runs them. */
 typedef struct {
     const model_moe_dims *dims;
-    int gate, gate_bias;      /* the gate kernel (embed, experts) and its bias (-1: none) */
-    int wi0, wi1, wo;         /* the expert kernels (experts, embed, hidden) / (experts, hidden, embed) */
-    const char *const *out;   /* 3 logical names of the output (the layer's out_sharding: the region's out_specs) */
-    int64_t lb_layers;        /* the layers whose load-balance losses MaxText averages (MTP's included) */
+    int gate, gate_bias;    /* the gate kernel (embed, experts) and its bias (-1: none) */
+    int wi0, wi1, wo;       /* the expert kernels (experts, embed, hidden) / (experts, hidden, embed) */
+    const char *const *out; /* 3 logical names of the output (the layer's out_sharding: the region's out_specs) */
+    int64_t lb_layers;      /* the layers whose load-balance losses MaxText averages (MTP's included) */
 } model_moe_layer;
 
 /* x (B, S, M) -> y (B, S, M): the gate logits (moe/inputs, moe/gate_logits constraints), the

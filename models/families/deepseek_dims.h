@@ -13,7 +13,6 @@
 #include "models/blocks/moe.h"
 #include "models/core/model.h"
 
-
 typedef struct {
     int64_t dense_layers; /* first_num_dense_layers (the rest are MoE layers) */
     model_mla_dims mla;

@@ -121,8 +121,8 @@ static sim_status mistral_layer(model_dev *md, mesh_tape *t, const model_batch *
     return st;
 }
 
-static sim_status mistral_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x,
-                                   mesh_var **y, mesh_var **aux)
+static sim_status mistral_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
+                                   mesh_var **aux)
 {
     *aux = NULL;
     return mistral_layer(md, t, b, l, x, y);

@@ -132,8 +132,8 @@ static sim_status mixtral_layer(model_dev *md, mesh_tape *t, const model_batch *
     return st;
 }
 
-static sim_status mixtral_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x,
-                                   mesh_var **y, mesh_var **aux)
+static sim_status mixtral_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
+                                   mesh_var **aux)
 {
     return mixtral_layer(md, t, b, l, x, y, aux);
 }
