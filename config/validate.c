@@ -34,8 +34,10 @@ sim_status cfg_maxtext_rules(const cfg_config *cfg)
                            "num_experts=%lld needs base_moe_mlp_dim > 0 (it is %g): MaxText requires a "
                            "positive expert width for MoE models; set base_moe_mlp_dim",
                            experts, moe_mlp);
-        /* a model whose every layer is MoE has one MLP width */
-        if (interleave == 1 && dense == 0 && inhomog == 1 && mlp != moe_mlp)
+        /* a model whose every layer is MoE has one MLP width; for qwen3_moe MaxText sets
+         * base_mlp_dim to base_moe_mlp_dim instead (the qwen3_moe family does the same) */
+        if (interleave == 1 && dense == 0 && inhomog == 1 && mlp != moe_mlp &&
+            !(decoder && !strcmp(decoder, "qwen3_moe")))
             return sim_err(SIM_ERR_INPUT,
                            "num_experts=%lld with first_num_dense_layers=0 is a fully MoE model: MaxText requires "
                            "base_mlp_dim (%g) to equal base_moe_mlp_dim (%g); make them equal or keep dense layers",

@@ -35,3 +35,8 @@ MODEL=qwen3-0.6b run cpu-8/ici_fsdp_parallelism=8 8 ici_fsdp_parallelism=8
 MODEL=mistral-7b run cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2 8 ici_fsdp_parallelism=4 ici_tensor_parallelism=2
 MODEL=mixtral-8x7b run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici_fsdp_parallelism=4 ici_expert_parallelism=2
 MODEL=mixtral-8x22b run cpu-8/ici_fsdp_parallelism=2_ici_tensor_parallelism=2_ici_expert_parallelism=2_sparse_matmul=false 8 ici_fsdp_parallelism=2 ici_tensor_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false
+# the qwen3_moe block (Qwen3's attention with query/key norms, RoutedMoE moe_block of width
+# moe_mlp_dim, softmax top-8 of 128 with norm_topk_prob) with expert parallelism, the sparse path
+# (qwen3-30b-a3b) and the dense path with tensor parallelism (qwen3-235b-a22b, sparse_matmul=false)
+MODEL=qwen3-30b-a3b run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici_fsdp_parallelism=4 ici_expert_parallelism=2
+MODEL=qwen3-235b-a22b run cpu-8/ici_fsdp_parallelism=2_ici_tensor_parallelism=2_ici_expert_parallelism=2_sparse_matmul=false 8 ici_fsdp_parallelism=2 ici_tensor_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false

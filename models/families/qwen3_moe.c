@@ -1,0 +1,297 @@
+/* qwen3_moe.c — the Qwen3 MoE decoder (MaxText 0.2.5's qwen3_moe decoder_block: models/qwen3.py
+ * Qwen3MoeDecoderLayer over AttentionWithNorm) on the tape.
+ *
+ * The layer is the dense Qwen3's attention half with moe.py's RoutedMoE in place of the MLP,
+ * settled at the source:
+ *   - AttentionWithNorm as for decoder_block=qwen3 (models/families/qwen3.c): query/key RMSNorms
+ *     over head_dim before RoPE (use_qk_norm), query_pre_attn_scalar = head_dim**-0.5 after RoPE (so
+ *     the query init keeps the plain fan-in scale), no soft cap, no sliding window, rope_type's
+ *     default RoPE; the residual stream constrained (and out_sharding passed) in explicit mode only;
+ *   - the MoE is the attribute moe_block: RoutedMoE(num_experts, num_experts_per_tok,
+ *     intermediate_dim=config.moe_mlp_dim, kernel_axes=("embed", None) for the gate, kernel_init
+ *     nd_dense_init(dense_init_scale, "fan_in", "truncated_normal")); no shared experts
+ *     (RoutedMoE, not RoutedAndSharedMoE).  Routing is get_topk's branch outside DeepSeek: the raw
+ *     gate logits (routed_score_func ""), top-k with ties to the lowest expert, a float32 softmax
+ *     over the k selected logits, divided by their sum with norm_topk_prob (true in every
+ *     qwen3_moe model file).  Sparse (ragged all-to-all, dropless) and dense paths:
+ *     models/blocks/moe.c, the MoE block Mixtral and DeepSeek also run;
+ *   - the load-balance loss (load_balance_loss_weight > 0, e.g. qwen3-235b-a22b's 0.001) is sown as
+ *     moe_lb_loss and averaged over the layers into the loss;
+ *   - no dropout on the layer output (Qwen3MoeDecoderLayer has no Dropout);
+ *   - configs/types.py: for qwen3_moe a fully MoE model whose base_mlp_dim differs from
+ *     base_moe_mlp_dim gets mlp_dim = moe_mlp_dim instead of an error (config/validate.c); the
+ *     layer reads moe_mlp_dim only.
+ * Around the layers, the Decoder is the generic one (models/blocks/decoder.c). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas_kernels/bk_rope.h"
+#include "mesh/ad.h"
+#include "mesh/nn.h"
+#include "models/blocks/attention.h"
+#include "models/blocks/decoder.h"
+#include "models/blocks/moe.h"
+#include "models/core/model.h"
+
+/* AttentionWithNorm.activation_axis_names */
+static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
+
+/* The MoE dims, kept in model_dims.family_dims. */
+static const model_moe_dims *qmoe_dims(const model_def *m) { return m->d.family_dims; }
+
+typedef struct {
+    int q, k, v, qkv, o, qn, kn, ln1, ln2, gate, gate_bias, wi0, wi1, wo, embed, norm, logits;
+} qmoe_ix;
+
+static qmoe_ix indices(const model_def *m)
+{
+    qmoe_ix x;
+    x.q = model_param_index(m, "self_attention.query.kernel");
+    x.k = model_param_index(m, "self_attention.key.kernel");
+    x.v = model_param_index(m, "self_attention.value.kernel");
+    x.qkv = model_param_index(m, "self_attention.qkv_proj.kernel");
+    x.o = model_param_index(m, "self_attention.out.kernel");
+    x.qn = model_param_index(m, "self_attention.query_norm.scale");
+    x.kn = model_param_index(m, "self_attention.key_norm.scale");
+    x.ln1 = model_param_index(m, "pre_self_attention_layer_norm.scale");
+    x.ln2 = model_param_index(m, "post_self_attention_layer_norm.scale");
+    x.gate = model_param_index(m, "moe_block.gate.kernel");
+    x.gate_bias = model_param_index(m, "moe_block.gate.bias");
+    x.wi0 = model_param_index(m, "moe_block.wi_0");
+    x.wi1 = model_param_index(m, "moe_block.wi_1");
+    x.wo = model_param_index(m, "moe_block.wo");
+    x.embed = model_param_index(m, "token_embedder.embedding");
+    x.norm = model_param_index(m, "decoder_norm.scale");
+    x.logits = model_param_index(m, "logits_dense.kernel");
+    return x;
+}
+
+/* AttentionWithNorm's _maybe_shard_with_logical: explicit mode only, as for the dense Qwen3
+ * (qwen3.c layer_shard says why auto mode still places the residual under the same names). */
+static sim_status layer_shard(model_dev *md, mesh_tape *t, mesh_var *x, const char *name, mesh_var **y)
+{
+    if (md->ctx.mode == MESH_MODE_EXPLICIT) return model_shard_as(md, t, x, name, 3, A, y);
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(md->def, name, 3, A, &s));
+    return mesh_ad_shard_as(t, x, &s, name, y);
+}
+
+/* One Qwen3MoeDecoderLayer; *lb its load-balance loss (NULL without one). */
+static sim_status qmoe_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
+                             mesh_var **lb)
+{
+    const model_def *m = md->def;
+    const model_dims *d = &m->d;
+    qmoe_ix ix = indices(m);
+    char layer[64], attn_layer[96], moe_layer[96];
+    const char *saved_layer = md->ctx.layer;
+    snprintf(layer, sizeof layer, "decoder/layers_%d", l);
+    snprintf(attn_layer, sizeof attn_layer, "%s/self_attention", layer);
+    snprintf(moe_layer, sizeof moe_layer, "%s/moe_block", layer);
+    md->ctx.layer = layer;
+    *lb = NULL;
+
+    mesh_var *h, *lnx, *a;
+    SIM_TRY(layer_shard(md, t, x, "qwen3_moe/inputs", &h));
+    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
+    SIM_TRY(layer_shard(md, t, lnx, "qwen3_moe/lnx", &lnx));
+
+    md->ctx.layer = attn_layer;
+    bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
+    rp.min_timescale = d->rope_min;
+    rp.max_timescale = d->rope_theta;
+    rp.linear_scaling_factor = d->rope_linear;
+    model_attention_block ab = {.query = ix.q,
+                                .key = ix.k,
+                                .value = ix.v,
+                                .qkv = d->fused_qkv ? ix.qkv : -1,
+                                .out = ix.o,
+                                .query_norm = ix.qn,
+                                .key_norm = ix.kn,
+                                .norm_eps = d->eps,
+                                .layer = l,
+                                .rope = rp,
+                                .scale = 1.0 / sqrt((double)d->head_dim),
+                                .soft_cap = 0,
+                                .out_names = A};
+    SIM_TRY(model_attention(md, t, b, &ab, lnx, &a));
+    md->ctx.layer = layer;
+    SIM_TRY(layer_shard(md, t, a, "qwen3_moe/attention_lnx", &a));
+    SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h)); /* intermediate_inputs */
+    mesh_var *hs, *moe;
+    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
+    SIM_TRY(layer_shard(md, t, hs, "qwen3_moe/hidden_states", &hs));
+
+    model_moe_layer ml = {.dims = qmoe_dims(m),
+                          .gate = ix.gate,
+                          .gate_bias = ix.gate_bias,
+                          .wi0 = ix.wi0,
+                          .wi1 = ix.wi1,
+                          .wo = ix.wo,
+                          .out = A,
+                          .lb_layers = d->layers};
+    SIM_TRY(model_moe_routed(md, t, &ml, l, hs, moe_layer, &moe, lb));
+    md->ctx.layer = layer;
+    /* the layer's tail: nothing reads it when remat recomputes the layer */
+    md->ctx.dead_outputs = md->recomputing;
+    sim_status st = layer_shard(md, t, moe, "qwen3_moe/mlp_lnx", &moe);
+    if (st == SIM_OK) st = mesh_ad_add(t, h, moe, "residual_mlp", &h);
+    if (st == SIM_OK) st = layer_shard(md, t, h, "qwen3_moe/layer_output", y);
+    md->ctx.dead_outputs = false;
+    md->ctx.layer = saved_layer;
+    return st;
+}
+
+static sim_status qmoe_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
+                                mesh_var **aux)
+{
+    return qmoe_layer(md, t, b, l, x, y, aux);
+}
+
+/* ------------------------------------------------------------ definition */
+
+#define LAYER_PARAM(path, rank, shape, logical, init, scale)                                                           \
+    model_add_param(m, "params.decoder.layers." path, rank, shape, logical, 1, init, scale)
+
+static void define_params(model_def *m, bool qk_norm)
+{
+    const model_dims *d = &m->d;
+    const model_moe_dims *mo = qmoe_dims(m);
+    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, L = d->layers;
+    int64_t X = mo->experts, F = mo->moe_mlp;
+    double fe = 1.0 / sqrt((double)E);
+    model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E},
+                    (const char *[]){"vocab", "embed_vocab"}, -1, MODEL_INIT_NORMAL, fe);
+    LAYER_PARAM("pre_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
+                MODEL_INIT_ONES, 0);
+    if (d->fused_qkv)
+        LAYER_PARAM("self_attention.qkv_proj.kernel", 4, ((int64_t[]){E, L, H + 2 * K, D}),
+                    ((const char *[]){"embed_attn", "layers", "heads", "kv"}), MODEL_INIT_NORMAL, fe);
+    else {
+        /* init_query_w: query_pre_attn_scalar != 1, so no depth scaling of the query init */
+        LAYER_PARAM("self_attention.query.kernel", 4, ((int64_t[]){E, L, H, D}),
+                    ((const char *[]){"embed_attn", "layers", "q_heads", "kv"}), MODEL_INIT_NORMAL, fe);
+        LAYER_PARAM("self_attention.key.kernel", 4, ((int64_t[]){E, L, K, D}),
+                    ((const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}), MODEL_INIT_NORMAL, fe);
+        LAYER_PARAM("self_attention.value.kernel", 4, ((int64_t[]){E, L, K, D}),
+                    ((const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}), MODEL_INIT_NORMAL, fe);
+    }
+    if (qk_norm) {
+        LAYER_PARAM("self_attention.query_norm.scale", 2, ((int64_t[]){D, L}), ((const char *[]){"norm", "layers"}),
+                    MODEL_INIT_ONES, 0);
+        LAYER_PARAM("self_attention.key_norm.scale", 2, ((int64_t[]){D, L}), ((const char *[]){"norm", "layers"}),
+                    MODEL_INIT_ONES, 0);
+    }
+    LAYER_PARAM("self_attention.out.kernel", 4, ((int64_t[]){H, L, D, E}),
+                ((const char *[]){"heads", "layers", "kv", "embed_attn"}), MODEL_INIT_NORMAL,
+                1.0 / sqrt((double)(H * D)));
+    LAYER_PARAM("post_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
+                MODEL_INIT_ONES, 0);
+    /* RoutedMoE's GateLogit: kernel_axes ("embed", None) from the layer; the bias (routed_bias) an
+     * nnx.Param of (experts,) stacked like the kernels */
+    LAYER_PARAM("moe_block.gate.kernel", 3, ((int64_t[]){E, L, X}), ((const char *[]){"embed", "layers", NULL}),
+                MODEL_INIT_TRUNC_NORMAL, fe);
+    if (mo->routed_bias)
+        LAYER_PARAM("moe_block.gate.bias", 2, ((int64_t[]){X, L}), ((const char *[]){NULL, "layers"}),
+                    MODEL_INIT_ZEROS, 0);
+    /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
+    const char *const *wi = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", NULL, "mlp_moe"}
+                                                  : (const char *[]){"exp", "layers", "embed_moe", "mlp_moe"};
+    const char *const *wo = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", "mlp_moe", NULL}
+                                                  : (const char *[]){"exp", "layers", "mlp_moe", "embed_moe"};
+    LAYER_PARAM("moe_block.wi_0", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
+    LAYER_PARAM("moe_block.wi_1", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
+    LAYER_PARAM("moe_block.wo", 4, ((int64_t[]){X, L, F, E}), wo, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
+    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1,
+                    MODEL_INIT_ONES, 0);
+    if (!d->tied_logits)
+        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V},
+                        (const char *[]){"embed_vocab", "vocab"}, -1, MODEL_INIT_TRUNC_NORMAL, fe);
+}
+
+/* What MaxText's qwen3_moe layer would read and shardsim does not simulate is refused, naming the key. */
+static sim_status qmoe_define(model_def *m, const cfg_config *cfg)
+{
+    const model_dims *d = &m->d;
+    model_moe_dims *mo = calloc(1, sizeof *mo);
+    SIM_ASSERT(mo);
+    m->d.family_dims = mo; /* model_def_free (or the refused definition) frees it */
+    SIM_TRY(model_attention_global_only(cfg, "qwen3_moe", "models/qwen3.py Qwen3MoeDecoderLayer"));
+    const char *rt;
+    SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
+    if ((rt && strcmp(rt, "default")) || d->rope_llama31)
+        return model_cfg_unsupported(cfg, "rope_type",
+                                     "decoder_block=qwen3_moe is simulated with the default RoPE "
+                                     "(rope_max_timescale); use rope_type=default");
+    bool mrope, qk_norm;
+    SIM_TRY(model_cfg_bool(cfg, "use_mrope", &mrope));
+    if (mrope)
+        return model_cfg_unsupported(cfg, "use_mrope",
+                                     "Qwen3's multimodal RoPE (mrope_section) is not simulated; use use_mrope=false");
+    int64_t mtp;
+    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+    if (mtp != 0)
+        return model_cfg_unsupported(
+            cfg, "mtp_num_layers",
+            "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
+    if (d->fused_mlp)
+        return model_cfg_unsupported(cfg, "fused_mlp",
+                                     "the qwen3_moe layer has no dense MLP to fuse (its experts keep wi_0 and wi_1); "
+                                     "use fused_mlp=false");
+    /* get_topk's branch outside DeepSeek: softmax over the k selected logits, norm_topk_prob honoured;
+     * the experts' width is moe_mlp_dim (RoutedMoE(intermediate_dim=config.moe_mlp_dim)) */
+    SIM_TRY(model_moe_dims_read(cfg, d, true, mo));
+    m->d.mlp = mo->moe_mlp; /* types.py: mlp_dim = moe_mlp_dim for a fully MoE qwen3_moe */
+    if (mo->experts < 1 || mo->top_k < 1 || mo->top_k > mo->experts || mo->top_k > 64)
+        return sim_err(SIM_ERR_INPUT,
+                       "num_experts_per_tok=%lld with num_experts=%lld: a MoE layer routes each token to 1..min(64, "
+                       "num_experts) experts",
+                       (long long)mo->top_k, (long long)mo->experts);
+    /* remat_policy=custom: the routed experts keep moe.py's grouped-matmul tags (model_moe_routed);
+     * the sorted inputs and routing maps are not simulated as saved */
+    static const model_ckpt_name unkept[] = {MODEL_CKPT_MOE_X_SORTED, MODEL_CKPT_MOE_ROUTING_MAPS};
+    for (int i = 0; i < 2; i++)
+        if (d->ckpt[unkept[i]] != MODEL_CKPT_REMAT)
+            return sim_err(SIM_ERR_INPUT,
+                           "%s=%s (remat_policy=custom): saving the routed experts' %s across remat is not "
+                           "simulated; keep %s=remat (the other MoE tags, moe_mlpwi_0/moe_mlpwi_1/moe_mlpwo, are)",
+                           model_ckpt_name_str(unkept[i]),
+                           d->ckpt[unkept[i]] == MODEL_CKPT_DEVICE ? "device" : "offload",
+                           i == 0 ? "expert-sorted inputs" : "routing maps", model_ckpt_name_str(unkept[i]));
+    /* use_qk_norm=false is MaxText's layer without the norms (the query init stays unscaled) */
+    SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &qk_norm));
+    define_params(m, qk_norm);
+    return model_moe_check_mesh(m, cfg, mo);
+}
+
+static sim_status qmoe_setup(model_def *m, const cfg_config *cfg)
+{
+    bool on;
+    SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &on));
+    if (on)
+        return model_cfg_unsupported(cfg, "use_batch_split_schedule",
+                                     "MaxText runs the batch-split schedule for decoder_block=deepseek only; drop it");
+    if (m->d.pipe.on && qmoe_dims(m)->lb_weight > 0)
+        return model_cfg_unsupported(cfg, "load_balance_loss_weight",
+                                     "collecting the MoE load-balance loss from the pipeline iterations is not "
+                                     "simulated; use load_balance_loss_weight=0 with pipeline parallelism");
+    return SIM_OK;
+}
+
+static sim_status qmoe_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
+{
+    qmoe_ix ix = indices(md->def);
+    model_decoder_block dec = {.layer = qmoe_layer_fn, .embed = ix.embed, .norm = ix.norm, .logits = ix.logits};
+    return model_decoder_loss(md, t, b, &dec, loss);
+}
+
+/* MaxText's decoder_block qwen3_moe (qwen3-30b-a3b, qwen3-235b-a22b, qwen3-480b-a35b): every layer
+ * alike, scanned and pipelined alike, nothing updated outside the optimizer. */
+const model_family model_family_qwen3_moe = {
+    .name = "qwen3_moe",
+    .define = qmoe_define,
+    .setup = qmoe_setup,
+    .loss = qmoe_loss,
+};
