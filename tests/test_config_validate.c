@@ -162,6 +162,11 @@ static void test_maxtext_rules(void **state)
     const char *moe[] = {"num_experts=4", "base_moe_mlp_dim=64", "base_mlp_dim=128", "first_num_dense_layers=0"};
     assert_int_equal(cfgt_load(NULL, NULL, 4, moe, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "base_mlp_dim (128) to equal base_moe_mlp_dim (64)");
+    /* ... except for qwen3_moe, whose config check sets mlp_dim to moe_mlp_dim (types.py) */
+    const char *qmoe[] = {"decoder_block=qwen3_moe", "num_experts=4", "base_moe_mlp_dim=64", "base_mlp_dim=128",
+                          "first_num_dense_layers=0"};
+    assert_int_equal(cfgt_load(NULL, NULL, 5, qmoe, &cfg), SIM_OK);
+    cfg_free(cfg);
     /* MoE needs an expert width */
     const char *width[] = {"num_experts=4", "base_moe_mlp_dim=-1",
                            "first_num_dense_layers=1"}; /* -1 passes ranges.yml */
