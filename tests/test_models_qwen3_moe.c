@@ -36,11 +36,20 @@
 
 /* The small Qwen3 MoE of the loss data (losses/gen.sh: QWEN3MOE). */
 static const char *const QMOE[] = {
-    "model_name=qwen3-30b-a3b", "override_model_config=true", "base_emb_dim=64",
-    "base_num_query_heads=4",   "base_num_kv_heads=2",        "head_dim=16",
-    "base_mlp_dim=96",          "base_moe_mlp_dim=48",        "base_num_decoder_layers=2",
-    "vocab_size=256",           "max_target_length=32",       "per_device_batch_size=2",
-    "num_experts=4",            "num_experts_per_tok=2",
+    "model_name=qwen3-30b-a3b",
+    "override_model_config=true",
+    "base_emb_dim=64",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "head_dim=16",
+    "base_mlp_dim=96",
+    "base_moe_mlp_dim=48",
+    "base_num_decoder_layers=2",
+    "vocab_size=256",
+    "max_target_length=32",
+    "per_device_batch_size=2",
+    "num_experts=4",
+    "num_experts_per_tok=2",
 };
 enum { NQMOE = sizeof QMOE / sizeof QMOE[0] };
 
@@ -159,11 +168,21 @@ static void test_dumps_equal_maxtext(void **state)
 
 /* Parity: every mesh trains as one device does (losses and every gradient, rtol 1e-4). */
 static const char *const TINY[] = {
-    "model_name=qwen3-30b-a3b", "override_model_config=true", "base_emb_dim=32",
-    "base_num_query_heads=4",   "base_num_kv_heads=2",        "head_dim=8",
-    "base_mlp_dim=48",          "base_moe_mlp_dim=24",        "base_num_decoder_layers=2",
-    "vocab_size=64",            "max_target_length=16",       "learning_rate=1e-3",
-    "num_experts=4",            "num_experts_per_tok=2",      "load_balance_loss_weight=0.01",
+    "model_name=qwen3-30b-a3b",
+    "override_model_config=true",
+    "base_emb_dim=32",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "head_dim=8",
+    "base_mlp_dim=48",
+    "base_moe_mlp_dim=24",
+    "base_num_decoder_layers=2",
+    "vocab_size=64",
+    "max_target_length=16",
+    "learning_rate=1e-3",
+    "num_experts=4",
+    "num_experts_per_tok=2",
+    "load_balance_loss_weight=0.01",
 };
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 3 };
 

@@ -194,8 +194,8 @@ static void define_params(model_def *m, bool qk_norm)
     LAYER_PARAM("moe_block.gate.kernel", 3, ((int64_t[]){E, L, X}), ((const char *[]){"embed", "layers", NULL}),
                 MODEL_INIT_TRUNC_NORMAL, fe);
     if (mo->routed_bias)
-        LAYER_PARAM("moe_block.gate.bias", 2, ((int64_t[]){X, L}), ((const char *[]){NULL, "layers"}),
-                    MODEL_INIT_ZEROS, 0);
+        LAYER_PARAM("moe_block.gate.bias", 2, ((int64_t[]){X, L}), ((const char *[]){NULL, "layers"}), MODEL_INIT_ZEROS,
+                    0);
     /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
     const char *const *wi = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", NULL, "mlp_moe"}
                                                   : (const char *[]){"exp", "layers", "embed_moe", "mlp_moe"};
