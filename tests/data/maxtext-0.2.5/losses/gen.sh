@@ -21,6 +21,10 @@ MISTRAL="model_name=mistral-7b override_model_config=true base_emb_dim=64 base_n
 # supported by XLA:CPU ThunkEmitter"), so the sparse cases keep the expert axis at 1 and the expert
 # axis is measured on the dense path.
 MIXTRAL="model_name=mixtral-8x7b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=96 base_moe_mlp_dim=96 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2 num_experts=4"
+# a small Qwen3 MoE (4 experts, top-2, query/key norms, GQA 4:2, norm_topk_prob as the model file):
+# the qwen3-30b-a3b file with test-sized dims; base_mlp_dim differs from base_moe_mlp_dim, which
+# MaxText's config check settles for qwen3_moe by taking moe_mlp_dim (the experts' width either way)
+QWEN3MOE="model_name=qwen3-30b-a3b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=96 base_moe_mlp_dim=48 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2 num_experts=4 num_experts_per_tok=2"
 # <case> <devices> <model keys and mesh>
 CASES=(
 "qwen3/untied_fsdp2_tensor2|4|$QWEN3 logits_via_embedding=false ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
@@ -32,6 +36,9 @@ CASES=(
 "mixtral/sparse_data2_fsdp2_explicit|4|$MIXTRAL ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
 "mixtral/dense_fsdp2_expert2_lb_norm|4|$MIXTRAL ici_fsdp_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false load_balance_loss_weight=0.01 norm_topk_prob=true"
 "mixtral/sparse_fsdp2_tensor2_lb|4|$MIXTRAL ici_fsdp_parallelism=2 ici_tensor_parallelism=2 load_balance_loss_weight=0.01"
+"qwen3_moe/sparse_fsdp2_tensor2|4|$QWEN3MOE ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"qwen3_moe/sparse_data2_fsdp2_explicit|4|$QWEN3MOE ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
+"qwen3_moe/dense_fsdp2_expert2_lb|4|$QWEN3MOE ici_fsdp_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false load_balance_loss_weight=0.01"
 )
 for c in "${CASES[@]}"; do
   IFS='|' read -r name n keys <<<"$c"
