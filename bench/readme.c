@@ -176,7 +176,7 @@ static void read_file(const char *path, const char *prog)
     FILE *f = fopen(path, "r");
     if (!f) return;
     static char line[LINE_CAP], cmd[CMD_CAP], prefix[CMD_CAP];
-    int in_sh = 0, in_other = 0, lineno = 0, start = 0, building = 0, q = 0, depth = 0;
+    int in_sh = 0, in_other = 0, lineno = 0, start = 0, building = 0, q = 0, depth = 0, prev_more = 0;
     while (fgets(line, sizeof line, f)) {
         lineno++;
         line[strcspn(line, "\n")] = '\0';
@@ -206,9 +206,10 @@ static void read_file(const char *path, const char *prog)
             building = 1;
             q = 0;
             depth = 0;
+            prev_more = 0;
         }
         size_t len = strlen(line);
-        int more = 0;
+        int more = 0, was_q = q;
         if (len && line[len - 1] == '\\') {
             line[len - 1] = ' ';
             more = 1;
@@ -218,9 +219,11 @@ static void read_file(const char *path, const char *prog)
         while (isspace((unsigned char)*s)) s++;
         if (!strncmp(s, "done", 4) && (!s[4] || s[4] == ';' || isspace((unsigned char)s[4]))) depth--;
         if (ends_with(line, "do") || ends_with(line, "then")) depth++;
-        if (*cmd && !more && !q) append(cmd, sizeof cmd, "\n");
+        /* a new line of the script unless the previous one ended in "\" or inside quotes */
+        if (*cmd && !prev_more && !was_q) append(cmd, sizeof cmd, "\n");
         append(cmd, sizeof cmd, line);
         if (q) append(cmd, sizeof cmd, "\n");
+        prev_more = more;
         if (more || q || depth > 0 || ends_with(line, "|") || ends_with(line, "&&")) continue;
         building = 0;
         if (is_assignment(cmd)) {
@@ -298,7 +301,7 @@ int main(int argc, char **argv)
         for (char *p = shown; *p; p++)
             if (*p == '\n') *p = ' ';
         char where[160];
-        snprintf(where, sizeof where, "%s:%d", c->file, c->line);
+        snprintf(where, sizeof where, "%.120s:%d", c->file, c->line);
         printf("%3d %-34s %8.2f %9.1f %4d %4d  %s%s%s\n", i + 1, where, secs, mb, rc, c->expect, shown,
                strlen(text) > 100 ? " ..." : "", bad ? "  <-- OVER" : "");
         fflush(stdout);
