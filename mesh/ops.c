@@ -26,6 +26,7 @@
 #include "blas_kernels/bk_parallel.h"
 #include "config/release.h"
 #include "mesh/planmemo.h"
+#include "mesh/replay.h"
 #include "sim/arena.h"
 
 /* ======================================================================== */
@@ -995,8 +996,11 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
     if (st != SIM_OK) goto done;
     if (into && acc->data && sa.arr.data && sb.arr.data) /* beta = 1: sgemm adds the product to acc */
         bk_einsum(sub, acc->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 1.0f);
+    else if (!into && mesh_replay_using(ctx->replay)) /* remat's recomputation: the forward's product */
+        mesh_replay_take(ctx->replay, tag, out);
     else if (!into && out->data && sa.arr.data && sb.arr.data)
         bk_einsum(sub, out->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 0.0f);
+    if (!into && mesh_replay_saving(ctx->replay)) mesh_replay_put(ctx->replay, tag, out);
     einsum_cost(ctx, sub, &sa.arr, &sb.arr, out, a->cat == SIM_MEM_PARAMS, b->cat == SIM_MEM_PARAMS, tag);
     if (info) {
         memset(info, 0, sizeof *info);
