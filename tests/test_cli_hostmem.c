@@ -35,7 +35,7 @@ static const uint64_t SMALL_PARAMS = 256 * 32 + 2 * (4 * 32 * 4 * 8 + 3 * 32 * 6
 static void test_compare(void **state)
 {
     (void)state;
-    cli_host_need n = {2, 3000, 2000, 375, 100};
+    cli_host_need n = {2, 3000, 2000, 375, 100, 0};
     assert_int_equal(cli_host_need_total(&n), 3475);
     assert_int_equal(cli_host_memory_check(&n, 3475, "test"), SIM_OK);
     assert_int_equal(cli_host_memory_check(&n, 3474, "test"), SIM_ERR_INPUT);
