@@ -124,7 +124,7 @@ sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, cons
  * device.  A dry step that runs out of simulated memory (hbm_limit_gb) is
  * the real run's OOM too, and is returned as such.  See hostmem.h. */
 sim_status cli_host_memory_fits(model_def *def, const model_train_job *job, double hbm, bool ckpt_io,
-                                uint64_t extra_host)
+                                uint64_t extra_host, FILE *err)
 {
     uint64_t avail;
     char source[128];
@@ -180,7 +180,7 @@ sim_status cli_host_memory_fits(model_def *def, const model_train_job *job, doub
         /* the same run without the values: slower, the same bits */
         char rv[32], a[32];
         def->d.remat_replay = false;
-        fprintf(stderr,
+        fprintf(err,
                 "shardsim: remat_recompute=auto: the %s of forward values remat would keep for its recomputation "
                 "do not fit in host memory (%s available, %s): the layers are computed again (the same results, "
                 "more time)\n",

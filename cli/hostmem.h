@@ -9,6 +9,7 @@
 #define CLI_HOSTMEM_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "models/core/train.h"
@@ -46,10 +47,10 @@ sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, cons
  * keeps (parity's gradient copies); with def->d.remat_replay, the remat
  * values the dry step kept.  Where only those do not fit and
  * remat_recompute=auto, def->d.remat_replay is turned off (the layers are
- * recomputed, the same results) and one line on stderr says so.  SIM_OK when
+ * recomputed, the same results) and one line on err says so.  SIM_OK when
  * it fits or when the machine's figure is unknown; the dry step's OOM as the
  * real run's. */
 sim_status cli_host_memory_fits(model_def *def, const model_train_job *job, double hbm, bool ckpt_io,
-                                uint64_t extra_host);
+                                uint64_t extra_host, FILE *err);
 
 #endif
