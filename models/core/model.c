@@ -523,6 +523,9 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
     if (cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    /* a dry run computes nothing, so keeps nothing for the recomputation (the host-memory check's dry
+     * step of a real run keeps remat_replay, and counts the bytes the run would keep) */
+    if (d->dry_run) d->remat_replay = false;
     static const char *const loss_modes[] = {"reshard", "assert"};
     int lm;
     SIM_TRY(cfg_get_enum(cfg, "loss_constraint", loss_modes, 2, &lm));
