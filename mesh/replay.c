@@ -19,6 +19,8 @@ typedef struct {
     int64_t local[MESH_SPEC_MAX_RANK];
     size_t bytes; /* the shard's bytes (counted, stored or not) */
     void *data;   /* the copy; NULL in a dry run and once used */
+    int nplaced;
+    mesh_spec placed[MESH_REPLAY_MAX_PLACED]; /* how the kernel ran (mesh_replay_put) */
 } replay_value;
 
 struct mesh_replay {
@@ -26,8 +28,11 @@ struct mesh_replay {
     mesh_replay_mode mode;
     replay_value *v;
     int n, cap, next;
-    size_t held; /* host bytes held now (counted in the arena's host figures) */
+    size_t held;   /* host bytes held now (counted in the arena's host figures) */
+    bool departed; /* the recomputation left the forward's path: no value is used any more */
 };
+
+static unsigned long departures;
 
 static uint64_t tag_hash(const char *s)
 {
@@ -73,7 +78,18 @@ bool mesh_replay_using(const mesh_replay *r) { return r && r->mode == MESH_REPLA
 
 size_t mesh_replay_bytes(const mesh_replay *r) { return r ? r->held : 0; }
 
-void mesh_replay_put(mesh_replay *r, const char *tag, const mesh_array *a)
+unsigned long mesh_replay_departures(void) { return __atomic_load_n(&departures, __ATOMIC_RELAXED); }
+
+/* Frees value e (used, passed over or dropped) and gives its host bytes back. */
+static void drop(mesh_replay *r, replay_value *e)
+{
+    free(e->data);
+    e->data = NULL;
+    hold(r, e->bytes, false);
+    e->bytes = 0;
+}
+
+void mesh_replay_put(mesh_replay *r, const char *tag, const mesh_array *a, const mesh_spec *placed, int nplaced)
 {
     SIM_ASSERT(r->mode == MESH_REPLAY_SAVE);
     if (r->n == r->cap) {
@@ -87,6 +103,9 @@ void mesh_replay_put(mesh_replay *r, const char *tag, const mesh_array *a)
     e->rank = a->rank;
     memcpy(e->local, a->local, sizeof e->local);
     e->bytes = a->nlocal * sim_dtype_size(a->dtype);
+    SIM_ASSERT(nplaced >= 0 && nplaced <= MESH_REPLAY_MAX_PLACED);
+    e->nplaced = nplaced;
+    for (int i = 0; i < nplaced; i++) e->placed[i] = placed[i];
     if (a->data) {
         e->data = malloc(e->bytes ? e->bytes : 1);
         SIM_ASSERT(e->data);
@@ -95,15 +114,22 @@ void mesh_replay_put(mesh_replay *r, const char *tag, const mesh_array *a)
     hold(r, e->bytes, true);
 }
 
-bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a)
+bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a, const mesh_spec *placed, int nplaced)
 {
     SIM_ASSERT(r->mode == MESH_REPLAY_USE);
-    /* the recomputation runs the ops the forward ran, in the same order and shapes */
-    SIM_ASSERT(r->next < r->n);
-    replay_value *e = &r->v[r->next++];
-    SIM_ASSERT(e->tag == tag_hash(tag) && e->rank == a->rank &&
-               !memcmp(e->local, a->local, (size_t)a->rank * sizeof a->local[0]) &&
-               e->bytes == a->nlocal * sim_dtype_size(a->dtype));
+    if (r->departed) return false;
+    bool same = r->next < r->n;
+    replay_value *e = same ? &r->v[r->next++] : NULL;
+    same = same && e->tag == tag_hash(tag) && e->rank == a->rank &&
+           !memcmp(e->local, a->local, (size_t)a->rank * sizeof a->local[0]) &&
+           e->bytes == a->nlocal * sim_dtype_size(a->dtype) && e->nplaced == nplaced;
+    for (int i = 0; same && i < nplaced; i++) same = mesh_spec_equal(&e->placed[i], &placed[i]);
+    if (!same) { /* off the forward's path: the kernels run from here on */
+        r->departed = true;
+        __atomic_add_fetch(&departures, 1, __ATOMIC_RELAXED);
+        for (int i = 0; i < r->n; i++) drop(r, &r->v[i]);
+        return false;
+    }
     bool filled = false;
     if (a->data) {
         SIM_ASSERT(e->data);
@@ -111,9 +137,19 @@ bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a)
         bk_parallel_copy(a->data, e->data, e->bytes);
         filled = true;
     }
-    free(e->data);
-    e->data = NULL;
-    hold(r, e->bytes, false);
-    e->bytes = 0;
+    drop(r, e);
     return filled;
+}
+
+void mesh_replay_skip(mesh_replay *r, const char *tag)
+{
+    SIM_ASSERT(r->mode == MESH_REPLAY_USE);
+    if (r->departed) return;
+    if (r->next >= r->n || r->v[r->next].tag != tag_hash(tag)) { /* not the forward's op sequence */
+        r->departed = true;
+        __atomic_add_fetch(&departures, 1, __ATOMIC_RELAXED);
+        for (int i = 0; i < r->n; i++) drop(r, &r->v[i]);
+        return;
+    }
+    drop(r, &r->v[r->next++]);
 }

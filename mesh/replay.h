@@ -8,8 +8,8 @@
  * copied from what the forward pass computed, which are bitwise the values
  * the kernels would give again: same inputs, same kernels, same threads.
  * Values are kept in the order the kernels ran (per device, per layer) and
- * checked on the way back by the op's tag and local shape (an always-on
- * check: a layer that ran different ops twice is a bug).  The bytes held are
+ * checked on the way back by the op's tag, local shape and placement (see
+ * mesh_replay_take).  The bytes held are
  * host memory outside the arena's accounting (sim_arena_host): in a dry run
  * they are counted only, for the host-memory check before a real run. */
 #ifndef MESH_REPLAY_H
@@ -37,14 +37,28 @@ void mesh_replay_start(mesh_replay *r, mesh_replay_mode mode);
 bool mesh_replay_saving(const mesh_replay *r);
 bool mesh_replay_using(const mesh_replay *r);
 
-/* SAVE: keeps a copy of a's shard (nothing stored when a has no data: a dry run counts the bytes).
- * USE: fills a's shard with the next value after checking that it was made by the op `tag` with
- * a's local shape, and frees the copy; returns false (a is untouched) when a has no data.
+/* SAVE: keeps a copy of a's shard (nothing stored when a has no data: a dry run counts the bytes),
+ * with the op's tag, a's local shape and the nplaced specs (at most MESH_REPLAY_MAX_PLACED) that
+ * describe how the kernel ran: its operands' specs before and after staging, its output's.
+ * USE: fills a's shard with the next value and frees the copy when the recomputation is still on
+ * the forward's path: the same op (tag), local shape and placement.  Auto mode may place a product
+ * differently the second time (the placement weighs the operands already gathered, which differ),
+ * and its result may then differ in the last bits: from the first difference on, every value is
+ * dropped and the kernels run (the recomputation's bits, as remat_recompute=always gives).
+ * Returns true when a was filled; false (a untouched) when a has no data or the path left.
  * Call both where the kernel output is complete, once per kernel in the same order. */
-void mesh_replay_put(mesh_replay *r, const char *tag, const mesh_array *a);
-bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a);
+enum { MESH_REPLAY_MAX_PLACED = 5 };
+void mesh_replay_put(mesh_replay *r, const char *tag, const mesh_array *a, const mesh_spec *placed, int nplaced);
+bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a, const mesh_spec *placed, int nplaced);
+
+/* USE, for a kernel whose output nothing reads (mesh_ctx.dead_outputs: a recomputation's tail, a
+ * product a saved tensor replaces): passes over its value (checking the op's tag only: such a product
+ * may be placed differently than in the forward) and frees it; the caller leaves the output unset. */
+void mesh_replay_skip(mesh_replay *r, const char *tag);
 
 /* Host bytes held now. */
 size_t mesh_replay_bytes(const mesh_replay *r);
+/* Recomputations, process-wide, that left the forward's path (their kernels ran from there on). */
+unsigned long mesh_replay_departures(void);
 
 #endif

@@ -7,7 +7,9 @@
  *   - the values were kept (a host peak on every device) with never, none with always, and
  *     none are left once the backward pass has run;
  * on Llama (remat_policy full, minimal, custom; fsdp x tensor; a pipeline of 2 stages) and on
- * DeepSeek (full, minimal, custom, with expert parallelism; the batch-split schedule). */
+ * DeepSeek (full, minimal, custom, with expert parallelism; the batch-split schedule), where every
+ * recomputation stays on the forward's path; and on a Qwen3 mesh whose recomputation places a
+ * product differently (auto mode), where the kernels run from there on and the bits still agree. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mesh/replay.h"
 #include "tests/helpers.h"
 #include "tests/model_run.h"
 
@@ -30,6 +33,7 @@ typedef struct {
     int rows, devices;
     const char *extra[MAX_EXTRA];
     unsigned flags; /* model_run_expect_same_records' */
+    bool departs;   /* auto mode places a product differently in the recomputation: the kernels run from there */
 } replay_case;
 
 static int n_extra(const replay_case *c)
@@ -54,7 +58,11 @@ static void expect_same(const replay_case *c)
 {
     model_run a, b; /* a recomputes, b replays */
     run_mode(c, "remat_recompute=always", &a);
+    unsigned long departed = mesh_replay_departures();
     run_mode(c, "remat_recompute=never", &b);
+    departed = mesh_replay_departures() - departed;
+    if (c->departs && !departed) fail_msg("%s: every recomputation stayed on the forward's path", c->what);
+    if (!c->departs && departed) fail_msg("%s: %lu recomputations left the forward's path", c->what, departed);
     assert_false(a.def->d.remat_replay);
     assert_true(b.def->d.remat_replay);
     for (int s = 0; s < STEPS; s++) {
@@ -95,8 +103,15 @@ static void test_llama(void **state)
 {
     (void)state;
     const replay_case cases[] = {
-        {"llama full fsdp=2 tensor=2", LLAMA, NLLAMA, 8, 4, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 0},
-        {"llama minimal fsdp=2", LLAMA, NLLAMA, 8, 2, {"ici_fsdp_parallelism=2", "remat_policy=minimal"}, 0},
+        {"llama full fsdp=2 tensor=2",
+         LLAMA,
+         NLLAMA,
+         8,
+         4,
+         {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
+         0,
+         false},
+        {"llama minimal fsdp=2", LLAMA, NLLAMA, 8, 2, {"ici_fsdp_parallelism=2", "remat_policy=minimal"}, 0, false},
         {"llama custom explicit",
          LLAMA,
          NLLAMA,
@@ -104,23 +119,53 @@ static void test_llama(void **state)
          2,
          {"ici_tensor_parallelism=2", "remat_policy=custom", "query_proj=device", "mlpwo=offload",
           "shard_mode=explicit"},
-         0},
+         0,
+         false},
         {"llama flash attention, 2 microbatches",
          LLAMA,
          NLLAMA,
          8,
          2,
          {"ici_fsdp_parallelism=2", "attention=flash", "gradient_accumulation_steps=2"},
-         0},
+         0,
+         false},
         {"llama pipeline",
          LLAMA,
          NLLAMA,
          8,
          4,
          {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4"},
-         0},
+         0,
+         false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_same(&cases[i]);
+}
+
+/* Qwen3 on fsdp=2 context=2 in explicit mode: the forward places the MLP's wi_0 product by JAX's
+ * rules, the recomputation (in the backward pass, which resolves shardings as auto mode does) by the
+ * cheapest placement, a different shard; from there its kernels run and the bits are still the
+ * recomputation's */
+static const char *const QWEN3[] = {
+    "model_name=qwen3-0.6b",  "override_model_config=true", "base_emb_dim=32",
+    "base_num_query_heads=4", "base_num_kv_heads=2",        "head_dim=8",
+    "base_mlp_dim=48",        "base_num_decoder_layers=2",  "vocab_size=64",
+    "max_target_length=16",   "learning_rate=1e-3",         "logits_via_embedding=false"};
+
+static void test_qwen3_departs(void **state)
+{
+    (void)state;
+    const replay_case stays = {"qwen3 1 device", QWEN3, 12, 8, 1, {NULL}, 0, false};
+    expect_same(&stays);
+    const replay_case leaves = {"qwen3 fsdp=2 context=2 explicit",
+                                QWEN3,
+                                12,
+                                8,
+                                4,
+                                {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "shard_mode=explicit",
+                                 "attention=flash", "hardware=tpu"},
+                                0,
+                                true};
+    expect_same(&leaves);
 }
 
 static void test_deepseek(void **state)
@@ -133,22 +178,24 @@ static void test_deepseek(void **state)
          8,
          4,
          {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
-         MODEL_RUN_DATA_ROUTED},
+         MODEL_RUN_DATA_ROUTED,
+         false},
         {"deepseek minimal expert=2",
          DS,
          NDS,
          8,
          2,
          {"ici_expert_parallelism=2", "remat_policy=minimal"},
-         MODEL_RUN_DATA_ROUTED},
+         MODEL_RUN_DATA_ROUTED,
+         false},
         {"deepseek custom",
          DS,
          NDS,
          8,
          2,
-         {"ici_fsdp_parallelism=2", "remat_policy=custom", "moe_mlpwi_0=device", "mla_kv=offload",
-          "out_proj=device"},
-         MODEL_RUN_DATA_ROUTED},
+         {"ici_fsdp_parallelism=2", "remat_policy=custom", "moe_mlpwi_0=device", "mla_kv=offload", "out_proj=device"},
+         MODEL_RUN_DATA_ROUTED,
+         false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_same(&cases[i]);
 }
@@ -188,7 +235,8 @@ static void test_batch_split(void **state)
                            8,
                            4,
                            {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
-                           MODEL_RUN_DATA_ROUTED};
+                           MODEL_RUN_DATA_ROUTED,
+                           false};
     expect_same(&c);
 }
 
@@ -198,6 +246,7 @@ int main(void)
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_deepseek),
         cmocka_unit_test(test_batch_split),
+        cmocka_unit_test(test_qwen3_departs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
