@@ -556,11 +556,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     /* remat's recomputation: the forward's output and statistics (mesh/replay.h) */
     const mesh_spec placed[3] = {qa.spec, ka.spec, va.spec};
     bool replayed = false;
-    if (mesh_replay_using(c->replay) && c->dead_outputs) { /* read by nothing */
-        mesh_replay_skip(c->replay, tag);
-        mesh_replay_skip(c->replay, tag);
-        replayed = true;
-    } else if (mesh_replay_using(c->replay)) {
+    if (mesh_replay_using(c->replay)) {
         replayed = mesh_replay_take(c->replay, tag, &(*out)->val, placed, 3);
         /* the statistics follow their output (both kept, or the path left at the first) */
         if (!mesh_replay_take(c->replay, tag, &lse, placed, 3)) replayed = false;

@@ -998,14 +998,11 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
     else st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
     if (st != SIM_OK) goto done;
     /* remat's recomputation takes the forward's product where it runs the same product the same way
-     * (mesh/replay.h); a product nothing reads is passed over */
+     * (mesh/replay.h); a "dead" one too: an offloaded tensor's recomputed twin is read in its stead */
     mesh_spec ran[5];
     if (ctx->replay) ran[0] = p->from[0], ran[1] = p->from[1], ran[2] = p->to[0], ran[3] = p->to[1], ran[4] = p->out;
     bool replayed = false;
-    if (!into && mesh_replay_using(ctx->replay)) {
-        if (ctx->dead_outputs) mesh_replay_skip(ctx->replay, tag), replayed = true;
-        else replayed = mesh_replay_take(ctx->replay, tag, out, ran, 5);
-    }
+    if (!into && mesh_replay_using(ctx->replay)) replayed = mesh_replay_take(ctx->replay, tag, out, ran, 5);
     if (into && acc->data && sa.arr.data && sb.arr.data) /* beta = 1: sgemm adds the product to acc */
         bk_einsum(sub, acc->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 1.0f);
     else if (!into && !replayed && out->data && sa.arr.data && sb.arr.data)

@@ -124,7 +124,7 @@ bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a, const mesh
            !memcmp(e->local, a->local, (size_t)a->rank * sizeof a->local[0]) &&
            e->bytes == a->nlocal * sim_dtype_size(a->dtype) && e->nplaced == nplaced;
     for (int i = 0; same && i < nplaced; i++) same = mesh_spec_equal(&e->placed[i], &placed[i]);
-    if (!same) { /* off the forward's path: the kernels run from here on */
+    if (!same) { /* off the forward's path: the kernels run from here on, every value is dropped */
         r->departed = true;
         __atomic_add_fetch(&departures, 1, __ATOMIC_RELAXED);
         for (int i = 0; i < r->n; i++) drop(r, &r->v[i]);
@@ -139,17 +139,4 @@ bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a, const mesh
     }
     drop(r, e);
     return filled;
-}
-
-void mesh_replay_skip(mesh_replay *r, const char *tag)
-{
-    SIM_ASSERT(r->mode == MESH_REPLAY_USE);
-    if (r->departed) return;
-    if (r->next >= r->n || r->v[r->next].tag != tag_hash(tag)) { /* not the forward's op sequence */
-        r->departed = true;
-        __atomic_add_fetch(&departures, 1, __ATOMIC_RELAXED);
-        for (int i = 0; i < r->n; i++) drop(r, &r->v[i]);
-        return;
-    }
-    drop(r, &r->v[r->next++]);
 }

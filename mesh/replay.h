@@ -51,11 +51,6 @@ enum { MESH_REPLAY_MAX_PLACED = 5 };
 void mesh_replay_put(mesh_replay *r, const char *tag, const mesh_array *a, const mesh_spec *placed, int nplaced);
 bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a, const mesh_spec *placed, int nplaced);
 
-/* USE, for a kernel whose output nothing reads (mesh_ctx.dead_outputs: a recomputation's tail, a
- * product a saved tensor replaces): passes over its value (checking the op's tag only: such a product
- * may be placed differently than in the forward) and frees it; the caller leaves the output unset. */
-void mesh_replay_skip(mesh_replay *r, const char *tag);
-
 /* Host bytes held now. */
 size_t mesh_replay_bytes(const mesh_replay *r);
 /* Recomputations, process-wide, that left the forward's path (their kernels ran from there on). */

@@ -111,6 +111,16 @@ static void test_llama(void **state)
          {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
          0,
          false},
+        /* the projections' recomputation is "dead" (XLA leaves it out), yet the simulator reads the
+         * recomputed twins of the offloaded tensors */
+        {"llama qkv_proj_offloaded",
+         LLAMA,
+         NLLAMA,
+         8,
+         2,
+         {"ici_fsdp_parallelism=2", "remat_policy=qkv_proj_offloaded"},
+         0,
+         false},
         {"llama minimal fsdp=2", LLAMA, NLLAMA, 8, 2, {"ici_fsdp_parallelism=2", "remat_policy=minimal"}, 0, false},
         {"llama custom explicit",
          LLAMA,
