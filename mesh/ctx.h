@@ -43,6 +43,8 @@ typedef struct {
                                    inputs' groups (sim_meta.psum) */
     struct mesh_replay *replay;        /* non-NULL while a remat layer runs: its forward keeps the heavy kernels'
                                    outputs there, its recomputation takes them instead of running the kernels */
+    bool regather;                     /* the op running is a backward product whose weight the compiler gathers
+                                   again instead of reusing the recomputation's gather (mesh_entry.regather) */
     const sim_dtype *out_counted;      /* non-NULL: an einsum's output is counted (held) in this dtype, where the
                                    modelled compiler writes the product narrower than it computes it */
 } mesh_ctx;
