@@ -416,19 +416,22 @@ typedef struct {
     uint64_t table_ag, table_rs;         /* bytes of the table's gathers and of its gradient's fsdp reductions */
     uint64_t ids_ag, rows_fwd, rows_bwd; /* bytes of the ids' gather and the rows' all-to-alls */
     int n_ids, n_fwd, n_bwd, bad_dtype;
+    sim_op rows_op; /* the rows' collective */
     model_run r;
 } lookup;
 
-static void run_lookup(const char *profile, int data, int fsdp, int tensor, lookup *f)
+static void run_lookup(const char *profile, int data, int fsdp, int tensor, int context, lookup *f)
 {
-    char hp[64], dp[64], fs[64], tp[64];
+    char hp[64], dp[64], fs[64], tp[64], cp[64];
     snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
     snprintf(dp, sizeof dp, "ici_data_parallelism=%d", data);
     snprintf(fs, sizeof fs, "ici_fsdp_parallelism=%d", fsdp);
     snprintf(tp, sizeof tp, "ici_tensor_parallelism=%d", tensor);
-    const char *words[] = {"dtype=bfloat16", "vocab_size=8", dp, fs, tp, hp};
+    snprintf(cp, sizeof cp, "ici_context_parallelism=%d", context);
+    const char *words[] = {"dtype=bfloat16", "vocab_size=8", dp, fs, tp, cp, hp};
     memset(f, 0, sizeof *f);
-    model_run_open(&f->r, TINY, NTINY, 4, words, profile ? 6 : 5, NDEV, 1);
+    f->rows_op = context > 1 ? SIM_OP_ALL_GATHER : SIM_OP_ALL_TO_ALL;
+    model_run_open(&f->r, TINY, NTINY, 4, words, profile ? 7 : 6, NDEV, 1);
     model_run_train(&f->r, true);
     int fsdp_axis = mesh_shape_axis_index(&f->r.def->mesh, "fsdp");
     size_t n;
@@ -443,13 +446,15 @@ static void run_lookup(const char *profile, int data, int fsdp, int tensor, look
             continue;
         }
         /* (a backward gather of the cotangent to the output's sharding, tensor's, is either path's) */
-        if (x->op == SIM_OP_ALL_GATHER && x->phase == SIM_PHASE_FORWARD && strstr(x->tag, "token_embedder")) {
+        /* the rows move by all-to-all, or by all-gather where context splits the tokens' length */
+        bool rows = x->op == f->rows_op;
+        if (x->op == SIM_OP_ALL_GATHER && x->dtype == SIM_I32 && strstr(x->tag, "token_embedder")) {
             f->n_ids++, f->ids_ag += x->bytes_sent;
-            f->bad_dtype += x->dtype != SIM_I32;
-        } else if (x->op == SIM_OP_ALL_TO_ALL && strstr(x->tag, "token_embedder")) {
+            f->bad_dtype += x->phase != SIM_PHASE_FORWARD;
+        } else if (rows && strstr(x->tag, "token_embedder")) {
             f->n_fwd++, f->rows_fwd += x->bytes_sent;
             f->bad_dtype += x->dtype != SIM_BF16;
-        } else if (x->op == SIM_OP_ALL_TO_ALL && strstr(x->tag, "embed/dtable")) {
+        } else if (rows && strstr(x->tag, "embed/dtable")) {
             f->n_bwd++, f->rows_bwd += x->bytes_sent;
             f->bad_dtype += x->dtype != SIM_BF16;
         }
@@ -459,15 +464,17 @@ static void run_lookup(const char *profile, int data, int fsdp, int tensor, look
 static void test_embedding_lookup(void **state)
 {
     (void)state;
-    /* data, fsdp, tensor: with data=2 the table's gradient is still summed over data (an all-reduce) */
-    const int mesh[3][3] = {{1, 4, 1}, {1, 2, 2}, {2, 2, 1}};
-    for (int m = 0; m < 3; m++) {
-        const int k = mesh[m][1];
+    /* data, fsdp, tensor, context: with data=2 the table's gradient is still summed over data (an
+     * all-reduce); with context=2 the table's embed dim is split over fsdp and context, the tokens'
+     * batch over fsdp and their length over context, and the rows are all-gathered */
+    const int mesh[4][4] = {{1, 4, 1, 1}, {1, 2, 2, 1}, {2, 2, 1, 1}, {1, 2, 1, 2}};
+    for (int m = 0; m < 4; m++) {
+        const int cp = mesh[m][3], k = mesh[m][1] * cp;
         lookup tpu, cpu;
-        run_lookup("v5p", mesh[m][0], mesh[m][1], mesh[m][2], &tpu);
-        run_lookup(NULL, mesh[m][0], mesh[m][1], mesh[m][2], &cpu);
-        /* 4 rows over data and fsdp, seq 16, emb 16 */
-        const uint64_t tokens = 4 / (mesh[m][0] * k) * 16, E = 16;
+        run_lookup("v5p", mesh[m][0], mesh[m][1], mesh[m][2], cp, &tpu);
+        run_lookup(NULL, mesh[m][0], mesh[m][1], mesh[m][2], cp, &cpu);
+        /* 4 rows over data and fsdp, seq 16 over context, emb 16: a device's tokens */
+        const uint64_t tokens = 4 / (mesh[m][0] * mesh[m][1]) * 16 / cp, E = 16;
         assert_int_equal(tpu.table_ag, 0);
         assert_int_equal(tpu.table_rs, 0);
         assert_int_equal(tpu.n_ids, 1);
@@ -475,8 +482,12 @@ static void test_embedding_lookup(void **state)
         assert_int_equal(tpu.n_bwd, 1);
         assert_int_equal(tpu.bad_dtype, 0);
         assert_int_equal(tpu.ids_ag, (k - 1) * tokens * 4);
-        assert_int_equal(tpu.rows_fwd, (k - 1) * tokens * (E / k) * 2);
-        assert_int_equal(tpu.rows_bwd, (k - 1) * tokens * (E / k) * 2);
+        /* all-to-all: the k devices' tokens on this embed shard, (k-1)/k of [k*tokens, E/k], sent
+         * both ways; all-gather: every device gets those of the k devices, (k-1)/k of k x that
+         * forward, and every device's cotangent rows [tokens, E] backward */
+        const uint64_t rows = cp > 1 ? (k - 1) * tokens * E * 2 : (k - 1) * tokens * (E / k) * 2;
+        assert_int_equal(tpu.rows_fwd, rows);
+        assert_int_equal(tpu.rows_bwd, rows);
         /* XLA:CPU gathers the table and reduces its gradient, and moves no ids or rows */
         assert_true(cpu.table_ag > 0 && cpu.table_rs > 0);
         assert_int_equal(cpu.n_ids + cpu.n_fwd + cpu.n_bwd, 0);
@@ -486,8 +497,8 @@ static void test_embedding_lookup(void **state)
         for (int i = 0; i < tpu.r.def->nparams; i++) {
             size_t bytes = (size_t)(g->layer_elems[i] * g->n_layers[i]) * sizeof(float);
             if (memcmp(g->g[i], gc->g[i], bytes))
-                fail_msg("data=%d fsdp=%d tensor=%d: the gradient of %s differs from the table gather's", mesh[m][0],
-                         mesh[m][1], mesh[m][2], tpu.r.def->defs[i].path);
+                fail_msg("data=%d fsdp=%d tensor=%d context=%d: the gradient of %s differs from the table gather's",
+                         mesh[m][0], mesh[m][1], mesh[m][2], cp, tpu.r.def->defs[i].path);
         }
         model_run_compare("all-to-all lookup against the table gather", &tpu.r, &cpu.r, 1);
         model_run_close(&tpu.r);
