@@ -40,6 +40,8 @@ typedef struct {
                                    (XLA:TPU) instead of gathering the table (XLA:CPU) */
     bool psum_grads;                   /* the gradients accumulated now are a shard_map's sums over its replicated
                                    inputs' groups (sim_meta.psum) */
+    double product_flops;              /* the FLOPs on this device of the last einsum (mesh_einsum): the weight
+                                   gradient one product made is reduced right after it (sim_meta.product_flops) */
 } mesh_ctx;
 
 #endif

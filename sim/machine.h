@@ -68,6 +68,13 @@ typedef struct {
                               as the compiler's windowed einsum: a bidirectional ring of
                               collective-permutes that sends (k+1)/k of the whole array instead of
                               (k-1)/k (recorded as ppermute; the data moves as before) */
+    double windowed_ici_bw;        /* > 0: the rate (bytes/s) at which the compiler's windowed-einsum cost model
+                              times a collective over one link: a single_use collective whose product is
+                              known (sim_meta.product_flops, timed at windowed_peak FLOP/s) windows only
+                              where that model finds the ring faster (sim/collectives.c: windowed) */
+    double windowed_peak;
+    int windowed_torus[3], windowed_torus_n; /* the slice's chips (x varies fastest; n = 0: unknown), for the link
+                                               count of a group's plain collective in that model */
     int psum_scatter_max_group;    /* > 0: the reduce-scatter of a gradient a shard_map sums (sim_meta.psum) is
                               the compiler's psum-then-slice fused only over groups of at most this many
                               devices; over larger ones it stays an all-reduce of the whole array
