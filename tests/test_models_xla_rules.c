@@ -48,6 +48,11 @@
  * input gradient, windows wo's gather (its product is dropped from the
  * recomputation: only the input gradient reads it) and every kernel's
  * gradient reduce-scatter; bfloat16.  No profile, or fsdp=4: no ring.
+ * Over a strided group (fsdp=4 x tensor=2 on v6e, a dry run of a one-layer
+ * Llama of width 1024) XLA:TPU's cost model decides per product
+ * (windowed_einsum_ici_gbps, windowed_einsum_tflops): query/key/value
+ * gathered, out and the wide MLP windowed, the narrow MLP's wi gathered
+ * (test_windowed_einsums_strided gives the arithmetic).
  *
  * A shard_map's gradient psum: the sparse MoE's expert kernels enter the
  * shard_map replicated over fsdp, so their gradients are psums then slices,
@@ -318,6 +323,80 @@ static void test_windowed_einsums(void **state)
     assert_int_equal(ag_cpu, layers * 4 * 7 * (all + all) / 8);
 }
 
+/* Forward weight collectives of one layer of a dry run on v6e with fsdp=4 x tensor=2 (fsdp groups
+ * strided by tensor): bytes of the MLP's rings and gathers, attention's query/key/value gathers and
+ * its out projection's ring, on device 0. */
+typedef struct {
+    uint64_t mlp_ring, mlp_ag, qkv_ring, qkv_ag, out_ring, out_ag;
+} strided_fwd;
+
+static void strided_forward(const char *mlp, strided_fwd *f)
+{
+    char m[64];
+    snprintf(m, sizeof m, "base_mlp_dim=%s", mlp);
+    const char *words[] = {"dtype=bfloat16",
+                           "base_emb_dim=1024",
+                           "base_num_query_heads=8",
+                           "base_num_kv_heads=8",
+                           "head_dim=128",
+                           m,
+                           "base_num_decoder_layers=1",
+                           "max_target_length=2048",
+                           "vocab_size=1024",
+                           "ici_fsdp_parallelism=4",
+                           "ici_tensor_parallelism=2",
+                           "hardware_profile=v6e",
+                           "dry_run=true"};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 8, words, (int)(sizeof words / sizeof words[0]), 8, 1);
+    model_run_train(&r, false);
+    memset(f, 0, sizeof *f);
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        if (!x->weight || x->phase != SIM_PHASE_FORWARD || !strstr(x->tag, "layers")) continue;
+        bool ring = x->op == SIM_OP_PPERMUTE, ag = x->op == SIM_OP_ALL_GATHER;
+        if (strstr(x->tag, "/mlp/")) f->mlp_ring += ring ? x->bytes_sent : 0, f->mlp_ag += ag ? x->bytes_sent : 0;
+        else if (strstr(x->tag, "/out")) f->out_ring += ring ? x->bytes_sent : 0, f->out_ag += ag ? x->bytes_sent : 0;
+        else f->qkv_ring += ring ? x->bytes_sent : 0, f->qkv_ag += ag ? x->bytes_sent : 0;
+    }
+    model_run_close(&r);
+}
+
+static void test_windowed_einsums_strided(void **state)
+{
+    (void)state;
+    /* 8 rows of 2048 tokens over fsdp=4: N = 4096 tokens a device; E = 1024, 8 heads of 128 (4 a
+     * device), bfloat16.  The cost model on v6e (186.7 GB/s a link, 918 TFLOP/s; the strided fsdp
+     * group {0,2,4,6} of the 2x4 slice uses M = 1 link) windows a product over k = 4 when its time
+     * C > 2c/4, c = the gathered weight's bytes / 186.7 GB/s (C < c here), and, where the product
+     * also gathers its activation over tensor (the weight's gathered dim is contracted), only when
+     * the weight's copy is the larger:
+     *  - query, key, value: x [2, 2048, 1024] (8 MiB) against a 1 MiB kernel: gathered;
+     *  - out: contracts heads (split by tensor: its output is reduced over tensor), E not
+     *    contracted; its 1 MiB kernel against the 8 MiB output, but C = 2 x 4096 x 512 x 1024 /
+     *    918e12 = 4.68 us < c = 5.62 us: windowed;
+     *  - the MLP with mlp=16384 (8192 a device): wi's 16 MiB kernel beats the 8 MiB activation,
+     *    C = 2 x 4096 x 1024 x 8192 / 918e12 = 74.9 us > 2c/4 = 44.9 us: windowed, and wo likewise
+     *    (16 MiB against its 8 MiB output); with mlp=4096 wi's 4 MiB kernel loses to the 8 MiB
+     *    activation (gathered), and wo's to its 8 MiB output, but C = 18.7 us < c = 22.5 us: wo
+     *    still windows, as `out` does.
+     * Over 4 devices XLA unrolls the ring's two steps and drops the last sends: a gather's (k-1)/k. */
+    const uint64_t q = 1024ull * 512 * 2, big = 1024ull * 8192 * 2, small = 1024ull * 2048 * 2;
+    strided_fwd f;
+    strided_forward("16384", &f);
+    assert_int_equal(f.qkv_ag, 3 * q * 3 / 4);
+    assert_int_equal(f.qkv_ring, 0);
+    assert_int_equal(f.out_ring, q * 3 / 4);
+    assert_int_equal(f.out_ag, 0);
+    assert_int_equal(f.mlp_ring, 3 * big * 3 / 4);
+    assert_int_equal(f.mlp_ag, 0);
+    strided_forward("4096", &f);
+    assert_int_equal(f.mlp_ag, 2 * small * 3 / 4); /* wi_0, wi_1 */
+    assert_int_equal(f.mlp_ring, small * 3 / 4);   /* wo */
+}
+
 /* tests/data/tiny-deepseek.yml: 1 dense + 2 MoE layers, 8 experts top-2 */
 static const char *const DS[] = {TINY_DEEPSEEK_YML};
 
@@ -397,6 +476,11 @@ static void test_bad_rules(void **state)
     assert_int_equal(load_changed("windowed_einsum_min_group:", "windowed_einsum_min_group: -3", msg, sizeof msg),
                      SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "windowed_einsum_min_group"));
+    assert_int_equal(load_changed("windowed_einsum_ici_gbps:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "windowed_einsum_ici_gbps"));
+    assert_int_equal(load_changed("windowed_einsum_tflops:", "windowed_einsum_tflops: fast", msg, sizeof msg),
+                     SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "windowed_einsum_tflops"));
     assert_int_equal(load_changed("hoisted_weight_copies:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "hoisted_weight_copies"));
     assert_non_null(strstr(msg, "(missing)"));
@@ -511,7 +595,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hoisted_copies),      cmocka_unit_test(test_dead_recompute_tail),
         cmocka_unit_test(test_accumulation_copies), cmocka_unit_test(test_newton_schulz_gathers),
-        cmocka_unit_test(test_windowed_einsums),    cmocka_unit_test(test_psum_scatter),
+        cmocka_unit_test(test_windowed_einsums),    cmocka_unit_test(test_windowed_einsums_strided),
+        cmocka_unit_test(test_psum_scatter),
         cmocka_unit_test(test_bad_rules),           cmocka_unit_test(test_embedding_lookup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
