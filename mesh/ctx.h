@@ -42,6 +42,8 @@ typedef struct {
                                    inputs' groups (sim_meta.psum) */
     double product_flops;              /* the FLOPs on this device of the last einsum (mesh_einsum): the weight
                                    gradient one product made is reduced right after it (sim_meta.product_flops) */
+    uint64_t product_other_bytes;      /* for that reduction: the bytes of an operand the compiler gathers inside
+                                   the product (sim_meta.product_other_bytes), 0: none */
 } mesh_ctx;
 
 #endif

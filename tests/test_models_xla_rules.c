@@ -328,9 +328,10 @@ static void test_windowed_einsums(void **state)
  * its out projection's ring, on device 0. */
 typedef struct {
     uint64_t mlp_ring, mlp_ag, qkv_ring, qkv_ag, out_ring, out_ag;
+    uint64_t out_grad_ring, out_grad_rs, query_grad_ring; /* the gradients' reductions over fsdp */
 } strided_fwd;
 
-static void strided_forward(const char *mlp, strided_fwd *f)
+static void strided_forward(const char *mlp, int rows, strided_fwd *f)
 {
     char m[64];
     snprintf(m, sizeof m, "base_mlp_dim=%s", mlp);
@@ -348,15 +349,21 @@ static void strided_forward(const char *mlp, strided_fwd *f)
                            "hardware_profile=v6e",
                            "dry_run=true"};
     model_run r;
-    model_run_open(&r, TINY, NTINY, 8, words, (int)(sizeof words / sizeof words[0]), 8, 1);
+    model_run_open(&r, TINY, NTINY, rows, words, (int)(sizeof words / sizeof words[0]), 8, 1);
     model_run_train(&r, false);
     memset(f, 0, sizeof *f);
     size_t n;
     const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
     for (size_t i = 0; i < n; i++) {
         const sim_record *x = &rec[i];
+        bool ring = x->op == SIM_OP_PPERMUTE;
+        if (x->weight && strstr(x->tag, "self_attention.out.kernel (grad)")) {
+            f->out_grad_ring += ring ? x->bytes_sent : 0;
+            f->out_grad_rs += x->op == SIM_OP_REDUCE_SCATTER ? x->bytes_sent : 0;
+        }
+        if (x->weight && ring && strstr(x->tag, "self_attention.query.kernel (grad)")) f->query_grad_ring += x->bytes_sent;
         if (!x->weight || x->phase != SIM_PHASE_FORWARD || !strstr(x->tag, "layers")) continue;
-        bool ring = x->op == SIM_OP_PPERMUTE, ag = x->op == SIM_OP_ALL_GATHER;
+        bool ag = x->op == SIM_OP_ALL_GATHER;
         if (strstr(x->tag, "/mlp/")) f->mlp_ring += ring ? x->bytes_sent : 0, f->mlp_ag += ag ? x->bytes_sent : 0;
         else if (strstr(x->tag, "/out")) f->out_ring += ring ? x->bytes_sent : 0, f->out_ag += ag ? x->bytes_sent : 0;
         else f->qkv_ring += ring ? x->bytes_sent : 0, f->qkv_ag += ag ? x->bytes_sent : 0;
@@ -382,19 +389,34 @@ static void test_windowed_einsums_strided(void **state)
      *    (16 MiB against its 8 MiB output); with mlp=4096 wi's 4 MiB kernel loses to the 8 MiB
      *    activation (gathered), and wo's to its 8 MiB output, but C = 18.7 us < c = 22.5 us: wo
      *    still windows, as `out` does.
-     * Over 4 devices XLA unrolls the ring's two steps and drops the last sends: a gather's (k-1)/k. */
+     * Over 4 devices XLA unrolls the ring's two steps and drops the last sends: a gather's (k-1)/k,
+     * a reduce-scatter's k/k.  The gradients: query's (its product reduces nothing over tensor)
+     * windows as C > 2c/4; out's product gathers the output's 8 MiB cotangent over tensor, more
+     * than out's 1 MiB gradient, and C = 4.68 us < c: windowed.  With 2 rows a device (N = 8192) C
+     * doubles to 9.36 us >= c = 5.62 us: out's forward gather (against its 16 MiB output) and its
+     * gradient's reduce-scatter (against the 16 MiB cotangent) stay plain, query's gradient still
+     * windows. */
     const uint64_t q = 1024ull * 512 * 2, big = 1024ull * 8192 * 2, small = 1024ull * 2048 * 2;
     strided_fwd f;
-    strided_forward("16384", &f);
+    strided_forward("16384", 8, &f);
     assert_int_equal(f.qkv_ag, 3 * q * 3 / 4);
     assert_int_equal(f.qkv_ring, 0);
     assert_int_equal(f.out_ring, q * 3 / 4);
     assert_int_equal(f.out_ag, 0);
     assert_int_equal(f.mlp_ring, 3 * big * 3 / 4);
     assert_int_equal(f.mlp_ag, 0);
-    strided_forward("4096", &f);
+    assert_int_equal(f.query_grad_ring, q);
+    assert_int_equal(f.out_grad_ring, q);
+    assert_int_equal(f.out_grad_rs, 0);
+    strided_forward("4096", 8, &f);
     assert_int_equal(f.mlp_ag, 2 * small * 3 / 4); /* wi_0, wi_1 */
     assert_int_equal(f.mlp_ring, small * 3 / 4);   /* wo */
+    strided_forward("16384", 16, &f);
+    assert_int_equal(f.out_ag, q * 3 / 4);
+    assert_int_equal(f.out_ring, 0);
+    assert_int_equal(f.out_grad_rs, q * 3 / 4);
+    assert_int_equal(f.out_grad_ring, 0);
+    assert_int_equal(f.query_grad_ring, q);
 }
 
 /* tests/data/tiny-deepseek.yml: 1 dense + 2 MoE layers, 8 experts top-2 */
