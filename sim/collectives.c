@@ -369,8 +369,7 @@ bool sim_windowed_per_product(const sim_device *d, sim_axes axes, sim_meta meta)
     return cost_model(d, meta) && group_strided(d, axes);
 }
 
-bool sim_collective_windowed(const sim_device *d, sim_op op, sim_axes axes, int k, sim_meta meta,
-                             uint64_t whole_bytes)
+bool sim_collective_windowed(const sim_device *d, sim_op op, sim_axes axes, int k, sim_meta meta, uint64_t whole_bytes)
 {
     const sim_machine_opts *o = &d->m->opts;
     if (o->windowed_min_group <= 0 || k < 2 || !meta.weight) return false;

@@ -84,8 +84,7 @@ static inline sim_meta sim_meta_counted(sim_meta m, sim_dtype dt)
  * gathered array, or the gradient before its reduce-scatter, on one device, as counted) as a
  * windowed einsum: a ring of collective-permutes (sim_machine_opts.windowed_min_group,
  * windowed_ici_bw; sim_meta.single_use, product_flops, product_other_bytes). */
-bool sim_collective_windowed(const sim_device *d, sim_op op, sim_axes axes, int k, sim_meta meta,
-                             uint64_t whole_bytes);
+bool sim_collective_windowed(const sim_device *d, sim_op op, sim_axes axes, int k, sim_meta meta, uint64_t whole_bytes);
 /* Whether that choice is each product's own over `axes` (a strided group under the cost model):
  * a weight gathered for two products is then not one shared gather. */
 bool sim_windowed_per_product(const sim_device *d, sim_axes axes, sim_meta meta);

@@ -373,7 +373,8 @@ static void strided_forward(const char *mlp, int rows, strided_fwd *f)
             f->out_grad_ring += ring ? x->bytes_sent : 0;
             f->out_grad_rs += x->op == SIM_OP_REDUCE_SCATTER ? x->bytes_sent : 0;
         }
-        if (x->weight && ring && strstr(x->tag, "self_attention.query.kernel (grad)")) f->query_grad_ring += x->bytes_sent;
+        if (x->weight && ring && strstr(x->tag, "self_attention.query.kernel (grad)"))
+            f->query_grad_ring += x->bytes_sent;
         if (!x->weight || x->phase != SIM_PHASE_FORWARD || !strstr(x->tag, "layers")) continue;
         bool ag = x->op == SIM_OP_ALL_GATHER;
         if (strstr(x->tag, "/mlp/")) f->mlp_ring += ring ? x->bytes_sent : 0, f->mlp_ag += ag ? x->bytes_sent : 0;
@@ -689,9 +690,8 @@ int main(void)
         cmocka_unit_test(test_hoisted_copies),      cmocka_unit_test(test_dead_recompute_tail),
         cmocka_unit_test(test_accumulation_copies), cmocka_unit_test(test_newton_schulz_gathers),
         cmocka_unit_test(test_windowed_einsums),    cmocka_unit_test(test_windowed_einsums_strided),
-        cmocka_unit_test(test_psum_scatter),
-        cmocka_unit_test(test_bad_rules),           cmocka_unit_test(test_embedding_lookup),
-        cmocka_unit_test(test_muon_update_buffers),
+        cmocka_unit_test(test_psum_scatter),        cmocka_unit_test(test_bad_rules),
+        cmocka_unit_test(test_embedding_lookup),    cmocka_unit_test(test_muon_update_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
