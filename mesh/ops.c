@@ -315,6 +315,9 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     out->arr.spec = *work; /* differs from x->spec by size-1 axes at most: same shard */
     out->owned = false;
     if (mesh_spec_equal(work, to)) return SIM_OK;
+    /* a weight the compiler gathers again for this backward product (ctx->regather) bypasses the copy
+     * the recomputation gathered: a second gather, its own buffer while the product runs */
+    bool regather = ctx->regather && x->cat == SIM_MEM_PARAMS;
     /* a weight's gather over a strided group is each product's own choice (sim_collective_windowed):
      * the copy a recomputation kept serves the input gradient where both gather it the same way
      * (two plain gathers: XLA's CSE makes them one; two rings over 4 devices, unrolled, likewise),
@@ -323,7 +326,7 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     int gk = 1;
     uint64_t whole = 0;
     bool own = false;
-    if (x->cat == SIM_MEM_PARAMS && !ctx->dead_outputs) {
+    if (x->cat == SIM_MEM_PARAMS && !ctx->dead_outputs && !regather) {
         uint32_t gone = mesh_spec_dim_axes(work) & ~mesh_spec_dim_axes(to);
         for (int a = 0; a < ctx->mesh->n_axes; a++)
             if (gone & (1u << a)) gax.axis[gax.n++] = a, gk *= ctx->mesh->sizes[a];
@@ -333,7 +336,7 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
         own = sim_windowed_per_product(ctx->dev, gax, m);
         whole = own ? gathered_bytes(ctx, x, work, to) : 0;
     }
-    bool cached = ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr);
+    bool cached = !regather && ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr);
     bool fresh = false;
     if (cached && own) {
         sim_meta m = meta;
@@ -363,17 +366,19 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
     meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */
-    meta.single_use = ctx->single_use;
+    /* a second gather stays an all-gather: when the partitioner chose, the cast it gathers fed two products */
+    meta.single_use = ctx->single_use && !regather;
     meta.silent = ctx->dead_outputs; /* for a product nothing reads: the compiler has no such gather */
     /* the staged copy is only read (bk_einsum, local_binary, reshape's copy; a cached one by later
      * operands of the same kind and mesh_nn_operand's kernels): a gather, of a weight or of an
      * activation (the same full block on every member of the group), is one buffer for the group */
     if (fresh) meta.single_use = true; /* this product's own gather */
+    if (regather) meta.product_flops = 0; /* the cost model does not make it a ring either */
     sim_status st = mesh_reshard_shared(ctx->dev, ctx->mesh, &out->arr, to, meta);
     if (st != SIM_OK) {
         mesh_array_free(ctx->dev, &out->arr);
         out->owned = false;
-    } else if (ctx->cache && !ctx->dead_outputs && !fresh) { /* a later reader gathers for itself */
+    } else if (ctx->cache && !ctx->dead_outputs && !fresh && !regather) { /* a later reader gathers for itself */
         mesh_reshard_cache_put(ctx->cache, x, work, &out->arr);
         if (own)
             mesh_reshard_cache_set_windowed(ctx->cache, x, work, to,

@@ -59,6 +59,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.windowed_torus_n = def->d.xla.torus_n;
     for (int i = 0; i < def->d.xla.torus_n; i++) o.windowed_torus[i] = def->d.xla.torus[i];
     o.psum_scatter_max_group = def->d.xla.psum_scatter_max_group;
+    o.lane_scatter_ar_max = def->d.xla.lane_scatter_ar_max;
     o.trace = trace;
     o.pin_threads = true;
     o.whole = def->mesh.num_devices < sim_xrank_size(); /* too small to spread: every rank runs it all */
