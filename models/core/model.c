@@ -540,6 +540,14 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
 
     SIM_TRY(cfg_release_of(cfg, &m->release));
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
+    { /* the slice's physical shape, for the windowed-einsum model's link count (cfg_xla_rules.torus) */
+        cfg_hw hw;
+        bool found;
+        int per_slice = m->mesh.num_devices / (m->mesh.num_slices > 0 ? m->mesh.num_slices : 1);
+        SIM_TRY(cfg_hw_from_config(cfg, per_slice, &hw, &found));
+        m->d.xla.torus_n = found ? hw.xla.torus_n : 0;
+        for (int i = 0; i < m->d.xla.torus_n; i++) m->d.xla.torus[i] = hw.xla.torus[i];
+    }
     SIM_TRY(zero1_and_ga_from_config(cfg, m));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
     pipeline_mesh_and_rules(m);
