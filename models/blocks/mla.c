@@ -255,6 +255,11 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
     st = key_value(md, t, b, mla, p, l, kv_latent, k_rope, &key, &value);
     md->ctx.dead_outputs = false;
     SIM_TRY(st);
+    /* the products whose outputs (split, roped) a policy saves for the backward */
+    SIM_TRY(model_saved_product(md, MODEL_CKPT_QUERY_PROJ, &md->p[mla->q_lora == 0 ? p->query : p->wq_b].w[l]));
+    SIM_TRY(model_saved_product(
+        md, d->ckpt[MODEL_CKPT_KEY_PROJ] == MODEL_CKPT_DEVICE ? MODEL_CKPT_KEY_PROJ : MODEL_CKPT_VALUE_PROJ,
+        &md->p[p->wkv_b].w[l]));
     /* the tensors remat policies save (MaxText's checkpoint_name tags, attention_mla.py) */
     SIM_TRY(model_checkpoint_name(md, query, MODEL_CKPT_QUERY_PROJ));
     SIM_TRY(model_checkpoint_name(md, key, MODEL_CKPT_KEY_PROJ));

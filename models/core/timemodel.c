@@ -77,6 +77,10 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
         snprintf(t, sizeof t, "%d accumulation gradient sets", r->ga_grad_copies);
         n = add_rule(buf, cap, n, t);
     }
+    if (r->saved_grad_copies) {
+        snprintf(t, sizeof t, "%d weight_dtype copies of each weight whose product remat saves", r->saved_grad_copies);
+        n = add_rule(buf, cap, n, t);
+    }
     if (r->ns_gather_bf16) n = add_rule(buf, cap, n, "bfloat16 Newton-Schulz gathers");
     if (r->ns_gather_once) n = add_rule(buf, cap, n, "one Newton-Schulz gather per operand and step");
     if (r->windowed_min_group) {
