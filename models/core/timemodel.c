@@ -78,7 +78,8 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
         n = add_rule(buf, cap, n, t);
     }
     if (r->saved_grad_copies) {
-        snprintf(t, sizeof t, "%d weight_dtype copies of each weight whose product remat saves", r->saved_grad_copies);
+        snprintf(t, sizeof t, "%d weight_dtype cop%s of saved products' weights", r->saved_grad_copies,
+                 r->saved_grad_copies == 1 ? "y" : "ies");
         n = add_rule(buf, cap, n, t);
     }
     if (r->ns_gather_bf16) n = add_rule(buf, cap, n, "bfloat16 Newton-Schulz gathers");
