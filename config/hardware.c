@@ -168,6 +168,11 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
         st = choice_key(cfg, path, "newton_schulz_operand_gathers", "once", "per_product",
                         "once (one gather of X serves X X^T and B X) or per_product", &rules->ns_gather_once);
     if (!st)
+        st = choice_key(cfg, path, "muon_update_buffers", "stacked", "per_leaf",
+                        "stacked (every Muon leaf's float32 estimate formed before the first Newton-Schulz and "
+                        "held until its update, with each step's product B X) or per_leaf (one leaf at a time)",
+                        &rules->muon_stacked);
+    if (!st)
         st = count_key(cfg, path, "windowed_einsum_min_group", 1 << 20,
                        "the smallest group (0: never) whose weight products the compiler windows",
                        &rules->windowed_min_group);
@@ -176,6 +181,17 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
                        "the largest group (0: any) over which a shard_map's gradient psum and slice become a "
                        "reduce-scatter",
                        &rules->psum_scatter_max_group);
+    if (!st)
+        st = choice_key(cfg, path, "weight_gather_cse", "near", "all",
+                        "near (the compiler merges two gathers of one weight only when their products lie close "
+                        "in the layer: a MoE layer's products ahead of the routing are gathered again for their "
+                        "input gradients) or all (one gather serves every product of a layer's backward)",
+                        &rules->regather_far);
+    if (!st)
+        st = count_key(cfg, path, "gradient_lane_scatter_max_all_reduce", 1 << 20,
+                       "the largest per-device slice of a gradient's last dim (0: none) whose reduce-scatter "
+                       "the compiler leaves an all-reduce",
+                       &rules->lane_scatter_ar_max);
     if (!st)
         st = choice_key(cfg, path, "embedding_lookup", "all_to_all", "gather_table",
                         "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "

@@ -27,10 +27,19 @@ typedef struct {
     bool ns_gather_bf16;        /* newton_schulz_gather_dtype: bfloat16 -- float32 Newton-Schulz operands cast
                                  before their gathers (with a one-pass matmul_precision) */
     bool ns_gather_once;        /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X */
+    bool muon_stacked;          /* muon_update_buffers: stacked -- every Muon leaf's float32 momentum estimate is
+                                 formed (its gradient's last read) before the first Newton-Schulz and held until
+                                 the leaf's update, and each step's float32 product B X is held until then too */
     int windowed_min_group;     /* windowed_einsum_min_group: weight products over groups at least this large
                                  run as windowed einsums (0: never) */
     int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
                                  reduce-scatter over at most this many devices, else an all-reduce (0: always) */
+    bool regather_far;          /* weight_gather_cse: near -- two gathers of one weight merge only when their
+                                 products lie close in the layer's dataflow: a rematerialised MoE layer's
+                                 products ahead of the routing gather their weight again for the input gradient */
+    int lane_scatter_ar_max;    /* gradient_lane_scatter_max_all_reduce: a weight gradient's reduce-scatter along
+                                 its last dim leaving at most this many elements per device stays an all-reduce
+                                 of the whole gradient (0: never) */
     bool embed_all_to_all;      /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
                                  rows looked up on the table's shard and all-to-all'd back (gather_table: the
                                  table is all-gathered and its gradient reduce-scattered) */

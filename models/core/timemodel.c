@@ -84,12 +84,18 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
     }
     if (r->ns_gather_bf16) n = add_rule(buf, cap, n, "bfloat16 Newton-Schulz gathers");
     if (r->ns_gather_once) n = add_rule(buf, cap, n, "one Newton-Schulz gather per operand and step");
+    if (r->muon_stacked) n = add_rule(buf, cap, n, "Muon's estimates and Newton-Schulz products held stacked");
     if (r->windowed_min_group) {
         snprintf(t, sizeof t, "windowed einsums over >= %d devices", r->windowed_min_group);
         n = add_rule(buf, cap, n, t);
     }
     if (r->psum_scatter_max_group) {
         snprintf(t, sizeof t, "expert psums reduce-scattered over <= %d devices", r->psum_scatter_max_group);
+        n = add_rule(buf, cap, n, t);
+    }
+    if (r->regather_far) n = add_rule(buf, cap, n, "MoE attention weights re-gathered for input gradients");
+    if (r->lane_scatter_ar_max) {
+        snprintf(t, sizeof t, "gradients split to <= %d last-dim elements all-reduced", r->lane_scatter_ar_max);
         n = add_rule(buf, cap, n, t);
     }
     if (r->embed_all_to_all) n = add_rule(buf, cap, n, "embedding looked up by all-to-all");
