@@ -287,8 +287,8 @@ static void test_accumulation_copies(void **state)
     assert_int_equal(live, live3);
 }
 
-static void saved_grads_at(const char *profile, const char *remat, uint64_t *peak, uint64_t *n_params,
-                           uint64_t *live, double *loss)
+static void saved_grads_at(const char *profile, const char *remat, uint64_t *peak, uint64_t *n_params, uint64_t *live,
+                           double *loss)
 {
     char hp[64], rp[64];
     snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
@@ -310,8 +310,8 @@ static void saved_grads_at(const char *profile, const char *remat, uint64_t *pea
 static void test_saved_product_copies(void **state)
 {
     (void)state;
-    const char *const cases[][2] = {{"v5p", "minimal"}, {"v5p", "save_dot_except_mlp"}, {"v5p", "full"},
-                                    {NULL, "minimal"},  {"h100", "minimal"}};
+    const char *const cases[][2] = {
+        {"v5p", "minimal"}, {"v5p", "save_dot_except_mlp"}, {"v5p", "full"}, {NULL, "minimal"}, {"h100", "minimal"}};
     /* by hand: per layer q, k, v, out of 16 x 2 x 8 = 256 elements and wi_0, wi_1 of 16 x 32 = 512, each
      * split 4 ways (embed on fsdp, heads or mlp on tensor), 2 layers, float32 */
     const uint64_t extra[] = {4 * 2 * (4 * 256 + 2 * 512) / 4, 4 * 2 * (4 * 256) / 4, 0, 0, 0};
