@@ -155,6 +155,11 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
                        "gradient sets the compiler holds beside the gradients during gradient accumulation",
                        &rules->ga_grad_copies);
     if (!st)
+        st = count_key(cfg, path, "saved_product_gradient_copies", 8,
+                       "weight_dtype copies of a layer weight's shard the compiler's peak holds for each product "
+                       "whose output the remat policy saves",
+                       &rules->saved_grad_copies);
+    if (!st)
         st = choice_key(cfg, path, "newton_schulz_gather_dtype", "bfloat16", "float32",
                         "bfloat16 (a float32 product at the default matmul precision is one bfloat16 pass, "
                         "its operands cast before their gathers) or float32",

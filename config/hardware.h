@@ -21,6 +21,9 @@ typedef struct {
                                  `dtype` once, the device's shard held through the forward and backward loops */
     int ga_grad_copies;         /* accumulation_gradient_copies: gradient sets held beside the gradients while
                                  gradient accumulation runs */
+    int saved_grad_copies;      /* saved_product_gradient_copies: weight_dtype copies of a layer weight's device
+                                 shard held through the step for each product whose output the remat policy
+                                 saves for the backward */
     bool ns_gather_bf16;        /* newton_schulz_gather_dtype: bfloat16 -- float32 Newton-Schulz operands cast
                                  before their gathers (with a one-pass matmul_precision) */
     bool ns_gather_once;        /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X */

@@ -87,6 +87,19 @@
  * gathers no output over stage; with two microbatches per stage the output is
  * constrained as before (gathered over stage, no such all-reduce).
  *
+ * Saved products' gradient copies: with a remat policy that saves a
+ * product's output for the backward, XLA:TPU's peak holds one float32 copy
+ * of the device's shard of that product's weight (saved_product_gradient_
+ * copies), charged as gradients from the forward layer that saves it to the
+ * end of the backward.  The tiny Llama on fsdp=2 x tensor=2 under v5p: the
+ * gradients' own peak is 4 bytes x (every parameter's elements on a device
+ * + the saved products' weights' elements): with remat_policy=minimal q, k,
+ * v, out (16 x 2 x 8 each) and wi_0, wi_1 (16 x 32 each), not wo (no
+ * backward reads its output), each split 4 ways, 2 layers: 2 x (4 x 256 +
+ * 2 x 512) / 4; with save_dot_except_mlp the four attention kernels alone;
+ * with full remat, without the profile or with h100, nothing more; nothing
+ * left after the step; the loss the same bits with and without the profile.
+ *
  * A profile whose rule is missing or out of range is refused, naming the
  * key (the v5p profile with one key changed, in a scratch configs dir).
  *
@@ -277,6 +290,45 @@ static void test_accumulation_copies(void **state)
     /* after the step the charge is gone: what stays is what stays without the profile */
     assert_int_equal(live, live2);
     assert_int_equal(live, live3);
+}
+
+static void saved_grads_at(const char *profile, const char *remat, uint64_t *peak, uint64_t *n_params, uint64_t *live,
+                           double *loss)
+{
+    char hp[64], rp[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    snprintf(rp, sizeof rp, "remat_policy=%s", remat);
+    const char *words[] = {"dtype=bfloat16", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", rp, hp};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 4, words, profile ? 5 : 4, NDEV, 1);
+    model_run_train(&r, false);
+    *n_params = 0;
+    for (int i = 0; i < r.def->nparams; i++) *n_params += model_run_shard_elems(r.def, i, NULL);
+    sim_arena_stats st;
+    sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
+    *peak = st.peak_by[SIM_MEM_GRADS];
+    *live = st.live_by[SIM_MEM_GRADS];
+    *loss = r.job.stats[0].loss;
+    model_run_close(&r);
+}
+
+static void test_saved_product_copies(void **state)
+{
+    (void)state;
+    const char *const cases[][2] = {
+        {"v5p", "minimal"}, {"v5p", "save_dot_except_mlp"}, {"v5p", "full"}, {NULL, "minimal"}, {"h100", "minimal"}};
+    /* by hand: per layer q, k, v, out of 16 x 2 x 8 = 256 elements and wi_0, wi_1 of 16 x 32 = 512, each
+     * split 4 ways (embed on fsdp, heads or mlp on tensor), 2 layers, float32 */
+    const uint64_t extra[] = {4 * 2 * (4 * 256 + 2 * 512) / 4, 4 * 2 * (4 * 256) / 4, 0, 0, 0};
+    uint64_t peak[5], n[5], live[5];
+    double loss[5];
+    for (int i = 0; i < 5; i++) saved_grads_at(cases[i][0], cases[i][1], &peak[i], &n[i], &live[i], &loss[i]);
+    for (int i = 0; i < 5; i++) {
+        assert_true(n[i] > 0 && n[i] == n[0]);
+        assert_int_equal(peak[i], 4 * n[i] + extra[i]);
+        assert_int_equal(live[i], live[3]); /* released with the backward: what stays is XLA:CPU's */
+    }
+    assert_true(loss[0] == loss[3] && loss[0] == loss[4]);
 }
 
 static void ns_gathers(const char *profile, const char *precision, int *n, uint64_t *bytes, int *bad_dtype,
@@ -708,6 +760,8 @@ static void test_bad_rules(void **state)
         load_changed("accumulation_gradient_copies:", "accumulation_gradient_copies: 2.5", msg, sizeof msg),
         SIM_ERR_INPUT);
     assert_int_equal(load_changed("psum_scatter_max_group:", "psum_scatter_max_group: 4", msg, sizeof msg), SIM_OK);
+    assert_int_equal(load_changed("saved_product_gradient_copies:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "saved_product_gradient_copies"));
     assert_int_equal(load_changed("embedding_lookup:", "embedding_lookup: rows", msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "gather_table"));
     assert_int_equal(load_changed("weight_gather_cse:", "weight_gather_cse: far", msg, sizeof msg), SIM_ERR_INPUT);
@@ -886,6 +940,7 @@ int main(void)
         cmocka_unit_test(test_lane_scatter),
         cmocka_unit_test(test_pipeline_output),
         cmocka_unit_test(test_muon_update_buffers),
+        cmocka_unit_test(test_saved_product_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1179,6 +1179,24 @@ bool model_recomputed_dead(const model_dev *md, model_ckpt_name name)
     return md->recomputing && md->remat && md->def->d.ckpt[name] != MODEL_CKPT_REMAT;
 }
 
+sim_status model_saved_product(model_dev *md, model_ckpt_name name, const mesh_array *w)
+{
+    const model_dims *d = &md->def->d;
+    if (!md->remat || md->recomputing || d->xla.saved_grad_copies <= 0 || d->ckpt[name] != MODEL_CKPT_DEVICE)
+        return SIM_OK;
+    size_t bytes = w->nlocal * sim_dtype_size(d->weight_dtype) * (size_t)d->xla.saved_grad_copies;
+    if (!bytes) return SIM_OK;
+    SIM_TRY(sim_arena_charge(sim_device_arena(md->ctx.dev), bytes, SIM_MEM_GRADS, "saved-product gradient copies"));
+    md->saved_copy_bytes += bytes;
+    return SIM_OK;
+}
+
+void model_saved_products_release(model_dev *md)
+{
+    if (md->saved_copy_bytes) sim_arena_discharge(sim_device_arena(md->ctx.dev), md->saved_copy_bytes, SIM_MEM_GRADS);
+    md->saved_copy_bytes = 0;
+}
+
 sim_status model_dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
                        int rank, const char *const *out_names, mesh_var **y)
 {
@@ -1195,6 +1213,7 @@ sim_status model_dense_saved(model_dev *md, mesh_tape *t, model_ckpt_name name, 
     sim_status st = model_dense(md, t, sub, x, w, op, rank, out_names, y);
     md->ctx.dead_outputs = false;
     SIM_TRY(st);
+    SIM_TRY(model_saved_product(md, name, &w->val));
     return model_checkpoint_name(md, *y, name);
 }
 

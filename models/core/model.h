@@ -198,6 +198,9 @@ typedef struct {
     /* a remat layer running again in backward: values only its backward reads matter (XLA drops
      * the rest of the recomputation, e.g. the ring of experts' final reduce-scatter) */
     bool recomputing;
+    /* bytes charged this pass by model_saved_product (cfg_xla_rules.saved_grad_copies), released with the
+     * pass's backward */
+    size_t saved_copy_bytes;
     /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
     double mtp_loss;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, an optimizer with state): the
@@ -310,6 +313,16 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
  * (the saved copy replaces it), and XLA leaves it out of the recomputation; the product then runs
  * with mesh_ctx.dead_outputs (no gathers counted, no cost), its VJP unchanged. */
 bool model_recomputed_dead(const model_dev *md, model_ckpt_name name);
+/* A layer product whose output gets checkpoint `name`, with weight w (the device's shard of one layer's
+ * slice): in a remat layer's first pass whose policy saves that output on the device for the backward, a
+ * compiler with cfg_xla_rules.saved_grad_copies holds that many weight_dtype copies of w until the pass's
+ * backward ends (configs/hardware/v5p.yml: saved_product_gradient_copies; SIM_MEM_GRADS, counted only).
+ * Called by model_dense_saved and by the blocks whose saved tensor is a product's reshaped output
+ * (attention's query/key/value, MLA's, the experts'); not for a product whose output no backward reads
+ * (the MLP's wo: XLA keeps no such residual). */
+sim_status model_saved_product(model_dev *md, model_ckpt_name name, const mesh_array *w);
+/* Releases what model_saved_product charged (after a pass's backward). */
+void model_saved_products_release(model_dev *md);
 /* A layer's product with its MaxText out_sharding (explicit mode; model_out_sharding of `name`):
  * mesh_ad_einsum(sub, x, w).  model_dense_saved: the same, then checkpoint `name` on its output, the
  * product left out of a recomputation whose policy saved that output (model_recomputed_dead). */

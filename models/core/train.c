@@ -400,6 +400,7 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
         if (st == SIM_OK) st = mesh_tape_backward_from(t, loss, &cot);
     }
     mesh_tape_free(t);
+    model_saved_products_release(md); /* the pass's backward is done */
     model_batch_free(md, &b);
     return st;
 }
