@@ -496,6 +496,7 @@ typedef struct {
     long long seq;
     double hbm; /* bytes per device */
     bool moe;
+    const model_family *family; /* the model's family: how to shorten it (model_depth_words) */
     bool two_stacks; /* the family runs a first stack of other layers (DeepSeek's dense layers:
                                  model_family.layers_before_pipeline) before the scanned stack */
     int64_t layers, dense_layers;
@@ -1156,13 +1157,18 @@ static void sampled_run(plan_ctx *P, plan_cand *c)
     plan_result res[3];
     bool ok = nruns > 0;
     for (int i = 0; ok && i < nruns; i++) {
-        char lw[48], dw[48];
-        snprintf(lw, sizeof lw, "base_num_decoder_layers=%d", runs[i].dense + runs[i].moe);
-        snprintf(dw, sizeof dw, "first_num_dense_layers=%d", runs[i].dense);
+        /* the family says which keys make the shortened model (DeepSeek: base_num_decoder_layers and
+         * first_num_dense_layers) */
+        enum { MAX_DEPTH_WORDS = 4 };
+        char dw[MAX_DEPTH_WORDS][MODEL_WORD_MAX];
+        int ndw = model_depth_words(P->family, runs[i].dense, runs[i].moe, dw, MAX_DEPTH_WORDS);
+        SIM_ASSERT(ndw >= 1);
         /* the full model passed sharding_tolerance (check_cand); with fewer layers the unsharded share
          * (embedding, norms) grows, so the shortened model is not checked again */
-        const char *extra[] = {"override_model_config=true", lw, "hbm_limit_gb=1000000", "sharding_tolerance=1", dw};
-        run_words(P, c, extra, P->two_stacks ? 5 : 4, &res[i]);
+        const char *extra[4 + MAX_DEPTH_WORDS] = {"override_model_config=true", dw[0], "hbm_limit_gb=1000000",
+                                                  "sharding_tolerance=1"};
+        for (int w = 1; w < ndw; w++) extra[3 + w] = dw[w];
+        run_words(P, c, extra, 3 + ndw, &res[i]);
         P->ndry_sampled_runs++;
         if (res[i].fail) {
             /* a refusal of the shortened model itself (its layers, say): the full dry run decides */
@@ -2024,6 +2030,7 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         SIM_ASSERT(def);
         st = model_def_from_config(cfg, def);
         if (!st) {
+            P->family = def->d.family;
             P->two_stacks = def->d.family->layers_before_pipeline != NULL;
             P->layers = def->d.layers;
             P->dense_layers = P->two_stacks ? def->d.family->layers_before_pipeline(def) : 0;

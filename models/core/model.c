@@ -34,6 +34,14 @@ sim_status model_cfg_bool(const cfg_config *cfg, const char *key, bool *out)
     return SIM_OK;
 }
 
+int model_depth_words(const model_family *f, int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap)
+{
+    if (f->depth_words) return f->depth_words(first, rest, words, cap);
+    if (cap < 1) return 0;
+    snprintf(words[0], MODEL_WORD_MAX, "base_num_decoder_layers=%lld", (long long)(first + rest));
+    return 1;
+}
+
 sim_status model_cfg_unsupported(const cfg_config *cfg, const char *key, const char *why)
 {
     const cfg_entry *en = cfg_find(cfg, key);

@@ -1064,6 +1064,15 @@ static void bias_update(model_dev *md)
 /* The dense layers run before the pipeline; the MoE layers are the pipelined stack. */
 static int64_t layers_before_pipeline(const model_def *m) { return deepseek_dims(m)->dense_layers; }
 
+/* MaxText's DeepSeek depth: base_num_decoder_layers in all, the first first_num_dense_layers dense. */
+static int depth_words(int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap)
+{
+    if (cap < 2) return 0;
+    snprintf(words[0], MODEL_WORD_MAX, "base_num_decoder_layers=%lld", (long long)(first + rest));
+    snprintf(words[1], MODEL_WORD_MAX, "first_num_dense_layers=%lld", (long long)first);
+    return 2;
+}
+
 static bool param_pipelined(const model_def *m, const model_param_def *pd)
 {
     return strstr(pd->path, ".moe_layers.") != NULL;
@@ -1132,6 +1141,7 @@ const model_family model_family_deepseek = {
     .setup = batchsplit_setup,
     .loss = deepseek_loss,
     .layers_before_pipeline = layers_before_pipeline,
+    .depth_words = depth_words,
     .pipeline_check = pipeline_check,
     .param_pipelined = param_pipelined,
     .pipeline_unsimulated = pipeline_unsimulated,
