@@ -8,12 +8,14 @@
 
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mesh/ad.h"
 #include "mesh/tape.h"
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
 typedef struct {
@@ -126,15 +128,61 @@ void block_run_free(block_run *r)
     }
 }
 
-double block_run_fd(block_run_objective f, const void *arg, float *v, int64_t e, double h)
+void block_run_inputs(const model_def *def, float **x, float **c)
+{
+    int64_t n = def->d.batch * def->d.seq * def->d.emb;
+    *x = malloc((size_t)n * sizeof **x);
+    *c = malloc((size_t)n * sizeof **c);
+    assert_non_null(*x);
+    assert_non_null(*c);
+    for (int64_t i = 0; i < n; i++) {
+        (*x)[i] = helper_det_val((uint32_t)i, 1.0f);
+        (*c)[i] = helper_det_val((uint32_t)(i + 77777), 1.0f);
+    }
+}
+
+/* Central difference of f at element e of v (the step as float32 holds it). */
+static double central(block_run_objective f, const void *arg, float *v, int64_t e, double h)
 {
     float x0 = v[e];
     v[e] = x0 + (float)h;
     double fp = f(arg);
     v[e] = x0 - (float)h;
     double fm = f(arg);
-    /* the step as float32 holds it */
     double hp = (double)(x0 + (float)h) - (double)x0, hm = (double)x0 - (double)(x0 - (float)h);
     v[e] = x0;
     return (fp - fm) / (hp + hm);
+}
+
+/* Worst |gradient - central difference| at 10 spread elements, relative to the largest difference. */
+static double grad_error(block_run_objective f, const void *arg, float *v, const float *got, int64_t n)
+{
+    double worst = 0, big = 1e-6;
+    for (int p = 0; p < 10; p++) {
+        int64_t e = (int64_t)((p * 7919 + 5) % n);
+        double fd = central(f, arg, v, e, 1e-2);
+        big = fmax(big, fabs(fd));
+        worst = fmax(worst, fabs(fd - got[e]));
+    }
+    return worst / big;
+}
+
+void block_run_expect(block_run *r, float *x, const double *yref, block_run_objective f, const void *arg,
+                      double rtol, double gtol)
+{
+    const model_def *def = r->def;
+    int64_t n = def->d.batch * def->d.seq * def->d.emb;
+    double worst = 0, big = 0;
+    for (int64_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs(r->y[i] - yref[i]));
+        big = fmax(big, fabs(yref[i]));
+    }
+    if (!(big > 1e-3)) fail_msg("the reference output is (nearly) zero: %g", big);
+    if (worst > rtol * big) fail_msg("block output differs from the reference by %g (largest %g)", worst, big);
+    double e = grad_error(f, arg, x, r->dx, n);
+    if (e > gtol) fail_msg("input gradient off by %g (relative)", e);
+    for (int k = 0; k < r->nparams; k++) {
+        e = grad_error(f, arg, r->w[k], r->dw[k], r->wn[k]);
+        if (e > gtol) fail_msg("gradient of %s off by %g (relative)", def->defs[r->params[k]].path, e);
+    }
 }

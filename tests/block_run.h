@@ -34,8 +34,17 @@ typedef struct {
 void block_run_go(block_run *r, const float *x, const float *c);
 void block_run_free(block_run *r);
 
-/* Central difference of f at element e of buffer v (double step h), f read from a closure. */
+/* A fixed input x and cotangent c of the model's (B, T, E) (to free). */
+void block_run_inputs(const model_def *def, float **x, float **c);
+
+/* sum(c * y) of the test's reference, reading the weights r->w[] and the input x that the run was
+ * given (the central differences perturb them in place). */
 typedef double (*block_run_objective)(const void *arg);
-double block_run_fd(block_run_objective f, const void *arg, float *v, int64_t e, double h);
+
+/* Requires the block's output within rtol (relative to its largest value, which must not be zero)
+ * of the reference's yref (N x E), and the input's and every reported parameter's gradient within
+ * gtol (relative to the largest difference) of central differences of f at a spread of elements. */
+void block_run_expect(block_run *r, float *x, const double *yref, block_run_objective f, const void *arg,
+                      double rtol, double gtol);
 
 #endif

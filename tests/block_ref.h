@@ -1,0 +1,44 @@
+/* block_ref.h — test support: float64 references of the dense decoder's blocks written from
+ * MaxText's definitions (layers/attentions.py Attention, layers/linears.py MlpBlock,
+ * layers/normalizations.py RMSNorm), independent of the program's kernels, for the block tests.
+ * Activations are (N, E) row-major with N = B * T tokens, token n at position n % T; weights are
+ * one layer's, global, row-major in MaxText's layout. */
+#ifndef TESTS_BLOCK_REF_H
+#define TESTS_BLOCK_REF_H
+
+#include <stdint.h>
+
+/* RMSNorm over the last dim: y = x / sqrt(mean(x^2) + eps) * g (g NULL: no scale). */
+void ref_rmsnorm(int64_t N, int64_t E, const double *x, const float *g, double eps, double *y);
+
+/* Global causal attention: q, k, v = x . wq, wk, wv (or one fused (E, H + 2K, D) wqkv: query,
+ * key, value heads in that order); q, k RMSNormed over D by qn, kn when given; the default RoPE
+ * (timescale_i = min_ts (max_ts / min_ts)^(2i/D), halves rotated); scores scale q . k over
+ * positions up to the query's, query head h reading kv head h / (H / K); softmax; (p . v) . wo. */
+typedef struct {
+    int64_t E, H, K, D;
+    const float *wq, *wk, *wv; /* (E, H | K, D), or NULL with wqkv */
+    const float *wqkv;
+    const float *wo;      /* (H, D, E) */
+    const float *qn, *kn; /* (D), or NULL */
+    double eps, scale, min_ts, max_ts;
+} ref_attention;
+void ref_attention_fwd(const ref_attention *a, int64_t B, int64_t T, const double *x, double *y);
+
+/* SwiGLU: y = (silu(x . wi0) * (x . wi1)) . wo, or with one fused (E, 2, F) wi (gate at [e, 0, f]). */
+typedef struct {
+    int64_t E, F;
+    const float *wi0, *wi1; /* (E, F), or NULL with wi */
+    const float *wi;
+    const float *wo; /* (F, E) */
+} ref_mlp;
+void ref_mlp_fwd(const ref_mlp *m, int64_t N, const double *x, double *y);
+
+/* sum(c * y) over n values. */
+double ref_dot(int64_t n, const float *c, const double *y);
+/* The float buffer as doubles (to free). */
+double *ref_widen(int64_t n, const float *x);
+/* Largest |a - b| and largest |b| over n values. */
+void ref_compare(int64_t n, const float *a, const double *b, double *worst, double *big);
+
+#endif
