@@ -16,27 +16,33 @@ void ref_rmsnorm(int64_t N, int64_t E, const double *x, const float *g, double e
     }
 }
 
-/* Token x (E) through kernel w (E, nh, D) at heads [h0, h0 + n) -> p (n, D). */
-static void project(const ref_attention *a, const double *x, const float *w, int64_t nh, int64_t h0, int64_t n,
-                    double *p)
+void ref_project(int64_t E, const double *x, const float *w, int64_t nh, int64_t h0, int64_t n, int64_t D, double *p)
 {
     for (int64_t h = 0; h < n; h++)
-        for (int64_t d = 0; d < a->D; d++) {
+        for (int64_t d = 0; d < D; d++) {
             double s = 0;
-            for (int64_t e = 0; e < a->E; e++) s += x[e] * w[(e * nh + h0 + h) * a->D + d];
-            p[h * a->D + d] = s;
+            for (int64_t e = 0; e < E; e++) s += x[e] * w[(e * nh + h0 + h) * D + d];
+            p[h * D + d] = s;
         }
 }
 
-/* The optional norm, then the RoPE at position pos, on each of n heads of D. */
-static void norm_rope(const ref_attention *a, double *v, int64_t n, const float *g, int64_t pos)
+void ref_out_proj(int64_t N, int64_t HD, int64_t E, const double *o, const float *wo, double *y)
 {
-    int64_t D = a->D, half = D / 2;
-    if (g) ref_rmsnorm(n, D, v, g, a->eps, v);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t e = 0; e < E; e++) {
+            double s = 0;
+            for (int64_t hd = 0; hd < HD; hd++) s += o[n * HD + hd] * wo[hd * E + e];
+            y[n * E + e] = s;
+        }
+}
+
+void ref_rope(double *v, int64_t n, int64_t D, int64_t pos, double min_ts, double max_ts)
+{
+    int64_t half = D / 2;
     for (int64_t h = 0; h < n; h++) {
         double *x = v + h * D;
         for (int64_t i = 0; i < half; i++) {
-            double ts = a->min_ts * pow(a->max_ts / a->min_ts, 2.0 * (double)i / (double)D);
+            double ts = min_ts * pow(max_ts / min_ts, 2.0 * (double)i / (double)D);
             double ang = (double)pos / ts, re = x[i], im = x[i + half];
             x[i] = re * cos(ang) - im * sin(ang);
             x[i + half] = re * sin(ang) + im * cos(ang);
@@ -44,58 +50,63 @@ static void norm_rope(const ref_attention *a, double *v, int64_t n, const float 
     }
 }
 
+void ref_causal_attention(int64_t B, int64_t T, int64_t H, int64_t K, int64_t Dqk, int64_t Dv, const double *q,
+                          const double *k, const double *v, double scale, double *o)
+{
+    double *p = calloc((size_t)T, sizeof *p);
+    SIM_ASSERT(p);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t kv = h / (H / K);
+                const double *qq = q + ((b * T + t) * H + h) * Dqk;
+                double mx = -INFINITY, z = 0;
+                for (int64_t s = 0; s <= t; s++) {
+                    const double *kk = k + ((b * T + s) * K + kv) * Dqk;
+                    double dot = 0;
+                    for (int64_t d = 0; d < Dqk; d++) dot += qq[d] * kk[d];
+                    p[s] = scale * dot;
+                    mx = fmax(mx, p[s]);
+                }
+                for (int64_t s = 0; s <= t; s++) z += (p[s] = exp(p[s] - mx));
+                for (int64_t d = 0; d < Dv; d++) {
+                    double acc = 0;
+                    for (int64_t s = 0; s <= t; s++) acc += p[s] / z * v[((b * T + s) * K + kv) * Dv + d];
+                    o[((b * T + t) * H + h) * Dv + d] = acc;
+                }
+            }
+    free(p);
+}
+
 void ref_attention_fwd(const ref_attention *a, int64_t B, int64_t T, const double *x, double *y)
 {
     int64_t E = a->E, H = a->H, K = a->K, D = a->D, N = B * T;
     double *q = calloc((size_t)(N * H * D), sizeof *q), *k = calloc((size_t)(N * K * D), sizeof *k);
-    double *v = calloc((size_t)(N * K * D), sizeof *v), *o = calloc((size_t)(H * D), sizeof *o);
-    double *p = calloc((size_t)T, sizeof *p);
-    SIM_ASSERT(q && k && v && o && p);
+    double *v = calloc((size_t)(N * K * D), sizeof *v), *o = calloc((size_t)(N * H * D), sizeof *o);
+    SIM_ASSERT(q && k && v && o);
     for (int64_t n = 0; n < N; n++) {
         const double *xn = x + n * E;
+        double *qn = q + n * H * D, *kn = k + n * K * D;
         if (a->wqkv) {
-            project(a, xn, a->wqkv, H + 2 * K, 0, H, q + n * H * D);
-            project(a, xn, a->wqkv, H + 2 * K, H, K, k + n * K * D);
-            project(a, xn, a->wqkv, H + 2 * K, H + K, K, v + n * K * D);
+            ref_project(E, xn, a->wqkv, H + 2 * K, 0, H, D, qn);
+            ref_project(E, xn, a->wqkv, H + 2 * K, H, K, D, kn);
+            ref_project(E, xn, a->wqkv, H + 2 * K, H + K, K, D, v + n * K * D);
         } else {
-            project(a, xn, a->wq, H, 0, H, q + n * H * D);
-            project(a, xn, a->wk, K, 0, K, k + n * K * D);
-            project(a, xn, a->wv, K, 0, K, v + n * K * D);
+            ref_project(E, xn, a->wq, H, 0, H, D, qn);
+            ref_project(E, xn, a->wk, K, 0, K, D, kn);
+            ref_project(E, xn, a->wv, K, 0, K, D, v + n * K * D);
         }
-        norm_rope(a, q + n * H * D, H, a->qn, n % T);
-        norm_rope(a, k + n * K * D, K, a->kn, n % T);
+        if (a->qn) ref_rmsnorm(H, D, qn, a->qn, a->eps, qn);
+        if (a->kn) ref_rmsnorm(K, D, kn, a->kn, a->eps, kn);
+        ref_rope(qn, H, D, n % T, a->min_ts, a->max_ts);
+        ref_rope(kn, K, D, n % T, a->min_ts, a->max_ts);
     }
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            for (int64_t h = 0; h < H; h++) {
-                int64_t kv = h / (H / K);
-                const double *qq = q + ((b * T + t) * H + h) * D;
-                double mx = -INFINITY, z = 0;
-                for (int64_t s = 0; s <= t; s++) {
-                    const double *kk = k + ((b * T + s) * K + kv) * D;
-                    double dot = 0;
-                    for (int64_t d = 0; d < D; d++) dot += qq[d] * kk[d];
-                    p[s] = a->scale * dot;
-                    mx = fmax(mx, p[s]);
-                }
-                for (int64_t s = 0; s <= t; s++) z += (p[s] = exp(p[s] - mx));
-                for (int64_t d = 0; d < D; d++) {
-                    double acc = 0;
-                    for (int64_t s = 0; s <= t; s++) acc += p[s] / z * v[((b * T + s) * K + kv) * D + d];
-                    o[h * D + d] = acc;
-                }
-            }
-            for (int64_t e = 0; e < E; e++) {
-                double s = 0;
-                for (int64_t hd = 0; hd < H * D; hd++) s += o[hd] * a->wo[hd * E + e];
-                y[(b * T + t) * E + e] = s;
-            }
-        }
+    ref_causal_attention(B, T, H, K, D, D, q, k, v, a->scale, o);
+    ref_out_proj(N, H * D, E, o, a->wo, y);
     free(q);
     free(k);
     free(v);
     free(o);
-    free(p);
 }
 
 void ref_mlp_fwd(const ref_mlp *m, int64_t N, const double *x, double *y)

@@ -11,6 +11,18 @@
 /* RMSNorm over the last dim: y = x / sqrt(mean(x^2) + eps) * g (g NULL: no scale). */
 void ref_rmsnorm(int64_t N, int64_t E, const double *x, const float *g, double eps, double *y);
 
+/* Token x (E) through kernel w (E, nh, D), heads [h0, h0 + n) -> p (n, D). */
+void ref_project(int64_t E, const double *x, const float *w, int64_t nh, int64_t h0, int64_t n, int64_t D, double *p);
+/* y (N, E) = o (N, HD) . wo (HD, E). */
+void ref_out_proj(int64_t N, int64_t HD, int64_t E, const double *o, const float *wo, double *y);
+/* The default RoPE (embeddings.RotaryEmbedding) in place on n heads of D at position pos:
+ * timescale_i = min_ts (max_ts / min_ts)^(2i/D), the pair (x[i], x[i + D/2]) rotated by pos / timescale_i. */
+void ref_rope(double *v, int64_t n, int64_t D, int64_t pos, double min_ts, double max_ts);
+/* Causal softmax attention of q (B, T, H, Dqk) over k (B, T, K, Dqk), v (B, T, K, Dv) -> o (B, T, H, Dv):
+ * scores scale q . k over key positions up to the query's, query head h reading kv head h / (H / K). */
+void ref_causal_attention(int64_t B, int64_t T, int64_t H, int64_t K, int64_t Dqk, int64_t Dv, const double *q,
+                          const double *k, const double *v, double scale, double *o);
+
 /* Global causal attention: q, k, v = x . wq, wk, wv (or one fused (E, H + 2K, D) wqkv: query,
  * key, value heads in that order); q, k RMSNormed over D by qn, kn when given; the default RoPE
  * (timescale_i = min_ts (max_ts / min_ts)^(2i/D), halves rotated); scores scale q . k over
