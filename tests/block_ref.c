@@ -132,27 +132,3 @@ void ref_mlp_fwd(const ref_mlp *m, int64_t N, const double *x, double *y)
     }
     free(h);
 }
-
-double ref_dot(int64_t n, const float *c, const double *y)
-{
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)c[i] * y[i];
-    return s;
-}
-
-double *ref_widen(int64_t n, const float *x)
-{
-    double *d = malloc((size_t)n * sizeof *d);
-    SIM_ASSERT(d);
-    for (int64_t i = 0; i < n; i++) d[i] = x[i];
-    return d;
-}
-
-void ref_compare(int64_t n, const float *a, const double *b, double *worst, double *big)
-{
-    *worst = *big = 0;
-    for (int64_t i = 0; i < n; i++) {
-        *worst = fmax(*worst, fabs(a[i] - b[i]));
-        *big = fmax(*big, fabs(b[i]));
-    }
-}

@@ -46,11 +46,4 @@ typedef struct {
 } ref_mlp;
 void ref_mlp_fwd(const ref_mlp *m, int64_t N, const double *x, double *y);
 
-/* sum(c * y) over n values. */
-double ref_dot(int64_t n, const float *c, const double *y);
-/* The float buffer as doubles (to free). */
-double *ref_widen(int64_t n, const float *x);
-/* Largest |a - b| and largest |b| over n values. */
-void ref_compare(int64_t n, const float *a, const double *b, double *worst, double *big);
-
 #endif

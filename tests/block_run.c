@@ -81,7 +81,8 @@ fail:
     return st;
 }
 
-void block_run_go(block_run *r, const float *x, const float *c)
+/* The block on every device with input x and cotangent c (global): r's outputs. */
+static void run(block_run *r, const float *x, const float *c)
 {
     const model_def *def = r->def;
     int64_t B = def->d.batch, T = def->d.seq, E = def->d.emb, n = B * T * E;
@@ -118,60 +119,68 @@ void block_run_go(block_run *r, const float *x, const float *c)
     if (st != SIM_OK) fail_msg("block run: %s", sim_errmsg());
 }
 
-void block_run_free(block_run *r)
-{
-    free(r->y);
-    free(r->dx);
-    for (int k = 0; k < r->nparams; k++) {
-        free(r->w[k]);
-        free(r->dw[k]);
-    }
-}
+/* sum(c * reference(x)) for the central differences. */
+typedef struct {
+    const block_run *r;
+    block_run_ref ref;
+    const void *arg;
+    const float *x, *c;
+} objective;
 
-void block_run_inputs(const model_def *def, float **x, float **c)
+static double sum_cy(const objective *o)
 {
+    const model_def *def = o->r->def;
     int64_t n = def->d.batch * def->d.seq * def->d.emb;
-    *x = malloc((size_t)n * sizeof **x);
-    *c = malloc((size_t)n * sizeof **c);
-    assert_non_null(*x);
-    assert_non_null(*c);
-    for (int64_t i = 0; i < n; i++) {
-        (*x)[i] = helper_det_val((uint32_t)i, 1.0f);
-        (*c)[i] = helper_det_val((uint32_t)(i + 77777), 1.0f);
-    }
+    double *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y), s = 0;
+    assert_true(x && y);
+    for (int64_t i = 0; i < n; i++) x[i] = o->x[i];
+    o->ref(o->r, o->arg, x, y);
+    for (int64_t i = 0; i < n; i++) s += (double)o->c[i] * y[i];
+    free(x);
+    free(y);
+    return s;
 }
 
 /* Central difference of f at element e of v (the step as float32 holds it). */
-static double central(block_run_objective f, const void *arg, float *v, int64_t e, double h)
+static double central(const objective *o, float *v, int64_t e, double h)
 {
     float x0 = v[e];
     v[e] = x0 + (float)h;
-    double fp = f(arg);
+    double fp = sum_cy(o);
     v[e] = x0 - (float)h;
-    double fm = f(arg);
+    double fm = sum_cy(o);
     double hp = (double)(x0 + (float)h) - (double)x0, hm = (double)x0 - (double)(x0 - (float)h);
     v[e] = x0;
     return (fp - fm) / (hp + hm);
 }
 
 /* Worst |gradient - central difference| at 10 spread elements, relative to the largest difference. */
-static double grad_error(block_run_objective f, const void *arg, float *v, const float *got, int64_t n)
+static double grad_error(const objective *o, float *v, const float *got, int64_t n)
 {
     double worst = 0, big = 1e-6;
     for (int p = 0; p < 10; p++) {
         int64_t e = (int64_t)((p * 7919 + 5) % n);
-        double fd = central(f, arg, v, e, 1e-2);
+        double fd = central(o, v, e, 1e-2);
         big = fmax(big, fabs(fd));
         worst = fmax(worst, fabs(fd - got[e]));
     }
     return worst / big;
 }
 
-void block_run_expect(block_run *r, float *x, const double *yref, block_run_objective f, const void *arg,
-                      double rtol, double gtol)
+void block_run_check(block_run *r, block_run_ref ref, const void *arg, double rtol, double gtol)
 {
     const model_def *def = r->def;
     int64_t n = def->d.batch * def->d.seq * def->d.emb;
+    float *x = malloc((size_t)n * sizeof *x), *c = malloc((size_t)n * sizeof *c);
+    double *xd = malloc((size_t)n * sizeof *xd), *yref = malloc((size_t)n * sizeof *yref);
+    assert_true(x && c && xd && yref);
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = helper_det_val((uint32_t)i, 1.0f);
+        c[i] = helper_det_val((uint32_t)(i + 77777), 1.0f);
+        xd[i] = x[i];
+    }
+    run(r, x, c);
+    ref(r, arg, xd, yref);
     double worst = 0, big = 0;
     for (int64_t i = 0; i < n; i++) {
         worst = fmax(worst, fabs(r->y[i] - yref[i]));
@@ -179,10 +188,21 @@ void block_run_expect(block_run *r, float *x, const double *yref, block_run_obje
     }
     if (!(big > 1e-3)) fail_msg("the reference output is (nearly) zero: %g", big);
     if (worst > rtol * big) fail_msg("block output differs from the reference by %g (largest %g)", worst, big);
-    double e = grad_error(f, arg, x, r->dx, n);
+    objective o = {.r = r, .ref = ref, .arg = arg, .x = x, .c = c};
+    double e = grad_error(&o, x, r->dx, n);
     if (e > gtol) fail_msg("input gradient off by %g (relative)", e);
     for (int k = 0; k < r->nparams; k++) {
-        e = grad_error(f, arg, r->w[k], r->dw[k], r->wn[k]);
+        e = grad_error(&o, r->w[k], r->dw[k], r->wn[k]);
         if (e > gtol) fail_msg("gradient of %s off by %g (relative)", def->defs[r->params[k]].path, e);
+    }
+    free(x);
+    free(c);
+    free(xd);
+    free(yref);
+    free(r->y);
+    free(r->dx);
+    for (int k = 0; k < r->nparams; k++) {
+        free(r->w[k]);
+        free(r->dw[k]);
     }
 }

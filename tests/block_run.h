@@ -22,7 +22,7 @@ typedef struct {
     int layer;                          /* the layer whose parameters are reported */
     int nparams;                        /* parameter indices reported (model_param_index) */
     int params[BLOCK_RUN_MAX_PARAMS];
-    /* out (block_run_go allocates, block_run_free frees) */
+    /* filled by block_run_check while it runs (and freed by it) */
     float *y;                           /* (B, T, E) */
     float *dx;                          /* d sum(c * y) / dx, (B, T, E) */
     float *w[BLOCK_RUN_MAX_PARAMS];     /* layer `layer` of each reported parameter, global */
@@ -30,21 +30,14 @@ typedef struct {
     int64_t wn[BLOCK_RUN_MAX_PARAMS];   /* its element count */
 } block_run;
 
-/* Runs the block with input x and cotangent c (both (B, T, E), global). */
-void block_run_go(block_run *r, const float *x, const float *c);
-void block_run_free(block_run *r);
+/* The test's reference of the block: x (B T, E) -> y (B T, E) in float64, reading the weights from
+ * r->w[] (in the order of r->params; the central differences perturb them in place). */
+typedef void (*block_run_ref)(const block_run *r, const void *arg, const double *x, double *y);
 
-/* A fixed input x and cotangent c of the model's (B, T, E) (to free). */
-void block_run_inputs(const model_def *def, float **x, float **c);
-
-/* sum(c * y) of the test's reference, reading the weights r->w[] and the input x that the run was
- * given (the central differences perturb them in place). */
-typedef double (*block_run_objective)(const void *arg);
-
-/* Requires the block's output within rtol (relative to its largest value, which must not be zero)
- * of the reference's yref (N x E), and the input's and every reported parameter's gradient within
- * gtol (relative to the largest difference) of central differences of f at a spread of elements. */
-void block_run_expect(block_run *r, float *x, const double *yref, block_run_objective f, const void *arg,
-                      double rtol, double gtol);
+/* Runs the block on a fixed input x and cotangent c and requires its output within rtol (relative
+ * to the largest value, which must not be zero) of the reference's, and the input's and every
+ * reported parameter's gradient within gtol (relative to the largest difference) of central
+ * differences of sum(c * reference(x)) at a spread of elements; then frees what the run made. */
+void block_run_check(block_run *r, block_run_ref ref, const void *arg, double rtol, double gtol);
 
 #endif

@@ -36,26 +36,41 @@ static sim_status attention_fn(model_dev *md, mesh_tape *t, const model_batch *b
     return model_attention(md, t, b, arg, x, y);
 }
 
-typedef struct {
-    ref_attention a;
-    int64_t B, T;
-    const float *x, *c;
-} objective;
+typedef enum { LLAMA, QWEN3, FUSED } variant;
 
-static double sum_cy(const void *arg)
+typedef struct {
+    variant var;
+    double scale;
+} ref_arg;
+
+/* The reference from the run's weights: query, key, value (or qkv_proj), out, then the norms. */
+static void reference(const block_run *r, const void *arg, const double *x, double *y)
 {
-    const objective *o = arg;
-    int64_t n = o->B * o->T * o->a.E;
-    double *x = ref_widen(n, o->x), *y = malloc((size_t)n * sizeof *y);
-    assert_non_null(y);
-    ref_attention_fwd(&o->a, o->B, o->T, x, y);
-    double s = ref_dot(n, o->c, y);
-    free(x);
-    free(y);
-    return s;
+    const ref_arg *ra = arg;
+    const model_dims *d = &r->def->d;
+    ref_attention a = {.E = d->emb,
+                       .H = d->q_heads,
+                       .K = d->kv_heads,
+                       .D = d->head_dim,
+                       .eps = d->eps,
+                       .scale = ra->scale,
+                       .min_ts = d->rope_min,
+                       .max_ts = d->rope_theta};
+    int k = 0;
+    if (ra->var == FUSED) a.wqkv = r->w[k++];
+    else {
+        a.wq = r->w[k++];
+        a.wk = r->w[k++];
+        a.wv = r->w[k++];
+    }
+    a.wo = r->w[k++];
+    if (ra->var == QWEN3) {
+        a.qn = r->w[k++];
+        a.kn = r->w[k++];
+    }
+    ref_attention_fwd(&a, d->batch, d->seq, x, y);
 }
 
-typedef enum { LLAMA, QWEN3, FUSED } variant;
 
 static void check_attention(variant var)
 {
@@ -106,45 +121,9 @@ static void check_attention(variant var)
         r.params[r.nparams++] = ab.query_norm;
         r.params[r.nparams++] = ab.key_norm;
     }
-    float *x, *c;
-    block_run_inputs(def, &x, &c);
-    block_run_go(&r, x, c);
-
-    objective o = {.a = {.E = d->emb,
-                         .H = d->q_heads,
-                         .K = d->kv_heads,
-                         .D = d->head_dim,
-                         .eps = d->eps,
-                         .scale = ab.scale,
-                         .min_ts = d->rope_min,
-                         .max_ts = d->rope_theta},
-                   .B = d->batch,
-                   .T = d->seq,
-                   .x = x,
-                   .c = c};
-    assert_true(o.a.H > o.a.K); /* grouped-query attention */
-    int k = 0;
-    if (var == FUSED) o.a.wqkv = r.w[k++];
-    else {
-        o.a.wq = r.w[k++];
-        o.a.wk = r.w[k++];
-        o.a.wv = r.w[k++];
-    }
-    o.a.wo = r.w[k++];
-    if (var == QWEN3) {
-        o.a.qn = r.w[k++];
-        o.a.kn = r.w[k++];
-    }
-    int64_t n = o.B * o.T * o.a.E;
-    double *xd = ref_widen(n, x), *y = malloc((size_t)n * sizeof *y);
-    assert_non_null(y);
-    ref_attention_fwd(&o.a, o.B, o.T, xd, y);
-    block_run_expect(&r, x, y, sum_cy, &o, 1e-5, 2e-3);
-    free(xd);
-    free(y);
-    block_run_free(&r);
-    free(x);
-    free(c);
+    assert_true(d->q_heads > d->kv_heads); /* grouped-query attention */
+    ref_arg ra = {.var = var, .scale = ab.scale};
+    block_run_check(&r, reference, &ra, 1e-5, 2e-3);
     model_run_unload(def);
 }
 

@@ -71,23 +71,32 @@ static sim_status layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, me
     return model_dense_layer_run(md, t, b, &la->c, la->layer, x, y);
 }
 
-typedef struct {
-    ref_layer L;
-    int64_t B, T;
-    const float *x, *c;
-} objective;
-
-static double sum_cy(const void *arg)
+/* The reference from the run's weights: ln1, query, key, value, out, ln2, wi_0, wi_1, wo, then the
+ * query and key norms (Qwen3). */
+static void reference(const block_run *r, const void *arg, const double *x, double *y)
 {
-    const objective *o = arg;
-    int64_t n = o->B * o->T * o->L.a.E;
-    double *x = ref_widen(n, o->x), *y = malloc((size_t)n * sizeof *y);
-    assert_non_null(y);
-    ref_layer_fwd(&o->L, o->B, o->T, x, y);
-    double s = ref_dot(n, o->c, y);
-    free(x);
-    free(y);
-    return s;
+    const layer_arg *la = arg;
+    const model_dims *d = &r->def->d;
+    bool qk = r->nparams == 11;
+    ref_layer L = {.a = {.E = d->emb,
+                         .H = d->q_heads,
+                         .K = d->kv_heads,
+                         .D = d->head_dim,
+                         .wq = r->w[1],
+                         .wk = r->w[2],
+                         .wv = r->w[3],
+                         .wo = r->w[4],
+                         .qn = qk ? r->w[9] : NULL,
+                         .kn = qk ? r->w[10] : NULL,
+                         .eps = d->eps,
+                         .scale = la->c.scale,
+                         .min_ts = d->rope_min,
+                         .max_ts = d->rope_theta},
+                   .m = {.E = d->emb, .F = d->mlp, .wi0 = r->w[6], .wi1 = r->w[7], .wo = r->w[8]},
+                   .ln1 = r->w[0],
+                   .ln2 = r->w[5],
+                   .eps = d->eps};
+    ref_layer_fwd(&L, d->batch, d->seq, x, y);
 }
 
 static void check_layer(bool qwen3)
@@ -111,42 +120,7 @@ static void check_layer(bool qwen3)
     block_run r = {.def = def, .fn = layer_fn, .arg = &la, .layer = la.layer};
     const int want[] = {ix.ln1, ix.q, ix.k, ix.v, ix.o, ix.ln2, ix.wi0, ix.wi1, ix.wo, ix.qn, ix.kn};
     for (int k = 0; k < (qwen3 ? 11 : 9); k++) r.params[r.nparams++] = want[k];
-    float *x, *c;
-    block_run_inputs(def, &x, &c);
-    block_run_go(&r, x, c);
-
-    objective o = {.L = {.a = {.E = d->emb,
-                               .H = d->q_heads,
-                               .K = d->kv_heads,
-                               .D = d->head_dim,
-                               .wq = r.w[1],
-                               .wk = r.w[2],
-                               .wv = r.w[3],
-                               .wo = r.w[4],
-                               .qn = qwen3 ? r.w[9] : NULL,
-                               .kn = qwen3 ? r.w[10] : NULL,
-                               .eps = d->eps,
-                               .scale = la.c.scale,
-                               .min_ts = d->rope_min,
-                               .max_ts = d->rope_theta},
-                         .m = {.E = d->emb, .F = d->mlp, .wi0 = r.w[6], .wi1 = r.w[7], .wo = r.w[8]},
-                         .ln1 = r.w[0],
-                         .ln2 = r.w[5],
-                         .eps = d->eps},
-                   .B = d->batch,
-                   .T = d->seq,
-                   .x = x,
-                   .c = c};
-    int64_t n = o.B * o.T * d->emb;
-    double *xd = ref_widen(n, x), *y = malloc((size_t)n * sizeof *y);
-    assert_non_null(y);
-    ref_layer_fwd(&o.L, o.B, o.T, xd, y);
-    block_run_expect(&r, x, y, sum_cy, &o, 1e-5, 2e-3);
-    free(xd);
-    free(y);
-    block_run_free(&r);
-    free(x);
-    free(c);
+    block_run_check(&r, reference, &la, 1e-5, 2e-3);
     model_run_unload(def);
 }
 

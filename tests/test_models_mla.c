@@ -47,7 +47,6 @@ typedef struct {
     int64_t B, T, E, H, QL, KL, NOPE, ROPE, V;
     const float *query, *wq_a, *q_norm, *wq_b, *wkv_a, *kv_norm, *wkv_b, *out;
     double eps, min_ts, max_ts;
-    const float *x, *c;
 } ref_mla;
 
 static void ref_mla_fwd(const ref_mla *r, const double *x, double *y)
@@ -90,17 +89,28 @@ static void ref_mla_fwd(const ref_mla *r, const double *x, double *y)
     free(kv);
 }
 
-static double sum_cy(const void *arg)
+/* The reference from the run's weights (those the model has, in mla_arg's order). */
+static void reference(const block_run *r, const void *arg, const double *x, double *y)
 {
-    const ref_mla *r = arg;
-    int64_t n = r->B * r->T * r->E;
-    double *x = ref_widen(n, r->x), *y = malloc((size_t)n * sizeof *y);
-    assert_non_null(y);
-    ref_mla_fwd(r, x, y);
-    double s = ref_dot(n, r->c, y);
-    free(x);
-    free(y);
-    return s;
+    const mla_arg *a = arg;
+    const model_dims *d = &r->def->d;
+    ref_mla rf = {.B = d->batch,
+                  .T = d->seq,
+                  .E = d->emb,
+                  .H = d->q_heads,
+                  .QL = a->dims.q_lora,
+                  .KL = a->dims.kv_lora,
+                  .NOPE = a->dims.qk_nope,
+                  .ROPE = a->dims.qk_rope,
+                  .V = a->dims.v_head,
+                  .eps = d->eps,
+                  .min_ts = d->rope_min,
+                  .max_ts = d->rope_theta};
+    const int have[] = {a->p.query, a->p.wq_a, a->p.q_norm, a->p.wq_b, a->p.wkv_a, a->p.kv_norm, a->p.wkv_b, a->p.out};
+    const float **slot[] = {&rf.query, &rf.wq_a, &rf.q_norm, &rf.wq_b, &rf.wkv_a, &rf.kv_norm, &rf.wkv_b, &rf.out};
+    for (int k = 0, j = 0; k < 8; k++)
+        if (have[k] >= 0) *slot[k] = r->w[j++];
+    ref_mla_fwd(&rf, x, y);
 }
 
 static void check_mla(bool q_lora)
@@ -119,37 +129,7 @@ static void check_mla(bool q_lora)
     for (int k = 0; k < 8; k++)
         if (want[k] >= 0) r.params[r.nparams++] = want[k];
     assert_int_equal(r.nparams, q_lora ? 7 : 5);
-    float *x, *c;
-    block_run_inputs(def, &x, &c);
-    block_run_go(&r, x, c);
-
-    ref_mla rf = {.B = d->batch,
-                  .T = d->seq,
-                  .E = d->emb,
-                  .H = d->q_heads,
-                  .QL = a.dims.q_lora,
-                  .KL = 8,
-                  .NOPE = 8,
-                  .ROPE = 4,
-                  .V = 8,
-                  .eps = d->eps,
-                  .min_ts = d->rope_min,
-                  .max_ts = d->rope_theta,
-                  .x = x,
-                  .c = c};
-    const float **slot[] = {&rf.query, &rf.wq_a, &rf.q_norm, &rf.wq_b, &rf.wkv_a, &rf.kv_norm, &rf.wkv_b, &rf.out};
-    for (int k = 0, j = 0; k < 8; k++)
-        if (want[k] >= 0) *slot[k] = r.w[j++];
-    int64_t n = rf.B * rf.T * rf.E;
-    double *xd = ref_widen(n, x), *y = malloc((size_t)n * sizeof *y);
-    assert_non_null(y);
-    ref_mla_fwd(&rf, xd, y);
-    block_run_expect(&r, x, y, sum_cy, &rf, 1e-5, 2e-3);
-    free(xd);
-    free(y);
-    block_run_free(&r);
-    free(x);
-    free(c);
+    block_run_check(&r, reference, &a, 1e-5, 2e-3);
     model_run_unload(def);
 }
 

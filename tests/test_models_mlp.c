@@ -30,23 +30,18 @@ static sim_status mlp_fn(model_dev *md, mesh_tape *t, const model_batch *b, mesh
     return model_mlp(md, t, arg, x, y);
 }
 
-typedef struct {
-    ref_mlp m;
-    int64_t N;
-    const float *x, *c;
-} objective;
-
-static double sum_cy(const void *arg)
+/* The reference from the run's weights: wi_0, wi_1 (or wi), wo. */
+static void reference(const block_run *r, const void *arg, const double *x, double *y)
 {
-    const objective *o = arg;
-    int64_t n = o->N * o->m.E;
-    double *x = ref_widen(n, o->x), *y = malloc((size_t)n * sizeof *y);
-    assert_non_null(y);
-    ref_mlp_fwd(&o->m, o->N, x, y);
-    double s = ref_dot(n, o->c, y);
-    free(x);
-    free(y);
-    return s;
+    const bool *fused = arg;
+    const model_dims *d = &r->def->d;
+    ref_mlp m = {.E = d->emb, .F = d->mlp, .wo = r->w[r->nparams - 1]};
+    if (*fused) m.wi = r->w[0];
+    else {
+        m.wi0 = r->w[0];
+        m.wi1 = r->w[1];
+    }
+    ref_mlp_fwd(&m, d->batch * d->seq, x, y);
 }
 
 static void check_mlp(bool fused)
@@ -68,26 +63,7 @@ static void check_mlp(bool fused)
         r.params[r.nparams++] = mb.wi_1;
     }
     r.params[r.nparams++] = mb.wo;
-    float *x, *c;
-    block_run_inputs(def, &x, &c);
-    block_run_go(&r, x, c);
-
-    int64_t N = def->d.batch * def->d.seq, E = def->d.emb;
-    objective o = {.m = {.E = E, .F = def->d.mlp, .wo = r.w[r.nparams - 1]}, .N = N, .x = x, .c = c};
-    if (fused) o.m.wi = r.w[0];
-    else {
-        o.m.wi0 = r.w[0];
-        o.m.wi1 = r.w[1];
-    }
-    double *xd = ref_widen(N * E, x), *y = malloc((size_t)(N * E) * sizeof *y);
-    assert_non_null(y);
-    ref_mlp_fwd(&o.m, N, xd, y);
-    block_run_expect(&r, x, y, sum_cy, &o, 1e-5, 2e-3);
-    free(xd);
-    free(y);
-    block_run_free(&r);
-    free(x);
-    free(c);
+    block_run_check(&r, reference, &fused, 1e-5, 2e-3);
     model_run_unload(def);
 }
 
