@@ -497,7 +497,7 @@ typedef struct {
     double hbm; /* bytes per device */
     bool moe;
     const model_family *family; /* the model's family: how to shorten it (model_depth_words) */
-    bool two_stacks; /* the family runs a first stack of other layers (DeepSeek's dense layers:
+    bool two_stacks;            /* the family runs a first stack of other layers (DeepSeek's dense layers:
                                  model_family.layers_before_pipeline) before the scanned stack */
     int64_t layers, dense_layers;
     plan_space sp;

@@ -19,15 +19,15 @@ typedef struct {
     const model_def *def; /* B = def->d.batch rows of T = def->d.seq tokens, width E = def->d.emb */
     block_run_fn fn;
     const void *arg;
-    int layer;                          /* the layer whose parameters are reported */
-    int nparams;                        /* parameter indices reported (model_param_index) */
+    int layer;   /* the layer whose parameters are reported */
+    int nparams; /* parameter indices reported (model_param_index) */
     int params[BLOCK_RUN_MAX_PARAMS];
     /* filled by block_run_check while it runs (and freed by it) */
-    float *y;                           /* (B, T, E) */
-    float *dx;                          /* d sum(c * y) / dx, (B, T, E) */
-    float *w[BLOCK_RUN_MAX_PARAMS];     /* layer `layer` of each reported parameter, global */
-    float *dw[BLOCK_RUN_MAX_PARAMS];    /* its gradient */
-    int64_t wn[BLOCK_RUN_MAX_PARAMS];   /* its element count */
+    float *y;                         /* (B, T, E) */
+    float *dx;                        /* d sum(c * y) / dx, (B, T, E) */
+    float *w[BLOCK_RUN_MAX_PARAMS];   /* layer `layer` of each reported parameter, global */
+    float *dw[BLOCK_RUN_MAX_PARAMS];  /* its gradient */
+    int64_t wn[BLOCK_RUN_MAX_PARAMS]; /* its element count */
 } block_run;
 
 /* The test's reference of the block: x (B T, E) -> y (B T, E) in float64, reading the weights from

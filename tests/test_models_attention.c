@@ -71,7 +71,6 @@ static void reference(const block_run *r, const void *arg, const double *x, doub
     ref_attention_fwd(&a, d->batch, d->seq, x, y);
 }
 
-
 static void check_attention(variant var)
 {
     const char *extra[8];
@@ -100,7 +99,8 @@ static void check_attention(variant var)
                                 .value = model_param_index(def, "self_attention.value.kernel"),
                                 .qkv = var == FUSED ? model_param_index(def, "self_attention.qkv_proj.kernel") : -1,
                                 .out = model_param_index(def, "self_attention.out.kernel"),
-                                .query_norm = var == QWEN3 ? model_param_index(def, "self_attention.query_norm.scale") : -1,
+                                .query_norm =
+                                    var == QWEN3 ? model_param_index(def, "self_attention.query_norm.scale") : -1,
                                 .key_norm = var == QWEN3 ? model_param_index(def, "self_attention.key_norm.scale") : -1,
                                 .norm_eps = d->eps,
                                 .layer = layer,

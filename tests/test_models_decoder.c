@@ -102,7 +102,8 @@ static void reference(const block_run *r, const void *arg, const double *x, doub
 static void check_layer(bool qwen3)
 {
     const char *llama[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"};
-    const char *q3[] = {"decoder_block=qwen3", "use_qk_norm=true", "ici_data_parallelism=2", "ici_tensor_parallelism=2"};
+    const char *q3[] = {"decoder_block=qwen3", "use_qk_norm=true", "ici_data_parallelism=2",
+                        "ici_tensor_parallelism=2"};
     model_def *def = qwen3 ? model_run_load(TINY, 2, ROWS, q3, 4, DEVICES, 0, NULL)
                            : model_run_load(TINY, 2, ROWS, llama, 2, DEVICES, 0, NULL);
     const model_dims *d = &def->d;
@@ -160,7 +161,8 @@ static double ref_loss(const model_def *def, const int32_t *in, const int32_t *t
 {
     const model_dims *d = &def->d;
     int64_t B = d->batch, T = d->seq, E = d->emb, V = d->vocab, N = B * T;
-    float *table = init_weight(def, "token_embedder.embedding", -1), *head = init_weight(def, "logits_dense.kernel", -1);
+    float *table = init_weight(def, "token_embedder.embedding", -1),
+          *head = init_weight(def, "logits_dense.kernel", -1);
     float *fnorm = init_weight(def, "decoder_norm.scale", -1);
     double *x = malloc((size_t)(N * E) * sizeof *x), *y = malloc((size_t)(N * E) * sizeof *y);
     assert_true(x && y);

@@ -35,8 +35,7 @@ typedef struct {
     model_mla_params p;
 } mla_arg;
 
-static sim_status mla_fn(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, mesh_var **y,
-                         const void *arg)
+static sim_status mla_fn(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, mesh_var **y, const void *arg)
 {
     const mla_arg *a = arg;
     return model_mla(md, t, b, &a->dims, &a->p, 0, x, y);
@@ -120,8 +119,16 @@ static void check_mla(bool q_lora)
     model_def *def = q_lora ? model_run_load(TINY, 2, ROWS, lora, 2, DEVICES, 0, NULL)
                             : model_run_load(TINY, 2, ROWS, plain, 3, DEVICES, 0, NULL);
     const model_dims *d = &def->d;
-    mla_arg a = {.dims = {.q_lora = q_lora ? 16 : 0, .kv_lora = 8, .qk_nope = 8, .qk_rope = 4, .v_head = 8,
-                          .rope_factor = 1, .mscale = 1, .max_pos = 0, .orig_max_pos = 0, .yarn = false},
+    mla_arg a = {.dims = {.q_lora = q_lora ? 16 : 0,
+                          .kv_lora = 8,
+                          .qk_nope = 8,
+                          .qk_rope = 4,
+                          .v_head = 8,
+                          .rope_factor = 1,
+                          .mscale = 1,
+                          .max_pos = 0,
+                          .orig_max_pos = 0,
+                          .yarn = false},
                  .p = model_mla_params_at(def, PREFIX)};
     assert_true(d->rope_linear == 1.0);
     block_run r = {.def = def, .fn = mla_fn, .arg = &a, .layer = 0};

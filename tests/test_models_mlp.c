@@ -23,8 +23,7 @@ enum { ROWS = 4, DEVICES = 4 };
 static const char *const MID[3] = {"activation_batch", "activation_length", "activation_mlp"};
 static const char *const OUT[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
 
-static sim_status mlp_fn(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, mesh_var **y,
-                         const void *arg)
+static sim_status mlp_fn(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var *x, mesh_var **y, const void *arg)
 {
     (void)b;
     return model_mlp(md, t, arg, x, y);

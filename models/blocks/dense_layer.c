@@ -64,7 +64,8 @@ static sim_status residual(model_dev *md, mesh_tape *t, const model_dense_layer 
 {
     char name[96];
     snprintf(name, sizeof name, "%s/%s", c->prefix, what);
-    if (!c->residual_explicit_only || md->ctx.mode == MESH_MODE_EXPLICIT) return model_shard_as(md, t, x, name, 3, A, y);
+    if (!c->residual_explicit_only || md->ctx.mode == MESH_MODE_EXPLICIT)
+        return model_shard_as(md, t, x, name, 3, A, y);
     mesh_spec s;
     SIM_TRY(model_logical_spec(md->def, name, 3, A, &s));
     return mesh_ad_shard_as(t, x, &s, name, y);

@@ -23,15 +23,15 @@ typedef struct {
 
 /* A family's choices for its layer. */
 typedef struct {
-    const char *prefix;              /* the constraints' names: "<prefix>/inputs", "<prefix>/lnx", ... */
-    bool residual_explicit_only;     /* AttentionWithNorm: the residual constraints apply (and are logged)
+    const char *prefix;          /* the constraints' names: "<prefix>/inputs", "<prefix>/lnx", ... */
+    bool residual_explicit_only; /* AttentionWithNorm: the residual constraints apply (and are logged)
                                         in explicit mode only; auto mode places the residual with the same
                                         names, unlogged */
-    bk_rope_params rope;             /* the rotary embedding */
-    double scale;                    /* query_pre_attn_scalar (1: folded into the query init) */
-    double soft_cap;                 /* attn_logits_soft_cap as the layer passes it (0: none) */
-    const char *const *mlp_mid;      /* 3 logical names of the MLP's intermediate_sharding */
-    bool output_dropout;             /* dropout on the layer's output (Llama's layer, not Qwen3's) */
+    bk_rope_params rope;         /* the rotary embedding */
+    double scale;                /* query_pre_attn_scalar (1: folded into the query init) */
+    double soft_cap;             /* attn_logits_soft_cap as the layer passes it (0: none) */
+    const char *const *mlp_mid;  /* 3 logical names of the MLP's intermediate_sharding */
+    bool output_dropout;         /* dropout on the layer's output (Llama's layer, not Qwen3's) */
 } model_dense_layer;
 
 /* The layer's parameters; query_norm/key_norm run before RoPE when their scales are defined. */

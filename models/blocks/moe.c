@@ -1478,8 +1478,7 @@ static sim_status dense_bwd(moe_payload *pl, const moe_ops *op, const float *dou
                 dw[t * k + j] = (float)dot;
             }
     }
-    static const dense_leg ret = {"return_sequence_sum_bwd", "moe/d_returned_packed", "moe/d_expert_out",
-                                  "return_bwd"};
+    static const dense_leg ret = {"return_sequence_sum_bwd", "moe/d_returned_packed", "moe/d_expert_out", "return_bwd"};
     const float *rows;
     sim_status st = dense_to_experts(g, dyf.p, Mo, &ret, &dyb, &dyq, &rows);
     if (st == SIM_OK) st = buf_alloc(d, &drq, (size_t)(rowsG * M) * 4, SIM_MEM_TEMP, "moe/d_dispatched");
