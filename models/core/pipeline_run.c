@@ -784,81 +784,88 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
     pr->slot_shape[1] = T;
     pr->slot_shape[2] = E;
     mesh_spec s_in4, s_out;
-    sim_status st = model_logical_spec(m, "pipeline/state_io", 5, STATE_IO, &pr->s_io);
-    if (st == SIM_OK) st = model_logical_spec(m, "pipeline/shift", 4, STAGES_IN, &pr->s_shift);
-    if (st == SIM_OK) st = model_logical_spec(m, "pipeline/inputs", 4, INPUT4, &s_in4);
-    if (st == SIM_OK) st = model_logical_spec(m, "pipeline/output", 3, OUTPUT3, &s_out);
-    if (st == SIM_OK && (pr->s_shift.n_axes[0] != 1 || pr->s_shift.axes[0][0] != p->stage_axis ||
-                         pr->s_io.n_axes[0] != 1 || pr->s_io.axes[0][0] != p->stage_axis))
-        st = sim_err(SIM_ERR_INPUT,
-                     "logical_axis_rules: activation_stage must map to 'stage' alone for pipeline parallelism "
-                     "(ici_pipeline_parallelism=%lld); add the rule [activation_stage, stage]",
-                     (long long)S);
-    if (st == SIM_OK) {
-        mesh_spec_init(&pr->inner, 3);
-        for (int dd = 0; dd < 3; dd++) {
-            pr->inner.n_axes[dd] = pr->s_shift.n_axes[dd + 1];
-            memcpy(pr->inner.axes[dd], pr->s_shift.axes[dd + 1], sizeof pr->inner.axes[dd]);
-        }
-        st = mesh_spec_check_shape(&pr->inner, &m->mesh, 3, pr->slot_shape, "pipeline microbatch (activation_batch)");
-    }
-    if (st == SIM_OK) {
-        mesh_dim_shard sh[3];
-        mesh_spec_shard(&pr->inner, &m->mesh, pr->slot_shape, sim_device_id(md->ctx.dev), sh);
-        pr->n = sh[0].local * sh[1].local * sh[2].local;
-        pr->saved = calloc((size_t)(pr->iters * p->layers_per_stage), sizeof *pr->saved);
-        SIM_ASSERT(pr->saved);
-    }
-    if (st == SIM_OK) { /* the buffers as MaxText's activation dump logs them */
-        mesh_array probe;
-        memset(&probe, 0, sizeof probe);
-        probe.rank = 2;
-        probe.shape[0] = m->d.batch;
-        probe.shape[1] = T;
-        mesh_spec rep;
-        mesh_spec_init(&rep, 2);
-        model_note_activation(md, "pipeline/inputs", &probe, 2, NULL, &rep);
-        probe.rank = 4;
-        memcpy(probe.shape, shift_shape, sizeof shift_shape);
-        model_note_activation(md, "pipeline/shift", &probe, 4, STAGES_IN, &pr->s_shift);
-        probe.rank = 5;
-        memcpy(probe.shape, io_shape, sizeof io_shape);
-        model_note_activation(md, "pipeline/state_io", &probe, 5, STATE_IO, &pr->s_io);
-        probe.rank = 4;
-        memcpy(probe.shape, shift_shape, sizeof shift_shape);
-        model_note_activation(md, "pipeline/first_stage_in", &probe, 4, STAGES_IN, &pr->s_shift);
-        model_note_activation(md, "pipeline/stages_in", &probe, 4, STAGES_IN, &pr->s_shift);
-    }
     const char *saved_layer = md->ctx.layer;
-    md->ctx.layer = "decoder/pipeline";
     mesh_var *in4v = NULL, *io = NULL, *outv = NULL;
-    if (st == SIM_OK) st = reshape(md, t, x, 4, in4, &s_in4, "inputs", &in4v);
-    if (st == SIM_OK) st = reshape(md, t, in4v, 5, io_shape, &pr->s_io, "state_io", &io);
-    if (st == SIM_OK) st = explicit_positions_gather(pr);
-    if (st == SIM_OK) st = microbatch_positions(pr, b);
-    bool recording = mesh_tape_recording(t);
-    if (st == SIM_OK && p->ag_once) st = ag_gather(pr, recording);
-    if (st == SIM_OK && p->ag_once) ag_swap(pr, true);
-    if (st == SIM_OK && p->ag_per_repeat) {
+    mesh_array o;
+    memset(&o, 0, sizeof o);
+    bool swapped = false; /* the gathered weights stand in for the stored ones (ag_swap) */
+    sim_status st;
+    SIM_TRY_GOTO(model_logical_spec(m, "pipeline/state_io", 5, STATE_IO, &pr->s_io), st, fail);
+    SIM_TRY_GOTO(model_logical_spec(m, "pipeline/shift", 4, STAGES_IN, &pr->s_shift), st, fail);
+    SIM_TRY_GOTO(model_logical_spec(m, "pipeline/inputs", 4, INPUT4, &s_in4), st, fail);
+    SIM_TRY_GOTO(model_logical_spec(m, "pipeline/output", 3, OUTPUT3, &s_out), st, fail);
+    if (pr->s_shift.n_axes[0] != 1 || pr->s_shift.axes[0][0] != p->stage_axis || pr->s_io.n_axes[0] != 1 ||
+        pr->s_io.axes[0][0] != p->stage_axis)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "logical_axis_rules: activation_stage must map to 'stage' alone for pipeline parallelism "
+                             "(ici_pipeline_parallelism=%lld); add the rule [activation_stage, stage]",
+                             (long long)S),
+                     st, fail);
+    mesh_spec_init(&pr->inner, 3);
+    for (int dd = 0; dd < 3; dd++) {
+        pr->inner.n_axes[dd] = pr->s_shift.n_axes[dd + 1];
+        memcpy(pr->inner.axes[dd], pr->s_shift.axes[dd + 1], sizeof pr->inner.axes[dd]);
+    }
+    SIM_TRY_GOTO(
+        mesh_spec_check_shape(&pr->inner, &m->mesh, 3, pr->slot_shape, "pipeline microbatch (activation_batch)"), st,
+        fail);
+    mesh_dim_shard sh[3];
+    mesh_spec_shard(&pr->inner, &m->mesh, pr->slot_shape, sim_device_id(md->ctx.dev), sh);
+    pr->n = sh[0].local * sh[1].local * sh[2].local;
+    pr->saved = calloc((size_t)(pr->iters * p->layers_per_stage), sizeof *pr->saved);
+    SIM_ASSERT(pr->saved);
+    /* the buffers as MaxText's activation dump logs them */
+    mesh_array probe;
+    memset(&probe, 0, sizeof probe);
+    probe.rank = 2;
+    probe.shape[0] = m->d.batch;
+    probe.shape[1] = T;
+    mesh_spec rep;
+    mesh_spec_init(&rep, 2);
+    model_note_activation(md, "pipeline/inputs", &probe, 2, NULL, &rep);
+    probe.rank = 4;
+    memcpy(probe.shape, shift_shape, sizeof shift_shape);
+    model_note_activation(md, "pipeline/shift", &probe, 4, STAGES_IN, &pr->s_shift);
+    probe.rank = 5;
+    memcpy(probe.shape, io_shape, sizeof io_shape);
+    model_note_activation(md, "pipeline/state_io", &probe, 5, STATE_IO, &pr->s_io);
+    probe.rank = 4;
+    memcpy(probe.shape, shift_shape, sizeof shift_shape);
+    model_note_activation(md, "pipeline/first_stage_in", &probe, 4, STAGES_IN, &pr->s_shift);
+    model_note_activation(md, "pipeline/stages_in", &probe, 4, STAGES_IN, &pr->s_shift);
+    md->ctx.layer = "decoder/pipeline";
+    SIM_TRY_GOTO(reshape(md, t, x, 4, in4, &s_in4, "inputs", &in4v), st, fail);
+    SIM_TRY_GOTO(reshape(md, t, in4v, 5, io_shape, &pr->s_io, "state_io", &io), st, fail);
+    SIM_TRY_GOTO(explicit_positions_gather(pr), st, fail);
+    SIM_TRY_GOTO(microbatch_positions(pr, b), st, fail);
+    if (p->ag_once) {
+        SIM_TRY_GOTO(ag_gather(pr, mesh_tape_recording(t)), st, fail);
+        ag_swap(pr, true);
+        swapped = true;
+    }
+    if (p->ag_per_repeat) {
         pr->rep = calloc((size_t)(p->repeats * m->nparams), sizeof *pr->rep);
         SIM_ASSERT(pr->rep);
     }
-    mesh_array o;
-    memset(&o, 0, sizeof o);
-    if (st == SIM_OK) st = loop_forward(pr, &io->val, &o);
-    if (pr->ag) ag_swap(pr, false);
-    if (st == SIM_OK) {
-        outv = mesh_tape_var(t);
-        outv->val = o;
-        mesh_entry *e = mesh_tape_record(t, loop_vjp, "decoder/pipeline", 1, &io, 1, &outv);
-        if (e) {
-            e->payload = pr;
-            e->free_payload = run_free;
-            pr = NULL;
-        }
+    SIM_TRY_GOTO(loop_forward(pr, &io->val, &o), st, fail);
+    if (swapped) ag_swap(pr, false);
+    swapped = false;
+    outv = mesh_tape_var(t);
+    outv->val = o;
+    mesh_entry *e = mesh_tape_record(t, loop_vjp, "decoder/pipeline", 1, &io, 1, &outv);
+    if (e) {
+        e->payload = pr;
+        e->free_payload = run_free;
+    } else {
+        run_free(pr); /* a tape that records nothing: freed before the output is reshaped, as it is read */
     }
-    if (pr) run_free(pr);
-    if (st == SIM_OK) st = reshape(md, t, outv, 3, (int64_t[]){m->d.batch, T, E}, &s_out, "output", y);
+    pr = NULL;
+    SIM_TRY_GOTO(reshape(md, t, outv, 3, (int64_t[]){m->d.batch, T, E}, &s_out, "output", y), st, fail);
+fail:
+    if (pr) {
+        if (swapped) ag_swap(pr, false);
+        run_free(pr);
+    }
     md->ctx.layer = saved_layer;
     return st;
 }
