@@ -85,10 +85,13 @@ sim_status model_dense_layer_run(model_dev *md, mesh_tape *t, const model_batch 
     snprintf(mlp_layer, sizeof mlp_layer, "%s/mlp", layer);
     md->ctx.layer = layer;
 
-    mesh_var *h, *lnx, *a;
-    SIM_TRY(residual(md, t, c, x, "inputs", &h));
-    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
-    SIM_TRY(residual(md, t, c, lnx, "lnx", &lnx));
+    sim_status st;
+    mesh_var *h, *lnx, *a, *hs, *mlp;
+    SIM_TRY_GOTO(residual(md, t, c, x, "inputs", &h), st, fail);
+    SIM_TRY_GOTO(
+        mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx), st,
+        fail);
+    SIM_TRY_GOTO(residual(md, t, c, lnx, "lnx", &lnx), st, fail);
 
     md->ctx.layer = attn_layer;
     model_attention_block ab = {.query = ix.q,
@@ -104,14 +107,14 @@ sim_status model_dense_layer_run(model_dev *md, mesh_tape *t, const model_batch 
                                 .scale = c->scale,
                                 .soft_cap = c->soft_cap,
                                 .out_names = A};
-    SIM_TRY(model_attention(md, t, b, &ab, lnx, &a));
+    SIM_TRY_GOTO(model_attention(md, t, b, &ab, lnx, &a), st, fail);
     md->ctx.layer = layer;
-    SIM_TRY(residual(md, t, c, a, "attention_lnx", &a));
-    SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h)); /* intermediate_inputs */
-
-    mesh_var *hs, *mlp;
-    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
-    SIM_TRY(residual(md, t, c, hs, "hidden_states", &hs));
+    SIM_TRY_GOTO(residual(md, t, c, a, "attention_lnx", &a), st, fail);
+    SIM_TRY_GOTO(mesh_ad_add(t, h, a, "residual_attention", &h), st, fail); /* intermediate_inputs */
+    SIM_TRY_GOTO(
+        mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs), st,
+        fail);
+    SIM_TRY_GOTO(residual(md, t, c, hs, "hidden_states", &hs), st, fail);
     md->ctx.layer = mlp_layer;
     model_mlp_block mb = {.wi_0 = ix.wi0,
                           .wi_1 = ix.wi1,
@@ -120,14 +123,15 @@ sim_status model_dense_layer_run(model_dev *md, mesh_tape *t, const model_batch 
                           .layer = l,
                           .intermediate = c->mlp_mid,
                           .out = A};
-    SIM_TRY(model_mlp(md, t, &mb, hs, &mlp));
+    SIM_TRY_GOTO(model_mlp(md, t, &mb, hs, &mlp), st, fail);
     md->ctx.layer = layer;
     /* the layer's tail: nothing reads it when remat recomputes the layer (model_mlp) */
     md->ctx.dead_outputs = md->recomputing;
-    sim_status st = residual(md, t, c, mlp, "mlp_lnx", &mlp);
-    if (st == SIM_OK) st = mesh_ad_add(t, h, mlp, "residual_mlp", &h);
-    if (st == SIM_OK && c->output_dropout) st = model_dropout(md, t, h, layer, &h);
-    if (st == SIM_OK) st = residual(md, t, c, h, "layer_output", y);
+    SIM_TRY_GOTO(residual(md, t, c, mlp, "mlp_lnx", &mlp), st, fail);
+    SIM_TRY_GOTO(mesh_ad_add(t, h, mlp, "residual_mlp", &h), st, fail);
+    if (c->output_dropout) SIM_TRY_GOTO(model_dropout(md, t, h, layer, &h), st, fail);
+    SIM_TRY_GOTO(residual(md, t, c, h, "layer_output", y), st, fail);
+fail: /* the context as the caller left it, on every path */
     md->ctx.dead_outputs = false;
     md->ctx.layer = saved_layer;
     return st;
