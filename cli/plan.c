@@ -577,15 +577,20 @@ static int add_reason(plan_ctx *P, const char *msg, const plan_cand *c, long lon
     return i;
 }
 
+/* Array a of n elements and room for *cap, with room for one more (doubling, from 256). */
+static void *grow(void *a, int *cap, int n, size_t elem)
+{
+    if (n < *cap) return a;
+    int c = *cap ? *cap * 2 : 256;
+    void *p = realloc(a, (size_t)c * elem);
+    SIM_ASSERT(p);
+    *cap = c;
+    return p;
+}
+
 static plan_cand *cand_new(plan_ctx *P)
 {
-    if (P->nc == P->cap) {
-        int cap = P->cap ? P->cap * 2 : 256;
-        plan_cand *c = realloc(P->c, (size_t)cap * sizeof *c);
-        SIM_ASSERT(c);
-        P->c = c;
-        P->cap = cap;
-    }
+    P->c = grow(P->c, &P->cap, P->nc, sizeof *P->c);
     plan_cand *c = &P->c[P->nc++];
     memset(c, 0, sizeof *c);
     c->dup_of = -1;
@@ -596,13 +601,7 @@ static plan_cand *cand_new(plan_ctx *P)
 static void add_drop(plan_ctx *P, const plan_words *w, plan_state state, const char *why, int same_as, double lb,
                      long long count)
 {
-    if (P->ndrops == P->capdrops) {
-        int cap = P->capdrops ? P->capdrops * 2 : 256;
-        plan_drop *d = realloc(P->drops, (size_t)cap * sizeof *d);
-        SIM_ASSERT(d);
-        P->drops = d;
-        P->capdrops = cap;
-    }
+    P->drops = grow(P->drops, &P->capdrops, P->ndrops, sizeof *P->drops);
     plan_drop *d = &P->drops[P->ndrops++];
     memset(d, 0, sizeof *d);
     char keys[PLAN_CW * PLAN_WORD];
