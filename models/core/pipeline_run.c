@@ -523,6 +523,20 @@ static void count_time(pipe_run *pr, int64_t i, uint64_t t0)
     if (model_pipe_is_bubble(pr->p, i, pr->stage)) m->pipe_bubble_ns += dt;
 }
 
+/* Opens the trace span of iteration i on stage s: "<what> i: bubble", or the microbatch and repeat
+ * the stage works on. */
+static int iteration_span(sim_device *d, const model_pipe *p, int64_t i, int64_t s, const char *what)
+{
+    char name[160];
+    int64_t micro, rep;
+    model_pipe_ids(p, i, s, &micro, &rep);
+    if (model_pipe_is_bubble(p, i, s)) snprintf(name, sizeof name, "%s %lld: bubble", what, (long long)i);
+    else
+        snprintf(name, sizeof name, "%s %lld: microbatch %lld repeat %lld", what, (long long)i, (long long)micro,
+                 (long long)rep);
+    return sim_span_begin(d, name);
+}
+
 static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
 {
     pipe_run *pr = e->payload;
@@ -559,14 +573,7 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
         /* ag_per_repeat: the remat of repeat r gathers its bsw[0] (repeat r-1's layer) again */
         if (pr->rep && i < RM && (i + 1) % M == 0 && i / M >= 1) st = rep_gather(pr, i / M - 1, true);
         if (st != SIM_OK) break;
-        char name[160];
-        int64_t micro, rep;
-        model_pipe_ids(p, i, s, &micro, &rep);
-        if (model_pipe_is_bubble(p, i, s)) snprintf(name, sizeof name, "pipeline backward %lld: bubble", (long long)i);
-        else
-            snprintf(name, sizeof name, "pipeline backward %lld: microbatch %lld repeat %lld", (long long)i,
-                     (long long)micro, (long long)rep);
-        int span = sim_span_begin(d, name);
+        int span = iteration_span(d, p, i, s, "pipeline backward");
         mesh_array g_out, g_in;
         st = slot_new(pr, "pipeline/output (grad)", SIM_MEM_TEMP, &g_out);
         /* shift: the transpose of the right shift/rotation is a left one */
@@ -658,14 +665,7 @@ static sim_status loop_forward(pipe_run *pr, const mesh_array *io_in, mesh_array
     }
     sim_status st = SIM_OK;
     for (int64_t i = 0; i < pr->iters && st == SIM_OK; i++) {
-        char name[160];
-        int64_t micro, rep;
-        model_pipe_ids(p, i, s, &micro, &rep);
-        if (model_pipe_is_bubble(p, i, s)) snprintf(name, sizeof name, "pipeline iteration %lld: bubble", (long long)i);
-        else
-            snprintf(name, sizeof name, "pipeline iteration %lld: microbatch %lld repeat %lld", (long long)i,
-                     (long long)micro, (long long)rep);
-        int span = sim_span_begin(d, name);
+        int span = iteration_span(d, p, i, s, "pipeline iteration");
         /* ag_per_repeat: the repeat's prefetch (bsw[1]) at its first iteration */
         if (pr->rep && i % M == 0 && i / M < p->repeats) st = rep_gather(pr, i / M, false);
         if (st != SIM_OK) {
