@@ -749,6 +749,20 @@ static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char
     return st;
 }
 
+/* Opens a checkpoint for reading; a .tmp file (a save that did not finish) is refused. */
+static sim_status ck_open(const char *path, int *fd)
+{
+    size_t plen = strlen(path);
+    if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s is the temporary file of a save that did not finish; it is never "
+                       "loaded: give the step_<n>.safetensors file",
+                       path);
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
+    return SIM_OK;
+}
+
 sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params, int n,
                                  bool opt_state, long long *step)
 {
@@ -759,14 +773,8 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
                 if (!params[i].slot[k] || !params[i].slot_name[k])
                     return sim_err(SIM_ERR_INTERNAL, "checkpoint load: '%s' has no storage for optimizer slot %d",
                                    params[i].def.path, k);
-    size_t plen = strlen(path);
-    if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
-        return sim_err(SIM_ERR_INPUT,
-                       "checkpoint %s is the temporary file of a save that did not finish; it is never "
-                       "loaded: give the step_<n>.safetensors file",
-                       path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
+    int fd;
+    SIM_TRY(ck_open(path, &fd));
     sim_status st = ck_load_checked(d, m, path, fd, params, n, opt_state, step);
     close(fd);
     return st;
@@ -776,14 +784,8 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
 
 sim_status model_checkpoint_step(const char *path, long long *step)
 {
-    size_t plen = strlen(path);
-    if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
-        return sim_err(SIM_ERR_INPUT,
-                       "checkpoint %s is the temporary file of a save that did not finish; it is never "
-                       "loaded: give the step_<n>.safetensors file",
-                       path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
+    int fd;
+    SIM_TRY(ck_open(path, &fd));
     cfg_json *root = NULL;
     uint64_t hlen, data_bytes;
     sim_status st = ck_read_header(fd, path, &root, &hlen, &data_bytes);
