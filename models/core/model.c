@@ -1110,6 +1110,19 @@ static void store_free(sim_device *dev, model_remat_store *s)
     free(s);
 }
 
+/* A new zeroed entry at the end of the store (growing it by doubling, from 16). */
+static remat_saved *store_push(model_remat_store *s)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 16;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
+        SIM_ASSERT(s->v);
+    }
+    remat_saved *r = &s->v[s->n++];
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
 sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name)
 {
     model_remat_store *s = md->remat;
@@ -1132,13 +1145,7 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
         }
         return SIM_OK;
     }
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 16;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
-        SIM_ASSERT(s->v);
-    }
-    remat_saved *r = &s->v[s->n++];
-    memset(r, 0, sizeof *r);
+    remat_saved *r = store_push(s);
     r->name = name;
     if (act == MODEL_CKPT_OFFLOAD) {
         r->offloaded = true;
@@ -1198,13 +1205,7 @@ void **model_checkpoint_region(model_dev *md, void (*blob_free)(void *))
         SIM_ASSERT(s->next < s->n && s->v[s->next].region);
         return &s->v[s->next++].blob;
     }
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 16;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
-        SIM_ASSERT(s->v);
-    }
-    remat_saved *r = &s->v[s->n++];
-    memset(r, 0, sizeof *r);
+    remat_saved *r = store_push(s);
     r->region = true;
     r->blob_free = blob_free;
     return &r->blob;
