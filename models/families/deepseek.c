@@ -328,22 +328,13 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
 
 /* ------------------------------------------------------------ parameters */
 
+/* A parameter whose scan dim is its dim 1 when that dim is a layer stack (dense_layers, moe_layers). */
 static void add(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
                 model_init_kind init, double scale)
 {
-    SIM_ASSERT(m->nparams < MODEL_MAX_PARAMS);
-    model_param_def *d = &m->defs[m->nparams++];
-    memset(d, 0, sizeof *d);
-    snprintf(d->path, sizeof d->path, "%s", path);
-    d->rank = rank;
-    for (int i = 0; i < rank; i++) {
-        d->shape[i] = shape[i];
-        d->logical[i] = logical[i];
-    }
-    d->scan_dim =
+    int scan =
         rank > 1 && logical[1] && (!strcmp(logical[1], "dense_layers") || !strcmp(logical[1], "moe_layers")) ? 1 : -1;
-    d->init = init;
-    d->scale = scale;
+    model_add_param(m, path, rank, shape, logical, scan, init, scale);
 }
 
 static double fan_in(int64_t n) { return 1.0 / sqrt((double)n); }
