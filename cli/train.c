@@ -372,7 +372,7 @@ static void config_box(FILE *out, const cli_model *cm, long long steps)
     char dtypes[128];
     snprintf(dtypes, sizeof dtypes, "activations %s, weights %s (bytes; math in float32)", sim_dtype_name(d->act_dtype),
              sim_dtype_name(d->weight_dtype));
-    char xla[384];
+    char xla[512];
     model_xla_rules_text(&d->xla, xla, sizeof xla);
     cli_kv rows[] = {
         {"model", d->model_name},
@@ -443,7 +443,7 @@ static sim_status write_artifacts(const cli_model *cm, int argc, char **argv, co
 {
     const model_def *def = cm->def;
     int nd = sim_machine_num_devices(m);
-    char xla[384];
+    char xla[512];
     cli_run_info info = {"train",
                          argc,
                          (const char *const *)argv,

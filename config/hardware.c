@@ -163,6 +163,11 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
         st = choice_key(cfg, path, "newton_schulz_operand_gathers", "once", "per_product",
                         "once (one gather of X serves X X^T and B X) or per_product", &rules->ns_gather_once);
     if (!st)
+        st = choice_key(cfg, path, "muon_update_buffers", "stacked", "per_leaf",
+                        "stacked (every Muon leaf's float32 estimate formed before the first Newton-Schulz and "
+                        "held until its update, with each step's product B X) or per_leaf (one leaf at a time)",
+                        &rules->muon_stacked);
+    if (!st)
         st = count_key(cfg, path, "windowed_einsum_min_group", 1 << 20,
                        "the smallest group (0: never) whose weight products the compiler windows",
                        &rules->windowed_min_group);

@@ -24,6 +24,9 @@ typedef struct {
     bool ns_gather_bf16;        /* newton_schulz_gather_dtype: bfloat16 -- float32 Newton-Schulz operands cast
                                  before their gathers (with a one-pass matmul_precision) */
     bool ns_gather_once;        /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X */
+    bool muon_stacked;          /* muon_update_buffers: stacked -- every Muon leaf's float32 momentum estimate is
+                                 formed (its gradient's last read) before the first Newton-Schulz and held until
+                                 the leaf's update, and each step's float32 product B X is held until then too */
     int windowed_min_group;     /* windowed_einsum_min_group: weight products over groups at least this large
                                  run as windowed einsums (0: never) */
     int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a

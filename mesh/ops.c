@@ -991,6 +991,9 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
                 bk_einsum_out_direct(sub, sa.arr.rank, sa.arr.local, sb.arr.rank, sb.arr.local);
     if (fused) *fused = into;
     if (into) st = mesh_array_new_ghost(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
+    else if (ctx->out_counted)
+        st = mesh_array_new_as(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, *ctx->out_counted,
+                               out_cat, false, out);
     else st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
     if (st != SIM_OK) goto done;
     if (into && acc->data && sa.arr.data && sb.arr.data) /* beta = 1: sgemm adds the product to acc */

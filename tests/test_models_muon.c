@@ -259,7 +259,7 @@ static sim_status leaf_device(sim_device *dev, void *arg)
     if (j->in) mesh_array_load_global(dev, j->mesh, &x, j->in);
     mesh_ctx c = {.dev = dev, .mesh = j->mesh, .mode = MESH_MODE_EXPLICIT, .drop_size_one = true, .layer = ""};
     sim_device_set_phase(dev, SIM_PHASE_OPTIMIZER);
-    SIM_TRY(model_muon_orthogonalize(&c, &j->dims, 1e-8, "leaf", NULL, false, &x));
+    SIM_TRY(model_muon_orthogonalize(&c, &j->dims, 1e-8, "leaf", NULL, false, false, &x));
     if (!mesh_spec_equal(&x.spec, &s)) return sim_err(SIM_ERR_CHECK, "the leaf changed its spec");
     if (j->in) SIM_TRY(mesh_array_store_global(dev, j->mesh, &x, j->out));
     mesh_array_free(dev, &x);

@@ -73,7 +73,19 @@
  * gathers the table).  A vocabulary of 8 makes the devices' tokens repeat
  * ids, so the table gradient's rows sum several devices' rows: one
  * scatter-add of all the gathered rows in a row (not member by member, then
- * the members' sums) fails the bit check. */
+ * the members' sums) fails the bit check.
+ *
+ * Muon's update: XLA:TPU forms every Muon stack's float32 estimate before the
+ * first Newton-Schulz step and holds it until the stack's update, the
+ * gradients dead from then on, and holds each step's product B X and the
+ * normalised estimate for the update, the stacks in optax's tree order
+ * (muon_update_buffers: stacked).  The tiny Llama widened to emb 64, MLP 256,
+ * 8 layers, vocabulary 8 on fsdp=4, 2 steps: under v5p the device's total
+ * peaks at mlp.wi_0's fifth step (first in tree order), holding every other
+ * stack's estimate, wi_0's iterate, its estimate and five products, the fifth
+ * product, the step's bfloat16 gathers of X and A, and the AdamW leaves'
+ * gradients alone, each from the shapes by hand; without a profile every
+ * gradient is held at the peak; the losses are the same bits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -410,6 +422,9 @@ static void test_bad_rules(void **state)
     assert_int_equal(load_changed("psum_scatter_max_group:", "psum_scatter_max_group: 4", msg, sizeof msg), SIM_OK);
     assert_int_equal(load_changed("embedding_lookup:", "embedding_lookup: rows", msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "gather_table"));
+    assert_int_equal(load_changed("muon_update_buffers:", "muon_update_buffers: all", msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "muon_update_buffers"));
+    assert_non_null(strstr(msg, "per_leaf"));
 }
 
 typedef struct {
@@ -495,6 +510,62 @@ static void test_embedding_lookup(void **state)
     }
 }
 
+typedef struct {
+    double loss[2];
+    uint64_t temp, grads; /* device 0's SIM_MEM_TEMP and SIM_MEM_GRADS when its total peaked */
+} muon_peak;
+
+static void run_muon_peak(const char *profile, muon_peak *f)
+{
+    char hp[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    const char *words[] = {"dtype=bfloat16",
+                           "opt_type=muon",
+                           "ici_fsdp_parallelism=4",
+                           "base_emb_dim=64",
+                           "base_mlp_dim=256",
+                           "head_dim=32",
+                           "base_num_decoder_layers=8",
+                           "vocab_size=8",
+                           hp};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 4, words, profile ? 9 : 8, NDEV, 2);
+    model_run_train(&r, false);
+    f->loss[0] = r.job.stats[0].loss;
+    f->loss[1] = r.job.stats[1].loss;
+    sim_arena_stats st;
+    sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
+    f->temp = st.at_peak_by[SIM_MEM_TEMP];
+    f->grads = st.at_peak_by[SIM_MEM_GRADS];
+    model_run_close(&r);
+}
+
+static void test_muon_update_buffers(void **state)
+{
+    (void)state;
+    muon_peak tpu, cpu;
+    run_muon_peak("v5p", &tpu);
+    run_muon_peak(NULL, &cpu);
+    /* by hand, float32 shards on fsdp=4 (emb 64, 2 heads of 32, MLP 256, 8 layers, vocabulary 8): each MLP
+     * stack [64, 8, 256] split on emb holds 16 x 8 x 256 elements, each attention stack 64 x 8 x 2 x 32 / 4 */
+    const uint64_t mlp = 16 * 8 * 256 * 4, attn = 64 * 8 * 2 * 32 / 4 * 4, muon = 3 * mlp + 4 * attn;
+    /* the AdamW leaves' gradients: the table [8, 64] and logits [64, 8] split on emb, 8 layers' two norm
+     * scales of 64 and the final one (MaxText's norm rule: not split by fsdp) */
+    const uint64_t adamw = (8 * 16 + 16 * 8 + 2 * 8 * 64 + 64) * 4;
+    /* v5p: the peak is mlp.wi_0's last Newton-Schulz step (first in optax's tree order), just after its fifth
+     * product B X is held: every other Muon stack's estimate, wi_0's iterate, its held estimate and five
+     * products, the product itself, and the step's gathers in bfloat16 (X over emb: 64 x 8 x 256; A = X X^T
+     * for A A: 8 x 64 x 64); the Muon stacks' gradients are dead */
+    const uint64_t gathers = (64 * 8 * 256 + 8 * 64 * 64) * 2;
+    assert_int_equal(tpu.temp, (muon - mlp) + mlp + 6 * mlp + mlp + gathers);
+    assert_int_equal(tpu.grads, adamw);
+    /* no profile: one leaf at a time, every gradient held through the update */
+    assert_int_equal(cpu.grads, adamw + muon);
+    assert_true(cpu.temp < tpu.temp);
+    /* counted only: the same bits */
+    assert_true(tpu.loss[0] == cpu.loss[0] && tpu.loss[1] == cpu.loss[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -502,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_copies), cmocka_unit_test(test_newton_schulz_gathers),
         cmocka_unit_test(test_windowed_einsums),    cmocka_unit_test(test_psum_scatter),
         cmocka_unit_test(test_bad_rules),           cmocka_unit_test(test_embedding_lookup),
+        cmocka_unit_test(test_muon_update_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,6 +79,7 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
     }
     if (r->ns_gather_bf16) n = add_rule(buf, cap, n, "bfloat16 Newton-Schulz gathers");
     if (r->ns_gather_once) n = add_rule(buf, cap, n, "one Newton-Schulz gather per operand and step");
+    if (r->muon_stacked) n = add_rule(buf, cap, n, "Muon's estimates and Newton-Schulz products held stacked");
     if (r->windowed_min_group) {
         snprintf(t, sizeof t, "windowed einsums over >= %d devices", r->windowed_min_group);
         n = add_rule(buf, cap, n, t);

@@ -67,6 +67,7 @@ sim_status model_muon_from_config(const cfg_config *cfg, model_muon_cfg *c)
     SIM_TRY(model_hw_xla_rules(cfg, SIM_BF16, SIM_F32, &xla));
     c->ns_gather_bf16 = xla.ns_gather_bf16;
     c->ns_gather_once = xla.ns_gather_once;
+    c->stacked = xla.muon_stacked;
     long long ici_pp, dcn_pp;
     SIM_TRY(cfg_get_int(cfg, "ici_pipeline_parallelism", &ici_pp));
     SIM_TRY(cfg_get_int(cfg, "dcn_pipeline_parallelism", &dcn_pp));
@@ -330,8 +331,17 @@ static void divide_by_norm(mesh_array *x, const mesh_array *nrm, const bool *bat
     }
 }
 
+/* Every device holds all of a (no dim split, no partial sums). */
+static bool whole(const mesh_array *a)
+{
+    if (a->spec.partial) return false;
+    for (int d = 0; d < a->rank; d++)
+        if (a->spec.n_axes[d] > 0) return false;
+    return true;
+}
+
 sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *dims, double eps, const char *path,
-                                    const sim_dtype *gather, bool once, mesh_array *x)
+                                    const sim_dtype *gather, bool once, bool hold_products, mesh_array *x)
 {
     mesh_ctx c = *ctx;
     c.mode = MESH_MODE_AUTO; /* optax's update carries no sharding annotations: the partitioner places it */
@@ -385,6 +395,8 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
     mesh_spec keep = x->spec;
     sim_status st = SIM_OK;
     mesh_array sq = {0}, nrm = {0}, a = {0}, aa = {0}, bm = {0}, bx = {0}, nx = {0};
+    sim_arena *arena = sim_device_arena(c.dev);
+    size_t held = 0; /* hold_products: the steps' products B X counted until the update (counted only) */
     /* Frobenius normalisation: the sum over the matrix dims all-reduces what they shard */
     st = mesh_mul(&c, x, x, "ns_sq", &sq);
     if (st == SIM_OK) st = mesh_reduce_sum(&c, &sq, nmat, mat, NULL, "ns_norm", &nrm);
@@ -395,6 +407,11 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
     }
     if (st == SIM_OK) divide_by_norm(x, &nrm, batch, (float)eps);
     mesh_array_free(c.dev, &nrm);
+    if (st == SIM_OK && hold_products) { /* the normalised estimate X0 too: the update's chain starts there */
+        size_t b = x->nlocal * sim_dtype_size(x->counted);
+        st = sim_arena_charge(arena, b, SIM_MEM_TEMP, "Newton-Schulz estimate held for the update");
+        if (st == SIM_OK) held += b;
+    }
     for (int step = 0; st == SIM_OK && step < MODEL_MUON_NS_STEPS; step++) {
         /* once: one gather of X serves X X^T and B X (XLA:TPU's compile of optax's Muon on llama2-7b,
          * fsdp=8: one all-gather of each MLP stack per step, tests/data/xla/tpu.json); XLA:CPU gathers X
@@ -406,11 +423,20 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
             full.partial = 0;
             st = mesh_with_sharding_constraint(&c, &a, &full, "ns_gram");
         }
+        /* stacked: where A is whole on every device, XLA:TPU writes B = b A + c A A in the dtype of the one
+         * pass that reads it (muon_update_buffers in configs/hardware/v5p.yml); counted only */
+        c.out_counted = st == SIM_OK && hold_products && gather && whole(&a) ? gather : NULL;
         if (st == SIM_OK) st = mesh_einsum(&c, s_sq, &a, &a, NULL, "ns_gram_sq", SIM_MEM_TEMP, &aa, NULL);
+        c.out_counted = NULL;
         if (st == SIM_OK) st = axpby(&c, (float)NS_B, &a, (float)NS_C, &aa, "ns_poly", &bm); /* b A + c A A */
         mesh_array_free(c.dev, &a);
         if (st == SIM_OK) st = mesh_einsum(&c, s_bx, &bm, x, NULL, "ns_bx", SIM_MEM_TEMP, &bx, NULL);
         mesh_array_free(c.dev, &bm);
+        if (st == SIM_OK && hold_products) {
+            size_t b = bx.nlocal * sim_dtype_size(bx.counted);
+            st = sim_arena_charge(arena, b, SIM_MEM_TEMP, "Newton-Schulz product held for the update");
+            if (st == SIM_OK) held += b;
+        }
         if (c.cache) mesh_reshard_cache_free(c.cache);
         c.cache = NULL;
         if (st == SIM_OK) st = axpby(&c, (float)NS_A, x, 1.0f, &bx, "ns_step", &nx); /* a X + B X */
@@ -423,6 +449,7 @@ sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *
     /* back to the weight's sharding for the elementwise update */
     if (st == SIM_OK && (x->spec.partial || !mesh_spec_equal(&x->spec, &keep)))
         st = mesh_with_sharding_constraint(&c, x, &keep, "ns_out");
+    if (held) sim_arena_discharge(arena, held, SIM_MEM_TEMP);
     return st;
 }
 
@@ -502,11 +529,107 @@ static sim_status check_layer(const model_param *p, int l, bool need_nu)
     return SIM_OK;
 }
 
+/* Leaf p's momentum step and Nesterov estimate, stacked into the float32 temporary x (the leaf's
+ * shard, layer dim unsplit): the gradient's last read. */
+static sim_status muon_estimate(mesh_ctx *ctx, const model_muon_cfg *mc, const nadam_job *base, long long s,
+                                model_param *pp, mesh_array *x)
+{
+    const double t = (double)(s + 1); /* optax's count after the increment */
+    nadam_job J = *base;
+    const double beta = mc->beta;
+    J.b1 = (float)beta, J.omb1 = (float)(1.0 - beta);
+    J.bc1 = (float)(1.0 - pow(beta, t)), J.bc1n = (float)(1.0 - pow(beta, t + 1));
+    int sd = pp->def.scan_dim;
+    if (sd >= 0 && pp->spec.n_axes[sd] > 0)
+        return sim_err(SIM_ERR_INPUT,
+                       "opt_type=muon: '%s' has its layer dim sharded (pipelining); Muon needs the "
+                       "[dim0, layers, ...] layout unsplit",
+                       pp->def.path);
+    SIM_TRY(mesh_array_new_raw(ctx->dev, ctx->mesh, pp->def.path, pp->def.rank, pp->def.shape, &pp->spec, SIM_F32,
+                               SIM_MEM_TEMP, x));
+    float *tmp = NULL;
+    for (int l = 0; l < pp->n_layers; l++) {
+        if (!pp->w[l].data) continue;
+        if (sd < 0) { /* not stacked: the leaf is the layer */
+            J.out = x->data;
+        } else {
+            if (!tmp) tmp = malloc(pp->w[l].nlocal * sizeof(float));
+            if (!tmp) {
+                mesh_array_free(ctx->dev, x);
+                return sim_err(SIM_ERR_INTERNAL, "muon: out of host memory");
+            }
+            J.out = tmp;
+        }
+        J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->slot[0][l].data, J.nu = NULL;
+        bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, nadam_chunk, &J);
+        if (sd >= 0) {
+            mesh_array tl = pp->w[l];
+            tl.data = tmp;
+            layer_copy(x, &tl, sd, l, pp->n_layers, true);
+        }
+    }
+    free(tmp);
+    return SIM_OK;
+}
+
+/* Leaf p's orthogonalization of its estimate x and the parameter update; frees x. */
+static sim_status muon_finish(mesh_ctx *ctx, const model_muon_cfg *mc, const model_optim_cfg *o,
+                              const model_muon_dims *dims, float neg_lr, model_param *pp, mesh_array *x)
+{
+    static const sim_dtype bf16 = SIM_BF16;
+    const int sd = pp->def.scan_dim;
+    sim_status st = model_muon_orthogonalize(ctx, dims, o->eps, pp->def.path, mc->ns_gather_bf16 ? &bf16 : NULL,
+                                             mc->ns_gather_once, mc->stacked, x);
+    apply_job A = {NULL, NULL, model_muon_scale(mc, &pp->def, dims), (float)mc->weight_decay, neg_lr};
+    float *tmp = NULL;
+    for (int l = 0; st == SIM_OK && l < pp->n_layers; l++) {
+        if (!pp->w[l].data) continue;
+        const float *upd = x->data;
+        if (sd >= 0) {
+            if (!tmp) tmp = malloc(pp->w[l].nlocal * sizeof(float));
+            if (!tmp) {
+                st = sim_err(SIM_ERR_INTERNAL, "muon: out of host memory");
+                break;
+            }
+            mesh_array tl = pp->w[l];
+            tl.data = tmp;
+            layer_copy(x, &tl, sd, l, pp->n_layers, false);
+            upd = tmp;
+        }
+        A.x = pp->w[l].data, A.o = upd;
+        bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, apply_chunk, &A);
+    }
+    free(tmp);
+    mesh_array_free(ctx->dev, x);
+    return st;
+}
+
+/* optax's order of the leaves: jax flattens a dict in sorted key order, so the paths compare segment by
+ * segment ("params.decoder.layers.mlp.wi_0" before "params.decoder.layers.self_attention.key"). */
+static int tree_cmp(const char *a, const char *b)
+{
+    for (;;) {
+        size_t la = strcspn(a, "."), lb = strcspn(b, ".");
+        int c = strncmp(a, b, la < lb ? la : lb);
+        if (c) return c;
+        if (la != lb) return la < lb ? -1 : 1;
+        if (!a[la] || !b[lb]) return a[la] ? 1 : b[lb] ? -1 : 0;
+        a += la + 1, b += lb + 1;
+    }
+}
+
+/* A leaf's gradient bytes as the arena counts them. */
+static size_t grad_bytes(const model_param *pp)
+{
+    size_t n = 0;
+    for (int l = 0; l < pp->n_layers; l++) n += pp->g[l].nlocal * sim_dtype_size(pp->g[l].counted);
+    return n;
+}
+
 sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_muon_dims *all_dims,
                              model_param *params, int n, long long s, double grad_norm)
 {
     if (s < 0) return sim_err(SIM_ERR_INTERNAL, "optimizer step %lld: counts from 0", s);
-    sim_device *dev = ctx->dev;
     const model_muon_cfg *mc = model_muon_cfg_of(o);
     const bool clip = model_clip_applies(o, grad_norm);
     const double t = (double)(s + 1); /* optax's count after the increment */
@@ -520,70 +643,64 @@ sim_status model_muon_update(mesh_ctx *ctx, const model_optim_cfg *o, const mode
         const model_muon_dims dims = all_dims[p];
         if (pp->def.state_var) continue; /* not trained (MaxText's MoEBiasVar is no optax leaf) */
         for (int l = 0; l < pp->n_layers; l++) SIM_TRY(check_layer(pp, l, !dims.muon));
-        nadam_job J = base;
-        if (!dims.muon) { /* the AdamW branch: optax.adamw(nesterov=True) */
-            J.b1 = (float)o->b1, J.b2 = (float)o->b2, J.omb1 = (float)(1.0 - o->b1), J.omb2 = (float)(1.0 - o->b2);
-            J.bc1 = (float)(1.0 - pow(o->b1, t)), J.bc1n = (float)(1.0 - pow(o->b1, t + 1));
-            J.bc2 = (float)(1.0 - pow(o->b2, t));
-            J.eps = (float)o->eps, J.eps_root = (float)o->eps_root, J.wd = (float)o->weight_decay;
-            for (int l = 0; l < pp->n_layers; l++) {
-                if (!pp->w[l].data) continue; /* dry run */
-                J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->slot[0][l].data, J.nu = pp->slot[1][l].data;
-                bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, nadam_chunk, &J);
-            }
-            continue;
-        }
-        /* Muon: momentum and its Nesterov estimate, stacked into one leaf */
-        const double beta = mc->beta;
-        J.b1 = (float)beta, J.omb1 = (float)(1.0 - beta);
-        J.bc1 = (float)(1.0 - pow(beta, t)), J.bc1n = (float)(1.0 - pow(beta, t + 1));
-        int sd = pp->def.scan_dim;
-        if (sd >= 0 && pp->spec.n_axes[sd] > 0)
-            return sim_err(SIM_ERR_INPUT,
-                           "opt_type=muon: '%s' has its layer dim sharded (pipelining); Muon needs the "
-                           "[dim0, layers, ...] layout unsplit",
-                           pp->def.path);
-        mesh_array x;
-        SIM_TRY(mesh_array_new_raw(dev, ctx->mesh, pp->def.path, pp->def.rank, pp->def.shape, &pp->spec, SIM_F32,
-                                   SIM_MEM_TEMP, &x));
-        float *tmp = NULL;
+        if (dims.muon) continue;
+        nadam_job J = base; /* the AdamW branch: optax.adamw(nesterov=True) */
+        J.b1 = (float)o->b1, J.b2 = (float)o->b2, J.omb1 = (float)(1.0 - o->b1), J.omb2 = (float)(1.0 - o->b2);
+        J.bc1 = (float)(1.0 - pow(o->b1, t)), J.bc1n = (float)(1.0 - pow(o->b1, t + 1));
+        J.bc2 = (float)(1.0 - pow(o->b2, t));
+        J.eps = (float)o->eps, J.eps_root = (float)o->eps_root, J.wd = (float)o->weight_decay;
         for (int l = 0; l < pp->n_layers; l++) {
-            if (!pp->w[l].data) continue;
-            if (sd < 0) { /* not stacked: the leaf is the layer */
-                J.out = x.data;
-            } else {
-                if (!tmp) tmp = malloc(pp->w[l].nlocal * sizeof(float));
-                J.out = tmp;
-            }
-            J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->slot[0][l].data, J.nu = NULL;
+            if (!pp->w[l].data) continue; /* dry run */
+            J.x = pp->w[l].data, J.g = pp->g[l].data, J.mu = pp->slot[0][l].data, J.nu = pp->slot[1][l].data;
             bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, nadam_chunk, &J);
-            if (sd >= 0) {
-                mesh_array tl = pp->w[l];
-                tl.data = tmp;
-                layer_copy(&x, &tl, sd, l, pp->n_layers, true);
-            }
         }
-        static const sim_dtype bf16 = SIM_BF16;
-        sim_status st = model_muon_orthogonalize(ctx, &dims, o->eps, pp->def.path, mc->ns_gather_bf16 ? &bf16 : NULL,
-                                                 mc->ns_gather_once, &x);
-        apply_job A = {NULL, NULL, model_muon_scale(mc, &pp->def, &dims), (float)mc->weight_decay, base.neg_lr};
-        for (int l = 0; st == SIM_OK && l < pp->n_layers; l++) {
-            if (!pp->w[l].data) continue;
-            const float *upd = x.data;
-            if (sd >= 0) {
-                mesh_array tl = pp->w[l];
-                tl.data = tmp;
-                layer_copy(&x, &tl, sd, l, pp->n_layers, false);
-                upd = tmp;
-            }
-            A.x = pp->w[l].data, A.o = upd;
-            bk_parallel_for((int64_t)pp->w[l].nlocal, 1 << 15, apply_chunk, &A);
-        }
-        free(tmp);
-        mesh_array_free(dev, &x);
-        SIM_TRY(st);
     }
-    return SIM_OK;
+    if (!mc->stacked) { /* one leaf at a time: estimate, orthogonalize, update */
+        for (int p = 0; p < n; p++) {
+            if (params[p].def.state_var || !all_dims[p].muon) continue;
+            mesh_array x;
+            SIM_TRY(muon_estimate(ctx, mc, &base, s, &params[p], &x));
+            SIM_TRY(muon_finish(ctx, mc, o, &all_dims[p], base.neg_lr, &params[p], &x));
+        }
+        return SIM_OK;
+    }
+    /* stacked: every leaf's estimate first, each gradient then dead (counted out until the step ends: the
+     * simulator keeps the storage), then each leaf's Newton-Schulz and update (muon_update_buffers) */
+    sim_arena *arena = sim_device_arena(ctx->dev);
+    mesh_array *xs = calloc((size_t)(n > 0 ? n : 1), sizeof *xs);
+    if (!xs) return sim_err(SIM_ERR_INTERNAL, "muon: out of host memory");
+    size_t released = 0;
+    sim_status st = SIM_OK;
+    for (int p = 0; st == SIM_OK && p < n; p++) {
+        if (params[p].def.state_var || !all_dims[p].muon) continue;
+        st = muon_estimate(ctx, mc, &base, s, &params[p], &xs[p]);
+        if (st == SIM_OK) {
+            size_t g = grad_bytes(&params[p]);
+            sim_arena_discharge(arena, g, SIM_MEM_GRADS);
+            released += g;
+        }
+    }
+    /* then the leaves in optax's tree order (llama2-7b on v6e-8: the MLP stacks before attention's) */
+    bool *done = calloc((size_t)(n > 0 ? n : 1), sizeof *done);
+    if (!done && st == SIM_OK) st = sim_err(SIM_ERR_INTERNAL, "muon: out of host memory");
+    for (int k = 0; st == SIM_OK && k < n; k++) {
+        int p = -1;
+        for (int q = 0; q < n; q++)
+            if (!done[q] && !params[q].def.state_var && all_dims[q].muon &&
+                (p < 0 || tree_cmp(params[q].def.path, params[p].def.path) < 0))
+                p = q;
+        if (p < 0) break;
+        done[p] = true;
+        st = muon_finish(ctx, mc, o, &all_dims[p], base.neg_lr, &params[p], &xs[p]);
+    }
+    free(done);
+    for (int p = 0; p < n; p++) mesh_array_free(ctx->dev, &xs[p]);
+    free(xs);
+    if (released) { /* the gradients' storage is the simulator's from step to step */
+        sim_status c = sim_arena_charge(arena, released, SIM_MEM_GRADS, "gradients");
+        if (st == SIM_OK) st = c;
+    }
+    return st;
 }
 
 /* ---------------------------------------------------------------- the table's row */

@@ -85,6 +85,7 @@ typedef struct {
     model_muon_rules rules; /* configs/muon.yml */
     bool ns_gather_bf16;    /* Newton-Schulz operands gathered in bfloat16 (cfg_xla_rules) */
     bool ns_gather_once;    /* one gather of X serves X X^T and B X (cfg_xla_rules) */
+    bool stacked;           /* muon_update_buffers: stacked (cfg_xla_rules.muon_stacked) */
 } model_muon_cfg;
 
 /* Reads the muon_* keys and the rules, and refuses what MaxText does not
@@ -119,9 +120,12 @@ float model_muon_scale(const model_muon_cfg *c, const model_param_def *def, cons
  * tagged "optimizer/<path>/ns".  x keeps its spec.  gather: the dtype
  * operands are gathered in (NULL: as computed, float32); once: within a step
  * one gather of an operand serves every product that reads it (a compiler's
- * CSE: X for X X^T and for B X), else each product gathers its own. */
+ * CSE: X for X X^T and for B X), else each product gathers its own.
+ * hold_products: each step's product B X stays counted (float32, X's shard)
+ * until the orthogonalization returns, as XLA:TPU holds them for the update
+ * (muon_update_buffers: stacked); counted only. */
 sim_status model_muon_orthogonalize(const mesh_ctx *ctx, const model_muon_dims *dims, double eps, const char *path,
-                                    const sim_dtype *gather, bool once, mesh_array *x);
+                                    const sim_dtype *gather, bool once, bool hold_products, mesh_array *x);
 
 /* One optimizer update of every parameter of this device (opt_type=muon):
  * Muon leaves as above (the NS collectives in phase optimizer), AdamW leaves
