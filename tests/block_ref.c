@@ -132,3 +132,18 @@ void ref_mlp_fwd(const ref_mlp *m, int64_t N, const double *x, double *y)
     }
     free(h);
 }
+
+void ref_dense_layer_fwd(const ref_dense_layer *L, int64_t B, int64_t T, const double *x, double *y)
+{
+    int64_t n = B * T * L->a.E;
+    double *t = malloc((size_t)n * sizeof *t), *u = malloc((size_t)n * sizeof *u);
+    SIM_ASSERT(t && u);
+    ref_rmsnorm(B * T, L->a.E, x, L->ln1, L->eps, t);
+    ref_attention_fwd(&L->a, B, T, t, u);
+    for (int64_t i = 0; i < n; i++) u[i] += x[i]; /* h */
+    ref_rmsnorm(B * T, L->a.E, u, L->ln2, L->eps, t);
+    ref_mlp_fwd(&L->m, B * T, t, y);
+    for (int64_t i = 0; i < n; i++) y[i] += u[i];
+    free(t);
+    free(u);
+}

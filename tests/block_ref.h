@@ -46,4 +46,14 @@ typedef struct {
 } ref_mlp;
 void ref_mlp_fwd(const ref_mlp *m, int64_t N, const double *x, double *y);
 
+/* The pre-norm dense decoder layer (LlamaDecoderLayer, Qwen3DecoderLayer):
+ * h = x + attention(rmsnorm(x, ln1)), y = h + mlp(rmsnorm(h, ln2)). */
+typedef struct {
+    ref_attention a;
+    ref_mlp m;
+    const float *ln1, *ln2; /* (E) */
+    double eps;
+} ref_dense_layer;
+void ref_dense_layer_fwd(const ref_dense_layer *L, int64_t B, int64_t T, const double *x, double *y);
+
 #endif
