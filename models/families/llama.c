@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "models/blocks/attention.h"
 #include "models/blocks/dense_layer.h"
 #include "models/core/model.h"
 
@@ -33,14 +34,9 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
 static sim_status llama_define(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
-    const char *at, *rt;
-    SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
+    const char *rt;
+    SIM_TRY(model_attention_global_only(cfg, "llama2", "models/llama2.py LlamaDecoderLayer"));
     SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
-    if (at && strcmp(at, "global"))
-        return sim_err(SIM_ERR_INPUT,
-                       "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
-                       "(mla needs decoder_block=deepseek)",
-                       at);
     if (rt && strcmp(rt, "default") && !d->rope_llama31)
         return sim_err(SIM_ERR_INPUT,
                        "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default or "

@@ -24,6 +24,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "models/blocks/attention.h"
 #include "models/blocks/dense_layer.h"
 #include "models/core/model.h"
 
@@ -52,11 +53,8 @@ static sim_status qwen3_layer(model_dev *md, mesh_tape *t, const model_batch *b,
 static sim_status qwen3_define(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
-    const char *at, *rt;
-    SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
-    if (at && strcmp(at, "global"))
-        return model_cfg_unsupported(
-            cfg, "attention_type", "decoder_block=qwen3 is simulated with global attention; use attention_type=global");
+    const char *rt;
+    SIM_TRY(model_attention_global_only(cfg, "qwen3", "models/qwen3.py Qwen3DecoderLayer"));
     SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
     if ((rt && strcmp(rt, "default")) || d->rope_llama31)
         return model_cfg_unsupported(cfg, "rope_type",
