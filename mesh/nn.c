@@ -22,6 +22,7 @@
 #include "blas_kernels/bk_xent.h"
 #include "config/release.h"
 #include "mesh/ops.h"
+#include "mesh/replay.h"
 #include "mesh/reshard.h"
 
 /* ------------------------------------------------------------ helpers */
@@ -558,10 +559,22 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     set_dim(&ls, 2, &qs, 1);
     SIM_TRY(mesh_array_new(c->dev, c->mesh, dot ? "attention/probs" : "attention/lse", dot ? 4 : 3, lshape, &ls,
                            SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
-    if (qa.data) {
+    /* remat's recomputation: the forward's output and statistics (mesh/replay.h) */
+    const mesh_spec placed[3] = {qa.spec, ka.spec, va.spec};
+    bool replayed = false;
+    if (mesh_replay_using(c->replay)) {
+        replayed = mesh_replay_take(c->replay, tag, &(*out)->val, placed, 3);
+        /* the statistics follow their output (both kept, or the path left at the first) */
+        if (!mesh_replay_take(c->replay, tag, &lse, placed, 3)) replayed = false;
+    }
+    if (!replayed && qa.data) {
         bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap, window);
         if (dot) bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
         else bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
+    }
+    if (mesh_replay_saving(c->replay)) {
+        mesh_replay_put(c->replay, tag, &(*out)->val, placed, 3);
+        mesh_replay_put(c->replay, tag, &lse, placed, 3);
     }
     /* the splash block count is a causal grid's: with a window the FLOPs stand */
     const mesh_nn_splash *sp = dot || window > 0 ? NULL : splash;

@@ -26,6 +26,7 @@
 #include "blas_kernels/bk_parallel.h"
 #include "config/release.h"
 #include "mesh/planmemo.h"
+#include "mesh/replay.h"
 #include "sim/arena.h"
 
 /* ======================================================================== */
@@ -1000,10 +1001,17 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
                                out_cat, false, out);
     else st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
     if (st != SIM_OK) goto done;
+    /* remat's recomputation takes the forward's product where it runs the same product the same way
+     * (mesh/replay.h); a "dead" one too: an offloaded tensor's recomputed twin is read in its stead */
+    mesh_spec ran[5];
+    if (ctx->replay) ran[0] = p->from[0], ran[1] = p->from[1], ran[2] = p->to[0], ran[3] = p->to[1], ran[4] = p->out;
+    bool replayed = false;
+    if (!into && mesh_replay_using(ctx->replay)) replayed = mesh_replay_take(ctx->replay, tag, out, ran, 5);
     if (into && acc->data && sa.arr.data && sb.arr.data) /* beta = 1: sgemm adds the product to acc */
         bk_einsum(sub, acc->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 1.0f);
-    else if (!into && out->data && sa.arr.data && sb.arr.data)
+    else if (!into && !replayed && out->data && sa.arr.data && sb.arr.data)
         bk_einsum(sub, out->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 0.0f);
+    if (!into && mesh_replay_saving(ctx->replay)) mesh_replay_put(ctx->replay, tag, out, ran, 5);
     einsum_cost(ctx, sub, &sa.arr, &sb.arr, out, a->cat == SIM_MEM_PARAMS, b->cat == SIM_MEM_PARAMS, tag);
     if (info) {
         memset(info, 0, sizeof *info);
