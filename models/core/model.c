@@ -34,6 +34,14 @@ sim_status model_cfg_bool(const cfg_config *cfg, const char *key, bool *out)
     return SIM_OK;
 }
 
+int model_depth_words(const model_family *f, int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap)
+{
+    if (f->depth_words) return f->depth_words(first, rest, words, cap);
+    if (cap < 1) return 0;
+    snprintf(words[0], MODEL_WORD_MAX, "base_num_decoder_layers=%lld", (long long)(first + rest));
+    return 1;
+}
+
 sim_status model_cfg_unsupported(const cfg_config *cfg, const char *key, const char *why)
 {
     const cfg_entry *en = cfg_find(cfg, key);
@@ -1118,6 +1126,19 @@ static void store_free(sim_device *dev, model_remat_store *s)
     free(s);
 }
 
+/* A new zeroed entry at the end of the store (growing it by doubling, from 16). */
+static remat_saved *store_push(model_remat_store *s)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 16;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
+        SIM_ASSERT(s->v);
+    }
+    remat_saved *r = &s->v[s->n++];
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
 sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name)
 {
     model_remat_store *s = md->remat;
@@ -1140,13 +1161,7 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
         }
         return SIM_OK;
     }
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 16;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
-        SIM_ASSERT(s->v);
-    }
-    remat_saved *r = &s->v[s->n++];
-    memset(r, 0, sizeof *r);
+    remat_saved *r = store_push(s);
     r->name = name;
     if (act == MODEL_CKPT_OFFLOAD) {
         r->offloaded = true;
@@ -1225,13 +1240,7 @@ void **model_checkpoint_region(model_dev *md, void (*blob_free)(void *))
         SIM_ASSERT(s->next < s->n && s->v[s->next].region);
         return &s->v[s->next++].blob;
     }
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 16;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
-        SIM_ASSERT(s->v);
-    }
-    remat_saved *r = &s->v[s->n++];
-    memset(r, 0, sizeof *r);
+    remat_saved *r = store_push(s);
     r->region = true;
     r->blob_free = blob_free;
     return &r->blob;

@@ -72,6 +72,7 @@ typedef enum { MODEL_RECOMPUTE_AUTO = 0, MODEL_RECOMPUTE_ALWAYS, MODEL_RECOMPUTE
 /* A model family: one row per MaxText decoder_block (model_family below; the rows are in
  * models/families/families.c). */
 struct model_family;
+enum { MODEL_WORD_MAX = 64 }; /* a "key=value" config word a family writes (model_family.depth_words) */
 
 typedef struct {
     char model_name[64];
@@ -381,7 +382,15 @@ typedef struct model_family {
      * maxtext_release's grad_logical_names), into names[0..cap); returns how many, 0 for the
      * parameter's own (NULL hook: always its own). */
     int (*grad_names)(const model_def *m, int i, const char **names, int cap);
+    /* The config words (with override_model_config=true) that shorten the model to `first` layers
+     * before the scanned stack (layers_before_pipeline) and `rest` in it, for `shardsim plan`'s
+     * sampled dry runs: written into words[0..cap), returning how many (NULL hook: the one word
+     * base_num_decoder_layers=<first + rest>; model_depth_words). */
+    int (*depth_words)(int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap);
 } model_family;
+
+/* The words of family f's depth_words hook, or its default. */
+int model_depth_words(const model_family *f, int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap);
 
 /* The family table, one row per simulated decoder_block (models/families/families.c). */
 extern const model_family *const model_families[];

@@ -545,6 +545,43 @@ void model_tm_print(FILE *f, const cfg_hw *hw, const sim_mesh_desc *mesh, const 
     }
 }
 
+/* One collective of the estimate as a JSON object: a single call (`one`: its exact bytes, whether it
+ * overlaps) or a kind of call (`kind`: its phase, how many calls, their bytes). */
+static void coll_json(cfg_jw *w, const sim_mesh_desc *mesh, const model_tm_coll *one, const model_tm_coll_kind *kind)
+{
+    const sim_record *rec = one ? &one->rec : &kind->rec;
+    char ax[128];
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "op");
+    cfg_jw_str(w, sim_op_name(rec->op));
+    cfg_jw_key(w, "axes");
+    cfg_jw_str(w, sim_axes_label(mesh, rec->axes, ax, sizeof ax));
+    if (kind) {
+        cfg_jw_key(w, "phase");
+        cfg_jw_str(w, sim_phase_name(rec->phase));
+    }
+    cfg_jw_key(w, "tag");
+    cfg_jw_str(w, rec->tag);
+    if (kind) {
+        cfg_jw_key(w, "calls");
+        cfg_jw_int(w, kind->calls);
+    }
+    cfg_jw_key(w, "bytes_sent");
+    if (kind) cfg_jw_num(w, kind->bytes, 17);
+    else cfg_jw_u64(w, (unsigned long long)rec->bytes_sent);
+    cfg_jw_key(w, "links");
+    cfg_jw_int(w, one ? one->links : kind->links);
+    cfg_jw_key(w, "bandwidth_Bps");
+    cfg_jw_num(w, one ? one->bw : kind->bw, 6);
+    cfg_jw_key(w, "time_s");
+    cfg_jw_num(w, one ? one->time_s : kind->time_s, 6);
+    if (one) {
+        cfg_jw_key(w, "async");
+        cfg_jw_bool(w, one->async);
+    }
+    cfg_jw_end(w);
+}
+
 /* The figures keep the digits the estimate has always been written with (%.17g for the times, %.6g
  * for rates and counts), through the one JSON writer. */
 void model_tm_json(cfg_jw *w, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
@@ -579,53 +616,11 @@ void model_tm_json(cfg_jw *w, const cfg_hw *hw, const sim_mesh_desc *mesh, const
     cfg_jw_end(w);
     cfg_jw_key(w, "slowest_collectives");
     cfg_jw_arr(w);
-    for (int i = 0; i < r->ntop; i++) {
-        const model_tm_coll *c = &r->top[i];
-        cfg_jw_obj(w);
-        cfg_jw_key(w, "op");
-        cfg_jw_str(w, sim_op_name(c->rec.op));
-        cfg_jw_key(w, "axes");
-        cfg_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        cfg_jw_key(w, "tag");
-        cfg_jw_str(w, c->rec.tag);
-        cfg_jw_key(w, "bytes_sent");
-        cfg_jw_u64(w, (unsigned long long)c->rec.bytes_sent);
-        cfg_jw_key(w, "links");
-        cfg_jw_int(w, c->links);
-        cfg_jw_key(w, "bandwidth_Bps");
-        cfg_jw_num(w, c->bw, 6);
-        cfg_jw_key(w, "time_s");
-        cfg_jw_num(w, c->time_s, 6);
-        cfg_jw_key(w, "async");
-        cfg_jw_bool(w, c->async);
-        cfg_jw_end(w);
-    }
+    for (int i = 0; i < r->ntop; i++) coll_json(w, mesh, &r->top[i], NULL);
     cfg_jw_end(w);
     cfg_jw_key(w, "slowest_collective_kinds");
     cfg_jw_arr(w);
-    for (int i = 0; i < r->ncolls; i++) {
-        const model_tm_coll_kind *c = &r->colls[i];
-        cfg_jw_obj(w);
-        cfg_jw_key(w, "op");
-        cfg_jw_str(w, sim_op_name(c->rec.op));
-        cfg_jw_key(w, "axes");
-        cfg_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        cfg_jw_key(w, "phase");
-        cfg_jw_str(w, sim_phase_name(c->rec.phase));
-        cfg_jw_key(w, "tag");
-        cfg_jw_str(w, c->rec.tag);
-        cfg_jw_key(w, "calls");
-        cfg_jw_int(w, c->calls);
-        cfg_jw_key(w, "bytes_sent");
-        cfg_jw_num(w, c->bytes, 17);
-        cfg_jw_key(w, "links");
-        cfg_jw_int(w, c->links);
-        cfg_jw_key(w, "bandwidth_Bps");
-        cfg_jw_num(w, c->bw, 6);
-        cfg_jw_key(w, "time_s");
-        cfg_jw_num(w, c->time_s, 6);
-        cfg_jw_end(w);
-    }
+    for (int i = 0; i < r->ncolls; i++) coll_json(w, mesh, NULL, &r->colls[i]);
     cfg_jw_end(w);
     cfg_jw_key(w, "slowest_kernels");
     cfg_jw_arr(w);
