@@ -191,7 +191,18 @@ void cli_records_from_machine(sim_machine *m, cli_records *out)
     memset(out, 0, sizeof *out);
     out->mesh = *sim_machine_mesh(m);
     out->n_devices = sim_machine_num_devices(m);
-    for (int d = 0; d < out->n_devices; d++) out->recs[d] = sim_device_records(sim_machine_device(m, d), &out->n[d]);
+    for (int d = 0; d < out->n_devices; d++) {
+        const sim_device *dev = sim_machine_device(m, d);
+        size_t stored;
+        out->recs[d] = sim_device_records(dev, &stored);
+        out->rep[d] = sim_device_repeat(dev);
+        out->n[d] = sim_device_nrecords(dev);
+    }
+}
+
+const sim_record *cli_record_at(const cli_records *r, int d, size_t i)
+{
+    return sim_repeat_record_at(&r->rep[d], r->recs[d], i);
 }
 
 const char *cli_axes_text(const sim_mesh_desc *mesh, sim_axes axes, char *buf, size_t cap)
@@ -263,7 +274,7 @@ sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_
     SIM_ASSERT(tot_calls && tot_bytes);
     for (int d = 0; d < nd; d++) {
         for (size_t i = 0; i < recs->n[d]; i++) {
-            const sim_record *r = &recs->recs[d][i];
+            const sim_record *r = cli_record_at(recs, d, i);
             if (r->step < steps.first || r->step > steps.last) continue;
             int c = last;
             if (c < 0 || cells[c].row.op != r->op || cells[c].row.phase != r->phase ||

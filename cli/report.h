@@ -93,9 +93,13 @@ static inline cli_step_range cli_steps(int first, int last)
 typedef struct {
     sim_mesh_desc mesh; /* axis names for labels */
     int n_devices;
-    const sim_record *recs[SIM_MAX_DEVICES]; /* recs[d][0 .. n[d]) */
-    size_t n[SIM_MAX_DEVICES];
+    const sim_record *recs[SIM_MAX_DEVICES]; /* as stored: read them through cli_record_at */
+    size_t n[SIM_MAX_DEVICES];               /* device d's records, its repeated block expanded */
+    sim_repeat rep[SIM_MAX_DEVICES];         /* the block a dry run repeats (sim_repeat) */
 } cli_records;
+
+/* Record i (below n[d]) of device d. */
+const sim_record *cli_record_at(const cli_records *r, int d, size_t i);
 
 void cli_records_from_machine(sim_machine *m, cli_records *out);
 /* "data+fsdp"; "-" for no axes.  Returns buf. */

@@ -1403,6 +1403,7 @@ void sim_device_clear_records(sim_device *d)
 {
     d->nrec = 0;
     d->ncost = 0;
+    memset(&d->rep, 0, sizeof d->rep);
     memset(d->totals, 0, sizeof d->totals);
 }
 
@@ -1450,4 +1451,83 @@ const sim_cost *sim_device_costs(const sim_device *d, size_t *n)
 {
     *n = d->ncost;
     return d->cost;
+}
+
+/* ------------------------------------------------------------ a repeated block */
+
+void sim_device_repeat_begin(sim_device *d)
+{
+    SIM_ASSERT(d->rep.times == 0); /* one block per device */
+    d->rep.rec0 = d->rep.rec1 = d->nrec;
+    d->rep.cost0 = d->rep.cost1 = d->ncost;
+}
+
+void sim_device_repeat_end(sim_device *d, uint64_t times)
+{
+    d->rep.rec1 = d->nrec;
+    d->rep.cost1 = d->ncost;
+    SIM_ASSERT(d->rep.rec0 <= d->rep.rec1 && d->rep.cost0 <= d->rep.cost1);
+    d->rep.times = times;
+    /* the totals as if the copies had run: integers, so a product equals the sum */
+    for (size_t i = d->rep.rec0; i < d->rep.rec1; i++) {
+        sim_op_totals *t = &d->totals[d->rec[i].op];
+        t->calls += times;
+        t->bytes_sent += times * d->rec[i].bytes_sent;
+        t->bytes_recv += times * d->rec[i].bytes_recv;
+    }
+}
+
+sim_repeat sim_device_repeat(const sim_device *d)
+{
+    return d->rep;
+}
+
+size_t sim_repeat_count(const sim_repeat *rp, size_t n, bool costs)
+{
+    size_t len = costs ? rp->cost1 - rp->cost0 : rp->rec1 - rp->rec0;
+    return n + (size_t)rp->times * len;
+}
+
+const sim_record *sim_repeat_record_at(const sim_repeat *rp, const sim_record *rec, size_t v)
+{
+    size_t len = rp->rec1 - rp->rec0, extra = (size_t)rp->times * len;
+    if (v < rp->rec1 || !extra) return &rec[v];
+    if (v < rp->rec1 + extra) return &rec[rp->rec0 + (v - rp->rec1) % len];
+    return &rec[v - extra];
+}
+
+sim_cost sim_repeat_cost_at(const sim_repeat *rp, const sim_cost *cost, size_t v)
+{
+    size_t len = rp->cost1 - rp->cost0, extra = (size_t)rp->times * len, rlen = rp->rec1 - rp->rec0;
+    if (v < rp->cost1 || !rp->times) return cost[v];
+    sim_cost c;
+    if (len && v < rp->cost1 + extra) { /* copy j (1..times) of the block: its records j blocks on */
+        size_t j = (v - rp->cost1) / len + 1;
+        c = cost[rp->cost0 + (v - rp->cost1) % len];
+        c.nrec_before += j * rlen;
+        return c;
+    }
+    c = cost[v - extra];
+    c.nrec_before += (size_t)rp->times * rlen;
+    return c;
+}
+
+size_t sim_device_nrecords(const sim_device *d)
+{
+    return sim_repeat_count(&d->rep, d->nrec, false);
+}
+
+const sim_record *sim_device_record_at(const sim_device *d, size_t v)
+{
+    return sim_repeat_record_at(&d->rep, d->rec, v);
+}
+
+size_t sim_device_ncosts(const sim_device *d)
+{
+    return sim_repeat_count(&d->rep, d->ncost, true);
+}
+
+sim_cost sim_device_cost_at(const sim_device *d, size_t v)
+{
+    return sim_repeat_cost_at(&d->rep, d->cost, v);
 }

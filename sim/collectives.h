@@ -146,8 +146,25 @@ void sim_device_add_cost_layout(sim_device *d, double elements, const char *tag)
 /* Cost events of a device, in call order (valid until the next add). */
 const sim_cost *sim_device_costs(const sim_device *d, size_t *n);
 
-/* Records of a device (valid until the next collective on it). */
+/* Records of a device as stored (valid until the next collective on it): with a repeated block
+ * (sim_repeat), read them through sim_device_nrecords and sim_device_record_at instead. */
 const sim_record *sim_device_records(const sim_device *d, size_t *n);
+/* Marks the start of the block that will repeat: the records and costs from here. */
+void sim_device_repeat_begin(sim_device *d);
+/* Ends the block sim_device_repeat_begin started: it stands for itself and `times` more copies
+ * right after it (the op totals count them); one block per device, until the records are cleared. */
+void sim_device_repeat_end(sim_device *d, uint64_t times);
+sim_repeat sim_device_repeat(const sim_device *d);
+/* The records with the repeated block expanded: their count, and record v of them. */
+size_t sim_device_nrecords(const sim_device *d);
+const sim_record *sim_device_record_at(const sim_device *d, size_t v);
+/* The same for the costs: cost v, its nrec_before counted in the expanded records. */
+size_t sim_device_ncosts(const sim_device *d);
+sim_cost sim_device_cost_at(const sim_device *d, size_t v);
+/* The same over explicit arrays (records and costs as stored, and their block). */
+const sim_record *sim_repeat_record_at(const sim_repeat *rp, const sim_record *rec, size_t v);
+sim_cost sim_repeat_cost_at(const sim_repeat *rp, const sim_cost *cost, size_t v);
+size_t sim_repeat_count(const sim_repeat *rp, size_t n, bool costs);
 void sim_device_clear_records(sim_device *d);
 /* Totals of one op on a device since the last clear. */
 sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op);

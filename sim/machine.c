@@ -1096,6 +1096,7 @@ typedef struct {
     int32_t spans_dropped;
     uint64_t nrec, ncost, nspans, kept; /* kept: spans stored (0 once dropped) */
     uint64_t spans_skipped, steps_traced, steps_skipped;
+    sim_repeat rep;
     sim_op_totals totals[SIM_NOP];
     sim_arena_stats arena;
 } dev_summary;
@@ -1131,6 +1132,7 @@ static sim_status gather_devices(sim_machine *m)
         s.spans_dropped = d->spans_dropped;
         s.nrec = d->nrec;
         s.ncost = d->ncost;
+        s.rep = d->rep;
         s.nspans = d->nspans;
         s.kept = d->spans ? d->nspans : 0;
         s.spans_skipped = d->spans_skipped;
@@ -1185,6 +1187,7 @@ static sim_status gather_devices(sim_machine *m)
             d->nrec = d->caprec = s.nrec;
             d->rec = realloc(d->rec, (s.nrec ? s.nrec : 1) * sizeof *d->rec);
             d->ncost = d->capcost = s.ncost;
+            d->rep = s.rep;
             d->cost = realloc(d->cost, (s.ncost ? s.ncost : 1) * sizeof *d->cost);
             SIM_ASSERT(d->rec && d->cost);
             memcpy(d->rec, p, s.nrec * sizeof *d->rec);

@@ -127,6 +127,7 @@ struct sim_device {
     size_t nrec, caprec;
     sim_cost *cost; /* kernel costs for the step-time model (sim_device_add_cost) */
     size_t ncost, capcost;
+    sim_repeat rep; /* the block that repeats (a dry run's steady-state microbatch) */
     sim_op_totals totals[SIM_NOP];
     /* trace */
     sim_span *spans;         /* NULL once dropped */

@@ -58,6 +58,18 @@ typedef struct {
     char tag[SIM_TAG_MAX];
 } sim_cost;
 
+/* A block of a device's records and kernel costs that repeats `times` more times right after
+ * itself: a dry run simulates one steady-state iteration of a loop whose iterations are alike
+ * (gradient accumulation's microbatches) and accounts the rest as this block, so what it keeps
+ * does not grow with the loop's count.  The records and costs a reader sees (sim_device_record_at,
+ * sim_device_cost_at) are the stored ones with the block expanded: those before it, the block
+ * 1 + times times, those after it. */
+typedef struct {
+    size_t rec0, rec1;   /* records [rec0, rec1) */
+    size_t cost0, cost1; /* costs [cost0, cost1) */
+    uint64_t times;      /* 0: no block */
+} sim_repeat;
+
 /* Per-device totals of one op. */
 typedef struct {
     uint64_t calls;

@@ -307,10 +307,13 @@ static void span_add(span_sink *s, double t0, double t1, int lane, const char *n
     snprintf(sp->name, sizeof sp->name, "%s", name);
 }
 
-sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
-                           const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
-                           bool want_spans, model_tm_result *out)
+/* The replay over the records and costs with rp's block expanded (a dry run's repeated microbatches:
+ * every copy is timed in turn, so the clocks and sums take the same steps as over the full lists). */
+static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+                            const sim_repeat *rp, const sim_record *recs, size_t nrec_stored, const sim_cost *costs,
+                            size_t ncost_stored, int step, bool want_spans, model_tm_result *out)
 {
+    size_t nrec = sim_repeat_count(rp, nrec_stored, false), ncost = sim_repeat_count(rp, ncost_stored, true);
     memset(out, 0, sizeof *out);
     out->peak = peak;
     span_sink sink = {out, want_spans, 0};
@@ -324,9 +327,10 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
     int gather_slot = -1;
     size_t ri = 0;
     for (size_t ci = 0; ci <= ncost; ci++) {
-        size_t upto = ci < ncost ? costs[ci].nrec_before : nrec;
+        sim_cost kc = ci < ncost ? sim_repeat_cost_at(rp, costs, ci) : (sim_cost){0};
+        size_t upto = ci < ncost ? kc.nrec_before : nrec;
         for (; ri < upto && ri < nrec; ri++) {
-            const sim_record *r = &recs[ri];
+            const sim_record *r = sim_repeat_record_at(rp, recs, ri);
             if (r->step != step) continue;
             model_tm_coll c = {*r, 0, 0, 0, false};
             c.time_s = model_tm_collective(hw, eff, r, &c.links, &c.bw);
@@ -367,7 +371,7 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
             coll_add(&ckinds, &c);
         }
         if (ci == ncost) break;
-        const sim_cost *k = &costs[ci];
+        const sim_cost *k = &kc;
         if (k->step != step) continue;
         if (gather_ready > t) { /* the weight this kernel uses is still on its way */
             out->exposed_axes_s[gather_slot] += gather_ready - t;
@@ -390,11 +394,13 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
         out->exposed_s += async_free - t;
         if (out->naxes) {
             /* attribute the drain to the axes of the last asynchronous collective */
-            for (size_t i = nrec; i-- > 0;)
-                if (recs[i].step == step && recs[i].weight && recs[i].phase != SIM_PHASE_OPTIMIZER) {
-                    out->exposed_axes_s[axes_slot(out, recs[i].axes)] += async_free - t;
+            for (size_t i = nrec; i-- > 0;) {
+                const sim_record *ri_ = sim_repeat_record_at(rp, recs, i);
+                if (ri_->step == step && ri_->weight && ri_->phase != SIM_PHASE_OPTIMIZER) {
+                    out->exposed_axes_s[axes_slot(out, ri_->axes)] += async_free - t;
                     break;
                 }
+            }
         }
         t = async_free;
     }
@@ -408,6 +414,14 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
     for (size_t i = 0; i < ckinds.n && i < MODEL_TM_TOP; i++) out->colls[out->ncolls++] = ckinds.k[i];
     free(ckinds.k);
     return SIM_OK;
+}
+
+sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+                           const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
+                           bool want_spans, model_tm_result *out)
+{
+    const sim_repeat none = {0, 0, 0, 0, 0};
+    return tm_device(hw, eff, peak, act_bytes, &none, recs, nrec, costs, ncost, step, want_spans, out);
 }
 
 sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m, int step,
@@ -424,7 +438,8 @@ sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const ch
         const sim_record *recs = sim_device_records(d, &nrec);
         const sim_cost *costs = sim_device_costs(d, &ncost);
         model_tm_result r;
-        SIM_TRY(model_tm_device(hw, eff, peak, act_bytes, recs, nrec, costs, ncost, step, false, &r));
+        sim_repeat rp = sim_device_repeat(d);
+        SIM_TRY(tm_device(hw, eff, peak, act_bytes, &rp, recs, nrec, costs, ncost, step, false, &r));
         if (r.step_s > worst) {
             worst = r.step_s;
             *out = r;
@@ -437,7 +452,8 @@ sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const ch
         const sim_record *recs = sim_device_records(d, &nrec);
         const sim_cost *costs = sim_device_costs(d, &ncost);
         int dev = out->device;
-        SIM_TRY(model_tm_device(hw, eff, peak, act_bytes, recs, nrec, costs, ncost, step, true, out));
+        sim_repeat rp = sim_device_repeat(d);
+        SIM_TRY(tm_device(hw, eff, peak, act_bytes, &rp, recs, nrec, costs, ncost, step, true, out));
         out->device = dev;
     }
     /* AdamW reads parameters, gradients and both moments and writes parameters and moments:
