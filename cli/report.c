@@ -193,16 +193,15 @@ void cli_records_from_machine(sim_machine *m, cli_records *out)
     out->n_devices = sim_machine_num_devices(m);
     for (int d = 0; d < out->n_devices; d++) {
         const sim_device *dev = sim_machine_device(m, d);
-        size_t stored;
-        out->recs[d] = sim_device_records(dev, &stored);
-        out->rep[d] = sim_device_repeat(dev);
+        out->recs[d] = sim_device_records(dev, &out->nstored[d]);
+        out->reps[d] = sim_device_repeats(dev, &out->nreps[d]);
         out->n[d] = sim_device_nrecords(dev);
     }
 }
 
-const sim_record *cli_record_at(const cli_records *r, int d, size_t i)
+void cli_records_walk(const cli_records *r, int d, sim_walk *w)
 {
-    return sim_repeat_record_at(&r->rep[d], r->recs[d], i);
+    sim_walk_init(w, r->recs[d], r->nstored[d], NULL, 0, r->reps[d], r->nreps[d]);
 }
 
 const char *cli_axes_text(const sim_mesh_desc *mesh, sim_axes axes, char *buf, size_t cap)
@@ -273,8 +272,9 @@ sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_
     uint64_t *tot_bytes = calloc((size_t)nd + 1, sizeof *tot_bytes);
     SIM_ASSERT(tot_calls && tot_bytes);
     for (int d = 0; d < nd; d++) {
-        for (size_t i = 0; i < recs->n[d]; i++) {
-            const sim_record *r = cli_record_at(recs, d, i);
+        sim_walk w;
+        cli_records_walk(recs, d, &w);
+        for (const sim_record *r; (r = sim_walk_next_record(&w));) {
             if (r->step < steps.first || r->step > steps.last) continue;
             int c = last;
             if (c < 0 || cells[c].row.op != r->op || cells[c].row.phase != r->phase ||

@@ -93,13 +93,15 @@ static inline cli_step_range cli_steps(int first, int last)
 typedef struct {
     sim_mesh_desc mesh; /* axis names for labels */
     int n_devices;
-    const sim_record *recs[SIM_MAX_DEVICES]; /* as stored: read them through cli_record_at */
-    size_t n[SIM_MAX_DEVICES];               /* device d's records, its repeated block expanded */
-    sim_repeat rep[SIM_MAX_DEVICES];         /* the block a dry run repeats (sim_repeat) */
+    const sim_record *recs[SIM_MAX_DEVICES]; /* as stored: walk them with cli_records_walk */
+    size_t nstored[SIM_MAX_DEVICES];
+    size_t n[SIM_MAX_DEVICES]; /* device d's records, its repeated blocks expanded */
+    const sim_repeat *reps[SIM_MAX_DEVICES]; /* the blocks a dry run repeats (sim_repeat) */
+    size_t nreps[SIM_MAX_DEVICES];
 } cli_records;
 
-/* Record i (below n[d]) of device d. */
-const sim_record *cli_record_at(const cli_records *r, int d, size_t i);
+/* A walk over device d's records, its repeated blocks expanded (sim_walk_next_record). */
+void cli_records_walk(const cli_records *r, int d, sim_walk *w);
 
 void cli_records_from_machine(sim_machine *m, cli_records *out);
 /* "data+fsdp"; "-" for no axes.  Returns buf. */

@@ -41,9 +41,9 @@ static void collect(sim_machine *m, int steps, bench_result *res)
             res->peak = as.peak;
             memcpy(res->at_peak, as.at_peak_by, sizeof res->at_peak);
         }
-        size_t n = sim_device_nrecords(dev);
-        for (size_t i = 0; i < n; i++) {
-            const sim_record *r = sim_device_record_at(dev, i);
+        sim_walk w;
+        sim_walk_device(&w, dev);
+        for (const sim_record *r; (r = sim_walk_next_record(&w));) {
             if (r->step != steps - 1) continue; /* the last step */
             char ax[64];
             sim_axes_label(md, r->axes, ax, sizeof ax);

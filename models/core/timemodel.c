@@ -307,13 +307,13 @@ static void span_add(span_sink *s, double t0, double t1, int lane, const char *n
     snprintf(sp->name, sizeof sp->name, "%s", name);
 }
 
-/* The replay over the records and costs with rp's block expanded (a dry run's repeated microbatches:
- * every copy is timed in turn, so the clocks and sums take the same steps as over the full lists). */
+/* The replay over the records and costs in call order, the repeated blocks expanded (a dry run's
+ * steady-state microbatches and layers: every copy is timed in turn, so the clocks and sums take the
+ * same steps as over the lists a full dry run keeps). */
 static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
-                            const sim_repeat *rp, const sim_record *recs, size_t nrec_stored, const sim_cost *costs,
-                            size_t ncost_stored, int step, bool want_spans, model_tm_result *out)
+                            const sim_repeat *reps, size_t nreps, const sim_record *recs, size_t nrec,
+                            const sim_cost *costs, size_t ncost, int step, bool want_spans, model_tm_result *out)
 {
-    size_t nrec = sim_repeat_count(rp, nrec_stored, false), ncost = sim_repeat_count(rp, ncost_stored, true);
     memset(out, 0, sizeof *out);
     out->peak = peak;
     span_sink sink = {out, want_spans, 0};
@@ -325,13 +325,16 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
     size_t nweight = 0;
     double t = 0, sync_free = 0, async_free = 0, gather_ready = 0, fwd_flops = 0;
     int gather_slot = -1;
-    size_t ri = 0;
-    for (size_t ci = 0; ci <= ncost; ci++) {
-        sim_cost kc = ci < ncost ? sim_repeat_cost_at(rp, costs, ci) : (sim_cost){0};
-        size_t upto = ci < ncost ? kc.nrec_before : nrec;
-        for (; ri < upto && ri < nrec; ri++) {
-            const sim_record *r = sim_repeat_record_at(rp, recs, ri);
+    sim_walk w;
+    sim_walk_init(&w, recs, nrec, costs, ncost, reps, nreps);
+    const sim_record *r;
+    sim_cost kc;
+    bool drain_known = false; /* the last asynchronous collective's axes, for the drain */
+    sim_axes drain_axes = {0, {0}};
+    while (sim_walk_next(&w, &r, &kc)) {
+        if (r) {
             if (r->step != step) continue;
+            if (r->weight && r->phase != SIM_PHASE_OPTIMIZER) drain_known = true, drain_axes = r->axes;
             model_tm_coll c = {*r, 0, 0, 0, false};
             c.time_s = model_tm_collective(hw, eff, r, &c.links, &c.bw);
             if (c.time_s == 0) continue;
@@ -369,8 +372,8 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
             span_add(&sink, start, start + c.time_s, c.async ? 2 : 1, r->tag);
             top_add(out, &c);
             coll_add(&ckinds, &c);
+            continue;
         }
-        if (ci == ncost) break;
         const sim_cost *k = &kc;
         if (k->step != step) continue;
         if (gather_ready > t) { /* the weight this kernel uses is still on its way */
@@ -394,13 +397,7 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
         out->exposed_s += async_free - t;
         if (out->naxes) {
             /* attribute the drain to the axes of the last asynchronous collective */
-            for (size_t i = nrec; i-- > 0;) {
-                const sim_record *ri_ = sim_repeat_record_at(rp, recs, i);
-                if (ri_->step == step && ri_->weight && ri_->phase != SIM_PHASE_OPTIMIZER) {
-                    out->exposed_axes_s[axes_slot(out, ri_->axes)] += async_free - t;
-                    break;
-                }
-            }
+            if (drain_known) out->exposed_axes_s[axes_slot(out, drain_axes)] += async_free - t;
         }
         t = async_free;
     }
@@ -420,8 +417,7 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
                            const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
                            bool want_spans, model_tm_result *out)
 {
-    const sim_repeat none = {0, 0, 0, 0, 0};
-    return tm_device(hw, eff, peak, act_bytes, &none, recs, nrec, costs, ncost, step, want_spans, out);
+    return tm_device(hw, eff, peak, act_bytes, NULL, 0, recs, nrec, costs, ncost, step, want_spans, out);
 }
 
 sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m, int step,
@@ -438,8 +434,9 @@ sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const ch
         const sim_record *recs = sim_device_records(d, &nrec);
         const sim_cost *costs = sim_device_costs(d, &ncost);
         model_tm_result r;
-        sim_repeat rp = sim_device_repeat(d);
-        SIM_TRY(tm_device(hw, eff, peak, act_bytes, &rp, recs, nrec, costs, ncost, step, false, &r));
+        size_t nreps;
+        const sim_repeat *reps = sim_device_repeats(d, &nreps);
+        SIM_TRY(tm_device(hw, eff, peak, act_bytes, reps, nreps, recs, nrec, costs, ncost, step, false, &r));
         if (r.step_s > worst) {
             worst = r.step_s;
             *out = r;
@@ -452,8 +449,9 @@ sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const ch
         const sim_record *recs = sim_device_records(d, &nrec);
         const sim_cost *costs = sim_device_costs(d, &ncost);
         int dev = out->device;
-        sim_repeat rp = sim_device_repeat(d);
-        SIM_TRY(tm_device(hw, eff, peak, act_bytes, &rp, recs, nrec, costs, ncost, step, true, out));
+        size_t nreps;
+        const sim_repeat *reps = sim_device_repeats(d, &nreps);
+        SIM_TRY(tm_device(hw, eff, peak, act_bytes, reps, nreps, recs, nrec, costs, ncost, step, true, out));
         out->device = dev;
     }
     /* AdamW reads parameters, gradients and both moments and writes parameters and moments:
