@@ -1520,6 +1520,14 @@ size_t sim_device_ncosts(const sim_device *d)
     return d->ncost + d->cost_extra;
 }
 
+uint64_t sim_repeat_weight(const sim_repeat *reps, size_t nreps, size_t rec)
+{
+    uint64_t k = 1;
+    for (size_t i = 0; i < nreps; i++)
+        if (rec >= reps[i].rec0 && rec < reps[i].rec1) k *= 1 + reps[i].times;
+    return k;
+}
+
 void sim_walk_init(sim_walk *w, const sim_record *rec, size_t nrec, const sim_cost *cost, size_t ncost,
                    const sim_repeat *reps, size_t nreps)
 {

@@ -167,6 +167,8 @@ void sim_walk_device(sim_walk *w, const sim_device *d);
 void sim_walk_init(sim_walk *w, const sim_record *rec, size_t nrec, const sim_cost *cost, size_t ncost,
                    const sim_repeat *reps, size_t nreps);
 bool sim_walk_next(sim_walk *w, const sim_record **rec, sim_cost *cost);
+/* How many times stored record `rec` occurs once the blocks are expanded (1 outside them). */
+uint64_t sim_repeat_weight(const sim_repeat *reps, size_t nreps, size_t rec);
 /* The same for records alone (costs skipped). */
 const sim_record *sim_walk_next_record(sim_walk *w);
 void sim_device_clear_records(sim_device *d);

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "cli/common.h"
+#include "cli/report.h"
 #include "config/hardware.h"
 #include "models/core/timemodel.h"
 #include "sim/arena.h"
@@ -202,6 +203,30 @@ static void bounded_vs_full(const char *what, const char *const *base, int nbase
         for (int c = 0; c < SIM_NMEM; c++)
             if (sa.peak_by[c] != sb.peak_by[c] || sa.at_peak_by[c] != sb.at_peak_by[c] || sa.live_by[c] != sb.live_by[c])
                 fail_msg("%s: device %d memory category %d differs", what, d, c);
+    }
+    /* the traffic table as printed, and its rows */
+    char *text[2];
+    size_t len[2];
+    const model_run *runs[2] = {&full, &fast};
+    cli_traffic tt[2];
+    for (int k = 0; k < 2; k++) {
+        cli_records recs;
+        cli_records_from_machine(runs[k]->m, &recs);
+        assert_int_equal(cli_traffic_build(&recs, (cli_step_range){0, 0}, &tt[k]), SIM_OK);
+        FILE *f = open_memstream(&text[k], &len[k]);
+        cli_report_traffic(f, &tt[k]);
+        fclose(f);
+    }
+    assert_true(tt[0].n_rows > 0);
+    assert_int_equal(tt[0].n_rows, tt[1].n_rows);
+    for (int i = 0; i < tt[0].n_rows; i++)
+        if (tt[0].rows[i].calls != tt[1].rows[i].calls || tt[0].rows[i].bytes != tt[1].rows[i].bytes ||
+            tt[0].rows[i].bytes_recv != tt[1].rows[i].bytes_recv || tt[0].rows[i].bytes_max != tt[1].rows[i].bytes_max)
+            fail_msg("%s: traffic row %d differs", what, i);
+    assert_string_equal(text[0], text[1]);
+    for (int k = 0; k < 2; k++) {
+        free(text[k]);
+        cli_traffic_free(&tt[k]);
     }
     /* the step-time estimate, with the slowest device's timeline */
     cfg_hw hw;
