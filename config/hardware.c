@@ -177,6 +177,17 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
                        "reduce-scatter",
                        &rules->psum_scatter_max_group);
     if (!st)
+        st = choice_key(cfg, path, "weight_gather_cse", "near", "all",
+                        "near (the compiler merges two gathers of one weight only when their products lie close "
+                        "in the layer: a MoE layer's products ahead of the routing are gathered again for their "
+                        "input gradients) or all (one gather serves every product of a layer's backward)",
+                        &rules->regather_far);
+    if (!st)
+        st = count_key(cfg, path, "gradient_lane_scatter_max_all_reduce", 1 << 20,
+                       "the largest per-device slice of a gradient's last dim (0: none) whose reduce-scatter "
+                       "the compiler leaves an all-reduce",
+                       &rules->lane_scatter_ar_max);
+    if (!st)
         st = choice_key(cfg, path, "embedding_lookup", "all_to_all", "gather_table",
                         "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "
                         "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",

@@ -31,6 +31,12 @@ typedef struct {
                                  run as windowed einsums (0: never) */
     int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
                                  reduce-scatter over at most this many devices, else an all-reduce (0: always) */
+    bool regather_far;          /* weight_gather_cse: near -- two gathers of one weight merge only when their
+                                 products lie close in the layer's dataflow: a rematerialised MoE layer's
+                                 products ahead of the routing gather their weight again for the input gradient */
+    int lane_scatter_ar_max;    /* gradient_lane_scatter_max_all_reduce: a weight gradient's reduce-scatter along
+                                 its last dim leaving at most this many elements per device stays an all-reduce
+                                 of the whole gradient (0: never) */
     bool embed_all_to_all;      /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
                                  rows looked up on the table's shard and all-to-all'd back (gather_table: the
                                  table is all-gathered and its gradient reduce-scattered) */

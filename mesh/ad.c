@@ -104,7 +104,9 @@ static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
         if (!strchr(o, *p) && !strchr(l, *p))
             return sim_err(SIM_ERR_INTERNAL, "einsum '%s': no VJP for an index summed in one operand only", e->sub);
     const char *layer = c->layer;
+    bool regather = c->regather;
     c->layer = e->tag;
+    c->regather = e->regather; /* the weight operand read below is gathered anew (mesh_tape_mark_regather) */
     sim_status st = SIM_OK;
     if (a->needs_grad) {
         join_sub(sub, sizeof sub, o, r, l);
@@ -115,6 +117,7 @@ static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
         st = contribute(t, b, sub, &a->val, &y->grad, "bwd_rhs");
     }
     c->layer = layer;
+    c->regather = regather;
     return st;
 }
 

@@ -40,6 +40,8 @@ typedef struct {
                                    (XLA:TPU) instead of gathering the table (XLA:CPU) */
     bool psum_grads;                   /* the gradients accumulated now are a shard_map's sums over its replicated
                                    inputs' groups (sim_meta.psum) */
+    bool regather;                     /* the op running is a backward product whose weight the compiler gathers
+                                   again instead of reusing the recomputation's gather (mesh_entry.regather) */
     const sim_dtype *out_counted;      /* non-NULL: an einsum's output is counted (held) in this dtype, where the
                                    modelled compiler writes the product narrower than it computes it */
 } mesh_ctx;

@@ -278,7 +278,10 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     out->arr.spec = *work; /* differs from x->spec by size-1 axes at most: same shard */
     out->owned = false;
     if (mesh_spec_equal(work, to)) return SIM_OK;
-    if (ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
+    /* a weight the compiler gathers again for this backward product (ctx->regather) bypasses the copy
+     * the recomputation gathered: a second gather, its own buffer while the product runs */
+    bool regather = ctx->regather && x->cat == SIM_MEM_PARAMS;
+    if (!regather && ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
     /* a weight's copy: MaxText's DenseGeneral casts the kernel to `dtype` right before the dot
      * (layers/linears.py); where that cast lands is the compiler's choice.  XLA:CPU gathers the
      * cast's operand (weight_dtype: MaxText 0.2.5's compiled step, dtype=bfloat16, fsdp=4, has f32
@@ -297,7 +300,8 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     out->arr.cat = SIM_MEM_TEMP;
     out->owned = true;
     meta.weight = x->cat == SIM_MEM_PARAMS; /* an FSDP gather of a parameter (prefetched by XLA) */
-    meta.single_use = ctx->single_use;
+    /* a second gather stays an all-gather: when the partitioner chose, the cast it gathers fed two products */
+    meta.single_use = ctx->single_use && !regather;
     meta.silent = ctx->dead_outputs; /* for a product nothing reads: the compiler has no such gather */
     /* the staged copy is only read (bk_einsum, local_binary, reshape's copy; a cached one by later
      * operands of the same kind and mesh_nn_operand's kernels): a gather, of a weight or of an
@@ -306,7 +310,7 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     if (st != SIM_OK) {
         mesh_array_free(ctx->dev, &out->arr);
         out->owned = false;
-    } else if (ctx->cache && !ctx->dead_outputs) { /* a later reader gathers for itself */
+    } else if (ctx->cache && !ctx->dead_outputs && !regather) { /* a later reader gathers for itself */
         mesh_reshard_cache_put(ctx->cache, x, work, &out->arr);
         out->owned = false; /* the cache owns it now */
     }

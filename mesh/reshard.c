@@ -381,10 +381,13 @@ static sim_status plan_run(sim_device *d, const mesh_shape *m, const mesh_plan *
                 st = sim_all_gather_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype, s->axes,
                                         meta);
             break;
-        case MESH_STEP_REDUCE_SCATTER:
+        case MESH_STEP_REDUCE_SCATTER: {
+            sim_meta rs = meta; /* along the last dim: the slice each device keeps (an XLA:TPU rule reads it) */
+            rs.lane_slice = s->dim == p->rank - 1 ? (size_t)s->local_out[s->dim] : 0;
             st = sim_reduce_scatter_dim(d, a->data, out, (size_t)outer, (size_t)mid, (size_t)inner, a->dtype, s->axes,
-                                        meta);
+                                        rs);
             break;
+        }
         case MESH_STEP_ALL_REDUCE:
             mesh_array_owned(a);
             st = sim_all_reduce(d, a->data, a->data, a->nlocal, a->dtype, s->axes, meta);

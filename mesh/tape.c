@@ -404,6 +404,11 @@ bool mesh_tape_single_use(const mesh_tape *t)
     return t && (!t->recording || t->backward);
 }
 
+void mesh_tape_mark_regather(mesh_tape *t)
+{
+    for (int i = 0; t && i < t->nentries; i++) t->entries[i]->regather = true;
+}
+
 sim_status mesh_tape_backward(mesh_tape *t, mesh_var *loss)
 {
     mesh_array one;

@@ -58,6 +58,8 @@ typedef struct mesh_entry {
     int64_t i[4];  /* integers */
     void *payload; /* op-specific (freed with free_payload) */
     void (*free_payload)(void *);
+    bool regather; /* its VJP gathers a weight operand again rather than reading the copy the recorded op
+                      gathered (mesh_tape_mark_regather) */
 } mesh_entry;
 
 mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording);
@@ -73,6 +75,11 @@ bool mesh_tape_recording(const mesh_tape *t);
  * remat layer's forward, recomputed for its backward) or its backward pass runs (the forward's
  * gathers, kept for the backward, are in the cache). */
 bool mesh_tape_single_use(const mesh_tape *t);
+/* Marks every entry recorded on t so far: in the backward pass their VJPs gather a weight operand
+ * again instead of reading the gather the recorded op made (mesh_ctx.regather).  XLA:TPU's
+ * collective CSE merges two gathers of one weight only when their uses lie close together in the
+ * loop body; a model marks the products its layer's long tail separates from their VJPs. */
+void mesh_tape_mark_regather(mesh_tape *t);
 
 /* A value owned by someone else (a layer input, a batch): not freed by the tape. */
 mesh_var *mesh_tape_input(mesh_tape *t, const mesh_array *val, bool needs_grad);

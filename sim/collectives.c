@@ -299,6 +299,10 @@ static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, s
                k > d->m->opts.psum_scatter_max_group) { /* the psum stays whole: a ring all-reduce sends twice */
         op = SIM_OP_ALL_REDUCE;
         bc.sent *= 2, bc.recv *= 2, bc.sent_dcn *= 2;
+    } else if (meta.weight && c->op == SIM_OP_REDUCE_SCATTER && meta.lane_slice > 0 &&
+               meta.lane_slice <= (size_t)d->m->opts.lane_scatter_ar_max) { /* a lane-tile slice: left whole */
+        op = SIM_OP_ALL_REDUCE;
+        bc.sent *= 2, bc.recv *= 2, bc.sent_dcn *= 2;
     }
     if (d->nrec == d->caprec) {
         d->caprec = d->caprec ? 2 * d->caprec : 256;

@@ -43,12 +43,14 @@ typedef struct {
     bool weight;
     bool counted_set;
     sim_dtype counted;
-    bool single_use; /* a weight's gather whose copy serves one product, or the reduce-scatter of the gradient
-                         one product made (sim_machine_opts.windowed_min_group may window either) */
-    bool silent;     /* nothing records it: a collective of ops whose results nothing reads (the compiler
-                         removes them), run only so that the simulation's values stay defined */
-    bool psum;       /* a reduce-scatter standing for a shard_map's psum of a replicated input's gradient
-                         and its slice (sim_machine_opts.psum_scatter_max_group) */
+    bool single_use;   /* a weight's gather whose copy serves one product, or the reduce-scatter of the gradient
+                           one product made (sim_machine_opts.windowed_min_group may window either) */
+    bool silent;       /* nothing records it: a collective of ops whose results nothing reads (the compiler
+                           removes them), run only so that the simulation's values stay defined */
+    bool psum;         /* a reduce-scatter standing for a shard_map's psum of a replicated input's gradient
+                           and its slice (sim_machine_opts.psum_scatter_max_group) */
+    size_t lane_slice; /* a reduce-scatter along the array's last dim: the elements of that dim each device
+                           keeps (sim_machine_opts.lane_scatter_ar_max); 0: another dim */
 } sim_meta;
 static inline sim_meta sim_meta_tag(const char *tag)
 {

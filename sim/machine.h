@@ -72,6 +72,9 @@ typedef struct {
                               the compiler's psum-then-slice fused only over groups of at most this many
                               devices; over larger ones it stays an all-reduce of the whole array
                               (recorded as all-reduce; the data moves as before) */
+    int lane_scatter_ar_max;       /* > 0: a weight gradient's reduce-scatter along its last dim (sim_meta.lane_slice)
+                              keeping at most this many elements per device stays the compiler's all-reduce
+                              of the whole gradient (recorded as all-reduce; the data moves as before) */
 } sim_machine_opts;
 
 /* Fills a mesh description from names and sizes (a 1-D mesh: n=1). */

@@ -57,6 +57,31 @@
  * kernel's gradient is 8 x 32 x 16 elements in bfloat16, all-reduced over
  * fsdp=8 (2 x 7/8 of it sent), reduce-scattered over fsdp=4 (3/4).
  *
+ * Gathers the collective CSE leaves apart: XLA:TPU merges two gathers of one
+ * weight only when their products lie close in the layer body, so a
+ * rematerialised MoE layer gathers its attention and gate weights once for
+ * the recomputation and once more for the input gradient (weight_gather_cse:
+ * near).  The tiny DeepSeek on fsdp=4, remat full: under v5p the backward's
+ * gathers of the MoE layers' MLA kernels and gate send twice the forward's
+ * (3/4 x 2 bytes x their elements, from the dims), under h100 once; the dense
+ * layer's and the routed experts' gathers are the same under both; with
+ * remat_policy=minimal fewer than twice.
+ *
+ * A gradient reduce-scattered along its last dim to one lane tile (at most
+ * 128 elements a device) stays an all-reduce under XLA:TPU
+ * (gradient_lane_scatter_max_all_reduce).  The tiny Llama on fsdp=4 under v5p:
+ * out and the MLP's wo (emb, their last dim, split to 4) all-reduce, 2 x 3/4
+ * x 2 bytes an element; wq and wi_0 (split on their first dim) reduce-scatter
+ * 3/4 x 2; under h100 out reduce-scatters too.
+ *
+ * The pipeline's output in auto mode: MaxText reshapes the [S, M/S, mb, T, E]
+ * state_io to [B, T, E] without an out_sharding, so with one microbatch per
+ * stage the batch keeps 'stage' and each stage computes its own rows' logits:
+ * the tiny Llama on stage=2 x fsdp=2 (no profile) all-reduces the logits
+ * kernel's gradient over stage (2 x 1/2 x its fsdp shard in float32) and
+ * gathers no output over stage; with two microbatches per stage the output is
+ * constrained as before (gathered over stage, no such all-reduce).
+ *
  * A profile whose rule is missing or out of range is refused, naming the
  * key (the v5p profile with one key changed, in a scratch configs dir).
  *
@@ -362,8 +387,164 @@ static void test_psum_scatter(void **state)
     const uint64_t kernel = 8 * 32 * 16, kernels = 2 * 3; /* 2 MoE layers x wi_0, wi_1, wo */
     assert_int_equal(ar8, kernels * 2 * 7 * kernel * 2 / 8);
     assert_int_equal(rs8, 0);
-    assert_int_equal(rs4, kernels * 3 * kernel * 2 / 4);
-    assert_int_equal(ar4, 0);
+    /* over 4, wi_0 and wi_1 [8, 32, 16] split emb (dim 1) and reduce-scatter; wo [8, 16, 32] splits its
+     * last dim into 8-element slices, which gradient_lane_scatter_max_all_reduce leaves an all-reduce */
+    assert_int_equal(rs4, 2 * 2 * 3 * kernel * 2 / 4);
+    assert_int_equal(ar4, 2 * 1 * 2 * 3 * kernel * 2 / 4);
+}
+
+/* Bytes device 0 sends for the MoE layers' attention and gate weights (all-gathers, by phase) and for
+ * the routed experts' gathers, in one step of the tiny DeepSeek on fsdp=4 under `profile`. */
+typedef struct {
+    uint64_t attn_fwd, attn_bwd, dense_fwd, dense_bwd, experts_fwd, experts_bwd;
+} regather_bytes;
+
+static void run_regather(const char *profile, const char *policy, regather_bytes *b)
+{
+    char hp[64], rp[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile);
+    snprintf(rp, sizeof rp, "remat_policy=%s", policy);
+    const char *words[] = {"dtype=bfloat16", "ici_fsdp_parallelism=4", hp, rp};
+    model_run r;
+    model_run_open(&r, DS, sizeof DS / sizeof DS[0], 4, words, 4, 4, 1);
+    model_run_train(&r, false);
+    memset(b, 0, sizeof *b);
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        if (x->op != SIM_OP_ALL_GATHER || strstr(x->tag, "grad/")) continue;
+        bool bwd = x->phase == SIM_PHASE_BACKWARD;
+        bool moe = strstr(x->tag, "moe_layers") != NULL, dense = strstr(x->tag, "dense_layers") != NULL;
+        bool attn = strstr(x->tag, "/self_attention/") != NULL, gate = strstr(x->tag, "MoeBlock_0/gate") != NULL;
+        bool experts = strstr(x->tag, "MoeBlock_0/moe") != NULL;
+        uint64_t *into = moe && (attn || gate) ? (bwd ? &b->attn_bwd : &b->attn_fwd)
+                         : dense && attn       ? (bwd ? &b->dense_bwd : &b->dense_fwd)
+                         : experts             ? (bwd ? &b->experts_bwd : &b->experts_fwd)
+                                               : NULL;
+        if (into) *into += x->bytes_sent;
+    }
+    model_run_close(&r);
+}
+
+static void test_regather(void **state)
+{
+    (void)state;
+    /* the tiny DeepSeek's MLA (emb 32, 4 heads, q_lora 16, kv_lora 8, nope 8, rope 4, v 8) and gate, per
+     * layer: wq_a 32x16, wq_b 16x4x12, wkv_a 32x(8+4), wkv_b 8x4x(8+8), out 4x8x32, gate 32x8 elements,
+     * each split 4 ways by fsdp and gathered in bfloat16: 3/4 x 2 bytes an element, 2 MoE layers */
+    const uint64_t attn = 32 * 16 + 16 * 4 * 12 + 32 * 12 + 8 * 4 * 16 + 4 * 8 * 32, gate = 32 * 8;
+    const uint64_t fwd = 2 * (attn + gate) * 2 * 3 / 4;
+    regather_bytes v5p, h100, minimal;
+    run_regather("v5p", "full", &v5p);
+    run_regather("h100", "full", &h100);
+    run_regather("v5p", "minimal", &minimal);
+    assert_int_equal(v5p.attn_fwd, fwd);
+    assert_int_equal(h100.attn_fwd, fwd);
+    /* XLA:TPU (weight_gather_cse: near): the recomputation and the input gradient gather each once */
+    assert_int_equal(v5p.attn_bwd, 2 * fwd);
+    /* one gather serves both (XLA:GPU's default, as XLA:CPU) */
+    assert_int_equal(h100.attn_bwd, fwd);
+    /* the dense layer has no routing, and the routed experts come after it: one gather each */
+    assert_true(v5p.dense_fwd > 0 && v5p.experts_fwd > 0);
+    assert_int_equal(v5p.dense_bwd, v5p.dense_fwd);
+    assert_int_equal(v5p.dense_bwd, h100.dense_bwd);
+    assert_int_equal(v5p.experts_bwd, h100.experts_bwd);
+    /* a policy that saves dot outputs cuts the chains: no second gather */
+    assert_true(minimal.attn_bwd < 2 * fwd);
+}
+
+/* Bytes device 0 sends reducing the tiny Llama's parameter gradients (all-reduce, reduce-scatter) on
+ * fsdp=4 under `profile`, for the kernels named by `which` (a tag substring) */
+static void grad_reduction_bytes(const char *profile, const char *which, uint64_t *ar, uint64_t *rs)
+{
+    char hp[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile);
+    const char *words[] = {"dtype=bfloat16", "ici_fsdp_parallelism=4", hp};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 4, words, 3, NDEV, 1);
+    model_run_train(&r, false);
+    *ar = *rs = 0;
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        if (!strstr(x->tag, "grad/") || !strstr(x->tag, which)) continue;
+        if (x->op == SIM_OP_ALL_REDUCE) *ar += x->bytes_sent;
+        if (x->op == SIM_OP_REDUCE_SCATTER) *rs += x->bytes_sent;
+    }
+    model_run_close(&r);
+}
+
+static void test_lane_scatter(void **state)
+{
+    (void)state;
+    /* tiny Llama (2 layers, emb 16, 2 heads of 8, MLP 32) on fsdp=4: out [2, 8, 16] and the MLP's wo
+     * [32, 16] split emb, their last dim, into 4-element slices; wq [16, 2, 8] and wi_0 [16, 32] split
+     * their first.  Gradients reduced in bfloat16 over 4 devices: a reduce-scatter sends 3/4 x 2 bytes an
+     * element, an all-reduce twice that. */
+    const uint64_t out = 2 * 2 * 8 * 16, wo = 2 * 32 * 16, wq = 2 * 16 * 2 * 8, wi0 = 2 * 16 * 32;
+    uint64_t ar, rs;
+    grad_reduction_bytes("v5p", "self_attention.out", &ar, &rs);
+    assert_int_equal(ar, 2 * out * 2 * 3 / 4);
+    assert_int_equal(rs, 0);
+    grad_reduction_bytes("v5p", "mlp.wo", &ar, &rs);
+    assert_int_equal(ar, 2 * wo * 2 * 3 / 4);
+    assert_int_equal(rs, 0);
+    grad_reduction_bytes("v5p", "self_attention.query", &ar, &rs);
+    assert_int_equal(ar, 0);
+    assert_int_equal(rs, wq * 2 * 3 / 4);
+    grad_reduction_bytes("v5p", "mlp.wi_0", &ar, &rs);
+    assert_int_equal(ar, 0);
+    assert_int_equal(rs, wi0 * 2 * 3 / 4);
+    /* h100 (gradient_lane_scatter_max_all_reduce: 0): every one a reduce-scatter, in float32 there
+     * (its gradient_reduction_dtype is weight_dtype) */
+    grad_reduction_bytes("h100", "self_attention.out", &ar, &rs);
+    assert_int_equal(ar, 0);
+    assert_int_equal(rs, out * 4 * 3 / 4);
+}
+
+/* Bytes device 0 sends all-reducing the logits kernel's gradient over stage, and gathering the pipeline's
+ * output over stage, in one step of the tiny Llama on stage=2 x fsdp=2 with `micro` microbatches. */
+static void pipeline_output_bytes(int micro, uint64_t *logits_ar, uint64_t *output_ag)
+{
+    char mb[64];
+    snprintf(mb, sizeof mb, "num_pipeline_microbatches=%d", micro);
+    const char *words[] = {"ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", mb, "per_device_batch_size=2"};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 8, words, 4, NDEV, 1);
+    model_run_train(&r, false);
+    *logits_ar = *output_ag = 0;
+    int stage = sim_mesh_axis_index(sim_machine_mesh(r.m), "stage");
+    assert_true(stage >= 0);
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        if (x->op == SIM_OP_ALL_REDUCE && strstr(x->tag, "logits_dense.kernel")) *logits_ar += x->bytes_sent;
+        if (x->op == SIM_OP_ALL_GATHER && strstr(x->tag, "pipeline/output") && x->phase == SIM_PHASE_FORWARD &&
+            x->axes.n == 1 && x->axes.axis[0] == stage)
+            *output_ag += x->bytes_sent;
+    }
+    model_run_close(&r);
+}
+
+static void test_pipeline_output(void **state)
+{
+    (void)state;
+    /* one microbatch per stage: the [2, 1, mb, T, E] state_io reshaped to [B, T, E] keeps stage on the batch
+     * (MaxText passes no out_sharding in auto mode), so every stage computes its rows' logits and the
+     * kernel's gradient [16 emb / fsdp 2, 64 vocab] is all-reduced over stage: 2 x 1/2 x 8 x 64 elements in
+     * float32 (no profile); the output is not gathered over stage */
+    uint64_t ar, ag;
+    pipeline_output_bytes(2, &ar, &ag);
+    assert_int_equal(ar, 2 * 8 * 64 * 4 / 2);
+    assert_int_equal(ag, 0);
+    /* two microbatches per stage: [2, 2, mb] keeps no tiled sharding; the output is constrained to the
+     * batch axes (gathered over stage) and the logits run on every stage's rows alike: no all-reduce */
+    pipeline_output_bytes(4, &ar, &ag);
+    assert_int_equal(ar, 0);
+    assert_true(ag > 0);
 }
 
 /* configs/hardware/v5p.yml with the line starting `from` replaced by `to` (NULL: removed), loaded from a
@@ -422,6 +603,11 @@ static void test_bad_rules(void **state)
     assert_int_equal(load_changed("psum_scatter_max_group:", "psum_scatter_max_group: 4", msg, sizeof msg), SIM_OK);
     assert_int_equal(load_changed("embedding_lookup:", "embedding_lookup: rows", msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "gather_table"));
+    assert_int_equal(load_changed("weight_gather_cse:", "weight_gather_cse: far", msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "weight_gather_cse"));
+    assert_non_null(strstr(msg, "near"));
+    assert_int_equal(load_changed("gradient_lane_scatter_max_all_reduce:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "gradient_lane_scatter_max_all_reduce"));
     assert_int_equal(load_changed("muon_update_buffers:", "muon_update_buffers: all", msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "muon_update_buffers"));
     assert_non_null(strstr(msg, "per_leaf"));
@@ -569,10 +755,17 @@ static void test_muon_update_buffers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hoisted_copies),      cmocka_unit_test(test_dead_recompute_tail),
-        cmocka_unit_test(test_accumulation_copies), cmocka_unit_test(test_newton_schulz_gathers),
-        cmocka_unit_test(test_windowed_einsums),    cmocka_unit_test(test_psum_scatter),
-        cmocka_unit_test(test_bad_rules),           cmocka_unit_test(test_embedding_lookup),
+        cmocka_unit_test(test_hoisted_copies),
+        cmocka_unit_test(test_dead_recompute_tail),
+        cmocka_unit_test(test_accumulation_copies),
+        cmocka_unit_test(test_newton_schulz_gathers),
+        cmocka_unit_test(test_windowed_einsums),
+        cmocka_unit_test(test_psum_scatter),
+        cmocka_unit_test(test_bad_rules),
+        cmocka_unit_test(test_embedding_lookup),
+        cmocka_unit_test(test_regather),
+        cmocka_unit_test(test_lane_scatter),
+        cmocka_unit_test(test_pipeline_output),
         cmocka_unit_test(test_muon_update_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -744,9 +744,10 @@ static sim_status reshape_vjp(mesh_tape *t, mesh_entry *e)
 }
 
 /* x reshaped to `shape`: out_sharding `spec` in explicit mode (MaxText passes
- * it), a constraint to `spec` in auto mode. */
+ * it), in auto mode a constraint to `spec` where MaxText adds one
+ * (constrain_auto), else the sharding the reshape leaves. */
 static sim_status reshape(model_dev *md, mesh_tape *t, mesh_var *x, int rank, const int64_t *shape,
-                          const mesh_spec *spec, const char *name, mesh_var **y)
+                          const mesh_spec *spec, bool constrain_auto, const char *name, mesh_var **y)
 {
     mesh_ctx *ctx = &md->ctx;
     bool expl = ctx->mode == MESH_MODE_EXPLICIT;
@@ -754,7 +755,7 @@ static sim_status reshape(model_dev *md, mesh_tape *t, mesh_var *x, int rank, co
     mesh_tape_tag(t, name, tag, sizeof tag);
     *y = mesh_tape_var(t);
     SIM_TRY(mesh_reshape(ctx, &x->val, rank, shape, expl ? spec : NULL, name, &(*y)->val));
-    if (!expl) SIM_TRY(mesh_shard_as(ctx, &(*y)->val, spec, name));
+    if (!expl && constrain_auto) SIM_TRY(mesh_shard_as(ctx, &(*y)->val, spec, name));
     mesh_tape_record(t, reshape_vjp, tag, 1, &x, 1, y);
     return SIM_OK;
 }
@@ -832,8 +833,8 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
     const char *saved_layer = md->ctx.layer;
     md->ctx.layer = "decoder/pipeline";
     mesh_var *in4v = NULL, *io = NULL, *outv = NULL;
-    if (st == SIM_OK) st = reshape(md, t, x, 4, in4, &s_in4, "inputs", &in4v);
-    if (st == SIM_OK) st = reshape(md, t, in4v, 5, io_shape, &pr->s_io, "state_io", &io);
+    if (st == SIM_OK) st = reshape(md, t, x, 4, in4, &s_in4, true, "inputs", &in4v);
+    if (st == SIM_OK) st = reshape(md, t, in4v, 5, io_shape, &pr->s_io, true, "state_io", &io);
     if (st == SIM_OK) st = explicit_positions_gather(pr);
     if (st == SIM_OK) st = microbatch_positions(pr, b);
     bool recording = mesh_tape_recording(t);
@@ -858,7 +859,16 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
         }
     }
     if (pr) run_free(pr);
-    if (st == SIM_OK) st = reshape(md, t, outv, 3, (int64_t[]){m->d.batch, T, E}, &s_out, "output", y);
+    /* MaxText 0.2.5's pipeline output (NNXPipeline.__call__): jnp.reshape of the [S, M/S, mb, T, E] state_io
+     * to [B, T, E] with out_sharding=output_sharding, which is None in auto mode: the batch keeps the
+     * stage axis the state_io's leading dim had, so the decoder norm, the logits and the loss run on each
+     * stage's share of the batch, and the logits kernel's gradient is summed over stage (llama2-7b
+     * stage=2 x fsdp=2 on v5p-8: all-reduce bf16[2048,32000] over stage, op_name
+     * transpose(jvp())/dot_general; no gather of the pipeline output).  That holds where the merged dims
+     * [S, M/S, mb] keep a tiled sharding (M/S = 1: stage, then the batch axes); with several microbatches
+     * per stage no compile was measured, and the output is constrained to output_sharding's layout */
+    bool keeps = p->microbatches / p->stages == 1;
+    if (st == SIM_OK) st = reshape(md, t, outv, 3, (int64_t[]){m->d.batch, T, E}, &s_out, !keeps, "output", y);
     md->ctx.layer = saved_layer;
     return st;
 }

@@ -88,6 +88,11 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
         snprintf(t, sizeof t, "expert psums reduce-scattered over <= %d devices", r->psum_scatter_max_group);
         n = add_rule(buf, cap, n, t);
     }
+    if (r->regather_far) n = add_rule(buf, cap, n, "MoE attention weights re-gathered for input gradients");
+    if (r->lane_scatter_ar_max) {
+        snprintf(t, sizeof t, "gradients split to <= %d last-dim elements all-reduced", r->lane_scatter_ar_max);
+        n = add_rule(buf, cap, n, t);
+    }
     if (r->embed_all_to_all) n = add_rule(buf, cap, n, "embedding looked up by all-to-all");
     if (!n) snprintf(buf, cap, "none (no hardware profile, or none applies: XLA:CPU's program)");
     return buf;

@@ -55,6 +55,7 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.counted_grad_reduce = def->d.reduce_dtype;
     o.windowed_min_group = def->d.xla.windowed_min_group;
     o.psum_scatter_max_group = def->d.xla.psum_scatter_max_group;
+    o.lane_scatter_ar_max = def->d.xla.lane_scatter_ar_max;
     o.trace = trace;
     o.pin_threads = true;
     o.whole = def->mesh.num_devices < sim_xrank_size(); /* too small to spread: every rank runs it all */

@@ -658,6 +658,12 @@ static sim_status moe(model_dev *md, mesh_tape *t, const ds_stack *s, int l, mes
     SIM_TRY(model_shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
     SIM_TRY(model_dense(md, t, "bte,ex->btx", xin, param(md, t, s->gate, l), "gate", 3, GATE_OUT, &logits));
     SIM_TRY(model_shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
+    /* the routing below (top-k, the sort, the experts' shard_map and their transposes) puts the layer's
+     * products so far -- attention's and the gate's -- far from their input gradients in a backward that
+     * recomputes the whole layer: XLA:TPU's collective CSE leaves their two gathers apart
+     * (weight_gather_cse).  A policy that saves tensors (md->remat) cuts those chains: deepseek2-16b
+     * fsdp=8 with remat_policy=minimal gathers wkv_a and the gate once in the backward */
+    if (md->recomputing && !md->remat && m->d.xla.regather_far) mesh_tape_mark_regather(t);
     if (ds->moe.routed_score == MODEL_MOE_SCORE_NONE) scores = logits;
     else SIM_TRY(model_moe_scores(t, logits, ds->moe.routed_sigmoid, "scores", &scores));
     mesh_var *bias = s->gate_bias >= 0 ? param(md, t, s->gate_bias, l) : NULL;
