@@ -1410,6 +1410,7 @@ void sim_device_clear_records(sim_device *d)
     d->nreps = 0;
     d->nopen = 0;
     d->rec_extra = d->cost_extra = 0;
+    d->span_extra = 0;
     memset(d->totals, 0, sizeof d->totals);
 }
 
@@ -1482,6 +1483,7 @@ void sim_device_repeat_begin(sim_device *d)
     memcpy(d->open_totals[k], d->totals, sizeof d->totals);
     d->open_vrec[k] = d->nrec + d->rec_extra;
     d->open_vcost[k] = d->ncost + d->cost_extra;
+    d->open_vspans[k] = d->nspans + d->span_extra;
 }
 
 void sim_device_repeat_end(sim_device *d, uint64_t times)
@@ -1504,6 +1506,7 @@ void sim_device_repeat_end(sim_device *d, uint64_t times)
     }
     d->rec_extra += (size_t)times * (d->nrec + d->rec_extra - d->open_vrec[k]);
     d->cost_extra += (size_t)times * (d->ncost + d->cost_extra - d->open_vcost[k]);
+    d->span_extra += times * (d->nspans + d->span_extra - d->open_vspans[k]);
     /* an empty block, or one without copies, walks as what it holds: dropped if it was the last begun */
     if ((times == 0 || (b->rec0 == b->rec1 && b->cost0 == b->cost1)) && d->open[k] == d->nreps - 1) d->nreps--;
 }

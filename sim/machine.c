@@ -1097,7 +1097,7 @@ typedef struct {
     int32_t spans_dropped;
     uint64_t nrec, ncost, nspans, kept; /* kept: spans stored (0 once dropped) */
     uint64_t spans_skipped, steps_traced, steps_skipped;
-    uint64_t nreps, rec_extra, cost_extra;
+    uint64_t nreps, rec_extra, cost_extra, span_extra;
     sim_op_totals totals[SIM_NOP];
     sim_arena_stats arena;
 } dev_summary;
@@ -1136,6 +1136,7 @@ static sim_status gather_devices(sim_machine *m)
         s.nreps = d->nreps;
         s.rec_extra = d->rec_extra;
         s.cost_extra = d->cost_extra;
+        s.span_extra = d->span_extra;
         s.nspans = d->nspans;
         s.kept = d->spans ? d->nspans : 0;
         s.spans_skipped = d->spans_skipped;
@@ -1194,6 +1195,7 @@ static sim_status gather_devices(sim_machine *m)
             d->ncost = d->capcost = s.ncost;
             d->rec_extra = s.rec_extra;
             d->cost_extra = s.cost_extra;
+            d->span_extra = s.span_extra;
             d->cost = realloc(d->cost, (s.ncost ? s.ncost : 1) * sizeof *d->cost);
             SIM_ASSERT(d->rec && d->cost);
             memcpy(d->rec, p, s.nrec * sizeof *d->rec);

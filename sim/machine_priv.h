@@ -135,6 +135,8 @@ struct sim_device {
     size_t open_vrec[SIM_WALK_DEPTH], open_vcost[SIM_WALK_DEPTH];
     int nopen;
     size_t rec_extra, cost_extra; /* records and costs the blocks' copies add */
+    size_t open_vspans[SIM_WALK_DEPTH];
+    uint64_t span_extra; /* spans the blocks' copies stand for: not kept, trace.json says how many */
     sim_op_totals totals[SIM_NOP];
     /* trace */
     sim_span *spans;         /* NULL once dropped */

@@ -224,8 +224,16 @@ typedef struct {
     size_t n, cap;
 } coll_sink;
 
-static void coll_add(coll_sink *s, const model_tm_coll *c)
+/* memo: the kind of this stored record once found (-1 before), as a repeated block meets it again */
+static void coll_add(coll_sink *s, const model_tm_coll *c, int *memo)
 {
+    if (*memo >= 0) {
+        model_tm_coll_kind *k = &s->k[*memo];
+        k->calls++;
+        k->bytes += (double)c->rec.bytes_sent;
+        k->time_s += c->time_s;
+        return;
+    }
     char name[SIM_TAG_MAX];
     kind_name(c->rec.tag, name, sizeof name);
     size_t i = 0;
@@ -249,6 +257,7 @@ static void coll_add(coll_sink *s, const model_tm_coll *c)
         s->k[i].bw = c->bw;
         s->n++;
     }
+    *memo = (int)i;
     s->k[i].calls++;
     s->k[i].bytes += (double)c->rec.bytes_sent;
     s->k[i].time_s += c->time_s;
@@ -261,12 +270,16 @@ static int cmp_coll_time(const void *a, const void *b)
 }
 
 /* work: the matrix unit's FLOPs the replay timed (c's mxu_flops, or its flops when that is unset) */
-static void kernel_add(kernel_sink *s, const sim_cost *c, double work, double bytes, double dur, bool compute_bound)
+static void kernel_add(kernel_sink *s, const sim_cost *c, double work, double bytes, double dur, bool compute_bound,
+                       int *memo)
 {
-    char name[SIM_TAG_MAX];
-    kind_name(c->tag, name, sizeof name);
-    size_t i = 0;
-    while (i < s->n && strcmp(s->k[i].name, name)) i++;
+    size_t i = *memo >= 0 ? (size_t)*memo : 0;
+    char name[SIM_TAG_MAX] = "";
+    if (*memo < 0) {
+        kind_name(c->tag, name, sizeof name);
+        while (i < s->n && strcmp(s->k[i].name, name)) i++;
+        *memo = (int)i;
+    }
     if (i == s->n) {
         if (s->n == s->cap) {
             s->cap = s->cap ? 2 * s->cap : 64;
@@ -330,6 +343,22 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
     size_t nweight = 0;
     double t = 0, sync_free = 0, async_free = 0, gather_ready = 0, fwd_flops = 0;
     int gather_slot = -1;
+    /* per stored record and cost: its timing and kind once found (a repeated block meets them again) */
+    typedef struct {
+        double time_s, bw;
+        int links, kind;
+        bool timed;
+    } rec_memo;
+    rec_memo *rmemo = malloc((nrec ? nrec : 1) * sizeof *rmemo);
+    int *cmemo = malloc((ncost ? ncost : 1) * sizeof *cmemo);
+    if (!rmemo || !cmemo) {
+        free(rmemo);
+        free(cmemo);
+        free(issued);
+        return sim_err(SIM_ERR_INTERNAL, "step-time model: out of host memory");
+    }
+    for (size_t i = 0; i < nrec; i++) rmemo[i].timed = false, rmemo[i].kind = -1;
+    for (size_t i = 0; i < ncost; i++) cmemo[i] = -1;
     sim_walk w;
     sim_walk_init(&w, recs, nrec, costs, ncost, reps, nreps);
     const sim_record *r;
@@ -340,10 +369,13 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
         if (r) {
             if (r->step != step) continue;
             if (r->weight && r->phase != SIM_PHASE_OPTIMIZER) drain_known = true, drain_axes = r->axes;
-            model_tm_coll c = {*r, 0, 0, 0, false};
-            c.time_s = model_tm_collective(hw, eff, r, &c.links, &c.bw);
-            if (c.time_s == 0) continue;
+            rec_memo *rm = &rmemo[r - recs];
+            if (!rm->timed) rm->time_s = model_tm_collective(hw, eff, r, &rm->links, &rm->bw), rm->timed = true;
+            if (rm->time_s == 0) continue;
+            model_tm_coll c = {*r, rm->links, rm->bw, rm->time_s, false};
             if (!isfinite(c.time_s)) {
+                free(rmemo);
+                free(cmemo);
                 free(issued);
                 free(kinds.k);
                 free(ckinds.k);
@@ -376,7 +408,7 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
             }
             span_add(&sink, start, start + c.time_s, c.async ? 2 : 1, r->tag);
             top_add(out, &c);
-            coll_add(&ckinds, &c);
+            coll_add(&ckinds, &c, &rm->kind);
             continue;
         }
         const sim_cost *k = &kc;
@@ -392,7 +424,7 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
         double tc = work / (peak * eff->mxu),
                tm = k->elements * act_bytes / (hw->hbm_bw * (k->layout ? eff->layout : eff->hbm));
         double dur = tc > tm ? tc : tm;
-        kernel_add(&kinds, k, work, k->elements * act_bytes, dur, tc >= tm);
+        kernel_add(&kinds, k, work, k->elements * act_bytes, dur, tc >= tm, &cmemo[w.ci - 1]);
         span_add(&sink, t, t + dur, 0, k->tag);
         t += dur;
         out->compute_s += dur;
@@ -409,6 +441,8 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
     out->step_s = t;
     out->model_flops = 3.0 * fwd_flops;
     free(issued);
+    free(rmemo);
+    free(cmemo);
     if (kinds.n) qsort(kinds.k, kinds.n, sizeof kinds.k[0], cmp_kernel_time);
     for (size_t i = 0; i < kinds.n && i < MODEL_TM_TOP; i++) out->kernels[out->nkernels++] = kinds.k[i];
     free(kinds.k);
