@@ -38,6 +38,22 @@ static void check_dims(const bk_attn_dims *d)
                d->Hkv);
     BK_ASSERTF(d->Dqk > 0 && d->Dv > 0, "Dqk=%d Dv=%d", d->Dqk, d->Dv);
     BK_ASSERTF(d->block_q >= 0 && d->block_k >= 0, "block_q=%d block_k=%d", d->block_q, d->block_k);
+    BK_ASSERTF(d->window >= 0, "window=%d", d->window);
+}
+
+/* Key position kp is hidden from query position qp: later than it, or (window w > 0) w or more
+ * positions before it. */
+static inline int masked(int32_t kp, int32_t qp, int w) { return kp > qp || (w > 0 && (int64_t)kp <= (int64_t)qp - w); }
+
+/* A key tile with positions [klo, khi] against queries [qlo, qhi]: no pair visible (skipped), or
+ * every pair visible (no mask needed). */
+static inline int tile_hidden(int32_t klo, int32_t khi, int32_t qlo, int32_t qhi, int w)
+{
+    return klo > qhi || (w > 0 && (int64_t)khi <= (int64_t)qlo - w);
+}
+static inline int tile_full(int32_t klo, int32_t khi, int32_t qlo, int32_t qhi, int w)
+{
+    return khi <= qlo && (w == 0 || (int64_t)klo > (int64_t)qhi - w);
 }
 
 /* Row reductions run in ATTN_LANES lanes, lane l taking every ATTN_LANES-th element in order and
@@ -119,11 +135,11 @@ static void key_tile_ranges(const int32_t *kp, int Tk, int bk, int32_t *kmin, in
 }
 
 /* S (nq, nk), rows lds apart = scale * Q K^T, soft-capped when cap > 0 (th, if not NULL, receives
- * tanh(S / cap), rows lds apart too), then -inf where key j is later than query i, unless the
- * whole tile is visible. */
+ * tanh(S / cap), rows lds apart too), then -inf where key j is hidden from query i (later, or
+ * outside the window), unless the whole tile is visible. */
 BK_CLONES static void score_tile(float *S, int lds, const float *Q, int ldq, const float *K, int ldk, int nq, int nk,
                                  int D, float scale, float cap, float *th, const int32_t *qp, const int32_t *kp,
-                                 int full)
+                                 int window, int full)
 {
     bk_gemm(0, 1, nq, nk, D, scale, Q, ldq, K, ldk, 0.0f, S, lds);
     if (cap > 0.0f) {
@@ -139,7 +155,7 @@ BK_CLONES static void score_tile(float *S, int lds, const float *Q, int ldq, con
     if (full) return;
     for (int i = 0; i < nq; i++)
         for (int j = 0; j < nk; j++)
-            if (kp[j] > qp[i]) S[(size_t)i * lds + j] = -INFINITY;
+            if (masked(kp[j], qp[i], window)) S[(size_t)i * lds + j] = -INFINITY;
 }
 
 /* Keys [0, n) of a tile that a block of queries can see: up to the last one whose position is at
@@ -189,7 +205,7 @@ BK_CLONES static void attention_fwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
     const float *q = J->q, *k = J->k, *v = J->v;
     const int32_t *q_pos = J->q_pos, *k_pos = J->k_pos;
     const int Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
-    const int bq = block_q_of(d), bk = block_k_of(d), rep = Hq / Hkv;
+    const int bq = block_q_of(d), bk = block_k_of(d), rep = Hq / Hkv, W = d->window;
     const int ldq = Hq * Dqk, ldk = Hkv * Dqk, ldv = Hkv * Dv, ldo = Hq * Dv;
     const int nkt = (Tk + bk - 1) / bk;
     float *S = bk_xmalloc((size_t)bq * bk * sizeof *S);
@@ -213,11 +229,12 @@ BK_CLONES static void attention_fwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
                 memset(acc, 0, (size_t)nq * Dv * sizeof *acc);
                 for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0.0;
                 for (int t = 0, j0 = 0; j0 < Tk; t++, j0 += bk) {
-                    if (kmin[t] > qhi) continue; // no query of this tile sees any key of it
+                    if (tile_hidden(kmin[t], kmax[t], qlo, qhi, W))
+                        continue; // no query of this tile sees any key of it
                     const int nk = Tk - j0 < bk ? Tk - j0 : bk;
                     const float *K = k + ((size_t)b * Tk + j0) * ldk + (size_t)g * Dqk;
                     const float *V = v + ((size_t)b * Tk + j0) * ldv + (size_t)g * Dv;
-                    const int full = kmax[t] <= qlo, sub = full ? nq : ATTN_SUB_ROWS;
+                    const int full = tile_full(kmin[t], kmax[t], qlo, qhi, W), sub = full ? nq : ATTN_SUB_ROWS;
                     for (int r0 = 0; r0 < nq; r0 += sub) { // a partly visible tile: blocks of rows
                         const int nr = nq - r0 < sub ? nq - r0 : sub;
                         int32_t rlo, rhi;
@@ -225,7 +242,7 @@ BK_CLONES static void attention_fwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
                         const int ne = full ? nk : visible_keys(kpb + j0, nk, rhi);
                         if (ne == 0) continue; // the rows see no key of this tile: their state stays
                         score_tile(S, ne, Q + (size_t)r0 * ldq, ldq, K, ldk, nr, ne, Dqk, d->scale, d->soft_cap, NULL,
-                                   qp + r0, kpb + j0, full || kmax[t] <= rlo);
+                                   qp + r0, kpb + j0, W, full || tile_full(kmin[t], kmax[t], rlo, rhi, W));
                         for (int r = 0; r < nr; r++) {
                             const int i = r0 + r;
                             float *s = S + (size_t)r * ne;
@@ -285,7 +302,7 @@ BK_CLONES static void attention_bwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
     const float *dout = J->dout, *dlse = J->dlse, *out = J->o, *lse = J->lse, *q = J->q, *k = J->k, *v = J->v;
     const int32_t *q_pos = J->q_pos, *k_pos = J->k_pos;
     const int Tq = d->Tq, Tk = d->Tk, Hq = d->Hq, Hkv = d->Hkv, Dqk = d->Dqk, Dv = d->Dv;
-    const int bq = block_q_of(d), bk = block_k_of(d), rep = Hq / Hkv;
+    const int bq = block_q_of(d), bk = block_k_of(d), rep = Hq / Hkv, W = d->window;
     const int ldq = Hq * Dqk, ldk = Hkv * Dqk, ldv = Hkv * Dv, ldo = Hq * Dv;
     const int nkt = (Tk + bk - 1) / bk;
     float *P = bk_xmalloc((size_t)bq * bk * sizeof *P);
@@ -317,7 +334,7 @@ BK_CLONES static void attention_bwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
                     Dvec[i] = (float)s;
                 }
                 for (int t = 0, j0 = 0; j0 < Tk; t++, j0 += bk) {
-                    if (kmin[t] > qhi) continue;
+                    if (tile_hidden(kmin[t], kmax[t], qlo, qhi, W)) continue;
                     const int nk = Tk - j0 < bk ? Tk - j0 : bk;
                     const size_t krow = (size_t)b * Tk + j0;
                     const float *K = k + krow * ldk + (size_t)g * Dqk;
@@ -327,7 +344,7 @@ BK_CLONES static void attention_bwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
                     /* per block of rows (one block when the tile is all visible): P, dP = dO V^T, dS and
            * dQ += s dS K over the keys the block sees; P and dS are 0 past them, so dV and dK
            * sum the whole tile's rows as before */
-                    const int full = kmax[t] <= qlo, sub = full ? nq : ATTN_SUB_ROWS;
+                    const int full = tile_full(kmin[t], kmax[t], qlo, qhi, W), sub = full ? nq : ATTN_SUB_ROWS;
                     for (int r0 = 0; r0 < nq; r0 += sub) {
                         const int nr = nq - r0 < sub ? nq - r0 : sub;
                         int32_t rlo, rhi;
@@ -340,7 +357,8 @@ BK_CLONES static void attention_bwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
                         }
                         if (ne == 0) continue;
                         score_tile(Pr, nk, Q + (size_t)r0 * ldq, ldq, K, ldk, nr, ne, Dqk, d->scale, d->soft_cap,
-                                   Th ? Th + (size_t)r0 * nk : NULL, qp + r0, kpb + j0, full || kmax[t] <= rlo);
+                                   Th ? Th + (size_t)r0 * nk : NULL, qp + r0, kpb + j0, W,
+                                   full || tile_full(kmin[t], kmax[t], rlo, rhi, W));
                         for (int r = 0; r < nr; r++) {
                             float *p = Pr + (size_t)r * nk;
                             if (L[r0 + r] == -INFINITY) { // fully masked row: no probability mass, no gradient
@@ -402,7 +420,8 @@ void bk_attention_fwd_ref(float *out, float *lse, const float *q, const float *k
                 double mx = -INFINITY;
                 for (int j = 0; j < Tk; j++) {
                     s[j] = -INFINITY;
-                    if (k_pos[(size_t)b * Tk + j] > q_pos[(size_t)b * Tq + i]) continue;
+                    const int64_t kq = k_pos[(size_t)b * Tk + j], qq = q_pos[(size_t)b * Tq + i];
+                    if (kq > qq || (d->window > 0 && kq <= qq - d->window)) continue; // causal, window
                     const float *kj = k + (((size_t)b * Tk + j) * Hkv + g) * Dqk;
                     double dot = 0.0;
                     for (int c = 0; c < Dqk; c++) dot += (double)qi[c] * kj[c];
@@ -449,7 +468,8 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
                 double mx = -INFINITY, z = 0.0;
                 for (int j = 0; j < Tk; j++) {
                     p[j] = -INFINITY;
-                    if (k_pos[(size_t)b * Tk + j] > q_pos[(size_t)b * Tq + i]) continue;
+                    const int64_t kq = k_pos[(size_t)b * Tk + j], qq = q_pos[(size_t)b * Tq + i];
+                    if (kq > qq || (d->window > 0 && kq <= qq - d->window)) continue; // causal, window
                     const size_t kj = ((size_t)b * Tk + j) * Hkv + g;
                     double dot = 0.0;
                     for (int c = 0; c < Dqk; c++) dot += (double)q[qi * Dqk + c] * k[kj * Dqk + c];
@@ -515,7 +535,7 @@ BK_CLONES static void attention_dot_fwd_rows(int64_t b_lo, int64_t b_hi, void *a
             const float *K = J->k + (size_t)b * Tk * ldk + (size_t)g * Dqk;
             const float *V = J->v + (size_t)b * Tk * ldv + (size_t)g * Dv;
             float *O = J->out + (size_t)b * Tq * ldo + (size_t)h * Dv;
-            score_tile(P, Tk, Q, ldq, K, ldk, Tq, Tk, Dqk, d->scale, 0.0f, NULL, qp, kp,
+            score_tile(P, Tk, Q, ldq, K, ldk, Tq, Tk, Dqk, d->scale, 0.0f, NULL, qp, kp, d->window,
                        0); /* no soft cap: refused with this kernel */
             for (int i = 0; i < Tq; i++) {
                 float *s = P + (size_t)i * Tk, m = -INFINITY;

@@ -1,7 +1,9 @@
 /* bk_attention.h — causal attention with explicit positions, blocked with an online softmax
  * (flash-attention style): memory O(block_q * block_k), block products via sgemm.
- * Key j is visible to query i iff k_pos[j] <= q_pos[i], so permuted (load-balanced context
- * parallel) or chunked sequences mask correctly and Tq != Tk is fine. GQA: query head h reads kv
+ * Key j is visible to query i iff k_pos[j] <= q_pos[i], and, with a sliding window W > 0, also
+ * k_pos[j] > q_pos[i] - W (MaxText's local_sliding mask, attention_op.py generate_attention_mask:
+ * col > row - W and col <= row, so a query sees itself and the W - 1 keys before it), so permuted
+ * (load-balanced context parallel) or chunked sequences mask correctly and Tq != Tk is fine. GQA: query head h reads kv
  * head h / (Hq / Hkv). Dv may differ from Dqk (MLA: 192 vs 128). A query with no visible key gets
  * out = 0, lse = -INFINITY and zero gradients.
  */
@@ -19,6 +21,7 @@ typedef struct {
     int block_q;    // query tile rows, 0 = default (128)
     int block_k;    // key tile rows, 0 = default (128)
     float soft_cap; // attn_logits_soft_cap: scores s -> cap * tanh(s / cap) after the scale; 0 = off
+    int window;     // sliding window (MaxText local_sliding): key j also needs k_pos[j] > q_pos[i] - window; 0 = off
 } bk_attn_dims;
 
 void bk_attention_fwd(float *out,           // (B, Tq, Hq, Dv)

@@ -369,7 +369,7 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
 /* ------------------------------------------------------------ attention */
 
 static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale,
-                              double soft_cap)
+                              double soft_cap, int64_t window)
 {
     bk_attn_dims d;
     memset(&d, 0, sizeof d);
@@ -382,6 +382,7 @@ static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const me
     d.Dv = (int)v->local[3];
     d.scale = (float)scale;
     d.soft_cap = (float)soft_cap;
+    d.window = (int)window;
     return d;
 }
 
@@ -391,10 +392,14 @@ static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const me
  * products, and twice its elements (the cotangents).  mxu: the kernel's real work (0: these
  * FLOPs), from splash_work. */
 static void attention_cost(sim_device *dev, const mesh_array *q, const mesh_array *k, const mesh_array *v,
-                           bool backward, double mxu, const char *tag)
+                           int64_t window, bool backward, double mxu, const char *tag)
 {
     double B = (double)q->local[0], Tq = (double)q->local[1], Tk = (double)k->local[1], H = (double)q->local[2];
-    double flops = 2.0 * B * H * Tq * Tk * (double)(q->local[3] + v->local[3]) * 0.5;
+    /* the visible share of the score matrix: the causal half, or with a sliding window W < Tk the
+     * W T - W (W - 1) / 2 pairs of a causal band over Tk keys (maxtext_utils.py counts the same band) */
+    double W = (double)window, vis = 0.5;
+    if (window > 0 && W < Tk) vis = (W * Tk - 0.5 * W * (W - 1.0)) / (Tk * Tk);
+    double flops = 2.0 * B * H * Tq * Tk * (double)(q->local[3] + v->local[3]) * vis;
     double el = (double)q->nlocal + (double)k->nlocal + (double)v->nlocal + B * Tq * H * (double)v->local[3];
     if (backward) flops *= 2.5, el *= 2.0;
     sim_device_add_cost_tiled(dev, flops, mxu, el, 0.0, tag);
@@ -451,9 +456,9 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dq", 4, qa->shape, &qs, &dq));
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
-    attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, true, e->f[3], e->tag);
+    attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, (int64_t)e->f[4], true, e->f[3], e->tag);
     if (dy->data) {
-        bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2]);
+        bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2], (int64_t)e->f[4]);
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
             bk_attention_dot_bwd(dq.data, dk.data, dv.data, dy->data, lse->data, qa->data, ka->data, va->data, &d);
         else
@@ -496,13 +501,14 @@ static sim_status qk_product_check(mesh_ctx *c, const mesh_var *q, const mesh_va
 sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos, double scale,
                              const char *name, mesh_var **out)
 {
-    return mesh_nn_attention_kernel(t, q, k, v, q_pos, scale, 0.0, false, NULL, name, out);
+    return mesh_nn_attention_kernel(t, q, k, v, q_pos, scale, 0.0, 0, false, NULL, name, out);
 }
 
 sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
-                                    double scale, double soft_cap, bool dot, const mesh_nn_splash *splash,
-                                    const char *name, mesh_var **out)
+                                    double scale, double soft_cap, int64_t window, bool dot,
+                                    const mesh_nn_splash *splash, const char *name, mesh_var **out)
 {
+    SIM_ASSERT(window >= 0 && window <= INT32_MAX);
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, name, tag, sizeof tag);
@@ -553,16 +559,18 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     SIM_TRY(mesh_array_new(c->dev, c->mesh, dot ? "attention/probs" : "attention/lse", dot ? 4 : 3, lshape, &ls,
                            SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
     if (qa.data) {
-        bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap);
+        bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap, window);
         if (dot) bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
         else bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
-    const mesh_nn_splash *sp = dot ? NULL : splash;
-    attention_cost(c->dev, &qa, &ka, &va, false, splash_work(sp, &qa, &ka, &va, false), tag);
+    /* the splash block count is a causal grid's: with a window the FLOPs stand */
+    const mesh_nn_splash *sp = dot || window > 0 ? NULL : splash;
+    attention_cost(c->dev, &qa, &ka, &va, window, false, splash_work(sp, &qa, &ka, &va, false), tag);
     mesh_var *in[3] = {q, k, v};
     mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
     if (e)
-        e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap, e->f[3] = splash_work(sp, &qa, &ka, &va, true);
+        e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap, e->f[3] = splash_work(sp, &qa, &ka, &va, true),
+        e->f[4] = (double)window;
     keep(t, e, &qa, qo);
     keep(t, e, &ka, ko);
     keep(t, e, &va, vo);

@@ -43,7 +43,9 @@ sim_status mesh_nn_attention(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v
  * whole score matrix, its probabilities (B, Hq, T, S) kept for the backward; in explicit mode first
  * JAX's rule for MaxText's qk_product einsum, which refuses a sharded sequence), else flash (blocked,
  * the logsumexp kept).  Same placements and traffic.  soft_cap > 0 (flash only; the model refuses
- * it with dot): scores -> cap tanh(score / cap). */
+ * it with dot): scores -> cap tanh(score / cap).  window > 0: MaxText's local_sliding mask, key
+ * positions > query position - window too; under context parallelism the keys arrive gathered
+ * with their positions, so the window holds across shards (and load-balanced orders) as is. */
 /* MaxText's splash-attention blocks (sa_block_*, each clipped to the sequence as MaxText does) and
  * its backward kernels (sa_use_fused_bwd_kernel): the step-time model costs the blocks the TPU
  * kernel visits.  NULL, or a flash kernel that is not splash: the causal half is costed. */
@@ -52,8 +54,8 @@ typedef struct {
     bool fused_bwd;
 } mesh_nn_splash;
 sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, const mesh_array *q_pos,
-                                    double scale, double soft_cap, bool dot, const mesh_nn_splash *splash,
-                                    const char *name, mesh_var **out);
+                                    double scale, double soft_cap, int64_t window, bool dot,
+                                    const mesh_nn_splash *splash, const char *name, mesh_var **out);
 
 /* out (B, T, E) = table[tokens]: table (V, E) may be sharded on V (the
  * lookup is then partial over those axes) and E; axes that also shard the

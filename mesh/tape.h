@@ -54,7 +54,7 @@ typedef struct mesh_entry {
     bool saved_owned[MESH_ENTRY_MAX_SAVED]; /* freed with the entry when set */
     int nsaved;
     char sub[64];  /* einsum subscripts and other text */
-    double f[4];   /* scalars (eps, scale, ...) */
+    double f[5];   /* scalars (eps, scale, ...) */
     int64_t i[4];  /* integers */
     void *payload; /* op-specific (freed with free_payload) */
     void (*free_payload)(void *);

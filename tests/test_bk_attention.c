@@ -1,5 +1,6 @@
 /* test_bk_attention.c — blocked causal attention against the naive _ref twin, finite
- * differences, permuted / chunked positions, tiles not dividing T, fully masked rows. */
+ * differences, permuted / chunked positions, tiles not dividing T, fully masked rows, the sliding
+ * window. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -121,7 +122,7 @@ static void test_attention_vs_ref(void **state)
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int *x = cfg[c];
-        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.0f, x[7], x[8], 0.0f};
+        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.0f, x[7], x[8], 0.0f, 0};
         d.scale = (float)(1.0 / sqrt((double)d.Dqk)) * (c % 2 ? 3.0f : 1.0f); // peaky and flat softmaxes
         prob_t p = prob_new(&r, d);
         check_vs_ref(&p, &r, "contiguous");
@@ -149,7 +150,7 @@ static double fd_loss(void *c_)
 static void fd_check(float soft_cap, float scale)
 {
     bk_rng r = {52};
-    bk_attn_dims d = {2, 5, 7, 4, 2, 6, 4, scale, 2, 3, soft_cap};
+    bk_attn_dims d = {2, 5, 7, 4, 2, 6, 4, scale, 2, 3, soft_cap, 0};
     prob_t p = prob_new(&r, d);
     /* batch 1 gets shuffled key positions and one query that sees nothing (position -1) */
     const int32_t kp1[7] = {6, 0, 3, 5, 1, 2, 4}, qp1[5] = {2, -1, 6, 4, 3};
@@ -195,7 +196,7 @@ static void test_attention_soft_cap(void **state)
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int *x = cfg[c];
-        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 3.0f / sqrtf((float)x[5]), x[7], x[8], 1.5f};
+        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 3.0f / sqrtf((float)x[5]), x[7], x[8], 1.5f, 0};
         prob_t p = prob_new(&r, d);
         check_vs_ref(&p, &r, "soft cap");
         float *o0 = zeros(p.no), *l0 = zeros(p.nl);
@@ -225,7 +226,7 @@ static void test_attention_permuted(void **state)
 {
     (void)state;
     bk_rng r = {53};
-    bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5, 0.0f};
+    bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5, 0.0f, 0};
     prob_t a = prob_new(&r, d), b = prob_new(&r, d);
     /* MaxText load-balanced order for 4 chunks of 4 over 2 shards: chunks 0,3 | 1,2 */
     int perm[16];
@@ -273,7 +274,7 @@ static void test_attention_chunk(void **state)
 {
     (void)state;
     bk_rng r = {54};
-    bk_attn_dims full = {1, 17, 17, 2, 1, 8, 8, 0.35f, 4, 4, 0.0f};
+    bk_attn_dims full = {1, 17, 17, 2, 1, 8, 8, 0.35f, 4, 4, 0.0f, 0};
     prob_t f = prob_new(&r, full);
     bk_attention_fwd(f.out, f.lse, f.q, f.k, f.v, f.qp, f.kp, &full);
     bk_attn_dims cd = full;
@@ -295,7 +296,7 @@ static void test_attention_fully_masked(void **state)
 {
     (void)state;
     bk_rng r = {55};
-    bk_attn_dims d = {2, 6, 5, 2, 1, 4, 3, 0.5f, 2, 2, 0.0f};
+    bk_attn_dims d = {2, 6, 5, 2, 1, 4, 3, 0.5f, 2, 2, 0.0f, 0};
     prob_t p = prob_new(&r, d);
     /* keys at positions 10..14; queries 8, 12, 9, 14, 3, 11: rows 0, 2, 4 see nothing */
     const int32_t qp[6] = {8, 12, 9, 14, 3, 11};
@@ -338,7 +339,7 @@ static void test_attention_tile_invariance(void **state)
 {
     (void)state;
     bk_rng r = {56};
-    bk_attn_dims d = {1, 33, 33, 2, 2, 8, 8, 0.35f, 1, 1, 0.0f};
+    bk_attn_dims d = {1, 33, 33, 2, 2, 8, 8, 0.35f, 1, 1, 0.0f, 0};
     prob_t p = prob_new(&r, d);
     float *o1 = zeros(p.no), *l1 = zeros(p.nl);
     bk_attention_fwd(o1, l1, p.q, p.k, p.v, p.qp, p.kp, &d);
@@ -401,6 +402,121 @@ static void test_attention_dot_vs_ref(void **state)
     }
 }
 
+/* ---- sliding window (MaxText attention_type=local_sliding) ---- */
+
+/* The window as MaxText's attention_op.py generate_attention_mask builds it: key col visible to
+ * query row iff col > row - W and col <= row.  Checked against the double twin on tiles that are
+ * skipped whole (keys all older than the window), cut by the window's old edge, or cut by both
+ * edges; on a trailing query chunk and on load-balanced permuted positions; with and without the
+ * soft cap.  Then hand facts the twin does not supply: W = 1 leaves each query its own key only
+ * (out = its value row, lse = its own score), W >= T is plain causal attention, and the
+ * dot-product kernel's probabilities are 0 outside the window and sum to 1 over min(row + 1, W)
+ * keys. */
+static void test_attention_window(void **state)
+{
+    (void)state;
+    bk_rng r = {91};
+    /* B, Tq, Tk, Hq, Hkv, Dqk, Dv, block_q, block_k, window, cap x10 */
+    const int cfg[][11] = {
+        {2, 5, 5, 2, 1, 16, 16, 2, 3, 2, 0},    // window across 2 x 3 tiles
+        {1, 40, 40, 4, 2, 8, 8, 8, 8, 11, 0},   // whole tiles skipped, both edges cut
+        {1, 40, 40, 2, 2, 8, 6, 0, 0, 7, 0},    // default tiles (one tile)
+        {1, 9, 40, 3, 3, 8, 8, 4, 5, 6, 0},     // a trailing query chunk
+        {2, 33, 33, 4, 1, 12, 8, 16, 4, 5, 15}, // soft cap
+        {1, 70, 70, 2, 1, 8, 8, 64, 64, 3, 0},  // the partly visible tile's 64-row sub-blocks
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int *x = cfg[c];
+        bk_attn_dims d = {
+            x[0], x[1], x[2], x[3], x[4], x[5], x[6], 1.0f / sqrtf((float)x[5]), x[7], x[8], (float)x[10] / 10.0f,
+            x[9]};
+        prob_t p = prob_new(&r, d);
+        check_vs_ref(&p, &r, "window");
+        prob_free(&p);
+    }
+    /* load-balanced positions: 4 chunks of 4 stored as 0,3 | 1,2 */
+    {
+        bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5, 0.0f, 6};
+        prob_t p = prob_new(&r, d);
+        const int chunks[4] = {0, 3, 1, 2};
+        for (int ch = 0; ch < 4; ch++)
+            for (int t = 0; t < 4; t++) p.qp[ch * 4 + t] = p.kp[ch * 4 + t] = chunks[ch] * 4 + t;
+        check_vs_ref(&p, &r, "window permuted");
+        prob_free(&p);
+    }
+    /* W = 1: each query sees only its own key */
+    {
+        bk_attn_dims d = {2, 19, 19, 4, 2, 8, 8, 0.5f, 4, 4, 0.0f, 1};
+        prob_t p = prob_new(&r, d);
+        bk_attention_fwd(p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &d);
+        for (int b = 0; b < d.B; b++)
+            for (int i = 0; i < d.Tq; i++)
+                for (int h = 0; h < d.Hq; h++) {
+                    const int g = h / (d.Hq / d.Hkv);
+                    const float *o = p.out + (((size_t)b * d.Tq + i) * d.Hq + h) * d.Dv;
+                    const float *vv = p.v + (((size_t)b * d.Tk + i) * d.Hkv + g) * d.Dv;
+                    const float *qq = p.q + (((size_t)b * d.Tq + i) * d.Hq + h) * d.Dqk;
+                    const float *kk = p.k + (((size_t)b * d.Tk + i) * d.Hkv + g) * d.Dqk;
+                    for (int cc = 0; cc < d.Dv; cc++) assert_true(fabsf(o[cc] - vv[cc]) <= 1e-6f);
+                    double s = 0;
+                    for (int cc = 0; cc < d.Dqk; cc++) s += (double)qq[cc] * kk[cc];
+                    assert_true(fabs(p.lse[((size_t)b * d.Hq + h) * d.Tq + i] - 0.5 * s) <= 1e-5);
+                }
+        prob_free(&p);
+    }
+    /* W >= T: the causal result, bit for bit (nothing is masked beyond causality) */
+    {
+        bk_attn_dims d = {1, 23, 23, 2, 1, 8, 8, 0.35f, 8, 8, 0.0f, 23};
+        prob_t p = prob_new(&r, d);
+        float *o0 = zeros(p.no), *l0 = zeros(p.nl);
+        bk_attn_dims u = d;
+        u.window = 0;
+        bk_attention_fwd(o0, l0, p.q, p.k, p.v, p.qp, p.kp, &u);
+        bk_attention_fwd(p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &d);
+        assert_memory_equal(o0, p.out, p.no * sizeof(float));
+        d.window = 22; /* one key fewer for the last query: a different result */
+        bk_attention_fwd(p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &d);
+        assert_true(bk_rel_err(p.out, o0, p.no) > 1e-6);
+        free(o0), free(l0);
+        prob_free(&p);
+    }
+    /* dot-product kernel: probabilities inside the window only, against the twin */
+    {
+        bk_attn_dims d = {.B = 2, .Tq = 21, .Tk = 21, .Hq = 4, .Hkv = 2, .Dqk = 8, .Dv = 8, .scale = 0.5f, .window = 4};
+        prob_t p = prob_new(&r, d);
+        size_t np = (size_t)d.B * d.Hq * d.Tq * d.Tk;
+        float *probs = zeros(np), *out_r = zeros(p.no), *lse_r = zeros(p.nl), *dout = zeros(p.no);
+        bk_rng_fill(&r, dout, p.no, -1, 1);
+        bk_attention_dot_fwd(p.out, probs, p.q, p.k, p.v, p.qp, p.kp, &d);
+        bk_attention_fwd_ref(out_r, lse_r, p.q, p.k, p.v, p.qp, p.kp, &d);
+        assert_true(bk_rel_err(p.out, out_r, p.no) < FWD_RTOL);
+        for (int b = 0; b < d.B; b++)
+            for (int h = 0; h < d.Hq; h++)
+                for (int i = 0; i < d.Tq; i++) {
+                    const float *pr = probs + (((size_t)b * d.Hq + h) * d.Tq + i) * d.Tk;
+                    double sum = 0.0;
+                    int nz = 0;
+                    for (int j = 0; j < d.Tk; j++) {
+                        if (j > i || j <= i - d.window) assert_true(pr[j] == 0.0f);
+                        nz += pr[j] != 0.0f;
+                        sum += pr[j];
+                    }
+                    assert_int_equal(nz, i + 1 < d.window ? i + 1 : d.window);
+                    assert_true(fabs(sum - 1.0) < 1e-5);
+                }
+        float *dq = zeros(p.nq), *dk = zeros(p.nk), *dv = zeros(p.nv);
+        float *dq_r = zeros(p.nq), *dk_r = zeros(p.nk), *dv_r = zeros(p.nv);
+        bk_attention_dot_bwd(dq, dk, dv, dout, probs, p.q, p.k, p.v, &d);
+        bk_attention_bwd_ref(dq_r, dk_r, dv_r, dout, NULL, out_r, lse_r, p.q, p.k, p.v, p.qp, p.kp, &d);
+        assert_true(bk_rel_err(dq, dq_r, p.nq) < BWD_RTOL);
+        assert_true(bk_rel_err(dk, dk_r, p.nk) < BWD_RTOL);
+        assert_true(bk_rel_err(dv, dv_r, p.nv) < BWD_RTOL);
+        free(probs), free(out_r), free(lse_r), free(dout), free(dq), free(dk), free(dv), free(dq_r), free(dk_r),
+            free(dv_r);
+        prob_free(&p);
+    }
+}
+
 /* The blocked kernels run (batch row, kv head) pairs on the kernel pool: with GQA (two query heads
  * per kv head, which sum into the same dk and dv) and 2 or 3 threads, every output has the bits of
  * one thread. */
@@ -408,7 +524,7 @@ static void test_attention_threads_same_bits(void **state)
 {
     (void)state;
     bk_rng r = {57};
-    bk_attn_dims d = {3, 150, 150, 4, 2, 16, 8, 0.25f, 64, 32, 0.0f};
+    bk_attn_dims d = {3, 150, 150, 4, 2, 16, 8, 0.25f, 64, 32, 0.0f, 0};
     prob_t p = prob_new(&r, d);
     float *dout = zeros(p.no);
     bk_rng_fill(&r, dout, p.no, -1, 1);
@@ -439,7 +555,7 @@ int main(void)
         cmocka_unit_test(test_attention_soft_cap),        cmocka_unit_test(test_attention_permuted),
         cmocka_unit_test(test_attention_chunk),           cmocka_unit_test(test_attention_fully_masked),
         cmocka_unit_test(test_attention_tile_invariance), cmocka_unit_test(test_attention_threads_same_bits),
-        cmocka_unit_test(test_attention_dot_vs_ref),
+        cmocka_unit_test(test_attention_dot_vs_ref),      cmocka_unit_test(test_attention_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

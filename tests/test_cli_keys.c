@@ -733,6 +733,7 @@ static void test_maxtext_combination_rules(void **state)
         {{"use_gmm_v2=true"}, 1, "GMM v2 requires use_tokamax_gmm=True"},
         {{"use_gmm_v2_heuristic_tiling=true"}, 1, "use_gmm_v2_heuristic_tiling=True requires use_gmm_v2=True"},
         {{"partial_rotary_factor=0.5"}, 1, "partial_rotary_factor is only effective"},
+        {{"attention_type=local_sliding"}, 1, "`sliding_window_size` must be an integer > 0 for 'local_sliding'"},
         {{"experimental_sa_quant_q_fp8=true"},
          1,
          "Q quantization is currently only supported with attention_type='mla'"},

@@ -79,7 +79,15 @@ static sim_status op_rope(mesh_tape *t, mesh_var *const *in, const void *arg, me
 static sim_status op_attention(mesh_tape *t, mesh_var *const *in, const void *arg, mesh_var **out)
 {
     const bool *dot = arg;
-    return mesh_nn_attention_kernel(t, in[0], in[1], in[2], &in[3]->val, 1.0 / sqrt((double)D), 0, *dot, NULL,
+    return mesh_nn_attention_kernel(t, in[0], in[1], in[2], &in[3]->val, 1.0 / sqrt((double)D), 0, 0, *dot, NULL,
+                                    "attention", out);
+}
+
+/* local_sliding with a window of 2 positions (each query sees itself and the key before it) */
+static sim_status op_attention_window(mesh_tape *t, mesh_var *const *in, const void *arg, mesh_var **out)
+{
+    const bool *dot = arg;
+    return mesh_nn_attention_kernel(t, in[0], in[1], in[2], &in[3]->val, 1.0 / sqrt((double)D), 0, 2, *dot, NULL,
                                     "attention", out);
 }
 
@@ -213,11 +221,32 @@ static void attention_case(bool dot)
     check(&c);
 }
 
+/* The sliding window with the sequence split over 'data' as context parallelism splits it: the
+ * keys and values are gathered with their positions, so the window is the same across shards. */
+static void attention_window_case(bool dot)
+{
+    vjp_case c = {.what = dot ? "window, T split (dot)" : "window, T split (flash)",
+                  .nin = 4,
+                  .rank = {4, 4, 4, 2},
+                  .shape = {{B, T, H, D}, {B, T, H, D}, {B, T, H, D}, {B, T}},
+                  .spec = {"P(None, 'data', 'tensor', None)", "P(None, 'data', 'tensor', None)",
+                           "P(None, 'data', 'tensor', None)", "P(None, 'data')"},
+                  .integer = {false, false, false, true},
+                  .int_bound = {0, 0, 0, T},
+                  .out_rank = 4,
+                  .out_shape = {B, T, H, D},
+                  .op = op_attention_window,
+                  .arg = &dot};
+    check(&c);
+}
+
 static void test_attention(void **state)
 {
     (void)state;
     attention_case(false);
     attention_case(true);
+    attention_window_case(false);
+    attention_window_case(true);
 }
 
 static void test_embed(void **state)

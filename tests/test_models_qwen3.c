@@ -290,24 +290,27 @@ static void test_refusals_name_the_key(void **state)
 {
     (void)state;
     static const struct {
-        const char *word, *key, *also;
+        const char *word, *key, *also, *word2;
     } cases[] = {
-        {"attention_type=mla", "attention_type", "global"},
-        {"rope_type=yarn", "rope_type", "default"},
-        {"rope_type=llama3.1", "rope_type", "default"},
-        {"use_mrope=true", "use_mrope", "use_mrope=false"},
-        {"mtp_num_layers=1", "mtp_num_layers", "deepseek"},
-        {"use_batch_split_schedule=true", "use_batch_split_schedule", "deepseek"},
-        {"sliding_window_size=8", "sliding_window_size", "refused"},
-        {"qk_norm_with_scale=false", "qk_norm_with_scale", "refused"},
+        {"attention_type=mla", "attention_type", "global", NULL},
+        {"rope_type=yarn", "rope_type", "default", NULL},
+        {"rope_type=llama3.1", "rope_type", "default", NULL},
+        {"use_mrope=true", "use_mrope", "use_mrope=false", NULL},
+        {"mtp_num_layers=1", "mtp_num_layers", "deepseek", NULL},
+        {"use_batch_split_schedule=true", "use_batch_split_schedule", "deepseek", NULL},
+        {"attention_type=local_sliding", "sliding_window_size", "must be an integer > 0", NULL},
+        {"attention_type=local_sliding", "attention_type", "never applies sliding_window_size",
+         "sliding_window_size=8"},
+        {"qk_norm_with_scale=false", "qk_norm_with_scale", "refused", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *argv[NTINY + 3];
+        const char *argv[NTINY + 4];
         int argc = 0;
         for (int k = 0; k < NTINY; k++) argv[argc++] = TINY[k];
         argv[argc++] = "steps=1";
         argv[argc++] = "per_device_batch_size=8";
         argv[argc++] = cases[i].word;
+        if (cases[i].word2) argv[argc++] = cases[i].word2;
         cli_capture r = cli_capture_run(cli_train, argc, argv);
         if (r.rc != 2 || !strstr(r.err, cases[i].key) || !strstr(r.err, cases[i].also))
             fail_msg("%s: exit %d, expected 2 naming %s and '%s': %s", cases[i].word, r.rc, cases[i].key, cases[i].also,

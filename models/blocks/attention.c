@@ -5,6 +5,9 @@
 #include "mesh/nn.h"
 #include "mesh/ops.h"
 
+#include <stdio.h>
+#include <string.h>
+
 /* Attention's axis names in train mode (attentions.py: input_axis_names, query/key/value_axis_names,
  * out_axis_names; reference/maxtext-facts.md §5.3) */
 static const char *const ATTN_IN[3] = {"activation_batch_attn", "activation_input_length_attn",
@@ -86,10 +89,31 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
     SIM_TRY(model_checkpoint_name(md, v, MODEL_CKPT_VALUE_PROJ));
     /* query_pre_attn_scalar multiplies the query after RoPE; the kernel applies it to the scores,
      * the same product (AttentionOp adds no scale of its own) */
-    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, a->scale, a->soft_cap, d->attn_dot, &d->splash,
-                                     "attention_op", &o));
+    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, a->scale, a->soft_cap, a->sliding_window, d->attn_dot,
+                                     &d->splash, "attention_op", &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
     return model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, model_param_leaf(md, t, a->out, l), "out",
                              3, a->out_names, y);
+}
+
+sim_status model_attention_global_only(const cfg_config *cfg, const char *block, const char *layer)
+{
+    const char *at;
+    SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
+    if (!at || !strcmp(at, "global")) return SIM_OK;
+    char why[512];
+    if (!strcmp(at, "local_sliding"))
+        snprintf(why, sizeof why,
+                 "MaxText 0.2.5's %s layer (%s) builds its Attention without attention_type, so AttentionOp runs "
+                 "global causal attention and never applies sliding_window_size; shardsim would simulate the same "
+                 "global attention. Use attention_type=global (the sliding window is applied by the layers that pass "
+                 "it: gemma2, gemma3, gpt_oss, olmo3)",
+                 block, layer);
+    else
+        snprintf(why, sizeof why,
+                 "decoder_block=%s is simulated with global attention (%s); use attention_type=global (mla needs "
+                 "decoder_block=deepseek)",
+                 block, layer);
+    return model_cfg_unsupported(cfg, "attention_type", why);
 }

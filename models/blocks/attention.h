@@ -28,11 +28,20 @@ typedef struct {
     double scale;                 /* query_pre_attn_scalar (1: MaxText folds 1/sqrt(head_dim) into the
                                         query init instead) */
     double soft_cap;              /* attn_logits_soft_cap as the layer passes it (0: none) */
+    int64_t sliding_window;       /* attention_type=local_sliding as the layer passes it: sliding_window_size
+                                     (AttentionOp's mask, attention_op.py); 0: global causal */
     const char *const *out_names; /* 3 logical names of out's out_sharding (the layer's out_sharding) */
 } model_attention_block;
 
 /* x (B, T, E) -> y (B, T, E), the causal self-attention of the batch's positions. */
 sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, const model_attention_block *a,
                            mesh_var *x, mesh_var **y);
+
+/* For a decoder block whose layer builds its Attention without attention_type (MaxText 0.2.5's
+ * llama2, mistral, mixtral, qwen3: Attention's default AttentionType.GLOBAL, which
+ * attention_op.py's _resolve_attention_type keeps whatever the config says): attention_type other
+ * than global is refused, naming the block and the layer file, since MaxText would run global
+ * attention there and apply no window. */
+sim_status model_attention_global_only(const cfg_config *cfg, const char *block, const char *layer);
 
 #endif

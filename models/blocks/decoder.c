@@ -24,15 +24,20 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
     SIM_TRY(model_dropout(md, t, x, "decoder/embedding", &x)); /* no dropout with a pipeline (refused) */
     if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline_run.c) */
         SIM_TRY(model_pipeline_run(md, t, b, x, dec->layer, 0, &x));
+    mesh_var *lb_sum = NULL; /* the layers' load-balance losses (MoE layers), summed */
     for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
-        mesh_var *in = x;
+        mesh_var *in = x, *aux = NULL;
         if (m->d.remat_full) {
             char tag[64];
             snprintf(tag, sizeof tag, "decoder/layers_%d/remat", l);
-            SIM_TRY(model_remat_layer(md, t, b, l, x, dec->layer, tag, &x, NULL));
+            SIM_TRY(model_remat_layer(md, t, b, l, x, dec->layer, tag, &x, &aux));
         } else {
-            mesh_var *aux = NULL;
             SIM_TRY(dec->layer(md, t, b, l, x, &x, &aux));
+        }
+        if (aux) {
+            md->ctx.layer = "loss";
+            if (lb_sum) SIM_TRY(mesh_ad_add(t, lb_sum, aux, "moe_lb_loss", &lb_sum));
+            else lb_sum = aux;
         }
         /* MaxText scans the layers (scan_layers): the carry's type may not change across a layer */
         if (l == 0 && m->d.scan_layers)
@@ -49,5 +54,8 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
     /* MaxText 0.2.5 reshards the per-token loss (loss_constraint=assert: the assert of before PR #4208) */
     SIM_TRY(model_loss_constraint(md, t, tok_loss, true, &tok_loss));
     md->ctx.layer = "loss";
-    return mesh_nn_mean(t, tok_loss, "mean", loss);
+    SIM_TRY(mesh_nn_mean(t, tok_loss, "mean", loss));
+    /* train.py loss_fn: the load-balance loss the MoE layers sowed (moe_lb_loss) joins the loss */
+    if (lb_sum) SIM_TRY(mesh_ad_add(t, *loss, lb_sum, "plus_moe_lb_loss", loss));
+    return SIM_OK;
 }

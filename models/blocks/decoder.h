@@ -1,15 +1,16 @@
 /* decoder.h — MaxText's Decoder around a family's layer (layers/nnx_decoders.py): the token
  * embedding, the layer stack (each layer through model_remat_layer, or the whole stack as
- * MaxText's pipeline), the final RMSNorm, the output head and the cross-entropy loss.  A family
- * whose every layer is alike and that adds nothing to the loss (no MTP, no load-balance term)
- * builds its loss hook from this block and its own layer function. */
+ * MaxText's pipeline), the final RMSNorm, the output head and the cross-entropy loss, plus the
+ * load-balance losses the layers return as their second output (MoE layers).  A family whose
+ * every layer is alike (no MTP, no dense layers before MoE ones) builds its loss hook from this
+ * block and its own layer function. */
 #ifndef MODELS_BLOCKS_DECODER_H
 #define MODELS_BLOCKS_DECODER_H
 
 #include "models/core/model.h"
 
 typedef struct {
-    model_layer_fn layer; /* one decoder layer (its aux output is NULL) */
+    model_layer_fn layer; /* one decoder layer (its aux output: its load-balance loss, or NULL) */
     int embed;            /* token_embedder.embedding (model_param_index) */
     int norm;             /* decoder_norm.scale */
     int logits;           /* logits_dense.kernel, -1 with logits_via_embedding */

@@ -221,7 +221,7 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
     double scale = bk_mla_softmax_scale((int)(mla->qk_nope + mla->qk_rope), (long)mla->max_pos, (long)mla->orig_max_pos,
                                         mla->rope_factor, mla->mscale);
     log_attention_op(md, query, key, value);
-    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, d->attn_dot,
+    SIM_TRY(mesh_nn_attention_kernel(t, query, key, value, &b->positions, scale, d->attn_soft_cap, 0, d->attn_dot,
                                      &d->splash, "attention_op", &o));
     SIM_TRY(model_shard_as(md, t, o, "attention_mla/out", 4, MLA_OUT, &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));

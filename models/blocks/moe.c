@@ -48,8 +48,11 @@
 #include "blas_kernels/bk_activation.h"
 #include "blas_kernels/bk_gemm.h"
 #include "blas_kernels/bk_topk.h"
+#include "config/release.h"
 #include "mesh/nn.h"
+#include "mesh/ops.h"
 #include "mesh/reshard.h"
+#include "models/core/init.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -284,6 +287,32 @@ static void group_mask(float *sel, int64_t E, int groups, int keep)
             for (int64_t e = 0; e < per; e++) sel[g * per + e] = -INFINITY;
 }
 
+/* moe.py get_topk outside DeepSeek: jax.nn.softmax over the k selected values (float32), then with
+ * norm_topk_prob a division by their sum.  p (k) the weights; with g (k) given, p is overwritten by
+ * the cotangent of the k values instead (softmax's dz = p (g - sum g p), after the division's
+ * du = g / S - sum(g u) / S). */
+static void softmax_topk(const float *raw, int k, bool norm, double *p, const float *g)
+{
+    double mx = raw[0], z = 0, S = 0;
+    for (int j = 1; j < k; j++) mx = raw[j] > mx ? raw[j] : mx;
+    for (int j = 0; j < k; j++) z += (p[j] = exp((double)raw[j] - mx));
+    for (int j = 0; j < k; j++) S += (p[j] /= z);
+    if (!g) {
+        if (norm)
+            for (int j = 0; j < k; j++) p[j] /= S;
+        return;
+    }
+    double gw[64], dot = 0;
+    for (int j = 0; j < k; j++) gw[j] = g[j];
+    if (norm) {
+        double gu = 0;
+        for (int j = 0; j < k; j++) gu += gw[j] * (p[j] / S);
+        for (int j = 0; j < k; j++) gw[j] = gw[j] / S - gu / S;
+    }
+    for (int j = 0; j < k; j++) dot += gw[j] * p[j];
+    for (int j = 0; j < k; j++) p[j] = p[j] * (gw[j] - dot);
+}
+
 /* Per token (global index `token`): the k experts (ties to the lowest index)
  * and the raw weights, before renormalisation and scaling. */
 static void route_token(const float *s, const float *bias, int64_t E, const model_moe_route_cfg *c, uint64_t token,
@@ -307,6 +336,12 @@ void model_moe_route_token(const float *s, const float *bias, int64_t E, const m
 {
     float vals[64], raw[64];
     route_token(s, bias, E, c, token, sel, vals, idx, raw);
+    if (c->softmax_topk && !c->random) {
+        double p[64];
+        softmax_topk(raw, c->k, c->norm_topk, p, NULL);
+        for (int j = 0; j < c->k; j++) w[j] = (float)p[j];
+        return;
+    }
     double sum = c->no_eps ? 0.0 : 1e-20;
     for (int j = 0; j < c->k; j++) sum += raw[j];
     /* deepseek_scale_weights; random routing returns before it (moe.py get_topk) */
@@ -353,6 +388,15 @@ static sim_status route_vjp(mesh_tape *t, mesh_entry *e)
             route_token(sv + n * E, bv, E, c, token_of(rs, n, Sl), sel, vals, idx,
                         raw); /* the saved choice, recomputed */
             const float *gr = g + n * k;
+            if (c->softmax_topk && !c->random) {
+                double dz[64];
+                softmax_topk(raw, k, c->norm_topk, dz, gr);
+                for (int j = 0; j < k; j++) {
+                    o[n * E + idx[j]] += (float)dz[j];
+                    if (bo) bo[idx[j]] += (float)dz[j];
+                }
+                continue;
+            }
             double sum = 1e-20, dot = 0;
             for (int j = 0; j < k; j++) {
                 sum += raw[j];
@@ -1759,4 +1803,316 @@ sim_status model_moe_shared_experts(model_dev *md, mesh_tape *t, int wi0, int wi
     model_mlp_block b = {
         .wi_0 = wi0, .wi_1 = wi1, .wi = -1, .wo = wo, .layer = l, .intermediate = SH_WI, .out = SH_OUT};
     return model_mlp(md, t, &b, x, y);
+}
+
+/* ------------------------------------------------------------ the routed MoE of a decoder layer */
+
+/* moe.py RoutedMoE's constraints: its inputs and gate logits (sparse and dense paths) and the
+ * expert kernels entering the region */
+static const char *const MOE_IN[3] = {"activation_batch", "activation_norm_length", NULL};
+static const char *const GATE_OUT[3] = {"activation_batch", "activation_length", NULL};
+static const char *const DENSE_MOE_IN[3] = {"activation_batch", "activation_length", "activation_embed"};
+static const char *const MOE_W_IN[3] = {"exp", NULL, "mlp_no_fsdp"};
+
+sim_status model_moe_dims_read(const cfg_config *cfg, const model_dims *d, bool softmax_topk, model_moe_dims *o)
+{
+    memset(o, 0, sizeof *o);
+    SIM_TRY(model_cfg_i64(cfg, "base_moe_mlp_dim", &o->moe_mlp));
+    o->moe_mlp *= d->param_scale_mlp; /* global_parameter_scale, as MaxText's moe_mlp_dim */
+    SIM_TRY(model_cfg_i64(cfg, "num_experts", &o->experts));
+    SIM_TRY(model_cfg_i64(cfg, "num_experts_per_tok", &o->top_k));
+    SIM_TRY(model_cfg_i64(cfg, "shared_experts", &o->shared_experts));
+    SIM_TRY(cfg_get_double(cfg, "routed_scaling_factor", &o->routed_scale));
+    const char *sf;
+    SIM_TRY(cfg_get_str(cfg, "routed_score_func", &sf));
+    if (sf && *sf && strcmp(sf, "sigmoid") && strcmp(sf, "softmax"))
+        return sim_err(SIM_ERR_INPUT,
+                       "routed_score_func='%s': simulated are \"sigmoid\", \"softmax\" and \"\" (no score "
+                       "function: the raw gate logits)",
+                       sf);
+    /* MaxText's GateLogit applies the score function only when one is named: "" keeps the raw logits */
+    o->routed_score = !sf || !*sf              ? MODEL_MOE_SCORE_NONE
+                      : !strcmp(sf, "sigmoid") ? MODEL_MOE_SCORE_SIGMOID
+                                               : MODEL_MOE_SCORE_SOFTMAX;
+    o->routed_sigmoid = o->routed_score == MODEL_MOE_SCORE_SIGMOID;
+    SIM_TRY(model_cfg_bool(cfg, "routed_bias", &o->routed_bias));
+    /* moe.py keys DeepSeek-V3 routing (and the gate bias as a MoEBiasVar) on these model-name prefixes */
+    o->bias_selects_only = !strncmp(d->model_name, "deepseek3", 9) || !strncmp(d->model_name, "deepseek4", 9) ||
+                           !strncmp(d->model_name, "kimi-k2", 7);
+    SIM_TRY(cfg_get_double(cfg, "load_balance_loss_weight", &o->lb_weight));
+    SIM_TRY(cfg_get_double(cfg, "capacity_factor", &o->capacity_factor));
+    bool sparse;
+    SIM_TRY(model_cfg_bool(cfg, "sparse_matmul", &sparse));
+    /* MaxText 0.2.5 (RoutedMoE.__call__): sparse_matmul=true runs the dropless sparse path whatever
+     * capacity_factor says; capacity_factor > 0 drops tokens only on the dense path */
+    if (sparse) o->capacity_factor = -1;
+    else if (o->capacity_factor <= 0) o->capacity_factor = 0; /* dense dropless: capacity = sequence */
+    SIM_TRY(model_cfg_bool(cfg, "shard_exp_on_fsdp", &o->shard_exp_on_fsdp));
+    bool b;
+    /* MaxText reads use_ring_of_experts on the sparse path only (moe.py sparse_matmul); the dense
+     * path ignores it */
+    SIM_TRY(model_cfg_bool(cfg, "use_ring_of_experts", &b));
+    o->ring_of_experts = b && sparse; /* dropless whatever capacity_factor says, as the sparse path */
+    if (o->ring_of_experts) {
+        bool vma;
+        SIM_TRY(model_cfg_bool(cfg, "check_vma", &vma));
+        if (vma)
+            return model_cfg_unsupported(
+                cfg, "check_vma",
+                "MaxText refuses check_vma with use_ring_of_experts=true (\"check_vma is not yet "
+                "supported with ring of experts\", configs/types.py); set check_vma=false");
+    }
+    /* the megablox gmm's tiles (moe.py passes them unclipped to megablox; tokamax has its own) */
+    bool mblx, tokamax;
+    SIM_TRY(model_cfg_bool(cfg, "megablox", &mblx));
+    SIM_TRY(model_cfg_bool(cfg, "use_tokamax_gmm", &tokamax));
+    static const char *const tw[] = {"wi", "wo"}, *const tp[] = {"fwd", "dlhs", "drhs"},
+                             *const td[] = {"batch_seq", "embed_dim", "mlp_dim"};
+    for (int w = 0; w < 2 && sparse && mblx && !tokamax; w++)
+        for (int p = 0; p < 3; p++)
+            for (int i = 0; i < 3; i++) {
+                char key[64];
+                snprintf(key, sizeof key, "%s_tile_%s_%s", tw[w], tp[p], td[i]);
+                SIM_TRY(model_cfg_i64(cfg, key, &o->gmm_tiles[w][p][i]));
+                if (o->gmm_tiles[w][p][i] <= 0)
+                    return sim_err(SIM_ERR_INPUT,
+                                   "%s=%lld: expected a tile size > 0; set a positive size (MaxText's default is %d)",
+                                   key, (long long)o->gmm_tiles[w][p][i], i ? 1024 : 512);
+            }
+    double f;
+    SIM_TRY(cfg_get_double(cfg, "ragged_buffer_factor", &f));
+    if (f > 0)
+        return model_cfg_unsupported(
+            cfg, "ragged_buffer_factor",
+            "a bounded ragged buffer (token dropping on the sparse path) is not simulated; use -1 "
+            "(dropless) or capacity_factor > 0 for the dense dropping path");
+    SIM_TRY(model_cfg_bool(cfg, "use_random_routing", &o->random_routing));
+    if (o->random_routing && !sparse)
+        return model_cfg_unsupported(
+            cfg, "use_random_routing",
+            "random draws may pick an expert twice for a token; MaxText's dense path "
+            "(sparse_matmul=false) scatters the k weights into a (batch, sequence, experts) tensor "
+            "where such repeats overwrite each other, which is not simulated; use the sparse path "
+            "(sparse_matmul=true) with random routing");
+    o->softmax_topk = softmax_topk;
+    if (softmax_topk) SIM_TRY(model_cfg_bool(cfg, "norm_topk_prob", &o->norm_topk));
+    return SIM_OK;
+}
+
+/* Expert-parallel and expert-hidden axes of the MoE region: the weights enter
+ * it as ('exp', None, 'mlp_no_fsdp') with fsdp peeled off (facts §6.3). */
+sim_status model_moe_axes(const model_def *m, sim_axes *ep, sim_axes *h)
+{
+    mesh_spec s;
+    SIM_TRY(model_logical_spec(m, "moe/w0_kernel", 3, MOE_W_IN, &s));
+    int fsdp = mesh_shape_axis_index(&m->mesh, "fsdp");
+    *ep = sim_axes_none();
+    *h = sim_axes_none();
+    for (int i = 0; i < s.n_axes[0]; i++)
+        if (s.axes[0][i] != fsdp) ep->axis[ep->n++] = s.axes[0][i];
+    for (int i = 0; i < s.n_axes[2]; i++)
+        if (s.axes[2][i] != fsdp) h->axis[h->n++] = s.axes[2][i];
+    return SIM_OK;
+}
+
+/* MaxText 0.2.5's dense dropless MoE (sparse_matmul=false, capacity_factor <= 0: moe.dense_matmul)
+ * is three plain einsums over all experts, 'BSM,EMH->BSEH' (wi_0, wi_1) and 'BSEH,EHM->BSEM' (wo),
+ * with the tokens as moe/inputs shards them and the kernels as stored.  In explicit mode a mesh axis
+ * on both the tokens' batch and a kernel dim that stays in an output (expert on the experts' dim in
+ * wi_0's, fsdp on the embed dim in wo's) is refused by JAX's dot_general rule, so the same
+ * configuration fails here, with JAX's words. */
+static sim_status dense_moe_check(model_dev *md, const mesh_var *xin, const mesh_var *w0, const mesh_var *wo)
+{
+    if (md->ctx.mode != MESH_MODE_EXPLICIT) return SIM_OK;
+    const char *where = cfg_release_error(md->ctx.release, "moe_dense_matmul", "layers/moe.py:dense_matmul");
+    if (!where) return SIM_OK;
+    static const char *const in_names[3] = {"activation_batch_moe", "activation_norm_length_moe",
+                                            "activation_embed_moe"};
+    const mesh_array *x = &xin->val, *k0 = &w0->val, *ko = &wo->val;
+    mesh_spec xs;
+    SIM_TRY(model_logical_spec(md->def, "moe/dense_inputs", 3, in_names, &xs));
+    mesh_array xv = mesh_array_view(x, 3, x->shape, &xs);
+    static const char *const fix = "use the sparse path (sparse_matmul=true), a mesh whose only batch axis is data, "
+                                   "or shard_mode=auto";
+    SIM_TRY(mesh_einsum_check(&md->ctx, "bsm,emh->bseh", &xv, k0, "wi_0", where, fix));
+    /* its output, as dot_general leaves it: B, S from the tokens, E, H from the kernel */
+    int64_t hshape[4] = {x->shape[0], x->shape[1], k0->shape[0], k0->shape[2]};
+    mesh_spec hs;
+    mesh_spec_init(&hs, 4);
+    for (int i = 0; i < 2; i++) {
+        hs.n_axes[i] = xs.n_axes[i];
+        memcpy(hs.axes[i], xs.axes[i], sizeof hs.axes[i]);
+    }
+    hs.n_axes[2] = k0->spec.n_axes[0];
+    memcpy(hs.axes[2], k0->spec.axes[0], sizeof hs.axes[2]);
+    hs.n_axes[3] = k0->spec.n_axes[2];
+    memcpy(hs.axes[3], k0->spec.axes[2], sizeof hs.axes[3]);
+    mesh_array hv = mesh_array_view(x, 4, hshape, &hs);
+    return mesh_einsum_check(&md->ctx, "bseh,ehm->bsem", &hv, ko, "wo", where, fix);
+}
+
+sim_status model_moe_check_mesh(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo)
+{
+    sim_axes ep, h;
+    SIM_TRY(model_moe_axes(m, &ep, &h));
+    int eps = 1;
+    char ax[128] = "";
+    size_t o = 0;
+    for (int i = 0; i < ep.n; i++) {
+        eps *= m->mesh.sizes[ep.axis[i]];
+        o += (size_t)snprintf(ax + o, sizeof ax - o, "%s%s=%d", i ? " x " : "", m->mesh.names[ep.axis[i]],
+                              m->mesh.sizes[ep.axis[i]]);
+    }
+    /* MaxText's config check (types.py, unless override_logical_axis_rules): with the expert-parallel
+         * rank 1 (the mesh axes of the 'exp' rule) random routing must stay off */
+    bool ovr;
+    SIM_TRY(model_cfg_bool(cfg, "override_logical_axis_rules", &ovr));
+    int xr = mesh_rules_find(&m->rules, "exp");
+    int ep_rank = 1;
+    for (int i = 0; xr >= 0 && i < m->rules.rules[xr].n_axes; i++) {
+        int a = mesh_shape_axis_index(&m->mesh, m->rules.rules[xr].axes[i]);
+        if (a >= 0) ep_rank *= m->mesh.sizes[a];
+    }
+    if (mo->random_routing && !ovr && ep_rank == 1)
+        return sim_err(SIM_ERR_INPUT,
+                       "use_random_routing=true: When EP rank is 1, use_random_routing must be False (was True) "
+                       "(MaxText's config check; the 'exp' rule's mesh axes have size 1). Use an expert axis "
+                       "(e.g. ici_expert_parallelism=2) or override_logical_axis_rules=true");
+    if (mo->experts % eps)
+        return sim_err(SIM_ERR_INPUT,
+                       "num_experts=%lld is not divisible by the expert-parallel size %d (%s): every device must "
+                       "hold the same number of experts; choose ici_expert_parallelism (and, for cp-as-ep, "
+                       "ici_context_parallelism) so their product divides num_experts",
+                       (long long)mo->experts, eps, ax);
+    return SIM_OK;
+}
+
+/* The routed experts of one layer (moe.py RoutedMoE.__call__): gate, scores, top-k, the
+ * load-balance loss, the expert region (see moe.h). */
+sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *ml, int l, mesh_var *x,
+                            const char *scope, mesh_var **y, mesh_var **lb)
+{
+    const model_def *m = md->def;
+    const model_dims *d = &m->d;
+    const model_moe_dims *mo = ml->dims;
+    const char *routed = scope;
+    bool dense_path = mo->capacity_factor >= 0;
+    md->ctx.layer = routed;
+    mesh_var *xin, *logits, *scores, *weights, *indices, *out;
+    SIM_TRY(model_shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
+    SIM_TRY(model_dense(md, t, "bte,ex->btx", xin, model_param_leaf(md, t, ml->gate, l), "gate", 3, GATE_OUT, &logits));
+    SIM_TRY(model_shard_as(md, t, logits, "moe/gate_logits", 3, dense_path ? GATE_OUT : MOE_IN, &logits));
+    /* the routing below (top-k, the sort, the experts' shard_map and their transposes) puts the layer's
+     * products so far -- attention's and the gate's -- far from their input gradients in a backward that
+     * recomputes the whole layer: XLA:TPU's collective CSE leaves their two gathers apart
+     * (weight_gather_cse).  A policy that saves tensors (md->remat) cuts those chains: deepseek2-16b
+     * fsdp=8 with remat_policy=minimal gathers wkv_a and the gate once in the backward */
+    if (md->recomputing && !md->remat && md->def->d.xla.regather_far) mesh_tape_mark_regather(t);
+    if (mo->routed_score == MODEL_MOE_SCORE_NONE) scores = logits;
+    else SIM_TRY(model_moe_scores(t, logits, mo->routed_sigmoid, "scores", &scores));
+    mesh_var *bias = ml->gate_bias >= 0 ? model_param_leaf(md, t, ml->gate_bias, l) : NULL;
+    model_moe_cfg mc;
+    memset(&mc, 0, sizeof mc);
+    SIM_TRY(model_moe_axes(m, &mc.ep, &mc.h));
+    bool ring = mo->ring_of_experts && !dense_path;
+    mc.ring = ring;
+    mc.output_dead = ring && md->recomputing;
+    for (int w = 0; w < 2; w++)
+        for (int p = 0; p < 3; p++)
+            mc.gmm[w][p] = (model_moe_tile){mo->gmm_tiles[w][p][0], mo->gmm_tiles[w][p][1], mo->gmm_tiles[w][p][2]};
+    if (ring) {
+        /* MaxText's roe_ag_and_route: all-gather the tokens, then the router logits (biased, for
+         * the selection) and the pre-bias logits (the weights) over the expert axes; DeepSeek-V3
+         * without a bias has one logits array.  The top-k then runs on the gathered rows. */
+        SIM_TRY(model_moe_ring_gather(t, xin, mc.ep, "ring_all_gather_inputs", &xin));
+        if (bias && mo->bias_selects_only)
+            SIM_TRY(model_moe_ring_gather_biased(t, scores, bias, mc.ep, "ring_all_gather_logits"));
+        SIM_TRY(model_moe_ring_gather(
+            t, scores, mc.ep,
+            bias && mo->bias_selects_only ? "ring_all_gather_pre_bias_logits" : "ring_all_gather_logits", &scores));
+    }
+    model_moe_route_cfg rc = {.k = (int)mo->top_k,
+                              .sigmoid = mo->routed_sigmoid,
+                              .scaling = mo->routed_scale,
+                              .bias_selects_only = mo->bias_selects_only,
+                              .groups = mo->routing_groups,
+                              .topk_groups = mo->topk_groups,
+                              .random = mo->random_routing,
+                              .softmax_topk = mo->softmax_topk,
+                              .norm_topk = mo->norm_topk};
+    if (mo->random_routing) { /* MaxText draws from its params RNG stream; here a key per (seed, step, layer) */
+        uint64_t step = (uint64_t)sim_device_step(md->ctx.dev);
+        char site[256];
+        snprintf(site, sizeof site, "random_routing/%s", routed);
+        rc.random_key = model_init_key(m->d.seed + step * 0x9E3779B97F4A7C15ull, site);
+    }
+    SIM_TRY(model_moe_route(t, scores, bias, &rc, "routing", &weights, &indices));
+    if (!dense_path && md->ctx.mode == MESH_MODE_EXPLICIT && m->d.pipe.on) {
+        /* MaxText 0.2.0's sparse path in a pipeline: permute's jnp.repeat of the tokens meets a mesh with
+         * an explicit axis left (the pipeline's) and a sharded token dim, and JAX 0.8.1 asks for an
+         * out_sharding (rows P13, P15 of tests/data/maxtext-0.2.0/verdicts); 0.2.5 fails earlier there */
+        const char *where = cfg_release_error(md->ctx.release, "moe_pipeline_permute_repeat", NULL);
+        if (where)
+            return sim_err(SIM_ERR_SHARDING,
+                           "%s/permute (repeat): ValueError: Please pass sharding to `jnp.repeat` via `out_sharding` "
+                           "parameter.\n  MaxText %s fails here too: %s\n  fix: run the pipeline in shard_mode=auto, "
+                           "or sparse_matmul=false",
+                           routed, cfg_release_maxtext(md->ctx.release), where);
+    }
+    /* this layer's statistic for the step's bias update, once per forward pass: a remat recompute in
+     * the backward would give the same counts, and MaxText's compiled step does not recompute them
+     * (the counts leave the layer as an output; no gradient reads them) */
+    if (md->bias_counts && sim_device_phase(md->ctx.dev) != SIM_PHASE_BACKWARD)
+        SIM_TRY(model_moe_expert_counts(t, indices, mo->experts, "expert_counts", md->bias_counts + l * mo->experts));
+    *lb = NULL;
+    if (mo->lb_weight > 0) {
+        /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
+        double per_layer = mo->lb_weight / (double)ml->lb_layers;
+        /* 0.2.5's probabilities: the sparse path takes the softmax of the pre-bias scores where the
+         * model has them (DeepSeek-V3 names), the dense path always that of the biased gate logits */
+        mesh_var *lb_bias = !dense_path && mo->bias_selects_only ? NULL : bias;
+        SIM_TRY(model_moe_lb_loss(t, scores, lb_bias, indices, per_layer, "load_balance_loss", lb));
+    }
+    if (mo->capacity_factor > 0) {
+        mc.capacity = model_moe_capacity(d->seq, (int)mo->top_k, mo->experts, mo->capacity_factor);
+        if (mc.capacity < 1)
+            return sim_err(SIM_ERR_INPUT,
+                           "capacity_factor=%g gives every expert 0 slots per sequence (max_target_length=%lld, "
+                           "num_experts_per_tok=%lld, num_experts=%lld): every token would be dropped; use a larger "
+                           "capacity_factor",
+                           mo->capacity_factor, (long long)d->seq, (long long)mo->top_k, (long long)mo->experts);
+    } else if (mo->capacity_factor == 0)
+        mc.capacity = d->seq; /* dense dropless: every token fits in its expert's queue */
+    SIM_TRY(model_logical_spec(m, "moe/out", 3, ml->out, &mc.out));
+    mesh_var *w0 = model_param_leaf(md, t, ml->wi0, l), *w1 = model_param_leaf(md, t, ml->wi1, l),
+             *wo = model_param_leaf(md, t, ml->wo, l);
+    if (sim_device_id(md->ctx.dev) == 0) {
+        /* MaxText logs the expert weights entering its shard_map without logical names */
+        mesh_spec wis, wos;
+        mesh_spec_init(&wis, 3);
+        mesh_spec_init(&wos, 3);
+        for (int i = 0; i < mc.ep.n; i++) wis.axes[0][i] = wos.axes[0][i] = mc.ep.axis[i];
+        wis.n_axes[0] = wos.n_axes[0] = mc.ep.n;
+        for (int i = 0; i < mc.h.n; i++) wis.axes[2][i] = wos.axes[1][i] = mc.h.axis[i];
+        wis.n_axes[2] = wos.n_axes[1] = mc.h.n;
+        model_note_activation(md, "moe/w0_kernel", &w0->val, 3, NULL, &wis);
+        model_note_activation(md, "moe/w1_kernel", &w1->val, 3, NULL, &wis);
+        model_note_activation(md, "moe/wo_kernel", &wo->val, 3, NULL, &wos);
+    }
+    if (mo->capacity_factor == 0) SIM_TRY(dense_moe_check(md, xin, w0, wo));
+        /* MaxText's tags inside the experts (moe.py): wi_0's product is mlpwi_0 and moe_mlpwi_0, wi_1's
+     * moe_mlpwi_1 (and mlpwi_1 on the dense path only), wo's mlpwo and moe_mlpwo; a tensor two tags
+     * name is saved once.  Offloaded ones leave the device (no device bytes), as model_checkpoint_name. */
+#define KEEPS(n) (d->ckpt[MODEL_CKPT_##n] == MODEL_CKPT_DEVICE)
+    unsigned keep = (KEEPS(MLPWI_0) || KEEPS(MOE_MLPWI_0) ? MODEL_MOE_KEEP_WI0 : 0u) |
+                    (KEEPS(MOE_MLPWI_1) || (dense_path && KEEPS(MLPWI_1)) ? MODEL_MOE_KEEP_WI1 : 0u) |
+                    (KEEPS(MLPWO) || KEEPS(MOE_MLPWO) ? MODEL_MOE_KEEP_WO : 0u);
+#undef KEEPS
+    if (keep) {
+        mc.saved = (model_moe_saved **)model_checkpoint_region(md, model_moe_saved_free);
+        mc.keep = mc.saved ? keep : 0;
+    }
+    SIM_TRY(model_moe_experts(t, xin, weights, indices, w0, w1, wo, &mc, "moe", &out));
+    *y = out;
+    return SIM_OK;
 }

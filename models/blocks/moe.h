@@ -32,6 +32,7 @@
 
 #include <stdbool.h>
 
+#include "config/config.h"
 #include "mesh/tape.h"
 #include "models/core/model.h"
 
@@ -51,6 +52,9 @@ typedef struct {
     bool random;            /* use_random_routing: k experts drawn uniformly per token, weights = biased scores */
     uint64_t random_key;    /* its draws: a function of (key, global token index, slot) only */
     bool no_eps;            /* renormalise without moe.py's 1e-20 (deepseek_batchsplit.py's routing) */
+    bool softmax_topk;      /* the other blocks' weights (moe.py get_topk, not DeepSeek): softmax over the k
+                             * selected values in float32, no routed_scaling_factor (Mixtral) */
+    bool norm_topk;         /* norm_topk_prob with softmax_topk: the k weights divided by their sum */
 } model_moe_route_cfg;
 
 /* One token's routing, the only router (model_moe_route and the batch-split schedule): s (E) its
@@ -173,6 +177,62 @@ int64_t model_moe_capacity(int64_t S, int k, int64_t E, double capacity_factor);
  * assignment order (-1: nowhere).  Returns the rows placed.  The sparse path sorts by (owner rank,
  * local expert), the batch-split schedule by local expert. */
 int64_t model_moe_permute(const int32_t *key, int64_t n, int64_t nb, int64_t *cnt, int32_t *row);
+
+/* The routed and shared experts (moe.py), as the config sets them. */
+typedef struct {
+    int64_t moe_mlp;        /* base_moe_mlp_dim: hidden width of one routed expert */
+    int64_t experts, top_k; /* num_experts, num_experts_per_tok */
+    int64_t shared_experts; /* shared_experts (shared MLP width = shared_experts x moe_mlp) */
+    double routed_scale;    /* routed_scaling_factor */
+    int routed_score;       /* routed_score_func: model_moe_score (none, sigmoid, softmax) */
+    bool routed_sigmoid;    /* routed_score_func sigmoid: the top-k weights are renormalised */
+    bool routed_bias;       /* gate bias */
+    bool
+        bias_selects_only; /* model_name deepseek3.. or deepseek4..: the bias picks experts, pre-bias scores weigh them */
+    int routing_groups;    /* n_routing_groups with DeepSeek-V3 routing (0: off, and for other model names) */
+    int topk_groups;       /* topk_routing_group: groups kept per token */
+    bool random_routing;   /* use_random_routing */
+    double bias_update_rate;    /* routed_bias_update_rate: loss-free balancing of the MoEBiasVar gate bias */
+    double lb_weight;           /* load_balance_loss_weight */
+    double capacity_factor;     /* > 0: dense capacity path; else the sparse dropless path */
+    bool shard_exp_on_fsdp;     /* shard_exp_on_fsdp: MoE kernel logical axes with embed_moe on the expert dim */
+    bool ring_of_experts;       /* use_ring_of_experts on the sparse path: tokens all-gathered over the expert axes */
+    int64_t gmm_tiles[2][3][3]; /* sparse path with megablox (not tokamax): the wi_/wo_tile_{fwd,dlhs,drhs}_
+                                 * {batch_seq,embed_dim,mlp_dim} triples for the step-time model; 0: untiled */
+    bool softmax_topk;          /* the family's: moe.py get_topk's weights outside DeepSeek (model_moe_route_cfg) */
+    bool norm_topk;             /* norm_topk_prob (read with softmax_topk only: DeepSeek's routing ignores it) */
+} model_moe_dims;
+
+/* Reads the MoE keys moe.py's RoutedMoE reads (widths, routing, load balance, the sparse or dense
+ * path, ring of experts, the gmm tiles) into o, refusing what is not simulated with the key named;
+ * o->moe_mlp is base_moe_mlp_dim (a family whose layer passes another width sets it after).
+ * softmax_topk is the caller's: it says which get_topk branch the decoder block takes. */
+sim_status model_moe_dims_read(const cfg_config *cfg, const model_dims *d, bool softmax_topk, model_moe_dims *o);
+
+/* Expert-parallel and expert-hidden axes of the expert region: the mesh axes of the weights'
+ * ('exp', None, 'mlp_no_fsdp') names without fsdp. */
+sim_status model_moe_axes(const model_def *m, sim_axes *ep, sim_axes *h);
+
+/* Once the mesh is known: the experts split evenly over the expert-parallel axes, and MaxText's
+ * config check of random routing with an expert-parallel rank of 1. */
+sim_status model_moe_check_mesh(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo);
+
+/* One layer's routed experts as moe.py's RoutedMoE runs them. */
+typedef struct {
+    const model_moe_dims *dims;
+    int gate, gate_bias;    /* the gate kernel (embed, experts) and its bias (-1: none) */
+    int wi0, wi1, wo;       /* the expert kernels (experts, embed, hidden) / (experts, hidden, embed) */
+    const char *const *out; /* 3 logical names of the output (the layer's out_sharding: the region's out_specs) */
+    int64_t lb_layers;      /* the layers whose load-balance losses MaxText averages (MTP's included) */
+} model_moe_layer;
+
+/* x (B, S, M) -> y (B, S, M): the gate logits (moe/inputs, moe/gate_logits constraints), the
+ * scores, the top-k, the expert counts of loss-free balancing, the load-balance loss *lb (NULL
+ * when load_balance_loss_weight is 0, else the layer's share of the weight), then the expert
+ * region (model_moe_experts: sparse or dense path, ring, remat's kept products), under the scope
+ * name `scope` (e.g. decoder/layers_0/MoeBlock_0) and layer l of the parameters. */
+sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *ml, int l, mesh_var *x,
+                            const char *scope, mesh_var **y, mesh_var **lb);
 
 /* The shared experts of a DeepSeek MoE layer (moe.py RoutedAndSharedMoE.shared_experts, an
  * MlpBlock of width shared_experts x moe_mlp_dim): SwiGLU with MaxText's checkpoint tags (mlpwi_0,

@@ -192,14 +192,9 @@ static void define_params(model_def *m)
 static sim_status llama_define(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
-    const char *at, *rt;
-    SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
+    const char *rt;
+    SIM_TRY(model_attention_global_only(cfg, "llama2", "models/llama2.py LlamaDecoderLayer"));
     SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
-    if (at && strcmp(at, "global"))
-        return sim_err(SIM_ERR_INPUT,
-                       "attention_type=%s with decoder_block=llama2 is not simulated; use attention_type=global "
-                       "(mla needs decoder_block=deepseek)",
-                       at);
     if (rt && strcmp(rt, "default") && !d->rope_llama31)
         return sim_err(SIM_ERR_INPUT,
                        "rope_type=%s with decoder_block=llama2 is not simulated; use rope_type=default or "

@@ -207,11 +207,8 @@ static void define_params(model_def *m, bool qk_norm)
 static sim_status qwen3_define(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
-    const char *at, *rt;
-    SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
-    if (at && strcmp(at, "global"))
-        return model_cfg_unsupported(
-            cfg, "attention_type", "decoder_block=qwen3 is simulated with global attention; use attention_type=global");
+    const char *rt;
+    SIM_TRY(model_attention_global_only(cfg, "qwen3", "models/qwen3.py Qwen3DecoderLayer"));
     SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
     if ((rt && strcmp(rt, "default")) || d->rope_llama31)
         return model_cfg_unsupported(cfg, "rope_type",

@@ -29,3 +29,9 @@ MODEL=kimi-k2-1t run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici
 # qwen3-0.6b (tied logits) on fsdp
 MODEL=qwen3-8b run cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2 8 ici_fsdp_parallelism=4 ici_tensor_parallelism=2
 MODEL=qwen3-0.6b run cpu-8/ici_fsdp_parallelism=8 8 ici_fsdp_parallelism=8
+# the mistral block (Llama's layer, MLP intermediate on activation_norm_length) with tensor
+# parallelism, and the mixtral block (its MoE: softmax top-2 of 8, no shared experts) with expert
+# parallelism, the sparse path (mixtral-8x7b) and the dense path (mixtral-8x22b, sparse_matmul=false)
+MODEL=mistral-7b run cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2 8 ici_fsdp_parallelism=4 ici_tensor_parallelism=2
+MODEL=mixtral-8x7b run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici_fsdp_parallelism=4 ici_expert_parallelism=2
+MODEL=mixtral-8x22b run cpu-8/ici_fsdp_parallelism=2_ici_tensor_parallelism=2_ici_expert_parallelism=2_sparse_matmul=false 8 ici_fsdp_parallelism=2 ici_tensor_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false

@@ -14,11 +14,24 @@ SHARDSIM="${SHARDSIM:-$ROOT/build/shardsim}"
 VENV="${MAXTEXT_VENV:-/opt/maxtext-venv}"
 # a small dense Qwen3 (query/key norms, GQA 4:2): the qwen3-0.6b file with test-sized dims
 QWEN3="model_name=qwen3-0.6b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2"
+# a small Mistral (GQA 4:2, untied logits as mistral-7b): the mistral-7b file with test-sized dims
+MISTRAL="model_name=mistral-7b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2"
+# a small Mixtral (4 experts, top-2, GQA 4:2; the experts' width is mlp_dim, as RoutedMoE reads it).
+# XLA:CPU cannot compile the sparse path's ragged all-to-all ("HLO opcode `ragged-all-to-all` is not
+# supported by XLA:CPU ThunkEmitter"), so the sparse cases keep the expert axis at 1 and the expert
+# axis is measured on the dense path.
+MIXTRAL="model_name=mixtral-8x7b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=96 base_moe_mlp_dim=96 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2 num_experts=4"
 # <case> <devices> <model keys and mesh>
 CASES=(
 "qwen3/untied_fsdp2_tensor2|4|$QWEN3 logits_via_embedding=false ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
 "qwen3/untied_data2_fsdp2_explicit|4|$QWEN3 logits_via_embedding=false ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
 "qwen3/tied_fsdp2_tensor2|4|$QWEN3 ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"mistral/fsdp2_tensor2|4|$MISTRAL ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"mistral/data2_fsdp2_explicit|4|$MISTRAL ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
+"mixtral/sparse_fsdp2_tensor2|4|$MIXTRAL ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"mixtral/sparse_data2_fsdp2_explicit|4|$MIXTRAL ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
+"mixtral/dense_fsdp2_expert2_lb_norm|4|$MIXTRAL ici_fsdp_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false load_balance_loss_weight=0.01 norm_topk_prob=true"
+"mixtral/sparse_fsdp2_tensor2_lb|4|$MIXTRAL ici_fsdp_parallelism=2 ici_tensor_parallelism=2 load_balance_loss_weight=0.01"
 )
 for c in "${CASES[@]}"; do
   IFS='|' read -r name n keys <<<"$c"

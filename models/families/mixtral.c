@@ -1,0 +1,277 @@
+/* mixtral.c — the Mixtral decoder (MaxText 0.2.5's mixtral decoder_block: models/mixtral.py
+ * MixtralDecoderLayer) on the tape.
+ *
+ * The layer is Mistral's with the MLP replaced by moe.py's RoutedMoE (MoeBlock_0), settled at the
+ * source:
+ *   - attention as Mistral's: Attention built without attention_type, sliding_window_size or
+ *     attn_logits_soft_cap (global, no window, no cap: those keys are refused), no query/key norm,
+ *     1/sqrt(head_dim) folded into the query init;
+ *   - RoutedMoE(num_experts, num_experts_per_tok, intermediate_dim=config.mlp_dim (not
+ *     moe_mlp_dim), kernel_axes=("embed", None) for the gate): gate logits (routed_score_func, ""
+ *     by default: the raw logits), top-k with ties to the lowest expert, then get_topk's branch for
+ *     decoder blocks other than DeepSeek: a float32 softmax over the k selected logits (no
+ *     routed_scaling_factor), divided by their sum with norm_topk_prob; no shared experts.  The
+ *     experts run on the sparse path (ragged all-to-all over the expert axes, dropless) or the
+ *     dense path (sparse_matmul=false), models/blocks/moe.c, the one MoE block DeepSeek also runs;
+ *   - the load-balance loss (load_balance_loss_weight > 0) is sown per layer as moe_lb_loss and
+ *     averaged over the layers into the loss;
+ *   - _maybe_shard_with_logical on the residual after the input, the pre-attention norm, the
+ *     attention, the post-attention norm, the MoE and the output (both shard modes), and Dropout on
+ *     the layer output;
+ *   - checkpoint names: decoder_layer_input, Attention's, and moe.py's inside the experts.
+ * Around the layers, the Decoder is the generic one (models/blocks/decoder.c), which adds the
+ * layers' load-balance losses. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas_kernels/bk_rope.h"
+#include "mesh/ad.h"
+#include "mesh/nn.h"
+#include "models/blocks/attention.h"
+#include "models/blocks/decoder.h"
+#include "models/blocks/moe.h"
+#include "models/core/model.h"
+
+/* MixtralDecoderLayer.activation_axis_names */
+static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
+
+/* The MoE dims, kept in model_dims.family_dims. */
+static const model_moe_dims *mixtral_dims(const model_def *m) { return m->d.family_dims; }
+
+typedef struct {
+    int q, k, v, qkv, o, ln1, ln2, gate, gate_bias, wi0, wi1, wo, embed, norm, logits;
+} mixtral_ix;
+
+static mixtral_ix indices(const model_def *m)
+{
+    mixtral_ix x;
+    x.q = model_param_index(m, "self_attention.query.kernel");
+    x.k = model_param_index(m, "self_attention.key.kernel");
+    x.v = model_param_index(m, "self_attention.value.kernel");
+    x.qkv = model_param_index(m, "self_attention.qkv_proj.kernel");
+    x.o = model_param_index(m, "self_attention.out.kernel");
+    x.ln1 = model_param_index(m, "pre_self_attention_layer_norm.scale");
+    x.ln2 = model_param_index(m, "post_self_attention_layer_norm.scale");
+    x.gate = model_param_index(m, "MoeBlock_0.gate.kernel");
+    x.gate_bias = model_param_index(m, "MoeBlock_0.gate.bias");
+    x.wi0 = model_param_index(m, "MoeBlock_0.wi_0");
+    x.wi1 = model_param_index(m, "MoeBlock_0.wi_1");
+    x.wo = model_param_index(m, "MoeBlock_0.wo");
+    x.embed = model_param_index(m, "token_embedder.embedding");
+    x.norm = model_param_index(m, "decoder_norm.scale");
+    x.logits = model_param_index(m, "logits_dense.kernel");
+    return x;
+}
+
+/* One MixtralDecoderLayer; *lb its load-balance loss (NULL without one). */
+static sim_status mixtral_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
+                                mesh_var **lb)
+{
+    const model_def *m = md->def;
+    const model_dims *d = &m->d;
+    mixtral_ix ix = indices(m);
+    char layer[64], attn_layer[96], moe_layer[96];
+    const char *saved_layer = md->ctx.layer;
+    snprintf(layer, sizeof layer, "decoder/layers_%d", l);
+    snprintf(attn_layer, sizeof attn_layer, "%s/self_attention", layer);
+    snprintf(moe_layer, sizeof moe_layer, "%s/MoeBlock_0", layer);
+    md->ctx.layer = layer;
+    *lb = NULL;
+
+    mesh_var *h, *lnx, *a;
+    SIM_TRY(model_shard_as(md, t, x, "mixtral/inputs", 3, A, &h));
+    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
+    SIM_TRY(model_shard_as(md, t, lnx, "mixtral/lnx", 3, A, &lnx));
+
+    md->ctx.layer = attn_layer;
+    bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
+    rp.min_timescale = d->rope_min;
+    rp.max_timescale = d->rope_theta;
+    rp.linear_scaling_factor = d->rope_linear;
+    model_attention_block ab = {.query = ix.q,
+                                .key = ix.k,
+                                .value = ix.v,
+                                .qkv = d->fused_qkv ? ix.qkv : -1,
+                                .out = ix.o,
+                                .query_norm = -1,
+                                .key_norm = -1,
+                                .layer = l,
+                                .rope = rp,
+                                .scale = 1.0,
+                                .soft_cap = 0,
+                                .sliding_window = 0,
+                                .out_names = A};
+    SIM_TRY(model_attention(md, t, b, &ab, lnx, &a));
+    md->ctx.layer = layer;
+    SIM_TRY(model_shard_as(md, t, a, "mixtral/attention_lnx", 3, A, &a));
+    SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h)); /* intermediate_inputs */
+    mesh_var *hs, *moe;
+    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
+    SIM_TRY(model_shard_as(md, t, hs, "mixtral/hidden_states", 3, A, &hs));
+
+    model_moe_layer ml = {.dims = mixtral_dims(m),
+                          .gate = ix.gate,
+                          .gate_bias = ix.gate_bias,
+                          .wi0 = ix.wi0,
+                          .wi1 = ix.wi1,
+                          .wo = ix.wo,
+                          .out = A,
+                          .lb_layers = d->layers};
+    SIM_TRY(model_moe_routed(md, t, &ml, l, hs, moe_layer, &moe, lb));
+    md->ctx.layer = layer;
+    /* the layer's tail: nothing reads it when remat recomputes the layer */
+    md->ctx.dead_outputs = md->recomputing;
+    sim_status st = model_shard_as(md, t, moe, "mixtral/mlp_lnx", 3, A, &moe);
+    if (st == SIM_OK) st = mesh_ad_add(t, moe, h, "residual_mlp", &h);
+    if (st == SIM_OK) st = model_dropout(md, t, h, layer, &h);
+    if (st == SIM_OK) st = model_shard_as(md, t, h, "mixtral/layer_output", 3, A, y);
+    md->ctx.dead_outputs = false;
+    md->ctx.layer = saved_layer;
+    return st;
+}
+
+static sim_status mixtral_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
+                                   mesh_var **aux)
+{
+    return mixtral_layer(md, t, b, l, x, y, aux);
+}
+
+/* ------------------------------------------------------------ definition */
+
+#define LAYER_PARAM(path, rank, shape, logical, init, scale)                                                           \
+    model_add_param(m, "params.decoder.layers." path, rank, shape, logical, 1, init, scale)
+
+static void define_params(model_def *m)
+{
+    const model_dims *d = &m->d;
+    const model_moe_dims *mo = mixtral_dims(m);
+    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, L = d->layers;
+    int64_t X = mo->experts, F = mo->moe_mlp;
+    double fe = 1.0 / sqrt((double)E);
+    double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)D); /* Attention.init_query_w, as Mistral's */
+    model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E},
+                    (const char *[]){"vocab", "embed_vocab"}, -1, MODEL_INIT_NORMAL, fe);
+    LAYER_PARAM("pre_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
+                MODEL_INIT_ONES, 0);
+    if (d->fused_qkv)
+        LAYER_PARAM("self_attention.qkv_proj.kernel", 4, ((int64_t[]){E, L, H + 2 * K, D}),
+                    ((const char *[]){"embed_attn", "layers", "heads", "kv"}), MODEL_INIT_NORMAL, fe);
+    else {
+        LAYER_PARAM("self_attention.query.kernel", 4, ((int64_t[]){E, L, H, D}),
+                    ((const char *[]){"embed_attn", "layers", "q_heads", "kv"}), MODEL_INIT_NORMAL, fe * qs);
+        LAYER_PARAM("self_attention.key.kernel", 4, ((int64_t[]){E, L, K, D}),
+                    ((const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}), MODEL_INIT_NORMAL, fe);
+        LAYER_PARAM("self_attention.value.kernel", 4, ((int64_t[]){E, L, K, D}),
+                    ((const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}), MODEL_INIT_NORMAL, fe);
+    }
+    LAYER_PARAM("self_attention.out.kernel", 4, ((int64_t[]){H, L, D, E}),
+                ((const char *[]){"heads", "layers", "kv", "embed_attn"}), MODEL_INIT_NORMAL,
+                1.0 / sqrt((double)(H * D)));
+    LAYER_PARAM("post_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
+                MODEL_INIT_ONES, 0);
+    /* RoutedMoE's GateLogit: kernel_axes ("embed", None) from the layer; the bias (routed_bias), an
+     * nnx.Param of (experts,) stacked like the kernels */
+    LAYER_PARAM("MoeBlock_0.gate.kernel", 3, ((int64_t[]){E, L, X}), ((const char *[]){"embed", "layers", NULL}),
+                MODEL_INIT_TRUNC_NORMAL, fe);
+    if (mo->routed_bias)
+        LAYER_PARAM("MoeBlock_0.gate.bias", 2, ((int64_t[]){X, L}), ((const char *[]){NULL, "layers"}),
+                    MODEL_INIT_ZEROS, 0);
+    /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
+    const char *const *wi = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", NULL, "mlp_moe"}
+                                                  : (const char *[]){"exp", "layers", "embed_moe", "mlp_moe"};
+    const char *const *wo = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", "mlp_moe", NULL}
+                                                  : (const char *[]){"exp", "layers", "mlp_moe", "embed_moe"};
+    LAYER_PARAM("MoeBlock_0.wi_0", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
+    LAYER_PARAM("MoeBlock_0.wi_1", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
+    LAYER_PARAM("MoeBlock_0.wo", 4, ((int64_t[]){X, L, F, E}), wo, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
+    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1,
+                    MODEL_INIT_ONES, 0);
+    if (!d->tied_logits)
+        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V},
+                        (const char *[]){"embed_vocab", "vocab"}, -1, MODEL_INIT_TRUNC_NORMAL, fe);
+}
+
+/* What MaxText's mixtral layer would read and shardsim does not simulate, or what the layer does
+ * not read although the config sets it, is refused naming the key. */
+static sim_status mixtral_define(model_def *m, const cfg_config *cfg)
+{
+    const model_dims *d = &m->d;
+    model_moe_dims *mo = calloc(1, sizeof *mo);
+    SIM_ASSERT(mo);
+    m->d.family_dims = mo; /* model_def_free (or the refused definition) frees it */
+    SIM_TRY(model_attention_global_only(cfg, "mixtral", "models/mixtral.py MixtralDecoderLayer"));
+    const char *rt;
+    SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
+    if ((rt && strcmp(rt, "default")) || d->rope_llama31)
+        return model_cfg_unsupported(cfg, "rope_type",
+                                     "decoder_block=mixtral is simulated with the default RoPE (rope_max_timescale); "
+                                     "use rope_type=default");
+    if (d->attn_soft_cap != 0)
+        return model_cfg_unsupported(cfg, "attn_logits_soft_cap",
+                                     "MaxText 0.2.5's mixtral layer (models/mixtral.py) does not pass "
+                                     "attn_logits_soft_cap to its Attention, so no cap applies; use "
+                                     "attn_logits_soft_cap=0 (decoder_block=llama2 passes it)");
+    int64_t mtp;
+    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+    if (mtp != 0)
+        return model_cfg_unsupported(
+            cfg, "mtp_num_layers",
+            "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
+    if (d->fused_mlp)
+        return model_cfg_unsupported(cfg, "fused_mlp",
+                                     "the mixtral layer has no dense MLP to fuse (its experts keep wi_0 and wi_1); "
+                                     "use fused_mlp=false");
+    /* get_topk's branch outside DeepSeek: softmax over the k selected logits, norm_topk_prob honoured */
+    SIM_TRY(model_moe_dims_read(cfg, d, true, mo));
+    mo->moe_mlp = d->mlp; /* RoutedMoE(intermediate_dim=config.mlp_dim) */
+    if (mo->experts < 1 || mo->top_k < 1 || mo->top_k > mo->experts || mo->top_k > 64)
+        return sim_err(SIM_ERR_INPUT,
+                       "num_experts_per_tok=%lld with num_experts=%lld: a MoE layer routes each token to 1..min(64, "
+                       "num_experts) experts",
+                       (long long)mo->top_k, (long long)mo->experts);
+    /* remat_policy=custom: the routed experts keep moe.py's grouped-matmul tags (model_moe_routed);
+     * the sorted inputs and routing maps are not simulated as saved */
+    static const model_ckpt_name unkept[] = {MODEL_CKPT_MOE_X_SORTED, MODEL_CKPT_MOE_ROUTING_MAPS};
+    for (int i = 0; i < 2; i++)
+        if (d->ckpt[unkept[i]] != MODEL_CKPT_REMAT)
+            return sim_err(SIM_ERR_INPUT,
+                           "%s=%s (remat_policy=custom): saving the routed experts' %s across remat is not "
+                           "simulated; keep %s=remat (the other MoE tags, moe_mlpwi_0/moe_mlpwi_1/moe_mlpwo, are)",
+                           model_ckpt_name_str(unkept[i]),
+                           d->ckpt[unkept[i]] == MODEL_CKPT_DEVICE ? "device" : "offload",
+                           i == 0 ? "expert-sorted inputs" : "routing maps", model_ckpt_name_str(unkept[i]));
+    define_params(m);
+    return model_moe_check_mesh(m, cfg, mo);
+}
+
+static sim_status mixtral_setup(model_def *m, const cfg_config *cfg)
+{
+    bool on;
+    SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &on));
+    if (on)
+        return model_cfg_unsupported(cfg, "use_batch_split_schedule",
+                                     "MaxText runs the batch-split schedule for decoder_block=deepseek only; drop it");
+    if (m->d.pipe.on && mixtral_dims(m)->lb_weight > 0)
+        return model_cfg_unsupported(cfg, "load_balance_loss_weight",
+                                     "collecting the MoE load-balance loss from the pipeline iterations is not "
+                                     "simulated; use load_balance_loss_weight=0 with pipeline parallelism");
+    return SIM_OK;
+}
+
+static sim_status mixtral_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
+{
+    mixtral_ix ix = indices(md->def);
+    model_decoder_block dec = {.layer = mixtral_layer_fn, .embed = ix.embed, .norm = ix.norm, .logits = ix.logits};
+    return model_decoder_loss(md, t, b, &dec, loss);
+}
+
+/* MaxText's decoder_block mixtral (mixtral-8x7b, mixtral-8x22b): every layer alike, scanned and
+ * pipelined alike, nothing updated outside the optimizer (loss-free balancing is DeepSeek's). */
+const model_family model_family_mixtral = {
+    .name = "mixtral",
+    .define = mixtral_define,
+    .setup = mixtral_setup,
+    .loss = mixtral_loss,
+};
