@@ -9,8 +9,9 @@
  *     at the peak, and the step-time estimate on v5p (step, compute, exposed and per-axis times,
  *     FLOPs, MFU as bitwise doubles; the slowest collectives and kernels; the modelled timeline);
  *   - on each kind of layer stack gradient accumulation runs with: Llama's decoder stack (auto and
- *     explicit), DeepSeek's dense and MoE layers (first_num_dense_layers), its batch-split
- *     schedule, Qwen3, a pipeline, ZeRO-1 and Muon.  (MTP refuses gradient accumulation.)
+ *     explicit), Qwen3, Mixtral's routed MoE in the generic decoder, DeepSeek's dense and MoE
+ *     layers (first_num_dense_layers), its batch-split schedule, a pipeline, ZeRO-1 and Muon.
+ *     (MTP refuses gradient accumulation.)
  * The figures of the full run come from simulating every microbatch: nothing of the shortcut's
  * own bookkeeping (sim_repeat) is used to make them. */
 #include <setjmp.h>
@@ -45,6 +46,14 @@ static const char *const QWEN3[] = {
     "base_num_query_heads=4", "base_num_kv_heads=2",        "head_dim=8",
     "base_mlp_dim=48",        "base_num_decoder_layers=3",  "vocab_size=64",
     "max_target_length=16",   "logits_via_embedding=false",
+};
+
+static const char *const MIXTRAL[] = {
+    "model_name=mixtral-8x7b", "override_model_config=true", "base_emb_dim=32",
+    "base_num_query_heads=4",  "base_num_kv_heads=2",        "head_dim=8",
+    "base_mlp_dim=48",         "base_moe_mlp_dim=48",        "base_num_decoder_layers=3",
+    "vocab_size=64",           "max_target_length=16",       "num_experts=4",
+    "load_balance_loss_weight=0.01",
 };
 
 #define DEEPSEEK(name)                                                                                               \
@@ -266,6 +275,14 @@ static void test_qwen3(void **state)
     bounded_vs_full("qwen3 data=2 fsdp=2", QWEN3, N(QWEN3), 8, mesh, 2, 4);
 }
 
+/* the generic decoder with a routed MoE layer and its load-balance loss */
+static void test_mixtral(void **state)
+{
+    (void)state;
+    const char *mesh[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"};
+    bounded_vs_full("mixtral fsdp=2 expert=2", MIXTRAL, N(MIXTRAL), 8, mesh, 2, 4);
+}
+
 static void test_deepseek_dense_and_moe(void **state)
 {
     (void)state;
@@ -310,7 +327,7 @@ static void test_muon(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama),    cmocka_unit_test(test_qwen3), cmocka_unit_test(test_deepseek_dense_and_moe),
+        cmocka_unit_test(test_llama),    cmocka_unit_test(test_qwen3), cmocka_unit_test(test_mixtral), cmocka_unit_test(test_deepseek_dense_and_moe),
         cmocka_unit_test(test_deepseek_batchsplit), cmocka_unit_test(test_pipeline), cmocka_unit_test(test_zero1),
         cmocka_unit_test(test_muon),
     };
