@@ -258,6 +258,6 @@ int main(void)
            "step's fusions, copies and slices at 912 ms (dot fusions 190, memory-bound ops 722, of which the "
            "layer bodies' layout ops ~500 ms at 556 GB/s); with the Pallas kernels (splash attention, megablox "
            "gmm: no estimate from XLA; shardsim's 812 ms) and the collectives (shardsim's 484 ms + ~80 the model "
-           "does not move) that is ~2290 ms against the measured 2238 (README, seed notes)\n");
+           "does not move) that is ~2290 ms against the measured 2238 (docs/explanations/step-time.md, seed notes)\n");
     return 0;
 }

@@ -7,7 +7,7 @@
  * with their ratios.  Targets (xla_truth.h): peak within 3%, every kind with
  * at least 1% of the bytes within 5%.  Where an XLA choice depends on a flag
  * or threshold shardsim cannot see, shardsim follows XLA's default (the
- * README's "Sizing as XLA compiles it").
+ * docs/xla-fidelity.md).
  * Benchmark, not a test: prints the table, exits 0 unless a run fails
  * (tests/test_xla_truth.c asserts the targets). */
 #include <math.h>

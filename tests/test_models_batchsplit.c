@@ -320,7 +320,7 @@ static void test_dry_run(void **state)
 }
 
 /* The full-size model (61 layers, 256 experts) sized without computing, on 8 devices (the
- * 256-device run is bench/deepseek's and the README's: it takes tens of seconds on a busy
+ * 256-device run is bench/deepseek's and docs/parallelism/expert.md's: it takes tens of seconds on a busy
  * 2-core machine, mostly the simulator's per-op bookkeeping over 256 threads). */
 static void test_full_size_dry(void **state)
 {
