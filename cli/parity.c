@@ -263,7 +263,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             uint64_t t0 = sim_now_ns();
             /* host memory: the run, plus every step's gradients kept here (the reference's too) */
             uint64_t kept = (uint64_t)steps * (uint64_t)model_param_bytes(def) * (ref_c >= 0 ? 2u : 1u);
-            st = cli_host_memory_fits(def, &job, hbm, false, kept);
+            st = cli_host_memory_fits(def, &job, hbm, false, kept, err);
             if (st == SIM_ERR_INPUT) sim_err_append(" (parity configuration '%s')", cfgs[c].label);
             if (st == SIM_OK) st = model_train(&job, m);
             cli_progress_done(stderr);

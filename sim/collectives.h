@@ -51,6 +51,14 @@ typedef struct {
                            and its slice (sim_machine_opts.psum_scatter_max_group) */
     size_t lane_slice; /* a reduce-scatter along the array's last dim: the elements of that dim each device
                            keeps (sim_machine_opts.lane_scatter_ar_max); 0: another dim */
+    /* the product a single_use collective serves, for the windowed-einsum cost model
+     * (sim_machine_opts.windowed_ici_bw): its FLOPs on this device (0: unknown, the group-size
+     * rule alone decides), and the bytes of its other operand's own gather for it (0: the other
+     * operand is not gathered for this product) */
+    double product_flops;
+    uint64_t product_other_bytes;
+    uint64_t product_partial_bytes; /* the bytes of the product's output where it is partial over other axes (a
+                                       reduction the product needs besides this collective), else 0 */
 } sim_meta;
 static inline sim_meta sim_meta_tag(const char *tag)
 {
@@ -73,6 +81,15 @@ static inline sim_meta sim_meta_counted(sim_meta m, sim_dtype dt)
     m.counted = dt;
     return m;
 }
+
+/* Whether the compiler runs a weight's collective `op` over `axes` (k devices; whole_bytes: the
+ * gathered array, or the gradient before its reduce-scatter, on one device, as counted) as a
+ * windowed einsum: a ring of collective-permutes (sim_machine_opts.windowed_min_group,
+ * windowed_ici_bw; sim_meta.single_use, product_flops, product_other_bytes). */
+bool sim_collective_windowed(const sim_device *d, sim_op op, sim_axes axes, int k, sim_meta meta, uint64_t whole_bytes);
+/* Whether that choice is each product's own over `axes` (a strided group under the cost model):
+ * a weight gathered for two products is then not one shared gather. */
+bool sim_windowed_per_product(const sim_device *d, sim_axes axes, sim_meta meta);
 
 /* send (outer, mid, inner) -> recv (outer, k*mid, inner): gathers along the
  * middle dim; block r of the result comes from rank r.  count = outer*mid*inner. */

@@ -2111,6 +2111,19 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
     if (keep) {
         mc.saved = (model_moe_saved **)model_checkpoint_region(md, model_moe_saved_free);
         mc.keep = mc.saved ? keep : 0;
+        /* every kept product is read by the region's backward (wo's by the combine weights' gradient) */
+        const struct {
+            unsigned flag;
+            model_ckpt_name name, alt;
+            int w;
+        } kept[3] = {{MODEL_MOE_KEEP_WI0, MODEL_CKPT_MLPWI_0, MODEL_CKPT_MOE_MLPWI_0, ml->wi0},
+                     {MODEL_MOE_KEEP_WI1, MODEL_CKPT_MOE_MLPWI_1, MODEL_CKPT_MLPWI_1, ml->wi1},
+                     {MODEL_MOE_KEEP_WO, MODEL_CKPT_MLPWO, MODEL_CKPT_MOE_MLPWO, ml->wo}};
+        for (int k = 0; k < 3; k++) {
+            if (!(mc.keep & kept[k].flag)) continue;
+            model_ckpt_name n = d->ckpt[kept[k].name] == MODEL_CKPT_DEVICE ? kept[k].name : kept[k].alt;
+            SIM_TRY(model_saved_product(md, n, &md->p[kept[k].w].w[l]));
+        }
     }
     SIM_TRY(model_moe_experts(t, xin, weights, indices, w0, w1, wo, &mc, "moe", &out));
     *y = out;

@@ -280,6 +280,11 @@ static sim_status remat_policy_from_config(const cfg_config *cfg, model_dims *d)
     snprintf(d->remat_policy, sizeof d->remat_policy, "%s", p);
     memset(d->ckpt, 0, sizeof d->ckpt);
     d->remat_full = strcmp(p, "none") != 0;
+    static const char *const modes[] = {"auto", "always", "never"};
+    int rc;
+    SIM_TRY(cfg_get_enum(cfg, "remat_recompute", modes, 3, &rc));
+    d->remat_recompute = (model_remat_recompute)rc;
+    d->remat_replay = d->remat_full && d->remat_recompute != MODEL_RECOMPUTE_ALWAYS;
     if (!d->remat_full) return SIM_OK;
     if (!strcmp(p, "custom")) {
         /* the per-tensor keys (base.yml: remat | device | offload) */
@@ -520,6 +525,9 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
     if (cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    /* a dry run computes nothing, so keeps nothing for the recomputation (the host-memory check's dry
+     * step of a real run keeps remat_replay, and counts the bytes the run would keep) */
+    if (d->dry_run) d->remat_replay = false;
     static const char *const loss_modes[] = {"reshard", "assert"};
     int lm;
     SIM_TRY(cfg_get_enum(cfg, "loss_constraint", loss_modes, 2, &lm));
@@ -534,6 +542,14 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
 
     SIM_TRY(cfg_release_of(cfg, &m->release));
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
+    { /* the slice's physical shape, for the windowed-einsum model's link count (cfg_xla_rules.torus) */
+        cfg_hw hw;
+        bool found;
+        int per_slice = m->mesh.num_devices / (m->mesh.num_slices > 0 ? m->mesh.num_slices : 1);
+        SIM_TRY(cfg_hw_from_config(cfg, per_slice, &hw, &found));
+        m->d.xla.torus_n = found ? hw.xla.torus_n : 0;
+        for (int i = 0; i < m->d.xla.torus_n; i++) m->d.xla.torus[i] = hw.xla.torus[i];
+    }
     SIM_TRY(zero1_and_ga_from_config(cfg, m));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
     pipeline_mesh_and_rules(m);
@@ -1165,6 +1181,24 @@ bool model_recomputed_dead(const model_dev *md, model_ckpt_name name)
     return md->recomputing && md->remat && md->def->d.ckpt[name] != MODEL_CKPT_REMAT;
 }
 
+sim_status model_saved_product(model_dev *md, model_ckpt_name name, const mesh_array *w)
+{
+    const model_dims *d = &md->def->d;
+    if (!md->remat || md->recomputing || d->xla.saved_grad_copies <= 0 || d->ckpt[name] != MODEL_CKPT_DEVICE)
+        return SIM_OK;
+    size_t bytes = w->nlocal * sim_dtype_size(d->weight_dtype) * (size_t)d->xla.saved_grad_copies;
+    if (!bytes) return SIM_OK;
+    SIM_TRY(sim_arena_charge(sim_device_arena(md->ctx.dev), bytes, SIM_MEM_GRADS, "saved-product gradient copies"));
+    md->saved_copy_bytes += bytes;
+    return SIM_OK;
+}
+
+void model_saved_products_release(model_dev *md)
+{
+    if (md->saved_copy_bytes) sim_arena_discharge(sim_device_arena(md->ctx.dev), md->saved_copy_bytes, SIM_MEM_GRADS);
+    md->saved_copy_bytes = 0;
+}
+
 sim_status model_dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
                        int rank, const char *const *out_names, mesh_var **y)
 {
@@ -1181,6 +1215,7 @@ sim_status model_dense_saved(model_dev *md, mesh_tape *t, model_ckpt_name name, 
     sim_status st = model_dense(md, t, sub, x, w, op, rank, out_names, y);
     md->ctx.dead_outputs = false;
     SIM_TRY(st);
+    SIM_TRY(model_saved_product(md, name, &w->val));
     return model_checkpoint_name(md, *y, name);
 }
 
@@ -1210,14 +1245,35 @@ typedef struct {
     int layer;
     model_layer_fn fn;
     model_remat_store *store; /* what the forward saved (NULL: nothing) */
+    mesh_replay *replay;      /* the forward's kernel values for the recomputation (NULL: computed again) */
 } remat_payload;
 
 static void remat_payload_free(void *p)
 {
     remat_payload *rp = p;
     store_free(rp->md->ctx.dev, rp->store);
+    mesh_replay_free(rp->replay);
     free(rp);
 }
+
+mesh_replay *model_replay_begin(model_dev *md, bool backward_follows)
+{
+    if (!md->def->d.remat_replay || !backward_follows) return NULL;
+    SIM_ASSERT(!md->ctx.replay); /* remat layers do not nest */
+    mesh_replay *r = mesh_replay_new(md->ctx.dev);
+    mesh_replay_start(r, MESH_REPLAY_SAVE);
+    md->ctx.replay = r;
+    return r;
+}
+
+void model_replay_use(model_dev *md, mesh_replay *r)
+{
+    SIM_ASSERT(!md->ctx.replay);
+    if (r) mesh_replay_start(r, MESH_REPLAY_USE);
+    md->ctx.replay = r;
+}
+
+void model_replay_end(model_dev *md) { md->ctx.replay = NULL; }
 
 static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
 {
@@ -1228,7 +1284,11 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     if (rp->store) rp->store->recompute = true, rp->store->next = 0;
     rp->md->remat = rp->store;
     rp->md->recomputing = true;
+    model_replay_use(rp->md, rp->replay);
     sim_status st = rp->fn(rp->md, inner, rp->b, rp->layer, xin, &yin, &auxin);
+    model_replay_end(rp->md);
+    mesh_replay_free(rp->replay); /* every value went back into the recomputation */
+    rp->replay = NULL;
     rp->md->recomputing = false;
     rp->md->remat = NULL;
     /* the outputs' cotangents move into the recomputed layer; one backward pass covers both */
@@ -1265,7 +1325,9 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
             if (md->def->d.ckpt[n] != MODEL_CKPT_REMAT) store = calloc(1, sizeof *store);
     }
     md->remat = store;
+    mesh_replay *replay = model_replay_begin(md, mesh_tape_recording(t));
     sim_status st = fn(md, scratch, b, layer, xin, &yin, &auxin);
+    model_replay_end(md);
     md->remat = NULL;
     if (aux) *aux = NULL;
     if (st == SIM_OK) {
@@ -1277,7 +1339,7 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         }
     }
     mesh_tape_free(scratch);
-    if (st != SIM_OK) store_free(md->ctx.dev, store);
+    if (st != SIM_OK) store_free(md->ctx.dev, store), mesh_replay_free(replay);
     SIM_TRY(st);
     if (md->on_layer) md->on_layer(md->on_layer_arg, layer, false);
     mesh_var *outs[2] = {*y, aux ? *aux : NULL};
@@ -1290,8 +1352,9 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         p->layer = layer;
         p->fn = fn;
         p->store = store;
+        p->replay = replay;
         e->payload = p;
         e->free_payload = remat_payload_free;
-    } else store_free(md->ctx.dev, store);
+    } else store_free(md->ctx.dev, store), mesh_replay_free(replay);
     return SIM_OK;
 }

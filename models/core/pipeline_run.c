@@ -51,6 +51,7 @@ typedef struct {
     mesh_spec s_io, s_shift; /* state_io [S, M/S, mb, seq, emb] and shift [S, mb, seq, emb] */
     int64_t io_shape[5], shift_shape[4];
     mesh_array *saved; /* [iters * L] layer inputs (iteration_input, decoder_layer_input) */
+    mesh_replay **replay; /* [iters * L] each layer run's values for its recomputation (NULL: none kept) */
     model_batch *mbs;  /* [M] each microbatch's positions, replicated (MaxText gathers them) */
     mesh_array pos;    /* all positions, replicated */
     int nag;
@@ -121,7 +122,9 @@ static sim_status stage_forward(pipe_run *pr, int64_t i, mesh_array *out)
         int64_t micro, layer = layer_of(pr, i, l, &micro);
         mesh_tape *scratch = mesh_tape_new(&md->ctx, false);
         mesh_var *xin = mesh_tape_input(scratch, &pr->saved[i * L + l], false), *yin = NULL, *aux = NULL;
+        if (pr->replay) pr->replay[i * L + l] = model_replay_begin(md, true);
         sim_status st = pr->fn(md, scratch, &pr->mbs[micro], (int)layer, xin, &yin, &aux);
+        model_replay_end(md);
         mesh_array y;
         memset(&y, 0, sizeof y);
         if (st == SIM_OK && aux)
@@ -151,7 +154,11 @@ static sim_status stage_backward(pipe_run *pr, int64_t i, mesh_array *g_out, mes
         int64_t micro, layer = layer_of(pr, i, l, &micro);
         mesh_tape *inner = mesh_tape_new(&md->ctx, true);
         mesh_var *xin = mesh_tape_input(inner, &pr->saved[i * L + l], true), *yin = NULL, *aux = NULL;
+        mesh_replay **rp = pr->replay ? &pr->replay[i * L + l] : NULL;
+        model_replay_use(md, rp ? *rp : NULL);
         sim_status st = pr->fn(md, inner, &pr->mbs[micro], (int)layer, xin, &yin, &aux);
+        model_replay_end(md);
+        if (rp) mesh_replay_free(*rp), *rp = NULL; /* every value went back into the recomputation */
         if (st == SIM_OK) st = mesh_tape_backward_from(inner, yin, &g);
         else mesh_array_free(dev_of(pr), &g);
         memset(&g, 0, sizeof g);
@@ -422,6 +429,10 @@ static void run_free(void *arg)
         int64_t ns = pr->iters * pr->p->layers_per_stage;
         for (int64_t k = 0; k < ns; k++) mesh_array_free(d, &pr->saved[k]);
         free(pr->saved);
+    }
+    if (pr->replay) {
+        for (int64_t k = 0; k < pr->iters * pr->p->layers_per_stage; k++) mesh_replay_free(pr->replay[k]);
+        free(pr->replay);
     }
     if (pr->mbs) {
         for (int64_t m = 0; m < pr->p->microbatches; m++) mesh_array_free(d, &pr->mbs[m].positions);
@@ -838,6 +849,10 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
     if (st == SIM_OK) st = explicit_positions_gather(pr);
     if (st == SIM_OK) st = microbatch_positions(pr, b);
     bool recording = mesh_tape_recording(t);
+    if (st == SIM_OK && recording && m->d.remat_replay) {
+        pr->replay = calloc((size_t)(pr->iters * p->layers_per_stage), sizeof *pr->replay);
+        SIM_ASSERT(pr->replay);
+    }
     if (st == SIM_OK && p->ag_once) st = ag_gather(pr, recording);
     if (st == SIM_OK && p->ag_once) ag_swap(pr, true);
     if (st == SIM_OK && p->ag_per_repeat) {

@@ -77,6 +77,11 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
         snprintf(t, sizeof t, "%d accumulation gradient sets", r->ga_grad_copies);
         n = add_rule(buf, cap, n, t);
     }
+    if (r->saved_grad_copies) {
+        snprintf(t, sizeof t, "%d weight_dtype cop%s of saved products' weights", r->saved_grad_copies,
+                 r->saved_grad_copies == 1 ? "y" : "ies");
+        n = add_rule(buf, cap, n, t);
+    }
     if (r->ns_gather_bf16) n = add_rule(buf, cap, n, "bfloat16 Newton-Schulz gathers");
     if (r->ns_gather_once) n = add_rule(buf, cap, n, "one Newton-Schulz gather per operand and step");
     if (r->muon_stacked) n = add_rule(buf, cap, n, "Muon's estimates and Newton-Schulz products held stacked");

@@ -54,6 +54,10 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.counted_gather = def->d.gather_dtype;
     o.counted_grad_reduce = def->d.reduce_dtype;
     o.windowed_min_group = def->d.xla.windowed_min_group;
+    o.windowed_ici_bw = def->d.xla.windowed_ici_bw;
+    o.windowed_peak = def->d.xla.windowed_peak;
+    o.windowed_torus_n = def->d.xla.torus_n;
+    for (int i = 0; i < def->d.xla.torus_n; i++) o.windowed_torus[i] = def->d.xla.torus[i];
     o.psum_scatter_max_group = def->d.xla.psum_scatter_max_group;
     o.lane_scatter_ar_max = def->d.xla.lane_scatter_ar_max;
     o.trace = trace;
@@ -396,6 +400,7 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
         if (st == SIM_OK) st = mesh_tape_backward_from(t, loss, &cot);
     }
     mesh_tape_free(t);
+    model_saved_products_release(md); /* the pass's backward is done */
     model_batch_free(md, &b);
     return st;
 }
