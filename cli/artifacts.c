@@ -143,8 +143,9 @@ static sim_status write_collectives(FILE *f, void *arg)
                        "bytes_sent_dcn\n");
     for (int d = 0; d < a->n_devices; d++) {
         sim_axes last = {-1, {0}}; /* the axes text of the previous record, kept */
-        for (size_t i = 0; i < r->n[d]; i++) {
-            const sim_record *x = &r->recs[d][i];
+        sim_walk w;
+        cli_records_walk(r, d, &w);
+        for (const sim_record *x; (x = sim_walk_next_record(&w));) {
             if (x->step < a->steps.first || x->step > a->steps.last) continue;
             sim_textout_i64(o, d);
             sim_textout_char(o, ',');
@@ -187,8 +188,9 @@ int cli_collectives_csv_devices(const cli_records *recs, cli_step_range steps, s
     size_t rows = 0;
     int n = 0;
     for (int d = 0; d < recs->n_devices; d++) {
-        for (size_t i = 0; i < recs->n[d]; i++)
-            rows += recs->recs[d][i].step >= steps.first && recs->recs[d][i].step <= steps.last;
+        sim_walk w;
+        cli_records_walk(recs, d, &w);
+        for (const sim_record *x; (x = sim_walk_next_record(&w));) rows += x->step >= steps.first && x->step <= steps.last;
         if (d > 0 && rows > max_rows) break;
         n++;
     }

@@ -1523,6 +1523,10 @@ void sim_device_clear_records(sim_device *d)
 {
     d->nrec = 0;
     d->ncost = 0;
+    d->nreps = 0;
+    d->nopen = 0;
+    d->rec_extra = d->cost_extra = 0;
+    d->span_extra = 0;
     memset(d->totals, 0, sizeof d->totals);
 }
 
@@ -1541,7 +1545,11 @@ void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, do
                                const char *tag)
 {
     if (d->m->opts.no_costs) return;
-    if (d->ncost && d->cost[d->ncost - 1].step != d->step) d->ncost = 0; /* the current step's only: bounded */
+    if (d->ncost && d->cost[d->ncost - 1].step != d->step) { /* the current step's only: bounded */
+        SIM_ASSERT(d->nreps == 0); /* repeated blocks are the last step's only (models/core/train.c) */
+        d->ncost = 0;
+        d->cost_extra = 0;
+    }
     if (d->ncost == d->capcost) {
         d->capcost = d->capcost ? 2 * d->capcost : 256;
         d->cost = realloc(d->cost, d->capcost * sizeof *d->cost);
@@ -1570,4 +1578,156 @@ const sim_cost *sim_device_costs(const sim_device *d, size_t *n)
 {
     *n = d->ncost;
     return d->cost;
+}
+
+/* ------------------------------------------------------------ repeated blocks */
+
+void sim_device_repeat_begin(sim_device *d)
+{
+    SIM_ASSERT(d->nopen < SIM_WALK_DEPTH);
+    if (d->nreps == d->capreps) {
+        d->capreps = d->capreps ? 2 * d->capreps : 8;
+        d->reps = realloc(d->reps, d->capreps * sizeof *d->reps);
+        SIM_ASSERT(d->reps);
+    }
+    sim_repeat *b = &d->reps[d->nreps];
+    memset(b, 0, sizeof *b);
+    b->rec0 = d->nrec;
+    b->cost0 = d->ncost;
+    int k = d->nopen++;
+    d->open[k] = d->nreps++;
+    memcpy(d->open_totals[k], d->totals, sizeof d->totals);
+    d->open_vrec[k] = d->nrec + d->rec_extra;
+    d->open_vcost[k] = d->ncost + d->cost_extra;
+    d->open_vspans[k] = d->nspans + d->span_extra;
+}
+
+void sim_device_repeat_end(sim_device *d, uint64_t times)
+{
+    SIM_ASSERT(d->nopen > 0);
+    int k = --d->nopen;
+    sim_repeat *b = &d->reps[d->open[k]];
+    b->rec1 = d->nrec;
+    b->cost1 = d->ncost;
+    b->times = times;
+    SIM_ASSERT(b->rec0 <= b->rec1 && b->cost0 <= b->cost1);
+    /* the block as walked (its inner blocks expanded), times more: integers, so a product equals
+     * the sum the copies would have added */
+    for (int op = 0; op < SIM_NOP; op++) {
+        sim_op_totals *t = &d->totals[op];
+        const sim_op_totals *o = &d->open_totals[k][op];
+        t->calls += times * (t->calls - o->calls);
+        t->bytes_sent += times * (t->bytes_sent - o->bytes_sent);
+        t->bytes_recv += times * (t->bytes_recv - o->bytes_recv);
+    }
+    d->rec_extra += (size_t)times * (d->nrec + d->rec_extra - d->open_vrec[k]);
+    d->cost_extra += (size_t)times * (d->ncost + d->cost_extra - d->open_vcost[k]);
+    d->span_extra += times * (d->nspans + d->span_extra - d->open_vspans[k]);
+    /* an empty block, or one without copies, walks as what it holds: dropped if it was the last begun */
+    if ((times == 0 || (b->rec0 == b->rec1 && b->cost0 == b->cost1)) && d->open[k] == d->nreps - 1) d->nreps--;
+}
+
+const sim_repeat *sim_device_repeats(const sim_device *d, size_t *n)
+{
+    *n = d->nreps;
+    return d->reps;
+}
+
+size_t sim_device_nrecords(const sim_device *d)
+{
+    return d->nrec + d->rec_extra;
+}
+
+size_t sim_device_ncosts(const sim_device *d)
+{
+    return d->ncost + d->cost_extra;
+}
+
+uint64_t sim_repeat_weight(const sim_repeat *reps, size_t nreps, size_t rec)
+{
+    uint64_t k = 1;
+    for (size_t i = 0; i < nreps; i++)
+        if (rec >= reps[i].rec0 && rec < reps[i].rec1) k *= 1 + reps[i].times;
+    return k;
+}
+
+void sim_walk_init(sim_walk *w, const sim_record *rec, size_t nrec, const sim_cost *cost, size_t ncost,
+                   const sim_repeat *reps, size_t nreps)
+{
+    memset(w, 0, sizeof *w);
+    w->rec = rec, w->nrec = nrec, w->cost = cost, w->ncost = ncost, w->reps = reps, w->nreps = nreps;
+}
+
+void sim_walk_device(sim_walk *w, const sim_device *d)
+{
+    sim_walk_init(w, d->rec, d->nrec, d->cost, d->ncost, d->reps, d->nreps);
+}
+
+/* At the walk's position: the blocks that end here run again (from their start) or are left, and
+ * the blocks that start here are entered. */
+/* Whether the walk stands at (rec, cost): without costs (a walk of records alone), at rec. */
+static bool walk_at(const sim_walk *w, size_t rec, size_t cost)
+{
+    return w->ri == rec && (!w->cost || w->ci == cost);
+}
+
+static void walk_blocks(sim_walk *w)
+{
+    for (;;) {
+        if (w->depth > 0) {
+            const sim_repeat *b = &w->reps[w->open[w->depth - 1]];
+            if (walk_at(w, b->rec1, b->cost1)) {
+                if (w->left[w->depth - 1] > 0) {
+                    w->left[w->depth - 1]--;
+                    w->ri = b->rec0, w->ci = w->cost ? b->cost0 : 0;
+                    w->next = w->open[w->depth - 1] + 1; /* the blocks inside it come again */
+                } else {
+                    w->depth--;
+                }
+                continue;
+            }
+        }
+        if (w->next < w->nreps) {
+            const sim_repeat *b = &w->reps[w->next];
+            bool empty = b->times == 0 || (b->rec0 == b->rec1 && (!w->cost || b->cost0 == b->cost1));
+            if (empty && b->rec0 <= w->ri && (!w->cost || b->cost0 <= w->ci)) { /* walks as what it holds */
+                w->next++;
+                continue;
+            }
+            if (!empty && walk_at(w, b->rec0, b->cost0)) {
+                SIM_ASSERT(w->depth < SIM_WALK_DEPTH);
+                w->open[w->depth] = w->next;
+                w->left[w->depth] = b->times;
+                w->depth++;
+                w->next++;
+                continue;
+            }
+        }
+        return;
+    }
+}
+
+bool sim_walk_next(sim_walk *w, const sim_record **rec, sim_cost *cost)
+{
+    walk_blocks(w);
+    size_t upto = w->ci < w->ncost ? w->cost[w->ci].nrec_before : w->nrec;
+    if (w->ri < upto && w->ri < w->nrec) {
+        *rec = &w->rec[w->ri++];
+        w->vrec++;
+        return true;
+    }
+    if (w->ci >= w->ncost) return false;
+    *rec = NULL;
+    *cost = w->cost[w->ci++];
+    cost->nrec_before = w->vrec;
+    return true;
+}
+
+const sim_record *sim_walk_next_record(sim_walk *w)
+{
+    const sim_record *r;
+    sim_cost c;
+    while (sim_walk_next(w, &r, &c))
+        if (r) return r;
+    return NULL;
 }

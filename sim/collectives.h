@@ -165,8 +165,31 @@ void sim_device_add_cost_layout(sim_device *d, double elements, const char *tag)
 /* Cost events of a device, in call order (valid until the next add). */
 const sim_cost *sim_device_costs(const sim_device *d, size_t *n);
 
-/* Records of a device (valid until the next collective on it). */
+/* Records of a device as stored (valid until the next collective on it): with repeated blocks
+ * (sim_repeat), read them through sim_walk instead. */
 const sim_record *sim_device_records(const sim_device *d, size_t *n);
+/* Starts a block that will repeat: the records and costs from here (blocks nest, up to
+ * SIM_WALK_DEPTH deep). */
+void sim_device_repeat_begin(sim_device *d);
+/* Ends the innermost block begun: it stands for itself and `times` more copies right after it
+ * (the op totals and the counts below count them).  Blocks stay until the records are cleared. */
+void sim_device_repeat_end(sim_device *d, uint64_t times);
+/* The blocks of a device, in the order they began. */
+const sim_repeat *sim_device_repeats(const sim_device *d, size_t *n);
+/* The records and costs with every block expanded: their counts. */
+size_t sim_device_nrecords(const sim_device *d);
+size_t sim_device_ncosts(const sim_device *d);
+/* A walk over a device's records and costs (or explicit arrays and blocks) in call order, every
+ * block expanded; sim_walk_next gives the next record (*rec set, true) or cost (*cost set, its
+ * nrec_before counted in the expanded records, true), false at the end. */
+void sim_walk_device(sim_walk *w, const sim_device *d);
+void sim_walk_init(sim_walk *w, const sim_record *rec, size_t nrec, const sim_cost *cost, size_t ncost,
+                   const sim_repeat *reps, size_t nreps);
+bool sim_walk_next(sim_walk *w, const sim_record **rec, sim_cost *cost);
+/* How many times stored record `rec` occurs once the blocks are expanded (1 outside them). */
+uint64_t sim_repeat_weight(const sim_repeat *reps, size_t nreps, size_t rec);
+/* The same for records alone (costs skipped). */
+const sim_record *sim_walk_next_record(sim_walk *w);
 void sim_device_clear_records(sim_device *d);
 /* Totals of one op on a device since the last clear. */
 sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op);

@@ -117,14 +117,16 @@ static sim_status zero1_and_ga_from_config(const cfg_config *cfg, model_def *m)
                        "gradient_accumulation_steps=%lld: it must be a positive number of microbatches per step "
                        "(1 = no accumulation)",
                        (long long)d->ga);
-    /* A dry run simulates every microbatch of its one step, so its cost grows with the count;
-     * from the second microbatch on each one adds the same collectives and leaves the same peak,
-     * but the figures are not yet accounted without simulating them, so the count is bounded. */
+    /* A dry run simulates the first two microbatches of its one step and accounts the others as
+     * repeats of the second (models/core/train.c), but the step-time model still times every one in
+     * turn (its clocks are doubles: the same bits as a full run take the same additions) and
+     * collectives.csv lists every call, so the count stays bounded. */
     if (d->dry_run && d->ga > MODEL_DRY_RUN_MAX_GA)
         return sim_err(SIM_ERR_INPUT,
-                       "gradient_accumulation_steps=%lld with dry_run=true: a dry run simulates every microbatch "
-                       "(its time grows with the count) and is limited to %d; the traffic grows linearly with the "
-                       "count and the peak memory is that of 2 microbatches, so dry-run %d or fewer and scale",
+                       "gradient_accumulation_steps=%lld with dry_run=true: a dry run is limited to %d microbatches "
+                       "(its step-time estimate and collectives.csv go through each one); the traffic grows "
+                       "linearly with the count and the peak memory is that of 2 microbatches, so dry-run %d or "
+                       "fewer and scale",
                        (long long)d->ga, MODEL_DRY_RUN_MAX_GA, MODEL_DRY_RUN_MAX_GA);
     SIM_TRY(model_cfg_bool(cfg, "shard_optimizer_over_data", &d->zero1));
     if (!d->zero1) return SIM_OK;

@@ -22,8 +22,8 @@
 #include "models/core/timemodel.h"
 
 enum { MODEL_MAX_PARAMS = 96, MODEL_MAX_ACTS = 96 };
-/* Microbatches a dry run simulates at most (gradient_accumulation_steps with dry_run=true): its
- * cost is that of every microbatch.  And the most tokens one step may hold (rows x microbatches x
+/* Microbatches a dry run accounts at most (gradient_accumulation_steps with dry_run=true): it
+ * simulates two, but its step-time estimate and collectives.csv go through every one.  And the most tokens one step may hold (rows x microbatches x
  * sequence: the step's host token arrays; 2^40 x 12 bytes is beyond any host). */
 #define MODEL_DRY_RUN_MAX_GA 1024
 #define MODEL_MAX_STEP_TOKENS (1LL << 40)
