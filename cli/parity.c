@@ -80,15 +80,23 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     for (int i = 0; i < argc; i++) w[n++] = argv[i];
     for (int i = 0; i < pc->n; i++) w[n++] = pc->words[i];
     if (extra) w[n++] = extra;
+    *def = NULL;
     SIM_TRY(cli_configs_check());
     SIM_TRY(cfg_load_argv(cli_base_config(), n, w, cfg));
-    *def = calloc(1, sizeof **def);
-    sim_status st = model_def_from_config(*cfg, *def);
+    /* on a refusal *cfg stays for the caller (it reports and frees it); the model does not */
+    sim_status st;
+    bool defined = false;
     double tolerance;
-    if (!st) st = cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
-    if (!st && (st = model_check_sharding_tolerance(*def, tolerance))) model_def_free(*def);
-    else if (!st && (st = cli_rank_placement(*cfg, &(*def)->mesh))) model_def_free(*def);
+    *def = calloc(1, sizeof **def);
+    SIM_ASSERT(*def);
+    SIM_TRY_GOTO(model_def_from_config(*cfg, *def), st, fail);
+    defined = true;
+    SIM_TRY_GOTO(cfg_get_double(*cfg, "sharding_tolerance", &tolerance), st, fail);
+    SIM_TRY_GOTO(model_check_sharding_tolerance(*def, tolerance), st, fail);
+    SIM_TRY_GOTO(cli_rank_placement(*cfg, &(*def)->mesh), st, fail);
+fail:
     if (st) {
+        if (defined) model_def_free(*def);
         free(*def);
         *def = NULL;
     }

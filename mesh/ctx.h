@@ -43,6 +43,10 @@ typedef struct {
                                    inputs' groups (sim_meta.psum) */
     struct mesh_replay *replay;        /* non-NULL while a remat layer runs: its forward keeps the heavy kernels'
                                    outputs there, its recomputation takes them instead of running the kernels */
+    double product_flops;              /* the FLOPs on this device of the last einsum (mesh_einsum): the weight
+                                   gradient one product made is reduced right after it (sim_meta.product_flops) */
+    uint64_t product_other_bytes;      /* for that reduction: the bytes of an operand the compiler gathers inside
+                                   the product (sim_meta.product_other_bytes), 0: none */
     bool regather;                     /* the op running is a backward product whose weight the compiler gathers
                                    again instead of reusing the recomputation's gather (mesh_entry.regather) */
     const sim_dtype *out_counted;      /* non-NULL: an einsum's output is counted (held) in this dtype, where the
