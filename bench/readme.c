@@ -6,6 +6,9 @@
  * this benchmark cannot drift apart.  The convention (docs/README.md, "Commands
  * on these pages"):
  *   - a block fenced with ```sh holds commands to run, from the repository root;
+ *   - ```sh mpi holds mpirun commands for this one machine: run with Open MPI's
+ *     settings for it (as root, oversubscribed, unbound: docs/guides/mpi.md) when
+ *     mpirun is installed, else listed as skipped;
  *   - ```sh norun holds commands that are not run here (mpirun across hosts, a
  *     program outside the repository), and any other fence (```, ```text) holds
  *     output;
@@ -36,12 +39,19 @@ typedef struct {
     char file[128];
     int line;     /* first line of the command in its file */
     int expect;   /* expected exit code */
+    int mpi;      /* from a ```sh mpi block */
     char *prefix; /* the block's assignments before it */
     char *cmd;
 } readme_cmd;
 
 static readme_cmd cmds[MAX_CMDS];
 static int n_cmds;
+static int block_mpi; /* the block being read is ```sh mpi */
+
+/* Open MPI on one machine as root, more ranks than cores, no binding (docs/guides/mpi.md) */
+static const char mpi_env[] = "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                              "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+                              "OMPI_MCA_hwloc_base_binding_policy=none\n";
 
 static double now(void)
 {
@@ -161,6 +171,7 @@ static void add_cmd(const char *file, int line, const char *prefix, const char *
     snprintf(c->file, sizeof c->file, "%s", file);
     c->line = line;
     c->expect = 0;
+    c->mpi = block_mpi;
     const char *hash = comment_of(text);
     if (hash) {
         const char *e = strstr(hash, "# exit ");
@@ -190,6 +201,7 @@ static void read_file(const char *path, const char *prog)
             if (!strncmp(info, "sh", 2) && (!info[2] || isspace((unsigned char)info[2])) &&
                 !strstr(info, "norun")) {
                 in_sh = 1;
+                block_mpi = strstr(info, "mpi") != NULL;
                 prefix[0] = '\0';
             } else {
                 in_other = 1;
@@ -269,12 +281,18 @@ int main(int argc, char **argv)
     printf("Commands of README.md and docs/, each in its own process (budget: 60 s and 1 GB each)\n");
     bench_host_print(stdout);
     printf("%3s %-34s %8s %9s %4s %4s  %s\n", "#", "file:line", "time (s)", "peak (MB)", "rc", "want", "command");
-    int over = 0;
+    int over = 0, skipped = 0;
+    int have_mpirun = system("command -v mpirun >/dev/null 2>&1") == 0;
     for (int i = 0; i < n_cmds; i++) {
         readme_cmd *c = &cmds[i];
-        size_t len = strlen(c->prefix) + strlen(c->cmd) + 64;
+        if (c->mpi && !have_mpirun) {
+            printf("%3d %.120s:%d skipped: mpirun is not installed\n", i + 1, c->file, c->line);
+            skipped++;
+            continue;
+        }
+        size_t len = strlen(c->prefix) + strlen(c->cmd) + sizeof mpi_env + 64;
         char *script = malloc(len);
-        snprintf(script, len, "%s%s\n", c->prefix, c->cmd);
+        snprintf(script, len, "%s%s%s\n", c->mpi ? mpi_env : "", c->prefix, c->cmd);
         fflush(stdout); /* else the child's freopen writes our buffer a second time */
         double t0 = now();
         pid_t pid = fork();
@@ -307,6 +325,8 @@ int main(int argc, char **argv)
         fflush(stdout);
         free(script);
     }
-    printf("%d of %d commands within budget and exiting as the page says\n", n_cmds - over, n_cmds);
+    printf("%d of %d commands within budget and exiting as the page says", n_cmds - over - skipped, n_cmds);
+    if (skipped) printf(" (%d mpirun commands skipped: no mpirun)", skipped);
+    printf("\n");
     return 0;
 }
