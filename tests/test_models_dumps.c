@@ -272,7 +272,8 @@ static void test_goldens_0_2_5(void **state)
 /* MaxText 0.2.0's own dumps (tests/data/maxtext-0.2.0/goldens, made by gen.sh there with its
  * dump_compat.py): shardsim under maxtext_release=0.2.0 writes the same named shardings and 0.2.0's
  * logical names (its Linen state's annotations: 'embed' for the attention kernels and the embedding,
- * the rule set with 'sequence' and 'tensor_transpose'), all from configs/releases/0.2.0.yml. */
+ * the rule set with 'sequence' and 'tensor_transpose') and 0.2.0's gate-bias storage, all from
+ * configs/releases/0.2.0.yml. */
 static void test_goldens_0_2_0(void **state)
 {
     (void)state;
@@ -285,9 +286,11 @@ static void test_goldens_0_2_0(void **state)
         {"llama3.1-8b/cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2",
          4,
          {"model_name=llama3.1-8b", "num_devices=8", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}},
-        /* Not yet compared: deepseek3-tiny (goldens/deepseek3-tiny, stored): 0.2.0 keeps the DeepSeek-V3
-         * gate bias an nnx.Param ([experts, layers], with Adam moments), 0.2.5 a MoEBiasVar ([layers,
-         * experts], no optimizer state), which shardsim follows whatever the release. */
+        /* the gate bias an nnx.Param there: [experts, layers] with Adam moments (variables.gate_bias) */
+        {"deepseek3-tiny/cpu-8/layers_3_ici_fsdp_parallelism=4_ici_expert_parallelism=2",
+         8,
+         {"model_name=deepseek3-tiny", "num_devices=8", "override_model_config=true", "base_num_decoder_layers=3",
+          "first_num_dense_layers=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "attention=dot_product"}},
     };
     for (size_t ci = 0; ci < sizeof C / sizeof C[0]; ci++) {
         char gdir[1400];
