@@ -291,6 +291,13 @@ static void test_goldens_0_2_0(void **state)
          8,
          {"model_name=deepseek3-tiny", "num_devices=8", "override_model_config=true", "base_num_decoder_layers=3",
           "first_num_dense_layers=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2", "attention=dot_product"}},
+        /* seed 000's FSDP2+TP2, explicit, at the verdict table's test size (its row Z02) */
+        {"deepseek3-tiny/cpu-4/seed000_fsdp2_tp2_explicit",
+         13,
+         {"model_name=deepseek3-tiny", "num_devices=4", "override_model_config=true", "base_num_decoder_layers=3",
+          "first_num_dense_layers=1", "vocab_size=512", "max_target_length=128", "per_device_batch_size=1",
+          "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "sparse_matmul=true", "attention=dot_product",
+          "shard_mode=explicit"}},
     };
     for (size_t ci = 0; ci < sizeof C / sizeof C[0]; ci++) {
         char gdir[1400];
