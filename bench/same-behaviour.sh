@@ -39,6 +39,8 @@ cases=(
 "llama7b-dry-v5p|train model_name=llama2-7b dry_run=true compile_topology=v5p-8 compile_topology_num_slices=1 ici_fsdp_parallelism=4 per_device_batch_size=2 steps=1"
 "ds671-dry|train model_name=deepseek3-671b dry_run=true ici_fsdp_parallelism=32 ici_expert_parallelism=8 per_device_batch_size=1 steps=1"
 "ds16-dry-muon|train model_name=deepseek2-16b dry_run=true compile_topology=v5p-16 compile_topology_num_slices=1 ici_fsdp_parallelism=8 opt_type=muon per_device_batch_size=1 steps=1"
+"llama-dry-ga-zero1-v5p|train configs/small.yml ici_data_parallelism=4 shard_optimizer_over_data=true gradient_accumulation_steps=5 dry_run=true hardware_profile=v5p steps=1"
+"ds-dry-ga6-v5p|train model_name=deepseek3-tiny override_model_config=true base_num_decoder_layers=3 first_num_dense_layers=1 vocab_size=512 max_target_length=128 per_device_batch_size=1 ici_fsdp_parallelism=4 ici_expert_parallelism=2 dry_run=true hardware_profile=v5p gradient_accumulation_steps=6 steps=1"
 "parity-llama|parity configs/small.yml per_device_batch_size=8 steps=3 learning_rate=3e-4 configs=ici_fsdp_parallelism=1;ici_fsdp_parallelism=8;ici_fsdp_parallelism=4 ici_tensor_parallelism=2 shard_mode=explicit"
 "dump-ds16|dump model_name=deepseek2-16b num_devices=8 ici_fsdp_parallelism=-1 ici_expert_parallelism=2 custom_mesh_and_rule=ep-as-cp dtype=bfloat16"
 "explain|explain mesh=data=2,fsdp=2,tensor=2 shape=8,16 from=P(('data','fsdp'),None) to=P(None,'tensor')"

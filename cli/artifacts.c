@@ -143,8 +143,9 @@ static sim_status write_collectives(FILE *f, void *arg)
                        "bytes_sent_dcn\n");
     for (int d = 0; d < a->n_devices; d++) {
         sim_axes last = {-1, {0}}; /* the axes text of the previous record, kept */
-        for (size_t i = 0; i < r->n[d]; i++) {
-            const sim_record *x = &r->recs[d][i];
+        sim_walk w;
+        cli_records_walk(r, d, &w);
+        for (const sim_record *x; (x = sim_walk_next_record(&w));) {
             if (x->step < a->steps.first || x->step > a->steps.last) continue;
             sim_textout_i64(o, d);
             sim_textout_char(o, ',');
@@ -187,8 +188,9 @@ int cli_collectives_csv_devices(const cli_records *recs, cli_step_range steps, s
     size_t rows = 0;
     int n = 0;
     for (int d = 0; d < recs->n_devices; d++) {
-        for (size_t i = 0; i < recs->n[d]; i++)
-            rows += recs->recs[d][i].step >= steps.first && recs->recs[d][i].step <= steps.last;
+        sim_walk w;
+        cli_records_walk(recs, d, &w);
+        for (const sim_record *x; (x = sim_walk_next_record(&w));) rows += x->step >= steps.first && x->step <= steps.last;
         if (d > 0 && rows > max_rows) break;
         n++;
     }
@@ -245,6 +247,31 @@ typedef struct {
     int n_devices;
 } metrics_args;
 
+/* Memory per device as metrics.json and parity.json show it: the peaks, the capacities and each
+ * category's bytes at the peak, one array entry per device. */
+static void memory_json(cfg_jw *w, const sim_arena_stats *stats, int n_devices)
+{
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "per_device_peak_bytes");
+    cfg_jw_arr(w);
+    for (int d = 0; d < n_devices; d++) cfg_jw_u64(w, stats[d].peak);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "capacity_bytes");
+    cfg_jw_arr(w);
+    for (int d = 0; d < n_devices; d++) cfg_jw_u64(w, stats[d].capacity);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "by_category");
+    cfg_jw_obj(w);
+    for (int c = 0; c < SIM_NMEM; c++) {
+        cfg_jw_key(w, sim_mem_cat_name((sim_mem_cat)c));
+        cfg_jw_arr(w);
+        for (int d = 0; d < n_devices; d++) cfg_jw_u64(w, stats[d].at_peak_by[c]);
+        cfg_jw_end(w);
+    }
+    cfg_jw_end(w);
+    cfg_jw_end(w);
+}
+
 static sim_status write_metrics(FILE *f, void *arg)
 {
     const metrics_args *a = arg;
@@ -285,25 +312,7 @@ static sim_status write_metrics(FILE *f, void *arg)
     }
     cfg_jw_end(&w);
     cfg_jw_key(&w, "memory");
-    cfg_jw_obj(&w);
-    cfg_jw_key(&w, "per_device_peak_bytes");
-    cfg_jw_arr(&w);
-    for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].peak);
-    cfg_jw_end(&w);
-    cfg_jw_key(&w, "capacity_bytes");
-    cfg_jw_arr(&w);
-    for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].capacity);
-    cfg_jw_end(&w);
-    cfg_jw_key(&w, "by_category");
-    cfg_jw_obj(&w);
-    for (int c = 0; c < SIM_NMEM; c++) {
-        cfg_jw_key(&w, sim_mem_cat_name((sim_mem_cat)c));
-        cfg_jw_arr(&w);
-        for (int d = 0; d < a->n_devices; d++) cfg_jw_u64(&w, a->stats[d].at_peak_by[c]);
-        cfg_jw_end(&w);
-    }
-    cfg_jw_end(&w);
-    cfg_jw_end(&w);
+    memory_json(&w, a->stats, a->n_devices);
     cfg_jw_end(&w);
     cfg_jw_write(&w, f, CFG_JW_INDENT2, 17);
     fputc('\n', f);
@@ -320,6 +329,22 @@ sim_status cli_write_metrics_json(const char *dir, const cli_step_metrics *steps
 /* ======================================================================== */
 /* run.json                                                                 */
 /* ======================================================================== */
+
+/* One config entry as run.json shows it: key: {value, source[, why]}. */
+static void entry_json(cfg_jw *w, const cfg_entry *e, bool why)
+{
+    cfg_jw_key(w, e->key);
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "value");
+    cfg_value_json(w, &e->value);
+    cfg_jw_key(w, "source");
+    cfg_jw_str(w, e->where ? e->where : "");
+    if (why) {
+        cfg_jw_key(w, "why");
+        cfg_jw_str(w, e->why ? e->why : "");
+    }
+    cfg_jw_end(w);
+}
 
 static sim_status write_run(FILE *f, void *arg)
 {
@@ -404,15 +429,7 @@ static sim_status write_run(FILE *f, void *arg)
         for (int i = 0; i < in->cfg->n; i++) {
             const cfg_entry *e = &in->cfg->entries[i];
             if (e->cls != CFG_KEY_INERT || !e->changed) continue;
-            cfg_jw_key(&w, e->key);
-            cfg_jw_obj(&w);
-            cfg_jw_key(&w, "value");
-            cfg_value_json(&w, &e->value);
-            cfg_jw_key(&w, "source");
-            cfg_jw_str(&w, e->where ? e->where : "");
-            cfg_jw_key(&w, "why");
-            cfg_jw_str(&w, e->why ? e->why : "");
-            cfg_jw_end(&w);
+            entry_json(&w, e, true);
         }
         cfg_jw_end(&w);
     }
@@ -440,13 +457,7 @@ static sim_status write_run(FILE *f, void *arg)
         cfg_jw_obj(&w);
         for (int i = 0; i < in->cfg->n; i++) {
             const cfg_entry *e = &in->cfg->entries[i];
-            cfg_jw_key(&w, e->key);
-            cfg_jw_obj(&w);
-            cfg_jw_key(&w, "value");
-            cfg_value_json(&w, &e->value);
-            cfg_jw_key(&w, "source");
-            cfg_jw_str(&w, e->where ? e->where : "");
-            cfg_jw_end(&w);
+            entry_json(&w, e, false);
         }
         cfg_jw_end(&w);
     }
@@ -1014,25 +1025,7 @@ static void write_parity_costs(cfg_jw *w, const cli_parity_config *pc)
         cfg_jw_key(w, "devices");
         cfg_jw_int(w, pc->n_devices);
         cfg_jw_key(w, "memory");
-        cfg_jw_obj(w);
-        cfg_jw_key(w, "per_device_peak_bytes");
-        cfg_jw_arr(w);
-        for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].peak);
-        cfg_jw_end(w);
-        cfg_jw_key(w, "capacity_bytes");
-        cfg_jw_arr(w);
-        for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].capacity);
-        cfg_jw_end(w);
-        cfg_jw_key(w, "by_category");
-        cfg_jw_obj(w);
-        for (int c = 0; c < SIM_NMEM; c++) {
-            cfg_jw_key(w, sim_mem_cat_name((sim_mem_cat)c));
-            cfg_jw_arr(w);
-            for (int d = 0; d < pc->n_devices; d++) cfg_jw_u64(w, pc->mem[d].at_peak_by[c]);
-            cfg_jw_end(w);
-        }
-        cfg_jw_end(w);
-        cfg_jw_end(w);
+        memory_json(w, pc->mem, pc->n_devices);
     }
     if (pc->traffic) {
         const cli_traffic *t = pc->traffic;

@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t cli_host_need_total(const cli_host_need *n) { return n->device_peaks + n->reuse_cache + n->host_buffers; }
+uint64_t cli_host_need_total(const cli_host_need *n)
+{
+    return n->device_peaks + n->reuse_cache + n->host_buffers + n->remat_values;
+}
 
 /* The first line of path as an unsigned count; false when missing or not
  * a number ("max": no cgroup limit). */
@@ -95,17 +98,22 @@ sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, cons
 {
     uint64_t total = cli_host_need_total(need);
     if (total <= avail) return SIM_OK;
-    char t[32], a[32], p[32], mx[32], rc[32], hb[32];
+    char t[32], a[32], p[32], mx[32], rc[32], hb[32], rv[32], remat[160] = "";
+    if (need->remat_values)
+        snprintf(remat, sizeof remat,
+                 ", %s of forward values remat keeps for its recomputation (remat_recompute=always computes "
+                 "them again instead)",
+                 human(need->remat_values, rv, sizeof rv));
     return sim_err(SIM_ERR_INPUT,
                    "this run needs about %s of host memory but %s is available (%s): %d device%s holding %s at "
                    "%s (largest %s, as a dry run accounts them), %s of released blocks the arenas keep for "
-                   "reuse, %s of host buffers; make it smaller (fewer layers: base_num_decoder_layers with "
+                   "reuse, %s of host buffers%s; make it smaller (fewer layers: base_num_decoder_layers with "
                    "override_model_config=true, a smaller per_device_batch_size or max_target_length, fewer "
                    "devices), free memory, or size it without computing with dry_run=true",
                    human(total, t, sizeof t), human(avail, a, sizeof a), source, need->devices,
                    need->devices == 1 ? "" : "s", human(need->device_peaks, p, sizeof p),
                    need->devices == 1 ? "its peak" : "their peaks", human(need->max_peak, mx, sizeof mx),
-                   human(need->reuse_cache, rc, sizeof rc), human(need->host_buffers, hb, sizeof hb));
+                   human(need->reuse_cache, rc, sizeof rc), human(need->host_buffers, hb, sizeof hb), remat);
 }
 
 /* Before a real run: one dry step of the same model, optimizer and data
@@ -115,8 +123,8 @@ sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, cons
  * checkpoint I/O moves data through one bounce buffer of about 4 MiB per
  * device.  A dry step that runs out of simulated memory (hbm_limit_gb) is
  * the real run's OOM too, and is returned as such.  See hostmem.h. */
-sim_status cli_host_memory_fits(const model_def *def, const model_train_job *job, double hbm, bool ckpt_io,
-                                uint64_t extra_host)
+sim_status cli_host_memory_fits(model_def *def, const model_train_job *job, double hbm, bool ckpt_io,
+                                uint64_t extra_host, FILE *err)
 {
     uint64_t avail;
     char source[128];
@@ -156,6 +164,7 @@ sim_status cli_host_memory_fits(const model_def *def, const model_train_job *job
             need.device_peaks += as.peak;
             if (as.peak > need.max_peak) need.max_peak = as.peak;
             need.reuse_cache += as.peak / 8 < (1ull << 30) ? as.peak / 8 : (1ull << 30);
+            if (def->d.remat_replay) need.remat_values += as.host_peak;
         }
         free(ids);
         uint64_t tokens = (uint64_t)(def->d.rows_loaded * def->d.ga * def->d.seq);
@@ -165,5 +174,18 @@ sim_status cli_host_memory_fits(const model_def *def, const model_train_job *job
     sim_machine_free(m);
     free(dry);
     SIM_TRY(st);
+    if (cli_host_need_total(&need) <= avail) return SIM_OK;
+    if (need.remat_values && def->d.remat_recompute == MODEL_RECOMPUTE_AUTO &&
+        cli_host_need_total(&need) - need.remat_values <= avail) {
+        /* the same run without the values: slower, the same bits */
+        char rv[32], a[32];
+        def->d.remat_replay = false;
+        fprintf(err,
+                "shardsim: remat_recompute=auto: the %s of forward values remat would keep for its recomputation "
+                "do not fit in host memory (%s available, %s): the layers are computed again (the same results, "
+                "more time)\n",
+                human(need.remat_values, rv, sizeof rv), human(avail, a, sizeof a), source);
+        return SIM_OK;
+    }
     return cli_host_memory_check(&need, avail, source);
 }

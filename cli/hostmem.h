@@ -9,6 +9,7 @@
 #define CLI_HOSTMEM_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "models/core/train.h"
@@ -21,6 +22,8 @@ typedef struct {
     uint64_t max_peak;     /* the largest of them */
     uint64_t reuse_cache;  /* released large blocks the arenas keep for reuse: up to 1/8 of each peak (1 GiB) */
     uint64_t host_buffers; /* the step's token arrays, checkpoint bounce buffers */
+    uint64_t remat_values; /* the forward values remat keeps for its recomputation (remat_recompute,
+                              mesh/replay.h): sum over devices of the dry step's host peak */
 } cli_host_need;
 
 uint64_t cli_host_need_total(const cli_host_need *n);
@@ -41,9 +44,13 @@ sim_status cli_host_memory_check(const cli_host_need *need, uint64_t avail, cons
  * dry machine of capacity hbm_limit_gb = hbm gives every device's peak; the
  * host buffers are the step's token arrays, a checkpoint bounce buffer per
  * device when ckpt_io (about 4 MiB each), and extra_host bytes the caller
- * keeps (parity's gradient copies).  SIM_OK when it fits or when the
- * machine's figure is unknown; the dry step's OOM as the real run's. */
-sim_status cli_host_memory_fits(const model_def *def, const model_train_job *job, double hbm, bool ckpt_io,
-                                uint64_t extra_host);
+ * keeps (parity's gradient copies); with def->d.remat_replay, the remat
+ * values the dry step kept.  Where only those do not fit and
+ * remat_recompute=auto, def->d.remat_replay is turned off (the layers are
+ * recomputed, the same results) and one line on err says so.  SIM_OK when
+ * it fits or when the machine's figure is unknown; the dry step's OOM as the
+ * real run's. */
+sim_status cli_host_memory_fits(model_def *def, const model_train_job *job, double hbm, bool ckpt_io,
+                                uint64_t extra_host, FILE *err);
 
 #endif

@@ -80,15 +80,23 @@ static sim_status load_def(int argc, char **argv, const parity_cfg *pc, const ch
     for (int i = 0; i < argc; i++) w[n++] = argv[i];
     for (int i = 0; i < pc->n; i++) w[n++] = pc->words[i];
     if (extra) w[n++] = extra;
+    *def = NULL;
     SIM_TRY(cli_configs_check());
     SIM_TRY(cfg_load_argv(cli_base_config(), n, w, cfg));
-    *def = calloc(1, sizeof **def);
-    sim_status st = model_def_from_config(*cfg, *def);
+    /* on a refusal *cfg stays for the caller (it reports and frees it); the model does not */
+    sim_status st;
+    bool defined = false;
     double tolerance;
-    if (!st) st = cfg_get_double(*cfg, "sharding_tolerance", &tolerance);
-    if (!st && (st = model_check_sharding_tolerance(*def, tolerance))) model_def_free(*def);
-    else if (!st && (st = cli_rank_placement(*cfg, &(*def)->mesh))) model_def_free(*def);
+    *def = calloc(1, sizeof **def);
+    SIM_ASSERT(*def);
+    SIM_TRY_GOTO(model_def_from_config(*cfg, *def), st, fail);
+    defined = true;
+    SIM_TRY_GOTO(cfg_get_double(*cfg, "sharding_tolerance", &tolerance), st, fail);
+    SIM_TRY_GOTO(model_check_sharding_tolerance(*def, tolerance), st, fail);
+    SIM_TRY_GOTO(cli_rank_placement(*cfg, &(*def)->mesh), st, fail);
+fail:
     if (st) {
+        if (defined) model_def_free(*def);
         free(*def);
         *def = NULL;
     }
@@ -263,7 +271,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
             uint64_t t0 = sim_now_ns();
             /* host memory: the run, plus every step's gradients kept here (the reference's too) */
             uint64_t kept = (uint64_t)steps * (uint64_t)model_param_bytes(def) * (ref_c >= 0 ? 2u : 1u);
-            st = cli_host_memory_fits(def, &job, hbm, false, kept);
+            st = cli_host_memory_fits(def, &job, hbm, false, kept, err);
             if (st == SIM_ERR_INPUT) sim_err_append(" (parity configuration '%s')", cfgs[c].label);
             if (st == SIM_OK) st = model_train(&job, m);
             cli_progress_done(stderr);

@@ -138,25 +138,29 @@ static sim_status space_load(plan_space *sp)
     memset(sp, 0, sizeof *sp);
     plan_list z;
     long long ms = 0;
-    sim_status st = space_list(f, path, "ici_axes", &sp->ici_axes);
-    if (!st) st = space_list(f, path, "dcn_axes", &sp->dcn_axes);
-    if (!st) st = space_list(f, path, "moe_only_axes", &sp->moe_only);
-    if (!st) st = space_list(f, path, "rule_sets", &sp->rule_sets);
-    if (!st) st = space_list(f, path, "shard_modes", &sp->modes);
-    if (!st) st = space_list(f, path, "remat_policies", &sp->remat);
-    if (!st) st = space_list(f, path, "shard_optimizer_over_data", &z);
-    for (int i = 0; !st && i < z.n && i < 2; i++) sp->zero1[sp->nzero1++] = !strcmp(z.s[i], "true");
-    if (!st) st = space_ints(f, path, "gradient_accumulation_steps", 1, sp->ga, &sp->nga);
-    if (!st) st = space_ints(f, path, "pipeline_microbatches_per_stage", 1, sp->mb, &sp->nmb);
-    if (!st) st = cfg_get_int(f, "max_sharded_axes", &ms);
-    if (!st && (ms < 1 || ms > MESH_MAX_AXES))
-        st = sim_err(SIM_ERR_INPUT, "%s: max_sharded_axes=%lld; expected 1 to %d", path, ms, MESH_MAX_AXES);
+    sim_status st;
+    SIM_TRY_GOTO(space_list(f, path, "ici_axes", &sp->ici_axes), st, fail);
+    SIM_TRY_GOTO(space_list(f, path, "dcn_axes", &sp->dcn_axes), st, fail);
+    SIM_TRY_GOTO(space_list(f, path, "moe_only_axes", &sp->moe_only), st, fail);
+    SIM_TRY_GOTO(space_list(f, path, "rule_sets", &sp->rule_sets), st, fail);
+    SIM_TRY_GOTO(space_list(f, path, "shard_modes", &sp->modes), st, fail);
+    SIM_TRY_GOTO(space_list(f, path, "remat_policies", &sp->remat), st, fail);
+    SIM_TRY_GOTO(space_list(f, path, "shard_optimizer_over_data", &z), st, fail);
+    for (int i = 0; i < z.n && i < 2; i++) sp->zero1[sp->nzero1++] = !strcmp(z.s[i], "true");
+    SIM_TRY_GOTO(space_ints(f, path, "gradient_accumulation_steps", 1, sp->ga, &sp->nga), st, fail);
+    SIM_TRY_GOTO(space_ints(f, path, "pipeline_microbatches_per_stage", 1, sp->mb, &sp->nmb), st, fail);
+    SIM_TRY_GOTO(cfg_get_int(f, "max_sharded_axes", &ms), st, fail);
+    if (ms < 1 || ms > MESH_MAX_AXES)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "%s: max_sharded_axes=%lld; expected 1 to %d", path, ms, MESH_MAX_AXES), st,
+                     fail);
     sp->max_split = (int)ms;
-    if (!st && (!sp->rule_sets.n || !sp->modes.n || !sp->remat.n || !sp->nzero1 || !sp->ici_axes.n))
-        st = sim_err(SIM_ERR_INPUT,
-                     "%s: ici_axes, rule_sets, shard_modes, remat_policies and "
-                     "shard_optimizer_over_data each need at least one value",
-                     path);
+    if (!sp->rule_sets.n || !sp->modes.n || !sp->remat.n || !sp->nzero1 || !sp->ici_axes.n)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "%s: ici_axes, rule_sets, shard_modes, remat_policies and "
+                             "shard_optimizer_over_data each need at least one value",
+                             path),
+                     st, fail);
+fail:
     cfg_free(f);
     return st;
 }
@@ -233,6 +237,62 @@ static int axis_slot(plan_result *r, const char *name)
 }
 
 /* The dry run `train` makes of words (one step), here in this process. */
+/* The figures of a dry run that ran on m: peak memory by category, bytes per mesh axis and the
+ * modelled step time (res->fail = 3 when the profile cannot time it). */
+static void measure(const cfg_config *cfg, const model_def *def, sim_machine *m, const cfg_hw *hw,
+                    const model_tm_eff *eff, plan_result *res)
+{
+    int nd = sim_machine_num_devices(m);
+    sim_arena_stats *mem = calloc((size_t)nd, sizeof *mem);
+    SIM_ASSERT(mem);
+    cli_memory_collect(m, mem);
+    int top = 0;
+    for (int d = 1; d < nd; d++)
+        if (mem[d].peak > mem[top].peak) top = d;
+    res->peak = (double)mem[top].peak;
+    for (int c = 0; c < SIM_NMEM; c++) res->cat[c] = (double)mem[top].at_peak_by[c];
+    free(mem);
+    cli_records recs;
+    cli_records_from_machine(m, &recs);
+    cli_traffic traffic;
+    memset(&traffic, 0, sizeof traffic);
+    sim_status st = cli_traffic_build(&recs, cli_steps_all(), &traffic);
+    for (int i = 0; !st && i < traffic.n_rows; i++) {
+        char ax[64];
+        cli_axes_text(&traffic.mesh, traffic.rows[i].axes, ax, sizeof ax);
+        int k = axis_slot(res, ax);
+        if (k >= 0) res->axis_bytes[k] += traffic.rows[i].bytes_mean;
+    }
+    cli_traffic_free(&traffic);
+    model_tm_result tm;
+    memset(&tm, 0, sizeof tm);
+    const char *dt = NULL;
+    if (!st) st = cfg_get_str(cfg, "dtype", &dt);
+    double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
+    if (!st)
+        st = model_tm_estimate(hw, eff, dt ? dt : "bfloat16", m, 0, bubble, model_tm_optimizer_bytes(m), false, &tm);
+    if (st) {
+        res->fail = 3;
+        snprintf(res->why, sizeof res->why, "step time not modelled: %s", sim_errmsg());
+        sim_err_clear();
+    } else {
+        res->step_s = tm.step_s;
+        res->compute_s = tm.compute_s;
+        res->bubble_s = tm.bubble_s;
+        res->optimizer_s = tm.optimizer_s;
+        res->exposed_s = tm.exposed_s;
+        res->model_flops = tm.model_flops;
+        res->peak_flops = tm.peak;
+        for (int i = 0; i < tm.naxes; i++) {
+            char ax[64];
+            cli_axes_text(sim_machine_mesh(m), tm.axes[i], ax, sizeof ax);
+            int k = axis_slot(res, ax);
+            if (k >= 0) res->axis_exposed[k] += tm.exposed_axes_s[i];
+        }
+    }
+    free(tm.spans);
+}
+
 static void dry_run_here(const char *const *words, int n, plan_result *res)
 {
     memset(res, 0, sizeof *res);
@@ -249,88 +309,38 @@ static void dry_run_here(const char *const *words, int n, plan_result *res)
     model_tm_eff eff;
     bool have_hw = false, def_ok = false;
     double hbm = 0, tol = 0;
-    sim_status st = def ? SIM_OK : sim_err(SIM_ERR_INTERNAL, "out of host memory");
-    if (!st) st = cfg_load_argv(cli_base_config(), n, words, &cfg);
-    if (!st) st = model_def_from_config(cfg, def);
-    def_ok = !st;
-    if (!st) st = cfg_get_double(cfg, "hbm_limit_gb", &hbm);
-    if (!st) st = model_optim_from_config(cfg, &job.opt);
-    if (!st) st = model_data_from_config(cfg, &data);
-    if (!st) st = cfg_get_double(cfg, "sharding_tolerance", &tol);
-    if (!st) st = model_check_sharding_tolerance(def, tol);
-    int per_slice = def_ok ? def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1) : 1;
-    if (!st) st = cfg_hw_from_config(cfg, per_slice, &hw, &have_hw);
-    if (!st && !have_hw) st = sim_err(SIM_ERR_INPUT, "no hardware profile: the step time cannot be modelled");
-    if (!st) st = model_tm_eff_load(cli_configs_dir(), &eff);
-    const cfg_entry *hbm_e = st ? NULL : cfg_find(cfg, "hbm_limit_gb");
-    if (!st && hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
-    if (!st) {
-        sim_host_malloc_many_arenas();
-        st = model_machine_new(def, hbm, false, &m);
-    }
-    if (!st) sim_machine_set_record_costs(m, true);
-    if (!st) {
-        job.def = def;
-        job.data = &data;
-        job.steps = 1;
-        job.stats = calloc(1, sizeof *job.stats);
-        st = job.stats ? model_train(&job, m) : sim_err(SIM_ERR_INTERNAL, "out of host memory");
-    }
+    sim_status st;
+    if (!def) SIM_TRY_GOTO(sim_err(SIM_ERR_INTERNAL, "out of host memory"), st, fail);
+    SIM_TRY_GOTO(cfg_load_argv(cli_base_config(), n, words, &cfg), st, fail);
+    SIM_TRY_GOTO(model_def_from_config(cfg, def), st, fail);
+    def_ok = true;
+    SIM_TRY_GOTO(cfg_get_double(cfg, "hbm_limit_gb", &hbm), st, fail);
+    SIM_TRY_GOTO(model_optim_from_config(cfg, &job.opt), st, fail);
+    SIM_TRY_GOTO(model_data_from_config(cfg, &data), st, fail);
+    SIM_TRY_GOTO(cfg_get_double(cfg, "sharding_tolerance", &tol), st, fail);
+    SIM_TRY_GOTO(model_check_sharding_tolerance(def, tol), st, fail);
+    int per_slice = def->mesh.num_devices / (def->mesh.num_slices > 0 ? def->mesh.num_slices : 1);
+    SIM_TRY_GOTO(cfg_hw_from_config(cfg, per_slice, &hw, &have_hw), st, fail);
+    if (!have_hw)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "no hardware profile: the step time cannot be modelled"), st, fail);
+    SIM_TRY_GOTO(model_tm_eff_load(cli_configs_dir(), &eff), st, fail);
+    const cfg_entry *hbm_e = cfg_find(cfg, "hbm_limit_gb");
+    if (hbm == 0 && hbm_e && !hbm_e->from_user) hbm = hw.hbm_bytes / 1e9;
+    sim_host_malloc_many_arenas();
+    SIM_TRY_GOTO(model_machine_new(def, hbm, false, &m), st, fail);
+    sim_machine_set_record_costs(m, true);
+    job.def = def;
+    job.data = &data;
+    job.steps = 1;
+    job.stats = calloc(1, sizeof *job.stats);
+    if (!job.stats) SIM_TRY_GOTO(sim_err(SIM_ERR_INTERNAL, "out of host memory"), st, fail);
+    SIM_TRY_GOTO(model_train(&job, m), st, fail);
+    measure(cfg, def, m, &hw, &eff, res);
+fail:
     if (st) {
         res->fail = st == SIM_ERR_OOM ? 1 : (st == SIM_ERR_INPUT || st == SIM_ERR_SHARDING) ? 2 : 3;
         snprintf(res->why, sizeof res->why, "%s", sim_errmsg());
         sim_err_clear();
-    } else {
-        int nd = sim_machine_num_devices(m);
-        sim_arena_stats *mem = calloc((size_t)nd, sizeof *mem);
-        SIM_ASSERT(mem);
-        cli_memory_collect(m, mem);
-        int top = 0;
-        for (int d = 1; d < nd; d++)
-            if (mem[d].peak > mem[top].peak) top = d;
-        res->peak = (double)mem[top].peak;
-        for (int c = 0; c < SIM_NMEM; c++) res->cat[c] = (double)mem[top].at_peak_by[c];
-        free(mem);
-        cli_records recs;
-        cli_records_from_machine(m, &recs);
-        cli_traffic traffic;
-        memset(&traffic, 0, sizeof traffic);
-        st = cli_traffic_build(&recs, cli_steps_all(), &traffic);
-        for (int i = 0; !st && i < traffic.n_rows; i++) {
-            char ax[64];
-            cli_axes_text(&traffic.mesh, traffic.rows[i].axes, ax, sizeof ax);
-            int k = axis_slot(res, ax);
-            if (k >= 0) res->axis_bytes[k] += traffic.rows[i].bytes_mean;
-        }
-        cli_traffic_free(&traffic);
-        model_tm_result tm;
-        memset(&tm, 0, sizeof tm);
-        const char *dt = NULL;
-        if (!st) st = cfg_get_str(cfg, "dtype", &dt);
-        double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
-        if (!st)
-            st = model_tm_estimate(&hw, &eff, dt ? dt : "bfloat16", m, 0, bubble, model_tm_optimizer_bytes(m), false,
-                                   &tm);
-        if (st) {
-            res->fail = 3;
-            snprintf(res->why, sizeof res->why, "step time not modelled: %s", sim_errmsg());
-            sim_err_clear();
-        } else {
-            res->step_s = tm.step_s;
-            res->compute_s = tm.compute_s;
-            res->bubble_s = tm.bubble_s;
-            res->optimizer_s = tm.optimizer_s;
-            res->exposed_s = tm.exposed_s;
-            res->model_flops = tm.model_flops;
-            res->peak_flops = tm.peak;
-            for (int i = 0; i < tm.naxes; i++) {
-                char ax[64];
-                cli_axes_text(sim_machine_mesh(m), tm.axes[i], ax, sizeof ax);
-                int k = axis_slot(res, ax);
-                if (k >= 0) res->axis_exposed[k] += tm.exposed_axes_s[i];
-            }
-        }
-        free(tm.spans);
     }
     free(job.stats);
     sim_machine_free(m);
@@ -496,7 +506,8 @@ typedef struct {
     long long seq;
     double hbm; /* bytes per device */
     bool moe;
-    bool two_stacks; /* the family runs a first stack of other layers (DeepSeek's dense layers:
+    const model_family *family; /* the model's family: how to shorten it (model_depth_words) */
+    bool two_stacks;            /* the family runs a first stack of other layers (DeepSeek's dense layers:
                                  model_family.layers_before_pipeline) before the scanned stack */
     int64_t layers, dense_layers;
     plan_space sp;
@@ -566,15 +577,20 @@ static int add_reason(plan_ctx *P, const char *msg, const plan_cand *c, long lon
     return i;
 }
 
+/* Array a of n elements and room for *cap, with room for one more (doubling, from 256). */
+static void *grow(void *a, int *cap, int n, size_t elem)
+{
+    if (n < *cap) return a;
+    int c = *cap ? *cap * 2 : 256;
+    void *p = realloc(a, (size_t)c * elem);
+    SIM_ASSERT(p);
+    *cap = c;
+    return p;
+}
+
 static plan_cand *cand_new(plan_ctx *P)
 {
-    if (P->nc == P->cap) {
-        int cap = P->cap ? P->cap * 2 : 256;
-        plan_cand *c = realloc(P->c, (size_t)cap * sizeof *c);
-        SIM_ASSERT(c);
-        P->c = c;
-        P->cap = cap;
-    }
+    P->c = grow(P->c, &P->cap, P->nc, sizeof *P->c);
     plan_cand *c = &P->c[P->nc++];
     memset(c, 0, sizeof *c);
     c->dup_of = -1;
@@ -585,13 +601,7 @@ static plan_cand *cand_new(plan_ctx *P)
 static void add_drop(plan_ctx *P, const plan_words *w, plan_state state, const char *why, int same_as, double lb,
                      long long count)
 {
-    if (P->ndrops == P->capdrops) {
-        int cap = P->capdrops ? P->capdrops * 2 : 256;
-        plan_drop *d = realloc(P->drops, (size_t)cap * sizeof *d);
-        SIM_ASSERT(d);
-        P->drops = d;
-        P->capdrops = cap;
-    }
+    P->drops = grow(P->drops, &P->capdrops, P->ndrops, sizeof *P->drops);
     plan_drop *d = &P->drops[P->ndrops++];
     memset(d, 0, sizeof *d);
     char keys[PLAN_CW * PLAN_WORD];
@@ -1156,13 +1166,18 @@ static void sampled_run(plan_ctx *P, plan_cand *c)
     plan_result res[3];
     bool ok = nruns > 0;
     for (int i = 0; ok && i < nruns; i++) {
-        char lw[48], dw[48];
-        snprintf(lw, sizeof lw, "base_num_decoder_layers=%d", runs[i].dense + runs[i].moe);
-        snprintf(dw, sizeof dw, "first_num_dense_layers=%d", runs[i].dense);
+        /* the family says which keys make the shortened model (DeepSeek: base_num_decoder_layers and
+         * first_num_dense_layers) */
+        enum { MAX_DEPTH_WORDS = 4 };
+        char dw[MAX_DEPTH_WORDS][MODEL_WORD_MAX];
+        int ndw = model_depth_words(P->family, runs[i].dense, runs[i].moe, dw, MAX_DEPTH_WORDS);
+        SIM_ASSERT(ndw >= 1);
         /* the full model passed sharding_tolerance (check_cand); with fewer layers the unsharded share
          * (embedding, norms) grows, so the shortened model is not checked again */
-        const char *extra[] = {"override_model_config=true", lw, "hbm_limit_gb=1000000", "sharding_tolerance=1", dw};
-        run_words(P, c, extra, P->two_stacks ? 5 : 4, &res[i]);
+        const char *extra[4 + MAX_DEPTH_WORDS] = {"override_model_config=true", dw[0], "hbm_limit_gb=1000000",
+                                                  "sharding_tolerance=1"};
+        for (int w = 1; w < ndw; w++) extra[3 + w] = dw[w];
+        run_words(P, c, extra, 3 + ndw, &res[i]);
         P->ndry_sampled_runs++;
         if (res[i].fail) {
             /* a refusal of the shortened model itself (its layers, say): the full dry run decides */
@@ -2024,6 +2039,7 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         SIM_ASSERT(def);
         st = model_def_from_config(cfg, def);
         if (!st) {
+            P->family = def->d.family;
             P->two_stacks = def->d.family->layers_before_pipeline != NULL;
             P->layers = def->d.layers;
             P->dense_layers = P->two_stacks ? def->d.family->layers_before_pipeline(def) : 0;

@@ -191,7 +191,17 @@ void cli_records_from_machine(sim_machine *m, cli_records *out)
     memset(out, 0, sizeof *out);
     out->mesh = *sim_machine_mesh(m);
     out->n_devices = sim_machine_num_devices(m);
-    for (int d = 0; d < out->n_devices; d++) out->recs[d] = sim_device_records(sim_machine_device(m, d), &out->n[d]);
+    for (int d = 0; d < out->n_devices; d++) {
+        const sim_device *dev = sim_machine_device(m, d);
+        out->recs[d] = sim_device_records(dev, &out->nstored[d]);
+        out->reps[d] = sim_device_repeats(dev, &out->nreps[d]);
+        out->n[d] = sim_device_nrecords(dev);
+    }
+}
+
+void cli_records_walk(const cli_records *r, int d, sim_walk *w)
+{
+    sim_walk_init(w, r->recs[d], r->nstored[d], NULL, 0, r->reps[d], r->nreps[d]);
 }
 
 const char *cli_axes_text(const sim_mesh_desc *mesh, sim_axes axes, char *buf, size_t cap)
@@ -262,9 +272,12 @@ sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_
     uint64_t *tot_bytes = calloc((size_t)nd + 1, sizeof *tot_bytes);
     SIM_ASSERT(tot_calls && tot_bytes);
     for (int d = 0; d < nd; d++) {
-        for (size_t i = 0; i < recs->n[d]; i++) {
+        /* each stored record once, weighted by the copies its repeated blocks stand for: sums of
+         * integers, so the same as over every copy (and the cells come in the same first-seen order) */
+        for (size_t i = 0; i < recs->nstored[d]; i++) {
             const sim_record *r = &recs->recs[d][i];
             if (r->step < steps.first || r->step > steps.last) continue;
+            uint64_t k = sim_repeat_weight(recs->reps[d], recs->nreps[d], i);
             int c = last;
             if (c < 0 || cells[c].row.op != r->op || cells[c].row.phase != r->phase ||
                 axes_cmp(cells[c].row.axes, r->axes)) {
@@ -290,14 +303,14 @@ sim_status cli_traffic_build(const cli_records *recs, cli_step_range steps, cli_
                 last = c;
             }
             cell *ce = &cells[c];
-            ce->row.calls++;
-            ce->row.bytes += r->bytes_sent;
-            ce->row.bytes_dcn += r->bytes_sent_dcn;
-            ce->row.bytes_recv += r->bytes_recv;
-            ce->calls[d]++;
-            ce->bytes[d] += r->bytes_sent;
-            tot_calls[d]++;
-            tot_bytes[d] += r->bytes_sent;
+            ce->row.calls += k;
+            ce->row.bytes += k * r->bytes_sent;
+            ce->row.bytes_dcn += k * r->bytes_sent_dcn;
+            ce->row.bytes_recv += k * r->bytes_recv;
+            ce->calls[d] += k;
+            ce->bytes[d] += k * r->bytes_sent;
+            tot_calls[d] += k;
+            tot_bytes[d] += k * r->bytes_sent;
         }
     }
     out->n_rows = ncell;

@@ -93,9 +93,15 @@ static inline cli_step_range cli_steps(int first, int last)
 typedef struct {
     sim_mesh_desc mesh; /* axis names for labels */
     int n_devices;
-    const sim_record *recs[SIM_MAX_DEVICES]; /* recs[d][0 .. n[d]) */
-    size_t n[SIM_MAX_DEVICES];
+    const sim_record *recs[SIM_MAX_DEVICES]; /* as stored: walk them with cli_records_walk */
+    size_t nstored[SIM_MAX_DEVICES];
+    size_t n[SIM_MAX_DEVICES]; /* device d's records, its repeated blocks expanded */
+    const sim_repeat *reps[SIM_MAX_DEVICES]; /* the blocks a dry run repeats (sim_repeat) */
+    size_t nreps[SIM_MAX_DEVICES];
 } cli_records;
+
+/* A walk over device d's records, its repeated blocks expanded (sim_walk_next_record). */
+void cli_records_walk(const cli_records *r, int d, sim_walk *w);
 
 void cli_records_from_machine(sim_machine *m, cli_records *out);
 /* "data+fsdp"; "-" for no axes.  Returns buf. */

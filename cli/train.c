@@ -617,7 +617,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
         model_train_job probe = {0};
         probe.data = &data;
         SIM_TRY_GOTO(model_optim_from_config(cm.cfg, &probe.opt), st, fail);
-        SIM_TRY_GOTO(cli_host_memory_fits(def, &probe, hbm, *ckbuf || *resume.path, 0), st, fail);
+        SIM_TRY_GOTO(cli_host_memory_fits(cm.def, &probe, hbm, *ckbuf || *resume.path, 0, err), st, fail);
     }
     if (sim_xrank_size() > def->mesh.num_devices && !def->d.dry_run)
         SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,

@@ -155,6 +155,11 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
                        "gradient sets the compiler holds beside the gradients during gradient accumulation",
                        &rules->ga_grad_copies);
     if (!st)
+        st = count_key(cfg, path, "saved_product_gradient_copies", 8,
+                       "weight_dtype copies of a layer weight's shard the compiler's peak holds for each product "
+                       "whose output the remat policy saves",
+                       &rules->saved_grad_copies);
+    if (!st)
         st = choice_key(cfg, path, "newton_schulz_gather_dtype", "bfloat16", "float32",
                         "bfloat16 (a float32 product at the default matmul precision is one bfloat16 pass, "
                         "its operands cast before their gathers) or float32",
@@ -171,6 +176,28 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
         st = count_key(cfg, path, "windowed_einsum_min_group", 1 << 20,
                        "the smallest group (0: never) whose weight products the compiler windows",
                        &rules->windowed_min_group);
+    if (!st) {
+        const cfg_entry *w = cfg_find(cfg, "windowed_einsum_ici_gbps");
+        double gbps = -1;
+        if (w) st = cfg_hw_figure(&w->value, path, "windowed_einsum_ici_gbps", &gbps);
+        if (!st && !(gbps >= 0))
+            st = sim_err(SIM_ERR_INPUT,
+                         "%s: 'windowed_einsum_ici_gbps' = %s: expected a rate >= 0 in GB/s (the link rate "
+                         "the compiler's windowed-einsum cost model times collectives at; 0: the group size "
+                         "alone decides), with its source in a comment",
+                         path, w ? "(not a number)" : "(missing)");
+        rules->windowed_ici_bw = gbps * 1e9;
+        const cfg_entry *t = cfg_find(cfg, "windowed_einsum_tflops");
+        double tflops = -1;
+        if (!st && t) st = cfg_hw_figure(&t->value, path, "windowed_einsum_tflops", &tflops);
+        if (!st && !(tflops >= 0))
+            st = sim_err(SIM_ERR_INPUT,
+                         "%s: 'windowed_einsum_tflops' = %s: expected a rate >= 0 in TFLOP/s (the peak the "
+                         "compiler's windowed-einsum cost model times a product at; 0: peak_tflops.bfloat16), "
+                         "with its source in a comment",
+                         path, t ? "(not a number)" : "(missing)");
+        rules->windowed_peak = tflops > 0 ? tflops * 1e12 / dpc : out->peak_bf16;
+    }
     if (!st)
         st = count_key(cfg, path, "psum_scatter_max_group", 1 << 20,
                        "the largest group (0: any) over which a shard_map's gradient psum and slice become a "
@@ -204,7 +231,7 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
  * its chip count (none: torus_n stays 0). */
 static sim_status profile_torus(const cfg_config *file, int devices_per_slice, cfg_hw *out)
 {
-    out->torus_n = 0;
+    out->torus_n = out->xla.torus_n = 0;
     const cfg_entry *tor = cfg_find(file, "torus");
     int chips = devices_per_slice / out->devices_per_chip;
     if (!tor || chips <= 0) return SIM_OK;
@@ -216,6 +243,8 @@ static sim_status profile_torus(const cfg_config *file, int devices_per_slice, c
         SIM_TRY(cfg_value_int(&shape->items[i], "a torus dimension", &x));
         out->torus[out->torus_n++] = (int)x;
     }
+    out->xla.torus_n = out->devices_per_chip == 1 ? out->torus_n : 0; /* one device per chip: ids are chips */
+    for (int i = 0; i < out->xla.torus_n; i++) out->xla.torus[i] = out->torus[i];
     return SIM_OK;
 }
 

@@ -21,6 +21,9 @@ typedef struct {
                                  `dtype` once, the device's shard held through the forward and backward loops */
     int ga_grad_copies;         /* accumulation_gradient_copies: gradient sets held beside the gradients while
                                  gradient accumulation runs */
+    int saved_grad_copies;      /* saved_product_gradient_copies: weight_dtype copies of a layer weight's device
+                                 shard held through the step for each product whose output the remat policy
+                                 saves for the backward */
     bool ns_gather_bf16;        /* newton_schulz_gather_dtype: bfloat16 -- float32 Newton-Schulz operands cast
                                  before their gathers (with a one-pass matmul_precision) */
     bool ns_gather_once;        /* newton_schulz_operand_gathers: once -- one gather of X serves X X^T and B X */
@@ -29,6 +32,10 @@ typedef struct {
                                  the leaf's update, and each step's float32 product B X is held until then too */
     int windowed_min_group;     /* windowed_einsum_min_group: weight products over groups at least this large
                                  run as windowed einsums (0: never) */
+    double windowed_ici_bw;     /* windowed_einsum_ici_gbps (bytes/s): the link rate of the compiler's windowed-
+                                 einsum cost model; 0: the group size alone decides */
+    double windowed_peak;       /* the FLOP/s that model times products at (windowed_einsum_tflops) */
+    int torus[3], torus_n;      /* the slice's physical shape, for that model's link count (cfg_hw.torus) */
     int psum_scatter_max_group; /* psum_scatter_max_group: a shard_map's gradient psum and slice become a
                                  reduce-scatter over at most this many devices, else an all-reduce (0: always) */
     bool regather_far;          /* weight_gather_cse: near -- two gathers of one weight merge only when their

@@ -114,7 +114,12 @@ static sim_status einsum_vjp(mesh_tape *t, mesh_entry *e)
     }
     if (st == SIM_OK && b->needs_grad) {
         join_sub(sub, sizeof sub, l, o, r);
+        /* where the product's output was reduced over other axes (partial: tensor), XLA:TPU gathers
+         * the output's cotangent inside the weight's gradient product, and weighs that gather
+         * against the gradient's windowed reduce-scatter (sim_collective_windowed) */
+        c->product_other_bytes = y->val.spec.partial ? y->grad.nlocal * sim_dtype_size(y->grad.counted) : 0;
         st = contribute(t, b, sub, &a->val, &y->grad, "bwd_rhs");
+        c->product_other_bytes = 0;
     }
     c->layer = layer;
     c->regather = regather;

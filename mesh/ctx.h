@@ -17,6 +17,7 @@ typedef enum {
 struct mesh_tape;          /* the autodiff tape; NULL when not recording */
 struct mesh_reshard_cache; /* resharded operand copies to reuse (mesh/reshard.h) */
 struct cfg_release;        /* the MaxText release followed (config/release.h) */
+struct mesh_replay;        /* a remat layer's forward values (mesh/replay.h) */
 
 typedef struct {
     sim_device *dev;                   /* this device */
@@ -40,6 +41,12 @@ typedef struct {
                                    (XLA:TPU) instead of gathering the table (XLA:CPU) */
     bool psum_grads;                   /* the gradients accumulated now are a shard_map's sums over its replicated
                                    inputs' groups (sim_meta.psum) */
+    struct mesh_replay *replay;        /* non-NULL while a remat layer runs: its forward keeps the heavy kernels'
+                                   outputs there, its recomputation takes them instead of running the kernels */
+    double product_flops;              /* the FLOPs on this device of the last einsum (mesh_einsum): the weight
+                                   gradient one product made is reduced right after it (sim_meta.product_flops) */
+    uint64_t product_other_bytes;      /* for that reduction: the bytes of an operand the compiler gathers inside
+                                   the product (sim_meta.product_other_bytes), 0: none */
     bool regather;                     /* the op running is a backward product whose weight the compiler gathers
                                    again instead of reusing the recomputation's gather (mesh_entry.regather) */
     const sim_dtype *out_counted;      /* non-NULL: an einsum's output is counted (held) in this dtype, where the

@@ -22,6 +22,7 @@
 #include "blas_kernels/bk_xent.h"
 #include "config/release.h"
 #include "mesh/ops.h"
+#include "mesh/replay.h"
 #include "mesh/reshard.h"
 
 /* ------------------------------------------------------------ helpers */
@@ -558,10 +559,22 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     set_dim(&ls, 2, &qs, 1);
     SIM_TRY(mesh_array_new(c->dev, c->mesh, dot ? "attention/probs" : "attention/lse", dot ? 4 : 3, lshape, &ls,
                            SIM_F32, SIM_MEM_ACTIVATIONS, &lse));
-    if (qa.data) {
+    /* remat's recomputation: the forward's output and statistics (mesh/replay.h) */
+    const mesh_spec placed[3] = {qa.spec, ka.spec, va.spec};
+    bool replayed = false;
+    if (mesh_replay_using(c->replay)) {
+        replayed = mesh_replay_take(c->replay, tag, &(*out)->val, placed, 3);
+        /* the statistics follow their output (both kept, or the path left at the first) */
+        if (!mesh_replay_take(c->replay, tag, &lse, placed, 3)) replayed = false;
+    }
+    if (!replayed && qa.data) {
         bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap, window);
         if (dot) bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
         else bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
+    }
+    if (mesh_replay_saving(c->replay)) {
+        mesh_replay_put(c->replay, tag, &(*out)->val, placed, 3);
+        mesh_replay_put(c->replay, tag, &lse, placed, 3);
     }
     /* the splash block count is a causal grid's: with a window the FLOPs stand */
     const mesh_nn_splash *sp = dot || window > 0 ? NULL : splash;
@@ -589,7 +602,9 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
  * the token ids are all-gathered over those k devices instead, every gathered token's row is
  * looked up on the local embed shard [k*Bl, T, E/k], and an all-to-all gives each device its
  * own tokens' full rows [Bl, T, E]; the backward all-to-alls the cotangent rows back and
- * scatter-adds them into the table's own shard (no reduction over those axes). */
+ * scatter-adds them into the table's own shard (no reduction over those axes).  Where the axes
+ * go on to split the tokens' length too (context parallelism), the rows are all-gathered whole and
+ * sliced instead, both ways (embed_rows_allgather). */
 
 /* The cotangent with every vocab axis of table spec ts summed (each vocab shard needs the whole
  * cotangent of its rows). */
@@ -628,12 +643,15 @@ static sim_status embed_vjp(mesh_tape *t, mesh_entry *e)
 }
 
 /* The axes (size > 1) of the table's embed dim when the all-to-all lookup applies, else none: they
- * must be the trailing axes of the tokens' batch dim in the same order (the gathered ids are then
- * k contiguous blocks in group-rank order, and the rows' embed blocks in the same order), and no
- * vocab axis may shard the tokens (the lookup keeps the table's vocab shard). */
-static sim_axes embed_a2a_axes(const mesh_ctx *c, const mesh_spec *table, const mesh_spec *tokens)
+ * must be trailing axes of the tokens' batch dim followed by every axis of their length dim, in the
+ * same order (the gathered ids are then k blocks [Bl, Tl] in group-rank order, and the rows' embed
+ * blocks in the same order), and no vocab axis may shard the tokens (the lookup keeps the table's
+ * vocab shard).  *rows_gathered: some of them split the tokens' length (context parallelism), where
+ * XLA:TPU all-gathers the looked-up rows instead of all-to-alling them (embed_a2a's banner). */
+static sim_axes embed_a2a_axes(const mesh_ctx *c, const mesh_spec *table, const mesh_spec *tokens, bool *rows_gathered)
 {
-    sim_axes ex = sim_axes_none(), bx = sim_axes_none();
+    sim_axes ex = sim_axes_none(), bx = sim_axes_none(), lx = sim_axes_none();
+    *rows_gathered = false;
     if (!c->embed_all_to_all) return ex;
     const int *size = c->mesh->sizes;
     uint32_t used = mesh_spec_dim_axes(tokens);
@@ -643,21 +661,34 @@ static sim_axes embed_a2a_axes(const mesh_ctx *c, const mesh_spec *table, const 
         if (size[table->axes[1][i]] > 1) ex.axis[ex.n++] = table->axes[1][i];
     for (int i = 0; i < tokens->n_axes[0]; i++)
         if (size[tokens->axes[0][i]] > 1) bx.axis[bx.n++] = tokens->axes[0][i];
-    bool suffix = ex.n > 0 && ex.n <= bx.n;
-    for (int i = 0; suffix && i < ex.n; i++) suffix = ex.axis[i] == bx.axis[bx.n - ex.n + i];
-    if (!suffix) ex.n = 0;
+    for (int i = 0; i < tokens->n_axes[1]; i++)
+        if (size[tokens->axes[1][i]] > 1) lx.axis[lx.n++] = tokens->axes[1][i];
+    /* ex = a suffix of bx (the rows all-to-all'd), or a suffix of bx then lx (the rows gathered) */
+    for (int with_length = 0; with_length < 2; with_length++) {
+        int nl = with_length ? lx.n : 0, nb = ex.n - nl;
+        bool ok = ex.n > 0 && nb >= 0 && nb <= bx.n && (!with_length || lx.n > 0);
+        for (int i = 0; ok && i < nb; i++) ok = ex.axis[i] == bx.axis[bx.n - nb + i];
+        for (int i = 0; ok && i < nl; i++) ok = ex.axis[nb + i] == lx.axis[i];
+        if (ok) {
+            *rows_gathered = with_length;
+            return ex;
+        }
+    }
+    ex.n = 0;
     return ex;
 }
 
-/* The tokens' spec with the axes ex taken off their batch dim: the gathered ids'. */
+/* The tokens' spec with the axes ex taken off their batch and length dims: the gathered ids'. */
 static mesh_spec embed_ids_spec(const mesh_spec *tokens, sim_axes ex)
 {
     mesh_spec s = *tokens;
     uint32_t drop = axes_mask(ex);
-    int n = 0;
-    for (int i = 0; i < s.n_axes[0]; i++)
-        if (!(drop & (1u << s.axes[0][i]))) s.axes[0][n++] = s.axes[0][i];
-    s.n_axes[0] = n;
+    for (int d = 0; d < 2; d++) {
+        int n = 0;
+        for (int i = 0; i < s.n_axes[d]; i++)
+            if (!(drop & (1u << s.axes[d][i]))) s.axes[d][n++] = s.axes[d][i];
+        s.n_axes[d] = n;
+    }
     return s;
 }
 
@@ -674,6 +705,47 @@ static mesh_spec embed_rows_spec(const mesh_spec *ids, sim_axes ex, uint32_t par
     return s;
 }
 
+/* The rows' exchange where ex also splits the tokens' length (XLA:TPU under context parallelism:
+ * llama2-7b context=2 x fsdp=4 on v5p-16, fsdp=2 x context=2 on v5p-8 and deepseek2-16b ep-as-cp
+ * have `all-gather bf16[8,2048,4096]` (op_name jvp()/gather) of the rows looked up on the embed shard
+ * and `all-gather bf16[16,1024,4096]` (transpose(jvp())/scatter-add) of their cotangents, each
+ * followed by a slice, in place of the all-to-alls; no gather of the table, no reduce-scatter of its
+ * gradient).  Forward (to_own): `from` [k*n, E/k] (member-major: member q's n tokens on this embed
+ * shard) is all-gathered whole over ex, [k][k*n][E/k], and this device (rank r) keeps its own
+ * tokens' rows [n, E]: block s of the embed dim from member s's rows r.  Backward: `from` [n, E]
+ * (the cotangent of this device's tokens) is all-gathered, [k][n][E], and `to` gets every member's
+ * rows on this device's embed block [k*n, E/k].  The gathered copy is a temporary of the whole
+ * group's rows in `from`'s counted dtype.  The same values as the all-to-all, which moves them
+ * directly. */
+static sim_status embed_rows_allgather(mesh_ctx *c, const mesh_array *from, const mesh_spec *gspec, sim_axes ex,
+                                       bool to_own, mesh_array *to, sim_meta meta)
+{
+    int k = sim_mesh_group_size(sim_machine_mesh(sim_device_machine(c->dev)), ex);
+    int r = sim_device_group_rank(c->dev, ex);
+    mesh_spec gs = *gspec; /* the gathered copy: the embed dim whole */
+    gs.n_axes[2] = 0;
+    int64_t shape[3] = {to_own ? to->shape[0] : from->shape[0], to_own ? to->shape[1] : from->shape[1],
+                        to_own ? to->shape[2] : from->shape[2]};
+    mesh_array g;
+    SIM_TRY(mesh_array_new_raw(c->dev, c->mesh, "embed/rows_gathered", 3, shape, &gs, SIM_F32, SIM_MEM_TEMP, &g));
+    mesh_array_recount(c->dev, &g, meta.counted_set ? meta.counted : from->counted);
+    sim_status st = sim_all_gather(c->dev, from->data, g.data, from->nlocal, SIM_F32, ex, meta);
+    if (!st && g.data) {
+        const size_t E = (size_t)(to_own ? to->local[2] : from->local[2]), Ek = E / (size_t)k;
+        const size_t n = (to_own ? to->nlocal : from->nlocal) / E;
+        const float *G = g.data;
+        float *o = to->data;
+        for (size_t q = 0; q < (size_t)k; q++)
+            for (size_t i = 0; i < n; i++)
+                if (to_own) /* member q's rows of this device's tokens: embed block q */
+                    memcpy(o + i * E + q * Ek, G + (q * (size_t)k * n + (size_t)r * n + i) * Ek, Ek * sizeof *o);
+                else /* member q's token i on this device's embed block r */
+                    memcpy(o + (q * n + i) * Ek, G + (q * n + i) * E + (size_t)r * Ek, Ek * sizeof *o);
+    }
+    mesh_array_free(c->dev, &g);
+    return st;
+}
+
 static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
@@ -683,16 +755,21 @@ static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, "embed/dtable", tag, sizeof tag);
     SIM_TRY(embed_dy_vocab_sum(c, &tw->spec, dy, tag));
-    sim_axes ex = embed_a2a_axes(c, &tw->spec, &tok->spec);
+    bool gathered;
+    sim_axes ex = embed_a2a_axes(c, &tw->spec, &tok->spec, &gathered);
     int k = sim_mesh_group_size(sim_machine_mesh(sim_device_machine(c->dev)), ex);
-    /* the cotangent rows back to the devices that looked them up: [Bl, T, E] -> [k*Bl, T, E/k] */
+    /* the cotangent rows back to the devices that looked them up: [Bl, Tl, E] -> [k*Bl*Tl, E/k] */
     mesh_spec rs = embed_rows_spec(&ids->spec, ex, dy->spec.partial);
     mesh_array dr, dt;
     SIM_TRY(new_cot_raw(t, "embed/drows", 3, y->val.shape, &rs, &dr));
     if (dy->counted_fixed) mesh_array_recount(c->dev, &dr, dy->counted);
-    size_t dshape[3] = {(size_t)dy->local[0], (size_t)dy->local[1], (size_t)dy->local[2]};
-    sim_status st = sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
-                                        mesh_array_meta(dy, sim_meta_tag(tag)));
+    sim_status st = SIM_OK;
+    if (gathered) st = embed_rows_allgather(c, dy, &rs, ex, false, &dr, mesh_array_meta(dy, sim_meta_tag(tag)));
+    else {
+        size_t dshape[3] = {(size_t)dy->local[0], (size_t)dy->local[1], (size_t)dy->local[2]};
+        st = sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
+                                 mesh_array_meta(dy, sim_meta_tag(tag)));
+    }
     if (st) goto fail;
     /* the table's own shard: what the tokens' other axes hold is summed by the accumulation */
     mesh_spec ds = tw->spec;
@@ -727,12 +804,12 @@ fail:
 }
 
 /* XLA:TPU's lookup (see the banner): ids gathered, rows looked up on the shard, all-to-all. */
-static sim_status embed_a2a(mesh_tape *t, mesh_var *table, const mesh_array *tokens, sim_axes ex, const char *name,
-                            const char *tag, mesh_var **out)
+static sim_status embed_a2a(mesh_tape *t, mesh_var *table, const mesh_array *tokens, sim_axes ex, bool gathered,
+                            const char *name, const char *tag, mesh_var **out)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     const mesh_array *tw = &table->val;
-    /* the token ids of the k devices, int32 (kept for the backward): [k*Bl, T] */
+    /* the token ids of the k devices, int32 (kept for the backward): k blocks [Bl, Tl] */
     mesh_spec is = embed_ids_spec(&tokens->spec, ex);
     mesh_array ids, rows;
     SIM_TRY(
@@ -765,7 +842,9 @@ static sim_status embed_a2a(mesh_tape *t, mesh_var *table, const mesh_array *tok
     os.partial = vocab;
     st = new_out(t, name, 3, shape, &os, out);
     size_t rshape[3] = {(size_t)rows.local[0], (size_t)rows.local[1], (size_t)rows.local[2]};
-    if (!st)
+    if (!st && gathered)
+        st = embed_rows_allgather(c, &rows, &rs, ex, true, &(*out)->val, sim_meta_counted(sim_meta_tag(tag), gdt));
+    else if (!st)
         st = sim_all_to_all_dims(c->dev, rows.data, (*out)->val.data, 3, rshape, 0, 2, SIM_F32, ex,
                                  sim_meta_counted(sim_meta_tag(tag), gdt));
     mesh_array_free(c->dev, &rows);
@@ -785,8 +864,9 @@ sim_status mesh_nn_embed(mesh_tape *t, mesh_var *table, const mesh_array *tokens
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, name, tag, sizeof tag);
-    sim_axes ex = embed_a2a_axes(c, &table->val.spec, &tokens->spec);
-    if (ex.n) return embed_a2a(t, table, tokens, ex, name, tag, out);
+    bool gathered;
+    sim_axes ex = embed_a2a_axes(c, &table->val.spec, &tokens->spec, &gathered);
+    if (ex.n) return embed_a2a(t, table, tokens, ex, gathered, name, tag, out);
     /* axes that shard the tokens cannot also split the table: gather them out */
     uint32_t used = mesh_spec_dim_axes(&tokens->spec);
     mesh_spec ts = table->val.spec;

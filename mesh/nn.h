@@ -60,8 +60,10 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
 /* out (B, T, E) = table[tokens]: table (V, E) may be sharded on V (the
  * lookup is then partial over those axes) and E; axes that also shard the
  * tokens are gathered out of the table first, or, with ctx.embed_all_to_all
- * and E split by the trailing axes of the tokens' batch, the token ids are
- * gathered and the rows all-to-all'd (the same bits; see nn.c). */
+ * and E split by the trailing axes of the tokens' batch (then every axis of
+ * their length), the token ids are gathered and the rows all-to-all'd (or
+ * all-gathered and sliced where the length is split; the same bits; see
+ * nn.c). */
 sim_status mesh_nn_embed(mesh_tape *t, mesh_var *table, const mesh_array *tokens, const char *name, mesh_var **out);
 
 /* Per-token loss (B, T) = logsumexp - logit[target] + z * logsumexp^2 for

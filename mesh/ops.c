@@ -26,6 +26,7 @@
 #include "blas_kernels/bk_parallel.h"
 #include "config/release.h"
 #include "mesh/planmemo.h"
+#include "mesh/replay.h"
 #include "sim/arena.h"
 
 /* ======================================================================== */
@@ -264,6 +265,43 @@ static sim_status check_f32(const char *tag, const char *op, const mesh_array *x
 /* operand staging: a copy resharded to the spec the kernel needs            */
 /* ======================================================================== */
 
+/* The bytes of x's copy in spec `to` on a device, counted as its gather would be. */
+static uint64_t staged_bytes(const mesh_ctx *ctx, const mesh_array *x, const mesh_spec *to)
+{
+    int64_t local[MESH_SPEC_MAX_RANK];
+    mesh_spec_local_shape(to, ctx->mesh, x->shape, local);
+    uint64_t n = 1;
+    for (int i = 0; i < x->rank; i++) n *= (uint64_t)local[i];
+    sim_dtype counted = x->cat == SIM_MEM_PARAMS ? mesh_array_gather_dtype(ctx->dev, x) : x->counted;
+    return n * sim_dtype_size(counted);
+}
+
+/* The bytes of x's copy resharded from `from` to `to` for a product (0: none is needed). */
+static uint64_t gathered_bytes(const mesh_ctx *ctx, const mesh_array *x, const mesh_spec *from, const mesh_spec *to)
+{
+    return mesh_spec_equal(from, to) ? 0 : staged_bytes(ctx, x, to);
+}
+
+/* Whether operand `which` (0: left) of product `sub` ("ab,bc->ac") is gathered (from -> to) along
+ * an index the product sums over: the weight's gather a windowed einsum would loop over its
+ * contracting dims (XLA:TPU then weighs it against gathering the other operand instead). */
+static bool contracted_gather(const char *sub, int which, const mesh_spec *from, const mesh_spec *to)
+{
+    const char *arrow = strstr(sub, "->"), *comma = strchr(sub, ',');
+    if (!arrow || !comma) return false;
+    const char *letters = which ? comma + 1 : sub;
+    for (int i = 0; letters[i] && letters[i] != ',' && letters[i] != '-' && i < from->rank; i++) {
+        bool gathered = false;
+        for (int j = 0; j < from->n_axes[i]; j++) {
+            bool kept = false;
+            for (int m = 0; m < to->n_axes[i]; m++) kept |= to->axes[i][m] == from->axes[i][j];
+            gathered |= !kept;
+        }
+        if (gathered && !strchr(arrow + 2, letters[i])) return true;
+    }
+    return false;
+}
+
 typedef struct {
     mesh_array arr;
     bool owned;
@@ -281,7 +319,36 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     /* a weight the compiler gathers again for this backward product (ctx->regather) bypasses the copy
      * the recomputation gathered: a second gather, its own buffer while the product runs */
     bool regather = ctx->regather && x->cat == SIM_MEM_PARAMS;
-    if (!regather && ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr)) return SIM_OK;
+    /* a weight's gather over a strided group is each product's own choice (sim_collective_windowed):
+     * the copy a recomputation kept serves the input gradient where both gather it the same way
+     * (two plain gathers: XLA's CSE makes them one; two rings over 4 devices, unrolled, likewise),
+     * else this product gathers for itself */
+    sim_axes gax = sim_axes_none();
+    int gk = 1;
+    uint64_t whole = 0;
+    bool own = false;
+    if (x->cat == SIM_MEM_PARAMS && !ctx->dead_outputs && !regather) {
+        uint32_t gone = mesh_spec_dim_axes(work) & ~mesh_spec_dim_axes(to);
+        for (int a = 0; a < ctx->mesh->n_axes; a++)
+            if (gone & (1u << a)) gax.axis[gax.n++] = a, gk *= ctx->mesh->sizes[a];
+        sim_meta m = meta;
+        m.weight = true;
+        m.single_use = ctx->single_use;
+        own = sim_windowed_per_product(ctx->dev, gax, m);
+        whole = own ? gathered_bytes(ctx, x, work, to) : 0;
+    }
+    bool cached = !regather && ctx->cache && mesh_reshard_cache_get(ctx->cache, x, work, to, &out->arr);
+    bool fresh = false;
+    if (cached && own) {
+        sim_meta m = meta;
+        m.weight = m.single_use = true;
+        bool now = sim_collective_windowed(ctx->dev, SIM_OP_ALL_GATHER, gax, gk, m, whole);
+        bool then = mesh_reshard_cache_windowed(ctx->cache, x, work, to);
+        fresh = now != then || (now && gk > 4);
+    }
+    if (cached && !fresh) return SIM_OK;
+    out->arr = *x;
+    out->arr.spec = *work;
     /* a weight's copy: MaxText's DenseGeneral casts the kernel to `dtype` right before the dot
      * (layers/linears.py); where that cast lands is the compiler's choice.  XLA:CPU gathers the
      * cast's operand (weight_dtype: MaxText 0.2.5's compiled step, dtype=bfloat16, fsdp=4, has f32
@@ -306,12 +373,17 @@ static sim_status stage(mesh_ctx *ctx, const mesh_array *x, const mesh_spec *wor
     /* the staged copy is only read (bk_einsum, local_binary, reshape's copy; a cached one by later
      * operands of the same kind and mesh_nn_operand's kernels): a gather, of a weight or of an
      * activation (the same full block on every member of the group), is one buffer for the group */
+    if (fresh) meta.single_use = true; /* this product's own gather */
+    if (regather) meta.product_flops = 0; /* the cost model does not make it a ring either */
     sim_status st = mesh_reshard_shared(ctx->dev, ctx->mesh, &out->arr, to, meta);
     if (st != SIM_OK) {
         mesh_array_free(ctx->dev, &out->arr);
         out->owned = false;
-    } else if (ctx->cache && !ctx->dead_outputs && !regather) { /* a later reader gathers for itself */
+    } else if (ctx->cache && !ctx->dead_outputs && !fresh && !regather) { /* a later reader gathers for itself */
         mesh_reshard_cache_put(ctx->cache, x, work, &out->arr);
+        if (own)
+            mesh_reshard_cache_set_windowed(ctx->cache, x, work, to,
+                                            sim_collective_windowed(ctx->dev, SIM_OP_ALL_GATHER, gax, gk, meta, whole));
         out->owned = false; /* the cache owns it now */
     }
     return st;
@@ -895,6 +967,21 @@ static void placement_inputs(placement *p, const mesh_ctx *ctx, const mesh_array
 }
 
 /* mesh_einsum, and mesh_einsum_into when acc is given (*fused then says which way it went). */
+/* The FLOPs on a device of product `sub` with operands of local shapes la (rank ra) and lb (rank rb):
+ * 2 x the product of every index's extent. */
+static double product_flops(const char *sub, int ra, const int64_t *la, int rb, const int64_t *lb)
+{
+    int64_t size[128] = {0};
+    const char *comma = strchr(sub, ',');
+    for (int i = 0; i < ra && sub[i] != ','; i++) size[(unsigned char)sub[i] & 127] = la[i];
+    for (int i = 0; comma && i < rb && comma[1 + i] && comma[1 + i] != '-'; i++)
+        size[(unsigned char)comma[1 + i] & 127] = lb[i];
+    double flops = 2.0;
+    for (int c = 0; c < 128; c++)
+        if (size[c] > 0) flops *= (double)size[c];
+    return flops;
+}
+
 static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_array *a, const mesh_array *b,
                               const mesh_spec *out_sharding, const char *name, sim_mem_cat out_cat, mesh_array *out,
                               mesh_einsum_info *info, mesh_array *acc, bool *fused)
@@ -982,8 +1069,28 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
         }
     }
 
-    st = stage(ctx, &ua.arr, &p->from[0], &p->to[0], meta, &sa);
-    if (st == SIM_OK) st = stage(ctx, &ub.arr, &p->from[1], &p->to[1], meta, &sb);
+    { /* the product each operand's gather serves (the windowed-einsum cost model) */
+        int64_t loc_a[MESH_SPEC_MAX_RANK], loc_b[MESH_SPEC_MAX_RANK];
+        mesh_spec_local_shape(&p->to[0], ctx->mesh, ua.arr.shape, loc_a);
+        mesh_spec_local_shape(&p->to[1], ctx->mesh, ub.arr.shape, loc_b);
+        meta.product_flops = ctx->product_flops = product_flops(sub, ua.arr.rank, loc_a, ub.arr.rank, loc_b);
+    }
+    sim_meta meta_a = meta, meta_b = meta;
+    if (contracted_gather(sub, 0, &p->from[0], &p->to[0]))
+        meta_a.product_other_bytes = staged_bytes(ctx, &ub.arr, &p->to[1]);
+    if (contracted_gather(sub, 1, &p->from[1], &p->to[1]))
+        meta_b.product_other_bytes = staged_bytes(ctx, &ua.arr, &p->to[0]);
+    if (p->out.partial) { /* the output is reduced over other axes after the product */
+        int64_t lo[MESH_SPEC_MAX_RANK];
+        mesh_spec_local_shape(&p->out, ctx->mesh, d.out_shape, lo);
+        uint64_t n = 1;
+        for (int i = 0; i < d.ro; i++) n *= (uint64_t)lo[i];
+        const mesh_array *w = ub.arr.cat == SIM_MEM_PARAMS ? &ub.arr : &ua.arr;
+        meta_a.product_partial_bytes = meta_b.product_partial_bytes =
+            n * sim_dtype_size(w->cat == SIM_MEM_PARAMS ? mesh_array_gather_dtype(ctx->dev, w) : w->counted);
+    }
+    st = stage(ctx, &ua.arr, &p->from[0], &p->to[0], meta_a, &sa);
+    if (st == SIM_OK) st = stage(ctx, &ub.arr, &p->from[1], &p->to[1], meta_b, &sb);
     if (st != SIM_OK) goto done;
     /* into acc: only where adding there changes nothing else -- the placement (chosen as ever) gives
      * acc's spec, dims and partial axes, so no collective would have touched the product, and the
@@ -1000,10 +1107,17 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
                                out_cat, false, out);
     else st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
     if (st != SIM_OK) goto done;
+    /* remat's recomputation takes the forward's product where it runs the same product the same way
+     * (mesh/replay.h); a "dead" one too: an offloaded tensor's recomputed twin is read in its stead */
+    mesh_spec ran[5];
+    if (ctx->replay) ran[0] = p->from[0], ran[1] = p->from[1], ran[2] = p->to[0], ran[3] = p->to[1], ran[4] = p->out;
+    bool replayed = false;
+    if (!into && mesh_replay_using(ctx->replay)) replayed = mesh_replay_take(ctx->replay, tag, out, ran, 5);
     if (into && acc->data && sa.arr.data && sb.arr.data) /* beta = 1: sgemm adds the product to acc */
         bk_einsum(sub, acc->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 1.0f);
-    else if (!into && out->data && sa.arr.data && sb.arr.data)
+    else if (!into && !replayed && out->data && sa.arr.data && sb.arr.data)
         bk_einsum(sub, out->data, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank, sb.arr.local, 0.0f);
+    if (!into && mesh_replay_saving(ctx->replay)) mesh_replay_put(ctx->replay, tag, out, ran, 5);
     einsum_cost(ctx, sub, &sa.arr, &sb.arr, out, a->cat == SIM_MEM_PARAMS, b->cat == SIM_MEM_PARAMS, tag);
     if (info) {
         memset(info, 0, sizeof *info);

@@ -605,6 +605,7 @@ typedef struct {
     uint64_t uid;
     mesh_spec from, to;
     mesh_array copy;
+    bool windowed; /* a weight's gather run as a windowed einsum for the product that made it */
 } cache_entry;
 
 struct mesh_reshard_cache {
@@ -667,4 +668,25 @@ void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const 
     e->from = *from;
     e->to = copy->spec;
     e->copy = *copy;
+    e->windowed = false;
+}
+
+void mesh_reshard_cache_set_windowed(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
+                                     const mesh_spec *to, bool windowed)
+{
+    for (int i = 0; c && i < c->n; i++) {
+        cache_entry *e = &c->e[i];
+        if (e->uid == src->uid && mesh_spec_equal(&e->from, from) && mesh_spec_equal(&e->to, to))
+            e->windowed = windowed;
+    }
+}
+
+bool mesh_reshard_cache_windowed(const mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
+                                 const mesh_spec *to)
+{
+    for (int i = 0; c && i < c->n; i++) {
+        const cache_entry *e = &c->e[i];
+        if (e->uid == src->uid && mesh_spec_equal(&e->from, from) && mesh_spec_equal(&e->to, to)) return e->windowed;
+    }
+    return false;
 }

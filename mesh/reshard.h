@@ -122,5 +122,11 @@ int mesh_reshard_cache_targets(const mesh_reshard_cache *c, const mesh_array *sr
 /* Keeps `copy` (src resharded from `from`); the cache now owns it. */
 void mesh_reshard_cache_put(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
                             const mesh_array *copy);
+/* Whether the kept copy of src (from -> to) was gathered as a windowed einsum (set / read; false
+ * when never set or not kept). */
+void mesh_reshard_cache_set_windowed(mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
+                                     const mesh_spec *to, bool windowed);
+bool mesh_reshard_cache_windowed(const mesh_reshard_cache *c, const mesh_array *src, const mesh_spec *from,
+                                 const mesh_spec *to);
 
 #endif

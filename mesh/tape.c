@@ -264,6 +264,10 @@ static sim_status reshard_to(mesh_tape *t, mesh_array *g, const mesh_spec *to, c
     sim_meta meta = sim_meta_tag(tag);
     meta.weight = weight; /* a weight gradient's reduction: deferred by XLA, off the critical path */
     meta.single_use = weight && t->ctx->single_use; /* made by one product (an einsum's weight gradient) */
+    if (meta.single_use) {                          /* that product (mesh_ad's contribute) */
+        meta.product_flops = t->ctx->product_flops;
+        meta.product_other_bytes = t->ctx->product_other_bytes;
+    }
     meta.psum = weight && t->ctx->psum_grads;
     return mesh_reshard(t->ctx->dev, t->ctx->mesh, g, to, meta);
 }

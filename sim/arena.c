@@ -267,8 +267,16 @@ void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out) { *out = a->s
 
 void sim_arena_set_stats(sim_arena *a, const sim_arena_stats *st) { a->st = *st; }
 
+void sim_arena_host(sim_arena *a, ptrdiff_t delta)
+{
+    SIM_ASSERT(delta >= 0 || (size_t)-delta <= a->st.host_live);
+    a->st.host_live = (size_t)((ptrdiff_t)a->st.host_live + delta);
+    if (a->st.host_live > a->st.host_peak) a->st.host_peak = a->st.host_live;
+}
+
 void sim_arena_reset_peak(sim_arena *a)
 {
+    a->st.host_peak = a->st.host_live;
     a->st.peak = a->st.live;
     memcpy(a->st.peak_by, a->st.live_by, sizeof a->st.peak_by);
     memcpy(a->st.at_peak_by, a->st.live_by, sizeof a->st.at_peak_by);

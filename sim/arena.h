@@ -24,6 +24,10 @@ typedef struct {
     size_t at_peak_by[SIM_NMEM]; /* the per-category breakdown when `peak` was reached */
     size_t capacity;             /* 0 = unlimited */
     uint64_t n_allocs;           /* allocations so far */
+    size_t host_live;            /* host memory the device keeps outside the accounting now (a remat
+                                    layer's forward values kept for its recomputation, mesh/replay.h);
+                                    in none of the figures above */
+    size_t host_peak;            /* highest `host_live` so far */
 } sim_arena_stats;
 
 /* label names the device in messages ("device 3 (data=1, fsdp=1)"). */
@@ -60,6 +64,10 @@ sim_status sim_arena_back(sim_arena *a, size_t bytes, sim_mem_cat cat, const cha
 /* A live block of category cat counted `from` bytes is counted `to` bytes
  * from now on (a cast in the modelled program); may raise the peak. */
 void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat);
+
+/* Host bytes the device takes (delta > 0) or gives back, outside the simulated
+ * memory: moves host_live and host_peak only (counted in a dry run as well). */
+void sim_arena_host(sim_arena *a, ptrdiff_t delta);
 
 void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out);
 /* Puts another process's figures in an arena that holds nothing here: a device another MPI rank

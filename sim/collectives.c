@@ -277,24 +277,140 @@ typedef struct {
     uint64_t sent_dcn; /* of sent, to other slices */
 } byte_count;
 
-/* A weight's collective the compiler runs as a windowed einsum (sim_machine_opts.windowed_min_group):
- * the bidirectional ring sends (k+1)/k of the array where the gather or reduce-scatter sends (k-1)/k. */
-static bool windowed(const sim_device *d, const sim_call *c, int k, sim_meta meta)
+/* Whether the group's devices are strided: a mesh axis of more than one device that is not in the
+ * group varies faster than one that is (the last axis varies fastest), so the group's members are
+ * not neighbours (fsdp under tensor parallelism: MaxText puts `tensor` after `fsdp`). */
+static bool group_strided(const sim_device *d, sim_axes axes)
 {
-    int min = d->m->opts.windowed_min_group;
-    if (min <= 0 || k < min || k < 2 || !meta.weight) return false;
-    return meta.single_use && (c->op == SIM_OP_ALL_GATHER || c->op == SIM_OP_REDUCE_SCATTER);
+    const sim_mesh_desc *m = &d->m->mesh;
+    int first = m->naxes;
+    for (int i = 0; i < axes.n; i++)
+        if (m->sizes[axes.axis[i]] > 1 && axes.axis[i] < first) first = axes.axis[i];
+    for (int a = first + 1; a < m->naxes; a++) {
+        bool in = false;
+        for (int i = 0; i < axes.n; i++) in |= axes.axis[i] == a;
+        if (!in && m->sizes[a] > 1) return true;
+    }
+    return false;
+}
+
+/* The links the plain collective of device 0's group over `axes` uses at once in XLA:TPU's cost
+ * model (GetCommunicationMultiplier): 2 where the group is a 2x2 plane of chips (two neighbours
+ * along each of two physical dims), else 1; 0 where the slice's shape is not known
+ * (sim_machine_opts.windowed_torus) or the mesh spans several slices.  Devices are laid over the
+ * slice's chips in id order, x fastest.  libtpu 0.0.50.1's logs (TPU_VMODULE=dot_handler=2, a
+ * one-layer Llama and llama2-7b): 2 for fsdp=4 on v5p-8 and v4-8 (2x2x1); 1 for fsdp=8 on v6e-8
+ * (2x4) and v5p-16 (2x2x2), for fsdp=4 strided by tensor=2 on v6e-8 ({0,2,4,6}) and fsdp=8
+ * strided by tensor=2 on v5p-32 (2x2x4).  deepseek2-16b's wkv_b over fsdp=4 strided by expert=2 on
+ * v5p-16 (a 2x2 plane) stays an all-gather in XLA's compile, as M = 2 gives. */
+static int group_links(const sim_device *d, sim_axes axes)
+{
+    const sim_machine_opts *o = &d->m->opts;
+    const sim_mesh_desc *m = &d->m->mesh;
+    int n = o->windowed_torus_n, chips = 1;
+    for (int i = 0; i < n; i++) chips *= o->windowed_torus[i];
+    if (n == 0 || chips != sim_mesh_num_devices(m)) return 0; /* unknown (several slices, or no shape) */
+    int lo[3] = {1 << 30, 1 << 30, 1 << 30}, hi[3] = {-1, -1, -1}, coords[SIM_MAX_AXES] = {0};
+    int k = 1;
+    for (int i = 0; i < axes.n; i++) k *= m->sizes[axes.axis[i]];
+    for (int r = 0; r < k; r++) { /* member r of device 0's group */
+        int rest = r;
+        for (int i = axes.n - 1; i >= 0; i--) {
+            coords[axes.axis[i]] = rest % m->sizes[axes.axis[i]];
+            rest /= m->sizes[axes.axis[i]];
+        }
+        int id = sim_mesh_device_id(m, coords);
+        for (int dim = 0; dim < n; dim++) {
+            int c = id % o->windowed_torus[dim];
+            id /= o->windowed_torus[dim];
+            if (c < lo[dim]) lo[dim] = c;
+            if (c > hi[dim]) hi[dim] = c;
+        }
+    }
+    int spanned = 0;
+    for (int dim = 0; dim < n; dim++) {
+        if (hi[dim] > lo[dim] && hi[dim] - lo[dim] != 1) return 1;
+        spanned += hi[dim] > lo[dim];
+    }
+    return spanned == 2 ? 2 : 1;
+}
+
+/* A weight's collective the compiler runs as a windowed einsum (collective matmul): a single_use
+ * gather or gradient reduce-scatter over a group of at least sim_machine_opts.windowed_min_group
+ * neighbouring devices (llama2-7b fsdp=8 on v6e-8, v5p-16 and v4-8, fsdp=16 and 32 on v5p: every
+ * such product; fsdp=4 on v5p-8 and v4-8: none).  Over a strided group (another axis varies
+ * faster: fsdp under tensor parallelism) XLA's cost model decides per product, where the
+ * machine has windowed_ici_bw and the product is known.  XLA's SPMD partitioner (dot_handler.cc,
+ * GetWindowedEinsumConfiguration's disable_windowed_einsum) skips the windowed einsum when
+ * max(C, M c) + 2 M c / k >= C + c, C the product's time with the gathered operand
+ * (GetComputationTimeInMilliSec: flops at the peak rate, 0.0748578 ms for 6.87e10 flops on v6e),
+ * c the plain collective's time (GetCommunicationTimeInMilliSec: the gathered bytes / (M x the
+ * link rate): 16 MiB in 0.0898619 ms on v6e), M its GetCommunicationMultiplier (the links the
+ * plain collective uses at once; the ring uses one).  libtpu 0.0.50.1's log of llama2-7b fsdp=4 x
+ * tensor=2 on v6e-8 (TPU_VMODULE=dot_handler=2) prints M = 1 for the strided fsdp groups
+ * {0,2,4,6}: the ring can pay from 4 devices (k > 2M) and pays where C > 2c/k.  Where the other
+ * operand is gathered for the same product too (the activation's embed dim split over tensor),
+ * libtpu first compares the two gathers' times (lhs_all_gather_time_in_ms against
+ * rhs_all_gather_time_in_ms) and windows the weight only where its gather is the longer:
+ * llama2-7b's query (16 MiB against the activation's 32 MiB) is all-gathered, the MLP's wi
+ * (43 MiB) windowed.  And over a strided group the gather the recomputation and the input
+ * gradient share is each product's own (sharding propagation finds the two users wanting the
+ * weight differently, so check_users_sharding does not keep it a plain gather): llama2-7b's
+ * query is gathered for the recomputation and windowed for the input gradient, `out` the other
+ * way round (mesh/ops.c: stage). */
+static bool cost_model(const sim_device *d, sim_meta meta)
+{
+    const sim_machine_opts *o = &d->m->opts;
+    return o->windowed_min_group > 0 && o->windowed_ici_bw > 0 && o->windowed_peak > 0 && meta.product_flops > 0;
+}
+
+bool sim_windowed_per_product(const sim_device *d, sim_axes axes, sim_meta meta)
+{
+    return cost_model(d, meta) && group_strided(d, axes);
+}
+
+bool sim_collective_windowed(const sim_device *d, sim_op op, sim_axes axes, int k, sim_meta meta, uint64_t whole_bytes)
+{
+    const sim_machine_opts *o = &d->m->opts;
+    if (o->windowed_min_group <= 0 || k < 2 || !meta.weight) return false;
+    if (op != SIM_OP_ALL_GATHER && op != SIM_OP_REDUCE_SCATTER) return false;
+    bool strided = group_strided(d, axes);
+    int M = group_links(d, axes);
+    if (!cost_model(d, meta) || (!strided && M == 0)) return meta.single_use && k >= o->windowed_min_group;
+    if (!meta.single_use && !strided) return false; /* a gather two products share */
+    if (M == 0) M = 1;
+    if (k <= 2 * M) return false;
+    double C = meta.product_flops / o->windowed_peak, plain = (double)whole_bytes / (M * o->windowed_ici_bw);
+    /* the other operand's own collective for this product, where a faster axis splits it (tensor) */
+    if (strided && op == SIM_OP_ALL_GATHER && meta.product_other_bytes >= whole_bytes) return false;
+    if (strided && op == SIM_OP_ALL_GATHER && !meta.product_other_bytes && meta.product_partial_bytes >= whole_bytes &&
+        C >= plain)
+        return false;
+    /* a gradient's reduce-scatter against the gather of the output's cotangent over tensor inside
+     * its product (libtpu: all_gather_time_in_ms against reduce_scatter_time_in_ms): windowed where
+     * it is the longer, or where the product does not hide it (llama2-7b's out projection: its 16 MiB
+     * gradient against the 32 MiB cotangent, windowed on v6e, C = 0.0749 ms < c = 0.0899 ms, plain
+     * on v5p-32, C = 0.174 ms) */
+    if (strided && op == SIM_OP_REDUCE_SCATTER && meta.product_other_bytes >= whole_bytes && C >= plain) return false;
+    if (plain <= 1e-8) return true; /* XLA disables it only past 1e-5 ms of communication */
+    return !((C > M * plain ? C : M * plain) + 2.0 * M * plain / k >= C + plain);
 }
 
 static void add_record(sim_device *d, const sim_call *c, int k, byte_count bc, sim_meta meta, uint64_t t0)
 {
     if (meta.silent) return;
     sim_op op = c->op;
-    if (windowed(d, c, k, meta)) {
+    if (k > 1 && sim_collective_windowed(d, c->op, c->axes, k, meta, bc.sent / (uint64_t)(k - 1) * (uint64_t)k)) {
+        /* the bidirectional ring's k/2 steps send k+1 blocks (XLA's while loop); over 4 devices
+         * XLA unrolls its 2 steps: a gather's last sends feed nothing and go (k-1 blocks, as the
+         * all-gather), a reduce-scatter's first, of zeros, are shared by the layer's rings of one
+         * shape (CSE): k blocks (llama2-7b fsdp=4 x tensor=2 on v6e: 3 per gather, 4 or 5 per
+         * gradient, 13 for the MLP's three) */
+        uint64_t blocks = k > 4 ? (uint64_t)k + 1 : c->op == SIM_OP_ALL_GATHER ? (uint64_t)k - 1 : (uint64_t)k;
         op = SIM_OP_PPERMUTE;
-        bc.sent = bc.sent / (uint64_t)(k - 1) * (uint64_t)(k + 1);
-        bc.recv = bc.recv / (uint64_t)(k - 1) * (uint64_t)(k + 1);
-        bc.sent_dcn = bc.sent_dcn / (uint64_t)(k - 1) * (uint64_t)(k + 1);
+        bc.sent = bc.sent / (uint64_t)(k - 1) * blocks;
+        bc.recv = bc.recv / (uint64_t)(k - 1) * blocks;
+        bc.sent_dcn = bc.sent_dcn / (uint64_t)(k - 1) * blocks;
     } else if (meta.psum && c->op == SIM_OP_REDUCE_SCATTER && d->m->opts.psum_scatter_max_group > 0 &&
                k > d->m->opts.psum_scatter_max_group) { /* the psum stays whole: a ring all-reduce sends twice */
         op = SIM_OP_ALL_REDUCE;
@@ -1407,6 +1523,10 @@ void sim_device_clear_records(sim_device *d)
 {
     d->nrec = 0;
     d->ncost = 0;
+    d->nreps = 0;
+    d->nopen = 0;
+    d->rec_extra = d->cost_extra = 0;
+    d->span_extra = 0;
     memset(d->totals, 0, sizeof d->totals);
 }
 
@@ -1425,7 +1545,11 @@ void sim_device_add_cost_tiled(sim_device *d, double flops, double mxu_flops, do
                                const char *tag)
 {
     if (d->m->opts.no_costs) return;
-    if (d->ncost && d->cost[d->ncost - 1].step != d->step) d->ncost = 0; /* the current step's only: bounded */
+    if (d->ncost && d->cost[d->ncost - 1].step != d->step) { /* the current step's only: bounded */
+        SIM_ASSERT(d->nreps == 0); /* repeated blocks are the last step's only (models/core/train.c) */
+        d->ncost = 0;
+        d->cost_extra = 0;
+    }
     if (d->ncost == d->capcost) {
         d->capcost = d->capcost ? 2 * d->capcost : 256;
         d->cost = realloc(d->cost, d->capcost * sizeof *d->cost);
@@ -1454,4 +1578,156 @@ const sim_cost *sim_device_costs(const sim_device *d, size_t *n)
 {
     *n = d->ncost;
     return d->cost;
+}
+
+/* ------------------------------------------------------------ repeated blocks */
+
+void sim_device_repeat_begin(sim_device *d)
+{
+    SIM_ASSERT(d->nopen < SIM_WALK_DEPTH);
+    if (d->nreps == d->capreps) {
+        d->capreps = d->capreps ? 2 * d->capreps : 8;
+        d->reps = realloc(d->reps, d->capreps * sizeof *d->reps);
+        SIM_ASSERT(d->reps);
+    }
+    sim_repeat *b = &d->reps[d->nreps];
+    memset(b, 0, sizeof *b);
+    b->rec0 = d->nrec;
+    b->cost0 = d->ncost;
+    int k = d->nopen++;
+    d->open[k] = d->nreps++;
+    memcpy(d->open_totals[k], d->totals, sizeof d->totals);
+    d->open_vrec[k] = d->nrec + d->rec_extra;
+    d->open_vcost[k] = d->ncost + d->cost_extra;
+    d->open_vspans[k] = d->nspans + d->span_extra;
+}
+
+void sim_device_repeat_end(sim_device *d, uint64_t times)
+{
+    SIM_ASSERT(d->nopen > 0);
+    int k = --d->nopen;
+    sim_repeat *b = &d->reps[d->open[k]];
+    b->rec1 = d->nrec;
+    b->cost1 = d->ncost;
+    b->times = times;
+    SIM_ASSERT(b->rec0 <= b->rec1 && b->cost0 <= b->cost1);
+    /* the block as walked (its inner blocks expanded), times more: integers, so a product equals
+     * the sum the copies would have added */
+    for (int op = 0; op < SIM_NOP; op++) {
+        sim_op_totals *t = &d->totals[op];
+        const sim_op_totals *o = &d->open_totals[k][op];
+        t->calls += times * (t->calls - o->calls);
+        t->bytes_sent += times * (t->bytes_sent - o->bytes_sent);
+        t->bytes_recv += times * (t->bytes_recv - o->bytes_recv);
+    }
+    d->rec_extra += (size_t)times * (d->nrec + d->rec_extra - d->open_vrec[k]);
+    d->cost_extra += (size_t)times * (d->ncost + d->cost_extra - d->open_vcost[k]);
+    d->span_extra += times * (d->nspans + d->span_extra - d->open_vspans[k]);
+    /* an empty block, or one without copies, walks as what it holds: dropped if it was the last begun */
+    if ((times == 0 || (b->rec0 == b->rec1 && b->cost0 == b->cost1)) && d->open[k] == d->nreps - 1) d->nreps--;
+}
+
+const sim_repeat *sim_device_repeats(const sim_device *d, size_t *n)
+{
+    *n = d->nreps;
+    return d->reps;
+}
+
+size_t sim_device_nrecords(const sim_device *d)
+{
+    return d->nrec + d->rec_extra;
+}
+
+size_t sim_device_ncosts(const sim_device *d)
+{
+    return d->ncost + d->cost_extra;
+}
+
+uint64_t sim_repeat_weight(const sim_repeat *reps, size_t nreps, size_t rec)
+{
+    uint64_t k = 1;
+    for (size_t i = 0; i < nreps; i++)
+        if (rec >= reps[i].rec0 && rec < reps[i].rec1) k *= 1 + reps[i].times;
+    return k;
+}
+
+void sim_walk_init(sim_walk *w, const sim_record *rec, size_t nrec, const sim_cost *cost, size_t ncost,
+                   const sim_repeat *reps, size_t nreps)
+{
+    memset(w, 0, sizeof *w);
+    w->rec = rec, w->nrec = nrec, w->cost = cost, w->ncost = ncost, w->reps = reps, w->nreps = nreps;
+}
+
+void sim_walk_device(sim_walk *w, const sim_device *d)
+{
+    sim_walk_init(w, d->rec, d->nrec, d->cost, d->ncost, d->reps, d->nreps);
+}
+
+/* At the walk's position: the blocks that end here run again (from their start) or are left, and
+ * the blocks that start here are entered. */
+/* Whether the walk stands at (rec, cost): without costs (a walk of records alone), at rec. */
+static bool walk_at(const sim_walk *w, size_t rec, size_t cost)
+{
+    return w->ri == rec && (!w->cost || w->ci == cost);
+}
+
+static void walk_blocks(sim_walk *w)
+{
+    for (;;) {
+        if (w->depth > 0) {
+            const sim_repeat *b = &w->reps[w->open[w->depth - 1]];
+            if (walk_at(w, b->rec1, b->cost1)) {
+                if (w->left[w->depth - 1] > 0) {
+                    w->left[w->depth - 1]--;
+                    w->ri = b->rec0, w->ci = w->cost ? b->cost0 : 0;
+                    w->next = w->open[w->depth - 1] + 1; /* the blocks inside it come again */
+                } else {
+                    w->depth--;
+                }
+                continue;
+            }
+        }
+        if (w->next < w->nreps) {
+            const sim_repeat *b = &w->reps[w->next];
+            bool empty = b->times == 0 || (b->rec0 == b->rec1 && (!w->cost || b->cost0 == b->cost1));
+            if (empty && b->rec0 <= w->ri && (!w->cost || b->cost0 <= w->ci)) { /* walks as what it holds */
+                w->next++;
+                continue;
+            }
+            if (!empty && walk_at(w, b->rec0, b->cost0)) {
+                SIM_ASSERT(w->depth < SIM_WALK_DEPTH);
+                w->open[w->depth] = w->next;
+                w->left[w->depth] = b->times;
+                w->depth++;
+                w->next++;
+                continue;
+            }
+        }
+        return;
+    }
+}
+
+bool sim_walk_next(sim_walk *w, const sim_record **rec, sim_cost *cost)
+{
+    walk_blocks(w);
+    size_t upto = w->ci < w->ncost ? w->cost[w->ci].nrec_before : w->nrec;
+    if (w->ri < upto && w->ri < w->nrec) {
+        *rec = &w->rec[w->ri++];
+        w->vrec++;
+        return true;
+    }
+    if (w->ci >= w->ncost) return false;
+    *rec = NULL;
+    *cost = w->cost[w->ci++];
+    cost->nrec_before = w->vrec;
+    return true;
+}
+
+const sim_record *sim_walk_next_record(sim_walk *w)
+{
+    const sim_record *r;
+    sim_cost c;
+    while (sim_walk_next(w, &r, &c))
+        if (r) return r;
+    return NULL;
 }

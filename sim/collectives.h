@@ -51,6 +51,14 @@ typedef struct {
                            and its slice (sim_machine_opts.psum_scatter_max_group) */
     size_t lane_slice; /* a reduce-scatter along the array's last dim: the elements of that dim each device
                            keeps (sim_machine_opts.lane_scatter_ar_max); 0: another dim */
+    /* the product a single_use collective serves, for the windowed-einsum cost model
+     * (sim_machine_opts.windowed_ici_bw): its FLOPs on this device (0: unknown, the group-size
+     * rule alone decides), and the bytes of its other operand's own gather for it (0: the other
+     * operand is not gathered for this product) */
+    double product_flops;
+    uint64_t product_other_bytes;
+    uint64_t product_partial_bytes; /* the bytes of the product's output where it is partial over other axes (a
+                                       reduction the product needs besides this collective), else 0 */
 } sim_meta;
 static inline sim_meta sim_meta_tag(const char *tag)
 {
@@ -73,6 +81,15 @@ static inline sim_meta sim_meta_counted(sim_meta m, sim_dtype dt)
     m.counted = dt;
     return m;
 }
+
+/* Whether the compiler runs a weight's collective `op` over `axes` (k devices; whole_bytes: the
+ * gathered array, or the gradient before its reduce-scatter, on one device, as counted) as a
+ * windowed einsum: a ring of collective-permutes (sim_machine_opts.windowed_min_group,
+ * windowed_ici_bw; sim_meta.single_use, product_flops, product_other_bytes). */
+bool sim_collective_windowed(const sim_device *d, sim_op op, sim_axes axes, int k, sim_meta meta, uint64_t whole_bytes);
+/* Whether that choice is each product's own over `axes` (a strided group under the cost model):
+ * a weight gathered for two products is then not one shared gather. */
+bool sim_windowed_per_product(const sim_device *d, sim_axes axes, sim_meta meta);
 
 /* send (outer, mid, inner) -> recv (outer, k*mid, inner): gathers along the
  * middle dim; block r of the result comes from rank r.  count = outer*mid*inner. */
@@ -148,8 +165,31 @@ void sim_device_add_cost_layout(sim_device *d, double elements, const char *tag)
 /* Cost events of a device, in call order (valid until the next add). */
 const sim_cost *sim_device_costs(const sim_device *d, size_t *n);
 
-/* Records of a device (valid until the next collective on it). */
+/* Records of a device as stored (valid until the next collective on it): with repeated blocks
+ * (sim_repeat), read them through sim_walk instead. */
 const sim_record *sim_device_records(const sim_device *d, size_t *n);
+/* Starts a block that will repeat: the records and costs from here (blocks nest, up to
+ * SIM_WALK_DEPTH deep). */
+void sim_device_repeat_begin(sim_device *d);
+/* Ends the innermost block begun: it stands for itself and `times` more copies right after it
+ * (the op totals and the counts below count them).  Blocks stay until the records are cleared. */
+void sim_device_repeat_end(sim_device *d, uint64_t times);
+/* The blocks of a device, in the order they began. */
+const sim_repeat *sim_device_repeats(const sim_device *d, size_t *n);
+/* The records and costs with every block expanded: their counts. */
+size_t sim_device_nrecords(const sim_device *d);
+size_t sim_device_ncosts(const sim_device *d);
+/* A walk over a device's records and costs (or explicit arrays and blocks) in call order, every
+ * block expanded; sim_walk_next gives the next record (*rec set, true) or cost (*cost set, its
+ * nrec_before counted in the expanded records, true), false at the end. */
+void sim_walk_device(sim_walk *w, const sim_device *d);
+void sim_walk_init(sim_walk *w, const sim_record *rec, size_t nrec, const sim_cost *cost, size_t ncost,
+                   const sim_repeat *reps, size_t nreps);
+bool sim_walk_next(sim_walk *w, const sim_record **rec, sim_cost *cost);
+/* How many times stored record `rec` occurs once the blocks are expanded (1 outside them). */
+uint64_t sim_repeat_weight(const sim_repeat *reps, size_t nreps, size_t rec);
+/* The same for records alone (costs skipped). */
+const sim_record *sim_walk_next_record(sim_walk *w);
 void sim_device_clear_records(sim_device *d);
 /* Totals of one op on a device since the last clear. */
 sim_op_totals sim_device_op_totals(const sim_device *d, sim_op op);

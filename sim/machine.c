@@ -280,6 +280,7 @@ void sim_machine_free(sim_machine *m)
         free(d->rec);
         free(d->cost);
         free(d->spans);
+        free(d->reps);
     }
     free(m->dev);
     free(m->owner_of);
@@ -1096,6 +1097,7 @@ typedef struct {
     int32_t spans_dropped;
     uint64_t nrec, ncost, nspans, kept; /* kept: spans stored (0 once dropped) */
     uint64_t spans_skipped, steps_traced, steps_skipped;
+    uint64_t nreps, rec_extra, cost_extra, span_extra;
     sim_op_totals totals[SIM_NOP];
     sim_arena_stats arena;
 } dev_summary;
@@ -1131,6 +1133,10 @@ static sim_status gather_devices(sim_machine *m)
         s.spans_dropped = d->spans_dropped;
         s.nrec = d->nrec;
         s.ncost = d->ncost;
+        s.nreps = d->nreps;
+        s.rec_extra = d->rec_extra;
+        s.cost_extra = d->cost_extra;
+        s.span_extra = d->span_extra;
         s.nspans = d->nspans;
         s.kept = d->spans ? d->nspans : 0;
         s.spans_skipped = d->spans_skipped;
@@ -1142,6 +1148,7 @@ static sim_status gather_devices(sim_machine *m)
         blob_put(&blob, &len, &cap, d->rec, d->nrec * sizeof *d->rec);
         blob_put(&blob, &len, &cap, d->cost, d->ncost * sizeof *d->cost);
         blob_put(&blob, &len, &cap, d->spans, s.kept * sizeof *d->spans);
+        blob_put(&blob, &len, &cap, d->reps, d->nreps * sizeof *d->reps);
     }
     void *all = NULL;
     size_t *sizes = calloc((size_t)m->nranks, sizeof *sizes);
@@ -1179,12 +1186,16 @@ static sim_status gather_devices(sim_machine *m)
             SIM_ASSERT(s.id >= 0 && s.id < m->n);
             sim_device *d = &m->dev[s.id];
             if (r == m->rank) { /* our own: already here */
-                p += s.nrec * sizeof *d->rec + s.ncost * sizeof *d->cost + s.kept * sizeof *d->spans;
+                p += s.nrec * sizeof *d->rec + s.ncost * sizeof *d->cost + s.kept * sizeof *d->spans +
+                     s.nreps * sizeof *d->reps;
                 continue;
             }
             d->nrec = d->caprec = s.nrec;
             d->rec = realloc(d->rec, (s.nrec ? s.nrec : 1) * sizeof *d->rec);
             d->ncost = d->capcost = s.ncost;
+            d->rec_extra = s.rec_extra;
+            d->cost_extra = s.cost_extra;
+            d->span_extra = s.span_extra;
             d->cost = realloc(d->cost, (s.ncost ? s.ncost : 1) * sizeof *d->cost);
             SIM_ASSERT(d->rec && d->cost);
             memcpy(d->rec, p, s.nrec * sizeof *d->rec);
@@ -1199,6 +1210,11 @@ static sim_status gather_devices(sim_machine *m)
                 memcpy(d->spans, p, s.kept * sizeof *d->spans);
             }
             p += s.kept * sizeof *d->spans;
+            d->nreps = d->capreps = s.nreps;
+            d->reps = realloc(d->reps, (s.nreps ? s.nreps : 1) * sizeof *d->reps);
+            SIM_ASSERT(d->reps);
+            memcpy(d->reps, p, s.nreps * sizeof *d->reps);
+            p += s.nreps * sizeof *d->reps;
             d->nspans = s.nspans;
             d->capspans = s.kept;
             d->spans_dropped = s.spans_dropped;

@@ -68,6 +68,14 @@ typedef struct {
                               as the compiler's windowed einsum: a bidirectional ring of
                               collective-permutes that sends (k+1)/k of the whole array instead of
                               (k-1)/k (recorded as ppermute; the data moves as before) */
+    double windowed_ici_bw;        /* > 0: the rate (bytes/s) at which the compiler's windowed-einsum cost model
+                              times a collective over one link: a single_use collective whose product is
+                              known (sim_meta.product_flops, timed at windowed_peak FLOP/s) windows only
+                              where that model finds the ring faster (sim_collective_windowed) */
+    double windowed_peak;          /* the FLOP/s that model times a product at */
+    int windowed_torus[3];         /* the slice's chips along x (fastest), y, z, for the links a group's plain
+                              collective uses in that model */
+    int windowed_torus_n;          /* dims in windowed_torus; 0: the slice's shape is not known */
     int psum_scatter_max_group;    /* > 0: the reduce-scatter of a gradient a shard_map sums (sim_meta.psum) is
                               the compiler's psum-then-slice fused only over groups of at most this many
                               devices; over larger ones it stays an all-reduce of the whole array

@@ -127,6 +127,16 @@ struct sim_device {
     size_t nrec, caprec;
     sim_cost *cost; /* kernel costs for the step-time model (sim_device_add_cost) */
     size_t ncost, capcost;
+    /* repeated blocks (sim_repeat: a dry run's steady-state microbatch and layers) */
+    sim_repeat *reps;
+    size_t nreps, capreps;
+    size_t open[SIM_WALK_DEPTH]; /* blocks begun, not ended */
+    sim_op_totals open_totals[SIM_WALK_DEPTH][SIM_NOP];
+    size_t open_vrec[SIM_WALK_DEPTH], open_vcost[SIM_WALK_DEPTH];
+    int nopen;
+    size_t rec_extra, cost_extra; /* records and costs the blocks' copies add */
+    size_t open_vspans[SIM_WALK_DEPTH];
+    uint64_t span_extra; /* spans the blocks' copies stand for: not kept, trace.json says how many */
     sim_op_totals totals[SIM_NOP];
     /* trace */
     sim_span *spans;         /* NULL once dropped */

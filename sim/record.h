@@ -58,6 +58,35 @@ typedef struct {
     char tag[SIM_TAG_MAX];
 } sim_cost;
 
+/* A block of a device's records and kernel costs that repeats `times` more times right after
+ * itself: a dry run simulates one steady-state iteration of a loop whose iterations are alike
+ * (gradient accumulation's microbatches, a stack's identical layers) and accounts the rest as this
+ * block, so what it keeps does not grow with the loop's count.  Blocks nest (a layer's inside a
+ * microbatch's) or follow one another.  A reader sees the stored records and costs with every block
+ * expanded, walking them in order (sim_walk). */
+typedef struct {
+    size_t rec0, rec1;   /* records [rec0, rec1) as stored */
+    size_t cost0, cost1; /* costs [cost0, cost1) as stored */
+    uint64_t times;      /* copies after the block itself */
+} sim_repeat;
+
+/* A walk over records and costs in call order, every repeated block expanded (sim_walk_next). */
+enum { SIM_WALK_DEPTH = 8 };
+typedef struct {
+    const sim_record *rec;
+    size_t nrec;
+    const sim_cost *cost;
+    size_t ncost;
+    const sim_repeat *reps; /* in the order the blocks began (an outer one before those inside it) */
+    size_t nreps;
+    size_t ri, ci;     /* the next stored record and cost */
+    size_t next;       /* the next block not yet entered */
+    size_t vrec;       /* records walked so far, repeats counted */
+    int depth;         /* blocks entered */
+    size_t open[SIM_WALK_DEPTH];
+    uint64_t left[SIM_WALK_DEPTH];
+} sim_walk;
+
 /* Per-device totals of one op. */
 typedef struct {
     uint64_t calls;

@@ -307,6 +307,16 @@ static void write_meta(sim_trace_out *o, sim_machine *m, size_t ndev, size_t max
     sim_trace_out_meta_u64(o, "steps_traced", d0->steps_traced);
     sim_trace_out_meta_u64(o, "steps_left_out", d0->steps_skipped);
     sim_trace_out_meta_u64(o, "spans_left_out", sim_trace_spans_skipped(m));
+    /* a dry run's repeated microbatches (sim_repeat): simulated once, their copies counted in every
+     * figure but not drawn; the trace says how many spans they stand for */
+    uint64_t repeated = 0;
+    for (size_t i = 0; i < ndev; i++) repeated += m->dev[i].span_extra;
+    if (repeated) {
+        sim_trace_out_meta_u64(o, "spans_repeated_not_drawn", repeated);
+        sim_trace_out_meta_str(o, "spans_repeated_note",
+                               "a dry run simulates the first microbatch and one steady-state one; the other "
+                               "microbatches repeat the second: counted in every figure, not drawn here");
+    }
 }
 
 sim_status sim_trace_write_chrome(sim_machine *m, FILE *f, size_t max_events)

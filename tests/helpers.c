@@ -217,12 +217,13 @@ sim_machine *helper_sim_machine(int naxes, const char *const *names, const int *
 
 helper_sum helper_sum_records(sim_machine *m, int d, sim_op op, sim_phase ph, const char *prefix)
 {
-    size_t n;
-    const sim_record *r = sim_device_records(sim_machine_device(m, d), &n);
+    /* the records as read back: a dry run's repeated microbatches expanded */
+    sim_walk w;
+    sim_walk_device(&w, sim_machine_device(m, d));
     helper_sum s = {0, 0};
-    for (size_t i = 0; i < n; i++)
-        if (r[i].op == op && r[i].phase == ph && (!prefix || !strncmp(r[i].tag, prefix, strlen(prefix)))) {
-            s.bytes += r[i].bytes_sent;
+    for (const sim_record *r; (r = sim_walk_next_record(&w));)
+        if (r->op == op && r->phase == ph && (!prefix || !strncmp(r->tag, prefix, strlen(prefix)))) {
+            s.bytes += r->bytes_sent;
             s.calls++;
         }
     return s;

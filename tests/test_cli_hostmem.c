@@ -6,6 +6,9 @@
  *     bound of its need — one device holds the parameters, their gradients
  *     and both Adam moments: 16 bytes per parameter — with the figures and
  *     what to change; runs with room; a dry run is never refused;
+ *   - remat's forward values kept for the recomputation (remat_recompute) add exactly their
+ *     hand-counted bytes to the need; auto recomputes (and says so) where only they do not fit,
+ *     never is refused there;
  *   - parity refuses a configuration that cannot fit before running it;
  *   - a malformed override is an error naming it;
  *   - without the override the machine's figure is read (Linux). */
@@ -35,7 +38,7 @@ static const uint64_t SMALL_PARAMS = 256 * 32 + 2 * (4 * 32 * 4 * 8 + 3 * 32 * 6
 static void test_compare(void **state)
 {
     (void)state;
-    cli_host_need n = {2, 3000, 2000, 375, 100};
+    cli_host_need n = {2, 3000, 2000, 375, 100, 0};
     assert_int_equal(cli_host_need_total(&n), 3475);
     assert_int_equal(cli_host_memory_check(&n, 3475, "test"), SIM_OK);
     assert_int_equal(cli_host_memory_check(&n, 3474, "test"), SIM_ERR_INPUT);
@@ -79,6 +82,68 @@ static void test_train_refused(void **state)
     cli_capture_free(&r);
 }
 
+/* Runs SMALL with `avail` bytes of host memory and the word `extra`. */
+static cli_capture train_avail(uint64_t avail, const char *extra)
+{
+    char a[32];
+    snprintf(a, sizeof a, "%llu", (unsigned long long)avail);
+    return train_with(a, extra);
+}
+
+/* The fewest bytes of host memory SMALL trains in with the word `extra` (bisection on the exit code). */
+static uint64_t least_fitting(const char *extra)
+{
+    uint64_t lo = 0, hi = 1ull << 32; /* lo is refused, hi fits */
+    cli_capture r = train_avail(hi, extra);
+    if (r.rc) fail_msg("%s with 4 GiB: %s", extra, r.err);
+    cli_capture_free(&r);
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        r = train_avail(mid, extra);
+        if (r.rc != 0 && r.rc != 2) fail_msg("%s: exit %d: %s", extra, r.rc, r.err);
+        if (r.rc == 0) hi = mid;
+        else lo = mid;
+        cli_capture_free(&r);
+    }
+    return hi;
+}
+
+/* remat's values kept for the recomputation (remat_recompute) are in the need: SMALL's one device keeps,
+ * per layer, the products and attention of its forward in float32 (B=2 rows of T=16 tokens, width 32, 4
+ * heads, MLP 64; 16 tokens is dot-product attention, which keeps its probabilities):
+ *   q, k, v, attention out, out projection: 5 x B T 32; wi_0, wi_1: 2 x B T 64; wo: B T 32;
+ *   probabilities: B x 4 x T x T. */
+static void test_remat_values(void **state)
+{
+    (void)state;
+    const uint64_t B = 2, T = 16, per_layer = 6 * B * T * 32 + 2 * B * T * 64 + B * 4 * T * T;
+    const uint64_t values = 2 * per_layer * sizeof(float);
+    uint64_t always = least_fitting("remat_recompute=always"), never = least_fitting("remat_recompute=never");
+    assert_int_equal(never - always, values);
+    /* auto: with room for the values they are kept (nothing said), else the layers are recomputed and
+     * one line says so */
+    cli_capture r = train_avail(never, "remat_recompute=auto");
+    if (r.rc) fail_msg("auto with room: %s", r.err);
+    assert_null(strstr(r.err, "remat_recompute"));
+    cli_capture_free(&r);
+    r = train_avail(never - 1, "remat_recompute=auto");
+    if (r.rc) fail_msg("auto without room for the values: %s", r.err);
+    assert_non_null(strstr(r.err, "shardsim: remat_recompute=auto:"));
+    assert_non_null(strstr(r.err, "computed again"));
+    assert_non_null(strstr(r.out, "\n     1 "));
+    cli_capture_free(&r);
+    /* never: refused, the values named with the way out */
+    r = train_avail(never - 1, "remat_recompute=never");
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "remat_recompute=always computes them again"));
+    cli_capture_free(&r);
+    /* remat_policy=none recomputes nothing and keeps nothing on the host, even where nothing else fits */
+    r = train_avail(least_fitting("remat_policy=none"), "remat_policy=none");
+    assert_int_equal(r.rc, 0);
+    assert_null(strstr(r.err, "remat_recompute"));
+    cli_capture_free(&r);
+}
+
 /* parity checks each configuration before running it (with the gradient copies it keeps) */
 static void test_parity_refused(void **state)
 {
@@ -112,6 +177,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compare),
         cmocka_unit_test(test_train_refused),
+        cmocka_unit_test(test_remat_values),
         cmocka_unit_test(test_parity_refused),
         cmocka_unit_test(test_machine_figure),
     };

@@ -9,13 +9,17 @@
  *     Llama (no hook) and mtp_num_layers for DeepSeek; the layers before a pipeline are DeepSeek's
  *     dense layers (first_num_dense_layers=1) and none for Llama; the gate bias's per-step
  *     statistics are experts x MoE layers (8 x 2) with routed_bias_update_rate > 0, none without;
- *     only DeepSeek's MoE weights are pipelined. */
+ *     only DeepSeek's MoE weights are pipelined;
+ *   - the words that shorten a model for `shardsim plan`'s sampled dry runs come from the row:
+ *     base_num_decoder_layers alone for a family without the hook (Llama, Qwen3), DeepSeek's two
+ *     keys for DeepSeek, and whatever a new two-stack family's hook writes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "config/config.h"
@@ -101,12 +105,41 @@ static void test_deepseek_row(void **state)
     model_run_unload(d);
 }
 
+/* A two-stack family that is not DeepSeek: plan asks its row, not a key name it knows. */
+static int other_depth_words(int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap)
+{
+    if (cap < 3) return 0;
+    snprintf(words[0], MODEL_WORD_MAX, "base_num_decoder_layers=%lld", (long long)(first + rest));
+    snprintf(words[1], MODEL_WORD_MAX, "first_k_dense_replace=%lld", (long long)first);
+    snprintf(words[2], MODEL_WORD_MAX, "moe_layer_freq=1");
+    return 3;
+}
+
+static void test_depth_words(void **state)
+{
+    (void)state;
+    char w[4][MODEL_WORD_MAX];
+    const model_family *llama = row("llama2"), *ds = row("deepseek");
+    assert_non_null(llama);
+    assert_non_null(ds);
+    assert_int_equal(model_depth_words(llama, 0, 3, w, 4), 1);
+    assert_string_equal(w[0], "base_num_decoder_layers=3");
+    assert_int_equal(model_depth_words(ds, 1, 2, w, 4), 2);
+    assert_string_equal(w[0], "base_num_decoder_layers=3");
+    assert_string_equal(w[1], "first_num_dense_layers=1");
+    const model_family other = {.name = "other", .depth_words = other_depth_words};
+    assert_int_equal(model_depth_words(&other, 2, 1, w, 4), 3);
+    assert_string_equal(w[1], "first_k_dense_replace=2");
+    assert_string_equal(w[2], "moe_layer_freq=1");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_llama_row),
         cmocka_unit_test(test_deepseek_row),
+        cmocka_unit_test(test_depth_words),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

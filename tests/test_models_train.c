@@ -338,11 +338,11 @@ static void dry_run_ga(int ga, ga_figures *f)
     open_run(&r, extra, 4, 4, 1);
     model_run_train(&r, false);
     for (int d = 0; d < 4; d++) {
-        size_t n;
-        const sim_record *rec = sim_device_records(sim_machine_device(r.m, d), &n);
+        /* the records as read back: a dry run's repeated microbatches expanded (sim_walk) */
+        sim_walk w;
+        sim_walk_device(&w, sim_machine_device(r.m, d));
         memset(&f[d], 0, sizeof f[d]);
-        for (size_t i = 0; i < n; i++) f[d].bytes += rec[i].bytes_sent;
-        f[d].calls = n;
+        for (const sim_record *x; (x = sim_walk_next_record(&w));) f[d].bytes += x->bytes_sent, f[d].calls++;
         sim_arena_stats as;
         sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, d)), &as);
         f[d].peak = as.peak;

@@ -48,6 +48,11 @@
  * input gradient, windows wo's gather (its product is dropped from the
  * recomputation: only the input gradient reads it) and every kernel's
  * gradient reduce-scatter; bfloat16.  No profile, or fsdp=4: no ring.
+ * Over a strided group (fsdp=4 x tensor=2 on v6e, a dry run of a one-layer
+ * Llama of width 1024) XLA:TPU's cost model decides per product
+ * (windowed_einsum_ici_gbps, windowed_einsum_tflops): query/key/value
+ * gathered, out and the wide MLP windowed, the narrow MLP's wi gathered
+ * (test_windowed_einsums_strided gives the arithmetic).
  *
  * A shard_map's gradient psum: the sparse MoE's expert kernels enter the
  * shard_map replicated over fsdp, so their gradients are psums then slices,
@@ -81,6 +86,19 @@
  * kernel's gradient over stage (2 x 1/2 x its fsdp shard in float32) and
  * gathers no output over stage; with two microbatches per stage the output is
  * constrained as before (gathered over stage, no such all-reduce).
+ *
+ * Saved products' gradient copies: with a remat policy that saves a
+ * product's output for the backward, XLA:TPU's peak holds one float32 copy
+ * of the device's shard of that product's weight (saved_product_gradient_
+ * copies), charged as gradients from the forward layer that saves it to the
+ * end of the backward.  The tiny Llama on fsdp=2 x tensor=2 under v5p: the
+ * gradients' own peak is 4 bytes x (every parameter's elements on a device
+ * + the saved products' weights' elements): with remat_policy=minimal q, k,
+ * v, out (16 x 2 x 8 each) and wi_0, wi_1 (16 x 32 each), not wo (no
+ * backward reads its output), each split 4 ways, 2 layers: 2 x (4 x 256 +
+ * 2 x 512) / 4; with save_dot_except_mlp the four attention kernels alone;
+ * with full remat, without the profile or with h100, nothing more; nothing
+ * left after the step; the loss the same bits with and without the profile.
  *
  * A profile whose rule is missing or out of range is refused, naming the
  * key (the v5p profile with one key changed, in a scratch configs dir).
@@ -274,6 +292,45 @@ static void test_accumulation_copies(void **state)
     assert_int_equal(live, live3);
 }
 
+static void saved_grads_at(const char *profile, const char *remat, uint64_t *peak, uint64_t *n_params, uint64_t *live,
+                           double *loss)
+{
+    char hp[64], rp[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    snprintf(rp, sizeof rp, "remat_policy=%s", remat);
+    const char *words[] = {"dtype=bfloat16", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", rp, hp};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, 4, words, profile ? 5 : 4, NDEV, 1);
+    model_run_train(&r, false);
+    *n_params = 0;
+    for (int i = 0; i < r.def->nparams; i++) *n_params += model_run_shard_elems(r.def, i, NULL);
+    sim_arena_stats st;
+    sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
+    *peak = st.peak_by[SIM_MEM_GRADS];
+    *live = st.live_by[SIM_MEM_GRADS];
+    *loss = r.job.stats[0].loss;
+    model_run_close(&r);
+}
+
+static void test_saved_product_copies(void **state)
+{
+    (void)state;
+    const char *const cases[][2] = {
+        {"v5p", "minimal"}, {"v5p", "save_dot_except_mlp"}, {"v5p", "full"}, {NULL, "minimal"}, {"h100", "minimal"}};
+    /* by hand: per layer q, k, v, out of 16 x 2 x 8 = 256 elements and wi_0, wi_1 of 16 x 32 = 512, each
+     * split 4 ways (embed on fsdp, heads or mlp on tensor), 2 layers, float32 */
+    const uint64_t extra[] = {4 * 2 * (4 * 256 + 2 * 512) / 4, 4 * 2 * (4 * 256) / 4, 0, 0, 0};
+    uint64_t peak[5], n[5], live[5];
+    double loss[5];
+    for (int i = 0; i < 5; i++) saved_grads_at(cases[i][0], cases[i][1], &peak[i], &n[i], &live[i], &loss[i]);
+    for (int i = 0; i < 5; i++) {
+        assert_true(n[i] > 0 && n[i] == n[0]);
+        assert_int_equal(peak[i], 4 * n[i] + extra[i]);
+        assert_int_equal(live[i], live[3]); /* released with the backward: what stays is XLA:CPU's */
+    }
+    assert_true(loss[0] == loss[3] && loss[0] == loss[4]);
+}
+
 static void ns_gathers(const char *profile, const char *precision, int *n, uint64_t *bytes, int *bad_dtype,
                        sim_dtype want)
 {
@@ -353,6 +410,103 @@ static void test_windowed_einsums(void **state)
     assert_int_equal(ring4, 0);
     /* XLA:CPU gathers every kernel twice (forward; recomputation and input gradient) in float32 */
     assert_int_equal(ag_cpu, layers * 4 * 7 * (all + all) / 8);
+}
+
+/* Forward weight collectives of one layer of a dry run on v6e with fsdp=4 x tensor=2 (fsdp groups
+ * strided by tensor): bytes of the MLP's rings and gathers, attention's query/key/value gathers and
+ * its out projection's ring, on device 0. */
+typedef struct {
+    uint64_t mlp_ring, mlp_ag, qkv_ring, qkv_ag, out_ring, out_ag;
+    uint64_t out_grad_ring, out_grad_rs, query_grad_ring; /* the gradients' reductions over fsdp */
+} strided_fwd;
+
+static void strided_forward(const char *mlp, int rows, strided_fwd *f)
+{
+    char m[64];
+    snprintf(m, sizeof m, "base_mlp_dim=%s", mlp);
+    const char *words[] = {"dtype=bfloat16",
+                           "base_emb_dim=1024",
+                           "base_num_query_heads=8",
+                           "base_num_kv_heads=8",
+                           "head_dim=128",
+                           m,
+                           "base_num_decoder_layers=1",
+                           "max_target_length=2048",
+                           "vocab_size=1024",
+                           "ici_fsdp_parallelism=4",
+                           "ici_tensor_parallelism=2",
+                           "hardware_profile=v6e",
+                           "dry_run=true"};
+    model_run r;
+    model_run_open(&r, TINY, NTINY, rows, words, (int)(sizeof words / sizeof words[0]), 8, 1);
+    model_run_train(&r, false);
+    memset(f, 0, sizeof *f);
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        bool ring = x->op == SIM_OP_PPERMUTE;
+        if (x->weight && strstr(x->tag, "self_attention.out.kernel (grad)")) {
+            f->out_grad_ring += ring ? x->bytes_sent : 0;
+            f->out_grad_rs += x->op == SIM_OP_REDUCE_SCATTER ? x->bytes_sent : 0;
+        }
+        if (x->weight && ring && strstr(x->tag, "self_attention.query.kernel (grad)"))
+            f->query_grad_ring += x->bytes_sent;
+        if (!x->weight || x->phase != SIM_PHASE_FORWARD || !strstr(x->tag, "layers")) continue;
+        bool ag = x->op == SIM_OP_ALL_GATHER;
+        if (strstr(x->tag, "/mlp/")) f->mlp_ring += ring ? x->bytes_sent : 0, f->mlp_ag += ag ? x->bytes_sent : 0;
+        else if (strstr(x->tag, "/out")) f->out_ring += ring ? x->bytes_sent : 0, f->out_ag += ag ? x->bytes_sent : 0;
+        else f->qkv_ring += ring ? x->bytes_sent : 0, f->qkv_ag += ag ? x->bytes_sent : 0;
+    }
+    model_run_close(&r);
+}
+
+static void test_windowed_einsums_strided(void **state)
+{
+    (void)state;
+    /* 8 rows of 2048 tokens over fsdp=4: N = 4096 tokens a device; E = 1024, 8 heads of 128 (4 a
+     * device), bfloat16.  The cost model on v6e (186.7 GB/s a link, 918 TFLOP/s; the strided fsdp
+     * group {0,2,4,6} of the 2x4 slice uses M = 1 link) windows a product over k = 4 when its time
+     * C > 2c/4, c = the gathered weight's bytes / 186.7 GB/s (C < c here), and, where the product
+     * also gathers its activation over tensor (the weight's gathered dim is contracted), only when
+     * the weight's copy is the larger:
+     *  - query, key, value: x [2, 2048, 1024] (8 MiB) against a 1 MiB kernel: gathered;
+     *  - out: contracts heads (split by tensor: its output is reduced over tensor), E not
+     *    contracted; its 1 MiB kernel against the 8 MiB output, but C = 2 x 4096 x 512 x 1024 /
+     *    918e12 = 4.68 us < c = 5.62 us: windowed;
+     *  - the MLP with mlp=16384 (8192 a device): wi's 16 MiB kernel beats the 8 MiB activation,
+     *    C = 2 x 4096 x 1024 x 8192 / 918e12 = 74.9 us > 2c/4 = 44.9 us: windowed, and wo likewise
+     *    (16 MiB against its 8 MiB output); with mlp=4096 wi's 4 MiB kernel loses to the 8 MiB
+     *    activation (gathered), and wo's to its 8 MiB output, but C = 18.7 us < c = 22.5 us: wo
+     *    still windows, as `out` does.
+     * Over 4 devices XLA unrolls the ring's two steps and drops the last sends: a gather's (k-1)/k,
+     * a reduce-scatter's k/k.  The gradients: query's (its product reduces nothing over tensor)
+     * windows as C > 2c/4; out's product gathers the output's 8 MiB cotangent over tensor, more
+     * than out's 1 MiB gradient, and C = 4.68 us < c: windowed.  With 2 rows a device (N = 8192) C
+     * doubles to 9.36 us >= c = 5.62 us: out's forward gather (against its 16 MiB output) and its
+     * gradient's reduce-scatter (against the 16 MiB cotangent) stay plain, query's gradient still
+     * windows. */
+    const uint64_t q = 1024ull * 512 * 2, big = 1024ull * 8192 * 2, small = 1024ull * 2048 * 2;
+    strided_fwd f;
+    strided_forward("16384", 8, &f);
+    assert_int_equal(f.qkv_ag, 3 * q * 3 / 4);
+    assert_int_equal(f.qkv_ring, 0);
+    assert_int_equal(f.out_ring, q * 3 / 4);
+    assert_int_equal(f.out_ag, 0);
+    assert_int_equal(f.mlp_ring, 3 * big * 3 / 4);
+    assert_int_equal(f.mlp_ag, 0);
+    assert_int_equal(f.query_grad_ring, q);
+    assert_int_equal(f.out_grad_ring, q);
+    assert_int_equal(f.out_grad_rs, 0);
+    strided_forward("4096", 8, &f);
+    assert_int_equal(f.mlp_ag, 2 * small * 3 / 4); /* wi_0, wi_1 */
+    assert_int_equal(f.mlp_ring, small * 3 / 4);   /* wo */
+    strided_forward("16384", 16, &f);
+    assert_int_equal(f.out_ag, q * 3 / 4);
+    assert_int_equal(f.out_ring, 0);
+    assert_int_equal(f.out_grad_rs, q * 3 / 4);
+    assert_int_equal(f.out_grad_ring, 0);
+    assert_int_equal(f.query_grad_ring, q);
 }
 
 /* tests/data/tiny-deepseek.yml: 1 dense + 2 MoE layers, 8 experts top-2 */
@@ -590,6 +744,11 @@ static void test_bad_rules(void **state)
     assert_int_equal(load_changed("windowed_einsum_min_group:", "windowed_einsum_min_group: -3", msg, sizeof msg),
                      SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "windowed_einsum_min_group"));
+    assert_int_equal(load_changed("windowed_einsum_ici_gbps:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "windowed_einsum_ici_gbps"));
+    assert_int_equal(load_changed("windowed_einsum_tflops:", "windowed_einsum_tflops: fast", msg, sizeof msg),
+                     SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "windowed_einsum_tflops"));
     assert_int_equal(load_changed("hoisted_weight_copies:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "hoisted_weight_copies"));
     assert_non_null(strstr(msg, "(missing)"));
@@ -601,6 +760,8 @@ static void test_bad_rules(void **state)
         load_changed("accumulation_gradient_copies:", "accumulation_gradient_copies: 2.5", msg, sizeof msg),
         SIM_ERR_INPUT);
     assert_int_equal(load_changed("psum_scatter_max_group:", "psum_scatter_max_group: 4", msg, sizeof msg), SIM_OK);
+    assert_int_equal(load_changed("saved_product_gradient_copies:", NULL, msg, sizeof msg), SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "saved_product_gradient_copies"));
     assert_int_equal(load_changed("embedding_lookup:", "embedding_lookup: rows", msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "gather_table"));
     assert_int_equal(load_changed("weight_gather_cse:", "weight_gather_cse: far", msg, sizeof msg), SIM_ERR_INPUT);
@@ -617,19 +778,22 @@ typedef struct {
     uint64_t table_ag, table_rs;         /* bytes of the table's gathers and of its gradient's fsdp reductions */
     uint64_t ids_ag, rows_fwd, rows_bwd; /* bytes of the ids' gather and the rows' all-to-alls */
     int n_ids, n_fwd, n_bwd, bad_dtype;
+    sim_op rows_op; /* the rows' collective */
     model_run r;
 } lookup;
 
-static void run_lookup(const char *profile, int data, int fsdp, int tensor, lookup *f)
+static void run_lookup(const char *profile, int data, int fsdp, int tensor, int context, lookup *f)
 {
-    char hp[64], dp[64], fs[64], tp[64];
+    char hp[64], dp[64], fs[64], tp[64], cp[64];
     snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
     snprintf(dp, sizeof dp, "ici_data_parallelism=%d", data);
     snprintf(fs, sizeof fs, "ici_fsdp_parallelism=%d", fsdp);
     snprintf(tp, sizeof tp, "ici_tensor_parallelism=%d", tensor);
-    const char *words[] = {"dtype=bfloat16", "vocab_size=8", dp, fs, tp, hp};
+    snprintf(cp, sizeof cp, "ici_context_parallelism=%d", context);
+    const char *words[] = {"dtype=bfloat16", "vocab_size=8", dp, fs, tp, cp, hp};
     memset(f, 0, sizeof *f);
-    model_run_open(&f->r, TINY, NTINY, 4, words, profile ? 6 : 5, NDEV, 1);
+    f->rows_op = context > 1 ? SIM_OP_ALL_GATHER : SIM_OP_ALL_TO_ALL;
+    model_run_open(&f->r, TINY, NTINY, 4, words, profile ? 7 : 6, NDEV, 1);
     model_run_train(&f->r, true);
     int fsdp_axis = mesh_shape_axis_index(&f->r.def->mesh, "fsdp");
     size_t n;
@@ -644,13 +808,15 @@ static void run_lookup(const char *profile, int data, int fsdp, int tensor, look
             continue;
         }
         /* (a backward gather of the cotangent to the output's sharding, tensor's, is either path's) */
-        if (x->op == SIM_OP_ALL_GATHER && x->phase == SIM_PHASE_FORWARD && strstr(x->tag, "token_embedder")) {
+        /* the rows move by all-to-all, or by all-gather where context splits the tokens' length */
+        bool rows = x->op == f->rows_op;
+        if (x->op == SIM_OP_ALL_GATHER && x->dtype == SIM_I32 && strstr(x->tag, "token_embedder")) {
             f->n_ids++, f->ids_ag += x->bytes_sent;
-            f->bad_dtype += x->dtype != SIM_I32;
-        } else if (x->op == SIM_OP_ALL_TO_ALL && strstr(x->tag, "token_embedder")) {
+            f->bad_dtype += x->phase != SIM_PHASE_FORWARD;
+        } else if (rows && strstr(x->tag, "token_embedder")) {
             f->n_fwd++, f->rows_fwd += x->bytes_sent;
             f->bad_dtype += x->dtype != SIM_BF16;
-        } else if (x->op == SIM_OP_ALL_TO_ALL && strstr(x->tag, "embed/dtable")) {
+        } else if (rows && strstr(x->tag, "embed/dtable")) {
             f->n_bwd++, f->rows_bwd += x->bytes_sent;
             f->bad_dtype += x->dtype != SIM_BF16;
         }
@@ -660,15 +826,17 @@ static void run_lookup(const char *profile, int data, int fsdp, int tensor, look
 static void test_embedding_lookup(void **state)
 {
     (void)state;
-    /* data, fsdp, tensor: with data=2 the table's gradient is still summed over data (an all-reduce) */
-    const int mesh[3][3] = {{1, 4, 1}, {1, 2, 2}, {2, 2, 1}};
-    for (int m = 0; m < 3; m++) {
-        const int k = mesh[m][1];
+    /* data, fsdp, tensor, context: with data=2 the table's gradient is still summed over data (an
+     * all-reduce); with context=2 the table's embed dim is split over fsdp and context, the tokens'
+     * batch over fsdp and their length over context, and the rows are all-gathered */
+    const int mesh[4][4] = {{1, 4, 1, 1}, {1, 2, 2, 1}, {2, 2, 1, 1}, {1, 2, 1, 2}};
+    for (int m = 0; m < 4; m++) {
+        const int cp = mesh[m][3], k = mesh[m][1] * cp;
         lookup tpu, cpu;
-        run_lookup("v5p", mesh[m][0], mesh[m][1], mesh[m][2], &tpu);
-        run_lookup(NULL, mesh[m][0], mesh[m][1], mesh[m][2], &cpu);
-        /* 4 rows over data and fsdp, seq 16, emb 16 */
-        const uint64_t tokens = 4 / (mesh[m][0] * k) * 16, E = 16;
+        run_lookup("v5p", mesh[m][0], mesh[m][1], mesh[m][2], cp, &tpu);
+        run_lookup(NULL, mesh[m][0], mesh[m][1], mesh[m][2], cp, &cpu);
+        /* 4 rows over data and fsdp, seq 16 over context, emb 16: a device's tokens */
+        const uint64_t tokens = 4 / (mesh[m][0] * mesh[m][1]) * 16 / cp, E = 16;
         assert_int_equal(tpu.table_ag, 0);
         assert_int_equal(tpu.table_rs, 0);
         assert_int_equal(tpu.n_ids, 1);
@@ -676,8 +844,12 @@ static void test_embedding_lookup(void **state)
         assert_int_equal(tpu.n_bwd, 1);
         assert_int_equal(tpu.bad_dtype, 0);
         assert_int_equal(tpu.ids_ag, (k - 1) * tokens * 4);
-        assert_int_equal(tpu.rows_fwd, (k - 1) * tokens * (E / k) * 2);
-        assert_int_equal(tpu.rows_bwd, (k - 1) * tokens * (E / k) * 2);
+        /* all-to-all: the k devices' tokens on this embed shard, (k-1)/k of [k*tokens, E/k], sent
+         * both ways; all-gather: every device gets those of the k devices, (k-1)/k of k x that
+         * forward, and every device's cotangent rows [tokens, E] backward */
+        const uint64_t rows = cp > 1 ? (k - 1) * tokens * E * 2 : (k - 1) * tokens * (E / k) * 2;
+        assert_int_equal(tpu.rows_fwd, rows);
+        assert_int_equal(tpu.rows_bwd, rows);
         /* XLA:CPU gathers the table and reduces its gradient, and moves no ids or rows */
         assert_true(cpu.table_ag > 0 && cpu.table_rs > 0);
         assert_int_equal(cpu.n_ids + cpu.n_fwd + cpu.n_bwd, 0);
@@ -687,8 +859,8 @@ static void test_embedding_lookup(void **state)
         for (int i = 0; i < tpu.r.def->nparams; i++) {
             size_t bytes = (size_t)(g->layer_elems[i] * g->n_layers[i]) * sizeof(float);
             if (memcmp(g->g[i], gc->g[i], bytes))
-                fail_msg("data=%d fsdp=%d tensor=%d: the gradient of %s differs from the table gather's", mesh[m][0],
-                         mesh[m][1], mesh[m][2], tpu.r.def->defs[i].path);
+                fail_msg("data=%d fsdp=%d tensor=%d context=%d: the gradient of %s differs from the table gather's",
+                         mesh[m][0], mesh[m][1], mesh[m][2], cp, tpu.r.def->defs[i].path);
         }
         model_run_compare("all-to-all lookup against the table gather", &tpu.r, &cpu.r, 1);
         model_run_close(&tpu.r);
@@ -760,6 +932,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_copies),
         cmocka_unit_test(test_newton_schulz_gathers),
         cmocka_unit_test(test_windowed_einsums),
+        cmocka_unit_test(test_windowed_einsums_strided),
         cmocka_unit_test(test_psum_scatter),
         cmocka_unit_test(test_bad_rules),
         cmocka_unit_test(test_embedding_lookup),
@@ -767,6 +940,7 @@ int main(void)
         cmocka_unit_test(test_lane_scatter),
         cmocka_unit_test(test_pipeline_output),
         cmocka_unit_test(test_muon_update_buffers),
+        cmocka_unit_test(test_saved_product_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

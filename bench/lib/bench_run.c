@@ -41,13 +41,13 @@ static void collect(sim_machine *m, int steps, bench_result *res)
             res->peak = as.peak;
             memcpy(res->at_peak, as.at_peak_by, sizeof res->at_peak);
         }
-        size_t n;
-        const sim_record *r = sim_device_records(dev, &n);
-        for (size_t i = 0; i < n; i++) {
-            if (r[i].step != steps - 1) continue; /* the last step */
+        sim_walk w;
+        sim_walk_device(&w, dev);
+        for (const sim_record *r; (r = sim_walk_next_record(&w));) {
+            if (r->step != steps - 1) continue; /* the last step */
             char ax[64];
-            sim_axes_label(md, r[i].axes, ax, sizeof ax);
-            add_traffic(res, r[i].op, ax, (double)r[i].bytes_sent / nd);
+            sim_axes_label(md, r->axes, ax, sizeof ax);
+            add_traffic(res, r->op, ax, (double)r->bytes_sent / nd);
         }
     }
 }

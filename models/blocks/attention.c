@@ -83,6 +83,13 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
     SIM_TRY(model_shard_as(md, t, k, "attention/key", 4, KV4, &k));
     SIM_TRY(model_shard_as(md, t, v, "attention/value", 4, KV4, &v));
     md->ctx.dead_outputs = false;
+    /* the products whose (reshaped, roped) outputs a policy saves for the backward */
+    if (a->qkv >= 0) SIM_TRY(model_saved_product(md, MODEL_CKPT_QKV_PROJ, &md->p[a->qkv].w[l]));
+    else {
+        SIM_TRY(model_saved_product(md, MODEL_CKPT_QUERY_PROJ, &md->p[a->query].w[l]));
+        SIM_TRY(model_saved_product(md, MODEL_CKPT_KEY_PROJ, &md->p[a->key].w[l]));
+        SIM_TRY(model_saved_product(md, MODEL_CKPT_VALUE_PROJ, &md->p[a->value].w[l]));
+    }
     /* the tensors remat policies save (MaxText's checkpoint_name tags, attentions.py) */
     SIM_TRY(model_checkpoint_name(md, q, MODEL_CKPT_QUERY_PROJ));
     SIM_TRY(model_checkpoint_name(md, k, MODEL_CKPT_KEY_PROJ));

@@ -164,18 +164,64 @@ static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_ar
                           "tensor_sequence=1 with MLA in explicit mode, or shard_mode=auto");
 }
 
+/* The query from its last product: split, RoPE on the rope part, concatenated (attention_mla.py). */
+static sim_status query_tail(model_dev *md, mesh_tape *t, const model_batch *b, const model_mla_dims *mla, mesh_var *q,
+                             mesh_var **query)
+{
+    mesh_var *q_nope, *q_pe;
+    SIM_TRY(mesh_ad_split_last(t, q, mla->qk_nope, false, "query_split", &q_nope, &q_pe));
+    SIM_TRY(model_shard_as(md, t, q_nope, "attention_mla/q_nope", 4, KV4, &q_nope));
+    SIM_TRY(model_shard_as(md, t, q_pe, "attention_mla/q_pe", 4, KV4, &q_pe));
+    bk_rope_params rp = rope_params(&md->def->d, mla);
+    if (mla->yarn) SIM_TRY(yarn_check(md, q_pe));
+    else SIM_TRY(rope_mul_check(md, q_pe, &b->positions));
+    SIM_TRY(mesh_nn_rope(t, q_pe, &b->positions, &rp, "query_rope", &q_pe));
+    SIM_TRY(mesh_ad_concat_last(t, q_nope, q_pe, "query_concat", query));
+    return model_shard_as(md, t, *query, "attention_mla/query", 4, KV4, query);
+}
+
+/* Keys and values from the normalised latent: wkv_b's product split into the no-rope key and the value,
+ * one rope key head broadcast to every head (attention_mla.py). */
+static sim_status key_value(model_dev *md, mesh_tape *t, const model_batch *b, const model_mla_dims *mla,
+                            const model_mla_params *p, int l, mesh_var *kv_latent, mesh_var *k_rope, mesh_var **key,
+                            mesh_var **value)
+{
+    mesh_var *kv, *k_nope, *key_rope;
+    bk_rope_params rp = rope_params(&md->def->d, mla);
+    SIM_TRY(model_dense(md, t, "btk,khd->bthd", kv_latent, model_param_leaf(md, t, p->wkv_b, l), "wkv_b", 4, KV4, &kv));
+    SIM_TRY(mesh_ad_split_last(t, kv, mla->qk_nope, false, "kv_split_heads", &k_nope, value));
+    SIM_TRY(model_shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
+    SIM_TRY(mesh_nn_rope(t, k_rope, &b->positions, &rp, "key_rope", &k_rope));
+    mesh_spec kv4;
+    SIM_TRY(model_logical_spec(md->def, "attention_mla/key_rope", 4, KV4, &kv4));
+    SIM_TRY(mesh_ad_broadcast_heads(t, k_rope, md->def->d.q_heads, &kv4, "key_rope_broadcast", &key_rope));
+    SIM_TRY(model_shard_as(md, t, key_rope, "attention_mla/key_rope", 4, KV4, &key_rope));
+    SIM_TRY(mesh_ad_concat_last(t, k_nope, key_rope, "key_concat", key));
+    SIM_TRY(model_shard_as(md, t, *key, "attention_mla/key", 4, KV4, key));
+    return model_shard_as(md, t, *value, "attention_mla/value", 4, KV4, value);
+}
+
 sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const model_mla_dims *mla,
                      const model_mla_params *p, int l, mesh_var *x, mesh_var **y)
 {
     const model_dims *d = &md->def->d;
-    int64_t H = d->q_heads;
-    mesh_var *xq, *xkv, *q, *q_nope, *q_pe, *query, *low, *kv_latent, *k_rope, *kv, *k_nope, *value, *key_rope, *key,
-        *o;
+    mesh_var *xq, *xkv, *q, *query, *low, *kv_latent, *k_rope, *value, *key, *o;
     SIM_TRY(model_shard_as(md, t, x, "attention_mla/inputs_q", 3, MLA_IN, &xq));
     SIM_TRY(model_shard_as(md, t, x, "attention_mla/inputs_kv", 3, MLA_IN, &xkv));
-    /* queries */
+    /* Queries.  A policy that saves query_proj (minimal, save_dot_*) replaces the recomputed query with the saved
+     * copy: the last product (query or wq_b), its split and RoPE are read by nothing then, and XLA leaves
+     * them out of the recomputation (model_recomputed_dead), so the product's weight is gathered in the
+     * backward for the input gradient alone.  wq_a and q_norm still run: wq_b's weight gradient reads their
+     * output.  (MaxText 0.2.5 deepseek2-16b fsdp=8 remat_policy=minimal on v5p-16, tests/data/xla/tpu.json:
+     * its backward has no all-gather of wq's bf16[1,2048,16,192], whose input gradient is a
+     * collective-permute ring.) */
+    const bool q_dead = model_recomputed_dead(md, MODEL_CKPT_QUERY_PROJ);
+    sim_status st;
     if (mla->q_lora == 0) {
-        SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, p->query, l), "query", 4, KV4, &q));
+        md->ctx.dead_outputs = q_dead;
+        st = model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, p->query, l), "query", 4, KV4, &q);
+        md->ctx.dead_outputs = false;
+        SIM_TRY(st);
     } else {
         mesh_var *lq;
         SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_QUERY_WA_PROJ, "bte,eq->btq", xq,
@@ -184,17 +230,15 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
         SIM_TRY(unaligned_norm_check(md, lq, qn, "q_norm"));
         SIM_TRY(mesh_nn_rmsnorm(t, lq, qn, d->eps, "q_norm", &lq));
         SIM_TRY(model_checkpoint_name(md, lq, MODEL_CKPT_MLA_Q));
-        SIM_TRY(model_dense(md, t, "btq,qhd->bthd", lq, model_param_leaf(md, t, p->wq_b, l), "wq_b", 4, KV4, &q));
+        md->ctx.dead_outputs = q_dead;
+        st = model_dense(md, t, "btq,qhd->bthd", lq, model_param_leaf(md, t, p->wq_b, l), "wq_b", 4, KV4, &q);
+        md->ctx.dead_outputs = false;
+        SIM_TRY(st);
     }
-    SIM_TRY(mesh_ad_split_last(t, q, mla->qk_nope, false, "query_split", &q_nope, &q_pe));
-    SIM_TRY(model_shard_as(md, t, q_nope, "attention_mla/q_nope", 4, KV4, &q_nope));
-    SIM_TRY(model_shard_as(md, t, q_pe, "attention_mla/q_pe", 4, KV4, &q_pe));
-    bk_rope_params rp = rope_params(d, mla);
-    if (mla->yarn) SIM_TRY(yarn_check(md, q_pe));
-    else SIM_TRY(rope_mul_check(md, q_pe, &b->positions));
-    SIM_TRY(mesh_nn_rope(t, q_pe, &b->positions, &rp, "query_rope", &q_pe));
-    SIM_TRY(mesh_ad_concat_last(t, q_nope, q_pe, "query_concat", &query));
-    SIM_TRY(model_shard_as(md, t, query, "attention_mla/query", 4, KV4, &query));
+    md->ctx.dead_outputs = q_dead;
+    st = query_tail(md, t, b, mla, q, &query);
+    md->ctx.dead_outputs = false;
+    SIM_TRY(st);
     /* keys and values from the latent; one rope key head for all heads */
     SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_KV_WA_PROJ, "bte,ek->btk", xkv, model_param_leaf(md, t, p->wkv_a, l),
                               "wkv_a", 3, KV_LORA, &low));
@@ -203,17 +247,19 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
     SIM_TRY(unaligned_norm_check(md, kv_latent, kvn, "kv_norm"));
     SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, kvn, d->eps, "kv_norm", &kv_latent));
     SIM_TRY(model_checkpoint_name(md, kv_latent, MODEL_CKPT_MLA_KV));
-    SIM_TRY(model_dense(md, t, "btk,khd->bthd", kv_latent, model_param_leaf(md, t, p->wkv_b, l), "wkv_b", 4, KV4, &kv));
-    SIM_TRY(mesh_ad_split_last(t, kv, mla->qk_nope, false, "kv_split_heads", &k_nope, &value));
-    SIM_TRY(model_shard_as(md, t, k_nope, "attention_mla/key_nope", 4, KV4, &k_nope));
-    SIM_TRY(mesh_nn_rope(t, k_rope, &b->positions, &rp, "key_rope", &k_rope));
-    mesh_spec kv4;
-    SIM_TRY(model_logical_spec(md->def, "attention_mla/key_rope", 4, KV4, &kv4));
-    SIM_TRY(mesh_ad_broadcast_heads(t, k_rope, H, &kv4, "key_rope_broadcast", &key_rope));
-    SIM_TRY(model_shard_as(md, t, key_rope, "attention_mla/key_rope", 4, KV4, &key_rope));
-    SIM_TRY(mesh_ad_concat_last(t, k_nope, key_rope, "key_concat", &key));
-    SIM_TRY(model_shard_as(md, t, key, "attention_mla/key", 4, KV4, &key));
-    SIM_TRY(model_shard_as(md, t, value, "attention_mla/value", 4, KV4, &value));
+    /* With key_proj and value_proj saved, wkv_b's product, its split and the rope key are read by nothing in
+     * the recomputation, as the query above (the same compile has no all-gather of wkv_b's
+     * bf16[1,512,16,256] in the backward); wkv_a and kv_norm still run for wkv_b's weight gradient. */
+    md->ctx.dead_outputs =
+        model_recomputed_dead(md, MODEL_CKPT_KEY_PROJ) && model_recomputed_dead(md, MODEL_CKPT_VALUE_PROJ);
+    st = key_value(md, t, b, mla, p, l, kv_latent, k_rope, &key, &value);
+    md->ctx.dead_outputs = false;
+    SIM_TRY(st);
+    /* the products whose outputs (split, roped) a policy saves for the backward */
+    SIM_TRY(model_saved_product(md, MODEL_CKPT_QUERY_PROJ, &md->p[mla->q_lora == 0 ? p->query : p->wq_b].w[l]));
+    SIM_TRY(model_saved_product(
+        md, d->ckpt[MODEL_CKPT_KEY_PROJ] == MODEL_CKPT_DEVICE ? MODEL_CKPT_KEY_PROJ : MODEL_CKPT_VALUE_PROJ,
+        &md->p[p->wkv_b].w[l]));
     /* the tensors remat policies save (MaxText's checkpoint_name tags, attention_mla.py) */
     SIM_TRY(model_checkpoint_name(md, query, MODEL_CKPT_QUERY_PROJ));
     SIM_TRY(model_checkpoint_name(md, key, MODEL_CKPT_KEY_PROJ));

@@ -19,6 +19,7 @@ sim_status model_mlp(model_dev *md, mesh_tape *t, const model_mlp_block *b, mesh
         mesh_var *wi;
         SIM_TRY(model_dense(md, t, "bte,eaf->btaf", x, model_param_leaf(md, t, b->wi, l), "wi", 4, fused, &wi));
         SIM_TRY(model_shard_as(md, t, wi, "linears/fused_x", 4, fused_x, &wi));
+        SIM_TRY(model_saved_product(md, MODEL_CKPT_MLPWI, &md->p[b->wi].w[l]));
         SIM_TRY(model_checkpoint_name(md, wi, MODEL_CKPT_MLPWI));
         SIM_TRY(mesh_nn_unstack2(t, wi, 2, "wi_split", &g, &u));
     } else {

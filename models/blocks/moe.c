@@ -1368,6 +1368,64 @@ static void dense_pack(const moe_geom *g, float *packed, float *full, int64_t wi
     }
 }
 
+/* The names of one direction's buffers and collectives (forward dispatch, backward return). */
+typedef struct {
+    const char *seq_sum;  /* the sum over the sequence axes */
+    const char *packed;   /* the rows packed by expert group */
+    const char *received; /* the rows the all-to-all brought */
+    const char *exchange; /* the all-to-all */
+} dense_leg;
+
+/* The dense path's way to the experts, the same for the dispatch (forward, width M) and the
+ * returned cotangent (backward, width Mo): the full (X, Bl, C, width) rows summed over the
+ * sequence axes (each shard holds its own positions' part), packed by expert group when the
+ * experts are replicated or split (ep_rep, G > 1), and exchanged over ep_tok when G > 1.  *rows
+ * is the (G, XL, Bl, C, width) result: full itself, *packed or *received (the caller frees both). */
+static sim_status dense_to_experts(const moe_geom *g, float *full, int64_t width, const dense_leg *n, moe_buf *packed,
+                                   moe_buf *received, const float **rows)
+{
+    sim_device *d = g->dev;
+    int64_t rowsX = g->X * g->Bl * g->C, rowsG = g->G * g->XL * g->Bl * g->C;
+    char tag[SIM_TAG_MAX];
+    sim_status st = SIM_OK;
+    *rows = full;
+    if (g->seq.n)
+        st = sim_all_reduce(d, full, full, (size_t)(rowsX * width), SIM_F32, g->seq,
+                            sim_meta_tag(gtag(g, n->seq_sum, tag, sizeof tag)));
+    if (st == SIM_OK && (g->ep_rep.n || g->G > 1)) {
+        st = buf_alloc(d, packed, (size_t)(rowsG * width) * 4, SIM_MEM_TEMP, n->packed);
+        dense_pack(g, packed->p, full, width, true);
+        *rows = packed->p;
+    }
+    if (st == SIM_OK && g->G > 1) {
+        st = buf_alloc(d, received, (size_t)(rowsG * width) * 4, SIM_MEM_TEMP, n->received);
+        if (st == SIM_OK)
+            st = sim_all_to_all(d, packed->p, received->p, (size_t)(rowsG * width), SIM_F32, g->ep_tok,
+                                sim_meta_tag(gtag(g, n->exchange, tag, sizeof tag)));
+        *rows = received->p;
+    }
+    return st;
+}
+
+/* The way back from the experts (forward return, backward dispatch): the (G, XL, Bl, C, width)
+ * rows exchanged over ep_tok into *received when G > 1; *back is the result (rows or *received). */
+static sim_status dense_from_experts(const moe_geom *g, const float *rows, int64_t width, const char *name,
+                                     const char *exchange, moe_buf *received, const float **back)
+{
+    int64_t rowsG = g->G * g->XL * g->Bl * g->C;
+    char tag[SIM_TAG_MAX];
+    sim_status st = SIM_OK;
+    *back = rows;
+    if (g->G > 1) {
+        st = buf_alloc(g->dev, received, (size_t)(rowsG * width) * 4, SIM_MEM_TEMP, name);
+        if (st == SIM_OK)
+            st = sim_all_to_all(g->dev, rows, received->p, (size_t)(rowsG * width), SIM_F32, g->ep_tok,
+                                sim_meta_tag(gtag(g, exchange, tag, sizeof tag)));
+        *back = received->p;
+    }
+    return st;
+}
+
 static sim_status dense_fwd(moe_payload *pl, const moe_ops *op, float *out)
 {
     moe_geom *g = &pl->g;
@@ -1392,23 +1450,9 @@ static sim_status dense_fwd(moe_payload *pl, const moe_ops *op, float *out)
             if (r >= 0) memcpy((float *)full.p + r * M, op->x + (a / k) * M, (size_t)M * 4);
         }
     }
-    sim_status st = SIM_OK;
-    if (g->seq.n)
-        st = sim_all_reduce(d, full.p, full.p, (size_t)(rowsX * M), SIM_F32, g->seq,
-                            sim_meta_tag(gtag(g, "dispatch_sequence_sum", tag, sizeof tag)));
-    const float *rows = full.p;
-    if (st == SIM_OK && (g->ep_rep.n || g->G > 1)) {
-        st = buf_alloc(d, &packed, (size_t)(rowsG * M) * 4, SIM_MEM_TEMP, "moe/dispatch_packed");
-        dense_pack(g, packed.p, full.p, M, true);
-        rows = packed.p;
-    }
-    if (st == SIM_OK && g->G > 1) {
-        st = buf_alloc(d, &recv, (size_t)(rowsG * M) * 4, SIM_MEM_TEMP, "moe/dispatched");
-        if (st == SIM_OK)
-            st = sim_all_to_all(d, packed.p, recv.p, (size_t)(rowsG * M), SIM_F32, g->ep_tok,
-                                sim_meta_tag(gtag(g, "dispatch", tag, sizeof tag)));
-        rows = recv.p;
-    }
+    static const dense_leg dispatch = {"dispatch_sequence_sum", "moe/dispatch_packed", "moe/dispatched", "dispatch"};
+    const float *rows;
+    sim_status st = dense_to_experts(g, full.p, M, &dispatch, &packed, &recv, &rows);
     if (st == SIM_OK) st = buf_alloc(d, &yq, (size_t)(rowsG * Mo) * 4, SIM_MEM_TEMP, "moe/expert_out");
     if (st == SIM_OK) st = ffn_fwd(pl, op, rows, yq.p);
     buf_free(g->arena, &recv);
@@ -1417,13 +1461,7 @@ static sim_status dense_fwd(moe_payload *pl, const moe_ops *op, float *out)
     /* return and unpack into the full (X, Bl, C, Mo) buffer */
     if (st == SIM_OK) st = buf_alloc(d, &pl->yb, (size_t)(rowsX * Mo) * 4, SIM_MEM_ACTIVATIONS, "moe/returned");
     const float *back = yq.p;
-    if (st == SIM_OK && g->G > 1) {
-        st = buf_alloc(d, &yb, (size_t)(rowsG * Mo) * 4, SIM_MEM_TEMP, "moe/returned_packed");
-        if (st == SIM_OK)
-            st = sim_all_to_all(d, yq.p, yb.p, (size_t)(rowsG * Mo), SIM_F32, g->ep_tok,
-                                sim_meta_tag(gtag(g, "return", tag, sizeof tag)));
-        back = yb.p;
-    }
+    if (st == SIM_OK) st = dense_from_experts(g, yq.p, Mo, "moe/returned_packed", "return", &yb, &back);
     if (st == SIM_OK && g->live) {
         if (g->ep_rep.n || g->G > 1) {
             memset(pl->yb.p, 0, (size_t)(rowsX * Mo) * 4);
@@ -1484,37 +1522,16 @@ static sim_status dense_bwd(moe_payload *pl, const moe_ops *op, const float *dou
                 dw[t * k + j] = (float)dot;
             }
     }
-    sim_status st = SIM_OK;
-    /* every sequence shard holds the cotangent of its own positions: sum them */
-    if (g->seq.n)
-        st = sim_all_reduce(d, dyf.p, dyf.p, (size_t)(rowsX * Mo), SIM_F32, g->seq,
-                            sim_meta_tag(gtag(g, "return_sequence_sum_bwd", tag, sizeof tag)));
-    const float *rows = dyf.p;
-    if (st == SIM_OK && pack) {
-        st = buf_alloc(d, &dyb, (size_t)(rowsG * Mo) * 4, SIM_MEM_TEMP, "moe/d_returned_packed");
-        dense_pack(g, dyb.p, dyf.p, Mo, true);
-        rows = dyb.p;
-    }
-    if (st == SIM_OK && g->G > 1) {
-        st = buf_alloc(d, &dyq, (size_t)(rowsG * Mo) * 4, SIM_MEM_TEMP, "moe/d_expert_out");
-        if (st == SIM_OK)
-            st = sim_all_to_all(d, dyb.p, dyq.p, (size_t)(rowsG * Mo), SIM_F32, g->ep_tok,
-                                sim_meta_tag(gtag(g, "return_bwd", tag, sizeof tag)));
-        rows = dyq.p;
-    }
+    static const dense_leg ret = {"return_sequence_sum_bwd", "moe/d_returned_packed", "moe/d_expert_out", "return_bwd"};
+    const float *rows;
+    sim_status st = dense_to_experts(g, dyf.p, Mo, &ret, &dyb, &dyq, &rows);
     if (st == SIM_OK) st = buf_alloc(d, &drq, (size_t)(rowsG * M) * 4, SIM_MEM_TEMP, "moe/d_dispatched");
     if (st == SIM_OK) st = ffn_bwd(pl, op, rows, drq.p, dw0, dw1, dwo);
     buf_free(g->arena, &dyq);
     buf_free(g->arena, &dyb);
     buf_free(g->arena, &dyf);
     const float *back = drq.p;
-    if (st == SIM_OK && g->G > 1) {
-        st = buf_alloc(d, &dd, (size_t)(rowsG * M) * 4, SIM_MEM_TEMP, "moe/d_dispatch_packed");
-        if (st == SIM_OK)
-            st = sim_all_to_all(d, drq.p, dd.p, (size_t)(rowsG * M), SIM_F32, g->ep_tok,
-                                sim_meta_tag(gtag(g, "dispatch_bwd", tag, sizeof tag)));
-        back = dd.p;
-    }
+    if (st == SIM_OK) st = dense_from_experts(g, drq.p, M, "moe/d_dispatch_packed", "dispatch_bwd", &dd, &back);
     if (st == SIM_OK && pack) {
         st = buf_alloc(d, &ddf, (size_t)(rowsX * M) * 4, SIM_MEM_TEMP, "moe/d_dispatch");
         if (st == SIM_OK && g->live) {
@@ -2118,6 +2135,19 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
     if (keep) {
         mc.saved = (model_moe_saved **)model_checkpoint_region(md, model_moe_saved_free);
         mc.keep = mc.saved ? keep : 0;
+        /* every kept product is read by the region's backward (wo's by the combine weights' gradient) */
+        const struct {
+            unsigned flag;
+            model_ckpt_name name, alt;
+            int w;
+        } kept[3] = {{MODEL_MOE_KEEP_WI0, MODEL_CKPT_MLPWI_0, MODEL_CKPT_MOE_MLPWI_0, ml->wi0},
+                     {MODEL_MOE_KEEP_WI1, MODEL_CKPT_MOE_MLPWI_1, MODEL_CKPT_MLPWI_1, ml->wi1},
+                     {MODEL_MOE_KEEP_WO, MODEL_CKPT_MLPWO, MODEL_CKPT_MOE_MLPWO, ml->wo}};
+        for (int k = 0; k < 3; k++) {
+            if (!(mc.keep & kept[k].flag)) continue;
+            model_ckpt_name n = d->ckpt[kept[k].name] == MODEL_CKPT_DEVICE ? kept[k].name : kept[k].alt;
+            SIM_TRY(model_saved_product(md, n, &md->p[kept[k].w].w[l]));
+        }
     }
     SIM_TRY(model_moe_experts(t, xin, weights, indices, w0, w1, wo, &mc, "moe", &out));
     *y = out;

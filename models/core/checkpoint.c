@@ -331,11 +331,14 @@ static sim_status ck_create(const char *dir, const char *tmp, const sbuf *h, uin
     if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot create it (%s)", tmp, strerror(errno));
     unsigned char len[8];
     for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)h->n >> (8 * i));
-    sim_status st = io_all(fd, len, 8, 0, true, tmp);
-    if (st == SIM_OK) st = io_all(fd, h->s, h->n, 8, true, tmp);
-    if (st == SIM_OK && ftruncate(fd, (off_t)(8 + h->n + data_bytes)) != 0)
-        st = sim_err(SIM_ERR_IO, "checkpoint %s: cannot size it to %llu bytes (%s)", tmp,
-                     (unsigned long long)(8 + h->n + data_bytes), strerror(errno));
+    sim_status st;
+    SIM_TRY_GOTO(io_all(fd, len, 8, 0, true, tmp), st, fail);
+    SIM_TRY_GOTO(io_all(fd, h->s, h->n, 8, true, tmp), st, fail);
+    if (ftruncate(fd, (off_t)(8 + h->n + data_bytes)) != 0)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "checkpoint %s: cannot size it to %llu bytes (%s)", tmp,
+                             (unsigned long long)(8 + h->n + data_bytes), strerror(errno)),
+                     st, fail);
+fail:
     if (close(fd) != 0 && st == SIM_OK)
         st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
     return st;
@@ -370,42 +373,45 @@ static sim_status ck_finish(const char *dir, const char *tmp, const char *path, 
 {
     uint64_t *sums = calloc((size_t)nt + 1, sizeof *sums);
     char *buf = malloc(CK_CHUNK);
-    if (!sums || !buf) {
-        free(sums);
-        free(buf);
-        return sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory");
-    }
-    int fd = open(tmp, O_RDWR | O_CLOEXEC);
-    sim_status st = fd < 0 ? sim_err(SIM_ERR_IO, "checkpoint %s: cannot reopen it (%s)", tmp, strerror(errno)) : SIM_OK;
-    for (int i = 0; st == SIM_OK && i < nt; i++) {
+    sbuf hd = {0};
+    uint64_t data_bytes;
+    sim_status st;
+    int fd = -1;
+    if (!sums || !buf) SIM_TRY_GOTO(sim_err(SIM_ERR_INTERNAL, "checkpoint: out of host memory"), st, fail);
+    fd = open(tmp, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "checkpoint %s: cannot reopen it (%s)", tmp, strerror(errno)), st, fail);
+    for (int i = 0; i < nt; i++) {
         uint64_t h = FNV_START, left = (uint64_t)t[i].nel * 4, off = 8 + hlen + t[i].begin;
-        while (st == SIM_OK && left) {
+        while (left) {
             size_t k = left < CK_CHUNK ? (size_t)left : CK_CHUNK;
-            st = io_all(fd, buf, k, off, false, tmp);
+            SIM_TRY_GOTO(io_all(fd, buf, k, off, false, tmp), st, fail);
             h = fnv1a(h, buf, k);
             off += k;
             left -= k;
         }
         sums[i] = h;
     }
-    sbuf hd = {0};
-    uint64_t data_bytes;
-    if (st == SIM_OK) st = ck_header(t, nt, step, sums, &hd, &data_bytes);
-    if (st == SIM_OK && hd.n != hlen)
-        st = sim_err(SIM_ERR_INTERNAL, "checkpoint %s: the header changed length with its checksums", tmp);
-    if (st == SIM_OK) st = io_all(fd, hd.s, hd.n, 8, true, tmp);
-    if (st == SIM_OK && fsync(fd) != 0)
-        st = sim_err(SIM_ERR_IO, "checkpoint %s: fsync failed (%s)", tmp, strerror(errno));
+    SIM_TRY_GOTO(ck_header(t, nt, step, sums, &hd, &data_bytes), st, fail);
+    if (hd.n != hlen)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INTERNAL, "checkpoint %s: the header changed length with its checksums", tmp), st,
+                     fail);
+    SIM_TRY_GOTO(io_all(fd, hd.s, hd.n, 8, true, tmp), st, fail);
+    if (fsync(fd) != 0)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "checkpoint %s: fsync failed (%s)", tmp, strerror(errno)), st, fail);
+    int cl = close(fd);
+    fd = -1;
+    if (cl != 0) SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno)), st, fail);
+    if (rename(tmp, path) != 0)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "checkpoint: cannot rename %s to %s (%s)", tmp, path, strerror(errno)), st,
+                     fail);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) != 0)
+        st = sim_err(SIM_ERR_IO, "checkpoint_dir=%s: fsync of the directory failed (%s)", dir, strerror(errno));
+    if (dfd >= 0) close(dfd);
+fail:
     if (fd >= 0 && close(fd) != 0 && st == SIM_OK)
         st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
-    if (st == SIM_OK && rename(tmp, path) != 0)
-        st = sim_err(SIM_ERR_IO, "checkpoint: cannot rename %s to %s (%s)", tmp, path, strerror(errno));
-    if (st == SIM_OK) {
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0 || fsync(dfd) != 0)
-            st = sim_err(SIM_ERR_IO, "checkpoint_dir=%s: fsync of the directory failed (%s)", dir, strerror(errno));
-        if (dfd >= 0) close(dfd);
-    }
     free(hd.s);
     free(sums);
     free(buf);
@@ -424,40 +430,38 @@ sim_status model_checkpoint_save(sim_device *d, const mesh_shape *m, const char 
     ck_tensor *t;
     int nt;
     SIM_TRY(ck_tensors(params, n, with_opt, &t, &nt));
-    sbuf h;
+    sbuf h = {0};
     uint64_t data_bytes = 0;
-    sim_status st = ck_header(t, nt, step, NULL, &h, &data_bytes);
-    if (st != SIM_OK) {
-        free(t);
-        return st;
-    }
     bool lead = sim_device_id(d) == 0, created = false;
+    sim_status st;
+    SIM_TRY_GOTO(ck_header(t, nt, step, NULL, &h, &data_bytes), st, fail);
     if (lead) {
         if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-            st = sim_err(SIM_ERR_IO, "checkpoint_dir=%s: cannot create it (%s)", dir, strerror(errno));
-        if (st == SIM_OK) ck_remove_stale(dir);
-        if (st == SIM_OK) st = ck_create(dir, tmp, &h, data_bytes);
-        created = st == SIM_OK;
+            SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "checkpoint_dir=%s: cannot create it (%s)", dir, strerror(errno)), st,
+                         fail);
+        ck_remove_stale(dir);
+        SIM_TRY_GOTO(ck_create(dir, tmp, &h, data_bytes), st, fail);
+        created = true;
     }
-    if (st == SIM_OK) st = sim_device_barrier(d);
-    if (st == SIM_OK) {
-        int fd = open(tmp, O_WRONLY | O_CLOEXEC);
-        if (fd < 0)
-            st = sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it for writing (%s)%s", tmp, strerror(errno),
-                         sim_machine_ranks(sim_device_machine(d)) > 1
-                             ? "; under mpirun device 0's rank made it: checkpoint_dir must be on a file system every "
-                               "rank shares"
-                             : "");
-        for (int i = 0; i < nt && st == SIM_OK; i++)
-            st = ck_tensor_io(d, m, &t[i], fd, 8 + h.n + t[i].begin, true, tmp);
-        if (fd >= 0 && close(fd) != 0 && st == SIM_OK)
-            st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
-    }
-    if (st == SIM_OK) st = sim_device_barrier(d);
-    if (st == SIM_OK && lead) st = ck_finish(dir, tmp, path, t, nt, step, h.n);
-    if (st == SIM_OK) created = false;
-    if (st == SIM_OK) st = sim_device_barrier(d); /* nobody returns before the file is in place */
-    if (created) unlink(tmp);                     /* this save failed somewhere: leave nothing half-written */
+    SIM_TRY_GOTO(sim_device_barrier(d), st, fail);
+    int fd = open(tmp, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it for writing (%s)%s", tmp, strerror(errno),
+                             sim_machine_ranks(sim_device_machine(d)) > 1
+                                 ? "; under mpirun device 0's rank made it: checkpoint_dir must be on a file system "
+                                   "every rank shares"
+                                 : ""),
+                     st, fail);
+    for (int i = 0; i < nt && st == SIM_OK; i++) st = ck_tensor_io(d, m, &t[i], fd, 8 + h.n + t[i].begin, true, tmp);
+    if (close(fd) != 0 && st == SIM_OK)
+        st = sim_err(SIM_ERR_IO, "checkpoint %s: close failed (%s)", tmp, strerror(errno));
+    SIM_TRY_GOTO(st, st, fail);
+    SIM_TRY_GOTO(sim_device_barrier(d), st, fail);
+    if (lead) SIM_TRY_GOTO(ck_finish(dir, tmp, path, t, nt, step, h.n), st, fail);
+    created = false;
+    SIM_TRY_GOTO(sim_device_barrier(d), st, fail); /* nobody returns before the file is in place */
+fail:
+    if (created) unlink(tmp); /* this save failed somewhere: leave nothing half-written */
     free(h.s);
     free(t);
     return st;
@@ -745,6 +749,20 @@ static sim_status ck_load_checked(sim_device *d, const mesh_shape *m, const char
     return st;
 }
 
+/* Opens a checkpoint for reading; a .tmp file (a save that did not finish) is refused. */
+static sim_status ck_open(const char *path, int *fd)
+{
+    size_t plen = strlen(path);
+    if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
+        return sim_err(SIM_ERR_INPUT,
+                       "checkpoint %s is the temporary file of a save that did not finish; it is never "
+                       "loaded: give the step_<n>.safetensors file",
+                       path);
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
+    return SIM_OK;
+}
+
 sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char *path, model_param *params, int n,
                                  bool opt_state, long long *step)
 {
@@ -755,14 +773,8 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
                 if (!params[i].slot[k] || !params[i].slot_name[k])
                     return sim_err(SIM_ERR_INTERNAL, "checkpoint load: '%s' has no storage for optimizer slot %d",
                                    params[i].def.path, k);
-    size_t plen = strlen(path);
-    if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
-        return sim_err(SIM_ERR_INPUT,
-                       "checkpoint %s is the temporary file of a save that did not finish; it is never "
-                       "loaded: give the step_<n>.safetensors file",
-                       path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
+    int fd;
+    SIM_TRY(ck_open(path, &fd));
     sim_status st = ck_load_checked(d, m, path, fd, params, n, opt_state, step);
     close(fd);
     return st;
@@ -772,14 +784,8 @@ sim_status model_checkpoint_load(sim_device *d, const mesh_shape *m, const char 
 
 sim_status model_checkpoint_step(const char *path, long long *step)
 {
-    size_t plen = strlen(path);
-    if (plen >= 4 && !strcmp(path + plen - 4, ".tmp"))
-        return sim_err(SIM_ERR_INPUT,
-                       "checkpoint %s is the temporary file of a save that did not finish; it is never "
-                       "loaded: give the step_<n>.safetensors file",
-                       path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sim_err(SIM_ERR_IO, "checkpoint %s: cannot open it (%s)", path, strerror(errno));
+    int fd;
+    SIM_TRY(ck_open(path, &fd));
     cfg_json *root = NULL;
     uint64_t hlen, data_bytes;
     sim_status st = ck_read_header(fd, path, &root, &hlen, &data_bytes);

@@ -34,6 +34,14 @@ sim_status model_cfg_bool(const cfg_config *cfg, const char *key, bool *out)
     return SIM_OK;
 }
 
+int model_depth_words(const model_family *f, int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap)
+{
+    if (f->depth_words) return f->depth_words(first, rest, words, cap);
+    if (cap < 1) return 0;
+    snprintf(words[0], MODEL_WORD_MAX, "base_num_decoder_layers=%lld", (long long)(first + rest));
+    return 1;
+}
+
 sim_status model_cfg_unsupported(const cfg_config *cfg, const char *key, const char *why)
 {
     const cfg_entry *en = cfg_find(cfg, key);
@@ -109,14 +117,16 @@ static sim_status zero1_and_ga_from_config(const cfg_config *cfg, model_def *m)
                        "gradient_accumulation_steps=%lld: it must be a positive number of microbatches per step "
                        "(1 = no accumulation)",
                        (long long)d->ga);
-    /* A dry run simulates every microbatch of its one step, so its cost grows with the count;
-     * from the second microbatch on each one adds the same collectives and leaves the same peak,
-     * but the figures are not yet accounted without simulating them, so the count is bounded. */
+    /* A dry run simulates the first two microbatches of its one step and accounts the others as
+     * repeats of the second (models/core/train.c), but the step-time model still times every one in
+     * turn (its clocks are doubles: the same bits as a full run take the same additions) and
+     * collectives.csv lists every call, so the count stays bounded. */
     if (d->dry_run && d->ga > MODEL_DRY_RUN_MAX_GA)
         return sim_err(SIM_ERR_INPUT,
-                       "gradient_accumulation_steps=%lld with dry_run=true: a dry run simulates every microbatch "
-                       "(its time grows with the count) and is limited to %d; the traffic grows linearly with the "
-                       "count and the peak memory is that of 2 microbatches, so dry-run %d or fewer and scale",
+                       "gradient_accumulation_steps=%lld with dry_run=true: a dry run is limited to %d microbatches "
+                       "(its step-time estimate and collectives.csv go through each one); the traffic grows "
+                       "linearly with the count and the peak memory is that of 2 microbatches, so dry-run %d or "
+                       "fewer and scale",
                        (long long)d->ga, MODEL_DRY_RUN_MAX_GA, MODEL_DRY_RUN_MAX_GA);
     SIM_TRY(model_cfg_bool(cfg, "shard_optimizer_over_data", &d->zero1));
     if (!d->zero1) return SIM_OK;
@@ -278,6 +288,11 @@ static sim_status remat_policy_from_config(const cfg_config *cfg, model_dims *d)
     snprintf(d->remat_policy, sizeof d->remat_policy, "%s", p);
     memset(d->ckpt, 0, sizeof d->ckpt);
     d->remat_full = strcmp(p, "none") != 0;
+    static const char *const modes[] = {"auto", "always", "never"};
+    int rc;
+    SIM_TRY(cfg_get_enum(cfg, "remat_recompute", modes, 3, &rc));
+    d->remat_recompute = (model_remat_recompute)rc;
+    d->remat_replay = d->remat_full && d->remat_recompute != MODEL_RECOMPUTE_ALWAYS;
     if (!d->remat_full) return SIM_OK;
     if (!strcmp(p, "custom")) {
         /* the per-tensor keys (base.yml: remat | device | offload) */
@@ -518,6 +533,9 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
     if (cfg_find(cfg, "remove_size_one_mesh_axis_from_type"))
         SIM_TRY(model_cfg_bool(cfg, "remove_size_one_mesh_axis_from_type", &d->drop_size_one));
     SIM_TRY(model_cfg_bool(cfg, "dry_run", &d->dry_run));
+    /* a dry run computes nothing, so keeps nothing for the recomputation (the host-memory check's dry
+     * step of a real run keeps remat_replay, and counts the bytes the run would keep) */
+    if (d->dry_run) d->remat_replay = false;
     static const char *const loss_modes[] = {"reshard", "assert"};
     int lm;
     SIM_TRY(cfg_get_enum(cfg, "loss_constraint", loss_modes, 2, &lm));
@@ -532,6 +550,14 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
 
     SIM_TRY(cfg_release_of(cfg, &m->release));
     SIM_TRY(mesh_shape_from_config(cfg, &m->mesh));
+    { /* the slice's physical shape, for the windowed-einsum model's link count (cfg_xla_rules.torus) */
+        cfg_hw hw;
+        bool found;
+        int per_slice = m->mesh.num_devices / (m->mesh.num_slices > 0 ? m->mesh.num_slices : 1);
+        SIM_TRY(cfg_hw_from_config(cfg, per_slice, &hw, &found));
+        m->d.xla.torus_n = found ? hw.xla.torus_n : 0;
+        for (int i = 0; i < m->d.xla.torus_n; i++) m->d.xla.torus[i] = hw.xla.torus[i];
+    }
     SIM_TRY(zero1_and_ga_from_config(cfg, m));
     SIM_TRY(mesh_rules_from_config(cfg, &m->rules));
     pipeline_mesh_and_rules(m);
@@ -1102,6 +1128,19 @@ static void store_free(sim_device *dev, model_remat_store *s)
     free(s);
 }
 
+/* A new zeroed entry at the end of the store (growing it by doubling, from 16). */
+static remat_saved *store_push(model_remat_store *s)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 16;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
+        SIM_ASSERT(s->v);
+    }
+    remat_saved *r = &s->v[s->n++];
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
 sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name name)
 {
     model_remat_store *s = md->remat;
@@ -1124,13 +1163,7 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
         }
         return SIM_OK;
     }
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 16;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
-        SIM_ASSERT(s->v);
-    }
-    remat_saved *r = &s->v[s->n++];
-    memset(r, 0, sizeof *r);
+    remat_saved *r = store_push(s);
     r->name = name;
     if (act == MODEL_CKPT_OFFLOAD) {
         r->offloaded = true;
@@ -1163,6 +1196,24 @@ bool model_recomputed_dead(const model_dev *md, model_ckpt_name name)
     return md->recomputing && md->remat && md->def->d.ckpt[name] != MODEL_CKPT_REMAT;
 }
 
+sim_status model_saved_product(model_dev *md, model_ckpt_name name, const mesh_array *w)
+{
+    const model_dims *d = &md->def->d;
+    if (!md->remat || md->recomputing || d->xla.saved_grad_copies <= 0 || d->ckpt[name] != MODEL_CKPT_DEVICE)
+        return SIM_OK;
+    size_t bytes = w->nlocal * sim_dtype_size(d->weight_dtype) * (size_t)d->xla.saved_grad_copies;
+    if (!bytes) return SIM_OK;
+    SIM_TRY(sim_arena_charge(sim_device_arena(md->ctx.dev), bytes, SIM_MEM_GRADS, "saved-product gradient copies"));
+    md->saved_copy_bytes += bytes;
+    return SIM_OK;
+}
+
+void model_saved_products_release(model_dev *md)
+{
+    if (md->saved_copy_bytes) sim_arena_discharge(sim_device_arena(md->ctx.dev), md->saved_copy_bytes, SIM_MEM_GRADS);
+    md->saved_copy_bytes = 0;
+}
+
 sim_status model_dense(model_dev *md, mesh_tape *t, const char *sub, mesh_var *x, mesh_var *w, const char *name,
                        int rank, const char *const *out_names, mesh_var **y)
 {
@@ -1179,6 +1230,7 @@ sim_status model_dense_saved(model_dev *md, mesh_tape *t, model_ckpt_name name, 
     sim_status st = model_dense(md, t, sub, x, w, op, rank, out_names, y);
     md->ctx.dead_outputs = false;
     SIM_TRY(st);
+    SIM_TRY(model_saved_product(md, name, &w->val));
     return model_checkpoint_name(md, *y, name);
 }
 
@@ -1190,13 +1242,7 @@ void **model_checkpoint_region(model_dev *md, void (*blob_free)(void *))
         SIM_ASSERT(s->next < s->n && s->v[s->next].region);
         return &s->v[s->next++].blob;
     }
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 16;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
-        SIM_ASSERT(s->v);
-    }
-    remat_saved *r = &s->v[s->n++];
-    memset(r, 0, sizeof *r);
+    remat_saved *r = store_push(s);
     r->region = true;
     r->blob_free = blob_free;
     return &r->blob;
@@ -1208,14 +1254,35 @@ typedef struct {
     int layer;
     model_layer_fn fn;
     model_remat_store *store; /* what the forward saved (NULL: nothing) */
+    mesh_replay *replay;      /* the forward's kernel values for the recomputation (NULL: computed again) */
 } remat_payload;
 
 static void remat_payload_free(void *p)
 {
     remat_payload *rp = p;
     store_free(rp->md->ctx.dev, rp->store);
+    mesh_replay_free(rp->replay);
     free(rp);
 }
+
+mesh_replay *model_replay_begin(model_dev *md, bool backward_follows)
+{
+    if (!md->def->d.remat_replay || !backward_follows) return NULL;
+    SIM_ASSERT(!md->ctx.replay); /* remat layers do not nest */
+    mesh_replay *r = mesh_replay_new(md->ctx.dev);
+    mesh_replay_start(r, MESH_REPLAY_SAVE);
+    md->ctx.replay = r;
+    return r;
+}
+
+void model_replay_use(model_dev *md, mesh_replay *r)
+{
+    SIM_ASSERT(!md->ctx.replay);
+    if (r) mesh_replay_start(r, MESH_REPLAY_USE);
+    md->ctx.replay = r;
+}
+
+void model_replay_end(model_dev *md) { md->ctx.replay = NULL; }
 
 static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
 {
@@ -1226,7 +1293,11 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     if (rp->store) rp->store->recompute = true, rp->store->next = 0;
     rp->md->remat = rp->store;
     rp->md->recomputing = true;
+    model_replay_use(rp->md, rp->replay);
     sim_status st = rp->fn(rp->md, inner, rp->b, rp->layer, xin, &yin, &auxin);
+    model_replay_end(rp->md);
+    mesh_replay_free(rp->replay); /* every value went back into the recomputation */
+    rp->replay = NULL;
     rp->md->recomputing = false;
     rp->md->remat = NULL;
     /* the outputs' cotangents move into the recomputed layer; one backward pass covers both */
@@ -1263,7 +1334,9 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
             if (md->def->d.ckpt[n] != MODEL_CKPT_REMAT) store = calloc(1, sizeof *store);
     }
     md->remat = store;
+    mesh_replay *replay = model_replay_begin(md, mesh_tape_recording(t));
     sim_status st = fn(md, scratch, b, layer, xin, &yin, &auxin);
+    model_replay_end(md);
     md->remat = NULL;
     if (aux) *aux = NULL;
     if (st == SIM_OK) {
@@ -1275,7 +1348,7 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         }
     }
     mesh_tape_free(scratch);
-    if (st != SIM_OK) store_free(md->ctx.dev, store);
+    if (st != SIM_OK) store_free(md->ctx.dev, store), mesh_replay_free(replay);
     SIM_TRY(st);
     if (md->on_layer) md->on_layer(md->on_layer_arg, layer, false);
     mesh_var *outs[2] = {*y, aux ? *aux : NULL};
@@ -1288,8 +1361,9 @@ sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, 
         p->layer = layer;
         p->fn = fn;
         p->store = store;
+        p->replay = replay;
         e->payload = p;
         e->free_payload = remat_payload_free;
-    } else store_free(md->ctx.dev, store);
+    } else store_free(md->ctx.dev, store), mesh_replay_free(replay);
     return SIM_OK;
 }

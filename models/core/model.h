@@ -12,6 +12,7 @@
 
 #include "config/config.h"
 #include "mesh/nn.h"
+#include "mesh/replay.h"
 #include "mesh/ctx.h"
 #include "mesh/rules.h"
 #include "mesh/tape.h"
@@ -21,8 +22,8 @@
 #include "models/core/timemodel.h"
 
 enum { MODEL_MAX_PARAMS = 96, MODEL_MAX_ACTS = 96 };
-/* Microbatches a dry run simulates at most (gradient_accumulation_steps with dry_run=true): its
- * cost is that of every microbatch.  And the most tokens one step may hold (rows x microbatches x
+/* Microbatches a dry run accounts at most (gradient_accumulation_steps with dry_run=true): it
+ * simulates two, but its step-time estimate and collectives.csv go through every one.  And the most tokens one step may hold (rows x microbatches x
  * sequence: the step's host token arrays; 2^40 x 12 bytes is beyond any host). */
 #define MODEL_DRY_RUN_MAX_GA 1024
 #define MODEL_MAX_STEP_TOKENS (1LL << 40)
@@ -62,9 +63,16 @@ typedef enum { MODEL_CKPT_REMAT = 0, MODEL_CKPT_DEVICE, MODEL_CKPT_OFFLOAD } mod
 /* MaxText's name of a tag ("query_proj"). */
 const char *model_ckpt_name_str(model_ckpt_name n);
 
+/* remat_recompute (shardsim's own key): a rematerialised layer's recomputation in the backward
+ * pass runs its ops (allocations, collectives, records, costs) as ever; its kernels' values come
+ * from the forward pass kept in host memory (never), are computed again (always), or the first
+ * where the host can hold them (auto).  Losses, gradients and every figure are the same bits. */
+typedef enum { MODEL_RECOMPUTE_AUTO = 0, MODEL_RECOMPUTE_ALWAYS, MODEL_RECOMPUTE_NEVER } model_remat_recompute;
+
 /* A model family: one row per MaxText decoder_block (model_family below; the rows are in
  * models/families/families.c). */
 struct model_family;
+enum { MODEL_WORD_MAX = 64 }; /* a "key=value" config word a family writes (model_family.depth_words) */
 
 typedef struct {
     char model_name[64];
@@ -77,6 +85,10 @@ typedef struct {
     bool rope_use_scale;        /* rope_use_scale: its frequency scaling (with rope_llama31 only) */
     bool remat_full;            /* each decoder layer is rematerialised (every remat_policy but none) */
     char remat_policy[48];      /* remat_policy as given */
+    model_remat_recompute remat_recompute; /* remat_recompute: how the backward gets a layer's forward values */
+    bool remat_replay;          /* this run's recomputations take the forward's values from host memory
+                                   (mesh/replay.h) instead of computing them: remat_full and remat_recompute
+                                   is not always (the host-memory check may turn it off, cli/hostmem.c) */
     uint8_t ckpt[MODEL_CKPT_N]; /* model_ckpt_action per tag: what the policy saves, offloads or recomputes */
     mesh_mode mode;             /* shard_mode */
     bool drop_size_one;         /* remove_size_one_mesh_axis_from_type */
@@ -187,6 +199,9 @@ typedef struct {
     /* a remat layer running again in backward: values only its backward reads matter (XLA drops
      * the rest of the recomputation, e.g. the ring of experts' final reduce-scatter) */
     bool recomputing;
+    /* bytes charged this pass by model_saved_product (cfg_xla_rules.saved_grad_copies), released with the
+     * pass's backward */
+    size_t saved_copy_bytes;
     /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
     double mtp_loss;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, an optimizer with state): the
@@ -243,6 +258,13 @@ typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_ba
  * and records one entry whose VJP runs fn again on a recording tape (its
  * all-gathers included) and back-propagates through it.  `tag` names the
  * entry (e.g. "decoder/layers_3/remat"). */
+/* Remat's values (mesh/replay.h) around a layer run on md's context: begin makes the store the
+ * forward fills when d.remat_replay and a backward pass follows (else NULL, nothing kept); use
+ * hands it (or NULL: compute again) to the recomputation; end detaches either. */
+mesh_replay *model_replay_begin(model_dev *md, bool backward_follows);
+void model_replay_use(model_dev *md, mesh_replay *r);
+void model_replay_end(model_dev *md);
+
 sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                              model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux);
 
@@ -292,6 +314,16 @@ sim_status model_checkpoint_name(model_dev *md, mesh_var *x, model_ckpt_name nam
  * (the saved copy replaces it), and XLA leaves it out of the recomputation; the product then runs
  * with mesh_ctx.dead_outputs (no gathers counted, no cost), its VJP unchanged. */
 bool model_recomputed_dead(const model_dev *md, model_ckpt_name name);
+/* A layer product whose output gets checkpoint `name`, with weight w (the device's shard of one layer's
+ * slice): in a remat layer's first pass whose policy saves that output on the device for the backward, a
+ * compiler with cfg_xla_rules.saved_grad_copies holds that many weight_dtype copies of w until the pass's
+ * backward ends (configs/hardware/v5p.yml: saved_product_gradient_copies; SIM_MEM_GRADS, counted only).
+ * Called by model_dense_saved and by the blocks whose saved tensor is a product's reshaped output
+ * (attention's query/key/value, MLA's, the experts'); not for a product whose output no backward reads
+ * (the MLP's wo: XLA keeps no such residual). */
+sim_status model_saved_product(model_dev *md, model_ckpt_name name, const mesh_array *w);
+/* Releases what model_saved_product charged (after a pass's backward). */
+void model_saved_products_release(model_dev *md);
 /* A layer's product with its MaxText out_sharding (explicit mode; model_out_sharding of `name`):
  * mesh_ad_einsum(sub, x, w).  model_dense_saved: the same, then checkpoint `name` on its output, the
  * product left out of a recomputation whose policy saved that output (model_recomputed_dead). */
@@ -350,7 +382,15 @@ typedef struct model_family {
      * maxtext_release's grad_logical_names), into names[0..cap); returns how many, 0 for the
      * parameter's own (NULL hook: always its own). */
     int (*grad_names)(const model_def *m, int i, const char **names, int cap);
+    /* The config words (with override_model_config=true) that shorten the model to `first` layers
+     * before the scanned stack (layers_before_pipeline) and `rest` in it, for `shardsim plan`'s
+     * sampled dry runs: written into words[0..cap), returning how many (NULL hook: the one word
+     * base_num_decoder_layers=<first + rest>; model_depth_words). */
+    int (*depth_words)(int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap);
 } model_family;
+
+/* The words of family f's depth_words hook, or its default. */
+int model_depth_words(const model_family *f, int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap);
 
 /* The family table, one row per simulated decoder_block (models/families/families.c). */
 extern const model_family *const model_families[];

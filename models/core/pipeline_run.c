@@ -50,9 +50,10 @@ typedef struct {
     mesh_spec inner;         /* a slot as its stage sees it: the shift spec without the stage dim */
     mesh_spec s_io, s_shift; /* state_io [S, M/S, mb, seq, emb] and shift [S, mb, seq, emb] */
     int64_t io_shape[5], shift_shape[4];
-    mesh_array *saved; /* [iters * L] layer inputs (iteration_input, decoder_layer_input) */
-    model_batch *mbs;  /* [M] each microbatch's positions, replicated (MaxText gathers them) */
-    mesh_array pos;    /* all positions, replicated */
+    mesh_array *saved;    /* [iters * L] layer inputs (iteration_input, decoder_layer_input) */
+    mesh_replay **replay; /* [iters * L] each layer run's values for its recomputation (NULL: none kept) */
+    model_batch *mbs;     /* [M] each microbatch's positions, replicated (MaxText gathers them) */
+    mesh_array pos;       /* all positions, replicated */
     int nag;
     pipe_ag *ag;
     pipe_ag *rep; /* pipeline_fsdp_ag_per_repeat: [R * nparams] repeat r's gathered layer */
@@ -121,7 +122,9 @@ static sim_status stage_forward(pipe_run *pr, int64_t i, mesh_array *out)
         int64_t micro, layer = layer_of(pr, i, l, &micro);
         mesh_tape *scratch = mesh_tape_new(&md->ctx, false);
         mesh_var *xin = mesh_tape_input(scratch, &pr->saved[i * L + l], false), *yin = NULL, *aux = NULL;
+        if (pr->replay) pr->replay[i * L + l] = model_replay_begin(md, true);
         sim_status st = pr->fn(md, scratch, &pr->mbs[micro], (int)layer, xin, &yin, &aux);
+        model_replay_end(md);
         mesh_array y;
         memset(&y, 0, sizeof y);
         if (st == SIM_OK && aux)
@@ -151,7 +154,11 @@ static sim_status stage_backward(pipe_run *pr, int64_t i, mesh_array *g_out, mes
         int64_t micro, layer = layer_of(pr, i, l, &micro);
         mesh_tape *inner = mesh_tape_new(&md->ctx, true);
         mesh_var *xin = mesh_tape_input(inner, &pr->saved[i * L + l], true), *yin = NULL, *aux = NULL;
+        mesh_replay **rp = pr->replay ? &pr->replay[i * L + l] : NULL;
+        model_replay_use(md, rp ? *rp : NULL);
         sim_status st = pr->fn(md, inner, &pr->mbs[micro], (int)layer, xin, &yin, &aux);
+        model_replay_end(md);
+        if (rp) mesh_replay_free(*rp), *rp = NULL; /* every value went back into the recomputation */
         if (st == SIM_OK) st = mesh_tape_backward_from(inner, yin, &g);
         else mesh_array_free(dev_of(pr), &g);
         memset(&g, 0, sizeof g);
@@ -423,6 +430,10 @@ static void run_free(void *arg)
         for (int64_t k = 0; k < ns; k++) mesh_array_free(d, &pr->saved[k]);
         free(pr->saved);
     }
+    if (pr->replay) {
+        for (int64_t k = 0; k < pr->iters * pr->p->layers_per_stage; k++) mesh_replay_free(pr->replay[k]);
+        free(pr->replay);
+    }
     if (pr->mbs) {
         for (int64_t m = 0; m < pr->p->microbatches; m++) mesh_array_free(d, &pr->mbs[m].positions);
         free(pr->mbs);
@@ -523,6 +534,20 @@ static void count_time(pipe_run *pr, int64_t i, uint64_t t0)
     if (model_pipe_is_bubble(pr->p, i, pr->stage)) m->pipe_bubble_ns += dt;
 }
 
+/* Opens the trace span of iteration i on stage s: "<what> i: bubble", or the microbatch and repeat
+ * the stage works on. */
+static int iteration_span(sim_device *d, const model_pipe *p, int64_t i, int64_t s, const char *what)
+{
+    char name[160];
+    int64_t micro, rep;
+    model_pipe_ids(p, i, s, &micro, &rep);
+    if (model_pipe_is_bubble(p, i, s)) snprintf(name, sizeof name, "%s %lld: bubble", what, (long long)i);
+    else
+        snprintf(name, sizeof name, "%s %lld: microbatch %lld repeat %lld", what, (long long)i, (long long)micro,
+                 (long long)rep);
+    return sim_span_begin(d, name);
+}
+
 static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
 {
     pipe_run *pr = e->payload;
@@ -559,14 +584,7 @@ static sim_status loop_vjp(mesh_tape *t, mesh_entry *e)
         /* ag_per_repeat: the remat of repeat r gathers its bsw[0] (repeat r-1's layer) again */
         if (pr->rep && i < RM && (i + 1) % M == 0 && i / M >= 1) st = rep_gather(pr, i / M - 1, true);
         if (st != SIM_OK) break;
-        char name[160];
-        int64_t micro, rep;
-        model_pipe_ids(p, i, s, &micro, &rep);
-        if (model_pipe_is_bubble(p, i, s)) snprintf(name, sizeof name, "pipeline backward %lld: bubble", (long long)i);
-        else
-            snprintf(name, sizeof name, "pipeline backward %lld: microbatch %lld repeat %lld", (long long)i,
-                     (long long)micro, (long long)rep);
-        int span = sim_span_begin(d, name);
+        int span = iteration_span(d, p, i, s, "pipeline backward");
         mesh_array g_out, g_in;
         st = slot_new(pr, "pipeline/output (grad)", SIM_MEM_TEMP, &g_out);
         /* shift: the transpose of the right shift/rotation is a left one */
@@ -658,14 +676,7 @@ static sim_status loop_forward(pipe_run *pr, const mesh_array *io_in, mesh_array
     }
     sim_status st = SIM_OK;
     for (int64_t i = 0; i < pr->iters && st == SIM_OK; i++) {
-        char name[160];
-        int64_t micro, rep;
-        model_pipe_ids(p, i, s, &micro, &rep);
-        if (model_pipe_is_bubble(p, i, s)) snprintf(name, sizeof name, "pipeline iteration %lld: bubble", (long long)i);
-        else
-            snprintf(name, sizeof name, "pipeline iteration %lld: microbatch %lld repeat %lld", (long long)i,
-                     (long long)micro, (long long)rep);
-        int span = sim_span_begin(d, name);
+        int span = iteration_span(d, p, i, s, "pipeline iteration");
         /* ag_per_repeat: the repeat's prefetch (bsw[1]) at its first iteration */
         if (pr->rep && i % M == 0 && i / M < p->repeats) st = rep_gather(pr, i / M, false);
         if (st != SIM_OK) {
@@ -785,80 +796,87 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
     pr->slot_shape[1] = T;
     pr->slot_shape[2] = E;
     mesh_spec s_in4, s_out;
-    sim_status st = model_logical_spec(m, "pipeline/state_io", 5, STATE_IO, &pr->s_io);
-    if (st == SIM_OK) st = model_logical_spec(m, "pipeline/shift", 4, STAGES_IN, &pr->s_shift);
-    if (st == SIM_OK) st = model_logical_spec(m, "pipeline/inputs", 4, INPUT4, &s_in4);
-    if (st == SIM_OK) st = model_logical_spec(m, "pipeline/output", 3, OUTPUT3, &s_out);
-    if (st == SIM_OK && (pr->s_shift.n_axes[0] != 1 || pr->s_shift.axes[0][0] != p->stage_axis ||
-                         pr->s_io.n_axes[0] != 1 || pr->s_io.axes[0][0] != p->stage_axis))
-        st = sim_err(SIM_ERR_INPUT,
-                     "logical_axis_rules: activation_stage must map to 'stage' alone for pipeline parallelism "
-                     "(ici_pipeline_parallelism=%lld); add the rule [activation_stage, stage]",
-                     (long long)S);
-    if (st == SIM_OK) {
-        mesh_spec_init(&pr->inner, 3);
-        for (int dd = 0; dd < 3; dd++) {
-            pr->inner.n_axes[dd] = pr->s_shift.n_axes[dd + 1];
-            memcpy(pr->inner.axes[dd], pr->s_shift.axes[dd + 1], sizeof pr->inner.axes[dd]);
-        }
-        st = mesh_spec_check_shape(&pr->inner, &m->mesh, 3, pr->slot_shape, "pipeline microbatch (activation_batch)");
-    }
-    if (st == SIM_OK) {
-        mesh_dim_shard sh[3];
-        mesh_spec_shard(&pr->inner, &m->mesh, pr->slot_shape, sim_device_id(md->ctx.dev), sh);
-        pr->n = sh[0].local * sh[1].local * sh[2].local;
-        pr->saved = calloc((size_t)(pr->iters * p->layers_per_stage), sizeof *pr->saved);
-        SIM_ASSERT(pr->saved);
-    }
-    if (st == SIM_OK) { /* the buffers as MaxText's activation dump logs them */
-        mesh_array probe;
-        memset(&probe, 0, sizeof probe);
-        probe.rank = 2;
-        probe.shape[0] = m->d.batch;
-        probe.shape[1] = T;
-        mesh_spec rep;
-        mesh_spec_init(&rep, 2);
-        model_note_activation(md, "pipeline/inputs", &probe, 2, NULL, &rep);
-        probe.rank = 4;
-        memcpy(probe.shape, shift_shape, sizeof shift_shape);
-        model_note_activation(md, "pipeline/shift", &probe, 4, STAGES_IN, &pr->s_shift);
-        probe.rank = 5;
-        memcpy(probe.shape, io_shape, sizeof io_shape);
-        model_note_activation(md, "pipeline/state_io", &probe, 5, STATE_IO, &pr->s_io);
-        probe.rank = 4;
-        memcpy(probe.shape, shift_shape, sizeof shift_shape);
-        model_note_activation(md, "pipeline/first_stage_in", &probe, 4, STAGES_IN, &pr->s_shift);
-        model_note_activation(md, "pipeline/stages_in", &probe, 4, STAGES_IN, &pr->s_shift);
-    }
     const char *saved_layer = md->ctx.layer;
-    md->ctx.layer = "decoder/pipeline";
     mesh_var *in4v = NULL, *io = NULL, *outv = NULL;
-    if (st == SIM_OK) st = reshape(md, t, x, 4, in4, &s_in4, true, "inputs", &in4v);
-    if (st == SIM_OK) st = reshape(md, t, in4v, 5, io_shape, &pr->s_io, true, "state_io", &io);
-    if (st == SIM_OK) st = explicit_positions_gather(pr);
-    if (st == SIM_OK) st = microbatch_positions(pr, b);
+    mesh_array o;
+    memset(&o, 0, sizeof o);
+    bool swapped = false; /* the gathered weights stand in for the stored ones (ag_swap) */
+    sim_status st;
+    SIM_TRY_GOTO(model_logical_spec(m, "pipeline/state_io", 5, STATE_IO, &pr->s_io), st, fail);
+    SIM_TRY_GOTO(model_logical_spec(m, "pipeline/shift", 4, STAGES_IN, &pr->s_shift), st, fail);
+    SIM_TRY_GOTO(model_logical_spec(m, "pipeline/inputs", 4, INPUT4, &s_in4), st, fail);
+    SIM_TRY_GOTO(model_logical_spec(m, "pipeline/output", 3, OUTPUT3, &s_out), st, fail);
+    if (pr->s_shift.n_axes[0] != 1 || pr->s_shift.axes[0][0] != p->stage_axis || pr->s_io.n_axes[0] != 1 ||
+        pr->s_io.axes[0][0] != p->stage_axis)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "logical_axis_rules: activation_stage must map to 'stage' alone for pipeline parallelism "
+                             "(ici_pipeline_parallelism=%lld); add the rule [activation_stage, stage]",
+                             (long long)S),
+                     st, fail);
+    mesh_spec_init(&pr->inner, 3);
+    for (int dd = 0; dd < 3; dd++) {
+        pr->inner.n_axes[dd] = pr->s_shift.n_axes[dd + 1];
+        memcpy(pr->inner.axes[dd], pr->s_shift.axes[dd + 1], sizeof pr->inner.axes[dd]);
+    }
+    SIM_TRY_GOTO(
+        mesh_spec_check_shape(&pr->inner, &m->mesh, 3, pr->slot_shape, "pipeline microbatch (activation_batch)"), st,
+        fail);
+    mesh_dim_shard sh[3];
+    mesh_spec_shard(&pr->inner, &m->mesh, pr->slot_shape, sim_device_id(md->ctx.dev), sh);
+    pr->n = sh[0].local * sh[1].local * sh[2].local;
+    pr->saved = calloc((size_t)(pr->iters * p->layers_per_stage), sizeof *pr->saved);
+    SIM_ASSERT(pr->saved);
+    /* the buffers as MaxText's activation dump logs them */
+    mesh_array probe;
+    memset(&probe, 0, sizeof probe);
+    probe.rank = 2;
+    probe.shape[0] = m->d.batch;
+    probe.shape[1] = T;
+    mesh_spec rep;
+    mesh_spec_init(&rep, 2);
+    model_note_activation(md, "pipeline/inputs", &probe, 2, NULL, &rep);
+    probe.rank = 4;
+    memcpy(probe.shape, shift_shape, sizeof shift_shape);
+    model_note_activation(md, "pipeline/shift", &probe, 4, STAGES_IN, &pr->s_shift);
+    probe.rank = 5;
+    memcpy(probe.shape, io_shape, sizeof io_shape);
+    model_note_activation(md, "pipeline/state_io", &probe, 5, STATE_IO, &pr->s_io);
+    probe.rank = 4;
+    memcpy(probe.shape, shift_shape, sizeof shift_shape);
+    model_note_activation(md, "pipeline/first_stage_in", &probe, 4, STAGES_IN, &pr->s_shift);
+    model_note_activation(md, "pipeline/stages_in", &probe, 4, STAGES_IN, &pr->s_shift);
+    md->ctx.layer = "decoder/pipeline";
+    SIM_TRY_GOTO(reshape(md, t, x, 4, in4, &s_in4, true, "inputs", &in4v), st, fail);
+    SIM_TRY_GOTO(reshape(md, t, in4v, 5, io_shape, &pr->s_io, true, "state_io", &io), st, fail);
+    SIM_TRY_GOTO(explicit_positions_gather(pr), st, fail);
+    SIM_TRY_GOTO(microbatch_positions(pr, b), st, fail);
     bool recording = mesh_tape_recording(t);
-    if (st == SIM_OK && p->ag_once) st = ag_gather(pr, recording);
-    if (st == SIM_OK && p->ag_once) ag_swap(pr, true);
-    if (st == SIM_OK && p->ag_per_repeat) {
+    if (recording && m->d.remat_replay) {
+        pr->replay = calloc((size_t)(pr->iters * p->layers_per_stage), sizeof *pr->replay);
+        SIM_ASSERT(pr->replay);
+    }
+    if (p->ag_once) {
+        SIM_TRY_GOTO(ag_gather(pr, recording), st, fail);
+        ag_swap(pr, true);
+        swapped = true;
+    }
+    if (p->ag_per_repeat) {
         pr->rep = calloc((size_t)(p->repeats * m->nparams), sizeof *pr->rep);
         SIM_ASSERT(pr->rep);
     }
-    mesh_array o;
-    memset(&o, 0, sizeof o);
-    if (st == SIM_OK) st = loop_forward(pr, &io->val, &o);
-    if (pr->ag) ag_swap(pr, false);
-    if (st == SIM_OK) {
-        outv = mesh_tape_var(t);
-        outv->val = o;
-        mesh_entry *e = mesh_tape_record(t, loop_vjp, "decoder/pipeline", 1, &io, 1, &outv);
-        if (e) {
-            e->payload = pr;
-            e->free_payload = run_free;
-            pr = NULL;
-        }
+    SIM_TRY_GOTO(loop_forward(pr, &io->val, &o), st, fail);
+    if (swapped) ag_swap(pr, false);
+    swapped = false;
+    outv = mesh_tape_var(t);
+    outv->val = o;
+    mesh_entry *e = mesh_tape_record(t, loop_vjp, "decoder/pipeline", 1, &io, 1, &outv);
+    if (e) {
+        e->payload = pr;
+        e->free_payload = run_free;
+    } else {
+        run_free(pr); /* a tape that records nothing: freed before the output is reshaped, as it is read */
     }
-    if (pr) run_free(pr);
+    pr = NULL;
     /* MaxText 0.2.5's pipeline output (NNXPipeline.__call__): jnp.reshape of the [S, M/S, mb, T, E] state_io
      * to [B, T, E] with out_sharding=output_sharding, which is None in auto mode: the batch keeps the
      * stage axis the state_io's leading dim had, so the decoder norm, the logits and the loss run on each
@@ -868,7 +886,12 @@ sim_status model_pipeline_run(model_dev *md, mesh_tape *t, const model_batch *b,
      * [S, M/S, mb] keep a tiled sharding (M/S = 1: stage, then the batch axes); with several microbatches
      * per stage no compile was measured, and the output is constrained to output_sharding's layout */
     bool keeps = p->microbatches / p->stages == 1;
-    if (st == SIM_OK) st = reshape(md, t, outv, 3, (int64_t[]){m->d.batch, T, E}, &s_out, !keeps, "output", y);
+    SIM_TRY_GOTO(reshape(md, t, outv, 3, (int64_t[]){m->d.batch, T, E}, &s_out, !keeps, "output", y), st, fail);
+fail:
+    if (pr) {
+        if (swapped) ag_swap(pr, false);
+        run_free(pr);
+    }
     md->ctx.layer = saved_layer;
     return st;
 }

@@ -77,6 +77,11 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
         snprintf(t, sizeof t, "%d accumulation gradient sets", r->ga_grad_copies);
         n = add_rule(buf, cap, n, t);
     }
+    if (r->saved_grad_copies) {
+        snprintf(t, sizeof t, "%d weight_dtype cop%s of saved products' weights", r->saved_grad_copies,
+                 r->saved_grad_copies == 1 ? "y" : "ies");
+        n = add_rule(buf, cap, n, t);
+    }
     if (r->ns_gather_bf16) n = add_rule(buf, cap, n, "bfloat16 Newton-Schulz gathers");
     if (r->ns_gather_once) n = add_rule(buf, cap, n, "one Newton-Schulz gather per operand and step");
     if (r->muon_stacked) n = add_rule(buf, cap, n, "Muon's estimates and Newton-Schulz products held stacked");
@@ -224,8 +229,16 @@ typedef struct {
     size_t n, cap;
 } coll_sink;
 
-static void coll_add(coll_sink *s, const model_tm_coll *c)
+/* memo: the kind of this stored record once found (-1 before), as a repeated block meets it again */
+static void coll_add(coll_sink *s, const model_tm_coll *c, int *memo)
 {
+    if (*memo >= 0) {
+        model_tm_coll_kind *k = &s->k[*memo];
+        k->calls++;
+        k->bytes += (double)c->rec.bytes_sent;
+        k->time_s += c->time_s;
+        return;
+    }
     char name[SIM_TAG_MAX];
     kind_name(c->rec.tag, name, sizeof name);
     size_t i = 0;
@@ -249,6 +262,7 @@ static void coll_add(coll_sink *s, const model_tm_coll *c)
         s->k[i].bw = c->bw;
         s->n++;
     }
+    *memo = (int)i;
     s->k[i].calls++;
     s->k[i].bytes += (double)c->rec.bytes_sent;
     s->k[i].time_s += c->time_s;
@@ -261,12 +275,16 @@ static int cmp_coll_time(const void *a, const void *b)
 }
 
 /* work: the matrix unit's FLOPs the replay timed (c's mxu_flops, or its flops when that is unset) */
-static void kernel_add(kernel_sink *s, const sim_cost *c, double work, double bytes, double dur, bool compute_bound)
+static void kernel_add(kernel_sink *s, const sim_cost *c, double work, double bytes, double dur, bool compute_bound,
+                       int *memo)
 {
-    char name[SIM_TAG_MAX];
-    kind_name(c->tag, name, sizeof name);
-    size_t i = 0;
-    while (i < s->n && strcmp(s->k[i].name, name)) i++;
+    size_t i = *memo >= 0 ? (size_t)*memo : 0;
+    char name[SIM_TAG_MAX] = "";
+    if (*memo < 0) {
+        kind_name(c->tag, name, sizeof name);
+        while (i < s->n && strcmp(s->k[i].name, name)) i++;
+        *memo = (int)i;
+    }
     if (i == s->n) {
         if (s->n == s->cap) {
             s->cap = s->cap ? 2 * s->cap : 64;
@@ -312,9 +330,12 @@ static void span_add(span_sink *s, double t0, double t1, int lane, const char *n
     snprintf(sp->name, sizeof sp->name, "%s", name);
 }
 
-sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
-                           const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
-                           bool want_spans, model_tm_result *out)
+/* The replay over the records and costs in call order, the repeated blocks expanded (a dry run's
+ * steady-state microbatches and layers: every copy is timed in turn, so the clocks and sums take the
+ * same steps as over the lists a full dry run keeps). */
+static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+                            const sim_repeat *reps, size_t nreps, const sim_record *recs, size_t nrec,
+                            const sim_cost *costs, size_t ncost, int step, bool want_spans, model_tm_result *out)
 {
     memset(out, 0, sizeof *out);
     out->peak = peak;
@@ -327,16 +348,39 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
     size_t nweight = 0;
     double t = 0, sync_free = 0, async_free = 0, gather_ready = 0, fwd_flops = 0;
     int gather_slot = -1;
-    size_t ri = 0;
-    for (size_t ci = 0; ci <= ncost; ci++) {
-        size_t upto = ci < ncost ? costs[ci].nrec_before : nrec;
-        for (; ri < upto && ri < nrec; ri++) {
-            const sim_record *r = &recs[ri];
+    /* per stored record and cost: its timing and kind once found (a repeated block meets them again) */
+    typedef struct {
+        double time_s, bw;
+        int links, kind;
+        bool timed;
+    } rec_memo;
+    rec_memo *rmemo = malloc((nrec ? nrec : 1) * sizeof *rmemo);
+    int *cmemo = malloc((ncost ? ncost : 1) * sizeof *cmemo);
+    if (!rmemo || !cmemo) {
+        free(rmemo);
+        free(cmemo);
+        free(issued);
+        return sim_err(SIM_ERR_INTERNAL, "step-time model: out of host memory");
+    }
+    for (size_t i = 0; i < nrec; i++) rmemo[i].timed = false, rmemo[i].kind = -1;
+    for (size_t i = 0; i < ncost; i++) cmemo[i] = -1;
+    sim_walk w;
+    sim_walk_init(&w, recs, nrec, costs, ncost, reps, nreps);
+    const sim_record *r;
+    sim_cost kc;
+    bool drain_known = false; /* the last asynchronous collective's axes, for the drain */
+    sim_axes drain_axes = {0, {0}};
+    while (sim_walk_next(&w, &r, &kc)) {
+        if (r) {
             if (r->step != step) continue;
-            model_tm_coll c = {*r, 0, 0, 0, false};
-            c.time_s = model_tm_collective(hw, eff, r, &c.links, &c.bw);
-            if (c.time_s == 0) continue;
+            if (r->weight && r->phase != SIM_PHASE_OPTIMIZER) drain_known = true, drain_axes = r->axes;
+            rec_memo *rm = &rmemo[r - recs];
+            if (!rm->timed) rm->time_s = model_tm_collective(hw, eff, r, &rm->links, &rm->bw), rm->timed = true;
+            if (rm->time_s == 0) continue;
+            model_tm_coll c = {*r, rm->links, rm->bw, rm->time_s, false};
             if (!isfinite(c.time_s)) {
+                free(rmemo);
+                free(cmemo);
                 free(issued);
                 free(kinds.k);
                 free(ckinds.k);
@@ -369,10 +413,10 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
             }
             span_add(&sink, start, start + c.time_s, c.async ? 2 : 1, r->tag);
             top_add(out, &c);
-            coll_add(&ckinds, &c);
+            coll_add(&ckinds, &c, &rm->kind);
+            continue;
         }
-        if (ci == ncost) break;
-        const sim_cost *k = &costs[ci];
+        const sim_cost *k = &kc;
         if (k->step != step) continue;
         if (gather_ready > t) { /* the weight this kernel uses is still on its way */
             out->exposed_axes_s[gather_slot] += gather_ready - t;
@@ -385,7 +429,7 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
         double tc = work / (peak * eff->mxu),
                tm = k->elements * act_bytes / (hw->hbm_bw * (k->layout ? eff->layout : eff->hbm));
         double dur = tc > tm ? tc : tm;
-        kernel_add(&kinds, k, work, k->elements * act_bytes, dur, tc >= tm);
+        kernel_add(&kinds, k, work, k->elements * act_bytes, dur, tc >= tm, &cmemo[w.ci - 1]);
         span_add(&sink, t, t + dur, 0, k->tag);
         t += dur;
         out->compute_s += dur;
@@ -395,17 +439,15 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
         out->exposed_s += async_free - t;
         if (out->naxes) {
             /* attribute the drain to the axes of the last asynchronous collective */
-            for (size_t i = nrec; i-- > 0;)
-                if (recs[i].step == step && recs[i].weight && recs[i].phase != SIM_PHASE_OPTIMIZER) {
-                    out->exposed_axes_s[axes_slot(out, recs[i].axes)] += async_free - t;
-                    break;
-                }
+            if (drain_known) out->exposed_axes_s[axes_slot(out, drain_axes)] += async_free - t;
         }
         t = async_free;
     }
     out->step_s = t;
     out->model_flops = 3.0 * fwd_flops;
     free(issued);
+    free(rmemo);
+    free(cmemo);
     if (kinds.n) qsort(kinds.k, kinds.n, sizeof kinds.k[0], cmp_kernel_time);
     for (size_t i = 0; i < kinds.n && i < MODEL_TM_TOP; i++) out->kernels[out->nkernels++] = kinds.k[i];
     free(kinds.k);
@@ -413,6 +455,13 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
     for (size_t i = 0; i < ckinds.n && i < MODEL_TM_TOP; i++) out->colls[out->ncolls++] = ckinds.k[i];
     free(ckinds.k);
     return SIM_OK;
+}
+
+sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double peak, double act_bytes,
+                           const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
+                           bool want_spans, model_tm_result *out)
+{
+    return tm_device(hw, eff, peak, act_bytes, NULL, 0, recs, nrec, costs, ncost, step, want_spans, out);
 }
 
 sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m, int step,
@@ -429,7 +478,9 @@ sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const ch
         const sim_record *recs = sim_device_records(d, &nrec);
         const sim_cost *costs = sim_device_costs(d, &ncost);
         model_tm_result r;
-        SIM_TRY(model_tm_device(hw, eff, peak, act_bytes, recs, nrec, costs, ncost, step, false, &r));
+        size_t nreps;
+        const sim_repeat *reps = sim_device_repeats(d, &nreps);
+        SIM_TRY(tm_device(hw, eff, peak, act_bytes, reps, nreps, recs, nrec, costs, ncost, step, false, &r));
         if (r.step_s > worst) {
             worst = r.step_s;
             *out = r;
@@ -442,7 +493,9 @@ sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const ch
         const sim_record *recs = sim_device_records(d, &nrec);
         const sim_cost *costs = sim_device_costs(d, &ncost);
         int dev = out->device;
-        SIM_TRY(model_tm_device(hw, eff, peak, act_bytes, recs, nrec, costs, ncost, step, true, out));
+        size_t nreps;
+        const sim_repeat *reps = sim_device_repeats(d, &nreps);
+        SIM_TRY(tm_device(hw, eff, peak, act_bytes, reps, nreps, recs, nrec, costs, ncost, step, true, out));
         out->device = dev;
     }
     /* AdamW reads parameters, gradients and both moments and writes parameters and moments:
@@ -540,6 +593,43 @@ void model_tm_print(FILE *f, const cfg_hw *hw, const sim_mesh_desc *mesh, const 
     }
 }
 
+/* One collective of the estimate as a JSON object: a single call (`one`: its exact bytes, whether it
+ * overlaps) or a kind of call (`kind`: its phase, how many calls, their bytes). */
+static void coll_json(cfg_jw *w, const sim_mesh_desc *mesh, const model_tm_coll *one, const model_tm_coll_kind *kind)
+{
+    const sim_record *rec = one ? &one->rec : &kind->rec;
+    char ax[128];
+    cfg_jw_obj(w);
+    cfg_jw_key(w, "op");
+    cfg_jw_str(w, sim_op_name(rec->op));
+    cfg_jw_key(w, "axes");
+    cfg_jw_str(w, sim_axes_label(mesh, rec->axes, ax, sizeof ax));
+    if (kind) {
+        cfg_jw_key(w, "phase");
+        cfg_jw_str(w, sim_phase_name(rec->phase));
+    }
+    cfg_jw_key(w, "tag");
+    cfg_jw_str(w, rec->tag);
+    if (kind) {
+        cfg_jw_key(w, "calls");
+        cfg_jw_int(w, kind->calls);
+    }
+    cfg_jw_key(w, "bytes_sent");
+    if (kind) cfg_jw_num(w, kind->bytes, 17);
+    else cfg_jw_u64(w, (unsigned long long)rec->bytes_sent);
+    cfg_jw_key(w, "links");
+    cfg_jw_int(w, one ? one->links : kind->links);
+    cfg_jw_key(w, "bandwidth_Bps");
+    cfg_jw_num(w, one ? one->bw : kind->bw, 6);
+    cfg_jw_key(w, "time_s");
+    cfg_jw_num(w, one ? one->time_s : kind->time_s, 6);
+    if (one) {
+        cfg_jw_key(w, "async");
+        cfg_jw_bool(w, one->async);
+    }
+    cfg_jw_end(w);
+}
+
 /* The figures keep the digits the estimate has always been written with (%.17g for the times, %.6g
  * for rates and counts), through the one JSON writer. */
 void model_tm_json(cfg_jw *w, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r)
@@ -574,53 +664,11 @@ void model_tm_json(cfg_jw *w, const cfg_hw *hw, const sim_mesh_desc *mesh, const
     cfg_jw_end(w);
     cfg_jw_key(w, "slowest_collectives");
     cfg_jw_arr(w);
-    for (int i = 0; i < r->ntop; i++) {
-        const model_tm_coll *c = &r->top[i];
-        cfg_jw_obj(w);
-        cfg_jw_key(w, "op");
-        cfg_jw_str(w, sim_op_name(c->rec.op));
-        cfg_jw_key(w, "axes");
-        cfg_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        cfg_jw_key(w, "tag");
-        cfg_jw_str(w, c->rec.tag);
-        cfg_jw_key(w, "bytes_sent");
-        cfg_jw_u64(w, (unsigned long long)c->rec.bytes_sent);
-        cfg_jw_key(w, "links");
-        cfg_jw_int(w, c->links);
-        cfg_jw_key(w, "bandwidth_Bps");
-        cfg_jw_num(w, c->bw, 6);
-        cfg_jw_key(w, "time_s");
-        cfg_jw_num(w, c->time_s, 6);
-        cfg_jw_key(w, "async");
-        cfg_jw_bool(w, c->async);
-        cfg_jw_end(w);
-    }
+    for (int i = 0; i < r->ntop; i++) coll_json(w, mesh, &r->top[i], NULL);
     cfg_jw_end(w);
     cfg_jw_key(w, "slowest_collective_kinds");
     cfg_jw_arr(w);
-    for (int i = 0; i < r->ncolls; i++) {
-        const model_tm_coll_kind *c = &r->colls[i];
-        cfg_jw_obj(w);
-        cfg_jw_key(w, "op");
-        cfg_jw_str(w, sim_op_name(c->rec.op));
-        cfg_jw_key(w, "axes");
-        cfg_jw_str(w, sim_axes_label(mesh, c->rec.axes, ax, sizeof ax));
-        cfg_jw_key(w, "phase");
-        cfg_jw_str(w, sim_phase_name(c->rec.phase));
-        cfg_jw_key(w, "tag");
-        cfg_jw_str(w, c->rec.tag);
-        cfg_jw_key(w, "calls");
-        cfg_jw_int(w, c->calls);
-        cfg_jw_key(w, "bytes_sent");
-        cfg_jw_num(w, c->bytes, 17);
-        cfg_jw_key(w, "links");
-        cfg_jw_int(w, c->links);
-        cfg_jw_key(w, "bandwidth_Bps");
-        cfg_jw_num(w, c->bw, 6);
-        cfg_jw_key(w, "time_s");
-        cfg_jw_num(w, c->time_s, 6);
-        cfg_jw_end(w);
-    }
+    for (int i = 0; i < r->ncolls; i++) coll_json(w, mesh, NULL, &r->colls[i]);
     cfg_jw_end(w);
     cfg_jw_key(w, "slowest_kernels");
     cfg_jw_arr(w);

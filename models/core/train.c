@@ -54,6 +54,10 @@ sim_status model_machine_new(const model_def *def, double hbm_limit_gb, bool tra
     o.counted_gather = def->d.gather_dtype;
     o.counted_grad_reduce = def->d.reduce_dtype;
     o.windowed_min_group = def->d.xla.windowed_min_group;
+    o.windowed_ici_bw = def->d.xla.windowed_ici_bw;
+    o.windowed_peak = def->d.xla.windowed_peak;
+    o.windowed_torus_n = def->d.xla.torus_n;
+    for (int i = 0; i < def->d.xla.torus_n; i++) o.windowed_torus[i] = def->d.xla.torus[i];
     o.psum_scatter_max_group = def->d.xla.psum_scatter_max_group;
     o.lane_scatter_ar_max = def->d.xla.lane_scatter_ar_max;
     o.trace = trace;
@@ -94,26 +98,31 @@ static sim_status grads_device(sim_device *dev, void *arg)
 {
     grads_job *job = arg;
     model_dev md;
-    sim_status st = model_dev_init(&md, job->def, dev, true, false);
     model_batch b;
     memset(&b, 0, sizeof b);
     mesh_tape *t = NULL;
-    if (st == SIM_OK && job->params_in) st = params_global(&md, NULL, job->params_in, false);
-    if (st == SIM_OK && job->params_out) st = params_global(&md, job->params_out, NULL, false);
-    if (st == SIM_OK) st = model_batch_load(&md, job->inputs, job->targets, job->positions, &b);
-    if (st == SIM_OK) {
-        model_dev_zero_grads(&md);
-        t = mesh_tape_new(&md.ctx, true);
-        mesh_var *loss;
-        sim_device_set_phase(dev, SIM_PHASE_FORWARD);
-        st = model_loss(&md, t, &b, &loss);
-        if (st == SIM_OK && sim_device_id(dev) == 0 && loss->val.data) job->loss = ((float *)loss->val.data)[0];
-        sim_device_set_phase(dev, SIM_PHASE_BACKWARD);
-        if (st == SIM_OK) st = mesh_tape_backward(t, loss);
+    mesh_var *loss;
+    sim_status st;
+    SIM_TRY_GOTO(model_dev_init(&md, job->def, dev, true, false), st, fail);
+    if (job->params_in) SIM_TRY_GOTO(params_global(&md, NULL, job->params_in, false), st, fail);
+    if (job->params_out) SIM_TRY_GOTO(params_global(&md, job->params_out, NULL, false), st, fail);
+    SIM_TRY_GOTO(model_batch_load(&md, job->inputs, job->targets, job->positions, &b), st, fail);
+    model_dev_zero_grads(&md);
+    t = mesh_tape_new(&md.ctx, true);
+    sim_device_set_phase(dev, SIM_PHASE_FORWARD);
+    SIM_TRY_GOTO(model_loss(&md, t, &b, &loss), st, fail);
+    if (sim_device_id(dev) == 0 && loss->val.data) job->loss = ((float *)loss->val.data)[0];
+    sim_device_set_phase(dev, SIM_PHASE_BACKWARD);
+    SIM_TRY_GOTO(mesh_tape_backward(t, loss), st, fail);
+    mesh_tape_free(t);
+    t = NULL;
+    sim_device_set_phase(dev, SIM_PHASE_OTHER);
+    if (job->grads) SIM_TRY_GOTO(params_global(&md, job->grads, NULL, true), st, fail);
+fail:
+    if (t) {
         mesh_tape_free(t);
         sim_device_set_phase(dev, SIM_PHASE_OTHER);
     }
-    if (st == SIM_OK && job->grads) st = params_global(&md, job->grads, NULL, true);
     if (b.tokens.nlocal) model_batch_free(&md, &b);
     model_dev_free(&md);
     return st;
@@ -375,27 +384,31 @@ static sim_status microbatch_pass(model_train_job *job, model_dev *md, int64_t g
     const model_def *def = md->def;
     sim_device *dev = md->ctx.dev;
     sim_device_set_phase(dev, SIM_PHASE_OTHER);
-    if (sim_device_rank_lead(dev)) SIM_TRY(fill_microbatch(job, def, g)); /* each MPI rank its own copy */
+    if (sim_device_rank_lead(dev) && job->inputs) SIM_TRY(fill_microbatch(job, def, g)); /* each MPI rank its own copy */
     SIM_TRY(sim_device_barrier(dev));
     model_batch b;
     SIM_TRY(model_batch_load(md, job->mb_inputs, job->mb_targets, job->mb_positions, &b));
     SIM_TRY(sim_device_barrier(dev)); /* device 0 may refill the host microbatch after this */
     mesh_tape *t = mesh_tape_new(&md->ctx, true);
     mesh_var *loss;
+    sim_status st;
+    *loss_value = 0;
     sim_device_set_phase(dev, SIM_PHASE_FORWARD);
-    sim_status st = model_loss(md, t, &b, &loss);
-    *loss_value = st == SIM_OK && loss->val.data ? ((float *)loss->val.data)[0] : 0;
+    SIM_TRY_GOTO(model_loss(md, t, &b, &loss), st, fail);
+    *loss_value = loss->val.data ? ((float *)loss->val.data)[0] : 0;
     sim_device_set_phase(dev, SIM_PHASE_BACKWARD);
-    if (st == SIM_OK && def->d.ga == 1) st = mesh_tape_backward(t, loss);
-    if (st == SIM_OK && def->d.ga > 1) {
+    if (def->d.ga == 1) SIM_TRY_GOTO(mesh_tape_backward(t, loss), st, fail);
+    else if (def->d.ga > 1) {
         mesh_spec s;
         mesh_spec_init(&s, 0);
         mesh_array cot;
-        st = mesh_tape_zeros(t, "loss/grad", 0, NULL, &s, SIM_MEM_TEMP, &cot);
-        if (st == SIM_OK && cot.data) ((float *)cot.data)[0] = (float)(1.0 / (double)def->d.ga);
-        if (st == SIM_OK) st = mesh_tape_backward_from(t, loss, &cot);
+        SIM_TRY_GOTO(mesh_tape_zeros(t, "loss/grad", 0, NULL, &s, SIM_MEM_TEMP, &cot), st, fail);
+        if (cot.data) ((float *)cot.data)[0] = (float)(1.0 / (double)def->d.ga);
+        SIM_TRY_GOTO(mesh_tape_backward_from(t, loss, &cot), st, fail);
     }
+fail:
     mesh_tape_free(t);
+    model_saved_products_release(md); /* the pass's backward is done */
     model_batch_free(md, &b);
     return st;
 }
@@ -446,7 +459,10 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     int id = sim_device_id(dev);
     sim_device_set_step(dev, (int)s);
     sim_device_set_phase(dev, SIM_PHASE_OTHER);
-    if (sim_device_rank_lead(dev)) /* device 0; under MPI each rank's first device fills the rank's copy */
+    /* device 0; under MPI each rank's first device fills the rank's copy.  A dry run keeps no host
+     * rows (it moves no data): a text dataset is still read through, for its errors */
+    bool rows_needed = job->inputs || (job->data && job->data->type != MODEL_DATA_SYNTHETIC);
+    if (sim_device_rank_lead(dev) && rows_needed)
         SIM_TRY(model_batch_global(job->data, s, def->d.rows_loaded * def->d.ga, job->inputs, job->targets,
                                    job->positions));
     SIM_TRY(sim_device_barrier(dev));
@@ -464,12 +480,21 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     sim_status st =
         gacc ? sim_arena_charge(sim_device_arena(dev), gacc, SIM_MEM_GRADS, "gradient accumulation buffers") : SIM_OK;
     bool gacc_held = gacc && st == SIM_OK;
+    /* a dry run moves no data, so microbatches 1..ga-1 do alike: the second is simulated as their
+     * template and the rest are its repeats (on the last step only: one repeated block per device) */
+    bool shortcut = sim_device_dry(dev) && !job->dry_full && def->d.ga > 2 && s == job->steps - 1;
     for (int64_t g = 0; g < def->d.ga && st == SIM_OK; g++) {
         double lg = 0;
+        if (shortcut && g == 1) sim_device_repeat_begin(dev);
         st = microbatch_pass(job, md, g, &lg);
         loss_sum += lg;
         /* the gate bias update takes one sign over the whole step's counts (MaxText sums them over microbatches) */
         for (size_t i = 0; i < nbc; i++) md->bias_counts_step[i] += md->bias_counts[i];
+        if (shortcut && g == 1 && st == SIM_OK) {
+            for (size_t i = 0; i < nbc; i++) md->bias_counts_step[i] += (float)(def->d.ga - 2) * md->bias_counts[i];
+            sim_device_repeat_end(dev, (uint64_t)(def->d.ga - 2));
+            break;
+        }
     }
     if (gacc_held) sim_arena_discharge(sim_device_arena(dev), gacc, SIM_MEM_GRADS);
     if (wcopy) sim_arena_discharge(sim_device_arena(dev), wcopy, SIM_MEM_WCOPY);
@@ -631,42 +656,46 @@ static sim_status train_device(sim_device *dev, void *arg)
     model_train_job *job = arg;
     model_dev md;
     const model_def *def = job->def;
-    sim_status st = model_dev_init(&md, def, dev, true, true);
-    if (st == SIM_OK) st = optimizer_add_check(&md); /* traced before the step is lowered */
-    if (st == SIM_OK) st = zero1_state_check(&md);
+    sim_status st;
+    SIM_TRY_GOTO(model_dev_init(&md, def, dev, true, true), st, fail);
+    SIM_TRY_GOTO(optimizer_add_check(&md), st, fail); /* traced before the step is lowered */
+    SIM_TRY_GOTO(zero1_state_check(&md), st, fail);
     if (sim_device_id(dev) == 0 && job->on_layer) {
         md.on_layer = layer_done;
         md.on_layer_arg = job;
     }
     long long loaded_step = 0;
-    if (st == SIM_OK && job->load_path && *job->load_path)
-        st = model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams,
-                                   job->load_full_state, &loaded_step);
-    if (st == SIM_OK && job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step - 1)
-        st = sim_err(SIM_ERR_INPUT,
-                     "checkpoint %s was saved after step %lld, not after step %lld as read from it "
-                     "before the run; it changed while the run started: run again",
-                     job->load_path, loaded_step, job->start_step - 1);
+    if (job->load_path && *job->load_path)
+        SIM_TRY_GOTO(model_checkpoint_load(dev, &def->mesh, job->load_path, md.zero1 ? md.z : md.p, def->nparams,
+                                           job->load_full_state, &loaded_step),
+                     st, fail);
+    if (job->load_full_state && !sim_device_dry(dev) && loaded_step != job->start_step - 1)
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                             "checkpoint %s was saved after step %lld, not after step %lld as read from it "
+                             "before the run; it changed while the run started: run again",
+                             job->load_path, loaded_step, job->start_step - 1),
+                     st, fail);
     /* ZeRO-1 holds only the optimizer-layout state between steps (the first step gathers too) */
-    if (st == SIM_OK && md.zero1) zero1_release(&md, true);
+    if (md.zero1) zero1_release(&md, true);
     bool ckpt = job->checkpoint_dir && *job->checkpoint_dir && job->checkpoint_period > 0;
     /* ZeRO-1 saves (and loads) its stored state: the same tensors, written from the optimizer layout */
     model_param *state = md.zero1 ? md.z : md.p;
-    for (int64_t s = job->load_full_state ? job->start_step : 0; st == SIM_OK && s < job->steps; s++) {
+    for (int64_t s = job->load_full_state ? job->start_step : 0; s < job->steps; s++) {
         if (sim_device_id(dev) == 0) job->step = s;
-        st = train_step(job, &md, s);
+        SIM_TRY_GOTO(train_step(job, &md, s), st, fail);
         /* MaxText's schedule (checkpointing.maybe_save_checkpoint): after step s when
          * s % checkpoint_period == 0, step 0 only with save_checkpoint_on_start; and after
          * the last step with save_checkpoint_on_completion when the period did not save it */
         bool periodic = ckpt && s % job->checkpoint_period == 0 && (s != 0 || !job->skip_save_on_start);
         bool final = ckpt && s == job->steps - 1 && !job->skip_save_on_completion && s % job->checkpoint_period != 0;
-        if (st == SIM_OK && (periodic || final))
-            st = model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s, state, def->nparams);
+        if (periodic || final)
+            SIM_TRY_GOTO(model_checkpoint_save(dev, &def->mesh, job->checkpoint_dir, s, state, def->nparams), st, fail);
     }
-    if (st == SIM_OK && job->final_params) { /* ZeRO-1 first gathers its stored state into the parameters */
-        if (md.zero1) st = zero1_gather_params(&md);
-        if (st == SIM_OK) st = params_global(&md, job->final_params, NULL, false);
+    if (job->final_params) { /* ZeRO-1 first gathers its stored state into the parameters */
+        if (md.zero1) SIM_TRY_GOTO(zero1_gather_params(&md), st, fail);
+        SIM_TRY_GOTO(params_global(&md, job->final_params, NULL, false), st, fail);
     }
+fail:
     model_dev_free(&md);
     return st;
 }
@@ -675,11 +704,13 @@ sim_status model_train(model_train_job *job, sim_machine *m)
 {
     const model_def *def = job->def;
     size_t n = (size_t)(def->d.rows_loaded * def->d.ga * def->d.seq), nmb = (size_t)(def->d.rows_loaded * def->d.seq);
-    job->inputs = calloc(n, sizeof(int32_t));
-    job->targets = calloc(n, sizeof(int32_t));
-    job->positions = calloc(n, sizeof(int32_t));
+    /* a dry run moves no data: no host rows (their size grows with gradient_accumulation_steps) */
+    bool host = !def->d.dry_run;
+    job->inputs = host ? calloc(n, sizeof(int32_t)) : NULL;
+    job->targets = host ? calloc(n, sizeof(int32_t)) : NULL;
+    job->positions = host ? calloc(n, sizeof(int32_t)) : NULL;
     /* one microbatch: its own arrays when accumulating, else the step's */
-    bool own = def->d.ga > 1;
+    bool own = host && def->d.ga > 1;
     job->mb_inputs = own ? calloc(nmb, sizeof(int32_t)) : job->inputs;
     job->mb_targets = own ? calloc(nmb, sizeof(int32_t)) : job->targets;
     job->mb_positions = own ? calloc(nmb, sizeof(int32_t)) : job->positions;

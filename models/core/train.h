@@ -92,6 +92,10 @@ typedef struct {
     int32_t *inputs, *targets, *positions; /* host scratch: the step's rows (ga x rows_loaded) x seq (model_train) */
     int32_t *mb_inputs, *mb_targets, *mb_positions; /* one microbatch, rows_loaded x seq (the above when ga = 1) */
     float *scratch;                                 /* one stacked parameter (ZeRO-1 step_grads), or NULL */
+    /* A dry run simulates the first microbatch and one steady-state one, and accounts the other
+     * ga - 2 as repeats of the second (sim_repeat: the same records, costs and peaks, figures
+     * alike); dry_full simulates every one (the reference the shortcut is tested against). */
+    bool dry_full;
 } model_train_job;
 
 /* Microbatch g of a step's host rows (ga x rows, seq each) into out (rows x

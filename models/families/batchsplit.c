@@ -777,46 +777,49 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     s->lo = (s->ax >= 0 ? sim_device_coord(dev, s->ax) : 0) * s->XL;
     s->wire = d->act_dtype;
     mesh_spec as = act_spec(c->mesh, 3);
-    /* every failure (a peer device's abort included) unwinds at `out`: what is not made yet is
+    /* every failure (a peer device's abort included) unwinds at `fail`: what is not made yet is
      * zeroed, so freeing it is a no-op */
     mesh_array xa = {0}, ra = {0}, ia = {0};
     bool xo = false, ro = false, io = false;
     bs_buf xg = {0}, rwg = {0}, ig = {0}, gsum = {0}, yb = {0}, oall = {0};
     mesh_spec rs = act_spec(c->mesh, 3);
     sim_status st;
-    if ((st = mesh_nn_operand(t, &x->val, &as, s->tag, &xa, &xo))) goto out;
-    if ((st = mesh_nn_operand(t, &rwv->val, &rs, s->tag, &ra, &ro))) goto out;
-    if ((st = mesh_nn_operand(t, &idxv->val, &rs, s->tag, &ia, &io))) goto out;
+    SIM_TRY_GOTO(mesh_nn_operand(t, &x->val, &as, s->tag, &xa, &xo), st, fail);
+    SIM_TRY_GOTO(mesh_nn_operand(t, &rwv->val, &rs, s->tag, &ra, &ro), st, fail);
+    SIM_TRY_GOTO(mesh_nn_operand(t, &idxv->val, &rs, s->tag, &ia, &io), st, fail);
     int64_t Tl = (int64_t)xa.nlocal / s->M, EP = s->EP, M = s->M, H = s->H, k = s->k, XL = s->XL;
     s->Tl = Tl;
     s->cap = EP * Tl * k; /* MaxText's sorted buffer: every gathered assignment */
     int64_t cap = s->cap;
     /* route: the tokens, their routing and the group sizes over expert */
-    if ((st = buf_alloc(dev, &xg, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/x_gathered", false))) goto out;
-    if ((st = buf_alloc(dev, &rwg, (size_t)(EP * Tl * k) * 4, SIM_MEM_TEMP, "moe/weights_gathered", false))) goto out;
-    if ((st = buf_alloc_dt(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/experts_gathered", false)))
-        goto out;
-    if ((st = buf_alloc_dt(dev, &gsum, (size_t)ds->moe.experts * 4, SIM_I32, SIM_MEM_TEMP, "moe/group_sizes", true)))
-        goto out;
-    if ((st = gather_tokens(s, ra.data, rwg.p, (size_t)(Tl * k), SIM_F32, s->wire, "route_all_gather_weights")))
-        goto out;
-    if ((st = gather_tokens(s, ia.data, ig.p, (size_t)(Tl * k), SIM_I32, SIM_I32, "route_all_gather_experts")))
-        goto out;
+    SIM_TRY_GOTO(buf_alloc(dev, &xg, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/x_gathered", false), st, fail);
+    SIM_TRY_GOTO(buf_alloc(dev, &rwg, (size_t)(EP * Tl * k) * 4, SIM_MEM_TEMP, "moe/weights_gathered", false), st,
+                 fail);
+    SIM_TRY_GOTO(
+        buf_alloc_dt(dev, &ig, (size_t)(EP * Tl * k) * 4, SIM_I32, SIM_MEM_TEMP, "moe/experts_gathered", false), st,
+        fail);
+    SIM_TRY_GOTO(buf_alloc_dt(dev, &gsum, (size_t)ds->moe.experts * 4, SIM_I32, SIM_MEM_TEMP, "moe/group_sizes", true),
+                 st, fail);
+    SIM_TRY_GOTO(gather_tokens(s, ra.data, rwg.p, (size_t)(Tl * k), SIM_F32, s->wire, "route_all_gather_weights"), st,
+                 fail);
+    SIM_TRY_GOTO(gather_tokens(s, ia.data, ig.p, (size_t)(Tl * k), SIM_I32, SIM_I32, "route_all_gather_experts"), st,
+                 fail);
     if (ia.data)
         for (int64_t i = 0; i < Tl * k; i++) ((int32_t *)gsum.p)[((int32_t *)ia.data)[i]]++;
     if (s->ax >= 0) {
         char tag[SIM_TAG_MAX];
-        if ((st = sim_all_reduce(dev, gsum.p, gsum.p, (size_t)ds->moe.experts, SIM_I32, sim_axes_1(s->ax),
-                                 sim_meta_tag(stag(s, "route_psum_group_sizes", tag, sizeof tag)))))
-            goto out;
+        SIM_TRY_GOTO(sim_all_reduce(dev, gsum.p, gsum.p, (size_t)ds->moe.experts, SIM_I32, sim_axes_1(s->ax),
+                                    sim_meta_tag(stag(s, "route_psum_group_sizes", tag, sizeof tag))),
+                     st, fail);
     }
-    if ((st = gather_tokens(s, xa.data, xg.p, (size_t)(Tl * M), SIM_F32, s->wire, "route_all_gather_tokens"))) goto out;
+    SIM_TRY_GOTO(gather_tokens(s, xa.data, xg.p, (size_t)(Tl * M), SIM_F32, s->wire, "route_all_gather_tokens"), st,
+                 fail);
     /* local sort by expert (model_moe_permute): rows of this shard's experts, in (expert, token, slot) order */
-    if ((st = buf_alloc(dev, &s->xr, (size_t)(cap * M) * 4, SIM_MEM_ACTIVATIONS, "moe/x_sorted", false))) goto out;
-    if ((st = buf_alloc(dev, &s->h0, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_0", false))) goto out;
-    if ((st = buf_alloc(dev, &s->h1, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_1", false))) goto out;
-    if ((st = buf_alloc(dev, &yb, (size_t)(cap * M) * 4, SIM_MEM_TEMP, "moe/wo_out", false))) goto out;
-    if ((st = buf_alloc(dev, &oall, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/out_gathered", true))) goto out;
+    SIM_TRY_GOTO(buf_alloc(dev, &s->xr, (size_t)(cap * M) * 4, SIM_MEM_ACTIVATIONS, "moe/x_sorted", false), st, fail);
+    SIM_TRY_GOTO(buf_alloc(dev, &s->h0, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_0", false), st, fail);
+    SIM_TRY_GOTO(buf_alloc(dev, &s->h1, (size_t)(cap * H) * 4, SIM_MEM_ACTIVATIONS, "moe/mlpwi_1", false), st, fail);
+    SIM_TRY_GOTO(buf_alloc(dev, &yb, (size_t)(cap * M) * 4, SIM_MEM_TEMP, "moe/wo_out", false), st, fail);
+    SIM_TRY_GOTO(buf_alloc(dev, &oall, (size_t)(EP * Tl * M) * 4, SIM_MEM_TEMP, "moe/out_gathered", true), st, fail);
     s->gsz = calloc((size_t)XL, sizeof *s->gsz);
     if (xg.p) {
         const int32_t *ix = ig.p;
@@ -869,8 +872,9 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
     buf_free(dev, &ig);
     buf_free(dev, &rwg);
     buf_free(dev, &xg);
-    if ((st = new_out(t, "moe/out", 3, xa.shape, &as, SIM_F32, out))) goto out;
-    if ((st = scatter_tokens(s, oall.p, (*out)->val.data, (size_t)(EP * Tl * M), "unroute_reduce_scatter"))) goto out;
+    SIM_TRY_GOTO(new_out(t, "moe/out", 3, xa.shape, &as, SIM_F32, out), st, fail);
+    SIM_TRY_GOTO(scatter_tokens(s, oall.p, (*out)->val.data, (size_t)(EP * Tl * M), "unroute_reduce_scatter"), st,
+                 fail);
     mesh_var *in[5] = {x, rwv, w0, w1, wo};
     mesh_entry *e = mesh_tape_record(t, moe_vjp, s->tag, 5, in, 1, out);
     if (e) {
@@ -878,8 +882,7 @@ static sim_status routed_experts(model_dev *md, mesh_tape *t, mesh_var *x, mesh_
         e->free_payload = moe_free;
         s = NULL; /* the tape's now */
     }
-out:
-    if (st) sim_err_trace(__FILE__, __LINE__); /* the trail names this function, as SIM_TRY would */
+fail:
     buf_free(dev, &oall);
     buf_free(dev, &yb);
     buf_free(dev, &gsum);

@@ -252,22 +252,13 @@ static sim_status read_dims(const cfg_config *cfg, const model_dims *d, ds_dims 
 
 /* ------------------------------------------------------------ parameters */
 
+/* A parameter whose scan dim is its dim 1 when that dim is a layer stack (dense_layers, moe_layers). */
 static void add(model_def *m, const char *path, int rank, const int64_t *shape, const char *const *logical,
                 model_init_kind init, double scale)
 {
-    SIM_ASSERT(m->nparams < MODEL_MAX_PARAMS);
-    model_param_def *d = &m->defs[m->nparams++];
-    memset(d, 0, sizeof *d);
-    snprintf(d->path, sizeof d->path, "%s", path);
-    d->rank = rank;
-    for (int i = 0; i < rank; i++) {
-        d->shape[i] = shape[i];
-        d->logical[i] = logical[i];
-    }
-    d->scan_dim =
+    int scan =
         rank > 1 && logical[1] && (!strcmp(logical[1], "dense_layers") || !strcmp(logical[1], "moe_layers")) ? 1 : -1;
-    d->init = init;
-    d->scale = scale;
+    model_add_param(m, path, rank, shape, logical, scan, init, scale);
 }
 
 static double fan_in(int64_t n) { return 1.0 / sqrt((double)n); }
@@ -807,6 +798,15 @@ static void bias_update(model_dev *md)
 /* The dense layers run before the pipeline; the MoE layers are the pipelined stack. */
 static int64_t layers_before_pipeline(const model_def *m) { return deepseek_dims(m)->dense_layers; }
 
+/* MaxText's DeepSeek depth: base_num_decoder_layers in all, the first first_num_dense_layers dense. */
+static int depth_words(int64_t first, int64_t rest, char (*words)[MODEL_WORD_MAX], int cap)
+{
+    if (cap < 2) return 0;
+    snprintf(words[0], MODEL_WORD_MAX, "base_num_decoder_layers=%lld", (long long)(first + rest));
+    snprintf(words[1], MODEL_WORD_MAX, "first_num_dense_layers=%lld", (long long)first);
+    return 2;
+}
+
 static bool param_pipelined(const model_def *m, const model_param_def *pd)
 {
     return strstr(pd->path, ".moe_layers.") != NULL;
@@ -875,6 +875,7 @@ const model_family model_family_deepseek = {
     .setup = batchsplit_setup,
     .loss = deepseek_loss,
     .layers_before_pipeline = layers_before_pipeline,
+    .depth_words = depth_words,
     .pipeline_check = pipeline_check,
     .param_pipelined = param_pipelined,
     .pipeline_unsimulated = pipeline_unsimulated,

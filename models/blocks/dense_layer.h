@@ -1,0 +1,59 @@
+/* dense_layer.h — the pre-norm dense decoder layer that Llama (MaxText's LlamaDecoderLayer,
+ * models/llama2.py) and Qwen3 (Qwen3DecoderLayer over AttentionWithNorm, models/qwen3.py) share:
+ *
+ *   h = x + attention(rmsnorm(x))         (pre_self_attention_layer_norm, self_attention)
+ *   y = h + mlp(rmsnorm(h))               (post_self_attention_layer_norm, mlp)
+ *
+ * with the residual stream constrained to (activation_batch, activation_norm_length,
+ * activation_embed) under the family's names ("llama2/inputs", ...).  What differs between the two
+ * is a field of model_dense_layer: the query/key norms, the RoPE, the score scale, the soft cap,
+ * the MLP's intermediate names, whether the residual constraints are logged in auto mode and
+ * whether dropout runs on the layer's output.  The parameters (model_dense_define) are the same
+ * MaxText paths, with the query/key norm scales when the family has them. */
+#ifndef MODELS_BLOCKS_DENSE_LAYER_H
+#define MODELS_BLOCKS_DENSE_LAYER_H
+
+#include "blas_kernels/bk_rope.h"
+#include "models/core/model.h"
+
+/* The layer's parameters (model_param_index; -1 where the model has none). */
+typedef struct {
+    int q, k, v, qkv, o, qn, kn, ln1, ln2, wi0, wi1, wi, wo, embed, norm, logits;
+} model_dense_ix;
+
+/* A family's choices for its layer. */
+typedef struct {
+    const char *prefix;          /* the constraints' names: "<prefix>/inputs", "<prefix>/lnx", ... */
+    bool residual_explicit_only; /* AttentionWithNorm: the residual constraints apply (and are logged)
+                                        in explicit mode only; auto mode places the residual with the same
+                                        names, unlogged */
+    bk_rope_params rope;         /* the rotary embedding */
+    double scale;                /* query_pre_attn_scalar (1: folded into the query init) */
+    double soft_cap;             /* attn_logits_soft_cap as the layer passes it (0: none) */
+    const char *const *mlp_mid;  /* 3 logical names of the MLP's intermediate_sharding */
+    bool output_dropout;         /* dropout on the layer's output (Llama's layer, not Qwen3's) */
+} model_dense_layer;
+
+/* The layer's parameters; query_norm/key_norm run before RoPE when their scales are defined. */
+model_dense_ix model_dense_indices(const model_def *m);
+/* MaxText's Attention RoPE for these dims: default (rope_min_timescale, rope_max_timescale,
+ * rope_linear_scaling_factor) or Llama 3.1's (LLaMARotaryEmbedding, which reads no linear factor). */
+bk_rope_params model_dense_rope(const model_dims *d);
+
+/* Layer l: x (B, T, E) -> y (B, T, E). */
+sim_status model_dense_layer_run(model_dev *md, mesh_tape *t, const model_batch *b, const model_dense_layer *c, int l,
+                                 mesh_var *x, mesh_var **y);
+
+/* Defines the model's parameters in MaxText's order: the embedding, the scanned layer stack (the
+ * query kernel's init scaled by query_init_scale on top of 1/sqrt(embed); the query/key norm scales
+ * with qk_norm) and the head. */
+void model_dense_define(model_def *m, double query_init_scale, bool qk_norm);
+
+/* The setup hook of a dense family: MaxText runs the batch-split schedule for DeepSeek only, so
+ * use_batch_split_schedule=true is refused naming the key. */
+sim_status model_dense_setup(model_def *m, const cfg_config *cfg);
+
+/* The loss of a model of these layers (a family's loss hook, through the generic Decoder). */
+sim_status model_dense_loss(model_dev *md, mesh_tape *t, const model_batch *b, model_layer_fn layer, mesh_var **loss);
+
+#endif
