@@ -13,6 +13,7 @@
 #include "cli/hostmem.h"
 #include "cli/report.h"
 #include "cli/report_html.h"
+#include "config/release.h"
 #include "sim/trace.h"
 #include "sim/xrank.h"
 
@@ -104,6 +105,8 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             q->opt = def->opt;
             q->branch = def->opt_param[i].branch;
             if (def->d.zero1) model_zero1_spec(&def->mesh, q->rank, q->shape, &q->spec, &q->opt_spec);
+            for (int d = 0; d < q->rank; d++)
+                if (q->logical[d]) q->logical[d] = cfg_release_logical_name(def->release, q->logical[d]);
             q->path = paths[np++];
         }
         if (per) continue;
@@ -115,7 +118,10 @@ static int dump_params(const model_def *def, cli_dump_param *p, char (*paths)[MO
             p[np].rank = defs[np].rank;
             for (int d = 0; d < p[np].rank; d++) {
                 p[np].shape[d] = defs[np].shape[d];
-                p[np].logical[d] = defs[np].logical[d];
+                /* the names of the release followed (its logical_names: 0.2.0's Linen 'embed' for 0.2.5's
+                 * 'embed_attn' ...), as its get_shaped_inputs annotates them */
+                p[np].logical[d] = defs[np].logical[d] ? cfg_release_logical_name(def->release, defs[np].logical[d])
+                                                       : NULL;
             }
             p[np].spec = spec;
             p[np].no_opt = def->defs[i].state_var;

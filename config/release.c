@@ -14,7 +14,7 @@ struct cfg_release {
     cfg_config *doc; /* the parsed file (owns the values below) */
     const char *maxtext, *jax;
     char *base_rules; /* resolved path, or NULL */
-    const cfg_value *names, *unknown, *errors, *refusals, *absent, *jax_rules, *grad_names;
+    const cfg_value *names, *unknown, *errors, *refusals, *absent, *jax_rules, *grad_names, *variables, *formulas;
 };
 
 #define RELEASES_MAX 16
@@ -124,6 +124,8 @@ static sim_status load(const char *configs_dir, const char *version, cfg_release
     r->absent = field(r->doc, "absent_axes");
     r->jax_rules = field(r->doc, "jax_rules");
     r->grad_names = field(r->doc, "grad_logical_names");
+    r->variables = field(r->doc, "variables");
+    r->formulas = field(r->doc, "formulas");
     const char *br = scalar(field(r->doc, "base_rules"));
     if (!r->maxtext || strcmp(r->maxtext, version) != 0)
         st = sim_err(SIM_ERR_INPUT, "%s: 'maxtext' must name the release of the file's name (%s)", path, version);
@@ -240,6 +242,18 @@ const char *cfg_release_absent_axis(const cfg_release *r, const char *axis)
 const char *cfg_release_jax_rule(const cfg_release *r, const char *rule, const char *fallback)
 {
     const char *v = r ? scalar(map_at(r->jax_rules, rule)) : NULL;
+    return v ? v : fallback;
+}
+
+const char *cfg_release_variable(const cfg_release *r, const char *var, const char *fallback)
+{
+    const char *v = r ? scalar(map_at(r->variables, var)) : NULL;
+    return v ? v : fallback;
+}
+
+const char *cfg_release_formula(const cfg_release *r, const char *id, const char *fallback)
+{
+    const char *v = r ? scalar(map_at(r->formulas, id)) : NULL;
     return v ? v : fallback;
 }
 

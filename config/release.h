@@ -21,6 +21,14 @@
  *                       this release's JAX applies it (dot_general: same | consistent);
  *   grad_logical_names  map: a parameter path suffix -> the logical names its gradient carries
  *                       (0.2.0's sparse MoE: the shard_map in_specs of the expert kernels);
+ *   variables           map: a model variable whose storage differs -> how this release keeps it
+ *                       (gate_bias: moe_bias_var in 0.2.5, [layers, experts], no optimizer state;
+ *                       param in 0.2.0, an nnx.Param [experts, layers] with optimizer state);
+ *   formulas            map: a computation whose formula differs -> this release's variant
+ *                       (load_balance_density: per_choice in 0.2.5, divided by num_experts_per_tok;
+ *                       choices_sum in 0.2.0; load_balance_probs: pre_bias in 0.2.5, the sparse
+ *                       path's softmax of the DeepSeek-V3 scores before the bias; gate_logits in
+ *                       0.2.0, of the biased gate logits on both paths);
  *   refusals            map: id of a config-time refusal coded in C -> MaxText's validator in this
  *                       release; an id absent here is a combination this release accepts.
  * A release file is read once per process (and per configs directory) and never freed. */
@@ -66,6 +74,12 @@ const char *cfg_release_absent_axis(const cfg_release *r, const char *axis);
 /* How this release's JAX decides sharding rule `rule` (jax_rules: "dot_general" -> "same" in JAX
  * 0.12, "consistent" in JAX 0.8.1), or `fallback` (JAX 0.12's) when the file does not say. */
 const char *cfg_release_jax_rule(const cfg_release *r, const char *rule, const char *fallback);
+/* How this release stores model variable `var` (variables: "gate_bias" -> "moe_bias_var" | "param"),
+ * or `fallback` (0.2.5's) when the file does not say. */
+const char *cfg_release_variable(const cfg_release *r, const char *var, const char *fallback);
+/* This release's variant of computation `id` (formulas), or `fallback` (0.2.5's) when the file does
+ * not say. */
+const char *cfg_release_formula(const cfg_release *r, const char *id, const char *fallback);
 /* The logical names a parameter's gradient carries in this release when they are not the
  * parameter's own (grad_logical_names: a path suffix -> names, null = None), into names[0..cap);
  * returns how many (0: the parameter's own). */

@@ -1,4 +1,4 @@
-/* dump_compare.c — test support: shardsim's dump against MaxText 0.2.5's (see dump_compare.h). */
+/* dump_compare.c — test support: shardsim's dump against a MaxText release's (see dump_compare.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -80,6 +80,11 @@ static void spec_text(const cfg_json *spec, const cfg_json *mesh_sizes, char *ou
 
 int dump_compare_025(const char *what, const char *gdir, int nargs, const char *const *args)
 {
+    return dump_compare_release("0.2.5", what, gdir, nargs, args);
+}
+
+int dump_compare_release(const char *rel, const char *what, const char *gdir, int nargs, const char *const *args)
+{
     char tmpl[] = "/tmp/shardsim_dump_XXXXXX";
     char *tmp = mkdtemp(tmpl);
     assert_non_null(tmp);
@@ -124,13 +129,13 @@ int dump_compare_025(const char *what, const char *gdir, int nargs, const char *
             norm_key(ours[0]->keys[j], ok, sizeof ok);
             if (!strcmp(ok, gk)) o = &ours[0]->items[j], ol = cfg_json_get(ours[1], ours[0]->keys[j]);
         }
-        if (!o) fail_msg("%s: MaxText 0.2.5 has %s, we do not write it", what, gk);
+        if (!o) fail_msg("%s: MaxText %s has %s, we do not write it", what, rel, gk);
         const cfg_json *g = &gold[0]->items[i];
         char a[512], b[512];
         spec_text(cfg_json_get(o, "partition_spec"), cfg_json_get(cfg_json_get(o, "mesh"), "shape"), a, sizeof a);
         spec_text(cfg_json_get(g, "partition_spec"), cfg_json_get(cfg_json_get(g, "mesh"), "shape"), b, sizeof b);
         if (strcmp(a, b) || !cfg_json_equal(cfg_json_get(o, "shape"), cfg_json_get(g, "shape")))
-            fail_msg("%s: %s: ours %s, MaxText 0.2.5 %s", what, gk, a, b);
+            fail_msg("%s: %s: ours %s, MaxText %s %s", what, gk, a, rel, b);
         /* logical names: 0.2.5's (embed_attn, embed_router ...), no mapping */
         const cfg_json *gl = cfg_json_get(gold[1], gold[0]->keys[i]);
         const cfg_json *gs = gl ? cfg_json_get(gl, "partition_spec") : NULL,
@@ -138,7 +143,7 @@ int dump_compare_025(const char *what, const char *gdir, int nargs, const char *
         bool g_none = !gs || gs->kind == CFG_JSON_NULL || (gs->kind == CFG_JSON_ARRAY && gs->n == 0);
         bool o_none = !os || os->kind == CFG_JSON_NULL || (os->kind == CFG_JSON_ARRAY && os->n == 0);
         if (gl && ol && !(g_none && o_none) && !(gs && os && cfg_json_equal(gs, os))) /* None = P() */
-            fail_msg("%s: %s: logical names differ from MaxText 0.2.5's", what, gk);
+            fail_msg("%s: %s: logical names differ from MaxText %s's", what, gk, rel);
         compared++;
     }
     for (int j = 0; j < ours[0]->n; j++) { /* and nothing of ours is missing there */
@@ -150,9 +155,9 @@ int dump_compare_025(const char *what, const char *gdir, int nargs, const char *
             norm_key(gold[0]->keys[i], gk, sizeof gk);
             found = !strcmp(ok, gk);
         }
-        if (!found) fail_msg("%s: we write %s, MaxText 0.2.5 has no such leaf", what, ok);
+        if (!found) fail_msg("%s: we write %s, MaxText %s has no such leaf", what, ok, rel);
     }
-    printf("  0.2.5 %-76s named %d identical (+%d NNX-only leaves)\n", what, compared, nnx_only);
+    printf("  %s %-76s named %d identical (+%d NNX-only leaves)\n", rel, what, compared, nnx_only);
     for (int f = 0; f < 2; f++) {
         cfg_json_free(ours[f]);
         cfg_json_free(gold[f]);

@@ -9,5 +9,9 @@
  * NNX-only leaves (rng streams, optax counts) are skipped.  Prints a line naming `what` and returns
  * the leaves compared.  Any difference fails the test. */
 int dump_compare_025(const char *what, const char *gdir, int nargs, const char *const *args);
+/* The same against release `rel`'s dump (e.g. "0.2.0": tests/data/maxtext-0.2.0/goldens, whose Linen
+ * state names and logical_names.json, written from the Linen logical annotations, compare alike); args
+ * should carry maxtext_release=rel. */
+int dump_compare_release(const char *rel, const char *what, const char *gdir, int nargs, const char *const *args);
 
 #endif

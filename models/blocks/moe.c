@@ -2085,9 +2085,16 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
     if (mo->lb_weight > 0) {
         /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
         double per_layer = mo->lb_weight / (double)ml->lb_layers;
+        /* the release's formula (maxtext_release's formulas): 0.2.5's load_balance_loss divides the
+         * density by num_experts_per_tok; 0.2.0's (layers/moe.py RoutedMoE.load_balance_loss) does not,
+         * so its loss is num_experts_per_tok times as large: the weight carries the factor */
+        if (!strcmp(cfg_release_formula(md->ctx.release, "load_balance_density", "per_choice"), "choices_sum"))
+            per_layer *= (double)mo->top_k;
         /* 0.2.5's probabilities: the sparse path takes the softmax of the pre-bias scores where the
-         * model has them (DeepSeek-V3 names), the dense path always that of the biased gate logits */
-        mesh_var *lb_bias = !dense_path && mo->bias_selects_only ? NULL : bias;
+         * model has them (DeepSeek-V3 names), the dense path always that of the biased gate logits;
+         * 0.2.0's both paths that of the biased gate logits (moe.py permute and dense_matmul) */
+        bool pre_bias = !strcmp(cfg_release_formula(md->ctx.release, "load_balance_probs", "pre_bias"), "pre_bias");
+        mesh_var *lb_bias = !dense_path && mo->bias_selects_only && pre_bias ? NULL : bias;
         SIM_TRY(model_moe_lb_loss(t, scores, lb_bias, indices, per_layer, "load_balance_loss", lb));
     }
     if (mo->capacity_factor > 0) {

@@ -331,7 +331,11 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
     int64_t X = ds->moe.experts, Hm = ds->moe.moe_mlp, Fs = ds->moe.shared_experts * ds->moe.moe_mlp;
     add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel"), 3, (int64_t[]){E, n, X},
         (const char *[]){"embed_router", stack, NULL}, MODEL_INIT_TRUNC_NORMAL, fan_in(E));
-    if (ds->moe.routed_bias && ds->moe.bias_selects_only) {
+    /* the DeepSeek-V3 bias's storage is the release's (maxtext_release's variables.gate_bias): 0.2.5's
+     * MoEBiasVar, or 0.2.0's nnx.Param (its layers/moe.py GateLogit.__init__: trained like the kernels
+     * and stacked like them, with optimizer state; its train_step writes the update into the parameters) */
+    bool bias_var = !strcmp(cfg_release_variable(m->release, "gate_bias", "moe_bias_var"), "moe_bias_var");
+    if (ds->moe.routed_bias && ds->moe.bias_selects_only && bias_var) {
         /* MaxText 0.2.5's GateLogit keeps the DeepSeek-V3 bias as a MoEBiasVar: not trained (no gradient,
          * no optimizer state; routed_bias_update_rate changes it), its layers stacked first */
         if (un) /* one layer (MTP): a plain [experts] vector */
@@ -343,7 +347,7 @@ static void define_layers(model_def *m, const char *prefix, const char *stack, i
             m->defs[m->nparams - 1].scan_dim = 0;
         }
         m->defs[m->nparams - 1].state_var = true;
-    } else if (ds->moe.routed_bias) { /* other model names: an nnx.Param, stacked like the kernels */
+    } else if (ds->moe.routed_bias) { /* other model names (and 0.2.0): an nnx.Param, stacked like the kernels */
         add(m, PATH("DeepSeekMoeBlock_0.MoeBlock_0.gate.bias"), 2, (int64_t[]){X, n}, (const char *[]){NULL, stack},
             MODEL_INIT_ZEROS, 0);
     }
