@@ -26,7 +26,7 @@
 #include "config/json.h"
 #include "models/core/model.h"
 #include "tests/cli_capture.h"
-#include "tests/dump_compare.h"
+#include "tests/family_check.h"
 #include "tests/helpers.h"
 #include "tests/model_run.h"
 
@@ -39,100 +39,28 @@ static const char *const MISTRAL[] = {
 };
 enum { NMISTRAL = sizeof MISTRAL / sizeof MISTRAL[0] };
 
-/* `shardsim train` with MISTRAL, the case's words and `more`; fails the test unless it exits 0. */
-static void train(const char *const *words, int nwords, const char *const *more, int nmore)
-{
-    const char *argv[48];
-    int argc = 0;
-    for (int i = 0; i < NMISTRAL; i++) argv[argc++] = MISTRAL[i];
-    for (int i = 0; i < nwords; i++) argv[argc++] = words[i];
-    for (int i = 0; i < nmore; i++) argv[argc++] = more[i];
-    argv[argc++] = "hardware=cpu";
-    cli_capture r = cli_capture_run(cli_train, argc, argv);
-    if (r.rc) fail_msg("shardsim train exit %d: %s", r.rc, r.err);
-    cli_capture_free(&r);
-}
-
-typedef struct {
-    const char *name;     /* losses/<name>.json */
-    const char *words[4]; /* the case's keys beyond MISTRAL (as gen.sh passes them) */
-    double rtol;          /* required agreement */
-    double at_least;      /* unused here (a known difference's floor in the qwen3 test) */
-} loss_case;
-
-static const loss_case LOSS_CASES[] = {
-    {"mistral/fsdp2_tensor2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 1e-6, 0},
+static const family_loss_case LOSS_CASES[] = {
+    {"mistral/fsdp2_tensor2", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}, 1e-6, 0, NULL},
     {"mistral/data2_fsdp2_explicit",
      {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "shard_mode=explicit"},
      1e-6,
-     0},
+     0,
+     NULL},
 };
 
 static void test_losses_equal_maxtext(void **state)
 {
     (void)state;
-    for (size_t c = 0; c < sizeof LOSS_CASES / sizeof LOSS_CASES[0]; c++) {
-        const loss_case *lc = &LOSS_CASES[c];
-        int nw = 0;
-        while (nw < 4 && lc->words[nw]) nw++;
-        char path[1200];
-        snprintf(path, sizeof path, "%s/maxtext-0.2.5/losses/%s.json", helper_reference_dir(), lc->name);
-        cfg_json *peer = helper_read_json(NULL, path);
-        /* the measurement is of this configuration: every word given here was given to MaxText */
-        const cfg_json *ov = cfg_json_get(peer, "overrides");
-        assert_non_null(ov);
-        for (int i = 0; i < NMISTRAL + nw; i++) {
-            const char *w = i < NMISTRAL ? MISTRAL[i] : lc->words[i - NMISTRAL];
-            bool found = false;
-            for (int j = 0; j < ov->n && !found; j++) found = !strcmp(ov->items[j].str, w);
-            if (!found) fail_msg("%s: MaxText's run did not get %s", lc->name, w);
-        }
-        const cfg_json *ml = cfg_json_get(peer, "losses");
-        assert_non_null(ml);
-        assert_int_equal(ml->n, 2);
-        /* the parameters: shardsim's after one step from its init (gen.sh), then both runs from them */
-        char *dir = helper_tmpdir("mistral");
-        char ck[128], load[256], out[128], metrics[160], p0[160];
-        snprintf(ck, sizeof ck, "checkpoint_dir=%s/ck", dir);
-        snprintf(p0, sizeof p0, "%s/ck/step_0.safetensors", dir);
-        snprintf(load, sizeof load, "load_parameters_path=%s", p0);
-        snprintf(out, sizeof out, "output_dir=%s/out", dir);
-        const char *make[] = {"steps=1", "learning_rate=1e-2", "enable_checkpointing=true", ck};
-        train(lc->words, nw, make, 4);
-        const char *run[] = {"steps=2", "learning_rate=1e-3", load, out};
-        train(lc->words, nw, run, 4);
-        snprintf(metrics, sizeof metrics, "%s/out/metrics.json", dir);
-        cfg_json *ours = helper_read_json(NULL, metrics);
-        const cfg_json *st = cfg_json_get(ours, "steps");
-        assert_non_null(st);
-        assert_int_equal(st->n, 2);
-        for (int s = 0; s < 2; s++) {
-            double m = cfg_json_get(&ml->items[s], "loss")->number, o = cfg_json_get(&st->items[s], "loss")->number;
-            double rel = fabs(o - m) / fabs(m);
-            printf("  %-36s step %d  shardsim %.9f  MaxText 0.2.5 %.9f  rel %.2e\n", lc->name, s, o, m, rel);
-            if (rel > lc->rtol)
-                fail_msg("%s step %d: shardsim %.9f, MaxText %.9f (rel %.2e > %.0e)", lc->name, s, o, m, rel, lc->rtol);
-        }
-        /* after one step the loss moved by far more than the tolerance: the step itself is compared */
-        double m0 = cfg_json_get(&ml->items[0], "loss")->number, m1 = cfg_json_get(&ml->items[1], "loss")->number;
-        assert_true(fabs(m1 - m0) / fabs(m0) > 100 * lc->rtol);
-        cfg_json_free(ours);
-        cfg_json_free(peer);
-        helper_rm_rf(dir);
-        free(dir);
-    }
+    family_check_losses("mistral", MISTRAL, NMISTRAL, LOSS_CASES, (int)(sizeof LOSS_CASES / sizeof LOSS_CASES[0]));
 }
 
 static void test_dumps_equal_maxtext(void **state)
 {
     (void)state;
-    char gdir[1200];
-    snprintf(gdir, sizeof gdir,
-             "%s/maxtext-0.2.5/goldens/mistral-7b/cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2",
-             helper_reference_dir());
     const char *a[] = {"model_name=mistral-7b", "num_devices=8", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"};
     /* 12 parameters, their two Adam moments and the step counters */
-    assert_true(dump_compare_025("mistral-7b fsdp=4 tensor=2", gdir, 4, a) >= 3 * 12);
+    assert_true(family_check_dump("mistral-7b fsdp=4 tensor=2", "mistral-7b",
+                                  "ici_fsdp_parallelism=4_ici_tensor_parallelism=2", 4, a) >= 3 * 12);
 }
 
 /* Parity: every mesh trains as one device does (losses and every gradient, rtol 1e-4). */
@@ -147,10 +75,7 @@ enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 3 };
 static void test_parity_across_meshes(void **state)
 {
     (void)state;
-    static const struct {
-        int devices;
-        const char *words[5];
-    } meshes[] = {
+    static const family_mesh meshes[] = {
         {2, {"ici_data_parallelism=2"}},
         {4, {"ici_fsdp_parallelism=4"}},
         {2, {"ici_tensor_parallelism=2"}},
@@ -165,22 +90,7 @@ static void test_parity_across_meshes(void **state)
           "hardware=tpu"}},
         {4, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=minimal", "shard_mode=explicit"}},
     };
-    model_run ref;
-    model_run_open(&ref, TINY, NTINY, ROWS, NULL, 0, 1, STEPS);
-    model_run_train(&ref, true);
-    for (size_t i = 0; i < sizeof meshes / sizeof meshes[0]; i++) {
-        int n = 0;
-        char what[200] = "";
-        size_t o = 0;
-        while (n < 5 && meshes[i].words[n])
-            o += (size_t)snprintf(what + o, sizeof what - o, "%s ", meshes[i].words[n++]);
-        model_run r;
-        model_run_open(&r, TINY, NTINY, ROWS, meshes[i].words, n, meshes[i].devices, STEPS);
-        model_run_train(&r, true);
-        model_run_compare(what, &r, &ref, STEPS);
-        model_run_close(&r);
-    }
-    model_run_close(&ref);
+    family_check_parity(TINY, NTINY, ROWS, STEPS, meshes, (int)(sizeof meshes / sizeof meshes[0]));
 }
 
 static void test_definition(void **state)
@@ -203,9 +113,7 @@ static void test_definition(void **state)
 static void test_refusals_name_the_key(void **state)
 {
     (void)state;
-    static const struct {
-        const char *word, *key, *also, *word2;
-    } cases[] = {
+    static const family_refusal cases[] = {
         {"attention_type=mla", "attention_type", "global", NULL},
         {"attention_type=local_sliding", "sliding_window_size", "must be an integer > 0", NULL},
         {"attention_type=local_sliding", "attention_type", "never applies sliding_window_size",
@@ -215,20 +123,7 @@ static void test_refusals_name_the_key(void **state)
         {"mtp_num_layers=1", "mtp_num_layers", "deepseek", NULL},
         {"use_batch_split_schedule=true", "use_batch_split_schedule", "deepseek", NULL},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *argv[NTINY + 4];
-        int argc = 0;
-        for (int k = 0; k < NTINY; k++) argv[argc++] = TINY[k];
-        argv[argc++] = "steps=1";
-        argv[argc++] = "per_device_batch_size=8";
-        argv[argc++] = cases[i].word;
-        if (cases[i].word2) argv[argc++] = cases[i].word2;
-        cli_capture r = cli_capture_run(cli_train, argc, argv);
-        if (r.rc != 2 || !strstr(r.err, cases[i].key) || !strstr(r.err, cases[i].also))
-            fail_msg("%s: exit %d, expected 2 naming %s and '%s': %s", cases[i].word, r.rc, cases[i].key, cases[i].also,
-                     r.err);
-        cli_capture_free(&r);
-    }
+    family_check_refusals(TINY, NTINY, cases, (int)(sizeof cases / sizeof cases[0]));
 }
 
 int main(void)
