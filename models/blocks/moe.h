@@ -209,6 +209,15 @@ typedef struct {
  * softmax_topk is the caller's: it says which get_topk branch the decoder block takes. */
 sim_status model_moe_dims_read(const cfg_config *cfg, const model_dims *d, bool softmax_topk, model_moe_dims *o);
 
+/* The checks of a fully MoE layer outside DeepSeek (mixtral, qwen3_moe) once its dims are read:
+ * top-k within 1..min(64, experts), and with remat_policy=custom the expert-sorted inputs and
+ * routing maps kept as remat (saving them is not simulated). */
+sim_status model_moe_check_routed(const model_dims *d, const model_moe_dims *mo);
+
+/* The setup hook's checks of such a family: MaxText runs the batch-split schedule for DeepSeek
+ * only, and collecting the load-balance loss from pipeline iterations is not simulated. */
+sim_status model_moe_check_setup(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo);
+
 /* Expert-parallel and expert-hidden axes of the expert region: the mesh axes of the weights'
  * ('exp', None, 'mlp_no_fsdp') names without fsdp. */
 sim_status model_moe_axes(const model_def *m, sim_axes *ep, sim_axes *h);

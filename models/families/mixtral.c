@@ -226,38 +226,14 @@ static sim_status mixtral_define(model_def *m, const cfg_config *cfg)
     /* get_topk's branch outside DeepSeek: softmax over the k selected logits, norm_topk_prob honoured */
     SIM_TRY(model_moe_dims_read(cfg, d, true, mo));
     mo->moe_mlp = d->mlp; /* RoutedMoE(intermediate_dim=config.mlp_dim) */
-    if (mo->experts < 1 || mo->top_k < 1 || mo->top_k > mo->experts || mo->top_k > 64)
-        return sim_err(SIM_ERR_INPUT,
-                       "num_experts_per_tok=%lld with num_experts=%lld: a MoE layer routes each token to 1..min(64, "
-                       "num_experts) experts",
-                       (long long)mo->top_k, (long long)mo->experts);
-    /* remat_policy=custom: the routed experts keep moe.py's grouped-matmul tags (model_moe_routed);
-     * the sorted inputs and routing maps are not simulated as saved */
-    static const model_ckpt_name unkept[] = {MODEL_CKPT_MOE_X_SORTED, MODEL_CKPT_MOE_ROUTING_MAPS};
-    for (int i = 0; i < 2; i++)
-        if (d->ckpt[unkept[i]] != MODEL_CKPT_REMAT)
-            return sim_err(SIM_ERR_INPUT,
-                           "%s=%s (remat_policy=custom): saving the routed experts' %s across remat is not "
-                           "simulated; keep %s=remat (the other MoE tags, moe_mlpwi_0/moe_mlpwi_1/moe_mlpwo, are)",
-                           model_ckpt_name_str(unkept[i]),
-                           d->ckpt[unkept[i]] == MODEL_CKPT_DEVICE ? "device" : "offload",
-                           i == 0 ? "expert-sorted inputs" : "routing maps", model_ckpt_name_str(unkept[i]));
+    SIM_TRY(model_moe_check_routed(d, mo));
     define_params(m);
     return model_moe_check_mesh(m, cfg, mo);
 }
 
 static sim_status mixtral_setup(model_def *m, const cfg_config *cfg)
 {
-    bool on;
-    SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &on));
-    if (on)
-        return model_cfg_unsupported(cfg, "use_batch_split_schedule",
-                                     "MaxText runs the batch-split schedule for decoder_block=deepseek only; drop it");
-    if (m->d.pipe.on && mixtral_dims(m)->lb_weight > 0)
-        return model_cfg_unsupported(cfg, "load_balance_loss_weight",
-                                     "collecting the MoE load-balance loss from the pipeline iterations is not "
-                                     "simulated; use load_balance_loss_weight=0 with pipeline parallelism");
-    return SIM_OK;
+    return model_moe_check_setup(m, cfg, mixtral_dims(m));
 }
 
 static sim_status mixtral_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
