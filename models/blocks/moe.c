@@ -1989,6 +1989,33 @@ sim_status model_moe_check_routed(const model_dims *d, const model_moe_dims *mo)
     return SIM_OK;
 }
 
+void model_moe_define_routed_params(model_def *m, const char *scope, const model_moe_dims *mo)
+{
+    int64_t E = m->d.emb, L = m->d.layers, X = mo->experts, F = mo->moe_mlp;
+    double fe = 1.0 / sqrt((double)E);
+    char path[192];
+#define ROUTED_PARAM(leaf, rank, shape, logical, init, scale)                                                          \
+    do {                                                                                                               \
+        snprintf(path, sizeof path, "params.decoder.layers.%s.%s", scope, leaf);                                       \
+        model_add_param(m, path, rank, shape, logical, 1, init, scale);                                                \
+    } while (0)
+    /* RoutedMoE's GateLogit: kernel_axes ("embed", None) from the layer; the bias (routed_bias), an
+     * nnx.Param of (experts,) stacked like the kernels */
+    ROUTED_PARAM("gate.kernel", 3, ((int64_t[]){E, L, X}), ((const char *[]){"embed", "layers", NULL}),
+                 MODEL_INIT_TRUNC_NORMAL, fe);
+    if (mo->routed_bias)
+        ROUTED_PARAM("gate.bias", 2, ((int64_t[]){X, L}), ((const char *[]){NULL, "layers"}), MODEL_INIT_ZEROS, 0);
+    /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
+    const char *const *wi = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", NULL, "mlp_moe"}
+                                                  : (const char *[]){"exp", "layers", "embed_moe", "mlp_moe"};
+    const char *const *wo = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", "mlp_moe", NULL}
+                                                  : (const char *[]){"exp", "layers", "mlp_moe", "embed_moe"};
+    ROUTED_PARAM("wi_0", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
+    ROUTED_PARAM("wi_1", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
+    ROUTED_PARAM("wo", 4, ((int64_t[]){X, L, F, E}), wo, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
+#undef ROUTED_PARAM
+}
+
 sim_status model_moe_check_setup(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo)
 {
     bool on;

@@ -218,6 +218,12 @@ sim_status model_moe_check_routed(const model_dims *d, const model_moe_dims *mo)
  * only, and collecting the load-balance loss from pipeline iterations is not simulated. */
 sim_status model_moe_check_setup(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo);
 
+/* The routed experts' parameters of a fully MoE layer outside DeepSeek (mixtral, qwen3_moe), stacked
+ * over the scanned layers under params.decoder.layers.<scope>: RoutedMoE's gate kernel ('embed',
+ * None), its bias where routed_bias is set, and wi_0, wi_1, wo (width mo->moe_mlp), with moe.py's
+ * logical names (embed_moe on the expert dim under shard_exp_on_fsdp). */
+void model_moe_define_routed_params(model_def *m, const char *scope, const model_moe_dims *mo);
+
 /* Expert-parallel and expert-hidden axes of the expert region: the mesh axes of the weights'
  * ('exp', None, 'mlp_no_fsdp') names without fsdp. */
 sim_status model_moe_axes(const model_def *m, sim_axes *ep, sim_axes *h);

@@ -160,7 +160,6 @@ static void define_params(model_def *m, bool qk_norm)
     const model_dims *d = &m->d;
     const model_moe_dims *mo = qmoe_dims(m);
     int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, L = d->layers;
-    int64_t X = mo->experts, F = mo->moe_mlp;
     double fe = 1.0 / sqrt((double)E);
     model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E},
                     (const char *[]){"vocab", "embed_vocab"}, -1, MODEL_INIT_NORMAL, fe);
@@ -189,21 +188,7 @@ static void define_params(model_def *m, bool qk_norm)
                 1.0 / sqrt((double)(H * D)));
     LAYER_PARAM("post_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
                 MODEL_INIT_ONES, 0);
-    /* RoutedMoE's GateLogit: kernel_axes ("embed", None) from the layer; the bias (routed_bias) an
-     * nnx.Param of (experts,) stacked like the kernels */
-    LAYER_PARAM("moe_block.gate.kernel", 3, ((int64_t[]){E, L, X}), ((const char *[]){"embed", "layers", NULL}),
-                MODEL_INIT_TRUNC_NORMAL, fe);
-    if (mo->routed_bias)
-        LAYER_PARAM("moe_block.gate.bias", 2, ((int64_t[]){X, L}), ((const char *[]){NULL, "layers"}), MODEL_INIT_ZEROS,
-                    0);
-    /* shard_exp_on_fsdp: MaxText names the expert dim embed_moe and leaves the embedding dim unnamed */
-    const char *const *wi = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", NULL, "mlp_moe"}
-                                                  : (const char *[]){"exp", "layers", "embed_moe", "mlp_moe"};
-    const char *const *wo = mo->shard_exp_on_fsdp ? (const char *[]){"embed_moe", "layers", "mlp_moe", NULL}
-                                                  : (const char *[]){"exp", "layers", "mlp_moe", "embed_moe"};
-    LAYER_PARAM("moe_block.wi_0", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
-    LAYER_PARAM("moe_block.wi_1", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
-    LAYER_PARAM("moe_block.wo", 4, ((int64_t[]){X, L, F, E}), wo, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
+    model_moe_define_routed_params(m, "moe_block", mo);
     model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1,
                     MODEL_INIT_ONES, 0);
     if (!d->tied_logits)
