@@ -18,12 +18,13 @@
 
 /* ---- test configurations (YAML files in tests/data/), passed as config-file words; key=value words
  * given with them override them, whatever their order */
-#define TINY_DEEPSEEK_YML "tests/data/tiny-deepseek.yml"    /* 1 dense + 2 MoE layers, 8 experts top-2 */
-#define MOE_TRAINING_YML "tests/data/moe-training.yml"      /* seed, rate and aux losses of MoE parity */
-#define TINY_LLAMA_YML "tests/data/tiny-llama.yml"          /* width 16, 4 query heads over 2 KV heads */
-#define TINY_LLAMA_MHA_YML "tests/data/tiny-llama-mha.yml"  /* width 16, 2 heads, MLP 32 */
-#define SMALL_LLAMA_YML "tests/data/small-llama.yml"        /* width 32, 4 heads, vocabulary 256 */
-#define LLAMA2_NARROW_YML "tests/data/llama2-7b-narrow.yml" /* llama2-7b at width 64, 2 layers */
+#define TINY_DEEPSEEK_YML "tests/data/tiny-deepseek.yml"     /* 1 dense + 2 MoE layers, 8 experts top-2 */
+#define MOE_TRAINING_YML "tests/data/moe-training.yml"       /* seed, rate and aux losses of MoE parity */
+#define TINY_LLAMA_YML "tests/data/tiny-llama.yml"           /* width 16, 4 query heads over 2 KV heads */
+#define TINY_LLAMA_MHA_YML "tests/data/tiny-llama-mha.yml"   /* width 16, 2 heads, MLP 32 */
+#define SMALL_LLAMA_YML "tests/data/small-llama.yml"         /* width 32, 4 heads, vocabulary 256 */
+#define LLAMA2_NARROW_YML "tests/data/llama2-7b-narrow.yml"  /* llama2-7b at width 64, 2 layers */
+#define TINY_BATCHSPLIT_YML "tests/data/tiny-batchsplit.yml" /* deepseek3-671b-batchsplit at width 64, 5 layers */
 
 /* ---- self-contained HTML reports, rendered in headless Chromium */
 

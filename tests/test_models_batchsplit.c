@@ -26,33 +26,11 @@
 #include <time.h>
 
 #include "models/core/train.h"
+#include "tests/helpers.h"
 #include "tests/model_run.h"
 
 /* Dims of the test-sized model: emb 64, 4 heads, MoE width 32, 8 experts top 2, 4 groups keep 2. */
-static const char *const BASE[] = {"model_name=deepseek3-671b-batchsplit",
-                                   "override_model_config=true",
-                                   "base_emb_dim=64",
-                                   "base_num_query_heads=4",
-                                   "base_num_kv_heads=4",
-                                   "base_mlp_dim=64",
-                                   "base_moe_mlp_dim=32",
-                                   "base_num_decoder_layers=5",
-                                   "first_num_dense_layers=1",
-                                   "vocab_size=256",
-                                   "num_experts=8",
-                                   "num_experts_per_tok=2",
-                                   "n_routing_groups=4",
-                                   "topk_routing_group=2",
-                                   "q_lora_rank=16",
-                                   "kv_lora_rank=16",
-                                   "qk_nope_head_dim=16",
-                                   "qk_rope_head_dim=8",
-                                   "v_head_dim=16",
-                                   "max_target_length=32",
-                                   "batch_split_factor=2",
-                                   "sharding_tolerance=1",
-                                   "learning_rate=3e-4",
-                                   "dtype=bfloat16"};
+static const char *const BASE[] = {TINY_BATCHSPLIT_YML, "learning_rate=3e-4"};
 enum { NBASE = sizeof BASE / sizeof BASE[0], ROWS = 16, EMB = 64, SEQ = 32 };
 
 static const char *const MESH8[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "ici_data_parallelism=2"};

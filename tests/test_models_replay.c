@@ -211,29 +211,7 @@ static void test_deepseek(void **state)
 }
 
 /* the batch-split schedule (DeepSeek-V3's, MaxText's deepseek_batchsplit.py) on a test-sized model */
-static const char *const SPLIT[] = {"model_name=deepseek3-671b-batchsplit",
-                                    "override_model_config=true",
-                                    "base_emb_dim=64",
-                                    "base_num_query_heads=4",
-                                    "base_num_kv_heads=4",
-                                    "base_mlp_dim=64",
-                                    "base_moe_mlp_dim=32",
-                                    "base_num_decoder_layers=5",
-                                    "first_num_dense_layers=1",
-                                    "vocab_size=256",
-                                    "num_experts=8",
-                                    "num_experts_per_tok=2",
-                                    "n_routing_groups=4",
-                                    "topk_routing_group=2",
-                                    "q_lora_rank=16",
-                                    "kv_lora_rank=16",
-                                    "qk_nope_head_dim=16",
-                                    "qk_rope_head_dim=8",
-                                    "v_head_dim=16",
-                                    "max_target_length=32",
-                                    "batch_split_factor=2",
-                                    "sharding_tolerance=1",
-                                    "dtype=bfloat16"};
+static const char *const SPLIT[] = {TINY_BATCHSPLIT_YML};
 enum { NSPLIT = sizeof SPLIT / sizeof SPLIT[0] };
 
 static void test_batch_split(void **state)
