@@ -140,10 +140,10 @@ fail: /* the context as the caller left it, on every path */
 #define LAYER_PARAM(path, rank, shape, logical, init, scale)                                                           \
     model_add_param(m, "params.decoder.layers." path, rank, shape, logical, 1, init, scale)
 
-void model_dense_define(model_def *m, double query_init_scale, bool qk_norm)
+void model_dense_define_attention(model_def *m, double query_init_scale, bool qk_norm)
 {
     const model_dims *d = &m->d;
-    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, F = d->mlp, L = d->layers;
+    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, L = d->layers;
     double fe = 1.0 / sqrt((double)E);
     model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E},
                     (const char *[]){"vocab", "embed_vocab"}, -1, MODEL_INIT_NORMAL, fe);
@@ -172,6 +172,25 @@ void model_dense_define(model_def *m, double query_init_scale, bool qk_norm)
                 1.0 / sqrt((double)(H * D)));
     LAYER_PARAM("post_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
                 MODEL_INIT_ONES, 0);
+}
+
+void model_dense_define_head(model_def *m)
+{
+    const model_dims *d = &m->d;
+    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){d->emb}, (const char *[]){"norm"}, -1,
+                    MODEL_INIT_ONES, 0);
+    if (!d->tied_logits)
+        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){d->emb, d->vocab},
+                        (const char *[]){"embed_vocab", "vocab"}, -1, MODEL_INIT_TRUNC_NORMAL,
+                        1.0 / sqrt((double)d->emb));
+}
+
+void model_dense_define(model_def *m, double query_init_scale, bool qk_norm)
+{
+    const model_dims *d = &m->d;
+    int64_t E = d->emb, F = d->mlp, L = d->layers;
+    double fe = 1.0 / sqrt((double)E);
+    model_dense_define_attention(m, query_init_scale, qk_norm);
     if (d->fused_mlp) /* MlpBlock with fused_mlp: one kernel for both activations */
         LAYER_PARAM("mlp.wi.kernel", 4, ((int64_t[]){E, L, 2, F}),
                     ((const char *[]){"embed", "layers", "num_activations", "mlp"}), MODEL_INIT_TRUNC_NORMAL, fe);
@@ -183,11 +202,7 @@ void model_dense_define(model_def *m, double query_init_scale, bool qk_norm)
     }
     LAYER_PARAM("mlp.wo.kernel", 3, ((int64_t[]){F, L, E}), ((const char *[]){"mlp", "layers", "embed"}),
                 MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
-    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1,
-                    MODEL_INIT_ONES, 0);
-    if (!d->tied_logits)
-        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V},
-                        (const char *[]){"embed_vocab", "vocab"}, -1, MODEL_INIT_TRUNC_NORMAL, fe);
+    model_dense_define_head(m);
 }
 
 sim_status model_dense_setup(model_def *m, const cfg_config *cfg)

@@ -48,6 +48,11 @@ sim_status model_dense_layer_run(model_dev *md, mesh_tape *t, const model_batch 
  * query kernel's init scaled by query_init_scale on top of 1/sqrt(embed); the query/key norm scales
  * with qk_norm) and the head. */
 void model_dense_define(model_def *m, double query_init_scale, bool qk_norm);
+/* The two ends model_dense_define is made of, for a layer with another MLP (mixtral, qwen3_moe): the
+ * embedding, the attention half (pre-norm, query/key/value or qkv_proj, the query/key norms with qk_norm,
+ * out, the post-attention norm), and the head (decoder_norm, logits_dense unless tied). */
+void model_dense_define_attention(model_def *m, double query_init_scale, bool qk_norm);
+void model_dense_define_head(model_def *m);
 
 /* The setup hook of a dense family: MaxText runs the batch-split schedule for DeepSeek only, so
  * use_batch_split_schedule=true is refused naming the key. */

@@ -31,6 +31,7 @@
 #include "mesh/nn.h"
 #include "models/blocks/attention.h"
 #include "models/blocks/decoder.h"
+#include "models/blocks/dense_layer.h"
 #include "models/blocks/moe.h"
 #include "models/core/model.h"
 
@@ -140,42 +141,13 @@ static sim_status mixtral_layer_fn(model_dev *md, mesh_tape *t, const model_batc
 
 /* ------------------------------------------------------------ definition */
 
-#define LAYER_PARAM(path, rank, shape, logical, init, scale)                                                           \
-    model_add_param(m, "params.decoder.layers." path, rank, shape, logical, 1, init, scale)
-
 static void define_params(model_def *m)
 {
     const model_dims *d = &m->d;
-    const model_moe_dims *mo = mixtral_dims(m);
-    int64_t V = d->vocab, E = d->emb, H = d->q_heads, K = d->kv_heads, D = d->head_dim, L = d->layers;
-    double fe = 1.0 / sqrt((double)E);
-    double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)D); /* Attention.init_query_w, as Mistral's */
-    model_add_param(m, "params.token_embedder.embedding", 2, (int64_t[]){V, E},
-                    (const char *[]){"vocab", "embed_vocab"}, -1, MODEL_INIT_NORMAL, fe);
-    LAYER_PARAM("pre_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
-                MODEL_INIT_ONES, 0);
-    if (d->fused_qkv)
-        LAYER_PARAM("self_attention.qkv_proj.kernel", 4, ((int64_t[]){E, L, H + 2 * K, D}),
-                    ((const char *[]){"embed_attn", "layers", "heads", "kv"}), MODEL_INIT_NORMAL, fe);
-    else {
-        LAYER_PARAM("self_attention.query.kernel", 4, ((int64_t[]){E, L, H, D}),
-                    ((const char *[]){"embed_attn", "layers", "q_heads", "kv"}), MODEL_INIT_NORMAL, fe * qs);
-        LAYER_PARAM("self_attention.key.kernel", 4, ((int64_t[]){E, L, K, D}),
-                    ((const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}), MODEL_INIT_NORMAL, fe);
-        LAYER_PARAM("self_attention.value.kernel", 4, ((int64_t[]){E, L, K, D}),
-                    ((const char *[]){"embed_attn", "layers", "kv_heads", "kv_head_dim"}), MODEL_INIT_NORMAL, fe);
-    }
-    LAYER_PARAM("self_attention.out.kernel", 4, ((int64_t[]){H, L, D, E}),
-                ((const char *[]){"heads", "layers", "kv", "embed_attn"}), MODEL_INIT_NORMAL,
-                1.0 / sqrt((double)(H * D)));
-    LAYER_PARAM("post_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
-                MODEL_INIT_ONES, 0);
-    model_moe_define_routed_params(m, "MoeBlock_0", mo);
-    model_add_param(m, "params.decoder.decoder_norm.scale", 1, (int64_t[]){E}, (const char *[]){"norm"}, -1,
-                    MODEL_INIT_ONES, 0);
-    if (!d->tied_logits)
-        model_add_param(m, "params.decoder.logits_dense.kernel", 2, (int64_t[]){E, V},
-                        (const char *[]){"embed_vocab", "vocab"}, -1, MODEL_INIT_TRUNC_NORMAL, fe);
+    double qs = d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)d->head_dim); /* Attention.init_query_w, as Mistral's */
+    model_dense_define_attention(m, qs, false);
+    model_moe_define_routed_params(m, "MoeBlock_0", mixtral_dims(m));
+    model_dense_define_head(m);
 }
 
 /* What MaxText's mixtral layer would read and shardsim does not simulate, or what the layer does
