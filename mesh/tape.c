@@ -38,6 +38,15 @@ _Static_assert(sizeof(mesh_entry) <= SLAB_ROOM && sizeof(mesh_var) <= SLAB_ROOM,
 static _Thread_local slab *spare_slabs;
 static _Thread_local int live_tapes;
 
+/* One simulated layer of a stack and the copies it stands for: its entries [e0, e1) and variables
+ * [v0, v1); what it left held in the arena per category after its forward (fwd), backward (bwd) and
+ * the flush of its parameters' gradients (flush), each copy as much again. */
+typedef struct {
+    int e0, e1, v0, v1;
+    uint64_t times;
+    int64_t fwd[SIM_NMEM], bwd[SIM_NMEM], flush[SIM_NMEM], at[SIM_NMEM];
+} tape_repeat;
+
 struct mesh_tape {
     mesh_ctx *ctx;
     slab *slabs; /* the newest first; objects are never moved or freed one by one */
@@ -48,6 +57,8 @@ struct mesh_tape {
     mesh_entry **entries;
     int nentries, capentries;
     bool backward; /* a backward pass is running (mesh_tape_single_use) */
+    tape_repeat reps[MESH_TAPE_REPEATS]; /* a dry run's layers that stand for more (mesh_tape_repeat_end) */
+    int nreps;
 };
 
 mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording)
@@ -142,6 +153,15 @@ void mesh_tape_free(mesh_tape *t)
     }
     slabs_release(t->slabs);
     mesh_reshard_cache_free(t->cache);
+    /* the copies of a repeated layer held what the simulated one held until now: released with it
+     * (only releases happen here, so no peak moves) */
+    sim_arena *arena = sim_device_arena(t->ctx->dev);
+    for (int r = 0; r < t->nreps; r++)
+        for (int c = 0; c < SIM_NMEM; c++) {
+            const tape_repeat *p = &t->reps[r];
+            int64_t held = p->fwd[c] + p->bwd[c] + p->flush[c];
+            if (held > 0) sim_arena_discharge(arena, (size_t)held * p->times, (sim_mem_cat)c);
+        }
     free(t->entries);
     free(t->vars);
     free(t);
@@ -353,18 +373,87 @@ void mesh_tape_accumulated(mesh_tape *t, mesh_var *v, mesh_array *ghost)
     mesh_array_free(t->ctx->dev, ghost);
 }
 
+static void repeats_open(mesh_tape *t, int i, bool flush);
+static sim_status repeats_close(mesh_tape *t, int i, bool flush);
+
 static sim_status flush_leaves(mesh_tape *t)
 {
     for (int i = 0; i < t->nvars; i++) {
         mesh_var *v = t->vars[i];
+        if (t->nreps) {
+            repeats_open(t, i, true);
+            if (!v->sink || !v->has_grad) {
+                SIM_TRY(repeats_close(t, i, true));
+                continue;
+            }
+        }
         if (!v->sink || !v->has_grad) continue;
         char tag[SIM_TAG_MAX];
         sim_str_put(tag, sizeof tag, sim_str_put(tag, sizeof tag, 0, "grad/", 5), v->sink->name, 80);
         SIM_TRY(reshard_to(t, &v->grad, &v->sink->spec, tag, true));
         mesh_local_add(v->sink, &v->grad);
         free_grad(t, v);
+        if (t->nreps) SIM_TRY(repeats_close(t, i, true));
     }
     return SIM_OK;
+}
+
+/* ------------------------------------------------------------ repeated layers */
+
+static void live_by(const mesh_tape *t, int64_t *out)
+{
+    sim_arena_stats s;
+    sim_arena_get_stats(sim_device_arena(t->ctx->dev), &s);
+    for (int c = 0; c < SIM_NMEM; c++) out[c] = (int64_t)s.live_by[c];
+}
+
+void mesh_tape_repeat_begin(mesh_tape *t, mesh_tape_mark *m)
+{
+    m->e0 = t->nentries;
+    m->v0 = t->nvars;
+    live_by(t, m->live0);
+    sim_device_repeat_begin(t->ctx->dev);
+}
+
+sim_status mesh_tape_repeat_end(mesh_tape *t, const mesh_tape_mark *m, uint64_t times)
+{
+    SIM_ASSERT(t->nreps < MESH_TAPE_REPEATS);
+    tape_repeat *r = &t->reps[t->nreps++];
+    memset(r, 0, sizeof *r);
+    r->e0 = m->e0, r->e1 = t->nentries, r->v0 = m->v0, r->v1 = t->nvars;
+    r->times = times;
+    live_by(t, r->fwd);
+    for (int c = 0; c < SIM_NMEM; c++) r->fwd[c] -= m->live0[c];
+    /* the copies are the next layers: tags renumbered upwards */
+    return sim_device_repeat_end_layers(t->ctx->dev, times, 0, 1);
+}
+
+/* Before entry i's backward (or variable i's flush): the blocks that begin there. */
+static void repeats_open(mesh_tape *t, int i, bool flush)
+{
+    for (int r = 0; r < t->nreps; r++) {
+        tape_repeat *p = &t->reps[r];
+        if ((flush ? p->v0 == p->v1 : p->e0 == p->e1) || i != (flush ? p->v0 : p->e1 - 1)) continue;
+        live_by(t, p->at);
+        sim_device_repeat_begin(t->ctx->dev);
+    }
+}
+
+/* After entry i's backward (or variable i's flush): the blocks that end there.  The backward pass
+ * meets the layers from the last: its copies are the layers below the simulated one. */
+static sim_status repeats_close(mesh_tape *t, int i, bool flush)
+{
+    sim_status st = SIM_OK;
+    for (int r = t->nreps - 1; r >= 0 && st == SIM_OK; r--) {
+        tape_repeat *p = &t->reps[r];
+        if ((flush ? p->v0 == p->v1 : p->e0 == p->e1) || i != (flush ? p->v1 - 1 : p->e0)) continue;
+        int64_t *d = flush ? p->flush : p->bwd;
+        live_by(t, d);
+        for (int c = 0; c < SIM_NMEM; c++) d[c] -= p->at[c];
+        st = flush ? sim_device_repeat_end_layers(t->ctx->dev, p->times, 0, 1)
+                   : sim_device_repeat_end_layers(t->ctx->dev, p->times, (int64_t)p->times, -1);
+    }
+    return st;
 }
 
 sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
@@ -376,9 +465,13 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
     sim_status st = mesh_tape_accumulate(t, out, cot, "backward/seed");
     for (int i = t->nentries - 1; i >= 0 && st == SIM_OK; i--) {
         mesh_entry *e = t->entries[i];
+        if (t->nreps) repeats_open(t, i, false);
         bool any = false;
         for (int o = 0; o < e->nout; o++) any |= e->out[o]->has_grad;
-        if (!any) continue;
+        if (!any) {
+            if (t->nreps) st = repeats_close(t, i, false);
+            continue;
+        }
         /* bring each output cotangent to its value's sharding (one reduction for all its contributions) */
         for (int o = 0; o < e->nout && st == SIM_OK; o++) {
             mesh_var *y = e->out[o];
@@ -394,6 +487,7 @@ sim_status mesh_tape_backward_from(mesh_tape *t, mesh_var *out, mesh_array *cot)
             sim_span_end(t->ctx->dev, span);
         }
         for (int o = 0; o < e->nout; o++) free_grad(t, e->out[o]);
+        if (st == SIM_OK && t->nreps) st = repeats_close(t, i, false);
     }
     if (st == SIM_OK) st = flush_leaves(t);
     t->ctx->mode = saved;

@@ -63,6 +63,20 @@ typedef struct mesh_entry {
 } mesh_entry;
 
 mesh_tape *mesh_tape_new(mesh_ctx *ctx, bool recording);
+
+/* A dry run's stack of identical layers, simulated in part: what t records between
+ * mesh_tape_repeat_begin and mesh_tape_repeat_end is one layer that stands for itself and `times`
+ * more after it (sim_device_repeat_begin/_end_layers: its records, costs and arena figures).  Its
+ * backward pass, the flush of its parameters' gradients and the tape's release stand for the
+ * copies' too, as a full run would meet them (the backward from the last layer down).  At most
+ * MESH_TAPE_REPEATS per tape. */
+enum { MESH_TAPE_REPEATS = 8 };
+typedef struct {
+    int e0, v0;
+    int64_t live0[SIM_NMEM];
+} mesh_tape_mark;
+void mesh_tape_repeat_begin(mesh_tape *t, mesh_tape_mark *m);
+sim_status mesh_tape_repeat_end(mesh_tape *t, const mesh_tape_mark *m, uint64_t times);
 /* Frees every owned value, gradient and saved array. */
 void mesh_tape_free(mesh_tape *t);
 mesh_ctx *mesh_tape_ctx(mesh_tape *t);

@@ -40,10 +40,24 @@ typedef struct block {
 } block;
 _Static_assert(sizeof(block) <= HDR, "block header must fit in HDR bytes");
 
+/* An open repeated block (sim_arena_block_begin): the figures at its start and the highest ones
+ * reached inside it, from which its copies' figures follow (sim_arena_block_repeat). */
+typedef struct {
+    size_t live0, by0[SIM_NMEM], host0;
+    uint64_t allocs0;
+    size_t max, max_by[SIM_NMEM]; /* the highest live and the breakdown when it was first reached */
+    size_t cat_max[SIM_NMEM];     /* the highest live bytes per category */
+    size_t host_max;
+} arena_block;
+
+enum { ARENA_BLOCK_DEPTH = 8 };
+
 struct sim_arena {
     char label[128];
     bool dry;
     sim_arena_stats st;
+    arena_block blk[ARENA_BLOCK_DEPTH];
+    int nblk;
     block head;    /* sentinel of the live list */
     block cache;   /* sentinel of the released large blocks, newest first */
     size_t cached; /* bytes in the cache */
@@ -120,6 +134,21 @@ static sim_status arena_oom(const sim_arena *a, size_t bytes, sim_mem_cat cat, c
     return SIM_ERR_OOM;
 }
 
+/* The open blocks' highest figures after live rose (in category cat, or in several: cat < 0). */
+static void blocks_rose(sim_arena *a, int cat)
+{
+    const sim_arena_stats *s = &a->st;
+    for (int i = 0; i < a->nblk; i++) {
+        arena_block *b = &a->blk[i];
+        for (int c = cat < 0 ? 0 : cat; c < (cat < 0 ? SIM_NMEM : cat + 1); c++)
+            if (s->live_by[c] > b->cat_max[c]) b->cat_max[c] = s->live_by[c];
+        if (s->live > b->max) {
+            b->max = s->live;
+            memcpy(b->max_by, s->live_by, sizeof b->max_by);
+        }
+    }
+}
+
 static void account_add(sim_arena *a, size_t bytes, sim_mem_cat cat)
 {
     sim_arena_stats *s = &a->st;
@@ -131,6 +160,7 @@ static void account_add(sim_arena *a, size_t bytes, sim_mem_cat cat)
         s->peak = s->live;
         memcpy(s->at_peak_by, s->live_by, sizeof s->at_peak_by);
     }
+    if (a->nblk) blocks_rose(a, (int)cat);
 }
 
 sim_status sim_arena_alloc(sim_arena *a, size_t bytes, sim_mem_cat cat, const char *name, bool zero, void **out)
@@ -272,6 +302,88 @@ void sim_arena_host(sim_arena *a, ptrdiff_t delta)
     SIM_ASSERT(delta >= 0 || (size_t)-delta <= a->st.host_live);
     a->st.host_live = (size_t)((ptrdiff_t)a->st.host_live + delta);
     if (a->st.host_live > a->st.host_peak) a->st.host_peak = a->st.host_live;
+    for (int i = 0; i < a->nblk; i++)
+        if (a->st.host_live > a->blk[i].host_max) a->blk[i].host_max = a->st.host_live;
+}
+
+/* ------------------------------------------------------------ repeated blocks */
+
+void sim_arena_block_begin(sim_arena *a)
+{
+    SIM_ASSERT(a->nblk < ARENA_BLOCK_DEPTH);
+    arena_block *b = &a->blk[a->nblk++];
+    const sim_arena_stats *s = &a->st;
+    b->live0 = b->max = s->live;
+    memcpy(b->by0, s->live_by, sizeof b->by0);
+    memcpy(b->max_by, s->live_by, sizeof b->max_by);
+    memcpy(b->cat_max, s->live_by, sizeof b->cat_max);
+    b->host0 = b->host_max = s->host_live;
+    b->allocs0 = s->n_allocs;
+}
+
+/* x + k d for the signed change d = to - from, in size_t arithmetic (the figures stay >= 0) */
+static size_t shifted(size_t x, uint64_t k, size_t from, size_t to)
+{
+    return to >= from ? x + (size_t)k * (to - from) : x - (size_t)k * (from - to);
+}
+
+sim_status sim_arena_block_repeat(sim_arena *a, uint64_t times)
+{
+    SIM_ASSERT(a->nblk > 0);
+    arena_block b = a->blk[--a->nblk];
+    sim_arena_stats *s = &a->st;
+    if (times == 0) return SIM_OK;
+    /* copy k (1..times) starts where copy k-1 ended, k times the block's change above its start, and
+     * reaches every figure the block reached shifted by as much: a figure's highest copy is the last
+     * when the block raises it, else the first */
+    uint64_t k = s->live > b.live0 ? times : 1;
+    size_t top = shifted(b.max, k, b.live0, s->live);
+    if (s->capacity && top > s->capacity) {
+        size_t live = s->live;
+        s->live = top; /* the breakdown the message gives is the copy's at its highest */
+        size_t by[SIM_NMEM];
+        memcpy(by, s->live_by, sizeof by);
+        for (int c = 0; c < SIM_NMEM; c++) s->live_by[c] = shifted(b.max_by[c], k, b.by0[c], by[c]);
+        char what[64];
+        snprintf(what, sizeof what, "a repeat of a layer (%llu more)", (unsigned long long)times);
+        sim_status st = arena_oom(a, 0, SIM_MEM_TEMP, what);
+        s->live = live;
+        memcpy(s->live_by, by, sizeof by);
+        return st;
+    }
+    if (top > s->peak) {
+        s->peak = top;
+        for (int c = 0; c < SIM_NMEM; c++) s->at_peak_by[c] = shifted(b.max_by[c], k, b.by0[c], s->live_by[c]);
+    }
+    for (int c = 0; c < SIM_NMEM; c++) {
+        uint64_t kc = s->live_by[c] > b.by0[c] ? times : 1;
+        size_t tc = shifted(b.cat_max[c], kc, b.by0[c], s->live_by[c]);
+        if (tc > s->peak_by[c]) s->peak_by[c] = tc;
+    }
+    uint64_t kh = s->host_live > b.host0 ? times : 1;
+    size_t th = shifted(b.host_max, kh, b.host0, s->host_live);
+    if (th > s->host_peak) s->host_peak = th;
+    /* the blocks around this one reach the copies' highest figures too */
+    for (int i = 0; i < a->nblk; i++) {
+        arena_block *o = &a->blk[i];
+        if (top > o->max) {
+            o->max = top;
+            for (int c = 0; c < SIM_NMEM; c++) o->max_by[c] = shifted(b.max_by[c], k, b.by0[c], s->live_by[c]);
+        }
+        for (int c = 0; c < SIM_NMEM; c++) {
+            uint64_t kc = s->live_by[c] > b.by0[c] ? times : 1;
+            size_t tc = shifted(b.cat_max[c], kc, b.by0[c], s->live_by[c]);
+            if (tc > o->cat_max[c]) o->cat_max[c] = tc;
+        }
+        if (th > o->host_max) o->host_max = th;
+    }
+    /* then every figure where the last copy leaves it */
+    size_t live1 = s->live;
+    s->live = shifted(live1, times, b.live0, live1);
+    for (int c = 0; c < SIM_NMEM; c++) s->live_by[c] = shifted(s->live_by[c], times, b.by0[c], s->live_by[c]);
+    s->host_live = shifted(s->host_live, times, b.host0, s->host_live);
+    s->n_allocs += times * (s->n_allocs - b.allocs0);
+    return SIM_OK;
 }
 
 void sim_arena_reset_peak(sim_arena *a)

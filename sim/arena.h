@@ -69,6 +69,13 @@ void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat);
  * memory: moves host_live and host_peak only (counted in a dry run as well). */
 void sim_arena_host(sim_arena *a, ptrdiff_t delta);
 
+/* A repeated block of a dry run (sim_device_repeat_begin/_end): the allocations and releases
+ * between begin and repeat happen `times` more times right after it.  Every figure (live bytes
+ * per category, peaks, the breakdown at the peak, host bytes, allocation count) ends as if the
+ * copies had run, and an OOM in a copy is one here; blocks nest (up to 8). */
+void sim_arena_block_begin(sim_arena *a);
+sim_status sim_arena_block_repeat(sim_arena *a, uint64_t times);
+
 void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out);
 /* Puts another process's figures in an arena that holds nothing here: a device another MPI rank
  * ran (sim/xrank.h), so this rank's reports show every device. */

@@ -1600,9 +1600,15 @@ void sim_device_repeat_begin(sim_device *d)
     d->open_vrec[k] = d->nrec + d->rec_extra;
     d->open_vcost[k] = d->ncost + d->cost_extra;
     d->open_vspans[k] = d->nspans + d->span_extra;
+    sim_arena_block_begin(d->arena);
 }
 
-void sim_device_repeat_end(sim_device *d, uint64_t times)
+sim_status sim_device_repeat_end(sim_device *d, uint64_t times)
+{
+    return sim_device_repeat_end_layers(d, times, 0, 0);
+}
+
+sim_status sim_device_repeat_end_layers(sim_device *d, uint64_t times, int64_t tag_first, int64_t tag_step)
 {
     SIM_ASSERT(d->nopen > 0);
     int k = --d->nopen;
@@ -1610,6 +1616,8 @@ void sim_device_repeat_end(sim_device *d, uint64_t times)
     b->rec1 = d->nrec;
     b->cost1 = d->ncost;
     b->times = times;
+    b->tag_first = tag_first;
+    b->tag_step = tag_step;
     SIM_ASSERT(b->rec0 <= b->rec1 && b->cost0 <= b->cost1);
     /* the block as walked (its inner blocks expanded), times more: integers, so a product equals
      * the sum the copies would have added */
@@ -1625,6 +1633,7 @@ void sim_device_repeat_end(sim_device *d, uint64_t times)
     d->span_extra += times * (d->nspans + d->span_extra - d->open_vspans[k]);
     /* an empty block, or one without copies, walks as what it holds: dropped if it was the last begun */
     if ((times == 0 || (b->rec0 == b->rec1 && b->cost0 == b->cost1)) && d->open[k] == d->nreps - 1) d->nreps--;
+    return sim_arena_block_repeat(d->arena, times);
 }
 
 const sim_repeat *sim_device_repeats(const sim_device *d, size_t *n)
@@ -1707,6 +1716,32 @@ static void walk_blocks(sim_walk *w)
     }
 }
 
+/* How far the open blocks move the layer number in the tags they hold. */
+static int64_t walk_tag_shift(const sim_walk *w)
+{
+    int64_t shift = 0;
+    for (int i = 0; i < w->depth; i++) {
+        const sim_repeat *b = &w->reps[w->open[i]];
+        if (b->tag_step || b->tag_first) shift += b->tag_first + (int64_t)(b->times - w->left[i]) * b->tag_step;
+    }
+    return shift;
+}
+
+/* tag with the number after its first "layers_" moved by shift (a layer of a stack seen as another) */
+static void renumber_tag(char *tag, size_t cap, int64_t shift)
+{
+    char *p = strstr(tag, "layers_");
+    if (!p) return;
+    p += 7;
+    char *q = p;
+    long long n = 0;
+    while (*q >= '0' && *q <= '9') n = 10 * n + (*q++ - '0');
+    if (q == p) return;
+    char tail[SIM_TAG_MAX];
+    snprintf(tail, sizeof tail, "%s", q);
+    snprintf(p, cap - (size_t)(p - tag), "%lld%s", n + (long long)shift, tail);
+}
+
 bool sim_walk_next(sim_walk *w, const sim_record **rec, sim_cost *cost)
 {
     walk_blocks(w);
@@ -1714,12 +1749,20 @@ bool sim_walk_next(sim_walk *w, const sim_record **rec, sim_cost *cost)
     if (w->ri < upto && w->ri < w->nrec) {
         *rec = &w->rec[w->ri++];
         w->vrec++;
+        int64_t shift = walk_tag_shift(w);
+        if (shift) {
+            w->renamed = **rec;
+            renumber_tag(w->renamed.tag, sizeof w->renamed.tag, shift);
+            *rec = &w->renamed;
+        }
         return true;
     }
     if (w->ci >= w->ncost) return false;
     *rec = NULL;
     *cost = w->cost[w->ci++];
     cost->nrec_before = w->vrec;
+    int64_t shift = walk_tag_shift(w);
+    if (shift) renumber_tag(cost->tag, sizeof cost->tag, shift);
     return true;
 }
 

@@ -172,8 +172,13 @@ const sim_record *sim_device_records(const sim_device *d, size_t *n);
  * SIM_WALK_DEPTH deep). */
 void sim_device_repeat_begin(sim_device *d);
 /* Ends the innermost block begun: it stands for itself and `times` more copies right after it
- * (the op totals and the counts below count them).  Blocks stay until the records are cleared. */
-void sim_device_repeat_end(sim_device *d, uint64_t times);
+ * (the op totals and the counts below count them; the device's arena accounts the copies'
+ * allocations and releases, sim_arena_block_repeat, and an OOM in a copy is returned).  Blocks
+ * stay until the records are cleared. */
+sim_status sim_device_repeat_end(sim_device *d, uint64_t times);
+/* The same for a block that is one layer of a stack whose copies are the next layers (tag_step 1)
+ * or, in the backward pass, the previous ones (-1): the walk renumbers their tags (sim_repeat). */
+sim_status sim_device_repeat_end_layers(sim_device *d, uint64_t times, int64_t tag_first, int64_t tag_step);
 /* The blocks of a device, in the order they began. */
 const sim_repeat *sim_device_repeats(const sim_device *d, size_t *n);
 /* The records and costs with every block expanded: their counts. */

@@ -68,6 +68,10 @@ typedef struct {
     size_t rec0, rec1;   /* records [rec0, rec1) as stored */
     size_t cost0, cost1; /* costs [cost0, cost1) as stored */
     uint64_t times;      /* copies after the block itself */
+    /* a stack of identical layers: the walk renumbers the layer in the tags of the block's records
+     * and costs (the number after the tag's first "layers_"), by tag_first + j tag_step in its
+     * j-th walk (0: the block as stored); 0 and 0 leave the tags as stored */
+    int64_t tag_first, tag_step;
 } sim_repeat;
 
 /* A walk over records and costs in call order, every repeated block expanded (sim_walk_next). */
@@ -85,6 +89,7 @@ typedef struct {
     int depth;         /* blocks entered */
     size_t open[SIM_WALK_DEPTH];
     uint64_t left[SIM_WALK_DEPTH];
+    sim_record renamed; /* the last record given, where a block renumbered its tag */
 } sim_walk;
 
 /* Per-device totals of one op. */

@@ -34,6 +34,11 @@
 
 enum { GA = 5 };
 
+/* the gradient accumulation of the next dry runs, and the repeated layers' block the bounded one
+ * must hold (0: none required) */
+static int ga_now = GA;
+static uint64_t layer_copies = 0;
+
 static const char *const LLAMA[] = {
     "model_name=llama2-7b",   "override_model_config=true", "base_emb_dim=16",
     "base_num_query_heads=4", "base_num_kv_heads=4",        "head_dim=8",
@@ -92,7 +97,7 @@ static void dry(model_run *r, const char *const *base, int nbase, int rows, cons
     int k = 0;
     for (int i = 0; i < n; i++) words[k++] = extra[i];
     char ga[64];
-    snprintf(ga, sizeof ga, "gradient_accumulation_steps=%d", GA);
+    snprintf(ga, sizeof ga, "gradient_accumulation_steps=%d", ga_now);
     words[k++] = ga;
     words[k++] = "dry_run=true";
     words[k++] = "hardware_profile=v5p";
@@ -160,9 +165,13 @@ static void bounded_vs_full(const char *what, const char *const *base, int nbase
     sim_device_records(d0, &nfast);
     const sim_repeat *reps = sim_device_repeats(d0, &nreps);
     printf("%s: %zu records stored against %zu, %zu repeated blocks\n", what, nfast, nfull, nreps);
-    bool mb = false; /* the microbatches' block: ga - 2 copies */
-    for (size_t i = 0; i < nreps; i++) mb |= reps[i].times == GA - 2;
+    bool mb = ga_now <= 2, lay = layer_copies == 0; /* the microbatches' block: ga - 2 copies; the layers' */
+    for (size_t i = 0; i < nreps; i++) {
+        mb |= reps[i].times == (uint64_t)ga_now - 2;
+        lay |= reps[i].times == layer_copies && reps[i].tag_step != 0;
+    }
     assert_true(mb);
+    assert_true(lay);
     assert_true(nfast < nfull);
     sim_device_repeats(sim_machine_device(full.m, 0), &nreps);
     assert_int_equal(nreps, 0);
@@ -324,12 +333,39 @@ static void test_muon(void **state)
     bounded_vs_full("llama muon fsdp=4", LLAMA, N(LLAMA), 8, mesh, 2, 4);
 }
 
+/* Repeated layers: L layers run as 3 (the first, the second standing for L - 2, the last) */
+static void layers(const char *what, const char *const *base, int nbase, int rows, const char *const *extra, int n,
+                   int devices, int nlayers, int ga)
+{
+    const char *w[16];
+    char lw[64];
+    for (int i = 0; i < n; i++) w[i] = extra[i];
+    snprintf(lw, sizeof lw, "base_num_decoder_layers=%d", nlayers);
+    w[n] = lw;
+    ga_now = ga;
+    layer_copies = (uint64_t)nlayers - 3;
+    bounded_vs_full(what, base, nbase, rows, w, n + 1, devices);
+    ga_now = GA;
+    layer_copies = 0;
+}
+
+static void test_llama_layers(void **state)
+{
+    (void)state;
+    const char *mesh[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"};
+    layers("llama 7 layers remat full", LLAMA, N(LLAMA), 8, mesh, 2, 4, 7, 1);
+    const char *none[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=none"};
+    layers("llama 6 layers remat none", LLAMA, N(LLAMA), 8, none, 3, 4, 6, 1);
+    const char *ex[] = {"ici_fsdp_parallelism=4", "shard_mode=explicit", "remat_policy=minimal"};
+    layers("llama 5 layers explicit minimal GA 3", LLAMA, N(LLAMA), 8, ex, 3, 4, 5, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),    cmocka_unit_test(test_qwen3), cmocka_unit_test(test_mixtral), cmocka_unit_test(test_deepseek_dense_and_moe),
         cmocka_unit_test(test_deepseek_batchsplit), cmocka_unit_test(test_pipeline), cmocka_unit_test(test_zero1),
-        cmocka_unit_test(test_muon),
+        cmocka_unit_test(test_muon), cmocka_unit_test(test_llama_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

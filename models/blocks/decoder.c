@@ -25,7 +25,9 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
     if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline_run.c) */
         SIM_TRY(model_pipeline_run(md, t, b, x, dec->layer, 0, &x));
     mesh_var *lb_sum = NULL; /* the layers' load-balance losses (MoE layers), summed */
+    mesh_tape_mark mark;
     for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
+        model_layer_repeat_begin(md, t, 0, m->d.layers, l, &mark);
         mesh_var *in = x, *aux = NULL;
         if (m->d.remat_full) {
             char tag[64];
@@ -44,6 +46,7 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
             SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
                                           cfg_release_error(md->ctx.release, "decoder_scan_carry",
                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
+        SIM_TRY(model_layer_repeat_end(md, t, 0, m->d.layers, &l, &mark));
     }
     md->ctx.layer = "decoder";
     SIM_TRY(mesh_nn_rmsnorm(t, x, model_param_leaf(md, t, dec->norm, 0), m->d.eps, "decoder_norm", &x));

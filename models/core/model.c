@@ -1322,6 +1322,23 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     return st;
 }
 
+bool model_layers_bounded(const model_dev *md, int first, int end)
+{
+    return md->bound_layers && end - first >= 4;
+}
+
+void model_layer_repeat_begin(model_dev *md, mesh_tape *t, int first, int end, int l, mesh_tape_mark *mark)
+{
+    if (model_layers_bounded(md, first, end) && l == first + 1) mesh_tape_repeat_begin(t, mark);
+}
+
+sim_status model_layer_repeat_end(model_dev *md, mesh_tape *t, int first, int end, int *l, const mesh_tape_mark *mark)
+{
+    if (!model_layers_bounded(md, first, end) || *l != first + 1) return SIM_OK;
+    *l = end - 2; /* the loop goes on with the last layer */
+    return mesh_tape_repeat_end(t, mark, (uint64_t)(end - first - 3));
+}
+
 sim_status model_remat_layer(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                              model_layer_fn fn, const char *tag, mesh_var **y, mesh_var **aux)
 {

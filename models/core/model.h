@@ -202,6 +202,9 @@ typedef struct {
     /* bytes charged this pass by model_saved_product (cfg_xla_rules.saved_grad_copies), released with the
      * pass's backward */
     size_t saved_copy_bytes;
+    /* a dry run's last step (train_step): a stack of identical layers simulates three of them and
+     * accounts the rest (model_layers_bounded) */
+    bool bound_layers;
     /* the last forward pass's multi-token prediction loss (mtp_num_layers > 0; part of the loss) */
     double mtp_loss;
     /* ZeRO-1 in training (d.zero1, a 'data' axis > 1, an optimizer with state): the
@@ -253,6 +256,16 @@ void model_batch_free(model_dev *md, model_batch *b);
  * load-balance loss term; NULL when the layer has none). */
 typedef sim_status (*model_layer_fn)(model_dev *md, mesh_tape *t, const model_batch *b, int layer, mesh_var *x,
                                      mesh_var **y, mesh_var **aux);
+/* A stack of identical layers [first, end) in a dry run moves no data, so its layers do alike but
+ * for their index: with md->bound_layers and at least 4 layers, the loop runs first, first + 1 and
+ * end - 1, and first + 1 stands for first + 1 .. end - 2 (mesh_tape_repeat_begin/_end: records,
+ * costs, arena figures and tags as the full stack's).  In a loop over l:
+ *     model_layer_repeat_begin(md, t, first, end, l, &mark);  ...the layer...
+ *     SIM_TRY(model_layer_repeat_end(md, t, first, end, &l, &mark));   (l jumps to end - 2) */
+bool model_layers_bounded(const model_dev *md, int first, int end);
+void model_layer_repeat_begin(model_dev *md, mesh_tape *t, int first, int end, int l, mesh_tape_mark *mark);
+sim_status model_layer_repeat_end(model_dev *md, mesh_tape *t, int first, int end, int *l, const mesh_tape_mark *mark);
+
 /* Remat (every remat_policy but none): runs fn on a scratch tape that keeps
  * only the outputs and the tensors the policy saves (model_checkpoint_name),
  * and records one entry whose VJP runs fn again on a recording tape (its

@@ -374,7 +374,7 @@ static sim_status tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pe
         if (r) {
             if (r->step != step) continue;
             if (r->weight && r->phase != SIM_PHASE_OPTIMIZER) drain_known = true, drain_axes = r->axes;
-            rec_memo *rm = &rmemo[r - recs];
+            rec_memo *rm = &rmemo[w.ri - 1]; /* the stored record (r may be a renamed copy) */
             if (!rm->timed) rm->time_s = model_tm_collective(hw, eff, r, &rm->links, &rm->bw), rm->timed = true;
             if (rm->time_s == 0) continue;
             model_tm_coll c = {*r, rm->links, rm->bw, rm->time_s, false};

@@ -483,6 +483,8 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
     /* a dry run moves no data, so microbatches 1..ga-1 do alike: the second is simulated as their
      * template and the rest are its repeats (on the last step only: one repeated block per device) */
     bool shortcut = sim_device_dry(dev) && !job->dry_full && def->d.ga > 2 && s == job->steps - 1;
+    /* and so do a stack's layers after its second but for the last (model_layers_bounded) */
+    md->bound_layers = sim_device_dry(dev) && !job->dry_full && s == job->steps - 1;
     for (int64_t g = 0; g < def->d.ga && st == SIM_OK; g++) {
         double lg = 0;
         if (shortcut && g == 1) sim_device_repeat_begin(dev);
@@ -492,7 +494,7 @@ static sim_status train_step(model_train_job *job, model_dev *md, int64_t s)
         for (size_t i = 0; i < nbc; i++) md->bias_counts_step[i] += md->bias_counts[i];
         if (shortcut && g == 1 && st == SIM_OK) {
             for (size_t i = 0; i < nbc; i++) md->bias_counts_step[i] += (float)(def->d.ga - 2) * md->bias_counts[i];
-            sim_device_repeat_end(dev, (uint64_t)(def->d.ga - 2));
+            st = sim_device_repeat_end(dev, (uint64_t)(def->d.ga - 2));
             break;
         }
     }
