@@ -360,12 +360,51 @@ static void test_llama_layers(void **state)
     layers("llama 5 layers explicit minimal GA 3", LLAMA, N(LLAMA), 8, ex, 3, 4, 5, 3);
 }
 
+/* DeepSeek's two stacks: 4 dense layers and 5 MoE layers (1 and 2 copies) */
+static void ds_layers(const char *what, const char *const *src, int nsrc, const char *const *extra, int n, int ga,
+                      int rows)
+{
+    const char *base[32];
+    memcpy(base, src, (size_t)nsrc * sizeof *base);
+    base[7] = "base_num_decoder_layers=9";
+    base[8] = "first_num_dense_layers=4";
+    ga_now = ga;
+    layer_copies = 1; /* the dense stack's; the MoE stack's 2 are checked by the figures */
+    bounded_vs_full(what, base, nsrc, rows, extra, n, 4);
+    ga_now = GA;
+    layer_copies = 0;
+}
+
+static void test_deepseek_layers(void **state)
+{
+    (void)state;
+    const char *mesh[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"};
+    ds_layers("deepseek 4 dense + 5 MoE layers", DS, N(DS), mesh, 2, 1, 8);
+    const char *none[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=none"};
+    ds_layers("deepseek 4 + 5 layers tensor=2 remat none GA 3", DS, N(DS), none, 3, 3, 8);
+    const char *split[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "batch_split_factor=2"};
+    ds_layers("deepseek batch-split 4 + 5 layers", DS_SPLIT, N(DS_SPLIT), split, 3, 1, 16);
+    const char *mtp[] = {"ici_fsdp_parallelism=4", "mtp_num_layers=1", "mtp_loss_scaling_factor=0.1"};
+    ds_layers("deepseek MTP 4 + 5 layers", DS, N(DS), mtp, 3, 1, 8);
+    const char *ex[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "shard_mode=explicit"};
+    ds_layers("deepseek explicit 4 + 5 layers", DS, N(DS), ex, 3, 1, 8);
+}
+
+static void test_family_layers(void **state)
+{
+    (void)state;
+    const char *q[] = {"ici_fsdp_parallelism=2", "ici_data_parallelism=2"};
+    layers("qwen3 6 layers", QWEN3, N(QWEN3), 8, q, 2, 4, 6, 1);
+    const char *mx[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "remat_policy=none"};
+    layers("mixtral 6 layers remat none", MIXTRAL, N(MIXTRAL), 8, mx, 3, 4, 6, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),    cmocka_unit_test(test_qwen3), cmocka_unit_test(test_mixtral), cmocka_unit_test(test_deepseek_dense_and_moe),
         cmocka_unit_test(test_deepseek_batchsplit), cmocka_unit_test(test_pipeline), cmocka_unit_test(test_zero1),
-        cmocka_unit_test(test_muon), cmocka_unit_test(test_llama_layers),
+        cmocka_unit_test(test_muon), cmocka_unit_test(test_llama_layers), cmocka_unit_test(test_deepseek_layers), cmocka_unit_test(test_family_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -700,7 +700,15 @@ static sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *
     /* with a pipeline: the dense layers run first with 'stage' acting as data, the MoE layers as the pipeline */
     const bool pp = m->d.pipe.on;
     const int n_before = pp ? (int)deepseek_dims(m)->dense_layers : m->d.layers;
+    /* two stacks (the dense layers, the MoE layers), each bounded in a dry run (model_layers_bounded) */
+    const int n_dense = (int)deepseek_dims(m)->dense_layers < n_before ? (int)deepseek_dims(m)->dense_layers : n_before;
+    mesh_tape_mark mark;
     for (int l = 0; l < n_before; l++) {
+        /* the batch-split MoE layers are simulated in full: their schedule is not one layer after another
+         * alike (a bounded run of them differs from the full one) */
+        const bool whole = l >= n_dense && deepseek_dims(m)->batch_split;
+        const int first = whole ? l : l < n_dense ? 0 : n_dense, end = whole ? l : l < n_dense ? n_dense : n_before;
+        model_layer_repeat_begin(md, t, first, end, l, &mark);
         mesh_var *lb, *in = x;
         if (pp && m->d.remat_full) {
             char tag[64];
@@ -735,6 +743,7 @@ static sim_status deepseek_loss(model_dev *md, mesh_tape *t, const model_batch *
             if (lb_sum) SIM_TRY(mesh_ad_add(t, lb_sum, lb, "moe_lb_loss", &lb_sum));
             else lb_sum = lb;
         }
+        SIM_TRY(model_layer_repeat_end(md, t, first, end, &l, &mark));
     }
     if (pp) SIM_TRY(model_pipeline_run(md, t, b, x, ds_layer, deepseek_dims(m)->dense_layers, &x));
     mesh_var *hidden = x; /* the last layer's output, before decoder_norm: MTP's first input */
