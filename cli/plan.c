@@ -1145,6 +1145,10 @@ static void sampled_run(plan_ctx *P, plan_cand *c)
      * iterations, the bubble), so its figures are not affine in the layer count */
     if (u > 1) {
     } else if (!P->two_stacks) {
+        /* one stack: a dry run simulates three of its layers and accounts the rest whatever their
+         * number (model_layers_bounded), so one full run costs what the two sampled ones would and
+         * gives the exact figures */
+    } else if (!P->two_stacks) {
         if (L > 2 * u && L % u == 0) {
             runs[0] = (shape){0, u};
             runs[1] = (shape){0, 2 * u};
