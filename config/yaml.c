@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <sys/stat.h>
 #include <yaml.h>
 
@@ -172,22 +174,114 @@ static sim_status one_document(yaml_parser_t *parser, const char *path, const ch
 
 /* Parses YAML from a file (path) or a string (text).  Files must hold a map
  * (an empty file is an empty map). */
+/* Files parsed before, by path and content: a process that loads many configs (plan loads one per
+ * candidate structure) reads base.yml, keys.yml and the model's file each time, and the same bytes
+ * parse to the same values.  A file whose bytes changed is parsed again. */
+enum { YAML_CACHE_MAX = 64 };
+typedef struct {
+    char *path, *bytes;
+    size_t len;
+    cfg_value v;
+} yaml_cached;
+static yaml_cached ycache[YAML_CACHE_MAX];
+static int ny;
+static pthread_mutex_t ylock = PTHREAD_MUTEX_INITIALIZER;
+
+static void set_file(cfg_value *v, const char *file)
+{
+    v->file = file;
+    for (int i = 0; i < v->n; i++) set_file(&v->items[i], file);
+}
+
+/* The cached parse of path's bytes into out (its values written in `file`), or false. */
+static bool cache_get(const char *path, const char *bytes, size_t len, const char *file, cfg_value *out)
+{
+    bool hit = false;
+    pthread_mutex_lock(&ylock);
+    for (int i = 0; i < ny && !hit; i++) {
+        const yaml_cached *c = &ycache[i];
+        if (c->len != len || strcmp(c->path, path) || memcmp(c->bytes, bytes, len)) continue;
+        cfg_value_copy(out, &c->v);
+        set_file(out, file);
+        hit = true;
+    }
+    pthread_mutex_unlock(&ylock);
+    return hit;
+}
+
+static void cache_put(const char *path, const char *bytes, size_t len, const cfg_value *v)
+{
+    pthread_mutex_lock(&ylock);
+    int slot = -1;
+    for (int i = 0; i < ny && slot < 0; i++)
+        if (!strcmp(ycache[i].path, path)) slot = i;
+    if (slot < 0 && ny < YAML_CACHE_MAX) slot = ny++;
+    if (slot >= 0) {
+        yaml_cached *c = &ycache[slot];
+        free(c->path);
+        free(c->bytes);
+        if (c->path) cfg_value_free(&c->v);
+        c->path = cfg_strdup(path);
+        c->bytes = malloc(len ? len : 1);
+        SIM_ASSERT(c->bytes);
+        memcpy(c->bytes, bytes, len);
+        c->len = len;
+        cfg_value_copy(&c->v, v);
+    }
+    pthread_mutex_unlock(&ylock);
+}
+
+/* A config file's bytes (*len of them, NUL-terminated, malloc'd). */
+static sim_status read_config_file(const char *path, char **out, size_t *len)
+{
+    FILE *f = NULL;
+    SIM_TRY(open_config_file(path, &f));
+    size_t cap = 1 << 16, n = 0, k;
+    char *buf = malloc(cap + 1);
+    SIM_ASSERT(buf);
+    while ((k = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += k;
+        if (n == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+            SIM_ASSERT(buf);
+        }
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err || n > YAML_MAX_BYTES) {
+        free(buf);
+        return err ? sim_err(SIM_ERR_IO, "cannot read config file %s", path)
+                   : sim_err(SIM_ERR_INPUT, "config file %s has more than %d MiB", path, YAML_MAX_BYTES >> 20);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return SIM_OK;
+}
+
 sim_status cfg_yaml_read(cfg_config *cfg, const char *path, const char *text, cfg_value *out)
 {
     yaml_parser_t parser;
     yaml_document_t doc;
     int parser_on = 0, doc_on = 0, have_value = 0;
-    FILE *f = NULL;
+    char *bytes = NULL;
+    size_t nbytes = 0;
     const char *file = text ? cfg_cli_source : cfg_intern(cfg, path);
     sim_status st;
-    if (!text) SIM_TRY_GOTO(open_config_file(path, &f), st, fail);
-    else if (strlen(text) > YAML_MAX_BYTES)
+    if (!text) {
+        SIM_TRY_GOTO(read_config_file(path, &bytes, &nbytes), st, fail);
+        if (cache_get(path, bytes, nbytes, file, out)) {
+            free(bytes);
+            return SIM_OK;
+        }
+    } else if (strlen(text) > YAML_MAX_BYTES)
         SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "a command-line value of %zu bytes is too long (at most %d MiB)",
                              strlen(text), YAML_MAX_BYTES >> 20),
                      st, fail);
     SIM_ASSERT(yaml_parser_initialize(&parser));
     parser_on = 1;
-    if (f) yaml_parser_set_input_file(&parser, f);
+    if (bytes) yaml_parser_set_input_string(&parser, (const unsigned char *)bytes, nbytes);
     else yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
     if (!yaml_parser_load(&parser, &doc)) SIM_TRY_GOTO(parse_error(&parser, path, text), st, fail);
     doc_on = 1;
@@ -214,7 +308,8 @@ fail:
     if (st != SIM_OK && have_value) cfg_value_free(out);
     if (doc_on) yaml_document_delete(&doc);
     if (parser_on) yaml_parser_delete(&parser);
-    if (f) fclose(f);
+    if (st == SIM_OK && bytes) cache_put(path, bytes, nbytes, out);
+    free(bytes);
     return st;
 }
 

@@ -161,12 +161,44 @@ static void test_lines(void **state)
     cfgt_rmdir(dir);
 }
 
+/* A file read twice parses once (config/yaml.c keeps the values by path and bytes): the second
+ * load gives the same values, lines and file names; a file rewritten with other bytes of the same
+ * length (as fast as a file system's clock cannot tell apart) is read again. */
+static void test_reread(void **state)
+{
+    (void)state;
+    char *dir = cfgt_mkdir();
+    char *base = cfgt_write(dir, "base.yml", "a: 1\nb: [x, y]\n");
+    for (int k = 0; k < 2; k++) {
+        cfg_config *cfg;
+        assert_int_equal(cfg_load_file(base, &cfg), SIM_OK);
+        assert_string_equal(cfg_find(cfg, "a")->value.text, "1");
+        assert_int_equal(cfg_find(cfg, "b")->value.items[1].line, 2);
+        char where[256];
+        cfg_value_where(&cfg_find(cfg, "b")->value.items[1], where, sizeof where);
+        assert_contains(where, "base.yml:2");
+        cfg_free(cfg);
+    }
+    free(cfgt_write(dir, "base.yml", "a: 7\nb: [x, z]\n"));
+    cfg_config *cfg;
+    assert_int_equal(cfg_load_file(base, &cfg), SIM_OK);
+    assert_string_equal(cfg_find(cfg, "a")->value.text, "7");
+    assert_string_equal(cfg_find(cfg, "b")->value.items[1].text, "z");
+    cfg_free(cfg);
+    free(cfgt_write(dir, "base.yml", "a: [\n"));
+    assert_int_equal(cfg_load_file(base, &cfg), SIM_ERR_INPUT);
+    assert_contains(sim_errmsg(), "invalid YAML");
+    free(base);
+    cfgt_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_yaml_bounds),
         cmocka_unit_test(test_override_forms),
         cmocka_unit_test(test_lines),
+        cmocka_unit_test(test_reread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
