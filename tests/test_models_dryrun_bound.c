@@ -1,5 +1,7 @@
 /* test_models_dryrun_bound.c — a dry run's cost bounded in gradient_accumulation_steps
- * (models/core/train.c: microbatches 2..ga-1 accounted as repeats of the second, sim_repeat):
+ * (models/core/train.c: microbatches 2..ga-1 accounted as repeats of the second, sim_repeat) and
+ * in the layers of a stack (model_layers_bounded: the second layer stands for all but the first
+ * and the last; its tags renumbered in the walk, its arena figures in closed form):
  *   - the shortcut is taken (device 0 holds one repeated block standing for ga - 2 copies, and
  *     stores fewer records than the full dry run);
  *   - every figure equals the full dry run's (job.dry_full: every microbatch simulated), on every
@@ -12,6 +14,10 @@
  *     explicit), Qwen3, Mixtral's routed MoE in the generic decoder, DeepSeek's dense and MoE
  *     layers (first_num_dense_layers), its batch-split schedule, a pipeline, ZeRO-1 and Muon.
  *     (MTP refuses gradient accumulation.)
+ *   - with 5 to 9 layers, the layer stacks: Llama (remat full, none, explicit minimal with
+ *     accumulation), Qwen3, Mixtral, Qwen3-MoE (explicit), DeepSeek's dense and MoE stacks (auto,
+ *     explicit, tensor=2 remat none with accumulation, MTP, the dense stack before batch-split MoE
+ *     layers); the arena's host bytes and allocation count too.
  * The figures of the full run come from simulating every microbatch: nothing of the shortcut's
  * own bookkeeping (sim_repeat) is used to make them. */
 #include <setjmp.h>
@@ -59,6 +65,12 @@ static const char *const MIXTRAL[] = {
     "base_mlp_dim=48",         "base_moe_mlp_dim=48",        "base_num_decoder_layers=3",
     "vocab_size=64",           "max_target_length=16",       "num_experts=4",
     "load_balance_loss_weight=0.01",
+};
+
+static const char *const QWEN3_MOE[] = {
+    "model_name=qwen3-30b-a3b", "override_model_config=true", "base_emb_dim=64",        "base_num_query_heads=4",
+    "base_num_kv_heads=2",      "head_dim=16",                "base_mlp_dim=96",        "base_moe_mlp_dim=48",
+    "vocab_size=256",           "max_target_length=32",       "num_experts=4",          "num_experts_per_tok=2",
 };
 
 #define DEEPSEEK(name)                                                                                               \
@@ -216,6 +228,10 @@ static void bounded_vs_full(const char *what, const char *const *base, int nbase
         sim_arena_stats sa, sb;
         sim_arena_get_stats(sim_device_arena((sim_device *)a), &sa);
         sim_arena_get_stats(sim_device_arena((sim_device *)b), &sb);
+        if (sa.host_peak != sb.host_peak || sa.host_live != sb.host_live || sa.n_allocs != sb.n_allocs)
+            fail_msg("%s: device %d host peak %zu live %zu, %llu allocations against %zu %zu %llu", what, d, sb.host_peak,
+                     sb.host_live, (unsigned long long)sb.n_allocs, sa.host_peak, sa.host_live,
+                     (unsigned long long)sa.n_allocs);
         if (sa.peak != sb.peak || sa.live != sb.live)
             fail_msg("%s: device %d peak %zu live %zu against %zu %zu", what, d, sb.peak, sb.live, sa.peak, sa.live);
         for (int c = 0; c < SIM_NMEM; c++)
@@ -397,6 +413,8 @@ static void test_family_layers(void **state)
     layers("qwen3 6 layers", QWEN3, N(QWEN3), 8, q, 2, 4, 6, 1);
     const char *mx[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "remat_policy=none"};
     layers("mixtral 6 layers remat none", MIXTRAL, N(MIXTRAL), 8, mx, 3, 4, 6, 1);
+    const char *qm[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "shard_mode=explicit"};
+    layers("qwen3-moe 5 layers explicit", QWEN3_MOE, N(QWEN3_MOE), 8, qm, 3, 4, 5, 1);
 }
 
 int main(void)
