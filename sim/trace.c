@@ -314,8 +314,9 @@ static void write_meta(sim_trace_out *o, sim_machine *m, size_t ndev, size_t max
     if (repeated) {
         sim_trace_out_meta_u64(o, "spans_repeated_not_drawn", repeated);
         sim_trace_out_meta_str(o, "spans_repeated_note",
-                               "a dry run simulates the first microbatch and one steady-state one; the other "
-                               "microbatches repeat the second: counted in every figure, not drawn here");
+                               "a dry run simulates the first microbatch and one steady-state one, and of a "
+                               "stack of layers the first, the second and the last; the other microbatches and "
+                               "layers repeat the second: counted in every figure, not drawn here");
     }
 }
 
