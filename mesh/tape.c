@@ -45,6 +45,7 @@ typedef struct {
     int e0, e1, v0, v1;
     uint64_t times;
     int64_t fwd[SIM_NMEM], bwd[SIM_NMEM], flush[SIM_NMEM], at[SIM_NMEM];
+    bool bwd_done, flush_done; /* their copies were accounted (not after an OOM in them) */
 } tape_repeat;
 
 struct mesh_tape {
@@ -159,7 +160,7 @@ void mesh_tape_free(mesh_tape *t)
     for (int r = 0; r < t->nreps; r++)
         for (int c = 0; c < SIM_NMEM; c++) {
             const tape_repeat *p = &t->reps[r];
-            int64_t held = p->fwd[c] + p->bwd[c] + p->flush[c];
+            int64_t held = p->fwd[c] + (p->bwd_done ? p->bwd[c] : 0) + (p->flush_done ? p->flush[c] : 0);
             if (held > 0) sim_arena_discharge(arena, (size_t)held * p->times, (sim_mem_cat)c);
         }
     free(t->entries);
@@ -424,8 +425,11 @@ sim_status mesh_tape_repeat_end(mesh_tape *t, const mesh_tape_mark *m, uint64_t 
     r->times = times;
     live_by(t, r->fwd);
     for (int c = 0; c < SIM_NMEM; c++) r->fwd[c] -= m->live0[c];
-    /* the copies are the next layers: tags renumbered upwards */
-    return sim_device_repeat_end_layers(t->ctx->dev, times, 0, 1);
+    /* the copies are the next layers: tags renumbered upwards; after an OOM in them nothing of the
+     * copies is held, so the tape has nothing to account for them */
+    sim_status st = sim_device_repeat_end_layers(t->ctx->dev, times, 0, 1);
+    if (st != SIM_OK) t->nreps--;
+    return st;
 }
 
 /* Before entry i's backward (or variable i's flush): the blocks that begin there. */
@@ -452,6 +456,7 @@ static sim_status repeats_close(mesh_tape *t, int i, bool flush)
         for (int c = 0; c < SIM_NMEM; c++) d[c] -= p->at[c];
         st = flush ? sim_device_repeat_end_layers(t->ctx->dev, p->times, 0, 1)
                    : sim_device_repeat_end_layers(t->ctx->dev, p->times, (int64_t)p->times, -1);
+        if (st == SIM_OK) *(flush ? &p->flush_done : &p->bwd_done) = true;
     }
     return st;
 }

@@ -344,9 +344,17 @@ sim_status sim_arena_block_repeat(sim_arena *a, uint64_t times)
         size_t by[SIM_NMEM];
         memcpy(by, s->live_by, sizeof by);
         for (int c = 0; c < SIM_NMEM; c++) s->live_by[c] = shifted(b.max_by[c], k, b.by0[c], by[c]);
-        char what[64];
-        snprintf(what, sizeof what, "a repeat of a layer (%llu more)", (unsigned long long)times);
-        sim_status st = arena_oom(a, 0, SIM_MEM_TEMP, what);
+        char b1[32], b2[32];
+        sim_err(SIM_ERR_OOM,
+                "%s is out of memory: the %llu repeats of a block a dry run accounts without simulating them (the "
+                "layers of a stack after its second, or microbatches) reach %s of %s; in use by category then:",
+                a->label, (unsigned long long)times, sim_fmt_bytes((double)top, b1, sizeof b1),
+                sim_fmt_bytes((double)s->capacity, b2, sizeof b2));
+        for (int c = 0; c < SIM_NMEM; c++)
+            sim_err_append(" %s %s%s", sim_mem_cat_name((sim_mem_cat)c),
+                           sim_fmt_bytes((double)s->live_by[c], b1, sizeof b1), c + 1 < SIM_NMEM ? "," : "");
+        sim_err_append(". Raise hbm_limit_gb, shard the tensor over more devices, or use remat.");
+        sim_status st = SIM_ERR_OOM;
         s->live = live;
         memcpy(s->live_by, by, sizeof by);
         return st;

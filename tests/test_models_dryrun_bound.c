@@ -417,12 +417,57 @@ static void test_family_layers(void **state)
     layers("qwen3-moe 5 layers explicit", QWEN3_MOE, N(QWEN3_MOE), 8, qm, 3, 4, 5, 1);
 }
 
+/* A dry run against a capacity (hbm_limit_gb): ok or out of memory, and the highest peak. */
+static sim_status dry_cap(const char *const *extra, int n, bool full, double cap_bytes, uint64_t *peak)
+{
+    cfg_config *cfg = NULL;
+    model_def *def = model_run_load(LLAMA, N(LLAMA), 8, extra, n, 4, 1, &cfg);
+    model_run r;
+    model_run_start(&r, cfg, def, 1);
+    r.job.dry_full = full;
+    sim_machine_free(r.m);
+    assert_int_equal(model_machine_new(r.def, cap_bytes / 1e9, false, &r.m), SIM_OK);
+    sim_status st = model_train(&r.job, r.m);
+    *peak = 0;
+    for (int d = 0; d < 4; d++) {
+        sim_arena_stats as;
+        sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, d)), &as);
+        if (as.peak > *peak) *peak = as.peak;
+    }
+    model_run_close(&r);
+    return st;
+}
+
+/* Out of memory exactly when the full dry run is: capacities from 70% of the full run's peak to
+ * above it (the copies of the repeated layers reach some of them: sim_arena_block_repeat). */
+static void test_capacity(void **state)
+{
+    (void)state;
+    const char *ex[] = {"dry_run=true", "ici_fsdp_parallelism=4", "remat_policy=none", "base_num_decoder_layers=8"};
+    uint64_t peak, p2;
+    assert_int_equal(dry_cap(ex, 4, true, 0, &peak), SIM_OK);
+    int oom = 0, fit = 0, copies = 0;
+    for (int i = 0; i <= 12; i++) {
+        double cap = (double)peak * (0.70 + 0.025 * i) + 64;
+        sim_status a = dry_cap(ex, 4, true, cap, &p2), b = dry_cap(ex, 4, false, cap, &p2);
+        if ((a == SIM_ERR_OOM) != (b == SIM_ERR_OOM) || (a != SIM_OK && a != SIM_ERR_OOM) ||
+            (b != SIM_OK && b != SIM_ERR_OOM))
+            fail_msg("capacity %.0f of a %llu-byte peak: full dry run %d, bounded %d (%s)", cap,
+                     (unsigned long long)peak, a, b, sim_errmsg());
+        oom += a == SIM_ERR_OOM;
+        fit += a == SIM_OK;
+        copies += b == SIM_ERR_OOM && strstr(sim_errmsg(), "repeats of a block") != NULL;
+    }
+    printf("capacity: %d of 13 out of memory in both, %d in the repeated layers' copies\n", oom, copies);
+    assert_true(oom >= 3 && fit >= 1 && copies >= 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),    cmocka_unit_test(test_qwen3), cmocka_unit_test(test_mixtral), cmocka_unit_test(test_deepseek_dense_and_moe),
         cmocka_unit_test(test_deepseek_batchsplit), cmocka_unit_test(test_pipeline), cmocka_unit_test(test_zero1),
-        cmocka_unit_test(test_muon), cmocka_unit_test(test_llama_layers), cmocka_unit_test(test_deepseek_layers), cmocka_unit_test(test_family_layers),
+        cmocka_unit_test(test_muon), cmocka_unit_test(test_llama_layers), cmocka_unit_test(test_deepseek_layers), cmocka_unit_test(test_family_layers), cmocka_unit_test(test_capacity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
