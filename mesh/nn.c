@@ -457,9 +457,19 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dq", 4, qa->shape, &qs, &dq));
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
+    /* the sinks' cotangent: on the heads' axes, partial over the axes of the batch and the sequence */
+    mesh_array dsink = {0};
+    const mesh_array *sa = e->nin == 4 ? &e->saved[6] : NULL;
+    if (sa) {
+        mesh_spec ss = sa->spec;
+        ss.partial = P | tmask;
+        for (int i = 0; i < qa->spec.n_axes[0]; i++) ss.partial |= 1u << qa->spec.axes[0][i];
+        SIM_TRY(new_cot(t, "attention/dsinks", 1, sa->shape, &ss, &dsink));
+    }
     attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, (int64_t)e->f[4], true, e->f[3], e->tag);
     if (dy->data) {
         bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2], (int64_t)e->f[4]);
+        if (sa) d.sinks = sa->data, d.dsinks = dsink.data;
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
             bk_attention_dot_bwd(dq.data, dk.data, dv.data, dy->data, lse->data, qa->data, ka->data, va->data, &d);
         else
@@ -469,7 +479,9 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, q, &dq, mesh_tape_tag(t, "attention/dq", tag, sizeof tag)));
     SIM_TRY(mesh_tape_accumulate(t, k, &dk, mesh_tape_tag(t, "attention/dk", tag, sizeof tag)));
-    return mesh_tape_accumulate(t, v, &dv, mesh_tape_tag(t, "attention/dv", tag, sizeof tag));
+    SIM_TRY(mesh_tape_accumulate(t, v, &dv, mesh_tape_tag(t, "attention/dv", tag, sizeof tag)));
+    if (e->nin < 4) return SIM_OK;
+    return mesh_tape_accumulate(t, e->in[3], &dsink, mesh_tape_tag(t, "attention/dsinks", tag, sizeof tag));
 }
 
 /* MaxText's qk_product in explicit mode: einsum('btkgd,bskd->bkgts', query reshaped to
@@ -509,6 +521,13 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
                                     double scale, double soft_cap, int64_t window, bool dot,
                                     const mesh_nn_splash *splash, const char *name, mesh_var **out)
 {
+    return mesh_nn_attention_sinks(t, q, k, v, NULL, q_pos, scale, soft_cap, window, dot, splash, name, out);
+}
+
+sim_status mesh_nn_attention_sinks(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, mesh_var *sinks,
+                                   const mesh_array *q_pos, double scale, double soft_cap, int64_t window, bool dot,
+                                   const mesh_nn_splash *splash, const char *name, mesh_var **out)
+{
     SIM_ASSERT(window >= 0 && window <= INT32_MAX);
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -540,8 +559,17 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     set_dim(&qps, 1, &qs, 1);
     mesh_spec_init(&kps, 2);
     set_dim(&kps, 0, &qs, 0);
-    mesh_array qa, ka, va, qp, kp, lse;
-    bool qo, ko, vo, qpo, kpo;
+    mesh_array qa, ka, va, qp, kp, lse, sa;
+    bool qo, ko, vo, qpo, kpo, so = false;
+    if (sinks) { /* (heads): the query heads' sharding (attention_op.py shards sinks as HEAD) */
+        if (sinks->val.rank != 1 || sinks->val.shape[0] != q->val.shape[2])
+            return sim_err(SIM_ERR_INPUT, "%s: the sinks must be one logit per query head (%lld)", tag,
+                           (long long)q->val.shape[2]);
+        mesh_spec ss;
+        mesh_spec_init(&ss, 1);
+        set_dim(&ss, 0, &qs, 2);
+        SIM_TRY(mesh_nn_operand(t, &sinks->val, &ss, tag, &sa, &so));
+    }
     SIM_TRY(mesh_nn_operand(t, &q->val, &qs, tag, &qa, &qo));
     SIM_TRY(mesh_nn_operand(t, &k->val, &ks, tag, &ka, &ko));
     SIM_TRY(mesh_nn_operand(t, &v->val, &ks, tag, &va, &vo));
@@ -569,6 +597,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     }
     if (!replayed && qa.data) {
         bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap, window);
+        if (sinks) d.sinks = sa.data;
         if (dot) bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
         else bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
@@ -579,8 +608,8 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     /* the splash block count is a causal grid's: with a window the FLOPs stand */
     const mesh_nn_splash *sp = dot || window > 0 ? NULL : splash;
     attention_cost(c->dev, &qa, &ka, &va, window, false, splash_work(sp, &qa, &ka, &va, false), tag);
-    mesh_var *in[3] = {q, k, v};
-    mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
+    mesh_var *in[4] = {q, k, v, sinks};
+    mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, sinks ? 4 : 3, in, 1, out);
     if (e)
         e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap, e->f[3] = splash_work(sp, &qa, &ka, &va, true),
         e->f[4] = (double)window;
@@ -590,6 +619,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     keep(t, e, &lse, true);
     keep(t, e, &qp, qpo);
     keep(t, e, &kp, kpo);
+    if (sinks) keep(t, e, &sa, so);
     return SIM_OK;
 }
 
