@@ -367,6 +367,73 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
     return SIM_OK;
 }
 
+/* ------------------------------------------------------------ bias */
+
+static sim_status bias_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *x = e->in[0], *bias = e->in[1], *y = e->out[0];
+    const mesh_array *ba = &e->saved[0];
+    mesh_array *dy = &y->grad; /* y's dims + partial P */
+    const int r = y->val.rank, rb = ba->rank;
+    mesh_spec bs = ba->spec;
+    bs.partial = dy->spec.partial;
+    for (int d = 0; d < r - rb; d++) bs.partial |= axes_mask(dim_axes(&dy->spec, d));
+    mesh_array db;
+    SIM_TRY(new_cot(t, "bias/dbias", rb, ba->shape, &bs, &db));
+    if (dy->data) { /* the sum over the leading rows, in row order */
+        const int64_t w = (int64_t)ba->nlocal, rows = w ? (int64_t)dy->nlocal / w : 0;
+        double *acc = calloc((size_t)w + 1, sizeof *acc);
+        SIM_ASSERT(acc);
+        const float *g = dy->data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < w; j++) acc[j] += g[i * w + j];
+        for (int64_t j = 0; j < w; j++) ((float *)db.data)[j] = (float)acc[j];
+        free(acc);
+    }
+    sim_device_add_cost(c->dev, 0.0, (double)dy->nlocal + (double)ba->nlocal, 0.0, e->tag);
+    char tag[SIM_TAG_MAX];
+    SIM_TRY(mesh_tape_accumulate(t, bias, &db, mesh_tape_tag(t, "bias/dbias", tag, sizeof tag)));
+    mesh_array dx = *dy; /* x's cotangent is y's */
+    y->has_grad = false;
+    return mesh_tape_accumulate(t, x, &dx, e->tag);
+}
+
+sim_status mesh_nn_bias_add(mesh_tape *t, mesh_var *x, mesh_var *bias, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    const int r = x->val.rank, rb = bias->val.rank;
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    SIM_ASSERT(rb >= 1 && rb <= r);
+    for (int d = 0; d < rb; d++)
+        if (bias->val.shape[d] != x->val.shape[r - rb + d])
+            return sim_err(SIM_ERR_INTERNAL, "%s: bias dim %d (%lld) does not fit x's dim %d (%lld)", tag, d,
+                           (long long)bias->val.shape[d], r - rb + d, (long long)x->val.shape[r - rb + d]);
+    mesh_spec xs = x->val.spec, bs;
+    xs.partial = 0; /* a partial sum gets its bias once: reduced first */
+    mesh_spec_init(&bs, rb);
+    for (int d = 0; d < rb; d++) set_dim(&bs, d, &xs, r - rb + d);
+    mesh_array xa, ba;
+    bool xo, bo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &xs, tag, &xa, &xo));
+    SIM_TRY(mesh_nn_operand(t, &bias->val, &bs, tag, &ba, &bo));
+    SIM_TRY(new_out(t, name, r, x->val.shape, &xs, out));
+    if (xa.data) {
+        const int64_t w = (int64_t)ba.nlocal, rows = w ? (int64_t)xa.nlocal / w : 0;
+        const float *xv = xa.data, *bv = ba.data;
+        float *yv = (*out)->val.data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < w; j++) yv[i * w + j] = xv[i * w + j] + bv[j];
+    }
+    if (xo) mesh_array_free(c->dev, &xa);
+    sim_device_add_cost(c->dev, 0.0, 2.0 * (double)(*out)->val.nlocal + (double)ba.nlocal, 0.0, tag);
+    mesh_var *in[2] = {x, bias};
+    mesh_entry *e = mesh_tape_record(t, bias_vjp, tag, 2, in, 1, out);
+    keep(t, e, &ba, bo);
+    return SIM_OK;
+}
+
 /* ------------------------------------------------------------ attention */
 
 static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale,
