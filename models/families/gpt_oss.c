@@ -266,7 +266,13 @@ static sim_status gptoss_define(model_def *m, const cfg_config *cfg)
                       "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0"));
     SIM_TRY(model_cfg_bool(cfg, "use_mrope", &b));
     SIM_TRY(refuse_if(cfg, "use_mrope", b, "multimodal RoPE is not simulated; use use_mrope=false"));
-    SIM_TRY(model_attention_global_only(cfg, "gpt_oss", "models/gpt_oss.py GptOssDecoderLayer")); /* the pattern sets it */
+    /* each layer passes its own attention_type (GPT_OSS_ATTENTION_PATTERN): the config's is not read */
+    const char *at;
+    SIM_TRY(cfg_get_str(cfg, "attention_type", &at));
+    SIM_TRY(refuse_if(cfg, "attention_type", at && strcmp(at, "global"),
+                      "gpt_oss's layers take their attention type from GPT_OSS_ATTENTION_PATTERN (layers_0 "
+                      "local_sliding with sliding_window_size, layers_1 global), not from the config; use "
+                      "attention_type=global"));
     /* the RoPE: rope_type default or yarn (YarnRotaryEmbedding, both model files) */
     const char *rt;
     SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
