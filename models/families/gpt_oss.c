@@ -235,6 +235,12 @@ static sim_status gptoss_define(model_def *m, const cfg_config *cfg)
     gptoss_dims *g = calloc(1, sizeof *g);
     SIM_ASSERT(g);
     m->d.family_dims = g; /* model_def_free (or the refused definition) frees it */
+    /* configs/types.py (MaxTextConfig's checks): explicit sharding only for a list of decoders that
+     * has no gpt_oss in 0.2.5 */
+    if (d->mode == MESH_MODE_EXPLICIT)
+        return model_cfg_unsupported(cfg, "shard_mode",
+                                     "MaxText 0.2.5 refuses it at config time (configs/types.py: \"Decoder 'gpt_oss' is "
+                                     "not supported with 'explicit' sharding\"); use shard_mode=auto");
     int64_t cycle, mtp;
     SIM_TRY(model_cfg_i64(cfg, "inhomogeneous_layer_cycle_interval", &cycle));
     SIM_TRY(refuse_if(cfg, "inhomogeneous_layer_cycle_interval", cycle != CYCLE,
@@ -249,7 +255,10 @@ static sim_status gptoss_define(model_def *m, const cfg_config *cfg)
     SIM_TRY(refuse_if(cfg, "scan_layers", !b,
                       "gpt_oss is simulated with its scanned block (decoder/layers/layers_0, layers_1); use "
                       "scan_layers=true"));
-    SIM_TRY(refuse_if(cfg, "ici_pipeline_parallelism", d->pipe.on,
+    int64_t ipp, dpp;
+    SIM_TRY(model_cfg_i64(cfg, "ici_pipeline_parallelism", &ipp));
+    SIM_TRY(model_cfg_i64(cfg, "dcn_pipeline_parallelism", &dpp));
+    SIM_TRY(refuse_if(cfg, ipp > 1 ? "ici_pipeline_parallelism" : "dcn_pipeline_parallelism", ipp > 1 || dpp > 1,
                       "the pipeline over gpt_oss's two-layer scanned block is not simulated; use "
                       "ici_pipeline_parallelism=1 and dcn_pipeline_parallelism=1"));
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &b));
