@@ -217,7 +217,7 @@ static void test_refusals_name_the_key(void **state)
     /* gpt-oss's keys on another block (a small Mixtral) */
     static const char *const MIX[] = {"model_name=mixtral-8x7b", "override_model_config=true", "base_emb_dim=32",
                                       "base_num_query_heads=4",  "base_num_kv_heads=2",        "head_dim=8",
-                                      "base_mlp_dim=24",         "base_num_decoder_layers=2",  "vocab_size=64",
+                                      "base_mlp_dim=24",         "base_moe_mlp_dim=24",        "base_num_decoder_layers=2",  "vocab_size=64",
                                       "max_target_length=16",    "num_experts=4"};
     static const family_refusal elsewhere[] = {
         {"attention_sink=true", "attention_sink", "gpt_oss", NULL},
