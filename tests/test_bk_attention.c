@@ -196,7 +196,8 @@ static void test_attention_soft_cap(void **state)
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int *x = cfg[c];
-        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 3.0f / sqrtf((float)x[5]), x[7], x[8], 1.5f, 0, NULL, NULL};
+        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 3.0f / sqrtf((float)x[5]),
+                          x[7], x[8], 1.5f, 0,    NULL, NULL};
         prob_t p = prob_new(&r, d);
         check_vs_ref(&p, &r, "soft cap");
         float *o0 = zeros(p.no), *l0 = zeros(p.nl);
@@ -570,13 +571,14 @@ static void test_attention_sinks(void **state)
     bk_rng r = {91};
     /* B, Tq, Tk, Hq, Hkv, Dqk, Dv, block_q, block_k, window, cap x10, permuted */
     const int cfg[][12] = {
-        {2, 5, 5, 2, 1, 16, 16, 2, 3, 0, 0, 0},       {1, 17, 17, 4, 2, 12, 8, 4, 5, 3, 0, 0},
-        {2, 40, 40, 4, 2, 8, 8, 16, 8, 6, 15, 1},     {1, 9, 21, 3, 3, 8, 8, 0, 0, 0, 0, 0},
+        {2, 5, 5, 2, 1, 16, 16, 2, 3, 0, 0, 0},        {1, 17, 17, 4, 2, 12, 8, 4, 5, 3, 0, 0},
+        {2, 40, 40, 4, 2, 8, 8, 16, 8, 6, 15, 1},      {1, 9, 21, 3, 3, 8, 8, 0, 0, 0, 0, 0},
         {1, 150, 150, 2, 1, 16, 8, 100, 128, 0, 0, 0}, {1, 260, 260, 2, 2, 8, 8, 0, 0, 70, 0, 0},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int *x = cfg[c];
-        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.5f, x[7], x[8], (float)x[10] / 10.0f, x[9], NULL, NULL};
+        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.5f, x[7], x[8], (float)x[10] / 10.0f,
+                          x[9], NULL, NULL};
         float *sinks = zeros((size_t)d.Hq), *ds = zeros((size_t)d.Hq), *ds_r = zeros((size_t)d.Hq);
         bk_rng_fill(&r, sinks, (size_t)d.Hq, -1.5, 1.5);
         d.sinks = sinks;

@@ -39,21 +39,11 @@
 
 /* The small gpt-oss of the loss data (losses/gen.sh: GPTOSS). */
 static const char *const GOSS[] = {
-    "model_name=gpt-oss-20b",
-    "override_model_config=true",
-    "base_emb_dim=64",
-    "base_num_query_heads=4",
-    "base_num_kv_heads=2",
-    "head_dim=16",
-    "base_mlp_dim=48",
-    "base_moe_mlp_dim=48",
-    "base_num_decoder_layers=4",
-    "vocab_size=256",
-    "max_target_length=32",
-    "per_device_batch_size=2",
-    "num_experts=4",
-    "num_experts_per_tok=2",
-    "sliding_window_size=8",
+    "model_name=gpt-oss-20b", "override_model_config=true", "base_emb_dim=64",
+    "base_num_query_heads=4", "base_num_kv_heads=2",        "head_dim=16",
+    "base_mlp_dim=48",        "base_moe_mlp_dim=48",        "base_num_decoder_layers=4",
+    "vocab_size=256",         "max_target_length=32",       "per_device_batch_size=2",
+    "num_experts=4",          "num_experts_per_tok=2",      "sliding_window_size=8",
 };
 enum { NGOSS = sizeof GOSS / sizeof GOSS[0] };
 
@@ -215,10 +205,11 @@ static void test_refusals_name_the_key(void **state)
     };
     family_check_refusals(TINY, NTINY, cases, (int)(sizeof cases / sizeof cases[0]));
     /* gpt-oss's keys on another block (a small Mixtral) */
-    static const char *const MIX[] = {"model_name=mixtral-8x7b", "override_model_config=true", "base_emb_dim=32",
-                                      "base_num_query_heads=4",  "base_num_kv_heads=2",        "head_dim=8",
-                                      "base_mlp_dim=24",         "base_moe_mlp_dim=24",        "base_num_decoder_layers=2",  "vocab_size=64",
-                                      "max_target_length=16",    "num_experts=4"};
+    static const char *const MIX[] = {
+        "model_name=mixtral-8x7b", "override_model_config=true", "base_emb_dim=32",
+        "base_num_query_heads=4",  "base_num_kv_heads=2",        "head_dim=8",
+        "base_mlp_dim=24",         "base_moe_mlp_dim=24",        "base_num_decoder_layers=2",
+        "vocab_size=64",           "max_target_length=16",       "num_experts=4"};
     static const family_refusal elsewhere[] = {
         {"attention_sink=true", "attention_sink", "gpt_oss", NULL},
         {"attention_bias=true", "attention_bias", "gpt_oss", NULL},
@@ -234,9 +225,9 @@ static void test_refusals_name_the_key(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_definition),           cmocka_unit_test(test_refusals_name_the_key),
-        cmocka_unit_test(test_pieces_are_live),      cmocka_unit_test(test_losses_equal_maxtext),
-        cmocka_unit_test(test_dumps_equal_maxtext),  cmocka_unit_test(test_parity_across_meshes),
+        cmocka_unit_test(test_definition),          cmocka_unit_test(test_refusals_name_the_key),
+        cmocka_unit_test(test_pieces_are_live),     cmocka_unit_test(test_losses_equal_maxtext),
+        cmocka_unit_test(test_dumps_equal_maxtext), cmocka_unit_test(test_parity_across_meshes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -212,8 +212,7 @@ static void define_params(model_def *m)
               MODEL_INIT_ZEROS, 0);
         }
         if (g->sinks) /* Attention.sinks: default_bias_init, out_sharding (None,) */
-            P("GptOssAttention.sinks", 2, ((int64_t[]){H, L}), ((const char *[]){NULL, "layers"}), MODEL_INIT_ZEROS,
-              0);
+            P("GptOssAttention.sinks", 2, ((int64_t[]){H, L}), ((const char *[]){NULL, "layers"}), MODEL_INIT_ZEROS, 0);
         P("post_self_attention_layer_norm.scale", 2, ((int64_t[]){E, L}), ((const char *[]){"norm", "layers"}),
           MODEL_INIT_ONES, 0);
         snprintf(scope, sizeof scope, "layers_%d.GptOssMlp", c);
@@ -238,9 +237,10 @@ static sim_status gptoss_define(model_def *m, const cfg_config *cfg)
     /* configs/types.py (MaxTextConfig's checks): explicit sharding only for a list of decoders that
      * has no gpt_oss in 0.2.5 */
     if (d->mode == MESH_MODE_EXPLICIT)
-        return model_cfg_unsupported(cfg, "shard_mode",
-                                     "MaxText 0.2.5 refuses it at config time (configs/types.py: \"Decoder 'gpt_oss' is "
-                                     "not supported with 'explicit' sharding\"); use shard_mode=auto");
+        return model_cfg_unsupported(
+            cfg, "shard_mode",
+            "MaxText 0.2.5 refuses it at config time (configs/types.py: \"Decoder 'gpt_oss' is "
+            "not supported with 'explicit' sharding\"); use shard_mode=auto");
     int64_t cycle, mtp;
     SIM_TRY(model_cfg_i64(cfg, "inhomogeneous_layer_cycle_interval", &cycle));
     SIM_TRY(refuse_if(cfg, "inhomogeneous_layer_cycle_interval", cycle != CYCLE,
