@@ -5,7 +5,8 @@
  * sums and reshards are exercised): RMSNorm with the normalised dim sharded (its sum of squares
  * all-reduced), SwiGLU, the soft cap, cross-entropy with the z-loss over a vocabulary split on
  * 'tensor', the token mean, RoPE, causal attention (flash and dot-product kernels) with the heads
- * split, the embedding lookup with the table split on 'tensor', dropout with a fixed key, and
+ * split (with the sliding window and the sinks on a split sequence too), a projection's bias, the
+ * embedding lookup with the table split on 'tensor', dropout with a fixed key, and
  * the two halves of unstack2.  The memory-op cost records are test_mesh_costs's. */
 #include <setjmp.h>
 #include <stdarg.h>
