@@ -25,7 +25,8 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
     if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline_run.c) */
         SIM_TRY(model_pipeline_run(md, t, b, x, dec->layer, 0, &x));
     mesh_var *lb_sum = NULL; /* the layers' load-balance losses (MoE layers), summed */
-    for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
+    const int64_t units = dec->units > 0 ? dec->units : m->d.layers;
+    for (int l = 0; l < units && !m->d.pipe.on; l++) {
         mesh_var *in = x, *aux = NULL;
         if (m->d.remat_full) {
             char tag[64];
