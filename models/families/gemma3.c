@@ -318,13 +318,12 @@ static sim_status gemma3_define(model_def *m, const cfg_config *cfg)
     g->local_rope_max = (double)lr;
     SIM_TRY(model_cfg_bool(cfg, "use_post_attn_norm", &g->post_attn_norm));
     SIM_TRY(model_cfg_bool(cfg, "use_post_ffw_norm", &g->post_ffw_norm));
-    bool scan, mm;
+    bool scan;
     SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
     if (!scan)
         return model_cfg_unsupported(cfg, "scan_layers",
                                      "decoder_block=gemma3 is simulated scanned (blocks of six layers and "
                                      "layers_remainder, nnx_decoders.py _init_scanned_gemma3); use scan_layers=true");
-    SIM_TRY(model_cfg_bool(cfg, "use_multimodal", &mm)); /* keys.yml refuses it already; kept for clarity */
     if (d->fused_qkv)
         return model_cfg_unsupported(cfg, "fused_qkv",
                                      "decoder_block=gemma3 is simulated with separate query, key and value kernels; use "
@@ -351,12 +350,6 @@ static sim_status gemma3_define(model_def *m, const cfg_config *cfg)
     return SIM_OK;
 }
 
-static sim_status gemma3_setup(model_def *m, const cfg_config *cfg)
-{
-    SIM_TRY(model_dense_setup(m, cfg));
-    return SIM_OK;
-}
-
 static sim_status gemma3_pipeline_check(model_def *m, const cfg_config *cfg)
 {
     (void)m;
@@ -377,12 +370,13 @@ static sim_status gemma3_loss(model_dev *md, mesh_tape *t, const model_batch *b,
     return model_decoder_loss(md, t, b, &dec, loss);
 }
 
-/* The config words for `shardsim plan`'s sampled dry runs: the layer count (blocks of six and the
- * remainder follow from it). */
+/* MaxText's decoder_block gemma3 (gemma3-4b, -12b, -27b): blocks of six layers as remat units, no
+ * pipeline, nothing updated outside the optimizer; `shardsim plan` shortens it with the default
+ * base_num_decoder_layers word (the blocks and the remainder follow from it). */
 const model_family model_family_gemma3 = {
     .name = "gemma3",
     .define = gemma3_define,
-    .setup = gemma3_setup,
+    .setup = model_dense_setup, /* use_batch_split_schedule refused */
     .loss = gemma3_loss,
     .pipeline_check = gemma3_pipeline_check,
 };
