@@ -366,7 +366,8 @@ static sim_status gemma3_loss(model_dev *md, mesh_tape *t, const model_batch *b,
                                .embed = model_param_index(m, "token_embedder.embedding"),
                                .norm = model_param_index(m, "decoder_norm.scale"),
                                .logits = model_param_index(m, "logits_dense.kernel"),
-                               .units = (int)(g->blocks + (g->remainder > 0))};
+                               .units = (int)(g->blocks + (g->remainder > 0)),
+                               .scanned_units = (int)g->blocks};
     return model_decoder_loss(md, t, b, &dec, loss);
 }
 
