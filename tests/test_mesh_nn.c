@@ -320,10 +320,10 @@ static void test_unstack2(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_swiglu), cmocka_unit_test(test_geglu), cmocka_unit_test(test_softcap),
-        cmocka_unit_test(test_xent),      cmocka_unit_test(test_mean),   cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_attention), cmocka_unit_test(test_embed),  cmocka_unit_test(test_dropout),
-        cmocka_unit_test(test_unstack2),
+        cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_geglu),
+        cmocka_unit_test(test_softcap), cmocka_unit_test(test_xent),      cmocka_unit_test(test_mean),
+        cmocka_unit_test(test_rope),    cmocka_unit_test(test_attention), cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_dropout), cmocka_unit_test(test_unstack2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

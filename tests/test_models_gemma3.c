@@ -31,9 +31,10 @@
 
 /* The small Gemma 3 of the loss data (losses/gen.sh: GEMMA3). */
 static const char *const GEMMA3[] = {
-    "model_name=gemma3-4b",   "override_model_config=true", "base_emb_dim=64",         "base_num_query_heads=4",
-    "base_num_kv_heads=2",    "head_dim=16",                "base_mlp_dim=128",        "base_num_decoder_layers=8",
-    "vocab_size=256",         "max_target_length=32",       "per_device_batch_size=2", "sliding_window_size=8",
+    "model_name=gemma3-4b",   "override_model_config=true", "base_emb_dim=64",
+    "base_num_query_heads=4", "base_num_kv_heads=2",        "head_dim=16",
+    "base_mlp_dim=128",       "base_num_decoder_layers=8",  "vocab_size=256",
+    "max_target_length=32",   "per_device_batch_size=2",    "sliding_window_size=8",
 };
 enum { NGEMMA3 = sizeof GEMMA3 / sizeof GEMMA3[0] };
 
@@ -69,9 +70,18 @@ static void test_dumps_equal_maxtext(void **state)
  * convert pair), so a float32 sum in another order can move an element by a bfloat16 ulp (2^-8
  * relative), as it can between MaxText's meshes; the loss cases above keep the tied head. */
 static const char *const TINY[] = {
-    "model_name=gemma3-4b",   "override_model_config=true", "base_emb_dim=32",   "base_num_query_heads=4",
-    "base_num_kv_heads=2",    "head_dim=8",                 "base_mlp_dim=48",   "base_num_decoder_layers=8",
-    "vocab_size=64",          "max_target_length=16",       "learning_rate=1e-3", "sliding_window_size=4",
+    "model_name=gemma3-4b",
+    "override_model_config=true",
+    "base_emb_dim=32",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "head_dim=8",
+    "base_mlp_dim=48",
+    "base_num_decoder_layers=8",
+    "vocab_size=64",
+    "max_target_length=16",
+    "learning_rate=1e-3",
+    "sliding_window_size=4",
     "logits_via_embedding=false",
 };
 enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 3 };

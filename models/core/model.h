@@ -21,7 +21,8 @@
 #include "models/core/pipeline.h"
 #include "models/core/timemodel.h"
 
-enum { MODEL_MAX_PARAMS = 192, MODEL_MAX_ACTS = 96 }; /* gemma3: 13 parameters in each of 6 scanned and up to 5 remainder layers */
+/* gemma3 defines the most parameters: 13 in each of 6 scanned and up to 5 remainder layers */
+enum { MODEL_MAX_PARAMS = 192, MODEL_MAX_ACTS = 96 };
 /* Microbatches a dry run accounts at most (gradient_accumulation_steps with dry_run=true): it
  * simulates two, but its step-time estimate and collectives.csv go through every one.  And the most tokens one step may hold (rows x microbatches x
  * sequence: the step's host token arrays; 2^40 x 12 bytes is beyond any host). */

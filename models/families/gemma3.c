@@ -120,8 +120,8 @@ static sim_status shard(model_dev *md, mesh_tape *t, mesh_var *x, const char *wh
 
 /* One Gemma3DecoderLayer: sublayer j of n in the block (remainder or scanned), stack index s.  Only the
  * block's last layer makes the remat unit's output, which nothing reads when remat recomputes it. */
-static sim_status g3_layer(model_dev *md, mesh_tape *t, const model_batch *b, bool rem, int j, int n, int s,
-                           int unit, mesh_var *x, mesh_var **y)
+static sim_status g3_layer(model_dev *md, mesh_tape *t, const model_batch *b, bool rem, int j, int n, int s, int unit,
+                           mesh_var *x, mesh_var **y)
 {
     const model_def *m = md->def;
     const model_dims *d = &m->d;
@@ -138,9 +138,9 @@ static sim_status g3_layer(model_dev *md, mesh_tape *t, const model_batch *b, bo
     sim_status st;
     mesh_var *in, *lnx, *a, *h, *hs, *mlp;
     SIM_TRY_GOTO(shard(md, t, x, "inputs", &in), st, fail);
-    SIM_TRY_GOTO(mesh_nn_rmsnorm(t, in, model_param_leaf(md, t, ix.pre_attn, s), d->eps, "pre_self_attention_norm",
-                                 &lnx),
-                 st, fail);
+    SIM_TRY_GOTO(
+        mesh_nn_rmsnorm(t, in, model_param_leaf(md, t, ix.pre_attn, s), d->eps, "pre_self_attention_norm", &lnx), st,
+        fail);
     SIM_TRY_GOTO(shard(md, t, lnx, "lnx", &lnx), st, fail);
     md->ctx.layer = attn_layer;
     model_attention_block ab = {.query = ix.q,
@@ -160,13 +160,12 @@ static sim_status g3_layer(model_dev *md, mesh_tape *t, const model_batch *b, bo
     SIM_TRY_GOTO(model_attention(md, t, b, &ab, lnx, &a), st, fail);
     md->ctx.layer = layer;
     if (ix.post_attn >= 0)
-        SIM_TRY_GOTO(mesh_nn_rmsnorm(t, a, model_param_leaf(md, t, ix.post_attn, s), d->eps,
-                                     "post_self_attention_norm", &a),
-                     st, fail);
+        SIM_TRY_GOTO(
+            mesh_nn_rmsnorm(t, a, model_param_leaf(md, t, ix.post_attn, s), d->eps, "post_self_attention_norm", &a), st,
+            fail);
     SIM_TRY_GOTO(shard(md, t, a, "attention_lnx", &a), st, fail);
     SIM_TRY_GOTO(mesh_ad_add(t, a, in, "residual_attention", &h), st, fail);
-    SIM_TRY_GOTO(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.pre_ffw, s), d->eps, "pre_ffw_norm", &hs), st,
-                 fail);
+    SIM_TRY_GOTO(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.pre_ffw, s), d->eps, "pre_ffw_norm", &hs), st, fail);
     md->ctx.layer = mlp_layer;
     const bool last = j == n - 1;
     model_mlp_block mb = {.wi_0 = ix.wi0,
@@ -238,8 +237,8 @@ static void define_layer(model_def *m, const g3_dims *g, bool rem, int j)
     } while (0)
     G3_PARAM("pre_self_attention_norm.scale", 1, ((int64_t[]){E}), ((const char *[]){"norm"}), MODEL_INIT_ONES, 0);
     /* init_query_w: query_pre_attn_scalar != 1, so no 1/sqrt(head_dim) in the query init */
-    G3_PARAM("self_attention.query.kernel", 3, ((int64_t[]){E, H, D}), ((const char *[]){"embed_attn", "q_heads", "kv"}),
-             MODEL_INIT_NORMAL, fe);
+    G3_PARAM("self_attention.query.kernel", 3, ((int64_t[]){E, H, D}),
+             ((const char *[]){"embed_attn", "q_heads", "kv"}), MODEL_INIT_NORMAL, fe);
     G3_PARAM("self_attention.key.kernel", 3, ((int64_t[]){E, K, D}),
              ((const char *[]){"embed_attn", "kv_heads", "kv_head_dim"}), MODEL_INIT_NORMAL, fe);
     G3_PARAM("self_attention.value.kernel", 3, ((int64_t[]){E, K, D}),
@@ -249,8 +248,7 @@ static void define_layer(model_def *m, const g3_dims *g, bool rem, int j)
     G3_PARAM("self_attention.out.kernel", 3, ((int64_t[]){H, D, E}), ((const char *[]){"heads", "kv", "embed_attn"}),
              MODEL_INIT_NORMAL, 1.0 / sqrt((double)(H * D)));
     if (g->post_attn_norm)
-        G3_PARAM("post_self_attention_norm.scale", 1, ((int64_t[]){E}), ((const char *[]){"norm"}), MODEL_INIT_ONES,
-                 0);
+        G3_PARAM("post_self_attention_norm.scale", 1, ((int64_t[]){E}), ((const char *[]){"norm"}), MODEL_INIT_ONES, 0);
     G3_PARAM("pre_ffw_norm.scale", 1, ((int64_t[]){E}), ((const char *[]){"norm"}), MODEL_INIT_ONES, 0);
     G3_PARAM("mlp.wi_0.kernel", 2, ((int64_t[]){E, F}), ((const char *[]){"embed", "mlp"}), MODEL_INIT_TRUNC_NORMAL,
              fe);
@@ -282,11 +280,12 @@ static sim_status query_pre_attn_scalar(const model_def *m, const cfg_config *cf
         *out = 1.0 / sqrt((double)(e / h));
         return SIM_OK;
     }
-    return model_cfg_unsupported(cfg, "model_name",
-                                 "MaxText 0.2.5's gemma3 layer takes its query scale from the model name "
-                                 "(models/gemma3.py get_query_pre_attn_scalar: gemma3-4b, gemma3-12b or gemma3-27b) and "
-                                 "raises \"Unsupported model name\" for any other; use one of the three (with "
-                                 "override_model_config=true to change its sizes)");
+    return model_cfg_unsupported(
+        cfg, "model_name",
+        "MaxText 0.2.5's gemma3 layer takes its query scale from the model name "
+        "(models/gemma3.py get_query_pre_attn_scalar: gemma3-4b, gemma3-12b or gemma3-27b) and "
+        "raises \"Unsupported model name\" for any other; use one of the three (with "
+        "override_model_config=true to change its sizes)");
 }
 
 /* What MaxText's gemma3 layer would read and shardsim does not simulate is refused, naming the key. */
@@ -325,9 +324,10 @@ static sim_status gemma3_define(model_def *m, const cfg_config *cfg)
                                      "decoder_block=gemma3 is simulated scanned (blocks of six layers and "
                                      "layers_remainder, nnx_decoders.py _init_scanned_gemma3); use scan_layers=true");
     if (d->fused_qkv)
-        return model_cfg_unsupported(cfg, "fused_qkv",
-                                     "decoder_block=gemma3 is simulated with separate query, key and value kernels; use "
-                                     "fused_qkv=false");
+        return model_cfg_unsupported(
+            cfg, "fused_qkv",
+            "decoder_block=gemma3 is simulated with separate query, key and value kernels; use "
+            "fused_qkv=false");
     if (d->fused_mlp)
         return model_cfg_unsupported(cfg, "fused_mlp",
                                      "decoder_block=gemma3 is simulated with separate wi_0 and wi_1 kernels; use "
