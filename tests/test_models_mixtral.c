@@ -192,6 +192,8 @@ static void test_refusals_name_the_key(void **state)
         {"rope_type=yarn", "rope_type", "default", NULL},
         {"mtp_num_layers=1", "mtp_num_layers", "deepseek", NULL},
         {"use_batch_split_schedule=true", "use_batch_split_schedule", "deepseek", NULL},
+        /* GeGLU is simulated in MlpBlock (gemma3), not in the routed experts */
+        {"mlp_activations=[gelu,linear]", "mlp_activations", "SwiGLU", NULL},
     };
     family_check_refusals(TINY, NTINY, cases, (int)(sizeof cases / sizeof cases[0]));
 }
