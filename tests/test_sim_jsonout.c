@@ -18,6 +18,31 @@
 
 #include "sim/jsonout.h"
 
+/* A document written to memory. */
+typedef struct {
+    char *buf;
+    size_t n;
+    FILE *f;
+    sim_json *j;
+} doc;
+
+static sim_json *doc_open(doc *d, int layout, bool ascii, int precision)
+{
+    d->buf = NULL;
+    d->f = open_memstream(&d->buf, &d->n);
+    assert_non_null(d->f);
+    assert_int_equal(sim_json_new(d->f, layout, ascii, precision, &d->j), SIM_OK);
+    return d->j;
+}
+
+/* The text written (the caller frees it). */
+static char *doc_close(doc *d, const char *tail)
+{
+    assert_int_equal(sim_json_close(d->j, tail, "test"), SIM_OK);
+    fclose(d->f);
+    return d->buf;
+}
+
 static uint64_t rng(uint64_t *s)
 {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -104,16 +129,11 @@ static void test_same_bytes_as_jansson(void **state)
     };
     const int precisions[] = {17, 9, 6, 1};
     uint64_t s = 12345;
-    for (int doc = 0; doc < 400; doc++) {
-        int li = doc % 5, p = precisions[doc / 5 % 4];
-        char *got = NULL;
-        size_t n = 0;
-        FILE *f = open_memstream(&got, &n);
-        sim_json *j;
-        assert_int_equal(sim_json_new(f, layouts[li].layout, layouts[li].ascii, p, &j), SIM_OK);
-        json_t *tree = random_value(&s, j, 0);
-        assert_int_equal(sim_json_close(j, NULL, "test"), SIM_OK);
-        fclose(f);
+    for (int k = 0; k < 400; k++) {
+        int li = k % 5, p = precisions[k / 5 % 4];
+        doc d;
+        json_t *tree = random_value(&s, doc_open(&d, layouts[li].layout, layouts[li].ascii, p), 0);
+        char *got = doc_close(&d, NULL);
         char *want = json_dumps(tree, layouts[li].flags | JSON_REAL_PRECISION(p) | JSON_ENCODE_ANY);
         assert_non_null(want);
         assert_string_equal(got, want);
@@ -126,11 +146,8 @@ static void test_same_bytes_as_jansson(void **state)
 /* Writes a fixed document in a layout: {"a": [1, {}, []], "s": "x\"\n\u00e9", "r": 0.5}. */
 static char *fixed_doc(int layout, bool ascii)
 {
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    sim_json *j;
-    assert_int_equal(sim_json_new(f, layout, ascii, 17, &j), SIM_OK);
+    doc d;
+    sim_json *j = doc_open(&d, layout, ascii, 17);
     sim_json_obj(j);
     sim_json_key(j, "a");
     sim_json_arr(j);
@@ -145,9 +162,7 @@ static char *fixed_doc(int layout, bool ascii)
     sim_json_key(j, "r");
     sim_json_real(j, 0.5);
     sim_json_end(j);
-    assert_int_equal(sim_json_close(j, "\n", "test"), SIM_OK);
-    fclose(f);
-    return buf;
+    return doc_close(&d, "\n");
 }
 
 static void test_layouts_by_hand(void **state)
@@ -174,30 +189,21 @@ static void test_numbers_by_hand(void **state)
     } cases[] = {{1.0, 17, "1.0"}, {1e20, 17, "1e20"}, {1e-5, 17, "1.0000000000000001e-5"}, {1e-5, 6, "1e-5"},
                  {0.1, 17, "0.10000000000000001"}, {0.1, 9, "0.1"}, {0.1f, 9, "0.100000001"}, {2.5, 1, "2.0"}, {-1e100, 3, "-1e100"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *buf = NULL;
-        size_t n = 0;
-        FILE *f = open_memstream(&buf, &n);
-        sim_json *j;
-        assert_int_equal(sim_json_new(f, SIM_JSON_COMPACT, false, cases[i].p, &j), SIM_OK);
-        sim_json_real(j, cases[i].d);
-        assert_int_equal(sim_json_close(j, NULL, "test"), SIM_OK);
-        fclose(f);
+        doc d;
+        sim_json_real(doc_open(&d, SIM_JSON_COMPACT, false, cases[i].p), cases[i].d);
+        char *buf = doc_close(&d, NULL);
         assert_string_equal(buf, cases[i].want);
         free(buf);
     }
     /* thousandths: "%.3f" of v / 1000, exact */
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    sim_json *j;
-    assert_int_equal(sim_json_new(f, SIM_JSON_COMPACT, false, 17, &j), SIM_OK);
+    doc d;
+    sim_json *j = doc_open(&d, SIM_JSON_COMPACT, false, 17);
     sim_json_arr(j);
     const uint64_t ms[] = {0, 5, 1000, 123456789, UINT64_MAX};
     for (int i = 0; i < 5; i++) sim_json_milli(j, ms[i]);
     sim_json_u64(j, UINT64_MAX);
     sim_json_end(j);
-    assert_int_equal(sim_json_close(j, NULL, "test"), SIM_OK);
-    fclose(f);
+    char *buf = doc_close(&d, NULL);
     assert_string_equal(buf, "[0.000,0.005,1.000,123456.789,18446744073709551.615,18446744073709551615]");
     free(buf);
 }
@@ -206,11 +212,8 @@ static void test_numbers_by_hand(void **state)
 static void test_lines_and_invalid_utf8(void **state)
 {
     (void)state;
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    sim_json *j;
-    assert_int_equal(sim_json_new(f, SIM_JSON_COMPACT, false, 17, &j), SIM_OK);
+    doc d;
+    sim_json *j = doc_open(&d, SIM_JSON_COMPACT, false, 17);
     sim_json_obj(j);
     sim_json_key(j, "e");
     sim_json_arr_lines(j);
@@ -224,8 +227,7 @@ static void test_lines_and_invalid_utf8(void **state)
     sim_json_arr_lines(j);
     sim_json_end(j);
     sim_json_end(j);
-    assert_int_equal(sim_json_close(j, NULL, "test"), SIM_OK);
-    fclose(f);
+    char *buf = doc_close(&d, NULL);
     assert_string_equal(buf, "{\"e\":[\n{\"n\":\"bad ?? ok ??\"},\n2\n],\"none\":[\n]}");
     json_error_t err;
     json_t *back = json_loads(buf, 0, &err);

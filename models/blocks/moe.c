@@ -2016,6 +2016,11 @@ void model_moe_define_routed_params(model_def *m, const char *scope, const model
 #undef ROUTED_PARAM
 }
 
+sim_status model_moe_setup(model_def *m, const cfg_config *cfg)
+{
+    return model_moe_check_setup(m, cfg, m->d.family_dims);
+}
+
 sim_status model_moe_check_setup(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo)
 {
     bool on;
