@@ -185,7 +185,15 @@ static void put_string(sim_json *j, const unsigned char *s, size_t n)
 
 static void put_text(sim_json *j, const char *s)
 {
-    size_t n = strlen(s);
+    size_t n = 0;
+    for (unsigned char c; (c = (unsigned char)s[n]) >= 0x20 && c < 0x7F && c != '"' && c != '\\';) n++;
+    if (!s[n]) { /* printable ASCII without an escape (nearly every name): as it is, in one pass */
+        sim_textout_char(&j->t, '"');
+        sim_textout_mem(&j->t, s, n);
+        sim_textout_char(&j->t, '"');
+        return;
+    }
+    n += strlen(s + n);
     if (utf8_valid((const unsigned char *)s, n)) {
         put_string(j, (const unsigned char *)s, n);
         return;
