@@ -860,19 +860,19 @@ static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
     mesh_array dr, dt;
     SIM_TRY(new_cot_raw(t, "embed/drows", 3, y->val.shape, &rs, &dr));
     if (dy->counted_fixed) mesh_array_recount(c->dev, &dr, dy->counted);
-    sim_status st = SIM_OK;
-    if (gathered) st = embed_rows_allgather(c, dy, &rs, ex, false, &dr, mesh_array_meta(dy, sim_meta_tag(tag)));
+    sim_status st;
+    if (gathered)
+        SIM_TRY_GOTO(embed_rows_allgather(c, dy, &rs, ex, false, &dr, mesh_array_meta(dy, sim_meta_tag(tag))), st, fail);
     else {
         size_t dshape[3] = {(size_t)dy->local[0], (size_t)dy->local[1], (size_t)dy->local[2]};
-        st = sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
-                                 mesh_array_meta(dy, sim_meta_tag(tag)));
+        SIM_TRY_GOTO(sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
+                                         mesh_array_meta(dy, sim_meta_tag(tag))),
+                     st, fail);
     }
-    if (st) goto fail;
     /* the table's own shard: what the tokens' other axes hold is summed by the accumulation */
     mesh_spec ds = tw->spec;
     ds.partial = dy->spec.partial | (mesh_spec_dim_axes(&tok->spec) & ~axes_mask(ex));
-    st = (dr.data ? new_cot_raw : new_cot)(t, "embed/dtable", 2, tw->shape, &ds, &dt);
-    if (st) goto fail;
+    SIM_TRY_GOTO((dr.data ? new_cot_raw : new_cot)(t, "embed/dtable", 2, tw->shape, &ds, &dt), st, fail);
     if (dr.data) {
         /* member q's rows summed on their own, then the members' sums in rank order: the bits of the
          * gather path, whose per-device sums the gradient's reduce-scatter adds in group-rank order
@@ -892,12 +892,11 @@ static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
         }
         free(part);
     }
+fail: /* the rows go on every path; dt is the accumulation's once made */
     mesh_array_free(c->dev, &dr);
+    if (st != SIM_OK) return st;
     mesh_nn_cost_memory(t, 2.0 * (double)dy->nlocal, tag); /* rows of dy scatter-added into the table */
     return mesh_tape_accumulate(t, table, &dt, tag);
-fail:
-    mesh_array_free(c->dev, &dr);
-    return st;
 }
 
 /* XLA:TPU's lookup (see the banner): ids gathered, rows looked up on the shard, all-to-all. */
