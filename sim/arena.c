@@ -31,6 +31,7 @@ enum { HDR = 64, ALIGN = 64 };
 #define MMAP_MIN ((size_t)32 << 20)
 #define ARENA_MAGIC 0x5348415244415245ull  /* "SHARDARE": a live block */
 #define CACHED_MAGIC 0x534841524443414eull /* a released block kept for reuse */
+#define HOST_MAGIC 0x5348415244484f53ull   /* "SHARDHOS": a host block, no arena's (sim_arena_block_new) */
 
 typedef struct block {
     uint64_t magic;
@@ -219,6 +220,29 @@ static void account_sub(sim_arena *a, size_t counted, sim_mem_cat cat)
     a->st.live_by[cat] -= counted;
 }
 
+/* The storage of block b (unlinked from the live list) goes to the cache or back to the host. */
+static void drop_storage(sim_arena *a, block *b, size_t bytes)
+{
+    size_t cap = a->st.peak / 8 < CACHE_MAX ? a->st.peak / 8 : CACHE_MAX;
+    if (bytes >= CACHE_MIN && bytes <= cap) {
+        b->magic = CACHED_MAGIC; /* a second release of it fails sim_arena_release_counted's check */
+        push_front(&a->cache, b);
+        a->cached += bytes;
+        while (a->cached > cap) { /* evict the oldest, sparing blocks glibc would mmap afresh */
+            block *old = a->cache.prev;
+            for (block *c = old; c != &a->cache && old->bytes >= MMAP_MIN; c = c->prev)
+                if (c->bytes < MMAP_MIN) old = c;
+            unlink_block(old);
+            a->cached -= old->bytes;
+            old->magic = 0;
+            free(old);
+        }
+    } else {
+        b->magic = 0;
+        free(b);
+    }
+}
+
 void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t counted, sim_mem_cat cat)
 {
     SIM_ASSERT(a && cat >= 0 && cat < SIM_NMEM);
@@ -227,26 +251,43 @@ void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t count
         block *b = (block *)((char *)p - HDR);
         SIM_ASSERT(b->magic == ARENA_MAGIC && b->bytes == bytes && b->cat == (int)cat);
         unlink_block(b);
-        size_t cap = a->st.peak / 8 < CACHE_MAX ? a->st.peak / 8 : CACHE_MAX;
-        if (bytes >= CACHE_MIN && bytes <= cap) {
-            b->magic = CACHED_MAGIC; /* a second release of it fails the check above */
-            push_front(&a->cache, b);
-            a->cached += bytes;
-            while (a->cached > cap) { /* evict the oldest, sparing blocks glibc would mmap afresh */
-                block *old = a->cache.prev;
-                for (block *c = old; c != &a->cache && old->bytes >= MMAP_MIN; c = c->prev)
-                    if (c->bytes < MMAP_MIN) old = c;
-                unlink_block(old);
-                a->cached -= old->bytes;
-                old->magic = 0;
-                free(old);
-            }
-        } else {
-            b->magic = 0;
-            free(b);
-        }
+        drop_storage(a, b, bytes);
     }
     account_sub(a, counted, cat);
+}
+
+void *sim_arena_block_new(size_t bytes)
+{
+    block *b = aligned_alloc(ALIGN, HDR + ((bytes + ALIGN - 1) / ALIGN) * ALIGN);
+    if (!b) return NULL;
+    memset(b, 0, sizeof *b);
+    b->magic = HOST_MAGIC;
+    b->bytes = bytes;
+    return (char *)b + HDR;
+}
+
+void sim_arena_block_free(void *p)
+{
+    if (!p) return;
+    block *b = (block *)((char *)p - HDR);
+    SIM_ASSERT(b->magic == HOST_MAGIC);
+    b->magic = 0;
+    free(b);
+}
+
+void sim_arena_swap(sim_arena *a, void **p, void *host, size_t bytes)
+{
+    SIM_ASSERT(a && !a->dry && p && *p && host);
+    block *old = (block *)((char *)*p - HDR), *b = (block *)((char *)host - HDR);
+    SIM_ASSERT(old->magic == ARENA_MAGIC && old->bytes == bytes && b->magic == HOST_MAGIC && b->bytes == bytes);
+    b->magic = ARENA_MAGIC;
+    b->cat = old->cat;
+    b->prev = old->prev; /* b takes old's place in the live list */
+    b->next = old->next;
+    b->prev->next = b;
+    b->next->prev = b;
+    drop_storage(a, old, bytes);
+    *p = host;
 }
 
 void sim_arena_discharge(sim_arena *a, size_t counted, sim_mem_cat cat)
