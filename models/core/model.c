@@ -49,6 +49,49 @@ sim_status model_cfg_unsupported(const cfg_config *cfg, const char *key, const c
                    en ? en->where : "", why);
 }
 
+/* The keys gpt-oss's model files set and shardsim simulates with decoder_block=gpt_oss only.  MaxText
+ * reads attention_sink in every Attention and mlp_bias in every RoutedMoE (and clips DeepSeek V4's
+ * activations by mlp_activations_limit), none of which the other simulated blocks run: refused
+ * there, naming the key. */
+static sim_status gptoss_keys_elsewhere(const cfg_config *cfg, const char *block)
+{
+    if (!strcmp(block, "gpt_oss")) return SIM_OK;
+    static const char *const bools[3] = {"attention_bias", "attention_sink", "mlp_bias"};
+    char why[256];
+    for (int i = 0; i < 3; i++) {
+        bool on;
+        SIM_TRY(model_cfg_bool(cfg, bools[i], &on));
+        snprintf(why, sizeof why, "%s is simulated with decoder_block=gpt_oss only, not with %s; use %s=false",
+                 bools[i], block, bools[i]);
+        if (on) return model_cfg_unsupported(cfg, bools[i], why);
+    }
+    int64_t cycle;
+    SIM_TRY(model_cfg_i64(cfg, "inhomogeneous_layer_cycle_interval", &cycle));
+    snprintf(why, sizeof why,
+             "a scanned block of several layers is simulated with decoder_block=gpt_oss only, not with %s; use "
+             "inhomogeneous_layer_cycle_interval=1",
+             block);
+    if (cycle != 1) return model_cfg_unsupported(cfg, "inhomogeneous_layer_cycle_interval", why);
+    double lim;
+    SIM_TRY(cfg_get_double(cfg, "mlp_activations_limit", &lim));
+    snprintf(why, sizeof why,
+             "the clipped activations are simulated with decoder_block=gpt_oss only, not with %s; use "
+             "mlp_activations_limit=-1",
+             block);
+    if (lim > 0) return model_cfg_unsupported(cfg, "mlp_activations_limit", why);
+    const char **acts;
+    int n;
+    SIM_TRY(cfg_get_str_list(cfg, "mlp_activations", &acts, &n));
+    bool swiglu = n == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
+    free(acts);
+    snprintf(why, sizeof why,
+             "mlp_activations=[sigmoid, linear] is gpt_oss's clamped GLU, simulated with decoder_block=gpt_oss only; "
+             "%s runs SwiGLU: use mlp_activations=[silu, linear]",
+             block);
+    if (!swiglu) return model_cfg_unsupported(cfg, "mlp_activations", why);
+    return SIM_OK;
+}
+
 static sim_status positive(const char *key, int64_t v)
 {
     if (v < 1) return sim_err(SIM_ERR_INPUT, "%s=%lld: must be at least 1", key, (long long)v);
@@ -589,6 +632,7 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
                        "load-balanced context parallelism (or set context_parallel_load_balance=false)",
                        (long long)d->seq, d->cp);
 
+    SIM_TRY(gptoss_keys_elsewhere(cfg, d->family->name));
     SIM_TRY(d->family->define(m, cfg));
     SIM_TRY(pipeline_setup(m, cfg));
     SIM_TRY(scan_axis_from_config(cfg, m));
@@ -724,6 +768,30 @@ int model_param_index(const model_def *m, const char *suffix)
         if (lp >= ls && !strcmp(m->defs[i].path + lp - ls, suffix)) return i;
     }
     return -1;
+}
+
+double model_opt_step_bytes(const model_def *m)
+{
+    /* ZeRO-1 as model_dev_init decides it: the stored state is in the optimizer layout wherever a 'data'
+     * axis of more than one device shards it (the SGD row, without state, refuses ZeRO-1) */
+    int data = mesh_shape_axis_index(&m->mesh, "data");
+    bool zero1 = m->d.zero1 && data >= 0 && m->mesh.sizes[data] > 1;
+    double wsize = (double)sim_dtype_size(m->d.weight_dtype), update = 0, params = 0, grads = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const model_param_def *d = &m->defs[i];
+        int64_t local[MESH_SPEC_MAX_RANK];
+        mesh_spec_local_shape(zero1 ? &m->opt_spec[i] : &m->spec[i], &m->mesh, d->shape, local);
+        double shard = wsize;
+        for (int k = 0; k < d->rank; k++) shard *= (double)local[k];
+        update += shard * model_opt_update_traffic(m->opt, &m->opt_param[i], d->state_var);
+        /* the norms (trainers/pre_train/train.py train_step: learning/raw_grad_norm and grad_norm read
+         * the raw and the clipped gradients, learning/param_norm the new parameters, each an
+         * l2norm_pytree of the trained state) */
+        if (d->state_var) continue;
+        params += shard;
+        grads += shard;
+    }
+    return update + params + 2.0 * grads;
 }
 
 uint64_t model_param_bytes(const model_def *m)
