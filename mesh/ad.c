@@ -198,7 +198,9 @@ static sim_status resharded(mesh_tape *t, mesh_var *x, const mesh_spec *spec, co
         SIM_TRY(mesh_array_new_as(c->dev, c->mesh, x->val.name, x->val.rank, x->val.shape, &want, x->val.dtype,
                                   x->val.counted, SIM_MEM_ACTIVATIONS, true, &y->val));
     else {
-        SIM_TRY(mesh_array_clone(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
+        /* counted as a clone, resharded from x's shard where it lies: the reshard writes a new buffer
+         * anyway (mesh_plan_run copies first only where its first step works in place) */
+        SIM_TRY(mesh_array_borrow(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
         SIM_TRY(fn(c, &y->val, &want, name));
     }
     char tag[SIM_TAG_MAX];
