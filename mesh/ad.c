@@ -228,16 +228,13 @@ sim_status mesh_ad_constraint(mesh_tape *t, mesh_var *x, const mesh_spec *spec, 
 /* A transient array of like's shape in `from` (zeros: no value is read), resharded to `to`: the
  * collective that reshard makes is counted and its result dropped. */
 static sim_status counted_reshard(mesh_tape *t, const mesh_array *like, const mesh_spec *from, const mesh_spec *to,
-                                  const char *name)
+                                  const char *tag)
 {
     mesh_ctx *c = mesh_tape_ctx(t);
     mesh_array a;
     SIM_TRY(mesh_array_new_as(c->dev, c->mesh, like->name, like->rank, like->shape, from, SIM_F32, like->counted,
                               SIM_MEM_TEMP, true, &a));
-    mesh_mode mode = c->mode;
-    c->mode = MESH_MODE_AUTO; /* a reshard the compiler inserts, in either mode */
-    sim_status st = mesh_with_sharding_constraint(c, &a, to, name);
-    c->mode = mode;
+    sim_status st = mesh_reshard(c->dev, c->mesh, &a, to, sim_meta_implicit(tag)); /* the compiler's */
     mesh_array_free(c->dev, &a);
     return st;
 }
@@ -249,8 +246,8 @@ static sim_status counted_split_vjp(mesh_tape *t, mesh_entry *e)
     /* the cotangent onto the split (a reduce-scatter where it is partial over the split's axes) */
     mesh_spec to = *split;
     to.partial = y->grad.spec.partial & ~(uint32_t)e->i[0];
-    SIM_TRY(counted_reshard(t, &x->val, &y->grad.spec, &to, e->sub));
-    if (e->i[1]) SIM_TRY(counted_reshard(t, &x->val, split, &x->val.spec, e->sub)); /* read again */
+    SIM_TRY(counted_reshard(t, &x->val, &y->grad.spec, &to, e->tag));
+    if (e->i[1]) SIM_TRY(counted_reshard(t, &x->val, split, &x->val.spec, e->tag)); /* read again */
     mesh_array g = y->grad;
     y->has_grad = false;
     return mesh_tape_accumulate(t, x, &g, e->tag);
@@ -276,10 +273,10 @@ sim_status mesh_ad_counted_split_last(mesh_tape *t, mesh_var *x, const mesh_spec
         k *= c->mesh->sizes[ax];
     }
     if (k <= 1 || a->local[r - 1] % k != 0) return SIM_OK;
-    if (gather) SIM_TRY(counted_reshard(t, a, &split, &a->spec, name));
-    if (!mesh_tape_recording(t) || !x->needs_grad) return SIM_OK; /* no backward: x itself goes on */
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, name, tag, sizeof tag);
+    if (gather) SIM_TRY(counted_reshard(t, a, &split, &a->spec, tag));
+    if (!mesh_tape_recording(t) || !x->needs_grad) return SIM_OK; /* no backward: x itself goes on */
     /* the output shares x's value (not owned by the tape: nothing is copied or freed twice) */
     mesh_var *y = mesh_tape_input(t, a, false);
     mesh_entry *e = mesh_tape_record(t, counted_split_vjp, tag, 1, &x, 1, &y);
@@ -289,7 +286,6 @@ sim_status mesh_ad_counted_split_last(mesh_tape *t, mesh_var *x, const mesh_spec
     mesh_entry_save(e, &shape_only, false);
     e->i[0] = (int64_t)added;
     e->i[1] = regather;
-    snprintf(e->sub, sizeof e->sub, "%s", name);
     *out = y;
     return SIM_OK;
 }
