@@ -178,7 +178,8 @@ static sim_status norm_split(model_dev *md, mesh_tape *t, mesh_var *y, const mes
                              const char *name, mesh_var **out)
 {
     *out = y;
-    if (md->ctx.mode != MESH_MODE_AUTO || !md->def->d.xla.norm_splits_product) return SIM_OK;
+    /* the configured mode: a recomputation runs in the backward, which resolves shardings as auto mode does */
+    if (md->def->d.mode != MESH_MODE_AUTO || !md->def->d.xla.norm_splits_product) return SIM_OK;
     return mesh_ad_counted_split_last(t, y, &scale->val.spec, used, md->recomputing && md->def->d.xla.regather_far,
                                       name, out);
 }
