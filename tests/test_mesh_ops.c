@@ -600,22 +600,6 @@ static void test_einsum_batch_and_partial(void **state)
     expect_ok(&r, "P(None, None, unreduced={'x', 'y'})", 0, 0, true);
     free_case(&r);
 
-    /* a contracted dim split by both operands, by one over more axes ("bte,btv->ev", a weight's gradient
-     * from the final norm's output, batch on y, and the logits' cotangent, batch on (x, y)).  Gathering
-     * both over the batch sends 128 B (lhs local (4, 2, 4) over y) + 3 x 96 B (rhs local (2, 2, 6) over
-     * x and y) = 416 B; auto may instead reshard one operand to the other's split and leave the output
-     * partial, the search charged that output's all-reduce: lhs to (x, y) is its gather over y, 128 B,
-     * then a slice, the (4, 6) output partial over x and y (2 x 3/4 x 96 B = 144 B charged): 272; rhs to
-     * y alone is a gather over x and y again (288 B) + 96 B charged: 384.  So: 128 B, one all-gather,
-     * the output unreduced over both, its values exact */
-    int64_t ga[] = {8, 2, 4}, gb[] = {8, 2, 6};
-    r = two(&m, OP_EINSUM, MESH_MODE_AUTO, "bte,btv->ev", 3, ga, "P('y', None, None)", 3, gb,
-            "P(('x', 'y'), None, None)", NULL);
-    run_case(mach, &r);
-    expect_ok(&r, "P(None, None, unreduced={'x', 'y'})", 128, 1, true);
-    expect_op(&r, 0, SIM_OP_ALL_GATHER);
-    free_case(&r);
-
     /* an index in one operand only ("ij,jk->i"): k summed first by reduce_sum's rule; rhs (4, 8)
      * P(None, 'x'): local (4, 4) -> (4,) = 16 B, all-reduce over x: 2(k-1)n/k = 16 B */
     r = two(&m, OP_EINSUM, MESH_MODE_EXPLICIT, "ij,jk->i", 2, pa, "P(None, None)", 2, pb, "P(None, 'x')", NULL);
