@@ -414,8 +414,6 @@ typedef struct {
     int nchoice[MAX_LET];
     tup choice[MAX_LET][MAX_CHOICE];
     bool contract[MAX_LET]; /* letter's axes make the output partial */
-    bool resplit[MAX_LET][MAX_CHOICE]; /* a contracted letter's choice that reshards one operand to the other's
-                                          split: its output's reduction is charged to the search */
     int nops;
     const mesh_array *x[2];
     mesh_spec from[2];              /* operands' working specs */
@@ -435,27 +433,7 @@ static void add_choice(placement *p, int l, const tup *t)
 {
     for (int i = 0; i < p->nchoice[l]; i++)
         if (tup_eq(&p->choice[l][i], t)) return;
-    if (p->nchoice[l] < MAX_CHOICE) p->resplit[l][p->nchoice[l]] = false, p->choice[l][p->nchoice[l]++] = *t;
-}
-
-/* The bytes of reducing the output of the pick over the axes its resplit choices leave partial (an
- * all-reduce's 2 (k-1)/k of the device's output, in the lhs's counted dtype): 0 without such a choice. */
-static uint64_t resplit_bytes(const placement *p, const int *pick, const mesh_spec *out)
-{
-    int64_t k = 1;
-    for (int l = 0; l < p->nlet; l++) {
-        if (!p->contract[l] || !p->resplit[l][pick[l]]) continue;
-        const tup *t = &p->choice[l][pick[l]];
-        for (int j = 0; j < t->n; j++) k *= p->m->sizes[t->ax[j]];
-    }
-    if (k <= 1) return 0;
-    double n = 1;
-    for (int d = 0; d < p->out_rank; d++) {
-        int64_t split = 1;
-        for (int j = 0; j < out->n_axes[d]; j++) split *= p->m->sizes[out->axes[d][j]];
-        n *= (double)p->out_shape[d] / (double)split;
-    }
-    return (uint64_t)(n * (double)sim_dtype_size(p->x[0]->counted) * 2.0 * (double)(k - 1) / (double)k);
+    if (p->nchoice[l] < MAX_CHOICE) p->choice[l][p->nchoice[l]++] = *t;
 }
 
 static bool build(const placement *p, const int *pick, int ov, mesh_spec *to, mesh_spec *out)
@@ -536,9 +514,8 @@ static sim_status place(placement *p, const char *tag)
             }
             if (ok && p->out_target)
                 ok = plan_bytes(p->m, plan, tag, p->out_rank, p->out_shape, &out, p->out_target, &ob);
-            uint64_t pen = ok ? resplit_bytes(p, pick, &out) : 0;
-            if (!ok || in + ob + pen >= best) continue;
-            best = in + ob + pen;
+            if (!ok || in + ob >= best) continue;
+            best = in + ob;
             p->to[0] = to[0];
             if (p->nops > 1) p->to[1] = to[1];
             p->out = out;
@@ -882,22 +859,6 @@ static sim_status einsum_rules(mesh_ctx *ctx, const char *tag, const char *opdes
         if (r == BK_EIN_CONTRACT) {
             p->contract[c] = true;
             add_choice(p, c, ta.n && tup_eq(&ta, &tb) ? &ta : &none);
-            /* Both operands split the contracted dim, one over more axes than the other (a pipeline's
-             * logits, whose cotangent keeps 'stage' on the batch, against the final norm's output, which
-             * does not): besides gathering both, XLA's
-             * dot partitioner reshards one operand to the other's split and sums the partial products
-             * (MaxText 0.2.5's deepseek3-test fsdp=2 x tensor=2 on v5p-8, tests/data/xla/tpu.json: the
-             * gate's input [B, T, E] split over tensor on E and its kernel over fsdp: the kernel is
-             * collective-permuted to the tensor split, collective-permute bf16[256,256], and the partial
-             * logits all-reduced over tensor, all-reduce bf16[2,2048,256]); the search weighs the three */
-            uint32_t ma = tup_mask(&ta), mb = tup_mask(&tb);
-            if (!expl && ta.n && tb.n && ma != mb && ((ma & mb) == ma || (ma & mb) == mb)) {
-                for (int k = 0; k < 2; k++) {
-                    int before = p->nchoice[c];
-                    add_choice(p, c, k ? &tb : &ta);
-                    if (p->nchoice[c] > before) p->resplit[c][before] = true;
-                }
-            }
         } else if (expl && !out_sharding) {
             add_choice(p, c, r == BK_EIN_RHS_FREE ? &tb : &ta);
         } else {
