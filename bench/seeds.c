@@ -87,9 +87,9 @@ typedef struct {
  * (peers/maxtext/hlo_bytes.py run with 0.2.0's venv, num_devices=4, dtype=bfloat16, the row's keys) and its
  * optimized HLO; XLA:TPU (libtpu 0.0.30, the version jax 0.8.1 pins) was not compiled in that session. */
 #define PP_FSDP_EXPL_MEM                                                                                               \
-    "MaxText 0.2.0's own explicit step does not reach the measured figure either: its explicit shardings leave the "  \
+    "MaxText 0.2.0's own explicit step does not reach the measured figure either: its explicit shardings leave the "   \
     "float32 logits cotangent split over stage and fsdp on the batch and the final norm's output over fsdp, so the "   \
-    "logits kernel's gradient gathers the whole cotangent (XLA:CPU's compile of 0.2.0 with JAX 0.8.1: all-gather "    \
+    "logits kernel's gradient gathers the whole cotangent (XLA:CPU's compile of 0.2.0 with JAX 0.8.1: all-gather "     \
     "f32[48,2048,32000] over all 4 devices at transpose(...)/logits_dense/dot_general, 12000 MiB, as shardsim "        \
     "gathers it), 8197 MiB more than the auto step (XLA:CPU 81826 against 73629 MiB; shardsim 9392 more: 69381 "       \
     "against 59989); the auto step compiles to 55708 MiB on XLA:TPU, so the explicit one to about 64000, 1.25x the "   \

@@ -951,9 +951,14 @@ static void run_norm_split(const char *profile, int tensor, bool explicit_mode, 
     snprintf(tp, sizeof tp, "ici_tensor_parallelism=%d", tensor);
     snprintf(fs, sizeof fs, "ici_fsdp_parallelism=%d", 4 / tensor);
     /* explicit mode as MaxText 0.2.0 traces it (0.2.5 refuses MLA's norms under tensor there) */
-    const char *words[] = {"dtype=bfloat16", "per_device_batch_size=1", "remat_policy=full", fs, tp,
+    const char *words[] = {"dtype=bfloat16",
+                           "per_device_batch_size=1",
+                           "remat_policy=full",
+                           fs,
+                           tp,
                            explicit_mode ? "shard_mode=explicit" : "shard_mode=auto",
-                           explicit_mode ? "maxtext_release=0.2.0" : "maxtext_release=0.2.5", hp};
+                           explicit_mode ? "maxtext_release=0.2.0" : "maxtext_release=0.2.5",
+                           hp};
     model_run r;
     model_run_open(&r, DS, sizeof DS / sizeof DS[0], 4, words, profile ? 8 : 7, 4, 1);
     model_run_train(&r, false);
