@@ -83,17 +83,19 @@ typedef struct {
     "shard_optimizer_over_data key (without it: 74529 MiB) and 0.2.0's train_compile cannot build its "                \
     "parameter shardings, so the figure came from a run no published MaxText compiles to"
 
-/* Seed 002's explicit FSDP+PP under MaxText 0.2.0 (JAX 0.8.1): XLA:CPU's compile of that release's step
- * (peers/maxtext/hlo_bytes.py run with 0.2.0's venv, num_devices=4, dtype=bfloat16, the row's keys) and its
- * optimized HLO; XLA:TPU (libtpu 0.0.30, the version jax 0.8.1 pins) was not compiled in that session. */
+/* Seed 002's explicit FSDP+PP under MaxText 0.2.0 (JAX 0.8.1), compiled ahead of time for v5p-8 by XLA:TPU
+ * (0.2.0's train_compile, libtpu 0.0.30, the version jax 0.8.1 pins; with the TPU's default attention the
+ * compile fails: 0.2.0's tpu_flash_attention is not in a shard_map under explicit mode, "Mosaic kernels
+ * cannot be automatically partitioned", so attention=dot_product) and by XLA:CPU (peers/maxtext/
+ * hlo_bytes.py with 0.2.0's venv, num_devices=4, dtype=bfloat16). */
 #define PP_FSDP_EXPL_MEM                                                                                               \
-    "MaxText 0.2.0's own explicit step does not reach the measured figure either: its explicit shardings leave the "   \
-    "float32 logits cotangent split over stage and fsdp on the batch and the final norm's output over fsdp, so the "   \
-    "logits kernel's gradient gathers the whole cotangent (XLA:CPU's compile of 0.2.0 with JAX 0.8.1: all-gather "     \
-    "f32[48,2048,32000] over all 4 devices at transpose(...)/logits_dense/dot_general, 12000 MiB, as shardsim "        \
-    "gathers it), 8197 MiB more than the auto step (XLA:CPU 81826 against 73629 MiB; shardsim 9392 more: 69381 "       \
-    "against 59989); the auto step compiles to 55708 MiB on XLA:TPU, so the explicit one to about 64000, 1.25x the "   \
-    "measured 50913: the PR measured a program the release does not build"
+    "MaxText 0.2.0's own explicit step does not reach the measured figure either: XLA:TPU's ahead-of-time "            \
+    "compile for v5p-8 (libtpu 0.0.30, attention=dot_product: the default flash kernel does not compile in explicit "  \
+    "mode) reports 57494 MiB per device, 1.13x the measured 50913 (shardsim 1.21x XLA's). Its explicit shardings "     \
+    "leave the logits cotangent split over stage and fsdp on the batch and the final norm's output over fsdp, so "     \
+    "the logits kernel's gradient gathers the whole cotangent over the 4 devices, as shardsim does: XLA:TPU in "       \
+    "bfloat16 (all-gather bf16[48,2048,32000], 6000 MiB), XLA:CPU and shardsim in float32 (12000 MiB; XLA:CPU "        \
+    "81826 MiB against 73629 for the auto step)"
 
 static const row ROWS[] = {
     {"000", "FSDP4", "auto", {DS}, 68748, 2238, NULL, NULL},
