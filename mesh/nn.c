@@ -367,6 +367,73 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
     return SIM_OK;
 }
 
+/* ------------------------------------------------------------ bias */
+
+static sim_status bias_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *x = e->in[0], *bias = e->in[1], *y = e->out[0];
+    const mesh_array *ba = &e->saved[0];
+    mesh_array *dy = &y->grad; /* y's dims + partial P */
+    const int r = y->val.rank, rb = ba->rank;
+    mesh_spec bs = ba->spec;
+    bs.partial = dy->spec.partial;
+    for (int d = 0; d < r - rb; d++) bs.partial |= axes_mask(dim_axes(&dy->spec, d));
+    mesh_array db;
+    SIM_TRY(new_cot(t, "bias/dbias", rb, ba->shape, &bs, &db));
+    if (dy->data) { /* the sum over the leading rows, in row order */
+        const int64_t w = (int64_t)ba->nlocal, rows = w ? (int64_t)dy->nlocal / w : 0;
+        double *acc = calloc((size_t)w + 1, sizeof *acc);
+        SIM_ASSERT(acc);
+        const float *g = dy->data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < w; j++) acc[j] += g[i * w + j];
+        for (int64_t j = 0; j < w; j++) ((float *)db.data)[j] = (float)acc[j];
+        free(acc);
+    }
+    sim_device_add_cost(c->dev, 0.0, (double)dy->nlocal + (double)ba->nlocal, 0.0, e->tag);
+    char tag[SIM_TAG_MAX];
+    SIM_TRY(mesh_tape_accumulate(t, bias, &db, mesh_tape_tag(t, "bias/dbias", tag, sizeof tag)));
+    mesh_array dx = *dy; /* x's cotangent is y's */
+    y->has_grad = false;
+    return mesh_tape_accumulate(t, x, &dx, e->tag);
+}
+
+sim_status mesh_nn_bias_add(mesh_tape *t, mesh_var *x, mesh_var *bias, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    const int r = x->val.rank, rb = bias->val.rank;
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    SIM_ASSERT(rb >= 1 && rb <= r);
+    for (int d = 0; d < rb; d++)
+        if (bias->val.shape[d] != x->val.shape[r - rb + d])
+            return sim_err(SIM_ERR_INTERNAL, "%s: bias dim %d (%lld) does not fit x's dim %d (%lld)", tag, d,
+                           (long long)bias->val.shape[d], r - rb + d, (long long)x->val.shape[r - rb + d]);
+    mesh_spec xs = x->val.spec, bs;
+    xs.partial = 0; /* a partial sum gets its bias once: reduced first */
+    mesh_spec_init(&bs, rb);
+    for (int d = 0; d < rb; d++) set_dim(&bs, d, &xs, r - rb + d);
+    mesh_array xa, ba;
+    bool xo, bo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &xs, tag, &xa, &xo));
+    SIM_TRY(mesh_nn_operand(t, &bias->val, &bs, tag, &ba, &bo));
+    SIM_TRY(new_out(t, name, r, x->val.shape, &xs, out));
+    if (xa.data) {
+        const int64_t w = (int64_t)ba.nlocal, rows = w ? (int64_t)xa.nlocal / w : 0;
+        const float *xv = xa.data, *bv = ba.data;
+        float *yv = (*out)->val.data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < w; j++) yv[i * w + j] = xv[i * w + j] + bv[j];
+    }
+    if (xo) mesh_array_free(c->dev, &xa);
+    sim_device_add_cost(c->dev, 0.0, 2.0 * (double)(*out)->val.nlocal + (double)ba.nlocal, 0.0, tag);
+    mesh_var *in[2] = {x, bias};
+    mesh_entry *e = mesh_tape_record(t, bias_vjp, tag, 2, in, 1, out);
+    keep(t, e, &ba, bo);
+    return SIM_OK;
+}
+
 /* ------------------------------------------------------------ attention */
 
 static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale,
@@ -457,9 +524,19 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dq", 4, qa->shape, &qs, &dq));
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
+    /* the sinks' cotangent: on the heads' axes, partial over the axes of the batch and the sequence */
+    mesh_array dsink = {0};
+    const mesh_array *sa = e->nin == 4 ? &e->saved[6] : NULL;
+    if (sa) {
+        mesh_spec ss = sa->spec;
+        ss.partial = P | tmask;
+        for (int i = 0; i < qa->spec.n_axes[0]; i++) ss.partial |= 1u << qa->spec.axes[0][i];
+        SIM_TRY(new_cot(t, "attention/dsinks", 1, sa->shape, &ss, &dsink));
+    }
     attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, (int64_t)e->f[4], true, e->f[3], e->tag);
     if (dy->data) {
         bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2], (int64_t)e->f[4]);
+        if (sa) d.sinks = sa->data, d.dsinks = dsink.data;
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
             bk_attention_dot_bwd(dq.data, dk.data, dv.data, dy->data, lse->data, qa->data, ka->data, va->data, &d);
         else
@@ -469,7 +546,9 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, q, &dq, mesh_tape_tag(t, "attention/dq", tag, sizeof tag)));
     SIM_TRY(mesh_tape_accumulate(t, k, &dk, mesh_tape_tag(t, "attention/dk", tag, sizeof tag)));
-    return mesh_tape_accumulate(t, v, &dv, mesh_tape_tag(t, "attention/dv", tag, sizeof tag));
+    SIM_TRY(mesh_tape_accumulate(t, v, &dv, mesh_tape_tag(t, "attention/dv", tag, sizeof tag)));
+    if (e->nin < 4) return SIM_OK;
+    return mesh_tape_accumulate(t, e->in[3], &dsink, mesh_tape_tag(t, "attention/dsinks", tag, sizeof tag));
 }
 
 /* MaxText's qk_product in explicit mode: einsum('btkgd,bskd->bkgts', query reshaped to
@@ -509,6 +588,13 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
                                     double scale, double soft_cap, int64_t window, bool dot,
                                     const mesh_nn_splash *splash, const char *name, mesh_var **out)
 {
+    return mesh_nn_attention_sinks(t, q, k, v, NULL, q_pos, scale, soft_cap, window, dot, splash, name, out);
+}
+
+sim_status mesh_nn_attention_sinks(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, mesh_var *sinks,
+                                   const mesh_array *q_pos, double scale, double soft_cap, int64_t window, bool dot,
+                                   const mesh_nn_splash *splash, const char *name, mesh_var **out)
+{
     SIM_ASSERT(window >= 0 && window <= INT32_MAX);
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -540,8 +626,17 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     set_dim(&qps, 1, &qs, 1);
     mesh_spec_init(&kps, 2);
     set_dim(&kps, 0, &qs, 0);
-    mesh_array qa, ka, va, qp, kp, lse;
-    bool qo, ko, vo, qpo, kpo;
+    mesh_array qa, ka, va, qp, kp, lse, sa;
+    bool qo, ko, vo, qpo, kpo, so = false;
+    if (sinks) { /* (heads): the query heads' sharding (attention_op.py shards sinks as HEAD) */
+        if (sinks->val.rank != 1 || sinks->val.shape[0] != q->val.shape[2])
+            return sim_err(SIM_ERR_INPUT, "%s: the sinks must be one logit per query head (%lld)", tag,
+                           (long long)q->val.shape[2]);
+        mesh_spec ss;
+        mesh_spec_init(&ss, 1);
+        set_dim(&ss, 0, &qs, 2);
+        SIM_TRY(mesh_nn_operand(t, &sinks->val, &ss, tag, &sa, &so));
+    }
     SIM_TRY(mesh_nn_operand(t, &q->val, &qs, tag, &qa, &qo));
     SIM_TRY(mesh_nn_operand(t, &k->val, &ks, tag, &ka, &ko));
     SIM_TRY(mesh_nn_operand(t, &v->val, &ks, tag, &va, &vo));
@@ -569,6 +664,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     }
     if (!replayed && qa.data) {
         bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap, window);
+        if (sinks) d.sinks = sa.data;
         if (dot) bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
         else bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
@@ -579,8 +675,8 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     /* the splash block count is a causal grid's: with a window the FLOPs stand */
     const mesh_nn_splash *sp = dot || window > 0 ? NULL : splash;
     attention_cost(c->dev, &qa, &ka, &va, window, false, splash_work(sp, &qa, &ka, &va, false), tag);
-    mesh_var *in[3] = {q, k, v};
-    mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
+    mesh_var *in[4] = {q, k, v, sinks};
+    mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, sinks ? 4 : 3, in, 1, out);
     if (e)
         e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap, e->f[3] = splash_work(sp, &qa, &ka, &va, true),
         e->f[4] = (double)window;
@@ -590,6 +686,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     keep(t, e, &lse, true);
     keep(t, e, &qp, qpo);
     keep(t, e, &kp, kpo);
+    if (sinks) keep(t, e, &sa, so);
     return SIM_OK;
 }
 
@@ -763,19 +860,19 @@ static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
     mesh_array dr, dt;
     SIM_TRY(new_cot_raw(t, "embed/drows", 3, y->val.shape, &rs, &dr));
     if (dy->counted_fixed) mesh_array_recount(c->dev, &dr, dy->counted);
-    sim_status st = SIM_OK;
-    if (gathered) st = embed_rows_allgather(c, dy, &rs, ex, false, &dr, mesh_array_meta(dy, sim_meta_tag(tag)));
+    sim_status st;
+    if (gathered)
+        SIM_TRY_GOTO(embed_rows_allgather(c, dy, &rs, ex, false, &dr, mesh_array_meta(dy, sim_meta_tag(tag))), st, fail);
     else {
         size_t dshape[3] = {(size_t)dy->local[0], (size_t)dy->local[1], (size_t)dy->local[2]};
-        st = sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
-                                 mesh_array_meta(dy, sim_meta_tag(tag)));
+        SIM_TRY_GOTO(sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
+                                         mesh_array_meta(dy, sim_meta_tag(tag))),
+                     st, fail);
     }
-    if (st) goto fail;
     /* the table's own shard: what the tokens' other axes hold is summed by the accumulation */
     mesh_spec ds = tw->spec;
     ds.partial = dy->spec.partial | (mesh_spec_dim_axes(&tok->spec) & ~axes_mask(ex));
-    st = (dr.data ? new_cot_raw : new_cot)(t, "embed/dtable", 2, tw->shape, &ds, &dt);
-    if (st) goto fail;
+    SIM_TRY_GOTO((dr.data ? new_cot_raw : new_cot)(t, "embed/dtable", 2, tw->shape, &ds, &dt), st, fail);
     if (dr.data) {
         /* member q's rows summed on their own, then the members' sums in rank order: the bits of the
          * gather path, whose per-device sums the gradient's reduce-scatter adds in group-rank order
@@ -795,12 +892,11 @@ static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
         }
         free(part);
     }
+fail: /* the rows go on every path; dt is the accumulation's once made */
     mesh_array_free(c->dev, &dr);
+    if (st != SIM_OK) return st;
     mesh_nn_cost_memory(t, 2.0 * (double)dy->nlocal, tag); /* rows of dy scatter-added into the table */
     return mesh_tape_accumulate(t, table, &dt, tag);
-fail:
-    mesh_array_free(c->dev, &dr);
-    return st;
 }
 
 /* XLA:TPU's lookup (see the banner): ids gathered, rows looked up on the shard, all-to-all. */
@@ -996,6 +1092,7 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
 
 /* ------------------------------------------------------------ SwiGLU */
 
+/* e->i[0]: 0 silu (SwiGLU), 1 gelu (GeGLU) */
 static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_var *gate = e->in[0], *up = e->in[1], *y = e->out[0];
@@ -1005,7 +1102,8 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot_raw(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
     SIM_TRY(new_cot_raw(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
     if (dy->data) {
-        bk_swiglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+        if (e->i[0] == 1) bk_geglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+        else bk_swiglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
     } else if (dg.data) {
         memset(dg.data, 0, dg.nlocal * sizeof(float));
         memset(du.data, 0, du.nlocal * sizeof(float));
@@ -1016,7 +1114,7 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
     return mesh_tape_accumulate(t, up, &du, mesh_tape_tag(t, "swiglu/dup", tag, sizeof tag));
 }
 
-sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out)
+static sim_status glu(mesh_tape *t, mesh_var *gate, mesh_var *up, int kind, const char *name, mesh_var **out)
 {
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, name, tag, sizeof tag);
@@ -1027,12 +1125,64 @@ sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char
     SIM_TRY(mesh_nn_operand(t, &gate->val, &s, tag, &ga, &go));
     SIM_TRY(mesh_nn_operand(t, &up->val, &s, tag, &ua, &uo));
     SIM_TRY(new_out(t, name, ga.rank, ga.shape, &s, out));
-    if (ga.data) bk_swiglu_fwd((*out)->val.data, ga.data, ua.data, ga.nlocal);
+    if (ga.data) {
+        if (kind == 1) bk_geglu_fwd((*out)->val.data, ga.data, ua.data, ga.nlocal);
+        else bk_swiglu_fwd((*out)->val.data, ga.data, ua.data, ga.nlocal);
+    }
     mesh_nn_cost_memory(t, 3.0 * (double)ga.nlocal, tag); /* gate, up read, out written */
     mesh_var *in[2] = {gate, up};
     mesh_entry *e = mesh_tape_record(t, swiglu_vjp, tag, 2, in, 1, out);
+    if (e) e->i[0] = kind;
     keep(t, e, &ga, go);
     keep(t, e, &ua, uo);
+    return SIM_OK;
+}
+
+sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out)
+{
+    return glu(t, gate, up, 0, name, out);
+}
+
+sim_status mesh_nn_geglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out)
+{
+    return glu(t, gate, up, 1, name, out);
+}
+
+/* ------------------------------------------------------------ bfloat16 round trip */
+
+static sim_status round_bf16_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "round_bf16/dx", tag, sizeof tag);
+    /* the convert rounds the summed cotangent: partial sums are reduced first */
+    mesh_array g = y->grad;
+    y->has_grad = false;
+    if (g.spec.partial) {
+        mesh_spec s = g.spec;
+        s.partial = 0;
+        SIM_TRY(mesh_reshard(c->dev, c->mesh, &g, &s, sim_meta_tag(tag)));
+    }
+    if (g.data) bk_round_bf16(g.data, g.data, g.nlocal);
+    mesh_nn_cost_memory_bwd(t, e, 2.0 * (double)g.nlocal);
+    return mesh_tape_accumulate(t, x, &g, tag);
+}
+
+sim_status mesh_nn_round_bf16(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out)
+{
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0; /* rounding needs the summed value */
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    SIM_TRY(new_out(t, name, xa.rank, xa.shape, &s, out));
+    if (xa.data) bk_round_bf16((*out)->val.data, xa.data, xa.nlocal);
+    if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    mesh_nn_cost_memory(t, 2.0 * (double)(*out)->val.nlocal, tag);
+    mesh_tape_record(t, round_bf16_vjp, tag, 1, &x, 1, out);
     return SIM_OK;
 }
 
