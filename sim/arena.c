@@ -45,8 +45,8 @@ typedef struct block {
 } block;
 _Static_assert(sizeof(block) <= HDR, "block header must fit in HDR bytes");
 
-/* An open repeated block (sim_arena_block_begin): the figures at its start and the highest ones
- * reached inside it, from which its copies' figures follow (sim_arena_block_repeat). */
+/* An open repeated block (sim_arena_repeat_begin): the figures at its start and the highest ones
+ * reached inside it, from which its copies' figures follow (sim_arena_repeat_end). */
 typedef struct {
     size_t live0, by0[SIM_NMEM], host0;
     uint64_t allocs0;
@@ -380,7 +380,7 @@ void sim_arena_host(sim_arena *a, ptrdiff_t delta)
 
 /* ------------------------------------------------------------ repeated blocks */
 
-void sim_arena_block_begin(sim_arena *a)
+void sim_arena_repeat_begin(sim_arena *a)
 {
     SIM_ASSERT(a->nblk < ARENA_BLOCK_DEPTH);
     arena_block *b = &a->blk[a->nblk++];
@@ -399,7 +399,7 @@ static size_t shifted(size_t x, uint64_t k, size_t from, size_t to)
     return to >= from ? x + (size_t)k * (to - from) : x - (size_t)k * (from - to);
 }
 
-sim_status sim_arena_block_repeat(sim_arena *a, uint64_t times)
+sim_status sim_arena_repeat_end(sim_arena *a, uint64_t times)
 {
     SIM_ASSERT(a->nblk > 0);
     arena_block b = a->blk[--a->nblk];

@@ -84,8 +84,8 @@ void sim_arena_host(sim_arena *a, ptrdiff_t delta);
  * between begin and repeat happen `times` more times right after it.  Every figure (live bytes
  * per category, peaks, the breakdown at the peak, host bytes, allocation count) ends as if the
  * copies had run, and an OOM in a copy is one here; blocks nest (up to 8). */
-void sim_arena_block_begin(sim_arena *a);
-sim_status sim_arena_block_repeat(sim_arena *a, uint64_t times);
+void sim_arena_repeat_begin(sim_arena *a);
+sim_status sim_arena_repeat_end(sim_arena *a, uint64_t times);
 
 void sim_arena_get_stats(const sim_arena *a, sim_arena_stats *out);
 /* Puts another process's figures in an arena that holds nothing here: a device another MPI rank

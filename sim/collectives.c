@@ -1600,7 +1600,7 @@ void sim_device_repeat_begin(sim_device *d)
     d->open_vrec[k] = d->nrec + d->rec_extra;
     d->open_vcost[k] = d->ncost + d->cost_extra;
     d->open_vspans[k] = d->nspans + d->span_extra;
-    sim_arena_block_begin(d->arena);
+    sim_arena_repeat_begin(d->arena);
 }
 
 sim_status sim_device_repeat_end(sim_device *d, uint64_t times)
@@ -1633,7 +1633,7 @@ sim_status sim_device_repeat_end_layers(sim_device *d, uint64_t times, int64_t t
     d->span_extra += times * (d->nspans + d->span_extra - d->open_vspans[k]);
     /* an empty block, or one without copies, walks as what it holds: dropped if it was the last begun */
     if ((times == 0 || (b->rec0 == b->rec1 && b->cost0 == b->cost1)) && d->open[k] == d->nreps - 1) d->nreps--;
-    return sim_arena_block_repeat(d->arena, times);
+    return sim_arena_repeat_end(d->arena, times);
 }
 
 const sim_repeat *sim_device_repeats(const sim_device *d, size_t *n)

@@ -173,7 +173,7 @@ const sim_record *sim_device_records(const sim_device *d, size_t *n);
 void sim_device_repeat_begin(sim_device *d);
 /* Ends the innermost block begun: it stands for itself and `times` more copies right after it
  * (the op totals and the counts below count them; the device's arena accounts the copies'
- * allocations and releases, sim_arena_block_repeat, and an OOM in a copy is returned).  Blocks
+ * allocations and releases, sim_arena_repeat_end, and an OOM in a copy is returned).  Blocks
  * stay until the records are cleared. */
 sim_status sim_device_repeat_end(sim_device *d, uint64_t times);
 /* The same for a block that is one layer of a stack whose copies are the next layers (tag_step 1)

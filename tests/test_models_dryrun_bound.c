@@ -439,7 +439,7 @@ static sim_status dry_cap(const char *const *extra, int n, bool full, double cap
 }
 
 /* Out of memory exactly when the full dry run is: capacities from 70% of the full run's peak to
- * above it (the copies of the repeated layers reach some of them: sim_arena_block_repeat). */
+ * above it (the copies of the repeated layers reach some of them: sim_arena_repeat_end). */
 static void test_capacity(void **state)
 {
     (void)state;
