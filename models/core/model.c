@@ -332,7 +332,23 @@ static sim_status remat_policy_from_config(const cfg_config *cfg, model_dims *d)
     if (!p) return sim_err(SIM_ERR_INPUT, "remat_policy is empty: use full, none or one of MaxText's policies");
     snprintf(d->remat_policy, sizeof d->remat_policy, "%s", p);
     memset(d->ckpt, 0, sizeof d->ckpt);
-    d->remat_full = strcmp(p, "none") != 0;
+    /* remat_policy=none still rematerialises the decoder layers where MaxText scans them: 0.2.5's
+     * layers/nnx_decoders.py get_remat_policy returns policy=None for "none" as for "full", and the
+     * scanned stack (_apply_layers_sequentially's layer_fn_wrapped, _apply_layer_with_remat, the
+     * pipeline's stage layers) wraps every layer in jax.checkpoint(fn, policy=None) regardless,
+     * which saves nothing; 0.2.0's layers/decoders.py set_remat_policy wraps every block in
+     * nn.remat(policy=None) whether scanned or not.  Only 0.2.5's unscanned loop (scan_layers=false:
+     * "if cfg.remat_policy != 'none': checkpointed_fn ... else: pure_layer_fn") calls the layer
+     * without a checkpoint and so keeps every activation. */
+    bool scan, r020 = false;
+    SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
+    {
+        const cfg_release *rel;
+        SIM_TRY(cfg_release_of(cfg, &rel));
+        r020 = !strcmp(cfg_release_maxtext(rel), "0.2.0");
+    }
+    d->remat_full = strcmp(p, "none") != 0 || scan || r020;
+    if (d->remat_full && !strcmp(p, "none")) p = "full";
     static const char *const modes[] = {"auto", "always", "never"};
     int rc;
     SIM_TRY(cfg_get_enum(cfg, "remat_recompute", modes, 3, &rc));

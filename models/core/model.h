@@ -84,7 +84,7 @@ typedef struct {
     double eps, z_loss, rope_theta, rope_min, rope_linear;
     bool rope_llama31;          /* Llama 3.1's RoPE: model_name llama3.1* or rope_type llama3.1 (attentions.py) */
     bool rope_use_scale;        /* rope_use_scale: its frequency scaling (with rope_llama31 only) */
-    bool remat_full;            /* each decoder layer is rematerialised (every remat_policy but none) */
+    bool remat_full;            /* each decoder layer is rematerialised (all but remat_policy=none unscanned, 0.2.5) */
     char remat_policy[48];      /* remat_policy as given */
     model_remat_recompute remat_recompute; /* remat_recompute: how the backward gets a layer's forward values */
     bool remat_replay;          /* this run's recomputations take the forward's values from host memory
