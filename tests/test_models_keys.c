@@ -728,9 +728,21 @@ static void test_remat_policies(void **state)
         model_grads_free(&gd[0]);
         model_grads_free(&gd[1]);
     }
-    /* none keeps more than any policy */
-    const char *none[] = {"remat_policy=none"}, *minimal[] = {"remat_policy=minimal"};
-    assert_true(peak_of(none, 1, 1, false, NULL) > peak_of(minimal, 1, 1, false, NULL));
+    /* none over scanned layers is full remat (MaxText wraps each scanned layer in
+     * jax.checkpoint(policy=None)): the same peak as full; only 0.2.5's unscanned loop calls
+     * the layers without a checkpoint, keeping more than any policy; 0.2.0 remats there too */
+    const char *none[] = {"remat_policy=none"}, *minimal[] = {"remat_policy=minimal"},
+               *fullp[] = {"remat_policy=full"};
+    const char *none_unscanned[] = {"remat_policy=none", "scan_layers=false"},
+               *full_unscanned[] = {"remat_policy=full", "scan_layers=false"},
+               *none_020[] = {"remat_policy=none", "scan_layers=false", "maxtext_release=0.2.0"},
+               *full_020[] = {"remat_policy=full", "scan_layers=false", "maxtext_release=0.2.0"};
+    size_t pfull = peak_of(fullp, 1, 1, false, NULL);
+    assert_true(pfull < peak_of(minimal, 1, 1, false, NULL));
+    assert_int_equal(peak_of(none, 1, 1, false, NULL), pfull);
+    assert_int_equal(peak_of(full_unscanned, 2, 1, false, NULL), pfull);
+    assert_true(peak_of(none_unscanned, 2, 1, false, NULL) > peak_of(minimal, 1, 1, false, NULL));
+    assert_int_equal(peak_of(none_020, 3, 1, false, NULL), peak_of(full_020, 3, 1, false, NULL));
     /* unknown policies are refused (DeepSeek's MoE tags: test_models_dsremat) */
     const char *bad[] = {"remat_policy=save_everything"};
     assert_int_equal(refusal(TINY, NTINY, bad, 1), SIM_ERR_INPUT);
