@@ -370,8 +370,9 @@ static void test_llama_layers(void **state)
     (void)state;
     const char *mesh[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"};
     layers("llama 7 layers remat full", LLAMA, N(LLAMA), 8, mesh, 2, 4, 7, 1);
-    const char *none[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=none"};
-    layers("llama 6 layers remat none", LLAMA, N(LLAMA), 8, none, 3, 4, 6, 1);
+    const char *none[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=none",
+                          "scan_layers=false"};
+    layers("llama 6 layers remat none unscanned", LLAMA, N(LLAMA), 8, none, 4, 4, 6, 1);
     const char *ex[] = {"ici_fsdp_parallelism=4", "shard_mode=explicit", "remat_policy=minimal"};
     layers("llama 5 layers explicit minimal GA 3", LLAMA, N(LLAMA), 8, ex, 3, 4, 5, 3);
 }
@@ -396,8 +397,9 @@ static void test_deepseek_layers(void **state)
     (void)state;
     const char *mesh[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"};
     ds_layers("deepseek 4 dense + 5 MoE layers", DS, N(DS), mesh, 2, 1, 8);
-    const char *none[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=none"};
-    ds_layers("deepseek 4 + 5 layers tensor=2 remat none GA 3", DS, N(DS), none, 3, 3, 8);
+    const char *none[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=none",
+                          "scan_layers=false"};
+    ds_layers("deepseek 4 + 5 layers tensor=2 remat none unscanned GA 3", DS, N(DS), none, 4, 3, 8);
     const char *split[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "batch_split_factor=2"};
     ds_layers("deepseek batch-split 4 + 5 layers", DS_SPLIT, N(DS_SPLIT), split, 3, 1, 16);
     const char *mtp[] = {"ici_fsdp_parallelism=4", "mtp_num_layers=1", "mtp_loss_scaling_factor=0.1"};
@@ -411,8 +413,9 @@ static void test_family_layers(void **state)
     (void)state;
     const char *q[] = {"ici_fsdp_parallelism=2", "ici_data_parallelism=2"};
     layers("qwen3 6 layers", QWEN3, N(QWEN3), 8, q, 2, 4, 6, 1);
-    const char *mx[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "remat_policy=none"};
-    layers("mixtral 6 layers remat none", MIXTRAL, N(MIXTRAL), 8, mx, 3, 4, 6, 1);
+    const char *mx[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "remat_policy=none",
+                        "scan_layers=false"};
+    layers("mixtral 6 layers remat none unscanned", MIXTRAL, N(MIXTRAL), 8, mx, 4, 4, 6, 1);
     const char *qm[] = {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "shard_mode=explicit"};
     layers("qwen3-moe 5 layers explicit", QWEN3_MOE, N(QWEN3_MOE), 8, qm, 3, 4, 5, 1);
 }
@@ -443,13 +446,14 @@ static sim_status dry_cap(const char *const *extra, int n, bool full, double cap
 static void test_capacity(void **state)
 {
     (void)state;
-    const char *ex[] = {"dry_run=true", "ici_fsdp_parallelism=4", "remat_policy=none", "base_num_decoder_layers=8"};
+    const char *ex[] = {"dry_run=true", "ici_fsdp_parallelism=4", "remat_policy=none", "scan_layers=false",
+                        "base_num_decoder_layers=8"};
     uint64_t peak, p2;
-    assert_int_equal(dry_cap(ex, 4, true, 0, &peak), SIM_OK);
+    assert_int_equal(dry_cap(ex, 5, true, 0, &peak), SIM_OK);
     int oom = 0, fit = 0, copies = 0;
     for (int i = 0; i <= 12; i++) {
         double cap = (double)peak * (0.70 + 0.025 * i) + 64;
-        sim_status a = dry_cap(ex, 4, true, cap, &p2), b = dry_cap(ex, 4, false, cap, &p2);
+        sim_status a = dry_cap(ex, 5, true, cap, &p2), b = dry_cap(ex, 5, false, cap, &p2);
         if ((a == SIM_ERR_OOM) != (b == SIM_ERR_OOM) || (a != SIM_OK && a != SIM_ERR_OOM) ||
             (b != SIM_OK && b != SIM_ERR_OOM))
             fail_msg("capacity %.0f of a %llu-byte peak: full dry run %d, bounded %d (%s)", cap,
