@@ -35,7 +35,10 @@ static sim_status layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, me
                            const void *arg)
 {
     const layer_arg *la = arg;
-    return model_dense_layer_run(md, t, b, &la->c, la->layer, x, y);
+    mesh_var *aux;
+    sim_status st = model_dense_layer_run(md, t, b, &la->c, la->layer, x, y, &aux);
+    assert_null(aux); /* the dense MlpBlock has no second output */
+    return st;
 }
 
 /* The reference from the run's weights: ln1, query, key, value, out, ln2, wi_0, wi_1, wo, then the

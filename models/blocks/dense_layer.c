@@ -1,4 +1,5 @@
-/* dense_layer.c — Llama's and Qwen3's pre-norm dense decoder layer on the tape (see dense_layer.h).
+/* dense_layer.c — the pre-norm decoder layer of Llama, Mistral, Qwen3, and with the routed experts
+ * as its feed-forward half Mixtral and Qwen3 MoE, on the tape (see dense_layer.h).
  *
  * Every activation is constrained where MaxText constrains it, with the same logical names
  * (reference/maxtext-facts.md §5.1-5.3, 5.5, 5.8); in explicit mode the projections get MaxText's
@@ -71,19 +72,34 @@ static sim_status residual(model_dev *md, mesh_tape *t, const model_dense_layer 
     return mesh_ad_shard_as(t, x, &s, name, y);
 }
 
+/* The dense MlpBlock as the layer's feed-forward half (facts §5.5). */
+static sim_status dense_mlp(model_dev *md, mesh_tape *t, const model_dense_layer *c, const model_dense_ix *ix, int l,
+                            mesh_var *hs, mesh_var **y)
+{
+    model_mlp_block mb = {.wi_0 = ix->wi0,
+                          .wi_1 = ix->wi1,
+                          .wi = md->def->d.fused_mlp ? ix->wi : -1,
+                          .wo = ix->wo,
+                          .layer = l,
+                          .intermediate = c->mlp_mid,
+                          .out = A};
+    return model_mlp(md, t, &mb, hs, y);
+}
+
 /* One layer: facts §5.2 (layer), §5.3 (attention), §5.5 (MLP). */
 sim_status model_dense_layer_run(model_dev *md, mesh_tape *t, const model_batch *b, const model_dense_layer *c, int l,
-                                 mesh_var *x, mesh_var **y)
+                                 mesh_var *x, mesh_var **y, mesh_var **aux)
 {
     const model_def *m = md->def;
     const model_dims *d = &m->d;
     model_dense_ix ix = model_dense_indices(m);
-    char layer[64], attn_layer[96], mlp_layer[96];
+    char layer[64], attn_layer[96], ffn_layer[96];
     const char *saved_layer = md->ctx.layer;
     snprintf(layer, sizeof layer, "decoder/layers_%d", l);
     snprintf(attn_layer, sizeof attn_layer, "%s/self_attention", layer);
-    snprintf(mlp_layer, sizeof mlp_layer, "%s/mlp", layer);
+    snprintf(ffn_layer, sizeof ffn_layer, "%s/%s", layer, c->ffn_scope ? c->ffn_scope : "mlp");
     md->ctx.layer = layer;
+    *aux = NULL;
 
     sim_status st;
     mesh_var *h, *lnx, *a, *hs, *mlp;
@@ -115,20 +131,15 @@ sim_status model_dense_layer_run(model_dev *md, mesh_tape *t, const model_batch 
         mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs), st,
         fail);
     SIM_TRY_GOTO(residual(md, t, c, hs, "hidden_states", &hs), st, fail);
-    md->ctx.layer = mlp_layer;
-    model_mlp_block mb = {.wi_0 = ix.wi0,
-                          .wi_1 = ix.wi1,
-                          .wi = d->fused_mlp ? ix.wi : -1,
-                          .wo = ix.wo,
-                          .layer = l,
-                          .intermediate = c->mlp_mid,
-                          .out = A};
-    SIM_TRY_GOTO(model_mlp(md, t, &mb, hs, &mlp), st, fail);
+    md->ctx.layer = ffn_layer;
+    if (c->ffn) SIM_TRY_GOTO(c->ffn(md, t, c->ffn_arg, l, hs, ffn_layer, &mlp, aux), st, fail);
+    else SIM_TRY_GOTO(dense_mlp(md, t, c, &ix, l, hs, &mlp), st, fail);
     md->ctx.layer = layer;
-    /* the layer's tail: nothing reads it when remat recomputes the layer (model_mlp) */
+    /* the layer's tail: nothing reads it when remat recomputes the layer (model_mlp, model_moe_routed) */
     md->ctx.dead_outputs = md->recomputing;
     SIM_TRY_GOTO(residual(md, t, c, mlp, "mlp_lnx", &mlp), st, fail);
-    SIM_TRY_GOTO(mesh_ad_add(t, h, mlp, "residual_mlp", &h), st, fail);
+    if (c->ffn_output_first) SIM_TRY_GOTO(mesh_ad_add(t, mlp, h, "residual_mlp", &h), st, fail);
+    else SIM_TRY_GOTO(mesh_ad_add(t, h, mlp, "residual_mlp", &h), st, fail);
     if (c->output_dropout) SIM_TRY_GOTO(model_dropout(md, t, h, layer, &h), st, fail);
     SIM_TRY_GOTO(residual(md, t, c, h, "layer_output", y), st, fail);
 fail: /* the context as the caller left it, on every path */

@@ -1,8 +1,10 @@
-/* dense_layer.h — the pre-norm dense decoder layer that Llama (MaxText's LlamaDecoderLayer,
- * models/llama2.py) and Qwen3 (Qwen3DecoderLayer over AttentionWithNorm, models/qwen3.py) share:
+/* dense_layer.h — the pre-norm decoder layer that Llama (MaxText's LlamaDecoderLayer,
+ * models/llama2.py), Mistral, Qwen3 (Qwen3DecoderLayer over AttentionWithNorm, models/qwen3.py)
+ * and, with the routed experts as their feed-forward half, Mixtral (MixtralDecoderLayer) and Qwen3
+ * MoE (Qwen3MoeDecoderLayer) share:
  *
  *   h = x + attention(rmsnorm(x))         (pre_self_attention_layer_norm, self_attention)
- *   y = h + mlp(rmsnorm(h))               (post_self_attention_layer_norm, mlp)
+ *   y = h + ffn(rmsnorm(h))               (post_self_attention_layer_norm, mlp or the MoE block)
  *
  * with the residual stream constrained to (activation_batch, activation_norm_length,
  * activation_embed) under the family's names ("llama2/inputs", ...).  What differs between the two
@@ -21,6 +23,14 @@ typedef struct {
     int q, k, v, qkv, o, qn, kn, ln1, ln2, wi0, wi1, wi, wo, embed, norm, logits;
 } model_dense_ix;
 
+/* The feed-forward half of a layer other than the dense MlpBlock (the routed MoE: model_moe_ffn in
+ * models/blocks/moe.h): hs (B, T, E), the post-attention norm's output (hidden_states), -> *y
+ * (B, T, E) with layer l of the parameters, under the scope name `scope`
+ * ("decoder/layers_<l>/<ffn_scope>"); *aux its second output (a load-balance loss term) or NULL.
+ * arg is the family's model_dense_layer.ffn_arg. */
+typedef sim_status (*model_dense_ffn_fn)(model_dev *md, mesh_tape *t, const void *arg, int l, mesh_var *hs,
+                                         const char *scope, mesh_var **y, mesh_var **aux);
+
 /* A family's choices for its layer. */
 typedef struct {
     const char *prefix;          /* the constraints' names: "<prefix>/inputs", "<prefix>/lnx", ... */
@@ -32,6 +42,11 @@ typedef struct {
     double soft_cap;             /* attn_logits_soft_cap as the layer passes it (0: none) */
     const char *const *mlp_mid;  /* 3 logical names of the MLP's intermediate_sharding */
     bool output_dropout;         /* dropout on the layer's output (Llama's layer, not Qwen3's) */
+    model_dense_ffn_fn ffn;      /* the feed-forward half; NULL: the dense MlpBlock (mlp.wi_0, wi_1 or wi, wo) */
+    const void *ffn_arg;         /* ffn's argument */
+    const char *ffn_scope;       /* the feed-forward half's scope name under the layer; NULL: "mlp" */
+    bool ffn_output_first;       /* the residual sum as mlp_lnx + intermediate_inputs (MixtralDecoderLayer's
+                                    operand order); else intermediate_inputs + mlp_lnx */
 } model_dense_layer;
 
 /* The layer's parameters; query_norm/key_norm run before RoPE when their scales are defined. */
@@ -40,9 +55,10 @@ model_dense_ix model_dense_indices(const model_def *m);
  * rope_linear_scaling_factor) or Llama 3.1's (LLaMARotaryEmbedding, which reads no linear factor). */
 bk_rope_params model_dense_rope(const model_dims *d);
 
-/* Layer l: x (B, T, E) -> y (B, T, E). */
+/* Layer l: x (B, T, E) -> y (B, T, E); *aux the feed-forward half's second output (NULL for the
+ * dense MlpBlock), as model_layer_fn returns it. */
 sim_status model_dense_layer_run(model_dev *md, mesh_tape *t, const model_batch *b, const model_dense_layer *c, int l,
-                                 mesh_var *x, mesh_var **y);
+                                 mesh_var *x, mesh_var **y, mesh_var **aux);
 
 /* Defines the model's parameters in MaxText's order: the embedding, the scanned layer stack (the
  * query kernel's init scaled by query_init_scale on top of 1/sqrt(embed); the query/key norm scales

@@ -2215,3 +2215,26 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
     *y = out;
     return SIM_OK;
 }
+
+sim_status model_moe_ffn(model_dev *md, mesh_tape *t, const void *arg, int l, mesh_var *hs, const char *scope,
+                         mesh_var **y, mesh_var **aux)
+{
+    return model_moe_routed(md, t, arg, l, hs, scope, y, aux);
+}
+
+model_moe_layer model_moe_layer_at(const model_def *m, const char *scope, const model_moe_dims *dims,
+                                   const char *const *out)
+{
+    char path[128];
+#define AT(leaf) (snprintf(path, sizeof path, "%s.%s", scope, leaf), model_param_index(m, path))
+    model_moe_layer ml = {.dims = dims,
+                          .gate = AT("gate.kernel"),
+                          .gate_bias = AT("gate.bias"),
+                          .wi0 = AT("wi_0"),
+                          .wi1 = AT("wi_1"),
+                          .wo = AT("wo"),
+                          .out = out,
+                          .lb_layers = m->d.layers};
+#undef AT
+    return ml;
+}

@@ -241,6 +241,12 @@ typedef struct {
     int64_t lb_layers;      /* the layers whose load-balance losses MaxText averages (MTP's included) */
 } model_moe_layer;
 
+/* The routed experts of a fully MoE layer outside DeepSeek, as model_moe_define_routed_params defined
+ * them under params.decoder.layers.<scope>, with the output named `out` and the load-balance losses
+ * averaged over the model's layers. */
+model_moe_layer model_moe_layer_at(const model_def *m, const char *scope, const model_moe_dims *dims,
+                                   const char *const *out);
+
 /* x (B, S, M) -> y (B, S, M): the gate logits (moe/inputs, moe/gate_logits constraints), the
  * scores, the top-k, the expert counts of loss-free balancing, the load-balance loss *lb (NULL
  * when load_balance_loss_weight is 0, else the layer's share of the weight), then the expert
@@ -248,6 +254,11 @@ typedef struct {
  * name `scope` (e.g. decoder/layers_0/MoeBlock_0) and layer l of the parameters. */
 sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *ml, int l, mesh_var *x,
                             const char *scope, mesh_var **y, mesh_var **lb);
+
+/* model_moe_routed as the dense layer's feed-forward half (model_dense_ffn_fn in
+ * models/blocks/dense_layer.h): arg is the layer's model_moe_layer, *aux its load-balance loss. */
+sim_status model_moe_ffn(model_dev *md, mesh_tape *t, const void *arg, int l, mesh_var *hs, const char *scope,
+                         mesh_var **y, mesh_var **aux);
 
 /* The shared experts of a DeepSeek MoE layer (moe.py RoutedAndSharedMoE.shared_experts, an
  * MlpBlock of width shared_experts x moe_mlp_dim): SwiGLU with MaxText's checkpoint tags (mlpwi_0,

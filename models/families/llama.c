@@ -18,7 +18,6 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
                               mesh_var **aux)
 {
     const model_dims *d = &md->def->d;
-    *aux = NULL;
     model_dense_layer c = {.prefix = "llama2",
                            .residual_explicit_only = false,
                            .rope = model_dense_rope(d),
@@ -26,7 +25,7 @@ static sim_status llama_layer(model_dev *md, mesh_tape *t, const model_batch *b,
                            .soft_cap = d->attn_soft_cap,
                            .mlp_mid = MLP_MID,
                            .output_dropout = true};
-    return model_dense_layer_run(md, t, b, &c, l, x, y);
+    return model_dense_layer_run(md, t, b, &c, l, x, y, aux);
 }
 
 /* MaxText's llama2 decoder would honour these; the simulated one has global attention and default

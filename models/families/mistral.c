@@ -33,7 +33,6 @@ static const char *const MLP_MID[3] = {"activation_batch", "activation_norm_leng
 static sim_status mistral_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
                                 mesh_var **aux)
 {
-    *aux = NULL;
     model_dense_layer c = {.prefix = "mistral",
                            .residual_explicit_only = false,
                            .rope = model_dense_rope(&md->def->d),
@@ -41,7 +40,7 @@ static sim_status mistral_layer(model_dev *md, mesh_tape *t, const model_batch *
                            .soft_cap = 0,
                            .mlp_mid = MLP_MID,
                            .output_dropout = true};
-    return model_dense_layer_run(md, t, b, &c, l, x, y);
+    return model_dense_layer_run(md, t, b, &c, l, x, y, aux);
 }
 
 /* What MaxText's mistral layer would read and shardsim does not simulate, or what the layer does

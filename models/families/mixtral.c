@@ -22,121 +22,41 @@
  * Around the layers, the Decoder is the generic one (models/blocks/decoder.c), which adds the
  * layers' load-balance losses. */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "blas_kernels/bk_rope.h"
-#include "mesh/ad.h"
-#include "mesh/nn.h"
 #include "models/blocks/attention.h"
-#include "models/blocks/decoder.h"
 #include "models/blocks/dense_layer.h"
 #include "models/blocks/moe.h"
 #include "models/core/model.h"
 
-/* MixtralDecoderLayer.activation_axis_names */
+/* MixtralDecoderLayer.activation_axis_names: the MoE's out_sharding */
 static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
 
 /* The MoE dims, kept in model_dims.family_dims. */
 static const model_moe_dims *mixtral_dims(const model_def *m) { return m->d.family_dims; }
 
-typedef struct {
-    int q, k, v, qkv, o, ln1, ln2, gate, gate_bias, wi0, wi1, wo, embed, norm, logits;
-} mixtral_ix;
-
-static mixtral_ix indices(const model_def *m)
-{
-    mixtral_ix x;
-    x.q = model_param_index(m, "self_attention.query.kernel");
-    x.k = model_param_index(m, "self_attention.key.kernel");
-    x.v = model_param_index(m, "self_attention.value.kernel");
-    x.qkv = model_param_index(m, "self_attention.qkv_proj.kernel");
-    x.o = model_param_index(m, "self_attention.out.kernel");
-    x.ln1 = model_param_index(m, "pre_self_attention_layer_norm.scale");
-    x.ln2 = model_param_index(m, "post_self_attention_layer_norm.scale");
-    x.gate = model_param_index(m, "MoeBlock_0.gate.kernel");
-    x.gate_bias = model_param_index(m, "MoeBlock_0.gate.bias");
-    x.wi0 = model_param_index(m, "MoeBlock_0.wi_0");
-    x.wi1 = model_param_index(m, "MoeBlock_0.wi_1");
-    x.wo = model_param_index(m, "MoeBlock_0.wo");
-    x.embed = model_param_index(m, "token_embedder.embedding");
-    x.norm = model_param_index(m, "decoder_norm.scale");
-    x.logits = model_param_index(m, "logits_dense.kernel");
-    return x;
-}
-
-/* One MixtralDecoderLayer; *lb its load-balance loss (NULL without one). */
+/* One MixtralDecoderLayer: the dense layer (models/blocks/dense_layer.c) with Mistral's attention
+ * (no query/key norm, 1/sqrt(head_dim) folded into the query init, no cap, the default RoPE), every
+ * residual constraint logged, RoutedMoE as MoeBlock_0 in place of the MLP (layer_output =
+ * mlp_lnx + intermediate_inputs, in that order) and dropout on the output; *aux its load-balance
+ * loss (NULL without one). */
 static sim_status mixtral_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
-                                mesh_var **lb)
+                                mesh_var **aux)
 {
     const model_def *m = md->def;
-    const model_dims *d = &m->d;
-    mixtral_ix ix = indices(m);
-    char layer[64], attn_layer[96], moe_layer[96];
-    const char *saved_layer = md->ctx.layer;
-    snprintf(layer, sizeof layer, "decoder/layers_%d", l);
-    snprintf(attn_layer, sizeof attn_layer, "%s/self_attention", layer);
-    snprintf(moe_layer, sizeof moe_layer, "%s/MoeBlock_0", layer);
-    md->ctx.layer = layer;
-    *lb = NULL;
-
-    mesh_var *h, *lnx, *a;
-    SIM_TRY(model_shard_as(md, t, x, "mixtral/inputs", 3, A, &h));
-    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
-    SIM_TRY(model_shard_as(md, t, lnx, "mixtral/lnx", 3, A, &lnx));
-
-    md->ctx.layer = attn_layer;
-    bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
-    rp.min_timescale = d->rope_min;
-    rp.max_timescale = d->rope_theta;
-    rp.linear_scaling_factor = d->rope_linear;
-    model_attention_block ab = {.query = ix.q,
-                                .key = ix.k,
-                                .value = ix.v,
-                                .qkv = d->fused_qkv ? ix.qkv : -1,
-                                .out = ix.o,
-                                .query_norm = -1,
-                                .key_norm = -1,
-                                .layer = l,
-                                .rope = rp,
-                                .scale = 1.0,
-                                .soft_cap = 0,
-                                .sliding_window = 0,
-                                .out_names = A};
-    SIM_TRY(model_attention(md, t, b, &ab, lnx, &a));
-    md->ctx.layer = layer;
-    SIM_TRY(model_shard_as(md, t, a, "mixtral/attention_lnx", 3, A, &a));
-    SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h)); /* intermediate_inputs */
-    mesh_var *hs, *moe;
-    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
-    SIM_TRY(model_shard_as(md, t, hs, "mixtral/hidden_states", 3, A, &hs));
-
-    model_moe_layer ml = {.dims = mixtral_dims(m),
-                          .gate = ix.gate,
-                          .gate_bias = ix.gate_bias,
-                          .wi0 = ix.wi0,
-                          .wi1 = ix.wi1,
-                          .wo = ix.wo,
-                          .out = A,
-                          .lb_layers = d->layers};
-    SIM_TRY(model_moe_routed(md, t, &ml, l, hs, moe_layer, &moe, lb));
-    md->ctx.layer = layer;
-    /* the layer's tail: nothing reads it when remat recomputes the layer */
-    md->ctx.dead_outputs = md->recomputing;
-    sim_status st = model_shard_as(md, t, moe, "mixtral/mlp_lnx", 3, A, &moe);
-    if (st == SIM_OK) st = mesh_ad_add(t, moe, h, "residual_mlp", &h);
-    if (st == SIM_OK) st = model_dropout(md, t, h, layer, &h);
-    if (st == SIM_OK) st = model_shard_as(md, t, h, "mixtral/layer_output", 3, A, y);
-    md->ctx.dead_outputs = false;
-    md->ctx.layer = saved_layer;
-    return st;
-}
-
-static sim_status mixtral_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
-                                   mesh_var **aux)
-{
-    return mixtral_layer(md, t, b, l, x, y, aux);
+    model_moe_layer ml = model_moe_layer_at(m, "MoeBlock_0", mixtral_dims(m), A);
+    model_dense_layer c = {.prefix = "mixtral",
+                           .residual_explicit_only = false,
+                           .rope = model_dense_rope(&m->d),
+                           .scale = 1.0,
+                           .soft_cap = 0,
+                           .output_dropout = true,
+                           .ffn = model_moe_ffn,
+                           .ffn_arg = &ml,
+                           .ffn_scope = "MoeBlock_0",
+                           .ffn_output_first = true};
+    return model_dense_layer_run(md, t, b, &c, l, x, y, aux);
 }
 
 /* ------------------------------------------------------------ definition */
@@ -195,9 +115,7 @@ static sim_status mixtral_setup(model_def *m, const cfg_config *cfg)
 
 static sim_status mixtral_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
 {
-    mixtral_ix ix = indices(md->def);
-    model_decoder_block dec = {.layer = mixtral_layer_fn, .embed = ix.embed, .norm = ix.norm, .logits = ix.logits};
-    return model_decoder_loss(md, t, b, &dec, loss);
+    return model_dense_loss(md, t, b, mixtral_layer, loss);
 }
 
 /* MaxText's decoder_block mixtral (mixtral-8x7b, mixtral-8x22b): every layer alike, scanned and

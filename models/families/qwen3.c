@@ -38,7 +38,6 @@ static sim_status qwen3_layer(model_dev *md, mesh_tape *t, const model_batch *b,
                               mesh_var **aux)
 {
     const model_dims *d = &md->def->d;
-    *aux = NULL;
     model_dense_layer c = {.prefix = "qwen3",
                            .residual_explicit_only = true,
                            .rope = model_dense_rope(d),
@@ -46,7 +45,7 @@ static sim_status qwen3_layer(model_dev *md, mesh_tape *t, const model_batch *b,
                            .soft_cap = 0,
                            .mlp_mid = MLP_MID,
                            .output_dropout = false};
-    return model_dense_layer_run(md, t, b, &c, l, x, y);
+    return model_dense_layer_run(md, t, b, &c, l, x, y, aux);
 }
 
 /* What MaxText's qwen3 layer would read and shardsim does not simulate is refused, naming the key. */

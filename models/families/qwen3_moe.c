@@ -23,132 +23,39 @@
  *     layer reads moe_mlp_dim only.
  * Around the layers, the Decoder is the generic one (models/blocks/decoder.c). */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "blas_kernels/bk_rope.h"
-#include "mesh/ad.h"
-#include "mesh/nn.h"
 #include "models/blocks/attention.h"
-#include "models/blocks/decoder.h"
 #include "models/blocks/dense_layer.h"
 #include "models/blocks/moe.h"
 #include "models/core/model.h"
 
-/* AttentionWithNorm.activation_axis_names */
+/* AttentionWithNorm.activation_axis_names: the MoE's out_sharding */
 static const char *const A[3] = {"activation_batch", "activation_norm_length", "activation_embed"};
 
 /* The MoE dims, kept in model_dims.family_dims. */
 static const model_moe_dims *qmoe_dims(const model_def *m) { return m->d.family_dims; }
 
-typedef struct {
-    int q, k, v, qkv, o, qn, kn, ln1, ln2, gate, gate_bias, wi0, wi1, wo, embed, norm, logits;
-} qmoe_ix;
-
-static qmoe_ix indices(const model_def *m)
-{
-    qmoe_ix x;
-    x.q = model_param_index(m, "self_attention.query.kernel");
-    x.k = model_param_index(m, "self_attention.key.kernel");
-    x.v = model_param_index(m, "self_attention.value.kernel");
-    x.qkv = model_param_index(m, "self_attention.qkv_proj.kernel");
-    x.o = model_param_index(m, "self_attention.out.kernel");
-    x.qn = model_param_index(m, "self_attention.query_norm.scale");
-    x.kn = model_param_index(m, "self_attention.key_norm.scale");
-    x.ln1 = model_param_index(m, "pre_self_attention_layer_norm.scale");
-    x.ln2 = model_param_index(m, "post_self_attention_layer_norm.scale");
-    x.gate = model_param_index(m, "moe_block.gate.kernel");
-    x.gate_bias = model_param_index(m, "moe_block.gate.bias");
-    x.wi0 = model_param_index(m, "moe_block.wi_0");
-    x.wi1 = model_param_index(m, "moe_block.wi_1");
-    x.wo = model_param_index(m, "moe_block.wo");
-    x.embed = model_param_index(m, "token_embedder.embedding");
-    x.norm = model_param_index(m, "decoder_norm.scale");
-    x.logits = model_param_index(m, "logits_dense.kernel");
-    return x;
-}
-
-/* AttentionWithNorm's _maybe_shard_with_logical: explicit mode only, as for the dense Qwen3
- * (qwen3.c layer_shard says why auto mode still places the residual under the same names). */
-static sim_status layer_shard(model_dev *md, mesh_tape *t, mesh_var *x, const char *name, mesh_var **y)
-{
-    if (md->ctx.mode == MESH_MODE_EXPLICIT) return model_shard_as(md, t, x, name, 3, A, y);
-    mesh_spec s;
-    SIM_TRY(model_logical_spec(md->def, name, 3, A, &s));
-    return mesh_ad_shard_as(t, x, &s, name, y);
-}
-
-/* One Qwen3MoeDecoderLayer; *lb its load-balance loss (NULL without one). */
+/* One Qwen3MoeDecoderLayer: the dense layer (models/blocks/dense_layer.c) with the dense Qwen3's
+ * attention (query/key norms when defined, the query scaled by head_dim^-0.5 after RoPE, no soft
+ * cap, the residual constrained in explicit mode only, as qwen3.c says) and RoutedMoE as moe_block
+ * in place of the MLP, no dropout on the output; *aux its load-balance loss (NULL without one). */
 static sim_status qmoe_layer(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
-                             mesh_var **lb)
+                             mesh_var **aux)
 {
     const model_def *m = md->def;
-    const model_dims *d = &m->d;
-    qmoe_ix ix = indices(m);
-    char layer[64], attn_layer[96], moe_layer[96];
-    const char *saved_layer = md->ctx.layer;
-    snprintf(layer, sizeof layer, "decoder/layers_%d", l);
-    snprintf(attn_layer, sizeof attn_layer, "%s/self_attention", layer);
-    snprintf(moe_layer, sizeof moe_layer, "%s/moe_block", layer);
-    md->ctx.layer = layer;
-    *lb = NULL;
-
-    mesh_var *h, *lnx, *a;
-    SIM_TRY(layer_shard(md, t, x, "qwen3_moe/inputs", &h));
-    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln1, l), d->eps, "pre_self_attention_layer_norm", &lnx));
-    SIM_TRY(layer_shard(md, t, lnx, "qwen3_moe/lnx", &lnx));
-
-    md->ctx.layer = attn_layer;
-    bk_rope_params rp = bk_rope_params_default((int)d->head_dim);
-    rp.min_timescale = d->rope_min;
-    rp.max_timescale = d->rope_theta;
-    rp.linear_scaling_factor = d->rope_linear;
-    model_attention_block ab = {.query = ix.q,
-                                .key = ix.k,
-                                .value = ix.v,
-                                .qkv = d->fused_qkv ? ix.qkv : -1,
-                                .out = ix.o,
-                                .query_norm = ix.qn,
-                                .key_norm = ix.kn,
-                                .norm_eps = d->eps,
-                                .layer = l,
-                                .rope = rp,
-                                .scale = 1.0 / sqrt((double)d->head_dim),
-                                .soft_cap = 0,
-                                .out_names = A};
-    SIM_TRY(model_attention(md, t, b, &ab, lnx, &a));
-    md->ctx.layer = layer;
-    SIM_TRY(layer_shard(md, t, a, "qwen3_moe/attention_lnx", &a));
-    SIM_TRY(mesh_ad_add(t, h, a, "residual_attention", &h)); /* intermediate_inputs */
-    mesh_var *hs, *moe;
-    SIM_TRY(mesh_nn_rmsnorm(t, h, model_param_leaf(md, t, ix.ln2, l), d->eps, "post_self_attention_layer_norm", &hs));
-    SIM_TRY(layer_shard(md, t, hs, "qwen3_moe/hidden_states", &hs));
-
-    model_moe_layer ml = {.dims = qmoe_dims(m),
-                          .gate = ix.gate,
-                          .gate_bias = ix.gate_bias,
-                          .wi0 = ix.wi0,
-                          .wi1 = ix.wi1,
-                          .wo = ix.wo,
-                          .out = A,
-                          .lb_layers = d->layers};
-    SIM_TRY(model_moe_routed(md, t, &ml, l, hs, moe_layer, &moe, lb));
-    md->ctx.layer = layer;
-    /* the layer's tail: nothing reads it when remat recomputes the layer */
-    md->ctx.dead_outputs = md->recomputing;
-    sim_status st = layer_shard(md, t, moe, "qwen3_moe/mlp_lnx", &moe);
-    if (st == SIM_OK) st = mesh_ad_add(t, h, moe, "residual_mlp", &h);
-    if (st == SIM_OK) st = layer_shard(md, t, h, "qwen3_moe/layer_output", y);
-    md->ctx.dead_outputs = false;
-    md->ctx.layer = saved_layer;
-    return st;
-}
-
-static sim_status qmoe_layer_fn(model_dev *md, mesh_tape *t, const model_batch *b, int l, mesh_var *x, mesh_var **y,
-                                mesh_var **aux)
-{
-    return qmoe_layer(md, t, b, l, x, y, aux);
+    model_moe_layer ml = model_moe_layer_at(m, "moe_block", qmoe_dims(m), A);
+    model_dense_layer c = {.prefix = "qwen3_moe",
+                           .residual_explicit_only = true,
+                           .rope = model_dense_rope(&m->d),
+                           .scale = 1.0 / sqrt((double)m->d.head_dim),
+                           .soft_cap = 0,
+                           .output_dropout = false,
+                           .ffn = model_moe_ffn,
+                           .ffn_arg = &ml,
+                           .ffn_scope = "moe_block"};
+    return model_dense_layer_run(md, t, b, &c, l, x, y, aux);
 }
 
 /* ------------------------------------------------------------ definition */
@@ -208,9 +115,7 @@ static sim_status qmoe_setup(model_def *m, const cfg_config *cfg)
 
 static sim_status qmoe_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
 {
-    qmoe_ix ix = indices(md->def);
-    model_decoder_block dec = {.layer = qmoe_layer_fn, .embed = ix.embed, .norm = ix.norm, .logits = ix.logits};
-    return model_decoder_loss(md, t, b, &dec, loss);
+    return model_dense_loss(md, t, b, qmoe_layer, loss);
 }
 
 /* MaxText's decoder_block qwen3_moe (qwen3-30b-a3b, qwen3-235b-a22b, qwen3-480b-a35b): every layer
