@@ -173,7 +173,7 @@ static result run(const row *r)
     model_tm_result tm;
     memset(&tm, 0, sizeof tm);
     if (!res.refused && model_tm_estimate(&hw, &eff, dt ? dt->value.text : "bfloat16", m, 0, bubble,
-                                          model_tm_optimizer_bytes(m), false, &tm)) {
+                                          model_opt_step_bytes(def), false, &tm)) {
         fprintf(stderr, "bench/seeds: model: %s\n", sim_errmsg());
         exit(1);
     }

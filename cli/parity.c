@@ -314,7 +314,7 @@ int cli_cmd_parity(int argc, char **argv, FILE *out, FILE *err)
                 cli_records_from_machine(m, &recs);
                 st = cli_traffic_build(&recs, cli_steps((int)steps - 1, (int)steps - 1), &traffic[c]);
                 if (st == SIM_OK && have_hw) {
-                    double opt_bytes = model_tm_optimizer_bytes(m);
+                    double opt_bytes = model_opt_step_bytes(def);
                     double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
                     const char *dt = NULL;
                     if (cfg_get_str(cfg, "dtype", &dt) != SIM_OK || !dt) dt = "";

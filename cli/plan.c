@@ -270,7 +270,7 @@ static void measure(const cfg_config *cfg, const model_def *def, sim_machine *m,
     if (!st) st = cfg_get_str(cfg, "dtype", &dt);
     double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
     if (!st)
-        st = model_tm_estimate(hw, eff, dt ? dt : "bfloat16", m, 0, bubble, model_tm_optimizer_bytes(m), false, &tm);
+        st = model_tm_estimate(hw, eff, dt ? dt : "bfloat16", m, 0, bubble, model_opt_step_bytes(def), false, &tm);
     if (st) {
         res->fail = 3;
         snprintf(res->why, sizeof res->why, "step time not modelled: %s", sim_errmsg());

@@ -708,7 +708,7 @@ int cli_train(int argc, char **argv, FILE *out, FILE *err)
     cli_report_xrank(out, m);
     /* the step-time model, on the last step (every step moves the same bytes) */
     if (have_hw) {
-        double opt_bytes = model_tm_optimizer_bytes(m);
+        double opt_bytes = model_opt_step_bytes(def);
         double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
         const char *dt = cfg_str(cm.cfg, "dtype");
         sim_status est =

@@ -84,7 +84,7 @@ static double tiny_step_time(const cfg_config *cfg, const model_def *def, sim_ma
     double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
     if (cfg_hw_load(cli_configs_dir(), "v5p", def->mesh.num_devices, &hw) != SIM_OK ||
         model_tm_eff_load(cli_configs_dir(), &eff) != SIM_OK ||
-        model_tm_estimate(&hw, &eff, dtype, m, step, bubble, model_tm_optimizer_bytes(m), false, &tm) != SIM_OK) {
+        model_tm_estimate(&hw, &eff, dtype, m, step, bubble, model_opt_step_bytes(def), false, &tm) != SIM_OK) {
         sim_err_clear();
         return -1;
     }

@@ -247,9 +247,9 @@ static void bounded_vs_full(const char *what, const char *const *base, int nbase
     model_tm_result ta, tb;
     const char *dt = NULL;
     assert_int_equal(cfg_get_str(full.cfg, "dtype", &dt), SIM_OK);
-    assert_int_equal(model_tm_estimate(&hw, &eff, dt, full.m, 0, 0.0, model_tm_optimizer_bytes(full.m), true, &ta),
+    assert_int_equal(model_tm_estimate(&hw, &eff, dt, full.m, 0, 0.0, model_opt_step_bytes(full.def), true, &ta),
                      SIM_OK);
-    assert_int_equal(model_tm_estimate(&hw, &eff, dt, fast.m, 0, 0.0, model_tm_optimizer_bytes(fast.m), true, &tb),
+    assert_int_equal(model_tm_estimate(&hw, &eff, dt, fast.m, 0, 0.0, model_opt_step_bytes(fast.def), true, &tb),
                      SIM_OK);
     assert_true(ta.step_s > 0 && ta.nspans > 0);
     expect_same_tm(what, &ta, &tb);

@@ -19,6 +19,8 @@
 #include "cli/cli.h"
 #include "config/json.h"
 #include "models/core/timemodel.h"
+#include "models/optimizers/muon.h"
+#include "tests/model_run.h"
 #include "tests/cli_capture.h"
 #include "tests/helpers.h"
 
@@ -334,6 +336,14 @@ static void test_gmm_tiles(void **state)
     cli_capture_free(&r);
 }
 
+/* SMALL_LLAMA_YML's parameter elements: the table and the logits kernel 256 x 32 each, the final norm's
+ * scale 32, and per layer (2) query, key, value, out 32 x 4 x 8 each, wi_0, wi_1, wo 32 x 64 each, two
+ * norm scales of 32. */
+#define SMALL_LLAMA_ELEMS (2.0 * 256 * 32 + 32 + 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32))
+/* ... of which Muon orthogonalises the attention and MLP kernels (configs/muon.yml: the table, the logits
+ * kernel and the norm scales take the AdamW branch) */
+#define SMALL_LLAMA_MUON_ELEMS (2.0 * (4 * 32 * 32 + 3 * 32 * 64))
+
 /* The attention_op kind's useful FLOPs and kernel work of a tiny run (T = 16, 4 heads of 8, one
  * device, 2 layers; full remat: per layer the forward twice and the backward once). */
 #define TINY SMALL_LLAMA_YML, "per_device_batch_size=1"
@@ -510,25 +520,15 @@ static void test_train_estimate(void **state)
     assert_string_equal(cfg_json_get(tm, "hardware_profile")->str, "v5p");
     cfg_json_free(j);
     /* the optimizer phase streams AdamW's bytes (2 P + G + 2 O) and MaxText's three norms (P + 2 G)
-     * at hbm_efficiency of v5p's HBM bandwidth: 3 P + 3 G + 2 O of the busiest device, with each
-     * category as metrics.json reports it at the device's peak */
-    snprintf(path, sizeof path, "%s/metrics.json", dir);
-    assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
-    const cfg_json *cat = cfg_json_get(cfg_json_get(j, "memory"), "by_category");
-    const cfg_json *P = cfg_json_get(cat, "params"), *G = cfg_json_get(cat, "grads"),
-                   *O = cfg_json_get(cat, "optimizer");
-    double worst = 0;
-    for (int i = 0; i < P->n; i++) {
-        double b = 3 * P->items[i].number + 3 * G->items[i].number + 2 * O->items[i].number;
-        if (b > worst) worst = b;
-    }
-    cfg_json_free(j);
+     * at hbm_efficiency of v5p's HBM bandwidth: 10 x 4 bytes x a device's parameter elements
+     * (SMALL_LLAMA_ELEMS, fsdp=2 x tensor=2 on every dim of 32 or more: a quarter of every kernel and of
+     * the table; the 5 norm scales of 32, split by tensor alone, a half) */
     cfg_hw v5p;
     model_tm_eff e;
     assert_int_equal(cfg_hw_load("configs", "v5p", 4, &v5p), SIM_OK);
     assert_int_equal(model_tm_eff_load("configs", &e), SIM_OK);
-    assert_true(worst > 0);
-    assert_true(fabs(opt - worst / (v5p.hbm_bw * e.hbm)) <= 1e-9 * opt);
+    const double local = (SMALL_LLAMA_ELEMS - 5.0 * 32) / 4 + 5.0 * 32 / 2;
+    assert_true(fabs(opt - 10 * 4 * local / (v5p.hbm_bw * e.hbm)) <= 1e-9 * opt);
     snprintf(path, sizeof path, "%s/trace.json", dir);
     assert_int_equal(cfg_json_read_file(path, &j), SIM_OK);
     const cfg_json *ev = cfg_json_get(j, "traceEvents");
@@ -552,6 +552,104 @@ static void test_train_estimate(void **state)
     cli_capture_free(&r);
 }
 
+/* The optimizer's modelled traffic (model_opt_step_bytes) is a function of the shards' sizes, per
+ * optimizer: with n slots a parameter's update reads the parameter, its gradient and the slots and
+ * writes the parameter and the slots (3 + 2 n shard-sized arrays: AdamW and adam_pax 7, SGD 3); a Muon
+ * leaf (n = 1) also writes its float32 estimate, reads and writes it to normalise it and reads the
+ * orthogonalised update (4 more: 9); MaxText's norms read every parameter once and every gradient
+ * twice (3).  ZeRO-1 runs the update on the optimizer layout (here each shard halved over 'data'). */
+static double opt_bytes_of(const char *const *extra, int n, int devices)
+{
+    const char *base[] = {SMALL_LLAMA_YML};
+    model_def *def = model_run_load(base, 1, devices, extra, n, devices, 1, NULL);
+    double b = model_opt_step_bytes(def);
+    model_run_unload(def);
+    return b;
+}
+
+/* One step of the small Llama under v5p; toggle(r) changes a memory-accounting rule before it runs.
+ * The modelled optimizer time, and the grads and temporaries of device 0 at its peak. */
+typedef struct {
+    double opt_s, opt_s_peak_formula;
+    size_t grads, temp;
+} opt_run;
+
+static void run_opt(const char *const *extra, int n, void (*toggle)(model_run *r), opt_run *out)
+{
+    const char *base[] = {SMALL_LLAMA_YML};
+    model_run r;
+    model_run_open(&r, base, 1, 2, extra, n, 2, 1);
+    if (toggle) toggle(&r);
+    model_run_train(&r, false);
+    cfg_hw hw;
+    model_tm_eff eff;
+    assert_int_equal(cfg_hw_load("configs", "v5p", 2, &hw), SIM_OK);
+    assert_int_equal(model_tm_eff_load("configs", &eff), SIM_OK);
+    model_tm_result tm;
+    assert_int_equal(model_tm_estimate(&hw, &eff, "bfloat16", r.m, 0, 0.0, model_opt_step_bytes(r.def), false, &tm),
+                     SIM_OK);
+    out->opt_s = tm.optimizer_s;
+    sim_arena_stats st;
+    sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
+    out->grads = st.at_peak_by[SIM_MEM_GRADS];
+    out->temp = st.at_peak_by[SIM_MEM_TEMP];
+    /* what the term was when it was read off the arena at the peak: 3 P + 3 G + 2 O */
+    const size_t *c = st.at_peak_by;
+    out->opt_s_peak_formula =
+        (3.0 * (double)c[SIM_MEM_PARAMS] + 3.0 * (double)c[SIM_MEM_GRADS] + 2.0 * (double)c[SIM_MEM_OPTIMIZER]) /
+        (hw.hbm_bw * eff.hbm);
+    model_run_close(&r);
+}
+
+static void no_saved_copies(model_run *r) { r->def->d.xla.saved_grad_copies = 0; }
+static void muon_per_leaf(model_run *r) { ((model_muon_cfg *)(void *)r->job.opt.priv)->stacked = false; }
+
+static void test_optimizer_traffic(void **state)
+{
+    (void)state;
+    const double P = 4 * SMALL_LLAMA_ELEMS, M = 4 * SMALL_LLAMA_MUON_ELEMS; /* float32 bytes */
+    const char *adamw[] = {"opt_type=adamw"}, *sgd[] = {"opt_type=sgd"}, *pax[] = {"opt_type=adam_pax"},
+               *muon[] = {"opt_type=muon"}, *data[] = {"ici_data_parallelism=2"},
+               *zero1[] = {"ici_data_parallelism=2", "shard_optimizer_over_data=true"};
+    assert_true(opt_bytes_of(adamw, 1, 1) == 10 * P);
+    assert_true(opt_bytes_of(pax, 1, 1) == 10 * P);
+    assert_true(opt_bytes_of(sgd, 1, 1) == 6 * P);
+    assert_true(opt_bytes_of(muon, 1, 1) == 12 * M + 10 * (P - M));
+    assert_true(opt_bytes_of(data, 1, 2) == 10 * P); /* data parallelism replicates the state */
+    assert_true(opt_bytes_of(zero1, 2, 2) == 5 * P); /* ZeRO-1: every dim of 32 or more halves over data */
+    /* memory-only rules move the peak's composition, not the optimizer term: saved_product_gradient_copies
+     * (remat_policy=minimal) and muon_update_buffers (stacked: the Muon gradients counted out) */
+    cfg_hw hw;
+    model_tm_eff eff;
+    assert_int_equal(cfg_hw_load("configs", "v5p", 2, &hw), SIM_OK);
+    assert_int_equal(model_tm_eff_load("configs", &eff), SIM_OK);
+    const double bw = hw.hbm_bw * eff.hbm;
+    const char *minimal[] = {"hardware_profile=v5p", "dtype=bfloat16", "remat_policy=minimal",
+                             "ici_fsdp_parallelism=2"};
+    opt_run a, b;
+    run_opt(minimal, 4, NULL, &a);
+    run_opt(minimal, 4, no_saved_copies, &b);
+    assert_true(a.grads != b.grads);
+    assert_true(a.opt_s == b.opt_s);
+    /* fsdp=2 halves every parameter but the 5 norm scales of 32 (MaxText's norm rule: not split by fsdp) */
+    const double half = (P - 4 * 5 * 32) / 2 + 4 * 5 * 32;
+    assert_true(fabs(a.opt_s - 10 * half / bw) <= 1e-12 * a.opt_s);
+    assert_true(a.opt_s_peak_formula != b.opt_s_peak_formula); /* what read the peak moved */
+    /* Muon at a size where the update is the peak (width 64, 4 heads of 32, MLP 256, 8 layers, vocabulary
+     * 8): 8 x (4 x 64 x 128 + 3 x 64 x 256) Muon elements, all split by fsdp; the AdamW branch: the table
+     * and the logits kernel 8 x 64 each (split on emb), 17 norm scales of 64 (not split) */
+    const char *mu[] = {"hardware_profile=v5p", "dtype=bfloat16",   "opt_type=muon", "ici_fsdp_parallelism=2",
+                        "base_emb_dim=64",      "base_mlp_dim=256", "head_dim=32",   "base_num_decoder_layers=8",
+                        "vocab_size=8"};
+    run_opt(mu, 9, NULL, &a);
+    run_opt(mu, 9, muon_per_leaf, &b);
+    assert_true(a.grads != b.grads && a.temp != b.temp);
+    assert_true(a.opt_s == b.opt_s);
+    const double mm = 4.0 * 8 * (4 * 64 * 128 + 3 * 64 * 256) / 2, aw = 4.0 * 2 * 8 * 64 / 2 + 4.0 * 17 * 64;
+    assert_true(fabs(a.opt_s - (12 * mm + 10 * aw) / bw) <= 1e-12 * a.opt_s);
+    assert_true(a.opt_s_peak_formula != b.opt_s_peak_formula);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -566,6 +664,7 @@ int main(void)
         cmocka_unit_test(test_collective_kinds),
         cmocka_unit_test(test_profiles),
         cmocka_unit_test(test_train_estimate),
+        cmocka_unit_test(test_optimizer_traffic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

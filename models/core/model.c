@@ -726,6 +726,30 @@ int model_param_index(const model_def *m, const char *suffix)
     return -1;
 }
 
+double model_opt_step_bytes(const model_def *m)
+{
+    /* ZeRO-1 as model_dev_init decides it: the stored state is in the optimizer layout wherever a 'data'
+     * axis of more than one device shards it (the SGD row, without state, refuses ZeRO-1) */
+    int data = mesh_shape_axis_index(&m->mesh, "data");
+    bool zero1 = m->d.zero1 && data >= 0 && m->mesh.sizes[data] > 1;
+    double wsize = (double)sim_dtype_size(m->d.weight_dtype), update = 0, params = 0, grads = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const model_param_def *d = &m->defs[i];
+        int64_t local[MESH_SPEC_MAX_RANK];
+        mesh_spec_local_shape(zero1 ? &m->opt_spec[i] : &m->spec[i], &m->mesh, d->shape, local);
+        double shard = wsize;
+        for (int k = 0; k < d->rank; k++) shard *= (double)local[k];
+        update += shard * model_opt_update_traffic(m->opt, &m->opt_param[i], d->state_var);
+        /* the norms (trainers/pre_train/train.py train_step: learning/raw_grad_norm and grad_norm read
+         * the raw and the clipped gradients, learning/param_norm the new parameters, each an
+         * l2norm_pytree of the trained state) */
+        if (d->state_var) continue;
+        params += shard;
+        grads += shard;
+    }
+    return update + params + 2.0 * grads;
+}
+
 uint64_t model_param_bytes(const model_def *m)
 {
     uint64_t n = 0;

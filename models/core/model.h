@@ -188,6 +188,14 @@ int model_param_index(const model_def *m, const char *suffix);
 int model_param_at(const model_def *m, const char *prefix, const char *suffix);
 /* Bytes of all parameters (global). */
 uint64_t model_param_bytes(const model_def *m);
+/* Bytes the optimizer step reads and writes in HBM on a device, from the sizes of the device's shards
+ * of the parameters, gradients and optimizer state (weight_dtype each; ZeRO-1: the optimizer layout,
+ * opt_spec, where the update runs): the update's elementwise passes as opt_type's row counts them
+ * (model_opt_update_traffic: AdamW 2 P + G + 2 O), and the norms MaxText's train_step computes every
+ * step for its metrics (P + 2 G).  Independent of what the arena holds when it peaks: a rule that
+ * moves the peak's composition (muon_update_buffers, saved_product_gradient_copies) does not move it.
+ * The step-time model's optimizer term (model_tm_estimate's optimizer_bytes). */
+double model_opt_step_bytes(const model_def *m);
 
 /* One device's share of the model. */
 typedef struct {

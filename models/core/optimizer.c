@@ -296,6 +296,12 @@ sim_status model_opt_update(mesh_ctx *ctx, const model_optim_cfg *o, const model
     return o->row->update(&st);
 }
 
+int model_opt_update_traffic(const model_optimizer *row, const model_opt_param *pp, bool state_var)
+{
+    if (state_var) return 0;
+    return row && row->traffic ? row->traffic(pp) : 3 + 2 * pp->n_slots;
+}
+
 sim_status model_opt_tree_write(const model_optimizer *row, const model_opt_tree *t)
 {
     if (!row) row = model_optimizers[0];

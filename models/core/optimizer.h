@@ -126,6 +126,12 @@ struct model_optimizer {
     sim_status (*update)(const model_opt_step *st);
     /* optax's state tree for the dump: every leaf below .opt_state, in JAX's order. */
     sim_status (*tree)(const model_opt_tree *t);
+    /* The update's HBM traffic for one trained parameter, as the number of arrays the size of its
+     * shard that the update's elementwise kernels read plus write (the step-time model's optimizer
+     * term, model_opt_step_bytes; the update's mesh ops, e.g. Muon's Newton-Schulz einsums, are
+     * timed from their own records).  NULL: the parameter, its gradient and every slot read, the
+     * parameter and every slot written, 3 + 2 n_slots (AdamW's one fused pass: 7). */
+    int (*traffic)(const model_opt_param *pp);
 };
 
 /* The table, listed in models/optimizers/optim.h (MODEL_OPTIMIZERS): row i is opt_type number i. */
@@ -152,6 +158,10 @@ sim_status model_opt_zero1_check(const cfg_config *cfg);
  * applied; grad_norm = the global norm.  Gradients are read, not changed. */
 sim_status model_opt_update(mesh_ctx *ctx, const model_optim_cfg *o, const model_opt_param *pp, model_param *params,
                             int n, long long s, double grad_norm);
+
+/* Shard-sized arrays row's update reads plus writes for a parameter treated as pp says (row->traffic, or
+ * 3 + 2 n_slots); 0 for a non-trainable variable (state_var: no gradient, no state, not updated). */
+int model_opt_update_traffic(const model_optimizer *row, const model_opt_param *pp, bool state_var);
 
 /* The train state's optimizer leaves as row `row` (NULL: opt_type's default, row 0) holds them. */
 sim_status model_opt_tree_write(const model_optimizer *row, const model_opt_tree *t);

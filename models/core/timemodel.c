@@ -498,31 +498,14 @@ sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const ch
         SIM_TRY(tm_device(hw, eff, peak, act_bytes, reps, nreps, recs, nrec, costs, ncost, step, true, out));
         out->device = dev;
     }
-    /* AdamW reads parameters, gradients and both moments and writes parameters and moments:
-     * memory-bound, after the gradients are reduced */
+    /* the optimizer's elementwise passes and the metrics' norms (model_opt_step_bytes): memory-bound,
+     * after the gradients are reduced */
     out->optimizer_s = optimizer_bytes / (hw->hbm_bw * eff->hbm);
     out->step_s += out->optimizer_s;
     out->bubble_s = out->compute_s * bubble_fraction;
     out->model_flops *= 1.0 - bubble_fraction;
     out->mfu = out->step_s > 0 ? out->model_flops / (out->step_s * peak) : 0;
     return SIM_OK;
-}
-
-double model_tm_optimizer_bytes(sim_machine *m)
-{
-    double worst = 0;
-    for (int i = 0; i < sim_machine_num_devices(m); i++) {
-        sim_arena_stats s;
-        sim_arena_get_stats(sim_device_arena(sim_machine_device(m, i)), &s);
-        const size_t *c = s.at_peak_by;
-        double b = 2.0 * (double)c[SIM_MEM_PARAMS] + (double)c[SIM_MEM_GRADS] + 2.0 * (double)c[SIM_MEM_OPTIMIZER];
-        /* and the norms MaxText 0.2.5's train_step computes every step for its metrics
-         * (trainers/pre_train/train.py: learning/raw_grad_norm, grad_norm, param_norm, each an
-         * l2norm_pytree; gradient clipping's global norm is the raw one): G + G + P read */
-        b += (double)c[SIM_MEM_PARAMS] + 2.0 * (double)c[SIM_MEM_GRADS];
-        if (b > worst) worst = b;
-    }
-    return worst;
 }
 
 /* ------------------------------------------------------------ output */

@@ -129,16 +129,10 @@ sim_status model_tm_device(const cfg_hw *hw, const model_tm_eff *eff, double pea
                            const sim_record *recs, size_t nrec, const sim_cost *costs, size_t ncost, int step,
                            bool want_spans, model_tm_result *out);
 
-/* Whole machine: the slowest device's step `step`, plus the optimizer update (bytes per device it
- * reads and writes: params, grads, optimizer state at peak) and MFU. */
+/* Whole machine: the slowest device's step `step`, plus the optimizer update (optimizer_bytes: what
+ * it reads and writes per device, model_opt_step_bytes) and MFU. */
 sim_status model_tm_estimate(const cfg_hw *hw, const model_tm_eff *eff, const char *dtype, sim_machine *m, int step,
                              double bubble_fraction, double optimizer_bytes, bool want_spans, model_tm_result *out);
-
-/* Bytes the optimizer update reads and writes on the busiest device: AdamW reads parameters,
- * gradients and both moments and writes parameters and moments (2 P + G + 2 O, each category
- * as held at the device's peak), and MaxText's step reads the raw and the clipped gradients and
- * the new parameters once more for its norms (+ 2 G + P). */
-double model_tm_optimizer_bytes(sim_machine *m);
 
 /* Console summary (device 0 style): step time, MFU, breakdown, slowest collectives. */
 void model_tm_print(FILE *f, const cfg_hw *hw, const sim_mesh_desc *mesh, const model_tm_result *r);

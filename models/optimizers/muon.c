@@ -754,6 +754,13 @@ static sim_status row_update(const model_opt_step *st)
     return s;
 }
 
+/* A Muon leaf's elementwise passes: the momentum pass reads the gradient and mu and writes mu and the
+ * float32 Nesterov estimate (nadam_chunk), the normalisation reads and writes the estimate
+ * (divide_by_norm), the update reads the orthogonalised estimate and the parameter and writes the
+ * parameter (apply_chunk): 3 + 2 n_slots + 4.  An AdamW-branch leaf is one fused pass (nadam_chunk with
+ * nu): 3 + 2 n_slots.  The Newton-Schulz products between them are mesh ops, timed from their records. */
+static int row_traffic(const model_opt_param *pp) { return 3 + 2 * pp->n_slots + (pp->branch == 1 ? 4 : 0); }
+
 /* optax.contrib.muon: a partition state, branches in key order ('adam', 'muon'); adamw =
  * chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate), muon's chain has
  * scale_by_shape too: the schedule's count sits at [2] and [3] */
@@ -794,4 +801,5 @@ const model_optimizer model_opt_muon = {
     .define = row_define,
     .update = row_update,
     .tree = row_tree,
+    .traffic = row_traffic,
 };
