@@ -113,6 +113,30 @@ void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float
     bk_parallel_for((int64_t)n, GRAIN, swiglu_bwd_into_chunk, &a);
 }
 
+void bk_clamped_glu_fwd(float *out, const float *gate, const float *up, size_t n, float alpha, float limit)
+{
+    BK_ASSERT(n == 0 || (out && gate && up));
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i] < limit ? gate[i] : limit;
+        const float u = up[i] < -limit ? -limit : (up[i] > limit ? limit : up[i]);
+        const float s = 1.0f / (1.0f + expf(-alpha * g));
+        out[i] = g * s * (u + 1.0f);
+    }
+}
+
+void bk_clamped_glu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n,
+                        float alpha, float limit)
+{
+    BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i] < limit ? gate[i] : limit;
+        const float u = up[i] < -limit ? -limit : (up[i] > limit ? limit : up[i]);
+        const float s = 1.0f / (1.0f + expf(-alpha * g));
+        if (gate[i] < limit) dgate[i] += dout[i] * (u + 1.0f) * (s + g * alpha * s * (1.0f - s));
+        if (up[i] > -limit && up[i] < limit) dup[i] += dout[i] * g * s;
+    }
+}
+
 void bk_silu_fwd_ref(float *out, const float *in, size_t n)
 {
     for (size_t i = 0; i < n; i++) out[i] = (float)(in[i] * sigmoid_d(in[i]));

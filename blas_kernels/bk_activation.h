@@ -23,6 +23,14 @@ void bk_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gat
 /* The same, writing dgate and dup instead of adding to them (no need to zero them first). */
 void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 
+/* gpt-oss's clamped GLU (MaxText moe.py apply_ffn_activation for decoder_block gpt_oss):
+ *   g = min(gate, limit), u = clip(up, -limit, limit), out = g sigmoid(alpha g) (u + 1)
+ * with alpha = 1.702 in MaxText and limit = mlp_activations_limit.  The backward adds to dgate and
+ * dup; a clipped input (gate > limit, |up| > limit) gets no gradient. */
+void bk_clamped_glu_fwd(float *out, const float *gate, const float *up, size_t n, float alpha, float limit);
+void bk_clamped_glu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n,
+                        float alpha, float limit);
+
 void bk_silu_fwd_ref(float *out, const float *in, size_t n);
 void bk_silu_bwd_ref(float *din, const float *dout, const float *in, size_t n);
 void bk_swiglu_fwd_ref(float *out, const float *gate, const float *up, size_t n);

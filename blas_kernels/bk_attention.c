@@ -174,6 +174,7 @@ typedef struct {
     const float *q, *k, *v, *dout, *dlse, *o;
     const int32_t *q_pos, *k_pos;
     const bk_attn_dims *d;
+    double *dsink; /* backward with sinks: (B, Hq) per batch row, summed over rows by the caller */
 } attn_job;
 
 /* Runs n independent items (batch rows, or (batch row, kv head) pairs) on the kernel pool.  The
@@ -227,7 +228,10 @@ BK_CLONES static void attention_fwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
                 int32_t qlo, qhi;
                 pos_range(qp, nq, &qlo, &qhi);
                 memset(acc, 0, (size_t)nq * Dv * sizeof *acc);
-                for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0.0;
+                /* a sink is a column seen by every row, with no value: it starts the running max and sum */
+                for (int i = 0; i < nq; i++)
+                    if (d->sinks) m[i] = d->sinks[h], l[i] = 1.0;
+                    else m[i] = -INFINITY, l[i] = 0.0;
                 for (int t = 0, j0 = 0; j0 < Tk; t++, j0 += bk) {
                     if (tile_hidden(kmin[t], kmax[t], qlo, qhi, W))
                         continue; // no query of this tile sees any key of it
@@ -289,8 +293,28 @@ void bk_attention_fwd(float *out, float *lse, const float *q, const float *k, co
     check_dims(d);
     if (d->B == 0 || d->Tq == 0) return;
     BK_ASSERT(out && lse && q && q_pos && (d->Tk == 0 || (k && v && k_pos)));
-    attn_job J = {out, lse, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, q_pos, k_pos, d};
+    attn_job J = {out, lse, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, q_pos, k_pos, d, NULL};
     run_rows((int64_t)d->B * d->Hkv, attention_fwd_rows, &J);
+}
+
+/* The sinks' gradient of a backward call: (B, Hq) zeros, one row per batch row (the items of
+ * different batch rows run in parallel and share heads); sink_parts_sum adds the rows into dsinks in
+ * batch order, so the bits do not depend on the threads. */
+static double *sink_parts_new(const bk_attn_dims *d)
+{
+    BK_ASSERT(d->dsinks != NULL);
+    double *p = bk_xmalloc((size_t)d->B * d->Hq * sizeof *p + sizeof *p);
+    memset(p, 0, (size_t)d->B * d->Hq * sizeof *p);
+    return p;
+}
+static void sink_parts_sum(double *p, const bk_attn_dims *d)
+{
+    for (int h = 0; h < d->Hq; h++) {
+        double s = 0.0;
+        for (int b = 0; b < d->B; b++) s += p[(size_t)b * d->Hq + h];
+        d->dsinks[h] += (float)s;
+    }
+    free(p);
 }
 
 /* Items [u_lo, u_hi) of the backward pass. */
@@ -332,6 +356,9 @@ BK_CLONES static void attention_bwd_rows(int64_t u_lo, int64_t u_hi, void *arg)
                     double s = dot_double(go, o, Dv);
                     if (dlse) s -= dlse[((size_t)b * Hq + h) * Tq + i0 + i];
                     Dvec[i] = (float)s;
+                    /* the sink's column: p_sink = e^(sink - lse), dS_sink = p_sink (0 - Dvec) */
+                    if (d->sinks && L[i] != -INFINITY)
+                        J->dsink[(size_t)b * Hq + h] -= exp((double)d->sinks[h] - (double)L[i]) * s;
                 }
                 for (int t = 0, j0 = 0; j0 < Tk; t++, j0 += bk) {
                     if (tile_hidden(kmin[t], kmax[t], qlo, qhi, W)) continue;
@@ -399,8 +426,10 @@ void bk_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
     check_dims(d);
     if (d->B == 0 || d->Tq == 0 || d->Tk == 0) return;
     BK_ASSERT(dq && dk && dv && dout && out && lse && q && k && v && q_pos && k_pos);
-    attn_job J = {NULL, (float *)lse, dq, dk, dv, q, k, v, dout, dlse, out, q_pos, k_pos, d};
+    attn_job J = {NULL, (float *)lse, dq, dk, dv, q, k, v, dout, dlse, out, q_pos, k_pos, d, NULL};
+    if (d->sinks) J.dsink = sink_parts_new(d);
     run_rows((int64_t)d->B * d->Hkv, attention_bwd_rows, &J);
+    if (d->sinks) sink_parts_sum(J.dsink, d);
 }
 
 /* ---- reference ---- */
@@ -429,7 +458,9 @@ void bk_attention_fwd_ref(float *out, float *lse, const float *q, const float *k
                     if (d->soft_cap > 0.0f) s[j] = d->soft_cap * tanh(s[j] / d->soft_cap);
                     if (s[j] > mx) mx = s[j];
                 }
-                double z = 0.0;
+                const double sink = d->sinks ? (double)d->sinks[h] : -INFINITY; /* a column with no value */
+                if (sink > mx) mx = sink;
+                double z = d->sinks ? exp(sink - mx) : 0.0;
                 for (int c = 0; c < Dv; c++) o[c] = 0.0;
                 if (mx > -INFINITY)
                     for (int j = 0; j < Tk; j++) {
@@ -459,7 +490,9 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
     double *gq = calloc(nq + 1, sizeof *gq), *gk = calloc(nk + 1, sizeof *gk), *gv = calloc(nv + 1, sizeof *gv);
     double *p = bk_xmalloc((size_t)(Tk + 1) * sizeof *p), *dp = bk_xmalloc((size_t)(Tk + 1) * sizeof *dp);
     double *dcap = bk_xmalloc((size_t)(Tk + 1) * sizeof *dcap); // d capped score / d raw score
-    BK_ASSERT(gq && gk && gv);
+    double *gsink = calloc((size_t)Hq, sizeof *gsink);
+    BK_ASSERT(gq && gk && gv && gsink);
+    BK_ASSERT(!d->sinks || d->dsinks);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < Hq; h++)
             for (int i = 0; i < Tq; i++) {
@@ -482,11 +515,15 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
                     }
                     if (p[j] > mx) mx = p[j];
                 }
+                const double sink = d->sinks ? (double)d->sinks[h] : -INFINITY;
+                if (sink > mx) mx = sink;
                 if (mx == -INFINITY) continue; // fully masked: no gradient
                 for (int j = 0; j < Tk; j++) {
                     p[j] = p[j] == -INFINITY ? 0.0 : exp(p[j] - mx);
                     z += p[j];
                 }
+                const double psink_u = d->sinks ? exp(sink - mx) : 0.0; // the sink's unnormalised weight
+                z += psink_u;
                 double Dsum = 0.0;
                 for (int j = 0; j < Tk; j++) {
                     p[j] /= z;
@@ -496,6 +533,7 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
                     Dsum += p[j] * dp[j];
                 }
                 double gl = dlse ? dlse[((size_t)b * Hq + h) * Tq + i] : 0.0;
+                if (d->sinks) gsink[h] += (psink_u / z) * (gl - Dsum); // its value is 0: dp_sink = 0
                 for (int j = 0; j < Tk; j++) {
                     if (p[j] == 0.0) continue;
                     const size_t kj = ((size_t)b * Tk + j) * Hkv + g;
@@ -510,7 +548,9 @@ void bk_attention_bwd_ref(float *dq, float *dk, float *dv, const float *dout, co
     for (size_t i = 0; i < nq; i++) dq[i] += (float)gq[i];
     for (size_t i = 0; i < nk; i++) dk[i] += (float)gk[i];
     for (size_t i = 0; i < nv; i++) dv[i] += (float)gv[i];
-    free(gq), free(gk), free(gv), free(p), free(dp), free(dcap);
+    if (d->sinks)
+        for (int h = 0; h < Hq; h++) d->dsinks[h] += (float)gsink[h];
+    free(gq), free(gk), free(gv), free(p), free(dp), free(dcap), free(gsink);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -538,13 +578,14 @@ BK_CLONES static void attention_dot_fwd_rows(int64_t b_lo, int64_t b_hi, void *a
             score_tile(P, Tk, Q, ldq, K, ldk, Tq, Tk, Dqk, d->scale, 0.0f, NULL, qp, kp, d->window,
                        0); /* no soft cap: refused with this kernel */
             for (int i = 0; i < Tq; i++) {
-                float *s = P + (size_t)i * Tk, m = -INFINITY;
+                /* with a sink, MaxText's concatenated column: in the max and the sum, not in P */
+                float *s = P + (size_t)i * Tk, m = d->sinks ? d->sinks[h] : -INFINITY;
                 for (int j = 0; j < Tk; j++) m = s[j] > m ? s[j] : m;
                 if (m == -INFINITY) { // no visible key: a zero row, as the blocked kernel
                     memset(s, 0, (size_t)Tk * sizeof *s);
                     continue;
                 }
-                double l = 0.0;
+                double l = d->sinks ? (double)bk_expf(d->sinks[h] - m) : 0.0;
                 for (int j = 0; j < Tk; j++) {
                     s[j] = s[j] == -INFINITY ? 0.0f : bk_expf(s[j] - m);
                     l += s[j];
@@ -567,7 +608,7 @@ void bk_attention_dot_fwd(float *out, float *probs, const float *q, const float 
         memset(out, 0, (size_t)d->B * d->Tq * d->Hq * d->Dv * sizeof *out);
         return;
     }
-    attn_job J = {out, probs, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, q_pos, k_pos, d};
+    attn_job J = {out, probs, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, q_pos, k_pos, d, NULL};
     run_rows(d->B, attention_dot_fwd_rows, &J);
 }
 
@@ -594,9 +635,11 @@ BK_CLONES static void attention_dot_bwd_rows(int64_t b_lo, int64_t b_hi, void *a
             for (int i = 0; i < Tq; i++) {
                 const float *p = P + (size_t)i * Tk;
                 float *s = dS + (size_t)i * Tk;
-                double dot = 0.0;
-                for (int j = 0; j < Tk; j++) dot += (double)s[j] * p[j];
+                double dot = 0.0, mass = 0.0;
+                for (int j = 0; j < Tk; j++) dot += (double)s[j] * p[j], mass += p[j];
                 for (int j = 0; j < Tk; j++) s[j] = p[j] * (s[j] - (float)dot);
+                /* the sink's probability is what the keys leave (a zero row: none), its value 0 */
+                if (d->sinks && mass > 0.0) J->dsink[(size_t)b * Hq + h] -= (1.0 - mass) * dot;
             }
             bk_gemm(0, 0, Tq, Dqk, Tk, d->scale, dS, Tk, K, ldk, 0.0f, dQ, ldq);
             bk_gemm(1, 0, Tk, Dqk, Tq, d->scale, dS, Tk, Q, ldq, 1.0f, dK, ldk);
@@ -615,6 +658,8 @@ void bk_attention_dot_bwd(float *dq, float *dk, float *dv, const float *dout, co
     if (d->Tk == 0) return;
     memset(dk, 0, (size_t)d->B * d->Tk * d->Hkv * d->Dqk * sizeof *dk);
     memset(dv, 0, (size_t)d->B * d->Tk * d->Hkv * d->Dv * sizeof *dv);
-    attn_job J = {NULL, NULL, dq, dk, dv, q, k, v, dout, NULL, probs, NULL, NULL, d};
+    attn_job J = {NULL, NULL, dq, dk, dv, q, k, v, dout, NULL, probs, NULL, NULL, d, NULL};
+    if (d->sinks) J.dsink = sink_parts_new(d);
     run_rows(d->B, attention_dot_bwd_rows, &J);
+    if (d->sinks) sink_parts_sum(J.dsink, d);
 }

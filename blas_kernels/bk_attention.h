@@ -5,7 +5,7 @@
  * col > row - W and col <= row, so a query sees itself and the W - 1 keys before it), so permuted
  * (load-balanced context parallel) or chunked sequences mask correctly and Tq != Tk is fine. GQA: query head h reads kv
  * head h / (Hq / Hkv). Dv may differ from Dqk (MLA: 192 vs 128). A query with no visible key gets
- * out = 0, lse = -INFINITY and zero gradients.
+ * out = 0, lse = -INFINITY and zero gradients (with sinks: out = 0, lse = sink).
  */
 #ifndef BK_ATTENTION_H
 #define BK_ATTENTION_H
@@ -22,6 +22,13 @@ typedef struct {
     int block_k;    // key tile rows, 0 = default (128)
     float soft_cap; // attn_logits_soft_cap: scores s -> cap * tanh(s / cap) after the scale; 0 = off
     int window;     // sliding window (MaxText local_sliding): key j also needs k_pos[j] > q_pos[i] - window; 0 = off
+    /* Attention sinks (MaxText attention_sink, attention_op.py compute_local_attention): one learned
+     * logit per query head joins every row's softmax as an extra column whose value is dropped, so
+     * p_j = e^(s_j) / (e^(sink_h) + sum_k e^(s_k)) and out = sum_j p_j v_j; lse includes the sink.
+     * sinks (Hq) or NULL = none.  dsinks (Hq), backward only: receives += d loss / d sink_h =
+     * -sum over (batch, query) of p_sink (sum(dO O) - dlse), reduced over batch rows in order. */
+    const float *sinks;
+    float *dsinks;
 } bk_attn_dims;
 
 void bk_attention_fwd(float *out,           // (B, Tq, Hq, Dv)

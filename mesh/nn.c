@@ -367,6 +367,73 @@ sim_status mesh_nn_rope(mesh_tape *t, mesh_var *x, const mesh_array *positions, 
     return SIM_OK;
 }
 
+/* ------------------------------------------------------------ bias */
+
+static sim_status bias_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_var *x = e->in[0], *bias = e->in[1], *y = e->out[0];
+    const mesh_array *ba = &e->saved[0];
+    mesh_array *dy = &y->grad; /* y's dims + partial P */
+    const int r = y->val.rank, rb = ba->rank;
+    mesh_spec bs = ba->spec;
+    bs.partial = dy->spec.partial;
+    for (int d = 0; d < r - rb; d++) bs.partial |= axes_mask(dim_axes(&dy->spec, d));
+    mesh_array db;
+    SIM_TRY(new_cot(t, "bias/dbias", rb, ba->shape, &bs, &db));
+    if (dy->data) { /* the sum over the leading rows, in row order */
+        const int64_t w = (int64_t)ba->nlocal, rows = w ? (int64_t)dy->nlocal / w : 0;
+        double *acc = calloc((size_t)w + 1, sizeof *acc);
+        SIM_ASSERT(acc);
+        const float *g = dy->data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < w; j++) acc[j] += g[i * w + j];
+        for (int64_t j = 0; j < w; j++) ((float *)db.data)[j] = (float)acc[j];
+        free(acc);
+    }
+    sim_device_add_cost(c->dev, 0.0, (double)dy->nlocal + (double)ba->nlocal, 0.0, e->tag);
+    char tag[SIM_TAG_MAX];
+    SIM_TRY(mesh_tape_accumulate(t, bias, &db, mesh_tape_tag(t, "bias/dbias", tag, sizeof tag)));
+    mesh_array dx = *dy; /* x's cotangent is y's */
+    y->has_grad = false;
+    return mesh_tape_accumulate(t, x, &dx, e->tag);
+}
+
+sim_status mesh_nn_bias_add(mesh_tape *t, mesh_var *x, mesh_var *bias, const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    const int r = x->val.rank, rb = bias->val.rank;
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    SIM_ASSERT(rb >= 1 && rb <= r);
+    for (int d = 0; d < rb; d++)
+        if (bias->val.shape[d] != x->val.shape[r - rb + d])
+            return sim_err(SIM_ERR_INTERNAL, "%s: bias dim %d (%lld) does not fit x's dim %d (%lld)", tag, d,
+                           (long long)bias->val.shape[d], r - rb + d, (long long)x->val.shape[r - rb + d]);
+    mesh_spec xs = x->val.spec, bs;
+    xs.partial = 0; /* a partial sum gets its bias once: reduced first */
+    mesh_spec_init(&bs, rb);
+    for (int d = 0; d < rb; d++) set_dim(&bs, d, &xs, r - rb + d);
+    mesh_array xa, ba;
+    bool xo, bo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &xs, tag, &xa, &xo));
+    SIM_TRY(mesh_nn_operand(t, &bias->val, &bs, tag, &ba, &bo));
+    SIM_TRY(new_out(t, name, r, x->val.shape, &xs, out));
+    if (xa.data) {
+        const int64_t w = (int64_t)ba.nlocal, rows = w ? (int64_t)xa.nlocal / w : 0;
+        const float *xv = xa.data, *bv = ba.data;
+        float *yv = (*out)->val.data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < w; j++) yv[i * w + j] = xv[i * w + j] + bv[j];
+    }
+    if (xo) mesh_array_free(c->dev, &xa);
+    sim_device_add_cost(c->dev, 0.0, 2.0 * (double)(*out)->val.nlocal + (double)ba.nlocal, 0.0, tag);
+    mesh_var *in[2] = {x, bias};
+    mesh_entry *e = mesh_tape_record(t, bias_vjp, tag, 2, in, 1, out);
+    keep(t, e, &ba, bo);
+    return SIM_OK;
+}
+
 /* ------------------------------------------------------------ attention */
 
 static bk_attn_dims attn_dims(const mesh_array *q, const mesh_array *k, const mesh_array *v, double scale,
@@ -457,9 +524,19 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "attention/dq", 4, qa->shape, &qs, &dq));
     SIM_TRY(new_cot(t, "attention/dk", 4, ka->shape, &ks, &dk));
     SIM_TRY(new_cot(t, "attention/dv", 4, va->shape, &vs, &dv));
+    /* the sinks' cotangent: on the heads' axes, partial over the axes of the batch and the sequence */
+    mesh_array dsink = {0};
+    const mesh_array *sa = e->nin == 4 ? &e->saved[6] : NULL;
+    if (sa) {
+        mesh_spec ss = sa->spec;
+        ss.partial = P | tmask;
+        for (int i = 0; i < qa->spec.n_axes[0]; i++) ss.partial |= 1u << qa->spec.axes[0][i];
+        SIM_TRY(new_cot(t, "attention/dsinks", 1, sa->shape, &ss, &dsink));
+    }
     attention_cost(mesh_tape_ctx(t)->dev, qa, ka, va, (int64_t)e->f[4], true, e->f[3], e->tag);
     if (dy->data) {
         bk_attn_dims d = attn_dims(qa, ka, va, e->f[0], e->f[2], (int64_t)e->f[4]);
+        if (sa) d.sinks = sa->data, d.dsinks = dsink.data;
         if (e->f[1] != 0.0) /* dot-product: `lse` holds the saved probabilities */
             bk_attention_dot_bwd(dq.data, dk.data, dv.data, dy->data, lse->data, qa->data, ka->data, va->data, &d);
         else
@@ -469,7 +546,9 @@ static sim_status attention_vjp(mesh_tape *t, mesh_entry *e)
     char tag[SIM_TAG_MAX];
     SIM_TRY(mesh_tape_accumulate(t, q, &dq, mesh_tape_tag(t, "attention/dq", tag, sizeof tag)));
     SIM_TRY(mesh_tape_accumulate(t, k, &dk, mesh_tape_tag(t, "attention/dk", tag, sizeof tag)));
-    return mesh_tape_accumulate(t, v, &dv, mesh_tape_tag(t, "attention/dv", tag, sizeof tag));
+    SIM_TRY(mesh_tape_accumulate(t, v, &dv, mesh_tape_tag(t, "attention/dv", tag, sizeof tag)));
+    if (e->nin < 4) return SIM_OK;
+    return mesh_tape_accumulate(t, e->in[3], &dsink, mesh_tape_tag(t, "attention/dsinks", tag, sizeof tag));
 }
 
 /* MaxText's qk_product in explicit mode: einsum('btkgd,bskd->bkgts', query reshaped to
@@ -509,6 +588,13 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
                                     double scale, double soft_cap, int64_t window, bool dot,
                                     const mesh_nn_splash *splash, const char *name, mesh_var **out)
 {
+    return mesh_nn_attention_sinks(t, q, k, v, NULL, q_pos, scale, soft_cap, window, dot, splash, name, out);
+}
+
+sim_status mesh_nn_attention_sinks(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, mesh_var *sinks,
+                                   const mesh_array *q_pos, double scale, double soft_cap, int64_t window, bool dot,
+                                   const mesh_nn_splash *splash, const char *name, mesh_var **out)
+{
     SIM_ASSERT(window >= 0 && window <= INT32_MAX);
     mesh_ctx *c = mesh_tape_ctx(t);
     char tag[SIM_TAG_MAX];
@@ -540,8 +626,17 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     set_dim(&qps, 1, &qs, 1);
     mesh_spec_init(&kps, 2);
     set_dim(&kps, 0, &qs, 0);
-    mesh_array qa, ka, va, qp, kp, lse;
-    bool qo, ko, vo, qpo, kpo;
+    mesh_array qa, ka, va, qp, kp, lse, sa;
+    bool qo, ko, vo, qpo, kpo, so = false;
+    if (sinks) { /* (heads): the query heads' sharding (attention_op.py shards sinks as HEAD) */
+        if (sinks->val.rank != 1 || sinks->val.shape[0] != q->val.shape[2])
+            return sim_err(SIM_ERR_INPUT, "%s: the sinks must be one logit per query head (%lld)", tag,
+                           (long long)q->val.shape[2]);
+        mesh_spec ss;
+        mesh_spec_init(&ss, 1);
+        set_dim(&ss, 0, &qs, 2);
+        SIM_TRY(mesh_nn_operand(t, &sinks->val, &ss, tag, &sa, &so));
+    }
     SIM_TRY(mesh_nn_operand(t, &q->val, &qs, tag, &qa, &qo));
     SIM_TRY(mesh_nn_operand(t, &k->val, &ks, tag, &ka, &ko));
     SIM_TRY(mesh_nn_operand(t, &v->val, &ks, tag, &va, &vo));
@@ -569,6 +664,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     }
     if (!replayed && qa.data) {
         bk_attn_dims d = attn_dims(&qa, &ka, &va, scale, soft_cap, window);
+        if (sinks) d.sinks = sa.data;
         if (dot) bk_attention_dot_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
         else bk_attention_fwd((*out)->val.data, lse.data, qa.data, ka.data, va.data, qp.data, kp.data, &d);
     }
@@ -579,8 +675,8 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     /* the splash block count is a causal grid's: with a window the FLOPs stand */
     const mesh_nn_splash *sp = dot || window > 0 ? NULL : splash;
     attention_cost(c->dev, &qa, &ka, &va, window, false, splash_work(sp, &qa, &ka, &va, false), tag);
-    mesh_var *in[3] = {q, k, v};
-    mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, 3, in, 1, out);
+    mesh_var *in[4] = {q, k, v, sinks};
+    mesh_entry *e = mesh_tape_record(t, attention_vjp, tag, sinks ? 4 : 3, in, 1, out);
     if (e)
         e->f[0] = scale, e->f[1] = dot ? 1.0 : 0.0, e->f[2] = soft_cap, e->f[3] = splash_work(sp, &qa, &ka, &va, true),
         e->f[4] = (double)window;
@@ -590,6 +686,7 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
     keep(t, e, &lse, true);
     keep(t, e, &qp, qpo);
     keep(t, e, &kp, kpo);
+    if (sinks) keep(t, e, &sa, so);
     return SIM_OK;
 }
 

@@ -57,6 +57,18 @@ sim_status mesh_nn_attention_kernel(mesh_tape *t, mesh_var *q, mesh_var *k, mesh
                                     double scale, double soft_cap, int64_t window, bool dot,
                                     const mesh_nn_splash *splash, const char *name, mesh_var **out);
 
+/* The same with attention sinks (MaxText attention_sink): sinks (Hq) one learned logit per query
+ * head in every row's softmax (bk_attention.h), brought to the query heads' sharding; its gradient
+ * is reduced over the axes of the batch and the sequence.  NULL sinks: mesh_nn_attention_kernel. */
+sim_status mesh_nn_attention_sinks(mesh_tape *t, mesh_var *q, mesh_var *k, mesh_var *v, mesh_var *sinks,
+                                   const mesh_array *q_pos, double scale, double soft_cap, int64_t window, bool dot,
+                                   const mesh_nn_splash *splash, const char *name, mesh_var **out);
+
+/* y = x + bias broadcast over x's leading dims (bias's shape is x's trailing dims): a projection's
+ * use_bias (MaxText DenseGeneral).  A partial x is reduced first; y keeps x's sharding, the bias is
+ * brought to it, and its gradient sums the leading dims (partial over their axes). */
+sim_status mesh_nn_bias_add(mesh_tape *t, mesh_var *x, mesh_var *bias, const char *name, mesh_var **out);
+
 /* out (B, T, E) = table[tokens]: table (V, E) may be sharded on V (the
  * lookup is then partial over those axes) and E; axes that also shard the
  * tokens are gathered out of the table first, or, with ctx.embed_all_to_all

@@ -27,7 +27,7 @@
 #include "mesh/ctx.h"
 #include "sim/collectives.h"
 
-enum { MESH_ENTRY_MAX_IN = 6, MESH_ENTRY_MAX_SAVED = 8 };
+enum { MESH_ENTRY_MAX_IN = 8, MESH_ENTRY_MAX_SAVED = 8 };
 
 typedef struct mesh_tape mesh_tape;
 

@@ -94,9 +94,44 @@ static void test_silu_swiglu_fd(void **state)
     assert_true(eg <= FD_RTOL && eu <= FD_RTOL);
 }
 
+/* gpt-oss's clamped GLU against hand values (g = min(gate, 7), u = clip(up, -7, 7),
+ * g sigmoid(1.702 g) (u + 1)) and its backward against central differences away from the clip
+ * points, where the clipped inputs get exactly no gradient. */
+static void test_clamped_glu(void **state)
+{
+    (void)state;
+    const float gate[6] = {0.5f, -1.25f, 9.0f, 2.0f, 7.5f, -3.0f}, up[6] = {0.25f, -8.0f, 1.0f, 7.25f, -0.5f, 3.0f};
+    float out[6], dg[6] = {0}, du[6] = {0}, dout[6] = {1.0f, -0.5f, 0.25f, 2.0f, 1.5f, -1.0f};
+    bk_clamped_glu_fwd(out, gate, up, 6, 1.702f, 7.0f);
+    for (int i = 0; i < 6; i++) {
+        double g = fmin(gate[i], 7.0), u = fmax(-7.0, fmin(up[i], 7.0));
+        double want = g / (1.0 + exp(-1.702 * g)) * (u + 1.0);
+        assert_true(fabs(out[i] - want) <= 1e-6 * (1.0 + fabs(want)));
+    }
+    bk_clamped_glu_bwd(dg, du, dout, gate, up, 6, 1.702f, 7.0f);
+    assert_true(dg[2] == 0.0f && dg[4] == 0.0f); /* gate above the limit */
+    assert_true(du[1] == 0.0f && du[3] == 0.0f); /* up outside [-limit, limit] */
+    const double eps = 1e-3;
+    for (int i = 0; i < 6; i++) {
+        float gp[1] = {gate[i] + (float)eps}, gm[1] = {gate[i] - (float)eps}, u1[1] = {up[i]}, o1, o2;
+        if (gate[i] < 7.0f) {
+            bk_clamped_glu_fwd(&o1, gp, u1, 1, 1.702f, 7.0f), bk_clamped_glu_fwd(&o2, gm, u1, 1, 1.702f, 7.0f);
+            double fd = dout[i] * ((double)o1 - o2) / (2 * eps);
+            assert_true(fabs(dg[i] - fd) <= 2e-3 * (1.0 + fabs(fd)));
+        }
+        float g1[1] = {gate[i]}, up1[1] = {up[i] + (float)eps}, um[1] = {up[i] - (float)eps};
+        if (fabs(up[i]) < 7.0f) {
+            bk_clamped_glu_fwd(&o1, g1, up1, 1, 1.702f, 7.0f), bk_clamped_glu_fwd(&o2, g1, um, 1, 1.702f, 7.0f);
+            double fd = dout[i] * ((double)o1 - o2) / (2 * eps);
+            assert_true(fabs(du[i] - fd) <= 2e-3 * (1.0 + fabs(fd)));
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_clamped_glu),
         cmocka_unit_test(test_silu_swiglu_vs_ref),
         cmocka_unit_test(test_silu_swiglu_fd),
     };

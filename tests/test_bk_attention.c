@@ -1,6 +1,6 @@
 /* test_bk_attention.c — blocked causal attention against the naive _ref twin, finite
  * differences, permuted / chunked positions, tiles not dividing T, fully masked rows, the sliding
- * window. */
+ * window, attention sinks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -122,7 +122,7 @@ static void test_attention_vs_ref(void **state)
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int *x = cfg[c];
-        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.0f, x[7], x[8], 0.0f, 0};
+        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.0f, x[7], x[8], 0.0f, 0, NULL, NULL};
         d.scale = (float)(1.0 / sqrt((double)d.Dqk)) * (c % 2 ? 3.0f : 1.0f); // peaky and flat softmaxes
         prob_t p = prob_new(&r, d);
         check_vs_ref(&p, &r, "contiguous");
@@ -150,7 +150,7 @@ static double fd_loss(void *c_)
 static void fd_check(float soft_cap, float scale)
 {
     bk_rng r = {52};
-    bk_attn_dims d = {2, 5, 7, 4, 2, 6, 4, scale, 2, 3, soft_cap, 0};
+    bk_attn_dims d = {2, 5, 7, 4, 2, 6, 4, scale, 2, 3, soft_cap, 0, NULL, NULL};
     prob_t p = prob_new(&r, d);
     /* batch 1 gets shuffled key positions and one query that sees nothing (position -1) */
     const int32_t kp1[7] = {6, 0, 3, 5, 1, 2, 4}, qp1[5] = {2, -1, 6, 4, 3};
@@ -196,7 +196,8 @@ static void test_attention_soft_cap(void **state)
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int *x = cfg[c];
-        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 3.0f / sqrtf((float)x[5]), x[7], x[8], 1.5f, 0};
+        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 3.0f / sqrtf((float)x[5]),
+                          x[7], x[8], 1.5f, 0,    NULL, NULL};
         prob_t p = prob_new(&r, d);
         check_vs_ref(&p, &r, "soft cap");
         float *o0 = zeros(p.no), *l0 = zeros(p.nl);
@@ -226,7 +227,7 @@ static void test_attention_permuted(void **state)
 {
     (void)state;
     bk_rng r = {53};
-    bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5, 0.0f, 0};
+    bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5, 0.0f, 0, NULL, NULL};
     prob_t a = prob_new(&r, d), b = prob_new(&r, d);
     /* MaxText load-balanced order for 4 chunks of 4 over 2 shards: chunks 0,3 | 1,2 */
     int perm[16];
@@ -274,7 +275,7 @@ static void test_attention_chunk(void **state)
 {
     (void)state;
     bk_rng r = {54};
-    bk_attn_dims full = {1, 17, 17, 2, 1, 8, 8, 0.35f, 4, 4, 0.0f, 0};
+    bk_attn_dims full = {1, 17, 17, 2, 1, 8, 8, 0.35f, 4, 4, 0.0f, 0, NULL, NULL};
     prob_t f = prob_new(&r, full);
     bk_attention_fwd(f.out, f.lse, f.q, f.k, f.v, f.qp, f.kp, &full);
     bk_attn_dims cd = full;
@@ -296,7 +297,7 @@ static void test_attention_fully_masked(void **state)
 {
     (void)state;
     bk_rng r = {55};
-    bk_attn_dims d = {2, 6, 5, 2, 1, 4, 3, 0.5f, 2, 2, 0.0f, 0};
+    bk_attn_dims d = {2, 6, 5, 2, 1, 4, 3, 0.5f, 2, 2, 0.0f, 0, NULL, NULL};
     prob_t p = prob_new(&r, d);
     /* keys at positions 10..14; queries 8, 12, 9, 14, 3, 11: rows 0, 2, 4 see nothing */
     const int32_t qp[6] = {8, 12, 9, 14, 3, 11};
@@ -339,7 +340,7 @@ static void test_attention_tile_invariance(void **state)
 {
     (void)state;
     bk_rng r = {56};
-    bk_attn_dims d = {1, 33, 33, 2, 2, 8, 8, 0.35f, 1, 1, 0.0f, 0};
+    bk_attn_dims d = {1, 33, 33, 2, 2, 8, 8, 0.35f, 1, 1, 0.0f, 0, NULL, NULL};
     prob_t p = prob_new(&r, d);
     float *o1 = zeros(p.no), *l1 = zeros(p.nl);
     bk_attention_fwd(o1, l1, p.q, p.k, p.v, p.qp, p.kp, &d);
@@ -429,14 +430,14 @@ static void test_attention_window(void **state)
         const int *x = cfg[c];
         bk_attn_dims d = {
             x[0], x[1], x[2], x[3], x[4], x[5], x[6], 1.0f / sqrtf((float)x[5]), x[7], x[8], (float)x[10] / 10.0f,
-            x[9]};
+            x[9], NULL, NULL};
         prob_t p = prob_new(&r, d);
         check_vs_ref(&p, &r, "window");
         prob_free(&p);
     }
     /* load-balanced positions: 4 chunks of 4 stored as 0,3 | 1,2 */
     {
-        bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5, 0.0f, 6};
+        bk_attn_dims d = {1, 16, 16, 4, 2, 8, 6, 0.4f, 3, 5, 0.0f, 6, NULL, NULL};
         prob_t p = prob_new(&r, d);
         const int chunks[4] = {0, 3, 1, 2};
         for (int ch = 0; ch < 4; ch++)
@@ -446,7 +447,7 @@ static void test_attention_window(void **state)
     }
     /* W = 1: each query sees only its own key */
     {
-        bk_attn_dims d = {2, 19, 19, 4, 2, 8, 8, 0.5f, 4, 4, 0.0f, 1};
+        bk_attn_dims d = {2, 19, 19, 4, 2, 8, 8, 0.5f, 4, 4, 0.0f, 1, NULL, NULL};
         prob_t p = prob_new(&r, d);
         bk_attention_fwd(p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &d);
         for (int b = 0; b < d.B; b++)
@@ -466,7 +467,7 @@ static void test_attention_window(void **state)
     }
     /* W >= T: the causal result, bit for bit (nothing is masked beyond causality) */
     {
-        bk_attn_dims d = {1, 23, 23, 2, 1, 8, 8, 0.35f, 8, 8, 0.0f, 23};
+        bk_attn_dims d = {1, 23, 23, 2, 1, 8, 8, 0.35f, 8, 8, 0.0f, 23, NULL, NULL};
         prob_t p = prob_new(&r, d);
         float *o0 = zeros(p.no), *l0 = zeros(p.nl);
         bk_attn_dims u = d;
@@ -524,7 +525,7 @@ static void test_attention_threads_same_bits(void **state)
 {
     (void)state;
     bk_rng r = {57};
-    bk_attn_dims d = {3, 150, 150, 4, 2, 16, 8, 0.25f, 64, 32, 0.0f, 0};
+    bk_attn_dims d = {3, 150, 150, 4, 2, 16, 8, 0.25f, 64, 32, 0.0f, 0, NULL, NULL};
     prob_t p = prob_new(&r, d);
     float *dout = zeros(p.no);
     bk_rng_fill(&r, dout, p.no, -1, 1);
@@ -548,6 +549,132 @@ static void test_attention_threads_same_bits(void **state)
     prob_free(&p);
 }
 
+/* ---- attention sinks (MaxText attention_sink) ---- */
+
+/* Loss of the _ref forward for finite differences over the sinks. */
+static double fd_sink_loss(void *c_)
+{
+    fd_ctx *c = c_;
+    return fd_loss(c);
+}
+
+/* Sinks as attention_op.py compute_local_attention adds them: one logit per query head
+ * concatenated to every score row, in the max and the sum, its column dropped before P V.  The
+ * blocked and dot-product kernels match the double twin (out, lse, dq, dk, dv and the sinks'
+ * gradient) with and without the window, the soft cap and dlse, on contiguous and permuted
+ * positions; the twin's sink gradient matches finite differences of its forward; and hand facts
+ * the twin does not supply: a query that sees one key gets out = v e^s / (e^s + e^sink), a sink of
+ * -inf is no sink, and a query that sees nothing gets out = 0 and lse = its sink. */
+static void test_attention_sinks(void **state)
+{
+    (void)state;
+    bk_rng r = {91};
+    /* B, Tq, Tk, Hq, Hkv, Dqk, Dv, block_q, block_k, window, cap x10, permuted */
+    const int cfg[][12] = {
+        {2, 5, 5, 2, 1, 16, 16, 2, 3, 0, 0, 0},        {1, 17, 17, 4, 2, 12, 8, 4, 5, 3, 0, 0},
+        {2, 40, 40, 4, 2, 8, 8, 16, 8, 6, 15, 1},      {1, 9, 21, 3, 3, 8, 8, 0, 0, 0, 0, 0},
+        {1, 150, 150, 2, 1, 16, 8, 100, 128, 0, 0, 0}, {1, 260, 260, 2, 2, 8, 8, 0, 0, 70, 0, 0},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int *x = cfg[c];
+        bk_attn_dims d = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], 0.5f, x[7], x[8], (float)x[10] / 10.0f,
+                          x[9], NULL, NULL};
+        float *sinks = zeros((size_t)d.Hq), *ds = zeros((size_t)d.Hq), *ds_r = zeros((size_t)d.Hq);
+        bk_rng_fill(&r, sinks, (size_t)d.Hq, -1.5, 1.5);
+        d.sinks = sinks;
+        prob_t p = prob_new(&r, d);
+        if (x[11])
+            for (int b = 0; b < d.B; b++)
+                for (int i = 0; i < d.Tq; i++) p.qp[b * d.Tq + i] = p.kp[b * d.Tk + i] = (i * 7) % d.Tq;
+        float *out_r = zeros(p.no), *lse_r = zeros(p.nl), *dout = zeros(p.no), *dlse = zeros(p.nl);
+        bk_rng_fill(&r, dout, p.no, -1, 1);
+        bk_rng_fill(&r, dlse, p.nl, -1, 1);
+        bk_attention_fwd(p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &p.d);
+        bk_attention_fwd_ref(out_r, lse_r, p.q, p.k, p.v, p.qp, p.kp, &p.d);
+        assert_true(bk_rel_err(p.out, out_r, p.no) <= FWD_RTOL);
+        assert_true(bk_rel_err(p.lse, lse_r, p.nl) <= FWD_RTOL);
+        for (int pass = 0; pass < 2; pass++) {
+            const float *gl = pass ? dlse : NULL;
+            float *dq = zeros(p.nq), *dk = zeros(p.nk), *dv = zeros(p.nv);
+            float *dqr = zeros(p.nq), *dkr = zeros(p.nk), *dvr = zeros(p.nv);
+            memset(ds, 0, (size_t)d.Hq * sizeof *ds), memset(ds_r, 0, (size_t)d.Hq * sizeof *ds_r);
+            p.d.dsinks = ds;
+            bk_attention_bwd(dq, dk, dv, dout, gl, p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &p.d);
+            p.d.dsinks = ds_r;
+            bk_attention_bwd_ref(dqr, dkr, dvr, dout, gl, out_r, lse_r, p.q, p.k, p.v, p.qp, p.kp, &p.d);
+            double eq = bk_rel_err(dq, dqr, p.nq), ek = bk_rel_err(dk, dkr, p.nk), ev = bk_rel_err(dv, dvr, p.nv),
+                   es = bk_rel_err(ds, ds_r, (size_t)d.Hq);
+            if (eq > BWD_RTOL || ek > BWD_RTOL || ev > BWD_RTOL || es > BWD_RTOL)
+                print_error("sinks case %zu dlse=%d: dq %.2e dk %.2e dv %.2e dsinks %.2e\n", c, pass, eq, ek, ev, es);
+            assert_true(eq <= BWD_RTOL && ek <= BWD_RTOL && ev <= BWD_RTOL && es <= BWD_RTOL);
+            for (int h = 0; h < d.Hq; h++) assert_true(ds_r[h] != 0.0f); /* the sinks do get a gradient */
+            free(dq), free(dk), free(dv), free(dqr), free(dkr), free(dvr);
+        }
+        if (d.soft_cap == 0.0f) { /* the dot-product kernel (it has no soft cap) */
+            size_t np = (size_t)d.B * d.Hq * d.Tq * d.Tk;
+            float *probs = zeros(np), *o2 = zeros(p.no);
+            bk_attention_dot_fwd(o2, probs, p.q, p.k, p.v, p.qp, p.kp, &p.d);
+            assert_true(bk_rel_err(o2, out_r, p.no) <= FWD_RTOL);
+            float *dq = zeros(p.nq), *dk = zeros(p.nk), *dv = zeros(p.nv);
+            float *dqr = zeros(p.nq), *dkr = zeros(p.nk), *dvr = zeros(p.nv);
+            memset(ds, 0, (size_t)d.Hq * sizeof *ds), memset(ds_r, 0, (size_t)d.Hq * sizeof *ds_r);
+            p.d.dsinks = ds;
+            bk_attention_dot_bwd(dq, dk, dv, dout, probs, p.q, p.k, p.v, &p.d);
+            p.d.dsinks = ds_r;
+            bk_attention_bwd_ref(dqr, dkr, dvr, dout, NULL, out_r, lse_r, p.q, p.k, p.v, p.qp, p.kp, &p.d);
+            assert_true(bk_rel_err(dq, dqr, p.nq) <= BWD_RTOL && bk_rel_err(dk, dkr, p.nk) <= BWD_RTOL);
+            assert_true(bk_rel_err(dv, dvr, p.nv) <= BWD_RTOL);
+            /* the sink's probability is 1 - the keys' (float sums): a looser bound */
+            assert_true(bk_rel_err(ds, ds_r, (size_t)d.Hq) <= 1e-4);
+            free(probs), free(o2), free(dq), free(dk), free(dv), free(dqr), free(dkr), free(dvr);
+        }
+        free(out_r), free(lse_r), free(dout), free(dlse), free(sinks), free(ds), free(ds_r);
+        prob_free(&p);
+    }
+
+    /* the twin's sink gradient against finite differences of its forward */
+    {
+        bk_attn_dims d = {2, 5, 7, 4, 2, 6, 4, 0.5f, 2, 3, 0.0f, 3, NULL, NULL};
+        float sinks[4] = {0.3f, -0.7f, 1.1f, 0.0f}, g_sink[4] = {0};
+        d.sinks = sinks;
+        prob_t p = prob_new(&r, d);
+        float *wo = zeros(p.no), *wl = zeros(p.nl), *o = zeros(p.no), *l = zeros(p.nl);
+        bk_rng_fill(&r, wo, p.no, -1, 1);
+        bk_rng_fill(&r, wl, p.nl, -1, 1);
+        float *dq = zeros(p.nq), *dk = zeros(p.nk), *dv = zeros(p.nv);
+        bk_attention_fwd_ref(p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &p.d);
+        p.d.dsinks = g_sink;
+        bk_attention_bwd_ref(dq, dk, dv, wo, wl, p.out, p.lse, p.q, p.k, p.v, p.qp, p.kp, &p.d);
+        fd_ctx c = {&p, wo, wl, o, l};
+        double g[4];
+        bk_fd_grad(fd_sink_loss, &c, sinks, 4, FD_EPS, g);
+        double es = bk_rel_err_fd(g_sink, g, 4);
+        print_message("attention sinks fd rel err %.2e\n", es);
+        assert_true(es <= FD_RTOL);
+        free(wo), free(wl), free(o), free(l), free(dq), free(dk), free(dv);
+        prob_free(&p);
+    }
+
+    /* hand facts: one visible key, a sink of -inf, a query that sees nothing */
+    {
+        const float q[2] = {1.0f, 2.0f}, k[2] = {0.5f, -1.0f}, v[2] = {3.0f, -2.0f};
+        const int32_t qp[2] = {0, -1}, kp[1] = {0};
+        float sink = 0.25f, out[4], lse[2];
+        bk_attn_dims d = {.B = 2, .Tq = 1, .Tk = 1, .Hq = 1, .Hkv = 1, .Dqk = 2, .Dv = 2, .scale = 1.0f};
+        d.B = 1, d.sinks = &sink;
+        const double s = 1.0 * 0.5 + 2.0 * -1.0, w = exp(s) / (exp(s) + exp(0.25));
+        bk_attention_fwd(out, lse, q, k, v, qp, kp, &d);
+        assert_true(fabs(out[0] - 3.0 * w) < 1e-6 && fabs(out[1] + 2.0 * w) < 1e-6);
+        assert_true(fabs(lse[0] - log(exp(s) + exp(0.25))) < 1e-6);
+        sink = -INFINITY; /* no sink: the key's value itself */
+        bk_attention_fwd(out, lse, q, k, v, qp, kp, &d);
+        assert_true(fabs(out[0] - 3.0) < 1e-6 && fabs(out[1] + 2.0) < 1e-6 && fabs(lse[0] - s) < 1e-6);
+        sink = 0.25f; /* the query at position -1 sees no key: out 0, lse the sink */
+        bk_attention_fwd(out, lse, q, k, v, qp + 1, kp, &d);
+        assert_true(out[0] == 0.0f && out[1] == 0.0f && fabs(lse[0] - 0.25) < 1e-7);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -556,6 +683,7 @@ int main(void)
         cmocka_unit_test(test_attention_chunk),           cmocka_unit_test(test_attention_fully_masked),
         cmocka_unit_test(test_attention_tile_invariance), cmocka_unit_test(test_attention_threads_same_bits),
         cmocka_unit_test(test_attention_dot_vs_ref),      cmocka_unit_test(test_attention_window),
+        cmocka_unit_test(test_attention_sinks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
  * sums and reshards are exercised): RMSNorm with the normalised dim sharded (its sum of squares
  * all-reduced), SwiGLU, the soft cap, cross-entropy with the z-loss over a vocabulary split on
  * 'tensor', the token mean, RoPE, causal attention (flash and dot-product kernels) with the heads
- * split, the embedding lookup with the table split on 'tensor', dropout with a fixed key, and
+ * split (with the sliding window and the sinks on a split sequence too), a projection's bias, the
+ * embedding lookup with the table split on 'tensor', dropout with a fixed key, and
  * the two halves of unstack2.  The memory-op cost records are test_mesh_costs's. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -89,6 +90,20 @@ static sim_status op_attention_window(mesh_tape *t, mesh_var *const *in, const v
     const bool *dot = arg;
     return mesh_nn_attention_kernel(t, in[0], in[1], in[2], &in[3]->val, 1.0 / sqrt((double)D), 0, 2, *dot, NULL,
                                     "attention", out);
+}
+
+/* attention sinks (one logit per query head) with the window of 2: in[3] the sinks, in[4] the positions */
+static sim_status op_attention_sinks(mesh_tape *t, mesh_var *const *in, const void *arg, mesh_var **out)
+{
+    const bool *dot = arg;
+    return mesh_nn_attention_sinks(t, in[0], in[1], in[2], in[3], &in[4]->val, 1.0 / sqrt((double)D), 0, 2, *dot, NULL,
+                                   "attention", out);
+}
+
+static sim_status op_bias(mesh_tape *t, mesh_var *const *in, const void *arg, mesh_var **out)
+{
+    (void)arg;
+    return mesh_nn_bias_add(t, in[0], in[1], "bias", out);
 }
 
 static sim_status op_embed(mesh_tape *t, mesh_var *const *in, const void *arg, mesh_var **out)
@@ -240,6 +255,26 @@ static void attention_window_case(bool dot)
     check(&c);
 }
 
+/* Sinks (gpt_oss's attention_sink) with the window, the sequence split over 'data' (context
+ * parallelism) and the heads over 'tensor': the sinks enter replicated and come back reduced over the
+ * batch and sequence axes. */
+static void attention_sinks_case(bool dot, const char *sinks_spec)
+{
+    vjp_case c = {.what = dot ? "sinks, T split (dot)" : "sinks, T split (flash)",
+                  .nin = 5,
+                  .rank = {4, 4, 4, 1, 2},
+                  .shape = {{B, T, H, D}, {B, T, H, D}, {B, T, H, D}, {H}, {B, T}},
+                  .spec = {"P(None, 'data', 'tensor', None)", "P(None, 'data', 'tensor', None)",
+                           "P(None, 'data', 'tensor', None)", sinks_spec, "P(None, 'data')"},
+                  .integer = {false, false, false, false, true},
+                  .int_bound = {0, 0, 0, 0, T},
+                  .out_rank = 4,
+                  .out_shape = {B, T, H, D},
+                  .op = op_attention_sinks,
+                  .arg = &dot};
+    check(&c);
+}
+
 static void test_attention(void **state)
 {
     (void)state;
@@ -247,6 +282,29 @@ static void test_attention(void **state)
     attention_case(true);
     attention_window_case(false);
     attention_window_case(true);
+    attention_sinks_case(false, NULL);
+    attention_sinks_case(true, NULL);
+    attention_sinks_case(false, "P('tensor')");
+}
+
+/* A projection's bias (DenseGeneral use_bias) over the trailing (heads, head_dim) dims of a
+ * (B, T, H, D) activation: the bias's gradient sums the batch and sequence dims (partial over 'data'),
+ * whether it enters replicated or on the heads' axis. */
+static void test_bias(void **state)
+{
+    (void)state;
+    const char *specs[2] = {NULL, "P('tensor', None)"};
+    for (int i = 0; i < 2; i++) {
+        vjp_case c = {.what = i ? "bias (H on tensor)" : "bias (replicated)",
+                      .nin = 2,
+                      .rank = {4, 2},
+                      .shape = {{B, T, H, D}, {H, D}},
+                      .spec = {"P('data', None, 'tensor', None)", specs[i]},
+                      .out_rank = 4,
+                      .out_shape = {B, T, H, D},
+                      .op = op_bias};
+        check(&c);
+    }
 }
 
 static void test_embed(void **state)
@@ -299,10 +357,10 @@ static void test_unstack2(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_swiglu), cmocka_unit_test(test_softcap),
-        cmocka_unit_test(test_xent),      cmocka_unit_test(test_mean),   cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_attention), cmocka_unit_test(test_embed),  cmocka_unit_test(test_dropout),
-        cmocka_unit_test(test_unstack2),
+        cmocka_unit_test(test_bias),    cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_softcap), cmocka_unit_test(test_xent),      cmocka_unit_test(test_mean),
+        cmocka_unit_test(test_rope),    cmocka_unit_test(test_attention), cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_dropout), cmocka_unit_test(test_unstack2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,7 +11,7 @@
 
 #include "mesh/tape.h"
 
-enum { VJP_MAX_IN = 4 };
+enum { VJP_MAX_IN = 5 };
 
 /* Builds the op's output from its inputs (in the order of the case). */
 typedef sim_status (*vjp_op)(mesh_tape *t, mesh_var *const *in, const void *arg, mesh_var **out);

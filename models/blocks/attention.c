@@ -64,7 +64,8 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
     /* a policy that saves the three projections (minimal, save_dot_*) replaces their recomputation and
      * RoPE with the saved copies: read by nothing, left out as XLA leaves them out (model_recomputed_dead).
      * With query/key norms the projections still feed the norms' backward, so they run. */
-    md->ctx.dead_outputs = !qk_norm && model_recomputed_dead(md, MODEL_CKPT_QUERY_PROJ) &&
+    const model_attention_extra *ex = a->extra;
+    md->ctx.dead_outputs = !qk_norm && !ex && model_recomputed_dead(md, MODEL_CKPT_QUERY_PROJ) &&
                            model_recomputed_dead(md, MODEL_CKPT_KEY_PROJ) &&
                            model_recomputed_dead(md, MODEL_CKPT_VALUE_PROJ);
     if (a->qkv >= 0) SIM_TRY(fused_qkv(md, t, xq, model_param_leaf(md, t, a->qkv, l), &q, &k, &v));
@@ -72,6 +73,11 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
         SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, a->query, l), "query", 4, KV4, &q));
         SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, a->key, l), "key", 4, KV4, &k));
         SIM_TRY(model_dense(md, t, "bte,ehd->bthd", xq, model_param_leaf(md, t, a->value, l), "value", 4, KV4, &v));
+    }
+    if (ex && ex->query_bias >= 0) { /* DenseGeneral(use_bias): the bias after the product */
+        SIM_TRY(mesh_nn_bias_add(t, q, model_param_leaf(md, t, ex->query_bias, l), "query_bias", &q));
+        SIM_TRY(mesh_nn_bias_add(t, k, model_param_leaf(md, t, ex->key_bias, l), "key_bias", &k));
+        SIM_TRY(mesh_nn_bias_add(t, v, model_param_leaf(md, t, ex->value_bias, l), "value_bias", &v));
     }
     if (qk_norm) { /* Attention.__call__: query_norm and key_norm (RMSNorm over head_dim) before RoPE */
         SIM_TRY(mesh_nn_rmsnorm(t, q, model_param_leaf(md, t, a->query_norm, l), a->norm_eps, "query_norm", &q));
@@ -96,12 +102,16 @@ sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, co
     SIM_TRY(model_checkpoint_name(md, v, MODEL_CKPT_VALUE_PROJ));
     /* query_pre_attn_scalar multiplies the query after RoPE; the kernel applies it to the scores,
      * the same product (AttentionOp adds no scale of its own) */
-    SIM_TRY(mesh_nn_attention_kernel(t, q, k, v, &b->positions, a->scale, a->soft_cap, a->sliding_window, d->attn_dot,
-                                     &d->splash, "attention_op", &o));
+    mesh_var *sinks = ex && ex->sinks >= 0 ? model_param_leaf(md, t, ex->sinks, l) : NULL;
+    SIM_TRY(mesh_nn_attention_sinks(t, q, k, v, sinks, &b->positions, a->scale, a->soft_cap, a->sliding_window,
+                                    d->attn_dot, &d->splash, "attention_op", &o));
     SIM_TRY(model_checkpoint_name(md, o, MODEL_CKPT_ATTENTION_OUT));
     SIM_TRY(model_shard_as(md, t, o, "attention/out", 4, ATTN_OUT, &o));
-    return model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, model_param_leaf(md, t, a->out, l), "out",
-                             3, a->out_names, y);
+    SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_OUT_PROJ, "bthd,hde->bte", o, model_param_leaf(md, t, a->out, l),
+                              "out", 3, a->out_names, y));
+    if (ex && ex->out_bias >= 0)
+        SIM_TRY(mesh_nn_bias_add(t, *y, model_param_leaf(md, t, ex->out_bias, l), "out_bias", y));
+    return SIM_OK;
 }
 
 sim_status model_attention_global_only(const cfg_config *cfg, const char *block, const char *layer)

@@ -31,7 +31,16 @@ typedef struct {
     int64_t sliding_window;       /* attention_type=local_sliding as the layer passes it: sliding_window_size
                                      (AttentionOp's mask, attention_op.py); 0: global causal */
     const char *const *out_names; /* 3 logical names of out's out_sharding (the layer's out_sharding) */
+    const struct model_attention_extra *extra; /* biases and sinks (NULL: none) */
 } model_attention_block;
+
+/* Attention's optional parameters (gpt_oss): the projections' biases (use_bias_in_projections, from
+ * attention_bias: DenseGeneral's bias added to query, key, value and out) and the sinks
+ * (attention_sink: one softmax logit per query head, attention_op.py).  -1: none. */
+typedef struct model_attention_extra {
+    int query_bias, key_bias, value_bias, out_bias;
+    int sinks;
+} model_attention_extra;
 
 /* x (B, T, E) -> y (B, T, E), the causal self-attention of the batch's positions. */
 sim_status model_attention(model_dev *md, mesh_tape *t, const model_batch *b, const model_attention_block *a,

@@ -887,6 +887,10 @@ typedef struct {
     bool ring;                 /* ring of experts: ros is partial over the expert axes */
     unsigned keep;             /* MODEL_MOE_KEEP_* to hand to the caller (remat's first pass) */
     moe_buf wo_kept;           /* the wo product before the return, kept for MODEL_MOE_KEEP_WO */
+    bool bias;                 /* mlp_bias: the experts' wi_0, wi_1 and wo biases (saved[5..7]) */
+    bool bo_here;              /* this device adds wo's bias (rank 0 of the hidden axes: once per sum) */
+    bool clamped;              /* gpt-oss's clamped GLU (bk_clamped_glu_*) instead of SwiGLU */
+    float alpha, limit;        /* its constants */
 } moe_payload;
 
 /* What remat's first pass keeps (moe.h): buffers of the region, still accounted. */
@@ -923,7 +927,31 @@ typedef struct {
     const float *w;            /* (T, k) */
     const int32_t *idx;        /* (T, k) */
     const float *w0, *w1, *wo; /* (XL, M, Hl), (XL, M, Hl), (XL, Hl, M) */
+    const float *b0, *b1, *bo; /* mlp_bias: (XL, Hl), (XL, Hl), (XL, M); NULL: none */
+    float *db0, *db1, *dbo;    /* their gradients (backward), added to */
 } moe_ops;
+
+/* rows (grouped by expert, gs[e] rows each) += bias[e] (width w) */
+static void add_group_bias(float *rows, const float *bias, const int32_t *gs, int64_t XL, int64_t w)
+{
+    for (int64_t e = 0, r = 0; e < XL; e++)
+        for (int32_t i = 0; i < gs[e]; i++, r++)
+            for (int64_t c = 0; c < w; c++) rows[r * w + c] += bias[e * w + c];
+}
+
+/* dbias[e] += sum of expert e's rows (in row order) */
+static void sum_group_rows(float *dbias, const float *rows, const int32_t *gs, int64_t XL, int64_t w)
+{
+    double *acc = calloc((size_t)w + 1, sizeof *acc);
+    SIM_ASSERT(acc);
+    for (int64_t e = 0, r = 0; e < XL; e++) {
+        memset(acc, 0, (size_t)w * sizeof *acc);
+        for (int32_t i = 0; i < gs[e]; i++, r++)
+            for (int64_t c = 0; c < w; c++) acc[c] += rows[r * w + c];
+        for (int64_t c = 0; c < w; c++) dbias[e * w + c] += (float)acc[c];
+    }
+    free(acc);
+}
 
 /* ---- grouped SwiGLU FFN over received rows ---- */
 
@@ -1005,8 +1033,15 @@ static sim_status ffn_fwd(moe_payload *pl, const moe_ops *op, const float *in_q,
     if (g->live) {
         bk_grouped_gemm_fwd(pl->h0.p, pl->xr.p, op->w0, gs, (int)g->XL, (int)N, (int)M, (int)Hl);
         bk_grouped_gemm_fwd(pl->h1.p, pl->xr.p, op->w1, gs, (int)g->XL, (int)N, (int)M, (int)Hl);
-        bk_swiglu_fwd(act.p, pl->h0.p, pl->h1.p, (size_t)(N * Hl));
+        if (pl->bias) { /* moe.py gmm_up / dense_matmul: layer_w0 + w0_bias, layer_w1 + w1_bias per expert */
+            add_group_bias(pl->h0.p, op->b0, gs, g->XL, Hl);
+            add_group_bias(pl->h1.p, op->b1, gs, g->XL, Hl);
+        }
+        if (pl->clamped) bk_clamped_glu_fwd(act.p, pl->h0.p, pl->h1.p, (size_t)(N * Hl), pl->alpha, pl->limit);
+        else bk_swiglu_fwd(act.p, pl->h0.p, pl->h1.p, (size_t)(N * Hl));
         bk_grouped_gemm_fwd(y.p, act.p, op->wo, gs, (int)g->XL, (int)N, (int)Hl, (int)M);
+        /* wo's bias once in the sum over the hidden axes (MaxText adds it after the psum_scatter) */
+        if (pl->bias && pl->bo_here) add_group_bias(y.p, op->bo, gs, g->XL, M);
     }
     free(gs);
     ffn_cost(g, false);
@@ -1064,9 +1099,17 @@ static sim_status ffn_bwd(moe_payload *pl, const moe_ops *op, const float *dout_
         memset(dh0.p, 0, nh * 4);
         memset(dh1.p, 0, nh * 4);
         memset(dxr.p, 0, (size_t)(N * M) * 4);
-        bk_swiglu_fwd(act.p, pl->h0.p, pl->h1.p, nh);
+        if (pl->clamped) bk_clamped_glu_fwd(act.p, pl->h0.p, pl->h1.p, nh, pl->alpha, pl->limit);
+        else bk_swiglu_fwd(act.p, pl->h0.p, pl->h1.p, nh);
+        /* every hidden rank holds the whole dy: wo's bias gradient is the same on each */
+        if (pl->bias) sum_group_rows(op->dbo, dy.p, gs, g->XL, M);
         bk_grouped_gemm_bwd(da.p, dwo, dy.p, act.p, op->wo, gs, (int)g->XL, (int)N, (int)Hl, (int)M);
-        bk_swiglu_bwd(dh0.p, dh1.p, da.p, pl->h0.p, pl->h1.p, nh);
+        if (pl->clamped) bk_clamped_glu_bwd(dh0.p, dh1.p, da.p, pl->h0.p, pl->h1.p, nh, pl->alpha, pl->limit);
+        else bk_swiglu_bwd(dh0.p, dh1.p, da.p, pl->h0.p, pl->h1.p, nh);
+        if (pl->bias) {
+            sum_group_rows(op->db0, dh0.p, gs, g->XL, Hl);
+            sum_group_rows(op->db1, dh1.p, gs, g->XL, Hl);
+        }
         bk_grouped_gemm_bwd(dxr.p, dw0, dh0.p, pl->xr.p, op->w0, gs, (int)g->XL, (int)N, (int)M, (int)Hl);
         bk_grouped_gemm_bwd(dxr.p, dw1, dh1.p, pl->xr.p, op->w1, gs, (int)g->XL, (int)N, (int)M, (int)Hl);
         free(gs);
@@ -1568,6 +1611,9 @@ static moe_ops local_ops(const mesh_entry *e)
     op.w0 = e->saved[2].data;
     op.w1 = e->saved[3].data;
     op.wo = e->saved[4].data;
+    op.b0 = op.b1 = op.bo = NULL;
+    op.db0 = op.db1 = op.dbo = NULL;
+    if (e->nin == 8) op.b0 = e->saved[5].data, op.b1 = e->saved[6].data, op.bo = e->saved[7].data;
     return op;
 }
 
@@ -1600,11 +1646,22 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot(t, "moe/dwi_1", 3, w1a->shape, &w1s, &dw1));
     SIM_TRY(new_cot(t, "moe/dwo", 3, woa->shape, &wos, &dwo));
     moe_ops op = local_ops(e);
+    mesh_array db[3];
+    memset(db, 0, sizeof db);
+    if (pl->bias) { /* the biases' cotangents: as their kernels', partial where those are */
+        static const char *const bn[3] = {"moe/dwi_0_bias", "moe/dwi_1_bias", "moe/dwo_bias"};
+        for (int i = 0; i < 3; i++) {
+            mesh_spec bs = e->saved[5 + i].spec;
+            bs.partial = P | pl->p_dW;
+            SIM_TRY(new_cot(t, bn[i], 2, e->saved[5 + i].shape, &bs, &db[i]));
+        }
+        op.db0 = db[0].data, op.db1 = db[1].data, op.dbo = db[2].data;
+    }
     sim_status st = g->dense ? dense_bwd(pl, &op, dy->data, dx.data, dw.data, dw0.data, dw1.data, dwo.data)
                              : sparse_bwd(pl, &op, dy->data, dx.data, dw.data, dw0.data, dw1.data, dwo.data);
     if (st) {
-        mesh_array *all[5] = {&dx, &dw, &dw0, &dw1, &dwo};
-        for (int i = 0; i < 5; i++) mesh_array_free(c->dev, all[i]);
+        mesh_array *all[8] = {&dx, &dw, &dw0, &dw1, &dwo, &db[0], &db[1], &db[2]};
+        for (int i = 0; i < (pl->bias ? 8 : 5); i++) mesh_array_free(c->dev, all[i]);
         return st;
     }
     SIM_TRY(mesh_tape_accumulate(t, x, &dx, gtag(g, "dx", tag, sizeof tag)));
@@ -1621,6 +1678,11 @@ static sim_status experts_vjp(mesh_tape *t, mesh_entry *e)
     for (int i = 0; i < 3; i++) {
         if (st == SIM_OK) st = mesh_tape_accumulate(t, wvars[i], dws[i], gtag(g, names[i], tag, sizeof tag));
         else mesh_array_free(c->dev, dws[i]); /* not handed over after a failure */
+    }
+    static const char *const bnames[3] = {"dwi_0_bias", "dwi_1_bias", "dwo_bias"};
+    for (int i = 0; pl->bias && i < 3; i++) {
+        if (st == SIM_OK) st = mesh_tape_accumulate(t, e->in[5 + i], &db[i], gtag(g, bnames[i], tag, sizeof tag));
+        else mesh_array_free(c->dev, &db[i]);
     }
     c->psum_grads = false;
     return st;
@@ -1689,8 +1751,29 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
     SIM_TRY(mesh_nn_operand(t, &w0->val, &wis, tag, &w0a, &w0o));
     SIM_TRY(mesh_nn_operand(t, &w1->val, &wis, tag, &w1a, &w1o));
     SIM_TRY(mesh_nn_operand(t, &wo->val, &wos, tag, &woa, &woo));
+    /* mlp_bias: wi_0's and wi_1's (experts, hidden) biases like their kernels' (ep, h), wo's (experts,
+     * embed) on the expert axes */
+    const bool bias = c->b0 != NULL;
+    mesh_array ba[3];
+    bool bo_[3] = {false, false, false};
+    if (bias) {
+        mesh_spec bis, bos;
+        mesh_spec_init(&bis, 2);
+        set_axes(&bis, 0, c->ep);
+        set_axes(&bis, 1, h);
+        mesh_spec_init(&bos, 2);
+        set_axes(&bos, 0, c->ep);
+        SIM_TRY(mesh_nn_operand(t, &c->b0->val, &bis, tag, &ba[0], &bo_[0]));
+        SIM_TRY(mesh_nn_operand(t, &c->b1->val, &bis, tag, &ba[1], &bo_[1]));
+        SIM_TRY(mesh_nn_operand(t, &c->bo->val, &bos, tag, &ba[2], &bo_[2]));
+    }
 
     moe_payload *pl = calloc(1, sizeof *pl);
+    pl->bias = bias;
+    pl->bo_here = bias && (hk == 1 || sim_device_group_rank(dev, h) == 0);
+    pl->clamped = c->clamped;
+    pl->alpha = c->alpha;
+    pl->limit = c->limit;
     moe_geom *g = &pl->g;
     g->dev = dev;
     g->arena = sim_device_arena(dev);
@@ -1746,7 +1829,8 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
 
     int64_t oshape[3] = {B, S, M};
     sim_status st = new_out(t, name, 3, oshape, &pl->ros, SIM_F32, out);
-    moe_ops op = {xa.data, wa.data, ia.data, w0a.data, w1a.data, woa.data};
+    moe_ops op = {xa.data, wa.data, ia.data, w0a.data, w1a.data, woa.data, NULL, NULL, NULL, NULL, NULL, NULL};
+    if (bias) op.b0 = ba[0].data, op.b1 = ba[1].data, op.bo = ba[2].data;
     if (st == SIM_OK) st = dense ? dense_fwd(pl, &op, (*out)->val.data) : sparse_fwd(pl, &op, (*out)->val.data);
     if (st == SIM_OK && g->ep_rep.n && !dense && !c->ring)
         st = sim_all_reduce(dev, (*out)->val.data, (*out)->val.data, (*out)->val.nlocal, SIM_F32, g->ep_rep,
@@ -1792,8 +1876,8 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
         model_moe_saved_free(*c->saved);
         *c->saved = sv;
     }
-    mesh_var *in[5] = {x, weights, w0, w1, wo};
-    mesh_entry *e = mesh_tape_record(t, experts_vjp, tag, 5, in, 1, out);
+    mesh_var *in[8] = {x, weights, w0, w1, wo, c->b0, c->b1, c->bo};
+    mesh_entry *e = mesh_tape_record(t, experts_vjp, tag, bias ? 8 : 5, in, 1, out);
     if (e) {
         e->payload = pl;
         e->free_payload = payload_free;
@@ -1805,6 +1889,7 @@ sim_status model_moe_experts(mesh_tape *t, mesh_var *x, mesh_var *weights, mesh_
     keep(t, e, &w0a, w0o);
     keep(t, e, &w1a, w1o);
     keep(t, e, &woa, woo);
+    for (int i = 0; bias && i < 3; i++) keep(t, e, &ba[i], bo_[i]);
     return SIM_OK;
 }
 
@@ -1991,7 +2076,13 @@ sim_status model_moe_check_routed(const model_dims *d, const model_moe_dims *mo)
 
 void model_moe_define_routed_params(model_def *m, const char *scope, const model_moe_dims *mo)
 {
-    int64_t E = m->d.emb, L = m->d.layers, X = mo->experts, F = mo->moe_mlp;
+    model_moe_define_routed_params_stack(m, scope, mo, m->d.layers, false);
+}
+
+void model_moe_define_routed_params_stack(model_def *m, const char *scope, const model_moe_dims *mo, int64_t L,
+                                          bool mlp_bias)
+{
+    int64_t E = m->d.emb, X = mo->experts, F = mo->moe_mlp;
     double fe = 1.0 / sqrt((double)E);
     char path[192];
 #define ROUTED_PARAM(leaf, rank, shape, logical, init, scale)                                                          \
@@ -2013,6 +2104,14 @@ void model_moe_define_routed_params(model_def *m, const char *scope, const model
     ROUTED_PARAM("wi_0", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
     ROUTED_PARAM("wi_1", 4, ((int64_t[]){X, L, E, F}), wi, MODEL_INIT_TRUNC_NORMAL, fe);
     ROUTED_PARAM("wo", 4, ((int64_t[]){X, L, F, E}), wo, MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
+    if (mlp_bias) { /* moe.py RoutedMoE.__init__: nnx.Params after the kernels, out_sharding as named */
+        ROUTED_PARAM("wi_0_bias", 3, ((int64_t[]){X, L, F}), ((const char *[]){"exp", "layers", "activation_mlp"}),
+                     MODEL_INIT_ZEROS, 0);
+        ROUTED_PARAM("wi_1_bias", 3, ((int64_t[]){X, L, F}), ((const char *[]){"exp", "layers", "activation_mlp"}),
+                     MODEL_INIT_ZEROS, 0);
+        ROUTED_PARAM("wo_bias", 3, ((int64_t[]){X, L, E}), ((const char *[]){"exp", "layers", "activation_embed"}),
+                     MODEL_INIT_ZEROS, 0);
+    }
 #undef ROUTED_PARAM
 }
 
@@ -2076,6 +2175,8 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
     const model_moe_dims *mo = ml->dims;
     const char *routed = scope;
     bool dense_path = mo->capacity_factor >= 0;
+    const int layer = l; /* the decoder layer (statistics); l below: its parameters' stack index */
+    if (ml->gptoss) l = ml->gptoss->stack;
     md->ctx.layer = routed;
     mesh_var *xin, *logits, *scores, *weights, *indices, *out;
     SIM_TRY(model_shard_as(md, t, x, "moe/inputs", 3, dense_path ? DENSE_MOE_IN : MOE_IN, &xin));
@@ -2142,7 +2243,8 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
      * the backward would give the same counts, and MaxText's compiled step does not recompute them
      * (the counts leave the layer as an output; no gradient reads them) */
     if (md->bias_counts && sim_device_phase(md->ctx.dev) != SIM_PHASE_BACKWARD)
-        SIM_TRY(model_moe_expert_counts(t, indices, mo->experts, "expert_counts", md->bias_counts + l * mo->experts));
+        SIM_TRY(model_moe_expert_counts(t, indices, mo->experts, "expert_counts",
+                                        md->bias_counts + layer * mo->experts));
     *lb = NULL;
     if (mo->lb_weight > 0) {
         /* MaxText: the mean over every MoE layer's loss, the MTP layers' included */
@@ -2209,6 +2311,17 @@ sim_status model_moe_routed(model_dev *md, mesh_tape *t, const model_moe_layer *
             if (!(mc.keep & kept[k].flag)) continue;
             model_ckpt_name n = d->ckpt[kept[k].name] == MODEL_CKPT_DEVICE ? kept[k].name : kept[k].alt;
             SIM_TRY(model_saved_product(md, n, &md->p[kept[k].w].w[l]));
+        }
+    }
+    if (ml->gptoss) { /* gpt_oss: the clamped GLU (alpha 1.702 in moe.py), the experts' biases */
+        const model_moe_gptoss *go = ml->gptoss;
+        mc.clamped = true;
+        mc.alpha = 1.702f;
+        mc.limit = go->limit;
+        if (go->wi0_bias >= 0) {
+            mc.b0 = model_param_leaf(md, t, go->wi0_bias, l);
+            mc.b1 = model_param_leaf(md, t, go->wi1_bias, l);
+            mc.bo = model_param_leaf(md, t, go->wo_bias, l);
         }
     }
     SIM_TRY(model_moe_experts(t, xin, weights, indices, w0, w1, wo, &mc, "moe", &out));

@@ -116,6 +116,10 @@ typedef struct {
     struct model_moe_saved **saved; /* remat: where they wait between the passes (NULL: nothing kept) */
     model_moe_tile gmm[2][3];       /* sparse path: the megablox gmm tiles [wi, wo][fwd, dlhs, drhs], for the
                               * step-time model's cost of the padded tiles; all zero: exact FLOPs */
+    mesh_var *b0, *b1, *bo;         /* mlp_bias: wi_0's and wi_1's (experts, hidden) and wo's (experts, embed)
+                                       biases (moe.py wi_0_bias, wi_1_bias, wo_bias); NULL: none */
+    bool clamped;                   /* gpt_oss: the clamped GLU (bk_clamped_glu_fwd) instead of SwiGLU */
+    float alpha, limit;             /* its constants (1.702, mlp_activations_limit) */
 } model_moe_cfg;
 
 /* The region's residuals a remat policy saves, by MaxText's checkpoint_name
@@ -223,6 +227,11 @@ sim_status model_moe_check_setup(const model_def *m, const cfg_config *cfg, cons
  * None), its bias where routed_bias is set, and wi_0, wi_1, wo (width mo->moe_mlp), with moe.py's
  * logical names (embed_moe on the expert dim under shard_exp_on_fsdp). */
 void model_moe_define_routed_params(model_def *m, const char *scope, const model_moe_dims *mo);
+/* The same stacked over `stack` layers, with moe.py's expert biases when mlp_bias (wi_0_bias,
+ * wi_1_bias: ('exp', 'layers', 'activation_mlp'), wo_bias: ('exp', 'layers', 'activation_embed'),
+ * zeros as default_bias_init). */
+void model_moe_define_routed_params_stack(model_def *m, const char *scope, const model_moe_dims *mo, int64_t stack,
+                                          bool mlp_bias);
 
 /* Expert-parallel and expert-hidden axes of the expert region: the mesh axes of the weights'
  * ('exp', None, 'mlp_no_fsdp') names without fsdp. */
@@ -239,7 +248,16 @@ typedef struct {
     int wi0, wi1, wo;       /* the expert kernels (experts, embed, hidden) / (experts, hidden, embed) */
     const char *const *out; /* 3 logical names of the output (the layer's out_sharding: the region's out_specs) */
     int64_t lb_layers;      /* the layers whose load-balance losses MaxText averages (MTP's included) */
+    const struct model_moe_gptoss *gptoss; /* gpt_oss's additions (NULL: none) */
 } model_moe_layer;
+
+/* gpt_oss's RoutedMoE (models/gpt_oss.py GptOssMlp): the experts' biases (mlp_bias; -1: none), the
+ * clamped GLU, and the parameters' stack index (its scanned block stacks every other layer). */
+typedef struct model_moe_gptoss {
+    int wi0_bias, wi1_bias, wo_bias;
+    float limit; /* mlp_activations_limit */
+    int stack;   /* the layer's index in its parameters' stacks */
+} model_moe_gptoss;
 
 /* The routed experts of a fully MoE layer outside DeepSeek, as model_moe_define_routed_params defined
  * them under params.decoder.layers.<scope>, with the output named `out` and the load-balance losses

@@ -49,6 +49,49 @@ sim_status model_cfg_unsupported(const cfg_config *cfg, const char *key, const c
                    en ? en->where : "", why);
 }
 
+/* The keys gpt-oss's model files set and shardsim simulates with decoder_block=gpt_oss only.  MaxText
+ * reads attention_sink in every Attention and mlp_bias in every RoutedMoE (and clips DeepSeek V4's
+ * activations by mlp_activations_limit), none of which the other simulated blocks run: refused
+ * there, naming the key. */
+static sim_status gptoss_keys_elsewhere(const cfg_config *cfg, const char *block)
+{
+    if (!strcmp(block, "gpt_oss")) return SIM_OK;
+    static const char *const bools[3] = {"attention_bias", "attention_sink", "mlp_bias"};
+    char why[256];
+    for (int i = 0; i < 3; i++) {
+        bool on;
+        SIM_TRY(model_cfg_bool(cfg, bools[i], &on));
+        snprintf(why, sizeof why, "%s is simulated with decoder_block=gpt_oss only, not with %s; use %s=false",
+                 bools[i], block, bools[i]);
+        if (on) return model_cfg_unsupported(cfg, bools[i], why);
+    }
+    int64_t cycle;
+    SIM_TRY(model_cfg_i64(cfg, "inhomogeneous_layer_cycle_interval", &cycle));
+    snprintf(why, sizeof why,
+             "a scanned block of several layers is simulated with decoder_block=gpt_oss only, not with %s; use "
+             "inhomogeneous_layer_cycle_interval=1",
+             block);
+    if (cycle != 1) return model_cfg_unsupported(cfg, "inhomogeneous_layer_cycle_interval", why);
+    double lim;
+    SIM_TRY(cfg_get_double(cfg, "mlp_activations_limit", &lim));
+    snprintf(why, sizeof why,
+             "the clipped activations are simulated with decoder_block=gpt_oss only, not with %s; use "
+             "mlp_activations_limit=-1",
+             block);
+    if (lim > 0) return model_cfg_unsupported(cfg, "mlp_activations_limit", why);
+    const char **acts;
+    int n;
+    SIM_TRY(cfg_get_str_list(cfg, "mlp_activations", &acts, &n));
+    bool swiglu = n == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
+    free(acts);
+    snprintf(why, sizeof why,
+             "mlp_activations=[sigmoid, linear] is gpt_oss's clamped GLU, simulated with decoder_block=gpt_oss only; "
+             "%s runs SwiGLU: use mlp_activations=[silu, linear]",
+             block);
+    if (!swiglu) return model_cfg_unsupported(cfg, "mlp_activations", why);
+    return SIM_OK;
+}
+
 static sim_status positive(const char *key, int64_t v)
 {
     if (v < 1) return sim_err(SIM_ERR_INPUT, "%s=%lld: must be at least 1", key, (long long)v);
@@ -589,6 +632,7 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
                        "load-balanced context parallelism (or set context_parallel_load_balance=false)",
                        (long long)d->seq, d->cp);
 
+    SIM_TRY(gptoss_keys_elsewhere(cfg, d->family->name));
     SIM_TRY(d->family->define(m, cfg));
     SIM_TRY(pipeline_setup(m, cfg));
     SIM_TRY(scan_axis_from_config(cfg, m));

@@ -40,3 +40,6 @@ MODEL=mixtral-8x22b run cpu-8/ici_fsdp_parallelism=2_ici_tensor_parallelism=2_ic
 # (qwen3-30b-a3b) and the dense path with tensor parallelism (qwen3-235b-a22b, sparse_matmul=false)
 MODEL=qwen3-30b-a3b run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici_fsdp_parallelism=4 ici_expert_parallelism=2
 MODEL=qwen3-235b-a22b run cpu-8/ici_fsdp_parallelism=2_ici_tensor_parallelism=2_ici_expert_parallelism=2_sparse_matmul=false 8 ici_fsdp_parallelism=2 ici_tensor_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false
+# the gpt_oss block (layers_0 local sliding and layers_1 global scanned together; attention biases and
+# sinks, gate and expert biases) with expert parallelism on the sparse path
+MODEL=gpt-oss-20b run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici_fsdp_parallelism=4 ici_expert_parallelism=2

@@ -25,6 +25,11 @@ MIXTRAL="model_name=mixtral-8x7b override_model_config=true base_emb_dim=64 base
 # the qwen3-30b-a3b file with test-sized dims; base_mlp_dim differs from base_moe_mlp_dim, which
 # MaxText's config check settles for qwen3_moe by taking moe_mlp_dim (the experts' width either way)
 QWEN3MOE="model_name=qwen3-30b-a3b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=96 base_moe_mlp_dim=48 base_num_decoder_layers=2 vocab_size=256 max_target_length=32 per_device_batch_size=2 num_experts=4 num_experts_per_tok=2"
+# a small gpt-oss (4 experts, top-2, GQA 4:2, 4 layers: two scanned blocks of a local_sliding layer with a
+# window of 8 and a global one; attention biases and sinks, gate and expert biases, the clamped GLU and
+# YaRN as the gpt-oss-20b file sets them).  MaxText 0.2.5 refuses gpt_oss with shard_mode=explicit
+# (configs/types.py), so every case is auto.
+GPTOSS="model_name=gpt-oss-20b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=48 base_moe_mlp_dim=48 base_num_decoder_layers=4 vocab_size=256 max_target_length=32 per_device_batch_size=2 num_experts=4 num_experts_per_tok=2 sliding_window_size=8"
 # <case> <devices> <model keys and mesh>
 CASES=(
 "qwen3/untied_fsdp2_tensor2|4|$QWEN3 logits_via_embedding=false ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
@@ -39,6 +44,10 @@ CASES=(
 "qwen3_moe/sparse_fsdp2_tensor2|4|$QWEN3MOE ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
 "qwen3_moe/sparse_data2_fsdp2_explicit|4|$QWEN3MOE ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
 "qwen3_moe/dense_fsdp2_expert2_lb|4|$QWEN3MOE ici_fsdp_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false load_balance_loss_weight=0.01"
+"gpt_oss/sparse_fsdp2_tensor2|4|$GPTOSS ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"gpt_oss/sparse_data2_fsdp2|4|$GPTOSS ici_data_parallelism=2 ici_fsdp_parallelism=2"
+"gpt_oss/dense_fsdp2_expert2_lb|4|$GPTOSS ici_fsdp_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false load_balance_loss_weight=0.01"
+"gpt_oss/sparse_context2_fsdp2|4|$GPTOSS ici_context_parallelism=2 ici_fsdp_parallelism=2"
 )
 for c in "${CASES[@]}"; do
   IFS='|' read -r name n keys <<<"$c"
