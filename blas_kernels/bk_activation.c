@@ -1,8 +1,11 @@
-/* bk_activation.c — SiLU / SwiGLU.
- * silu'(x) = s + x s (1 - s) with s = sigmoid(x). */
+/* bk_activation.c — SiLU / SwiGLU / GeGLU, and the bfloat16 round trip.
+ * silu'(x) = s + x s (1 - s) with s = sigmoid(x);
+ * gelu'(x) = c + x * 0.5 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(...), c = 0.5 (1 + t). */
 #include "blas_kernels/bk_activation.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "blas_kernels/bk.h"
 #include "blas_kernels/bk_math.h"
@@ -75,6 +78,63 @@ BK_CLONES static void swiglu_bwd_into_chunk(int64_t lo, int64_t hi, void *arg)
         float g = gate[i], s = sigmoidf_stable(g), d = dout[i];
         dgate[i] = d * up[i] * (s + g * s * (1.0f - s));
         dup[i] = d * g * s;
+    }
+}
+
+/* jax.nn.gelu(approximate=True): x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))) */
+static const float GELU_K = 0.7978845608028654f; /* sqrt(2/pi) */
+static const float GELU_C = 0.044715f;
+
+BK_CLONES static void geglu_fwd_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const ew_args *a = arg;
+    float *restrict out = a->o0;
+    const float *restrict gate = a->i0, *restrict up = a->i1;
+    for (int64_t i = lo; i < hi; i++) {
+        float x = gate[i], cdf = 0.5f * (1.0f + tanhf(GELU_K * (x + GELU_C * (x * x * x))));
+        out[i] = x * cdf * up[i];
+    }
+}
+
+BK_CLONES static void geglu_bwd_into_chunk(int64_t lo, int64_t hi, void *arg)
+{
+    const ew_args *a = arg;
+    float *restrict dgate = a->o0, *restrict dup = a->o1;
+    const float *restrict dout = a->i0, *restrict gate = a->i1, *restrict up = a->i2;
+    for (int64_t i = lo; i < hi; i++) {
+        float x = gate[i], th = tanhf(GELU_K * (x + GELU_C * (x * x * x))), cdf = 0.5f * (1.0f + th), d = dout[i];
+        float dgelu = cdf + x * 0.5f * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+        dgate[i] = d * up[i] * dgelu;
+        dup[i] = d * x * cdf;
+    }
+}
+
+void bk_geglu_fwd(float *out, const float *gate, const float *up, size_t n)
+{
+    BK_ASSERT(n == 0 || (out && gate && up));
+    ew_args a = {out, NULL, gate, up, NULL};
+    bk_parallel_for((int64_t)n, GRAIN, geglu_fwd_chunk, &a);
+}
+
+void bk_geglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n)
+{
+    BK_ASSERT(n == 0 || (dgate && dup && dout && gate && up));
+    ew_args a = {dgate, dup, dout, gate, up};
+    bk_parallel_for((int64_t)n, GRAIN, geglu_bwd_into_chunk, &a);
+}
+
+/* Round to nearest, ties to even, on the upper 16 bits (XLA's float32 -> bfloat16 convert; NaNs stay
+ * NaN, quietened). */
+void bk_round_bf16(float *out, const float *x, size_t n)
+{
+    BK_ASSERT(n == 0 || (out && x));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) u |= 0x00400000u; /* NaN */
+        else u += 0x7fffu + ((u >> 16) & 1u);
+        u &= 0xffff0000u;
+        memcpy(&out[i], &u, sizeof u);
     }
 }
 
@@ -161,5 +221,22 @@ void bk_swiglu_bwd_ref(float *dgate, float *dup, const float *dout, const float 
         double g = gate[i], s = sigmoid_d(g);
         dgate[i] += (float)(dout[i] * up[i] * (s + g * s * (1.0 - s)));
         dup[i] += (float)(dout[i] * g * s);
+    }
+}
+
+static double gelu_cdf_d(double x) { return 0.5 * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+void bk_geglu_fwd_ref(float *out, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = (float)(gate[i] * gelu_cdf_d(gate[i]) * up[i]);
+}
+
+void bk_geglu_bwd_ref(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double x = gate[i], th = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+        double dg = 0.5 * (1.0 + th) + x * 0.5 * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+        dgate[i] = (float)(dout[i] * up[i] * dg);
+        dup[i] = (float)(dout[i] * x * 0.5 * (1.0 + th));
     }
 }

@@ -1,6 +1,9 @@
 /* bk_activation.h — elementwise activations on contiguous buffers: SiLU and SwiGLU
- * (out = silu(gate) * up, MaxText mlp_activations ["silu", "linear"]).
- * silu(x) = x * sigmoid(x), sigmoid evaluated without overflow for any sign of x.
+ * (out = silu(gate) * up, MaxText mlp_activations ["silu", "linear"]), GeGLU (out = gelu(gate) * up,
+ * ["gelu", "linear"], with jax.nn.gelu's default tanh approximation), and the float32 -> bfloat16 ->
+ * float32 round trip of a jnp.asarray(x, jnp.bfloat16) read back in float32.
+ * silu(x) = x * sigmoid(x), sigmoid evaluated without overflow for any sign of x;
+ * gelu(x) = x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) (jax/_src/nn/functions.py gelu).
  */
 #ifndef BK_ACTIVATION_H
 #define BK_ACTIVATION_H
@@ -30,10 +33,22 @@ void bk_swiglu_bwd_into(float *dgate, float *dup, const float *dout, const float
 void bk_clamped_glu_fwd(float *out, const float *gate, const float *up, size_t n, float alpha, float limit);
 void bk_clamped_glu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n,
                         float alpha, float limit);
+void bk_geglu_fwd(float *out,        // (n)
+                  const float *gate, // (n)
+                  const float *up,   // (n)
+                  size_t n);
+/* dgate = dout * up * gelu'(gate); dup = dout * gelu(gate) (written, not added) */
+void bk_geglu_bwd_into(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+
+/* out = x rounded to the nearest bfloat16 (ties to even), as float32; out may be x. */
+void bk_round_bf16(float *out, const float *x, size_t n); // (n)
 
 void bk_silu_fwd_ref(float *out, const float *in, size_t n);
 void bk_silu_bwd_ref(float *din, const float *dout, const float *in, size_t n);
 void bk_swiglu_fwd_ref(float *out, const float *gate, const float *up, size_t n);
 void bk_swiglu_bwd_ref(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+
+void bk_geglu_fwd_ref(float *out, const float *gate, const float *up, size_t n);
+void bk_geglu_bwd_ref(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 
 #endif /* BK_ACTIVATION_H */

@@ -46,6 +46,7 @@
 #include "cli/report.h"
 #include "cli/report_html.h"
 #include "config/config.h"
+#include "config/json.h"
 #include "mesh/mesh_shape.h"
 #include "models/core/checks.h"
 #include "models/core/data.h"
@@ -57,7 +58,6 @@
 #include "sim/topology.h"
 #include "sim/xrank.h"
 
-#include <jansson.h>
 
 enum {
     PLAN_LIST = 24,          /* items of one search-space list */
@@ -1682,39 +1682,71 @@ static const char *state_name(plan_state s)
     }
 }
 
-/* A JSON number, or null where it is not finite (JSON has no NaN). */
-static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+/* A member of the open object: a number (null where it is not finite: JSON has no NaN), an
+ * integer, a string, a boolean, or null. */
+static void jnum(cfg_jw *w, const char *key, double v)
+{
+    cfg_jw_key(w, key);
+    cfg_jw_double(w, v);
+}
 
-static void jset(json_t *o, const char *key, json_t *v) { SIM_ASSERT(v && json_object_set_new(o, key, v) == 0); }
+static void jint(cfg_jw *w, const char *key, long long v)
+{
+    cfg_jw_key(w, key);
+    cfg_jw_int(w, v);
+}
+
+static void jstr(cfg_jw *w, const char *key, const char *v)
+{
+    cfg_jw_key(w, key);
+    cfg_jw_str(w, v);
+}
+
+static void jbool(cfg_jw *w, const char *key, bool v)
+{
+    cfg_jw_key(w, key);
+    cfg_jw_bool(w, v);
+}
+
+/* an integer, or null when absent (v < 0) */
+static void jint_or_null(cfg_jw *w, const char *key, long long v)
+{
+    cfg_jw_key(w, key);
+    if (v >= 0) cfg_jw_int(w, v);
+    else cfg_jw_null(w);
+}
 
 /* The figures of a dry run: step time and its parts, MFU, the peak and its composition, the bytes
  * per mesh-axis group. */
-static void result_json(json_t *o, const plan_result *r)
+static void result_json(cfg_jw *w, const plan_result *r)
 {
-    json_t *t = json_object();
-    jset(t, "step_s", jnum(r->step_s));
-    jset(t, "compute_s", jnum(r->compute_s));
-    jset(t, "bubble_s", jnum(r->bubble_s));
-    jset(t, "optimizer_s", jnum(r->optimizer_s));
-    jset(t, "exposed_communication_s", jnum(r->exposed_s));
-    jset(t, "model_flops", jnum(r->model_flops));
-    jset(t, "peak_flops", jnum(r->peak_flops));
-    jset(o, "step_time", t);
-    jset(o, "step_s", jnum(r->step_s));
-    jset(o, "mfu", jnum(mfu(r)));
-    jset(o, "peak_bytes", jnum(r->peak));
-    json_t *m = json_object();
-    for (int c = 0; c < SIM_NMEM; c++) jset(m, sim_mem_cat_name((sim_mem_cat)c), jnum(r->cat[c]));
-    jset(o, "memory", m);
-    json_t *a = json_array();
+    cfg_jw_key(w, "step_time");
+    cfg_jw_obj(w);
+    jnum(w, "step_s", r->step_s);
+    jnum(w, "compute_s", r->compute_s);
+    jnum(w, "bubble_s", r->bubble_s);
+    jnum(w, "optimizer_s", r->optimizer_s);
+    jnum(w, "exposed_communication_s", r->exposed_s);
+    jnum(w, "model_flops", r->model_flops);
+    jnum(w, "peak_flops", r->peak_flops);
+    cfg_jw_end(w);
+    jnum(w, "step_s", r->step_s);
+    jnum(w, "mfu", mfu(r));
+    jnum(w, "peak_bytes", r->peak);
+    cfg_jw_key(w, "memory");
+    cfg_jw_obj(w);
+    for (int c = 0; c < SIM_NMEM; c++) jnum(w, sim_mem_cat_name((sim_mem_cat)c), r->cat[c]);
+    cfg_jw_end(w);
+    cfg_jw_key(w, "axes");
+    cfg_jw_arr(w);
     for (int i = 0; i < r->naxes; i++) {
-        json_t *e = json_object();
-        jset(e, "axes", json_string(r->axes[i]));
-        jset(e, "bytes_per_device", jnum(r->axis_bytes[i]));
-        jset(e, "exposed_s", jnum(r->axis_exposed[i]));
-        SIM_ASSERT(json_array_append_new(a, e) == 0);
+        cfg_jw_obj(w);
+        jstr(w, "axes", r->axes[i]);
+        jnum(w, "bytes_per_device", r->axis_bytes[i]);
+        jnum(w, "exposed_s", r->axis_exposed[i]);
+        cfg_jw_end(w);
     }
-    jset(o, "axes", a);
+    cfg_jw_end(w);
 }
 
 /* The words of a space-separated list (a dropped candidate's keys). */
@@ -1729,84 +1761,87 @@ static void split_words(const char *keys, plan_words *w)
     }
 }
 
-/* The fields every candidate has: its outcome, keys, summary and command line. */
-static json_t *cand_head(const plan_ctx *P, int id, plan_state state, const plan_cand *c, long long count)
+/* Opens a candidate's object with the fields every candidate has: its outcome, keys, summary and
+ * command line. */
+static void cand_head(cfg_jw *w, const plan_ctx *P, int id, plan_state state, const plan_cand *c, long long count)
 {
-    json_t *o = json_object();
     char s[512], cmd[PLAN_WORD * (PLAN_USER + PLAN_CW) / 4];
-    jset(o, "id", json_integer(id));
-    jset(o, "state", json_string(state_name(state)));
-    jset(o, "rank", c->rank > 0 ? json_integer(c->rank) : json_null());
-    jset(o, "pareto", json_boolean(c->pareto));
-    jset(o, "candidates", json_integer(count));
+    cfg_jw_obj(w);
+    jint(w, "id", id);
+    jstr(w, "state", state_name(state));
+    jint_or_null(w, "rank", c->rank > 0 ? c->rank : -1);
+    jbool(w, "pareto", c->pareto);
+    jint(w, "candidates", count);
     short_text(c, s, sizeof s);
-    jset(o, "summary", json_string(s[0] ? s : "(the defaults)"));
-    json_t *k = json_array();
-    for (int i = 0; i < c->w.n; i++) SIM_ASSERT(json_array_append_new(k, json_string(c->w.w[i])) == 0);
-    jset(o, "keys", k);
+    jstr(w, "summary", s[0] ? s : "(the defaults)");
+    cfg_jw_key(w, "keys");
+    cfg_jw_arr(w);
+    for (int i = 0; i < c->w.n; i++) cfg_jw_str(w, c->w.w[i]);
+    cfg_jw_end(w);
     cand_command(P, c, cmd, sizeof cmd);
-    jset(o, "command", json_string(cmd));
-    return o;
+    jstr(w, "command", cmd);
 }
 
-static json_t *plan_json(const plan_ctx *P)
+static void plan_json(cfg_jw *w, const plan_ctx *P)
 {
-    json_t *root = json_object();
     char b1[32], b2[32], msg[700];
-    jset(root, "format", json_integer(1));
-    jset(root, "command", json_string("plan"));
-    json_t *argv = json_array();
-    for (int i = 0; i < P->argc; i++) SIM_ASSERT(json_array_append_new(argv, json_string(P->argv[i])) == 0);
-    jset(root, "argv", argv);
-    jset(root, "model", json_string(P->model));
-    jset(root, "topology", json_string(P->topology));
-    jset(root, "hardware_profile", json_string(P->profile));
-    jset(root, "devices", json_integer(P->devices));
-    jset(root, "slices", json_integer(P->slices));
-    jset(root, "hbm_bytes", jnum(P->hbm));
-    jset(root, "global_batch_rows", json_integer(P->global));
-    jset(root, "max_target_length", json_integer(P->seq));
-    jset(root, "layers", json_integer(P->layers));
-    jset(root, "top", json_integer(P->top));
+    cfg_jw_obj(w);
+    jint(w, "format", 1);
+    jstr(w, "command", "plan");
+    cfg_jw_key(w, "argv");
+    cfg_jw_arr(w);
+    for (int i = 0; i < P->argc; i++) cfg_jw_str(w, P->argv[i]);
+    cfg_jw_end(w);
+    jstr(w, "model", P->model);
+    jstr(w, "topology", P->topology);
+    jstr(w, "hardware_profile", P->profile);
+    jint(w, "devices", P->devices);
+    jint(w, "slices", P->slices);
+    jnum(w, "hbm_bytes", P->hbm);
+    jint(w, "global_batch_rows", P->global);
+    jint(w, "max_target_length", P->seq);
+    jint(w, "layers", P->layers);
+    jint(w, "top", P->top);
 
     long long st[PC_NSTATES] = {0};
     for (int i = 0; i < P->nc; i++) st[P->c[i].state]++;
     long long ran = st[PC_OOM] + st[PC_FAILED] + st[PC_RANKED] + st[PC_EQUIVALENT];
-    json_t *n = json_object();
-    jset(n, "considered", json_integer(P->considered));
-    jset(n, "structures", json_integer(P->structures));
-    jset(n, "meshes", json_integer(P->meshes));
-    jset(n, "truncated", json_boolean(P->truncated));
-    jset(n, "rejected", json_integer(P->by_state[PC_REJECTED]));
-    jset(n, "pruned", json_integer(P->by_state[PC_PRUNED] - P->pruned_remat));
-    jset(n, "pruned_remat", json_integer(P->pruned_remat));
-    jset(n, "equivalent", json_integer(P->by_state[PC_DUPLICATE]));
-    jset(n, "dry_run", json_integer(ran));
-    jset(n, "ranked", json_integer(st[PC_RANKED]));
-    jset(n, "out_of_memory", json_integer(st[PC_OOM]));
-    jset(n, "failed", json_integer(st[PC_FAILED]));
-    jset(n, "same_figures", json_integer(st[PC_EQUIVALENT]));
-    jset(n, "not_dry_run",
-         json_integer(P->considered - P->by_state[PC_REJECTED] - P->by_state[PC_PRUNED] - P->by_state[PC_DUPLICATE] -
-                      ran));
-    jset(n, "dry_run_budget", json_integer(P->budget));
-    jset(n, "structures_explored", json_integer(P->structures_explored));
-    jset(n, "sampled_runs", json_integer(P->ndry_sampled_runs));
-    jset(n, "full_runs", json_integer(P->nfull));
-    jset(root, "counts", n);
+    cfg_jw_key(w, "counts");
+    cfg_jw_obj(w);
+    jint(w, "considered", P->considered);
+    jint(w, "structures", P->structures);
+    jint(w, "meshes", P->meshes);
+    jbool(w, "truncated", P->truncated);
+    jint(w, "rejected", P->by_state[PC_REJECTED]);
+    jint(w, "pruned", P->by_state[PC_PRUNED] - P->pruned_remat);
+    jint(w, "pruned_remat", P->pruned_remat);
+    jint(w, "equivalent", P->by_state[PC_DUPLICATE]);
+    jint(w, "dry_run", ran);
+    jint(w, "ranked", st[PC_RANKED]);
+    jint(w, "out_of_memory", st[PC_OOM]);
+    jint(w, "failed", st[PC_FAILED]);
+    jint(w, "same_figures", st[PC_EQUIVALENT]);
+    jint(w, "not_dry_run",
+         P->considered - P->by_state[PC_REJECTED] - P->by_state[PC_PRUNED] - P->by_state[PC_DUPLICATE] - ran);
+    jint(w, "dry_run_budget", P->budget);
+    jint(w, "structures_explored", P->structures_explored);
+    jint(w, "sampled_runs", P->ndry_sampled_runs);
+    jint(w, "full_runs", P->nfull);
+    cfg_jw_end(w);
 
     int idx[PLAN_REASONS];
     reasons_by_count(P, idx);
-    json_t *reasons = json_array();
+    cfg_jw_key(w, "reasons");
+    cfg_jw_arr(w);
     for (int k = 0; k < P->nreasons; k++) {
         const plan_reason *r = &P->reasons[idx[k]];
-        json_t *e = json_object();
-        jset(e, "count", json_integer(r->count));
-        jset(e, "message", json_string(r->text));
-        jset(e, "example", json_string(r->example));
-        SIM_ASSERT(json_array_append_new(reasons, e) == 0);
+        cfg_jw_obj(w);
+        jint(w, "count", r->count);
+        jstr(w, "message", r->text);
+        jstr(w, "example", r->example);
+        cfg_jw_end(w);
     }
-    jset(root, "reasons", reasons);
+    cfg_jw_end(w);
 
     /* ids: the ranked in rank order, the other kept candidates in enumeration order, then the
      * dropped ones */
@@ -1820,32 +1855,43 @@ static json_t *plan_json(const plan_ctx *P)
     SIM_ASSERT(order);
     for (int i = 0; i < P->nc; i++) order[id_of[i]] = i;
 
-    json_t *cands = json_array(), *front = json_array();
+    jint_or_null(w, "winner", P->nranked ? 0 : -1);
+    int best = closest_oom(P);
+    jint_or_null(w, "closest", !P->nranked && best >= 0 ? id_of[best] : -1);
+    /* the front's ids in rank order (the ranked come first: rank k + 1 is id k) */
+    cfg_jw_key(w, "pareto");
+    cfg_jw_arr(w);
+    for (int k = 0; k < P->nranked; k++)
+        if (P->c[P->ranked[k]].pareto) cfg_jw_int(w, k);
+    cfg_jw_end(w);
+
+    cfg_jw_key(w, "candidates");
+    cfg_jw_arr(w);
     for (int k = 0; k < P->nc; k++) {
         const plan_cand *c = &P->c[order[k]];
         /* a structure whose knob variants were never made: not dry-run, they are counted with it
          * (beyond the budget); dry-run, they are counted beside it */
         long long unmade = c->is_default && !c->explored ? count_variants(P, c->stages) - 1 : 0;
-        json_t *o = cand_head(P, k, c->state, c, c->state == PC_UNTRIED ? 1 + unmade : 1);
-        if (c->state != PC_UNTRIED) jset(o, "variants_not_dry_run", json_integer(unmade));
-        jset(o, "lower_bound_bytes", jnum(c->lb));
+        cand_head(w, P, k, c->state, c, c->state == PC_UNTRIED ? 1 + unmade : 1);
+        if (c->state != PC_UNTRIED) jint(w, "variants_not_dry_run", unmade);
+        jnum(w, "lower_bound_bytes", c->lb);
         bool figures = c->state == PC_RANKED || c->state == PC_OOM || c->state == PC_EQUIVALENT;
         if (figures) {
-            jset(o, "figures",
-                 json_string(c->verified && c->state == PC_RANKED ? "full dry run"
-                             : c->sampled                         ? "sampled layers, extrapolated"
-                                                                  : "dry run"));
-            result_json(o, &c->r);
+            jstr(w, "figures",
+                 c->verified && c->state == PC_RANKED ? "full dry run"
+                 : c->sampled                         ? "sampled layers, extrapolated"
+                                                      : "dry run");
+            result_json(w, &c->r);
         }
         if (c->verified && c->sampled_step_s > 0) {
-            jset(o, "sampled_step_s", jnum(c->sampled_step_s));
-            jset(o, "sampled_peak_bytes", jnum(c->sampled_peak));
+            jnum(w, "sampled_step_s", c->sampled_step_s);
+            jnum(w, "sampled_peak_bytes", c->sampled_peak);
         }
         msg[0] = '\0';
         switch (c->state) {
         case PC_RANKED:
             bound_text(P, c, msg, sizeof msg);
-            jset(o, "bound", json_string(msg));
+            jstr(w, "bound", msg);
             msg[0] = '\0';
             break;
         case PC_OOM:
@@ -1858,24 +1904,26 @@ static json_t *plan_json(const plan_ctx *P)
         case PC_EQUIVALENT:
             snprintf(msg, sizeof msg, "the same figures as candidate %d: its knob variants are not explored",
                      c->dup_of >= 0 ? id_of[c->dup_of] : -1);
-            jset(o, "same_as", c->dup_of >= 0 ? json_integer(id_of[c->dup_of]) : json_null());
+            jint_or_null(w, "same_as", c->dup_of >= 0 ? id_of[c->dup_of] : -1);
             break;
         case PC_UNTRIED: snprintf(msg, sizeof msg, "not dry-run: beyond the budget plan_dry_runs=%d", P->budget); break;
         default: break;
         }
-        if (msg[0]) jset(o, "reason", json_string(msg));
-        SIM_ASSERT(json_array_append_new(cands, o) == 0);
+        if (msg[0]) jstr(w, "reason", msg);
+        cfg_jw_end(w);
     }
-    /* the front's ids in rank order (the ranked come first: rank k + 1 is id k) */
-    for (int k = 0; k < P->nranked; k++)
-        if (P->c[P->ranked[k]].pareto) SIM_ASSERT(json_array_append_new(front, json_integer(k)) == 0);
     plan_cand *tmp = calloc(1, sizeof *tmp);
     SIM_ASSERT(tmp);
     for (int i = 0; i < P->ndrops; i++) {
         const plan_drop *d = &P->drops[i];
         split_words(d->keys, &tmp->w);
-        json_t *o = cand_head(P, P->nc + i, d->state, tmp, d->count);
-        jset(o, "lower_bound_bytes", d->state == PC_REJECTED ? json_null() : jnum(d->lb));
+        cand_head(w, P, P->nc + i, d->state, tmp, d->count);
+        if (d->state == PC_REJECTED) {
+            cfg_jw_key(w, "lower_bound_bytes");
+            cfg_jw_null(w);
+        } else {
+            jnum(w, "lower_bound_bytes", d->lb);
+        }
         if (d->state == PC_REJECTED) snprintf(msg, sizeof msg, "%s", d->why ? d->why : "refused");
         else if (d->state == PC_PRUNED && d->remat_pruned)
             snprintf(msg, sizeof msg, "pruned: a remat policy that saves more than full, where full ran out of memory");
@@ -1888,29 +1936,25 @@ static json_t *plan_json(const plan_ctx *P)
             snprintf(msg, sizeof msg,
                      "equivalent to candidate %d (the same mesh, parameter shardings, rules and knobs)",
                      d->same_as >= 0 ? id_of[d->same_as] : -1);
-        if (d->state == PC_DUPLICATE)
-            jset(o, "same_as", d->same_as >= 0 ? json_integer(id_of[d->same_as]) : json_null());
-        jset(o, "reason", json_string(msg));
-        SIM_ASSERT(json_array_append_new(cands, o) == 0);
+        if (d->state == PC_DUPLICATE) jint_or_null(w, "same_as", d->same_as >= 0 ? id_of[d->same_as] : -1);
+        jstr(w, "reason", msg);
+        cfg_jw_end(w);
     }
     free(tmp);
-    jset(root, "winner", P->nranked ? json_integer(0) : json_null());
-    int best = closest_oom(P);
-    jset(root, "closest", !P->nranked && best >= 0 ? json_integer(id_of[best]) : json_null());
-    jset(root, "pareto", front);
-    jset(root, "candidates", cands);
+    cfg_jw_end(w);
+    cfg_jw_end(w);
     free(id_of);
     free(order);
-    return root;
 }
 
 static sim_status write_plan_json(FILE *f, void *arg)
 {
-    json_t *root = plan_json(arg);
-    int rc = json_dumpf(root, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    fputc('\n', f);
-    return rc ? sim_err(SIM_ERR_IO, "plan.json: cannot write: %s", strerror(errno)) : SIM_OK;
+    cfg_jw w;
+    cfg_jw_init(&w);
+    plan_json(&w, arg);
+    cfg_jw_write(&w, f, CFG_JW_INDENT1, 17);
+    fputc('\n', f); /* a write error shows in ferror(f), which cli_artifact_write checks */
+    return SIM_OK;
 }
 
 /* ------------------------------------------------------------ the command */

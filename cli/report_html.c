@@ -243,24 +243,45 @@ static sim_status put_sharding(cfg_jw *w, const char *dir)
     json_t *logical = json_load_file(path, 0, NULL);
     snprintf(path, sizeof path, "%s/input_shardings.json", dir);
     json_t *inputs = json_load_file(path, 0, NULL);
-    json_t *out = json_object(), *params = json_array(), *acts = json_array();
     const char *key;
     json_t *v;
+    cfg_jw_key(w, "sharding");
+    cfg_jw_obj(w);
+    json_object_foreach(named, key, v) if (json_object_get(v, "mesh"))
+    { /* the first entry's mesh that names one */
+        cfg_jw_key(w, "mesh");
+        cfg_jw_tree(w, json_incref(json_object_get(v, "mesh")));
+        break;
+    }
+    /* a member read from a dump, as it is (left out when absent) */
+#define PUT_READ(k, x)                                                                                                 \
+    do {                                                                                                               \
+        json_t *x_ = (x);                                                                                              \
+        if (!x_) break;                                                                                                \
+        cfg_jw_key(w, k);                                                                                              \
+        cfg_jw_tree(w, json_incref(x_));                                                                               \
+    } while (0)
+    cfg_jw_key(w, "params");
+    cfg_jw_arr(w);
     json_object_foreach(named, key, v)
     {
-        if (!json_object_get(out, "mesh") && json_object_get(v, "mesh"))
-            json_object_set(out, "mesh", json_object_get(v, "mesh"));
         if (strncmp(key, ".params/", 8)) continue;
         char name[1024];
         param_name(key, name, sizeof name);
-        json_t *e = json_object();
-        json_object_set_new(e, "name", json_string(name));
-        json_object_set(e, "shape", json_object_get(v, "shape"));
-        json_object_set(e, "spec", json_object_get(v, "partition_spec"));
+        cfg_jw_obj(w);
+        cfg_jw_key(w, "name");
+        cfg_jw_str(w, name);
+        PUT_READ("shape", json_object_get(v, "shape"));
+        PUT_READ("spec", json_object_get(v, "partition_spec"));
         json_t *l = logical ? json_object_get(json_object_get(logical, key), "partition_spec") : NULL;
-        json_object_set(e, "logical", l ? l : json_null());
-        json_array_append_new(params, e);
+        cfg_jw_key(w, "logical");
+        if (l) cfg_jw_tree(w, json_incref(l));
+        else cfg_jw_null(w);
+        cfg_jw_end(w);
     }
+    cfg_jw_end(w);
+    cfg_jw_key(w, "activations");
+    cfg_jw_arr(w);
     json_t *list = inputs ? json_object_get(inputs, "Activation Sharding Dump") : NULL;
     size_t i;
     json_t *item;
@@ -268,20 +289,20 @@ static sim_status put_sharding(cfg_jw *w, const char *dir)
     {
         json_object_foreach(item, key, v)
         {
-            json_t *e = json_object();
-            json_object_set_new(e, "name", json_string(key));
-            json_object_set(e, "logical", json_object_get(v, "logic_axes"));
-            json_object_set(e, "spec", json_object_get(v, "PartitionSpec"));
-            json_array_append_new(acts, e);
+            cfg_jw_obj(w);
+            cfg_jw_key(w, "name");
+            cfg_jw_str(w, key);
+            PUT_READ("logical", json_object_get(v, "logic_axes"));
+            PUT_READ("spec", json_object_get(v, "PartitionSpec"));
+            cfg_jw_end(w);
         }
     }
-    json_object_set_new(out, "params", params);
-    json_object_set_new(out, "activations", acts);
+    cfg_jw_end(w);
+#undef PUT_READ
+    cfg_jw_end(w);
     json_decref(named);
     json_decref(logical);
     json_decref(inputs);
-    cfg_jw_key(w, "sharding");
-    cfg_jw_tree(w, out);
     return SIM_OK;
 }
 

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sim/jsonout.h"
+
 static void json_free_value(cfg_json *v)
 {
     free(v->str);
@@ -324,27 +326,64 @@ void cfg_jw_discard(cfg_jw *w)
     cfg_jw_init(w);
 }
 
-static size_t jw_flags(cfg_jw_layout layout, int precision)
+/* v written through the one writer (sim/jsonout.h), as json_dumpf would write it */
+static void jw_emit(sim_json *j, const json_t *v)
 {
-    SIM_ASSERT(precision >= 1 && precision <= 17);
-    size_t flags = JSON_REAL_PRECISION(precision) | JSON_ENCODE_ANY;
-    if (layout == CFG_JW_INDENT2) flags |= JSON_INDENT(2) | JSON_ENSURE_ASCII;
-    return flags;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *x;
+        sim_json_obj(j);
+        json_object_foreach((json_t *)v, k, x)
+        { /* jansson 2.14 keeps (and iterates) an object's keys in insertion order */
+            sim_json_key(j, k);
+            jw_emit(j, x);
+        }
+        sim_json_end(j);
+        break;
+    }
+    case JSON_ARRAY:
+        sim_json_arr(j);
+        for (size_t i = 0; i < json_array_size(v); i++) jw_emit(j, json_array_get(v, i));
+        sim_json_end(j);
+        break;
+    case JSON_STRING: sim_json_str(j, json_string_value(v)); break;
+    case JSON_INTEGER: sim_json_i64(j, (int64_t)json_integer_value(v)); break;
+    case JSON_REAL: sim_json_real(j, json_real_value(v)); break;
+    case JSON_TRUE: sim_json_bool(j, true); break;
+    case JSON_FALSE: sim_json_bool(j, false); break;
+    case JSON_NULL: sim_json_null(j); break;
+    }
+}
+
+static sim_status jw_dump(cfg_jw *w, FILE *f, cfg_jw_layout layout, int precision, const char *what)
+{
+    static const int layouts[] = {[CFG_JW_INDENT2] = 2, [CFG_JW_LINE] = SIM_JSON_LINE, [CFG_JW_INDENT1] = 1,
+                                  [CFG_JW_COMPACT] = SIM_JSON_COMPACT};
+    json_t *root = cfg_jw_take(w);
+    sim_json *j;
+    sim_status st = sim_json_new(f, layouts[layout], layout == CFG_JW_INDENT2, precision, &j);
+    if (st == SIM_OK) {
+        jw_emit(j, root);
+        st = sim_json_close(j, NULL, what);
+    }
+    json_decref(root);
+    return st;
 }
 
 void cfg_jw_write(cfg_jw *w, FILE *f, cfg_jw_layout layout, int precision)
 {
-    json_t *root = cfg_jw_take(w);
     /* a write error shows in ferror(f), which the caller (cli_artifact_write) checks */
-    (void)json_dumpf(root, f, jw_flags(layout, precision));
-    json_decref(root);
+    (void)jw_dump(w, f, layout, precision, "a JSON document");
 }
 
 char *cfg_jw_dumps(cfg_jw *w, cfg_jw_layout layout, int precision)
 {
-    json_t *root = cfg_jw_take(w);
-    char *s = json_dumps(root, jw_flags(layout, precision));
-    json_decref(root);
-    SIM_ASSERT(s);
+    char *s = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    SIM_ASSERT(f);
+    sim_status st = jw_dump(w, f, layout, precision, "a JSON text");
+    SIM_ASSERT(fclose(f) == 0 && st == SIM_OK && s);
     return s;
 }

@@ -58,10 +58,12 @@ int cfg_json_equal(const cfg_json *a, const cfg_json *b);
 
 /* ---- writing ----------------------------------------------------------------
  * The writer builds a jansson tree in call order (cfg_jw_obj/_key/_str/.../_end) and dumps it
- * whole, so no caller escapes a string or formats a number by hand.  Two layouts: Python's
+ * whole through the one JSON writer (sim/jsonout.h), so no caller escapes a string or formats a
+ * number by hand.  Layouts: Python's
  * json.dumps(obj, indent=2) (one item per line, ": " after a key, non-ASCII as \uXXXX: the MaxText
  * sharding dump byte for byte, and every artifact) and one line ({"a": 1, "b": [2, 3]}: MaxText's
- * metrics_file lines, embedded data).  Reals print with the document's precision (%.<p>g, with
+ * metrics_file lines, embedded data), and the indent-1 and compact ones of plan.json and the
+ * safetensors header.  Reals print with the document's precision (%.<p>g, with
  * ".0" added to an integral value); cfg_jw_num keeps a figure to fewer digits. */
 struct json_t; /* jansson's value */
 
@@ -69,7 +71,9 @@ enum { CFG_JW_MAX_DEPTH = 32 };
 
 typedef enum {
     CFG_JW_INDENT2, /* json.dumps(indent=2, ensure_ascii=True) */
-    CFG_JW_LINE     /* one line, ", " and ": " separators, UTF-8 as is */
+    CFG_JW_LINE,    /* one line, ", " and ": " separators, UTF-8 as is */
+    CFG_JW_INDENT1, /* one item per line, one space a level, UTF-8 as is (plan.json) */
+    CFG_JW_COMPACT  /* one line without spaces, UTF-8 as is (a safetensors header) */
 } cfg_jw_layout;
 
 typedef struct {

@@ -236,47 +236,44 @@ sim_status mesh_shape_from_config(const cfg_config *cfg, mesh_shape *m)
     int n = 0;
     SIM_TRY(cfg_get_str_list(cfg, "mesh_axes", &axes, &n));
     const cfg_entry *me = cfg_find(cfg, "mesh_axes");
-    sim_status st = SIM_OK;
+    sim_status st;
     int ici[MESH_MAX_AXES], dcn[MESH_MAX_AXES];
     char ici_names[MESH_MAX_AXES][96], dcn_names[MESH_MAX_AXES][96];
     const char *ici_flags[MESH_MAX_AXES], *dcn_flags[MESH_MAX_AXES];
     long long num_devices = -1, num_slices = 1;
-    if (n < 1 || n > MESH_MAX_AXES) {
-        st = sim_err(SIM_ERR_INPUT, "mesh_axes (%s) has %d axes; shardsim supports 1 to %d", me->where, n,
-                     MESH_MAX_AXES);
-        goto out;
-    }
-    for (int i = 0; i < n && st == SIM_OK; i++) {
-        st = flag_value(cfg, "ici", axes[i], me->where, ici_names[i], sizeof ici_names[i], &ici[i]);
-        if (st == SIM_OK) st = flag_value(cfg, "dcn", axes[i], me->where, dcn_names[i], sizeof dcn_names[i], &dcn[i]);
+    if (n < 1 || n > MESH_MAX_AXES)
+        SIM_TRY_GOTO(
+            sim_err(SIM_ERR_INPUT, "mesh_axes (%s) has %d axes; shardsim supports 1 to %d", me->where, n, MESH_MAX_AXES),
+            st, fail);
+    for (int i = 0; i < n; i++) {
+        SIM_TRY_GOTO(flag_value(cfg, "ici", axes[i], me->where, ici_names[i], sizeof ici_names[i], &ici[i]), st, fail);
+        SIM_TRY_GOTO(flag_value(cfg, "dcn", axes[i], me->where, dcn_names[i], sizeof dcn_names[i], &dcn[i]), st, fail);
         ici_flags[i] = ici_names[i];
         dcn_flags[i] = dcn_names[i];
     }
-    if (st != SIM_OK) goto out;
     if (cfg_find(cfg, "num_slices")) {
-        if ((st = cfg_get_int(cfg, "num_slices", &num_slices)) != SIM_OK) goto out;
+        SIM_TRY_GOTO(cfg_get_int(cfg, "num_slices", &num_slices), st, fail);
         /* MaxText: -1 = detect; off TPU that is one slice. */
         if (num_slices == -1) num_slices = 1;
-        if (num_slices < 1 || num_slices > (1 << 20)) {
-            st = sim_err(SIM_ERR_INPUT, "num_slices=%lld (%s): expected a positive number or -1", num_slices,
-                         cfg_find(cfg, "num_slices")->where);
-            goto out;
-        }
+        if (num_slices < 1 || num_slices > (1 << 20))
+            SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT, "num_slices=%lld (%s): expected a positive number or -1", num_slices,
+                                 cfg_find(cfg, "num_slices")->where),
+                         st, fail);
     }
-    if ((st = check_dcn_keys(cfg, num_slices)) != SIM_OK) goto out;
-    if ((st = check_absent_axes(cfg, axes, n)) != SIM_OK) goto out;
+    SIM_TRY_GOTO(check_dcn_keys(cfg, num_slices), st, fail);
+    SIM_TRY_GOTO(check_absent_axes(cfg, axes, n), st, fail);
     if (cfg_find(cfg, "num_devices")) {
-        if ((st = cfg_get_int(cfg, "num_devices", &num_devices)) != SIM_OK) goto out;
-        if (num_devices == 0 || num_devices < -1 || num_devices > (1 << 24)) {
-            st = sim_err(SIM_ERR_INPUT,
-                         "num_devices=%lld (%s): expected a positive device count, or -1 for the "
-                         "product of the ici/dcn flags",
-                         num_devices, cfg_find(cfg, "num_devices")->where);
-            goto out;
-        }
+        SIM_TRY_GOTO(cfg_get_int(cfg, "num_devices", &num_devices), st, fail);
+        if (num_devices == 0 || num_devices < -1 || num_devices > (1 << 24))
+            SIM_TRY_GOTO(sim_err(SIM_ERR_INPUT,
+                                 "num_devices=%lld (%s): expected a positive device count, or -1 for the "
+                                 "product of the ici/dcn flags",
+                                 num_devices, cfg_find(cfg, "num_devices")->where),
+                         st, fail);
     }
-    st = mesh_shape_build(m, n, axes, ici, dcn, (int)num_devices, (int)num_slices, ici_flags, dcn_flags);
-out:
+    SIM_TRY_GOTO(mesh_shape_build(m, n, axes, ici, dcn, (int)num_devices, (int)num_slices, ici_flags, dcn_flags), st,
+                 fail);
+fail:
     free(axes);
     return st;
 }

@@ -860,19 +860,19 @@ static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
     mesh_array dr, dt;
     SIM_TRY(new_cot_raw(t, "embed/drows", 3, y->val.shape, &rs, &dr));
     if (dy->counted_fixed) mesh_array_recount(c->dev, &dr, dy->counted);
-    sim_status st = SIM_OK;
-    if (gathered) st = embed_rows_allgather(c, dy, &rs, ex, false, &dr, mesh_array_meta(dy, sim_meta_tag(tag)));
+    sim_status st;
+    if (gathered)
+        SIM_TRY_GOTO(embed_rows_allgather(c, dy, &rs, ex, false, &dr, mesh_array_meta(dy, sim_meta_tag(tag))), st, fail);
     else {
         size_t dshape[3] = {(size_t)dy->local[0], (size_t)dy->local[1], (size_t)dy->local[2]};
-        st = sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
-                                 mesh_array_meta(dy, sim_meta_tag(tag)));
+        SIM_TRY_GOTO(sim_all_to_all_dims(c->dev, dy->data, dr.data, 3, dshape, 2, 0, SIM_F32, ex,
+                                         mesh_array_meta(dy, sim_meta_tag(tag))),
+                     st, fail);
     }
-    if (st) goto fail;
     /* the table's own shard: what the tokens' other axes hold is summed by the accumulation */
     mesh_spec ds = tw->spec;
     ds.partial = dy->spec.partial | (mesh_spec_dim_axes(&tok->spec) & ~axes_mask(ex));
-    st = (dr.data ? new_cot_raw : new_cot)(t, "embed/dtable", 2, tw->shape, &ds, &dt);
-    if (st) goto fail;
+    SIM_TRY_GOTO((dr.data ? new_cot_raw : new_cot)(t, "embed/dtable", 2, tw->shape, &ds, &dt), st, fail);
     if (dr.data) {
         /* member q's rows summed on their own, then the members' sums in rank order: the bits of the
          * gather path, whose per-device sums the gradient's reduce-scatter adds in group-rank order
@@ -892,12 +892,11 @@ static sim_status embed_a2a_vjp(mesh_tape *t, mesh_entry *e)
         }
         free(part);
     }
+fail: /* the rows go on every path; dt is the accumulation's once made */
     mesh_array_free(c->dev, &dr);
+    if (st != SIM_OK) return st;
     mesh_nn_cost_memory(t, 2.0 * (double)dy->nlocal, tag); /* rows of dy scatter-added into the table */
     return mesh_tape_accumulate(t, table, &dt, tag);
-fail:
-    mesh_array_free(c->dev, &dr);
-    return st;
 }
 
 /* XLA:TPU's lookup (see the banner): ids gathered, rows looked up on the shard, all-to-all. */
@@ -1093,6 +1092,7 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
 
 /* ------------------------------------------------------------ SwiGLU */
 
+/* e->i[0]: 0 silu (SwiGLU), 1 gelu (GeGLU) */
 static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
 {
     mesh_var *gate = e->in[0], *up = e->in[1], *y = e->out[0];
@@ -1102,7 +1102,8 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
     SIM_TRY(new_cot_raw(t, "swiglu/dgate", dy->rank, dy->shape, &dy->spec, &dg));
     SIM_TRY(new_cot_raw(t, "swiglu/dup", dy->rank, dy->shape, &dy->spec, &du));
     if (dy->data) {
-        bk_swiglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+        if (e->i[0] == 1) bk_geglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
+        else bk_swiglu_bwd_into(dg.data, du.data, dy->data, ga->data, ua->data, dy->nlocal);
     } else if (dg.data) {
         memset(dg.data, 0, dg.nlocal * sizeof(float));
         memset(du.data, 0, du.nlocal * sizeof(float));
@@ -1113,7 +1114,7 @@ static sim_status swiglu_vjp(mesh_tape *t, mesh_entry *e)
     return mesh_tape_accumulate(t, up, &du, mesh_tape_tag(t, "swiglu/dup", tag, sizeof tag));
 }
 
-sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out)
+static sim_status glu(mesh_tape *t, mesh_var *gate, mesh_var *up, int kind, const char *name, mesh_var **out)
 {
     char tag[SIM_TAG_MAX];
     mesh_tape_tag(t, name, tag, sizeof tag);
@@ -1124,12 +1125,64 @@ sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char
     SIM_TRY(mesh_nn_operand(t, &gate->val, &s, tag, &ga, &go));
     SIM_TRY(mesh_nn_operand(t, &up->val, &s, tag, &ua, &uo));
     SIM_TRY(new_out(t, name, ga.rank, ga.shape, &s, out));
-    if (ga.data) bk_swiglu_fwd((*out)->val.data, ga.data, ua.data, ga.nlocal);
+    if (ga.data) {
+        if (kind == 1) bk_geglu_fwd((*out)->val.data, ga.data, ua.data, ga.nlocal);
+        else bk_swiglu_fwd((*out)->val.data, ga.data, ua.data, ga.nlocal);
+    }
     mesh_nn_cost_memory(t, 3.0 * (double)ga.nlocal, tag); /* gate, up read, out written */
     mesh_var *in[2] = {gate, up};
     mesh_entry *e = mesh_tape_record(t, swiglu_vjp, tag, 2, in, 1, out);
+    if (e) e->i[0] = kind;
     keep(t, e, &ga, go);
     keep(t, e, &ua, uo);
+    return SIM_OK;
+}
+
+sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out)
+{
+    return glu(t, gate, up, 0, name, out);
+}
+
+sim_status mesh_nn_geglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out)
+{
+    return glu(t, gate, up, 1, name, out);
+}
+
+/* ------------------------------------------------------------ bfloat16 round trip */
+
+static sim_status round_bf16_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    mesh_ctx *c = mesh_tape_ctx(t);
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, "round_bf16/dx", tag, sizeof tag);
+    /* the convert rounds the summed cotangent: partial sums are reduced first */
+    mesh_array g = y->grad;
+    y->has_grad = false;
+    if (g.spec.partial) {
+        mesh_spec s = g.spec;
+        s.partial = 0;
+        SIM_TRY(mesh_reshard(c->dev, c->mesh, &g, &s, sim_meta_tag(tag)));
+    }
+    if (g.data) bk_round_bf16(g.data, g.data, g.nlocal);
+    mesh_nn_cost_memory_bwd(t, e, 2.0 * (double)g.nlocal);
+    return mesh_tape_accumulate(t, x, &g, tag);
+}
+
+sim_status mesh_nn_round_bf16(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out)
+{
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    mesh_spec s = x->val.spec;
+    s.partial = 0; /* rounding needs the summed value */
+    mesh_array xa;
+    bool xo;
+    SIM_TRY(mesh_nn_operand(t, &x->val, &s, tag, &xa, &xo));
+    SIM_TRY(new_out(t, name, xa.rank, xa.shape, &s, out));
+    if (xa.data) bk_round_bf16((*out)->val.data, xa.data, xa.nlocal);
+    if (xo) mesh_array_free(mesh_tape_ctx(t)->dev, &xa);
+    mesh_nn_cost_memory(t, 2.0 * (double)(*out)->val.nlocal, tag);
+    mesh_tape_record(t, round_bf16_vjp, tag, 1, &x, 1, out);
     return SIM_OK;
 }
 

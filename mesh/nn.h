@@ -85,6 +85,13 @@ sim_status mesh_nn_xent(mesh_tape *t, mesh_var *logits, const mesh_array *target
 
 /* out = silu(gate) * up (same sharding; up follows gate). */
 sim_status mesh_nn_swiglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out);
+/* out = gelu(gate) * up, jax.nn.gelu's tanh approximation (mlp_activations [gelu, linear]); as swiglu. */
+sim_status mesh_nn_geglu(mesh_tape *t, mesh_var *gate, mesh_var *up, const char *name, mesh_var **out);
+
+/* y = x rounded to bfloat16 and read back as float32 (jnp.asarray(x, jnp.bfloat16) where a float32
+ * product reads it); its VJP rounds the cotangent the same way, as the transposed convert does.  Same
+ * sharding as x; no bytes move. */
+sim_status mesh_nn_round_bf16(mesh_tape *t, mesh_var *x, const char *name, mesh_var **out);
 
 /* y = cap tanh(a x / cap), or a x when cap = 0 (final_logits_soft_cap, normalize_embedding_logits);
  * same sharding as x (partial axes summed first). */

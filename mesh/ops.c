@@ -1007,6 +1007,7 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
     }
     sim_meta meta = op_meta(ctx, tag);
     sim_status st = SIM_OK;
+    bool out_made = false;
     staged ua, ub, sa, sb; /* arr is set where owned is (four cleared mesh_arrays per einsum were not free) */
     ua.owned = ub.owned = sa.owned = sb.owned = false;
     placement p_room;       /* on the stack: a heap block per einsum of every device was malloc's slow path */
@@ -1017,17 +1018,15 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
     if (ctx->mode == MESH_MODE_EXPLICIT) {
         memset(p, 0, sizeof *p);
         placement_inputs(p, ctx, a, b, out_sharding); /* the rules read the specs alone */
-        st = einsum_rules(ctx, tag, opdesc, &d, a, b, out_sharding, p, NULL, NULL);
-        if (st != SIM_OK) goto done;
+        SIM_TRY_GOTO(einsum_rules(ctx, tag, opdesc, &d, a, b, out_sharding, p, NULL, NULL), st, fail);
         memset(p, 0, sizeof *p);
     }
 
     /* indices in one operand only are summed first (reduce_sum's rule: all-reduce if sharded) */
     char la[BK_EINSUM_MAX_RANK], lb[BK_EINSUM_MAX_RANK], sub[64];
     int na, nb;
-    st = sum_unique(ctx, &d, a, d.la, d.ra, BK_EIN_LHS_SUM, name, &ua, la, &na);
-    if (st == SIM_OK) st = sum_unique(ctx, &d, b, d.lb, d.rb, BK_EIN_RHS_SUM, name, &ub, lb, &nb);
-    if (st != SIM_OK) goto done;
+    SIM_TRY_GOTO(sum_unique(ctx, &d, a, d.la, d.ra, BK_EIN_LHS_SUM, name, &ua, la, &na), st, fail);
+    SIM_TRY_GOTO(sum_unique(ctx, &d, b, d.lb, d.rb, BK_EIN_RHS_SUM, name, &ub, lb, &nb), st, fail);
     { /* "la,lb->lo" without printf (every einsum of every device); at most 3 x 8 letters + 3 < 64 */
         int k = 0;
         for (int i = 0; i < na; i++) sub[k++] = la[i];
@@ -1040,10 +1039,8 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
     }
     /* with nothing summed away, sub has d's letters in d's order and the same shapes: d stands */
     if ((na != d.ra || nb != d.rb) &&
-        bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err)) {
-        st = sim_err(SIM_ERR_INTERNAL, "%s: %s", tag, err);
-        goto done;
-    }
+        bk_einsum_parse(sub, ua.arr.rank, ua.arr.shape, ub.arr.rank, ub.arr.shape, &d, err, sizeof err))
+        SIM_TRY_GOTO(sim_err(SIM_ERR_INTERNAL, "%s: %s", tag, err), st, fail);
 
     placement_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
     {
@@ -1059,9 +1056,8 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
         } else {
             memset(p, 0, sizeof *p); /* the search starts from zero */
             placement_inputs(p, ctx, &ua.arr, &ub.arr, out_sharding);
-            st = einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL);
-            if (st == SIM_OK) st = place(p, tag);
-            if (st != SIM_OK) goto done;
+            SIM_TRY_GOTO(einsum_rules(ctx, tag, opdesc, &d, &ua.arr, &ub.arr, out_sharding, p, NULL, NULL), st, fail);
+            SIM_TRY_GOTO(place(p, tag), st, fail);
             if (klen > 0) {
                 v = (placed){{p->to[0], p->to[1]}, p->out, p->bytes_in, p->bytes_out};
                 mesh_memo_put(key, klen, &v, (int)sizeof v);
@@ -1089,9 +1085,8 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
         meta_a.product_partial_bytes = meta_b.product_partial_bytes =
             n * sim_dtype_size(w->cat == SIM_MEM_PARAMS ? mesh_array_gather_dtype(ctx->dev, w) : w->counted);
     }
-    st = stage(ctx, &ua.arr, &p->from[0], &p->to[0], meta_a, &sa);
-    if (st == SIM_OK) st = stage(ctx, &ub.arr, &p->from[1], &p->to[1], meta_b, &sb);
-    if (st != SIM_OK) goto done;
+    SIM_TRY_GOTO(stage(ctx, &ua.arr, &p->from[0], &p->to[0], meta_a, &sa), st, fail);
+    SIM_TRY_GOTO(stage(ctx, &ub.arr, &p->from[1], &p->to[1], meta_b, &sb), st, fail);
     /* into acc: only where adding there changes nothing else -- the placement (chosen as ever) gives
      * acc's spec, dims and partial axes, so no collective would have touched the product, and the
      * kernel writes C in place (a scratch result scattered after would still be a temporary).  A
@@ -1101,12 +1096,17 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
                 !memcmp(acc->shape, d.out_shape, (size_t)d.ro * sizeof d.out_shape[0]) &&
                 bk_einsum_out_direct(sub, sa.arr.rank, sa.arr.local, sb.arr.rank, sb.arr.local);
     if (fused) *fused = into;
-    if (into) st = mesh_array_new_ghost(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
+    if (into)
+        SIM_TRY_GOTO(mesh_array_new_ghost(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out),
+                     st, fail);
     else if (ctx->out_counted)
-        st = mesh_array_new_as(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, *ctx->out_counted,
-                               out_cat, false, out);
-    else st = mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out);
-    if (st != SIM_OK) goto done;
+        SIM_TRY_GOTO(mesh_array_new_as(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32,
+                                       *ctx->out_counted, out_cat, false, out),
+                     st, fail);
+    else
+        SIM_TRY_GOTO(mesh_array_new_raw(ctx->dev, ctx->mesh, tag, d.ro, d.out_shape, &p->out, SIM_F32, out_cat, out),
+                     st, fail);
+    out_made = true;
     /* remat's recomputation takes the forward's product where it runs the same product the same way
      * (mesh/replay.h); a "dead" one too: an offloaded tensor's recomputed twin is read in its stead */
     mesh_spec ran[5];
@@ -1131,11 +1131,10 @@ static sim_status einsum_impl(mesh_ctx *ctx, const char *subscripts, const mesh_
     }
     unstage(ctx, &sa);
     unstage(ctx, &sb);
-    if (out_sharding && !mesh_spec_equal(&out->spec, out_sharding)) {
-        st = mesh_reshard(ctx->dev, ctx->mesh, out, out_sharding, meta);
-        if (st != SIM_OK) mesh_array_free(ctx->dev, out);
-    }
-done:
+    if (out_sharding && !mesh_spec_equal(&out->spec, out_sharding))
+        SIM_TRY_GOTO(mesh_reshard(ctx->dev, ctx->mesh, out, out_sharding, meta), st, fail);
+fail: /* the staged operands on every path; the output, once made, only on failure */
+    if (st != SIM_OK && out_made) mesh_array_free(ctx->dev, out);
     unstage(ctx, &sa);
     unstage(ctx, &sb);
     unstage(ctx, &ua);
@@ -1422,9 +1421,8 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
     }
     if (ctx->mode == MESH_MODE_EXPLICIT) {
         tup res[MESH_SPEC_MAX_RANK];
-        st = partial_rule(&e, k, w);
-        if (st == SIM_OK) st = broadcast_rule(&e, prim, rank, osh, x, w, res);
-        if (st != SIM_OK) goto done;
+        SIM_TRY_GOTO(partial_rule(&e, k, w), st, fail);
+        SIM_TRY_GOTO(broadcast_rule(&e, prim, rank, osh, x, w, res), st, fail);
         for (int d = 0; d < rank; d++) add_choice(p, d, &res[d]);
     } else {
         tup none = {0, {0}};
@@ -1437,21 +1435,19 @@ static sim_status binary_op(mesh_ctx *ctx, ew_kind k, const mesh_array *a, const
             add_choice(p, d, &none);
         }
     }
-    st = place(p, tag);
-    if (st != SIM_OK) goto done;
+    SIM_TRY_GOTO(place(p, tag), st, fail);
     sim_meta meta = op_meta(ctx, tag);
-    st = stage(ctx, a, &w[0], &p->to[0], meta, &sa);
-    if (st == SIM_OK) st = stage(ctx, b, &w[1], &p->to[1], meta, &sb);
+    SIM_TRY_GOTO(stage(ctx, a, &w[0], &p->to[0], meta, &sa), st, fail);
+    SIM_TRY_GOTO(stage(ctx, b, &w[1], &p->to[1], meta, &sb), st, fail);
     /* local_binary writes every element when both operands hold data: no zero-filling then (a
      * serial memset, and the page faults of a fresh block, on the device thread) */
-    if (st == SIM_OK)
-        st = (sa.arr.data && sb.arr.data ? mesh_array_new_raw : mesh_array_new)(ctx->dev, ctx->mesh, tag, rank, osh,
-                                                                                &p->out, SIM_F32, a->cat, out);
-    if (st != SIM_OK) goto done;
+    SIM_TRY_GOTO((sa.arr.data && sb.arr.data ? mesh_array_new_raw : mesh_array_new)(ctx->dev, ctx->mesh, tag, rank,
+                                                                                    osh, &p->out, SIM_F32, a->cat, out),
+                 st, fail);
     if (out->data && sa.arr.data && sb.arr.data)
         local_binary(k, out->data, rank, out->local, sa.arr.data, sa.arr.rank, sa.arr.local, sb.arr.data, sb.arr.rank,
                      sb.arr.local);
-done:
+fail: /* the staged operands and the placement, on every path */
     unstage(ctx, &sa);
     unstage(ctx, &sb);
     free(p);

@@ -81,28 +81,4 @@ static inline void sim_textout_milli(sim_textout *o, uint64_t v)
     sim_textout_mem(o, d, sizeof d);
 }
 
-/* Writes s as a JSON string literal (with quotes): '"' and '\\' escaped with a
- * backslash, control characters as \u00XX, everything else as it is. */
-static inline void sim_textout_json_string(sim_textout *o, const char *s)
-{
-    sim_textout_char(o, '"');
-    const char *run = s;
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch != '"' && ch != '\\' && ch >= 0x20) continue;
-        sim_textout_mem(o, run, (size_t)(s - run));
-        if (ch == '"' || ch == '\\') {
-            char e[2] = {'\\', (char)ch};
-            sim_textout_mem(o, e, 2);
-        } else {
-            static const char hex[] = "0123456789abcdef";
-            char e[6] = {'\\', 'u', '0', '0', hex[ch >> 4], hex[ch & 15]};
-            sim_textout_mem(o, e, 6);
-        }
-        run = s + 1;
-    }
-    sim_textout_mem(o, run, (size_t)(s - run));
-    sim_textout_char(o, '"');
-}
-
 #endif

@@ -5,38 +5,34 @@
 
 #include <stdlib.h>
 
-#include "sim/textout.h"
-
-void sim_json_write_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-        else fputc(ch, f);
-    }
-    fputc('"', f);
-}
+#include "sim/jsonout.h"
 
 /* ================================================================ the writer */
 
+/* The document {"displayTimeUnit":"ms","otherData":{...},"traceEvents":[ one event a line ]}, in
+ * the one JSON writer's compact layout. */
 struct sim_trace_out {
-    sim_textout t;
-    bool meta_open;   /* otherData still takes members */
-    bool first_meta;  /* no member written yet */
-    bool first_event; /* no event written yet */
-    bool first_arg;   /* the open event has no args yet */
+    sim_json *j;
+    bool meta_open; /* otherData still takes members */
+    bool arg_open;  /* the open event has an args object */
 };
 
 sim_status sim_trace_out_new(FILE *f, sim_trace_out **out)
 {
     sim_trace_out *o = malloc(sizeof *o);
     if (!o) return sim_err(SIM_ERR_OOM, "trace: out of host memory");
-    sim_textout_init(&o->t, f);
-    o->meta_open = o->first_meta = o->first_event = true;
-    o->first_arg = true;
-    sim_textout_str(&o->t, "{\"displayTimeUnit\":\"ms\",\"otherData\":{");
+    sim_status st = sim_json_new(f, SIM_JSON_COMPACT, false, 17, &o->j);
+    if (st != SIM_OK) {
+        free(o);
+        return st;
+    }
+    o->meta_open = true;
+    o->arg_open = false;
+    sim_json_obj(o->j);
+    sim_json_key(o->j, "displayTimeUnit");
+    sim_json_str(o->j, "ms");
+    sim_json_key(o->j, "otherData");
+    sim_json_obj(o->j);
     *out = o;
     return SIM_OK;
 }
@@ -44,160 +40,182 @@ sim_status sim_trace_out_new(FILE *f, sim_trace_out **out)
 static void meta_key(sim_trace_out *o, const char *key)
 {
     SIM_ASSERT(o->meta_open); /* otherData comes before the events */
-    if (!o->first_meta) sim_textout_char(&o->t, ',');
-    o->first_meta = false;
-    sim_textout_json_string(&o->t, key);
-    sim_textout_char(&o->t, ':');
+    sim_json_key(o->j, key);
 }
 
 void sim_trace_out_meta_u64(sim_trace_out *o, const char *key, uint64_t v)
 {
     meta_key(o, key);
-    sim_textout_u64(&o->t, v);
+    sim_json_u64(o->j, v);
 }
 
 void sim_trace_out_meta_str(sim_trace_out *o, const char *key, const char *v)
 {
     meta_key(o, key);
-    sim_textout_json_string(&o->t, v);
+    sim_json_str(o->j, v);
 }
 
-void sim_trace_out_meta_raw(sim_trace_out *o, const char *key, const char *json)
+void sim_trace_out_meta_ranges(sim_trace_out *o, const char *key, const int64_t (*r)[2], int n)
 {
     meta_key(o, key);
-    sim_textout_str(&o->t, json);
+    sim_json_arr(o->j);
+    for (int i = 0; i < n; i++) {
+        sim_json_arr(o->j);
+        sim_json_i64(o->j, r[i][0]);
+        sim_json_i64(o->j, r[i][1]);
+        sim_json_end(o->j);
+    }
+    sim_json_end(o->j);
 }
 
-/* ",\n{" between events; the first one also closes otherData */
+/* an event's object on a line of its own; the first one closes otherData and opens the list */
 static void event_open(sim_trace_out *o)
 {
     if (o->meta_open) {
-        sim_textout_str(&o->t, "},\"traceEvents\":[\n{");
+        sim_json_end(o->j);
+        sim_json_key(o->j, "traceEvents");
+        sim_json_arr_lines(o->j);
         o->meta_open = false;
-    } else {
-        sim_textout_str(&o->t, ",\n{");
     }
-    o->first_event = false;
+    sim_json_obj(o->j);
 }
 
-/* ts and dur are microseconds printed "%.3f" of a nanosecond count: v / 1000, a point, v % 1000 */
-static void put_us(sim_textout *t, uint64_t ns) { sim_textout_milli(t, ns); }
+static void member_str(sim_trace_out *o, const char *key, const char *v)
+{
+    sim_json_key(o->j, key);
+    sim_json_str(o->j, v);
+}
+
+static void member_i64(sim_trace_out *o, const char *key, int64_t v)
+{
+    sim_json_key(o->j, key);
+    sim_json_i64(o->j, v);
+}
+
+/* ts and dur are microseconds with three decimals, from a nanosecond count */
+static void member_us(sim_trace_out *o, const char *key, uint64_t ns)
+{
+    sim_json_key(o->j, key);
+    sim_json_milli(o->j, ns);
+}
+
+/* a metadata event: {"name":name,"ph":"M","pid":pid[,"tid":tid],"args":{arg:...}} */
+static void metadata(sim_trace_out *o, const char *name, int64_t pid, const int64_t *tid, const char *arg)
+{
+    event_open(o);
+    member_str(o, "name", name);
+    member_str(o, "ph", "M");
+    member_i64(o, "pid", pid);
+    if (tid) member_i64(o, "tid", *tid);
+    sim_json_key(o->j, "args");
+    sim_json_obj(o->j);
+    sim_json_key(o->j, arg);
+}
 
 void sim_trace_out_process(sim_trace_out *o, int64_t pid, const char *name, int64_t sort_index)
 {
-    event_open(o);
-    sim_textout_str(&o->t, "\"name\":\"process_name\",\"ph\":\"M\",\"pid\":");
-    sim_textout_i64(&o->t, pid);
-    sim_textout_str(&o->t, ",\"args\":{\"name\":");
-    sim_textout_json_string(&o->t, name);
-    sim_textout_str(&o->t, "}}");
-    event_open(o);
-    sim_textout_str(&o->t, "\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":");
-    sim_textout_i64(&o->t, pid);
-    sim_textout_str(&o->t, ",\"args\":{\"sort_index\":");
-    sim_textout_i64(&o->t, sort_index);
-    sim_textout_str(&o->t, "}}");
+    metadata(o, "process_name", pid, NULL, "name");
+    sim_json_str(o->j, name);
+    sim_json_end(o->j);
+    sim_json_end(o->j);
+    metadata(o, "process_sort_index", pid, NULL, "sort_index");
+    sim_json_i64(o->j, sort_index);
+    sim_json_end(o->j);
+    sim_json_end(o->j);
 }
 
 void sim_trace_out_thread(sim_trace_out *o, int64_t pid, int64_t tid, const char *name)
 {
-    event_open(o);
-    sim_textout_str(&o->t, "\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":");
-    sim_textout_i64(&o->t, pid);
-    sim_textout_str(&o->t, ",\"tid\":");
-    sim_textout_i64(&o->t, tid);
-    sim_textout_str(&o->t, ",\"args\":{\"name\":");
-    sim_textout_json_string(&o->t, name);
-    sim_textout_str(&o->t, "}}");
+    metadata(o, "thread_name", pid, &tid, "name");
+    sim_json_str(o->j, name);
+    sim_json_end(o->j);
+    sim_json_end(o->j);
 }
 
 void sim_trace_out_span(sim_trace_out *o, int64_t pid, int64_t tid, uint64_t ts_ns, uint64_t dur_ns, const char *name,
                         const char *cat)
 {
     event_open(o);
-    sim_textout_str(&o->t, "\"name\":");
-    sim_textout_json_string(&o->t, name);
-    sim_textout_str(&o->t, ",\"ph\":\"X\",\"pid\":");
-    sim_textout_i64(&o->t, pid);
-    sim_textout_str(&o->t, ",\"tid\":");
-    sim_textout_i64(&o->t, tid);
-    sim_textout_str(&o->t, ",\"ts\":");
-    put_us(&o->t, ts_ns);
-    sim_textout_str(&o->t, ",\"dur\":");
-    put_us(&o->t, dur_ns);
-    if (cat) {
-        sim_textout_str(&o->t, ",\"cat\":");
-        sim_textout_json_string(&o->t, cat);
-    }
-    o->first_arg = true;
+    member_str(o, "name", name);
+    member_str(o, "ph", "X");
+    member_i64(o, "pid", pid);
+    member_i64(o, "tid", tid);
+    member_us(o, "ts", ts_ns);
+    member_us(o, "dur", dur_ns);
+    if (cat) member_str(o, "cat", cat);
+    o->arg_open = false;
 }
 
 static void arg_key(sim_trace_out *o, const char *key)
 {
-    sim_textout_str(&o->t, o->first_arg ? ",\"args\":{" : ",");
-    o->first_arg = false;
-    sim_textout_json_string(&o->t, key);
-    sim_textout_char(&o->t, ':');
+    if (!o->arg_open) {
+        sim_json_key(o->j, "args");
+        sim_json_obj(o->j);
+        o->arg_open = true;
+    }
+    sim_json_key(o->j, key);
 }
 
 void sim_trace_out_arg_str(sim_trace_out *o, const char *key, const char *v)
 {
     arg_key(o, key);
-    sim_textout_json_string(&o->t, v);
+    sim_json_str(o->j, v);
 }
 
 void sim_trace_out_arg_i64(sim_trace_out *o, const char *key, int64_t v)
 {
     arg_key(o, key);
-    sim_textout_i64(&o->t, v);
+    sim_json_i64(o->j, v);
 }
 
 void sim_trace_out_event_end(sim_trace_out *o)
 {
-    sim_textout_str(&o->t, o->first_arg ? "}" : "}}");
-    o->first_arg = true;
+    if (o->arg_open) sim_json_end(o->j);
+    sim_json_end(o->j);
+    o->arg_open = false;
 }
 
 void sim_trace_out_instant(sim_trace_out *o, int64_t pid, uint64_t ts_ns, const char *name, const char *cat)
 {
     event_open(o);
-    sim_textout_str(&o->t, "\"name\":");
-    sim_textout_json_string(&o->t, name);
-    sim_textout_str(&o->t, ",\"ph\":\"i\",\"s\":\"p\",\"pid\":");
-    sim_textout_i64(&o->t, pid);
-    sim_textout_str(&o->t, ",\"tid\":0,\"ts\":");
-    put_us(&o->t, ts_ns);
-    sim_textout_str(&o->t, ",\"cat\":");
-    sim_textout_json_string(&o->t, cat);
-    sim_textout_char(&o->t, '}');
+    member_str(o, "name", name);
+    member_str(o, "ph", "i");
+    member_str(o, "s", "p");
+    member_i64(o, "pid", pid);
+    member_i64(o, "tid", 0);
+    member_us(o, "ts", ts_ns);
+    member_str(o, "cat", cat);
+    sim_json_end(o->j);
 }
 
 void sim_trace_out_counter(sim_trace_out *o, int64_t pid, uint64_t ts_ns, const char *name, const char *series,
                            uint64_t v)
 {
     event_open(o);
-    sim_textout_str(&o->t, "\"name\":");
-    sim_textout_json_string(&o->t, name);
-    sim_textout_str(&o->t, ",\"ph\":\"C\",\"pid\":");
-    sim_textout_i64(&o->t, pid);
-    sim_textout_str(&o->t, ",\"ts\":");
-    put_us(&o->t, ts_ns);
-    sim_textout_str(&o->t, ",\"args\":{");
-    sim_textout_json_string(&o->t, series);
-    sim_textout_char(&o->t, ':');
-    sim_textout_u64(&o->t, v);
-    sim_textout_str(&o->t, "}}");
+    member_str(o, "name", name);
+    member_str(o, "ph", "C");
+    member_i64(o, "pid", pid);
+    member_us(o, "ts", ts_ns);
+    sim_json_key(o->j, "args");
+    sim_json_obj(o->j);
+    sim_json_key(o->j, series);
+    sim_json_u64(o->j, v);
+    sim_json_end(o->j);
+    sim_json_end(o->j);
 }
 
 sim_status sim_trace_out_end(sim_trace_out *o)
 {
-    if (o->meta_open) sim_textout_str(&o->t, "},\"traceEvents\":[");
-    sim_textout_str(&o->t, "\n]}\n");
-    sim_textout_flush(&o->t);
-    FILE *f = o->t.f;
+    if (o->meta_open) { /* no event: an empty list */
+        sim_json_end(o->j);
+        sim_json_key(o->j, "traceEvents");
+        sim_json_arr_lines(o->j);
+    }
+    sim_json_end(o->j);
+    sim_json_end(o->j);
+    sim_status st = sim_json_close(o->j, "\n", "the trace file");
     free(o);
-    if (ferror(f)) return sim_err(SIM_ERR_IO, "could not write the trace file");
-    return SIM_OK;
+    return st;
 }
 
 /* ================================================================ a run's spans */
@@ -296,13 +314,16 @@ static void write_meta(sim_trace_out *o, sim_machine *m, size_t ndev, size_t max
     sim_trace_out_meta_u64(o, "devices", (uint64_t)m->n);
     sim_trace_out_meta_u64(o, "trace_max_events", max_events);
     if (*m->trace_steps_text) sim_trace_out_meta_str(o, "trace_steps", m->trace_steps_text);
-    char buf[1024];
-    size_t n = (size_t)snprintf(buf, sizeof buf, "[");
-    for (int i = 0; i < m->ntrace_steps && n < sizeof buf - 64; i++)
-        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s[%lld,%lld]", i ? "," : "",
-                              (long long)m->trace_steps[i].first, (long long)m->trace_steps[i].last);
-    snprintf(buf + n, sizeof buf - n, "]");
-    if (m->trace_steps) sim_trace_out_meta_raw(o, "steps_kept", buf); /* inclusive ranges */
+    if (m->trace_steps) { /* inclusive ranges */
+        int64_t(*r)[2] = malloc((size_t)m->ntrace_steps * sizeof *r);
+        SIM_ASSERT(r);
+        for (int i = 0; i < m->ntrace_steps; i++) {
+            r[i][0] = m->trace_steps[i].first;
+            r[i][1] = m->trace_steps[i].last;
+        }
+        sim_trace_out_meta_ranges(o, "steps_kept", (const int64_t(*)[2])r, m->ntrace_steps);
+        free(r);
+    }
     const sim_device *d0 = &m->dev[0];
     sim_trace_out_meta_u64(o, "steps_traced", d0->steps_traced);
     sim_trace_out_meta_u64(o, "steps_left_out", d0->steps_skipped);

@@ -1,6 +1,7 @@
 /* trace.h — Chrome trace-event JSON (Perfetto and chrome://tracing open it).
  *
- * One streaming writer (sim_trace_out) writes every trace.json: the spans the
+ * One streaming writer (sim_trace_out, over the one JSON writer sim/jsonout.h) writes every
+ * trace.json: the spans the
  * devices recorded (sim_machine_opts.trace: one process per device named by
  * its mesh coordinates, a "compute" lane and one lane per group of mesh axes
  * for collectives, the arena's live bytes as a counter track) and the step-time
@@ -27,8 +28,8 @@ typedef struct sim_trace_out sim_trace_out;
 sim_status sim_trace_out_new(FILE *f, sim_trace_out **out);
 void sim_trace_out_meta_u64(sim_trace_out *o, const char *key, uint64_t v);
 void sim_trace_out_meta_str(sim_trace_out *o, const char *key, const char *v);
-/* A member whose value is JSON text the caller formed (an array, an object). */
-void sim_trace_out_meta_raw(sim_trace_out *o, const char *key, const char *json);
+/* A member whose value is a list of [first, last] pairs. */
+void sim_trace_out_meta_ranges(sim_trace_out *o, const char *key, const int64_t (*r)[2], int n);
 /* Metadata events: a process (its name and its place in the list) and a lane's name. */
 void sim_trace_out_process(sim_trace_out *o, int64_t pid, const char *name, int64_t sort_index);
 void sim_trace_out_thread(sim_trace_out *o, int64_t pid, int64_t tid, const char *name);
@@ -81,7 +82,5 @@ uint64_t sim_trace_spans_skipped(sim_machine *m);
 size_t sim_trace_devices_within(sim_machine *m, size_t max_events);
 /* Number of spans device `id` recorded in the traced steps. */
 size_t sim_trace_span_count(sim_machine *m, int id);
-/* Writes s as a JSON string literal (with quotes). */
-void sim_json_write_string(FILE *f, const char *s);
 
 #endif

@@ -122,7 +122,8 @@ void ref_mlp_fwd(const ref_mlp *m, int64_t N, const double *x, double *y)
                 g += xn[e] * (m->wi ? m->wi[(e * 2 + 0) * F + f] : m->wi0[e * F + f]);
                 u += xn[e] * (m->wi ? m->wi[(e * 2 + 1) * F + f] : m->wi1[e * F + f]);
             }
-            h[f] = g / (1 + exp(-g)) * u;
+            h[f] =
+                (m->gelu ? g * 0.5 * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) : g / (1 + exp(-g))) * u;
         }
         for (int64_t e = 0; e < E; e++) {
             double s = 0;

@@ -6,6 +6,7 @@
 #ifndef TESTS_BLOCK_REF_H
 #define TESTS_BLOCK_REF_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* RMSNorm over the last dim: y = x / sqrt(mean(x^2) + eps) * g (g NULL: no scale). */
@@ -37,9 +38,11 @@ typedef struct {
 } ref_attention;
 void ref_attention_fwd(const ref_attention *a, int64_t B, int64_t T, const double *x, double *y);
 
-/* SwiGLU: y = (silu(x . wi0) * (x . wi1)) . wo, or with one fused (E, 2, F) wi (gate at [e, 0, f]). */
+/* SwiGLU: y = (silu(x . wi0) * (x . wi1)) . wo, or with one fused (E, 2, F) wi (gate at [e, 0, f]);
+ * with gelu, GeGLU: gelu(g) = g * 0.5 * (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (jax.nn.gelu's default). */
 typedef struct {
     int64_t E, F;
+    bool gelu;
     const float *wi0, *wi1; /* (E, F), or NULL with wi */
     const float *wi;
     const float *wo; /* (F, E) */

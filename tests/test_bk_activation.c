@@ -1,8 +1,10 @@
-/* test_bk_activation.c — SiLU and SwiGLU fwd/bwd against _ref twins and finite differences. */
+/* test_bk_activation.c — SiLU, SwiGLU and GeGLU fwd/bwd against _ref twins and finite differences;
+ * GeGLU's gelu at values of the tanh formula by hand; the bfloat16 round trip at hand-made ties. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,13 +60,14 @@ static void test_silu_swiglu_vs_ref(void **state)
 
 typedef struct {
     float *g, *u, *y, *wy;
-    int swiglu;
+    int swiglu; /* 0 silu, 1 swiglu, 2 geglu */
 } ctx_t;
 
 static double loss(void *p)
 {
     ctx_t *c = p;
-    if (c->swiglu) bk_swiglu_fwd_ref(c->y, c->g, c->u, N);
+    if (c->swiglu == 2) bk_geglu_fwd_ref(c->y, c->g, c->u, N);
+    else if (c->swiglu) bk_swiglu_fwd_ref(c->y, c->g, c->u, N);
     else bk_silu_fwd_ref(c->y, c->g, N);
     return bk_dot_d(c->wy, c->y, N);
 }
@@ -128,10 +131,56 @@ static void test_clamped_glu(void **state)
     }
 }
 
+static void test_geglu(void **state)
+{
+    (void)state;
+    bk_rng r = {23};
+    float g[N], u[N], y[N], yr[N], dy[N], dg[N], du[N], dgr[N], dur[N];
+    double fd[N];
+    bk_rng_fill(&r, g, N, -5, 5);
+    bk_rng_fill(&r, u, N, -2, 2);
+    bk_rng_fill(&r, dy, N, -1, 1);
+    bk_geglu_fwd(y, g, u, N);
+    bk_geglu_fwd_ref(yr, g, u, N);
+    assert_true(bk_rel_err(y, yr, N) <= REF_RTOL);
+    bk_geglu_bwd_into(dg, du, dy, g, u, N);
+    bk_geglu_bwd_ref(dgr, dur, dy, g, u, N);
+    assert_true(bk_rel_err(dg, dgr, N) <= 1e-5 && bk_rel_err(du, dur, N) <= 1e-5);
+    ctx_t c = {g, u, y, dy, 2};
+    bk_fd_grad(loss, &c, g, N, FD_EPS, fd);
+    double eg = bk_rel_err_fd(dg, fd, N);
+    bk_fd_grad(loss, &c, u, N, FD_EPS, fd);
+    double eu = bk_rel_err_fd(du, fd, N);
+    print_message("geglu fd rel err: dgate %.2e dup %.2e\n", eg, eu);
+    assert_true(eg <= FD_RTOL && eu <= FD_RTOL);
+    /* the tanh approximation by hand: gelu(1) = 0.5 (1 + tanh(sqrt(2/pi) 1.044715)) = 0.8411920,
+     * gelu(-2) = -2 * 0.5 (1 + tanh(-sqrt(2/pi) 2.35772)) = -0.0454023 (the exact erf form gives
+     * 0.8413447 and -0.0455003: the approximation is the one followed) */
+    float g2[2] = {1.0f, -2.0f}, u2[2] = {1.0f, 1.0f}, y2[2];
+    bk_geglu_fwd(y2, g2, u2, 2);
+    assert_true(fabs(y2[0] - 0.8411920) < 1e-6 && fabs(y2[1] - -0.0454023) < 1e-6);
+}
+
+static void test_round_bf16(void **state)
+{
+    (void)state;
+    /* bfloat16 keeps 8 significant bits: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (even: 1),
+     * 1 + 3 * 2^-8 one between 1 + 2^-7 and 1 + 2^-6 (even: 1 + 2^-6), 1 + 2^-8 + 2^-20 rounds up,
+     * pi = 3.14159 is 3.140625 (0x4049), -0.1 is -0.10009765625 (0xbdcd) */
+    float x[7] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, 3.14159265f, -0.1f, 0.0f, 256.0f};
+    float want[7] = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f, 3.140625f, -0.10009765625f, 0.0f, 256.0f}, y[7];
+    bk_round_bf16(y, x, 7);
+    for (int i = 0; i < 7; i++) assert_true(y[i] == want[i]);
+    bk_round_bf16(x, x, 7); /* in place */
+    for (int i = 0; i < 7; i++) assert_true(x[i] == want[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clamped_glu),
+        cmocka_unit_test(test_geglu),
+        cmocka_unit_test(test_round_bf16),
         cmocka_unit_test(test_silu_swiglu_vs_ref),
         cmocka_unit_test(test_silu_swiglu_fd),
     };

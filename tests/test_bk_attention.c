@@ -358,6 +358,21 @@ static void test_attention_tile_invariance(void **state)
 /* Dot-product attention (the score matrix materialised) against the same _ref twin, GQA, Dv != Dqk,
  * a trailing chunk and permuted positions; its probabilities sum to 1 over the visible keys and are
  * 0 on masked ones. Same tolerances as the blocked kernel (the same float products, one tile). */
+/* The dot-product kernel's backward from its probabilities against the reference's, for the
+ * cotangent dout of the output (out_r, lse_r: the reference's forward). */
+static void check_dot_bwd(const prob_t *p, const bk_attn_dims *d, const float *dout, const float *probs,
+                          const float *out_r, const float *lse_r)
+{
+    float *dq = zeros(p->nq), *dk = zeros(p->nk), *dv = zeros(p->nv);
+    float *dq_r = zeros(p->nq), *dk_r = zeros(p->nk), *dv_r = zeros(p->nv);
+    bk_attention_dot_bwd(dq, dk, dv, dout, probs, p->q, p->k, p->v, d);
+    bk_attention_bwd_ref(dq_r, dk_r, dv_r, dout, NULL, out_r, lse_r, p->q, p->k, p->v, p->qp, p->kp, d);
+    assert_true(bk_rel_err(dq, dq_r, p->nq) < BWD_RTOL);
+    assert_true(bk_rel_err(dk, dk_r, p->nk) < BWD_RTOL);
+    assert_true(bk_rel_err(dv, dv_r, p->nv) < BWD_RTOL);
+    free(dq), free(dk), free(dv), free(dq_r), free(dk_r), free(dv_r);
+}
+
 static void test_attention_dot_vs_ref(void **state)
 {
     (void)state;
@@ -390,15 +405,8 @@ static void test_attention_dot_vs_ref(void **state)
                     }
                     assert_true(fabs(sum - 1.0) < 1e-5);
                 }
-        float *dq = zeros(p.nq), *dk = zeros(p.nk), *dv = zeros(p.nv);
-        float *dq_r = zeros(p.nq), *dk_r = zeros(p.nk), *dv_r = zeros(p.nv);
-        bk_attention_dot_bwd(dq, dk, dv, dout, probs, p.q, p.k, p.v, d);
-        bk_attention_bwd_ref(dq_r, dk_r, dv_r, dout, NULL, out_r, lse_r, p.q, p.k, p.v, p.qp, p.kp, d);
-        assert_true(bk_rel_err(dq, dq_r, p.nq) < BWD_RTOL);
-        assert_true(bk_rel_err(dk, dk_r, p.nk) < BWD_RTOL);
-        assert_true(bk_rel_err(dv, dv_r, p.nv) < BWD_RTOL);
-        free(probs), free(out_r), free(lse_r), free(dout), free(dq), free(dk), free(dv), free(dq_r), free(dk_r),
-            free(dv_r);
+        check_dot_bwd(&p, d, dout, probs, out_r, lse_r);
+        free(probs), free(out_r), free(lse_r), free(dout);
         prob_free(&p);
     }
 }
@@ -505,15 +513,8 @@ static void test_attention_window(void **state)
                     assert_int_equal(nz, i + 1 < d.window ? i + 1 : d.window);
                     assert_true(fabs(sum - 1.0) < 1e-5);
                 }
-        float *dq = zeros(p.nq), *dk = zeros(p.nk), *dv = zeros(p.nv);
-        float *dq_r = zeros(p.nq), *dk_r = zeros(p.nk), *dv_r = zeros(p.nv);
-        bk_attention_dot_bwd(dq, dk, dv, dout, probs, p.q, p.k, p.v, &d);
-        bk_attention_bwd_ref(dq_r, dk_r, dv_r, dout, NULL, out_r, lse_r, p.q, p.k, p.v, p.qp, p.kp, &d);
-        assert_true(bk_rel_err(dq, dq_r, p.nq) < BWD_RTOL);
-        assert_true(bk_rel_err(dk, dk_r, p.nk) < BWD_RTOL);
-        assert_true(bk_rel_err(dv, dv_r, p.nv) < BWD_RTOL);
-        free(probs), free(out_r), free(lse_r), free(dout), free(dq), free(dk), free(dv), free(dq_r), free(dk_r),
-            free(dv_r);
+        check_dot_bwd(&p, &d, dout, probs, out_r, lse_r);
+        free(probs), free(out_r), free(lse_r), free(dout);
         prob_free(&p);
     }
 }

@@ -24,7 +24,7 @@ static void test_model_files(void **state)
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -f '%s'/models/*.yml", dir);
     assert_int_equal(system(cmd), 0);
-    free(cfgt_write(dir, "models/zeta.yml", "decoder_block: gemma3\nbase_emb_dim: 64\n"));
+    free(cfgt_write(dir, "models/zeta.yml", "decoder_block: gemma2\nbase_emb_dim: 64\n"));
     free(cfgt_write(dir, "models/alpha.yml", "base_emb_dim: 64\n"));
     char base[512];
     snprintf(base, sizeof base, "%s/base.yml", dir);
@@ -36,14 +36,14 @@ static void test_model_files(void **state)
     assert_string_equal(m[0].name, "alpha");
     assert_string_equal(m[0].block, "llama2"); /* keys.yml's decoder_block default */
     assert_string_equal(m[1].name, "zeta");
-    assert_string_equal(m[1].block, "gemma3");
+    assert_string_equal(m[1].block, "gemma2");
     cfg_model_files_free(m, n);
     assert_true(cfg_block_simulated(cfg, "deepseek"));
     assert_true(cfg_block_simulated(cfg, "mixtral"));
-    assert_false(cfg_block_simulated(cfg, "gemma3"));
-    char *about = cfg_block_about(cfg, "gemma3");
+    assert_false(cfg_block_simulated(cfg, "gemma2"));
+    char *about = cfg_block_about(cfg, "gemma2");
     assert_non_null(about);
-    assert_contains(about, "models/gemma3.py Gemma3DecoderLayer: ");
+    assert_contains(about, "models/gemma2.py Gemma2DecoderLayer: ");
     free(about);
     assert_null(cfg_block_about(cfg, "no_such_block"));
     cfg_free(cfg);
@@ -51,12 +51,12 @@ static void test_model_files(void **state)
     const char *o[] = {"model_name=zeta"};
     assert_int_equal(cfgt_load(base, NULL, 1, o, &cfg), SIM_ERR_INPUT);
     assert_contains(sim_errmsg(), "model_name=zeta is refused");
-    assert_contains(sim_errmsg(), "decoder_block=gemma3");
-    assert_contains(sim_errmsg(), "Gemma3DecoderLayer");
+    assert_contains(sim_errmsg(), "decoder_block=gemma2");
+    assert_contains(sim_errmsg(), "Gemma2DecoderLayer");
     /* an unknown model lists the models by block */
     const char *o2[] = {"model_name=beta"};
     assert_int_equal(cfgt_load(base, NULL, 1, o2, &cfg), SIM_ERR_INPUT);
-    assert_contains(sim_errmsg(), "llama2 (simulated): alpha; gemma3 (not simulated): zeta");
+    assert_contains(sim_errmsg(), "llama2 (simulated): alpha; gemma2 (not simulated): zeta");
     cfgt_rmdir(dir);
 }
 

@@ -52,6 +52,12 @@ static sim_status op_swiglu(mesh_tape *t, mesh_var *const *in, const void *arg, 
     return mesh_nn_swiglu(t, in[0], in[1], "mlp", out);
 }
 
+static sim_status op_geglu(mesh_tape *t, mesh_var *const *in, const void *arg, mesh_var **out)
+{
+    (void)arg;
+    return mesh_nn_geglu(t, in[0], in[1], "mlp", out);
+}
+
 static sim_status op_softcap(mesh_tape *t, mesh_var *const *in, const void *arg, mesh_var **out)
 {
     (void)arg;
@@ -155,6 +161,21 @@ static void test_swiglu(void **state)
                   .out_shape = {4, 6},
                   .scale = 2.0f,
                   .op = op_swiglu};
+    check(&c);
+}
+
+static void test_geglu(void **state)
+{
+    (void)state;
+    vjp_case c = {.what = "geglu",
+                  .nin = 2,
+                  .rank = {2, 2},
+                  .shape = {{4, 6}, {4, 6}},
+                  .spec = {"P('data', 'tensor')", "P('data', 'tensor')"},
+                  .out_rank = 2,
+                  .out_shape = {4, 6},
+                  .scale = 2.0f,
+                  .op = op_geglu};
     check(&c);
 }
 
@@ -358,6 +379,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bias),    cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_geglu),
         cmocka_unit_test(test_softcap), cmocka_unit_test(test_xent),      cmocka_unit_test(test_mean),
         cmocka_unit_test(test_rope),    cmocka_unit_test(test_attention), cmocka_unit_test(test_embed),
         cmocka_unit_test(test_dropout), cmocka_unit_test(test_unstack2),

@@ -2,7 +2,8 @@
  * whole model's loss (token embedding, the layers, the final RMSNorm, the output head, the mean
  * cross-entropy) against a float64 reference from the seeded initial weights (tests/block_ref.c
  * for the layers), with logits_dense and with logits_via_embedding (normalize_embedding_logits:
- * divided by sqrt(emb)), on fsdp=2 tensor=2 with remat and without.  The layer itself:
+ * divided by sqrt(emb); attend_on_embedding's table rounded to bfloat16), on fsdp=2 tensor=2 with remat
+ * and without.  The layer itself:
  * test_models_dense_layer. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,15 @@
 #include <string.h>
 
 #include "models/core/init.h"
+
+/* x to the nearest bfloat16 (8 significant bits, ties to even under the default rounding mode):
+ * attend_on_embedding's jnp.asarray(embedding_table, jnp.bfloat16) */
+static double bf16(double x)
+{
+    int e;
+    double m = frexp(x, &e); /* |m| in [0.5, 1) */
+    return ldexp(nearbyint(m * 256.0) / 256.0, e);
+}
 #include "tests/block_ref.h"
 #include "tests/helpers.h"
 #include "tests/model_run.h"
@@ -90,7 +100,7 @@ static double ref_loss(const model_def *def, const int32_t *in, const int32_t *t
     for (int64_t n = 0; n < N; n++) {
         for (int64_t v = 0; v < V; v++) {
             double s = 0;
-            for (int64_t e = 0; e < E; e++) s += y[n * E + e] * (head ? head[e * V + v] : table[v * E + e]);
+            for (int64_t e = 0; e < E; e++) s += y[n * E + e] * (head ? head[e * V + v] : bf16(table[v * E + e]));
             /* normalize_embedding_logits: tied logits divided by sqrt(emb) (Embed.attend's caller) */
             logit[v] = !head && d->normalize_tied ? s / sqrt((double)E) : s;
         }

@@ -75,22 +75,12 @@ enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 3 };
 static void test_parity_across_meshes(void **state)
 {
     (void)state;
-    static const family_mesh meshes[] = {
-        {2, {"ici_data_parallelism=2"}},
-        {4, {"ici_fsdp_parallelism=4"}},
-        {2, {"ici_tensor_parallelism=2"}},
-        {2, {"ici_context_parallelism=2"}},
+    static const family_mesh own[] = {
         {4, {"ici_context_parallelism=2", "context_parallel_load_balance=true", "ici_fsdp_parallelism=2"}},
         {8, {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
-        {4, {"ici_fsdp_parallelism=4", "shard_mode=explicit"}},
-        {4, {"ici_data_parallelism=2", "ici_tensor_parallelism=2", "shard_mode=explicit"}},
-        /* a sharded sequence in explicit mode needs the flash kernel (MaxText's dot-product path refuses it) */
-        {4,
-         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "shard_mode=explicit", "attention=flash",
-          "hardware=tpu"}},
-        {4, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "remat_policy=minimal", "shard_mode=explicit"}},
     };
-    family_check_parity(TINY, NTINY, ROWS, STEPS, meshes, (int)(sizeof meshes / sizeof meshes[0]));
+    family_check_dense_parity(TINY, NTINY, ROWS, STEPS, "ici_tensor_parallelism=2", own,
+                              (int)(sizeof own / sizeof own[0]));
 }
 
 static void test_definition(void **state)
@@ -113,17 +103,10 @@ static void test_definition(void **state)
 static void test_refusals_name_the_key(void **state)
 {
     (void)state;
-    static const family_refusal cases[] = {
-        {"attention_type=mla", "attention_type", "global", NULL},
-        {"attention_type=local_sliding", "sliding_window_size", "must be an integer > 0", NULL},
-        {"attention_type=local_sliding", "attention_type", "never applies sliding_window_size",
-         "sliding_window_size=8"},
+    static const family_refusal own[] = {
         {"attn_logits_soft_cap=30", "attn_logits_soft_cap", "does not pass", "attention=flash"},
-        {"rope_type=yarn", "rope_type", "default", NULL},
-        {"mtp_num_layers=1", "mtp_num_layers", "deepseek", NULL},
-        {"use_batch_split_schedule=true", "use_batch_split_schedule", "deepseek", NULL},
     };
-    family_check_refusals(TINY, NTINY, cases, (int)(sizeof cases / sizeof cases[0]));
+    family_check_dense_refusals(TINY, NTINY, own, (int)(sizeof own / sizeof own[0]));
 }
 
 int main(void)

@@ -2,7 +2,8 @@
  * MaxText's MlpBlock with mlp_activations [silu, linear] (tests/block_ref.c:
  * y = (silu(x . wi_0) * (x . wi_1)) . wo), and its gradients (input and every kernel) against
  * central differences of that reference.  On a 2x2 mesh (fsdp, tensor), in both kernel layouts
- * (two kernels; fused_mlp's one (embed, 2, mlp) kernel). */
+ * (two kernels; fused_mlp's one (embed, 2, mlp) kernel); and with mlp_activations [gelu, linear]
+ * (GeGLU, jax.nn.gelu's tanh form: the gemma files). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,7 +35,7 @@ static void reference(const block_run *r, const void *arg, const double *x, doub
 {
     const bool *fused = arg;
     const model_dims *d = &r->def->d;
-    ref_mlp m = {.E = d->emb, .F = d->mlp, .wo = r->w[r->nparams - 1]};
+    ref_mlp m = {.E = d->emb, .F = d->mlp, .gelu = d->mlp_gelu, .wo = r->w[r->nparams - 1]};
     if (*fused) m.wi = r->w[0];
     else {
         m.wi0 = r->w[0];
@@ -43,11 +44,13 @@ static void reference(const block_run *r, const void *arg, const double *x, doub
     ref_mlp_fwd(&m, d->batch * d->seq, x, y);
 }
 
-static void check_mlp(bool fused)
+static void check_mlp(bool fused, bool gelu)
 {
     const char *extra[] = {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                           fused ? "fused_mlp=true" : "fused_mlp=false"};
-    model_def *def = model_run_load(TINY, 2, ROWS, extra, 3, DEVICES, 0, NULL);
+                           fused ? "fused_mlp=true" : "fused_mlp=false",
+                           gelu ? "mlp_activations=[gelu,linear]" : "mlp_activations=[silu,linear]"};
+    model_def *def = model_run_load(TINY, 2, ROWS, extra, 4, DEVICES, 0, NULL);
+    assert_true(def->d.mlp_gelu == gelu);
     model_mlp_block mb = {.wi_0 = fused ? -1 : model_param_index(def, "mlp.wi_0.kernel"),
                           .wi_1 = fused ? -1 : model_param_index(def, "mlp.wi_1.kernel"),
                           .wi = fused ? model_param_index(def, "mlp.wi.kernel") : -1,
@@ -69,13 +72,21 @@ static void check_mlp(bool fused)
 static void test_mlp_two_kernels(void **state)
 {
     (void)state;
-    check_mlp(false);
+    check_mlp(false, false);
 }
 
 static void test_mlp_fused(void **state)
 {
     (void)state;
-    check_mlp(true);
+    check_mlp(true, false);
+}
+
+/* mlp_activations [gelu, linear] (the gemma files): GeGLU */
+static void test_mlp_geglu(void **state)
+{
+    (void)state;
+    check_mlp(false, true);
+    check_mlp(true, true);
 }
 
 int main(void)
@@ -83,6 +94,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_two_kernels),
         cmocka_unit_test(test_mlp_fused),
+        cmocka_unit_test(test_mlp_geglu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -76,18 +76,8 @@ static void test_losses_equal_maxtext(void **state)
 static void test_dumps_equal_maxtext(void **state)
 {
     (void)state;
-    const char *a30[] = {"model_name=qwen3-30b-a3b", "num_devices=8", "ici_fsdp_parallelism=4",
-                         "ici_expert_parallelism=2"};
     /* 12 parameters (the query/key norms, the gate and three expert kernels), their two Adam moments */
-    assert_true(family_check_dump("qwen3-30b-a3b fsdp=4 expert=2", "qwen3-30b-a3b",
-                                  "ici_fsdp_parallelism=4_ici_expert_parallelism=2", 4, a30) >= 3 * 12);
-    const char *a235[] = {"model_name=qwen3-235b-a22b", "num_devices=8",
-                          "ici_fsdp_parallelism=2",     "ici_tensor_parallelism=2",
-                          "ici_expert_parallelism=2",   "sparse_matmul=false"};
-    assert_true(family_check_dump("qwen3-235b-a22b fsdp=2 tensor=2 expert=2 dense", "qwen3-235b-a22b",
-                                  "ici_fsdp_parallelism=2_ici_tensor_parallelism=2_ici_expert_parallelism=2_"
-                                  "sparse_matmul=false",
-                                  6, a235) >= 3 * 12);
+    family_check_moe_dumps("qwen3-30b-a3b", "qwen3-235b-a22b");
 }
 
 /* Parity: every mesh trains as one device does (losses and every gradient, rtol 1e-4). */
@@ -113,24 +103,7 @@ enum { NTINY = sizeof TINY / sizeof TINY[0], ROWS = 8, STEPS = 3 };
 static void test_parity_across_meshes(void **state)
 {
     (void)state;
-    static const family_mesh meshes[] = {
-        {2, {"ici_data_parallelism=2"}},
-        {4, {"ici_fsdp_parallelism=4"}},
-        {2, {"ici_tensor_parallelism=2"}},
-        {2, {"ici_context_parallelism=2"}},
-        {2, {"ici_expert_parallelism=2"}},
-        {4, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}},
-        {4, {"ici_expert_parallelism=2", "ici_tensor_parallelism=2", "sparse_matmul=false"}},
-        {8, {"ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "norm_topk_prob=false"}},
-        {4, {"ici_fsdp_parallelism=4", "shard_mode=explicit"}},
-        {4, {"ici_data_parallelism=2", "ici_expert_parallelism=2", "shard_mode=explicit"}},
-        /* a sharded sequence in explicit mode needs the flash kernel (MaxText's dot-product path refuses it) */
-        {4,
-         {"ici_fsdp_parallelism=2", "ici_context_parallelism=2", "shard_mode=explicit", "attention=flash",
-          "hardware=tpu"}},
-        {4, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "remat_policy=minimal", "shard_mode=explicit"}},
-    };
-    family_check_parity(TINY, NTINY, ROWS, STEPS, meshes, (int)(sizeof meshes / sizeof meshes[0]));
+    family_check_moe_parity(TINY, NTINY, ROWS, STEPS, "norm_topk_prob=false");
 }
 
 static void test_definition(void **state)
@@ -138,29 +111,13 @@ static void test_definition(void **state)
     (void)state;
     model_def *def = model_run_load(TINY, NTINY, ROWS, NULL, 0, 1, 0, NULL);
     assert_string_equal(def->d.family->name, "qwen3_moe");
-    assert_int_equal(model_param_index(def, "mlp.wi_0.kernel"), -1);
-    assert_int_equal(model_param_index(def, "shared_experts"), -1);
     assert_int_equal(model_param_index(def, "MoeBlock_0.gate.kernel"), -1);
-    assert_int_equal(model_param_index(def, "moe_block.gate.bias"), -1); /* routed_bias=false */
-    int g = model_param_index(def, "params.decoder.layers.moe_block.gate.kernel"),
-        w0 = model_param_index(def, "params.decoder.layers.moe_block.wi_0"),
-        wo = model_param_index(def, "params.decoder.layers.moe_block.wo"),
-        qn = model_param_index(def, "params.decoder.layers.self_attention.query_norm.scale"),
+    int qn = model_param_index(def, "params.decoder.layers.self_attention.query_norm.scale"),
         kn = model_param_index(def, "params.decoder.layers.self_attention.key_norm.scale");
-    assert_true(g >= 0 && w0 >= 0 && wo >= 0 && qn >= 0 && kn >= 0);
-    /* GateLogit with the layer's kernel_axes ("embed", None), stacked (embed, layers, experts) */
-    assert_int_equal(def->defs[g].shape[0], 32);
-    assert_int_equal(def->defs[g].shape[1], 2);
-    assert_int_equal(def->defs[g].shape[2], 4);
-    assert_string_equal(def->defs[g].logical[0], "embed");
-    assert_null(def->defs[g].logical[2]);
+    assert_true(qn >= 0 && kn >= 0);
     /* the experts' width is moe_mlp_dim (24 here, base_mlp_dim 48: RoutedMoE(intermediate_dim=
      * config.moe_mlp_dim)) */
-    assert_int_equal(def->defs[w0].shape[0], 4);
-    assert_int_equal(def->defs[w0].shape[3], 24);
-    assert_int_equal(def->defs[wo].shape[2], 24);
-    assert_string_equal(def->defs[w0].logical[0], "exp");
-    assert_string_equal(def->defs[wo].logical[2], "mlp_moe");
+    family_check_routed_params(def, "moe_block", 32, 2, 4, 24);
     /* the query/key norms over head_dim, per layer */
     assert_int_equal(def->defs[qn].shape[0], 8);
     assert_int_equal(def->defs[qn].shape[1], 2);
@@ -171,19 +128,12 @@ static void test_definition(void **state)
 static void test_refusals_name_the_key(void **state)
 {
     (void)state;
-    static const family_refusal cases[] = {
-        {"attention_type=mla", "attention_type", "global", NULL},
-        {"attention_type=local_sliding", "sliding_window_size", "must be an integer > 0", NULL},
-        {"attention_type=local_sliding", "attention_type", "never applies sliding_window_size",
-         "sliding_window_size=8"},
+    static const family_refusal own[] = {
         {"use_mrope=true", "use_mrope", "use_mrope=false", NULL},
         {"fused_mlp=true", "fused_mlp", "experts", NULL},
         {"ici_pipeline_parallelism=2", "load_balance_loss_weight", "pipeline", NULL},
-        {"rope_type=yarn", "rope_type", "default", NULL},
-        {"mtp_num_layers=1", "mtp_num_layers", "deepseek", NULL},
-        {"use_batch_split_schedule=true", "use_batch_split_schedule", "deepseek", NULL},
     };
-    family_check_refusals(TINY, NTINY, cases, (int)(sizeof cases / sizeof cases[0]));
+    family_check_dense_refusals(TINY, NTINY, own, (int)(sizeof own / sizeof own[0]));
 }
 
 int main(void)

@@ -19,9 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
 #include "config/json.h"
-#include "tests/cli_capture.h"
+#include "tests/family_check.h"
 #include "tests/helpers.h"
 
 /* gen.sh's model keys (LLAMA, DEEPSEEK, MIXTRAL) */
@@ -57,19 +56,6 @@ static const loss_case CASES[] = {
 };
 
 /* `shardsim train` under 0.2.0 with the case's keys and `more`; fails the test unless it exits 0. */
-static void train(const loss_case *lc, const char *const *more, int nmore)
-{
-    const char *argv[48];
-    int argc = 0;
-    for (int i = 0; lc->keys[i]; i++) argv[argc++] = lc->keys[i];
-    for (int i = 0; i < nmore; i++) argv[argc++] = more[i];
-    argv[argc++] = "hardware=cpu";
-    argv[argc++] = "maxtext_release=0.2.0";
-    cli_capture r = cli_capture_run(cli_train, argc, argv);
-    if (r.rc) fail_msg("%s: shardsim train exit %d: %s", lc->name, r.rc, r.err);
-    cli_capture_free(&r);
-}
-
 static void test_losses_equal_maxtext_0_2_0(void **state)
 {
     (void)state;
@@ -82,33 +68,18 @@ static void test_losses_equal_maxtext_0_2_0(void **state)
         assert_non_null(ver);
         assert_string_equal(ver->str, "0.2.0");
         /* the measurement is of this configuration: every key given here was given to MaxText */
-        const cfg_json *ov = cfg_json_get(peer, "overrides");
-        assert_non_null(ov);
-        for (int i = 0; lc->keys[i]; i++) {
-            bool found = false;
-            for (int j = 0; j < ov->n && !found; j++) found = !strcmp(ov->items[j].str, lc->keys[i]);
-            if (!found) fail_msg("%s: MaxText's run did not get %s", lc->name, lc->keys[i]);
-        }
+        const char *words[48];
+        int nw = 0;
+        for (; lc->keys[nw]; nw++) words[nw] = lc->keys[nw];
+        family_check_overrides(peer, lc->name, words, nw);
         const cfg_json *ml = cfg_json_get(peer, "losses");
         assert_non_null(ml);
         assert_int_equal(ml->n, 2);
-        char *dir = helper_tmpdir("rel020");
-        char ck[128], load[256], out[128], metrics[160], p0[160];
-        snprintf(ck, sizeof ck, "checkpoint_dir=%s/ck", dir);
-        snprintf(p0, sizeof p0, "%s/ck/step_0.safetensors", dir);
-        snprintf(load, sizeof load, "load_parameters_path=%s", p0);
-        snprintf(out, sizeof out, "output_dir=%s/out", dir);
-        const char *make[] = {"steps=1", "learning_rate=1e-2", "enable_checkpointing=true", ck};
-        train(lc, make, 4);
-        const char *run[] = {"steps=2", "learning_rate=1e-3", load, out};
-        train(lc, run, 4);
-        snprintf(metrics, sizeof metrics, "%s/out/metrics.json", dir);
-        cfg_json *ours = helper_read_json(NULL, metrics);
-        const cfg_json *st = cfg_json_get(ours, "steps");
-        assert_non_null(st);
-        assert_int_equal(st->n, 2);
+        words[nw++] = "maxtext_release=0.2.0";
+        double ours[2];
+        family_two_step_losses("rel020", words, nw, ours);
         for (int s = 0; s < 2; s++) {
-            double m = cfg_json_get(&ml->items[s], "loss")->number, o = cfg_json_get(&st->items[s], "loss")->number;
+            double m = cfg_json_get(&ml->items[s], "loss")->number, o = ours[s];
             double rel = fabs(o - m) / fabs(m);
             printf("  %-32s step %d  shardsim %.9f  MaxText 0.2.0 %.9f  rel %.2e\n", lc->name, s, o, m, rel);
             if (rel > 1e-6)
@@ -117,10 +88,7 @@ static void test_losses_equal_maxtext_0_2_0(void **state)
         /* after one step the loss moved by far more than the tolerance: the step itself is compared */
         double m0 = cfg_json_get(&ml->items[0], "loss")->number, m1 = cfg_json_get(&ml->items[1], "loss")->number;
         assert_true(fabs(m1 - m0) / fabs(m0) > 1e-4);
-        cfg_json_free(ours);
         cfg_json_free(peer);
-        helper_rm_rf(dir);
-        free(dir);
     }
 }
 

@@ -258,12 +258,15 @@ static void test_dead_recompute_tail(void **state)
     model_run_close(&none.r);
 }
 
-static void grads_at(const char *profile, int ga, uint64_t *peak, uint64_t *n_params, uint64_t *live)
+/* One step of TINY in bfloat16 on fsdp=2 tensor=2 with `word` (and hardware_profile=profile unless
+ * NULL): device 0's peak and live gradient bytes after it, the parameters' elements a device holds,
+ * the loss. */
+static void grads_with(const char *profile, const char *word, uint64_t *peak, uint64_t *n_params, uint64_t *live,
+                       double *loss)
 {
-    char hp[64], g[64];
+    char hp[64];
     snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
-    snprintf(g, sizeof g, "gradient_accumulation_steps=%d", ga);
-    const char *words[] = {"dtype=bfloat16", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", g, hp};
+    const char *words[] = {"dtype=bfloat16", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", word, hp};
     model_run r;
     model_run_open(&r, TINY, NTINY, 4, words, profile ? 5 : 4, NDEV, 1);
     model_run_train(&r, false);
@@ -273,7 +276,16 @@ static void grads_at(const char *profile, int ga, uint64_t *peak, uint64_t *n_pa
     sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
     *peak = st.peak_by[SIM_MEM_GRADS];
     *live = st.live_by[SIM_MEM_GRADS];
+    *loss = r.job.stats[0].loss;
     model_run_close(&r);
+}
+
+static void grads_at(const char *profile, int ga, uint64_t *peak, uint64_t *n_params, uint64_t *live)
+{
+    char g[64];
+    double loss;
+    snprintf(g, sizeof g, "gradient_accumulation_steps=%d", ga);
+    grads_with(profile, g, peak, n_params, live, &loss);
 }
 
 static void test_accumulation_copies(void **state)
@@ -295,21 +307,9 @@ static void test_accumulation_copies(void **state)
 static void saved_grads_at(const char *profile, const char *remat, uint64_t *peak, uint64_t *n_params, uint64_t *live,
                            double *loss)
 {
-    char hp[64], rp[64];
-    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    char rp[64];
     snprintf(rp, sizeof rp, "remat_policy=%s", remat);
-    const char *words[] = {"dtype=bfloat16", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", rp, hp};
-    model_run r;
-    model_run_open(&r, TINY, NTINY, 4, words, profile ? 5 : 4, NDEV, 1);
-    model_run_train(&r, false);
-    *n_params = 0;
-    for (int i = 0; i < r.def->nparams; i++) *n_params += model_run_shard_elems(r.def, i, NULL);
-    sim_arena_stats st;
-    sim_arena_get_stats(sim_device_arena(sim_machine_device(r.m, 0)), &st);
-    *peak = st.peak_by[SIM_MEM_GRADS];
-    *live = st.live_by[SIM_MEM_GRADS];
-    *loss = r.job.stats[0].loss;
-    model_run_close(&r);
+    grads_with(profile, rp, peak, n_params, live, loss);
 }
 
 static void test_saved_product_copies(void **state)

@@ -1,5 +1,5 @@
 /* test_sim_textout.c — the hand-written formatting of sim/textout.h prints
- * exactly what printf and the stdio JSON string writer print. */
+ * exactly what printf prints. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -90,31 +90,6 @@ static void test_milli_as_printf(void **state)
     free(c);
 }
 
-static void test_json_string_as_stdio_writer(void **state)
-{
-    (void)state;
-    char s[300];
-    int n = 0;
-    for (int ch = 255; ch >= 1; ch--) s[n++] = (char)ch; /* every byte, quotes and controls included */
-    s[n] = '\0';
-    const char *cases[] = {s, "", "plain", "a\"b\\c\n", "\x01", "tail\x1f"};
-    capture *c = malloc(sizeof *c);
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        cap_open(c);
-        sim_textout_json_string(&c->o, cases[i]);
-        char *got = cap_close(c);
-        char *want = NULL;
-        size_t wlen = 0;
-        FILE *f = open_memstream(&want, &wlen);
-        sim_json_write_string(f, cases[i]);
-        fclose(f);
-        assert_string_equal(got, want);
-        free(got);
-        free(want);
-    }
-    free(c);
-}
-
 /* a long text crosses the 64 KiB buffer many times, in pieces of every size */
 static void test_long_text_in_order(void **state)
 {
@@ -145,7 +120,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_integers_as_printf),
         cmocka_unit_test(test_milli_as_printf),
-        cmocka_unit_test(test_json_string_as_stdio_writer),
         cmocka_unit_test(test_long_text_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

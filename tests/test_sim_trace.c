@@ -4,9 +4,8 @@
  *     with its quotes escaped), the arena's bytes; the output parses as JSON and holds exactly one
  *     complete ("X") event per span;
  *   - a limit on events keeps whole devices from device 0 while they fit, drops the spans of the
- *     others as they run, and a trace that would need dropped spans is refused;
- *   - sim_json_write_string escapes quotes, backslashes and control characters as JSON requires,
- *     and the text parses back to the same string. */
+ *     others as they run, and a trace that would need dropped spans is refused (the writer's
+ *     escapes: test_sim_jsonout.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -158,30 +157,11 @@ static void test_trace_json(void **state)
     sim_machine_free(m);
 }
 
-static void test_json_string(void **state)
-{
-    (void)state;
-    const char *s = "tag \"q\" a\\b\nnew\tline\x01 end";
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    sim_json_write_string(f, s);
-    fclose(f);
-    assert_string_equal(buf, "\"tag \\\"q\\\" a\\\\b\\u000anew\\u0009line\\u0001 end\"");
-    json_error_t err;
-    json_t *j = json_loadb(buf, len, JSON_DECODE_ANY, &err);
-    assert_non_null(j);
-    assert_string_equal(json_string_value(j), s);
-    json_decref(j);
-    free(buf);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trace_json),
         cmocka_unit_test(test_trace_limit_drops_unwritten_devices),
-        cmocka_unit_test(test_json_string),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,7 @@
 #include "models/blocks/decoder.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "config/release.h"
 #include "mesh/ad.h"
@@ -25,7 +26,8 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
     if (m->d.pipe.on) /* the stack runs as MaxText's pipeline (pipeline_run.c) */
         SIM_TRY(model_pipeline_run(md, t, b, x, dec->layer, 0, &x));
     mesh_var *lb_sum = NULL; /* the layers' load-balance losses (MoE layers), summed */
-    for (int l = 0; l < m->d.layers && !m->d.pipe.on; l++) {
+    const int64_t units = dec->units > 0 ? dec->units : m->d.layers;
+    for (int l = 0; l < units && !m->d.pipe.on; l++) {
         mesh_var *in = x, *aux = NULL;
         if (m->d.remat_full) {
             char tag[64];
@@ -40,7 +42,7 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
             else lb_sum = aux;
         }
         /* MaxText scans the layers (scan_layers): the carry's type may not change across a layer */
-        if (l == 0 && m->d.scan_layers)
+        if (l == 0 && m->d.scan_layers && (dec->units <= 0 || dec->scanned_units > 0))
             SIM_TRY(mesh_scan_carry_check(&md->ctx, &in->val, &x->val, "layers",
                                           cfg_release_error(md->ctx.release, "decoder_scan_carry",
                                                             "layers/nnx_decoders.py:_apply_layers_sequentially")));
@@ -50,6 +52,29 @@ sim_status model_decoder_loss(model_dev *md, mesh_tape *t, const model_batch *b,
     if (md->ctx.mode == MESH_MODE_EXPLICIT) SIM_TRY(model_shard_as(md, t, x, "decoder/norm_out", 3, FINAL, &x));
     SIM_TRY(model_dropout(md, t, x, "decoder/output_head", &x));
     SIM_TRY(model_logits(md, t, x, table, dec->logits >= 0 ? model_param_leaf(md, t, dec->logits, 0) : NULL, &logits));
+    /* train.py loss_fn: max_utils.cross_entropy_with_logits(logits, jax.nn.one_hot(targets)) multiplies
+     * the one-hot targets (the targets' sharding, vocab unsharded) by the log-softmax (the logits'
+     * sharding): in explicit mode JAX's broadcasting rule must accept the pair */
+    const char *xent_site = cfg_release_error(md->ctx.release, "cross_entropy_targets_mul",
+                                              "utils/max_utils.py:_cross_entropy_with_logits_fwd");
+    if (md->ctx.mode == MESH_MODE_EXPLICIT && xent_site) {
+        /* the targets as MaxText shards its input data (input_data_sharding_logical_axes' default) */
+        static const char *const IN_DATA[2] = {"activation_embed_and_logits_batch", "activation_norm_length"};
+        mesh_array oh = b->targets;
+        mesh_spec ts;
+        SIM_TRY(model_logical_spec(m, "targets", 2, IN_DATA, &ts));
+        oh.rank = 3;
+        oh.shape[2] = logits->val.shape[2];
+        mesh_spec_init(&oh.spec, 3);
+        for (int dd = 0; dd < 2; dd++) {
+            oh.spec.n_axes[dd] = ts.n_axes[dd];
+            memcpy(oh.spec.axes[dd], ts.axes[dd], sizeof oh.spec.axes[dd]);
+        }
+        oh.dtype = SIM_F32;
+        SIM_TRY(mesh_mul_check(&md->ctx, &oh, &logits->val, "cross_entropy", xent_site,
+                               "shard the targets' length and the logits' vocab dim on different mesh axes (the "
+                               "rules of activation_length and activation_vocab), or run in shard_mode=auto"));
+    }
     SIM_TRY(mesh_nn_xent(t, logits, &b->targets, m->d.z_loss, "cross_entropy", &tok_loss));
     /* MaxText 0.2.5 reshards the per-token loss (loss_constraint=assert: the assert of before PR #4208) */
     SIM_TRY(model_loss_constraint(md, t, tok_loss, true, &tok_loss));

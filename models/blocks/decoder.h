@@ -14,6 +14,11 @@ typedef struct {
     int embed;            /* token_embedder.embedding (model_param_index) */
     int norm;             /* decoder_norm.scale */
     int logits;           /* logits_dense.kernel, -1 with logits_via_embedding */
+    int units;            /* how many times `layer` runs, each one remat unit (layer = 0..units-1): a
+                             family that scans blocks of several layers (gemma3) passes its block count;
+                             0: one per decoder layer (d.layers) */
+    int scanned_units;    /* with units: how many leading units MaxText's scan runs (the others, gemma3's
+                             layers_remainder, run unscanned, so no carry check) */
 } model_decoder_block;
 
 /* The scalar loss of the batch (the family's loss hook). */

@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "mesh/ad.h"
 #include "mesh/nn.h"
@@ -214,6 +215,47 @@ void model_dense_define(model_def *m, double query_init_scale, bool qk_norm)
     LAYER_PARAM("mlp.wo.kernel", 3, ((int64_t[]){F, L, E}), ((const char *[]){"mlp", "layers", "embed"}),
                 MODEL_INIT_TRUNC_NORMAL, 1.0 / sqrt((double)F));
     model_dense_define_head(m);
+}
+
+sim_status model_dense_refuse(const cfg_config *cfg, const model_dims *d, const model_dense_refusals *r)
+{
+    char why[320];
+    SIM_TRY(model_attention_global_only(cfg, r->block, r->layer));
+    const char *rt;
+    SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
+    if ((rt && strcmp(rt, "default")) || d->rope_llama31) {
+        snprintf(why, sizeof why,
+                 "decoder_block=%s is simulated with the default RoPE (rope_max_timescale); use rope_type=default",
+                 r->block);
+        return model_cfg_unsupported(cfg, "rope_type", why);
+    }
+    if (r->no_soft_cap && d->attn_soft_cap != 0) {
+        snprintf(why, sizeof why,
+                 "MaxText 0.2.5's %s layer (models/%s.py) does not pass attn_logits_soft_cap to its Attention, so no "
+                 "cap applies; use attn_logits_soft_cap=0 (decoder_block=llama2 passes it)",
+                 r->block, r->block);
+        return model_cfg_unsupported(cfg, "attn_logits_soft_cap", why);
+    }
+    if (r->no_mrope) {
+        bool mrope;
+        SIM_TRY(model_cfg_bool(cfg, "use_mrope", &mrope));
+        if (mrope)
+            return model_cfg_unsupported(cfg, "use_mrope",
+                                         "Qwen3's multimodal RoPE (mrope_section) is not simulated; use use_mrope=false");
+    }
+    int64_t mtp;
+    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
+    if (mtp != 0)
+        return model_cfg_unsupported(
+            cfg, "mtp_num_layers",
+            "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
+    if (r->experts && d->fused_mlp) {
+        snprintf(why, sizeof why,
+                 "the %s layer has no dense MLP to fuse (its experts keep wi_0 and wi_1); use fused_mlp=false",
+                 r->block);
+        return model_cfg_unsupported(cfg, "fused_mlp", why);
+    }
+    return SIM_OK;
 }
 
 sim_status model_dense_setup(model_def *m, const cfg_config *cfg)

@@ -70,6 +70,18 @@ void model_dense_define(model_def *m, double query_init_scale, bool qk_norm);
 void model_dense_define_attention(model_def *m, double query_init_scale, bool qk_norm);
 void model_dense_define_head(model_def *m);
 
+/* What a family of the dense layer does not simulate, refused naming the key: a global-only
+ * Attention (model_attention_global_only), rope_type other than default (or Llama 3.1's RoPE),
+ * mtp_num_layers != 0, and as the family says attn_logits_soft_cap != 0, use_mrope and fused_mlp. */
+typedef struct {
+    const char *block;     /* decoder_block, as the messages name it */
+    const char *layer;     /* MaxText's layer, "models/mistral.py MistralDecoderLayer" */
+    bool no_soft_cap;      /* the layer passes no attn_logits_soft_cap (MaxText's models/<block>.py) */
+    bool no_mrope;         /* Qwen3's multimodal RoPE (use_mrope) is not simulated */
+    bool experts;          /* the feed-forward half is routed experts: nothing to fuse (fused_mlp) */
+} model_dense_refusals;
+sim_status model_dense_refuse(const cfg_config *cfg, const model_dims *d, const model_dense_refusals *r);
+
 /* The setup hook of a dense family: MaxText runs the batch-split schedule for DeepSeek only, so
  * use_batch_split_schedule=true is refused naming the key. */
 sim_status model_dense_setup(model_def *m, const cfg_config *cfg);

@@ -28,14 +28,16 @@ sim_status model_mlp(model_dev *md, mesh_tape *t, const model_mlp_block *b, mesh
         SIM_TRY(model_dense_saved(md, t, MODEL_CKPT_MLPWI_1, "bte,ef->btf", x, model_param_leaf(md, t, b->wi_1, l),
                                   "wi_1", 3, b->intermediate, &u));
     }
-    SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
+    /* _convert_to_activation_function(mlp_activations[0]) times the linear one */
+    if (md->def->d.mlp_gelu) SIM_TRY(mesh_nn_geglu(t, g, u, "geglu", &act));
+    else SIM_TRY(mesh_nn_swiglu(t, g, u, "swiglu", &act));
     SIM_TRY(model_dropout(md, t, act, md->ctx.layer, &act)); /* MlpBlock's intermediate dropout */
     SIM_TRY(model_shard_as(md, t, act, "linears/x", 3, MLP_X, &act));
     /* from here on the layer makes its output, which nothing reads when remat recomputes the layer for
      * its backward: XLA drops these ops from the recomputation (mesh_ctx.dead_outputs), wo's product
      * included, so wo is gathered in the backward for the input gradient alone (and a policy that saves
      * wo's output replaces the product with the saved copy: dead either way) */
-    md->ctx.dead_outputs = md->recomputing;
+    md->ctx.dead_outputs = md->recomputing && !b->output_live;
     sim_status st = model_dense(md, t, "btf,fe->bte", act, model_param_leaf(md, t, b->wo, l), "wo", 3, b->out, y);
     md->ctx.dead_outputs = false;
     SIM_TRY(st);

@@ -2115,8 +2115,16 @@ void model_moe_define_routed_params_stack(model_def *m, const char *scope, const
 #undef ROUTED_PARAM
 }
 
+sim_status model_moe_setup(model_def *m, const cfg_config *cfg)
+{
+    return model_moe_check_setup(m, cfg, m->d.family_dims);
+}
+
 sim_status model_moe_check_setup(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo)
 {
+    if (m->d.mlp_gelu) /* the experts' kernels run silu (moe.py applies mlp_activations[0] too) */
+        return model_cfg_unsupported(
+            cfg, "mlp_activations", "the routed experts are simulated with SwiGLU; use mlp_activations=[silu, linear]");
     bool on;
     SIM_TRY(model_cfg_bool(cfg, "use_batch_split_schedule", &on));
     if (on)

@@ -221,6 +221,9 @@ sim_status model_moe_check_routed(const model_dims *d, const model_moe_dims *mo)
 /* The setup hook's checks of such a family: MaxText runs the batch-split schedule for DeepSeek
  * only, and collecting the load-balance loss from pipeline iterations is not simulated. */
 sim_status model_moe_check_setup(const model_def *m, const cfg_config *cfg, const model_moe_dims *mo);
+/* The same as a family row's setup hook, for a family that keeps its model_moe_dims in
+ * model_dims.family_dims (mixtral, qwen3_moe). */
+sim_status model_moe_setup(model_def *m, const cfg_config *cfg);
 
 /* The routed experts' parameters of a fully MoE layer outside DeepSeek (mixtral, qwen3_moe), stacked
  * over the scanned layers under params.decoder.layers.<scope>: RoutedMoE's gate kernel ('embed',

@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <math.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,31 +116,46 @@ static sim_status ck_header(const ck_tensor *t, int nt, long long step, const ui
                             uint64_t *data_bytes)
 {
     memset(b, 0, sizeof *b);
-    json_t *root = json_object(), *md = json_object();
     char num[32];
     snprintf(num, sizeof num, "%lld", step);
-    bool ok = root && md && !json_object_set_new(md, "format", json_string("shardsim")) &&
-              !json_object_set_new(md, "step", json_string(num)) && !json_object_set_new(root, "__metadata__", md);
-    for (int i = 0; ok && i < nt; i++) {
+    cfg_jw w;
+    cfg_jw_init(&w);
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "__metadata__");
+    cfg_jw_obj(&w);
+    cfg_jw_key(&w, "format");
+    cfg_jw_str(&w, "shardsim");
+    cfg_jw_key(&w, "step");
+    cfg_jw_str(&w, num);
+    for (int i = 0; i < nt; i++) {
         char key[CK_NAME_MAX + 16], val[32];
         ck_sum_key(t[i].name, key, sizeof key);
         ck_sum_text(sums ? sums[i] : 0, val, sizeof val);
-        ok = !json_object_set_new(md, key, json_string(val));
+        cfg_jw_key(&w, key);
+        cfg_jw_str(&w, val);
     }
+    cfg_jw_end(&w);
     uint64_t end = 0;
-    for (int i = 0; ok && i < nt; i++) {
+    for (int i = 0; i < nt; i++) {
         const model_param_def *def = &t[i].p->def;
-        json_t *e = json_object(), *shape = json_array(), *off = json_array();
-        for (int d = 0; shape && d < def->rank; d++)
-            ok = ok && !json_array_append_new(shape, json_integer(def->shape[d]));
         end = t[i].begin + (uint64_t)t[i].nel * 4;
-        ok = ok && e && shape && off && !json_array_append_new(off, json_integer((json_int_t)t[i].begin)) &&
-             !json_array_append_new(off, json_integer((json_int_t)end)) &&
-             !json_object_set_new(e, "dtype", json_string("F32")) && !json_object_set_new(e, "shape", shape) &&
-             !json_object_set_new(e, "data_offsets", off) && !json_object_set_new(root, t[i].name, e);
+        cfg_jw_key(&w, t[i].name);
+        cfg_jw_obj(&w);
+        cfg_jw_key(&w, "dtype");
+        cfg_jw_str(&w, "F32");
+        cfg_jw_key(&w, "shape");
+        cfg_jw_arr(&w);
+        for (int d = 0; d < def->rank; d++) cfg_jw_int(&w, def->shape[d]);
+        cfg_jw_end(&w);
+        cfg_jw_key(&w, "data_offsets");
+        cfg_jw_arr(&w);
+        cfg_jw_u64(&w, t[i].begin);
+        cfg_jw_u64(&w, end);
+        cfg_jw_end(&w);
+        cfg_jw_end(&w);
     }
-    char *text = ok ? json_dumps(root, JSON_COMPACT) : NULL;
-    json_decref(root);
+    cfg_jw_end(&w);
+    char *text = cfg_jw_dumps(&w, CFG_JW_COMPACT, 17);
     if (!text) return sim_err(SIM_ERR_INTERNAL, "checkpoint: cannot build the header (out of host memory)");
     size_t n = strlen(text), padded = (n + 7) / 8 * 8;
     b->s = realloc(text, padded + 1);

@@ -82,13 +82,15 @@ static sim_status gptoss_keys_elsewhere(const cfg_config *cfg, const char *block
     const char **acts;
     int n;
     SIM_TRY(cfg_get_str_list(cfg, "mlp_activations", &acts, &n));
-    bool swiglu = n == 2 && !strcmp(acts[0], "silu") && !strcmp(acts[1], "linear");
+    /* keys.yml lets [silu, linear], [gelu, linear] and [sigmoid, linear] through; the dense MLP runs
+     * the first two (model_mlp), the third is gpt_oss's alone */
+    bool clamped = n == 2 && !strcmp(acts[0], "sigmoid") && !strcmp(acts[1], "linear");
     free(acts);
     snprintf(why, sizeof why,
              "mlp_activations=[sigmoid, linear] is gpt_oss's clamped GLU, simulated with decoder_block=gpt_oss only; "
-             "%s runs SwiGLU: use mlp_activations=[silu, linear]",
+             "%s runs SwiGLU or GeGLU: use mlp_activations=[silu, linear]",
              block);
-    if (!swiglu) return model_cfg_unsupported(cfg, "mlp_activations", why);
+    if (clamped) return model_cfg_unsupported(cfg, "mlp_activations", why);
     return SIM_OK;
 }
 
@@ -554,6 +556,13 @@ static sim_status def_from_config(const cfg_config *cfg, model_def *m)
             d->final_soft_cap, d->attn_soft_cap);
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &d->qk_norm_key));
     SIM_TRY(model_cfg_bool(cfg, "fused_mlp", &d->fused_mlp));
+    { /* MlpBlock's activations (keys.yml simulates [silu, linear] and [gelu, linear]) */
+        const char **acts;
+        int nacts;
+        SIM_TRY(cfg_get_str_list(cfg, "mlp_activations", &acts, &nacts));
+        d->mlp_gelu = nacts == 2 && !strcmp(acts[0], "gelu");
+        free(acts);
+    }
     SIM_TRY(model_cfg_bool(cfg, "fused_qkv", &d->fused_qkv));
     bool dropout_on;
     SIM_TRY(model_cfg_bool(cfg, "enable_dropout", &dropout_on));
@@ -1061,15 +1070,21 @@ sim_status model_logits(model_dev *md, mesh_tape *t, mesh_var *y, mesh_var *embe
     mesh_spec os;
     const mesh_spec *out;
     SIM_TRY(model_out_sharding(md, "logits_dense", 3, LOGITS3, &os, &out));
-    /* logits_dot_in_fp32: the head's DenseGeneral (or attend_on_embedding) runs in float32
-     * (layers/nnx_decoders.py): no narrowing cast for a compiler to move before the gather, so
-     * the kernel moves in weight_dtype whatever the hardware profile (see mesh/ops.c stage) */
-    if (d->logits_dot_fp32) (d->tied_logits ? embed : dense_w)->val.counted_fixed = true;
+    /* logits_dot_in_fp32: the head's DenseGeneral runs in float32 (layers/nnx_decoders.py): no
+     * narrowing cast for a compiler to move before the gather, so the kernel moves in weight_dtype
+     * whatever the hardware profile (see mesh/ops.c stage).  attend_on_embedding casts its table to
+     * bfloat16 whatever attend_dtype says, so the tied table moves as that cast's output */
+    if (d->logits_dot_fp32 && !d->tied_logits) dense_w->val.counted_fixed = true;
     if (!d->tied_logits) { /* MaxText applies final_logits_soft_cap on the tied path only */
         SIM_TRY(mesh_ad_einsum(t, "bte,ev->btv", y, dense_w, out, "logits_dense", logits));
     } else {
-        /* attend_on_embedding: y . table^T with the decoder's out_sharding, in attend_dtype */
-        SIM_TRY(mesh_ad_einsum(t, "bte,ve->btv", y, embed, out, "logits_via_embedding", logits));
+        /* attend_on_embedding (layers/embeddings.py): y . table^T with the decoder's out_sharding, in
+         * attend_dtype, the table cast to bfloat16 first whatever dtype and weight_dtype say
+         * (jnp.asarray(embedding_table, jnp.bfloat16).T): the product reads the rounded table and the
+         * table's gradient through it is rounded alike */
+        mesh_var *table;
+        SIM_TRY(mesh_nn_round_bf16(t, embed, "attend_on_embedding/bf16", &table));
+        SIM_TRY(mesh_ad_einsum(t, "bte,ve->btv", y, table, out, "logits_via_embedding", logits));
         double a = d->normalize_tied ? 1.0 / sqrt((double)y->val.shape[2]) : 1.0;
         if (a != 1.0 || d->final_soft_cap > 0)
             SIM_TRY(mesh_nn_softcap(t, *logits, a, d->final_soft_cap, "logits_soft_cap", logits));

@@ -21,7 +21,8 @@
 #include "models/core/pipeline.h"
 #include "models/core/timemodel.h"
 
-enum { MODEL_MAX_PARAMS = 96, MODEL_MAX_ACTS = 96 };
+/* gemma3 defines the most parameters: 13 in each of 6 scanned and up to 5 remainder layers */
+enum { MODEL_MAX_PARAMS = 192, MODEL_MAX_ACTS = 96 };
 /* Microbatches a dry run accounts at most (gradient_accumulation_steps with dry_run=true): it
  * simulates two, but its step-time estimate and collectives.csv go through every one.  And the most tokens one step may hold (rows x microbatches x
  * sequence: the step's host token arrays; 2^40 x 12 bytes is beyond any host). */
@@ -126,6 +127,7 @@ typedef struct {
     bool qk_norm_key;      /* use_qk_norm: Llama's query init loses its 1/sqrt(head_dim) (see model.c) */
     double dropout;        /* dropout_rate when enable_dropout (0 = off) */
     bool fused_mlp;        /* fused_mlp: one wi kernel (embed, num_activations, mlp) (Llama) */
+    bool mlp_gelu;         /* mlp_activations [gelu, linear] (GeGLU, jax.nn.gelu's tanh form), else [silu, linear] */
     bool fused_qkv;        /* fused_qkv: one qkv_proj kernel (embed, heads + 2 kv_heads, kv) split per shard (Llama) */
     int64_t
         param_scale_mlp; /* global_parameter_scale's factor on MLP widths (DeepSeek scales base_moe_mlp_dim by it) */

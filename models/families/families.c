@@ -5,9 +5,9 @@
 #include "models/core/model.h"
 
 extern const model_family model_family_llama2, model_family_deepseek, model_family_qwen3, model_family_mistral,
-    model_family_mixtral, model_family_qwen3_moe, model_family_gpt_oss;
+    model_family_mixtral, model_family_qwen3_moe, model_family_gemma3, model_family_gpt_oss;
 
 const model_family *const model_families[] = {&model_family_llama2,   &model_family_mistral, &model_family_mixtral,
                                               &model_family_deepseek, &model_family_qwen3,   &model_family_qwen3_moe,
-                                              &model_family_gpt_oss};
+                                              &model_family_gemma3,   &model_family_gpt_oss};
 const int model_n_families = (int)(sizeof model_families / sizeof model_families[0]);

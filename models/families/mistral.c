@@ -18,9 +18,7 @@
  * The layer is the dense one Llama's is (models/blocks/dense_layer.c) with these choices; around
  * the layers, the Decoder is the generic one (models/blocks/decoder.c). */
 #include <math.h>
-#include <string.h>
 
-#include "models/blocks/attention.h"
 #include "models/blocks/dense_layer.h"
 #include "models/core/model.h"
 
@@ -48,24 +46,8 @@ static sim_status mistral_layer(model_dev *md, mesh_tape *t, const model_batch *
 static sim_status mistral_define(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
-    SIM_TRY(model_attention_global_only(cfg, "mistral", "models/mistral.py MistralDecoderLayer"));
-    const char *rt;
-    SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
-    if ((rt && strcmp(rt, "default")) || d->rope_llama31)
-        return model_cfg_unsupported(cfg, "rope_type",
-                                     "decoder_block=mistral is simulated with the default RoPE (rope_max_timescale); "
-                                     "use rope_type=default");
-    if (d->attn_soft_cap != 0)
-        return model_cfg_unsupported(cfg, "attn_logits_soft_cap",
-                                     "MaxText 0.2.5's mistral layer (models/mistral.py) does not pass "
-                                     "attn_logits_soft_cap to its Attention, so no cap applies; use "
-                                     "attn_logits_soft_cap=0 (decoder_block=llama2 passes it)");
-    int64_t mtp;
-    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
-    if (mtp != 0)
-        return model_cfg_unsupported(
-            cfg, "mtp_num_layers",
-            "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
+    model_dense_refusals r = {.block = "mistral", .layer = "models/mistral.py MistralDecoderLayer", .no_soft_cap = true};
+    SIM_TRY(model_dense_refuse(cfg, d, &r));
     /* Attention.init_query_w: 1/sqrt(head_dim) in the query init unless the config's use_qk_norm
      * is set (the layer passes no use_qk_norm, so no norm runs either way) */
     model_dense_define(m, d->qk_norm_key ? 1.0 : 1.0 / sqrt((double)d->head_dim), false);

@@ -23,9 +23,7 @@
  * layers' load-balance losses. */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "models/blocks/attention.h"
 #include "models/blocks/dense_layer.h"
 #include "models/blocks/moe.h"
 #include "models/core/model.h"
@@ -78,39 +76,15 @@ static sim_status mixtral_define(model_def *m, const cfg_config *cfg)
     model_moe_dims *mo = calloc(1, sizeof *mo);
     SIM_ASSERT(mo);
     m->d.family_dims = mo; /* model_def_free (or the refused definition) frees it */
-    SIM_TRY(model_attention_global_only(cfg, "mixtral", "models/mixtral.py MixtralDecoderLayer"));
-    const char *rt;
-    SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
-    if ((rt && strcmp(rt, "default")) || d->rope_llama31)
-        return model_cfg_unsupported(cfg, "rope_type",
-                                     "decoder_block=mixtral is simulated with the default RoPE (rope_max_timescale); "
-                                     "use rope_type=default");
-    if (d->attn_soft_cap != 0)
-        return model_cfg_unsupported(cfg, "attn_logits_soft_cap",
-                                     "MaxText 0.2.5's mixtral layer (models/mixtral.py) does not pass "
-                                     "attn_logits_soft_cap to its Attention, so no cap applies; use "
-                                     "attn_logits_soft_cap=0 (decoder_block=llama2 passes it)");
-    int64_t mtp;
-    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
-    if (mtp != 0)
-        return model_cfg_unsupported(
-            cfg, "mtp_num_layers",
-            "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
-    if (d->fused_mlp)
-        return model_cfg_unsupported(cfg, "fused_mlp",
-                                     "the mixtral layer has no dense MLP to fuse (its experts keep wi_0 and wi_1); "
-                                     "use fused_mlp=false");
+    model_dense_refusals r = {
+        .block = "mixtral", .layer = "models/mixtral.py MixtralDecoderLayer", .no_soft_cap = true, .experts = true};
+    SIM_TRY(model_dense_refuse(cfg, d, &r));
     /* get_topk's branch outside DeepSeek: softmax over the k selected logits, norm_topk_prob honoured */
     SIM_TRY(model_moe_dims_read(cfg, d, true, mo));
     mo->moe_mlp = d->mlp; /* RoutedMoE(intermediate_dim=config.mlp_dim) */
     SIM_TRY(model_moe_check_routed(d, mo));
     define_params(m);
     return model_moe_check_mesh(m, cfg, mo);
-}
-
-static sim_status mixtral_setup(model_def *m, const cfg_config *cfg)
-{
-    return model_moe_check_setup(m, cfg, mixtral_dims(m));
 }
 
 static sim_status mixtral_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
@@ -123,6 +97,6 @@ static sim_status mixtral_loss(model_dev *md, mesh_tape *t, const model_batch *b
 const model_family model_family_mixtral = {
     .name = "mixtral",
     .define = mixtral_define,
-    .setup = mixtral_setup,
+    .setup = model_moe_setup,
     .loss = mixtral_loss,
 };

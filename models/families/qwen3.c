@@ -22,9 +22,7 @@
  * the layers, the Decoder is the generic one (embedding, final norm, logits tied or not as
  * logits_via_embedding says): models/blocks/decoder.c. */
 #include <math.h>
-#include <string.h>
 
-#include "models/blocks/attention.h"
 #include "models/blocks/dense_layer.h"
 #include "models/core/model.h"
 
@@ -52,24 +50,9 @@ static sim_status qwen3_layer(model_dev *md, mesh_tape *t, const model_batch *b,
 static sim_status qwen3_define(model_def *m, const cfg_config *cfg)
 {
     const model_dims *d = &m->d;
-    const char *rt;
-    SIM_TRY(model_attention_global_only(cfg, "qwen3", "models/qwen3.py Qwen3DecoderLayer"));
-    SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
-    if ((rt && strcmp(rt, "default")) || d->rope_llama31)
-        return model_cfg_unsupported(cfg, "rope_type",
-                                     "decoder_block=qwen3 is simulated with the default RoPE (rope_max_timescale); use "
-                                     "rope_type=default");
-    bool mrope, qk_norm;
-    SIM_TRY(model_cfg_bool(cfg, "use_mrope", &mrope));
-    if (mrope)
-        return model_cfg_unsupported(cfg, "use_mrope",
-                                     "Qwen3's multimodal RoPE (mrope_section) is not simulated; use use_mrope=false");
-    int64_t mtp;
-    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
-    if (mtp != 0)
-        return model_cfg_unsupported(
-            cfg, "mtp_num_layers",
-            "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
+    model_dense_refusals r = {.block = "qwen3", .layer = "models/qwen3.py Qwen3DecoderLayer", .no_mrope = true};
+    SIM_TRY(model_dense_refuse(cfg, d, &r));
+    bool qk_norm;
     /* use_qk_norm=false is MaxText's qwen3 layer without the norms (the query init stays unscaled) */
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &qk_norm));
     model_dense_define(m, 1.0, qk_norm); /* init_query_w: query_pre_attn_scalar != 1, no depth scaling */

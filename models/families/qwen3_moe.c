@@ -24,9 +24,7 @@
  * Around the layers, the Decoder is the generic one (models/blocks/decoder.c). */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "models/blocks/attention.h"
 #include "models/blocks/dense_layer.h"
 #include "models/blocks/moe.h"
 #include "models/core/model.h"
@@ -75,42 +73,19 @@ static sim_status qmoe_define(model_def *m, const cfg_config *cfg)
     model_moe_dims *mo = calloc(1, sizeof *mo);
     SIM_ASSERT(mo);
     m->d.family_dims = mo; /* model_def_free (or the refused definition) frees it */
-    SIM_TRY(model_attention_global_only(cfg, "qwen3_moe", "models/qwen3.py Qwen3MoeDecoderLayer"));
-    const char *rt;
-    SIM_TRY(cfg_get_str(cfg, "rope_type", &rt));
-    if ((rt && strcmp(rt, "default")) || d->rope_llama31)
-        return model_cfg_unsupported(cfg, "rope_type",
-                                     "decoder_block=qwen3_moe is simulated with the default RoPE "
-                                     "(rope_max_timescale); use rope_type=default");
-    bool mrope, qk_norm;
-    SIM_TRY(model_cfg_bool(cfg, "use_mrope", &mrope));
-    if (mrope)
-        return model_cfg_unsupported(cfg, "use_mrope",
-                                     "Qwen3's multimodal RoPE (mrope_section) is not simulated; use use_mrope=false");
-    int64_t mtp;
-    SIM_TRY(model_cfg_i64(cfg, "mtp_num_layers", &mtp));
-    if (mtp != 0)
-        return model_cfg_unsupported(
-            cfg, "mtp_num_layers",
-            "multi-token prediction runs with decoder_block=deepseek only; use mtp_num_layers=0");
-    if (d->fused_mlp)
-        return model_cfg_unsupported(cfg, "fused_mlp",
-                                     "the qwen3_moe layer has no dense MLP to fuse (its experts keep wi_0 and wi_1); "
-                                     "use fused_mlp=false");
+    model_dense_refusals r = {
+        .block = "qwen3_moe", .layer = "models/qwen3.py Qwen3MoeDecoderLayer", .no_mrope = true, .experts = true};
+    SIM_TRY(model_dense_refuse(cfg, d, &r));
     /* get_topk's branch outside DeepSeek: softmax over the k selected logits, norm_topk_prob honoured;
      * the experts' width is moe_mlp_dim (RoutedMoE(intermediate_dim=config.moe_mlp_dim)) */
     SIM_TRY(model_moe_dims_read(cfg, d, true, mo));
     m->d.mlp = mo->moe_mlp; /* types.py: mlp_dim = moe_mlp_dim for a fully MoE qwen3_moe */
     SIM_TRY(model_moe_check_routed(d, mo));
     /* use_qk_norm=false is MaxText's layer without the norms (the query init stays unscaled) */
+    bool qk_norm;
     SIM_TRY(model_cfg_bool(cfg, "use_qk_norm", &qk_norm));
     define_params(m, qk_norm);
     return model_moe_check_mesh(m, cfg, mo);
-}
-
-static sim_status qmoe_setup(model_def *m, const cfg_config *cfg)
-{
-    return model_moe_check_setup(m, cfg, qmoe_dims(m));
 }
 
 static sim_status qmoe_loss(model_dev *md, mesh_tape *t, const model_batch *b, mesh_var **loss)
@@ -123,6 +98,6 @@ static sim_status qmoe_loss(model_dev *md, mesh_tape *t, const model_batch *b, m
 const model_family model_family_qwen3_moe = {
     .name = "qwen3_moe",
     .define = qmoe_define,
-    .setup = qmoe_setup,
+    .setup = model_moe_setup,
     .loss = qmoe_loss,
 };

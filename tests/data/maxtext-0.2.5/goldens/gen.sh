@@ -43,3 +43,6 @@ MODEL=qwen3-235b-a22b run cpu-8/ici_fsdp_parallelism=2_ici_tensor_parallelism=2_
 # the gpt_oss block (layers_0 local sliding and layers_1 global scanned together; attention biases and
 # sinks, gate and expert biases) with expert parallelism on the sparse path
 MODEL=gpt-oss-20b run cpu-8/ici_fsdp_parallelism=4_ici_expert_parallelism=2 8 ici_fsdp_parallelism=4 ici_expert_parallelism=2
+# the gemma3 block (blocks of six layers, five local and one global, scanned as layers.layers_0..5, and
+# layers_remainder: 34 layers are 5 blocks and a remainder of 4) with tensor parallelism
+MODEL=gemma3-4b run cpu-8/ici_fsdp_parallelism=4_ici_tensor_parallelism=2 8 ici_fsdp_parallelism=4 ici_tensor_parallelism=2

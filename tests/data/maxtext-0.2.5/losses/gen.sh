@@ -30,6 +30,11 @@ QWEN3MOE="model_name=qwen3-30b-a3b override_model_config=true base_emb_dim=64 ba
 # YaRN as the gpt-oss-20b file sets them).  MaxText 0.2.5 refuses gpt_oss with shard_mode=explicit
 # (configs/types.py), so every case is auto.
 GPTOSS="model_name=gpt-oss-20b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=48 base_moe_mlp_dim=48 base_num_decoder_layers=4 vocab_size=256 max_target_length=32 per_device_batch_size=2 num_experts=4 num_experts_per_tok=2 sliding_window_size=8"
+# a small Gemma 3 (GQA 4:2, query/key norms, post norms, GeGLU, tied logits through attend_on_embedding's
+# bfloat16 table): the gemma3-4b file with test-sized dims; 8 layers are one scanned block of six (five
+# local, one global) and a layers_remainder of two local layers; the window (8) is shorter than the
+# sequence (32), so the local layers mask
+GEMMA3="model_name=gemma3-4b override_model_config=true base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128 base_num_decoder_layers=8 vocab_size=256 max_target_length=32 per_device_batch_size=2 sliding_window_size=8"
 # <case> <devices> <model keys and mesh>
 CASES=(
 "qwen3/untied_fsdp2_tensor2|4|$QWEN3 logits_via_embedding=false ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
@@ -48,6 +53,9 @@ CASES=(
 "gpt_oss/sparse_data2_fsdp2|4|$GPTOSS ici_data_parallelism=2 ici_fsdp_parallelism=2"
 "gpt_oss/dense_fsdp2_expert2_lb|4|$GPTOSS ici_fsdp_parallelism=2 ici_expert_parallelism=2 sparse_matmul=false load_balance_loss_weight=0.01"
 "gpt_oss/sparse_context2_fsdp2|4|$GPTOSS ici_context_parallelism=2 ici_fsdp_parallelism=2"
+"gemma3/fsdp2_tensor2|4|$GEMMA3 ici_fsdp_parallelism=2 ici_tensor_parallelism=2"
+"gemma3/data2_fsdp2_explicit|4|$GEMMA3 ici_data_parallelism=2 ici_fsdp_parallelism=2 shard_mode=explicit"
+"gemma3/context2_fsdp2|4|$GEMMA3 ici_context_parallelism=2 ici_fsdp_parallelism=2"
 )
 for c in "${CASES[@]}"; do
   IFS='|' read -r name n keys <<<"$c"
