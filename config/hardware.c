@@ -219,6 +219,12 @@ static sim_status read_profile(const char *configs_dir, const char *name, cfg_hw
                         "all_to_all (under FSDP the compiler all-gathers the token ids, looks them up on the "
                         "table's shard and all-to-alls the rows) or gather_table (it all-gathers the table)",
                         &rules->embed_all_to_all);
+    if (!st)
+        st = choice_key(cfg, path, "low_rank_norm_sharding", "scale", "whole",
+                        "scale (in auto mode MLA's q_norm and kv_norm scales, split on the normalised dim, split "
+                        "the low-rank product they normalise, gathered after the norm) or whole (the product "
+                        "stays whole, as its weight)",
+                        &rules->norm_splits_product);
     if (st != SIM_OK) {
         cfg_free(cfg);
         return st;

@@ -47,6 +47,11 @@ typedef struct {
     bool embed_all_to_all;      /* embedding_lookup: all_to_all -- under FSDP the token ids are all-gathered, the
                                  rows looked up on the table's shard and all-to-all'd back (gather_table: the
                                  table is all-gathered and its gradient reduce-scattered) */
+    bool norm_splits_product;   /* low_rank_norm_sharding: scale -- in auto mode MLA's q_norm and kv_norm scales,
+                                 split over `tensor` on the normalised dim, split the low-rank product they
+                                 normalise the same way: it is gathered after the norm for the next product
+                                 (again for that product's weight gradient where weight_gather_cse is near)
+                                 and its cotangent reduce-scattered (counted only) */
 } cfg_xla_rules;
 
 /* One accelerator, per JAX device (a chip's figures divided by devices_per_chip). */

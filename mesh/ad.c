@@ -198,7 +198,9 @@ static sim_status resharded(mesh_tape *t, mesh_var *x, const mesh_spec *spec, co
         SIM_TRY(mesh_array_new_as(c->dev, c->mesh, x->val.name, x->val.rank, x->val.shape, &want, x->val.dtype,
                                   x->val.counted, SIM_MEM_ACTIVATIONS, true, &y->val));
     else {
-        SIM_TRY(mesh_array_clone(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
+        /* counted as a clone, resharded from x's shard where it lies: the reshard writes a new buffer
+         * anyway (mesh_plan_run copies first only where its first step works in place) */
+        SIM_TRY(mesh_array_borrow(c->dev, c->mesh, &x->val, x->val.name, SIM_MEM_ACTIVATIONS, &y->val));
         SIM_TRY(fn(c, &y->val, &want, name));
     }
     char tag[SIM_TAG_MAX];
@@ -221,6 +223,73 @@ sim_status mesh_ad_constraint(mesh_tape *t, mesh_var *x, const mesh_spec *spec, 
         return SIM_OK;
     }
     return resharded(t, x, spec, name, mesh_with_sharding_constraint, out);
+}
+
+/* ------------------------------------------------------------ a split counted, not made */
+
+/* A transient array of like's shape in `from` (zeros: no value is read), resharded to `to`: the
+ * collective that reshard makes is counted and its result dropped. */
+static sim_status counted_reshard(mesh_tape *t, const mesh_array *like, const mesh_spec *from, const mesh_spec *to,
+                                  const char *tag)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    mesh_array a;
+    SIM_TRY(mesh_array_new_as(c->dev, c->mesh, like->name, like->rank, like->shape, from, SIM_F32, like->counted,
+                              SIM_MEM_TEMP, true, &a));
+    sim_status st = mesh_reshard(c->dev, c->mesh, &a, to, sim_meta_implicit(tag)); /* the compiler's */
+    mesh_array_free(c->dev, &a);
+    return st;
+}
+
+static sim_status counted_split_vjp(mesh_tape *t, mesh_entry *e)
+{
+    mesh_var *x = e->in[0], *y = e->out[0];
+    const mesh_spec *split = &e->saved[0].spec;
+    /* the cotangent onto the split (a reduce-scatter where it is partial over the split's axes) */
+    mesh_spec to = *split;
+    to.partial = y->grad.spec.partial & ~(uint32_t)e->i[0];
+    SIM_TRY(counted_reshard(t, &x->val, &y->grad.spec, &to, e->tag));
+    if (e->i[1]) SIM_TRY(counted_reshard(t, &x->val, split, &x->val.spec, e->tag)); /* read again */
+    mesh_array g = y->grad;
+    y->has_grad = false;
+    return mesh_tape_accumulate(t, x, &g, e->tag);
+}
+
+sim_status mesh_ad_counted_split_last(mesh_tape *t, mesh_var *x, const mesh_spec *along, bool gather, bool regather,
+                                      const char *name, mesh_var **out)
+{
+    mesh_ctx *c = mesh_tape_ctx(t);
+    *out = x;
+    const mesh_array *a = &x->val;
+    int r = a->rank;
+    mesh_spec split = a->spec;
+    split.partial = 0;
+    uint32_t used = mesh_spec_dim_axes(&a->spec), added = 0;
+    int64_t k = 1;
+    for (int i = 0; along->rank >= 1 && i < along->n_axes[0]; i++) {
+        int ax = along->axes[0][i];
+        if ((used >> ax) & 1 || c->mesh->sizes[ax] <= 1) continue;
+        if (split.n_axes[r - 1] >= MESH_MAX_AXES) break;
+        split.axes[r - 1][split.n_axes[r - 1]++] = (int8_t)ax;
+        added |= 1u << ax;
+        k *= c->mesh->sizes[ax];
+    }
+    if (k <= 1 || a->local[r - 1] % k != 0) return SIM_OK;
+    char tag[SIM_TAG_MAX];
+    mesh_tape_tag(t, name, tag, sizeof tag);
+    if (gather) SIM_TRY(counted_reshard(t, a, &split, &a->spec, tag));
+    if (!mesh_tape_recording(t) || !x->needs_grad) return SIM_OK; /* no backward: x itself goes on */
+    /* the output shares x's value (not owned by the tape: nothing is copied or freed twice) */
+    mesh_var *y = mesh_tape_input(t, a, false);
+    mesh_entry *e = mesh_tape_record(t, counted_split_vjp, tag, 1, &x, 1, &y);
+    SIM_ASSERT(e);
+    mesh_array shape_only = *a; /* the split, for the VJP: shape and spec only */
+    shape_only.spec = split;
+    mesh_entry_save(e, &shape_only, false);
+    e->i[0] = (int64_t)added;
+    e->i[1] = regather;
+    *out = y;
+    return SIM_OK;
 }
 
 /* ------------------------------------------------------------ layout ops */

@@ -22,6 +22,17 @@ sim_status mesh_ad_shard_as(mesh_tape *t, mesh_var *x, const mesh_spec *spec, co
 /* Raw with_sharding_constraint: an assert in explicit mode, a reshard in auto. */
 sim_status mesh_ad_constraint(mesh_tape *t, mesh_var *x, const mesh_spec *spec, const char *name, mesh_var **out);
 
+/* An identity on x (its value, not a copy) that counts, without changing a value, the collectives
+ * XLA's partitioner runs where a sharding propagated from a consumer splits x's last dim over the
+ * axes of along's one dim while the simulation keeps it whole: an all-gather of x now (gather), and in
+ * the backward a reduce-scatter of x's cotangent onto that split (a slice, nothing counted, where
+ * the cotangent is not partial over those axes) and, with regather, a second all-gather of x for a
+ * product's weight gradient that reads it.  Size-1 axes and axes x already uses are left out; with
+ * none left (or a last dim they do not divide) *out = x and nothing is counted.  The arrays moved
+ * are transient temporaries; name is the collectives' op name. */
+sim_status mesh_ad_counted_split_last(mesh_tape *t, mesh_var *x, const mesh_spec *along, bool gather, bool regather,
+                                      const char *name, mesh_var **out);
+
 /* Einsum VJP contributions added into an existing cotangent by sgemm (mesh_einsum_into) so far, on
  * every device of every run of the process; and the switch (on by default) that allows it, for
  * tests comparing with the separate add.  Set the switch only while no machine runs. */

@@ -1,9 +1,11 @@
 /* replay.c — a rematerialised layer's forward values on the host (see replay.h).
  *
  * One entry per kernel output, in the order the kernels ran: the op's tag (as a
- * hash: the check needs equality only), the local shape and a malloc'd copy of
- * the shard.  Using an entry frees its copy at once, so the host bytes fall as
- * the recomputation advances. */
+ * hash: the check needs equality only), the local shape and a copy of the
+ * shard in a host block (sim_arena_block_new).  Using an entry hands its block
+ * to the output's arena block instead of copying it back (sim_arena_swap), so
+ * the host bytes fall as the recomputation advances and the recomputation
+ * moves no data. */
 #include "mesh/replay.h"
 
 #include <stdint.h>
@@ -60,7 +62,7 @@ mesh_replay *mesh_replay_new(sim_device *dev)
 void mesh_replay_free(mesh_replay *r)
 {
     if (!r) return;
-    for (int i = 0; i < r->n; i++) free(r->v[i].data);
+    for (int i = 0; i < r->n; i++) sim_arena_block_free(r->v[i].data);
     if (r->held) hold(r, r->held, false);
     free(r->v);
     free(r);
@@ -83,7 +85,7 @@ unsigned long mesh_replay_departures(void) { return __atomic_load_n(&departures,
 /* Frees value e (used, passed over or dropped) and gives its host bytes back. */
 static void drop(mesh_replay *r, replay_value *e)
 {
-    free(e->data);
+    sim_arena_block_free(e->data);
     e->data = NULL;
     hold(r, e->bytes, false);
     e->bytes = 0;
@@ -107,7 +109,7 @@ void mesh_replay_put(mesh_replay *r, const char *tag, const mesh_array *a, const
     e->nplaced = nplaced;
     for (int i = 0; i < nplaced; i++) e->placed[i] = placed[i];
     if (a->data) {
-        e->data = malloc(e->bytes ? e->bytes : 1);
+        e->data = sim_arena_block_new(e->bytes);
         SIM_ASSERT(e->data);
         bk_parallel_copy(e->data, a->data, e->bytes);
     }
@@ -134,7 +136,9 @@ bool mesh_replay_take(mesh_replay *r, const char *tag, mesh_array *a, const mesh
     if (a->data) {
         SIM_ASSERT(e->data);
         mesh_array_owned(a);
-        bk_parallel_copy(a->data, e->data, e->bytes);
+        /* the kept block becomes the output's storage (a's own block goes back to its arena) */
+        sim_arena_swap(sim_device_arena(r->dev), &a->data, e->data, e->bytes);
+        e->data = NULL;
         filled = true;
     }
     drop(r, e);

@@ -24,7 +24,8 @@ typedef struct mesh_replay mesh_replay;
 
 typedef enum {
     MESH_REPLAY_SAVE = 0, /* the forward pass: each kernel output is copied in */
-    MESH_REPLAY_USE       /* the recomputation: each kernel output is copied out, the kernel skipped */
+    MESH_REPLAY_USE       /* the recomputation: each kernel output is taken back (its kept block becomes the
+                             output's storage, sim_arena_swap), the kernel skipped */
 } mesh_replay_mode;
 
 /* An empty store for one layer run of device dev (its arena counts the host bytes). */
@@ -40,7 +41,7 @@ bool mesh_replay_using(const mesh_replay *r);
 /* SAVE: keeps a copy of a's shard (nothing stored when a has no data: a dry run counts the bytes),
  * with the op's tag, a's local shape and the nplaced specs (at most MESH_REPLAY_MAX_PLACED) that
  * describe how the kernel ran: its operands' specs before and after staging, its output's.
- * USE: fills a's shard with the next value and frees the copy when the recomputation is still on
+ * USE: gives a the next value (the kept block replaces a's shard) when the recomputation is still on
  * the forward's path: the same op (tag), local shape and placement.  Auto mode may place a product
  * differently the second time (the placement weighs the operands already gathered, which differ),
  * and its result may then differ in the last bits: from the first difference on, every value is

@@ -5,13 +5,15 @@
  * down.  Blocks are linked in a doubly linked list; no search is ever needed
  * because the header sits right before the pointer handed out.
  *
- * Large blocks (>= 1 MiB) come from fresh mmaps in glibc, so every layer of
- * every step would pay page faults and kernel zero-filling again.  Released
- * large blocks are therefore kept in a small cache and handed out again to
- * a request of exactly the same size (the sizes repeat layer after layer);
- * the cache holds at most 1/8 of the arena's peak (and 1 GiB), oldest
- * evicted first.  It is invisible to the accounting: simulated bytes are
- * counted at alloc and release as before.
+ * Released blocks of 16 KiB and more are kept in a small cache and handed
+ * out again to a request of exactly the same size (the sizes repeat layer
+ * after layer): a very large block would come from a fresh mmap in glibc
+ * (page faults and kernel zero-filling again, every layer of every step), a
+ * mid-sized one from glibc's bins, whose searches, splits and merges were
+ * ~3% of a step's CPU with 64 devices of tens to hundreds of KiB each.  The
+ * cache is searched by size bucket (cache_bucket), holds at most 1/8 of the
+ * arena's peak (and 1 GiB), oldest evicted first.  It is invisible to the
+ * accounting: simulated bytes are counted at alloc and release as before.
  *
  * Accounting and storage are separate steps (admit + account_add, take_block;
  * account_sub, the block's release): a dry run does the accounting only, and
@@ -24,19 +26,22 @@
 #include <string.h>
 
 enum { HDR = 64, ALIGN = 64 };
-#define CACHE_MIN ((size_t)1 << 20) /* blocks at least this large are reused */
+#define CACHE_MIN ((size_t)16 << 10) /* blocks at least this large are reused */
+enum { CACHE_BUCKETS = 64 };           /* size buckets of the cache (cache_bucket takes 6 bits) */
 #define CACHE_MAX ((size_t)1 << 30) /* and never more than this many bytes kept */
 /* blocks this large are always fresh mmaps in glibc (sim/machine.c raises its threshold to 32 MiB,
  * the most it allows): evicted last, since a smaller one comes back from the heap without faults */
 #define MMAP_MIN ((size_t)32 << 20)
 #define ARENA_MAGIC 0x5348415244415245ull  /* "SHARDARE": a live block */
 #define CACHED_MAGIC 0x534841524443414eull /* a released block kept for reuse */
+#define HOST_MAGIC 0x5348415244484f53ull   /* "SHARDHOS": a host block, no arena's (sim_arena_block_new) */
 
 typedef struct block {
     uint64_t magic;
     size_t bytes;
     int cat;
-    struct block *prev, *next;
+    struct block *prev, *next;   /* the live list, or the cache (newest first) */
+    struct block *sprev, *snext; /* a cached block: its size bucket's list (newest first) */
 } block;
 _Static_assert(sizeof(block) <= HDR, "block header must fit in HDR bytes");
 
@@ -47,7 +52,14 @@ struct sim_arena {
     block head;    /* sentinel of the live list */
     block cache;   /* sentinel of the released large blocks, newest first */
     size_t cached; /* bytes in the cache */
+    block bucket[CACHE_BUCKETS]; /* sentinels of the cached blocks by size (cache_bucket) */
 };
+
+/* The cache is searched by exact size: a bucket holds the cached blocks of the sizes that hash to it. */
+static block *cache_bucket(sim_arena *a, size_t bytes)
+{
+    return &a->bucket[(bytes / ALIGN * 0x9E3779B97F4A7C15ull) >> 58]; /* the top 6 bits: 64 buckets */
+}
 
 sim_arena *sim_arena_new(const char *label, size_t capacity, bool dry_run)
 {
@@ -58,6 +70,7 @@ sim_arena *sim_arena_new(const char *label, size_t capacity, bool dry_run)
     a->st.capacity = capacity;
     a->head.prev = a->head.next = &a->head;
     a->cache.prev = a->cache.next = &a->cache;
+    for (int i = 0; i < CACHE_BUCKETS; i++) a->bucket[i].sprev = a->bucket[i].snext = &a->bucket[i];
     return a;
 }
 
@@ -73,6 +86,26 @@ static void push_front(block *list, block *b)
     b->prev = list;
     list->next->prev = b;
     list->next = b;
+}
+
+/* A cached block into (push) or out of (unlink) the cache: its list and its size's bucket. */
+static void cache_push(sim_arena *a, block *b)
+{
+    push_front(&a->cache, b);
+    block *s = cache_bucket(a, b->bytes);
+    b->snext = s->snext;
+    b->sprev = s;
+    s->snext->sprev = b;
+    s->snext = b;
+    a->cached += b->bytes;
+}
+
+static void cache_unlink(sim_arena *a, block *b)
+{
+    unlink_block(b);
+    b->sprev->snext = b->snext;
+    b->snext->sprev = b->sprev;
+    a->cached -= b->bytes;
 }
 
 static void free_list(block *list)
@@ -153,12 +186,13 @@ static sim_status take_block(sim_arena *a, size_t bytes, sim_mem_cat cat, const 
     *out = NULL;
     if (a->dry) return SIM_OK;
     block *b = NULL;
-    if (bytes >= CACHE_MIN) /* a released block of the same size: no fresh pages to fault in */
-        for (block *c = a->cache.next; c != &a->cache && !b; c = c->next)
+    if (bytes >= CACHE_MIN) { /* a released block of the same size: no fresh pages to fault in */
+        block *s = cache_bucket(a, bytes);
+        for (block *c = s->snext; c != s && !b; c = c->snext)
             if (c->bytes == bytes) b = c;
+    }
     if (b) {
-        unlink_block(b);
-        a->cached -= bytes;
+        cache_unlink(a, b);
         b->magic = ARENA_MAGIC;
         b->cat = cat;
         push_front(&a->head, b);
@@ -219,6 +253,27 @@ static void account_sub(sim_arena *a, size_t counted, sim_mem_cat cat)
     a->st.live_by[cat] -= counted;
 }
 
+/* The storage of block b (unlinked from the live list) goes to the cache or back to the host. */
+static void drop_storage(sim_arena *a, block *b, size_t bytes)
+{
+    size_t cap = a->st.peak / 8 < CACHE_MAX ? a->st.peak / 8 : CACHE_MAX;
+    if (bytes >= CACHE_MIN && bytes <= cap) {
+        b->magic = CACHED_MAGIC; /* a second release of it fails sim_arena_release_counted's check */
+        cache_push(a, b);
+        while (a->cached > cap) { /* evict the oldest, sparing blocks glibc would mmap afresh */
+            block *old = a->cache.prev;
+            for (block *c = old; c != &a->cache && old->bytes >= MMAP_MIN; c = c->prev)
+                if (c->bytes < MMAP_MIN) old = c;
+            cache_unlink(a, old);
+            old->magic = 0;
+            free(old);
+        }
+    } else {
+        b->magic = 0;
+        free(b);
+    }
+}
+
 void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t counted, sim_mem_cat cat)
 {
     SIM_ASSERT(a && cat >= 0 && cat < SIM_NMEM);
@@ -227,26 +282,43 @@ void sim_arena_release_counted(sim_arena *a, void *p, size_t bytes, size_t count
         block *b = (block *)((char *)p - HDR);
         SIM_ASSERT(b->magic == ARENA_MAGIC && b->bytes == bytes && b->cat == (int)cat);
         unlink_block(b);
-        size_t cap = a->st.peak / 8 < CACHE_MAX ? a->st.peak / 8 : CACHE_MAX;
-        if (bytes >= CACHE_MIN && bytes <= cap) {
-            b->magic = CACHED_MAGIC; /* a second release of it fails the check above */
-            push_front(&a->cache, b);
-            a->cached += bytes;
-            while (a->cached > cap) { /* evict the oldest, sparing blocks glibc would mmap afresh */
-                block *old = a->cache.prev;
-                for (block *c = old; c != &a->cache && old->bytes >= MMAP_MIN; c = c->prev)
-                    if (c->bytes < MMAP_MIN) old = c;
-                unlink_block(old);
-                a->cached -= old->bytes;
-                old->magic = 0;
-                free(old);
-            }
-        } else {
-            b->magic = 0;
-            free(b);
-        }
+        drop_storage(a, b, bytes);
     }
     account_sub(a, counted, cat);
+}
+
+void *sim_arena_block_new(size_t bytes)
+{
+    block *b = aligned_alloc(ALIGN, HDR + ((bytes + ALIGN - 1) / ALIGN) * ALIGN);
+    if (!b) return NULL;
+    memset(b, 0, sizeof *b);
+    b->magic = HOST_MAGIC;
+    b->bytes = bytes;
+    return (char *)b + HDR;
+}
+
+void sim_arena_block_free(void *p)
+{
+    if (!p) return;
+    block *b = (block *)((char *)p - HDR);
+    SIM_ASSERT(b->magic == HOST_MAGIC);
+    b->magic = 0;
+    free(b);
+}
+
+void sim_arena_swap(sim_arena *a, void **p, void *host, size_t bytes)
+{
+    SIM_ASSERT(a && !a->dry && p && *p && host);
+    block *old = (block *)((char *)*p - HDR), *b = (block *)((char *)host - HDR);
+    SIM_ASSERT(old->magic == ARENA_MAGIC && old->bytes == bytes && b->magic == HOST_MAGIC && b->bytes == bytes);
+    b->magic = ARENA_MAGIC;
+    b->cat = old->cat;
+    b->prev = old->prev; /* b takes old's place in the live list */
+    b->next = old->next;
+    b->prev->next = b;
+    b->next->prev = b;
+    drop_storage(a, old, bytes);
+    *p = host;
 }
 
 void sim_arena_discharge(sim_arena *a, size_t counted, sim_mem_cat cat)

@@ -65,6 +65,17 @@ sim_status sim_arena_back(sim_arena *a, size_t bytes, sim_mem_cat cat, const cha
  * from now on (a cast in the modelled program); may raise the peak. */
 void sim_arena_recount(sim_arena *a, size_t from, size_t to, sim_mem_cat cat);
 
+/* Host blocks: storage made like an arena block but held by no arena (a remat layer's forward
+ * values kept for its recomputation, mesh/replay.c), so that a live block can take one over
+ * instead of copying it.  sim_arena_block_new returns NULL when the host has no memory left;
+ * sim_arena_block_free takes NULL.  sim_arena_swap: the live block *p of `bytes` gives its storage
+ * back (to the arena's cache of released blocks, or the host) and holds the host block `host`
+ * (made for the same bytes) from now on: *p = host; the host block is the arena's then (released
+ * with the block, never with sim_arena_block_free).  No figure of the accounting moves. */
+void *sim_arena_block_new(size_t bytes);
+void sim_arena_block_free(void *p);
+void sim_arena_swap(sim_arena *a, void **p, void *host, size_t bytes);
+
 /* Host bytes the device takes (delta > 0) or gives back, outside the simulated
  * memory: moves host_live and host_peak only (counted in a dry run as well). */
 void sim_arena_host(sim_arena *a, ptrdiff_t delta);

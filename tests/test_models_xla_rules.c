@@ -118,6 +118,17 @@
  * scatter-add of all the gathered rows in a row (not member by member, then
  * the members' sums) fails the bit check.
  *
+ * MLA's low-rank products under tensor parallelism: in auto mode the q_norm
+ * and kv_norm scales, split over tensor, split wq_a's and wkv_a's outputs the
+ * same way, and XLA:TPU gathers each normalised product for the next product,
+ * again for that product's weight gradient in a rematerialised layer, and
+ * reduce-scatters its cotangent (low_rank_norm_sharding: scale; counted only).
+ * The tiny DeepSeek (3 layers, q_lora 16, kv_lora 8) on fsdp=2 x tensor=2, a
+ * device's 2 rows of 16 tokens, remat full: per layer and product, an
+ * all-gather forward and two backward of 1/2 x [2, 16, R] x 2 bytes, one
+ * reduce-scatter of as much; under h100 (whole), with tensor=1 or in explicit
+ * mode nothing; the loss the same bits as without a profile.
+ *
  * Muon's update: XLA:TPU forms every Muon stack's float32 estimate before the
  * first Newton-Schulz step and holds it until the stack's update, the
  * gradients dead from then on, and holds each step's product B X and the
@@ -772,6 +783,10 @@ static void test_bad_rules(void **state)
     assert_int_equal(load_changed("muon_update_buffers:", "muon_update_buffers: all", msg, sizeof msg), SIM_ERR_INPUT);
     assert_non_null(strstr(msg, "muon_update_buffers"));
     assert_non_null(strstr(msg, "per_leaf"));
+    assert_int_equal(load_changed("low_rank_norm_sharding:", "low_rank_norm_sharding: split", msg, sizeof msg),
+                     SIM_ERR_INPUT);
+    assert_non_null(strstr(msg, "low_rank_norm_sharding"));
+    assert_non_null(strstr(msg, "whole"));
 }
 
 typedef struct {
@@ -924,6 +939,71 @@ static void test_muon_update_buffers(void **state)
     assert_true(tpu.loss[0] == cpu.loss[0] && tpu.loss[1] == cpu.loss[1]);
 }
 
+typedef struct {
+    uint64_t ag_fwd, ag_bwd, rs_bwd, other; /* bytes device 0 sends for the normalised low-rank products */
+    double loss;
+} norm_split_bytes;
+
+static void run_norm_split(const char *profile, int tensor, bool explicit_mode, norm_split_bytes *b)
+{
+    char hp[64], tp[64], fs[64];
+    snprintf(hp, sizeof hp, "hardware_profile=%s", profile ? profile : "");
+    snprintf(tp, sizeof tp, "ici_tensor_parallelism=%d", tensor);
+    snprintf(fs, sizeof fs, "ici_fsdp_parallelism=%d", 4 / tensor);
+    /* explicit mode as MaxText 0.2.0 traces it (0.2.5 refuses MLA's norms under tensor there) */
+    const char *words[] = {"dtype=bfloat16",
+                           "per_device_batch_size=1",
+                           "remat_policy=full",
+                           fs,
+                           tp,
+                           explicit_mode ? "shard_mode=explicit" : "shard_mode=auto",
+                           explicit_mode ? "maxtext_release=0.2.0" : "maxtext_release=0.2.5",
+                           hp};
+    model_run r;
+    model_run_open(&r, DS, sizeof DS / sizeof DS[0], 4, words, profile ? 8 : 7, 4, 1);
+    model_run_train(&r, false);
+    memset(b, 0, sizeof *b);
+    b->loss = r.job.stats[0].loss;
+    size_t n;
+    const sim_record *rec = sim_device_records(sim_machine_device(r.m, 0), &n);
+    for (size_t i = 0; i < n; i++) {
+        const sim_record *x = &rec[i];
+        if (!strstr(x->tag, "_norm/gathered")) continue;
+        bool bwd = x->phase == SIM_PHASE_BACKWARD;
+        if (x->op == SIM_OP_ALL_GATHER && x->dtype == SIM_BF16) *(bwd ? &b->ag_bwd : &b->ag_fwd) += x->bytes_sent;
+        else if (x->op == SIM_OP_REDUCE_SCATTER && bwd && x->dtype == SIM_BF16) b->rs_bwd += x->bytes_sent;
+        else b->other += x->bytes_sent + 1;
+    }
+    model_run_close(&r);
+}
+
+static void test_norm_split(void **state)
+{
+    (void)state;
+    norm_split_bytes v5p, h100, cpu, fsdp4, expl;
+    run_norm_split("v5p", 2, false, &v5p);
+    run_norm_split("h100", 2, false, &h100);
+    run_norm_split(NULL, 2, false, &cpu);
+    run_norm_split("v5p", 1, false, &fsdp4);
+    run_norm_split("v5p", 2, true, &expl);
+    /* 4 rows over fsdp=2: 2 rows of 16 tokens a device; the q_lora (16) and kv_lora (8) products split over
+     * tensor=2: a gather sends the other half, [2, 16, R/2] in bfloat16, and so does the reduce-scatter */
+    const uint64_t per_layer = 2 * 16 * (16 / 2) * 2 + 2 * 16 * (8 / 2) * 2, layers = 3;
+    assert_int_equal(v5p.ag_fwd, layers * per_layer);
+    assert_int_equal(v5p.ag_bwd, 2 * layers * per_layer); /* the recomputation's and the weight gradient's */
+    assert_int_equal(v5p.rs_bwd, layers * per_layer);
+    assert_int_equal(v5p.other, 0);
+    /* XLA:GPU (no compile measured), XLA:CPU, or no tensor split: nothing */
+    assert_int_equal(h100.ag_fwd + h100.ag_bwd + h100.rs_bwd + h100.other, 0);
+    assert_int_equal(cpu.ag_fwd + cpu.ag_bwd + cpu.rs_bwd + cpu.other, 0);
+    assert_int_equal(fsdp4.ag_fwd + fsdp4.ag_bwd + fsdp4.rs_bwd + fsdp4.other, 0);
+    /* explicit mode: wq_a's out_sharding keeps the product whole (also in the recomputation, which runs in
+     * the backward) */
+    assert_int_equal(expl.ag_fwd + expl.ag_bwd + expl.rs_bwd + expl.other, 0);
+    /* counted only: the same bits */
+    assert_true(v5p.loss == cpu.loss);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -941,6 +1021,7 @@ int main(void)
         cmocka_unit_test(test_pipeline_output),
         cmocka_unit_test(test_muon_update_buffers),
         cmocka_unit_test(test_saved_product_copies),
+        cmocka_unit_test(test_norm_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,9 @@
  * _back): a charge moves every figure exactly as an allocation of the same
  * counted bytes does (checked against a second arena that allocates), fails
  * the same simulated OOM naming the tensor, and holds no storage; a backed
- * charge is a real block the ordinary release frees. */
+ * charge is a real block the ordinary release frees.  A host block swapped
+ * into a live block (sim_arena_swap) becomes its storage, contents and all,
+ * with no figure moved, and is released, or reused, as the arena's own. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -85,11 +87,88 @@ static void test_charge_oom(void **state)
     sim_arena_free_all(a);
 }
 
+static void test_swap_host_block(void **state)
+{
+    (void)state;
+    enum { N = 300 * KIB };
+    /* 3 KiB: freed when released; 2 MiB: kept in the cache (>= 16 KiB): both storage paths */
+    for (size_t bytes = 3 * KIB; bytes <= (size_t)(2u << 20); bytes += (2u << 20) - 3 * KIB) {
+        sim_arena *a = sim_arena_new("swap", 0, false);
+        void *big = NULL, *p = NULL;
+        /* a large peak, so that a released block of `bytes` may be kept in the cache */
+        assert_int_equal(sim_arena_alloc(a, 64u << 20, SIM_MEM_PARAMS, "w", false, &big), SIM_OK);
+        assert_int_equal(sim_arena_alloc_counted(a, bytes, bytes / 2, SIM_MEM_ACTIVATIONS, "y", true, &p), SIM_OK);
+        sim_arena_stats before, after;
+        sim_arena_get_stats(a, &before);
+        unsigned char *h = sim_arena_block_new(bytes);
+        assert_non_null(h);
+        for (size_t i = 0; i < bytes; i++) h[i] = (unsigned char)(i * 7 + 1);
+        void *q = p;
+        sim_arena_swap(a, &q, h, bytes);
+        assert_ptr_equal(q, h);
+        sim_arena_get_stats(a, &after);
+        assert_memory_equal(&before, &after, sizeof before);
+        for (size_t i = 0; i < bytes; i++) assert_int_equal(((unsigned char *)q)[i], (unsigned char)(i * 7 + 1));
+        /* the host block is the arena's now: released as y, the live figures drop by y's count */
+        sim_arena_release_counted(a, q, bytes, bytes / 2, SIM_MEM_ACTIVATIONS);
+        sim_arena_get_stats(a, &after);
+        assert_int_equal(after.live, 64u << 20);
+        /* the arena can still hand out and take back a block of the same size */
+        assert_int_equal(sim_arena_alloc(a, bytes, SIM_MEM_TEMP, "t", false, &p), SIM_OK);
+        memset(p, 3, bytes);
+        sim_arena_release(a, p, bytes, SIM_MEM_TEMP);
+        sim_arena_release(a, big, 64u << 20, SIM_MEM_PARAMS);
+        sim_arena_get_stats(a, &after);
+        assert_int_equal(after.live, 0);
+        sim_arena_block_free(sim_arena_block_new(N)); /* a host block never swapped goes back as it came */
+        sim_arena_block_free(NULL);
+        sim_arena_free_all(a);
+    }
+}
+
+/* A released block of 16 KiB or more comes back to the next request of exactly its size (its
+ * storage is reused: the same pointer), never to one of another size; many sizes at once keep
+ * their own blocks (the cache's buckets); blocks under 16 KiB are not kept. */
+static void test_cache_reuses_same_size(void **state)
+{
+    (void)state;
+    sim_arena *a = sim_arena_new("cache", 0, false);
+    void *big = NULL; /* a peak whose eighth (the cache's bound) holds every block below: ~12 MiB */
+    assert_int_equal(sim_arena_alloc(a, 128u << 20, SIM_MEM_PARAMS, "w", false, &big), SIM_OK);
+    enum { NS = 40 };
+    void *p[NS], *q[NS];
+    for (int i = 0; i < NS; i++) /* 16 KiB .. ~600 KiB, sizes that share buckets too */
+        assert_int_equal(sim_arena_alloc(a, (size_t)(16 + 15 * i) * KIB + 64 * (i % 3), SIM_MEM_TEMP, "t", false, &p[i]),
+                         SIM_OK);
+    for (int i = 0; i < NS; i++) sim_arena_release(a, p[i], (size_t)(16 + 15 * i) * KIB + 64 * (i % 3), SIM_MEM_TEMP);
+    for (int i = NS - 1; i >= 0; i--) {
+        assert_int_equal(sim_arena_alloc(a, (size_t)(16 + 15 * i) * KIB + 64 * (i % 3), SIM_MEM_TEMP, "t", false, &q[i]),
+                         SIM_OK);
+        assert_ptr_equal(q[i], p[i]);
+    }
+    for (int i = 0; i < NS; i++) sim_arena_release(a, q[i], (size_t)(16 + 15 * i) * KIB + 64 * (i % 3), SIM_MEM_TEMP);
+    /* a size no released block has: a new block (every cached one is still there to be found) */
+    void *r = NULL;
+    assert_int_equal(sim_arena_alloc(a, 17 * KIB, SIM_MEM_TEMP, "r", false, &r), SIM_OK);
+    for (int i = 0; i < NS; i++) assert_ptr_not_equal(r, p[i]);
+    sim_arena_release(a, r, 17 * KIB, SIM_MEM_TEMP);
+    for (int i = 0; i < NS; i++) {
+        assert_int_equal(sim_arena_alloc(a, (size_t)(16 + 15 * i) * KIB + 64 * (i % 3), SIM_MEM_TEMP, "t", false, &q[i]),
+                         SIM_OK);
+        assert_ptr_equal(q[i], p[i]);
+    }
+    for (int i = 0; i < NS; i++) sim_arena_release(a, q[i], (size_t)(16 + 15 * i) * KIB + 64 * (i % 3), SIM_MEM_TEMP);
+    sim_arena_release(a, big, 128u << 20, SIM_MEM_PARAMS);
+    sim_arena_free_all(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_charge_counts_as_alloc),
         cmocka_unit_test(test_charge_oom),
+        cmocka_unit_test(test_swap_host_block),
+        cmocka_unit_test(test_cache_reuses_same_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -164,6 +164,26 @@ static sim_status rope_mul_check(model_dev *md, const mesh_var *x, const mesh_ar
                           "tensor_sequence=1 with MLA in explicit mode, or shard_mode=auto");
 }
 
+/* The low-rank product y = norm(x w) that MLA's q_norm / kv_norm return, as XLA:TPU partitions it in
+ * auto mode (hardware profile key low_rank_norm_sharding: configs/hardware/v5p.yml has the compile's
+ * evidence).  Nothing constrains wq_a's or wkv_a's output (layers/linears.py drops out_sharding in
+ * auto mode) and the norm's scale is split over `tensor` (logical 'norm'), so the sharding
+ * propagation splits the product's last dim the same way, and the next product (wq_b, wkv_b), which
+ * contracts that dim, gathers it: once where it runs (used: it is not a product the remat policy
+ * saved), once more in the backward for its weight gradient where the compiler does not merge the
+ * two (weight_gather_cse: near; a rematerialised layer's), and its cotangent is reduce-scattered.
+ * shardsim keeps the product whole (the values, the norm's sums and every other collective as they
+ * were) and counts those three. */
+static sim_status norm_split(model_dev *md, mesh_tape *t, mesh_var *y, const mesh_var *scale, bool used,
+                             const char *name, mesh_var **out)
+{
+    *out = y;
+    /* the configured mode: a recomputation runs in the backward, which resolves shardings as auto mode does */
+    if (md->def->d.mode != MESH_MODE_AUTO || !md->def->d.xla.norm_splits_product) return SIM_OK;
+    return mesh_ad_counted_split_last(t, y, &scale->val.spec, used, md->recomputing && md->def->d.xla.regather_far,
+                                      name, out);
+}
+
 /* The query from its last product: split, RoPE on the rope part, concatenated (attention_mla.py). */
 static sim_status query_tail(model_dev *md, mesh_tape *t, const model_batch *b, const model_mla_dims *mla, mesh_var *q,
                              mesh_var **query)
@@ -230,6 +250,7 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
         SIM_TRY(unaligned_norm_check(md, lq, qn, "q_norm"));
         SIM_TRY(mesh_nn_rmsnorm(t, lq, qn, d->eps, "q_norm", &lq));
         SIM_TRY(model_checkpoint_name(md, lq, MODEL_CKPT_MLA_Q));
+        SIM_TRY(norm_split(md, t, lq, qn, !q_dead, "q_norm/gathered", &lq));
         md->ctx.dead_outputs = q_dead;
         st = model_dense(md, t, "btq,qhd->bthd", lq, model_param_leaf(md, t, p->wq_b, l), "wq_b", 4, KV4, &q);
         md->ctx.dead_outputs = false;
@@ -247,11 +268,13 @@ sim_status model_mla(model_dev *md, mesh_tape *t, const model_batch *b, const mo
     SIM_TRY(unaligned_norm_check(md, kv_latent, kvn, "kv_norm"));
     SIM_TRY(mesh_nn_rmsnorm(t, kv_latent, kvn, d->eps, "kv_norm", &kv_latent));
     SIM_TRY(model_checkpoint_name(md, kv_latent, MODEL_CKPT_MLA_KV));
+    const bool kv_dead =
+        model_recomputed_dead(md, MODEL_CKPT_KEY_PROJ) && model_recomputed_dead(md, MODEL_CKPT_VALUE_PROJ);
+    SIM_TRY(norm_split(md, t, kv_latent, kvn, !kv_dead, "kv_norm/gathered", &kv_latent));
     /* With key_proj and value_proj saved, wkv_b's product, its split and the rope key are read by nothing in
      * the recomputation, as the query above (the same compile has no all-gather of wkv_b's
      * bf16[1,512,16,256] in the backward); wkv_a and kv_norm still run for wkv_b's weight gradient. */
-    md->ctx.dead_outputs =
-        model_recomputed_dead(md, MODEL_CKPT_KEY_PROJ) && model_recomputed_dead(md, MODEL_CKPT_VALUE_PROJ);
+    md->ctx.dead_outputs = kv_dead;
     st = key_value(md, t, b, mla, p, l, kv_latent, k_rope, &key, &value);
     md->ctx.dead_outputs = false;
     SIM_TRY(st);

@@ -99,6 +99,7 @@ const char *model_xla_rules_text(const cfg_xla_rules *r, char *buf, size_t cap)
         n = add_rule(buf, cap, n, t);
     }
     if (r->embed_all_to_all) n = add_rule(buf, cap, n, "embedding looked up by all-to-all");
+    if (r->norm_splits_product) n = add_rule(buf, cap, n, "MLA's low-rank products split like their norms");
     if (!n) snprintf(buf, cap, "none (no hardware profile, or none applies: XLA:CPU's program)");
     return buf;
 }
