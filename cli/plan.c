@@ -58,7 +58,6 @@
 #include "sim/topology.h"
 #include "sim/xrank.h"
 
-
 enum {
     PLAN_LIST = 24,          /* items of one search-space list */
     PLAN_NAME = 64,          /* bytes of one list item */
@@ -269,8 +268,7 @@ static void measure(const cfg_config *cfg, const model_def *def, sim_machine *m,
     const char *dt = NULL;
     if (!st) st = cfg_get_str(cfg, "dtype", &dt);
     double bubble = def->d.pipe.on ? model_pipe_bubble_fraction(&def->d.pipe) : 0.0;
-    if (!st)
-        st = model_tm_estimate(hw, eff, dt ? dt : "bfloat16", m, 0, bubble, model_opt_step_bytes(def), false, &tm);
+    if (!st) st = model_tm_estimate(hw, eff, dt ? dt : "bfloat16", m, 0, bubble, model_opt_step_bytes(def), false, &tm);
     if (st) {
         res->fail = 3;
         snprintf(res->why, sizeof res->why, "step time not modelled: %s", sim_errmsg());
@@ -2080,6 +2078,19 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         snprintf(P->fixed_rule_set, sizeof P->fixed_rule_set, "%s", rules ? rules : "");
         for (int i = 0; i < cfg->n; i++)
             if (cfg->entries[i].from_user && is_mesh_flag(cfg->entries[i].key)) P->fixed_mesh = true;
+        /* configs/plan.yml leaves remat_policy=none out because a scanned layer stack recomputes under
+         * it as under full; MaxText 0.2.5's unscanned loop (layers/nnx_decoders.py: a layer is wrapped
+         * in jax.checkpoint only when remat_policy != "none") keeps every activation, so with
+         * scan_layers=false none is a candidate of its own (0.2.0 wraps every block: full again) */
+        int scan = 1;
+        const char *release = NULL;
+        if (!st) st = cfg_get_bool(cfg, "scan_layers", &scan);
+        if (!st) st = cfg_get_str(cfg, "maxtext_release", &release);
+        if (!st && !P->fixed_remat && !scan && release && strcmp(release, "0.2.0") && P->sp.remat.n < PLAN_LIST) {
+            bool have = false;
+            for (int i = 0; i < P->sp.remat.n; i++) have |= !strcmp(P->sp.remat.s[i], "none");
+            if (!have) snprintf(P->sp.remat.s[P->sp.remat.n++], PLAN_NAME, "none");
+        }
     }
     /* the model itself, as the user's keys define it (its kind and layers; a refusal here is the user's) */
     if (!st) {

@@ -269,14 +269,59 @@ static void test_explain_out_of_range(void **state)
     cli_capture_free(&r);
 }
 
+/* remat_policy=none recomputes a scanned stack as full does (MaxText's get_remat_policy gives both
+ * policy None), so plan.yml leaves it out; with scan_layers=false MaxText 0.2.5 wraps no layer under
+ * none, which keeps every activation, and plan tries it as a fourth policy beside plan.yml's three
+ * (full, save_dot_except_mlp, minimal): 4/3 of the candidates.  0.2.0 wraps every block: no change. */
+static void test_none_when_unscanned(void **state)
+{
+    (void)state;
+    const char *base[] = {SMALL, "num_devices=2", "custom_mesh_and_rule=", "shard_mode=auto",
+                          "gradient_accumulation_steps=1"};
+    const char *unscanned[] = {SMALL,
+                               "num_devices=2",
+                               "custom_mesh_and_rule=",
+                               "shard_mode=auto",
+                               "gradient_accumulation_steps=1",
+                               "scan_layers=false"};
+    result a = plan(sizeof base / sizeof base[0], base), b = plan(sizeof unscanned / sizeof unscanned[0], unscanned);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(b.rc, 0);
+    long long na = after(a.out, "candidates considered"), nb = after(b.out, "candidates considered");
+    assert_true(na > 0);
+    assert_int_equal(nb * 3, na * 4);
+    assert_null(strstr(a.out, "remat=none"));
+    assert_non_null(strstr(b.out, "remat=none"));
+    cli_capture_free(&a);
+    cli_capture_free(&b);
+    const char *old[] = {SMALL, "num_devices=2", "shard_mode=auto", "gradient_accumulation_steps=1",
+                         "maxtext_release=0.2.0"};
+    const char *old_unscanned[] = {SMALL,
+                                   "num_devices=2",
+                                   "shard_mode=auto",
+                                   "gradient_accumulation_steps=1",
+                                   "maxtext_release=0.2.0",
+                                   "scan_layers=false"};
+    a = plan(sizeof old / sizeof old[0], old);
+    b = plan(sizeof old_unscanned / sizeof old_unscanned[0], old_unscanned);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(b.rc, 0);
+    assert_true(after(a.out, "candidates considered") > 0);
+    assert_int_equal(after(b.out, "candidates considered"), after(a.out, "candidates considered"));
+    assert_null(strstr(b.out, "remat=none"));
+    cli_capture_free(&a);
+    cli_capture_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_count_meshes),     cmocka_unit_test(test_enumeration_two_devices),
-        cmocka_unit_test(test_global_batch),     cmocka_unit_test(test_rejection_reasons),
-        cmocka_unit_test(test_top_command_runs), cmocka_unit_test(test_figures_match_train),
-        cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_explain),
-        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_explain_out_of_range),
+        cmocka_unit_test(test_count_meshes),        cmocka_unit_test(test_enumeration_two_devices),
+        cmocka_unit_test(test_global_batch),        cmocka_unit_test(test_rejection_reasons),
+        cmocka_unit_test(test_top_command_runs),    cmocka_unit_test(test_figures_match_train),
+        cmocka_unit_test(test_deterministic),       cmocka_unit_test(test_explain),
+        cmocka_unit_test(test_bad_input),           cmocka_unit_test(test_explain_out_of_range),
+        cmocka_unit_test(test_none_when_unscanned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
