@@ -47,6 +47,7 @@
 #include "cli/report_html.h"
 #include "config/config.h"
 #include "config/json.h"
+#include "config/release.h"
 #include "mesh/mesh_shape.h"
 #include "models/core/checks.h"
 #include "models/core/data.h"
@@ -2078,15 +2079,12 @@ static sim_status setup(plan_ctx *P, int argc, char **argv, const char **user, c
         snprintf(P->fixed_rule_set, sizeof P->fixed_rule_set, "%s", rules ? rules : "");
         for (int i = 0; i < cfg->n; i++)
             if (cfg->entries[i].from_user && is_mesh_flag(cfg->entries[i].key)) P->fixed_mesh = true;
-        /* configs/plan.yml leaves remat_policy=none out because a scanned layer stack recomputes under
-         * it as under full; MaxText 0.2.5's unscanned loop (layers/nnx_decoders.py: a layer is wrapped
-         * in jax.checkpoint only when remat_policy != "none") keeps every activation, so with
-         * scan_layers=false none is a candidate of its own (0.2.0 wraps every block: full again) */
-        int scan = 1;
-        const char *release = NULL;
-        if (!st) st = cfg_get_bool(cfg, "scan_layers", &scan);
-        if (!st) st = cfg_get_str(cfg, "maxtext_release", &release);
-        if (!st && !P->fixed_remat && !scan && release && strcmp(release, "0.2.0") && P->sp.remat.n < PLAN_LIST) {
+        /* configs/plan.yml leaves remat_policy=none out because a scanned stack recomputes under it as
+         * under full; where the release keeps every activation instead (unscanned layers in 0.2.5:
+         * cfg_release_remat_none_keeps), none is a candidate of its own */
+        bool none_keeps = false;
+        if (!st) st = cfg_release_remat_none_keeps(cfg, &none_keeps);
+        if (!st && !P->fixed_remat && none_keeps && P->sp.remat.n < PLAN_LIST) {
             bool have = false;
             for (int i = 0; i < P->sp.remat.n; i++) have |= !strcmp(P->sp.remat.s[i], "none");
             if (!have) snprintf(P->sp.remat.s[P->sp.remat.n++], PLAN_NAME, "none");

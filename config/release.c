@@ -257,6 +257,16 @@ const char *cfg_release_formula(const cfg_release *r, const char *id, const char
     return v ? v : fallback;
 }
 
+sim_status cfg_release_remat_none_keeps(const cfg_config *cfg, bool *keeps)
+{
+    int scan = 1;
+    const cfg_release *rel;
+    SIM_TRY(cfg_get_bool(cfg, "scan_layers", &scan));
+    SIM_TRY(cfg_release_of(cfg, &rel));
+    *keeps = !scan && !strcmp(cfg_release_formula(rel, "remat_none_unscanned", "kept"), "kept");
+    return SIM_OK;
+}
+
 int cfg_release_grad_names(const cfg_release *r, const char *path, const char **names, int cap)
 {
     if (!r || !r->grad_names || r->grad_names->kind != CFG_MAP) return 0;

@@ -80,6 +80,13 @@ const char *cfg_release_variable(const cfg_release *r, const char *var, const ch
 /* This release's variant of computation `id` (formulas), or `fallback` (0.2.5's) when the file does
  * not say. */
 const char *cfg_release_formula(const cfg_release *r, const char *id, const char *fallback);
+/* Whether remat_policy=none keeps every decoder layer's activations for this config, or
+ * rematerialises the layers as full does.  MaxText wraps a scanned layer in jax.checkpoint with
+ * policy=None for "none" as for "full" (0.2.5's layers/nnx_decoders.py get_remat_policy and the scan's
+ * layer_fn_wrapped; 0.2.0's layers/decoders.py set_remat_policy), which saves nothing; unscanned
+ * layers (scan_layers=false) follow the release's formula remat_none_unscanned ("kept" in 0.2.5,
+ * "rematerialised" in 0.2.0).  The model definition and plan's candidates both ask this. */
+sim_status cfg_release_remat_none_keeps(const cfg_config *cfg, bool *keeps);
 /* The logical names a parameter's gradient carries in this release when they are not the
  * parameter's own (grad_logical_names: a path suffix -> names, null = None), into names[0..cap);
  * returns how many (0: the parameter's own). */

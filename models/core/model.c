@@ -332,22 +332,12 @@ static sim_status remat_policy_from_config(const cfg_config *cfg, model_dims *d)
     if (!p) return sim_err(SIM_ERR_INPUT, "remat_policy is empty: use full, none or one of MaxText's policies");
     snprintf(d->remat_policy, sizeof d->remat_policy, "%s", p);
     memset(d->ckpt, 0, sizeof d->ckpt);
-    /* remat_policy=none still rematerialises the decoder layers where MaxText scans them: 0.2.5's
-     * layers/nnx_decoders.py get_remat_policy returns policy=None for "none" as for "full", and the
-     * scanned stack (_apply_layers_sequentially's layer_fn_wrapped, _apply_layer_with_remat, the
-     * pipeline's stage layers) wraps every layer in jax.checkpoint(fn, policy=None) regardless,
-     * which saves nothing; 0.2.0's layers/decoders.py set_remat_policy wraps every block in
-     * nn.remat(policy=None) whether scanned or not.  Only 0.2.5's unscanned loop (scan_layers=false:
-     * "if cfg.remat_policy != 'none': checkpointed_fn ... else: pure_layer_fn") calls the layer
-     * without a checkpoint and so keeps every activation. */
-    bool scan, r020 = false;
-    SIM_TRY(model_cfg_bool(cfg, "scan_layers", &scan));
-    {
-        const cfg_release *rel;
-        SIM_TRY(cfg_release_of(cfg, &rel));
-        r020 = !strcmp(cfg_release_maxtext(rel), "0.2.0");
-    }
-    d->remat_full = strcmp(p, "none") != 0 || scan || r020;
+    /* remat_policy=none rematerialises the decoder layers as full does unless MaxText calls them
+     * without a checkpoint (config/release.h cfg_release_remat_none_keeps: only unscanned layers in
+     * 0.2.5; the pipeline's stage layers are wrapped like the scanned stack) */
+    bool none_keeps;
+    SIM_TRY(cfg_release_remat_none_keeps(cfg, &none_keeps));
+    d->remat_full = strcmp(p, "none") != 0 || !none_keeps;
     if (d->remat_full && !strcmp(p, "none")) p = "full";
     static const char *const modes[] = {"auto", "always", "never"};
     int rc;
@@ -1421,10 +1411,7 @@ static sim_status remat_vjp(mesh_tape *t, mesh_entry *e)
     return st;
 }
 
-bool model_layers_bounded(const model_dev *md, int first, int end)
-{
-    return md->bound_layers && end - first >= 4;
-}
+bool model_layers_bounded(const model_dev *md, int first, int end) { return md->bound_layers && end - first >= 4; }
 
 void model_layer_repeat_begin(model_dev *md, mesh_tape *t, int first, int end, int l, mesh_tape_mark *mark)
 {
